@@ -1,0 +1,7 @@
+"""`python -m pigeon` is `pigeon`."""
+
+import sys
+
+from pigeon.cli.main import main
+
+sys.exit(main())

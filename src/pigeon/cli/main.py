@@ -1,0 +1,34 @@
+"""`pigeon`: the command line. One sub-command per module in this package."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pigeon import __version__
+from pigeon.cli import logs, passwd, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pigeon",
+        description="Pigeon, a Mail Transfer Agent.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `pigeon COMMAND --help` for the options and examples of each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"pigeon {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (serve, logs, passwd):
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

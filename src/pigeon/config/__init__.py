@@ -1,0 +1,1 @@
+"""Configuration: the typed schema and the TOML loader."""

@@ -1,0 +1,113 @@
+"""Loading the TOML file into a typed `Config`, with errors that name the file, line and key.
+
+Relative paths in a file are taken relative to the file's directory, so a config works the
+same from any working directory; without a file they are relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from pigeon.config.schema import Config, decode_hook
+
+_AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
+_TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used. The message names the file, line and key."""
+
+
+def load(path: Path | None) -> Config:
+    """Read and validate a config file; None gives the defaults."""
+    if path is None:
+        return _finish(Config(), base=None)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    try:
+        config = msgspec.convert(data, Config, dec_hook=decode_hook)
+    except msgspec.ValidationError as error:
+        raise ConfigError(_explain(str(error), path, text)) from None
+    return _finish(config, base=path.parent)
+
+
+def _finish(config: Config, base: Path | None) -> Config:
+    smtp, spool, log = config.smtp, config.spool, config.log
+    if (smtp.tls_certificate is None) != (smtp.tls_private_key is None):
+        raise ConfigError("[smtp] tls_certificate and tls_private_key must be given together")
+    if base is not None:
+        spool.path = _resolve(spool.path, base)
+        log.path = _resolve(log.path, base)
+        if smtp.tls_certificate is not None and smtp.tls_private_key is not None:
+            smtp.tls_certificate = _resolve(smtp.tls_certificate, base)
+            smtp.tls_private_key = _resolve(smtp.tls_private_key, base)
+        if smtp.auth_users is not None:
+            smtp.auth_users = _resolve(smtp.auth_users, base)
+    if smtp.max_line_length < 78:
+        raise ConfigError("[smtp] max_line_length must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
+    if not smtp.listen:
+        raise ConfigError("[smtp] listen must name at least one address")
+    return config
+
+
+def _resolve(path: Path, base: Path) -> Path:
+    return path if path.is_absolute() else base / path
+
+
+def _explain(message: str, path: Path, text: str) -> str:
+    match = _AT.match(message)
+    assert match is not None
+    reason = match.group("message")
+    keys = [k for k in re.split(r"\.|\[\d+\]", match.group("path") or "") if k]
+    unknown = _UNKNOWN.match(reason)
+    if unknown:
+        keys.append(unknown.group("field"))
+        reason = "unknown key"
+    line = _line_of(text, keys)
+    where = f"{path}, line {line}" if line else str(path)
+    name = _key_name(keys)
+    return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
+
+
+def _key_name(keys: list[str]) -> str:
+    if not keys:
+        return ""
+    if len(keys) == 1:
+        return f"[{keys[0]}]" if keys[0] in Config.__struct_fields__ else keys[0]
+    return f"[{'.'.join(keys[:-1])}] {keys[-1]}"
+
+
+def _line_of(text: str, keys: list[str]) -> int | None:
+    """The line where a key is set: best effort, for the error message only."""
+    if not keys:
+        return None
+    section, key = (keys[:-1], keys[-1]) if len(keys) > 1 else ([], keys[0])
+    current: list[str] = []
+    section_line: int | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line.startswith("["):
+            current = [part.strip() for part in line.strip("[]").split(".")]
+            if current == keys:
+                return number
+            if current == section:
+                section_line = number
+            continue
+        name = line.split("=", 1)[0].strip().strip('"')
+        if "=" in line and current == section and name == key:
+            return number
+        if "=" in line and not section and not current and name == key:
+            return number
+    return section_line

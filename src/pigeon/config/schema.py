@@ -1,0 +1,210 @@
+"""The configuration schema: every key, its type, its default. This file is the reference.
+
+Values that are durations accept a number of seconds or a string with a unit
+(`"250ms"`, `"30s"`, `"5m"`, `"2h"`, `"1d"`); sizes accept a number of bytes or a string
+(`"64KiB"`, `"25MiB"`, `"10MB"`, `"1GiB"`). With no file at all the defaults run a working
+node: SMTP on 127.0.0.1:2525, HTTP on 127.0.0.1:8025, data under ./var.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+_DURATION: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
+_DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
+_SIZE_UNITS: Final = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class Duration(float):
+    """Seconds. Written as a number of seconds or "30s", "5m", "250ms", "2h", "1d"."""
+
+
+class Size(int):
+    """Bytes. Written as a number of bytes or "64KiB", "25MiB", "10MB"."""
+
+
+class Network(str):
+    """An IP network in CIDR form ("127.0.0.0/8", "::1/128"); a bare address means /32 or /128."""
+
+    __slots__ = ()
+
+    @property
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        return ipaddress.ip_network(self, strict=False)
+
+
+class Endpoint(str):
+    """A listen address "host:port"; IPv6 hosts in brackets: "[::1]:2525"."""
+
+    __slots__ = ()
+
+    @property
+    def host(self) -> str:
+        return split_endpoint(self)[0]
+
+    @property
+    def port(self) -> int:
+        return split_endpoint(self)[1]
+
+
+def split_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port (port 0..65535; 0 picks a free port)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError(f"{text!r} has no host; use 0.0.0.0:{port} or [::]:{port} for every address")
+    return host, int(port)
+
+
+def decode_hook(kind: type, value: Any) -> Any:
+    """msgspec hook turning TOML values into the custom types above, with clear errors."""
+    if kind is Duration:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return Duration(value)
+        if isinstance(value, str):
+            match = _DURATION.fullmatch(value)
+            if match:
+                return Duration(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+        raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')
+    if kind is Size:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return Size(value)
+        if isinstance(value, str):
+            match = _SIZE.fullmatch(value)
+            if match:
+                unit = (match.group(2) or "b").lower()
+                return Size(int(float(match.group(1)) * _SIZE_UNITS[unit]))
+        raise ValueError(f'{value!r} is not a size: use bytes or a string like "64KiB", "25MiB", "10MB"')
+    if kind is Network:
+        if isinstance(value, str):
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError:
+                pass
+            else:
+                return Network(value)
+        raise ValueError(f'{value!r} is not an IP network like "127.0.0.0/8" or "::1"')
+    if kind is Endpoint:
+        if isinstance(value, str):
+            split_endpoint(value)
+            return Endpoint(value)
+        raise ValueError(f'{value!r} is not a listen address like "127.0.0.1:2525"')
+    raise NotImplementedError(kind)
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NodeConfig(_Section):
+    name: str = msgspec.field(default_factory=socket.gethostname)
+    """Node name written into every log record. Default: the host name."""
+    workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
+    """Worker processes, each with its own spool shard, sharing the listen ports (SO_REUSEPORT).
+    "auto": one per CPU core."""
+    shutdown_timeout: Duration = Duration(30)
+    """On SIGTERM, how long open SMTP transactions may take to finish."""
+
+    @property
+    def worker_count(self) -> int:
+        return (os.cpu_count() or 1) if self.workers == "auto" else self.workers
+
+
+class SmtpConfig(_Section):
+    listen: list[Endpoint] = msgspec.field(default_factory=lambda: [Endpoint("127.0.0.1:2525")])
+    """Addresses the SMTP listener binds to."""
+    hostname: str = msgspec.field(default_factory=socket.gethostname)
+    """Name in the banner, EHLO reply and Received headers."""
+    relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
+    """Clients in these networks may send to any domain. Others must authenticate."""
+    max_message_size: Size = Size(25 * 1024 * 1024)
+    """Largest message accepted (advertised with SIZE, checked on MAIL and on the data)."""
+    max_recipients: PositiveInt = 1000
+    """Recipients per message; more get 452 4.5.3 (the client sends them in a new transaction)."""
+    max_messages_per_connection: PositiveInt = 10_000
+    max_errors: PositiveInt = 20
+    """Error replies before Pigeon closes the connection with 421."""
+    max_line_length: PositiveInt = 998
+    """Longest text line, without CRLF (RFC 5322 2.1.1); applies to commands and message lines."""
+    max_connections: PositiveInt = 2000
+    """Concurrent SMTP connections; further clients get 421 4.7.0 and are closed."""
+    max_hops: PositiveInt = 100
+    """Received headers after which a message is refused as a loop (RFC 5321 6.3)."""
+    bare_linefeeds: Literal["refuse", "normalise"] = "refuse"
+    """A message with a bare LF or CR: refuse it (554 5.6.0) or rewrite the line endings as CRLF."""
+    idle_timeout: Duration = Duration(300)
+    """Close a connection that sends nothing for this long (421 4.4.2)."""
+    command_timeout: Duration = Duration(300)
+    """Close a connection that takes longer than this to send one command (RFC 5321 4.5.3.2.7)."""
+    pipelining: bool = True
+    chunking: bool = True
+    smtputf8: bool = True
+    dsn: bool = True
+    tls_certificate: Path | None = None
+    """PEM certificate chain for STARTTLS. Without one, a self-signed pair is made at first start."""
+    tls_private_key: Path | None = None
+    starttls: bool = True
+    """Offer STARTTLS."""
+    auth_users: Path | None = None
+    """File of `user:$scrypt$...` lines written by `pigeon passwd`. Without it AUTH is not offered."""
+    allow_plaintext_auth: bool = False
+    """Offer AUTH on connections without TLS (passwords would cross the network in clear)."""
+
+
+class HttpConfig(_Section):
+    listen: Endpoint = Endpoint("127.0.0.1:8025")
+    """Address of the HTTP listener (/healthz, /metrics)."""
+
+
+class SpoolConfig(_Section):
+    path: Path = Path("var/spool")
+    """Directory of the spool database and large bodies."""
+    inline_limit: Size = Size(256 * 1024)
+    """Bodies up to this size are stored in the database; larger ones in files."""
+    commit_window: Duration = Duration(0.0)
+    """Extra time the commit thread waits to gather a batch (0: take what is waiting)."""
+    max_batch: PositiveInt = 1024
+    max_size: Size | None = None
+    """Cap on the spool database size; when reached, new mail gets 451 4.3.0."""
+
+
+class LogConfig(_Section):
+    path: Path = Path("var/log")
+    """Directory of the JSON-lines log segments."""
+    max_segment_size: Size = Size(128 * 1024 * 1024)
+    max_segment_age: Duration = Duration(3600)
+    compress: bool = True
+    """gzip segments once they are closed."""
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """Level of the diagnostic messages Pigeon writes to stderr (not the event log)."""
+
+
+class Config(_Section):
+    node: NodeConfig = msgspec.field(default_factory=NodeConfig)
+    smtp: SmtpConfig = msgspec.field(default_factory=SmtpConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
+    spool: SpoolConfig = msgspec.field(default_factory=SpoolConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)

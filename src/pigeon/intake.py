@@ -1,0 +1,287 @@
+"""Intake: the step between every listener and the spool.
+
+A listener opens a `Draft` when a message's content starts, writes the content into it as
+it arrives, and commits it at the end. The draft:
+
+* prepends our `Received:` header (RFC 5321 4.4);
+* splits the recipients by domain: one spool message per destination domain, all sharing
+  one body, so that every message belongs to exactly one scheduled queue;
+* names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
+  headers;
+* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3);
+* stores everything in one group commit, and only then writes the `Reception` records
+  and lets the listener answer 250.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from pigeon.logs.records import Reception, Response
+from pigeon.logs.writer import LogWriter
+from pigeon.message import Envelope, Recipient, SpoolId, format_id
+from pigeon.metrics import Metrics
+from pigeon.queue.names import scheduled_queue
+from pigeon.smtp import replies
+from pigeon.smtp.replies import Reply
+from pigeon.spool.body import BodyWriter
+from pigeon.spool.spool import NewMessage, SpoolError
+from pigeon.spool.sqlite import SqliteSpool
+
+_HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
+_DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+class Refused(Exception):
+    """Intake will not take this message. `reply` says why, for the client."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(str(reply))
+        self.reply = reply
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """How a message reached us: what the Received header and the log records say."""
+
+    listener: str  # "smtp", later "http"
+    session: str
+    peer: str  # "ip:port"
+    peer_ip: str
+    helo: str
+    protocol: str  # RFC 3848 keyword
+    tls: str | None = None
+    auth_user: str | None = None
+
+
+class Intake:
+    """Turns finished content into durable spool messages."""
+
+    def __init__(
+        self,
+        spool: SqliteSpool,
+        log: LogWriter,
+        metrics: Metrics,
+        *,
+        hostname: str,
+        max_hops: int = 100,
+        tenant_header: str = "X-Tenant",
+        campaign_header: str = "X-Campaign",
+    ) -> None:
+        self.spool = spool
+        self.log = log
+        self.metrics = metrics
+        self.hostname = hostname
+        self.max_hops = max_hops
+        self._tenant = b"\n" + tenant_header.lower().encode() + b":"
+        self._campaign = b"\n" + campaign_header.lower().encode() + b":"
+
+    def draft(self, envelope: Envelope, arrival: Arrival) -> Draft:
+        """Start a message. The Received header is written at once."""
+        groups = _group_by_domain(envelope.recipients)
+        ids = self.spool.new_ids(len(groups))
+        draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
+        draft.write(self._received_header(envelope, arrival, ids[0]))
+        return draft
+
+    def _received_header(self, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
+        helo = (
+            arrival.helo
+            if arrival.helo.isascii()
+            else arrival.helo.encode("idna", "replace").decode("ascii", "replace")
+        )
+        lines = [f"Received: from {helo} ([{arrival.peer_ip}])"]
+        if arrival.tls:
+            lines.append(f"\t(using {arrival.tls})")
+        lines.append(f"\tby {self.hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
+        date = _rfc5322_date(int(time.time()))
+        if len(envelope.recipients) == 1:
+            lines.append(f"\tfor <{envelope.recipients[0].address}>; {date}")
+        else:
+            lines[-1] += ";"
+            lines.append(f"\t{date}")
+        return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+
+    def _tenant_and_campaign(self, head: bytes, lowered: bytes) -> tuple[str | None, str | None]:
+        return _header_value(head, lowered, self._tenant), _header_value(head, lowered, self._campaign)
+
+
+class Draft:
+    """One message being received. `write()` content, then `commit()` once, or `discard()`."""
+
+    __slots__ = ("_body", "_done", "_groups", "_head", "_ids", "_intake", "arrival", "envelope")
+
+    def __init__(
+        self,
+        intake: Intake,
+        envelope: Envelope,
+        arrival: Arrival,
+        groups: list[tuple[str, list[Recipient]]],
+        ids: list[SpoolId],
+        body: BodyWriter,
+    ) -> None:
+        self._intake = intake
+        self.envelope = envelope
+        self.arrival = arrival
+        self._groups = groups
+        self._ids = ids
+        self._body = body
+        self._head = bytearray()
+        self._done = False
+
+    @property
+    def id(self) -> SpoolId:
+        return self._ids[0]
+
+    def write(self, data: bytes) -> None:
+        self._body.write(data)
+        head = self._head
+        if len(head) < _HEAD_LIMIT and b"\r\n\r\n" not in head:
+            head += data[: _HEAD_LIMIT - len(head)]
+
+    def discard(self) -> None:
+        if not self._done:
+            self._done = True
+            self._body.discard()
+
+    def commit(self) -> asyncio.Future[list[SpoolId]]:
+        """Store the message. The future gives the spool ids once they are durable.
+
+        It fails with `Refused` (loop detected) or a `SpoolError` (write failed, disk full);
+        either carries the reply for the client.
+        """
+        intake = self._intake
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[list[SpoolId]] = loop.create_future()
+        self._done = True
+        head = _header_block(bytes(self._head))
+        lowered = head.lower()
+        # Our own Received header is counted too: the message would leave with that many.
+        if lowered.count(b"\nreceived:") > intake.max_hops:
+            self._body.discard()
+            result.set_exception(Refused(replies.TOO_MANY_HOPS))
+            return result
+        try:
+            body = self._body.finish()
+        except SpoolError as error:
+            result.set_exception(error)
+            return result
+        now = time.time()
+        tenant, campaign = intake._tenant_and_campaign(head, lowered)
+        messages = [
+            NewMessage(
+                spool_id,
+                scheduled_queue(domain, tenant, campaign),
+                _copy_envelope(self.envelope, recipients, tenant, campaign),
+                now,
+                now,
+            )
+            for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True)
+        ]
+        stored = intake.spool.store(body, messages)
+        stored.add_done_callback(lambda f: self._stored(f, result, messages, body.size))
+        return result
+
+    def _stored(
+        self,
+        stored: asyncio.Future[None],
+        result: asyncio.Future[list[SpoolId]],
+        messages: list[NewMessage],
+        size: int,
+    ) -> None:
+        if result.cancelled():
+            return
+        error = stored.exception()
+        if error is not None:
+            result.set_exception(error)
+            return
+        intake, arrival = self._intake, self.arrival
+        ids = [m.id for m in messages]
+        printed = [format_id(i) for i in ids]
+        reply = replies.queued(printed)
+        response = Response.of(reply)
+        now = time.time()
+        for m, printed_id in zip(messages, printed, strict=True):
+            intake.log.write(
+                Reception(
+                    timestamp=now,
+                    id=printed_id,
+                    session=arrival.session,
+                    sender=m.envelope.sender,
+                    recipients=[r.address for r in m.envelope.recipients],
+                    queue=m.queue,
+                    size=size,
+                    peer=arrival.peer,
+                    helo=arrival.helo,
+                    protocol=arrival.protocol,
+                    response=response,
+                    tls=arrival.tls,
+                    auth_user=arrival.auth_user,
+                )
+            )
+        counts = intake.metrics.counts
+        counts.messages_received += len(messages)
+        counts.bytes_received += size
+        counts.receptions[arrival.listener] = counts.receptions.get(arrival.listener, 0) + 1
+        result.set_result(ids)
+
+
+def _group_by_domain(recipients: Sequence[Recipient]) -> list[tuple[str, list[Recipient]]]:
+    groups: dict[str, list[Recipient]] = {}
+    for recipient in recipients:
+        groups.setdefault(recipient.domain, []).append(recipient)
+    return list(groups.items())
+
+
+def _copy_envelope(
+    envelope: Envelope, recipients: list[Recipient], tenant: str | None, campaign: str | None
+) -> Envelope:
+    return Envelope(
+        sender=envelope.sender,
+        recipients=recipients,
+        ret=envelope.ret,
+        envid=envelope.envid,
+        body=envelope.body,
+        smtputf8=envelope.smtputf8,
+        tenant=tenant,
+        campaign=campaign,
+        peer=envelope.peer,
+        helo=envelope.helo,
+        auth_user=envelope.auth_user,
+        protocol=envelope.protocol,
+    )
+
+
+def _header_block(head: bytes) -> bytes:
+    """The header section, with a leading LF so every field starts with "\\n<name>:"."""
+    end = head.find(b"\r\n\r\n")
+    return b"\n" + (head if end < 0 else head[: end + 2])
+
+
+def _header_value(head: bytes, lowered: bytes, marker: bytes) -> str | None:
+    """The first value of a header (marker is b"\\n<lower-case name>:"), unfolded."""
+    at = lowered.find(marker)
+    if at < 0:
+        return None
+    start = at + len(marker)
+    end = head.find(b"\r\n", start)
+    while end >= 0 and head[end + 2 : end + 3] in (b" ", b"\t"):
+        end = head.find(b"\r\n", end + 2)
+    raw = head[start : end if end >= 0 else len(head)]
+    value = b" ".join(raw.split()).decode("utf-8", "replace")
+    # A queue name part must not carry the separators of the queue name itself.
+    value = value.replace(":", "_").replace("@", "_")
+    return value or None
+
+
+@functools.lru_cache(maxsize=4)
+def _rfc5322_date(second: int) -> str:
+    t = time.gmtime(second)
+    day, month = _DAYS[t.tm_wday], _MONTHS[t.tm_mon - 1]
+    return f"{day}, {t.tm_mday:02d} {month} {t.tm_year} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} +0000"

@@ -1,0 +1,1 @@
+"""Asyncio glue around the sans-IO protocols: the SMTP listener and the HTTP API."""

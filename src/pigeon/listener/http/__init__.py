@@ -1,0 +1,1 @@
+"""The HTTP listener: one module per endpoint, assembled by `app.py`."""

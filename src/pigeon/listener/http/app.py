@@ -1,0 +1,43 @@
+"""The HTTP listener: builds the aiohttp application and serves it on the configured address."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+from pigeon.listener.http.context import NODE_KEY, NodeView
+from pigeon.listener.http.health import healthz
+from pigeon.listener.http.metrics import metrics
+
+
+def build_app(node: NodeView) -> web.Application:
+    app = web.Application()
+    app[NODE_KEY] = node
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+class HttpListener:
+    """Runs the application until `stop()`."""
+
+    def __init__(self, node: NodeView) -> None:
+        self._runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        return sockets[0].getsockname()[:2] if sockets else (host, port)
+
+    async def start_unix(self, path: Path) -> None:
+        """Serve on a unix socket (a worker's control socket, read by the supervisor)."""
+        await self._runner.setup()
+        await web.UnixSite(self._runner, str(path)).start()
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

@@ -1,0 +1,502 @@
+"""The SMTP listener: asyncio glue around `pigeon.smtp.server.ServerSession`.
+
+One `SmtpConnection` (an `asyncio.Protocol`) per client. It moves bytes and makes the
+decisions the session asks for; it never parses SMTP itself. Replies produced while
+working through a pipelined group are written with one `write()` when the group is done.
+
+A decision that takes time (storing a message, checking a password, the TLS handshake)
+pauses reading from the socket and resumes when its future is done, so a client that
+pipelines cannot make us buffer without bound, and replies stay in command order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import itertools
+import logging
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from pigeon.intake import Arrival, Draft, Intake, Refused
+from pigeon.listener.passwords import PasswordFile
+from pigeon.listener.tls import describe
+from pigeon.logs.records import Rejection, Response
+from pigeon.message import Envelope, Recipient, format_id
+from pigeon.smtp import replies
+from pigeon.smtp.events import (
+    NEED_DATA,
+    AuthCredentials,
+    Closing,
+    Data,
+    DataChunk,
+    Ehlo,
+    Helo,
+    MailFrom,
+    MessageEnd,
+    RcptTo,
+    Rejected,
+    StartTls,
+    TransactionReset,
+)
+from pigeon.smtp.replies import Reply
+from pigeon.smtp.server import Phase, ServerConfig, ServerSession
+from pigeon.spool.spool import SpoolError
+
+_log = logging.getLogger(__name__)
+_MAX_BUFFERED = 1024 * 1024  # bytes a client may send ahead while a command is being decided
+_SESSION_PREFIX = secrets.token_hex(4)  # session ids: unique per process run, cheap to make
+_session_numbers = itertools.count(1)
+
+
+def _next_session_id() -> str:
+    return f"{_SESSION_PREFIX}{next(_session_numbers):06x}"
+
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class SmtpListener:
+    """Accepts SMTP connections on one or more addresses."""
+
+    def __init__(
+        self,
+        session_config: ServerConfig,
+        intake: Intake,
+        *,
+        relay_networks: list[IpNetwork],
+        tls_context: ssl.SSLContext | None = None,
+        passwords: PasswordFile | None = None,
+        idle_timeout: float = 300.0,
+        command_timeout: float = 300.0,
+        max_connections: int = 2000,
+    ) -> None:
+        self.session_config = session_config
+        self.intake = intake
+        self.relay_networks = relay_networks
+        self.tls_context = tls_context
+        self.passwords = passwords
+        self.idle_timeout = idle_timeout
+        self.command_timeout = command_timeout
+        self.max_connections = max_connections
+        self.connections: set[SmtpConnection] = set()
+        self.draining = False
+        self._relay_cache: dict[str, bool] = {}
+        self._servers: list[asyncio.Server] = []
+        self._all_closed = asyncio.Event()
+        self._all_closed.set()
+
+    async def start(self, addresses: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Listen on every address; returns the bound (host, port) pairs (port 0 picks one)."""
+        loop = asyncio.get_running_loop()
+        bound = []
+        for host, port in addresses:
+            # SO_REUSEPORT: every worker process binds the same port; the kernel spreads clients.
+            server = await loop.create_server(
+                lambda: SmtpConnection(self), host, port, backlog=4096, reuse_address=True, reuse_port=True
+            )
+            self._servers.append(server)
+            for sock in server.sockets:
+                bound.append(sock.getsockname()[:2])
+        return bound
+
+    async def drain(self, grace: float) -> None:
+        """Stop accepting; let open transactions finish for up to `grace` seconds; close the rest."""
+        self.draining = True
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), grace)
+        except TimeoutError:
+            for connection in list(self.connections):
+                connection.abort()
+        for server in self._servers:
+            await server.wait_closed()
+
+    def _opened(self, connection: SmtpConnection) -> None:
+        self.connections.add(connection)
+        self._all_closed.clear()
+        self.intake.metrics.counts.smtp_connections_accepted += 1
+
+    def _closed(self, connection: SmtpConnection) -> None:
+        self.connections.discard(connection)
+        if not self.connections:
+            self._all_closed.set()
+
+    def relay_allowed(self, ip: str) -> bool:
+        allowed = self._relay_cache.get(ip)
+        if allowed is None:
+            if len(self._relay_cache) > 10_000:
+                self._relay_cache.clear()
+            allowed = self._relay_cache[ip] = self._in_relay_networks(ip)
+        return allowed
+
+    def _in_relay_networks(self, ip: str) -> bool:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self.relay_networks)
+
+
+class SmtpConnection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, listener: SmtpListener) -> None:
+        self._listener = listener
+        self._loop = asyncio.get_running_loop()
+        self._session = ServerSession(listener.session_config)
+        self._transport: asyncio.Transport | None = None
+        self._draft: Draft | None = None
+        self._recipients: list[Recipient] = []
+        self._blocked = False
+        self._closed = False
+        self._close_when_idle = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_bytes = 0.0
+        self._last_progress = 0.0
+        self._tls: str | None = None
+        self.id = _next_session_id()
+        self.peer = ""
+        self.peer_ip = ""
+        self._relay = False
+        self._paused = False
+        self._tls_early: bytearray | None = None
+
+    # --- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without inheriting from it.
+        self._transport = cast(asyncio.Transport, transport)
+        listener = self._listener
+        peername = self._transport.get_extra_info("peername")
+        if isinstance(peername, tuple):
+            self.peer_ip = str(peername[0])
+            self.peer = f"[{peername[0]}]:{peername[1]}" if ":" in self.peer_ip else f"{peername[0]}:{peername[1]}"
+        self._relay = listener.relay_allowed(self.peer_ip)
+        too_many = len(listener.connections) >= listener.max_connections
+        listener._opened(self)
+        now = self._loop.time()
+        self._last_bytes = self._last_progress = now
+        if listener.draining:
+            self._session.greet(replies.shutting_down(listener.session_config.hostname))
+        elif too_many:
+            self._session.greet(
+                replies.r(421, "4.7.0", f"{listener.session_config.hostname} too many connections, try again later")
+            )
+        else:
+            self._session.greet()
+        self._arm_timer()
+        self._pump()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_bytes = self._loop.time()
+        if self._tls_early is not None:
+            # Decrypted bytes that beat the handshake's completion callback: keep them for
+            # the session, which still thinks it is waiting for the handshake.
+            self._tls_early += data
+            return
+        session = self._session
+        session.receive_data(data)
+        if not self._blocked:
+            self._pump()
+        elif not self._paused and session.buffered > _MAX_BUFFERED and self._transport is not None:
+            # A client pipelining far ahead while we wait: stop reading until we catch up.
+            # (Pausing on every wait would cost two system calls per message.)
+            self._transport.pause_reading()
+            self._paused = True
+
+    def eof_received(self) -> bool:
+        self._session.receive_data(b"")
+        if not self._blocked:
+            self._pump()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self._draft is not None:
+            self._draft.discard()
+            self._draft = None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._listener._closed(self)
+
+    # --- driving the session -----------------------------------------------------------
+    def _pump(self) -> None:
+        session = self._session
+        progressed = False
+        while not self._blocked and not self._closed:
+            event = session.next_event()
+            if event is NEED_DATA:
+                break
+            progressed = True
+            _HANDLERS[type(event)](self, event)
+        if progressed:
+            self._last_progress = self._loop.time()
+        self._flush()
+
+    def _flush(self) -> None:
+        out = self._session.data_to_send()
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(out)
+
+    def _respond(self, reply: Reply, command: str) -> None:
+        if reply.code >= 400:
+            self._log_rejection(command, reply)
+        self._session.respond(reply)
+
+    def _wait(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
+        """Handle no more commands until `future` is done, then call `then(future)` and carry on."""
+        self._blocked = True
+        self._flush()
+        future.add_done_callback(lambda f: self._resume(f, then))
+
+    def _resume(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
+        self._blocked = False
+        if self._closed:
+            return
+        then(future)
+        if self._paused and self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+        self._paused = False
+        if self._close_when_idle and self._session.phase in (Phase.GREETED, Phase.READY):
+            self._say_goodbye()
+            return
+        self._pump()
+
+    # --- decisions ---------------------------------------------------------------------
+    def _on_greeting(self, event: Ehlo | Helo) -> None:
+        self._session.accept()
+
+    def _on_mail(self, event: MailFrom) -> None:
+        self._recipients = []
+        self._session.accept()
+
+    def _on_rcpt(self, event: RcptTo) -> None:
+        if not (self._relay or self._session.authenticated is not None):
+            self._respond(replies.RELAY_DENIED, "RCPT")
+            return
+        self._recipients.append(
+            Recipient(
+                event.recipient,
+                sorted(n.value for n in event.notify) if event.notify is not None else None,
+                event.orcpt,
+            )
+        )
+        self._session.accept()
+
+    def _on_data(self, event: Data) -> None:
+        self._session.accept()
+        self._draft = self._new_draft()
+
+    def _on_chunk(self, event: DataChunk) -> None:
+        if self._draft is None:
+            self._draft = self._new_draft()
+        self._draft.write(event.data)
+
+    def _on_message_end(self, event: MessageEnd) -> None:
+        draft = self._draft or self._new_draft()
+        self._draft = None
+        self._wait(draft.commit(), self._stored)
+
+    def _stored(self, future: asyncio.Future[Any]) -> None:
+        error = future.exception()
+        if error is None:
+            self._session.respond(replies.queued([format_id(i) for i in future.result()]))
+        elif isinstance(error, (Refused, SpoolError)):
+            if isinstance(error, SpoolError):
+                _log.error("session %s: message not stored: %s", self.id, error)
+            self._respond(error.reply, "DATA")
+        else:
+            _log.error("session %s: message not stored", self.id, exc_info=error)
+            self._respond(replies.SPOOL_ERROR, "DATA")
+        self._recipients = []
+
+    def _on_starttls(self, event: StartTls) -> None:
+        if self._listener.tls_context is None:
+            self._respond(replies.TLS_UNAVAILABLE, "STARTTLS")
+            return
+        self._session.accept()
+        self._flush()
+        self._wait(asyncio.ensure_future(self._start_tls()), self._tls_done)
+
+    async def _start_tls(self) -> None:
+        transport = self._transport
+        context = self._listener.tls_context
+        assert transport is not None and context is not None
+        # From here on the transport hands its bytes to the TLS layer, so whatever reaches
+        # data_received() is decrypted. Plaintext that came before was dropped by the session.
+        self._tls_early = bytearray()
+        new = await self._loop.start_tls(transport, self, context, server_side=True, ssl_handshake_timeout=30.0)
+        if new is None:
+            raise ConnectionError("connection closed during the TLS handshake")
+        self._transport = new
+        self._tls = describe(new.get_extra_info("ssl_object"))
+
+    def _tls_done(self, future: asyncio.Future[Any]) -> None:
+        error = future.exception()
+        if error is not None:
+            _log.info("session %s: TLS handshake with %s failed: %s", self.id, self.peer, error)
+            self.abort()
+            return
+        self._session.tls_established()
+        early, self._tls_early = self._tls_early, None
+        if early:
+            self._session.receive_data(bytes(early))
+
+    def _on_auth(self, event: AuthCredentials) -> None:
+        passwords = self._listener.passwords
+        if passwords is None:
+            self._respond(replies.AUTH_FAILED, "AUTH")
+            return
+        check = self._loop.run_in_executor(None, passwords.check, event.username, event.password)
+        self._wait(check, self._auth_checked)
+
+    def _auth_checked(self, future: asyncio.Future[Any]) -> None:
+        if future.exception() is None and future.result():
+            self._session.accept()
+        else:
+            self._respond(replies.AUTH_FAILED, "AUTH")
+
+    # --- notices -----------------------------------------------------------------------
+    def _on_rejected(self, event: Rejected) -> None:
+        self._log_rejection(event.command, event.reply)
+
+    def _on_reset(self, event: TransactionReset) -> None:
+        if self._draft is not None:
+            self._draft.discard()
+            self._draft = None
+        self._recipients = []
+        if self._close_when_idle:
+            self._say_goodbye()
+
+    def _on_closing(self, event: Closing) -> None:
+        self._flush()
+        self._closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    # --- helpers -------------------------------------------------------------------------
+    def _new_draft(self) -> Draft:
+        session = self._session
+        mail = session.mail
+        assert mail is not None
+        envelope = Envelope(
+            sender=mail.sender,
+            recipients=self._recipients,
+            ret=mail.ret.value if mail.ret else None,
+            envid=mail.envid,
+            body=mail.body.value if mail.body else None,
+            smtputf8=mail.smtputf8,
+            peer=self.peer,
+            helo=session.helo or "",
+            auth_user=session.authenticated,
+            protocol=self._protocol_keyword(mail.smtputf8),
+        )
+        arrival = Arrival(
+            listener="smtp",
+            session=self.id,
+            peer=self.peer,
+            peer_ip=self.peer_ip,
+            helo=session.helo or "",
+            protocol=envelope.protocol,
+            tls=self._tls,
+            auth_user=session.authenticated,
+        )
+        return self._listener.intake.draft(envelope, arrival)
+
+    def _protocol_keyword(self, smtputf8: bool) -> str:
+        # RFC 3848 / RFC 6531 WITH keywords.
+        session = self._session
+        if not session.esmtp:
+            return "SMTP"
+        keyword = "UTF8SMTP" if smtputf8 else "ESMTP"
+        if session.tls_active:
+            keyword += "S"
+        if session.authenticated is not None:
+            keyword += "A"
+        return keyword
+
+    def _log_rejection(self, command: str, reply: Reply) -> None:
+        session = self._session
+        mail = session.mail
+        self._listener.intake.metrics.rejections.labels(command or "-", str(reply.code)).inc()
+        self._listener.intake.log.write(
+            Rejection(
+                timestamp=time.time(),
+                session=self.id,
+                peer=self.peer,
+                command=command,
+                response=Response.of(reply),
+                helo=session.helo,
+                sender=mail.sender if mail is not None else None,
+                tls=self._tls,
+                auth_user=session.authenticated,
+            )
+        )
+
+    def close_when_idle(self) -> None:
+        """Shutdown: close now if no transaction is open, else right after it ends."""
+        self._close_when_idle = True
+        if not self._blocked and self._session.phase in (Phase.GREETED, Phase.READY, Phase.CLOSED):
+            self._say_goodbye()
+
+    def _say_goodbye(self) -> None:
+        if self._closed or self._transport is None:
+            return
+        reply = replies.shutting_down(self._listener.session_config.hostname)
+        self._flush()
+        self._transport.write(reply.encode(enhanced=self._session.esmtp))
+        self._closed = True
+        self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    # --- timeouts ------------------------------------------------------------------------
+    def _arm_timer(self) -> None:
+        listener = self._listener
+        deadline = min(self._last_bytes + listener.idle_timeout, self._last_progress + listener.command_timeout)
+        self._timer = self._loop.call_at(deadline, self._check_timeouts)
+
+    def _check_timeouts(self) -> None:
+        if self._closed:
+            return
+        listener = self._listener
+        now = self._loop.time()
+        if self._blocked:
+            # We are the slow one (spool, password check): not the client's fault.
+            self._last_bytes = self._last_progress = now
+        elif now - self._last_bytes >= listener.idle_timeout or now - self._last_progress >= listener.command_timeout:
+            reply = replies.timeout(listener.session_config.hostname)
+            self._log_rejection("", reply)
+            self._flush()
+            if self._transport is not None:
+                self._transport.write(reply.encode(enhanced=self._session.esmtp))
+                self._transport.close()
+            self._closed = True
+            return
+        self._arm_timer()
+
+
+_HANDLERS: dict[type, Callable[[SmtpConnection, Any], None]] = {
+    Ehlo: SmtpConnection._on_greeting,
+    Helo: SmtpConnection._on_greeting,
+    MailFrom: SmtpConnection._on_mail,
+    RcptTo: SmtpConnection._on_rcpt,
+    Data: SmtpConnection._on_data,
+    DataChunk: SmtpConnection._on_chunk,
+    MessageEnd: SmtpConnection._on_message_end,
+    StartTls: SmtpConnection._on_starttls,
+    AuthCredentials: SmtpConnection._on_auth,
+    Rejected: SmtpConnection._on_rejected,
+    TransactionReset: SmtpConnection._on_reset,
+    Closing: SmtpConnection._on_closing,
+}

@@ -1,0 +1,77 @@
+"""TLS for the listeners: the server context, and a self-signed pair made at first start.
+
+A self-signed certificate is what most MTAs present to each other anyway (opportunistic
+TLS does not verify), and it means STARTTLS works out of the box. Configure a real one
+with `[smtp] tls_certificate` and `tls_private_key`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def server_context(certificate: Path, private_key: Path) -> ssl.SSLContext:
+    """A server context for STARTTLS: TLS 1.2 or newer, the defaults' ciphers."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certificate, private_key)
+    return context
+
+
+def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:
+    """The paths of a self-signed certificate and key in `directory`, made if missing."""
+    cert_path, key_path = directory / "selfsigned.crt", directory / "selfsigned.key"
+    if cert_path.exists() and key_path.exists():
+        return cert_path, key_path
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = datetime.datetime.now(datetime.UTC)
+    alt_names: list[x509.GeneralName] = [x509.DNSName(hostname)]
+    try:
+        alt_names = [x509.IPAddress(ipaddress.ip_address(hostname))]
+    except ValueError:
+        pass
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_bytes = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write_private(key_path, key_bytes)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as stream:
+        stream.write(data)
+
+
+def describe(ssl_object: ssl.SSLObject | None) -> str | None:
+    """ "TLSv1.3 with cipher TLS_AES_256_GCM_SHA384 (256/256 bits)", for logs and headers."""
+    if ssl_object is None:
+        return None
+    cipher = ssl_object.cipher()
+    if cipher is None:
+        return ssl_object.version()
+    name, _, bits = cipher
+    return f"{ssl_object.version()} with cipher {name} ({bits}/{bits} bits)"

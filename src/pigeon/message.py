@@ -1,0 +1,112 @@
+"""The one noun every room passes on: a spooled message, its envelope and its id.
+
+A `Message` is one spool entry: one body, one sender, the recipients of **one** destination
+domain, one queue. A reception for several domains becomes several messages sharing one
+body, so that a message always belongs to exactly one scheduled queue.
+
+`Envelope` is stored as MessagePack (msgspec, array-like: field order is the format, so
+new fields go at the end with a default).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Final, NewType
+
+import msgspec
+
+SpoolId = NewType("SpoolId", int)
+
+# Ids are time-ordered 63-bit integers: milliseconds since 2025-01-01 (41 bits, good until
+# 2094), a 16-bit sequence and a 6-bit shard (one per worker process). They print as 16
+# hex digits, sort by arrival, and need no coordination between shards.
+_EPOCH_MS: Final = 1_735_689_600_000
+_SHARD_BITS: Final = 6
+_TIME_SHIFT: Final = 22
+
+
+def format_id(spool_id: int) -> str:
+    return f"{spool_id:016x}"
+
+
+def parse_id(text: str) -> SpoolId:
+    """Parse a printed id; raises ValueError with the reason."""
+    if len(text) != 16:
+        raise ValueError(f"spool id {text!r} must be 16 hex digits")
+    return SpoolId(int(text, 16))
+
+
+def id_time(spool_id: int) -> float:
+    """The Unix time (seconds) at which an id was made."""
+    return ((spool_id >> _TIME_SHIFT) + _EPOCH_MS) / 1000.0
+
+
+class IdGenerator:
+    """Unique, increasing ids for one spool shard, even if the clock steps back."""
+
+    __slots__ = ("_last", "_shard")
+
+    def __init__(self, shard: int = 0, last: int = 0) -> None:
+        if not 0 <= shard < (1 << _SHARD_BITS):
+            raise ValueError(f"shard must be 0..{(1 << _SHARD_BITS) - 1}")
+        self._shard = shard
+        self._last = last
+
+    def next(self) -> SpoolId:
+        now_ms = int(time.time() * 1000) - _EPOCH_MS
+        candidate = (now_ms << _TIME_SHIFT) | self._shard
+        if candidate <= self._last:
+            # Same millisecond (or a clock step back): bump the sequence, keep the shard bits.
+            candidate = (self._last | ((1 << _SHARD_BITS) - 1)) + 1 + self._shard
+        self._last = candidate
+        return SpoolId(candidate)
+
+
+class Recipient(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One envelope recipient with its DSN parameters (RFC 3461)."""
+
+    address: str
+    notify: list[str] | None = None  # e.g. ["SUCCESS", "FAILURE"], or ["NEVER"]
+    orcpt: str | None = None  # "rfc822;user@example.com"
+
+    @property
+    def domain(self) -> str:
+        _, at, domain = self.address.rpartition("@")
+        return domain.lower() if at else ""
+
+
+class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Who the message is from and to, and how it arrived."""
+
+    sender: str
+    recipients: list[Recipient]
+    ret: str | None = None  # DSN RET: FULL or HDRS
+    envid: str | None = None  # DSN ENVID, xtext-decoded
+    body: str | None = None  # BODY: 7BIT or 8BITMIME
+    smtputf8: bool = False
+    tenant: str | None = None
+    campaign: str | None = None
+    peer: str = ""  # client address, "ip" or "ip:port"
+    helo: str = ""
+    auth_user: str | None = None
+    protocol: str = "ESMTP"  # RFC 3848 WITH keyword of the reception
+
+
+ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()
+ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
+
+
+@dataclass(slots=True)
+class Message:
+    """One spool entry as held in memory."""
+
+    id: SpoolId
+    queue: str
+    envelope: Envelope
+    created: float
+    size: int
+    body_id: SpoolId
+    attempts: int = 0
+    due: float = 0.0
+    data: bytes | None = field(default=None, repr=False)  # loaded on demand

@@ -1,0 +1,101 @@
+"""Prometheus metrics of one Pigeon process: defined once here, updated where things happen.
+
+Counters bumped once or more per message are plain integers on `Counts` (an attribute add,
+no lock) that a collector reads when /metrics is scraped; prometheus_client's own
+`Counter.inc()` takes a lock each time, which shows up at thousands of messages a second.
+Colder metrics (labelled rejections, histograms observed once per commit) use the library.
+
+Each node has its own `Metrics` (its own registry), so tests can run several in one
+process and read them back without interference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Counts:
+    """Hot-path counters: plain integers."""
+
+    __slots__ = ("bytes_received", "messages_received", "receptions", "smtp_connections_accepted")
+
+    def __init__(self) -> None:
+        self.messages_received = 0
+        self.bytes_received = 0
+        self.receptions: dict[str, int] = {}
+        self.smtp_connections_accepted = 0
+
+
+class _CountsCollector(Collector):
+    def __init__(self, counts: Counts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._counts
+        yield CounterMetricFamily(
+            "pigeon_messages_received", "Messages accepted and stored (one per spool entry)", value=c.messages_received
+        )
+        yield CounterMetricFamily("pigeon_bytes_received", "Bytes of message data stored", value=c.bytes_received)
+        receptions = CounterMetricFamily(
+            "pigeon_receptions", "Transactions answered with 250 after a durable commit", labels=["listener"]
+        )
+        for listener, value in sorted(c.receptions.items()):
+            receptions.add_metric([listener], value)
+        yield receptions
+        yield CounterMetricFamily(
+            "pigeon_smtp_connections_accepted", "SMTP connections accepted", value=c.smtp_connections_accepted
+        )
+
+
+class Metrics:
+    """All metrics of one node."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.counts = Counts()
+        r.register(_CountsCollector(self.counts))
+        self.rejections = Counter(
+            "pigeon_rejections", "Commands answered with a 4xx or 5xx reply", ["command", "code"], registry=r
+        )
+        self.smtp_connections = Gauge("pigeon_smtp_connections", "Open SMTP server connections", registry=r)
+        self.spool_messages = Gauge("pigeon_spool_messages", "Messages in the spool", registry=r)
+        self.spool_commit_batch = Histogram(
+            "pigeon_spool_commit_batch_size",
+            "Operations per spool commit (one fsync each)",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.spool_commit_seconds = Histogram(
+            "pigeon_spool_commit_seconds",
+            "Duration of one spool commit, fsync included",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.spool_quarantined = Counter(
+            "pigeon_spool_quarantined", "Spool entries set aside as unreadable at start-up", registry=r
+        )
+        self.log_records_dropped = Gauge(
+            "pigeon_log_records_dropped", "Log records dropped because the log disk kept failing", registry=r
+        )
+
+    def observe_commit(self, batch: int, seconds: float) -> None:
+        """Called from the spool's commit thread after each commit."""
+        self.spool_commit_batch.observe(batch)
+        self.spool_commit_seconds.observe(seconds)
+
+    def track_spool(self, count: Callable[[], int]) -> None:
+        self.spool_messages.set_function(count)
+
+    def track_smtp_connections(self, count: Callable[[], int]) -> None:
+        self.smtp_connections.set_function(count)
+
+    def track_dropped_logs(self, dropped: Callable[[], int]) -> None:
+        self.log_records_dropped.set_function(dropped)

@@ -1,0 +1,195 @@
+"""One Pigeon node: every room built from the configuration, started and stopped in order.
+
+Start: logs, spool (recovery and quarantine first), TLS and users, intake, SMTP and HTTP
+listeners. Stop (SIGTERM, SIGINT): stop accepting, let open transactions finish within
+`shutdown_timeout`, then close the spool (its queued commits complete first) and the logs.
+Nothing a client was told 250 about is lost on the way down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+from pigeon.config.schema import Config
+from pigeon.intake import Intake
+from pigeon.listener.http.app import HttpListener
+from pigeon.listener.passwords import PasswordFile
+from pigeon.listener.smtp import SmtpListener
+from pigeon.listener.tls import ensure_self_signed, server_context
+from pigeon.logs.records import Quarantine
+from pigeon.logs.writer import LogWriter
+from pigeon.message import format_id
+from pigeon.metrics import Metrics
+from pigeon.smtp.framing import BareLinefeeds
+from pigeon.smtp.server import ServerConfig
+from pigeon.spool.shards import adopted_shards, shard_directory
+from pigeon.spool.spool import RecoveryReport
+from pigeon.spool.sqlite import SqliteSpool
+
+_log = logging.getLogger(__name__)
+
+
+class Node:
+    """A running Pigeon. `await start()`, then `await stop()` (or `run()` for both)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        worker: int = 0,
+        workers: int = 1,
+        control_socket: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.worker = worker
+        self.shutdown_timeout = config.node.shutdown_timeout
+        self._control_socket = control_socket
+        self.metrics = Metrics()
+        self.log = LogWriter(
+            config.log.path,
+            node=config.node.name,
+            shard=worker,
+            max_segment_size=config.log.max_segment_size,
+            max_segment_age=config.log.max_segment_age,
+            compress=config.log.compress,
+        )
+        self.spool = self._spool(worker)
+        self.adopted = [self._spool(shard) for shard in adopted_shards(config.spool.path, worker, workers)]
+        self.smtp: SmtpListener | None = None
+        self.http: HttpListener | None = None
+        self.smtp_addresses: list[tuple[str, int]] = []
+        self.http_address: tuple[str, int] | None = None
+        self._stopping = False
+        self._started_at = 0.0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        self.log.open(loop)
+        self.metrics.track_dropped_logs(lambda: self.log.dropped)
+        for spool in (self.spool, *self.adopted):
+            self._recover(spool, spool.open(loop))
+        self.metrics.track_spool(lambda: self.spool.count + sum(s.count for s in self.adopted))
+        self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
+        smtp = config.smtp
+        intake = Intake(self.spool, self.log, self.metrics, hostname=smtp.hostname, max_hops=smtp.max_hops)
+        tls_context = self._tls_context()
+        passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+        session_config = ServerConfig(
+            hostname=smtp.hostname,
+            max_message_size=smtp.max_message_size,
+            max_recipients=smtp.max_recipients,
+            max_messages_per_connection=smtp.max_messages_per_connection,
+            max_errors=smtp.max_errors,
+            max_line_length=smtp.max_line_length,
+            bare_linefeeds=BareLinefeeds(smtp.bare_linefeeds),
+            pipelining=smtp.pipelining,
+            chunking=smtp.chunking,
+            smtputf8=smtp.smtputf8,
+            dsn=smtp.dsn,
+            tls_available=tls_context is not None,
+            auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
+            auth_requires_tls=not smtp.allow_plaintext_auth,
+        )
+        self.smtp = SmtpListener(
+            session_config,
+            intake,
+            relay_networks=[network.network for network in smtp.relay_networks],
+            tls_context=tls_context,
+            passwords=passwords,
+            idle_timeout=smtp.idle_timeout,
+            command_timeout=smtp.command_timeout,
+            max_connections=smtp.max_connections,
+        )
+        self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
+        self.http = HttpListener(self)
+        if self._control_socket is not None:
+            await self.http.start_unix(self._control_socket)
+        else:
+            self.http_address = await self.http.start(config.http.listen.host, config.http.listen.port)
+            _log.info("http listening on %s:%d", *self.http_address)
+        self._started_at = time.time()
+        for host, port in self.smtp_addresses:
+            _log.info("smtp listening on %s:%d", host, port)
+
+    async def stop(self) -> None:
+        """Graceful stop. Safe to call twice."""
+        if self._stopping:
+            return
+        self._stopping = True
+        _log.info("stopping: finishing open transactions (up to %.0fs)", self.shutdown_timeout)
+        if self.smtp is not None:
+            await self.smtp.drain(self.shutdown_timeout)
+        if self.http is not None:
+            await self.http.stop()
+        for spool in (self.spool, *self.adopted):
+            spool.close()  # blocks until the commit in flight is done: a few milliseconds
+        await asyncio.sleep(0)  # let the last commits' callbacks run
+        self.log.close()
+        _log.info("stopped")
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, stop."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await self.stop()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "stopping" if self._stopping else "ok",
+            "node": self.config.node.name,
+            "worker": self.worker,
+            "uptime": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
+            "spool": {"messages": self.spool.count + sum(s.count for s in self.adopted)},
+            "smtp": {"connections": len(self.smtp.connections) if self.smtp else 0},
+        }
+
+    def _spool(self, shard: int) -> SqliteSpool:
+        spool = self.config.spool
+        return SqliteSpool(
+            shard_directory(spool.path, shard),
+            shard=shard,
+            inline_limit=spool.inline_limit,
+            commit_window=spool.commit_window,
+            max_batch=spool.max_batch,
+            max_size=spool.max_size,
+            observer=self.metrics.observe_commit,
+        )
+
+    def _recover(self, spool: SqliteSpool, report: RecoveryReport) -> None:
+        for entry in report.quarantined:
+            _log.warning("spool entry %s quarantined: %s", format_id(entry.id), entry.reason)
+            self.log.write(Quarantine(timestamp=time.time(), id=format_id(entry.id), reason=entry.reason))
+        self.metrics.spool_quarantined.inc(len(report.quarantined))
+        _log.info(
+            "spool %s: %d messages, %d quarantined, %d orphan bodies and %d orphan files removed",
+            spool.directory,
+            report.messages,
+            len(report.quarantined),
+            report.orphan_bodies_removed,
+            report.orphan_files_removed,
+        )
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        smtp = self.config.smtp
+        if not smtp.starttls:
+            return None
+        if smtp.tls_certificate is not None and smtp.tls_private_key is not None:
+            certificate, key = smtp.tls_certificate, smtp.tls_private_key
+        else:
+            certificate, key = ensure_self_signed(self.config.spool.path / "tls", smtp.hostname)
+        return server_context(certificate, key)

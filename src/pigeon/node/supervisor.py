@@ -1,0 +1,227 @@
+"""The supervisor: Postfix's `master` role for a node of several worker processes.
+
+Python runs one thread of Python at a time, so a node uses one worker process per core.
+Each worker is a full `Node` (SMTP on the shared port via SO_REUSEPORT, its own spool
+shard, its own log segments) and serves its health and metrics on a private unix socket.
+The supervisor starts the workers, restarts one that dies (with back-off), serves the public
+HTTP listener by asking every worker and merging the answers, and on SIGTERM stops the
+workers and waits for them to finish their open transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from pigeon.config.schema import Config
+
+_log = logging.getLogger(__name__)
+_READY_TIMEOUT = 60.0
+
+
+class Worker:
+    """One worker process and how to reach it."""
+
+    def __init__(self, index: int, control: Path) -> None:
+        self.index = index
+        self.control = control
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        connector = aiohttp.UnixConnector(path=str(self.control))
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=5)) as http,
+            http.get(f"http://worker{path}") as response,
+        ):
+            return response.status, await response.read()
+
+
+class Supervisor:
+    """Runs `workers` worker processes until SIGTERM or SIGINT."""
+
+    def __init__(self, config: Config, config_path: Path | None, workers: int) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.run_dir = config.spool.path / "run"
+        self.workers = [Worker(i, self.run_dir / f"worker-{i}.sock") for i in range(workers)]
+        self._stopping = False
+        self._runner: web.AppRunner | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for worker in self.workers:
+                await self._spawn(worker)
+            await self._wait_ready()
+            await self._serve_http()
+            _log.info("%d workers ready", len(self.workers))
+            self._watchers = [asyncio.create_task(self._watch(w)) for w in self.workers]
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        for worker in self.workers:
+            if worker.process is not None and worker.process.returncode is None:
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = self.config.node.shutdown_timeout + 10
+        for worker in self.workers:
+            process = worker.process
+            if process is None:
+                continue
+            try:
+                await asyncio.wait_for(process.wait(), deadline)
+            except TimeoutError:
+                _log.error("worker %d did not stop in time: killing it", worker.index)
+                process.kill()
+                await process.wait()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # --- workers -----------------------------------------------------------------------
+    async def _spawn(self, worker: Worker) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "pigeon",
+            "serve",
+            "--worker",
+            str(worker.index),
+            "--workers",
+            str(len(self.workers)),
+        ]
+        if self.config_path is not None:
+            args += ["-c", str(self.config_path)]
+        args += ["--control", str(worker.control)]
+        worker.control.unlink(missing_ok=True)
+        worker.process = await asyncio.create_subprocess_exec(*args)
+        _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _READY_TIMEOUT
+        for worker in self.workers:
+            while True:
+                process = worker.process
+                if process is not None and process.returncode is not None:
+                    raise RuntimeError(f"worker {worker.index} exited during start-up (status {process.returncode})")
+                with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
+                    status, _ = await worker.get("/healthz")
+                    if status == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {worker.index} not ready after {_READY_TIMEOUT:.0f}s")
+                await asyncio.sleep(0.05)
+
+    async def _watch(self, worker: Worker) -> None:
+        backoff = 1.0
+        while not self._stopping:
+            process = worker.process
+            assert process is not None
+            status = await process.wait()
+            if self._stopping:
+                return
+            worker.restarts += 1
+            _log.error("worker %d exited with status %s; restarting in %.0fs", worker.index, status, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+            await self._spawn(worker)
+
+    # --- the public HTTP listener ------------------------------------------------------------
+    async def _serve_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        listen = self.config.http.listen
+        await web.TCPSite(self._runner, listen.host, listen.port, reuse_address=True).start()
+        _log.info("http listening on %s:%d", listen.host, listen.port)
+
+    async def _ask_all(self, path: str) -> list[tuple[int, bytes] | None]:
+        async def ask(worker: Worker) -> tuple[int, bytes] | None:
+            try:
+                return await worker.get(path)
+            except (OSError, aiohttp.ClientError, TimeoutError):
+                return None
+
+        return await asyncio.gather(*(ask(w) for w in self.workers))
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        import json
+
+        answers = await self._ask_all("/healthz")
+        workers: list[dict[str, Any]] = []
+        for worker, answer in zip(self.workers, answers, strict=True):
+            if answer is None or answer[0] != 200:
+                workers.append({"worker": worker.index, "status": "down", "restarts": worker.restarts})
+            else:
+                detail = json.loads(answer[1])
+                detail["restarts"] = worker.restarts
+                workers.append(detail)
+        healthy = all(w["status"] == "ok" for w in workers) and not self._stopping
+        body = {
+            "status": "ok" if healthy else ("stopping" if self._stopping else "degraded"),
+            "node": self.config.node.name,
+            "spool": {"messages": sum(w.get("spool", {}).get("messages", 0) for w in workers)},
+            "smtp": {"connections": sum(w.get("smtp", {}).get("connections", 0) for w in workers)},
+            "workers": workers,
+        }
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        answers = await self._ask_all("/metrics")
+        texts = [a[1].decode("utf-8") for a in answers if a is not None and a[0] == 200]
+        response = web.Response(text=merge_metrics(texts))
+        response.content_type = "text/plain"
+        response.charset = "utf-8"
+        return response
+
+
+def merge_metrics(texts: list[str]) -> str:
+    """Sum the samples of several Prometheus text expositions (every Pigeon metric adds up).
+
+    `_created` samples keep the earliest value rather than a sum.
+    """
+    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if sample.name.endswith("_created"):
+                    samples[key] = min(samples.get(key, sample.value), sample.value)
+                else:
+                    samples[key] = samples.get(key, 0.0) + sample.value
+    out = []
+    for name, (kind, doc, samples) in families.items():
+        out.append(f"# HELP {name} {doc}")
+        out.append(f"# TYPE {name} {kind}")
+        for (sample_name, labels), value in samples.items():
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            out.append(f"{sample_name}{{{label_text}}} {value!r}" if label_text else f"{sample_name} {value!r}")
+    return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

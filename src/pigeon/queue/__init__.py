@@ -1,0 +1,1 @@
+"""Queues: names, the message state machine, the scheduler and ready queues."""

@@ -1,0 +1,273 @@
+"""Strict command-line parser: one line (without its CRLF) in, one command out.
+
+Errors raise `SmtpProtocolError` with the reply to send. Nothing here knows the session's
+phase; `server.py` decides whether a well-formed command may come now.
+
+Addresses follow RFC 5321 4.1.2 (Mailbox = Local-part "@" ( Domain / address-literal )),
+extended by RFC 6531 to UTF-8 when the transaction uses SMTPUTF8. Source routes
+(`<@a,@b:user@c>`) are accepted and dropped, as RFC 5321 4.1.1.3 asks.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from pigeon.smtp import replies
+from pigeon.smtp.errors import SmtpProtocolError
+from pigeon.smtp.events import Data, Ehlo, Helo, MailFrom, RcptTo, StartTls
+from pigeon.smtp.extensions import Offer, parse_mail_parameters, parse_rcpt_parameters
+from pigeon.smtp.replies import Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Rset:
+    verb = "RSET"
+
+
+@dataclass(frozen=True, slots=True)
+class Noop:
+    verb = "NOOP"
+
+
+@dataclass(frozen=True, slots=True)
+class Quit:
+    verb = "QUIT"
+
+
+@dataclass(frozen=True, slots=True)
+class Vrfy:
+    verb = "VRFY"
+
+
+@dataclass(frozen=True, slots=True)
+class Help:
+    verb = "HELP"
+
+
+@dataclass(frozen=True, slots=True)
+class Bdat:
+    size: int
+    last: bool
+    verb = "BDAT"
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    mechanism: str
+    initial: str | None  # base64 initial response, "=" for an empty one
+    verb = "AUTH"
+
+
+Command = Ehlo | Helo | MailFrom | RcptTo | Data | StartTls | Rset | Noop | Quit | Vrfy | Help | Bdat | Auth
+Parser = Callable[[str, Offer], Command]
+
+# --- address grammar ------------------------------------------------------------------------
+_ATEXT: Final = r"A-Za-z0-9!#$%&'*+\-/=?^_`{|}~"
+_UTF8: Final = "\u0080-\U0010ffff"
+
+
+def _mailbox_pattern(utf8: bool) -> re.Pattern[str]:
+    extra = _UTF8 if utf8 else ""
+    atom = f"[{_ATEXT}{extra}]+"
+    dot_string = f"{atom}(?:\\.{atom})*"
+    quoted = f'"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e{extra}]|\\\\[\\x20-\\x7e])*"'
+    label = f"[A-Za-z0-9{extra}](?:[A-Za-z0-9{extra}-]*[A-Za-z0-9{extra}])?"
+    domain = f"{label}(?:\\.{label})*"
+    literal = r"\[[^\[\]\\\s]+\]"
+    return re.compile(f"(?P<local>{dot_string}|{quoted})@(?P<domain>{domain}|{literal})")
+
+
+_MAILBOX_ASCII: Final = _mailbox_pattern(utf8=False)
+_MAILBOX_UTF8: Final = _mailbox_pattern(utf8=True)
+_SOURCE_ROUTE: Final = re.compile(r"@[^,:@\s]+(?:,@[^,:@\s]+)*:")
+_MAX_LOCAL: Final = 64  # RFC 5321 4.5.3.1.1
+_MAX_DOMAIN: Final = 255  # RFC 5321 4.5.3.1.2
+_MAX_PATH: Final = 256  # RFC 5321 4.5.3.1.3
+_BDAT_SIZE: Final = re.compile(r"[0-9]{1,18}")
+
+
+def parse_command(line: bytes, offer: Offer) -> Command:
+    """Parse one command line (CRLF already removed)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SmtpProtocolError(replies.COMMAND_NOT_UTF8) from None
+    verb, _, arg = text.partition(" ")
+    verb = verb.upper()
+    parser = _PARSERS.get(verb)
+    if parser is None:
+        if verb == "EXPN":
+            raise SmtpProtocolError(replies.NOT_IMPLEMENTED)
+        raise SmtpProtocolError(replies.UNRECOGNIZED)
+    return parser(arg.strip(" "), offer)
+
+
+def _ehlo(arg: str, offer: Offer) -> Command:
+    return Ehlo(_client_domain(arg, "EHLO"))
+
+
+def _helo(arg: str, offer: Offer) -> Command:
+    return Helo(_client_domain(arg, "HELO"))
+
+
+def _client_domain(arg: str, verb: str) -> str:
+    # Lenient by design: clients announce all sorts of names. We only need one token.
+    if not arg or " " in arg or not arg.isprintable():
+        raise SmtpProtocolError(replies.syntax(f"Syntax: {verb} hostname", "5.5.4"))
+    return arg
+
+
+def _mail(arg: str, offer: Offer) -> Command:
+    rest = _after_keyword(arg, "FROM:", "Syntax: MAIL FROM:<address> [parameters]")
+    path, params = _split_path(rest, replies.BAD_ADDRESS_SYNTAX_SENDER)
+    parsed = parse_mail_parameters(params, offer)
+    if not parsed.smtputf8 and not path.isascii():
+        raise SmtpProtocolError(replies.NON_ASCII_WITHOUT_SMTPUTF8)
+    sender = "" if path == "" else _mailbox(path, parsed.smtputf8, replies.BAD_ADDRESS_SYNTAX_SENDER)
+    return MailFrom(sender, parsed.size, parsed.body, parsed.smtputf8, parsed.ret, parsed.envid, parsed.auth)
+
+
+def _rcpt(arg: str, offer: Offer) -> Command:
+    rest = _after_keyword(arg, "TO:", "Syntax: RCPT TO:<address> [parameters]")
+    path, params = _split_path(rest, replies.BAD_ADDRESS_SYNTAX_RCPT)
+    parsed = parse_rcpt_parameters(params, offer)
+    if path.lower() == "postmaster":
+        recipient = "postmaster"  # RFC 5321 4.5.1: <Postmaster> with no domain
+    else:
+        # Whether UTF-8 is allowed depends on MAIL; the session re-checks with that context.
+        recipient = _mailbox(path, True, replies.BAD_ADDRESS_SYNTAX_RCPT)
+    return RcptTo(recipient, parsed.notify, parsed.orcpt)
+
+
+def _after_keyword(arg: str, keyword: str, usage: str) -> str:
+    if arg[: len(keyword)].upper() != keyword:
+        raise SmtpProtocolError(replies.syntax(usage, "5.5.4"))
+    # Many clients put a space after the colon; RFC 5321 does not, but it harms nothing.
+    return arg[len(keyword) :].lstrip(" ")
+
+
+def _split_path(rest: str, bad: Reply) -> tuple[str, str]:
+    """`<path> params` into the path (without brackets or source route) and the params."""
+    if not rest.startswith("<"):
+        raise SmtpProtocolError(bad)
+    if '"' not in rest:
+        end = rest.find(">")
+    else:
+        end = _closing_bracket(rest)
+    if end < 0:
+        raise SmtpProtocolError(bad)
+    path = rest[1:end]
+    after = rest[end + 1 :]
+    if after and not after.startswith(" "):
+        raise SmtpProtocolError(bad)
+    if path.startswith("@"):
+        route = _SOURCE_ROUTE.match(path)
+        if route is None:
+            raise SmtpProtocolError(bad)
+        path = path[route.end() :]
+    if len(path.encode("utf-8")) > _MAX_PATH - 2:
+        raise SmtpProtocolError(
+            replies.syntax("Address is longer than 256 octets (RFC 5321 4.5.3.1.3)", bad.enhanced or "5.5.2")
+        )
+    return path, after
+
+
+def _closing_bracket(rest: str) -> int:
+    quoted = escaped = False
+    for i, ch in enumerate(rest):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quoted:
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == ">" and not quoted:
+            return i
+    return -1
+
+
+def _mailbox(path: str, utf8: bool, bad: Reply) -> str:
+    match = (_MAILBOX_UTF8 if utf8 else _MAILBOX_ASCII).fullmatch(path)
+    if match is None:
+        raise SmtpProtocolError(bad)
+    local, domain = match.group("local"), match.group("domain")
+    if len(local.encode("utf-8")) > _MAX_LOCAL:
+        raise SmtpProtocolError(
+            replies.syntax("Local part is longer than 64 octets (RFC 5321 4.5.3.1.1)", bad.enhanced or "5.5.2")
+        )
+    if len(domain.encode("utf-8")) > _MAX_DOMAIN:
+        raise SmtpProtocolError(
+            replies.syntax("Domain is longer than 255 octets (RFC 5321 4.5.3.1.2)", bad.enhanced or "5.5.2")
+        )
+    if domain.startswith("[") and not _valid_literal(domain[1:-1]):
+        raise SmtpProtocolError(bad)
+    return path
+
+
+def _valid_literal(literal: str) -> bool:
+    try:
+        if literal[:5].upper() == "IPV6:":
+            ipaddress.IPv6Address(literal[5:])
+        else:
+            ipaddress.IPv4Address(literal)
+    except ValueError:
+        return False
+    return True
+
+
+def _no_argument(command: Command, verb: str) -> Parser:
+    def parse(arg: str, offer: Offer) -> Command:
+        if arg:
+            raise SmtpProtocolError(replies.syntax(f"Syntax: {verb} takes no arguments", "5.5.4"))
+        return command
+
+    return parse
+
+
+def _any_argument(command: Command) -> Parser:
+    def parse(arg: str, offer: Offer) -> Command:
+        return command
+
+    return parse
+
+
+def _vrfy(arg: str, offer: Offer) -> Command:
+    if not arg:
+        raise SmtpProtocolError(replies.syntax("Syntax: VRFY address", "5.5.4"))
+    return Vrfy()
+
+
+def _bdat(arg: str, offer: Offer) -> Command:
+    size, _, last = arg.partition(" ")
+    if not _BDAT_SIZE.fullmatch(size) or last.upper() not in ("", "LAST"):
+        # Without a size we cannot find where the chunk ends: the framing is lost.
+        raise SmtpProtocolError(replies.syntax("Syntax: BDAT size [LAST]", "5.5.4"), close=True)
+    return Bdat(int(size), bool(last))
+
+
+def _auth(arg: str, offer: Offer) -> Command:
+    mechanism, _, initial = arg.partition(" ")
+    if not mechanism:
+        raise SmtpProtocolError(replies.syntax("Syntax: AUTH mechanism [initial-response]", "5.5.4"))
+    return Auth(mechanism.upper(), initial or None)
+
+
+_PARSERS: Final[dict[str, Parser]] = {
+    "EHLO": _ehlo,
+    "HELO": _helo,
+    "MAIL": _mail,
+    "RCPT": _rcpt,
+    "DATA": _no_argument(Data(), "DATA"),
+    "BDAT": _bdat,
+    "RSET": _no_argument(Rset(), "RSET"),
+    "NOOP": _any_argument(Noop()),
+    "QUIT": _no_argument(Quit(), "QUIT"),
+    "VRFY": _vrfy,
+    "HELP": _any_argument(Help()),
+    "STARTTLS": _no_argument(StartTls(), "STARTTLS"),
+    "AUTH": _auth,
+}

@@ -1,0 +1,215 @@
+"""ESMTP extensions: which ones a session offers, the EHLO reply, and MAIL/RCPT parameters.
+
+Each parameter is checked against the extension that defines it, so a client cannot use
+an extension we did not advertise (RFC 5321 4.1.1.11: answer 555).
+
+| keyword             | RFC        | parameters                     |
+|---------------------|------------|--------------------------------|
+| SIZE                | 1870       | MAIL SIZE=                     |
+| 8BITMIME            | 6152       | MAIL BODY=7BIT / 8BITMIME      |
+| SMTPUTF8            | 6531       | MAIL SMTPUTF8                  |
+| DSN                 | 3461       | MAIL RET= ENVID=, RCPT NOTIFY= ORCPT= |
+| AUTH                | 4954       | MAIL AUTH=                     |
+| PIPELINING, CHUNKING, ENHANCEDSTATUSCODES, STARTTLS | 2920, 3030, 2034, 3207 | none |
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from pigeon.smtp import replies
+from pigeon.smtp.errors import SmtpProtocolError
+from pigeon.smtp.events import BodyType, Notify, Ret
+from pigeon.smtp.replies import Reply
+
+# RFC 3461 4: xtext is printable ASCII except "+" and "=", with "+HH" for anything else.
+_XTEXT: Final = re.compile(r"(?:[\x21-\x2a\x2c-\x3c\x3e-\x7e]|\+[0-9A-F]{2})*")
+_XTEXT_ESCAPE: Final = re.compile(r"\+([0-9A-F]{2})")
+_ADDR_TYPE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
+_MAX_SIZE_DIGITS: Final = 20
+_MAX_ENVID: Final = 100  # RFC 3461 4.4
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What a session offers. Built per session: STARTTLS and AUTH depend on TLS state."""
+
+    max_message_size: int
+    pipelining: bool = True
+    chunking: bool = True
+    eight_bit_mime: bool = True
+    smtputf8: bool = True
+    dsn: bool = True
+    enhanced_status_codes: bool = True
+    starttls: bool = False
+    auth_mechanisms: tuple[str, ...] = ()
+
+    def ehlo_reply(self, hostname: str, client_domain: str) -> Reply:
+        lines = [f"{hostname} greets {client_domain}"]
+        if self.pipelining:
+            lines.append("PIPELINING")
+        lines.append(f"SIZE {self.max_message_size}")
+        if self.eight_bit_mime:
+            lines.append("8BITMIME")
+        if self.smtputf8:
+            lines.append("SMTPUTF8")
+        if self.enhanced_status_codes:
+            lines.append("ENHANCEDSTATUSCODES")
+        if self.chunking:
+            lines.append("CHUNKING")
+        if self.dsn:
+            lines.append("DSN")
+        if self.starttls:
+            lines.append("STARTTLS")
+        if self.auth_mechanisms:
+            lines.append("AUTH " + " ".join(self.auth_mechanisms))
+        return Reply(250, None, tuple(lines))
+
+
+def split_parameters(text: str) -> dict[str, str | None]:
+    """`KEY=VALUE KEY2` into {"KEY": "VALUE", "KEY2": None}; keys upper-cased, no duplicates."""
+    params: dict[str, str | None] = {}
+    for item in text.split(" "):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        key = key.upper()
+        if not key or not key.isascii() or not key.replace("-", "").isalnum():
+            raise SmtpProtocolError(replies.syntax(f"Malformed parameter {item!r}", "5.5.4"))
+        if key in params:
+            raise SmtpProtocolError(replies.syntax(f"Parameter {key} given twice", "5.5.4"))
+        if eq and not value:
+            raise SmtpProtocolError(replies.syntax(f"Parameter {key} has an empty value", "5.5.4"))
+        params[key] = value if eq else None
+    return params
+
+
+@dataclass(frozen=True, slots=True)
+class MailParameters:
+    size: int | None = None
+    body: BodyType | None = None
+    smtputf8: bool = False
+    ret: Ret | None = None
+    envid: str | None = None
+    auth: str | None = None
+
+
+def parse_mail_parameters(text: str, offer: Offer) -> MailParameters:
+    size: int | None = None
+    body: BodyType | None = None
+    smtputf8 = False
+    ret: Ret | None = None
+    envid: str | None = None
+    auth: str | None = None
+    for key, value in split_parameters(text).items():
+        if key == "SIZE":
+            if value is None or not value.isdigit() or not value.isascii() or len(value) > _MAX_SIZE_DIGITS:
+                raise SmtpProtocolError(replies.syntax("SIZE needs a number of octets", "5.5.4"))
+            size = int(value)
+            if size > offer.max_message_size:
+                raise SmtpProtocolError(replies.message_too_big(offer.max_message_size))
+        elif key == "BODY":
+            if not offer.eight_bit_mime:
+                raise SmtpProtocolError(replies.bad_parameter("BODY is not offered (8BITMIME)"))
+            try:
+                body = BodyType((value or "").upper())
+            except ValueError:
+                raise SmtpProtocolError(
+                    replies.bad_parameter(f"BODY={value} is not supported; use 7BIT or 8BITMIME")
+                ) from None
+        elif key == "SMTPUTF8":
+            if not offer.smtputf8:
+                raise SmtpProtocolError(replies.SMTPUTF8_NOT_OFFERED)
+            if value is not None:
+                raise SmtpProtocolError(replies.syntax("SMTPUTF8 takes no value", "5.5.4"))
+            smtputf8 = True
+        elif key == "RET":
+            _require_dsn(offer, key)
+            try:
+                ret = Ret((value or "").upper())
+            except ValueError:
+                raise SmtpProtocolError(replies.syntax("RET must be FULL or HDRS", "5.5.4")) from None
+        elif key == "ENVID":
+            _require_dsn(offer, key)
+            envid = decode_xtext(value, key)
+            if len(value or "") > _MAX_ENVID:
+                raise SmtpProtocolError(replies.syntax("ENVID is longer than 100 characters", "5.5.4"))
+        elif key == "AUTH":
+            # RFC 4954 5: accepted and kept for the record; we never trust it for relaying.
+            auth = decode_xtext(value, key)
+        else:
+            raise SmtpProtocolError(replies.bad_parameter(f"Unsupported MAIL parameter {key}"))
+    return MailParameters(size, body, smtputf8, ret, envid, auth)
+
+
+@dataclass(frozen=True, slots=True)
+class RcptParameters:
+    notify: frozenset[Notify] | None = None
+    orcpt: str | None = None
+
+
+def parse_rcpt_parameters(text: str, offer: Offer) -> RcptParameters:
+    notify: frozenset[Notify] | None = None
+    orcpt: str | None = None
+    for key, value in split_parameters(text).items():
+        if key == "NOTIFY":
+            _require_dsn(offer, key)
+            notify = _parse_notify(value)
+        elif key == "ORCPT":
+            _require_dsn(offer, key)
+            orcpt = _parse_orcpt(value)
+        else:
+            raise SmtpProtocolError(replies.bad_parameter(f"Unsupported RCPT parameter {key}"))
+    return RcptParameters(notify, orcpt)
+
+
+def _require_dsn(offer: Offer, key: str) -> None:
+    if not offer.dsn:
+        raise SmtpProtocolError(replies.bad_parameter(f"{key} is not offered (DSN)"))
+
+
+def _parse_notify(value: str | None) -> frozenset[Notify]:
+    if not value:
+        raise SmtpProtocolError(replies.syntax("NOTIFY needs NEVER or a list of SUCCESS, FAILURE, DELAY", "5.5.4"))
+    items = [v.upper() for v in value.split(",")]
+    try:
+        parsed = [Notify(v) for v in items]
+    except ValueError:
+        raise SmtpProtocolError(replies.syntax(f"NOTIFY={value} has an unknown value", "5.5.4")) from None
+    found = frozenset(parsed)
+    if len(found) != len(parsed):
+        raise SmtpProtocolError(replies.syntax("NOTIFY lists a value twice", "5.5.4"))
+    if Notify.NEVER in found and len(found) > 1:
+        raise SmtpProtocolError(replies.syntax("NOTIFY=NEVER cannot be combined with other values", "5.5.4"))
+    return found
+
+
+def _parse_orcpt(value: str | None) -> str:
+    addr_type, semi, address = (value or "").partition(";")
+    if not semi or not _ADDR_TYPE.fullmatch(addr_type) or not address:
+        raise SmtpProtocolError(replies.syntax("ORCPT must be addr-type;xtext, e.g. rfc822;user@example.com", "5.5.4"))
+    if addr_type.lower() == "utf-8":
+        # RFC 6533 utf-8-addr-xtext: printable UTF-8 with \x{HEX} escapes; kept as sent.
+        if any(c in address for c in " +=") or not address.isprintable():
+            raise SmtpProtocolError(replies.syntax("ORCPT utf-8 address is malformed", "5.5.4"))
+        return f"utf-8;{address}"
+    return f"{addr_type.lower()};{decode_xtext(address, 'ORCPT')}"
+
+
+def decode_xtext(value: str | None, key: str) -> str:
+    if value is None or not value.isascii() or not _XTEXT.fullmatch(value):
+        raise SmtpProtocolError(replies.syntax(f"{key} must be xtext (RFC 3461 4)", "5.5.4"))
+    return _XTEXT_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), value)
+
+
+def encode_xtext(value: str) -> str:
+    """The inverse of `decode_xtext`, for relaying DSN parameters onwards."""
+    out = []
+    for ch in value:
+        if "!" <= ch <= "~" and ch not in "+=":
+            out.append(ch)
+        else:
+            out.extend(f"+{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out)

@@ -1,0 +1,186 @@
+"""SMTP replies: one value type and the catalogue of every reply Pigeon's server sends.
+
+A `Reply` is a code, an optional RFC 3463 enhanced status code and one or more text lines.
+Formatting follows RFC 5321 §4.2: continuation lines use `code-`, the last `code `, and
+(RFC 2034) every line repeats the enhanced code when the session negotiated it.
+
+Keeping the catalogue here, rather than inline strings at each call site, is what lets the
+tests assert that every error carries the right code and enhanced code.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One SMTP reply. `lines` holds at least one line of text (without CRLF)."""
+
+    code: int
+    enhanced: str | None
+    lines: tuple[str, ...]
+    # The wire forms, without and with the enhanced code: built on first use, then reused.
+    _wire: list[bytes | None] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not 200 <= self.code <= 599:
+            raise ValueError(f"reply code {self.code} is outside 200..599")
+        if not self.lines:
+            raise ValueError("a reply needs at least one line of text")
+        for line in self.lines:
+            if "\r" in line or "\n" in line:
+                raise ValueError("reply text must not contain CR or LF")
+        object.__setattr__(self, "_wire", [None, None])
+
+    @classmethod
+    def of(cls, code: int, enhanced: str | None, *lines: str) -> Reply:
+        return cls(code, enhanced, lines)
+
+    @property
+    def is_positive(self) -> bool:
+        """2xx and 3xx: the command was accepted (or the server awaits more input)."""
+        return self.code < 400
+
+    @property
+    def is_transient(self) -> bool:
+        return 400 <= self.code < 500
+
+    @property
+    def text(self) -> str:
+        """All lines joined with a space: the form used in log records."""
+        return " ".join(self.lines)
+
+    def encode(self, *, enhanced: bool = True) -> bytes:
+        """The reply on the wire. `enhanced=False` drops the enhanced code (HELO sessions)."""
+        wire = self._wire[enhanced]
+        if wire is None:
+            wire = self._wire[enhanced] = self._format(enhanced)
+        return wire
+
+    def _format(self, enhanced: bool) -> bytes:
+        prefix = f"{self.enhanced} " if enhanced and self.enhanced else ""
+        last = len(self.lines) - 1
+        out = []
+        for i, line in enumerate(self.lines):
+            sep = " " if i == last else "-"
+            out.append(f"{self.code}{sep}{prefix}{line}\r\n")
+        return "".join(out).encode("utf-8")
+
+    def __str__(self) -> str:
+        return f"{self.code} {self.enhanced + ' ' if self.enhanced else ''}{self.text}"
+
+
+def r(code: int, enhanced: str | None, text: str) -> Reply:
+    return Reply(code, enhanced, (text,))
+
+
+# --- positive replies -----------------------------------------------------------------------
+OK: Final = r(250, "2.0.0", "Ok")
+SENDER_OK: Final = r(250, "2.1.0", "Sender ok")
+RECIPIENT_OK: Final = r(250, "2.1.5", "Recipient ok")
+START_DATA: Final = r(354, None, "End data with <CR><LF>.<CR><LF>")
+RESET_OK: Final = r(250, "2.0.0", "Reset ok")
+VRFY_CANNOT: Final = r(252, "2.5.0", "Cannot VRFY user, but will accept message and attempt delivery")
+READY_TLS: Final = r(220, "2.0.0", "Ready to start TLS")
+AUTH_OK: Final = r(235, "2.7.0", "Authentication successful")
+HELP: Final = Reply(
+    214,
+    "2.0.0",
+    (
+        "Commands: EHLO HELO MAIL RCPT DATA BDAT RSET NOOP QUIT VRFY HELP STARTTLS AUTH",
+        "See RFC 5321 and https://www.rfc-editor.org/rfc/rfc5321",
+    ),
+)
+
+
+@functools.lru_cache(maxsize=16)
+def closing(hostname: str) -> Reply:
+    return r(221, "2.0.0", f"{hostname} closing connection")
+
+
+@functools.lru_cache(maxsize=16)
+def greeting(hostname: str) -> Reply:
+    return r(220, None, f"{hostname} ESMTP Pigeon")
+
+
+def chunk_received(size: int) -> Reply:
+    return r(250, "2.0.0", f"{size} octets received")
+
+
+def queued(ids: list[str]) -> Reply:
+    return r(250, "2.0.0", f"Ok: queued as {' '.join(ids)}")
+
+
+# --- 4xx: try again later -------------------------------------------------------------------
+TOO_MANY_RECIPIENTS: Final = r(452, "4.5.3", "Too many recipients for this message; send the rest in a new transaction")
+TLS_UNAVAILABLE: Final = r(454, "4.7.0", "TLS not available")
+SPOOL_ERROR: Final = r(451, "4.3.0", "Local error in processing: message not stored, try again later")
+SERVER_SHUTTING_DOWN_TEXT: Final = "Service shutting down, try again later"
+
+
+def timeout(hostname: str) -> Reply:
+    return r(421, "4.4.2", f"{hostname} Error: timeout exceeded, closing connection")
+
+
+def too_many_errors(hostname: str) -> Reply:
+    return r(421, "4.7.0", f"{hostname} Error: too many errors, closing connection")
+
+
+def too_many_messages(hostname: str) -> Reply:
+    return r(421, "4.7.0", f"{hostname} Error: too many messages in one connection, reconnect to send more")
+
+
+def shutting_down(hostname: str) -> Reply:
+    return r(421, "4.3.2", f"{hostname} {SERVER_SHUTTING_DOWN_TEXT}")
+
+
+# --- 5xx: syntax and sequence ---------------------------------------------------------------
+UNRECOGNIZED: Final = r(500, "5.5.1", "Command unrecognized")
+LINE_TOO_LONG: Final = r(500, "5.5.2", "Line too long (RFC 5321 4.5.3.1.4)")
+BARE_LF_IN_COMMAND: Final = r(500, "5.5.2", "Command line must end with <CR><LF> (RFC 5321 2.3.8)")
+COMMAND_NOT_UTF8: Final = r(500, "5.5.2", "Command contains bytes that are not UTF-8")
+NOT_IMPLEMENTED: Final = r(502, "5.5.1", "Command not implemented")
+NEED_HELO: Final = r(503, "5.5.1", "Send EHLO or HELO first")
+NESTED_MAIL: Final = r(503, "5.5.1", "Sender already given: send RSET to start a new transaction")
+NEED_MAIL: Final = r(503, "5.5.1", "Send MAIL FROM first")
+NEED_RCPT: Final = r(503, "5.5.1", "Send RCPT TO first")
+NO_VALID_RECIPIENTS: Final = r(554, "5.5.1", "No valid recipients")
+MIXED_DATA_BDAT: Final = r(503, "5.5.1", "DATA and BDAT cannot be mixed in one transaction")
+BDAT_IN_PROGRESS: Final = r(503, "5.5.1", "BDAT transfer in progress: send BDAT, RSET or QUIT")
+ALREADY_TLS: Final = r(503, "5.5.1", "TLS already active")
+TLS_IN_TRANSACTION: Final = r(503, "5.5.1", "STARTTLS not allowed during a mail transaction")
+ALREADY_AUTHENTICATED: Final = r(503, "5.5.1", "Already authenticated")
+AUTH_IN_TRANSACTION: Final = r(503, "5.5.1", "AUTH not allowed during a mail transaction")
+AUTH_NOT_OFFERED: Final = r(503, "5.5.1", "AUTH not available")
+AUTH_NEEDS_TLS: Final = r(538, "5.7.11", "Encryption required for requested authentication mechanism")
+AUTH_UNKNOWN_MECHANISM: Final = r(504, "5.5.4", "Unrecognized authentication mechanism")
+AUTH_CANCELLED: Final = r(501, "5.0.0", "Authentication cancelled")
+AUTH_BAD_ENCODING: Final = r(501, "5.5.2", "Invalid base64 or SASL message")
+AUTH_FAILED: Final = r(535, "5.7.8", "Authentication credentials invalid")
+BAD_ADDRESS_SYNTAX_SENDER: Final = r(501, "5.1.7", "Bad sender address syntax")
+BAD_ADDRESS_SYNTAX_RCPT: Final = r(501, "5.1.3", "Bad recipient address syntax")
+NON_ASCII_WITHOUT_SMTPUTF8: Final = r(553, "5.6.7", "Non-ASCII address requires MAIL FROM with SMTPUTF8")
+SMTPUTF8_NOT_OFFERED: Final = r(555, "5.5.4", "SMTPUTF8 is not offered by this server")
+MESSAGE_TOO_BIG: Final = r(552, "5.3.4", "Message size exceeds fixed maximum message size")
+CONTENT_LINE_TOO_LONG: Final = r(554, "5.6.0", "Message has a line longer than 998 octets (RFC 5322 2.1.1)")
+CONTENT_BARE_LF: Final = r(554, "5.6.0", "Message contains a bare <LF>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
+CONTENT_BARE_CR: Final = r(554, "5.6.0", "Message contains a bare <CR>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
+RELAY_DENIED: Final = r(550, "5.7.1", "Relay access denied")
+TOO_MANY_HOPS: Final = r(554, "5.4.6", "Too many hops: mail loop detected (RFC 5321 6.3)")
+
+
+def syntax(text: str, enhanced: str = "5.5.2") -> Reply:
+    """501: the arguments of a command are malformed. `text` says what is wrong."""
+    return r(501, enhanced, text)
+
+
+def bad_parameter(text: str) -> Reply:
+    """555 (RFC 5321 4.1.1.11): a MAIL or RCPT parameter is not recognised or not allowed."""
+    return r(555, "5.5.4", text)
+
+
+def message_too_big(limit: int) -> Reply:
+    return r(552, "5.3.4", f"Message size exceeds fixed maximum message size of {limit} octets")

@@ -1,0 +1,632 @@
+"""The SMTP server session: bytes in, events out, replies queued for one write.
+
+Three verbs, as in h11:
+
+    session.receive_data(data)          # b"" means the peer closed
+    event = session.next_event()        # an Event, or NEED_DATA
+    session.respond(reply)              # answer a Decision event (or session.accept())
+    transport.write(session.data_to_send())
+
+The whole order of a session is `_NEXT` below: for each phase, which commands may come and
+the phase a *positive* reply moves to. A command missing from the table gets a 503 (or the
+more precise reply `_out_of_sequence` picks); commands in `_ANYTIME` are answered by the
+session itself in any phase. The phase only moves when the application's reply is
+positive, so a refused MAIL leaves no transaction behind.
+
+The session never reads ahead of an unanswered decision: pipelined commands wait in the
+buffer until the reply to the previous one is known, which keeps replies in command order
+(RFC 2920 3.1) and lets the I/O layer await the spool before answering end-of-data.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from pigeon.smtp import replies
+from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, parse_command
+from pigeon.smtp.errors import SmtpProtocolError, SmtpUsageError
+from pigeon.smtp.events import (
+    NEED_DATA,
+    AuthCredentials,
+    Closing,
+    Data,
+    DataChunk,
+    Decision,
+    DecisionEvent,
+    Ehlo,
+    Event,
+    Helo,
+    MailFrom,
+    MessageEnd,
+    RcptTo,
+    Rejected,
+    StartTls,
+    TransactionReset,
+    _NeedData,
+)
+from pigeon.smtp.extensions import Offer
+from pigeon.smtp.framing import BareLinefeeds, ContentChecker, DotReader, Violation
+from pigeon.smtp.replies import Reply
+
+
+class Phase(enum.Enum):
+    GREETED = "greeted"  # banner sent, no EHLO/HELO yet
+    READY = "ready"  # greeted, no transaction
+    MAIL = "mail"  # MAIL accepted, no recipient yet
+    RCPT = "rcpt"  # at least one recipient accepted
+    DATA = "data"  # 354 sent: reading dot-terminated content
+    BDAT = "bdat"  # inside a BDAT sequence (after a non-LAST chunk)
+    AUTH = "auth"  # inside a SASL exchange: the next line is a response, not a command
+    TLS = "tls"  # 220 sent to STARTTLS: waiting for the handshake
+    CLOSED = "closed"
+
+
+_NEXT: Final[dict[Phase, dict[type[Command], Phase]]] = {
+    Phase.GREETED: {Ehlo: Phase.READY, Helo: Phase.READY},
+    Phase.READY: {Ehlo: Phase.READY, Helo: Phase.READY, MailFrom: Phase.MAIL, StartTls: Phase.TLS, Auth: Phase.READY},
+    Phase.MAIL: {Ehlo: Phase.READY, Helo: Phase.READY, RcptTo: Phase.RCPT},
+    Phase.RCPT: {Ehlo: Phase.READY, Helo: Phase.READY, RcptTo: Phase.RCPT, Data: Phase.DATA, Bdat: Phase.BDAT},
+    Phase.BDAT: {Bdat: Phase.BDAT},
+}
+_ANYTIME: Final = frozenset({Rset, Noop, Quit, Vrfy, Help})
+_IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BDAT})
+
+_VIOLATION_REPLIES: Final = (
+    (Violation.TOO_BIG, None),  # needs the limit: built in _violation_reply
+    (Violation.LINE_TOO_LONG, replies.CONTENT_LINE_TOO_LONG),
+    (Violation.BARE_LF, replies.CONTENT_BARE_LF),
+    (Violation.BARE_CR, replies.CONTENT_BARE_CR),
+)
+_SASL_USERNAME: Final = Reply(334, None, ("VXNlcm5hbWU6",))  # base64 "Username:"
+_SASL_PASSWORD: Final = Reply(334, None, ("UGFzc3dvcmQ6",))  # base64 "Password:"
+_SASL_EMPTY: Final = Reply(334, None, ("",))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything the session needs to know about this server. Limits cite their RFC."""
+
+    hostname: str
+    max_message_size: int = 25 * 1024 * 1024
+    max_recipients: int = 1000  # RFC 5321 4.5.3.1.8: at least 100
+    max_messages_per_connection: int = 10_000
+    max_errors: int = 20
+    max_line_length: int = 998  # RFC 5322 2.1.1, without CRLF
+    bare_linefeeds: BareLinefeeds = BareLinefeeds.REFUSE
+    pipelining: bool = True
+    chunking: bool = True
+    smtputf8: bool = True
+    dsn: bool = True
+    tls_available: bool = False
+    auth_mechanisms: tuple[str, ...] = ()
+    auth_requires_tls: bool = True
+    offers: tuple[Offer, Offer] = field(init=False, repr=False, compare=False, hash=False)
+    """What a session offers without TLS (offers[False]) and with it (offers[True])."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offers", (self._offer(tls_active=False), self._offer(tls_active=True)))
+
+    def _offer(self, tls_active: bool) -> Offer:
+        auth_ok = bool(self.auth_mechanisms) and (tls_active or not self.auth_requires_tls)
+        return Offer(
+            max_message_size=self.max_message_size,
+            pipelining=self.pipelining,
+            chunking=self.chunking,
+            smtputf8=self.smtputf8,
+            dsn=self.dsn,
+            starttls=self.tls_available and not tls_active,
+            auth_mechanisms=self.auth_mechanisms if auth_ok else (),
+        )
+
+
+class ServerSession:
+    """One SMTP server conversation, from banner to close. Knows nothing of sockets."""
+
+    def __init__(self, config: ServerConfig, *, tls_active: bool = False) -> None:
+        self.config = config
+        self.tls_active = tls_active
+        self.phase = Phase.GREETED
+        self.esmtp = False
+        self.helo: str | None = None
+        self.authenticated: str | None = None
+        self.mail: MailFrom | None = None
+        self.recipients = 0
+        self.messages = 0
+        self.errors = 0
+        self._buf = bytearray()
+        self._out = bytearray()
+        self._events: deque[Event] = deque()
+        self._pending: DecisionEvent | None = None
+        self._awaiting = False  # the pending decision was handed out and is unanswered
+        self._closing: Closing | None = None
+        self._line_overlong = False
+        self._checker: ContentChecker | None = None
+        self._dot: DotReader | None = None
+        self._chunk_left = 0
+        self._chunk_last = False
+        self._chunk_discard = False
+        self._chunked = False
+        self._sasl: tuple[str, str] | None = None  # (mechanism, username so far)
+
+    # --- the three verbs ---------------------------------------------------------------
+    def greet(self, reply: Reply | None = None) -> None:
+        """Queue the banner. A 421/554 banner refuses the connection."""
+        reply = reply or replies.greeting(self.config.hostname)
+        self._queue(reply)
+        if reply.code >= 400:
+            self._close(reply)
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the peer; b"" means it closed its side."""
+        if self.phase is Phase.CLOSED:
+            return
+        if not data:
+            if self.phase in _IN_TRANSACTION:
+                self._events.append(TransactionReset())
+            self.phase = Phase.CLOSED
+            self._closing = Closing(None)
+            return
+        if self.phase is Phase.TLS:
+            return  # RFC 3207 4.2: plaintext after STARTTLS is an injection; drop it
+        self._buf += data
+
+    def next_event(self) -> Event | _NeedData:
+        """The next event, or NEED_DATA. Raises SmtpUsageError while a decision is open."""
+        if self._awaiting:
+            raise SmtpUsageError(f"answer {type(self._pending).__name__} with respond() first")
+        while not self._events:
+            if self._closing is not None:
+                return self._closing
+            if not self._step():
+                return NEED_DATA
+        event = self._events.popleft()
+        if event is self._pending:
+            self._awaiting = True
+        return event
+
+    def respond(self, reply: Reply) -> None:
+        """Answer the open decision. Positive replies advance the phase."""
+        pending = self._pending
+        if pending is None or not self._awaiting:
+            raise SmtpUsageError("there is no decision to answer")
+        self._pending = None
+        self._awaiting = False
+        self._queue(reply)
+        if self._closing is not None:
+            return  # too many errors: the session already said goodbye
+        if reply.code == 421:
+            self._close(reply)
+        elif reply.is_positive:
+            self._accepted(pending)
+        else:
+            self._refused(pending)
+
+    def accept(self) -> None:
+        """Answer the open decision with its standard positive reply."""
+        pending = self._pending
+        if isinstance(pending, Ehlo):
+            self.respond(self.offer().ehlo_reply(self.config.hostname, pending.domain))
+        elif isinstance(pending, Helo):
+            self.respond(Reply(250, None, (f"{self.config.hostname} greets {pending.domain}",)))
+        elif isinstance(pending, MailFrom):
+            self.respond(replies.SENDER_OK)
+        elif isinstance(pending, RcptTo):
+            self.respond(replies.RECIPIENT_OK)
+        elif isinstance(pending, Data):
+            self.respond(replies.START_DATA)
+        elif isinstance(pending, StartTls):
+            self.respond(replies.READY_TLS)
+        elif isinstance(pending, AuthCredentials):
+            self.respond(replies.AUTH_OK)
+        else:
+            self.respond(replies.OK)
+
+    def data_to_send(self) -> bytes:
+        """Every reply queued since the last call, ready for one write."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def tls_established(self) -> None:
+        """The TLS handshake after STARTTLS succeeded: start over (RFC 3207 4.2)."""
+        if self.phase is not Phase.TLS:
+            raise SmtpUsageError("tls_established() without an accepted STARTTLS")
+        self.tls_active = True
+        self.phase = Phase.GREETED
+        self.esmtp = False
+        self.helo = None
+        self.authenticated = None
+
+    def offer(self) -> Offer:
+        """The extensions this session advertises right now."""
+        return self.config.offers[self.tls_active]
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet processed."""
+        return len(self._buf)
+
+    @property
+    def pending(self) -> DecisionEvent | None:
+        """The decision waiting for `respond()`, if any."""
+        return self._pending
+
+    # --- stepping through input ----------------------------------------------------------
+    def _step(self) -> bool:
+        """Consume some input. False when nothing could be done without more bytes."""
+        if self._chunk_left:
+            return self._read_chunk()
+        if self.phase is Phase.DATA:
+            return self._read_data()
+        line = self._read_line()
+        if line is None:
+            return False
+        if isinstance(line, Reply):
+            self._reject("", line)
+            return True
+        if self.phase is Phase.AUTH:
+            self._sasl_response(line)
+            return True
+        try:
+            command = parse_command(line, self.offer())
+        except SmtpProtocolError as error:
+            self._reject(_verb_of(line), error.reply)
+            if error.close:
+                self._close(error.reply)
+            return True
+        self._dispatch(command)
+        return True
+
+    def _read_line(self) -> bytes | Reply | None:
+        buf = self._buf
+        end = buf.find(b"\n")
+        limit = self.config.max_line_length + 2
+        if end < 0:
+            if len(buf) > limit:
+                self._line_overlong = True  # drop it now; answer when the line finally ends
+                buf.clear()
+            return None
+        line = bytes(buf[: end + 1])
+        del buf[: end + 1]
+        if self._line_overlong or len(line) > limit:
+            self._line_overlong = False
+            return replies.LINE_TOO_LONG
+        if not line.endswith(b"\r\n"):
+            return replies.BARE_LF_IN_COMMAND
+        line = line[:-2]
+        if b"\r" in line or b"\0" in line:
+            return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
+        return line
+
+    def _dispatch(self, command: Command) -> None:
+        kind = type(command)
+        if kind in _ANYTIME:
+            self._anytime(command)
+            return
+        allowed = _NEXT.get(self.phase, {})
+        if kind not in allowed:
+            self._reject(command.verb, self._out_of_sequence(command))
+            if isinstance(command, Bdat):
+                self._discard_chunk(command)
+            return
+        if isinstance(command, MailFrom):
+            if self.messages >= self.config.max_messages_per_connection:
+                reply = replies.too_many_messages(self.config.hostname)
+                self._reject(command.verb, reply)
+                self._close(reply)
+                return
+        elif isinstance(command, RcptTo):
+            problem = self._check_recipient(command)
+            if problem is not None:
+                self._reject(command.verb, problem)
+                return
+        elif isinstance(command, StartTls):
+            if self.tls_active:
+                self._reject(command.verb, replies.ALREADY_TLS)
+                return
+            if not self.config.tls_available:
+                self._reject(command.verb, replies.NOT_IMPLEMENTED)
+                return
+        elif isinstance(command, Auth):
+            self._start_auth(command)
+            return
+        elif isinstance(command, Bdat):
+            self._start_chunk(command)
+            return
+        assert isinstance(command, (Ehlo, Helo, MailFrom, RcptTo, Data, StartTls))  # the rest returned above
+        self._decide(command)
+
+    def _anytime(self, command: Command) -> None:
+        if isinstance(command, Quit):
+            reply = replies.closing(self.config.hostname)
+            self._queue(reply)
+            self._reset_transaction()
+            self._close(reply)
+        elif isinstance(command, Rset):
+            self._reset_transaction()
+            self._queue(replies.RESET_OK)
+        elif isinstance(command, Noop):
+            self._queue(replies.OK)
+        elif isinstance(command, Vrfy):
+            self._queue(replies.VRFY_CANNOT)
+        elif isinstance(command, Help):
+            self._queue(replies.HELP)
+
+    def _out_of_sequence(self, command: Command) -> Reply:
+        phase = self.phase
+        if phase is Phase.GREETED:
+            return replies.NEED_HELO
+        if phase is Phase.BDAT:
+            return replies.MIXED_DATA_BDAT if isinstance(command, Data) else replies.BDAT_IN_PROGRESS
+        if isinstance(command, MailFrom):
+            return replies.NESTED_MAIL
+        if isinstance(command, RcptTo):
+            return replies.NEED_MAIL
+        if isinstance(command, (Data, Bdat)):
+            return replies.NEED_MAIL if phase is Phase.READY else replies.NO_VALID_RECIPIENTS
+        if isinstance(command, StartTls):
+            return replies.TLS_IN_TRANSACTION
+        if isinstance(command, Auth):
+            return replies.AUTH_IN_TRANSACTION
+        return Reply(503, "5.5.1", (f"{command.verb} not allowed now",))
+
+    def _check_recipient(self, command: RcptTo) -> Reply | None:
+        if self.recipients >= self.config.max_recipients:
+            return replies.TOO_MANY_RECIPIENTS
+        mail = self.mail
+        if not command.recipient.isascii() and not (mail is not None and mail.smtputf8):
+            return replies.NON_ASCII_WITHOUT_SMTPUTF8
+        return None
+
+    # --- DATA ----------------------------------------------------------------------------
+    def _read_data(self) -> bool:
+        dot, checker = self._dot, self._checker
+        assert dot is not None and checker is not None
+        content, ended = dot.read(self._buf)
+        if dot.overlong:
+            checker.violations.add(Violation.LINE_TOO_LONG)
+        if content:
+            self._chunk_out(checker.feed(content))
+        if ended:
+            self._end_message("DATA")
+            return True
+        return bool(content)
+
+    def _chunk_out(self, data: bytes) -> None:
+        if data:
+            self._events.append(DataChunk(data))
+
+    def _end_message(self, verb: str) -> None:
+        checker = self._checker
+        assert checker is not None
+        self._chunk_out(checker.finish())
+        if checker.violations:
+            self._reject(verb, self._violation_reply(checker.violations))
+            self._reset_transaction()
+            return
+        self._decide(MessageEnd(checker.size, self._chunked))
+
+    def _violation_reply(self, violations: set[Violation]) -> Reply:
+        for violation, reply in _VIOLATION_REPLIES:
+            if violation in violations:
+                return reply or replies.message_too_big(self.config.max_message_size)
+        raise AssertionError("no violation")
+
+    def _new_checker(self) -> ContentChecker:
+        config = self.config
+        return ContentChecker(
+            max_size=config.max_message_size,
+            max_line_length=config.max_line_length,
+            bare_linefeeds=config.bare_linefeeds,
+        )
+
+    # --- BDAT (RFC 3030) -------------------------------------------------------------------
+    def _start_chunk(self, command: Bdat) -> None:
+        if not self.config.chunking:
+            self._reject(command.verb, replies.NOT_IMPLEMENTED)
+            self._discard_chunk(command)
+            return
+        if not self._chunked:
+            self._chunked = True
+            self._checker = self._new_checker()
+        self.phase = Phase.BDAT
+        self._chunk_left = command.size
+        self._chunk_last = command.last
+        self._chunk_discard = False
+        if command.size == 0:
+            self._finish_chunk()
+
+    def _discard_chunk(self, command: Bdat) -> None:
+        self._chunk_left = command.size
+        self._chunk_discard = True
+
+    def _read_chunk(self) -> bool:
+        buf = self._buf
+        if not buf:
+            return False
+        take = min(len(buf), self._chunk_left)
+        data = bytes(buf[:take])
+        del buf[:take]
+        self._chunk_left -= take
+        if not self._chunk_discard:
+            checker = self._checker
+            assert checker is not None
+            self._chunk_out(checker.feed(data))
+        if self._chunk_left == 0:
+            if self._chunk_discard:
+                self._chunk_discard = False
+            else:
+                self._finish_chunk()
+        return True
+
+    def _finish_chunk(self) -> None:
+        checker = self._checker
+        assert checker is not None
+        if self._chunk_last:
+            self._end_message("BDAT")
+        elif checker.violations:
+            # Refuse now rather than buffer more of a message we will not take.
+            self._reject("BDAT", self._violation_reply(checker.violations))
+            self._reset_transaction()
+        else:
+            self._queue(replies.chunk_received(checker.size))
+
+    # --- AUTH (RFC 4954) ---------------------------------------------------------------
+    def _start_auth(self, command: Auth) -> None:
+        config = self.config
+        if self.authenticated is not None:
+            self._reject("AUTH", replies.ALREADY_AUTHENTICATED)
+            return
+        if not config.auth_mechanisms:
+            self._reject("AUTH", replies.AUTH_NOT_OFFERED)
+            return
+        if config.auth_requires_tls and not self.tls_active:
+            self._reject("AUTH", replies.AUTH_NEEDS_TLS)
+            return
+        if command.mechanism not in config.auth_mechanisms:
+            self._reject("AUTH", replies.AUTH_UNKNOWN_MECHANISM)
+            return
+        initial = command.initial
+        if initial == "*":
+            self._reject("AUTH", replies.AUTH_CANCELLED)
+            return
+        if command.mechanism == "PLAIN":
+            if initial is None:
+                self._sasl_continue("PLAIN", "", _SASL_EMPTY)
+            else:
+                self._sasl_plain(initial)
+        else:  # LOGIN
+            if initial is None:
+                self._sasl_continue("LOGIN", "", _SASL_USERNAME)
+            else:
+                self._sasl_login_username(initial)
+
+    def _sasl_continue(self, mechanism: str, username: str, challenge: Reply) -> None:
+        self._sasl = (mechanism, username)
+        self.phase = Phase.AUTH
+        self._queue(challenge)
+
+    def _sasl_response(self, line: bytes) -> None:
+        assert self._sasl is not None
+        mechanism, username = self._sasl
+        self._sasl = None
+        self.phase = Phase.READY
+        text = line.decode("ascii", "replace").strip()
+        if text == "*":
+            self._reject("AUTH", replies.AUTH_CANCELLED)
+        elif mechanism == "PLAIN":
+            self._sasl_plain(text)
+        elif not username:
+            self._sasl_login_username(text)
+        else:
+            password = _b64decode(text)
+            if password is None:
+                self._reject("AUTH", replies.AUTH_BAD_ENCODING)
+            else:
+                self._decide(AuthCredentials("LOGIN", username, password))
+
+    def _sasl_plain(self, text: str) -> None:
+        decoded = _b64decode(text)
+        parts = decoded.split("\0") if decoded is not None else []
+        if len(parts) != 3 or not parts[1]:
+            self._reject("AUTH", replies.AUTH_BAD_ENCODING)
+            return
+        authzid, username, password = parts
+        self._decide(AuthCredentials("PLAIN", username, password, authzid))
+
+    def _sasl_login_username(self, text: str) -> None:
+        username = _b64decode(text)
+        if not username:
+            self._reject("AUTH", replies.AUTH_BAD_ENCODING)
+            return
+        self._sasl_continue("LOGIN", username, _SASL_PASSWORD)
+
+    def _decide(self, event: DecisionEvent) -> None:
+        self._pending = event
+        self._events.append(event)
+
+    # --- transitions -------------------------------------------------------------------
+    def _accepted(self, decision: Decision) -> None:
+        if isinstance(decision, (Ehlo, Helo)):
+            self._reset_transaction()
+            self.esmtp = isinstance(decision, Ehlo)
+            self.helo = decision.domain
+        elif isinstance(decision, MailFrom):
+            self.mail = decision
+            self.recipients = 0
+        elif isinstance(decision, RcptTo):
+            self.recipients += 1
+        elif isinstance(decision, Data):
+            self._checker = self._new_checker()
+            self._dot = DotReader(self.config.max_line_length)
+        elif isinstance(decision, MessageEnd):
+            self.messages += 1
+            self._clear_transaction()
+            self.phase = Phase.READY
+            return
+        elif isinstance(decision, StartTls):
+            self._buf.clear()  # anything pipelined after STARTTLS is plaintext injection
+        elif isinstance(decision, AuthCredentials):
+            self.authenticated = decision.username
+            return
+        self.phase = _NEXT[self.phase][type(decision)]  # type: ignore[index]
+
+    def _refused(self, decision: Decision) -> None:
+        if isinstance(decision, MessageEnd):
+            self._clear_transaction()
+            self.phase = Phase.READY
+
+    def _reset_transaction(self) -> None:
+        if self.phase in _IN_TRANSACTION:
+            self._events.append(TransactionReset())
+            self.phase = Phase.READY
+        self._clear_transaction()
+
+    def _clear_transaction(self) -> None:
+        self.mail = None
+        self.recipients = 0
+        self._checker = None
+        self._dot = None
+        self._chunked = False
+        self._chunk_last = False
+
+    # --- output --------------------------------------------------------------------------
+    def _queue(self, reply: Reply) -> None:
+        self._out += reply.encode(enhanced=self.esmtp)
+        if reply.code >= 400 and reply.code != 421:
+            self.errors += 1
+            if self.errors > self.config.max_errors and self._closing is None:
+                final = replies.too_many_errors(self.config.hostname)
+                self._out += final.encode(enhanced=self.esmtp)
+                self._events.append(Rejected("", final))
+                self._close(final)
+
+    def _reject(self, verb: str, reply: Reply) -> None:
+        self._events.append(Rejected(verb, reply))
+        self._queue(reply)
+
+    def _close(self, reply: Reply) -> None:
+        if self.phase in _IN_TRANSACTION:
+            self._events.append(TransactionReset())
+        self.phase = Phase.CLOSED
+        self._closing = Closing(reply)
+        self._pending = None
+        self._awaiting = False
+
+
+def _b64decode(text: str) -> str | None:
+    if text == "=":
+        return ""
+    try:
+        return base64.b64decode(text, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _verb_of(line: bytes) -> str:
+    return line.split(b" ", 1)[0][:16].decode("ascii", "replace").upper()

@@ -1,0 +1,1 @@
+"""The durable message store: group commit, recovery, quarantine."""

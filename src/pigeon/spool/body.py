@@ -1,0 +1,123 @@
+"""Message bodies as they arrive: in memory while small, in a spool file once large.
+
+The listener writes each `DataChunk` straight into a `BodyWriter`, so a message is held
+once, never as a list of chunks plus a joined copy. Past `inline_limit` the bytes go to
+`data/<id>` in the spool directory (written to the page cache on the event loop, fsynced by
+the group-commit thread just before the transaction that records it). SQLite's own advice
+("Internal Versus External BLOBs") is that small blobs read faster from the database and
+large ones from files.
+
+A write failure (ENOSPC, EIO) is remembered, not raised mid-stream: the message is refused
+with 451 at its end, when the client is listening for a reply.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from pigeon.message import SpoolId, format_id
+from pigeon.spool.spool import SpoolError, SpoolFull, SpoolWriteError
+
+
+@dataclass(slots=True)
+class Body:
+    """A finished body: inline bytes, or a spool file not yet fsynced."""
+
+    id: SpoolId
+    size: int
+    data: bytearray | None
+    path: Path | None
+    file: BinaryIO | None  # open until the commit thread fsyncs and closes it
+
+    def sync(self) -> None:
+        """fsync the spool file (commit thread). No-op for inline bodies."""
+        if self.file is not None:
+            try:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            except OSError as error:
+                raise _spool_error(error, self.path) from error
+            finally:
+                self.file.close()
+                self.file = None
+
+    def discard(self) -> None:
+        """Remove what was written: the body will not be stored."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+class BodyWriter:
+    """Accumulates one message's bytes. Call `finish()` once, or `discard()`."""
+
+    __slots__ = ("_buf", "_dir", "_error", "_file", "_id", "_limit", "_path", "size")
+
+    def __init__(self, body_id: SpoolId, data_dir: Path, inline_limit: int) -> None:
+        self._id = body_id
+        self._dir = data_dir
+        self._limit = inline_limit
+        self._buf: bytearray | None = bytearray()
+        self._file: BinaryIO | None = None
+        self._path: Path | None = None
+        self._error: SpoolError | None = None
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        self.size += len(data)
+        try:
+            if self._buf is not None:
+                self._buf += data
+                if len(self._buf) > self._limit:
+                    self._spill()
+            else:
+                assert self._file is not None
+                self._file.write(data)
+        except OSError as error:
+            self._error = _spool_error(error, self._path)
+            self._drop()
+
+    def finish(self) -> Body:
+        """The finished body. Raises the SpoolError that a write met, if any."""
+        if self._error is not None:
+            raise self._error
+        body = Body(self._id, self.size, self._buf, self._path, self._file)
+        self._buf = None
+        self._file = None
+        self._path = None
+        return body
+
+    def discard(self) -> None:
+        self._drop()
+        self._buf = None
+
+    def _spill(self) -> None:
+        self._path = self._dir / format_id(self._id)
+        # "xb": a body file is only ever created once; an existing one is a bug, not data.
+        self._file = open(self._path, "xb", buffering=256 * 1024)  # noqa: SIM115 - closed by Body.sync
+        assert self._buf is not None
+        self._file.write(self._buf)
+        self._buf = None
+
+    def _drop(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+            self._path = None
+
+
+def _spool_error(error: OSError, path: Path | None) -> SpoolError:
+    where = f" ({path})" if path else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SpoolFull(f"spool disk full{where}: {error.strerror}")
+    return SpoolWriteError(f"spool write failed{where}: {error.strerror}")

@@ -1,0 +1,228 @@
+"""Group commit: every change waiting in one transaction, one fsync, then all the answers.
+
+Every spool write is an `Operation` submitted on the event loop; the caller gets a future.
+While no commit is in flight, the first submission schedules a batch for the end of the
+current loop turn, so everything submitted in that turn joins it. The batch's SQL runs on
+the event loop (it is CPU work on cached pages, a few microseconds per row), then the
+COMMIT, whose WAL write and fsync (`synchronous=FULL`) block, runs in the commit thread.
+Submissions made meanwhile gather for the next batch: the batch size grows with the load
+by itself, and one fsync serves them all.
+
+Why the split: SQLite releases the GIL around every statement step. A writer thread that
+ran the inserts too would need the GIL back after each one, and behind a busy event loop
+each hand-over costs up to the interpreter's switch interval (5 ms). Measured here, that
+made a commit of 8 messages take 8 ms instead of 0.8 ms. Only COMMIT crosses threads now,
+and the connection is only ever used by one thread at a time.
+
+If anything fails, the batch is rolled back and its operations are retried one per
+transaction in the commit thread, so one bad operation cannot take its neighbours down.
+A disk that is really full fails them all, each with a typed error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pigeon.spool.spool import SpoolClosed, SpoolError, SpoolFull, SpoolWriteError
+
+
+class Operation(Protocol):
+    """One unit of spool work."""
+
+    def apply(self, conn: sqlite3.Connection) -> Any:
+        """Run the SQL (on the event loop). The return value becomes the future's result."""
+
+    def prepare(self) -> None:
+        """Make files durable (fsync) before the COMMIT that refers to them (commit thread)."""
+
+    def abandon(self) -> None:
+        """The operation failed: remove what the caller or `prepare` left behind."""
+
+
+BatchObserver = Callable[[int, float], None]
+"""Called in the commit thread with (operations in the batch, seconds the commit took)."""
+
+_Batch = list[tuple[Operation, "asyncio.Future[Any]"]]
+_STOP = object()
+
+
+class GroupCommitter:
+    """Owns the spool's write connection, its batching, and the thread that commits."""
+
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        *,
+        window: float = 0.0,
+        max_batch: int = 1024,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self._connect = connect
+        self._window = window
+        self._max_batch = max_batch
+        self._observer = observer
+        self._conn: sqlite3.Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pending: _Batch = []
+        self._scheduled = False
+        self._in_flight = False
+        self._closed = False
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._conn = self._connect()
+        self._thread = threading.Thread(target=self._run, name="spool-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, op: Operation) -> asyncio.Future[Any]:
+        """Queue `op`; the future resolves once it is durable (or fails with a SpoolError)."""
+        loop = self._loop
+        assert loop is not None, "start() first"
+        future = loop.create_future()
+        if self._closed:
+            op.abandon()
+            future.set_exception(SpoolClosed("spool is closed"))
+            return future
+        self._pending.append((op, future))
+        if not self._in_flight and not self._scheduled:
+            self._scheduled = True
+            if self._window > 0:
+                loop.call_later(self._window, self._start_batch)
+            else:
+                loop.call_soon(self._start_batch)
+        return future
+
+    def close(self) -> None:
+        """Stop taking work, let the commit in flight finish, stop the thread.
+
+        Call from the event loop thread after the last `submit()`; operations still waiting
+        for a batch are committed first, here, synchronously.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._idle.wait()
+        while self._pending:
+            self._finish(*self._begin(self._take()))
+        self._jobs.put(_STOP)
+        if self._thread is not None:
+            self._thread.join()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # --- event loop side ---------------------------------------------------------------
+    def _take(self) -> _Batch:
+        batch = self._pending[: self._max_batch]
+        del self._pending[: self._max_batch]
+        return batch
+
+    def _start_batch(self) -> None:
+        self._scheduled = False
+        if self._in_flight or not self._pending or self._conn is None:
+            return
+        self._in_flight = True
+        self._idle.clear()
+        self._jobs.put(self._begin(self._take()))
+
+    def _begin(self, batch: _Batch) -> tuple[_Batch, list[Any] | None]:
+        """BEGIN and run the batch's SQL here. Results, or None if the batch must be retried."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return batch, [op.apply(conn) for op, _ in batch]
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return batch, None
+
+    def _batch_done(self, batch: _Batch, results: list[Any]) -> None:
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+        self._in_flight = False
+        if self._pending and not self._closed:
+            self._start_batch()
+
+    # --- commit thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            self._finish(*job)
+
+    def _finish(self, batch: _Batch, applied: list[Any] | None) -> None:
+        """fsync the batch's files and COMMIT; on failure, retry each operation alone."""
+        conn = self._conn
+        assert conn is not None
+        started = time.perf_counter()
+        ops = [op for op, _ in batch]
+        results: list[Any]
+        if applied is not None:
+            try:
+                for op in ops:
+                    op.prepare()
+                conn.execute("COMMIT")
+                results = applied
+            except Exception as error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                results = [_spool_error(error)] if len(ops) == 1 else [self._one(conn, op) for op in ops]
+        else:
+            results = [self._one(conn, op) for op in ops]
+        if self._observer is not None:
+            self._observer(len(batch), time.perf_counter() - started)
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(result, SpoolError):
+                op.abandon()
+        loop = self._loop
+        assert loop is not None
+        if threading.current_thread() is self._thread:
+            self._idle.set()
+            try:
+                loop.call_soon_threadsafe(self._batch_done, batch, results)
+            except RuntimeError:
+                pass  # the loop is closed: nobody is waiting for the answers
+        else:
+            self._batch_done(batch, results)
+            self._idle.set()
+
+    @staticmethod
+    def _one(conn: sqlite3.Connection, op: Operation) -> Any:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = op.apply(conn)
+                op.prepare()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
+        except Exception as error:
+            return _spool_error(error)
+
+
+def _spool_error(error: BaseException) -> SpoolError:
+    if isinstance(error, SpoolError):
+        return error
+    if getattr(error, "sqlite_errorname", None) == "SQLITE_FULL":
+        return SpoolFull(f"spool full: {error}")
+    return SpoolWriteError(f"spool write failed: {type(error).__name__}: {error}")
