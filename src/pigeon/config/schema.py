@@ -112,6 +112,10 @@ def decode_hook(kind: type, value: Any) -> Any:
             split_endpoint(value)
             return Endpoint(value)
         raise ValueError(f'{value!r} is not a listen address like "127.0.0.1:2525"')
+    if kind is Path:
+        if isinstance(value, str) and value:
+            return Path(value)
+        raise ValueError(f"{value!r} is not a path")
     raise NotImplementedError(kind)
 
 

@@ -1,0 +1,77 @@
+"""The `pigeon` command as an operator meets it."""
+
+from __future__ import annotations
+
+import json
+import smtplib
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.process import PigeonProcess
+
+
+def pigeon_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_logs_prints_every_record_from_plain_and_compressed_segments(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    for run in range(2):  # the first run's segment is compressed when it stops
+        with PigeonProcess(root) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", [f"run{run}@example.net"], b"Subject: x\r\n\r\nbody\r\n")
+            client.docmd("BOGUS")
+    assert list((root / "log").glob("*.jsonl.gz"))
+    result = pigeon_cli("logs", "-c", str(root / "pigeon.toml"))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["type"] for r in records] == ["Reception", "Rejection", "Reception", "Rejection"]
+    assert [r["recipients"] for r in records if r["type"] == "Reception"] == [
+        ["run0@example.net"],
+        ["run1@example.net"],
+    ]
+    only = pigeon_cli("logs", "-c", str(root / "pigeon.toml"), "--type", "Rejection")
+    assert [json.loads(line)["command"] for line in only.stdout.splitlines()] == ["BOGUS", "BOGUS"]
+
+
+def test_a_wrong_key_stops_start_up_naming_the_file_line_and_key(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nlisten = ["127.0.0.1:2525"]\nmax_mesage_size = "10MB"\n')
+    result = pigeon_cli("serve", "-c", str(config))
+    assert result.returncode == 2
+    assert f"{config}, line 3: [smtp] max_mesage_size: unknown key" in result.stderr
+
+
+def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nidle_timeout = "forever"\n')
+    result = pigeon_cli("serve", "-c", str(config))
+    assert result.returncode == 2
+    assert "line 2: [smtp] idle_timeout: 'forever' is not a duration" in result.stderr
+
+
+def test_help_shows_examples() -> None:
+    for command in ("serve", "logs", "passwd"):
+        result = pigeon_cli(command, "--help")
+        assert result.returncode == 0
+        assert "examples:" in result.stdout
+
+
+def test_serve_with_no_config_runs_on_the_defaults(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pigeon", "serve"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline_lines = []
+        assert process.stderr is not None
+        for line in process.stderr:
+            deadline_lines.append(line)
+            if "http listening on 127.0.0.1:8025" in line or "workers ready" in line:
+                break
+        with smtplib.SMTP("127.0.0.1", 2525) as client:
+            assert client.sendmail("a@example.org", ["b@example.net"], b"Subject: defaults\r\n\r\nhi\r\n") == {}
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert (tmp_path / "var" / "spool" / "shard-0" / "spool.db").exists()
+    assert list((tmp_path / "var" / "log").iterdir())

@@ -1,0 +1,130 @@
+"""Python's smtplib, as a plain client would use it: mail is stored, logged and answered 250."""
+
+from __future__ import annotations
+
+import smtplib
+from email.message import EmailMessage
+from email.policy import SMTP
+
+from tests.support.process import PigeonProcess
+
+
+def _message(to: list[str], subject: str = "hello") -> EmailMessage:
+    msg = EmailMessage()
+    msg["From"] = "sender@example.org"
+    msg["To"] = ", ".join(to)
+    msg["Subject"] = subject
+    msg["X-Tenant"] = "acme"
+    msg["X-Campaign"] = "spring"
+    msg.set_content("Hello there.\n.leading dot line\n")
+    return msg
+
+
+def test_message_is_stored_once_per_domain_with_received_header(pigeon: PigeonProcess) -> None:
+    recipients = ["a@example.net", "b@example.net", "c@other.test"]
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        code, _text = client.noop()
+        assert code == 250
+        refused = client.send_message(_message(recipients), "sender@example.org", recipients)
+        assert refused == {}
+
+    stored = pigeon.spool_messages()
+    assert sorted(m["queue"] for m in stored) == ["spring:acme@example.net", "spring:acme@other.test"]
+    by_queue = {m["queue"]: m for m in stored}
+    assert by_queue["spring:acme@example.net"]["recipients"] == ["a@example.net", "b@example.net"]
+    assert by_queue["spring:acme@other.test"]["recipients"] == ["c@other.test"]
+    data = stored[0]["data"]
+    assert data.startswith(b"Received: from client.test ([127.0.0.1])\r\n\tby mx.pigeon.test (Pigeon) with ESMTP id ")
+    assert b"\r\n.leading dot line\r\n" in data  # unstuffed exactly once
+    assert data.endswith(b"Hello there.\r\n.leading dot line\r\n")
+    assert stored[0]["data"] == stored[1]["data"]  # one body, shared
+
+
+def test_reply_names_the_spool_ids_and_reception_records_match(pigeon: PigeonProcess) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        client.mail("sender@example.org")
+        client.rcpt("a@example.net")
+        client.rcpt("c@other.test")
+        code, text = client.data(_message(["a@example.net"]).as_bytes(policy=SMTP))
+    assert code == 250
+    ids = text.decode().split("queued as ")[1].split()
+    records = pigeon.records("Reception")
+    assert sorted(r["id"] for r in records) == sorted(ids)
+    for record in records:
+        assert record["sender"] == "sender@example.org"
+        assert record["peer"].startswith("127.0.0.1:")
+        assert record["helo"] == "client.test"
+        assert record["protocol"] == "ESMTP"
+        assert record["response"]["code"] == 250
+        assert record["node"] == "test-node"
+        assert record["size"] > 0
+    assert {tuple(r["recipients"]) for r in records} == {("a@example.net",), ("c@other.test",)}
+
+
+def test_dsn_parameters_are_stored_with_the_envelope(pigeon: PigeonProcess) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.has_extn("dsn")
+        client.mail("sender@example.org", ["RET=HDRS", "ENVID=QQ314159"])
+        client.rcpt("a@example.net", ["NOTIFY=SUCCESS,FAILURE", "ORCPT=rfc822;orig+2Bx@example.net"])
+        code, _ = client.data(b"Subject: dsn\r\n\r\nbody\r\n")
+    assert code == 250
+    (stored,) = pigeon.spool_messages()
+    envelope = stored["envelope"]
+    assert envelope.ret == "HDRS"
+    assert envelope.envid == "QQ314159"
+    (recipient,) = envelope.recipients
+    assert recipient.notify == ["FAILURE", "SUCCESS"]
+    assert recipient.orcpt == "rfc822;orig+x@example.net"
+
+
+def test_smtputf8_address_is_accepted_with_the_parameter(pigeon: PigeonProcess) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.has_extn("smtputf8")
+        code, _ = client.mail("jöran@example.org", ["SMTPUTF8", "BODY=8BITMIME"])
+        assert code == 250
+        code, _ = client.rcpt("用户@例子.测试")
+        assert code == 250
+        code, _ = client.data("Subject: ünïcode\r\n\r\nbody\r\n".encode())
+        assert code == 250
+    (stored,) = pigeon.spool_messages()
+    assert stored["sender"] == "jöran@example.org"
+    assert stored["recipients"] == ["用户@例子.测试"]
+    assert stored["envelope"].smtputf8
+    assert b" with UTF8SMTP id " in stored["data"]
+
+
+def test_oversized_message_is_refused_before_and_after_data(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with PigeonProcess(tmp_path / "node", smtp={"max_message_size": 2000}) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            assert client.esmtp_features["size"] == "2000"
+            code, text = client.mail("sender@example.org", ["SIZE=5000"])
+            assert (code, text[:5]) == (552, b"5.3.4")
+            client.rset()
+            client.mail("sender@example.org")
+            client.rcpt("a@example.net")
+            code, text = client.data(b"Subject: big\r\n\r\n" + (b"x" * 70 + b"\r\n") * 40)
+            assert (code, text[:5]) == (552, b"5.3.4")
+            code, _ = client.noop()  # the session goes on
+            assert code == 250
+        assert pigeon.spool_messages() == []
+        rejections = pigeon.records("Rejection")
+        assert [(r["command"], r["response"]["code"]) for r in rejections] == [("MAIL", 552), ("DATA", 552)]
+
+
+def test_too_many_recipients_get_452_and_the_rest_is_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with PigeonProcess(tmp_path / "node", smtp={"max_recipients": 2}) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            client.mail("sender@example.org")
+            assert client.rcpt("a@example.net")[0] == 250
+            assert client.rcpt("b@example.net")[0] == 250
+            code, text = client.rcpt("c@example.net")
+            assert (code, text[:5]) == (452, b"4.5.3")
+            assert client.data(b"Subject: x\r\n\r\nbody\r\n")[0] == 250
+        (stored,) = pigeon.spool_messages()
+        assert stored["recipients"] == ["a@example.net", "b@example.net"]

@@ -1,0 +1,89 @@
+"""Limits a hostile or broken client runs into: timeouts, connections, errors, line length."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
+
+
+def test_idle_client_is_told_421_and_disconnected(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", smtp={"idle_timeout": "1s"}) as pigeon, RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        started = time.monotonic()
+        code, text = client.reply()
+        assert (code, text[0][:5]) == (421, "4.4.2") or code == 421
+        assert 0.8 < time.monotonic() - started < 5
+        assert client.closed_by_peer()
+
+
+def test_slow_dribbling_client_hits_the_command_timeout(tmp_path: Path) -> None:
+    with (
+        PigeonProcess(tmp_path / "node", smtp={"idle_timeout": "10s", "command_timeout": "1s"}) as pigeon,
+        RawSmtp(pigeon.smtp_port) as client,
+    ):
+        client.expect(220)
+        started = time.monotonic()
+        for byte in b"EHLO slowloris.test":
+            try:
+                client.send(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(0.2)
+        code, _ = client.reply()
+        assert code == 421
+        assert time.monotonic() - started < 4.5
+        (rejection,) = pigeon.records("Rejection")
+        assert rejection["response"]["enhanced"] == "4.4.2"
+
+
+def test_connections_over_the_limit_are_refused_with_421(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", smtp={"max_connections": 2}) as pigeon:
+        first, second = RawSmtp(pigeon.smtp_port), RawSmtp(pigeon.smtp_port)
+        first.expect(220)
+        second.expect(220)
+        with RawSmtp(pigeon.smtp_port) as third:
+            code, text = third.reply()
+            assert code == 421
+            assert "too many connections" in text[0]
+        first.close()
+        second.close()
+        time.sleep(0.2)
+        with RawSmtp(pigeon.smtp_port) as fourth:
+            fourth.expect(220)
+
+
+def test_too_many_errors_end_the_session(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", smtp={"max_errors": 3}) as pigeon, RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        for _ in range(3):
+            client.expect(500, "BOGUS")
+        client.send(b"BOGUS\r\n")
+        assert client.reply()[0] == 500
+        code, text = client.reply()
+        assert code == 421
+        assert "too many errors" in text[0]
+        assert client.closed_by_peer()
+
+
+def test_overlong_command_line_is_refused_and_the_session_goes_on(pigeon: PigeonProcess) -> None:
+    with RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        client.expect(250, "EHLO client.test")
+        code, text = client.command(b"NOOP " + b"a" * 5000)
+        assert (code, text[0][:5]) == (500, "5.5.2")
+        client.expect(250, "MAIL FROM:<a@example.org>")
+
+
+def test_peer_closing_mid_data_leaves_nothing_in_the_spool(pigeon: PigeonProcess) -> None:
+    sock = socket.create_connection(("127.0.0.1", pigeon.smtp_port))
+    sock.sendall(b"EHLO c.test\r\nMAIL FROM:<a@example.org>\r\nRCPT TO:<b@example.net>\r\nDATA\r\n")
+    sock.recv(65536)
+    sock.sendall(b"Subject: cut short\r\n\r\n" + b"x" * 100000)
+    sock.close()
+    time.sleep(0.3)
+    assert pigeon.spool_messages() == []
+    assert pigeon.http_get("/healthz")[0] == 200

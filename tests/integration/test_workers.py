@@ -1,0 +1,66 @@
+"""Several worker processes share the SMTP port, each with its own spool shard, under one supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.support.process import PigeonProcess
+from tests.support.tools import smtp_source
+
+
+def _health(pigeon: PigeonProcess) -> dict[str, object]:
+    status, body = pigeon.http_get("/healthz")
+    health: dict[str, object] = json.loads(body)
+    health["http_status"] = status
+    return health
+
+
+def test_two_workers_share_the_load_and_report_merged_metrics(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
+        health = _health(pigeon)
+        assert health["http_status"] == 200
+        assert [w["worker"] for w in health["workers"]] == [0, 1]  # type: ignore[attr-defined]
+        result = smtp_source(
+            pigeon.smtp_port, "-s", "20", "-l", "2000", "-m", "300", "-f", "a@src.test", "-t", "r@x.test"
+        )
+        assert result.returncode == 0, result.stderr
+        stored = pigeon.spool_messages()
+        assert len(stored) == 300
+        shards = {path.name for path in (pigeon.root / "spool").glob("shard-*") if (path / "spool.db").exists()}
+        assert shards == {"shard-0", "shard-1"}
+        assert pigeon.metric("pigeon_messages_received_total") == 300
+        assert pigeon.metric("pigeon_spool_messages") == 300
+        assert len(pigeon.records("Reception")) == 300
+        logs = sorted(p.name.rsplit("-", 1)[1] for p in (pigeon.root / "log").iterdir())
+        assert {"w0.jsonl", "w1.jsonl"} <= set(logs)
+
+
+def test_a_killed_worker_is_restarted_and_its_mail_is_kept(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
+        smtp_source(pigeon.smtp_port, "-s", "10", "-l", "1000", "-m", "100", "-f", "a@src.test", "-t", "r@x.test")
+        pids = [int(p.read_text()) for p in sorted((pigeon.root / "spool").glob("shard-*/lock"))]
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            health = _health(pigeon)
+            workers = health["workers"]
+            if health["http_status"] == 200 and workers[1]["restarts"] == 1:  # type: ignore[index]
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"worker 1 was not restarted: {health}")
+        assert len(pigeon.spool_messages()) == 100
+        assert pigeon.metric("pigeon_spool_messages") == 100
+
+
+def test_fewer_workers_adopt_the_shards_of_a_larger_run(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    with PigeonProcess(root, node={"workers": 2}) as pigeon:
+        smtp_source(pigeon.smtp_port, "-s", "10", "-l", "1000", "-m", "60", "-f", "a@src.test", "-t", "r@x.test")
+    with PigeonProcess(root, node={"workers": 1}) as pigeon:
+        assert pigeon.metric("pigeon_spool_messages") == 60
+        assert "shard-1: " in pigeon.stderr()

@@ -1,0 +1,205 @@
+"""Run Pigeon as a real process for integration tests: its own config, ports and data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pigeon.logs.reader import read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def to_toml(config: dict[str, dict[str, Any]]) -> str:
+    """Enough TOML for our configs: tables of strings, numbers, booleans and lists of those."""
+    lines = []
+    for section, values in config.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+class PigeonProcess:
+    """`pigeon serve` in a subprocess, with a config written under `root`."""
+
+    def __init__(self, root: Path, **sections: dict[str, Any]) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.smtp_port = free_port()
+        self.http_port = free_port()
+        config: dict[str, dict[str, Any]] = {
+            "node": {"name": "test-node", "workers": 1, "shutdown_timeout": "10s"},
+            "smtp": {"listen": [f"127.0.0.1:{self.smtp_port}"], "hostname": "mx.pigeon.test"},
+            "http": {"listen": f"127.0.0.1:{self.http_port}"},
+            "spool": {"path": "spool"},
+            "log": {"path": "log", "level": "debug"},
+        }
+        for section, values in sections.items():
+            config.setdefault(section, {}).update(values)
+        self.config = config
+        self.config_path = root / "pigeon.toml"
+        self.config_path.write_text(to_toml(config))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stderr_path = root / "stderr.log"
+        self._stderr_offset = 0
+
+    # --- life cycle ------------------------------------------------------------------------
+    def start(self, *, wait: bool = True) -> PigeonProcess:
+        stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the child
+        self._stderr_offset = stderr.tell()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pigeon", "serve", "-c", str(self.config_path)],
+            cwd=self.root,
+            stdout=stderr,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        stderr.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pigeon exited with {self.process.returncode}:\n{self.stderr()}")
+            try:
+                status, _ = self.http_get("/healthz")
+                if status == 200 and self._smtp_accepts():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"pigeon not ready after {timeout}s:\n{self.stderr()}")
+
+    def _smtp_accepts(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.smtp_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return process.returncode if process else 0
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """kill -9 the whole process group (the supervisor and its workers)."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+    def __enter__(self) -> PigeonProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self.kill()
+
+    # --- looking at it -----------------------------------------------------------------------
+    def stderr(self) -> str:
+        """What this run of the process wrote to stderr (earlier runs in the same root excluded)."""
+        if not self.stderr_path.exists():
+            return ""
+        with open(self.stderr_path, "rb") as stream:
+            stream.seek(self._stderr_offset)
+            return stream.read().decode(errors="replace")
+
+    def http_get(self, path: str) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{self.http_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def metric(self, name: str) -> float:
+        """The value of one unlabelled sample in /metrics."""
+        _, body = self.http_get("/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+    def records(self, kind: str | None = None) -> list[dict[str, Any]]:
+        records = read_records(self.root / "log")
+        return [r for r in records if kind is None or r["type"] == kind]
+
+    def spool_messages(self) -> list[dict[str, Any]]:
+        """Every message in every spool shard, with its body bytes."""
+        return list(_spool_rows(self.spool_path))
+
+    @property
+    def spool_path(self) -> Path:
+        return self.root / self.config["spool"]["path"]  # an absolute path replaces root
+
+
+def _spool_rows(spool_root: Path) -> Iterator[dict[str, Any]]:
+    from pigeon.message import ENVELOPE_DECODER, format_id
+
+    for db in sorted(spool_root.glob("shard-*/spool.db")):
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(
+                "SELECT m.id, m.queue, m.envelope, b.id, b.data"
+                " FROM message m JOIN body b ON b.id = m.body ORDER BY m.id"
+            ).fetchall()
+        finally:
+            conn.close()
+        for spool_id, queue, envelope, body_id, data in rows:
+            if data is None:
+                data = (db.parent / "data" / format_id(body_id)).read_bytes()
+            decoded = ENVELOPE_DECODER.decode(envelope)
+            yield {
+                "id": format_id(spool_id),
+                "queue": queue,
+                "sender": decoded.sender,
+                "recipients": [r.address for r in decoded.recipients],
+                "envelope": decoded,
+                "data": bytes(data),
+            }
