@@ -10,6 +10,7 @@ new fields go at the end with a default).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Final, NewType
@@ -24,6 +25,7 @@ SpoolId = NewType("SpoolId", int)
 _EPOCH_MS: Final = 1_735_689_600_000
 _SHARD_BITS: Final = 6
 _TIME_SHIFT: Final = 22
+_ID_TEXT: Final = re.compile(r"[0-9a-fA-F]{16}")
 
 
 def format_id(spool_id: int) -> str:
@@ -32,7 +34,7 @@ def format_id(spool_id: int) -> str:
 
 def parse_id(text: str) -> SpoolId:
     """Parse a printed id; raises ValueError with the reason."""
-    if len(text) != 16:
+    if not _ID_TEXT.fullmatch(text):
         raise ValueError(f"spool id {text!r} must be 16 hex digits")
     return SpoolId(int(text, 16))
 

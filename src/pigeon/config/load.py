@@ -27,7 +27,7 @@ class ConfigError(Exception):
 def load(path: Path | None) -> Config:
     """Read and validate a config file; None gives the defaults."""
     if path is None:
-        return _finish(Config(), base=None)
+        return _finish(Config(), None, "")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -40,14 +40,27 @@ def load(path: Path | None) -> Config:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
-    return _finish(config, base=path.parent)
+    return _finish(config, path, text)
 
 
-def _finish(config: Config, base: Path | None) -> Config:
+def _finish(config: Config, path: Path | None, text: str) -> Config:
+    """Checks across keys, and relative paths made relative to the file."""
+
+    def fail(keys: list[str], reason: str) -> ConfigError:
+        line = _line_of(text, keys) if path is not None else None
+        where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
+        return ConfigError(f"{where}{_key_name(keys)}: {reason}")
+
     smtp, spool, log = config.smtp, config.spool, config.log
     if (smtp.tls_certificate is None) != (smtp.tls_private_key is None):
-        raise ConfigError("[smtp] tls_certificate and tls_private_key must be given together")
-    if base is not None:
+        given = "tls_certificate" if smtp.tls_certificate is not None else "tls_private_key"
+        raise fail(["smtp", given], "tls_certificate and tls_private_key must be given together")
+    if smtp.max_line_length < 78:
+        raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
+    if not smtp.listen:
+        raise fail(["smtp", "listen"], "name at least one address")
+    if path is not None:
+        base = path.parent
         spool.path = _resolve(spool.path, base)
         log.path = _resolve(log.path, base)
         if smtp.tls_certificate is not None and smtp.tls_private_key is not None:
@@ -55,10 +68,6 @@ def _finish(config: Config, base: Path | None) -> Config:
             smtp.tls_private_key = _resolve(smtp.tls_private_key, base)
         if smtp.auth_users is not None:
             smtp.auth_users = _resolve(smtp.auth_users, base)
-    if smtp.max_line_length < 78:
-        raise ConfigError("[smtp] max_line_length must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
-    if not smtp.listen:
-        raise ConfigError("[smtp] listen must name at least one address")
     return config
 
 
@@ -99,7 +108,8 @@ def _line_of(text: str, keys: list[str]) -> int | None:
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line.startswith("["):
-            current = [part.strip() for part in line.strip("[]").split(".")]
+            header = line.split("#", 1)[0].strip()  # "[smtp]  # the listener"
+            current = [part.strip().strip('"') for part in header.strip("[]").split(".")]
             if current == keys:
                 return number
             if current == section:

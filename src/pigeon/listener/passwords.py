@@ -34,17 +34,37 @@ def hash_password(password: str, *, n: int = _N, r: int = _R, p: int = _P) -> st
 
 def verify_password(stored: str, password: str) -> bool:
     """Constant-time check of `password` against a `$scrypt$...` string."""
+    parsed = _parse(stored)
+    if parsed is None:
+        return False
+    n, r, p, salt, expected = parsed
+    try:
+        digest = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, dklen=len(expected))
+    except (ValueError, MemoryError):
+        return False
+    return hmac.compare_digest(digest, expected)
+
+
+def _parse(stored: str) -> tuple[int, int, int, bytes, bytes] | None:
+    """The scrypt parameters, salt and hash of a `$scrypt$...` string, or None if malformed."""
     try:
         _, scheme, params, salt_text, hash_text = stored.split("$")
         values = dict(item.split("=", 1) for item in params.split(","))
         n, r, p = int(values["n"]), int(values["r"]), int(values["p"])
         salt, expected = _unb64(salt_text), _unb64(hash_text)
     except (ValueError, KeyError):
-        return False
-    if scheme != "scrypt":
-        return False
-    digest = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, dklen=len(expected))
-    return hmac.compare_digest(digest, expected)
+        return None
+    # n must be a power of two above 1; 16..32 bytes of hash; sane cost limits.
+    if (
+        scheme != "scrypt"
+        or n < 2
+        or n & (n - 1)
+        or not 1 <= r <= 64
+        or not 1 <= p <= 16
+        or not 16 <= len(expected) <= 64
+    ):
+        return None
+    return n, r, p, salt, expected
 
 
 class PasswordFile:
@@ -65,7 +85,7 @@ class PasswordFile:
             if not line or line.startswith("#"):
                 continue
             name, sep, stored = line.partition(":")
-            if not sep or not name or not stored.startswith("$scrypt$"):
+            if not sep or not name or _parse(stored) is None:
                 raise PasswordFileError(
                     f"{path}, line {number}: expected user:$scrypt$...; write entries with `pigeon passwd`"
                 )

@@ -18,13 +18,17 @@ from pigeon.logs.writer import COMPRESSED_SUFFIX, SEGMENT_SUFFIX
 
 
 def segments(directory: Path) -> list[Path]:
-    """Every segment, oldest first. A segment present in both forms is read compressed."""
+    """Every segment, oldest first.
+
+    A segment present in both forms was being compressed when the process stopped: the
+    plain file is complete, the .gz may not be, so the plain one is read.
+    """
     found: dict[str, Path] = {}
     for path in directory.glob("*" + SEGMENT_SUFFIX + "*"):
         if path.name.endswith(COMPRESSED_SUFFIX):
-            found[path.name[: -len(COMPRESSED_SUFFIX)]] = path
+            found.setdefault(path.name[: -len(COMPRESSED_SUFFIX)], path)
         elif path.name.endswith(SEGMENT_SUFFIX):
-            found.setdefault(path.name[: -len(SEGMENT_SUFFIX)], path)
+            found[path.name[: -len(SEGMENT_SUFFIX)]] = path
     return [found[stem] for stem in sorted(found)]
 
 
@@ -41,46 +45,57 @@ def read_records(directory: Path) -> list[dict[str, object]]:
 
 
 def follow(directory: Path, *, poll: float = 0.25, stop_after: float | None = None) -> Iterator[bytes]:
-    """Every record so far, then new ones as they are written (across rotations)."""
+    """Every record so far, then new ones as they are written, across rotations.
+
+    Segments older than the newest are read whole. The newest is tailed; when a newer one
+    appears, the rest of the tailed one is read (the writer has closed it: even if it was
+    compressed and removed meanwhile, the open file still reads) and the tail moves on.
+    A line without its newline at the end of a closed segment was cut by a crash: skipped.
+    """
     started = time.monotonic()
-    done = segments(directory)
-    for path in done[:-1]:
-        yield from _lines_of(path)
-    current = done[-1] if done else None
-    stream: BinaryIO | None = open(current, "rb") if current and current.suffix != ".gz" else None  # noqa: SIM115
-    if current is not None and stream is None:
-        yield from _lines_of(current)
+    done: set[str] = set()
+    tailing: str | None = None
+    stream: BinaryIO | None = None
     pending = b""
-    seen = {p.name for p in done}
     try:
         while stop_after is None or time.monotonic() - started < stop_after:
+            found = segments(directory)
+            progressed = False
+            for path in found[:-1]:
+                stem = _stem(path)
+                if stem in done or stem == tailing:
+                    continue
+                done.add(stem)
+                yield from _lines_of(path)
+                progressed = True
+            newest = found[-1] if found else None
+            if newest is not None and _stem(newest) != tailing and _stem(newest) not in done:
+                if stream is not None:
+                    for line in (pending + stream.read()).split(b"\n")[:-1]:
+                        if line:
+                            yield line
+                    stream.close()
+                    stream = None
+                if tailing is not None:
+                    done.add(tailing)
+                pending = b""
+                tailing = _stem(newest)
+                if newest.name.endswith(COMPRESSED_SUFFIX):
+                    done.add(tailing)
+                    yield from _lines_of(newest)
+                else:
+                    stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
+                progressed = True
             if stream is not None:
                 chunk = stream.read()
                 if chunk:
-                    pending += chunk
-                    *complete, pending = pending.split(b"\n")
-                    yield from (line for line in complete if line)
-                    continue
-            newer = [p for p in segments(directory) if p.name not in seen and _stem(p) > _stem_or_empty(current)]
-            if newer:
-                nxt = newer[0]
-                seen.add(nxt.name)
-                if stream is not None:
-                    rest = stream.read()
-                    stream.close()
-                    if rest:
-                        pending += rest
-                    if pending.strip():
-                        yield pending.rstrip(b"\n")
-                pending = b""
-                current = nxt
-                if nxt.name.endswith(COMPRESSED_SUFFIX):
-                    yield from _lines_of(nxt)
-                    stream = None
-                else:
-                    stream = open(nxt, "rb")  # noqa: SIM115
-                continue
-            time.sleep(poll)
+                    *complete, pending = (pending + chunk).split(b"\n")
+                    for line in complete:
+                        if line:
+                            yield line
+                    progressed = True
+            if not progressed:
+                time.sleep(poll)
     finally:
         if stream is not None:
             stream.close()
@@ -100,7 +115,7 @@ def _lines_of(path: Path) -> Iterator[bytes]:
         if not path.name.endswith(COMPRESSED_SUFFIX) and twin.exists():
             yield from _lines_of(twin)
     except (OSError, EOFError):
-        return  # a truncated .gz from a crash mid-compression; its plain twin is read instead
+        return  # a .gz cut short (the disk lost it): nothing more can be read from it
 
 
 def _stem(path: Path) -> str:
@@ -109,7 +124,3 @@ def _stem(path: Path) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
-
-
-def _stem_or_empty(path: Path | None) -> str:
-    return _stem(path) if path is not None else ""

@@ -73,11 +73,11 @@ class LogWriter:
         """Start a new segment; compress plain segments an earlier run left behind."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._loop = loop
-        for leftover in sorted(self.directory.glob("*" + SEGMENT_SUFFIX)):
-            if leftover.name.endswith(f"-w{self._shard}{SEGMENT_SUFFIX}"):
-                self._close_segment(leftover)
-        for partial in self.directory.glob("*.gz.tmp"):
-            partial.unlink(missing_ok=True)
+        mine = f"-w{self._shard}{SEGMENT_SUFFIX}"
+        for partial in self.directory.glob(f"*{mine}.gz.tmp"):
+            partial.unlink(missing_ok=True)  # a compression cut short: its plain segment is still here
+        for leftover in sorted(self.directory.glob("*" + mine)):
+            self._close_segment(leftover)
         self._new_segment()
         if loop is not None:
             self._arm_age_timer()
@@ -189,8 +189,11 @@ def compress_segment(path: Path) -> None:
     target = path.with_name(path.name + ".gz")
     partial = path.with_name(path.name + ".gz.tmp")
     try:
-        with open(path, "rb") as source, gzip.open(partial, "wb", compresslevel=6) as sink:
-            shutil.copyfileobj(source, sink, 1024 * 1024)
+        with open(path, "rb") as source, open(partial, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, filename=path.name) as sink:
+                shutil.copyfileobj(source, sink, 1024 * 1024)
+            raw.flush()
+            os.fsync(raw.fileno())  # the .gz is whole on disk before the plain copy goes
         os.replace(partial, target)
         path.unlink()
     except OSError as error:

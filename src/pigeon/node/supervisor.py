@@ -215,8 +215,10 @@ def merge_metrics(texts: list[str]) -> str:
                     samples[key] = samples.get(key, 0.0) + sample.value
     out = []
     for name, (kind, doc, samples) in families.items():
-        out.append(f"# HELP {name} {doc}")
-        out.append(f"# TYPE {name} {kind}")
+        # The parser names a counter family without its "_total"; the exposition needs it back.
+        header = f"{name}_total" if kind == "counter" else name
+        out.append(f"# HELP {header} {doc}")
+        out.append(f"# TYPE {header} {kind}")
         for (sample_name, labels), value in samples.items():
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
             out.append(f"{sample_name}{{{label_text}}} {value!r}" if label_text else f"{sample_name} {value!r}")

@@ -8,6 +8,7 @@
   variant are message content, never an end;
 * a bare LF or bare CR never ends or splits a line: the dot that follows one is not at the
   start of a line, so it is neither a terminator nor unstuffed;
+* a NUL octet is refused (RFC 5322 and RFC 6152 allow none, and some MTAs truncate there);
 * dot-unstuffing (RFC 5321 4.5.2) removes exactly one leading dot from each line.
 
 `ContentChecker` then looks at the unstuffed bytes, from DATA or from BDAT chunks alike
@@ -42,6 +43,7 @@ class Violation(enum.Enum):
     LINE_TOO_LONG = "line_too_long"
     BARE_LF = "bare_lf"
     BARE_CR = "bare_cr"
+    NUL = "nul"
 
 
 class ContentChecker:
@@ -79,7 +81,8 @@ class ContentChecker:
         crlf = data.count(b"\r\n")
         bare_lf = data.count(b"\n") != crlf
         bare_cr = data.count(b"\r") != crlf
-        self._check_lines(data)
+        if b"\0" in data:
+            self.violations.add(Violation.NUL)
         if bare_lf or bare_cr:
             if self._normalise:
                 data = _BARE_ENDING.sub(b"\r\n", data)
@@ -88,6 +91,7 @@ class ContentChecker:
                     self.violations.add(Violation.BARE_LF)
                 if bare_cr:
                     self.violations.add(Violation.BARE_CR)
+        self._check_lines(data)  # after normalising: the lines that will be stored
         self.size += len(data)
         if self.size > self._max_size:
             self.violations.add(Violation.TOO_BIG)

@@ -146,7 +146,6 @@ NOT_IMPLEMENTED: Final = r(502, "5.5.1", "Command not implemented")
 NEED_HELO: Final = r(503, "5.5.1", "Send EHLO or HELO first")
 NESTED_MAIL: Final = r(503, "5.5.1", "Sender already given: send RSET to start a new transaction")
 NEED_MAIL: Final = r(503, "5.5.1", "Send MAIL FROM first")
-NEED_RCPT: Final = r(503, "5.5.1", "Send RCPT TO first")
 NO_VALID_RECIPIENTS: Final = r(554, "5.5.1", "No valid recipients")
 MIXED_DATA_BDAT: Final = r(503, "5.5.1", "DATA and BDAT cannot be mixed in one transaction")
 BDAT_IN_PROGRESS: Final = r(503, "5.5.1", "BDAT transfer in progress: send BDAT, RSET or QUIT")
@@ -165,7 +164,7 @@ BAD_ADDRESS_SYNTAX_RCPT: Final = r(501, "5.1.3", "Bad recipient address syntax")
 NON_ASCII_WITHOUT_SMTPUTF8: Final = r(553, "5.6.7", "Non-ASCII address requires MAIL FROM with SMTPUTF8")
 SMTPUTF8_NOT_OFFERED: Final = r(555, "5.5.4", "SMTPUTF8 is not offered by this server")
 MESSAGE_TOO_BIG: Final = r(552, "5.3.4", "Message size exceeds fixed maximum message size")
-CONTENT_LINE_TOO_LONG: Final = r(554, "5.6.0", "Message has a line longer than 998 octets (RFC 5322 2.1.1)")
+CONTENT_NUL: Final = r(554, "5.6.0", "Message contains a NUL octet (RFC 5322 2.3, RFC 6152 2)")
 CONTENT_BARE_LF: Final = r(554, "5.6.0", "Message contains a bare <LF>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
 CONTENT_BARE_CR: Final = r(554, "5.6.0", "Message contains a bare <CR>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
 RELAY_DENIED: Final = r(550, "5.7.1", "Relay access denied")
@@ -180,6 +179,10 @@ def syntax(text: str, enhanced: str = "5.5.2") -> Reply:
 def bad_parameter(text: str) -> Reply:
     """555 (RFC 5321 4.1.1.11): a MAIL or RCPT parameter is not recognised or not allowed."""
     return r(555, "5.5.4", text)
+
+
+def content_line_too_long(limit: int) -> Reply:
+    return r(554, "5.6.0", f"Message has a line longer than {limit} octets (RFC 5322 2.1.1)")
 
 
 def message_too_big(limit: int) -> Reply:

@@ -78,9 +78,10 @@ _IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BD
 
 _VIOLATION_REPLIES: Final = (
     (Violation.TOO_BIG, None),  # needs the limit: built in _violation_reply
-    (Violation.LINE_TOO_LONG, replies.CONTENT_LINE_TOO_LONG),
+    (Violation.LINE_TOO_LONG, None),  # likewise
     (Violation.BARE_LF, replies.CONTENT_BARE_LF),
     (Violation.BARE_CR, replies.CONTENT_BARE_CR),
+    (Violation.NUL, replies.CONTENT_NUL),
 )
 _SASL_USERNAME: Final = Reply(334, None, ("VXNlcm5hbWU6",))  # base64 "Username:"
 _SASL_PASSWORD: Final = Reply(334, None, ("UGFzc3dvcmQ6",))  # base64 "Password:"
@@ -151,6 +152,7 @@ class ServerSession:
         self._chunk_last = False
         self._chunk_discard = False
         self._chunked = False
+        self._chunk_total = 0  # octets of all BDAT chunks of this transaction (RFC 3030 reply)
         self._sasl: tuple[str, str] | None = None  # (mechanism, username so far)
 
     # --- the three verbs ---------------------------------------------------------------
@@ -267,6 +269,9 @@ class ServerSession:
         if line is None:
             return False
         if isinstance(line, Reply):
+            if self.phase is Phase.AUTH:
+                self._sasl = None  # a broken response line ends the SASL exchange too
+                self.phase = Phase.READY
             self._reject("", line)
             return True
         if self.phase is Phase.AUTH:
@@ -414,7 +419,12 @@ class ServerSession:
     def _violation_reply(self, violations: set[Violation]) -> Reply:
         for violation, reply in _VIOLATION_REPLIES:
             if violation in violations:
-                return reply or replies.message_too_big(self.config.max_message_size)
+                if violation is Violation.TOO_BIG:
+                    return replies.message_too_big(self.config.max_message_size)
+                if violation is Violation.LINE_TOO_LONG:
+                    return replies.content_line_too_long(self.config.max_line_length)
+                assert reply is not None
+                return reply
         raise AssertionError("no violation")
 
     def _new_checker(self) -> ContentChecker:
@@ -435,6 +445,7 @@ class ServerSession:
             self._chunked = True
             self._checker = self._new_checker()
         self.phase = Phase.BDAT
+        self._chunk_total += command.size
         self._chunk_left = command.size
         self._chunk_last = command.last
         self._chunk_discard = False
@@ -474,7 +485,7 @@ class ServerSession:
             self._reject("BDAT", self._violation_reply(checker.violations))
             self._reset_transaction()
         else:
-            self._queue(replies.chunk_received(checker.size))
+            self._queue(replies.chunk_received(self._chunk_total))
 
     # --- AUTH (RFC 4954) ---------------------------------------------------------------
     def _start_auth(self, command: Auth) -> None:
@@ -594,6 +605,7 @@ class ServerSession:
         self._dot = None
         self._chunked = False
         self._chunk_last = False
+        self._chunk_total = 0
 
     # --- output --------------------------------------------------------------------------
     def _queue(self, reply: Reply) -> None:
@@ -611,6 +623,8 @@ class ServerSession:
         self._queue(reply)
 
     def _close(self, reply: Reply) -> None:
+        if self._closing is not None:
+            return  # already closing: the first goodbye stands
         if self.phase in _IN_TRANSACTION:
             self._events.append(TransactionReset())
         self.phase = Phase.CLOSED

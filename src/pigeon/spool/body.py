@@ -32,15 +32,23 @@ class Body:
     data: bytearray | None
     path: Path | None
     file: BinaryIO | None  # open until the commit thread fsyncs and closes it
+    sync_error: SpoolError | None = None
 
     def sync(self) -> None:
-        """fsync the spool file (commit thread). No-op for inline bodies."""
+        """fsync the spool file (commit thread). No-op for inline bodies.
+
+        A failure sticks: a later call (the commit retrying this body alone) raises it again
+        rather than taking a closed file for a durable one.
+        """
+        if self.sync_error is not None:
+            raise self.sync_error
         if self.file is not None:
             try:
                 self.file.flush()
                 os.fsync(self.file.fileno())
             except OSError as error:
-                raise _spool_error(error, self.path) from error
+                self.sync_error = _spool_error(error, self.path)
+                raise self.sync_error from error
             finally:
                 self.file.close()
                 self.file = None

@@ -37,31 +37,45 @@ def recover(conn: sqlite3.Connection, data_dir: Path) -> RecoveryReport:
 
 def _check_messages(conn: sqlite3.Connection, data_dir: Path) -> list[Quarantined]:
     bad: list[Quarantined] = []
-    rows = conn.execute(
-        "SELECT m.id, m.queue, m.envelope, b.id, b.size, b.data IS NULL, typeof(b.data)"
-        " FROM message m LEFT JOIN body b ON b.id = m.body"
-    )
-    file_sizes: dict[int, int | None] = {}
-    for spool_id, queue, envelope, body_id, size, in_file, data_type in rows:
-        reason = _problem(queue, envelope, body_id, size, in_file, data_type, data_dir, file_sizes)
-        if reason is not None:
-            bad.append(Quarantined(SpoolId(spool_id), reason))
+    # Read text as bytes: one row with invalid UTF-8 must not stop the whole scan.
+    conn.text_factory = bytes
+    try:
+        rows = conn.execute(
+            "SELECT m.id, m.queue, typeof(m.queue), m.envelope, typeof(m.envelope),"
+            " b.id, b.size, b.data IS NULL, typeof(b.data)"
+            " FROM message m LEFT JOIN body b ON b.id = m.body"
+        )
+        file_sizes: dict[int, int | None] = {}
+        for spool_id, queue, queue_type, envelope, envelope_type, body_id, size, in_file, data_type in rows:
+            reason = _problem(
+                queue, queue_type, envelope, envelope_type, body_id, size, in_file, data_type, data_dir, file_sizes
+            )
+            if reason is not None:
+                bad.append(Quarantined(SpoolId(spool_id), reason))
+    finally:
+        conn.text_factory = str
     return bad
 
 
 def _problem(
-    queue: object,
-    envelope: object,
+    queue: bytes | None,
+    queue_type: bytes,
+    envelope: bytes | None,
+    envelope_type: bytes,
     body_id: int | None,
     size: object,
     in_file: int,
-    data_type: str,
+    data_type: bytes,
     data_dir: Path,
     file_sizes: dict[int, int | None],
 ) -> str | None:
-    if not isinstance(queue, str) or not queue:
+    if queue_type != b"text" or not queue:
         return "queue name missing"
-    if not isinstance(envelope, bytes):
+    try:
+        queue.decode("utf-8")
+    except UnicodeDecodeError:
+        return "queue name is not UTF-8"
+    if envelope_type != b"blob" or envelope is None:
         return "envelope is not a blob"
     try:
         decoded = ENVELOPE_DECODER.decode(envelope)
@@ -84,8 +98,8 @@ def _problem(
             return f"body file data/{format_id(body_id)} missing"
         if actual != size:
             return f"body file data/{format_id(body_id)} has {actual} bytes, expected {size}"
-    elif data_type != "blob":
-        return f"body data is {data_type}, expected a blob"
+    elif data_type != b"blob":
+        return f"body data is {data_type.decode()}, expected a blob"
     return None
 
 

@@ -94,6 +94,13 @@ class SqliteSpool:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
+            return self._open_checked(loop)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open_checked(self, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
+        try:
             conn = self._connect()
             try:
                 self._migrate(conn)
@@ -118,6 +125,9 @@ class SqliteSpool:
     def close(self) -> None:
         """Finish the writes already queued, then stop. Later writes fail with SpoolClosed."""
         self._committer.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
@@ -200,18 +210,16 @@ class _StoreReception:
 
     def prepare(self) -> None:
         body = self.body
-        if body.file is not None:
-            body.sync()
-            _fsync_directory(body.path.parent if body.path else None)
+        body.sync()  # raises again if an earlier try failed: a retry must not skip the fsync
+        if body.path is not None:
+            _fsync_directory(body.path.parent)
 
     def abandon(self) -> None:
         self.body.discard()
 
 
-def _fsync_directory(directory: Path | None) -> None:
+def _fsync_directory(directory: Path) -> None:
     # A new file's directory entry is only durable once the directory itself is fsynced.
-    if directory is None:
-        return
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -1,0 +1,302 @@
+"""Loading the configuration: defaults that run a node with no file at all, units an operator
+can read, paths relative to the file, and errors that point at the file, line and key."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+
+from pigeon.config.load import ConfigError, load
+from pigeon.config.schema import Config
+
+FULL = """\
+# A complete configuration, every section present.
+[node]
+name = "mx1.example.org"
+workers = 4
+shutdown_timeout = "5m"
+
+[smtp]
+listen = ["0.0.0.0:25", "[::1]:2525"]
+hostname = "mx1.example.org"
+relay_networks = ["10.0.0.0/8", "192.0.2.7", "2001:db8::/32"]
+max_message_size = "25MiB"
+max_recipients = 50
+idle_timeout = "250ms"
+command_timeout = 90
+bare_linefeeds = "normalise"
+pipelining = false
+tls_certificate = "tls/cert.pem"
+tls_private_key = "tls/key.pem"
+auth_users = "users"
+
+[http]
+listen = "127.0.0.1:9000"
+
+[spool]
+path = "data/spool"
+inline_limit = "64KiB"
+commit_window = "2ms"
+max_batch = 256
+max_size = "10MB"
+
+[log]
+path = "/var/log/pigeon"
+max_segment_size = 1048576
+max_segment_age = "2h"
+compress = false
+level = "debug"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "pigeon.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    return str(caught.value)
+
+
+# --- defaults ------------------------------------------------------------------------------
+def test_no_file_gives_a_working_local_node() -> None:
+    config = load(None)
+
+    assert config.smtp.listen == ["127.0.0.1:2525"]
+    assert (config.smtp.listen[0].host, config.smtp.listen[0].port) == ("127.0.0.1", 2525)
+    assert config.http.listen == "127.0.0.1:8025"
+    assert (config.http.listen.host, config.http.listen.port) == ("127.0.0.1", 8025)
+    assert config.spool.path == Path("var/spool")
+    assert config.log.path == Path("var/log")
+    assert config.smtp.max_message_size == 25 * 1024 * 1024
+    assert config.spool.inline_limit == 256 * 1024
+    assert config.smtp.idle_timeout == 300.0
+    assert [n.network for n in config.smtp.relay_networks] == [
+        ipaddress.ip_network("127.0.0.0/8"),
+        ipaddress.ip_network("::1/128"),
+    ]
+    assert config.node.workers == "auto"
+    assert config.node.worker_count == (os.cpu_count() or 1)
+    assert config.smtp.tls_certificate is None
+    assert config.smtp.auth_users is None
+
+
+def test_empty_file_gives_the_defaults_with_paths_beside_the_file(tmp_path: Path) -> None:
+    config = load(write(tmp_path, ""))
+    defaults = load(None)
+
+    assert config.smtp.listen == defaults.smtp.listen
+    assert config.http.listen == defaults.http.listen
+    assert config.spool.path == tmp_path / "var/spool"
+    assert config.log.path == tmp_path / "var/log"
+
+
+# --- a full file ---------------------------------------------------------------------------
+def test_full_file_parses_units_networks_and_addresses(tmp_path: Path) -> None:
+    config = load(write(tmp_path, FULL))
+
+    assert isinstance(config, Config)
+    assert config.node.name == "mx1.example.org"
+    assert config.node.workers == 4
+    assert config.node.worker_count == 4
+    assert config.node.shutdown_timeout == 300.0
+    assert [(e.host, e.port) for e in config.smtp.listen] == [("0.0.0.0", 25), ("::1", 2525)]
+    assert [n.network for n in config.smtp.relay_networks] == [
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("192.0.2.7/32"),
+        ipaddress.ip_network("2001:db8::/32"),
+    ]
+    assert config.smtp.max_message_size == 25 * 1024 * 1024
+    assert config.smtp.max_recipients == 50
+    assert config.smtp.idle_timeout == pytest.approx(0.25)
+    assert config.smtp.command_timeout == 90.0
+    assert config.smtp.bare_linefeeds == "normalise"
+    assert config.smtp.pipelining is False
+    assert config.http.listen.port == 9000
+    assert config.spool.inline_limit == 64 * 1024
+    assert config.spool.commit_window == pytest.approx(0.002)
+    assert config.spool.max_batch == 256
+    assert config.spool.max_size == 10_000_000
+    assert config.log.max_segment_size == 1_048_576
+    assert config.log.max_segment_age == 7200.0
+    assert config.log.compress is False
+    assert config.log.level == "debug"
+
+
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [("5m", 300.0), ("250ms", 0.25), ("30s", 30.0), ("2h", 7200.0), ("1d", 86400.0), ("1.5m", 90.0), ("45", 45.0)],
+)
+def test_durations_accept_units(tmp_path: Path, written: str, seconds: float) -> None:
+    config = load(write(tmp_path, f'[smtp]\nidle_timeout = "{written}"\n'))
+    assert config.smtp.idle_timeout == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("written", "size"),
+    [
+        ('"25MiB"', 25 * 1024 * 1024),
+        ('"10MB"', 10_000_000),
+        ('"64KiB"', 65536),
+        ('"1GiB"', 1024**3),
+        ('"1.5KiB"', 1536),
+        ('"512B"', 512),
+        ('"10mb"', 10_000_000),
+        ("4096", 4096),
+    ],
+)
+def test_sizes_accept_units_and_plain_bytes(tmp_path: Path, written: str, size: int) -> None:
+    config = load(write(tmp_path, f"[smtp]\nmax_message_size = {written}\n"))
+    assert config.smtp.max_message_size == size
+
+
+def test_relative_paths_are_resolved_against_the_config_files_directory(tmp_path: Path) -> None:
+    etc = tmp_path / "etc" / "pigeon"
+    etc.mkdir(parents=True)
+    config = load(write(etc, FULL))
+
+    assert config.spool.path == etc / "data/spool"
+    assert config.smtp.tls_certificate == etc / "tls/cert.pem"
+    assert config.smtp.tls_private_key == etc / "tls/key.pem"
+    assert config.smtp.auth_users == etc / "users"
+    assert config.log.path == Path("/var/log/pigeon")  # absolute paths are kept
+
+
+def test_relative_paths_do_not_depend_on_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    write(etc, '[spool]\npath = "spool"\n')
+    monkeypatch.chdir(tmp_path)
+
+    assert load(Path("etc/pigeon.toml")).spool.path.resolve() == etc / "spool"
+
+
+def test_workers_accepts_auto(tmp_path: Path) -> None:
+    config = load(write(tmp_path, '[node]\nworkers = "auto"\n'))
+    assert config.node.workers == "auto"
+    assert config.node.worker_count >= 1
+
+
+# --- errors --------------------------------------------------------------------------------
+def test_unknown_key_names_the_file_line_and_key(tmp_path: Path) -> None:
+    text = '[node]\nname = "a"\n\n[smtp]\nhostname = "mx"\nlisen = ["127.0.0.1:25"]\n'
+    message = error_of(tmp_path, text)
+
+    assert message == f"{tmp_path / 'pigeon.toml'}, line 6: [smtp] lisen: unknown key"
+
+
+def test_unknown_key_is_found_in_the_right_section(tmp_path: Path) -> None:
+    # The same key name elsewhere does not mislead the line number.
+    text = '[http]\nlisten = "127.0.0.1:8025"\n\n[spool]\nlisten = "x"\n'
+    assert error_of(tmp_path, text).endswith("pigeon.toml, line 5: [spool] listen: unknown key")
+
+
+def test_unknown_top_level_key_names_its_line(tmp_path: Path) -> None:
+    assert error_of(tmp_path, "\n\nworkers = 4\n").endswith("pigeon.toml, line 3: workers: unknown key")
+
+
+def test_unknown_section_names_its_line(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[node]\nworkers = 2\n\n[smpt]\nlisten = ["127.0.0.1:25"]\n')
+    assert message == f"{tmp_path / 'pigeon.toml'}, line 4: smpt: unknown key"
+
+
+def test_unknown_key_line_is_found_under_a_commented_section_header(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[smtp]  # the listener\nhostname = "mx"\nlisen = 1\n')
+    assert message == f"{tmp_path / 'pigeon.toml'}, line 3: [smtp] lisen: unknown key"
+
+
+def test_wrong_type_names_the_key_and_the_expected_type(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "[smtp]\nhostname = 'mx'\nlisten = 5\n")
+    assert message == f"{tmp_path / 'pigeon.toml'}, line 3: [smtp] listen: Expected `array`, got `int`"
+
+
+def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "[http]\nlisten = 5\n")
+    assert message.startswith(f"{tmp_path / 'pigeon.toml'}, line 2: [http] listen: ")
+    assert "127.0.0.1:2525" in message  # shows what an address looks like
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[smtp]\nidle_timeout = "5 parsecs"\n', "line 2: [smtp] idle_timeout: '5 parsecs' is not a duration"),
+        ("[smtp]\nidle_timeout = -5\n", "line 2: [smtp] idle_timeout: -5 is not a duration"),
+        ('[spool]\nmax_size = "lots"\n', "line 2: [spool] max_size: 'lots' is not a size"),
+        ('[spool]\nmax_size = "10 XB"\n', "line 2: [spool] max_size: '10 XB' is not a size"),
+        ("[spool]\nmax_size = true\n", "line 2: [spool] max_size: True is not a size"),
+        (
+            '[smtp]\nrelay_networks = ["10.0.0.0/8", "bogus"]\n',
+            "line 2: [smtp] relay_networks: 'bogus' is not an IP network",
+        ),
+        ('[http]\nlisten = "localhost"\n', "line 2: [http] listen: 'localhost' is not host:port"),
+        ('[http]\nlisten = "127.0.0.1:99999"\n', "line 2: [http] listen: '127.0.0.1:99999' is not host:port"),
+        ('[smtp]\nbare_linefeeds = "fix"\n', "line 2: [smtp] bare_linefeeds: Invalid enum value 'fix'"),
+        ("[node]\nworkers = 0\n", "line 2: [node] workers: Expected `int` >= 1"),
+        ("[node]\nworkers = 65\n", "line 2: [node] workers: Expected `int` <= 64"),
+        ('[node]\nworkers = "many"\n', "line 2: [node] workers: Invalid enum value 'many'"),
+        ("[smtp]\nmax_recipients = 0\n", "line 2: [smtp] max_recipients: Expected `int` >= 1"),
+    ],
+    ids=[
+        "duration-unit",
+        "negative-duration",
+        "size-word",
+        "size-unit",
+        "size-bool",
+        "network",
+        "endpoint-no-port",
+        "endpoint-port-range",
+        "choice",
+        "workers-zero",
+        "workers-too-many",
+        "workers-word",
+        "positive-int",
+    ],
+)
+def test_bad_value_names_the_file_line_key_and_what_is_expected(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}")
+
+
+def test_certificate_without_private_key_is_refused(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[smtp]\ntls_certificate = "cert.pem"\n')
+    assert "tls_certificate and tls_private_key must be given together" in message
+
+
+def test_private_key_without_certificate_is_refused(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[smtp]\ntls_private_key = "key.pem"\n')
+    assert "tls_certificate and tls_private_key must be given together" in message
+
+
+@pytest.mark.parametrize(
+    "text", ['[smtp]\ntls_certificate = "cert.pem"\n', "[smtp]\nmax_line_length = 10\n"], ids=["tls", "line-length"]
+)
+def test_consistency_errors_name_the_file(tmp_path: Path, text: str) -> None:
+    assert str(tmp_path / "pigeon.toml") in error_of(tmp_path, text)
+
+
+def test_line_length_below_78_is_refused(tmp_path: Path) -> None:
+    assert "[smtp] max_line_length: must be at least 78" in error_of(tmp_path, "[smtp]\nmax_line_length = 77\n")
+    assert load(write(tmp_path, "[smtp]\nmax_line_length = 78\n")).smtp.max_line_length == 78
+
+
+def test_empty_listen_list_is_refused(tmp_path: Path) -> None:
+    assert "[smtp] listen: name at least one address" in error_of(tmp_path, "[smtp]\nlisten = []\n")
+
+
+def test_invalid_toml_names_the_file_and_the_line(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[node]\nname = "a"\n[smtp\nlisten = 1\n')
+    assert message.startswith(f"{tmp_path / 'pigeon.toml'}: not valid TOML: ")
+    assert "line 3" in message
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the configuration file") as caught:
+        load(tmp_path / "absent.toml")
+    assert str(tmp_path / "absent.toml") in str(caught.value)

@@ -1,0 +1,361 @@
+"""The SQLite spool's write path: a reception is durable when its future resolves, writes that
+arrive together share one commit, and every failure reaches the caller as a typed SpoolError
+that carries the SMTP reply, with nothing half-written left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from pigeon.message import ENVELOPE_DECODER, Envelope, Recipient, SpoolId, format_id, id_time, parse_id
+from pigeon.spool.body import Body, BodyWriter
+from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolClosed, SpoolError, SpoolFull
+from pigeon.spool.sqlite import SqliteSpool
+
+
+# --- helpers -----------------------------------------------------------------------------
+@contextmanager
+def opened(spool: SqliteSpool) -> Iterator[RecoveryReport]:
+    """Open `spool` on the running loop for the duration of the block."""
+    report = spool.open(asyncio.get_running_loop())
+    try:
+        yield report
+    finally:
+        spool.close()
+
+
+def envelope(*recipients: str, sender: str = "sender@example.org") -> Envelope:
+    return Envelope(sender, [Recipient(address) for address in recipients or ("rcpt@example.com",)])
+
+
+def reception(
+    spool: SqliteSpool, data: bytes, *domains: str, recipients_per_message: int = 1
+) -> tuple[Body, list[NewMessage]]:
+    """A finished body and one message per destination domain, as the listener builds them."""
+    domains = domains or ("example.com",)
+    body_id, *message_ids = spool.new_ids(1 + len(domains))
+    writer = spool.body_writer(body_id)
+    for start in range(0, len(data), 1000):
+        writer.write(data[start : start + 1000])
+    body = writer.finish()
+    now = time.time()
+    messages = [
+        NewMessage(
+            message_id,
+            f"default@{domain}",
+            envelope(*(f"user{n}@{domain}" for n in range(recipients_per_message))),
+            now,
+            now,
+        )
+        for message_id, domain in zip(message_ids, domains, strict=True)
+    ]
+    return body, messages
+
+
+async def store(spool: SqliteSpool, data: bytes, *domains: str) -> tuple[Body, list[NewMessage]]:
+    body, messages = reception(spool, data, *domains)
+    await spool.store(body, messages)
+    return body, messages
+
+
+def rows(db_path: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
+    """Query the spool database with a fresh connection, as another process would."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def data_files(spool: SqliteSpool) -> set[str]:
+    return {path.name for path in spool.data_dir.iterdir()}
+
+
+# --- durability ----------------------------------------------------------------------------
+async def test_stored_reception_is_visible_to_a_fresh_connection_when_store_returns(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    with opened(spool):
+        body, messages = await store(spool, b"Subject: hi\r\n\r\nhello\r\n", "example.com", "example.net")
+
+        stored = rows(spool.db_path, "SELECT id, body, queue, size, attempts, envelope FROM message ORDER BY id")
+        assert [(r[0], r[1], r[2], r[3], r[4]) for r in stored] == [
+            (messages[0].id, body.id, "default@example.com", body.size, 0),
+            (messages[1].id, body.id, "default@example.net", body.size, 0),
+        ]
+        assert ENVELOPE_DECODER.decode(stored[0][5]) == messages[0].envelope
+        assert rows(spool.db_path, "SELECT id, size, data FROM body") == [
+            (body.id, len(b"Subject: hi\r\n\r\nhello\r\n"), b"Subject: hi\r\n\r\nhello\r\n")
+        ]
+
+
+async def test_receptions_submitted_in_one_loop_turn_share_commits(tmp_path: Path) -> None:
+    batches: list[int] = []
+    spool = SqliteSpool(tmp_path, observer=lambda size, seconds: batches.append(size))
+    with opened(spool):
+        futures = [spool.store(*reception(spool, f"message {n}\r\n".encode())) for n in range(50)]
+        await asyncio.gather(*futures)
+
+        assert sum(batches) == 50
+        assert max(batches) > 1
+        assert len(batches) < 50
+        assert rows(spool.db_path, "SELECT count(*) FROM message") == [(50,)]
+
+
+async def test_later_submissions_gather_into_the_next_commit_while_one_is_in_flight(tmp_path: Path) -> None:
+    batches: list[int] = []
+    spool = SqliteSpool(tmp_path, observer=lambda size, seconds: batches.append(size))
+    with opened(spool):
+        first = spool.store(*reception(spool, b"first\r\n"))
+        await asyncio.sleep(0)  # the first batch (of one) is now committing
+        rest = [spool.store(*reception(spool, f"later {n}\r\n".encode())) for n in range(20)]
+        await asyncio.gather(first, *rest)
+
+        assert batches[0] == 1
+        assert sum(batches) == 21
+        assert max(batches[1:]) > 1
+
+
+async def test_one_failing_reception_does_not_fail_the_others_in_its_commit(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    with opened(spool):
+        good_body, good_messages = reception(spool, b"good\r\n")
+        bad_body, _ = reception(spool, b"bad\r\n")
+        # The second reception reuses the first one's message id: its INSERT fails.
+        duplicate = [NewMessage(good_messages[0].id, "q@example.com", envelope(), time.time(), time.time())]
+        good, bad, also_good = (
+            spool.store(good_body, good_messages),
+            spool.store(bad_body, duplicate),
+            spool.store(*reception(spool, b"also good\r\n")),
+        )
+        results = await asyncio.gather(good, bad, also_good, return_exceptions=True)
+
+        assert results[0] is None
+        assert isinstance(results[1], SpoolError)
+        assert (results[1].reply.code, results[1].reply.enhanced) == (451, "4.3.0")
+        assert results[2] is None
+        assert spool.count == 2
+        assert rows(spool.db_path, "SELECT count(*) FROM message") == [(2,)]
+        assert rows(spool.db_path, "SELECT count(*) FROM body WHERE id = ?", bad_body.id) == [(0,)]
+
+
+# --- ids -----------------------------------------------------------------------------------
+async def test_new_ids_are_unique_and_increasing_across_calls(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, shard=5)
+    with opened(spool):
+        ids = spool.new_ids(5000) + spool.new_ids(1) + spool.new_ids(3000)
+
+    assert len(set(ids)) == len(ids)
+    assert ids == sorted(ids)
+    assert all(a < b for a, b in itertools.pairwise(ids))
+    assert {spool_id & 0x3F for spool_id in ids} == {5}  # the shard is in every id
+
+
+def test_spool_id_prints_as_16_hex_digits_and_parses_back() -> None:
+    spool_id = SpoolId(0x0382666F65800040)
+    assert format_id(spool_id) == "0382666f65800040"
+    assert parse_id("0382666f65800040") == spool_id
+    assert parse_id(format_id(1)) == 1
+    assert format_id(1) == "0000000000000001"
+    with pytest.raises(ValueError, match="16 hex digits"):
+        parse_id("abc")
+    with pytest.raises(ValueError, match="16 hex digits"):
+        parse_id("zzzzzzzzzzzzzzzz")
+
+
+async def test_new_id_carries_the_time_it_was_made(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    with opened(spool):
+        before = time.time()
+        (spool_id,) = spool.new_ids(1)
+        after = time.time()
+    assert before - 0.002 <= id_time(spool_id) <= after + 0.002
+    assert parse_id(format_id(spool_id)) == spool_id
+
+
+@pytest.mark.parametrize("text", ["-000000000000001", "+000000000000001", "0x00000000000001", "0000_0000_000001"])
+def test_parse_id_rejects_text_that_is_not_16_hex_digits(text: str) -> None:
+    with pytest.raises(ValueError, match="16 hex digits"):
+        parse_id(text)
+
+
+# --- bodies --------------------------------------------------------------------------------
+async def test_body_larger_than_inline_limit_is_stored_in_a_data_file(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=4096)
+    large = bytes(range(256)) * 16 + b"!"  # 4097 bytes
+    with opened(spool):
+        body, _ = await store(spool, large)
+
+        assert data_files(spool) == {format_id(body.id)}
+        assert len(format_id(body.id)) == 16
+        assert (spool.data_dir / format_id(body.id)).read_bytes() == large
+        assert rows(spool.db_path, "SELECT size, data FROM body WHERE id = ?", body.id) == [(4097, None)]
+
+
+async def test_body_of_exactly_inline_limit_stays_in_the_database(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=4096)
+    exact = b"x" * 4096
+    with opened(spool):
+        body, _ = await store(spool, exact)
+
+        assert data_files(spool) == set()
+        assert rows(spool.db_path, "SELECT size, data FROM body WHERE id = ?", body.id) == [(4096, exact)]
+
+
+def test_body_that_cannot_be_spilled_fails_at_finish_with_a_spool_error(tmp_path: Path) -> None:
+    writer = BodyWriter(SpoolId(1), tmp_path / "no-such-directory", inline_limit=10)
+    writer.write(b"x" * 8)
+    writer.write(b"y" * 8)  # crosses the limit: the spill file cannot be created
+    writer.write(b"z" * 8)  # later writes are ignored, not raised
+
+    with pytest.raises(SpoolError) as caught:
+        writer.finish()
+    assert (caught.value.reply.code, caught.value.reply.enhanced) == (451, "4.3.0")
+    assert "no-such-directory" in str(caught.value)
+    assert not (tmp_path / "no-such-directory").exists()
+
+
+def test_discarded_body_leaves_no_file(tmp_path: Path) -> None:
+    writer = BodyWriter(SpoolId(7), tmp_path, inline_limit=10)
+    writer.write(b"x" * 100)
+    assert (tmp_path / format_id(7)).exists()
+    writer.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- count and close -----------------------------------------------------------------------
+async def test_count_tracks_stored_messages_and_survives_a_restart(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    with opened(spool):
+        assert spool.count == 0
+        await store(spool, b"one\r\n", "a.example", "b.example", "c.example")
+        assert spool.count == 3
+        await store(spool, b"two\r\n")
+        assert spool.count == 4
+
+    again = SqliteSpool(tmp_path)
+    with opened(again) as report:
+        assert report.messages == 4
+        assert again.count == 4
+
+
+async def test_store_after_close_fails_with_spool_closed_and_keeps_no_body_file(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=16)
+    spool.open(asyncio.get_running_loop())
+    await store(spool, b"before close\r\n")
+    body, messages = reception(spool, b"a body large enough to be spilled to a file\r\n")
+    spill = spool.data_dir / format_id(body.id)
+    assert spill.exists()
+    spool.close()
+
+    with pytest.raises(SpoolClosed) as caught:
+        await spool.store(body, messages)
+    assert (caught.value.reply.code, caught.value.reply.enhanced) == (421, "4.3.2")
+    assert not spill.exists()
+    assert spool.count == 1
+    assert rows(spool.db_path, "SELECT count(*) FROM message") == [(1,)]
+
+
+async def test_close_commits_receptions_still_waiting_for_a_batch(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    spool.open(asyncio.get_running_loop())
+    futures = [spool.store(*reception(spool, f"m{n}\r\n".encode())) for n in range(5)]
+    spool.close()  # before the loop ever ran the batch
+
+    await asyncio.gather(*futures)
+    assert rows(spool.db_path, "SELECT count(*) FROM message") == [(5,)]
+
+
+# --- full, busy ----------------------------------------------------------------------------
+async def test_full_spool_refuses_with_451_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, max_size=64 * 1024, inline_limit=1024)
+    stored: list[Body] = []
+    with opened(spool):
+        for n in range(500):
+            # Alternate bodies kept in the database and bodies spilled to data/ files.
+            data = (b"%d " % n) * (150 if n % 2 else 400)
+            body, messages = reception(spool, data, recipients_per_message=30)
+            try:
+                await spool.store(body, messages)
+            except SpoolFull as full:
+                refused, error = body, full
+                break
+            stored.append(body)
+        else:
+            pytest.fail("a 64 KiB spool accepted 500 receptions")
+
+        assert (error.reply.code, error.reply.enhanced) == (451, "4.3.0")
+        assert len(stored) > 5
+        assert spool.count == len(stored)
+        assert rows(spool.db_path, "SELECT count(*) FROM message") == [(len(stored),)]
+        assert rows(spool.db_path, "SELECT count(*) FROM body WHERE id = ?", refused.id) == [(0,)]
+        assert data_files(spool) == {format_id(body.id) for body in stored if body.data is None}
+
+    again = SqliteSpool(tmp_path)
+    with opened(again) as report:
+        assert report == RecoveryReport(len(stored), (), 0, 0)
+
+
+async def test_second_open_of_the_same_spool_is_refused_as_busy(tmp_path: Path) -> None:
+    first = SqliteSpool(tmp_path)
+    with opened(first):
+        second = SqliteSpool(tmp_path)
+        with pytest.raises(SpoolBusy, match=f"pid {os.getpid()}"):
+            second.open(asyncio.get_running_loop())
+
+    third = SqliteSpool(tmp_path)  # once the first has closed, the spool can be opened again
+    with opened(third) as report:
+        assert report.messages == 0
+
+
+# --- fsync failures ------------------------------------------------------------------------
+class _FailingFile:
+    """A spilled body file whose data cannot reach the disk (EIO at flush/fsync)."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def flush(self) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+async def test_body_that_cannot_be_fsynced_alone_is_refused(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=16)
+    with opened(spool):
+        body, messages = reception(spool, b"x" * 100)
+        body.file = _FailingFile(body.file)  # type: ignore[arg-type]
+
+        with pytest.raises(SpoolError, match="Input/output error"):
+            await spool.store(body, messages)
+        assert spool.count == 0
+        assert rows(spool.db_path, "SELECT count(*) FROM message") == [(0,)]
+        assert data_files(spool) == set()
+
+
+async def test_body_that_cannot_be_fsynced_is_refused_even_when_it_shares_a_commit(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=16)
+    with opened(spool):
+        failing_body, failing_messages = reception(spool, b"x" * 100)
+        failing_body.file = _FailingFile(failing_body.file)  # type: ignore[arg-type]
+        failing = spool.store(failing_body, failing_messages)
+        healthy = spool.store(*reception(spool, b"y" * 100))
+        results = await asyncio.gather(failing, healthy, return_exceptions=True)
+
+        assert results[1] is None
+        assert isinstance(results[0], SpoolError)
+        assert rows(spool.db_path, "SELECT count(*) FROM message WHERE id = ?", failing_messages[0].id) == [(0,)]
