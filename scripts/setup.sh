@@ -1,0 +1,37 @@
+# Sourced by the scripts beside it: makes sure Python 3.11+ with venv exists (installing
+# Debian's packages when run as root), then creates .venv and installs Pigeon into it.
+# EXTRA selects optional dependencies ("test"); DEBIAN_PACKAGES adds packages to install.
+
+set -euo pipefail
+
+debian_install() {
+    # Install only what is missing, so a machine that has everything does no apt work.
+    local missing=()
+    for package in "$@"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+        return 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    # Postfix is installed for its smtp-source/smtp-sink tools and the benchmark's private
+    # instances; "No configuration" means no system mail service is set up or started.
+    echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+debian_install python3 python3-venv python3-dev gcc ${DEBIAN_PACKAGES:-}
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "Pigeon needs Python 3.11 or newer; $PYTHON is $("$PYTHON" --version 2>&1)" >&2
+    exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".${EXTRA:+[$EXTRA]}"
