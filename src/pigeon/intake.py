@@ -174,16 +174,22 @@ class Draft:
             return result
         now = time.time()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
-        messages = [
-            NewMessage(
-                spool_id,
-                scheduled_queue(domain, tenant, campaign),
-                _copy_envelope(self.envelope, recipients, tenant, campaign),
-                now,
-                now,
-            )
-            for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True)
-        ]
+        if len(self._groups) == 1:  # the common case: the envelope is this message's own
+            envelope = self.envelope
+            envelope.tenant, envelope.campaign = tenant, campaign
+            (domain, _), spool_id = self._groups[0], self._ids[0]
+            messages = [NewMessage(spool_id, scheduled_queue(domain, tenant, campaign), envelope, now, now)]
+        else:
+            messages = [
+                NewMessage(
+                    spool_id,
+                    scheduled_queue(domain, tenant, campaign),
+                    _copy_envelope(self.envelope, recipients, tenant, campaign),
+                    now,
+                    now,
+                )
+                for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True)
+            ]
         stored = intake.spool.store(body, messages)
         stored.add_done_callback(lambda f: self._stored(f, result, messages, body.size))
         return result

@@ -87,7 +87,7 @@ class Metrics:
         )
 
     def observe_commit(self, batch: int, seconds: float) -> None:
-        """Called from the spool's commit thread after each commit."""
+        """Called after each spool commit."""
         self.spool_commit_batch.observe(batch)
         self.spool_commit_seconds.observe(seconds)
 

@@ -169,6 +169,7 @@ class SmtpConnection(asyncio.Protocol):
         self._relay = False
         self._paused = False
         self._tls_early: bytearray | None = None
+        self._arrival: Arrival | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -399,16 +400,19 @@ class SmtpConnection(asyncio.Protocol):
             auth_user=session.authenticated,
             protocol=self._protocol_keyword(mail.smtputf8),
         )
-        arrival = Arrival(
-            listener="smtp",
-            session=self.id,
-            peer=self.peer,
-            peer_ip=self.peer_ip,
-            helo=session.helo or "",
-            protocol=envelope.protocol,
-            tls=self._tls,
-            auth_user=session.authenticated,
-        )
+        arrival = self._arrival
+        if arrival is None or arrival.helo != envelope.helo or arrival.protocol != envelope.protocol:
+            # Built once per connection and kept while HELO, TLS and AUTH stay the same.
+            arrival = self._arrival = Arrival(
+                listener="smtp",
+                session=self.id,
+                peer=self.peer,
+                peer_ip=self.peer_ip,
+                helo=envelope.helo,
+                protocol=envelope.protocol,
+                tls=self._tls,
+                auth_user=session.authenticated,
+            )
         return self._listener.intake.draft(envelope, arrival)
 
     def _protocol_keyword(self, smtputf8: bool) -> str:

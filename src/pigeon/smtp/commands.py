@@ -125,10 +125,11 @@ def _mail(arg: str, offer: Offer) -> Command:
     rest = _after_keyword(arg, "FROM:", "Syntax: MAIL FROM:<address> [parameters]")
     path, params = _split_path(rest, replies.BAD_ADDRESS_SYNTAX_SENDER)
     parsed = parse_mail_parameters(params, offer)
-    if not parsed.smtputf8 and not path.isascii():
+    smtputf8 = parsed[2]
+    if not smtputf8 and not path.isascii():
         raise SmtpProtocolError(replies.NON_ASCII_WITHOUT_SMTPUTF8)
-    sender = "" if path == "" else _mailbox(path, parsed.smtputf8, replies.BAD_ADDRESS_SYNTAX_SENDER)
-    return MailFrom(sender, parsed.size, parsed.body, parsed.smtputf8, parsed.ret, parsed.envid, parsed.auth)
+    sender = "" if path == "" else _mailbox(path, smtputf8, replies.BAD_ADDRESS_SYNTAX_SENDER)
+    return MailFrom(sender, *parsed)
 
 
 def _rcpt(arg: str, offer: Offer) -> Command:
@@ -140,7 +141,7 @@ def _rcpt(arg: str, offer: Offer) -> Command:
     else:
         # Whether UTF-8 is allowed depends on MAIL; the session re-checks with that context.
         recipient = _mailbox(path, True, replies.BAD_ADDRESS_SYNTAX_RCPT)
-    return RcptTo(recipient, parsed.notify, parsed.orcpt)
+    return RcptTo(recipient, *parsed)
 
 
 def _after_keyword(arg: str, keyword: str, usage: str) -> str:

@@ -86,14 +86,8 @@ def split_parameters(text: str) -> dict[str, str | None]:
     return params
 
 
-@dataclass(frozen=True, slots=True)
-class MailParameters:
-    size: int | None = None
-    body: BodyType | None = None
-    smtputf8: bool = False
-    ret: Ret | None = None
-    envid: str | None = None
-    auth: str | None = None
+MailParameters = tuple[int | None, BodyType | None, bool, Ret | None, str | None, str | None]
+"""SIZE, BODY, SMTPUTF8, RET, ENVID, AUTH: the fields of `MailFrom` after its sender, in order."""
 
 
 def parse_mail_parameters(text: str, offer: Offer) -> MailParameters:
@@ -141,16 +135,11 @@ def parse_mail_parameters(text: str, offer: Offer) -> MailParameters:
             auth = decode_xtext(value, key)
         else:
             raise SmtpProtocolError(replies.bad_parameter(f"Unsupported MAIL parameter {key}"))
-    return MailParameters(size, body, smtputf8, ret, envid, auth)
+    return size, body, smtputf8, ret, envid, auth
 
 
-@dataclass(frozen=True, slots=True)
-class RcptParameters:
-    notify: frozenset[Notify] | None = None
-    orcpt: str | None = None
-
-
-def parse_rcpt_parameters(text: str, offer: Offer) -> RcptParameters:
+def parse_rcpt_parameters(text: str, offer: Offer) -> tuple[frozenset[Notify] | None, str | None]:
+    """NOTIFY and ORCPT: the fields of `RcptTo` after its recipient, in order."""
     notify: frozenset[Notify] | None = None
     orcpt: str | None = None
     for key, value in split_parameters(text).items():
@@ -162,7 +151,7 @@ def parse_rcpt_parameters(text: str, offer: Offer) -> RcptParameters:
             orcpt = _parse_orcpt(value)
         else:
             raise SmtpProtocolError(replies.bad_parameter(f"Unsupported RCPT parameter {key}"))
-    return RcptParameters(notify, orcpt)
+    return notify, orcpt
 
 
 def _require_dsn(offer: Offer, key: str) -> None:

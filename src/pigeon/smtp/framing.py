@@ -166,11 +166,21 @@ class DotReader:
             self._drop_overlong_partial(buf)
             return b"", False
         block = bytes(buf[: last_lf + 1])
+        # One search answers both questions in the usual case: the first line starting with
+        # a dot is the terminator, so there is nothing to unstuff before it.
+        stuffed = False
         if self._at_line_start and block.startswith(b".\r\n"):
             end = 0
         else:
-            found = block.find(b"\r\n.\r\n")
-            end = found + 2 if found >= 0 else -1
+            dot = block.find(b"\r\n.")
+            if dot < 0:
+                end = -1
+            elif block.startswith(b"\r\n", dot + 3):
+                end = dot + 2
+            else:
+                stuffed = True
+                found = block.find(b"\r\n.\r\n", dot)
+                end = found + 2 if found >= 0 else -1
         if end >= 0:
             content = block[:end]
             del buf[: end + 3]
@@ -178,17 +188,13 @@ class DotReader:
             content = block
             del buf[: last_lf + 1]
             self._drop_overlong_partial(buf)
-        content = self._unstuff(content)
+        if self._at_line_start and content.startswith(b"."):
+            content = content[1:]
+        if stuffed:
+            content = content.replace(b"\r\n.", b"\r\n")
         if end < 0:
             self._at_line_start = block.endswith(b"\r\n")
         return content, end >= 0
-
-    def _unstuff(self, content: bytes) -> bytes:
-        if self._at_line_start and content.startswith(b"."):
-            content = content[1:]
-        if b"\r\n." in content:
-            content = content.replace(b"\r\n.", b"\r\n")
-        return content
 
     def _drop_overlong_partial(self, buf: bytearray) -> None:
         # An unfinished line longer than any legal one can be neither the terminator nor

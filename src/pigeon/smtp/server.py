@@ -65,6 +65,10 @@ class Phase(enum.Enum):
     TLS = "tls"  # 220 sent to STARTTLS: waiting for the handshake
     CLOSED = "closed"
 
+    # Members are singletons compared by identity: hash them by identity too, in C, instead
+    # of Enum's Python-level hash of the name (phases are looked up several times a command).
+    __hash__ = object.__hash__
+
 
 _NEXT: Final[dict[Phase, dict[type[Command], Phase]]] = {
     Phase.GREETED: {Ehlo: Phase.READY, Helo: Phase.READY},
@@ -230,6 +234,8 @@ class ServerSession:
 
     def data_to_send(self) -> bytes:
         """Every reply queued since the last call, ready for one write."""
+        if not self._out:
+            return b""
         out = bytes(self._out)
         self._out.clear()
         return out
@@ -278,7 +284,7 @@ class ServerSession:
             self._sasl_response(line)
             return True
         try:
-            command = parse_command(line, self.offer())
+            command = parse_command(line, self.config.offers[self.tls_active])
         except SmtpProtocolError as error:
             self._reject(_verb_of(line), error.reply)
             if error.close:

@@ -55,11 +55,8 @@ class Body:
 
     def discard(self) -> None:
         """Remove what was written: the body will not be stored."""
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+        _remove(self.file, self.path)
+        self.file = None
 
 
 class BodyWriter:
@@ -116,12 +113,16 @@ class BodyWriter:
         self._buf = None
 
     def _drop(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._path is not None:
-            self._path.unlink(missing_ok=True)
-            self._path = None
+        _remove(self._file, self._path)
+        self._file = None
+        self._path = None
+
+
+def _remove(file: BinaryIO | None, path: Path | None) -> None:
+    if file is not None:
+        file.close()
+    if path is not None:
+        path.unlink(missing_ok=True)
 
 
 def _spool_error(error: OSError, path: Path | None) -> SpoolError:

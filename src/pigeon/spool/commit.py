@@ -46,7 +46,7 @@ class Operation(Protocol):
 
 
 BatchObserver = Callable[[int, float], None]
-"""Called in the commit thread with (operations in the batch, seconds the commit took)."""
+"""Called on the event loop with (operations in the batch, seconds the commit took)."""
 
 _Batch = list[tuple[Operation, "asyncio.Future[Any]"]]
 _STOP = object()
@@ -147,8 +147,14 @@ class GroupCommitter:
                 conn.execute("ROLLBACK")
             return batch, None
 
-    def _batch_done(self, batch: _Batch, results: list[Any]) -> None:
-        for (_, future), result in zip(batch, results, strict=True):
+    def _batch_done(self, batch: _Batch, results: list[Any], seconds: float) -> None:
+        # Everything but the COMMIT happens here, on the loop: the commit thread hands over
+        # and goes back to waiting, instead of competing with the loop for the GIL.
+        if self._observer is not None:
+            self._observer(len(batch), seconds)
+        for (op, future), result in zip(batch, results, strict=True):
+            if isinstance(result, SpoolError):
+                op.abandon()
             if future.done():
                 continue
             if isinstance(result, BaseException):
@@ -186,21 +192,17 @@ class GroupCommitter:
                 results = [_spool_error(error)] if len(ops) == 1 else [self._one(conn, op) for op in ops]
         else:
             results = [self._one(conn, op) for op in ops]
-        if self._observer is not None:
-            self._observer(len(batch), time.perf_counter() - started)
-        for op, result in zip(ops, results, strict=True):
-            if isinstance(result, SpoolError):
-                op.abandon()
+        seconds = time.perf_counter() - started
         loop = self._loop
         assert loop is not None
         if threading.current_thread() is self._thread:
             self._idle.set()
             try:
-                loop.call_soon_threadsafe(self._batch_done, batch, results)
+                loop.call_soon_threadsafe(self._batch_done, batch, results, seconds)
             except RuntimeError:
                 pass  # the loop is closed: nobody is waiting for the answers
         else:
-            self._batch_done(batch, results)
+            self._batch_done(batch, results, seconds)
             self._idle.set()
 
     @staticmethod
