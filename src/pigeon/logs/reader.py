@@ -47,58 +47,87 @@ def read_records(directory: Path) -> list[dict[str, object]]:
 def follow(directory: Path, *, poll: float = 0.25, stop_after: float | None = None) -> Iterator[bytes]:
     """Every record so far, then new ones as they are written, across rotations.
 
-    Segments older than the newest are read whole. The newest is tailed; when a newer one
+    Each writer (worker) has its own current segment; all of them are tailed at once.
+    """
+    started = time.monotonic()
+    tails: dict[str, _Tail] = {}
+    try:
+        while stop_after is None or time.monotonic() - started < stop_after:
+            progressed = False
+            for writer, found in _by_writer(segments(directory)).items():
+                tail = tails.setdefault(writer, _Tail())
+                yield from tail.step(found)
+                progressed |= tail.progressed
+            if not progressed:
+                time.sleep(poll)
+    finally:
+        for tail in tails.values():
+            tail.close()
+
+
+class _Tail:
+    """Follows the segments of one writer, oldest first.
+
+    Segments older than its newest are read whole. The newest is tailed; when a newer one
     appears, the rest of the tailed one is read (the writer has closed it: even if it was
     compressed and removed meanwhile, the open file still reads) and the tail moves on.
     A line without its newline at the end of a closed segment was cut by a crash: skipped.
     """
-    started = time.monotonic()
-    done: set[str] = set()
-    tailing: str | None = None
-    stream: BinaryIO | None = None
-    pending = b""
-    try:
-        while stop_after is None or time.monotonic() - started < stop_after:
-            found = segments(directory)
-            progressed = False
-            for path in found[:-1]:
-                stem = _stem(path)
-                if stem in done or stem == tailing:
-                    continue
-                done.add(stem)
-                yield from _lines_of(path)
-                progressed = True
-            newest = found[-1] if found else None
-            if newest is not None and _stem(newest) != tailing and _stem(newest) not in done:
-                if stream is not None:
-                    for line in (pending + stream.read()).split(b"\n")[:-1]:
-                        if line:
-                            yield line
-                    stream.close()
-                    stream = None
-                if tailing is not None:
-                    done.add(tailing)
-                pending = b""
-                tailing = _stem(newest)
-                if newest.name.endswith(COMPRESSED_SUFFIX):
-                    done.add(tailing)
-                    yield from _lines_of(newest)
-                else:
-                    stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
-                progressed = True
-            if stream is not None:
-                chunk = stream.read()
-                if chunk:
-                    *complete, pending = (pending + chunk).split(b"\n")
-                    for line in complete:
-                        if line:
-                            yield line
-                    progressed = True
-            if not progressed:
-                time.sleep(poll)
-    finally:
-        if stream is not None:
-            stream.close()
+
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+        self.tailing: str | None = None
+        self.stream: BinaryIO | None = None
+        self.pending = b""
+        self.progressed = False
+
+    def step(self, found: list[Path]) -> Iterator[bytes]:
+        self.progressed = False
+        for path in found[:-1]:
+            stem = _stem(path)
+            if stem in self.done or stem == self.tailing:
+                continue
+            self.done.add(stem)
+            self.progressed = True
+            yield from _lines_of(path)
+        newest = found[-1] if found else None
+        if newest is not None and _stem(newest) != self.tailing and _stem(newest) not in self.done:
+            self.progressed = True
+            if self.stream is not None:
+                for line in (self.pending + self.stream.read()).split(b"\n")[:-1]:
+                    if line:
+                        yield line
+                self.close()
+            if self.tailing is not None:
+                self.done.add(self.tailing)
+            self.pending = b""
+            self.tailing = _stem(newest)
+            if newest.name.endswith(COMPRESSED_SUFFIX):
+                self.done.add(self.tailing)
+                yield from _lines_of(newest)
+            else:
+                self.stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
+        if self.stream is not None:
+            chunk = self.stream.read()
+            if chunk:
+                self.progressed = True
+                *complete, self.pending = (self.pending + chunk).split(b"\n")
+                for line in complete:
+                    if line:
+                        yield line
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+
+def _by_writer(found: list[Path]) -> dict[str, list[Path]]:
+    """Segments grouped by the writer that made them (the "-w<n>" at the end of the name)."""
+    groups: dict[str, list[Path]] = {}
+    for path in found:
+        groups.setdefault(_stem(path).rsplit("-", 1)[-1], []).append(path)
+    return groups
 
 
 def _lines_of(path: Path) -> Iterator[bytes]:

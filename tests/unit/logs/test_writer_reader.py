@@ -335,6 +335,24 @@ def test_follow_yields_existing_records_then_records_written_after_it_started(tm
     assert ids(lines) == list(range(6))
 
 
+def test_follow_tails_the_current_segment_of_every_worker(tmp_path: Path) -> None:
+    worker0 = opened_writer(tmp_path, shard=0)
+    worker1 = opened_writer(tmp_path, shard=1)
+    follower = Follower(tmp_path, want=4)
+    worker0.write(quarantine(0))
+    follower.wait_for(1)
+    worker1.write(quarantine(1))  # the other worker's segment is the older one by name
+    follower.wait_for(2)
+    worker0.write(quarantine(2))
+    worker1.write(quarantine(3))
+    lines = follower.join()
+    worker0.close()
+    worker1.close()
+
+    assert sorted(ids(lines)) == [0, 1, 2, 3]
+    assert ids(lines)[:2] == [0, 1]
+
+
 def test_follow_continues_across_rotations(tmp_path: Path) -> None:
     log = opened_writer(tmp_path, max_segment_size=300, compress=False)
     for n in range(10):
