@@ -20,7 +20,7 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
@@ -36,6 +36,13 @@ from pigeon.spool.sqlite import SqliteSpool
 _HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+class Stored(NamedTuple):
+    """A message durably in the spool: its ids (one per destination domain) and the 250."""
+
+    ids: list[SpoolId]
+    reply: Reply
 
 
 class Refused(Exception):
@@ -150,15 +157,15 @@ class Draft:
             self._done = True
             self._body.discard()
 
-    def commit(self) -> asyncio.Future[list[SpoolId]]:
-        """Store the message. The future gives the spool ids once they are durable.
+    def commit(self) -> asyncio.Future[Stored]:
+        """Store the message. The future gives the spool ids and the 250 once they are durable.
 
         It fails with `Refused` (loop detected) or a `SpoolError` (write failed, disk full);
         either carries the reply for the client.
         """
         intake = self._intake
         loop = asyncio.get_running_loop()
-        result: asyncio.Future[list[SpoolId]] = loop.create_future()
+        result: asyncio.Future[Stored] = loop.create_future()
         self._done = True
         head = _header_block(bytes(self._head))
         lowered = head.lower()
@@ -197,7 +204,7 @@ class Draft:
     def _stored(
         self,
         stored: asyncio.Future[None],
-        result: asyncio.Future[list[SpoolId]],
+        result: asyncio.Future[Stored],
         messages: list[NewMessage],
         size: int,
     ) -> None:
@@ -235,7 +242,7 @@ class Draft:
         counts.messages_received += len(messages)
         counts.bytes_received += size
         counts.receptions[arrival.listener] = counts.receptions.get(arrival.listener, 0) + 1
-        result.set_result(ids)
+        result.set_result(Stored(ids, reply))
 
 
 def _group_by_domain(recipients: Sequence[Recipient]) -> list[tuple[str, list[Recipient]]]:

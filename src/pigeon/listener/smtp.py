@@ -25,7 +25,7 @@ from pigeon.intake import Arrival, Draft, Intake, Refused
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.tls import describe
 from pigeon.logs.records import Rejection, Response
-from pigeon.message import Envelope, Recipient, format_id
+from pigeon.message import Envelope, Recipient
 from pigeon.smtp import replies
 from pigeon.smtp.events import (
     NEED_DATA,
@@ -309,7 +309,7 @@ class SmtpConnection(asyncio.Protocol):
     def _stored(self, future: asyncio.Future[Any]) -> None:
         error = future.exception()
         if error is None:
-            self._session.respond(replies.queued([format_id(i) for i in future.result()]))
+            self._session.respond(future.result().reply)
         elif isinstance(error, (Refused, SpoolError)):
             if isinstance(error, SpoolError):
                 _log.error("session %s: message not stored: %s", self.id, error)

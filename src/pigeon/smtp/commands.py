@@ -90,7 +90,7 @@ _MAX_PATH: Final = 256  # RFC 5321 4.5.3.1.3
 _BDAT_SIZE: Final = re.compile(r"[0-9]{1,18}")
 
 
-def parse_command(line: bytes, offer: Offer) -> Command:
+def parse_command(line: bytes | bytearray, offer: Offer) -> Command:
     """Parse one command line (CRLF already removed)."""
     try:
         text = line.decode("utf-8")

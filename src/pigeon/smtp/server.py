@@ -23,9 +23,10 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import functools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 from pigeon.smtp import replies
 from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, parse_command
@@ -87,6 +88,13 @@ _VIOLATION_REPLIES: Final = (
     (Violation.BARE_CR, replies.CONTENT_BARE_CR),
     (Violation.NUL, replies.CONTENT_NUL),
 )
+_STANDARD_REPLIES: Final[dict[type, Reply]] = {
+    MailFrom: replies.SENDER_OK,
+    RcptTo: replies.RECIPIENT_OK,
+    Data: replies.START_DATA,
+    StartTls: replies.READY_TLS,
+    AuthCredentials: replies.AUTH_OK,
+}
 _SASL_USERNAME: Final = Reply(334, None, ("VXNlcm5hbWU6",))  # base64 "Username:"
 _SASL_PASSWORD: Final = Reply(334, None, ("UGFzc3dvcmQ6",))  # base64 "Password:"
 _SASL_EMPTY: Final = Reply(334, None, ("",))
@@ -150,6 +158,7 @@ class ServerSession:
         self._awaiting = False  # the pending decision was handed out and is unanswered
         self._closing: Closing | None = None
         self._line_overlong = False
+        self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
         self._chunk_left = 0
@@ -188,7 +197,7 @@ class ServerSession:
         while not self._events:
             if self._closing is not None:
                 return self._closing
-            if not self._step():
+            if not self._buf or not self._step():  # with nothing buffered no step can progress
                 return NEED_DATA
         event = self._events.popleft()
         if event is self._pending:
@@ -215,22 +224,15 @@ class ServerSession:
     def accept(self) -> None:
         """Answer the open decision with its standard positive reply."""
         pending = self._pending
-        if isinstance(pending, Ehlo):
-            self.respond(self.offer().ehlo_reply(self.config.hostname, pending.domain))
-        elif isinstance(pending, Helo):
-            self.respond(Reply(250, None, (f"{self.config.hostname} greets {pending.domain}",)))
-        elif isinstance(pending, MailFrom):
-            self.respond(replies.SENDER_OK)
-        elif isinstance(pending, RcptTo):
-            self.respond(replies.RECIPIENT_OK)
-        elif isinstance(pending, Data):
-            self.respond(replies.START_DATA)
-        elif isinstance(pending, StartTls):
-            self.respond(replies.READY_TLS)
-        elif isinstance(pending, AuthCredentials):
-            self.respond(replies.AUTH_OK)
-        else:
-            self.respond(replies.OK)
+        reply = _STANDARD_REPLIES.get(type(pending))
+        if reply is None:
+            if isinstance(pending, Ehlo):
+                reply = self.offer().ehlo_reply(self.config.hostname, pending.domain)
+            elif isinstance(pending, Helo):
+                reply = _helo_reply(self.config.hostname, pending.domain)
+            else:
+                reply = replies.OK
+        self.respond(reply)
 
     def data_to_send(self) -> bytes:
         """Every reply queued since the last call, ready for one write."""
@@ -293,23 +295,25 @@ class ServerSession:
         self._dispatch(command)
         return True
 
-    def _read_line(self) -> bytes | Reply | None:
+    def _read_line(self) -> bytearray | Reply | None:
+        """The next command line without its CRLF, a Reply saying why it is refused, or None."""
         buf = self._buf
         end = buf.find(b"\n")
-        limit = self.config.max_line_length + 2
+        limit = self._line_limit
         if end < 0:
             if len(buf) > limit:
                 self._line_overlong = True  # drop it now; answer when the line finally ends
                 buf.clear()
             return None
-        line = bytes(buf[: end + 1])
-        del buf[: end + 1]
-        if self._line_overlong or len(line) > limit:
+        if self._line_overlong or end >= limit:
             self._line_overlong = False
+            del buf[: end + 1]
             return replies.LINE_TOO_LONG
-        if not line.endswith(b"\r\n"):
+        if end == 0 or buf[end - 1] != 13:  # 13 is CR
+            del buf[: end + 1]
             return replies.BARE_LF_IN_COMMAND
-        line = line[:-2]
+        line = buf[: end - 1]
+        del buf[: end + 1]
         if b"\r" in line or b"\0" in line:
             return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
         return line
@@ -349,8 +353,7 @@ class ServerSession:
         elif isinstance(command, Bdat):
             self._start_chunk(command)
             return
-        assert isinstance(command, (Ehlo, Helo, MailFrom, RcptTo, Data, StartTls))  # the rest returned above
-        self._decide(command)
+        self._decide(cast(DecisionEvent, command))  # every other command returned above
 
     def _anytime(self, command: Command) -> None:
         if isinstance(command, Quit):
@@ -528,7 +531,7 @@ class ServerSession:
         self.phase = Phase.AUTH
         self._queue(challenge)
 
-    def _sasl_response(self, line: bytes) -> None:
+    def _sasl_response(self, line: bytearray) -> None:
         assert self._sasl is not None
         mechanism, username = self._sasl
         self._sasl = None
@@ -648,5 +651,10 @@ def _b64decode(text: str) -> str | None:
         return None
 
 
-def _verb_of(line: bytes) -> str:
+def _verb_of(line: bytes | bytearray) -> str:
     return line.split(b" ", 1)[0][:16].decode("ascii", "replace").upper()
+
+
+@functools.lru_cache(maxsize=256)
+def _helo_reply(hostname: str, client: str) -> Reply:
+    return Reply(250, None, (f"{hostname} greets {client}",))
