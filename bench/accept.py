@@ -110,9 +110,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--pigeon-workers",
-        default="1,auto",
-        help="Pigeon configurations to run, comma-separated (default: 1,auto). On a 2-core machine that also "
-        "runs the load generator, one worker can beat two: the second competes with smtp-source for the cores.",
+        default="1,2",
+        help="Pigeon worker counts to run, comma-separated (default: 1,2). On a 2-core machine that also runs "
+        "the load generator, one worker beats two: the second competes with smtp-source for the cores.",
     )
     parser.add_argument("--fsync-messages", type=int, default=3000)
     args = parser.parse_args()

@@ -128,13 +128,17 @@ class NodeConfig(_Section):
     """Node name written into every log record. Default: the host name."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
     """Worker processes, each with its own spool shard, sharing the listen ports (SO_REUSEPORT).
-    "auto": one per CPU core."""
+    "auto": one per CPU core but one, which is left to the kernel's network stack, the spool's
+    fsync threads and whatever else runs there (measured on 2 cores with the load generator
+    on the same machine, one worker accepted 17% more mail than two)."""
     shutdown_timeout: Duration = Duration(30)
     """On SIGTERM, how long open SMTP transactions may take to finish."""
 
     @property
     def worker_count(self) -> int:
-        return (os.cpu_count() or 1) if self.workers == "auto" else self.workers
+        if self.workers == "auto":
+            return min(64, max(1, (os.cpu_count() or 1) - 1))
+        return self.workers
 
 
 class SmtpConfig(_Section):
