@@ -33,5 +33,16 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".${EXTRA:+[$EXTRA]}"
+# Install again only when the dependencies may have changed (pyproject.toml is newer than
+# the last install, or other extras are asked for): a restart should not wait for pip.
+stamp=".venv/.installed${EXTRA:+-$EXTRA}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "installing Pigeon and its dependencies into .venv ..." >&2
+    if ! { .venv/bin/python -m pip install -q --upgrade pip &&
+           .venv/bin/python -m pip install -q -e ".${EXTRA:+[$EXTRA]}"; } > .venv/pip.log 2>&1; then
+        cat .venv/pip.log >&2
+        echo "installing Pigeon into .venv failed (the pip output is above)" >&2
+        exit 1
+    fi
+    touch "$stamp"
+fi

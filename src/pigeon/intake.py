@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
-from pigeon.message import Envelope, Recipient, SpoolId, format_id
+from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
 from pigeon.metrics import Metrics
 from pigeon.queue.names import scheduled_queue
 from pigeon.smtp import replies
@@ -88,6 +88,19 @@ class Intake:
         self.max_hops = max_hops
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
+        self.on_stored: Callable[[list[Message]], None] | None = None
+        """Told about every message once it is durable (the scheduler, to deliver it)."""
+
+    async def local(self, envelope: Envelope, data: bytes) -> Stored:
+        """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header."""
+        arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL")
+        groups = _group_by_domain(envelope.recipients)
+        ids = self.spool.new_ids(len(groups))
+        draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
+        date = _rfc5322_date(int(time.time()))
+        draft.write(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])}; {date}\r\n".encode())
+        draft.write(data)
+        return await draft.commit()
 
     def draft(self, envelope: Envelope, arrival: Arrival) -> Draft:
         """Start a message. The Received header is written at once."""
@@ -237,6 +250,10 @@ class Draft:
                     tls=arrival.tls,
                     auth_user=arrival.auth_user,
                 )
+            )
+        if intake.on_stored is not None:
+            intake.on_stored(
+                [Message(m.id, m.queue, m.envelope, m.created, size, self._ids[0], due=m.due) for m in messages]
             )
         counts = intake.metrics.counts
         counts.messages_received += len(messages)

@@ -93,6 +93,7 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     helo: str = ""
     auth_user: str | None = None
     protocol: str = "ESMTP"  # RFC 3848 WITH keyword of the reception
+    last_response: str | None = None  # the last failed attempt's reply, for inspection and expiry
 
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()

@@ -24,13 +24,20 @@ _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 
 class Counts:
     """Hot-path counters: plain integers."""
 
-    __slots__ = ("bytes_received", "messages_received", "receptions", "smtp_connections_accepted")
+    __slots__ = (
+        "bytes_received",
+        "messages_received",
+        "outcomes",
+        "receptions",
+        "smtp_connections_accepted",
+    )
 
     def __init__(self) -> None:
         self.messages_received = 0
         self.bytes_received = 0
         self.receptions: dict[str, int] = {}
         self.smtp_connections_accepted = 0
+        self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration
 
 
 class _CountsCollector(Collector):
@@ -52,6 +59,12 @@ class _CountsCollector(Collector):
         yield CounterMetricFamily(
             "pigeon_smtp_connections_accepted", "SMTP connections accepted", value=c.smtp_connections_accepted
         )
+        outcomes = CounterMetricFamily(
+            "pigeon_recipients", "Recipient outcomes of delivery attempts, by record type", labels=["outcome"]
+        )
+        for outcome in ("Delivery", "TransientFailure", "Bounce", "Expiration"):
+            outcomes.add_metric([outcome], c.outcomes.get(outcome, 0))
+        yield outcomes
 
 
 class Metrics:

@@ -69,7 +69,8 @@ def test_serve_with_no_config_runs_on_the_defaults(tmp_path: Path) -> None:
             if "http listening on 127.0.0.1:8025" in line or "workers ready" in line:
                 break
         with smtplib.SMTP("127.0.0.1", 2525) as client:
-            assert client.sendmail("a@example.org", ["b@example.net"], b"Subject: defaults\r\n\r\nhi\r\n") == {}
+            # An address literal: delivery (on by default) goes to 127.0.0.1:25, no DNS.
+            assert client.sendmail("a@example.org", ["b@[127.0.0.1]"], b"Subject: defaults\r\n\r\nhi\r\n") == {}
     finally:
         process.terminate()
         process.wait(30)

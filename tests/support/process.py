@@ -65,6 +65,10 @@ class PigeonProcess:
             "http": {"listen": f"127.0.0.1:{self.http_port}"},
             "spool": {"path": "spool"},
             "log": {"path": "log", "level": "debug"},
+            # Reception tests keep their mail; delivery tests turn this on with routes to
+            # their own sinks. Nothing may ask the system resolver: a dead local port.
+            "delivery": {"enabled": False},
+            "dns": {"nameservers": ["127.0.0.1:9"], "timeout": "1s"},
         }
         for section, values in sections.items():
             config.setdefault(section, {}).update(values)

@@ -11,6 +11,7 @@ import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.logs.reader import follow, read_lines
+from pigeon.logs.records import RECORD_TYPES
 
 EXAMPLES = """examples:
   pigeon logs                          # every record so far, oldest first
@@ -43,10 +44,17 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     directory = args.dir if args.dir is not None else load_config(args).log.path
     if not directory.is_dir():
-        print(f"pigeon: no log directory at {directory}", file=sys.stderr)
+        hint = "" if directory.is_absolute() else f" (relative to {Path.cwd()}; give -c FILE or --dir)"
+        print(f"pigeon: no log directory at {directory}{hint}", file=sys.stderr)
         return 1
+    known = {kind.__name__.lower(): kind.__name__ for kind in RECORD_TYPES}
+    wanted = set()
+    for kind in args.type or ():
+        if kind.lower() not in known:
+            print(f"pigeon: no record type {kind!r}; the types are {', '.join(known.values())}", file=sys.stderr)
+            return 2
+        wanted.add(known[kind.lower()])
     lines = follow(directory) if args.follow else read_lines(directory)
-    wanted = set(args.type or ())
     decoder = msgspec.json.Decoder(dict[str, Any])
     out = sys.stdout.buffer
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -26,8 +27,9 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "serve",
         help="run a Pigeon node",
-        description="Run a Pigeon node in the foreground until SIGTERM or SIGINT. With [node] workers above 1 "
-        "(the default is one per CPU core) this process supervises that many worker processes.",
+        description="Run a Pigeon node in the foreground until SIGTERM or SIGINT.\n\n"
+        'With [node] workers above 1 ("auto", the default, is one per CPU core but one)\n'
+        "this process supervises that many worker processes.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -41,6 +43,8 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args)
+    # Spooled mail, logs and keys are nobody else's business: files private to this user.
+    os.umask(0o077)
     role = f"w{args.worker}" if args.worker is not None else "main"
     logging.basicConfig(
         level=config.log.level.upper(),

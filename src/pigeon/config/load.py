@@ -6,14 +6,17 @@ same from any working directory; without a file they are relative to the working
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
+import typing
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, Literal
 
 import msgspec
 
 from pigeon.config.schema import Config, decode_hook
+from pigeon.shaping.gcra import Rate
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
@@ -59,6 +62,14 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
         raise fail(["smtp", "listen"], "name at least one address")
+    for keys, rate in [(["delivery", "max_message_rate"], config.delivery.max_message_rate)] + [
+        (["shaping", "max_message_rate"], s.max_message_rate) for s in config.shaping
+    ]:
+        if rate is not None:
+            try:
+                Rate.parse(rate)
+            except ValueError as error:
+                raise fail(keys, str(error)) from None
     if path is not None:
         base = path.parent
         spool.path = _resolve(spool.path, base)
@@ -68,6 +79,12 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
             smtp.tls_private_key = _resolve(smtp.tls_private_key, base)
         if smtp.auth_users is not None:
             smtp.auth_users = _resolve(smtp.auth_users, base)
+        config.delivery.bounce_rules = [_resolve(p, base) for p in config.delivery.bounce_rules]
+    if smtp.auth_users is not None and not smtp.auth_users.is_file():
+        raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
+    for rules in config.delivery.bounce_rules:
+        if not rules.is_file():
+            raise fail(["delivery", "bounce_rules"], f"no bounce rule file at {rules}")
     return config
 
 
@@ -83,11 +100,52 @@ def _explain(message: str, path: Path, text: str) -> str:
     unknown = _UNKNOWN.match(reason)
     if unknown:
         keys.append(unknown.group("field"))
-        reason = "unknown key"
+        known = _known_keys(keys[:-1])
+        if not keys[:-1]:
+            reason = "unknown section" if f"[{keys[-1]}]" in text else "unknown key: keys go under a [section]"
+        else:
+            reason = "unknown key"
+        close = difflib.get_close_matches(keys[-1], known, n=1)
+        if close:
+            reason += f" (did you mean {close[0]!r}?)"
+    elif reason.startswith("Invalid enum value"):
+        choices = _choices(keys)
+        if choices:
+            reason += f"; choose one of {', '.join(repr(c) for c in choices)}"
+    elif keys == ["node", "workers"]:
+        reason = 'must be "auto" or a number of worker processes from 1 to 64'
     line = _line_of(text, keys)
     where = f"{path}, line {line}" if line else str(path)
     name = _key_name(keys)
     return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
+
+
+def _section_type(keys: list[str]) -> Any:
+    kind: Any = Config
+    for key in keys:
+        hints = typing.get_type_hints(kind)
+        kind = hints.get(key)
+        if kind is None:
+            return None
+        args = typing.get_args(kind)
+        if typing.get_origin(kind) is list and args:
+            kind = args[0]
+    return kind
+
+
+def _known_keys(section: list[str]) -> list[str]:
+    kind = _section_type(section)
+    return list(getattr(kind, "__struct_fields__", ()))
+
+
+def _choices(keys: list[str]) -> list[str]:
+    kind = _section_type(keys)
+    options = [kind] if typing.get_origin(kind) is Literal else list(typing.get_args(kind))
+    found: list[str] = []
+    for option in options:
+        if typing.get_origin(option) is Literal:
+            found += [str(a) for a in typing.get_args(option)]
+    return found
 
 
 def _key_name(keys: list[str]) -> str:

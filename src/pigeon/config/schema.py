@@ -210,9 +210,90 @@ class LogConfig(_Section):
     """Level of the diagnostic messages Pigeon writes to stderr (not the event log)."""
 
 
+class DeliveryConfig(_Section):
+    enabled: bool = True
+    """Deliver mail. Off: the node only accepts (maintenance, or measuring acceptance)."""
+    helo_name: str = ""
+    """Name in outbound EHLO. Default: [smtp] hostname."""
+    source: str = "default"
+    """Name of the egress source (the "source" of ready queue names "source->site")."""
+    smtp_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
+    retry_interval: Duration = Duration(300)
+    """First retry after this long; each later one waits twice as long as the one before ..."""
+    max_retry_interval: Duration = Duration(4 * 3600)
+    """... up to this."""
+    max_age: Duration = Duration(5 * 86400)
+    """Give up (Expiration, and a DSN) when a message has not been delivered by this age."""
+    dsn: bool = True
+    """Send delivery status notifications for bounces and expirations (never to <>)."""
+    tls: Literal["opportunistic", "required", "disabled"] = "opportunistic"
+    tls_verify: bool = False
+    """Verify the server's certificate when using TLS (needs "required" to mean anything)."""
+    pipelining: bool = True
+    chunking: bool = True
+    """Use BDAT when the server offers CHUNKING."""
+    connection_limit: PositiveInt = 32
+    """Connections per site (ready queue)."""
+    max_deliveries_per_connection: PositiveInt = 1000
+    idle_timeout: Duration = Duration(10)
+    """Close a connection that has had nothing to send for this long."""
+    max_message_rate: str | None = None
+    """Messages per second to one site, e.g. "100/s", "3000/min" (GCRA; none: no limit)."""
+    connection_failures_before_delay: PositiveInt = 3
+    """Failed connections in a row after which everything waiting for a site is deferred."""
+    connect_timeout: Duration = Duration(30)
+    reply_timeout: Duration = Duration(300)
+    max_active: PositiveInt = 10_000
+    """Messages held in memory per worker (the rest wait in the spool)."""
+    tenant_header: str = "X-Tenant"
+    """Header naming the tenant part of the queue name; removed before delivery."""
+    campaign_header: str = "X-Campaign"
+    """Header naming the campaign part of the queue name; removed before delivery."""
+    bounce_rules: list[Path] = msgspec.field(default_factory=list)
+    """TOML files of extra bounce classification rules, tried before the built-in table."""
+
+
+class DnsConfig(_Section):
+    nameservers: list[Endpoint] = msgspec.field(default_factory=list)
+    """Resolvers to ask ("127.0.0.1:53"); empty: the system's (/etc/resolv.conf)."""
+    timeout: Duration = Duration(5)
+
+
+class RouteConfig(_Section):
+    domain: str
+    """Recipient domain (a glob: "*.example.net", "*" for every domain)."""
+    next_hop: Endpoint | None = None
+    """Send here instead of the domain's MX hosts: "host:port" (no MX lookup)."""
+    tls: Literal["opportunistic", "required", "disabled"] | None = None
+    tls_verify: bool | None = None
+
+
+class QueueConfig(_Section):
+    name: str
+    """Scheduled queue names this applies to (a glob: "*@example.net", "newsletter:*")."""
+    retry_interval: Duration | None = None
+    max_retry_interval: Duration | None = None
+    max_age: Duration | None = None
+    dsn: bool | None = None
+
+
+class ShapingConfig(_Section):
+    domain: str
+    """Recipient domains this applies to (a glob)."""
+    connection_limit: PositiveInt | None = None
+    max_deliveries_per_connection: PositiveInt | None = None
+    idle_timeout: Duration | None = None
+    max_message_rate: str | None = None
+
+
 class Config(_Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     smtp: SmtpConfig = msgspec.field(default_factory=SmtpConfig)
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     spool: SpoolConfig = msgspec.field(default_factory=SpoolConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    delivery: DeliveryConfig = msgspec.field(default_factory=DeliveryConfig)
+    dns: DnsConfig = msgspec.field(default_factory=DnsConfig)
+    route: list[RouteConfig] = msgspec.field(default_factory=list)
+    queue: list[QueueConfig] = msgspec.field(default_factory=list)
+    shaping: list[ShapingConfig] = msgspec.field(default_factory=list)

@@ -130,6 +130,25 @@ def _by_writer(found: list[Path]) -> dict[str, list[Path]]:
     return groups
 
 
+def seqs_in_log(directory: Path, shard: int, wanted: set[int], *, segments_to_read: int = 3) -> set[int]:
+    """Which of `wanted` (terminal record "seq" values) the newest segments of `shard` hold.
+
+    Used at start-up to find which committed records a crash kept out of the log. They
+    can only be in the last segments that shard wrote: older ones were closed long before.
+    """
+    mine = _by_writer(segments(directory)).get(f"w{shard}", [])
+    found: set[int] = set()
+    for path in reversed(mine[-segments_to_read:]):
+        for line in _lines_of(path):
+            at = line.find(b'"seq":')
+            if at < 0:
+                continue
+            digits = line[at + 6 :].split(b",", 1)[0].split(b"}", 1)[0]
+            if digits.isdigit() and int(digits) in wanted:
+                found.add(int(digits))
+    return found
+
+
 def _lines_of(path: Path) -> Iterator[bytes]:
     opener = gzip.open if path.name.endswith(COMPRESSED_SUFFIX) else open
     try:

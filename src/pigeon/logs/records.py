@@ -22,6 +22,24 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | command     | Rejection                     | the SMTP verb that was refused (MAIL, RCPT, DATA, ...)   |
 | response    | Reception, Rejection          | `{code, enhanced, text}` of the reply Pigeon sent        |
 | reason      | Quarantine                    | why a spool entry could not be read                      |
+
+Delivery attempts write one record per recipient: `Delivery`, `Bounce` and `Expiration` are
+terminal (exactly one per recipient), `TransientFailure` is not (one per failed attempt).
+
+| field          | types            | meaning                                                   |
+|----------------|------------------|-----------------------------------------------------------|
+| id, queue, sender, size | all four | the spool message                                  |
+| recipient      | all four         | this record's recipient                                   |
+| attempt        | all four         | attempts so far, this one included                        |
+| response       | all four         | the remote server's reply, or Pigeon's own (`4.4.1` ...)  |
+| site           | all four         | the ready queue's site: MX host set or static next hop   |
+| peer           | all four         | `host [ip]:port` of the server that answered, if any      |
+| tls            | all four         | TLS version and cipher of that connection                 |
+| created        | all four         | when the message was received                             |
+| duration       | all four         | seconds the transaction took                              |
+| classification | Bounce           | bounce class from the rule table (InvalidRecipient, ...) |
+| next_attempt   | TransientFailure | when the next attempt is due                              |
+| seq            | terminal ones    | unique and increasing per shard: a consumer can dedupe    |
 """
 
 from __future__ import annotations
@@ -79,6 +97,48 @@ class Rejection(Record, tag="Rejection"):
     auth_user: str | None = None
 
 
+class Attempt(Record):
+    """Fields of every record about a delivery attempt or its end, one record per recipient."""
+
+    id: str
+    queue: str
+    sender: str
+    recipient: str
+    size: int
+    attempt: int  # attempts made so far, this one included
+    response: Response
+    site: str = ""
+    peer: str | None = None  # "mx.example.net [192.0.2.1]:25"
+    tls: str | None = None
+    created: float = 0.0  # when the message was received
+    duration: float | None = None  # seconds this attempt took, connection excluded
+
+
+class Delivery(Attempt, tag="Delivery"):
+    """The recipient's server took the message (2xx). Terminal."""
+
+    seq: int = 0
+
+
+class TransientFailure(Attempt, tag="TransientFailure"):
+    """This attempt failed, another will follow (4xx, timeout, connection error)."""
+
+    next_attempt: float = 0.0  # when
+
+
+class Bounce(Attempt, tag="Bounce"):
+    """The recipient will not get the message (5xx, or refused before sending). Terminal."""
+
+    classification: str = "Uncategorized"
+    seq: int = 0
+
+
+class Expiration(Attempt, tag="Expiration"):
+    """The message was not delivered within max_age. Terminal."""
+
+    seq: int = 0
+
+
 class Quarantine(Record, tag="Quarantine"):
     """A spool entry could not be read at start-up and was moved to quarantine."""
 
@@ -86,5 +146,14 @@ class Quarantine(Record, tag="Quarantine"):
     reason: str
 
 
-AnyRecord = Reception | Rejection | Quarantine
-RECORD_TYPES: tuple[type[Record], ...] = (Reception, Rejection, Quarantine)
+AnyRecord = Reception | Rejection | Delivery | TransientFailure | Bounce | Expiration | Quarantine
+RECORD_TYPES: tuple[type[Record], ...] = (
+    Reception,
+    Rejection,
+    Delivery,
+    TransientFailure,
+    Bounce,
+    Expiration,
+    Quarantine,
+)
+TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration)

@@ -82,10 +82,18 @@ class LogWriter:
         if loop is not None:
             self._arm_age_timer()
 
+    def encode(self, record: Record) -> bytes:
+        """The record's line, without the newline, as `write()` would write it."""
+        record.node = self._node
+        return self._encoder.encode(record)
+
     def write(self, record: Record) -> None:
         """Queue a record; it reaches the file at the end of this loop turn."""
-        record.node = self._node
-        self._buf += self._encoder.encode(record)
+        self.write_raw(self.encode(record))
+
+    def write_raw(self, line: bytes) -> None:
+        """Queue an encoded record (from `encode()`, possibly stored meanwhile)."""
+        self._buf += line
         self._buf += b"\n"
         if len(self._buf) >= _FLUSH_AT:
             self.flush()

@@ -27,6 +27,7 @@ from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import Metrics
+from pigeon.node.outbound import Outbound, finish_outbox, recover_outbox_lines
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import adopted_shards, shard_directory
@@ -34,6 +35,10 @@ from pigeon.spool.spool import RecoveryReport
 from pigeon.spool.sqlite import SqliteSpool
 
 _log = logging.getLogger(__name__)
+
+
+class ListenError(OSError):
+    """A listener could not bind its address; the message names the config key."""
 
 
 class Node:
@@ -66,20 +71,38 @@ class Node:
         self.http: HttpListener | None = None
         self.smtp_addresses: list[tuple[str, int]] = []
         self.http_address: tuple[str, int] | None = None
+        self.outbound: Outbound | None = None
         self._stopping = False
         self._started_at = 0.0
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
+        # The spool first: its lock says this shard (and its log segments) is ours, before
+        # anything touches the log directory.
+        reports = [(spool, spool.open(loop)) for spool in (self.spool, *self.adopted)]
+        unlogged = [recover_outbox_lines(spool, self.log, spool.shard) for spool, _ in reports]
         self.log.open(loop)
         self.metrics.track_dropped_logs(lambda: self.log.dropped)
-        for spool in (self.spool, *self.adopted):
-            self._recover(spool, spool.open(loop))
+        for (spool, report), lines in zip(reports, unlogged, strict=True):
+            self._recover(spool, report)
+            finish_outbox(spool, self.log, lines)
         self.metrics.track_spool(lambda: self.spool.count + sum(s.count for s in self.adopted))
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
         smtp = config.smtp
-        intake = Intake(self.spool, self.log, self.metrics, hostname=smtp.hostname, max_hops=smtp.max_hops)
+        intake = Intake(
+            self.spool,
+            self.log,
+            self.metrics,
+            hostname=smtp.hostname,
+            max_hops=smtp.max_hops,
+            tenant_header=config.delivery.tenant_header,
+            campaign_header=config.delivery.campaign_header,
+        )
+        if config.delivery.enabled:
+            spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
+            self.outbound = Outbound(config, spools=spools, log=self.log, metrics=self.metrics, intake=intake)
+            self.outbound.start()
         tls_context = self._tls_context()
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         session_config = ServerConfig(
@@ -108,12 +131,20 @@ class Node:
             command_timeout=smtp.command_timeout,
             max_connections=smtp.max_connections,
         )
-        self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
+        try:
+            self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
+        except OSError as error:
+            raise ListenError(f"[smtp] listen: cannot listen: {error.strerror or error}") from None
         self.http = HttpListener(self)
         if self._control_socket is not None:
             await self.http.start_unix(self._control_socket)
         else:
-            self.http_address = await self.http.start(config.http.listen.host, config.http.listen.port)
+            try:
+                self.http_address = await self.http.start(config.http.listen.host, config.http.listen.port)
+            except OSError as error:
+                raise ListenError(
+                    f"[http] listen {config.http.listen}: cannot listen: {error.strerror or error}"
+                ) from None
             _log.info("http listening on %s:%d", *self.http_address)
         self._started_at = time.time()
         _tune_garbage_collector()
@@ -128,6 +159,8 @@ class Node:
         _log.info("stopping: finishing open transactions (up to %.0fs)", self.shutdown_timeout)
         if self.smtp is not None:
             await self.smtp.drain(self.shutdown_timeout)
+        if self.outbound is not None:
+            await self.outbound.stop(self.shutdown_timeout)
         if self.http is not None:
             await self.http.stop()
         for spool in (self.spool, *self.adopted):
@@ -140,15 +173,17 @@ class Node:
         """Start, serve until SIGTERM or SIGINT, stop."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+        # The handlers stay for the whole shutdown: a second signal (Ctrl-C reaches every
+        # worker, then the supervisor forwards SIGTERM) must not kill a stopping worker.
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await self.start()
         try:
+            await self.start()
             await stop.wait()
         finally:
+            await self.stop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
-            await self.stop()
 
     def health(self) -> dict[str, Any]:
         return {

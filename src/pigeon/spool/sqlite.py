@@ -24,18 +24,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from pigeon.message import ENVELOPE_ENCODER, IdGenerator, SpoolId
+from pigeon.message import ENVELOPE_DECODER, ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import BatchObserver, GroupCommitter
 from pigeon.spool.recovery import recover
-from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolCorrupt
+from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolCorrupt, SpoolWriteError
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS body (
     id INTEGER PRIMARY KEY,
     size INTEGER NOT NULL,
-    data BLOB                       -- NULL: the body is in data/<id as 16 hex digits>
+    data BLOB,                      -- NULL: the body is in data/<id as 16 hex digits>
+    refs INTEGER NOT NULL DEFAULT 1 -- messages using it; the body goes with the last one
 );
 CREATE TABLE IF NOT EXISTS message (
     id INTEGER PRIMARY KEY,
@@ -45,7 +46,7 @@ CREATE TABLE IF NOT EXISTS message (
     size INTEGER NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     due REAL NOT NULL,
-    envelope BLOB NOT NULL          -- msgpack of pigeon.message.Envelope
+    envelope BLOB NOT NULL          -- msgpack of pigeon.message.Envelope: the recipients still to do
 );
 CREATE INDEX IF NOT EXISTS message_due ON message (due);
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -56,11 +57,24 @@ CREATE TABLE IF NOT EXISTS quarantine (
     queue TEXT,
     envelope BLOB
 );
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY,        -- the record's "seq": unique, increasing
+    record BLOB NOT NULL            -- a terminal log record, committed with the change it reports
+);
 """
-_INSERT_BODY: Final = "INSERT INTO body (id, size, data) VALUES (?, ?, ?)"
+_MIGRATIONS: Final = {
+    # 1 -> 2: shared bodies count their messages; terminal records go through the outbox.
+    1: """
+ALTER TABLE body ADD COLUMN refs INTEGER NOT NULL DEFAULT 1;
+UPDATE body SET refs = (SELECT count(*) FROM message WHERE message.body = body.id);
+CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, record BLOB NOT NULL);
+""",
+}
+_INSERT_BODY: Final = "INSERT INTO body (id, size, data, refs) VALUES (?, ?, ?, ?)"
 _INSERT_MESSAGE: Final = (
     "INSERT INTO message (id, body, queue, created, size, attempts, due, envelope) VALUES (?, ?, ?, ?, ?, 0, ?, ?)"
 )
+_MESSAGE_COLUMNS: Final = "id, body, queue, created, size, attempts, due, envelope"
 
 
 class SqliteSpool:
@@ -86,6 +100,7 @@ class SqliteSpool:
         self._ids = IdGenerator(shard)
         self._count = 0
         self._lock_fd: int | None = None
+        self._reader: sqlite3.Connection | None = None
         self._committer = GroupCommitter(self._connect, window=commit_window, max_batch=max_batch, observer=observer)
 
     # --- life cycle ------------------------------------------------------------------------
@@ -125,6 +140,9 @@ class SqliteSpool:
     def close(self) -> None:
         """Finish the writes already queued, then stop. Later writes fail with SpoolClosed."""
         self._committer.close()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self._unlock()
 
     def _unlock(self) -> None:
@@ -165,9 +183,80 @@ class SqliteSpool:
         return future
 
     @property
+    def shard(self) -> int:
+        return self._shard
+
+    @property
     def count(self) -> int:
         """Messages in the spool (committed)."""
         return self._count
+
+    # --- delivery: reading due messages, settling them ---------------------------------------
+    def due(self, now: float, after: tuple[float, int], limit: int) -> list[Message]:
+        """Messages due by `now`, in (due, id) order, strictly after `after`. Loop thread."""
+        rows = self._read().execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM message WHERE (due, id) > (?, ?) AND due <= ? ORDER BY due, id LIMIT ?",
+            (after[0], after[1], now, limit),
+        )
+        return [_message(row) for row in rows]
+
+    def get(self, spool_id: int) -> Message | None:
+        row = self._read().execute(f"SELECT {_MESSAGE_COLUMNS} FROM message WHERE id = ?", (spool_id,)).fetchone()
+        return _message(row) if row is not None else None
+
+    def body(self, body_id: int) -> bytes:
+        """A stored body's bytes. Raises SpoolError if it cannot be read."""
+        row = self._read().execute("SELECT data FROM body WHERE id = ?", (body_id,)).fetchone()
+        if row is None:
+            raise SpoolWriteError(f"body {format_id(body_id)} is not in the spool")
+        if row[0] is not None:
+            data: bytes = row[0]
+            return data
+        try:
+            return (self.data_dir / format_id(body_id)).read_bytes()
+        except OSError as error:
+            raise SpoolWriteError(f"body file data/{format_id(body_id)} cannot be read: {error.strerror}") from error
+
+    def settle(
+        self,
+        message: Message,
+        remaining: Envelope | None,
+        *,
+        attempts: int,
+        due: float,
+        records: Sequence[tuple[int, bytes]] = (),
+    ) -> asyncio.Future[str | None]:
+        """Record a delivery attempt's outcome, durably, with its terminal log records.
+
+        `remaining` is the envelope with the recipients still to do, or None when the
+        message is finished (removed; its body too if no other message shares it). The
+        future gives the name of a body file to pass to `remove_body_file()` once the
+        caller has logged the records.
+        """
+        envelope = None if remaining is None else ENVELOPE_ENCODER.encode(remaining)
+        future = self._committer.submit(_Settle(message.id, message.body_id, attempts, due, envelope, records))
+        if remaining is None:
+            future.add_done_callback(functools.partial(self._stored, -1))
+        return future
+
+    def remove_body_file(self, name: str) -> None:
+        (self.data_dir / name).unlink(missing_ok=True)
+
+    def outbox(self) -> list[tuple[int, bytes]]:
+        """Terminal records committed but maybe not yet in the log (after a crash)."""
+        return [
+            (seq, bytes(record)) for seq, record in self._read().execute("SELECT seq, record FROM outbox ORDER BY seq")
+        ]
+
+    def outbox_written(self, up_to: int) -> asyncio.Future[None]:
+        """The records up to `up_to` are in the log file: forget them."""
+        return self._committer.submit(_OutboxDone(up_to))
+
+    def _read(self) -> sqlite3.Connection:
+        if self._reader is None:
+            self._reader = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+            self._reader.execute("PRAGMA query_only=1")
+        return self._reader
 
     def _stored(self, n: int, future: asyncio.Future[None]) -> None:
         if not future.cancelled() and future.exception() is None:
@@ -191,9 +280,12 @@ class SqliteSpool:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise SpoolCorrupt(f"spool schema version {version} is newer than this Pigeon ({SCHEMA_VERSION})")
-        if version < SCHEMA_VERSION:
+        if version == 0:
             conn.executescript(_SCHEMA)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        else:
+            for step in range(version, SCHEMA_VERSION):
+                conn.executescript(_MIGRATIONS[step])
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 class _StoreReception:
@@ -205,7 +297,7 @@ class _StoreReception:
 
     def apply(self, conn: sqlite3.Connection) -> None:
         body = self.body
-        conn.execute(_INSERT_BODY, (body.id, body.size, body.data))
+        conn.execute(_INSERT_BODY, (body.id, body.size, body.data, len(self.rows)))
         conn.executemany(_INSERT_MESSAGE, self.rows)
 
     def prepare(self) -> None:
@@ -225,3 +317,80 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Settle:
+    __slots__ = ("attempts", "body_id", "due", "envelope", "message_id", "records")
+
+    def __init__(
+        self,
+        message_id: int,
+        body_id: int,
+        attempts: int,
+        due: float,
+        envelope: bytes | None,
+        records: Sequence[tuple[int, bytes]],
+    ) -> None:
+        self.message_id = message_id
+        self.body_id = body_id
+        self.attempts = attempts
+        self.due = due
+        self.envelope = envelope
+        self.records = records
+
+    def apply(self, conn: sqlite3.Connection) -> str | None:
+        """Returns the name of the body file to remove after the commit, if one goes."""
+        gone = None
+        if self.envelope is None:
+            deleted = conn.execute("DELETE FROM message WHERE id = ?", (self.message_id,)).rowcount
+            if deleted:
+                conn.execute("UPDATE body SET refs = refs - 1 WHERE id = ?", (self.body_id,))
+                row = conn.execute(
+                    "DELETE FROM body WHERE id = ? AND refs <= 0 RETURNING data IS NULL", (self.body_id,)
+                ).fetchone()
+                if row is not None and row[0]:
+                    gone = format_id(self.body_id)
+        else:
+            conn.execute(
+                "UPDATE message SET attempts = ?, due = ?, envelope = ? WHERE id = ?",
+                (self.attempts, self.due, self.envelope, self.message_id),
+            )
+        if self.records:
+            conn.executemany("INSERT INTO outbox (seq, record) VALUES (?, ?)", self.records)
+        return gone
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class _OutboxDone:
+    __slots__ = ("up_to",)
+
+    def __init__(self, up_to: int) -> None:
+        self.up_to = up_to
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM outbox WHERE seq <= ?", (self.up_to,))
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+def _message(row: tuple[int, int, str, float, int, int, float, bytes]) -> Message:
+    spool_id, body_id, queue, created, size, attempts, due, envelope = row
+    return Message(
+        id=SpoolId(spool_id),
+        queue=queue,
+        envelope=ENVELOPE_DECODER.decode(envelope),
+        created=created,
+        size=size,
+        body_id=SpoolId(body_id),
+        attempts=attempts,
+        due=due,
+    )

@@ -1,0 +1,2 @@
+"""Outbound delivery: routes and MX, the SMTP client connections, dispatching, bounce
+classification and delivery status notifications."""

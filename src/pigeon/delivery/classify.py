@@ -1,0 +1,94 @@
+"""Bounce classification: a rule table from reply text to a class a sender can act on.
+
+Rules are regular expressions matched against the reply as one line,
+`"<code> <enhanced code> <text>"`; the first match wins. The built-in table covers the
+RFC 3463 enhanced codes and the common wordings of large providers; user rule files
+(TOML, `[[rule]] class = "..." pattern = "..."`) are tried first, in the order given.
+Classes follow KumoMTA's names so existing tooling reads them.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from pigeon.smtp.replies import Reply
+
+_BUILT_IN: Final[list[tuple[str, str]]] = [
+    # Enhanced status codes first: they are the server saying what it means.
+    ("InvalidRecipient", r"^5\d\d 5\.1\.(1|2|3|6|10)\b"),
+    ("InvalidSender", r"^5\d\d 5\.1\.(7|8)\b"),
+    ("InactiveMailbox", r"^5\d\d 5\.2\.1\b"),
+    ("QuotaIssues", r"^5\d\d 5\.2\.2\b|over ?quota|mailbox (is )?full|quota exceeded|insufficient storage"),
+    ("MessageExpired", r"^5\d\d 5\.4\.7\b"),
+    ("RoutingErrors", r"^5\d\d 5\.4\.(4|6)\b|mail loop|too many hops"),
+    ("DNSFailure", r"^5\d\d 5\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX"),
+    ("TooManyRecipients", r"^5\d\d 5\.5\.3\b|too many recipients"),
+    ("ProtocolErrors", r"^5\d\d 5\.5\.[0-9]\b"),
+    ("ContentRelated", r"^5\d\d 5\.6\.\d+\b|^5\d\d 5\.3\.4\b|message (is )?too (big|large)|size limit"),
+    ("AuthenticationFailed", r"^5\d\d 5\.7\.(8|25|26|27)\b|dmarc|dkim|spf"),
+    ("RelayDenied", r"^5\d\d 5\.7\.1\b.*relay|relay(ing)? (access )?denied|not permitted to relay"),
+    ("SpamBlock", r"blocklist|blacklist|block ?list|spamhaus|\bRBL\b|listed at|poor reputation"),
+    ("SpamContent", r"spam|junk|unsolicited"),
+    ("VirusRelated", r"virus|malware|infected"),
+    ("PolicyRelated", r"^5\d\d 5\.7\.\d+\b|policy|rejected for policy reasons"),
+    ("InvalidRecipient", r"user unknown|no such user|unknown (user|recipient)|does not exist|recipient rejected"),
+    ("BadConfiguration", r"^5\d\d 5\.3\.\d+\b"),
+    ("BadConnection", r"^5\d\d 5\.4\.(1|2)\b"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    label: str
+    pattern: re.Pattern[str]
+
+
+class RuleFileError(Exception):
+    """A rule file cannot be used; the message names the file and the rule."""
+
+
+class Classifier:
+    """Assigns a bounce class to a reply."""
+
+    def __init__(self, rules: list[Rule] | None = None) -> None:
+        built_in = [Rule(label, re.compile(pattern, re.IGNORECASE)) for label, pattern in _BUILT_IN]
+        self._rules = (rules or []) + built_in
+        self._cache: dict[str, str] = {}
+
+    @classmethod
+    def from_files(cls, paths: list[Path]) -> Classifier:
+        rules: list[Rule] = []
+        for path in paths:
+            rules += load_rules(path)
+        return cls(rules)
+
+    def classify(self, reply: Reply) -> str:
+        line = str(reply)
+        label = self._cache.get(line)
+        if label is None:
+            label = next((rule.label for rule in self._rules if rule.pattern.search(line)), "Uncategorized")
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[line] = label
+        return label
+
+
+def load_rules(path: Path) -> list[Rule]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise RuleFileError(f"{path}: cannot read bounce rules: {error}") from None
+    rules: list[Rule] = []
+    for number, item in enumerate(data.get("rule", []), start=1):
+        label, pattern = item.get("class"), item.get("pattern")
+        if not isinstance(label, str) or not isinstance(pattern, str):
+            raise RuleFileError(f'{path}: rule {number} needs class = "..." and pattern = "..."')
+        try:
+            rules.append(Rule(label, re.compile(pattern, re.IGNORECASE)))
+        except re.error as error:
+            raise RuleFileError(f"{path}: rule {number}: bad pattern: {error}") from None
+    return rules

@@ -1,0 +1,33 @@
+"""What changes in a message on its way out: Pigeon's own routing headers come off.
+
+The tenant and campaign headers (`X-Tenant`, `X-Campaign` by default) name the queue a
+message was put in; they are for Pigeon, not for the recipient.
+"""
+
+from __future__ import annotations
+
+
+def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
+    """`message` without the header fields called `names` (lower-case, no colon).
+
+    Only the header section is looked at; folded continuation lines of a removed field go
+    with it. Returns the same object when there is nothing to remove (the usual case).
+    """
+    end = message.find(b"\r\n\r\n")
+    head = message if end < 0 else message[: end + 2]
+    lowered = head.lower()
+    if not any((b"\n" + name + b":") in lowered or lowered.startswith(name + b":") for name in names):
+        return message
+    kept: list[bytes] = []
+    dropping = False
+    for line in head.split(b"\r\n"):
+        if line[:1] in (b" ", b"\t"):
+            if not dropping:
+                kept.append(line)
+            continue
+        field = line.split(b":", 1)[0].strip().lower()
+        dropping = field in names
+        if not dropping:
+            kept.append(line)
+    rest = b"" if end < 0 else message[end + 2 :]
+    return b"\r\n".join(kept) + rest

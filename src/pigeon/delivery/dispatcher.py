@@ -1,0 +1,243 @@
+"""The dispatcher: ready queues, the connections that drain them, and the shaping limits.
+
+For each ready queue it keeps up to `connection_limit` connection tasks. A task opens a
+connection (`session.ClientConnection`), then takes messages off the queue one after the
+other, up to `max_deliveries_per_connection`, until the queue has been empty for
+`idle_timeout`. Before each message the site's rate limit (GCRA) may make it wait.
+Every attempt's outcome goes to the queue's settlement; the dispatcher itself never
+decides what a reply means.
+
+How many connections: KumoMTA's curve, `ceil(limit * (1 - e^(-0.023 * queued)))`: one
+connection for a trickle, the full limit only for a real backlog.
+
+A connection that cannot be opened costs the message it was opened for one attempt.
+After `connection_failures_before_delay` such failures in a row, everything waiting in
+that ready queue is deferred at once: a dead site should not be tried message by message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pigeon.delivery.mx import Resolver
+from pigeon.delivery.outcome import Attempt
+from pigeon.delivery.routes import Destination
+from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.queue.ready import ReadyQueue
+from pigeon.queue.state import Entry, StaleTransition, State, transition
+from pigeon.shaping.gcra import Gcra, Rate
+from pigeon.smtp import client
+from pigeon.smtp.client import refusal_before_sending
+from pigeon.smtp.replies import Reply
+from pigeon.spool.spool import SpoolError
+
+_log = logging.getLogger(__name__)
+
+Settle = Callable[[Entry, int, Attempt], None]
+BodyLoader = Callable[[Entry], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Shaping:
+    """Limits for one destination (from `[delivery]`, refined by `[[shaping]]`)."""
+
+    connection_limit: int = 32
+    max_deliveries_per_connection: int = 1000
+    idle_timeout: float = 10.0
+    max_message_rate: Rate | None = None
+    connection_failures_before_delay: int = 3
+
+
+def ideal_connections(queued: int, limit: int) -> int:
+    return min(queued, math.ceil(limit * (1 - math.exp(-0.023 * queued))))
+
+
+class Dispatcher:
+    """Delivers what the scheduler makes ready."""
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        resolver: Resolver,
+        options: ClientOptions,
+        shaping: Callable[[str], Shaping],
+        load_body: BodyLoader,
+        settle: Settle,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._source = source
+        self._resolver = resolver
+        self._options = options
+        self._shaping = shaping
+        self._load_body = load_body
+        self._settle = settle
+        self._clock = clock
+        self.queues: dict[str, ReadyQueue] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.in_flight = 0
+
+    # --- the scheduler's side ---------------------------------------------------------------
+    def enqueue(self, entry: Entry, destination: Destination, domain: str) -> None:
+        """Put a READY message in its ready queue and make sure someone is working on it."""
+        path = f"{self._source}->{destination.site}"
+        queue = self.queues.get(path)
+        if queue is None:
+            shaping = self._shaping(domain)
+            limiter = Gcra(shaping.max_message_rate) if shaping.max_message_rate else None
+            queue = self.queues[path] = ReadyQueue(path, destination, shaping, limiter)
+        entry.site = destination.site
+        queue.put(entry)
+        self._kick(queue)
+
+    def expired(self, is_expired: Callable[[Entry], bool]) -> list[Entry]:
+        """Take every expired message out of the ready queues (the caller settles them)."""
+        found: list[Entry] = []
+        for queue in self.queues.values():
+            found += queue.remove_if(is_expired)
+        return found
+
+    async def drain(self, grace: float) -> None:
+        """Stop starting transactions; let running ones finish for up to `grace` seconds."""
+        self._stopping = True
+        for queue in self.queues.values():
+            queue.wake_all()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+
+    @property
+    def connections(self) -> int:
+        return sum(q.connections for q in self.queues.values())
+
+    # --- connections -----------------------------------------------------------------------
+    def _kick(self, queue: ReadyQueue) -> None:
+        if self._stopping:
+            return
+        shaping: Shaping = queue.shaping
+        want = ideal_connections(len(queue), shaping.connection_limit)
+        while queue.connections < max(1, want) and queue.connections < shaping.connection_limit:
+            queue.connections += 1
+            task = asyncio.create_task(self._work(queue), name=f"deliver {queue.path}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _work(self, queue: ReadyQueue) -> None:
+        shaping: Shaping = queue.shaping
+        connection: ClientConnection | None = None
+        try:
+            if not len(queue):
+                return
+            try:
+                connection = await ClientConnection.open(queue.destination, self._resolver, self._options)
+            except ConnectFailed as error:
+                self._connection_failed(queue, shaping, error.reply)
+                return
+            queue.failures = 0
+            while connection.deliveries < shaping.max_deliveries_per_connection and not self._stopping:
+                entry = await queue.take(shaping.idle_timeout)
+                if entry is None:
+                    break
+                if not connection.alive():
+                    # The server hung up while we were idle: a new connection, not a failure.
+                    connection.close()
+                    try:
+                        connection = await ClientConnection.open(queue.destination, self._resolver, self._options)
+                    except ConnectFailed as error:
+                        queue.put_front(entry)
+                        connection = None
+                        self._connection_failed(queue, shaping, error.reply)
+                        return
+                if not await self._deliver(queue, connection, entry):
+                    break
+        except Exception:
+            _log.exception("delivery to %s failed unexpectedly", queue.path)
+        finally:
+            queue.connections -= 1
+            if connection is not None:
+                await connection.quit()
+            if len(queue) and not self._stopping:
+                self._kick(queue)
+
+    async def _deliver(self, queue: ReadyQueue, connection: ClientConnection, entry: Entry) -> bool:
+        """One message over an open connection. False when the connection is no longer usable."""
+        try:
+            generation = transition(entry, State.READY, entry.generation, State.IN_FLIGHT)
+        except StaleTransition:
+            return True  # someone else took it (expired, admin): nothing to do
+        message = entry.message
+        count = len(message.envelope.recipients)
+        self.in_flight += 1
+        try:
+            if queue.limiter is not None:
+                wait = queue.limiter.reserve(self._clock())
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            try:
+                body = self._load_body(entry)
+            except SpoolError as error:
+                _log.error("message %016x: %s", message.id, error)
+                self._settle(entry, generation, Attempt.same_for_all(error.reply, count, queue.destination.site))
+                return True
+            envelope = _client_envelope(entry, body)
+            refusal = refusal_before_sending(envelope, connection.capabilities)
+            if refusal is not None:
+                attempt = Attempt.same_for_all(refusal, count, queue.destination.site, connection.peer)
+                self._settle(entry, generation, attempt)
+                return True
+            try:
+                result, duration = await connection.send(envelope)
+            except ConnectionLost as error:
+                site = queue.destination.site
+                self._settle(entry, generation, Attempt.same_for_all(error.reply, count, site, connection.peer))
+                return False
+            self._settle(
+                entry,
+                generation,
+                Attempt(result.replies, queue.destination.site, connection.peer, connection.tls, duration),
+            )
+            return not connection.broken
+        finally:
+            self.in_flight -= 1
+
+    def _connection_failed(self, queue: ReadyQueue, shaping: Shaping, reply: Reply) -> None:
+        queue.failures += 1
+        victims = [queue.take_nowait()]
+        if queue.failures >= shaping.connection_failures_before_delay:
+            # The site is down: defer everything waiting for it rather than trying one by one.
+            while (entry := queue.take_nowait()) is not None:
+                victims.append(entry)
+            queue.failures = 0
+        for entry in victims:
+            if entry is None:
+                continue
+            try:
+                generation = transition(entry, State.READY, entry.generation, State.IN_FLIGHT)
+            except StaleTransition:
+                continue
+            count = len(entry.message.envelope.recipients)
+            self._settle(entry, generation, Attempt.same_for_all(reply, count, queue.destination.site))
+
+
+def _client_envelope(entry: Entry, body: bytes) -> client.Envelope:
+    envelope = entry.message.envelope
+    return client.Envelope(
+        sender=envelope.sender,
+        recipients=[
+            client.Recipient(r.address, tuple(r.notify) if r.notify else None, r.orcpt) for r in envelope.recipients
+        ],
+        body=body,
+        eight_bit=not body.isascii(),
+        smtputf8=envelope.smtputf8,
+        ret=envelope.ret,
+        envid=envelope.envid,
+    )

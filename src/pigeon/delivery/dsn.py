@@ -1,0 +1,118 @@
+"""Delivery status notifications (RFC 3464, inside an RFC 6522 multipart/report).
+
+Written as bytes from a template rather than through the email package: the structure is
+fixed and small, and the result must be exact. The stdlib parser reads it back (the
+tests do), and so does any mail client.
+
+Who gets one (RFC 3461): the envelope sender, never the null sender, for each recipient
+that failed (bounced or expired) unless its NOTIFY excludes FAILURE (NOTIFY absent means
+"failures only"). `RET=FULL` returns the whole message, anything else only its headers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from email.utils import formatdate
+
+from pigeon.message import Envelope, Recipient
+from pigeon.smtp.replies import Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed recipient, as the report shows it."""
+
+    recipient: Recipient
+    reply: Reply
+    action: str  # "failed" (bounced or expired)
+    remote_mta: str | None = None  # the host that answered, if any
+
+
+def wants_failure_notice(recipient: Recipient) -> bool:
+    """RFC 3461 4.1: no NOTIFY means failures are reported; NOTIFY=NEVER means nothing is."""
+    return recipient.notify is None or "FAILURE" in recipient.notify
+
+
+def build_report(
+    *,
+    hostname: str,
+    queue_id: str,
+    envelope: Envelope,
+    failures: Sequence[Failure],
+    original: bytes,
+    arrival: float,
+    now: float | None = None,
+) -> bytes:
+    """The complete DSN message, CRLF line endings, ready to store and send to the sender."""
+    now = time.time() if now is None else now
+    boundary = f"{queue_id}.{secrets.token_hex(8)}/{hostname}"
+    date = formatdate(now, usegmt=True)
+    utf8 = envelope.smtputf8 or not envelope.sender.isascii()
+    reasons = "\r\n".join(f"<{f.recipient.address}>: {f.reply.text}" for f in failures)
+    human = (
+        f"This is the mail system at host {hostname}.\r\n\r\n"
+        "Your message could not be delivered to one or more recipients.\r\n"
+        "It is attached below; the reasons are:\r\n\r\n"
+        f"{reasons}\r\n"
+    )
+    per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
+    if envelope.envid:
+        per_message.append(f"Original-Envelope-Id: {envelope.envid}")
+    per_message.append(f"Arrival-Date: {formatdate(arrival, usegmt=True)}")
+    blocks = ["\r\n".join(per_message)]
+    for failure in failures:
+        address = failure.recipient.address
+        kind = "utf-8" if not address.isascii() else "rfc822"
+        fields = [f"Final-Recipient: {kind}; {address}"]
+        if failure.recipient.orcpt:
+            addr_type, _, original_address = failure.recipient.orcpt.partition(";")
+            fields.append(f"Original-Recipient: {addr_type}; {original_address}")
+        fields.append(f"Action: {failure.action}")
+        fields.append(f"Status: {_status(failure.reply)}")
+        if failure.remote_mta:
+            fields.append(f"Remote-MTA: dns; {failure.remote_mta}")
+        fields.append(f"Diagnostic-Code: smtp; {failure.reply.code} {failure.reply.text}")
+        fields.append(f"Last-Attempt-Date: {date}")
+        blocks.append("\r\n".join(fields))
+    status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
+    full = envelope.ret == "FULL"
+    returned = original if full else _headers(original)
+    returned_type = ("message/global" if utf8 else "message/rfc822") if full else "text/rfc822-headers"
+    head = (
+        f"From: Mail Delivery System <MAILER-DAEMON@{hostname}>\r\n"
+        f"To: <{envelope.sender}>\r\n"
+        "Subject: Undelivered Mail Returned to Sender\r\n"
+        f"Date: {date}\r\n"
+        f"Message-ID: <{queue_id}.{secrets.token_hex(6)}@{hostname}>\r\n"
+        "Auto-Submitted: auto-replied\r\n"
+        "MIME-Version: 1.0\r\n"
+        f'Content-Type: multipart/report; report-type=delivery-status;\r\n\tboundary="{boundary}"\r\n'
+        "\r\n"
+        "This is a MIME-encapsulated message.\r\n\r\n"
+    )
+    parts = [
+        f"--{boundary}\r\nContent-Description: Notification\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\n\r\n{human}\r\n",
+        f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n\r\n"
+        + "\r\n\r\n".join(blocks)
+        + "\r\n\r\n",
+        f"--{boundary}\r\nContent-Description: Undelivered message\r\nContent-Type: {returned_type}\r\n\r\n",
+    ]
+    text = (head + "".join(parts)).encode("utf-8")
+    if not returned.endswith(b"\r\n"):
+        returned += b"\r\n"
+    return text + returned + f"\r\n--{boundary}--\r\n".encode()
+
+
+def _status(reply: Reply) -> str:
+    if reply.enhanced:
+        return reply.enhanced
+    return "5.0.0" if reply.code >= 500 else "4.0.0"
+
+
+def _headers(message: bytes) -> bytes:
+    end = message.find(b"\r\n\r\n")
+    return message if end < 0 else message[: end + 2]

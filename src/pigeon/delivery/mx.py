@@ -1,0 +1,155 @@
+"""MX and address resolution, with a cache that honours the records' TTLs.
+
+RFC 5321 5.1 and RFC 7505:
+
+* MX records, lowest preference first; equal preferences in random order (per lookup);
+* no MX record: the domain itself is the one exchanger (implicit MX), if it has addresses;
+* a null MX (`0 .`): the domain accepts no mail, a permanent failure;
+* NXDOMAIN: a permanent failure; a timeout or SERVFAIL: a transient one.
+
+Answers, including negative ones, are cached for their TTL (bounded below and above), so
+lookups happen per domain per TTL, not per message. Tests point the resolver at a DNS
+server of their own on loopback: Pigeon never needs the system resolver to be sane.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdatatype
+import dns.resolver
+
+from pigeon.smtp.replies import Reply
+
+_MIN_TTL: Final = 5.0
+_MAX_TTL: Final = 3600.0
+_NEGATIVE_TTL: Final = 60.0
+_FAILURE_TTL: Final = 10.0  # a transient failure is remembered briefly, to not hammer a broken server
+
+
+class DnsFailure(Exception):
+    """A lookup failed. `reply` says how, `permanent` whether retrying can help."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(str(reply))
+        self.reply = reply
+
+    @property
+    def permanent(self) -> bool:
+        return self.reply.code >= 500
+
+
+@dataclass(frozen=True, slots=True)
+class Exchanger:
+    preference: int
+    host: str  # without the trailing dot, lower-case
+
+
+@dataclass(slots=True)
+class _Cached:
+    expires: float
+    value: object
+
+
+class Resolver:
+    """Async MX/A/AAAA lookups through dnspython, cached by TTL."""
+
+    def __init__(
+        self,
+        nameservers: list[tuple[str, int]] | None = None,
+        *,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if nameservers:
+            self._resolver = dns.asyncresolver.Resolver(configure=False)
+            self._resolver.nameservers = [dns.nameserver.Do53Nameserver(host, port) for host, port in nameservers]
+        else:
+            self._resolver = dns.asyncresolver.Resolver()
+        self._resolver.lifetime = timeout
+        self._resolver.timeout = timeout
+        self._cache: dict[tuple[str, str], _Cached] = {}
+        self._clock = clock
+        self._rng = rng or random.Random()
+
+    async def exchangers(self, domain: str) -> list[Exchanger]:
+        """The hosts that take mail for `domain`, in the order to try them."""
+        domain = domain.lower().rstrip(".")
+        records = await self._lookup(domain, "MX")
+        if records is None:  # no MX: the domain itself, if it has an address (RFC 5321 5.1)
+            if await self._lookup(domain, "A") is None and await self._lookup(domain, "AAAA") is None:
+                raise DnsFailure(Reply(550, "5.1.2", (f"{domain} has no MX and no address record",)))
+            return [Exchanger(0, domain)]
+        exchangers = [Exchanger(int(pref), str(host)) for pref, host in records]
+        if len(exchangers) == 1 and exchangers[0].host in ("", "."):
+            raise DnsFailure(Reply(556, "5.1.10", (f"{domain} accepts no mail (null MX, RFC 7505)",)))
+        exchangers = [e for e in exchangers if e.host not in ("", ".")]
+        self._rng.shuffle(exchangers)  # equal preferences end up in random order...
+        exchangers.sort(key=lambda e: e.preference)  # ...because the sort is stable
+        return exchangers
+
+    async def addresses(self, host: str) -> list[str]:
+        """IPv4 then IPv6 addresses of `host`."""
+        host = host.lower().rstrip(".")
+        found: list[str] = []
+        failure: DnsFailure | None = None
+        for kind in ("A", "AAAA"):
+            try:
+                records = await self._lookup(host, kind)
+            except DnsFailure as error:
+                failure = error
+                continue
+            found += [str(r) for r in records or ()]
+        if not found:
+            if failure is not None:
+                raise failure
+            raise DnsFailure(Reply(450, "4.4.4", (f"{host} has no address record",)))
+        return found
+
+    async def _lookup(self, name: str, kind: str) -> list[Any] | None:
+        """Cached records of one type: None when the name exists but has none."""
+        key = (name, kind)
+        now = self._clock()
+        cached = self._cache.get(key)
+        if cached is not None and cached.expires > now:
+            if isinstance(cached.value, DnsFailure):
+                raise cached.value
+            return cast(list[Any] | None, cached.value)
+        try:
+            answer = await self._resolver.resolve(name, kind, raise_on_no_answer=False)
+        except dns.resolver.NXDOMAIN:
+            failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
+            self._remember(key, failure, _NEGATIVE_TTL)
+            raise failure from None
+        except (dns.exception.Timeout, dns.resolver.NoNameservers, dns.resolver.LifetimeTimeout) as error:
+            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: {type(error).__name__}",)))
+            self._remember(key, failure, _FAILURE_TTL)
+            raise failure from None
+        except dns.exception.DNSException as error:
+            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: {error}",)))
+            self._remember(key, failure, _FAILURE_TTL)
+            raise failure from None
+        rrset = answer.rrset
+        if rrset is None:
+            self._remember(key, None, _NEGATIVE_TTL)
+            return None
+        if kind == "MX":
+            value: list[Any] = [(r.preference, r.exchange.to_text(omit_final_dot=True).lower()) for r in rrset]
+        else:
+            value = [r.address for r in rrset]
+        self._remember(key, value, float(rrset.ttl))
+        return value
+
+    def _remember(self, key: tuple[str, str], value: object, ttl: float) -> None:
+        ttl = min(max(ttl, _MIN_TTL), _MAX_TTL)
+        if len(self._cache) > 100_000:
+            self._cache.clear()  # a crude bound; a node that sees more domains than this re-resolves
+        self._cache[key] = _Cached(self._clock() + ttl, value)

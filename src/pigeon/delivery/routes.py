@@ -1,0 +1,117 @@
+"""Where mail for a domain goes: a static route, or the domain's MX hosts.
+
+A `Destination` names its *site*, the key of its ready queue: the sorted set of MX hosts
+(so domains that share their MX hosts share one ready queue and its limits, KumoMTA's
+"MX rollup"), or `host:port` for a static next hop. Static routes (`[[route]]` in the
+config) skip the MX lookup: smart hosts, test sinks, internal relays.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from pigeon.delivery.mx import Resolver
+
+_DESTINATION_TTL: Final = 30.0
+
+
+class TlsPolicy(enum.Enum):
+    OPPORTUNISTIC = "opportunistic"  # STARTTLS when offered; plaintext otherwise or if it fails
+    REQUIRED = "required"  # STARTTLS or no delivery (transient failure)
+    DISABLED = "disabled"  # never STARTTLS
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    host: str  # a name (resolved at connect time) or an IP address
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A `[[route]]`: mail for `domain` (a glob; "*" for all) goes to `next_hop`."""
+
+    domain: str
+    next_hop: Hop | None = None
+    tls: TlsPolicy | None = None
+    tls_verify: bool | None = None
+
+    def matches(self, domain: str) -> bool:
+        return self.domain == "*" or fnmatch.fnmatchcase(domain, self.domain)
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    site: str
+    hops: tuple[Hop, ...]  # in the order to try
+    tls: TlsPolicy
+    tls_verify: bool
+
+
+class Router:
+    """Turns a recipient domain into a `Destination`."""
+
+    def __init__(
+        self,
+        routes: list[Route],
+        resolver: Resolver,
+        *,
+        tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC,
+        tls_verify: bool = False,
+        smtp_port: int = 25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._routes = routes
+        self._resolver = resolver
+        self._tls = tls
+        self._verify = tls_verify
+        self._port = smtp_port
+        self._clock = clock
+        self._cache: dict[str, tuple[float, Destination]] = {}
+
+    def cached(self, domain: str) -> Destination | None:
+        """The destination if known and fresh: no await needed (the common case)."""
+        hit = self._cache.get(domain)
+        if hit is not None and hit[0] > self._clock():
+            return hit[1]
+        return None
+
+    async def destination(self, domain: str) -> Destination:
+        """Raises `DnsFailure` (with its reply) when the domain cannot be resolved."""
+        hit = self.cached(domain)
+        if hit is not None:
+            return hit
+        route = self._route(domain)
+        tls = route.tls if route and route.tls else self._tls
+        verify = route.tls_verify if route and route.tls_verify is not None else self._verify
+        if route is not None and route.next_hop is not None:
+            hop = route.next_hop
+            destination = Destination(f"{hop.host}:{hop.port}", (hop,), tls, verify)
+        elif domain.startswith("[") and domain.endswith("]"):
+            # An address literal (RFC 5321 4.1.3): that host, no DNS.
+            address = domain[1:-1]
+            address = address[5:] if address[:5].lower() == "ipv6:" else address
+            hop = Hop(address, self._port)
+            destination = Destination(f"[{address}]:{self._port}", (hop,), tls, verify)
+        else:
+            exchangers = await self._resolver.exchangers(domain)
+            hops = tuple(Hop(e.host, self._port) for e in exchangers)
+            site = ",".join(sorted({e.host for e in exchangers}))
+            if self._port != 25:
+                site += f":{self._port}"
+            destination = Destination(site, hops, tls, verify)
+        if len(self._cache) > 50_000:
+            self._cache.clear()
+        self._cache[domain] = (self._clock() + _DESTINATION_TTL, destination)
+        return destination
+
+    def _route(self, domain: str) -> Route | None:
+        for route in self._routes:
+            if route.matches(domain):
+                return route
+        return None

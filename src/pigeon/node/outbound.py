@@ -1,0 +1,212 @@
+"""The outbound side of a node, built from the configuration: resolver, router, queues,
+dispatcher, settlement, scheduler, DSNs. `Node` starts and stops it as one piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+from collections.abc import Callable, Mapping
+
+from pigeon.config.schema import Config
+from pigeon.delivery.classify import Classifier
+from pigeon.delivery.content import strip_headers
+from pigeon.delivery.dispatcher import Dispatcher, Shaping
+from pigeon.delivery.dsn import Failure, build_report
+from pigeon.delivery.mx import Resolver
+from pigeon.delivery.routes import Hop, Route, Router, TlsPolicy
+from pigeon.delivery.session import ClientOptions
+from pigeon.intake import Intake
+from pigeon.logs.reader import seqs_in_log
+from pigeon.logs.writer import LogWriter
+from pigeon.message import Envelope, Message, Recipient, format_id
+from pigeon.metrics import Metrics
+from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
+from pigeon.queue.retry import RetryPolicy
+from pigeon.queue.scheduler import Scheduler
+from pigeon.queue.settlement import Settlement
+from pigeon.queue.state import ActiveSet, Entry
+from pigeon.shaping.gcra import Rate
+from pigeon.spool.sqlite import SqliteSpool
+
+_log = logging.getLogger(__name__)
+
+
+class Outbound:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        spools: Mapping[int, SqliteSpool],
+        log: LogWriter,
+        metrics: Metrics,
+        intake: Intake,
+    ) -> None:
+        delivery = config.delivery
+        self._config = config
+        self._spools = spools
+        self._log = log
+        self._intake = intake
+        self._strip = (delivery.tenant_header.lower().encode(), delivery.campaign_header.lower().encode())
+        nameservers = [(e.host, e.port) for e in config.dns.nameservers]
+        self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
+        self.router = Router(
+            [
+                Route(
+                    r.domain.lower(),
+                    Hop(r.next_hop.host, r.next_hop.port) if r.next_hop else None,
+                    TlsPolicy(r.tls) if r.tls else None,
+                    r.tls_verify,
+                )
+                for r in config.route
+            ],
+            self.resolver,
+            tls=TlsPolicy(delivery.tls),
+            tls_verify=delivery.tls_verify,
+            smtp_port=delivery.smtp_port,
+        )
+        self.policies = _policies(config)
+        self.active = ActiveSet(delivery.max_active)
+        self.settlement = Settlement(
+            spools=spools,
+            active=self.active,
+            log=log,
+            metrics=metrics,
+            classifier=Classifier.from_files(delivery.bounce_rules),
+            policies=self.policies,
+            notifier=self._send_dsn,
+        )
+        self.dispatcher = Dispatcher(
+            source=delivery.source,
+            resolver=self.resolver,
+            options=ClientOptions(
+                helo_name=delivery.helo_name or config.smtp.hostname,
+                connect_timeout=delivery.connect_timeout,
+                reply_timeout=delivery.reply_timeout,
+                pipelining=delivery.pipelining,
+                chunking=delivery.chunking,
+            ),
+            shaping=_shaping(config),
+            load_body=self._load_body,
+            settle=self.settlement.settle,
+        )
+        self.scheduler = Scheduler(
+            spools=list(spools.values()),
+            active=self.active,
+            router=self.router,
+            dispatcher=self.dispatcher,
+            settlement=self.settlement,
+            policies=self.policies,
+        )
+
+    def start(self) -> None:
+        self._intake.on_stored = self.scheduler.admit
+        self.scheduler.start()
+
+    async def stop(self, grace: float) -> None:
+        self._intake.on_stored = None
+        await self.scheduler.stop()
+        await self.dispatcher.drain(grace)
+        await asyncio.sleep(0.1)  # let the last settlements' commits come back
+
+    # --- helpers -----------------------------------------------------------------------
+    def _load_body(self, entry: Entry) -> bytes:
+        message = entry.message
+        body = self._spools[message.id & 63].body(message.body_id)
+        return strip_headers(body, self._strip)
+
+    def _send_dsn(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:
+        future: asyncio.Future[object] = asyncio.ensure_future(self._store_dsn(message, failures))
+        return future
+
+    async def _store_dsn(self, message: Message, failures: list[Failure]) -> object:
+        original = self._spools[message.id & 63].body(message.body_id)
+        report = build_report(
+            hostname=self._config.smtp.hostname,
+            queue_id=format_id(message.id),
+            envelope=message.envelope,
+            failures=failures,
+            original=original,
+            arrival=message.created,
+        )
+        envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
+        return await self._intake.local(envelope, report)
+
+
+def recover_outbox_lines(spool: SqliteSpool, log: LogWriter, shard: int) -> list[bytes]:
+    """Terminal records committed before a crash and missing from the log (read before the
+    log is opened, which compresses the last run's segments)."""
+    pending = spool.outbox()
+    if not pending:
+        return []
+    present = seqs_in_log(log.directory, shard, {seq for seq, _ in pending})
+    return [line for seq, line in pending if seq not in present]
+
+
+def finish_outbox(spool: SqliteSpool, log: LogWriter, missing: list[bytes]) -> None:
+    """Log what `recover_outbox_lines` found, then empty the outbox."""
+    pending = spool.outbox()
+    for line in missing:
+        log.write_raw(line)
+    log.flush()
+    if pending:
+        spool.outbox_written(pending[-1][0])
+    if missing:
+        _log.warning(
+            "spool %s: %d terminal records were committed but not logged before a crash; logged them now",
+            spool.directory,
+            len(missing),
+        )
+
+
+def _policies(config: Config) -> QueuePolicies:
+    delivery = config.delivery
+
+    def retry(interval: float | None, cap: float | None, age: float | None) -> RetryPolicy:
+        return RetryPolicy(
+            retry_interval=interval if interval is not None else delivery.retry_interval,
+            max_retry_interval=cap if cap is not None else delivery.max_retry_interval,
+            max_age=age if age is not None else delivery.max_age,
+        )
+
+    default = QueuePolicy(retry(None, None, None), delivery.dsn)
+    rules = [
+        QueueRule(
+            q.name,
+            QueuePolicy(
+                retry(q.retry_interval, q.max_retry_interval, q.max_age), delivery.dsn if q.dsn is None else q.dsn
+            ),
+        )
+        for q in config.queue
+    ]
+    return QueuePolicies(default, rules)
+
+
+def _shaping(config: Config) -> Callable[[str], Shaping]:
+    delivery = config.delivery
+    default = Shaping(
+        connection_limit=delivery.connection_limit,
+        max_deliveries_per_connection=delivery.max_deliveries_per_connection,
+        idle_timeout=delivery.idle_timeout,
+        max_message_rate=Rate.parse(delivery.max_message_rate) if delivery.max_message_rate else None,
+        connection_failures_before_delay=delivery.connection_failures_before_delay,
+    )
+    rules = [
+        (
+            s.domain.lower(),
+            Shaping(
+                connection_limit=s.connection_limit or default.connection_limit,
+                max_deliveries_per_connection=s.max_deliveries_per_connection or default.max_deliveries_per_connection,
+                idle_timeout=s.idle_timeout if s.idle_timeout is not None else default.idle_timeout,
+                max_message_rate=Rate.parse(s.max_message_rate) if s.max_message_rate else default.max_message_rate,
+                connection_failures_before_delay=default.connection_failures_before_delay,
+            ),
+        )
+        for s in config.shaping
+    ]
+
+    def shaping(domain: str) -> Shaping:
+        return next((rule for pattern, rule in rules if fnmatch.fnmatchcase(domain, pattern)), default)
+
+    return shaping

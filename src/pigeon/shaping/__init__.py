@@ -1,0 +1,1 @@
+"""Traffic shaping: rates and limits per destination."""

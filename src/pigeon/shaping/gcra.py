@@ -1,0 +1,61 @@
+"""GCRA: the generic cell rate algorithm, the rate limiter KumoMTA and redis-cell use.
+
+One number of state (the theoretical arrival time) per limit: a request is allowed when
+it would not make the schedule run more than `burst` intervals ahead of now. Pure maths,
+no clock of its own: callers pass `now`, so tests need no sleeping.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+_RATE: Final = re.compile(r"\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*")
+_PERIOD: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
+                  "d": 86400, "day": 86400}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """`per_second` events a second, allowing bursts of `burst` events."""
+
+    per_second: float
+    burst: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        """ "100/s", "6,000/min", "1000/h", "50/d"; optionally ",burst=10"."""
+        spec, _, extra = text.partition(",burst=")
+        match = _RATE.fullmatch(spec)
+        if match is None:
+            raise ValueError(f'{text!r} is not a rate like "100/s", "6000/min" or "500/h"')
+        count = float(match.group(1).replace("_", "").replace(",", ""))
+        if count <= 0:
+            raise ValueError(f"{text!r}: the rate must be above zero")
+        burst = int(extra) if extra else 1
+        if burst < 1:
+            raise ValueError(f"{text!r}: burst must be at least 1")
+        return cls(count / _PERIOD[match.group(2)], burst)
+
+    @property
+    def interval(self) -> float:
+        return 1.0 / self.per_second
+
+
+class Gcra:
+    """One rate limit."""
+
+    __slots__ = ("_rate", "_tat")
+
+    def __init__(self, rate: Rate) -> None:
+        self._rate = rate
+        self._tat = 0.0  # theoretical arrival time of the next event
+
+    def reserve(self, now: float) -> float:
+        """Take one slot: 0 if it may go now, else the seconds to wait (the slot is then booked)."""
+        interval = self._rate.interval
+        tat = max(self._tat, now)
+        allowed_at = tat - interval * (self._rate.burst - 1)
+        self._tat = tat + interval
+        return max(0.0, allowed_at - now)

@@ -1,0 +1,329 @@
+"""The SMTP client, sans-IO: parse replies, read EHLO, run one mail transaction.
+
+The asyncio driver (`pigeon.delivery.session`) moves bytes; everything about what to send
+and what a reply means is here, testable without a socket:
+
+* `ReplyReader` turns server bytes into `Reply` values (multi-line, enhanced codes);
+* `Capabilities` is what an EHLO reply offers;
+* `Transaction` sends one message to its recipients. With PIPELINING it writes MAIL, every
+  RCPT and DATA in one go (RFC 2920), with CHUNKING as well the content itself (`BDAT n
+  LAST`, RFC 3030: one round trip per message); without, it goes command by command. It
+  records one reply per recipient: the RCPT refusal, or the end-of-data reply.
+
+`refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
+offered, too big for its SIZE, 8-bit data without 8BITMIME): a permanent, explained bounce
+rather than a protocol violation at the next hop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from pigeon.smtp.extensions import encode_xtext
+from pigeon.smtp.replies import Reply
+
+_ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
+_MAX_REPLY_LINE: Final = 4096  # RFC 5321 says 512; be generous, but not unbounded
+
+
+class ClientProtocolError(Exception):
+    """The server's bytes are not SMTP (a malformed reply): give up on the connection."""
+
+
+class ReplyReader:
+    """Accumulates server bytes and returns complete replies."""
+
+    __slots__ = ("_buf", "_lines")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._lines: list[str] = []
+
+    def feed(self, data: bytes) -> list[Reply]:
+        self._buf += data
+        replies: list[Reply] = []
+        buf = self._buf
+        while True:
+            end = buf.find(b"\n")
+            if end < 0:
+                if len(buf) > _MAX_REPLY_LINE:
+                    raise ClientProtocolError("reply line too long")
+                return replies
+            raw = bytes(buf[:end]).rstrip(b"\r")
+            del buf[: end + 1]
+            line = raw.decode("utf-8", "replace")
+            if len(line) < 3 or not line[:3].isdigit() or (len(line) > 3 and line[3] not in " -"):
+                raise ClientProtocolError(f"malformed reply line {line[:80]!r}")
+            if self._lines and self._lines[0][:3] != line[:3]:
+                raise ClientProtocolError("reply code changed inside a multi-line reply")
+            self._lines.append(line)
+            if len(line) == 3 or line[3] == " ":
+                replies.append(_make_reply(self._lines))
+                self._lines = []
+
+
+def _make_reply(lines: list[str]) -> Reply:
+    code = int(lines[0][:3])
+    texts = [line[4:] for line in lines]
+    enhanced = None
+    first = texts[0].split(" ", 1)
+    if _ENHANCED.fullmatch(first[0]) and first[0][0] == str(code)[0]:
+        enhanced = first[0]
+        texts = [_strip_enhanced(text, enhanced) for text in texts]
+    if not 200 <= code <= 599:
+        # Not a code Reply accepts: report it as the generic error it stands for.
+        code, texts = 554, [f"invalid reply code {lines[0][:3]}: {' '.join(texts)}"]
+    return Reply(code, enhanced, tuple(t if t else "" for t in texts))
+
+
+def _strip_enhanced(text: str, enhanced: str) -> str:
+    return text[len(enhanced) + 1 :] if text.startswith(enhanced) else text
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an EHLO reply offers (keywords upper-cased)."""
+
+    keywords: frozenset[str] = frozenset()
+    size: int | None = None  # SIZE limit; None: not announced, 0: announced without a limit
+    auth: tuple[str, ...] = ()
+    esmtp: bool = True
+
+    @classmethod
+    def from_ehlo(cls, reply: Reply) -> Capabilities:
+        keywords: set[str] = set()
+        size: int | None = None
+        auth: tuple[str, ...] = ()
+        for line in reply.lines[1:]:
+            parts = line.split()
+            if not parts:
+                continue
+            keyword = parts[0].upper()
+            keywords.add(keyword)
+            if keyword == "SIZE":
+                size = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            elif keyword == "AUTH":
+                auth = tuple(p.upper() for p in parts[1:])
+        return cls(frozenset(keywords), size, auth)
+
+    @classmethod
+    def helo_only(cls) -> Capabilities:
+        return cls(frozenset(), None, (), esmtp=False)
+
+    def __contains__(self, keyword: str) -> bool:
+        return keyword in self.keywords
+
+
+@dataclass(frozen=True, slots=True)
+class Recipient:
+    address: str
+    notify: tuple[str, ...] | None = None
+    orcpt: str | None = None
+
+
+@dataclass(slots=True)
+class Envelope:
+    """What a transaction needs to know about the message it sends."""
+
+    sender: str
+    recipients: list[Recipient]
+    body: bytes  # the message as stored: CRLF line endings, not dot-stuffed
+    eight_bit: bool = False
+    smtputf8: bool = False
+    ret: str | None = None
+    envid: str | None = None
+
+
+@dataclass(slots=True)
+class Result:
+    """How a transaction ended, per recipient (in the envelope's order)."""
+
+    replies: list[Reply]
+    mail_reply: Reply | None = None
+    data_reply: Reply | None = None
+    needs_reset: bool = False  # MAIL was accepted but no message was completed
+
+
+def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
+    """A permanent reason this message cannot be sent to this peer at all, or None."""
+    if envelope.smtputf8 and "SMTPUTF8" not in peer:
+        return Reply(
+            554, "5.6.7", ("Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it",)
+        )
+    if peer.size and len(envelope.body) > peer.size:
+        text = f"Message of {len(envelope.body)} octets exceeds the receiving server's SIZE limit of {peer.size}"
+        return Reply(552, "5.3.4", (text,))
+    if envelope.eight_bit and "8BITMIME" not in peer:
+        return Reply(554, "5.6.3", ("Message has 8-bit data and the receiving server does not offer 8BITMIME",))
+    return None
+
+
+# What a pending reply answers.
+_RSET, _MAIL, _RCPT, _DATA, _CONTENT, _IGNORED = range(6)
+
+
+class Transaction:
+    """One MAIL...end-of-data exchange, sans-IO.
+
+    `start()` gives the first bytes to send; every reply goes to `on_reply()`, which gives
+    the next bytes (maybe none). `done` is True once every expected reply has arrived;
+    `result()` then says what happened to each recipient.
+    """
+
+    def __init__(
+        self,
+        envelope: Envelope,
+        peer: Capabilities,
+        *,
+        pipelining: bool = True,
+        chunking: bool = True,
+        reset_first: bool = False,
+    ) -> None:
+        self.envelope = envelope
+        self.peer = peer
+        self.pipelining = pipelining and "PIPELINING" in peer
+        self.chunking = chunking and "CHUNKING" in peer
+        self.reset_first = reset_first
+        self._pending: list[tuple[int, int]] = []  # (what, recipient index)
+        self._next_rcpt = 0
+        self._rcpt_replies: list[Reply | None] = [None] * len(envelope.recipients)
+        self._mail_reply: Reply | None = None
+        self._data_reply: Reply | None = None
+
+    @property
+    def done(self) -> bool:
+        return not self._pending
+
+    def start(self) -> bytes:
+        out = []
+        if self.reset_first:
+            out.append(b"RSET\r\n")
+            self._pending.append((_RSET, 0))
+        out.append(self._mail_command())
+        self._pending.append((_MAIL, 0))
+        if self.pipelining:
+            while self._next_rcpt < len(self.envelope.recipients):
+                out.append(self._send_rcpt())
+            out.append(self._send_end())
+        return b"".join(out)
+
+    def on_reply(self, reply: Reply) -> bytes:
+        """Take the next reply; return what to send next (maybe nothing)."""
+        if not self._pending:
+            raise ClientProtocolError(f"unexpected reply: {reply}")
+        what, index = self._pending.pop(0)
+        if what == _MAIL:
+            self._mail_reply = reply
+            if not reply.is_positive:
+                # In a pipelined group the RCPT and DATA replies still come: wait for them.
+                self._pending = [(_IGNORED, 0)] * len(self._pending)
+                return b""
+            return b"" if self.pipelining else self._continue()
+        if what == _RCPT:
+            self._rcpt_replies[index] = reply
+            return b"" if self.pipelining else self._continue()
+        if what == _DATA:
+            if reply.code != 354:
+                if self._mail_ok():
+                    self._data_reply = reply
+                return b""
+            self._pending.append((_CONTENT, 0))
+            if not (self._mail_ok() and self._accepted_any()):
+                return b".\r\n"  # nobody to deliver to: end the empty data to stay in step
+            return dot_stuff(self.envelope.body)
+        if what == _CONTENT:
+            if self._mail_ok() and self._accepted_any():
+                self._data_reply = reply
+            return b""
+        return b""  # _RSET, _IGNORED
+
+    def result(self) -> Result:
+        mail = self._mail_reply
+        replies: list[Reply] = []
+        for reply in self._rcpt_replies:
+            if mail is not None and not mail.is_positive:
+                replies.append(mail)
+            elif reply is None:
+                replies.append(Reply(451, "4.4.0", ("no reply to RCPT before the connection ended",)))
+            elif not reply.is_positive:
+                replies.append(reply)
+            elif self._data_reply is None:
+                replies.append(Reply(451, "4.4.0", ("no reply to the end of data before the connection ended",)))
+            else:
+                replies.append(self._data_reply)
+        completed = self._data_reply is not None and self._data_reply.is_positive
+        return Result(replies, mail, self._data_reply, needs_reset=self._mail_ok() and not completed)
+
+    # --- helpers -------------------------------------------------------------------------
+    def _mail_ok(self) -> bool:
+        return self._mail_reply is not None and self._mail_reply.is_positive
+
+    def _accepted_any(self) -> bool:
+        return any(r is not None and r.is_positive for r in self._rcpt_replies)
+
+    def _continue(self) -> bytes:
+        """Lock-step: the next RCPT, or the end of the envelope."""
+        if self._next_rcpt < len(self.envelope.recipients):
+            return self._send_rcpt()
+        if not self._accepted_any():
+            return b""  # every recipient refused: no data to send
+        return self._send_end()
+
+    def _send_rcpt(self) -> bytes:
+        index = self._next_rcpt
+        self._next_rcpt += 1
+        self._pending.append((_RCPT, index))
+        return self._rcpt_command(self.envelope.recipients[index])
+
+    def _send_end(self) -> bytes:
+        if self.chunking:
+            # With BDAT the content goes with the command: one round trip (RFC 3030).
+            self._pending.append((_CONTENT, 0))
+            body = self.envelope.body
+            return b"BDAT %d LAST\r\n" % len(body) + body
+        self._pending.append((_DATA, 0))
+        return b"DATA\r\n"
+
+    def _mail_command(self) -> bytes:
+        env, peer = self.envelope, self.peer
+        params = []
+        if peer.size is not None:
+            params.append(f"SIZE={len(env.body)}")
+        if env.eight_bit and "8BITMIME" in peer:
+            params.append("BODY=8BITMIME")
+        if env.smtputf8 and "SMTPUTF8" in peer:
+            params.append("SMTPUTF8")
+        if "DSN" in peer:
+            if env.ret:
+                params.append(f"RET={env.ret}")
+            if env.envid:
+                params.append(f"ENVID={encode_xtext(env.envid)}")
+        tail = (" " + " ".join(params)) if params else ""
+        return f"MAIL FROM:<{env.sender}>{tail}\r\n".encode()
+
+    def _rcpt_command(self, recipient: Recipient) -> bytes:
+        params = []
+        if "DSN" in self.peer:
+            if recipient.notify:
+                params.append("NOTIFY=" + ",".join(recipient.notify))
+            if recipient.orcpt:
+                addr_type, _, address = recipient.orcpt.partition(";")
+                if addr_type.lower() == "utf-8":
+                    params.append(f"ORCPT={recipient.orcpt}")
+                else:
+                    params.append(f"ORCPT={addr_type};{encode_xtext(address)}")
+        tail = (" " + " ".join(params)) if params else ""
+        return f"RCPT TO:<{recipient.address}>{tail}\r\n".encode()
+
+
+def dot_stuff(body: bytes) -> bytes:
+    """The DATA form of a message: leading dots doubled, CRLF-terminated, then "."."""
+    if not body.endswith(b"\r\n"):
+        body += b"\r\n"
+    if body.startswith(b"."):
+        body = b"." + body
+    if b"\r\n." in body:
+        body = body.replace(b"\r\n.", b"\r\n..")
+    return body + b".\r\n"
