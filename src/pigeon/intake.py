@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
+from pigeon.logs.outbox import Outbox
 from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
@@ -88,6 +89,8 @@ class Intake:
         self.max_hops = max_hops
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
+        self.outbox: Outbox | None = None
+        """Where Reception records go with their commit (set by the node; None in small tests)."""
         self.on_stored: Callable[[list[Message]], None] | None = None
         """Told about every message once it is durable (the scheduler, to deliver it)."""
 
@@ -210,8 +213,36 @@ class Draft:
                 )
                 for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True)
             ]
-        stored = intake.spool.store(body, messages)
-        stored.add_done_callback(lambda f: self._stored(f, result, messages, body.size))
+        # The Reception records are committed with the messages (the outbox): logged once,
+        # even if the process dies between the commit and the log write.
+        ids = [m.id for m in messages]
+        printed = [format_id(i) for i in ids]
+        reply = replies.queued(printed)
+        response = Response.of(reply)
+        arrival = self.arrival
+        records = [
+            Reception(
+                timestamp=now,
+                id=printed_id,
+                session=arrival.session,
+                sender=m.envelope.sender,
+                recipients=[r.address for r in m.envelope.recipients],
+                queue=m.queue,
+                size=body.size,
+                peer=arrival.peer,
+                helo=arrival.helo,
+                protocol=arrival.protocol,
+                response=response,
+                tls=arrival.tls,
+                auth_user=arrival.auth_user,
+            )
+            for m, printed_id in zip(messages, printed, strict=True)
+        ]
+        sealed = intake.outbox.seal(intake.spool, records) if intake.outbox is not None else []
+        stored = intake.spool.store(body, messages, sealed)
+        stored.add_done_callback(
+            lambda f: self._stored(f, result, messages, body.size, Stored(ids, reply), sealed, records)
+        )
         return result
 
     def _stored(
@@ -220,6 +251,9 @@ class Draft:
         result: asyncio.Future[Stored],
         messages: list[NewMessage],
         size: int,
+        outcome: Stored,
+        sealed: list[tuple[int, bytes]],
+        records: list[Reception],
     ) -> None:
         if result.cancelled():
             return
@@ -228,29 +262,11 @@ class Draft:
             result.set_exception(error)
             return
         intake, arrival = self._intake, self.arrival
-        ids = [m.id for m in messages]
-        printed = [format_id(i) for i in ids]
-        reply = replies.queued(printed)
-        response = Response.of(reply)
-        now = time.time()
-        for m, printed_id in zip(messages, printed, strict=True):
-            intake.log.write(
-                Reception(
-                    timestamp=now,
-                    id=printed_id,
-                    session=arrival.session,
-                    sender=m.envelope.sender,
-                    recipients=[r.address for r in m.envelope.recipients],
-                    queue=m.queue,
-                    size=size,
-                    peer=arrival.peer,
-                    helo=arrival.helo,
-                    protocol=arrival.protocol,
-                    response=response,
-                    tls=arrival.tls,
-                    auth_user=arrival.auth_user,
-                )
-            )
+        if intake.outbox is not None:
+            intake.outbox.committed(intake.spool, sealed)
+        else:
+            for record in records:
+                intake.log.write(record)
         if intake.on_stored is not None:
             intake.on_stored(
                 [Message(m.id, m.queue, m.envelope, m.created, size, self._ids[0], due=m.due) for m in messages]
@@ -259,7 +275,7 @@ class Draft:
         counts.messages_received += len(messages)
         counts.bytes_received += size
         counts.receptions[arrival.listener] = counts.receptions.get(arrival.listener, 0) + 1
-        result.set_result(Stored(ids, reply))
+        result.set_result(outcome)
 
 
 def _group_by_domain(recipients: Sequence[Recipient]) -> list[tuple[str, list[Recipient]]]:

@@ -28,14 +28,18 @@ def free_port() -> int:
         return port
 
 
-def to_toml(config: dict[str, dict[str, Any]]) -> str:
-    """Enough TOML for our configs: tables of strings, numbers, booleans and lists of those."""
+def to_toml(config: dict[str, Any]) -> str:
+    """Enough TOML for our configs: tables (and arrays of tables, given as lists of dicts)
+    of strings, numbers, booleans and lists of those."""
     lines = []
     for section, values in config.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
+        tables = values if isinstance(values, list) else [values]
+        header = f"[[{section}]]" if isinstance(values, list) else f"[{section}]"
+        for table in tables:
+            lines.append(header)
+            for key, value in table.items():
+                lines.append(f"{key} = {_toml_value(value)}")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -54,12 +58,12 @@ def _toml_value(value: Any) -> str:
 class PigeonProcess:
     """`pigeon serve` in a subprocess, with a config written under `root`."""
 
-    def __init__(self, root: Path, **sections: dict[str, Any]) -> None:
+    def __init__(self, root: Path, **sections: Any) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.smtp_port = free_port()
         self.http_port = free_port()
-        config: dict[str, dict[str, Any]] = {
+        config: dict[str, Any] = {
             "node": {"name": "test-node", "workers": 1, "shutdown_timeout": "10s"},
             "smtp": {"listen": [f"127.0.0.1:{self.smtp_port}"], "hostname": "mx.pigeon.test"},
             "http": {"listen": f"127.0.0.1:{self.http_port}"},
@@ -71,7 +75,10 @@ class PigeonProcess:
             "dns": {"nameservers": ["127.0.0.1:9"], "timeout": "1s"},
         }
         for section, values in sections.items():
-            config.setdefault(section, {}).update(values)
+            if isinstance(values, list):
+                config[section] = values
+            else:
+                config.setdefault(section, {}).update(values)
         self.config = config
         self.config_path = root / "pigeon.toml"
         self.config_path.write_text(to_toml(config))

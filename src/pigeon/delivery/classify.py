@@ -83,7 +83,12 @@ def load_rules(path: Path) -> list[Rule]:
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise RuleFileError(f"{path}: cannot read bounce rules: {error}") from None
     rules: list[Rule] = []
-    for number, item in enumerate(data.get("rule", []), start=1):
+    items = data.get("rule", [])
+    if not isinstance(items, list):
+        raise RuleFileError(f"{path}: write each rule as a [[rule]] table with class = and pattern =")
+    for number, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise RuleFileError(f"{path}: rule {number} is not a [[rule]] table")
         label, pattern = item.get("class"), item.get("pattern")
         if not isinstance(label, str) or not isinstance(pattern, str):
             raise RuleFileError(f'{path}: rule {number} needs class = "..." and pattern = "..."')

@@ -13,6 +13,8 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
     Only the header section is looked at; folded continuation lines of a removed field go
     with it. Returns the same object when there is nothing to remove (the usual case).
     """
+    if message.startswith(b"\r\n"):
+        return message  # no header section at all
     end = message.find(b"\r\n\r\n")
     head = message if end < 0 else message[: end + 2]
     lowered = head.lower()

@@ -60,21 +60,21 @@ def build_report(
     )
     per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
     if envelope.envid:
-        per_message.append(f"Original-Envelope-Id: {envelope.envid}")
+        per_message.append(f"Original-Envelope-Id: {_field(envelope.envid)}")
     per_message.append(f"Arrival-Date: {formatdate(arrival, usegmt=True)}")
     blocks = ["\r\n".join(per_message)]
     for failure in failures:
         address = failure.recipient.address
         kind = "utf-8" if not address.isascii() else "rfc822"
-        fields = [f"Final-Recipient: {kind}; {address}"]
+        fields = [f"Final-Recipient: {kind}; {_field(address)}"]
         if failure.recipient.orcpt:
             addr_type, _, original_address = failure.recipient.orcpt.partition(";")
-            fields.append(f"Original-Recipient: {addr_type}; {original_address}")
+            fields.append(f"Original-Recipient: {_field(addr_type)}; {_field(original_address)}")
         fields.append(f"Action: {failure.action}")
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
             fields.append(f"Remote-MTA: dns; {failure.remote_mta}")
-        fields.append(f"Diagnostic-Code: smtp; {failure.reply.code} {failure.reply.text}")
+        fields.append(f"Diagnostic-Code: smtp; {failure.reply.code} {_field(failure.reply.text)}")
         fields.append(f"Last-Attempt-Date: {date}")
         blocks.append("\r\n".join(fields))
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
@@ -105,6 +105,11 @@ def build_report(
     if not returned.endswith(b"\r\n"):
         returned += b"\r\n"
     return text + returned + f"\r\n--{boundary}--\r\n".encode()
+
+
+def _field(value: str) -> str:
+    """A value safe inside a header field: no CR, LF or other controls (no injected fields)."""
+    return "".join(c if c >= " " and c != "\x7f" else " " for c in value)
 
 
 def _status(reply: Reply) -> str:

@@ -40,6 +40,9 @@ terminal (exactly one per recipient), `TransientFailure` is not (one per failed 
 | classification | Bounce           | bounce class from the rule table (InvalidRecipient, ...) |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
 | seq            | terminal ones    | unique and increasing per shard: a consumer can dedupe    |
+
+`Reception` carries a `seq` too: it and the terminal records are written exactly once,
+even across `kill -9` (see `pigeon.logs.outbox`).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class Reception(Record, tag="Reception"):
     response: Response
     tls: str | None = None
     auth_user: str | None = None
+    seq: int = 0
 
 
 class Rejection(Record, tag="Rejection"):

@@ -23,6 +23,7 @@ from pigeon.listener.http.app import HttpListener
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.smtp import SmtpListener
 from pigeon.listener.tls import ensure_self_signed, server_context
+from pigeon.logs.outbox import Outbox
 from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
@@ -72,6 +73,7 @@ class Node:
         self.smtp_addresses: list[tuple[str, int]] = []
         self.http_address: tuple[str, int] | None = None
         self.outbound: Outbound | None = None
+        self.outbox: Outbox | None = None
         self._stopping = False
         self._started_at = 0.0
 
@@ -99,9 +101,12 @@ class Node:
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
         )
+        spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
+        self.outbox = intake.outbox = Outbox(self.log, spools)
         if config.delivery.enabled:
-            spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
-            self.outbound = Outbound(config, spools=spools, log=self.log, metrics=self.metrics, intake=intake)
+            self.outbound = Outbound(
+                config, spools=spools, log=self.log, outbox=self.outbox, metrics=self.metrics, intake=intake
+            )
             self.outbound.start()
         tls_context = self._tls_context()
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
@@ -163,6 +168,8 @@ class Node:
             await self.outbound.stop(self.shutdown_timeout)
         if self.http is not None:
             await self.http.stop()
+        if self.outbox is not None:
+            self.outbox.flush()
         for spool in (self.spool, *self.adopted):
             spool.close()  # blocks until the commit in flight is done: a few milliseconds
         await asyncio.sleep(0)  # let the last commits' callbacks run

@@ -18,6 +18,7 @@ from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Hop, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
 from pigeon.intake import Intake
+from pigeon.logs.outbox import Outbox
 from pigeon.logs.reader import seqs_in_log
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, format_id
@@ -40,6 +41,7 @@ class Outbound:
         *,
         spools: Mapping[int, SqliteSpool],
         log: LogWriter,
+        outbox: Outbox,
         metrics: Metrics,
         intake: Intake,
     ) -> None:
@@ -72,6 +74,7 @@ class Outbound:
             spools=spools,
             active=self.active,
             log=log,
+            outbox=outbox,
             metrics=metrics,
             classifier=Classifier.from_files(delivery.bounce_rules),
             policies=self.policies,

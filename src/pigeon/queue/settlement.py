@@ -29,6 +29,7 @@ from typing import Any
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.dsn import Failure, wants_failure_notice
 from pigeon.delivery.outcome import Attempt
+from pigeon.logs.outbox import Outbox
 from pigeon.logs.records import Bounce, Delivery, Expiration, Response, TransientFailure
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, format_id
@@ -72,6 +73,7 @@ class Settlement:
         spools: Mapping[int, SqliteSpool],
         active: ActiveSet,
         log: LogWriter,
+        outbox: Outbox,
         metrics: Metrics,
         classifier: Classifier,
         policies: QueuePolicies,
@@ -82,14 +84,13 @@ class Settlement:
         self._spools = spools
         self._active = active
         self._log = log
+        self._outbox = outbox
         self._metrics = metrics
         self._classifier = classifier
         self._policies = policies
         self._notifier = notifier
         self._clock = clock
         self._rng = rng or random.Random()
-        self._outbox_done: dict[int, int] = {}
-        self._outbox_flush: asyncio.TimerHandle | None = None
 
     # --- entry points ------------------------------------------------------------------------
     def settle(self, entry: Entry, generation: int, attempt: Attempt) -> None:
@@ -162,9 +163,7 @@ class Settlement:
         message = outcome.entry.message
         spool = self._spools[message.id & _SHARD_MASK]
         if not outcome.encoded and outcome.terminal:
-            for record, seq in zip(outcome.terminal, spool.new_ids(len(outcome.terminal)), strict=True):
-                record.seq = seq
-                outcome.encoded.append((seq, self._log.encode(record)))
+            outcome.encoded = self._outbox.seal(spool, outcome.terminal)
         future = spool.settle(
             message, outcome.remaining, attempts=outcome.attempts, due=outcome.due, records=outcome.encoded
         )
@@ -178,8 +177,7 @@ class Settlement:
             return
         log = self._log
         counts = self._metrics.counts.outcomes
-        for _, line in outcome.encoded:
-            log.write_raw(line)
+        self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
             name = type(record).__name__
             counts[name] = counts.get(name, 0) + 1
@@ -189,28 +187,12 @@ class Settlement:
         gone = future.result()
         if gone is not None:
             spool.remove_body_file(gone)
-        if outcome.encoded:
-            self._outbox_written(spool, outcome.encoded[-1][0])
         if outcome.remaining is not None:
             message = outcome.entry.message
             message.envelope = outcome.remaining
             message.attempts = outcome.attempts
             message.due = outcome.due
         self._active.remove(outcome.entry)
-
-    def _outbox_written(self, spool: SqliteSpool, seq: int) -> None:
-        shard = spool.shard
-        self._outbox_done[shard] = max(seq, self._outbox_done.get(shard, 0))
-        if self._outbox_flush is None:
-            # The records are in the log file: forget them in the spool, in one batch.
-            self._outbox_flush = asyncio.get_running_loop().call_later(0.5, self._flush_outbox)
-
-    def _flush_outbox(self) -> None:
-        self._outbox_flush = None
-        self._log.flush()  # written to the file before the spool forgets them
-        done, self._outbox_done = self._outbox_done, {}
-        for shard, seq in done.items():
-            self._spools[shard].outbox_written(seq)
 
     # --- helpers -----------------------------------------------------------------------
     def _move(self, entry: Entry, expected: State, generation: int, to: State) -> bool:

@@ -48,7 +48,10 @@ _TERMINAL: Final = frozenset({State.DELIVERED, State.BOUNCED, State.EXPIRED, Sta
 
 # Which state may follow which. Looking the move up is the validation.
 _MOVES: Final[dict[State, frozenset[State]]] = {
-    State.SCHEDULED: frozenset({State.READY, State.EXPIRED, State.BOUNCED, State.ADMIN_BOUNCED, State.SCHEDULED}),
+    # SCHEDULED -> IN_FLIGHT: an attempt that fails before any connection (no DNS answer).
+    State.SCHEDULED: frozenset(
+        {State.READY, State.IN_FLIGHT, State.EXPIRED, State.BOUNCED, State.ADMIN_BOUNCED, State.SCHEDULED}
+    ),
     State.READY: frozenset({State.IN_FLIGHT, State.SCHEDULED, State.EXPIRED, State.ADMIN_BOUNCED}),
     State.IN_FLIGHT: frozenset(
         {State.SCHEDULED, State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED, State.READY}

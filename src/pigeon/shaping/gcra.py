@@ -26,14 +26,16 @@ class Rate:
     @classmethod
     def parse(cls, text: str) -> Rate:
         """ "100/s", "6,000/min", "1000/h", "50/d"; optionally ",burst=10"."""
-        spec, _, extra = text.partition(",burst=")
+        spec, has_burst, extra = text.partition(",burst=")
         match = _RATE.fullmatch(spec)
         if match is None:
             raise ValueError(f'{text!r} is not a rate like "100/s", "6000/min" or "500/h"')
         count = float(match.group(1).replace("_", "").replace(",", ""))
         if count <= 0:
             raise ValueError(f"{text!r}: the rate must be above zero")
-        burst = int(extra) if extra else 1
+        if has_burst and not extra.strip().isdigit():
+            raise ValueError(f"{text!r}: burst= needs a whole number")
+        burst = int(extra) if has_burst else 1
         if burst < 1:
             raise ValueError(f"{text!r}: burst must be at least 1")
         return cls(count / _PERIOD[match.group(2)], burst)

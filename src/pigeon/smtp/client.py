@@ -51,11 +51,16 @@ class ReplyReader:
                 if len(buf) > _MAX_REPLY_LINE:
                     raise ClientProtocolError("reply line too long")
                 return replies
-            raw = bytes(buf[:end]).rstrip(b"\r")
+            raw = bytes(buf[:end])
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
             del buf[: end + 1]
             line = raw.decode("utf-8", "replace")
-            if len(line) < 3 or not line[:3].isdigit() or (len(line) > 3 and line[3] not in " -"):
+            code = line[:3]
+            if len(code) < 3 or not (code.isascii() and code.isdigit()) or (len(line) > 3 and line[3] not in " -"):
                 raise ClientProtocolError(f"malformed reply line {line[:80]!r}")
+            if "\r" in line or "\0" in line:
+                raise ClientProtocolError(f"reply line with a bare CR or NUL: {line[:80]!r}")
             if self._lines and self._lines[0][:3] != line[:3]:
                 raise ClientProtocolError("reply code changed inside a multi-line reply")
             self._lines.append(line)
@@ -201,6 +206,8 @@ class Transaction:
         if self.reset_first:
             out.append(b"RSET\r\n")
             self._pending.append((_RSET, 0))
+            if not self.pipelining:
+                return b"RSET\r\n"  # MAIL goes after RSET's reply
         out.append(self._mail_command())
         self._pending.append((_MAIL, 0))
         if self.pipelining:
@@ -237,7 +244,10 @@ class Transaction:
             if self._mail_ok() and self._accepted_any():
                 self._data_reply = reply
             return b""
-        return b""  # _RSET, _IGNORED
+        if what == _RSET and not self.pipelining:
+            self._pending.append((_MAIL, 0))
+            return self._mail_command()
+        return b""  # _RSET when pipelining, _IGNORED
 
     def result(self) -> Result:
         mail = self._mail_reply
@@ -320,6 +330,8 @@ class Transaction:
 
 def dot_stuff(body: bytes) -> bytes:
     """The DATA form of a message: leading dots doubled, CRLF-terminated, then "."."""
+    if not body:
+        return b".\r\n"
     if not body.endswith(b"\r\n"):
         body += b"\r\n"
     if body.startswith(b"."):

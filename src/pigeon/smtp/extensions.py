@@ -190,7 +190,24 @@ def _parse_orcpt(value: str | None) -> str:
 def decode_xtext(value: str | None, key: str) -> str:
     if value is None or not value.isascii() or not _XTEXT.fullmatch(value):
         raise SmtpProtocolError(replies.syntax(f"{key} must be xtext (RFC 3461 4)", "5.5.4"))
-    return _XTEXT_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), value)
+    if "+" not in value:
+        return value
+    # "+HH" are octets: collect them as bytes, then read the whole as UTF-8 (encode_xtext's inverse).
+    octets = bytearray()
+    position = 0
+    for match in _XTEXT_ESCAPE.finditer(value):
+        octets += value[position : match.start()].encode("ascii")
+        octets.append(int(match.group(1), 16))
+        position = match.end()
+    octets += value[position:].encode("ascii")
+    try:
+        decoded = octets.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SmtpProtocolError(replies.syntax(f"{key} is not UTF-8 once decoded", "5.5.4")) from None
+    if any(ord(c) < 32 or ord(c) == 127 for c in decoded):
+        # CR, LF or other controls would end up inside DSN header fields (header injection).
+        raise SmtpProtocolError(replies.syntax(f"{key} must not contain control characters", "5.5.4"))
+    return decoded
 
 
 def encode_xtext(value: str) -> str:

@@ -74,6 +74,7 @@ _INSERT_BODY: Final = "INSERT INTO body (id, size, data, refs) VALUES (?, ?, ?, 
 _INSERT_MESSAGE: Final = (
     "INSERT INTO message (id, body, queue, created, size, attempts, due, envelope) VALUES (?, ?, ?, ?, ?, 0, ?, ?)"
 )
+_INSERT_OUTBOX: Final = "INSERT INTO outbox (seq, record) VALUES (?, ?)"
 _MESSAGE_COLUMNS: Final = "id, body, queue, created, size, attempts, due, envelope"
 
 
@@ -173,12 +174,14 @@ class SqliteSpool:
     def body_writer(self, body_id: SpoolId) -> BodyWriter:
         return BodyWriter(body_id, self.data_dir, self._inline_limit)
 
-    def store(self, body: Body, messages: list[NewMessage]) -> asyncio.Future[None]:
-        """Store one reception: its body and its messages, in one durable transaction."""
+    def store(
+        self, body: Body, messages: list[NewMessage], records: Sequence[tuple[int, bytes]] = ()
+    ) -> asyncio.Future[None]:
+        """Store one reception: its body, its messages and their records, in one durable transaction."""
         rows = [
             (m.id, body.id, m.queue, m.created, body.size, m.due, ENVELOPE_ENCODER.encode(m.envelope)) for m in messages
         ]
-        future = self._committer.submit(_StoreReception(body, rows))
+        future = self._committer.submit(_StoreReception(body, rows, records))
         future.add_done_callback(functools.partial(self._stored, len(rows)))
         return future
 
@@ -289,16 +292,19 @@ class SqliteSpool:
 
 
 class _StoreReception:
-    __slots__ = ("body", "rows")
+    __slots__ = ("body", "records", "rows")
 
-    def __init__(self, body: Body, rows: Sequence[tuple[object, ...]]) -> None:
+    def __init__(self, body: Body, rows: Sequence[tuple[object, ...]], records: Sequence[tuple[int, bytes]]) -> None:
         self.body = body
         self.rows = rows
+        self.records = records
 
     def apply(self, conn: sqlite3.Connection) -> None:
         body = self.body
         conn.execute(_INSERT_BODY, (body.id, body.size, body.data, len(self.rows)))
         conn.executemany(_INSERT_MESSAGE, self.rows)
+        if self.records:
+            conn.executemany(_INSERT_OUTBOX, self.records)
 
     def prepare(self) -> None:
         body = self.body
@@ -356,7 +362,7 @@ class _Settle:
                 (self.attempts, self.due, self.envelope, self.message_id),
             )
         if self.records:
-            conn.executemany("INSERT INTO outbox (seq, record) VALUES (?, ?)", self.records)
+            conn.executemany(_INSERT_OUTBOX, self.records)
         return gone
 
     def prepare(self) -> None:

@@ -1,0 +1,125 @@
+"""Relaying to real peers: what arrives, what is logged, what stays in the spool."""
+
+from __future__ import annotations
+
+import smtplib
+from pathlib import Path
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, SmtpSink, delivery_config, wait_until
+
+MESSAGE = (
+    b"From: <sender@example.org>\r\nSubject: relay\r\nX-Tenant: acme\r\nX-Campaign: spring\r\n\r\nHello.\r\n.dot\r\n"
+)
+
+
+def _send(
+    pigeon: PigeonProcess, recipients: list[str], data: bytes = MESSAGE, sender: str = "sender@example.org"
+) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        assert client.sendmail(sender, recipients, data) == {}
+
+
+def _terminal(pigeon: PigeonProcess) -> list[dict[str, object]]:
+    return [r for r in pigeon.records() if r["type"] in ("Delivery", "Bounce", "Expiration")]
+
+
+def test_message_is_relayed_with_its_routing_headers_removed(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        _send(pigeon, ["ok@example.net", "ok2@example.net"])
+        (received,) = sink.wait_for(1)
+        assert received.sender == "sender@example.org"
+        assert received.recipients == ["ok@example.net", "ok2@example.net"]  # one transaction for both
+        assert b"X-Tenant" not in received.data and b"X-Campaign" not in received.data
+        assert received.data.startswith(b"Received: from ")
+        assert received.data.endswith(b"Subject: relay\r\n\r\nHello.\r\n.dot\r\n")
+        records = wait_until(lambda: len(_terminal(pigeon)) == 2 and _terminal(pigeon))
+        assert {r["type"] for r in records} == {"Delivery"}
+        assert {r["recipient"] for r in records} == {"ok@example.net", "ok2@example.net"}
+        for record in records:
+            assert record["queue"] == "spring:acme@example.net"
+            assert record["site"] == sink.endpoint
+            assert record["attempt"] == 1
+            assert record["response"]["code"] == 250
+            assert isinstance(record["seq"], int)
+        wait_until(lambda: pigeon.spool_messages() == [])
+        assert pigeon.metric("pigeon_spool_messages") == 0
+
+
+def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
+    config = delivery_config("", max_age="4s", dsn=False)
+    with ScriptedSink() as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon, ["ok@example.net", "permfail@example.net", "tempfail@example.net", "quota@example.net"])
+            records = wait_until(lambda: len(_terminal(pigeon)) == 4 and _terminal(pigeon), timeout=30)
+            outcome = {r["recipient"]: (r["type"], r["response"]["code"]) for r in records}
+            assert outcome == {
+                "ok@example.net": ("Delivery", 250),
+                "permfail@example.net": ("Bounce", 550),
+                "quota@example.net": ("Bounce", 552),
+                "tempfail@example.net": ("Expiration", 551),
+            }
+            bounces = {r["recipient"]: r["classification"] for r in records if r["type"] == "Bounce"}
+            assert bounces == {"permfail@example.net": "InvalidRecipient", "quota@example.net": "QuotaIssues"}
+            transient = pigeon.records("TransientFailure")
+            assert transient and all(r["recipient"] == "tempfail@example.net" for r in transient)
+            assert [r["attempt"] for r in transient] == list(range(1, len(transient) + 1))
+            # the recipient that went through is not sent again on retries
+            assert sink.rcpt_log.count("ok@example.net") == 1
+            wait_until(lambda: pigeon.spool_messages() == [])
+
+
+def test_bounce_sends_a_dsn_to_the_sender_and_never_to_the_null_sender(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        _send(pigeon, ["permfail@example.net"], sender="ok@example.org")
+        (dsn,) = sink.wait_for(1)
+        assert dsn.sender == "<>"  # aiosmtpd shows the null sender so
+        assert dsn.recipients == ["ok@example.org"]
+        report = dsn.email
+        assert report.get_content_type() == "multipart/report"
+        assert report.get_param("report-type") == "delivery-status"
+        status = report.get_payload()[1]
+        assert status.get_content_type() == "message/delivery-status"
+        text = status.as_string()
+        assert "Final-Recipient: rfc822; permfail@example.net" in text
+        assert "Action: failed" in text
+        assert "Status: 5.1.1" in text
+        # A bounce of a message from <> (the DSN itself, here) produces no further DSN.
+        _send(pigeon, ["permfail@example.net"], sender="")
+        wait_until(lambda: len(_terminal(pigeon)) == 2)
+        assert len(sink.wait_for(2, timeout=3)) == 1
+
+
+def test_smtp_sink_soft_and_hard_errors(tmp_path: Path) -> None:
+    with (
+        SmtpSink("-r", "RCPT") as soft,
+        PigeonProcess(tmp_path / "soft", **delivery_config(soft.endpoint, max_age="3s", dsn=False)) as pigeon,
+    ):
+        _send(pigeon, ["a@example.net"])
+        (record,) = wait_until(lambda: _terminal(pigeon), timeout=20)
+        assert record["type"] == "Expiration"
+        assert len(pigeon.records("TransientFailure")) >= 2
+    with (
+        SmtpSink("-f", "DATA") as hard,
+        PigeonProcess(tmp_path / "hard", **delivery_config(hard.endpoint, dsn=False)) as pigeon,
+    ):
+        _send(pigeon, ["a@example.net"])
+        (record,) = wait_until(lambda: _terminal(pigeon))
+        assert record["type"] == "Bounce"
+        assert record["response"]["code"] >= 500
+
+
+def test_dead_sink_defers_then_delivers_once_it_comes_up(tmp_path: Path) -> None:
+    sink_port_holder = SmtpSink()
+    endpoint = sink_port_holder.endpoint
+    sink_port_holder.stop()  # nothing listens there now
+    with PigeonProcess(tmp_path / "node", **delivery_config(endpoint)) as pigeon:
+        _send(pigeon, ["a@example.net"])
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        failure = pigeon.records("TransientFailure")[0]
+        assert failure["response"]["enhanced"] == "4.4.1"
+        host, port = endpoint.split(":")
+        with SmtpSink(host=host, port=int(port)):
+            (record,) = wait_until(lambda: _terminal(pigeon), timeout=20)
+            assert record["type"] == "Delivery"

@@ -1,0 +1,86 @@
+"""Delivery against peers that behave in particular ways: another Pigeon (CHUNKING, STARTTLS,
+DSN), a server that hangs up mid-DATA, one that is slow to answer."""
+
+from __future__ import annotations
+
+import smtplib
+from pathlib import Path
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+
+def _terminal(pigeon: PigeonProcess) -> list[dict[str, object]]:
+    return [r for r in pigeon.records() if r["type"] in ("Delivery", "Bounce", "Expiration")]
+
+
+def test_pigeon_to_pigeon_uses_starttls_chunking_and_passes_dsn_parameters(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "sink") as sink:
+        config = delivery_config(f"127.0.0.1:{sink.smtp_port}")
+        config["route"][0]["tls"] = "opportunistic"
+        with PigeonProcess(tmp_path / "relay", **config) as relay:
+            body = b"Subject: chunked\r\n\r\n" + b"line\r\n.leading dot\r\n" * 500
+            with smtplib.SMTP("127.0.0.1", relay.smtp_port) as client:
+                client.ehlo("client.test")
+                client.mail("a@example.org", ["RET=HDRS", "ENVID=env-1"])
+                client.rcpt("b@example.net", ["NOTIFY=FAILURE", "ORCPT=rfc822;orig@example.net"])
+                assert client.data(body)[0] == 250
+            (record,) = wait_until(lambda: _terminal(relay))
+            assert record["type"] == "Delivery"
+            assert record["tls"].startswith("TLSv1.")  # opportunistic TLS with the sink's self-signed cert
+            (arrived,) = wait_until(lambda: sink.spool_messages())
+            assert arrived["data"].endswith(body)
+            assert arrived["data"].count(b"Received: from ") == 2
+            envelope = arrived["envelope"]
+            assert (envelope.ret, envelope.envid) == ("HDRS", "env-1")
+            assert envelope.recipients[0].notify == ["FAILURE"]
+            assert envelope.recipients[0].orcpt == "rfc822;orig@example.net"
+            (reception,) = sink.records("Reception")
+            assert reception["protocol"] == "ESMTPS"
+
+
+def test_hangup_in_the_middle_of_data_is_a_transient_failure(tmp_path: Path) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(
+            tmp_path / "node", **delivery_config(sink.endpoint, max_age="3s", dsn=False, chunking=False)
+        ) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["hangup@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+        failures = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert failures[0]["response"]["enhanced"] == "4.4.2"
+        (record,) = wait_until(lambda: _terminal(pigeon), timeout=20)
+        assert record["type"] == "Expiration"
+        assert "closed the connection" in record["response"]["text"]
+
+
+def test_a_slow_server_runs_into_the_reply_timeout(tmp_path: Path) -> None:
+    with (
+        ScriptedSink(slow=3.0) as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, reply_timeout="1s", dsn=False)) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["slow@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+        (failure, *_) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert failure["response"]["text"].startswith("timeout waiting for")
+
+
+def test_sigterm_finishes_deliveries_and_keeps_the_rest_for_the_next_start(tmp_path: Path) -> None:
+    with ScriptedSink(slow=0.5) as sink:
+        config = delivery_config(sink.endpoint, connection_limit=1)
+        pigeon = PigeonProcess(tmp_path / "node", **config).start()
+        try:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                for n in range(10):
+                    client.sendmail("a@example.org", ["slow@example.net"], f"Subject: {n}\r\n\r\nhi\r\n".encode())
+            wait_until(lambda: sink.rcpt_log)
+            assert pigeon.stop() == 0
+        finally:
+            pigeon.kill()
+        delivered = len(_terminal(pigeon))
+        assert 1 <= delivered < 10
+        assert len(pigeon.spool_messages()) == 10 - delivered  # the rest waits in the spool
+        with PigeonProcess(tmp_path / "node", **config) as again:
+            wait_until(lambda: len(_terminal(again)) == 10, timeout=30)
+            assert len(sink.received) >= 10

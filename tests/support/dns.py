@@ -1,0 +1,73 @@
+"""A DNS server on loopback with a zone of the test's own (dnslib): tests never ask the system resolver."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from dnslib import AAAA, MX, QTYPE, RCODE, RR, A, DNSRecord
+from dnslib.server import BaseResolver, DNSLogger, DNSServer
+
+
+@dataclass
+class Zone:
+    """name -> records: ("MX", preference, host) | ("A", ip) | ("AAAA", ip); names without a trailing dot."""
+
+    records: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+    servfail: set[str] = field(default_factory=set)
+    ttl: int = 60
+    queries: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _Resolver(BaseResolver):  # type: ignore[misc]
+    def __init__(self, zone: Zone) -> None:
+        self.zone = zone
+
+    def resolve(self, request: DNSRecord, handler: Any) -> DNSRecord:
+        reply = request.reply()
+        name = str(request.q.qname).rstrip(".").lower()
+        kind = QTYPE[request.q.qtype]
+        self.zone.queries.append((name, kind))
+        if name in self.zone.servfail:
+            reply.header.rcode = RCODE.SERVFAIL
+            return reply
+        records = self.zone.records.get(name)
+        if records is None:
+            reply.header.rcode = RCODE.NXDOMAIN
+            return reply
+        for record in records:
+            if record[0] != kind:
+                continue
+            if kind == "MX":
+                rdata: Any = MX(record[2] + "." if record[2] != "." else ".", record[1])
+            elif kind == "A":
+                rdata = A(record[1])
+            else:
+                rdata = AAAA(record[1])
+            reply.add_answer(RR(name + ".", QTYPE.reverse[kind], rdata=rdata, ttl=self.zone.ttl))
+        return reply
+
+
+class DnsServer:
+    def __init__(self, zone: Zone) -> None:
+        self.zone = zone
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        quiet = DNSLogger(logf=lambda _: None)
+        self._server = DNSServer(_Resolver(zone), port=self.port, address="127.0.0.1", logger=quiet)
+        self._server.start_thread()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def __enter__(self) -> DnsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,198 @@
+"""Receiving ends for delivery tests: Postfix's smtp-sink, and a scripted aiosmtpd sink.
+
+The scripted sink answers by recipient local part, like KumoMTA's test sink:
+
+    ok@...          250
+    tempfail@...    451 4.3.0 at RCPT
+    permfail@...    550 5.1.1 at RCPT
+    quota@...       552 5.2.2 mailbox full, at RCPT
+    datafail@...    554 5.6.0 at end of data (the whole transaction)
+    datatemp@...    451 4.3.0 at end of data
+    slow@...        waits `slow` seconds before answering RCPT
+    hangup@...      drops the connection in the middle of DATA
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from email.message import Message as EmailMessage
+from email.policy import default as default_policy
+from typing import Any
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from tests.support.process import free_port
+from tests.support.tools import require
+
+
+class SmtpSink:
+    """`smtp-sink` on a free loopback port; `extra` are its fault options (-r, -f, -q ...)."""
+
+    def __init__(self, *extra: str, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port or free_port()
+        binary = require("/usr/sbin/smtp-sink")
+        self.process = subprocess.Popen(
+            [binary, "-u", "nobody", "-c", *extra, f"{host}:{self.port}", "256"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_port(host, self.port)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+    def __enter__(self) -> SmtpSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class Received:
+    sender: str
+    recipients: list[str]
+    data: bytes
+    mail_options: list[str] = field(default_factory=list)
+    rcpt_options: list[list[str]] = field(default_factory=list)
+
+    @property
+    def email(self) -> EmailMessage:
+        return message_from_bytes(self.data, policy=default_policy)  # type: ignore[return-value]
+
+
+class _Handler:
+    def __init__(self, sink: ScriptedSink) -> None:
+        self.sink = sink
+
+    async def handle_RCPT(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
+        local = address.split("@", 1)[0].lower()
+        self.sink.rcpt_log.append(address)
+        if local == "slow":
+            await asyncio.sleep(self.sink.slow)
+        reply = {
+            "tempfail": "451 4.3.0 try again later",
+            "permfail": "550 5.1.1 no such user here",
+            "quota": "552 5.2.2 mailbox full",
+        }.get(local)
+        if reply is not None:
+            return reply
+        envelope.rcpt_tos.append(address)
+        envelope.rcpt_options.append(options)
+        return "250 2.1.5 recipient ok"
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        locals_ = {r.split("@", 1)[0].lower() for r in envelope.rcpt_tos}
+        if "datafail" in locals_:
+            return "554 5.6.0 content rejected"
+        if "datatemp" in locals_:
+            return "451 4.3.0 content deferred"
+        data = envelope.original_content or b""
+        self.sink.received.append(
+            Received(
+                envelope.mail_from or "",
+                list(envelope.rcpt_tos),
+                data,
+                list(envelope.mail_options),
+                [list(o) for o in envelope.rcpt_options],
+            )
+        )
+        return "250 2.0.0 stored"
+
+
+class _HangupSMTP(SMTP):
+    """Drops the connection in the middle of DATA when a recipient is hangup@."""
+
+    async def smtp_DATA(self, arg: str) -> None:
+        if any(r.lower().startswith("hangup@") for r in self.envelope.rcpt_tos):
+            await self.push("354 End data with <CR><LF>.<CR><LF>")
+            await self._reader.readline()
+            self.transport.close()
+            return
+        await super().smtp_DATA(arg)
+
+
+class _Controller(Controller):
+    def factory(self) -> SMTP:
+        return _HangupSMTP(self.handler, **self.SMTP_kwargs)
+
+
+class ScriptedSink:
+    """An aiosmtpd server in a thread, answering by recipient (see the module docstring)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, slow: float = 0.0) -> None:
+        self.host = host
+        self.port = port or free_port()
+        self.slow = slow
+        self.received: list[Received] = []
+        self.rcpt_log: list[str] = []
+        self._controller = _Controller(_Handler(self), hostname=host, port=self.port, ready_timeout=10)
+        self._controller.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        while len(self.received) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.received)
+
+    def stop(self) -> None:
+        self._controller.stop()
+
+    def __enter__(self) -> ScriptedSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_port(host: str, port: int, timeout: float = 10.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port}")
+
+
+def delivery_config(next_hop: str, **delivery: Any) -> dict[str, dict[str, Any]]:
+    """Sections for PigeonProcess: deliver everything to `next_hop`, retry fast."""
+    settings: dict[str, Any] = {
+        "enabled": True,
+        "retry_interval": "1s",
+        "max_retry_interval": "2s",
+        "idle_timeout": "2s",
+    }
+    settings.update(delivery)
+    return {"delivery": settings, "route": [{"domain": "*", "next_hop": next_hop, "tls": "disabled"}]}
+
+
+def wait_until(predicate: Any, timeout: float = 20.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")

@@ -1,0 +1,147 @@
+"""Bounce classification: the built-in table, user rule files first, and clear errors for bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pigeon.delivery.classify import Classifier, RuleFileError, load_rules
+from pigeon.smtp.replies import Reply
+
+
+def reply(code: int, enhanced: str | None, text: str) -> Reply:
+    return Reply(code, enhanced, (text,))
+
+
+@pytest.mark.parametrize(
+    ("answer", "label"),
+    [
+        (reply(550, "5.1.1", "<bob@example.net>: Recipient address rejected: User unknown"), "InvalidRecipient"),
+        (reply(550, "5.1.1", "user unknown"), "InvalidRecipient"),
+        (reply(550, None, "No such user here"), "InvalidRecipient"),
+        (reply(552, "5.2.2", "Mailbox full"), "QuotaIssues"),
+        (reply(452, "4.2.2", "The email account that you tried to reach is over quota"), "QuotaIssues"),
+        (
+            reply(554, "5.7.1", "Service unavailable; Client host [192.0.2.1] blocked using zen.spamhaus.org"),
+            "SpamBlock",
+        ),
+        (reply(550, "5.7.1", "Relaying denied"), "RelayDenied"),
+        (reply(554, "5.7.1", "<x@example.net>: Relay access denied"), "RelayDenied"),
+        (reply(551, "5.4.7", "Delivery time expired"), "MessageExpired"),
+        (reply(550, "5.1.7", "Bad sender address"), "InvalidSender"),
+        (reply(550, "5.2.1", "Mailbox disabled"), "InactiveMailbox"),
+        (reply(552, "5.3.4", "Message size exceeds fixed limit"), "ContentRelated"),
+        (reply(550, "5.7.26", "Unauthenticated email is not accepted (DMARC)"), "AuthenticationFailed"),
+        (reply(550, "5.7.1", "Message rejected as spam"), "SpamContent"),
+        (reply(554, "5.7.1", "Your message was infected with a virus"), "VirusRelated"),
+        (reply(550, "5.7.0", "Rejected for policy reasons"), "PolicyRelated"),
+        (reply(554, "5.4.6", "Too many hops"), "RoutingErrors"),
+        (reply(554, None, "Something odd happened"), "Uncategorized"),
+        (reply(421, "4.3.0", "Try again later"), "Uncategorized"),
+    ],
+)
+def test_built_in_table_classifies_common_replies(answer: Reply, label: str) -> None:
+    assert Classifier().classify(answer) == label
+
+
+def test_a_multi_line_reply_is_matched_as_one_line() -> None:
+    answer = Reply(550, "5.7.1", ("Service unavailable;", "listed at spamhaus"))
+    assert Classifier().classify(answer) == "SpamBlock"
+
+
+def test_classification_ignores_case() -> None:
+    assert Classifier().classify(reply(550, None, "USER UNKNOWN")) == "InvalidRecipient"
+
+
+def test_the_same_reply_classifies_the_same_every_time() -> None:
+    classifier = Classifier()
+    answer = reply(552, "5.2.2", "Mailbox full")
+    assert [classifier.classify(answer) for _ in range(3)] == ["QuotaIssues"] * 3
+
+
+def write(tmp_path: Path, text: str, name: str = "bounces.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_user_rule_file_is_tried_before_the_built_in_table(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[[rule]]\nclass = "MailboxGone"\npattern = "user unknown"\n\n'
+        '[[rule]]\nclass = "ProviderThrottle"\npattern = "^421 .*rate limited"\n',
+    )
+    classifier = Classifier.from_files([path])
+    assert classifier.classify(reply(550, "5.1.1", "user unknown")) == "MailboxGone"
+    assert classifier.classify(reply(421, "4.7.0", "You are rate limited")) == "ProviderThrottle"
+    # Whatever the user rules do not match still gets the built-in class.
+    assert classifier.classify(reply(552, "5.2.2", "Mailbox full")) == "QuotaIssues"
+
+
+def test_user_rules_apply_in_file_order_and_files_in_the_order_given(tmp_path: Path) -> None:
+    first = write(tmp_path, '[[rule]]\nclass = "First"\npattern = "quota"\n', "a.toml")
+    second = write(
+        tmp_path,
+        '[[rule]]\nclass = "Second"\npattern = "quota"\n[[rule]]\nclass = "Full"\npattern = "full"\n',
+        "b.toml",
+    )
+    classifier = Classifier.from_files([first, second])
+    assert classifier.classify(reply(552, "5.2.2", "over quota")) == "First"
+    assert classifier.classify(reply(552, "5.2.2", "mailbox full")) == "Full"
+
+
+def test_user_rules_ignore_case(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[rule]]\nclass = "Greylisted"\npattern = "GREYLIST"\n')
+    assert Classifier.from_files([path]).classify(reply(450, "4.7.1", "greylisted, come back")) == "Greylisted"
+
+
+def test_an_empty_rule_file_adds_no_rules(tmp_path: Path) -> None:
+    assert load_rules(write(tmp_path, "")) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[rule]]\nclass = "A"\npattern = "a"\n[[rule]]\nclass = "B"\n', r"rule 2 needs class"),
+        ('[[rule]]\npattern = "a"\n', r"rule 1 needs class"),
+        ('[[rule]]\nclass = "A"\npattern = 5\n', r"rule 1 needs class"),
+        (
+            '[[rule]]\nclass = "A"\npattern = "a"\n[[rule]]\nclass = "B"\npattern = "(unclosed"\n',
+            r"rule 2: bad pattern",
+        ),
+    ],
+)
+def test_a_bad_rule_names_the_file_and_the_rule(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(RuleFileError, match=message) as raised:
+        Classifier.from_files([path])
+    assert str(raised.value).startswith(f"{path}: ")
+
+
+def test_a_rule_file_that_is_not_toml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[[rule]\nclass = ")
+    with pytest.raises(RuleFileError, match="cannot read bounce rules") as raised:
+        load_rules(path)
+    assert str(path) in str(raised.value)
+
+
+def test_a_missing_rule_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing.toml"
+    with pytest.raises(RuleFileError, match="cannot read bounce rules") as raised:
+        load_rules(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[rule]\nclass = "A"\npattern = "a"\n',  # [rule] written for [[rule]]: a plausible slip
+        'rule = "a"\n',
+        "rule = [1, 2]\n",
+    ],
+)
+def test_a_rule_key_of_the_wrong_shape_is_a_rule_file_error(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(RuleFileError, match=str(path)):
+        load_rules(path)

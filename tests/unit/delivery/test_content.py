@@ -1,0 +1,111 @@
+"""strip_headers: Pigeon's routing headers come off on the way out; nothing else changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from pigeon.delivery.content import strip_headers
+
+NAMES = (b"x-tenant", b"x-campaign")
+
+
+def test_named_headers_are_removed_and_the_rest_is_untouched() -> None:
+    message = (
+        b"From: a@example.org\r\n"
+        b"X-Tenant: acme\r\n"
+        b"Subject: hi\r\n"
+        b"X-Campaign: spring\r\n"
+        b"To: b@example.net\r\n"
+        b"\r\n"
+        b"hello\r\n"
+    )
+    assert strip_headers(message, NAMES) == (
+        b"From: a@example.org\r\nSubject: hi\r\nTo: b@example.net\r\n\r\nhello\r\n"
+    )
+
+
+@pytest.mark.parametrize("name", [b"X-TENANT", b"x-tenant", b"X-tEnAnT"])
+def test_header_names_match_whatever_their_case(name: bytes) -> None:
+    message = b"From: a@example.org\r\n" + name + b": acme\r\n\r\nbody\r\n"
+    assert strip_headers(message, NAMES) == b"From: a@example.org\r\n\r\nbody\r\n"
+
+
+def test_folded_continuation_lines_go_with_their_field() -> None:
+    message = (
+        b"X-Tenant: acme\r\n"
+        b"  continued\r\n"
+        b"\tand again\r\n"
+        b"Subject: a long\r\n"
+        b" subject\r\n"
+        b"X-Campaign: c\r\n"
+        b" more\r\n"
+        b"\r\n"
+        b"body\r\n"
+    )
+    assert strip_headers(message, NAMES) == b"Subject: a long\r\n subject\r\n\r\nbody\r\n"
+
+
+@pytest.mark.parametrize("position", ["first", "last"])
+def test_a_field_at_either_end_of_the_header_section_is_removed(position: str) -> None:
+    message = (
+        b"X-Tenant: acme\r\nSubject: hi\r\n\r\nbody\r\n"
+        if position == "first"
+        else b"Subject: hi\r\nX-Tenant: acme\r\n\r\nbody\r\n"
+    )
+    assert strip_headers(message, NAMES) == b"Subject: hi\r\n\r\nbody\r\n"
+
+
+def test_the_body_is_untouched_even_when_a_line_looks_like_a_removed_header() -> None:
+    message = (
+        b"X-Tenant: acme\r\n"
+        b"Subject: hi\r\n"
+        b"\r\n"
+        b"X-Tenant: this is body text\r\n"
+        b" indented body line\r\n"
+        b"\r\n"
+        b"X-Campaign: also body\r\n"
+    )
+    assert strip_headers(message, NAMES) == (
+        b"Subject: hi\r\n\r\nX-Tenant: this is body text\r\n indented body line\r\n\r\nX-Campaign: also body\r\n"
+    )
+
+
+def test_a_body_line_looking_like_a_header_does_not_trigger_a_rewrite() -> None:
+    message = b"Subject: hi\r\n\r\nX-Tenant: body text\r\n"
+    assert strip_headers(message, NAMES) is message
+
+
+def test_nothing_to_remove_returns_the_very_same_object() -> None:
+    message = b"From: a@example.org\r\nSubject: hi\r\n\r\nbody\r\n"
+    assert strip_headers(message, NAMES) is message
+
+
+def test_a_field_whose_name_only_starts_like_a_removed_one_stays() -> None:
+    message = b"X-Tenant-Id: 7\r\nX-Campaigns: no\r\n\r\nbody\r\n"
+    assert strip_headers(message, NAMES) is message
+
+
+def test_a_name_inside_a_continuation_line_is_not_a_field() -> None:
+    message = b"Subject: about\r\n X-Tenant: folded text\r\n\r\nbody\r\n"
+    assert strip_headers(message, NAMES) is message
+
+
+def test_a_message_that_is_all_header_loses_the_field() -> None:
+    message = b"Subject: hi\r\nX-Tenant: acme\r\n"
+    assert strip_headers(message, NAMES) == b"Subject: hi\r\n"
+
+
+def test_a_message_with_only_removed_fields_keeps_an_empty_header_section() -> None:
+    message = b"X-Tenant: acme\r\nX-Campaign: c\r\n\r\nbody\r\n"
+    assert strip_headers(message, NAMES) == b"\r\nbody\r\n"
+
+
+def test_no_names_removes_nothing() -> None:
+    message = b"X-Tenant: acme\r\n\r\nbody\r\n"
+    assert strip_headers(message, ()) is message
+
+
+def test_a_message_without_headers_keeps_its_body_untouched() -> None:
+    # The message starts with the blank line: everything after it is body, header-like or not.
+    message = b"\r\nX-Tenant: acme\r\n\r\nbody\r\n"
+    assert strip_headers(message, NAMES) == message

@@ -1,0 +1,223 @@
+"""Delivery status notifications, read back with the stdlib parser as any mail client would."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from email.message import EmailMessage, Message
+
+import pytest
+
+from pigeon.delivery.dsn import Failure, build_report, wants_failure_notice
+from pigeon.message import Envelope, Recipient
+from pigeon.smtp.replies import Reply
+
+HOSTNAME = "mx.pigeon.test"
+QUEUE_ID = "00000000000000ab"
+ARRIVAL = 1_700_000_000.0  # Tue, 14 Nov 2023 22:13:20 GMT
+NOW = ARRIVAL + 100.0
+ORIGINAL = (
+    b"From: Alice <alice@example.org>\r\n"
+    b"To: bob@example.net\r\n"
+    b"Subject: the quarterly report\r\n"
+    b"Message-ID: <m1@example.org>\r\n"
+    b"\r\n"
+    b"first body line\r\n"
+    b"\r\n"
+    b"last body line\r\n"
+)
+USER_UNKNOWN = Reply(550, "5.1.1", ("User unknown",))
+
+
+def report(
+    envelope: Envelope, failures: list[Failure] | None = None, original: bytes = ORIGINAL
+) -> tuple[bytes, EmailMessage]:
+    if failures is None:
+        failures = [Failure(r, USER_UNKNOWN, "failed", "mx.example.net") for r in envelope.recipients]
+    data = build_report(
+        hostname=HOSTNAME,
+        queue_id=QUEUE_ID,
+        envelope=envelope,
+        failures=failures,
+        original=original,
+        arrival=ARRIVAL,
+        now=NOW,
+    )
+    parsed = email.message_from_bytes(data, policy=email.policy.default)
+    assert isinstance(parsed, EmailMessage)
+    assert parsed.defects == []
+    return data, parsed
+
+
+def status_blocks(parsed: EmailMessage) -> list[Message]:
+    part = parsed.get_payload()[1]
+    assert part.get_content_type() == "message/delivery-status"
+    blocks = part.get_payload()
+    assert isinstance(blocks, list)
+    return blocks
+
+
+def envelope(*recipients: Recipient, **fields: object) -> Envelope:
+    return Envelope("alice@example.org", list(recipients or [Recipient("bob@example.net")]), **fields)  # type: ignore[arg-type]
+
+
+def test_the_report_is_a_multipart_report_of_three_parts() -> None:
+    _, parsed = report(envelope())
+    assert parsed.get_content_type() == "multipart/report"
+    assert parsed.get_param("report-type") == "delivery-status"
+    parts = parsed.get_payload()
+    assert [p.get_content_type() for p in parts] == ["text/plain", "message/delivery-status", "text/rfc822-headers"]
+    assert all(p.defects == [] for p in parts)
+
+
+def test_the_report_goes_to_the_envelope_sender_from_the_mailer_daemon() -> None:
+    data, parsed = report(envelope())
+    assert parsed["To"].addresses[0].addr_spec == "alice@example.org"
+    assert b"\r\nTo: <alice@example.org>\r\n" in data
+    assert parsed["From"].addresses[0].addr_spec == f"MAILER-DAEMON@{HOSTNAME}"
+    assert parsed["Auto-Submitted"] == "auto-replied"
+    assert parsed["Subject"] == "Undelivered Mail Returned to Sender"
+    assert parsed["MIME-Version"] == "1.0"
+    assert parsed["Date"].datetime.timestamp() == NOW
+    assert parsed["Message-ID"].endswith(f"@{HOSTNAME}>")
+
+
+def test_the_delivery_status_has_the_per_message_and_per_recipient_fields() -> None:
+    env = envelope(Recipient("bob@example.net", orcpt="rfc822;Bob@Example.NET"), envid="QQ314159")
+    _, parsed = report(env)
+    per_message, per_recipient = status_blocks(parsed)
+    assert per_message["Reporting-MTA"] == f"dns; {HOSTNAME}"
+    assert per_message["Original-Envelope-Id"] == "QQ314159"
+    assert per_message["Arrival-Date"] == "Tue, 14 Nov 2023 22:13:20 GMT"
+    assert per_recipient["Final-Recipient"] == "rfc822; bob@example.net"
+    assert per_recipient["Original-Recipient"] == "rfc822; Bob@Example.NET"
+    assert per_recipient["Action"] == "failed"
+    assert per_recipient["Status"] == "5.1.1"
+    assert per_recipient["Remote-MTA"] == "dns; mx.example.net"
+    assert per_recipient["Diagnostic-Code"] == "smtp; 550 User unknown"
+    assert per_recipient["Last-Attempt-Date"] == "Tue, 14 Nov 2023 22:15:00 GMT"
+
+
+def test_fields_without_a_value_are_left_out() -> None:
+    env = envelope()  # no ENVID, no ORCPT
+    _, parsed = report(env, [Failure(env.recipients[0], USER_UNKNOWN, "failed")])  # no remote MTA
+    per_message, per_recipient = status_blocks(parsed)
+    assert "Original-Envelope-Id" not in per_message
+    assert "Original-Recipient" not in per_recipient
+    assert "Remote-MTA" not in per_recipient
+
+
+def test_one_block_per_failed_recipient_in_order() -> None:
+    bob, carol = Recipient("bob@example.net"), Recipient("carol@example.net")
+    quota = Reply(552, "5.2.2", ("Mailbox full",))
+    _, parsed = report(envelope(bob, carol), [Failure(bob, USER_UNKNOWN, "failed"), Failure(carol, quota, "failed")])
+    _, first, second = status_blocks(parsed)
+    assert (first["Final-Recipient"], first["Status"]) == ("rfc822; bob@example.net", "5.1.1")
+    assert (second["Final-Recipient"], second["Status"]) == ("rfc822; carol@example.net", "5.2.2")
+    assert second["Diagnostic-Code"] == "smtp; 552 Mailbox full"
+    text = parsed.get_payload()[0].get_content()
+    assert "<bob@example.net>: User unknown" in text
+    assert "<carol@example.net>: Mailbox full" in text
+
+
+@pytest.mark.parametrize(
+    ("answer", "status"),
+    [
+        (Reply(550, None, ("no",)), "5.0.0"),
+        (Reply(451, None, ("later",)), "4.0.0"),
+        (Reply(451, "4.4.1", ("x",)), "4.4.1"),
+    ],
+)
+def test_status_comes_from_the_enhanced_code_or_the_reply_class(answer: Reply, status: str) -> None:
+    env = envelope()
+    _, parsed = report(env, [Failure(env.recipients[0], answer, "failed")])
+    assert status_blocks(parsed)[1]["Status"] == status
+
+
+def test_a_multi_line_reply_is_one_diagnostic_line() -> None:
+    env = envelope()
+    answer = Reply(550, "5.7.1", ("Message rejected.", "See https://example.net/why"))
+    _, parsed = report(env, [Failure(env.recipients[0], answer, "failed")])
+    assert status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 Message rejected. See https://example.net/why"
+
+
+def test_by_default_only_the_headers_come_back() -> None:
+    _, parsed = report(envelope())
+    returned = parsed.get_payload()[2]
+    assert returned.get_content_type() == "text/rfc822-headers"
+    headers = returned.get_payload(decode=True)
+    assert headers == ORIGINAL[: ORIGINAL.index(b"\r\n\r\n") + 2]
+    assert b"first body line" not in headers
+
+
+def test_ret_hdrs_returns_only_the_headers() -> None:
+    _, parsed = report(envelope(ret="HDRS"))
+    assert parsed.get_payload()[2].get_content_type() == "text/rfc822-headers"
+
+
+def test_ret_full_returns_the_whole_message() -> None:
+    data, parsed = report(envelope(ret="FULL"))
+    returned = parsed.get_payload()[2]
+    assert returned.get_content_type() == "message/rfc822"
+    (inner,) = returned.get_payload()
+    assert inner["Subject"] == "the quarterly report"
+    assert inner["Message-ID"] == "<m1@example.org>"
+    assert inner.get_payload() == "first body line\r\n\r\nlast body line\r\n"
+    assert ORIGINAL in data  # byte for byte
+
+
+def test_a_message_without_a_final_crlf_comes_back_whole_ending_in_crlf() -> None:
+    original = b"Subject: x\r\n\r\nno newline"
+    _, parsed = report(envelope(ret="FULL"), original=original)
+    (inner,) = parsed.get_payload()[2].get_payload()
+    assert inner.get_payload() == "no newline\r\n"
+    assert parsed.get_payload()[2].defects == []
+
+
+def test_every_line_ends_with_crlf() -> None:
+    for ret in (None, "FULL"):
+        data, _ = report(envelope(Recipient("bob@example.net", orcpt="rfc822;b@example.net"), ret=ret, envid="e"))
+        assert data.endswith(b"--\r\n")
+        without_crlf = data.replace(b"\r\n", b"")
+        assert b"\n" not in without_crlf
+        assert b"\r" not in without_crlf
+
+
+def test_two_reports_have_different_boundaries_and_message_ids() -> None:
+    _, first = report(envelope())
+    _, second = report(envelope())
+    assert first.get_boundary() != second.get_boundary()
+    assert first["Message-ID"] != second["Message-ID"]
+
+
+def test_a_utf8_recipient_gets_a_global_delivery_status() -> None:
+    env = envelope(Recipient("renée@example.net"), smtputf8=True, ret="FULL")
+    _, parsed = report(env)
+    parts = parsed.get_payload()
+    assert [p.get_content_type() for p in parts] == ["text/plain", "message/global-delivery-status", "message/global"]
+    assert b"Final-Recipient: utf-8; ren\xc3\xa9e@example.net" in parts[1].as_bytes()
+
+
+def test_an_envid_or_orcpt_with_a_line_break_cannot_add_fields_to_the_report() -> None:
+    # What ServerSession decodes from "ENVID=q+0D+0AX-Injected:+201" and "ORCPT=rfc822;b+0D+0AX-Evil:+20y@example.net".
+    env = envelope(Recipient("bob@example.net", orcpt="rfc822;b\r\nX-Evil: y@example.net"), envid="q\r\nX-Injected: 1")
+    _, parsed = report(env)
+    per_message, per_recipient = status_blocks(parsed)
+    assert "X-Injected" not in per_message
+    assert "X-Evil" not in per_recipient
+
+
+@pytest.mark.parametrize(
+    ("notify", "wanted"),
+    [
+        (None, True),
+        (["NEVER"], False),
+        (["SUCCESS"], False),
+        (["DELAY"], False),
+        (["FAILURE"], True),
+        (["FAILURE", "DELAY"], True),
+        (["SUCCESS", "FAILURE"], True),
+    ],
+)
+def test_wants_failure_notice_follows_notify(notify: list[str] | None, wanted: bool) -> None:
+    assert wants_failure_notice(Recipient("bob@example.net", notify=notify)) is wanted

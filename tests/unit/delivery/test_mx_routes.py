@@ -1,0 +1,405 @@
+"""MX resolution and routing against a DNS server of our own on loopback (dnslib).
+
+The resolver is always pointed at that server: these tests never ask the system resolver,
+and the server counts every query it gets, so caching and "no DNS at all" are observable.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from dnslib import AAAA, MX, QTYPE, RCODE, RR, TXT, A, DNSRecord
+from dnslib.dns import DNSError
+from dnslib.server import BaseResolver, DNSLogger, DNSServer
+
+from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
+from pigeon.delivery.routes import Destination, Hop, Route, Router, TlsPolicy
+
+TTL = 300
+TIMEOUT = 0.5
+
+# name -> records (kind, data...). A name listed with no record of a kind answers NODATA for it.
+ZONE: dict[str, list[tuple[str, ...]]] = {
+    "mx.example": [
+        ("MX", "20", "backup.mx.example.net"),
+        ("MX", "10", "a.mx.example.net"),
+        ("MX", "10", "B.MX.example.net"),
+    ],
+    "shared.example": [
+        ("MX", "5", "b.mx.example.net"),
+        ("MX", "5", "backup.mx.example.net"),
+        ("MX", "1", "a.mx.example.net"),
+    ],
+    "single.example": [("MX", "10", "mail.single.example")],
+    "nullmx.example": [("MX", "0", ".")],
+    "amx.example": [("A", "192.0.2.10")],
+    "v6only.example": [("AAAA", "2001:db8::10")],
+    "nothing.example": [("TXT", "v=spf1 -all")],
+    "host.example": [("AAAA", "2001:db8::1"), ("A", "192.0.2.1"), ("A", "192.0.2.2")],
+    "short-ttl.example": [("MX", "10", "mx.short-ttl.example")],
+    "flaky-v6.example": [("A", "192.0.2.7")],
+}
+SERVFAIL = {("servfail.example", kind) for kind in ("MX", "A", "AAAA")} | {("flaky-v6.example", "AAAA")}
+SILENT = {"silent.example"}  # the server never answers: the resolver times out
+
+
+@dataclass
+class FakeDns:
+    """What the test's DNS server was asked, and how to reach it."""
+
+    port: int
+    queries: list[tuple[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def nameservers(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.port)]
+
+    def asked(self, name: str | None = None, kind: str | None = None) -> list[tuple[str, str]]:
+        with self.lock:
+            return [q for q in self.queries if (name is None or q[0] == name) and (kind is None or q[1] == kind)]
+
+
+class ZoneResolver(BaseResolver):  # type: ignore[misc]
+    def __init__(self, record: FakeDns) -> None:
+        self.record = record
+
+    def resolve(self, request: DNSRecord, handler: object) -> DNSRecord:
+        name = str(request.q.qname).rstrip(".").lower()
+        kind = QTYPE[request.q.qtype]
+        with self.record.lock:
+            self.record.queries.append((name, kind))
+        if name in SILENT:
+            raise DNSError("no answer, on purpose")  # the handler logs it and sends nothing
+        reply = request.reply()
+        if (name, kind) in SERVFAIL:
+            reply.header.rcode = RCODE.SERVFAIL
+            return reply
+        records = ZONE.get(name)
+        if records is None:
+            reply.header.rcode = RCODE.NXDOMAIN
+            return reply
+        ttl = 10 if name.startswith("short-ttl") else TTL
+        for record in records:
+            if record[0] != kind:
+                continue
+            if kind == "MX":
+                exchange = "." if record[2] == "." else record[2] + "."
+                rdata: object = MX(exchange, int(record[1]))
+            elif kind == "A":
+                rdata = A(record[1])
+            elif kind == "AAAA":
+                rdata = AAAA(record[1])
+            else:
+                rdata = TXT(record[1])
+            reply.add_answer(RR(name + ".", getattr(QTYPE, kind), rdata=rdata, ttl=ttl))
+        return reply
+
+
+@pytest.fixture
+def dns() -> Iterator[FakeDns]:
+    record = FakeDns(port=0)
+    server = DNSServer(ZoneResolver(record), address="127.0.0.1", port=0, logger=DNSLogger(logf=lambda _: None))
+    record.port = server.server.server_address[1]
+    # serve_forever polls for shutdown every poll_interval (0.5 s by default): keep stopping quick.
+    thread = threading.Thread(target=server.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    try:
+        yield record
+    finally:
+        server.stop()
+        server.server.server_close()
+        thread.join(timeout=5)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def resolver(dns: FakeDns, **options: object) -> Resolver:
+    return Resolver(nameservers=dns.nameservers, timeout=TIMEOUT, **options)  # type: ignore[arg-type]
+
+
+# --- Resolver: MX ------------------------------------------------------------------------------
+async def test_mx_hosts_come_lowest_preference_first(dns: FakeDns) -> None:
+    found = await resolver(dns).exchangers("mx.example")
+    assert [e.preference for e in found] == [10, 10, 20]
+    assert {e.host for e in found[:2]} == {"a.mx.example.net", "b.mx.example.net"}  # lower-cased, no final dot
+    assert found[2] == Exchanger(20, "backup.mx.example.net")
+
+
+async def test_equal_preferences_come_in_both_orders(dns: FakeDns) -> None:
+    mx = resolver(dns, rng=random.Random(2024))
+    orders = set()
+    for _ in range(40):
+        found = await mx.exchangers("mx.example")
+        assert found[2].host == "backup.mx.example.net"  # the lower priority is always last
+        orders.add((found[0].host, found[1].host))
+    assert orders == {("a.mx.example.net", "b.mx.example.net"), ("b.mx.example.net", "a.mx.example.net")}
+    assert len(dns.asked("mx.example", "MX")) == 1  # the order changes per lookup, not the query count
+
+
+async def test_the_domain_is_looked_up_without_case_or_final_dot(dns: FakeDns) -> None:
+    found = await resolver(dns).exchangers("Single.EXAMPLE.")
+    assert found == [Exchanger(10, "mail.single.example")]
+    assert dns.asked() == [("single.example", "MX")]
+
+
+async def test_a_null_mx_is_a_permanent_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).exchangers("nullmx.example")
+    assert raised.value.permanent
+    assert (raised.value.reply.code, raised.value.reply.enhanced) == (556, "5.1.10")
+
+
+async def test_nxdomain_is_a_permanent_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).exchangers("nowhere.example")
+    assert raised.value.permanent
+    assert (raised.value.reply.code, raised.value.reply.enhanced) == (550, "5.1.2")
+    assert "nowhere.example" in raised.value.reply.text
+
+
+async def test_no_mx_but_an_address_means_the_domain_itself(dns: FakeDns) -> None:
+    assert await resolver(dns).exchangers("amx.example") == [Exchanger(0, "amx.example")]
+    assert await resolver(dns).exchangers("v6only.example") == [Exchanger(0, "v6only.example")]
+
+
+async def test_no_mx_and_no_address_is_a_permanent_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).exchangers("nothing.example")
+    assert raised.value.permanent
+    assert (raised.value.reply.code, raised.value.reply.enhanced) == (550, "5.1.2")
+
+
+async def test_servfail_is_a_transient_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).exchangers("servfail.example")
+    assert not raised.value.permanent
+    assert raised.value.reply.is_transient
+    assert raised.value.reply.enhanced == "4.4.3"
+
+
+async def test_a_server_that_never_answers_is_a_transient_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).exchangers("silent.example")
+    assert not raised.value.permanent
+    assert raised.value.reply.code == 451
+    assert dns.asked("silent.example", "MX")
+
+
+# --- Resolver: caching -------------------------------------------------------------------------
+async def test_answers_are_cached_for_their_ttl(dns: FakeDns) -> None:
+    clock = Clock()
+    mx = resolver(dns, clock=clock)
+    first = await mx.exchangers("single.example")
+    clock.now += TTL - 1
+    assert await mx.exchangers("single.example") == first
+    assert len(dns.asked("single.example", "MX")) == 1
+    clock.now += 2  # past the TTL
+    assert await mx.exchangers("single.example") == first
+    assert len(dns.asked("single.example", "MX")) == 2
+
+
+async def test_a_short_ttl_is_honoured(dns: FakeDns) -> None:
+    clock = Clock()
+    mx = resolver(dns, clock=clock)
+    await mx.exchangers("short-ttl.example")  # TTL 10
+    clock.now += 9
+    await mx.exchangers("short-ttl.example")
+    assert len(dns.asked("short-ttl.example")) == 1
+    clock.now += 2
+    await mx.exchangers("short-ttl.example")
+    assert len(dns.asked("short-ttl.example")) == 2
+
+
+async def test_nxdomain_is_cached_too(dns: FakeDns) -> None:
+    clock = Clock()
+    mx = resolver(dns, clock=clock)
+    for _ in range(3):
+        with pytest.raises(DnsFailure):
+            await mx.exchangers("nowhere.example")
+    assert len(dns.asked("nowhere.example")) == 1
+    clock.now += 3600
+    with pytest.raises(DnsFailure):
+        await mx.exchangers("nowhere.example")
+    assert len(dns.asked("nowhere.example")) == 2
+
+
+async def test_a_transient_failure_is_remembered_briefly(dns: FakeDns) -> None:
+    clock = Clock()
+    mx = resolver(dns, clock=clock)
+    for _ in range(3):
+        with pytest.raises(DnsFailure):
+            await mx.exchangers("servfail.example")
+    assert len(dns.asked("servfail.example")) == 1
+    clock.now += 60
+    with pytest.raises(DnsFailure):
+        await mx.exchangers("servfail.example")
+    assert len(dns.asked("servfail.example")) == 2
+
+
+# --- Resolver: addresses ------------------------------------------------------------------------
+async def test_addresses_are_ipv4_then_ipv6(dns: FakeDns) -> None:
+    assert await resolver(dns).addresses("host.example") == ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
+    assert dns.asked() == [("host.example", "A"), ("host.example", "AAAA")]
+
+
+async def test_addresses_of_an_ipv6_only_host(dns: FakeDns) -> None:
+    assert await resolver(dns).addresses("V6ONLY.example.") == ["2001:db8::10"]
+
+
+async def test_addresses_survive_a_failing_aaaa_lookup(dns: FakeDns) -> None:
+    assert await resolver(dns).addresses("flaky-v6.example") == ["192.0.2.7"]
+
+
+async def test_a_host_whose_every_lookup_fails_is_a_transient_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).addresses("servfail.example")
+    assert raised.value.reply.is_transient
+
+
+async def test_a_host_without_addresses_is_a_transient_failure(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).addresses("nothing.example")
+    assert (raised.value.reply.code, raised.value.reply.enhanced) == (450, "4.4.4")
+
+
+async def test_addresses_of_a_host_that_does_not_exist_fail(dns: FakeDns) -> None:
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).addresses("nowhere.example")
+    assert raised.value.reply.code == 550
+
+
+async def test_addresses_are_cached(dns: FakeDns) -> None:
+    mx = resolver(dns)
+    await mx.addresses("host.example")
+    await mx.addresses("host.example")
+    assert len(dns.asked("host.example")) == 2  # one A, one AAAA
+
+
+# --- Router ----------------------------------------------------------------------------------------
+SMART_HOST = Route("*.internal.example", Hop("relay.internal.example", 2525))
+
+
+async def test_a_static_route_skips_dns(dns: FakeDns) -> None:
+    router = Router([SMART_HOST], resolver(dns))
+    destination = await router.destination("mail.internal.example")
+    assert destination == Destination(
+        "relay.internal.example:2525", (Hop("relay.internal.example", 2525),), TlsPolicy.OPPORTUNISTIC, False
+    )
+    assert dns.asked() == []
+
+
+async def test_a_route_glob_does_not_match_other_domains(dns: FakeDns) -> None:
+    router = Router([SMART_HOST], resolver(dns))
+    destination = await router.destination("single.example")
+    assert destination.hops == (Hop("mail.single.example", 25),)
+    with pytest.raises(DnsFailure):
+        await router.destination("internal.example")  # "*." needs a subdomain: to DNS, which says NXDOMAIN
+
+
+async def test_the_first_matching_route_wins(dns: FakeDns) -> None:
+    routes = [Route("special.internal.example", Hop("10.0.0.9", 25)), SMART_HOST, Route("*", Hop("fallback", 25))]
+    router = Router(routes, resolver(dns))
+    assert (await router.destination("special.internal.example")).site == "10.0.0.9:25"
+    assert (await router.destination("x.internal.example")).site == "relay.internal.example:2525"
+    assert (await router.destination("anything.test")).site == "fallback:25"
+    assert dns.asked() == []
+
+
+async def test_an_mx_destination_is_named_by_its_sorted_mx_hosts(dns: FakeDns) -> None:
+    router = Router([], resolver(dns))
+    destination = await router.destination("mx.example")
+    assert destination.site == "a.mx.example.net,b.mx.example.net,backup.mx.example.net"
+    assert [hop.port for hop in destination.hops] == [25, 25, 25]
+    assert destination.hops[2] == Hop("backup.mx.example.net", 25)
+    assert {hop.host for hop in destination.hops[:2]} == {"a.mx.example.net", "b.mx.example.net"}
+
+
+async def test_domains_sharing_their_mx_hosts_share_a_site(dns: FakeDns) -> None:
+    router = Router([], resolver(dns))
+    first = await router.destination("mx.example")
+    second = await router.destination("shared.example")
+    assert first.site == second.site
+    assert second.hops[0] == Hop("a.mx.example.net", 25)  # its own preferences still order its hops
+
+
+async def test_an_implicit_mx_site_is_the_domain(dns: FakeDns) -> None:
+    destination = await Router([], resolver(dns)).destination("amx.example")
+    assert (destination.site, destination.hops) == ("amx.example", (Hop("amx.example", 25),))
+
+
+async def test_a_non_standard_port_is_part_of_the_mx_site(dns: FakeDns) -> None:
+    destination = await Router([], resolver(dns), smtp_port=2525).destination("single.example")
+    assert destination.site == "mail.single.example:2525"
+    assert destination.hops == (Hop("mail.single.example", 2525),)
+
+
+@pytest.mark.parametrize(
+    ("domain", "address"),
+    [("[127.0.0.1]", "127.0.0.1"), ("[IPv6:2001:db8::1]", "2001:db8::1"), ("[ipv6:::1]", "::1")],
+)
+async def test_an_address_literal_goes_to_that_address_without_dns(dns: FakeDns, domain: str, address: str) -> None:
+    destination = await Router([], resolver(dns)).destination(domain)
+    assert destination.hops == (Hop(address, 25),)
+    assert destination.site == f"[{address}]:25"
+    assert dns.asked() == []
+
+
+@pytest.mark.parametrize(
+    ("route", "tls", "verify"),
+    [
+        (Route("single.example", tls=TlsPolicy.REQUIRED), TlsPolicy.REQUIRED, False),
+        (Route("single.example", tls_verify=True), TlsPolicy.OPPORTUNISTIC, True),
+        (Route("single.example", tls=TlsPolicy.DISABLED, tls_verify=True), TlsPolicy.DISABLED, True),
+        (Route("other.example", tls=TlsPolicy.REQUIRED, tls_verify=True), TlsPolicy.OPPORTUNISTIC, False),
+    ],
+)
+async def test_route_tls_settings_override_the_defaults(
+    dns: FakeDns, route: Route, tls: TlsPolicy, verify: bool
+) -> None:
+    destination = await Router([route], resolver(dns)).destination("single.example")
+    assert (destination.tls, destination.tls_verify) == (tls, verify)
+    assert destination.hops == (Hop("mail.single.example", 25),)  # no next hop: still the MX
+
+
+async def test_a_route_can_turn_verification_off_when_the_default_is_on(dns: FakeDns) -> None:
+    router = Router(
+        [Route("*.internal.example", Hop("relay", 25), tls_verify=False)],
+        resolver(dns),
+        tls=TlsPolicy.REQUIRED,
+        tls_verify=True,
+    )
+    internal = await router.destination("x.internal.example")
+    outside = await router.destination("single.example")
+    assert (internal.tls, internal.tls_verify) == (TlsPolicy.REQUIRED, False)
+    assert (outside.tls, outside.tls_verify) == (TlsPolicy.REQUIRED, True)
+
+
+async def test_destinations_are_cached_for_a_while(dns: FakeDns) -> None:
+    clock = Clock()
+    router = Router([], resolver(dns, clock=clock), clock=clock)
+    assert router.cached("single.example") is None
+    destination = await router.destination("single.example")
+    assert router.cached("single.example") == destination
+    assert await router.destination("single.example") == destination
+    assert len(dns.asked()) == 1
+    clock.now += 31
+    assert router.cached("single.example") is None
+
+
+async def test_a_dns_failure_reaches_the_caller_of_the_router(dns: FakeDns) -> None:
+    router = Router([], resolver(dns))
+    with pytest.raises(DnsFailure) as raised:
+        await router.destination("nullmx.example")
+    assert raised.value.reply.code == 556
+    assert router.cached("nullmx.example") is None
