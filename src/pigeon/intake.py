@@ -35,6 +35,7 @@ from pigeon.spool.spool import NewMessage, SpoolError
 from pigeon.spool.sqlite import SqliteSpool
 
 _HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
+_RESIDENT_LIMIT: Final = 64 * 1024  # bodies up to this size are handed to delivery in memory
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -138,7 +139,7 @@ class Intake:
 class Draft:
     """One message being received. `write()` content, then `commit()` once, or `discard()`."""
 
-    __slots__ = ("_body", "_done", "_groups", "_head", "_ids", "_intake", "arrival", "envelope")
+    __slots__ = ("_body", "_done", "_groups", "_head", "_ids", "_intake", "_resident", "arrival", "envelope")
 
     def __init__(
         self,
@@ -157,6 +158,7 @@ class Draft:
         self._body = body
         self._head = bytearray()
         self._done = False
+        self._resident: bytes | None = None
 
     @property
     def id(self) -> SpoolId:
@@ -195,6 +197,7 @@ class Draft:
         except SpoolError as error:
             result.set_exception(error)
             return result
+        self._resident = bytes(body.data) if body.data is not None and body.size <= _RESIDENT_LIMIT else None
         now = time.time()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
@@ -268,8 +271,13 @@ class Draft:
             for record in records:
                 intake.log.write(record)
         if intake.on_stored is not None:
+            # Small bodies ride along in memory, so the first attempt need not read them back.
+            data = self._resident
             intake.on_stored(
-                [Message(m.id, m.queue, m.envelope, m.created, size, self._ids[0], due=m.due) for m in messages]
+                [
+                    Message(m.id, m.queue, m.envelope, m.created, size, self._ids[0], due=m.due, data=data)
+                    for m in messages
+                ]
             )
         counts = intake.metrics.counts
         counts.messages_received += len(messages)

@@ -116,7 +116,10 @@ class Outbound:
     # --- helpers -----------------------------------------------------------------------
     def _load_body(self, entry: Entry) -> bytes:
         message = entry.message
-        body = self._spools[message.id & 63].body(message.body_id)
+        body = message.data if message.data is not None else self._spools[message.id & 63].body(message.body_id)
+        envelope = message.envelope
+        if envelope.tenant is None and envelope.campaign is None:
+            return body  # the intake found neither header: nothing to take off
         return strip_headers(body, self._strip)
 
     def _send_dsn(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:

@@ -169,7 +169,7 @@ class Settlement:
         )
         future.add_done_callback(functools.partial(self._committed, outcome, spool))
 
-    def _committed(self, outcome: _Outcome, spool: SqliteSpool, future: asyncio.Future[str | None]) -> None:
+    def _committed(self, outcome: _Outcome, spool: SqliteSpool, future: asyncio.Future[None]) -> None:
         error = future.exception()
         if error is not None:
             _log.error("message %s: outcome not written (%s); will try again", format_id(outcome.entry.id), error)
@@ -184,9 +184,6 @@ class Settlement:
         for transient in outcome.transient:
             log.write(transient)
         counts["TransientFailure"] = counts.get("TransientFailure", 0) + len(outcome.transient)
-        gone = future.result()
-        if gone is not None:
-            spool.remove_body_file(gone)
         if outcome.remaining is not None:
             message = outcome.entry.message
             message.envelope = outcome.remaining

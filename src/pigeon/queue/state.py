@@ -94,13 +94,19 @@ def transition(entry: Entry, expected: State, generation: int, to: State) -> int
 
 
 class ActiveSet:
-    """The messages in memory, by spool id. The scheduler adds; settlement removes."""
+    """The messages in memory, by spool id. The scheduler adds; settlement removes.
 
-    __slots__ = ("_entries", "limit")
+    Bodies may come along (fresh mail, from the intake) within `body_budget` bytes in all;
+    past it, they are dropped and read from the spool when needed.
+    """
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("_entries", "body_budget", "body_bytes", "limit")
+
+    def __init__(self, limit: int, body_budget: int = 64 * 1024 * 1024) -> None:
         self._entries: dict[int, Entry] = {}
         self.limit = limit
+        self.body_budget = body_budget
+        self.body_bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -118,6 +124,11 @@ class ActiveSet:
     def add(self, message: Message) -> Entry:
         if message.id in self._entries:
             raise ValueError(f"message {message.id:016x} is already active")
+        if message.data is not None:
+            if self.body_bytes + len(message.data) > self.body_budget:
+                message.data = None
+            else:
+                self.body_bytes += len(message.data)
         entry = Entry(message)
         self._entries[message.id] = entry
         return entry
@@ -128,4 +139,8 @@ class ActiveSet:
     def remove(self, entry: Entry) -> None:
         if self._entries.get(entry.id) is entry:
             del self._entries[entry.id]
+            data = entry.message.data
+            if data is not None:
+                self.body_bytes -= len(data)
+                entry.message.data = None
         entry.settled = True

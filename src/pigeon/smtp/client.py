@@ -70,6 +70,21 @@ class ReplyReader:
 
 
 def _make_reply(lines: list[str]) -> Reply:
+    if len(lines) == 1:
+        # Servers say the same few things over and over ("250 2.1.0 Ok"): parse each once.
+        cached = _SEEN.get(lines[0])
+        if cached is None:
+            if len(_SEEN) > 4096:
+                _SEEN.clear()
+            cached = _SEEN[lines[0]] = _parse_reply(lines)
+        return cached
+    return _parse_reply(lines)
+
+
+_SEEN: dict[str, Reply] = {}
+
+
+def _parse_reply(lines: list[str]) -> Reply:
     code = int(lines[0][:3])
     texts = [line[4:] for line in lines]
     enhanced = None

@@ -45,6 +45,11 @@ class Operation(Protocol):
         """The operation failed: remove what the caller or `prepare` left behind."""
 
 
+BeforeCommit = Callable[[sqlite3.Connection, list[Operation]], Callable[[], None] | None]
+"""Runs in the commit thread just before COMMIT, over the whole batch: one statement for
+work every operation would otherwise do alone (freeing bodies). Returns what to do once
+the commit is durable, if anything."""
+
 BatchObserver = Callable[[int, float], None]
 """Called on the event loop with (operations in the batch, seconds the commit took)."""
 
@@ -62,8 +67,10 @@ class GroupCommitter:
         window: float = 0.0,
         max_batch: int = 1024,
         observer: BatchObserver | None = None,
+        before_commit: BeforeCommit | None = None,
     ) -> None:
         self._connect = connect
+        self._before_commit = before_commit
         self._window = window
         self._max_batch = max_batch
         self._observer = observer
@@ -184,7 +191,10 @@ class GroupCommitter:
             try:
                 for op in ops:
                     op.prepare()
+                after = self._before_commit(conn, ops) if self._before_commit else None
                 conn.execute("COMMIT")
+                if after is not None:
+                    after()
                 results = applied
             except Exception as error:
                 if conn.in_transaction:
@@ -205,14 +215,16 @@ class GroupCommitter:
             self._batch_done(batch, results, seconds)
             self._idle.set()
 
-    @staticmethod
-    def _one(conn: sqlite3.Connection, op: Operation) -> Any:
+    def _one(self, conn: sqlite3.Connection, op: Operation) -> Any:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = op.apply(conn)
                 op.prepare()
+                after = self._before_commit(conn, [op]) if self._before_commit else None
                 conn.execute("COMMIT")
+                if after is not None:
+                    after()
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")

@@ -130,6 +130,7 @@ def _remove_orphan_bodies(conn: sqlite3.Connection, data_dir: Path) -> int:
         return 0
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany("DELETE FROM body WHERE id = ?", [(body_id,) for body_id, _ in orphans])
+    conn.execute("DELETE FROM body_ref WHERE body NOT IN (SELECT id FROM body)")
     conn.execute("COMMIT")
     for body_id, in_file in orphans:
         if in_file:

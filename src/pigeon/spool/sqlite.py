@@ -20,23 +20,26 @@ import fcntl
 import functools
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
 from pigeon.message import ENVELOPE_DECODER, ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool.body import Body, BodyWriter
-from pigeon.spool.commit import BatchObserver, GroupCommitter
+from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
 from pigeon.spool.recovery import recover
 from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolCorrupt, SpoolWriteError
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS body (
     id INTEGER PRIMARY KEY,
     size INTEGER NOT NULL,
-    data BLOB,                      -- NULL: the body is in data/<id as 16 hex digits>
-    refs INTEGER NOT NULL DEFAULT 1 -- messages using it; the body goes with the last one
+    data BLOB                       -- NULL: the body is in data/<id as 16 hex digits>
+);
+CREATE TABLE IF NOT EXISTS body_ref (
+    body INTEGER PRIMARY KEY,       -- a body shared by several messages (one per domain) ...
+    refs INTEGER NOT NULL           -- ... and how many still use it; the last one frees it
 );
 CREATE TABLE IF NOT EXISTS message (
     id INTEGER PRIMARY KEY,
@@ -69,8 +72,14 @@ ALTER TABLE body ADD COLUMN refs INTEGER NOT NULL DEFAULT 1;
 UPDATE body SET refs = (SELECT count(*) FROM message WHERE message.body = body.id);
 CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, record BLOB NOT NULL);
 """,
+    # 2 -> 3: reference counts move out of the body rows (updating a row rewrites its blob).
+    2: """
+CREATE TABLE IF NOT EXISTS body_ref (body INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
+INSERT INTO body_ref (body, refs) SELECT id, refs FROM body WHERE refs > 1;
+ALTER TABLE body DROP COLUMN refs;
+""",
 }
-_INSERT_BODY: Final = "INSERT INTO body (id, size, data, refs) VALUES (?, ?, ?, ?)"
+_INSERT_BODY: Final = "INSERT INTO body (id, size, data) VALUES (?, ?, ?)"
 _INSERT_MESSAGE: Final = (
     "INSERT INTO message (id, body, queue, created, size, attempts, due, envelope) VALUES (?, ?, ?, ?, ?, 0, ?, ?)"
 )
@@ -102,7 +111,13 @@ class SqliteSpool:
         self._count = 0
         self._lock_fd: int | None = None
         self._reader: sqlite3.Connection | None = None
-        self._committer = GroupCommitter(self._connect, window=commit_window, max_batch=max_batch, observer=observer)
+        self._committer = GroupCommitter(
+            self._connect,
+            window=commit_window,
+            max_batch=max_batch,
+            observer=observer,
+            before_commit=self._free_bodies,
+        )
 
     # --- life cycle ------------------------------------------------------------------------
     def open(self, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
@@ -228,22 +243,17 @@ class SqliteSpool:
         attempts: int,
         due: float,
         records: Sequence[tuple[int, bytes]] = (),
-    ) -> asyncio.Future[str | None]:
+    ) -> asyncio.Future[None]:
         """Record a delivery attempt's outcome, durably, with its terminal log records.
 
         `remaining` is the envelope with the recipients still to do, or None when the
-        message is finished (removed; its body too if no other message shares it). The
-        future gives the name of a body file to pass to `remove_body_file()` once the
-        caller has logged the records.
+        message is finished (removed; its body too if no other message shares it).
         """
         envelope = None if remaining is None else ENVELOPE_ENCODER.encode(remaining)
         future = self._committer.submit(_Settle(message.id, message.body_id, attempts, due, envelope, records))
         if remaining is None:
             future.add_done_callback(functools.partial(self._stored, -1))
         return future
-
-    def remove_body_file(self, name: str) -> None:
-        (self.data_dir / name).unlink(missing_ok=True)
 
     def outbox(self) -> list[tuple[int, bytes]]:
         """Terminal records committed but maybe not yet in the log (after a crash)."""
@@ -254,6 +264,23 @@ class SqliteSpool:
     def outbox_written(self, up_to: int) -> asyncio.Future[None]:
         """The records up to `up_to` are in the log file: forget them."""
         return self._committer.submit(_OutboxDone(up_to))
+
+    def _free_bodies(self, conn: sqlite3.Connection, ops: list[Operation]) -> Callable[[], None] | None:
+        """Commit thread: delete the bodies the batch's settlements freed, in one statement."""
+        ids = [body for op in ops for body in getattr(op, "free", ())]
+        if not ids:
+            return None
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(f"DELETE FROM body WHERE id IN ({marks}) RETURNING id, data IS NULL", ids).fetchall()
+        files = [self.data_dir / format_id(body) for body, in_file in rows if in_file]
+        if not files:
+            return None
+
+        def unlink() -> None:
+            for path in files:
+                path.unlink(missing_ok=True)
+
+        return unlink
 
     def _read(self) -> sqlite3.Connection:
         if self._reader is None:
@@ -301,8 +328,10 @@ class _StoreReception:
 
     def apply(self, conn: sqlite3.Connection) -> None:
         body = self.body
-        conn.execute(_INSERT_BODY, (body.id, body.size, body.data, len(self.rows)))
+        conn.execute(_INSERT_BODY, (body.id, body.size, body.data))
         conn.executemany(_INSERT_MESSAGE, self.rows)
+        if len(self.rows) > 1:
+            conn.execute("INSERT INTO body_ref (body, refs) VALUES (?, ?)", (body.id, len(self.rows)))
         if self.records:
             conn.executemany(_INSERT_OUTBOX, self.records)
 
@@ -326,7 +355,7 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class _Settle:
-    __slots__ = ("attempts", "body_id", "due", "envelope", "message_id", "records")
+    __slots__ = ("attempts", "body_id", "due", "envelope", "free", "message_id", "records")
 
     def __init__(
         self,
@@ -344,18 +373,21 @@ class _Settle:
         self.envelope = envelope
         self.records = records
 
-    def apply(self, conn: sqlite3.Connection) -> str | None:
-        """Returns the name of the body file to remove after the commit, if one goes."""
-        gone = None
+    def apply(self, conn: sqlite3.Connection) -> None:
+        # Freeing the body (reading its overflow pages) is left to the commit thread, in one
+        # statement for the whole batch: `free` names the body if this was its last message.
+        self.free: tuple[int, ...] = ()
         if self.envelope is None:
             deleted = conn.execute("DELETE FROM message WHERE id = ?", (self.message_id,)).rowcount
             if deleted:
-                conn.execute("UPDATE body SET refs = refs - 1 WHERE id = ?", (self.body_id,))
-                row = conn.execute(
-                    "DELETE FROM body WHERE id = ? AND refs <= 0 RETURNING data IS NULL", (self.body_id,)
+                shared = conn.execute(
+                    "UPDATE body_ref SET refs = refs - 1 WHERE body = ? RETURNING refs", (self.body_id,)
                 ).fetchone()
-                if row is not None and row[0]:
-                    gone = format_id(self.body_id)
+                if shared is None:
+                    self.free = (self.body_id,)
+                elif shared[0] <= 0:
+                    conn.execute("DELETE FROM body_ref WHERE body = ?", (self.body_id,))
+                    self.free = (self.body_id,)
         else:
             conn.execute(
                 "UPDATE message SET attempts = ?, due = ?, envelope = ? WHERE id = ?",
@@ -363,7 +395,6 @@ class _Settle:
             )
         if self.records:
             conn.executemany(_INSERT_OUTBOX, self.records)
-        return gone
 
     def prepare(self) -> None:
         pass
