@@ -82,8 +82,10 @@ class Intake:
         max_hops: int = 100,
         tenant_header: str = "X-Tenant",
         campaign_header: str = "X-Campaign",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.spool = spool
+        self.clock = clock  # arrival times; the same clock delivery measures max_age with
         self.log = log
         self.metrics = metrics
         self.hostname = hostname
@@ -101,7 +103,7 @@ class Intake:
         groups = _group_by_domain(envelope.recipients)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
-        date = _rfc5322_date(int(time.time()))
+        date = _rfc5322_date(int(self.clock()))
         draft.write(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])}; {date}\r\n".encode())
         draft.write(data)
         return await draft.commit()
@@ -124,7 +126,7 @@ class Intake:
         if arrival.tls:
             lines.append(f"\t(using {arrival.tls})")
         lines.append(f"\tby {self.hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
-        date = _rfc5322_date(int(time.time()))
+        date = _rfc5322_date(int(self.clock()))
         if len(envelope.recipients) == 1:
             lines.append(f"\tfor <{envelope.recipients[0].address}>; {date}")
         else:
@@ -198,7 +200,7 @@ class Draft:
             result.set_exception(error)
             return result
         self._resident = bytes(body.data) if body.data is not None and body.size <= _RESIDENT_LIMIT else None
-        now = time.time()
+        now = intake.clock()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
             envelope = self.envelope

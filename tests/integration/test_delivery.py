@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import smtplib
+import threading
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
@@ -123,3 +124,28 @@ def test_dead_sink_defers_then_delivers_once_it_comes_up(tmp_path: Path) -> None
         with SmtpSink(host=host, port=int(port)):
             (record,) = wait_until(lambda: _terminal(pigeon), timeout=20)
             assert record["type"] == "Delivery"
+
+
+def test_more_mail_than_the_active_set_holds_is_all_delivered_once(tmp_path: Path) -> None:
+    # Three messages in memory at a time: the rest wait in the spool and are read as room frees.
+    config = delivery_config("", max_active=3)
+    with ScriptedSink() as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+
+            def send_ten(first: int) -> None:
+                with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                    for n in range(first, first + 10):
+                        client.sendmail("sender@example.org", [f"ok{n}@example.net"], MESSAGE)
+
+            threads = [threading.Thread(target=send_ten, args=(n * 10,)) for n in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            records = wait_until(lambda: len(_terminal(pigeon)) >= 40 and _terminal(pigeon), timeout=30)
+            assert sorted(r["recipient"] for r in records) == sorted(f"ok{n}@example.net" for n in range(40))
+            assert {r["type"] for r in records} == {"Delivery"}
+            received = sorted(r for m in sink.received for r in m.recipients)
+            assert received == sorted(f"ok{n}@example.net" for n in range(40))
+            wait_until(lambda: pigeon.spool_messages() == [])

@@ -9,6 +9,7 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
     datafail@...    554 5.6.0 at end of data (the whole transaction)
     datatemp@...    451 4.3.0 at end of data
     slow@...        waits `slow` seconds before answering RCPT
+    flaky@...       451 4.3.0 at RCPT for its first `flaky` tries, then 250
     hangup@...      drops the connection in the middle of DATA
 """
 
@@ -84,6 +85,8 @@ class _Handler:
         self.sink.rcpt_log.append(address)
         if local == "slow":
             await asyncio.sleep(self.sink.slow)
+        if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
+            return "451 4.3.0 not yet"
         reply = {
             "tempfail": "451 4.3.0 try again later",
             "permfail": "550 5.1.1 no such user here",
@@ -134,10 +137,11 @@ class _Controller(Controller):
 class ScriptedSink:
     """An aiosmtpd server in a thread, answering by recipient (see the module docstring)."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, slow: float = 0.0) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, slow: float = 0.0, flaky: int = 2) -> None:
         self.host = host
         self.port = port or free_port()
         self.slow = slow
+        self.flaky = flaky
         self.received: list[Received] = []
         self.rcpt_log: list[str] = []
         self._controller = _Controller(_Handler(self), hostname=host, port=self.port, ready_timeout=10)

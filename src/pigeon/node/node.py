@@ -14,6 +14,7 @@ import logging
 import signal
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,10 @@ class Node:
         worker: int = 0,
         workers: int = 1,
         control_socket: Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self._clock = clock  # what delivery takes for "now"; tests turn it forward
         self.worker = worker
         self.shutdown_timeout = config.node.shutdown_timeout
         self._control_socket = control_socket
@@ -100,12 +103,19 @@ class Node:
             max_hops=smtp.max_hops,
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
+            clock=self._clock,
         )
         spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
         self.outbox = intake.outbox = Outbox(self.log, spools)
         if config.delivery.enabled:
             self.outbound = Outbound(
-                config, spools=spools, log=self.log, outbox=self.outbox, metrics=self.metrics, intake=intake
+                config,
+                spools=spools,
+                log=self.log,
+                outbox=self.outbox,
+                metrics=self.metrics,
+                intake=intake,
+                clock=self._clock,
             )
             self.outbound.start()
         tls_context = self._tls_context()

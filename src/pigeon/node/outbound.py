@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from pigeon.config.schema import Config
@@ -44,6 +45,7 @@ class Outbound:
         outbox: Outbox,
         metrics: Metrics,
         intake: Intake,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         delivery = config.delivery
         self._config = config
@@ -79,6 +81,7 @@ class Outbound:
             classifier=Classifier.from_files(delivery.bounce_rules),
             policies=self.policies,
             notifier=self._send_dsn,
+            clock=clock,
         )
         self.dispatcher = Dispatcher(
             source=delivery.source,
@@ -93,6 +96,7 @@ class Outbound:
             shaping=_shaping(config),
             load_body=self._load_body,
             settle=self.settlement.settle,
+            clock=clock,
         )
         self.scheduler = Scheduler(
             spools=list(spools.values()),
@@ -101,6 +105,7 @@ class Outbound:
             dispatcher=self.dispatcher,
             settlement=self.settlement,
             policies=self.policies,
+            clock=clock,
         )
 
     def start(self) -> None:

@@ -67,6 +67,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = 0.0
+        self._last_now = float("-inf")
         self._stopped = False
 
     def start(self) -> None:
@@ -83,12 +84,22 @@ class Scheduler:
 
     def admit(self, messages: list[Message]) -> None:
         """Freshly stored messages, due now: make them active without reading them back."""
-        for message in messages:
+        for index, message in enumerate(messages):
             if self._active.room == 0:
-                self._wake.set()  # the rest will be read from the spool when there is room
+                # The rest will be read from the spool when there is room; the watermark may
+                # already be past them (their commit can land after a later-due message was read).
+                self.rewind(min(m.due for m in messages[index:]))
+                self._wake.set()
                 return
             if message.id not in self._active:
                 self._promote(self._active.add(message))
+
+    def rewind(self, due: float) -> None:
+        """Make the next ticks read again from `due`: a message now due at or after it is not
+        missed even if the watermark had moved past (admin "retry now" uses this too)."""
+        for shard, (mark, _) in self._watermarks.items():
+            if mark >= due:
+                self._watermarks[shard] = (due, -1)
 
     # --- the tick --------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -116,6 +127,9 @@ class Scheduler:
         """Read due messages into the active set. True if more may be waiting."""
         more = False
         now = self._clock()
+        if now < self._last_now:
+            self.rewind(now)  # the clock stepped back: what we read as due may be due again later
+        self._last_now = now
         for spool in self._spools:
             room = self._active.room
             if room == 0:
