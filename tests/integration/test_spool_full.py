@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.process import PigeonProcess
+from tests.support.sinks import wait_until
 
 
 def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, tuple[int, bytes]]:
@@ -36,7 +37,9 @@ def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: 
         assert (code, text[:5]) == (451, b"4.3.0")
         assert accepted > 10
         assert len(pigeon.spool_messages()) == accepted
-        assert pigeon.records("Rejection")[-1]["response"]["code"] == 451
+        # The event log is written a moment after the reply: wait for the record.
+        rejections = wait_until(lambda: pigeon.records("Rejection"))
+        assert rejections[-1]["response"]["code"] == 451
     with PigeonProcess(root, spool={"max_size": "4MiB"}) as pigeon:  # the operator made room
         assert len(pigeon.spool_messages()) == accepted
         assert "0 quarantined" in pigeon.stderr()
