@@ -140,6 +140,14 @@ class Postfix(Mta):
         spool = self.dir / "spool"
         return sum(1 for q in ("incoming", "active", "deferred", "hold") for p in (spool / q).rglob("*") if p.is_file())
 
+    def release(self) -> None:
+        """Stop deferring the smtp transport and flush the queue (after `defer=True`)."""
+        etc = self.dir / "etc"
+        main_cf = etc / "main.cf"
+        main_cf.write_text(main_cf.read_text().replace("defer_transports = smtp", "defer_transports ="))
+        subprocess.run(["postfix", "-c", str(etc), "reload"], check=True, capture_output=True)
+        subprocess.run(["postqueue", "-c", str(etc), "-f"], check=True, capture_output=True)
+
     def stop(self) -> None:
         subprocess.run(["postfix", "-c", str(self.dir / "etc"), "stop"], check=False, capture_output=True)
         time.sleep(1)
