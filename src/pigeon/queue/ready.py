@@ -29,7 +29,7 @@ class ReadyQueue:
         self.connections = 0  # connection tasks running for this queue
         self.failures = 0  # consecutive failed connection attempts
         self._entries: deque[Entry] = deque()
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -42,7 +42,7 @@ class ReadyQueue:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(False)
                 break
 
     def put_front(self, entry: Entry) -> None:
@@ -62,17 +62,19 @@ class ReadyQueue:
         entry = self.take_nowait()
         if entry is not None or idle <= 0:
             return entry
-        waiter = asyncio.get_running_loop().create_future()
+        # A plain timer rather than asyncio.timeout(): connections wait here once per message
+        # whenever mail trickles in, and a timeout context costs several times as much.
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._waiters.append(waiter)
+        timer = loop.call_later(idle, _expire, waiter)
         try:
-            async with asyncio.timeout(idle):
-                await waiter
-        except TimeoutError:
-            return None
+            timed_out = await waiter
         finally:
+            timer.cancel()
             if not waiter.done():
                 waiter.cancel()
-        return self.take_nowait()
+        return None if timed_out else self.take_nowait()
 
     def remove_if(self, predicate: Callable[[Entry], bool]) -> list[Entry]:
         """Take out (and return) every message for which `predicate` is true."""
@@ -87,4 +89,9 @@ class ReadyQueue:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(False)
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)  # timed out
