@@ -30,6 +30,7 @@ from pigeon.logs.records import Record
 _log = logging.getLogger(__name__)
 _MAX_BUFFER: Final = 64 * 1024 * 1024  # past this, a log disk that keeps failing costs records, not memory
 _FLUSH_AT: Final = 1024 * 1024
+_FLUSH_GAP: Final = 0.005  # under load, at most one write per this many seconds
 SEGMENT_SUFFIX: Final = ".jsonl"
 COMPRESSED_SUFFIX: Final = ".jsonl.gz"
 
@@ -61,6 +62,7 @@ class LogWriter:
         self._opened_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_scheduled = False
+        self._last_flush = float("-inf")
         self._age_timer: asyncio.TimerHandle | None = None
         self._compressors: list[threading.Thread] = []
         self.dropped = 0
@@ -88,7 +90,8 @@ class LogWriter:
         return self._encoder.encode(record)
 
     def write(self, record: Record) -> None:
-        """Queue a record; it reaches the file at the end of this loop turn."""
+        """Queue a record; it reaches the file at the end of this loop turn (at most
+        `_FLUSH_GAP` later when records keep coming)."""
         self.write_raw(self.encode(record))
 
     def write_raw(self, line: bytes) -> None:
@@ -99,14 +102,21 @@ class LogWriter:
             self.flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            if self._loop is not None:
-                self._loop.call_soon(self.flush)
-            else:
+            loop = self._loop
+            if loop is None:
                 self.flush()
+            elif loop.time() - self._last_flush >= _FLUSH_GAP:
+                loop.call_soon(self.flush)
+            else:
+                # Busy: gather the records of the next few loop turns into one write. Nothing
+                # durable depends on this file being current (the outbox covers a crash).
+                loop.call_at(self._last_flush + _FLUSH_GAP, self.flush)
 
     def flush(self) -> None:
         """Write buffered records to the segment now (no fsync)."""
         self._flush_scheduled = False
+        if self._loop is not None:
+            self._last_flush = self._loop.time()
         if not self._buf or self._fd is None:
             return
         try:
