@@ -35,7 +35,7 @@ def test_pigeon_to_pigeon_uses_starttls_chunking_and_passes_dsn_parameters(tmp_p
             assert (envelope.ret, envelope.envid) == ("HDRS", "env-1")
             assert envelope.recipients[0].notify == ["FAILURE"]
             assert envelope.recipients[0].orcpt == "rfc822;orig@example.net"
-            (reception,) = sink.records("Reception")
+            (reception,) = sink.wait_records("Reception")
             assert reception["protocol"] == "ESMTPS"
 
 

@@ -22,7 +22,7 @@ def test_corrupt_entry_is_quarantined_and_logged_at_start(tmp_path: Path) -> Non
     conn.close()
     with PigeonProcess(root) as pigeon:
         assert len(pigeon.spool_messages()) == 2
-        (record,) = pigeon.records("Quarantine")
+        (record,) = pigeon.wait_records("Quarantine")
         assert record["id"] == f"{victim:016x}"
         assert "envelope does not decode" in record["reason"]
         assert pigeon.metric("pigeon_spool_quarantined_total") == 1

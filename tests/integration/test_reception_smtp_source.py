@@ -15,7 +15,7 @@ def test_every_message_smtp_source_sends_is_stored_and_logged(pigeon: PigeonProc
     assert len(stored) == 500
     message_ids = {m["data"].split(b"Message-Id: ", 1)[1].split(b"\r\n", 1)[0] for m in stored}
     assert len(message_ids) == 500
-    assert len(pigeon.records("Reception")) == 500
+    assert len(pigeon.wait_records("Reception", 500)) == 500
     assert pigeon.metric("pigeon_messages_received_total") == 500
     assert pigeon.metric("pigeon_spool_messages") == 500
 

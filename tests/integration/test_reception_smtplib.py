@@ -50,7 +50,7 @@ def test_reply_names_the_spool_ids_and_reception_records_match(pigeon: PigeonPro
         code, text = client.data(_message(["a@example.net"]).as_bytes(policy=SMTP))
     assert code == 250
     ids = text.decode().split("queued as ")[1].split()
-    records = pigeon.records("Reception")
+    records = pigeon.wait_records("Reception", len(ids))
     assert sorted(r["id"] for r in records) == sorted(ids)
     for record in records:
         assert record["sender"] == "sender@example.org"
@@ -112,7 +112,7 @@ def test_oversized_message_is_refused_before_and_after_data(tmp_path) -> None:  
             code, _ = client.noop()  # the session goes on
             assert code == 250
         assert pigeon.spool_messages() == []
-        rejections = pigeon.records("Rejection")
+        rejections = pigeon.wait_records("Rejection", 2)
         assert [(r["command"], r["response"]["code"]) for r in rejections] == [("MAIL", 552), ("DATA", 552)]
 
 

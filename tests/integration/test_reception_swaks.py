@@ -34,7 +34,7 @@ def test_starttls_upgrades_and_the_message_records_esmtps(pigeon: PigeonProcess)
     (stored,) = pigeon.spool_messages()
     assert b" with ESMTPS id " in stored["data"]
     assert b"(using TLSv1." in stored["data"]
-    (record,) = pigeon.records("Reception")
+    (record,) = pigeon.wait_records("Reception")
     assert record["protocol"] == "ESMTPS"
     assert record["tls"].startswith("TLSv1.")
 
@@ -57,7 +57,7 @@ def test_relay_is_denied_to_unauthenticated_clients_outside_relay_networks(tmp_p
         result = swaks(pigeon.smtp_port, "--to", "user@example.net", "--from", "me@example.org")
         assert "550 5.7.1 Relay access denied" in result.stdout
         assert pigeon.spool_messages() == []
-        (rejection,) = pigeon.records("Rejection")
+        (rejection,) = pigeon.wait_records("Rejection")
         assert rejection["command"] == "RCPT"
         assert rejection["response"] == {"code": 550, "enhanced": "5.7.1", "text": "Relay access denied"}
 

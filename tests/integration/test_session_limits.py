@@ -36,7 +36,7 @@ def test_slow_dribbling_client_hits_the_command_timeout(tmp_path: Path) -> None:
         code, _ = client.reply()
         assert code == 421
         assert time.monotonic() - started < 4.5
-        (rejection,) = pigeon.records("Rejection")
+        (rejection,) = pigeon.wait_records("Rejection")
         assert rejection["response"]["enhanced"] == "4.4.2"
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.process import PigeonProcess
-from tests.support.sinks import wait_until
 
 
 def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, tuple[int, bytes]]:
@@ -37,8 +36,7 @@ def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: 
         assert (code, text[:5]) == (451, b"4.3.0")
         assert accepted > 10
         assert len(pigeon.spool_messages()) == accepted
-        # The event log is written a moment after the reply: wait for the record.
-        rejections = wait_until(lambda: pigeon.records("Rejection"))
+        rejections = pigeon.wait_records("Rejection")
         assert rejections[-1]["response"]["code"] == 451
     with PigeonProcess(root, spool={"max_size": "4MiB"}) as pigeon:  # the operator made room
         assert len(pigeon.spool_messages()) == accepted

@@ -34,7 +34,7 @@ def test_two_workers_share_the_load_and_report_merged_metrics(tmp_path: Path) ->
         assert shards == {"shard-0", "shard-1"}
         assert pigeon.metric("pigeon_messages_received_total") == 300
         assert pigeon.metric("pigeon_spool_messages") == 300
-        assert len(pigeon.records("Reception")) == 300
+        assert len(pigeon.wait_records("Reception", 300)) == 300
         logs = sorted(p.name.rsplit("-", 1)[1] for p in (pigeon.root / "log").iterdir())
         assert {"w0.jsonl", "w1.jsonl"} <= set(logs)
 

@@ -181,6 +181,16 @@ class PigeonProcess:
         records = read_records(self.root / "log")
         return [r for r in records if kind is None or r["type"] == kind]
 
+    def wait_records(self, kind: str, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The records of `kind` once there are at least `count`: the event log is written a
+        moment after the reply that caused a record (a few milliseconds under load)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.records(kind)
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.02)
+
     def spool_messages(self) -> list[dict[str, Any]]:
         """Every message in every spool shard, with its body bytes."""
         return list(_spool_rows(self.spool_path))
