@@ -38,7 +38,8 @@ def test_message_is_stored_once_per_domain_with_received_header(pigeon: PigeonPr
     assert data.startswith(b"Received: from client.test ([127.0.0.1])\r\n\tby mx.pigeon.test (Pigeon) with ESMTP id ")
     assert b"\r\n.leading dot line\r\n" in data  # unstuffed exactly once
     assert data.endswith(b"Hello there.\r\n.leading dot line\r\n")
-    assert stored[0]["data"] == stored[1]["data"]  # one body, shared
+    assert stored[0]["body_id"] == stored[1]["body_id"]  # one body row, shared
+    assert stored[0]["data"] == stored[1]["data"]
 
 
 def test_reply_names_the_spool_ids_and_reception_records_match(pigeon: PigeonProcess) -> None:

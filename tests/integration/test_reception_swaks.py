@@ -22,8 +22,14 @@ def test_swaks_message_is_queued(pigeon: PigeonProcess) -> None:
 def test_swaks_pipelined_transaction_gets_replies_in_order(pigeon: PigeonProcess) -> None:
     result = swaks(pigeon.smtp_port, "--pipeline", "--to", "a@example.net,b@example.net", "--from", "me@example.org")
     assert result.returncode == 0, result.stdout
-    assert "250 2.1.0 Sender ok" in result.stdout
-    assert result.stdout.count("250 2.1.5 Recipient ok") == 2
+    replies = [line.split("  ", 1)[1] for line in result.stdout.splitlines() if line.startswith("<-  ")]
+    start = replies.index("250 2.1.0 Sender ok")
+    assert replies[start : start + 4] == [
+        "250 2.1.0 Sender ok",
+        "250 2.1.5 Recipient ok",
+        "250 2.1.5 Recipient ok",
+        "354 End data with <CR><LF>.<CR><LF>",
+    ]
     assert len(pigeon.spool_messages()) == 1
 
 

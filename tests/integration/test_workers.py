@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
@@ -30,8 +32,13 @@ def test_two_workers_share_the_load_and_report_merged_metrics(tmp_path: Path) ->
         assert result.returncode == 0, result.stderr
         stored = pigeon.spool_messages()
         assert len(stored) == 300
-        shards = {path.name for path in (pigeon.root / "spool").glob("shard-*") if (path / "spool.db").exists()}
-        assert shards == {"shard-0", "shard-1"}
+        per_shard = {}
+        for db in (pigeon.root / "spool").glob("shard-*/spool.db"):
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                per_shard[db.parent.name] = conn.execute("SELECT count(*) FROM message").fetchone()[0]
+        assert set(per_shard) == {"shard-0", "shard-1"}
+        assert all(n > 0 for n in per_shard.values()), per_shard  # both workers took connections
+        assert sum(per_shard.values()) == 300
         assert pigeon.metric("pigeon_messages_received_total") == 300
         assert pigeon.metric("pigeon_spool_messages") == 300
         assert len(pigeon.wait_records("Reception", 300)) == 300

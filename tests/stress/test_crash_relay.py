@@ -6,8 +6,9 @@ from __future__ import annotations
 import collections
 import re
 import subprocess
-import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.process import PigeonProcess
 from tests.support.sinks import delivery_config, wait_until
@@ -17,6 +18,8 @@ QUEUED = re.compile(r"<<< 250 (?:2\.0\.0 )?Ok: queued as ([0-9a-f]{16})")
 RELAY_ID = re.compile(rb"by relay\.pigeon\.test \(Pigeon\) with E?SMTP id ([0-9a-f]{16})")
 
 
+# Its waits add up to more than the default per-test timeout on a slow machine.
+@pytest.mark.timeout(600)
 def test_kill_9_while_relaying_loses_nothing_and_logs_each_recipient_once(tmp_path: Path) -> None:
     sink = PigeonProcess(tmp_path / "sink", log={"level": "info"}).start()
     relay_config = delivery_config(f"127.0.0.1:{sink.smtp_port}", connection_limit=8)
@@ -64,5 +67,6 @@ def test_kill_9_while_relaying_loses_nothing_and_logs_each_recipient_once(tmp_pa
     )
     assert set(terminal) == {(spool_id, "r@sink.test") for spool_id in received}
     assert set(terminal.values()) == {1}, "a recipient has more than one terminal record"
-    assert all(r["type"] == "Delivery" for r in relay_records if r["type"] in ("Bounce", "Expiration")) or True
-    time.sleep(0)
+    final = ("Delivery", "Bounce", "Expiration")
+    outcomes = collections.Counter(r["type"] for r in relay_records if r["type"] in final)
+    assert set(outcomes) == {"Delivery"}, f"the sink takes everything, yet: {outcomes}"

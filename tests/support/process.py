@@ -218,6 +218,7 @@ def _spool_rows(spool_root: Path) -> Iterator[dict[str, Any]]:
             decoded = ENVELOPE_DECODER.decode(envelope)
             yield {
                 "id": format_id(spool_id),
+                "body_id": format_id(body_id),
                 "queue": queue,
                 "sender": decoded.sender,
                 "recipients": [r.address for r in decoded.recipients],

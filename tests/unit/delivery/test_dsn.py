@@ -152,7 +152,11 @@ def test_by_default_only_the_headers_come_back() -> None:
 
 def test_ret_hdrs_returns_only_the_headers() -> None:
     _, parsed = report(envelope(ret="HDRS"))
-    assert parsed.get_payload()[2].get_content_type() == "text/rfc822-headers"
+    returned = parsed.get_payload()[2]
+    assert returned.get_content_type() == "text/rfc822-headers"
+    headers = returned.get_payload(decode=True)
+    assert headers == ORIGINAL[: ORIGINAL.index(b"\r\n\r\n") + 2]
+    assert b"first body line" not in headers
 
 
 def test_ret_full_returns_the_whole_message() -> None:

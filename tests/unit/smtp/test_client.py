@@ -608,8 +608,9 @@ def test_a_message_needing_smtputf8_cannot_go_to_a_server_without_it() -> None:
     assert "SMTPUTF8" in refusal.text
 
 
-def test_a_pigeon_server_without_smtputf8_gets_no_message_that_needs_it() -> None:
+def test_a_pigeon_server_without_smtputf8_is_seen_not_to_offer_it_and_the_message_is_refused() -> None:
     pair = Pair.connect(ServerConfig(hostname=HOSTNAME, smtputf8=False))
+    assert "SMTPUTF8" not in pair.capabilities
     env = Envelope("josé@example.org", [Recipient("b@example.net")], BODY, smtputf8=True)
     refusal = refusal_before_sending(env, pair.capabilities)
     assert refusal is not None
