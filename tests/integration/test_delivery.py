@@ -111,6 +111,21 @@ def test_smtp_sink_soft_and_hard_errors(tmp_path: Path) -> None:
         assert record["response"]["code"] >= 500
 
 
+def test_smtp_sink_hanging_up_without_a_reply_is_a_transient_failure(tmp_path: Path) -> None:
+    # smtp-sink -q: drop the connection, unanswered, once the end of data (".") arrives.
+    with (
+        SmtpSink("-q", ".") as rude,
+        PigeonProcess(tmp_path / "node", **delivery_config(rude.endpoint, max_age="3s", dsn=False)) as pigeon,
+    ):
+        _send(pigeon, ["a@example.net"])
+        (record,) = wait_until(lambda: _terminal(pigeon), timeout=20)
+        assert record["type"] == "Expiration"
+        failures = pigeon.records("TransientFailure")
+        assert len(failures) >= 2
+        assert {(f["response"]["code"], f["response"]["enhanced"]) for f in failures} == {(451, "4.4.2")}
+        assert all("closed the connection" in f["response"]["text"] for f in failures), failures[0]
+
+
 def test_dead_sink_defers_then_delivers_once_it_comes_up(tmp_path: Path) -> None:
     sink_port_holder = SmtpSink()
     endpoint = sink_port_holder.endpoint
