@@ -8,6 +8,7 @@ with `[smtp] tls_certificate` and `tls_private_key`.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import ipaddress
 import os
 import ssl
@@ -28,11 +29,30 @@ def server_context(certificate: Path, private_key: Path) -> ssl.SSLContext:
 
 
 def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:
-    """The paths of a self-signed certificate and key in `directory`, made if missing."""
+    """The paths of a self-signed certificate and key in `directory`, made if missing.
+
+    Several workers start at once and each may find the pair missing: an exclusive lock makes
+    one of them write it and the others use it (without it, one worker's certificate could end
+    up beside another's key).
+    """
     cert_path, key_path = directory / "selfsigned.crt", directory / "selfsigned.key"
     if cert_path.exists() and key_path.exists():
         return cert_path, key_path
     directory.mkdir(parents=True, exist_ok=True)
+    lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cert_path.exists() and key_path.exists()):
+            key_bytes, cert_bytes = _self_signed(hostname)
+            _write_atomically(key_path, key_bytes, 0o600)
+            _write_atomically(cert_path, cert_bytes, 0o644)
+    finally:
+        os.close(lock)  # releases the lock
+    return cert_path, key_path
+
+
+def _self_signed(hostname: str) -> tuple[bytes, bytes]:
+    """A new key and a certificate for `hostname` signed by it, both PEM."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
     now = datetime.datetime.now(datetime.UTC)
@@ -55,15 +75,18 @@ def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:
     key_bytes = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    _write_private(key_path, key_bytes)
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return cert_path, key_path
+    return key_bytes, cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_atomically(path: Path, data: bytes, mode: int) -> None:
+    # A crash mid-write leaves the old file or none, never half a PEM file.
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as stream:
         stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, path)
 
 
 def describe(ssl_object: ssl.SSLObject | None) -> str | None:
