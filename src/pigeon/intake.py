@@ -122,7 +122,8 @@ class Intake:
             if arrival.helo.isascii()
             else arrival.helo.encode("idna", "replace").decode("ascii", "replace")
         )
-        lines = [f"Received: from {helo} ([{arrival.peer_ip}])"]
+        # HTTP has no HELO: the address alone says where the message came from.
+        lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
         if arrival.tls:
             lines.append(f"\t(using {arrival.tls})")
         lines.append(f"\tby {self.hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
@@ -240,6 +241,7 @@ class Draft:
                 response=response,
                 tls=arrival.tls,
                 auth_user=arrival.auth_user,
+                meta=m.envelope.metadata,
             )
             for m, printed_id in zip(messages, printed, strict=True)
         ]
@@ -311,6 +313,7 @@ def _copy_envelope(
         helo=envelope.helo,
         auth_user=envelope.auth_user,
         protocol=envelope.protocol,
+        metadata=envelope.metadata,
     )
 
 

@@ -94,6 +94,7 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     auth_user: str | None = None
     protocol: str = "ESMTP"  # RFC 3848 WITH keyword of the reception
     last_response: str | None = None  # the last failed attempt's reply, for inspection and expiry
+    metadata: dict[str, str] | None = None  # from the injecting application, copied into log records
 
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()

@@ -52,6 +52,8 @@ def _toml_value(value: Any) -> str:
         return json.dumps(str(value))
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table: [{...}] is an array of tables too
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -168,6 +170,27 @@ class PigeonProcess:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()
+
+    def http_post(self, path: str, body: Any, token: str | None = None, *, raw: bytes | None = None) -> tuple[int, Any]:
+        """POST `body` as JSON (or `raw` bytes as they are); returns the status and the decoded JSON answer."""
+        data = raw if raw is not None else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data, method="POST")
+        request.add_header("Content-Type", "application/json")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status, answer = response.status, response.read()
+        except urllib.error.HTTPError as error:
+            status, answer = error.code, error.read()
+        try:
+            return status, json.loads(answer)
+        except ValueError:
+            return status, answer.decode(errors="replace")
+
+    @property
+    def local_token(self) -> str:
+        return (self.spool_path / "api-token").read_text().strip()
 
     def metric(self, name: str) -> float:
         """The value of one unlabelled sample in /metrics."""

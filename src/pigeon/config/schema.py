@@ -182,9 +182,25 @@ class SmtpConfig(_Section):
     """Offer AUTH on connections without TLS (passwords would cross the network in clear)."""
 
 
+class ApiToken(_Section):
+    name: str
+    """Who holds the token: written into the records of what it did."""
+    token: Annotated[str, msgspec.Meta(min_length=16)]
+    """The bearer secret (at least 16 characters; `openssl rand -hex 32` makes a good one)."""
+    scopes: list[Literal["inject", "admin", "read"]]
+    """What it may do: "inject" mail, "admin" operations (bounce, suspend, ...), "read" state."""
+
+
 class HttpConfig(_Section):
     listen: Endpoint = Endpoint("127.0.0.1:8025")
-    """Address of the HTTP listener (/healthz, /metrics)."""
+    """Address of the HTTP listener (/healthz, /metrics, /api/...)."""
+    token: list[ApiToken] = msgspec.field(default_factory=list)
+    """API bearer tokens, as [[http.token]] tables."""
+    local_token: bool = True
+    """Keep a token with every scope in <spool path>/api-token (mode 0600), made at first start,
+    for the `pigeon` commands run on this machine by a user who can read the spool."""
+    max_request_size: Size = Size(64 * 1024 * 1024)
+    """Largest API request body (413 beyond)."""
 
 
 class SpoolConfig(_Section):

@@ -9,16 +9,17 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | timestamp   | all                           | when the event happened                                  |
 | node        | all                           | the node (host) name that wrote the record               |
 | id          | Reception, Quarantine         | spool id, 16 hex digits                                  |
-| session     | Reception, Rejection          | SMTP connection id, shared by all records of a connection|
+| session     | Reception, Rejection          | SMTP connection (or HTTP request) id, shared by its records |
 | sender      | Reception, Rejection          | envelope sender ("" for the null sender)                 |
 | recipients  | Reception, Rejection          | envelope recipients of this message / the refused one    |
 | queue       | Reception                     | scheduled queue name, `campaign:tenant@domain`           |
 | size        | Reception                     | bytes stored, `Received:` header included                |
 | peer        | Reception, Rejection          | client address, `ip:port`                                |
 | helo        | Reception, Rejection          | EHLO/HELO name the client gave                           |
-| protocol    | Reception                     | RFC 3848 keyword: SMTP, ESMTP, ESMTPS, ESMTPA, ESMTPSA, UTF8SMTPS ... |
+| protocol    | Reception                     | RFC 3848 keyword (ESMTP, ESMTPS, ESMTPSA, ...), HTTP for injections |
 | tls         | Reception, Rejection          | TLS version and cipher, when the connection used TLS     |
-| auth_user   | Reception, Rejection          | authenticated user                                       |
+| auth_user   | Reception, Rejection          | authenticated user (HTTP: the API token's name)          |
+| meta        | Reception                     | metadata the injecting application gave the recipient    |
 | command     | Rejection                     | the SMTP verb that was refused (MAIL, RCPT, DATA, ...)   |
 | response    | Reception, Rejection          | `{code, enhanced, text}` of the reply Pigeon sent        |
 | reason      | Quarantine                    | why a spool entry could not be read                      |
@@ -39,6 +40,7 @@ terminal (exactly one per recipient), `TransientFailure` is not (one per failed 
 | duration       | all four         | seconds the transaction took                              |
 | classification | Bounce           | bounce class from the rule table (InvalidRecipient, ...) |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
+| meta           | all four         | metadata given at injection, as in `Reception`            |
 | seq            | terminal ones    | unique and increasing per shard: a consumer can dedupe    |
 
 `Reception` carries a `seq` too: it and the terminal records are written exactly once,
@@ -84,6 +86,7 @@ class Reception(Record, tag="Reception"):
     response: Response
     tls: str | None = None
     auth_user: str | None = None
+    meta: dict[str, str] | None = None
     seq: int = 0
 
 
@@ -116,6 +119,7 @@ class Attempt(Record):
     tls: str | None = None
     created: float = 0.0  # when the message was received
     duration: float | None = None  # seconds this attempt took, connection excluded
+    meta: dict[str, str] | None = None  # metadata given at injection
 
 
 class Delivery(Attempt, tag="Delivery"):

@@ -21,6 +21,7 @@ from typing import Any
 from pigeon.config.schema import Config
 from pigeon.intake import Intake
 from pigeon.listener.http.app import HttpListener
+from pigeon.listener.http.auth import Tokens
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.smtp import SmtpListener
 from pigeon.listener.tls import ensure_self_signed, server_context
@@ -77,6 +78,8 @@ class Node:
         self.http_address: tuple[str, int] | None = None
         self.outbound: Outbound | None = None
         self.outbox: Outbox | None = None
+        self.intake: Intake  # from start() on
+        self.tokens: Tokens
         self._stopping = False
         self._started_at = 0.0
 
@@ -95,7 +98,8 @@ class Node:
         self.metrics.track_spool(lambda: self.spool.count + sum(s.count for s in self.adopted))
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
         smtp = config.smtp
-        intake = Intake(
+        self.tokens = Tokens.from_config(config)
+        self.intake = intake = Intake(
             self.spool,
             self.log,
             self.metrics,

@@ -217,6 +217,7 @@ class Settlement:
             "tls": attempt.tls if attempt else None,
             "created": message.created,
             "duration": attempt.duration if attempt else None,
+            "meta": message.envelope.metadata,
         }
 
 

@@ -209,6 +209,15 @@ def _mailbox(path: str, utf8: bool, bad: Reply) -> str:
     return path
 
 
+def mailbox_problem(address: str) -> str | None:
+    """Why `address` is not a mailbox RFC 5321 (with RFC 6531's UTF-8) allows, or None."""
+    try:
+        _mailbox(address, True, replies.syntax("Not a valid mailbox address (local@domain)", "5.1.3"))
+    except SmtpProtocolError as error:
+        return " ".join(error.reply.lines)
+    return None
+
+
 def _valid_literal(literal: str) -> bool:
     try:
         if literal[:5].upper() == "IPV6:":

@@ -8,14 +8,18 @@ from aiohttp import web
 
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.health import healthz
+from pigeon.listener.http.inject import inject
 from pigeon.listener.http.metrics import metrics
+from pigeon.listener.http.openapi import openapi
 
 
 def build_app(node: NodeView) -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=node.config.http.max_request_size)
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/openapi.json", openapi)
+    app.router.add_post("/api/v1/inject", inject)
     return app
 
 

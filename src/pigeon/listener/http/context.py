@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from pigeon.config.schema import Config
 from pigeon.metrics import Metrics
+
+if TYPE_CHECKING:
+    from pigeon.intake import Intake
+    from pigeon.listener.http.auth import Tokens
 
 
 class NodeView(Protocol):
     metrics: Metrics
+    config: Config
+    intake: Intake
+    tokens: Tokens
 
     def health(self) -> dict[str, Any]: ...
 

@@ -1,0 +1,105 @@
+"""Bearer tokens with scopes for the HTTP API.
+
+Tokens come from the config (`[[http.token]]`) and, unless turned off, from the local token
+file `<spool path>/api-token`, made at first start with every scope: the `pigeon` commands on
+the same machine read it, so an operator who can read the spool needs no configuration.
+
+Every comparison runs in constant time over every known token, so the response time tells
+nothing about how much of a guess was right, nor which token it was close to.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from aiohttp import web
+
+from pigeon.config.schema import Config
+
+Scope = Literal["inject", "admin", "read"]
+ALL_SCOPES: Final[tuple[Scope, ...]] = ("inject", "admin", "read")
+LOCAL_TOKEN_FILE: Final = "api-token"
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    name: str
+    digest: bytes  # SHA-256 of the secret: equal lengths for compare_digest
+    scopes: frozenset[str]
+
+
+class Tokens:
+    """The tokens a listener accepts."""
+
+    def __init__(self, tokens: Sequence[tuple[str, str, Sequence[str]]]) -> None:
+        self._tokens = [_Token(name, _digest(secret), frozenset(scopes)) for name, secret, scopes in tokens]
+
+    @classmethod
+    def from_config(cls, config: Config) -> Tokens:
+        tokens = [(t.name, t.token, tuple(t.scopes)) for t in config.http.token]
+        if config.http.local_token:
+            tokens.append(("local", ensure_local_token(config.spool.path), ALL_SCOPES))
+        return cls(tokens)
+
+    def holder(self, request: web.Request, scope: Scope) -> str:
+        """The name of the token the request carries, if it grants `scope`.
+
+        Raises 401 (no or unknown token) or 403 (a known token without the scope), each with
+        a JSON body that says what to do.
+        """
+        header = request.headers.get("Authorization", "")
+        kind, _, secret = header.partition(" ")
+        if kind.lower() != "bearer" or not secret.strip():
+            raise _error(web.HTTPUnauthorized, "send 'Authorization: Bearer <token>' (see [[http.token]])")
+        digest = _digest(secret.strip())
+        found: _Token | None = None
+        for token in self._tokens:  # no early exit: every token costs the same comparison
+            if hmac.compare_digest(token.digest, digest):
+                found = token
+        if found is None:
+            raise _error(web.HTTPUnauthorized, "unknown token")
+        if scope not in found.scopes:
+            raise _error(web.HTTPForbidden, f"token {found.name!r} lacks the {scope!r} scope")
+        return found.name
+
+
+def ensure_local_token(spool_path: Path) -> str:
+    """The local token, made (once, whoever starts first) if missing."""
+    path = spool_path / LOCAL_TOKEN_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    spool_path.mkdir(parents=True, exist_ok=True)
+    lock = os.open(spool_path / ".api-token.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            temporary = path.with_name(path.name + ".tmp")
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as stream:
+                stream.write(secrets.token_hex(32) + "\n")
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(temporary, path)
+        return path.read_text().strip()
+    finally:
+        os.close(lock)
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
+
+
+def _error(kind: type[web.HTTPError], message: str) -> web.HTTPError:
+    headers = {"WWW-Authenticate": 'Bearer realm="pigeon"'} if kind is web.HTTPUnauthorized else None
+    return kind(text=json.dumps({"error": message}), content_type="application/json", headers=headers)

@@ -1,0 +1,132 @@
+"""POST /api/v1/inject: mail from an application, one message per recipient.
+
+The answer comes once every accepted recipient's message is durable in the spool (the same
+group commit as SMTP reception), and says, per recipient in request order, its spool id or
+why it was refused. A malformed request changes nothing and gets 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+
+from pigeon.compose import ComposeError, Composer, InjectRequest, check_request
+from pigeon.intake import Arrival, Refused, Stored
+from pigeon.listener.http.context import NODE_KEY
+from pigeon.message import Envelope, Recipient, format_id
+from pigeon.smtp import replies
+from pigeon.spool.spool import SpoolError
+
+_DECODER: Final = msgspec.json.Decoder(InjectRequest)
+_FIELD: Final = re.compile(r" - at `(\$[^`]*)`$")
+_YIELD_EVERY: Final = 50  # recipients composed between turns of the loop: SMTP goes on meanwhile
+_requests = itertools.count(1)
+FORWARDED_PEER: Final = "X-Pigeon-Peer"
+
+
+class InjectResponse(msgspec.Struct):
+    accepted: int
+    failed: int
+    recipients: list[RecipientResult]
+
+
+class RecipientResult(msgspec.Struct, omit_defaults=True):
+    email: str
+    id: str | None = None
+    """The spool id of the recipient's message, when accepted."""
+    error: str | None = None
+    """Why not, when refused: an SMTP-style reply ("550 5.6.0 ...")."""
+
+
+class ErrorResponse(msgspec.Struct, omit_defaults=True):
+    error: str
+    field: str | None = None
+    """JSON path of the offending value, e.g. "$.recipients[2].email"."""
+
+
+async def inject(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    holder = node.tokens.holder(request, "inject")
+    try:
+        parsed = _DECODER.decode(await request.read())
+        check_request(parsed)
+    except msgspec.ValidationError as error:
+        raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
+    except msgspec.DecodeError as error:
+        raise bad_request(f"malformed JSON: {error}") from None
+    except ComposeError as error:
+        raise bad_request(str(error), error.field) from None
+    config = node.config
+    composer = Composer(parsed, config.smtp.hostname, config.delivery.tenant_header, config.delivery.campaign_header)
+    peer_ip, peer = _peer(request)
+    session = f"http-{next(_requests):x}"
+    arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
+    results: list[RecipientResult] = []
+    pending: list[tuple[RecipientResult, asyncio.Future[Stored]]] = []
+    for index, recipient in enumerate(parsed.recipients):
+        result = RecipientResult(recipient.email)
+        results.append(result)
+        if index and index % _YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        try:
+            composed = composer.compose(recipient)
+        except ComposeError as error:
+            result.error = str(replies.r(554, "5.6.0", str(error)))
+            continue
+        if len(composed.data) > config.smtp.max_message_size:
+            result.error = str(replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit"))
+            continue
+        envelope = Envelope(
+            parsed.envelope_sender,
+            [Recipient(recipient.email)],
+            smtputf8=composed.smtputf8,
+            body="8BITMIME" if not composed.data.isascii() else None,
+            peer=peer,
+            auth_user=holder,
+            protocol="HTTP",
+            metadata=recipient.metadata or None,
+        )
+        draft = node.intake.draft(envelope, arrival)
+        draft.write(composed.data)
+        pending.append((result, draft.commit()))
+    for result, future in pending:
+        try:
+            stored = await future
+        except (Refused, SpoolError) as error:
+            result.error = str(error.reply)
+        else:
+            result.id = format_id(stored.ids[0])
+    accepted = sum(1 for r in results if r.id is not None)
+    response = InjectResponse(accepted, len(results) - accepted, results)
+    # Nothing stored because the spool failed: the client should come back later.
+    spool_trouble = accepted == 0 and any(r.error and r.error.startswith("4") for r in results)
+    return _json(response, 503 if spool_trouble else 200)
+
+
+def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBadRequest:
+    """400 with a JSON body naming the field (msgspec's messages end with its path)."""
+    message = str(error)
+    if field is None and (match := _FIELD.search(message)) is not None:
+        field, message = match.group(1), message[: match.start()]
+    body = msgspec.json.encode(ErrorResponse(message, field))
+    return web.HTTPBadRequest(body=body, content_type="application/json")
+
+
+def _peer(request: web.Request) -> tuple[str, str]:
+    transport = request.transport
+    peername: Any = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peername, tuple):
+        return str(peername[0]), f"{peername[0]}:{peername[1]}"
+    # A worker's unix socket, which only the supervisor can reach: it names the client.
+    forwarded = request.headers.get(FORWARDED_PEER, "")
+    host = forwarded.rpartition(":")[0]
+    return (host, forwarded) if host else ("127.0.0.1", "local")
+
+
+def _json(value: msgspec.Struct, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(value), status=status, content_type="application/json")

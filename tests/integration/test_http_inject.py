@@ -1,0 +1,224 @@
+"""POST /api/v1/inject against a real node: what is stored, delivered, logged and answered."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+TOKEN = "inject-token-0123456789"
+ADMIN = "admin-token-0123456789"
+TOKENS = [
+    {"name": "app", "token": TOKEN, "scopes": ["inject"]},
+    {"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]},
+]
+
+
+@pytest.fixture
+def sink() -> Iterator[ScriptedSink]:
+    with ScriptedSink() as running:
+        yield running
+
+
+@pytest.fixture
+def pigeon(tmp_path: Path, sink: ScriptedSink) -> Iterator[PigeonProcess]:
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", http={"token": TOKENS}, **config) as process:
+        yield process
+
+
+def _parts_request(**overrides: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "envelope_sender": "news@example.org",
+        "recipients": [
+            {"email": "ann@example.net", "name": "Ann", "substitutions": {"code": "A-1"}, "metadata": {"user": "42"}},
+            {"email": "bob@example.com"},
+        ],
+        "content": {
+            "from": {"email": "news@example.org", "name": "News for {{ name or 'you' }}"},
+            "subject": "Hello {{ name or 'friend' }}",
+            "text": "Your code: {{ code }}\n",
+            "html": "<p>Your code: {{ code }}</p>\n",
+            "headers": {"X-Code": "{{ code }}"},
+        },
+        "substitutions": {"code": "<none>"},
+        "tenant": "acme",
+        "campaign": "spring",
+    }
+    request.update(overrides)
+    return request
+
+
+def test_parts_are_rendered_per_recipient_stored_durably_and_delivered(
+    pigeon: PigeonProcess, sink: ScriptedSink
+) -> None:
+    status, answer = pigeon.http_post("/api/v1/inject", _parts_request(), TOKEN)
+    assert status == 200, answer
+    assert (answer["accepted"], answer["failed"]) == (2, 0)
+    ids = {r["email"]: r["id"] for r in answer["recipients"]}
+    # Durable before the answer: both are in the spool (or already delivered from it).
+    receptions = pigeon.wait_records("Reception", 2)
+    assert {r["id"]: r["recipients"] for r in receptions} == {
+        ids["ann@example.net"]: ["ann@example.net"],
+        ids["bob@example.com"]: ["bob@example.com"],
+    }
+    assert {r["queue"] for r in receptions} == {"spring:acme@example.net", "spring:acme@example.com"}
+    assert all(r["protocol"] == "HTTP" and r["auth_user"] == "app" for r in receptions)
+    by_rcpt = {m.recipients[0]: m for m in sink.wait_for(2)}
+    ann, bob = by_rcpt["ann@example.net"].email, by_rcpt["bob@example.com"].email
+    assert by_rcpt["ann@example.net"].sender == "news@example.org"
+    assert ann["Subject"] == "Hello Ann" and bob["Subject"] == "Hello friend"
+    assert ann["To"] == "Ann <ann@example.net>" and bob["To"] == "bob@example.com"
+    assert ann["From"] == "News for Ann <news@example.org>"
+    assert ann["X-Code"] == "A-1" and bob["X-Code"] == "<none>"
+    assert ann["Message-ID"] and ann["Date"] and ann["Message-ID"] != bob["Message-ID"]
+    assert "X-Tenant" not in ann and "X-Campaign" not in ann  # routing headers stay with us
+    text = ann.get_body(("plain",)).get_content()
+    assert text.splitlines() == ["Your code: A-1"]
+    html = bob.get_body(("html",)).get_content()
+    assert html.splitlines() == ["<p>Your code: &lt;none&gt;</p>"]  # HTML templates escape what they insert
+    deliveries = wait_until(lambda: len(pigeon.records("Delivery")) == 2 and pigeon.records("Delivery"))
+    assert {r["recipient"]: r.get("meta") for r in deliveries} == {
+        "ann@example.net": {"user": "42"},
+        "bob@example.com": None,
+    }
+
+
+def test_raw_content_gets_crlf_line_endings_a_date_and_a_message_id(pigeon: PigeonProcess, sink: ScriptedSink) -> None:
+    raw = "From: <app@example.org>\nSubject: raw {{ n }}\n\nline one\n.line two\n"
+    request = {
+        "envelope_sender": "",
+        "recipients": [{"email": "r@example.net", "substitutions": {"n": 7}}],
+        "content": raw,
+    }
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    (received,) = sink.wait_for(1)
+    assert received.sender == "<>"
+    data = received.data
+    assert b"\n" not in data.replace(b"\r\n", b"")  # no bare LF went out
+    assert data.startswith(b"Received: from [127.0.0.1]\r\n\tby mx.pigeon.test (Pigeon) with HTTP id ")
+    assert b"\r\nSubject: raw 7\r\n" in data
+    assert data.endswith(b"\r\n\r\nline one\r\n.line two\r\n")
+    assert received.email["Message-ID"].endswith("@mx.pigeon.test>")
+    assert received.email["Date"]
+
+
+def test_attachments_and_inline_images_are_built_into_mime(pigeon: PigeonProcess, sink: ScriptedSink) -> None:
+    pdf = b"%PDF-1.4 not really\x00\xff"
+    png = b"\x89PNG\r\n\x1a\nfake"
+    content = {
+        "from": {"email": "app@example.org"},
+        "subject": "files",
+        "text": "see attached",
+        "html": '<img src="cid:logo">',
+        "attachments": [
+            {"data": base64.b64encode(pdf).decode(), "base64": True, "content_type": "application/pdf",
+             "file_name": "invoice.pdf"},
+            {"data": base64.b64encode(png).decode(), "base64": True, "content_type": "image/png",
+             "content_id": "logo"},
+        ],
+    }  # fmt: skip
+    request = {"envelope_sender": "app@example.org", "recipients": [{"email": "r@example.net"}], "content": content}
+    assert pigeon.http_post("/api/v1/inject", request, TOKEN)[0] == 200
+    (received,) = sink.wait_for(1)
+    message = received.email
+    assert message.get_content_type() == "multipart/mixed"
+    (attachment,) = list(message.iter_attachments())
+    assert attachment.get_filename() == "invoice.pdf"
+    assert attachment.get_content() == pdf
+    related = next(p for p in message.walk() if p.get_content_type() == "multipart/related")
+    image = next(p for p in related.walk() if p.get_content_type() == "image/png")
+    assert image["Content-ID"] == "<logo>" and image.get_content() == png
+
+
+def test_a_request_without_a_valid_token_gets_401_or_403_and_stores_nothing(pigeon: PigeonProcess) -> None:
+    request = _parts_request()
+    status, answer = pigeon.http_post("/api/v1/inject", request)
+    assert status == 401 and "Bearer" in answer["error"]
+    status, answer = pigeon.http_post("/api/v1/inject", request, "inject-token-0123456780")  # one digit off
+    assert (status, answer) == (401, {"error": "unknown token"})
+    status, answer = pigeon.http_post("/api/v1/inject", request, ADMIN)
+    assert (status, answer) == (403, {"error": "token 'ops' lacks the 'inject' scope"})
+    assert pigeon.spool_messages() == []
+    assert pigeon.metric("pigeon_messages_received_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "error"),
+    [
+        ({"recipients": []}, "$.recipients", "length >= 1"),
+        ({"recipients": [{"email": 7}]}, "$.recipients[0].email", "Expected `str`"),
+        ({"recipients": [{"email": "not an address"}]}, "$.recipients[0].email", "Not a valid mailbox"),
+        ({"envelope_sender": "bad@@example.org"}, "$.envelope_sender", "Not a valid mailbox"),
+        ({"colour": "blue"}, "$", "unknown field `colour`"),
+        (
+            {"content": {"from": {"email": "a@example.org"}, "subject": "{{ oops", "text": "x"}},
+            "$.content.subject",
+            "syntax",
+        ),
+        ({"content": {"from": {"email": "a@example.org"}}}, "$.content", "text, an html or an attachment"),
+        (
+            {"content": {"from": {"email": "a@example.org"}, "attachments": [{"data": "@@", "base64": True}]}},
+            "$.content.attachments[0].data",
+            "not base64",
+        ),
+    ],
+)
+def test_a_malformed_request_gets_400_naming_the_field_and_stores_nothing(
+    pigeon: PigeonProcess, change: dict[str, Any], field: str, error: str
+) -> None:
+    status, answer = pigeon.http_post("/api/v1/inject", _parts_request(**change), TOKEN)
+    assert status == 400, answer
+    assert answer["field"] == field
+    assert error in answer["error"]
+    assert pigeon.spool_messages() == []
+
+
+def test_malformed_json_gets_400(pigeon: PigeonProcess) -> None:
+    status, answer = pigeon.http_post("/api/v1/inject", None, TOKEN, raw=b'{"envelope_sender": ')
+    assert status == 400 and answer["error"].startswith("malformed JSON")
+
+
+def test_an_undefined_variable_refuses_only_that_recipient(pigeon: PigeonProcess, sink: ScriptedSink) -> None:
+    request = _parts_request(substitutions={})  # bob has no code now; ann has her own
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200
+    assert (answer["accepted"], answer["failed"]) == (1, 1)
+    ann, bob = answer["recipients"]
+    assert ann["id"] and "error" not in ann
+    assert bob["error"].startswith("554 5.6.0 ") and "'code' is undefined" in bob["error"]
+    (received,) = sink.wait_for(1)
+    assert received.recipients == ["ann@example.net"]
+
+
+def test_the_local_token_is_private_and_lets_commands_on_this_machine_in(tmp_path: Path, sink: ScriptedSink) -> None:
+    with PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        token_file = pigeon.spool_path / "api-token"
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        status, answer = pigeon.http_post("/api/v1/inject", _parts_request(), pigeon.local_token)
+        assert (status, answer["accepted"]) == (200, 2)
+    with PigeonProcess(tmp_path / "node", http={"local_token": False}) as pigeon:
+        assert pigeon.http_post("/api/v1/inject", _parts_request(), pigeon.local_token)[0] == 401
+
+
+def test_the_openapi_document_describes_the_inject_operation(pigeon: PigeonProcess) -> None:
+    status, body = pigeon.http_get("/api/openapi.json")
+    assert status == 200
+    document = json.loads(body)
+    assert document["openapi"].startswith("3.")
+    operation = document["paths"]["/api/v1/inject"]["post"]
+    schema_ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    request_schema = document["components"]["schemas"][schema_ref.rsplit("/", 1)[1]]
+    assert set(request_schema["required"]) == {"envelope_sender", "recipients", "content"}
+    assert request_schema["additionalProperties"] is False
+    assert {"200", "400", "401", "403"} <= set(operation["responses"])
