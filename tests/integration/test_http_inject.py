@@ -222,3 +222,22 @@ def test_the_openapi_document_describes_the_inject_operation(pigeon: PigeonProce
     assert set(request_schema["required"]) == {"envelope_sender", "recipients", "content"}
     assert request_schema["additionalProperties"] is False
     assert {"200", "400", "401", "403"} <= set(operation["responses"])
+
+
+def test_with_two_workers_injections_reach_the_workers_through_the_supervisor(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}, http={"token": TOKENS}, **config) as pigeon:
+        ids = []
+        for n in range(6):  # round robin: both workers get some
+            request = {"envelope_sender": "a@example.org", "recipients": [{"email": f"r{n}@example.net"}],
+                       "content": "Subject: {{ n }}\n\nhi\n", "substitutions": {"n": n}}  # fmt: skip
+            status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+            assert status == 200, answer
+            ids.append(answer["recipients"][0]["id"])
+        assert {int(i, 16) & 0x3F for i in ids} == {0, 1}  # the shard bits of the ids: both workers
+        assert sorted(int(m.email["Subject"]) for m in sink.wait_for(6)) == list(range(6))
+        receptions = pigeon.wait_records("Reception", 6)
+        assert {r["peer"].rsplit(":", 1)[0] for r in receptions} == {"127.0.0.1"}  # the client, not a socket
+        assert pigeon.http_post("/api/v1/inject", {}, "wrong-token-0123456789")[0] == 401

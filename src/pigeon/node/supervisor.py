@@ -17,15 +17,18 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
+from pigeon.listener.http.inject import FORWARDED_PEER
 
 _log = logging.getLogger(__name__)
+_FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
+_RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
 _READY_TIMEOUT = 60.0
 
 
@@ -37,6 +40,7 @@ class Worker:
         self.control = control
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self._session: aiohttp.ClientSession | None = None
 
     async def get(self, path: str) -> tuple[int, bytes]:
         connector = aiohttp.UnixConnector(path=str(self.control))
@@ -45,6 +49,29 @@ class Worker:
             http.get(f"http://worker{path}") as response,
         ):
             return response.status, await response.read()
+
+    async def forward(self, request: web.Request, body: bytes) -> web.Response:
+        """Pass an API request to this worker; its answer, as it is."""
+        if self._session is None or self._session.closed:
+            # One session per worker: its connections are reused from request to request.
+            connector = aiohttp.UnixConnector(path=str(self.control))
+            self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600))
+        headers = {name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers}
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if isinstance(peer, tuple):
+            headers[FORWARDED_PEER] = f"{peer[0]}:{peer[1]}"
+        async with self._session.request(
+            request.method, f"http://worker{request.rel_url}", data=body, headers=headers
+        ) as answer:
+            return web.Response(
+                body=await answer.read(),
+                status=answer.status,
+                headers={name: answer.headers[name] for name in _RETURNED_HEADERS if name in answer.headers},
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 class Supervisor:
@@ -58,6 +85,7 @@ class Supervisor:
         self._stopping = False
         self._runner: web.AppRunner | None = None
         self._watchers: list[asyncio.Task[None]] = []
+        self._next_worker = 0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -98,6 +126,8 @@ class Supervisor:
                 await process.wait()
         if self._runner is not None:
             await self._runner.cleanup()
+        for worker in self.workers:
+            await worker.close()
 
     # --- workers -----------------------------------------------------------------------
     async def _spawn(self, worker: Worker) -> None:
@@ -149,9 +179,10 @@ class Supervisor:
 
     # --- the public HTTP listener ------------------------------------------------------------
     async def _serve_http(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=self.config.http.max_request_size)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_route("*", "/api/{tail:.*}", self._api)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         listen = self.config.http.listen
@@ -188,6 +219,23 @@ class Supervisor:
             "workers": workers,
         }
         return web.json_response(body, status=200 if healthy else 503)
+
+    async def _api(self, request: web.Request) -> web.Response:
+        """An API request goes to one worker, the next one each time; a worker that is down
+        (restarting) is skipped. The worker checks the token itself."""
+        body = await request.read()
+        for _ in range(len(self.workers)):
+            worker = self.workers[self._next_worker % len(self.workers)]
+            self._next_worker += 1
+            try:
+                return await worker.forward(request, body)
+            except aiohttp.ClientConnectorError:
+                continue  # not listening (restarting): the request never reached it, try another
+            except (OSError, aiohttp.ClientError, TimeoutError) as error:
+                # It may have acted on the request before it went away: say so, do not repeat it.
+                message = f"worker {worker.index} failed during the request ({error!r}); it may have been applied"
+                return web.json_response({"error": message}, status=502)
+        return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         answers = await self._ask_all("/metrics")
