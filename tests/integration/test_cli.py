@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config
 
 
 def pigeon_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -51,7 +52,7 @@ def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
 
 
 def test_help_shows_examples() -> None:
-    for command in ("serve", "logs", "passwd"):
+    for command in ("serve", "logs", "passwd", "inject"):
         result = pigeon_cli(command, "--help")
         assert result.returncode == 0
         assert "examples:" in result.stdout
@@ -76,3 +77,33 @@ def test_serve_with_no_config_runs_on_the_defaults(tmp_path: Path) -> None:
         process.wait(30)
     assert (tmp_path / "var" / "spool" / "shard-0" / "spool.db").exists()
     assert list((tmp_path / "var" / "log").iterdir())
+
+
+def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        config = str(pigeon.config_path)
+        message = tmp_path / "message.eml"
+        message.write_text("Subject: from a file\n\nHello {{ who }}.\n")
+        result = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "a@example.net",
+                            "--var", "who=world", str(message))  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        spool_id = result.stdout.split()[1]
+        attachment = tmp_path / "notes.txt"
+        attachment.write_text("attached text")
+        result = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "b@example.net",
+                            "--subject", "built", "--text", "body", "--attach", str(attachment), "--json")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        assert answer["accepted"] == 1
+        received = {m.recipients[0]: m.email for m in sink.wait_for(2)}
+        assert received["a@example.net"]["Subject"] == "from a file"
+        assert received["a@example.net"].get_content().strip() == "Hello world."
+        assert "by mx.pigeon.test (Pigeon) with HTTP id " + spool_id in received["a@example.net"]["Received"]
+        (part,) = list(received["b@example.net"].iter_attachments())
+        assert (part.get_filename(), part.get_content()) == ("notes.txt", "attached text")
+        refused = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "bad address", str(message))
+        assert refused.returncode == 2
+        assert "recipients[0].email" in refused.stderr
+        wrong = pigeon_cli("inject", "-c", config, "--token", "x" * 20, "--from", "a@example.org", "--to",
+                           "b@example.net", str(message))  # fmt: skip
+        assert wrong.returncode == 2 and "401: unknown token" in wrong.stderr

@@ -1,0 +1,73 @@
+"""What the commands that talk to a running node share: where it is, the token, the request.
+
+The node is the one the configuration describes (`[http] listen`); the token is `--token`,
+else `$PIGEON_TOKEN`, else the node's local token file (`<spool path>/api-token`), which a
+user who may read the spool may use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from pigeon.cli.common import add_config_option, load_config
+from pigeon.listener.http.auth import LOCAL_TOKEN_FILE
+
+
+def add_api_options(parser: argparse.ArgumentParser) -> None:
+    add_config_option(parser)
+    parser.add_argument("--url", help="the node's HTTP address (default: from [http] listen)")
+    parser.add_argument("--token", help="API token (default: $PIGEON_TOKEN, else the node's local token)")
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON, for scripts")
+
+
+class ApiClient:
+    def __init__(self, args: argparse.Namespace) -> None:
+        config = load_config(args)
+        listen = config.http.listen
+        host = "127.0.0.1" if listen.host in ("0.0.0.0", "") else ("[::1]" if listen.host == "::" else listen.host)
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        self.url = (args.url or f"http://{host}:{listen.port}").rstrip("/")
+        self.token = args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / LOCAL_TOKEN_FILE)
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """The status and decoded JSON answer. Exits 3 if the node cannot be reached."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as error:
+            status, raw = error.code, error.read()
+        except OSError as error:
+            print(f"pigeon: cannot reach {self.url}: {getattr(error, 'reason', error)} (is `pigeon serve` running?)",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(3) from None
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, {"error": raw.decode(errors="replace")}
+
+
+def fail(status: int, answer: Any) -> int:
+    """Print an error answer for people; the exit status for it."""
+    message = answer.get("error", answer) if isinstance(answer, dict) else answer
+    where = f" ({answer['field']})" if isinstance(answer, dict) and answer.get("field") else ""
+    print(f"pigeon: {status}: {message}{where}", file=sys.stderr)
+    return 2
+
+
+def _local_token(path: Any) -> str | None:
+    try:
+        return str(path.read_text().strip())
+    except OSError:
+        return None

@@ -1,0 +1,109 @@
+"""`pigeon inject`: send mail through a running node's HTTP API (POST /api/v1/inject)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import mimetypes
+import sys
+from pathlib import Path
+from typing import Any
+
+from pigeon.cli.api import ApiClient, add_api_options, fail
+
+EXAMPLES = """examples:
+  pigeon inject --from me@example.org --to you@example.net message.eml
+  cat message.eml | pigeon inject --from me@example.org --to a@example.net --to b@example.net -
+  pigeon inject --from me@example.org --to you@example.net \\
+      --subject 'Hello {{ name }}' --text 'Your code is {{ code }}.' --var code=1234 --attach invoice.pdf
+  pigeon inject --from me@example.org --to you@example.net --tenant acme --campaign spring --json message.eml
+
+Content is a Jinja2 template rendered per recipient (--no-template sends it as it is).
+Prints each recipient's spool id, or why it was refused; exits 1 if any was refused.
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "inject",
+        help="send mail through the HTTP API",
+        description="Inject mail into a running Pigeon: a raw message (a file or -) or one built from parts.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_api_options(parser)
+    parser.add_argument("message", nargs="?", help="raw RFC 5322 message file, or - for stdin")
+    parser.add_argument("--from", dest="sender", required=True, metavar="ADDRESS", help="envelope sender ('' for <>)")
+    parser.add_argument("--to", action="append", required=True, metavar="ADDRESS", help="a recipient; repeat")
+    parser.add_argument("--subject", help="build the message: its subject")
+    parser.add_argument("--text", help="build the message: its plain text")
+    parser.add_argument("--html", type=Path, metavar="FILE", help="build the message: an HTML part from a file")
+    parser.add_argument("--attach", action="append", type=Path, default=[], metavar="FILE", help="attach a file")
+    parser.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="add a header")
+    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a template variable")
+    parser.add_argument("--no-template", action="store_true", help="send the content as it is")
+    parser.add_argument("--tenant")
+    parser.add_argument("--campaign")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        request = _request(args)
+    except (OSError, ValueError) as error:
+        print(f"pigeon inject: {error}", file=sys.stderr)
+        return 2
+    status, answer = ApiClient(args).request("POST", "/api/v1/inject", request)
+    if status not in (200, 503):
+        return fail(status, answer)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        for result in answer["recipients"]:
+            print(f"{result['email']:40} {result.get('id') or 'refused: ' + result.get('error', '?')}")
+    return 0 if answer.get("failed") == 0 and status == 200 else 1
+
+
+def _request(args: argparse.Namespace) -> dict[str, Any]:
+    building = any((args.subject, args.text, args.html, args.attach, args.header))
+    if building == (args.message is not None):
+        raise ValueError("give either a message file (or -) or parts (--subject, --text, --html, --attach)")
+    content: Any
+    if args.message is not None:
+        raw = sys.stdin.buffer.read() if args.message == "-" else Path(args.message).read_bytes()
+        content = raw.decode("utf-8")
+    else:
+        content = {"from": {"email": args.sender}, "subject": args.subject or ""}
+        if args.text is not None:
+            content["text"] = args.text
+        if args.html is not None:
+            content["html"] = args.html.read_text()
+        if args.header:
+            content["headers"] = dict(_pair(h, "--header") for h in args.header)
+        content["attachments"] = [_attachment(path) for path in args.attach]
+    request: dict[str, Any] = {
+        "envelope_sender": args.sender,
+        "recipients": [{"email": address} for address in args.to],
+        "content": content,
+        "substitutions": dict(_pair(v, "--var") for v in args.var),
+        "template": not args.no_template,
+    }
+    if args.tenant:
+        request["tenant"] = args.tenant
+    if args.campaign:
+        request["campaign"] = args.campaign
+    return request
+
+
+def _pair(text: str, option: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"{option} {text!r}: expected NAME=VALUE")
+    return name, value
+
+
+def _attachment(path: Path) -> dict[str, Any]:
+    content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    data = base64.b64encode(path.read_bytes()).decode()
+    return {"data": data, "base64": True, "content_type": content_type, "file_name": path.name}
