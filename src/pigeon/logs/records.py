@@ -40,6 +40,7 @@ terminal (exactly one per recipient), `TransientFailure` is not (one per failed 
 | duration       | all four         | seconds the transaction took                              |
 | classification | Bounce           | bounce class from the rule table (InvalidRecipient, ...) |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
+| reason, operator | AdminBounce    | the operator's reason and API token name (terminal too)    |
 | meta           | all four         | metadata given at injection, as in `Reception`            |
 | seq            | terminal ones    | unique and increasing per shard: a consumer can dedupe    |
 
@@ -147,6 +148,14 @@ class Expiration(Attempt, tag="Expiration"):
     seq: int = 0
 
 
+class AdminBounce(Attempt, tag="AdminBounce"):
+    """An operator bounced the recipient (terminal; no DSN is sent)."""
+
+    reason: str = ""
+    operator: str = ""  # the API token's name
+    seq: int = 0
+
+
 class Quarantine(Record, tag="Quarantine"):
     """A spool entry could not be read at start-up and was moved to quarantine."""
 
@@ -154,7 +163,7 @@ class Quarantine(Record, tag="Quarantine"):
     reason: str
 
 
-AnyRecord = Reception | Rejection | Delivery | TransientFailure | Bounce | Expiration | Quarantine
+AnyRecord = Reception | Rejection | Delivery | TransientFailure | Bounce | Expiration | AdminBounce | Quarantine
 RECORD_TYPES: tuple[type[Record], ...] = (
     Reception,
     Rejection,
@@ -162,6 +171,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     TransientFailure,
     Bounce,
     Expiration,
+    AdminBounce,
     Quarantine,
 )
-TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration)
+TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration, AdminBounce)

@@ -31,6 +31,7 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import Metrics
 from pigeon.node.outbound import Outbound, finish_outbox, recover_outbox_lines
+from pigeon.queue.admin import Admin
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import adopted_shards, shard_directory
@@ -115,6 +116,7 @@ class Node:
             self.outbound = Outbound(
                 config,
                 spools=spools,
+                primary=self.spool,
                 log=self.log,
                 outbox=self.outbox,
                 metrics=self.metrics,
@@ -205,6 +207,10 @@ class Node:
             await self.stop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
+
+    @property
+    def admin(self) -> Admin | None:
+        return self.outbound.admin if self.outbound is not None else None
 
     def health(self) -> dict[str, Any]:
         return {

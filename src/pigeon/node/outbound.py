@@ -24,6 +24,7 @@ from pigeon.logs.reader import seqs_in_log
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.metrics import Metrics
+from pigeon.queue.admin import Admin
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
 from pigeon.queue.scheduler import Scheduler
@@ -41,6 +42,7 @@ class Outbound:
         config: Config,
         *,
         spools: Mapping[int, SqliteSpool],
+        primary: SqliteSpool,
         log: LogWriter,
         outbox: Outbox,
         metrics: Metrics,
@@ -107,6 +109,15 @@ class Outbound:
             policies=self.policies,
             clock=clock,
         )
+        self.admin = Admin(
+            spools=spools,
+            primary=primary,
+            active=self.active,
+            settlement=self.settlement,
+            rewind=self._rewind,
+            clock=clock,
+        )
+        self.scheduler.intercept = self.admin.intercept
 
     def start(self) -> None:
         self._intake.on_stored = self.scheduler.admit
@@ -119,6 +130,10 @@ class Outbound:
         await asyncio.sleep(0.1)  # let the last settlements' commits come back
 
     # --- helpers -----------------------------------------------------------------------
+    def _rewind(self, due: float) -> None:
+        self.scheduler.rewind(due)
+        self.scheduler.wake()
+
     def _load_body(self, entry: Entry) -> bytes:
         message = entry.message
         body = message.data if message.data is not None else self._spools[message.id & 63].body(message.body_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import sys
@@ -25,10 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
 from pigeon.listener.http.inject import FORWARDED_PEER
+from pigeon.queue.admin import new_rule_id
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
+_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/")
 _READY_TIMEOUT = 60.0
 
 
@@ -199,7 +202,6 @@ class Supervisor:
         return await asyncio.gather(*(ask(w) for w in self.workers))
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        import json
 
         answers = await self._ask_all("/healthz")
         workers: list[dict[str, Any]] = []
@@ -222,8 +224,11 @@ class Supervisor:
 
     async def _api(self, request: web.Request) -> web.Response:
         """An API request goes to one worker, the next one each time; a worker that is down
-        (restarting) is skipped. The worker checks the token itself."""
+        (restarting) is skipped. The worker checks the token itself. Admin requests concern
+        every worker's shards: they go to all of them (see `_broadcast`)."""
         body = await request.read()
+        if request.path.startswith(_BROADCAST_PATHS):
+            return await self._broadcast(request, body)
         for _ in range(len(self.workers)):
             worker = self.workers[self._next_worker % len(self.workers)]
             self._next_worker += 1
@@ -237,6 +242,28 @@ class Supervisor:
                 return web.json_response({"error": message}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
+    async def _broadcast(self, request: web.Request, body: bytes) -> web.Response:
+        if request.method == "POST" and body:
+            # A new standing rule gets its id here, so every worker stores it under the same.
+            with contextlib.suppress(ValueError):
+                decoded = json.loads(body)
+                if isinstance(decoded, dict) and "id" not in decoded:
+                    decoded["id"] = new_rule_id()
+                    body = json.dumps(decoded).encode()
+        answers: list[tuple[int, Any]] = []
+        for worker in self.workers:
+            try:
+                response = await worker.forward(request, body)
+            except (OSError, aiohttp.ClientError, TimeoutError) as error:
+                message = f"worker {worker.index} did not answer ({error!r}); the others did: ask again"
+                return web.json_response({"error": message}, status=502)
+            try:
+                answers.append((response.status, json.loads(response.body)))  # type: ignore[arg-type]
+            except ValueError:
+                answers.append((response.status, {"error": "not JSON"}))
+        status, merged = merge_answers(answers)
+        return web.json_response(merged, status=status)
+
     async def _metrics(self, request: web.Request) -> web.Response:
         answers = await self._ask_all("/metrics")
         texts = [a[1].decode("utf-8") for a in answers if a is not None and a[0] == 200]
@@ -244,6 +271,33 @@ class Supervisor:
         response.content_type = "text/plain"
         response.charset = "utf-8"
         return response
+
+
+def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
+    """One answer from every worker's: the first refusal (4xx/5xx but 404) as it is; else
+    counts added up, lists joined (rules by id once), "cancelled" if any worker cancelled,
+    and 404 only if no worker had what was asked for."""
+    for status, answer in answers:
+        if status >= 400 and status != 404:
+            return status, answer
+    found = [answer for status, answer in answers if status < 400]
+    if not found:
+        return answers[0]
+    merged: dict[str, Any] = {}
+    for answer in found:
+        for key, value in answer.items():
+            if isinstance(value, bool):
+                merged[key] = merged.get(key, False) or value
+            elif isinstance(value, int | float) and key not in ("created", "next_due", "size", "attempts"):
+                merged[key] = merged.get(key, 0) + value
+            elif isinstance(value, list):
+                seen = {item.get("id") for item in merged.get(key, []) if isinstance(item, dict)}
+                merged[key] = merged.get(key, []) + [
+                    v for v in value if not isinstance(v, dict) or v.get("id") not in seen
+                ]
+            elif merged.get(key) is None:
+                merged[key] = value
+    return 200, merged
 
 
 def merge_metrics(texts: list[str]) -> str:

@@ -69,6 +69,8 @@ class Scheduler:
         self._last_sweep = 0.0
         self._last_now = float("-inf")
         self._stopped = False
+        self.intercept: Callable[[Entry], bool] | None = None
+        """Standing admin rules (bounce, suspend), asked before a message is made ready."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="scheduler")
@@ -163,6 +165,8 @@ class Scheduler:
         policy = self._policies.for_queue(message.queue)
         if self._clock() >= policy.retry.expires(message.created):
             self._settlement.expire(entry, State.SCHEDULED)
+            return
+        if self.intercept is not None and self.intercept(entry):
             return
         domain = message.envelope.recipients[0].domain
         destination = self._router.cached(domain)

@@ -30,7 +30,7 @@ from pigeon.delivery.classify import Classifier
 from pigeon.delivery.dsn import Failure, wants_failure_notice
 from pigeon.delivery.outcome import Attempt
 from pigeon.logs.outbox import Outbox
-from pigeon.logs.records import Bounce, Delivery, Expiration, Response, TransientFailure
+from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Response, TransientFailure
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.metrics import Metrics
@@ -60,7 +60,7 @@ class _Outcome:
     remaining: Envelope | None
     attempts: int
     due: float
-    terminal: list[Delivery | Bounce | Expiration] = field(default_factory=list)
+    terminal: list[Delivery | Bounce | Expiration | AdminBounce] = field(default_factory=list)
     transient: list[TransientFailure] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     encoded: list[tuple[int, bytes]] = field(default_factory=list)
@@ -110,6 +110,14 @@ class Settlement:
                 outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
             else:
                 deferred.append((recipient, reply))
+        bounced_by = entry.notes.get("admin_bounce")
+        if deferred and isinstance(bounced_by, tuple):
+            # An operator bounced it while this attempt was under way: what did not get
+            # through now ends here instead of being retried.
+            reason, operator = bounced_by
+            for recipient, _ in deferred:
+                outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, reason, operator))
+            deferred = []
         if deferred:
             last = str(deferred[-1][1])
             due = policy.retry.next_due(message.created, attempts, now, self._rng)
@@ -140,6 +148,34 @@ class Settlement:
             outcome.terminal.append(Expiration(**self._fields(message, recipient, reply, message.attempts, None)))
             outcome.failures.append(Failure(recipient, reply, "failed"))
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
+
+    def admin_bounce(self, entry: Entry, expected: State, reason: str, operator: str) -> bool:
+        """An operator bounced a SCHEDULED or READY message: every recipient, no DSN."""
+        message = entry.message
+        if not self._move(entry, expected, entry.generation, State.ADMIN_BOUNCED):
+            return False
+        outcome = _Outcome(entry, None, message.attempts, self._clock())
+        for recipient in message.envelope.recipients:
+            outcome.terminal.append(self._admin_bounce_record(message, recipient, message.attempts, reason, operator))
+        self._commit(outcome)
+        return True
+
+    def defer(self, entry: Entry, expected: State, until: float) -> bool:
+        """Put a SCHEDULED or READY message back in the spool until `until`, untried (its
+        queue is suspended): no attempt is counted and nothing is logged."""
+        message = entry.message
+        if not self._move(entry, expected, entry.generation, State.SCHEDULED):
+            return False
+        outcome = _Outcome(entry, message.envelope, message.attempts, until)
+        outcome.due = until
+        self._commit(outcome)
+        return True
+
+    def _admin_bounce_record(
+        self, message: Message, recipient: Recipient, attempts: int, reason: str, operator: str
+    ) -> AdminBounce:
+        reply = Reply(550, "5.7.1", (f"Administratively bounced: {reason}" if reason else "Administratively bounced",))
+        return AdminBounce(**self._fields(message, recipient, reply, attempts, None), reason=reason, operator=operator)
 
     # --- writing -------------------------------------------------------------------------
     def _write(self, outcome: _Outcome, dsn: bool) -> None:
@@ -221,11 +257,13 @@ class Settlement:
         }
 
 
-def _terminal_state(records: list[Delivery | Bounce | Expiration]) -> State:
+def _terminal_state(records: list[Delivery | Bounce | Expiration | AdminBounce]) -> State:
     if all(isinstance(r, Delivery) for r in records):
         return State.DELIVERED
     if any(isinstance(r, Expiration) for r in records):
         return State.EXPIRED
+    if any(isinstance(r, AdminBounce) for r in records):
+        return State.ADMIN_BOUNCED
     return State.BOUNCED
 
 

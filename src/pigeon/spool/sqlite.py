@@ -30,7 +30,7 @@ from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
 from pigeon.spool.recovery import recover
 from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolCorrupt, SpoolWriteError
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS body (
     id INTEGER PRIMARY KEY,
@@ -64,6 +64,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY,        -- the record's "seq": unique, increasing
     record BLOB NOT NULL            -- a terminal log record, committed with the change it reports
 );
+CREATE TABLE IF NOT EXISTS admin_rule (
+    id TEXT PRIMARY KEY,            -- an operator's standing bounce or suspension
+    rule BLOB NOT NULL              -- msgpack of pigeon.queue.admin.Rule
+);
 """
 _MIGRATIONS: Final = {
     # 1 -> 2: shared bodies count their messages; terminal records go through the outbox.
@@ -77,6 +81,10 @@ CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, record BLOB NOT NULL
 CREATE TABLE IF NOT EXISTS body_ref (body INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
 INSERT INTO body_ref (body, refs) SELECT id, refs FROM body WHERE refs > 1;
 ALTER TABLE body DROP COLUMN refs;
+""",
+    # 3 -> 4: operators' standing rules (bounce, suspend) survive a restart.
+    3: """
+CREATE TABLE IF NOT EXISTS admin_rule (id TEXT PRIMARY KEY, rule BLOB NOT NULL);
 """,
 }
 _INSERT_BODY: Final = "INSERT INTO body (id, size, data) VALUES (?, ?, ?)"
@@ -255,6 +263,24 @@ class SqliteSpool:
             future.add_done_callback(functools.partial(self._stored, -1))
         return future
 
+    def scan(self, after: int, limit: int) -> list[Message]:
+        """Messages in id order, strictly after `after` (bulk admin operations walk with it)."""
+        rows = self._read().execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM message WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+        )
+        return [_message(row) for row in rows]
+
+    def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
+        """Bring these messages' next attempt forward to `due` (later ones only)."""
+        return self._committer.submit(_MakeDue(list(ids), due))
+
+    def rules(self) -> list[tuple[str, bytes]]:
+        return [(rule_id, bytes(rule)) for rule_id, rule in self._read().execute("SELECT id, rule FROM admin_rule")]
+
+    def save_rule(self, rule_id: str, rule: bytes | None) -> asyncio.Future[None]:
+        """Store an admin rule (or, with None, drop it)."""
+        return self._committer.submit(_SaveRule(rule_id, rule))
+
     def outbox(self) -> list[tuple[int, bytes]]:
         """Terminal records committed but maybe not yet in the log (after a crash)."""
         return [
@@ -411,6 +437,43 @@ class _OutboxDone:
 
     def apply(self, conn: sqlite3.Connection) -> None:
         conn.execute("DELETE FROM outbox WHERE seq <= ?", (self.up_to,))
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class _MakeDue:
+    __slots__ = ("due", "ids")
+
+    def __init__(self, ids: list[int], due: float) -> None:
+        self.ids, self.due = ids, due
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            "UPDATE message SET due = ? WHERE id = ? AND due > ?", [(self.due, i, self.due) for i in self.ids]
+        )
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class _SaveRule:
+    __slots__ = ("rule", "rule_id")
+
+    def __init__(self, rule_id: str, rule: bytes | None) -> None:
+        self.rule_id, self.rule = rule_id, rule
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        if self.rule is None:
+            conn.execute("DELETE FROM admin_rule WHERE id = ?", (self.rule_id,))
+        else:
+            conn.execute("INSERT OR REPLACE INTO admin_rule (id, rule) VALUES (?, ?)", (self.rule_id, self.rule))
 
     def prepare(self) -> None:
         pass

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from pigeon.listener.http import admin
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.health import healthz
 from pigeon.listener.http.inject import inject
@@ -20,6 +21,14 @@ def build_app(node: NodeView) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/openapi.json", openapi)
     app.router.add_post("/api/v1/inject", inject)
+    app.router.add_post("/api/v1/admin/bounce", admin.bounce)
+    app.router.add_get("/api/v1/admin/bounce", admin.list_bounces)
+    app.router.add_delete("/api/v1/admin/bounce/{id}", admin.cancel_bounce)
+    app.router.add_post("/api/v1/admin/suspend", admin.suspend)
+    app.router.add_get("/api/v1/admin/suspend", admin.list_suspensions)
+    app.router.add_delete("/api/v1/admin/suspend/{id}", admin.resume)
+    app.router.add_post("/api/v1/admin/retry", admin.retry)
+    app.router.add_get("/api/v1/messages/{id}", admin.inspect)
     return app
 
 

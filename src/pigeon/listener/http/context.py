@@ -12,6 +12,7 @@ from pigeon.metrics import Metrics
 if TYPE_CHECKING:
     from pigeon.intake import Intake
     from pigeon.listener.http.auth import Tokens
+    from pigeon.queue.admin import Admin
 
 
 class NodeView(Protocol):
@@ -19,6 +20,9 @@ class NodeView(Protocol):
     config: Config
     intake: Intake
     tokens: Tokens
+
+    @property
+    def admin(self) -> Admin | None: ...
 
     def health(self) -> dict[str, Any]: ...
 

@@ -1,0 +1,130 @@
+"""The admin API: bounce, suspend (and resume), retry now, inspect one message.
+
+    POST   /api/v1/admin/bounce           {selector..., reason, duration?}   admin
+    GET    /api/v1/admin/bounce           standing bounces                  read
+    DELETE /api/v1/admin/bounce/{id}      cancel one                        admin
+    POST   /api/v1/admin/suspend          {selector..., reason, duration?}   admin
+    GET    /api/v1/admin/suspend          suspensions                       read
+    DELETE /api/v1/admin/suspend/{id}     resume                            admin
+    POST   /api/v1/admin/retry            {selector...}                     admin
+    GET    /api/v1/messages/{id}          one message                       read
+
+A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
+seconds or strings ("30m", "2h"), as in the config. With several workers the supervisor
+sends each request to all of them and adds up the answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+from aiohttp import web
+
+from pigeon.config.schema import Duration, decode_hook
+from pigeon.listener.http.context import NODE_KEY
+from pigeon.listener.http.inject import bad_request
+from pigeon.message import parse_id
+from pigeon.queue.admin import Admin, Selector
+
+
+class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
+    domain: str | None = None
+    tenant: str | None = None
+    campaign: str | None = None
+    queue: str | None = None
+    reason: str = ""
+    duration: Duration | None = None
+    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed)."""
+    id: str | None = None
+    """The rule's id (the supervisor gives one, so every worker's copy has the same)."""
+
+    def selector(self) -> Selector:
+        return Selector(domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue)
+
+
+_DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
+
+
+async def bounce(request: web.Request) -> web.Response:
+    admin, operator, body = await _admin_request(request)
+    duration = float(body.duration) if body.duration else None
+    result = await admin.bounce(
+        body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id
+    )
+    return web.json_response(result)
+
+
+async def suspend(request: web.Request) -> web.Response:
+    admin, operator, body = await _admin_request(request)
+    duration = float(body.duration) if body.duration else None
+    result = await admin.suspend(
+        body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id
+    )
+    return web.json_response(result)
+
+
+async def retry(request: web.Request) -> web.Response:
+    admin, _, body = await _admin_request(request)
+    return web.json_response(await admin.retry(body.selector()))
+
+
+async def list_bounces(request: web.Request) -> web.Response:
+    return web.json_response({"rules": _admin(request, "read").rules("bounce")})
+
+
+async def list_suspensions(request: web.Request) -> web.Response:
+    return web.json_response({"rules": _admin(request, "read").rules("suspend")})
+
+
+async def cancel_bounce(request: web.Request) -> web.Response:
+    return await _cancel(request, "bounce")
+
+
+async def resume(request: web.Request) -> web.Response:
+    return await _cancel(request, "suspend")
+
+
+async def inspect(request: web.Request) -> web.Response:
+    admin = _admin(request, "read")
+    try:
+        spool_id = parse_id(request.match_info["id"])
+    except ValueError as error:
+        raise bad_request(str(error), "id") from None
+    found = admin.inspect(spool_id)
+    if found is None:
+        return web.json_response({"error": f"no message {request.match_info['id']} here"}, status=404)
+    return web.json_response(found)
+
+
+async def _cancel(request: web.Request, kind: str) -> web.Response:
+    admin = _admin(request, "admin")
+    result = await admin.cancel(request.match_info["id"], kind)
+    return web.json_response(result, status=200 if result["cancelled"] else 404)
+
+
+async def _admin_request(request: web.Request) -> tuple[Admin, str, AdminRequest]:
+    node = request.app[NODE_KEY]
+    operator = node.tokens.holder(request, "admin")
+    admin = _admin(request, None)
+    try:
+        body = _DECODER.decode(await request.read())
+    except msgspec.ValidationError as error:
+        raise bad_request(error) from None
+    except msgspec.DecodeError as error:
+        raise bad_request(f"malformed JSON: {error}") from None
+    if body.selector().empty():
+        raise bad_request("name at least one of domain, tenant, campaign, queue", "$")
+    return admin, operator, body
+
+
+def _admin(request: web.Request, scope: Any) -> Admin:
+    node = request.app[NODE_KEY]
+    if scope is not None:
+        node.tokens.holder(request, scope)
+    if node.admin is None:
+        raise web.HTTPServiceUnavailable(
+            text='{"error": "delivery is disabled on this node ([delivery] enabled = false)"}',
+            content_type="application/json",
+        )
+    return node.admin

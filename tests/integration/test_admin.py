@@ -1,0 +1,182 @@
+"""Admin operations on a live node: bounce, suspend/resume, retry now, inspect; with auth."""
+
+from __future__ import annotations
+
+import json
+import smtplib
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+ADMIN = "admin-token-0123456789"
+READER = "reader-token-0123456789"
+INJECT = "inject-token-0123456789"
+TOKENS = [
+    {"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]},
+    {"name": "dashboard", "token": READER, "scopes": ["read"]},
+    {"name": "app", "token": INJECT, "scopes": ["inject"]},
+]
+
+
+@pytest.fixture
+def sink() -> Iterator[ScriptedSink]:
+    with ScriptedSink() as running:
+        yield running
+
+
+def _node(root: Path, sink: ScriptedSink, workers: int = 1, **delivery: Any) -> PigeonProcess:
+    config = delivery_config(sink.endpoint, **delivery)
+    return PigeonProcess(root, node={"workers": workers}, http={"token": TOKENS}, **config)
+
+
+def _send(pigeon: PigeonProcess, recipients: list[str], count: int = 1) -> list[str]:
+    ids = []
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        for n in range(count):
+            client.mail("sender@example.org")
+            for recipient in recipients:
+                client.rcpt(recipient)
+            code, text = client.data(f"Subject: {n}\r\n\r\nhello\r\n".encode())
+            assert code == 250
+            ids += text.decode().split("queued as ")[1].split()
+    return ids
+
+
+def _api(pigeon: PigeonProcess, method: str, path: str, body: Any = None, token: str = ADMIN) -> tuple[int, Any]:
+    if method == "POST":
+        return pigeon.http_post(path, body, token)
+    request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}", method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_bounce_ends_deferred_mail_and_with_a_duration_new_mail_too(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        deferred = _send(pigeon, ["tempfail@example.net"], count=5)
+        wait_until(lambda: len({r["id"] for r in pigeon.records("TransientFailure")}) == 5)
+        kept = _send(pigeon, ["tempfail@other.test"])  # another domain: not touched
+        status, answer = _api(
+            pigeon, "POST", "/api/v1/admin/bounce", {"domain": "example.net", "reason": "bad list", "duration": "1h"}
+        )
+        assert status == 200, answer
+        assert answer["bounced"] == 5
+        rule = answer["rule"]
+        assert rule["selector"] == {"domain": "example.net"} and rule["operator"] == "ops"
+        bounces = wait_until(lambda: len(pigeon.records("AdminBounce")) == 5 and pigeon.records("AdminBounce"))
+        assert sorted(r["id"] for r in bounces) == sorted(deferred)
+        assert all(r["reason"] == "bad list" and r["response"]["code"] == 550 for r in bounces)
+        # New mail for the domain is bounced by the standing rule; the sink never sees it.
+        (fresh,) = _send(pigeon, ["ok@example.net"])
+        wait_until(lambda: any(r["id"] == fresh for r in pigeon.records("AdminBounce")))
+        assert _api(pigeon, "GET", "/api/v1/admin/bounce", token=READER) == (200, {"rules": [rule]})
+        assert _api(pigeon, "DELETE", f"/api/v1/admin/bounce/{rule['id']}")[1]["cancelled"] is True
+        assert _api(pigeon, "GET", "/api/v1/admin/bounce", token=READER) == (200, {"rules": []})
+        (after,) = _send(pigeon, ["ok@example.net"])  # the rule is gone: delivered
+        wait_until(lambda: any(r["id"] == after for r in pigeon.records("Delivery")))
+        assert all(m.recipients != ["ok@example.net"] or b"Subject: 0" in m.data for m in sink.received)
+        assert len([m for m in sink.received if m.recipients == ["ok@example.net"]]) == 1
+        assert {m["id"] for m in pigeon.spool_messages()} == set(kept)
+        # No recipient was both admin-bounced and delivered, and nothing has two outcomes.
+        terminal = [r for r in pigeon.records() if r["type"] in ("Delivery", "Bounce", "Expiration", "AdminBounce")]
+        assert len({r["id"] for r in terminal}) == len(terminal)
+
+
+def test_a_bounce_survives_a_restart(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"tenant": "acme", "duration": "1h"})
+        assert (status, answer["bounced"]) == (200, 0)
+    with _node(tmp_path / "node", sink) as pigeon:
+        assert len(_api(pigeon, "GET", "/api/v1/admin/bounce")[1]["rules"]) == 1
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["ok@example.net"], b"X-Tenant: acme\r\nSubject: x\r\n\r\nhi\r\n")
+        wait_until(lambda: pigeon.records("AdminBounce"))
+        assert sink.received == []
+
+
+def test_suspend_holds_mail_untried_until_resumed(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"campaign": "spring"})
+        assert status == 200, answer
+        rule_id = answer["rule"]["id"]
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["ok@example.net"], b"X-Campaign: spring\r\nSubject: x\r\n\r\nhi\r\n")
+            client.sendmail("a@example.org", ["ok@example.net"], b"X-Campaign: autumn\r\nSubject: y\r\n\r\nhi\r\n")
+        (other,) = sink.wait_for(1)
+        assert other.email["Subject"] == "y"  # not suspended: delivered
+        time.sleep(1.5)
+        assert len(sink.received) == 1
+        (held,) = pigeon.spool_messages()
+        status, seen = _api(pigeon, "GET", f"/api/v1/messages/{held['id']}", token=READER)
+        assert status == 200
+        assert (seen["queue"], seen["attempts"], seen["state"]) == ("spring:@example.net", 0, "scheduled")
+        assert not pigeon.records("TransientFailure")  # held, not tried
+        status, answer = _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+        assert (status, answer["cancelled"], answer["made_due"]) == (200, True, 1)
+        assert [m.email["Subject"] for m in sink.wait_for(2)] == ["y", "x"]
+
+
+def test_retry_now_makes_deferred_mail_due(tmp_path: Path) -> None:
+    # flaky@ refuses the first try; the next one would be an hour away.
+    with (
+        ScriptedSink(flaky=1) as sink,
+        _node(tmp_path / "node", sink, retry_interval="1h", max_retry_interval="2h") as pigeon,
+    ):
+        (spool_id,) = _send(pigeon, ["flaky@example.net"])
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        status, seen = _api(pigeon, "GET", f"/api/v1/messages/{spool_id}")
+        assert seen["attempts"] == 1 and seen["next_due"] > time.time() + 3000
+        assert seen["last_response"].startswith("451 4.3.0")
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/retry", {"domain": "*.net"})
+        assert (status, answer) == (200, {"made_due": 1})
+        wait_until(lambda: pigeon.records("Delivery"))
+
+
+def test_inspect_answers_404_for_an_unknown_id_and_400_for_a_malformed_one(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        assert _api(pigeon, "GET", "/api/v1/messages/00000000000000ff")[0] == 404
+        status, answer = _api(pigeon, "GET", "/api/v1/messages/xyz")
+        assert status == 400 and "16 hex digits" in answer["error"]
+
+
+def test_admin_operations_need_an_admin_token_and_a_selector(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        deferred = _send(pigeon, ["tempfail@example.net"])
+        body = {"domain": "example.net"}
+        assert _api(pigeon, "POST", "/api/v1/admin/bounce", body, token="no-such-token-0123456")[0] == 401
+        assert _api(pigeon, "POST", "/api/v1/admin/bounce", body, token=READER)[0] == 403
+        assert _api(pigeon, "POST", "/api/v1/admin/bounce", body, token=INJECT)[0] == 403
+        assert _api(pigeon, "GET", "/api/v1/admin/bounce", token=INJECT)[0] == 403
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"reason": "everything?"})
+        assert status == 400 and "at least one of" in answer["error"]
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"domain": "x", "duration": "soon"})
+        assert status == 400 and answer["field"] == "$.duration"
+        assert [m["id"] for m in pigeon.spool_messages()] == deferred  # nothing changed
+        assert not pigeon.records("AdminBounce")
+
+
+def test_with_two_workers_admin_operations_reach_every_shard(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink, workers=2) as pigeon:
+        ids: list[str] = []
+        while len(ids) < 40 and {int(i, 16) & 63 for i in ids} != {0, 1}:
+            ids += _send(pigeon, ["tempfail@example.net"])  # a connection each: the kernel spreads them
+        assert {int(i, 16) & 63 for i in ids} == {0, 1}  # the shard bits: both workers hold some
+        wait_until(lambda: len({r["id"] for r in pigeon.records("TransientFailure")}) == len(ids))
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"domain": "example.net", "duration": 600})
+        assert (status, answer["bounced"]) == (200, len(ids))
+        rules = _api(pigeon, "GET", "/api/v1/admin/bounce")[1]["rules"]
+        assert [r["id"] for r in rules] == [answer["rule"]["id"]]  # one rule, the same id on both workers
+        wait_until(lambda: pigeon.spool_messages() == [])
+        assert _api(pigeon, "DELETE", f"/api/v1/admin/bounce/{rules[0]['id']}")[1]["cancelled"] is True
