@@ -11,11 +11,15 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
     slow@...        waits `slow` seconds before answering RCPT
     flaky@...       451 4.3.0 at RCPT for its first `flaky` tries, then 250
     hangup@...      drops the connection in the middle of DATA
+    chaos@...       at random (seeded): 451 at RCPT (25%), 550 at RCPT (3%), a hang-up in the
+                    middle of DATA (4%), or the message taken and the connection dropped before
+                    the 250 (2%: the one case where the sender may rightly deliver it again)
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -68,6 +72,7 @@ class Received:
     data: bytes
     mail_options: list[str] = field(default_factory=list)
     rcpt_options: list[list[str]] = field(default_factory=list)
+    dropped: bool = False  # chaos@: stored, but the connection was dropped before the 250
 
     @property
     def email(self) -> EmailMessage:
@@ -87,6 +92,12 @@ class _Handler:
             await asyncio.sleep(self.sink.slow)
         if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
             return "451 4.3.0 not yet"
+        if local == "chaos":
+            roll = self.sink.random.random()
+            if roll < 0.25:
+                return "451 4.3.0 chaos says later"
+            if roll < 0.28:
+                return "550 5.1.1 chaos says no"
         reply = {
             "tempfail": "451 4.3.0 try again later",
             "permfail": "550 5.1.1 no such user here",
@@ -105,15 +116,17 @@ class _Handler:
         if "datatemp" in locals_:
             return "451 4.3.0 content deferred"
         data = envelope.original_content or b""
-        self.sink.received.append(
-            Received(
-                envelope.mail_from or "",
-                list(envelope.rcpt_tos),
-                data,
-                list(envelope.mail_options),
-                [list(o) for o in envelope.rcpt_options],
-            )
+        received = Received(
+            envelope.mail_from or "",
+            list(envelope.rcpt_tos),
+            data,
+            list(envelope.mail_options),
+            [list(o) for o in envelope.rcpt_options],
         )
+        self.sink.received.append(received)
+        if "chaos" in locals_ and self.sink.random.random() < 0.02:
+            received.dropped = True  # taken, but the sender never hears the 250
+            server.transport.close()
         return "250 2.0.0 stored"
 
 
@@ -121,7 +134,9 @@ class _HangupSMTP(SMTP):
     """Drops the connection in the middle of DATA when a recipient is hangup@."""
 
     async def smtp_DATA(self, arg: str) -> None:
-        if any(r.lower().startswith("hangup@") for r in self.envelope.rcpt_tos):
+        chaos = any(r.lower().startswith("chaos@") for r in self.envelope.rcpt_tos)
+        random_hangup = chaos and self.event_handler.sink.random.random() < 0.04
+        if random_hangup or any(r.lower().startswith("hangup@") for r in self.envelope.rcpt_tos):
             await self.push("354 End data with <CR><LF>.<CR><LF>")
             await self._reader.readline()
             self.transport.close()
@@ -137,8 +152,11 @@ class _Controller(Controller):
 class ScriptedSink:
     """An aiosmtpd server in a thread, answering by recipient (see the module docstring)."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, slow: float = 0.0, flaky: int = 2) -> None:
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int | None = None, slow: float = 0.0, flaky: int = 2, seed: int = 1
+    ) -> None:
         self.host = host
+        self.random = random.Random(seed)
         self.port = port or free_port()
         self.slow = slow
         self.flaky = flaky
