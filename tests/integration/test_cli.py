@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
-from tests.support.sinks import ScriptedSink, delivery_config
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 
 def pigeon_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -52,7 +52,7 @@ def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
 
 
 def test_help_shows_examples() -> None:
-    for command in ("serve", "logs", "passwd", "inject"):
+    for command in ("serve", "logs", "passwd", "inject", "bounce", "suspend", "resume", "retry", "inspect"):
         result = pigeon_cli(command, "--help")
         assert result.returncode == 0
         assert "examples:" in result.stdout
@@ -107,3 +107,33 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         wrong = pigeon_cli("inject", "-c", config, "--token", "x" * 20, "--from", "a@example.org", "--to",
                            "b@example.net", str(message))  # fmt: skip
         assert wrong.returncode == 2 and "401: unknown token" in wrong.stderr
+
+
+def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        config = ["-c", str(pigeon.config_path)]
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["tempfail@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+        (message,) = pigeon.spool_messages()
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        shown = pigeon_cli("inspect", *config, message["id"])
+        assert shown.returncode == 0, shown.stderr
+        assert "attempts       1" in shown.stdout and "451 4.3.0" in shown.stdout
+        retried = pigeon_cli("retry", *config, "--domain", "example.net")
+        assert (retried.returncode, retried.stdout.strip()) == (0, "1 messages due now")
+        suspended = pigeon_cli("suspend", *config, "--tenant", "acme", "--json")
+        rule_id = json.loads(suspended.stdout)["rule"]["id"]
+        listed = pigeon_cli("suspend", *config, "--list")
+        assert listed.stdout.startswith(rule_id) and "tenant=acme" in listed.stdout
+        assert pigeon_cli("resume", *config, rule_id).stdout.strip() == "resumed: 0 messages due now"
+        bounced = pigeon_cli("bounce", *config, "--domain", "example.net", "--reason", "cli test")
+        assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 messages")
+        (record,) = pigeon.wait_records("AdminBounce")
+        assert (record["id"], record["reason"], record["operator"]) == (message["id"], "cli test", "local")
+        missing = pigeon_cli("inspect", *config, message["id"])
+        assert missing.returncode == 2 and "404" in missing.stderr
+        empty = pigeon_cli("bounce", *config, "--reason", "no selector")
+        assert empty.returncode == 2 and "at least one of" in empty.stderr

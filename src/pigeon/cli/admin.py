@@ -1,0 +1,162 @@
+"""`pigeon bounce | suspend | resume | retry | inspect`: operate on a running node's queues.
+
+Each mirrors an admin API call (see `pigeon.listener.http.admin`); tables for people,
+`--json` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from typing import Any
+
+from pigeon.cli.api import ApiClient, add_api_options, fail
+
+_SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
+
+BOUNCE_EXAMPLES = """examples:
+  pigeon bounce --domain example.net --reason 'list cleaning'      # everything queued for it, now
+  pigeon bounce --campaign spring --duration 2h                    # and new spring mail for 2 hours
+  pigeon bounce --list                                             # standing bounces
+  pigeon bounce --cancel 3f9a1c2b7d4e                              # end one
+"""
+SUSPEND_EXAMPLES = """examples:
+  pigeon suspend --domain gmail.com --duration 30m --reason 'rate limited'
+  pigeon suspend --tenant acme                                     # until resumed
+  pigeon suspend --list
+"""
+RESUME_EXAMPLES = """examples:
+  pigeon resume 3f9a1c2b7d4e                                       # a suspension's id (pigeon suspend --list)
+"""
+RETRY_EXAMPLES = """examples:
+  pigeon retry --domain example.net                                # deferred mail for it is due now
+  pigeon retry --queue 'spring:*'
+"""
+INSPECT_EXAMPLES = """examples:
+  pigeon inspect 0382610d06800000
+  pigeon inspect 0382610d06800000 --json | jq .last_response
+"""
+
+
+def register(commands: Any) -> None:
+    bounce = _parser(commands, "bounce", "bounce queued mail (and, with --duration, new mail)", BOUNCE_EXAMPLES)
+    _selector_options(bounce)
+    bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
+    bounce.add_argument("--duration", help='also bounce new matching mail for this long ("2h", "30m", seconds)')
+    bounce.add_argument("--list", action="store_true", help="list the standing bounces")
+    bounce.add_argument("--cancel", metavar="ID", help="end a standing bounce")
+    bounce.set_defaults(run=_bounce)
+
+    suspend = _parser(commands, "suspend", "hold matching mail, untried, until resumed", SUSPEND_EXAMPLES)
+    _selector_options(suspend)
+    suspend.add_argument("--reason", default="")
+    suspend.add_argument("--duration", help="resume by itself after this long")
+    suspend.add_argument("--list", action="store_true", help="list the suspensions")
+    suspend.set_defaults(run=_suspend)
+
+    resume = _parser(commands, "resume", "end a suspension: what it held goes out now", RESUME_EXAMPLES)
+    resume.add_argument("id", help="the suspension's id (pigeon suspend --list)")
+    resume.set_defaults(run=_resume)
+
+    retry = _parser(commands, "retry", "make matching deferred mail due now", RETRY_EXAMPLES)
+    _selector_options(retry)
+    retry.set_defaults(run=_retry)
+
+    inspect = _parser(commands, "inspect", "show one message: envelope, state, attempts, next try", INSPECT_EXAMPLES)
+    inspect.add_argument("id", help="spool id, 16 hex digits (from the 250 reply or the logs)")
+    inspect.set_defaults(run=_inspect)
+
+
+def _parser(commands: Any, name: str, summary: str, examples: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_api_options(parser)
+    return parser
+
+
+def _selector_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("selector", _SELECTOR_HELP)
+    for name in ("domain", "tenant", "campaign", "queue"):
+        group.add_argument(f"--{name}")
+
+
+def _selector(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("domain", "tenant", "campaign", "queue") if getattr(args, k)}
+
+
+def _bounce(args: argparse.Namespace) -> int:
+    client = ApiClient(args)
+    if args.list:
+        return _show_rules(args, *client.request("GET", "/api/v1/admin/bounce"))
+    if args.cancel:
+        return _show(args, *client.request("DELETE", f"/api/v1/admin/bounce/{args.cancel}"), "cancelled {cancelled}")
+    body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
+    status, answer = client.request("POST", "/api/v1/admin/bounce", body)
+    text = "bounced {bounced} messages" + ("; new mail too until {until} (rule {rule_id})" if args.duration else "")
+    return _show(args, status, answer, text)
+
+
+def _suspend(args: argparse.Namespace) -> int:
+    client = ApiClient(args)
+    if args.list:
+        return _show_rules(args, *client.request("GET", "/api/v1/admin/suspend"))
+    body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
+    status, answer = client.request("POST", "/api/v1/admin/suspend", body)
+    return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held} messages put back")
+
+
+def _resume(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("DELETE", f"/api/v1/admin/suspend/{args.id}")
+    return _show(args, status, answer, "resumed: {made_due} messages due now")
+
+
+def _retry(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("POST", "/api/v1/admin/retry", _selector(args))
+    return _show(args, status, answer, "{made_due} messages due now")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("GET", f"/api/v1/messages/{args.id}")
+    if status != 200 or args.json:
+        return _show(args, status, answer, "")
+    for key, value in answer.items():
+        if key in ("created", "next_due") and isinstance(value, int | float):
+            value = f"{_when(value)} ({value:.0f})"
+        if value not in (None, [], {}):
+            print(f"{key:14} {value if not isinstance(value, list) else ', '.join(map(str, value))}")
+    return 0
+
+
+def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
+    if status >= 400:
+        return fail(status, answer)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    rule = answer.get("rule") or {}
+    expires = rule.get("expires")
+    print(text.format(**answer, rule_id=rule.get("id"), until=_when(expires) if expires else "resumed"))
+    return 0
+
+
+def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
+    if status >= 400 or args.json:
+        return _show(args, status, answer, "")
+    rules = answer["rules"]
+    if not rules:
+        print("none")
+    for rule in rules:
+        selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
+        until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
+        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}: {rule.get('reason', '')}")
+    return 0
+
+
+def _when(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
