@@ -31,7 +31,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pigeon.smtp.commands import mailbox_problem
 
-Email = Annotated[str, msgspec.Meta(min_length=3, max_length=256, description="An address: local@domain")]
+# The mailbox grammar the server checks (RFC 5321 dot-atom local part of at most 64 octets,
+# domain labels; UTF-8 allowed, RFC 6531), as a JSON Schema pattern. The server also takes
+# quoted local parts and address literals, which this leaves out.
+_UTF8 = r"\u0080-\ud7ff\ue000-\uffff"
+_ATOM = rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~{_UTF8}-]+"
+_LABEL = rf"[A-Za-z0-9{_UTF8}](?:[A-Za-z0-9{_UTF8}-]*[A-Za-z0-9{_UTF8}])?"
+MAILBOX_PATTERN = rf"(?=[^@]{{1,64}}@){_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})*"
+Email = Annotated[
+    str, msgspec.Meta(max_length=256, pattern=f"^{MAILBOX_PATTERN}$", description="An address: local@domain")
+]
 
 
 class Address(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,7 +51,7 @@ class Address(msgspec.Struct, forbid_unknown_fields=True):
 class Attachment(msgspec.Struct, forbid_unknown_fields=True):
     data: str
     """The content: text, or base64 when `base64` is true."""
-    content_type: str = "application/octet-stream"
+    content_type: Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")] = "application/octet-stream"
     file_name: str | None = None
     content_id: str | None = None
     """Set it to make an inline part, referred to from the HTML as cid:<content_id>."""
@@ -53,7 +62,7 @@ class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}
     from_: Address
     subject: str = ""
     reply_to: Address | None = None
-    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    headers: dict[Annotated[str, msgspec.Meta(pattern=r"^[!-9;-~]+$")], str] = msgspec.field(default_factory=dict)
     text: str | None = None
     html: str | None = None
     attachments: list[Attachment] = msgspec.field(default_factory=list)
@@ -68,7 +77,9 @@ class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
-    envelope_sender: Annotated[str, msgspec.Meta(max_length=256, description='"" for the null sender')]
+    envelope_sender: Annotated[
+        str, msgspec.Meta(max_length=256, pattern=f"^(?:{MAILBOX_PATTERN})?$", description='"" for the null sender')
+    ]
     recipients: Annotated[list[InjectRecipient], msgspec.Meta(min_length=1, max_length=10_000)]
     content: str | Parts
     """A raw RFC 5322 message, or parts to build one from."""

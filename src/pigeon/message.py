@@ -36,7 +36,10 @@ def parse_id(text: str) -> SpoolId:
     """Parse a printed id; raises ValueError with the reason."""
     if not _ID_TEXT.fullmatch(text):
         raise ValueError(f"spool id {text!r} must be 16 hex digits")
-    return SpoolId(int(text, 16))
+    value = int(text, 16)
+    if value >= 1 << 63:  # ids are 63-bit (they are SQLite rowids)
+        raise ValueError(f"spool id {text!r} is out of range: Pigeon ids start with 0-7")
+    return SpoolId(value)
 
 
 def id_time(spool_id: int) -> float:

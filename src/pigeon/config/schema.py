@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-_DURATION: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
+DURATION_TEXT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
 _DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _SIZE: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _SIZE_UNITS: Final = {
@@ -85,7 +85,7 @@ def decode_hook(kind: type, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
             return Duration(value)
         if isinstance(value, str):
-            match = _DURATION.fullmatch(value)
+            match = DURATION_TEXT.fullmatch(value)
             if match:
                 return Duration(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
         raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')

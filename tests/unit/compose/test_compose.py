@@ -74,8 +74,8 @@ def test_non_ascii_addresses_need_smtputf8_and_non_ascii_text_does_not() -> None
     assert composed.smtputf8
 
 
-def test_a_header_name_with_a_colon_is_refused() -> None:
-    parts = {"from": {"email": "a@example.org"}, "text": "x", "headers": {"X-Bad: injected": "v"}}
-    with pytest.raises(ComposeError) as raised:
-        check_request(_request(parts))
-    assert raised.value.field == "$.content.headers"
+def test_a_header_name_with_a_colon_or_space_is_refused() -> None:
+    for name in ("X-Bad: injected", "X Bad", ""):
+        parts = {"from": {"email": "a@example.org"}, "text": "x", "headers": {name: "v"}}
+        with pytest.raises(msgspec.ValidationError, match=r"\$\.content\.headers"):
+            _request(parts)

@@ -16,7 +16,7 @@ sends each request to all of them and adds up the answers.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from aiohttp import web
@@ -27,12 +27,14 @@ from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, Selector
 
+_Glob = Annotated[str, msgspec.Meta(min_length=1)]
+
 
 class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
-    domain: str | None = None
-    tenant: str | None = None
-    campaign: str | None = None
-    queue: str | None = None
+    domain: _Glob | None = None
+    tenant: _Glob | None = None
+    campaign: _Glob | None = None
+    queue: _Glob | None = None
     reason: str = ""
     duration: Duration | None = None
     """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed)."""
@@ -99,8 +101,12 @@ async def inspect(request: web.Request) -> web.Response:
 
 async def _cancel(request: web.Request, kind: str) -> web.Response:
     admin = _admin(request, "admin")
-    result = await admin.cancel(request.match_info["id"], kind)
-    return web.json_response(result, status=200 if result["cancelled"] else 404)
+    rule_id = request.match_info["id"]
+    result = await admin.cancel(rule_id, kind)
+    if not result["cancelled"]:
+        what = "standing bounce" if kind == "bounce" else "suspension"
+        return web.json_response({"error": f"no {what} {rule_id}", "cancelled": False}, status=404)
+    return web.json_response(result)
 
 
 async def _admin_request(request: web.Request) -> tuple[Admin, str, AdminRequest]:

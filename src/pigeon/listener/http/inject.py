@@ -113,6 +113,9 @@ def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBad
     message = str(error)
     if field is None and (match := _FIELD.search(message)) is not None:
         field, message = match.group(1), message[: match.start()]
+    if "matching regex" in message:  # the schema's pattern is no help to a person: say what it means
+        is_address = field is not None and field.endswith((".email", "envelope_sender"))
+        message = "Not a valid mailbox address (local@domain)" if is_address else "Not of the required form"
     body = msgspec.json.encode(ErrorResponse(message, field))
     return web.HTTPBadRequest(body=body, content_type="application/json")
 

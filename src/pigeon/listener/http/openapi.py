@@ -13,9 +13,12 @@ import msgspec
 from aiohttp import web
 
 from pigeon.compose import InjectRequest
+from pigeon.config.schema import DURATION_TEXT, Duration
+from pigeon.listener.http.admin import AdminRequest
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 
 _REF: Final = "#/components/schemas/{name}"
+_DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
 _ERRORS: Final = {
     "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
     "401": ("No token, or an unknown one", "ErrorResponse"),
@@ -26,8 +29,8 @@ _ERRORS: Final = {
 
 @functools.cache
 def document() -> dict[str, Any]:
-    (request, response, _), components = msgspec.json.schema_components(
-        [InjectRequest, InjectResponse, ErrorResponse], ref_template=_REF
+    (request, response, _, admin_request), components = msgspec.json.schema_components(
+        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest], ref_template=_REF, schema_hook=_custom
     )
     return {
         "openapi": "3.1.0",
@@ -42,6 +45,7 @@ def document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
+            **_admin_paths(admin_request),
             "/api/v1/inject": {
                 "post": {
                     "operationId": "inject",
@@ -55,13 +59,63 @@ def document() -> dict[str, Any]:
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
                     },
                 }
-            }
+            },
         },
     }
 
 
 async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(document()), content_type="application/json")
+
+
+def _custom(kind: type) -> dict[str, Any]:
+    """Schemas of our own types: durations are seconds, or strings with a unit (as in the config)."""
+    if kind is Duration:
+        return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_PATTERN}]}
+    raise NotImplementedError(kind)
+
+
+def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
+    errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
+    errors["503"] = _response("Delivery is disabled on this node", _ref("ErrorResponse"))
+    answer = {"type": "object"}
+    rule_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    id_schema = {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"}  # 63-bit
+    spool_id = [{"name": "id", "in": "path", "required": True, "schema": id_schema}]
+
+    def operation(op_id: str, summary: str, scope: str, **extra: Any) -> dict[str, Any]:
+        responses = {"200": _response("Done; counts of what it touched", answer), **errors}
+        if "parameters" in extra:
+            responses["404"] = _response("No such rule or message", _ref("ErrorResponse"))
+        return {"operationId": op_id, "summary": f"{summary} (scope '{scope}')", "responses": responses, **extra}
+
+    # At least one selector field: a bounce of "everything" must be spelled out (queue "*").
+    selector = {"anyOf": [{"required": [name], "properties": {name: {"type": "string"}}}
+                          for name in ("domain", "tenant", "campaign", "queue")]}  # fmt: skip
+    schema = {"allOf": [body, selector]}
+    posted = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    return {
+        "/api/v1/admin/bounce": {
+            "post": operation("bounce", "Bounce matching queued mail; with a duration new mail too", "admin", **posted),
+            "get": operation("listBounces", "Standing bounces", "read"),
+        },
+        "/api/v1/admin/bounce/{id}": {
+            "delete": operation("cancelBounce", "End a standing bounce", "admin", parameters=rule_id),
+        },
+        "/api/v1/admin/suspend": {
+            "post": operation("suspend", "Hold matching mail until resumed or the duration ends", "admin", **posted),
+            "get": operation("listSuspensions", "Suspensions", "read"),
+        },
+        "/api/v1/admin/suspend/{id}": {
+            "delete": operation("resume", "Resume: what the suspension held is due now", "admin", parameters=rule_id),
+        },
+        "/api/v1/admin/retry": {
+            "post": operation("retry", "Make matching deferred mail due now", "admin", **posted),
+        },
+        "/api/v1/messages/{id}": {
+            "get": operation("inspect", "One message: envelope, state, attempts", "read", parameters=spool_id),
+        },
+    }
 
 
 def _ref(name: str | None) -> dict[str, Any] | None:
