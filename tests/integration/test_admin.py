@@ -180,3 +180,22 @@ def test_with_two_workers_admin_operations_reach_every_shard(tmp_path: Path, sin
         assert [r["id"] for r in rules] == [answer["rule"]["id"]]  # one rule, the same id on both workers
         wait_until(lambda: pigeon.spool_messages() == [])
         assert _api(pigeon, "DELETE", f"/api/v1/admin/bounce/{rules[0]['id']}")[1]["cancelled"] is True
+
+
+def test_queue_summary_counts_each_scheduled_queue_across_workers(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink, workers=2, retry_interval="1h") as pigeon:
+        ids: list[str] = []
+        while len(ids) < 40 and {int(i, 16) & 63 for i in ids} != {0, 1}:
+            ids += _send(pigeon, ["tempfail@example.net"])
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["tempfail@other.test"], b"X-Tenant: acme\r\nSubject: x\r\n\r\nhi\r\n")
+        wait_until(lambda: len({r["id"] for r in pigeon.records("TransientFailure")}) == len(ids) + 1)
+        status, summary = _api(pigeon, "GET", "/api/v1/queues", token=READER)
+        assert status == 200
+        rows = {row["queue"]: row for row in summary["scheduled"]}
+        assert set(rows) == {"example.net", "acme@other.test"}  # one row per queue, both workers added up
+        assert rows["example.net"]["messages"] == len(ids)
+        assert rows["example.net"]["due"] == 0  # all deferred for an hour
+        assert rows["acme@other.test"]["messages"] == 1
+        assert rows["example.net"]["oldest"] <= time.time()
+        assert _api(pigeon, "GET", "/api/v1/queues", token=INJECT)[0] == 403

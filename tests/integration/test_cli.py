@@ -137,3 +137,18 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         assert missing.returncode == 2 and "404" in missing.stderr
         empty = pigeon_cli("bounce", *config, "--reason", "no selector")
         assert empty.returncode == 2 and "at least one of" in empty.stderr
+
+
+def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            for _ in range(3):
+                client.sendmail("a@example.org", ["tempfail@example.net"], b"X-Campaign: c1\r\n\r\nhi\r\n")
+        wait_until(lambda: len(pigeon.records("TransientFailure")) == 3)
+        result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
+        assert result.returncode == 0, result.stderr
+        (row,) = [line for line in result.stdout.splitlines() if line.startswith("c1:@example.net")]
+        assert row.split()[1:4] == ["3", "0", "0"]  # messages, due, ready

@@ -33,6 +33,10 @@ RETRY_EXAMPLES = """examples:
   pigeon retry --domain example.net                                # deferred mail for it is due now
   pigeon retry --queue 'spring:*'
 """
+QUEUE_EXAMPLES = """examples:
+  pigeon queue summary                  # every scheduled queue: messages, due now, oldest; ready queues
+  pigeon queue summary --json | jq '.scheduled[] | select(.messages > 1000)'
+"""
 INSPECT_EXAMPLES = """examples:
   pigeon inspect 0382610d06800000
   pigeon inspect 0382610d06800000 --json | jq .last_response
@@ -62,6 +66,11 @@ def register(commands: Any) -> None:
     retry = _parser(commands, "retry", "make matching deferred mail due now", RETRY_EXAMPLES)
     _selector_options(retry)
     retry.set_defaults(run=_retry)
+
+    queue = commands.add_parser("queue", help="look at the queues", description="Look at the queues.")
+    actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
+    summary = _parser(actions, "summary", "scheduled and ready queues, with counts", QUEUE_EXAMPLES)
+    summary.set_defaults(run=_queue_summary)
 
     inspect = _parser(commands, "inspect", "show one message: envelope, state, attempts, next try", INSPECT_EXAMPLES)
     inspect.add_argument("id", help="spool id, 16 hex digits (from the 250 reply or the logs)")
@@ -131,6 +140,29 @@ def _inspect(args: argparse.Namespace) -> int:
         if value not in (None, [], {}):
             print(f"{key:14} {value if not isinstance(value, list) else ', '.join(map(str, value))}")
     return 0
+
+
+def _queue_summary(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("GET", "/api/v1/queues")
+    if status >= 400 or args.json:
+        return _show(args, status, answer, "")
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    print(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}  oldest")
+    for row in answer["scheduled"]:
+        age = _age(now - row["oldest"])
+        print(f"{row['queue'][:44]:44} {row['messages']:>9} {row['due']:>7} {row.get('ready', 0):>6} "
+              f"{row.get('in_flight', 0):>9}  {age}")  # fmt: skip
+    print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}")
+    for row in answer["ready"]:
+        print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:

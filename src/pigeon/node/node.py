@@ -212,6 +212,9 @@ class Node:
     def admin(self) -> Admin | None:
         return self.outbound.admin if self.outbound is not None else None
 
+    def ready_queues(self) -> list[Any]:
+        return list(self.outbound.dispatcher.queues.values()) if self.outbound is not None else []
+
     def health(self) -> dict[str, Any]:
         return {
             "status": "stopping" if self._stopping else "ok",

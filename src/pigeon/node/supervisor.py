@@ -31,7 +31,7 @@ from pigeon.queue.admin import new_rule_id
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
-_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/")
+_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues")
 _READY_TIMEOUT = 60.0
 
 
@@ -290,6 +290,13 @@ def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
                 merged[key] = merged.get(key, False) or value
             elif isinstance(value, int | float) and key not in ("created", "next_due", "size", "attempts"):
                 merged[key] = merged.get(key, 0) + value
+            elif (
+                isinstance(value, list)
+                and value
+                and isinstance(value[0], dict)
+                and ("queue" in value[0] or "path" in value[0])
+            ):
+                merged[key] = _merge_rows(merged.get(key, []), value)
             elif isinstance(value, list):
                 seen = {item.get("id") for item in merged.get(key, []) if isinstance(item, dict)}
                 merged[key] = merged.get(key, []) + [
@@ -298,6 +305,22 @@ def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
             elif merged.get(key) is None:
                 merged[key] = value
     return 200, merged
+
+
+def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Queue rows of several workers, one per queue: counts added, the oldest kept."""
+    by_key = {row.get("queue") or row.get("path"): dict(row) for row in rows}
+    for row in more:
+        key = row.get("queue") or row.get("path")
+        mine = by_key.setdefault(key, {})
+        for name, value in row.items():
+            if name == "oldest":
+                mine[name] = min(mine.get(name, value), value)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                mine[name] = mine.get(name, 0) + value
+            else:
+                mine.setdefault(name, value)
+    return sorted(by_key.values(), key=lambda r: str(r.get("queue") or r.get("path")))
 
 
 def merge_metrics(texts: list[str]) -> str:

@@ -204,6 +204,28 @@ class Admin:
         self._rewind(now)
         return {"made_due": made_due}
 
+    async def summary(self, ready_queues: Iterable[Any]) -> dict[str, Any]:
+        """Scheduled queues (from the spool, counted in a thread) and ready queues."""
+        now = self._clock()
+        counts = await asyncio.gather(*(asyncio.to_thread(spool.queue_counts, now) for spool in self._spools.values()))
+        scheduled: dict[str, dict[str, Any]] = {}
+        for rows in counts:
+            for queue, messages, due, oldest in rows:
+                row = scheduled.setdefault(queue, {"queue": queue, "messages": 0, "due": 0, "oldest": oldest})
+                row["messages"] += messages
+                row["due"] += due or 0
+                row["oldest"] = min(row["oldest"], oldest)
+        for entry in self._active:
+            counted = scheduled.get(entry.message.queue)
+            if counted is not None:
+                counted[entry.state.value] = counted.get(entry.state.value, 0) + 1
+        ready = [
+            {"path": q.path, "site": q.destination.site, "queued": len(q), "connections": q.connections}
+            for q in ready_queues
+            if len(q) or q.connections
+        ]
+        return {"scheduled": sorted(scheduled.values(), key=lambda r: r["queue"]), "ready": ready}
+
     def rules(self, kind: str) -> list[dict[str, Any]]:
         now = self._clock()
         return [msgspec.to_builtins(r) for r in self._rules.values() if r.kind == kind and r.live(now)]

@@ -274,6 +274,20 @@ class SqliteSpool:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
         return self._committer.submit(_MakeDue(list(ids), due))
 
+    def queue_counts(self, now: float) -> list[tuple[str, int, int, float]]:
+        """Per scheduled queue: messages, how many are due, the oldest's creation time.
+
+        Reads every row: call it from a thread (it opens its own connection, so it never
+        holds up the loop's reader or the writer).
+        """
+        conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+        try:
+            return conn.execute(
+                "SELECT queue, count(*), sum(due <= ?), min(created) FROM message GROUP BY queue", (now,)
+            ).fetchall()
+        finally:
+            conn.close()
+
     def rules(self) -> list[tuple[str, bytes]]:
         return [(rule_id, bytes(rule)) for rule_id, rule in self._read().execute("SELECT id, rule FROM admin_rule")]
 

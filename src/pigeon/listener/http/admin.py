@@ -8,6 +8,7 @@
     DELETE /api/v1/admin/suspend/{id}     resume                            admin
     POST   /api/v1/admin/retry            {selector...}                     admin
     GET    /api/v1/messages/{id}          one message                       read
+    GET    /api/v1/queues                 scheduled and ready queues        read
 
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
 seconds or strings ("30m", "2h"), as in the config. With several workers the supervisor
@@ -85,6 +86,12 @@ async def cancel_bounce(request: web.Request) -> web.Response:
 
 async def resume(request: web.Request) -> web.Response:
     return await _cancel(request, "suspend")
+
+
+async def queues(request: web.Request) -> web.Response:
+    admin = _admin(request, "read")
+    node = request.app[NODE_KEY]
+    return web.json_response(await admin.summary(node.ready_queues()))
 
 
 async def inspect(request: web.Request) -> web.Response:

@@ -112,6 +112,9 @@ def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
         "/api/v1/admin/retry": {
             "post": operation("retry", "Make matching deferred mail due now", "admin", **posted),
         },
+        "/api/v1/queues": {
+            "get": operation("queues", "Scheduled queues (messages, due, oldest) and ready queues", "read"),
+        },
         "/api/v1/messages/{id}": {
             "get": operation("inspect", "One message: envelope, state, attempts", "read", parameters=spool_id),
         },
