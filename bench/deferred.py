@@ -35,8 +35,9 @@ from pigeon.spool.sqlite import SqliteSpool
 FRESH = 2000
 
 
-def populate(spool_root: Path, messages: int, size: int) -> float:
-    """Write `messages` deferred messages into shard 0; returns the seconds it took."""
+def populate(spool_root: Path, messages: int, size: int, domains: int = 20_000) -> float:
+    """Write `messages` deferred messages into shard 0, spread over `domains` recipient
+    domains (and 100 tenants, 10 campaigns); returns the seconds it took."""
 
     async def write() -> None:
         spool = SqliteSpool(shard_directory(spool_root, 0), max_batch=4096)
@@ -50,7 +51,7 @@ def populate(spool_root: Path, messages: int, size: int) -> float:
                 n = min(20_000, messages - done)
                 futures = []
                 for spool_id in spool.new_ids(n):
-                    domain = f"d{rng.randrange(20_000)}.example"
+                    domain = f"d{rng.randrange(domains)}.example"
                     queue = scheduled_queue(domain, f"tenant{rng.randrange(100)}", f"c{rng.randrange(10)}")
                     recipients = [Recipient(f"user{rng.randrange(10**6)}@{domain}")]
                     writer = spool.body_writer(spool_id)

@@ -41,7 +41,6 @@ from pigeon.spool.sqlite import SqliteSpool
 _log = logging.getLogger(__name__)
 _BATCH: Final = 1000
 _HOLD: Final = 60.0  # a suspended message is looked at again after this long (resume takes effect then)
-_BACKLOG: Final = 5000  # claimed messages whose settlement is still being written, before the walk waits
 _PROGRESS_EVERY: Final = 100_000
 
 
@@ -148,18 +147,23 @@ class Admin:
         if duration:
             rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id)
 
+        settling: list[Entry] = []  # what the walk's current batch is settling
+
         def act(message: Message) -> bool:
             entry = self._claim(message)
             if entry is None:
                 return False
             if entry.state in (State.SCHEDULED, State.READY):
-                return self._settlement.admin_bounce(entry, entry.state, reason, operator)
+                if not self._settlement.admin_bounce(entry, entry.state, reason, operator):
+                    return False
+                settling.append(entry)
+                return True
             if entry.state is State.IN_FLIGHT:
                 entry.notes["admin_bounce"] = (reason, operator)
                 return True
             return False
 
-        bounced = await self._walk(selector, act, "bounce")
+        bounced = await self._walk(selector, act, "bounce", settling)
         _log.warning("admin bounce by %s of %s: %d messages (%s)", operator, _describe(selector), bounced, reason)
         return {"bounced": bounced, "rule": _rule_view(rule)}
 
@@ -265,21 +269,28 @@ class Admin:
             entry = self._active.add(message)  # from now on the scheduler leaves it to us
         return None if entry.state.terminal else entry
 
-    async def _walk(self, selector: Selector, act: Callable[[Message], bool], name: str) -> int:
+    async def _walk(
+        self, selector: Selector, act: Callable[[Message], bool], name: str, settling: list[Entry] | None = None
+    ) -> int:
         done = seen = 0
         for spool in list(self._spools.values()):
             after = 0
             while batch := spool.scan(after, _BATCH):
+                started = time.perf_counter()
                 after = batch[-1].id
                 done += sum(1 for message in batch if selector.matches(message) and act(message))
                 seen += len(batch)
                 if seen % _PROGRESS_EVERY < _BATCH:
                     _log.info("admin %s: %d messages looked at, %d acted on", name, seen, done)
-                await asyncio.sleep(0)  # reception and delivery go on between batches
-                # Let the settlements of what was claimed be written before claiming more (they
-                # finish in commit callbacks: there is no event to wait on).
-                while len(self._active) > self._active.limit + _BACKLOG:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
+                # Wait until this batch's settlements are written (they finish in commit
+                # callbacks: there is no event to wait on), then rest as long again: the
+                # operation takes at most about half of the loop and of the commit thread,
+                # and reception and delivery go on in the other half.
+                while settling and any(not entry.settled for entry in settling):  # noqa: ASYNC110
+                    await asyncio.sleep(0.002)
+                if settling:
+                    settling.clear()
+                await asyncio.sleep(time.perf_counter() - started)
         return done
 
     async def _add_rule(
