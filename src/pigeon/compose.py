@@ -20,15 +20,13 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from email.headerregistry import Address as HeaderAddress
-from email.message import EmailMessage
-from email.policy import SMTP, SMTPUTF8
 from typing import Annotated, Any
 
 import jinja2
 import msgspec
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from pigeon import mime
 from pigeon.smtp.commands import mailbox_problem
 
 # The mailbox grammar the server checks (RFC 5321 dot-atom local part of at most 64 octets,
@@ -141,6 +139,7 @@ class Composer:
         self._hostname = hostname
         self._templates = _Templates(request) if request.template else None
         self._routing = [(tenant_header, request.tenant), (campaign_header, request.campaign)]
+        self._encoded: tuple[list[mime.Part], list[mime.Part]] | None = None
 
     def compose(self, recipient: InjectRecipient) -> Composed:
         """The recipient's message. Raises ComposeError when a template cannot be rendered."""
@@ -172,34 +171,51 @@ class Composer:
         return Composed(data, smtputf8=not head.isascii())
 
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
-        message = EmailMessage()
-        message["From"] = _address(parts.from_, render, "from")
-        message["To"] = _mailbox(recipient.name or "", recipient.email)
+        head = [
+            mime.header("From", mime.address(render("from", parts.from_.name or ""), parts.from_.email)),
+            mime.header("To", mime.address(recipient.name or "", recipient.email)),
+        ]
         if parts.reply_to is not None:
-            message["Reply-To"] = _address(parts.reply_to, render, "reply_to")
-        message["Subject"] = render("subject", parts.subject)
-        message["Date"] = email.utils.formatdate(time.time())
-        message["Message-ID"] = email.utils.make_msgid(domain=self._hostname)
-        for name, value in parts.headers.items():
-            message[name] = render(f"headers.{name}", value)
-        for name, routing in self._routing:
-            if routing:
-                message[name] = routing
-        text = render("text", parts.text) if parts.text is not None else None
-        html = render("html", parts.html) if parts.html is not None else None
-        if text is not None:
-            message.set_content(text, cte=_transfer_encoding(text))
-            if html is not None:
-                message.add_alternative(html, subtype="html", cte=_transfer_encoding(html))
-        elif html is not None:
-            message.set_content(html, subtype="html", cte=_transfer_encoding(html))
-        inline = [a for a in parts.attachments if a.content_id]
-        for attachment in parts.attachments:
-            _attach(message, attachment, related=attachment in inline and html is not None)
+            reply_to = mime.address(render("reply_to", parts.reply_to.name or ""), parts.reply_to.email)
+            head.append(mime.header("Reply-To", reply_to))
+        head.append(mime.header("Subject", render("subject", parts.subject)))
+        head.append(f"Date: {email.utils.formatdate(time.time())}\r\n")
+        head.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
+        head += [mime.header(name, render(f"headers.{name}", value)) for name, value in parts.headers.items()]
+        head += [mime.header(name, routing) for name, routing in self._routing if routing]
+        head.append("MIME-Version: 1.0\r\n")
+        body = self._body(parts, render)
         # Only addresses need SMTPUTF8: names, subjects and text are encoded to 7-bit.
-        smtputf8 = not all(s.isascii() for s in (recipient.email, parts.from_.email))
-        data = message.as_bytes(policy=SMTPUTF8 if smtputf8 else SMTP)
-        return Composed(data, smtputf8=smtputf8)
+        smtputf8 = not all(a.isascii() for a in (recipient.email, parts.from_.email))
+        return Composed("".join(head).encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
+
+    def _body(self, parts: Parts, render: _Render) -> mime.Part:
+        text = mime.text_part(render("text", parts.text), "plain") if parts.text is not None else None
+        html = mime.text_part(render("html", parts.html), "html") if parts.html is not None else None
+        inline, attached = self._attachments(parts)
+        if text is not None and html is not None:
+            body = mime.multipart("alternative", [text, html])
+        else:
+            body = text or html or mime.text_part("", "plain")
+        if inline and html is not None:
+            body = mime.multipart("related", [body, *inline])
+        else:
+            attached = inline + attached
+        return mime.multipart("mixed", [body, *attached]) if attached else body
+
+    def _attachments(self, parts: Parts) -> tuple[list[mime.Part], list[mime.Part]]:
+        """Inline and attached parts, encoded once for all the recipients of the request."""
+        if self._encoded is None:
+            inline: list[mime.Part] = []
+            attached: list[mime.Part] = []
+            for attachment in parts.attachments:
+                data = base64.b64decode(attachment.data) if attachment.base64 else attachment.data.encode("utf-8")
+                part = mime.binary_part(
+                    data, attachment.content_type, file_name=attachment.file_name, content_id=attachment.content_id
+                )
+                (inline if attachment.content_id else attached).append(part)
+            self._encoded = (inline, attached)
+        return self._encoded
 
 
 # --- templates ---------------------------------------------------------------------------------
@@ -261,38 +277,7 @@ class _Templates:
         return render
 
 
-# --- MIME details -----------------------------------------------------------------------------
-def _address(address: Address, render: _Render, template: str) -> HeaderAddress | str:
-    return _mailbox(render(template, address.name or ""), address.email)
-
-
-def _mailbox(name: str, addr: str) -> HeaderAddress | str:
-    if addr.isascii():
-        return HeaderAddress(display_name=name, addr_spec=addr)  # the name gets encoded as needed
-    # The email package refuses UTF-8 local parts as objects but writes them from text (the
-    # message then goes with SMTPUTF8, where they are allowed).
-    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{quoted}" <{addr}>' if name else f"<{addr}>"
-
-
-def _attach(message: EmailMessage, attachment: Attachment, *, related: bool) -> None:
-    payload = base64.b64decode(attachment.data) if attachment.base64 else attachment.data.encode("utf-8")
-    maintype, _, subtype = attachment.content_type.partition("/")
-    cid = f"<{attachment.content_id}>" if attachment.content_id else None
-    if related:
-        html = next(p for p in message.walk() if p.get_content_type() == "text/html")
-        html.add_related(payload, maintype, subtype, cid=cid, filename=attachment.file_name)
-        return
-    disposition = "inline" if cid else "attachment"
-    message.add_attachment(payload, maintype, subtype, disposition=disposition, cid=cid, filename=attachment.file_name)
-
-
-def _transfer_encoding(text: str) -> str | None:
-    """Quoted-printable for text that is not plain ASCII: it passes any server (8bit needs
-    8BITMIME on every hop). None lets the library choose (7bit) for ASCII text."""
-    return None if text.isascii() and max(map(len, text.splitlines()), default=0) <= 998 else "quoted-printable"
-
-
+# --- raw content -----------------------------------------------------------------------------
 def _crlf(text: str) -> str:
     """Line endings as CRLF, whatever the client sent (JSON strings usually carry bare LF)."""
     return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\r\n")
