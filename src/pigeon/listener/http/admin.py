@@ -50,20 +50,19 @@ _DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
 
 
 async def bounce(request: web.Request) -> web.Response:
-    admin, operator, body = await _admin_request(request)
-    duration = float(body.duration) if body.duration else None
-    result = await admin.bounce(
-        body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id
-    )
-    return web.json_response(result)
+    return await _standing(request, "bounce")
 
 
 async def suspend(request: web.Request) -> web.Response:
+    return await _standing(request, "suspend")
+
+
+async def _standing(request: web.Request, kind: str) -> web.Response:
+    """Bounce or suspend: the same request, a rule of that kind."""
     admin, operator, body = await _admin_request(request)
+    operation = admin.bounce if kind == "bounce" else admin.suspend
     duration = float(body.duration) if body.duration else None
-    result = await admin.suspend(
-        body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id
-    )
+    result = await operation(body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id)
     return web.json_response(result)
 
 
