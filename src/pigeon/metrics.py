@@ -14,10 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce")
+MAX_QUEUE_LABELS = 1000
+# Messages in memory by state; per site: (site, messages waiting, connections).
+DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]]]
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -25,6 +29,8 @@ class Counts:
     """Hot-path counters: plain integers."""
 
     __slots__ = (
+        "by_queue",
+        "by_site",
         "bytes_received",
         "messages_received",
         "outcomes",
@@ -37,7 +43,19 @@ class Counts:
         self.bytes_received = 0
         self.receptions: dict[str, int] = {}
         self.smtp_connections_accepted = 0
-        self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration
+        self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration, ...
+        self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site)
+        self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
+
+    def outcome(self, kind: str, queue: str, site: str, n: int = 1) -> None:
+        """Count `n` recipient outcomes of one kind for a queue and a site."""
+        self.outcomes[kind] = self.outcomes.get(kind, 0) + n
+        key = (kind, site or "-")
+        self.by_site[key] = self.by_site.get(key, 0) + n
+        if (kind, queue) not in self.by_queue and len(self.by_queue) >= MAX_QUEUE_LABELS:
+            queue = "_other"  # Prometheus does not take unbounded label values well
+        key = (kind, queue)
+        self.by_queue[key] = self.by_queue.get(key, 0) + n
 
 
 class _CountsCollector(Collector):
@@ -62,9 +80,42 @@ class _CountsCollector(Collector):
         outcomes = CounterMetricFamily(
             "pigeon_recipients", "Recipient outcomes of delivery attempts, by record type", labels=["outcome"]
         )
-        for outcome in ("Delivery", "TransientFailure", "Bounce", "Expiration"):
+        for outcome in _OUTCOMES:
             outcomes.add_metric([outcome], c.outcomes.get(outcome, 0))
         yield outcomes
+        by_site = CounterMetricFamily(
+            "pigeon_site_recipients", "Recipient outcomes by site (ready queue)", labels=["outcome", "site"]
+        )
+        for (outcome, site), value in sorted(c.by_site.items()):
+            by_site.add_metric([outcome, site], value)
+        yield by_site
+        by_queue = CounterMetricFamily(
+            "pigeon_queue_recipients", "Recipient outcomes by scheduled queue", labels=["outcome", "queue"]
+        )
+        for (outcome, queue), value in sorted(c.by_queue.items()):
+            by_queue.add_metric([outcome, queue], value)
+        yield by_queue
+
+
+class _DeliveryCollector(Collector):
+    """Live state of delivery, read when scraped: messages in memory, ready queues, connections."""
+
+    def __init__(self, state: Callable[[], DeliveryState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        active, sites = self._state()
+        gauge = GaugeMetricFamily("pigeon_active_messages", "Messages in memory, by state", labels=["state"])
+        for state, value in sorted(active.items()):
+            gauge.add_metric([state], value)
+        yield gauge
+        depth = GaugeMetricFamily("pigeon_ready_queue_messages", "Messages waiting in a ready queue", labels=["site"])
+        connections = GaugeMetricFamily("pigeon_outbound_connections", "Open delivery connections", labels=["site"])
+        for site, waiting, open_connections in sorted(sites):
+            depth.add_metric([site], waiting)
+            connections.add_metric([site], open_connections)
+        yield depth
+        yield connections
 
 
 class Metrics:
@@ -109,6 +160,9 @@ class Metrics:
 
     def track_smtp_connections(self, count: Callable[[], int]) -> None:
         self.smtp_connections.set_function(count)
+
+    def track_delivery(self, state: Callable[[], DeliveryState]) -> None:
+        self.registry.register(_DeliveryCollector(state))
 
     def track_dropped_logs(self, dropped: Callable[[], int]) -> None:
         self.log_records_dropped.set_function(dropped)

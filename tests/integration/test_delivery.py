@@ -166,3 +166,23 @@ def test_more_mail_than_the_active_set_holds_is_all_delivered_once(tmp_path: Pat
             wait_until(lambda: pigeon.spool_messages() == [])
             assert len(_terminal(pigeon)) == 40
             assert len([r for m in sink.received for r in m.recipients]) == 40
+
+
+def test_metrics_count_outcomes_by_site_and_queue_and_show_what_waits(tmp_path: Path) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        _send(pigeon, ["ok@example.net", "ok2@example.net"])
+        _send(pigeon, ["tempfail@example.com"])
+        wait_until(lambda: len(pigeon.records("Delivery")) == 2 and pigeon.records("TransientFailure"))
+        _, body = pigeon.http_get("/metrics")
+        samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                   if line.startswith("pigeon_")}  # fmt: skip
+        site = sink.endpoint
+        assert samples[f'pigeon_site_recipients_total{{outcome="Delivery",site="{site}"}}'] == 2
+        assert samples[f'pigeon_site_recipients_total{{outcome="TransientFailure",site="{site}"}}'] == 1
+        assert samples['pigeon_queue_recipients_total{outcome="Delivery",queue="spring:acme@example.net"}'] == 2
+        assert samples['pigeon_recipients_total{outcome="Delivery"}'] == 2
+        assert samples[f'pigeon_outbound_connections{{site="{site}"}}'] >= 0
+        assert 'pigeon_recipients_total{outcome="AdminBounce"}' in samples

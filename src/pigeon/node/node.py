@@ -124,6 +124,7 @@ class Node:
                 clock=self._clock,
             )
             self.outbound.start()
+            self.metrics.track_delivery(self.outbound.state)
         tls_context = self._tls_context()
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         session_config = ServerConfig(

@@ -23,7 +23,7 @@ from pigeon.logs.outbox import Outbox
 from pigeon.logs.reader import seqs_in_log
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, format_id
-from pigeon.metrics import Metrics
+from pigeon.metrics import DeliveryState, Metrics
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
@@ -128,6 +128,17 @@ class Outbound:
         await self.scheduler.stop()
         await self.dispatcher.drain(grace)
         await asyncio.sleep(0.1)  # let the last settlements' commits come back
+
+    def state(self) -> DeliveryState:
+        """For /metrics: messages in memory by state, and per site what waits and how many connections."""
+        active: dict[str, int] = {}
+        for entry in self.active:
+            active[entry.state.value] = active.get(entry.state.value, 0) + 1
+        sites: dict[str, tuple[int, int]] = {}
+        for queue in self.dispatcher.queues.values():
+            waiting, connections = sites.get(queue.destination.site, (0, 0))
+            sites[queue.destination.site] = (waiting + len(queue), connections + queue.connections)
+        return active, [(site, waiting, connections) for site, (waiting, connections) in sites.items()]
 
     # --- helpers -----------------------------------------------------------------------
     def _rewind(self, due: float) -> None:

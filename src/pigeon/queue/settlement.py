@@ -212,14 +212,13 @@ class Settlement:
             asyncio.get_running_loop().call_later(_RETRY_WRITE, self._commit, outcome)
             return
         log = self._log
-        counts = self._metrics.counts.outcomes
+        counts = self._metrics.counts
         self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
-            name = type(record).__name__
-            counts[name] = counts.get(name, 0) + 1
+            counts.outcome(type(record).__name__, record.queue, record.site)
         for transient in outcome.transient:
             log.write(transient)
-        counts["TransientFailure"] = counts.get("TransientFailure", 0) + len(outcome.transient)
+            counts.outcome("TransientFailure", transient.queue, transient.site)
         if outcome.remaining is not None:
             message = outcome.entry.message
             message.envelope = outcome.remaining
