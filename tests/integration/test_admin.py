@@ -199,3 +199,23 @@ def test_queue_summary_counts_each_scheduled_queue_across_workers(tmp_path: Path
         assert rows["acme@other.test"]["messages"] == 1
         assert rows["example.net"]["oldest"] <= time.time()
         assert _api(pigeon, "GET", "/api/v1/queues", token=INJECT)[0] == 403
+
+
+def test_suspending_a_site_stops_its_deliveries_until_resumed_or_expired(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": sink.endpoint})
+        assert status == 200, answer
+        _send(pigeon, ["ok@example.net"])
+        time.sleep(1.0)
+        assert sink.received == []
+        ready = _api(pigeon, "GET", "/api/v1/queues", token=READER)[1]["ready"]
+        assert [(r["site"], r["queued"], r["connections"]) for r in ready] == [(sink.endpoint, 1, 0)]
+        assert _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}")[0] == 200
+        sink.wait_for(1)
+        # With a duration it lifts by itself.
+        assert _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": "127.0.0.1:*", "duration": "1s"})[0] == 200
+        _send(pigeon, ["ok@example.net"])
+        assert len(sink.wait_for(2, timeout=10)) == 2
+        assert not pigeon.records("TransientFailure")  # held back, never tried and failed
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"site": sink.endpoint})
+        assert status == 400 and answer["field"] == "$.site"

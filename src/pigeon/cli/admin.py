@@ -24,6 +24,7 @@ BOUNCE_EXAMPLES = """examples:
 SUSPEND_EXAMPLES = """examples:
   pigeon suspend --domain gmail.com --duration 30m --reason 'rate limited'
   pigeon suspend --tenant acme                                     # until resumed
+  pigeon suspend --site 'mx*.example.net' --duration 10m           # stop deliveries to a site
   pigeon suspend --list
 """
 RESUME_EXAMPLES = """examples:
@@ -54,6 +55,7 @@ def register(commands: Any) -> None:
 
     suspend = _parser(commands, "suspend", "hold matching mail, untried, until resumed", SUSPEND_EXAMPLES)
     _selector_options(suspend)
+    suspend.add_argument("--site", help="instead: stop deliveries to this site (a ready queue), e.g. '127.0.0.1:2526'")
     suspend.add_argument("--reason", default="")
     suspend.add_argument("--duration", help="resume by itself after this long")
     suspend.add_argument("--list", action="store_true", help="list the suspensions")
@@ -96,7 +98,8 @@ def _selector_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _selector(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("domain", "tenant", "campaign", "queue") if getattr(args, k)}
+    names = ("domain", "tenant", "campaign", "queue", "site")
+    return {k: getattr(args, k) for k in names if getattr(args, k, None)}
 
 
 def _bounce(args: argparse.Namespace) -> int:

@@ -79,6 +79,8 @@ class Dispatcher:
         self._settle = settle
         self._clock = clock
         self.queues: dict[str, ReadyQueue] = {}
+        self.held: Callable[[str], bool] = lambda site: False
+        """Whether an operator suspended deliveries to a site (set by the admin room)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.in_flight = 0
@@ -119,9 +121,15 @@ class Dispatcher:
     def connections(self) -> int:
         return sum(q.connections for q in self.queues.values())
 
+    def kick_all(self) -> None:
+        """Start connections wherever mail waits (after a site's suspension ended)."""
+        for queue in self.queues.values():
+            if len(queue):
+                self._kick(queue)
+
     # --- connections -----------------------------------------------------------------------
     def _kick(self, queue: ReadyQueue) -> None:
-        if self._stopping:
+        if self._stopping or self.held(queue.destination.site):
             return
         shaping: Shaping = queue.shaping
         want = ideal_connections(len(queue), shaping.connection_limit)
@@ -144,6 +152,8 @@ class Dispatcher:
                 return
             queue.failures = 0
             while connection.deliveries < shaping.max_deliveries_per_connection and not self._stopping:
+                if self.held(queue.destination.site):
+                    break  # an operator suspended the site: what waits stays in the ready queue
                 entry = await queue.take(shaping.idle_timeout)
                 if entry is None:
                     break

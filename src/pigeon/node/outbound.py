@@ -115,6 +115,7 @@ class Outbound:
             active=self.active,
             settlement=self.settlement,
             rewind=self._rewind,
+            dispatcher=self.dispatcher,
             clock=clock,
         )
         self.scheduler.intercept = self.admin.intercept

@@ -33,6 +33,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from pigeon.delivery.dispatcher import Dispatcher
 from pigeon.message import Message, format_id
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, Entry, State
@@ -52,11 +53,15 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     campaign: str | None = None
     queue: str | None = None
     """The scheduled queue name, `campaign:tenant@domain`."""
+    site: str | None = None
+    """A ready queue's site (MX host set or next hop): suspends deliveries there, alone."""
 
     def empty(self) -> bool:
-        return not (self.domain or self.tenant or self.campaign or self.queue)
+        return not (self.domain or self.tenant or self.campaign or self.queue or self.site)
 
     def matches(self, message: Message) -> bool:
+        if self.site is not None:
+            return False  # a site is where mail goes, not which mail: see Admin.site_held
         envelope = message.envelope
         if self.queue is not None and not fnmatch.fnmatchcase(message.queue, self.queue):
             return False
@@ -105,6 +110,7 @@ class Admin:
         active: ActiveSet,
         settlement: Settlement,
         rewind: Callable[[float], None],
+        dispatcher: Dispatcher,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._spools = spools
@@ -112,6 +118,7 @@ class Admin:
         self._active = active
         self._settlement = settlement
         self._rewind = rewind
+        self._dispatcher = dispatcher
         self._clock = clock
         self._rules: dict[str, Rule] = {}
         for spool in spools.values():
@@ -120,6 +127,26 @@ class Admin:
                     self._rules[rule_id] = _RULE_DECODER.decode(blob)
                 except msgspec.DecodeError:
                     _log.error("admin rule %s in %s cannot be read: ignored", rule_id, spool.directory)
+        dispatcher.held = self.site_held
+        for rule in self._rules.values():
+            self._release_later(rule)
+
+    def site_held(self, site: str) -> bool:
+        """Whether a live suspension holds deliveries to `site` (the dispatcher asks)."""
+        now = self._clock()
+        return any(
+            r.kind == "suspend"
+            and r.selector.site is not None
+            and r.live(now)
+            and fnmatch.fnmatchcase(site, r.selector.site)
+            for r in self._rules.values()
+        )
+
+    def _release_later(self, rule: Rule) -> None:
+        # A site suspension that runs out must restart the connections it stopped.
+        if rule.selector.site is not None and rule.expires is not None:
+            delay = max(0.0, rule.expires - self._clock())
+            asyncio.get_running_loop().call_later(delay + 0.01, self._dispatcher.kick_all)
 
     # --- the scheduler asks, for every message it makes ready ----------------------------------
     def intercept(self, entry: Entry) -> bool:
@@ -130,7 +157,7 @@ class Admin:
         message = entry.message
         for rule in self._rules.values():
             if not rule.live(now) or not rule.selector.matches(message):
-                continue
+                continue  # (site suspensions match no message: the dispatcher holds those)
             if rule.kind == "bounce":
                 self._settlement.admin_bounce(entry, State.SCHEDULED, rule.reason, rule.operator)
             else:
@@ -172,6 +199,15 @@ class Admin:
     ) -> dict[str, Any]:
         """Hold matching mail in the spool (untried) until resumed or `duration` is over."""
         rule = await self._add_rule("suspend", selector, reason, operator, duration, rule_id)
+        if selector.site is not None:
+            self._release_later(rule)
+            waiting = sum(
+                len(q)
+                for q in self._dispatcher.queues.values()
+                if fnmatch.fnmatchcase(q.destination.site, selector.site)
+            )
+            _log.warning("admin suspend by %s of deliveries to %s (%s)", operator, selector.site, reason)
+            return {"held": waiting, "rule": _rule_view(rule)}
         until = self._clock() + _HOLD if rule.expires is None else min(self._clock() + _HOLD, rule.expires)
         held = 0
         for entry in self._active:  # what the spool holds is deferred when it falls due
@@ -188,7 +224,9 @@ class Admin:
         del self._rules[rule_id]
         await asyncio.gather(*(spool.save_rule(rule_id, None) for spool in self._spools.values()))
         made_due = 0
-        if kind == "suspend":
+        if kind == "suspend" and rule.selector.site is not None:
+            self._dispatcher.kick_all()
+        elif kind == "suspend":
             made_due = (await self.retry(rule.selector))["made_due"]
         return {"cancelled": True, "made_due": made_due}
 

@@ -36,6 +36,8 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
     tenant: _Glob | None = None
     campaign: _Glob | None = None
     queue: _Glob | None = None
+    site: _Glob | None = None
+    """Suspend only: deliveries to this site (ready queue) stop; nothing else may be named with it."""
     reason: str = ""
     duration: Duration | None = None
     """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed)."""
@@ -43,7 +45,9 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
     """The rule's id (the supervisor gives one, so every worker's copy has the same)."""
 
     def selector(self) -> Selector:
-        return Selector(domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue)
+        return Selector(
+            domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue, site=self.site
+        )
 
 
 _DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
@@ -60,6 +64,8 @@ async def suspend(request: web.Request) -> web.Response:
 async def _standing(request: web.Request, kind: str) -> web.Response:
     """Bounce or suspend: the same request, a rule of that kind."""
     admin, operator, body = await _admin_request(request)
+    if body.site is not None and (kind != "suspend" or body.domain or body.tenant or body.campaign or body.queue):
+        raise bad_request("site names a ready queue to suspend, on its own", "$.site")
     operation = admin.bounce if kind == "bounce" else admin.suspend
     duration = float(body.duration) if body.duration else None
     result = await operation(body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id)
@@ -68,6 +74,8 @@ async def _standing(request: web.Request, kind: str) -> web.Response:
 
 async def retry(request: web.Request) -> web.Response:
     admin, _, body = await _admin_request(request)
+    if body.site is not None:
+        raise bad_request("site is for suspend only", "$.site")
     return web.json_response(await admin.retry(body.selector()))
 
 
@@ -126,7 +134,7 @@ async def _admin_request(request: web.Request) -> tuple[Admin, str, AdminRequest
     except msgspec.DecodeError as error:
         raise bad_request(f"malformed JSON: {error}") from None
     if body.selector().empty():
-        raise bad_request("name at least one of domain, tenant, campaign, queue", "$")
+        raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
     return admin, operator, body
 
 

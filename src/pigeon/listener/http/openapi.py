@@ -89,11 +89,24 @@ def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
             responses["404"] = _response("No such rule or message", _ref("ErrorResponse"))
         return {"operationId": op_id, "summary": f"{summary} (scope '{scope}')", "responses": responses, **extra}
 
-    # At least one selector field: a bounce of "everything" must be spelled out (queue "*").
-    selector = {"anyOf": [{"required": [name], "properties": {name: {"type": "string"}}}
-                          for name in ("domain", "tenant", "campaign", "queue")]}  # fmt: skip
-    schema = {"allOf": [body, selector]}
-    posted = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    # At least one message selector (a bounce of "everything" must be spelled out: queue "*");
+    # `site` (suspend only) stands alone. Absent and null are the same to the server.
+    fields = ("domain", "tenant", "campaign", "queue")
+    messages = {
+        "properties": {"site": {"type": "null"}},
+        "anyOf": [{"required": [name], "properties": {name: {"type": "string"}}} for name in fields],
+    }
+    site_only = {
+        "required": ["site"],
+        "properties": {"site": {"type": "string"}, **{f: {"type": "null"} for f in fields}},
+    }
+
+    def posted_with(selector: dict[str, Any]) -> dict[str, Any]:
+        schema = {"allOf": [body, selector]}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    posted = posted_with(messages)
+    posted_suspend = posted_with({"anyOf": [messages, site_only]})
     return {
         "/api/v1/admin/bounce": {
             "post": operation("bounce", "Bounce matching queued mail; with a duration new mail too", "admin", **posted),
@@ -103,7 +116,12 @@ def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
             "delete": operation("cancelBounce", "End a standing bounce", "admin", parameters=rule_id),
         },
         "/api/v1/admin/suspend": {
-            "post": operation("suspend", "Hold matching mail until resumed or the duration ends", "admin", **posted),
+            "post": operation(
+                "suspend",
+                "Hold matching mail (or a site's deliveries) until resumed or the duration ends",
+                "admin",
+                **posted_suspend,
+            ),
             "get": operation("listSuspensions", "Suspensions", "read"),
         },
         "/api/v1/admin/suspend/{id}": {
