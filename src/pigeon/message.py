@@ -98,6 +98,7 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     protocol: str = "ESMTP"  # RFC 3848 WITH keyword of the reception
     last_response: str | None = None  # the last failed attempt's reply, for inspection and expiry
     metadata: dict[str, str] | None = None  # from the injecting application, copied into log records
+    routing_domain: str | None = None  # route as if the recipients were in this domain (admin rebind)
 
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()

@@ -219,3 +219,24 @@ def test_suspending_a_site_stops_its_deliveries_until_resumed_or_expired(tmp_pat
         assert not pigeon.records("TransientFailure")  # held back, never tried and failed
         status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"site": sink.endpoint})
         assert status == 400 and answer["field"] == "$.site"
+
+
+def test_rebind_moves_deferred_mail_to_another_queue_and_route(tmp_path: Path) -> None:
+    with ScriptedSink(flaky=5) as first, ScriptedSink(flaky=0) as second:
+        config = delivery_config(first.endpoint, retry_interval="1h", max_retry_interval="2h")
+        config["route"].insert(0, {"domain": "detour.test", "next_hop": second.endpoint, "tls": "disabled"})
+        config["queue"] = [{"name": "parked", "dsn": False}]
+        with PigeonProcess(tmp_path / "node", http={"token": TOKENS}, **config) as pigeon:
+            ids = _send(pigeon, ["flaky@example.net"], count=3)
+            wait_until(lambda: len(pigeon.records("TransientFailure")) == 3)
+            body = {"domain": "example.net", "to_queue": "parked", "routing_domain": "detour.test"}
+            status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", body)
+            assert (status, answer) == (200, {"rebound": 3, "skipped": 0})
+            received = second.wait_for(3)
+            assert sorted(m.recipients[0] for m in received) == ["flaky@example.net"] * 3
+            deliveries = wait_until(lambda: len(pigeon.records("Delivery")) == 3 and pigeon.records("Delivery"))
+            assert {r["id"] for r in deliveries} == set(ids)
+            assert {r["queue"] for r in deliveries} == {"parked"}
+            assert {r["site"] for r in deliveries} == {second.endpoint}
+            status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", {"domain": "example.net"})
+            assert status == 400 and "to_queue" in answer["error"]

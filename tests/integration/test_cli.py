@@ -52,7 +52,7 @@ def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
 
 
 def test_help_shows_examples() -> None:
-    for command in ("serve", "logs", "passwd", "inject", "bounce", "suspend", "resume", "retry", "inspect"):
+    for command in ("serve", "logs", "passwd", "inject", "bounce", "suspend", "resume", "retry", "rebind", "inspect"):
         result = pigeon_cli(command, "--help")
         assert result.returncode == 0
         assert "examples:" in result.stdout

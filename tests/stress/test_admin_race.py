@@ -1,5 +1,5 @@
 """The race stress test: mail cycles through retries against a chaotic sink while random
-bounce / suspend / resume / retry-now operations fire at it; then everything is released.
+bounce / suspend / resume / retry-now / rebind operations fire at it; then everything is released.
 
 Checked from the event log and from what the sink received:
 
@@ -99,9 +99,13 @@ def _operator(pigeon: PigeonProcess, seconds: float, seed: int, done: collection
             if rules["rules"]:
                 status, _ = _call(pigeon, "DELETE", f"/api/v1/admin/bounce/{rng.choice(rules['rules'])['id']}")
             kind = "cancel"
-        else:
+        elif roll < 0.88:
             status, _ = _call(pigeon, "POST", "/api/v1/admin/retry", selector)
             kind = "retry"
+        else:
+            body = {**selector, "to_queue": f"moved-{rng.choice(CAMPAIGNS)}:x@{rng.choice(DOMAINS)}"}
+            status, _ = _call(pigeon, "POST", "/api/v1/admin/rebind", body)
+            kind = "rebind"
         assert status in (200, 404), (kind, status)
         done[kind] += 1
         time.sleep(rng.uniform(0.01, 0.15))

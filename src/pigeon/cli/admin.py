@@ -38,6 +38,10 @@ QUEUE_EXAMPLES = """examples:
   pigeon queue summary                  # every scheduled queue: messages, due now, oldest; ready queues
   pigeon queue summary --json | jq '.scheduled[] | select(.messages > 1000)'
 """
+REBIND_EXAMPLES = """examples:
+  pigeon rebind --domain example.net --routing-domain smarthost.example   # route via another [[route]]
+  pigeon rebind --campaign spring --to-queue parked                       # another queue and its policy
+"""
 INSPECT_EXAMPLES = """examples:
   pigeon inspect 0382610d06800000
   pigeon inspect 0382610d06800000 --json | jq .last_response
@@ -73,6 +77,12 @@ def register(commands: Any) -> None:
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
     summary = _parser(actions, "summary", "scheduled and ready queues, with counts", QUEUE_EXAMPLES)
     summary.set_defaults(run=_queue_summary)
+
+    rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
+    _selector_options(rebind)
+    rebind.add_argument("--to-queue", help="the scheduled queue to move it to")
+    rebind.add_argument("--routing-domain", help='route it as if its recipients were in this domain ("" undoes)')
+    rebind.set_defaults(run=_rebind)
 
     inspect = _parser(commands, "inspect", "show one message: envelope, state, attempts, next try", INSPECT_EXAMPLES)
     inspect.add_argument("id", help="spool id, 16 hex digits (from the 250 reply or the logs)")
@@ -131,6 +141,16 @@ def _resume(args: argparse.Namespace) -> int:
 def _retry(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/retry", _selector(args))
     return _show(args, status, answer, "{made_due} messages due now")
+
+
+def _rebind(args: argparse.Namespace) -> int:
+    body = _selector(args)
+    if args.to_queue is not None:
+        body["to_queue"] = args.to_queue
+    if args.routing_domain is not None:
+        body["routing_domain"] = args.routing_domain
+    status, answer = ApiClient(args).request("POST", "/api/v1/admin/rebind", body)
+    return _show(args, status, answer, "rebound {rebound} messages ({skipped} in flight left to their attempt)")
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -230,6 +230,38 @@ class Admin:
             made_due = (await self.retry(rule.selector))["made_due"]
         return {"cancelled": True, "made_due": made_due}
 
+    async def rebind(
+        self, selector: Selector, *, queue: str | None, routing_domain: str | None, operator: str
+    ) -> dict[str, Any]:
+        """Move matching messages to another scheduled queue and/or route them as if their
+        recipients were in `routing_domain` (its [[route]] or MX); they are due at once.
+        A message in flight is left to its attempt (counted as skipped)."""
+        now = self._clock()
+        settling: list[Entry] = []
+        skipped = 0
+
+        def act(message: Message) -> bool:
+            nonlocal skipped
+            entry = self._claim(message)
+            if entry is None:
+                return False
+            if entry.state not in (State.SCHEDULED, State.READY):
+                skipped += entry.state is State.IN_FLIGHT
+                return False
+            envelope = entry.message.envelope
+            if routing_domain is not None:
+                envelope = msgspec.structs.replace(envelope, routing_domain=routing_domain or None)
+            if not self._settlement.defer(entry, entry.state, now, queue=queue, envelope=envelope):
+                return False
+            settling.append(entry)
+            return True
+
+        rebound = await self._walk(selector, act, "rebind", settling)
+        self._rewind(now)
+        _log.warning("admin rebind by %s of %s: %d messages to queue=%s route=%s", operator, _describe(selector),
+                     rebound, queue, routing_domain)  # fmt: skip
+        return {"rebound": rebound, "skipped": skipped}
+
     async def retry(self, selector: Selector) -> dict[str, Any]:
         """Make matching deferred messages due now."""
         now = self._clock()

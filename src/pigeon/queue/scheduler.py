@@ -168,7 +168,7 @@ class Scheduler:
             return
         if self.intercept is not None and self.intercept(entry):
             return
-        domain = message.envelope.recipients[0].domain
+        domain = message.envelope.routing_domain or message.envelope.recipients[0].domain
         destination = self._router.cached(domain)
         if destination is not None:
             self._ready(entry, destination, domain)

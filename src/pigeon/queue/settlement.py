@@ -64,6 +64,7 @@ class _Outcome:
     transient: list[TransientFailure] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     encoded: list[tuple[int, bytes]] = field(default_factory=list)
+    queue: str | None = None  # a new scheduled queue (rebind)
 
 
 class Settlement:
@@ -160,14 +161,18 @@ class Settlement:
         self._commit(outcome)
         return True
 
-    def defer(self, entry: Entry, expected: State, until: float) -> bool:
+    def defer(
+        self, entry: Entry, expected: State, until: float, *, queue: str | None = None, envelope: Envelope | None = None
+    ) -> bool:
         """Put a SCHEDULED or READY message back in the spool until `until`, untried (its
-        queue is suspended): no attempt is counted and nothing is logged."""
+        queue is suspended, or it is rebound to another `queue` or route in `envelope`): no
+        attempt is counted and nothing is logged."""
         message = entry.message
         if not self._move(entry, expected, entry.generation, State.SCHEDULED):
             return False
-        outcome = _Outcome(entry, message.envelope, message.attempts, until)
+        outcome = _Outcome(entry, envelope or message.envelope, message.attempts, until)
         outcome.due = until
+        outcome.queue = queue
         self._commit(outcome)
         return True
 
@@ -201,7 +206,12 @@ class Settlement:
         if not outcome.encoded and outcome.terminal:
             outcome.encoded = self._outbox.seal(spool, outcome.terminal)
         future = spool.settle(
-            message, outcome.remaining, attempts=outcome.attempts, due=outcome.due, records=outcome.encoded
+            message,
+            outcome.remaining,
+            attempts=outcome.attempts,
+            due=outcome.due,
+            records=outcome.encoded,
+            queue=outcome.queue,
         )
         future.add_done_callback(functools.partial(self._committed, outcome, spool))
 
@@ -222,6 +232,8 @@ class Settlement:
         if outcome.remaining is not None:
             message = outcome.entry.message
             message.envelope = outcome.remaining
+            if outcome.queue is not None:
+                message.queue = outcome.queue
             message.attempts = outcome.attempts
             message.due = outcome.due
         self._active.remove(outcome.entry)

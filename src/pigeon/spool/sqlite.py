@@ -251,6 +251,7 @@ class SqliteSpool:
         attempts: int,
         due: float,
         records: Sequence[tuple[int, bytes]] = (),
+        queue: str | None = None,
     ) -> asyncio.Future[None]:
         """Record a delivery attempt's outcome, durably, with its terminal log records.
 
@@ -258,7 +259,7 @@ class SqliteSpool:
         message is finished (removed; its body too if no other message shares it).
         """
         envelope = None if remaining is None else ENVELOPE_ENCODER.encode(remaining)
-        future = self._committer.submit(_Settle(message.id, message.body_id, attempts, due, envelope, records))
+        future = self._committer.submit(_Settle(message.id, message.body_id, attempts, due, envelope, records, queue))
         if remaining is None:
             future.add_done_callback(functools.partial(self._stored, -1))
         return future
@@ -395,7 +396,7 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class _Settle:
-    __slots__ = ("attempts", "body_id", "due", "envelope", "free", "message_id", "records")
+    __slots__ = ("attempts", "body_id", "due", "envelope", "free", "message_id", "queue", "records")
 
     def __init__(
         self,
@@ -405,7 +406,9 @@ class _Settle:
         due: float,
         envelope: bytes | None,
         records: Sequence[tuple[int, bytes]],
+        queue: str | None = None,
     ) -> None:
+        self.queue = queue
         self.message_id = message_id
         self.body_id = body_id
         self.attempts = attempts
@@ -428,6 +431,11 @@ class _Settle:
                 elif shared[0] <= 0:
                     conn.execute("DELETE FROM body_ref WHERE body = ?", (self.body_id,))
                     self.free = (self.body_id,)
+        elif self.queue is not None:
+            conn.execute(
+                "UPDATE message SET attempts = ?, due = ?, envelope = ?, queue = ? WHERE id = ?",
+                (self.attempts, self.due, self.envelope, self.queue, self.message_id),
+            )
         else:
             conn.execute(
                 "UPDATE message SET attempts = ?, due = ?, envelope = ? WHERE id = ?",

@@ -7,6 +7,7 @@
     GET    /api/v1/admin/suspend          suspensions                       read
     DELETE /api/v1/admin/suspend/{id}     resume                            admin
     POST   /api/v1/admin/retry            {selector...}                     admin
+    POST   /api/v1/admin/rebind           {selector..., to_queue?, routing_domain?}  admin
     GET    /api/v1/messages/{id}          one message                       read
     GET    /api/v1/queues                 scheduled and ready queues        read
 
@@ -50,7 +51,15 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
         )
 
 
+class RebindRequest(AdminRequest):
+    to_queue: _Glob | None = None
+    """The scheduled queue to move the messages to (its [[queue]] policy applies from then on)."""
+    routing_domain: str | None = None
+    """Route them as if their recipients were in this domain ("" routes them by their own again)."""
+
+
 _DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
+_REBIND_DECODER: Final = msgspec.json.Decoder(RebindRequest, dec_hook=decode_hook)
 
 
 async def bounce(request: web.Request) -> web.Response:
@@ -69,6 +78,19 @@ async def _standing(request: web.Request, kind: str) -> web.Response:
     operation = admin.bounce if kind == "bounce" else admin.suspend
     duration = float(body.duration) if body.duration else None
     result = await operation(body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id)
+    return web.json_response(result)
+
+
+async def rebind(request: web.Request) -> web.Response:
+    admin, operator, body = await _admin_request(request, _REBIND_DECODER)
+    assert isinstance(body, RebindRequest)
+    if body.site is not None:
+        raise bad_request("site is for suspend only", "$.site")
+    if body.to_queue is None and body.routing_domain is None:
+        raise bad_request("say where to: to_queue, routing_domain or both", "$")
+    result = await admin.rebind(
+        body.selector(), queue=body.to_queue, routing_domain=body.routing_domain, operator=operator
+    )
     return web.json_response(result)
 
 
@@ -123,12 +145,14 @@ async def _cancel(request: web.Request, kind: str) -> web.Response:
     return web.json_response(result)
 
 
-async def _admin_request(request: web.Request) -> tuple[Admin, str, AdminRequest]:
+async def _admin_request(
+    request: web.Request, decoder: msgspec.json.Decoder[Any] = _DECODER
+) -> tuple[Admin, str, AdminRequest]:
     node = request.app[NODE_KEY]
     operator = node.tokens.holder(request, "admin")
     admin = _admin(request, None)
     try:
-        body = _DECODER.decode(await request.read())
+        body = decoder.decode(await request.read())
     except msgspec.ValidationError as error:
         raise bad_request(error) from None
     except msgspec.DecodeError as error:

@@ -28,6 +28,7 @@ def build_app(node: NodeView) -> web.Application:
     app.router.add_get("/api/v1/admin/suspend", admin.list_suspensions)
     app.router.add_delete("/api/v1/admin/suspend/{id}", admin.resume)
     app.router.add_post("/api/v1/admin/retry", admin.retry)
+    app.router.add_post("/api/v1/admin/rebind", admin.rebind)
     app.router.add_get("/api/v1/messages/{id}", admin.inspect)
     app.router.add_get("/api/v1/queues", admin.queues)
     return app

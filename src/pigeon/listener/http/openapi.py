@@ -14,7 +14,7 @@ from aiohttp import web
 
 from pigeon.compose import InjectRequest
 from pigeon.config.schema import DURATION_TEXT, Duration
-from pigeon.listener.http.admin import AdminRequest
+from pigeon.listener.http.admin import AdminRequest, RebindRequest
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 
 _REF: Final = "#/components/schemas/{name}"
@@ -29,8 +29,10 @@ _ERRORS: Final = {
 
 @functools.cache
 def document() -> dict[str, Any]:
-    (request, response, _, admin_request), components = msgspec.json.schema_components(
-        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest], ref_template=_REF, schema_hook=_custom
+    (request, response, _, admin_request, rebind_request), components = msgspec.json.schema_components(
+        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest, RebindRequest],
+        ref_template=_REF,
+        schema_hook=_custom,
     )
     return {
         "openapi": "3.1.0",
@@ -45,7 +47,7 @@ def document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
-            **_admin_paths(admin_request),
+            **_admin_paths(admin_request, rebind_request),
             "/api/v1/inject": {
                 "post": {
                     "operationId": "inject",
@@ -75,7 +77,7 @@ def _custom(kind: type) -> dict[str, Any]:
     raise NotImplementedError(kind)
 
 
-def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
+def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str, Any]:
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
     errors["503"] = _response("Delivery is disabled on this node", _ref("ErrorResponse"))
     answer = {"type": "object"}
@@ -101,9 +103,16 @@ def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
         "properties": {"site": {"type": "string"}, **{f: {"type": "null"} for f in fields}},
     }
 
-    def posted_with(selector: dict[str, Any]) -> dict[str, Any]:
-        schema = {"allOf": [body, selector]}
+    def posted_with(selector: dict[str, Any], request: dict[str, Any] = body) -> dict[str, Any]:
+        schema = {"allOf": [request, selector]}
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    where_to = {
+        "anyOf": [
+            {"required": [name], "properties": {name: {"type": "string"}}} for name in ("to_queue", "routing_domain")
+        ]
+    }
+    posted_rebind = posted_with({"allOf": [messages, where_to]}, rebind_body)
 
     posted = posted_with(messages)
     posted_suspend = posted_with({"anyOf": [messages, site_only]})
@@ -126,6 +135,9 @@ def _admin_paths(body: dict[str, Any]) -> dict[str, Any]:
         },
         "/api/v1/admin/suspend/{id}": {
             "delete": operation("resume", "Resume: what the suspension held is due now", "admin", parameters=rule_id),
+        },
+        "/api/v1/admin/rebind": {
+            "post": operation("rebind", "Move matching mail to another queue and/or route", "admin", **posted_rebind),
         },
         "/api/v1/admin/retry": {
             "post": operation("retry", "Make matching deferred mail due now", "admin", **posted),
