@@ -52,7 +52,19 @@ def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
 
 
 def test_help_shows_examples() -> None:
-    for command in ("serve", "logs", "passwd", "inject", "bounce", "suspend", "resume", "retry", "rebind", "inspect"):
+    for command in (
+        "serve",
+        "logs",
+        "passwd",
+        "inject",
+        "bounce",
+        "suspend",
+        "resume",
+        "retry",
+        "rebind",
+        "inspect",
+        "top",
+    ):
         result = pigeon_cli(command, "--help")
         assert result.returncode == 0
         assert "examples:" in result.stdout
@@ -152,3 +164,21 @@ def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         (row,) = [line for line in result.stdout.splitlines() if line.startswith("c1:@example.net")]
         assert row.split()[1:4] == ["3", "0", "0"]  # messages, due, ready
+
+
+def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["tempfail@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        frame = pigeon_cli("top", "-c", str(pigeon.config_path), "--once")
+        assert frame.returncode == 0, frame.stderr
+        lines = frame.stdout.splitlines()
+        assert lines[0].startswith("pigeon top  http://127.0.0.1:")
+        assert "received " in lines[1] and "delivered " in lines[1]
+        assert lines[2].startswith("spool 1 messages")
+        (row,) = [line for line in lines if line.startswith("example.net")]
+        assert row.split()[1] == "1"

@@ -1,0 +1,107 @@
+"""`pigeon top`: a live view of a running node: rates, queues, connections, refreshed in place."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pigeon.cli.api import ApiClient, add_api_options, fail
+
+EXAMPLES = """examples:
+  pigeon top                      # refresh every 2 seconds until Ctrl-C
+  pigeon top --interval 5
+  pigeon top --once               # one frame, for a script or a log
+"""
+_RATES = (
+    ("received", "pigeon_messages_received_total", None),
+    ("delivered", "pigeon_recipients_total", "Delivery"),
+    ("deferred", "pigeon_recipients_total", "TransientFailure"),
+    ("bounced", "pigeon_recipients_total", "Bounce"),
+    ("expired", "pigeon_recipients_total", "Expiration"),
+    ("admin-bounced", "pigeon_recipients_total", "AdminBounce"),
+)
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "top",
+        help="live view of queues, rates and connections",
+        description="A live view of a running node: rates per second, scheduled and ready queues, connections.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_api_options(parser)
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = ApiClient(args)
+    previous = _counters(client)
+    started = time.monotonic()
+    try:
+        while True:
+            if not args.once:
+                time.sleep(args.interval)
+            status, queues = client.request("GET", "/api/v1/queues")
+            if status != 200:
+                return fail(status, queues)
+            counters = _counters(client)
+            elapsed = max(time.monotonic() - started, 1e-6) if args.once else args.interval
+            frame = _frame(client.url, queues, counters, previous, elapsed)
+            sys.stdout.write(frame if args.once else "\x1b[H\x1b[2J" + frame)
+            sys.stdout.flush()
+            if args.once:
+                return 0
+            previous, started = counters, time.monotonic()
+    except KeyboardInterrupt:
+        return 0
+
+
+def _counters(client: ApiClient) -> dict[str, float]:
+    """The counters `top` shows, from /metrics (no token needed there)."""
+    with urllib.request.urlopen(client.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("pigeon_messages_received_total", "pigeon_recipients_total"):
+                found[f"{sample.name}/{sample.labels.get('outcome', '')}"] = sample.value
+            elif sample.name in ("pigeon_spool_messages", "pigeon_smtp_connections"):
+                found[sample.name] = sample.value
+            elif sample.name == "pigeon_outbound_connections":
+                found["outbound"] = found.get("outbound", 0) + sample.value
+    return found
+
+
+def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float], seconds: float) -> str:
+    width = shutil.get_terminal_size((100, 30)).columns
+    lines = [f"pigeon top  {url}  {time.strftime('%H:%M:%S')}"]
+    rates = []
+    for label, name, outcome in _RATES:
+        key = f"{name}/{outcome or ''}"
+        rates.append(f"{label} {(now.get(key, 0) - before.get(key, 0)) / seconds:,.0f}/s")
+    lines.append("  ".join(rates))
+    lines.append(
+        f"spool {now.get('pigeon_spool_messages', 0):,.0f} messages   smtp connections "
+        f"{now.get('pigeon_smtp_connections', 0):.0f} in, {now.get('outbound', 0):.0f} out"
+    )
+    lines.append("")
+    lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}")
+    for row in sorted(queues["scheduled"], key=lambda r: -r["messages"])[:15]:
+        lines.append(
+            f"{row['queue'][:44]:44} {row['messages']:>9,} {row['due']:>7,} "
+            f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}"
+        )
+    lines.append("")
+    lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}")
+    for row in sorted(queues["ready"], key=lambda r: -r["queued"])[:10]:
+        lines.append(f"{row['path'][:52]:52} {row['queued']:>8,} {row['connections']:>11}")
+    return "\n".join(line[:width] for line in lines) + "\n"
