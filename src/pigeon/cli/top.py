@@ -48,13 +48,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         while True:
-            if not args.once:
-                time.sleep(args.interval)
+            time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
             status, queues = client.request("GET", "/api/v1/queues")
             if status != 200:
                 return fail(status, queues)
             counters = _counters(client)
-            elapsed = max(time.monotonic() - started, 1e-6) if args.once else args.interval
+            elapsed = max(time.monotonic() - started, 1e-6)
             frame = _frame(client.url, queues, counters, previous, elapsed)
             sys.stdout.write(frame if args.once else "\x1b[H\x1b[2J" + frame)
             sys.stdout.flush()
