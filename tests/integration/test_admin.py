@@ -178,6 +178,9 @@ def test_with_two_workers_admin_operations_reach_every_shard(tmp_path: Path, sin
         assert (status, answer["bounced"]) == (200, len(ids))
         rules = _api(pigeon, "GET", "/api/v1/admin/bounce")[1]["rules"]
         assert [r["id"] for r in rules] == [answer["rule"]["id"]]  # one rule, the same id on both workers
+        (operation,) = _api(pigeon, "GET", "/api/v1/admin/operations", token=READER)[1]["operations"]
+        assert operation["operation"] == answer["rule"]["id"] and operation["kind"] == "bounce"
+        assert (operation["acted_on"], operation["running"]) == (len(ids), 0)  # both workers, both done
         wait_until(lambda: pigeon.spool_messages() == [])
         assert _api(pigeon, "DELETE", f"/api/v1/admin/bounce/{rules[0]['id']}")[1]["cancelled"] is True
 

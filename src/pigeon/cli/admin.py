@@ -37,6 +37,7 @@ RETRY_EXAMPLES = """examples:
 QUEUE_EXAMPLES = """examples:
   pigeon queue summary                  # every scheduled queue: messages, due now, oldest; ready queues
   pigeon queue summary --json | jq '.scheduled[] | select(.messages > 1000)'
+  pigeon queue operations               # bulk bounces, retries, rebinds: how far they got
 """
 REBIND_EXAMPLES = """examples:
   pigeon rebind --domain example.net --routing-domain smarthost.example   # route via another [[route]]
@@ -77,6 +78,8 @@ def register(commands: Any) -> None:
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
     summary = _parser(actions, "summary", "scheduled and ready queues, with counts", QUEUE_EXAMPLES)
     summary.set_defaults(run=_queue_summary)
+    operations = _parser(actions, "operations", "recent bulk operations and how far they got", QUEUE_EXAMPLES)
+    operations.set_defaults(run=_operations)
 
     rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
     _selector_options(rebind)
@@ -178,6 +181,17 @@ def _queue_summary(args: argparse.Namespace) -> int:
     print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}")
     for row in answer["ready"]:
         print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}")
+    return 0
+
+
+def _operations(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("GET", "/api/v1/admin/operations")
+    if status >= 400 or args.json:
+        return _show(args, status, answer, "")
+    print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10}  state")
+    for row in answer["operations"]:
+        state = f"running on {row['running']} worker(s)" if row["running"] else f"done {_when(row['finished'])}"
+        print(f"{row['operation']:14} {row['kind']:8} {row['looked_at']:>10,} {row['acted_on']:>10,}  {state}")
     return 0
 
 

@@ -294,7 +294,7 @@ def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
                 isinstance(value, list)
                 and value
                 and isinstance(value[0], dict)
-                and ("queue" in value[0] or "path" in value[0])
+                and ("queue" in value[0] or "path" in value[0] or "operation" in value[0])
             ):
                 merged[key] = _merge_rows(merged.get(key, []), value)
             elif isinstance(value, list):
@@ -309,18 +309,24 @@ def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
 
 def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Queue rows of several workers, one per queue: counts added, the oldest kept."""
-    by_key = {row.get("queue") or row.get("path"): dict(row) for row in rows}
+    by_key = {_row_key(row): dict(row) for row in rows}
     for row in more:
-        key = row.get("queue") or row.get("path")
+        key = _row_key(row)
         mine = by_key.setdefault(key, {})
         for name, value in row.items():
-            if name == "oldest":
+            if name in ("oldest", "started"):
                 mine[name] = min(mine.get(name, value), value)
+            elif name == "finished":
+                mine[name] = max(mine.get(name, value), value)
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 mine[name] = mine.get(name, 0) + value
             else:
                 mine.setdefault(name, value)
-    return sorted(by_key.values(), key=lambda r: str(r.get("queue") or r.get("path")))
+    return sorted(by_key.values(), key=lambda r: str(_row_key(r)))
+
+
+def _row_key(row: dict[str, Any]) -> Any:
+    return row.get("queue") or row.get("path") or row.get("operation")
 
 
 def merge_metrics(texts: list[str]) -> str:

@@ -28,6 +28,7 @@ import fnmatch
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal
 
@@ -43,6 +44,7 @@ _log = logging.getLogger(__name__)
 _BATCH: Final = 1000
 _HOLD: Final = 60.0  # a suspended message is looked at again after this long (resume takes effect then)
 _PROGRESS_EVERY: Final = 100_000
+_KEEP_OPERATIONS: Final = 100  # recent bulk operations kept for GET /api/v1/admin/operations
 
 
 class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -121,6 +123,7 @@ class Admin:
         self._dispatcher = dispatcher
         self._clock = clock
         self._rules: dict[str, Rule] = {}
+        self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
         for spool in spools.values():
             for rule_id, blob in spool.rules():
                 try:
@@ -190,7 +193,7 @@ class Admin:
                 return True
             return False
 
-        bounced = await self._walk(selector, act, "bounce", settling)
+        bounced = await self._walk(selector, act, "bounce", settling, rule_id)
         _log.warning("admin bounce by %s of %s: %d messages (%s)", operator, _describe(selector), bounced, reason)
         return {"bounced": bounced, "rule": _rule_view(rule)}
 
@@ -231,7 +234,13 @@ class Admin:
         return {"cancelled": True, "made_due": made_due}
 
     async def rebind(
-        self, selector: Selector, *, queue: str | None, routing_domain: str | None, operator: str
+        self,
+        selector: Selector,
+        *,
+        queue: str | None,
+        routing_domain: str | None,
+        operator: str,
+        operation: str | None = None,
     ) -> dict[str, Any]:
         """Move matching messages to another scheduled queue and/or route them as if their
         recipients were in `routing_domain` (its [[route]] or MX); they are due at once.
@@ -256,13 +265,13 @@ class Admin:
             settling.append(entry)
             return True
 
-        rebound = await self._walk(selector, act, "rebind", settling)
+        rebound = await self._walk(selector, act, "rebind", settling, operation)
         self._rewind(now)
         _log.warning("admin rebind by %s of %s: %d messages to queue=%s route=%s", operator, _describe(selector),
                      rebound, queue, routing_domain)  # fmt: skip
         return {"rebound": rebound, "skipped": skipped}
 
-    async def retry(self, selector: Selector) -> dict[str, Any]:
+    async def retry(self, selector: Selector, operation: str | None = None) -> dict[str, Any]:
         """Make matching deferred messages due now."""
         now = self._clock()
         by_spool: dict[int, list[int]] = {}
@@ -273,7 +282,7 @@ class Admin:
             by_spool.setdefault(message.id & 63, []).append(message.id)
             return True
 
-        made_due = await self._walk(selector, act, "retry")
+        made_due = await self._walk(selector, act, "retry", operation=operation)
         await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_spool.items()))
         self._rewind(now)
         return {"made_due": made_due}
@@ -339,10 +348,31 @@ class Admin:
             entry = self._active.add(message)  # from now on the scheduler leaves it to us
         return None if entry.state.terminal else entry
 
+    def operations(self) -> list[dict[str, Any]]:
+        """Recent bulk operations, running or done, with how far they got."""
+        return list(self._operations.values())
+
     async def _walk(
-        self, selector: Selector, act: Callable[[Message], bool], name: str, settling: list[Entry] | None = None
+        self,
+        selector: Selector,
+        act: Callable[[Message], bool],
+        name: str,
+        settling: list[Entry] | None = None,
+        operation: str | None = None,
     ) -> int:
         done = seen = 0
+        progress: dict[str, Any] = {
+            "operation": operation or new_rule_id(),
+            "kind": name,
+            "selector": msgspec.to_builtins(selector),
+            "looked_at": 0,
+            "acted_on": 0,
+            "running": 1,  # added up over workers: how many are still at it
+            "started": self._clock(),
+        }
+        self._operations[progress["operation"]] = progress
+        while len(self._operations) > _KEEP_OPERATIONS:
+            self._operations.popitem(last=False)
         for spool in list(self._spools.values()):
             after = 0
             while batch := spool.scan(after, _BATCH):
@@ -350,6 +380,7 @@ class Admin:
                 after = batch[-1].id
                 done += sum(1 for message in batch if selector.matches(message) and act(message))
                 seen += len(batch)
+                progress["looked_at"], progress["acted_on"] = seen, done
                 if seen % _PROGRESS_EVERY < _BATCH:
                     _log.info("admin %s: %d messages looked at, %d acted on", name, seen, done)
                 # Wait until this batch's settlements are written (they finish in commit
@@ -361,6 +392,7 @@ class Admin:
                 if settling:
                     settling.clear()
                 await asyncio.sleep(time.perf_counter() - started)
+        progress.update(looked_at=seen, acted_on=done, running=0, finished=self._clock())
         return done
 
     async def _add_rule(

@@ -10,6 +10,7 @@
     POST   /api/v1/admin/rebind           {selector..., to_queue?, routing_domain?}  admin
     GET    /api/v1/messages/{id}          one message                       read
     GET    /api/v1/queues                 scheduled and ready queues        read
+    GET    /api/v1/admin/operations       bulk operations' progress         read
 
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
 seconds or strings ("30m", "2h"), as in the config. With several workers the supervisor
@@ -89,7 +90,7 @@ async def rebind(request: web.Request) -> web.Response:
     if body.to_queue is None and body.routing_domain is None:
         raise bad_request("say where to: to_queue, routing_domain or both", "$")
     result = await admin.rebind(
-        body.selector(), queue=body.to_queue, routing_domain=body.routing_domain, operator=operator
+        body.selector(), queue=body.to_queue, routing_domain=body.routing_domain, operator=operator, operation=body.id
     )
     return web.json_response(result)
 
@@ -98,7 +99,12 @@ async def retry(request: web.Request) -> web.Response:
     admin, _, body = await _admin_request(request)
     if body.site is not None:
         raise bad_request("site is for suspend only", "$.site")
-    return web.json_response(await admin.retry(body.selector()))
+    return web.json_response(await admin.retry(body.selector(), body.id))
+
+
+async def operations(request: web.Request) -> web.Response:
+    """Recent bulk operations and how far they got (poll it while a big one runs)."""
+    return web.json_response({"operations": _admin(request, "read").operations()})
 
 
 async def list_bounces(request: web.Request) -> web.Response:

@@ -31,6 +31,7 @@ def build_app(node: NodeView) -> web.Application:
     app.router.add_post("/api/v1/admin/rebind", admin.rebind)
     app.router.add_get("/api/v1/messages/{id}", admin.inspect)
     app.router.add_get("/api/v1/queues", admin.queues)
+    app.router.add_get("/api/v1/admin/operations", admin.operations)
     return app
 
 

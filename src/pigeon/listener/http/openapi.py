@@ -142,6 +142,9 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str,
         "/api/v1/admin/retry": {
             "post": operation("retry", "Make matching deferred mail due now", "admin", **posted),
         },
+        "/api/v1/admin/operations": {
+            "get": operation("operations", "Recent bulk operations and how far they got", "read"),
+        },
         "/api/v1/queues": {
             "get": operation("queues", "Scheduled queues (messages, due, oldest) and ready queues", "read"),
         },
