@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce")
 MAX_QUEUE_LABELS = 1000
 # Messages in memory by state; per site: (site, messages waiting, connections).
@@ -145,6 +146,12 @@ class Metrics:
         )
         self.spool_quarantined = Counter(
             "pigeon_spool_quarantined", "Spool entries set aside as unreadable at start-up", registry=r
+        )
+        self.scheduler_lag = Histogram(
+            "pigeon_scheduler_lag_seconds",
+            "How late a message was made ready after it fell due (fresh mail: after it was stored)",
+            buckets=_LAG_BUCKETS,
+            registry=r,
         )
         self.log_records_dropped = Gauge(
             "pigeon_log_records_dropped", "Log records dropped because the log disk kept failing", registry=r

@@ -186,3 +186,4 @@ def test_metrics_count_outcomes_by_site_and_queue_and_show_what_waits(tmp_path: 
         assert samples['pigeon_recipients_total{outcome="Delivery"}'] == 2
         assert samples[f'pigeon_outbound_connections{{site="{site}"}}'] >= 0
         assert 'pigeon_recipients_total{outcome="AdminBounce"}' in samples
+        assert samples["pigeon_scheduler_lag_seconds_count"] >= 2  # each message made ready once so far

@@ -125,6 +125,7 @@ class Node:
             )
             self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
+            self.outbound.scheduler.observe_lag = self.metrics.scheduler_lag.observe
         tls_context = self._tls_context()
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         session_config = ServerConfig(

@@ -69,6 +69,8 @@ class Scheduler:
         self._last_sweep = 0.0
         self._last_now = float("-inf")
         self._stopped = False
+        self.observe_lag: Callable[[float], None] | None = None
+        """Told, for each message made ready, how long after its due time that was."""
         self.intercept: Callable[[Entry], bool] | None = None
         """Standing admin rules (bounce, suspend), asked before a message is made ready."""
 
@@ -201,6 +203,8 @@ class Scheduler:
             transition(entry, State.SCHEDULED, entry.generation, State.READY)
         except StaleTransition:
             return
+        if self.observe_lag is not None:
+            self.observe_lag(max(0.0, self._clock() - entry.message.due))
         self._dispatcher.enqueue(entry, destination, domain)
 
     def _failed(self, entry: Entry, error: DnsFailure) -> None:
