@@ -25,7 +25,8 @@ def _schemathesis(pigeon: PigeonProcess, *options: str) -> subprocess.CompletedP
         "--header", f"Authorization: Bearer {TOKEN}",
         "--checks", "all", "--suppress-health-check", "all", "--seed", "7", "--no-color", *options,
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    # Its working directory gets its cache (.schemathesis/): the node's, not the checkout.
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, cwd=pigeon.root)
 
 
 def _node(root: Path, sink: ScriptedSink) -> PigeonProcess:
