@@ -27,15 +27,14 @@ import msgspec
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pigeon import mime
-from pigeon.smtp.commands import mailbox_problem
+from pigeon.smtp.commands import dot_string_and_domain, mailbox_problem
 
 # The mailbox grammar the server checks (RFC 5321 dot-atom local part of at most 64 octets,
 # domain labels; UTF-8 allowed, RFC 6531), as a JSON Schema pattern. The server also takes
-# quoted local parts and address literals, which this leaves out.
-_UTF8 = r"\u0080-\ud7ff\ue000-\uffff"
-_ATOM = rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~{_UTF8}-]+"
-_LABEL = rf"[A-Za-z0-9{_UTF8}](?:[A-Za-z0-9{_UTF8}-]*[A-Za-z0-9{_UTF8}])?"
-MAILBOX_PATTERN = rf"(?=[^@]{{1,64}}@){_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})*"
+# quoted local parts and address literals, which this leaves out. UTF-8 is written as JSON
+# Schema spells it (escapes, no surrogates).
+_LOCAL, _DOMAIN = dot_string_and_domain(r"\u0080-\ud7ff\ue000-\uffff")
+MAILBOX_PATTERN = rf"(?=[^@]{{1,64}}@){_LOCAL}@{_DOMAIN}"
 Email = Annotated[
     str, msgspec.Meta(max_length=256, pattern=f"^{MAILBOX_PATTERN}$", description="An address: local@domain")
 ]

@@ -70,13 +70,19 @@ _ATEXT: Final = r"A-Za-z0-9!#$%&'*+\-/=?^_`{|}~"
 _UTF8: Final = "\u0080-\U0010ffff"
 
 
+def dot_string_and_domain(extra: str) -> tuple[str, str]:
+    """The regex sources of a dot-string local part and a domain (RFC 5321 4.1.2), with the
+    character range `extra` (UTF-8, RFC 6531) allowed too. The HTTP API's JSON Schema pattern
+    is built from these, so it describes the same addresses as the SMTP server accepts."""
+    atom = f"[{_ATEXT}{extra}]+"
+    label = f"[A-Za-z0-9{extra}](?:[A-Za-z0-9{extra}-]*[A-Za-z0-9{extra}])?"
+    return f"{atom}(?:\\.{atom})*", f"{label}(?:\\.{label})*"
+
+
 def _mailbox_pattern(utf8: bool) -> re.Pattern[str]:
     extra = _UTF8 if utf8 else ""
-    atom = f"[{_ATEXT}{extra}]+"
-    dot_string = f"{atom}(?:\\.{atom})*"
+    dot_string, domain = dot_string_and_domain(extra)
     quoted = f'"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e{extra}]|\\\\[\\x20-\\x7e])*"'
-    label = f"[A-Za-z0-9{extra}](?:[A-Za-z0-9{extra}-]*[A-Za-z0-9{extra}])?"
-    domain = f"{label}(?:\\.{label})*"
     literal = r"\[[^\[\]\\\s]+\]"
     return re.compile(f"(?P<local>{dot_string}|{quoted})@(?P<domain>{domain}|{literal})")
 
