@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
+from pigeon.inbound.routes import PREFIX as INBOUND
+from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
@@ -95,12 +97,14 @@ class Intake:
         self.outbox: Outbox | None = None
         """Where Reception records go with their commit (set by the node; None in small tests)."""
         self.on_stored: Callable[[list[Message]], None] | None = None
+        self.inbound_routes: InboundRoutes | None = None
+        """Recipients that go to an application's target rather than an MX (from the node)."""
         """Told about every message once it is durable (the scheduler, to deliver it)."""
 
     async def local(self, envelope: Envelope, data: bytes) -> Stored:
         """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header."""
         arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL")
-        groups = _group_by_domain(envelope.recipients)
+        groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
         date = _rfc5322_date(int(self.clock()))
@@ -110,7 +114,7 @@ class Intake:
 
     def draft(self, envelope: Envelope, arrival: Arrival) -> Draft:
         """Start a message. The Received header is written at once."""
-        groups = _group_by_domain(envelope.recipients)
+        groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
         draft.write(self._received_header(envelope, arrival, ids[0]))
@@ -207,18 +211,20 @@ class Draft:
             envelope = self.envelope
             envelope.tenant, envelope.campaign = tenant, campaign
             (domain, _), spool_id = self._groups[0], self._ids[0]
-            messages = [NewMessage(spool_id, scheduled_queue(domain, tenant, campaign), envelope, now, now)]
+            if domain.startswith(INBOUND):
+                envelope.routing_domain = domain
+                messages = [NewMessage(spool_id, domain, envelope, now, now)]
+            else:
+                messages = [NewMessage(spool_id, scheduled_queue(domain, tenant, campaign), envelope, now, now)]
         else:
-            messages = [
-                NewMessage(
-                    spool_id,
-                    scheduled_queue(domain, tenant, campaign),
-                    _copy_envelope(self.envelope, recipients, tenant, campaign),
-                    now,
-                    now,
-                )
-                for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True)
-            ]
+            messages = []
+            for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True):
+                copy = _copy_envelope(self.envelope, recipients, tenant, campaign)
+                if domain.startswith(INBOUND):
+                    copy.routing_domain = domain
+                    messages.append(NewMessage(spool_id, domain, copy, now, now))
+                else:
+                    messages.append(NewMessage(spool_id, scheduled_queue(domain, tenant, campaign), copy, now, now))
         # The Reception records are committed with the messages (the outbox): logged once,
         # even if the process dies between the commit and the log write.
         ids = [m.id for m in messages]
@@ -290,10 +296,14 @@ class Draft:
         result.set_result(outcome)
 
 
-def _group_by_domain(recipients: Sequence[Recipient]) -> list[tuple[str, list[Recipient]]]:
+def _group_by_domain(
+    recipients: Sequence[Recipient], routes: InboundRoutes | None
+) -> list[tuple[str, list[Recipient]]]:
+    """Recipients by domain, except those of an `[[inbound]]` route: by `inbound:<target>`."""
     groups: dict[str, list[Recipient]] = {}
     for recipient in recipients:
-        groups.setdefault(recipient.domain, []).append(recipient)
+        key = routes.routing_key(recipient.address) if routes else None
+        groups.setdefault(key or recipient.domain, []).append(recipient)
     return list(groups.items())
 
 

@@ -156,6 +156,21 @@ class Metrics:
         self.log_records_dropped = Gauge(
             "pigeon_log_records_dropped", "Log records dropped because the log disk kept failing", registry=r
         )
+        self.inbound_messages = Counter(
+            "pigeon_inbound_messages",
+            "Inbound handoffs by source (imap:<mailbox>, smtp), target and outcome (delivered, deferred, failed)",
+            ["source", "target", "outcome"],
+            registry=r,
+        )
+        self.inbound_errors = Counter(
+            "pigeon_inbound_mailbox_errors", "IMAP sessions lost or refused, by mailbox", ["mailbox"], registry=r
+        )
+        self.inbound_last_poll = Gauge(
+            "pigeon_inbound_last_poll_timestamp_seconds",
+            "When each mailbox was last searched successfully (Unix time)",
+            ["mailbox"],
+            registry=r,
+        )
 
     def observe_commit(self, batch: int, seconds: float) -> None:
         """Called after each spool commit."""

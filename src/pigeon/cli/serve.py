@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Libraries log every line of the IMAP and Redis conversations at DEBUG, message contents
+    # and passwords included (and aioimaplib routine replies at INFO): ours say what matters.
+    for chatty in ("aioimaplib", "redis", "asyncpg"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
         main = Node(config, worker=args.worker, workers=args.workers, control_socket=args.control).run()

@@ -10,12 +10,13 @@ import difflib
 import re
 import tomllib
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
 
-from pigeon.config.schema import Config, decode_hook
+from pigeon.config.schema import Config, LogTarget, MaildirTarget, decode_hook
 from pigeon.shaping.gcra import Rate
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -80,12 +81,46 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         if smtp.auth_users is not None:
             smtp.auth_users = _resolve(smtp.auth_users, base)
         config.delivery.bounce_rules = [_resolve(p, base) for p in config.delivery.bounce_rules]
+    _check_inbound(config, fail)
+    if path is not None:
+        for target in config.target:
+            if isinstance(target, (MaildirTarget, LogTarget)):
+                target.path = _resolve(target.path, path.parent)
+        for mailbox in config.mailbox:
+            if mailbox.password_file is not None:
+                mailbox.password_file = _resolve(mailbox.password_file, path.parent)
+            if mailbox.ca_file is not None:
+                mailbox.ca_file = _resolve(mailbox.ca_file, path.parent)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
     for rules in config.delivery.bounce_rules:
         if not rules.is_file():
             raise fail(["delivery", "bounce_rules"], f"no bounce rule file at {rules}")
     return config
+
+
+def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
+    names = [target.name for target in config.target]
+    for name in names:
+        if names.count(name) > 1:
+            raise fail(["target", "name"], f"two [[target]]s are called {name!r}")
+    known = ", ".join(repr(n) for n in names) or "none is configured"
+    for mailbox in config.mailbox:
+        if mailbox.target not in names:
+            raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")
+        if mailbox.password is None and mailbox.password_file is None:
+            raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file")
+        if mailbox.after_delivery == "move" and not mailbox.move_to:
+            raise fail(["mailbox", "after_delivery"], f'mailbox {mailbox.name!r}: "move" needs move_to = "<folder>"')
+    mailbox_names = [m.name for m in config.mailbox]
+    for name in mailbox_names:
+        if mailbox_names.count(name) > 1:
+            raise fail(["mailbox", "name"], f"two [[mailbox]]es are called {name!r}")
+    for route in config.inbound:
+        if route.target not in names:
+            raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})")
+        if (route.recipient is None) == (route.domain is None):
+            raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
 
 
 def _resolve(path: Path, base: Path) -> Path:

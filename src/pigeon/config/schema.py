@@ -302,6 +302,141 @@ class ShapingConfig(_Section):
     max_message_rate: str | None = None
 
 
+class RedisConfig(_Section):
+    url: str | None = None
+    """Redis shared by the nodes ("redis://host:6379/0"): inbound claims are arbitrated there.
+    None: single-node mode, claims are held in this process (one node per mailbox)."""
+    key_prefix: str = "pigeon"
+    """Prefix of every key Pigeon writes, so several clusters can share one Redis."""
+    timeout: Duration = Duration(2)
+    """Connect and command timeout. A Redis that does not answer pauses inbound claims."""
+
+
+class _Target(_Section, tag_field="kind", kw_only=True):
+    name: str
+    """What `[[mailbox]]` and `[[inbound]]` call this target."""
+    retry_interval: Duration = Duration(5)
+    """First retry of a message the target refused for now (5xx, timeout, Redis down) ..."""
+    max_retry_interval: Duration = Duration(300)
+    """... doubling up to this."""
+
+
+class SidekiqTarget(_Target, tag="sidekiq", kw_only=True):
+    """A Sidekiq job, pushed as Sidekiq's own client pushes it (LPUSH queue:<queue>, SADD queues)."""
+
+    redis_url: str | None = None
+    """The application's Redis. Default: [redis] url, else redis://127.0.0.1:6379/0."""
+    queue: str = "default"
+    job_class: str = "InboundEmailJob"
+    """The worker class Sidekiq runs; args are [raw message, {dedupe_key, message_id, ...}]."""
+    retry: bool | int = True
+    """The job's own Sidekiq `retry` option."""
+    timestamps: Literal["seconds", "milliseconds"] = "seconds"
+    """created_at/enqueued_at as float seconds (Sidekiq 7, which 8 also reads) or integer
+    milliseconds (Sidekiq 8's own format)."""
+
+
+class WebhookTarget(_Target, tag="webhook", kw_only=True):
+    """An HTTP POST per message; 2xx is accepted."""
+
+    url: str
+    format: Literal["raw", "json"] = "raw"
+    """"raw": the message as message/rfc822. "json": {dedupe_key, message_id, headers, raw, ...}."""
+    secret: str | None = None
+    """HMAC-SHA256 key: X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC of "<t>." + body>."""
+    timeout: Duration = Duration(30)
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    """Extra request headers (an Authorization header, say)."""
+    retry_statuses: list[Annotated[int, msgspec.Meta(ge=400, le=499)]] = msgspec.field(
+        default_factory=lambda: [408, 409, 423, 425, 429]
+    )
+    """4xx answers that mean "later" rather than "never". Other 4xx are permanent failures;
+    5xx, timeouts and connection errors are always retried."""
+
+
+class PostgresqlTarget(_Target, tag="postgresql", kw_only=True):
+    """A row per message, inserted with ON CONFLICT (dedupe_key) DO NOTHING."""
+
+    dsn: str
+    """"postgresql://user:password@host:5432/database"."""
+    table: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")] = (
+        "inbound_emails"
+    )
+    create_table: bool = True
+    """Create the table (and its unique dedupe_key index) at start if it does not exist."""
+    pool_size: PositiveInt = 4
+
+
+class MaildirTarget(_Target, tag="maildir", kw_only=True):
+    """Files in a Maildir (tmp/ then new/), named after the dedupe key."""
+
+    path: Path
+
+
+class LogTarget(_Target, tag="log", kw_only=True):
+    """One JSON line per message (headers, dedupe key and the raw message) in a file."""
+
+    path: Path
+
+
+TargetConfig = SidekiqTarget | WebhookTarget | PostgresqlTarget | MaildirTarget | LogTarget
+
+
+class MailboxConfig(_Section, kw_only=True):
+    name: str
+    """Name in logs, metrics and /healthz."""
+    host: str
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
+    """Default: 993 for tls = "implicit", 143 otherwise."""
+    tls: Literal["implicit", "starttls", "none"] = "implicit"
+    tls_verify: bool = True
+    ca_file: Path | None = None
+    """PEM file of the CAs to trust instead of the system's."""
+    username: str
+    password: str | None = None
+    password_file: Path | None = None
+    """Read the password from this file (its first line) at every login."""
+    auth: Literal["login", "xoauth2"] = "login"
+    """"xoauth2": the password (or password_file, refreshed by whatever keeps it current) is an
+    OAuth2 access token."""
+    folder: str = "INBOX"
+    search: str = "UNSEEN"
+    """IMAP SEARCH criteria for the messages to hand over."""
+    idle: bool = True
+    """Wait with IDLE when the server offers it; poll otherwise."""
+    poll_interval: Duration = Duration(60)
+    """Poll this often when not idling, and re-IDLE at least this often."""
+    after_delivery: Literal["seen", "move", "delete"] = "seen"
+    """Once the target accepted a message: flag it \\Seen, move it to `move_to`, or delete and
+    expunge it (UID EXPUNGE where the server offers UIDPLUS)."""
+    move_to: str | None = None
+    failed_folder: str | None = None
+    """Where a message the target refused for good goes. None: it stays, flagged \\Seen and
+    $PigeonFailed."""
+    target: str
+    """The `[[target]]` name."""
+    lease: Duration = Duration(60)
+    """How long a claim on a message lasts unless renewed (renewed every third of it). A node
+    that dies holding claims delays those messages by at most this."""
+    batch: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 50
+    """Messages claimed and fetched at a time."""
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
+    """Messages handed to the target at once."""
+    max_message_size: Size = Size(50 * 1024 * 1024)
+    """Larger messages are treated as permanent failures (not fetched)."""
+    timeout: Duration = Duration(60)
+    """Connect and per-command timeout."""
+
+
+class InboundRouteConfig(_Section, kw_only=True):
+    target: str
+    """The `[[target]]` name."""
+    recipient: str | None = None
+    """Recipient address (a glob: "support@app.example", "reply+*@app.example")."""
+    domain: str | None = None
+    """Recipient domain (a glob: "app.example", "*.app.example")."""
+
+
 class Config(_Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     smtp: SmtpConfig = msgspec.field(default_factory=SmtpConfig)
@@ -313,3 +448,7 @@ class Config(_Section):
     route: list[RouteConfig] = msgspec.field(default_factory=list)
     queue: list[QueueConfig] = msgspec.field(default_factory=list)
     shaping: list[ShapingConfig] = msgspec.field(default_factory=list)
+    redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
+    target: list[TargetConfig] = msgspec.field(default_factory=list)
+    mailbox: list[MailboxConfig] = msgspec.field(default_factory=list)
+    inbound: list[InboundRouteConfig] = msgspec.field(default_factory=list)

@@ -21,13 +21,17 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.outcome import Attempt
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets.base import Target, Verdict
+from pigeon.message import format_id
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Entry, StaleTransition, State, transition
 from pigeon.shaping.gcra import Gcra, Rate
@@ -39,6 +43,7 @@ from pigeon.spool.spool import SpoolError
 _log = logging.getLogger(__name__)
 
 Settle = Callable[[Entry, int, Attempt], None]
+_TARGET_BATCH: Final = 64  # messages handed to an inbound target at once
 BodyLoader = Callable[[Entry], bytes]
 
 
@@ -69,9 +74,11 @@ class Dispatcher:
         shaping: Callable[[str], Shaping],
         load_body: BodyLoader,
         settle: Settle,
+        targets: Mapping[str, Target] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._source = source
+        self._targets = targets or {}
         self._resolver = resolver
         self._options = options
         self._shaping = shaping
@@ -140,6 +147,9 @@ class Dispatcher:
             task.add_done_callback(self._tasks.discard)
 
     async def _work(self, queue: ReadyQueue) -> None:
+        if queue.destination.target is not None:
+            await self._hand_over(queue, queue.destination.target)
+            return
         shaping: Shaping = queue.shaping
         connection: ClientConnection | None = None
         try:
@@ -218,6 +228,78 @@ class Dispatcher:
             return not connection.broken
         finally:
             self.in_flight -= 1
+
+    async def _hand_over(self, queue: ReadyQueue, name: str) -> None:
+        """Mail of an `[[inbound]]` route: batches handed to the application's target; its
+        answers become replies (250, 451, 550) so the queue retries and bounces as usual."""
+        shaping: Shaping = queue.shaping
+        target = self._targets.get(name)
+        try:
+            while not self._stopping and not self.held(queue.destination.site):
+                entry = await queue.take(shaping.idle_timeout)
+                if entry is None:
+                    break
+                batch = [entry]
+                while len(batch) < _TARGET_BATCH and (more := queue.take_nowait()) is not None:
+                    batch.append(more)
+                taken: list[tuple[Entry, int]] = []
+                for entry in batch:
+                    try:
+                        taken.append((entry, transition(entry, State.READY, entry.generation, State.IN_FLIGHT)))
+                    except StaleTransition:
+                        continue
+                self.in_flight += len(taken)
+                try:
+                    await self._hand_batch(queue, name, target, taken)
+                finally:
+                    self.in_flight -= len(taken)
+        except Exception:
+            _log.exception("handing over to target %s failed unexpectedly", name)
+        finally:
+            queue.connections -= 1
+            if len(queue) and not self._stopping:
+                self._kick(queue)
+
+    async def _hand_batch(
+        self, queue: ReadyQueue, name: str, target: Target | None, taken: list[tuple[Entry, int]]
+    ) -> None:
+        site = queue.destination.site
+        messages: list[tuple[Entry, int, InboundMessage]] = []
+        for entry, generation in taken:
+            count = len(entry.message.envelope.recipients)
+            if target is None:
+                reply = Reply(451, "4.3.5", (f"no [[target]] called {name!r} in this node's configuration",))
+                self._settle(entry, generation, Attempt.same_for_all(reply, count, site))
+                continue
+            try:
+                body = self._load_body(entry)
+            except SpoolError as error:
+                self._settle(entry, generation, Attempt.same_for_all(error.reply, count, site))
+                continue
+            envelope = entry.message.envelope
+            inbound = InboundMessage.of(
+                body,
+                "smtp",
+                entry.message.created,
+                spool_id=format_id(entry.message.id),
+                sender=envelope.sender,
+                recipients=tuple(r.address for r in envelope.recipients),
+            )
+            messages.append((entry, generation, inbound))
+        if not messages or target is None:
+            return
+        started = time.monotonic()
+        answers = await target.deliver_many([m for _, _, m in messages])
+        duration = (time.monotonic() - started) / len(messages)
+        for (entry, generation, _), answer in zip(messages, answers, strict=True):
+            if answer.verdict is Verdict.ACCEPTED:
+                reply = Reply(250, "2.0.0", (f"{name}: {answer.detail}",))
+            elif answer.verdict is Verdict.PERMANENT:
+                reply = Reply(550, "5.0.0", (f"{name}: {answer.detail}",))
+            else:
+                reply = Reply(451, "4.3.0", (f"{name}: {answer.detail}",))
+            count = len(entry.message.envelope.recipients)
+            self._settle(entry, generation, Attempt([reply] * count, site, name, None, duration))
 
     def _connection_failed(self, queue: ReadyQueue, shaping: Shaping, reply: Reply) -> None:
         queue.failures += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.delivery.mx import Resolver
+from pigeon.inbound.routes import target_of
 
 _DESTINATION_TTL: Final = 30.0
 
@@ -51,6 +52,7 @@ class Destination:
     hops: tuple[Hop, ...]  # in the order to try
     tls: TlsPolicy
     tls_verify: bool
+    target: str | None = None  # an application's inbound target instead of SMTP hops
 
 
 class Router:
@@ -86,6 +88,10 @@ class Router:
         hit = self.cached(domain)
         if hit is not None:
             return hit
+        target = target_of(domain)
+        if target is not None:
+            # An [[inbound]] route's mail: no DNS, no SMTP; the dispatcher hands it to the target.
+            return Destination(domain, (), self._tls, self._verify, target)
         route = self._route(domain)
         tls = route.tls if route and route.tls else self._tls
         verify = route.tls_verify if route and route.tls_verify is not None else self._verify

@@ -281,8 +281,11 @@ class SmtpConnection(asyncio.Protocol):
 
     def _on_rcpt(self, event: RcptTo) -> None:
         if not (self._relay or self._session.authenticated is not None):
-            self._respond(replies.RELAY_DENIED, "RCPT")
-            return
+            # Mail for an application's [[inbound]] route is ours to take from anyone.
+            routes = self._listener.intake.inbound_routes
+            if not (routes and routes.routing_key(event.recipient)):
+                self._respond(replies.RELAY_DENIED, "RCPT")
+                return
         self._recipients.append(
             Recipient(
                 event.recipient,

@@ -44,6 +44,10 @@ terminal (exactly one per recipient), `TransientFailure` is not (one per failed 
 | meta           | all four         | metadata given at injection, as in `Reception`            |
 | seq            | terminal ones    | unique and increasing per shard: a consumer can dedupe    |
 
+Inbound handoffs write `InboundDelivery` (the target accepted) or `InboundFailure` (it did
+not; `permanent`, `next_attempt`, `action` say what next), with `source`, `target`,
+`dedupe_key`, `message_id`, `mailbox`, `uidvalidity`, `uid`, `attempt`, `detail`, `duration`.
+
 `Reception` carries a `seq` too: it and the terminal records are written exactly once,
 even across `kill -9` (see `pigeon.logs.outbox`).
 """
@@ -163,7 +167,51 @@ class Quarantine(Record, tag="Quarantine"):
     reason: str
 
 
-AnyRecord = Reception | Rejection | Delivery | TransientFailure | Bounce | Expiration | AdminBounce | Quarantine
+class Inbound(Record):
+    """A message handed (or not) to an application's target: from an IMAP mailbox, or from
+    the SMTP listener through an `[[inbound]]` route (then `id` is the spool id)."""
+
+    source: str  # "imap:<mailbox name>" or "smtp"
+    target: str
+    dedupe_key: str  # SHA-256 of the raw message, hex: what the application dedupes on
+    size: int
+    message_id: str | None = None
+    mailbox: str | None = None  # "user@host:port/folder"
+    uidvalidity: int | None = None
+    uid: int | None = None
+    id: str | None = None
+    attempt: int = 1
+    detail: str = ""  # the target's answer ("202 Accepted", "duplicate", ...)
+    duration: float | None = None
+
+
+class InboundDelivery(Inbound, tag="InboundDelivery"):
+    """The target accepted the message."""
+
+    acknowledged: str = ""  # what was done at the source: "seen", "moved to X", "deleted"
+
+
+class InboundFailure(Inbound, tag="InboundFailure"):
+    """The target did not accept the message: retried after `next_attempt`, or, when
+    `permanent`, given up (moved to the failed folder, or bounced)."""
+
+    permanent: bool = False
+    next_attempt: float | None = None
+    action: str = ""
+
+
+AnyRecord = (
+    Reception
+    | Rejection
+    | Delivery
+    | TransientFailure
+    | Bounce
+    | Expiration
+    | AdminBounce
+    | Quarantine
+    | InboundDelivery
+    | InboundFailure
+)
 RECORD_TYPES: tuple[type[Record], ...] = (
     Reception,
     Rejection,
@@ -173,5 +221,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Expiration,
     AdminBounce,
     Quarantine,
+    InboundDelivery,
+    InboundFailure,
 )
 TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration, AdminBounce)

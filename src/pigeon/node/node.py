@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.config.schema import Config
+from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
@@ -30,6 +31,7 @@ from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import Metrics
+from pigeon.node.inbound import Inbound
 from pigeon.node.outbound import Outbound, finish_outbox, recover_outbox_lines
 from pigeon.queue.admin import Admin
 from pigeon.smtp.framing import BareLinefeeds
@@ -79,6 +81,7 @@ class Node:
         self.http_address: tuple[str, int] | None = None
         self.outbound: Outbound | None = None
         self.outbox: Outbox | None = None
+        self.inbound: Inbound | None = None
         self.intake: Intake  # from start() on
         self.tokens: Tokens
         self._stopping = False
@@ -110,8 +113,15 @@ class Node:
             campaign_header=config.delivery.campaign_header,
             clock=self._clock,
         )
+        if config.inbound:
+            intake.inbound_routes = InboundRoutes(
+                [InboundRoute(r.target, r.recipient, r.domain) for r in config.inbound]
+            )
         spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
         self.outbox = intake.outbox = Outbox(self.log, spools)
+        if config.target:
+            self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0)
+            await self.inbound.start()
         if config.delivery.enabled:
             self.outbound = Outbound(
                 config,
@@ -121,6 +131,7 @@ class Node:
                 outbox=self.outbox,
                 metrics=self.metrics,
                 intake=intake,
+                targets=self.inbound.targets if self.inbound is not None else {},
                 clock=self._clock,
             )
             self.outbound.start()
@@ -184,6 +195,8 @@ class Node:
             await self.smtp.drain(self.shutdown_timeout)
         if self.outbound is not None:
             await self.outbound.stop(self.shutdown_timeout)
+        if self.inbound is not None:
+            await self.inbound.stop(self.shutdown_timeout)
         if self.http is not None:
             await self.http.stop()
         if self.outbox is not None:
@@ -225,6 +238,7 @@ class Node:
             "uptime": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
             "spool": {"messages": self.spool.count + sum(s.count for s in self.adopted)},
             "smtp": {"connections": len(self.smtp.connections) if self.smtp else 0},
+            **({"inbound": self.inbound.health()} if self.inbound is not None and self.inbound.watchers else {}),
         }
 
     def _spool(self, shard: int) -> SqliteSpool:

@@ -18,6 +18,7 @@ from pigeon.delivery.dsn import Failure, build_report
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Hop, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
+from pigeon.inbound.targets import Target
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.reader import seqs_in_log
@@ -47,6 +48,7 @@ class Outbound:
         outbox: Outbox,
         metrics: Metrics,
         intake: Intake,
+        targets: Mapping[str, Target] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         delivery = config.delivery
@@ -98,6 +100,7 @@ class Outbound:
             shaping=_shaping(config),
             load_body=self._load_body,
             settle=self.settlement.settle,
+            targets=targets,
             clock=clock,
         )
         self.scheduler = Scheduler(

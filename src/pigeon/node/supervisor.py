@@ -220,6 +220,9 @@ class Supervisor:
             "smtp": {"connections": sum(w.get("smtp", {}).get("connections", 0) for w in workers)},
             "workers": workers,
         }
+        inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
+        if inbound:
+            body["inbound"] = inbound
         return web.json_response(body, status=200 if healthy else 503)
 
     async def _api(self, request: web.Request) -> web.Response:

@@ -1,0 +1,246 @@
+"""An IMAP session with one selected folder, on aioimaplib: what a mailbox source needs.
+
+aioimaplib speaks the protocol (and IDLE); this adds implicit TLS or STARTTLS (which
+aioimaplib lists but does not implement), LOGIN or XOAUTH2, UIDVALIDITY from SELECT, parsing
+of UID SEARCH and UID FETCH answers, acknowledgement by flag, move or delete, and a timeout on
+every command, so a server that stops answering costs one reconnect, not a hung watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import aioimaplib
+from aioimaplib.aioimaplib import Command
+
+_UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
+_FETCH_UID: Final = re.compile(rb"\bUID (\d+)")
+_FETCH_SIZE: Final = re.compile(rb"\bRFC822\.SIZE (\d+)")
+_FETCH_START: Final = re.compile(rb"^\d+ FETCH \(")
+_PUSH: Final = re.compile(rb"\d+ (EXISTS|RECENT)\b")
+
+
+class ImapError(Exception):
+    """The server refused a command or broke the session; the watcher reconnects."""
+
+
+def uid_set(uids: Iterable[int]) -> str:
+    """ "1:3,7,9:10" for [1, 2, 3, 7, 9, 10]: short commands even for long runs of UIDs."""
+    ordered = sorted(set(uids))
+    parts: list[str] = []
+    start = previous = None
+    for uid in ordered:
+        if start is None:
+            start = previous = uid
+        elif previous is not None and uid == previous + 1:
+            previous = uid
+        else:
+            parts.append(f"{start}:{previous}" if start != previous else str(start))
+            start = previous = uid
+    if start is not None:
+        parts.append(f"{start}:{previous}" if start != previous else str(start))
+    return ",".join(parts)
+
+
+def _check(response: aioimaplib.Response, what: str) -> aioimaplib.Response:
+    if response.result != "OK":
+        text = b" ".join(bytes(line) for line in response.lines[-1:]).decode("utf-8", "replace")
+        raise ImapError(f"{what}: {response.result} {text}".strip())
+    return response
+
+
+class ImapSession:
+    """A logged-in session with `folder` selected. Open with `ImapSession.open()`."""
+
+    def __init__(self, client: aioimaplib.IMAP4, folder: str, uidvalidity: int, timeout: float) -> None:
+        self._client = client
+        self.folder = folder
+        self.uidvalidity = uidvalidity
+        self._timeout = timeout
+        self.lost = False
+
+    @classmethod
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        tls: str,
+        tls_context: ssl.SSLContext | None,
+        username: str,
+        secret: str,
+        auth: str,
+        folder: str,
+        command_timeout: float,
+    ) -> ImapSession:
+        """Connect, secure, log in, select. Raises `ImapError` or `OSError`/`TimeoutError`."""
+        timeout = command_timeout
+        holder: list[ImapSession] = []
+
+        def lost(_error: Exception | None) -> None:
+            for session in holder:
+                session.lost = True
+
+        client: aioimaplib.IMAP4
+        if tls == "implicit":
+            client = aioimaplib.IMAP4_SSL(host, port, timeout=timeout, ssl_context=tls_context)
+        else:
+            client = aioimaplib.IMAP4(host, port, timeout=timeout, conn_lost_cb=lost)
+        try:
+            await client.wait_hello_from_server()
+            if tls == "starttls":
+                await _starttls(client, host, tls_context, timeout)
+            if auth == "xoauth2":
+                response = await client.xoauth2(username, secret)
+            else:
+                response = await client.login(username, secret)
+            _check(response, f"login as {username}")
+            response = _check(await client.select(_quote(folder)), f"select {folder}")
+        except BaseException:
+            await _close(client)
+            raise
+        validity = next((m for line in response.lines if (m := _UIDVALIDITY.search(bytes(line)))), None)
+        if validity is None:
+            await _close(client)
+            raise ImapError(f"select {folder}: the server gave no UIDVALIDITY")
+        session = cls(client, folder, int(validity.group(1)), timeout)
+        holder.append(session)
+        return session
+
+    def has(self, capability: str) -> bool:
+        return bool(self._client.has_capability(capability))
+
+    async def search(self, criteria: str) -> list[int]:
+        response = _check(await self._client.uid_search(*criteria.split(), charset=None), f"search {criteria}")
+        uids: list[int] = []
+        # aioimaplib hands over "* SEARCH 1 2 3" as b"1 2 3" (or as it came, in some versions);
+        # the last line is the tagged completion text.
+        for line in response.lines[:-1]:
+            words = bytes(line).split()
+            if words and words[0].upper() == b"SEARCH":
+                words = words[1:]
+            if words and all(word.isdigit() for word in words):
+                uids += [int(word) for word in words]
+        return uids
+
+    async def sizes(self, uids: Sequence[int]) -> dict[int, int]:
+        response = _check(await self._client.uid("fetch", uid_set(uids), "(UID RFC822.SIZE)"), "fetch sizes")
+        sizes: dict[int, int] = {}
+        for line in response.lines:
+            data = bytes(line)
+            uid, size = _FETCH_UID.search(data), _FETCH_SIZE.search(data)
+            if uid and size:
+                sizes[int(uid.group(1))] = int(size.group(1))
+        return sizes
+
+    async def fetch(self, uids: Sequence[int]) -> dict[int, bytes]:
+        """Raw messages by UID, fetched with BODY.PEEK[] so nothing is marked \\Seen."""
+        response = _check(await self._client.uid("fetch", uid_set(uids), "(UID BODY.PEEK[])"), "fetch")
+        found: dict[int, bytes] = {}
+        uid: int | None = None
+        body: bytes | None = None
+        for line in response.lines:
+            if isinstance(line, bytearray):
+                body = bytes(line)
+                continue
+            match = _FETCH_UID.search(line)
+            if _FETCH_START.match(line):
+                if uid is not None and body is not None:
+                    found[uid] = body
+                uid, body = None, None
+            if match:
+                uid = int(match.group(1))
+        if uid is not None and body is not None:
+            found[uid] = body
+        return found
+
+    async def flag(self, uids: Sequence[int], flags: str) -> None:
+        if uids:
+            _check(await self._client.uid("store", uid_set(uids), "+FLAGS.SILENT", f"({flags})"), "store flags")
+
+    async def move(self, uids: Sequence[int], folder: str) -> None:
+        if not uids:
+            return
+        if self.has("MOVE"):
+            _check(await self._client.uid("move", uid_set(uids), _quote(folder)), f"move to {folder}")
+            return
+        _check(await self._client.uid("copy", uid_set(uids), _quote(folder)), f"copy to {folder}")
+        await self.delete(uids)
+
+    async def delete(self, uids: Sequence[int]) -> None:
+        if not uids:
+            return
+        await self.flag(uids, "\\Deleted")
+        if self.has("UIDPLUS"):
+            _check(await self._client.uid("expunge", uid_set(uids)), "uid expunge")
+        else:
+            # Without UIDPLUS, EXPUNGE removes every \Deleted message in the folder, ours or not.
+            _check(await self._client.expunge(), "expunge")
+
+    async def create(self, folder: str) -> None:
+        await self._client.create(_quote(folder))  # "already exists" is fine
+
+    async def wait_for_mail(self, seconds: float, idle: bool) -> None:
+        """Return when the server says the folder changed (IDLE) or after `seconds`."""
+        timeout = seconds
+        if not (idle and self.has("IDLE")):
+            await asyncio.sleep(timeout)
+            return
+        client = self._client
+        idling = await asyncio.wait_for(client.idle_start(timeout=max(timeout, 1.0)), self._timeout)
+        try:
+            while True:
+                push = await client.wait_server_push(timeout=timeout + self._timeout)
+                if push == aioimaplib.STOP_WAIT_SERVER_PUSH:
+                    break
+                if any(_PUSH.match(bytes(line)) for line in push):
+                    break
+        except TimeoutError:
+            pass
+        finally:
+            if client.has_pending_idle():
+                client.idle_done()
+            await asyncio.wait_for(idling, self._timeout)
+
+    async def noop(self) -> None:
+        _check(await self._client.noop(), "noop")
+
+    async def close(self) -> None:
+        await _close(self._client)
+
+
+async def _starttls(client: aioimaplib.IMAP4, host: str, context: ssl.SSLContext | None, limit: float) -> None:
+    timeout = limit
+    protocol = client.protocol
+    if "STARTTLS" not in protocol.capabilities:
+        raise ImapError('the server does not offer STARTTLS (use tls = "implicit" or "none")')
+    command = Command("STARTTLS", protocol.new_tag(), loop=protocol.loop)
+    _check(await asyncio.wait_for(protocol.execute(command), timeout), "starttls")
+    loop = asyncio.get_running_loop()
+    transport = await asyncio.wait_for(
+        loop.start_tls(protocol.transport, protocol, context or ssl.create_default_context(), server_hostname=host),
+        timeout,
+    )
+    protocol.transport = transport
+    await asyncio.wait_for(protocol.capability(), timeout)  # RFC 3501 6.2.1: ask again after TLS
+
+
+async def _close(client: aioimaplib.IMAP4) -> None:
+    try:
+        if client.get_state() in ("AUTH", "SELECTED"):
+            await asyncio.wait_for(client.logout(), 2)
+    except Exception:
+        pass
+    transport = client.protocol.transport
+    if transport is not None:
+        transport.close()
+
+
+def _quote(folder: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_./-]+", folder):
+        return folder
+    return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,411 @@
+"""A mailbox source: watches one IMAP folder and hands each message to its target once.
+
+One round:
+ 1. `UID SEARCH` the configured criteria (default UNSEEN);
+ 2. claim up to `batch` of the UIDs (see `arbitration`); a UID another node holds is left to
+    it, one whose handoff is done is acknowledged again (its holder may have died just after
+    the handoff), one refused for good gets the failure action;
+ 3. fetch the claimed messages with `BODY.PEEK[]`, which does not set \\Seen;
+ 4. hand them to the target (a batch at once where the target can);
+ 5. only for what the target accepted: mark the claim done, then acknowledge at the source
+    (\\Seen, move, or delete and expunge). What it refused for now is given back with a
+    backoff every node respects; what it refused for good goes to the failed folder.
+Then round again while there is work; otherwise wait for the server's IDLE push (or poll).
+
+A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
+and the claim expires after its lease. The one duplicate a crash can make (the target accepted
+but the claim was not yet marked done) carries the same dedupe key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from pigeon.config.schema import MailboxConfig
+from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
+from pigeon.inbound.imap import ImapError, ImapSession
+from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets.base import Handoff, Target, Verdict
+from pigeon.logs.records import InboundDelivery, InboundFailure
+from pigeon.logs.writer import LogWriter
+from pigeon.metrics import Metrics
+
+_log = logging.getLogger(__name__)
+
+_FAILED_FLAG: Final = "$PigeonFailed"
+_RECHECK: Final = 2.0  # seconds between polls while other nodes hold claims or backoffs run
+_MAX_RECONNECT_DELAY: Final = 60.0
+
+
+def retry_delay(attempts: int, first: float, cap: float) -> float:
+    """Delay before attempt `attempts + 1`: doubling from `first` up to `cap`, with jitter."""
+    delay = min(cap, first * float(2 ** max(0, attempts - 1)))
+    return delay * random.uniform(0.8, 1.0)
+
+
+class MailboxWatcher:
+    """Runs until cancelled; reconnects with backoff after any error."""
+
+    def __init__(
+        self,
+        config: MailboxConfig,
+        target: Target,
+        arbiter: Arbiter,
+        log: LogWriter,
+        metrics: Metrics,
+        *,
+        retry_interval: float,
+        max_retry_interval: float,
+    ) -> None:
+        self.config = config
+        self.target = target
+        self._arbiter = arbiter
+        self._log = log
+        self._metrics = metrics
+        self._retry = (retry_interval, max_retry_interval)
+        port = config.port or (993 if config.tls == "implicit" else 143)
+        self.port = port
+        self.identity = f"{config.username}@{config.host.lower()}:{port}/{config.folder}"
+        self.source = f"imap:{config.name}"
+        self.last_poll: float | None = None
+        self.connected = False
+        self.last_error: str | None = None
+        self.held: dict[str, Claim] = {}
+        self._stopping = False
+        self._between_batches = asyncio.Event()  # clear while a batch is in hand
+        self._between_batches.set()
+        self._tls_context: ssl.SSLContext | None = None
+
+    # --- status ------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {
+            "connected": self.connected,
+            "last_poll": self.last_poll,
+            "error": self.last_error,
+            "target": self.target.name,
+            "claims": len(self.held),
+        }
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        delay = 1.0
+        renewer = asyncio.create_task(self._renew_forever(), name=f"renew {self.config.name}")
+        try:
+            while not self._stopping:
+                try:
+                    session = await self._open()
+                except (ImapError, OSError, TimeoutError, ssl.SSLError) as error:
+                    self._failed_connection(error)
+                else:
+                    self.connected, self.last_error, delay = True, None, 1.0
+                    _log.info("mailbox %s: connected to %s (UIDVALIDITY %d)", self.config.name,
+                              self.identity, session.uidvalidity)  # fmt: skip
+                    try:
+                        await self._watch(session)
+                    except (ImapError, OSError, TimeoutError, ssl.SSLError) as error:
+                        self._failed_connection(error)
+                    except Exception as error:  # aioimaplib raises its own Abort/Error
+                        self._failed_connection(error)
+                    finally:
+                        self.connected = False
+                        await session.close()
+                if self._stopping:
+                    break
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(_MAX_RECONNECT_DELAY, delay * 2)
+        finally:
+            renewer.cancel()
+            await self._release_all()
+
+    async def stop(self, grace: float) -> None:
+        """Finish the batch in hand (up to `grace` seconds); the caller then cancels `run`."""
+        self._stopping = True
+        try:
+            await asyncio.wait_for(self._between_batches.wait(), grace)
+        except TimeoutError:
+            pass
+
+    def _failed_connection(self, error: BaseException) -> None:
+        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        if text != self.last_error:
+            _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
+        self.last_error = text
+        self._metrics.inbound_errors.labels(self.config.name).inc()
+
+    async def _open(self) -> ImapSession:
+        config = self.config
+        if config.tls != "none" and self._tls_context is None:
+            context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
+            if not config.tls_verify:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._tls_context = context
+        secret = config.password
+        if config.password_file is not None:
+            lines = (await asyncio.to_thread(config.password_file.read_text)).splitlines()
+            secret = lines[0].strip() if lines else ""
+        session = await ImapSession.open(
+            config.host,
+            self.port,
+            tls=config.tls,
+            tls_context=self._tls_context,
+            username=config.username,
+            secret=secret or "",
+            auth=config.auth,
+            folder=config.folder,
+            command_timeout=config.timeout,
+        )
+        for folder in (config.move_to if config.after_delivery == "move" else None, config.failed_folder):
+            if folder:
+                await session.create(folder)
+        return session
+
+    # --- the rounds --------------------------------------------------------------------------
+    async def _watch(self, session: ImapSession) -> None:
+        config = self.config
+        while not self._stopping:
+            if session.lost:
+                raise ImapError("the server closed the connection")
+            try:
+                worked, waiting = await self._round(session)
+            except ArbitrationUnavailable as error:
+                # No claims without Redis: nothing is handed over, nothing is lost. Keep the
+                # IMAP session and ask again shortly.
+                if str(error) != self.last_error:
+                    _log.warning("mailbox %s: %s; claims paused", config.name, error)
+                self.last_error = str(error)
+                await asyncio.sleep(1.0)
+                continue
+            self.last_error = None
+            if worked:
+                continue
+            wait = min(config.poll_interval, _RECHECK) if waiting else config.poll_interval
+            await session.wait_for_mail(wait, idle=config.idle and not waiting)
+
+    async def _round(self, session: ImapSession) -> tuple[bool, bool]:
+        """One search-claim-handoff round. (handed anything over, others hold some)."""
+        config = self.config
+        uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG}")
+        self.last_poll = time.time()
+        self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
+        if not uids:
+            return False, False
+        waiting = False
+        claimed: list[Claim] = []
+        done: list[Claim] = []
+        failed: list[Claim] = []
+        for start in range(0, len(uids), config.batch):
+            chunk = uids[start : start + config.batch]
+            keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
+            for claim in await self._arbiter.claim(keys, config.lease):
+                if claim.standing is Standing.CLAIMED:
+                    claimed.append(claim)
+                elif claim.standing is Standing.DONE:
+                    done.append(claim)
+                elif claim.standing is Standing.FAILED:
+                    failed.append(claim)
+                else:
+                    waiting = True
+            if len(claimed) >= config.batch:
+                break
+        if done:
+            # Handed over, not acknowledged: its holder died in between, or is about to
+            # acknowledge (acknowledging twice is harmless).
+            await self._acknowledge(session, [c.uid for c in done])
+        if failed:
+            await self._fail_at_source(session, [c.uid for c in failed])
+        if not claimed:
+            return False, waiting
+        self._between_batches.clear()
+        try:
+            for claim in claimed:
+                self.held[claim.key] = claim
+            await self._hand_over(session, claimed)
+        finally:
+            for claim in claimed:
+                self.held.pop(claim.key, None)
+            self._between_batches.set()
+        return True, waiting
+
+    @property
+    def _arbiter_prefix(self) -> str:
+        return f"inbound:{self.identity}:"
+
+    async def _hand_over(self, session: ImapSession, claims: list[Claim]) -> None:
+        config = self.config
+        sizes = await session.sizes([c.uid for c in claims])
+        gone = [c for c in claims if c.uid not in sizes]  # expunged by someone meanwhile
+        too_big = [c for c in claims if sizes.get(c.uid, 0) > config.max_message_size]
+        wanted = [c for c in claims if c.uid in sizes and sizes[c.uid] <= config.max_message_size]
+        if gone:
+            await self._arbiter.release(gone)
+        bodies = await session.fetch([c.uid for c in wanted]) if wanted else {}
+        now = time.time()
+        ready: list[tuple[Claim, InboundMessage]] = []
+        for claim in wanted:
+            raw = bodies.get(claim.uid)
+            if raw is None:
+                gone.append(claim)
+                continue
+            message = InboundMessage.of(
+                raw,
+                self.source,
+                now,
+                mailbox=self.identity,
+                uidvalidity=session.uidvalidity,
+                uid=claim.uid,
+            )
+            ready.append((claim, message))
+        # Past its deadline a claim may belong to someone else (our renewals failed): hand
+        # over only what we still hold.
+        moment = time.monotonic()
+        stale = [c for c, _ in ready if c.lost or c.deadline <= moment]
+        if stale:
+            await self._arbiter.release(stale)
+            ready = [(c, m) for c, m in ready if not (c.lost or c.deadline <= moment)]
+        started = time.monotonic()
+        answers = await self.target.deliver_many([m for _, m in ready]) if ready else []
+        duration = time.monotonic() - started
+        accepted = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.ACCEPTED]
+        later = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.TRANSIENT]
+        never = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.PERMANENT]
+        for claim in too_big:
+            size = sizes[claim.uid]
+            answer = Handoff(Verdict.PERMANENT, f"{size} bytes is over max_message_size ({config.max_message_size})")
+            stub = InboundMessage(b"", self.source, now, self.identity, session.uidvalidity, claim.uid, dedupe_key="")
+            never.append((claim, stub, answer))
+        if accepted:
+            await self._settle_accepted(session, accepted, duration / max(1, len(ready)))
+        if later:
+            await self._settle_later(later)
+        if never:
+            await self._settle_never(session, never)
+
+    async def _settle_accepted(
+        self, session: ImapSession, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float
+    ) -> None:
+        try:
+            await self._arbiter.done([c for c, _, _ in accepted])
+        except ArbitrationUnavailable as error:
+            # Delivered is delivered: acknowledge at the source regardless, which is what keeps
+            # the message from being handed over again.
+            _log.warning("mailbox %s: could not mark handoffs done: %s", self.config.name, error)
+        acknowledged = await self._acknowledge(session, [c.uid for c, _, _ in accepted])
+        counter = self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered")
+        counter.inc(len(accepted))
+        for claim, message, answer in accepted:
+            self._log.write(
+                InboundDelivery(
+                    timestamp=time.time(),
+                    source=self.source,
+                    target=self.target.name,
+                    dedupe_key=message.dedupe_key,
+                    size=len(message.raw),
+                    message_id=message.message_id,
+                    mailbox=self.identity,
+                    uidvalidity=message.uidvalidity,
+                    uid=message.uid,
+                    attempt=claim.attempts + 1,
+                    detail=answer.detail,
+                    duration=round(duration, 6),
+                    acknowledged=acknowledged,
+                )
+            )
+
+    async def _settle_later(self, later: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
+        first, cap = self._retry
+        delays = [(c, retry_delay(c.attempts + 1, first, cap)) for c, _, _ in later]
+        try:
+            await self._arbiter.backoff(delays)
+        except ArbitrationUnavailable:
+            pass  # the claims expire by themselves after the lease: a later retry, no loss
+        now = time.time()
+        self._metrics.inbound_messages.labels(self.source, self.target.name, "deferred").inc(len(later))
+        for (claim, message, answer), (_, delay) in zip(later, delays, strict=True):
+            self._log.write(self._failure(claim, message, answer, next_attempt=now + delay))
+
+    async def _settle_never(self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
+        action = await self._fail_at_source(session, [c.uid for c, _, _ in never])
+        try:
+            await self._arbiter.failed([c for c, _, _ in never])
+        except ArbitrationUnavailable:
+            pass
+        self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
+        for claim, message, answer in never:
+            _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
+                         self.target.name, answer.detail)  # fmt: skip
+            self._log.write(self._failure(claim, message, answer, permanent=True, action=action))
+
+    def _failure(
+        self,
+        claim: Claim,
+        message: InboundMessage,
+        answer: Handoff,
+        *,
+        permanent: bool = False,
+        next_attempt: float | None = None,
+        action: str = "",
+    ) -> InboundFailure:
+        return InboundFailure(
+            timestamp=time.time(),
+            source=self.source,
+            target=self.target.name,
+            dedupe_key=message.dedupe_key,
+            size=len(message.raw),
+            message_id=message.message_id,
+            mailbox=self.identity,
+            uidvalidity=message.uidvalidity,
+            uid=claim.uid,
+            attempt=claim.attempts + 1,
+            detail=answer.detail,
+            permanent=permanent,
+            next_attempt=next_attempt,
+            action=action,
+        )
+
+    async def _acknowledge(self, session: ImapSession, uids: Sequence[int]) -> str:
+        config = self.config
+        if config.after_delivery == "move" and config.move_to:
+            await session.move(uids, config.move_to)
+            return f"moved to {config.move_to}"
+        if config.after_delivery == "delete":
+            await session.delete(uids)
+            return "deleted"
+        await session.flag(uids, "\\Seen")
+        return "seen"
+
+    async def _fail_at_source(self, session: ImapSession, uids: Sequence[int]) -> str:
+        folder = self.config.failed_folder
+        if folder:
+            await session.move(uids, folder)
+            return f"moved to {folder}"
+        await session.flag(uids, f"\\Seen {_FAILED_FLAG}")
+        return f"flagged \\Seen {_FAILED_FLAG}"
+
+    # --- leases ------------------------------------------------------------------------------
+    async def _renew_forever(self) -> None:
+        interval = max(0.1, self.config.lease / 3)
+        while True:
+            await asyncio.sleep(interval)
+            claims = list(self.held.values())
+            if not claims:
+                continue
+            try:
+                await self._arbiter.renew(claims, self.config.lease)
+            except ArbitrationUnavailable as error:
+                _log.warning("mailbox %s: cannot renew %d claims: %s", self.config.name, len(claims), error)
+
+    async def _release_all(self) -> None:
+        claims = list(self.held.values())
+        self.held.clear()
+        if claims:
+            try:
+                await self._arbiter.release(claims)
+            except ArbitrationUnavailable:
+                pass  # they expire after the lease

@@ -1,0 +1,71 @@
+"""One message on its way to an application, and the identity it carries there.
+
+The dedupe key is the SHA-256 of the raw bytes: the same stored message always gives the same
+key (a re-fetch after a crash, a retry after a 500), whereas a Message-ID can be missing or
+forged. It travels with every job, webhook and row so the application can enforce uniqueness
+even when arbitration could not (a Redis failover, a node paused past its lease).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+_HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
+_MESSAGE_ID: Final = re.compile(rb"(?im)^message-id:[ \t]*((?:.*)(?:\r?\n[ \t].*)*)")
+
+
+def dedupe_key(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def header_block(raw: bytes) -> bytes:
+    match = _HEADER_END.search(raw)
+    return raw[: match.start()] if match else raw
+
+
+def message_id(raw: bytes) -> str | None:
+    """The Message-ID header's value, unfolded, or None."""
+    match = _MESSAGE_ID.search(header_block(raw))
+    if match is None:
+        return None
+    value = re.sub(rb"\r?\n[ \t]+", b" ", match.group(1)).strip()
+    return value.decode("utf-8", "replace") or None
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """A message and where it came from."""
+
+    raw: bytes
+    source: str  # "imap:<mailbox>" or "smtp"
+    received_at: float
+    mailbox: str | None = None  # "user@host:port/folder"
+    uidvalidity: int | None = None
+    uid: int | None = None
+    spool_id: str | None = None
+    sender: str | None = None
+    recipients: tuple[str, ...] = ()
+    dedupe_key: str = field(default="")
+    message_id: str | None = None
+
+    @classmethod
+    def of(cls, raw: bytes, source: str, received_at: float, **where: Any) -> InboundMessage:
+        return cls(raw, source, received_at, dedupe_key=dedupe_key(raw), message_id=message_id(raw), **where)
+
+    def metadata(self) -> dict[str, Any]:
+        """What travels with the message to the application, besides the raw bytes."""
+        meta: dict[str, Any] = {
+            "dedupe_key": self.dedupe_key,
+            "message_id": self.message_id,
+            "source": self.source,
+            "received_at": self.received_at,
+            "size": len(self.raw),
+        }
+        if self.mailbox is not None:
+            meta.update(mailbox=self.mailbox, uidvalidity=self.uidvalidity, uid=self.uid)
+        if self.spool_id is not None:
+            meta.update(id=self.spool_id, sender=self.sender, recipients=list(self.recipients))
+        return meta

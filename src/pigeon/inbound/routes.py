@@ -1,0 +1,59 @@
+"""`[[inbound]]` routes: which recipients of SMTP-received mail belong to an application.
+
+Mail for a routed address is accepted from anyone (it is for us, unlike relaying), spooled
+like any other mail, and delivered to the route's target instead of an MX. Its routing key,
+`inbound:<target>`, is both its scheduled queue and its ready queue's site, so retries,
+`max_age`, bounces and every admin operation work on it as on outbound mail.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Final
+
+PREFIX: Final = "inbound:"
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRoute:
+    target: str
+    recipient: str | None = None  # a glob over the whole address
+    domain: str | None = None  # a glob over the domain
+
+    def matches(self, address: str, domain: str) -> bool:
+        if self.recipient is not None:
+            return fnmatch.fnmatchcase(address, self.recipient)
+        return self.domain is not None and fnmatch.fnmatchcase(domain, self.domain)
+
+
+def target_of(routing_key: str) -> str | None:
+    """The target name in an `inbound:<target>` routing key, or None for other mail."""
+    return routing_key[len(PREFIX) :] if routing_key.startswith(PREFIX) else None
+
+
+class InboundRoutes:
+    """The routes in configuration order; the first that matches wins."""
+
+    def __init__(self, routes: list[InboundRoute]) -> None:
+        self._routes = [
+            InboundRoute(r.target, r.recipient.lower() if r.recipient else None, r.domain.lower() if r.domain else None)
+            for r in routes
+        ]
+        self._cache: dict[str, str | None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._routes)
+
+    def routing_key(self, address: str) -> str | None:
+        """`inbound:<target>` for a routed recipient address, else None."""
+        hit = self._cache.get(address, "")
+        if hit != "":
+            return hit
+        lowered = address.lower()
+        domain = lowered.rpartition("@")[2]
+        key = next((PREFIX + r.target for r in self._routes if r.matches(lowered, domain)), None)
+        if len(self._cache) > 50_000:
+            self._cache.clear()
+        self._cache[address] = key
+        return key

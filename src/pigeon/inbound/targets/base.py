@@ -1,0 +1,66 @@
+"""What every target is: something that takes a message and says accepted, later, or never.
+
+A target never decides what happens at the source; it only answers. "Later" (a 5xx, a
+timeout, Redis or PostgreSQL down) keeps the message where it is, to be tried again with
+backoff; "never" (a 4xx the application means) sends it to the failed folder or bounces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pigeon.inbound.message import InboundMessage
+
+
+class Verdict(enum.Enum):
+    ACCEPTED = "accepted"
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A target's answer for one message."""
+
+    verdict: Verdict
+    detail: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is Verdict.ACCEPTED
+
+
+class Target:
+    """Base of every target. Subclasses implement `deliver`, and `deliver_many` when they can
+    hand over a batch in fewer round trips than one per message."""
+
+    kind = "target"
+
+    def __init__(self, name: str, *, concurrency: int = 8) -> None:
+        self.name = name
+        self._concurrency = concurrency
+
+    async def start(self) -> None:
+        """Connect, create tables: whatever must happen once before the first message."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+    async def deliver(self, message: InboundMessage) -> Handoff:
+        raise NotImplementedError
+
+    async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
+        """One answer per message, in order. Never raises: a failure is a TRANSIENT answer."""
+        gate = asyncio.Semaphore(self._concurrency)
+
+        async def one(message: InboundMessage) -> Handoff:
+            async with gate:
+                try:
+                    return await self.deliver(message)
+                except Exception as error:  # a target bug must not lose the message
+                    return Handoff(Verdict.TRANSIENT, f"{type(error).__name__}: {error}")
+
+        return list(await asyncio.gather(*(one(m) for m in messages)))

@@ -1,0 +1,99 @@
+"""HTTP webhook: one POST per message; 2xx accepted, configured 4xx permanent, the rest later.
+
+The body is the raw message (`message/rfc822`) or JSON with the parsed headers and the raw
+message. `X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC-SHA256 over "<t>." + body>` lets the
+application check the request came from us and is fresh (refuse old `t` to stop replays);
+`X-Pigeon-Dedupe-Key` is the key to dedupe on.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from email.parser import BytesHeaderParser
+from email.policy import compat32
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from pigeon.config.schema import WebhookTarget as WebhookConfig
+from pigeon.inbound.message import InboundMessage, header_block
+from pigeon.inbound.targets.base import Handoff, Target, Verdict
+
+_encode = msgspec.json.Encoder().encode
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The X-Pigeon-Signature value for a body sent at `timestamp`."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def json_body(message: InboundMessage) -> bytes:
+    headers = BytesHeaderParser(policy=compat32).parsebytes(header_block(message.raw) + b"\r\n\r\n")
+    payload: dict[str, Any] = message.metadata()
+    payload["headers"] = [[name, str(value)] for name, value in headers.items()]
+    try:
+        payload["raw"] = message.raw.decode("utf-8")
+    except UnicodeDecodeError:
+        payload["raw"] = base64.b64encode(message.raw).decode("ascii")
+        payload["raw_encoding"] = "base64"
+    return _encode(payload)
+
+
+class WebhookTarget(Target):
+    kind = "webhook"
+
+    def __init__(self, config: WebhookConfig, *, concurrency: int = 16) -> None:
+        super().__init__(config.name, concurrency=concurrency)
+        self._config = config
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._config.timeout),
+            connector=aiohttp.TCPConnector(limit=64),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def deliver(self, message: InboundMessage) -> Handoff:
+        config = self._config
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        if config.format == "json":
+            body, content_type = json_body(message), "application/json"
+        else:
+            body, content_type = message.raw, "message/rfc822"
+        headers = {
+            "Content-Type": content_type,
+            "X-Pigeon-Dedupe-Key": message.dedupe_key,
+            "X-Pigeon-Source": message.source,
+            "User-Agent": "Pigeon",
+            **config.headers,
+        }
+        if message.message_id:
+            headers["X-Pigeon-Message-Id"] = message.message_id.encode("ascii", "replace").decode()
+        if config.secret:
+            headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
+        try:
+            async with self._session.post(config.url, data=body, headers=headers, allow_redirects=False) as response:
+                status = response.status
+                reason = response.reason or ""
+                await response.read()
+        except TimeoutError:
+            return Handoff(Verdict.TRANSIENT, f"no answer from {config.url} within {config.timeout:g}s")
+        except (aiohttp.ClientError, OSError) as error:
+            return Handoff(Verdict.TRANSIENT, f"{config.url}: {error or type(error).__name__}")
+        detail = f"{status} {reason}".strip()
+        if 200 <= status < 300:
+            return Handoff(Verdict.ACCEPTED, detail)
+        if 400 <= status < 500 and status not in config.retry_statuses:
+            return Handoff(Verdict.PERMANENT, detail)
+        return Handoff(Verdict.TRANSIENT, detail)

@@ -1,0 +1,71 @@
+"""The inbound side of a node: targets, arbitration and the mailbox watchers.
+
+Every worker builds the targets, because SMTP-received mail for an `[[inbound]]` route is
+delivered from the worker that spooled it. Mailboxes are watched by the first worker only:
+more watchers on one node would only contend for the same claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pigeon.config.schema import Config
+from pigeon.inbound import targets
+from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
+from pigeon.inbound.mailbox import MailboxWatcher
+from pigeon.inbound.targets import Target
+from pigeon.logs.writer import LogWriter
+from pigeon.metrics import Metrics
+
+_log = logging.getLogger(__name__)
+
+
+class Inbound:
+    def __init__(self, config: Config, log: LogWriter, metrics: Metrics, *, watch: bool) -> None:
+        self.config = config
+        redis_url = config.redis.url
+        self.targets: dict[str, Target] = {t.name: targets.build(t, redis_url) for t in config.target}
+        self.arbiter: Arbiter = (
+            RedisArbiter(redis_url, timeout=config.redis.timeout) if redis_url is not None else LocalArbiter()
+        )
+        retry = {t.name: (t.retry_interval, t.max_retry_interval) for t in config.target}
+        self.watchers = [
+            MailboxWatcher(
+                mailbox,
+                self.targets[mailbox.target],
+                self.arbiter,
+                log,
+                metrics,
+                retry_interval=retry[mailbox.target][0],
+                max_retry_interval=retry[mailbox.target][1],
+            )
+            for mailbox in (config.mailbox if watch else [])
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        for target in self.targets.values():
+            await target.start()
+        if self.watchers and self.config.redis.url is None:
+            _log.info("inbound: no [redis] url: single-node mode (run one node per mailbox)")
+        for watcher in self.watchers:
+            task = asyncio.create_task(watcher.run(), name=f"mailbox {watcher.config.name}")
+            self._tasks.append(task)
+
+    async def stop(self, grace: float) -> None:
+        await asyncio.gather(*(w.stop(grace) for w in self.watchers))
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        for target in self.targets.values():
+            try:
+                await target.close()
+            except Exception:
+                _log.exception("closing target %s", target.name)
+        await self.arbiter.close()
+
+    def health(self) -> dict[str, Any]:
+        return {w.config.name: w.health() for w in self.watchers}

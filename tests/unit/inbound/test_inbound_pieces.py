@@ -1,0 +1,114 @@
+"""The inbound pieces that need no server: identities, routes, UID sets, job formats, signatures."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pigeon.config.schema import SidekiqTarget as SidekiqConfig
+from pigeon.inbound.imap import uid_set
+from pigeon.inbound.mailbox import retry_delay
+from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
+from pigeon.inbound.routes import InboundRoute, InboundRoutes, target_of
+from pigeon.inbound.targets.sidekiq import SidekiqTarget
+from pigeon.inbound.targets.webhook import json_body, signature
+
+RAW = b"From: a@example.com\r\nMessage-ID:\r\n <x1@example.com>\r\nSubject: hi\r\n\r\nbody\r\n"
+
+
+def test_dedupe_key_is_the_sha256_of_the_raw_bytes() -> None:
+    assert dedupe_key(RAW) == hashlib.sha256(RAW).hexdigest()
+    assert dedupe_key(RAW) != dedupe_key(RAW + b"x")
+
+
+def test_message_id_is_unfolded_and_absent_when_missing() -> None:
+    assert message_id(RAW) == "<x1@example.com>"
+    assert message_id(b"Subject: x\r\n\r\nMessage-ID: <in-body@x>\r\n") is None
+
+
+@given(st.lists(st.integers(min_value=1, max_value=500), max_size=60))
+def test_uid_set_names_exactly_the_uids(uids: list[int]) -> None:
+    text = uid_set(uids)
+    named: set[int] = set()
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition(":")
+        named.update(range(int(low), int(high or low) + 1))
+    assert named == set(uids)
+
+
+def test_uid_set_compresses_runs() -> None:
+    assert uid_set([3, 1, 2, 7, 9, 10]) == "1:3,7,9:10"
+
+
+def test_inbound_routes_match_address_globs_then_domains_in_order() -> None:
+    routes = InboundRoutes(
+        [
+            InboundRoute("billing", recipient="Billing@App.example"),
+            InboundRoute("replies", recipient="reply+*@app.example"),
+            InboundRoute("helpdesk", domain="*.app.example"),
+            InboundRoute("catchall", domain="app.example"),
+        ]
+    )
+    assert routes.routing_key("billing@app.example") == "inbound:billing"
+    assert routes.routing_key("reply+42@APP.example") == "inbound:replies"
+    assert routes.routing_key("anyone@eu.app.example") == "inbound:helpdesk"
+    assert routes.routing_key("support@app.example") == "inbound:catchall"
+    assert routes.routing_key("someone@elsewhere.example") is None
+    assert target_of("inbound:helpdesk") == "helpdesk"
+    assert target_of("example.com") is None
+
+
+def test_retry_delay_doubles_up_to_the_cap() -> None:
+    assert 4.0 <= retry_delay(1, 5, 300) <= 5
+    assert 16.0 <= retry_delay(3, 5, 300) <= 20
+    assert 240.0 <= retry_delay(30, 5, 300) <= 300
+
+
+def _sidekiq(**options: object) -> SidekiqTarget:
+    config = SidekiqConfig(name="jobs", queue="mail", job_class="InboundJob", **options)  # type: ignore[arg-type]
+    return SidekiqTarget(config, "redis://127.0.0.1:1/0")
+
+
+def test_sidekiq_job_has_what_sidekiq_s_own_client_writes() -> None:
+    message = InboundMessage.of(RAW, "imap:support", 1700000000.5, mailbox="app@h:993/INBOX", uidvalidity=7, uid=3)
+    job = json.loads(_sidekiq().job(message, 1700000001.25))
+    assert job["class"] == "InboundJob"
+    assert job["queue"] == "mail"
+    assert job["retry"] is True
+    assert len(job["jid"]) == 24 and int(job["jid"], 16) >= 0
+    assert job["created_at"] == job["enqueued_at"] == 1700000001.25
+    raw, meta = job["args"]
+    assert raw.encode() == RAW
+    assert meta["dedupe_key"] == dedupe_key(RAW)
+    assert meta["message_id"] == "<x1@example.com>"
+    assert (meta["mailbox"], meta["uidvalidity"], meta["uid"]) == ("app@h:993/INBOX", 7, 3)
+
+
+def test_sidekiq_8_timestamps_are_integer_milliseconds_and_binary_mail_is_base64() -> None:
+    binary = b"Subject: x\r\n\r\n\xff\xfe\r\n"
+    job = json.loads(_sidekiq(timestamps="milliseconds").job(InboundMessage.of(binary, "smtp", 1.0), 1700000001.25))
+    assert job["enqueued_at"] == 1700000001250
+    assert job["args"][1]["raw_encoding"] == "base64"
+
+
+def test_webhook_signature_is_hmac_sha256_over_timestamp_and_body() -> None:
+    value = signature("s3cret", 1700000000, b"body")
+    expected = hmac.new(b"s3cret", b"1700000000.body", hashlib.sha256).hexdigest()
+    assert value == f"t=1700000000,v1={expected}"
+
+
+def test_webhook_json_carries_headers_and_the_raw_message() -> None:
+    body = json.loads(json_body(InboundMessage.of(RAW, "smtp", 1.0)))
+    assert ["Subject", "hi"] in body["headers"]
+    assert body["raw"].encode() == RAW
+    assert body["dedupe_key"] == dedupe_key(RAW)
+
+
+@pytest.mark.parametrize("text", ["", "Subject: only headers"])
+def test_message_id_of_odd_messages_is_none(text: str) -> None:
+    assert message_id(text.encode()) is None
