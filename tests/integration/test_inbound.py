@@ -1,0 +1,207 @@
+"""Inbound routing against real servers: a private Dovecot, Redis and PostgreSQL, a webhook
+receiver, and Pigeon as a process. What the application receives, what stays in the mailbox,
+and what Pigeon logs."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import smtplib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.apps import WebhookApp
+from tests.support.process import PigeonProcess
+from tests.support.services import Dovecot, Postgres, RedisServer
+from tests.support.sinks import wait_until
+
+
+def mail(n: int, *, tag: str = "m") -> bytes:
+    return (
+        f"From: customer{n}@example.com\r\nTo: support@app.example\r\nMessage-ID: <{tag}{n}@example.com>\r\n"
+        f"Subject: question {n}\r\n\r\nHello, this is message {n}.\r\n"
+    ).encode()
+
+
+def mailbox(dovecot: Dovecot, target: str, **options: Any) -> dict[str, Any]:
+    return {
+        "name": "support",
+        "host": "127.0.0.1",
+        "port": dovecot.port,
+        "tls": "starttls",
+        "ca_file": str(dovecot.ca_pem_path),
+        "username": "app",
+        "password": "secret",
+        "target": target,
+        "poll_interval": "5s",
+        **options,
+    }
+
+
+def webhook(app: WebhookApp, **options: Any) -> dict[str, Any]:
+    return {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "200ms", **options}
+
+
+def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    dovecot.append("app", [mail(i) for i in range(30)])
+    with (
+        WebhookApp() as app,
+        PigeonProcess(tmp_path / "p", target=[webhook(app, secret="k3y")], mailbox=[mailbox(dovecot, "hook")]) as node,
+    ):
+        assert app.wait_distinct(30, 20) == 30
+        more = dovecot.append("app", [mail(i, tag="late") for i in range(5)])  # arrives while idling
+        assert app.wait_distinct(35, 10) == 35
+        assert sum(app.accepted.values()) == 35
+        wait_until(lambda: not dovecot.unseen("app"), 10)
+        assert "\\Seen" in dovecot.flags("app", more[-1])
+        records = node.wait_records("InboundDelivery", 35)
+        assert len(records) == 35
+        health = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]
+        assert health["connected"] is True
+        assert time.time() - health["last_poll"] < 10
+    headers = app.headers[0]
+    key = headers["X-Pigeon-Dedupe-Key"]
+    assert hashlib.sha256(app.bodies[key]).hexdigest() == key
+    assert headers["Content-Type"] == "message/rfc822"
+    stamp, mac = (part.split("=", 1)[1] for part in headers["X-Pigeon-Signature"].split(","))
+    assert mac == hmac.new(b"k3y", f"{stamp}.".encode() + app.bodies[key], hashlib.sha256).hexdigest()
+    record = next(r for r in records if r["dedupe_key"] == key)
+    assert record["acknowledged"] == "seen"
+    assert record["mailbox"].startswith("app@127.0.0.1:")
+    assert record["uid"] >= 1 and record["uidvalidity"] > 0
+
+
+def test_accepted_messages_are_moved_or_deleted_as_configured(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [mail(i) for i in range(10)])
+    with WebhookApp() as app:
+        options = {"after_delivery": "move", "move_to": "Processed"}
+        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[mailbox(dovecot, "hook", **options)]):
+            assert app.wait_distinct(10, 20) == 10
+            wait_until(lambda: dovecot.count("app") == 0, 10)
+        assert dovecot.count("app", "Processed") == 10
+        dovecot.append("app", [mail(i, tag="d") for i in range(10)])
+        options = {"after_delivery": "delete"}
+        with PigeonProcess(tmp_path / "q", target=[webhook(app)], mailbox=[mailbox(dovecot, "hook", **options)]):
+            assert app.wait_distinct(20, 20) == 20
+            wait_until(lambda: dovecot.count("app") == 0, 10)
+    assert dovecot.count("app", "Processed") == 10
+
+
+def test_a_refusing_application_gets_nothing_lost_and_permanent_refusals_go_to_the_failed_folder(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    dovecot.append("app", [mail(i) for i in range(5)])
+    with WebhookApp(status=422) as app:
+        box = mailbox(dovecot, "hook", failed_folder="Failed")
+        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+            failures = node.wait_records("InboundFailure", 5)
+            wait_until(lambda: dovecot.count("app", "Failed") == 5, 10)
+        assert dovecot.count("app") == 0
+        assert all(
+            r["permanent"] and r["action"] == "moved to Failed" and r["detail"].startswith("422") for r in failures
+        )
+        assert not node.records("InboundDelivery")
+        assert sum(app.accepted.values()) == 0
+
+
+def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [mail(i) for i in range(8)])
+    with WebhookApp() as app:
+        app.fail_until = time.time() + 3
+        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[mailbox(dovecot, "hook")]) as node:
+            assert app.wait_distinct(8, 30) == 8
+            wait_until(lambda: not dovecot.unseen("app"), 10)
+            failures = node.records("InboundFailure")
+            delivered = node.wait_records("InboundDelivery", 8)
+        assert app.refused >= 8
+        assert failures and not any(r.get("permanent") for r in failures)
+        assert all(r["next_attempt"] > r["timestamp"] for r in failures)
+        assert max(r.get("attempt", 1) for r in delivered) >= 2
+        assert sum(app.accepted.values()) == 8
+
+
+def test_sidekiq_jobs_are_pushed_as_sidekiq_s_client_pushes_them(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    raws = [mail(i) for i in range(12)]
+    dovecot.append("app", raws)
+    target = {"name": "jobs", "kind": "sidekiq", "queue": "mail", "job_class": "InboundEmailJob"}
+    with PigeonProcess(
+        tmp_path / "p", redis={"url": redis_server.url}, target=[target], mailbox=[mailbox(dovecot, "jobs")]
+    ):
+        client = redis_server.client()
+        wait_until(lambda: client.llen("queue:mail") == 12, 20)
+        jobs = [json.loads(j) for j in client.lrange("queue:mail", 0, -1)]
+        assert client.smembers("queues") == {b"mail"}
+    assert {j["class"] for j in jobs} == {"InboundEmailJob"}
+    assert sorted(j["args"][0].encode() for j in jobs) == sorted(raws)
+    assert {j["args"][1]["dedupe_key"] for j in jobs} == {hashlib.sha256(r).hexdigest() for r in raws}
+    assert all(len(j["jid"]) == 24 and j["retry"] is True and j["enqueued_at"] >= j["created_at"] for j in jobs)
+
+
+def test_postgresql_rows_are_unique_by_dedupe_key(tmp_path: Path, dovecot: Dovecot, postgres: Postgres) -> None:
+    # The same bytes twice (two UIDs): the application's table holds one row for them.
+    dovecot.append("app", [mail(i) for i in range(6)] + [mail(0)])
+    target = {"name": "db", "kind": "postgresql", "dsn": postgres.dsn, "table": "inbound_emails"}
+    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[mailbox(dovecot, "db")]) as node:
+        node.wait_records("InboundDelivery", 7, timeout=20)
+        wait_until(lambda: not dovecot.unseen("app"), 10)
+    rows = postgres.query("SELECT dedupe_key, message_id, source FROM inbound_emails ORDER BY id")
+    assert len(rows) == 6
+    assert {r[1] for r in rows} == {f"<m{i}@example.com>" for i in range(6)}
+    assert {r[2] for r in rows} == {"imap:support"}
+
+
+def test_maildir_target_writes_each_message_once(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [mail(i) for i in range(4)] + [mail(1)])
+    target = {"name": "box", "kind": "maildir", "path": str(tmp_path / "Maildir")}
+    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[mailbox(dovecot, "box")]) as node:
+        node.wait_records("InboundDelivery", 5, timeout=20)
+    files = sorted((tmp_path / "Maildir" / "new").iterdir())
+    assert len(files) == 4
+    assert sorted(f.read_bytes() for f in files) == sorted(mail(i) for i in range(4))
+
+
+def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_application(tmp_path: Path) -> None:
+    with WebhookApp() as app:
+        node = PigeonProcess(
+            tmp_path / "p",
+            smtp={"relay_networks": ["192.0.2.0/24"]},  # the test client is not a relay client
+            delivery={"enabled": True, "retry_interval": "1s"},
+            target=[webhook(app, format="json")],
+            inbound=[{"recipient": "support@app.example", "target": "hook"}],
+        )
+        with node, smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
+            client.sendmail("customer@example.com", ["support@app.example"], mail(1))
+            with pytest.raises(smtplib.SMTPRecipientsRefused):
+                client.sendmail("customer@example.com", ["someone@elsewhere.example"], mail(2))
+            assert app.wait_distinct(1, 20) == 1
+            delivered = node.wait_records("Delivery", 1)
+        (body,) = [json.loads(b) for b in app.bodies.values()]
+    assert body["raw"].endswith(mail(1).decode())  # after Pigeon's Received header
+    assert ["Subject", "question 1"] in body["headers"]
+    assert body["recipients"] == ["support@app.example"] and body["sender"] == "customer@example.com"
+    assert delivered[0]["site"] == "inbound:hook" and delivered[0]["queue"] == "inbound:hook"
+    reception = node.records("Reception")[0]
+    assert reception["queue"] == "inbound:hook"
+
+
+def test_smtp_mail_the_application_refuses_for_good_is_bounced(tmp_path: Path) -> None:
+    with WebhookApp(status=400) as app:
+        node = PigeonProcess(
+            tmp_path / "p",
+            delivery={"enabled": True, "dsn": False},
+            target=[webhook(app)],
+            inbound=[{"domain": "*.app.example", "target": "hook"}],
+        )
+        with node, smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
+            client.sendmail("customer@example.com", ["a@eu.app.example"], mail(1))
+            (bounce,) = node.wait_records("Bounce", 1, timeout=20)
+    assert bounce["response"]["code"] == 550
+    assert "400" in bounce["response"]["text"]
