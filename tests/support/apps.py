@@ -26,6 +26,7 @@ class WebhookApp:
         self.url = f"http://127.0.0.1:{self.port}/inbound"
         self.status = status
         self.fail_until = 0.0  # answer 500 until this time.time()
+        self.delay = 0.0  # seconds each request takes
         self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
         self.refused = 0
         self.bodies: dict[str, bytes] = {}
@@ -58,6 +59,8 @@ class WebhookApp:
 
     async def _receive(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.delay:
+            await asyncio.sleep(self.delay)
         key = request.headers.get("X-Pigeon-Dedupe-Key", "")
         with self._lock:
             self.headers.append(dict(request.headers))

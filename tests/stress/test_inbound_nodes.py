@@ -1,0 +1,175 @@
+"""N Pigeon nodes watching one IMAP mailbox hand each message to the application once.
+
+Real servers throughout: a private Dovecot, a private Redis (restartable, no persistence, so a
+restart loses every claim), three Pigeon processes, and a webhook receiver that counts what it
+accepted by dedupe key. Mail is appended while the nodes run.
+
+* Plain run: exactly 2,000 handoffs for 2,000 messages, and the inbox ends with none unseen.
+* kill -9 of a node holding claims: its claims expire and the others take the messages over;
+  2,000 distinct dedupe keys arrive; the only duplicates are messages the dead node had handed
+  over but not yet marked done (at most its claims in hand), which the dedupe key catches.
+* Redis restarted (empty) mid-run while the webhook answers 500 for 30 s: nothing is lost, and
+  duplicates are possible only for handoffs in flight while Redis lost their claims.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.apps import WebhookApp
+from tests.support.process import PigeonProcess
+from tests.support.services import Dovecot, RedisServer
+from tests.support.sinks import wait_until
+
+MESSAGES = 2000
+NODES = 3
+BATCH = 50
+
+
+def mail(n: int) -> bytes:
+    return (
+        f"From: customer{n}@example.com\r\nTo: support@app.example\r\nMessage-ID: <n{n}@example.com>\r\n"
+        f"Subject: reply {n}\r\n\r\nThis is reply number {n}.\r\n"
+    ).encode()
+
+
+def start_nodes(root: Path, dovecot: Dovecot, redis: RedisServer, app: WebhookApp) -> list[PigeonProcess]:
+    nodes = []
+    for n in range(NODES):
+        node = PigeonProcess(
+            root / f"node{n}",
+            node={"name": f"node{n}"},
+            redis={"url": redis.url, "timeout": "1s"},
+            target=[
+                {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "1s", "max_retry_interval": "4s"}
+            ],
+            mailbox=[
+                {
+                    "name": "support",
+                    "host": "127.0.0.1",
+                    "port": dovecot.port,
+                    "tls": "none",
+                    "username": "app",
+                    "password": "secret",
+                    "target": "hook",
+                    "lease": "5s",
+                    "batch": BATCH,
+                    "poll_interval": "10s",
+                }
+            ],
+        )
+        nodes.append(node.start())
+    return nodes
+
+
+def append_while_running(dovecot: Dovecot, count: int = MESSAGES, chunk: int = 100) -> threading.Thread:
+    def run() -> None:
+        for start in range(0, count, chunk):
+            dovecot.append("app", [mail(i) for i in range(start, min(count, start + chunk))])
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_all(nodes: list[PigeonProcess]) -> None:
+    for node in nodes:
+        try:
+            node.stop()
+        finally:
+            node.kill()
+
+
+def delivered_records(nodes: list[PigeonProcess]) -> list[dict[str, Any]]:
+    return [r for node in nodes for r in node.records("InboundDelivery")]
+
+
+@pytest.mark.timeout(300)
+def test_three_nodes_hand_each_of_2000_messages_over_exactly_once(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    with WebhookApp() as app:
+        nodes = start_nodes(tmp_path, dovecot, redis_server, app)
+        try:
+            appender = append_while_running(dovecot)
+            assert app.wait_distinct(MESSAGES, 180) == MESSAGES
+            appender.join()
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+            time.sleep(1)  # anything still to come would come now
+        finally:
+            stop_all(nodes)
+        assert sum(app.accepted.values()) == MESSAGES, "a message was handed over twice"
+        assert app.accepted.most_common(1)[0][1] == 1
+    records = delivered_records(nodes)
+    assert len(records) == MESSAGES
+    by_node = {node.config["node"]["name"]: len(node.records("InboundDelivery")) for node in nodes}
+    assert sum(1 for count in by_node.values() if count) >= 2, f"one node did all the work: {by_node}"
+
+
+@pytest.mark.timeout(300)
+def test_killing_a_node_that_holds_claims_loses_nothing(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    with WebhookApp() as app:
+        app.delay = 0.02  # handoffs take a while, so the victim is caught holding claims
+        nodes = start_nodes(tmp_path, dovecot, redis_server, app)
+        try:
+            appender = append_while_running(dovecot)
+            victim = nodes[0]
+
+            def holds_claims() -> bool:
+                health = json.loads(victim.http_get("/healthz")[1])
+                return bool(health["inbound"]["support"]["claims"])
+
+            wait_until(holds_claims, 60, interval=0.01)
+            victim.kill()
+            killed_at = time.time()
+            assert app.wait_distinct(MESSAGES, 180) == MESSAGES
+            appender.join()
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+        finally:
+            stop_all(nodes)
+        duplicates = sum(app.accepted.values()) - MESSAGES
+        assert app.accepted and len(app.accepted) == MESSAGES
+    print(f"kill -9: {MESSAGES} distinct, {duplicates} duplicates")
+    assert 0 <= duplicates <= BATCH, f"{duplicates} duplicates: more than the dead node's claims in hand"
+    survivors = [r for node in nodes[1:] for r in node.records("InboundDelivery")]
+    assert any(r["timestamp"] > killed_at for r in survivors)
+
+
+@pytest.mark.timeout(400)
+def test_redis_restart_and_a_failing_webhook_lose_nothing(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    with WebhookApp() as app:
+        nodes = start_nodes(tmp_path, dovecot, redis_server, app)
+        try:
+            appender = append_while_running(dovecot)
+            wait_until(lambda: len(app.accepted) >= 300, 60)
+            app.fail_until = time.time() + 30
+            time.sleep(5)
+            redis_server.restart()  # every claim, backoff and done mark is gone
+            failing_ends = app.fail_until
+            wait_until(lambda: len(app.accepted) >= 1000 or time.time() > failing_ends + 60, 120)
+            redis_server.restart()  # and once more while handoffs succeed
+            assert app.wait_distinct(MESSAGES, 240) == MESSAGES
+            appender.join()
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+        finally:
+            stop_all(nodes)
+        duplicates = sum(app.accepted.values()) - MESSAGES
+        assert len(app.accepted) == MESSAGES
+        assert app.refused >= 1
+    failures = [r for node in nodes for r in node.records("InboundFailure")]
+    print(f"Redis restarts: {MESSAGES} distinct, {duplicates} duplicates, {len(failures)} failed attempts")
+    assert failures and not any(r.get("permanent") for r in failures)
+    # Duplicates need a handoff in flight while Redis lost its claim: at most what the nodes
+    # had in hand at the two restarts.
+    assert duplicates <= 2 * NODES * BATCH, f"{duplicates} duplicates"
