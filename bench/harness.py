@@ -97,10 +97,10 @@ class Mta:
 
 
 class Pigeon(Mta):
-    def __init__(self, workdir: Path, workers: int | str, **sections: dict[str, object]) -> None:
+    def __init__(self, workdir: Path, workers: int | str, *, wait: bool = True, **sections: object) -> None:
         self.name = f"pigeon ({workers} worker{'s' if workers != 1 else ''})"
         self.process = PigeonProcess(workdir, node={"workers": workers}, log={"level": "warning"}, **sections)
-        self.process.start()
+        self.process.start(wait=wait)
         self.port = self.process.smtp_port
 
     def root_pid(self) -> int:

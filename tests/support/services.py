@@ -266,7 +266,13 @@ class Dovecot(_Server):
     free loopback ports, a self-signed certificate for 127.0.0.1 and localhost (clients verify it
     with `ca_pem_path`), passwords from `users` (PLAIN and LOGIN, also without TLS), Maildir
     mail under the directory. IDLE sessions hear of other sessions' changes within about a
-    second. The helpers are synchronous imaplib sessions, for a test's setup and assertions."""
+    second. The helpers are synchronous imaplib sessions, for a test's setup and assertions.
+
+    With `oauth2_introspection_url` (http://127.0.0.1:<port>/..., no name lookups), it also
+    takes AUTHENTICATE XOAUTH2 and OAUTHBEARER: Dovecot POSTs `token=<access token>` there
+    (RFC 7662 introspection) for each login and lets the user in when the JSON answer has
+    "active": true and "username" equal to the user logging in. The userdb still comes from
+    `users`, so a user logging in with a token must be one of them."""
 
     name = "dovecot"
     host = HOST
@@ -274,7 +280,13 @@ class Dovecot(_Server):
     # once on its own SIGTERM.
     stop_group = True
 
-    def __init__(self, directory: Path, users: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        users: Mapping[str, str] | None = None,
+        *,
+        oauth2_introspection_url: str | None = None,
+    ) -> None:
         super().__init__(directory)
         if os.geteuid() != 0:
             raise RuntimeError("the private Dovecot must be started as root (it drops to its own users)")
@@ -282,6 +294,11 @@ class Dovecot(_Server):
         for user, password in self.users.items():
             if not re.fullmatch(r"[\w.@+-]+", user) or re.search(r"[:\n]", password):
                 raise ValueError(f"user {user!r}: names are [\\w.@+-]+, passwords have no ':' or newline")
+        if oauth2_introspection_url is not None and not re.fullmatch(
+            r"http://127\.0\.0\.1:\d+/\S*", oauth2_introspection_url
+        ):
+            raise ValueError(f"{oauth2_introspection_url!r}: the introspection URL must be http://127.0.0.1:<port>/...")
+        self.oauth2_introspection_url = oauth2_introspection_url
         self.port = free_port()
         self.imaps_port = free_port()
         self.run_dir = self.directory / "run"
@@ -327,8 +344,21 @@ class Dovecot(_Server):
         os.chown(users_path, 0, grp.getgrnam("dovecot").gr_gid)
         users_path.chmod(0o640)
 
+        if self.oauth2_introspection_url is None:
+            mechanisms, passwd_mechanisms, oauth2 = "plain login", "", ""
+        else:
+            # Read by the auth process (user dovecot); it holds no secret.
+            oauth2_path = self.directory / "dovecot-oauth2.conf.ext"
+            oauth2_path.write_text(_DOVECOT_OAUTH2_CONF.format(url=self.oauth2_introspection_url))
+            oauth2_path.chmod(0o644)
+            mechanisms = "plain login xoauth2 oauthbearer"
+            passwd_mechanisms = "\n  mechanisms = plain login"
+            oauth2 = _DOVECOT_OAUTH2_PASSDB.format(args=oauth2_path)
         self.config_path.write_text(
             _DOVECOT_CONF.format(
+                mechanisms=mechanisms,
+                passwd_mechanisms=passwd_mechanisms,
+                oauth2=oauth2,
                 directory=self.directory,
                 run=self.run_dir,
                 log=self.log_path,
@@ -498,12 +528,12 @@ ssl_key = <{key}
 ssl_min_protocol = TLSv1.2
 # Tests log in with passwords over plain connections too.
 disable_plaintext_auth = no
-auth_mechanisms = plain login
+auth_mechanisms = {mechanisms}
 passdb {{
-  driver = passwd-file
+  driver = passwd-file{passwd_mechanisms}
   args = scheme=PLAIN username_format=%u {users}
 }}
-userdb {{
+{oauth2}userdb {{
   driver = passwd-file
   args = username_format=%u {users}
 }}
@@ -549,6 +579,26 @@ service imap-login {{
 service imap {{
   process_limit = 100
 }}
+"""
+
+# With oauth2_introspection_url: tokens (XOAUTH2, OAUTHBEARER) checked by that endpoint alone.
+_DOVECOT_OAUTH2_PASSDB = """\
+passdb {{
+  driver = oauth2
+  mechanisms = xoauth2 oauthbearer
+  args = {args}
+}}
+"""
+
+_DOVECOT_OAUTH2_CONF = """\
+# Written by tests/support/services.py. No tokeninfo_url: the introspection endpoint alone
+# decides (POST token=..., RFC 7662), and its "active" must be true.
+introspection_url = {url}
+introspection_mode = post
+force_introspection = yes
+username_attribute = username
+active_attribute = active
+active_value = true
 """
 
 

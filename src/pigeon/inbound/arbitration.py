@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -35,8 +36,13 @@ from dataclasses import dataclass
 from typing import Final
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+
+_log = logging.getLogger(__name__)
 
 DONE_TTL: Final = 24 * 3600.0  # how long "done" and "failed" marks outlive the handoff
 
@@ -64,8 +70,21 @@ class Claim:
     lost: bool = False
 
 
-# KEYS[1] claim key; ARGV: token, lease ms. Returns the standing and the attempt count.
+# KEYS[1] the epoch key. Redis's birth time as Pigeon knows it (set when missing: first use, or
+# a Redis that lost its data), and Redis's clock.
+_EPOCH: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local born = redis.call('GET', KEYS[1])
+if not born then redis.call('SET', KEYS[1], now) born = now end
+return {tostring(born), tostring(now)}
+"""
+
+# KEYS[1] claim key, KEYS[2] epoch key; ARGV: token, lease ms, the epoch the caller knows ('' for
+# none). Returns the standing and the attempt count. A caller that knew another epoch is
+# refused ("paused"): Redis lost its claims, and holders must first have time to put theirs back.
 _CLAIM: Final = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return {'paused', '0'} end
 local v = redis.call('GET', KEYS[1])
 local attempts = 0
 if v then
@@ -111,6 +130,8 @@ return 1
 class Arbiter:
     """Claims and their outcomes; `RedisArbiter` for a cluster, `LocalArbiter` for one node."""
 
+    shared = False  # whether other nodes see these claims
+
     def __init__(self) -> None:
         self.token = secrets.token_hex(8)  # this process: a restarted node is someone else
         self._claims = itertools.count()
@@ -151,10 +172,31 @@ class Arbiter:
 
 
 class RedisArbiter(Arbiter):
-    def __init__(self, url: str, *, timeout: float = 2.0) -> None:
+    """Claims in one Redis. After Redis lost its data (a restart without persistence, a failover
+    to a replica that had not caught up), nodes that were claiming stop for 40% of a lease:
+    long enough for every holder's next renewal (every third of a lease) to put its claims
+    back, so a message in the middle of a handoff is not taken by another node. This is the
+    "delayed restart" Redis's own locking guide recommends, done by the clients."""
+
+    shared = True
+
+    def __init__(self, url: str, *, prefix: str = "pigeon", timeout: float = 2.0) -> None:
         super().__init__()
         self.url = url
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.prefix = f"{prefix}:" if prefix else ""
+        self._epoch_key = "inbound:epoch"
+        self._epoch: str | None = None
+        self._paused_until = 0.0  # monotonic
+        # One quick retry on a fresh connection: after a Redis restart the pooled connections
+        # are dead, and the first command on each would otherwise fail for nothing.
+        self._redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+            retry_on_error=[RedisConnectionError],
+        )
+        self._epoch_script = self._redis.register_script(_EPOCH)
         self._claim = self._redis.register_script(_CLAIM)
         self._renew = self._redis.register_script(_RENEW)
         self._settle = self._redis.register_script(_SETTLE)
@@ -163,26 +205,44 @@ class RedisArbiter(Arbiter):
     async def close(self) -> None:
         await self._redis.aclose()
 
-    async def _run(self, calls: list[tuple[AsyncScript, str, list[str]]]) -> list[object]:
+    async def _run(self, calls: Sequence[tuple[AsyncScript, str | list[str], list[str]]]) -> list[object]:
         if not calls:
             return []
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for script, key, args in calls:
-                    await script(keys=[key], args=args, client=pipe)
+                    keys = [key] if isinstance(key, str) else key
+                    await script(keys=[self.prefix + k for k in keys], args=args, client=pipe)
                 return list(await pipe.execute())
         except (RedisError, OSError) as error:
             raise ArbitrationUnavailable(f"Redis at {self.url}: {error or type(error).__name__}") from error
 
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
         started = time.monotonic()
+        if started < self._paused_until:
+            return [Claim(key, uid, Standing.WAITING) for key, uid in keys]
         lease_ms = str(max(1, int(lease * 1000)))
         nonces = [self.nonce() for _ in keys]
-        answers = await self._run([(self._claim, key, [n, lease_ms]) for (key, _), n in zip(keys, nonces, strict=True)])
+        known = self._epoch or ""
+        calls: list[tuple[AsyncScript, str | list[str], list[str]]] = [(self._epoch_script, [self._epoch_key], [])]
+        calls += [
+            (self._claim, [key, self._epoch_key], [n, lease_ms, known])
+            for (key, _), n in zip(keys, nonces, strict=True)
+        ]
+        epoch, *answers = await self._run(calls)
+        assert isinstance(epoch, list)
+        born, now = _text(epoch[0]), int(_text(epoch[1]))
+        if self._epoch is not None and born != self._epoch:
+            pause = (int(born) + lease * 400 - now) / 1000  # 40% of a lease from its rebirth
+            self._paused_until = started + max(0.0, pause)
+            _log.warning("Redis at %s lost its data: pausing claims %.1fs so holders can renew theirs", self.url,
+                         max(0.0, pause))  # fmt: skip
+        self._epoch = born
         claims = []
         for (key, uid), nonce, answer in zip(keys, nonces, answers, strict=True):
             assert isinstance(answer, list)
-            standing = Standing(_text(answer[0]))
+            text = _text(answer[0])
+            standing = Standing.WAITING if text == "paused" else Standing(text)
             attempts = int(_text(answer[1]))
             if standing is Standing.CLAIMED:
                 claims.append(self._claimed(key, uid, nonce, attempts, lease, started))

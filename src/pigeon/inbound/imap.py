@@ -95,6 +95,7 @@ class ImapSession:
             if tls == "starttls":
                 await _starttls(client, host, tls_context, timeout)
             if auth == "xoauth2":
+                _answer_sasl_errors(client)
                 response = await client.xoauth2(username, secret)
             else:
                 response = await client.login(username, secret)
@@ -211,6 +212,24 @@ class ImapSession:
 
     async def close(self) -> None:
         await _close(self._client)
+
+
+def _answer_sasl_errors(client: aioimaplib.IMAP4) -> None:
+    """A refused XOAUTH2 token comes back as a `+ <base64 JSON>` challenge, and the server
+    says NO only after the client's empty answer (RFC 7628 3.2.3). aioimaplib never sends
+    it, so the login would hang until the command timeout and report a timeout, not the
+    refusal. Answer it."""
+    protocol = client.protocol
+    original = protocol._continuation
+
+    def continuation(line: bytes) -> None:
+        pending = protocol.pending_sync_command
+        if pending is not None and pending.name == "AUTHENTICATE":
+            protocol.transport.write(b"\r\n")
+            return
+        original(line)
+
+    protocol._continuation = continuation
 
 
 async def _starttls(client: aioimaplib.IMAP4, host: str, context: ssl.SSLContext | None, limit: float) -> None:

@@ -41,6 +41,8 @@ _log = logging.getLogger(__name__)
 _FAILED_FLAG: Final = "$PigeonFailed"
 _RECHECK: Final = 2.0  # seconds between polls while other nodes hold claims or backoffs run
 _MAX_RECONNECT_DELAY: Final = 60.0
+_HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
+_WAITING_PAUSE: Final = 1.0  # ... or one in backoff
 
 
 def retry_delay(attempts: int, first: float, cap: float) -> float:
@@ -77,6 +79,7 @@ class MailboxWatcher:
         self.connected = False
         self.last_error: str | None = None
         self.held: dict[str, Claim] = {}
+        self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._stopping = False
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
@@ -100,7 +103,7 @@ class MailboxWatcher:
             while not self._stopping:
                 try:
                     session = await self._open()
-                except (ImapError, OSError, TimeoutError, ssl.SSLError) as error:
+                except Exception as error:  # refused, unreachable, or aioimaplib's own errors
                     self._failed_connection(error)
                 else:
                     self.connected, self.last_error, delay = True, None, 1.0
@@ -195,13 +198,24 @@ class MailboxWatcher:
         self.last_poll = time.time()
         self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
         if not uids:
+            self._elsewhere.clear()
             return False, False
-        waiting = False
+        # What another node held a moment ago is not asked about again until its holder had
+        # time to finish: with N nodes, most claims would otherwise be wasted round trips.
+        moment = time.monotonic()
+        self._elsewhere = {uid: until for uid, until in self._elsewhere.items() if until > moment}
+        candidates = [uid for uid in uids if uid not in self._elsewhere]
+        waiting = len(candidates) < len(uids)
+        # Nodes start at different places in the list, so they rarely reach for the same
+        # messages; one node alone still takes the oldest first.
+        chunks = [candidates[start : start + config.batch] for start in range(0, len(candidates), config.batch)]
+        if len(chunks) > 1 and self._arbiter.shared:
+            turn = random.randrange(len(chunks))
+            chunks = chunks[turn:] + chunks[:turn]
         claimed: list[Claim] = []
         done: list[Claim] = []
         failed: list[Claim] = []
-        for start in range(0, len(uids), config.batch):
-            chunk = uids[start : start + config.batch]
+        for chunk in chunks:
             keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
             for claim in await self._arbiter.claim(keys, config.lease):
                 if claim.standing is Standing.CLAIMED:
@@ -212,6 +226,8 @@ class MailboxWatcher:
                     failed.append(claim)
                 else:
                     waiting = True
+                    pause = _HELD_PAUSE if claim.standing is Standing.HELD else _WAITING_PAUSE
+                    self._elsewhere[claim.uid] = moment + min(pause, config.lease / 3)
             if len(claimed) >= config.batch:
                 break
         if done:
@@ -270,7 +286,7 @@ class MailboxWatcher:
             await self._arbiter.release(stale)
             ready = [(c, m) for c, m in ready if not (c.lost or c.deadline <= moment)]
         started = time.monotonic()
-        answers = await self.target.deliver_many([m for _, m in ready]) if ready else []
+        answers = await self._deliver(ready) if ready else []
         duration = time.monotonic() - started
         accepted = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.ACCEPTED]
         later = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.TRANSIENT]
@@ -287,15 +303,44 @@ class MailboxWatcher:
         if never:
             await self._settle_never(session, never)
 
-    async def _settle_accepted(
-        self, session: ImapSession, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float
-    ) -> None:
+    async def _deliver(self, ready: list[tuple[Claim, InboundMessage]]) -> list[Handoff]:
+        """Hand the messages over, marking each claim done as soon as its handoff is accepted.
+
+        The time between the target accepting and the claim saying so is the one window in
+        which a node's death makes a duplicate. A target that takes a batch in one step
+        (Sidekiq, PostgreSQL) is marked done right after it; one taking a request per message
+        (webhook, Maildir) has each marked as it completes, so the window holds only what is
+        in flight, not the whole batch.
+        """
+        target = self.target
+        if target.batches:
+            answers = await target.deliver_many([m for _, m in ready])
+            await self._mark_done([c for (c, _), a in zip(ready, answers, strict=True) if a.accepted])
+            return answers
+        gate = asyncio.Semaphore(self.config.concurrency)
+
+        async def one(claim: Claim, message: InboundMessage) -> Handoff:
+            async with gate:
+                (answer,) = await target.deliver_many([message])
+            if answer.accepted:
+                await self._mark_done([claim])
+            return answer
+
+        return list(await asyncio.gather(*(one(c, m) for c, m in ready)))
+
+    async def _mark_done(self, claims: list[Claim]) -> None:
+        if not claims:
+            return
         try:
-            await self._arbiter.done([c for c, _, _ in accepted])
+            await self._arbiter.done(claims)
         except ArbitrationUnavailable as error:
             # Delivered is delivered: acknowledge at the source regardless, which is what keeps
             # the message from being handed over again.
             _log.warning("mailbox %s: could not mark handoffs done: %s", self.config.name, error)
+
+    async def _settle_accepted(
+        self, session: ImapSession, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float
+    ) -> None:
         acknowledged = await self._acknowledge(session, [c.uid for c, _, _ in accepted])
         counter = self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered")
         counter.inc(len(accepted))

@@ -28,7 +28,9 @@ class Inbound:
         redis_url = config.redis.url
         self.targets: dict[str, Target] = {t.name: targets.build(t, redis_url) for t in config.target}
         self.arbiter: Arbiter = (
-            RedisArbiter(redis_url, timeout=config.redis.timeout) if redis_url is not None else LocalArbiter()
+            RedisArbiter(redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout)
+            if redis_url is not None
+            else LocalArbiter()
         )
         retry = {t.name: (t.retry_interval, t.max_retry_interval) for t in config.target}
         self.watchers = [

@@ -38,6 +38,7 @@ class Target:
     hand over a batch in fewer round trips than one per message."""
 
     kind = "target"
+    batches = False  # whether deliver_many hands a batch over in one step (one transaction)
 
     def __init__(self, name: str, *, concurrency: int = 8) -> None:
         self.name = name

@@ -38,6 +38,7 @@ def create_table_sql(table: str) -> str:
 
 class PostgresqlTarget(Target):
     kind = "postgresql"
+    batches = True
 
     def __init__(self, config: PostgresqlConfig, *, timeout: float = 10.0) -> None:
         super().__init__(config.name)

@@ -28,6 +28,7 @@ _encode = msgspec.json.Encoder().encode
 
 class SidekiqTarget(Target):
     kind = "sidekiq"
+    batches = True
 
     def __init__(self, config: SidekiqConfig, redis_url: str, *, timeout: float = 5.0) -> None:
         super().__init__(config.name)
