@@ -205,3 +205,26 @@ def test_smtp_mail_the_application_refuses_for_good_is_bounced(tmp_path: Path) -
             (bounce,) = node.wait_records("Bounce", 1, timeout=20)
     assert bounce["response"]["code"] == 550
     assert "400" in bounce["response"]["text"]
+
+
+def test_implicit_tls_mailbox_verifies_the_server_and_hands_mail_over(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [mail(i) for i in range(3)])
+    with WebhookApp() as app:
+        box = mailbox(dovecot, "hook", tls="implicit", port=dovecot.imaps_port)
+        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]):
+            assert app.wait_distinct(3, 20) == 3
+
+
+def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [mail(1)])
+    with WebhookApp() as app:
+        box = mailbox(dovecot, "hook", tls="implicit", port=dovecot.imaps_port)
+        del box["ca_file"]  # the system's CAs do not know the test's own CA
+        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+
+            def reported() -> str:
+                return json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["error"] or ""
+
+            assert "CERTIFICATE_VERIFY_FAILED" in wait_until(reported, 10)
+        assert not app.accepted
+    assert dovecot.unseen("app")

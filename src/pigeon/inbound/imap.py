@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Final
 
 import aioimaplib
@@ -54,14 +54,25 @@ def _check(response: aioimaplib.Response, what: str) -> aioimaplib.Response:
 
 
 class ImapSession:
-    """A logged-in session with `folder` selected. Open with `ImapSession.open()`."""
+    """A logged-in session with `folder` selected. Open with `ImapSession.open()`.
 
-    def __init__(self, client: aioimaplib.IMAP4, folder: str, uidvalidity: int, timeout: float) -> None:
+    Every command has a deadline, and a lost connection fails the command waiting on it at
+    once: aioimaplib times out only some commands and never fails one when the server goes
+    away, which would leave a watcher waiting forever on a dead socket.
+    """
+
+    def __init__(
+        self, client: aioimaplib.IMAP4, folder: str, uidvalidity: int, timeout: float, gone: asyncio.Event
+    ) -> None:
         self._client = client
         self.folder = folder
         self.uidvalidity = uidvalidity
         self._timeout = timeout
-        self.lost = False
+        self._gone = gone
+
+    @property
+    def lost(self) -> bool:
+        return self._gone.is_set()
 
     @classmethod
     async def open(
@@ -79,17 +90,16 @@ class ImapSession:
     ) -> ImapSession:
         """Connect, secure, log in, select. Raises `ImapError` or `OSError`/`TimeoutError`."""
         timeout = command_timeout
-        holder: list[ImapSession] = []
+        gone = asyncio.Event()
+        client: aioimaplib.IMAP4
 
         def lost(_error: Exception | None) -> None:
-            for session in holder:
-                session.lost = True
+            gone.set()
+            # Wake an IDLE wait: the watcher then finds the session lost and reconnects.
+            client.protocol.idle_queue.put_nowait(aioimaplib.STOP_WAIT_SERVER_PUSH)
 
-        client: aioimaplib.IMAP4
-        if tls == "implicit":
-            client = aioimaplib.IMAP4_SSL(host, port, timeout=timeout, ssl_context=tls_context)
-        else:
-            client = aioimaplib.IMAP4(host, port, timeout=timeout, conn_lost_cb=lost)
+        context = tls_context if tls == "implicit" else None
+        client = aioimaplib.IMAP4(host, port, timeout=timeout, conn_lost_cb=lost, ssl_context=context)
         try:
             await client.wait_hello_from_server()
             if tls == "starttls":
@@ -100,6 +110,8 @@ class ImapSession:
             else:
                 response = await client.login(username, secret)
             _check(response, f"login as {username}")
+            # Servers may offer more once logged in (Gmail: MOVE, UIDPLUS).
+            await asyncio.wait_for(client.protocol.capability(), timeout)
             response = _check(await client.select(_quote(folder)), f"select {folder}")
         except BaseException:
             await _close(client)
@@ -108,15 +120,33 @@ class ImapSession:
         if validity is None:
             await _close(client)
             raise ImapError(f"select {folder}: the server gave no UIDVALIDITY")
-        session = cls(client, folder, int(validity.group(1)), timeout)
-        holder.append(session)
-        return session
+        return cls(client, folder, int(validity.group(1)), timeout, gone)
 
     def has(self, capability: str) -> bool:
         return bool(self._client.has_capability(capability))
 
+    async def _run(self, command: Awaitable[aioimaplib.Response], what: str) -> aioimaplib.Response:
+        """One command: its answer, checked; or ImapError when the connection goes away, or
+        TimeoutError past the deadline."""
+        task = asyncio.ensure_future(command)
+        if self.lost:
+            task.cancel()
+            raise ImapError(f"{what}: the connection is lost")
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            done, _ = await asyncio.wait({task, gone}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if task in done:
+            return _check(task.result(), what)
+        task.cancel()
+        if self.lost:
+            raise ImapError(f"{what}: the server closed the connection")
+        raise TimeoutError(f"{what}: no answer within {self._timeout:g}s")
+
     async def search(self, criteria: str) -> list[int]:
-        response = _check(await self._client.uid_search(*criteria.split(), charset=None), f"search {criteria}")
+        response = await self._run(self._client.protocol.search(*criteria.split(), charset=None, by_uid=True),
+                                   f"search {criteria}")  # fmt: skip
         uids: list[int] = []
         # aioimaplib hands over "* SEARCH 1 2 3" as b"1 2 3" (or as it came, in some versions);
         # the last line is the tagged completion text.
@@ -129,7 +159,8 @@ class ImapSession:
         return uids
 
     async def sizes(self, uids: Sequence[int]) -> dict[int, int]:
-        response = _check(await self._client.uid("fetch", uid_set(uids), "(UID RFC822.SIZE)"), "fetch sizes")
+        response = await self._run(self._client.protocol.fetch(uid_set(uids), "(UID RFC822.SIZE)", by_uid=True),
+                                   "fetch sizes")  # fmt: skip
         sizes: dict[int, int] = {}
         for line in response.lines:
             data = bytes(line)
@@ -140,7 +171,8 @@ class ImapSession:
 
     async def fetch(self, uids: Sequence[int]) -> dict[int, bytes]:
         """Raw messages by UID, fetched with BODY.PEEK[] so nothing is marked \\Seen."""
-        response = _check(await self._client.uid("fetch", uid_set(uids), "(UID BODY.PEEK[])"), "fetch")
+        response = await self._run(self._client.protocol.fetch(uid_set(uids), "(UID BODY.PEEK[])", by_uid=True),
+                                   "fetch")  # fmt: skip
         found: dict[int, bytes] = {}
         uid: int | None = None
         body: bytes | None = None
@@ -161,54 +193,70 @@ class ImapSession:
 
     async def flag(self, uids: Sequence[int], flags: str) -> None:
         if uids:
-            _check(await self._client.uid("store", uid_set(uids), "+FLAGS.SILENT", f"({flags})"), "store flags")
+            protocol = self._client.protocol
+            await self._run(protocol.store(uid_set(uids), "+FLAGS.SILENT", f"({flags})", by_uid=True), "store flags")
 
     async def move(self, uids: Sequence[int], folder: str) -> None:
         if not uids:
             return
+        protocol = self._client.protocol
         if self.has("MOVE"):
-            _check(await self._client.uid("move", uid_set(uids), _quote(folder)), f"move to {folder}")
+            await self._run(protocol.move(uid_set(uids), _quote(folder), by_uid=True), f"move to {folder}")
             return
-        _check(await self._client.uid("copy", uid_set(uids), _quote(folder)), f"copy to {folder}")
+        await self._run(protocol.copy(uid_set(uids), _quote(folder), by_uid=True), f"copy to {folder}")
         await self.delete(uids)
 
     async def delete(self, uids: Sequence[int]) -> None:
         if not uids:
             return
         await self.flag(uids, "\\Deleted")
+        protocol = self._client.protocol
         if self.has("UIDPLUS"):
-            _check(await self._client.uid("expunge", uid_set(uids)), "uid expunge")
+            await self._run(protocol.expunge(uid_set(uids), by_uid=True), "uid expunge")
         else:
             # Without UIDPLUS, EXPUNGE removes every \Deleted message in the folder, ours or not.
-            _check(await self._client.expunge(), "expunge")
+            await self._run(protocol.expunge(), "expunge")
 
     async def create(self, folder: str) -> None:
-        await self._client.create(_quote(folder))  # "already exists" is fine
+        try:
+            await self._run(self._client.protocol.simple_command("CREATE", _quote(folder)), f"create {folder}")
+        except ImapError:
+            pass  # it exists already (servers say so with NO)
 
     async def wait_for_mail(self, seconds: float, idle: bool) -> None:
-        """Return when the server says the folder changed (IDLE) or after `seconds`."""
+        """Return when the server says the folder changed (IDLE) or after `seconds`.
+        Raises ImapError when the server says BYE or the connection goes away meanwhile."""
         timeout = seconds
         if not (idle and self.has("IDLE")):
-            await asyncio.sleep(timeout)
-            return
+            try:
+                await asyncio.wait_for(self._gone.wait(), timeout)
+            except TimeoutError:
+                return
+            raise ImapError("the server closed the connection")
         client = self._client
         idling = await asyncio.wait_for(client.idle_start(timeout=max(timeout, 1.0)), self._timeout)
         try:
-            while True:
+            while not self.lost:
                 push = await client.wait_server_push(timeout=timeout + self._timeout)
                 if push == aioimaplib.STOP_WAIT_SERVER_PUSH:
                     break
+                if any(bytes(line).startswith(b"BYE") for line in push):
+                    raise ImapError(
+                        "the server said BYE: " + b" ".join(bytes(x) for x in push).decode("utf-8", "replace")
+                    )
                 if any(_PUSH.match(bytes(line)) for line in push):
                     break
         except TimeoutError:
             pass
         finally:
-            if client.has_pending_idle():
-                client.idle_done()
-            await asyncio.wait_for(idling, self._timeout)
-
-    async def noop(self) -> None:
-        _check(await self._client.noop(), "noop")
+            if self.lost:
+                idling.cancel()
+            else:
+                if client.has_pending_idle():
+                    client.idle_done()
+                await asyncio.wait_for(idling, self._timeout)
+        if self.lost:
+            raise ImapError("the server closed the connection")
 
     async def close(self) -> None:
         await _close(self._client)
