@@ -83,18 +83,19 @@ async def test_no_redis_means_no_claims_rather_than_a_guess(redis_server: RedisS
 async def test_after_redis_lost_its_data_claims_pause_while_holders_put_theirs_back(
     redis_server: RedisServer,
 ) -> None:
-    holder, other = RedisArbiter(redis_server.url), RedisArbiter(redis_server.url)
+    holder, other = RedisArbiter(redis_server.url, timeout=0.2), RedisArbiter(redis_server.url, timeout=0.2)
     try:
-        claims = await holder.claim(KEYS[:1], 1.0)
-        assert [c.standing for c in await other.claim(KEYS[1:], 1.0)] == [Standing.CLAIMED]
+        claims = await holder.claim(KEYS[:1], 3.0)
+        assert [c.standing for c in await other.claim(KEYS[1:], 3.0)] == [Standing.CLAIMED]
         redis_server.restart()  # empty: every claim is gone
-        # The other node knew Redis before: it waits 40% of a lease instead of grabbing the
+        # The other node knew Redis before: it waits a third of a lease and two timeouts and a
+        # second (2.4 s here) instead of grabbing the
         # message the holder is still handing over ...
-        assert [c.standing for c in await other.claim(KEYS[:1], 1.0)] == [Standing.WAITING]
-        await holder.renew(claims, 1.0)  # ... which the holder's next renewal puts back.
+        assert [c.standing for c in await other.claim(KEYS[:1], 3.0)] == [Standing.WAITING]
+        await holder.renew(claims, 3.0)  # ... which the holder's next renewal puts back.
         assert not claims[0].lost
-        await asyncio.sleep(0.45)
-        assert [c.standing for c in await other.claim(KEYS[:1], 1.0)] == [Standing.HELD]
+        await asyncio.sleep(2.5)
+        assert [c.standing for c in await other.claim(KEYS[:1], 3.0)] == [Standing.HELD]
     finally:
         await holder.close()
         await other.close()

@@ -228,3 +228,22 @@ def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_p
             assert "CERTIFICATE_VERIFY_FAILED" in wait_until(reported, 10)
         assert not app.accepted
     assert dovecot.unseen("app")
+
+
+def test_an_imap_server_that_dies_mid_run_costs_a_reconnect_and_nothing_else(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [mail(i) for i in range(200)])
+    with WebhookApp() as app:
+        app.delay = 0.01
+        box = mailbox(dovecot, "hook", timeout="3s", batch=20)
+        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+            wait_until(lambda: len(app.accepted) >= 40, 30)
+            dovecot.kill()  # mid-batch: fetches, handoffs and acknowledgements in flight
+            time.sleep(1)
+            dovecot.start()
+            assert app.wait_distinct(200, 60) == 200
+            wait_until(lambda: not dovecot.unseen("app"), 20)
+            health = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]
+        # Handed over but not yet acknowledged when the server died: found done, acknowledged,
+        # not handed over again.
+        assert sum(app.accepted.values()) == 200
+    assert health["connected"] is True

@@ -112,6 +112,18 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file")
         if mailbox.after_delivery == "move" and not mailbox.move_to:
             raise fail(["mailbox", "after_delivery"], f'mailbox {mailbox.name!r}: "move" needs move_to = "<folder>"')
+        for key in ("move_to", "failed_folder"):
+            if getattr(mailbox, key) == mailbox.folder:
+                # Moved into the folder it came from, it would come back as new mail, forever.
+                raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})")
+        for key in ("lease", "timeout", "poll_interval"):
+            if getattr(mailbox, key) < 1:
+                raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second")
+    watched = [(m.username, m.host.lower(), m.port, m.folder) for m in config.mailbox]
+    for mailbox, where in zip(config.mailbox, watched, strict=True):
+        if watched.count(where) > 1:
+            # They would share claims: each message would reach only one of their targets.
+            raise fail(["mailbox", "folder"], f"mailbox {mailbox.name!r}: another [[mailbox]] watches the same folder")
     mailbox_names = [m.name for m in config.mailbox]
     for name in mailbox_names:
         if mailbox_names.count(name) > 1:

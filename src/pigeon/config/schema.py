@@ -348,10 +348,12 @@ class WebhookTarget(_Target, tag="webhook", kw_only=True):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra request headers (an Authorization header, say)."""
     retry_statuses: list[Annotated[int, msgspec.Meta(ge=400, le=499)]] = msgspec.field(
-        default_factory=lambda: [408, 409, 423, 425, 429]
+        default_factory=lambda: [401, 403, 404, 408, 409, 423, 425, 429]
     )
-    """4xx answers that mean "later" rather than "never". Other 4xx are permanent failures;
-    5xx, timeouts and connection errors are always retried."""
+    """4xx answers that mean "later" rather than "never". Other 4xx (400, 410, 413, 422, ...)
+    are permanent failures: the failed folder, or a bounce. 5xx, timeouts and connection
+    errors are always retried. 401, 403 and 404 are here by default because they usually mean
+    a wrong token or a deploy in progress, which an operator fixes, not a bad message."""
 
 
 class PostgresqlTarget(_Target, tag="postgresql", kw_only=True):

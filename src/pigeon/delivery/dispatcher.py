@@ -249,8 +249,18 @@ class Dispatcher:
                     except StaleTransition:
                         continue
                 self.in_flight += len(taken)
+                settled: set[int] = set()
                 try:
-                    await self._hand_batch(queue, name, target, taken)
+                    await self._hand_batch(queue, name, target, taken, settled)
+                except Exception as error:
+                    # Whatever went wrong, every message taken gets an outcome: left IN_FLIGHT
+                    # it would wait for a restart, out of reach of admin operations too.
+                    _log.exception("handing over to target %s failed unexpectedly", name)
+                    reply = Reply(451, "4.3.0", (f"{name}: {type(error).__name__}: {error}",))
+                    for entry, generation in taken:
+                        if id(entry) not in settled:
+                            count = len(entry.message.envelope.recipients)
+                            self._settle(entry, generation, Attempt.same_for_all(reply, count, queue.destination.site))
                 finally:
                     self.in_flight -= len(taken)
         except Exception:
@@ -261,7 +271,7 @@ class Dispatcher:
                 self._kick(queue)
 
     async def _hand_batch(
-        self, queue: ReadyQueue, name: str, target: Target | None, taken: list[tuple[Entry, int]]
+        self, queue: ReadyQueue, name: str, target: Target | None, taken: list[tuple[Entry, int]], settled: set[int]
     ) -> None:
         site = queue.destination.site
         messages: list[tuple[Entry, int, InboundMessage]] = []
@@ -269,11 +279,13 @@ class Dispatcher:
             count = len(entry.message.envelope.recipients)
             if target is None:
                 reply = Reply(451, "4.3.5", (f"no [[target]] called {name!r} in this node's configuration",))
+                settled.add(id(entry))
                 self._settle(entry, generation, Attempt.same_for_all(reply, count, site))
                 continue
             try:
                 body = self._load_body(entry)
             except SpoolError as error:
+                settled.add(id(entry))
                 self._settle(entry, generation, Attempt.same_for_all(error.reply, count, site))
                 continue
             envelope = entry.message.envelope
@@ -299,6 +311,7 @@ class Dispatcher:
             else:
                 reply = Reply(451, "4.3.0", (f"{name}: {answer.detail}",))
             count = len(entry.message.envelope.recipients)
+            settled.add(id(entry))
             self._settle(entry, generation, Attempt([reply] * count, site, name, None, duration))
 
     def _connection_failed(self, queue: ReadyQueue, shaping: Shaping, reply: Reply) -> None:

@@ -173,10 +173,10 @@ class Arbiter:
 
 class RedisArbiter(Arbiter):
     """Claims in one Redis. After Redis lost its data (a restart without persistence, a failover
-    to a replica that had not caught up), nodes that were claiming stop for 40% of a lease:
-    long enough for every holder's next renewal (every third of a lease) to put its claims
-    back, so a message in the middle of a handoff is not taken by another node. This is the
-    "delayed restart" Redis's own locking guide recommends, done by the clients."""
+    to a replica that had not caught up), nodes that were claiming stop for a third of a lease
+    and a little more: long enough for every holder's next renewal to put its claims back, so
+    a message in the middle of a handoff is not taken by another node. This is the "delayed
+    restart" Redis's own locking guide recommends, done by the clients."""
 
     shared = True
 
@@ -187,6 +187,7 @@ class RedisArbiter(Arbiter):
         self._epoch_key = "inbound:epoch"
         self._epoch: str | None = None
         self._paused_until = 0.0  # monotonic
+        self._timeout = timeout
         # One quick retry on a fresh connection: after a Redis restart the pooled connections
         # are dead, and the first command on each would otherwise fail for nothing.
         self._redis = aioredis.Redis.from_url(
@@ -233,7 +234,10 @@ class RedisArbiter(Arbiter):
         assert isinstance(epoch, list)
         born, now = _text(epoch[0]), int(_text(epoch[1]))
         if self._epoch is not None and born != self._epoch:
-            pause = (int(born) + lease * 400 - now) / 1000  # 40% of a lease from its rebirth
+            # Long enough for every holder's next renewal, even one that first had to wait
+            # out a failed attempt (two timeouts) on the dead connection.
+            grace_ms = (lease / 3 + 2 * self._timeout + 1) * 1000
+            pause = (int(born) + grace_ms - now) / 1000
             self._paused_until = started + max(0.0, pause)
             _log.warning("Redis at %s lost its data: pausing claims %.1fs so holders can renew theirs", self.url,
                          max(0.0, pause))  # fmt: skip

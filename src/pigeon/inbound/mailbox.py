@@ -24,12 +24,12 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
-from pigeon.inbound.imap import ImapError, ImapSession
+from pigeon.inbound.imap import ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.logs.records import InboundDelivery, InboundFailure
@@ -43,6 +43,26 @@ _RECHECK: Final = 2.0  # seconds between polls while other nodes hold claims or 
 _MAX_RECONNECT_DELAY: Final = 60.0
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
 _WAITING_PAUSE: Final = 1.0  # ... or one in backoff
+_FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
+
+
+def _still_ours(claim: Claim) -> bool:
+    return not claim.lost and claim.deadline > time.monotonic()
+
+
+def _by_bytes(claims: list[Claim], sizes: dict[int, int], budget: int) -> list[list[Claim]]:
+    """Claims in groups whose messages add up to at most `budget` bytes (one message
+    alone may be more): one FETCH per group keeps a batch of big messages out of memory."""
+    groups: list[list[Claim]] = []
+    total = 0
+    for claim in claims:
+        size = sizes.get(claim.uid, 0)
+        if not groups or total + size > budget:
+            groups.append([])
+            total = 0
+        groups[-1].append(claim)
+        total += size
+    return groups
 
 
 def retry_delay(attempts: int, first: float, cap: float) -> float:
@@ -215,95 +235,110 @@ class MailboxWatcher:
         claimed: list[Claim] = []
         done: list[Claim] = []
         failed: list[Claim] = []
-        for chunk in chunks:
-            keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
-            for claim in await self._arbiter.claim(keys, config.lease):
-                if claim.standing is Standing.CLAIMED:
-                    claimed.append(claim)
-                elif claim.standing is Standing.DONE:
-                    done.append(claim)
-                elif claim.standing is Standing.FAILED:
-                    failed.append(claim)
-                else:
-                    waiting = True
-                    pause = _HELD_PAUSE if claim.standing is Standing.HELD else _WAITING_PAUSE
-                    self._elsewhere[claim.uid] = moment + min(pause, config.lease / 3)
-            if len(claimed) >= config.batch:
-                break
-        if done:
-            # Handed over, not acknowledged: its holder died in between, or is about to
-            # acknowledge (acknowledging twice is harmless).
-            await self._acknowledge(session, [c.uid for c in done])
-        if failed:
-            await self._fail_at_source(session, [c.uid for c in failed])
-        if not claimed:
-            return False, waiting
-        self._between_batches.clear()
         try:
-            for claim in claimed:
-                self.held[claim.key] = claim
-            await self._hand_over(session, claimed)
+            for chunk in chunks:
+                keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
+                for claim in await self._arbiter.claim(keys, config.lease):
+                    if claim.standing is Standing.CLAIMED:
+                        claimed.append(claim)
+                        self.held[claim.key] = claim  # renewed from now on
+                    elif claim.standing is Standing.DONE:
+                        done.append(claim)
+                    elif claim.standing is Standing.FAILED:
+                        failed.append(claim)
+                    else:
+                        waiting = True
+                        pause = _HELD_PAUSE if claim.standing is Standing.HELD else _WAITING_PAUSE
+                        self._elsewhere[claim.uid] = moment + min(pause, config.lease / 3)
+                if len(claimed) >= config.batch:
+                    break
+            worked = False
+            if claimed:
+                self._between_batches.clear()
+                worked = await self._hand_over(session, claimed)
         finally:
-            for claim in claimed:
-                self.held.pop(claim.key, None)
+            # Whatever was claimed and not settled (an error in the middle) is given back at
+            # once rather than left to expire: no node would touch it for a whole lease.
+            await self._give_back([c for c in claimed if c.key in self.held])
             self._between_batches.set()
-        return True, waiting
+        # Handed over but not acknowledged (its holder died in between, or is about to
+        # acknowledge: doing it twice is harmless), and refused for good but still here.
+        if done:
+            await self._at_source(session, self._acknowledge, [c.uid for c in done], "acknowledge")
+        if failed:
+            await self._at_source(session, self._fail_at_source, [c.uid for c in failed], "set aside")
+        return worked, waiting
+
+    async def _give_back(self, claims: list[Claim]) -> None:
+        for claim in claims:
+            self.held.pop(claim.key, None)
+        if claims:
+            try:
+                await self._arbiter.release(claims)
+            except ArbitrationUnavailable:
+                pass  # they expire after the lease
+
+    async def _at_source(
+        self, session: ImapSession, action: Callable[[ImapSession, Sequence[int]], Awaitable[str]],
+        uids: list[int], what: str,
+    ) -> None:  # fmt: skip
+        """An acknowledgement for handoffs already settled: a folder that refuses it must not
+        stop new mail from being handed over, so it is logged, and tried again next round."""
+        try:
+            await action(session, uids)
+        except ImapError as error:
+            if session.lost:
+                raise
+            _log.warning("mailbox %s: cannot %s UIDs %s: %s", self.config.name, what, uid_set(uids), error)
 
     @property
     def _arbiter_prefix(self) -> str:
         return f"inbound:{self.identity}:"
 
-    async def _hand_over(self, session: ImapSession, claims: list[Claim]) -> None:
+    async def _hand_over(self, session: ImapSession, claims: list[Claim]) -> bool:
+        """Fetch, hand over and settle a batch of claimed messages. False if none was there."""
         config = self.config
         sizes = await session.sizes([c.uid for c in claims])
         gone = [c for c in claims if c.uid not in sizes]  # expunged by someone meanwhile
         too_big = [c for c in claims if sizes.get(c.uid, 0) > config.max_message_size]
         wanted = [c for c in claims if c.uid in sizes and sizes[c.uid] <= config.max_message_size]
-        if gone:
-            await self._arbiter.release(gone)
-        bodies = await session.fetch([c.uid for c in wanted]) if wanted else {}
+        await self._give_back(gone)
+        bodies: dict[int, bytes] = {}
+        for group in _by_bytes(wanted, sizes, _FETCH_BUDGET):
+            bodies.update(await session.fetch([c.uid for c in group]))
         now = time.time()
         ready: list[tuple[Claim, InboundMessage]] = []
         for claim in wanted:
             raw = bodies.get(claim.uid)
             if raw is None:
-                gone.append(claim)
+                await self._give_back([claim])
                 continue
             message = InboundMessage.of(
-                raw,
-                self.source,
-                now,
-                mailbox=self.identity,
-                uidvalidity=session.uidvalidity,
-                uid=claim.uid,
+                raw, self.source, now, mailbox=self.identity, uidvalidity=session.uidvalidity, uid=claim.uid
             )
             ready.append((claim, message))
-        # Past its deadline a claim may belong to someone else (our renewals failed): hand
-        # over only what we still hold.
-        moment = time.monotonic()
-        stale = [c for c, _ in ready if c.lost or c.deadline <= moment]
-        if stale:
-            await self._arbiter.release(stale)
-            ready = [(c, m) for c, m in ready if not (c.lost or c.deadline <= moment)]
         started = time.monotonic()
         answers = await self._deliver(ready) if ready else []
-        duration = time.monotonic() - started
-        accepted = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.ACCEPTED]
-        later = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.TRANSIENT]
-        never = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a.verdict is Verdict.PERMANENT]
+        duration = (time.monotonic() - started) / max(1, len(ready))
+        settled = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a is not None]
+        await self._give_back([c for (c, _), a in zip(ready, answers, strict=True) if a is None])
+        accepted = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.ACCEPTED]
+        later = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.TRANSIENT]
+        never = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.PERMANENT]
         for claim in too_big:
             size = sizes[claim.uid]
             answer = Handoff(Verdict.PERMANENT, f"{size} bytes is over max_message_size ({config.max_message_size})")
             stub = InboundMessage(b"", self.source, now, self.identity, session.uidvalidity, claim.uid, dedupe_key="")
             never.append((claim, stub, answer))
-        if accepted:
-            await self._settle_accepted(session, accepted, duration / max(1, len(ready)))
         if later:
             await self._settle_later(later)
+        if accepted:
+            await self._settle_accepted(session, accepted, duration)
         if never:
             await self._settle_never(session, never)
+        return bool(settled or too_big)
 
-    async def _deliver(self, ready: list[tuple[Claim, InboundMessage]]) -> list[Handoff]:
+    async def _deliver(self, ready: list[tuple[Claim, InboundMessage]]) -> list[Handoff | None]:
         """Hand the messages over, marking each claim done as soon as its handoff is accepted.
 
         The time between the target accepting and the claim saying so is the one window in
@@ -314,13 +349,20 @@ class MailboxWatcher:
         """
         target = self.target
         if target.batches:
-            answers = await target.deliver_many([m for _, m in ready])
-            await self._mark_done([c for (c, _), a in zip(ready, answers, strict=True) if a.accepted])
-            return answers
+            ours = [_still_ours(c) for c, _ in ready]
+            handed = [m for (_, m), mine in zip(ready, ours, strict=True) if mine]
+            answers = iter(await target.deliver_many(handed) if handed else [])
+            result = [next(answers) if mine else None for mine in ours]
+            await self._mark_done([c for (c, _), a in zip(ready, result, strict=True) if a is not None and a.accepted])
+            return result
         gate = asyncio.Semaphore(self.config.concurrency)
 
-        async def one(claim: Claim, message: InboundMessage) -> Handoff:
+        async def one(claim: Claim, message: InboundMessage) -> Handoff | None:
             async with gate:
+                # Checked per message: the last of a batch may start long after the first,
+                # and a lease that ran out meanwhile may be another node's claim by now.
+                if not _still_ours(claim):
+                    return None
                 (answer,) = await target.deliver_many([message])
             if answer.accepted:
                 await self._mark_done([claim])
@@ -341,7 +383,18 @@ class MailboxWatcher:
     async def _settle_accepted(
         self, session: ImapSession, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float
     ) -> None:
-        acknowledged = await self._acknowledge(session, [c.uid for c, _, _ in accepted])
+        for claim, _, _ in accepted:
+            self.held.pop(claim.key, None)  # marked done: nothing left to renew
+        acknowledged = "pending"
+        try:
+            acknowledged = await self._acknowledge(session, [c.uid for c, _, _ in accepted])
+        finally:
+            # Logged even if the acknowledgement failed: the application has these messages.
+            self._log_accepted(accepted, duration, acknowledged)
+
+    def _log_accepted(
+        self, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float, acknowledged: str
+    ) -> None:
         counter = self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered")
         counter.inc(len(accepted))
         for claim, message, answer in accepted:
@@ -366,6 +419,8 @@ class MailboxWatcher:
     async def _settle_later(self, later: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
         first, cap = self._retry
         delays = [(c, retry_delay(c.attempts + 1, first, cap)) for c, _, _ in later]
+        for claim, _ in delays:
+            self.held.pop(claim.key, None)
         try:
             await self._arbiter.backoff(delays)
         except ArbitrationUnavailable:
@@ -376,11 +431,15 @@ class MailboxWatcher:
             self._log.write(self._failure(claim, message, answer, next_attempt=now + delay))
 
     async def _settle_never(self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
-        action = await self._fail_at_source(session, [c.uid for c, _, _ in never])
+        # Marked failed first: if setting it aside fails, the next round (ours or another
+        # node's) finds the mark and sets it aside without handing it over again.
+        for claim, _, _ in never:
+            self.held.pop(claim.key, None)
         try:
             await self._arbiter.failed([c for c, _, _ in never])
         except ArbitrationUnavailable:
             pass
+        action = await self._fail_at_source(session, [c.uid for c, _, _ in never])
         self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
         for claim, message, answer in never:
             _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
@@ -436,8 +495,10 @@ class MailboxWatcher:
     # --- leases ------------------------------------------------------------------------------
     async def _renew_forever(self) -> None:
         interval = max(0.1, self.config.lease / 3)
+        pause = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
+            pause = interval
             claims = list(self.held.values())
             if not claims:
                 continue
@@ -445,6 +506,7 @@ class MailboxWatcher:
                 await self._arbiter.renew(claims, self.config.lease)
             except ArbitrationUnavailable as error:
                 _log.warning("mailbox %s: cannot renew %d claims: %s", self.config.name, len(claims), error)
+                pause = min(1.0, interval)  # again soon, not a third of a lease later
 
     async def _release_all(self) -> None:
         claims = list(self.held.values())

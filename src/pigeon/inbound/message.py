@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 _HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
+_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _MESSAGE_ID: Final = re.compile(rb"(?im)^message-id:[ \t]*((?:.*)(?:\r?\n[ \t].*)*)")
 
 
@@ -31,7 +32,10 @@ def message_id(raw: bytes) -> str | None:
     match = _MESSAGE_ID.search(header_block(raw))
     if match is None:
         return None
-    value = re.sub(rb"\r?\n[ \t]+", b" ", match.group(1)).strip()
+    value = re.sub(rb"\r?\n[ \t]+", b" ", match.group(1))
+    # Control characters (a stray CR, a NUL) would make the id unusable in an HTTP header
+    # or a PostgreSQL text column, and so make the message impossible to hand over.
+    value = _CONTROL.sub(b"", value).strip()
     return value.decode("utf-8", "replace") or None
 
 

@@ -49,7 +49,10 @@ class Inbound:
 
     async def start(self) -> None:
         for target in self.targets.values():
-            await target.start()
+            try:
+                await target.start()
+            except Exception as error:  # its messages wait and are retried; the node runs on
+                _log.error("target %s could not start: %s", target.name, error)
         if self.watchers and self.config.redis.url is None:
             _log.info("inbound: no [redis] url: single-node mode (run one node per mailbox)")
         for watcher in self.watchers:

@@ -306,3 +306,57 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the configuration file") as caught:
         load(tmp_path / "absent.toml")
     assert str(tmp_path / "absent.toml") in str(caught.value)
+
+
+INBOUND = """
+[[target]]
+name = "hook"
+kind = "webhook"
+url = "http://127.0.0.1:9/in"
+
+[[mailbox]]
+name = "support"
+host = "imap.example.com"
+username = "app"
+password = "secret"
+target = "hook"
+"""
+
+
+def test_inbound_sections_parse_with_their_defaults(tmp_path: Path) -> None:
+    config = load(write(tmp_path, INBOUND + '[[inbound]]\ndomain = "app.example"\ntarget = "hook"\n'))
+    (mailbox,) = config.mailbox
+    assert (mailbox.tls, mailbox.folder, mailbox.search, mailbox.after_delivery) == (
+        "implicit",
+        "INBOX",
+        "UNSEEN",
+        "seen",
+    )
+    assert config.target[0].name == "hook" and config.inbound[0].domain == "app.example"
+    assert config.redis.url is None  # single-node mode
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ('[[inbound]]\nrecipient = "a@b.example"\ntarget = "nope"\n', "no [[target]] called 'nope' (known: 'hook')"),
+        ('[[inbound]]\ntarget = "hook"\n', "exactly one of recipient or domain"),
+        ('[[target]]\nname = "hook"\nkind = "log"\npath = "x"\n', "two [[target]]s are called 'hook'"),
+        ("[[mailbox]]" + INBOUND.split("[[mailbox]]")[1].replace("support", "other"), "same folder"),
+    ],
+)
+def test_inbound_configuration_mistakes_are_named(tmp_path: Path, extra: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, INBOUND + extra)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('after_delivery = "move"', '"move" needs move_to'),
+        ('failed_folder = "INBOX"', "must differ from folder"),
+        ('lease = "0s"', "at least 1 second"),
+        ('auth = "kerberos"', "choose one of 'login', 'xoauth2'"),
+    ],
+)
+def test_mailbox_mistakes_are_named(tmp_path: Path, line: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, INBOUND + line + "\n")

@@ -112,3 +112,7 @@ def test_webhook_json_carries_headers_and_the_raw_message() -> None:
 @pytest.mark.parametrize("text", ["", "Subject: only headers"])
 def test_message_id_of_odd_messages_is_none(text: str) -> None:
     assert message_id(text.encode()) is None
+
+
+def test_control_characters_are_dropped_from_the_message_id() -> None:
+    assert message_id(b"Message-ID: <a\rb\x00c@x>\r\n\r\n") == "<abc@x>"

@@ -43,6 +43,7 @@ class Target:
     def __init__(self, name: str, *, concurrency: int = 8) -> None:
         self.name = name
         self._concurrency = concurrency
+        self._gate: asyncio.Semaphore | None = None  # shared by every caller: the target's own limit
 
     async def start(self) -> None:
         """Connect, create tables: whatever must happen once before the first message."""
@@ -55,7 +56,9 @@ class Target:
 
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
         """One answer per message, in order. Never raises: a failure is a TRANSIENT answer."""
-        gate = asyncio.Semaphore(self._concurrency)
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self._concurrency)
+        gate = self._gate
 
         async def one(message: InboundMessage) -> Handoff:
             async with gate:

@@ -8,6 +8,7 @@ folder.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import Sequence
 
@@ -45,22 +46,36 @@ class PostgresqlTarget(Target):
         self._config = config
         self._timeout = timeout
         self._pool: asyncpg.Pool | None = None
+        self._connecting = asyncio.Lock()
         self._insert = (
             f"INSERT INTO {config.table} (dedupe_key, message_id, source, mailbox, uid, sender, recipients,"
             " raw, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (dedupe_key) DO NOTHING"
         )
 
     async def _connect(self) -> asyncpg.Pool:
-        if self._pool is None:
-            config = self._config
-            pool = await asyncpg.create_pool(
-                config.dsn, min_size=1, max_size=config.pool_size, timeout=self._timeout, command_timeout=self._timeout
-            )
-            if config.create_table:
-                async with pool.acquire() as connection:
-                    await connection.execute(create_table_sql(config.table))
-            self._pool = pool
-        return self._pool
+        async with self._connecting:  # one pool, however many deliveries ask at once
+            if self._pool is None:
+                config = self._config
+                pool = await asyncpg.create_pool(
+                    config.dsn,
+                    min_size=1,
+                    max_size=config.pool_size,
+                    timeout=self._timeout,
+                    command_timeout=self._timeout,
+                )
+                try:
+                    if config.create_table:
+                        async with pool.acquire() as connection:
+                            # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE
+                            # privilege even when the table exists, which a role that may only
+                            # insert into the application's table lacks (PostgreSQL 15+ default).
+                            if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
+                                await connection.execute(create_table_sql(config.table))
+                except BaseException:
+                    await pool.close()
+                    raise
+                self._pool = pool
+            return self._pool
 
     async def start(self) -> None:
         try:
@@ -90,12 +105,25 @@ class PostgresqlTarget(Target):
             )
             for m in messages
         ]
+        done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         try:
             pool = await self._connect()
-            async with pool.acquire() as connection, connection.transaction():
-                await connection.executemany(self._insert, rows)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
+            async with pool.acquire() as connection:
+                try:
+                    async with connection.transaction():
+                        await connection.executemany(self._insert, rows)
+                except asyncpg.DataError:
+                    # One row the database refuses (class 22) must not hold the others back:
+                    # row by row, the refused one is a permanent failure, the rest go in.
+                    return [await self._insert_one(connection, row) for row in rows]
+        except Exception as error:  # down, failing over, misconfigured: later, never lost
             failed = Handoff(Verdict.TRANSIENT, f"PostgreSQL: {error or type(error).__name__}")
             return [failed] * len(messages)
-        done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         return [done] * len(messages)
+
+    async def _insert_one(self, connection: asyncpg.Connection, row: tuple[object, ...]) -> Handoff:
+        try:
+            await connection.execute(self._insert, *row)
+        except asyncpg.DataError as error:
+            return Handoff(Verdict.PERMANENT, f"PostgreSQL refused the row: {error}")
+        return Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")

@@ -75,5 +75,7 @@ class SidekiqTarget(Target):
         except (RedisError, OSError) as error:
             failed = Handoff(Verdict.TRANSIENT, f"Sidekiq's Redis ({self.redis_url}): {error or type(error).__name__}")
             return [failed] * len(messages)
+        except Exception as error:  # never raise: the caller would strand the batch
+            return [Handoff(Verdict.TRANSIENT, f"Sidekiq: {type(error).__name__}: {error}")] * len(messages)
         done = Handoff(Verdict.ACCEPTED, f"pushed to queue:{queue}")
         return [done] * len(messages)

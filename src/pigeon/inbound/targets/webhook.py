@@ -91,6 +91,8 @@ class WebhookTarget(Target):
             return Handoff(Verdict.TRANSIENT, f"no answer from {config.url} within {config.timeout:g}s")
         except (aiohttp.ClientError, OSError) as error:
             return Handoff(Verdict.TRANSIENT, f"{config.url}: {error or type(error).__name__}")
+        except ValueError as error:  # a header aiohttp will not send: the message's own fault
+            return Handoff(Verdict.PERMANENT, f"cannot make the request: {error}")
         detail = f"{status} {reason}".strip()
         if 200 <= status < 300:
             return Handoff(Verdict.ACCEPTED, detail)
