@@ -10,52 +10,27 @@ import json
 import smtplib
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.apps import WebhookApp
+from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, webhook_target
 from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot, Postgres, RedisServer
 from tests.support.sinks import wait_until
 
 
-def mail(n: int, *, tag: str = "m") -> bytes:
-    return (
-        f"From: customer{n}@example.com\r\nTo: support@app.example\r\nMessage-ID: <{tag}{n}@example.com>\r\n"
-        f"Subject: question {n}\r\n\r\nHello, this is message {n}.\r\n"
-    ).encode()
-
-
-def mailbox(dovecot: Dovecot, target: str, **options: Any) -> dict[str, Any]:
-    return {
-        "name": "support",
-        "host": "127.0.0.1",
-        "port": dovecot.port,
-        "tls": "starttls",
-        "ca_file": str(dovecot.ca_pem_path),
-        "username": "app",
-        "password": "secret",
-        "target": target,
-        "poll_interval": "5s",
-        **options,
-    }
-
-
-def webhook(app: WebhookApp, **options: Any) -> dict[str, Any]:
-    return {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "200ms", **options}
-
-
 def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen(
     tmp_path: Path, dovecot: Dovecot
 ) -> None:
-    dovecot.append("app", [mail(i) for i in range(30)])
+    dovecot.append("app", [customer_mail(i) for i in range(30)])
     with (
         WebhookApp() as app,
-        PigeonProcess(tmp_path / "p", target=[webhook(app, secret="k3y")], mailbox=[mailbox(dovecot, "hook")]) as node,
+        PigeonProcess(
+            tmp_path / "p", target=[webhook_target(app, secret="k3y")], mailbox=[imap_mailbox(dovecot, "hook")]
+        ) as node,
     ):
         assert app.wait_distinct(30, 20) == 30
-        more = dovecot.append("app", [mail(i, tag="late") for i in range(5)])  # arrives while idling
+        more = dovecot.append("app", [customer_mail(i, tag="late") for i in range(5)])  # arrives while idling
         assert app.wait_distinct(35, 10) == 35
         assert sum(app.accepted.values()) == 35
         wait_until(lambda: not dovecot.unseen("app"), 10)
@@ -78,16 +53,20 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
 
 
 def test_accepted_messages_are_moved_or_deleted_as_configured(tmp_path: Path, dovecot: Dovecot) -> None:
-    dovecot.append("app", [mail(i) for i in range(10)])
+    dovecot.append("app", [customer_mail(i) for i in range(10)])
     with WebhookApp() as app:
         options = {"after_delivery": "move", "move_to": "Processed"}
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[mailbox(dovecot, "hook", **options)]):
+        with PigeonProcess(
+            tmp_path / "p", target=[webhook_target(app)], mailbox=[imap_mailbox(dovecot, "hook", **options)]
+        ):
             assert app.wait_distinct(10, 20) == 10
             wait_until(lambda: dovecot.count("app") == 0, 10)
         assert dovecot.count("app", "Processed") == 10
-        dovecot.append("app", [mail(i, tag="d") for i in range(10)])
+        dovecot.append("app", [customer_mail(i, tag="d") for i in range(10)])
         options = {"after_delivery": "delete"}
-        with PigeonProcess(tmp_path / "q", target=[webhook(app)], mailbox=[mailbox(dovecot, "hook", **options)]):
+        with PigeonProcess(
+            tmp_path / "q", target=[webhook_target(app)], mailbox=[imap_mailbox(dovecot, "hook", **options)]
+        ):
             assert app.wait_distinct(20, 20) == 20
             wait_until(lambda: dovecot.count("app") == 0, 10)
     assert dovecot.count("app", "Processed") == 10
@@ -96,10 +75,10 @@ def test_accepted_messages_are_moved_or_deleted_as_configured(tmp_path: Path, do
 def test_a_refusing_application_gets_nothing_lost_and_permanent_refusals_go_to_the_failed_folder(
     tmp_path: Path, dovecot: Dovecot
 ) -> None:
-    dovecot.append("app", [mail(i) for i in range(5)])
+    dovecot.append("app", [customer_mail(i) for i in range(5)])
     with WebhookApp(status=422) as app:
-        box = mailbox(dovecot, "hook", failed_folder="Failed")
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+        box = imap_mailbox(dovecot, "hook", failed_folder="Failed")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
             failures = node.wait_records("InboundFailure", 5)
             wait_until(lambda: dovecot.count("app", "Failed") == 5, 10)
         assert dovecot.count("app") == 0
@@ -111,10 +90,12 @@ def test_a_refusing_application_gets_nothing_lost_and_permanent_refusals_go_to_t
 
 
 def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Path, dovecot: Dovecot) -> None:
-    dovecot.append("app", [mail(i) for i in range(8)])
+    dovecot.append("app", [customer_mail(i) for i in range(8)])
     with WebhookApp() as app:
         app.fail_until = time.time() + 3
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[mailbox(dovecot, "hook")]) as node:
+        with PigeonProcess(
+            tmp_path / "p", target=[webhook_target(app)], mailbox=[imap_mailbox(dovecot, "hook")]
+        ) as node:
             assert app.wait_distinct(8, 30) == 8
             wait_until(lambda: not dovecot.unseen("app"), 10)
             failures = node.records("InboundFailure")
@@ -129,11 +110,11 @@ def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Pat
 def test_sidekiq_jobs_are_pushed_as_sidekiq_s_client_pushes_them(
     tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
 ) -> None:
-    raws = [mail(i) for i in range(12)]
+    raws = [customer_mail(i) for i in range(12)]
     dovecot.append("app", raws)
     target = {"name": "jobs", "kind": "sidekiq", "queue": "mail", "job_class": "InboundEmailJob"}
     with PigeonProcess(
-        tmp_path / "p", redis={"url": redis_server.url}, target=[target], mailbox=[mailbox(dovecot, "jobs")]
+        tmp_path / "p", redis={"url": redis_server.url}, target=[target], mailbox=[imap_mailbox(dovecot, "jobs")]
     ):
         client = redis_server.client()
         wait_until(lambda: client.llen("queue:mail") == 12, 20)
@@ -147,9 +128,9 @@ def test_sidekiq_jobs_are_pushed_as_sidekiq_s_client_pushes_them(
 
 def test_postgresql_rows_are_unique_by_dedupe_key(tmp_path: Path, dovecot: Dovecot, postgres: Postgres) -> None:
     # The same bytes twice (two UIDs): the application's table holds one row for them.
-    dovecot.append("app", [mail(i) for i in range(6)] + [mail(0)])
+    dovecot.append("app", [customer_mail(i) for i in range(6)] + [customer_mail(0)])
     target = {"name": "db", "kind": "postgresql", "dsn": postgres.dsn, "table": "inbound_emails"}
-    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[mailbox(dovecot, "db")]) as node:
+    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[imap_mailbox(dovecot, "db")]) as node:
         node.wait_records("InboundDelivery", 7, timeout=20)
         wait_until(lambda: not dovecot.unseen("app"), 10)
     rows = postgres.query("SELECT dedupe_key, message_id, source FROM inbound_emails ORDER BY id")
@@ -159,13 +140,13 @@ def test_postgresql_rows_are_unique_by_dedupe_key(tmp_path: Path, dovecot: Dovec
 
 
 def test_maildir_target_writes_each_message_once(tmp_path: Path, dovecot: Dovecot) -> None:
-    dovecot.append("app", [mail(i) for i in range(4)] + [mail(1)])
+    dovecot.append("app", [customer_mail(i) for i in range(4)] + [customer_mail(1)])
     target = {"name": "box", "kind": "maildir", "path": str(tmp_path / "Maildir")}
-    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[mailbox(dovecot, "box")]) as node:
+    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[imap_mailbox(dovecot, "box")]) as node:
         node.wait_records("InboundDelivery", 5, timeout=20)
     files = sorted((tmp_path / "Maildir" / "new").iterdir())
     assert len(files) == 4
-    assert sorted(f.read_bytes() for f in files) == sorted(mail(i) for i in range(4))
+    assert sorted(f.read_bytes() for f in files) == sorted(customer_mail(i) for i in range(4))
 
 
 def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_application(tmp_path: Path) -> None:
@@ -174,17 +155,17 @@ def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_a
             tmp_path / "p",
             smtp={"relay_networks": ["192.0.2.0/24"]},  # the test client is not a relay client
             delivery={"enabled": True, "retry_interval": "1s"},
-            target=[webhook(app, format="json")],
+            target=[webhook_target(app, format="json")],
             inbound=[{"recipient": "support@app.example", "target": "hook"}],
         )
         with node, smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
-            client.sendmail("customer@example.com", ["support@app.example"], mail(1))
+            client.sendmail("customer@example.com", ["support@app.example"], customer_mail(1))
             with pytest.raises(smtplib.SMTPRecipientsRefused):
-                client.sendmail("customer@example.com", ["someone@elsewhere.example"], mail(2))
+                client.sendmail("customer@example.com", ["someone@elsewhere.example"], customer_mail(2))
             assert app.wait_distinct(1, 20) == 1
             delivered = node.wait_records("Delivery", 1)
         (body,) = [json.loads(b) for b in app.bodies.values()]
-    assert body["raw"].endswith(mail(1).decode())  # after Pigeon's Received header
+    assert body["raw"].endswith(customer_mail(1).decode())  # after Pigeon's Received header
     assert ["Subject", "question 1"] in body["headers"]
     assert body["recipients"] == ["support@app.example"] and body["sender"] == "customer@example.com"
     assert delivered[0]["site"] == "inbound:hook" and delivered[0]["queue"] == "inbound:hook"
@@ -197,30 +178,30 @@ def test_smtp_mail_the_application_refuses_for_good_is_bounced(tmp_path: Path) -
         node = PigeonProcess(
             tmp_path / "p",
             delivery={"enabled": True, "dsn": False},
-            target=[webhook(app)],
+            target=[webhook_target(app)],
             inbound=[{"domain": "*.app.example", "target": "hook"}],
         )
         with node, smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
-            client.sendmail("customer@example.com", ["a@eu.app.example"], mail(1))
+            client.sendmail("customer@example.com", ["a@eu.app.example"], customer_mail(1))
             (bounce,) = node.wait_records("Bounce", 1, timeout=20)
     assert bounce["response"]["code"] == 550
     assert "400" in bounce["response"]["text"]
 
 
 def test_implicit_tls_mailbox_verifies_the_server_and_hands_mail_over(tmp_path: Path, dovecot: Dovecot) -> None:
-    dovecot.append("app", [mail(i) for i in range(3)])
+    dovecot.append("app", [customer_mail(i) for i in range(3)])
     with WebhookApp() as app:
-        box = mailbox(dovecot, "hook", tls="implicit", port=dovecot.imaps_port)
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]):
+        box = imap_mailbox(dovecot, "hook", tls="implicit", port=dovecot.imaps_port)
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]):
             assert app.wait_distinct(3, 20) == 3
 
 
 def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_path: Path, dovecot: Dovecot) -> None:
-    dovecot.append("app", [mail(1)])
+    dovecot.append("app", [customer_mail(1)])
     with WebhookApp() as app:
-        box = mailbox(dovecot, "hook", tls="implicit", port=dovecot.imaps_port)
+        box = imap_mailbox(dovecot, "hook", tls="implicit", port=dovecot.imaps_port)
         del box["ca_file"]  # the system's CAs do not know the test's own CA
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
 
             def reported() -> str:
                 return json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["error"] or ""
@@ -231,11 +212,11 @@ def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_p
 
 
 def test_an_imap_server_that_dies_mid_run_costs_a_reconnect_and_nothing_else(tmp_path: Path, dovecot: Dovecot) -> None:
-    dovecot.append("app", [mail(i) for i in range(200)])
+    dovecot.append("app", [customer_mail(i) for i in range(200)])
     with WebhookApp() as app:
         app.delay = 0.01
-        box = mailbox(dovecot, "hook", timeout="3s", batch=20)
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+        box = imap_mailbox(dovecot, "hook", timeout="3s", batch=20)
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
             wait_until(lambda: len(app.accepted) >= 40, 30)
             dovecot.kill()  # mid-batch: fetches, handoffs and acknowledgements in flight
             time.sleep(1)

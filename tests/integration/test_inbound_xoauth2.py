@@ -6,16 +6,14 @@ other Dovecot refuses the login, and Pigeon says so in /healthz and keeps runnin
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from tests.support.apps import WebhookApp
-from tests.support.process import PigeonProcess, free_port
+from tests.support.apps import ThreadedApp, WebhookApp, customer_mail, imap_mailbox, webhook_target
+from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot
 from tests.support.sinks import wait_until
 
@@ -25,40 +23,17 @@ GOOD_TOKEN = "good-token"
 REFUSAL_TIMEOUT = "4s"
 
 
-class IntrospectionEndpoint:
+class IntrospectionEndpoint(ThreadedApp):
     """POST /introspect with `token=...` (as Dovecot's oauth2 passdb sends it, introspection_mode
-    = post): {"active": true, "username": "app"} for GOOD_TOKEN, {"active": false} for any other.
-    Runs its own event loop in a thread, as WebhookApp does."""
+    = post): {"active": true, "username": "app"} for GOOD_TOKEN, {"active": false} for any other."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.url = f"http://127.0.0.1:{self.port}/introspect"
         self.tokens: list[str] = []  # every token asked about, in order
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def __enter__(self) -> IntrospectionEndpoint:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("introspection endpoint did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/introspect", self._introspect)
-        runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
 
     async def _introspect(self, request: web.Request) -> web.Response:
         token = str((await request.post()).get("token", ""))
@@ -73,30 +48,11 @@ class IntrospectionEndpoint:
             return list(self.tokens)
 
 
-def mail(n: int) -> bytes:
-    return (
-        f"From: customer{n}@example.com\r\nTo: support@app.example\r\nMessage-ID: <x{n}@example.com>\r\n"
-        f"Subject: question {n}\r\n\r\nHello, this is message {n}.\r\n"
-    ).encode()
-
-
 def xoauth2_mailbox(dovecot: Dovecot, target: str, **options: Any) -> dict[str, Any]:
-    return {
-        "name": "support",
-        "host": "127.0.0.1",
-        "port": dovecot.port,
-        "tls": "starttls",
-        "ca_file": str(dovecot.ca_pem_path),
-        "username": "app",
-        "auth": "xoauth2",
-        "target": target,
-        "poll_interval": "5s",
-        **options,
-    }
-
-
-def webhook(app: WebhookApp) -> dict[str, Any]:
-    return {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "200ms"}
+    box = imap_mailbox(dovecot, target, auth="xoauth2", **options)
+    if "password" not in options:
+        del box["password"]  # the token comes from password_file
+    return box
 
 
 def inbound_health(node: PigeonProcess) -> dict[str, Any]:
@@ -113,9 +69,9 @@ def test_a_good_token_from_password_file_logs_in_and_the_mail_reaches_the_webhoo
         Dovecot(tmp_path / "dovecot", oauth2_introspection_url=endpoint.url) as dovecot,
         WebhookApp() as app,
     ):
-        uids = dovecot.append("app", [mail(i) for i in range(3)])
+        uids = dovecot.append("app", [customer_mail(i) for i in range(3)])
         box = xoauth2_mailbox(dovecot, "hook", password_file=str(token_file))
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
             assert app.wait_distinct(3, 15) == 3, node.stderr()
             wait_until(lambda: not dovecot.unseen("app"), 10)
             assert all("\\Seen" in dovecot.flags("app", uid) for uid in uids)
@@ -132,9 +88,9 @@ def test_a_refused_token_delivers_nothing_and_pigeon_keeps_running(tmp_path: Pat
         Dovecot(tmp_path / "dovecot", oauth2_introspection_url=endpoint.url) as dovecot,
         WebhookApp() as app,
     ):
-        uids = dovecot.append("app", [mail(i) for i in range(3)])
+        uids = dovecot.append("app", [customer_mail(i) for i in range(3)])
         box = xoauth2_mailbox(dovecot, "hook", password="bad-token", timeout=REFUSAL_TIMEOUT)
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
             wait_until(lambda: inbound_health(node)["error"] is not None, 15)
             assert inbound_health(node)["connected"] is False
             # It tries again: the token is checked a second time, or (should Dovecot's auth
@@ -159,7 +115,7 @@ def test_a_refused_token_is_reported_as_a_refused_login(tmp_path: Path) -> None:
         WebhookApp() as app,
     ):
         box = xoauth2_mailbox(dovecot, "hook", password="bad-token", timeout=REFUSAL_TIMEOUT)
-        with PigeonProcess(tmp_path / "p", target=[webhook(app)], mailbox=[box]) as node:
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
             error = wait_until(lambda: inbound_health(node)["error"], 15)
     assert "login as app" in error and "AUTHENTICATIONFAILED" in error, error
 

@@ -1,8 +1,9 @@
-"""The application side of inbound tests: a webhook receiver that counts what it was given.
+"""The application side of inbound tests: HTTP services that run their own event loop in a
+thread (so a test can drive Pigeon processes synchronously while they answer), and the
+configuration pieces inbound tests share.
 
-It runs its own event loop in a thread, so a test can drive Pigeon processes synchronously
-while the receiver answers. It can be told to fail (answer 500) until a given time, to show
-that a failing application loses nothing.
+`WebhookApp` counts what it accepted by dedupe key, and can be told to fail (answer 500) until
+a given time or to answer slowly, to show that a failing application loses nothing.
 """
 
 from __future__ import annotations
@@ -11,35 +12,34 @@ import asyncio
 import collections
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from tests.support.process import free_port
 
+if TYPE_CHECKING:
+    from tests.support.services import Dovecot
 
-class WebhookApp:
-    """POSTs to http://127.0.0.1:<port>/inbound are recorded by their X-Pigeon-Dedupe-Key."""
 
-    def __init__(self, *, status: int = 200) -> None:
+class ThreadedApp:
+    """An aiohttp application on 127.0.0.1:<port> in a thread of its own. Subclasses add
+    their routes in `routes()`; `_lock` guards what they record."""
+
+    def __init__(self) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/inbound"
-        self.status = status
-        self.fail_until = 0.0  # answer 500 until this time.time()
-        self.delay = 0.0  # seconds each request takes
-        self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
-        self.refused = 0
-        self.bodies: dict[str, bytes] = {}
-        self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def __enter__(self) -> WebhookApp:
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
         self._thread.start()
         if not self._ready.wait(10):
-            raise RuntimeError("webhook app did not start")
+            raise RuntimeError(f"{type(self).__name__} did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -49,13 +49,31 @@ class WebhookApp:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/inbound", self._receive)
+        self.routes(app)
         runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(runner.setup())
         self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
         self._ready.set()
         self._loop.run_forever()
         self._loop.run_until_complete(runner.cleanup())
+
+
+class WebhookApp(ThreadedApp):
+    """POSTs to http://127.0.0.1:<port>/inbound are recorded by their X-Pigeon-Dedupe-Key."""
+
+    def __init__(self, *, status: int = 200) -> None:
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}/inbound"
+        self.status = status
+        self.fail_until = 0.0  # answer 500 until this time.time()
+        self.delay = 0.0  # seconds each request takes
+        self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
+        self.refused = 0
+        self.bodies: dict[str, bytes] = {}
+        self.headers: list[dict[str, str]] = []
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/inbound", self._receive)
 
     async def _receive(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -71,10 +89,6 @@ class WebhookApp:
             self.bodies[key] = body
         return web.Response(status=202, text="ok")
 
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {"accepted": sum(self.accepted.values()), "distinct": len(self.accepted), "refused": self.refused}
-
     def wait_distinct(self, count: int, timeout: float) -> int:
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -84,3 +98,32 @@ class WebhookApp:
             time.sleep(0.1)
         with self._lock:
             return len(self.accepted)
+
+
+def customer_mail(n: int, *, tag: str = "m") -> bytes:
+    """A small message from a customer, unique per (n, tag)."""
+    return (
+        f"From: customer{n}@example.com\r\nTo: support@app.example\r\nMessage-ID: <{tag}{n}@example.com>\r\n"
+        f"Subject: question {n}\r\n\r\nHello, this is message {n}.\r\n"
+    ).encode()
+
+
+def imap_mailbox(dovecot: Dovecot, target: str, **options: Any) -> dict[str, Any]:
+    """A [[mailbox]] table for the test Dovecot's user app (STARTTLS, its CA trusted)."""
+    return {
+        "name": "support",
+        "host": "127.0.0.1",
+        "port": dovecot.port,
+        "tls": "starttls",
+        "ca_file": str(dovecot.ca_pem_path),
+        "username": "app",
+        "password": "secret",
+        "target": target,
+        "poll_interval": "5s",
+        **options,
+    }
+
+
+def webhook_target(app: WebhookApp, **options: Any) -> dict[str, Any]:
+    """A [[target]] table posting to `app`, retrying quickly."""
+    return {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "200ms", **options}

@@ -25,7 +25,7 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
@@ -37,6 +37,7 @@ from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
 
 _log = logging.getLogger(__name__)
+_Record = TypeVar("_Record", InboundDelivery, InboundFailure)
 
 _FAILED_FLAG: Final = "$PigeonFailed"
 _RECHECK: Final = 2.0  # seconds between polls while other nodes hold claims or backoffs run
@@ -399,20 +400,8 @@ class MailboxWatcher:
         counter.inc(len(accepted))
         for claim, message, answer in accepted:
             self._log.write(
-                InboundDelivery(
-                    timestamp=time.time(),
-                    source=self.source,
-                    target=self.target.name,
-                    dedupe_key=message.dedupe_key,
-                    size=len(message.raw),
-                    message_id=message.message_id,
-                    mailbox=self.identity,
-                    uidvalidity=message.uidvalidity,
-                    uid=message.uid,
-                    attempt=claim.attempts + 1,
-                    detail=answer.detail,
-                    duration=round(duration, 6),
-                    acknowledged=acknowledged,
+                self._record(
+                    InboundDelivery, claim, message, answer, duration=round(duration, 6), acknowledged=acknowledged
                 )
             )
 
@@ -456,7 +445,14 @@ class MailboxWatcher:
         next_attempt: float | None = None,
         action: str = "",
     ) -> InboundFailure:
-        return InboundFailure(
+        return self._record(
+            InboundFailure, claim, message, answer, permanent=permanent, next_attempt=next_attempt, action=action
+        )
+
+    def _record(
+        self, kind: type[_Record], claim: Claim, message: InboundMessage, answer: Handoff, **extra: Any
+    ) -> _Record:
+        return kind(
             timestamp=time.time(),
             source=self.source,
             target=self.target.name,
@@ -468,9 +464,7 @@ class MailboxWatcher:
             uid=claim.uid,
             attempt=claim.attempts + 1,
             detail=answer.detail,
-            permanent=permanent,
-            next_attempt=next_attempt,
-            action=action,
+            **extra,
         )
 
     async def _acknowledge(self, session: ImapSession, uids: Sequence[int]) -> str:
