@@ -164,10 +164,12 @@ def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_a
                 client.sendmail("customer@example.com", ["someone@elsewhere.example"], customer_mail(2))
             assert app.wait_distinct(1, 20) == 1
             delivered = node.wait_records("Delivery", 1)
+            metrics = node.http_get("/metrics")[1].decode()
         (body,) = [json.loads(b) for b in app.bodies.values()]
     assert body["raw"].endswith(customer_mail(1).decode())  # after Pigeon's Received header
     assert ["Subject", "question 1"] in body["headers"]
     assert body["recipients"] == ["support@app.example"] and body["sender"] == "customer@example.com"
+    assert 'pigeon_inbound_messages_total{outcome="delivered",source="smtp",target="hook"} 1.0' in metrics
     assert delivered[0]["site"] == "inbound:hook" and delivered[0]["queue"] == "inbound:hook"
     reception = node.records("Reception")[0]
     assert reception["queue"] == "inbound:hook"
@@ -228,3 +230,26 @@ def test_an_imap_server_that_dies_mid_run_costs_a_reconnect_and_nothing_else(tmp
         # not handed over again.
         assert sum(app.accepted.values()) == 200
     assert health["connected"] is True
+
+
+def test_a_message_in_backoff_does_not_delay_new_mail(tmp_path: Path, dovecot: Dovecot) -> None:
+    dovecot.append("app", [customer_mail(0, tag="poison")])
+    with WebhookApp() as app:
+        app.refuse = lambda body: b"poison" in body
+        box = imap_mailbox(dovecot, "hook", poll_interval="60s")
+        target = webhook_target(app, retry_interval="60s")
+        with PigeonProcess(tmp_path / "p", target=[target], mailbox=[box]) as node:
+            node.wait_records("InboundFailure", 1)
+            time.sleep(0.5)
+            dovecot.append("app", [customer_mail(1)])
+            appended = time.monotonic()
+            assert app.wait_distinct(1, 10) == 1
+            # IDLE heard of it: neither the 60 s poll nor the 60 s backoff held it up.
+            assert time.monotonic() - appended < 5
+            assert len(node.records("InboundFailure")) == 1
+            # And it idles rather than polls while the refused one waits out its backoff.
+            time.sleep(1)
+            polled = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["last_poll"]
+            time.sleep(3)
+            assert json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["last_poll"] == polled
+        assert dovecot.unseen("app") == [1]  # the refused one is still there, for later

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -67,6 +68,7 @@ class WebhookApp(ThreadedApp):
         self.status = status
         self.fail_until = 0.0  # answer 500 until this time.time()
         self.delay = 0.0  # seconds each request takes
+        self.refuse: Callable[[bytes], bool] = lambda body: False  # answer 503 to these bodies
         self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
         self.refused = 0
         self.bodies: dict[str, bytes] = {}
@@ -82,6 +84,9 @@ class WebhookApp(ThreadedApp):
         key = request.headers.get("X-Pigeon-Dedupe-Key", "")
         with self._lock:
             self.headers.append(dict(request.headers))
+            if self.refuse(body):
+                self.refused += 1
+                return web.Response(status=503, text="not now")
             if time.time() < self.fail_until or not 200 <= self.status < 300:
                 self.refused += 1
                 return web.Response(status=500 if time.time() < self.fail_until else self.status, text="no")

@@ -116,6 +116,11 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             if getattr(mailbox, key) == mailbox.folder:
                 # Moved into the folder it came from, it would come back as new mail, forever.
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})")
+        words = mailbox.search.upper().split()
+        if mailbox.after_delivery == "seen" and "UNSEEN" not in words and "NEW" not in words:
+            # Acknowledged by \Seen, a message would still match and be looked at again, forever.
+            reason = 'with after_delivery = "seen" the search must exclude seen mail (include UNSEEN)'
+            raise fail(["mailbox", "search"], f'mailbox {mailbox.name!r}: {reason}, or use "move" or "delete"')
         for key in ("lease", "timeout", "poll_interval"):
             if getattr(mailbox, key) < 1:
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second")

@@ -86,6 +86,8 @@ class Dispatcher:
         self._settle = settle
         self._clock = clock
         self.queues: dict[str, ReadyQueue] = {}
+        self.counted: Callable[[str, Verdict], None] | None = None
+        """Told each inbound target's answer to SMTP-routed mail (for the inbound metrics)."""
         self.held: Callable[[str], bool] = lambda site: False
         """Whether an operator suspended deliveries to a site (set by the admin room)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -303,6 +305,9 @@ class Dispatcher:
         started = time.monotonic()
         answers = await target.deliver_many([m for _, _, m in messages])
         duration = (time.monotonic() - started) / len(messages)
+        if self.counted is not None:
+            for answer in answers:
+                self.counted(name, answer.verdict)
         for (entry, generation, _), answer in zip(messages, answers, strict=True):
             if answer.verdict is Verdict.ACCEPTED:
                 reply = Reply(250, "2.0.0", (f"{name}: {answer.detail}",))

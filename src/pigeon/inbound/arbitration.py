@@ -68,6 +68,7 @@ class Claim:
     attempts: int = 0  # failed attempts before this one
     deadline: float = 0.0  # monotonic: past it, the lease may be someone else's
     lost: bool = False
+    retry_in: float = 0.0  # WAITING: seconds until its backoff ends
 
 
 # KEYS[1] the epoch key. Redis's birth time as Pigeon knows it (set when missing: first use, or
@@ -93,7 +94,7 @@ if v then
     local n, due = string.match(v, '^b:(%d+):(%d+)$')
     local now = redis.call('TIME')
     local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    if now_ms < tonumber(due) then return {'waiting', n} end
+    if now_ms < tonumber(due) then return {'waiting', n, tostring(tonumber(due) - now_ms)} end
     attempts = tonumber(n)
   elseif kind == 'c' then return {'held', '0'}
   elseif kind == 'd' then return {'done', '0'}
@@ -251,7 +252,8 @@ class RedisArbiter(Arbiter):
             if standing is Standing.CLAIMED:
                 claims.append(self._claimed(key, uid, nonce, attempts, lease, started))
             else:
-                claims.append(Claim(key, uid, standing, attempts=attempts))
+                retry_in = int(_text(answer[2])) / 1000 if len(answer) > 2 else 0.0
+                claims.append(Claim(key, uid, standing, attempts=attempts, retry_in=retry_in))
         return claims
 
     async def renew(self, claims: Sequence[Claim], lease: float) -> None:
@@ -321,8 +323,9 @@ class LocalArbiter(Arbiter):
                 kind = value[0]
                 if kind == "b":
                     _, n, due = value.split(":")
-                    if time.time() * 1000 < int(due):
-                        claims.append(Claim(key, uid, Standing.WAITING, attempts=int(n)))
+                    remaining = int(due) / 1000 - time.time()
+                    if remaining > 0:
+                        claims.append(Claim(key, uid, Standing.WAITING, attempts=int(n), retry_in=remaining))
                         continue
                     attempts = int(n)
                 else:

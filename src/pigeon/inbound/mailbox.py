@@ -40,10 +40,9 @@ _log = logging.getLogger(__name__)
 _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
 
 _FAILED_FLAG: Final = "$PigeonFailed"
-_RECHECK: Final = 2.0  # seconds between polls while other nodes hold claims or backoffs run
 _MAX_RECONNECT_DELAY: Final = 60.0
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
-_WAITING_PAUSE: Final = 1.0  # ... or one in backoff
+_WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
 
 
@@ -209,8 +208,12 @@ class MailboxWatcher:
             self.last_error = None
             if worked:
                 continue
-            wait = min(config.poll_interval, _RECHECK) if waiting else config.poll_interval
-            await session.wait_for_mail(wait, idle=config.idle and not waiting)
+            # Idle until new mail, or until the first message held elsewhere or in backoff is
+            # worth asking about again (a lease that may have run out, a backoff that ends).
+            wait = float(config.poll_interval)
+            if waiting and self._elsewhere:
+                wait = max(0.2, min(wait, min(self._elsewhere.values()) - time.monotonic()))
+            await session.wait_for_mail(wait, idle=config.idle)
 
     async def _round(self, session: ImapSession) -> tuple[bool, bool]:
         """One search-claim-handoff round. (handed anything over, others hold some)."""
@@ -249,8 +252,11 @@ class MailboxWatcher:
                         failed.append(claim)
                     else:
                         waiting = True
-                        pause = _HELD_PAUSE if claim.standing is Standing.HELD else _WAITING_PAUSE
-                        self._elsewhere[claim.uid] = moment + min(pause, config.lease / 3)
+                        if claim.standing is Standing.HELD:
+                            pause = min(_HELD_PAUSE, config.lease / 3)
+                        else:  # in backoff: nothing to do before it ends
+                            pause = max(_WAITING_PAUSE, claim.retry_in)
+                        self._elsewhere[claim.uid] = moment + pause
                 if len(claimed) >= config.batch:
                     break
             worked = False

@@ -18,7 +18,7 @@ from pigeon.delivery.dsn import Failure, build_report
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Hop, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
-from pigeon.inbound.targets import Target
+from pigeon.inbound.targets import Target, Verdict
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.reader import seqs_in_log
@@ -103,6 +103,9 @@ class Outbound:
             targets=targets,
             clock=clock,
         )
+        outcomes = {Verdict.ACCEPTED: "delivered", Verdict.TRANSIENT: "deferred", Verdict.PERMANENT: "failed"}
+        inbound = metrics.inbound_messages
+        self.dispatcher.counted = lambda target, verdict: inbound.labels("smtp", target, outcomes[verdict]).inc()
         self.scheduler = Scheduler(
             spools=list(spools.values()),
             active=self.active,

@@ -355,6 +355,7 @@ def test_inbound_configuration_mistakes_are_named(tmp_path: Path, extra: str, ex
         ('after_delivery = "move"', '"move" needs move_to'),
         ('failed_folder = "INBOX"', "must differ from folder"),
         ('lease = "0s"', "at least 1 second"),
+        ('search = "ALL"', "must exclude seen mail"),
         ('auth = "kerberos"', "choose one of 'login', 'xoauth2'"),
     ],
 )
