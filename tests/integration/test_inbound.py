@@ -8,6 +8,8 @@ import hashlib
 import hmac
 import json
 import smtplib
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,9 +39,16 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
         assert "\\Seen" in dovecot.flags("app", more[-1])
         records = node.wait_records("InboundDelivery", 35)
         assert len(records) == 35
+        shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
+                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        top = shown.stdout
         health = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]
         assert health["connected"] is True
         assert time.time() - health["last_poll"] < 10
+    (row,) = [line for line in top.splitlines() if line.startswith("support ")]
+    assert row.split()[1:3] == ["hook", "connected"]
+    assert "inbound  delivered " in top
     headers = app.headers[0]
     key = headers["X-Pigeon-Dedupe-Key"]
     assert hashlib.sha256(app.bodies[key]).hexdigest() == key

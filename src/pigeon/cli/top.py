@@ -1,8 +1,10 @@
-"""`pigeon top`: a live view of a running node: rates, queues, connections, refreshed in place."""
+"""`pigeon top`: a live view of a running node: rates, queues, connections, and its inbound
+mailboxes, refreshed in place."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -50,11 +52,15 @@ def run(args: argparse.Namespace) -> int:
         while True:
             time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
             status, queues = client.request("GET", "/api/v1/queues")
-            if status != 200:
+            if status == 503:  # delivery is off (a node that only receives): no queues to show
+                queues = {"scheduled": [], "ready": []}
+            elif status != 200:
                 return fail(status, queues)
             counters = _counters(client)
             elapsed = max(time.monotonic() - started, 1e-6)
-            frame = _frame(client.url, queues, counters, previous, elapsed)
+            frame = _frame(client.url, queues, counters, previous, elapsed) + _mailboxes(
+                client, counters, previous, elapsed
+            )
             sys.stdout.write(frame if args.once else "\x1b[H\x1b[2J" + frame)
             sys.stdout.flush()
             if args.once:
@@ -77,6 +83,9 @@ def _counters(client: ApiClient) -> dict[str, float]:
                 found[sample.name] = sample.value
             elif sample.name == "pigeon_outbound_connections":
                 found["outbound"] = found.get("outbound", 0) + sample.value
+            elif sample.name == "pigeon_inbound_messages_total":
+                key = f"inbound/{sample.labels['outcome']}"
+                found[key] = found.get(key, 0) + sample.value
     return found
 
 
@@ -103,4 +112,28 @@ def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float
     lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}")
     for row in sorted(queues["ready"], key=lambda r: -r["queued"])[:10]:
         lines.append(f"{row['path'][:52]:52} {row['queued']:>8,} {row['connections']:>11}")
+    return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def _mailboxes(client: ApiClient, now: dict[str, float], before: dict[str, float], seconds: float) -> str:
+    """Inbound rates and each mailbox's state (from /healthz), when the node has any."""
+    with urllib.request.urlopen(client.url + "/healthz", timeout=10) as response:
+        mailboxes: dict[str, Any] = json.loads(response.read()).get("inbound", {})
+    if not mailboxes and not any(key.startswith("inbound/") for key in now):
+        return ""
+    rates = [
+        f"{outcome} {(now.get(f'inbound/{outcome}', 0) - before.get(f'inbound/{outcome}', 0)) / seconds:,.0f}/s"
+        for outcome in ("delivered", "deferred", "failed")
+    ]
+    lines = ["", "inbound  " + "  ".join(rates)]
+    if mailboxes:
+        lines.append(f"{'mailbox':24} {'target':16} {'state':10} {'last poll':>10} {'claims':>6}  error")
+    for name, state in sorted(mailboxes.items()):
+        polled = f"{time.time() - state['last_poll']:.0f}s ago" if state.get("last_poll") else "never"
+        connected = "connected" if state.get("connected") else "down"
+        lines.append(
+            f"{name[:24]:24} {state.get('target', '')[:16]:16} {connected:10} {polled:>10} "
+            f"{state.get('claims', 0):>6}  {state.get('error') or ''}"
+        )
+    width = shutil.get_terminal_size((100, 30)).columns
     return "\n".join(line[:width] for line in lines) + "\n"
