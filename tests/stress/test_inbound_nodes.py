@@ -14,7 +14,9 @@ accepted by dedupe key. Mail is appended while the nodes run.
 
 from __future__ import annotations
 
+import collections
 import json
+import random
 import threading
 import time
 from pathlib import Path
@@ -177,3 +179,42 @@ def test_redis_restart_and_a_failing_webhook_lose_nothing(
     # Duplicates need a handoff in flight while Redis lost its claim: at most what the nodes
     # had in hand at the two restarts.
     assert duplicates <= 2 * NODES * BATCH, f"{duplicates} duplicates"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_soak_with_kills_redis_restarts_and_outages_loses_nothing(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """-m slow: 10,000 messages while, every few seconds, a random node is killed and started
+    again, Redis restarts empty, or the webhook fails for a few seconds."""
+    total = 10_000
+    rng = random.Random(5)
+    events: collections.Counter[str] = collections.Counter()
+    with WebhookApp() as app:
+        app.delay = 0.005
+        nodes = start_nodes(tmp_path, dovecot, redis_server, app)
+        try:
+            appender = append_while_running(dovecot, total)
+            while len(app.accepted) < total * 0.9:
+                time.sleep(rng.uniform(2, 5))
+                event = rng.choice(["kill", "redis", "outage"])
+                events[event] += 1
+                if event == "kill":
+                    node = rng.choice(nodes)
+                    node.kill()
+                    node.start()
+                elif event == "redis":
+                    redis_server.restart()
+                else:
+                    app.fail_until = time.time() + rng.uniform(1, 5)
+            assert app.wait_distinct(total, 300) == total
+            appender.join()
+            wait_until(lambda: not dovecot.unseen("app"), 60)
+        finally:
+            stop_all(nodes)
+        duplicates = sum(app.accepted.values()) - total
+    print(f"soak: {total} distinct, {duplicates} duplicates, events {dict(events)}")
+    # Each kill may duplicate what the node had in flight; each Redis restart what was in
+    # flight on every node.
+    assert duplicates <= events["kill"] * CONCURRENCY + events["redis"] * NODES * BATCH

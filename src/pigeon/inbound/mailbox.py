@@ -41,6 +41,7 @@ _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
 
 _FAILED_FLAG: Final = "$PigeonFailed"
 _MAX_RECONNECT_DELAY: Final = 60.0
+_STABLE_SESSION: Final = 30.0  # seconds a session must last for reconnecting to start over at 1 s
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
@@ -126,18 +127,20 @@ class MailboxWatcher:
                 except Exception as error:  # refused, unreachable, or aioimaplib's own errors
                     self._failed_connection(error)
                 else:
-                    self.connected, self.last_error, delay = True, None, 1.0
+                    self.connected, self.last_error = True, None
                     _log.info("mailbox %s: connected to %s (UIDVALIDITY %d)", self.config.name,
                               self.identity, session.uidvalidity)  # fmt: skip
+                    connected_at = time.monotonic()
                     try:
                         await self._watch(session)
-                    except (ImapError, OSError, TimeoutError, ssl.SSLError) as error:
-                        self._failed_connection(error)
-                    except Exception as error:  # aioimaplib raises its own Abort/Error
+                    except Exception as error:  # IMAP, network, TLS, or aioimaplib's own errors
                         self._failed_connection(error)
                     finally:
                         self.connected = False
                         await session.close()
+                    if time.monotonic() - connected_at > _STABLE_SESSION:
+                        delay = 1.0  # a session that worked for a while: reconnect at once
+                    # (one that fails as soon as it opens keeps backing off)
                 if self._stopping:
                     break
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -184,9 +187,13 @@ class MailboxWatcher:
             folder=config.folder,
             command_timeout=config.timeout,
         )
-        for folder in (config.move_to if config.after_delivery == "move" else None, config.failed_folder):
-            if folder:
-                await session.create(folder)
+        try:
+            for folder in (config.move_to if config.after_delivery == "move" else None, config.failed_folder):
+                if folder:
+                    await session.create(folder)
+        except BaseException:
+            await session.close()
+            raise
         return session
 
     # --- the rounds --------------------------------------------------------------------------
