@@ -186,13 +186,13 @@ def test_redis_restart_and_a_failing_webhook_lose_nothing(
 def test_soak_with_kills_redis_restarts_and_outages_loses_nothing(
     tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
 ) -> None:
-    """-m slow: 10,000 messages while, every few seconds, a random node is killed and started
+    """-m slow: 30,000 messages while, every few seconds, a random node is killed and started
     again, Redis restarts empty, or the webhook fails for a few seconds."""
-    total = 10_000
+    total = 30_000
     rng = random.Random(5)
     events: collections.Counter[str] = collections.Counter()
     with WebhookApp() as app:
-        app.delay = 0.005
+        app.delay = 0.01
         nodes = start_nodes(tmp_path, dovecot, redis_server, app)
         try:
             appender = append_while_running(dovecot, total)
