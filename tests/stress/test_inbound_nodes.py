@@ -91,6 +91,13 @@ def stop_all(nodes: list[PigeonProcess]) -> None:
             node.kill()
 
 
+def all_handed_over(app: WebhookApp, dovecot: Dovecot, appender: threading.Thread, total: int, timeout: float) -> None:
+    """Every message reached the application, and none is left unseen in the inbox."""
+    assert app.wait_distinct(total, timeout) == total
+    appender.join()
+    wait_until(lambda: not dovecot.unseen("app"), 60)
+
+
 def delivered_records(nodes: list[PigeonProcess]) -> list[dict[str, Any]]:
     return [r for node in nodes for r in node.records("InboundDelivery")]
 
@@ -103,9 +110,7 @@ def test_three_nodes_hand_each_of_2000_messages_over_exactly_once(
         nodes = start_nodes(tmp_path, dovecot, redis_server, app)
         try:
             appender = append_while_running(dovecot)
-            assert app.wait_distinct(MESSAGES, 180) == MESSAGES
-            appender.join()
-            wait_until(lambda: not dovecot.unseen("app"), 30)
+            all_handed_over(app, dovecot, appender, MESSAGES, 180)
             time.sleep(1)  # anything still to come would come now
         finally:
             stop_all(nodes)
@@ -135,9 +140,7 @@ def test_killing_a_node_that_holds_claims_loses_nothing(
             wait_until(holds_claims, 60, interval=0.01)
             victim.kill()
             killed_at = time.time()
-            assert app.wait_distinct(MESSAGES, 180) == MESSAGES
-            appender.join()
-            wait_until(lambda: not dovecot.unseen("app"), 30)
+            all_handed_over(app, dovecot, appender, MESSAGES, 180)
         finally:
             stop_all(nodes)
         duplicates = sum(app.accepted.values()) - MESSAGES
@@ -165,9 +168,7 @@ def test_redis_restart_and_a_failing_webhook_lose_nothing(
             failing_ends = app.fail_until
             wait_until(lambda: len(app.accepted) >= 1000 or time.time() > failing_ends + 60, 120)
             redis_server.restart()  # and once more while handoffs succeed
-            assert app.wait_distinct(MESSAGES, 240) == MESSAGES
-            appender.join()
-            wait_until(lambda: not dovecot.unseen("app"), 30)
+            all_handed_over(app, dovecot, appender, MESSAGES, 240)
         finally:
             stop_all(nodes)
         duplicates = sum(app.accepted.values()) - MESSAGES
@@ -208,9 +209,7 @@ def test_soak_with_kills_redis_restarts_and_outages_loses_nothing(
                     redis_server.restart()
                 else:
                     app.fail_until = time.time() + rng.uniform(1, 5)
-            assert app.wait_distinct(total, 300) == total
-            appender.join()
-            wait_until(lambda: not dovecot.unseen("app"), 60)
+            all_handed_over(app, dovecot, appender, total, 300)
         finally:
             stop_all(nodes)
         duplicates = sum(app.accepted.values()) - total
