@@ -44,6 +44,7 @@ _MAX_RECONNECT_DELAY: Final = 60.0
 _STABLE_SESSION: Final = 30.0  # seconds a session must last for reconnecting to start over at 1 s
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
+_SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
 
 
@@ -101,6 +102,7 @@ class MailboxWatcher:
         self.last_error: str | None = None
         self.held: dict[str, Claim] = {}
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
+        self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
         self._stopping = False
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
@@ -230,7 +232,9 @@ class MailboxWatcher:
         self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
         if not uids:
             self._elsewhere.clear()
+            self._settled_before.clear()
             return False, False
+        self._settled_before.intersection_update(uids)
         # What another node held a moment ago is not asked about again until its holder had
         # time to finish: with N nodes, most claims would otherwise be wasted round trips.
         moment = time.monotonic()
@@ -246,37 +250,45 @@ class MailboxWatcher:
         claimed: list[Claim] = []
         done: list[Claim] = []
         failed: list[Claim] = []
+        worked = False
+        # One search serves many batches (a big backlog is not searched again for each), for
+        # a few seconds at most, so new mail is not kept waiting behind it.
+        until = moment + _SEARCH_SERVES
         try:
-            for chunk in chunks:
+            for number, chunk in enumerate(chunks):
                 keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
-                for claim in await self._arbiter.claim(keys, config.lease):
+                answers = await self._arbiter.claim(keys, config.lease)
+                now = time.monotonic()
+                for claim in answers:
                     if claim.standing is Standing.CLAIMED:
                         claimed.append(claim)
                         self.held[claim.key] = claim  # renewed from now on
-                    elif claim.standing is Standing.DONE:
-                        done.append(claim)
-                    elif claim.standing is Standing.FAILED:
-                        failed.append(claim)
+                    elif claim.standing in (Standing.DONE, Standing.FAILED) and claim.uid in self._settled_before:
+                        # Settled, yet still here a while later: its holder died before the
+                        # acknowledgement (or it failed). Finish the job; doing it twice is harmless.
+                        (done if claim.standing is Standing.DONE else failed).append(claim)
                     else:
                         waiting = True
-                        if claim.standing is Standing.HELD:
-                            pause = min(_HELD_PAUSE, config.lease / 3)
-                        else:  # in backoff: nothing to do before it ends
+                        if claim.standing is Standing.WAITING:  # in backoff: nothing to do before it ends
                             pause = max(_WAITING_PAUSE, claim.retry_in)
-                        self._elsewhere[claim.uid] = moment + pause
-                if len(claimed) >= config.batch:
-                    break
-            worked = False
-            if claimed:
-                self._between_batches.clear()
-                worked = await self._hand_over(session, claimed)
+                        else:  # another node holds it, or has just settled it and is acknowledging
+                            pause = min(_HELD_PAUSE, config.lease / 3)
+                            if claim.standing is not Standing.HELD:
+                                self._settled_before.add(claim.uid)
+                        self._elsewhere[claim.uid] = now + pause
+                last = number == len(chunks) - 1
+                if claimed and (len(claimed) >= config.batch or last):
+                    self._between_batches.clear()
+                    worked = await self._hand_over(session, claimed) or worked
+                    claimed = []
+                    self._between_batches.set()
+                    if self._stopping or session.lost or time.monotonic() > until:
+                        break
         finally:
             # Whatever was claimed and not settled (an error in the middle) is given back at
             # once rather than left to expire: no node would touch it for a whole lease.
             await self._give_back([c for c in claimed if c.key in self.held])
             self._between_batches.set()
-        # Handed over but not acknowledged (its holder died in between, or is about to
-        # acknowledge: doing it twice is harmless), and refused for good but still here.
         if done:
             await self._at_source(session, self._acknowledge, [c.uid for c in done], "acknowledge")
         if failed:
