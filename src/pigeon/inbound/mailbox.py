@@ -256,6 +256,8 @@ class MailboxWatcher:
         until = moment + _SEARCH_SERVES
         try:
             for number, chunk in enumerate(chunks):
+                if self._stopping or session.lost:
+                    break
                 keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
                 answers = await self._arbiter.claim(keys, config.lease)
                 now = time.monotonic()
@@ -282,7 +284,7 @@ class MailboxWatcher:
                     worked = await self._hand_over(session, claimed) or worked
                     claimed = []
                     self._between_batches.set()
-                    if self._stopping or session.lost or time.monotonic() > until:
+                    if time.monotonic() > until:
                         break
         finally:
             # Whatever was claimed and not settled (an error in the middle) is given back at
