@@ -20,6 +20,7 @@ from aioimaplib.aioimaplib import Command, FetchCommand
 _UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _FETCH_UID: Final = re.compile(rb"\bUID (\d+)")
 _FETCH_SIZE: Final = re.compile(rb"\bRFC822\.SIZE (\d+)")
+_FETCH_FLAGS: Final = re.compile(rb"\bFLAGS \(([^)]*)\)")
 _FETCH_START: Final = re.compile(rb"^\d+ FETCH \(")
 _PUSH: Final = re.compile(rb"\d+ (EXISTS|RECENT)\b")
 
@@ -160,13 +161,15 @@ class ImapSession:
                 continue  # not a SEARCH line (an untagged EXISTS, say)
         return uids
 
-    async def sizes(self, uids: Sequence[int]) -> dict[int, int]:
-        response = await self._run(self._fetch(uid_set(uids), "(UID RFC822.SIZE)"), "fetch sizes")
+    async def sizes(self, uids: Sequence[int], *, unless: Sequence[str] = ()) -> dict[int, int]:
+        """Sizes by UID of the messages still there and carrying none of the flags `unless`."""
+        response = await self._run(self._fetch(uid_set(uids), "(UID RFC822.SIZE FLAGS)"), "fetch sizes")
         sizes: dict[int, int] = {}
+        skip = [flag.lower().encode() for flag in unless]
         for line in response.lines:
             data = bytes(line)
-            uid, size = _FETCH_UID.search(data), _FETCH_SIZE.search(data)
-            if uid and size:
+            uid, size, flags = _FETCH_UID.search(data), _FETCH_SIZE.search(data), _FETCH_FLAGS.search(data)
+            if uid and size and not (flags and any(flag in flags.group(1).lower().split() for flag in skip)):
                 sizes[int(uid.group(1))] = int(size.group(1))
         return sizes
 

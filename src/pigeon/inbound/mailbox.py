@@ -326,8 +326,12 @@ class MailboxWatcher:
     async def _hand_over(self, session: ImapSession, claims: list[Claim]) -> bool:
         """Fetch, hand over and settle a batch of claimed messages. False if none was there."""
         config = self.config
-        sizes = await session.sizes([c.uid for c in claims])
-        gone = [c for c in claims if c.uid not in sizes]  # expunged by someone meanwhile
+        # Acknowledged by another node since our search (seen there, or moved or deleted: then
+        # not there at all) is not ours to hand over: after Redis lost the "done" marks, the
+        # claim alone would not know.
+        seen = ("\\Seen",) if config.after_delivery == "seen" else ()
+        sizes = await session.sizes([c.uid for c in claims], unless=(*seen, _FAILED_FLAG))
+        gone = [c for c in claims if c.uid not in sizes]
         too_big = [c for c in claims if sizes.get(c.uid, 0) > config.max_message_size]
         wanted = [c for c in claims if c.uid in sizes and sizes[c.uid] <= config.max_message_size]
         await self._give_back(gone)
