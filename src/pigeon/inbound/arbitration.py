@@ -297,6 +297,7 @@ class LocalArbiter(Arbiter):
     def __init__(self) -> None:
         super().__init__()
         self._values: dict[str, tuple[str, float]] = {}  # key: (value, expires, time.time())
+        self._next_sweep = 0.0
 
     def _get(self, key: str) -> str | None:
         hit = self._values.get(key)
@@ -308,10 +309,13 @@ class LocalArbiter(Arbiter):
         return hit[0]
 
     def _set(self, key: str, value: str, ttl: float) -> None:
-        if len(self._values) > 100_000:
-            now = time.time()
+        now = time.time()
+        # Expired entries are swept once a minute, not on every write: a day of done marks
+        # can be a million entries.
+        if now >= self._next_sweep:
             self._values = {k: v for k, v in self._values.items() if v[1] > now}
-        self._values[key] = (value, time.time() + ttl)
+            self._next_sweep = now + 60
+        self._values[key] = (value, now + ttl)
 
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
         started = time.monotonic()
