@@ -211,20 +211,12 @@ class Draft:
             envelope = self.envelope
             envelope.tenant, envelope.campaign = tenant, campaign
             (domain, _), spool_id = self._groups[0], self._ids[0]
-            if domain.startswith(INBOUND):
-                envelope.routing_domain = domain
-                messages = [NewMessage(spool_id, domain, envelope, now, now)]
-            else:
-                messages = [NewMessage(spool_id, scheduled_queue(domain, tenant, campaign), envelope, now, now)]
+            messages = [NewMessage(spool_id, _queue_of(domain, envelope), envelope, now, now)]
         else:
             messages = []
             for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True):
                 copy = _copy_envelope(self.envelope, recipients, tenant, campaign)
-                if domain.startswith(INBOUND):
-                    copy.routing_domain = domain
-                    messages.append(NewMessage(spool_id, domain, copy, now, now))
-                else:
-                    messages.append(NewMessage(spool_id, scheduled_queue(domain, tenant, campaign), copy, now, now))
+                messages.append(NewMessage(spool_id, _queue_of(domain, copy), copy, now, now))
         # The Reception records are committed with the messages (the outbox): logged once,
         # even if the process dies between the commit and the log write.
         ids = [m.id for m in messages]
@@ -305,6 +297,15 @@ def _group_by_domain(
         key = routes.routing_key(recipient.address) if routes else None
         groups.setdefault(key or recipient.domain, []).append(recipient)
     return list(groups.items())
+
+
+def _queue_of(group: str, envelope: Envelope) -> str:
+    """The scheduled queue of a recipient group; an `[[inbound]]` group (`inbound:<target>`)
+    is its own queue and routes to its target."""
+    if group.startswith(INBOUND):
+        envelope.routing_domain = group
+        return group
+    return scheduled_queue(group, envelope.tenant, envelope.campaign)
 
 
 def _copy_envelope(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, webhook_target
+from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, mailbox_health, webhook_target
 from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot, Postgres, RedisServer
 from tests.support.sinks import wait_until
@@ -43,7 +43,7 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         top = shown.stdout
-        health = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]
+        health = mailbox_health(node)
         assert health["connected"] is True
         assert time.time() - health["last_poll"] < 10
     (row,) = [line for line in top.splitlines() if line.startswith("support ")]
@@ -215,7 +215,7 @@ def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_p
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
 
             def reported() -> str:
-                return json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["error"] or ""
+                return mailbox_health(node)["error"] or ""
 
             assert "CERTIFICATE_VERIFY_FAILED" in wait_until(reported, 10)
         assert not app.accepted
@@ -234,7 +234,7 @@ def test_an_imap_server_that_dies_mid_run_costs_a_reconnect_and_nothing_else(tmp
             dovecot.start()
             assert app.wait_distinct(200, 60) == 200
             wait_until(lambda: not dovecot.unseen("app"), 20)
-            health = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]
+            health = mailbox_health(node)
         # Handed over but not yet acknowledged when the server died: found done, acknowledged,
         # not handed over again.
         assert sum(app.accepted.values()) == 200
@@ -258,7 +258,7 @@ def test_a_message_in_backoff_does_not_delay_new_mail(tmp_path: Path, dovecot: D
             assert len(node.records("InboundFailure")) == 1
             # And it idles rather than polls while the refused one waits out its backoff.
             time.sleep(1)
-            polled = json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["last_poll"]
+            polled = mailbox_health(node)["last_poll"]
             time.sleep(3)
-            assert json.loads(node.http_get("/healthz")[1])["inbound"]["support"]["last_poll"] == polled
+            assert mailbox_health(node)["last_poll"] == polled
         assert dovecot.unseen("app") == [1]  # the refused one is still there, for later

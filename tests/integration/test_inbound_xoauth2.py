@@ -6,13 +6,19 @@ other Dovecot refuses the login, and Pigeon says so in /healthz and keeps runnin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from tests.support.apps import ThreadedApp, WebhookApp, customer_mail, imap_mailbox, webhook_target
+from tests.support.apps import (
+    ThreadedApp,
+    WebhookApp,
+    customer_mail,
+    imap_mailbox,
+    mailbox_health,
+    webhook_target,
+)
 from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot
 from tests.support.sinks import wait_until
@@ -55,12 +61,6 @@ def xoauth2_mailbox(dovecot: Dovecot, target: str, **options: Any) -> dict[str, 
     return box
 
 
-def inbound_health(node: PigeonProcess) -> dict[str, Any]:
-    _, body = node.http_get("/healthz")
-    health: dict[str, Any] = json.loads(body)["inbound"]["support"]
-    return health
-
-
 def test_a_good_token_from_password_file_logs_in_and_the_mail_reaches_the_webhook(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(f"{GOOD_TOKEN}\nthe first line alone is the token\n")
@@ -75,7 +75,7 @@ def test_a_good_token_from_password_file_logs_in_and_the_mail_reaches_the_webhoo
             assert app.wait_distinct(3, 15) == 3, node.stderr()
             wait_until(lambda: not dovecot.unseen("app"), 10)
             assert all("\\Seen" in dovecot.flags("app", uid) for uid in uids)
-            health = inbound_health(node)
+            health = mailbox_health(node)
             assert health["connected"] is True and health["error"] is None
         assert sum(app.accepted.values()) == 3
         assert endpoint.asked() and set(endpoint.asked()) == {GOOD_TOKEN}
@@ -91,8 +91,8 @@ def test_a_refused_token_delivers_nothing_and_pigeon_keeps_running(tmp_path: Pat
         uids = dovecot.append("app", [customer_mail(i) for i in range(3)])
         box = xoauth2_mailbox(dovecot, "hook", password="bad-token", timeout=REFUSAL_TIMEOUT)
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
-            wait_until(lambda: inbound_health(node)["error"] is not None, 15)
-            assert inbound_health(node)["connected"] is False
+            wait_until(lambda: mailbox_health(node)["error"] is not None, 15)
+            assert mailbox_health(node)["connected"] is False
             # It tries again: the token is checked a second time, or (should Dovecot's auth
             # penalty for the address hold that check back) a second XOAUTH2 session ends.
             wait_until(
@@ -100,7 +100,7 @@ def test_a_refused_token_delivers_nothing_and_pigeon_keeps_running(tmp_path: Pat
                 15,
             )
             assert node.process is not None and node.process.poll() is None
-            health = inbound_health(node)
+            health = mailbox_health(node)
             assert health["connected"] is False and health["error"] is not None and health["last_poll"] is None
         assert endpoint.asked() and set(endpoint.asked()) == {"bad-token"}
         assert not app.headers  # nothing was even offered to the webhook
@@ -116,7 +116,7 @@ def test_a_refused_token_is_reported_as_a_refused_login(tmp_path: Path) -> None:
     ):
         box = xoauth2_mailbox(dovecot, "hook", password="bad-token", timeout=REFUSAL_TIMEOUT)
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
-            error = wait_until(lambda: inbound_health(node)["error"], 15)
+            error = wait_until(lambda: mailbox_health(node)["error"], 15)
     assert "login as app" in error and "AUTHENTICATIONFAILED" in error, error
 
 

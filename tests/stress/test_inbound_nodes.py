@@ -15,7 +15,6 @@ accepted by dedupe key. Mail is appended while the nodes run.
 from __future__ import annotations
 
 import collections
-import json
 import random
 import threading
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.apps import WebhookApp
+from tests.support.apps import WebhookApp, mailbox_health
 from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
@@ -133,11 +132,7 @@ def test_killing_a_node_that_holds_claims_loses_nothing(
             appender = append_while_running(dovecot)
             victim = nodes[0]
 
-            def holds_claims() -> bool:
-                health = json.loads(victim.http_get("/healthz")[1])
-                return bool(health["inbound"]["support"]["claims"])
-
-            wait_until(holds_claims, 60, interval=0.01)
+            wait_until(lambda: mailbox_health(victim)["claims"], 60, interval=0.01)
             victim.kill()
             killed_at = time.time()
             all_handed_over(app, dovecot, appender, MESSAGES, 180)

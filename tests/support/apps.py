@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tests.support.process import free_port
+from tests.support.process import PigeonProcess, free_port
 
 if TYPE_CHECKING:
     from tests.support.services import Dovecot
@@ -132,3 +133,9 @@ def imap_mailbox(dovecot: Dovecot, target: str, **options: Any) -> dict[str, Any
 def webhook_target(app: WebhookApp, **options: Any) -> dict[str, Any]:
     """A [[target]] table posting to `app`, retrying quickly."""
     return {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "200ms", **options}
+
+
+def mailbox_health(node: PigeonProcess, name: str = "support") -> dict[str, Any]:
+    """A mailbox's state as the node's /healthz reports it."""
+    health: dict[str, Any] = json.loads(node.http_get("/healthz")[1])["inbound"][name]
+    return health

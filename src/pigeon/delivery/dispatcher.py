@@ -276,19 +276,22 @@ class Dispatcher:
         self, queue: ReadyQueue, name: str, target: Target | None, taken: list[tuple[Entry, int]], settled: set[int]
     ) -> None:
         site = queue.destination.site
+
+        def settle(entry: Entry, generation: int, attempt: Attempt) -> None:
+            settled.add(id(entry))  # the caller settles whatever this batch did not
+            self._settle(entry, generation, attempt)
+
         messages: list[tuple[Entry, int, InboundMessage]] = []
         for entry, generation in taken:
             count = len(entry.message.envelope.recipients)
             if target is None:
                 reply = Reply(451, "4.3.5", (f"no [[target]] called {name!r} in this node's configuration",))
-                settled.add(id(entry))
-                self._settle(entry, generation, Attempt.same_for_all(reply, count, site))
+                settle(entry, generation, Attempt.same_for_all(reply, count, site))
                 continue
             try:
                 body = self._load_body(entry)
             except SpoolError as error:
-                settled.add(id(entry))
-                self._settle(entry, generation, Attempt.same_for_all(error.reply, count, site))
+                settle(entry, generation, Attempt.same_for_all(error.reply, count, site))
                 continue
             envelope = entry.message.envelope
             inbound = InboundMessage.of(
@@ -316,8 +319,7 @@ class Dispatcher:
             else:
                 reply = Reply(451, "4.3.0", (f"{name}: {answer.detail}",))
             count = len(entry.message.envelope.recipients)
-            settled.add(id(entry))
-            self._settle(entry, generation, Attempt([reply] * count, site, name, None, duration))
+            settle(entry, generation, Attempt([reply] * count, site, name, None, duration))
 
     def _connection_failed(self, queue: ReadyQueue, shaping: Shaping, reply: Reply) -> None:
         queue.failures += 1

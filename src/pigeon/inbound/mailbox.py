@@ -148,8 +148,8 @@ class MailboxWatcher:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(_MAX_RECONNECT_DELAY, delay * 2)
         finally:
+            # Claims in hand were given back by the round that took them (see `_round`).
             renewer.cancel()
-            await self._release_all()
 
     async def stop(self, grace: float) -> None:
         """Finish the batch in hand (up to `grace` seconds); the caller then cancels `run`."""
@@ -448,7 +448,7 @@ class MailboxWatcher:
         now = time.time()
         self._metrics.inbound_messages.labels(self.source, self.target.name, "deferred").inc(len(later))
         for (claim, message, answer), (_, delay) in zip(later, delays, strict=True):
-            self._log.write(self._failure(claim, message, answer, next_attempt=now + delay))
+            self._log.write(self._record(InboundFailure, claim, message, answer, next_attempt=now + delay))
 
     async def _settle_never(self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
         # Marked failed first: if setting it aside fails, the next round (ours or another
@@ -464,21 +464,7 @@ class MailboxWatcher:
         for claim, message, answer in never:
             _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
                          self.target.name, answer.detail)  # fmt: skip
-            self._log.write(self._failure(claim, message, answer, permanent=True, action=action))
-
-    def _failure(
-        self,
-        claim: Claim,
-        message: InboundMessage,
-        answer: Handoff,
-        *,
-        permanent: bool = False,
-        next_attempt: float | None = None,
-        action: str = "",
-    ) -> InboundFailure:
-        return self._record(
-            InboundFailure, claim, message, answer, permanent=permanent, next_attempt=next_attempt, action=action
-        )
+            self._log.write(self._record(InboundFailure, claim, message, answer, permanent=True, action=action))
 
     def _record(
         self, kind: type[_Record], claim: Claim, message: InboundMessage, answer: Handoff, **extra: Any
@@ -532,12 +518,3 @@ class MailboxWatcher:
             except ArbitrationUnavailable as error:
                 _log.warning("mailbox %s: cannot renew %d claims: %s", self.config.name, len(claims), error)
                 pause = min(1.0, interval)  # again soon, not a third of a lease later
-
-    async def _release_all(self) -> None:
-        claims = list(self.held.values())
-        self.held.clear()
-        if claims:
-            try:
-                await self._arbiter.release(claims)
-            except ArbitrationUnavailable:
-                pass  # they expire after the lease
