@@ -32,7 +32,7 @@ class Inbound:
             if redis_url is not None
             else LocalArbiter()
         )
-        retry = {t.name: (t.retry_interval, t.max_retry_interval) for t in config.target}
+        configs = {t.name: t for t in config.target}
         self.watchers = [
             MailboxWatcher(
                 mailbox,
@@ -40,8 +40,8 @@ class Inbound:
                 self.arbiter,
                 log,
                 metrics,
-                retry_interval=retry[mailbox.target][0],
-                max_retry_interval=retry[mailbox.target][1],
+                retry_interval=configs[mailbox.target].retry_interval,
+                max_retry_interval=configs[mailbox.target].max_retry_interval,
             )
             for mailbox in (config.mailbox if watch else [])
         ]
