@@ -11,6 +11,7 @@ a DNS lookup. A server that does not come up in time fails with its log in the m
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import csv
 import grp
@@ -25,6 +26,7 @@ import socket
 import ssl
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -63,6 +65,23 @@ def _open_path_to(path: Path) -> None:
             directory.chmod(mode | stat.S_IXOTH)
 
 
+def _reachable(directory: Path, name: str) -> Path:
+    """Where a server's files go: `directory` itself, unless it would be under pytest's tree
+    as root. pytest keeps that tree 0700, and any pytest session starting meanwhile (a second
+    test run on the machine) takes back the search permission `_open_path_to` granted, which
+    locks out the users the servers drop to mid-test. The files then live in a directory of
+    their own under /tmp (removed when the test process exits), linked from `directory`."""
+    if os.geteuid() != 0 or directory.exists() or "pytest-of-" not in str(directory.resolve()):
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory.resolve()
+    own = Path(tempfile.mkdtemp(prefix=f"pigeon-{name}-"))
+    own.chmod(0o711)
+    atexit.register(shutil.rmtree, own, ignore_errors=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    directory.symlink_to(own, target_is_directory=True)
+    return own
+
+
 def _group_alive(group: int) -> bool:
     """Whether a process of `group` lives (zombies, waiting for init to reap them, do not)."""
     for stat_path in Path("/proc").glob("[0-9]*/stat"):
@@ -95,8 +114,7 @@ class _Server:
     stop_group = False
 
     def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory).resolve()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = _reachable(Path(directory), self.name)
         self.process: subprocess.Popen[bytes] | None = None
 
     # --- to be provided by each server ------------------------------------------------------
