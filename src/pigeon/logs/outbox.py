@@ -6,18 +6,21 @@ without the record. So the record (encoded, with a unique `seq`) goes into the s
 outbox table in the same transaction as the change; after the commit it is written to the
 log file, and the outbox forgets it a moment later, in one batch. At start-up whatever the
 outbox still holds is compared with the log and the missing records are written
-(`pigeon.node.outbound.recover_outbox_lines`).
+(`recover_outbox_lines`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 
+from pigeon.logs.reader import seqs_in_log
 from pigeon.logs.records import Record
 from pigeon.logs.writer import LogWriter
 from pigeon.spool.sqlite import SqliteSpool
 
+_log = logging.getLogger(__name__)
 _FORGET_AFTER = 0.5  # seconds: batches the outbox deletions
 
 
@@ -56,3 +59,29 @@ class Outbox:
         done, self._done = self._done, {}
         for shard, seq in done.items():
             self._spools[shard].outbox_written(seq)
+
+
+def recover_outbox_lines(spool: SqliteSpool, log: LogWriter, shard: int) -> list[bytes]:
+    """Terminal records committed before a crash and missing from the log (read before the
+    log is opened, which compresses the last run's segments)."""
+    pending = spool.outbox()
+    if not pending:
+        return []
+    present = seqs_in_log(log.directory, shard, {seq for seq, _ in pending})
+    return [line for seq, line in pending if seq not in present]
+
+
+def finish_outbox(spool: SqliteSpool, log: LogWriter, missing: list[bytes]) -> None:
+    """Log what `recover_outbox_lines` found, then empty the outbox."""
+    pending = spool.outbox()
+    for line in missing:
+        log.write_raw(line)
+    log.flush()
+    if pending:
+        spool.outbox_written(pending[-1][0])
+    if missing:
+        _log.warning(
+            "spool %s: %d terminal records were committed but not logged before a crash; logged them now",
+            spool.directory,
+            len(missing),
+        )

@@ -26,13 +26,13 @@ from pigeon.listener.http.auth import Tokens
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.smtp import SmtpListener
 from pigeon.listener.tls import ensure_self_signed, server_context
-from pigeon.logs.outbox import Outbox
+from pigeon.logs.outbox import Outbox, finish_outbox, recover_outbox_lines
 from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import Metrics
 from pigeon.node.inbound import Inbound
-from pigeon.node.outbound import Outbound, finish_outbox, recover_outbox_lines
+from pigeon.node.outbound import Outbound
 from pigeon.queue.admin import Admin
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig

@@ -21,7 +21,6 @@ from pigeon.delivery.session import ClientOptions
 from pigeon.inbound.targets import Target, Verdict
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
-from pigeon.logs.reader import seqs_in_log
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.metrics import DeliveryState, Metrics
@@ -176,32 +175,6 @@ class Outbound:
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
         return await self._intake.local(envelope, report)
-
-
-def recover_outbox_lines(spool: SqliteSpool, log: LogWriter, shard: int) -> list[bytes]:
-    """Terminal records committed before a crash and missing from the log (read before the
-    log is opened, which compresses the last run's segments)."""
-    pending = spool.outbox()
-    if not pending:
-        return []
-    present = seqs_in_log(log.directory, shard, {seq for seq, _ in pending})
-    return [line for seq, line in pending if seq not in present]
-
-
-def finish_outbox(spool: SqliteSpool, log: LogWriter, missing: list[bytes]) -> None:
-    """Log what `recover_outbox_lines` found, then empty the outbox."""
-    pending = spool.outbox()
-    for line in missing:
-        log.write_raw(line)
-    log.flush()
-    if pending:
-        spool.outbox_written(pending[-1][0])
-    if missing:
-        _log.warning(
-            "spool %s: %d terminal records were committed but not logged before a crash; logged them now",
-            spool.directory,
-            len(missing),
-        )
 
 
 def _policies(config: Config) -> QueuePolicies:
