@@ -16,12 +16,16 @@ and the connection is only ever used by one thread at a time.
 
 If anything fails, the batch is rolled back and its operations are retried one per
 transaction in the commit thread, so one bad operation cannot take its neighbours down.
-A disk that is really full fails them all, each with a typed error.
+A disk that is really full fails them all, each with a typed error. What runs after the
+COMMIT (removing freed body files) cannot fail the batch: it is committed, and applying its
+operations again would store a reception twice or settle a message that is gone. Such a
+failure is logged; a body file left behind is an orphan the next start removes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import sqlite3
 import threading
@@ -53,6 +57,7 @@ the commit is durable, if anything."""
 BatchObserver = Callable[[int, float], None]
 """Called on the event loop with (operations in the batch, seconds the commit took)."""
 
+_log = logging.getLogger(__name__)
 _Batch = list[tuple[Operation, "asyncio.Future[Any]"]]
 _STOP = object()
 
@@ -193,13 +198,13 @@ class GroupCommitter:
                     op.prepare()
                 after = self._before_commit(conn, ops) if self._before_commit else None
                 conn.execute("COMMIT")
-                if after is not None:
-                    after()
-                results = applied
             except Exception as error:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 results = [_spool_error(error)] if len(ops) == 1 else [self._one(conn, op) for op in ops]
+            else:
+                _after_commit(after)
+                results = applied
         else:
             results = [self._one(conn, op) for op in ops]
         seconds = time.perf_counter() - started
@@ -223,15 +228,24 @@ class GroupCommitter:
                 op.prepare()
                 after = self._before_commit(conn, [op]) if self._before_commit else None
                 conn.execute("COMMIT")
-                if after is not None:
-                    after()
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            return result
         except Exception as error:
             return _spool_error(error)
+        _after_commit(after)
+        return result
+
+
+def _after_commit(after: Callable[[], None] | None) -> None:
+    """Run what follows a durable COMMIT. The batch is committed whatever happens here."""
+    if after is None:
+        return
+    try:
+        after()
+    except Exception:
+        _log.exception("spool: committed, but the clean-up after the commit failed (the next start finishes it)")
 
 
 def _spool_error(error: BaseException) -> SpoolError:

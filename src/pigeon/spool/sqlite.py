@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import functools
+import logging
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
 from pigeon.spool.recovery import recover
 from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolCorrupt, SpoolWriteError
 
+_log = logging.getLogger(__name__)
 SCHEMA_VERSION: Final = 4
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS body (
@@ -318,8 +320,12 @@ class SqliteSpool:
             return None
 
         def unlink() -> None:
+            # After the COMMIT: a file that stays is an orphan the next start removes.
             for path in files:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as error:
+                    _log.error("spool: cannot remove freed body file %s: %s (left for the next start)", path, error)
 
         return unlink
 

@@ -359,3 +359,71 @@ async def test_body_that_cannot_be_fsynced_is_refused_even_when_it_shares_a_comm
         assert results[1] is None
         assert isinstance(results[0], SpoolError)
         assert rows(spool.db_path, "SELECT count(*) FROM message WHERE id = ?", failing_messages[0].id) == [(0,)]
+
+
+# --- after the commit ----------------------------------------------------------------------------
+async def test_a_freed_body_file_that_cannot_be_removed_does_not_fail_or_replay_its_committed_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=16)
+    with opened(spool):
+        body, messages = await store(spool, b"x" * 100)  # its body is a data file
+        assert data_files(spool) == {format_id(body.id)}
+        message = spool.get(messages[0].id)
+        assert message is not None
+        unlink = Path.unlink
+
+        def refuse_in_data_dir(path: Path, missing_ok: bool = False) -> None:
+            if path.parent == spool.data_dir:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            unlink(path, missing_ok=missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", refuse_in_data_dir)
+        # One commit: the settlement that frees that body (its removal then fails), and a new
+        # reception. Both have outbox records: applied twice, their INSERTs would collide.
+        delivered, received = spool.new_ids(2)
+        settled = spool.settle(message, None, attempts=1, due=0.0, records=[(delivered, b'{"type":"Delivery"}')])
+        new_body, new_messages = reception(spool, b"another\r\n")
+        stored = spool.store(new_body, new_messages, [(received, b'{"type":"Reception"}')])
+        results = await asyncio.gather(settled, stored, return_exceptions=True)
+
+        assert results == [None, None]
+        assert spool.count == 1
+        assert rows(spool.db_path, "SELECT id FROM message") == [(new_messages[0].id,)]
+        assert rows(spool.db_path, "SELECT id FROM body") == [(new_body.id,)]
+        assert rows(spool.db_path, "SELECT seq FROM outbox ORDER BY seq") == [(delivered,), (received,)]
+        assert "cannot remove freed body file" in caplog.text
+        assert data_files(spool) == {format_id(body.id)}  # left behind ...
+    monkeypatch.undo()
+    with opened(SqliteSpool(tmp_path, inline_limit=16)) as report:
+        assert report.orphan_files_removed == 1  # ... for the next start to remove
+        assert report.messages == 1
+
+
+async def test_an_after_commit_step_that_raises_is_logged_and_the_batch_stays_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=16)
+    with opened(spool):
+        _, messages = await store(spool, b"x" * 100)
+        message = spool.get(messages[0].id)
+        assert message is not None
+        free_bodies = spool._free_bodies
+
+        def failing_after(conn: sqlite3.Connection, ops: list[object]) -> object:
+            after = free_bodies(conn, ops)  # type: ignore[arg-type]
+
+            def fail() -> None:
+                if after is not None:
+                    after()
+                raise OSError(errno.EIO, "Input/output error")
+
+            return fail
+
+        monkeypatch.setattr(spool._committer, "_before_commit", failing_after)
+        (seq,) = spool.new_ids(1)
+        await spool.settle(message, None, attempts=1, due=0.0, records=[(seq, b'{"type":"Delivery"}')])
+
+        assert rows(spool.db_path, "SELECT count(*) FROM message") == [(0,)]
+        assert rows(spool.db_path, "SELECT seq FROM outbox") == [(seq,)]
+        assert "committed, but the clean-up after the commit failed" in caplog.text
