@@ -29,7 +29,8 @@ _MAX_REPLY_LINE: Final = 4096  # RFC 5321 says 512; be generous, but not unbound
 
 
 class ClientProtocolError(Exception):
-    """The server's bytes are not SMTP (a malformed reply): give up on the connection."""
+    """The server broke the protocol (its fault, not ours): a malformed reply, or a reply to
+    no command. Give up on the connection."""
 
 
 class ReplyReader:
@@ -67,6 +68,11 @@ class ReplyReader:
             if len(line) == 3 or line[3] == " ":
                 replies.append(_make_reply(self._lines))
                 self._lines = []
+
+    @property
+    def buffered(self) -> bool:
+        """Part of a reply has arrived and waits for the rest."""
+        return bool(self._buf or self._lines)
 
 
 def _make_reply(lines: list[str]) -> Reply:
@@ -163,7 +169,7 @@ class Result:
     replies: list[Reply]
     mail_reply: Reply | None = None
     data_reply: Reply | None = None
-    needs_reset: bool = False  # MAIL was accepted but no message was completed
+    needs_reset: bool = False  # the server still holds the transaction (MAIL accepted, no end of data)
 
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
@@ -211,6 +217,7 @@ class Transaction:
         self._rcpt_replies: list[Reply | None] = [None] * len(envelope.recipients)
         self._mail_reply: Reply | None = None
         self._data_reply: Reply | None = None
+        self._ended = False  # the server answered the end of the content: its transaction is over
 
     @property
     def done(self) -> bool:
@@ -258,6 +265,10 @@ class Transaction:
         if what == _CONTENT:
             if self._mail_ok() and self._accepted_any():
                 self._data_reply = reply
+                # RFC 5321 4.1.1.4: whatever the reply to the end of data, the server has
+                # cleared the transaction, so no RSET is needed. RFC 3030 says no such thing of
+                # a refused BDAT: reset after one, to be sure.
+                self._ended = reply.is_positive or not self.chunking
             return b""
         if what == _RSET and not self.pipelining:
             self._pending.append((_MAIL, 0))
@@ -278,8 +289,7 @@ class Transaction:
                 replies.append(Reply(451, "4.4.0", ("no reply to the end of data before the connection ended",)))
             else:
                 replies.append(self._data_reply)
-        completed = self._data_reply is not None and self._data_reply.is_positive
-        return Result(replies, mail, self._data_reply, needs_reset=self._mail_ok() and not completed)
+        return Result(replies, mail, self._data_reply, needs_reset=self._mail_ok() and not self._ended)
 
     # --- helpers -------------------------------------------------------------------------
     def _mail_ok(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -29,7 +30,6 @@ from pigeon.smtp.client import (
     refusal_before_sending,
 )
 from pigeon.smtp.events import (
-    NEED_DATA,
     BodyType,
     Closing,
     Data,
@@ -42,10 +42,12 @@ from pigeon.smtp.events import (
     RcptTo,
     Rejected,
     Ret,
+    _NeedData,
 )
 from pigeon.smtp.replies import Reply
 from pigeon.smtp.server import ServerConfig, ServerSession
 
+E = TypeVar("E")
 HOSTNAME = "mx.test"
 SENDER = "sender@example.org"
 BODY = b"Subject: hi\r\n\r\nhello\r\n"
@@ -118,7 +120,7 @@ class Pair:
         self.server.receive_data(data)
         while True:
             event = self.server.next_event()
-            if event is NEED_DATA:
+            if isinstance(event, _NeedData):
                 break
             self.events.append(event)
             if isinstance(event, Closing):
@@ -161,7 +163,7 @@ class Pair:
         assert self.server.buffered == 0, "the server holds bytes it has not answered"
         return Exchange(writes, server_writes, transaction.result())
 
-    def of_type(self, kind: type) -> list:
+    def of_type(self, kind: type[E]) -> list[E]:
         return [event for event in self.events if isinstance(event, kind)]
 
 
@@ -347,6 +349,21 @@ def test_a_transient_reply_at_end_of_data_goes_to_the_accepted_recipients(mode: 
     again = pair.run(envelope("b@example.net"), reset_first=exchange.result.needs_reset, **MODES[mode])
     assert again.result.replies == [queued(1)]
     assert pair.messages == [BODY]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_refused_end_of_data_needs_a_reset_only_after_bdat(mode: str) -> None:
+    """RFC 5321 4.1.1.4: the reply to the end of DATA ends the transaction, whatever it says.
+    RFC 3030 promises no such thing of a refused BDAT, so the client resets after one."""
+    pair = Pair.connect()
+    pair.end_replies.append(Reply(554, "5.7.1", ("Spam",)))
+    exchange = pair.run(envelope("b@example.net"), **MODES[mode])
+    assert exchange.result.replies == [Reply(554, "5.7.1", ("Spam",))]
+    assert exchange.result.needs_reset == (mode in BDAT_MODES)
+
+    again = pair.run(envelope("b@example.net"), reset_first=exchange.result.needs_reset, **MODES[mode])
+    assert again.result.replies == [queued(1)]
+    assert pair.of_type(Rejected) == []  # without RSET after DATA, the server was ready all the same
 
 
 @pytest.mark.parametrize("mode", DATA_MODES)
