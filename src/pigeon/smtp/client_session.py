@@ -1,0 +1,466 @@
+"""The SMTP client session, sans-IO: one connection from the banner to QUIT.
+
+Three verbs, as in h11 and `pigeon.smtp.server`:
+
+    session.receive_data(data)                   # b"" means the server closed its side
+    event = session.next_event()                 # an Event, or NEED_DATA
+    transport.write(session.send(Deliver(env)))  # or Quit(): every byte due now
+    transport.write(session.data_to_send())      # what the session said by itself
+
+Between the application's commands the session speaks for itself: EHLO after a 220 banner,
+HELO when EHLO is refused, STARTTLS when the TLS policy wants it and the server offers it,
+EHLO again once TLS is up, the next command of a lock-step transaction, the content after
+354. The application writes what it is given, upgrades the transport on `StartTls` (then
+calls `tls_established()` or `tls_failed()`), sends a message on `Ready` or
+`TransactionDone`, and closes the connection on `Unusable` or `Closed`.
+
+The whole order of a session is `_NEXT` below: for each phase, what may happen and the phase
+it leads to. A phase waits for the reply to one command (`_EXPECTS` gives the code that lets
+the session go on); `GREETED` waits for nothing, it is where the TLS policy decides. A mail
+transaction is a `pigeon.smtp.client.Transaction`, which owns its own order (pipelined or
+lock-step, DATA or BDAT); a transaction that left the server holding an unfinished one has
+the next transaction begin with RSET, in the same write.
+
+Errors say who is to blame. `ClientProtocolError` (from `next_event()`): the server's bytes
+are not SMTP, answer no command, or follow its 220 to STARTTLS in plaintext (RFC 3207 4.2:
+an injection). `SmtpUsageError` (from `send()`, `tls_established()`, `tls_failed()`): Pigeon
+asked for something out of order, which is a bug in Pigeon. After either, the session is
+closed. A server that legitimately turns us away (a 554 banner, EHLO and HELO refused, no
+TLS where TLS is required) is not an error but an `Unusable` event.
+
+This module never imports asyncio; `pigeon.delivery.session` is its I/O layer.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, ReplyReader, Result, Transaction
+from pigeon.smtp.errors import SmtpUsageError
+from pigeon.smtp.events import NEED_DATA, _NeedData
+from pigeon.smtp.replies import Reply
+
+__all__ = [
+    "NEED_DATA",
+    "ClientSession",
+    "Closed",
+    "Deliver",
+    "Event",
+    "Phase",
+    "Quit",
+    "Ready",
+    "Reason",
+    "StartTls",
+    "Step",
+    "TlsPolicy",
+    "TransactionDone",
+    "Unusable",
+]
+
+
+class TlsPolicy(enum.Enum):
+    """When to use STARTTLS (RFC 3207). The values are those of `[[route]] tls`."""
+
+    OPPORTUNISTIC = "opportunistic"  # when offered; in the clear if not offered, refused or failing
+    REQUIRED = "required"  # STARTTLS or no mail on this connection
+    DISABLED = "disabled"  # never
+
+
+# --- what the application tells the session ---------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Send one message: MAIL, RCPT for each recipient, then its content."""
+
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Quit:
+    """Say goodbye (QUIT); the session closes on the reply."""
+
+
+# --- what the session tells the application ---------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StartTls:
+    """The server said 220 to STARTTLS: upgrade the transport now, then call
+    `tls_established()`, or `tls_failed()` if the handshake did not complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Greeted, on TLS if the policy asked for it and it worked: messages may go now.
+
+    `capabilities` is what the last EHLO offered (`Capabilities.helo_only()` after HELO).
+    """
+
+    capabilities: Capabilities
+    tls: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDone:
+    """Every reply of the message's transaction arrived; the session is ready for the next."""
+
+    result: Result
+
+
+class Reason(enum.Enum):
+    """Why a server cannot be used on this connection."""
+
+    BANNER = "banner"  # it greeted with something other than 220
+    GREETING = "greeting"  # it refused EHLO, then HELO
+    TLS_NOT_OFFERED = "tls-not-offered"  # TLS is required and STARTTLS is not in its EHLO reply
+    TLS_REFUSED = "tls-refused"  # TLS is required and it refused STARTTLS
+    TLS_FAILED = "tls-failed"  # it accepted STARTTLS but the handshake failed
+
+
+# How each reason reads in a log record: the enhanced code, and the text ({peer} is the server).
+_EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
+    Reason.BANNER: ("4.4.1", "{peer} greeted with: {reply}"),
+    Reason.GREETING: ("4.4.1", "{peer} refused EHLO and HELO: {reply}"),
+    Reason.TLS_NOT_OFFERED: ("4.7.5", "TLS required, but {peer} does not offer STARTTLS"),
+    Reason.TLS_REFUSED: ("4.7.5", "TLS required, {peer} refused STARTTLS: {reply}"),
+    Reason.TLS_FAILED: ("4.7.5", "TLS handshake with {peer} failed: {detail}"),
+}
+_WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.TLS_REFUSED})
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """The server turned us away, or cannot be used under the TLS policy: close the connection.
+
+    `reply` is the server's reply that decided it (for BANNER, GREETING and TLS_REFUSED);
+    `detail` what the TLS handshake said (TLS_FAILED). `retry_in_clear` says that a new
+    connection without TLS may work (a failed handshake under opportunistic TLS).
+    """
+
+    reason: Reason
+    reply: Reply | None = None
+    detail: str = ""
+    retry_in_clear: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.reply is not None) != (self.reason in _WITH_REPLY):
+            raise ValueError(f"{self.reason.name} {'needs' if self.reply is None else 'takes no'} server reply")
+        if self.retry_in_clear and self.reason is not Reason.TLS_FAILED:
+            raise ValueError("only a failed TLS handshake may be retried in the clear")
+
+    def explain(self, peer: str) -> Reply:
+        """The transient reply a delivery attempt records: `451 4.7.5 TLS required, ...`."""
+        enhanced, text = _EXPLAIN[self.reason]
+        return Reply(451, enhanced, (text.format(peer=peer, reply=self.reply, detail=self.detail),))
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The conversation is over: close the connection.
+
+    `reply` is the server's last word: its answer to QUIT, or a 421 it sent while idle
+    (RFC 5321 3.8). None when it closed without one.
+    """
+
+    reply: Reply | None
+
+
+Event = StartTls | Ready | TransactionDone | Unusable | Closed
+
+
+# --- the order of a session -------------------------------------------------------------------
+class Phase(enum.Enum):
+    BANNER = "banner"  # connected: waiting for the server's greeting
+    EHLO = "ehlo"  # EHLO sent
+    HELO = "helo"  # HELO sent, EHLO having been refused
+    GREETED = "greeted"  # EHLO or HELO accepted: the TLS policy decides (no I/O, never seen outside)
+    STARTTLS = "starttls"  # STARTTLS sent
+    HANDSHAKE = "handshake"  # 220 to STARTTLS: the I/O layer negotiates TLS
+    READY = "ready"  # idle: a message may go
+    MAIL = "mail"  # a transaction is under way
+    QUIT = "quit"  # QUIT sent
+    CLOSED = "closed"
+
+    __hash__ = object.__hash__  # identity hash, in C (see pigeon.smtp.server.Phase)
+
+
+class Step(enum.Enum):
+    """What moves a session on."""
+
+    ACCEPTED = "accepted"  # the server answered the phase's command with the code in _EXPECTS
+    REFUSED = "refused"  # it answered with another
+    STARTTLS = "starttls"  # the policy wants TLS and the server offers it
+    CLEAR = "clear"  # go on without TLS (not wanted, already up, or opportunistic and unavailable)
+    NO_TLS = "no-tls"  # TLS is required and unavailable
+    TLS_UP = "tls-up"  # tls_established()
+    TLS_FAILED = "tls-failed"  # tls_failed()
+    MAIL = "mail"  # send(Deliver(...))
+    DONE = "done"  # the transaction's last reply arrived
+    QUIT = "quit"  # send(Quit())
+
+    __hash__ = object.__hash__
+
+
+_NEXT: Final[dict[Phase, dict[Step, Phase]]] = {
+    Phase.BANNER: {Step.ACCEPTED: Phase.EHLO, Step.REFUSED: Phase.CLOSED},
+    Phase.EHLO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.HELO},
+    Phase.HELO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.CLOSED},
+    Phase.GREETED: {Step.STARTTLS: Phase.STARTTLS, Step.CLEAR: Phase.READY, Step.NO_TLS: Phase.CLOSED},
+    Phase.STARTTLS: {Step.ACCEPTED: Phase.HANDSHAKE, Step.REFUSED: Phase.GREETED},
+    Phase.HANDSHAKE: {Step.TLS_UP: Phase.EHLO, Step.TLS_FAILED: Phase.CLOSED},
+    Phase.READY: {Step.MAIL: Phase.MAIL, Step.QUIT: Phase.QUIT},
+    Phase.MAIL: {Step.DONE: Phase.READY},
+    Phase.QUIT: {Step.ACCEPTED: Phase.CLOSED, Step.REFUSED: Phase.CLOSED},
+}
+"""Any time: the server closing (b"") moves every phase to CLOSED with `Closed(None)`."""
+
+_EXPECTS: Final[dict[Phase, int]] = {
+    Phase.BANNER: 220,  # RFC 5321 4.2.5 / 3.1: 554 (or 421) means "not here"
+    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO
+    Phase.HELO: 250,
+    Phase.STARTTLS: 220,  # RFC 3207 4: 454 or 501 means no TLS on this connection
+    Phase.QUIT: 221,  # whatever it says, the session ends
+}
+"""The phases that wait for the reply to one command, and the code that answers it positively."""
+
+_APPLICATION_STEPS: Final = frozenset({Step.MAIL, Step.QUIT, Step.TLS_UP, Step.TLS_FAILED})
+
+
+class ClientSession:
+    """One SMTP client conversation, from banner to close. Knows nothing of sockets."""
+
+    def __init__(
+        self,
+        helo_name: str,
+        *,
+        tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC,
+        pipelining: bool = True,
+        chunking: bool = True,
+    ) -> None:
+        if not helo_name or not helo_name.isascii() or any(c.isspace() or not c.isprintable() for c in helo_name):
+            raise ValueError(f"not a name to greet with: {helo_name!r}")
+        self.helo_name = helo_name
+        self.tls_policy = tls
+        self.pipelining = pipelining  # used when the server offers PIPELINING
+        self.chunking = chunking  # used when the server offers CHUNKING
+        self.phase = Phase.BANNER
+        self.capabilities = Capabilities()
+        self.tls_active = False
+        self.transactions = 0  # completed: every reply arrived
+        self.needs_reset = False  # the server holds an unfinished transaction: RSET first
+        self.replies_received = 0  # a progress counter for the I/O layer's reply timeout
+        self._commands = {
+            Phase.EHLO: b"EHLO %s\r\n" % helo_name.encode("ascii"),
+            Phase.HELO: b"HELO %s\r\n" % helo_name.encode("ascii"),
+            Phase.STARTTLS: b"STARTTLS\r\n",
+        }
+        self._reader = ReplyReader()
+        self._received: list[bytes] = []  # fed to the reader by next_event(), which may raise
+        self._replies: deque[Reply] = deque()
+        self._eof = False
+        self._events: deque[Event] = deque()
+        self._out: list[bytes] = []
+        self._transaction: Transaction | None = None
+        self._starttls_refusal: Reply | None = None
+        self._final: Unusable | Closed | None = None
+
+    # --- the three verbs ---------------------------------------------------------------------
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the server; b"" means it closed its side."""
+        if self.phase is Phase.CLOSED:
+            return
+        if data:
+            self._received.append(data)
+        else:
+            self._eof = True
+
+    def next_event(self) -> Event | _NeedData:
+        """The next event, or NEED_DATA. Raises ClientProtocolError if the server broke SMTP.
+
+        Once closed, the session keeps answering with the event that closed it.
+        """
+        events = self._events
+        while not events:
+            if self._replies:
+                self._on_reply(self._replies.popleft())
+            elif self._received:
+                self._read()
+            elif self._eof and self.phase is not Phase.CLOSED:
+                self._close(Closed(None))
+            elif self._final is not None:
+                return self._final
+            else:
+                return NEED_DATA
+        return events.popleft()
+
+    def send(self, command: Deliver | Quit) -> bytes:
+        """Start a transaction or say QUIT; returns every byte to write now."""
+        if isinstance(command, Deliver):
+            self._move(Step.MAIL)
+            transaction = self._transaction = Transaction(
+                command.envelope,
+                self.capabilities,
+                pipelining=self.pipelining,
+                chunking=self.chunking,
+                reset_first=self.needs_reset,
+            )
+            self._out.append(transaction.start())
+        elif isinstance(command, Quit):
+            self._move(Step.QUIT)
+            self._out.append(b"QUIT\r\n")
+        else:
+            raise SmtpUsageError(f"cannot send {command!r}")
+        return self.data_to_send()
+
+    def data_to_send(self) -> bytes:
+        """Everything the session wrote since the last call (b"" if nothing), for one write."""
+        out = self._out
+        if not out:
+            return b""
+        data = b"".join(out)  # one element: the very same object, not a copy of the content
+        out.clear()
+        return data
+
+    # --- TLS, told by the I/O layer ----------------------------------------------------------
+    def tls_established(self) -> None:
+        """The handshake after `StartTls` succeeded: greet again (RFC 3207 4.2)."""
+        self._move(Step.TLS_UP)
+        self.tls_active = True
+        # RFC 3207 4.2: discard what the server said before TLS, its extensions included.
+        self.capabilities = Capabilities()
+        self._reader = ReplyReader()
+        self._drop_input()  # plaintext that arrived during the handshake: never read it
+
+    def tls_failed(self, detail: str) -> None:
+        """The handshake after `StartTls` failed: the connection is unusable (`Unusable`)."""
+        retry = self.tls_policy is TlsPolicy.OPPORTUNISTIC
+        self._move(Step.TLS_FAILED, Unusable(Reason.TLS_FAILED, detail=detail, retry_in_clear=retry))
+
+    # --- questions -----------------------------------------------------------------------------
+    def is_ready(self) -> bool:
+        """A message may go now."""
+        return self.phase is Phase.READY
+
+    # --- replies -------------------------------------------------------------------------------
+    def _read(self) -> None:
+        received, self._received = self._received, []
+        reader = self._reader
+        try:
+            for data in received:
+                self._replies.extend(reader.feed(data))
+        except ClientProtocolError:
+            self._broken()
+            raise
+
+    def _on_reply(self, reply: Reply) -> None:
+        self.replies_received += 1
+        phase = self.phase
+        if phase is Phase.MAIL:  # the hot path: the replies of one transaction
+            transaction = self._transaction
+            assert transaction is not None
+            out = transaction.on_reply(reply)
+            if out:
+                self._out.append(out)
+            if transaction.done:
+                self._transaction = None
+                result = transaction.result()
+                self.needs_reset = result.needs_reset
+                self.transactions += 1
+                self._move(Step.DONE)
+                self._events.append(TransactionDone(result))
+            return
+        expected = _EXPECTS.get(phase)
+        if expected is None:
+            self._unasked(reply)
+            return
+        step = Step.ACCEPTED if reply.code == expected else Step.REFUSED
+        if phase is Phase.BANNER:
+            self._move(step, Unusable(Reason.BANNER, reply) if step is Step.REFUSED else None)
+        elif phase is Phase.EHLO:
+            if step is Step.ACCEPTED:
+                self.capabilities = Capabilities.from_ehlo(reply)
+            self._move(step)
+        elif phase is Phase.HELO:
+            if step is Step.ACCEPTED:
+                self.capabilities = Capabilities.helo_only()
+            self._move(step, Unusable(Reason.GREETING, reply) if step is Step.REFUSED else None)
+        elif phase is Phase.STARTTLS:
+            if step is Step.ACCEPTED and (self._replies or self._received or self._reader.buffered):
+                # RFC 3207 4.2: nothing may follow the 220 before the handshake. What did is
+                # plaintext that an attacker could have put there (a reply injection).
+                self._broken()
+                raise ClientProtocolError("data after the 220 reply to STARTTLS, before the TLS handshake")
+            if step is Step.REFUSED:
+                self._starttls_refusal = reply
+            self._move(step)
+        else:  # Phase.QUIT
+            self._move(step, Closed(reply))
+
+    def _unasked(self, reply: Reply) -> None:
+        """A reply while the session waits for none (idle, or negotiating TLS)."""
+        if self.phase is Phase.CLOSED:
+            return
+        if reply.code == 421 and self.phase is Phase.READY:
+            self._close(Closed(reply))  # RFC 5321 3.8: the server is going away (idle timeout, shutdown)
+            return
+        self._broken()
+        raise ClientProtocolError(f"a reply to no command: {reply}")
+
+    # --- transitions ---------------------------------------------------------------------------
+    def _move(self, step: Step, final: Unusable | Closed | None = None) -> None:
+        """Take `step` from the current phase (`_NEXT`), then do what the new phase does."""
+        try:
+            phase = _NEXT[self.phase][step]
+        except KeyError:
+            if step in _APPLICATION_STEPS:
+                raise SmtpUsageError(f"{step.name} is not possible in phase {self.phase.name}") from None
+            raise AssertionError(f"no transition for {step.name} from {self.phase.name}") from None
+        self.phase = phase
+        command = self._commands.get(phase)
+        if command is not None:
+            self._out.append(command)
+        elif phase is Phase.GREETED:
+            self._move_by_tls_policy()
+        elif phase is Phase.READY:
+            if step is not Step.DONE:
+                self._events.append(Ready(self.capabilities, self.tls_active))
+        elif phase is Phase.HANDSHAKE:
+            self._events.append(StartTls())
+        elif phase is Phase.CLOSED:
+            assert final is not None
+            self._close(final)
+
+    def _move_by_tls_policy(self) -> None:
+        policy = self.tls_policy
+        if self.tls_active or policy is TlsPolicy.DISABLED:
+            self._move(Step.CLEAR)
+        elif "STARTTLS" in self.capabilities and self._starttls_refusal is None:
+            self._move(Step.STARTTLS)
+        elif policy is TlsPolicy.OPPORTUNISTIC:
+            self._move(Step.CLEAR)
+        elif self._starttls_refusal is not None:
+            self._move(Step.NO_TLS, Unusable(Reason.TLS_REFUSED, self._starttls_refusal))
+        else:
+            self._move(Step.NO_TLS, Unusable(Reason.TLS_NOT_OFFERED))
+
+    def _close(self, final: Unusable | Closed) -> None:
+        if isinstance(final, Unusable) and final.reason is not Reason.TLS_FAILED:
+            # RFC 5321 3.1 / 4.1.1.10: say goodbye even when turned away. The I/O layer writes
+            # it and closes without waiting for the reply.
+            self._out.append(b"QUIT\r\n")
+        self.phase = Phase.CLOSED
+        self._final = final
+        self._events.append(final)
+        self._drop_input()
+
+    def _broken(self) -> None:
+        """The server broke the protocol: nothing more will be read or sent."""
+        self.phase = Phase.CLOSED
+        self._final = Closed(None)
+        self._out.clear()
+        self._drop_input()
+
+    def _drop_input(self) -> None:
+        self._replies.clear()
+        self._received.clear()
+        self._transaction = None
