@@ -12,6 +12,7 @@ process and read them back without interference.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -119,6 +120,48 @@ class _DeliveryCollector(Collector):
         yield connections
 
 
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """The event log's health, read when /metrics is scraped."""
+
+    failing: bool  # the last write or fsync of a segment failed
+    write_errors: int  # failed writes and fsyncs so far
+    pending: int  # records in memory waiting to be written
+    unlogged: int  # records dropped from memory, kept in the spool's outbox to be written later
+    unconfirmed: int  # records written before a failed fsync: the next start checks them
+    lost: int  # records neither the log nor the spool could keep
+
+
+class _LogCollector(Collector):
+    def __init__(self, state: Callable[[], LogState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._state()
+        yield GaugeMetricFamily(
+            "pigeon_log_failing", "1 while the event log cannot be written or fsynced", value=int(s.failing)
+        )
+        yield CounterMetricFamily(
+            "pigeon_log_write_errors", "Failed writes and fsyncs of event log segments", value=s.write_errors
+        )
+        yield GaugeMetricFamily(
+            "pigeon_log_records_pending", "Log records in memory waiting to be written", value=s.pending
+        )
+        yield GaugeMetricFamily(
+            "pigeon_log_records_unlogged",
+            "Log records the log could not take, kept in the spool's outbox to be written when it can",
+            value=s.unlogged,
+        )
+        yield GaugeMetricFamily(
+            "pigeon_log_records_unconfirmed",
+            "Log records written before an fsync that failed; the next start writes them if the log lacks them",
+            value=s.unconfirmed,
+        )
+        yield CounterMetricFamily(
+            "pigeon_log_records_lost", "Log records neither the log nor the spool could keep", value=s.lost
+        )
+
+
 class Metrics:
     """All metrics of one node."""
 
@@ -188,3 +231,6 @@ class Metrics:
 
     def track_dropped_logs(self, dropped: Callable[[], int]) -> None:
         self.log_records_dropped.set_function(dropped)
+
+    def track_log(self, state: Callable[[], LogState]) -> None:
+        self.registry.register(_LogCollector(state))

@@ -6,9 +6,10 @@ Pigeon's internals.
 
 from __future__ import annotations
 
+import calendar
 import gzip
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -130,22 +131,39 @@ def _by_writer(found: list[Path]) -> dict[str, list[Path]]:
     return groups
 
 
-def seqs_in_log(directory: Path, shard: int, wanted: set[int], *, segments_to_read: int = 3) -> set[int]:
-    """Which of `wanted` (terminal record "seq" values) the newest segments of `shard` hold.
+def segment_started(path: Path) -> float:
+    """When a segment was started (Unix time), from its name; 0.0 if the name does not say."""
+    try:
+        day, clock, micros = _stem(path).split("-")[:3]
+        return calendar.timegm(time.strptime(day + clock, "%Y%m%d%H%M%S")) + int(micros) / 1e6
+    except ValueError:
+        return 0.0
 
-    Used at start-up to find which committed records a crash kept out of the log. They
-    can only be in the last segments that shard wrote: older ones were closed long before.
+
+def find_seqs(
+    directory: Path, writers: Iterable[int], wanted: set[int], *, since: float, at_least: int = 3
+) -> dict[int, Path]:
+    """Which of `wanted` (record "seq" values) the segments of `writers` hold, and where.
+
+    Used at start-up to find which committed records are already in the log. A record
+    written at or after `since` is in the segment its writer had open then or in a later
+    one: those are read, and at least the last `at_least` of each writer.
     """
-    mine = _by_writer(segments(directory)).get(f"w{shard}", [])
-    found: set[int] = set()
-    for path in reversed(mine[-segments_to_read:]):
-        for line in _lines_of(path):
-            at = line.find(b'"seq":')
-            if at < 0:
-                continue
-            digits = line[at + 6 :].split(b",", 1)[0].split(b"}", 1)[0]
-            if digits.isdigit() and int(digits) in wanted:
-                found.add(int(digits))
+    by_writer = _by_writer(segments(directory))
+    found: dict[int, Path] = {}
+    for writer in writers:
+        mine = by_writer.get(f"w{writer}", [])
+        first = max(0, len(mine) - at_least)
+        while first > 0 and segment_started(mine[first]) > since:
+            first -= 1
+        for path in mine[first:]:
+            for line in _lines_of(path):
+                at = line.rfind(b'"seq":')  # the last field of every record that has one
+                if at < 0:
+                    continue
+                digits = line[at + 6 :].split(b",", 1)[0].split(b"}", 1)[0]
+                if digits.isdigit() and int(digits) in wanted:
+                    found[int(digits)] = path
     return found
 
 

@@ -110,6 +110,7 @@ class LogWriter:
         self._opened_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flush_scheduled = False
+        self._drop_scheduled = False
         self._last_flush = float("-inf")
         self._age_timer: asyncio.TimerHandle | None = None
         self._retry: asyncio.TimerHandle | None = None
@@ -227,7 +228,7 @@ class LogWriter:
         if self._write_error is not None and loop is not None:
             # Failing: the retry timer writes. Meanwhile only keep memory bounded.
             if len(self._buf) > self._max_buffer:
-                self._drop()
+                self._drop_soon()
         elif len(self._buf) >= _FLUSH_AT:
             self.flush()
         elif not self._flush_scheduled:
@@ -340,8 +341,19 @@ class LogWriter:
             self._partial += written
         del self._buf[:written]
 
+    def _drop_soon(self) -> None:
+        # Not in the middle of a caller's write(): `on_drop` must see every ticket handed out.
+        if self._loop is None:
+            self._drop()
+        elif not self._drop_scheduled:
+            self._drop_scheduled = True
+            self._loop.call_soon(self._drop)
+
     def _drop(self) -> None:
         """Memory bound reached: drop every waiting record but the one half in the file."""
+        self._drop_scheduled = False
+        if len(self._buf) <= self._max_buffer:
+            return  # written meanwhile
         keep = self._buf.index(b"\n") + 1 if self._partial else 0
         tickets = list(self._unwritten)[1 if self._partial else 0 :]
         if not tickets:
@@ -411,7 +423,7 @@ class LogWriter:
                 _RETRY_AFTER,
             )
         if len(self._buf) > self._max_buffer:
-            self._drop()
+            self._drop_soon()
         if self._loop is not None and self._retry is None and self._unwritten:
             self._retry = self._loop.call_later(_RETRY_AFTER, self._retry_flush)
 

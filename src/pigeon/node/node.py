@@ -30,7 +30,7 @@ from pigeon.logs.outbox import Outbox, finish_outbox, recover_outbox_lines
 from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
-from pigeon.metrics import Metrics
+from pigeon.metrics import LogState, Metrics
 from pigeon.node.inbound import Inbound
 from pigeon.node.outbound import Outbound
 from pigeon.queue.admin import Admin
@@ -93,12 +93,15 @@ class Node:
         # The spool first: its lock says this shard (and its log segments) is ours, before
         # anything touches the log directory.
         reports = [(spool, spool.open(loop)) for spool in (self.spool, *self.adopted)]
-        unlogged = [recover_outbox_lines(spool, self.log, spool.shard) for spool, _ in reports]
+        unlogged = [recover_outbox_lines(spool, self.log.directory) for spool, _ in reports]
         self.log.open(loop)
+        spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
+        self.outbox = outbox = Outbox(self.log, spools)
         self.metrics.track_dropped_logs(lambda: self.log.dropped)
-        for (spool, report), lines in zip(reports, unlogged, strict=True):
+        self.metrics.track_log(self._log_state)
+        for (spool, report), found in zip(reports, unlogged, strict=True):
             self._recover(spool, report)
-            finish_outbox(spool, self.log, lines)
+            finish_outbox(outbox, found)
         self.metrics.track_spool(lambda: self.spool.count + sum(s.count for s in self.adopted))
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
         smtp = config.smtp
@@ -117,8 +120,7 @@ class Node:
             intake.inbound_routes = InboundRoutes(
                 [InboundRoute(r.target, r.recipient, r.domain) for r in config.inbound]
             )
-        spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
-        self.outbox = intake.outbox = Outbox(self.log, spools)
+        intake.outbox = outbox
         if config.target:
             self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0)
             await self.inbound.start()
@@ -200,7 +202,7 @@ class Node:
         if self.http is not None:
             await self.http.stop()
         if self.outbox is not None:
-            self.outbox.flush()
+            await self.outbox.close()  # what the log cannot take stays in the spools' outboxes
         for spool in (self.spool, *self.adopted):
             spool.close()  # blocks until the commit in flight is done: a few milliseconds
         await asyncio.sleep(0)  # let the last commits' callbacks run
@@ -231,15 +233,35 @@ class Node:
         return list(self.outbound.dispatcher.queues.values()) if self.outbound is not None else []
 
     def health(self) -> dict[str, Any]:
+        log = self._log_state()
         return {
-            "status": "stopping" if self._stopping else "ok",
+            "status": "stopping" if self._stopping else ("degraded" if log.failing else "ok"),
             "node": self.config.node.name,
             "worker": self.worker,
             "uptime": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
             "spool": {"messages": self.spool.count + sum(s.count for s in self.adopted)},
             "smtp": {"connections": len(self.smtp.connections) if self.smtp else 0},
+            "log": {
+                "status": "failing" if log.failing else "ok",
+                **({"error": self.log.error} if self.log.error else {}),
+                "pending": log.pending,
+                "unlogged": log.unlogged,
+                "unconfirmed": log.unconfirmed,
+                "lost": log.lost,
+            },
             **({"inbound": self.inbound.health()} if self.inbound is not None and self.inbound.watchers else {}),
         }
+
+    def _log_state(self) -> LogState:
+        outbox = self.outbox
+        return LogState(
+            failing=self.log.error is not None,
+            write_errors=self.log.write_errors,
+            pending=self.log.pending,
+            unlogged=outbox.unlogged if outbox is not None else 0,
+            unconfirmed=outbox.unconfirmed if outbox is not None else 0,
+            lost=outbox.lost if outbox is not None else 0,
+        )
 
     def _spool(self, shard: int) -> SqliteSpool:
         spool = self.config.spool

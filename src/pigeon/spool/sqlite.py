@@ -298,15 +298,29 @@ class SqliteSpool:
         """Store an admin rule (or, with None, drop it)."""
         return self._committer.submit(_SaveRule(rule_id, rule))
 
-    def outbox(self) -> list[tuple[int, bytes]]:
-        """Terminal records committed but maybe not yet in the log (after a crash)."""
-        return [
-            (seq, bytes(record)) for seq, record in self._read().execute("SELECT seq, record FROM outbox ORDER BY seq")
-        ]
+    def outbox(self, seqs: Sequence[int] | None = None) -> list[tuple[int, bytes]]:
+        """Records committed but not yet known durable in the log: all of them, or those `seqs`."""
+        reader = self._read()
+        if seqs is None:
+            return [
+                (seq, bytes(record)) for seq, record in reader.execute("SELECT seq, record FROM outbox ORDER BY seq")
+            ]
+        found: list[tuple[int, bytes]] = []
+        for start in range(0, len(seqs), 500):
+            chunk = seqs[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = reader.execute(f"SELECT seq, record FROM outbox WHERE seq IN ({marks}) ORDER BY seq", chunk)
+            found += [(seq, bytes(record)) for seq, record in rows]
+        return found
 
-    def outbox_written(self, up_to: int) -> asyncio.Future[None]:
-        """The records up to `up_to` are in the log file: forget them."""
-        return self._committer.submit(_OutboxDone(up_to))
+    def outbox_written(self, seqs: Sequence[int]) -> asyncio.Future[None]:
+        """These records are durable in the log (fsynced): forget them. Exactly these: a record
+        committed meanwhile with a lower `seq` may not be in the log yet."""
+        return self._committer.submit(_OutboxDone(list(seqs)))
+
+    def outbox_add(self, records: Sequence[tuple[int, bytes]]) -> asyncio.Future[None]:
+        """Keep (seq, line) records the log could not take, to be logged later (`seq` from `new_ids`)."""
+        return self._committer.submit(_OutboxAdd(list(records)))
 
     def _free_bodies(self, conn: sqlite3.Connection, ops: list[Operation]) -> Callable[[], None] | None:
         """Commit thread: delete the bodies the batch's settlements freed, in one statement."""
@@ -458,13 +472,29 @@ class _Settle:
 
 
 class _OutboxDone:
-    __slots__ = ("up_to",)
+    __slots__ = ("seqs",)
 
-    def __init__(self, up_to: int) -> None:
-        self.up_to = up_to
+    def __init__(self, seqs: list[int]) -> None:
+        self.seqs = seqs
 
     def apply(self, conn: sqlite3.Connection) -> None:
-        conn.execute("DELETE FROM outbox WHERE seq <= ?", (self.up_to,))
+        conn.executemany("DELETE FROM outbox WHERE seq = ?", [(seq,) for seq in self.seqs])
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+class _OutboxAdd:
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[tuple[int, bytes]]) -> None:
+        self.records = records
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        conn.executemany(_INSERT_OUTBOX, self.records)
 
     def prepare(self) -> None:
         pass
