@@ -178,12 +178,13 @@ class Outbox:
         self._pending.clear()
         self._pending.extend(kept)
         others = [line for ticket, line in dropped if ticket in tickets]
-        _log.error(
-            "log: %d of the records dropped from memory are in the spool's outbox and %d others are being "
-            "saved there: they are logged when the log can be written again, or at the next start",
-            ours,
-            len(others),
-        )
+        if not self._closed:  # at stop, the stop report says it
+            _log.error(
+                "log: of the records dropped from memory, %d are in the spool's outbox and %d others are being "
+                "saved there: all are logged once the log can be written again, or at the next start",
+                ours,
+                len(others),
+            )
         if others:
             self._spill(others)
 

@@ -1,0 +1,208 @@
+"""The event log is as durable as the spool changes it reports: a log disk that fills up costs no
+record and says so in /healthz, /metrics and on stderr; a stop with the disk still full leaves
+the records in the spool's outbox for the next start, which says they were not logged before the
+last stop; and a crash after a run that adopted another worker's shard logs nothing twice."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import shutil
+import signal
+import smtplib
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pigeon.logs.reader import read_records
+from tests.support.process import PigeonProcess
+from tests.support.sinks import SmtpSink, delivery_config, wait_until
+from tests.support.tools import smtp_source
+
+BODY = b"Subject: log durability\r\n\r\n" + b"hello\r\n" * 20
+
+
+@pytest.fixture
+def log_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs for the log only (the spool stays on the real disk). Needs root."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "logdisk"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of `disk`; remove the returned file to give them back."""
+    filler = disk / "filler"
+    with open(filler, "wb") as stream:
+        while True:
+            try:
+                stream.write(b"\0" * 65536)
+                stream.flush()
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                return filler
+
+
+def records(directory: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in read_records(directory) if kind is None or r["type"] == kind]
+
+
+def send(pigeon: PigeonProcess, messages: int, rejections: int) -> None:
+    """`messages` accepted (a Reception each) and `rejections` refused MAIL commands (a Rejection each)."""
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        for n in range(messages):
+            assert client.sendmail("sender@example.org", [f"user{n}@example.net"], BODY) == {}
+        for _ in range(rejections):
+            code, _ = client.mail("sender@example.org", ["SIZE=999999999999"])
+            assert code == 552
+            client.rset()
+
+
+def health(pigeon: PigeonProcess) -> dict[str, Any]:
+    _, body = pigeon.http_get("/healthz")  # 503 while degraded, as of now; the body says why
+    answer: dict[str, Any] = json.loads(body)
+    return answer
+
+
+def outbox_rows(pigeon: PigeonProcess) -> int:
+    total = 0
+    for db in pigeon.spool_path.glob("shard-*/spool.db"):
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            total += conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+    return total
+
+
+@pytest.mark.root
+def test_a_full_log_disk_keeps_every_record_says_so_and_writes_each_once_when_it_has_room(
+    tmp_path: Path, log_disk: Path
+) -> None:
+    with PigeonProcess(tmp_path / "node", log={"path": str(log_disk / "log")}) as pigeon:
+        filler = fill(log_disk)
+        send(pigeon, messages=40, rejections=5)
+
+        state = wait_until(lambda: (h := health(pigeon))["log"]["status"] == "failing" and h)
+        assert state["status"] == "degraded"
+        assert "No space left on device" in state["log"]["error"]
+        wait_until(lambda: health(pigeon)["log"]["pending"] == 45)
+        assert pigeon.metric("pigeon_log_failing") == 1
+        assert pigeon.metric("pigeon_log_records_pending") == 45
+        assert pigeon.metric("pigeon_log_write_errors_total") >= 1
+        time.sleep(1.5)  # three forget periods: not one row may go while its record is not on disk
+        assert outbox_rows(pigeon) == 40
+        assert records(log_disk / "log") == []
+
+        filler.unlink()  # the operator makes room
+        wait_until(lambda: health(pigeon)["status"] == "ok")
+        wait_until(lambda: outbox_rows(pigeon) == 0)
+        assert health(pigeon)["log"] == {"status": "ok", "pending": 0, "unlogged": 0, "unconfirmed": 0, "lost": 0}
+        assert pigeon.metric("pigeon_log_failing") == 0
+        assert "No space left on device" in pigeon.stderr()
+        assert "can be written again" in pigeon.stderr()
+        receptions = records(log_disk / "log", "Reception")
+        assert len(receptions) == 40
+        assert len({r["id"] for r in receptions}) == 40
+        assert len(records(log_disk / "log", "Rejection")) == 5
+
+
+@pytest.mark.root
+def test_sigterm_with_the_log_disk_full_keeps_the_records_for_the_next_start_and_says_so(
+    tmp_path: Path, log_disk: Path
+) -> None:
+    root = tmp_path / "node"
+    log = {"path": str(log_disk / "log")}
+    pigeon = PigeonProcess(root, log=log).start()
+    try:
+        filler = fill(log_disk)
+        send(pigeon, messages=30, rejections=12)
+        wait_until(lambda: health(pigeon)["log"]["pending"] == 42)
+        assert pigeon.stop() == 0
+    finally:
+        pigeon.kill()
+    stderr = pigeon.stderr()
+    assert "log: 42 records could not be written before stopping (cannot write" in stderr, stderr
+    assert "they stay in the spool's outbox and are written at the next start" in stderr
+    assert "records are lost" not in stderr
+    assert outbox_rows(pigeon) == 42
+
+    filler.unlink()
+    with PigeonProcess(root, log=log) as pigeon:
+        wait_until(lambda: outbox_rows(pigeon) == 0)
+        stderr = pigeon.stderr()
+        assert "42 records kept in the outbox were not logged before the last stop" in stderr, stderr
+        assert "crash" not in stderr
+        receptions = records(log_disk / "log", "Reception")
+        assert len(receptions) == 30
+        assert len({r["id"] for r in receptions}) == 30
+        assert len(records(log_disk / "log", "Rejection")) == 12
+
+
+def _terminal(records: list[dict[str, Any]]) -> collections.Counter[tuple[str, str]]:
+    final = ("Delivery", "Bounce", "Expiration", "AdminBounce")
+    return collections.Counter((r["id"], r["recipient"]) for r in records if r["type"] in final)
+
+
+def _shard_1_outbox(root: Path) -> set[int]:
+    db = root / "spool" / "shard-1" / "spool.db"
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return {seq for (seq,) in conn.execute("SELECT seq FROM outbox")}
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_after_a_run_that_adopted_a_shard_logs_none_of_its_records_twice(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    with PigeonProcess(root, node={"workers": 2}) as pigeon:  # two shards of mail, not delivered
+        result = smtp_source(
+            pigeon.smtp_port, "-s", "10", "-l", "1000", "-m", "600", "-f", "a@src.test", "-t", "r@x.test"
+        )
+        assert result.returncode == 0, result.stderr
+        wait_until(lambda: len(pigeon.records("Reception")) == 600)
+        received = {r["id"] for r in pigeon.records("Reception")}
+    assert {int(i, 16) & 63 for i in received} == {0, 1}
+
+    sink = SmtpSink()
+    relay = {**delivery_config(sink.endpoint, connection_limit=4), "node": {"workers": 1}}
+    try:
+        # One worker adopts shard 1 and logs its deliveries in worker 0's log. Freeze it at a
+        # moment when some of shard 1's records are in that log but still in the outbox.
+        pigeon = PigeonProcess(root, **relay).start()
+        try:
+            for _ in range(200):
+                wait_until(lambda: any(int(r["id"], 16) & 63 == 1 for r in pigeon.records("Delivery")), timeout=60)
+                assert pigeon.process is not None
+                os.kill(pigeon.process.pid, signal.SIGSTOP)
+                logged = {r["seq"] for r in pigeon.records("Delivery")}
+                if _shard_1_outbox(root) & logged:
+                    break
+                os.kill(pigeon.process.pid, signal.SIGCONT)
+                time.sleep(0.01)
+            else:
+                pytest.fail("never caught shard 1's records logged and not yet forgotten")
+        finally:
+            pigeon.kill()
+
+        with PigeonProcess(root, **relay) as pigeon:
+            wait_until(lambda: pigeon.spool_messages() == [] and outbox_rows(pigeon) == 0, timeout=120)
+            records = pigeon.records()
+    finally:
+        sink.stop()
+
+    terminal = _terminal(records)
+    assert set(terminal) == {(spool_id, "r@x.test") for spool_id in received}
+    twice = [key for key, n in terminal.items() if n > 1]
+    assert not twice, f"{len(twice)} recipients have more than one terminal record"
