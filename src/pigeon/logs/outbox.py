@@ -47,7 +47,9 @@ from pigeon.spool.sqlite import SqliteSpool
 _log = logging.getLogger(__name__)
 _FORGET_AFTER: Final = 0.5  # seconds: one fsync and one outbox deletion per this much time
 _REWRITE_BATCH: Final = 10_000  # rows read back per forget cycle once the log works again
-_CLOCK_MARGIN: Final = 600.0  # seconds: how far back before a record's id time its segment is looked for
+# Seconds before a record's id time from which its segment is looked for: ids run ahead of the
+# clock when it steps back, and reading more than the last minute of logs would slow every start.
+_CLOCK_MARGIN: Final = 60.0
 CLEAN_STOP: Final = "clean-stop"  # beside a spool shard: its outbox was left by a clean stop, not a crash
 
 
