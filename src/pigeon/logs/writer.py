@@ -279,7 +279,8 @@ class LogWriter:
         async with self._sync_lock:
             if self._synced < target:  # a sync that ran meanwhile may have covered them
                 self.flush()
-                await self._fsync()
+                if self._written > self._synced or self._retiring:  # else nothing new reached the file
+                    await self._fsync()
         if self._unwritten and self._unwritten[0] <= target:
             raise LogWriteError(errno.EIO, f"log records not written: {self.error}")
         lost = sum(max(0, min(high, target) - max(low, floor + 1) + 1) for low, high in self._lost)
