@@ -26,6 +26,7 @@ from pigeon.smtp.replies import Reply
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _MAX_REPLY_LINE: Final = 4096  # RFC 5321 says 512; be generous, but not unbounded
+_CACHED_LINE: Final = 512  # RFC 5321 4.5.3.1.5: longer lines are odd, and not worth keeping
 
 
 class ClientProtocolError(Exception):
@@ -43,31 +44,53 @@ class ReplyReader:
         self._lines: list[str] = []
 
     def feed(self, data: bytes) -> list[Reply]:
-        self._buf += data
-        replies: list[Reply] = []
         buf = self._buf
-        while True:
-            end = buf.find(b"\n")
-            if end < 0:
-                if len(buf) > _MAX_REPLY_LINE:
-                    raise ClientProtocolError("reply line too long")
-                return replies
-            raw = bytes(buf[:end])
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            del buf[: end + 1]
-            line = raw.decode("utf-8", "replace")
-            code = line[:3]
-            if len(code) < 3 or not (code.isascii() and code.isdigit()) or (len(line) > 3 and line[3] not in " -"):
-                raise ClientProtocolError(f"malformed reply line {line[:80]!r}")
-            if "\r" in line or "\0" in line:
-                raise ClientProtocolError(f"reply line with a bare CR or NUL: {line[:80]!r}")
-            if self._lines and self._lines[0][:3] != line[:3]:
-                raise ClientProtocolError("reply code changed inside a multi-line reply")
-            self._lines.append(line)
-            if len(line) == 3 or line[3] == " ":
-                replies.append(_make_reply(self._lines))
-                self._lines = []
+        if buf:
+            buf += data
+            data = bytes(buf)
+            buf.clear()
+        *complete, rest = data.split(b"\n")
+        if rest:
+            if len(rest) > _MAX_REPLY_LINE:
+                raise ClientProtocolError("reply line too long")
+            buf += rest
+        replies: list[Reply] = []
+        for raw in complete:
+            if not self._lines:
+                # Servers say the same few things over and over ("250 2.1.0 Ok"): a line seen
+                # before is a reply already checked and parsed.
+                seen = _SEEN.get(raw)
+                if seen is not None:
+                    replies.append(seen)
+                    continue
+            reply = self._line(raw)
+            if reply is not None:
+                replies.append(reply)
+        return replies
+
+    def _line(self, raw: bytes) -> Reply | None:
+        """Check one line (without its LF); the reply if it is the last line of one."""
+        if len(raw) > _MAX_REPLY_LINE:
+            raise ClientProtocolError("reply line too long")
+        line = (raw[:-1] if raw.endswith(b"\r") else raw).decode("utf-8", "replace")
+        code = line[:3]
+        if len(code) < 3 or not (code.isascii() and code.isdigit()) or (len(line) > 3 and line[3] not in " -"):
+            raise ClientProtocolError(f"malformed reply line {line[:80]!r}")
+        if "\r" in line or "\0" in line:
+            raise ClientProtocolError(f"reply line with a bare CR or NUL: {line[:80]!r}")
+        lines = self._lines
+        if lines and lines[0][:3] != code:
+            raise ClientProtocolError("reply code changed inside a multi-line reply")
+        lines.append(line)
+        if len(line) > 3 and line[3] == "-":
+            return None
+        self._lines = []
+        reply = _parse_reply(lines)
+        if len(lines) == 1 and len(raw) <= _CACHED_LINE:
+            if len(_SEEN) > 4096:
+                _SEEN.clear()
+            _SEEN[raw] = reply
+        return reply
 
     @property
     def buffered(self) -> bool:
@@ -75,19 +98,7 @@ class ReplyReader:
         return bool(self._buf or self._lines)
 
 
-def _make_reply(lines: list[str]) -> Reply:
-    if len(lines) == 1:
-        # Servers say the same few things over and over ("250 2.1.0 Ok"): parse each once.
-        cached = _SEEN.get(lines[0])
-        if cached is None:
-            if len(_SEEN) > 4096:
-                _SEEN.clear()
-            cached = _SEEN[lines[0]] = _parse_reply(lines)
-        return cached
-    return _parse_reply(lines)
-
-
-_SEEN: dict[str, Reply] = {}
+_SEEN: dict[bytes, Reply] = {}  # single-line replies by their line as received
 
 
 def _parse_reply(lines: list[str]) -> Reply:

@@ -768,6 +768,18 @@ def test_an_overlong_unterminated_reply_line_is_a_protocol_error() -> None:
         reader.feed(b"x" * 200)
 
 
+def test_an_overlong_complete_reply_line_is_a_protocol_error_too() -> None:
+    with pytest.raises(ClientProtocolError, match="too long"):
+        ReplyReader().feed(b"250 " + b"x" * 5000 + b"\r\n")
+
+
+def test_a_reply_seen_before_is_read_the_same_way_again() -> None:
+    """Single-line replies are remembered by their bytes; a remembered one is the same reply."""
+    data = b"250 2.1.0 Sender ok\r\n250-first\r\n250 2.1.0 Sender ok\r\n"
+    first, second = ReplyReader().feed(data), ReplyReader().feed(data)
+    assert first == second == [Reply(250, "2.1.0", ("Sender ok",)), Reply(250, None, ("first", "2.1.0 Sender ok"))]
+
+
 # --- Capabilities ----------------------------------------------------------------------------
 def test_capabilities_from_the_servers_ehlo_reply() -> None:
     pair = Pair.connect(ServerConfig(hostname=HOSTNAME, max_message_size=1000))
