@@ -282,7 +282,10 @@ class ClientSession:
         events = self._events
         while not events:
             if self._replies:
-                self._on_reply(self._replies.popleft())
+                if self.phase is Phase.MAIL:
+                    self._transaction_replies()  # the hot path: every reply of a message
+                else:
+                    self._on_reply(self._replies.popleft())
             elif self._received:
                 self._read()
             elif self._eof and self.phase is not Phase.CLOSED:
@@ -304,6 +307,8 @@ class ClientSession:
                 chunking=self.chunking,
                 reset_first=self.needs_reset,
             )
+            if not self._out:
+                return transaction.start()  # the usual case: nothing else to say
             self._out.append(transaction.start())
         elif isinstance(command, Quit):
             self._move(Step.QUIT)
@@ -345,22 +350,25 @@ class ClientSession:
     def _read(self) -> None:
         received, self._received = self._received, []
         reader = self._reader
+        replies = self._replies
+        before = len(replies)
         try:
             for data in received:
-                self._replies.extend(reader.feed(data))
+                replies.extend(reader.feed(data))
         except ClientProtocolError:
             self._broken()
             raise
+        self.replies_received += len(replies) - before
 
-    def _on_reply(self, reply: Reply) -> None:
-        self.replies_received += 1
-        phase = self.phase
-        if phase is Phase.MAIL:  # the hot path: the replies of one transaction
-            transaction = self._transaction
-            assert transaction is not None
-            out = transaction.on_reply(reply)
-            if out:
-                self._out.append(out)
+    def _transaction_replies(self) -> None:
+        """Hand replies to the transaction until it is done or they run out."""
+        transaction = self._transaction
+        assert transaction is not None
+        replies, out = self._replies, self._out
+        while replies:
+            data = transaction.on_reply(replies.popleft())
+            if data:
+                out.append(data)
             if transaction.done:
                 self._transaction = None
                 result = transaction.result()
@@ -368,7 +376,11 @@ class ClientSession:
                 self.transactions += 1
                 self._move(Step.DONE)
                 self._events.append(TransactionDone(result))
-            return
+                return
+
+    def _on_reply(self, reply: Reply) -> None:
+        """A reply outside a transaction: to the banner, EHLO, HELO, STARTTLS or QUIT."""
+        phase = self.phase
         expected = _EXPECTS.get(phase)
         if expected is None:
             self._unasked(reply)
@@ -416,14 +428,15 @@ class ClientSession:
                 raise SmtpUsageError(f"{step.name} is not possible in phase {self.phase.name}") from None
             raise AssertionError(f"no transition for {step.name} from {self.phase.name}") from None
         self.phase = phase
+        if step is Step.DONE or step is Step.MAIL:
+            return  # between messages and into one: nothing to say or tell
         command = self._commands.get(phase)
         if command is not None:
             self._out.append(command)
         elif phase is Phase.GREETED:
             self._move_by_tls_policy()
         elif phase is Phase.READY:
-            if step is not Step.DONE:
-                self._events.append(Ready(self.capabilities, self.tls_active))
+            self._events.append(Ready(self.capabilities, self.tls_active))
         elif phase is Phase.HANDSHAKE:
             self._events.append(StartTls())
         elif phase is Phase.CLOSED:
