@@ -1,17 +1,22 @@
-"""One outbound SMTP connection: asyncio glue around `pigeon.smtp.client`.
+"""One outbound SMTP connection: the asyncio layer around `pigeon.smtp.client_session`.
 
 `ClientConnection.open()` walks the destination's hops in order (each host's addresses in
-turn) until one greets it: connect, banner, EHLO (HELO if refused), STARTTLS as the TLS
-policy says, EHLO again. `send()` runs one transaction; the connection is then free for
+turn) until one greets it. `send()` runs one transaction; the connection is then free for
 the next message of the same ready queue.
 
-Failures become replies a log reader understands: `451 4.4.1` for a host that would not
-talk, `451 4.4.2` for a timeout or a dropped connection, `451 4.7.5` when TLS is required
-and impossible. The caller decides what they mean for the message.
+What to say and what a reply means is the sans-IO `ClientSession`'s business: the banner,
+EHLO or HELO, whether to STARTTLS under the route's TLS policy, EHLO again on TLS, RSET
+after an unfinished transaction, QUIT. This layer only moves bytes, starts TLS when the
+session says so, enforces the timeouts, and turns failures into replies a log reader
+understands: `451 4.4.1` for a host that would not talk, `451 4.4.2` for a timeout or a
+dropped connection, `451 4.5.0` for a server that broke the protocol, `451 4.7.5` when TLS
+is required and impossible. The caller decides what they mean for the message.
 
-The glue is an `asyncio.Protocol`, not streams: replies are parsed as bytes arrive, and a
-wait for a reply costs one future and one timer handle rather than a stream read under an
-`asyncio.timeout()` context (a few percent of the worker's CPU when relaying).
+The glue is an `asyncio.Protocol`, not streams: bytes go to the session as they arrive, and
+what it answers (the next command of a lock-step transaction, the content after 354) is
+written from the same callback. The waiting task wakes only for what it must act on (the
+end of a transaction, TLS to start, the end of the connection), and a wait costs one future
+and one timer handle rather than a stream read under an `asyncio.timeout()` context.
 """
 
 from __future__ import annotations
@@ -26,9 +31,23 @@ from dataclasses import dataclass
 from typing import Final, cast
 
 from pigeon.delivery.mx import DnsFailure, Resolver
-from pigeon.delivery.routes import Destination, Hop, TlsPolicy
+from pigeon.delivery.routes import Destination, Hop
 from pigeon.listener.tls import describe
-from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, ReplyReader, Result, Transaction
+from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, Result
+from pigeon.smtp.client_session import (
+    NEED_DATA,
+    ClientSession,
+    Closed,
+    Deliver,
+    Event,
+    Phase,
+    Quit,
+    Ready,
+    StartTls,
+    TlsPolicy,
+    TransactionDone,
+    Unusable,
+)
 from pigeon.smtp.replies import Reply
 
 _log = logging.getLogger(__name__)
@@ -52,7 +71,7 @@ class ConnectFailed(Exception):
 
 
 class _HandshakeFailed(ConnectFailed):
-    """STARTTLS was accepted but the TLS handshake failed."""
+    """STARTTLS was accepted, the TLS handshake failed, and the policy allows the clear."""
 
 
 class ConnectionLost(Exception):
@@ -73,46 +92,105 @@ def _context(verify: bool) -> ssl.SSLContext:
 
 
 _CONTEXTS = {True: _context(True), False: _context(False)}
+_TIMED_OUT: Final = Reply(451, "4.4.2", ("timed out",))
+_CLOSED: Final = Reply(451, "4.4.2", ("closed the connection",))
 
 
 class _Wire(asyncio.Protocol):
-    """The socket side of one client connection: bytes in become replies, waited for in order."""
+    """The socket side of one connection: bytes in go to the session, its answers go out at
+    once, and the events it raises wait in order for the task."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, session: ClientSession) -> None:
         self.loop = loop
+        self.session = session
         self.transport: asyncio.Transport | None = None
-        self.reader = ReplyReader()
-        self.replies: deque[Reply] = deque()
+        self.events: deque[Event] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.error: Reply | None = None  # why the connection cannot be used any more
+        self.final: Closed | Unusable | None = None  # how the session ended
+        self.timer: asyncio.TimerHandle | None = None
+        self.patience = 0.0
+        self.progress = 0.0  # loop time of the last reply (or of the start of the wait)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but are one.
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        session = self.session
+        seen = session.replies_received
+        session.receive_data(data)
+        self.pump()
+        if self.timer is not None and session.replies_received != seen:
+            self.progress = self.loop.time()
+
+    def eof_received(self) -> bool | None:
+        if self.error is None:
+            self.error = _CLOSED
+        self.session.receive_data(b"")
+        self.pump()
+        self._wake()
+        return None  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(Reply(451, "4.4.2", (f"connection lost: {exc}",)) if exc is not None else _CLOSED)
+
+    def pump(self) -> None:
+        """Take the session's events, write what it has to say, wake the task if it must act."""
+        session = self.session
+        events = self.events
         try:
-            self.replies.extend(self.reader.feed(data))
+            while True:
+                event = session.next_event()
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, (Closed, Unusable)):
+                    if event is not self.final:  # once closed, the session keeps saying so
+                        self.final = event
+                        events.append(event)
+                    break
+                events.append(event)  # type: ignore[arg-type]
         except ClientProtocolError as error:
             self.fail(Reply(451, "4.5.0", (f"sent garbage: {error}",)))
             if self.transport is not None:
                 self.transport.abort()
             return
-        if self.replies:
+        out = session.data_to_send()
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.write(out)
+        if events:
             self._wake()
-
-    def eof_received(self) -> bool | None:
-        self.fail(Reply(451, "4.4.2", ("closed the connection",)))
-        return None  # let the transport close itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        reason = f"connection lost: {exc}" if exc is not None else "closed the connection"
-        self.fail(Reply(451, "4.4.2", (reason,)))
 
     def fail(self, reply: Reply) -> None:
         if self.error is None:
             self.error = reply
         self._wake()
+
+    # --- waiting, with a reply timeout that counts from the last reply ------------------------
+    async def wait(self, patience: float) -> None:
+        """Until an event or a failure. A reply resets the clock (RFC 5321 4.5.3.2 times each
+        command); partial replies do not, so a server dribbling bytes still times out."""
+        loop = self.loop
+        self.waiter = loop.create_future()
+        self.patience = patience
+        self.progress = loop.time()
+        self.timer = loop.call_at(self.progress + patience, self._expire)
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+    def _expire(self) -> None:
+        due = self.progress + self.patience
+        if self.loop.time() < due:
+            self.timer = self.loop.call_at(due, self._expire)  # a reply came meanwhile
+        else:
+            self.timer = None
+            self.fail(_TIMED_OUT)
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -123,29 +201,34 @@ class _Wire(asyncio.Protocol):
 class ClientConnection:
     """An open, greeted SMTP connection to one peer."""
 
-    def __init__(
-        self,
-        wire: _Wire,
-        *,
-        peer: str,
-        capabilities: Capabilities,
-        tls: str | None,
-        options: ClientOptions,
-    ) -> None:
+    def __init__(self, wire: _Wire, *, peer: str, options: ClientOptions) -> None:
         self._wire = wire
+        self._session = wire.session
         self.peer = peer
-        self.capabilities = capabilities
-        self.tls = tls
+        self.tls: str | None = None  # the TLS version and cipher, once on TLS
         self.options = options
-        self.deliveries = 0
-        self.needs_reset = False
         self.broken = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the server's last EHLO offered."""
+        return self._session.capabilities
+
+    @property
+    def deliveries(self) -> int:
+        """Transactions completed on this connection."""
+        return self._session.transactions
+
+    @property
+    def needs_reset(self) -> bool:
+        return self._session.needs_reset
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
     async def open(cls, destination: Destination, resolver: Resolver, options: ClientOptions) -> ClientConnection:
         """The first hop that takes the connection. Raises ConnectFailed with the last reason."""
         last = Reply(451, "4.4.1", (f"no host to try for {destination.site}",))
+        policy = TlsPolicy(destination.tls.value)
         for hop in destination.hops:
             try:
                 addresses = [hop.host] if _is_ip(hop.host) else await resolver.addresses(hop.host)
@@ -154,38 +237,35 @@ class ClientConnection:
                 continue
             for address in addresses:
                 try:
-                    return await cls._open_one(hop, address, destination, options, tls=True)
+                    return await cls._open_one(hop, address, destination, options, policy)
                 except _HandshakeFailed as error:
+                    # The session said a new connection in the clear may do (opportunistic TLS).
                     last = error.reply
-                    if destination.tls is TlsPolicy.OPPORTUNISTIC:
-                        # Opportunistic means "TLS if it works": try again in the clear.
-                        try:
-                            return await cls._open_one(hop, address, destination, options, tls=False)
-                        except ConnectFailed as again:
-                            last = again.reply
+                    try:
+                        return await cls._open_one(hop, address, destination, options, TlsPolicy.DISABLED)
+                    except ConnectFailed as again:
+                        last = again.reply
                 except ConnectFailed as error:
                     last = error.reply
         raise ConnectFailed(last)
 
     @classmethod
     async def _open_one(
-        cls, hop: Hop, address: str, destination: Destination, options: ClientOptions, *, tls: bool
+        cls, hop: Hop, address: str, destination: Destination, options: ClientOptions, policy: TlsPolicy
     ) -> ClientConnection:
         peer = f"{hop.host} [{address}]:{hop.port}" if hop.host != address else f"[{address}]:{hop.port}"
         loop = asyncio.get_running_loop()
-        wire = _Wire(loop)
+        session = ClientSession(options.helo_name, tls=policy, pipelining=options.pipelining, chunking=options.chunking)
+        wire = _Wire(loop, session)
         try:
             async with asyncio.timeout(options.connect_timeout):
                 await loop.create_connection(lambda: wire, address, hop.port)
         except (OSError, TimeoutError) as error:
             reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
             raise ConnectFailed(Reply(451, "4.4.1", (f"cannot connect to {peer}: {reason}",))) from None
-        connection = cls(wire, peer=peer, capabilities=Capabilities(), tls=None, options=options)
+        connection = cls(wire, peer=peer, options=options)
         try:
-            await connection._greet(hop, destination, tls=tls)
-        except ConnectFailed:
-            connection.close()
-            raise
+            await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
             raise ConnectFailed(error.reply) from None
@@ -194,50 +274,41 @@ class ClientConnection:
             raise
         return connection
 
-    async def _greet(self, hop: Hop, destination: Destination, *, tls: bool) -> None:
-        banner = await self._reply()
-        if banner.code != 220:
-            raise ConnectFailed(Reply(451, "4.4.1", (f"{self.peer} greeted with: {banner}",)))
-        await self._ehlo()
-        policy = destination.tls
-        if policy is TlsPolicy.DISABLED or not tls:
-            return
-        if "STARTTLS" not in self.capabilities:
-            if policy is TlsPolicy.REQUIRED:
-                raise ConnectFailed(Reply(451, "4.7.5", (f"TLS required, but {self.peer} does not offer STARTTLS",)))
-            return
-        reply = await self._command(b"STARTTLS\r\n")
-        if reply.code != 220:
-            if policy is TlsPolicy.REQUIRED:
-                raise ConnectFailed(Reply(451, "4.7.5", (f"TLS required, {self.peer} refused STARTTLS: {reply}",)))
-            return
-        server_name = None if _is_ip(hop.host) else hop.host
-        wire = self._wire
+    async def _greet(self, hop: Hop, destination: Destination) -> None:
+        """Until the session is ready, starting TLS when it asks."""
+        while True:
+            event = await self._event()
+            if isinstance(event, Ready):
+                return
+            if isinstance(event, StartTls):
+                await self._start_tls(None if _is_ip(hop.host) else hop.host, destination.tls_verify)
+            elif isinstance(event, Unusable):
+                failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
+                raise failure(event.explain(self.peer))
+            else:
+                raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
+
+    async def _start_tls(self, server_name: str | None, verify: bool) -> None:
+        wire, session = self._wire, self._session
         assert wire.transport is not None
+        transport: asyncio.Transport | None = None
+        failure = "the connection closed during the handshake"
         try:
             async with asyncio.timeout(self.options.reply_timeout):
                 transport = await wire.loop.start_tls(
-                    wire.transport, wire, _CONTEXTS[destination.tls_verify], server_hostname=server_name
+                    wire.transport, wire, _CONTEXTS[verify], server_hostname=server_name
                 )
         except (ssl.SSLError, OSError, TimeoutError) as error:
-            # The connection is unusable after a failed handshake; `open()` decides whether
-            # to come back in the clear.
-            raise _HandshakeFailed(Reply(451, "4.7.5", (f"TLS handshake with {self.peer} failed: {error}",))) from None
+            failure = str(error) or type(error).__name__
+        if session.phase is not Phase.HANDSHAKE:
+            return  # the session gave up meanwhile (plaintext after the 220: see _Wire.pump)
         if transport is None:
-            raise _HandshakeFailed(Reply(451, "4.7.5", (f"{self.peer} closed the connection during TLS",)))
-        wire.transport = transport
-        self.tls = describe(transport.get_extra_info("ssl_object"))
-        await self._ehlo()
-
-    async def _ehlo(self) -> None:
-        reply = await self._command(b"EHLO %s\r\n" % self.options.helo_name.encode())
-        if reply.code == 250:
-            self.capabilities = Capabilities.from_ehlo(reply)
-            return
-        reply = await self._command(b"HELO %s\r\n" % self.options.helo_name.encode())
-        if reply.code != 250:
-            raise ConnectFailed(Reply(451, "4.4.1", (f"{self.peer} refused EHLO and HELO: {reply}",)))
-        self.capabilities = Capabilities.helo_only()
+            session.tls_failed(failure)  # the connection is unusable now
+        else:
+            wire.transport = transport
+            self.tls = describe(transport.get_extra_info("ssl_object"))
+            session.tls_established()
+        wire.pump()  # EHLO again, or the session's verdict on the failure
 
     # --- sending ---------------------------------------------------------------------------
     async def send(self, envelope: Envelope) -> tuple[Result, float]:
@@ -247,35 +318,33 @@ class ClientConnection:
         recipient as a transient failure with that reply.
         """
         started = time.monotonic()
-        options = self.options
-        transaction = Transaction(
-            envelope,
-            self.capabilities,
-            pipelining=options.pipelining,
-            chunking=options.chunking,
-            reset_first=self.needs_reset,
-        )
-        self._write(transaction.start())
-        while not transaction.done:
-            out = transaction.on_reply(await self._reply())
-            if out:
-                self._write(out)
-        result = transaction.result()
-        self.needs_reset = result.needs_reset
-        self.deliveries += 1
-        return result, time.monotonic() - started
+        if not self._session.is_ready():
+            self.broken = True
+            raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
+        self._write(self._session.send(Deliver(envelope)))
+        event = await self._event()
+        if not isinstance(event, TransactionDone):
+            self.broken = True
+            raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
+        return event.result, time.monotonic() - started
 
     def alive(self) -> bool:
         """False if the connection broke or the server closed it while it sat idle."""
         wire = self._wire
-        return not (self.broken or wire.error is not None or wire.transport is None or wire.transport.is_closing())
+        return not (
+            self.broken
+            or wire.error is not None
+            or not self._session.is_ready()
+            or wire.transport is None
+            or wire.transport.is_closing()
+        )
 
     async def quit(self) -> None:
         """Say goodbye politely (briefly); close either way."""
-        if not self.broken:
+        if self.alive():
             try:
-                self._write(b"QUIT\r\n")
-                await self._reply(patience=5.0)
+                self._write(self._session.send(Quit()))
+                await self._event(patience=5.0)
             except ConnectionLost:
                 pass
         self.close()
@@ -291,39 +360,26 @@ class ClientConnection:
         if wire.transport is None or wire.transport.is_closing():
             self.broken = True
             raise ConnectionLost(self._lost(wire.error or Reply(451, "4.4.2", ("connection closed",))))
-        wire.transport.write(data)
+        if data:
+            wire.transport.write(data)
 
-    async def _command(self, line: bytes) -> Reply:
-        self._write(line)
-        return await self._reply()
-
-    async def _reply(self, patience: float | None = None) -> Reply:
+    async def _event(self, patience: float | None = None) -> Event:
+        """The session's next event; ConnectionLost if the connection failed first."""
         wire = self._wire
-        if not wire.replies:
+        if not wire.events:
             if wire.error is None:
-                waiter = wire.waiter = wire.loop.create_future()
-                timer = wire.loop.call_later(
-                    self.options.reply_timeout if patience is None else patience, wire.fail, _TIMED_OUT
-                )
-                try:
-                    await waiter
-                finally:
-                    timer.cancel()
-                    wire.waiter = None
-            if not wire.replies:
+                await wire.wait(self.options.reply_timeout if patience is None else patience)
+            if not wire.events:
                 self.broken = True
                 assert wire.error is not None
                 raise ConnectionLost(self._lost(wire.error))
-        return wire.replies.popleft()
+        return wire.events.popleft()
 
     def _lost(self, reason: Reply) -> Reply:
         """The reason, naming the peer: "451 4.4.2 mx.example.net [192.0.2.1]:25 closed the connection"."""
         if reason is _TIMED_OUT:
             return Reply(451, "4.4.2", (f"timeout waiting for {self.peer}",))
         return Reply(reason.code, reason.enhanced, (f"{self.peer} {reason.text}",))
-
-
-_TIMED_OUT: Final = Reply(451, "4.4.2", ("timed out",))
 
 
 def _is_ip(host: str) -> bool:

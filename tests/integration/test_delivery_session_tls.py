@@ -1,0 +1,152 @@
+"""STARTTLS on a real socket, under each TLS policy: the client's I/O layer starts TLS when its
+session says so, and turns what the server does into a connection or a `ConnectFailed`.
+
+The server is Pigeon's own server session on loopback (`session_peer.PeerServer`), with a
+real TLS handshake on a self-signed certificate. Each test runs under asyncio's loop and
+under uvloop, whose `start_tls` is a different implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pigeon.delivery.routes import TlsPolicy
+from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed
+from pigeon.smtp import replies
+from pigeon.smtp.client import Envelope, Recipient
+from pigeon.smtp.events import Ehlo, StartTls
+from pigeon.smtp.server import ServerConfig
+from tests.integration.session_peer import PeerServer, no_dns, on_both_loops
+
+OPTIONS = ClientOptions(helo_name="client.test", connect_timeout=5.0, reply_timeout=5.0)
+BODY = b"Subject: tls\r\n\r\nhello\r\n"
+MESSAGE = Envelope("a@example.org", [Recipient("b@example.net")], BODY)
+
+
+def tls_server(tmp_path: Path, **knobs: Any) -> PeerServer:
+    return PeerServer(ServerConfig(hostname="mx.test", tls_available=True), certificates=tmp_path, **knobs)
+
+
+def plain_server(**knobs: Any) -> PeerServer:
+    return PeerServer(ServerConfig(hostname="mx.test", tls_available=False), **knobs)
+
+
+async def deliver(connection: ClientConnection) -> None:
+    result, _ = await connection.send(MESSAGE)
+    assert [reply.code for reply in result.replies] == [250]
+    await connection.quit()
+
+
+@pytest.mark.parametrize("policy", [TlsPolicy.OPPORTUNISTIC, TlsPolicy.REQUIRED])
+@on_both_loops
+async def test_starttls_offered_is_used_and_the_server_is_greeted_again_on_tls(
+    tmp_path: Path, policy: TlsPolicy
+) -> None:
+    async with tls_server(tmp_path) as server:
+        connection = await ClientConnection.open(server.destination(policy), no_dns(), OPTIONS)
+        assert connection.tls is not None and connection.tls.startswith("TLSv1.")
+        assert "STARTTLS" not in connection.capabilities  # the offer made on TLS, not the first one
+        (session,) = server.connections
+        assert session.tls
+        assert [type(e) for e in session.peer.events if isinstance(e, (Ehlo, StartTls))] == [Ehlo, StartTls, Ehlo]
+        await deliver(connection)
+        assert session.peer.content() == BODY
+
+
+@on_both_loops
+async def test_disabled_tls_stays_in_the_clear_with_a_server_that_offers_it(tmp_path: Path) -> None:
+    async with tls_server(tmp_path) as server:
+        connection = await ClientConnection.open(server.destination(TlsPolicy.DISABLED), no_dns(), OPTIONS)
+        assert connection.tls is None
+        assert "STARTTLS" in connection.capabilities
+        await deliver(connection)
+        assert b"STARTTLS" not in server.connections[0].received
+
+
+@on_both_loops
+async def test_opportunistic_tls_goes_on_in_the_clear_when_starttls_is_not_offered() -> None:
+    async with plain_server() as server:
+        connection = await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+        assert connection.tls is None
+        await deliver(connection)
+
+
+@on_both_loops
+async def test_required_tls_without_starttls_offered_fails_with_4_7_5_and_sends_no_mail() -> None:
+    async with plain_server() as server:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
+        reply = failed.value.reply
+        assert (reply.code, reply.enhanced) == (451, "4.7.5")
+        assert reply.text == f"TLS required, but [127.0.0.1]:{server.port} does not offer STARTTLS"
+        await _settle()
+        assert bytes(server.connections[0].received) == b"EHLO client.test\r\nQUIT\r\n"
+
+
+@on_both_loops
+async def test_opportunistic_tls_goes_on_in_the_clear_when_starttls_is_refused(tmp_path: Path) -> None:
+    async with tls_server(tmp_path, answers={"STARTTLS": [replies.TLS_UNAVAILABLE]}) as server:
+        connection = await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+        assert connection.tls is None
+        await deliver(connection)
+        assert len(server.connections) == 1  # the same connection carried the mail
+
+
+@on_both_loops
+async def test_required_tls_with_starttls_refused_fails_with_the_servers_reply(tmp_path: Path) -> None:
+    async with tls_server(tmp_path, answers={"STARTTLS": [replies.TLS_UNAVAILABLE]}) as server:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
+        assert str(failed.value.reply) == (
+            f"451 4.7.5 TLS required, [127.0.0.1]:{server.port} refused STARTTLS: 454 4.7.0 TLS not available"
+        )
+
+
+@on_both_loops
+async def test_a_failed_handshake_under_opportunistic_tls_is_retried_in_the_clear(tmp_path: Path) -> None:
+    async with tls_server(tmp_path, starttls="garbage") as server:
+        connection = await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+        assert connection.tls is None
+        await deliver(connection)
+        first, second = server.connections
+        assert first.received == b"EHLO client.test\r\nSTARTTLS\r\n" or first.received.startswith(
+            b"EHLO client.test\r\nSTARTTLS\r\n\x16"  # the start of the client's TLS hello
+        )
+        assert b"STARTTLS" not in second.received  # the second connection did not try again
+        assert second.received.startswith(b"EHLO client.test\r\nMAIL FROM:")
+
+
+@on_both_loops
+async def test_a_failed_handshake_under_required_tls_fails_with_4_7_5(tmp_path: Path) -> None:
+    async with tls_server(tmp_path, starttls="garbage") as server:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
+        reply = failed.value.reply
+        assert (reply.code, reply.enhanced) == (451, "4.7.5")
+        assert reply.text.startswith(f"TLS handshake with [127.0.0.1]:{server.port} failed: ")
+        assert len(server.connections) == 1  # no second try in the clear
+
+
+@pytest.mark.parametrize("policy", [TlsPolicy.OPPORTUNISTIC, TlsPolicy.REQUIRED])
+@on_both_loops
+async def test_plaintext_injected_after_the_220_to_starttls_ends_the_connection(
+    tmp_path: Path, policy: TlsPolicy
+) -> None:
+    async with tls_server(tmp_path, starttls="inject") as server:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(policy), no_dns(), OPTIONS)
+        reply = failed.value.reply
+        assert (reply.code, reply.enhanced) == (451, "4.5.0")
+        assert "after the 220 reply to STARTTLS" in reply.text
+        await _settle()
+        assert bytes(server.connections[0].received) == b"EHLO client.test\r\nSTARTTLS\r\n"  # nothing after
+
+
+async def _settle() -> None:
+    """Let the server read what the client wrote just before closing."""
+    for _ in range(20):
+        await asyncio.sleep(0.01)

@@ -1,0 +1,252 @@
+"""The client's I/O layer on a real socket: the writes a message costs, timeouts, servers that
+turn us away, go quiet, hang up or break the protocol, and how each ends up as a reply.
+
+The server is Pigeon's own server session on loopback (`session_peer.PeerServer`); each test
+runs on asyncio's loop and on uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from pigeon.delivery.routes import TlsPolicy
+from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.smtp import replies
+from pigeon.smtp.client import Capabilities, Envelope, Recipient
+from pigeon.smtp.replies import Reply
+from pigeon.smtp.server import ServerConfig
+from tests.integration.session_peer import PeerServer, no_dns, on_both_loops
+
+OPTIONS = ClientOptions(helo_name="client.test", connect_timeout=5.0, reply_timeout=5.0)
+BODY = b"Subject: wire\r\n\r\nhello\r\n"
+USER_UNKNOWN = Reply(550, "5.1.1", ("User unknown",))
+
+
+def message(*recipients: str) -> Envelope:
+    return Envelope("a@example.org", [Recipient(r) for r in recipients or ("b@example.net",)], BODY)
+
+
+def server(**knobs: Any) -> PeerServer:
+    config = {key: knobs.pop(key) for key in ("pipelining", "chunking", "max_messages_per_connection") if key in knobs}
+    return PeerServer(ServerConfig(hostname="mx.test", **config), **knobs)
+
+
+async def connect(peer: PeerServer, options: ClientOptions = OPTIONS) -> ClientConnection:
+    return await ClientConnection.open(peer.destination(TlsPolicy.DISABLED), no_dns(), options)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+
+
+# --- what a message costs ------------------------------------------------------------------------
+@on_both_loops
+async def test_each_message_is_one_write_with_pipelining_and_chunking() -> None:
+    async with server() as peer:
+        connection = await connect(peer)
+        (session,) = peer.connections
+        opening = session.reads
+        for n in range(5):
+            result, _ = await connection.send(message(f"r{n}@example.net", "s@example.net"))
+            assert [reply.code for reply in result.replies] == [250, 250]
+        assert session.reads - opening == 5
+        assert connection.deliveries == 5
+        await connection.quit()
+        await settle()
+        assert session.received.endswith(b"QUIT\r\n")
+        assert session.closed
+
+
+@on_both_loops
+async def test_a_server_without_pipelining_gets_one_write_per_command() -> None:
+    async with server(pipelining=False, chunking=False) as peer:
+        connection = await connect(peer)
+        opening = peer.connections[0].reads
+        await connection.send(message())
+        assert peer.connections[0].reads - opening == 4  # MAIL, RCPT, DATA, the content
+        await connection.quit()
+
+
+@on_both_loops
+async def test_rset_after_an_unfinished_transaction_rides_in_the_next_messages_write() -> None:
+    async with server(answers={"RCPT": [USER_UNKNOWN]}) as peer:
+        connection = await connect(peer)
+        result, _ = await connection.send(message())
+        assert result.replies == [USER_UNKNOWN]
+        assert connection.needs_reset
+        (session,) = peer.connections
+        reads, received = session.reads, len(session.received)
+        result, _ = await connection.send(message())
+        assert [reply.code for reply in result.replies] == [250]
+        assert session.reads - reads == 1
+        assert session.received[received:].startswith(b"RSET\r\nMAIL FROM:<a@example.org>")
+        await connection.quit()
+
+
+@on_both_loops
+async def test_a_server_refusing_ehlo_is_greeted_with_helo() -> None:
+    async with server(answers={"EHLO": [Reply(502, "5.5.1", ("No EHLO",))]}) as peer:
+        connection = await connect(peer)
+        assert connection.capabilities == Capabilities.helo_only()
+        result, _ = await connection.send(message())
+        assert [reply.code for reply in result.replies] == [250]
+        assert peer.connections[0].received.startswith(
+            b"EHLO client.test\r\nHELO client.test\r\nMAIL FROM:<a@example.org>\r\n"
+        )
+        await connection.quit()
+
+
+# --- turned away --------------------------------------------------------------------------------
+@on_both_loops
+async def test_a_refusing_banner_fails_with_4_4_1_and_the_banner() -> None:
+    async with server(banner=Reply(554, "5.3.2", ("mx.test no service here",))) as peer:
+        with pytest.raises(ConnectFailed) as failed:
+            await connect(peer)
+        assert str(failed.value.reply) == f"451 4.4.1 [127.0.0.1]:{peer.port} greeted with: 554 mx.test no service here"
+
+
+@on_both_loops
+async def test_ehlo_and_helo_refused_fails_with_4_4_1() -> None:
+    no = Reply(550, "5.7.1", ("Not you",))
+    async with server(answers={"EHLO": [no], "HELO": [no]}) as peer:
+        with pytest.raises(ConnectFailed) as failed:
+            await connect(peer)
+        assert str(failed.value.reply) == f"451 4.4.1 [127.0.0.1]:{peer.port} refused EHLO and HELO: 550 Not you"
+
+
+@on_both_loops
+async def test_nothing_listening_fails_with_4_4_1() -> None:
+    async with server() as peer:
+        port = peer.port
+    with pytest.raises(ConnectFailed) as failed:
+        await ClientConnection.open(peer.destination(), no_dns(), OPTIONS)
+    reply = failed.value.reply
+    assert (reply.code, reply.enhanced) == (451, "4.4.1")
+    assert reply.text.startswith(f"cannot connect to [127.0.0.1]:{port}: ")
+
+
+# --- timeouts -----------------------------------------------------------------------------------
+@on_both_loops
+async def test_a_server_that_never_greets_times_out() -> None:
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.3)
+    async with server(stall=0) as peer:
+        started = time.monotonic()
+        with pytest.raises(ConnectFailed) as failed:
+            await connect(peer, options)
+        assert 0.25 <= time.monotonic() - started < 2.0
+        assert str(failed.value.reply) == f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}"
+
+
+@on_both_loops
+async def test_a_banner_dribbled_a_byte_at_a_time_still_times_out() -> None:
+    """Bytes that never make a reply do not hold the connection open."""
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.4)
+    async with server(dribble=0.05) as peer:
+        started = time.monotonic()
+        with pytest.raises(ConnectFailed) as failed:
+            await connect(peer, options)
+        assert time.monotonic() - started < 1.0
+        assert "timeout waiting for" in failed.value.reply.text
+
+
+@on_both_loops
+async def test_the_reply_timeout_counts_from_each_reply_not_from_the_start_of_the_message() -> None:
+    """RFC 5321 4.5.3.2 times each command: six slow replies may take longer than one timeout."""
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.5)
+    async with server(pipelining=False, chunking=False) as peer:
+        connection = await connect(peer, options)
+        peer.delay = 0.15  # MAIL, RCPT x3, DATA, end of data: about 0.9 s in all
+        started = time.monotonic()
+        result, _ = await connection.send(message("b@example.net", "c@example.net", "d@example.net"))
+        assert time.monotonic() - started > options.reply_timeout
+        assert [reply.code for reply in result.replies] == [250, 250, 250]
+        peer.delay = 0.0
+        await connection.quit()
+
+
+@on_both_loops
+async def test_a_server_gone_quiet_mid_transaction_times_out_as_connection_lost() -> None:
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.3)
+    async with server() as peer:
+        connection = await connect(peer, options)
+        peer.stall = 0  # no more answers
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())
+        assert str(lost.value.reply) == f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}"
+        assert connection.broken and not connection.alive()
+        started = time.monotonic()
+        await connection.quit()  # no QUIT on a broken connection: nothing to wait for
+        assert time.monotonic() - started < 0.1
+
+
+# --- hang-ups and broken servers -------------------------------------------------------------------
+@on_both_loops
+async def test_a_421_while_idle_makes_the_connection_not_alive() -> None:
+    async with server() as peer:
+        connection = await connect(peer)
+        await connection.send(message())
+        assert connection.alive()
+        peer.say(b"421 4.4.2 mx.test Error: timeout exceeded, closing connection\r\n", close=True)
+        await settle()
+        assert not connection.alive()
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())
+        assert (lost.value.reply.code, lost.value.reply.enhanced) == (451, "4.4.2")
+        await connection.quit()
+
+
+@on_both_loops
+async def test_a_reply_to_no_command_breaks_the_connection_with_4_5_0() -> None:
+    """Left unread, it would be taken for the next MAIL's reply, and every reply after shifted."""
+    async with server() as peer:
+        connection = await connect(peer)
+        peer.say(b"250 2.0.0 surprise\r\n")
+        await settle()
+        assert not connection.alive()
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())
+        assert str(lost.value.reply) == (
+            f"451 4.5.0 [127.0.0.1]:{peer.port} sent garbage: a reply to no command: 250 2.0.0 surprise"
+        )
+        await settle()
+        assert b"MAIL" not in peer.connections[0].received
+
+
+@on_both_loops
+async def test_a_server_hanging_up_mid_transaction_is_connection_lost_4_4_2() -> None:
+    async with server(max_messages_per_connection=1) as peer:
+        connection = await connect(peer)
+        await connection.send(message())
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())  # 421 to MAIL, then the server closes
+        assert str(lost.value.reply) == f"451 4.4.2 [127.0.0.1]:{peer.port} closed the connection"
+        assert not connection.alive()
+
+
+@on_both_loops
+async def test_quit_without_a_221_ends_when_the_server_hangs_up() -> None:
+    async with server() as peer:
+        connection = await connect(peer)
+        peer.stall = 0  # the server reads QUIT and closes without a word
+        started = time.monotonic()
+        await connection.quit()
+        assert connection.broken
+        assert time.monotonic() - started < 1.0
+        assert peer.connections[0].received.endswith(b"QUIT\r\n")
+
+
+@on_both_loops
+async def test_quit_answered_closes_at_once() -> None:
+    async with server() as peer:
+        connection = await connect(peer)
+        started = time.monotonic()
+        await connection.quit()
+        assert time.monotonic() - started < 1.0
+        await settle()
+        assert peer.connections[0].closed
+        assert peer.connections[0].sent.endswith(replies.closing("mx.test").encode())
