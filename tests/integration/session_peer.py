@@ -93,8 +93,8 @@ class PeerServer:
         for connection in self.connections:
             connection.closed = True
 
-    def destination(self, tls: TlsPolicy = TlsPolicy.DISABLED) -> Destination:
-        return Destination(f"127.0.0.1:{self.port}", (Hop("127.0.0.1", self.port),), tls, tls_verify=False)
+    def destination(self, tls: TlsPolicy = TlsPolicy.DISABLED, *, verify: bool = False) -> Destination:
+        return Destination(f"127.0.0.1:{self.port}", (Hop("127.0.0.1", self.port),), tls, tls_verify=verify)
 
     def say(self, data: bytes, *, close: bool = False, connection: int = -1) -> None:
         """Write `data` on a connection (the last by default) as if the server had something to say."""

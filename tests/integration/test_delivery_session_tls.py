@@ -131,6 +131,23 @@ async def test_a_failed_handshake_under_required_tls_fails_with_4_7_5(tmp_path: 
         assert len(server.connections) == 1  # no second try in the clear
 
 
+@on_both_loops
+async def test_a_certificate_that_does_not_verify_fails_required_tls_and_opportunistic_goes_clear(
+    tmp_path: Path,
+) -> None:
+    async with tls_server(tmp_path) as server:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(TlsPolicy.REQUIRED, verify=True), no_dns(), OPTIONS)
+        assert failed.value.reply.enhanced == "4.7.5"
+        assert "certificate verify failed" in failed.value.reply.text
+        connection = await ClientConnection.open(
+            server.destination(TlsPolicy.OPPORTUNISTIC, verify=True), no_dns(), OPTIONS
+        )
+        assert connection.tls is None
+        await deliver(connection)
+        assert len(server.connections) == 3  # required: one; opportunistic: TLS, then the clear
+
+
 @pytest.mark.parametrize("policy", [TlsPolicy.OPPORTUNISTIC, TlsPolicy.REQUIRED])
 @on_both_loops
 async def test_plaintext_injected_after_the_220_to_starttls_ends_the_connection(

@@ -184,6 +184,27 @@ async def test_a_server_gone_quiet_mid_transaction_times_out_as_connection_lost(
         assert time.monotonic() - started < 0.1
 
 
+@on_both_loops
+async def test_a_send_cancelled_mid_transaction_leaves_a_connection_that_is_only_closed() -> None:
+    """Shutdown cancels the delivery task: the connection must not be reused, nor say QUIT
+    into a transaction whose replies are still coming."""
+    async with server() as peer:
+        connection = await connect(peer)
+        peer.delay = 0.5
+        task = asyncio.create_task(connection.send(message()))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not connection.alive()
+        started = time.monotonic()
+        await connection.quit()
+        assert time.monotonic() - started < 0.1
+        await asyncio.sleep(0.6)  # the late replies arrive on a closed connection: nothing breaks
+        assert b"QUIT" not in peer.connections[0].received
+        assert peer.connections[0].closed
+
+
 # --- hang-ups and broken servers -------------------------------------------------------------------
 @on_both_loops
 async def test_a_421_while_idle_makes_the_connection_not_alive() -> None:
