@@ -2,8 +2,9 @@
 thread (so a test can drive Pigeon processes synchronously while they answer), and the
 configuration pieces inbound tests share.
 
-`WebhookApp` counts what it accepted by dedupe key, and can be told to fail (answer 500) until
-a given time or to answer slowly, to show that a failing application loses nothing.
+`WebhookApp` counts what it accepted by dedupe key (and when, and from which node, for
+tests that time a takeover), and can be told to fail (answer 500) until a given time or to
+answer slowly, to show that a failing application loses nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from aiohttp import web
 from tests.support.process import PigeonProcess, free_port
 
 if TYPE_CHECKING:
-    from tests.support.services import Dovecot
+    from tests.support.services import Dovecot, RedisServer
 
 
 class ThreadedApp:
@@ -74,6 +75,8 @@ class WebhookApp(ThreadedApp):
         self.refused = 0
         self.bodies: dict[str, bytes] = {}
         self.headers: list[dict[str, str]] = []
+        # Each accepted request: (time.time() when accepted, dedupe key, its X-Test-Node header).
+        self.arrivals: list[tuple[float, str, str]] = []
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/inbound", self._receive)
@@ -93,7 +96,21 @@ class WebhookApp(ThreadedApp):
                 return web.Response(status=500 if time.time() < self.fail_until else self.status, text="no")
             self.accepted[key] += 1
             self.bodies[key] = body
+            self.arrivals.append((time.time(), key, request.headers.get("X-Test-Node", "")))
         return web.Response(status=202, text="ok")
+
+    def first_arrivals(self) -> dict[str, float]:
+        """When each dedupe key was first accepted."""
+        with self._lock:
+            first: dict[str, float] = {}
+            for at, key, _ in self.arrivals:
+                first.setdefault(key, at)
+            return first
+
+    def accepted_from(self, node: str) -> int:
+        """How many requests carrying `X-Test-Node: <node>` were accepted."""
+        with self._lock:
+            return sum(1 for _, _, sender in self.arrivals if sender == node)
 
     def wait_distinct(self, count: int, timeout: float) -> int:
         deadline = time.time() + timeout
@@ -139,3 +156,16 @@ def mailbox_health(node: PigeonProcess, name: str = "support") -> dict[str, Any]
     """A mailbox's state as the node's /healthz reports it."""
     health: dict[str, Any] = json.loads(node.http_get("/healthz")[1])["inbound"][name]
     return health
+
+
+def redis_in_use_for_a_while(redis: RedisServer, prefix: str = "pigeon", *, seconds: float = 3600) -> None:
+    """Make a fresh test Redis look like one Pigeon has used for `seconds`: its inbound epoch
+    set that long ago. Nodes then claim at once instead of pausing as they must after Redis
+    lost its data (for tests that are not about that pause)."""
+    client = redis.client()
+    try:
+        now, micros = client.time()
+        key = f"{prefix}:inbound:epoch" if prefix else "inbound:epoch"
+        client.set(key, int(now * 1000 + micros // 1000 - seconds * 1000))
+    finally:
+        client.close()

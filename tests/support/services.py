@@ -461,6 +461,15 @@ class Dovecot(_Server):
     def unseen(self, user: str, folder: str = "INBOX") -> list[int]:
         return self.uids(user, "UNSEEN", folder)
 
+    def uidvalidity(self, user: str, folder: str = "INBOX") -> int:
+        """The folder's UIDVALIDITY (STATUS), part of the key a message is claimed under."""
+        with self._session(user) as client:
+            data = _check(client.status(_quote(folder), "(UIDVALIDITY)"), f"STATUS {folder}")
+        found = re.search(rb"UIDVALIDITY (\d+)", data[0] if isinstance(data[0], bytes) else b"")
+        if found is None:
+            raise imaplib.IMAP4.error(f"STATUS {folder}: no UIDVALIDITY in {data!r}")
+        return int(found.group(1))
+
     def flags(self, user: str, uid: int, folder: str = "INBOX") -> set[str]:
         """The message's flags, without \\Recent (which depends on which session looked first)."""
         with self._session(user, folder) as client:
