@@ -4,17 +4,50 @@ A claim key names the message at its source: mailbox identity, UIDVALIDITY and U
 Message-ID is forgeable and may be missing; mail_room keyed on the UID alone, so two
 mailboxes collided). Its value says where the message stands:
 
-    c:<token>:<n>    claimed by the holder of <token>, whose attempt n+1 this is (lease: PX)
-    b:<n>:<due ms>   n attempts failed; nobody may try again before <due> (Redis clock)
-    d:<token>        the target accepted it; only the source's acknowledgement may be missing
-    f:<token>        the target refused it for good
+    c:<token>.<k>:<n>  claimed by the node <token>, whose attempt n+1 this is (lease: PX)
+    b:<n>:<due ms>     n attempts failed; nobody may try again before <due> (Redis clock)
+    d:<token>          the target accepted it; only the source's acknowledgement may be missing
+    f:<token>          the target refused it for good
 
 Claiming is `SET key c:... NX PX lease` done in a script, so that a key in backoff whose time
 has come can be claimed in the same step and the attempt count survives. Renewing, marking
 done, failed or in backoff, and releasing all compare the value with the holder's own first
 (compare-and-set), so a holder whose lease expired can never overwrite a new owner. A renewal
-that finds the key gone (Redis restarted empty) puts the claim back, which closes most of the
-window in which another node could take a message being handed over.
+that finds the key gone (Redis restarted empty) puts the claim back.
+
+Liveness. Each node (each process: a restarted node is someone else) keeps a heartbeat in
+the hash `inbound:nodes`: its token, and when its heartbeat runs out (Redis clock), renewed
+every `BEAT` seconds for `BEAT_TTL`. The claim script looks the holder of a claim up there:
+a claim whose holder's heartbeat ran out is taken over at once, in the same atomic step,
+instead of waiting out the lease; a live holder, however slow, keeps its claim for the whole
+lease. So a node killed with kill -9 gives its messages up within `BEAT_TTL` (5 s). A
+done mark whose node died is taken over the same way (`Standing.ORPHANED`): that node may
+have died between the handoff and the acknowledgement, so the taker acknowledges the message
+and records the handoff on its behalf. Tokens start with "h"; a value with another token
+(a node of an earlier version, without heartbeat) only expires with its lease.
+
+A holder must never go on handing over a message another node has taken over. Every claim
+and renewal is sent behind a heartbeat, in the same pipeline, so the claim is verified while
+its holder is known alive; from then on the holder trusts it only while its own heartbeat
+cannot have lapsed (`holds`): up to 90% of `BEAT_TTL` after the last heartbeat it sent that
+was answered, and only if no heartbeat since found the previous one run out (a pause longer
+than that: a stalled event loop, SIGSTOP, a partition from Redis). After a lapse every claim
+is verified again (renewed, with compare-and-set) before it is used; a claim taken over
+meanwhile is then `lost`. Clocks: expiry is compared in Redis's clock only; a node measures
+its own time with its monotonic clock, less 10% for rate differences.
+
+Epoch. When Redis loses its data (a restart without persistence, a failover to a replica that
+had not caught up) every claim, done mark and heartbeat is gone. The key `inbound:epoch` holds
+when this Redis was first used by Pigeon (its clock): it is set again when missing, so a new
+value means the data was lost. Every node then stops claiming until `grace` after that time:
+long enough for every live holder to find its heartbeat gone (within `BEAT`), to put its
+claims back at once, even after two failed attempts (2 timeouts), and a second's margin. So
+neither a claim nor a takeover by liveness can grab a message that is in the middle of a
+handoff. The rule holds for a node that starts with no epoch known, too: it asks for the epoch
+before its first claim and pauses likewise, unless the epoch is older than `grace` (this Redis
+has kept its data for longer than it takes holders to put back what it lost: nothing a live
+holder had can still be missing). This is the "delayed restart" Redis's own locking guide
+recommends, done by the clients.
 
 Arbitration is an efficiency measure: it keeps N nodes from all handing over every message.
 Exactly-once as the application sees it also needs the dedupe key (see `message`), because no
@@ -26,6 +59,8 @@ node, and documented as single-node mode.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -45,6 +80,9 @@ from redis.exceptions import RedisError
 _log = logging.getLogger(__name__)
 
 DONE_TTL: Final = 24 * 3600.0  # how long "done" and "failed" marks outlive the handoff
+BEAT: Final = 1.0  # seconds between a node's heartbeats
+BEAT_TTL: Final = 5.0  # a node whose heartbeat is this old is dead: its claims are taken over
+_SWEEP_EVERY: Final = 60.0  # seconds between sweeps of dead nodes' heartbeats
 
 
 class ArbitrationUnavailable(Exception):
@@ -57,6 +95,7 @@ class Standing(enum.Enum):
     WAITING = "waiting"  # in backoff after a failed attempt
     DONE = "done"  # handed over already: acknowledge at the source if still there
     FAILED = "failed"  # refused for good: apply the failure action if still there
+    ORPHANED = "orphaned"  # handed over by a node that died since: ours to acknowledge and record
 
 
 @dataclass(slots=True)
@@ -68,7 +107,9 @@ class Claim:
     attempts: int = 0  # failed attempts before this one
     deadline: float = 0.0  # monotonic: past it, the lease may be someone else's
     lost: bool = False
-    retry_in: float = 0.0  # WAITING: seconds until its backoff ends
+    retry_in: float = 0.0  # WAITING: seconds until its backoff ends; HELD: until its holder's heartbeat does
+    previous: str = ""  # CLAIMED, ORPHANED: the dead node whose claim or done mark this was
+    lapses: int = 0  # the arbiter's lapse count when this claim was last verified (see `holds`)
 
 
 # KEYS[1] the epoch key. Redis's birth time as Pigeon knows it (set when missing: first use, or
@@ -81,27 +122,71 @@ if not born then redis.call('SET', KEYS[1], now) born = now end
 return {tostring(born), tostring(now)}
 """
 
-# KEYS[1] claim key, KEYS[2] epoch key; ARGV: token, lease ms, the epoch the caller knows ('' for
-# none). Returns the standing and the attempt count. A caller that knew another epoch is
-# refused ("paused"): Redis lost its claims, and holders must first have time to put theirs back.
+# KEYS[1] the nodes hash; ARGV: token, ms the heartbeat lasts. Returns 1 if the node's previous
+# heartbeat had run out (or Redis lost it): claims verified before may have been taken over.
+_BEAT: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], 86400000)
+if last <= now then return 1 end
+return 0
+"""
+
+# KEYS[1] the nodes hash. Forgets the heartbeats that ran out (nodes that stopped).
+_SWEEP: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) end
+end
+return 0
+"""
+
+# KEYS[1] claim key, KEYS[2] epoch key, KEYS[3] nodes hash; ARGV: nonce, lease ms, the epoch
+# the caller knows ('' for none), the caller's token, ms a done mark lasts. Returns the
+# standing, the attempt count, ms (until a backoff ends, or until the holder's heartbeat runs
+# out) and the dead node a claim or done mark was taken from. A caller that knew another epoch
+# is refused ("paused"): Redis lost its claims, and holders must first have time to put theirs
+# back. A claim or done mark whose node's heartbeat ran out is taken over at once.
 _CLAIM: Final = """
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return {'paused', '0'} end
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return {'paused', '0', '', ''} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local v = redis.call('GET', KEYS[1])
 local attempts = 0
+local previous = ''
 if v then
   local kind = string.sub(v, 1, 1)
   if kind == 'b' then
     local n, due = string.match(v, '^b:(%d+):(%d+)$')
-    local now = redis.call('TIME')
-    local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    if now_ms < tonumber(due) then return {'waiting', n, tostring(tonumber(due) - now_ms)} end
+    if now < tonumber(due) then return {'waiting', n, tostring(tonumber(due) - now), ''} end
     attempts = tonumber(n)
-  elseif kind == 'c' then return {'held', '0'}
-  elseif kind == 'd' then return {'done', '0'}
-  else return {'failed', '0'} end
+  elseif kind == 'f' then return {'failed', '0', '', ''}
+  else
+    local holder = string.match(v, '^[cd]:(h%x+)')
+    local left = ''
+    if holder then
+      left = tonumber(redis.call('HGET', KEYS[3], holder) or '0') - now
+      if left <= 0 then
+        if kind == 'd' then
+          redis.call('SET', KEYS[1], 'd:' .. ARGV[4], 'PX', ARGV[5])
+          return {'orphaned', '0', '', holder}
+        end
+        attempts = tonumber(string.match(v, ':(%d+)$')) or 0
+        previous = holder
+      end
+    end
+    if previous == '' then
+      if kind == 'd' then return {'done', '0', '', ''} end
+      return {'held', '0', tostring(left), ''}
+    end
+  end
 end
 redis.call('SET', KEYS[1], 'c:' .. ARGV[1] .. ':' .. attempts, 'PX', ARGV[2])
-return {'claimed', tostring(attempts)}
+return {'claimed', tostring(attempts), '', previous}
 """
 
 # KEYS[1]; ARGV: our value, lease ms. 1: renewed (or put back after Redis lost it), 0: lost.
@@ -134,13 +219,29 @@ class Arbiter:
     shared = False  # whether other nodes see these claims
 
     def __init__(self) -> None:
-        self.token = secrets.token_hex(8)  # this process: a restarted node is someone else
+        # This process: a restarted node is someone else. "h": it keeps a heartbeat.
+        self.token = "h" + secrets.token_hex(8)
         self._claims = itertools.count()
+        self._lapse = asyncio.Event()
 
     def nonce(self) -> str:
         """A token for one claim: even this process's next claim on the same key differs, so
         a compare-and-set by a holder whose lease ran out cannot match it."""
         return f"{self.token}.{next(self._claims)}"
+
+    def holds(self, claim: Claim) -> bool:
+        """Whether `claim` is still ours: neither lost nor past its lease (nor, in a cluster,
+        possibly taken over since because our heartbeat lapsed)."""
+        return not claim.lost and claim.deadline > time.monotonic()
+
+    def lapse_signal(self) -> asyncio.Event:
+        """Set when our heartbeat was found to have lapsed: every claim in hand must be
+        verified again (`renew`) before it is used."""
+        return self._lapse
+
+    def _lapsed(self) -> None:
+        signal, self._lapse = self._lapse, asyncio.Event()
+        signal.set()
 
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
         raise NotImplementedError
@@ -172,12 +273,11 @@ class Arbiter:
         return Claim(key, uid, Standing.CLAIMED, value, attempts, started + lease * 0.9)
 
 
+_Call = tuple[AsyncScript, str | list[str], list[str]]
+
+
 class RedisArbiter(Arbiter):
-    """Claims in one Redis. After Redis lost its data (a restart without persistence, a failover
-    to a replica that had not caught up), nodes that were claiming stop for a third of a lease
-    and a little more: long enough for every holder's next renewal to put its claims back, so
-    a message in the middle of a handoff is not taken by another node. This is the "delayed
-    restart" Redis's own locking guide recommends, done by the clients."""
+    """Claims in one Redis, with node liveness and the epoch pause described above."""
 
     shared = True
 
@@ -186,9 +286,15 @@ class RedisArbiter(Arbiter):
         self.url = url
         self.prefix = f"{prefix}:" if prefix else ""
         self._epoch_key = "inbound:epoch"
+        self._nodes_key = "inbound:nodes"
         self._epoch: str | None = None
         self._paused_until = 0.0  # monotonic
         self._timeout = timeout
+        # Long enough for every live holder to put back what Redis lost (see the module).
+        self.grace = BEAT + 2 * timeout + 1.0
+        self._alive_until = 0.0  # monotonic: our heartbeat cannot have run out before this
+        self._lapses = 0  # heartbeats that found the previous one run out
+        self._beating: asyncio.Task[None] | None = None
         # One quick retry on a fresh connection: after a Redis restart the pooled connections
         # are dead, and the first command on each would otherwise fail for nothing.
         self._redis = aioredis.Redis.from_url(
@@ -199,15 +305,65 @@ class RedisArbiter(Arbiter):
             retry_on_error=[RedisConnectionError],
         )
         self._epoch_script = self._redis.register_script(_EPOCH)
+        self._beat = self._redis.register_script(_BEAT)
+        self._sweep = self._redis.register_script(_SWEEP)
         self._claim = self._redis.register_script(_CLAIM)
         self._renew = self._redis.register_script(_RENEW)
         self._settle = self._redis.register_script(_SETTLE)
         self._release = self._redis.register_script(_RELEASE)
 
     async def close(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(BaseException):
+                await self._beating
+        # A node that stops says so: whatever claim it failed to give back is free at once.
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.hdel(self.prefix + self._nodes_key, self.token)
         await self._redis.aclose()
 
-    async def _run(self, calls: Sequence[tuple[AsyncScript, str | list[str], list[str]]]) -> list[object]:
+    # --- liveness ----------------------------------------------------------------------------
+    def holds(self, claim: Claim) -> bool:
+        return super().holds(claim) and claim.lapses == self._lapses and time.monotonic() < self._alive_until
+
+    def paused_for(self) -> float:
+        """Seconds claims stay paused after Redis lost its data (0 when not paused)."""
+        return max(0.0, self._paused_until - time.monotonic())
+
+    def _beat_call(self) -> _Call:
+        return (self._beat, [self._nodes_key], [self.token, str(int(BEAT_TTL * 1000))])
+
+    def _beaten(self, answer: object, sent: float) -> None:
+        """A heartbeat sent at `sent` (monotonic) was answered."""
+        if answer == 1:
+            self._lapses += 1
+            self._lapsed()
+        self._alive_until = max(self._alive_until, sent + BEAT_TTL * 0.9)
+
+    def _start_beating(self) -> None:
+        if self._beating is None:
+            self._beating = asyncio.create_task(self._beat_forever(), name="inbound heartbeat")
+
+    async def _beat_forever(self) -> None:
+        next_sweep = time.monotonic() + _SWEEP_EVERY
+        while True:
+            await asyncio.sleep(BEAT)
+            sent = time.monotonic()
+            calls = [self._beat_call()]
+            if sent >= next_sweep:
+                calls.append((self._sweep, [self._nodes_key], []))
+                next_sweep = sent + _SWEEP_EVERY
+            try:
+                answers = await self._run(calls)
+            except ArbitrationUnavailable:
+                continue  # claims stop being ours (`holds`) when it runs out; then we verify them
+            except Exception:  # a bug here must not stop the heartbeat for good
+                _log.exception("inbound heartbeat to Redis at %s", self.url)
+                continue
+            self._beaten(answers[0], sent)
+
+    # --- claims ------------------------------------------------------------------------------
+    async def _run(self, calls: Sequence[_Call]) -> list[object]:
         if not calls:
             return []
         try:
@@ -219,50 +375,76 @@ class RedisArbiter(Arbiter):
         except (RedisError, OSError) as error:
             raise ArbitrationUnavailable(f"Redis at {self.url}: {error or type(error).__name__}") from error
 
+    def _learn_epoch(self, answer: object, started: float) -> None:
+        """Redis's epoch as the epoch script gave it: a new one (or the first this node sees)
+        pauses claims until `grace` after it (nothing, when that is past)."""
+        assert isinstance(answer, list)
+        born, now = _text(answer[0]), int(_text(answer[1]))
+        if born != self._epoch:
+            pause = (int(born) + self.grace * 1000 - now) / 1000
+            if pause > 0:
+                self._paused_until = started + pause
+                # A node that knew no epoch cannot tell a fresh Redis from one that lost its data.
+                what = "lost its data" if self._epoch is not None else "may have lost its data"
+                _log.warning("Redis at %s %s: pausing claims %.1fs so holders can put theirs back", self.url, what,
+                             pause)  # fmt: skip
+        self._epoch = born
+
+    def _paused(self, keys: Sequence[tuple[str, int]]) -> list[Claim]:
+        left = self.paused_for()
+        return [Claim(key, uid, Standing.WAITING, retry_in=left) for key, uid in keys]
+
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
+        self._start_beating()
         started = time.monotonic()
-        if started < self._paused_until:
-            return [Claim(key, uid, Standing.WAITING) for key, uid in keys]
+        if self._epoch is None:
+            # Knowing no epoch, this node cannot tell whether Redis lost claims a moment ago:
+            # it learns the epoch before it claims anything.
+            (epoch,) = await self._run([(self._epoch_script, [self._epoch_key], [])])
+            self._learn_epoch(epoch, started)
+        if time.monotonic() < self._paused_until:
+            return self._paused(keys)
         lease_ms = str(max(1, int(lease * 1000)))
+        done_ms = str(int(DONE_TTL * 1000))
         nonces = [self.nonce() for _ in keys]
         known = self._epoch or ""
-        calls: list[tuple[AsyncScript, str | list[str], list[str]]] = [(self._epoch_script, [self._epoch_key], [])]
+        calls: list[_Call] = [self._beat_call(), (self._epoch_script, [self._epoch_key], [])]
         calls += [
-            (self._claim, [key, self._epoch_key], [n, lease_ms, known])
+            (self._claim, [key, self._epoch_key, self._nodes_key], [n, lease_ms, known, self.token, done_ms])
             for (key, _), n in zip(keys, nonces, strict=True)
         ]
-        epoch, *answers = await self._run(calls)
-        assert isinstance(epoch, list)
-        born, now = _text(epoch[0]), int(_text(epoch[1]))
-        if self._epoch is not None and born != self._epoch:
-            # Long enough for every holder's next renewal, even one that first had to wait
-            # out a failed attempt (two timeouts) on the dead connection.
-            grace_ms = (lease / 3 + 2 * self._timeout + 1) * 1000
-            pause = (int(born) + grace_ms - now) / 1000
-            self._paused_until = started + max(0.0, pause)
-            _log.warning("Redis at %s lost its data: pausing claims %.1fs so holders can renew theirs", self.url,
-                         max(0.0, pause))  # fmt: skip
-        self._epoch = born
+        beat, epoch, *answers = await self._run(calls)
+        self._beaten(beat, started)
+        self._learn_epoch(epoch, started)
         claims = []
         for (key, uid), nonce, answer in zip(keys, nonces, answers, strict=True):
             assert isinstance(answer, list)
-            text = _text(answer[0])
-            standing = Standing.WAITING if text == "paused" else Standing(text)
-            attempts = int(_text(answer[1]))
+            text, attempts, ms, previous = (_text(part) for part in answer)
+            if text == "paused":
+                claims.append(Claim(key, uid, Standing.WAITING, retry_in=self.paused_for()))
+                continue
+            standing = Standing(text)
             if standing is Standing.CLAIMED:
-                claims.append(self._claimed(key, uid, nonce, attempts, lease, started))
+                claim = self._claimed(key, uid, nonce, int(attempts), lease, started)
+                claim.previous, claim.lapses = previous, self._lapses
+            elif standing is Standing.ORPHANED:
+                claim = Claim(key, uid, standing, f"d:{self.token}", previous=previous)
             else:
-                retry_in = int(_text(answer[2])) / 1000 if len(answer) > 2 else 0.0
-                claims.append(Claim(key, uid, standing, attempts=attempts, retry_in=retry_in))
+                claim = Claim(key, uid, standing, attempts=int(attempts), retry_in=int(ms or 0) / 1000)
+            claims.append(claim)
         return claims
 
     async def renew(self, claims: Sequence[Claim], lease: float) -> None:
         started = time.monotonic()
         lease_ms = str(max(1, int(lease * 1000)))
-        answers = await self._run([(self._renew, c.key, [c.value, lease_ms]) for c in claims])
+        beat, *answers = await self._run(
+            [self._beat_call()] + [(self._renew, c.key, [c.value, lease_ms]) for c in claims]
+        )
+        self._beaten(beat, started)
         for claim, answer in zip(claims, answers, strict=True):
             if answer == 1:
                 claim.deadline = started + lease * 0.9
+                claim.lapses = self._lapses
             else:
                 claim.lost = True
 
