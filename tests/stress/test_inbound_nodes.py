@@ -2,12 +2,14 @@
 
 Real servers throughout: a private Dovecot, a private Redis (restartable, no persistence, so a
 restart loses every claim), three Pigeon processes, and a webhook receiver that counts what it
-accepted by dedupe key. Mail is appended while the nodes run.
+accepted by dedupe key, when, and from which node. Mail is appended while the nodes run.
 
 * Plain run: exactly 2,000 handoffs for 2,000 messages, and the inbox ends with none unseen.
-* kill -9 of a node holding claims: its claims expire and the others take the messages over;
-  2,000 distinct dedupe keys arrive; the only duplicates are messages the dead node had handed
-  over but not yet marked done (at most its handoffs in flight), which the dedupe key catches.
+* kill -9 of a node holding claims: the others take the messages over; 2,000 distinct dedupe
+  keys arrive; the only duplicates are messages the dead node had handed over but not yet
+  marked done (at most its handoffs in flight), which the dedupe key catches.
+* kill -9 of a node holding a batch, with the default 60 s lease: the others take its messages
+  over within 10 s of the kill (its heartbeat stopped), whether they were idle or busy.
 * Redis restarted (empty) mid-run while the webhook answers 500 for 30 s: nothing is lost, and
   duplicates are possible only for handoffs in flight while Redis lost their claims.
 """
@@ -15,6 +17,7 @@ accepted by dedupe key. Mail is appended while the nodes run.
 from __future__ import annotations
 
 import collections
+import hashlib
 import random
 import threading
 import time
@@ -41,40 +44,49 @@ def mail(n: int) -> bytes:
     ).encode()
 
 
-def start_nodes(root: Path, dovecot: Dovecot, redis: RedisServer, app: WebhookApp) -> list[PigeonProcess]:
-    nodes = []
-    for n in range(NODES):
-        node = PigeonProcess(
-            root / f"node{n}",
-            node={"name": f"node{n}"},
-            redis={"url": redis.url, "timeout": "1s"},
-            target=[
-                {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "1s", "max_retry_interval": "4s"}
-            ],
-            mailbox=[
-                {
-                    "name": "support",
-                    "host": "127.0.0.1",
-                    "port": dovecot.port,
-                    "tls": "none",
-                    "username": "app",
-                    "password": "secret",
-                    "target": "hook",
-                    "lease": "5s",
-                    "batch": BATCH,
-                    "concurrency": CONCURRENCY,
-                    "poll_interval": "10s",
-                }
-            ],
-        )
-        nodes.append(node.start())
-    return nodes
+def node_config(
+    root: Path, n: int, dovecot: Dovecot, redis: RedisServer, app: WebhookApp, **mailbox: Any
+) -> PigeonProcess:
+    """Node `n` of the cluster: its webhook requests say which node it is (X-Test-Node)."""
+    box = {
+        "name": "support",
+        "host": "127.0.0.1",
+        "port": dovecot.port,
+        "tls": "none",
+        "username": "app",
+        "password": "secret",
+        "target": "hook",
+        "lease": "5s",
+        "batch": BATCH,
+        "concurrency": CONCURRENCY,
+        "poll_interval": "10s",
+        **mailbox,
+    }
+    hook = {"name": "hook", "kind": "webhook", "url": app.url, "retry_interval": "1s", "max_retry_interval": "4s",
+            "headers": {"X-Test-Node": f"node{n}"}}  # fmt: skip
+    return PigeonProcess(
+        root / f"node{n}",
+        node={"name": f"node{n}"},
+        redis={"url": redis.url, "timeout": "1s"},
+        target=[hook],
+        mailbox=[box],
+    )
 
 
-def append_while_running(dovecot: Dovecot, count: int = MESSAGES, chunk: int = 100) -> threading.Thread:
+def start_nodes(
+    root: Path, dovecot: Dovecot, redis: RedisServer, app: WebhookApp, **mailbox: Any
+) -> list[PigeonProcess]:
+    return [node_config(root, n, dovecot, redis, app, **mailbox).start() for n in range(NODES)]
+
+
+def append_while_running(
+    dovecot: Dovecot, count: int = MESSAGES, chunk: int = 100, *, first: int = 0
+) -> threading.Thread:
+    """mail(first) .. mail(first + count - 1), a chunk at a time, in a thread."""
+
     def run() -> None:
-        for start in range(0, count, chunk):
-            dovecot.append("app", [mail(i) for i in range(start, min(count, start + chunk))])
+        for start in range(first, first + count, chunk):
+            dovecot.append("app", [mail(i) for i in range(start, min(first + count, start + chunk))])
             time.sleep(0.05)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -146,6 +158,45 @@ def test_killing_a_node_that_holds_claims_loses_nothing(
     assert 0 <= duplicates <= CONCURRENCY, f"{duplicates} duplicates: more than the dead node had in flight"
     survivors = [r for node in nodes[1:] for r in node.records("InboundDelivery")]
     assert any(r["timestamp"] > killed_at for r in survivors)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_killed_holding_a_batch_is_taken_over_within_ten_seconds(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """The default 60 s lease, so only the dead node's missing heartbeat can free its claims
+    this soon. The others are idle (in IDLE) when it dies, then busy with new mail when its
+    heartbeat runs out: they must look at its messages again in time either way."""
+    held = [mail(i) for i in range(BATCH)]
+    keys = {hashlib.sha256(raw).hexdigest() for raw in held}
+    with WebhookApp() as app:
+        app.delay = 1.0  # the victim hands its batch over slowly, 8 a second ...
+        options = {"lease": "60s", "poll_interval": "60s"}
+        victim = node_config(tmp_path, 0, dovecot, redis_server, app, **options).start()
+        others = [node_config(tmp_path, n, dovecot, redis_server, app, **options) for n in range(1, NODES)]
+        nodes = [victim, *others]
+        try:
+            dovecot.append("app", held)
+            wait_until(lambda: mailbox_health(victim)["claims"] >= BATCH, 60, interval=0.01)
+            for node in others:
+                node.start()  # they find every message held by the victim, and idle
+            app.delay = 0.05  # ... the others, quickly
+            wait_until(lambda: app.accepted_from("node0") >= 1, 30, interval=0.01)
+            victim.kill()
+            killed_at = time.time()
+            appender = append_while_running(dovecot, 500, first=BATCH)
+            wait_until(lambda: keys <= set(app.first_arrivals()), 90)
+            all_handed_over(app, dovecot, appender, BATCH + 500, 120)
+        finally:
+            stop_all(nodes)
+    arrived = app.first_arrivals()
+    taken_over = [key for key in keys if arrived[key] > killed_at]
+    late = max(arrived[key] for key in keys) - killed_at
+    print(f"{len(taken_over)} of the victim's {BATCH} messages taken over, the last {late:.1f}s after the kill")
+    assert taken_over, "the victim had handed its whole batch over before it died"
+    assert late <= 10, f"the last of the dead node's messages arrived {late:.1f}s after the kill"
+    # Duplicates: only the victim's handoffs in flight (its requests the webhook still accepted).
+    assert sum(app.accepted.values()) - len(app.accepted) <= CONCURRENCY
 
 
 @pytest.mark.timeout(400)

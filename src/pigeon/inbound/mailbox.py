@@ -3,8 +3,9 @@
 One round:
  1. `UID SEARCH` the configured criteria (default UNSEEN);
  2. claim up to `batch` of the UIDs (see `arbitration`); a UID another node holds is left to
-    it, one whose handoff is done is acknowledged again (its holder may have died just after
-    the handoff), one refused for good gets the failure action;
+    it (and looked at again when its holder's heartbeat would run out, if it stops); one whose
+    handoff is done is acknowledged again (its holder may have died just after the handoff),
+    one refused for good gets the failure action;
  3. fetch the claimed messages with `BODY.PEEK[]`, which does not set \\Seen;
  4. hand them to the target (a batch at once where the target can);
  5. only for what the target accepted: mark the claim done, then acknowledge at the source
@@ -13,13 +14,16 @@ One round:
 Then round again while there is work; otherwise wait for the server's IDLE push (or poll).
 
 A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
-and the claim expires after its lease. The one duplicate a crash can make (the target accepted
-but the claim was not yet marked done) carries the same dedupe key.
+and a dead node's claims are taken over within seconds (its heartbeat stops). The one
+duplicate a crash can make (the target accepted but the claim was not yet marked done)
+carries the same dedupe key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import random
 import ssl
@@ -43,13 +47,14 @@ _FAILED_FLAG: Final = "$PigeonFailed"
 _MAX_RECONNECT_DELAY: Final = 60.0
 _STABLE_SESSION: Final = 30.0  # seconds a session must last for reconnecting to start over at 1 s
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
+_AFTER_HEARTBEAT: Final = 0.2  # ... or this long after its holder's heartbeat would run out
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
 _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
 
 
-def _still_ours(claim: Claim) -> bool:
-    return not claim.lost and claim.deadline > time.monotonic()
+def _chunks(uids: list[int], size: int) -> list[list[int]]:
+    return [uids[start : start + size] for start in range(0, len(uids), size)]
 
 
 def _by_bytes(claims: list[Claim], sizes: dict[int, int], budget: int) -> list[list[Claim]]:
@@ -230,6 +235,7 @@ class MailboxWatcher:
         uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG}")
         self.last_poll = time.time()
         self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
+        searched = set(uids)
         if not uids:
             self._elsewhere.clear()
             self._settled_before.clear()
@@ -243,10 +249,11 @@ class MailboxWatcher:
         waiting = len(candidates) < len(uids)
         # Nodes start at different places in the list, so they rarely reach for the same
         # messages; one node alone still takes the oldest first.
-        chunks = [candidates[start : start + config.batch] for start in range(0, len(candidates), config.batch)]
+        chunks = _chunks(candidates, config.batch)
         if len(chunks) > 1 and self._arbiter.shared:
             turn = random.randrange(len(chunks))
             chunks = chunks[turn:] + chunks[:turn]
+        pending = collections.deque(chunks)
         claimed: list[Claim] = []
         done: list[Claim] = []
         failed: list[Claim] = []
@@ -255,31 +262,18 @@ class MailboxWatcher:
         # a few seconds at most, so new mail is not kept waiting behind it.
         until = moment + _SEARCH_SERVES
         try:
-            for number, chunk in enumerate(chunks):
+            while pending:
                 if self._stopping or session.lost:
                     break
+                chunk = pending.popleft()
                 keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
                 answers = await self._arbiter.claim(keys, config.lease)
-                now = time.monotonic()
-                for claim in answers:
-                    if claim.standing is Standing.CLAIMED:
-                        claimed.append(claim)
-                        self.held[claim.key] = claim  # renewed from now on
-                    elif claim.standing in (Standing.DONE, Standing.FAILED) and claim.uid in self._settled_before:
-                        # Settled, yet still here a while later: its holder died before the
-                        # acknowledgement (or it failed). Finish the job; doing it twice is harmless.
-                        (done if claim.standing is Standing.DONE else failed).append(claim)
-                    else:
-                        waiting = True
-                        if claim.standing is Standing.WAITING:  # in backoff: nothing to do before it ends
-                            pause = max(_WAITING_PAUSE, claim.retry_in)
-                        else:  # another node holds it, or has just settled it and is acknowledging
-                            pause = min(_HELD_PAUSE, config.lease / 3)
-                            if claim.standing is not Standing.HELD:
-                                self._settled_before.add(claim.uid)
-                        self._elsewhere[claim.uid] = now + pause
-                last = number == len(chunks) - 1
-                if claimed and (len(claimed) >= config.batch or last):
+                waiting = self._sort(answers, claimed, done, failed) or waiting
+                if time.monotonic() < until:
+                    # Held elsewhere a moment ago and worth another look now (its holder may
+                    # have died): looked at within this round, not after the whole list.
+                    pending.extend(_chunks(self._due_again(searched), config.batch))
+                if claimed and (len(claimed) >= config.batch or not pending):
                     self._between_batches.clear()
                     worked = await self._hand_over(session, claimed) or worked
                     claimed = []
@@ -296,6 +290,46 @@ class MailboxWatcher:
         if failed:
             await self._at_source(session, self._fail_at_source, [c.uid for c in failed], "set aside")
         return worked, waiting
+
+    def _sort(self, answers: list[Claim], claimed: list[Claim], done: list[Claim], failed: list[Claim]) -> bool:
+        """File each claim's answer where it belongs; True if another node holds some."""
+        config = self.config
+        now = time.monotonic()
+        waiting = False
+        taken: collections.Counter[str] = collections.Counter()
+        for claim in answers:
+            standing = claim.standing
+            if standing is Standing.CLAIMED:
+                claimed.append(claim)
+                self.held[claim.key] = claim  # renewed from now on
+                if claim.previous:
+                    taken[claim.previous] += 1
+            elif standing in (Standing.DONE, Standing.FAILED) and claim.uid in self._settled_before:
+                # Settled, yet still here a while later: its holder died before the
+                # acknowledgement (or it failed). Finish the job; doing it twice is harmless.
+                (done if standing is Standing.DONE else failed).append(claim)
+            else:
+                waiting = True
+                if standing is Standing.WAITING:  # in backoff (or claims paused): nothing to do before it ends
+                    pause = max(_WAITING_PAUSE, claim.retry_in)
+                else:  # another node holds it, or has just settled it and is acknowledging
+                    pause = min(_HELD_PAUSE, config.lease / 3)
+                    if claim.retry_in > 0:  # its holder's heartbeat runs out then, if it stopped
+                        pause = min(pause, claim.retry_in + _AFTER_HEARTBEAT)
+                    if standing is not Standing.HELD:
+                        self._settled_before.add(claim.uid)
+                self._elsewhere[claim.uid] = now + pause
+        for node, count in taken.items():
+            _log.info("mailbox %s: took over %d messages from node %s, whose heartbeat stopped", config.name, count,
+                      node)  # fmt: skip
+        return waiting
+
+    def _due_again(self, searched: set[int]) -> list[int]:
+        now = time.monotonic()
+        due = [uid for uid, until in self._elsewhere.items() if until <= now and uid in searched]
+        for uid in due:
+            del self._elsewhere[uid]
+        return due
 
     async def _give_back(self, claims: list[Claim]) -> None:
         for claim in claims:
@@ -381,7 +415,7 @@ class MailboxWatcher:
         """
         target = self.target
         if target.batches:
-            ours = [_still_ours(c) for c, _ in ready]
+            ours = [self._arbiter.holds(c) for c, _ in ready]
             handed = [m for (_, m), mine in zip(ready, ours, strict=True) if mine]
             answers = iter(await target.deliver_many(handed) if handed else [])
             result = [next(answers) if mine else None for mine in ours]
@@ -393,7 +427,7 @@ class MailboxWatcher:
             async with gate:
                 # Checked per message: the last of a batch may start long after the first,
                 # and a lease that ran out meanwhile may be another node's claim by now.
-                if not _still_ours(claim):
+                if not self._arbiter.holds(claim):
                     return None
                 (answer,) = await target.deliver_many([message])
             if answer.accepted:
@@ -505,10 +539,15 @@ class MailboxWatcher:
 
     # --- leases ------------------------------------------------------------------------------
     async def _renew_forever(self) -> None:
+        """Every third of a lease, and at once when our heartbeat was found to have lapsed (a
+        claim may have been taken over meanwhile, or lost with Redis's data: this puts it
+        back, or finds it `lost`)."""
         interval = max(0.1, self.config.lease / 3)
         pause = interval
         while True:
-            await asyncio.sleep(pause)
+            lapse = self._arbiter.lapse_signal()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lapse.wait(), pause)
             pause = interval
             claims = list(self.held.values())
             if not claims:
