@@ -7,16 +7,34 @@ One round:
     handoff is done is acknowledged again (its holder may have died just after the handoff),
     one refused for good gets the failure action;
  3. fetch the claimed messages with `BODY.PEEK[]`, which does not set \\Seen;
- 4. hand them to the target (a batch at once where the target can);
- 5. only for what the target accepted: mark the claim done, then acknowledge at the source
-    (\\Seen, move, or delete and expunge). What it refused for now is given back with a
-    backoff every node respects; what it refused for good goes to the failed folder.
+ 4. hand them to the target, `concurrency` at a time (or a batch at once where it can);
+ 5. each accepted handoff has its claim marked done at once, and is committed with the
+    handoffs that completed meanwhile (`commit`): their InboundDelivery records
+    written and fsynced, then the messages acknowledged at the source (\\Seen, move, or
+    delete and expunge): one fsync and one IMAP command per group. What the target refused
+    for now is given back with a backoff every node respects; what it refused for good goes
+    to the failed folder (its record fsynced first).
 Then round again while there is work; otherwise wait for the server's IDLE push (or poll).
 
 A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
-and a dead node's claims are taken over within seconds (its heartbeat stops). The one
-duplicate a crash can make (the target accepted but the claim was not yet marked done)
-carries the same dedupe key.
+and a dead node's claims are taken over within seconds (its heartbeat stops).
+
+What a kill -9 can repeat: only handoffs in flight. A handoff keeps its place among the
+`concurrency` in flight (a batch target: its batch) from the request until its
+acknowledgement has been answered, so at any moment at most that many messages are accepted
+but not yet acknowledged. A node killed alone repeats, at most, those not yet marked done
+(the done mark tells the node that takes over to acknowledge only); a node killed with Redis,
+at most all of them. Each repeat carries the same dedupe key.
+
+Every handoff has its InboundDelivery record, across kill -9: the record is durable (the log
+fsynced) before the message is acknowledged, and a message the node died before acknowledging
+is found by the node that takes over its done mark (`Standing.ORPHANED`), which acknowledges
+it and writes the record on its behalf, `detail` starting with "recovered:". So each dedupe
+key the application received has at least one record; it has two (the second "recovered:")
+only when the node died in the instant between its fsync and its acknowledgement. A handoff
+repeated because its node died before marking it done is recorded by the node that repeated
+it (the first attempt, whose answer never arrived anywhere, has none). If the log cannot be
+fsynced (a failing disk), acknowledging goes on, and the error is logged.
 """
 
 from __future__ import annotations
@@ -24,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import random
 import ssl
@@ -33,6 +52,7 @@ from typing import Any, Final, TypeVar
 
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
+from pigeon.inbound.commit import Accepted, Commits
 from pigeon.inbound.imap import ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
@@ -108,6 +128,7 @@ class MailboxWatcher:
         self.held: dict[str, Claim] = {}
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
+        self._orphans: dict[str, Claim] = {}  # done marks taken from dead nodes, not yet recorded
         self._stopping = False
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
@@ -236,6 +257,7 @@ class MailboxWatcher:
         self.last_poll = time.time()
         self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
         searched = set(uids)
+        self._orphans = {key: claim for key, claim in self._orphans.items() if claim.uid in searched}
         if not uids:
             self._elsewhere.clear()
             self._settled_before.clear()
@@ -299,14 +321,23 @@ class MailboxWatcher:
         taken: collections.Counter[str] = collections.Counter()
         for claim in answers:
             standing = claim.standing
+            if standing is Standing.DONE and claim.key in self._orphans:
+                claim = self._orphans[claim.key]  # taken over earlier and not recorded yet
+                standing = claim.standing
             if standing is Standing.CLAIMED:
                 claimed.append(claim)
                 self.held[claim.key] = claim  # renewed from now on
                 if claim.previous:
                     taken[claim.previous] += 1
+            elif standing is Standing.ORPHANED:
+                # Handed over by a node that died before acknowledging it (maybe before
+                # recording it): fetched, recorded and acknowledged with the batch.
+                claimed.append(claim)
+                self._orphans[claim.key] = claim
+                taken[claim.previous] += 1
             elif standing in (Standing.DONE, Standing.FAILED) and claim.uid in self._settled_before:
-                # Settled, yet still here a while later: its holder died before the
-                # acknowledgement (or it failed). Finish the job; doing it twice is harmless.
+                # Settled, yet still here a while later: its holder failed to acknowledge it
+                # (or set it aside). Finish the job; doing it twice is harmless.
                 (done if standing is Standing.DONE else failed).append(claim)
             else:
                 waiting = True
@@ -358,37 +389,51 @@ class MailboxWatcher:
         return f"inbound:{self.identity}:"
 
     async def _hand_over(self, session: ImapSession, claims: list[Claim]) -> bool:
-        """Fetch, hand over and settle a batch of claimed messages. False if none was there."""
+        """Fetch, hand over and settle a batch of claimed messages (and record and acknowledge
+        the orphaned ones among them). False if none was there."""
         config = self.config
         # Acknowledged by another node since our search (seen there, or moved or deleted: then
         # not there at all) is not ours to hand over: after Redis lost the "done" marks, the
         # claim alone would not know.
         seen = ("\\Seen",) if config.after_delivery == "seen" else ()
         sizes = await session.sizes([c.uid for c in claims], unless=(*seen, _FAILED_FLAG))
+        orphans = [c for c in claims if c.standing is Standing.ORPHANED]
+        for claim in orphans:
+            if claim.uid not in sizes:  # its node acknowledged it after all (its record came first)
+                del self._orphans[claim.key]
+        claims = [c for c in claims if c.standing is Standing.CLAIMED]
         gone = [c for c in claims if c.uid not in sizes]
         too_big = [c for c in claims if sizes.get(c.uid, 0) > config.max_message_size]
         wanted = [c for c in claims if c.uid in sizes and sizes[c.uid] <= config.max_message_size]
         await self._give_back(gone)
+        orphans = [c for c in orphans if c.uid in sizes]
         bodies: dict[int, bytes] = {}
-        for group in _by_bytes(wanted, sizes, _FETCH_BUDGET):
+        for group in _by_bytes(orphans + wanted, sizes, _FETCH_BUDGET):
             bodies.update(await session.fetch([c.uid for c in group]))
         now = time.time()
         ready: list[tuple[Claim, InboundMessage]] = []
-        for claim in wanted:
+        recovered: list[Accepted] = []
+        for claim in orphans + wanted:
             raw = bodies.get(claim.uid)
             if raw is None:
-                await self._give_back([claim])
-                continue
+                if claim.standing is Standing.CLAIMED:
+                    await self._give_back([claim])
+                continue  # an orphan stays one: tried again next round
             message = InboundMessage.of(
                 raw, self.source, now, mailbox=self.identity, uidvalidity=session.uidvalidity, uid=claim.uid
             )
-            ready.append((claim, message))
-        started = time.monotonic()
-        answers = await self._deliver(ready) if ready else []
-        duration = (time.monotonic() - started) / max(1, len(ready))
+            if claim.standing is Standing.ORPHANED:
+                detail = f"recovered: handed over by node {claim.previous}, which stopped before acknowledging it"
+                recovered.append(Accepted(claim, message, Handoff(Verdict.ACCEPTED, detail)))
+            else:
+                ready.append((claim, message))
+        commits = Commits(session, functools.partial(self._commit, session))
+        await commits.add(recovered)
+        answers = await self._deliver(ready, commits) if ready else []
+        for uids, error in commits.check():
+            _log.warning("mailbox %s: cannot acknowledge UIDs %s: %s", config.name, uid_set(uids), error)
         settled = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a is not None]
         await self._give_back([c for (c, _), a in zip(ready, answers, strict=True) if a is None])
-        accepted = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.ACCEPTED]
         later = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.TRANSIENT]
         never = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.PERMANENT]
         for claim in too_big:
@@ -398,28 +443,32 @@ class MailboxWatcher:
             never.append((claim, stub, answer))
         if later:
             await self._settle_later(later)
-        if accepted:
-            await self._settle_accepted(session, accepted, duration)
         if never:
             await self._settle_never(session, never)
-        return bool(settled or too_big)
+        return bool(settled or too_big or recovered)
 
-    async def _deliver(self, ready: list[tuple[Claim, InboundMessage]]) -> list[Handoff | None]:
-        """Hand the messages over, marking each claim done as soon as its handoff is accepted.
+    async def _deliver(self, ready: list[tuple[Claim, InboundMessage]], commits: Commits) -> list[Handoff | None]:
+        """Hand the messages over; each accepted one is committed (recorded, marked done,
+        acknowledged) before its place among those in flight is free again.
 
-        The time between the target accepting and the claim saying so is the one window in
-        which a node's death makes a duplicate. A target that takes a batch in one step
-        (Sidekiq, PostgreSQL) is marked done right after it; one taking a request per message
-        (webhook, Maildir) has each marked as it completes, so the window holds only what is
-        in flight, not the whole batch.
+        A target that takes a batch in one step (Sidekiq, PostgreSQL) is committed as one
+        group right after it; one taking a request per message (webhook, Maildir) has each
+        committed as it completes, with whatever completed meanwhile. None: not handed over
+        (the claim is not ours any more, or the session was lost), to be given back.
         """
         target = self.target
+        holds = self._arbiter.holds
         if target.batches:
-            ours = [self._arbiter.holds(c) for c, _ in ready]
+            ours = [holds(c) for c, _ in ready]
             handed = [m for (_, m), mine in zip(ready, ours, strict=True) if mine]
+            started = time.monotonic()
             answers = iter(await target.deliver_many(handed) if handed else [])
+            duration = (time.monotonic() - started) / max(1, len(handed))
             result = [next(answers) if mine else None for mine in ours]
-            await self._mark_done([c for (c, _), a in zip(ready, result, strict=True) if a is not None and a.accepted])
+            accepted = [
+                Accepted(c, m, a, duration) for (c, m), a in zip(ready, result, strict=True) if a and a.accepted
+            ]
+            await self._settle_accepted(accepted, commits)
             return result
         gate = asyncio.Semaphore(self.config.concurrency)
 
@@ -427,14 +476,44 @@ class MailboxWatcher:
             async with gate:
                 # Checked per message: the last of a batch may start long after the first,
                 # and a lease that ran out meanwhile may be another node's claim by now.
-                if not self._arbiter.holds(claim):
+                if not commits.usable or not holds(claim):
                     return None
+                started = time.monotonic()
                 (answer,) = await target.deliver_many([message])
-            if answer.accepted:
-                await self._mark_done([claim])
+                if answer.accepted:
+                    await self._settle_accepted([Accepted(claim, message, answer, time.monotonic() - started)], commits)
             return answer
 
         return list(await asyncio.gather(*(one(c, m) for c, m in ready)))
+
+    async def _settle_accepted(self, accepted: list[Accepted], commits: Commits) -> None:
+        """Mark the claims done at once (the time between the target accepting and the claim
+        saying so is when a node's death alone makes a duplicate), while the handoffs are
+        committed with whatever else completed meanwhile."""
+        claims = [a.claim for a in accepted]
+        for claim in claims:
+            self.held.pop(claim.key, None)  # marked done: nothing left to renew
+        # The order of the two does not matter: a node that takes over a claim whose message
+        # was acknowledged already finds it seen (or gone) and leaves it.
+        await asyncio.gather(self._mark_done(claims), commits.add(accepted))
+
+    async def _commit(self, session: ImapSession, group: list[Accepted]) -> None:
+        """Make a group of accepted handoffs' records durable (one fsync), then acknowledge the
+        messages at the source (one command): a node that dies at any point leaves either a
+        record, or a done mark whose taker writes the record (or a claim whose taker hands the
+        message over again, and records that)."""
+        action = self._ack_action()
+        for accepted in group:
+            duration = None if accepted.duration is None else round(accepted.duration, 6)
+            claim, message, answer = accepted.claim, accepted.message, accepted.answer
+            self._log.write(
+                self._record(InboundDelivery, claim, message, answer, duration=duration, acknowledged=action)
+            )
+        self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
+        await self._sync_log()
+        for accepted in group:
+            self._orphans.pop(accepted.claim.key, None)
+        await self._acknowledge(session, [a.claim.uid for a in group])
 
     async def _mark_done(self, claims: list[Claim]) -> None:
         if not claims:
@@ -446,29 +525,14 @@ class MailboxWatcher:
             # the message from being handed over again.
             _log.warning("mailbox %s: could not mark handoffs done: %s", self.config.name, error)
 
-    async def _settle_accepted(
-        self, session: ImapSession, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float
-    ) -> None:
-        for claim, _, _ in accepted:
-            self.held.pop(claim.key, None)  # marked done: nothing left to renew
-        acknowledged = "pending"
+    async def _sync_log(self) -> None:
         try:
-            acknowledged = await self._acknowledge(session, [c.uid for c, _, _ in accepted])
-        finally:
-            # Logged even if the acknowledgement failed: the application has these messages.
-            self._log_accepted(accepted, duration, acknowledged)
-
-    def _log_accepted(
-        self, accepted: list[tuple[Claim, InboundMessage, Handoff]], duration: float, acknowledged: str
-    ) -> None:
-        counter = self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered")
-        counter.inc(len(accepted))
-        for claim, message, answer in accepted:
-            self._log.write(
-                self._record(
-                    InboundDelivery, claim, message, answer, duration=round(duration, 6), acknowledged=acknowledged
-                )
-            )
+            await self._log.sync()
+        except OSError as error:
+            # The application has the messages: holding their acknowledgement back until the
+            # log disk is fixed would hand them over again and again. Said loudly instead.
+            _log.error("mailbox %s: inbound records may not be durable, acknowledging anyway: %s",
+                       self.config.name, error)  # fmt: skip
 
     async def _settle_later(self, later: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
         first, cap = self._retry
@@ -486,19 +550,19 @@ class MailboxWatcher:
 
     async def _settle_never(self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
         # Marked failed first: if setting it aside fails, the next round (ours or another
-        # node's) finds the mark and sets it aside without handing it over again.
+        # node's) finds the mark and sets it aside without handing it over again. And
+        # recorded durably first, as a delivery is: a message set aside has its record.
         for claim, _, _ in never:
             self.held.pop(claim.key, None)
-        try:
-            await self._arbiter.failed([c for c, _, _ in never])
-        except ArbitrationUnavailable:
-            pass
-        action = await self._fail_at_source(session, [c.uid for c, _, _ in never])
-        self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
+        action = self._failure_action()
         for claim, message, answer in never:
             _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
                          self.target.name, answer.detail)  # fmt: skip
             self._log.write(self._record(InboundFailure, claim, message, answer, permanent=True, action=action))
+        self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
+        with contextlib.suppress(ArbitrationUnavailable):
+            await asyncio.gather(self._arbiter.failed([c for c, _, _ in never]), self._sync_log())
+        await self._fail_at_source(session, [c.uid for c, _, _ in never])
 
     def _record(
         self, kind: type[_Record], claim: Claim, message: InboundMessage, answer: Handoff, **extra: Any
@@ -518,24 +582,34 @@ class MailboxWatcher:
             **extra,
         )
 
+    def _ack_action(self) -> str:
+        """What acknowledging a message at the source does, as its record says it."""
+        config = self.config
+        if config.after_delivery == "move" and config.move_to:
+            return f"moved to {config.move_to}"
+        return "deleted" if config.after_delivery == "delete" else "seen"
+
     async def _acknowledge(self, session: ImapSession, uids: Sequence[int]) -> str:
         config = self.config
         if config.after_delivery == "move" and config.move_to:
             await session.move(uids, config.move_to)
-            return f"moved to {config.move_to}"
-        if config.after_delivery == "delete":
+        elif config.after_delivery == "delete":
             await session.delete(uids)
-            return "deleted"
-        await session.flag(uids, "\\Seen")
-        return "seen"
+        else:
+            await session.flag(uids, "\\Seen")
+        return self._ack_action()
+
+    def _failure_action(self) -> str:
+        folder = self.config.failed_folder
+        return f"moved to {folder}" if folder else f"flagged \\Seen {_FAILED_FLAG}"
 
     async def _fail_at_source(self, session: ImapSession, uids: Sequence[int]) -> str:
         folder = self.config.failed_folder
         if folder:
             await session.move(uids, folder)
-            return f"moved to {folder}"
-        await session.flag(uids, f"\\Seen {_FAILED_FLAG}")
-        return f"flagged \\Seen {_FAILED_FLAG}"
+        else:
+            await session.flag(uids, f"\\Seen {_FAILED_FLAG}")
+        return self._failure_action()
 
     # --- leases ------------------------------------------------------------------------------
     async def _renew_forever(self) -> None:

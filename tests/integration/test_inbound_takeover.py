@@ -1,0 +1,66 @@
+"""What a node finds in Redis after another node died, against real servers: a private
+Dovecot and Redis, a webhook receiver, and Pigeon as a process.
+
+A dead node is played by writing what it leaves behind into Redis (a claim, a done mark) under
+a token whose heartbeat has run out, so each case happens every time rather than when a
+kill -9 lands at the right instant (tests/stress/test_inbound_nodes.py has the kills).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+from tests.support.apps import (
+    WebhookApp,
+    customer_mail,
+    imap_mailbox,
+    redis_in_use_for_a_while,
+    webhook_target,
+)
+from tests.support.process import PigeonProcess
+from tests.support.services import Dovecot, RedisServer
+from tests.support.sinks import wait_until
+
+DEAD = "hdeadbeefdeadbeef"  # a node token ("h": it kept a heartbeat) that has none any more
+
+
+def claim_key(dovecot: Dovecot, uid: int) -> str:
+    """The Redis key a node claims UID `uid` of the test user's INBOX under."""
+    return f"pigeon:inbound:app@127.0.0.1:{dovecot.port}/INBOX:{dovecot.uidvalidity('app')}:{uid}"
+
+
+def test_a_dead_node_s_claim_is_taken_over_at_once_and_its_done_mark_acknowledged_and_recorded(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    held, handed, fresh = (customer_mail(i) for i in range(3))
+    uids = dovecot.append("app", [held, handed, fresh])
+    redis_in_use_for_a_while(redis_server)
+    client = redis_server.client()
+    # The dead node held the first message (its second attempt, with the default 60 s lease),
+    # and had handed the second over, marked it done, and died before acknowledging it.
+    client.set(claim_key(dovecot, uids[0]), f"c:{DEAD}.7:1", px=60_000)
+    client.set(claim_key(dovecot, uids[1]), f"d:{DEAD}", px=86_400_000)
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook")  # lease: the default 60 s
+        with PigeonProcess(
+            tmp_path / "p", redis={"url": redis_server.url}, target=[webhook_target(app)], mailbox=[box]
+        ) as node:
+            started = time.monotonic()
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+            took = time.monotonic() - started
+            records = node.wait_records("InboundDelivery", 3)
+    key = {raw: hashlib.sha256(raw).hexdigest() for raw in (held, handed, fresh)}
+    assert took < 20, f"{took:.1f}s: the dead node's claim waited for its lease"
+    # The held message and the fresh one were handed over; the handed one was not again.
+    assert set(app.accepted) == {key[held], key[fresh]}
+    assert sum(app.accepted.values()) == 2
+    by_key = {r["dedupe_key"]: r for r in records}
+    assert set(by_key) == set(key.values())
+    assert by_key[key[held]]["attempt"] == 2  # the dead node's attempt counted
+    recovered = by_key[key[handed]]
+    assert recovered["detail"].startswith(f"recovered: handed over by node {DEAD}")
+    assert (recovered["uid"], recovered["acknowledged"]) == (uids[1], "seen")
+    assert not by_key[key[fresh]]["detail"].startswith("recovered")
+    assert client.get(claim_key(dovecot, uids[1])).decode().startswith("d:h")  # done, by the live node now
