@@ -125,7 +125,8 @@ async def test_a_dead_node_s_done_mark_is_taken_over_once_to_be_acknowledged_and
     one, two = nodes
     (claim,) = await one.claim(KEYS[:1], 60)
     await one.done([claim])
-    assert (await two.claim(KEYS[:1], 60))[0].standing is Standing.DONE  # `one` acknowledges it
+    (done,) = await two.claim(KEYS[:1], 60)
+    assert (done.standing, done.holder) == (Standing.DONE, one.token)  # `one` acknowledges it: left to it
     heartbeat_runs_out(redis_server, one.token)  # `one` died before it did
     (orphan,) = await two.claim(KEYS[:1], 60)
     assert (orphan.standing, orphan.previous) == (Standing.ORPHANED, one.token)

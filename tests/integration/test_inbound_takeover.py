@@ -64,3 +64,42 @@ def test_a_dead_node_s_claim_is_taken_over_at_once_and_its_done_mark_acknowledge
     assert (recovered["uid"], recovered["acknowledged"]) == (uids[1], "seen")
     assert not by_key[key[fresh]]["detail"].startswith("recovered")
     assert client.get(claim_key(dovecot, uids[1])).decode().startswith("d:h")  # done, by the live node now
+
+
+def test_a_live_node_s_done_mark_is_left_to_it_and_recorded_by_whoever_takes_it_once_it_dies(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """A node that marked a handoff done may not have written its record yet: acknowledging
+    the message for it while it lives (as a done mark seen twice used to be) would leave the
+    handoff without a record if it then died."""
+    live = "hfeedfacefeedface"
+    raw = customer_mail(0)
+    (uid,) = dovecot.append("app", [raw])
+    redis_in_use_for_a_while(redis_server)
+    client = redis_server.client()
+    client.set(claim_key(dovecot, uid), f"d:{live}", px=86_400_000)
+    heartbeat_runs_out_in(redis_server, live, 60_000)
+    with (
+        WebhookApp() as app,
+        PigeonProcess(
+            tmp_path / "p",
+            redis={"url": redis_server.url},
+            target=[webhook_target(app)],
+            mailbox=[imap_mailbox(dovecot, "hook")],
+        ) as node,
+    ):
+        time.sleep(5)  # several looks at it, 2 s apart
+        assert dovecot.unseen("app") == [uid], "acknowledged behind the back of the node that handed it over"
+        heartbeat_runs_out_in(redis_server, live, 0)  # it dies before acknowledging
+        wait_until(lambda: not dovecot.unseen("app"), 15)
+        (record,) = node.wait_records("InboundDelivery", 1)
+    assert not app.accepted  # not handed over again
+    assert record["detail"].startswith(f"recovered: handed over by node {live}")
+    assert record["dedupe_key"] == hashlib.sha256(raw).hexdigest()
+
+
+def heartbeat_runs_out_in(redis_server: RedisServer, token: str, ms: int) -> None:
+    """Set node `token`'s heartbeat to run out `ms` from now (Redis clock)."""
+    client = redis_server.client()
+    now, micros = client.time()
+    client.hset("pigeon:inbound:nodes", token, int(now * 1000 + micros // 1000 + ms))

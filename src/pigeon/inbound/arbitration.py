@@ -107,8 +107,9 @@ class Claim:
     attempts: int = 0  # failed attempts before this one
     deadline: float = 0.0  # monotonic: past it, the lease may be someone else's
     lost: bool = False
-    retry_in: float = 0.0  # WAITING: seconds until its backoff ends; HELD: until its holder's heartbeat does
+    retry_in: float = 0.0  # WAITING: seconds until its backoff ends; HELD, DONE: until its node's heartbeat does
     previous: str = ""  # CLAIMED, ORPHANED: the dead node whose claim or done mark this was
+    holder: str = ""  # HELD, DONE: the live node holding or having settled it ("": one without heartbeat)
     lapses: int = 0  # the arbiter's lapse count when this claim was last verified (see `holds`)
 
 
@@ -148,9 +149,10 @@ return 0
 # KEYS[1] claim key, KEYS[2] epoch key, KEYS[3] nodes hash; ARGV: nonce, lease ms, the epoch
 # the caller knows ('' for none), the caller's token, ms a done mark lasts. Returns the
 # standing, the attempt count, ms (until a backoff ends, or until the holder's heartbeat runs
-# out) and the dead node a claim or done mark was taken from. A caller that knew another epoch
-# is refused ("paused"): Redis lost its claims, and holders must first have time to put theirs
-# back. A claim or done mark whose node's heartbeat ran out is taken over at once.
+# out) and a node: the dead one a claim or done mark was taken from, or the live one holding
+# or having settled it. A caller that knew another epoch is refused ("paused"): Redis lost its
+# claims, and holders must first have time to put theirs back. A claim or done mark whose
+# node's heartbeat ran out is taken over at once.
 _CLAIM: Final = """
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return {'paused', '0', '', ''} end
 local t = redis.call('TIME')
@@ -179,10 +181,7 @@ if v then
         previous = holder
       end
     end
-    if previous == '' then
-      if kind == 'd' then return {'done', '0', '', ''} end
-      return {'held', '0', tostring(left), ''}
-    end
+    if previous == '' then return {kind == 'd' and 'done' or 'held', '0', tostring(left), holder or ''} end
   end
 end
 redis.call('SET', KEYS[1], 'c:' .. ARGV[1] .. ':' .. attempts, 'PX', ARGV[2])
@@ -431,6 +430,8 @@ class RedisArbiter(Arbiter):
                 claim = Claim(key, uid, standing, f"d:{self.token}", previous=previous)
             else:
                 claim = Claim(key, uid, standing, attempts=int(attempts), retry_in=int(ms or 0) / 1000)
+                if standing in (Standing.HELD, Standing.DONE):
+                    claim.holder = previous
             claims.append(claim)
         return claims
 

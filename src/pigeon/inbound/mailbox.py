@@ -335,9 +335,16 @@ class MailboxWatcher:
                 claimed.append(claim)
                 self._orphans[claim.key] = claim
                 taken[claim.previous] += 1
-            elif standing in (Standing.DONE, Standing.FAILED) and claim.uid in self._settled_before:
-                # Settled, yet still here a while later: its holder failed to acknowledge it
-                # (or set it aside). Finish the job; doing it twice is harmless.
+            elif (
+                standing in (Standing.DONE, Standing.FAILED)
+                and claim.uid in self._settled_before
+                and claim.holder in ("", self._arbiter.token)
+            ):
+                # Settled, yet still here a while later: by us, and acknowledging it failed
+                # (then its record is written), or by a node without heartbeat. Finish the job;
+                # doing it twice is harmless. A live node's done mark is left to that node,
+                # which may be about to write its record: if it dies first, the mark is
+                # ORPHANED and whoever takes it writes the record.
                 (done if standing is Standing.DONE else failed).append(claim)
             else:
                 waiting = True
@@ -345,7 +352,7 @@ class MailboxWatcher:
                     pause = max(_WAITING_PAUSE, claim.retry_in)
                 else:  # another node holds it, or has just settled it and is acknowledging
                     pause = min(_HELD_PAUSE, config.lease / 3)
-                    if claim.retry_in > 0:  # its holder's heartbeat runs out then, if it stopped
+                    if claim.retry_in > 0:  # its node's heartbeat runs out then, if it stopped
                         pause = min(pause, claim.retry_in + _AFTER_HEARTBEAT)
                     if standing is not Standing.HELD:
                         self._settled_before.add(claim.uid)
@@ -560,6 +567,7 @@ class MailboxWatcher:
                          self.target.name, answer.detail)  # fmt: skip
             self._log.write(self._record(InboundFailure, claim, message, answer, permanent=True, action=action))
         self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
+        self._log.flush()  # in the file before the failed mark, which lets others set it aside
         with contextlib.suppress(ArbitrationUnavailable):
             await asyncio.gather(self._arbiter.failed([c for c, _, _ in never]), self._sync_log())
         await self._fail_at_source(session, [c.uid for c, _, _ in never])
