@@ -9,32 +9,36 @@ One round:
  3. fetch the claimed messages with `BODY.PEEK[]`, which does not set \\Seen;
  4. hand them to the target, `concurrency` at a time (or a batch at once where it can);
  5. each accepted handoff has its claim marked done at once, and is committed with the
-    handoffs that completed meanwhile (`commit`): their InboundDelivery records
-    written and fsynced, then the messages acknowledged at the source (\\Seen, move, or
-    delete and expunge): one fsync and one IMAP command per group. What the target refused
-    for now is given back with a backoff every node respects; what it refused for good goes
-    to the failed folder (its record fsynced first).
+    handoffs that completed meanwhile (`commit`): their InboundDelivery records written to
+    the log file, then the messages acknowledged at the source (\\Seen, move, or delete and
+    expunge), one IMAP command per group; the log is fsynced once per batch, in the
+    background. What the target refused for now is given back with a backoff every node
+    respects; what it refused for good goes to the failed folder (its record fsynced first).
 Then round again while there is work; otherwise wait for the server's IDLE push (or poll).
 
 A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
 and a dead node's claims are taken over within seconds (its heartbeat stops).
 
-What a kill -9 can repeat: only handoffs in flight. A handoff keeps its place among the
-`concurrency` in flight (a batch target: its batch) from the request until its
-acknowledgement has been answered, so at any moment at most that many messages are accepted
-but not yet acknowledged. A node killed alone repeats, at most, those not yet marked done
-(the done mark tells the node that takes over to acknowledge only); a node killed with Redis,
-at most all of them. Each repeat carries the same dedupe key.
+What a kill -9 can repeat: only handoffs in flight. A mailbox makes at most `concurrency`
+requests to its target at once, and starts none while twice `concurrency` handoffs are between
+their request and the server's answer to their acknowledgement (a batch target: one batch at
+a time). A node killed alone repeats, at most, those not yet marked done (the done mark tells
+the node that takes over to acknowledge only); a node killed with Redis, at most all of them.
+Each repeat carries the same dedupe key.
 
-Every handoff has its InboundDelivery record, across kill -9: the record is durable (the log
-fsynced) before the message is acknowledged, and a message the node died before acknowledging
-is found by the node that takes over its done mark (`Standing.ORPHANED`), which acknowledges
-it and writes the record on its behalf, `detail` starting with "recovered:". So each dedupe
-key the application received has at least one record; it has two (the second "recovered:")
-only when the node died in the instant between its fsync and its acknowledgement. A handoff
-repeated because its node died before marking it done is recorded by the node that repeated
-it (the first attempt, whose answer never arrived anywhere, has none). If the log cannot be
-fsynced (a failing disk), acknowledging goes on, and the error is logged.
+Every handoff has its InboundDelivery record across kill -9: the record is in the log file
+(written: the kernel has it, whatever becomes of this process) before the message is
+acknowledged, and a message the node died before acknowledging is found by the node that
+takes over its done mark (`Standing.ORPHANED`), which acknowledges it and writes the record on
+its behalf, `detail` starting with "recovered:". So each dedupe key the application received
+has at least one record; it has two (the second "recovered:") only when the node died in the
+instant between writing its record and acknowledging. A handoff repeated because its node died
+before marking it done is recorded by the node that repeated it (the first attempt, whose
+answer never arrived anywhere, has none). The log is fsynced once per batch, in the
+background, and when the watcher stops: a crash of the whole machine (power loss) can lose
+the records of the handoffs acknowledged since the last fsync, about the last batch. If the
+log cannot be written or fsynced (a failing disk), acknowledging goes on, and the error is
+logged.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from typing import Any, Final, TypeVar
 
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
-from pigeon.inbound.commit import Accepted, Commits
+from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
@@ -71,6 +75,7 @@ _AFTER_HEARTBEAT: Final = 0.2  # ... or this long after its holder's heartbeat w
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
 _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
+_COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 
 
 def _chunks(uids: list[int], size: int) -> list[list[int]]:
@@ -129,6 +134,8 @@ class MailboxWatcher:
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
         self._orphans: dict[str, Claim] = {}  # done marks taken from dead nodes, not yet recorded
+        self._dones: GroupCommit[Claim] = GroupCommit(self._mark_done)  # marked as soon as accepted
+        self._syncs = BackgroundSync(self._sync_log)  # one fsync of the log per batch, off its path
         self._stopping = False
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
@@ -176,6 +183,7 @@ class MailboxWatcher:
         finally:
             # Claims in hand were given back by the round that took them (see `_round`).
             renewer.cancel()
+            await self._syncs.wait()  # the last batch's records, on disk before we go
 
     async def stop(self, grace: float) -> None:
         """Finish the batch in hand (up to `grace` seconds); the caller then cancels `run`."""
@@ -434,9 +442,16 @@ class MailboxWatcher:
                 recovered.append(Accepted(claim, message, Handoff(Verdict.ACCEPTED, detail)))
             else:
                 ready.append((claim, message))
-        commits = Commits(session, functools.partial(self._commit, session))
+        # Acknowledged at once when idle; under load at most every _COMMIT_WINDOW, or as soon
+        # as half as many handoffs as may run at once wait for it.
+        enough = max(1, config.concurrency // 2)
+        commits = Commits(session, functools.partial(self._commit, session), window=_COMMIT_WINDOW, enough=enough)
         await commits.add(recovered)
-        answers = await self._deliver(ready, commits) if ready else []
+        try:
+            answers = await self._deliver(ready, commits) if ready else []
+        finally:
+            if recovered or ready:
+                self._syncs.soon()  # one fsync for the batch's records, off the handoffs' path
         for uids, error in commits.check():
             _log.warning("mailbox %s: cannot acknowledge UIDs %s: %s", config.name, uid_set(uids), error)
         settled = [(c, m, a) for (c, m), a in zip(ready, answers, strict=True) if a is not None]
@@ -455,8 +470,8 @@ class MailboxWatcher:
         return bool(settled or too_big or recovered)
 
     async def _deliver(self, ready: list[tuple[Claim, InboundMessage]], commits: Commits) -> list[Handoff | None]:
-        """Hand the messages over; each accepted one is committed (recorded, marked done,
-        acknowledged) before its place among those in flight is free again.
+        """Hand the messages over; each accepted one is marked done and committed (recorded,
+        acknowledged) with whatever else completed meanwhile.
 
         A target that takes a batch in one step (Sidekiq, PostgreSQL) is committed as one
         group right after it; one taking a request per message (webhook, Maildir) has each
@@ -477,16 +492,21 @@ class MailboxWatcher:
             ]
             await self._settle_accepted(accepted, commits)
             return result
+        # `concurrency` requests to the target at once, and no new one while twice that many
+        # handoffs are between their request and their acknowledgement: commits overlap new
+        # requests, and what a kill can repeat stays bounded.
         gate = asyncio.Semaphore(self.config.concurrency)
+        in_flight = asyncio.Semaphore(2 * self.config.concurrency)
 
         async def one(claim: Claim, message: InboundMessage) -> Handoff | None:
-            async with gate:
-                # Checked per message: the last of a batch may start long after the first,
-                # and a lease that ran out meanwhile may be another node's claim by now.
-                if not commits.usable or not holds(claim):
-                    return None
-                started = time.monotonic()
-                (answer,) = await target.deliver_many([message])
+            async with in_flight:
+                async with gate:
+                    # Checked per message: the last of a batch may start long after the first,
+                    # and a lease that ran out meanwhile may be another node's claim by now.
+                    if not commits.usable or not holds(claim):
+                        return None
+                    started = time.monotonic()
+                    (answer,) = await target.deliver_many([message])
                 if answer.accepted:
                     await self._settle_accepted([Accepted(claim, message, answer, time.monotonic() - started)], commits)
             return answer
@@ -495,20 +515,19 @@ class MailboxWatcher:
 
     async def _settle_accepted(self, accepted: list[Accepted], commits: Commits) -> None:
         """Mark the claims done at once (the time between the target accepting and the claim
-        saying so is when a node's death alone makes a duplicate), while the handoffs are
-        committed with whatever else completed meanwhile."""
+        saying so is when a node's death alone makes a duplicate: one Redis round trip, shared
+        by what completed meanwhile), then commit the handoffs with whatever else completed."""
         claims = [a.claim for a in accepted]
         for claim in claims:
             self.held.pop(claim.key, None)  # marked done: nothing left to renew
-        # The order of the two does not matter: a node that takes over a claim whose message
-        # was acknowledged already finds it seen (or gone) and leaves it.
-        await asyncio.gather(self._mark_done(claims), commits.add(accepted))
+        await self._dones.add(claims)
+        await commits.add(accepted)
 
     async def _commit(self, session: ImapSession, group: list[Accepted]) -> None:
-        """Make a group of accepted handoffs' records durable (one fsync), then acknowledge the
-        messages at the source (one command): a node that dies at any point leaves either a
+        """Write a group of accepted handoffs' records to the log file, then acknowledge the
+        messages at the source (one command). A node killed at any point leaves either a
         record, or a done mark whose taker writes the record (or a claim whose taker hands the
-        message over again, and records that)."""
+        message over again, and records that). The fsync comes once per batch (`_hand_over`)."""
         action = self._ack_action()
         for accepted in group:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
@@ -517,7 +536,7 @@ class MailboxWatcher:
                 self._record(InboundDelivery, claim, message, answer, duration=duration, acknowledged=action)
             )
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
-        await self._sync_log()
+        self._log.flush()  # in the file: what the death of this process cannot take back
         for accepted in group:
             self._orphans.pop(accepted.claim.key, None)
         await self._acknowledge(session, [a.claim.uid for a in group])

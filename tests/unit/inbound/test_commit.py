@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pigeon.inbound.commit import GroupCommit
+from pigeon.inbound.commit import BackgroundSync, GroupCommit
 
 
 class Recorder:
@@ -72,3 +72,38 @@ async def test_an_idle_group_commits_each_item_at_once() -> None:
     for n in range(3):
         await group.add([n])
     assert commit.groups == [[0], [1], [2]]
+
+
+async def test_under_load_commits_wait_for_the_window_unless_enough_have_gathered() -> None:
+    window = 0.3
+    commit = Recorder()
+    commit.release.set()
+    slow: GroupCommit[int] = GroupCommit(commit, window=window, enough=3)
+    loop = asyncio.get_running_loop()
+    await slow.add([1])  # idle: at once
+    started = loop.time()
+    await asyncio.gather(slow.add([2]), slow.add([3]))  # within the window: they wait for it, together
+    assert loop.time() - started >= window * 0.9
+    started = loop.time()
+    await asyncio.gather(slow.add([4]), slow.add([5]), slow.add([6]))  # enough: at once
+    assert loop.time() - started < window / 2
+    assert commit.groups == [[1], [2, 3], [4, 5, 6]]
+
+
+async def test_a_background_sync_asked_for_while_one_runs_runs_once_more_after_it() -> None:
+    release = asyncio.Event()
+    runs = 0
+
+    async def sync() -> None:
+        nonlocal runs
+        runs += 1
+        await release.wait()
+
+    syncs = BackgroundSync(sync)
+    syncs.soon()
+    await asyncio.sleep(0)
+    for _ in range(5):  # asked for five times while the first runs: one more covers them all
+        syncs.soon()
+    release.set()
+    await syncs.wait()
+    assert runs == 2
