@@ -33,8 +33,7 @@ from pigeon.queue.names import scheduled_queue
 from pigeon.smtp import replies
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import BodyWriter
-from pigeon.spool.spool import NewMessage, SpoolError
-from pigeon.spool.sqlite import SqliteSpool
+from pigeon.spool.spool import NewMessage, Spool, SpoolError
 
 _HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
 _RESIDENT_LIMIT: Final = 64 * 1024  # bodies up to this size are handed to delivery in memory
@@ -76,10 +75,12 @@ class Intake:
 
     def __init__(
         self,
-        spool: SqliteSpool,
+        spool: Spool,
         log: LogWriter,
         metrics: Metrics,
         *,
+        outbox: Outbox | None = None,
+        inbound_routes: InboundRoutes | None = None,
         hostname: str,
         max_hops: int = 100,
         tenant_header: str = "X-Tenant",
@@ -94,12 +95,13 @@ class Intake:
         self.max_hops = max_hops
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
-        self.outbox: Outbox | None = None
-        """Where Reception records go with their commit (set by the node; None in small tests)."""
+        self.outbox = outbox
+        """Where Reception records go with their commit (None in small tests: straight to the log)."""
+        self.inbound_routes = inbound_routes
+        """Recipients that go to an application's target rather than an MX."""
         self.on_stored: Callable[[list[Message]], None] | None = None
-        self.inbound_routes: InboundRoutes | None = None
-        """Recipients that go to an application's target rather than an MX (from the node)."""
-        """Told about every message once it is durable (the scheduler, to deliver it)."""
+        """Told about every message once it is durable, while delivery runs (the scheduler
+        subscribes when it starts, and leaves when it stops)."""
 
     async def local(self, envelope: Envelope, data: bytes) -> Stored:
         """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header."""
@@ -153,7 +155,7 @@ class Draft:
         intake: Intake,
         envelope: Envelope,
         arrival: Arrival,
-        groups: list[tuple[str, list[Recipient]]],
+        groups: list[tuple[_Group, list[Recipient]]],
         ids: list[SpoolId],
         body: BodyWriter,
     ) -> None:
@@ -210,13 +212,13 @@ class Draft:
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
             envelope = self.envelope
             envelope.tenant, envelope.campaign = tenant, campaign
-            (domain, _), spool_id = self._groups[0], self._ids[0]
-            messages = [NewMessage(spool_id, _queue_of(domain, envelope), envelope, now, now)]
+            (group, _), spool_id = self._groups[0], self._ids[0]
+            messages = [NewMessage(spool_id, _queue_of(group, envelope), envelope, now, now)]
         else:
             messages = []
-            for spool_id, (domain, recipients) in zip(self._ids, self._groups, strict=True):
+            for spool_id, (group, recipients) in zip(self._ids, self._groups, strict=True):
                 copy = _copy_envelope(self.envelope, recipients, tenant, campaign)
-                messages.append(NewMessage(spool_id, _queue_of(domain, copy), copy, now, now))
+                messages.append(NewMessage(spool_id, _queue_of(group, copy), copy, now, now))
         # The Reception records are committed with the messages (the outbox): logged once,
         # even if the process dies between the commit and the log write.
         ids = [m.id for m in messages]
@@ -288,24 +290,32 @@ class Draft:
         result.set_result(outcome)
 
 
+class _Group(NamedTuple):
+    """Recipients that make one spool message: one domain's, or one `[[inbound]]` target's."""
+
+    domain: str
+    target: str | None
+
+
 def _group_by_domain(
     recipients: Sequence[Recipient], routes: InboundRoutes | None
-) -> list[tuple[str, list[Recipient]]]:
-    """Recipients by domain, except those of an `[[inbound]]` route: by `inbound:<target>`."""
-    groups: dict[str, list[Recipient]] = {}
+) -> list[tuple[_Group, list[Recipient]]]:
+    """Recipients by domain, except those of an `[[inbound]]` route: by target."""
+    groups: dict[_Group, list[Recipient]] = {}
     for recipient in recipients:
-        key = routes.routing_key(recipient.address) if routes else None
-        groups.setdefault(key or recipient.domain, []).append(recipient)
+        target = routes.target(recipient.address) if routes else None
+        key = _Group("", target) if target is not None else _Group(recipient.domain, None)
+        groups.setdefault(key, []).append(recipient)
     return list(groups.items())
 
 
-def _queue_of(group: str, envelope: Envelope) -> str:
-    """The scheduled queue of a recipient group; an `[[inbound]]` group (`inbound:<target>`)
-    is its own queue and routes to its target."""
-    if group.startswith(INBOUND):
-        envelope.routing_domain = group
-        return group
-    return scheduled_queue(group, envelope.tenant, envelope.campaign)
+def _queue_of(group: _Group, envelope: Envelope) -> str:
+    """The scheduled queue of a recipient group; an `[[inbound]]` group is its own queue,
+    `inbound:<target>`, and its envelope names the target it is delivered to."""
+    if group.target is not None:
+        envelope.target = group.target
+        return INBOUND + group.target
+    return scheduled_queue(group.domain, envelope.tenant, envelope.campaign)
 
 
 def _copy_envelope(

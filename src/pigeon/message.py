@@ -42,6 +42,11 @@ def parse_id(text: str) -> SpoolId:
     return SpoolId(value)
 
 
+def shard_of(spool_id: int) -> int:
+    """The spool shard (worker) that made an id, and so holds its message."""
+    return spool_id & ((1 << _SHARD_BITS) - 1)
+
+
 def id_time(spool_id: int) -> float:
     """The Unix time (seconds) at which an id was made."""
     return ((spool_id >> _TIME_SHIFT) + _EPOCH_MS) / 1000.0
@@ -99,6 +104,12 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     last_response: str | None = None  # the last failed attempt's reply, for inspection and expiry
     metadata: dict[str, str] | None = None  # from the injecting application, copied into log records
     routing_domain: str | None = None  # route as if the recipients were in this domain (admin rebind)
+    target: str | None = None  # an application's [[target]] (an [[inbound]] route), not an MX
+
+    def __post_init__(self) -> None:
+        # Spools written before `target` existed said "inbound:<target>" as the routing domain.
+        if self.target is None and self.routing_domain is not None and self.routing_domain.startswith("inbound:"):
+            self.target, self.routing_domain = self.routing_domain[len("inbound:") :], None
 
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()

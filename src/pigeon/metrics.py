@@ -162,6 +162,21 @@ class _LogCollector(Collector):
         )
 
 
+class _StaleCollector(Collector):
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "pigeon_stale_results",
+            "Results dropped because the message moved on while the work was out (its lease went stale), by step",
+            labels=["step"],
+        )
+        for step, value in sorted(self._counts().items()):
+            family.add_metric([step], value)
+        yield family
+
+
 class Metrics:
     """All metrics of one node."""
 
@@ -234,3 +249,7 @@ class Metrics:
 
     def track_log(self, state: Callable[[], LogState]) -> None:
         self.registry.register(_LogCollector(state))
+
+    def track_stale_results(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Results of work whose lease went stale (an operator moved the message meanwhile)."""
+        self.registry.register(_StaleCollector(counts))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -65,6 +66,10 @@ class Classifier:
         for path in paths:
             rules += load_rules(path)
         return cls(rules)
+
+    def classify_all(self, replies: Sequence[Reply]) -> list[str]:
+        """The class of each 5xx reply ("" for the others): an `Attempt`'s classifications."""
+        return [self.classify(reply) if reply.code >= 500 else "" for reply in replies]
 
     def classify(self, reply: Reply) -> str:
         line = str(reply)

@@ -6,6 +6,9 @@ message was put in; they are for Pigeon, not for the recipient.
 
 from __future__ import annotations
 
+from pigeon.message import Message
+from pigeon.spool.shards import Spools
+
 
 def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
     """`message` without the header fields called `names` (lower-case, no colon).
@@ -33,3 +36,19 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
             kept.append(line)
     rest = b"" if end < 0 else message[end + 2 :]
     return b"\r\n".join(kept) + rest
+
+
+class OutgoingBody:
+    """A message's bytes as they leave: as stored (`Spools.body`), Pigeon's headers off."""
+
+    def __init__(self, spools: Spools, strip: tuple[bytes, ...]) -> None:
+        self._spools = spools
+        self._strip = strip  # lower-case header names
+
+    def __call__(self, message: Message) -> bytes:
+        """Raises `SpoolError` if the stored body cannot be read."""
+        body = self._spools.body(message)
+        envelope = message.envelope
+        if envelope.tenant is None and envelope.campaign is None:
+            return body  # the intake found neither header: nothing to take off
+        return strip_headers(body, self._strip)

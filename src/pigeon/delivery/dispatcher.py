@@ -1,18 +1,24 @@
-"""The dispatcher: ready queues, the connections that drain them, and the shaping limits.
+"""The dispatcher: the connections that drain the ready queues, within the shaping limits.
 
-For each ready queue it keeps up to `connection_limit` connection tasks. A task opens a
-connection (`session.ClientConnection`), then takes messages off the queue one after the
-other, up to `max_deliveries_per_connection`, until the queue has been empty for
-`idle_timeout`. Before each message the site's rate limit (GCRA) may make it wait.
-Every attempt's outcome goes to the queue's settlement; the dispatcher itself never
-decides what a reply means.
+For each ready queue (told by the queue when it has work) it keeps up to
+`connection_limit` connection tasks. A task opens an agent for the queue's destination (an
+SMTP connection, or an application's target: see `agent`), then takes leased messages off
+the queue, `batch` at a time, up to `max_deliveries_per_connection`, until the queue has been
+empty for `idle_timeout`. Before each message the site's rate limit (GCRA) may make it wait.
+
+Right before a message is handed to the agent, `begin(lease)` asks the queue whether the
+lease still holds: an operator may have bounced, suspended or rebound the message while it
+waited for its turn, and then it is not sent. From `begin` on, nothing takes the message
+back: its attempt is reported with the lease it was taken with, and the queue alone decides
+what the replies mean.
 
 How many connections: KumoMTA's curve, `ceil(limit * (1 - e^(-0.023 * queued)))`: one
 connection for a trickle, the full limit only for a real backlog.
 
 A connection that cannot be opened costs the message it was opened for one attempt.
 After `connection_failures_before_delay` such failures in a row, everything waiting in
-that ready queue is deferred at once: a dead site should not be tried message by message.
+that ready queue is attempted at once with that failure: a dead site should not be tried
+message by message.
 """
 
 from __future__ import annotations
@@ -21,30 +27,22 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from pigeon.delivery.mx import Resolver
-from pigeon.delivery.outcome import Attempt
-from pigeon.delivery.routes import Destination
-from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
-from pigeon.inbound.message import InboundMessage
-from pigeon.inbound.targets.base import Target, Verdict
-from pigeon.message import format_id
+from pigeon.delivery.agent import Agent, Opener, Unreachable, Work
+from pigeon.delivery.routes import Destination, Kind
+from pigeon.message import Message, format_id
+from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
-from pigeon.queue.state import Entry, StaleTransition, State, transition
+from pigeon.queue.state import Lease
 from pigeon.shaping.gcra import Gcra, Rate
-from pigeon.smtp import client
-from pigeon.smtp.client import refusal_before_sending
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
 _log = logging.getLogger(__name__)
-
-Settle = Callable[[Entry, int, Attempt], None]
-_TARGET_BATCH: Final = 64  # messages handed to an inbound target at once
-BodyLoader = Callable[[Entry], bytes]
+_INTERNAL: Final = Reply(451, "4.3.0", ("internal error during delivery; will try again",))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,63 +60,68 @@ def ideal_connections(queued: int, limit: int) -> int:
     return min(queued, math.ceil(limit * (1 - math.exp(-0.023 * queued))))
 
 
+class _Lane:
+    """The delivery side of one ready queue: its limits and its connections."""
+
+    __slots__ = ("connections", "failures", "limiter", "queue", "shaping")
+
+    def __init__(self, queue: ReadyQueue, shaping: Shaping) -> None:
+        self.queue = queue
+        self.shaping = shaping
+        self.limiter = Gcra(shaping.max_message_rate) if shaping.max_message_rate else None
+        self.connections = 0  # connection tasks running
+        self.failures = 0  # consecutive failed connection attempts
+
+
 class Dispatcher:
-    """Delivers what the scheduler makes ready."""
+    """Delivers what the queue makes ready."""
 
     def __init__(
         self,
         *,
-        source: str,
-        resolver: Resolver,
-        options: ClientOptions,
+        agents: Mapping[Kind, Opener],
         shaping: Callable[[str], Shaping],
-        load_body: BodyLoader,
-        settle: Settle,
-        targets: Mapping[str, Target] | None = None,
+        begin: Callable[[Lease], Message | None],
+        report: Callable[[Lease, Attempt], None],
+        body: Callable[[Message], bytes],
+        held: Callable[[str], bool] = lambda site: False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._source = source
-        self._targets = targets or {}
-        self._resolver = resolver
-        self._options = options
+        self._agents = agents
         self._shaping = shaping
-        self._load_body = load_body
-        self._settle = settle
+        self._begin = begin
+        """The queue: is this lease still good to send? (marks the message as being sent)"""
+        self._report = report
+        """The queue: an attempt's outcome, with the lease it was taken with."""
+        self._body = body
+        """A message's bytes as they go out."""
+        self._held = held
+        """Whether an operator suspended deliveries to a site."""
         self._clock = clock
-        self.queues: dict[str, ReadyQueue] = {}
-        self.counted: Callable[[str, Verdict], None] | None = None
-        """Told each inbound target's answer to SMTP-routed mail (for the inbound metrics)."""
-        self.held: Callable[[str], bool] = lambda site: False
-        """Whether an operator suspended deliveries to a site (set by the admin room)."""
+        self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.in_flight = 0
 
-    # --- the scheduler's side ---------------------------------------------------------------
-    def enqueue(self, entry: Entry, destination: Destination, domain: str) -> None:
-        """Put a READY message in its ready queue and make sure someone is working on it."""
-        path = f"{self._source}->{destination.site}"
-        queue = self.queues.get(path)
-        if queue is None:
-            shaping = self._shaping(domain)
-            limiter = Gcra(shaping.max_message_rate) if shaping.max_message_rate else None
-            queue = self.queues[path] = ReadyQueue(path, destination, shaping, limiter)
-        entry.site = destination.site
-        queue.put(entry)
-        self._kick(queue)
+    # --- the queue's side ---------------------------------------------------------------
+    def kick(self, queue: ReadyQueue) -> None:
+        """`queue` has mail: make sure enough connections work on it."""
+        lane = self._lanes.get(queue.path)
+        if lane is None:
+            lane = self._lanes[queue.path] = _Lane(queue, self._shaping(queue.domain))
+        self._start(lane)
 
-    def expired(self, is_expired: Callable[[Entry], bool]) -> list[Entry]:
-        """Take every expired message out of the ready queues (the caller settles them)."""
-        found: list[Entry] = []
-        for queue in self.queues.values():
-            found += queue.remove_if(is_expired)
-        return found
+    def kick_all(self) -> None:
+        """Start connections wherever mail waits (after a site's suspension ended)."""
+        for lane in self._lanes.values():
+            if len(lane.queue):
+                self._start(lane)
 
     async def drain(self, grace: float) -> None:
         """Stop starting transactions; let running ones finish for up to `grace` seconds."""
         self._stopping = True
-        for queue in self.queues.values():
-            queue.wake_all()
+        for lane in self._lanes.values():
+            lane.queue.wake_all()
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=grace)
             for task in pending:
@@ -128,228 +131,148 @@ class Dispatcher:
 
     @property
     def connections(self) -> int:
-        return sum(q.connections for q in self.queues.values())
+        return sum(lane.connections for lane in self._lanes.values())
 
-    def kick_all(self) -> None:
-        """Start connections wherever mail waits (after a site's suspension ended)."""
-        for queue in self.queues.values():
-            if len(queue):
-                self._kick(queue)
+    def connections_to(self, path: str) -> int:
+        lane = self._lanes.get(path)
+        return lane.connections if lane is not None else 0
+
+    def sites(self) -> Iterator[tuple[str, int, int]]:
+        """(site, messages waiting, connections) of every ready queue."""
+        for lane in self._lanes.values():
+            yield lane.queue.site, len(lane.queue), lane.connections
 
     # --- connections -----------------------------------------------------------------------
-    def _kick(self, queue: ReadyQueue) -> None:
-        if self._stopping or self.held(queue.destination.site):
+    def _start(self, lane: _Lane) -> None:
+        queue = lane.queue
+        if self._stopping or self._held(queue.site):
             return
-        shaping: Shaping = queue.shaping
-        want = ideal_connections(len(queue), shaping.connection_limit)
-        while queue.connections < max(1, want) and queue.connections < shaping.connection_limit:
-            queue.connections += 1
-            task = asyncio.create_task(self._work(queue), name=f"deliver {queue.path}")
+        limit = lane.shaping.connection_limit
+        want = ideal_connections(len(queue), limit)
+        while lane.connections < max(1, want) and lane.connections < limit:
+            lane.connections += 1
+            task = asyncio.create_task(self._work(lane), name=f"deliver {queue.path}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _work(self, queue: ReadyQueue) -> None:
-        if queue.destination.target is not None:
-            await self._hand_over(queue, queue.destination.target)
-            return
-        shaping: Shaping = queue.shaping
-        connection: ClientConnection | None = None
+    async def _work(self, lane: _Lane) -> None:
+        queue, shaping = lane.queue, lane.shaping
+        destination: Destination = queue.destination
+        agent: Agent | None = None
+        taken: list[Lease] = []  # leased, not begun: given back if this task ends
+        begun: list[Work] = []  # begun, not reported: reported as a transient failure if it fails
         try:
             if not len(queue):
                 return
             try:
-                connection = await ClientConnection.open(queue.destination, self._resolver, self._options)
-            except ConnectFailed as error:
-                self._connection_failed(queue, shaping, error.reply)
+                agent = await self._open(destination)
+            except Unreachable as error:
+                self._unreachable(lane, error)
                 return
-            queue.failures = 0
-            while connection.deliveries < shaping.max_deliveries_per_connection and not self._stopping:
-                if self.held(queue.destination.site):
+            lane.failures = 0
+            deliveries = 0
+            while deliveries < shaping.max_deliveries_per_connection and not self._stopping:
+                if self._held(queue.site):
                     break  # an operator suspended the site: what waits stays in the ready queue
-                entry = await queue.take(shaping.idle_timeout)
-                if entry is None:
+                lease = await queue.take(shaping.idle_timeout)
+                if lease is None:
                     break
-                if not connection.alive():
+                taken.append(lease)
+                while len(taken) < agent.batch and (more := queue.take_nowait()) is not None:
+                    taken.append(more)
+                if not agent.usable():
                     # The server hung up while we were idle: a new connection, not a failure.
-                    connection.close()
+                    await agent.close()
+                    agent = None
                     try:
-                        connection = await ClientConnection.open(queue.destination, self._resolver, self._options)
-                    except ConnectFailed as error:
-                        queue.put_front(entry)
-                        connection = None
-                        self._connection_failed(queue, shaping, error.reply)
+                        agent = await self._open(destination)
+                    except Unreachable as error:
+                        self._give_back(queue, taken)
+                        self._unreachable(lane, error)
                         return
-                if not await self._deliver(queue, connection, entry):
+                if lane.limiter is not None:
+                    wait = max(lane.limiter.reserve(self._clock()) for _ in taken)
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                if self._held(queue.site):
+                    self._give_back(queue, taken)
+                    break
+                begun = self._begin_all(taken, destination.site)
+                taken = []
+                if not begun:
+                    continue
+                self.in_flight += len(begun)
+                try:
+                    attempts = await agent.deliver(begun)
+                finally:
+                    self.in_flight -= len(begun)
+                for work, attempt in zip(begun, attempts, strict=True):
+                    self._report(work.lease, attempt)
+                deliveries += len(begun)
+                begun = []
+                if not agent.usable():
                     break
         except Exception:
             _log.exception("delivery to %s failed unexpectedly", queue.path)
+            for work in begun:  # every message begun gets an outcome, or it would wait for a restart
+                count = len(work.message.envelope.recipients)
+                self._report(work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
         finally:
-            queue.connections -= 1
-            if connection is not None:
-                await connection.quit()
-            if len(queue) and not self._stopping:
-                self._kick(queue)
-
-    async def _deliver(self, queue: ReadyQueue, connection: ClientConnection, entry: Entry) -> bool:
-        """One message over an open connection. False when the connection is no longer usable."""
-        try:
-            generation = transition(entry, State.READY, entry.generation, State.IN_FLIGHT)
-        except StaleTransition:
-            return True  # someone else took it (expired, admin): nothing to do
-        message = entry.message
-        count = len(message.envelope.recipients)
-        self.in_flight += 1
-        try:
-            if queue.limiter is not None:
-                wait = queue.limiter.reserve(self._clock())
-                if wait > 0:
-                    await asyncio.sleep(wait)
-            try:
-                body = self._load_body(entry)
-            except SpoolError as error:
-                _log.error("message %016x: %s", message.id, error)
-                self._settle(entry, generation, Attempt.same_for_all(error.reply, count, queue.destination.site))
-                return True
-            envelope = _client_envelope(entry, body)
-            refusal = refusal_before_sending(envelope, connection.capabilities)
-            if refusal is not None:
-                attempt = Attempt.same_for_all(refusal, count, queue.destination.site, connection.peer)
-                self._settle(entry, generation, attempt)
-                return True
-            try:
-                result, duration = await connection.send(envelope)
-            except ConnectionLost as error:
-                site = queue.destination.site
-                self._settle(entry, generation, Attempt.same_for_all(error.reply, count, site, connection.peer))
-                return False
-            self._settle(
-                entry,
-                generation,
-                Attempt(result.replies, queue.destination.site, connection.peer, connection.tls, duration),
-            )
-            return not connection.broken
-        finally:
-            self.in_flight -= 1
-
-    async def _hand_over(self, queue: ReadyQueue, name: str) -> None:
-        """Mail of an `[[inbound]]` route: batches handed to the application's target; its
-        answers become replies (250, 451, 550) so the queue retries and bounces as usual."""
-        shaping: Shaping = queue.shaping
-        target = self._targets.get(name)
-        try:
-            while not self._stopping and not self.held(queue.destination.site):
-                entry = await queue.take(shaping.idle_timeout)
-                if entry is None:
-                    break
-                batch = [entry]
-                while len(batch) < _TARGET_BATCH and (more := queue.take_nowait()) is not None:
-                    batch.append(more)
-                taken: list[tuple[Entry, int]] = []
-                for entry in batch:
-                    try:
-                        taken.append((entry, transition(entry, State.READY, entry.generation, State.IN_FLIGHT)))
-                    except StaleTransition:
-                        continue
-                self.in_flight += len(taken)
-                settled: set[int] = set()
+            # Cancelled at shutdown: what was begun stays as it is in the spool, and is tried
+            # again at the next start; what was only taken goes back now.
+            self._give_back(queue, taken)
+            lane.connections -= 1
+            if agent is not None:
                 try:
-                    await self._hand_batch(queue, name, target, taken, settled)
-                except Exception as error:
-                    # Whatever went wrong, every message taken gets an outcome: left IN_FLIGHT
-                    # it would wait for a restart, out of reach of admin operations too.
-                    _log.exception("handing over to target %s failed unexpectedly", name)
-                    reply = Reply(451, "4.3.0", (f"{name}: {type(error).__name__}: {error}",))
-                    for entry, generation in taken:
-                        if id(entry) not in settled:
-                            count = len(entry.message.envelope.recipients)
-                            self._settle(entry, generation, Attempt.same_for_all(reply, count, queue.destination.site))
-                finally:
-                    self.in_flight -= len(taken)
-        except Exception:
-            _log.exception("handing over to target %s failed unexpectedly", name)
-        finally:
-            queue.connections -= 1
+                    await agent.close()
+                except Exception:
+                    _log.exception("closing a connection to %s failed", queue.path)
             if len(queue) and not self._stopping:
-                self._kick(queue)
+                self._start(lane)
 
-    async def _hand_batch(
-        self, queue: ReadyQueue, name: str, target: Target | None, taken: list[tuple[Entry, int]], settled: set[int]
-    ) -> None:
-        site = queue.destination.site
+    async def _open(self, destination: Destination) -> Agent:
+        return await self._agents[destination.kind](destination)
 
-        def settle(entry: Entry, generation: int, attempt: Attempt) -> None:
-            settled.add(id(entry))  # the caller settles whatever this batch did not
-            self._settle(entry, generation, attempt)
-
-        messages: list[tuple[Entry, int, InboundMessage]] = []
-        for entry, generation in taken:
-            count = len(entry.message.envelope.recipients)
-            if target is None:
-                reply = Reply(451, "4.3.5", (f"no [[target]] called {name!r} in this node's configuration",))
-                settle(entry, generation, Attempt.same_for_all(reply, count, site))
-                continue
+    def _begin_all(self, leases: list[Lease], site: str) -> list[Work]:
+        """The leased messages still good to send, with their bytes. Called right before the
+        agent gets them, with no await in between: an operator's action that came first wins."""
+        work: list[Work] = []
+        for lease in leases:
+            message = self._begin(lease)
+            if message is None:
+                continue  # an operator took it meanwhile (counted as a stale result)
             try:
-                body = self._load_body(entry)
+                body = self._body(message)
             except SpoolError as error:
-                settle(entry, generation, Attempt.same_for_all(error.reply, count, site))
+                _log.error("message %s: %s", format_id(message.id), error)
+                count = len(message.envelope.recipients)
+                self._report(lease, Attempt.same_for_all(error.reply, count, "", site))
                 continue
-            envelope = entry.message.envelope
-            inbound = InboundMessage.of(
-                body,
-                "smtp",
-                entry.message.created,
-                spool_id=format_id(entry.message.id),
-                sender=envelope.sender,
-                recipients=tuple(r.address for r in envelope.recipients),
-            )
-            messages.append((entry, generation, inbound))
-        if not messages or target is None:
-            return
-        started = time.monotonic()
-        answers = await target.deliver_many([m for _, _, m in messages])
-        duration = (time.monotonic() - started) / len(messages)
-        if self.counted is not None:
-            for answer in answers:
-                self.counted(name, answer.verdict)
-        for (entry, generation, _), answer in zip(messages, answers, strict=True):
-            if answer.verdict is Verdict.ACCEPTED:
-                reply = Reply(250, "2.0.0", (f"{name}: {answer.detail}",))
-            elif answer.verdict is Verdict.PERMANENT:
-                reply = Reply(550, "5.0.0", (f"{name}: {answer.detail}",))
-            else:
-                reply = Reply(451, "4.3.0", (f"{name}: {answer.detail}",))
-            count = len(entry.message.envelope.recipients)
-            settle(entry, generation, Attempt([reply] * count, site, name, None, duration))
+            work.append(Work(lease, message, body))
+        return work
 
-    def _connection_failed(self, queue: ReadyQueue, shaping: Shaping, reply: Reply) -> None:
-        queue.failures += 1
+    @staticmethod
+    def _give_back(queue: ReadyQueue, leases: list[Lease]) -> None:
+        for lease in reversed(leases):  # each goes to the front: keep their order
+            queue.give_back(lease)
+        leases.clear()
+
+    def _unreachable(self, lane: _Lane, error: Unreachable) -> None:
+        """No connection: the message it was for gets this reply as its attempt (all waiting
+        messages, after `connection_failures_before_delay` failures in a row)."""
+        queue = lane.queue
+        lane.failures += 1
         victims = [queue.take_nowait()]
-        if queue.failures >= shaping.connection_failures_before_delay:
+        if lane.failures >= lane.shaping.connection_failures_before_delay:
             # The site is down: defer everything waiting for it rather than trying one by one.
-            while (entry := queue.take_nowait()) is not None:
-                victims.append(entry)
-            queue.failures = 0
-        for entry in victims:
-            if entry is None:
+            while (lease := queue.take_nowait()) is not None:
+                victims.append(lease)
+            lane.failures = 0
+        for lease in victims:
+            if lease is None:
                 continue
-            try:
-                generation = transition(entry, State.READY, entry.generation, State.IN_FLIGHT)
-            except StaleTransition:
+            message = self._begin(lease)
+            if message is None:
                 continue
-            count = len(entry.message.envelope.recipients)
-            self._settle(entry, generation, Attempt.same_for_all(reply, count, queue.destination.site))
-
-
-def _client_envelope(entry: Entry, body: bytes) -> client.Envelope:
-    envelope = entry.message.envelope
-    return client.Envelope(
-        sender=envelope.sender,
-        recipients=[
-            client.Recipient(r.address, tuple(r.notify) if r.notify else None, r.orcpt) for r in envelope.recipients
-        ],
-        body=body,
-        eight_bit=not body.isascii(),
-        smtputf8=envelope.smtputf8,
-        ret=envelope.ret,
-        envid=envelope.envid,
-    )
+            count = len(message.envelope.recipients)
+            self._report(lease, Attempt.same_for_all(error.reply, count, error.classification, queue.site))

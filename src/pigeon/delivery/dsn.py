@@ -11,14 +11,16 @@ that failed (bounced or expired) unless its NOTIFY excludes FAILURE (NOTIFY abse
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 
-from pigeon.message import Envelope, Recipient
+from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.smtp.replies import Reply
+from pigeon.spool.shards import Spools
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +123,30 @@ def _status(reply: Reply) -> str:
 def _headers(message: bytes) -> bytes:
     end = message.find(b"\r\n\r\n")
     return message if end < 0 else message[: end + 2]
+
+
+class Notifier:
+    """Stores the report for a message's failures as a new message to its sender (null
+    sender, so it can never bounce back). The queue calls it before committing the failures."""
+
+    def __init__(
+        self, *, hostname: str, spools: Spools, submit: Callable[[Envelope, bytes], Awaitable[object]]
+    ) -> None:
+        self._hostname = hostname
+        self._spools = spools
+        self._submit = submit  # the intake's local submission: durable when it returns
+
+    def __call__(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:
+        return asyncio.ensure_future(self._store(message, failures))
+
+    async def _store(self, message: Message, failures: list[Failure]) -> object:
+        report = build_report(
+            hostname=self._hostname,
+            queue_id=format_id(message.id),
+            envelope=message.envelope,
+            failures=failures,
+            original=self._spools.body(message),
+            arrival=message.created,
+        )
+        envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
+        return await self._submit(envelope, report)

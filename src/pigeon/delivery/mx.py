@@ -26,6 +26,7 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
+from pigeon.queue.attempt import Unroutable
 from pigeon.smtp.replies import Reply
 
 _MIN_TTL: Final = 5.0
@@ -34,12 +35,9 @@ _NEGATIVE_TTL: Final = 60.0
 _FAILURE_TTL: Final = 10.0  # a transient failure is remembered briefly, to not hammer a broken server
 
 
-class DnsFailure(Exception):
-    """A lookup failed. `reply` says how, `permanent` whether retrying can help."""
-
-    def __init__(self, reply: Reply) -> None:
-        super().__init__(str(reply))
-        self.reply = reply
+class DnsFailure(Unroutable):
+    """A lookup failed. `reply` says how, `permanent` whether retrying can help. To the queue
+    it is a destination that cannot be resolved (the router adds the bounce class)."""
 
     @property
     def permanent(self) -> bool:

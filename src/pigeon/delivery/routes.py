@@ -4,6 +4,9 @@ A `Destination` names its *site*, the key of its ready queue: the sorted set of 
 (so domains that share their MX hosts share one ready queue and its limits, KumoMTA's
 "MX rollup"), or `host:port` for a static next hop. Static routes (`[[route]]` in the
 config) skip the MX lookup: smart hosts, test sinks, internal relays.
+
+A destination has a kind: SMTP hops, or an application's `[[target]]` (mail of an
+`[[inbound]]` route, whose site is `inbound:<target>`), which no DNS lookup precedes.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from pigeon.delivery.mx import Resolver
-from pigeon.inbound.routes import target_of
+from pigeon.delivery.mx import DnsFailure, Resolver
+from pigeon.smtp.replies import Reply
 
 _DESTINATION_TTL: Final = 30.0
 
@@ -46,13 +49,19 @@ class Route:
         return self.domain == "*" or fnmatch.fnmatchcase(domain, self.domain)
 
 
+class Kind(enum.Enum):
+    SMTP = "smtp"  # the hops' SMTP servers
+    TARGET = "target"  # an application's inbound target
+
+
 @dataclass(frozen=True, slots=True)
 class Destination:
     site: str
     hops: tuple[Hop, ...]  # in the order to try
     tls: TlsPolicy
     tls_verify: bool
-    target: str | None = None  # an application's inbound target instead of SMTP hops
+    kind: Kind = Kind.SMTP
+    target: str | None = None  # Kind.TARGET: the [[target]]'s name
 
 
 class Router:
@@ -66,32 +75,48 @@ class Router:
         tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC,
         tls_verify: bool = False,
         smtp_port: int = 25,
+        classify: Callable[[Reply], str] = lambda reply: "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._routes = routes
+        self._classify = classify
         self._resolver = resolver
         self._tls = tls
         self._verify = tls_verify
         self._port = smtp_port
         self._clock = clock
         self._cache: dict[str, tuple[float, Destination]] = {}
+        self._targets: dict[str, Destination] = {}
 
-    def cached(self, domain: str) -> Destination | None:
+    def cached(self, domain: str, target: str | None = None) -> Destination | None:
         """The destination if known and fresh: no await needed (the common case)."""
+        if target is not None:
+            return self._target(target)
         hit = self._cache.get(domain)
         if hit is not None and hit[0] > self._clock():
             return hit[1]
         return None
 
-    async def destination(self, domain: str) -> Destination:
-        """Raises `DnsFailure` (with its reply) when the domain cannot be resolved."""
-        hit = self.cached(domain)
+    async def destination(self, domain: str, target: str | None = None) -> Destination:
+        """Raises `DnsFailure` (with its reply and bounce class) when the domain cannot be resolved."""
+        hit = self.cached(domain, target)
         if hit is not None:
             return hit
-        target = target_of(domain)
-        if target is not None:
-            # An [[inbound]] route's mail: no DNS, no SMTP; the dispatcher hands it to the target.
-            return Destination(domain, (), self._tls, self._verify, target)
+        try:
+            return await self._resolve(domain)
+        except DnsFailure as failure:
+            failure.classification = self._classify(failure.reply) if failure.reply.code >= 500 else ""
+            raise
+
+    def _target(self, name: str) -> Destination:
+        # An [[inbound]] route's mail: no DNS, no SMTP; the dispatcher hands it to the target.
+        destination = self._targets.get(name)
+        if destination is None:
+            destination = Destination(f"inbound:{name}", (), self._tls, self._verify, Kind.TARGET, name)
+            self._targets[name] = destination
+        return destination
+
+    async def _resolve(self, domain: str) -> Destination:
         route = self._route(domain)
         tls = route.tls if route and route.tls else self._tls
         verify = route.tls_verify if route and route.tls_verify is not None else self._verify

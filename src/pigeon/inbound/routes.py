@@ -1,9 +1,9 @@
 """`[[inbound]]` routes: which recipients of SMTP-received mail belong to an application.
 
 Mail for a routed address is accepted from anyone (it is for us, unlike relaying), spooled
-like any other mail, and delivered to the route's target instead of an MX. Its routing key,
-`inbound:<target>`, is both its scheduled queue and its ready queue's site, so retries,
-`max_age`, bounces and every admin operation work on it as on outbound mail.
+like any other mail with its envelope naming the target, and delivered to the target instead
+of an MX. Its scheduled queue and its ready queue's site are both called `inbound:<target>`,
+so retries, `max_age`, bounces and every admin operation work on it as on outbound mail.
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ class InboundRoute:
         return self.domain is not None and fnmatch.fnmatchcase(domain, self.domain)
 
 
-def target_of(routing_key: str) -> str | None:
-    """The target name in an `inbound:<target>` routing key, or None for other mail."""
-    return routing_key[len(PREFIX) :] if routing_key.startswith(PREFIX) else None
-
-
 class InboundRoutes:
     """The routes in configuration order; the first that matches wins."""
 
@@ -46,14 +41,20 @@ class InboundRoutes:
         return bool(self._routes)
 
     def routing_key(self, address: str) -> str | None:
-        """`inbound:<target>` for a routed recipient address, else None."""
+        """`inbound:<target>` for a routed recipient address, else None (the scheduled queue
+        and the site of its mail)."""
+        target = self.target(address)
+        return None if target is None else PREFIX + target
+
+    def target(self, address: str) -> str | None:
+        """The name of the `[[target]]` a recipient address is routed to, else None."""
         hit = self._cache.get(address, "")
         if hit != "":
             return hit
         lowered = address.lower()
         domain = lowered.rpartition("@")[2]
-        key = next((PREFIX + r.target for r in self._routes if r.matches(lowered, domain)), None)
+        target = next((r.target for r in self._routes if r.matches(lowered, domain)), None)
         if len(self._cache) > 50_000:
             self._cache.clear()
-        self._cache[address] = key
-        return key
+        self._cache[address] = target
+        return target

@@ -42,7 +42,7 @@ from pigeon.logs.reader import find_seqs
 from pigeon.logs.records import Record
 from pigeon.logs.writer import LogWriter
 from pigeon.message import id_time
-from pigeon.spool.sqlite import SqliteSpool
+from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
 _FORGET_AFTER: Final = 0.5  # seconds: one fsync and one outbox deletion per this much time
@@ -54,9 +54,7 @@ CLEAN_STOP: Final = "clean-stop"  # beside a spool shard: its outbox was left by
 
 
 class Outbox:
-    def __init__(
-        self, log: LogWriter, spools: Mapping[int, SqliteSpool], *, forget_after: float = _FORGET_AFTER
-    ) -> None:
+    def __init__(self, log: LogWriter, spools: Mapping[int, Spool], *, forget_after: float = _FORGET_AFTER) -> None:
         self._log = log
         self._spools = spools
         self._forget_after = forget_after
@@ -75,7 +73,7 @@ class Outbox:
         """Records dropped from memory whose rows wait to be logged (when the log works again)."""
         return sum(len(seqs) for seqs in self._unlogged.values())
 
-    def seal(self, spool: SqliteSpool, records: Sequence[Record]) -> list[tuple[int, bytes]]:
+    def seal(self, spool: Spool, records: Sequence[Record]) -> list[tuple[int, bytes]]:
         """Give each record its `seq` and encode it, ready to store with the change."""
         sealed: list[tuple[int, bytes]] = []
         for record, seq in zip(records, spool.new_ids(len(records)), strict=True):
@@ -83,7 +81,7 @@ class Outbox:
             sealed.append((seq, self._log.encode(record)))
         return sealed
 
-    def committed(self, spool: SqliteSpool, sealed: Sequence[tuple[int, bytes]]) -> None:
+    def committed(self, spool: Spool, sealed: Sequence[tuple[int, bytes]]) -> None:
         """The change is durable: log its records, and forget them once they are fsynced."""
         if not sealed:
             return
@@ -265,7 +263,7 @@ def _with_seq(line: bytes, seq: int) -> bytes:
 class Unlogged:
     """What the outbox of one spool shard holds at start-up, compared with the log."""
 
-    spool: SqliteSpool
+    spool: Spool
     present: list[int]  # seqs found in the log (the segments holding them now fsynced)
     missing: list[tuple[int, bytes]]  # (seq, line) the log does not hold
     last_stop: str | None  # None: the last run did not stop cleanly; else why it left records
@@ -277,7 +275,7 @@ def writers_of(shard: int) -> list[int]:
     return sorted({shard % workers for workers in range(1, shard + 2)})
 
 
-def recover_outbox_lines(spool: SqliteSpool, directory: Path) -> Unlogged:
+def recover_outbox_lines(spool: Spool, directory: Path) -> Unlogged:
     """Which outbox records of `spool` the log in `directory` holds, and which it lacks.
 
     Call before the log is opened (which compresses the last run's segments). The segments

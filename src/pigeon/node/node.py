@@ -36,7 +36,7 @@ from pigeon.node.outbound import Outbound
 from pigeon.queue.admin import Admin
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
-from pigeon.spool.shards import adopted_shards, shard_directory
+from pigeon.spool.shards import Spools, adopted_shards, shard_directory
 from pigeon.spool.spool import RecoveryReport
 from pigeon.spool.sqlite import SqliteSpool
 
@@ -95,7 +95,7 @@ class Node:
         reports = [(spool, spool.open(loop)) for spool in (self.spool, *self.adopted)]
         unlogged = [recover_outbox_lines(spool, self.log.directory) for spool, _ in reports]
         self.log.open(loop)
-        spools = {spool.shard: spool for spool in (self.spool, *self.adopted)}
+        spools = Spools((self.spool, *self.adopted))
         self.outbox = outbox = Outbox(self.log, spools)
         self.metrics.track_dropped_logs(lambda: self.log.dropped)
         self.metrics.track_log(self._log_state)
@@ -110,17 +110,16 @@ class Node:
             self.spool,
             self.log,
             self.metrics,
+            outbox=outbox,
+            inbound_routes=InboundRoutes([InboundRoute(r.target, r.recipient, r.domain) for r in config.inbound])
+            if config.inbound
+            else None,
             hostname=smtp.hostname,
             max_hops=smtp.max_hops,
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
             clock=self._clock,
         )
-        if config.inbound:
-            intake.inbound_routes = InboundRoutes(
-                [InboundRoute(r.target, r.recipient, r.domain) for r in config.inbound]
-            )
-        intake.outbox = outbox
         if config.target:
             self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0)
             await self.inbound.start()
@@ -138,7 +137,6 @@ class Node:
             )
             self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
-            self.outbound.scheduler.observe_lag = self.metrics.scheduler_lag.observe
         tls_context = self._tls_context()
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         session_config = ServerConfig(
@@ -228,9 +226,6 @@ class Node:
     @property
     def admin(self) -> Admin | None:
         return self.outbound.admin if self.outbound is not None else None
-
-    def ready_queues(self) -> list[Any]:
-        return list(self.outbound.dispatcher.queues.values()) if self.outbound is not None else []
 
     def health(self) -> dict[str, Any]:
         log = self._log_state()

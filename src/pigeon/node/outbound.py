@@ -1,5 +1,7 @@
-"""The outbound side of a node, built from the configuration: resolver, router, queues,
-dispatcher, settlement, scheduler, DSNs. `Node` starts and stops it as one piece.
+"""The outbound side of a node, built from the configuration: resolver, router, the queue
+(active set, settlement, standing rules, ready queues, scheduler, admin), the dispatcher and
+its agents, DSNs. `Node` starts and stops it as one piece. Wiring only: every decision lives
+in the rooms it builds.
 """
 
 from __future__ import annotations
@@ -12,28 +14,33 @@ from collections.abc import Callable, Mapping
 
 from pigeon.config.schema import Config
 from pigeon.delivery.classify import Classifier
-from pigeon.delivery.content import strip_headers
+from pigeon.delivery.content import OutgoingBody
 from pigeon.delivery.dispatcher import Dispatcher, Shaping
-from pigeon.delivery.dsn import Failure, build_report
+from pigeon.delivery.dsn import Notifier
 from pigeon.delivery.mx import Resolver
-from pigeon.delivery.routes import Hop, Route, Router, TlsPolicy
+from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
+from pigeon.delivery.smtp_agent import SmtpAgents
+from pigeon.delivery.target_agent import TargetAgents
 from pigeon.inbound.targets import Target, Verdict
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
-from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
+from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.retry import RetryPolicy
+from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Scheduler
 from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet, Entry
+from pigeon.queue.state import ActiveSet
 from pigeon.shaping.gcra import Rate
-from pigeon.spool.sqlite import SqliteSpool
+from pigeon.spool.shards import Spools
+from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
+_OUTCOMES = {Verdict.ACCEPTED: "delivered", Verdict.TRANSIENT: "deferred", Verdict.PERMANENT: "failed"}
 
 
 class Outbound:
@@ -41,8 +48,8 @@ class Outbound:
         self,
         config: Config,
         *,
-        spools: Mapping[int, SqliteSpool],
-        primary: SqliteSpool,
+        spools: Spools,
+        primary: Spool,
         log: LogWriter,
         outbox: Outbox,
         metrics: Metrics,
@@ -51,11 +58,8 @@ class Outbound:
         clock: Callable[[], float] = time.time,
     ) -> None:
         delivery = config.delivery
-        self._config = config
-        self._spools = spools
-        self._log = log
         self._intake = intake
-        self._strip = (delivery.tenant_header.lower().encode(), delivery.campaign_header.lower().encode())
+        classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
         self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
         self.router = Router(
@@ -72,6 +76,7 @@ class Outbound:
             tls=TlsPolicy(delivery.tls),
             tls_verify=delivery.tls_verify,
             smtp_port=delivery.smtp_port,
+            classify=classifier.classify,
         )
         self.policies = _policies(config)
         self.active = ActiveSet(delivery.max_active)
@@ -80,38 +85,47 @@ class Outbound:
             active=self.active,
             log=log,
             outbox=outbox,
-            metrics=metrics,
-            classifier=Classifier.from_files(delivery.bounce_rules),
+            counts=metrics.counts,
             policies=self.policies,
-            notifier=self._send_dsn,
+            notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
             clock=clock,
         )
-        self.dispatcher = Dispatcher(
-            source=delivery.source,
-            resolver=self.resolver,
-            options=ClientOptions(
+        self.rules = Rules(spools=spools, settlement=self.settlement, clock=clock)
+        inbound = metrics.inbound_messages
+        smtp_agents = SmtpAgents(
+            self.resolver,
+            ClientOptions(
                 helo_name=delivery.helo_name or config.smtp.hostname,
                 connect_timeout=delivery.connect_timeout,
                 reply_timeout=delivery.reply_timeout,
                 pipelining=delivery.pipelining,
                 chunking=delivery.chunking,
             ),
+            classifier,
+        )
+        target_agents = TargetAgents(
+            targets or {}, classifier, lambda target, verdict: inbound.labels("smtp", target, _OUTCOMES[verdict]).inc()
+        )
+        strip = (delivery.tenant_header.lower().encode(), delivery.campaign_header.lower().encode())
+        self.dispatcher = Dispatcher(
+            agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
             shaping=_shaping(config),
-            load_body=self._load_body,
-            settle=self.settlement.settle,
-            targets=targets,
+            begin=self.active.begin,
+            report=self.settlement.report,
+            body=OutgoingBody(spools, strip),
+            held=self.rules.site_held,
             clock=clock,
         )
-        outcomes = {Verdict.ACCEPTED: "delivered", Verdict.TRANSIENT: "deferred", Verdict.PERMANENT: "failed"}
-        inbound = metrics.inbound_messages
-        self.dispatcher.counted = lambda target, verdict: inbound.labels("smtp", target, outcomes[verdict]).inc()
+        self.ready = ReadyQueues(self.active, delivery.source, self.dispatcher.kick)
         self.scheduler = Scheduler(
             spools=list(spools.values()),
             active=self.active,
-            router=self.router,
-            dispatcher=self.dispatcher,
+            routes=self.router,
+            ready=self.ready,
             settlement=self.settlement,
             policies=self.policies,
+            intercept=self.rules.intercept,
+            observe_lag=metrics.scheduler_lag.observe,
             clock=clock,
         )
         self.admin = Admin(
@@ -119,11 +133,15 @@ class Outbound:
             primary=primary,
             active=self.active,
             settlement=self.settlement,
+            rules=self.rules,
+            ready=self.ready,
             rewind=self._rewind,
-            dispatcher=self.dispatcher,
+            kick=self.dispatcher.kick_all,
+            promote=self.scheduler.promote,
+            connections=self.dispatcher.connections_to,
             clock=clock,
         )
-        self.scheduler.intercept = self.admin.intercept
+        metrics.track_stale_results(lambda: self.active.stale_results)
 
     def start(self) -> None:
         self._intake.on_stored = self.scheduler.admit
@@ -141,40 +159,14 @@ class Outbound:
         for entry in self.active:
             active[entry.state.value] = active.get(entry.state.value, 0) + 1
         sites: dict[str, tuple[int, int]] = {}
-        for queue in self.dispatcher.queues.values():
-            waiting, connections = sites.get(queue.destination.site, (0, 0))
-            sites[queue.destination.site] = (waiting + len(queue), connections + queue.connections)
+        for site, queued, connections in self.dispatcher.sites():
+            waiting, open_connections = sites.get(site, (0, 0))
+            sites[site] = (waiting + queued, open_connections + connections)
         return active, [(site, waiting, connections) for site, (waiting, connections) in sites.items()]
 
-    # --- helpers -----------------------------------------------------------------------
     def _rewind(self, due: float) -> None:
         self.scheduler.rewind(due)
         self.scheduler.wake()
-
-    def _load_body(self, entry: Entry) -> bytes:
-        message = entry.message
-        body = message.data if message.data is not None else self._spools[message.id & 63].body(message.body_id)
-        envelope = message.envelope
-        if envelope.tenant is None and envelope.campaign is None:
-            return body  # the intake found neither header: nothing to take off
-        return strip_headers(body, self._strip)
-
-    def _send_dsn(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:
-        future: asyncio.Future[object] = asyncio.ensure_future(self._store_dsn(message, failures))
-        return future
-
-    async def _store_dsn(self, message: Message, failures: list[Failure]) -> object:
-        original = self._spools[message.id & 63].body(message.body_id)
-        report = build_report(
-            hostname=self._config.smtp.hostname,
-            queue_id=format_id(message.id),
-            envelope=message.envelope,
-            failures=failures,
-            original=original,
-            arrival=message.created,
-        )
-        envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
-        return await self._intake.local(envelope, report)
 
 
 def _policies(config: Config) -> QueuePolicies:

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
 from pigeon.listener.http.inject import FORWARDED_PEER
-from pigeon.queue.admin import new_rule_id
+from pigeon.queue.rules import new_rule_id
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})

@@ -1,9 +1,14 @@
 """Ready queues: messages whose destination is known, waiting for a connection.
 
 One ready queue per egress path `source->site`. A site is a destination's set of MX hosts
-(or its static next hop), so domains hosted together share one queue and one set of
-limits. Dispatchers take from the front; whoever moves a message out of READY (expiry, an
-admin operation) removes it too, so a ready queue only ever holds READY messages.
+(or its static next hop, or an application's target), so domains hosted together share one
+queue and one set of limits.
+
+A dispatcher takes from the front and gets a `Lease` (the message moves READY -> IN_FLIGHT);
+it reports the attempt with that lease, or gives the message back untried. Whoever else moves
+a message out of READY (expiry, an admin operation) does it through `transition()`, which tells
+the queue; the entry stays in the deque and is skipped when it comes up, so removing one is
+O(1) and `len()` counts only the messages really waiting.
 """
 
 from __future__ import annotations
@@ -13,55 +18,74 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pigeon.queue.state import Entry, State
+from pigeon.queue.state import ActiveSet, Entry, Lease, State, transition
 
 
 class ReadyQueue:
-    __slots__ = ("_entries", "_waiters", "connections", "destination", "failures", "limiter", "path", "shaping")
+    __slots__ = ("_active", "_entries", "_live", "_waiters", "destination", "domain", "path")
 
-    def __init__(self, path: str, destination: Any, shaping: Any, limiter: Any = None) -> None:
+    def __init__(self, path: str, destination: Any, active: ActiveSet, domain: str = "") -> None:
         self.path = path
-        # The delivery room's objects, opaque here: pigeon.delivery.routes.Destination,
-        # pigeon.delivery.dispatcher.Shaping and pigeon.shaping.gcra.Gcra (or None).
+        # The delivery room's pigeon.delivery.routes.Destination: opaque here but for `site`.
         self.destination = destination
-        self.shaping = shaping
-        self.limiter = limiter
-        self.connections = 0  # connection tasks running for this queue
-        self.failures = 0  # consecutive failed connection attempts
+        self.domain = domain  # the domain whose mail opened it (its shaping is looked up by it)
+        self._active = active
         self._entries: deque[Entry] = deque()
+        self._live = 0
         self._waiters: deque[asyncio.Future[bool]] = deque()
 
+    @property
+    def site(self) -> str:
+        site: str = self.destination.site
+        return site
+
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._live
 
     def __iter__(self) -> Iterator[Entry]:
-        return iter(list(self._entries))
+        return iter([e for e in self._entries if e.ready is self and e.state is State.READY])
 
-    def put(self, entry: Entry) -> None:
-        self._entries.append(entry)
+    # --- the queue's side ---------------------------------------------------------------
+    def put(self, entry: Entry, *, front: bool = False) -> None:
+        """A message that just became READY."""
+        entry.ready = self
+        self._live += 1
+        if front:
+            self._entries.appendleft(entry)
+        else:
+            self._entries.append(entry)
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(False)
                 break
 
-    def put_front(self, entry: Entry) -> None:
-        """Give back a message taken but not attempted: it keeps its place."""
-        self._entries.appendleft(entry)
+    def left(self, entry: Entry) -> None:
+        """`entry` left READY (taken, expired, or moved by an operator)."""
+        if entry.ready is self:
+            entry.ready = None
+            self._live -= 1
 
-    def take_nowait(self) -> Entry | None:
+    def expired(self, is_expired: Callable[[Entry], bool]) -> list[Entry]:
+        """The READY messages for which `is_expired` is true (the caller settles them)."""
+        return [entry for entry in self if is_expired(entry)]
+
+    # --- the dispatcher's side -------------------------------------------------------------
+    def take_nowait(self) -> Lease | None:
+        """The next message, leased (now IN_FLIGHT), or None if none waits."""
         entries = self._entries
         while entries:
             entry = entries.popleft()
-            if entry.state is State.READY:
-                return entry
+            if entry.ready is self and entry.state is State.READY:
+                transition(entry, State.READY, entry.generation, State.IN_FLIGHT)
+                return ActiveSet.lease(entry)
         return None
 
-    async def take(self, idle: float) -> Entry | None:
+    async def take(self, idle: float) -> Lease | None:
         """The next message, or None after `idle` seconds with none (or on `wake_all()`)."""
-        entry = self.take_nowait()
-        if entry is not None or idle <= 0:
-            return entry
+        lease = self.take_nowait()
+        if lease is not None or idle <= 0:
+            return lease
         # A plain timer rather than asyncio.timeout(): connections wait here once per message
         # whenever mail trickles in, and a timeout context costs several times as much.
         loop = asyncio.get_running_loop()
@@ -76,14 +100,13 @@ class ReadyQueue:
                 waiter.cancel()
         return None if timed_out else self.take_nowait()
 
-    def remove_if(self, predicate: Callable[[Entry], bool]) -> list[Entry]:
-        """Take out (and return) every message for which `predicate` is true."""
-        kept: deque[Entry] = deque()
-        removed: list[Entry] = []
-        for entry in self._entries:
-            (removed if predicate(entry) else kept).append(entry)
-        self._entries = kept
-        return removed
+    def give_back(self, lease: Lease) -> None:
+        """A message taken but not sent (not begun): it goes back to the front, untried."""
+        entry = self._active.current(lease, "give back")
+        if entry is None or entry.state is not State.IN_FLIGHT or entry.started:
+            return
+        transition(entry, State.IN_FLIGHT, entry.generation, State.READY)
+        self.put(entry, front=True)
 
     def wake_all(self) -> None:
         while self._waiters:
@@ -95,3 +118,49 @@ class ReadyQueue:
 def _expire(waiter: asyncio.Future[bool]) -> None:
     if not waiter.done():
         waiter.set_result(True)  # timed out
+
+
+class ReadyQueues:
+    """Every ready queue of this worker, by path. Tells the dispatcher when one has work."""
+
+    def __init__(self, active: ActiveSet, source: str, on_work: Callable[[ReadyQueue], None]) -> None:
+        self._active = active
+        self._source = source
+        self._on_work = on_work
+        self._queues: dict[str, ReadyQueue] = {}
+
+    def __iter__(self) -> Iterator[ReadyQueue]:
+        return iter(list(self._queues.values()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def get(self, path: str) -> ReadyQueue | None:
+        return self._queues.get(path)
+
+    def enqueue(self, entry: Entry, destination: Any) -> None:
+        """Make a SCHEDULED message READY in the queue of its destination's site."""
+        site: str = destination.site
+        path = f"{self._source}->{site}"
+        queue = self._queues.get(path)
+        if queue is None:
+            envelope = entry.message.envelope
+            domain = envelope.routing_domain or envelope.recipients[0].domain
+            queue = self._queues[path] = ReadyQueue(path, destination, self._active, domain)
+        elif queue.destination is not destination and not len(queue):
+            queue.destination = destination  # fresher routing (TTL): same site, maybe new hops
+        transition(entry, State.SCHEDULED, entry.generation, State.READY)
+        entry.site = site
+        queue.put(entry)
+        self._on_work(queue)
+
+    def expired(self, is_expired: Callable[[Entry], bool]) -> list[Entry]:
+        found: list[Entry] = []
+        for queue in self._queues.values():
+            if len(queue):
+                found += queue.expired(is_expired)
+        return found
+
+    def wake_all(self) -> None:
+        for queue in self._queues.values():
+            queue.wake_all()

@@ -5,15 +5,18 @@ the next messages due, in (due, id) order, after a watermark that only moves for
 each due message is read once; messages already active are skipped. New mail comes in
 directly from the intake (no need to read back what was just written). Memory holds only
 the active set, bounded by `max_active`: a million deferred messages cost index pages on
-disk, not objects in RAM.
+disk, not objects in RAM. Whatever leaves memory already due (a rebind, a retry with no
+delay) moves the watermark back to it (`ActiveSet.due_again`).
 
-Making a message ready means resolving its destination (cached per domain: usually no
-wait at all) and handing it to the dispatcher's ready queue for that site. The same tick
-expires what has waited past `max_age` anywhere: at load time, and in the ready queues.
+Making a message ready means applying the operators' standing rules, then resolving its
+destination: from the router's cache (no wait, the common case), or through a lookup shared
+by every message waiting for that domain. A lookup is work that leaves the queue: each
+waiting message holds a `Lease`, and when the answer comes only the messages whose lease is
+still current are made ready. One an operator rebound or suspended meanwhile has moved on
+(its result is dropped and counted as stale); that is normal, not an error.
 
-Every state change goes through `queue.state.transition()`. A message another actor moved
-first (an admin operation, say) makes it raise `StaleTransition`; the scheduler then
-leaves that message alone. That is normal, not an error.
+The same tick expires what has waited past `max_age` anywhere: at load time, and in the
+ready queues.
 """
 
 from __future__ import annotations
@@ -21,58 +24,69 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
 
-from pigeon.delivery.dispatcher import Dispatcher
-from pigeon.delivery.mx import DnsFailure
-from pigeon.delivery.outcome import Attempt
-from pigeon.delivery.routes import Destination, Router
 from pigeon.message import Message
+from pigeon.queue.attempt import Unroutable
 from pigeon.queue.policy import QueuePolicies
+from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet, Entry, StaleTransition, State, transition
-from pigeon.spool.sqlite import SqliteSpool
+from pigeon.queue.state import ActiveSet, Entry, Lease, State
+from pigeon.smtp.replies import Reply
+from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
 _SWEEP_EVERY: Final = 1.0
+
+
+class Routes(Protocol):
+    """Where mail goes (`pigeon.delivery.routes.Router`): a destination has a `site`."""
+
+    def cached(self, domain: str, target: str | None = None) -> Any | None:
+        """The destination if known and fresh: no await needed."""
+
+    async def destination(self, domain: str, target: str | None = None) -> Any:
+        """Raises `Unroutable` when the domain cannot be resolved."""
 
 
 class Scheduler:
     def __init__(
         self,
         *,
-        spools: list[SqliteSpool],
+        spools: Sequence[Spool],
         active: ActiveSet,
-        router: Router,
-        dispatcher: Dispatcher,
+        routes: Routes,
+        ready: ReadyQueues,
         settlement: Settlement,
         policies: QueuePolicies,
+        intercept: Callable[[Entry], bool] = lambda entry: False,
+        observe_lag: Callable[[float], None] = lambda seconds: None,
         clock: Callable[[], float] = time.time,
         tick: float = 0.25,
         batch: int = 1000,
     ) -> None:
         self._spools = spools
         self._active = active
-        self._router = router
-        self._dispatcher = dispatcher
+        self._routes = routes
+        self._ready = ready
         self._settlement = settlement
         self._policies = policies
+        self._intercept = intercept
+        """Standing admin rules (bounce, suspend), asked before a message is routed."""
+        self._observe_lag = observe_lag
+        """Told, for each message made ready, how long after its due time that was."""
         self._clock = clock
         self._tick = tick
         self._batch = batch
         self._watermarks: dict[int, tuple[float, int]] = {spool.shard: (float("-inf"), 0) for spool in spools}
-        self._resolving: dict[str, list[Entry]] = {}
+        self._resolving: dict[tuple[str, str | None], list[Lease]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_sweep = 0.0
         self._last_now = float("-inf")
         self._stopped = False
-        self.observe_lag: Callable[[float], None] | None = None
-        """Told, for each message made ready, how long after its due time that was."""
-        self.intercept: Callable[[Entry], bool] | None = None
-        """Standing admin rules (bounce, suspend), asked before a message is made ready."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="scheduler")
@@ -134,6 +148,9 @@ class Scheduler:
         if now < self._last_now:
             self.rewind(now)  # the clock stepped back: what we read as due may be due again later
         self._last_now = now
+        if self._active.due_again is not None:
+            self.rewind(self._active.due_again)
+            self._active.due_again = None
         for spool in self._spools:
             room = self._active.room
             if room == 0:
@@ -158,60 +175,57 @@ class Scheduler:
             message = entry.message
             return now >= self._policies.for_queue(message.queue).retry.expires(message.created)
 
-        for entry in self._dispatcher.expired(expired):
-            self._settlement.expire(entry, State.READY)
+        for entry in self._ready.expired(expired):
+            self._settlement.expire(entry)
 
     # --- making ready --------------------------------------------------------------------
+    def promote(self, entry: Entry) -> None:
+        """Route a SCHEDULED message (an operator claimed it, then left it to the queue)."""
+        self._promote(entry)
+
     def _promote(self, entry: Entry) -> None:
         message = entry.message
         policy = self._policies.for_queue(message.queue)
         if self._clock() >= policy.retry.expires(message.created):
-            self._settlement.expire(entry, State.SCHEDULED)
+            self._settlement.expire(entry)
             return
-        if self.intercept is not None and self.intercept(entry):
+        if self._intercept(entry):
             return
-        domain = message.envelope.routing_domain or message.envelope.recipients[0].domain
-        destination = self._router.cached(domain)
+        envelope = message.envelope
+        key = (envelope.routing_domain or envelope.recipients[0].domain, envelope.target)
+        destination = self._routes.cached(*key)
         if destination is not None:
-            self._ready(entry, destination, domain)
+            self._make_ready(entry, destination)
             return
-        waiting = self._resolving.get(domain)
+        waiting = self._resolving.get(key)
         if waiting is not None:
-            waiting.append(entry)
+            waiting.append(ActiveSet.lease(entry))
             return
-        self._resolving[domain] = [entry]
-        task = asyncio.create_task(self._resolve(domain), name=f"resolve {domain}")
+        self._resolving[key] = [ActiveSet.lease(entry)]
+        task = asyncio.create_task(self._resolve(key), name=f"resolve {key[0]}")
         self._tasks.add(task)  # a reference, so the task is not collected mid-flight
         task.add_done_callback(self._tasks.discard)
 
-    async def _resolve(self, domain: str) -> None:
+    async def _resolve(self, key: tuple[str, str | None]) -> None:
         try:
-            destination = await self._router.destination(domain)
-        except DnsFailure as error:
-            for entry in self._resolving.pop(domain, []):
-                self._failed(entry, error)
+            destination = await self._routes.destination(*key)
+        except Unroutable as failure:
+            for lease in self._resolving.pop(key, []):
+                self._settlement.unroutable(lease, failure)
             return
-        except Exception:
-            _log.exception("resolving %s failed", domain)
-            self._resolving.pop(domain, None)
+        except Exception as error:
+            # Not an answer about the domain: a transient failure, so nothing waits in memory
+            # for an answer that will not come.
+            _log.exception("resolving %s failed", key[0])
+            broken = Unroutable(Reply(451, "4.4.3", (f"cannot resolve {key[0]}: {type(error).__name__}",)))
+            for lease in self._resolving.pop(key, []):
+                self._settlement.unroutable(lease, broken)
             return
-        for entry in self._resolving.pop(domain, []):
-            self._ready(entry, destination, domain)
+        for lease in self._resolving.pop(key, []):
+            entry = self._active.current(lease, "route")
+            if entry is not None and entry.state is State.SCHEDULED:
+                self._make_ready(entry, destination)
 
-    def _ready(self, entry: Entry, destination: Destination, domain: str) -> None:
-        try:
-            transition(entry, State.SCHEDULED, entry.generation, State.READY)
-        except StaleTransition:
-            return
-        if self.observe_lag is not None:
-            self.observe_lag(max(0.0, self._clock() - entry.message.due))
-        self._dispatcher.enqueue(entry, destination, domain)
-
-    def _failed(self, entry: Entry, error: DnsFailure) -> None:
-        """The destination cannot be resolved: an attempt that failed before connecting."""
-        try:
-            generation = transition(entry, State.SCHEDULED, entry.generation, State.IN_FLIGHT)
-        except StaleTransition:
-            return
-        count = len(entry.message.envelope.recipients)
-        self._settlement.settle(entry, generation, Attempt.same_for_all(error.reply, count, "dns"))
+    def _make_ready(self, entry: Entry, destination: Any) -> None:
+        self._observe_lag(max(0.0, self._clock() - entry.message.due))
+        self._ready.enqueue(entry, destination)

@@ -1,17 +1,24 @@
-"""Settlement: the one place that decides what an attempt means for a message.
+"""Settlement: the one place that decides what an outcome means for a message, and makes it durable.
 
-For each recipient: 2xx is a `Delivery`, 5xx a `Bounce` (classified), 4xx or a broken
-connection a `TransientFailure`. Recipients still to do are retried with backoff, or
-expire if the next try would come after `max_age`. The outcome is written to the spool
-in one group-committed operation: the message row is updated (remaining recipients,
-attempts, next due) or removed, and every terminal record goes into the spool's outbox
-in the same transaction. Only once that is durable are the records written to the log and
-the message let go. After `kill -9` a terminal record is therefore either committed (and
-written to the log at the next start, if it had not been) or not committed at all (and
-the attempt is made again): each recipient gets exactly one terminal record.
+For each recipient of an attempt: 2xx is a `Delivery`, 5xx a `Bounce` (with the class the
+agent gave it), 4xx or a broken connection a `TransientFailure`. Recipients still to do are
+retried with backoff, or expire if the next try would come after `max_age`. Operators'
+outcomes (admin bounce, defer for a suspension or a rebind) and expiry come through here too.
+
+The message is `settling` from the moment its outcome is known until the outcome is durable:
+the row is updated (remaining recipients, attempts, next due, maybe a new queue) or removed,
+and every terminal record goes into the spool's outbox in the same transaction. Only then are
+the records logged and the message let go of (`ActiveSet.finish`). Nobody else acts on a
+settling message, and nothing writes a settling message's in-memory envelope back to the
+spool: an operator waits for the commit and acts on the row it left. After `kill -9` a
+terminal record is either committed (and logged at the next start, if it had not been) or not
+committed at all (and the attempt is made again): each recipient gets exactly one.
+
+Results come back with the `Lease` their work started with (`report`, `unroutable`); a stale
+lease (someone moved the message meanwhile) means the result is dropped and counted.
 
 Failed recipients that asked for it get a delivery status notification, stored as a new
-message before the failure is settled (a crash in between can duplicate a DSN, never lose
+message before the failure is committed (a crash in between can duplicate a DSN, never lose
 one).
 """
 
@@ -22,29 +29,44 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from pigeon.delivery.classify import Classifier
+import msgspec
+
 from pigeon.delivery.dsn import Failure, wants_failure_notice
-from pigeon.delivery.outcome import Attempt
-from pigeon.logs.outbox import Outbox
-from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Response, TransientFailure
-from pigeon.logs.writer import LogWriter
+from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Record, Response, TransientFailure
 from pigeon.message import Envelope, Message, Recipient, format_id
-from pigeon.metrics import Metrics
+from pigeon.metrics import Counts
+from pigeon.queue.attempt import Attempt, Unroutable
 from pigeon.queue.policy import QueuePolicies
-from pigeon.queue.state import ActiveSet, Entry, StaleTransition, State, transition
+from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, State, transition
 from pigeon.smtp.replies import Reply
-from pigeon.spool.sqlite import SqliteSpool
+from pigeon.spool.shards import Spools
+from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
-_SHARD_MASK = 63
 _RETRY_WRITE = 1.0  # seconds before retrying a settlement the spool could not write
 
-# Submits a DSN for these failures of this message; the future is done once it is stored.
 Notifier = Callable[[Message, list[Failure]], "asyncio.Future[object]"]
+"""Stores a DSN for these failures of this message; the future is done once it is durable."""
+
+Terminal = Delivery | Bounce | Expiration | AdminBounce
+
+
+class RecordLog(Protocol):
+    """Where records that report no spool change go (`TransientFailure`)."""
+
+    def write(self, record: Record) -> object: ...
+
+
+class RecordOutbox(Protocol):
+    """Terminal records, committed with the change they report (`pigeon.logs.outbox.Outbox`)."""
+
+    def seal(self, spool: Spool, records: Sequence[Record]) -> list[tuple[int, bytes]]: ...
+
+    def committed(self, spool: Spool, sealed: Sequence[tuple[int, bytes]]) -> None: ...
 
 
 def expired_reply(last: str | None) -> Reply:
@@ -57,10 +79,11 @@ class _Outcome:
     """A settlement being written."""
 
     entry: Entry
+    lease: Lease  # the SETTLING state it was taken at
     remaining: Envelope | None
     attempts: int
     due: float
-    terminal: list[Delivery | Bounce | Expiration | AdminBounce] = field(default_factory=list)
+    terminal: list[Terminal] = field(default_factory=list)
     transient: list[TransientFailure] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     encoded: list[tuple[int, bytes]] = field(default_factory=list)
@@ -71,12 +94,11 @@ class Settlement:
     def __init__(
         self,
         *,
-        spools: Mapping[int, SqliteSpool],
+        spools: Spools,
         active: ActiveSet,
-        log: LogWriter,
-        outbox: Outbox,
-        metrics: Metrics,
-        classifier: Classifier,
+        log: RecordLog,
+        outbox: RecordOutbox,
+        counts: Counts,
         policies: QueuePolicies,
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.time,
@@ -86,38 +108,93 @@ class Settlement:
         self._active = active
         self._log = log
         self._outbox = outbox
-        self._metrics = metrics
-        self._classifier = classifier
+        self._counts = counts
         self._policies = policies
         self._notifier = notifier
         self._clock = clock
         self._rng = rng or random.Random()
 
-    # --- entry points ------------------------------------------------------------------------
-    def settle(self, entry: Entry, generation: int, attempt: Attempt) -> None:
-        """An attempt (IN_FLIGHT at `generation`) ended with these replies."""
+    # --- results of work that left the queue -------------------------------------------------
+    def report(self, lease: Lease, attempt: Attempt) -> None:
+        """A delivery attempt (leased when it was taken) ended with these replies."""
+        entry = self._active.current(lease, "attempt")
+        if entry is None or entry.state is not State.IN_FLIGHT:
+            return
+        self._settle_attempt(entry, attempt)
+
+    def unroutable(self, lease: Lease, failure: Unroutable) -> None:
+        """The route lookup (leased when it started) found no way to the destination."""
+        entry = self._active.current(lease, "route")
+        if entry is None or entry.state is not State.SCHEDULED:
+            return
+        count = len(entry.message.envelope.recipients)
+        self._settle_attempt(entry, Attempt.same_for_all(failure.reply, count, failure.classification))
+
+    # --- the queue's own decisions (synchronous: the caller holds the entry now) --------------
+    def expire(self, entry: Entry) -> None:
+        """A message found past its max_age before an attempt: expire every recipient."""
+        message = entry.message
+        outcome = self._begin(entry, message.attempts, self._clock())
+        reply = expired_reply(message.envelope.last_response)
+        for recipient in message.envelope.recipients:
+            outcome.terminal.append(Expiration(**self._fields(message, recipient, reply, message.attempts, None)))
+            outcome.failures.append(Failure(recipient, reply, "failed"))
+        self._write(outcome, self._policies.for_queue(message.queue).dsn)
+
+    def admin_bounce(self, entry: Entry, mark: AdminMark) -> asyncio.Future[None]:
+        """An operator bounced a message nobody is sending: every recipient, no DSN.
+        The future resolves once that is durable."""
+        message = entry.message
+        outcome = self._begin(entry, message.attempts, self._clock())
+        for recipient in message.envelope.recipients:
+            outcome.terminal.append(self._admin_bounce_record(message, recipient, message.attempts, mark))
+        self._commit(outcome)
+        return self._active.settled(entry)
+
+    def defer(
+        self, entry: Entry, until: float, *, queue: str | None = None, envelope: Envelope | None = None
+    ) -> asyncio.Future[None]:
+        """Put a message nobody is sending back in the spool until `until`, untried (its queue
+        is suspended, or it is rebound to another `queue` or route in `envelope`): no attempt
+        is counted and nothing is logged. The future resolves once that is durable."""
+        message = entry.message
+        outcome = self._begin(entry, message.attempts, until)
+        outcome.remaining = envelope or message.envelope
+        outcome.queue = queue
+        self._commit(outcome)
+        return self._active.settled(entry)
+
+    # --- outcomes ------------------------------------------------------------------------------
+    def _begin(self, entry: Entry, attempts: int, due: float) -> _Outcome:
+        """Take `entry` (SCHEDULED, READY, or IN_FLIGHT) into SETTLING."""
+        transition(entry, entry.state, entry.generation, State.SETTLING)
+        return _Outcome(entry, ActiveSet.lease(entry), None, attempts, due)
+
+    def _settle_attempt(self, entry: Entry, attempt: Attempt) -> None:
         message = entry.message
         now = self._clock()
         policy = self._policies.for_queue(message.queue)
         attempts = message.attempts + 1
-        outcome = _Outcome(entry, None, attempts, now)
+        outcome = self._begin(entry, attempts, now)
         deferred: list[tuple[Recipient, Reply]] = []
-        for recipient, reply in zip(message.envelope.recipients, attempt.replies, strict=True):
-            fields = self._fields(message, recipient, reply, attempts, attempt)
+        recipients = message.envelope.recipients
+        replies = attempt.replies
+        for index, recipient in enumerate(recipients):
+            reply = replies[index]
             if reply.code < 400:
-                outcome.terminal.append(Delivery(**fields))
+                outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt)))
             elif reply.code >= 500:
-                outcome.terminal.append(Bounce(**fields, classification=self._classifier.classify(reply)))
+                fields = self._fields(message, recipient, reply, attempts, attempt)
+                outcome.terminal.append(Bounce(**fields, classification=attempt.classifications[index]))
                 outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
             else:
                 deferred.append((recipient, reply))
-        bounced_by = entry.notes.get("admin_bounce")
-        if deferred and isinstance(bounced_by, tuple):
-            # An operator bounced it while this attempt was under way: what did not get
+        mark = entry.admin_bounce
+        if deferred and mark is not None:
+            # An operator bounced it while this attempt was on the wire: what did not get
             # through now ends here instead of being retried.
-            reason, operator = bounced_by
             for recipient, _ in deferred:
-                outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, reason, operator))
+                outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, mark))
             deferred = []
         if deferred:
             last = str(deferred[-1][1])
@@ -129,58 +206,22 @@ class Settlement:
                     outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
             else:
                 outcome.due = due
-                outcome.remaining = _with(message.envelope, [r for r, _ in deferred], last)
+                outcome.remaining = msgspec.structs.replace(
+                    message.envelope, recipients=[r for r, _ in deferred], last_response=last
+                )
                 for recipient, reply in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt)
                     outcome.transient.append(TransientFailure(**fields, next_attempt=due))
-        to = State.SCHEDULED if outcome.remaining is not None else _terminal_state(outcome.terminal)
-        if not self._move(entry, State.IN_FLIGHT, generation, to):
-            return
         self._write(outcome, policy.dsn)
 
-    def expire(self, entry: Entry, expected: State) -> None:
-        """A message found past its max_age while SCHEDULED or READY: expire every recipient."""
-        message = entry.message
-        if not self._move(entry, expected, entry.generation, State.EXPIRED):
-            return
-        reply = expired_reply(message.envelope.last_response)
-        outcome = _Outcome(entry, None, message.attempts, self._clock())
-        for recipient in message.envelope.recipients:
-            outcome.terminal.append(Expiration(**self._fields(message, recipient, reply, message.attempts, None)))
-            outcome.failures.append(Failure(recipient, reply, "failed"))
-        self._write(outcome, self._policies.for_queue(message.queue).dsn)
-
-    def admin_bounce(self, entry: Entry, expected: State, reason: str, operator: str) -> bool:
-        """An operator bounced a SCHEDULED or READY message: every recipient, no DSN."""
-        message = entry.message
-        if not self._move(entry, expected, entry.generation, State.ADMIN_BOUNCED):
-            return False
-        outcome = _Outcome(entry, None, message.attempts, self._clock())
-        for recipient in message.envelope.recipients:
-            outcome.terminal.append(self._admin_bounce_record(message, recipient, message.attempts, reason, operator))
-        self._commit(outcome)
-        return True
-
-    def defer(
-        self, entry: Entry, expected: State, until: float, *, queue: str | None = None, envelope: Envelope | None = None
-    ) -> bool:
-        """Put a SCHEDULED or READY message back in the spool until `until`, untried (its
-        queue is suspended, or it is rebound to another `queue` or route in `envelope`): no
-        attempt is counted and nothing is logged."""
-        message = entry.message
-        if not self._move(entry, expected, entry.generation, State.SCHEDULED):
-            return False
-        outcome = _Outcome(entry, envelope or message.envelope, message.attempts, until)
-        outcome.due = until
-        outcome.queue = queue
-        self._commit(outcome)
-        return True
-
     def _admin_bounce_record(
-        self, message: Message, recipient: Recipient, attempts: int, reason: str, operator: str
+        self, message: Message, recipient: Recipient, attempts: int, mark: AdminMark
     ) -> AdminBounce:
+        reason = mark.reason
         reply = Reply(550, "5.7.1", (f"Administratively bounced: {reason}" if reason else "Administratively bounced",))
-        return AdminBounce(**self._fields(message, recipient, reply, attempts, None), reason=reason, operator=operator)
+        return AdminBounce(
+            **self._fields(message, recipient, reply, attempts, None), reason=reason, operator=mark.operator
+        )
 
     # --- writing -------------------------------------------------------------------------
     def _write(self, outcome: _Outcome, dsn: bool) -> None:
@@ -202,7 +243,7 @@ class Settlement:
 
     def _commit(self, outcome: _Outcome) -> None:
         message = outcome.entry.message
-        spool = self._spools[message.id & _SHARD_MASK]
+        spool = self._spools.of(message.id)
         if not outcome.encoded and outcome.terminal:
             outcome.encoded = self._outbox.seal(spool, outcome.terminal)
         future = spool.settle(
@@ -215,38 +256,29 @@ class Settlement:
         )
         future.add_done_callback(functools.partial(self._committed, outcome, spool))
 
-    def _committed(self, outcome: _Outcome, spool: SqliteSpool, future: asyncio.Future[None]) -> None:
+    def _committed(self, outcome: _Outcome, spool: Spool, future: asyncio.Future[None]) -> None:
         error = future.exception()
         if error is not None:
             _log.error("message %s: outcome not written (%s); will try again", format_id(outcome.entry.id), error)
             asyncio.get_running_loop().call_later(_RETRY_WRITE, self._commit, outcome)
             return
-        log = self._log
-        counts = self._metrics.counts
+        entry = self._active.current(outcome.lease, "commit")
+        if entry is None:  # by construction nothing moves a SETTLING message: say so if it happened
+            _log.error("message %s: moved while its outcome was being written", format_id(outcome.entry.id))
+            return
+        counts = self._counts
         self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
             counts.outcome(type(record).__name__, record.queue, record.site)
         for transient in outcome.transient:
-            log.write(transient)
+            self._log.write(transient)
             counts.outcome("TransientFailure", transient.queue, transient.site)
         if outcome.remaining is not None:
-            message = outcome.entry.message
-            message.envelope = outcome.remaining
-            if outcome.queue is not None:
-                message.queue = outcome.queue
-            message.attempts = outcome.attempts
-            message.due = outcome.due
-        self._active.remove(outcome.entry)
+            self._active.finish(entry, State.SCHEDULED, outcome.due, self._clock())
+        else:
+            self._active.finish(entry, _terminal_state(outcome.terminal))
 
     # --- helpers -----------------------------------------------------------------------
-    def _move(self, entry: Entry, expected: State, generation: int, to: State) -> bool:
-        try:
-            transition(entry, expected, generation, to)
-        except StaleTransition as stale:
-            _log.info("settlement skipped: %s", stale)
-            return False
-        return True
-
     def _fields(
         self, message: Message, recipient: Recipient, reply: Reply, attempts: int, attempt: Attempt | None
     ) -> dict[str, Any]:
@@ -268,7 +300,7 @@ class Settlement:
         }
 
 
-def _terminal_state(records: list[Delivery | Bounce | Expiration | AdminBounce]) -> State:
+def _terminal_state(records: list[Terminal]) -> State:
     if all(isinstance(r, Delivery) for r in records):
         return State.DELIVERED
     if any(isinstance(r, Expiration) for r in records):
@@ -276,13 +308,6 @@ def _terminal_state(records: list[Delivery | Bounce | Expiration | AdminBounce])
     if any(isinstance(r, AdminBounce) for r in records):
         return State.ADMIN_BOUNCED
     return State.BOUNCED
-
-
-def _with(envelope: Envelope, recipients: list[Recipient], last: str | None) -> Envelope:
-    copy = Envelope(**{f: getattr(envelope, f) for f in envelope.__struct_fields__})
-    copy.recipients = recipients
-    copy.last_response = last
-    return copy
 
 
 def _host(peer: str | None) -> str | None:

@@ -1,37 +1,53 @@
-"""The message state machine: where every active message is, and the one way to move it.
+"""The message state machine: where every active message is, who may move it, and leases.
 
-    scheduled --promote--> ready --take--> in_flight --settle--> scheduled (retry later)
-        |                    |                  |                  delivered / bounced / expired
-        +--------------------+------------------+--> expired, admin_bounced (any live state)
+    scheduled --route found--> ready --taken--> in_flight --attempt reported--> settling
+        |                        |  <--given back--  |                              |
+        +------------------------+-------------------+--> settling --committed--> scheduled (back in
+                                                                                 the spool, due later)
+                                                          or delivered / bounced / expired / admin_bounced
 
-A message is in exactly one state and carries a generation number, bumped by every
-transition. Everything that moves a message (the scheduler's tick, a dispatcher taking
-one from a ready queue, the settlement of an attempt, admin operations) does it through
-`transition()`, naming the state and generation it saw. If someone else got there first
-the state or generation differ, `transition()` raises `StaleTransition`, and the caller
-leaves the message alone. This is the race KumoMTA's timer wheel kept hitting (a tick
-against a bulk bounce or a flush, two owners of one message), removed by construction:
-there is one owner at a time, and changing owner is a compare-and-set.
+A message is in exactly one state and carries a generation, a number drawn afresh from one
+counter at every transition (and when the message is loaded), so `(id, generation)` names
+one state of one message for the whole life of the process, across reloads.
 
-Only *active* messages are in memory (`ActiveSet`): those the scheduler has loaded because
-they are due, until they are settled. Deferred mail stays in the spool, indexed by due
-time, so memory grows with what is being worked on, not with the queue.
+Only `pigeon.queue` moves messages, and always through `transition()`. Work that leaves the
+queue and comes back later (a route lookup, a delivery attempt) takes a `Lease`: the id and
+generation at the moment it started. The queue applies the result only while the lease is
+current (`ActiveSet.current`); otherwise someone else moved the message meanwhile (an
+operator's rebind, say), and the result is dropped and counted. A caller never reads the
+generation when it *finishes*: that was the first build's race.
+
+`settling` is the time between an outcome and its durable commit. Nothing acts on a settling
+message; an admin operation waits for the commit (`ActiveSet.settled`) and acts on what it
+left in the spool. Terminal states are reached only from `settling`, once the commit is done.
+
+Only *active* messages are in memory: those loaded because they are due (or claimed by an
+admin operation), until they settle. Deferred mail stays in the spool, indexed by due time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import itertools
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
-from pigeon.message import Message, SpoolId
+from pigeon.message import Message, SpoolId, format_id
+
+if TYPE_CHECKING:
+    from pigeon.queue.ready import ReadyQueue
+
+_log = logging.getLogger(__name__)
 
 
 class State(enum.Enum):
-    SCHEDULED = "scheduled"  # loaded, waiting for its destination to be resolved
+    SCHEDULED = "scheduled"  # loaded, its destination not known yet (a route lookup may be out)
     READY = "ready"  # in a ready queue, waiting for a connection
-    IN_FLIGHT = "in_flight"  # a dispatcher is delivering it
+    IN_FLIGHT = "in_flight"  # leased to a delivery agent
+    SETTLING = "settling"  # an outcome is being made durable: nobody else acts on it
     DELIVERED = "delivered"
     BOUNCED = "bounced"
     EXPIRED = "expired"
@@ -46,16 +62,15 @@ class State(enum.Enum):
 
 _TERMINAL: Final = frozenset({State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED})
 
-# Which state may follow which. Looking the move up is the validation.
+# Which state may follow which. Looking the move up is the validation; a move nobody makes is
+# not in the table.
 _MOVES: Final[dict[State, frozenset[State]]] = {
-    # SCHEDULED -> IN_FLIGHT: an attempt that fails before any connection (no DNS answer).
-    State.SCHEDULED: frozenset(
-        {State.READY, State.IN_FLIGHT, State.EXPIRED, State.BOUNCED, State.ADMIN_BOUNCED, State.SCHEDULED}
-    ),
-    State.READY: frozenset({State.IN_FLIGHT, State.SCHEDULED, State.EXPIRED, State.ADMIN_BOUNCED}),
-    State.IN_FLIGHT: frozenset(
-        {State.SCHEDULED, State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED, State.READY}
-    ),
+    State.SCHEDULED: frozenset({State.READY, State.SETTLING}),
+    State.READY: frozenset({State.IN_FLIGHT, State.SETTLING}),
+    # IN_FLIGHT -> READY: taken but given back untried (the connection died before it was sent).
+    State.IN_FLIGHT: frozenset({State.READY, State.SETTLING}),
+    # SETTLING -> SCHEDULED: recipients remain; the entry leaves memory, its row is due later.
+    State.SETTLING: frozenset({State.SCHEDULED, *_TERMINAL}),
 }
 
 
@@ -63,50 +78,93 @@ class StaleTransition(Exception):
     """The message was not in the state/generation the caller saw: someone else moved it."""
 
 
-@dataclass(slots=True, eq=False)
-class Entry:
-    """An active message: the spool row, plus where it is and who may move it."""
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to report back on one message: its id and the generation the work started at."""
 
-    message: Message
-    state: State = State.SCHEDULED
-    generation: int = 0
-    site: str | None = None  # the ready queue's site, once resolved
-    settled: bool = False  # left the active set (its final spool write is durable)
-    notes: dict[str, object] = field(default_factory=dict)
+    id: SpoolId
+    generation: int
+
+    def __str__(self) -> str:
+        return f"{format_id(self.id)}@{self.generation}"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminMark:
+    """An operator bounced a message while its attempt was on the wire: what that attempt does
+    not deliver ends with `AdminBounce` instead of being retried."""
+
+    reason: str
+    operator: str
+
+
+class Entry:
+    """An active message: the spool row, plus where it is. Fields change only in `pigeon.queue`."""
+
+    __slots__ = ("_waiters", "active", "admin_bounce", "generation", "message", "ready", "site", "started", "state")
+
+    def __init__(self, message: Message, generation: int) -> None:
+        self.message = message
+        self.state = State.SCHEDULED
+        self.generation = generation
+        self.site: str | None = None  # the ready queue's site, once resolved
+        self.ready: ReadyQueue | None = None  # the ready queue holding it while READY
+        self.started = False  # IN_FLIGHT: the agent has begun sending it (no admin step can take it back)
+        self.admin_bounce: AdminMark | None = None
+        self.active = True  # False once it left memory (settled)
+        self._waiters: list[asyncio.Future[None]] | None = None
 
     @property
     def id(self) -> SpoolId:
         return self.message.id
 
+    def __repr__(self) -> str:
+        return f"<Entry {format_id(self.id)} {self.state.value}@{self.generation}>"
+
+
+_generations = itertools.count(1)
+
 
 def transition(entry: Entry, expected: State, generation: int, to: State) -> int:
-    """Move `entry` from `expected` (at `generation`) to `to`; returns the new generation."""
-    if entry.state is not expected or entry.generation != generation:
-        raise StaleTransition(
-            f"message {entry.id:016x} is {entry.state.value}@{entry.generation}, not {expected.value}@{generation}"
-        )
+    """Move `entry` from `expected` (at `generation`) to `to`; returns the new generation.
+
+    Raises `StaleTransition` if the entry is not where the caller saw it, and `ValueError` for
+    a move the state machine does not have.
+    """
+    if entry.state is not expected or entry.generation != generation or not entry.active:
+        raise StaleTransition(f"message {entry!r} is not {expected.value}@{generation}")
     allowed = _MOVES.get(expected)
     if allowed is None or to not in allowed:
         raise ValueError(f"no move from {expected.value} to {to.value}")
+    if expected is State.READY and entry.ready is not None:
+        entry.ready.left(entry)
     entry.state = to
-    entry.generation = generation + 1
+    entry.generation = next(_generations)
+    if to is not State.IN_FLIGHT:
+        entry.started = False
     return entry.generation
 
 
 class ActiveSet:
-    """The messages in memory, by spool id. The scheduler adds; settlement removes.
+    """The messages in memory, by spool id; the keeper of leases.
 
-    Bodies may come along (fresh mail, from the intake) within `body_budget` bytes in all;
-    past it, they are dropped and read from the spool when needed.
+    The scheduler (and an admin operation claiming a message) adds; settlement removes, once
+    the outcome is durable. Bodies may come along (fresh mail, from the intake) within
+    `body_budget` bytes in all; past it, they are dropped and read from the spool when needed.
     """
 
-    __slots__ = ("_entries", "body_budget", "body_bytes", "limit")
+    __slots__ = ("_entries", "body_budget", "body_bytes", "due_again", "limit", "stale_results")
 
     def __init__(self, limit: int, body_budget: int = 64 * 1024 * 1024) -> None:
         self._entries: dict[int, Entry] = {}
         self.limit = limit
         self.body_budget = body_budget
         self.body_bytes = 0
+        self.stale_results: dict[str, int] = {}
+        """Results dropped because their lease was stale, by step (for /metrics)."""
+        self.due_again: float | None = None
+        """The earliest due time of a message that left memory already due (the scheduler
+        reads from there again: its watermark may be past that row)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -123,24 +181,68 @@ class ActiveSet:
 
     def add(self, message: Message) -> Entry:
         if message.id in self._entries:
-            raise ValueError(f"message {message.id:016x} is already active")
+            raise ValueError(f"message {format_id(message.id)} is already active")
         if message.data is not None:
             if self.body_bytes + len(message.data) > self.body_budget:
                 message.data = None
             else:
                 self.body_bytes += len(message.data)
-        entry = Entry(message)
+        entry = Entry(message, next(_generations))
         self._entries[message.id] = entry
         return entry
 
     def get(self, spool_id: int) -> Entry | None:
         return self._entries.get(spool_id)
 
-    def remove(self, entry: Entry) -> None:
+    # --- leases ----------------------------------------------------------------------------
+    @staticmethod
+    def lease(entry: Entry) -> Lease:
+        return Lease(entry.id, entry.generation)
+
+    def current(self, lease: Lease, step: str) -> Entry | None:
+        """The entry while `lease` is current; otherwise None, and the result is counted stale."""
+        entry = self._entries.get(lease.id)
+        if entry is not None and entry.generation == lease.generation:
+            return entry
+        self.stale_results[step] = self.stale_results.get(step, 0) + 1
+        _log.debug("stale %s result for %s dropped (now %r)", step, lease, entry)
+        return None
+
+    def begin(self, lease: Lease) -> Message | None:
+        """An agent is about to send this IN_FLIGHT message: from now on no admin step takes it
+        back. None if the lease is stale (an operator acted on it first): do not send it."""
+        entry = self.current(lease, "attempt")
+        if entry is None or entry.state is not State.IN_FLIGHT:
+            return None
+        entry.started = True
+        return entry.message
+
+    # --- leaving -----------------------------------------------------------------------------
+    def finish(self, entry: Entry, to: State, due: float | None = None, now: float = 0.0) -> None:
+        """A SETTLING entry's outcome is durable: it goes to `to` and leaves memory. `due` is
+        its row's next due time when recipients remain."""
+        transition(entry, State.SETTLING, entry.generation, to)
+        if due is not None and due <= now:
+            self.due_again = due if self.due_again is None else min(self.due_again, due)
         if self._entries.get(entry.id) is entry:
             del self._entries[entry.id]
             data = entry.message.data
             if data is not None:
                 self.body_bytes -= len(data)
                 entry.message.data = None
-        entry.settled = True
+        entry.active = False
+        waiters, entry._waiters = entry._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def settled(self, entry: Entry) -> asyncio.Future[None]:
+        """Resolves once `entry` has left memory (its settlement is durable)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not entry.active:
+            future.set_result(None)
+        else:
+            if entry._waiters is None:
+                entry._waiters = []
+            entry._waiters.append(future)
+        return future

@@ -7,11 +7,18 @@ reply without matching strings: each carries the `Reply` a client should get.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from pigeon.message import Envelope, SpoolId
+from pigeon.message import Envelope, Message, SpoolId
 from pigeon.smtp import replies
 from pigeon.smtp.replies import Reply
+
+if TYPE_CHECKING:
+    from pigeon.spool.body import Body, BodyWriter
 
 
 class SpoolError(Exception):
@@ -69,3 +76,75 @@ class RecoveryReport:
     quarantined: tuple[Quarantined, ...]
     orphan_bodies_removed: int
     orphan_files_removed: int
+
+
+class Spool(Protocol):
+    """What every room needs of one spool shard; `pigeon.spool.sqlite.SqliteSpool` is the engine.
+
+    Writes return futures that resolve once the change is durable (group-committed and
+    fsynced); reads run on the event loop and see every committed change.
+    """
+
+    directory: Path
+
+    @property
+    def shard(self) -> int: ...
+
+    @property
+    def count(self) -> int:
+        """Messages in the spool (committed)."""
+
+    # --- reception -------------------------------------------------------------------------
+    def new_ids(self, n: int) -> list[SpoolId]: ...
+
+    def body_writer(self, body_id: SpoolId) -> BodyWriter: ...
+
+    def store(
+        self, body: Body, messages: list[NewMessage], records: Sequence[tuple[int, bytes]] = ()
+    ) -> asyncio.Future[None]:
+        """Store one reception: its body, its messages and their records, in one transaction."""
+
+    # --- delivery --------------------------------------------------------------------------
+    def due(self, now: float, after: tuple[float, int], limit: int) -> list[Message]:
+        """Messages due by `now`, in (due, id) order, strictly after `after`."""
+
+    def get(self, spool_id: int) -> Message | None: ...
+
+    def body(self, body_id: int) -> bytes:
+        """A stored body's bytes. Raises SpoolError if it cannot be read."""
+
+    def settle(
+        self,
+        message: Message,
+        remaining: Envelope | None,
+        *,
+        attempts: int,
+        due: float,
+        records: Sequence[tuple[int, bytes]] = (),
+        queue: str | None = None,
+    ) -> asyncio.Future[None]:
+        """Record an outcome with its terminal records: the row updated, or removed (None)."""
+
+    # --- operators -------------------------------------------------------------------------
+    def scan(self, after: int, limit: int) -> list[Message]:
+        """Messages in id order, strictly after `after`."""
+
+    def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
+        """Bring these messages' next attempt forward to `due` (later ones only)."""
+
+    def queue_counts(self, now: float) -> list[tuple[str, int, int, float]]:
+        """Per scheduled queue: messages, how many are due, the oldest's creation (any thread)."""
+
+    def rules(self) -> list[tuple[str, bytes]]: ...
+
+    def save_rule(self, rule_id: str, rule: bytes | None) -> asyncio.Future[None]: ...
+
+    # --- the outbox of terminal records --------------------------------------------------------
+    def outbox(self, seqs: Sequence[int] | None = None) -> list[tuple[int, bytes]]:
+        """Records committed but not yet known durable in the log: all of them, or those `seqs`."""
+
+    def outbox_written(self, seqs: Sequence[int]) -> asyncio.Future[None]:
+        """These records are durable in the log: forget them."""
+
+    def outbox_add(self, records: Sequence[tuple[int, bytes]]) -> asyncio.Future[None]:
+        """Keep (seq, line) records the log could not take, to be logged later."""

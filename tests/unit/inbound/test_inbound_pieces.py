@@ -14,7 +14,7 @@ from pigeon.config.schema import SidekiqTarget as SidekiqConfig
 from pigeon.inbound.imap import uid_set
 from pigeon.inbound.mailbox import retry_delay
 from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
-from pigeon.inbound.routes import InboundRoute, InboundRoutes, target_of
+from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.inbound.targets.sidekiq import SidekiqTarget
 from pigeon.inbound.targets.webhook import json_body, signature
 
@@ -59,8 +59,8 @@ def test_inbound_routes_match_address_globs_then_domains_in_order() -> None:
     assert routes.routing_key("anyone@eu.app.example") == "inbound:helpdesk"
     assert routes.routing_key("support@app.example") == "inbound:catchall"
     assert routes.routing_key("someone@elsewhere.example") is None
-    assert target_of("inbound:helpdesk") == "helpdesk"
-    assert target_of("example.com") is None
+    assert routes.target("anyone@eu.app.example") == "helpdesk"
+    assert routes.target("someone@elsewhere.example") is None
 
 
 def test_retry_delay_doubles_up_to_the_cap() -> None:

@@ -28,7 +28,8 @@ from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
-from pigeon.queue.admin import Admin, Selector
+from pigeon.queue.admin import Admin
+from pigeon.queue.rules import Selector
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -124,9 +125,7 @@ async def resume(request: web.Request) -> web.Response:
 
 
 async def queues(request: web.Request) -> web.Response:
-    admin = _admin(request, "read")
-    node = request.app[NODE_KEY]
-    return web.json_response(await admin.summary(node.ready_queues()))
+    return web.json_response(await _admin(request, "read").summary())
 
 
 async def inspect(request: web.Request) -> web.Response:

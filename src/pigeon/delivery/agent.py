@@ -1,0 +1,61 @@
+"""Delivery agents: lease + body in, attempt out.
+
+An agent is one session with a destination: an SMTP connection (`smtp_agent`), or an
+application's inbound target (`target_agent`); a destination's kind says which opens it.
+The dispatcher opens one per connection it runs for a ready queue, hands it leased
+messages (`Work`), `batch` at a time, and reports each `Attempt` back to the queue with the
+lease it came with. An agent never touches the queue's state, and classifies the replies it
+got, so the queue reads a bounce class and never the rule table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pigeon.delivery.routes import Destination
+from pigeon.message import Message
+from pigeon.queue.attempt import Attempt
+from pigeon.queue.state import Lease
+from pigeon.smtp.replies import Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One message to attempt: the lease to report with, the message (read-only), its bytes."""
+
+    lease: Lease
+    message: Message = field(repr=False)
+    body: bytes = field(repr=False)
+
+
+class Unreachable(Exception):
+    """No session with the destination could be opened. `reply` is the last reason, and
+    `classification` its bounce class if it is a 5xx."""
+
+    def __init__(self, reply: Reply, classification: str = "") -> None:
+        super().__init__(str(reply))
+        self.reply = reply
+        self.classification = classification
+
+
+class Agent(Protocol):
+    """A session with one destination."""
+
+    @property
+    def batch(self) -> int:
+        """How many messages `deliver` takes at once."""
+
+    def usable(self) -> bool:
+        """False once the session cannot take another message (a broken connection)."""
+
+    async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
+        """Attempt each message; one `Attempt` per `Work`, in order. Never raises for a
+        message's sake: failures are replies (451 for a broken connection)."""
+
+    async def close(self) -> None: ...
+
+
+Opener = Callable[[Destination], Awaitable[Agent]]
+"""Opens an agent for a destination (one per destination kind). Raises `Unreachable`."""

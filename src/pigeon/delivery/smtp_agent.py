@@ -1,0 +1,88 @@
+"""The SMTP agent: leased messages over one outbound connection (`session.ClientConnection`).
+
+One message per transaction; the connection is reused for the next. What the peer cannot
+take at all (SMTPUTF8 it lacks, over its SIZE, 8-bit data without 8BITMIME) is a permanent,
+explained refusal rather than a protocol violation at the next hop. A connection that breaks
+mid-transaction is a transient failure for every recipient of that message, and the agent is
+no longer usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pigeon.delivery.agent import Unreachable, Work
+from pigeon.delivery.classify import Classifier
+from pigeon.delivery.mx import Resolver
+from pigeon.delivery.routes import Destination
+from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.queue.attempt import Attempt
+from pigeon.smtp import client
+from pigeon.smtp.client import refusal_before_sending
+
+
+class SmtpAgent:
+    batch = 1
+
+    def __init__(self, connection: ClientConnection, site: str, classifier: Classifier) -> None:
+        self._connection = connection
+        self._site = site
+        self._classifier = classifier
+
+    def usable(self) -> bool:
+        return self._connection.alive()
+
+    async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
+        return [await self._one(item) for item in work]
+
+    async def _one(self, work: Work) -> Attempt:
+        connection = self._connection
+        envelope = _client_envelope(work)
+        count = len(envelope.recipients)
+        refusal = refusal_before_sending(envelope, connection.capabilities)
+        if refusal is not None:
+            return Attempt.same_for_all(refusal, count, self._classifier.classify(refusal), self._site, connection.peer)
+        try:
+            result, duration = await connection.send(envelope)
+        except ConnectionLost as error:
+            return Attempt.same_for_all(error.reply, count, "", self._site, connection.peer)
+        replies = result.replies
+        return Attempt(
+            replies, self._classifier.classify_all(replies), self._site, connection.peer, connection.tls, duration
+        )
+
+    async def close(self) -> None:
+        await self._connection.quit()
+
+
+class SmtpAgents:
+    """Opens an `SmtpAgent` for a destination of SMTP hops."""
+
+    def __init__(self, resolver: Resolver, options: ClientOptions, classifier: Classifier) -> None:
+        self._resolver = resolver
+        self._options = options
+        self._classifier = classifier
+
+    async def open(self, destination: Destination) -> SmtpAgent:
+        try:
+            connection = await ClientConnection.open(destination, self._resolver, self._options)
+        except ConnectFailed as error:
+            reply = error.reply
+            raise Unreachable(reply, self._classifier.classify(reply) if reply.code >= 500 else "") from None
+        return SmtpAgent(connection, destination.site, self._classifier)
+
+
+def _client_envelope(work: Work) -> client.Envelope:
+    envelope = work.message.envelope
+    body = work.body
+    return client.Envelope(
+        sender=envelope.sender,
+        recipients=[
+            client.Recipient(r.address, tuple(r.notify) if r.notify else None, r.orcpt) for r in envelope.recipients
+        ],
+        body=body,
+        eight_bit=not body.isascii(),
+        smtputf8=envelope.smtputf8,
+        ret=envelope.ret,
+        envid=envelope.envid,
+    )

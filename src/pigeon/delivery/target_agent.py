@@ -1,0 +1,98 @@
+"""The target agent: mail of an `[[inbound]]` route, handed to the application's `[[target]]`.
+
+Messages go to the target in batches (`Target.deliver_many`: one Redis MULTI, one SQL
+transaction, concurrent webhook calls). Its answers become replies the queue understands,
+so retries, `max_age`, bounces and admin operations work on this mail as on outbound mail:
+accepted is `250 2.0.0`, a permanent refusal `550 5.0.0`, anything else `451 4.3.0`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from pigeon.delivery.agent import Work
+from pigeon.delivery.classify import Classifier
+from pigeon.delivery.routes import Destination
+from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets.base import Target, Verdict
+from pigeon.message import format_id
+from pigeon.queue.attempt import Attempt
+from pigeon.smtp.replies import Reply
+
+_log = logging.getLogger(__name__)
+
+Counted = Callable[[str, Verdict], None]
+"""Told each target's answer (for pigeon_inbound_messages_total{source="smtp"})."""
+
+
+class TargetAgent:
+    batch = 64
+
+    def __init__(self, name: str, target: Target | None, site: str, classifier: Classifier, counted: Counted) -> None:
+        self._name = name
+        self._target = target
+        self._site = site
+        self._classifier = classifier
+        self._counted = counted
+
+    def usable(self) -> bool:
+        return True
+
+    async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
+        name, target = self._name, self._target
+        if target is None:
+            missing = Reply(451, "4.3.5", (f"no [[target]] called {name!r} in this node's configuration",))
+            return [self._same(item, missing) for item in work]
+        messages = [
+            InboundMessage.of(
+                item.body,
+                "smtp",
+                item.message.created,
+                spool_id=format_id(item.message.id),
+                sender=item.message.envelope.sender,
+                recipients=tuple(r.address for r in item.message.envelope.recipients),
+            )
+            for item in work
+        ]
+        started = time.monotonic()
+        try:
+            answers = await target.deliver_many(messages)
+        except Exception as error:  # targets answer rather than raise; a bug must not lose the batch
+            _log.exception("handing over to target %s failed unexpectedly", name)
+            broken = Reply(451, "4.3.0", (f"{name}: {type(error).__name__}: {error}",))
+            return [self._same(item, broken) for item in work]
+        duration = (time.monotonic() - started) / len(messages)
+        attempts = []
+        for item, answer in zip(work, answers, strict=True):
+            self._counted(name, answer.verdict)
+            if answer.verdict is Verdict.ACCEPTED:
+                reply = Reply(250, "2.0.0", (f"{name}: {answer.detail}",))
+            elif answer.verdict is Verdict.PERMANENT:
+                reply = Reply(550, "5.0.0", (f"{name}: {answer.detail}",))
+            else:
+                reply = Reply(451, "4.3.0", (f"{name}: {answer.detail}",))
+            count = len(item.message.envelope.recipients)
+            classification = self._classifier.classify(reply) if reply.code >= 500 else ""
+            attempts.append(Attempt([reply] * count, [classification] * count, self._site, name, None, duration))
+        return attempts
+
+    def _same(self, item: Work, reply: Reply) -> Attempt:
+        return Attempt.same_for_all(reply, len(item.message.envelope.recipients), "", self._site)
+
+    async def close(self) -> None:
+        pass
+
+
+class TargetAgents:
+    """Opens a `TargetAgent` for a destination of kind TARGET (a target needs no connection)."""
+
+    def __init__(self, targets: Mapping[str, Target], classifier: Classifier, counted: Counted) -> None:
+        self._targets = targets
+        self._classifier = classifier
+        self._counted = counted
+
+    async def open(self, destination: Destination) -> TargetAgent:
+        name = destination.target or ""
+        return TargetAgent(name, self._targets.get(name), destination.site, self._classifier, self._counted)

@@ -1,0 +1,48 @@
+"""What work that left the queue hands back: an attempt's replies, or a destination that
+cannot be resolved.
+
+Delivery agents try and report; only the queue decides what a reply means for the message
+(Postfix's division between `smtp` and `qmgr`). Agents classify the replies they got
+(`classifications`, from the bounce rule table), so the queue reads the class and never the
+rule table itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pigeon.smtp.replies import Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt at a message: `replies[i]` is what happened to its recipient `i`, and
+    `classifications[i]` the bounce class of that reply when it is a 5xx ("" otherwise)."""
+
+    replies: Sequence[Reply]
+    classifications: Sequence[str]
+    site: str = ""
+    peer: str | None = None
+    tls: str | None = None
+    duration: float | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.replies) != len(self.classifications):
+            raise ValueError("an attempt needs one classification per reply")
+
+    @classmethod
+    def same_for_all(
+        cls, reply: Reply, count: int, classification: str = "", site: str = "", peer: str | None = None
+    ) -> Attempt:
+        return cls([reply] * count, [classification] * count, site, peer)
+
+
+class Unroutable(Exception):
+    """A destination cannot be resolved (no MX, NXDOMAIN, a DNS timeout): an attempt that
+    failed before any connection. `reply` says how; a 5xx is permanent."""
+
+    def __init__(self, reply: Reply, classification: str = "") -> None:
+        super().__init__(str(reply))
+        self.reply = reply
+        self.classification = classification

@@ -1,0 +1,158 @@
+"""Operators' standing rules: a bounce with a duration, a suspension (of mail, or of a site).
+
+Rules are stored in the spool, so they outlive a restart, and checked whenever the scheduler
+makes a message ready (`intercept`): new mail matching them is bounced or held too, until
+they expire or are cancelled. A site suspension matches no message: the dispatcher asks
+`site_held` before it takes mail for a site.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal
+
+import msgspec
+
+from pigeon.message import Message
+from pigeon.queue.settlement import Settlement
+from pigeon.queue.state import AdminMark, Entry, State
+from pigeon.spool.spool import Spool
+
+_log = logging.getLogger(__name__)
+HOLD: Final = 60.0  # a suspended message is looked at again after this long (resume takes effect then)
+
+
+class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Which messages: every given field must match (globs: "*.example.net", "spring-*")."""
+
+    domain: str | None = None
+    tenant: str | None = None
+    campaign: str | None = None
+    queue: str | None = None
+    """The scheduled queue name, `campaign:tenant@domain`."""
+    site: str | None = None
+    """A ready queue's site (MX host set or next hop): suspends deliveries there, alone."""
+
+    def empty(self) -> bool:
+        return not (self.domain or self.tenant or self.campaign or self.queue or self.site)
+
+    def matches(self, message: Message) -> bool:
+        if self.site is not None:
+            return False  # a site is where mail goes, not which mail: see Rules.site_held
+        envelope = message.envelope
+        if self.queue is not None and not fnmatch.fnmatchcase(message.queue, self.queue):
+            return False
+        if self.tenant is not None and not fnmatch.fnmatchcase(envelope.tenant or "", self.tenant):
+            return False
+        if self.campaign is not None and not fnmatch.fnmatchcase(envelope.campaign or "", self.campaign):
+            return False
+        if self.domain is not None:
+            domain = envelope.recipients[0].domain if envelope.recipients else ""
+            return fnmatch.fnmatchcase(domain, self.domain.lower())
+        return True
+
+    def describe(self) -> str:
+        fields = msgspec.structs.asdict(self).items()
+        return ", ".join(f"{k}={v}" for k, v in fields if v is not None) or "everything"
+
+
+class Rule(msgspec.Struct, omit_defaults=True):
+    """A standing bounce or suspension."""
+
+    id: str
+    kind: Literal["bounce", "suspend"]
+    selector: Selector
+    created: float
+    expires: float | None = None
+    """None: until cancelled (suspensions only: a bounce without a duration is not a rule)."""
+    reason: str = ""
+    operator: str = ""
+
+    def live(self, now: float) -> bool:
+        return self.expires is None or now < self.expires
+
+    def hold_until(self, now: float) -> float:
+        """When a message this suspension holds is looked at again."""
+        return now + HOLD if self.expires is None else min(now + HOLD, self.expires)
+
+
+_RULE_ENCODER: Final = msgspec.msgpack.Encoder()
+_RULE_DECODER: Final = msgspec.msgpack.Decoder(Rule)
+
+
+def new_rule_id() -> str:
+    return secrets.token_hex(6)
+
+
+class Rules:
+    """The live rules of one worker (each worker stores its copy in its own spool)."""
+
+    def __init__(
+        self, *, spools: Mapping[int, Spool], settlement: Settlement, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._spools = spools
+        self._settlement = settlement
+        self._clock = clock
+        self._rules: dict[str, Rule] = {}
+        for spool in spools.values():
+            for rule_id, blob in spool.rules():
+                try:
+                    self._rules[rule_id] = _RULE_DECODER.decode(blob)
+                except msgspec.DecodeError:
+                    _log.error("admin rule %s in %s cannot be read: ignored", rule_id, spool.directory)
+
+    def __iter__(self) -> Any:
+        return iter(list(self._rules.values()))
+
+    def get(self, rule_id: str) -> Rule | None:
+        return self._rules.get(rule_id)
+
+    async def add(self, rule: Rule, spool: Spool) -> None:
+        """Store `rule` (in `spool`), then apply it."""
+        await spool.save_rule(rule.id, _RULE_ENCODER.encode(rule))
+        self._rules[rule.id] = rule
+
+    async def remove(self, rule_id: str) -> Rule | None:
+        rule = self._rules.pop(rule_id, None)
+        if rule is not None:
+            for spool in self._spools.values():
+                await spool.save_rule(rule_id, None)
+        return rule
+
+    def listed(self, kind: str) -> list[dict[str, Any]]:
+        now = self._clock()
+        return [msgspec.to_builtins(r) for r in self._rules.values() if r.kind == kind and r.live(now)]
+
+    def site_held(self, site: str) -> bool:
+        """Whether a live suspension holds deliveries to `site` (the dispatcher asks)."""
+        if not self._rules:
+            return False
+        now = self._clock()
+        return any(
+            r.kind == "suspend"
+            and r.selector.site is not None
+            and r.live(now)
+            and fnmatch.fnmatchcase(site, r.selector.site)
+            for r in self._rules.values()
+        )
+
+    def intercept(self, entry: Entry) -> bool:
+        """Apply standing rules to a SCHEDULED message about to be routed. True if one took it."""
+        if not self._rules:
+            return False
+        now = self._clock()
+        message = entry.message
+        assert entry.state is State.SCHEDULED
+        for rule in self._rules.values():
+            if not rule.live(now) or not rule.selector.matches(message):
+                continue  # (site suspensions match no message: the dispatcher holds those)
+            if rule.kind == "bounce":
+                self._settlement.admin_bounce(entry, AdminMark(rule.reason, rule.operator))
+            else:
+                self._settlement.defer(entry, rule.hold_until(now))
+            return True
+        return False
