@@ -234,7 +234,7 @@ def test_rebind_moves_deferred_mail_to_another_queue_and_route(tmp_path: Path) -
             wait_until(lambda: len(pigeon.records("TransientFailure")) == 3)
             body = {"domain": "example.net", "to_queue": "parked", "routing_domain": "detour.test"}
             status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", body)
-            assert (status, answer) == (200, {"rebound": 3, "skipped": 0})
+            assert (status, answer) == (200, {"rebound": 3, "after_attempt": 0})
             received = second.wait_for(3)
             assert sorted(m.recipients[0] for m in received) == ["flaky@example.net"] * 3
             deliveries = wait_until(lambda: len(pigeon.records("Delivery")) == 3 and pigeon.records("Delivery"))

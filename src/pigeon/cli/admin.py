@@ -153,7 +153,7 @@ def _rebind(args: argparse.Namespace) -> int:
     if args.routing_domain is not None:
         body["routing_domain"] = args.routing_domain
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/rebind", body)
-    return _show(args, status, answer, "rebound {rebound} messages ({skipped} in flight left to their attempt)")
+    return _show(args, status, answer, "rebound {rebound} messages ({after_attempt} once their attempt under way ends)")
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -7,10 +7,11 @@ matching message it acts on what the message is *now*:
 |---------------------------------------|-------------------------|-----------------------|------------------|
 | only in the spool                     | claimed, `AdminBounce`  | held when due (rule)  | claimed, moved   |
 | scheduled / ready / taken, not sent   | `AdminBounce`           | back to the spool     | moved, due now   |
-| being sent (its attempt began)        | the rest admin-bounced  | left to finish        | left (skipped)   |
+| being sent (its attempt began)        | the rest admin-bounced  | left to finish        | the rest moved   |
 | settling (an outcome being written)   | waits for the commit, then acts on the row it left, if any |||
 
-"The rest admin-bounced": what that attempt does not deliver ends with `AdminBounce`, not a retry.
+"The rest": what that attempt does not deliver ends with `AdminBounce` instead of a retry, or is
+moved and due at once, when the attempt ends.
 
 Claiming a message (putting it into the active set) is what keeps the scheduler from loading
 it meanwhile; acting moves it to `settling` through `queue.settlement`, so a route lookup or a
@@ -39,7 +40,7 @@ from pigeon.message import Message, SpoolId, format_id, shard_of
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.rules import Rule, Rules, Selector, new_rule_id
 from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet, AdminMark, Entry, State
+from pigeon.queue.state import ActiveSet, AdminMark, Entry, RebindMark, State
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -54,7 +55,7 @@ __all__ = ["Admin", "Selector", "new_rule_id"]
 
 class _Done(enum.Enum):
     ACTED = "acted"
-    SKIPPED = "skipped"  # being sent, left to its attempt
+    MARKED = "marked"  # being sent: acted on when its attempt ends, on what the attempt leaves
     IGNORED = "ignored"  # not ours to act on (does not match, already gone, nothing to do)
 
 
@@ -118,7 +119,7 @@ class Admin:
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if entry.state is State.IN_FLIGHT and entry.started:
                 entry.admin_bounce = mark
-                return _Done.ACTED, None
+                return _Done.MARKED, None
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
         bounced, _ = await self._walk(selector, act, "bounce", rule_id, claim=True)
@@ -171,23 +172,23 @@ class Admin:
         operation: str | None = None,
     ) -> dict[str, Any]:
         """Move matching messages to another scheduled queue and/or route them as if their
-        recipients were in `routing_domain` (its [[route]] or MX); they are due at once.
-        A message being sent is left to its attempt (counted as skipped)."""
+        recipients were in `routing_domain` (its [[route]] or MX); they are due at once. Of a
+        message being sent, what its attempt leaves is moved when the attempt ends."""
         now = self._clock()
+        mark = RebindMark(queue, routing_domain)
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if entry.state is State.IN_FLIGHT and entry.started:
-                return _Done.SKIPPED, None
-            envelope = entry.message.envelope
-            if routing_domain is not None:
-                envelope = msgspec.structs.replace(envelope, routing_domain=routing_domain or None, target=None)
+                entry.rebind = mark
+                return _Done.MARKED, None
+            envelope = mark.envelope(entry.message.envelope)
             return _Done.ACTED, self._settlement.defer(entry, now, queue=queue, envelope=envelope)
 
-        rebound, skipped = await self._walk(selector, act, "rebind", operation, claim=True)
+        rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True)
         self._rewind(now)
         _log.warning("admin rebind by %s of %s: %d messages to queue=%s route=%s", operator, selector.describe(),
                      rebound, queue, routing_domain)  # fmt: skip
-        return {"rebound": rebound, "skipped": skipped}
+        return {"rebound": rebound, "after_attempt": after_attempt}
 
     async def retry(self, selector: Selector, operation: str | None = None) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written)."""
@@ -276,8 +277,9 @@ class Admin:
         claim: bool,
         spool_only: Callable[[Message], bool] | None = None,
     ) -> tuple[int, int]:
-        """Act on every matching message; (acted on, skipped)."""
-        acted = skipped = seen = 0
+        """Act on every matching message; (acted on, of which marked: acted on when their
+        attempt ends)."""
+        acted = marked = seen = 0
         progress: dict[str, Any] = {
             "operation": operation or new_rule_id(),
             "kind": name,
@@ -292,12 +294,12 @@ class Admin:
             self._operations.popitem(last=False)
 
         def one(message: Message, commits: list[asyncio.Future[None]], settling: list[_Settling]) -> None:
-            nonlocal acted, skipped
+            nonlocal acted, marked
             done, future = self._act(message, selector, act, claim, spool_only, settling)
             if future is not None:
                 commits.append(future)
-            acted += done is _Done.ACTED
-            skipped += done is _Done.SKIPPED
+            acted += done is not _Done.IGNORED
+            marked += done is _Done.MARKED
 
         for spool in list(self._spools.values()):
             after = 0
@@ -327,7 +329,7 @@ class Admin:
                     _log.info("admin %s: %d messages looked at, %d acted on", name, seen, acted)
                 await self._pause(time.perf_counter() - started)
         progress.update(looked_at=seen, acted_on=acted, running=0, finished=self._clock())
-        return acted, skipped
+        return acted, marked
 
     def _act(
         self,

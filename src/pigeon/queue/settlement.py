@@ -199,6 +199,10 @@ class Settlement:
         if deferred:
             last = str(deferred[-1][1])
             due = policy.retry.next_due(message.created, attempts, now, self._rng)
+            rebind = entry.rebind
+            if rebind is not None and due is not None:
+                # Rebound while this attempt was on the wire: what is left moves now, due at once.
+                due, outcome.queue = now, rebind.queue
             if due is None:
                 for recipient, _ in deferred:
                     reply = expired_reply(last)
@@ -209,6 +213,8 @@ class Settlement:
                 outcome.remaining = msgspec.structs.replace(
                     message.envelope, recipients=[r for r, _ in deferred], last_response=last
                 )
+                if rebind is not None:
+                    outcome.remaining = rebind.envelope(outcome.remaining)
                 for recipient, reply in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt)
                     outcome.transient.append(TransientFailure(**fields, next_attempt=due))

@@ -35,7 +35,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from pigeon.message import Message, SpoolId, format_id
+import msgspec
+
+from pigeon.message import Envelope, Message, SpoolId, format_id
 
 if TYPE_CHECKING:
     from pigeon.queue.ready import ReadyQueue
@@ -98,10 +100,36 @@ class AdminMark:
     operator: str
 
 
+@dataclass(frozen=True, slots=True)
+class RebindMark:
+    """An operator rebound a message: to the scheduled queue `queue` and/or to be routed as
+    `routing_domain` ("" routes it by its recipients' domain again); None leaves either as it is.
+    On a message whose attempt is on the wire, it applies to what that attempt leaves."""
+
+    queue: str | None
+    routing_domain: str | None
+
+    def envelope(self, envelope: Envelope) -> Envelope:
+        if self.routing_domain is None:
+            return envelope
+        return msgspec.structs.replace(envelope, routing_domain=self.routing_domain or None, target=None)
+
+
 class Entry:
     """An active message: the spool row, plus where it is. Fields change only in `pigeon.queue`."""
 
-    __slots__ = ("_waiters", "active", "admin_bounce", "generation", "message", "ready", "site", "started", "state")
+    __slots__ = (
+        "_waiters",
+        "active",
+        "admin_bounce",
+        "generation",
+        "message",
+        "ready",
+        "rebind",
+        "site",
+        "started",
+        "state",
+    )
 
     def __init__(self, message: Message, generation: int) -> None:
         self.message = message
@@ -111,6 +139,7 @@ class Entry:
         self.ready: ReadyQueue | None = None  # the ready queue holding it while READY
         self.started = False  # IN_FLIGHT: the agent has begun sending it (no admin step can take it back)
         self.admin_bounce: AdminMark | None = None
+        self.rebind: RebindMark | None = None
         self.active = True  # False once it left memory (settled)
         self._waiters: list[asyncio.Future[None]] | None = None
 

@@ -1,0 +1,574 @@
+"""The queue engine in one process, with fakes whose completions a test releases in any order.
+
+`World` builds the real `pigeon.queue` (active set, settlement, rules, ready queues, scheduler,
+admin) and the real `pigeon.delivery.dispatcher`, around fakes for everything that completes
+later: route lookups (`FakeRoutes`), delivery agents (`FakeAgent`), spool commits
+(`MemorySpool`: a commit first *lands* — its rows are visible to readers, as after SQLite's
+COMMIT in the commit thread — then is *answered* — its future resolves, as when the loop
+runs the callback), and DSN stores. Nothing completes by itself: each pending completion is
+a `Pending` the test picks and releases, so a test can walk every order.
+
+Between two releases `World.quiesce()` runs the event loop until nothing is runnable. The
+clock is fake and only moves when the test says; no timer of the engine's is reached (idle
+timeouts are an hour), so a run is a pure function of the order of releases.
+
+The world records what a user would see: the log records (only once their commit is
+answered), every attempt an agent began (message, recipients, site, and the replies it
+got), and every admin operation's start and answer, so invariants are checked on outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pigeon.delivery.agent import Agent, Work
+from pigeon.delivery.dispatcher import Dispatcher, Shaping
+from pigeon.delivery.dsn import Failure
+from pigeon.delivery.routes import Destination, Kind, TlsPolicy
+from pigeon.logs.records import Record
+from pigeon.message import Envelope, Message, Recipient, SpoolId
+from pigeon.metrics import Counts
+from pigeon.queue.admin import Admin
+from pigeon.queue.attempt import Attempt, Unroutable
+from pigeon.queue.policy import QueuePolicies, QueuePolicy
+from pigeon.queue.ready import ReadyQueues
+from pigeon.queue.retry import RetryPolicy
+from pigeon.queue.rules import Rules, Selector
+from pigeon.queue.scheduler import Scheduler
+from pigeon.queue.settlement import Settlement
+from pigeon.queue.state import ActiveSet
+from pigeon.smtp.replies import Reply
+from pigeon.spool.body import Body, BodyWriter
+from pigeon.spool.shards import Spools
+from pigeon.spool.spool import NewMessage
+
+OK = Reply(250, "2.0.0", ("ok",))
+LATER = Reply(451, "4.3.0", ("try later",))
+NO = Reply(550, "5.1.1", ("no such user",))
+TERMINAL = ("Delivery", "Bounce", "Expiration", "AdminBounce")
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(eq=False)
+class Pending:
+    """A completion the test may release: `kind` is lookup, attempt, land, answer or dsn.
+    `message`, `site` and `domain` say what it touches, when it touches one thing."""
+
+    kind: str
+    label: str
+    release: Callable[[], None]
+    order: int = 0
+    message: int | None = None
+    site: str | None = None
+    domain: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.label}>"
+
+
+# --- the spool ----------------------------------------------------------------------------------
+@dataclass
+class _Row:
+    queue: str
+    created: float
+    size: int
+    attempts: int
+    due: float
+    envelope: bytes
+    body: int
+
+
+class MemorySpool:
+    """The `Spool` protocol in memory; writes wait in `world.pending` until released."""
+
+    directory = Path("/nonexistent/memory-spool")
+
+    def __init__(self, world: World, shard: int = 0) -> None:
+        self._world = world
+        self._shard = shard
+        self.rows: dict[int, _Row] = {}
+        self.bodies: dict[int, bytes] = {}
+        self.refs: dict[int, int] = {}
+        self.saved_rules: dict[str, bytes] = {}
+        self._ids = itertools.count(1)
+
+    @property
+    def shard(self) -> int:
+        return self._shard
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    def new_ids(self, n: int) -> list[SpoolId]:
+        return [SpoolId((next(self._ids) << 6) | self._shard) for _ in range(n)]
+
+    def body_writer(self, body_id: SpoolId) -> BodyWriter:
+        raise NotImplementedError
+
+    def store(
+        self, body: Body, messages: list[NewMessage], records: Sequence[tuple[int, bytes]] = ()
+    ) -> asyncio.Future[None]:
+        raise NotImplementedError
+
+    def put(self, message_id: SpoolId, queue: str, envelope: Envelope, created: float, body: bytes) -> Message:
+        """A reception, committed at once (the intake's part is not under test here)."""
+        self.bodies[message_id] = body
+        self.rows[message_id] = _Row(queue, created, len(body), 0, created, _ENCODER.encode(envelope), message_id)
+        return self._message(message_id, self.rows[message_id])
+
+    # --- reads (always what has landed) --------------------------------------------------------
+    def due(self, now: float, after: tuple[float, int], limit: int) -> list[Message]:
+        found = sorted((row.due, spool_id) for spool_id, row in self.rows.items() if row.due <= now)
+        return [self._message(i, self.rows[i]) for due, i in found if (due, i) > after][:limit]
+
+    def get(self, spool_id: int) -> Message | None:
+        row = self.rows.get(spool_id)
+        return self._message(spool_id, row) if row is not None else None
+
+    def body(self, body_id: int) -> bytes:
+        return self.bodies[body_id]
+
+    def scan(self, after: int, limit: int) -> list[Message]:
+        return [self._message(i, self.rows[i]) for i in sorted(self.rows) if i > after][:limit]
+
+    def queue_counts(self, now: float) -> list[tuple[str, int, int, float]]:
+        counts: dict[str, list[float]] = {}
+        for row in self.rows.values():
+            entry = counts.setdefault(row.queue, [0, 0, row.created])
+            entry[0] += 1
+            entry[1] += row.due <= now
+            entry[2] = min(entry[2], row.created)
+        return [(q, int(c[0]), int(c[1]), c[2]) for q, c in counts.items()]
+
+    def rules(self) -> list[tuple[str, bytes]]:
+        return list(self.saved_rules.items())
+
+    def outbox(self) -> list[tuple[int, bytes]]:
+        return []
+
+    # --- writes (pending until released) -------------------------------------------------------
+    def settle(
+        self,
+        message: Message,
+        remaining: Envelope | None,
+        *,
+        attempts: int,
+        due: float,
+        records: Sequence[tuple[int, bytes]] = (),
+        queue: str | None = None,
+    ) -> asyncio.Future[None]:
+        spool_id = message.id
+
+        def apply() -> None:
+            row = self.rows.get(spool_id)
+            if row is None:
+                return
+            if remaining is None:
+                del self.rows[spool_id]
+                left = self.refs.get(row.body, 1) - 1
+                if left <= 0:
+                    self.bodies.pop(row.body, None)
+                    self.refs.pop(row.body, None)
+                else:
+                    self.refs[row.body] = left
+            else:
+                row.attempts, row.due, row.envelope = attempts, due, _ENCODER.encode(remaining)
+                if queue is not None:
+                    row.queue = queue
+            self._world.outbox_landed(records)
+
+        return self._world.commit(f"settle {spool_id:x}", apply, message=spool_id)
+
+    def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
+        def apply() -> None:
+            for spool_id in ids:
+                row = self.rows.get(spool_id)
+                if row is not None and row.due > due:
+                    row.due = due
+
+        return self._world.commit(f"make_due {len(ids)}", apply)
+
+    def save_rule(self, rule_id: str, rule: bytes | None) -> asyncio.Future[None]:
+        def apply() -> None:
+            if rule is None:
+                self.saved_rules.pop(rule_id, None)
+            else:
+                self.saved_rules[rule_id] = rule
+
+        return self._world.commit(f"rule {rule_id}", apply)
+
+    def outbox_written(self, up_to: int) -> asyncio.Future[None]:
+        raise NotImplementedError
+
+    def _message(self, spool_id: int, row: _Row) -> Message:
+        return Message(
+            id=SpoolId(spool_id),
+            queue=row.queue,
+            envelope=_DECODER.decode(row.envelope),
+            created=row.created,
+            size=row.size,
+            body_id=SpoolId(row.body),
+            attempts=row.attempts,
+            due=row.due,
+        )
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Envelope)
+
+
+# --- records -------------------------------------------------------------------------------------
+class Records:
+    """The outbox and the log: terminal records appear once their commit is answered."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._sealed: dict[int, Record] = {}
+        self._seq = itertools.count(1)
+        self.log: list[Record] = []
+
+    def seal(self, spool: Any, records: Sequence[Record]) -> list[tuple[int, bytes]]:
+        sealed = []
+        for record in records:
+            seq = next(self._seq)
+            self._sealed[seq] = record
+            sealed.append((seq, b""))
+        return sealed
+
+    def committed(self, spool: Any, sealed: Sequence[tuple[int, bytes]]) -> None:
+        for seq, _ in sealed:
+            self.log.append(self._sealed.pop(seq))
+
+    def write(self, record: Record) -> int:
+        self.log.append(record)
+        return 0
+
+
+# --- routes and agents -----------------------------------------------------------------------------
+def destination(site: str) -> Destination:
+    return Destination(site, (), TlsPolicy.DISABLED, False, Kind.SMTP)
+
+
+class FakeRoutes:
+    """Every lookup waits for the test. `sites` maps a routing domain to its site; a domain
+    not in it is unroutable (550)."""
+
+    def __init__(self, world: World, sites: dict[str, str]) -> None:
+        self._world = world
+        self.sites = sites
+        self.cache: dict[str, Destination] = {}
+
+    def cached(self, domain: str, target: str | None = None) -> Destination | None:
+        return self.cache.get(domain)
+
+    async def destination(self, domain: str, target: str | None = None) -> Destination:
+        future: asyncio.Future[Destination] = asyncio.get_running_loop().create_future()
+
+        def release() -> None:
+            site = self.sites.get(domain)
+            if site is None:
+                future.set_exception(Unroutable(Reply(550, "5.1.2", (f"{domain}: no such domain",)), "DNSFailure"))
+            else:
+                future.set_result(destination(site))
+
+        self._world.add(Pending("lookup", domain, release, domain=domain, site=self.sites.get(domain)))
+        return await future
+
+
+@dataclass
+class Attempted:
+    """An attempt an agent began: what a receiving server would have seen."""
+
+    step: int
+    message: SpoolId
+    recipients: tuple[str, ...]
+    site: str
+    replies: tuple[Reply, ...] = ()
+
+
+class FakeAgent:
+    batch = 1
+
+    def __init__(self, world: World, site: str) -> None:
+        self._world = world
+        self._site = site
+
+    def usable(self) -> bool:
+        return True
+
+    async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
+        return [await self._one(item) for item in work]
+
+    async def _one(self, work: Work) -> Attempt:
+        world = self._world
+        recipients = tuple(r.address for r in work.message.envelope.recipients)
+        seen = Attempted(world.steps, work.message.id, recipients, self._site)
+        world.attempted.append(seen)
+        future: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
+
+        def release() -> None:
+            future.set_result(world.answer(world, seen))
+
+        label = f"{work.message.id:x}@{self._site}"
+        world.add(Pending("attempt", label, release, message=work.message.id, site=self._site))
+        replies = await future
+        seen.replies = tuple(replies)
+        classes = ["NoSuchUser" if reply.code >= 500 else "" for reply in replies]
+        return Attempt(replies, classes, self._site, f"{self._site} [127.0.0.1]:25")
+
+    async def close(self) -> None:
+        pass
+
+
+# --- the world --------------------------------------------------------------------------------------
+@dataclass
+class AdminCall:
+    name: str
+    started: int
+    answered: int | None = None
+    result: dict[str, Any] | None = None
+    selector: Selector | None = None
+
+
+@dataclass
+class World:
+    """See the module docstring. Build with `await World.build(...)`."""
+
+    clock: FakeClock = field(default_factory=FakeClock)
+    dsn: bool = True
+    retry_interval: float = 300.0
+    max_age: float = 86_400.0
+    connection_limit: int = 2
+    answer: Callable[[World, Attempted], list[Reply]] = field(default=lambda world, seen: [OK] * len(seen.recipients))
+    """What the receiving server says to an attempt (the test's script)."""
+
+    pending: list[Pending] = field(default_factory=list)
+    attempted: list[Attempted] = field(default_factory=list)
+    admin_calls: list[AdminCall] = field(default_factory=list)
+    notices: list[tuple[SpoolId, str]] = field(default_factory=list)
+    steps: int = 0
+    rules_cancelled_at: int = 1 << 62
+    """The step at which `drain` cancelled the standing rules."""
+    _order: itertools.count[int] = field(default_factory=itertools.count)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.spool = MemorySpool(self)
+        self.records = Records(self)
+        self.routes = FakeRoutes(self, {})
+        policy = QueuePolicy(RetryPolicy(self.retry_interval, self.retry_interval * 4, self.max_age, 0.0), self.dsn)
+        self.policies = QueuePolicies(policy)
+        self.spools = Spools([self.spool])
+
+    def build(self, sites: dict[str, str]) -> World:
+        """Wire the engine (inside a running loop)."""
+        self.routes.sites = sites
+        clock = self.clock
+        self.active = ActiveSet(10_000)
+        self.counts = Counts()
+        self.settlement = Settlement(
+            spools=self.spools,
+            active=self.active,
+            log=self.records,
+            outbox=self.records,
+            counts=self.counts,
+            policies=self.policies,
+            notifier=self._notify,
+            clock=clock,
+        )
+        self.rules = Rules(spools=self.spools, settlement=self.settlement, clock=clock)
+        shaping = Shaping(connection_limit=self.connection_limit, idle_timeout=3600.0)
+        self.dispatcher = Dispatcher(
+            agents={Kind.SMTP: self._open},
+            shaping=lambda domain: shaping,
+            begin=self.active.begin,
+            report=self.settlement.report,
+            body=lambda message: self.spool.body(message.body_id),
+            held=self.rules.site_held,
+            clock=clock,
+        )
+        self.ready = ReadyQueues(self.active, "default", self.dispatcher.kick)
+        self.scheduler = Scheduler(
+            spools=[self.spool],
+            active=self.active,
+            routes=self.routes,
+            ready=self.ready,
+            settlement=self.settlement,
+            policies=self.policies,
+            intercept=self.rules.intercept,
+            clock=clock,
+        )
+        self.admin = Admin(
+            spools=self.spools,
+            primary=self.spool,
+            active=self.active,
+            settlement=self.settlement,
+            rules=self.rules,
+            ready=self.ready,
+            rewind=self.scheduler.rewind,
+            kick=self.dispatcher.kick_all,
+            promote=self.scheduler.promote,
+            connections=self.dispatcher.connections_to,
+            clock=clock,
+            pause=lambda seconds: asyncio.sleep(0),
+        )
+        return self
+
+    async def _open(self, destination: Destination) -> Agent:
+        return FakeAgent(self, destination.site)
+
+    # --- the fakes' side ---------------------------------------------------------------------------
+    def add(self, pending: Pending) -> None:
+        pending.order = next(self._order)
+        self.pending.append(pending)
+
+    def commit(self, label: str, apply: Callable[[], None], message: int | None = None) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def land() -> None:
+            apply()
+            self.add(Pending("answer", label, lambda: future.set_result(None), message=message))
+
+        self.add(Pending("land", label, land, message=message))
+        return future
+
+    def outbox_landed(self, records: Sequence[tuple[int, bytes]]) -> None:
+        pass  # records reach the log when the commit is answered (Records.committed)
+
+    def _notify(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        def release() -> None:
+            for failure in failures:
+                self.notices.append((message.id, failure.recipient.address))
+            future.set_result(None)
+
+        self.add(Pending("dsn", f"{message.id:x}", release, message=message.id))
+        return future
+
+    # --- the test's side -----------------------------------------------------------------------------
+    def inject(
+        self, recipients: Sequence[str], *, campaign: str | None = None, sender: str = "sender@origin.test"
+    ) -> SpoolId:
+        """A message as the intake stores it (one domain), then hands it to the scheduler."""
+        domain = recipients[0].rpartition("@")[2]
+        queue = f"{campaign}:{domain}" if campaign else domain
+        envelope = Envelope(sender, [Recipient(r) for r in recipients], campaign=campaign)
+        spool_id = self.spool.new_ids(1)[0]
+        message = self.spool.put(spool_id, queue, envelope, self.clock(), b"Subject: x\r\n\r\nbody\r\n")
+        self.scheduler.admit([message])
+        return spool_id
+
+    def tick(self) -> None:
+        """The scheduler's tick: load what is due, expire what waited too long."""
+        self.scheduler.load()
+        self.scheduler.sweep()
+
+    def due_waiting(self) -> bool:
+        """Whether a row is due and not in memory (a tick would load it)."""
+        now = self.clock()
+        return any(row.due <= now and spool_id not in self.active for spool_id, row in self.spool.rows.items())
+
+    def start_admin(self, name: str, call: Callable[[Admin], Awaitable[dict[str, Any]]]) -> AdminCall:
+        record = AdminCall(name, self.steps)
+        self.admin_calls.append(record)
+
+        async def run() -> None:
+            record.result = await call(self.admin)
+            record.answered = self.steps
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return record
+
+    def admin_running(self) -> bool:
+        return any(call.answered is None for call in self.admin_calls)
+
+    async def release(self, pending: Pending) -> None:
+        self.pending.remove(pending)
+        self.steps += 1
+        pending.release()
+        await self.quiesce()
+
+    async def quiesce(self) -> None:
+        """Run the loop until nothing is runnable (no timer of the engine's is ever due)."""
+        loop = asyncio.get_running_loop()
+        ready: collections.deque[Any] = loop._ready  # type: ignore[attr-defined]
+        idle = 0
+        for _ in range(10_000):
+            await asyncio.sleep(0)
+            idle = idle + 1 if not ready else 0
+            if idle >= 2:
+                break
+        for task in list(self._tasks):
+            if task.done() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def drain(self, *, max_steps: int = 2000) -> None:
+        """Release everything, oldest first, cancel every standing rule and let time pass
+        until the spool is empty: every message reaches its end."""
+        for step in range(max_steps):
+            await self.quiesce()
+            if self.pending:
+                await self.release(min(self.pending, key=lambda p: p.order))
+                continue
+            if self.admin_running():
+                raise AssertionError("an admin operation waits for nothing the world holds")
+            for rule in list(self.rules):
+                self.rules_cancelled_at = min(self.rules_cancelled_at, self.steps)
+                self.start_admin("cancel", lambda admin, rule=rule: admin.cancel(rule.id, rule.kind))
+                await self.quiesce()
+                break
+            else:
+                if self.due_waiting():
+                    self.tick()
+                elif self.spool.rows:
+                    self.clock.now = min(row.due for row in self.spool.rows.values()) + 0.001
+                    self.tick()
+                elif not len(self.active):
+                    return
+                else:
+                    raise AssertionError(f"messages stuck in memory: {list(self.active)}")
+            del step
+        raise AssertionError(f"not drained after {max_steps} steps: {self.pending} {list(self.active)}")
+
+    async def close(self) -> None:
+        await self.dispatcher.drain(0)
+        for task in list(self._tasks):
+            task.cancel()
+
+    # --- what a user sees -------------------------------------------------------------------------------
+    def terminal(self) -> dict[tuple[str, str], list[str]]:
+        """(message id, recipient) -> the terminal records it got, in order."""
+        found: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+        for record in self.records.log:
+            kind = type(record).__name__
+            if kind in TERMINAL:
+                found[(record.id, record.recipient)].append(kind)  # type: ignore[attr-defined]
+        return found
+
+    def accepted(self) -> collections.Counter[tuple[SpoolId, str]]:
+        """How often each (message, recipient) was accepted by a receiving server."""
+        counted: collections.Counter[tuple[SpoolId, str]] = collections.Counter()
+        for seen in self.attempted:
+            for recipient, reply in zip(seen.recipients, seen.replies, strict=False):
+                if reply.code < 300:
+                    counted[(seen.message, recipient)] += 1
+        return counted
