@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from pigeon.queue.state import ActiveSet
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.shards import Spools
-from pigeon.spool.spool import NewMessage
+from pigeon.spool.spool import NewMessage, SpoolWriteError
 
 OK = Reply(250, "2.0.0", ("ok",))
 LATER = Reply(451, "4.3.0", ("try later",))
@@ -126,10 +127,13 @@ class MemorySpool:
     ) -> asyncio.Future[None]:
         raise NotImplementedError
 
-    def put(self, message_id: SpoolId, queue: str, envelope: Envelope, created: float, body: bytes) -> Message:
+    def put(
+        self, message_id: SpoolId, queue: str, envelope: Envelope, created: float, body: bytes, due: float | None = None
+    ) -> Message:
         """A reception, committed at once (the intake's part is not under test here)."""
         self.bodies[message_id] = body
-        self.rows[message_id] = _Row(queue, created, len(body), 0, created, _ENCODER.encode(envelope), message_id)
+        due = created if due is None else due
+        self.rows[message_id] = _Row(queue, created, len(body), 0, due, _ENCODER.encode(envelope), message_id)
         return self._message(message_id, self.rows[message_id])
 
     # --- reads (always what has landed) --------------------------------------------------------
@@ -159,7 +163,7 @@ class MemorySpool:
     def rules(self) -> list[tuple[str, bytes]]:
         return list(self.saved_rules.items())
 
-    def outbox(self) -> list[tuple[int, bytes]]:
+    def outbox(self, seqs: Sequence[int] | None = None) -> list[tuple[int, bytes]]:
         return []
 
     # --- writes (pending until released) -------------------------------------------------------
@@ -213,7 +217,10 @@ class MemorySpool:
 
         return self._world.commit(f"rule {rule_id}", apply)
 
-    def outbox_written(self, up_to: int) -> asyncio.Future[None]:
+    def outbox_written(self, seqs: Sequence[int]) -> asyncio.Future[None]:
+        raise NotImplementedError
+
+    def outbox_add(self, records: Sequence[tuple[int, bytes]]) -> asyncio.Future[None]:
         raise NotImplementedError
 
     def _message(self, spool_id: int, row: _Row) -> Message:
@@ -227,6 +234,10 @@ class MemorySpool:
             attempts=row.attempts,
             due=row.due,
         )
+
+
+def _cancel(admin: Admin, *, rule_id: str, kind: str) -> Awaitable[dict[str, Any]]:
+    return admin.cancel(rule_id, kind)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -355,6 +366,11 @@ class World:
     retry_interval: float = 300.0
     max_age: float = 86_400.0
     connection_limit: int = 2
+    max_active: int = 10_000
+    shaping: Shaping | None = None
+    """The dispatcher's limits (default: `connection_limit`, idle for an hour)."""
+    opener: Callable[[Destination], Awaitable[Agent]] | None = None
+    """Opens agents instead of `FakeAgent` (to fail, or to be a real agent)."""
     answer: Callable[[World, Attempted], list[Reply]] = field(default=lambda world, seen: [OK] * len(seen.recipients))
     """What the receiving server says to an attempt (the test's script)."""
 
@@ -363,6 +379,10 @@ class World:
     admin_calls: list[AdminCall] = field(default_factory=list)
     notices: list[tuple[SpoolId, str]] = field(default_factory=list)
     steps: int = 0
+    failing_notices: int = 0
+    """How many of the next DSN stores fail."""
+    failing_commits: int = 0
+    """How many of the next commits to land fail (nothing written, the future raises)."""
     rules_cancelled_at: int = 1 << 62
     """The step at which `drain` cancelled the standing rules."""
     _order: itertools.count[int] = field(default_factory=itertools.count)
@@ -380,7 +400,7 @@ class World:
         """Wire the engine (inside a running loop)."""
         self.routes.sites = sites
         clock = self.clock
-        self.active = ActiveSet(10_000)
+        self.active = ActiveSet(self.max_active)
         self.counts = Counts()
         self.settlement = Settlement(
             spools=self.spools,
@@ -393,9 +413,9 @@ class World:
             clock=clock,
         )
         self.rules = Rules(spools=self.spools, settlement=self.settlement, clock=clock)
-        shaping = Shaping(connection_limit=self.connection_limit, idle_timeout=3600.0)
+        shaping = self.shaping or Shaping(connection_limit=self.connection_limit, idle_timeout=3600.0)
         self.dispatcher = Dispatcher(
-            agents={Kind.SMTP: self._open},
+            agents={Kind.SMTP: self.opener or self._open, Kind.TARGET: self.opener or self._open},
             shaping=lambda domain: shaping,
             begin=self.active.begin,
             report=self.settlement.report,
@@ -442,6 +462,11 @@ class World:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def land() -> None:
+            if self.failing_commits:
+                self.failing_commits -= 1
+                error = SpoolWriteError("spool write failed: disk I/O error (a test's)")
+                self.add(Pending("answer", label, lambda: future.set_exception(error), message=message))
+                return
             apply()
             self.add(Pending("answer", label, lambda: future.set_result(None), message=message))
 
@@ -455,6 +480,10 @@ class World:
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
         def release() -> None:
+            if self.failing_notices:
+                self.failing_notices -= 1
+                future.set_exception(SpoolWriteError("DSN not stored: disk full (a test's)"))
+                return
             for failure in failures:
                 self.notices.append((message.id, failure.recipient.address))
             future.set_result(None)
@@ -464,16 +493,39 @@ class World:
 
     # --- the test's side -----------------------------------------------------------------------------
     def inject(
-        self, recipients: Sequence[str], *, campaign: str | None = None, sender: str = "sender@origin.test"
+        self,
+        recipients: Sequence[str],
+        *,
+        campaign: str | None = None,
+        sender: str = "sender@origin.test",
+        created: float | None = None,
+        due: float | None = None,
+        admit: bool = True,
     ) -> SpoolId:
-        """A message as the intake stores it (one domain), then hands it to the scheduler."""
+        """A message as the intake stores it (one domain), then hands it to the scheduler
+        (`admit`; otherwise it waits in the spool until a tick reads it)."""
         domain = recipients[0].rpartition("@")[2]
         queue = f"{campaign}:{domain}" if campaign else domain
         envelope = Envelope(sender, [Recipient(r) for r in recipients], campaign=campaign)
         spool_id = self.spool.new_ids(1)[0]
-        message = self.spool.put(spool_id, queue, envelope, self.clock(), b"Subject: x\r\n\r\nbody\r\n")
-        self.scheduler.admit([message])
+        created = self.clock() if created is None else created
+        message = self.spool.put(spool_id, queue, envelope, created, b"Subject: x\r\n\r\nbody\r\n", due)
+        if admit:
+            self.scheduler.admit([message])
         return spool_id
+
+    def of_kind(self, kind: str) -> list[Pending]:
+        return sorted((p for p in self.pending if p.kind == kind), key=lambda p: p.order)
+
+    async def release_all(self, kind: str | None = None, *, but: str | None = None) -> None:
+        """Release what is pending (of one kind, or all `but` one kind), oldest first, until
+        none is left."""
+        await self.quiesce()
+        while batch := [p for p in self.pending if (kind is None or p.kind == kind) and p.kind != but]:
+            await self.release(min(batch, key=lambda p: p.order))
+
+    def logged(self, kind: str | None = None) -> list[Any]:
+        return [r for r in self.records.log if kind is None or type(r).__name__ == kind]
 
     def tick(self) -> None:
         """The scheduler's tick: load what is due, expire what waited too long."""
@@ -497,6 +549,24 @@ class World:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return record
+
+    def bounce(self, selector: Selector, *, duration: float | None = None, reason: str = "r") -> AdminCall:
+        return self.start_admin(
+            "bounce", lambda a: a.bounce(selector, reason=reason, operator="op", duration=duration, rule_id=None)
+        )
+
+    def suspend(self, selector: Selector, *, rule_id: str = "hold", duration: float | None = None) -> AdminCall:
+        return self.start_admin(
+            "suspend", lambda a: a.suspend(selector, reason="", operator="op", duration=duration, rule_id=rule_id)
+        )
+
+    def resume(self, rule_id: str = "hold") -> AdminCall:
+        return self.start_admin("resume", lambda a: a.cancel(rule_id, "suspend"))
+
+    def rebind(self, selector: Selector, *, queue: str | None = None, routing_domain: str | None = None) -> AdminCall:
+        return self.start_admin(
+            "rebind", lambda a: a.rebind(selector, queue=queue, routing_domain=routing_domain, operator="op")
+        )
 
     def admin_running(self) -> bool:
         return any(call.answered is None for call in self.admin_calls)
@@ -533,7 +603,7 @@ class World:
                 raise AssertionError("an admin operation waits for nothing the world holds")
             for rule in list(self.rules):
                 self.rules_cancelled_at = min(self.rules_cancelled_at, self.steps)
-                self.start_admin("cancel", lambda admin, rule=rule: admin.cancel(rule.id, rule.kind))
+                self.start_admin("cancel", functools.partial(_cancel, rule_id=rule.id, kind=rule.kind))
                 await self.quiesce()
                 break
             else:

@@ -43,6 +43,7 @@ from pigeon.spool.spool import SpoolError
 
 _log = logging.getLogger(__name__)
 _INTERNAL: Final = Reply(451, "4.3.0", ("internal error during delivery; will try again",))
+_AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unexpectedly is replaced
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,7 @@ class Dispatcher:
         queue, shaping = lane.queue, lane.shaping
         destination: Destination = queue.destination
         agent: Agent | None = None
+        crashed = False
         taken: list[Lease] = []  # leased, not begun: given back if this task ends
         begun: list[Work] = []  # begun, not reported: reported as a transient failure if it fails
         try:
@@ -214,6 +216,7 @@ class Dispatcher:
                     break
         except Exception:
             _log.exception("delivery to %s failed unexpectedly", queue.path)
+            crashed = True
             for work in begun:  # every message begun gets an outcome, or it would wait for a restart
                 count = len(work.message.envelope.recipients)
                 self._report(work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
@@ -228,10 +231,16 @@ class Dispatcher:
                 except Exception:
                     _log.exception("closing a connection to %s failed", queue.path)
             if len(queue) and not self._stopping:
-                self._start(lane)
+                if crashed:  # a bug, not the peer: try again, but not in a tight loop
+                    asyncio.get_running_loop().call_later(_AFTER_A_CRASH, self._start, lane)
+                else:
+                    self._start(lane)
 
     async def _open(self, destination: Destination) -> Agent:
-        return await self._agents[destination.kind](destination)
+        opener = self._agents.get(destination.kind)
+        if opener is None:
+            raise Unreachable(Reply(451, "4.3.5", (f"no delivery agent for {destination.kind.value} destinations",)))
+        return await opener(destination)
 
     def _begin_all(self, leases: list[Lease], site: str) -> list[Work]:
         """The leased messages still good to send, with their bytes. Called right before the

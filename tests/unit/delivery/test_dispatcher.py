@@ -1,0 +1,236 @@
+"""The dispatcher, on a fake clock: connections to the ready queues, leases, and what a failure costs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import pytest
+
+from pigeon.delivery.agent import Agent, Unreachable, Work
+from pigeon.delivery.dispatcher import Shaping, ideal_connections
+from pigeon.delivery.routes import Destination
+from pigeon.queue.attempt import Attempt
+from pigeon.queue.rules import Selector
+from pigeon.shaping.gcra import Rate
+from pigeon.smtp.replies import Reply
+from tests.support.queue_world import FakeAgent, World, destination
+
+SITES = {"d1.test": "mx1.test"}
+DOWN = Reply(451, "4.4.1", ("cannot connect to mx1.test: connection refused",))
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Callable[..., World]]:
+    worlds: list[World] = []
+
+    def make(**options: object) -> World:
+        world = World(**options).build(SITES)  # type: ignore[arg-type]
+        world.routes.cache["d1.test"] = destination("mx1.test")
+        worlds.append(world)
+        return world
+
+    yield make
+    for world in worlds:
+        await world.close()
+
+
+def test_connections_follow_the_queue_up_to_the_limit() -> None:
+    assert [ideal_connections(n, 32) for n in (0, 1, 2, 10, 50, 100, 1000)] == [0, 1, 2, 7, 22, 29, 32]
+    assert ideal_connections(5, 1) == 1
+
+
+async def test_a_backlog_opens_up_to_the_connection_limit_and_no_more(make: Callable[..., World]) -> None:
+    opened: list[str] = []
+    world = make(connection_limit=3)
+
+    async def opener(destination: Destination) -> Agent:
+        opened.append(destination.site)
+        return FakeAgent(world, destination.site)
+
+    world.opener = opener
+    world.build(SITES)
+    world.routes.cache["d1.test"] = destination("mx1.test")
+    for n in range(200):
+        world.inject([f"r{n}@d1.test"])
+    await world.quiesce()
+    assert len(opened) == 3
+    assert len(world.of_kind("attempt")) == 3  # one message per connection at a time
+    await world.release_all()
+    assert len(world.attempted) == 200 and len(world.logged("Delivery")) == 200
+
+
+async def test_a_message_an_operator_took_while_it_waited_for_its_turn_is_not_sent(make: Callable[..., World]) -> None:
+    """Taken off the ready queue, waiting for the site's rate: a bounce takes it back."""
+    world = make(shaping=Shaping(connection_limit=1, idle_timeout=3600.0, max_message_rate=Rate.parse("20/s")))
+    first = world.inject(["a@d1.test"])
+    second = world.inject(["b@d1.test"])
+    await world.quiesce()
+    await world.release_all("attempt")  # the first is sent; the second waits for the rate
+    await asyncio.sleep(0)
+    entry = world.active.get(second)
+    assert entry is not None and entry.state.value == "in_flight" and not entry.started
+    bounce = world.bounce(Selector(queue="*"))
+    await world.release_all()
+    assert bounce.result is not None and bounce.result["bounced"] == 1
+    await asyncio.sleep(0.1)  # the rate lets the connection go on
+    await world.release_all()
+    assert [a.message for a in world.attempted] == [first]
+    assert world.active.stale_results == {"attempt": 1}
+    assert [type(r).__name__ for r in world.logged() if r.id == f"{second:016x}"] == ["AdminBounce"]
+
+
+async def test_a_connection_that_cannot_be_opened_costs_one_message_then_everything_waiting(
+    make: Callable[..., World],
+) -> None:
+    world = make(shaping=Shaping(connection_limit=1, idle_timeout=3600.0, connection_failures_before_delay=3))
+
+    async def refused(destination: Destination) -> Agent:
+        raise Unreachable(DOWN)
+
+    world.opener = refused
+    world.build(SITES)
+    world.routes.cache["d1.test"] = destination("mx1.test")
+    for n in range(10):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    failures = world.logged("TransientFailure")
+    assert len(failures) == 10
+    assert {f.response.text for f in failures} == {DOWN.text}
+    assert len(world.spool.rows) == 10 and all(row.attempts == 1 for row in world.spool.rows.values())
+    assert not len(world.active)
+
+
+class _Hangs:
+    """An agent whose connection is gone when it is next asked."""
+
+    batch = 1
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self.sent = 0
+
+    def usable(self) -> bool:
+        return self.sent == 0
+
+    async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
+        self.sent += 1
+        return [Attempt([Reply(250, "2.0.0", ("ok",))], [""], "mx1.test") for _ in work]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_message_taken_when_the_connection_died_is_not_sent_on_it(make: Callable[..., World]) -> None:
+    world = make(connection_limit=1)
+    agents: list[_Hangs] = []
+
+    async def opener(destination: Destination) -> Agent:
+        if agents:
+            raise Unreachable(DOWN)  # the server is gone for good
+        agents.append(_Hangs(world))
+        return agents[0]
+
+    world.opener = opener
+    world.build(SITES)
+    world.routes.cache["d1.test"] = destination("mx1.test")
+    world.inject(["a@d1.test"])
+    second = world.inject(["b@d1.test"])
+    await world.release_all()
+    assert agents[0].sent == 1
+    [failure] = world.logged("TransientFailure")
+    assert (failure.id, failure.response.text) == (f"{second:016x}", DOWN.text)
+
+
+async def test_nothing_is_taken_for_a_suspended_site_and_delivery_resumes_after(make: Callable[..., World]) -> None:
+    world = make()
+    hold = world.suspend(Selector(site="mx1.*"), rule_id="h")
+    await world.release_all()
+    assert hold.answered is not None
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all()
+    assert world.attempted == []
+    assert world.active.get(spool_id).state.value == "ready"  # type: ignore[union-attr]
+    world.resume("h")
+    await world.release_all()
+    assert [a.message for a in world.attempted] == [spool_id]
+    assert len(world.logged("Delivery")) == 1
+
+
+class _Breaks:
+    batch = 1
+
+    def usable(self) -> bool:
+        return True
+
+    async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
+        raise RuntimeError("a bug in an agent")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_agent_that_raises_leaves_no_message_in_flight(make: Callable[..., World]) -> None:
+    world = make()
+
+    async def opener(destination: Destination) -> Agent:
+        return _Breaks()
+
+    world.opener = opener
+    world.build(SITES)
+    world.routes.cache["d1.test"] = destination("mx1.test")
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all()
+    [failure] = world.logged("TransientFailure")
+    assert (failure.response.code, failure.response.enhanced) == (451, "4.3.0")
+    assert not len(world.active)
+    assert world.spool.rows[spool_id].attempts == 1
+
+
+async def test_a_body_that_cannot_be_read_is_a_transient_failure(
+    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = make()
+    world.spool.bodies.clear()
+
+    def unreadable(body_id: int) -> bytes:
+        from pigeon.spool.spool import SpoolWriteError
+
+        raise SpoolWriteError("body 0000000000000040 is not in the spool")
+
+    monkeypatch.setattr(world.spool, "body", unreadable)
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all()
+    assert world.attempted == []
+    [failure] = world.logged("TransientFailure")
+    assert failure.response.code == 451
+    assert world.spool.rows[spool_id].attempts == 1
+
+
+async def test_a_connection_takes_at_most_its_deliveries_then_another_opens(make: Callable[..., World]) -> None:
+    opened = 0
+    world = make(shaping=Shaping(connection_limit=1, idle_timeout=3600.0, max_deliveries_per_connection=2))
+
+    async def opener(destination: Destination) -> Agent:
+        nonlocal opened
+        opened += 1
+        return FakeAgent(world, destination.site)
+
+    world.opener = opener
+    world.build(SITES)
+    world.routes.cache["d1.test"] = destination("mx1.test")
+    for n in range(5):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    assert len(world.logged("Delivery")) == 5
+    assert opened == 3
+
+
+async def test_a_destination_no_agent_can_serve_defers_its_mail(make: Callable[..., World]) -> None:
+    world = make()
+    world.dispatcher._agents = {}  # a build without the SMTP agent
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all()
+    [failure] = world.logged("TransientFailure")
+    assert (failure.response.code, failure.response.enhanced) == (451, "4.3.5")
+    assert world.spool.rows[spool_id].attempts == 1 and not len(world.active)

@@ -1,0 +1,82 @@
+"""The target agent: `[[inbound]]` route mail handed to an application's target in batches,
+its answers turned into replies the queue settles like any other."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from pigeon.delivery.classify import Classifier
+from pigeon.delivery.routes import Destination, Kind, TlsPolicy
+from pigeon.delivery.target_agent import TargetAgents
+from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets.base import Handoff, Target, Verdict
+from tests.support.queue_world import World
+
+
+class App(Target):
+    """An application that refuses mail to "never@", defers "later@" and takes the rest."""
+
+    def __init__(self) -> None:
+        super().__init__("app")
+        self.batches: list[list[str]] = []
+
+    async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
+        self.batches.append([m.recipients[0] for m in messages])
+        answers = []
+        for message in messages:
+            local = message.recipients[0].partition("@")[0]
+            verdict = {"never": Verdict.PERMANENT, "later": Verdict.TRANSIENT}.get(local, Verdict.ACCEPTED)
+            answers.append(Handoff(verdict, f"{verdict.value} by the app"))
+        return answers
+
+
+TARGET = Destination("inbound:app", (), TlsPolicy.DISABLED, False, Kind.TARGET, "app")
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[tuple[World, App, list[tuple[str, Verdict]]]]:
+    app = App()
+    counted: list[tuple[str, Verdict]] = []
+    agents = TargetAgents({"app": app}, Classifier(), lambda target, verdict: counted.append((target, verdict)))
+    world = World(opener=agents.open).build({})
+    world.routes.cache["app.test"] = TARGET
+    yield world, app, counted
+    await world.close()
+
+
+async def test_mail_goes_to_the_target_in_batches_and_each_answer_settles_it(
+    world: tuple[World, App, list[tuple[str, Verdict]]],
+) -> None:
+    queue_world, app, counted = world
+    for n in range(100):
+        queue_world.inject([f"user{n}@app.test"])
+    never = queue_world.inject(["never@app.test"])
+    later = queue_world.inject(["later@app.test"])
+    await queue_world.release_all()
+    assert sum(len(b) for b in app.batches) == 102
+    assert max(len(b) for b in app.batches) == 64, "up to 64 messages a batch"
+    assert len(queue_world.logged("Delivery")) == 100
+    [bounce] = queue_world.logged("Bounce")
+    assert (bounce.id, bounce.response.code, bounce.site) == (f"{never:016x}", 550, "inbound:app")
+    assert bounce.response.text == "app: permanent by the app"
+    [deferred] = queue_world.logged("TransientFailure")
+    assert (deferred.id, deferred.response.code) == (f"{later:016x}", 451)
+    assert list(queue_world.spool.rows) == [later]
+    assert sorted({v for _, v in counted}, key=str) == sorted(set(Verdict), key=str)
+
+
+async def test_a_target_missing_from_the_configuration_defers_its_mail() -> None:
+    agents = TargetAgents({}, Classifier(), lambda target, verdict: None)
+    world = World(opener=agents.open).build({})
+    world.routes.cache["app.test"] = TARGET
+    try:
+        spool_id = world.inject(["a@app.test"])
+        await world.release_all()
+        [deferred] = world.logged("TransientFailure")
+        assert (deferred.response.code, deferred.response.enhanced) == (451, "4.3.5")
+        assert "no [[target]] called 'app'" in deferred.response.text
+        assert spool_id in world.spool.rows
+    finally:
+        await world.close()

@@ -1,0 +1,182 @@
+"""Settlement, on a fake clock: what each reply means, and that it is durable before it is told."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from pigeon.queue import settlement
+from pigeon.queue.rules import Selector
+from pigeon.queue.state import Lease
+from pigeon.smtp.replies import Reply
+from tests.support.queue_world import LATER, NO, OK, World, destination
+
+SITES = {"d1.test": "mx1.test", "elsewhere.test": "mx3.test"}
+D1 = Selector(domain="d1.test")
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Callable[..., World]]:
+    worlds: list[World] = []
+
+    def make(**options: object) -> World:
+        world = World(**options).build(SITES)  # type: ignore[arg-type]
+        world.routes.cache["d1.test"] = destination("mx1.test")
+        worlds.append(world)
+        return world
+
+    yield make
+    for world in worlds:
+        await world.close()
+
+
+def kinds(world: World) -> list[tuple[str, str]]:
+    return [(type(r).__name__, r.recipient) for r in world.records.log]  # type: ignore[attr-defined]
+
+
+async def test_each_recipient_gets_the_record_its_reply_calls_for(make: Callable[..., World]) -> None:
+    world = make(answer=lambda world, seen: [OK, NO, LATER])
+    spool_id = world.inject(["ok@d1.test", "no@d1.test", "later@d1.test"])
+    await world.release_all()
+    assert sorted(kinds(world)) == [
+        ("Bounce", "no@d1.test"),
+        ("Delivery", "ok@d1.test"),
+        ("TransientFailure", "later@d1.test"),
+    ]
+    [bounce] = world.logged("Bounce")
+    assert bounce.classification == "NoSuchUser"  # the agent's class, not the queue's
+    [transient] = world.logged("TransientFailure")
+    row = world.spool.rows[spool_id]
+    assert transient.next_attempt == row.due == pytest.approx(world.clock() + 300.0)
+    assert row.attempts == 1
+    assert [r.address for r in world.spool.get(spool_id).envelope.recipients] == ["later@d1.test"]  # type: ignore[union-attr]
+    assert world.notices == [(spool_id, "no@d1.test")]
+
+
+async def test_terminal_records_appear_only_once_their_commit_is_answered(make: Callable[..., World]) -> None:
+    world = make()
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all("attempt")
+    await world.release_all("land")
+    assert spool_id not in world.spool.rows, "committed: readers see it gone"
+    assert world.records.log == [], "but nothing is told before the settlement hears so"
+    await world.release_all("answer")
+    assert kinds(world) == [("Delivery", "a@d1.test")]
+    assert not len(world.active)
+
+
+async def test_a_dsn_is_stored_before_the_failure_is_committed(make: Callable[..., World]) -> None:
+    world = make(answer=lambda world, seen: [NO])
+    world.inject(["a@d1.test"])
+    await world.release_all("attempt")
+    assert [p.kind for p in world.pending] == ["dsn"], "no commit before the DSN is stored"
+    await world.release_all()
+    assert kinds(world) == [("Bounce", "a@d1.test")]
+
+
+async def test_no_dsn_for_a_recipient_that_asked_for_none_or_a_null_sender(make: Callable[..., World]) -> None:
+    world = make(answer=lambda world, seen: [NO])
+    world.inject(["a@d1.test"], sender="")
+    await world.release_all()
+    assert kinds(world) == [("Bounce", "a@d1.test")]
+    assert world.notices == []
+
+
+async def test_a_retry_that_would_come_after_max_age_is_due_at_the_expiry_and_expires_then(
+    make: Callable[..., World],
+) -> None:
+    world = make(answer=lambda world, seen: [LATER], max_age=100.0)
+    spool_id = world.inject(["a@d1.test"])
+    created = world.clock()
+    await world.release_all()
+    assert world.spool.rows[spool_id].due == created + 100.0  # not a whole backoff (300 s) later
+    world.clock.now = created + 100.0
+    world.tick()
+    await world.release_all()
+    [expired] = world.logged("Expiration")
+    assert (expired.response.code, expired.response.enhanced) == (551, "5.4.7")
+    assert "last attempt: 451 4.3.0 try later" in expired.response.text
+    assert world.notices == [(spool_id, "a@d1.test")] and not world.spool.rows
+
+
+async def test_a_commit_that_fails_is_written_again_and_told_once(
+    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settlement, "_RETRY_WRITE", 0.0)
+    world = make()
+    world.inject(["a@d1.test"])
+    await world.release_all("attempt")
+    world.failing_commits = 1
+    await world.release_all()
+    assert kinds(world) == [("Delivery", "a@d1.test")]
+    assert not world.spool.rows and not len(world.active)
+
+
+async def test_a_dsn_that_cannot_be_stored_is_tried_again_before_the_commit(
+    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settlement, "_RETRY_WRITE", 0.0)
+    world = make(answer=lambda world, seen: [NO])
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all("attempt")
+    world.failing_notices = 1
+    await world.release(world.of_kind("dsn")[0])
+    assert [p.kind for p in world.pending] == ["dsn"], "stored again, and still no commit"
+    await world.release_all()
+    assert world.notices == [(spool_id, "a@d1.test")]
+    assert kinds(world) == [("Bounce", "a@d1.test")]
+    assert not world.spool.rows
+
+
+async def test_a_stale_report_is_dropped_and_counted(make: Callable[..., World]) -> None:
+    world = make()
+    spool_id = world.inject(["a@d1.test"])
+    await world.quiesce()
+    world.settlement.report(Lease(spool_id, 1), _attempt([OK]))
+    await world.quiesce()
+    assert world.active.stale_results == {"attempt": 1}
+    assert world.records.log == []
+    await world.release_all()
+    assert kinds(world) == [("Delivery", "a@d1.test")]
+
+
+def _attempt(replies: list[Reply]) -> settlement.Attempt:
+    return settlement.Attempt(replies, [""] * len(replies), "mx1.test")
+
+
+async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(make: Callable[..., World]) -> None:
+    world = make(answer=lambda world, seen: [OK, LATER])
+    spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
+    await world.quiesce()
+    bounce = world.bounce(D1, reason="stop")
+    await world.quiesce()
+    assert bounce.result == {"bounced": 1, "rule": None}
+    await world.release_all()
+    assert sorted(kinds(world)) == [("AdminBounce", "a2@d1.test"), ("Delivery", "a1@d1.test")]
+    assert world.notices == [] and spool_id not in world.spool.rows
+    assert [a.message for a in world.attempted] == [spool_id]
+
+
+async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(make: Callable[..., World]) -> None:
+    world = make(answer=lambda world, seen: [OK, LATER] if seen.site == "mx1.test" else [OK])
+    spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
+    await world.quiesce()
+    rebind = world.rebind(D1, queue="moved", routing_domain="elsewhere.test")
+    await world.quiesce()
+    assert rebind.result == {"rebound": 1, "after_attempt": 1}
+    await world.release_all()
+    row = world.spool.get(spool_id)
+    assert row is not None
+    assert (row.queue, row.envelope.routing_domain, row.due) == ("moved", "elsewhere.test", world.clock())
+    world.tick()
+    await world.release_all()
+    assert [(a.site, a.recipients) for a in world.attempted] == [
+        ("mx1.test", ("a1@d1.test", "a2@d1.test")),
+        ("mx3.test", ("a2@d1.test",)),
+    ]
+    assert sorted(kinds(world)) == [
+        ("Delivery", "a1@d1.test"),
+        ("Delivery", "a2@d1.test"),
+        ("TransientFailure", "a2@d1.test"),
+    ]
