@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +20,24 @@ class Zone:
     servfail: set[str] = field(default_factory=set)
     ttl: int = 60
     queries: list[tuple[str, str]] = field(default_factory=list)
+    delays: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """name -> (least, most) seconds to wait before answering, at random (each query in its thread)."""
+    seed: int = 0
 
 
 class _Resolver(BaseResolver):  # type: ignore[misc]
     def __init__(self, zone: Zone) -> None:
         self.zone = zone
+        self._random = random.Random(zone.seed)
 
     def resolve(self, request: DNSRecord, handler: Any) -> DNSRecord:
         reply = request.reply()
         name = str(request.q.qname).rstrip(".").lower()
         kind = QTYPE[request.q.qtype]
         self.zone.queries.append((name, kind))
+        delay = self.zone.delays.get(name)
+        if delay is not None:
+            time.sleep(self._random.uniform(*delay))
         if name in self.zone.servfail:
             reply.header.rcode = RCODE.SERVFAIL
             return reply

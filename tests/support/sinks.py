@@ -11,9 +11,10 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
     slow@...        waits `slow` seconds before answering RCPT
     flaky@...       451 4.3.0 at RCPT for its first `flaky` tries, then 250
     hangup@...      drops the connection in the middle of DATA
-    chaos@...       at random (seeded): 451 at RCPT (25%), 550 at RCPT (3%), a hang-up in the
-                    middle of DATA (4%), or the message taken and the connection dropped before
-                    the 250 (2%: the one case where the sender may rightly deliver it again)
+    chaos*@...      at random (seeded), per recipient: 451 at RCPT (25%), 550 at RCPT (3%); per
+                    message: a hang-up in the middle of DATA (4%), or the message taken and the
+                    connection dropped before the 250 (2%: the one case where the sender may
+                    rightly deliver it again)
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class _Handler:
             await asyncio.sleep(self.sink.slow)
         if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
             return "451 4.3.0 not yet"
-        if local == "chaos":
+        if local.startswith("chaos"):
             roll = self.sink.random.random()
             if roll < 0.25:
                 return "451 4.3.0 chaos says later"
@@ -124,7 +125,7 @@ class _Handler:
             [list(o) for o in envelope.rcpt_options],
         )
         self.sink.received.append(received)
-        if "chaos" in locals_ and self.sink.random.random() < 0.02:
+        if any(local.startswith("chaos") for local in locals_) and self.sink.random.random() < 0.02:
             received.dropped = True  # taken, but the sender never hears the 250
             server.transport.close()
         return "250 2.0.0 stored"
@@ -134,7 +135,7 @@ class _HangupSMTP(SMTP):
     """Drops the connection in the middle of DATA when a recipient is hangup@."""
 
     async def smtp_DATA(self, arg: str) -> None:
-        chaos = any(r.lower().startswith("chaos@") for r in self.envelope.rcpt_tos)
+        chaos = any(r.lower().startswith("chaos") for r in self.envelope.rcpt_tos)
         random_hangup = chaos and self.event_handler.sink.random.random() < 0.04
         if random_hangup or any(r.lower().startswith("hangup@") for r in self.envelope.rcpt_tos):
             await self.push("354 End data with <CR><LF>.<CR><LF>")
@@ -170,9 +171,17 @@ class ScriptedSink:
         return f"{self.host}:{self.port}"
 
     def wait_for(self, count: int, timeout: float = 20.0) -> list[Received]:
+        """The messages received, once there are at least `count`; fails when time runs out."""
         deadline = time.monotonic() + timeout
-        while len(self.received) < count and time.monotonic() < deadline:
+        while len(self.received) < count:
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"the sink received {len(self.received)} messages in {timeout}s, not {count}")
             time.sleep(0.05)
+        return list(self.received)
+
+    def after(self, seconds: float) -> list[Received]:
+        """What was received after `seconds` more (to show that nothing more came)."""
+        time.sleep(seconds)
         return list(self.received)
 
     def stop(self) -> None:

@@ -286,6 +286,7 @@ class Admin:
             "selector": msgspec.to_builtins(selector),
             "looked_at": 0,
             "acted_on": 0,
+            "waited": 0,  # messages it found settling and acted on once their outcome was written
             "running": 1,  # added up over workers: how many are still at it
             "started": self._clock(),
         }
@@ -315,6 +316,7 @@ class Admin:
                 for _ in range(_MAX_WAITS):
                     if not settling:
                         break
+                    progress["waited"] += len(settling)
                     await asyncio.gather(*(s.settled for s in settling))
                     again, settling = settling, []
                     for waited in again:
