@@ -213,6 +213,8 @@ class Supervisor:
                 detail["restarts"] = worker.restarts
                 workers.append(detail)
         healthy = all(w["status"] == "ok" for w in workers) and not self._stopping
+        # A worker that answers takes mail (maybe degraded); one that does not is restarting.
+        taking = all(w["status"] != "down" for w in workers) and not self._stopping
         body = {
             "status": "ok" if healthy else ("stopping" if self._stopping else "degraded"),
             "node": self.config.node.name,
@@ -223,7 +225,7 @@ class Supervisor:
         inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
         if inbound:
             body["inbound"] = inbound
-        return web.json_response(body, status=200 if healthy else 503)
+        return web.json_response(body, status=200 if taking else 503)
 
     async def _api(self, request: web.Request) -> web.Response:
         """An API request goes to one worker, the next one each time; a worker that is down

@@ -146,10 +146,13 @@ class SqliteSpool:
             try:
                 self._migrate(conn)
                 report = recover(conn, self.data_dir)
+                # Outbox seqs come from the same generator, and rows may stay there across a
+                # restart (a log that could not be written): a new id must not meet one of them.
                 last = conn.execute(
                     "SELECT max(coalesce((SELECT max(id) FROM message), 0),"
                     " coalesce((SELECT max(id) FROM body), 0),"
-                    " coalesce((SELECT max(id) FROM quarantine), 0))"
+                    " coalesce((SELECT max(id) FROM quarantine), 0),"
+                    " coalesce((SELECT max(seq) FROM outbox), 0))"
                 ).fetchone()[0]
             finally:
                 conn.close()
