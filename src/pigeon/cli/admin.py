@@ -188,10 +188,11 @@ def _operations(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", "/api/v1/admin/operations")
     if status >= 400 or args.json:
         return _show(args, status, answer, "")
-    print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10}  state")
+    print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'waited':>7}  state")
     for row in answer["operations"]:
         state = f"running on {row['running']} worker(s)" if row["running"] else f"done {_when(row['finished'])}"
-        print(f"{row['operation']:14} {row['kind']:8} {row['looked_at']:>10,} {row['acted_on']:>10,}  {state}")
+        counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('waited', 0):>7,}"
+        print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
     return 0
 
 
