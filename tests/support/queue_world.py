@@ -378,6 +378,8 @@ class World:
     attempted: list[Attempted] = field(default_factory=list)
     admin_calls: list[AdminCall] = field(default_factory=list)
     notices: list[tuple[SpoolId, str]] = field(default_factory=list)
+    opened: list[str] = field(default_factory=list)
+    """The site of every `FakeAgent` opened (a connection, to the dispatcher)."""
     steps: int = 0
     failing_notices: int = 0
     """How many of the next DSN stores fail."""
@@ -451,6 +453,7 @@ class World:
         return self
 
     async def _open(self, destination: Destination) -> Agent:
+        self.opened.append(destination.site)
         return FakeAgent(self, destination.site)
 
     # --- the fakes' side ---------------------------------------------------------------------------

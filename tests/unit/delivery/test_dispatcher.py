@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -14,25 +14,10 @@ from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
 from pigeon.shaping.gcra import Rate
 from pigeon.smtp.replies import Reply
-from tests.support.queue_world import FakeAgent, World, destination
+from tests.unit.conftest import MakeWorld
 
 SITES = {"d1.test": "mx1.test"}
 DOWN = Reply(451, "4.4.1", ("cannot connect to mx1.test: connection refused",))
-
-
-@pytest.fixture
-async def make() -> AsyncIterator[Callable[..., World]]:
-    worlds: list[World] = []
-
-    def make(**options: object) -> World:
-        world = World(**options).build(SITES)  # type: ignore[arg-type]
-        world.routes.cache["d1.test"] = destination("mx1.test")
-        worlds.append(world)
-        return world
-
-    yield make
-    for world in worlds:
-        await world.close()
 
 
 def test_connections_follow_the_queue_up_to_the_limit() -> None:
@@ -40,29 +25,21 @@ def test_connections_follow_the_queue_up_to_the_limit() -> None:
     assert ideal_connections(5, 1) == 1
 
 
-async def test_a_backlog_opens_up_to_the_connection_limit_and_no_more(make: Callable[..., World]) -> None:
-    opened: list[str] = []
-    world = make(connection_limit=3)
-
-    async def opener(destination: Destination) -> Agent:
-        opened.append(destination.site)
-        return FakeAgent(world, destination.site)
-
-    world.opener = opener
-    world.build(SITES)
-    world.routes.cache["d1.test"] = destination("mx1.test")
+async def test_a_backlog_opens_up_to_the_connection_limit_and_no_more(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], connection_limit=3)
     for n in range(200):
         world.inject([f"r{n}@d1.test"])
     await world.quiesce()
-    assert len(opened) == 3
+    assert len(world.opened) == 3
     assert len(world.of_kind("attempt")) == 3  # one message per connection at a time
     await world.release_all()
     assert len(world.attempted) == 200 and len(world.logged("Delivery")) == 200
 
 
-async def test_a_message_an_operator_took_while_it_waited_for_its_turn_is_not_sent(make: Callable[..., World]) -> None:
+async def test_a_message_an_operator_took_while_it_waited_for_its_turn_is_not_sent(make_world: MakeWorld) -> None:
     """Taken off the ready queue, waiting for the site's rate: a bounce takes it back."""
-    world = make(shaping=Shaping(connection_limit=1, idle_timeout=3600.0, max_message_rate=Rate.parse("20/s")))
+    shaping = Shaping(connection_limit=1, idle_timeout=3600.0, max_message_rate=Rate.parse("20/s"))
+    world = make_world(SITES, ["d1.test"], shaping=shaping)
     first = world.inject(["a@d1.test"])
     second = world.inject(["b@d1.test"])
     await world.quiesce()
@@ -81,16 +58,10 @@ async def test_a_message_an_operator_took_while_it_waited_for_its_turn_is_not_se
 
 
 async def test_a_connection_that_cannot_be_opened_costs_one_message_then_everything_waiting(
-    make: Callable[..., World],
+    make_world: MakeWorld,
 ) -> None:
-    world = make(shaping=Shaping(connection_limit=1, idle_timeout=3600.0, connection_failures_before_delay=3))
-
-    async def refused(destination: Destination) -> Agent:
-        raise Unreachable(DOWN)
-
-    world.opener = refused
-    world.build(SITES)
-    world.routes.cache["d1.test"] = destination("mx1.test")
+    shaping = Shaping(connection_limit=1, idle_timeout=3600.0, connection_failures_before_delay=3)
+    world = make_world(SITES, ["d1.test"], shaping=shaping, opener=_refused)
     for n in range(10):
         world.inject([f"r{n}@d1.test"])
     await world.release_all()
@@ -101,13 +72,16 @@ async def test_a_connection_that_cannot_be_opened_costs_one_message_then_everyth
     assert not len(world.active)
 
 
+async def _refused(destination: Destination) -> Agent:
+    raise Unreachable(DOWN)
+
+
 class _Hangs:
     """An agent whose connection is gone when it is next asked."""
 
     batch = 1
 
-    def __init__(self, world: World) -> None:
-        self._world = world
+    def __init__(self) -> None:
         self.sent = 0
 
     def usable(self) -> bool:
@@ -121,19 +95,16 @@ class _Hangs:
         pass
 
 
-async def test_a_message_taken_when_the_connection_died_is_not_sent_on_it(make: Callable[..., World]) -> None:
-    world = make(connection_limit=1)
+async def test_a_message_taken_when_the_connection_died_is_not_sent_on_it(make_world: MakeWorld) -> None:
     agents: list[_Hangs] = []
 
     async def opener(destination: Destination) -> Agent:
         if agents:
             raise Unreachable(DOWN)  # the server is gone for good
-        agents.append(_Hangs(world))
+        agents.append(_Hangs())
         return agents[0]
 
-    world.opener = opener
-    world.build(SITES)
-    world.routes.cache["d1.test"] = destination("mx1.test")
+    world = make_world(SITES, ["d1.test"], connection_limit=1, opener=opener)
     world.inject(["a@d1.test"])
     second = world.inject(["b@d1.test"])
     await world.release_all()
@@ -142,8 +113,8 @@ async def test_a_message_taken_when_the_connection_died_is_not_sent_on_it(make: 
     assert (failure.id, failure.response.text) == (f"{second:016x}", DOWN.text)
 
 
-async def test_nothing_is_taken_for_a_suspended_site_and_delivery_resumes_after(make: Callable[..., World]) -> None:
-    world = make()
+async def test_nothing_is_taken_for_a_suspended_site_and_delivery_resumes_after(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"])
     hold = world.suspend(Selector(site="mx1.*"), rule_id="h")
     await world.release_all()
     assert hold.answered is not None
@@ -170,15 +141,11 @@ class _Breaks:
         pass
 
 
-async def test_an_agent_that_raises_leaves_no_message_in_flight(make: Callable[..., World]) -> None:
-    world = make()
-
+async def test_an_agent_that_raises_leaves_no_message_in_flight(make_world: MakeWorld) -> None:
     async def opener(destination: Destination) -> Agent:
         return _Breaks()
 
-    world.opener = opener
-    world.build(SITES)
-    world.routes.cache["d1.test"] = destination("mx1.test")
+    world = make_world(SITES, ["d1.test"], opener=opener)
     spool_id = world.inject(["a@d1.test"])
     await world.release_all()
     [failure] = world.logged("TransientFailure")
@@ -188,9 +155,9 @@ async def test_an_agent_that_raises_leaves_no_message_in_flight(make: Callable[.
 
 
 async def test_a_body_that_cannot_be_read_is_a_transient_failure(
-    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    world = make()
+    world = make_world(SITES, ["d1.test"])
     world.spool.bodies.clear()
 
     def unreadable(body_id: int) -> bytes:
@@ -207,27 +174,18 @@ async def test_a_body_that_cannot_be_read_is_a_transient_failure(
     assert world.spool.rows[spool_id].attempts == 1
 
 
-async def test_a_connection_takes_at_most_its_deliveries_then_another_opens(make: Callable[..., World]) -> None:
-    opened = 0
-    world = make(shaping=Shaping(connection_limit=1, idle_timeout=3600.0, max_deliveries_per_connection=2))
-
-    async def opener(destination: Destination) -> Agent:
-        nonlocal opened
-        opened += 1
-        return FakeAgent(world, destination.site)
-
-    world.opener = opener
-    world.build(SITES)
-    world.routes.cache["d1.test"] = destination("mx1.test")
+async def test_a_connection_takes_at_most_its_deliveries_then_another_opens(make_world: MakeWorld) -> None:
+    shaping = Shaping(connection_limit=1, idle_timeout=3600.0, max_deliveries_per_connection=2)
+    world = make_world(SITES, ["d1.test"], shaping=shaping)
     for n in range(5):
         world.inject([f"r{n}@d1.test"])
     await world.release_all()
     assert len(world.logged("Delivery")) == 5
-    assert opened == 3
+    assert len(world.opened) == 3
 
 
-async def test_a_destination_no_agent_can_serve_defers_its_mail(make: Callable[..., World]) -> None:
-    world = make()
+async def test_a_destination_no_agent_can_serve_defers_its_mail(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"])
     world.dispatcher._agents = {}  # a build without the SMTP agent
     spool_id = world.inject(["a@d1.test"])
     await world.release_all()

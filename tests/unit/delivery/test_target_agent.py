@@ -20,10 +20,10 @@ class App(Target):
 
     def __init__(self) -> None:
         super().__init__("app")
-        self.batches: list[list[str]] = []
+        self.handed: list[list[str]] = []
 
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
-        self.batches.append([m.recipients[0] for m in messages])
+        self.handed.append([m.recipients[0] for m in messages])
         answers = []
         for message in messages:
             local = message.recipients[0].partition("@")[0]
@@ -55,8 +55,8 @@ async def test_mail_goes_to_the_target_in_batches_and_each_answer_settles_it(
     never = queue_world.inject(["never@app.test"])
     later = queue_world.inject(["later@app.test"])
     await queue_world.release_all()
-    assert sum(len(b) for b in app.batches) == 102
-    assert max(len(b) for b in app.batches) == 64, "up to 64 messages a batch"
+    assert sum(len(b) for b in app.handed) == 102
+    assert max(len(b) for b in app.handed) == 64, "up to 64 messages a batch"
     assert len(queue_world.logged("Delivery")) == 100
     [bounce] = queue_world.logged("Bounce")
     assert (bounce.id, bounce.response.code, bounce.site) == (f"{never:016x}", 550, "inbound:app")

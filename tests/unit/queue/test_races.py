@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pigeon.message import format_id
+from pigeon.message import SpoolId, format_id
 from pigeon.queue.rules import Selector
-from tests.support.queue_world import LATER, OK, Attempted, World
+from pigeon.smtp.replies import Reply
+from tests.support.queue_world import LATER, OK, Attempted, Pending, World
 
 SITES = {"d1.test": "mx1.test", "elsewhere.test": "mx3.test"}
 D1 = Selector(domain="d1.test")
 
 
-def first_partial(world: World, seen: Attempted) -> list[object]:
+def first_partial(world: World, seen: Attempted) -> list[Reply]:
     """The first attempt delivers a1 and defers a2; later attempts deliver everything."""
     earlier = [a for a in world.attempted if a.message == seen.message and a.step < seen.step]
     return [OK, LATER] if not earlier else [OK] * len(seen.recipients)
@@ -40,10 +41,16 @@ def terminal_of(world: World, spool_id: int) -> dict[str, list[str]]:
 
 
 # --- race 1: an operator acts while the route lookup is pending -------------------------------------------
-async def test_a_rebind_during_the_mx_lookup_delivers_once_at_the_new_route(world: World) -> None:
+async def looking_up(world: World) -> tuple[int, Pending]:
+    """A message whose route lookup has started and not answered."""
     spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
     await world.quiesce()
-    [old_lookup] = world.of_kind("lookup")
+    [lookup] = world.of_kind("lookup")
+    return spool_id, lookup
+
+
+async def test_a_rebind_during_the_mx_lookup_delivers_once_at_the_new_route(world: World) -> None:
+    spool_id, old_lookup = await looking_up(world)
 
     rebind = world.rebind(D1, routing_domain="elsewhere.test")
     await world.release_all(but="lookup")
@@ -64,9 +71,7 @@ async def test_a_rebind_during_the_mx_lookup_delivers_once_at_the_new_route(worl
 
 
 async def test_a_suspend_during_the_mx_lookup_holds_the_message_until_resumed(world: World) -> None:
-    spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
-    await world.quiesce()
-    [old_lookup] = world.of_kind("lookup")
+    spool_id, old_lookup = await looking_up(world)
 
     suspend = world.suspend(D1, rule_id="s")
     await world.release_all(but="lookup")
@@ -113,7 +118,7 @@ async def test_a_rebind_before_the_commit_moves_only_the_recipient_left(world: W
     assert row is not None
     assert (row.queue, [r.address for r in row.envelope.recipients], row.attempts) == ("moved", ["a2@d1.test"], 1)
     await world.drain()
-    assert world.accepted()[(spool_id, "a1@d1.test")] == 1
+    assert world.accepted()[(SpoolId(spool_id), "a1@d1.test")] == 1
     assert terminal_of(world, spool_id) == {"a1@d1.test": ["Delivery"], "a2@d1.test": ["Delivery"]}
 
 

@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-
 import pytest
 
 from pigeon.delivery.routes import Destination
-from pigeon.queue.policy import QueuePolicies, QueuePolicy
-from pigeon.queue.retry import RetryPolicy
 from pigeon.queue.rules import Selector
 from tests.support.queue_world import LATER, OK, Attempted, World, destination
+from tests.unit.conftest import MakeWorld
 
 SITES = {"d1.test": "mx1.test", "d2.test": "mx2.test"}
 
 
-@pytest.fixture
-async def make() -> AsyncIterator[Callable[..., World]]:
-    worlds: list[World] = []
-
-    def make(**options: object) -> World:
-        world = World(**options).build(SITES)  # type: ignore[arg-type]
-        worlds.append(world)
-        return world
-
-    yield make
-    for world in worlds:
-        await world.close()
-
-
-async def test_what_falls_due_is_read_in_due_order_once(make: Callable[..., World]) -> None:
-    world = make(connection_limit=1)
+async def test_what_falls_due_is_read_in_due_order_once(make_world: MakeWorld) -> None:
+    world = make_world(SITES, connection_limit=1)
     world.routes.cache["d1.test"] = destination("mx1.test")
     now = world.clock()
     late = world.inject(["x@d1.test"], due=now - 10, admit=False)
@@ -43,8 +26,8 @@ async def test_what_falls_due_is_read_in_due_order_once(make: Callable[..., Worl
     assert [a.message for a in world.attempted] == [early, late]
 
 
-async def test_messages_for_one_domain_share_one_lookup(make: Callable[..., World]) -> None:
-    world = make()
+async def test_messages_for_one_domain_share_one_lookup(make_world: MakeWorld) -> None:
+    world = make_world(SITES)
     first = world.inject(["a@d1.test"])
     second = world.inject(["b@d1.test"])
     await world.quiesce()
@@ -54,16 +37,16 @@ async def test_messages_for_one_domain_share_one_lookup(make: Callable[..., Worl
     assert len([p for p in world.pending if p.kind == "lookup"]) == 0
 
 
-async def test_a_cached_route_needs_no_lookup(make: Callable[..., World]) -> None:
-    world = make()
+async def test_a_cached_route_needs_no_lookup(make_world: MakeWorld) -> None:
+    world = make_world(SITES)
     world.routes.cache["d2.test"] = destination("mx2.test")
     world.inject(["a@d2.test"])
     await world.quiesce()
     assert [p.kind for p in world.pending] == ["attempt"]
 
 
-async def test_a_message_past_max_age_expires_when_it_is_read(make: Callable[..., World]) -> None:
-    world = make(max_age=3600.0)
+async def test_a_message_past_max_age_expires_when_it_is_read(make_world: MakeWorld) -> None:
+    world = make_world(SITES, max_age=3600.0)
     spool_id = world.inject(["a@d1.test", "b@d1.test"], created=world.clock() - 7200, admit=False)
     world.tick()
     await world.release_all()
@@ -73,8 +56,8 @@ async def test_a_message_past_max_age_expires_when_it_is_read(make: Callable[...
     assert not world.spool.rows
 
 
-async def test_an_unroutable_domain_bounces_with_the_lookups_class_and_a_dsn(make: Callable[..., World]) -> None:
-    world = make()
+async def test_an_unroutable_domain_bounces_with_the_lookups_class_and_a_dsn(make_world: MakeWorld) -> None:
+    world = make_world(SITES)
     world.inject(["a@nowhere.test"])
     await world.release_all()
     [bounce] = world.logged("Bounce")
@@ -84,9 +67,9 @@ async def test_an_unroutable_domain_bounces_with_the_lookups_class_and_a_dsn(mak
 
 
 async def test_a_lookup_that_breaks_is_a_transient_failure_not_a_stuck_message(
-    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    world = make()
+    world = make_world(SITES)
 
     async def broken(domain: str, target: str | None = None) -> Destination:
         raise RuntimeError("resolver bug")
@@ -101,10 +84,10 @@ async def test_a_lookup_that_breaks_is_a_transient_failure_not_a_stuck_message(
 
 
 async def test_a_message_let_go_already_due_is_read_again_though_the_watermark_passed_it(
-    make: Callable[..., World],
+    make_world: MakeWorld,
 ) -> None:
     """Retried with no delay: its row is due at once, behind the watermark of a later message."""
-    world = make(retry_interval=0.0, answer=_later_then_ok)
+    world = make_world(SITES, retry_interval=0.0, answer=_later_then_ok)
     world.routes.cache["d1.test"] = destination("mx1.test")
     now = world.clock()
     first = world.inject(["a@d1.test"], due=now, admit=False)
@@ -122,8 +105,8 @@ def _later_then_ok(world: World, seen: Attempted) -> list[object]:
     return [OK] if earlier else [LATER]
 
 
-async def test_what_is_loaded_stays_within_the_room_in_memory(make: Callable[..., World]) -> None:
-    world = make(max_active=2)
+async def test_what_is_loaded_stays_within_the_room_in_memory(make_world: MakeWorld) -> None:
+    world = make_world(SITES, max_active=2)
     world.routes.cache["d1.test"] = destination("mx1.test")
     ids = [world.inject([f"r{n}@d1.test"], admit=False) for n in range(5)]
     assert world.scheduler.load() is True  # more is waiting
@@ -136,8 +119,8 @@ async def test_what_is_loaded_stays_within_the_room_in_memory(make: Callable[...
     assert sorted(a.message for a in world.attempted) == sorted(ids)
 
 
-async def test_fresh_mail_past_the_room_is_read_later(make: Callable[..., World]) -> None:
-    world = make(max_active=1)
+async def test_fresh_mail_past_the_room_is_read_later(make_world: MakeWorld) -> None:
+    world = make_world(SITES, max_active=1)
     world.routes.cache["d1.test"] = destination("mx1.test")
     ids = [world.inject([f"r{n}@d1.test"]) for n in range(3)]
     assert len(world.active) == 1
@@ -148,8 +131,8 @@ async def test_fresh_mail_past_the_room_is_read_later(make: Callable[..., World]
     assert sorted(a.message for a in world.attempted) == sorted(ids)
 
 
-async def test_a_ready_message_past_max_age_expires_in_the_sweep(make: Callable[..., World]) -> None:
-    world = make(max_age=600.0)
+async def test_a_ready_message_past_max_age_expires_in_the_sweep(make_world: MakeWorld) -> None:
+    world = make_world(SITES, max_age=600.0)
     world.routes.cache["d1.test"] = destination("mx1.test")
     held = world.suspend(Selector(site="mx1.test"))
     await world.release_all()
@@ -164,11 +147,8 @@ async def test_a_ready_message_past_max_age_expires_in_the_sweep(make: Callable[
     assert world.attempted == []
 
 
-async def test_a_queue_policy_chooses_the_retry_schedule(make: Callable[..., World]) -> None:
-    world = make(answer=lambda world, seen: [LATER])
-    world.policies = QueuePolicies(QueuePolicy(RetryPolicy(60.0, 600.0, 86_400.0, 0.0), True))
-    world.build(SITES)
-    world.routes.cache["d1.test"] = destination("mx1.test")
+async def test_a_queue_policy_chooses_the_retry_schedule(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [LATER], retry_interval=60.0)
     spool_id = world.inject(["a@d1.test"])
     await world.release_all()
     [failure] = world.logged("TransientFailure")

@@ -2,41 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-
 import pytest
 
 from pigeon.queue import settlement
+from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
 from pigeon.queue.state import Lease
 from pigeon.smtp.replies import Reply
-from tests.support.queue_world import LATER, NO, OK, World, destination
+from tests.support.queue_world import LATER, NO, OK, World
+from tests.unit.conftest import MakeWorld
 
 SITES = {"d1.test": "mx1.test", "elsewhere.test": "mx3.test"}
 D1 = Selector(domain="d1.test")
-
-
-@pytest.fixture
-async def make() -> AsyncIterator[Callable[..., World]]:
-    worlds: list[World] = []
-
-    def make(**options: object) -> World:
-        world = World(**options).build(SITES)  # type: ignore[arg-type]
-        world.routes.cache["d1.test"] = destination("mx1.test")
-        worlds.append(world)
-        return world
-
-    yield make
-    for world in worlds:
-        await world.close()
 
 
 def kinds(world: World) -> list[tuple[str, str]]:
     return [(type(r).__name__, r.recipient) for r in world.records.log]  # type: ignore[attr-defined]
 
 
-async def test_each_recipient_gets_the_record_its_reply_calls_for(make: Callable[..., World]) -> None:
-    world = make(answer=lambda world, seen: [OK, NO, LATER])
+async def test_each_recipient_gets_the_record_its_reply_calls_for(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [OK, NO, LATER])
     spool_id = world.inject(["ok@d1.test", "no@d1.test", "later@d1.test"])
     await world.release_all()
     assert sorted(kinds(world)) == [
@@ -54,8 +39,8 @@ async def test_each_recipient_gets_the_record_its_reply_calls_for(make: Callable
     assert world.notices == [(spool_id, "no@d1.test")]
 
 
-async def test_terminal_records_appear_only_once_their_commit_is_answered(make: Callable[..., World]) -> None:
-    world = make()
+async def test_terminal_records_appear_only_once_their_commit_is_answered(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"])
     spool_id = world.inject(["a@d1.test"])
     await world.release_all("attempt")
     await world.release_all("land")
@@ -66,8 +51,8 @@ async def test_terminal_records_appear_only_once_their_commit_is_answered(make: 
     assert not len(world.active)
 
 
-async def test_a_dsn_is_stored_before_the_failure_is_committed(make: Callable[..., World]) -> None:
-    world = make(answer=lambda world, seen: [NO])
+async def test_a_dsn_is_stored_before_the_failure_is_committed(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [NO])
     world.inject(["a@d1.test"])
     await world.release_all("attempt")
     assert [p.kind for p in world.pending] == ["dsn"], "no commit before the DSN is stored"
@@ -75,8 +60,8 @@ async def test_a_dsn_is_stored_before_the_failure_is_committed(make: Callable[..
     assert kinds(world) == [("Bounce", "a@d1.test")]
 
 
-async def test_no_dsn_for_a_recipient_that_asked_for_none_or_a_null_sender(make: Callable[..., World]) -> None:
-    world = make(answer=lambda world, seen: [NO])
+async def test_no_dsn_for_a_recipient_that_asked_for_none_or_a_null_sender(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [NO])
     world.inject(["a@d1.test"], sender="")
     await world.release_all()
     assert kinds(world) == [("Bounce", "a@d1.test")]
@@ -84,9 +69,9 @@ async def test_no_dsn_for_a_recipient_that_asked_for_none_or_a_null_sender(make:
 
 
 async def test_a_retry_that_would_come_after_max_age_is_due_at_the_expiry_and_expires_then(
-    make: Callable[..., World],
+    make_world: MakeWorld,
 ) -> None:
-    world = make(answer=lambda world, seen: [LATER], max_age=100.0)
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [LATER], max_age=100.0)
     spool_id = world.inject(["a@d1.test"])
     created = world.clock()
     await world.release_all()
@@ -101,10 +86,10 @@ async def test_a_retry_that_would_come_after_max_age_is_due_at_the_expiry_and_ex
 
 
 async def test_a_commit_that_fails_is_written_again_and_told_once(
-    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(settlement, "_RETRY_WRITE", 0.0)
-    world = make()
+    world = make_world(SITES, ["d1.test"])
     world.inject(["a@d1.test"])
     await world.release_all("attempt")
     world.failing_commits = 1
@@ -114,10 +99,10 @@ async def test_a_commit_that_fails_is_written_again_and_told_once(
 
 
 async def test_a_dsn_that_cannot_be_stored_is_tried_again_before_the_commit(
-    make: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(settlement, "_RETRY_WRITE", 0.0)
-    world = make(answer=lambda world, seen: [NO])
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [NO])
     spool_id = world.inject(["a@d1.test"])
     await world.release_all("attempt")
     world.failing_notices = 1
@@ -129,8 +114,8 @@ async def test_a_dsn_that_cannot_be_stored_is_tried_again_before_the_commit(
     assert not world.spool.rows
 
 
-async def test_a_stale_report_is_dropped_and_counted(make: Callable[..., World]) -> None:
-    world = make()
+async def test_a_stale_report_is_dropped_and_counted(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"])
     spool_id = world.inject(["a@d1.test"])
     await world.quiesce()
     world.settlement.report(Lease(spool_id, 1), _attempt([OK]))
@@ -141,12 +126,12 @@ async def test_a_stale_report_is_dropped_and_counted(make: Callable[..., World])
     assert kinds(world) == [("Delivery", "a@d1.test")]
 
 
-def _attempt(replies: list[Reply]) -> settlement.Attempt:
-    return settlement.Attempt(replies, [""] * len(replies), "mx1.test")
+def _attempt(replies: list[Reply]) -> Attempt:
+    return Attempt(replies, [""] * len(replies), "mx1.test")
 
 
-async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(make: Callable[..., World]) -> None:
-    world = make(answer=lambda world, seen: [OK, LATER])
+async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [OK, LATER])
     spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
     await world.quiesce()
     bounce = world.bounce(D1, reason="stop")
@@ -158,8 +143,8 @@ async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(
     assert [a.message for a in world.attempted] == [spool_id]
 
 
-async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(make: Callable[..., World]) -> None:
-    world = make(answer=lambda world, seen: [OK, LATER] if seen.site == "mx1.test" else [OK])
+async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [OK, LATER] if seen.site == "mx1.test" else [OK])
     spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
     await world.quiesce()
     rebind = world.rebind(D1, queue="moved", routing_domain="elsewhere.test")

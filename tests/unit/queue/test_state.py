@@ -13,7 +13,7 @@ from pigeon.queue.state import ActiveSet, Entry, Lease, StaleTransition, State, 
 TERMINAL = [State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED]
 
 # Every move the state machine allows (the module's diagram), and nothing else.
-ALLOWED = {
+ALLOWED: set[tuple[State, State]] = {
     (State.SCHEDULED, State.READY),
     (State.SCHEDULED, State.SETTLING),
     (State.READY, State.IN_FLIGHT),
