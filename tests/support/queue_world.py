@@ -31,21 +31,18 @@ from typing import Any
 import msgspec
 
 from pigeon.delivery.agent import Agent, Work
-from pigeon.delivery.dispatcher import Dispatcher, Shaping
+from pigeon.delivery.dispatcher import Shaping
 from pigeon.delivery.dsn import Failure
 from pigeon.delivery.routes import Destination, Kind, TlsPolicy
 from pigeon.logs.records import Record
 from pigeon.message import Envelope, Message, Recipient, SpoolId
 from pigeon.metrics import Counts
+from pigeon.node.engine import build_engine
 from pigeon.queue.admin import Admin
 from pigeon.queue.attempt import Attempt, Unroutable
 from pigeon.queue.policy import QueuePolicies, QueuePolicy
-from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.retry import RetryPolicy
-from pigeon.queue.rules import Rules, Selector
-from pigeon.queue.scheduler import Scheduler
-from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet
+from pigeon.queue.rules import Selector
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.shards import Spools
@@ -401,55 +398,25 @@ class World:
     def build(self, sites: dict[str, str]) -> World:
         """Wire the engine (inside a running loop)."""
         self.routes.sites = sites
-        clock = self.clock
-        self.active = ActiveSet(self.max_active)
-        self.counts = Counts()
-        self.settlement = Settlement(
-            spools=self.spools,
-            active=self.active,
-            log=self.records,
-            outbox=self.records,
-            counts=self.counts,
-            policies=self.policies,
-            notifier=self._notify,
-            clock=clock,
-        )
-        self.rules = Rules(spools=self.spools, settlement=self.settlement, clock=clock)
         shaping = self.shaping or Shaping(connection_limit=self.connection_limit, idle_timeout=3600.0)
-        self.dispatcher = Dispatcher(
-            agents={Kind.SMTP: self.opener or self._open, Kind.TARGET: self.opener or self._open},
-            shaping=lambda domain: shaping,
-            begin=self.active.begin,
-            report=self.settlement.report,
-            body=lambda message: self.spool.body(message.body_id),
-            held=self.rules.site_held,
-            clock=clock,
-        )
-        self.ready = ReadyQueues(self.active, "default", self.dispatcher.kick)
-        self.scheduler = Scheduler(
-            spools=[self.spool],
-            active=self.active,
-            routes=self.routes,
-            ready=self.ready,
-            settlement=self.settlement,
-            policies=self.policies,
-            intercept=self.rules.intercept,
-            clock=clock,
-        )
-        self.admin = Admin(
+        engine = build_engine(
             spools=self.spools,
             primary=self.spool,
-            active=self.active,
-            settlement=self.settlement,
-            rules=self.rules,
-            ready=self.ready,
-            rewind=self.scheduler.rewind,
-            kick=self.dispatcher.kick_all,
-            promote=self.scheduler.promote,
-            connections=self.dispatcher.connections_to,
-            clock=clock,
+            log=self.records,
+            outbox=self.records,
+            counts=Counts(),
+            policies=self.policies,
+            routes=self.routes,
+            agents={Kind.SMTP: self.opener or self._open, Kind.TARGET: self.opener or self._open},
+            shaping=lambda domain: shaping,
+            body=lambda message: self.spool.body(message.body_id),
+            notifier=self._notify,
+            max_active=self.max_active,
+            clock=self.clock,
             pause=lambda seconds: asyncio.sleep(0),
         )
+        self.active, self.settlement, self.rules = engine.active, engine.settlement, engine.rules
+        self.dispatcher, self.scheduler, self.admin = engine.dispatcher, engine.scheduler, engine.admin
         return self
 
     async def _open(self, destination: Destination) -> Agent:

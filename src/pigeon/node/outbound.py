@@ -1,21 +1,19 @@
-"""The outbound side of a node, built from the configuration: resolver, router, the queue
-(active set, settlement, standing rules, ready queues, scheduler, admin), the dispatcher and
-its agents, DSNs. `Node` starts and stops it as one piece. Wiring only: every decision lives
-in the rooms it builds.
+"""The outbound side of a node, built from the configuration: resolver, router, delivery agents,
+DSNs, and the engine (`engine`: the queue's rooms and the dispatcher) around them. `Node` starts
+and stops it as one piece. Wiring only: every decision lives in the rooms it builds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fnmatch
-import logging
 import time
 from collections.abc import Callable, Mapping
 
 from pigeon.config.schema import Config
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
-from pigeon.delivery.dispatcher import Dispatcher, Shaping
+from pigeon.delivery.dispatcher import Shaping
 from pigeon.delivery.dsn import Notifier
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
@@ -27,19 +25,13 @@ from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import DeliveryState, Metrics
-from pigeon.queue.admin import Admin
+from pigeon.node.engine import build_engine
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
-from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.retry import RetryPolicy
-from pigeon.queue.rules import Rules
-from pigeon.queue.scheduler import Scheduler
-from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet
 from pigeon.shaping.gcra import Rate
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
-_log = logging.getLogger(__name__)
 _OUTCOMES = {Verdict.ACCEPTED: "delivered", Verdict.TRANSIENT: "deferred", Verdict.PERMANENT: "failed"}
 
 
@@ -79,18 +71,6 @@ class Outbound:
             classify=classifier.classify,
         )
         self.policies = _policies(config)
-        self.active = ActiveSet(delivery.max_active)
-        self.settlement = Settlement(
-            spools=spools,
-            active=self.active,
-            log=log,
-            outbox=outbox,
-            counts=metrics.counts,
-            policies=self.policies,
-            notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
-            clock=clock,
-        )
-        self.rules = Rules(spools=spools, settlement=self.settlement, clock=clock)
         inbound = metrics.inbound_messages
         smtp_agents = SmtpAgents(
             self.resolver,
@@ -107,40 +87,27 @@ class Outbound:
             targets or {}, classifier, lambda target, verdict: inbound.labels("smtp", target, _OUTCOMES[verdict]).inc()
         )
         strip = (delivery.tenant_header.lower().encode(), delivery.campaign_header.lower().encode())
-        self.dispatcher = Dispatcher(
+        engine = build_engine(
+            spools=spools,
+            primary=primary,
+            log=log,
+            outbox=outbox,
+            counts=metrics.counts,
+            policies=self.policies,
+            routes=self.router,
             agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
             shaping=_shaping(config),
-            begin=self.active.begin,
-            report=self.settlement.report,
             body=OutgoingBody(spools, strip),
-            held=self.rules.site_held,
-            clock=clock,
-        )
-        self.ready = ReadyQueues(self.active, delivery.source, self.dispatcher.kick)
-        self.scheduler = Scheduler(
-            spools=list(spools.values()),
-            active=self.active,
-            routes=self.router,
-            ready=self.ready,
-            settlement=self.settlement,
-            policies=self.policies,
-            intercept=self.rules.intercept,
+            notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
+            source=delivery.source,
+            max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             clock=clock,
         )
-        self.admin = Admin(
-            spools=spools,
-            primary=primary,
-            active=self.active,
-            settlement=self.settlement,
-            rules=self.rules,
-            ready=self.ready,
-            rewind=self._rewind,
-            kick=self.dispatcher.kick_all,
-            promote=self.scheduler.promote,
-            connections=self.dispatcher.connections_to,
-            clock=clock,
-        )
+        self.active = engine.active
+        self.dispatcher = engine.dispatcher
+        self.scheduler = engine.scheduler
+        self.admin = engine.admin
         metrics.track_stale_results(lambda: self.active.stale_results)
 
     def start(self) -> None:
@@ -163,10 +130,6 @@ class Outbound:
             waiting, open_connections = sites.get(site, (0, 0))
             sites[site] = (waiting + queued, open_connections + connections)
         return active, [(site, waiting, connections) for site, (waiting, connections) in sites.items()]
-
-    def _rewind(self, due: float) -> None:
-        self.scheduler.rewind(due)
-        self.scheduler.wake()
 
 
 def _policies(config: Config) -> QueuePolicies:

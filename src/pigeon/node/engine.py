@@ -1,0 +1,113 @@
+"""The delivery engine wired together: the queue's rooms and the dispatcher, around what they are
+given (spools, routes, agents, the log). `Outbound` gives it the real ones; the tests' world
+(tests/support/queue_world.py) gives it fakes whose completions it releases in any order, so
+the engine a test explores is wired exactly as the one that runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from pigeon.delivery.agent import Opener
+from pigeon.delivery.dispatcher import Dispatcher, Shaping
+from pigeon.delivery.routes import Kind
+from pigeon.message import Message
+from pigeon.metrics import Counts
+from pigeon.queue.admin import Admin
+from pigeon.queue.policy import QueuePolicies
+from pigeon.queue.ready import ReadyQueues
+from pigeon.queue.rules import Rules
+from pigeon.queue.scheduler import Routes, Scheduler
+from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, Settlement
+from pigeon.queue.state import ActiveSet
+from pigeon.spool.shards import Spools
+from pigeon.spool.spool import Spool
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    active: ActiveSet
+    settlement: Settlement
+    rules: Rules
+    dispatcher: Dispatcher
+    ready: ReadyQueues
+    scheduler: Scheduler
+    admin: Admin
+
+
+def build_engine(
+    *,
+    spools: Spools,
+    primary: Spool,
+    log: RecordLog,
+    outbox: RecordOutbox,
+    counts: Counts,
+    policies: QueuePolicies,
+    routes: Routes,
+    agents: Mapping[Kind, Opener],
+    shaping: Callable[[str], Shaping],
+    body: Callable[[Message], bytes],
+    notifier: Notifier | None = None,
+    source: str = "default",
+    max_active: int = 10_000,
+    observe_lag: Callable[[float], None] = lambda seconds: None,
+    clock: Callable[[], float] = time.time,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Engine:
+    """Build the engine (inside the running loop: rules arm their timers)."""
+    active = ActiveSet(max_active)
+    settlement = Settlement(
+        spools=spools,
+        active=active,
+        log=log,
+        outbox=outbox,
+        counts=counts,
+        policies=policies,
+        notifier=notifier,
+        clock=clock,
+    )
+    rules = Rules(spools=spools, settlement=settlement, clock=clock)
+    dispatcher = Dispatcher(
+        agents=agents,
+        shaping=shaping,
+        begin=active.begin,
+        report=settlement.report,
+        body=body,
+        held=rules.site_held,
+        clock=clock,
+    )
+    ready = ReadyQueues(active, source, dispatcher.kick)
+    scheduler = Scheduler(
+        spools=list(spools.values()),
+        active=active,
+        routes=routes,
+        ready=ready,
+        settlement=settlement,
+        policies=policies,
+        intercept=rules.intercept,
+        observe_lag=observe_lag,
+        clock=clock,
+    )
+
+    def rewind(due: float) -> None:
+        scheduler.rewind(due)
+        scheduler.wake()
+
+    admin = Admin(
+        spools=spools,
+        primary=primary,
+        active=active,
+        settlement=settlement,
+        rules=rules,
+        ready=ready,
+        rewind=rewind,
+        kick=dispatcher.kick_all,
+        promote=scheduler.promote,
+        connections=dispatcher.connections_to,
+        clock=clock,
+        pause=pause,
+    )
+    return Engine(active, settlement, rules, dispatcher, ready, scheduler, admin)
