@@ -97,9 +97,15 @@ class Mta:
 
 
 class Pigeon(Mta):
-    def __init__(self, workdir: Path, workers: int | str, *, wait: bool = True, **sections: object) -> None:
+    def __init__(
+        self, workdir: Path, workers: int | str, *, wait: bool = True, source: Path | None = None, **sections: object
+    ) -> None:
+        """`source`: a Pigeon source tree (a checkout's `src`) to run instead of this one, to
+        compare a change with the code before it in one invocation."""
         self.name = f"pigeon ({workers} worker{'s' if workers != 1 else ''})"
-        self.process = PigeonProcess(workdir, node={"workers": workers}, log={"level": "warning"}, **sections)
+        self.process = PigeonProcess(
+            workdir, source=source, node={"workers": workers}, log={"level": "warning"}, **sections
+        )
         self.process.start(wait=wait)
         self.port = self.process.smtp_port
 

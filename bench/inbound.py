@@ -17,6 +17,9 @@ Contenders, alternately in one invocation (the machine is noisy):
 Then SMTP to a webhook: `smtp-source` sends to an [[inbound]] route whose target is a local
 webhook receiver; the clock runs until the receiver has every message. Pigeon relaying the
 same load to `smtp-sink` in the same run is the baseline.
+
+`--baseline-src DIR` runs every Pigeon contender again from another source tree (the `src` of a
+checkout of the commit before a change) and prints the change's ratios against it.
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ def mail_room_style(dovecot: Dovecot, url: str) -> None:
     imap.logout()
 
 
+BASELINE = " (baseline)"
+
+
+def _source(contender: str, args: argparse.Namespace) -> Path | None:
+    return args.baseline_src if contender.endswith(BASELINE) else None
+
+
 def run_imap(contender: str, root: Path, args: argparse.Namespace) -> tuple[float, float]:
     """Seconds and CPU seconds (the contender's processes) to hand over every message."""
     with Dovecot(root / "dovecot") as dovecot, RedisServer(root / "redis") as redis_server:
@@ -91,7 +101,7 @@ def run_imap(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
             seconds = time.perf_counter() - started
             assert client.llen("queue:mail") == args.messages
             return seconds, time.process_time() - cpu
-        count = 1 if contender == "pigeon-1" else 3
+        count = 1 if contender.startswith("pigeon-1") else 3
         # A Redis in use for a while, as in production: a brand-new one makes nodes pause
         # claims for a few seconds at first (it might have lost claims a moment ago), which
         # is not handoff time.
@@ -102,9 +112,9 @@ def run_imap(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
         # The clock starts once every node is up (start-up is not handoff): the nodes are
         # started without waiting, then waited for; whatever the first did meanwhile is
         # subtracted by counting from the jobs already pushed.
+        sections = {"redis": {"url": redis_server.url}, "target": [target], "mailbox": [box]}
         nodes = [
-            Pigeon(root / f"node{n}", 1, wait=False, redis={"url": redis_server.url}, target=[target], mailbox=[box])
-            for n in range(count)
+            Pigeon(root / f"node{n}", 1, wait=False, source=_source(contender, args), **sections) for n in range(count)
         ]
         try:
             for node in nodes:
@@ -127,7 +137,7 @@ def run_imap(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
 
 
 def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[float, float]:
-    if contender == "relay":
+    if contender.startswith("relay"):
         sink_port = free_port()
         sink = subprocess.Popen(
             [require("/usr/sbin/smtp-sink", "postfix"), "-u", "nobody", f"127.0.0.1:{sink_port}", "1024"],
@@ -135,7 +145,7 @@ def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
             stderr=subprocess.DEVNULL,
         )
         try:
-            node = Pigeon(root / "relay", 1, delivery={"enabled": True},
+            node = Pigeon(root / "relay", 1, source=_source(contender, args), delivery={"enabled": True},
                           route=[{"domain": "*", "next_hop": f"127.0.0.1:{sink_port}"}])  # fmt: skip
             try:
                 started = time.perf_counter()
@@ -149,7 +159,7 @@ def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
         finally:
             sink.terminate()
     with WebhookApp() as app:
-        node = Pigeon(root / "inbound", 1, delivery={"enabled": True},
+        node = Pigeon(root / "inbound", 1, source=_source(contender, args), delivery={"enabled": True},
                       target=[{"name": "hook", "kind": "webhook", "url": app.url}],
                       inbound=[{"domain": "app.example", "target": "hook"}])  # fmt: skip
         try:
@@ -168,16 +178,18 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--size", type=int, default=5120)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline-src", type=Path, help="also run each Pigeon from this source tree, as a baseline")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the private Dovecot drops to its own users")
     results: dict[str, list[tuple[float, float]]] = {}
+    again = [BASELINE] if args.baseline_src else []
     for _ in range(args.rounds):
-        for contender in ("baseline", "pigeon-1", "pigeon-3"):
-            with workdir(f"inbound-{contender}-") as root:
+        for contender in ["baseline"] + [p + s for s in ["", *again] for p in ("pigeon-1", "pigeon-3")]:
+            with workdir(f"inbound-{contender.replace(' ', '')}-") as root:
                 results.setdefault(contender, []).append(run_imap(contender, root, args))
-        for contender in ("relay", "webhook"):
-            with workdir(f"inbound-{contender}-") as root:
+        for contender in [p + s for s in ["", *again] for p in ("relay", "webhook")]:
+            with workdir(f"inbound-{contender.replace(' ', '')}-") as root:
                 results.setdefault(contender, []).append(run_smtp(contender, root, args))
     names = {
         "baseline": "IMAP -> Sidekiq, mail_room-style loop (baseline)",
@@ -186,16 +198,21 @@ def main() -> None:
         "relay": "SMTP -> smtp-sink, Pigeon relay (baseline)",
         "webhook": "SMTP -> webhook, Pigeon [[inbound]] route",
     }
-    rates = {}
+    rates, cpus = {}, {}
     print(f"{args.messages} messages of {args.size} bytes, medians of {args.rounds} rounds")
     for contender, runs in results.items():
         rate = median([args.messages / seconds for seconds, _ in runs])
         cpu = median([cpu * 1000 / args.messages for _, cpu in runs])
-        rates[contender] = rate
-        print(f"  {names[contender]:<58} {rate:8,.0f} msg/s  {cpu:5.2f} CPU ms/msg")
+        rates[contender], cpus[contender] = rate, cpu
+        name = names[contender.removesuffix(BASELINE)] + (", baseline source" if contender.endswith(BASELINE) else "")
+        print(f"  {name:<74} {rate:8,.0f} msg/s  {cpu:5.2f} CPU ms/msg")
     print(f"  Pigeon 1 node / baseline: {rates['pigeon-1'] / rates['baseline']:.2f}x; "
           f"3 nodes / 1 node: {rates['pigeon-3'] / rates['pigeon-1']:.2f}x; "
           f"webhook / relay: {rates['webhook'] / rates['relay']:.2f}x")  # fmt: skip
+    for contender in ("pigeon-1", "pigeon-3", "relay", "webhook") if args.baseline_src else ():
+        base = contender + BASELINE
+        print(f"  {contender} / its baseline: {rates[contender] / rates[base]:.2f}x the rate, "
+              f"{cpus[contender] / cpus[base]:.2f}x the CPU per message")  # fmt: skip
 
 
 if __name__ == "__main__":

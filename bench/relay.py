@@ -10,6 +10,12 @@ For each contender, alternately for `--rounds` rounds, it prints the median of:
 
 `--drain N` also measures how fast each MTA empties a backlog of N queued messages once the
 sink comes up (`--rounds 0 --drain 100000` measures only that).
+
+`--baseline-src DIR` adds each Pigeon contender again, run from another source tree (the `src`
+of a checkout of the commit before a change), and prints the change's ratio against it:
+
+    git worktree add /tmp/before HEAD~1
+    sudo .venv/bin/python bench/relay.py --baseline-src /tmp/before/src
 """
 
 from __future__ import annotations
@@ -44,26 +50,31 @@ def sink(port: int, messages: int) -> subprocess.Popen[bytes]:
     return process
 
 
-def pigeon(path: Path, workers: str, sink_port: int) -> Pigeon:
+def pigeon(path: Path, workers: str, sink_port: int, source: Path | None = None) -> Pigeon:
     return Pigeon(
         path,
         workers if workers == "auto" else int(workers),
+        source=source,
         delivery={"enabled": True, "retry_interval": "1s", "max_retry_interval": "2s", "connection_limit": 32},
         route=[{"domain": "*", "next_hop": f"127.0.0.1:{sink_port}", "tls": "disabled"}],
     )
 
 
-def start(kind: str, path: Path, sink_port: int) -> Mta:
+BASELINE = " (baseline)"
+
+
+def start(kind: str, path: Path, sink_port: int, baseline: Path | None) -> Mta:
     if kind == "postfix":
         return Postfix(path, relay_port=sink_port, defer=False)
-    return pigeon(path, kind.split(":", 1)[1], sink_port)
+    workers = kind.removesuffix(BASELINE).split(":", 1)[1]
+    return pigeon(path, workers, sink_port, baseline if kind.endswith(BASELINE) else None)
 
 
 def one_run(kind: str, args: argparse.Namespace) -> tuple[float, float]:
     sink_port = free_port()
-    with workdir(f"relay-{kind.replace(':', '-')}-") as path:
+    with workdir(f"relay-{kind.replace(':', '-').replace(' ', '')}-") as path:
         warm = sink(sink_port, 200)
-        mta = start(kind, path, sink_port)
+        mta = start(kind, path, sink_port, args.baseline_src)
         try:
             smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
             warm.wait(60)
@@ -126,6 +137,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="relay rounds (0: only --drain)")
     parser.add_argument("--pigeon-workers", default="1,2")
     parser.add_argument("--drain", type=int, default=0, help="also measure draining a backlog of this many")
+    parser.add_argument("--baseline-src", type=Path, help="also run each Pigeon from this source tree, as a baseline")
     args = parser.parse_args()
     require(SMTP_SOURCE, "postfix")
     if args.rounds:
@@ -135,7 +147,8 @@ def main() -> None:
 
 
 def relay(args: argparse.Namespace) -> None:
-    kinds = ["postfix"] + [f"pigeon:{w.strip()}" for w in args.pigeon_workers.split(",")]
+    pigeons = [f"pigeon:{w.strip()}" for w in args.pigeon_workers.split(",")]
+    kinds = ["postfix", *pigeons, *([p + BASELINE for p in pigeons] if args.baseline_src else [])]
     results: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     for round_no in range(args.rounds):
         for kind in kinds if round_no % 2 == 0 else list(reversed(kinds)):
@@ -145,11 +158,14 @@ def relay(args: argparse.Namespace) -> None:
     print(f"\nsmtp-source -s {args.sessions} -l {args.size} -m {args.messages} -> MTA -> smtp-sink, medians:")
     summary = {kind: (median([r for r, _ in v]), median([c for _, c in v])) for kind, v in results.items()}
     for kind, (rate, cpu) in summary.items():
-        print(f"{kind:14}{rate:10.0f} msg/s{cpu:10.2f} CPU ms/msg")
+        print(f"{kind:25}{rate:10.0f} msg/s{cpu:10.2f} CPU ms/msg")
     postfix_rate, postfix_cpu = summary["postfix"]
     for kind in kinds[1:]:
         rate, cpu = summary[kind]
         print(f"{kind} / postfix: {rate / postfix_rate:.2f}x the rate, {postfix_cpu / cpu:.2f}x less CPU per message")
+    for kind in pigeons if args.baseline_src else []:
+        (rate, cpu), (base_rate, base_cpu) = summary[kind], summary[kind + BASELINE]
+        print(f"{kind} / its baseline: {rate / base_rate:.2f}x the rate, {cpu / base_cpu:.2f}x the CPU per message")
 
 
 if __name__ == "__main__":

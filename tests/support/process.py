@@ -60,8 +60,10 @@ def _toml_value(value: Any) -> str:
 class PigeonProcess:
     """`pigeon serve` in a subprocess, with a config written under `root`."""
 
-    def __init__(self, root: Path, **sections: Any) -> None:
+    def __init__(self, root: Path, *, source: Path | None = None, **sections: Any) -> None:
+        """`source`: run the Pigeon in this source tree (a checkout's `src`) instead of this one's."""
         self.root = root
+        self.source = source
         root.mkdir(parents=True, exist_ok=True)
         self.smtp_port = free_port()
         self.http_port = free_port()
@@ -92,9 +94,13 @@ class PigeonProcess:
     def start(self, *, wait: bool = True) -> PigeonProcess:
         stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the child
         self._stderr_offset = stderr.tell()
+        env = None
+        if self.source is not None:
+            env = {**os.environ, "PYTHONPATH": str(self.source)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pigeon", "serve", "-c", str(self.config_path)],
             cwd=self.root,
+            env=env,
             stdout=stderr,
             stderr=stderr,
             start_new_session=True,
