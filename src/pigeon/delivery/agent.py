@@ -11,8 +11,7 @@ got, so the queue reads a bounce class and never the rule table.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pigeon.delivery.routes import Destination
 from pigeon.message import Message
@@ -21,13 +20,12 @@ from pigeon.queue.state import Lease
 from pigeon.smtp.replies import Reply
 
 
-@dataclass(frozen=True, slots=True)
-class Work:
+class Work(NamedTuple):
     """One message to attempt: the lease to report with, the message (read-only), its bytes."""
 
     lease: Lease
-    message: Message = field(repr=False)
-    body: bytes = field(repr=False)
+    message: Message
+    body: bytes
 
 
 class Unreachable(Exception):

@@ -33,23 +33,25 @@ class SmtpAgent:
         return self._connection.alive()
 
     async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
-        return [await self._one(item) for item in work]
-
-    async def _one(self, work: Work) -> Attempt:
-        connection = self._connection
-        envelope = _client_envelope(work)
-        count = len(envelope.recipients)
-        refusal = refusal_before_sending(envelope, connection.capabilities)
-        if refusal is not None:
-            return Attempt.same_for_all(refusal, count, self._classifier.classify(refusal), self._site, connection.peer)
-        try:
-            result, duration = await connection.send(envelope)
-        except ConnectionLost as error:
-            return Attempt.same_for_all(error.reply, count, "", self._site, connection.peer)
-        replies = result.replies
-        return Attempt(
-            replies, self._classifier.classify_all(replies), self._site, connection.peer, connection.tls, duration
-        )
+        connection, site = self._connection, self._site
+        attempts = []
+        for item in work:  # one transaction each (batch is 1: a loop only to keep the interface)
+            envelope = _client_envelope(item)
+            count = len(envelope.recipients)
+            refusal = refusal_before_sending(envelope, connection.capabilities)
+            if refusal is not None:
+                classification = self._classifier.classify(refusal)
+                attempts.append(Attempt.same_for_all(refusal, count, classification, site, connection.peer))
+                continue
+            try:
+                result, duration = await connection.send(envelope)
+            except ConnectionLost as error:
+                attempts.append(Attempt.same_for_all(error.reply, count, "", site, connection.peer))
+                continue
+            replies = result.replies
+            classes = self._classifier.classify_all(replies)
+            attempts.append(Attempt(replies, classes, site, connection.peer, connection.tls, duration))
+        return attempts
 
     async def close(self) -> None:
         await self._connection.quit()

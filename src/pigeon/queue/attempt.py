@@ -10,15 +10,15 @@ rule table itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pigeon.smtp.replies import Reply
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One attempt at a message: `replies[i]` is what happened to its recipient `i`, and
-    `classifications[i]` the bounce class of that reply when it is a 5xx ("" otherwise)."""
+    `classifications[i]` the bounce class of that reply when it is a 5xx ("" otherwise).
+    (A named tuple: one is made for every attempt, and it is immutable.)"""
 
     replies: Sequence[Reply]
     classifications: Sequence[str]
@@ -26,10 +26,6 @@ class Attempt:
     peer: str | None = None
     tls: str | None = None
     duration: float | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.replies) != len(self.classifications):
-            raise ValueError("an attempt needs one classification per reply")
 
     @classmethod
     def same_for_all(

@@ -175,10 +175,13 @@ class Settlement:
         now = self._clock()
         policy = self._policies.for_queue(message.queue)
         attempts = message.attempts + 1
-        outcome = self._begin(entry, attempts, now)
-        deferred: list[tuple[Recipient, Reply]] = []
         recipients = message.envelope.recipients
         replies = attempt.replies
+        if len(replies) != len(recipients) or len(attempt.classifications) != len(recipients):
+            # An agent's bug: refused before the message settles, so its caller can report it again.
+            raise ValueError(f"an attempt needs one reply and one class per recipient: {attempt}")
+        outcome = self._begin(entry, attempts, now)
+        deferred: list[tuple[Recipient, Reply]] = []
         for index, recipient in enumerate(recipients):
             reply = replies[index]
             if reply.code < 400:

@@ -33,7 +33,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import msgspec
 
@@ -80,9 +80,9 @@ class StaleTransition(Exception):
     """The message was not in the state/generation the caller saw: someone else moved it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The right to report back on one message: its id and the generation the work started at."""
+class Lease(NamedTuple):
+    """The right to report back on one message: its id and the generation the work started at.
+    (A named tuple: one is made for every attempt, and it is immutable.)"""
 
     id: SpoolId
     generation: int
