@@ -35,6 +35,7 @@ from pigeon.queue import state
 from pigeon.queue.admin import Admin
 from pigeon.queue.rules import Selector
 from pigeon.queue.state import ActiveSet, Entry, Lease
+from pigeon.smtp.replies import Reply
 from tests.support.queue_world import LATER, NO, OK, AdminCall, Attempted, Pending, World
 
 SITES = {"d1.test": "mx1.test", "d2.test": "mx2.test", "elsewhere.test": "mx3.test"}
@@ -77,17 +78,19 @@ OPERATIONS = [
 ]
 
 
-def _first(world: World, seen: Attempted) -> bool:
-    return not any(a.message == seen.message and a.step < seen.step for a in world.attempted)
+def _answer(world: World, seen: Attempted, first: list[Reply]) -> list[Reply]:
+    """`first` to a message's first attempt, 250 to every recipient of a later one."""
+    earlier = any(a.message == seen.message and a.step < seen.step for a in world.attempted)
+    return [OK] * len(seen.recipients) if earlier else first[: len(seen.recipients)]
 
 
-ANSWERS: dict[str, Callable[[World, Attempted], list[Any]]] = {
+ANSWERS: dict[str, Callable[[World, Attempted], list[Reply]]] = {
     # The first recipient is accepted, the second deferred once (a partial settlement), then accepted.
-    "partial": lambda world, seen: [OK, LATER][: len(seen.recipients)] if _first(world, seen) else [OK] * 2,
+    "partial": lambda world, seen: _answer(world, seen, [OK, LATER]),
     # The first recipient bounces (a DSN is stored before the settlement commits), the second is accepted.
-    "bounce-one": lambda world, seen: [NO, OK][: len(seen.recipients)] if _first(world, seen) else [OK] * 2,
+    "bounce-one": lambda world, seen: _answer(world, seen, [NO, OK]),
     # Everything deferred once.
-    "all-later": lambda world, seen: [LATER, LATER] if _first(world, seen) else [OK] * 2,
+    "all-later": lambda world, seen: _answer(world, seen, [LATER, LATER]),
 }
 
 
