@@ -146,8 +146,8 @@ class Dispatcher:
     # --- connections -----------------------------------------------------------------------
     def _start(self, lane: _Lane) -> None:
         queue = lane.queue
-        if self._stopping or self._held(queue.site):
-            return
+        if lane.connections >= len(queue) or self._stopping or self._held(queue.site):
+            return  # (as many connections as messages: the usual case, checked first)
         limit = lane.shaping.connection_limit
         want = ideal_connections(len(queue), limit)
         while lane.connections < max(1, want) and lane.connections < limit:
@@ -174,8 +174,6 @@ class Dispatcher:
             lane.failures = 0
             deliveries = 0
             while deliveries < shaping.max_deliveries_per_connection and not self._stopping:
-                if self._held(queue.site):
-                    break  # an operator suspended the site: what waits stays in the ready queue
                 lease = await queue.take(shaping.idle_timeout)
                 if lease is None:
                     break
@@ -197,7 +195,7 @@ class Dispatcher:
                     if wait > 0:
                         await asyncio.sleep(wait)
                 if self._held(queue.site):
-                    self._give_back(queue, taken)
+                    self._give_back(queue, taken)  # an operator suspended the site: it waits, untried
                     break
                 begun = self._begin_all(taken, destination.site)
                 taken = []

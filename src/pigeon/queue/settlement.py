@@ -79,7 +79,7 @@ class _Outcome:
     """A settlement being written."""
 
     entry: Entry
-    lease: Lease  # the SETTLING state it was taken at
+    generation: int  # the SETTLING state it was taken at
     remaining: Envelope | None
     attempts: int
     due: float
@@ -167,8 +167,7 @@ class Settlement:
     # --- outcomes ------------------------------------------------------------------------------
     def _begin(self, entry: Entry, attempts: int, due: float) -> _Outcome:
         """Take `entry` (SCHEDULED, READY, or IN_FLIGHT) into SETTLING."""
-        transition(entry, entry.state, entry.generation, State.SETTLING)
-        return _Outcome(entry, ActiveSet.lease(entry), None, attempts, due)
+        return _Outcome(entry, transition(entry, entry.state, entry.generation, State.SETTLING), None, attempts, due)
 
     def _settle_attempt(self, entry: Entry, attempt: Attempt) -> None:
         message = entry.message
@@ -271,9 +270,10 @@ class Settlement:
             _log.error("message %s: outcome not written (%s); will try again", format_id(outcome.entry.id), error)
             asyncio.get_running_loop().call_later(_RETRY_WRITE, self._commit, outcome)
             return
-        entry = self._active.current(outcome.lease, "commit")
-        if entry is None:  # by construction nothing moves a SETTLING message: say so if it happened
-            _log.error("message %s: moved while its outcome was being written", format_id(outcome.entry.id))
+        entry = outcome.entry
+        if entry.generation != outcome.generation or not entry.active:
+            # By construction nothing moves a SETTLING message: say so if it happened.
+            _log.error("message %s: moved while its outcome was being written", format_id(entry.id))
             return
         counts = self._counts
         self._outbox.committed(spool, outcome.encoded)
