@@ -211,13 +211,15 @@ class PigeonProcess:
         return [r for r in records if kind is None or r["type"] == kind]
 
     def wait_records(self, kind: str, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
-        """The records of `kind` once there are at least `count`: the event log is written a
-        moment after the reply that caused a record (a few milliseconds under load)."""
+        """The records of `kind` once there are at least `count` (the event log is written a
+        moment after the reply that caused a record); fails when time runs out."""
         deadline = time.monotonic() + timeout
         while True:
             found = self.records(kind)
-            if len(found) >= count or time.monotonic() > deadline:
+            if len(found) >= count:
                 return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(found)} {kind} records in {timeout}s, not {count}")
             time.sleep(0.02)
 
     def spool_messages(self) -> list[dict[str, Any]]:
