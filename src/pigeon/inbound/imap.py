@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
 import aioimaplib
-from aioimaplib.aioimaplib import Command, FetchCommand
+from aioimaplib.aioimaplib import Command, FetchCommand, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
 _UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _FETCH_UID: Final = re.compile(rb"\bUID (\d+)")
@@ -100,7 +100,7 @@ class ImapSession:
             client.protocol.idle_queue.put_nowait(aioimaplib.STOP_WAIT_SERVER_PUSH)
 
         context = tls_context if tls == "implicit" else None
-        client = aioimaplib.IMAP4(host, port, timeout=timeout, conn_lost_cb=lost, ssl_context=context)
+        client = _Client(host, port, timeout=timeout, conn_lost_cb=lost, ssl_context=context)
         try:
             await client.wait_hello_from_server()
             if tls == "starttls":
@@ -266,7 +266,80 @@ class ImapSession:
             raise ImapError("the server closed the connection")
 
     async def close(self) -> None:
-        await _close(self._client)
+        # A lost connection answers no LOGOUT: waiting for one would only delay the reconnect.
+        await _close(self._client, polite=not self.lost)
+
+
+class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
+    """aioimaplib's protocol, minus a recursion and a copy per line. It parses a chunk of the
+    server's data by handling its first line and calling itself on a copy of the rest, so:
+    - a chunk of more than about 950 lines raised RecursionError, which broke the connection.
+      The server tells a session about the flags other sessions changed at its next command:
+      with three nodes acknowledging batches of 100, a node that spent a moment claiming got
+      over a thousand such lines at once. The watcher then reconnected, and the other nodes
+      left the batch it gave back alone for two seconds, as they had found it held;
+    - a FETCH of a batch copied most of each chunk (up to 256 KB) for every line in it.
+    This parses the same way with a loop and offsets. It also skips the debug log line that
+    formatted every chunk received, whether debug logging was on or not."""
+
+    incomplete_line: bytes  # set by aioimaplib's __init__: the start of a line not yet complete
+    current_command: Command | None  # ... and the command it belongs to
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._handle_responses(self.incomplete_line + data, self._handle_line, self.current_command)
+            self.incomplete_line = b""
+            self.current_command = None
+        except IncompleteRead as incomplete_read:
+            self.current_command = incomplete_read.cmd
+            self.incomplete_line = incomplete_read.data
+
+    def _handle_responses(
+        self, data: bytes, line_handler: Callable[[bytes, Command | None], Command | None],
+        current_cmd: Command | None = None,
+    ) -> None:  # fmt: skip
+        view = memoryview(data)
+        start, end = 0, len(data)
+        while True:
+            if start == end:
+                if self.pending_sync_command is not None:
+                    self.pending_sync_command.flush()
+                if current_cmd is not None and current_cmd.wait_data():
+                    raise IncompleteRead(current_cmd)
+                return
+            if current_cmd is not None and current_cmd.wait_literal_data():
+                start = end - len(current_cmd.append_literal_data(view[start:]))
+                if current_cmd.wait_literal_data():
+                    raise IncompleteRead(current_cmd)
+            stop = data.find(b"\r\n", start)
+            if stop < 0:
+                raise IncompleteRead(current_cmd, data[start:])
+            line = data[start:stop]
+            start = stop + 2
+            cmd = line_handler(line, current_cmd)
+            begin_literal = literal_data_re.match(line)
+            if begin_literal:
+                if cmd is None:
+                    cmd = Command("NIL", "unused")
+                cmd.begin_literal_data(int(begin_literal.group("size")))
+                current_cmd = cmd
+            elif cmd is not None and cmd.wait_data():
+                current_cmd = cmd
+            else:
+                current_cmd = None
+
+
+class _Client(aioimaplib.IMAP4):  # type: ignore[misc]
+    """aioimaplib's client on `_Protocol`."""
+
+    def create_client(
+        self, host: str, port: int, loop: asyncio.AbstractEventLoop | None,
+        conn_lost_cb: Callable[[Exception | None], None] | None = None, ssl_context: ssl.SSLContext | None = None,
+    ) -> None:  # fmt: skip
+        local_loop = loop if loop is not None else asyncio.get_running_loop()
+        self.protocol = _Protocol(local_loop, conn_lost_cb)
+        connect = local_loop.create_connection(lambda: self.protocol, host, port, ssl=ssl_context)
+        self._client_task = local_loop.create_task(connect)
 
 
 class _Fetch(FetchCommand):  # type: ignore[misc]
@@ -324,9 +397,9 @@ async def _starttls(client: aioimaplib.IMAP4, host: str, context: ssl.SSLContext
     await asyncio.wait_for(protocol.capability(), timeout)  # RFC 3501 6.2.1: ask again after TLS
 
 
-async def _close(client: aioimaplib.IMAP4) -> None:
+async def _close(client: aioimaplib.IMAP4, *, polite: bool = True) -> None:
     try:
-        if client.get_state() in ("AUTH", "SELECTED"):
+        if polite and client.get_state() in ("AUTH", "SELECTED"):
             await asyncio.wait_for(client.logout(), 2)
     except Exception:
         pass
