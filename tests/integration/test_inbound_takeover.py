@@ -61,8 +61,10 @@ def test_a_dead_node_s_claim_is_taken_over_at_once_and_its_done_mark_acknowledge
     assert by_key[key[held]]["attempt"] == 2  # the dead node's attempt counted
     recovered = by_key[key[handed]]
     assert recovered["detail"].startswith(f"recovered: handed over by node {DEAD}")
+    assert recovered["recovered_from"] == DEAD
     assert (recovered["uid"], recovered["acknowledged"]) == (uids[1], "seen")
     assert not by_key[key[fresh]]["detail"].startswith("recovered")
+    assert by_key[key[fresh]].get("recovered_from") is None
     assert client.get(claim_key(dovecot, uids[1])).decode().startswith("d:h")  # done, by the live node now
 
 
@@ -95,6 +97,7 @@ def test_a_live_node_s_done_mark_is_left_to_it_and_recorded_by_whoever_takes_it_
         (record,) = node.wait_records("InboundDelivery", 1)
     assert not app.accepted  # not handed over again
     assert record["detail"].startswith(f"recovered: handed over by node {live}")
+    assert record["recovered_from"] == live
     assert record["dedupe_key"] == hashlib.sha256(raw).hexdigest()
 
 

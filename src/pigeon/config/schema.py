@@ -418,12 +418,15 @@ class MailboxConfig(_Section, kw_only=True):
     target: str
     """The `[[target]]` name."""
     lease: Duration = Duration(60)
-    """How long a claim on a message lasts unless renewed (renewed every third of it). A node
-    that dies holding claims delays those messages by at most this."""
+    """How long a claim on a message lasts unless renewed (renewed every third of it). It
+    bounds a node that is alive but stalled (or cut off from Redis); a node that dies is
+    noticed sooner, when its heartbeat (sent every second, lasting 5 s) runs out, and its claims are
+    taken over then."""
     batch: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 50
     """Messages claimed and fetched at a time."""
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
-    """Messages handed to the target at once."""
+    """Messages handed to the target at once. A node killed mid-batch repeats at most twice
+    this many handoffs (those not yet marked done), each with the same dedupe key."""
     max_message_size: Size = Size(50 * 1024 * 1024)
     """Larger messages are treated as permanent failures (not fetched)."""
     timeout: Duration = Duration(60)

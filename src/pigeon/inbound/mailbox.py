@@ -30,9 +30,10 @@ Every handoff has its InboundDelivery record across kill -9: the record is in th
 (written: the kernel has it, whatever becomes of this process) before the message is
 acknowledged, and a message the node died before acknowledging is found by the node that
 takes over its done mark (`Standing.ORPHANED`), which acknowledges it and writes the record on
-its behalf, `detail` starting with "recovered:". So each dedupe key the application received
-has at least one record; it has two (the second "recovered:") only when the node died in the
-instant between writing its record and acknowledging. A handoff repeated because its node died
+its behalf: `recovered_from` names the dead node, and `detail` starts with "recovered:". So
+each dedupe key the application received has at least one record; it has two (the second
+with `recovered_from`) only when the node died in the instant between writing its record and
+acknowledging. A handoff repeated because its node died
 before marking it done is recorded by the node that repeated it (the first attempt, whose
 answer never arrived anywhere, has none). The log is fsynced once per batch, in the
 background, and when the watcher stops: a crash of the whole machine (power loss) can lose
@@ -532,9 +533,17 @@ class MailboxWatcher:
         for accepted in group:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
-            self._log.write(
-                self._record(InboundDelivery, claim, message, answer, duration=duration, acknowledged=action)
+            recovered_from = claim.previous if claim.standing is Standing.ORPHANED else None
+            record = self._record(
+                InboundDelivery,
+                claim,
+                message,
+                answer,
+                duration=duration,
+                acknowledged=action,
+                recovered_from=recovered_from,
             )
+            self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
         self._log.flush()  # in the file: what the death of this process cannot take back
         for accepted in group:

@@ -189,6 +189,10 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
     """The target accepted the message."""
 
     acknowledged: str = ""  # what was done at the source: "seen", "moved to X", "deleted"
+    # Set when this node writes the record on behalf of another: the node (its arbitration
+    # token) that handed the message over and died before acknowledging it. Such a record
+    # can be the second for its dedupe key; the application got the message once.
+    recovered_from: str | None = None
 
 
 class InboundFailure(Inbound, tag="InboundFailure"):
