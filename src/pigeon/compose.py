@@ -20,7 +20,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import jinja2
 import msgspec
@@ -105,17 +105,41 @@ class Composed:
 
 
 def check_request(request: InjectRequest) -> None:
-    """Address syntax, attachment encoding and template syntax, before anything is stored."""
+    """Address syntax, header values, attachment encoding and template syntax, before anything
+    is stored.
+
+    A value written into a header as it is (tenant, campaign, an attachment's type, file name
+    and content id) must not hold a CR or LF: it would end the header and start whatever
+    follows, up to a bare-LF end of data that a lenient next hop takes (SMTP smuggling).
+    Values that are folded into a header (names, subject, header values) or are text have
+    their line breaks unfolded or made CRLF; none may hold a NUL, which some MTAs truncate at.
+    """
     if request.envelope_sender and (problem := mailbox_problem(request.envelope_sender)) is not None:
         raise ComposeError(problem, "$.envelope_sender")
+    _as_is_in_header(request.tenant, "$.tenant")
+    _as_is_in_header(request.campaign, "$.campaign")
     for index, recipient in enumerate(request.recipients):
         if (problem := mailbox_problem(recipient.email)) is not None:
             raise ComposeError(problem, f"$.recipients[{index}].email")
+        _no_nul(recipient.name, f"$.recipients[{index}].name")
     content = request.content
-    if isinstance(content, Parts):
+    if isinstance(content, str):
+        _no_nul(content, "$.content")
+    else:
         if content.text is None and content.html is None and not content.attachments:
             raise ComposeError("parts need a text, an html or an attachment", "$.content")
+        _no_nul(content.from_.name, "$.content.from.name")
+        _no_nul(content.reply_to.name if content.reply_to else None, "$.content.reply_to.name")
+        _no_nul(content.subject, "$.content.subject")
+        _no_nul(content.text, "$.content.text")
+        _no_nul(content.html, "$.content.html")
+        for name, value in content.headers.items():
+            _no_nul(value, f"$.content.headers.{name}")
         for index, attachment in enumerate(content.attachments):
+            where = f"$.content.attachments[{index}]"
+            _as_is_in_header(attachment.content_type, f"{where}.content_type")
+            _as_is_in_header(attachment.file_name, f"{where}.file_name")
+            _as_is_in_header(attachment.content_id, f"{where}.content_id")
             if attachment.base64:
                 try:
                     base64.b64decode(attachment.data, validate=True)
@@ -128,6 +152,20 @@ def check_request(request: InjectRequest) -> None:
                 raise ComposeError(f"{name!r} is not a header name", "$.content.headers")
     if request.template:
         _Templates(request)  # compiles every template: syntax errors are the request's
+
+
+_FORBIDDEN: Final = (("\r", "CR"), ("\n", "LF"), ("\0", "NUL"))
+
+
+def _as_is_in_header(value: str | None, field: str) -> None:
+    for char, name in _FORBIDDEN:
+        if value is not None and char in value:
+            raise ComposeError(f"must not contain a {name}: the value is written into a header as it is", field)
+
+
+def _no_nul(value: str | None, field: str) -> None:
+    if value is not None and "\0" in value:
+        raise ComposeError("must not contain a NUL (RFC 5322 allows none in a message)", field)
 
 
 class Composer:

@@ -116,6 +116,10 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         refused = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "bad address", str(message))
         assert refused.returncode == 2
         assert "recipients[0].email" in refused.stderr
+        smuggling = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "a@example.net",
+                               "--tenant", "acme\n.\r\nMAIL FROM:<ceo@bank.example>", str(message))  # fmt: skip
+        assert smuggling.returncode == 2
+        assert "$.tenant" in smuggling.stderr and "must not contain a CR" in smuggling.stderr
         wrong = pigeon_cli("inject", "-c", config, "--token", "x" * 20, "--from", "a@example.org", "--to",
                            "b@example.net", str(message))  # fmt: skip
         assert wrong.returncode == 2 and "401: unknown token" in wrong.stderr

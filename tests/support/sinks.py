@@ -15,13 +15,18 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
                     message: a hang-up in the middle of DATA (4%), or the message taken and the
                     connection dropped before the 250 (2%: the one case where the sender may
                     rightly deliver it again)
+
+`WireSink` is the other kind of next hop: a lenient, line-at-LF server that records every
+byte it receives, to show what a smuggled end of data would do at an MTA that takes one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from email import message_from_bytes
@@ -194,9 +199,135 @@ class ScriptedSink:
         self.stop()
 
 
-def _wait_port(host: str, port: int, timeout: float = 10.0) -> None:
-    import socket
+@dataclass
+class WireTransaction:
+    """One transaction as a lenient next hop understood it."""
 
+    sender: str
+    recipients: list[str] = field(default_factory=list)
+    data: bytes = b""
+
+
+class WireSink:
+    """A next hop that reads lines up to LF (a CR before it dropped), as the MTAs that SMTP
+    smuggling abuses do: "<LF>.<LF>" and "<LF>.<CR><LF>" end its DATA too. It offers
+    PIPELINING, 8BITMIME and SMTPUTF8 but not CHUNKING, so its clients send DATA.
+
+    `wire` is every byte received, on every connection; `transactions` what it made of them.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.wire = bytearray()
+        self.transactions: list[WireTransaction] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((host, 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="wire-sink", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def senders(self) -> list[str]:
+        with self._lock:
+            return [t.sender for t in self.transactions]
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> list[WireTransaction]:
+        """The transactions ended with a 250, once there are at least `count`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                done = [t for t in self.transactions if t.data]
+            if len(done) >= count:
+                return done
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"the wire sink saw {len(done)} messages in {timeout}s, not {count}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
+        self._listener.close()
+
+    def __enter__(self) -> WireSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        connection.settimeout(30)
+        buffer = b""
+        current: WireTransaction | None = None
+        in_data = False
+        content: list[bytes] = []
+
+        def say(*lines: str) -> None:
+            connection.sendall("".join(line + "\r\n" for line in lines).encode())
+
+        with connection:
+            say("220 wire.test ESMTP")
+            while not self._stopping.is_set():
+                if b"\n" not in buffer:
+                    try:
+                        chunk = connection.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    with self._lock:
+                        self.wire += chunk
+                    buffer += chunk
+                    continue
+                raw, _, buffer = buffer.partition(b"\n")
+                line = raw.removesuffix(b"\r")
+                if in_data:
+                    if line == b".":
+                        in_data = False
+                        assert current is not None
+                        with self._lock:
+                            current.data = b"".join(content)
+                        say("250 2.0.0 stored")
+                    else:
+                        content.append((line[1:] if line.startswith(b".") else line) + b"\r\n")
+                    continue
+                verb = line[:4].upper()
+                if verb in (b"EHLO", b"HELO"):
+                    say("250-wire.test", "250-PIPELINING", "250-8BITMIME", "250 SMTPUTF8")
+                elif verb == b"MAIL":
+                    sender = line.decode(errors="replace").partition("<")[2].partition(">")[0]
+                    current = WireTransaction(sender)
+                    with self._lock:
+                        self.transactions.append(current)
+                    say("250 2.1.0 ok")
+                elif verb == b"RCPT" and current is not None:
+                    current.recipients.append(line.decode(errors="replace").partition("<")[2].partition(">")[0])
+                    say("250 2.1.5 ok")
+                elif verb == b"DATA" and current is not None:
+                    in_data, content = True, []
+                    say("354 go ahead")
+                elif verb in (b"RSET", b"NOOP"):
+                    say("250 2.0.0 ok")
+                elif verb == b"QUIT":
+                    say("221 2.0.0 bye")
+                    return
+                else:
+                    say("500 5.5.2 what?")
+
+
+def _wait_port(host: str, port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

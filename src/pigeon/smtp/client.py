@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.smtp.extensions import encode_xtext
+from pigeon.smtp.framing import crlf_lines
 from pigeon.smtp.replies import Reply
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
@@ -166,11 +167,19 @@ class Envelope:
 
     sender: str
     recipients: list[Recipient]
-    body: bytes  # the message as stored: CRLF line endings, not dot-stuffed
+    body: bytes  # the message as it goes on the wire: CRLF line endings, not dot-stuffed
     eight_bit: bool = False
     smtputf8: bool = False
     ret: str | None = None
     envid: str | None = None
+
+    def __post_init__(self) -> None:
+        # Whatever the spool holds, no bare LF or CR goes out: a next hop that takes one for
+        # a line end would read a dot after it as the end of the data, and the rest as
+        # commands (SMTP smuggling). Made CRLF, every line is one that dot-stuffing sees, so
+        # the only end of data is ours. Normalised rather than refused: the mail was accepted,
+        # and its lines read the same to the recipient.
+        self.body = crlf_lines(self.body)
 
 
 @dataclass(slots=True)

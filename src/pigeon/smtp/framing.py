@@ -18,6 +18,11 @@ and the size.
 
 Both work on whole blocks with bytes methods that run in C; neither looks at one line at a
 time unless a block could hold an over-long line.
+
+Messages that do not arrive over SMTP meet the same checker (`check_message`: a message
+composed from an HTTP injection), and `crlf_lines` is what the SMTP client sends whatever
+the spool holds: every line ended by CRLF, so that its dot-stuffing works on whole lines and
+no bare LF or CR reaches a next hop that might take one for a line end.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from __future__ import annotations
 import enum
 import re
 from typing import Final
+
+from pigeon.smtp import replies
+from pigeon.smtp.replies import Reply
 
 _BARE_ENDING: Final = re.compile(rb"\r\n|\r|\n")
 
@@ -44,6 +52,33 @@ class Violation(enum.Enum):
     BARE_LF = "bare_lf"
     BARE_CR = "bare_cr"
     NUL = "nul"
+
+
+# The reply for each violation, in order of precedence (a message has one answer).
+_REFUSALS: Final = (
+    (Violation.TOO_BIG, None),  # needs the limit: built in refusal()
+    (Violation.LINE_TOO_LONG, None),  # likewise
+    (Violation.BARE_LF, replies.CONTENT_BARE_LF),
+    (Violation.BARE_CR, replies.CONTENT_BARE_CR),
+    (Violation.NUL, replies.CONTENT_NUL),
+)
+
+
+def crlf_lines(data: bytes) -> bytes:
+    """`data` with every bare LF and bare CR made a CRLF; the same object when there is none."""
+    crlf = data.count(b"\r\n")
+    if data.count(b"\n") == crlf and data.count(b"\r") == crlf:
+        return data
+    return _BARE_ENDING.sub(b"\r\n", data)
+
+
+def check_message(data: bytes, *, max_size: int, max_line_length: int) -> Reply | None:
+    """The reply refusing a whole message held in memory, as SMTP reception would refuse it
+    (bare LF or CR, NUL, over-long line, too big), or None when it may be stored."""
+    checker = ContentChecker(max_size=max_size, max_line_length=max_line_length, bare_linefeeds=BareLinefeeds.REFUSE)
+    checker.feed(data)
+    checker.finish()
+    return checker.refusal()
 
 
 class ContentChecker:
@@ -85,7 +120,7 @@ class ContentChecker:
             self.violations.add(Violation.NUL)
         if bare_lf or bare_cr:
             if self._normalise:
-                data = _BARE_ENDING.sub(b"\r\n", data)
+                data = crlf_lines(data)
             else:
                 if bare_lf:
                     self.violations.add(Violation.BARE_LF)
@@ -112,6 +147,17 @@ class ContentChecker:
         if self.size > self._max_size:
             self.violations.add(Violation.TOO_BIG)
         return b"" if self.violations else tail
+
+    def refusal(self) -> Reply | None:
+        """The reply that refuses the message (the first violation by precedence), or None."""
+        for violation, reply in _REFUSALS:
+            if violation in self.violations:
+                if violation is Violation.TOO_BIG:
+                    return replies.message_too_big(self._max_size)
+                if violation is Violation.LINE_TOO_LONG:
+                    return replies.content_line_too_long(self._max_line)
+                return reply
+        return None
 
     def _check_lines(self, data: bytes) -> None:
         limit = self._max_line

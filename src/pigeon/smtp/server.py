@@ -81,13 +81,6 @@ _NEXT: Final[dict[Phase, dict[type[Command], Phase]]] = {
 _ANYTIME: Final = frozenset({Rset, Noop, Quit, Vrfy, Help})
 _IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BDAT})
 
-_VIOLATION_REPLIES: Final = (
-    (Violation.TOO_BIG, None),  # needs the limit: built in _violation_reply
-    (Violation.LINE_TOO_LONG, None),  # likewise
-    (Violation.BARE_LF, replies.CONTENT_BARE_LF),
-    (Violation.BARE_CR, replies.CONTENT_BARE_CR),
-    (Violation.NUL, replies.CONTENT_NUL),
-)
 _STANDARD_REPLIES: Final[dict[type, Reply]] = {
     MailFrom: replies.SENDER_OK,
     RcptTo: replies.RECIPIENT_OK,
@@ -419,22 +412,12 @@ class ServerSession:
         checker = self._checker
         assert checker is not None
         self._chunk_out(checker.finish())
-        if checker.violations:
-            self._reject(verb, self._violation_reply(checker.violations))
+        refusal = checker.refusal()
+        if refusal is not None:
+            self._reject(verb, refusal)
             self._reset_transaction()
             return
         self._decide(MessageEnd(checker.size, self._chunked))
-
-    def _violation_reply(self, violations: set[Violation]) -> Reply:
-        for violation, reply in _VIOLATION_REPLIES:
-            if violation in violations:
-                if violation is Violation.TOO_BIG:
-                    return replies.message_too_big(self.config.max_message_size)
-                if violation is Violation.LINE_TOO_LONG:
-                    return replies.content_line_too_long(self.config.max_line_length)
-                assert reply is not None
-                return reply
-        raise AssertionError("no violation")
 
     def _new_checker(self) -> ContentChecker:
         config = self.config
@@ -489,9 +472,9 @@ class ServerSession:
         assert checker is not None
         if self._chunk_last:
             self._end_message("BDAT")
-        elif checker.violations:
+        elif (refusal := checker.refusal()) is not None:
             # Refuse now rather than buffer more of a message we will not take.
-            self._reject("BDAT", self._violation_reply(checker.violations))
+            self._reject("BDAT", refusal)
             self._reset_transaction()
         else:
             self._queue(replies.chunk_received(self._chunk_total))

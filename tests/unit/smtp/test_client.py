@@ -552,6 +552,19 @@ def test_data_content_is_dot_stuffed_on_the_wire() -> None:
     assert exchange.writes[-1] == b"..a\r\nb\r\n..\r\n...c\r\n.\r\n"
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+def test_bare_line_endings_from_the_spool_leave_as_crlf_and_end_nothing(mode: str) -> None:
+    body = b"Subject: x\r\n\nfirst\n.\nMAIL FROM:<evil@attacker.test>\r\nbare\r.\rend\r"
+    pair = Pair.connect()
+    exchange = pair.run(envelope("b@example.net", body=body), **MODES[mode])
+    assert exchange.result.replies == [queued(1)]
+    wire = b"".join(exchange.writes)
+    assert wire.count(b"\n") == wire.count(b"\r\n") == wire.count(b"\r")
+    assert wire.count(b"MAIL FROM:") == 2  # ours, and the line of content
+    # The server, strict about bare endings, takes every line as it was meant.
+    assert pair.messages == [b"Subject: x\r\n\r\nfirst\r\n.\r\nMAIL FROM:<evil@attacker.test>\r\nbare\r\n.\r\nend\r\n"]
+
+
 def test_bdat_content_is_sent_as_is() -> None:
     pair = Pair.connect()
     exchange = pair.run(envelope("b@example.net", body=b".a\r\n.\r\n"))

@@ -2,7 +2,10 @@
 
 The answer comes once every accepted recipient's message is durable in the spool (the same
 group commit as SMTP reception), and says, per recipient in request order, its spool id or
-why it was refused. A malformed request changes nothing and gets 400 naming the field.
+why it was refused. A malformed request changes nothing and gets 400 naming the field; that
+includes a CR, LF or NUL in a value that would be written into a header as it is. Each
+recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
+NUL, over-long lines): one that fails is refused with the reply SMTP would give, 554 5.6.0.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pigeon.intake import Arrival, Refused, Stored
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.smtp import replies
+from pigeon.smtp.framing import check_message
 from pigeon.spool.spool import SpoolError
 
 _DECODER: Final = msgspec.json.Decoder(InjectRequest)
@@ -80,6 +84,15 @@ async def inject(request: web.Request) -> web.Response:
             continue
         if len(composed.data) > config.smtp.max_message_size:
             result.error = str(replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit"))
+            continue
+        # What SMTP reception refuses, injection refuses too: the request was checked, but a
+        # recipient's substitutions are only seen here, and the next hop must never get a
+        # bare LF or CR it could take for the end of the data.
+        refusal = check_message(
+            composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
+        )
+        if refusal is not None:
+            result.error = str(refusal)
             continue
         envelope = Envelope(
             parsed.envelope_sender,
