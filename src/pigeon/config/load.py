@@ -18,6 +18,7 @@ import msgspec
 
 from pigeon.config.schema import Config, LogTarget, MaildirTarget, decode_hook
 from pigeon.shaping.gcra import Rate
+from pigeon.smtp.commands import mailbox_problem
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
@@ -63,6 +64,10 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
         raise fail(["smtp", "listen"], "name at least one address")
+    if not smtp.postmaster:
+        smtp.postmaster = f"postmaster@{smtp.hostname}"
+    elif (problem := mailbox_problem(smtp.postmaster)) is not None:
+        raise fail(["smtp", "postmaster"], f"{smtp.postmaster!r}: {problem}")
     for keys, rate in [(["delivery", "max_message_rate"], config.delivery.max_message_rate)] + [
         (["shaping", "max_message_rate"], s.max_message_rate) for s in config.shaping
     ]:

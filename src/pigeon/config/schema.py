@@ -148,6 +148,9 @@ class SmtpConfig(_Section):
     """Name in the banner, EHLO reply and Received headers."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
     """Clients in these networks may send to any domain. Others must authenticate."""
+    postmaster: str = ""
+    """Where mail for <postmaster> (no domain) goes; anyone may send it (RFC 5321 4.5.1).
+    Default: postmaster@<hostname>."""
     max_message_size: Size = Size(25 * 1024 * 1024)
     """Largest message accepted (advertised with SIZE, checked on MAIL and on the data)."""
     max_recipients: PositiveInt = 1000

@@ -68,6 +68,7 @@ class SmtpListener:
         intake: Intake,
         *,
         relay_networks: list[IpNetwork],
+        postmaster: str,
         tls_context: ssl.SSLContext | None = None,
         passwords: PasswordFile | None = None,
         idle_timeout: float = 300.0,
@@ -77,6 +78,8 @@ class SmtpListener:
         self.session_config = session_config
         self.intake = intake
         self.relay_networks = relay_networks
+        self.postmaster = postmaster
+        """The address that mail for <postmaster> (no domain) is delivered to."""
         self.tls_context = tls_context
         self.passwords = passwords
         self.idle_timeout = idle_timeout
@@ -280,15 +283,19 @@ class SmtpConnection(asyncio.Protocol):
         self._session.accept()
 
     def _on_rcpt(self, event: RcptTo) -> None:
-        if not (self._relay or self._session.authenticated is not None):
+        address = event.recipient
+        if address == "postmaster":  # the parser lower-cases <Postmaster> without a domain
+            # RFC 5321 4.5.1: taken from anyone, so that a sender we turn away can say so.
+            address = self._listener.postmaster
+        elif not (self._relay or self._session.authenticated is not None):
             # Mail for an application's [[inbound]] route is ours to take from anyone.
             routes = self._listener.intake.inbound_routes
-            if not (routes and routes.routing_key(event.recipient)):
+            if not (routes and routes.routing_key(address)):
                 self._respond(replies.RELAY_DENIED, "RCPT")
                 return
         self._recipients.append(
             Recipient(
-                event.recipient,
+                address,
                 sorted(n.value for n in event.notify) if event.notify is not None else None,
                 event.orcpt,
             )

@@ -159,6 +159,7 @@ class Node:
             session_config,
             intake,
             relay_networks=[network.network for network in smtp.relay_networks],
+            postmaster=smtp.postmaster,
             tls_context=tls_context,
             passwords=passwords,
             idle_timeout=smtp.idle_timeout,

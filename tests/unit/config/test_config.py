@@ -361,3 +361,11 @@ def test_inbound_configuration_mistakes_are_named(tmp_path: Path, extra: str, ex
 )
 def test_mailbox_mistakes_are_named(tmp_path: Path, line: str, expected: str) -> None:
     assert expected in error_of(tmp_path, INBOUND + line + "\n")
+
+
+def test_postmaster_defaults_to_postmaster_at_the_hostname_and_must_be_a_mailbox(tmp_path: Path) -> None:
+    assert load(write(tmp_path, '[smtp]\nhostname = "mx.example.org"\n')).smtp.postmaster == "postmaster@mx.example.org"
+    given = load(write(tmp_path, '[smtp]\npostmaster = "ops@example.org"\n'))
+    assert given.smtp.postmaster == "ops@example.org"
+    with pytest.raises(ConfigError, match=r"line 2: \[smtp\] postmaster: .*"):
+        load(write(tmp_path, '[smtp]\npostmaster = "not an address"\n'))

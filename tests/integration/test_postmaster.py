@@ -1,0 +1,46 @@
+"""RFC 5321 4.5.1: <postmaster> without a domain is taken from anyone, for the configured address."""
+
+from __future__ import annotations
+
+import smtplib
+from pathlib import Path
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config
+
+OUTSIDE = {"relay_networks": ["192.0.2.0/24"]}  # the test client is not a relay client
+
+
+@pytest.mark.parametrize("spelling", ["postmaster", "PostMaster", "POSTMASTER"])
+def test_postmaster_is_accepted_from_outside_relay_networks_and_reaches_the_configured_address(
+    tmp_path: Path, spelling: str
+) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(
+            tmp_path / "node", smtp={**OUTSIDE, "postmaster": "ops@example.net"}, **delivery_config(sink.endpoint)
+        ) as pigeon,
+        smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client,
+    ):
+        client.ehlo("outside.test")
+        assert client.mail("someone@example.org")[0] == 250
+        assert client.rcpt(f"<{spelling}>")[0] == 250
+        # Only that name: any other recipient is still relaying, and still refused.
+        assert client.rcpt("<ops@example.net>") == (550, b"5.7.1 Relay access denied")
+        code, _ = client.data(b"Subject: your server bounced my mail\r\n\r\nplease look\r\n")
+        assert code == 250
+        (received,) = sink.wait_for(1)
+        assert received.recipients == ["ops@example.net"]
+        assert received.email["Subject"] == "your server bounced my mail"
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["recipients"] == ["ops@example.net"]
+
+
+def test_postmaster_goes_to_postmaster_at_the_hostname_by_default(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", smtp=OUTSIDE) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            assert client.sendmail("", ["Postmaster"], b"Subject: hi\r\n\r\nhello\r\n") == {}
+        (stored,) = pigeon.spool_messages()
+        assert stored["recipients"] == ["postmaster@mx.pigeon.test"]
