@@ -17,6 +17,7 @@ from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.listener.http.auth import LOCAL_TOKEN_FILE
+from pigeon.redaction import redact, redact_url
 
 
 def add_api_options(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +50,8 @@ class ApiClient:
         except urllib.error.HTTPError as error:
             status, raw = error.code, error.read()
         except OSError as error:
-            print(f"pigeon: cannot reach {self.url}: {getattr(error, 'reason', error)} (is `pigeon serve` running?)",
+            print(f"pigeon: cannot reach {redact_url(self.url)}: {redact(str(getattr(error, 'reason', error)))}"
+                  " (is `pigeon serve` running?)",
                   file=sys.stderr)  # fmt: skip
             raise SystemExit(3) from None
         try:

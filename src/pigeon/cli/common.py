@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
+from pigeon.redaction import redact
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -25,5 +26,5 @@ def load_config(args: argparse.Namespace) -> Config:
     try:
         return load(args.config)
     except ConfigError as error:
-        print(f"pigeon: configuration error: {error}", file=sys.stderr)
+        print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -15,6 +15,7 @@ from pigeon.cli.common import add_config_option, load_config
 from pigeon.listener.passwords import PasswordFileError
 from pigeon.node.node import Node
 from pigeon.node.supervisor import Supervisor
+from pigeon.redaction import RedactingFormatter, redact
 from pigeon.spool.spool import SpoolError
 
 EXAMPLES = """examples:
@@ -46,11 +47,10 @@ def run(args: argparse.Namespace) -> int:
     # Spooled mail, logs and keys are nobody else's business: files private to this user.
     os.umask(0o077)
     role = f"w{args.worker}" if args.worker is not None else "main"
-    logging.basicConfig(
-        level=config.log.level.upper(),
-        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Every line through `redact`: a library's error may quote a configured URL, password and all.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter(f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log.level.upper(), handlers=[handler])
     # Libraries log every line of the IMAP and Redis conversations at DEBUG, message contents
     # and passwords included (and aioimaplib routine replies at INFO): ours say what matters.
     for chatty in ("aioimaplib", "redis", "asyncpg"):
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _run_loop(main)
     except (SpoolError, PasswordFileError, OSError, RuntimeError) as error:
-        print(f"pigeon: cannot start: {error}", file=sys.stderr)
+        print(f"pigeon: cannot start: {redact(str(error))}", file=sys.stderr)
         return 1
     return 0
 

@@ -19,6 +19,7 @@ from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Target, Verdict
 from pigeon.message import format_id
 from pigeon.queue.attempt import Attempt
+from pigeon.redaction import redact
 from pigeon.smtp.replies import Reply
 
 _log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class TargetAgent:
             answers = await target.deliver_many(messages)
         except Exception as error:  # targets answer rather than raise; a bug must not lose the batch
             _log.exception("handing over to target %s failed unexpectedly", name)
-            broken = Reply(451, "4.3.0", (f"{name}: {type(error).__name__}: {error}",))
+            broken = Reply(451, "4.3.0", (f"{name}: {type(error).__name__}: {redact(str(error))}",))
             return [self._same(item, broken) for item in work]
         duration = (time.monotonic() - started) / len(messages)
         attempts = []

@@ -78,6 +78,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from pigeon.redaction import redact, redact_url
+
 _log = logging.getLogger(__name__)
 
 DONE_TTL: Final = 24 * 3600.0  # how long "done" and "failed" marks outlive the handoff
@@ -317,6 +319,7 @@ class RedisArbiter(Arbiter):
     def __init__(self, url: str, *, prefix: str = "pigeon", timeout: float = 2.0) -> None:
         super().__init__()
         self.url = url
+        self.where = redact_url(url)  # the URL as errors and logs show it: no password
         self.prefix = f"{prefix}:" if prefix else ""
         self._epoch_key = "inbound:epoch"
         self._nodes_key = "inbound:nodes"
@@ -393,7 +396,7 @@ class RedisArbiter(Arbiter):
             except ArbitrationUnavailable:
                 continue  # claims stop being ours (`holds`) when it runs out; then we verify them
             except Exception:  # a bug here must not stop the heartbeat for good
-                _log.exception("inbound heartbeat to Redis at %s", self.url)
+                _log.exception("inbound heartbeat to Redis at %s", self.where)
                 continue
             self._beaten(answers[0], sent)
 
@@ -408,7 +411,9 @@ class RedisArbiter(Arbiter):
                     await script(keys=[self.prefix + k for k in keys], args=args, client=pipe)
                 return list(await pipe.execute())
         except (RedisError, OSError) as error:
-            raise ArbitrationUnavailable(f"Redis at {self.url}: {error or type(error).__name__}") from error
+            raise ArbitrationUnavailable(
+                f"Redis at {self.where}: {redact(str(error)) or type(error).__name__}"
+            ) from error
 
     def _learn_epoch(self, answer: object, started: float) -> None:
         """Redis's epoch as the epoch script gave it: a new one (or the first this node sees)
@@ -421,7 +426,7 @@ class RedisArbiter(Arbiter):
                 self._paused_until = started + pause
                 # A node that knew no epoch cannot tell a fresh Redis from one that lost its data.
                 what = "lost its data" if self._epoch is not None else "may have lost its data"
-                _log.warning("Redis at %s %s: pausing claims %.1fs so holders can put theirs back", self.url, what,
+                _log.warning("Redis at %s %s: pausing claims %.1fs so holders can put theirs back", self.where, what,
                              pause)  # fmt: skip
         self._epoch = born
 

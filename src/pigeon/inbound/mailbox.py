@@ -64,6 +64,7 @@ from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
+from pigeon.redaction import redact
 
 _log = logging.getLogger(__name__)
 _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
@@ -147,7 +148,7 @@ class MailboxWatcher:
         return {
             "connected": self.connected,
             "last_poll": self.last_poll,
-            "error": self.last_error,
+            "error": redact(self.last_error) if self.last_error else None,  # /healthz is public
             "target": self.target.name,
             "claims": len(self.held),
         }
@@ -195,7 +196,7 @@ class MailboxWatcher:
             pass
 
     def _failed_connection(self, error: BaseException) -> None:
-        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
         if text != self.last_error:
             _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
         self.last_error = text

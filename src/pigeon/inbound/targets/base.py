@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pigeon.inbound.message import InboundMessage
+from pigeon.redaction import redact
 
 
 class Verdict(enum.Enum):
@@ -65,6 +66,6 @@ class Target:
                 try:
                     return await self.deliver(message)
                 except Exception as error:  # a target bug must not lose the message
-                    return Handoff(Verdict.TRANSIENT, f"{type(error).__name__}: {error}")
+                    return Handoff(Verdict.TRANSIENT, f"{type(error).__name__}: {redact(str(error))}")
 
         return list(await asyncio.gather(*(one(m) for m in messages)))

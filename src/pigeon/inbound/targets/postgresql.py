@@ -17,6 +17,7 @@ import asyncpg
 from pigeon.config.schema import PostgresqlTarget as PostgresqlConfig
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
+from pigeon.redaction import redact
 
 
 def create_table_sql(table: str) -> str:
@@ -117,7 +118,10 @@ class PostgresqlTarget(Target):
                     # row by row, the refused one is a permanent failure, the rest go in.
                     return [await self._insert_one(connection, row) for row in rows]
         except Exception as error:  # down, failing over, misconfigured: later, never lost
-            failed = Handoff(Verdict.TRANSIENT, f"PostgreSQL: {error or type(error).__name__}")
+            failed = Handoff(
+                Verdict.TRANSIENT,
+                f"PostgreSQL at {redact(self._config.dsn)}: {redact(str(error)) or type(error).__name__}",
+            )
             return [failed] * len(messages)
         return [done] * len(messages)
 
@@ -125,5 +129,5 @@ class PostgresqlTarget(Target):
         try:
             await connection.execute(self._insert, *row)
         except asyncpg.DataError as error:
-            return Handoff(Verdict.PERMANENT, f"PostgreSQL refused the row: {error}")
+            return Handoff(Verdict.PERMANENT, f"PostgreSQL refused the row: {redact(str(error))}")
         return Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")

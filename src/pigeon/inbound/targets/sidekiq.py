@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from pigeon.config.schema import SidekiqTarget as SidekiqConfig
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
+from pigeon.redaction import redact, redact_url
 
 _encode = msgspec.json.Encoder().encode
 
@@ -73,9 +74,13 @@ class SidekiqTarget(Target):
                 pipe.lpush(f"queue:{queue}", *jobs)
                 await pipe.execute()
         except (RedisError, OSError) as error:
-            failed = Handoff(Verdict.TRANSIENT, f"Sidekiq's Redis ({self.redis_url}): {error or type(error).__name__}")
+            failed = Handoff(
+                Verdict.TRANSIENT,
+                f"Sidekiq's Redis ({redact_url(self.redis_url)}): {redact(str(error)) or type(error).__name__}",
+            )
             return [failed] * len(messages)
         except Exception as error:  # never raise: the caller would strand the batch
-            return [Handoff(Verdict.TRANSIENT, f"Sidekiq: {type(error).__name__}: {error}")] * len(messages)
+            failed = Handoff(Verdict.TRANSIENT, f"Sidekiq: {type(error).__name__}: {redact(str(error))}")
+            return [failed] * len(messages)
         done = Handoff(Verdict.ACCEPTED, f"pushed to queue:{queue}")
         return [done] * len(messages)

@@ -22,6 +22,7 @@ import msgspec
 from pigeon.config.schema import WebhookTarget as WebhookConfig
 from pigeon.inbound.message import InboundMessage, header_block
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
+from pigeon.redaction import redact, redact_url
 
 _encode = msgspec.json.Encoder().encode
 
@@ -88,11 +89,11 @@ class WebhookTarget(Target):
                 reason = response.reason or ""
                 await response.read()
         except TimeoutError:
-            return Handoff(Verdict.TRANSIENT, f"no answer from {config.url} within {config.timeout:g}s")
+            return Handoff(Verdict.TRANSIENT, f"no answer from {redact_url(config.url)} within {config.timeout:g}s")
         except (aiohttp.ClientError, OSError) as error:
-            return Handoff(Verdict.TRANSIENT, f"{config.url}: {error or type(error).__name__}")
+            return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {redact(str(error)) or type(error).__name__}")
         except ValueError as error:  # a header aiohttp will not send: the message's own fault
-            return Handoff(Verdict.PERMANENT, f"cannot make the request: {error}")
+            return Handoff(Verdict.PERMANENT, f"cannot make the request: {redact(str(error))}")
         detail = f"{status} {reason}".strip()
         if 200 <= status < 300:
             return Handoff(Verdict.ACCEPTED, detail)

@@ -1,0 +1,101 @@
+"""Redaction: configured URLs and DSNs without the credentials in them.
+
+A Redis URL, a PostgreSQL DSN or a webhook URL often carries a password or a token, and the
+text that names one (an error, a log line, `/healthz`, `pigeon inspect`) is read by people
+and probes that must not learn it. Everything that lets such a value out goes through
+`redact` (free text) or `redact_url` (one URL), which keep what an operator needs to tell
+what failed (scheme, user name, host, port, path) and replace the secret with `***`:
+
+- URL userinfo: `redis://:pw@host` becomes `redis://:***@host`, `postgresql://app:pw@db/x`
+  becomes `postgresql://app:***@db/x`; a userinfo without a colon is usually a token
+  (`https://TOKEN@host`) and goes whole: `https://***@host`;
+- query or fragment parameters whose name ends in a word that says secret (token, key,
+  secret, password, sig, auth, credential, ...): `?token=abc&page=2` becomes
+  `?token=***&page=2`, `?api_key=x` `?api_key=***`;
+- `name=value` pairs in free text whose name can mean nothing but a secret (password,
+  secret, token, api_key, ...), which covers libpq's keyword DSN form
+  (`host=db password='s3 cret' dbname=x` becomes `host=db password=*** dbname=x`).
+
+Sharp edge: this works on the text's shape. A password that breaks the URL's own syntax
+(an unencoded space) or a secret under an innocent-looking name can still get through; do
+not put secrets anywhere but in the userinfo or a parameter named for what it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Final
+
+MASK: Final = "***"
+
+# A URL parameter holds a credential when its name ends in a word that says so: token,
+# access_token, key, api_key, X-Amz-Signature, client_secret, sslpassword, ...
+_SECRET_PARAMETER: Final = re.compile(
+    r"[A-Za-z0-9_.\-]*(?:pass|passwd|password|pwd|secret|token|key|apikey|sig|signature|auth"
+    r"|authorization|credential|credentials)",
+    re.IGNORECASE,
+)
+# In free text only names that can mean nothing else (a "dedupe_key=" in a log line is no secret).
+_SECRET_PAIR_NAMES: Final = (
+    "password|sslpassword|passwd|pwd|secret|client_secret|token|access_token|refresh_token|auth_token|api_key|apikey"
+)
+# scheme://, then anything but what ends a URL in prose or a repr ('...', "...", <...>),
+# less a trailing colon or full stop (the prose's, as in "Redis at redis://r:6379/0: ...").
+_URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'\"<>`]*[^\s'\"<>`.,:;)\]])?")
+_PARAMETER: Final = re.compile(r"([?&#;])([^=&#;?]*)=([^&#;]*)")
+# key=value in free text (libpq's keyword DSN, log lines): a quoted value, or up to a space.
+_PAIR: Final = re.compile(
+    rf"(?<![A-Za-z0-9_.\-])({_SECRET_PAIR_NAMES})(\s*=\s*)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,;&'\"]+)",
+    re.IGNORECASE,
+)
+
+
+def redact_url(url: str) -> str:
+    """`url` with its userinfo password (or lone userinfo token) and secret parameters masked."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return _PAIR.sub(_mask_pair, url)  # libpq's keyword form
+    end = len(rest)
+    for stop in "/?#":
+        found = rest.find(stop)
+        if found != -1:
+            end = min(end, found)
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        # The last @ ends the userinfo: a password with an unencoded @ still goes whole.
+        userinfo, host = authority.rsplit("@", 1)
+        user, colon, _ = userinfo.partition(":")
+        authority = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
+    return f"{scheme}://{authority}{_PARAMETER.sub(_mask_parameter, tail)}"
+
+
+def redact(text: str) -> str:
+    """`text` (an error, a log line) with every URL's and `key=value` credential masked."""
+    if "://" not in text and "=" not in text:
+        return text  # the common case, checked without a regex
+    parts, start = [], 0
+    for match in _URL.finditer(text):
+        parts += [_PAIR.sub(_mask_pair, text[start : match.start()]), redact_url(match[0])]
+        start = match.end()
+    parts.append(_PAIR.sub(_mask_pair, text[start:]))
+    return "".join(parts)
+
+
+def _mask_parameter(match: re.Match[str]) -> str:
+    if _SECRET_PARAMETER.fullmatch(match[2]) is None:
+        return match[0]
+    return f"{match[1]}{match[2]}={MASK}"
+
+
+def _mask_pair(match: re.Match[str]) -> str:
+    return f"{match[1]}{match[2]}{MASK}"
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose every line (traceback included) goes through `redact`.
+
+    The last line of defence: a library's exception text may quote a URL we gave it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))

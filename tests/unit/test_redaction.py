@@ -1,0 +1,58 @@
+"""Credentials in configured URLs and DSNs are masked wherever the text names them; the host stays."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pigeon.redaction import RedactingFormatter, redact, redact_url
+
+
+@pytest.mark.parametrize(
+    ("secret_bearing", "shown"),
+    [
+        ("redis://:hunter2@127.0.0.1:6399/0", "redis://:***@127.0.0.1:6399/0"),
+        ("rediss://default:p@ss@redis.example:6380/1", "rediss://default:***@redis.example:6380/1"),
+        ("postgresql://app:s3cret@db.example:5432/mail", "postgresql://app:***@db.example:5432/mail"),
+        (
+            "postgres://db.example/mail?sslpassword=x&application_name=p",
+            "postgres://db.example/mail?sslpassword=***&application_name=p",
+        ),
+        ("https://bob:pw@hooks.example/in?token=abc&page=2", "https://bob:***@hooks.example/in?token=***&page=2"),
+        (
+            "https://hooks.example/in?api_key=abc#access_token=z",
+            "https://hooks.example/in?api_key=***#access_token=***",
+        ),
+        ("https://ghp_0123456789@hooks.example/in", "https://***@hooks.example/in"),
+        ("https://hooks.example/in?page=2", "https://hooks.example/in?page=2"),
+    ],
+)
+def test_a_url_keeps_its_host_and_loses_its_credentials(secret_bearing: str, shown: str) -> None:
+    assert redact_url(secret_bearing) == shown
+    assert redact(f"Redis at {secret_bearing}: Error 111 connecting") == f"Redis at {shown}: Error 111 connecting"
+
+
+def test_a_keyword_dsn_loses_its_password_quoted_or_not() -> None:
+    assert redact("host=db.example user=app password='s3 cret' dbname=mail") == (
+        "host=db.example user=app password=*** dbname=mail"
+    )
+    assert redact("host=db.example password=s3cret") == "host=db.example password=***"
+
+
+def test_text_without_credentials_is_left_as_it_is() -> None:
+    for text in ("dedupe_key=3f9a key=3 x=1", "451 4.3.0 hook: 503 Service Unavailable", "mailbox support: ok"):
+        assert redact(text) == text
+
+
+def test_a_log_line_and_its_traceback_are_redacted() -> None:
+    try:
+        raise ValueError("cannot parse postgresql://app:s3cret@db.example/mail")
+    except ValueError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "target %s", ("redis://:pw@r:1",), None)
+        import sys
+
+        record.exc_info = sys.exc_info()
+    line = RedactingFormatter("%(message)s").format(record)
+    assert "s3cret" not in line and ":pw@" not in line
+    assert "db.example" in line and "redis://:***@r:1" in line
