@@ -204,6 +204,10 @@ class HttpConfig(_Section):
     for the `pigeon` commands run on this machine by a user who can read the spool."""
     max_request_size: Size = Size(64 * 1024 * 1024)
     """Largest API request body (413 beyond)."""
+    max_open_requests: PositiveInt = 64
+    """API requests a node with several workers reads and forwards at once; beyond, 503 and the
+    connection closed. With `max_request_size` it bounds the bodies held in memory. A request
+    without a known token is refused (401) from its headers, before its body is read."""
 
 
 class SpoolConfig(_Section):

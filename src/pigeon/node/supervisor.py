@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
+from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.queue.rules import new_rule_id
 
@@ -33,6 +34,8 @@ _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues")
 _READY_TIMEOUT = 60.0
+_LINGER: Final = 1.0
+_OPEN_WITHOUT_TOKEN: Final = frozenset({"/api/openapi.json"})
 
 
 class Worker:
@@ -89,6 +92,8 @@ class Supervisor:
         self._runner: web.AppRunner | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._next_worker = 0
+        self._tokens = Tokens.from_config(config)
+        self._open_requests = 0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -186,7 +191,10 @@ class Supervisor:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_route("*", "/api/{tail:.*}", self._api)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A body left unread (a request refused from its headers) is read and dropped for at
+        # most a second after the answer, so the client sees the answer rather than a reset;
+        # then the connection closes. aiohttp's default is 10 s of a 64 MiB upload per client.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, lingering_time=_LINGER)
         await self._runner.setup()
         listen = self.config.http.listen
         await web.TCPSite(self._runner, listen.host, listen.port, reuse_address=True).start()
@@ -229,8 +237,27 @@ class Supervisor:
 
     async def _api(self, request: web.Request) -> web.Response:
         """An API request goes to one worker, the next one each time; a worker that is down
-        (restarting) is skipped. The worker checks the token itself. Admin requests concern
-        every worker's shards: they go to all of them (see `_broadcast`)."""
+        (restarting) is skipped. Admin requests concern every worker's shards: they go to all
+        of them (see `_broadcast`).
+
+        The body is read only once the headers carry a known token (the worker checks its scope)
+        and while fewer than `max_open_requests` are in hand: an anonymous client cannot make
+        this process hold up to `max_request_size` per connection it opens."""
+        if request.path not in _OPEN_WITHOUT_TOKEN:
+            try:
+                self._tokens.known(request)
+            except web.HTTPException as refusal:
+                return _closing(web.Response(status=refusal.status, text=refusal.text, headers=refusal.headers))
+        if self._open_requests >= self.config.http.max_open_requests:
+            message = f"{self._open_requests} API requests in progress ([http] max_open_requests): try again shortly"
+            return _closing(web.json_response({"error": message}, status=503, headers={"Retry-After": "1"}))
+        self._open_requests += 1
+        try:
+            return await self._pass_on(request)
+        finally:
+            self._open_requests -= 1
+
+    async def _pass_on(self, request: web.Request) -> web.Response:
         body = await request.read()
         if request.path.startswith(_BROADCAST_PATHS):
             return await self._broadcast(request, body)
@@ -276,6 +303,12 @@ class Supervisor:
         response.content_type = "text/plain"
         response.charset = "utf-8"
         return response
+
+
+def _closing(response: web.Response) -> web.Response:
+    """`response`, after which the connection closes: an unread body is not drained."""
+    response.force_close()
+    return response
 
 
 def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:

@@ -56,6 +56,17 @@ class Tokens:
         Raises 401 (no or unknown token) or 403 (a known token without the scope), each with
         a JSON body that says what to do.
         """
+        found = self._known(request)
+        if scope not in found.scopes:
+            raise _error(web.HTTPForbidden, f"token {found.name!r} lacks the {scope!r} scope")
+        return found.name
+
+    def known(self, request: web.Request) -> str:
+        """The name of the token the request carries, whatever its scopes: its headers alone
+        decide, so a caller can refuse (401, as `holder`) before reading the body."""
+        return self._known(request).name
+
+    def _known(self, request: web.Request) -> _Token:
         header = request.headers.get("Authorization", "")
         kind, _, secret = header.partition(" ")
         if kind.lower() != "bearer" or not secret.strip():
@@ -67,9 +78,7 @@ class Tokens:
                 found = token
         if found is None:
             raise _error(web.HTTPUnauthorized, "unknown token")
-        if scope not in found.scopes:
-            raise _error(web.HTTPForbidden, f"token {found.name!r} lacks the {scope!r} scope")
-        return found.name
+        return found
 
 
 def ensure_local_token(spool_path: Path) -> str:

@@ -1,0 +1,141 @@
+"""The supervisor of a multi-worker node reads no API body before the headers carry a known
+token, and holds only `[http] max_open_requests` bodies at once: anonymous clients sending
+64 MiB bodies get 401 at once and cannot grow its memory; authorised requests still work."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import wait_until
+
+BIG = 64 * 1024 * 1024
+CHUNK = b"x" * (256 * 1024)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _post_head(port: int, path: str, length: int, token: str | None = None) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: pigeon\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {length}\r\n\r\n".encode()
+    )
+    return sock
+
+
+def _answer(sock: socket.socket, timeout: float) -> bytes:
+    """The answer's status line and headers (what came before `timeout` if it never ended)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def _closed(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server closes the connection within `timeout` (whatever else it sends)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _status(request: urllib.request.Request) -> int:
+    """The answer's status; 0 for a 503 (so that `wait_until` asks again)."""
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert "scheduled" in json.loads(response.read())
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return 0 if error.code == 503 else error.code
+
+
+def _flood(port: int, answers: list[bytes], sent: list[int]) -> None:
+    """One anonymous client: a 64 MiB body, sent until the server answers and closes."""
+    sock = _post_head(port, "/api/v1/inject", BIG)
+    total = 0
+    try:
+        while total < BIG:
+            sock.sendall(CHUNK)
+            total += len(CHUNK)
+    except OSError:  # the server closed the connection: what we want
+        pass
+    sent.append(total)
+    answers.append(_answer(sock, 5))
+    sock.close()
+
+
+def test_anonymous_64_mib_bodies_are_refused_from_their_headers_and_do_not_grow_the_supervisor(
+    tmp_path: Path,
+) -> None:
+    config = {"node": {"workers": 2}, "http": {"max_open_requests": 2}, "delivery": {"enabled": True}}
+    with PigeonProcess(tmp_path / "node", **config) as pigeon:
+        assert pigeon.process is not None
+        supervisor = pigeon.process.pid
+        # One anonymous client that sends 1 MiB of its 64 MiB and waits: answered at once.
+        started = time.monotonic()
+        sock = _post_head(pigeon.http_port, "/api/v1/inject", BIG)
+        sock.sendall(CHUNK * 4)
+        answer = _answer(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert time.monotonic() - started < 2
+        assert _closed(sock, 5)
+        sock.close()
+        # Forty of them, each trying to send it all.
+        before = _rss_kib(supervisor)
+        answers: list[bytes] = []
+        sent: list[int] = []
+        clients = [threading.Thread(target=_flood, args=(pigeon.http_port, answers, sent)) for _ in range(40)]
+        for client in clients:
+            client.start()
+        peak = before
+        while any(c.is_alive() for c in clients):
+            peak = max(peak, _rss_kib(supervisor))
+            time.sleep(0.02)
+        assert len(answers) == 40 and all(a.startswith(b"HTTP/1.1 401") for a in answers)
+        assert max(sent) < BIG  # each connection was closed long before its body was all sent
+        grew_mib = (peak - before) / 1024
+        print(f"supervisor RSS {before / 1024:.1f} MiB before, {peak / 1024:.1f} MiB at the peak")
+        assert grew_mib < 32, f"the supervisor grew {grew_mib:.0f} MiB"
+
+        # Authorised requests: a body in progress each, up to max_open_requests; the next is
+        # refused with 503 at once, and those after work once the first are done.
+        token = pigeon.local_token
+        held = [_post_head(pigeon.http_port, "/api/v1/inject", 1000, token) for _ in range(2)]
+        for sock in held:
+            sock.sendall(b"{")
+        time.sleep(0.5)  # both in the supervisor's hands, reading their bodies
+        third = _post_head(pigeon.http_port, "/api/v1/inject", 2, token)
+        third.sendall(b"{}")
+        refused = _answer(third, 5)
+        assert refused.startswith(b"HTTP/1.1 503"), refused[:200]
+        assert _closed(third, 5)
+        for sock in held:
+            sock.close()  # mid-body: the supervisor gives their places back
+        request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}/api/v1/queues")
+        request.add_header("Authorization", f"Bearer {token}")
+        status = wait_until(lambda: _status(request), 5, interval=0.1)
+        assert status == 200
+        status, answer = pigeon.http_post("/api/v1/inject", {"nonsense": True}, token)
+        assert status == 400, answer  # reached a worker, which read the body and said why
