@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import binascii
 import email.utils
-import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,9 +23,9 @@ from typing import Annotated, Any, Final
 
 import jinja2
 import msgspec
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pigeon import mime
+from pigeon import mime, rendering
+from pigeon.rendering import RenderLimit, environment
 from pigeon.smtp.commands import dot_string_and_domain, mailbox_problem
 
 # The mailbox grammar the server checks (RFC 5321 dot-atom local part of at most 64 octets,
@@ -94,6 +93,11 @@ class ComposeError(Exception):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class TemplateLimitError(ComposeError):
+    """A template spent a render budget (`pigeon.rendering`): the request's fault, whoever
+    the recipient, so it is refused whole when the first recipient's render hits it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +175,18 @@ def _no_nul(value: str | None, field: str) -> None:
 class Composer:
     """Renders one request for each of its recipients."""
 
-    def __init__(self, request: InjectRequest, hostname: str, tenant_header: str, campaign_header: str) -> None:
+    def __init__(
+        self,
+        request: InjectRequest,
+        hostname: str,
+        tenant_header: str,
+        campaign_header: str,
+        *,
+        max_output: int = 64 * 1024 * 1024,
+    ) -> None:
+        """`max_output`: the most characters one template may render (the message size limit)."""
         self._request = request
+        self._max_output = max_output
         self._hostname = hostname
         self._templates = _Templates(request) if request.template else None
         self._routing = [(tenant_header, request.tenant), (campaign_header, request.campaign)]
@@ -184,7 +198,7 @@ class Composer:
         variables = {**request.substitutions, **recipient.substitutions}
         variables.setdefault("email", recipient.email)
         variables.setdefault("name", recipient.name or "")
-        render = self._templates.renderer(variables) if self._templates is not None else _as_is
+        render = self._templates.renderer(variables, self._max_output) if self._templates is not None else _as_is
         content = request.content
         if isinstance(content, str):
             return self._raw(render("raw", content))
@@ -263,14 +277,6 @@ def _as_is(name: str, source: str) -> str:
     return source
 
 
-@functools.cache
-def _environment(autoescape: bool) -> ImmutableSandboxedEnvironment:
-    # Strict: an undefined variable is an error for that recipient, not an empty string.
-    return ImmutableSandboxedEnvironment(
-        autoescape=autoescape, undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-    )
-
-
 class _Templates:
     """Every template of a request, compiled once; rendered per recipient."""
 
@@ -295,11 +301,11 @@ class _Templates:
         if "{" not in source:
             return  # nothing to render: use the text as it is
         try:
-            self._compiled[name] = _environment(autoescape).from_string(source)
+            self._compiled[name] = environment(autoescape).from_string(source)
         except jinja2.TemplateSyntaxError as error:
             raise ComposeError(f"template syntax error, line {error.lineno}: {error.message}", field) from None
 
-    def renderer(self, variables: Mapping[str, Any]) -> _Render:
+    def renderer(self, variables: Mapping[str, Any], max_output: int) -> _Render:
         compiled = self._compiled
 
         def render(name: str, source: str) -> str:
@@ -307,7 +313,9 @@ class _Templates:
             if template is None:
                 return source
             try:
-                return template.render(variables)
+                return rendering.render(template, variables, max_output=max_output)
+            except RenderLimit as error:
+                raise TemplateLimitError(f"template {name}: {error}", name) from None
             except jinja2.TemplateError as error:
                 raise ComposeError(f"template {name}: {error}", name) from None
 

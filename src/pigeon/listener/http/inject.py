@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from pigeon.compose import ComposeError, Composer, InjectRequest, check_request
+from pigeon.compose import ComposeError, Composer, InjectRequest, TemplateLimitError, check_request
 from pigeon.intake import Arrival, Refused, Stored
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.message import Envelope, Recipient, format_id
@@ -66,7 +66,13 @@ async def inject(request: web.Request) -> web.Response:
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
     config = node.config
-    composer = Composer(parsed, config.smtp.hostname, config.delivery.tenant_header, config.delivery.campaign_header)
+    composer = Composer(
+        parsed,
+        config.smtp.hostname,
+        config.delivery.tenant_header,
+        config.delivery.campaign_header,
+        max_output=config.smtp.max_message_size,
+    )
     peer_ip, peer = _peer(request)
     session = f"http-{next(_requests):x}"
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
@@ -79,6 +85,13 @@ async def inject(request: web.Request) -> web.Response:
             await asyncio.sleep(0)
         try:
             composed = composer.compose(recipient)
+        except TemplateLimitError as error:
+            if index == 0:  # nothing taken yet: refuse the request, naming the limit
+                raise bad_request(
+                    str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content"
+                ) from None
+            result.error = str(replies.r(554, "5.6.0", str(error)))
+            continue
         except ComposeError as error:
             result.error = str(replies.r(554, "5.6.0", str(error)))
             continue
