@@ -11,8 +11,11 @@ import ssl
 
 
 class RawSmtp:
-    def __init__(self, port: int, *, timeout: float = 10.0) -> None:
-        self.sock: socket.socket | ssl.SSLSocket = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, *, timeout: float = 10.0, source: str | None = None) -> None:
+        """`source`: the loopback address to connect from (127.0.0.1 if none)."""
+        self.sock: socket.socket | ssl.SSLSocket = socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout, source_address=(source, 0) if source else None
+        )
         self._buf = b""
 
     def send(self, data: bytes) -> None:
