@@ -38,6 +38,7 @@ class Counts:
         "outcomes",
         "receptions",
         "smtp_connections_accepted",
+        "smtp_connections_evicted",
     )
 
     def __init__(self) -> None:
@@ -45,6 +46,7 @@ class Counts:
         self.bytes_received = 0
         self.receptions: dict[str, int] = {}
         self.smtp_connections_accepted = 0
+        self.smtp_connections_evicted = 0  # idle ones closed to make room (listener.smtp)
         self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration, ...
         self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site)
         self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
@@ -78,6 +80,11 @@ class _CountsCollector(Collector):
         yield receptions
         yield CounterMetricFamily(
             "pigeon_smtp_connections_accepted", "SMTP connections accepted", value=c.smtp_connections_accepted
+        )
+        yield CounterMetricFamily(
+            "pigeon_smtp_connections_evicted",
+            "Idle SMTP connections closed (421) to make room for a new one past max_connections",
+            value=c.smtp_connections_evicted,
         )
         outcomes = CounterMetricFamily(
             "pigeon_recipients", "Recipient outcomes of delivery attempts, by record type", labels=["outcome"]

@@ -47,8 +47,10 @@ def test_slow_dribbling_client_hits_the_command_timeout(tmp_path: Path) -> None:
 def test_connections_over_the_limit_are_refused_with_421(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", smtp={"max_connections": 2}) as pigeon:
         first, second = RawSmtp(pigeon.smtp_port), RawSmtp(pigeon.smtp_port)
-        first.expect(220)
-        second.expect(220)
+        for client in (first, second):  # in a transaction: neither may be closed to make room
+            client.expect(220)
+            client.expect(250, "EHLO client.test")
+            client.expect(250, "MAIL FROM:<a@example.org>")
         with RawSmtp(pigeon.smtp_port) as third:
             code, text = third.reply()
             assert code == 421

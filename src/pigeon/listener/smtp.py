@@ -7,6 +7,13 @@ working through a pipelined group are written with one `write()` when the group 
 A decision that takes time (storing a message, checking a password, the TLS handshake)
 pauses reading from the socket and resumes when its future is done, so a client that
 pipelines cannot make us buffer without bound, and replies stay in command order.
+
+Connections are bounded twice. One client address outside `relay_networks` may hold
+`max_connections_per_client` of them (further ones get 421 at once), so one host cannot
+take the listener. Past `max_connections` a newcomer is still let in when some connection
+is idle between transactions: the one that has been silent longest is told 421 and closed
+to make room (Postfix's "stress" mode shortens timeouts for the same purpose). Many idle
+hosts then churn among themselves while a client that talks keeps its place.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ class SmtpListener:
         idle_timeout: float = 300.0,
         command_timeout: float = 300.0,
         max_connections: int = 2000,
+        max_connections_per_client: int = 50,
     ) -> None:
         self.session_config = session_config
         self.intake = intake
@@ -85,7 +93,10 @@ class SmtpListener:
         self.idle_timeout = idle_timeout
         self.command_timeout = command_timeout
         self.max_connections = max_connections
-        self.connections: set[SmtpConnection] = set()
+        self.max_connections_per_client = max_connections_per_client
+        # Open connections, least recently heard from first (a dict keeps insertion order).
+        self.connections: dict[SmtpConnection, None] = {}
+        self._per_client: dict[str, int] = {}
         self.draining = False
         self._relay_cache: dict[str, bool] = {}
         self._servers: list[asyncio.Server] = []
@@ -121,13 +132,40 @@ class SmtpListener:
         for server in self._servers:
             await server.wait_closed()
 
+    def admit(self, connection: SmtpConnection) -> Reply | None:
+        """Take a new connection into account; the 421 to greet it with if it may not stay."""
+        hostname = self.session_config.hostname
+        if self.draining:
+            return replies.shutting_down(hostname)
+        ip = connection.peer_ip
+        if self._per_client.get(ip, 0) >= self.max_connections_per_client and not self.relay_allowed(ip):
+            return replies.too_many_connections_from_you(hostname)
+        if len(self.connections) >= self.max_connections:
+            idle = next((c for c in self.connections if c.evictable()), None)
+            if idle is None:
+                return replies.too_many_connections(hostname)
+            self.intake.metrics.counts.smtp_connections_evicted += 1
+            idle.evict()
+        return None
+
     def _opened(self, connection: SmtpConnection) -> None:
-        self.connections.add(connection)
+        self.connections[connection] = None
+        self._per_client[connection.peer_ip] = self._per_client.get(connection.peer_ip, 0) + 1
         self._all_closed.clear()
         self.intake.metrics.counts.smtp_connections_accepted += 1
 
+    def _heard_from(self, connection: SmtpConnection) -> None:
+        # Move to the end: the least recently heard from stays first, for eviction.
+        if self.connections.pop(connection, False) is None:
+            self.connections[connection] = None
+
     def _closed(self, connection: SmtpConnection) -> None:
-        self.connections.discard(connection)
+        if self.connections.pop(connection, False) is None:
+            left = self._per_client[connection.peer_ip] - 1
+            if left:
+                self._per_client[connection.peer_ip] = left
+            else:
+                del self._per_client[connection.peer_ip]
         if not self.connections:
             self._all_closed.set()
 
@@ -184,23 +222,17 @@ class SmtpConnection(asyncio.Protocol):
             self.peer_ip = str(peername[0])
             self.peer = f"[{peername[0]}]:{peername[1]}" if ":" in self.peer_ip else f"{peername[0]}:{peername[1]}"
         self._relay = listener.relay_allowed(self.peer_ip)
-        too_many = len(listener.connections) >= listener.max_connections
+        refusal = listener.admit(self)
         listener._opened(self)
         now = self._loop.time()
         self._last_bytes = self._last_progress = now
-        if listener.draining:
-            self._session.greet(replies.shutting_down(listener.session_config.hostname))
-        elif too_many:
-            self._session.greet(
-                replies.r(421, "4.7.0", f"{listener.session_config.hostname} too many connections, try again later")
-            )
-        else:
-            self._session.greet()
+        self._session.greet(refusal)
         self._arm_timer()
         self._pump()
 
     def data_received(self, data: bytes) -> None:
         self._last_bytes = self._loop.time()
+        self._listener._heard_from(self)
         if self._tls_early is not None:
             # Decrypted bytes that beat the handshake's completion callback: keep them for
             # the session, which still thinks it is waiting for the handshake.
@@ -469,6 +501,21 @@ class SmtpConnection(asyncio.Protocol):
         self._transport.write(reply.encode(enhanced=self._session.esmtp))
         self._closed = True
         self._transport.close()
+
+    def evictable(self) -> bool:
+        """Idle between transactions, with nothing being decided: may make room for a newcomer."""
+        return not self._closed and not self._blocked and self._session.phase in (Phase.GREETED, Phase.READY)
+
+    def evict(self) -> None:
+        """Close with 421 to make room for a newcomer (see `SmtpListener.admit`)."""
+        reply = replies.idle_evicted(self._listener.session_config.hostname)
+        self._log_rejection("", reply)
+        self._flush()
+        if self._transport is not None:
+            self._transport.write(reply.encode(enhanced=self._session.esmtp))
+            self._transport.close()
+        self._closed = True
+        self._listener._closed(self)
 
     def abort(self) -> None:
         if self._transport is not None:

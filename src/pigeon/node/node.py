@@ -165,6 +165,7 @@ class Node:
             idle_timeout=smtp.idle_timeout,
             command_timeout=smtp.command_timeout,
             max_connections=smtp.max_connections,
+            max_connections_per_client=smtp.max_connections_per_client,
         )
         try:
             self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])

@@ -133,6 +133,18 @@ def too_many_messages(hostname: str) -> Reply:
     return r(421, "4.7.0", f"{hostname} Error: too many messages in one connection, reconnect to send more")
 
 
+def too_many_connections(hostname: str) -> Reply:
+    return r(421, "4.7.0", f"{hostname} too many connections, try again later")
+
+
+def too_many_connections_from_you(hostname: str) -> Reply:
+    return r(421, "4.7.0", f"{hostname} too many connections from your address, try again later")
+
+
+def idle_evicted(hostname: str) -> Reply:
+    return r(421, "4.7.0", f"{hostname} too many connections: closing this idle one, reconnect when you have mail")
+
+
 def shutting_down(hostname: str) -> Reply:
     return r(421, "4.3.2", f"{hostname} {SERVER_SHUTTING_DOWN_TEXT}")
 
