@@ -63,6 +63,10 @@ async def inject(request: web.Request) -> web.Response:
         raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
     except msgspec.DecodeError as error:
         raise bad_request(f"malformed JSON: {error}") from None
+    except RecursionError:
+        # msgspec builds `substitutions` and `metadata` values with one C stack frame per
+        # level and stops at Python's recursion limit; before, this was a 500 and a traceback.
+        raise bad_request("JSON nested too deeply (about 1000 levels at most)", "$") from None
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
     config = node.config
