@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     # and passwords included (and aioimaplib routine replies at INFO): ours say what matters.
     for chatty in ("aioimaplib", "redis", "asyncpg"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    _raise_open_file_limit()
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
         main = Node(config, worker=args.worker, workers=args.workers, control_socket=args.control).run()
@@ -68,6 +70,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"pigeon: cannot start: {redact(str(error))}", file=sys.stderr)
         return 1
     return 0
+
+
+def _raise_open_file_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: every SMTP connection is a descriptor, and the
+    usual soft default (1024) is below `[smtp] max_connections`. Past it, accept() fails with
+    EMFILE and new clients wait in the backlog unanswered. Workers inherit the raised limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            logging.getLogger(__name__).warning("open files limit stays at %d: %s", soft, error)
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:
