@@ -176,8 +176,8 @@ async def drip(crowd: Crowd, data: bytes, interval: float, duration: float) -> N
     end = loop.time() + duration
     position = 0
     while loop.time() < end:
-        for writer in crowd.writers:
-            if not writer.transport.is_closing():
+        for reader, writer in zip(crowd.readers, crowd.writers, strict=True):
+            if not (writer.transport.is_closing() or reader.at_eof()):  # not once the server hung up
                 writer.write(data[position % len(data) : position % len(data) + 1])
         position += 1
         await asyncio.sleep(interval)
