@@ -105,12 +105,18 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     metadata: dict[str, str] | None = None  # from the injecting application, copied into log records
     routing_domain: str | None = None  # route as if the recipients were in this domain (admin rebind)
     target: str | None = None  # an application's [[target]] (an [[inbound]] route), not an MX
+    held: str | None = None  # why the queue holds it for an operator (`HELD`): the refusal or expiry
+    released: float | None = None  # when an operator released it from hold: max_age counts from then
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.
         if self.target is None and self.routing_domain is not None and self.routing_domain.startswith("inbound:"):
             self.target, self.routing_domain = self.routing_domain[len("inbound:") :], None
 
+
+HELD: Final = 1e15
+"""The due time of a held message: time never brings it (the year 31 million); only an
+operator does, by making it due (`pigeon retry`), which releases it."""
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()
 ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
@@ -129,3 +135,9 @@ class Message:
     attempts: int = 0
     due: float = 0.0
     data: bytes | None = field(default=None, repr=False)  # loaded on demand
+
+    @property
+    def age_from(self) -> float:
+        """Where `max_age` counts from: its arrival, or its release from hold by an operator."""
+        released = self.envelope.released
+        return self.created if released is None else released

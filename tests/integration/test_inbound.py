@@ -184,13 +184,13 @@ def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_a
     assert reception["queue"] == "inbound:hook"
 
 
-def test_smtp_mail_the_application_refuses_for_good_is_bounced(tmp_path: Path) -> None:
+def test_smtp_mail_the_application_refuses_for_good_is_bounced_where_its_route_drops_it(tmp_path: Path) -> None:
     with WebhookApp(status=400) as app:
         node = PigeonProcess(
             tmp_path / "p",
             delivery={"enabled": True, "dsn": False},
             target=[webhook_target(app)],
-            inbound=[{"domain": "*.app.example", "target": "hook"}],
+            inbound=[{"domain": "*.app.example", "target": "hook", "failed": "drop"}],
         )
         with node, smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
             client.sendmail("customer@example.com", ["a@eu.app.example"], customer_mail(1))

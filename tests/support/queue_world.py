@@ -148,14 +148,15 @@ class MemorySpool:
     def scan(self, after: int, limit: int) -> list[Message]:
         return [self._message(i, self.rows[i]) for i in sorted(self.rows) if i > after][:limit]
 
-    def queue_counts(self, now: float) -> list[tuple[str, int, int, float]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float]]:
         counts: dict[str, list[float]] = {}
         for row in self.rows.values():
-            entry = counts.setdefault(row.queue, [0, 0, row.created])
+            entry = counts.setdefault(row.queue, [0, 0, 0, row.created])
             entry[0] += 1
             entry[1] += row.due <= now
-            entry[2] = min(entry[2], row.created)
-        return [(q, int(c[0]), int(c[1]), c[2]) for q, c in counts.items()]
+            entry[2] += row.due >= held
+            entry[3] = min(entry[3], row.created)
+        return [(q, int(c[0]), int(c[1]), int(c[2]), c[3]) for q, c in counts.items()]
 
     def rules(self) -> list[tuple[str, bytes]]:
         return list(self.saved_rules.items())

@@ -35,7 +35,7 @@ RETRY_EXAMPLES = """examples:
   pigeon retry --queue 'spring:*'
 """
 QUEUE_EXAMPLES = """examples:
-  pigeon queue summary                  # every scheduled queue: messages, due now, oldest; ready queues
+  pigeon queue summary                  # every scheduled queue: messages, due now, held, oldest; ready queues
   pigeon queue summary --json | jq '.scheduled[] | select(.messages > 1000)'
   pigeon queue operations               # bulk bounces, retries, rebinds: how far they got
 """
@@ -173,11 +173,11 @@ def _queue_summary(args: argparse.Namespace) -> int:
     if status >= 400 or args.json:
         return _show(args, status, answer, "")
     now = datetime.datetime.now(datetime.UTC).timestamp()
-    print(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}  oldest")
+    print(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  oldest")
     for row in answer["scheduled"]:
         age = _age(now - row["oldest"])
-        print(f"{row['queue'][:44]:44} {row['messages']:>9} {row['due']:>7} {row.get('ready', 0):>6} "
-              f"{row.get('in_flight', 0):>9}  {age}")  # fmt: skip
+        print(f"{row['queue'][:44]:44} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
+              f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age}")  # fmt: skip
     print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}")
     for row in answer["ready"]:
         print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}")

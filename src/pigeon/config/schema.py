@@ -452,6 +452,15 @@ class InboundRouteConfig(_Section, kw_only=True):
     """Recipient address (a glob: "support@app.example", "reply+*@app.example")."""
     domain: str | None = None
     """Recipient domain (a glob: "app.example", "*.app.example")."""
+    bounces: Literal["never", "authenticated", "always"] = "authenticated"
+    """Who gets a DSN when the target refuses a message for good (4xx other than those it
+    retries, e.g. 413, 422) or it expires: "authenticated" senders only (SMTP AUTH or an API
+    token), "always", or "never". Anyone may send here: a DSN to any sender, with the whole
+    message under RET=FULL, is backscatter."""
+    failed: Literal["hold", "drop"] = "hold"
+    """Such a message whose sender gets no DSN: "hold" keeps it in the spool for the operator
+    (`pigeon queue summary` counts it, `pigeon retry --queue 'inbound:<target>'` sends it
+    again), "drop" ends it with its Bounce or Expiration record."""
 
 
 class Config(_Section):

@@ -4,15 +4,21 @@ Mail for a routed address is accepted from anyone (it is for us, unlike relaying
 like any other mail with its envelope naming the target, and delivered to the target instead
 of an MX. Its scheduled queue and its ready queue's site are both called `inbound:<target>`,
 so retries, `max_age`, bounces and every admin operation work on it as on outbound mail.
+Each route also says what becomes of mail its target refuses for good or that expires
+(`InboundFailures`: who gets a DSN; held or dropped otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass
 from typing import Final
 
+from pigeon.queue.policy import InboundFailures
+
 PREFIX: Final = "inbound:"
+_DEFAULT: Final = InboundFailures()
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +26,7 @@ class InboundRoute:
     target: str
     recipient: str | None = None  # a glob over the whole address
     domain: str | None = None  # a glob over the domain
+    failures: InboundFailures = _DEFAULT
 
     def matches(self, address: str, domain: str) -> bool:
         if self.recipient is not None:
@@ -32,10 +39,12 @@ class InboundRoutes:
 
     def __init__(self, routes: list[InboundRoute]) -> None:
         self._routes = [
-            InboundRoute(r.target, r.recipient.lower() if r.recipient else None, r.domain.lower() if r.domain else None)
+            dataclasses.replace(
+                r, recipient=r.recipient.lower() if r.recipient else None, domain=r.domain.lower() if r.domain else None
+            )
             for r in routes
         ]
-        self._cache: dict[str, str | None] = {}
+        self._cache: dict[str, InboundRoute | None] = {}
 
     def __bool__(self) -> bool:
         return bool(self._routes)
@@ -48,13 +57,22 @@ class InboundRoutes:
 
     def target(self, address: str) -> str | None:
         """The name of the `[[target]]` a recipient address is routed to, else None."""
-        hit = self._cache.get(address, "")
-        if hit != "":
-            return hit
+        route = self.route(address)
+        return None if route is None else route.target
+
+    def failures(self, address: str) -> InboundFailures | None:
+        """What the route of a recipient address does with mail that failed, else None."""
+        route = self.route(address)
+        return None if route is None else route.failures
+
+    def route(self, address: str) -> InboundRoute | None:
+        """The first route matching a recipient address, else None."""
+        if address in self._cache:
+            return self._cache[address]
         lowered = address.lower()
         domain = lowered.rpartition("@")[2]
-        target = next((r.target for r in self._routes if r.matches(lowered, domain)), None)
+        route = next((r for r in self._routes if r.matches(lowered, domain)), None)
         if len(self._cache) > 50_000:
             self._cache.clear()
-        self._cache[address] = target
-        return target
+        self._cache[address] = route
+        return route

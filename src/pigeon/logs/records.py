@@ -25,7 +25,8 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | reason      | Quarantine                    | why a spool entry could not be read                      |
 
 Delivery attempts write one record per recipient: `Delivery`, `Bounce` and `Expiration` are
-terminal (exactly one per recipient), `TransientFailure` is not (one per failed attempt).
+terminal (exactly one per recipient), `TransientFailure` is not (one per failed attempt), nor
+is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced).
 
 | field          | types            | meaning                                                   |
 |----------------|------------------|-----------------------------------------------------------|
@@ -38,7 +39,9 @@ terminal (exactly one per recipient), `TransientFailure` is not (one per failed 
 | tls            | all four         | TLS version and cipher of that connection                 |
 | created        | all four         | when the message was received                             |
 | duration       | all four         | seconds the transaction took                              |
-| classification | Bounce           | bounce class from the rule table (InvalidRecipient, ...) |
+| classification | Bounce, Held     | bounce class from the rule table (InvalidRecipient, ...) |
+| dsn            | Bounce, Expiration, Held | why no DSN went to the sender (an [[inbound]] route's `bounces`) |
+| cause          | Held             | `refused` (by the target, for good) or `expired`          |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
 | reason, operator | AdminBounce    | the operator's reason and API token name (terminal too)    |
 | meta           | all four         | metadata given at injection, as in `Reception`            |
@@ -143,12 +146,25 @@ class Bounce(Attempt, tag="Bounce"):
     """The recipient will not get the message (5xx, or refused before sending). Terminal."""
 
     classification: str = "Uncategorized"
+    dsn: str | None = None  # why no DSN was sent, when an [[inbound]] route's `bounces` kept it back
     seq: int = 0
 
 
 class Expiration(Attempt, tag="Expiration"):
     """The message was not delivered within max_age. Terminal."""
 
+    dsn: str | None = None  # as in Bounce
+    seq: int = 0
+
+
+class Held(Attempt, tag="Held"):
+    """An [[inbound]] target refused the recipient for good, or it expired, and its sender gets
+    no DSN: the message is kept in the spool for an operator (`pigeon retry` sends it again).
+    Not terminal: the recipient's terminal record comes once the operator released it."""
+
+    classification: str = ""  # the refusal's bounce class ("" for an expiry)
+    cause: str = ""  # "refused" or "expired"
+    dsn: str = ""  # why no DSN was sent
     seq: int = 0
 
 
@@ -212,6 +228,7 @@ AnyRecord = (
     | Bounce
     | Expiration
     | AdminBounce
+    | Held
     | Quarantine
     | InboundDelivery
     | InboundFailure
@@ -224,6 +241,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Bounce,
     Expiration,
     AdminBounce,
+    Held,
     Quarantine,
     InboundDelivery,
     InboundFailure,

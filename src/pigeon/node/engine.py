@@ -21,7 +21,7 @@ from pigeon.queue.policy import QueuePolicies
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Routes, Scheduler
-from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, Settlement
+from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, RouteFailures, Settlement
 from pigeon.queue.state import ActiveSet
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
@@ -51,6 +51,7 @@ def build_engine(
     shaping: Callable[[str], Shaping],
     body: Callable[[Message], bytes],
     notifier: Notifier | None = None,
+    route_failures: RouteFailures = lambda address: None,
     source: str = "default",
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
@@ -67,6 +68,7 @@ def build_engine(
         counts=counts,
         policies=policies,
         notifier=notifier,
+        route_failures=route_failures,
         clock=clock,
     )
     rules = Rules(spools=spools, settlement=settlement, clock=clock)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pigeon.config.schema import Config
+from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.http.app import HttpListener
@@ -34,6 +34,7 @@ from pigeon.metrics import LogState, Metrics
 from pigeon.node.inbound import Inbound
 from pigeon.node.outbound import Outbound
 from pigeon.queue.admin import Admin
+from pigeon.queue.policy import InboundFailures
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
@@ -111,9 +112,7 @@ class Node:
             self.log,
             self.metrics,
             outbox=outbox,
-            inbound_routes=InboundRoutes([InboundRoute(r.target, r.recipient, r.domain) for r in config.inbound])
-            if config.inbound
-            else None,
+            inbound_routes=InboundRoutes([_inbound_route(r) for r in config.inbound]) if config.inbound else None,
             hostname=smtp.hostname,
             max_hops=smtp.max_hops,
             tenant_header=config.delivery.tenant_header,
@@ -295,6 +294,11 @@ class Node:
         else:
             certificate, key = ensure_self_signed(self.config.spool.path / "tls", smtp.hostname)
         return server_context(certificate, key)
+
+
+def _inbound_route(config: InboundRouteConfig) -> InboundRoute:
+    failures = InboundFailures(bounces=config.bounces, hold=config.failed == "hold")
+    return InboundRoute(config.target, config.recipient, config.domain, failures)
 
 
 def _tune_garbage_collector() -> None:

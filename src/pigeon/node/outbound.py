@@ -99,6 +99,7 @@ class Outbound:
             shaping=_shaping(config),
             body=OutgoingBody(spools, strip),
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
+            route_failures=intake.inbound_routes.failures if intake.inbound_routes else lambda address: None,
             source=delivery.source,
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,

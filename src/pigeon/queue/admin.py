@@ -10,6 +10,10 @@ matching message it acts on what the message is *now*:
 | being sent (its attempt began)        | the rest admin-bounced  | left to finish        | the rest moved   |
 | settling (an outcome being written)   | waits for the commit, then acts on the row it left, if any |||
 
+A held message (mail of an `[[inbound]]` route its target refused for good, or that expired,
+kept in the spool instead of bounced to its sender) is released by `retry` (and `rebind`): it
+is attempted again, with `max_age` counted afresh. Resuming a suspension does not release it.
+
 "The rest": what that attempt does not deliver ends with `AdminBounce` instead of a retry, or is
 moved and due at once, when the attempt ends.
 
@@ -36,7 +40,7 @@ from typing import Any, Final
 
 import msgspec
 
-from pigeon.message import Message, SpoolId, format_id, shard_of
+from pigeon.message import HELD, Message, SpoolId, format_id, shard_of
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.rules import Rule, Rules, Selector, new_rule_id
 from pigeon.queue.settlement import Settlement
@@ -159,7 +163,7 @@ class Admin:
         if kind == "suspend" and rule.selector.site is not None:
             self._kick()
         elif kind == "suspend":
-            made_due = (await self.retry(rule.selector))["made_due"]
+            made_due = (await self.retry(rule.selector, release=False))["made_due"]
         return {"cancelled": True, "made_due": made_due}
 
     async def rebind(
@@ -190,8 +194,9 @@ class Admin:
                      rebound, queue, routing_domain)  # fmt: skip
         return {"rebound": rebound, "after_attempt": after_attempt}
 
-    async def retry(self, selector: Selector, operation: str | None = None) -> dict[str, Any]:
-        """Make matching deferred messages due now (a settling one: once its outcome is written)."""
+    async def retry(self, selector: Selector, operation: str | None = None, *, release: bool = True) -> dict[str, Any]:
+        """Make matching deferred messages due now (a settling one: once its outcome is written),
+        held ones too unless `release` is False."""
         now = self._clock()
         by_shard: dict[int, list[int]] = {}
 
@@ -199,7 +204,7 @@ class Admin:
             return _Done.IGNORED, None  # in memory: due already; its owner sets its next due
 
         def spool_only(message: Message) -> bool:
-            if message.due <= now:
+            if message.due <= now or (not release and message.envelope.held is not None):
                 return False
             by_shard.setdefault(shard_of(message.id), []).append(message.id)
             return True
@@ -213,13 +218,18 @@ class Admin:
     async def summary(self) -> dict[str, Any]:
         """Scheduled queues (from the spool, counted in a thread) and ready queues."""
         now = self._clock()
-        counts = await asyncio.gather(*(asyncio.to_thread(spool.queue_counts, now) for spool in self._spools.values()))
+        counts = await asyncio.gather(
+            *(asyncio.to_thread(spool.queue_counts, now, HELD) for spool in self._spools.values())
+        )
         scheduled: dict[str, dict[str, Any]] = {}
         for rows in counts:
-            for queue, messages, due, oldest in rows:
-                row = scheduled.setdefault(queue, {"queue": queue, "messages": 0, "due": 0, "oldest": oldest})
+            for queue, messages, due, held, oldest in rows:
+                row = scheduled.setdefault(
+                    queue, {"queue": queue, "messages": 0, "due": 0, "held": 0, "oldest": oldest}
+                )
                 row["messages"] += messages
                 row["due"] += due or 0
+                row["held"] += held or 0
                 row["oldest"] = min(row["oldest"], oldest)
         for entry in self._active:
             counted = scheduled.get(entry.message.queue)
@@ -255,7 +265,8 @@ class Admin:
             "size": message.size,
             "created": message.created,
             "attempts": message.attempts,
-            "next_due": message.due,
+            "next_due": None if envelope.held is not None else message.due,
+            "held": envelope.held,
             "last_response": envelope.last_response,
             "tenant": envelope.tenant,
             "campaign": envelope.campaign,

@@ -3,14 +3,24 @@
 `[[queue]]` tables in the config each name a glob (`name = "*@example.net"`,
 `name = "newsletter:*"`) and override some of the `[delivery]` defaults; the first match
 wins.
+
+Mail of an `[[inbound]]` route has one more: who may get a DSN when its target refuses it for
+good or it expires (`InboundFailures`). Anyone may send to such an address, so a DSN there,
+with the whole message under `RET=FULL`, would go to whatever sender an attacker wrote
+(backscatter): by default only an authenticated sender gets one, and the message of anyone
+else is held in the spool for the operator instead.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
+from typing import Literal
 
+from pigeon.message import Envelope
 from pigeon.queue.retry import RetryPolicy
+
+Bounces = Literal["never", "authenticated", "always"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +49,21 @@ class QueuePolicies:
                 self._cache.clear()
             self._cache[name] = policy
         return policy
+
+
+@dataclass(frozen=True, slots=True)
+class InboundFailures:
+    """What an `[[inbound]]` route does with mail its target refused for good, or that expired."""
+
+    bounces: Bounces = "authenticated"
+    """Whose sender gets a DSN: "always", "authenticated" (SMTP AUTH or an API token), "never"."""
+    hold: bool = True
+    """Mail whose sender gets no DSN is held in the spool for an operator; False: dropped."""
+
+    def withheld(self, envelope: Envelope) -> str | None:
+        """Why the sender of `envelope` gets no DSN, or None when it may get one."""
+        if self.bounces == "always" or (self.bounces == "authenticated" and envelope.auth_user):
+            return None
+        if self.bounces == "never":
+            return 'not sent: [[inbound]] bounces = "never"'
+        return 'not sent: sender not authenticated ([[inbound]] bounces = "authenticated")'

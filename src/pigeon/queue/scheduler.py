@@ -17,6 +17,9 @@ still current are made ready. One an operator rebound or suspended meanwhile has
 
 The same tick expires what has waited past `max_age` anywhere: at load time, and in the
 ready queues.
+
+A held message (mail of an `[[inbound]]` route kept for an operator, due at `HELD`) is loaded
+only once an operator made it due: that releases it, and its `max_age` counts from then.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
+
+import msgspec
 
 from pigeon.message import Message
 from pigeon.queue.attempt import Unroutable
@@ -173,7 +178,7 @@ class Scheduler:
 
         def expired(entry: Entry) -> bool:
             message = entry.message
-            return now >= self._policies.for_queue(message.queue).retry.expires(message.created)
+            return now >= self._policies.for_queue(message.queue).retry.expires(message.age_from)
 
         for entry in self._ready.expired(expired):
             self._settlement.expire(entry)
@@ -185,8 +190,14 @@ class Scheduler:
 
     def _promote(self, entry: Entry) -> None:
         message = entry.message
+        if message.envelope.held is not None:
+            # Only an operator makes a held row due (retry, rebind): it is released. The new
+            # envelope is written with the message's next settlement; a crash before that
+            # leaves it held and due, and it is released again.
+            envelope = msgspec.structs.replace(message.envelope, held=None, released=self._clock())
+            message.envelope = envelope
         policy = self._policies.for_queue(message.queue)
-        if self._clock() >= policy.retry.expires(message.created):
+        if self._clock() >= policy.retry.expires(message.age_from):
             self._settlement.expire(entry)
             return
         if self._intercept(entry):

@@ -20,6 +20,14 @@ lease (someone moved the message meanwhile) means the result is dropped and coun
 Failed recipients that asked for it get a delivery status notification, stored as a new
 message before the failure is committed (a crash in between can duplicate a DSN, never lose
 one).
+
+Mail of an `[[inbound]]` route is taken from anyone, so its DSN would go to any sender an
+attacker wrote. Its route says who gets one (`InboundFailures`); for anyone else the failure
+is not terminal: the message is *held*, its row kept in the spool due at `HELD` (never by
+itself) with a `Held` record saying why and that no DSN went out, until an operator releases
+it (`pigeon retry`; the scheduler then counts `max_age` afresh) or bounces it. A route that
+drops such mail instead ends it with the usual `Bounce`/`Expiration`, whose `dsn` says why
+none was sent.
 """
 
 from __future__ import annotations
@@ -36,11 +44,11 @@ from typing import Any, Protocol
 import msgspec
 
 from pigeon.delivery.dsn import Failure, wants_failure_notice
-from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Record, Response, TransientFailure
-from pigeon.message import Envelope, Message, Recipient, format_id
+from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Held, Record, Response, TransientFailure
+from pigeon.message import HELD, Envelope, Message, Recipient, format_id
 from pigeon.metrics import Counts
 from pigeon.queue.attempt import Attempt, Unroutable
-from pigeon.queue.policy import QueuePolicies
+from pigeon.queue.policy import InboundFailures, QueuePolicies
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, State, transition
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
@@ -53,6 +61,10 @@ Notifier = Callable[[Message, list[Failure]], "asyncio.Future[object]"]
 """Stores a DSN for these failures of this message; the future is done once it is durable."""
 
 Terminal = Delivery | Bounce | Expiration | AdminBounce
+
+RouteFailures = Callable[[str], InboundFailures | None]
+"""The `[[inbound]]` route's failure policy for a recipient address (None: no route names it)."""
+_ROUTE_DEFAULT = InboundFailures()
 
 
 class RecordLog(Protocol):
@@ -88,6 +100,7 @@ class _Outcome:
     failures: list[Failure] = field(default_factory=list)
     encoded: list[tuple[int, bytes]] = field(default_factory=list)
     queue: str | None = None  # a new scheduled queue (rebind)
+    held: list[tuple[Recipient, Held]] = field(default_factory=list)  # kept for an operator, no DSN
 
 
 class Settlement:
@@ -101,6 +114,7 @@ class Settlement:
         counts: Counts,
         policies: QueuePolicies,
         notifier: Notifier | None = None,
+        route_failures: RouteFailures = lambda address: None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
@@ -111,6 +125,7 @@ class Settlement:
         self._counts = counts
         self._policies = policies
         self._notifier = notifier
+        self._route_failures = route_failures
         self._clock = clock
         self._rng = rng or random.Random()
 
@@ -137,8 +152,8 @@ class Settlement:
         outcome = self._begin(entry, message.attempts, self._clock())
         reply = expired_reply(message.envelope.last_response)
         for recipient in message.envelope.recipients:
-            outcome.terminal.append(Expiration(**self._fields(message, recipient, reply, message.attempts, None)))
-            outcome.failures.append(Failure(recipient, reply, "failed"))
+            self._expired(outcome, recipient, reply, None)
+        self._keep_held(outcome)
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
 
     def admin_bounce(self, entry: Entry, mark: AdminMark) -> asyncio.Future[None]:
@@ -187,29 +202,34 @@ class Settlement:
                 outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt)))
             elif reply.code >= 500:
                 fields = self._fields(message, recipient, reply, attempts, attempt)
-                outcome.terminal.append(Bounce(**fields, classification=attempt.classifications[index]))
-                outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
+                classification = attempt.classifications[index]
+                withheld, hold = self._withheld(message, recipient)
+                if hold:
+                    held = Held(**fields, classification=classification, cause="refused", dsn=withheld or "")
+                    outcome.held.append((recipient, held))
+                    continue
+                outcome.terminal.append(Bounce(**fields, classification=classification, dsn=withheld))
+                if withheld is None:
+                    outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
             else:
                 deferred.append((recipient, reply))
         mark = entry.admin_bounce
-        if deferred and mark is not None:
+        if (deferred or outcome.held) and mark is not None:
             # An operator bounced it while this attempt was on the wire: what did not get
-            # through now ends here instead of being retried.
-            for recipient, _ in deferred:
+            # through now ends here instead of being retried or held.
+            for recipient in [r for r, _ in deferred] + [r for r, _ in outcome.held]:
                 outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, mark))
-            deferred = []
+            deferred, outcome.held = [], []
         if deferred:
             last = str(deferred[-1][1])
-            due = policy.retry.next_due(message.created, attempts, now, self._rng)
+            due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
             rebind = entry.rebind
             if rebind is not None and due is not None:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.
                 due, outcome.queue = now, rebind.queue
             if due is None:
                 for recipient, _ in deferred:
-                    reply = expired_reply(last)
-                    outcome.terminal.append(Expiration(**self._fields(message, recipient, reply, attempts, attempt)))
-                    outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
+                    self._expired(outcome, recipient, expired_reply(last), attempt)
             else:
                 outcome.due = due
                 outcome.remaining = msgspec.structs.replace(
@@ -220,7 +240,48 @@ class Settlement:
                 for recipient, reply in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt)
                     outcome.transient.append(TransientFailure(**fields, next_attempt=due))
+        self._keep_held(outcome)
         self._write(outcome, policy.dsn)
+
+    def _expired(self, outcome: _Outcome, recipient: Recipient, reply: Reply, attempt: Attempt | None) -> None:
+        """`recipient` expired: an `Expiration` (with a DSN if it may have one), or held."""
+        message = outcome.entry.message
+        fields = self._fields(message, recipient, reply, outcome.attempts, attempt)
+        withheld, hold = self._withheld(message, recipient)
+        if hold:
+            outcome.held.append((recipient, Held(**fields, cause="expired", dsn=withheld or "")))
+            return
+        outcome.terminal.append(Expiration(**fields, dsn=withheld))
+        if withheld is None:
+            outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer if attempt else None)))
+
+    def _withheld(self, message: Message, recipient: Recipient) -> tuple[str | None, bool]:
+        """For a failed recipient: why its sender gets no DSN (None: it may get one), and
+        whether the message is then held rather than ended (mail of [[inbound]] routes only)."""
+        if message.envelope.target is None:
+            return None, False
+        policy = self._route_failures(recipient.address) or _ROUTE_DEFAULT
+        withheld = policy.withheld(message.envelope)
+        return withheld, withheld is not None and policy.hold
+
+    def _keep_held(self, outcome: _Outcome) -> None:
+        """Held recipients stay in the row. Alone, they make it due at `HELD` (only an operator
+        brings it back); with recipients to retry (not seen: a target answers alike for all of
+        a message's recipients), they are tried again with those."""
+        if not outcome.held:
+            return
+        kept = [recipient for recipient, _ in outcome.held]
+        if outcome.remaining is not None:
+            outcome.remaining = msgspec.structs.replace(
+                outcome.remaining, recipients=[*outcome.remaining.recipients, *kept]
+            )
+            return
+        last = outcome.held[-1][1]
+        why = f"{last.cause}: {last.response.code} {last.response.text}"
+        outcome.remaining = msgspec.structs.replace(
+            outcome.entry.message.envelope, recipients=kept, held=why, last_response=why
+        )
+        outcome.due = HELD
 
     def _admin_bounce_record(
         self, message: Message, recipient: Recipient, attempts: int, mark: AdminMark
@@ -252,8 +313,8 @@ class Settlement:
     def _commit(self, outcome: _Outcome) -> None:
         message = outcome.entry.message
         spool = self._spools.of(message.id)
-        if not outcome.encoded and outcome.terminal:
-            outcome.encoded = self._outbox.seal(spool, outcome.terminal)
+        if not outcome.encoded and (outcome.terminal or outcome.held):
+            outcome.encoded = self._outbox.seal(spool, [*outcome.terminal, *(record for _, record in outcome.held)])
         future = spool.settle(
             message,
             outcome.remaining,
@@ -279,6 +340,8 @@ class Settlement:
         self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
             counts.outcome(type(record).__name__, record.queue, record.site)
+        for _, held in outcome.held:
+            counts.outcome("Held", held.queue, held.site)
         for transient in outcome.transient:
             self._log.write(transient)
             counts.outcome("TransientFailure", transient.queue, transient.site)

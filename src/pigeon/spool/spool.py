@@ -132,8 +132,9 @@ class Spool(Protocol):
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
 
-    def queue_counts(self, now: float) -> list[tuple[str, int, int, float]]:
-        """Per scheduled queue: messages, how many are due, the oldest's creation (any thread)."""
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float]]:
+        """Per scheduled queue: messages, how many are due, how many held (due at `held` or
+        later), the oldest's creation (any thread)."""
 
     def rules(self) -> list[tuple[str, bytes]]: ...
 

@@ -280,8 +280,9 @@ class SqliteSpool:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
         return self._committer.submit(_MakeDue(list(ids), due))
 
-    def queue_counts(self, now: float) -> list[tuple[str, int, int, float]]:
-        """Per scheduled queue: messages, how many are due, the oldest's creation time.
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float]]:
+        """Per scheduled queue: messages, how many are due, how many are held (due at `held`
+        or later), the oldest's creation time.
 
         Reads every row: call it from a thread (it opens its own connection, so it never
         holds up the loop's reader or the writer).
@@ -289,7 +290,8 @@ class SqliteSpool:
         conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
         try:
             return conn.execute(
-                "SELECT queue, count(*), sum(due <= ?), min(created) FROM message GROUP BY queue", (now,)
+                "SELECT queue, count(*), sum(due <= ?), sum(due >= ?), min(created) FROM message GROUP BY queue",
+                (now, held),
             ).fetchall()
         finally:
             conn.close()
