@@ -9,6 +9,7 @@ every command, so a server that stops answering costs one reconnect, not a hung 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -16,6 +17,8 @@ from typing import Final
 
 import aioimaplib
 from aioimaplib.aioimaplib import Command, FetchCommand, IMAP4ClientProtocol, IncompleteRead, literal_data_re
+
+_log = logging.getLogger(__name__)
 
 _UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _FETCH_UID: Final = re.compile(rb"\bUID (\d+)")
@@ -293,6 +296,12 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         except IncompleteRead as incomplete_read:
             self.current_command = incomplete_read.cmd
             self.incomplete_line = incomplete_read.data
+        except aioimaplib.Abort as error:
+            # The server broke the protocol (a tagged answer to a command never sent, say):
+            # hang up as on any broken peer, and the mailbox reconnects. Raised from here, it
+            # reached asyncio's "data_received() call failed" traceback (found by fuzzing).
+            _log.warning("IMAP server broke the protocol, closing the connection: %s", error)
+            self.transport.close()
 
     def _handle_responses(
         self, data: bytes, line_handler: Callable[[bytes, Command | None], Command | None],

@@ -369,3 +369,11 @@ def test_postmaster_defaults_to_postmaster_at_the_hostname_and_must_be_a_mailbox
     assert given.smtp.postmaster == "ops@example.org"
     with pytest.raises(ConfigError, match=r"line 2: \[smtp\] postmaster: .*"):
         load(write(tmp_path, '[smtp]\npostmaster = "not an address"\n'))
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_the_line(tmp_path: Path) -> None:
+    # Found by fuzzing (tests/fuzz/targets/config_loader.py): a UnicodeDecodeError traceback.
+    path = tmp_path / "pigeon.toml"
+    path.write_bytes(b'[node]\nname = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as error:
+        load(path)
+    assert str(error.value) == f"{path}, line 2: not UTF-8 text (TOML files are UTF-8)"

@@ -112,3 +112,16 @@ async def test_a_search_answer_cut_mid_line_is_read_whole() -> None:
     for cut in (5, 100, 7000):
         uids = await _answer(lambda session: session.search("UNSEEN"), reply, [cut, cut + 3])
         assert uids == list(range(1, 2001))
+
+
+async def test_a_tagged_answer_to_a_command_never_sent_closes_the_connection_instead_of_raising() -> None:
+    # Found by fuzzing (tests/fuzz/targets/imap_responses.py): aioimaplib raised Abort out of
+    # data_received, which asyncio reports as a fatal "data_received() call failed" traceback.
+    session, protocol, transport = _session()
+    closed: list[bool] = []
+    transport.close = lambda: closed.append(True)  # type: ignore[attr-defined]
+    task = asyncio.ensure_future(session.search("UNSEEN"))
+    await transport.wrote.wait()
+    protocol.data_received(b"2NPEE0 OK done\r\n")  # a tag Pigeon never sent
+    assert closed == [True]
+    task.cancel()
