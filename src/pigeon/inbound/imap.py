@@ -296,10 +296,11 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         except IncompleteRead as incomplete_read:
             self.current_command = incomplete_read.cmd
             self.incomplete_line = incomplete_read.data
-        except aioimaplib.Abort as error:
-            # The server broke the protocol (a tagged answer to a command never sent, say):
-            # hang up as on any broken peer, and the mailbox reconnects. Raised from here, it
-            # reached asyncio's "data_received() call failed" traceback (found by fuzzing).
+        except (aioimaplib.Abort, UnicodeDecodeError) as error:
+            # The server broke the protocol (a tagged answer to a command never sent, a
+            # response name that is not text): hang up as on any broken peer, and the mailbox
+            # reconnects. Raised from here, it reached asyncio's "data_received() call failed"
+            # traceback (both found by fuzzing).
             _log.warning("IMAP server broke the protocol, closing the connection: %s", error)
             self.transport.close()
 

@@ -125,3 +125,16 @@ async def test_a_tagged_answer_to_a_command_never_sent_closes_the_connection_ins
     protocol.data_received(b"2NPEE0 OK done\r\n")  # a tag Pigeon never sent
     assert closed == [True]
     task.cancel()
+
+
+async def test_an_untagged_response_whose_name_is_not_text_closes_the_connection_instead_of_raising() -> None:
+    # Found by fuzzing: aioimaplib decoded the name as UTF-8, and the UnicodeDecodeError
+    # escaped from data_received.
+    session, protocol, transport = _session()
+    closed: list[bool] = []
+    transport.close = lambda: closed.append(True)  # type: ignore[attr-defined]
+    task = asyncio.ensure_future(session.search("UNSEEN"))
+    await transport.wrote.wait()
+    protocol.data_received(b"* \x83\xff 1\r\n")
+    assert closed == [True]
+    task.cancel()
