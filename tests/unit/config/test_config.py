@@ -370,6 +370,7 @@ def test_postmaster_defaults_to_postmaster_at_the_hostname_and_must_be_a_mailbox
     with pytest.raises(ConfigError, match=r"line 2: \[smtp\] postmaster: .*"):
         load(write(tmp_path, '[smtp]\npostmaster = "not an address"\n'))
 
+
 def test_a_file_that_is_not_utf8_is_a_config_error_naming_the_line(tmp_path: Path) -> None:
     # Found by fuzzing (tests/fuzz/targets/config_loader.py): a UnicodeDecodeError traceback.
     path = tmp_path / "pigeon.toml"
