@@ -7,14 +7,18 @@ import asyncio
 import logging
 import os
 import resource
+import socket
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.config.schema import Config
 from pigeon.listener.passwords import PasswordFileError
-from pigeon.node.node import Node
+from pigeon.node.node import ListenError, Node
+from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
+from pigeon.node.sockets import Bound, adopt, bind
 from pigeon.node.supervisor import Supervisor
 from pigeon.redaction import RedactingFormatter, redact
 from pigeon.spool.spool import SpoolError
@@ -40,13 +44,12 @@ def register(commands: Any) -> None:
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--smtp-fd", type=int, action="append", default=[], help=argparse.SUPPRESS)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args)
-    # Spooled mail, logs and keys are nobody else's business: files private to this user.
-    os.umask(0o077)
     role = f"w{args.worker}" if args.worker is not None else "main"
     # Every line through `redact`: a library's error may quote a configured URL, password and all.
     handler = logging.StreamHandler(sys.stderr)
@@ -57,13 +60,29 @@ def run(args: argparse.Namespace) -> int:
     for chatty in ("aioimaplib", "redis", "asyncpg"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     _raise_open_file_limit()
+    try:
+        listening = _drop_privileges(config) if args.worker is None else None
+    except (PrivilegeError, OSError) as error:
+        print(f"pigeon: cannot start: {error}", file=sys.stderr)
+        return 1
+    # Spooled mail, logs and keys are nobody else's business: files private to this user.
+    os.umask(0o077)
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
-        main = Node(config, worker=args.worker, workers=args.workers, control_socket=args.control).run()
+        inherited = Bound(smtp=adopt(args.smtp_fd), http=[]) if args.smtp_fd else None
+        worker = Node(
+            config,
+            worker=args.worker,
+            workers=args.workers,
+            control_socket=args.control,
+            config_path=args.config,
+            listening=inherited,
+        )
+        main = worker.run()
     elif config.node.worker_count == 1:
-        main = Node(config).run()
+        main = Node(config, config_path=args.config, listening=listening).run(notify=True)
     else:
-        main = Supervisor(config, args.config, config.node.worker_count).run()
+        main = Supervisor(config, args.config, config.node.worker_count, listening).run()
     try:
         _run_loop(main)
     except (SpoolError, PasswordFileError, OSError, RuntimeError) as error:
@@ -82,6 +101,32 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as error:
             logging.getLogger(__name__).warning("open files limit stays at %d: %s", soft, error)
+
+
+def _drop_privileges(config: Config) -> Bound | None:
+    """Started as root with `[node] user`: bind every listener, give the spool and log
+    directories to the user and become it. The sockets bound, or None if nothing changed."""
+    run_as = plan(config.node)
+    if run_as is None:
+        return None
+    listening = Bound(smtp=[], http=[])
+    try:
+        for endpoint in config.smtp.listen:
+            listening.smtp += _bind("[smtp] listen", endpoint.host, endpoint.port)
+        listening.http += _bind("[http] listen", config.http.listen.host, config.http.listen.port)
+        give_directories([config.spool.path, config.log.path], run_as)
+        drop(run_as)
+    except BaseException:
+        listening.close()
+        raise
+    return listening
+
+
+def _bind(key: str, host: str, port: int) -> list[socket.socket]:
+    try:
+        return bind(host, port)
+    except OSError as error:
+        raise ListenError(f"{key} {host}:{port}: cannot listen: {error.strerror or error}") from None
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

@@ -133,6 +133,13 @@ class NodeConfig(_Section):
     on the same machine, one worker accepted 17% more mail than two)."""
     shutdown_timeout: Duration = Duration(30)
     """On SIGTERM, how long open SMTP transactions may take to finish."""
+    user: str | None = None
+    """Started as root, bind the listeners, then run as this user (every process, for good).
+    The spool and log directories are made and given to it. Started as this user, nothing
+    changes; started as anyone else, Pigeon refuses to start. None: run as whoever starts it."""
+    group: str | None = None
+    """The group to run as with `user`. Default: the user's primary group (and the user's
+    supplementary groups are kept either way, e.g. `ssl-cert` to read a certificate key)."""
 
     @property
     def worker_count(self) -> int:

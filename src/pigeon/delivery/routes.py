@@ -88,6 +88,12 @@ class Router:
         self._cache: dict[str, tuple[float, Destination]] = {}
         self._targets: dict[str, Destination] = {}
 
+    def replace(self, routes: list[Route]) -> None:
+        """New static routes (a reload): destinations worked out under the old ones are forgotten,
+        so the next message for a domain is routed by the new ones."""
+        self._routes = routes
+        self._cache.clear()
+
     def cached(self, domain: str, target: str | None = None) -> Destination | None:
         """The destination if known and fresh: no await needed (the common case)."""
         if target is not None:

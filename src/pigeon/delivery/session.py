@@ -49,6 +49,7 @@ from pigeon.smtp.client_session import (
     Unusable,
 )
 from pigeon.smtp.replies import Reply
+from pigeon.tls import client_context
 
 _log = logging.getLogger(__name__)
 
@@ -82,16 +83,7 @@ class ConnectionLost(Exception):
         self.reply = reply
 
 
-def _context(verify: bool) -> ssl.SSLContext:
-    if verify:
-        return ssl.create_default_context()
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-_CONTEXTS = {True: _context(True), False: _context(False)}
+_CONTEXTS = {True: client_context(verify=True), False: client_context(verify=False)}
 _TIMED_OUT: Final = Reply(451, "4.4.2", ("timed out",))
 _CLOSED: Final = Reply(451, "4.4.2", ("closed the connection",))
 

@@ -18,6 +18,8 @@ from typing import Final
 import aioimaplib
 from aioimaplib.aioimaplib import Command, FetchCommand, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
+from pigeon.tls import client_context
+
 _log = logging.getLogger(__name__)
 
 _UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
@@ -400,7 +402,7 @@ async def _starttls(client: aioimaplib.IMAP4, host: str, context: ssl.SSLContext
     _check(await asyncio.wait_for(protocol.execute(command), timeout), "starttls")
     loop = asyncio.get_running_loop()
     transport = await asyncio.wait_for(
-        loop.start_tls(protocol.transport, protocol, context or ssl.create_default_context(), server_hostname=host),
+        loop.start_tls(protocol.transport, protocol, context or client_context(verify=True), server_hostname=host),
         timeout,
     )
     protocol.transport = transport

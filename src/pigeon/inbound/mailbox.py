@@ -65,6 +65,7 @@ from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
 from pigeon.redaction import redact
+from pigeon.tls import client_context
 
 _log = logging.getLogger(__name__)
 _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
@@ -205,11 +206,7 @@ class MailboxWatcher:
     async def _open(self) -> ImapSession:
         config = self.config
         if config.tls != "none" and self._tls_context is None:
-            context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
-            if not config.tls_verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            self._tls_context = context
+            self._tls_context = client_context(verify=config.tls_verify, cafile=config.ca_file)
         secret = config.password
         if config.password_file is not None:
             lines = (await asyncio.to_thread(config.password_file.read_text)).splitlines()

@@ -23,6 +23,7 @@ import ipaddress
 import itertools
 import logging
 import secrets
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -116,6 +117,15 @@ class SmtpListener:
             for sock in server.sockets:
                 bound.append(sock.getsockname()[:2])
         return bound
+
+    async def serve(self, sockets: list[socket.socket]) -> list[tuple[str, int]]:
+        """Accept on sockets bound elsewhere (before a privilege drop, maybe in another
+        process, and shared with other workers); returns their (host, port) pairs."""
+        loop = asyncio.get_running_loop()
+        for sock in sockets:
+            server = await loop.create_server(lambda: SmtpConnection(self), sock=sock, backlog=4096)
+            self._servers.append(server)
+        return [sock.getsockname()[:2] for sock in sockets]
 
     async def drain(self, grace: float) -> None:
         """Stop accepting; let open transactions finish for up to `grace` seconds; close the rest."""

@@ -19,13 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from pigeon.tls import server_context
 
-def server_context(certificate: Path, private_key: Path) -> ssl.SSLContext:
-    """A server context for STARTTLS: TLS 1.2 or newer, the defaults' ciphers."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certificate, private_key)
-    return context
+__all__ = ["describe", "ensure_self_signed", "server_context"]
 
 
 def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:

@@ -15,15 +15,19 @@ import signal
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
-from pigeon.listener.passwords import PasswordFile
+from pigeon.listener.passwords import PasswordFile, PasswordFileError
 from pigeon.listener.smtp import SmtpListener
 from pigeon.listener.tls import ensure_self_signed, server_context
 from pigeon.logs.outbox import Outbox, finish_outbox, recover_outbox_lines
@@ -32,7 +36,9 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node.inbound import Inbound
-from pigeon.node.outbound import Outbound
+from pigeon.node.notify import sd_notify
+from pigeon.node.outbound import Outbound, routes_from
+from pigeon.node.sockets import Bound
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
 from pigeon.smtp.framing import BareLinefeeds
@@ -58,9 +64,15 @@ class Node:
         worker: int = 0,
         workers: int = 1,
         control_socket: Path | None = None,
+        config_path: Path | None = None,
+        listening: Bound | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`config_path`: the file SIGHUP reads again. `listening`: sockets bound before a
+        privilege drop (or by the supervisor), served instead of binding the configured addresses."""
         self.config = config
+        self.config_path = config_path
+        self._listening = listening
         self._clock = clock  # what delivery takes for "now"; tests turn it forward
         self.worker = worker
         self.shutdown_timeout = config.node.shutdown_timeout
@@ -136,26 +148,10 @@ class Node:
             )
             self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
-        tls_context = self._tls_context()
+        tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
-        session_config = ServerConfig(
-            hostname=smtp.hostname,
-            max_message_size=smtp.max_message_size,
-            max_recipients=smtp.max_recipients,
-            max_messages_per_connection=smtp.max_messages_per_connection,
-            max_errors=smtp.max_errors,
-            max_line_length=smtp.max_line_length,
-            bare_linefeeds=BareLinefeeds(smtp.bare_linefeeds),
-            pipelining=smtp.pipelining,
-            chunking=smtp.chunking,
-            smtputf8=smtp.smtputf8,
-            dsn=smtp.dsn,
-            tls_available=tls_context is not None,
-            auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
-            auth_requires_tls=not smtp.allow_plaintext_auth,
-        )
         self.smtp = SmtpListener(
-            session_config,
+            _session_config(config, tls_context, passwords),
             intake,
             relay_networks=[network.network for network in smtp.relay_networks],
             postmaster=smtp.postmaster,
@@ -166,13 +162,20 @@ class Node:
             max_connections=smtp.max_connections,
             max_connections_per_client=smtp.max_connections_per_client,
         )
+        listening = self._listening
         try:
-            self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
+            if listening is not None:
+                self.smtp_addresses = await self.smtp.serve(listening.smtp)
+            else:
+                self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
         except OSError as error:
             raise ListenError(f"[smtp] listen: cannot listen: {error.strerror or error}") from None
         self.http = HttpListener(self)
         if self._control_socket is not None:
             await self.http.start_unix(self._control_socket)
+        elif listening is not None and listening.http:
+            self.http_address = await self.http.serve(listening.http)
+            _log.info("http listening on %s:%d", *self.http_address)
         else:
             try:
                 self.http_address = await self.http.start(config.http.listen.host, config.http.listen.port)
@@ -208,21 +211,65 @@ class Node:
         self.log.close()
         _log.info("stopped")
 
-    async def run(self) -> None:
-        """Start, serve until SIGTERM or SIGINT, stop."""
+    async def run(self, *, notify: bool = False) -> None:
+        """Start, serve until SIGTERM or SIGINT, stop; reload on SIGHUP. `notify`: tell systemd
+        (sd_notify) when the node is ready and when it stops (the main process only)."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         # The handlers stay for the whole shutdown: a second signal (Ctrl-C reaches every
         # worker, then the supervisor forwards SIGTERM) must not kill a stopping worker.
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        # Before start(): a SIGHUP during start-up must not kill the node (the default action).
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             await self.start()
+            if notify:
+                sd_notify("READY=1", f"STATUS=serving SMTP on {_addresses(self.smtp_addresses)}")
             await stop.wait()
         finally:
+            if notify:
+                sd_notify("STOPPING=1")
             await self.stop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
+
+    def reload(self) -> None:
+        """SIGHUP: read the config file again and take its TLS certificate, SMTP users and
+        routes (DKIM keys will join them). New connections see the new ones; open ones keep
+        what they have. If anything cannot be used, nothing changes and the reason is logged."""
+        if self.smtp is None or self._stopping:
+            return
+        try:
+            config = load(self.config_path) if self.config_path is not None else self.config
+            tls_context = _tls_context(config)
+            smtp = config.smtp
+            passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+            routes = routes_from(config)
+        except (ConfigError, PasswordFileError, OSError, ssl.SSLError) as error:
+            _log.error("reload failed; the running configuration stays: %s", error)
+            return
+        self.smtp.tls_context = tls_context
+        self.smtp.passwords = passwords
+        self.smtp.session_config = replace(
+            self.smtp.session_config,
+            tls_available=tls_context is not None,
+            auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
+        )
+        if self.outbound is not None:
+            self.outbound.router.replace(routes)
+        running = self.config
+        for key in _RELOADED_SMTP_KEYS:
+            setattr(running.smtp, key, getattr(smtp, key))
+        running.route = config.route
+        for key in changed_keys(running, config):
+            _log.warning("reload: %s changed; it takes effect at the next restart", key)
+        _log.info(
+            "reloaded: TLS %s, %s SMTP users, %d routes",
+            "on" if tls_context is not None else "off",
+            len(passwords) if passwords is not None else "no",
+            len(routes),
+        )
 
     @property
     def admin(self) -> Admin | None:
@@ -285,15 +332,56 @@ class Node:
             report.orphan_files_removed,
         )
 
-    def _tls_context(self) -> ssl.SSLContext | None:
-        smtp = self.config.smtp
-        if not smtp.starttls:
-            return None
-        if smtp.tls_certificate is not None and smtp.tls_private_key is not None:
-            certificate, key = smtp.tls_certificate, smtp.tls_private_key
-        else:
-            certificate, key = ensure_self_signed(self.config.spool.path / "tls", smtp.hostname)
-        return server_context(certificate, key)
+
+_RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users")
+
+
+def changed_keys(running: Config, loaded: Config) -> list[str]:
+    """The keys that differ between two configs, as "[section] key" (tables of arrays whole)."""
+    old, new = msgspec.to_builtins(running), msgspec.to_builtins(loaded)
+    changed = []
+    for section in Config.__struct_fields__:
+        before, after = old.get(section), new.get(section)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changed += [f"[{section}] {key}" for key in before if before.get(key) != after.get(key)]
+        elif before != after:
+            changed.append(f"[[{section}]]")
+    return changed
+
+
+def _session_config(config: Config, tls: ssl.SSLContext | None, passwords: PasswordFile | None) -> ServerConfig:
+    smtp = config.smtp
+    return ServerConfig(
+        hostname=smtp.hostname,
+        max_message_size=smtp.max_message_size,
+        max_recipients=smtp.max_recipients,
+        max_messages_per_connection=smtp.max_messages_per_connection,
+        max_errors=smtp.max_errors,
+        max_line_length=smtp.max_line_length,
+        bare_linefeeds=BareLinefeeds(smtp.bare_linefeeds),
+        pipelining=smtp.pipelining,
+        chunking=smtp.chunking,
+        smtputf8=smtp.smtputf8,
+        dsn=smtp.dsn,
+        tls_available=tls is not None,
+        auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
+        auth_requires_tls=not smtp.allow_plaintext_auth,
+    )
+
+
+def _tls_context(config: Config) -> ssl.SSLContext | None:
+    smtp = config.smtp
+    if not smtp.starttls:
+        return None
+    if smtp.tls_certificate is not None and smtp.tls_private_key is not None:
+        certificate, key = smtp.tls_certificate, smtp.tls_private_key
+    else:
+        certificate, key = ensure_self_signed(config.spool.path / "tls", smtp.hostname)
+    return server_context(certificate, key)
+
+
+def _addresses(addresses: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{host}:{port}" for host, port in addresses)
 
 
 def _inbound_route(config: InboundRouteConfig) -> InboundRoute:

@@ -55,15 +55,7 @@ class Outbound:
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
         self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
         self.router = Router(
-            [
-                Route(
-                    r.domain.lower(),
-                    Hop(r.next_hop.host, r.next_hop.port) if r.next_hop else None,
-                    TlsPolicy(r.tls) if r.tls else None,
-                    r.tls_verify,
-                )
-                for r in config.route
-            ],
+            routes_from(config),
             self.resolver,
             tls=TlsPolicy(delivery.tls),
             tls_verify=delivery.tls_verify,
@@ -131,6 +123,19 @@ class Outbound:
             waiting, open_connections = sites.get(site, (0, 0))
             sites[site] = (waiting + queued, open_connections + connections)
         return active, [(site, waiting, connections) for site, (waiting, connections) in sites.items()]
+
+
+def routes_from(config: Config) -> list[Route]:
+    """The `[[route]]` tables as the router takes them."""
+    return [
+        Route(
+            r.domain.lower(),
+            Hop(r.next_hop.host, r.next_hop.port) if r.next_hop else None,
+            TlsPolicy(r.tls) if r.tls else None,
+            r.tls_verify,
+        )
+        for r in config.route
+    ]
 
 
 def _policies(config: Config) -> QueuePolicies:

@@ -4,8 +4,9 @@ Python runs one thread of Python at a time, so a node uses one worker process pe
 Each worker is a full `Node` (SMTP on the shared port via SO_REUSEPORT, its own spool
 shard, its own log segments) and serves its health and metrics on a private unix socket.
 The supervisor starts the workers, restarts one that dies (with back-off), serves the public
-HTTP listener by asking every worker and merging the answers, and on SIGTERM stops the
-workers and waits for them to finish their open transactions.
+HTTP listener by asking every worker and merging the answers, forwards SIGHUP (reload) to
+the workers, and on SIGTERM stops the workers and waits for them to finish their open
+transactions. Under systemd it is the main process: it alone sends sd_notify.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -27,6 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pigeon.config.schema import Config
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.inject import FORWARDED_PEER
+from pigeon.node.notify import sd_notify
+from pigeon.node.sockets import Bound
 from pigeon.queue.rules import new_rule_id
 
 _log = logging.getLogger(__name__)
@@ -83,8 +87,10 @@ class Worker:
 class Supervisor:
     """Runs `workers` worker processes until SIGTERM or SIGINT."""
 
-    def __init__(self, config: Config, config_path: Path | None, workers: int) -> None:
+    def __init__(self, config: Config, config_path: Path | None, workers: int, listening: Bound | None = None) -> None:
+        """`listening`: sockets bound before a privilege drop; the workers inherit the SMTP ones."""
         self.config = config
+        self._listening = listening
         self.config_path = config_path
         self.run_dir = config.spool.path / "run"
         self.workers = [Worker(i, self.run_dir / f"worker-{i}.sock") for i in range(workers)]
@@ -100,6 +106,7 @@ class Supervisor:
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             for worker in self.workers:
@@ -107,10 +114,22 @@ class Supervisor:
             await self._wait_ready()
             await self._serve_http()
             _log.info("%d workers ready", len(self.workers))
+            sd_notify("READY=1", f"STATUS={len(self.workers)} workers serving")
             self._watchers = [asyncio.create_task(self._watch(w)) for w in self.workers]
             await stop.wait()
         finally:
+            sd_notify("STOPPING=1")
             await self.stop()
+
+    def reload(self) -> None:
+        """SIGHUP: every worker reads the config again (each logs what it took or why not)."""
+        if self._stopping:
+            return
+        running = [w for w in self.workers if w.process is not None and w.process.returncode is None]
+        _log.info("reload: forwarding SIGHUP to %d workers", len(running))
+        for worker in running:
+            assert worker.process is not None
+            worker.process.send_signal(signal.SIGHUP)
 
     async def stop(self) -> None:
         if self._stopping:
@@ -152,8 +171,13 @@ class Supervisor:
         if self.config_path is not None:
             args += ["-c", str(self.config_path)]
         args += ["--control", str(worker.control)]
+        inherited = [sock.fileno() for sock in self._listening.smtp] if self._listening is not None else []
+        for fd in inherited:
+            args += ["--smtp-fd", str(fd)]
+        # Workers do not talk to systemd: it ignores them, and READY is the supervisor's to say.
+        environment = {name: value for name, value in os.environ.items() if name != "NOTIFY_SOCKET"}
         worker.control.unlink(missing_ok=True)
-        worker.process = await asyncio.create_subprocess_exec(*args)
+        worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
         _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
 
     async def _wait_ready(self) -> None:
@@ -197,7 +221,11 @@ class Supervisor:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, lingering_time=_LINGER)
         await self._runner.setup()
         listen = self.config.http.listen
-        await web.TCPSite(self._runner, listen.host, listen.port, reuse_address=True).start()
+        if self._listening is not None and self._listening.http:
+            for sock in self._listening.http:
+                await web.SockSite(self._runner, sock).start()
+        else:
+            await web.TCPSite(self._runner, listen.host, listen.port, reuse_address=True).start()
         _log.info("http listening on %s:%d", listen.host, listen.port)
 
     async def _ask_all(self, path: str) -> list[tuple[int, bytes] | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from aiohttp import web
@@ -49,6 +50,14 @@ class HttpListener:
         assert server is not None
         sockets = getattr(server, "sockets", None) or []
         return sockets[0].getsockname()[:2] if sockets else (host, port)
+
+    async def serve(self, sockets: list[socket.socket]) -> tuple[str, int]:
+        """Serve on listening sockets bound before a privilege drop."""
+        await self._runner.setup()
+        for sock in sockets:
+            await web.SockSite(self._runner, sock).start()
+        host, port = sockets[0].getsockname()[:2]
+        return host, port
 
     async def start_unix(self, path: Path) -> None:
         """Serve on a unix socket (a worker's control socket, read by the supervisor)."""

@@ -1,0 +1,130 @@
+"""Running as `[node] user`: bind the listeners as root, then become that user for good.
+
+Pigeon started as root binds every listener first (port 25 needs root or CAP_NET_BIND_SERVICE),
+makes the spool and log directories and gives them (and whatever an earlier root run left in
+them) to the user, then sets its groups, gid and uid. It drops before the event loop starts
+and before any worker is started, so no process of the node runs as root once mail flows;
+the workers inherit the SMTP sockets instead of binding their own.
+
+Sharp edges: what is read after the drop (the config file, re-read by every worker and on
+SIGHUP, the TLS certificate and key, the users file) must be readable by the user; listen
+addresses change only with a restart, since the user cannot bind port 25 again.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pigeon.config.schema import NodeConfig
+
+_log = logging.getLogger(__name__)
+
+
+class PrivilegeError(Exception):
+    """Pigeon cannot run as the configured user; the message says what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """The identity to take: a user's name, uid and gid, and its home."""
+
+    user: str
+    uid: int
+    gid: int
+    home: str
+
+
+def identity(node: NodeConfig) -> RunAs | None:
+    """The user and group `[node]` names, looked up in the system's databases."""
+    if node.user is None:
+        if node.group is not None:
+            raise PrivilegeError("[node] group: set [node] user as well (group alone changes nothing)")
+        return None
+    try:
+        entry = pwd.getpwnam(node.user)
+    except KeyError:
+        raise PrivilegeError(
+            f"[node] user: no user called {node.user!r} on this system "
+            f"(create one: useradd --system --home-dir /var/lib/pigeon --shell /usr/sbin/nologin {node.user})"
+        ) from None
+    gid = entry.pw_gid
+    if node.group is not None:
+        try:
+            gid = grp.getgrnam(node.group).gr_gid
+        except KeyError:
+            raise PrivilegeError(f"[node] group: no group called {node.group!r} on this system") from None
+    return RunAs(node.user, entry.pw_uid, gid, entry.pw_dir)
+
+
+def plan(node: NodeConfig) -> RunAs | None:
+    """Whom to become: the configured user when started as root, None when nothing is to change.
+
+    Raises `PrivilegeError` when started as a third user, who cannot switch: running on as that
+    user would leave files the configured one cannot read.
+    """
+    run_as = identity(node)
+    uid = os.geteuid()
+    if run_as is None:
+        if uid == 0:
+            _log.warning(
+                "running as root: every process of this node keeps full privileges; "
+                'set [node] user = "pigeon" (a system user) to drop them after binding the ports'
+            )
+        return None
+    if uid == run_as.uid and (os.getegid() == run_as.gid or uid != 0):
+        return None
+    if uid != 0:
+        raise PrivilegeError(
+            f"[node] user = {run_as.user!r}: started as uid {uid}, which cannot switch users; "
+            f"start pigeon as root (it drops to {run_as.user} after binding its ports) or as {run_as.user}"
+        )
+    return run_as
+
+
+def give_directories(directories: Iterable[Path], run_as: RunAs) -> None:
+    """Make each directory (mode 0700) and give it, and everything in it, to the user.
+
+    Missing parents are made as root with mode 0755, so the user can reach its directories.
+    Files an earlier run as root left behind change owner too, or the user could not open them.
+    """
+    for directory in directories:
+        for parent in reversed(directory.parents):
+            if not parent.exists():
+                parent.mkdir(mode=0o755)
+        if not directory.exists():
+            directory.mkdir(mode=0o700)
+        _chown_tree(directory, run_as)
+
+
+def _chown_tree(top: Path, run_as: RunAs) -> None:
+    def own(path: str) -> None:
+        status = os.lstat(path)
+        if (status.st_uid, status.st_gid) != (run_as.uid, run_as.gid):
+            os.lchown(path, run_as.uid, run_as.gid)
+
+    own(str(top))
+    for root, directories, files in os.walk(top):
+        for name in (*directories, *files):
+            own(os.path.join(root, name))
+
+
+def drop(run_as: RunAs) -> None:
+    """Become the user for good: supplementary groups, gid, then uid (the order matters: once
+    the uid is not 0, the groups can no longer change)."""
+    os.initgroups(run_as.user, run_as.gid)
+    os.setgid(run_as.gid)
+    os.setuid(run_as.uid)
+    try:
+        os.setuid(0)
+    except PermissionError:
+        pass
+    else:  # pragma: no cover - the kernel refuses this after setuid() from root
+        raise PrivilegeError(f"dropped to {run_as.user} but could become root again; refusing to run")
+    os.environ.update(HOME=run_as.home, USER=run_as.user, LOGNAME=run_as.user)
+    _log.info("running as %s (uid %d, gid %d)", run_as.user, run_as.uid, run_as.gid)

@@ -1,0 +1,53 @@
+"""Listening sockets bound before the privilege drop, then served by whoever inherits them.
+
+Without a user to drop to, each worker binds its own SMTP socket with SO_REUSEPORT and the
+kernel spreads clients over them. Dropping root, the process that still is root binds one
+socket per address and every worker accepts on it: a user cannot bind port 25 again, and a
+worker that is restarted keeps serving the same socket (the supervisor holds it open).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+_BACKLOG = 4096
+
+
+@dataclass(slots=True)
+class Bound:
+    """The sockets bound before the drop: SMTP (one per address and family) and HTTP."""
+
+    smtp: list[socket.socket]
+    http: list[socket.socket]
+
+    def close(self) -> None:
+        for sock in (*self.smtp, *self.http):
+            sock.close()
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening TCP sockets for `host:port` (a name may give IPv4 and IPv6), as asyncio's
+    `create_server` binds them. Raises `OSError`, with every socket made so far closed."""
+    made: list[socket.socket] = []
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, protocol, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, protocol)
+            made.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(_BACKLOG)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in made:
+            sock.close()
+        raise
+    return made
+
+
+def adopt(fds: list[int]) -> list[socket.socket]:
+    """The sockets a parent process passed down by descriptor number."""
+    return [socket.socket(fileno=fd) for fd in fds]

@@ -1,0 +1,152 @@
+"""Started as root, a node binds its ports (port 587 too), then every process runs as `[node] user`."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import smtplib
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.process import ROOT, PigeonProcess, to_toml
+from tests.support.sinks import ScriptedSink, delivery_config
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates a user, binds port 587")
+
+
+@pytest.fixture(scope="module")
+def system_user() -> Iterator[pwd.struct_passwd]:
+    """A throwaway system user (and group), removed afterwards. Directories on the way to the
+    interpreter and the sources that only root may enter (here /root, home of pyenv) get an
+    ACL entry letting this user through, also removed afterwards."""
+    name = f"pgt{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
+    )
+    granted: list[tuple[Path, bool]] = []  # and whether it had an ACL of its own before
+    try:
+        entry = pwd.getpwnam(name)
+        needed = {Path(os.path.realpath(sys.executable)), Path(sys.prefix), ROOT / "src", ROOT}
+        for directory in sorted({parent for path in needed for parent in (path, *path.parents) if parent.is_dir()}):
+            if not os.stat(directory).st_mode & 0o001:
+                acl = subprocess.run(["getfacl", "-ps", str(directory)], capture_output=True, text=True, check=True)
+                subprocess.run(["setfacl", "-m", f"u:{name}:x", str(directory)], check=True)
+                granted.append((directory, bool(acl.stdout.strip())))
+        runs = subprocess.run(["runuser", "-u", name, "--", sys.executable, "-c", "import pigeon"], capture_output=True)
+        assert runs.returncode == 0, runs.stderr
+        yield entry
+    finally:
+        for directory, had_acl in granted:
+            undo = ["-x", f"u:{name}"] if had_acl else ["-b"]  # -x alone would leave a mask entry
+            subprocess.run(["setfacl", *undo, str(directory)], check=False)
+        subprocess.run(["userdel", name], check=False)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory the new user can reach (pytest's tmp_path is inside a root-only one)."""
+    path = Path(tempfile.mkdtemp(prefix="pigeon-user-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _ids(pid: int) -> tuple[int, int, list[int]]:
+    """The real uid, real gid and supplementary groups of a process, from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["Uid"].split()[0]), int(fields["Gid"].split()[0]), [int(g) for g in fields["Groups"].split()]
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def test_a_root_started_node_binds_port_587_then_runs_every_process_as_the_user(
+    system_user: pwd.struct_passwd, shared_tmp: Path
+) -> None:
+    uid, gid = system_user.pw_uid, system_user.pw_gid
+    root = shared_tmp / "node"
+    # What an earlier run as root left in the spool becomes the user's.
+    (root / "spool").mkdir(parents=True)
+    (root / "spool" / "left-by-root").write_text("x")
+    with ScriptedSink() as sink:
+        pigeon = PigeonProcess(root, node={"workers": 2, "user": system_user.pw_name}, **delivery_config(sink.endpoint))
+        pigeon.config["smtp"]["listen"].append("127.0.0.7:587")
+        pigeon.config_path.write_text(to_toml(pigeon.config))
+        with pigeon:
+            assert pigeon.process is not None
+            processes = _group_members(pigeon.process.pid)
+            assert len(processes) == 3, processes  # the supervisor and two workers
+            for pid in processes:
+                assert _ids(pid) == (uid, gid, [gid]), pid
+            for port, host in ((pigeon.smtp_port, "127.0.0.1"), (587, "127.0.0.7")):
+                with smtplib.SMTP(host, port, timeout=10) as client:
+                    client.sendmail("a@src.test", [f"ok@{port}.test"], b"Subject: hi\r\n\r\nhello\r\n")
+            received = sink.wait_for(2)
+            assert sorted(r.recipients[0] for r in received) == sorted(["ok@587.test", f"ok@{pigeon.smtp_port}.test"])
+            pigeon.wait_records("Delivery", 2)
+            status, _ = pigeon.http_get("/healthz")
+            assert status == 200
+        assert "running as root" not in pigeon.stderr()
+        for directory in (root / "spool", root / "log"):
+            paths = [directory, *directory.rglob("*")]
+            assert len(paths) >= 2
+            owners = {str(p): (p.lstat().st_uid, p.lstat().st_gid) for p in paths}
+            assert set(owners.values()) == {(uid, gid)}, owners
+
+
+def test_a_single_process_node_drops_too(system_user: pwd.struct_passwd, shared_tmp: Path) -> None:
+    with PigeonProcess(shared_tmp / "node", node={"workers": 1, "user": system_user.pw_name}) as pigeon:
+        assert pigeon.process is not None
+        assert _ids(pigeon.process.pid)[0] == system_user.pw_uid
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+            client.sendmail("a@src.test", ["b@dst.test"], b"Subject: hi\r\n\r\nhello\r\n")
+        assert len(pigeon.spool_messages()) == 1
+    assert (shared_tmp / "node" / "spool").stat().st_uid == system_user.pw_uid
+
+
+def _serve(config: Path, *, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    prefix = ["runuser", "-u", user, "--"] if user is not None else []
+    command = [*prefix, sys.executable, "-m", "pigeon", "serve", "-c", str(config)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
+def test_an_unknown_user_stops_start_up_with_how_to_create_it(tmp_path: Path) -> None:
+    pigeon = PigeonProcess(tmp_path, node={"user": "no-such-pigeon-user"})
+    result = _serve(pigeon.config_path)
+    assert result.returncode == 1
+    assert "[node] user: no user called 'no-such-pigeon-user'" in result.stderr
+    assert "useradd --system" in result.stderr
+    assert not (tmp_path / "spool").exists()
+
+
+def test_started_as_a_third_user_the_node_refuses_rather_than_run_as_the_wrong_one(
+    system_user: pwd.struct_passwd, shared_tmp: Path
+) -> None:
+    pigeon = PigeonProcess(shared_tmp / "node", node={"user": "root"})
+    pigeon.config_path.chmod(0o644)
+    result = _serve(pigeon.config_path, user=system_user.pw_name)
+    assert result.returncode == 1
+    assert "[node] user = 'root': started as uid" in result.stderr
+    assert "cannot switch users" in result.stderr
+
+
+def test_started_as_root_without_a_user_the_node_says_so(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node") as pigeon:
+        assert "running as root: every process of this node keeps full privileges" in pigeon.stderr()
