@@ -338,7 +338,7 @@ _RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_u
 
 def changed_keys(running: Config, loaded: Config) -> list[str]:
     """The keys that differ between two configs, as "[section] key" (tables of arrays whole)."""
-    old, new = msgspec.to_builtins(running), msgspec.to_builtins(loaded)
+    old, new = msgspec.to_builtins(running, enc_hook=repr), msgspec.to_builtins(loaded, enc_hook=repr)
     changed = []
     for section in Config.__struct_fields__:
         before, after = old.get(section), new.get(section)

@@ -1,0 +1,134 @@
+"""SIGHUP reloads the TLS certificate, the SMTP users and the routes without dropping a connection."""
+
+from __future__ import annotations
+
+import signal
+import smtplib
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+
+from pigeon.listener.passwords import set_password
+from pigeon.listener.tls import ensure_self_signed
+from tests.support.process import PigeonProcess, to_toml
+from tests.support.sinks import ScriptedSink, delivery_config
+
+MESSAGE = b"Subject: reload\r\n\r\nhello\r\n"
+
+
+def _any_certificate() -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _starttls(port: int) -> tuple[smtplib.SMTP, bytes]:
+    """A session after STARTTLS, and the certificate the server showed."""
+    client = smtplib.SMTP("127.0.0.1", port, timeout=10)
+    client.starttls(context=_any_certificate())
+    client.ehlo()
+    assert isinstance(client.sock, ssl.SSLSocket)
+    certificate = client.sock.getpeercert(binary_form=True)
+    assert certificate is not None
+    return client, certificate
+
+
+def _hangup(pigeon: PigeonProcess, outcome: str, workers: int = 1) -> None:
+    """SIGHUP, then wait until every worker logged `outcome` ("reloaded:" or "reload failed")."""
+    assert pigeon.process is not None
+    before = pigeon.stderr().count(outcome)
+    pigeon.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while pigeon.stderr().count(outcome) < before + workers:
+        assert time.monotonic() < deadline, pigeon.stderr()
+        time.sleep(0.05)
+
+
+def _pem_pair(directory: Path) -> tuple[bytes, bytes]:
+    certificate, key = ensure_self_signed(directory, "mx.pigeon.test")
+    return certificate.read_bytes(), key.read_bytes()
+
+
+def test_sighup_takes_a_new_certificate_while_an_open_tls_session_goes_on(tmp_path: Path) -> None:
+    first, second = _pem_pair(tmp_path / "first"), _pem_pair(tmp_path / "second")
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certificate.write_bytes(first[0])
+    key.write_bytes(first[1])
+    smtp = {"tls_certificate": str(certificate), "tls_private_key": str(key)}
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}, smtp=smtp) as pigeon:
+        session, shown = _starttls(pigeon.smtp_port)
+        assert shown == ssl.PEM_cert_to_DER_cert(first[0].decode())
+        certificate.write_bytes(second[0])
+        key.write_bytes(second[1])
+        _hangup(pigeon, "reloaded:", workers=2)
+        for _ in range(6):  # new connections, whichever worker takes them
+            fresh, shown = _starttls(pigeon.smtp_port)
+            assert shown == ssl.PEM_cert_to_DER_cert(second[0].decode())
+            fresh.quit()
+        assert session.sendmail("a@src.test", ["b@dst.test"], MESSAGE) == {}
+        session.quit()
+        assert len(pigeon.spool_messages()) == 1
+
+
+def test_a_reload_that_cannot_read_the_certificate_keeps_the_running_one(tmp_path: Path) -> None:
+    first = _pem_pair(tmp_path / "first")
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certificate.write_bytes(first[0])
+    key.write_bytes(first[1])
+    smtp = {"tls_certificate": str(certificate), "tls_private_key": str(key)}
+    with PigeonProcess(tmp_path / "node", smtp=smtp) as pigeon:
+        certificate.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n")
+        _hangup(pigeon, "reload failed")
+        assert "reload failed; the running configuration stays:" in pigeon.stderr()
+        session, shown = _starttls(pigeon.smtp_port)
+        assert shown == ssl.PEM_cert_to_DER_cert(first[0].decode())
+        assert session.sendmail("a@src.test", ["b@dst.test"], MESSAGE) == {}
+        session.quit()
+        # A config file that no longer parses is refused the same way.
+        pigeon.config_path.write_text("[smtp\n")
+        _hangup(pigeon, "reload failed")
+        assert "not valid TOML" in pigeon.stderr()
+
+
+def test_sighup_takes_new_smtp_users_and_an_authenticated_session_goes_on(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    set_password(users, "alice", "alice-secret")
+    # Loopback is not a relay network here: sending needs AUTH.
+    smtp = {"auth_users": str(users), "relay_networks": ["192.0.2.0/24"], "allow_plaintext_auth": True}
+    with PigeonProcess(tmp_path / "node", smtp=smtp) as pigeon:
+        alice = smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10)
+        alice.login("alice", "alice-secret")
+        users.write_text("")
+        set_password(users, "bob", "bob-secret")
+        _hangup(pigeon, "reloaded:")
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as bob:
+            assert bob.login("bob", "bob-secret")[0] == 235
+        with (
+            smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client,
+            pytest.raises(smtplib.SMTPAuthenticationError) as refused,
+        ):
+            client.login("alice", "alice-secret")
+        assert refused.value.smtp_code == 535
+        assert alice.sendmail("alice@src.test", ["b@dst.test"], MESSAGE) == {}
+        alice.quit()
+
+
+def test_sighup_takes_new_routes_and_names_the_changes_that_need_a_restart(tmp_path: Path) -> None:
+    with ScriptedSink() as before, ScriptedSink() as after:
+        pigeon = PigeonProcess(tmp_path / "node", **delivery_config(before.endpoint))
+        with pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                client.sendmail("a@src.test", ["ok@dst.test"], MESSAGE)
+                assert len(before.wait_for(1)) == 1
+                pigeon.config["route"][0]["next_hop"] = after.endpoint
+                pigeon.config["smtp"]["max_message_size"] = "1MiB"
+                pigeon.config_path.write_text(to_toml(pigeon.config))
+                _hangup(pigeon, "reloaded:")
+                client.sendmail("a@src.test", ["ok@dst.test"], MESSAGE)  # the same session goes on
+            assert len(after.wait_for(1)) == 1
+            assert len(before.received) == 1
+        assert "reload: [smtp] max_message_size changed; it takes effect at the next restart" in pigeon.stderr()
+        assert pigeon.stderr().count("takes effect at the next restart") == 1  # the route was taken
