@@ -121,6 +121,43 @@ def test_a_single_process_node_drops_too(system_user: pwd.struct_passwd, shared_
     assert (shared_tmp / "node" / "spool").stat().st_uid == system_user.pw_uid
 
 
+def test_the_capabilities_the_systemd_unit_keeps_are_enough_to_bind_give_and_drop(
+    system_user: pwd.struct_passwd, shared_tmp: Path
+) -> None:
+    """Root limited to the unit's CapabilityBoundingSet, with no new privileges, as systemd runs it;
+    the spool the user already owns (mode 0700) holds a file a run as root left there."""
+    unit = (ROOT / "contrib" / "systemd" / "pigeon.service").read_text()
+    setting = "CapabilityBoundingSet="
+    kept = next(line.removeprefix(setting).split() for line in unit.splitlines() if line.startswith(setting))
+    root = shared_tmp / "node"
+    spool = root / "spool"
+    spool.mkdir(parents=True, mode=0o700)
+    (spool / "left-by-root").write_text("x")
+    os.chown(spool, system_user.pw_uid, system_user.pw_gid)
+    pigeon = PigeonProcess(root, node={"user": system_user.pw_name})
+    pigeon.config["smtp"]["listen"].append("127.0.0.7:25")
+    pigeon.config_path.write_text(to_toml(pigeon.config))
+    bounding = ",".join(["-all", *(f"+{cap.removeprefix('CAP_').lower()}" for cap in kept)])
+    command = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs", "--"]
+    pigeon.process = subprocess.Popen(
+        [*command, sys.executable, "-m", "pigeon", "serve", "-c", str(pigeon.config_path)],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=pigeon.stderr_path.open("ab"),
+        start_new_session=True,
+    )
+    try:
+        pigeon.wait_ready()
+        with smtplib.SMTP("127.0.0.7", 25, timeout=10) as client:
+            client.sendmail("a@src.test", ["b@dst.test"], b"Subject: hi\r\n\r\nhello\r\n")
+        assert len(pigeon.spool_messages()) == 1
+        assert (spool / "left-by-root").stat().st_uid == system_user.pw_uid
+        assert _ids(pigeon.process.pid)[0] == system_user.pw_uid
+        assert pigeon.stop() == 0
+    finally:
+        pigeon.kill()
+
+
 def _serve(config: Path, *, user: str | None = None) -> subprocess.CompletedProcess[str]:
     prefix = ["runuser", "-u", user, "--"] if user is not None else []
     command = [*prefix, sys.executable, "-m", "pigeon", "serve", "-c", str(config)]
