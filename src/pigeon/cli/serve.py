@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import resource
+import signal
 import socket
 import sys
 from collections.abc import Coroutine
@@ -49,6 +50,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Until the loop handles SIGHUP (a reload), it must not kill a node that is starting.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     config = load_config(args)
     role = f"w{args.worker}" if args.worker is not None else "main"
     # Every line through `redact`: a library's error may quote a configured URL, password and all.

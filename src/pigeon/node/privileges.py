@@ -120,11 +120,12 @@ def drop(run_as: RunAs) -> None:
     os.initgroups(run_as.user, run_as.gid)
     os.setgid(run_as.gid)
     os.setuid(run_as.uid)
-    try:
-        os.setuid(0)
-    except PermissionError:
-        pass
-    else:  # pragma: no cover - the kernel refuses this after setuid() from root
-        raise PrivilegeError(f"dropped to {run_as.user} but could become root again; refusing to run")
+    if run_as.uid != 0:
+        try:
+            os.setuid(0)
+        except PermissionError:
+            pass
+        else:  # pragma: no cover - the kernel refuses this after setuid() from root
+            raise PrivilegeError(f"dropped to {run_as.user} but could become root again; refusing to run")
     os.environ.update(HOME=run_as.home, USER=run_as.user, LOGNAME=run_as.user)
     _log.info("running as %s (uid %d, gid %d)", run_as.user, run_as.uid, run_as.gid)
