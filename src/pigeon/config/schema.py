@@ -34,6 +34,7 @@ _SIZE_UNITS: Final = {
 
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class Duration(float):
@@ -195,6 +196,22 @@ class SmtpConfig(_Section):
     """File of `user:$scrypt$...` lines written by `pigeon passwd`. Without it AUTH is not offered."""
     allow_plaintext_auth: bool = False
     """Offer AUTH on connections without TLS (passwords would cross the network in clear)."""
+    auth_failures_per_address: NonNegativeInt = 10
+    """Failed AUTH attempts from one client address (an IPv6 client: its /64) within
+    `auth_failure_window` that lock the address out for `auth_lockout`: its AUTH attempts then
+    get 454 4.7.0 without a password check. 0: no per-address limit."""
+    auth_failures_per_user: NonNegativeInt = 30
+    """Failed AUTH attempts for one user name, from any address, within `auth_failure_window`
+    that lock the name out for `auth_lockout` (addresses that authenticated as it in the last
+    day are exempt). 0: no per-user limit."""
+    auth_failure_window: Duration = Duration(600)
+    """How far back failed AUTH attempts count."""
+    auth_lockout: Duration = Duration(600)
+    """How long a locked-out address or user name gets 454 4.7.0."""
+    auth_threads: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    """Threads that check passwords (scrypt), apart from those that write files."""
+    auth_max_waiting: PositiveInt = 32
+    """Password checks that may run or wait at once; AUTH beyond gets 454 4.7.0."""
 
 
 class ApiToken(_Section):

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from pigeon.intake import Arrival, Draft, Intake, Refused
+from pigeon.listener.auth_throttle import AuthThrottle, Lockout
+from pigeon.listener.password_checker import CheckerBusy, PasswordChecker
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.tls import describe
 from pigeon.logs.records import Rejection, Response
@@ -79,6 +81,8 @@ class SmtpListener:
         postmaster: str,
         tls_context: ssl.SSLContext | None = None,
         passwords: PasswordFile | None = None,
+        password_checker: PasswordChecker | None = None,
+        auth_throttle: AuthThrottle | None = None,
         idle_timeout: float = 300.0,
         command_timeout: float = 300.0,
         max_connections: int = 2000,
@@ -91,6 +95,9 @@ class SmtpListener:
         """The address that mail for <postmaster> (no domain) is delivered to."""
         self.tls_context = tls_context
         self.passwords = passwords
+        self.password_checker = password_checker or PasswordChecker()
+        """Checks AUTH passwords on threads of its own; closed when the listener has drained."""
+        self.auth_throttle = auth_throttle
         self.idle_timeout = idle_timeout
         self.command_timeout = command_timeout
         self.max_connections = max_connections
@@ -141,6 +148,7 @@ class SmtpListener:
                 connection.abort()
         for server in self._servers:
             await server.wait_closed()
+        self.password_checker.close()
 
     def admit(self, connection: SmtpConnection) -> Reply | None:
         """Take a new connection into account; the 421 to greet it with if it may not stay."""
@@ -404,18 +412,54 @@ class SmtpConnection(asyncio.Protocol):
             self._session.receive_data(bytes(early))
 
     def _on_auth(self, event: AuthCredentials) -> None:
-        passwords = self._listener.passwords
+        listener = self._listener
+        passwords = listener.passwords
         if passwords is None:
             self._respond(replies.AUTH_FAILED, "AUTH")
             return
-        check = self._loop.run_in_executor(None, passwords.check, event.username, event.password)
-        self._wait(check, self._auth_checked)
+        throttle = listener.auth_throttle
+        if throttle is not None and throttle.refusal(self.peer_ip, event.username, self._loop.time()) is not None:
+            # Refused before the check: a guesser learns nothing and costs us no hashing.
+            self._respond(replies.AUTH_LOCKED_OUT, "AUTH")
+            return
+        try:
+            check = listener.password_checker.check(passwords, event.username, event.password)
+        except CheckerBusy:
+            self._respond(replies.AUTH_BUSY, "AUTH")
+            return
+        username = event.username
+        self._wait(check, lambda future: self._auth_checked(future, username))
 
-    def _auth_checked(self, future: asyncio.Future[Any]) -> None:
+    def _auth_checked(self, future: asyncio.Future[Any], username: str) -> None:
+        throttle = self._listener.auth_throttle
         if future.exception() is None and future.result():
+            if throttle is not None:
+                throttle.succeeded(self.peer_ip, username, self._loop.time())
             self._session.accept()
+            return
+        if throttle is not None:
+            for lockout in throttle.failed(self.peer_ip, username, self._loop.time()):
+                self._log_lockout(lockout, username)
+        self._respond(replies.AUTH_FAILED, "AUTH")
+
+    def _log_lockout(self, lockout: Lockout, username: str) -> None:
+        seconds = lockout.until - self._loop.time()
+        if lockout.kind == "address":
+            _log.warning(
+                "session %s: AUTH locked out for client %s for %.0fs after repeated failures (last user %r)",
+                self.id,
+                lockout.key,
+                seconds,
+                username,
+            )
         else:
-            self._respond(replies.AUTH_FAILED, "AUTH")
+            _log.warning(
+                "session %s: AUTH locked out for user %r for %.0fs after repeated failures (last from %s)",
+                self.id,
+                lockout.key,
+                seconds,
+                self.peer_ip,
+            )
 
     # --- notices -----------------------------------------------------------------------
     def _on_rejected(self, event: Rejected) -> None:

@@ -25,8 +25,10 @@ from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
+from pigeon.listener.auth_throttle import AuthThrottle
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
+from pigeon.listener.password_checker import PasswordChecker
 from pigeon.listener.passwords import PasswordFile, PasswordFileError
 from pigeon.listener.smtp import SmtpListener
 from pigeon.listener.tls import ensure_self_signed, server_context
@@ -157,6 +159,14 @@ class Node:
             postmaster=smtp.postmaster,
             tls_context=tls_context,
             passwords=passwords,
+            # Made even without users: a reload may bring some. Threads start on first use.
+            password_checker=PasswordChecker(threads=smtp.auth_threads, max_waiting=smtp.auth_max_waiting),
+            auth_throttle=AuthThrottle(
+                per_address=smtp.auth_failures_per_address,
+                per_user=smtp.auth_failures_per_user,
+                window=smtp.auth_failure_window,
+                cooldown=smtp.auth_lockout,
+            ),
             idle_timeout=smtp.idle_timeout,
             command_timeout=smtp.command_timeout,
             max_connections=smtp.max_connections,

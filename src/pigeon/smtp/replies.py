@@ -171,6 +171,9 @@ AUTH_UNKNOWN_MECHANISM: Final = r(504, "5.5.4", "Unrecognized authentication mec
 AUTH_CANCELLED: Final = r(501, "5.0.0", "Authentication cancelled")
 AUTH_BAD_ENCODING: Final = r(501, "5.5.2", "Invalid base64 or SASL message")
 AUTH_FAILED: Final = r(535, "5.7.8", "Authentication credentials invalid")
+# RFC 4954 454 4.7.0: temporary. The lockout is not checked against the password at all.
+AUTH_LOCKED_OUT: Final = r(454, "4.7.0", "Too many failed authentication attempts, try again later")
+AUTH_BUSY: Final = r(454, "4.7.0", "Temporary authentication failure: too many checks waiting, try again later")
 BAD_ADDRESS_SYNTAX_SENDER: Final = r(501, "5.1.7", "Bad sender address syntax")
 BAD_ADDRESS_SYNTAX_RCPT: Final = r(501, "5.1.3", "Bad recipient address syntax")
 NON_ASCII_WITHOUT_SMTPUTF8: Final = r(553, "5.6.7", "Non-ASCII address requires MAIL FROM with SMTPUTF8")

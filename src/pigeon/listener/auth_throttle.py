@@ -1,0 +1,172 @@
+"""Lockouts after failed SMTP AUTH: per client address and per user name.
+
+`AuthThrottle` counts failures in a sliding window. Once a client address (an IPv6 client
+counts as its /64, which one host usually holds whole) or a user name reaches its limit, it
+is locked out for a cooldown: the listener answers its AUTH attempts with 454 4.7.0 without
+checking the password, so a guesser learns nothing and costs us no hashing.
+
+The per-user count is kept whichever address the failures came from, so guessing one
+password from many addresses is throttled too. A success clears the failures of the
+address it came from (a typo), never the user's count (else a brute-forcer would get fresh
+guesses every time the real user's client logs in). An address that authenticated as a
+user lately is exempt from that user's lockout: it has shown it knows the password, and an
+attacker must not be able to lock the user's own clients out.
+
+Pure bookkeeping: no I/O, the caller passes the time. Memory is bounded: each table keeps at
+most `max_tracked` keys and forgets the one quiet longest; expired keys go as time passes.
+State is per process: with several workers, each counts the clients the kernel gives it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Final
+
+KNOWN_GOOD_FOR: Final = 86_400.0
+"""Seconds an address that authenticated as a user stays exempt from that user's lockout."""
+
+
+@dataclass(slots=True)
+class _Failures:
+    times: deque[float]  # at most `limit` of them: older ones no longer matter
+    locked_until: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lockout:
+    """Why an AUTH attempt is refused unchecked: which key is locked, and until when."""
+
+    kind: str  # "address" or "user"
+    key: str
+    until: float
+
+
+class _FailureTable:
+    """Failure times per key, oldest-touched first, at most `max_tracked` keys."""
+
+    def __init__(self, limit: int, window: float, cooldown: float, max_tracked: int) -> None:
+        self.limit = limit
+        self.window = window
+        self.cooldown = cooldown
+        self.max_tracked = max_tracked
+        self._keys: OrderedDict[str, _Failures] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def locked_until(self, key: str, now: float) -> float | None:
+        entry = self._keys.get(key)
+        if entry is None or entry.locked_until <= now:
+            return None
+        return entry.locked_until
+
+    def fail(self, key: str, now: float) -> bool:
+        """Count a failure; True if it starts a lockout."""
+        self._expire(now)
+        entry = self._keys.get(key)
+        if entry is None:
+            entry = self._keys[key] = _Failures(deque(maxlen=self.limit))
+            if len(self._keys) > self.max_tracked:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(key)
+        times = entry.times
+        times.append(now)
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if len(times) >= self.limit and entry.locked_until <= now:
+            entry.locked_until = now + self.cooldown
+            times.clear()  # after the cooldown, a fresh allowance
+            return True
+        return False
+
+    def forget(self, key: str) -> None:
+        self._keys.pop(key, None)
+
+    def _expire(self, now: float) -> None:
+        # The front was touched longest ago: stop at the first key that still matters.
+        keys = self._keys
+        while keys:
+            key, entry = next(iter(keys.items()))
+            if entry.locked_until > now or (entry.times and entry.times[-1] > now - self.window):
+                break
+            del keys[key]
+
+
+class AuthThrottle:
+    """Failed-AUTH counts per client address and per user name, and the lockouts they cause.
+
+    A limit of 0 turns that count off.
+    """
+
+    def __init__(
+        self,
+        *,
+        per_address: int,
+        per_user: int,
+        window: float,
+        cooldown: float,
+        max_tracked: int = 10_000,
+    ) -> None:
+        self._addresses = _FailureTable(per_address, window, cooldown, max_tracked)
+        self._users = _FailureTable(per_user, window, cooldown, max_tracked)
+        self._known_good: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._max_tracked = max_tracked
+
+    @property
+    def tracked(self) -> int:
+        """Keys held in memory, over all tables."""
+        return len(self._addresses) + len(self._users) + len(self._known_good)
+
+    def refusal(self, address: str, user: str, now: float) -> Lockout | None:
+        """The lockout that refuses this attempt without a password check, or None to check it."""
+        client = client_key(address)
+        if self._addresses.limit:
+            until = self._addresses.locked_until(client, now)
+            if until is not None:
+                return Lockout("address", client, until)
+        if self._users.limit:
+            until = self._users.locked_until(user, now)
+            if until is not None and not self._is_known_good(user, client, now):
+                return Lockout("user", user, until)
+        return None
+
+    def failed(self, address: str, user: str, now: float) -> list[Lockout]:
+        """Count a wrong password; returns the lockouts this failure starts (to be logged)."""
+        client = client_key(address)
+        started = []
+        if self._addresses.limit and self._addresses.fail(client, now):
+            started.append(Lockout("address", client, now + self._addresses.cooldown))
+        if self._users.limit and self._users.fail(user, now):
+            started.append(Lockout("user", user, now + self._users.cooldown))
+        return started
+
+    def succeeded(self, address: str, user: str, now: float) -> None:
+        """A right password: forgive this address its failures and exempt it from `user`'s lockout."""
+        client = client_key(address)
+        self._addresses.forget(client)
+        known = self._known_good
+        pair = (user, client)
+        known[pair] = now + KNOWN_GOOD_FOR
+        known.move_to_end(pair)
+        while known and (len(known) > self._max_tracked or next(iter(known.values())) <= now):
+            known.popitem(last=False)
+
+    def _is_known_good(self, user: str, client: str, now: float) -> bool:
+        until = self._known_good.get((user, client))
+        return until is not None and until > now
+
+
+def client_key(address: str) -> str:
+    """What one client is: its IPv4 address, or the /64 of its IPv6 address."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address  # not an IP (a Unix socket, say): count it as given
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)

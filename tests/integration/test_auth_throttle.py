@@ -1,0 +1,89 @@
+"""Failed SMTP AUTH locks out the client address, and the user name, for a cooldown.
+
+A real Pigeon, real SMTP over STARTTLS; clients connect from 127.0.0.1, 127.0.0.2 and
+127.0.0.3 to be different addresses. A locked-out attempt gets 454 4.7.0 even with the
+right password: nothing is checked until the cooldown has passed.
+"""
+
+from __future__ import annotations
+
+import base64
+import smtplib
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+from pigeon.listener.passwords import set_password
+from tests.support.process import PigeonProcess
+
+PASSWORD = "wonderland"
+LOCKED_OUT = (454, b"4.7.0 Too many failed authentication attempts, try again later")
+WRONG = (535, b"5.7.8 Authentication credentials invalid")
+RIGHT = (235, b"2.7.0 Authentication successful")
+
+
+def _users_file(root: Path) -> Path:
+    users = root / "users"
+    root.mkdir(parents=True, exist_ok=True)
+    set_password(users, "alice", PASSWORD)  # what `pigeon passwd` writes, without a second process
+    return users
+
+
+def _pigeon(root: Path, **smtp: Any) -> PigeonProcess:
+    settings = {"auth_users": str(_users_file(root)), "auth_failure_window": "1m", **smtp}
+    return PigeonProcess(root, smtp=settings)
+
+
+def _auth(pigeon: PigeonProcess, password: str, *, source: str = "127.0.0.1", user: str = "alice") -> tuple[int, bytes]:
+    """One AUTH PLAIN attempt on a fresh STARTTLS connection from `source`: the reply."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, source_address=(source, 0), timeout=10) as client:
+        client.starttls(context=context)
+        client.ehlo()
+        token = base64.b64encode(f"\0{user}\0{password}".encode()).decode()
+        return client.docmd("AUTH", f"PLAIN {token}")
+
+
+def test_repeated_wrong_passwords_lock_the_address_out_even_for_the_right_password(tmp_path: Path) -> None:
+    with _pigeon(tmp_path, auth_failures_per_address=3, auth_failures_per_user=100, auth_lockout="2s") as pigeon:
+        assert [_auth(pigeon, f"guess-{i}") for i in range(3)] == [WRONG] * 3
+
+        assert _auth(pigeon, PASSWORD) == LOCKED_OUT
+        assert _auth(pigeon, "guess-4") == LOCKED_OUT
+        log = pigeon.stderr()
+        assert "WARNING" in log and "AUTH locked out for client 127.0.0.1" in log
+        assert "guess-" not in log and PASSWORD not in log
+
+        time.sleep(2.2)
+        assert _auth(pigeon, PASSWORD) == RIGHT
+
+
+def test_another_address_is_not_locked_out_by_the_first_ones_failures(tmp_path: Path) -> None:
+    with _pigeon(tmp_path, auth_failures_per_address=3, auth_failures_per_user=100) as pigeon:
+        for i in range(3):
+            _auth(pigeon, f"guess-{i}")
+        assert _auth(pigeon, PASSWORD) == LOCKED_OUT
+
+        assert _auth(pigeon, PASSWORD, source="127.0.0.2") == RIGHT
+
+
+def test_failures_from_many_addresses_lock_the_user_out_everywhere(tmp_path: Path) -> None:
+    with _pigeon(tmp_path, auth_failures_per_address=100, auth_failures_per_user=3, auth_lockout="2s") as pigeon:
+        # 127.0.0.3 is alice's own client: it logs in before the attack.
+        assert _auth(pigeon, PASSWORD, source="127.0.0.3") == RIGHT
+        assert _auth(pigeon, "guess-0", source="127.0.0.1") == WRONG
+        assert _auth(pigeon, "guess-1", source="127.0.0.4") == WRONG
+        assert _auth(pigeon, "guess-2", source="127.0.0.5") == WRONG
+
+        assert _auth(pigeon, PASSWORD, source="127.0.0.2") == LOCKED_OUT
+        assert "AUTH locked out for user 'alice'" in pigeon.stderr()
+        # An address that proved it knows the password is not locked out by others' guesses,
+        # and another user name is not locked out at all.
+        assert _auth(pigeon, PASSWORD, source="127.0.0.3") == RIGHT
+        assert _auth(pigeon, "anything", source="127.0.0.2", user="bob") == WRONG
+
+        time.sleep(2.2)
+        assert _auth(pigeon, PASSWORD, source="127.0.0.2") == RIGHT
