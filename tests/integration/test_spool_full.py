@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import smtplib
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +78,99 @@ def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(t
     with PigeonProcess(root, spool=spool) as pigeon:
         assert "0 quarantined" in pigeon.stderr()
         assert len(pigeon.spool_messages()) == accepted
+
+
+def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
+    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    with PigeonProcess(tmp_path / "node", spool={"max_size": "400KiB"}, smtp={"max_errors": 3}) as pigeon:
+        accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body)
+        assert code == 451
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            answers = []
+            for _ in range(10):  # more than max_errors, each refused for a reason of ours
+                client.mail("sender@example.org")
+                client.rcpt("user@example.net")
+                answers.append(client.data(body)[0])
+            assert answers == [451] * 10
+            assert client.noop()[0] == 250  # still open: no "421 too many errors"
+        assert len(pigeon.spool_messages()) == accepted
+
+
+def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path) -> None:
+    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    with PigeonProcess(tmp_path / "node", spool={"max_size": "400KiB"}) as pigeon:
+        _send_until_refused(pigeon.smtp_port, body)
+        for _ in range(3):  # the whole transaction at once, and gone before the answer
+            with socket.create_connection(("127.0.0.1", pigeon.smtp_port)) as raw:
+                raw.sendall(
+                    b"EHLO client.test\r\nMAIL FROM:<sender@example.org>\r\nRCPT TO:<user@example.net>\r\n"
+                    b"DATA\r\n" + body + b".\r\n"
+                )
+        time.sleep(1)  # their commits fail meanwhile
+        pigeon.stop()
+        said = pigeon.stderr()
+    assert "never retrieved" not in said
+    assert said.count("message not stored") == 4  # the last 451 of the first client, and these three
+
+
+@pytest.fixture
+def ext4_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 40 MiB ext4 file system on a loop device (needs root, as CI has)."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("making and mounting an ext4 image needs root and e2fsprogs")
+    image, mount_point = tmp_path / "disk.img", tmp_path / "disk"
+    mount_point.mkdir()
+    with open(image, "wb") as stream:
+        stream.truncate(40 * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Take every byte of `disk` an ordinary write can have; remove the file to give them back."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as stream:
+        for chunk in (1024 * 1024, 4096, 512, 1):
+            try:
+                while True:
+                    stream.write(b"\0" * chunk)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+    return filler
+
+
+@pytest.mark.root
+def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(ext4_disk: Path, tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    spool = {"path": str(ext4_disk / "spool")}
+    with PigeonProcess(root, spool=spool) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        for n in range(5):
+            assert client.sendmail("sender@example.org", ["user@example.net"], f"Subject: {n}\r\n\r\nhi\r\n") == {}
+    filler = _fill(ext4_disk)
+    pigeon = PigeonProcess(root, spool=spool)
+    pigeon.start(wait=False)
+    try:
+        deadline = time.monotonic() + 15
+        while "disk is full" not in pigeon.stderr() and time.monotonic() < deadline:
+            assert pigeon.process is not None and pigeon.process.poll() is None, pigeon.stderr()
+            time.sleep(0.1)
+        said = pigeon.stderr()
+        assert "disk is full" in said and "do not move it" in said
+        assert "move it aside" not in said
+        time.sleep(2.5)  # it tries again, and still waits
+        assert pigeon.process is not None and pigeon.process.poll() is None, pigeon.stderr()
+        filler.unlink()  # the operator made room: it starts by itself, with everything it held
+        pigeon.wait_ready()
+        assert len(pigeon.spool_messages()) == 5
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            assert client.sendmail("sender@example.org", ["user@example.net"], "Subject: 6\r\n\r\nhi\r\n") == {}
+        assert len(pigeon.spool_messages()) == 6
+    finally:
+        pigeon.stop()
+        pigeon.kill()

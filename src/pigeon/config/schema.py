@@ -165,7 +165,7 @@ class SmtpConfig(_Section):
     """Recipients per message; more get 452 4.5.3 (the client sends them in a new transaction)."""
     max_messages_per_connection: PositiveInt = 10_000
     max_errors: PositiveInt = 20
-    """Error replies before Pigeon closes the connection with 421."""
+    """Error replies before Pigeon closes the connection with 421 (the client's errors: not 4.3.x)."""
     max_line_length: PositiveInt = 998
     """Longest text line, without CRLF (RFC 5322 2.1.1); applies to commands and message lines."""
     max_connections: PositiveInt = 2000

@@ -314,6 +314,11 @@ class SmtpConnection(asyncio.Protocol):
     def _resume(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
         self._blocked = False
         if self._closed:
+            # No one to answer, but a failure is still retrieved and said (asyncio would
+            # otherwise print "Future exception was never retrieved" when it is collected).
+            error = None if future.cancelled() else future.exception()
+            if error is not None:
+                _log.warning("session %s: client gone; message not stored: %s", self.id, error)
             return
         then(future)
         if self._paused and self._transport is not None and not self._transport.is_closing():

@@ -9,6 +9,7 @@ Nothing a client was told 250 about is lost on the way down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -46,10 +47,12 @@ from pigeon.queue.policy import InboundFailures
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
-from pigeon.spool.spool import RecoveryReport
+from pigeon.spool.spool import RecoveryReport, SpoolDiskFull
 from pigeon.spool.sqlite import SqliteSpool
 
 _log = logging.getLogger(__name__)
+_DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
+_DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
 
 
 class ListenError(OSError):
@@ -100,6 +103,7 @@ class Node:
         self.intake: Intake  # from start() on
         self.tokens: Tokens
         self._stopping = False
+        self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
         self._started_at = 0.0
 
     async def start(self) -> None:
@@ -107,7 +111,7 @@ class Node:
         config = self.config
         # The spool first: its lock says this shard (and its log segments) is ours, before
         # anything touches the log directory.
-        reports = [(spool, spool.open(loop)) for spool in (self.spool, *self.adopted)]
+        reports = [(spool, await self._open_spool(spool, loop)) for spool in (self.spool, *self.adopted)]
         unlogged = [recover_outbox_lines(spool, self.log.directory) for spool, _ in reports]
         self.log.open(loop)
         spools = Spools((self.spool, *self.adopted))
@@ -199,6 +203,22 @@ class Node:
         for host, port in self.smtp_addresses:
             _log.info("smtp listening on %s:%d", host, port)
 
+    async def _open_spool(self, spool: SqliteSpool, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
+        """Open a spool shard. On a full disk, wait for room and try again: the spool is
+        intact, and refusing to start (or moving it aside) would help no one."""
+        said = -_DISK_FULL_REMINDER
+        while True:
+            try:
+                return spool.open(loop)
+            except SpoolDiskFull as error:
+                if time.monotonic() - said >= _DISK_FULL_REMINDER:
+                    said = time.monotonic()
+                    _log.warning("cannot start yet: %s; trying again every %.0fs", error, _DISK_FULL_RETRY)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), _DISK_FULL_RETRY)
+            if self._stop_requested.is_set():
+                raise SpoolDiskFull(f"stopped while waiting for room on the disk of spool {spool.directory}")
+
     async def stop(self) -> None:
         """Graceful stop. Safe to call twice."""
         if self._stopping:
@@ -225,7 +245,7 @@ class Node:
         """Start, serve until SIGTERM or SIGINT, stop; reload on SIGHUP. `notify`: tell systemd
         (sd_notify) when the node is ready and when it stops (the main process only)."""
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
+        stop = self._stop_requested
         # The handlers stay for the whole shutdown: a second signal (Ctrl-C reaches every
         # worker, then the supervisor forwards SIGTERM) must not kill a stopping worker.
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -49,6 +49,12 @@ class Reply:
         return 400 <= self.code < 500
 
     @property
+    def is_server_failure(self) -> bool:
+        """A transient failure of our own mail system (RFC 3463 class 4, subject 3: 4.3.x,
+        e.g. 451 4.3.0 when the spool cannot store): nothing the client did wrong."""
+        return self.is_transient and self.enhanced is not None and self.enhanced.startswith("4.3.")
+
+    @property
     def text(self) -> str:
         """All lines joined with a space: the form used in log records."""
         return " ".join(self.lines)

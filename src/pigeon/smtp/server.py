@@ -602,10 +602,17 @@ class ServerSession:
     # --- output --------------------------------------------------------------------------
     def _queue(self, reply: Reply) -> None:
         self._out += reply.encode(enhanced=self.esmtp)
-        # 452 for recipients past our limit is no fault of the client's: RFC 5321 4.5.3.1.10
-        # has it send the rest in a new transaction, and a pipelining client learns of the
-        # limit only after it has sent them all.
-        if reply.code >= 400 and reply.code != 421 and reply is not replies.TOO_MANY_RECIPIENTS:
+        # Only the client's errors count towards max_errors. 452 for recipients past our limit
+        # is no fault of the client's: RFC 5321 4.5.3.1.10 has it send the rest in a new
+        # transaction, and a pipelining client learns of the limit only after it has sent them
+        # all. Nor is a failure of our own (4.3.x: a spool that cannot store fails every
+        # message, and closing with "too many errors" would blame the client).
+        if (
+            reply.code >= 400
+            and reply.code != 421
+            and reply is not replies.TOO_MANY_RECIPIENTS
+            and not reply.is_server_failure
+        ):
             self.errors += 1
             if self.errors > self.config.max_errors and self._closing is None:
                 final = replies.too_many_errors(self.config.hostname)

@@ -49,6 +49,11 @@ class SpoolCorrupt(SpoolError):
     """The spool database itself cannot be read: start-up stops rather than guess."""
 
 
+class SpoolDiskFull(SpoolError):
+    """The spool cannot be opened because its disk is full. Nothing is wrong with the spool:
+    opening it again once there is room works (`Node.start` waits for that)."""
+
+
 @dataclass(frozen=True, slots=True)
 class NewMessage:
     """One message of a reception, ready to be stored. `id` comes from `Spool.new_ids()`."""

@@ -16,6 +16,7 @@ read while the writer commits).
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import functools
 import logging
@@ -29,7 +30,15 @@ from pigeon.message import ENVELOPE_DECODER, ENVELOPE_ENCODER, Envelope, IdGener
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
 from pigeon.spool.recovery import recover
-from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolCorrupt, SpoolWriteError
+from pigeon.spool.spool import (
+    NewMessage,
+    RecoveryReport,
+    SpoolBusy,
+    SpoolCorrupt,
+    SpoolDiskFull,
+    SpoolError,
+    SpoolWriteError,
+)
 
 _log = logging.getLogger(__name__)
 SCHEMA_VERSION: Final = 4
@@ -95,6 +104,9 @@ _INSERT_MESSAGE: Final = (
 )
 _INSERT_OUTBOX: Final = "INSERT INTO outbox (seq, record) VALUES (?, ?)"
 _MESSAGE_COLUMNS: Final = "id, body, queue, created, size, attempts, due, envelope"
+_CORRUPT: Final = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CORRUPT_INDEX", "SQLITE_CORRUPT_SEQUENCE"})
+_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+_NEARLY_FULL: Final = 1024 * 1024  # bytes free under which an I/O error opening the spool means "disk full"
 
 
 class SqliteSpool:
@@ -131,9 +143,18 @@ class SqliteSpool:
 
     # --- life cycle ------------------------------------------------------------------------
     def open(self, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
-        """Create or check the spool, quarantine unreadable entries, start the writer."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        """Create or check the spool, quarantine unreadable entries, start the writer.
+
+        Raises `SpoolDiskFull` when there is no room to open it (try again later),
+        `SpoolCorrupt` when the database is not one, `SpoolBusy` when another process has it.
+        """
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock()
+        except OSError as error:
+            if error.errno not in _NO_ROOM:
+                raise
+            raise self._disk_full(error.strerror or str(error)) from error
         try:
             return self._open_checked(loop)
         except BaseException:
@@ -157,14 +178,49 @@ class SqliteSpool:
             finally:
                 conn.close()
         except sqlite3.DatabaseError as error:
-            raise SpoolCorrupt(
-                f"spool database {self.db_path} cannot be read ({error}); "
-                "move it aside to start with an empty spool, and keep it to recover its messages"
-            ) from error
+            raise self._open_error(error) from error
+        except OSError as error:  # recovery removing orphan files, reading data/
+            if error.errno not in _NO_ROOM:
+                raise
+            raise self._disk_full(error.strerror or str(error)) from error
         self._ids = IdGenerator(self._shard, last)
         self._count = report.messages
         self._committer.start(loop)
         return report
+
+    def _open_error(self, error: sqlite3.DatabaseError) -> SpoolError:
+        """What an error opening the database means. Only a file SQLite does not recognise
+        is corrupt: a full disk or a permission problem says nothing about the spool, and
+        moving a healthy spool aside would set aside every message it holds."""
+        name = getattr(error, "sqlite_errorname", "")
+        if name in _CORRUPT:
+            return SpoolCorrupt(
+                f"spool database {self.db_path} cannot be read ({error}); "
+                "move it aside to start with an empty spool, and keep it to recover its messages"
+            )
+        # A write that found no room may be reported as an I/O error (a WAL or -shm file
+        # SQLite could not extend): with the disk (nearly) full, that is what it means.
+        nearly_full = 0 <= self._free() < _NEARLY_FULL
+        if name == "SQLITE_FULL" or (name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")) and nearly_full):
+            return self._disk_full(str(error))
+        return SpoolWriteError(
+            f"spool database {self.db_path} cannot be opened ({name or type(error).__name__}: {error}); "
+            "check the file system and the permissions of the spool directory (the spool itself may be intact)"
+        )
+
+    def _disk_full(self, detail: str) -> SpoolDiskFull:
+        return SpoolDiskFull(
+            f"spool {self.directory}: its disk is full ({detail}; {self._free()} bytes free): "
+            "the spool is intact, do not move it; free some space on that file system"
+        )
+
+    def _free(self) -> int:
+        """Bytes an unprivileged writer may still use on the spool's file system."""
+        try:
+            stat = os.statvfs(self.directory)
+        except OSError:
+            return -1
+        return stat.f_bavail * stat.f_frsize
 
     def close(self) -> None:
         """Finish the writes already queued, then stop. Later writes fail with SpoolClosed."""
@@ -191,9 +247,15 @@ class SqliteSpool:
                 f"spool {self.directory} is in use by another Pigeon process (pid {holder}); "
                 "stop it, or give this one another [spool] path"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as error:
+            if error.errno not in _NO_ROOM:
+                raise
+            # The pid only helps an operator reading the lock file; a full disk must not
+            # stop a healthy spool from opening.
 
     # --- writing ---------------------------------------------------------------------------
     def new_ids(self, n: int) -> list[SpoolId]:
