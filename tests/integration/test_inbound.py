@@ -262,3 +262,21 @@ def test_a_message_in_backoff_does_not_delay_new_mail(tmp_path: Path, dovecot: D
             time.sleep(3)
             assert mailbox_health(node)["last_poll"] == polled
         assert dovecot.unseen("app") == [1]  # the refused one is still there, for later
+
+
+@pytest.mark.parametrize(
+    ("tls", "port", "advice"),
+    [("implicit", "port", 'set tls = "starttls"'), ("starttls", "imaps_port", 'set tls = "implicit"')],
+    ids=["implicit-on-a-plain-port", "starttls-on-an-implicit-port"],
+)
+def test_tls_that_does_not_match_the_port_names_the_key_to_set(
+    tmp_path: Path, dovecot: Dovecot, tls: str, port: str, advice: str
+) -> None:
+    dovecot.append("app", [customer_mail(1)])
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook", tls=tls, port=getattr(dovecot, port), timeout="1s")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            error = wait_until(lambda: mailbox_health(node)["error"], 10)
+            assert advice in error
+            assert advice in node.stderr()
+        assert not app.accepted

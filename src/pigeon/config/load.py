@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from pigeon.config.schema import Config, LogTarget, MaildirTarget, decode_hook
+from pigeon.config.schema import Config, LogTarget, MaildirTarget, TargetConfig, decode_hook
 from pigeon.shaping.gcra import Rate
 from pigeon.smtp.commands import mailbox_problem
 
@@ -44,11 +44,19 @@ def load(path: Path | None) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    _accept_shorthands(data)
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
     return _finish(config, path, text)
+
+
+def _accept_shorthands(data: dict[str, Any]) -> None:
+    """Forms people write that mean one thing: `[smtp] listen = "0.0.0.0:25"` is a list of one."""
+    smtp = data.get("smtp")
+    if isinstance(smtp, dict) and isinstance(smtp.get("listen"), str):
+        smtp["listen"] = [smtp["listen"]]
 
 
 def _finish(config: Config, path: Path | None, text: str) -> Config:
@@ -99,6 +107,7 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
                 mailbox.password_file = _resolve(mailbox.password_file, path.parent)
             if mailbox.ca_file is not None:
                 mailbox.ca_file = _resolve(mailbox.ca_file, path.parent)
+    _check_files(config, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
     for rules in config.delivery.bounce_rules:
@@ -148,6 +157,21 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
 
 
+def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
+    """Files the config names must be there now, not at the first connection that needs them."""
+    named: list[tuple[list[str], Path | None, str]] = [
+        (["smtp", "tls_certificate"], config.smtp.tls_certificate, "certificate"),
+        (["smtp", "tls_private_key"], config.smtp.tls_private_key, "private key"),
+    ]
+    for mailbox in config.mailbox:
+        named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password"))
+        named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA"))
+    for keys, file, what in named:
+        if file is not None and not file.is_file():
+            problem = "is a directory" if file.is_dir() else "does not exist"
+            raise fail(keys, f"{what} file {file} {problem}")
+
+
 def _resolve(path: Path, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
@@ -168,6 +192,11 @@ def _explain(message: str, path: Path, text: str) -> str:
         close = difflib.get_close_matches(keys[-1], known, n=1)
         if close:
             reason += f" (did you mean {close[0]!r}?)"
+    elif keys[:1] == ["target"] and (reason.startswith("Invalid value") or "field `kind`" in reason):
+        if "field `kind`" in reason:
+            keys.append("kind")
+            reason = "missing"
+        reason += f"; choose one of {', '.join(repr(kind) for kind in _target_kinds())}"
     elif reason.startswith("Invalid enum value"):
         choices = _choices(keys)
         if choices:
@@ -178,6 +207,10 @@ def _explain(message: str, path: Path, text: str) -> str:
     where = f"{path}, line {line}" if line else str(path)
     name = _key_name(keys)
     return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
+
+
+def _target_kinds() -> list[str]:
+    return [str(option.__struct_config__.tag) for option in typing.get_args(TargetConfig)]
 
 
 def _section_type(keys: list[str]) -> Any:

@@ -109,6 +109,9 @@ def decode_hook(kind: type, value: Any) -> Any:
                 return Network(value)
         raise ValueError(f'{value!r} is not an IP network like "127.0.0.0/8" or "::1"')
     if kind is Endpoint:
+        if isinstance(value, list):
+            example = value[0] if value and isinstance(value[0], str) else "127.0.0.1:8025"
+            raise ValueError(f'takes one address as a string, not a list: listen = "{example}"')
         if isinstance(value, str):
             split_endpoint(value)
             return Endpoint(value)
@@ -151,7 +154,7 @@ class NodeConfig(_Section):
 
 class SmtpConfig(_Section):
     listen: list[Endpoint] = msgspec.field(default_factory=lambda: [Endpoint("127.0.0.1:2525")])
-    """Addresses the SMTP listener binds to."""
+    """Addresses the SMTP listener binds to: a list, or one address as a string."""
     hostname: str = msgspec.field(default_factory=socket.gethostname)
     """Name in the banner, EHLO reply and Received headers."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])

@@ -107,7 +107,7 @@ class ImapSession:
         context = tls_context if tls == "implicit" else None
         client = _Client(host, port, timeout=timeout, conn_lost_cb=lost, ssl_context=context)
         try:
-            await client.wait_hello_from_server()
+            await _hello(client, host, port, tls, timeout)
             if tls == "starttls":
                 await _starttls(client, host, tls_context, timeout)
             if auth == "xoauth2":
@@ -339,6 +339,32 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
                 current_cmd = cmd
             else:
                 current_cmd = None
+
+
+async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waited: float) -> None:
+    """Connect and wait for the greeting. A port that speaks the other way round (TLS from the
+    first byte, or not) is the usual first mistake, and its symptom is cryptic: say which key
+    to change."""
+    try:
+        await client.wait_hello_from_server()
+    except ssl.SSLError as error:
+        plain_answer = "WRONG_VERSION_NUMBER" in str(error) or "record layer" in str(error)
+        if tls != "implicit" or not plain_answer:
+            raise
+        raise ImapError(
+            f"TLS handshake with {host}:{port} failed ({error.reason or error}): the server answered in plain "
+            'text, so this port probably expects tls = "starttls" or "none" (143 is the usual such port) '
+            'while [[mailbox]] tls is "implicit" (the default, for port 993): set tls = "starttls", or the '
+            "server's implicit TLS port"
+        ) from error
+    except TimeoutError:
+        task = client._client_task
+        if tls == "implicit" or not task.done() or task.cancelled() or task.exception() is not None:
+            raise
+        raise ImapError(
+            f"connected to {host}:{port}, but no IMAP greeting within {waited:g}s: if this is an implicit "
+            'TLS port (993 is the usual one), set tls = "implicit" in [[mailbox]]'
+        ) from None
 
 
 class _Client(aioimaplib.IMAP4):  # type: ignore[misc]

@@ -52,6 +52,13 @@ level = "debug"
 """
 
 
+def files_named_by_full(directory: Path) -> None:
+    """The users file and TLS pair FULL names: files the config names must exist."""
+    (directory / "tls").mkdir(parents=True, exist_ok=True)
+    for name in ("users", "tls/cert.pem", "tls/key.pem"):
+        (directory / name).touch()
+
+
 def write(tmp_path: Path, text: str, name: str = "pigeon.toml") -> Path:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
@@ -103,7 +110,7 @@ def test_empty_file_gives_the_defaults_with_paths_beside_the_file(tmp_path: Path
 
 # --- a full file ---------------------------------------------------------------------------
 def test_full_file_parses_units_networks_and_addresses(tmp_path: Path) -> None:
-    (tmp_path / "users").touch()
+    files_named_by_full(tmp_path)
     config = load(write(tmp_path, FULL))
 
     assert isinstance(config, Config)
@@ -163,8 +170,7 @@ def test_sizes_accept_units_and_plain_bytes(tmp_path: Path, written: str, size: 
 
 def test_relative_paths_are_resolved_against_the_config_files_directory(tmp_path: Path) -> None:
     etc = tmp_path / "etc" / "pigeon"
-    etc.mkdir(parents=True)
-    (etc / "users").touch()
+    files_named_by_full(etc)
     config = load(write(etc, FULL))
 
     assert config.spool.path == etc / "data/spool"
@@ -296,6 +302,33 @@ def test_empty_listen_list_is_refused(tmp_path: Path) -> None:
     assert "[smtp] listen: name at least one address" in error_of(tmp_path, "[smtp]\nlisten = []\n")
 
 
+def test_smtp_listen_takes_one_address_as_a_string(tmp_path: Path) -> None:
+    config = load(write(tmp_path, '[smtp]\nlisten = "0.0.0.0:25"\n'))
+    assert [(e.host, e.port) for e in config.smtp.listen] == [("0.0.0.0", 25)]
+
+
+def test_http_listen_given_a_list_says_to_give_one_address_as_a_string(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[http]\nlisten = ["127.0.0.1:9000"]\n')
+    assert message == (
+        f"{tmp_path / 'pigeon.toml'}, line 2: [http] listen: "
+        'takes one address as a string, not a list: listen = "127.0.0.1:9000"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "what"),
+    [
+        ('tls_certificate = "cert.pem"\ntls_private_key = "key.pem"', "[smtp] tls_certificate", "cert.pem"),
+        ('tls_certificate = "key.pem"\ntls_private_key = "cert.pem"', "[smtp] tls_private_key", "cert.pem"),
+    ],
+)
+def test_missing_tls_files_are_named_when_the_config_loads(tmp_path: Path, line: str, key: str, what: str) -> None:
+    (tmp_path / "key.pem").touch()
+    message = error_of(tmp_path, f"[smtp]\n{line}\n")
+    assert f"{key}: " in message
+    assert f"{tmp_path / what} does not exist" in message
+
+
 def test_invalid_toml_names_the_file_and_the_line(tmp_path: Path) -> None:
     message = error_of(tmp_path, '[node]\nname = "a"\n[smtp\nlisten = 1\n')
     assert message.startswith(f"{tmp_path / 'pigeon.toml'}: not valid TOML: ")
@@ -357,6 +390,8 @@ def test_inbound_configuration_mistakes_are_named(tmp_path: Path, extra: str, ex
         ('lease = "0s"', "at least 1 second"),
         ('search = "ALL"', "must exclude seen mail"),
         ('auth = "kerberos"', "choose one of 'login', 'xoauth2'"),
+        ('password_file = "secret.txt"', "[mailbox] password_file: mailbox 'support': password file"),
+        ('ca_file = "ca.pem"', "[mailbox] ca_file: mailbox 'support': CA file"),
     ],
 )
 def test_mailbox_mistakes_are_named(tmp_path: Path, line: str, expected: str) -> None:
@@ -378,3 +413,10 @@ def test_a_file_that_is_not_utf8_is_a_config_error_naming_the_line(tmp_path: Pat
     with pytest.raises(ConfigError) as error:
         load(path)
     assert str(error.value) == f"{path}, line 2: not UTF-8 text (TOML files are UTF-8)"
+
+
+@pytest.mark.parametrize("line", ['kind = "webhok"\n', ""], ids=["misspelt", "missing"])
+def test_a_wrong_target_kind_lists_the_valid_kinds(tmp_path: Path, line: str) -> None:
+    message = error_of(tmp_path, f'[[target]]\nname = "x"\n{line}url = "http://127.0.0.1:9/"\n')
+    assert "[target] kind: " in message
+    assert "choose one of 'sidekiq', 'webhook', 'postgresql', 'maildir', 'log'" in message
