@@ -100,6 +100,9 @@ class Intake:
         self.inbound_routes = inbound_routes
         """Recipients that go to an application's target rather than an MX."""
         self.on_stored: Callable[[list[Message]], None] | None = None
+        # The spool's last refusal of a reception (disk full, I/O error), until one is stored
+        # again: /healthz reports the spool down meanwhile (every message gets a 4xx).
+        self.refusing: SpoolError | None = None
         """Told about every message once it is durable, while delivery runs (the scheduler
         subscribes when it starts, and leaves when it stops)."""
 
@@ -204,6 +207,7 @@ class Draft:
         try:
             body = self._body.finish()
         except SpoolError as error:
+            intake.refusing = error
             result.set_exception(error)
             return result
         self._resident = bytes(body.data) if body.data is not None and body.size <= _RESIDENT_LIMIT else None
@@ -266,9 +270,12 @@ class Draft:
             return
         error = stored.exception()
         if error is not None:
+            if isinstance(error, SpoolError):
+                self._intake.refusing = error
             result.set_exception(error)
             return
         intake, arrival = self._intake, self.arrival
+        intake.refusing = None
         if intake.outbox is not None:
             intake.outbox.committed(intake.spool, sealed)
         else:

@@ -14,7 +14,8 @@ def test_healthz_reports_the_node(pigeon: PigeonProcess) -> None:
     health = json.loads(body)
     assert health["status"] == "ok"
     assert health["node"] == "test-node"
-    assert health["spool"] == {"messages": 0}
+    assert health["spool"] == {"status": "ok", "messages": 0}
+    assert health["log"]["status"] == "ok"
 
 
 def test_metrics_count_what_happened(pigeon: PigeonProcess) -> None:

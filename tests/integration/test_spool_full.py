@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import smtplib
@@ -11,10 +12,16 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.process import PigeonProcess
+
+
+def _health(pigeon: PigeonProcess) -> tuple[int, dict[str, Any]]:
+    status, body = pigeon.http_get("/healthz")
+    return status, json.loads(body)
 
 
 def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, tuple[int, bytes]]:
@@ -41,6 +48,9 @@ def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: 
         assert len(pigeon.spool_messages()) == accepted
         rejections = pigeon.wait_records("Rejection")
         assert rejections[-1]["response"]["code"] == 451
+        status, health = _health(pigeon)  # every message gets 451: the node cannot take mail
+        assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
+        assert "451" in health["spool"]["error"]
     with PigeonProcess(root, spool={"max_size": "4MiB"}) as pigeon:  # the operator made room
         assert len(pigeon.spool_messages()) == accepted
         assert "0 quarantined" in pigeon.stderr()
@@ -174,3 +184,24 @@ def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(e
     finally:
         pigeon.stop()
         pigeon.kill()
+
+
+@pytest.mark.root
+def test_healthz_says_the_spool_is_down_while_its_disk_is_full_and_up_once_there_is_room(
+    ext4_disk: Path, tmp_path: Path
+) -> None:
+    with PigeonProcess(tmp_path / "node", spool={"path": str(ext4_disk / "spool")}) as pigeon:
+        assert _health(pigeon)[0] == 200
+        filler = _fill(ext4_disk)
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            client.mail("sender@example.org")
+            client.rcpt("user@example.net")
+            assert client.data(b"Subject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 451
+        status, health = _health(pigeon)
+        assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
+        filler.unlink()  # room again: up without waiting for mail to prove it
+        status, health = _health(pigeon)
+        assert (status, health["status"], health["spool"]) == (200, "ok", {"status": "ok", "messages": 0})
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            assert client.sendmail("sender@example.org", ["user@example.net"], "Subject: y\r\n\r\nhi\r\n") == {}

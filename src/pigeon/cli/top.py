@@ -8,6 +8,7 @@ import json
 import shutil
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -117,8 +118,12 @@ def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float
 
 def _mailboxes(client: ApiClient, now: dict[str, float], before: dict[str, float], seconds: float) -> str:
     """Inbound rates and each mailbox's state (from /healthz), when the node has any."""
-    with urllib.request.urlopen(client.url + "/healthz", timeout=10) as response:
-        mailboxes: dict[str, Any] = json.loads(response.read()).get("inbound", {})
+    try:
+        with urllib.request.urlopen(client.url + "/healthz", timeout=10) as response:
+            answer = response.read()
+    except urllib.error.HTTPError as error:  # 503: something is down; the body says what
+        answer = error.read()
+    mailboxes: dict[str, Any] = json.loads(answer).get("inbound", {})
     if not mailboxes and not any(key.startswith("inbound/") for key in now):
         return ""
     rates = [

@@ -138,7 +138,7 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             # Acknowledged by \Seen, a message would still match and be looked at again, forever.
             reason = 'with after_delivery = "seen" the search must exclude seen mail (include UNSEEN)'
             raise fail(["mailbox", "search"], f'mailbox {mailbox.name!r}: {reason}, or use "move" or "delete"')
-        for key in ("lease", "timeout", "poll_interval"):
+        for key in ("lease", "timeout", "poll_interval", "down_after"):
             if getattr(mailbox, key) < 1:
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second")
     watched = [(m.username, m.host.lower(), m.port, m.folder) for m in config.mailbox]

@@ -470,6 +470,9 @@ class MailboxConfig(_Section, kw_only=True):
     """Larger messages are treated as permanent failures (not fetched)."""
     timeout: Duration = Duration(60)
     """Connect and per-command timeout."""
+    down_after: Duration = Duration(120)
+    """/healthz reports the mailbox "down" (and answers 503) once it has been unable to connect,
+    search or claim for this long; "degraded" before that."""
 
 
 class InboundRouteConfig(_Section, kw_only=True):

@@ -168,15 +168,21 @@ class ImapSession:
 
     async def sizes(self, uids: Sequence[int], *, unless: Sequence[str] = ()) -> dict[int, int]:
         """Sizes by UID of the messages still there and carrying none of the flags `unless`."""
+        skip = {flag.lower() for flag in unless}
+        described = await self.describe(uids)
+        return {uid: size for uid, (size, flags) in described.items() if not skip & {f.lower() for f in flags}}
+
+    async def describe(self, uids: Sequence[int]) -> dict[int, tuple[int, tuple[str, ...]]]:
+        """(size, flags) by UID of the messages still there: one FETCH."""
         response = await self._run(self._fetch(uid_set(uids), "(UID RFC822.SIZE FLAGS)"), "fetch sizes")
-        sizes: dict[int, int] = {}
-        skip = [flag.lower().encode() for flag in unless]
+        found: dict[int, tuple[int, tuple[str, ...]]] = {}
         for line in response.lines:
             data = bytes(line)
             uid, size, flags = _FETCH_UID.search(data), _FETCH_SIZE.search(data), _FETCH_FLAGS.search(data)
-            if uid and size and not (flags and any(flag in flags.group(1).lower().split() for flag in skip)):
-                sizes[int(uid.group(1))] = int(size.group(1))
-        return sizes
+            if uid and size:
+                words = flags.group(1).decode("utf-8", "replace").split() if flags else []
+                found[int(uid.group(1))] = (int(size.group(1)), tuple(words))
+        return found
 
     async def fetch(self, uids: Sequence[int]) -> dict[int, bytes]:
         """Raw messages by UID, fetched with BODY.PEEK[] so nothing is marked \\Seen."""

@@ -50,6 +50,7 @@ import contextlib
 import functools
 import logging
 import random
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -71,6 +72,12 @@ _log = logging.getLogger(__name__)
 _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
 
 _FAILED_FLAG: Final = "$PigeonFailed"
+_NODE_KEYWORD: Final = "$PigeonNode_"  # + the node's name: "this node took it" (no [redis] only)
+_KEYWORD_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
+SINGLE_NODE_RISK: Final = (
+    "no [redis]: claims are held in this process only; another node watching this mailbox "
+    "would hand every message over again"
+)
 _MAX_RECONNECT_DELAY: Final = 60.0
 _STABLE_SESSION: Final = 30.0  # seconds a session must last for reconnecting to start over at 1 s
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
@@ -119,6 +126,7 @@ class MailboxWatcher:
         *,
         retry_interval: float,
         max_retry_interval: float,
+        node: str = "",
     ) -> None:
         self.config = config
         self.target = target
@@ -143,16 +151,39 @@ class MailboxWatcher:
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
         self._tls_context: ssl.SSLContext | None = None
+        # Since when the mailbox has not been doing its job (cannot connect, search or
+        # claim); None while it works. It has not worked yet when it starts.
+        self._trouble_since: float | None = time.monotonic()
+        # Without shared arbitration, this node's keyword on what it takes: another node's
+        # keyword on a message we took says that node takes them too (each hands it over).
+        self._keyword = f"{_NODE_KEYWORD}{_KEYWORD_UNSAFE.sub('_', node)[:30]}" if node else ""
+        self.conflict: str | None = None
+        self._conflicting: set[str] = set()  # other nodes' keywords already warned about
 
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        return {
+        """The mailbox's part of /healthz. `status`: "down" when it has not been able to
+        connect, search or claim for `down_after`; "degraded" for less than that, or when
+        another node was seen handing over its messages too; "ok" otherwise."""
+        status = "ok"
+        if self._trouble_since is not None:
+            status = "down" if time.monotonic() - self._trouble_since >= self.config.down_after else "degraded"
+        elif self.conflict is not None:
+            status = "degraded"
+        health: dict[str, Any] = {
+            "status": status,
             "connected": self.connected,
             "last_poll": self.last_poll,
             "error": redact(self.last_error) if self.last_error else None,  # /healthz is public
             "target": self.target.name,
             "claims": len(self.held),
+            "arbitration": "redis" if self._arbiter.shared else "local",
         }
+        if not self._arbiter.shared:
+            health["warning"] = SINGLE_NODE_RISK
+        if self.conflict is not None:
+            health["conflict"] = self.conflict
+        return health
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -197,6 +228,8 @@ class MailboxWatcher:
             pass
 
     def _failed_connection(self, error: BaseException) -> None:
+        if self._trouble_since is None:
+            self._trouble_since = time.monotonic()
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
         if text != self.last_error:
             _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
@@ -242,12 +275,15 @@ class MailboxWatcher:
             except ArbitrationUnavailable as error:
                 # No claims without Redis: nothing is handed over, nothing is lost. Keep the
                 # IMAP session and ask again shortly.
+                if self._trouble_since is None:
+                    self._trouble_since = time.monotonic()
                 if str(error) != self.last_error:
                     _log.warning("mailbox %s: %s; claims paused", config.name, error)
                 self.last_error = str(error)
                 await asyncio.sleep(1.0)
                 continue
             self.last_error = None
+            self._trouble_since = None
             if worked:
                 continue
             # Idle until new mail, or until the first message held elsewhere or in backoff is
@@ -410,7 +446,14 @@ class MailboxWatcher:
         # not there at all) is not ours to hand over: after Redis lost the "done" marks, the
         # claim alone would not know.
         seen = ("\\Seen",) if config.after_delivery == "seen" else ()
-        sizes = await session.sizes([c.uid for c in claims], unless=(*seen, _FAILED_FLAG))
+        uids = [c.uid for c in claims]
+        if self._keyword and not self._arbiter.shared:
+            await self._mark_taken(session, uids)
+        described = await session.describe(uids)
+        skip = {flag.lower() for flag in (*seen, _FAILED_FLAG)}
+        sizes = {uid: size for uid, (size, flags) in described.items() if not skip & {f.lower() for f in flags}}
+        if self._keyword and not self._arbiter.shared:
+            self._look_for_other_nodes(described)
         orphans = [c for c in claims if c.standing is Standing.ORPHANED]
         for claim in orphans:
             if claim.uid not in sizes:  # its node acknowledged it after all (its record came first)
@@ -467,6 +510,34 @@ class MailboxWatcher:
         if never:
             await self._settle_never(session, never)
         return bool(settled or too_big or recovered)
+
+    async def _mark_taken(self, session: ImapSession, uids: list[int]) -> None:
+        """Put this node's keyword on the messages it took (without shared arbitration)."""
+        try:
+            await session.flag(uids, self._keyword)
+        except ImapError as error:
+            if session.lost:
+                raise
+            # A server that takes no keywords: no detection, and nothing else changes.
+            _log.info("mailbox %s: cannot mark messages with %s (%s): another node taking them would go unnoticed",
+                      self.config.name, self._keyword, error)  # fmt: skip
+            self._keyword = ""
+
+    def _look_for_other_nodes(self, described: dict[int, tuple[int, tuple[str, ...]]]) -> None:
+        """Another node's keyword on a message we took: that node hands it over too."""
+        mine = self._keyword.lower()
+        for uid, (_, flags) in sorted(described.items()):
+            others = [f for f in flags if f.lower().startswith(_NODE_KEYWORD.lower()) and f.lower() != mine]
+            for keyword in others:
+                node = keyword[len(_NODE_KEYWORD) :]
+                self.conflict = (
+                    f"UID {uid} was also taken by node {node!r} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                    "several nodes watch this mailbox without [redis], and each hands every message over"
+                )
+                if keyword.lower() not in self._conflicting:
+                    self._conflicting.add(keyword.lower())
+                    _log.warning("mailbox %s: %s; give the nodes a shared [redis] url, or watch it from one node",
+                                 self.config.name, self.conflict)  # fmt: skip
 
     async def _deliver(self, ready: list[tuple[Claim, InboundMessage]], commits: Commits) -> list[Handoff | None]:
         """Hand the messages over; each accepted one is marked done and committed (recorded,

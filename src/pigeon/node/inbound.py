@@ -14,7 +14,7 @@ from typing import Any
 from pigeon.config.schema import Config
 from pigeon.inbound import targets
 from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
-from pigeon.inbound.mailbox import MailboxWatcher
+from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
 from pigeon.inbound.targets import Target
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
@@ -42,6 +42,7 @@ class Inbound:
                 metrics,
                 retry_interval=configs[mailbox.target].retry_interval,
                 max_retry_interval=configs[mailbox.target].max_retry_interval,
+                node=config.node.name,
             )
             for mailbox in (config.mailbox if watch else [])
         ]
@@ -53,8 +54,14 @@ class Inbound:
                 await target.start()
             except Exception as error:  # its messages wait and are retried; the node runs on
                 _log.error("target %s could not start: %s", target.name, error)
-        if self.watchers and self.config.redis.url is None:
-            _log.info("inbound: no [redis] url: single-node mode (run one node per mailbox)")
+        if self.config.redis.url is None:
+            for watcher in self.watchers:
+                # Loud: N nodes on one mailbox without Redis hand every message over N times.
+                _log.warning(
+                    "mailbox %s: %s (run one node per mailbox, or give the nodes a shared [redis] url)",
+                    watcher.config.name,
+                    SINGLE_NODE_RISK,
+                )
         for watcher in self.watchers:
             task = asyncio.create_task(watcher.run(), name=f"mailbox {watcher.config.name}")
             self._tasks.append(task)

@@ -29,6 +29,7 @@ from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthThrottle
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
+from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, worst
 from pigeon.listener.password_checker import PasswordChecker
 from pigeon.listener.passwords import PasswordFile, PasswordFileError
 from pigeon.listener.smtp import SmtpListener
@@ -47,12 +48,13 @@ from pigeon.queue.policy import InboundFailures
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
-from pigeon.spool.spool import RecoveryReport, SpoolDiskFull
+from pigeon.spool.spool import RecoveryReport, SpoolDiskFull, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
 
 _log = logging.getLogger(__name__)
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
+_ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again
 
 
 class ListenError(OSError):
@@ -306,24 +308,45 @@ class Node:
         return self.outbound.admin if self.outbound is not None else None
 
     def health(self) -> dict[str, Any]:
+        """What /healthz says: a status per component, and the worst of them (see
+        `pigeon.listener.http.health` for what each status means)."""
         log = self._log_state()
+        spool = self._spool_health()
+        inbound = self.inbound.health() if self.inbound is not None and self.inbound.watchers else {}
+        components = [spool["status"], DEGRADED if log.failing else OK, *(m["status"] for m in inbound.values())]
         return {
-            "status": "stopping" if self._stopping else ("degraded" if log.failing else "ok"),
+            "status": STOPPING if self._stopping else worst(components),
             "node": self.config.node.name,
             "worker": self.worker,
             "uptime": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
-            "spool": {"messages": self.spool.count + sum(s.count for s in self.adopted)},
-            "smtp": {"connections": len(self.smtp.connections) if self.smtp else 0},
+            "spool": spool,
+            "smtp": {"status": OK, "connections": len(self.smtp.connections) if self.smtp else 0},
             "log": {
-                "status": "failing" if log.failing else "ok",
+                "status": DEGRADED if log.failing else OK,
                 **({"error": self.log.error} if self.log.error else {}),
                 "pending": log.pending,
                 "unlogged": log.unlogged,
                 "unconfirmed": log.unconfirmed,
                 "lost": log.lost,
             },
-            **({"inbound": self.inbound.health()} if self.inbound is not None and self.inbound.watchers else {}),
+            **({"inbound": inbound} if inbound else {}),
         }
+
+    def _spool_health(self) -> dict[str, Any]:
+        """Down from a reception refused for lack of room (or an I/O error) until one is
+        stored again; or, for lack of room, until there is plenty again: a probe that takes
+        a node out of service must see it come back without mail arriving."""
+        refusing = self.intake.refusing
+        room = self.spool.room()
+        full = isinstance(refusing, SpoolFull) and not room >= _ROOM_TO_RECOVER
+        health: dict[str, Any] = {
+            "status": DOWN if full or isinstance(refusing, SpoolWriteError) else OK,
+            "messages": self.spool.count + sum(s.count for s in self.adopted),
+        }
+        if health["status"] == DOWN:
+            health["error"] = f"new mail gets 451: {refusing}"
+            health["room"] = room
+        return health
 
     def _log_state(self) -> LogState:
         outbox = self.outbox

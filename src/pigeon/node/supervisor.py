@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
 from pigeon.listener.http.auth import Tokens
+from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
@@ -189,7 +190,7 @@ class Supervisor:
                     raise RuntimeError(f"worker {worker.index} exited during start-up (status {process.returncode})")
                 with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
                     status, _ = await worker.get("/healthz")
-                    if status == 200:
+                    if status in (200, 503):  # started: it answers, even about a part that is down
                         break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"worker {worker.index} not ready after {_READY_TIMEOUT:.0f}s")
@@ -242,26 +243,32 @@ class Supervisor:
         answers = await self._ask_all("/healthz")
         workers: list[dict[str, Any]] = []
         for worker, answer in zip(self.workers, answers, strict=True):
-            if answer is None or answer[0] != 200:
-                workers.append({"worker": worker.index, "status": "down", "restarts": worker.restarts})
-            else:
-                detail = json.loads(answer[1])
-                detail["restarts"] = worker.restarts
-                workers.append(detail)
-        healthy = all(w["status"] == "ok" for w in workers) and not self._stopping
-        # A worker that answers takes mail (maybe degraded); one that does not is restarting.
-        taking = all(w["status"] != "down" for w in workers) and not self._stopping
+            detail: dict[str, Any] | None = None
+            if answer is not None and answer[0] in (200, 503):
+                with contextlib.suppress(ValueError):
+                    detail = json.loads(answer[1])
+            if detail is None:  # not answering: restarting
+                detail = {"worker": worker.index, "status": DOWN}
+            elif detail.get("status") == STOPPING:  # going away while the node is not
+                detail["status"] = DOWN
+            detail["restarts"] = worker.restarts
+            workers.append(detail)
+        status = STOPPING if self._stopping else worst(w["status"] for w in workers)
+        spools = [w["spool"] for w in workers if "spool" in w]
         body = {
-            "status": "ok" if healthy else ("stopping" if self._stopping else "degraded"),
+            "status": status,
             "node": self.config.node.name,
-            "spool": {"messages": sum(w.get("spool", {}).get("messages", 0) for w in workers)},
+            "spool": {
+                "status": worst(s.get("status", OK) for s in spools),
+                "messages": sum(s.get("messages", 0) for s in spools),
+            },
             "smtp": {"connections": sum(w.get("smtp", {}).get("connections", 0) for w in workers)},
             "workers": workers,
         }
         inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
         if inbound:
             body["inbound"] = inbound
-        return web.json_response(body, status=200 if taking else 503)
+        return web.json_response(body, status=http_status(status))
 
     async def _api(self, request: web.Request) -> web.Response:
         """An API request goes to one worker, the next one each time; a worker that is down

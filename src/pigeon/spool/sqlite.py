@@ -214,6 +214,18 @@ class SqliteSpool:
             "the spool is intact, do not move it; free some space on that file system"
         )
 
+    def room(self) -> int:
+        """Bytes the spool may still grow by: its disk's free space, or what `max_size` leaves
+        if that is less (-1 if the file system cannot say)."""
+        free = self._free()
+        if self._max_size is None or (self._reader is None and not self.db_path.exists()):
+            return free
+        page_size, pages, unused = (
+            self._read().execute("SELECT * FROM pragma_page_size, pragma_page_count, pragma_freelist_count").fetchone()
+        )
+        left: int = self._max_size - (pages - unused) * page_size
+        return left if free < 0 else min(free, left)
+
     def _free(self) -> int:
         """Bytes an unprivileged writer may still use on the spool's file system."""
         try:

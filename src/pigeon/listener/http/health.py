@@ -1,17 +1,47 @@
-"""GET /healthz: is this node taking mail? 200 when it is, 503 when it is shutting down.
+"""GET /healthz: is every part of this node doing its job? One status per component.
 
-The body says more: `"degraded"` when mail is taken but something needs an operator (the
-event log cannot be written: records wait in the spool's outbox), and what each part is doing.
+Each component says "ok", "degraded" (it works, but an operator should look; nothing is
+refused or lost meanwhile) or "down" (it cannot do its job). The node's status is the worst
+of them, or "stopping" during a graceful stop:
+
+* spool: down from a reception refused for lack of room or an I/O error until one is stored
+  again (or, for lack of room, until there is plenty): meanwhile every message gets 451;
+* log: degraded while the event log cannot be written (records wait in the spool's outbox);
+* each mailbox: degraded while it cannot connect, search or claim, down once that has lasted
+  `down_after`; degraded too when another node was seen handing its messages over;
+* each worker (a node of several): down while it does not answer (restarting).
+
+The answer is 200 for "ok" and "degraded", 503 for "down" and "stopping": a probe that only
+looks at the code sees a node that cannot do its job.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
 
 from aiohttp import web
 
 from pigeon.listener.http.context import NODE_KEY
 
+OK: Final = "ok"
+DEGRADED: Final = "degraded"
+DOWN: Final = "down"
+STOPPING: Final = "stopping"
+_RANK: Final = {OK: 0, DEGRADED: 1, DOWN: 2, STOPPING: 3}
+
+
+def worst(statuses: Iterable[str]) -> str:
+    """The worst of some components' statuses ("ok" for none)."""
+    return max(statuses, key=lambda status: _RANK.get(status, _RANK[DOWN]), default=OK)
+
+
+def http_status(status: str) -> int:
+    """The HTTP code /healthz answers with for a node's status."""
+    return 200 if status in (OK, DEGRADED) else 503
+
 
 async def healthz(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     status = node.health()
-    return web.json_response(status, status=503 if status["status"] == "stopping" else 200)
+    return web.json_response(status, status=http_status(status["status"]))

@@ -1,0 +1,78 @@
+"""What /healthz and the log say about a mailbox that cannot do its job, and about several nodes
+watching one mailbox without [redis] (each hands every message over): against a private Dovecot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, webhook_target
+from tests.support.process import PigeonProcess, free_port
+from tests.support.services import Dovecot
+from tests.support.sinks import wait_until
+
+
+def health(node: PigeonProcess) -> tuple[int, dict[str, Any]]:
+    status, body = node.http_get("/healthz")
+    return status, json.loads(body)
+
+
+def test_a_mailbox_that_cannot_connect_is_degraded_then_down_with_a_503(tmp_path: Path) -> None:
+    box = {
+        "name": "support",
+        "host": "127.0.0.1",
+        "port": free_port(),  # nothing listens there
+        "tls": "none",
+        "username": "app",
+        "password": "secret",
+        "target": "hook",
+        "down_after": "2s",
+    }
+    with WebhookApp() as app, PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+        status, body = health(node)
+        assert (status, body["status"], body["inbound"]["support"]["status"]) == (200, "degraded", "degraded")
+        status, body = wait_until(lambda: (answer := health(node))[0] == 503 and answer, 10)
+        assert body["status"] == "down"
+        assert body["inbound"]["support"]["status"] == "down"
+        assert "Connection refused" in body["inbound"]["support"]["error"]
+        assert body["spool"]["status"] == "ok"  # the rest of the node works: said per component
+
+
+def test_a_mailbox_without_redis_is_a_loud_risk_at_start_and_in_healthz(tmp_path: Path, dovecot: Dovecot) -> None:
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            mailbox = wait_until(lambda: (m := health(node)[1]["inbound"]["support"])["status"] == "ok" and m, 10)
+            assert mailbox["arbitration"] == "local"
+            assert "another node watching this mailbox would hand every message over again" in mailbox["warning"]
+            assert "WARNING pigeon.node.inbound: mailbox support: no [redis]" in node.stderr()
+
+
+def test_two_nodes_on_one_mailbox_without_redis_notice_each_other(tmp_path: Path, dovecot: Dovecot) -> None:
+    with WebhookApp() as app:
+        app.delay = 0.3  # handoffs overlap: both nodes find the messages unseen
+        box = imap_mailbox(dovecot, "hook", poll_interval="1s")
+        nodes = [
+            PigeonProcess(tmp_path / name, node={"name": name}, target=[webhook_target(app)], mailbox=[box])
+            for name in ("node-a", "node-b")
+        ]
+        with nodes[0], nodes[1]:
+            wait_until(lambda: all(health(n)[1]["inbound"]["support"]["status"] == "ok" for n in nodes), 10)
+            dovecot.append("app", [customer_mail(i) for i in range(10)])
+            assert app.wait_distinct(10, 30) == 10
+            wait_until(lambda: not dovecot.unseen("app"), 20)
+            said = [n.stderr() for n in nodes]
+            states = [health(n) for n in nodes]
+        # Each message went to the application once per node that took it: what the warning is about.
+        assert sum(app.accepted.values()) > 10
+        noticed = [i for i, text in enumerate(said) if "was also taken by node" in text]
+        assert noticed, said
+        for i in noticed:
+            other = "node-b" if i == 0 else "node-a"
+            assert f"also taken by node '{other}'" in said[i]
+            assert "give the nodes a shared [redis] url" in said[i]
+            status, body = states[i]
+            assert (status, body["status"]) == (200, "degraded")
+            assert body["inbound"]["support"]["status"] == "degraded"
+            assert f"node '{other}'" in body["inbound"]["support"]["conflict"]
