@@ -205,3 +205,12 @@ def test_healthz_says_the_spool_is_down_while_its_disk_is_full_and_up_once_there
         assert (status, health["status"], health["spool"]) == (200, "ok", {"status": "ok", "messages": 0})
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             assert client.sendmail("sender@example.org", ["user@example.net"], "Subject: y\r\n\r\nhi\r\n") == {}
+
+
+def test_with_several_workers_one_full_spool_makes_the_node_answer_503(tmp_path: Path) -> None:
+    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}, spool={"max_size": "400KiB"}) as pigeon:
+        _send_until_refused(pigeon.smtp_port, body)  # one connection: one worker's shard fills up
+        status, health = _health(pigeon)
+        assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
+        assert sorted(w["spool"]["status"] for w in health["workers"]) == ["down", "ok"]
