@@ -112,7 +112,7 @@ class Supervisor:
         try:
             for worker in self.workers:
                 await self._spawn(worker)
-            await self._wait_ready()
+            await self._wait_ready(stop)
             await self._serve_http()
             _log.info("%d workers ready", len(self.workers))
             sd_notify("READY=1", f"STATUS={len(self.workers)} workers serving")
@@ -181,7 +181,7 @@ class Supervisor:
         worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
         _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
 
-    async def _wait_ready(self) -> None:
+    async def _wait_ready(self, stop: asyncio.Event) -> None:
         deadline = time.monotonic() + _READY_TIMEOUT
         for worker in self.workers:
             while True:
@@ -192,8 +192,14 @@ class Supervisor:
                     status, _ = await worker.get("/healthz")
                     if status in (200, 503):  # started: it answers, even about a part that is down
                         break
+                if stop.is_set():
+                    raise RuntimeError(f"stopped while worker {worker.index} was starting")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"worker {worker.index} not ready after {_READY_TIMEOUT:.0f}s")
+                    # Alive but not started: it may be waiting for room on a full spool disk,
+                    # which it says itself. Giving up would only start it again to wait again.
+                    _log.warning("worker %d not ready after %.0fs; still waiting (see its messages)",
+                                 worker.index, _READY_TIMEOUT)  # fmt: skip
+                    deadline = time.monotonic() + _READY_TIMEOUT
                 await asyncio.sleep(0.05)
 
     async def _watch(self, worker: Worker) -> None:
