@@ -106,6 +106,7 @@ class Node:
         self.tokens: Tokens
         self._stopping = False
         self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
+        self._notify = False  # tell systemd how start-up goes (`run(notify=True)`)
         self._started_at = 0.0
 
     async def start(self) -> None:
@@ -216,6 +217,11 @@ class Node:
                 if time.monotonic() - said >= _DISK_FULL_REMINDER:
                     said = time.monotonic()
                     _log.warning("cannot start yet: %s; trying again every %.0fs", error, _DISK_FULL_RETRY)
+                if self._notify:  # systemd would otherwise give up on the start, and start it again
+                    sd_notify(
+                        f"STATUS=waiting for room on the disk of spool {spool.directory}",
+                        f"EXTEND_TIMEOUT_USEC={int(_DISK_FULL_REMINDER * 1_000_000)}",
+                    )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), _DISK_FULL_RETRY)
             if self._stop_requested.is_set():
@@ -248,6 +254,7 @@ class Node:
         (sd_notify) when the node is ready and when it stops (the main process only)."""
         loop = asyncio.get_running_loop()
         stop = self._stop_requested
+        self._notify = notify
         # The handlers stay for the whole shutdown: a second signal (Ctrl-C reaches every
         # worker, then the supervisor forwards SIGTERM) must not kill a stopping worker.
         for signum in (signal.SIGTERM, signal.SIGINT):

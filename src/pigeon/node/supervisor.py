@@ -199,6 +199,8 @@ class Supervisor:
                     # which it says itself. Giving up would only start it again to wait again.
                     _log.warning("worker %d not ready after %.0fs; still waiting (see its messages)",
                                  worker.index, _READY_TIMEOUT)  # fmt: skip
+                    sd_notify(f"STATUS=waiting for worker {worker.index} to start",
+                              f"EXTEND_TIMEOUT_USEC={int(2 * _READY_TIMEOUT * 1_000_000)}")  # fmt: skip
                     deadline = time.monotonic() + _READY_TIMEOUT
                 await asyncio.sleep(0.05)
 
