@@ -114,7 +114,10 @@ def test_anonymous_64_mib_bodies_are_refused_from_their_headers_and_do_not_grow_
             peak = max(peak, _rss_kib(supervisor))
             time.sleep(0.02)
         assert len(answers) == 40 and all(a.startswith(b"HTTP/1.1 401") for a in answers)
-        assert max(sent) < BIG  # each connection was closed long before its body was all sent
+        # Refused bodies are read and thrown away for a second at most (so that the client reads
+        # its 401 rather than a reset): a fast client may push a whole one through meanwhile, but
+        # most connections are closed before their body is sent.
+        assert sorted(sent)[len(sent) // 2] < BIG, sent
         grew_mib = (peak - before) / 1024
         print(f"supervisor RSS {before / 1024:.1f} MiB before, {peak / 1024:.1f} MiB at the peak")
         assert grew_mib < 32, f"the supervisor grew {grew_mib:.0f} MiB"
