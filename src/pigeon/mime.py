@@ -101,4 +101,5 @@ def _parameter(value: str) -> str:
     """A quoted MIME parameter value; non-ASCII as an RFC 2047 word (what mail clients read)."""
     if value.isascii():
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return '"' + Header(value, "utf-8").encode() + '"'
+    # Folded past 76 characters, like every header line: with CRLF, never a bare LF.
+    return '"' + Header(value, "utf-8").encode(linesep="\r\n") + '"'

@@ -61,3 +61,15 @@ def test_attachments_and_inline_parts_keep_their_bytes_names_and_ids() -> None:
     assert attached.get_filename() == "Grüße.bin" and attached.get_content() == data
     image = next(p for p in message.walk() if p.get_content_type() == "image/png")
     assert image["Content-ID"] == "<logo>" and image.get_content() == b"\x89PNG"
+
+
+def test_a_long_non_ascii_file_name_is_folded_with_crlf_and_reads_back() -> None:
+    """Encoded words fold past 76 characters: the fold must be CRLF, as everywhere in a message
+    (a bare LF there had the content check refuse every long non-ASCII attachment name)."""
+    name = "Rechnung_für_Übersetzungsdienstleistungen_2026_März.pdf"
+    part = mime.binary_part(b"%PDF", "application/pdf", file_name=name, content_id=None)
+    raw = part.to_bytes()
+    assert b"\n" not in raw.replace(b"\r\n", b"")
+    message = _parse("", mime.multipart("mixed", [mime.text_part("x", "plain"), part]))
+    (attached,) = list(message.iter_attachments())
+    assert attached.get_filename() == name
