@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import smtplib
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,36 @@ def test_postmaster_goes_to_postmaster_at_the_hostname_by_default(tmp_path: Path
             assert client.sendmail("", ["Postmaster"], b"Subject: hi\r\n\r\nhello\r\n") == {}
         (stored,) = pigeon.spool_messages()
         assert stored["recipients"] == ["postmaster@mx.pigeon.test"]
+
+
+def test_postmaster_at_our_hostname_is_taken_from_anyone_too(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", smtp={**OUTSIDE, "postmaster": "ops@example.net"}) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("outside.test")
+            assert client.mail("someone@example.org")[0] == 250
+            assert client.rcpt("<PostMaster@MX.Pigeon.Test>")[0] == 250
+            assert client.rcpt("<postmaster@elsewhere.test>") == (550, b"5.7.1 Relay access denied")
+            assert client.data(b"Subject: hi\r\n\r\nhello\r\n")[0] == 250
+        (stored,) = pigeon.spool_messages()
+        assert stored["recipients"] == ["ops@example.net"]
+
+
+def test_postmaster_mail_from_anyone_that_fails_sends_no_dsn_to_the_sender_it_names(tmp_path: Path) -> None:
+    """Anyone may write any sender: a DSN, with the whole message under RET=FULL, would be
+    backscatter to a victim of their choice."""
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(
+            tmp_path / "node", smtp={**OUTSIDE, "postmaster": "permfail@example.net"}, **delivery_config(sink.endpoint)
+        ) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("outside.test")
+            assert client.mail("victim@example.org", ["RET=FULL"])[0] == 250
+            assert client.rcpt("<postmaster>", ["NOTIFY=FAILURE"])[0] == 250
+            assert client.data(b"Subject: spam for the victim\r\n\r\nbuy now\r\n")[0] == 250
+        (bounce,) = pigeon.wait_records("Bounce")
+        assert bounce["recipient"] == "permfail@example.net"
+        time.sleep(2)  # a DSN would be stored with the bounce and sent at once
+        assert not [r for r in sink.received if "victim@example.org" in r.recipients]
+        assert not pigeon.spool_messages()

@@ -47,6 +47,7 @@ from pigeon.smtp.events import (
     Helo,
     MailFrom,
     MessageEnd,
+    Notify,
     RcptTo,
     Rejected,
     StartTls,
@@ -339,23 +340,32 @@ class SmtpConnection(asyncio.Protocol):
 
     def _on_rcpt(self, event: RcptTo) -> None:
         address = event.recipient
-        if address == "postmaster":  # the parser lower-cases <Postmaster> without a domain
+        notify = sorted(n.value for n in event.notify) if event.notify is not None else None
+        trusted = self._relay or self._session.authenticated is not None
+        if self._is_postmaster(address):
             # RFC 5321 4.5.1: taken from anyone, so that a sender we turn away can say so.
             address = self._listener.postmaster
-        elif not (self._relay or self._session.authenticated is not None):
+            if not trusted:
+                # Anyone may write any sender here: if the postmaster address fails, a DSN
+                # (with the whole message under RET=FULL) would go to a victim of their choice.
+                notify = [Notify.NEVER.value]
+        elif not trusted:
             # Mail for an application's [[inbound]] route is ours to take from anyone.
             routes = self._listener.intake.inbound_routes
             if not (routes and routes.routing_key(address)):
                 self._respond(replies.RELAY_DENIED, "RCPT")
                 return
-        self._recipients.append(
-            Recipient(
-                address,
-                sorted(n.value for n in event.notify) if event.notify is not None else None,
-                event.orcpt,
-            )
-        )
+        self._recipients.append(Recipient(address, notify, event.orcpt))
         self._session.accept()
+
+    def _is_postmaster(self, address: str) -> bool:
+        """<postmaster> (the parser lower-cases it without a domain), or postmaster at our own
+        hostname, in any case."""
+        if address == "postmaster":
+            return True
+        local, at, domain = address.rpartition("@")
+        hostname = self._listener.session_config.hostname
+        return bool(at) and local.lower() == "postmaster" and domain.lower() == hostname.lower()
 
     def _on_data(self, event: Data) -> None:
         self._session.accept()
