@@ -8,6 +8,7 @@ right password: nothing is checked until the cooldown has passed.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import smtplib
 import ssl
 import time
@@ -87,3 +88,34 @@ def test_failures_from_many_addresses_lock_the_user_out_everywhere(tmp_path: Pat
 
         time.sleep(2.2)
         assert _auth(pigeon, PASSWORD, source="127.0.0.2") == RIGHT
+
+
+def _guess_and_hang_up(pigeon: PigeonProcess, password: str, source: str) -> None:
+    """AUTH, then close at once, without waiting for the answer."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    client = smtplib.SMTP("127.0.0.1", pigeon.smtp_port, source_address=(source, 0), timeout=10)
+    client.starttls(context=context)
+    client.ehlo()
+    token = base64.b64encode(f"\0alice\0{password}".encode()).decode()
+    client.send(f"AUTH PLAIN {token}\r\n".encode())
+    client.close()
+
+
+def test_guesses_sent_at_once_on_parallel_connections_get_no_more_checks_than_the_allowance(tmp_path: Path) -> None:
+    with (
+        _pigeon(tmp_path, auth_failures_per_address=5, auth_failures_per_user=1000, auth_lockout="1m") as pigeon,
+        concurrent.futures.ThreadPoolExecutor(40) as pool,
+    ):
+        answers = list(pool.map(lambda i: _auth(pigeon, f"guess-{i}", source="127.0.0.4"), range(40)))
+    assert answers.count(WRONG) <= 5, answers
+    assert answers.count(WRONG) + answers.count(LOCKED_OUT) == 40
+
+
+def test_a_guesser_that_hangs_up_after_auth_is_counted_all_the_same(tmp_path: Path) -> None:
+    with _pigeon(tmp_path, auth_failures_per_address=3, auth_failures_per_user=1000, auth_lockout="1m") as pigeon:
+        for i in range(6):
+            _guess_and_hang_up(pigeon, f"guess-{i}", "127.0.0.5")
+        time.sleep(1)  # the checks finish after their clients left
+        assert _auth(pigeon, PASSWORD, source="127.0.0.5") == LOCKED_OUT

@@ -56,3 +56,13 @@ def test_quiet_keys_are_forgotten_once_their_window_has_passed() -> None:
         throttle.failed(f"192.0.2.{i}", f"name{i}", 0.0)
     throttle.failed("198.51.100.1", "late", 61.0)
     assert throttle.tracked == 2
+
+
+def test_checks_in_progress_count_against_the_allowance() -> None:
+    throttle = AuthThrottle(per_address=3, per_user=100, window=60, cooldown=60)
+    assert [throttle.begin("192.0.2.1", "alice", 0) for _ in range(3)] == [None] * 3
+    refused = throttle.begin("192.0.2.1", "alice", 0)
+    assert refused is not None and refused.kind == "address"
+    throttle.succeeded("192.0.2.1", "alice", 1)  # one was right: the address is forgiven
+    assert throttle.begin("192.0.2.1", "alice", 1) is None
+    throttle.abandoned("192.0.2.1", "alice")

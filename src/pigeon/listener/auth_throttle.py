@@ -20,7 +20,7 @@ State is per process: with several workers, each counts the clients the kernel g
 from __future__ import annotations
 
 import ipaddress
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Final
 
@@ -82,6 +82,13 @@ class _FailureTable:
             return True
         return False
 
+    def recent(self, key: str, now: float) -> int:
+        """Failures of `key` within the window."""
+        entry = self._keys.get(key)
+        if entry is None:
+            return 0
+        return sum(1 for t in entry.times if t > now - self.window)
+
     def forget(self, key: str) -> None:
         self._keys.pop(key, None)
 
@@ -114,6 +121,11 @@ class AuthThrottle:
         self._users = _FailureTable(per_user, window, cooldown, max_tracked)
         self._known_good: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._max_tracked = max_tracked
+        # Checks begun and not yet counted, per client and per user: each may turn out a
+        # failure, so they count against the allowance (many guesses sent at once, on
+        # parallel connections, would otherwise all be checked before the first is counted).
+        self._pending_clients: Counter[str] = Counter()
+        self._pending_users: Counter[str] = Counter()
 
     @property
     def tracked(self) -> int:
@@ -133,9 +145,43 @@ class AuthThrottle:
                 return Lockout("user", user, until)
         return None
 
+    def begin(self, address: str, user: str, now: float) -> Lockout | None:
+        """Before a password check: the lockout that refuses it unchecked, or None, and then
+        the check is pending until `failed`, `succeeded` or `abandoned` counts it. Checks in
+        progress count as failures against the allowance."""
+        lockout = self.refusal(address, user, now)
+        if lockout is not None:
+            return lockout
+        client = client_key(address)
+        table = self._addresses
+        if table.limit and table.recent(client, now) + self._pending_clients[client] >= table.limit:
+            return Lockout("address", client, now)
+        table = self._users
+        if (
+            table.limit
+            and table.recent(user, now) + self._pending_users[user] >= table.limit
+            and not self._is_known_good(user, client, now)
+        ):
+            return Lockout("user", user, now)
+        self._pending_clients[client] += 1
+        self._pending_users[user] += 1
+        return None
+
+    def abandoned(self, address: str, user: str) -> None:
+        """A begun check that never ran."""
+        self._settle(client_key(address), user)
+
+    def _settle(self, client: str, user: str) -> None:
+        for pending, key in ((self._pending_clients, client), (self._pending_users, user)):
+            pending[key] -= 1
+            if pending[key] <= 0:
+                del pending[key]
+
     def failed(self, address: str, user: str, now: float) -> list[Lockout]:
         """Count a wrong password; returns the lockouts this failure starts (to be logged)."""
         client = client_key(address)
+        if client in self._pending_clients:
+            self._settle(client, user)
         started = []
         if self._addresses.limit and self._addresses.fail(client, now):
             started.append(Lockout("address", client, now + self._addresses.cooldown))
@@ -146,6 +192,8 @@ class AuthThrottle:
     def succeeded(self, address: str, user: str, now: float) -> None:
         """A right password: forgive this address its failures and exempt it from `user`'s lockout."""
         client = client_key(address)
+        if client in self._pending_clients:
+            self._settle(client, user)
         self._addresses.forget(client)
         known = self._known_good
         pair = (user, client)

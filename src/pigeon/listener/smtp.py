@@ -433,28 +433,41 @@ class SmtpConnection(asyncio.Protocol):
             self._respond(replies.AUTH_FAILED, "AUTH")
             return
         throttle = listener.auth_throttle
-        if throttle is not None and throttle.refusal(self.peer_ip, event.username, self._loop.time()) is not None:
+        username = event.username
+        if throttle is not None and throttle.begin(self.peer_ip, username, self._loop.time()) is not None:
             # Refused before the check: a guesser learns nothing and costs us no hashing.
             self._respond(replies.AUTH_LOCKED_OUT, "AUTH")
             return
         try:
-            check = listener.password_checker.check(passwords, event.username, event.password)
+            check = listener.password_checker.check(passwords, username, event.password)
         except CheckerBusy:
+            if throttle is not None:
+                throttle.abandoned(self.peer_ip, username)
             self._respond(replies.AUTH_BUSY, "AUTH")
             return
-        username = event.username
-        self._wait(check, lambda future: self._auth_checked(future, username))
+        # Counted when the check ends, whether or not the client is still there to hear it:
+        # a guesser that hangs up after AUTH is counted all the same.
+        check.add_done_callback(lambda future: self._count_auth(future, username))
+        self._wait(check, self._auth_checked)
 
-    def _auth_checked(self, future: asyncio.Future[Any], username: str) -> None:
+    @staticmethod
+    def _passed(future: asyncio.Future[Any]) -> bool:
+        return not future.cancelled() and future.exception() is None and bool(future.result())
+
+    def _count_auth(self, future: asyncio.Future[Any], username: str) -> None:
         throttle = self._listener.auth_throttle
-        if future.exception() is None and future.result():
-            if throttle is not None:
-                throttle.succeeded(self.peer_ip, username, self._loop.time())
+        if throttle is None:
+            return
+        if self._passed(future):
+            throttle.succeeded(self.peer_ip, username, self._loop.time())
+            return
+        for lockout in throttle.failed(self.peer_ip, username, self._loop.time()):
+            self._log_lockout(lockout, username)
+
+    def _auth_checked(self, future: asyncio.Future[Any]) -> None:
+        if self._passed(future):
             self._session.accept()
             return
-        if throttle is not None:
-            for lockout in throttle.failed(self.peer_ip, username, self._loop.time()):
-                self._log_lockout(lockout, username)
         self._respond(replies.AUTH_FAILED, "AUTH")
 
     def _log_lockout(self, lockout: Lockout, username: str) -> None:
