@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from pigeon.config.schema import Config, LogTarget, MaildirTarget, TargetConfig, decode_hook
+from pigeon.config.schema import Config, LogTarget, MaildirTarget, PostgresqlTarget, TargetConfig, decode_hook
 from pigeon.shaping.gcra import Rate
 from pigeon.smtp.commands import mailbox_problem
 
@@ -122,6 +122,11 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
         if names.count(name) > 1:
             raise fail(["target", "name"], f"two [[target]]s are called {name!r}")
     known = ", ".join(repr(n) for n in names) or "none is configured"
+    for target in config.target:
+        if isinstance(target, PostgresqlTarget) and not target.dsn.startswith(("postgresql://", "postgres://")):
+            # asyncpg takes URLs only: a libpq key=value DSN would load, then fail at every handoff.
+            example = "postgresql://user:password@host:5432/database"
+            raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL, {example}")
     for mailbox in config.mailbox:
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")

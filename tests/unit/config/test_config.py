@@ -420,3 +420,11 @@ def test_a_wrong_target_kind_lists_the_valid_kinds(tmp_path: Path, line: str) ->
     message = error_of(tmp_path, f'[[target]]\nname = "x"\n{line}url = "http://127.0.0.1:9/"\n')
     assert "[target] kind: " in message
     assert "choose one of 'sidekiq', 'webhook', 'postgresql', 'maildir', 'log'" in message
+
+
+def test_a_postgresql_dsn_in_key_value_form_is_refused_at_load_with_the_url_form(tmp_path: Path) -> None:
+    """asyncpg takes only URLs: the libpq form loaded, then failed at every handoff, forever."""
+    dsn = "host=127.0.0.1 port=5432 user=app password='s3cret' dbname=db"
+    message = error_of(tmp_path, f'[[target]]\nname = "pg"\nkind = "postgresql"\ndsn = "{dsn}"\n')
+    assert "[target] dsn: " in message and "postgresql://user:password@host:5432/database" in message
+    assert "s3cret" not in message
