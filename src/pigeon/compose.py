@@ -304,6 +304,8 @@ class _Templates:
             self._compiled[name] = environment(autoescape).from_string(source)
         except jinja2.TemplateSyntaxError as error:
             raise ComposeError(f"template syntax error, line {error.lineno}: {error.message}", field) from None
+        except RecursionError:
+            raise ComposeError("template nested too deeply to compile", field) from None
 
     def renderer(self, variables: Mapping[str, Any], max_output: int) -> _Render:
         compiled = self._compiled
@@ -318,6 +320,8 @@ class _Templates:
                 raise TemplateLimitError(f"template {name}: {error}", name) from None
             except jinja2.TemplateError as error:
                 raise ComposeError(f"template {name}: {error}", name) from None
+            except Exception as error:  # whatever a template makes Python raise is the template's
+                raise ComposeError(f"template {name}: {type(error).__name__}: {error}", name) from None
 
         return render
 

@@ -3,8 +3,10 @@ limit, and the node keeps serving meanwhile."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +58,73 @@ def test_a_template_over_a_render_budget_is_refused_with_400_naming_the_limit_at
         }
         status, answer = pigeon.http_post("/api/v1/inject", _request(fine), TOKEN)
         assert (status, answer["accepted"]) == (200, 1), answer
+
+
+# Each of these got past the first budgets (an outside review): a global that makes text
+# (lipsum), calls that never reach a range() step or an output piece (recursive macros),
+# integer arithmetic, and `+` and `~`, which were not counted. Each held the worker for
+# seconds to hours, or answered 500.
+DOUBLED = "".join(f"{{% set {b} = {a} + {a} %}}" for a, b in zip("abcde", "bcdef", strict=True))
+ESCAPES = [
+    pytest.param("{{ lipsum(300000) }}", "lipsum", id="lipsum"),
+    pytest.param(
+        "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(21) }}",
+        "took longer",
+        id="exponential-macro",
+    ),
+    pytest.param("{% set y = ((9**1000)**1000)**12 %}", "digits", id="integer-power"),
+    pytest.param(f'{{% set a = "x" * 25000000 %}}{DOUBLED}{{{{ f|length }}}}', "characters", id="plus"),
+    pytest.param(
+        f'{{% set a = "x" * 25000000 %}}{DOUBLED.replace("+", "~")}{{{{ f|length }}}}', "characters", id="tilde"
+    ),
+    pytest.param("{{ (9**1000)**1000 }}", "digits", id="integer-printed"),
+    pytest.param('{{ "x"|center(2000000000) }}', "characters", id="filter-padding"),
+    pytest.param('{{ "x".ljust(2000000000) }}', "characters", id="method-padding"),
+    pytest.param('{{ "%02000000000d" % 1 }}', "characters", id="percent-width"),
+    pytest.param('{{ "{:2000000000}".format(1) }}', "characters", id="format-width"),
+    pytest.param('{{ range(100000)|join("x" * 100000) }}', "characters", id="join"),
+    pytest.param('{{ ("x" * 1000000)|replace("x", "y" * 1000) }}', "characters", id="replace"),
+    pytest.param('{% for c in "x" * 25000000 %}{% endfor %}', "took longer", id="loop-over-a-string"),
+    pytest.param("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "nested", id="deep-nesting"),
+]
+
+
+@pytest.mark.parametrize(("template", "limit"), ESCAPES)
+def test_a_template_escaping_the_first_budgets_is_refused_with_400_within_2s_while_the_node_serves(
+    tmp_path: Path, template: str, limit: str
+) -> None:
+    config = {
+        "http": {"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]},
+        "smtp": {"max_message_size": "25MiB"},
+    }
+    with PigeonProcess(tmp_path / "node", **config) as pigeon:
+        answers: list[tuple[int, Any]] = []
+        started = time.monotonic()
+        post = threading.Thread(
+            target=lambda: answers.append(
+                pigeon.http_post("/api/v1/inject", _request(f"Subject: t\n\n{template}\n"), TOKEN)
+            )
+        )
+        post.start()
+        time.sleep(0.2)
+        try:
+            health = pigeon.http_get("/healthz")[0]
+        except OSError as error:  # the worker did not answer in 5 s
+            health = repr(error)
+        health_after = time.monotonic() - started
+        post.join()
+        elapsed = time.monotonic() - started
+        [(status, answer)] = answers
+        assert (status, limit in str(answer.get("error") if isinstance(answer, dict) else answer)) == (400, True), (
+            answer
+        )
+        assert answer["field"] == "$.content"
+        assert elapsed < 2, elapsed
+        assert (health, health_after < 2) == (200, True), health_after
+        assert not pigeon.spool_messages()
+        fine = {**_request("Subject: hi {{ name }}\n\n{% for i in range(3) %}{{ i ~ '.' }}{% endfor %}\n")}
+        fine["recipients"] = [{"email": "ann@example.net", "name": "Ann"}]
+        status, answer = pigeon.http_post("/api/v1/inject", fine, TOKEN)
+        assert (status, answer["accepted"]) == (200, 1), answer
+        [message] = pigeon.spool_messages()
+        assert b"Subject: hi Ann\r\n\r\n0.1.2.\r\n" in message["data"]
