@@ -95,6 +95,11 @@ class ComposeError(Exception):
         self.field = field
 
 
+class RenderTimeSpent(ComposeError):
+    """The request spent its rendering time (`[http] max_render_time`) before this recipient:
+    not composed, to be sent again in another request."""
+
+
 class TemplateLimitError(ComposeError):
     """A template spent a render budget (`pigeon.rendering`): the request's fault, whoever
     the recipient, so it is refused whole when the first recipient's render hits it."""
@@ -183,10 +188,13 @@ class Composer:
         campaign_header: str,
         *,
         max_output: int = 64 * 1024 * 1024,
+        max_render_time: float = 10.0,
     ) -> None:
-        """`max_output`: the most characters one template may render (the message size limit)."""
+        """`max_output`: the most characters one template may render (the message size limit);
+        `max_render_time`: seconds all of the request's renders may take together."""
         self._request = request
         self._max_output = max_output
+        self._render_time_left = max_render_time
         self._hostname = hostname
         self._templates = _Templates(request) if request.template else None
         self._routing = [(tenant_header, request.tenant), (campaign_header, request.campaign)]
@@ -198,8 +206,18 @@ class Composer:
         variables = {**request.substitutions, **recipient.substitutions}
         variables.setdefault("email", recipient.email)
         variables.setdefault("name", recipient.name or "")
-        render = self._templates.renderer(variables, self._max_output) if self._templates is not None else _as_is
-        content = request.content
+        if self._templates is None:
+            return self._compose(recipient, _as_is)
+        if self._render_time_left <= 0:
+            raise RenderTimeSpent("the request's rendering time ([http] max_render_time) is spent", "$.recipients")
+        started = time.monotonic()
+        try:
+            return self._compose(recipient, self._templates.renderer(variables, self._max_output))
+        finally:
+            self._render_time_left -= time.monotonic() - started
+
+    def _compose(self, recipient: InjectRecipient, render: _Render) -> Composed:
+        content = self._request.content
         if isinstance(content, str):
             return self._raw(render("raw", content))
         return self._built(content, recipient, render)

@@ -240,6 +240,10 @@ class HttpConfig(_Section):
     """API requests a node with several workers reads and forwards at once; beyond, 503 and the
     connection closed. With `max_request_size` it bounds the bodies held in memory. A request
     without a known token is refused (401) from its headers, before its body is read."""
+    max_render_time: Duration = Duration(10)
+    """Time one injection request may spend rendering its templates, over all its recipients
+    (each render also stops at 1 s). Recipients left when it is spent get `451 4.3.0`, to be
+    sent again in another request, so that no request holds a worker for longer."""
 
 
 class SpoolConfig(_Section):

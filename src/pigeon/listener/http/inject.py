@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import time
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
 
-from pigeon.compose import ComposeError, Composer, InjectRequest, TemplateLimitError, check_request
+from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
 from pigeon.intake import Arrival, Refused, Stored
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.message import Envelope, Recipient, format_id
@@ -28,7 +29,9 @@ from pigeon.spool.spool import SpoolError
 
 _DECODER: Final = msgspec.json.Decoder(InjectRequest)
 _FIELD: Final = re.compile(r" - at `(\$[^`]*)`$")
-_YIELD_EVERY: Final = 50  # recipients composed between turns of the loop: SMTP goes on meanwhile
+# Composing runs on the loop: it gives the loop a turn at least this often (seconds), so
+# that SMTP and the other requests go on meanwhile, however slow the templates.
+_YIELD_AFTER: Final = 0.02
 _requests = itertools.count(1)
 FORWARDED_PEER: Final = "X-Pigeon-Peer"
 
@@ -76,19 +79,25 @@ async def inject(request: web.Request) -> web.Response:
         config.delivery.tenant_header,
         config.delivery.campaign_header,
         max_output=config.smtp.max_message_size,
+        max_render_time=config.http.max_render_time,
     )
     peer_ip, peer = _peer(request)
     session = f"http-{next(_requests):x}"
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
     results: list[RecipientResult] = []
     pending: list[tuple[RecipientResult, asyncio.Future[Stored]]] = []
+    turn = time.monotonic()
     for index, recipient in enumerate(parsed.recipients):
         result = RecipientResult(recipient.email)
         results.append(result)
-        if index and index % _YIELD_EVERY == 0:
+        if time.monotonic() - turn > _YIELD_AFTER:
             await asyncio.sleep(0)
+            turn = time.monotonic()
         try:
             composed = composer.compose(recipient)
+        except RenderTimeSpent as error:
+            result.error = str(replies.r(451, "4.3.0", f"{error}; send this recipient again"))
+            continue
         except TemplateLimitError as error:
             if index == 0:  # nothing taken yet: refuse the request, naming the limit
                 raise bad_request(
