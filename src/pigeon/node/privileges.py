@@ -13,13 +13,16 @@ addresses change only with a restart, since the user cannot bind port 25 again.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import logging
 import os
 import pwd
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from pigeon.config.schema import NodeConfig
 
@@ -92,6 +95,7 @@ def give_directories(directories: Iterable[Path], run_as: RunAs) -> None:
 
     Missing parents are made as root with mode 0755, so the user can reach its directories.
     Files an earlier run as root left behind change owner too, or the user could not open them.
+    Raises `PrivilegeError` when a directory is a symbolic link or belongs to a third user.
     """
     for directory in directories:
         for parent in reversed(directory.parents):
@@ -102,16 +106,71 @@ def give_directories(directories: Iterable[Path], run_as: RunAs) -> None:
         _chown_tree(directory, run_as)
 
 
-def _chown_tree(top: Path, run_as: RunAs) -> None:
-    def own(path: str) -> None:
-        status = os.lstat(path)
-        if (status.st_uid, status.st_gid) != (run_as.uid, run_as.gid):
-            os.lchown(path, run_as.uid, run_as.gid)
+# Opening a directory entry this way fails (ELOOP, ENOTDIR) unless the entry itself is a
+# directory at the moment of the open: a symlink swapped in is never followed, a FIFO never
+# blocks the open.
+_OPEN_DIRECTORY: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# The spool is a few levels deep; anything deeper was not made by Pigeon and is left alone,
+# which also bounds the descriptors the walk holds (one per level).
+_MAX_DEPTH: Final = 16
 
-    own(str(top))
-    for root, directories, files in os.walk(top):
-        for name in (*directories, *files):
-            own(os.path.join(root, name))
+
+def _chown_tree(top: Path, run_as: RunAs) -> None:
+    """Give `top` and what is in it to the user, as root, in a directory the user controls.
+
+    The user can rename, swap and link entries while this runs, so nothing here follows a
+    path name more than one component deep: each directory is opened by its parent's
+    descriptor without following symlinks, and each entry changes owner by (directory
+    descriptor, name) without following symlinks. Whatever the user swaps in, only entries
+    of the spool itself change owner.
+    """
+    try:
+        top_fd = os.open(top, _OPEN_DIRECTORY)
+    except OSError as error:
+        raise PrivilegeError(f"{top}: cannot open it as a directory ({error.strerror}); "
+                             "it must be a real directory, not a symbolic link") from None  # fmt: skip
+    try:
+        owner = os.fstat(top_fd).st_uid
+        if owner not in (0, run_as.uid):
+            raise PrivilegeError(
+                f"{top}: belongs to uid {owner}, neither root nor {run_as.user}; "
+                f"give it to {run_as.user} (chown -R {run_as.user} {top}) or choose another path"
+            )
+        if owner != run_as.uid or os.fstat(top_fd).st_gid != run_as.gid:
+            os.fchown(top_fd, run_as.uid, run_as.gid)
+        _chown_entries(top_fd, str(top), run_as, depth=1)
+    finally:
+        os.close(top_fd)
+
+
+def _chown_entries(directory_fd: int, shown: str, run_as: RunAs, depth: int) -> None:
+    for name in os.listdir(directory_fd):
+        try:
+            status = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # gone since the listing
+        is_directory = stat.S_ISDIR(status.st_mode)
+        if (status.st_uid, status.st_gid) != (run_as.uid, run_as.gid):
+            if not is_directory and status.st_nlink > 1:
+                # Another name of this file may live outside the spool: giving it away would
+                # give that away too.
+                _log.warning("%s/%s: has %d links; not giving it to %s", shown, name, status.st_nlink, run_as.user)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chown(name, run_as.uid, run_as.gid, dir_fd=directory_fd, follow_symlinks=False)
+        if not is_directory:
+            continue
+        if depth >= _MAX_DEPTH:
+            _log.warning("%s/%s: deeper than %d levels; left as it is", shown, name, _MAX_DEPTH)
+            continue
+        try:
+            child_fd = os.open(name, _OPEN_DIRECTORY, dir_fd=directory_fd)
+        except OSError:
+            continue  # swapped for a symlink or other file since the stat: not ours to walk into
+        try:
+            _chown_entries(child_fd, f"{shown}/{name}", run_as, depth + 1)
+        finally:
+            os.close(child_fd)
 
 
 def drop(run_as: RunAs) -> None:
