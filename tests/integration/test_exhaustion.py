@@ -10,6 +10,7 @@ has the same cases scaled down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import time
 import urllib.request
@@ -256,12 +257,13 @@ def test_node_raises_an_inherited_low_open_file_limit_to_take_many_connections(t
     max_connections), the node still greets 600 clients."""
     node = PigeonProcess(tmp_path / "node", smtp=ONLY_GOOD_RELAYS)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-    try:
-        node.start()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    with raised_open_files(25_000), node:
+    with contextlib.ExitStack() as running:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        try:
+            running.enter_context(node)  # started once, stopped on the way out
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        running.enter_context(raised_open_files(25_000))
 
         async def crowd_greetings() -> list[int]:
             crowd = await open_crowd(node.smtp_port, 600, sources(600), greeting_timeout=3.0)

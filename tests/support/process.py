@@ -92,6 +92,10 @@ class PigeonProcess:
 
     # --- life cycle ------------------------------------------------------------------------
     def start(self, *, wait: bool = True) -> PigeonProcess:
+        """Start the node (again, once the last run has ended); refused while it runs, since the
+        running one would be left behind with no one to stop it."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"pigeon is already running (pid {self.process.pid}): stop it first")
         stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - owned by the child
         self._stderr_offset = stderr.tell()
         env = None
