@@ -71,9 +71,9 @@ def _status(request: urllib.request.Request) -> int:
         return 0 if error.code == 503 else error.code
 
 
-def _flood(port: int, answers: list[bytes], sent: list[int]) -> None:
+def _flood(port: int, answers: list[bytes], sent: list[int], path: str = "/api/v1/inject") -> None:
     """One anonymous client: a 64 MiB body, sent until the server answers and closes."""
-    sock = _post_head(port, "/api/v1/inject", BIG)
+    sock = _post_head(port, path, BIG)
     total = 0
     try:
         while total < BIG:
@@ -142,3 +142,65 @@ def test_anonymous_64_mib_bodies_are_refused_from_their_headers_and_do_not_grow_
         assert status == 200
         status, answer = pigeon.http_post("/api/v1/inject", {"nonsense": True}, token)
         assert status == 400, answer  # reached a worker, which read the body and said why
+
+
+def _get_head(port: int, path: str, length: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: pigeon\r\nContent-Length: {length}\r\n\r\n".encode())
+    return sock
+
+
+def test_the_openapi_document_is_open_to_get_only_and_anonymous_clients_take_no_authorised_places(
+    tmp_path: Path,
+) -> None:
+    """GET /api/openapi.json needs no token; any other method there does, so 64 MiB bodies
+    sent to it are refused from their headers; bodies sent with a GET are not read; and
+    anonymous clients holding connections open leave `max_open_requests` to the authorised."""
+    config = {"node": {"workers": 2}, "http": {"max_open_requests": 2}}
+    with PigeonProcess(tmp_path / "node", **config) as pigeon:
+        assert pigeon.process is not None
+        supervisor = pigeon.process.pid
+        with urllib.request.urlopen(f"http://127.0.0.1:{pigeon.http_port}/api/openapi.json", timeout=10) as document:
+            assert document.status == 200 and "openapi" in json.loads(document.read())
+        started = time.monotonic()
+        sock = _post_head(pigeon.http_port, "/api/openapi.json", BIG)
+        sock.sendall(CHUNK * 4)
+        answer = _answer(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert time.monotonic() - started < 2
+        sock.close()
+        # A GET with a 64 MiB body: answered without reading it, then the connection closes.
+        sock = _get_head(pigeon.http_port, "/api/openapi.json", BIG)
+        sock.sendall(CHUNK * 4)
+        answer = _answer(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert _closed(sock, 5)
+        sock.close()
+
+        before = _rss_kib(supervisor)
+        answers: list[bytes] = []
+        sent: list[int] = []
+        clients = [
+            threading.Thread(target=_flood, args=(pigeon.http_port, answers, sent, "/api/openapi.json"))
+            for _ in range(4)
+        ]
+        for client in clients:
+            client.start()
+        peak = before
+        while any(c.is_alive() for c in clients):
+            peak = max(peak, _rss_kib(supervisor))
+            time.sleep(0.02)
+        assert len(answers) == 4 and all(a.startswith(b"HTTP/1.1 401") for a in answers), answers
+        grew_mib = (peak - before) / 1024
+        assert grew_mib < 32, f"the supervisor grew {grew_mib:.0f} MiB"
+
+        # 64 anonymous clients, each having sent a byte of its body, keep their connections open.
+        slow = [_post_head(pigeon.http_port, "/api/openapi.json", 1_000_000) for _ in range(32)]
+        slow += [_get_head(pigeon.http_port, "/api/openapi.json", 1_000_000) for _ in range(32)]
+        for sock in slow:
+            sock.sendall(b"x")
+        time.sleep(0.5)
+        status, answer = pigeon.http_post("/api/v1/inject", {"nonsense": True}, pigeon.local_token)
+        assert status == 400, answer  # a worker read the body and said why: not 503
+        for sock in slow:
+            sock.close()

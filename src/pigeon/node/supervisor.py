@@ -40,7 +40,12 @@ _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues")
 _READY_TIMEOUT = 60.0
 _LINGER: Final = 1.0
+# What anyone may read without a token: GET (and HEAD) only, and never with a body.
 _OPEN_WITHOUT_TOKEN: Final = frozenset({"/api/openapi.json"})
+_OPEN_METHODS: Final = frozenset({"GET", "HEAD"})
+# Anonymous requests in hand at once: their own few places, apart from the authorised ones'
+# `[http] max_open_requests`, so that no number of anonymous clients can keep those busy.
+_MAX_OPEN_ANONYMOUS: Final = 8
 
 
 class Worker:
@@ -101,6 +106,7 @@ class Supervisor:
         self._next_worker = 0
         self._tokens = Tokens.from_config(config)
         self._open_requests = 0
+        self._open_anonymous = 0
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -285,23 +291,37 @@ class Supervisor:
 
         The body is read only once the headers carry a known token (the worker checks its scope)
         and while fewer than `max_open_requests` are in hand: an anonymous client cannot make
-        this process hold up to `max_request_size` per connection it opens."""
-        if request.path not in _OPEN_WITHOUT_TOKEN:
-            try:
-                self._tokens.known(request)
-            except web.HTTPException as refusal:
-                return _closing(web.Response(status=refusal.status, text=refusal.text, headers=refusal.headers))
+        this process hold up to `max_request_size` per connection it opens. What is open without
+        a token (GET of the OpenAPI document) is passed on without its body, if it has one, and
+        counts against a small bound of its own."""
+        if request.path in _OPEN_WITHOUT_TOKEN and request.method in _OPEN_METHODS:
+            return await self._pass_on_anonymous(request)
+        try:
+            self._tokens.known(request)
+        except web.HTTPException as refusal:
+            return _closing(web.Response(status=refusal.status, text=refusal.text, headers=refusal.headers))
         if self._open_requests >= self.config.http.max_open_requests:
             message = f"{self._open_requests} API requests in progress ([http] max_open_requests): try again shortly"
             return _closing(web.json_response({"error": message}, status=503, headers={"Retry-After": "1"}))
         self._open_requests += 1
         try:
-            return await self._pass_on(request)
+            return await self._pass_on(request, await request.read())
         finally:
             self._open_requests -= 1
 
-    async def _pass_on(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    async def _pass_on_anonymous(self, request: web.Request) -> web.Response:
+        if self._open_anonymous >= _MAX_OPEN_ANONYMOUS:
+            message = f"{self._open_anonymous} requests without a token in progress: try again shortly"
+            return _closing(web.json_response({"error": message}, status=503, headers={"Retry-After": "1"}))
+        self._open_anonymous += 1
+        try:
+            response = await self._pass_on(request, b"")
+        finally:
+            self._open_anonymous -= 1
+        # A GET's body means nothing here and is not read: close rather than drain it.
+        return _closing(response) if request.body_exists else response
+
+    async def _pass_on(self, request: web.Request, body: bytes) -> web.Response:
         if request.path.startswith(_BROADCAST_PATHS):
             return await self._broadcast(request, body)
         for _ in range(len(self.workers)):
