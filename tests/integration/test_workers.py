@@ -10,7 +10,9 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from tests.support.attacks import worker_pids
 from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config
 from tests.support.tools import smtp_source
 
 
@@ -62,6 +64,30 @@ def test_a_killed_worker_is_restarted_and_its_mail_is_kept(tmp_path: Path) -> No
             raise AssertionError(f"worker 1 was not restarted: {health}")
         assert len(pigeon.spool_messages()) == 100
         assert pigeon.metric("pigeon_spool_messages") == 100
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_stop_when_their_supervisor_is_killed_and_a_restart_delivers_the_queue(tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    with PigeonProcess(root, node={"workers": 2}) as pigeon:
+        assert pigeon.process is not None
+        smtp_source(pigeon.smtp_port, "-s", "4", "-l", "1000", "-m", "20", "-f", "a@src.test", "-t", "r@x.test")
+        workers = worker_pids(pigeon)
+        assert len(workers) == 2
+        os.kill(pigeon.process.pid, signal.SIGKILL)  # the supervisor alone, not its group
+        pigeon.process.wait(5)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _alive(pid)], "workers outlived their supervisor"
+    with ScriptedSink() as sink, PigeonProcess(root, node={"workers": 2}, **delivery_config(sink.endpoint)):
+        assert len(sink.wait_for(20)) == 20
 
 
 def test_fewer_workers_adopt_the_shards_of_a_larger_run(tmp_path: Path) -> None:

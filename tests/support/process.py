@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -149,10 +150,12 @@ class PigeonProcess:
             raise
 
     def kill(self) -> None:
-        """kill -9 the whole process group (the supervisor and its workers)."""
+        """kill -9 the whole process group (the supervisor and its workers), also when the
+        supervisor itself is already gone: workers it left behind must not outlive the test."""
         process = self.process
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
 
     def __enter__(self) -> PigeonProcess:

@@ -18,6 +18,7 @@ from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.schema import Config
 from pigeon.listener.passwords import PasswordFileError
 from pigeon.node.node import ListenError, Node
+from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
 from pigeon.node.sockets import Bound, adopt, bind
 from pigeon.node.supervisor import Supervisor
@@ -46,12 +47,19 @@ def register(commands: Any) -> None:
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--smtp-fd", type=int, action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)  # its pid: stop when it dies
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # Until the loop handles SIGHUP (a reload), it must not kill a node that is starting.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if args.supervisor is not None:
+        try:
+            follow_parent(args.supervisor)
+        except (ParentGone, OSError) as error:
+            print(f"pigeon: worker {args.worker}: cannot start: {error}", file=sys.stderr)
+            return 1
     config = load_config(args)
     role = f"w{args.worker}" if args.worker is not None else "main"
     # Every line through `redact`: a library's error may quote a configured URL, password and all.

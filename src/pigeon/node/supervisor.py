@@ -6,7 +6,9 @@ shard, its own log segments) and serves its health and metrics on a private unix
 The supervisor starts the workers, restarts one that dies (with back-off), serves the public
 HTTP listener by asking every worker and merging the answers, forwards SIGHUP (reload) to
 the workers, and on SIGTERM stops the workers and waits for them to finish their open
-transactions. Under systemd it is the main process: it alone sends sd_notify.
+transactions. Under systemd it is the main process: it alone sends sd_notify. A supervisor
+that dies without stopping them (SIGKILL) takes its workers along: each has asked the kernel
+for SIGTERM when its parent dies (see `parent_death`).
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ class Supervisor:
         ]
         if self.config_path is not None:
             args += ["-c", str(self.config_path)]
-        args += ["--control", str(worker.control)]
+        args += ["--control", str(worker.control), "--supervisor", str(os.getpid())]
         inherited = [sock.fileno() for sock in self._listening.smtp] if self._listening is not None else []
         for fd in inherited:
             args += ["--smtp-fd", str(fd)]
