@@ -82,7 +82,7 @@ def test_workers_stop_when_their_supervisor_is_killed_and_a_restart_delivers_the
         assert len(workers) == 2
         os.kill(pigeon.process.pid, signal.SIGKILL)  # the supervisor alone, not its group
         pigeon.process.wait(5)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 5
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in workers if _alive(pid)], "workers outlived their supervisor"
