@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from pigeon.smtp import replies
 from pigeon.smtp.commands import Command, parse_command
 from pigeon.smtp.errors import SmtpProtocolError
-from pigeon.smtp.events import NEED_DATA, Closing, DataChunk, Decision, MessageEnd, StartTls
+from pigeon.smtp.events import DataChunk, MessageEnd
 from pigeon.smtp.extensions import Offer
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.replies import Reply
-from pigeon.smtp.server import ServerConfig, ServerSession
-from tests.unit.smtp.harness import QUEUED, REPLY_LINE, Peer, config, open_data, open_transaction
+from pigeon.smtp.server import ServerConfig
+from tests.unit.smtp.harness import QUEUED, REPLY_LINE, Peer, config, drive, open_data, open_transaction
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -106,38 +106,6 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
 
 
-def _run(server: ServerConfig, pieces: list[bytes], answers: list[Reply | None], eof: bool) -> bytes:
-    """Drive a session like the I/O layer: every decision answered, every byte fed."""
-    session = ServerSession(server)
-    session.greet()
-    plan = iter(answers)
-    out = bytearray(session.data_to_send())
-    closed = False
-    for piece in [*pieces, *([b""] if eof else [])]:
-        if closed:
-            break
-        session.receive_data(piece)
-        while True:
-            event = session.next_event()
-            if event is NEED_DATA:
-                break
-            if isinstance(event, Closing):
-                closed = True
-                break
-            if isinstance(event, Decision):
-                answer = next(plan, None)
-                if answer is not None:
-                    session.respond(answer)
-                elif isinstance(event, MessageEnd):
-                    session.respond(replies.queued(["1"]))
-                else:
-                    session.accept()
-                    if isinstance(event, StartTls):
-                        session.tls_established()
-        out += session.data_to_send()
-    return bytes(out)
-
-
 @FUZZ
 @given(
     server=CONFIGS,
@@ -150,7 +118,7 @@ def _run(server: ServerConfig, pieces: list[bytes], answers: list[Reply | None],
 def test_any_input_gives_well_formed_replies_and_never_raises(
     server: ServerConfig, opening: bytes, pieces: list[bytes], cuts: list[int], answers: list[Reply | None], eof: bool
 ) -> None:
-    out = _run(server, _split(opening + b"".join(pieces), cuts), answers, eof)
+    out = drive(server, _split(opening + b"".join(pieces), cuts), answers, eof)
     assert out.startswith(b"220 mx.test ESMTP Pigeon\r\n")
     assert out.endswith(b"\r\n")
     for line in out.split(b"\r\n")[:-1]:
@@ -161,7 +129,7 @@ def test_any_input_gives_well_formed_replies_and_never_raises(
 @given(data=st.binary(max_size=300), cuts=st.lists(st.integers(min_value=0), max_size=10))
 def test_random_bytes_after_ehlo_in_any_split_never_raise(data: bytes, cuts: list[int]) -> None:
     prefix = b"EHLO client.test\r\nMAIL FROM:<a@example.org>\r\nRCPT TO:<b@example.net>\r\n"
-    out = _run(config(), [prefix, *_split(data, cuts)], [], eof=True)
+    out = drive(config(), [prefix, *_split(data, cuts)], [], eof=True)
     for line in out.split(b"\r\n")[:-1]:
         assert REPLY_LINE.match(line), line
 

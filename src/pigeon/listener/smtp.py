@@ -590,14 +590,17 @@ class SmtpConnection(asyncio.Protocol):
 
     def evict(self) -> None:
         """Close with 421 to make room for a newcomer (see `SmtpListener.admit`)."""
-        reply = replies.idle_evicted(self._listener.session_config.hostname)
+        self._close_with(replies.idle_evicted(self._listener.session_config.hostname))
+        self._listener._closed(self)
+
+    def _close_with(self, reply: Reply) -> None:
+        """Say `reply` (logged as a rejection) after whatever is queued, and close."""
         self._log_rejection("", reply)
         self._flush()
         if self._transport is not None:
             self._transport.write(reply.encode(enhanced=self._session.esmtp))
             self._transport.close()
         self._closed = True
-        self._listener._closed(self)
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -618,13 +621,7 @@ class SmtpConnection(asyncio.Protocol):
             # We are the slow one (spool, password check): not the client's fault.
             self._last_bytes = self._last_progress = now
         elif now - self._last_bytes >= listener.idle_timeout or now - self._last_progress >= listener.command_timeout:
-            reply = replies.timeout(listener.session_config.hostname)
-            self._log_rejection("", reply)
-            self._flush()
-            if self._transport is not None:
-                self._transport.write(reply.encode(enhanced=self._session.esmtp))
-                self._transport.close()
-            self._closed = True
+            self._close_with(replies.timeout(listener.session_config.hostname))
             return
         self._arm_timer()
 

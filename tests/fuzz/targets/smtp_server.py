@@ -4,18 +4,16 @@ give well-formed replies and never an exception."""
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Final
 
 import atheris
 
 from pigeon.smtp import replies
-from pigeon.smtp.events import NEED_DATA, Closing, Decision, MessageEnd, StartTls
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.replies import Reply
-from pigeon.smtp.server import ServerConfig, ServerSession
+from pigeon.smtp.server import ServerConfig
+from tests.unit.smtp.harness import REPLY_LINE, drive
 
-REPLY_LINE: Final = re.compile(rb"^[2-5][0-9][0-9][ -]")
 # Seeds the fuzzer's first steps: a transaction's commands (it finds the rest itself).
 OPENING: Final = b"EHLO client.test\r\nMAIL FROM:<a@example.org>\r\nRCPT TO:<b@example.net>\r\n"
 ANSWERS: Final = (None, None, None, replies.RELAY_DENIED, replies.SPOOL_ERROR, Reply(421, "4.3.2", ("bye",)))
@@ -40,35 +38,8 @@ def check(data: bytes) -> None:
     cuts = sorted(fdp.ConsumeIntInRange(0, 4096) for _ in range(fdp.ConsumeIntInRange(0, 8)))
     stream = opening + fdp.ConsumeBytes(fdp.remaining_bytes())
     edges = [0, *(c for c in cuts if c < len(stream)), len(stream)]
-    pieces = [stream[a:b] for a, b in itertools.pairwise(edges)] + [b""]  # b"": EOF
-
-    session = ServerSession(config)
-    session.greet()
-    plan = iter(answers)
-    out = bytearray(session.data_to_send())
-    for piece in pieces:
-        session.receive_data(piece)
-        closed = False
-        while True:
-            event = session.next_event()
-            if event is NEED_DATA:
-                break
-            if isinstance(event, Closing):
-                closed = True
-                break
-            if isinstance(event, Decision):
-                answer = next(plan, None)
-                if answer is not None:
-                    session.respond(answer)
-                elif isinstance(event, MessageEnd):
-                    session.respond(replies.queued(["1"]))
-                else:
-                    session.accept()
-                    if isinstance(event, StartTls):
-                        session.tls_established()
-        out += session.data_to_send()
-        if closed:
-            break
-    assert out.startswith(b"220 mx.test ESMTP Pigeon\r\n") and out.endswith(b"\r\n"), bytes(out[-200:])
-    for line in bytes(out).split(b"\r\n")[:-1]:
+    pieces = [stream[a:b] for a, b in itertools.pairwise(edges)]
+    out = drive(config, pieces, answers, eof=True)
+    assert out.startswith(b"220 mx.test ESMTP Pigeon\r\n") and out.endswith(b"\r\n"), out[-200:]
+    for line in out.split(b"\r\n")[:-1]:
         assert REPLY_LINE.match(line), line

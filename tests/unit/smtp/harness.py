@@ -210,3 +210,35 @@ def summarize(event: Event) -> str:
 
 
 BARE_LINEFEEDS = {mode.name: mode for mode in BareLinefeeds}
+
+
+def drive(server: ServerConfig, pieces: list[bytes], answers: list[Reply | None], eof: bool) -> bytes:
+    """Drive a session like the I/O layer: every decision answered, every byte fed."""
+    session = ServerSession(server)
+    session.greet()
+    plan = iter(answers)
+    out = bytearray(session.data_to_send())
+    closed = False
+    for piece in [*pieces, *([b""] if eof else [])]:
+        if closed:
+            break
+        session.receive_data(piece)
+        while True:
+            event = session.next_event()
+            if event is NEED_DATA:
+                break
+            if isinstance(event, Closing):
+                closed = True
+                break
+            if isinstance(event, Decision):
+                answer = next(plan, None)
+                if answer is not None:
+                    session.respond(answer)
+                elif isinstance(event, MessageEnd):
+                    session.respond(replies.queued(["1"]))
+                else:
+                    session.accept()
+                    if isinstance(event, StartTls):
+                        session.tls_established()
+        out += session.data_to_send()
+    return bytes(out)
