@@ -125,8 +125,8 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
     for target in config.target:
         if isinstance(target, PostgresqlTarget) and not target.dsn.startswith(("postgresql://", "postgres://")):
             # asyncpg takes URLs only: a libpq key=value DSN would load, then fail at every handoff.
-            example = "postgresql://user:password@host:5432/database"
-            raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL, {example}")
+            url = "postgresql://user@host:5432/database, with :password after the user name"
+            raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL ({url}), not key=value")
     for mailbox in config.mailbox:
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")
