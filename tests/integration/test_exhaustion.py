@@ -14,8 +14,9 @@ import contextlib
 import resource
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,10 +60,15 @@ def _idle_crowd_from_one_address(pigeon: PigeonProcess, count: int) -> None:
         finally:
             crowd.close()
 
+    assert _growth_mib(pigeon, attack) < 40
+
+
+def _growth_mib(pigeon: PigeonProcess, attack: Callable[[], Coroutine[Any, Any, None]]) -> float:
+    """How far the worker's RSS rose above its idle size while `attack` ran."""
     before = worker_rss_mib(pigeon)
     with RssPeak(pigeon) as rss:
         asyncio.run(attack())
-    assert rss.peak_mib - before < 40
+    return rss.peak_mib - before
 
 
 def _last_id(pigeon: PigeonProcess) -> str:
@@ -91,10 +97,7 @@ def _idle_crowd_from_many_addresses(pigeon: PigeonProcess, count: int, max_conne
         finally:
             crowd.close()
 
-    before = worker_rss_mib(pigeon)
-    with RssPeak(pigeon) as rss:
-        asyncio.run(attack())
-    assert rss.peak_mib - before < 60
+    assert _growth_mib(pigeon, attack) < 60
 
 
 def test_idle_connections_from_many_addresses_make_room_for_a_new_client(tmp_path: Path) -> None:
@@ -122,10 +125,7 @@ def _slowloris(pigeon: PigeonProcess, count: int, timeout: float) -> None:
         finally:
             crowd.close()
 
-    before = worker_rss_mib(pigeon)
-    with RssPeak(pigeon) as rss:
-        asyncio.run(attack())
-    assert rss.peak_mib - before < 40
+    assert _growth_mib(pigeon, attack) < 40
     rejections = pigeon.wait_records("Rejection", count)
     assert [r["response"]["enhanced"] for r in rejections] == ["4.4.2"] * count
 
