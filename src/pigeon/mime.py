@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import email.utils
+import re
 import secrets
 from dataclasses import dataclass
 from email.header import Header
@@ -27,6 +28,10 @@ from typing import Final
 
 _MAX_LINE: Final = 998
 _FOLD_AT: Final = 76
+# What RFC 5322 allows in an unstructured header as it is: printable ASCII and spaces.
+_PLAIN: Final = re.compile(r"[\x20-\x7e]*")
+_PLAIN_TEXT: Final = re.compile(r"[\x20-\x7e\t\n]*")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +46,10 @@ class Part:
 
 
 def text_part(text: str, subtype: str) -> Part:
-    """text/<subtype> in UTF-8: 7bit when it is short-lined ASCII, else quoted-printable."""
+    """text/<subtype> in UTF-8: 7bit when it is short-lined printable ASCII, else quoted-printable
+    (control characters as they are are read back differently by mail readers)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if text.isascii() and all(len(line) <= _MAX_LINE for line in text.split("\n")):
+    if _PLAIN_TEXT.fullmatch(text) and all(len(line) <= _MAX_LINE for line in text.split("\n")):
         body, encoding = text.encode("ascii"), "7bit"
     else:
         # Quoted-printable of the UTF-8 bytes; soft line breaks keep lines within 76 columns.
@@ -79,11 +85,18 @@ def multipart(subtype: str, parts: list[Part]) -> Part:
 def header(name: str, value: str) -> str:
     """`Name: value` with CRLF, as encoded words when the value is not plain short ASCII."""
     value = " ".join(value.split())  # no line breaks can be smuggled into a header
-    if value.isascii() and len(name) + 2 + len(value) <= _FOLD_AT:
+    if _PLAIN.fullmatch(value) is None:
+        encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
+        return f"{name}: {encoded}\r\n"
+    if len(name) + 2 + len(value) <= _FOLD_AT:
         return f"{name}: {value}\r\n"
-    encoded = Header(value, "utf-8" if not value.isascii() else "us-ascii", header_name=name).encode(
-        linesep="\r\n", maxlinelen=_FOLD_AT
-    )
+    words = value.split(" ")
+    # Folding only happens between words: one that cannot fit on a line of its own (or the
+    # first, beside the name) would start the value with a fold, which readers take as a space.
+    if len(name) + 2 + len(words[0]) > _FOLD_AT or max(map(len, words)) >= _FOLD_AT:
+        encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
+        return f"{name}: {encoded}\r\n"
+    encoded = Header(value, "us-ascii", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
     return f"{name}: {encoded}\r\n"
 
 
@@ -91,10 +104,14 @@ def address(name: str, addr: str) -> str:
     """A mailbox for From/To/Reply-To: the display name quoted or encoded as needed."""
     if not name:
         return addr if addr.isascii() else f"<{addr}>"
+    name = " ".join(name.split())
+    if _CONTROL.search(name):
+        # Control characters as they are confuse readers (some take \x1c-\x1e for line ends).
+        return f"{Header(name, 'utf-8').encode()} <{addr}>"
     if not addr.isascii():  # SMTPUTF8: UTF-8 is allowed as it is, in a quoted name too
         quoted = name.replace("\\", "\\\\").replace('"', '\\"')
         return f'"{quoted}" <{addr}>'
-    return email.utils.formataddr((" ".join(name.split()), addr), charset="utf-8")
+    return email.utils.formataddr((name, addr), charset="utf-8")
 
 
 def _parameter(value: str) -> str:

@@ -67,8 +67,11 @@ def check(data: bytes) -> None:
     assert str(message["Subject"] or "") == " ".join(subject.split()), (message["Subject"], subject)
     for name, value in headers.items():
         assert str(message[name] or "") == " ".join(value.split()), (name, message[name], value)
+    # A lone text part's 7bit body comes back with its CRLFs (a multipart's parts with LFs).
     bodies = {
-        part.get_content_type(): part.get_content() for part in message.walk() if part.get_content_maintype() == "text"
+        part.get_content_type(): _lines(part.get_content())
+        for part in message.walk()
+        if part.get_content_maintype() == "text"
     }
     if text is not None:
         assert bodies["text/plain"].rstrip("\n") == _lines(text).rstrip("\n"), (bodies["text/plain"], text)

@@ -6,7 +6,7 @@ from email import message_from_bytes
 from email.message import EmailMessage
 from email.policy import default
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pigeon import mime
@@ -19,9 +19,13 @@ def _parse(head: str, part: mime.Part) -> EmailMessage:
 
 
 @given(st.text(min_size=0, max_size=300))
+# Found by the atheris fuzzer: a word too long for the first line was folded onto the next,
+# which readers took as a leading space; control characters went out as they were.
+@example("x" * 200)
+@example("\x7f" * 69 + "*\n\x1a")
 def test_any_subject_reads_back_as_written_on_one_logical_line(subject: str) -> None:
     head = mime.header("Subject", subject)
-    assert all(len(line) <= 78 for line in head.split("\r\n")) or " " not in subject
+    assert all(len(line) <= 78 for line in head.split("\r\n"))
     assert head.isascii()
     message = _parse(head, mime.text_part("x", "plain"))
     assert message["Subject"] == " ".join(subject.split())
