@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.smtp.extensions import encode_xtext
-from pigeon.smtp.framing import crlf_lines
+from pigeon.smtp.framing import crlf_lines, find_line_dot
 from pigeon.smtp.replies import Reply
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
@@ -381,6 +381,6 @@ def dot_stuff(body: bytes) -> bytes:
         body += b"\r\n"
     if body.startswith(b"."):
         body = b"." + body
-    if b"\r\n." in body:
+    if find_line_dot(body, 0) >= 0:
         body = body.replace(b"\r\n.", b"\r\n..")
     return body + b".\r\n"

@@ -16,8 +16,9 @@
 the next hop): bare LF and bare CR (refused, or normalised to CRLF), lines over the limit,
 and the size.
 
-Both work on whole blocks with bytes methods that run in C; neither looks at one line at a
-time unless a block could hold an over-long line.
+Both work on whole blocks. The scans that look at every byte (`inspect`, `find_line_dot`) are
+in C (`_scan.c`, built at install) when a compiler was there, and in Python, with the same
+answers, when not.
 
 Messages that do not arrive over SMTP meet the same checker (`check_message`: a message
 composed from an HTTP injection), and `crlf_lines` is what the SMTP client sends whatever
@@ -64,10 +65,60 @@ _REFUSALS: Final = (
 )
 
 
+# What `inspect` finds in a block of message bytes.
+BARE_LF: Final = 1  # an LF not after a CR
+BARE_CR: Final = 2  # a CR not before an LF (one ending the block too)
+NUL: Final = 4
+LONG_LINE: Final = 8  # a line longer than the limit
+_NO_LIMIT: Final = 1 << 60
+
+
+def _inspect(data: bytes, carried: int, limit: int) -> tuple[int, int]:
+    """`inspect` in Python: the flags found in `data`, and the length of its unfinished last
+    line. `carried` is the unfinished line the previous block ended with."""
+    flags = 0
+    crlf = data.count(b"\r\n")
+    if data.count(b"\n") != crlf:
+        flags |= BARE_LF
+    if data.count(b"\r") != crlf:
+        flags |= BARE_CR
+    if b"\0" in data:
+        flags |= NUL
+    first = data.find(b"\n")
+    if first < 0:
+        tail = carried + len(data)
+        return (flags | LONG_LINE if tail > limit + 1 else flags), tail
+    if _line_length(data[:first], carried) > limit:
+        flags |= LONG_LINE
+    # Every line must end within `window` bytes of its start. Jump from line start to the
+    # last LF inside the window: one C-level rfind per ~1000 bytes, not per line.
+    window = limit + 2
+    end = len(data)
+    pos = first + 1
+    while end - pos >= window:
+        last = data.rfind(b"\n", pos, pos + window)
+        if last < 0:
+            flags |= LONG_LINE
+            break
+        pos = last + 1
+    tail = data.rfind(b"\n", pos)
+    return flags, end - (tail + 1 if tail >= 0 else pos)
+
+
+def _find_line_dot(data: bytes, start: int) -> int:
+    return data.find(b"\r\n.", start)
+
+
+try:
+    from pigeon.smtp._scan import find_line_dot as find_line_dot
+    from pigeon.smtp._scan import inspect as inspect
+except ImportError:  # built without a C compiler: the same scans, slower
+    inspect, find_line_dot = _inspect, _find_line_dot
+
+
 def crlf_lines(data: bytes) -> bytes:
     """`data` with every bare LF and bare CR made a CRLF; the same object when there is none."""
-    crlf = data.count(b"\r\n")
-    if data.count(b"\n") == crlf and data.count(b"\r") == crlf:
+    if not inspect(data, 0, _NO_LIMIT)[0] & (BARE_LF | BARE_CR):
         return data
     return _BARE_ENDING.sub(b"\r\n", data)
 
@@ -113,20 +164,22 @@ class ContentChecker:
             self._held_cr = True
         if not data:
             return b""
-        crlf = data.count(b"\r\n")
-        bare_lf = data.count(b"\n") != crlf
-        bare_cr = data.count(b"\r") != crlf
-        if b"\0" in data:
+        flags, tail = inspect(data, self._line_len, self._max_line)
+        if flags & NUL:
             self.violations.add(Violation.NUL)
-        if bare_lf or bare_cr:
+        if flags & (BARE_LF | BARE_CR):
             if self._normalise:
                 data = crlf_lines(data)
+                # The lines that will be stored are the normalised ones.
+                flags, tail = inspect(data, self._line_len, self._max_line)
             else:
-                if bare_lf:
+                if flags & BARE_LF:
                     self.violations.add(Violation.BARE_LF)
-                if bare_cr:
+                if flags & BARE_CR:
                     self.violations.add(Violation.BARE_CR)
-        self._check_lines(data)  # after normalising: the lines that will be stored
+        if flags & LONG_LINE:
+            self.violations.add(Violation.LINE_TOO_LONG)
+        self._line_len = tail
         self.size += len(data)
         if self.size > self._max_size:
             self.violations.add(Violation.TOO_BIG)
@@ -159,30 +212,6 @@ class ContentChecker:
                 return reply
         return None
 
-    def _check_lines(self, data: bytes) -> None:
-        limit = self._max_line
-        first = data.find(b"\n")
-        if first < 0:
-            self._line_len += len(data)
-            if self._line_len > limit + 1:
-                self.violations.add(Violation.LINE_TOO_LONG)
-            return
-        if _line_length(data[:first], self._line_len) > limit:
-            self.violations.add(Violation.LINE_TOO_LONG)
-        # Every line must end within `window` bytes of its start. Jump from line start to
-        # the last LF inside the window: one C-level rfind per ~1000 bytes, not per line.
-        window = limit + 2
-        end = len(data)
-        pos = first + 1
-        while end - pos >= window:
-            last = data.rfind(b"\n", pos, pos + window)
-            if last < 0:
-                self.violations.add(Violation.LINE_TOO_LONG)
-                break
-            pos = last + 1
-        tail = data.rfind(b"\n", pos)
-        self._line_len = end - (tail + 1 if tail >= 0 else pos)
-
 
 def _line_length(segment: bytes, carried: int) -> int:
     """Length of a line's text: the bytes before its LF, not counting the CR of a CRLF."""
@@ -211,14 +240,15 @@ class DotReader:
         if last_lf < 0:
             self._drop_overlong_partial(buf)
             return b"", False
-        block = bytes(buf[: last_lf + 1])
+        with memoryview(buf) as view:  # one copy, not a bytearray slice and then its bytes
+            block = view[: last_lf + 1].tobytes()
         # One search answers both questions in the usual case: the first line starting with
         # a dot is the terminator, so there is nothing to unstuff before it.
         stuffed = False
         if self._at_line_start and block.startswith(b".\r\n"):
             end = 0
         else:
-            dot = block.find(b"\r\n.")
+            dot = find_line_dot(block, 0)
             if dot < 0:
                 end = -1
             elif block.startswith(b"\r\n", dot + 3):
