@@ -50,8 +50,8 @@ class Operation(Protocol):
 
 
 BeforeCommit = Callable[[sqlite3.Connection, list[Operation]], Callable[[], None] | None]
-"""Runs in the commit thread just before COMMIT, over the whole batch: one statement for
-work every operation would otherwise do alone (freeing bodies). Returns what to do once
+"""Runs after the batch's operations, in its transaction, over the whole batch: one statement
+for work every operation would otherwise do alone (freeing bodies). Returns what to do once
 the commit is durable, if anything."""
 
 BatchObserver = Callable[[int, float], None]
@@ -59,6 +59,7 @@ BatchObserver = Callable[[int, float], None]
 
 _log = logging.getLogger(__name__)
 _Batch = list[tuple[Operation, "asyncio.Future[Any]"]]
+_Job = tuple[_Batch, list[Any] | None, Callable[[], None] | None]  # results (None: retry), after commit
 _STOP = object()
 
 
@@ -147,17 +148,21 @@ class GroupCommitter:
         self._idle.clear()
         self._jobs.put(self._begin(self._take()))
 
-    def _begin(self, batch: _Batch) -> tuple[_Batch, list[Any] | None]:
-        """BEGIN and run the batch's SQL here. Results, or None if the batch must be retried."""
+    def _begin(self, batch: _Batch) -> _Job:
+        """BEGIN and run the batch's SQL here, its `before_commit` too: the commit thread then
+        needs the GIL for nothing but handing the batch back. The job's results are None if
+        the batch must be retried one operation at a time."""
         conn = self._conn
         assert conn is not None
         try:
             conn.execute("BEGIN IMMEDIATE")
-            return batch, [op.apply(conn) for op, _ in batch]
+            results = [op.apply(conn) for op, _ in batch]
+            after = self._before_commit(conn, [op for op, _ in batch]) if self._before_commit else None
+            return batch, results, after
         except Exception:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            return batch, None
+            return batch, None, None
 
     def _batch_done(self, batch: _Batch, results: list[Any], seconds: float) -> None:
         # Everything but the COMMIT happens here, on the loop: the commit thread hands over
@@ -185,7 +190,7 @@ class GroupCommitter:
                 return
             self._finish(*job)
 
-    def _finish(self, batch: _Batch, applied: list[Any] | None) -> None:
+    def _finish(self, batch: _Batch, applied: list[Any] | None, after: Callable[[], None] | None) -> None:
         """fsync the batch's files and COMMIT; on failure, retry each operation alone."""
         conn = self._conn
         assert conn is not None
@@ -196,7 +201,6 @@ class GroupCommitter:
             try:
                 for op in ops:
                     op.prepare()
-                after = self._before_commit(conn, ops) if self._before_commit else None
                 conn.execute("COMMIT")
             except Exception as error:
                 if conn.in_transaction:
