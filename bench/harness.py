@@ -298,6 +298,60 @@ def probe_latencies(
     return asyncio.run(main())
 
 
+def paced_latencies(port: int, rate: float, seconds: float, body: bytes, connections: int = 32) -> list[float]:
+    """End-of-data to 250 for every message of a load offered at `rate` messages per second
+    for `seconds` (open loop: message i is due at i / rate, on the first free of `connections`
+    reused connections, so a slow MTA meets a queue, not a slower client)."""
+    import uvloop
+
+    async def main() -> list[float]:
+        results: list[float] = []
+        due: asyncio.Queue[float] = asyncio.Queue()
+        total = int(rate * seconds)
+
+        async def pace() -> None:
+            start = time.perf_counter()
+            for i in range(total):
+                wait = start + i / rate - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                due.put_nowait(0.0)
+            for _ in range(connections):
+                due.put_nowait(-1.0)
+
+        async def client() -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+            async def reply() -> bytes:
+                while True:
+                    line = await reader.readline()
+                    if line[3:4] != b"-":
+                        return line
+
+            await reply()
+            writer.write(b"EHLO paced.test\r\n")
+            await reply()
+            while await due.get() >= 0:
+                writer.write(b"MAIL FROM:<paced@src.test>\r\n")
+                await reply()
+                writer.write(b"RCPT TO:<paced@sink.test>\r\n")
+                await reply()
+                writer.write(b"DATA\r\n")
+                await reply()
+                writer.write(body)
+                started = time.perf_counter()
+                writer.write(b".\r\n")
+                if (await reply()).startswith(b"250"):
+                    results.append(time.perf_counter() - started)
+            writer.write(b"QUIT\r\n")
+            writer.close()
+
+        await asyncio.gather(pace(), *(client() for _ in range(connections)))
+        return results
+
+    return uvloop.run(main())
+
+
 def message_body(size: int) -> bytes:
     line = b"X" * 78 + b"\r\n"
     head = b"From: <probe@src.test>\r\nTo: <probe@sink.test>\r\nSubject: latency probe\r\n\r\n"
