@@ -210,7 +210,7 @@ class Draft:
             intake.refusing = error
             result.set_exception(error)
             return result
-        self._resident = bytes(body.data) if body.data is not None and body.size <= _RESIDENT_LIMIT else None
+        self._resident = body.data if body.size <= _RESIDENT_LIMIT else None
         now = intake.clock()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
         if len(self._groups) == 1:  # the common case: the envelope is this message's own

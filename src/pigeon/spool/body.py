@@ -1,7 +1,9 @@
 """Message bodies as they arrive: in memory while small, in a spool file once large.
 
-The listener writes each `DataChunk` straight into a `BodyWriter`, so a message is held
-once, never as a list of chunks plus a joined copy. Past `inline_limit` the bytes go to
+The listener writes each `DataChunk` straight into a `BodyWriter`, which keeps the chunks as
+they came and joins them once at the end (a message of one chunk is not copied at all):
+the joined bytes are what the spool stores and what delivery sends from memory. Past
+`inline_limit` the bytes go to
 `data/<id>` in the spool directory (written to the page cache on the event loop, fsynced by
 the group-commit thread just before the transaction that records it). SQLite's own advice
 ("Internal Versus External BLOBs") is that small blobs read faster from the database and
@@ -29,7 +31,7 @@ class Body:
 
     id: SpoolId
     size: int
-    data: bytearray | None
+    data: bytes | None
     path: Path | None
     file: BinaryIO | None  # open until the commit thread fsyncs and closes it
     sync_error: SpoolError | None = None
@@ -62,13 +64,13 @@ class Body:
 class BodyWriter:
     """Accumulates one message's bytes. Call `finish()` once, or `discard()`."""
 
-    __slots__ = ("_buf", "_dir", "_error", "_file", "_id", "_limit", "_path", "size")
+    __slots__ = ("_chunks", "_dir", "_error", "_file", "_id", "_limit", "_path", "size")
 
     def __init__(self, body_id: SpoolId, data_dir: Path, inline_limit: int) -> None:
         self._id = body_id
         self._dir = data_dir
         self._limit = inline_limit
-        self._buf: bytearray | None = bytearray()
+        self._chunks: list[bytes] | None = []
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._error: SpoolError | None = None
@@ -79,9 +81,9 @@ class BodyWriter:
             return
         self.size += len(data)
         try:
-            if self._buf is not None:
-                self._buf += data
-                if len(self._buf) > self._limit:
+            if self._chunks is not None:
+                self._chunks.append(data)
+                if self.size > self._limit:
                     self._spill()
             else:
                 assert self._file is not None
@@ -94,23 +96,24 @@ class BodyWriter:
         """The finished body. Raises the SpoolError that a write met, if any."""
         if self._error is not None:
             raise self._error
-        body = Body(self._id, self.size, self._buf, self._path, self._file)
-        self._buf = None
+        data = None if self._chunks is None else b"".join(self._chunks)
+        body = Body(self._id, self.size, data, self._path, self._file)
+        self._chunks = None
         self._file = None
         self._path = None
         return body
 
     def discard(self) -> None:
         self._drop()
-        self._buf = None
+        self._chunks = None
 
     def _spill(self) -> None:
         self._path = self._dir / format_id(self._id)
         # "xb": a body file is only ever created once; an existing one is a bug, not data.
         self._file = open(self._path, "xb", buffering=256 * 1024)  # noqa: SIM115 - closed by Body.sync
-        assert self._buf is not None
-        self._file.write(self._buf)
-        self._buf = None
+        assert self._chunks is not None
+        self._file.writelines(self._chunks)
+        self._chunks = None
 
     def _drop(self) -> None:
         _remove(self._file, self._path)
