@@ -36,7 +36,6 @@ from pigeon.spool.body import BodyWriter
 from pigeon.spool.spool import NewMessage, Spool, SpoolError
 
 _HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
-_RESIDENT_LIMIT: Final = 64 * 1024  # bodies up to this size are handed to delivery in memory
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -210,7 +209,9 @@ class Draft:
             intake.refusing = error
             result.set_exception(error)
             return result
-        self._resident = body.data if body.size <= _RESIDENT_LIMIT else None
+        # Every body received in memory (up to [spool] inline_limit) is handed to delivery with
+        # its messages; the active set keeps at most its body budget of them (queue/state.py).
+        self._resident = body.data
         now = intake.clock()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
@@ -282,7 +283,7 @@ class Draft:
             for record in records:
                 intake.log.write(record)
         if intake.on_stored is not None:
-            # Small bodies ride along in memory, so the first attempt need not read them back.
+            # Bodies ride along in memory, so the first attempt need not read them back.
             data = self._resident
             intake.on_stored(
                 [
