@@ -105,7 +105,7 @@ def _inspect(data: bytes, carried: int, limit: int) -> tuple[int, int]:
     return flags, end - (tail + 1 if tail >= 0 else pos)
 
 
-def _find_line_dot(data: bytes, start: int) -> int:
+def _find_line_dot(data: bytes | bytearray, start: int) -> int:
     return data.find(b"\r\n.", start)
 
 
@@ -240,28 +240,29 @@ class DotReader:
         if last_lf < 0:
             self._drop_overlong_partial(buf)
             return b"", False
-        with memoryview(buf) as view:  # one copy, not a bytearray slice and then its bytes
-            block = view[: last_lf + 1].tobytes()
+        # The block is buf[: last_lf + 1], the whole lines: searched in place, copied once.
         # One search answers both questions in the usual case: the first line starting with
         # a dot is the terminator, so there is nothing to unstuff before it.
         stuffed = False
-        if self._at_line_start and block.startswith(b".\r\n"):
+        if self._at_line_start and buf.startswith(b".\r\n"):
             end = 0
         else:
-            dot = find_line_dot(block, 0)
-            if dot < 0:
+            dot = find_line_dot(buf, 0)
+            if dot < 0 or dot + 1 == last_lf:  # none, or its dot is past the block
                 end = -1
-            elif block.startswith(b"\r\n", dot + 3):
+            elif buf.startswith(b"\r\n", dot + 3):
                 end = dot + 2
             else:
                 stuffed = True
-                found = block.find(b"\r\n.\r\n", dot)
+                found = buf.find(b"\r\n.\r\n", dot, last_lf + 1)
                 end = found + 2 if found >= 0 else -1
+        taken = end if end >= 0 else last_lf + 1
+        with memoryview(buf) as view:
+            content = view[:taken].tobytes()
         if end >= 0:
-            content = block[:end]
             del buf[: end + 3]
         else:
-            content = block
+            ends_crlf = last_lf > 0 and buf[last_lf - 1] == 13
             del buf[: last_lf + 1]
             self._drop_overlong_partial(buf)
         if self._at_line_start and content.startswith(b"."):
@@ -269,7 +270,7 @@ class DotReader:
         if stuffed:
             content = content.replace(b"\r\n.", b"\r\n")
         if end < 0:
-            self._at_line_start = block.endswith(b"\r\n")
+            self._at_line_start = ends_crlf
         return content, end >= 0
 
     def _drop_overlong_partial(self, buf: bytearray) -> None:
