@@ -8,6 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pigeon.smtp import framing
+from pigeon.smtp.events import DataChunk
 
 _scan = pytest.importorskip("pigeon.smtp._scan", reason="built without a C compiler: only the Python scans exist")
 
@@ -39,3 +40,28 @@ def test_find_line_dot_in_c_answers_as_bytes_find(data: bytes, start: int) -> No
 def test_framing_uses_the_c_scans_when_they_were_built() -> None:
     assert framing.inspect is _scan.inspect
     assert framing.find_line_dot is _scan.find_line_dot
+
+
+def _session_outcome(stream: bytes, pieces: int, mode: framing.BareLinefeeds) -> tuple[str, list[bytes]]:
+    from .harness import Peer, config
+
+    peer = Peer.start(config(bare_linefeeds=mode, max_line_length=40))
+    replies = peer.send("EHLO c.test\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<r@s.test>\r\nDATA\r\n")
+    step = max(1, len(stream) // pieces)
+    replies += peer.send_pieces(stream[i : i + step] for i in range(0, len(stream), step))
+    return replies, [event.data for event in peer.events if isinstance(event, DataChunk)]
+
+
+@given(_bytes, st.integers(1, 6), st.sampled_from(list(framing.BareLinefeeds)))
+def test_a_server_on_the_python_scans_answers_and_stores_as_on_the_c_ones(
+    content: bytes, pieces: int, mode: framing.BareLinefeeds
+) -> None:
+    # The whole DATA path, not only the scans: a session built without a compiler must
+    # refuse, normalise and unstuff exactly as one built with it.
+    stream = content + b"\r\n.\r\n"
+    with_c = _session_outcome(stream, pieces, mode)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(framing, "inspect", framing._inspect)
+        patch.setattr(framing, "find_line_dot", framing._find_line_dot)
+        in_python = _session_outcome(stream, pieces, mode)
+    assert in_python == with_c
