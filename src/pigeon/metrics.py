@@ -210,7 +210,7 @@ class Metrics:
             registry=r,
         )
         self.spool_quarantined = Counter(
-            "pigeon_spool_quarantined", "Spool entries set aside as unreadable at start-up", registry=r
+            "pigeon_spool_quarantined", "Spool entries set aside as unreadable", registry=r
         )
         self.scheduler_lag = Histogram(
             "pigeon_scheduler_lag_seconds",

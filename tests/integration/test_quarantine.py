@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.support.process import PigeonProcess
 
 
-def test_corrupt_entry_is_quarantined_and_logged_at_start(tmp_path: Path) -> None:
+def test_corrupt_entry_is_quarantined_and_logged_after_the_start(tmp_path: Path) -> None:
     root = tmp_path / "node"
     with PigeonProcess(root) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         for n in range(3):
@@ -21,10 +21,12 @@ def test_corrupt_entry_is_quarantined_and_logged_at_start(tmp_path: Path) -> Non
     conn.commit()
     conn.close()
     with PigeonProcess(root) as pigeon:
-        assert len(pigeon.spool_messages()) == 2
+        # Set aside by the check that runs once the node serves.
         (record,) = pigeon.wait_records("Quarantine")
         assert record["id"] == f"{victim:016x}"
         assert "envelope does not decode" in record["reason"]
+        pigeon.wait_stderr(" 1 quarantined")
+        assert len(pigeon.spool_messages()) == 2
         assert pigeon.metric("pigeon_spool_quarantined_total") == 1
         assert pigeon.metric("pigeon_spool_messages") == 2
     conn = sqlite3.connect(db)

@@ -96,4 +96,4 @@ def test_fewer_workers_adopt_the_shards_of_a_larger_run(tmp_path: Path) -> None:
         smtp_source(pigeon.smtp_port, "-s", "10", "-l", "1000", "-m", "60", "-f", "a@src.test", "-t", "r@x.test")
     with PigeonProcess(root, node={"workers": 1}) as pigeon:
         assert pigeon.metric("pigeon_spool_messages") == 60
-        assert "shard-1: " in pigeon.stderr()
+        pigeon.wait_stderr("shard-1: ")  # its check, after the start

@@ -176,6 +176,16 @@ class PigeonProcess:
             stream.seek(self._stderr_offset)
             return stream.read().decode(errors="replace")
 
+    def wait_stderr(self, text: str, count: int = 1, timeout: float = 10.0) -> str:
+        """This run's stderr once `text` is in it `count` times (a line logged by work the node
+        does after it is ready, such as the spool's check); fails when time runs out."""
+        deadline = time.monotonic() + timeout
+        while (found := self.stderr()).count(text) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} {found.count(text)} times in {timeout}s, not {count}:\n{found}")
+            time.sleep(0.02)
+        return found
+
     def http_get(self, path: str) -> tuple[int, bytes]:
         url = f"http://127.0.0.1:{self.http_port}{path}"
         try:

@@ -177,7 +177,8 @@ class AdminBounce(Attempt, tag="AdminBounce"):
 
 
 class Quarantine(Record, tag="Quarantine"):
-    """A spool entry could not be read at start-up and was moved to quarantine."""
+    """A spool entry could not be read (by the check after the start, or when first read) and
+    was moved to quarantine."""
 
     id: str
     reason: str

@@ -1,8 +1,9 @@
 """One Pigeon node: every room built from the configuration, started and stopped in order.
 
-Start: logs, spool (recovery and quarantine first), TLS and users, intake, SMTP and HTTP
-listeners. Stop (SIGTERM, SIGINT): stop accepting, let open transactions finish within
-`shutdown_timeout`, then close the spool (its queued commits complete first) and the logs.
+Start: spool, logs, TLS and users, intake, SMTP and HTTP listeners, then the spool's check in
+the background (unreadable entries to quarantine, leftovers removed). Stop (SIGTERM, SIGINT):
+stop accepting, let open transactions finish within `shutdown_timeout`, then close the spool
+(its queued commits complete first) and the logs.
 Nothing a client was told 250 about is lost on the way down.
 """
 
@@ -13,6 +14,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sqlite3
 import ssl
 import time
 from collections.abc import Callable
@@ -48,7 +50,7 @@ from pigeon.queue.policy import InboundFailures
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
-from pigeon.spool.spool import RecoveryReport, SpoolDiskFull, SpoolFull, SpoolWriteError
+from pigeon.spool.spool import Quarantined, SpoolDiskFull, SpoolError, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
 
 _log = logging.getLogger(__name__)
@@ -108,21 +110,24 @@ class Node:
         self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
         self._notify = False  # tell systemd how start-up goes (`run(notify=True)`)
         self._started_at = 0.0
+        self._check: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
         # The spool first: its lock says this shard (and its log segments) is ours, before
         # anything touches the log directory.
-        reports = [(spool, await self._open_spool(spool, loop)) for spool in (self.spool, *self.adopted)]
-        unlogged = [recover_outbox_lines(spool, self.log.directory) for spool, _ in reports]
+        opened = (self.spool, *self.adopted)
+        for spool in opened:
+            await self._open_spool(spool, loop)
+        unlogged = [recover_outbox_lines(spool, self.log.directory) for spool in opened]
         self.log.open(loop)
-        spools = Spools((self.spool, *self.adopted))
+        spools = Spools(opened)
         self.outbox = outbox = Outbox(self.log, spools)
         self.metrics.track_dropped_logs(lambda: self.log.dropped)
         self.metrics.track_log(self._log_state)
-        for (spool, report), found in zip(reports, unlogged, strict=True):
-            self._recover(spool, report)
+        for spool, found in zip(opened, unlogged, strict=True):
+            spool.on_quarantine = self._quarantined
             finish_outbox(outbox, found)
         self.metrics.track_spool(lambda: self.spool.count + sum(s.count for s in self.adopted))
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
@@ -202,17 +207,19 @@ class Node:
                 ) from None
             _log.info("http listening on %s:%d", *self.http_address)
         self._started_at = time.time()
+        self._check = asyncio.create_task(self._check_spools(opened), name="spool check")
         _tune_garbage_collector()
         for host, port in self.smtp_addresses:
             _log.info("smtp listening on %s:%d", host, port)
 
-    async def _open_spool(self, spool: SqliteSpool, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
+    async def _open_spool(self, spool: SqliteSpool, loop: asyncio.AbstractEventLoop) -> None:
         """Open a spool shard. On a full disk, wait for room and try again: the spool is
         intact, and refusing to start (or moving it aside) would help no one."""
         said = -_DISK_FULL_REMINDER
         while True:
             try:
-                return spool.open(loop)
+                spool.open(loop)
+                return
             except SpoolDiskFull as error:
                 if time.monotonic() - said >= _DISK_FULL_REMINDER:
                     said = time.monotonic()
@@ -241,6 +248,9 @@ class Node:
             await self.inbound.stop(self.shutdown_timeout)
         if self.http is not None:
             await self.http.stop()
+        if self._check is not None:
+            self._check.cancel()
+            await asyncio.gather(self._check, return_exceptions=True)
         if self.outbox is not None:
             await self.outbox.close()  # what the log cannot take stays in the spools' outboxes
         for spool in (self.spool, *self.adopted):
@@ -378,19 +388,30 @@ class Node:
             observer=self.metrics.observe_commit,
         )
 
-    def _recover(self, spool: SqliteSpool, report: RecoveryReport) -> None:
-        for entry in report.quarantined:
+    async def _check_spools(self, spools: tuple[SqliteSpool, ...]) -> None:
+        """The spools' check after the start, one shard after another (see `pigeon.spool.recovery`)."""
+        for spool in spools:
+            started = time.monotonic()
+            try:
+                report = await spool.check()
+            except (SpoolError, OSError, sqlite3.Error) as error:
+                _log.error("spool %s: its check stopped (%s); it runs again at the next start", spool.directory, error)
+                continue
+            _log.info(
+                "spool %s: %d messages, %d quarantined, %d orphan bodies and %d orphan files removed (in %.1fs)",
+                spool.directory,
+                report.messages,
+                len(report.quarantined),
+                report.orphan_bodies_removed,
+                report.orphan_files_removed,
+                time.monotonic() - started,
+            )
+
+    def _quarantined(self, entries: list[Quarantined]) -> None:
+        for entry in entries:
             _log.warning("spool entry %s quarantined: %s", format_id(entry.id), entry.reason)
             self.log.write(Quarantine(timestamp=time.time(), id=format_id(entry.id), reason=entry.reason))
-        self.metrics.spool_quarantined.inc(len(report.quarantined))
-        _log.info(
-            "spool %s: %d messages, %d quarantined, %d orphan bodies and %d orphan files removed",
-            spool.directory,
-            report.messages,
-            len(report.quarantined),
-            report.orphan_bodies_removed,
-            report.orphan_files_removed,
-        )
+        self.metrics.spool_quarantined.inc(len(entries))
 
 
 _RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users")

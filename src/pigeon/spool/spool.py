@@ -67,7 +67,7 @@ class NewMessage:
 
 @dataclass(frozen=True, slots=True)
 class Quarantined:
-    """A spool entry that could not be read at start-up and was set aside."""
+    """A spool entry that could not be read and was set aside."""
 
     id: SpoolId
     reason: str
@@ -75,7 +75,7 @@ class Quarantined:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
-    """What opening the spool found."""
+    """What the check after opening the spool found (`SqliteSpool.check`)."""
 
     messages: int
     quarantined: tuple[Quarantined, ...]

@@ -22,18 +22,22 @@ import functools
 import logging
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
-from pigeon.message import ENVELOPE_DECODER, ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
+from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
+from pigeon.spool import recovery
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
-from pigeon.spool.recovery import recover
 from pigeon.spool.spool import (
     NewMessage,
+    Quarantined,
     RecoveryReport,
     SpoolBusy,
+    SpoolClosed,
     SpoolCorrupt,
     SpoolDiskFull,
     SpoolError,
@@ -103,10 +107,10 @@ _INSERT_MESSAGE: Final = (
     "INSERT INTO message (id, body, queue, created, size, attempts, due, envelope) VALUES (?, ?, ?, ?, ?, 0, ?, ?)"
 )
 _INSERT_OUTBOX: Final = "INSERT INTO outbox (seq, record) VALUES (?, ?)"
-_MESSAGE_COLUMNS: Final = "id, body, queue, created, size, attempts, due, envelope"
 _CORRUPT: Final = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CORRUPT_INDEX", "SQLITE_CORRUPT_SEQUENCE"})
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 _PAGE_SIZE: Final = 16384
+_T = TypeVar("_T")
 _NEARLY_FULL: Final = 1024 * 1024  # bytes free under which an I/O error opening the spool means "disk full"
 
 
@@ -131,7 +135,18 @@ class SqliteSpool:
         self._inline_limit = inline_limit
         self._max_size = max_size
         self._ids = IdGenerator(shard)
-        self._count = 0
+        self._count = 0  # messages stored minus messages removed since the open ...
+        self._counted: int | None = None  # ... plus these, counted in the background from the open
+        self._counting: threading.Thread | None = None
+        self._opened_last = 0  # the highest id stored before the open
+        self._opened_at = 0.0
+        self._setting_aside: set[int] = set()  # ids on their way to quarantine ...
+        self._set_asides: set[asyncio.Future[list[Quarantined]]] = set()  # ... in these commits
+        self._quarantined: list[Quarantined] = []
+        self._checking = threading.Lock()  # held by a thread of the background check
+        self._closing = threading.Event()
+        self.on_quarantine: Callable[[list[Quarantined]], None] = lambda entries: None
+        """Told of entries set aside in quarantine, once that is durable (on the event loop)."""
         self._lock_fd: int | None = None
         self._reader: sqlite3.Connection | None = None
         self._committer = GroupCommitter(
@@ -143,8 +158,9 @@ class SqliteSpool:
         )
 
     # --- life cycle ------------------------------------------------------------------------
-    def open(self, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
-        """Create or check the spool, quarantine unreadable entries, start the writer.
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create the spool or migrate it, start the writer. Reads no message: unreadable
+        entries are set aside when first read, and by `check()`, which should follow.
 
         Raises `SpoolDiskFull` when there is no room to open it (try again later),
         `SpoolCorrupt` when the database is not one, `SpoolBusy` when another process has it.
@@ -157,17 +173,17 @@ class SqliteSpool:
                 raise
             raise self._disk_full(error.strerror or str(error)) from error
         try:
-            return self._open_checked(loop)
+            self._open_checked(loop)
         except BaseException:
             self._unlock()
             raise
 
-    def _open_checked(self, loop: asyncio.AbstractEventLoop) -> RecoveryReport:
+    def _open_checked(self, loop: asyncio.AbstractEventLoop) -> None:
+        counter = None
         try:
             conn = self._connect()
             try:
                 self._migrate(conn)
-                report = recover(conn, self.data_dir)
                 # Outbox seqs come from the same generator, and rows may stay there across a
                 # restart (a log that could not be written): a new id must not meet one of them.
                 last = conn.execute(
@@ -178,16 +194,34 @@ class SqliteSpool:
                 ).fetchone()[0]
             finally:
                 conn.close()
+            # Counting a million rows takes 10 ms from the page cache, 0.5 s from the disk: in
+            # a thread, in a read transaction begun before the writer starts, so that adding
+            # the changes committed since gives the count.
+            counter = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+            counter.execute("BEGIN")
+            counter.execute("SELECT 1 FROM message LIMIT 1").fetchall()
         except sqlite3.DatabaseError as error:
+            if counter is not None:
+                counter.close()
             raise self._open_error(error) from error
-        except OSError as error:  # recovery removing orphan files, reading data/
-            if error.errno not in _NO_ROOM:
-                raise
-            raise self._disk_full(error.strerror or str(error)) from error
         self._ids = IdGenerator(self._shard, last)
-        self._count = report.messages
+        self._opened_last = last
+        self._opened_at = time.time()
+        self._count = 0
+        self._counted = None
+        self._closing.clear()
+        self._counting = threading.Thread(target=self._count_messages, args=(counter,), name="spool-count", daemon=True)
+        self._counting.start()
         self._committer.start(loop)
-        return report
+
+    def _count_messages(self, conn: sqlite3.Connection) -> None:
+        try:
+            self._counted = conn.execute("SELECT count(*) FROM message").fetchone()[0]
+        except sqlite3.Error as error:
+            self._counted = 0
+            _log.error("spool %s: cannot count its messages (%s); the count is of changes since", self.directory, error)
+        finally:
+            conn.close()
 
     def _open_error(self, error: sqlite3.DatabaseError) -> SpoolError:
         """What an error opening the database means. Only a file SQLite does not recognise
@@ -237,6 +271,11 @@ class SqliteSpool:
 
     def close(self) -> None:
         """Finish the writes already queued, then stop. Later writes fail with SpoolClosed."""
+        self._closing.set()
+        with self._checking:  # a step of the check in progress ends at its chunk's end
+            pass
+        if self._counting is not None:
+            self._counting.join()
         self._committer.close()
         if self._reader is not None:
             self._reader.close()
@@ -294,21 +333,21 @@ class SqliteSpool:
 
     @property
     def count(self) -> int:
-        """Messages in the spool (committed)."""
-        return self._count
+        """Messages in the spool (committed). Just after the open, waits for them to be counted."""
+        if self._counted is None and self._counting is not None:
+            self._counting.join()
+        return (self._counted or 0) + self._count
 
     # --- delivery: reading due messages, settling them ---------------------------------------
     def due(self, now: float, after: tuple[float, int], limit: int) -> list[Message]:
         """Messages due by `now`, in (due, id) order, strictly after `after`. Loop thread."""
-        rows = self._read().execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM message WHERE (due, id) > (?, ?) AND due <= ? ORDER BY due, id LIMIT ?",
-            (after[0], after[1], now, limit),
+        return self._messages(
+            "WHERE (m.due, m.id) > (?, ?) AND m.due <= ? ORDER BY m.due, m.id LIMIT ?", (after[0], after[1], now, limit)
         )
-        return [_message(row) for row in rows]
 
     def get(self, spool_id: int) -> Message | None:
-        row = self._read().execute(f"SELECT {_MESSAGE_COLUMNS} FROM message WHERE id = ?", (spool_id,)).fetchone()
-        return _message(row) if row is not None else None
+        found = self._messages("WHERE m.id = ?", (spool_id,))
+        return found[0] if found else None
 
     def body(self, body_id: int) -> bytes:
         """A stored body's bytes. Raises SpoolError if it cannot be read."""
@@ -346,10 +385,96 @@ class SqliteSpool:
 
     def scan(self, after: int, limit: int) -> list[Message]:
         """Messages in id order, strictly after `after` (bulk admin operations walk with it)."""
-        rows = self._read().execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM message WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+        return self._messages("WHERE m.id > ? ORDER BY m.id LIMIT ?", (after, limit))
+
+    def _messages(self, where: str, params: tuple[object, ...]) -> list[Message]:
+        """The messages a query finds; an unreadable one is left out and set aside."""
+        found: list[Message] = []
+        bad: list[Quarantined] = []
+        for row in self._read().execute(f"SELECT {recovery.ROW} {where}", params):
+            message = recovery.read_row(row, self.data_dir)
+            if isinstance(message, str):
+                bad.append(Quarantined(SpoolId(row[0]), message))
+            else:
+                found.append(message)
+        if bad:
+            self._set_aside(bad)
+        return found
+
+    # --- the check after a start (see `pigeon.spool.recovery`) ---------------------------------
+    async def check(self) -> RecoveryReport:
+        """Check every message stored before the open, setting aside the unreadable ones, then
+        remove orphan bodies and files. Runs in threads, beside the node's work; what it sets
+        aside is told to `on_quarantine` too. The report counts what this open set aside so far."""
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._in_check, self._check_messages, loop)
+        # What the check found is on its way to quarantine: its report waits for those commits.
+        await asyncio.gather(*self._set_asides, return_exceptions=True)
+        bodies = await asyncio.to_thread(self._in_check, recovery.orphan_bodies, self._opened_last)
+        if bodies:
+            files = await self._committer.submit(recovery.RemoveBodies(bodies))
+            await asyncio.to_thread(self._unlink_bodies, files)
+        removed = await asyncio.to_thread(
+            self._in_check, recovery.remove_orphan_files, self.data_dir, self._opened_last, self._opened_at
         )
-        return [_message(row) for row in rows]
+        return RecoveryReport(self.count, tuple(self._quarantined), len(bodies), removed)
+
+    def _in_check(self, step: Callable[..., _T], *args: object) -> _T:
+        """Run one step of the check on a read connection of its own (a worker thread).
+        `close()` waits for a step in progress, and the next one does not start."""
+        with self._checking:
+            if self._closing.is_set():
+                raise SpoolClosed("spool closed during its check")
+            conn = sqlite3.connect(self.db_path, isolation_level=None)
+            try:
+                conn.execute("PRAGMA query_only=1")
+                return step(conn, *args)
+            finally:
+                conn.close()
+
+    def _check_messages(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
+        after = 0
+        while not self._closing.is_set():
+            bad, after, read = recovery.unreadable(conn, self.data_dir, after, self._opened_last)
+            if bad:
+                loop.call_soon_threadsafe(self._set_aside, bad)
+            if read < recovery.CHUNK:
+                return
+
+    def _unlink_bodies(self, body_ids: list[int]) -> None:
+        for body_id in body_ids:
+            (self.data_dir / format_id(body_id)).unlink(missing_ok=True)
+
+    def _set_aside(self, entries: list[Quarantined]) -> None:
+        """Move unreadable entries to quarantine (event loop). Each is submitted once at a
+        time; if the commit fails, the next read of the entry tries again."""
+        fresh = [entry for entry in entries if entry.id not in self._setting_aside]
+        if not fresh:
+            return
+        self._setting_aside.update(entry.id for entry in fresh)
+        future = self._committer.submit(recovery.SetAside(fresh, self.data_dir))
+        self._set_asides.add(future)
+        future.add_done_callback(functools.partial(self._set_aside_done, fresh))
+
+    def _set_aside_done(self, entries: list[Quarantined], future: asyncio.Future[list[Quarantined]]) -> None:
+        self._set_asides.discard(future)
+        self._setting_aside.difference_update(entry.id for entry in entries)
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            _log.error(
+                "spool %s: cannot set aside %d unreadable entries (%s): skipped, and set aside when read again",
+                self.directory,
+                len(entries),
+                error,
+            )
+            return
+        moved = future.result()
+        if moved:
+            self._count -= len(moved)
+            self._quarantined += moved
+            self.on_quarantine(moved)
 
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
@@ -363,6 +488,9 @@ class SqliteSpool:
         holds up the loop's reader or the writer).
         """
         conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+        # A queue name that is not UTF-8 is set aside when its row is read; until then, it
+        # must not fail the whole count.
+        conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
         try:
             return conn.execute(
                 "SELECT queue, count(*), sum(due <= ?), sum(due >= ?), min(created) FROM message GROUP BY queue",
@@ -621,17 +749,3 @@ class _SaveRule:
 
     def abandon(self) -> None:
         pass
-
-
-def _message(row: tuple[int, int, str, float, int, int, float, bytes]) -> Message:
-    spool_id, body_id, queue, created, size, attempts, due, envelope = row
-    return Message(
-        id=SpoolId(spool_id),
-        queue=queue,
-        envelope=ENVELOPE_DECODER.decode(envelope),
-        created=created,
-        size=size,
-        body_id=SpoolId(body_id),
-        attempts=attempts,
-        due=due,
-    )

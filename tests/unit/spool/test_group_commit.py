@@ -25,11 +25,11 @@ from pigeon.spool.sqlite import SqliteSpool
 
 # --- helpers -----------------------------------------------------------------------------
 @contextmanager
-def opened(spool: SqliteSpool) -> Iterator[RecoveryReport]:
+def opened(spool: SqliteSpool) -> Iterator[None]:
     """Open `spool` on the running loop for the duration of the block."""
-    report = spool.open(asyncio.get_running_loop())
+    spool.open(asyncio.get_running_loop())
     try:
-        yield report
+        yield
     finally:
         spool.close()
 
@@ -243,9 +243,9 @@ async def test_count_tracks_stored_messages_and_survives_a_restart(tmp_path: Pat
         assert spool.count == 4
 
     again = SqliteSpool(tmp_path)
-    with opened(again) as report:
-        assert report.messages == 4
+    with opened(again):
         assert again.count == 4
+        assert (await again.check()).messages == 4
 
 
 async def test_store_after_close_fails_with_spool_closed_and_keeps_no_body_file(tmp_path: Path) -> None:
@@ -301,8 +301,8 @@ async def test_full_spool_refuses_with_451_and_leaves_nothing_half_written(tmp_p
         assert data_files(spool) == {format_id(body.id) for body in stored if body.data is None}
 
     again = SqliteSpool(tmp_path)
-    with opened(again) as report:
-        assert report == RecoveryReport(len(stored), (), 0, 0)
+    with opened(again):
+        assert await again.check() == RecoveryReport(len(stored), (), 0, 0)
 
 
 async def test_second_open_of_the_same_spool_is_refused_as_busy(tmp_path: Path) -> None:
@@ -313,8 +313,8 @@ async def test_second_open_of_the_same_spool_is_refused_as_busy(tmp_path: Path) 
             second.open(asyncio.get_running_loop())
 
     third = SqliteSpool(tmp_path)  # once the first has closed, the spool can be opened again
-    with opened(third) as report:
-        assert report.messages == 0
+    with opened(third):
+        assert third.count == 0
 
 
 # --- fsync failures ------------------------------------------------------------------------
@@ -395,8 +395,10 @@ async def test_a_freed_body_file_that_cannot_be_removed_does_not_fail_or_replay_
         assert "cannot remove freed body file" in caplog.text
         assert data_files(spool) == {format_id(body.id)}  # left behind ...
     monkeypatch.undo()
-    with opened(SqliteSpool(tmp_path, inline_limit=16)) as report:
-        assert report.orphan_files_removed == 1  # ... for the next start to remove
+    again = SqliteSpool(tmp_path, inline_limit=16)
+    with opened(again):
+        report = await again.check()
+        assert report.orphan_files_removed == 1  # ... for the check after the next start to remove
         assert report.messages == 1
 
 

@@ -1,14 +1,15 @@
-"""Opening a spool after damage: unreadable entries are set aside in quarantine with a reason,
-leftovers of uncommitted writes are removed, everything else is kept, and a database that
-cannot be read at all stops start-up with advice for the operator."""
+"""Opening a spool after damage: unreadable entries are set aside in quarantine with a reason
+(by the check that follows the open, or when first read), leftovers of uncommitted writes are
+removed, everything else is kept, and a database that cannot be read at all stops start-up
+with advice for the operator."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,13 @@ LARGE = b"Subject: large\r\n\r\n" + b"x" * 200 + b"\r\n"  # spilled to data/<id>
 
 
 # --- helpers -----------------------------------------------------------------------------
-@contextmanager
-def opened(directory: Path) -> Iterator[tuple[SqliteSpool, RecoveryReport]]:
+@asynccontextmanager
+async def opened(directory: Path) -> AsyncIterator[tuple[SqliteSpool, RecoveryReport]]:
+    """Open the spool and run its check to the end, as a node does once it serves."""
     spool = SqliteSpool(directory, inline_limit=INLINE_LIMIT)
-    report = spool.open(asyncio.get_running_loop())
+    spool.open(asyncio.get_running_loop())
     try:
-        yield spool, report
+        yield spool, await spool.check()
     finally:
         spool.close()
 
@@ -36,7 +38,7 @@ def opened(directory: Path) -> Iterator[tuple[SqliteSpool, RecoveryReport]]:
 async def fill(directory: Path, *bodies: bytes) -> list[tuple[SpoolId, SpoolId]]:
     """Store one single-domain reception per body, close the spool: [(message id, body id)]."""
     stored = []
-    with opened(directory) as (spool, _):
+    async with opened(directory) as (spool, _):
         for data in bodies:
             body_id, message_id = spool.new_ids(2)
             writer = spool.body_writer(body_id)
@@ -65,7 +67,7 @@ async def test_message_with_garbage_envelope_is_quarantined_and_the_others_kept(
     (first, _), (bad, bad_body), (third, _) = await fill(tmp_path, SMALL, SMALL, LARGE)
     execute(tmp_path, "UPDATE message SET envelope = ? WHERE id = ?", b"\xc1\xc1 not msgpack", bad)
 
-    with opened(tmp_path) as (spool, report):
+    async with opened(tmp_path) as (spool, report):
         assert [entry.id for entry in report.quarantined] == [bad]
         assert report.quarantined[0].reason.startswith("envelope does not decode")
         assert report.messages == 2
@@ -94,7 +96,7 @@ async def test_message_with_unreadable_envelope_or_queue_is_quarantined_with_the
     value: object = b"not an envelope" if "CAST" in damage else ENVELOPE_ENCODER.encode([1, 2, 3])
     execute(tmp_path, damage, "" if "queue" in damage else value, message)
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert [(entry.id, entry.reason.split(":")[0]) for entry in report.quarantined] == [(message, reason)]
     assert message_ids(tmp_path) == []
 
@@ -104,7 +106,7 @@ async def test_message_with_text_that_is_not_utf8_is_quarantined_not_fatal(tmp_p
     (kept, _), (bad, _) = await fill(tmp_path, SMALL, SMALL)
     execute(tmp_path, f"UPDATE message SET {column} = CAST(? AS TEXT) WHERE id = ?", b"\xff\xfe garbage", bad)
 
-    with opened(tmp_path) as (spool, report):
+    async with opened(tmp_path) as (spool, report):
         assert [entry.id for entry in report.quarantined] == [bad]
         assert spool.count == 1
     assert message_ids(tmp_path) == [kept]
@@ -115,7 +117,7 @@ async def test_message_whose_envelope_has_no_recipients_is_quarantined(tmp_path:
     empty = ENVELOPE_ENCODER.encode(Envelope("sender@example.org", []))
     execute(tmp_path, "UPDATE message SET envelope = ? WHERE id = ?", empty, message)
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert report.quarantined == (Quarantined(message, "envelope has no recipients"),)
 
 
@@ -123,7 +125,7 @@ async def test_message_whose_body_row_is_gone_is_quarantined(tmp_path: Path) -> 
     ((message, body),) = await fill(tmp_path, SMALL)
     execute(tmp_path, "DELETE FROM body WHERE id = ?", body)
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert report.quarantined == (Quarantined(message, "body missing"),)
 
 
@@ -131,7 +133,7 @@ async def test_message_whose_inline_body_is_not_a_blob_is_quarantined(tmp_path: 
     ((message, body),) = await fill(tmp_path, SMALL)
     execute(tmp_path, "UPDATE body SET data = 'text' WHERE id = ?", body)
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert report.quarantined == (Quarantined(message, "body data is text, expected a blob"),)
 
 
@@ -139,7 +141,7 @@ async def test_message_whose_body_file_was_deleted_is_quarantined_naming_the_fil
     (kept, _), (lost, lost_body) = await fill(tmp_path, LARGE, LARGE)
     (tmp_path / "data" / format_id(lost_body)).unlink()
 
-    with opened(tmp_path) as (spool, report):
+    async with opened(tmp_path) as (spool, report):
         assert report.quarantined == (Quarantined(lost, f"body file data/{format_id(lost_body)} missing"),)
         assert spool.count == 1
     assert message_ids(tmp_path) == [kept]
@@ -151,7 +153,7 @@ async def test_message_whose_body_file_is_truncated_is_quarantined_and_the_file_
     path = tmp_path / "data" / format_id(body)
     path.write_bytes(LARGE[:50])
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         reason = f"body file data/{format_id(body)} has 50 bytes, expected {len(LARGE)}"
         assert report.quarantined == (Quarantined(message, reason),)
         assert report.orphan_files_removed == 0
@@ -171,19 +173,143 @@ async def test_every_message_sharing_a_lost_body_file_is_quarantined(tmp_path: P
     )
     (tmp_path / "data" / format_id(body)).unlink()
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert sorted(entry.id for entry in report.quarantined) == [message, twin]
 
 
 async def test_quarantined_entry_stays_quarantined_and_is_not_reported_again(tmp_path: Path) -> None:
     ((message, _),) = await fill(tmp_path, SMALL)
     execute(tmp_path, "UPDATE message SET envelope = ? WHERE id = ?", b"\xc1", message)
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert len(report.quarantined) == 1
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert report == RecoveryReport(0, (), 0, 0)
     assert execute(tmp_path, "SELECT id FROM quarantine") == [(message,)]
+
+
+# --- read before the check has come to it ---------------------------------------------------------
+class Told(list[Quarantined]):
+    """What the spool told of entries set aside (once the move is durable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+
+    def tell(self, entries: list[Quarantined]) -> None:
+        self.extend(entries)
+        self.changed.set()
+
+
+async def told_of(told: Told, count: int) -> None:
+    async with asyncio.timeout(5):
+        while len(told) < count:
+            told.changed.clear()
+            await told.changed.wait()
+
+
+@contextmanager
+def opened_unchecked(directory: Path) -> Iterator[tuple[SqliteSpool, Told]]:
+    """The spool just opened, its check not run: what reads see before it comes to a row."""
+    spool = SqliteSpool(directory, inline_limit=INLINE_LIMIT)
+    told = Told()
+    spool.on_quarantine = told.tell
+    spool.open(asyncio.get_running_loop())
+    try:
+        yield spool, told
+    finally:
+        spool.close()
+
+
+@pytest.mark.parametrize("reader", ["due", "scan", "get"])
+async def test_unreadable_message_read_before_the_check_is_left_out_and_quarantined(
+    tmp_path: Path, reader: str
+) -> None:
+    (first, _), (bad, bad_body), (third, _) = await fill(tmp_path, SMALL, SMALL, LARGE)
+    execute(tmp_path, "UPDATE message SET envelope = ? WHERE id = ?", b"\xc1\xc1 not msgpack", bad)
+
+    with opened_unchecked(tmp_path) as (spool, told):
+        if reader == "due":
+            found = [m.id for m in spool.due(time.time() + 60, (float("-inf"), 0), 10)]
+        elif reader == "scan":
+            found = [m.id for m in spool.scan(0, 10)]
+        else:
+            found = [m.id for spool_id in (first, bad, third) if (m := spool.get(spool_id)) is not None]
+        assert found == [first, third]  # never handed to delivery or to an operator's listing
+        await told_of(told, 1)
+        assert told == [Quarantined(bad, told[0].reason)]
+        assert told[0].reason.startswith("envelope does not decode")
+        assert spool.count == 2
+        assert [m.id for m in spool.scan(0, 10)] == [first, third]
+        report = await spool.check()  # the check after the start finds it already set aside
+        assert report.quarantined == tuple(told)
+        assert len(told) == 1  # told once
+
+    assert message_ids(tmp_path) == [first, third]
+    kept = execute(tmp_path, "SELECT id, reason, body, envelope FROM quarantine")
+    assert kept == [(bad, told[0].reason, bad_body, b"\xc1\xc1 not msgpack")]
+
+
+async def test_message_whose_body_file_is_missing_is_not_read_before_the_check(tmp_path: Path) -> None:
+    (kept, _), (lost, lost_body) = await fill(tmp_path, LARGE, LARGE)
+    (tmp_path / "data" / format_id(lost_body)).unlink()
+
+    with opened_unchecked(tmp_path) as (spool, told):
+        assert [m.id for m in spool.due(time.time() + 60, (float("-inf"), 0), 10)] == [kept]
+        await told_of(told, 1)
+        assert told == [Quarantined(lost, f"body file data/{format_id(lost_body)} missing")]
+
+
+async def test_entry_read_twice_before_its_quarantine_commits_is_told_once(tmp_path: Path) -> None:
+    ((bad, _),) = await fill(tmp_path, SMALL)
+    execute(tmp_path, "UPDATE message SET envelope = ? WHERE id = ?", b"\xc1", bad)
+
+    with opened_unchecked(tmp_path) as (spool, told):
+        assert spool.scan(0, 10) == []
+        assert spool.scan(0, 10) == []  # same loop turn: the first move is not committed yet
+        await told_of(told, 1)
+        await asyncio.sleep(0.05)
+        assert len(told) == 1
+        assert spool.count == 0
+    assert execute(tmp_path, "SELECT id FROM quarantine") == [(bad,)]
+
+
+async def test_body_file_of_a_reception_in_progress_survives_the_check(tmp_path: Path) -> None:
+    await fill(tmp_path, LARGE)
+
+    with opened_unchecked(tmp_path) as (spool, _):
+        # A large body is written to data/ before its row commits: the check runs meanwhile.
+        body_id, message_id = spool.new_ids(2)
+        writer = spool.body_writer(body_id)
+        writer.write(LARGE)
+        report = await spool.check()
+        assert report.orphan_files_removed == 0
+        envelope = Envelope("sender@example.org", [Recipient("rcpt@example.com")])
+        now = time.time()
+        await spool.store(writer.finish(), [NewMessage(message_id, "default@example.com", envelope, now, now)])
+        message = spool.get(message_id)
+        assert message is not None
+        assert spool.body(message.body_id) == LARGE
+
+
+async def test_count_is_known_at_once_and_follows_the_changes_made_while_counting(tmp_path: Path) -> None:
+    stored = await fill(tmp_path, SMALL, SMALL, LARGE)
+
+    with opened_unchecked(tmp_path) as (spool, _):
+        # Changes committed right after the open, while the count may still be running.
+        (old,) = spool.scan(0, 1)
+        envelope = Envelope("sender@example.org", [Recipient("rcpt@example.com")])
+        now = time.time()
+        changes = [spool.settle(old, None, attempts=1, due=now)]
+        for _ in range(2):
+            body_id, message_id = spool.new_ids(2)
+            writer = spool.body_writer(body_id)
+            writer.write(SMALL)
+            new = NewMessage(message_id, "default@example.com", envelope, now, now)
+            changes.append(spool.store(writer.finish(), [new]))
+        await asyncio.gather(*changes)
+        assert spool.count == len(stored) + 1
+    assert len(message_ids(tmp_path)) == len(stored) + 1
 
 
 # --- leftovers of uncommitted writes -----------------------------------------------------------
@@ -194,7 +320,7 @@ async def test_body_rows_without_a_message_are_removed_with_their_files(tmp_path
     execute(tmp_path, "INSERT INTO body (id, size, data) VALUES (?, 3, NULL)", file_orphan)
     (tmp_path / "data" / format_id(file_orphan)).write_bytes(b"ABC")
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert report.orphan_bodies_removed == 2
         assert report.orphan_files_removed == 0
         assert report.quarantined == ()
@@ -209,7 +335,7 @@ async def test_files_in_data_without_a_body_row_are_removed(tmp_path: Path) -> N
     (data / format_id(body + 1)).write_bytes(b"never committed")
     (data / "stray").write_bytes(b"junk")
 
-    with opened(tmp_path) as (_, report):
+    async with opened(tmp_path) as (_, report):
         assert report.orphan_files_removed == 2
         assert report.orphan_bodies_removed == 0
     assert sorted(p.name for p in data.iterdir()) == [format_id(body)]
@@ -219,7 +345,7 @@ async def test_files_in_data_without_a_body_row_are_removed(tmp_path: Path) -> N
 async def test_reopening_a_clean_spool_changes_nothing(tmp_path: Path) -> None:
     stored = await fill(tmp_path, SMALL, LARGE, SMALL, LARGE)
 
-    with opened(tmp_path) as (spool, report):
+    async with opened(tmp_path) as (spool, report):
         assert report == RecoveryReport(4, (), 0, 0)
         assert spool.count == 4
     assert message_ids(tmp_path) == [message for message, _ in stored]
@@ -228,7 +354,7 @@ async def test_reopening_a_clean_spool_changes_nothing(tmp_path: Path) -> None:
 
 
 async def test_reopening_an_empty_directory_creates_an_empty_spool(tmp_path: Path) -> None:
-    with opened(tmp_path / "new") as (spool, report):
+    async with opened(tmp_path / "new") as (spool, report):
         assert report == RecoveryReport(0, (), 0, 0)
         assert spool.db_path.exists()
         assert spool.data_dir.is_dir()
@@ -239,7 +365,7 @@ async def test_ids_after_reopen_are_greater_than_every_stored_id(tmp_path: Path)
     stored = await fill(tmp_path, SMALL, LARGE)
     existing = [i for pair in stored for i in pair]
 
-    with opened(tmp_path) as (spool, _):
+    async with opened(tmp_path) as (spool, _):
         new = spool.new_ids(100)
     assert min(new) > max(existing)
 
@@ -258,7 +384,7 @@ async def test_ids_stay_increasing_when_the_clock_went_back_since_the_last_run(t
     else:  # a record the log could not take, kept to be written at the next start
         execute(tmp_path, "INSERT INTO outbox (seq, record) VALUES (?, x'7b7d')", future)
 
-    with opened(tmp_path) as (spool, _):
+    async with opened(tmp_path) as (spool, _):
         new = spool.new_ids(10)
     assert min(new) > future
     assert new == sorted(set(new))
