@@ -36,7 +36,7 @@ def register(commands: Any) -> None:
         "serve",
         help="run a Pigeon node",
         description="Run a Pigeon node in the foreground until SIGTERM or SIGINT.\n\n"
-        'With [node] workers above 1 ("auto", the default, is one per CPU core but one)\n'
+        'With [node] workers above 1 ("auto", the default: one per CPU it may use, but one)\n'
         "this process supervises that many worker processes.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

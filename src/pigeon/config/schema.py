@@ -9,13 +9,14 @@ node: SMTP on 127.0.0.1:2525, HTTP on 127.0.0.1:8025, data under ./var.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
+
+from pigeon.node.cpus import auto_workers, available_cpus
 
 DURATION_TEXT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
 _DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -132,9 +133,9 @@ class NodeConfig(_Section):
     """Node name written into every log record. Default: the host name."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
     """Worker processes, each with its own spool shard, sharing the listen ports (SO_REUSEPORT).
-    "auto": one per CPU core but one, which is left to the kernel's network stack, the spool's
-    fsync threads and whatever else runs there (measured on 2 cores with the load generator
-    on the same machine, one worker accepted 17% more mail than two)."""
+    "auto": one per CPU this process may use (its affinity, capped by a cgroup CPU quota) but
+    one, which is left to the kernel's network stack, the spools' commit threads and whatever
+    else runs there; at least one (`pigeon.node.cpus`; the README's "Workers" has the figures)."""
     shutdown_timeout: Duration = Duration(30)
     """On SIGTERM, how long open SMTP transactions may take to finish."""
     user: str | None = None
@@ -148,7 +149,7 @@ class NodeConfig(_Section):
     @property
     def worker_count(self) -> int:
         if self.workers == "auto":
-            return min(64, max(1, (os.cpu_count() or 1) - 1))
+            return auto_workers(available_cpus())
         return self.workers
 
 

@@ -93,7 +93,7 @@ def test_no_file_gives_a_working_local_node() -> None:
         ipaddress.ip_network("::1/128"),
     ]
     assert config.node.workers == "auto"
-    assert config.node.worker_count == max(1, (os.cpu_count() or 1) - 1)  # one core left to the rest
+    assert config.node.worker_count == max(1, len(os.sched_getaffinity(0)) - 1)  # one CPU left to the rest
     assert config.smtp.tls_certificate is None
     assert config.smtp.auth_users is None
 
