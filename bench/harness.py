@@ -8,6 +8,7 @@ reports ratios.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -95,6 +96,10 @@ class Mta:
     def stop(self) -> None:
         raise NotImplementedError
 
+    def queued(self) -> int:
+        """Messages in the MTA's queue."""
+        raise NotImplementedError
+
 
 class Pigeon(Mta):
     def __init__(
@@ -116,11 +121,28 @@ class Pigeon(Mta):
     def stop(self) -> None:
         self.process.stop()
 
+    def queued(self) -> int:
+        _, body = self.process.http_get("/healthz")
+        return int(json.loads(body)["spool"]["messages"])
+
 
 class Postfix(Mta):
-    """A private Postfix instance: its own config, queue and port; nothing touches /etc/postfix."""
+    """A private Postfix instance: its own config, queue and port; nothing touches /etc/postfix.
 
-    def __init__(self, workdir: Path, relay_port: int | None = None, defer: bool = True) -> None:
+    `nameserver`: deliver by MX, asking only this DNS server (an address on loopback port 53):
+    Postfix runs in a mount namespace of its own whose /etc/resolv.conf names that server and
+    nothing else. Without it, everything goes to `relay_port`, with no DNS at all.
+    `settings`: main.cf parameters to set besides (or instead of) the bench's own."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        relay_port: int | None = None,
+        defer: bool = True,
+        *,
+        nameserver: str | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.name = "postfix"
         require("/usr/sbin/postfix", "postfix")
         self.dir = workdir
@@ -131,12 +153,29 @@ class Postfix(Mta):
             d.mkdir(parents=True, exist_ok=True)
         shutil.chown(data, "postfix")
         (etc / "master.cf").write_text(_master_cf(self.port))
-        relay = f"[127.0.0.1]:{relay_port}" if relay_port else "[127.0.0.1]:9"
-        (etc / "main.cf").write_text(
-            _MAIN_CF.format(spool=spool, data=data, dir=workdir, relay=relay, defer="smtp" if defer else "")
-        )
+        main = {
+            **_MAIN_CF,
+            "queue_directory": str(spool),
+            "data_directory": str(data),
+            "maillog_file": f"{workdir}/maillog",
+            "maillog_file_prefixes": str(workdir),
+            "relayhost": f"[127.0.0.1]:{relay_port}" if relay_port else "[127.0.0.1]:9",
+            "defer_transports": "smtp" if defer else "",
+        }
+        if nameserver is not None:
+            main.update(relayhost="", disable_dns_lookups="no", smtp_dns_support_level="enabled")
+            main.update(smtp_host_lookup="dns")
+        main.update(settings or {})
+        (etc / "main.cf").write_text("".join(f"{key} = {value}\n" for key, value in main.items()))
         subprocess.run(["postfix", "-c", str(etc), "check"], check=False, capture_output=True)
-        subprocess.run(["postfix", "-c", str(etc), "start"], check=True, capture_output=True)
+        start = ["postfix", "-c", str(etc), "start"]
+        if nameserver is not None:
+            resolv = workdir / "resolv.conf"
+            resolv.write_text(f"nameserver {nameserver}\noptions attempts:2 timeout:2\n")
+            # The master and every daemon it forks stay in this namespace: they see our resolv.conf.
+            bind = f"mount --bind {resolv} /etc/resolv.conf && exec {' '.join(start)}"
+            start = [require("unshare", "util-linux"), "--mount", "--propagation", "private", "sh", "-c", bind]
+        subprocess.run(start, check=True, capture_output=True)
         _wait_port(self.port)
 
     def root_pid(self) -> int:
@@ -159,35 +198,30 @@ class Postfix(Mta):
         time.sleep(1)
 
 
-_MAIN_CF = """compatibility_level = 3.6
-queue_directory = {spool}
-data_directory = {data}
-mail_owner = postfix
-setgid_group = postdrop
-myhostname = bench.pigeon.test
-mydomain = pigeon.test
-myorigin = $myhostname
-mydestination =
-inet_interfaces = 127.0.0.1
-inet_protocols = ipv4
-mynetworks = 127.0.0.0/8
-relayhost = {relay}
-smtpd_relay_restrictions = permit_mynetworks, reject
-smtpd_client_connection_count_limit = 0
-smtpd_client_connection_rate_limit = 0
-default_process_limit = 100
-disable_dns_lookups = yes
-smtp_dns_support_level = disabled
-smtpd_peername_lookup = no
-maillog_file = {dir}/maillog
-maillog_file_prefixes = {dir}
-alias_maps =
-alias_database =
-local_recipient_maps =
-defer_transports = {defer}
-smtputf8_enable = no
-biff = no
-"""
+_MAIN_CF = {
+    "compatibility_level": "3.6",
+    "mail_owner": "postfix",
+    "setgid_group": "postdrop",
+    "myhostname": "bench.pigeon.test",
+    "mydomain": "pigeon.test",
+    "myorigin": "$myhostname",
+    "mydestination": "",
+    "inet_interfaces": "127.0.0.1",
+    "inet_protocols": "ipv4",
+    "mynetworks": "127.0.0.0/8",
+    "smtpd_relay_restrictions": "permit_mynetworks, reject",
+    "smtpd_client_connection_count_limit": "0",
+    "smtpd_client_connection_rate_limit": "0",
+    "default_process_limit": "100",
+    "disable_dns_lookups": "yes",
+    "smtp_dns_support_level": "disabled",
+    "smtpd_peername_lookup": "no",
+    "alias_maps": "",
+    "alias_database": "",
+    "local_recipient_maps": "",
+    "smtputf8_enable": "no",
+    "biff": "no",
+}
 
 
 def _master_cf(port: int) -> str:
