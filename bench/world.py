@@ -132,9 +132,14 @@ def _answers(zone: Zone) -> tuple[dict[bytes, tuple[int, bytes]], set[bytes]]:
 
 
 class _Dns(asyncio.DatagramProtocol):
-    def __init__(self, zone: Zone, counts: Counts) -> None:
+    """`delay`: seconds the first query for a name and type waits, as a caching resolver's
+    recursion would; a query asked meanwhile is answered with it, later ones at once."""
+
+    def __init__(self, zone: Zone, counts: Counts, delay: float = 0.0) -> None:
         self.answers, self.names = _answers(zone)
         self.counts = counts
+        self.delay = delay
+        self.ready: dict[bytes, float] = {}  # name and type -> when the "resolver" has it
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -160,7 +165,14 @@ class _Dns(asyncio.DatagramProtocol):
         flags = bytes([0x84 | (data[2] & 0x79), 0x80 | rcode])  # QR AA (opcode, RD echoed), RA
         header = data[:2] + flags + b"\x00\x01" + ancount.to_bytes(2, "big") + b"\x00\x00\x00\x00"
         assert self.transport is not None
-        self.transport.sendto(header + data[12 : end + 5] + records, addr)
+        packet = header + data[12 : end + 5] + records
+        if self.delay:
+            loop = asyncio.get_running_loop()
+            ready = self.ready.setdefault(data[12 : end + 3].lower(), loop.time() + self.delay)
+            if ready > loop.time():
+                loop.call_at(ready, self.transport.sendto, packet, addr)
+                return
+        self.transport.sendto(packet, addr)
 
 
 # --- sinks --------------------------------------------------------------------------------------
@@ -341,10 +353,10 @@ class _Sink(asyncio.Protocol):
 
 
 # --- the process ---------------------------------------------------------------------------------
-async def serve(zone: Zone) -> None:
+async def serve(zone: Zone, dns_delay: float) -> None:
     loop = asyncio.get_running_loop()
     counts = Counts()
-    await loop.create_datagram_endpoint(lambda: _Dns(zone, counts), local_addr=(DNS_ADDRESS, 53))
+    await loop.create_datagram_endpoint(lambda: _Dns(zone, counts, dns_delay), local_addr=(DNS_ADDRESS, 53))
     for address in [*zone.sink_addresses, BOUNCE_ADDRESS]:
         bounces = address == BOUNCE_ADDRESS
         await loop.create_server(lambda b=bounces: _Sink(counts, b), address, 25, backlog=512)
@@ -374,8 +386,8 @@ async def serve(zone: Zone) -> None:
 class World:
     """This module run as a process of its own (it binds port 25 and 53: run as root)."""
 
-    def __init__(self, domains: int) -> None:
-        command = [sys.executable, __file__, "--domains", str(domains)]
+    def __init__(self, domains: int, dns_delay: float = 0.0) -> None:
+        command = [sys.executable, __file__, "--domains", str(domains), "--dns-delay", str(dns_delay)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         if self.process.stdout.readline().strip() != "ready":
@@ -403,8 +415,9 @@ class World:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--domains", type=int, default=1000)
+    parser.add_argument("--dns-delay", type=float, default=0.0, help="seconds a name's first query waits")
     args = parser.parse_args()
-    uvloop.run(serve(build_zone(args.domains)))
+    uvloop.run(serve(build_zone(args.domains), args.dns_delay))
 
 
 if __name__ == "__main__":
