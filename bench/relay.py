@@ -50,7 +50,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -183,6 +185,9 @@ class Settled:
     left: int  # still in the MTA's queue once settled
     world: dict[str, object]
     notes: list[str]  # what the MTA's logs say went wrong, besides the sinks' own 4xx and 5xx
+    others: float  # cores that other processes (not the MTA, the sinks, nor the injector) kept busy
+    ours: float  # CPU seconds of the injector and the world (DNS server and sinks)
+    data_to_reply: list[float]  # the injector's wait from a message's data to its 250
 
     @property
     def rate(self) -> float:
@@ -220,6 +225,7 @@ def realistic_run(kind: str, args: argparse.Namespace, mail: list[Message], bodi
             try:
                 spy = Profile(mta, args.profile) if profile else None
                 cpu_before, started = tree_cpu_seconds(mta.root_pid()), time.perf_counter()
+                machine_before, ours_before = _machine_busy(), _own_cpu() + tree_cpu_seconds(world.process.pid)
                 done = uvloop.run(inject(mta.port, mail, bodies, args.sessions))
                 injected = time.perf_counter() - started
                 expected = {r for m in done.accepted for r in m.recipients if fate(r) != REFUSE}
@@ -232,6 +238,8 @@ def realistic_run(kind: str, args: argparse.Namespace, mail: list[Message], bodi
                     time.sleep(0.1)
                 settled = time.perf_counter() - started
                 cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
+                ours = _own_cpu() + tree_cpu_seconds(world.process.pid) - ours_before
+                others = (_machine_busy() - machine_before - ours - cpu) / settled
                 if spy is not None:
                     spy.stop()
                 time.sleep(args.grace)  # a duplicate comes late, if it comes
@@ -256,7 +264,21 @@ def realistic_run(kind: str, args: argparse.Namespace, mail: list[Message], bodi
         left=left,
         world=final,
         notes=notes,
+        others=others,
+        ours=ours,
+        data_to_reply=done.data_to_reply,
     )
+
+
+def _machine_busy() -> float:
+    """CPU seconds all processes have spent, since boot."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _common(reasons: collections.Counter[str], label: str, top: int = 5) -> list[str]:
@@ -401,6 +423,11 @@ def report(label: str, run: Settled) -> bool:
           f"{w['duplicates']}, bounced {w['bounced']} ({w['bounce_duplicates']} twice) in {w['dsns']} DSNs, "
           f"left {run.left} | {w['connections']} connections, {w['transactions']} transactions, "
           f"{w['dns_queries']} DNS queries", flush=True)  # fmt: skip
+    waits = sorted(run.data_to_reply)
+    median_wait, p99_wait = waits[len(waits) // 2] * 1000, waits[len(waits) * 99 // 100] * 1000
+    print(f"    data to 250: median {median_wait:.0f} ms, p99 {p99_wait:.0f} ms; injector and sinks "
+          f"{run.ours * 1000 / run.messages:.2f} CPU ms/msg; other processes kept {run.others:.1f} of "
+          f"{os.cpu_count()} cores busy")  # fmt: skip
     problems = {
         "LOST": run.lost,
         "delivered though refused or never sent": run.unexpected,

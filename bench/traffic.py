@@ -96,6 +96,7 @@ class Bodies:
 class Injected:
     accepted: list[Message] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "message n: reply"
+    data_to_reply: list[float] = field(default_factory=list)  # seconds from a message's data to its 250
     seconds: float = 0.0
 
 
@@ -109,6 +110,7 @@ async def _reply(reader: asyncio.StreamReader) -> bytes:
 
 
 async def _session(port: int, todo: Iterator[Message], bodies: Bodies, per_connection: int, done: Injected) -> None:
+    loop = asyncio.get_running_loop()
     message = next(todo, None)
     while message is not None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -138,9 +140,11 @@ async def _session(port: int, todo: Iterator[Message], bodies: Bodies, per_conne
                 # the sinks should see, and the bench fails.
                 done.failures.append(f"message {message.number}: {b' / '.join(r.strip() for r in replies)!r}")
             if replies[-1].startswith(b"354"):
+                started = loop.time()
                 writer.writelines([*bodies.parts(message), b".\r\n"])
                 await writer.drain()
                 final = await _reply(reader)
+                done.data_to_reply.append(loop.time() - started)
                 if not final.startswith(b"250"):
                     done.failures.append(f"message {message.number}: {final.strip()!r}")
                 elif all(r.startswith(b"250") for r in replies[:-1]):
