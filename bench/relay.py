@@ -418,7 +418,8 @@ def summarise(results: dict[str, list[Settled]], args: argparse.Namespace, pigeo
 
 def report(label: str, run: Settled) -> bool:
     w = run.world
-    print(f"{label:28} settled in {run.settled:6.1f}s (accepted all in {run.injected:5.1f}s) "
+    state = "settled in" if not (run.lost or run.missing_bounces) else "NOT settled after"
+    print(f"{label:28} {state} {run.settled:6.1f}s (accepted all in {run.injected:5.1f}s) "
           f"{run.rate:6.0f} msg/s {run.cpu_ms:6.2f} CPU ms/msg | lost {len(run.lost)}, duplicates "
           f"{w['duplicates']}, bounced {w['bounced']} ({w['bounce_duplicates']} twice) in {w['dsns']} DSNs, "
           f"left {run.left} | {w['connections']} connections, {w['transactions']} transactions, "
@@ -429,7 +430,7 @@ def report(label: str, run: Settled) -> bool:
           f"{run.ours * 1000 / run.messages:.2f} CPU ms/msg; other processes kept {run.others:.1f} of "
           f"{os.cpu_count()} cores busy")  # fmt: skip
     problems = {
-        "LOST": run.lost,
+        "LOST (not delivered once settled, or by --settle-timeout)": run.lost,
         "delivered though refused or never sent": run.unexpected,
         "no DSN for": run.missing_bounces,
         "DSN for a recipient not refused": run.wrong_bounces,
