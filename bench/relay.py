@@ -183,7 +183,7 @@ class Settled:
     wrong_bounces: list[str]
     failures: list[str]  # messages the MTA did not accept
     left: int  # still in the MTA's queue once settled
-    world: dict[str, object]
+    world: dict[str, Any]
     notes: list[str]  # what the MTA's logs say went wrong, besides the sinks' own 4xx and 5xx
     others: float  # cores that other processes (not the MTA, the sinks, nor the injector) kept busy
     ours: float  # CPU seconds of the injector and the world (DNS server and sinks)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -358,8 +359,7 @@ async def serve(zone: Zone, dns_delay: float) -> None:
     counts = Counts()
     await loop.create_datagram_endpoint(lambda: _Dns(zone, counts, dns_delay), local_addr=(DNS_ADDRESS, 53))
     for address in [*zone.sink_addresses, BOUNCE_ADDRESS]:
-        bounces = address == BOUNCE_ADDRESS
-        await loop.create_server(lambda b=bounces: _Sink(counts, b), address, 25, backlog=512)
+        await loop.create_server(functools.partial(_Sink, counts, address == BOUNCE_ADDRESS), address, 25, backlog=512)
     done = loop.create_future()
     buffered = bytearray()
 
