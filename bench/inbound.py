@@ -1,22 +1,34 @@
-"""Inbound handoff rates: IMAP to Sidekiq with 1 and 3 nodes, and SMTP to a webhook.
+"""Inbound drain rates: an IMAP backlog handed to a log file, a Maildir or Sidekiq, against
+mail_room (the real gem and a Python loop of its shape); and SMTP to a webhook.
 
-    .venv/bin/python bench/inbound.py [--messages 5000] [--size 5120]
+    .venv/bin/python bench/inbound.py [--messages 5000] [--size 5120] [--only NAME,...]
 
 A private Dovecot and Redis (started here, on loopback) hold the mailbox and Sidekiq's queue.
-For each contender the inbox is filled with `--messages` messages of `--size` bytes, the
-contender is started, and the clock runs until Sidekiq's queue holds every job and the inbox
-has none unseen.
+For each contender the inbox is filled with `--messages` messages of `--size` bytes (one
+MULTIAPPEND), and the clock runs until the target holds every message.
+
+Start-up is not drain time, and processes start at different speeds (Ruby, Python, one or
+three nodes). So each process contender runs twice on the same Dovecot: once from its
+start until it has handed over a backlog of one message, then (a fresh process) until it has
+handed over the backlog of `--messages`. The drain rate is the difference: (messages - 1)
+over the difference of the two times, and likewise for CPU (of the contender's processes).
 
 Contenders, alternately in one invocation (the machine is noisy):
-* baseline: a mail_room-style loop (stdlib imaplib + redis-py, synchronous, one process):
-  UID SEARCH UNSEEN, UID FETCH of the bodies a thousand at a time (which marks them \\Seen as
-  it goes, as mail_room does), then per message SET NX EX arbitration and LPUSH;
-* Pigeon, 1 node, and Pigeon, 3 nodes sharing the Redis for arbitration (claims, BODY.PEEK[],
-  \\Seen only after the push).
+* gem-log, gem-sidekiq: the real mail_room gem (Debian's `ruby-mail-room`, with `ruby-redis`
+  and `ruby-charlock-holmes` for its sidekiq delivery), default configuration (no
+  arbitration), delivery `logger` to a file, or `sidekiq` to the private Redis. It fetches
+  the whole backlog with `UID FETCH RFC822` (which marks it \\Seen before any delivery) and
+  never fsyncs. Left out, with a note, when `mail_room` is not installed;
+* shaped-log, shaped-sidekiq: the same loop in Python, in this process (stdlib imaplib,
+  redis-py): UID SEARCH UNSEEN, one UID FETCH RFC822, then per message a line written to a
+  file or an LPUSH;
+* Pigeon, `log`, `maildir` or `sidekiq` target: 1 node without [redis], 1 node with [redis]
+  arbitration ("1r"), 3 nodes sharing the Redis ("3r"). Durable: each handoff is fsynced
+  (or in Sidekiq's Redis) before the message is flagged \\Seen.
 
-Then SMTP to a webhook: `smtp-source` sends to an [[inbound]] route whose target is a local
-webhook receiver; the clock runs until the receiver has every message. Pigeon relaying the
-same load to `smtp-sink` in the same run is the baseline.
+Then SMTP to a webhook (`relay`, `webhook`): `smtp-source` sends to an [[inbound]] route whose
+target is a local webhook receiver; the clock runs until the receiver has every message.
+Pigeon relaying the same load to `smtp-sink` in the same run is the baseline.
 
 `--baseline-src DIR` runs every Pigeon contender again from another source tree (the `src` of a
 checkout of the commit before a change) and prints the change's ratios against it.
@@ -29,15 +41,24 @@ import imaplib
 import json
 import os
 import secrets
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from harness import Pigeon, free_port, median, require, smtp_source, tree_cpu_seconds, workdir
 from tests.support.apps import WebhookApp, redis_in_use_for_a_while
 from tests.support.services import Dovecot, RedisServer
+
+MAIL_ROOM = "/usr/bin/mail_room"
+QUEUE = "queue:mail"
+LOGGER_MARK = b"]  INFO -- : "
 
 
 def message(n: int, size: int) -> bytes:
@@ -50,94 +71,258 @@ def message(n: int, size: int) -> bytes:
     return (head + body).encode()
 
 
-def fill(dovecot: Dovecot, count: int, size: int) -> None:
-    for start in range(0, count, 500):
-        dovecot.append("app", [message(n, size) for n in range(start, min(count, start + 500))])
+def fill(dovecot: Dovecot, first: int, count: int, size: int) -> None:
+    """`count` messages into app's INBOX with one MULTIAPPEND (LITERAL+): quick, and they
+    appear at once."""
+    with socket.create_connection(("127.0.0.1", dovecot.port)) as sock, sock.makefile("rb") as replies:
+        replies.readline()
+        sock.sendall(b"a LOGIN app secret\r\n")
+        while not (line := replies.readline()).startswith(b"a "):
+            pass
+        parts = [b"b APPEND INBOX"]
+        for n in range(first, first + count):
+            raw = message(n, size)
+            parts.append(b" {%d+}\r\n" % len(raw) + raw)
+        sock.sendall(b"".join(parts) + b"\r\nc LOGOUT\r\n")
+        while not (line := replies.readline()).startswith(b"b "):
+            pass
+        if not line.startswith(b"b OK"):
+            raise RuntimeError(f"APPEND: {line!r}")
 
 
-def mail_room_style(dovecot: Dovecot, url: str) -> None:
-    """The baseline, in this process: what mail_room does per poll, synchronously."""
-    client = redis.Redis.from_url(url)
+# --- where the messages go, and how many are there ---------------------------------------------
+@dataclass
+class Sink:
+    kind: str  # "log", "maildir", "sidekiq"
+    path: Path
+    client: redis.Redis
+    marker: bytes = b"\n"  # one per message in a log file
+    _offset: int = 0
+    _seen: int = 0
+    _tail: bytes = b""  # the last read's end, too short to hold a marker (it may start one)
+
+    def count(self) -> int:
+        if self.kind == "sidekiq":
+            return int(self.client.llen(QUEUE))
+        if self.kind == "maildir":
+            try:
+                return len(os.listdir(self.path / "new"))
+            except FileNotFoundError:
+                return 0
+        try:
+            with open(self.path, "rb") as file:
+                file.seek(self._offset)
+                data = file.read()
+        except FileNotFoundError:
+            return 0
+        self._offset += len(data)
+        data = self._tail + data
+        self._seen += data.count(self.marker)
+        self._tail = data[len(data) - len(self.marker) + 1 :]
+        return self._seen
+
+    def wait_for(self, count: int, alive: Callable[[], None], timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        pause = 0.02 if self.kind == "maildir" else 0.005
+        while self.count() < count:
+            alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.kind}: {self.count()} of {count} after {timeout}s")
+            time.sleep(pause)
+
+
+# --- the contenders -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    kind: str  # "gem", "shaped", "pigeon"
+    target: str  # "log", "maildir", "sidekiq"
+    nodes: int = 1
+    arbitration: bool = False  # Pigeon: [redis] shared by the nodes
+    source: Path | None = None  # Pigeon: another source tree
+
+    @property
+    def label(self) -> str:
+        if self.kind == "gem":
+            what = f"mail_room gem, {'logger' if self.target == 'log' else 'sidekiq'} delivery"
+        elif self.kind == "shaped":
+            what = f"mail_room-shaped Python loop, {self.target}"
+        else:
+            nodes = f"{self.nodes} node{'s' if self.nodes > 1 else ''}" + (" + Redis" if self.arbitration else "")
+            what = f"Pigeon, {self.target} target, {nodes}"
+        return what + (", baseline source" if self.source else "")
+
+
+class Process:
+    """A contender's processes: started, measured, stopped."""
+
+    def cpu(self) -> float:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise if the contender died."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+def _yaml(mapping: dict[str, object], indent: str) -> str:
+    """A block mapping in mail_room's YAML, whose keys are Ruby symbols (":name")."""
+    lines = []
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:\n{_yaml(value, indent + '  ')}")
+        else:  # a JSON string, number or boolean is one in YAML too
+            lines.append(f"{indent}{key}: {json.dumps(value)}\n")
+    return "".join(lines)
+
+
+class Gem(Process):
+    def __init__(self, root: Path, dovecot: Dovecot, sink: Sink, redis_url: str) -> None:
+        box: dict[str, object] = {":email": "app", ":password": "secret", ":host": "127.0.0.1", ":ssl": False,
+                                  ":port": dovecot.port, ":start_tls": False, ":name": "INBOX"}  # fmt: skip
+        if sink.kind == "log":
+            box |= {":delivery_method": "logger", ":log_path": str(sink.path)}
+        else:
+            options = {":redis_url": redis_url, ":queue": "mail", ":worker": "InboundEmailJob"}
+            box |= {":delivery_method": "sidekiq", ":delivery_options": options}
+        root.mkdir(parents=True, exist_ok=True)
+        config, self.stderr = root / "mail_room.yml", root / "mail_room.stderr"
+        config.write_text(":mailboxes:\n  -\n" + _yaml(box, "    "))
+        self.process = subprocess.Popen(
+            [MAIL_ROOM, "-c", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.stderr, "ab"),  # noqa: SIM115 - the child's
+            start_new_session=True,
+        )
+
+    def cpu(self) -> float:
+        return tree_cpu_seconds(self.process.pid)
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"mail_room exited with {self.process.returncode}: see {self.stderr}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+class Nodes(Process):
+    def __init__(self, root: Path, contender: Contender, dovecot: Dovecot, sink: Sink, redis_url: str) -> None:
+        if sink.kind == "sidekiq":
+            target = {"name": "out", "kind": "sidekiq", "queue": "mail", "redis_url": redis_url}
+        else:
+            target = {"name": "out", "kind": sink.kind, "path": str(sink.path)}
+        box = {"name": "support", "host": "127.0.0.1", "port": dovecot.port, "tls": "none", "username": "app",
+               "password": "secret", "target": "out"}  # fmt: skip
+        sections: dict[str, object] = {"target": [target], "mailbox": [box]}
+        if contender.arbitration:
+            sections["redis"] = {"url": redis_url}
+        self.nodes = [
+            Pigeon(root / f"node{n}", 1, wait=False, source=contender.source, **sections)
+            for n in range(contender.nodes)
+        ]
+
+    def cpu(self) -> float:
+        return sum(tree_cpu_seconds(node.root_pid()) for node in self.nodes)
+
+    def check(self) -> None:
+        for node in self.nodes:
+            if node.process.process is not None and node.process.process.poll() is not None:
+                raise RuntimeError(f"pigeon exited: {node.process.stderr()}")
+
+    def stop(self) -> None:
+        for node in self.nodes:  # gracefully: each acknowledges what it handed over
+            node.stop()
+
+
+def mail_room_shaped(dovecot: Dovecot, sink: Sink) -> None:
+    """mail_room's loop with its default configuration, in this process: UID SEARCH UNSEEN,
+    one UID FETCH RFC822 of them all (marking them \\Seen before any delivery), then each
+    message written to a file (no fsync) or LPUSHed, one at a time."""
     imap = imaplib.IMAP4("127.0.0.1", dovecot.port)
     imap.login("app", "secret")
     imap.select("INBOX")
-    while True:
-        _, data = imap.uid("SEARCH", "UNSEEN")
-        uids = data[0].split()
-        if not uids:
-            break
-        # A thousand at a time: mail_room's limit_max_unread (its PR #114), as a long UID list
-        # is refused with "Too long argument".
-        fetched = []
-        for start in range(0, len(uids), 1000):
-            fetched += imap.uid("FETCH", b",".join(uids[start : start + 1000]).decode(), "(UID RFC822)")[1]
-        for item in fetched:
-            if not isinstance(item, tuple):
-                continue
-            uid = item[0].split(b"UID ")[1].split()[0].decode()
-            if client.set(f"delivered:{uid}", 1, nx=True, ex=600):
-                job = {"class": "InboundEmailJob", "args": [item[1].decode()], "queue": "mail",
-                       "jid": secrets.token_hex(12), "retry": True, "enqueued_at": time.time()}  # fmt: skip
-                client.lpush("queue:mail", json.dumps(job))
-    imap.logout()
+    log = open(sink.path, "ab") if sink.kind == "log" else None  # noqa: SIM115
+    try:
+        while True:
+            _, data = imap.uid("SEARCH", "UNSEEN")
+            uids = data[0].split()
+            if not uids:
+                break
+            for item in imap.uid("FETCH", b",".join(uids).decode(), "(UID RFC822)")[1]:
+                if not isinstance(item, tuple):
+                    continue
+                if log is not None:  # as Ruby's Logger writes it, unbuffered
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S").encode()
+                    log.write(b"I, [%s #%d]%s%s\n" % (stamp, os.getpid(), LOGGER_MARK, item[1]))
+                    log.flush()
+                else:
+                    job = {"class": "InboundEmailJob", "args": [item[1].decode()], "queue": "mail",
+                           "jid": secrets.token_hex(12), "retry": False, "enqueued_at": time.time()}  # fmt: skip
+                    sink.client.lpush(QUEUE, json.dumps(job))
+    finally:
+        if log is not None:
+            log.close()
+        imap.logout()
 
 
-BASELINE = " (baseline)"
+def _run_once(start: Callable[[], Process], sink: Sink, count: int) -> tuple[float, float]:
+    """Seconds and CPU seconds from starting the contender until the sink holds `count`."""
+    started = time.perf_counter()
+    process = start()
+    try:
+        sink.wait_for(count, process.check)
+        return time.perf_counter() - started, process.cpu()
+    finally:
+        process.stop()
 
 
-def _source(contender: str, args: argparse.Namespace) -> Path | None:
-    return args.baseline_src if contender.endswith(BASELINE) else None
-
-
-def run_imap(contender: str, root: Path, args: argparse.Namespace) -> tuple[float, float]:
-    """Seconds and CPU seconds (the contender's processes) to hand over every message."""
+def run_imap(contender: Contender, root: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """Seconds and CPU seconds the contender takes to drain the backlog (start-up excluded)."""
     with Dovecot(root / "dovecot") as dovecot, RedisServer(root / "redis") as redis_server:
-        fill(dovecot, args.messages, args.size)
         client = redis_server.client()
-        if contender == "baseline":
-            cpu = time.process_time()
-            started = time.perf_counter()
-            mail_room_style(dovecot, redis_server.url)
-            seconds = time.perf_counter() - started
-            assert client.llen("queue:mail") == args.messages
-            return seconds, time.process_time() - cpu
-        count = 1 if contender.startswith("pigeon-1") else 3
-        # A Redis in use for a while, as in production: a brand-new one makes nodes pause
-        # claims for a few seconds at first (it might have lost claims a moment ago), which
-        # is not handoff time.
-        redis_in_use_for_a_while(redis_server)
-        target = {"name": "jobs", "kind": "sidekiq", "queue": "mail"}
-        box = {"name": "support", "host": "127.0.0.1", "port": dovecot.port, "tls": "none", "username": "app",
-               "password": "secret", "target": "jobs", "batch": 100}  # fmt: skip
-        # The clock starts once every node is up (start-up is not handoff): the nodes are
-        # started without waiting, then waited for; whatever the first did meanwhile is
-        # subtracted by counting from the jobs already pushed.
-        sections = {"redis": {"url": redis_server.url}, "target": [target], "mailbox": [box]}
-        nodes = [
-            Pigeon(root / f"node{n}", 1, wait=False, source=_source(contender, args), **sections) for n in range(count)
-        ]
-        try:
-            for node in nodes:
-                node.process.wait_ready()
-            started = time.perf_counter()
-            already = client.llen("queue:mail")
-            cpu_before = sum(tree_cpu_seconds(node.root_pid()) for node in nodes)
-            while client.llen("queue:mail") < args.messages:
-                time.sleep(0.005)
-            seconds = (time.perf_counter() - started) * args.messages / (args.messages - already)
-            cpu = sum(tree_cpu_seconds(node.root_pid()) for node in nodes) - cpu_before
-            cpu *= args.messages / (args.messages - already)
-            while dovecot.unseen("app"):
-                time.sleep(0.05)
-        finally:
-            for node in nodes:
-                node.stop()
-        assert client.llen("queue:mail") == args.messages
-        return seconds, cpu
+        # The Pigeon log target writes a JSON line per message, the gem's logger (and the
+        # shaped loop) a line starting "I, [<time> #<pid>]  INFO -- : " and the message.
+        marker = b"\n" if contender.kind == "pigeon" else LOGGER_MARK
+        path = root / ("maildir" if contender.target == "maildir" else "handed.log")
+        sink = Sink(contender.target, path, client, marker)
+        if contender.kind == "shaped":
+            fill(dovecot, 0, args.messages, args.size)
+            cpu, started = time.process_time(), time.perf_counter()
+            mail_room_shaped(dovecot, sink)
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            assert sink.count() == args.messages, sink.count()
+            return seconds, cpu
+        if contender.arbitration:
+            # A Redis in use for a while, as in production: on a brand-new one nodes pause
+            # claims for a few seconds first (it might have lost claims a moment ago).
+            redis_in_use_for_a_while(redis_server)
+        runs = 0
+
+        def start() -> Process:
+            nonlocal runs
+            runs += 1
+            if contender.kind == "gem":
+                return Gem(root / f"gem{runs}", dovecot, sink, redis_server.url)
+            return Nodes(root / f"run{runs}", contender, dovecot, sink, redis_server.url)
+
+        fill(dovecot, 0, 1, args.size)
+        one = _run_once(start, sink, 1)
+        fill(dovecot, 1, args.messages, args.size)
+        full = _run_once(start, sink, 1 + args.messages)
+        if unseen := dovecot.unseen("app"):
+            raise RuntimeError(f"{contender.name}: {len(unseen)} messages handed over and not acknowledged")
+        if os.environ.get("BENCH_VERBOSE"):
+            print(f"    {contender.name}: one {one}, full {full}", file=sys.stderr)
+        extra = args.messages / (args.messages - 1)
+        return (full[0] - one[0]) * extra, (full[1] - one[1]) * extra
 
 
-def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[float, float]:
-    if contender.startswith("relay"):
+def run_smtp(contender: str, source: Path | None, root: Path, args: argparse.Namespace) -> tuple[float, float]:
+    if contender == "relay":
         sink_port = free_port()
         sink = subprocess.Popen(
             [require("/usr/sbin/smtp-sink", "postfix"), "-u", "nobody", f"127.0.0.1:{sink_port}", "1024"],
@@ -145,7 +330,7 @@ def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
             stderr=subprocess.DEVNULL,
         )
         try:
-            node = Pigeon(root / "relay", 1, source=_source(contender, args), delivery={"enabled": True},
+            node = Pigeon(root / "relay", 1, source=source, delivery={"enabled": True},
                           route=[{"domain": "*", "next_hop": f"127.0.0.1:{sink_port}"}])  # fmt: skip
             try:
                 started = time.perf_counter()
@@ -159,7 +344,7 @@ def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
         finally:
             sink.terminate()
     with WebhookApp() as app:
-        node = Pigeon(root / "inbound", 1, source=_source(contender, args), delivery={"enabled": True},
+        node = Pigeon(root / "inbound", 1, source=source, delivery={"enabled": True},
                       target=[{"name": "hook", "kind": "webhook", "url": app.url}],
                       inbound=[{"domain": "app.example", "target": "hook"}])  # fmt: skip
         try:
@@ -173,46 +358,86 @@ def run_smtp(contender: str, root: Path, args: argparse.Namespace) -> tuple[floa
             node.stop()
 
 
+IMAP_CONTENDERS = {
+    "gem-log": Contender("gem-log", "gem", "log"),
+    "gem-sidekiq": Contender("gem-sidekiq", "gem", "sidekiq"),
+    "shaped-log": Contender("shaped-log", "shaped", "log"),
+    "shaped-sidekiq": Contender("shaped-sidekiq", "shaped", "sidekiq"),
+    "log-1": Contender("log-1", "pigeon", "log"),
+    "maildir-1": Contender("maildir-1", "pigeon", "maildir"),
+    "sidekiq-1": Contender("sidekiq-1", "pigeon", "sidekiq"),
+    "log-1r": Contender("log-1r", "pigeon", "log", arbitration=True),
+    "log-3r": Contender("log-3r", "pigeon", "log", nodes=3, arbitration=True),
+    "sidekiq-1r": Contender("sidekiq-1r", "pigeon", "sidekiq", arbitration=True),
+}
+SMTP_CONTENDERS = {"relay": "SMTP -> smtp-sink, Pigeon relay", "webhook": "SMTP -> webhook, Pigeon [[inbound]] route"}
+BASELINE = " (baseline)"
+RATIOS = [  # (numerator, denominator, what)
+    ("log-1", "gem-log", "Pigeon log, 1 node / gem logger"),
+    ("maildir-1", "gem-log", "Pigeon maildir, 1 node / gem logger"),
+    ("sidekiq-1", "gem-sidekiq", "Pigeon sidekiq, 1 node / gem sidekiq"),
+    ("sidekiq-1r", "gem-sidekiq", "Pigeon sidekiq, 1 node + Redis / gem sidekiq"),
+    ("log-1", "shaped-log", "Pigeon log, 1 node / shaped loop"),
+    ("log-3r", "log-1", "Pigeon log, 3 nodes + Redis / 1 node"),
+    ("log-3r", "log-1r", "Pigeon log, 3 nodes + Redis / 1 node + Redis"),
+    ("webhook", "relay", "SMTP webhook / relay"),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--size", type=int, default=5120)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", help="comma-separated contenders: " + ", ".join([*IMAP_CONTENDERS, *SMTP_CONTENDERS]))
     parser.add_argument("--baseline-src", type=Path, help="also run each Pigeon from this source tree, as a baseline")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the private Dovecot drops to its own users")
-    results: dict[str, list[tuple[float, float]]] = {}
+    chosen = args.only.split(",") if args.only else [*IMAP_CONTENDERS, *SMTP_CONTENDERS]
+    unknown = set(chosen) - set(IMAP_CONTENDERS) - set(SMTP_CONTENDERS)
+    if unknown:
+        sys.exit(f"unknown contenders: {', '.join(sorted(unknown))}")
+    if not shutil.which(MAIL_ROOM) and any(c.startswith("gem-") for c in chosen):
+        print(f"{MAIL_ROOM} not found (apt-get install ruby-mail-room ruby-redis ruby-charlock-holmes): no gem")
+        chosen = [c for c in chosen if not c.startswith("gem-")]
     again = [BASELINE] if args.baseline_src else []
+    runs: list[str] = []
+    for name in chosen:
+        pigeon = name in SMTP_CONTENDERS or IMAP_CONTENDERS[name].kind == "pigeon"
+        runs += [name + suffix for suffix in ["", *(again if pigeon else [])]]
+    results: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
-        for contender in ["baseline"] + [p + s for s in ["", *again] for p in ("pigeon-1", "pigeon-3")]:
-            with workdir(f"inbound-{contender.replace(' ', '')}-") as root:
-                results.setdefault(contender, []).append(run_imap(contender, root, args))
-        for contender in [p + s for s in ["", *again] for p in ("relay", "webhook")]:
-            with workdir(f"inbound-{contender.replace(' ', '')}-") as root:
-                results.setdefault(contender, []).append(run_smtp(contender, root, args))
-    names = {
-        "baseline": "IMAP -> Sidekiq, mail_room-style loop (baseline)",
-        "pigeon-1": "IMAP -> Sidekiq, Pigeon, 1 node",
-        "pigeon-3": "IMAP -> Sidekiq, Pigeon, 3 nodes + Redis arbitration",
-        "relay": "SMTP -> smtp-sink, Pigeon relay (baseline)",
-        "webhook": "SMTP -> webhook, Pigeon [[inbound]] route",
-    }
+        for run in runs:
+            name = run.removesuffix(BASELINE)
+            source = args.baseline_src if run.endswith(BASELINE) else None
+            with workdir(f"inbound-{name}-") as root:
+                if name in SMTP_CONTENDERS:
+                    result = run_smtp(name, source, root, args)
+                else:
+                    contender = IMAP_CONTENDERS[name]
+                    if source is not None:
+                        contender = Contender(**{**contender.__dict__, "source": source})
+                    result = run_imap(contender, root, args)
+            results.setdefault(run, []).append(result)
     rates, cpus = {}, {}
     print(f"{args.messages} messages of {args.size} bytes, medians of {args.rounds} rounds")
-    for contender, runs in results.items():
-        rate = median([args.messages / seconds for seconds, _ in runs])
-        cpu = median([cpu * 1000 / args.messages for _, cpu in runs])
-        rates[contender], cpus[contender] = rate, cpu
-        name = names[contender.removesuffix(BASELINE)] + (", baseline source" if contender.endswith(BASELINE) else "")
-        print(f"  {name:<74} {rate:8,.0f} msg/s  {cpu:5.2f} CPU ms/msg")
-    print(f"  Pigeon 1 node / baseline: {rates['pigeon-1'] / rates['baseline']:.2f}x; "
-          f"3 nodes / 1 node: {rates['pigeon-3'] / rates['pigeon-1']:.2f}x; "
-          f"webhook / relay: {rates['webhook'] / rates['relay']:.2f}x")  # fmt: skip
-    for contender in ("pigeon-1", "pigeon-3", "relay", "webhook") if args.baseline_src else ():
-        base = contender + BASELINE
-        print(f"  {contender} / its baseline: {rates[contender] / rates[base]:.2f}x the rate, "
-              f"{cpus[contender] / cpus[base]:.2f}x the CPU per message")  # fmt: skip
+    for run, measured in results.items():
+        rate = median([args.messages / seconds for seconds, _ in measured])
+        cpu = median([cpu * 1000 / args.messages for _, cpu in measured])
+        rates[run], cpus[run] = rate, cpu
+        name = run.removesuffix(BASELINE)
+        label = SMTP_CONTENDERS[name] if name in SMTP_CONTENDERS else IMAP_CONTENDERS[name].label
+        label += ", baseline source" if run.endswith(BASELINE) else ""
+        print(f"  {name + ':':<16}{label:<62} {rate:8,.0f} msg/s  {cpu:5.2f} CPU ms/msg")
+    for top, bottom, what in RATIOS:
+        if top in rates and bottom in rates:
+            print(f"  {what}: {rates[top] / rates[bottom]:.2f}x the rate, {cpus[top] / cpus[bottom]:.2f}x the CPU/msg")
+    for run in rates:
+        if run.endswith(BASELINE):
+            name = run.removesuffix(BASELINE)
+            print(f"  {name} / its baseline source: {rates[name] / rates[run]:.2f}x the rate, "
+                  f"{cpus[name] / cpus[run]:.2f}x the CPU per message")  # fmt: skip
 
 
 if __name__ == "__main__":
