@@ -158,6 +158,20 @@ def test_maildir_target_writes_each_message_once(tmp_path: Path, dovecot: Doveco
     assert sorted(f.read_bytes() for f in files) == sorted(customer_mail(i) for i in range(4))
 
 
+def test_log_target_holds_every_message_once_before_the_mailbox_is_acknowledged(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    sent = [customer_mail(i) for i in range(120)]  # a few batches
+    dovecot.append("app", sent)
+    target = {"name": "audit", "kind": "log", "path": str(tmp_path / "inbound.jsonl")}
+    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[imap_mailbox(dovecot, "audit")]) as node:
+        node.wait_records("InboundDelivery", 120, timeout=30)
+        wait_until(lambda: not dovecot.unseen("app"), 10)
+    lines = [json.loads(line) for line in (tmp_path / "inbound.jsonl").read_bytes().splitlines()]
+    assert sorted(line["raw"].encode() for line in lines) == sorted(sent)
+    assert {line["dedupe_key"] for line in lines} == {hashlib.sha256(raw).hexdigest() for raw in sent}
+
+
 def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_application(tmp_path: Path) -> None:
     with WebhookApp() as app:
         node = PigeonProcess(

@@ -1,0 +1,73 @@
+"""The log and Maildir targets on a real filesystem: a batch is handed over whole, each
+message once, and nothing counts as accepted that is not in the file or the Maildir."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets.base import Verdict
+from pigeon.inbound.targets.log import LogTarget
+from pigeon.inbound.targets.maildir import MaildirTarget
+
+
+def mail(n: int) -> InboundMessage:
+    raw = f"From: c{n}@example.com\r\nMessage-ID: <m{n}@example.com>\r\nSubject: q{n}\r\n\r\nHello {n}.\r\n"
+    return InboundMessage.of(raw.encode(), "imap:support", time.time(), mailbox="app@h:143/INBOX", uidvalidity=1, uid=n)
+
+
+async def test_log_target_writes_a_batch_as_one_json_line_per_message(tmp_path: Path) -> None:
+    target = LogTarget("audit", tmp_path / "logs" / "inbound.jsonl")
+    batch = [mail(n) for n in range(60)]
+    answers = await target.deliver_many(batch)
+    assert [a.verdict for a in answers] == [Verdict.ACCEPTED] * 60
+    assert (await target.deliver(mail(60))).accepted
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "inbound.jsonl").read_bytes().splitlines()]
+    assert [line["dedupe_key"] for line in lines] == [m.dedupe_key for m in [*batch, mail(60)]]
+    assert lines[7]["raw"] == mail(7).raw.decode()
+    assert ["Subject", "q7"] in lines[7]["headers"]
+
+
+async def test_log_target_that_cannot_write_answers_later_for_the_whole_batch(tmp_path: Path) -> None:
+    (tmp_path / "logs").write_text("a file where the log's directory should be")
+    target = LogTarget("audit", tmp_path / "logs" / "inbound.jsonl")
+    answers = await target.deliver_many([mail(1), mail(2)])
+    assert [a.verdict for a in answers] == [Verdict.TRANSIENT] * 2
+    assert "logs" in answers[0].detail
+
+
+async def test_maildir_target_writes_a_batch_once_each_into_new(tmp_path: Path) -> None:
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    try:
+        (tmp_path / "Maildir" / "cur" / f"pigeon.{mail(3).dedupe_key}:2,S").write_bytes(mail(3).raw)  # read already
+        answers = await target.deliver_many([mail(n) for n in (1, 2, 3, 2)])
+        again = await target.deliver_many([mail(1), mail(4)])
+    finally:
+        await target.close()
+    assert [a.verdict for a in answers + again] == [Verdict.ACCEPTED] * 6
+    assert [a.detail.startswith("duplicate") for a in answers + again] == [False, False, True, True, True, False]
+    new = sorted(path.read_bytes() for path in (tmp_path / "Maildir" / "new").iterdir())
+    assert new == sorted(mail(n).raw for n in (1, 2, 4))
+    assert not list((tmp_path / "Maildir" / "tmp").iterdir())
+
+
+async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    # new/ on another filesystem: the files are written and fsynced in tmp/, and linking
+    # them into new/ fails (EXDEV).
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
+        (tmp_path / "Maildir" / "new").rmdir()
+        (tmp_path / "Maildir" / "new").symlink_to(elsewhere)
+        try:
+            answers = await target.deliver_many([mail(1), mail(2)])
+        finally:
+            await target.close()
+        assert not list(Path(elsewhere).iterdir())
+    assert [a.verdict for a in answers] == [Verdict.TRANSIENT] * 2
+    assert "Maildir" in answers[0].detail
+    assert not list((tmp_path / "Maildir" / "tmp").iterdir())
