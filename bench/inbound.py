@@ -429,7 +429,8 @@ def main() -> None:
         name = run.removesuffix(BASELINE)
         label = SMTP_CONTENDERS[name] if name in SMTP_CONTENDERS else IMAP_CONTENDERS[name].label
         label += ", baseline source" if run.endswith(BASELINE) else ""
-        print(f"  {name + ':':<16}{label:<62} {rate:8,.0f} msg/s  {cpu:5.2f} CPU ms/msg")
+        each = " ".join(f"{args.messages / seconds:,.0f}" for seconds, _ in measured)
+        print(f"  {name + ':':<16}{label:<62} {rate:8,.0f} msg/s  {cpu:5.2f} CPU ms/msg  (rounds: {each})")
     for top, bottom, what in RATIOS:
         if top in rates and bottom in rates:
             print(f"  {what}: {rates[top] / rates[bottom]:.2f}x the rate, {cpus[top] / cpus[bottom]:.2f}x the CPU/msg")

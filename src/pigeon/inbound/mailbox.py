@@ -7,7 +7,8 @@ One round:
     handoff is done is acknowledged again (its holder may have died just after the handoff),
     one refused for good gets the failure action;
  3. fetch the claimed messages with `BODY.PEEK[]`, which does not set \\Seen;
- 4. hand them to the target, `concurrency` at a time (or a batch at once where it can);
+ 4. hand them to the target, `concurrency` at a time (or a batch at once where it can),
+    while the next batch is claimed and fetched (one batch handed over at a time);
  5. each accepted handoff has its claim marked done at once, and is committed with the
     handoffs that completed meanwhile (`commit`): their InboundDelivery records written to
     the log file, then the messages acknowledged at the source (\\Seen, move, or delete and
@@ -54,6 +55,7 @@ import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from pigeon.config.schema import MailboxConfig
@@ -111,6 +113,17 @@ def retry_delay(attempts: int, first: float, cap: float) -> float:
     """Delay before attempt `attempts + 1`: doubling from `first` up to `cap`, with jitter."""
     delay = min(cap, first * float(2 ** max(0, attempts - 1)))
     return delay * random.uniform(0.8, 1.0)
+
+
+@dataclass(slots=True)
+class _Fetched:
+    """A batch fetched, to be handed over."""
+
+    ready: list[tuple[Claim, InboundMessage]]  # claimed, to hand over
+    recovered: list[Accepted]  # handed over by a dead node: to record and acknowledge
+    too_big: list[tuple[Claim, int]]  # claimed and over max_message_size: refused for good
+    uidvalidity: int
+    now: float
 
 
 class MailboxWatcher:
@@ -322,7 +335,12 @@ class MailboxWatcher:
         claimed: list[Claim] = []
         done: list[Claim] = []
         failed: list[Claim] = []
+        taken: list[Claim] = []  # every claim of this round's batches
         worked = False
+        # The batch being handed over while the next is claimed and fetched: the mailbox
+        # and the target work at the same time. One at a time, so what a kill can repeat
+        # stays what one batch can.
+        handing: asyncio.Task[bool] | None = None
         # One search serves many batches (a big backlog is not searched again for each), for
         # a few seconds at most, so new mail is not kept waiting behind it.
         until = moment + _SEARCH_SERVES
@@ -340,15 +358,32 @@ class MailboxWatcher:
                     pending.extend(_chunks(self._due_again(searched), config.batch))
                 if claimed and (len(claimed) >= config.batch or not pending):
                     self._between_batches.clear()
-                    worked = await self._hand_over(session, claimed) or worked
-                    claimed = []
-                    self._between_batches.set()
+                    batch, claimed = claimed, []
+                    taken += batch
+                    fetched = await self._fetch_batch(session, batch)
+                    if handing is not None:
+                        previous, handing = handing, None
+                        worked = await previous or worked
+                    handing = asyncio.create_task(self._hand_over(session, fetched))
                     if time.monotonic() > until:
                         break
+            if handing is not None:
+                previous, handing = handing, None
+                worked = await previous or worked
+        except BaseException as error:
+            if handing is not None:
+                # The batch in hand is finished first (or, when we are cancelled, stopped
+                # too): its handoffs are recorded and acknowledged as usual.
+                if not isinstance(error, Exception):
+                    handing.cancel()
+                await asyncio.wait([handing])
+                if not handing.cancelled() and handing.exception() is not None:
+                    _log.warning("mailbox %s: %s", config.name, handing.exception())
+            raise
         finally:
             # Whatever was claimed and not settled (an error in the middle) is given back at
             # once rather than left to expire: no node would touch it for a whole lease.
-            await self._give_back([c for c in claimed if c.key in self.held])
+            await self._give_back([c for c in taken + claimed if self.held.get(c.key) is c])
             self._between_batches.set()
         if done:
             await self._at_source(session, self._acknowledge, [c.uid for c in done], "acknowledge")
@@ -438,9 +473,9 @@ class MailboxWatcher:
     def _arbiter_prefix(self) -> str:
         return f"inbound:{self.identity}:"
 
-    async def _hand_over(self, session: ImapSession, claims: list[Claim]) -> bool:
-        """Fetch, hand over and settle a batch of claimed messages (and record and acknowledge
-        the orphaned ones among them). False if none was there."""
+    async def _fetch_batch(self, session: ImapSession, claims: list[Claim]) -> _Fetched:
+        """A batch of claimed messages fetched (and the orphaned ones among them); what is
+        gone from the mailbox given back."""
         config = self.config
         # Acknowledged by another node since our search (seen there, or moved or deleted: then
         # not there at all) is not ours to hand over: after Redis lost the "done" marks, the
@@ -484,6 +519,14 @@ class MailboxWatcher:
                 recovered.append(Accepted(claim, message, Handoff(Verdict.ACCEPTED, detail)))
             else:
                 ready.append((claim, message))
+        too_big_sizes = [(claim, sizes[claim.uid]) for claim in too_big]
+        return _Fetched(ready, recovered, too_big_sizes, session.uidvalidity, now)
+
+    async def _hand_over(self, session: ImapSession, fetched: _Fetched) -> bool:
+        """Hand a fetched batch over and settle it (and record and acknowledge the orphaned
+        messages among it). False if none was there."""
+        config = self.config
+        ready, recovered, now = fetched.ready, fetched.recovered, fetched.now
         # Acknowledged at once when idle; under load at most every _COMMIT_WINDOW, or as soon
         # as half as many handoffs as may run at once wait for it.
         enough = max(1, config.concurrency // 2)
@@ -500,16 +543,15 @@ class MailboxWatcher:
         await self._give_back([c for (c, _), a in zip(ready, answers, strict=True) if a is None])
         later = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.TRANSIENT]
         never = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.PERMANENT]
-        for claim in too_big:
-            size = sizes[claim.uid]
+        for claim, size in fetched.too_big:
             answer = Handoff(Verdict.PERMANENT, f"{size} bytes is over max_message_size ({config.max_message_size})")
-            stub = InboundMessage(b"", self.source, now, self.identity, session.uidvalidity, claim.uid, dedupe_key="")
+            stub = InboundMessage(b"", self.source, now, self.identity, fetched.uidvalidity, claim.uid, dedupe_key="")
             never.append((claim, stub, answer))
         if later:
             await self._settle_later(later)
         if never:
             await self._settle_never(session, never)
-        return bool(settled or too_big or recovered)
+        return bool(settled or fetched.too_big or recovered)
 
     async def _mark_taken(self, session: ImapSession, uids: list[int]) -> None:
         """Put this node's keyword on the messages it took (without shared arbitration)."""
