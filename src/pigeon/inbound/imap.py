@@ -184,35 +184,60 @@ class ImapSession:
                 found[int(uid.group(1))] = (int(size.group(1)), tuple(words))
         return found
 
-    async def fetch(self, uids: Sequence[int]) -> dict[int, bytes]:
-        """Raw messages by UID, fetched with BODY.PEEK[] so nothing is marked \\Seen."""
-        response = await self._run(self._fetch(uid_set(uids), "(UID BODY.PEEK[])"), "fetch")
-        found: dict[int, bytes] = {}
+    async def fetch(self, uids: Sequence[int]) -> dict[int, tuple[tuple[str, ...], bytes]]:
+        """(flags, raw message) by UID of the messages still there, fetched with BODY.PEEK[]
+        so nothing is marked \\Seen. The flags are those at the fetch: what another session
+        did to a message before it shows."""
+        response = await self._run(self._fetch(uid_set(uids), "(UID FLAGS BODY.PEEK[])"), "fetch")
+        found: dict[int, tuple[tuple[str, ...], bytes]] = {}
         uid: int | None = None
         body: bytes | None = None
+        flags: tuple[str, ...] = ()
         for line in response.lines:
             if isinstance(line, bytearray):
                 body = bytes(line)
                 continue
-            match = _FETCH_UID.search(line)
             if _FETCH_START.match(line):
                 if uid is not None and body is not None:
-                    found[uid] = body
-                uid, body = None, None
-            if match:
+                    found[uid] = (flags, body)
+                uid, body, flags = None, None, ()
+            if match := _FETCH_UID.search(line):
                 uid = int(match.group(1))
+            if listed := _FETCH_FLAGS.search(line):
+                flags = tuple(listed.group(1).decode("utf-8", "replace").split())
         if uid is not None and body is not None:
-            found[uid] = body
+            found[uid] = (flags, body)
         return found
 
     def _fetch(self, uids: str, parts: str) -> Awaitable[aioimaplib.Response]:
         protocol = self._client.protocol
         return protocol.execute(_Fetch(protocol.new_tag(), uids, parts, prefix="UID", loop=protocol.loop))  # type: ignore[no-any-return]
 
+    def _store(self, uids: Sequence[int], flags: str, name: str) -> asyncio.Future[aioimaplib.Response]:
+        """UID STORE +FLAGS.SILENT, sent now. aioimaplib holds a command back while another
+        with the same `name` is under way (a STORE answers with FETCH lines, so it names
+        STORE after FETCH): a silent STORE answers with none, so it gets a name of its own
+        and goes out even while a FETCH is under way. The server takes them in order."""
+        protocol = self._client.protocol
+        command = Command("STORE", protocol.new_tag(), uid_set(uids), "+FLAGS.SILENT", f"({flags})", prefix="UID",
+                          untagged_resp_name=name, loop=protocol.loop)  # fmt: skip
+        sent: asyncio.Future[aioimaplib.Response] = asyncio.ensure_future(protocol.execute(command))
+        return sent
+
     async def flag(self, uids: Sequence[int], flags: str) -> None:
         if uids:
-            protocol = self._client.protocol
-            await self._run(protocol.store(uid_set(uids), "+FLAGS.SILENT", f"({flags})", by_uid=True), "store flags")
+            await self._run(self._store(uids, flags, "STORE"), "store flags")
+
+    def flag_first(self, uids: Sequence[int], flags: str) -> Awaitable[None]:
+        """`flag`, sent before any command asked for after this call (a FETCH that must see
+        the flags, say); its outcome is awaited later."""
+        sent = self._store(uids, flags, "STORE FIRST") if uids else None
+
+        async def outcome() -> None:
+            if sent is not None:
+                await self._run(sent, "store flags")
+
+        return outcome()
 
     async def move(self, uids: Sequence[int], folder: str) -> None:
         if not uids:

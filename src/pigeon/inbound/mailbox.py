@@ -49,12 +49,13 @@ import asyncio
 import collections
 import contextlib
 import functools
+import itertools
 import logging
 import random
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -87,6 +88,7 @@ _AFTER_HEARTBEAT: Final = 0.2  # ... or this long after its holder's heartbeat w
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
 _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
+_SIZES_AHEAD: Final = 1000  # UIDs of batches to come whose sizes are asked for with a batch's
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 
 
@@ -107,6 +109,10 @@ def _by_bytes(claims: list[Claim], sizes: dict[int, int], budget: int) -> list[l
         groups[-1].append(claim)
         total += size
     return groups
+
+
+def _lower(flags: Iterable[str]) -> set[str]:
+    return {flag.lower() for flag in flags}
 
 
 def retry_delay(attempts: int, first: float, cap: float) -> float:
@@ -158,6 +164,8 @@ class MailboxWatcher:
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
         self._orphans: dict[str, Claim] = {}  # done marks taken from dead nodes, not yet recorded
+        self._known_sizes: dict[int, int] = {}  # UID: size, in `_sizes_session`'s folder
+        self._sizes_session: ImapSession | None = None
         self._dones: GroupCommit[Claim] = GroupCommit(self._mark_done)  # marked as soon as accepted
         self._syncs = BackgroundSync(self._sync_log)  # one fsync of the log per batch, off its path
         self._stopping = False
@@ -319,6 +327,7 @@ class MailboxWatcher:
             self._settled_before.clear()
             return False, False
         self._settled_before.intersection_update(uids)
+        self._known_sizes = {uid: size for uid, size in self._known_sizes.items() if uid in searched}
         # What another node held a moment ago is not asked about again until its holder had
         # time to finish: with N nodes, most claims would otherwise be wasted round trips.
         moment = time.monotonic()
@@ -360,7 +369,7 @@ class MailboxWatcher:
                     self._between_batches.clear()
                     batch, claimed = claimed, []
                     taken += batch
-                    fetched = await self._fetch_batch(session, batch)
+                    fetched = await self._fetch_batch(session, batch, itertools.chain.from_iterable(pending))
                     if handing is not None:
                         previous, handing = handing, None
                         worked = await previous or worked
@@ -473,44 +482,47 @@ class MailboxWatcher:
     def _arbiter_prefix(self) -> str:
         return f"inbound:{self.identity}:"
 
-    async def _fetch_batch(self, session: ImapSession, claims: list[Claim]) -> _Fetched:
+    async def _fetch_batch(self, session: ImapSession, claims: list[Claim], upcoming: Iterable[int]) -> _Fetched:
         """A batch of claimed messages fetched (and the orphaned ones among them); what is
-        gone from the mailbox given back."""
+        gone from the mailbox given back. `upcoming`: the UIDs of the batches to come, whose
+        sizes are asked for with this batch's."""
         config = self.config
         # Acknowledged by another node since our search (seen there, or moved or deleted: then
         # not there at all) is not ours to hand over: after Redis lost the "done" marks, the
-        # claim alone would not know.
+        # claim alone would not know. The flags that say so come with the bodies, fetched
+        # after the claim.
         seen = ("\\Seen",) if config.after_delivery == "seen" else ()
-        uids = [c.uid for c in claims]
-        if self._keyword and not self._arbiter.shared:
-            await self._mark_taken(session, uids)
-        described = await session.describe(uids)
         skip = {flag.lower() for flag in (*seen, _FAILED_FLAG)}
-        sizes = {uid: size for uid, (size, flags) in described.items() if not skip & {f.lower() for f in flags}}
-        if self._keyword and not self._arbiter.shared:
-            self._look_for_other_nodes(described)
+        uids = [c.uid for c in claims]
+        sizes = await self._sizes(session, uids, upcoming)
+        # Without shared arbitration, this node's keyword goes on what it takes before the
+        # fetch that reads their flags (sent together: the server takes them in order).
+        marking = session.flag_first(uids, self._keyword) if self._keyword and not self._arbiter.shared else None
+        try:
+            fetched = await self._fetch_bodies(session, claims, sizes)
+        finally:
+            marked = marking is not None and await self._mark_taken(session, marking)
+        if marked:
+            self._look_for_other_nodes({uid: flags for uid, (flags, _) in fetched.items()})
         orphans = [c for c in claims if c.standing is Standing.ORPHANED]
-        for claim in orphans:
-            if claim.uid not in sizes:  # its node acknowledged it after all (its record came first)
-                del self._orphans[claim.key]
         claims = [c for c in claims if c.standing is Standing.CLAIMED]
-        gone = [c for c in claims if c.uid not in sizes]
         too_big = [c for c in claims if sizes.get(c.uid, 0) > config.max_message_size]
-        wanted = [c for c in claims if c.uid in sizes and sizes[c.uid] <= config.max_message_size]
-        await self._give_back(gone)
-        orphans = [c for c in orphans if c.uid in sizes]
-        bodies: dict[int, bytes] = {}
-        for group in _by_bytes(orphans + wanted, sizes, _FETCH_BUDGET):
-            bodies.update(await session.fetch([c.uid for c in group]))
+        if too_big:  # not fetched: their flags asked for alone
+            described = await session.describe([c.uid for c in too_big])
+            too_big = [c for c in too_big if c.uid in described and not skip & _lower(described[c.uid][1])]
+        bodies = {uid: raw for uid, (flags, raw) in fetched.items() if not skip & _lower(flags)}
+        for claim in orphans:
+            if claim.uid not in bodies:  # its node acknowledged it after all (its record came first)
+                del self._orphans[claim.key]
+        orphans = [c for c in orphans if c.uid in bodies]
+        big = {c.key for c in too_big}
+        await self._give_back([c for c in claims if c.uid not in bodies and c.key not in big])
+        wanted = [c for c in claims if c.uid in bodies]
         now = time.time()
         ready: list[tuple[Claim, InboundMessage]] = []
         recovered: list[Accepted] = []
         for claim in orphans + wanted:
-            raw = bodies.get(claim.uid)
-            if raw is None:
-                if claim.standing is Standing.CLAIMED:
-                    await self._give_back([claim])
-                continue  # an orphan stays one: tried again next round
+            raw = bodies[claim.uid]
             message = InboundMessage.of(
                 raw, self.source, now, mailbox=self.identity, uidvalidity=session.uidvalidity, uid=claim.uid
             )
@@ -553,22 +565,51 @@ class MailboxWatcher:
             await self._settle_never(session, never)
         return bool(settled or fetched.too_big or recovered)
 
-    async def _mark_taken(self, session: ImapSession, uids: list[int]) -> None:
-        """Put this node's keyword on the messages it took (without shared arbitration)."""
+    async def _fetch_bodies(
+        self, session: ImapSession, claims: list[Claim], sizes: dict[int, int]
+    ) -> dict[int, tuple[tuple[str, ...], bytes]]:
+        """(flags, raw) by UID of the claimed messages still there and not too big, and of
+        the orphaned ones: as few FETCHes as the byte budget allows."""
+        limit = self.config.max_message_size
+        wanted = [c for c in claims if c.standing is Standing.ORPHANED or sizes.get(c.uid, limit + 1) <= limit]
+        fetched: dict[int, tuple[tuple[str, ...], bytes]] = {}
+        for group in _by_bytes(wanted, sizes, _FETCH_BUDGET):
+            fetched.update(await session.fetch([c.uid for c in group]))
+        return fetched
+
+    async def _mark_taken(self, session: ImapSession, marking: Awaitable[None]) -> bool:
+        """Whether this node's keyword went on the messages it took (without shared
+        arbitration); a server that takes no keywords stops the marking for good."""
         try:
-            await session.flag(uids, self._keyword)
+            await marking
         except ImapError as error:
             if session.lost:
-                raise
+                return False  # the fetch says so
             # A server that takes no keywords: no detection, and nothing else changes.
             _log.info("mailbox %s: cannot mark messages with %s (%s): another node taking them would go unnoticed",
                       self.config.name, self._keyword, error)  # fmt: skip
             self._keyword = ""
+            return False
+        return True
 
-    def _look_for_other_nodes(self, described: dict[int, tuple[int, tuple[str, ...]]]) -> None:
+    async def _sizes(self, session: ImapSession, uids: list[int], upcoming: Iterable[int]) -> dict[int, int]:
+        """The sizes of the messages still there, by UID. A message's size never changes, so
+        it is asked for once per session, with those of the batches to come (one FETCH for
+        many batches, not one per batch)."""
+        if self._sizes_session is not session:
+            self._sizes_session, self._known_sizes = session, {}
+        known = self._known_sizes
+        unknown = [uid for uid in uids if uid not in known]
+        if unknown:
+            ahead = [uid for uid in itertools.islice(upcoming, _SIZES_AHEAD) if uid not in known]
+            described = await session.describe(unknown + ahead)
+            known.update((uid, size) for uid, (size, _) in described.items())
+        return {uid: known[uid] for uid in uids if uid in known}
+
+    def _look_for_other_nodes(self, marked: dict[int, tuple[str, ...]]) -> None:
         """Another node's keyword on a message we took: that node hands it over too."""
         mine = self._keyword.lower()
-        for uid, (_, flags) in sorted(described.items()):
+        for uid, flags in sorted(marked.items()):
             others = [f for f in flags if f.lower().startswith(_NODE_KEYWORD.lower()) and f.lower() != mine]
             for keyword in others:
                 node = keyword[len(_NODE_KEYWORD) :]

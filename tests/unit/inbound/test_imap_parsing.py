@@ -84,7 +84,8 @@ def _fetch_reply(bodies: dict[int, bytes], changes: int) -> Callable[[str], byte
     def reply(tag: str) -> bytes:
         out = [_flag_changes(changes)]
         for n, (uid, body) in enumerate(bodies.items(), start=1):
-            out.append(b"* %d FETCH (UID %d BODY[] {%d}\r\n" % (n, uid, len(body)) + body + b")\r\n")
+            flags = b"\\Seen $Label" if n % 2 else b""
+            out.append(b"* %d FETCH (UID %d FLAGS (%s) BODY[] {%d}\r\n" % (n, uid, flags, len(body)) + body + b")\r\n")
         out.append(f"{tag} OK Fetch completed.\r\n".encode())
         return b"".join(out)
 
@@ -93,15 +94,16 @@ def _fetch_reply(bodies: dict[int, bytes], changes: int) -> Callable[[str], byte
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 12), st.integers(0, 5), st.lists(st.integers(1, 4000), max_size=40))
-def test_fetched_bodies_are_the_same_however_the_socket_cuts_the_answer(
+def test_fetched_bodies_and_flags_are_the_same_however_the_socket_cuts_the_answer(
     count: int, changes: int, cuts: list[int]
 ) -> None:
     bodies = _bodies(count)
 
-    async def run() -> dict[int, bytes]:
+    async def run() -> dict[int, tuple[tuple[str, ...], bytes]]:
         return await _answer(lambda session: session.fetch(list(bodies) or [1]), _fetch_reply(bodies, changes), cuts)
 
-    assert asyncio.run(run()) == bodies
+    flags = [("\\Seen", "$Label") if n % 2 else () for n in range(1, len(bodies) + 1)]
+    assert asyncio.run(run()) == {uid: (flag, body) for (uid, body), flag in zip(bodies.items(), flags, strict=True)}
 
 
 async def test_a_search_answer_cut_mid_line_is_read_whole() -> None:
