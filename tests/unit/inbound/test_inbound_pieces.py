@@ -6,6 +6,8 @@ import hashlib
 import hmac
 import json
 import re
+from email.parser import BytesHeaderParser
+from email.policy import compat32
 
 import pytest
 from hypothesis import given
@@ -17,7 +19,7 @@ from pigeon.inbound.mailbox import retry_delay
 from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.inbound.targets.sidekiq import SidekiqTarget
-from pigeon.inbound.targets.webhook import json_body, signature
+from pigeon.inbound.targets.webhook import header_fields, json_body, signature
 
 RAW = b"From: a@example.com\r\nMessage-ID:\r\n <x1@example.com>\r\nSubject: hi\r\n\r\nbody\r\n"
 
@@ -117,3 +119,25 @@ def test_message_id_of_odd_messages_is_none(text: str) -> None:
 
 def test_control_characters_are_dropped_from_the_message_id() -> None:
     assert message_id(b"Message-ID: <a\rb\x00c@x>\r\n\r\n") == "<abc@x>"
+
+
+_FIELD_LINES = st.one_of(
+    st.tuples(
+        st.sampled_from(["Subject", "X-Odd.Name!", "to", "From", "Received", "A"]),
+        st.sampled_from([":", ": ", ":\t", ":  \t "]),
+        st.text(st.sampled_from('ab: \t("=?é\x01\x00'), max_size=12),
+    ).map("".join),
+    st.text(st.sampled_from(" \t"), min_size=1, max_size=2).flatmap(
+        lambda lead: st.text(st.sampled_from("xy: \t"), max_size=8).map(lambda rest: lead + rest)
+    ),
+    st.sampled_from(["From someone@example.com Mon Jan 1", "no colon here", ":empty name", "Bad Name: x", ""]),
+)
+
+
+@given(st.lists(_FIELD_LINES, max_size=8), st.sampled_from(["\r\n", "\n", "\r"]))
+def test_header_fields_read_directly_are_what_the_email_package_reads(lines: list[str], end: str) -> None:
+    block = end.join(lines).encode("utf-8")
+    expected = [
+        [name, str(value)] for name, value in BytesHeaderParser(policy=compat32).parsebytes(block + b"\r\n\r\n").items()
+    ]
+    assert header_fields(block) == expected
