@@ -53,23 +53,26 @@ class MaildirTarget(Target):
             return []
         if self._syncers is None:
             self._syncers = ThreadPoolExecutor(_SYNCERS, thread_name_prefix=f"maildir {self.name}")
-        loop = asyncio.get_running_loop()
-        written: list[tuple[str, Path, int]] = []
         try:
-            answers, written = await asyncio.to_thread(self._write, messages)
-            await asyncio.gather(*(loop.run_in_executor(self._syncers, os.fsync, fd) for _, _, fd in written))
+            answers = await asyncio.to_thread(self._hand_over, messages, self._syncers)
         except OSError as error:
-            await asyncio.to_thread(self._discard, written)
-            return [self._failed(error)] * len(messages)
-        try:
-            await asyncio.to_thread(self._publish, written)
-        except OSError as error:
-            await asyncio.to_thread(self._discard, written)
             return [self._failed(error)] * len(messages)
         return [
             answer or Handoff(Verdict.ACCEPTED, f"new/{self._name(m)}")
             for m, answer in zip(messages, answers, strict=True)
         ]
+
+    def _hand_over(self, messages: Sequence[InboundMessage], syncers: ThreadPoolExecutor) -> list[Handoff | None]:
+        """The batch written, fsynced and linked (in a worker thread: one hop from the event
+        loop for the batch). An answer for each message already there, None for the others."""
+        answers, written = self._write(messages)
+        try:
+            for _ in syncers.map(os.fsync, [fd for _, _, fd in written]):
+                pass
+            self._publish(written)
+        finally:
+            self._discard(written)  # what is left after a failure
+        return answers
 
     def _failed(self, error: OSError) -> Handoff:
         return Handoff(Verdict.TRANSIENT, f"maildir {self.path}: {error.strerror or error}")
@@ -78,10 +81,6 @@ class MaildirTarget(Target):
     def _name(message: InboundMessage) -> str:
         return f"pigeon.{message.dedupe_key}"
 
-    def _there(self, name: str) -> bool:
-        cur = self.path / "cur"
-        return (self.path / "new" / name).exists() or (cur / name).exists() or any(cur.glob(f"{name}:*"))
-
     def _write(self, messages: Sequence[InboundMessage]) -> tuple[list[Handoff | None], list[tuple[str, Path, int]]]:
         """Each message not there yet written to tmp/ (not yet fsynced), its file left open:
         an answer for those already there, and (name, tmp file, descriptor) for the others."""
@@ -89,10 +88,13 @@ class MaildirTarget(Target):
         answers: list[Handoff | None] = []
         written: list[tuple[str, Path, int]] = []
         names: set[str] = set()
+        new = self.path / "new"
+        # What a reader moved to cur/ (its flags after the ":"): looked at once per batch.
+        read = {entry.partition(":")[0] for entry in os.listdir(self.path / "cur")}
         try:
             for message in messages:
                 name = self._name(message)
-                if name in names or self._there(name):
+                if name in names or name in read or os.path.exists(new / name):
                     answers.append(Handoff(Verdict.ACCEPTED, "duplicate: already in the maildir"))
                     continue
                 names.add(name)
