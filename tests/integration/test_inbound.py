@@ -194,6 +194,23 @@ def test_a_message_already_acknowledged_is_not_handed_over_whatever_the_search_f
     assert sorted(line["raw"].encode() for line in lines) == sorted(customer_mail(i) for i in range(1, 8, 2))
 
 
+def test_a_batch_of_big_messages_is_handed_over_a_memory_budget_at_a_time(tmp_path: Path, dovecot: Dovecot) -> None:
+    # Three messages of 30 MiB claimed in one batch: 64 MiB at a time are fetched and handed
+    # over, the third waits for the next batch. Each is handed over once.
+    filler = b"x" * 998 + b"\r\n"
+    sent = [customer_mail(i).replace(b"Hello", filler * (30 * 1024) + b"Hello") for i in range(3)]
+    dovecot.append("app", sent)
+    target = {"name": "audit", "kind": "log", "path": str(tmp_path / "inbound.jsonl")}
+    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[imap_mailbox(dovecot, "audit")]) as node:
+        records = node.wait_records("InboundDelivery", 3, timeout=60)
+        wait_until(lambda: not dovecot.unseen("app"), 10)
+    assert len({r["dedupe_key"] for r in records}) == 3
+    lines = (tmp_path / "inbound.jsonl").read_bytes().splitlines()
+    assert sorted(hashlib.sha256(json.loads(line)["raw"].encode()).hexdigest() for line in lines) == sorted(
+        hashlib.sha256(raw).hexdigest() for raw in sent
+    )
+
+
 def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_application(tmp_path: Path) -> None:
     with WebhookApp() as app:
         node = PigeonProcess(

@@ -88,6 +88,7 @@ _AFTER_HEARTBEAT: Final = 0.2  # ... or this long after its holder's heartbeat w
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
 _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
+_BATCH_BUDGET: Final = 64 * 1024 * 1024  # bytes of message bodies per batch (the first message may be more)
 _SIZES_AHEAD: Final = 1000  # UIDs of batches to come whose sizes are asked for with a batch's
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 
@@ -495,6 +496,8 @@ class MailboxWatcher:
         skip = {flag.lower() for flag in (*seen, _FAILED_FLAG)}
         uids = [c.uid for c in claims]
         sizes = await self._sizes(session, uids, upcoming)
+        claims = await self._within_budget(claims, sizes)
+        uids = [c.uid for c in claims]
         # Without shared arbitration, this node's keyword goes on what it takes before the
         # fetch that reads their flags (sent together: the server takes them in order).
         marking = session.flag_first(uids, self._keyword) if self._keyword and not self._arbiter.shared else None
@@ -564,6 +567,23 @@ class MailboxWatcher:
         if never:
             await self._settle_never(session, never)
         return bool(settled or fetched.too_big or recovered)
+
+    async def _within_budget(self, claims: list[Claim], sizes: dict[int, int]) -> list[Claim]:
+        """The claims whose messages fit in `_BATCH_BUDGET` bytes (the first always does,
+        and orphans stay); the others are given back untried, for a later batch. A batch of
+        big messages is held in memory whole, and two batches at once: this bounds both."""
+        total = 0
+        kept: list[Claim] = []
+        spare: list[Claim] = []
+        for claim in claims:
+            size = sizes.get(claim.uid, 0)
+            if claim.standing is Standing.CLAIMED and kept and total + size > _BATCH_BUDGET:
+                spare.append(claim)
+                continue
+            total += size
+            kept.append(claim)
+        await self._give_back(spare)
+        return kept
 
     async def _fetch_bodies(
         self, session: ImapSession, claims: list[Claim], sizes: dict[int, int]
