@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_address
 from tests.support.process import ROOT, PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config
 
@@ -87,7 +88,8 @@ def test_a_root_started_node_binds_port_587_then_runs_every_process_as_the_user(
     (root / "spool" / "left-by-root").write_text("x")
     with ScriptedSink() as sink:
         pigeon = PigeonProcess(root, node={"workers": 2, "user": system_user.pw_name}, **delivery_config(sink.endpoint))
-        pigeon.config["smtp"]["listen"].append("127.0.0.7:587")
+        submission = free_address(587)  # not 127.0.0.1: whatever else runs may hold 587 there
+        pigeon.config["smtp"]["listen"].append(f"{submission}:587")
         pigeon.config_path.write_text(to_toml(pigeon.config))
         with pigeon:
             assert pigeon.process is not None
@@ -95,7 +97,7 @@ def test_a_root_started_node_binds_port_587_then_runs_every_process_as_the_user(
             assert len(processes) == 3, processes  # the supervisor and two workers
             for pid in processes:
                 assert _ids(pid) == (uid, gid, [gid]), pid
-            for port, host in ((pigeon.smtp_port, "127.0.0.1"), (587, "127.0.0.7")):
+            for port, host in ((pigeon.smtp_port, "127.0.0.1"), (587, submission)):
                 with smtplib.SMTP(host, port, timeout=10) as client:
                     client.sendmail("a@src.test", [f"ok@{port}.test"], b"Subject: hi\r\n\r\nhello\r\n")
             received = sink.wait_for(2)
@@ -135,7 +137,8 @@ def test_the_capabilities_the_systemd_unit_keeps_are_enough_to_bind_give_and_dro
     (spool / "left-by-root").write_text("x")
     os.chown(spool, system_user.pw_uid, system_user.pw_gid)
     pigeon = PigeonProcess(root, node={"user": system_user.pw_name})
-    pigeon.config["smtp"]["listen"].append("127.0.0.7:25")
+    smtp = free_address(25)
+    pigeon.config["smtp"]["listen"].append(f"{smtp}:25")
     pigeon.config_path.write_text(to_toml(pigeon.config))
     bounding = ",".join(["-all", *(f"+{cap.removeprefix('CAP_').lower()}" for cap in kept)])
     command = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--no-new-privs", "--"]
@@ -148,7 +151,7 @@ def test_the_capabilities_the_systemd_unit_keeps_are_enough_to_bind_give_and_dro
     )
     try:
         pigeon.wait_ready()
-        with smtplib.SMTP("127.0.0.7", 25, timeout=10) as client:
+        with smtplib.SMTP(smtp, 25, timeout=10) as client:
             client.sendmail("a@src.test", ["b@dst.test"], b"Subject: hi\r\n\r\nhello\r\n")
         assert len(pigeon.spool_messages()) == 1
         assert (spool / "left-by-root").stat().st_uid == system_user.pw_uid

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,11 +60,11 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
 class DnsServer:
     def __init__(self, zone: Zone) -> None:
         self.zone = zone
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
         quiet = DNSLogger(logf=lambda _: None)
-        self._server = DNSServer(_Resolver(zone), port=self.port, address="127.0.0.1", logger=quiet)
+        # Port 0: the server's own socket gets the kernel's pick, so no other process can be
+        # handed the same port before it binds.
+        self._server = DNSServer(_Resolver(zone), port=0, address="127.0.0.1", logger=quiet)
+        self.port: int = self._server.server.server_address[1]
         self._server.start_thread()
 
     @property

@@ -18,15 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.logs.reader import read_records
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def to_toml(config: dict[str, Any]) -> str:

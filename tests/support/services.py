@@ -33,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from tests.support.ports import free_port
 from tests.support.tools import require
 
 if TYPE_CHECKING:
@@ -43,14 +44,6 @@ POSTGRES_LIB = Path("/usr/lib/postgresql")  # Debian's: one <version>/bin per ma
 # A Unix socket path holds at most 107 bytes; Dovecot's longest socket under base_dir is
 # "login/imap-urlauth" or "imap-urlauth-worker" (about 20), so leave room for those.
 _SOCKET_ROOM = 107 - 24
-
-
-def free_port() -> int:
-    """A port nothing listens on now: the kernel's pick for port 0 on loopback."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _open_path_to(path: Path) -> None:
