@@ -1,12 +1,14 @@
 """Free loopback ports for the servers tests start, never handed to two test processes at once.
 
-The kernel's pick for port 0 is free when it is made, for anyone: pytest-xdist workers (and
-the test runs or benchmarks of other checkouts on the machine) asking at the same moment can
-be handed the same port between one closing its probe and its server binding it, and a
-server stopped to be restarted leaves its port open to the next asker. So each port picked
-here is also reserved, machine-wide, with a lock on a file named after it: another process
-skips a port it cannot lock. The locks are held by the process that picked the ports (the
-kernel drops them when it exits, however it exits) until it has picked `_KEPT` newer ones.
+Not the kernel's pick for port 0: that comes from the ephemeral range, where anything binding
+port 0 (a test's in-process server, another checkout's tests or benchmarks) and every
+outgoing connection's source port may take it between the pick and the server binding it.
+So ports come from just below that range, which the kernel never hands out by itself, at
+random, each checked free by binding it and then reserved, machine-wide, with a lock on a
+file named after it: another test process skips a port it cannot lock, even while a server
+stopped to be restarted has left it unbound. The locks are held by the process that picked
+the ports (the kernel drops them when it exits, however it exits) until it has picked
+`_KEPT` newer ones.
 """
 
 from __future__ import annotations
@@ -31,13 +33,32 @@ _held: collections.deque[int] = collections.deque()  # lock file descriptors, ol
 def free_port() -> int:
     """A TCP port nothing listens on on 127.0.0.1 now, which no other test process is given
     while this one may still be starting (or restarting) a server on it."""
+    low, high = _range()
     for _ in range(1000):
+        port = random.randrange(low, high)
         with socket.socket() as probe:
-            probe.bind((HOST, 0))
-            port: int = probe.getsockname()[1]
+            try:
+                probe.bind((HOST, port))
+            except OSError:
+                continue  # in use, or still in TIME_WAIT from an earlier test's server
         if _reserve(port):
             return port
-    raise RuntimeError(f"no port the kernel picked could be reserved: are the locks in {_RESERVATIONS} stuck?")
+    raise RuntimeError(f"no free port in {low}-{high - 1} could be reserved (locks in {_RESERVATIONS})")
+
+
+def _range() -> tuple[int, int]:
+    """The 10,000 ports below the ephemeral range (22768-32767 on Linux's defaults), or above
+    it when a lowered range leaves no room below."""
+    try:
+        ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        first, last = int(ephemeral[0]), int(ephemeral[1])
+    except (OSError, ValueError, IndexError):
+        first, last = 32768, 60999
+    if first - 10_000 >= 1024:
+        return first - 10_000, first
+    if last + 10_000 <= 65535:
+        return last + 1, last + 10_001
+    return 1024, 65536  # no room outside it: the probe and the locks have to do
 
 
 def _reserve(port: int) -> bool:
