@@ -339,13 +339,18 @@ def _wait_port(host: str, port: int, timeout: float = 10.0) -> None:
 
 
 def delivery_config(next_hop: str, **delivery: Any) -> dict[str, dict[str, Any]]:
-    """Sections for PigeonProcess: deliver everything to `next_hop`, retry fast."""
+    """Sections for PigeonProcess: deliver everything to `next_hop`, retry fast. A
+    `retry_interval` given without a `max_retry_interval` is the wait before every retry."""
     settings: dict[str, Any] = {
         "enabled": True,
         "retry_interval": "1s",
         "max_retry_interval": "2s",
         "idle_timeout": "2s",
     }
+    if "retry_interval" in delivery:
+        # Else the 2 s ceiling would shorten a test's "retry in an hour" to 2 s: a message the
+        # test expects to wait would be tried again whenever the test took over 2 s.
+        settings["max_retry_interval"] = delivery["retry_interval"]
     settings.update(delivery)
     return {"delivery": settings, "route": [{"domain": "*", "next_hop": next_hop, "tls": "disabled"}]}
 
