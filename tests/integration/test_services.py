@@ -109,7 +109,11 @@ def test_dovecot_idle_hears_of_an_append_move_and_uid_expunge_work(dovecot: Dove
 def test_dovecot_takes_2000_appends_quickly_and_verifiable_tls(dovecot: Dovecot) -> None:
     started = time.monotonic()
     uids = dovecot.append("app", (b"Subject: %d\r\n\r\nbody\r\n" % n for n in range(2000)))
-    assert time.monotonic() - started < 10
+    # What keeps it quick (3 s on an idle 2-core machine, 16 s on a loaded one) is one login
+    # for them all: a login each would take four times as long. The bound only catches a
+    # helper too slow for the stress tests' timeouts.
+    assert time.monotonic() - started < 60
+    assert dovecot.info_log_path.read_text().count("Login: user=<app>") == 1
     assert uids == list(range(1, 2001))
     assert dovecot.count("app") == 2000
 
