@@ -183,7 +183,11 @@ def test_a_node_killed_holding_a_batch_is_taken_over_within_ten_seconds(
     held = [mail(i) for i in range(BATCH)]
     keys = {hashlib.sha256(raw).hexdigest() for raw in held}
     with WebhookApp() as app:
-        app.delay = 1.0  # the victim hands its batch over slowly, 8 a second ...
+        # The victim's handoffs wait until the others run (however long they take to start),
+        # then go slowly, 8 a second: it dies early in its batch. The others', quickly.
+        app.hold("node0")
+        app.node_delay["node0"] = 1.0
+        app.delay = 0.05
         options = {"lease": "60s", "poll_interval": "60s"}
         victim = node_config(tmp_path, 0, dovecot, redis_server, app, **options).start()
         others = [node_config(tmp_path, n, dovecot, redis_server, app, **options) for n in range(1, NODES)]
@@ -193,7 +197,7 @@ def test_a_node_killed_holding_a_batch_is_taken_over_within_ten_seconds(
             wait_until(lambda: mailbox_health(victim)["claims"] >= BATCH, 60, interval=0.01)
             for node in others:
                 node.start()  # they find every message held by the victim, and idle
-            app.delay = 0.05  # ... the others, quickly
+            app.release("node0")
             wait_until(lambda: app.accepted_from("node0") >= 1, 30, interval=0.01)
             victim.kill()
             killed_at = time.time()

@@ -70,6 +70,8 @@ class WebhookApp(ThreadedApp):
         self.status = status
         self.fail_until = 0.0  # answer 500 until this time.time()
         self.delay = 0.0  # seconds each request takes
+        self.node_delay: dict[str, float] = {}  # X-Test-Node: seconds its requests take instead
+        self._holds: dict[str, asyncio.Event] = {}  # X-Test-Node: set when its requests may go on
         self.refuse: Callable[[bytes], bool] = lambda body: False  # answer 503 to these bodies
         self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
         self.refused = 0
@@ -83,8 +85,13 @@ class WebhookApp(ThreadedApp):
 
     async def _receive(self, request: web.Request) -> web.Response:
         body = await request.read()
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        node = request.headers.get("X-Test-Node", "")
+        hold = self._holds.get(node)
+        if hold is not None:
+            await hold.wait()
+        delay = self.node_delay.get(node, self.delay)
+        if delay:
+            await asyncio.sleep(delay)
         key = request.headers.get("X-Pigeon-Dedupe-Key", "")
         with self._lock:
             self.headers.append(dict(request.headers))
@@ -96,8 +103,17 @@ class WebhookApp(ThreadedApp):
                 return web.Response(status=500 if time.time() < self.fail_until else self.status, text="no")
             self.accepted[key] += 1
             self.bodies[key] = body
-            self.arrivals.append((time.time(), key, request.headers.get("X-Test-Node", "")))
+            self.arrivals.append((time.time(), key, node))
         return web.Response(status=202, text="ok")
+
+    def hold(self, node: str) -> None:
+        """Requests from `node` (X-Test-Node) wait, unanswered, until `release(node)`."""
+        self._holds[node] = asyncio.Event()
+
+    def release(self, node: str) -> None:
+        hold = self._holds.pop(node, None)
+        if hold is not None:
+            self._loop.call_soon_threadsafe(hold.set)
 
     def first_arrivals(self) -> dict[str, float]:
         """When each dedupe key was first accepted."""
