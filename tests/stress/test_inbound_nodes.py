@@ -4,9 +4,9 @@ Real servers throughout: a private Dovecot, a private Redis (restartable, no per
 restart loses every claim), three Pigeon processes, and a webhook receiver that counts what it
 accepted by dedupe key, when, and from which node. Mail is appended while the nodes run.
 
-* Plain run: exactly 2,000 handoffs for 2,000 messages, and the inbox ends with none unseen.
-* kill -9 of a node mid-batch: the others take its messages over; 2,000 distinct dedupe keys
-  arrive; the only duplicates are handoffs the dead node had in flight (at most twice its
+* Plain run: exactly one handoff per message, and the inbox ends with none unseen.
+* kill -9 of a node mid-batch: the others take its messages over; every message's dedupe key
+  arrives; the only duplicates are handoffs the dead node had in flight (at most twice its
   concurrency, not a batch); and every key the application received has an InboundDelivery
   record.
 * kill -9 of a node holding a batch, with the default 60 s lease: the others take its messages
@@ -14,8 +14,11 @@ accepted by dedupe key, when, and from which node. Mail is appended while the no
 * kill -9 of a node and of Redis together, both restarted: duplicates only for the dead
   node's handoffs in flight (the restarted node, which never knew the old Redis, pauses
   like the others), nothing lost, every key recorded.
-* Redis restarted (empty) mid-run while the webhook answers 500 for 30 s: nothing is lost, and
-  duplicates are possible only for handoffs in flight while Redis lost their claims.
+* Redis restarted (empty) mid-run while the webhook answers 500 for a while: nothing is lost,
+  and duplicates are possible only for handoffs in flight while Redis lost their claims.
+
+The default run sends 1,000 messages (each node takes its share in a few batches, and the kill
+and restart points fall mid-run); `-m slow` runs the same tests with 2,000 and a longer outage.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
 
-MESSAGES = 2000
+# Messages per run: the default, and the full size under -m slow.
+SIZES = [1000, pytest.param(2000, marks=pytest.mark.slow)]
 NODES = 3
 BATCH = 50
 CONCURRENCY = 8
@@ -84,9 +88,7 @@ def start_nodes(
     return [node_config(root, n, dovecot, redis, app, **mailbox).start() for n in range(NODES)]
 
 
-def append_while_running(
-    dovecot: Dovecot, count: int = MESSAGES, chunk: int = 100, *, first: int = 0
-) -> threading.Thread:
+def append_while_running(dovecot: Dovecot, count: int, chunk: int = 100, *, first: int = 0) -> threading.Thread:
     """mail(first) .. mail(first + count - 1), a chunk at a time, in a thread."""
 
     def run() -> None:
@@ -124,47 +126,50 @@ def unrecorded(app: WebhookApp, nodes: list[PigeonProcess]) -> set[str]:
 
 
 @pytest.mark.timeout(300)
-def test_three_nodes_hand_each_of_2000_messages_over_exactly_once(
-    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+@pytest.mark.parametrize("messages", SIZES)
+def test_three_nodes_hand_each_message_over_exactly_once(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer, messages: int
 ) -> None:
     with WebhookApp() as app:
         nodes = start_nodes(tmp_path, dovecot, redis_server, app)
         try:
-            appender = append_while_running(dovecot)
-            all_handed_over(app, dovecot, appender, MESSAGES, 180)
+            appender = append_while_running(dovecot, messages)
+            all_handed_over(app, dovecot, appender, messages, 180)
             time.sleep(1)  # anything still to come would come now
         finally:
             stop_all(nodes)
-        assert sum(app.accepted.values()) == MESSAGES, "a message was handed over twice"
+        assert sum(app.accepted.values()) == messages, "a message was handed over twice"
         assert app.accepted.most_common(1)[0][1] == 1
     records = delivered_records(nodes)
-    assert len(records) == MESSAGES
+    assert len(records) == messages
     by_node = {node.config["node"]["name"]: len(node.records("InboundDelivery")) for node in nodes}
     assert sum(1 for count in by_node.values() if count) >= 2, f"one node did all the work: {by_node}"
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("messages", SIZES)
 def test_killing_a_node_mid_batch_loses_nothing_and_every_handoff_has_its_record(
-    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer, messages: int
 ) -> None:
     with WebhookApp() as app:
         app.delay = 0.05  # a batch of 100 takes most of a second: the victim dies in the middle of one
         nodes = start_nodes(tmp_path, dovecot, redis_server, app, batch=100)
         try:
-            appender = append_while_running(dovecot)
+            appender = append_while_running(dovecot, messages)
             victim = nodes[0]
+            # Its share is a third: 150 is mid-run, with more of its batches to come.
             wait_until(lambda: app.accepted_from("node0") >= 150, 60, interval=0.005)
             victim.kill()
             killed_at = time.time()
-            all_handed_over(app, dovecot, appender, MESSAGES, 180)
+            all_handed_over(app, dovecot, appender, messages, 180)
             time.sleep(1)  # a record written just after the last handoff
         finally:
             stop_all(nodes)
-        duplicates = sum(app.accepted.values()) - MESSAGES
-        assert app.accepted and len(app.accepted) == MESSAGES
+        duplicates = sum(app.accepted.values()) - messages
+        assert app.accepted and len(app.accepted) == messages
     records = delivered_records(nodes)
     recovered = [r for r in records if r["detail"].startswith("recovered")]
-    print(f"kill -9: {MESSAGES} distinct, {duplicates} duplicates, {len(recovered)} recorded on the dead node's behalf")
+    print(f"kill -9: {messages} distinct, {duplicates} duplicates, {len(recovered)} recorded on the dead node's behalf")
     # A duplicate needs the webhook to have accepted a message the dead node had not yet marked
     # done: at most one per handoff in flight.
     assert 0 <= duplicates <= IN_FLIGHT, f"{duplicates} duplicates: more than the dead node had in flight"
@@ -217,8 +222,9 @@ def test_a_node_killed_holding_a_batch_is_taken_over_within_ten_seconds(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("messages", SIZES)
 def test_a_node_and_redis_killed_together_repeat_only_handoffs_in_flight(
-    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer, messages: int
 ) -> None:
     """Redis comes back empty (no done marks, no claims, no epoch) and the node comes back
     without knowing the Redis it knew: what it had accepted must have been acknowledged at the
@@ -228,20 +234,20 @@ def test_a_node_and_redis_killed_together_repeat_only_handoffs_in_flight(
         app.delay = 0.05
         nodes = start_nodes(tmp_path, dovecot, redis_server, app, batch=100)
         try:
-            appender = append_while_running(dovecot)
+            appender = append_while_running(dovecot, messages)
             victim = nodes[0]
             wait_until(lambda: app.accepted_from("node0") >= 150, 60, interval=0.005)
             victim.kill()
             redis_server.kill()
             redis_server.start()
             victim.start()
-            all_handed_over(app, dovecot, appender, MESSAGES, 180)
+            all_handed_over(app, dovecot, appender, messages, 180)
             time.sleep(1)
         finally:
             stop_all(nodes)
-        duplicates = sum(app.accepted.values()) - MESSAGES
-        assert len(app.accepted) == MESSAGES
-    print(f"node and Redis killed: {MESSAGES} distinct, {duplicates} duplicates")
+        duplicates = sum(app.accepted.values()) - messages
+        assert len(app.accepted) == messages
+    print(f"node and Redis killed: {messages} distinct, {duplicates} duplicates")
     # Not a batch (100 here): only what the dead node had in flight.
     assert duplicates <= IN_FLIGHT, f"{duplicates} duplicates: more than the dead node had in flight"
     missing = unrecorded(app, nodes)
@@ -249,28 +255,31 @@ def test_a_node_and_redis_killed_together_repeat_only_handoffs_in_flight(
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize(("messages", "outage"), [(1000, 10), pytest.param(2000, 30, marks=pytest.mark.slow)])
 def test_redis_restart_and_a_failing_webhook_lose_nothing(
-    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer, messages: int, outage: float
 ) -> None:
+    """Redis restarts 5 s into the outage, and the outage outlasts it by more than the longest
+    retry interval (4 s): messages fail before and after their claims and backoffs are lost."""
     with WebhookApp() as app:
         nodes = start_nodes(tmp_path, dovecot, redis_server, app)
         try:
-            appender = append_while_running(dovecot)
-            wait_until(lambda: len(app.accepted) >= 300, 60)
-            app.fail_until = time.time() + 30
+            appender = append_while_running(dovecot, messages)
+            wait_until(lambda: len(app.accepted) >= messages * 3 // 20, 60)
+            app.fail_until = time.time() + outage
             time.sleep(5)
             redis_server.restart()  # every claim, backoff and done mark is gone
             failing_ends = app.fail_until
-            wait_until(lambda: len(app.accepted) >= 1000 or time.time() > failing_ends + 60, 120)
+            wait_until(lambda: len(app.accepted) >= messages // 2 or time.time() > failing_ends + 60, 120)
             redis_server.restart()  # and once more while handoffs succeed
-            all_handed_over(app, dovecot, appender, MESSAGES, 240)
+            all_handed_over(app, dovecot, appender, messages, 240)
         finally:
             stop_all(nodes)
-        duplicates = sum(app.accepted.values()) - MESSAGES
-        assert len(app.accepted) == MESSAGES
+        duplicates = sum(app.accepted.values()) - messages
+        assert len(app.accepted) == messages
         assert app.refused >= 1
     failures = [r for node in nodes for r in node.records("InboundFailure")]
-    print(f"Redis restarts: {MESSAGES} distinct, {duplicates} duplicates, {len(failures)} failed attempts")
+    print(f"Redis restarts: {messages} distinct, {duplicates} duplicates, {len(failures)} failed attempts")
     assert failures and not any(r.get("permanent") for r in failures)
     # Duplicates need a handoff in flight while Redis lost its claim: at most what the nodes
     # had in flight at the two restarts.
