@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.services import Dovecot, Postgres, RedisServer
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In a parallel run (pytest-xdist, as ./scripts/test runs the suite), the tests that declare
+    a longer timeout than the default start first, the longest first: the minutes they take
+    then overlap the many short tests instead of running alone at the end. Each worker
+    collects and sorts alike; with --maxschedchunk=1 (pyproject.toml) they are handed out
+    one by one in this order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: -_declared_timeout(item))
+
+
+def _declared_timeout(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker is not None and marker.args else 0.0
+
 
 # --- Real peer servers (tests/support/services.py) ---------------------------------------------
 # Each fixture's server is private to the test and stopped when it ends, even if it failed.
