@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import secrets
@@ -26,28 +28,48 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates a
 def system_user() -> Iterator[pwd.struct_passwd]:
     """A throwaway system user (and group), removed afterwards. Directories on the way to the
     interpreter and the sources that only root may enter (here /root, home of pyenv) get an
-    ACL entry letting this user through, also removed afterwards."""
+    ACL entry letting this user through, also removed afterwards.
+
+    Test processes running side by side (pytest-xdist workers each run some of this module's
+    tests) each make a user and grant it the same directories: the grants and their removal
+    happen under one machine-wide lock, and a directory's ACL is only cleared (setfacl -b)
+    once no other user's entry is left in it."""
     name = f"pgt{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
-    )
-    granted: list[tuple[Path, bool]] = []  # and whether it had an ACL of its own before
+    with _users_lock():  # useradd also refuses to run while another holds /etc/passwd
+        subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+        )
+    granted: list[Path] = []
     try:
         entry = pwd.getpwnam(name)
         needed = {Path(os.path.realpath(sys.executable)), Path(sys.prefix), ROOT / "src", ROOT}
-        for directory in sorted({parent for path in needed for parent in (path, *path.parents) if parent.is_dir()}):
-            if not os.stat(directory).st_mode & 0o001:
-                acl = subprocess.run(["getfacl", "-ps", str(directory)], capture_output=True, text=True, check=True)
-                subprocess.run(["setfacl", "-m", f"u:{name}:x", str(directory)], check=True)
-                granted.append((directory, bool(acl.stdout.strip())))
+        with _users_lock():
+            for directory in sorted({parent for path in needed for parent in (path, *path.parents) if parent.is_dir()}):
+                if not os.stat(directory).st_mode & 0o001:
+                    subprocess.run(["setfacl", "-m", f"u:{name}:x", str(directory)], check=True)
+                    granted.append(directory)
         runs = subprocess.run(["runuser", "-u", name, "--", sys.executable, "-c", "import pigeon"], capture_output=True)
         assert runs.returncode == 0, runs.stderr
         yield entry
     finally:
-        for directory, had_acl in granted:
-            undo = ["-x", f"u:{name}"] if had_acl else ["-b"]  # -x alone would leave a mask entry
-            subprocess.run(["setfacl", *undo, str(directory)], check=False)
-        subprocess.run(["userdel", name], check=False)
+        with _users_lock():
+            for directory in granted:
+                subprocess.run(["setfacl", "-x", f"u:{name}", str(directory)], check=False)
+                # -x leaves the mask entry the grant added, which shows as group permissions
+                # in the mode: clear the ACL once only the mask is left (no one else's entry).
+                acl = subprocess.run(["getfacl", "-cps", str(directory)], capture_output=True, text=True, check=False)
+                base = ("user::", "group::", "other::", "mask::")
+                if not [line for line in acl.stdout.splitlines() if line.strip() and not line.startswith(base)]:
+                    subprocess.run(["setfacl", "-b", str(directory)], check=False)
+            subprocess.run(["userdel", name], check=False)
+
+
+@contextlib.contextmanager
+def _users_lock() -> Iterator[None]:
+    with open(Path(tempfile.gettempdir()) / "pigeon-test-users.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture
