@@ -331,6 +331,7 @@ class RedisArbiter(Arbiter):
         self._alive_until = 0.0  # monotonic: our heartbeat cannot have run out before this
         self._lapses = 0  # heartbeats that found the previous one run out
         self._beating: asyncio.Task[None] | None = None
+        self._closing = False
         # One quick retry on a fresh connection: after a Redis restart the pooled connections
         # are dead, and the first command on each would otherwise fail for nothing.
         self._redis = aioredis.Redis.from_url(
@@ -349,6 +350,7 @@ class RedisArbiter(Arbiter):
         self._release = self._redis.register_script(_RELEASE)
 
     async def close(self) -> None:
+        self._closing = True
         if self._beating is not None:
             self._beating.cancel()
             with contextlib.suppress(BaseException):
@@ -384,7 +386,10 @@ class RedisArbiter(Arbiter):
 
     async def _beat_forever(self) -> None:
         next_sweep = time.monotonic() + _SWEEP_EVERY
-        while True:
+        # Not `while True`: a cancel can be lost inside redis-py on Python 3.11, whose
+        # asyncio.wait_for returns the result instead of raising when the awaited write
+        # finished just as the cancel came; close() would then wait for this loop forever.
+        while not self._closing:
             await asyncio.sleep(BEAT)
             sent = time.monotonic()
             calls = [self._beat_call()]
