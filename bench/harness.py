@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,43 +290,59 @@ def smtp_source(port: int, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, check=True)
 
 
+async def _timed_transactions(
+    port: int, name: str, more: Callable[[], Awaitable[bool]], body: bytes, results: list[float]
+) -> None:
+    """One reused connection sending a message each time `more()` says so; the time from end of
+    data to 250 of each goes to `results`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def reply() -> bytes:
+        while True:
+            line = await reader.readline()
+            if line[3:4] != b"-":
+                return line
+
+    await reply()
+    writer.write(f"EHLO {name}.test\r\n".encode())
+    await reply()
+    while await more():
+        writer.write(f"MAIL FROM:<{name}@src.test>\r\n".encode())
+        await reply()
+        writer.write(f"RCPT TO:<{name}@sink.test>\r\n".encode())
+        await reply()
+        writer.write(b"DATA\r\n")
+        await reply()
+        writer.write(body)
+        started = time.perf_counter()
+        writer.write(b".\r\n")
+        if (await reply()).startswith(b"250"):
+            results.append(time.perf_counter() - started)
+    writer.write(b"QUIT\r\n")
+    writer.close()
+
+
 def probe_latencies(
     port: int, stop: threading.Event, body: bytes, connections: int = 2, interval: float = 0.02
 ) -> list[float]:
     """End-of-data to 250, from a client of our own running beside the load at a low rate."""
 
-    async def one(results: list[float]) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-        async def reply() -> bytes:
-            while True:
-                line = await reader.readline()
-                if line[3:4] != b"-":
-                    return line
-
-        await reply()
-        writer.write(b"EHLO probe.test\r\n")
-        await reply()
-        while not stop.is_set():
-            writer.write(b"MAIL FROM:<probe@src.test>\r\n")
-            await reply()
-            writer.write(b"RCPT TO:<probe@sink.test>\r\n")
-            await reply()
-            writer.write(b"DATA\r\n")
-            await reply()
-            writer.write(body)
-            started = time.perf_counter()
-            writer.write(b".\r\n")
-            line = await reply()
-            if line.startswith(b"250"):
-                results.append(time.perf_counter() - started)
-            await asyncio.sleep(interval)
-        writer.write(b"QUIT\r\n")
-        writer.close()
-
     async def main() -> list[float]:
         results: list[float] = []
-        await asyncio.gather(*(one(results) for _ in range(connections)))
+
+        def paced() -> Callable[[], Awaitable[bool]]:
+            first = True
+
+            async def more() -> bool:
+                nonlocal first
+                if not first:
+                    await asyncio.sleep(interval)
+                first = False
+                return not stop.is_set()
+
+            return more
+
+        await asyncio.gather(*(_timed_transactions(port, "probe", paced(), body, results) for _ in range(connections)))
         return results
 
     return asyncio.run(main())
@@ -340,47 +356,20 @@ def paced_latencies(port: int, rate: float, seconds: float, body: bytes, connect
 
     async def main() -> list[float]:
         results: list[float] = []
-        due: asyncio.Queue[float] = asyncio.Queue()
-        total = int(rate * seconds)
+        due: asyncio.Queue[bool] = asyncio.Queue()
 
         async def pace() -> None:
             start = time.perf_counter()
-            for i in range(total):
+            for i in range(int(rate * seconds)):
                 wait = start + i / rate - time.perf_counter()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                due.put_nowait(0.0)
+                due.put_nowait(True)
             for _ in range(connections):
-                due.put_nowait(-1.0)
+                due.put_nowait(False)
 
-        async def client() -> None:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-            async def reply() -> bytes:
-                while True:
-                    line = await reader.readline()
-                    if line[3:4] != b"-":
-                        return line
-
-            await reply()
-            writer.write(b"EHLO paced.test\r\n")
-            await reply()
-            while await due.get() >= 0:
-                writer.write(b"MAIL FROM:<paced@src.test>\r\n")
-                await reply()
-                writer.write(b"RCPT TO:<paced@sink.test>\r\n")
-                await reply()
-                writer.write(b"DATA\r\n")
-                await reply()
-                writer.write(body)
-                started = time.perf_counter()
-                writer.write(b".\r\n")
-                if (await reply()).startswith(b"250"):
-                    results.append(time.perf_counter() - started)
-            writer.write(b"QUIT\r\n")
-            writer.close()
-
-        await asyncio.gather(pace(), *(client() for _ in range(connections)))
+        clients = (_timed_transactions(port, "paced", due.get, body, results) for _ in range(connections))
+        await asyncio.gather(pace(), *clients)
         return results
 
     return uvloop.run(main())
