@@ -83,7 +83,7 @@ class Dispatcher:
         agents: Mapping[Kind, Opener],
         shaping: Callable[[str], Shaping],
         begin: Callable[[Lease], Message | None],
-        report: Callable[[Lease, Attempt], None],
+        report: Callable[[Lease, Attempt], asyncio.Future[None] | None],
         body: Callable[[Message], bytes],
         held: Callable[[str], bool] = lambda site: False,
         clock: Callable[[], float] = time.time,
@@ -93,7 +93,8 @@ class Dispatcher:
         self._begin = begin
         """The queue: is this lease still good to send? (marks the message as being sent)"""
         self._report = report
-        """The queue: an attempt's outcome, with the lease it was taken with."""
+        """The queue: an attempt's outcome, with the lease it was taken with; gives a future
+        done once that outcome is durable."""
         self._body = body
         """A message's bytes as they go out."""
         self._held = held
@@ -163,6 +164,10 @@ class Dispatcher:
         crashed = False
         taken: list[Lease] = []  # leased, not begun: given back if this task ends
         begun: list[Work] = []  # begun, not reported: reported as a transient failure if it fails
+        # Outcomes of the last batch, being written. The next batch waits for the one before:
+        # a kill -9 can then deliver again at most two batches per connection (the one whose
+        # outcome was being committed and the one on the wire), however slow the disk.
+        writing: list[asyncio.Future[None]] = []
         try:
             if not len(queue):
                 return
@@ -206,10 +211,14 @@ class Dispatcher:
                     attempts = await agent.deliver(begun)
                 finally:
                     self.in_flight -= len(begun)
+                earlier, writing = writing, []
                 for work, attempt in zip(begun, attempts, strict=True):
-                    self._report(work.lease, attempt)
+                    if (written := self._report(work.lease, attempt)) is not None:
+                        writing.append(written)
                 deliveries += len(begun)
                 begun = []
+                if earlier and not all(future.done() for future in earlier):
+                    await asyncio.wait(earlier)
                 if not agent.usable():
                     break
         except Exception:

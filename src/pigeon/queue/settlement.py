@@ -101,6 +101,7 @@ class _Outcome:
     encoded: list[tuple[int, bytes]] = field(default_factory=list)
     queue: str | None = None  # a new scheduled queue (rebind)
     held: list[tuple[Recipient, Held]] = field(default_factory=list)  # kept for an operator, no DSN
+    written: asyncio.Future[None] | None = None  # set once the outcome is durable, if someone waits
 
 
 class Settlement:
@@ -130,12 +131,19 @@ class Settlement:
         self._rng = rng or random.Random()
 
     # --- results of work that left the queue -------------------------------------------------
-    def report(self, lease: Lease, attempt: Attempt) -> None:
-        """A delivery attempt (leased when it was taken) ended with these replies."""
+    def report(self, lease: Lease, attempt: Attempt) -> asyncio.Future[None] | None:
+        """A delivery attempt (leased when it was taken) ended with these replies.
+
+        Returns a future done once the outcome is durable (None for a stale lease: nothing to
+        write). A dispatcher waits on it before it sends much more: what a crash can deliver
+        twice is then what one connection had on the wire and in the last commit.
+        """
         entry = self._active.current(lease, "attempt")
         if entry is None or entry.state is not State.IN_FLIGHT:
-            return
-        self._settle_attempt(entry, attempt)
+            return None
+        outcome = self._settle_attempt(entry, attempt)
+        outcome.written = asyncio.get_running_loop().create_future()
+        return outcome.written
 
     def unroutable(self, lease: Lease, failure: Unroutable) -> None:
         """The route lookup (leased when it started) found no way to the destination."""
@@ -184,7 +192,7 @@ class Settlement:
         """Take `entry` (SCHEDULED, READY, or IN_FLIGHT) into SETTLING."""
         return _Outcome(entry, transition(entry, entry.state, entry.generation, State.SETTLING), None, attempts, due)
 
-    def _settle_attempt(self, entry: Entry, attempt: Attempt) -> None:
+    def _settle_attempt(self, entry: Entry, attempt: Attempt) -> _Outcome:
         message = entry.message
         now = self._clock()
         policy = self._policies.for_queue(message.queue)
@@ -242,6 +250,7 @@ class Settlement:
                     outcome.transient.append(TransientFailure(**fields, next_attempt=due))
         self._keep_held(outcome)
         self._write(outcome, policy.dsn)
+        return outcome
 
     def _expired(self, outcome: _Outcome, recipient: Recipient, reply: Reply, attempt: Attempt | None) -> None:
         """`recipient` expired: an `Expiration` (with a DSN if it may have one), or held."""
@@ -332,6 +341,8 @@ class Settlement:
             asyncio.get_running_loop().call_later(_RETRY_WRITE, self._commit, outcome)
             return
         entry = outcome.entry
+        if outcome.written is not None and not outcome.written.done():
+            outcome.written.set_result(None)
         if entry.generation != outcome.generation or not entry.active:
             # By construction nothing moves a SETTLING message: say so if it happened.
             _log.error("message %s: moved while its outcome was being written", format_id(entry.id))

@@ -192,3 +192,29 @@ async def test_a_destination_no_agent_can_serve_defers_its_mail(make_world: Make
     [failure] = world.logged("TransientFailure")
     assert (failure.response.code, failure.response.enhanced) == (451, "4.3.5")
     assert world.spool.rows[spool_id].attempts == 1 and not len(world.active)
+
+
+async def test_a_connection_sends_no_third_message_while_the_first_ones_outcome_is_unwritten(
+    make_world: MakeWorld,
+) -> None:
+    """A kill -9 redelivers what was sent but not yet recorded. However slow the disk, one
+    connection has at most two such messages: the one whose outcome is being written and the
+    one on the wire."""
+    world = make_world(SITES, ["d1.test"], connection_limit=1)
+    sent = [world.inject([f"r{n}@d1.test"]) for n in range(5)]
+    await world.quiesce()
+    for _ in range(4):  # deliveries succeed at once; the disk answers nothing
+        for attempt in world.of_kind("attempt"):
+            await world.release(attempt)
+        await world.quiesce()
+    assert [a.message for a in world.attempted] == sent[:2]
+    assert len(world.of_kind("land")) == 2  # both outcomes still to be written
+
+    await world.release(world.of_kind("land")[0])  # the first outcome is durable: one more goes
+    await world.release_all("answer")
+    await world.quiesce()
+    assert [a.message for a in world.attempted] == sent[:3]
+
+    await world.release_all()
+    assert [a.message for a in world.attempted] == sent
+    assert len(world.logged("Delivery")) == 5
