@@ -12,6 +12,9 @@ what failed (scheme, user name, host, port, path) and replace the secret with `*
 - query or fragment parameters whose name ends in a word that says secret (token, key,
   secret, password, sig, auth, credential, ...): `?token=abc&page=2` becomes
   `?token=***&page=2`, `?api_key=x` `?api_key=***`;
+- path segments that look like a token (16 characters or more, letters and digits mixed,
+  as in Slack's `/services/T0/B0/<token>` or Discord's `/api/webhooks/<id>/<token>`): the
+  segment goes whole, `https://hooks.example/services/T01/B02/***`;
 - `name=value` pairs in free text whose name can mean nothing but a secret (password,
   secret, token, api_key, ...), which covers libpq's keyword DSN form
   (`host=db password='s3 cret' dbname=x` becomes `host=db password=*** dbname=x`).
@@ -43,6 +46,8 @@ _SECRET_PAIR_NAMES: Final = (
 # scheme://, then anything but what ends a URL in prose or a repr ('...', "...", <...>),
 # less a trailing colon or full stop (the prose's, as in "Redis at redis://r:6379/0: ...").
 _URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'\"<>`]*[^\s'\"<>`.,:;)\]])?")
+# A path segment that is a token: long, and letters mixed with digits (a word or a number is not).
+_TOKEN_SEGMENT: Final = re.compile(r"(?=[A-Za-z0-9_\-.~%]*[0-9])(?=[A-Za-z0-9_\-.~%]*[A-Za-z])[A-Za-z0-9_\-.~%]{16,}")
 _PARAMETER: Final = re.compile(r"([?&#;])([^=&#;?]*)=([^&#;]*)")
 # key=value in free text (libpq's keyword DSN, log lines): a quoted value, or up to a space.
 _PAIR: Final = re.compile(
@@ -62,6 +67,9 @@ def redact_url(url: str) -> str:
         if found != -1:
             end = min(end, found)
     authority, tail = rest[:end], rest[end:]
+    path_end = min((at for at in (tail.find("?"), tail.find("#")) if at >= 0), default=len(tail))
+    path = "/".join(MASK if _TOKEN_SEGMENT.fullmatch(part) else part for part in tail[:path_end].split("/"))
+    tail = path + tail[path_end:]
     if "@" in authority:
         # The last @ ends the userinfo: a password with an unencoded @ still goes whole.
         userinfo, host = authority.rsplit("@", 1)

@@ -26,6 +26,18 @@ from pigeon.redaction import RedactingFormatter, redact, redact_url
         ),
         ("https://ghp_0123456789@hooks.example/in", "https://***@hooks.example/in"),
         ("https://hooks.example/in?page=2", "https://hooks.example/in?page=2"),
+        (
+            "https://hooks.slack.example/services/T0A1B2C3D/B0A1B2C3D/aZ3kq9XwPl0mN7vB2cD4eF6g",
+            "https://hooks.slack.example/services/T0A1B2C3D/B0A1B2C3D/***",
+        ),
+        (
+            "https://discord.example/api/webhooks/123456789012345678/Ab-3dEf_9hIjKlMnOpQrStUv?wait=true",
+            "https://discord.example/api/webhooks/123456789012345678/***?wait=true",
+        ),
+        (
+            "https://hooks.example/v1/mail-received/notifications",
+            "https://hooks.example/v1/mail-received/notifications",
+        ),
     ],
 )
 def test_a_url_keeps_its_host_and_loses_its_credentials(secret_bearing: str, shown: str) -> None:
