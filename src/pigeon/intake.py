@@ -108,6 +108,7 @@ class Intake:
     async def local(self, envelope: Envelope, data: bytes) -> Stored:
         """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header."""
         arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL")
+        envelope.recipients = _unique(envelope.recipients)
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
@@ -118,6 +119,7 @@ class Intake:
 
     def draft(self, envelope: Envelope, arrival: Arrival) -> Draft:
         """Start a message. The Received header is written at once."""
+        envelope.recipients = _unique(envelope.recipients)
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
@@ -303,6 +305,23 @@ class _Group(NamedTuple):
 
     domain: str
     target: str | None
+
+
+def _unique(recipients: list[Recipient]) -> list[Recipient]:
+    """Each mailbox once, as Postfix's duplicate filter does: a client that names one twice
+    (or <postmaster> and the postmaster's address) means one delivery. Domains compare
+    without case; local parts with it (RFC 5321 2.4). The first one's DSN parameters win."""
+    if len(recipients) < 2:
+        return recipients
+    seen: set[tuple[str, str]] = set()
+    unique: list[Recipient] = []
+    for recipient in recipients:
+        local, _, domain = recipient.address.rpartition("@")
+        key = (local, domain.lower())
+        if key not in seen:
+            seen.add(key)
+            unique.append(recipient)
+    return unique
 
 
 def _group_by_domain(

@@ -53,10 +53,12 @@ def test_postmaster_at_our_hostname_is_taken_from_anyone_too(tmp_path: Path) -> 
             client.ehlo("outside.test")
             assert client.mail("someone@example.org")[0] == 250
             assert client.rcpt("<PostMaster@MX.Pigeon.Test>")[0] == 250
+            assert client.rcpt('<"postmaster"@mx.pigeon.test>')[0] == 250  # quoting is only syntax
+            assert client.rcpt('<"Postmaster">')[0] == 250
             assert client.rcpt("<postmaster@elsewhere.test>") == (550, b"5.7.1 Relay access denied")
             assert client.data(b"Subject: hi\r\n\r\nhello\r\n")[0] == 250
         (stored,) = pigeon.spool_messages()
-        assert stored["recipients"] == ["ops@example.net"]
+        assert stored["recipients"] == ["ops@example.net"]  # one mailbox named thrice: once
 
 
 def test_postmaster_mail_from_anyone_that_fails_sends_no_dsn_to_the_sender_it_names(tmp_path: Path) -> None:

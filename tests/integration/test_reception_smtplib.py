@@ -42,6 +42,21 @@ def test_message_is_stored_once_per_domain_with_received_header(pigeon: PigeonPr
     assert stored[0]["data"] == stored[1]["data"]
 
 
+def test_a_mailbox_named_twice_in_one_envelope_is_stored_once(pigeon: PigeonProcess) -> None:
+    recipients = ["a@example.net", "a@EXAMPLE.NET", "A@example.net", "c@other.test", "a@example.net"]
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        assert client.send_message(_message(recipients), "sender@example.org", recipients) == {}
+
+    by_queue = {m["queue"]: m["recipients"] for m in pigeon.spool_messages()}
+    # Domains compare without case, local parts with it (RFC 5321 2.4): A@ is another mailbox.
+    assert by_queue == {
+        "spring:acme@example.net": ["a@example.net", "A@example.net"],
+        "spring:acme@other.test": ["c@other.test"],
+    }
+    logged = {r["queue"]: r["recipients"] for r in pigeon.records("Reception")}
+    assert logged == by_queue
+
+
 def test_reply_names_the_spool_ids_and_reception_records_match(pigeon: PigeonProcess) -> None:
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.ehlo("client.test")

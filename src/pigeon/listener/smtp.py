@@ -365,7 +365,8 @@ class SmtpConnection(asyncio.Protocol):
             return True
         local, at, domain = address.rpartition("@")
         hostname = self._listener.session_config.hostname
-        return bool(at) and local.lower() == "postmaster" and domain.lower() == hostname.lower()
+        quoted_or_not = local.lower() in ("postmaster", '"postmaster"')
+        return bool(at) and quoted_or_not and domain.lower() == hostname.lower()
 
     def _on_data(self, event: Data) -> None:
         self._session.accept()

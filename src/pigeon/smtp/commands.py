@@ -142,8 +142,10 @@ def _rcpt(arg: str, offer: Offer) -> Command:
     rest = _after_keyword(arg, "TO:", "Syntax: RCPT TO:<address> [parameters]")
     path, params = _split_path(rest, replies.BAD_ADDRESS_SYNTAX_RCPT)
     parsed = parse_rcpt_parameters(params, offer)
-    if path.lower() == "postmaster":
-        recipient = "postmaster"  # RFC 5321 4.5.1: <Postmaster> with no domain
+    if path.lower() in ("postmaster", '"postmaster"'):
+        # RFC 5321 4.5.1: <Postmaster> with no domain; a quoted local part means the same
+        # mailbox (4.1.2: quoting is only syntax), so <"Postmaster"> is it too.
+        recipient = "postmaster"
     else:
         # Whether UTF-8 is allowed depends on MAIL; the session re-checks with that context.
         recipient = _mailbox(path, True, replies.BAD_ADDRESS_SYNTAX_RCPT)
