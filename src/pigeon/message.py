@@ -116,7 +116,8 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
 
 HELD: Final = 1e15
 """The due time of a held message: time never brings it (the year 31 million); only an
-operator does, by making it due (`pigeon retry`), which releases it."""
+operator does, by making it due (`pigeon retry`), which releases it. A held message that
+expires unreleased at Unix time t is due at `HELD + t` (floats are exact to 1/8 s there)."""
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()
 ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)

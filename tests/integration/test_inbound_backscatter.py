@@ -147,3 +147,26 @@ def test_an_authenticated_sender_and_a_route_set_to_bounce_still_get_their_dsn(t
             assert len(dropped) == 1 and "not authenticated" in dropped[0]["dsn"]
             assert len(sink.after(2)) == 2 and node.records("Held") == []
             wait_until(lambda: [m for m in node.spool_messages() if m["queue"] == "inbound:hook"] == [])
+
+
+def test_held_mail_nobody_releases_ends_after_held_for_without_a_dsn(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, WebhookApp(status=422) as app:
+        routes = [
+            {"recipient": "support@app.example", "target": "hook", "held_for": "2s"},
+            {"recipient": "keep@app.example", "target": "hook", "held_for": 0},  # for ever
+        ]
+        with _node(tmp_path / "p", app, sink, inbound=routes) as node:
+            _send_from_anyone(node, "support@app.example")
+            _send_from_anyone(node, "keep@app.example")
+            held = {r["recipient"]: r for r in node.wait_records("Held", 2, timeout=20)}
+            shown = json.loads(_cli(node, "inspect", held["keep@app.example"]["id"], "--json"))
+            assert shown["held"] and shown["held_until"] is None
+            (expired,) = node.wait_records("Expiration", 1, timeout=20)
+            assert expired["recipient"] == "support@app.example" and expired["id"] == held["support@app.example"]["id"]
+            assert "held_for" in expired["dsn"] and expired["response"]["enhanced"] == "5.4.7"
+            # (a held deadline is kept to 1/8 s: floats near HELD are that coarse)
+            assert 1.8 <= expired["timestamp"] - held["support@app.example"]["timestamp"] < 5
+            time.sleep(2)  # the other one waits for the operator
+            assert [m["recipients"] for m in node.spool_messages()] == [["keep@app.example"]]
+            assert _queue(node, "inbound:hook")["held"] == 1
+        assert sink.received == []  # no DSN to the forged sender

@@ -161,7 +161,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if status != 200 or args.json:
         return _show(args, status, answer, "")
     for key, value in answer.items():
-        if key in ("created", "next_due") and isinstance(value, int | float):
+        if key in ("created", "next_due", "held_until") and isinstance(value, int | float):
             value = f"{_when(value)} ({value:.0f})"
         if value not in (None, [], {}):
             print(f"{key:14} {value if not isinstance(value, list) else ', '.join(map(str, value))}")

@@ -498,6 +498,10 @@ class InboundRouteConfig(_Section, kw_only=True):
     """Such a message whose sender gets no DSN: "hold" keeps it in the spool for the operator
     (`pigeon queue summary` counts it, `pigeon retry --queue 'inbound:<target>'` sends it
     again), "drop" ends it with its Bounce or Expiration record."""
+    held_for: Duration = Duration(30 * 86400)
+    """How long held mail waits for the operator: then it ends with an `Expiration` record
+    (still no DSN), so junk sent to a route the application refuses cannot fill the spool.
+    0: held until the operator acts."""
 
 
 class Config(_Section):

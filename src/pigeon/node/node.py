@@ -466,7 +466,7 @@ def _addresses(addresses: list[tuple[str, int]]) -> str:
 
 
 def _inbound_route(config: InboundRouteConfig) -> InboundRoute:
-    failures = InboundFailures(bounces=config.bounces, hold=config.failed == "hold")
+    failures = InboundFailures(bounces=config.bounces, hold=config.failed == "hold", held_for=float(config.held_for))
     return InboundRoute(config.target, config.recipient, config.domain, failures)
 
 

@@ -267,6 +267,8 @@ class Admin:
             "attempts": message.attempts,
             "next_due": None if envelope.held is not None else message.due,
             "held": envelope.held,
+            # When held mail ends unreleased ([[inbound]] held_for); None: it waits for ever.
+            "held_until": message.due - HELD if envelope.held is not None and message.due > HELD else None,
             "last_response": envelope.last_response,
             "tenant": envelope.tenant,
             "campaign": envelope.campaign,

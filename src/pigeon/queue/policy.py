@@ -59,6 +59,8 @@ class InboundFailures:
     """Whose sender gets a DSN: "always", "authenticated" (SMTP AUTH or an API token), "never"."""
     hold: bool = True
     """Mail whose sender gets no DSN is held in the spool for an operator; False: dropped."""
+    held_for: float = 30 * 86400.0
+    """Seconds held mail waits for the operator before it expires (0: for ever)."""
 
     def withheld(self, envelope: Envelope) -> str | None:
         """Why the sender of `envelope` gets no DSN, or None when it may get one."""

@@ -19,7 +19,9 @@ The same tick expires what has waited past `max_age` anywhere: at load time, and
 ready queues.
 
 A held message (mail of an `[[inbound]]` route kept for an operator, due at `HELD`) is loaded
-only once an operator made it due: that releases it, and its `max_age` counts from then.
+only once an operator made it due: that releases it, and its `max_age` counts from then. Its
+due time says when it expires unreleased (`HELD + t`, t from its route's `held_for`; `HELD`
+alone: never); the sweep ends those past t, without a DSN.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from pigeon.message import Message
+from pigeon.message import HELD, Message
 from pigeon.queue.attempt import Unroutable
 from pigeon.queue.policy import QueuePolicies
 from pigeon.queue.ready import ReadyQueues
@@ -133,6 +135,7 @@ class Scheduler:
                 if now - self._last_sweep >= _SWEEP_EVERY:
                     self._last_sweep = now
                     self.sweep()
+                    self.expire_held()  # one index seek per spool when nothing is due
             except Exception:
                 _log.exception("scheduler tick failed")
                 more = False
@@ -182,6 +185,20 @@ class Scheduler:
 
         for entry in self._ready.expired(expired):
             self._settlement.expire(entry)
+
+    def expire_held(self) -> None:
+        """End held messages whose route's `held_for` has passed (due between HELD and HELD + now)."""
+        now = self._clock()
+        for spool in self._spools:
+            after = (HELD, (1 << 63) - 1)  # past every row due at HELD itself: those wait for ever
+            while (room := min(self._active.room, self._batch)) > 0:
+                messages = spool.due(HELD + now, after, room)
+                for message in messages:
+                    if message.id not in self._active:
+                        self._settlement.expire_held(self._active.add(message))
+                if len(messages) < room:
+                    break
+                after = (messages[-1].due, messages[-1].id)
 
     # --- making ready --------------------------------------------------------------------
     def promote(self, entry: Entry) -> None:

@@ -164,6 +164,18 @@ class Settlement:
         self._keep_held(outcome)
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
 
+    def expire_held(self, entry: Entry) -> None:
+        """A held message nobody released within its route's `held_for`: every recipient ends
+        with an `Expiration` record, and still no DSN (it was held because none may go)."""
+        message = entry.message
+        outcome = self._begin(entry, message.attempts, self._clock())
+        why = message.envelope.held or "held"
+        reply = Reply(550, "5.4.7", (f"Held for the operator past [[inbound]] held_for; {why}",))
+        for recipient in message.envelope.recipients:
+            fields = self._fields(message, recipient, reply, message.attempts, None)
+            outcome.terminal.append(Expiration(**fields, dsn="not sent: held past [[inbound]] held_for"))
+        self._commit(outcome)
+
     def admin_bounce(self, entry: Entry, mark: AdminMark) -> asyncio.Future[None]:
         """An operator bounced a message nobody is sending: every recipient, no DSN.
         The future resolves once that is durable."""
@@ -290,7 +302,9 @@ class Settlement:
         outcome.remaining = msgspec.structs.replace(
             outcome.entry.message.envelope, recipients=kept, held=why, last_response=why
         )
-        outcome.due = HELD
+        # The shortest `held_for` of the routes involved; HELD itself is "for ever".
+        spans = [(self._route_failures(r.address) or _ROUTE_DEFAULT).held_for for r in kept]
+        outcome.due = HELD + (self._clock() + min(spans) if min(spans) > 0 else 0.0)
 
     def _admin_bounce_record(
         self, message: Message, recipient: Recipient, attempts: int, mark: AdminMark
