@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -103,6 +104,9 @@ class PigeonProcess:
             stdout=stderr,
             stderr=stderr,
             start_new_session=True,
+            # A test runner killed mid-run (a CI timeout, kill -9) must not leave nodes behind,
+            # holding ports and CPU for every later test: they get SIGTERM when it goes.
+            preexec_fn=_stop_with_the_test_runner,
         )
         stderr.close()
         if wait:
@@ -267,3 +271,8 @@ def _spool_rows(spool_root: Path) -> Iterator[dict[str, Any]]:
                 "envelope": decoded,
                 "data": bytes(data),
             }
+
+
+def _stop_with_the_test_runner() -> None:
+    """In the child, before exec: SIGTERM when the process (thread) that started it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
