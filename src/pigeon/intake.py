@@ -9,6 +9,8 @@ it arrives, and commits it at the end. The draft:
 * names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
   headers;
 * refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3);
+* signs it (DKIM) when a `[[dkim]]` signer applies: once per reception, before the store,
+  so every copy and every retry sends the same signature (`pigeon.dkim.signing`);
 * stores everything in one group commit, and only then writes the `Reception` records
   and lets the listener answer 250.
 """
@@ -17,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, NamedTuple
 
+from pigeon.dkim.signing import Signing
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
@@ -32,9 +37,10 @@ from pigeon.metrics import Metrics
 from pigeon.queue.names import scheduled_queue
 from pigeon.smtp import replies
 from pigeon.smtp.replies import Reply
-from pigeon.spool.body import BodyWriter
+from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Spool, SpoolError
 
+_log = logging.getLogger(__name__)
 _HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -84,6 +90,7 @@ class Intake:
         max_hops: int = 100,
         tenant_header: str = "X-Tenant",
         campaign_header: str = "X-Campaign",
+        signing: Signing | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.spool = spool
@@ -94,6 +101,8 @@ class Intake:
         self.max_hops = max_hops
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
+        self.signing = signing
+        """DKIM signers (None: none configured)."""
         self.outbox = outbox
         """Where Reception records go with their commit (None in small tests: straight to the log)."""
         self.inbound_routes = inbound_routes
@@ -216,15 +225,58 @@ class Draft:
         self._resident = body.data
         now = intake.clock()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
+        signing = intake.signing
+        if signing is not None and any(group.target is None for group, _ in self._groups):
+            signers = signing.choose(head[1:], tenant)
+            if signers:
+                message = body.data if body.data is not None else _flushed(body)
+                signed = signing.sign(message, signers, int(now))
+                signed.add_done_callback(lambda f: self._signed(f, result, body, now, tenant, campaign))
+                return result
+        self._store(result, body, now, tenant, campaign, None)
+        return result
+
+    def _signed(
+        self,
+        signed: asyncio.Future[bytes],
+        result: asyncio.Future[Stored],
+        body: Body,
+        now: float,
+        tenant: str | None,
+        campaign: str | None,
+    ) -> None:
+        error = signed.exception()
+        if error is not None:
+            # Unsigned mail from a domain that publishes DMARC may be refused or filed as
+            # spam: better the client tries again than the mail leaves without.
+            _log.error("message %s not signed (DKIM), refused for now: %r", format_id(self.id), error)
+            body.discard()
+            if not result.done():
+                result.set_exception(Refused(replies.CANNOT_SIGN))
+            return
+        self._store(result, body, now, tenant, campaign, signed.result())
+
+    def _store(
+        self,
+        result: asyncio.Future[Stored],
+        body: Body,
+        now: float,
+        tenant: str | None,
+        campaign: str | None,
+        dkim: bytes | None,
+    ) -> None:
+        intake = self._intake
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
             envelope = self.envelope
-            envelope.tenant, envelope.campaign = tenant, campaign
+            envelope.tenant, envelope.campaign, envelope.dkim = tenant, campaign, dkim
             (group, _), spool_id = self._groups[0], self._ids[0]
             messages = [NewMessage(spool_id, _queue_of(group, envelope), envelope, now, now)]
         else:
             messages = []
             for spool_id, (group, recipients) in zip(self._ids, self._groups, strict=True):
                 copy = _copy_envelope(self.envelope, recipients, tenant, campaign)
+                if group.target is None:  # an application's target gets the message as received
+                    copy.dkim = dkim
                 messages.append(NewMessage(spool_id, _queue_of(group, copy), copy, now, now))
         # The Reception records are committed with the messages (the outbox): logged once,
         # even if the process dies between the commit and the log write.
@@ -257,7 +309,6 @@ class Draft:
         stored.add_done_callback(
             lambda f: self._stored(f, result, messages, body.size, Stored(ids, reply), sealed, records)
         )
-        return result
 
     def _stored(
         self,
@@ -363,6 +414,13 @@ def _copy_envelope(
         protocol=envelope.protocol,
         metadata=envelope.metadata,
     )
+
+
+def _flushed(body: Body) -> Path:
+    """The file of a spilled body, its buffered bytes written out so a thread can read it."""
+    assert body.file is not None and body.path is not None
+    body.file.flush()
+    return body.path
 
 
 def _header_block(head: bytes) -> bytes:

@@ -7,13 +7,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dnslib import AAAA, MX, QTYPE, RCODE, RR, A, DNSRecord
+from dnslib import AAAA, MX, QTYPE, RCODE, RR, TXT, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 
 @dataclass
 class Zone:
-    """name -> records: ("MX", preference, host) | ("A", ip) | ("AAAA", ip); names without a trailing dot."""
+    """name -> records: ("MX", preference, host) | ("A", ip) | ("AAAA", ip) | ("TXT", text);
+    names without a trailing dot. A TXT text longer than 255 bytes goes as several strings."""
 
     records: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
     servfail: set[str] = field(default_factory=set)
@@ -51,6 +52,9 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
                 rdata: Any = MX(record[2] + "." if record[2] != "." else ".", record[1])
             elif kind == "A":
                 rdata = A(record[1])
+            elif kind == "TXT":
+                text = record[1].encode()
+                rdata = TXT([text[i : i + 255] for i in range(0, len(text), 255)])
             else:
                 rdata = AAAA(record[1])
             reply.add_answer(RR(name + ".", QTYPE.reverse[kind], rdata=rdata, ttl=self.zone.ttl))
@@ -58,18 +62,21 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
 
 
 class DnsServer:
-    def __init__(self, zone: Zone) -> None:
+    def __init__(self, zone: Zone, *, address: str = "127.0.0.1", port: int = 0) -> None:
+        """`port` 53 on an `address` of its own serves resolvers that cannot be told a port
+        (a resolv.conf, in a mount namespace of the test's; see `tests.support.opendkim`)."""
         self.zone = zone
+        self.address = address
         quiet = DNSLogger(logf=lambda _: None)
         # Port 0: the server's own socket gets the kernel's pick, so no other process can be
         # handed the same port before it binds.
-        self._server = DNSServer(_Resolver(zone), port=0, address="127.0.0.1", logger=quiet)
+        self._server = DNSServer(_Resolver(zone), port=port, address=address, logger=quiet)
         self.port: int = self._server.server.server_address[1]
         self._server.start_thread()
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     def stop(self) -> None:
         self._server.stop()

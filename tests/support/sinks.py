@@ -159,8 +159,16 @@ class ScriptedSink:
     """An aiosmtpd server in a thread, answering by recipient (see the module docstring)."""
 
     def __init__(
-        self, *, host: str = "127.0.0.1", port: int | None = None, slow: float = 0.0, flaky: int = 2, seed: int = 1
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        slow: float = 0.0,
+        flaky: int = 2,
+        seed: int = 1,
+        smtputf8: bool = False,
     ) -> None:
+        """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by default."""
         self.host = host
         self.random = random.Random(seed)
         self.port = port or free_port()
@@ -168,7 +176,9 @@ class ScriptedSink:
         self.flaky = flaky
         self.received: list[Received] = []
         self.rcpt_log: list[str] = []
-        self._controller = _Controller(_Handler(self), hostname=host, port=self.port, ready_timeout=10)
+        self._controller = _Controller(
+            _Handler(self), hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8
+        )
         self._controller.start()
 
     @property

@@ -16,13 +16,23 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from pigeon.config.schema import Config, LogTarget, MaildirTarget, PostgresqlTarget, TargetConfig, decode_hook
+from pigeon.config.schema import (
+    DKIM_OVER_SIGNED,
+    Config,
+    LogTarget,
+    MaildirTarget,
+    PostgresqlTarget,
+    TargetConfig,
+    decode_hook,
+)
+from pigeon.dkim.keys import KeyProblem, load_key
 from pigeon.shaping.gcra import Rate
 from pigeon.smtp.commands import mailbox_problem
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
+_DOMAIN: Final = re.compile(r"(?i)[a-z0-9_]([a-z0-9_-]*[a-z0-9])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9])?)*\.?")
 
 
 class ConfigError(Exception):
@@ -108,6 +118,7 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
             if mailbox.ca_file is not None:
                 mailbox.ca_file = _resolve(mailbox.ca_file, path.parent)
     _check_files(config, fail)
+    _check_dkim(config, path, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
     for rules in config.delivery.bounce_rules:
@@ -160,6 +171,38 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})")
         if (route.recipient is None) == (route.domain is None):
             raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
+
+
+def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], str], ConfigError]) -> None:
+    """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
+    covers From and leaves out Pigeon's own headers (taken off before delivery, they would
+    break the signature)."""
+    internal = {config.delivery.tenant_header.lower(), config.delivery.campaign_header.lower()}
+    names = [block.name for block in config.dkim if block.name is not None]
+    for name in names:
+        if names.count(name) > 1:
+            raise fail(["dkim", "name"], f"two [[dkim]] blocks are called {name!r}")
+    for block in config.dkim:
+        which = f"[[dkim]] {block.name or block.domain!r} (selector {block.selector})"
+        over = list(DKIM_OVER_SIGNED) if block.over_sign is True else (block.over_sign or [])
+        for key, listed in (("headers", block.headers), ("over_sign", over)):
+            for header in listed:
+                lowered = header.strip().lower()
+                if lowered in internal:
+                    reason = f"{which}: {header!r} is Pigeon's own header, removed before delivery: it cannot be signed"
+                    raise fail(["dkim", key], reason)
+                if not lowered or not lowered.isascii() or any(c in lowered for c in ": \t"):
+                    raise fail(["dkim", key], f"{which}: {header!r} is not a header field name")
+        if "from" not in {h.strip().lower() for h in block.headers}:
+            raise fail(["dkim", "headers"], f"{which}: must include From (RFC 6376 5.4)")
+        if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
+            raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name")
+        if path is not None:
+            block.private_key = _resolve(block.private_key, path.parent)
+        try:
+            load_key(block.private_key, block.algorithm)
+        except KeyProblem as error:
+            raise fail(["dkim", "private_key"], f"{which}: {error}") from None
 
 
 def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:

@@ -504,6 +504,74 @@ class InboundRouteConfig(_Section, kw_only=True):
     0: held until the operator acts."""
 
 
+DKIM_HEADERS: Final = (
+    "from",
+    "sender",
+    "reply-to",
+    "subject",
+    "date",
+    "message-id",
+    "to",
+    "cc",
+    "mime-version",
+    "content-type",
+    "content-transfer-encoding",
+    "content-id",
+    "content-description",
+    "resent-date",
+    "resent-from",
+    "resent-sender",
+    "resent-to",
+    "resent-cc",
+    "resent-message-id",
+    "in-reply-to",
+    "references",
+    "list-id",
+    "list-help",
+    "list-unsubscribe",
+    "list-unsubscribe-post",
+    "list-subscribe",
+    "list-post",
+    "list-owner",
+    "list-archive",
+)
+"""The header fields a [[dkim]] signature covers by default (dkimpy's list, and
+List-Unsubscribe-Post, which RFC 8058 wants signed)."""
+
+DKIM_OVER_SIGNED: Final = ("from", "to", "subject", "date", "message-id")
+"""Fields named once more in h= than the message has them (`over_sign = true`), so that a
+copy added on the way breaks the signature instead of showing in the reader's mail client."""
+
+
+class DkimConfig(_Section):
+    domain: str
+    """The author domains this signs for: a glob on the domain of the From: address
+    ("example.com", "*.example.com", "*")."""
+    selector: Annotated[
+        str,
+        msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"),
+    ]
+    """The key's selector: it is published at <selector>._domainkey.<domain>."""
+    private_key: Path
+    """PEM file of the private key (`pigeon dkim keygen` writes one). Read at start and on
+    SIGHUP, by the user Pigeon runs as."""
+    algorithm: Literal["rsa-sha256", "ed25519-sha256"] = "rsa-sha256"
+    signing_domain: str | None = None
+    """The d= of the signature. Default: the author domain the glob matched."""
+    headers: list[str] = msgspec.field(default_factory=lambda: list(DKIM_HEADERS))
+    """Header fields to sign, where the message has them. From is required."""
+    over_sign: bool | list[str] = True
+    """true: over-sign From, To, Subject, Date and Message-ID; or a list of fields; false: none."""
+    canonicalization: Literal[
+        "relaxed/relaxed", "relaxed/simple", "simple/relaxed", "simple/simple", "relaxed", "simple"
+    ] = "relaxed/relaxed"
+    """header/body; one word means that for the header and simple for the body (RFC 6376 3.5)."""
+    tenant: str | None = None
+    """Sign only the mail of this tenant (the X-Tenant header). None: every tenant's."""
+    name: str | None = None
+    """What a policy hook calls this signer to choose it."""
+
+
 class Config(_Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     smtp: SmtpConfig = msgspec.field(default_factory=SmtpConfig)
@@ -519,3 +587,4 @@ class Config(_Section):
     target: list[TargetConfig] = msgspec.field(default_factory=list)
     mailbox: list[MailboxConfig] = msgspec.field(default_factory=list)
     inbound: list[InboundRouteConfig] = msgspec.field(default_factory=list)
+    dkim: list[DkimConfig] = msgspec.field(default_factory=list)

@@ -1,7 +1,10 @@
-"""What changes in a message on its way out: Pigeon's own routing headers come off.
+"""What changes in a message on its way out: Pigeon's own routing headers come off, and
+its DKIM signatures go on top.
 
 The tenant and campaign headers (`X-Tenant`, `X-Campaign` by default) name the queue a
-message was put in; they are for Pigeon, not for the recipient.
+message was put in; they are for Pigeon, not for the recipient. The signatures were made at
+reception (`pigeon.intake`) over the message as it leaves here: no signature covers the
+headers taken off, so taking them off keeps the signatures valid.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class OutgoingBody:
         """Raises `SpoolError` if the stored body cannot be read."""
         body = self._spools.body(message)
         envelope = message.envelope
-        if envelope.tenant is None and envelope.campaign is None:
-            return body  # the intake found neither header: nothing to take off
-        return strip_headers(body, self._strip)
+        if envelope.tenant is not None or envelope.campaign is not None:
+            body = strip_headers(body, self._strip)
+        if envelope.dkim is not None:
+            body = envelope.dkim + body
+        return body

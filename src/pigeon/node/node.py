@@ -26,6 +26,8 @@ import msgspec
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
+from pigeon.dkim.keys import KeyProblem
+from pigeon.dkim.signing import Signing, load_signers
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthThrottle
@@ -105,6 +107,7 @@ class Node:
         self.outbox: Outbox | None = None
         self.inbound: Inbound | None = None
         self.intake: Intake  # from start() on
+        self.signing: Signing | None = None
         self.tokens: Tokens
         self._stopping = False
         self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
@@ -133,6 +136,13 @@ class Node:
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
         smtp = config.smtp
         self.tokens = Tokens.from_config(config)
+        if config.dkim:
+            try:
+                self.signing = Signing(load_signers(config.dkim))
+            except KeyProblem as error:
+                # Read as the user Pigeon runs as, which the config check (run as whoever
+                # started it) may not have been.
+                raise ConfigError(str(error)) from None
         self.intake = intake = Intake(
             self.spool,
             self.log,
@@ -143,6 +153,7 @@ class Node:
             max_hops=smtp.max_hops,
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
+            signing=self.signing,
             clock=self._clock,
         )
         if config.target:
@@ -253,6 +264,8 @@ class Node:
             await asyncio.gather(self._check, return_exceptions=True)
         if self.outbox is not None:
             await self.outbox.close()  # what the log cannot take stays in the spools' outboxes
+        if self.signing is not None:
+            self.signing.close()  # nothing is waiting: the listeners are closed
         for spool in (self.spool, *self.adopted):
             spool.close()  # blocks until the commit in flight is done: a few milliseconds
         await asyncio.sleep(0)  # let the last commits' callbacks run
@@ -284,9 +297,10 @@ class Node:
                 loop.remove_signal_handler(signum)
 
     def reload(self) -> None:
-        """SIGHUP: read the config file again and take its TLS certificate, SMTP users and
-        routes (DKIM keys will join them). New connections see the new ones; open ones keep
-        what they have. If anything cannot be used, nothing changes and the reason is logged."""
+        """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
+        routes and DKIM signers (their keys read again). New connections see the new ones;
+        open ones keep what they have. If anything cannot be used, nothing changes and the
+        reason is logged."""
         if self.smtp is None or self._stopping:
             return
         try:
@@ -295,7 +309,8 @@ class Node:
             smtp = config.smtp
             passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
             routes = routes_from(config)
-        except (ConfigError, PasswordFileError, OSError, ssl.SSLError) as error:
+            signers = load_signers(config.dkim)
+        except (ConfigError, PasswordFileError, KeyProblem, OSError, ssl.SSLError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
         self.smtp.tls_context = tls_context
@@ -307,17 +322,23 @@ class Node:
         )
         if self.outbound is not None:
             self.outbound.router.replace(routes)
+        if self.signing is None and len(signers):
+            self.signing = self.intake.signing = Signing(signers)
+        elif self.signing is not None:
+            self.signing.keys = signers
         running = self.config
         for key in _RELOADED_SMTP_KEYS:
             setattr(running.smtp, key, getattr(smtp, key))
         running.route = config.route
+        running.dkim = config.dkim
         for key in changed_keys(running, config):
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
         _log.info(
-            "reloaded: TLS %s, %s SMTP users, %d routes",
+            "reloaded: TLS %s, %s SMTP users, %d routes, %d DKIM signers (keys read again)",
             "on" if tls_context is not None else "off",
             len(passwords) if passwords is not None else "no",
             len(routes),
+            len(signers),
         )
 
     @property

@@ -179,7 +179,12 @@ class Envelope:
         # commands (SMTP smuggling). Made CRLF, every line is one that dot-stuffing sees, so
         # the only end of data is ours. Normalised rather than refused: the mail was accepted,
         # and its lines read the same to the recipient.
-        self.body = crlf_lines(self.body)
+        body = crlf_lines(self.body)
+        if body and not body.endswith(b"\r\n"):
+            # DATA cannot end without a CRLF; BDAT sends the same bytes, so that a DKIM
+            # signature (which hashes the body as if the CRLF were there) holds either way.
+            body += b"\r\n"
+        self.body = body
 
 
 @dataclass(slots=True)

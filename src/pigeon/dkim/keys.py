@@ -1,0 +1,101 @@
+"""DKIM private keys: read from PEM files, checked against the algorithm, and made.
+
+A key is read once (`load_key`), when the node starts or reloads; signing never touches the
+file. `dns_record` prints what the domain publishes at `<selector>._domainkey.<domain>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Final, Literal
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+Algorithm = Literal["rsa-sha256", "ed25519-sha256"]
+PrivateKey = rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+
+MIN_RSA_BITS: Final = 1024  # RFC 8301 3.2: verifiers must not accept less
+_TXT_STRING: Final = 255  # longest character-string in a TXT record (RFC 1035 3.3)
+
+
+class KeyProblem(Exception):
+    """The key file cannot be used; the message names the file and says why."""
+
+
+def load_key(path: Path, algorithm: Algorithm) -> PrivateKey:
+    """Read a PEM private key (PKCS#8 or traditional) and check it suits `algorithm`."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise KeyProblem(f"cannot read the key file {path}: {error.strerror or error}") from None
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError:
+        raise KeyProblem(f"the key in {path} is encrypted; DKIM keys must be stored without a passphrase") from None
+    except (ValueError, NotImplementedError) as error:
+        raise KeyProblem(f"{path} holds no PEM private key Pigeon can read ({error})") from None
+    if algorithm == "rsa-sha256":
+        if not isinstance(key, rsa.RSAPrivateKey):
+            raise KeyProblem(f"{path} holds a {_kind(key)} key, not the RSA key rsa-sha256 needs")
+        if key.key_size < MIN_RSA_BITS:
+            raise KeyProblem(f"{path} holds a {key.key_size}-bit RSA key; verifiers refuse under {MIN_RSA_BITS} bits")
+        return key
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise KeyProblem(f"{path} holds a {_kind(key)} key, not the Ed25519 key ed25519-sha256 needs")
+    return key
+
+
+def generate_key(algorithm: Algorithm, bits: int = 2048) -> PrivateKey:
+    """A new private key for `algorithm` (`bits`: RSA only)."""
+    if algorithm == "rsa-sha256":
+        return rsa.generate_private_key(public_exponent=65537, key_size=bits)
+    return ed25519.Ed25519PrivateKey.generate()
+
+
+def pem(key: PrivateKey) -> bytes:
+    """The key as unencrypted PKCS#8 PEM."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def write_key(path: Path, key: PrivateKey) -> None:
+    """Write the key to a new file, mode 0600 from its creation; an existing file is not replaced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(pem(key))
+
+
+def public_value(key: PrivateKey) -> str:
+    """The `p=` of the key record: base64 of the DER SubjectPublicKeyInfo (RSA), or of the
+    32 raw bytes of the public key (Ed25519, RFC 8463 4)."""
+    public = key.public_key()
+    if isinstance(public, ed25519.Ed25519PublicKey):
+        raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    else:
+        raw = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def record_text(key: PrivateKey) -> str:
+    """The key record's text: "v=DKIM1; k=rsa; p=..." (RFC 6376 3.6.1)."""
+    kind = "ed25519" if isinstance(key, ed25519.Ed25519PrivateKey) else "rsa"
+    return f"v=DKIM1; k={kind}; p={public_value(key)}"
+
+
+def dns_record(domain: str, selector: str, key: PrivateKey) -> str:
+    """The zone-file line to publish, its text split into strings of at most 255 bytes."""
+    text = record_text(key)
+    strings = " ".join(f'"{text[i : i + _TXT_STRING]}"' for i in range(0, len(text), _TXT_STRING))
+    return f"{selector}._domainkey.{domain.rstrip('.')}. IN TXT {strings}"
+
+
+def _kind(key: object) -> str:
+    if isinstance(key, rsa.RSAPrivateKey):
+        return "RSA"
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return "Ed25519"
+    return type(key).__name__.removeprefix("_").replace("PrivateKey", "") or "other"

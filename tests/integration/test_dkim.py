@@ -1,0 +1,338 @@
+"""DKIM signing by a real node, checked on what left it: mail sent in over SMTP (DATA and
+BDAT) and HTTP, delivered to a sink on loopback, and each signature the sink got verified
+by dkimpy and by OpenDKIM, with the keys served by the test's own DNS server."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pigeon.dkim.keys import PrivateKey, generate_key, record_text, write_key
+from tests.support.dkim import dkimpy_verify, key_server, opendkim_verify
+from tests.support.dns import DnsServer, Zone
+from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
+
+TOKEN = "inject-token-0123456789"
+
+
+@dataclass
+class Keys:
+    rsa: PrivateKey
+    ed25519: PrivateKey
+    tenant: PrivateKey
+    other: PrivateKey
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return Keys(
+        generate_key("rsa-sha256"),
+        generate_key("ed25519-sha256"),
+        generate_key("rsa-sha256"),
+        generate_key("ed25519-sha256"),
+    )
+
+
+@pytest.fixture(scope="module")
+def dns(keys: Keys) -> Iterator[DnsServer]:
+    zone = Zone()
+    for name, key in [
+        ("rsa1._domainkey.example.com", keys.rsa),
+        ("ed1._domainkey.example.com", keys.ed25519),
+        ("sub._domainkey.news.example.org", keys.rsa),
+        ("acme._domainkey.acme.test", keys.tenant),
+        ("other._domainkey.acme.test", keys.other),
+    ]:
+        zone.records[name] = [("TXT", record_text(key))]
+    server = key_server(zone)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sink() -> Iterator[ScriptedSink]:
+    with ScriptedSink(smtputf8=True) as running:
+        yield running
+
+
+def _key_file(directory: Path, name: str, key: PrivateKey) -> Path:
+    path = directory / f"{name}.pem"
+    write_key(path, key)
+    return path
+
+
+@pytest.fixture
+def pigeon(tmp_path: Path, sink: ScriptedSink, keys: Keys) -> Iterator[PigeonProcess]:
+    keydir = tmp_path / "keys"
+    keydir.mkdir()
+    rsa, ed, tenant, other = (_key_file(keydir, n, getattr(keys, n)) for n in ("rsa", "ed25519", "tenant", "other"))
+    dkim = [
+        {"domain": "example.com", "selector": "rsa1", "private_key": rsa, "name": "example-rsa"},
+        {"domain": "example.com", "selector": "ed1", "private_key": ed, "algorithm": "ed25519-sha256"},
+        {"domain": "*.example.org", "selector": "sub", "private_key": rsa, "canonicalization": "simple/simple"},
+        {"domain": "acme.test", "selector": "acme", "private_key": tenant, "tenant": "acme"},
+        {
+            "domain": "acme.test",
+            "selector": "other",
+            "private_key": other,
+            "tenant": "other",
+            "algorithm": "ed25519-sha256",
+        },
+    ]
+    config = delivery_config(sink.endpoint)
+    tokens = [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]
+    with PigeonProcess(tmp_path / "node", http={"token": tokens}, dkim=dkim, **config) as process:
+        yield process
+
+
+def _signatures(data: bytes) -> list[dict[str, str]]:
+    """The tags of each DKIM-Signature field, top first."""
+    found = []
+    for match in re.finditer(rb"(?im)^dkim-signature:([^\r\n]*(?:\r\n[ \t][^\r\n]*)*)", data):
+        value = re.sub(rb"\s+", b"", match.group(1)).decode("ascii")
+        found.append(dict(tag.split("=", 1) for tag in value.split(";") if tag))
+    return found
+
+
+def _check(received: Received, dns: DnsServer, workdir: Path) -> list[dict[str, str]]:
+    """Each signature good for both verifiers, each alone; returns the signatures' tags."""
+    data = received.data
+    signatures = _signatures(data)
+    assert signatures, data[:400]
+    assert dkimpy_verify(data, dns) == [True] * len(signatures), data.decode("utf-8", "replace")
+    # OpenDKIM reports on the message as a whole: give it each signature on its own.
+    fields = re.findall(rb"(?im)^dkim-signature:[^\r\n]*(?:\r\n[ \t][^\r\n]*)*\r\n", data)
+    for field in fields:
+        alone = data
+        for other in fields:
+            if other is not field:
+                alone = alone.replace(other, b"", 1)
+        result = opendkim_verify(alone, dns, workdir)
+        assert (result.returncode, result.stdout, result.stderr) == (0, b"", b""), (field, alone)
+    return signatures
+
+
+DATE = b"Date: Mon, 1 Jan 2024 00:00:00 +0000\r\n"  # OpenDKIM refuses a message without one (RFC 5322 3.6)
+
+
+def _smtp(port: int, sender: str, recipients: list[str], data: bytes, *, bdat: list[int] | None = None) -> None:
+    """Send one message: with DATA (dot-stuffed here), or with BDAT in chunks of these sizes."""
+    utf8 = not (sender + "".join(recipients)).isascii() or not data.isascii()
+    with RawSmtp(port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, f"MAIL FROM:<{sender}>" + (" SMTPUTF8 BODY=8BITMIME" if utf8 else ""))
+        for recipient in recipients:
+            smtp.expect(250, f"RCPT TO:<{recipient}>")
+        if bdat is None:
+            smtp.expect(354, "DATA")
+            stuffed = re.sub(rb"(?m)^\.", b"..", data)
+            smtp.send(stuffed + (b"" if stuffed.endswith(b"\r\n") or not stuffed else b"\r\n") + b".\r\n")
+            smtp.expect(250)
+        else:
+            at = 0
+            for number, size in enumerate(bdat):
+                last = number == len(bdat) - 1
+                chunk = data[at:] if last else data[at : at + size]
+                at += len(chunk)
+                smtp.send(b"BDAT %d%s\r\n" % (len(chunk), b" LAST" if last else b"") + chunk)
+                smtp.expect(250)
+        smtp.expect(221, "QUIT")
+
+
+MESSY = (
+    b"From: Ann Example <ann@example.com>\r\n"
+    b"To: bob@sink.test,\r\n"
+    b"\t  carol@sink.test\r\n"
+    b"Subject:   a  folded\r\n"
+    b"   subject\t with   spaces  \r\n"
+    b"Received: from a; Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+    b"Received: from b; Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+    b"Comments: one\r\n"
+    b"Comments: two\r\n"
+    b"Date: Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+    b"Message-ID: <messy@example.com>\r\n"
+    b"\r\n"
+    b"A body  with\t tabs and trailing spaces   \r\n"
+    b".a line that starts with a dot\r\n"
+    b"..two dots\r\n"
+    b".\r\n"
+    b"x" * 990 + b"\r\n"
+    b"\r\n"
+    b"   \r\n"
+    b"\r\n"
+)
+
+
+def test_smtp_mail_is_signed_twice_rsa_and_ed25519_and_both_verify(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], MESSY)
+    (received,) = sink.wait_for(1)
+    signatures = _check(received, dns, tmp_path)
+    assert [(s["a"], s["d"], s["s"], s["c"]) for s in signatures] == [
+        ("rsa-sha256", "example.com", "rsa1", "relaxed/relaxed"),
+        ("ed25519-sha256", "example.com", "ed1", "relaxed/relaxed"),
+    ]
+    # Over-signed: From, To, Subject, Date and Message-ID once more than the message has them.
+    names = signatures[0]["h"].split(":")
+    assert [names.count(n) for n in ("from", "to", "subject", "date", "message-id")] == [2, 2, 2, 2, 2]
+    assert "received" not in names and "comments" not in names
+    # The content arrived as it was sent (dots unstuffed), below the signatures and our Received.
+    assert received.data.endswith(MESSY.split(b"\r\n\r\n", 1)[1])
+
+
+def test_bdat_mail_without_a_final_crlf_in_several_chunks_is_signed(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    data = (
+        b"From: ann@example.com\r\nSubject: chunks\r\n"
+        + DATE
+        + b"\r\nfirst line\r\nlast line, no CRLF, trailing spaces  "
+    )
+    _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], data, bdat=[10, 30])
+    (received,) = sink.wait_for(1)
+    assert len(_check(received, dns, tmp_path)) == 2
+    assert received.data.endswith(b"last line, no CRLF, trailing spaces  \r\n")
+
+
+def test_an_empty_body_is_signed(pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path) -> None:
+    _smtp(
+        pigeon.smtp_port,
+        "ann@example.com",
+        ["bob@sink.test"],
+        b"From: ann@example.com\r\nSubject: empty\r\n" + DATE + b"\r\n",
+    )
+    _smtp(
+        pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], DATE + b"From: ann@example.com\r\nSubject: no body\r\n"
+    )
+    for received in sink.wait_for(2):
+        signatures = _check(received, dns, tmp_path)
+        # The hash of an empty body, relaxed: SHA-256 of nothing (RFC 6376 3.4.4).
+        assert signatures[0]["bh"] == base64.b64encode(hashlib.sha256(b"").digest()).decode()
+
+
+def test_8bit_and_smtputf8_mail_is_signed(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    data = (
+        "From: Zoë <zoë@example.com>\r\nTo: jörg@sink.test\r\nSubject: Grüße aus Köln\r\n"
+        + DATE.decode()
+        + "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n"
+        "Ünïcödé  body\t text\r\n"
+    ).encode()
+    _smtp(pigeon.smtp_port, "zoë@example.com", ["jörg@sink.test"], data)
+    (received,) = sink.wait_for(1)
+    assert "SMTPUTF8" in received.mail_options
+    assert [s["a"] for s in _check(received, dns, tmp_path)] == ["rsa-sha256", "ed25519-sha256"]
+
+
+def test_internal_headers_are_stripped_and_the_tenant_signs_with_its_own_key(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    data = b"X-Tenant: acme\r\nFrom: shop@acme.test\r\nX-Campaign: spring\r\nSubject: sale\r\n" + DATE + b"\r\nbuy\r\n"
+    _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"], data)
+    (received,) = sink.wait_for(1)
+    assert b"x-tenant" not in received.data.lower() and b"x-campaign" not in received.data.lower()
+    # The tenant "other" has a signer for acme.test too: not for acme's mail.
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [("acme.test", "acme")]
+    # Without the tenant, nothing signs acme.test mail.
+    _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"], data.replace(b"X-Tenant: acme\r\n", b""))
+    assert _signatures(sink.wait_for(2)[1].data) == []
+
+
+def test_a_glob_signs_for_the_author_subdomain_and_simple_canonicalization_verifies(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    data = b"From: <list@news.example.org>\r\nSubject:  simple  \r\n" + DATE + b"\r\nbody   with spaces  \r\n\r\n\r\n"
+    _smtp(pigeon.smtp_port, "list@news.example.org", ["bob@sink.test", "dora@other.test"], data)
+    for received in sink.wait_for(2):  # one copy per recipient domain, the same signature on each
+        signatures = _check(received, dns, tmp_path)
+        assert [(s["d"], s["s"], s["c"]) for s in signatures] == [("news.example.org", "sub", "simple/simple")]
+    first, second = sink.received
+    assert _signatures(first.data) == _signatures(second.data)
+
+
+def test_http_injected_mail_is_signed(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    parts = {
+        "from": {"email": "ann@example.com", "name": "Ann"},
+        "subject": "Hello {{ name }}",
+        "text": "Hi {{ name }},\n\nline one  \n.dot line\n",
+        "html": "<p>Hi {{ name }}</p>\n",
+    }
+    request = {
+        "envelope_sender": "ann@example.com",
+        "recipients": [{"email": "bob@sink.test", "substitutions": {"name": "Bob"}}],
+        "content": parts,
+        "tenant": "acme",
+        "campaign": "spring",
+    }
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200, answer
+    raw = "From: shop@acme.test\nSubject: raw\n\nraw body\n"  # the injection adds a Date
+    status, answer = pigeon.http_post(
+        "/api/v1/inject",
+        {
+            "envelope_sender": "shop@acme.test",
+            "recipients": [{"email": "x@sink.test"}],
+            "content": raw,
+            "tenant": "acme",
+        },
+        TOKEN,
+    )
+    assert status == 200, answer
+    built, injected_raw = sorted(sink.wait_for(2), key=lambda r: r.recipients[0])
+    assert b"x-tenant" not in built.data.lower()
+    assert [s["s"] for s in _check(built, dns, tmp_path)] == ["rsa1", "ed1"]
+    assert [s["s"] for s in _check(injected_raw, dns, tmp_path)] == ["acme"]
+
+
+def test_a_changed_message_fails_both_verifiers(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    # The check above is not one that passes whatever it is given.
+    _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], DATE + b"From: ann@example.com\r\n\r\nbody\r\n")
+    (received,) = sink.wait_for(1)
+    tampered = received.data.replace(b"body\r\n", b"b0dy\r\n")
+    assert dkimpy_verify(tampered, dns) == [False, False]
+    assert opendkim_verify(tampered, dns, tmp_path).returncode != 0
+
+
+def test_sighup_reads_the_keys_again_and_a_bad_key_keeps_the_old_one(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path, keys: Keys
+) -> None:
+    key_file = tmp_path / "keys" / "rsa.pem"
+    # A new key in the file: signatures made after SIGHUP use it (and fail against the old record).
+    new = generate_key("rsa-sha256")
+    key_file.unlink()
+    write_key(key_file, new)
+    assert pigeon.process is not None
+    pigeon.process.send_signal(signal.SIGHUP)
+    pigeon.wait_stderr("DKIM signers (keys read again)")
+    _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], b"From: ann@example.com\r\n\r\nnew key\r\n")
+    (received,) = sink.wait_for(1)
+    assert dkimpy_verify(received.data, dns) == [False, True]  # RSA with a key not published: bad
+    new_record = base64.b64decode(record_text(new).split("p=")[1])
+    assert new_record  # the new key really differs from the published one
+    # A broken key file: the reload is refused, the error names the file, signing goes on.
+    key_file.write_text("not a key")
+    pigeon.process.send_signal(signal.SIGHUP)
+    error = pigeon.wait_stderr("reload failed")
+    assert str(key_file) in error
+    _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], b"From: ann@example.com\r\n\r\nstill\r\n")
+    received = sink.wait_for(2)[1]
+    assert len(_signatures(received.data)) == 2
+    wait_until(lambda: pigeon.records("Delivery"))
+    assert json.dumps(pigeon.records("Delivery")[0])  # delivered, not refused
