@@ -263,12 +263,12 @@ class Draft:
         now: float,
         tenant: str | None,
         campaign: str | None,
-        dkim: bytes | None,
+        signatures: bytes | None,
     ) -> None:
         intake = self._intake
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
             envelope = self.envelope
-            envelope.tenant, envelope.campaign, envelope.dkim = tenant, campaign, dkim
+            envelope.tenant, envelope.campaign, envelope.dkim_signatures = tenant, campaign, signatures
             (group, _), spool_id = self._groups[0], self._ids[0]
             messages = [NewMessage(spool_id, _queue_of(group, envelope), envelope, now, now)]
         else:
@@ -276,7 +276,7 @@ class Draft:
             for spool_id, (group, recipients) in zip(self._ids, self._groups, strict=True):
                 copy = _copy_envelope(self.envelope, recipients, tenant, campaign)
                 if group.target is None:  # an application's target gets the message as received
-                    copy.dkim = dkim
+                    copy.dkim_signatures = signatures
                 messages.append(NewMessage(spool_id, _queue_of(group, copy), copy, now, now))
         # The Reception records are committed with the messages (the outbox): logged once,
         # even if the process dies between the commit and the log write.

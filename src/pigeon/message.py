@@ -107,7 +107,7 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     target: str | None = None  # an application's [[target]] (an [[inbound]] route), not an MX
     held: str | None = None  # why the queue holds it for an operator (`HELD`): the refusal or expiry
     released: float | None = None  # when an operator released it from hold: max_age counts from then
-    dkim: bytes | None = None  # DKIM-Signature fields made at reception, put on top of the message as it leaves
+    dkim_signatures: bytes | None = None  # DKIM-Signature fields made at reception, put on top as it leaves
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

@@ -54,6 +54,6 @@ class OutgoingBody:
         envelope = message.envelope
         if envelope.tenant is not None or envelope.campaign is not None:
             body = strip_headers(body, self._strip)
-        if envelope.dkim is not None:
-            body = envelope.dkim + body
+        if envelope.dkim_signatures is not None:
+            body = envelope.dkim_signatures + body
         return body
