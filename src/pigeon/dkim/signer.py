@@ -159,18 +159,18 @@ def author_domain(fields: Sequence[Field]) -> str | None:
 
 def _address_domain(value: str) -> str | None:
     value = " ".join(value.split())
-    open_at = value.find("<")
-    if open_at >= 0:  # "Name" <user@domain>: the angle-addr
+    while "(" in value:  # comments go first (not nested): they may hold anything, "<" too
+        start = value.find("(")
+        end = value.find(")", start)
+        if end < 0:
+            break
+        value = value[:start] + " " + value[end + 1 :]
+    open_at = value.rfind("<")
+    if open_at >= 0:  # "Name" <user@domain>: the angle-addr, which comes last
         close_at = value.find(">", open_at)
         address = value[open_at + 1 : close_at if close_at >= 0 else len(value)]
-    else:  # user@domain (comment), or a list: the first
+    else:  # user@domain, or a list of them: the first
         address = value.split(",", 1)[0]
-        while "(" in address and ")" in address:  # comments, not nested
-            start = address.find("(")
-            end = address.find(")", start)
-            if end < 0:
-                break
-            address = address[:start] + " " + address[end + 1 :]
     _, at, domain = address.strip().rpartition("@")
     domain = domain.strip().rstrip(".").lower()
     if not at or not domain or any(c in domain for c in ' "<>;:,[]\\'):

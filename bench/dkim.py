@@ -1,0 +1,147 @@
+"""DKIM signing: how fast the signer is, and what signing costs a relay.
+
+    .venv/bin/python bench/dkim.py [--messages 10000] [--rounds 3] [--size 5120]
+
+From one run it prints:
+
+* signatures per second of the signer alone, for RSA-2048 and Ed25519, on a 5 KiB and a
+  50 KiB message: choosing the signer, parsing the header, canonicalizing and hashing the
+  body, building the header (the part that runs on the event loop, timed on its own too),
+  then the key operation (which runs in the signing thread);
+* the end-to-end relay rate, smtp-source -> Pigeon (one worker) -> smtp-sink, with RSA-2048
+  signing on and off, run alternately for `--rounds` rounds: medians, CPU milliseconds per
+  message of Pigeon's process tree, and the on/off ratio (the issue's target: at least 0.80).
+
+The machine is shared: only the ratios within one run mean much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from harness import Pigeon, free_port, median, smtp_source, tree_cpu_seconds, workdir
+from relay import sink
+
+from pigeon.config.schema import DkimConfig
+from pigeon.dkim.canonical import header_fields, split_message
+from pigeon.dkim.keys import Algorithm, generate_key, write_key
+from pigeon.dkim.signer import Signer, Signers
+
+HEAD = (
+    b"Received: from client.example (client.example [192.0.2.1])\r\n"
+    b"\tby mx.pigeon.test (Pigeon) with ESMTP id 0123456789abcdef; Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+    b"From: News <news@example.com>\r\n"
+    b"To: Reader <reader@example.net>\r\n"
+    b"Subject: This week's letter, with a subject as long as they usually are\r\n"
+    b"Date: Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+    b"Message-ID: <0123456789abcdef@example.com>\r\n"
+    b"MIME-Version: 1.0\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"List-Unsubscribe: <https://example.com/u/0123456789abcdef>\r\n"
+    b"List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n"
+    b"\r\n"
+)
+
+
+def message(size: int) -> bytes:
+    line = b"Some text of a newsletter, words and single spaces, as most mail is.  Two here.\r\n"
+    return HEAD + line * max(1, (size - len(HEAD)) // len(line))
+
+
+def signer_rate(algorithm: Algorithm, size: int, seconds: float) -> tuple[float, float]:
+    """(signatures per second, microseconds of the loop part per signature)."""
+    signer = Signer.from_config(
+        DkimConfig(domain="example.com", selector="s", private_key=Path("-"), algorithm=algorithm),
+        generate_key(algorithm),
+    )
+    signers = Signers([signer])
+    data = message(size)
+
+    def prepare() -> list[object]:
+        head, body = split_message(data)
+        fields = header_fields(head)
+        return signers.prepare(fields, body, signers.choose(fields, None), 1_700_000_000)  # type: ignore[return-value]
+
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for unsigned in prepare():
+            unsigned.sign()  # type: ignore[attr-defined]
+        count += 1
+    rate = count / (time.perf_counter() - started)
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds / 2:
+        prepare()
+        count += 1
+    return rate, (time.perf_counter() - started) / count * 1e6
+
+
+def relay_run(signing: bool, key: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """One relay of `args.messages` messages: (messages per second, CPU ms per message)."""
+    sink_port = free_port()
+    dkim = [{"domain": "src.test", "selector": "bench", "private_key": str(key)}] if signing else []
+    with workdir(f"dkim-{'on' if signing else 'off'}-") as path:
+        warm = sink(sink_port, 200)
+        mta = Pigeon(
+            path,
+            1,
+            delivery={"enabled": True, "retry_interval": "1s", "max_retry_interval": "2s", "connection_limit": 32},
+            route=[{"domain": "*", "next_hop": f"127.0.0.1:{sink_port}", "tls": "disabled"}],
+            **({"dkim": dkim} if dkim else {}),
+        )
+        try:
+            smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
+            warm.wait(60)
+            measured = sink(sink_port, args.messages)
+            cpu_before = tree_cpu_seconds(mta.root_pid())
+            started = time.perf_counter()
+            load = ["-s", str(args.sessions), "-l", str(args.size), "-m", str(args.messages)]
+            smtp_source(mta.port, *load, "-f", "a@src.test", "-t", "r@sink.test")
+            measured.wait(600)
+            elapsed = time.perf_counter() - started
+            cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
+            return args.messages / elapsed, cpu * 1000 / args.messages
+        finally:
+            mta.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--size", type=int, default=5120)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="signer alone: seconds per figure")
+    args = parser.parse_args()
+
+    print("signer alone (one thread; loop part = everything but the key operation):")
+    for algorithm in ("rsa-sha256", "ed25519-sha256"):
+        for size in (5 * 1024, 50 * 1024):
+            rate, loop_us = signer_rate(algorithm, size, args.seconds)  # type: ignore[arg-type]
+            print(f"  {algorithm:15} {size // 1024:3} KiB: {rate:7.0f} signatures/s, loop part {loop_us:6.1f} µs")
+
+    with tempfile.TemporaryDirectory() as keys:
+        key = Path(keys) / "bench.pem"
+        write_key(key, generate_key("rsa-sha256"))
+        results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        print(f"\nrelay, {args.messages} messages of {args.size} bytes, 1 worker, RSA-2048 signing on/off:")
+        for round_no in range(args.rounds):
+            for signing in (False, True) if round_no % 2 == 0 else (True, False):
+                rate, cpu = relay_run(signing, key, args)
+                results[signing].append((rate, cpu))
+                print(f"  round {round_no + 1} signing {'on ' if signing else 'off'}: {rate:6.0f} msg/s, "
+                      f"{cpu:.2f} CPU ms/msg", flush=True)  # fmt: skip
+    on_rate, on_cpu = median([r for r, _ in results[True]]), median([c for _, c in results[True]])
+    off_rate, off_cpu = median([r for r, _ in results[False]]), median([c for _, c in results[False]])
+    ratios = [on[0] / off[0] for on, off in zip(results[True], results[False], strict=True)]
+    print(
+        f"\nmedians: off {off_rate:.0f} msg/s {off_cpu:.2f} CPU ms/msg; on {on_rate:.0f} msg/s {on_cpu:.2f} CPU ms/msg"
+    )
+    print(f"on/off relay rate: {on_rate / off_rate:.2f} (per round: {', '.join(f'{r:.2f}' for r in ratios)})")
+    print(f"signing costs {on_cpu - off_cpu:.2f} CPU ms per message")
+
+
+if __name__ == "__main__":
+    main()

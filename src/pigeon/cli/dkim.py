@@ -1,0 +1,70 @@
+"""`pigeon dkim keygen`: make a DKIM key, and print its DNS record and its `[[dkim]]` block."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pigeon.dkim.keys import dns_record, generate_key, write_key
+
+EXAMPLES = """examples:
+  pigeon dkim keygen --domain example.com --selector s2025
+  pigeon dkim keygen --domain example.com --selector ed2025 --algorithm ed25519-sha256
+  pigeon dkim keygen --domain example.com --selector big --bits 3072 --out /etc/pigeon/dkim/big.pem
+Publish the TXT record, add the block to the configuration, then `kill -HUP` the node.
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "dkim",
+        help="DKIM keys: `pigeon dkim keygen`",
+        description="DKIM signing keys.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    keygen = actions.add_parser(
+        "keygen",
+        help="make a key, print its DNS record and [[dkim]] block",
+        description="Write a new private key (PEM, mode 0600) and print the TXT record to publish "
+        "and the [[dkim]] block to add to the configuration.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    keygen.add_argument("--domain", required=True, help="the signing domain (d=)")
+    keygen.add_argument("--selector", required=True, help="the selector (s=): the key is at <selector>._domainkey")
+    keygen.add_argument("--algorithm", choices=("rsa-sha256", "ed25519-sha256"), default="rsa-sha256")
+    keygen.add_argument("--bits", type=int, default=2048, help="RSA key size (default 2048; 1024 to 4096)")
+    keygen.add_argument("--out", type=Path, help="key file to write (default: <domain>.<selector>.pem here)")
+    keygen.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    domain = args.domain.strip().rstrip(".").lower()
+    if not 1024 <= args.bits <= 4096:
+        print("pigeon: --bits must be from 1024 to 4096 (verifiers refuse less, DNS strains at more)", file=sys.stderr)
+        return 2
+    out: Path = args.out if args.out is not None else Path(f"{domain}.{args.selector}.pem")
+    key = generate_key(args.algorithm, args.bits)
+    try:
+        write_key(out, key)
+    except FileExistsError:
+        print(f"pigeon: {out} exists; not replaced (choose another --out, or remove it)", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"pigeon: cannot write {out}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    print(f"; the private key is in {out.resolve()} (mode 0600): keep it readable by the user Pigeon runs as")
+    print(f"; publish in the DNS zone of {domain}:")
+    print(dns_record(domain, args.selector, key))
+    print()
+    print("# add to the Pigeon configuration, then send the node SIGHUP:")
+    print("[[dkim]]")
+    print(f'domain = "{domain}"')
+    print(f'selector = "{args.selector}"')
+    print(f'private_key = "{out.resolve()}"')
+    print(f'algorithm = "{args.algorithm}"')
+    return 0
