@@ -227,10 +227,9 @@ class Draft:
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
         signing = intake.signing
         if signing is not None and any(group.target is None for group, _ in self._groups):
-            signers = signing.choose(head[1:], tenant)
-            if signers:
-                message = body.data if body.data is not None else _flushed(body)
-                signed = signing.sign(message, signers, int(now))
+            message = body.data if body.data is not None else _flushed(body)
+            signed = signing.sign(message, head[1:], tenant, int(now))
+            if signed is not None:
                 signed.add_done_callback(lambda f: self._signed(f, result, body, now, tenant, campaign))
                 return result
         self._store(result, body, now, tenant, campaign, None)

@@ -1,0 +1,62 @@
+"""The signing thread: signatures come back to the loop, in memory or from a spilled body,
+and a job that fails fails its own message only."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import dkim
+
+from pigeon.config.schema import DkimConfig
+from pigeon.dkim.keys import generate_key, record_text, write_key
+from pigeon.dkim.signing import Signing, load_signers
+
+MESSAGE = b"From: a@example.com\r\nSubject: x\r\n\r\nbody\r\n"
+
+
+def _signing(tmp_path: Path) -> tuple[Signing, bytes]:
+    key = generate_key("ed25519-sha256")
+    write_key(tmp_path / "k.pem", key)
+    config = DkimConfig(domain="example.com", selector="s", private_key=tmp_path / "k.pem", algorithm="ed25519-sha256")
+    return Signing(load_signers([config])), record_text(key).encode()
+
+
+async def test_many_messages_signed_at_once_each_get_their_own_signature(tmp_path: Path) -> None:
+    signing, record = _signing(tmp_path)
+    messages = [MESSAGE.replace(b"body", b"body %d" % n) for n in range(200)]
+    futures = [signing.sign(m, b"", None, 1_700_000_000) for m in messages]
+    signed = await asyncio.gather(*[f for f in futures if f is not None])
+    assert len(signed) == 200
+    for fields, message in zip(signed, messages, strict=True):
+        assert dkim.verify(fields + message, dnsfunc=lambda name, timeout=5: record)
+    signing.close()
+
+
+async def test_a_spilled_body_is_read_and_signed_in_the_thread(tmp_path: Path) -> None:
+    signing, record = _signing(tmp_path)
+    spilled = tmp_path / "body"
+    spilled.write_bytes(MESSAGE)
+    future = signing.sign(spilled, MESSAGE.split(b"\r\n\r\n")[0] + b"\r\n", None, 1_700_000_000)
+    assert future is not None
+    assert dkim.verify(await future + MESSAGE, dnsfunc=lambda name, timeout=5: record)
+    signing.close()
+
+
+async def test_a_failed_job_fails_its_message_and_the_next_is_signed(tmp_path: Path) -> None:
+    signing, _ = _signing(tmp_path)
+    head = MESSAGE.split(b"\r\n\r\n")[0] + b"\r\n"
+    gone = signing.sign(tmp_path / "no-such-body", head, None, 1)
+    fine = signing.sign(MESSAGE, b"", None, 1)
+    assert gone is not None and fine is not None
+    results = await asyncio.gather(gone, fine, return_exceptions=True)
+    assert isinstance(results[0], FileNotFoundError)
+    assert isinstance(results[1], bytes) and results[1].startswith(b"DKIM-Signature:")
+    signing.close()
+
+
+async def test_nothing_is_done_for_mail_no_signer_applies_to(tmp_path: Path) -> None:
+    signing, _ = _signing(tmp_path)
+    assert signing.sign(b"From: a@other.test\r\n\r\nx\r\n", b"", None, 1) is None
+    assert signing.sign(b"Subject: no from\r\n\r\nx\r\n", b"", None, 1) is None
+    signing.close()
