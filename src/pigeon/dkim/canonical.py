@@ -5,9 +5,7 @@ values and makes every run of spaces and tabs one space, in headers and body ali
 the whitespace at the end of lines.
 
 The body is hashed as it streams (`BodyHash`), in blocks of whole lines, with bytes methods
-over each whole block: no Python loop per line. Relaxed canonicalization of a typical body
-has nothing to change (single spaces, no tabs, no space before a line end), and the two
-`in` tests that find that out run at memchr speed; the regex runs only on blocks that need it.
+over each whole block: no Python loop per line, and no regex (see `relaxed_lines`).
 
 Sharp edge: a body that does not end with CRLF is hashed as if it did, because that is what
 leaves Pigeon (the SMTP client ends DATA and BDAT content with a CRLF either way), and the
@@ -22,7 +20,6 @@ import re
 from typing import Final, NamedTuple
 
 _WSP_RUN: Final = re.compile(rb"[ \t]+")
-_WIDE_WSP: Final = re.compile(rb"[ \t]{2,}|\t")  # what relaxed changes: a single space stays
 
 
 class Field(NamedTuple):
@@ -68,9 +65,16 @@ def simple_header(field: Field) -> bytes:
 
 def relaxed_lines(block: bytes) -> bytes:
     """RFC 6376 3.4.4 steps a and b over whole lines: runs of WSP become one space, and
-    the space left before each line end goes. Returns `block` itself when nothing changes."""
-    if b"\t" in block or b"  " in block:
-        block = _WIDE_WSP.sub(b" ", block)
+    the space left before each line end goes. Returns `block` itself when nothing changes.
+
+    Only `bytes.replace` and `in`, which run at memchr/memmem speed: tabs become spaces,
+    then each pass halves every run of spaces (log2 of the longest run passes; one or two in
+    real text). A regex over the block costs 40 times as much (`bench/dkim.py` measured
+    0.42 ms for 5 KiB of text with one double space a line, against 10 µs)."""
+    if b"\t" in block:
+        block = block.replace(b"\t", b" ")
+    while b"  " in block:
+        block = block.replace(b"  ", b" ")
     if b" \r\n" in block:
         block = block.replace(b" \r\n", b"\r\n")  # runs are single spaces now: one pass does it
     return block
