@@ -16,10 +16,7 @@ mode, RFC 6376 says to drop them).
 from __future__ import annotations
 
 import hashlib
-import re
-from typing import Final, NamedTuple
-
-_WSP_RUN: Final = re.compile(rb"[ \t]+")
+from typing import NamedTuple
 
 
 class Field(NamedTuple):
@@ -54,8 +51,10 @@ def header_fields(head: bytes) -> list[Field]:
 
 def relaxed_header(field: Field) -> bytes:
     """RFC 6376 3.4.2: `name:value` + CRLF, name lower-case, value unfolded and squeezed."""
-    value = field.raw[field.raw.find(b":") + 1 :].replace(b"\r\n", b"")
-    return field.name + b":" + _WSP_RUN.sub(b" ", value).strip(b" \t") + b"\r\n"
+    value = field.raw[field.raw.find(b":") + 1 :].replace(b"\r\n", b"").replace(b"\t", b" ")
+    while b"  " in value:  # bytes methods, as in relaxed_lines: a third of a regex's cost here
+        value = value.replace(b"  ", b" ")
+    return field.name + b":" + value.strip(b" ") + b"\r\n"
 
 
 def simple_header(field: Field) -> bytes:

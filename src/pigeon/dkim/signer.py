@@ -70,6 +70,11 @@ class Signer:
             name=config.name,
         )
 
+    @property
+    def c(self) -> str:
+        """The c= tag: header/body canonicalization."""
+        return f"{'relaxed' if self.relaxed_header else 'simple'}/{'relaxed' if self.relaxed_body else 'simple'}"
+
     def applies(self, author_domain: str | None, tenant: str | None) -> bool:
         if self.tenant is not None and self.tenant != tenant:
             return False
@@ -133,6 +138,9 @@ class Signers:
         fields (`header_fields`) and its body (`split_message` gives both)."""
         author = author_domain(fields)
         body_hashes: dict[bool, str] = {}
+        by_name: dict[bytes, list[Field]] = {}
+        for field in fields:
+            by_name.setdefault(field.name, []).append(field)
         prepared = []
         for signer in signers:
             d = signer.d(author)
@@ -142,7 +150,7 @@ class Signers:
             bh = body_hashes.get(relaxed)
             if bh is None:
                 bh = body_hashes[relaxed] = base64.b64encode(body_hash(body, relaxed=relaxed)).decode("ascii")
-            unsigned = _unsigned(signer, fields, d, bh, timestamp)
+            unsigned = _unsigned(signer, by_name, d, bh, timestamp)
             if unsigned is not None:
                 prepared.append(unsigned)
         return prepared
@@ -178,37 +186,43 @@ def _address_domain(value: str) -> str | None:
     return domain
 
 
-def _unsigned(signer: Signer, fields: Sequence[Field], d: str, bh: str, timestamp: int) -> Unsigned | None:
-    by_name: dict[bytes, list[Field]] = {}
-    for field in fields:
-        by_name.setdefault(field.name, []).append(field)
+def _unsigned(signer: Signer, by_name: dict[bytes, list[Field]], d: str, bh: str, timestamp: int) -> Unsigned | None:
     names: list[bytes] = []
     signed: list[bytes] = []
     canon = relaxed_header if signer.relaxed_header else _simple
-    for name in signer.headers:
-        present = by_name.get(name, [])
+    over_signed = signer.over_signed
+    for name in signer.headers:  # ~30 names, of which a message has a handful
+        present = by_name.get(name)
+        if present is None:
+            if name in over_signed:
+                names.append(name)  # "no such field": one added on the way breaks the signature
+            continue
         # Verifiers take repeated fields from the bottom up (RFC 6376 5.4.2); an over-signed
         # name, once more than present, stands for "no further such field".
-        names += [name] * (len(present) + (name in signer.over_signed))
+        names += [name] * (len(present) + (name in over_signed))
         signed += [canon(f) for f in reversed(present)]
-    if b"from" not in names:
+    if b"from" not in by_name:
         return None  # RFC 6376 5.4: a signature must cover From; a message without one is not signed
-    c = f"{'relaxed' if signer.relaxed_header else 'simple'}/{'relaxed' if signer.relaxed_body else 'simple'}"
-    lines = [f"DKIM-Signature: v=1; a={signer.algorithm}; c={c}; d={d}; s={signer.selector};", f"\tt={timestamp}; h="]
-    for number, name in enumerate(names):
-        text = name.decode("ascii") + (":" if number < len(names) - 1 else ";")
-        if len(lines[-1]) + len(text) > _FOLD:
-            lines.append("\t" + text)
-        else:
-            lines[-1] += text
-    lines += [f"\tbh={bh};", "\tb="]
-    header = "\r\n".join(lines).encode("ascii")
+    # h= folded at colons (FWS is allowed around them), to keep lines short.
+    h = b":".join(names).decode("ascii") + ";"
+    folded = []
+    while len(h) > _FOLD:
+        cut = h.rfind(":", 0, _FOLD) + 1 or len(h)
+        folded.append(h[:cut])
+        h = h[cut:]
+    folded.append(h)
+    h = "\r\n\t".join(folded)
+    text = (
+        f"DKIM-Signature: v=1; a={signer.algorithm}; c={signer.c}; d={d}; s={signer.selector};\r\n"
+        f"\tt={timestamp}; h={h}\r\n\tbh={bh};\r\n\tb="
+    )
+    header = text.encode("ascii")
     if signer.relaxed_header:
         own = relaxed_header(Field(b"dkim-signature", header))[:-2]  # without its CRLF (RFC 6376 3.7)
     else:
         own = header
-    digest = hashlib.sha256(b"".join(signed) + own).digest()
-    return Unsigned(header, digest, signer.key)
+    signed.append(own)
+    return Unsigned(header, hashlib.sha256(b"".join(signed)).digest(), signer.key)
 
 
 def _simple(field: Field) -> bytes:
