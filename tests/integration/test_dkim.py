@@ -336,3 +336,20 @@ def test_sighup_reads_the_keys_again_and_a_bad_key_keeps_the_old_one(
     assert len(_signatures(received.data)) == 2
     wait_until(lambda: pigeon.records("Delivery"))
     assert json.dumps(pigeon.records("Delivery")[0])  # delivered, not refused
+
+
+def test_a_body_spilled_to_a_spool_file_is_signed(
+    tmp_path: Path, sink: ScriptedSink, dns: DnsServer, keys: Keys
+) -> None:
+    # Past [spool] inline_limit the body goes to a file as it arrives; the signing thread reads it back.
+    key = _key_file(tmp_path, "rsa", keys.rsa)
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": key}]
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", spool={"inline_limit": "4KiB"}, dkim=dkim, **config) as node:
+        body = b"".join(b"line %06d of a long message  with\tspaces \r\n" % n for n in range(5000))
+        _smtp(
+            node.smtp_port, "ann@example.com", ["bob@sink.test"], b"From: ann@example.com\r\n" + DATE + b"\r\n" + body
+        )
+        (received,) = sink.wait_for(1)
+    assert len(received.data) > 200_000 and received.data.endswith(body)
+    assert [s["s"] for s in _check(received, dns, tmp_path)] == ["rsa1"]
