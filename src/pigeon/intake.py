@@ -412,6 +412,11 @@ def _copy_envelope(
         auth_user=envelope.auth_user,
         protocol=envelope.protocol,
         metadata=envelope.metadata,
+        routing_domain=envelope.routing_domain,
+        egress_pool=envelope.egress_pool,
+        dkim=envelope.dkim,
+        headers_added=envelope.headers_added,
+        headers_removed=envelope.headers_removed,
     )
 
 

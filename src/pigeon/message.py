@@ -108,6 +108,13 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     held: str | None = None  # why the queue holds it for an operator (`HELD`): the refusal or expiry
     released: float | None = None  # when an operator released it from hold: max_age counts from then
     dkim_signatures: bytes | None = None  # DKIM-Signature fields made at reception, put on top as it leaves
+    # Set by the policy's on_message hook (pigeon.policy). Header edits are not made in the
+    # stored body (it was streamed to the spool as it arrived): `delivery.content.render`
+    # applies them to the bytes that leave, and DKIM signs those.
+    egress_pool: str | None = None  # the egress pool to send from (None: the default source)
+    dkim: list[str] | None = None  # names of the [[dkim]] signers to sign with (None: the config decides)
+    headers_added: list[str] | None = None  # whole fields, "Name: value", put on top of the message
+    headers_removed: list[str] | None = None  # lower-case names of fields taken off
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

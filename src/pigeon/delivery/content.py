@@ -1,16 +1,25 @@
-"""What changes in a message on its way out: Pigeon's own routing headers come off, and
-its DKIM signatures go on top.
+"""What changes in a message on its way out: Pigeon's own routing headers come off, the
+policy's header edits are made, and its DKIM signatures go on top.
 
 The tenant and campaign headers (`X-Tenant`, `X-Campaign` by default) name the queue a
-message was put in; they are for Pigeon, not for the recipient. The signatures were made at
-reception (`pigeon.intake`) over the message as it leaves here: no signature covers the
-headers taken off, so taking them off keeps the signatures valid.
+message was put in; they are for Pigeon, not for the recipient.
+
+The policy's `on_message` hook may add and remove headers. The body was streamed into the
+spool as it arrived, so the edits are kept in the envelope (`headers_added`,
+`headers_removed`) and made here, on the bytes that leave. `edited()` is the message the
+signatures cover: the intake signs it at reception (`pigeon.intake`), and `render()`, what
+is delivered, is the signatures on top of it.
 """
 
 from __future__ import annotations
 
-from pigeon.message import Message
+from typing import Final
+
+from pigeon.message import Envelope, Message
 from pigeon.spool.shards import Spools
+
+ROUTING_HEADERS: Final = (b"x-tenant", b"x-campaign")
+"""The default `[delivery] tenant_header` and `campaign_header`, lower-case."""
 
 
 def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
@@ -41,8 +50,35 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
     return b"\r\n".join(kept) + rest
 
 
+def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTING_HEADERS) -> bytes:
+    """`stored` (the spooled bytes) with the routing headers (`routing`: lower-case names) and
+    the policy's removed headers taken off, and the policy's added headers on top, in the
+    order the hook gave them: what the DKIM signatures are made over.
+
+    Returns `stored` itself when nothing changes (the usual case: no copy).
+    """
+    # The intake sets tenant or campaign when it found their header (or the policy did, and
+    # then listed any routing header it found under headers_removed): else none is there.
+    names = routing if envelope.tenant is not None or envelope.campaign is not None else ()
+    removed = envelope.headers_removed
+    if removed:
+        names = names + tuple(name.encode("utf-8") for name in removed)
+    message = strip_headers(stored, names) if names else stored
+    added = envelope.headers_added
+    if added:
+        message = "".join(field + "\r\n" for field in added).encode("utf-8") + message
+    return message
+
+
+def render(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTING_HEADERS) -> bytes:
+    """The message as it will be delivered: `edited()`, its DKIM signatures on top."""
+    message = edited(stored, envelope, routing)
+    signatures = envelope.dkim_signatures
+    return message if signatures is None else signatures + message
+
+
 class OutgoingBody:
-    """A message's bytes as they leave: as stored (`Spools.body`), Pigeon's headers off."""
+    """A message's bytes as they leave: as stored (`Spools.body`), then `render`ed."""
 
     def __init__(self, spools: Spools, strip: tuple[bytes, ...]) -> None:
         self._spools = spools
@@ -50,10 +86,4 @@ class OutgoingBody:
 
     def __call__(self, message: Message) -> bytes:
         """Raises `SpoolError` if the stored body cannot be read."""
-        body = self._spools.body(message)
-        envelope = message.envelope
-        if envelope.tenant is not None or envelope.campaign is not None:
-            body = strip_headers(body, self._strip)
-        if envelope.dkim_signatures is not None:
-            body = envelope.dkim_signatures + body
-        return body
+        return render(self._spools.body(message), message.envelope, self._strip)

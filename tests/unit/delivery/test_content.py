@@ -1,10 +1,12 @@
-"""strip_headers: Pigeon's routing headers come off on the way out; nothing else changes."""
+"""strip_headers: Pigeon's routing headers come off on the way out; nothing else changes.
+render: what will be delivered, after the policy's header edits."""
 
 from __future__ import annotations
 
 import pytest
 
-from pigeon.delivery.content import strip_headers
+from pigeon.delivery.content import render, strip_headers
+from pigeon.message import Envelope, Recipient
 
 NAMES = (b"x-tenant", b"x-campaign")
 
@@ -109,3 +111,46 @@ def test_a_message_without_headers_keeps_its_body_untouched() -> None:
     # The message starts with the blank line: everything after it is body, header-like or not.
     message = b"\r\nX-Tenant: acme\r\n\r\nbody\r\n"
     assert strip_headers(message, NAMES) == message
+
+
+# --- render: what will be delivered, after policy ---------------------------------------------
+
+STORED = b"Received: from x\r\nFrom: a@example.org\r\nX-Tenant: acme\r\nSubject: hi\r\n\r\nbody\r\n"
+
+
+def _envelope(**fields: object) -> Envelope:
+    return Envelope("a@example.org", [Recipient("b@example.net")], **fields)  # type: ignore[arg-type]
+
+
+def test_render_gives_the_stored_bytes_themselves_when_nothing_changes() -> None:
+    stored = b"From: a@example.org\r\n\r\nbody\r\n"
+    assert render(stored, _envelope()) is stored
+
+
+def test_render_takes_the_routing_headers_off_when_the_intake_found_one() -> None:
+    assert render(STORED, _envelope(tenant="acme")) == (
+        b"Received: from x\r\nFrom: a@example.org\r\nSubject: hi\r\n\r\nbody\r\n"
+    )
+
+
+def test_render_puts_added_headers_on_top_in_order_and_takes_removed_ones_off() -> None:
+    envelope = _envelope(
+        tenant="acme", headers_added=["X-First: 1", "X-Second: é"], headers_removed=["subject", "received"]
+    )
+    assert render(STORED, envelope) == "X-First: 1\r\nX-Second: é\r\nFrom: a@example.org\r\n\r\nbody\r\n".encode()
+
+
+def test_render_removes_every_field_of_a_removed_name_with_its_folded_lines() -> None:
+    stored = b"Subject: one\r\n two\r\nTo: b@example.net\r\nsubject: again\r\n\r\nSubject: in the body\r\n"
+    assert render(stored, _envelope(headers_removed=["subject"])) == (
+        b"To: b@example.net\r\n\r\nSubject: in the body\r\n"
+    )
+
+
+def test_render_of_a_message_with_no_header_section_still_adds_headers() -> None:
+    assert render(b"\r\nbody\r\n", _envelope(headers_added=["X-A: 1"])) == b"X-A: 1\r\n\r\nbody\r\n"
+
+
+def test_render_puts_the_dkim_signatures_above_the_policys_headers() -> None:
+    envelope = _envelope(headers_added=["X-A: 1"], dkim_signatures=b"DKIM-Signature: v=1\r\n")
+    assert render(b"From: a\r\n\r\nbody\r\n", envelope) == b"DKIM-Signature: v=1\r\nX-A: 1\r\nFrom: a\r\n\r\nbody\r\n"
