@@ -9,6 +9,9 @@ it arrives, and commits it at the end. The draft:
 * names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
   headers;
 * refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3);
+* asks the policy's `on_message` hook, if the policy module has one: it may refuse the
+  message, or change its queue, route, egress pool, DKIM signers and headers (kept in the
+  envelope: the stored body is never rewritten, see `delivery.content`);
 * signs it (DKIM) when a `[[dkim]]` signer applies: once per reception, before the store,
   so every copy and every retry sends the same signature (`pigeon.dkim.signing`);
 * stores everything in one group commit, and only then writes the `Reception` records
@@ -26,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, NamedTuple
 
+import msgspec
+
+from pigeon.delivery.content import edited
 from pigeon.dkim.signing import Signing
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
@@ -34,6 +40,9 @@ from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
 from pigeon.metrics import Metrics
+from pigeon.policy.answers import Changes, Refuse
+from pigeon.policy.hooks import HookFailed, Policy
+from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import scheduled_queue
 from pigeon.smtp import replies
 from pigeon.smtp.replies import Reply
@@ -54,11 +63,13 @@ class Stored(NamedTuple):
 
 
 class Refused(Exception):
-    """Intake will not take this message. `reply` says why, for the client."""
+    """Intake will not take this message. `reply` says why, for the client; `by_policy`:
+    the policy's `on_message` hook refused it (or failed)."""
 
-    def __init__(self, reply: Reply) -> None:
+    def __init__(self, reply: Reply, *, by_policy: bool = False) -> None:
         super().__init__(str(reply))
         self.reply = reply
+        self.by_policy = by_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,7 @@ class Intake:
         tenant_header: str = "X-Tenant",
         campaign_header: str = "X-Campaign",
         signing: Signing | None = None,
+        policy: Policy | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.spool = spool
@@ -101,6 +113,9 @@ class Intake:
         self.max_hops = max_hops
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
+        self._routing_names = (tenant_header.lower(), campaign_header.lower())
+        self.policy = policy or Policy()
+        """The policy module's hooks (`on_message` is asked here; the listeners ask the others)."""
         self.signing = signing
         """DKIM signers (None: none configured)."""
         self.outbox = outbox
@@ -200,20 +215,84 @@ class Draft:
     def commit(self) -> asyncio.Future[Stored]:
         """Store the message. The future gives the spool ids and the 250 once they are durable.
 
-        It fails with `Refused` (loop detected) or a `SpoolError` (write failed, disk full);
-        either carries the reply for the client.
+        It fails with `Refused` (loop detected, or the policy said no) or a `SpoolError`
+        (write failed, disk full); either carries the reply for the client.
         """
         intake = self._intake
-        loop = asyncio.get_running_loop()
-        result: asyncio.Future[Stored] = loop.create_future()
         self._done = True
         head = _header_block(bytes(self._head))
         lowered = head.lower()
         # Our own Received header is counted too: the message would leave with that many.
         if lowered.count(b"\nreceived:") > intake.max_hops:
+            return self._refuse(Refused(replies.TOO_MANY_HOPS))
+        hook = intake.policy.on_message
+        if hook is None or self.arrival.listener == "local":
+            # (Pigeon's own DSNs are not the policy's to refuse: a refused one would be
+            # stored again and again by the settlement waiting for it.)
+            return self._accept(head, lowered, None)
+        tenant, campaign = intake._tenant_and_campaign(head, lowered)
+        arrival, envelope = self.arrival, self.envelope
+        verdict = hook(
+            ReceivedMessage(
+                id=format_id(self._ids[0]),
+                listener="http" if arrival.listener == "http" else "smtp",
+                session=arrival.session,
+                peer_ip=arrival.peer_ip,
+                helo=arrival.helo,
+                protocol=arrival.protocol,
+                tls=arrival.tls,
+                auth_user=arrival.auth_user,
+                sender=envelope.sender,
+                recipients=tuple(r.address for r in envelope.recipients),
+                size=self._body.size,
+                headers=Headers(head[1:]),
+                tenant=tenant,
+                campaign=campaign,
+                metadata=envelope.metadata or {},
+            ),
+            session=arrival.session,
+            message_id=format_id(self._ids[0]),
+        )
+        if not isinstance(verdict, asyncio.Future):
+            return self._decided(verdict, head, lowered)
+        result: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
+        verdict.add_done_callback(lambda done: self._chain(done, result, head, lowered))
+        return result
+
+    def _chain(
+        self,
+        verdict: asyncio.Future[Refuse | Changes | HookFailed | None],
+        result: asyncio.Future[Stored],
+        head: bytes,
+        lowered: bytes,
+    ) -> None:
+        if verdict.cancelled():  # shutting down: nothing is stored, the client hears nothing
             self._body.discard()
-            result.set_exception(Refused(replies.TOO_MANY_HOPS))
-            return result
+            result.cancel()
+            return
+        decided = self._decided(verdict.result(), head, lowered)
+        decided.add_done_callback(lambda done: _copy_result(done, result))
+
+    def _decided(
+        self, verdict: Refuse | Changes | HookFailed | None, head: bytes, lowered: bytes
+    ) -> asyncio.Future[Stored]:
+        if isinstance(verdict, HookFailed):
+            return self._refuse(Refused(verdict.reply, by_policy=True))
+        if isinstance(verdict, Refuse):
+            enhanced = verdict.enhanced or ("5.7.1" if verdict.code >= 500 else "4.7.1")
+            return self._refuse(Refused(Reply(verdict.code, enhanced, (verdict.text,)), by_policy=True))
+        return self._accept(head, lowered, verdict)
+
+    def _refuse(self, refusal: Refused) -> asyncio.Future[Stored]:
+        self._body.discard()
+        result: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
+        result.set_exception(refusal)
+        return result
+
+    def _accept(self, head: bytes, lowered: bytes, changes: Changes | None) -> asyncio.Future[Stored]:
+        """Take the message (with the policy's changes, if any): sign it, then store it."""
+        intake = self._intake
+        result: asyncio.Future[Stored] = asyncio.get_running_loop().create_future()
         try:
             body = self._body.finish()
         except SpoolError as error:
@@ -225,14 +304,26 @@ class Draft:
         self._resident = body.data
         now = intake.clock()
         tenant, campaign = intake._tenant_and_campaign(head, lowered)
+        queue: str | None = None
+        envelope = self.envelope
+        if changes is not None:
+            tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
         signing = intake.signing
         if signing is not None and any(group.target is None for group, _ in self._groups):
-            message = body.data if body.data is not None else _flushed(body)
-            signed = signing.sign(message, head[1:], tenant, int(now))
+            message: bytes | Path = body.data if body.data is not None else _flushed(body)
+            fields = head[1:]
+            if envelope.headers_added or envelope.headers_removed:
+                # The policy's header edits are made on the way out: sign the message as it
+                # will leave (read back whole if it was spilled to a file).
+                stored = message if isinstance(message, bytes) else message.read_bytes()
+                leaving = msgspec.structs.replace(envelope, tenant=tenant, campaign=campaign)
+                message = edited(stored, leaving, tuple(name.encode() for name in intake._routing_names))
+                fields = _header_block(message)[1:]
+            signed = signing.sign(message, fields, tenant, int(now), envelope.dkim)
             if signed is not None:
-                signed.add_done_callback(lambda f: self._signed(f, result, body, now, tenant, campaign))
+                signed.add_done_callback(lambda f: self._signed(f, result, body, now, tenant, campaign, queue))
                 return result
-        self._store(result, body, now, tenant, campaign, None)
+        self._store(result, body, now, tenant, campaign, queue, None)
         return result
 
     def _signed(
@@ -243,6 +334,7 @@ class Draft:
         now: float,
         tenant: str | None,
         campaign: str | None,
+        queue: str | None,
     ) -> None:
         error = signed.exception()
         if error is not None:
@@ -253,7 +345,7 @@ class Draft:
             if not result.done():
                 result.set_exception(Refused(replies.CANNOT_SIGN))
             return
-        self._store(result, body, now, tenant, campaign, signed.result())
+        self._store(result, body, now, tenant, campaign, queue, signed.result())
 
     def _store(
         self,
@@ -262,6 +354,7 @@ class Draft:
         now: float,
         tenant: str | None,
         campaign: str | None,
+        queue: str | None,
         signatures: bytes | None,
     ) -> None:
         intake = self._intake
@@ -269,14 +362,14 @@ class Draft:
             envelope = self.envelope
             envelope.tenant, envelope.campaign, envelope.dkim_signatures = tenant, campaign, signatures
             (group, _), spool_id = self._groups[0], self._ids[0]
-            messages = [NewMessage(spool_id, _queue_of(group, envelope), envelope, now, now)]
+            messages = [NewMessage(spool_id, _queue_of(group, envelope, queue), envelope, now, now)]
         else:
             messages = []
             for spool_id, (group, recipients) in zip(self._ids, self._groups, strict=True):
                 copy = _copy_envelope(self.envelope, recipients, tenant, campaign)
                 if group.target is None:  # an application's target gets the message as received
                     copy.dkim_signatures = signatures
-                messages.append(NewMessage(spool_id, _queue_of(group, copy), copy, now, now))
+                messages.append(NewMessage(spool_id, _queue_of(group, copy, queue), copy, now, now))
         # The Reception records are committed with the messages (the outbox): logged once,
         # even if the process dies between the commit and the log write.
         ids = [m.id for m in messages]
@@ -386,13 +479,59 @@ def _group_by_domain(
     return list(groups.items())
 
 
-def _queue_of(group: _Group, envelope: Envelope) -> str:
-    """The scheduled queue of a recipient group; an `[[inbound]]` group is its own queue,
+def _queue_of(group: _Group, envelope: Envelope, named: str | None = None) -> str:
+    """The scheduled queue of a recipient group (`named` by the policy, or made of the
+    tenant, campaign and domain); an `[[inbound]]` group is its own queue,
     `inbound:<target>`, and its envelope names the target it is delivered to."""
     if group.target is not None:
         envelope.target = group.target
         return INBOUND + group.target
+    if named is not None:
+        return named
     return scheduled_queue(group.domain, envelope.tenant, envelope.campaign)
+
+
+def _apply(
+    changes: Changes,
+    envelope: Envelope,
+    tenant: str | None,
+    campaign: str | None,
+    routing_names: tuple[str, str],
+    head: bytes,
+) -> tuple[str | None, str | None, str | None]:
+    """The policy's changes into the envelope; returns the tenant, campaign and queue name."""
+    removed = [name.lower() for name in changes.remove_headers]
+    if changes.tenant is not None or changes.campaign is not None:
+        # The routing headers must still come off on the way out, whatever the new values
+        # (render() only looks for them when a tenant or campaign is set).
+        lowered = head.lower()
+        removed += [name for name in routing_names if b"\n" + name.encode() + b":" in lowered]
+    if changes.tenant is not None:
+        tenant = changes.tenant or None
+    if changes.campaign is not None:
+        campaign = changes.campaign or None
+    if changes.route is not None:
+        envelope.routing_domain = changes.route.lower() or None
+    if changes.egress_pool is not None:
+        envelope.egress_pool = changes.egress_pool or None
+    if changes.dkim is not None:
+        envelope.dkim = list(changes.dkim)
+    if changes.add_headers:
+        envelope.headers_added = [f"{name}: {value}" for name, value in changes.add_headers]
+    if removed:
+        envelope.headers_removed = sorted(set(removed))
+    return tenant, campaign, changes.queue
+
+
+def _copy_result(source: asyncio.Future[Stored], target: asyncio.Future[Stored]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
 
 
 def _copy_envelope(

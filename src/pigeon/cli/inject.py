@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pigeon inject: {error}", file=sys.stderr)
         return 2
     status, answer = ApiClient(args).request("POST", "/api/v1/inject", request)
-    if status not in (200, 503):
+    if status not in (200, 422, 503):  # 422 and 503 still name each recipient's reply
         return fail(status, answer)
     if args.json:
         print(json.dumps(answer, indent=2))

@@ -22,6 +22,7 @@ from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
 from pigeon.node.sockets import Bound, adopt, bind
 from pigeon.node.supervisor import Supervisor
+from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.redaction import RedactingFormatter, redact
 from pigeon.spool.spool import SpoolError
 
@@ -78,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     # Spooled mail, logs and keys are nobody else's business: files private to this user.
     os.umask(0o077)
+    if args.worker is None and config.policy.module is not None:
+        # Loaded here once (as the user it will run as) so a broken module stops the start
+        # with its reason, rather than every worker failing one by one.
+        try:
+            Policy.from_config(config.policy).close()
+        except PolicyLoadError as error:
+            print(f"pigeon: cannot start: {error}", file=sys.stderr)
+            return 1
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
         inherited = Bound(smtp=adopt(args.smtp_fd), http=[]) if args.smtp_fd else None

@@ -107,6 +107,9 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         if smtp.auth_users is not None:
             smtp.auth_users = _resolve(smtp.auth_users, base)
         config.delivery.bounce_rules = [_resolve(p, base) for p in config.delivery.bounce_rules]
+        module = config.policy.module
+        if module is not None and (module.endswith(".py") or "/" in module):
+            config.policy.module = str(_resolve(Path(module), base))
     _check_inbound(config, fail)
     if path is not None:
         for target in config.target:
@@ -121,6 +124,9 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
     _check_dkim(config, path, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
+    module = config.policy.module
+    if module is not None and (module.endswith(".py") or "/" in module) and not Path(module).is_file():
+        raise fail(["policy", "module"], f"no policy module file at {module}")
     for rules in config.delivery.bounce_rules:
         if not rules.is_file():
             raise fail(["delivery", "bounce_rules"], f"no bounce rule file at {rules}")

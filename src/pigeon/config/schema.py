@@ -572,6 +572,22 @@ class DkimConfig(_Section):
     """What a policy hook calls this signer to choose it."""
 
 
+class PolicyConfig(_Section):
+    module: str | None = None
+    """The policy module: a dotted name importable from sys.path ("mypolicy", "acme.policy") or
+    the path of a .py file (relative to this file). Its functions named like the hooks are
+    called at the points the README's "Policy hooks" describes. None: no policy."""
+    timeout: Duration = Duration(2)
+    """How long an async (or threaded) hook may take. Past it the client gets 451 4.3.0, a
+    delivery is deferred, an outcome stays as it was, and a PolicyFailure record is logged."""
+    sync: Literal["inline", "thread"] = "inline"
+    """Where plain (non-async) hooks run: "inline" on the event loop (fast, about a microsecond
+    a call, but a slow hook holds up the worker and cannot be cut short) or "thread" on a thread
+    pool (tens of microseconds a call, bounded by `timeout`)."""
+    threads: PositiveInt = 8
+    """Threads per worker for plain hooks when sync = "thread"."""
+
+
 class Config(_Section):
     node: NodeConfig = msgspec.field(default_factory=NodeConfig)
     smtp: SmtpConfig = msgspec.field(default_factory=SmtpConfig)
@@ -588,3 +604,4 @@ class Config(_Section):
     mailbox: list[MailboxConfig] = msgspec.field(default_factory=list)
     inbound: list[InboundRouteConfig] = msgspec.field(default_factory=list)
     dkim: list[DkimConfig] = msgspec.field(default_factory=list)
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)

@@ -12,6 +12,12 @@ waited for its turn, and then it is not sent. From `begin` on, nothing takes the
 back: its attempt is reported with the lease it was taken with, and the queue alone decides
 what the replies mean.
 
+A policy module's delivery hooks (`pigeon.policy.delivery`) are asked between `begin` and
+the agent (`before_delivery`: send, defer, fail or reroute) and between the agent and the
+report (`on_delivery_outcome`: reclassify). A hook's answer becomes an attempt (or a
+reroute) reported with the message's lease like any other; without such hooks nothing is
+asked and nothing is built.
+
 How many connections: KumoMTA's curve, `ceil(limit * (1 - e^(-0.023 * queued)))`: one
 connection for a trickle, the full limit only for a real backlog.
 
@@ -34,6 +40,7 @@ from typing import Final
 from pigeon.delivery.agent import Agent, Opener, Unreachable, Work
 from pigeon.delivery.routes import Destination, Kind
 from pigeon.message import Message, format_id
+from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Lease
@@ -86,6 +93,8 @@ class Dispatcher:
         report: Callable[[Lease, Attempt], asyncio.Future[None] | None],
         body: Callable[[Message], bytes],
         held: Callable[[str], bool] = lambda site: False,
+        hooks: DeliveryHooks | None = None,
+        reroute: Callable[[Lease, str], None] = lambda lease, domain: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._agents = agents
@@ -99,6 +108,10 @@ class Dispatcher:
         """A message's bytes as they go out."""
         self._held = held
         """Whether an operator suspended deliveries to a site."""
+        self._hooks = hooks
+        """The policy's delivery hooks, if a policy module is configured."""
+        self._reroute = reroute
+        """The queue: route this leased message again, as this domain (a policy's Reroute)."""
         self._clock = clock
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -204,6 +217,9 @@ class Dispatcher:
                     break
                 begun = self._begin_all(taken, destination.site)
                 taken = []
+                hooks = self._hooks
+                if begun and hooks is not None and hooks.vets:
+                    begun = await self._vetted(hooks, begun, destination.site)
                 if not begun:
                     continue
                 self.in_flight += len(begun)
@@ -211,6 +227,8 @@ class Dispatcher:
                     attempts = await agent.deliver(begun)
                 finally:
                     self.in_flight -= len(begun)
+                if hooks is not None and hooks.reviews:
+                    attempts = await self._reviewed(hooks, begun, attempts)
                 earlier, writing = writing, []
                 for work, attempt in zip(begun, attempts, strict=True):
                     if (written := self._report(work.lease, attempt)) is not None:
@@ -266,6 +284,35 @@ class Dispatcher:
                 continue
             work.append(Work(lease, message, body))
         return work
+
+    async def _vetted(self, hooks: DeliveryHooks, begun: list[Work], site: str) -> list[Work]:
+        """What `before_delivery` lets through; the rest is reported (deferred, failed) or
+        rerouted here. Cancelled meanwhile (shutdown), nothing was sent: what was begun stays
+        in the spool as it is, as for any attempt cut short."""
+        kept: list[Work] = []
+        for work in begun:
+            verdict = await hooks.before(work.message, site)
+            if verdict is None:
+                kept.append(work)
+            elif isinstance(verdict, Attempt):
+                self._report(work.lease, verdict)
+            else:
+                self._reroute(work.lease, verdict.domain)
+        return kept
+
+    async def _reviewed(self, hooks: DeliveryHooks, begun: list[Work], attempts: list[Attempt]) -> list[Attempt]:
+        """The attempts as `on_delivery_outcome` reclassified them. The messages are sent by
+        now: if this is cancelled (shutdown), every attempt is reported as the agent made it,
+        or a restart would send them again."""
+        reviewed: list[Attempt] = []
+        try:
+            for work, attempt in zip(begun, attempts, strict=True):
+                reviewed.append(await hooks.after(work.message, attempt))
+        except asyncio.CancelledError:
+            for work, attempt in zip(begun, attempts, strict=True):
+                self._report(work.lease, attempt)
+            raise
+        return reviewed
 
     @staticmethod
     def _give_back(queue: ReadyQueue, leases: list[Lease]) -> None:

@@ -8,6 +8,10 @@ A decision that takes time (storing a message, checking a password, the TLS hand
 pauses reading from the socket and resumes when its future is done, so a client that
 pipelines cannot make us buffer without bound, and replies stay in command order.
 
+The policy module's `on_connect`, `on_mail_from` and `on_rcpt_to` hooks, when it has them,
+are asked here (`intake.policy`): a plain hook answers at once, an async one is waited for
+like any other decision. Without them nothing is asked and nothing is built.
+
 Connections are bounded twice. One client address outside `relay_networks` may hold
 `max_connections_per_client` of them (further ones get 421 at once), so one host cannot
 take the listener. Past `max_connections` a newcomer is still let in when some connection
@@ -36,6 +40,9 @@ from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.tls import describe
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient
+from pigeon.policy import objects
+from pigeon.policy.answers import Refuse
+from pigeon.policy.hooks import POLICY_ERROR, HookFailed
 from pigeon.smtp import replies
 from pigeon.smtp.events import (
     NEED_DATA,
@@ -245,9 +252,45 @@ class SmtpConnection(asyncio.Protocol):
         listener._opened(self)
         now = self._loop.time()
         self._last_bytes = self._last_progress = now
+        hook = listener.intake.policy.on_connect
+        if refusal is None and hook is not None:
+            sockname = self._transport.get_extra_info("sockname")
+            local = sockname if isinstance(sockname, tuple) else ("", 0)
+            port = peername[1] if isinstance(peername, tuple) else 0
+            verdict = hook(objects.Connection(self.id, self.peer_ip, port, str(local[0]), local[1]), session=self.id)
+            if isinstance(verdict, asyncio.Future):
+                # No greeting until the policy has spoken; what the client sends meanwhile
+                # waits in the session (it should not talk first anyway).
+                self._blocked = True
+                self._arm_timer()
+                verdict.add_done_callback(self._connect_decided)
+                return
+            refusal = self._policy_reply(verdict, "CONNECT")
         self._session.greet(refusal)
         self._arm_timer()
         self._pump()
+
+    def _connect_decided(self, future: asyncio.Future[Refuse | HookFailed | None]) -> None:
+        self._blocked = False
+        if self._closed:
+            return
+        self._session.greet(self._policy_reply(_verdict(future), "CONNECT"))
+        self._pump()
+
+    def _policy_reply(self, verdict: Refuse | HookFailed | None, command: str) -> Reply | None:
+        """The reply to a policy hook's refusal (logged as a Rejection), or None to go on."""
+        if verdict is None:
+            return None
+        if isinstance(verdict, HookFailed):
+            reply = verdict.reply
+            if command == "CONNECT":  # a greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3)
+                reply = Reply(421, reply.enhanced, reply.lines)
+        else:
+            code = verdict.code
+            reply = Reply(code, verdict.enhanced or ("5.7.1" if code >= 500 else "4.7.1"), (verdict.text,))
+        if command == "CONNECT":
+            self._log_rejection(command, reply)  # (the other commands' are logged by _respond)
+        return reply
 
     def data_received(self, data: bytes) -> None:
         self._last_bytes = self._loop.time()
@@ -336,6 +379,38 @@ class SmtpConnection(asyncio.Protocol):
 
     def _on_mail(self, event: MailFrom) -> None:
         self._recipients = []
+        hook = self._listener.intake.policy.on_mail_from
+        if hook is not None:
+            session = self._session
+            verdict = hook(
+                objects.MailFrom(
+                    self.id,
+                    self.peer_ip,
+                    session.helo or "",
+                    event.sender,
+                    event.size,
+                    event.smtputf8,
+                    self._tls,
+                    session.authenticated,
+                ),
+                session=self.id,
+            )
+            if isinstance(verdict, asyncio.Future):
+                self._wait(verdict, lambda done: self._decided(_verdict(done), "MAIL"))
+                return
+            if verdict is not None:
+                self._decided(verdict, "MAIL")
+                return
+        self._session.accept()
+
+    def _decided(self, verdict: Refuse | HookFailed | None, command: str, recipient: Recipient | None = None) -> None:
+        """Answer MAIL or RCPT as the policy decided (a RCPT taken adds `recipient`)."""
+        reply = self._policy_reply(verdict, command)
+        if reply is not None:
+            self._respond(reply, command)
+            return
+        if recipient is not None:
+            self._recipients.append(recipient)
         self._session.accept()
 
     def _on_rcpt(self, event: RcptTo) -> None:
@@ -355,7 +430,31 @@ class SmtpConnection(asyncio.Protocol):
             if not (routes and routes.routing_key(address)):
                 self._respond(replies.RELAY_DENIED, "RCPT")
                 return
-        self._recipients.append(Recipient(address, notify, event.orcpt))
+        recipient = Recipient(address, notify, event.orcpt)
+        hook = self._listener.intake.policy.on_rcpt_to
+        if hook is not None:
+            session = self._session
+            mail = session.mail
+            verdict = hook(
+                objects.RcptTo(
+                    self.id,
+                    self.peer_ip,
+                    session.helo or "",
+                    mail.sender if mail is not None else "",
+                    address,
+                    tuple(r.address for r in self._recipients),
+                    self._tls,
+                    session.authenticated,
+                ),
+                session=self.id,
+            )
+            if isinstance(verdict, asyncio.Future):
+                self._wait(verdict, lambda done: self._decided(_verdict(done), "RCPT", recipient))
+                return
+            if verdict is not None:
+                self._decided(verdict, "RCPT")
+                return
+        self._recipients.append(recipient)
         self._session.accept()
 
     def _is_postmaster(self, address: str) -> bool:
@@ -625,6 +724,11 @@ class SmtpConnection(asyncio.Protocol):
             self._close_with(replies.timeout(listener.session_config.hostname))
             return
         self._arm_timer()
+
+
+def _verdict(future: asyncio.Future[Refuse | HookFailed | None]) -> Refuse | HookFailed | None:
+    """A hook's answer; a call cancelled (the loop is closing) counts as failed."""
+    return HookFailed(POLICY_ERROR) if future.cancelled() else future.result()
 
 
 _HANDLERS: dict[type, Callable[[SmtpConnection, Any], None]] = {

@@ -51,6 +51,11 @@ Inbound handoffs write `InboundDelivery` (the target accepted) or `InboundFailur
 not; `permanent`, `next_attempt`, `action` say what next), with `source`, `target`,
 `dedupe_key`, `message_id`, `mailbox`, `uidvalidity`, `uid`, `attempt`, `detail`, `duration`.
 
+A policy hook (`pigeon.policy`) that raises, answers what it may not, or outlasts
+`[policy] timeout` writes `PolicyFailure`: `hook`, `error`, `traceback` (when it raised),
+`action` (what Pigeon did instead: `451 4.3.0` to the client, `deferred`, or `kept` the
+attempt's own outcome), and `session` or `id` when it was about one.
+
 `Reception` carries a `seq` too: it and the terminal records are written exactly once,
 even across `kill -9` (see `pigeon.logs.outbox`).
 """
@@ -221,6 +226,18 @@ class InboundFailure(Inbound, tag="InboundFailure"):
     action: str = ""
 
 
+class PolicyFailure(Record, tag="PolicyFailure"):
+    """A policy hook failed: it raised, answered what it may not, or took longer than
+    `[policy] timeout`. Pigeon went on without it (`action` says how)."""
+
+    hook: str
+    error: str
+    action: str
+    traceback: str | None = None
+    session: str | None = None
+    id: str | None = None
+
+
 AnyRecord = (
     Reception
     | Rejection
@@ -233,6 +250,7 @@ AnyRecord = (
     | Quarantine
     | InboundDelivery
     | InboundFailure
+    | PolicyFailure
 )
 RECORD_TYPES: tuple[type[Record], ...] = (
     Reception,
@@ -246,5 +264,6 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Quarantine,
     InboundDelivery,
     InboundFailure,
+    PolicyFailure,
 )
 TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration, AdminBounce)

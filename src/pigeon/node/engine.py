@@ -16,13 +16,14 @@ from pigeon.delivery.dispatcher import Dispatcher, Shaping
 from pigeon.delivery.routes import Kind
 from pigeon.message import Message
 from pigeon.metrics import Counts
+from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import QueuePolicies
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Routes, Scheduler
 from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, RouteFailures, Settlement
-from pigeon.queue.state import ActiveSet
+from pigeon.queue.state import ActiveSet, Lease
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -51,6 +52,7 @@ def build_engine(
     shaping: Callable[[str], Shaping],
     body: Callable[[Message], bytes],
     notifier: Notifier | None = None,
+    hooks: DeliveryHooks | None = None,
     route_failures: RouteFailures = lambda address: None,
     source: str = "default",
     max_active: int = 10_000,
@@ -72,6 +74,12 @@ def build_engine(
         clock=clock,
     )
     rules = Rules(spools=spools, settlement=settlement, clock=clock)
+
+    def reroute(lease: Lease, domain: str) -> None:
+        settled = settlement.reroute(lease, domain)
+        if settled is not None:  # due now: the scheduler reads it back once it is durable
+            settled.add_done_callback(lambda _: scheduler.wake())
+
     dispatcher = Dispatcher(
         agents=agents,
         shaping=shaping,
@@ -79,6 +87,8 @@ def build_engine(
         report=settlement.report,
         body=body,
         held=rules.site_held,
+        hooks=hooks,
+        reroute=reroute,
         clock=clock,
     )
     ready = ReadyQueues(active, source, dispatcher.kick)

@@ -47,6 +47,7 @@ from pigeon.node.inbound import Inbound
 from pigeon.node.notify import sd_notify
 from pigeon.node.outbound import Outbound, routes_from
 from pigeon.node.sockets import Bound
+from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
 from pigeon.smtp.framing import BareLinefeeds
@@ -114,6 +115,7 @@ class Node:
         self._notify = False  # tell systemd how start-up goes (`run(notify=True)`)
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
+        self.policy = Policy()  # the [policy] module's hooks, loaded by start()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -143,6 +145,9 @@ class Node:
                 # Read as the user Pigeon runs as, which the config check (run as whoever
                 # started it) may not have been.
                 raise ConfigError(str(error)) from None
+        self.policy = Policy.from_config(config.policy, self.log)
+        if config.policy.module is not None:
+            _log.info("policy %s: hooks %s", config.policy.module, ", ".join(self.policy.defined()) or "none")
         self.intake = intake = Intake(
             self.spool,
             self.log,
@@ -154,6 +159,7 @@ class Node:
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
             signing=self.signing,
+            policy=self.policy,
             clock=self._clock,
         )
         if config.target:
@@ -169,6 +175,7 @@ class Node:
                 metrics=self.metrics,
                 intake=intake,
                 targets=self.inbound.targets if self.inbound is not None else {},
+                policy=self.policy,
                 clock=self._clock,
             )
             self.outbound.start()
@@ -269,6 +276,7 @@ class Node:
         for spool in (self.spool, *self.adopted):
             spool.close()  # blocks until the commit in flight is done: a few milliseconds
         await asyncio.sleep(0)  # let the last commits' callbacks run
+        self.policy.close()
         self.log.close()
         _log.info("stopped")
 
@@ -298,9 +306,9 @@ class Node:
 
     def reload(self) -> None:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
-        routes and DKIM signers (their keys read again). New connections see the new ones;
-        open ones keep what they have. If anything cannot be used, nothing changes and the
-        reason is logged."""
+        routes and DKIM signers (their keys read again), and import the policy module again.
+        New connections see the new ones; open ones keep what they have. If anything cannot
+        be used, nothing changes and the reason is logged."""
         if self.smtp is None or self._stopping:
             return
         try:
@@ -313,6 +321,13 @@ class Node:
         except (ConfigError, PasswordFileError, KeyProblem, OSError, ssl.SSLError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
+        if config.policy != self.config.policy:
+            _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
+        try:
+            hooks = self.policy.load()
+        except PolicyLoadError as error:
+            _log.error("reload: the policy module stays as it was: %s", error)
+            hooks = None
         self.smtp.tls_context = tls_context
         self.smtp.passwords = passwords
         self.smtp.session_config = replace(
@@ -332,13 +347,16 @@ class Node:
         running.route = config.route
         running.dkim = config.dkim
         for key in changed_keys(running, config):
+            if key.startswith("[policy]"):
+                continue  # said above
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
         _log.info(
-            "reloaded: TLS %s, %s SMTP users, %d routes, %d DKIM signers (keys read again)",
+            "reloaded: TLS %s, %s SMTP users, %d routes, %d DKIM signers (keys read again)%s",
             "on" if tls_context is not None else "off",
             len(passwords) if passwords is not None else "no",
             len(routes),
             len(signers),
+            "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
 
     @property

@@ -26,6 +26,8 @@ from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
+from pigeon.policy.delivery import DeliveryHooks
+from pigeon.policy.hooks import Policy
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
 from pigeon.shaping.gcra import Rate
@@ -47,6 +49,7 @@ class Outbound:
         metrics: Metrics,
         intake: Intake,
         targets: Mapping[str, Target] | None = None,
+        policy: Policy | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         delivery = config.delivery
@@ -90,6 +93,7 @@ class Outbound:
             agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
             shaping=_shaping(config),
             body=OutgoingBody(spools, strip),
+            hooks=DeliveryHooks(policy, classifier.classify) if policy is not None else None,
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
             route_failures=intake.inbound_routes.failures if intake.inbound_routes else lambda address: None,
             source=delivery.source,

@@ -26,6 +26,9 @@ class Attempt(NamedTuple):
     peer: str | None = None
     tls: str | None = None
     duration: float | None = None
+    retry_after: float | None = None
+    """Seconds until the next try of what failed transiently (a policy's `Defer(delay=...)`);
+    None: the queue's backoff."""
 
     @classmethod
     def same_for_all(

@@ -49,7 +49,7 @@ from pigeon.message import HELD, Envelope, Message, Recipient, format_id
 from pigeon.metrics import Counts
 from pigeon.queue.attempt import Attempt, Unroutable
 from pigeon.queue.policy import InboundFailures, QueuePolicies
-from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, State, transition
+from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, RebindMark, State, transition
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
@@ -153,6 +153,17 @@ class Settlement:
         count = len(entry.message.envelope.recipients)
         self._settle_attempt(entry, Attempt.same_for_all(failure.reply, count, failure.classification))
 
+    def reroute(self, lease: Lease, routing_domain: str) -> asyncio.Future[None] | None:
+        """A policy hook sent a message it was about to attempt elsewhere: back to the spool,
+        due now, to be routed as `routing_domain` ("" for its recipients' own domain), untried
+        (no attempt counted, nothing logged), as an operator's rebind would. The future
+        resolves once that is durable; None if the lease is stale (someone else moved it)."""
+        entry = self._active.current(lease, "attempt")
+        if entry is None or entry.state is not State.IN_FLIGHT:
+            return None
+        envelope = RebindMark(None, routing_domain).envelope(entry.message.envelope)
+        return self.defer(entry, self._clock(), envelope=envelope)
+
     # --- the queue's own decisions (synchronous: the caller holds the entry now) --------------
     def expire(self, entry: Entry) -> None:
         """A message found past its max_age before an attempt: expire every recipient."""
@@ -243,6 +254,8 @@ class Settlement:
         if deferred:
             last = str(deferred[-1][1])
             due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
+            if due is not None and attempt.retry_after is not None:
+                due = min(now + attempt.retry_after, policy.retry.expires(message.age_from))
             rebind = entry.rebind
             if rebind is not None and due is not None:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.

@@ -6,6 +6,11 @@ why it was refused. A malformed request changes nothing and gets 400 naming the 
 includes a CR, LF or NUL in a value that would be written into a header as it is. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
 NUL, over-long lines): one that fails is refused with the reply SMTP would give, 554 5.6.0.
+
+The policy's `on_message` hook is asked about each recipient's message, as for SMTP. When
+no recipient is taken, the status says why: 422 if the policy refused them all for good
+(5xx), 503 if any refusal was temporary (a 4xx, the spool's, or a failing policy hook's
+`451 4.3.0`); the body names each recipient's reply either way.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ async def inject(request: web.Request) -> web.Response:
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
     results: list[RecipientResult] = []
     pending: list[tuple[RecipientResult, asyncio.Future[Stored]]] = []
+    policy_refusals = 0
     turn = time.monotonic()
     for index, recipient in enumerate(parsed.recipients):
         result = RecipientResult(recipient.email)
@@ -138,13 +144,18 @@ async def inject(request: web.Request) -> web.Response:
             stored = await future
         except (Refused, SpoolError) as error:
             result.error = str(error.reply)
+            if isinstance(error, Refused) and error.by_policy and error.reply.code >= 500:
+                policy_refusals += 1
         else:
             result.id = format_id(stored.ids[0])
     accepted = sum(1 for r in results if r.id is not None)
     response = InjectResponse(accepted, len(results) - accepted, results)
     # Nothing stored because the spool failed: the client should come back later.
     spool_trouble = accepted == 0 and any(r.error and r.error.startswith("4") for r in results)
-    return _json(response, 503 if spool_trouble else 200)
+    if spool_trouble:
+        return _json(response, 503)
+    # Refused by the policy, every one of them, for good: the request itself is not allowed.
+    return _json(response, 422 if policy_refusals == len(results) else 200)
 
 
 def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBadRequest:

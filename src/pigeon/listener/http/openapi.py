@@ -57,7 +57,10 @@ def document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
-                        "503": _response("Nothing could be stored (spool trouble): retry later", response),
+                        "422": _response("The policy refused every recipient for good (5xx)", response),
+                        "503": _response(
+                            "Nothing could be stored (spool trouble, a temporary policy refusal): retry later", response
+                        ),
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
                     },
                 }

@@ -1,0 +1,153 @@
+"""What policy hooks cost: relaying with a no-op policy module against none, in one invocation.
+
+    .venv/bin/python bench/policy.py [--messages 10000] [--rounds 3] [--modes none,empty,noop,async]
+
+smtp-source -> Pigeon (one worker) -> smtp-sink, as bench/relay.py, once per contender and
+round, the contenders alternating (reversed every other round). Contenders:
+
+* `none`: no [policy] at all;
+* `empty`: a policy module that defines no hook (an undefined hook must cost nothing);
+* `noop`: all six hooks defined, plain functions returning None (`sync = "inline"`, the default);
+* `async`: all six hooks `async def`, returning None;
+* `thread`: all six plain, with `sync = "thread"`.
+
+It prints each run's end-to-end rate and CPU per message, then the medians and each
+contender's ratio to `none` (the issue's target: `noop` costs at most 5%).
+
+`--calls N` first measures one hook call in this process, N times each way: inline, async
+(a task), and on a thread (what `sync = "thread"` costs per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import time
+from typing import Any
+
+from harness import SMTP_SOURCE, Pigeon, free_port, median, require, smtp_source, tree_cpu_seconds, workdir
+
+from pigeon.policy.hooks import HOOKS, Policy
+
+MODES = ("none", "empty", "noop", "async", "thread")
+
+
+def module_source(mode: str) -> str | None:
+    if mode == "none":
+        return None
+    if mode == "empty":
+        return "# a policy module without hooks\n"
+    prefix = "async " if mode == "async" else ""
+    return "".join(f"{prefix}def {name}(argument):\n    return None\n\n" for name in HOOKS)
+
+
+def sink(port: int, messages: int) -> subprocess.Popen[bytes]:
+    binary = require("/usr/sbin/smtp-sink", "postfix")
+    process = subprocess.Popen(
+        [binary, "-u", "nobody", "-M", str(messages), f"127.0.0.1:{port}", "1024"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)
+    return process
+
+
+def one_run(mode: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Messages per second end to end, and CPU milliseconds per message of the node."""
+    sink_port = free_port()
+    with workdir(f"policy-{mode}-") as path:
+        sections: dict[str, Any] = {
+            "delivery": {"enabled": True, "retry_interval": "1s", "max_retry_interval": "2s", "connection_limit": 32},
+            "route": [{"domain": "*", "next_hop": f"127.0.0.1:{sink_port}", "tls": "disabled"}],
+        }
+        source = module_source(mode)
+        if source is not None:
+            module = path / "noop_policy.py"
+            module.write_text(source)
+            sections["policy"] = {"module": str(module), "sync": "thread" if mode == "thread" else "inline"}
+        warm = sink(sink_port, 200)
+        mta = Pigeon(path / "node", 1, **sections)
+        try:
+            smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
+            warm.wait(60)
+            measured = sink(sink_port, args.messages)
+            cpu_before = tree_cpu_seconds(mta.root_pid())
+            started = time.perf_counter()
+            load = ["-s", str(args.sessions), "-l", str(args.size), "-m", str(args.messages)]
+            smtp_source(mta.port, *load, "-f", "a@src.test", "-t", "r@sink.test")
+            measured.wait(600)
+            elapsed = time.perf_counter() - started
+            cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
+            return args.messages / elapsed, cpu * 1000 / args.messages
+        finally:
+            mta.stop()
+
+
+async def per_call(calls: int) -> None:
+    """Microseconds per hook call (no-op hook), made each way."""
+    with workdir("policy-calls-") as path:
+        for mode in ("noop", "async", "thread"):
+            source = module_source(mode)
+            assert source is not None
+            module = path / f"calls_{mode}.py"
+            module.write_text(source)
+            policy = Policy(str(module), sync="thread" if mode == "thread" else "inline")
+            policy.load()
+            hook = policy.on_mail_from
+            assert hook is not None
+            started = time.perf_counter()
+            for _ in range(calls):
+                verdict = hook(None)
+                if isinstance(verdict, asyncio.Future):
+                    await verdict
+            elapsed = time.perf_counter() - started
+            policy.close()
+            label = {"noop": "inline (plain)", "async": "async (a task)", "thread": 'on a thread (sync = "thread")'}
+            print(f"one hook call, {label[mode]:32} {elapsed / calls * 1e6:8.2f} us", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10000)
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--size", type=int, default=5120)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", default="none,empty,noop,async", help=f"of {','.join(MODES)}")
+    parser.add_argument("--calls", type=int, default=0, help="also time N single hook calls each way")
+    args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",")]
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    require(SMTP_SOURCE, "postfix")
+    if args.calls:
+        asyncio.run(per_call(args.calls))
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    for round_no in range(args.rounds):
+        for mode in modes if round_no % 2 == 0 else list(reversed(modes)):
+            rate, cpu = one_run(mode, args)
+            results[mode].append((rate, cpu))
+            print(f"round {round_no + 1}: {mode:7} {rate:8.0f} msg/s end to end  {cpu:5.2f} CPU ms/msg", flush=True)
+    if not args.rounds:
+        return
+    load = f"smtp-source -s {args.sessions} -l {args.size} -m {args.messages}"
+    print(f"\n{load} -> pigeon (1 worker) -> smtp-sink, medians:")
+    summary = {mode: (median([r for r, _ in v]), median([c for _, c in v])) for mode, v in results.items()}
+    for mode, (rate, cpu) in summary.items():
+        print(f"{mode:7}{rate:10.0f} msg/s{cpu:10.2f} CPU ms/msg")
+    if "none" in summary:
+        base_rate, base_cpu = summary["none"]
+        for mode in modes:
+            if mode != "none":
+                rate, cpu = summary[mode]
+                print(f"{mode} / none: {rate / base_rate:.3f}x the rate, {cpu / base_cpu:.3f}x the CPU per message")
+        # Per round, against the same round's `none`: the noise between rounds cancels out.
+        for mode in modes:
+            if mode != "none":
+                ratios = [r / b for (r, _), (b, _) in zip(results[mode], results["none"], strict=True)]
+                print(f"{mode} / none per round: {', '.join(f'{x:.3f}' for x in ratios)}; median {median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()

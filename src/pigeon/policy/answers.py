@@ -1,0 +1,171 @@
+"""What policy hooks may answer. `None` (or no return statement) always means "go on as usual".
+
+| hook                  | may return                                  |
+|-----------------------|---------------------------------------------|
+| `on_connect`          | `Refuse`                                    |
+| `on_mail_from`        | `Refuse`                                    |
+| `on_rcpt_to`          | `Refuse`                                    |
+| `on_message`          | `Refuse`, `Changes`                         |
+| `before_delivery`     | `Defer`, `Fail`, `Reroute`                  |
+| `on_delivery_outcome` | `Reclassify`                                |
+
+Each answer checks itself when it is made: a hook that builds an impossible one (a 250
+"refusal", a header name with a colon) raises there, and that counts as the hook failing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+_ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
+_HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
+_QUEUE_PART: Final = re.compile(r"[^\s:@]*")
+
+
+def _one_line(value: str, what: str) -> None:
+    if any(char in value for char in "\r\n\0"):
+        raise ValueError(f"{what} must be one line without NUL: {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Refuse the connection, the command or the message with this reply.
+
+    `code` is 4xx (try again later) or 5xx (never). `enhanced` defaults to X.7.1 (delivery not
+    authorized) of the code's class. At connect time a refusal closes the connection (use
+    554, or 421 for "not now"). Over HTTP, a request whose every recipient is refused gets
+    422 (5xx refusals) or 503 (4xx).
+    """
+
+    code: int = 550
+    text: str = "refused by policy"
+    enhanced: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.code, int) or not 400 <= self.code <= 599:
+            raise ValueError(f"a refusal's code is 400 to 599, not {self.code!r}")
+        _one_line(self.text, "a refusal's text")
+        if self.enhanced is not None and (
+            not _ENHANCED.fullmatch(self.enhanced) or self.enhanced[0] != str(self.code)[0]
+        ):
+            raise ValueError(f"enhanced code {self.enhanced!r} does not fit {self.code} (e.g. 5.7.1 for 550)")
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """`on_message`: take the message, changed. Every field left at None changes nothing.
+
+    * `tenant`, `campaign`: the parts of its scheduled queue name (`campaign:tenant@domain`);
+      "" clears one. The routing headers (X-Tenant, X-Campaign) still come off on the way out.
+    * `queue`: the scheduled queue name itself, replacing `campaign:tenant@domain` (the
+      `[[queue]]` retry settings match it). Mail of an `[[inbound]]` route keeps its own.
+    * `route`: route as if the recipients were in this domain ([[route]] tables and MX
+      lookup apply to it); "" routes by the recipients' domain.
+    * `egress_pool`: the egress pool to send from (kept with the message).
+    * `dkim`: names of the `[[dkim]]` signers to sign with; an empty list: do not sign.
+    * `add_headers`: (name, value) fields put on top of the message, in this order. A value
+      is one line; Pigeon does not fold it.
+    * `remove_headers`: names of fields to take off (every field of that name, any case).
+
+    Header edits are made on the way out; the stored message is not rewritten, and DKIM
+    signs the edited message.
+    """
+
+    tenant: str | None = None
+    campaign: str | None = None
+    queue: str | None = None
+    route: str | None = None
+    egress_pool: str | None = None
+    dkim: Sequence[str] | None = None
+    add_headers: Sequence[tuple[str, str]] = ()
+    remove_headers: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        for what in ("tenant", "campaign"):
+            value = getattr(self, what)
+            if value is not None and not _QUEUE_PART.fullmatch(value):
+                raise ValueError(f"{what} {value!r} must not hold white space, ':' or '@' (it names a queue)")
+        if self.queue is not None and (not self.queue or any(c.isspace() for c in self.queue)):
+            raise ValueError(f"queue {self.queue!r} must be a name without white space")
+        for what in ("route", "egress_pool"):
+            value = getattr(self, what)
+            if value is not None and any(c.isspace() for c in value):
+                raise ValueError(f"{what} {value!r} must not hold white space")
+        if isinstance(self.dkim, str):
+            raise ValueError("dkim is a list of signer names, e.g. dkim=['example.org'], not a string")
+        for name, value in self.add_headers:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a header name")
+            _one_line(value, f"header {name}'s value")
+        for name in self.remove_headers:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a header name")
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """`before_delivery`: do not send now; a transient failure (`451 4.7.0 <reason>`, logged
+    as TransientFailure, counted as an attempt). `delay`: seconds until the next attempt
+    (default: the queue's backoff); never past `max_age`."""
+
+    reason: str = "deferred by policy"
+    delay: float | None = None
+
+    def __post_init__(self) -> None:
+        _one_line(self.reason, "a deferral's reason")
+        if self.delay is not None and not self.delay >= 0:
+            raise ValueError(f"delay is seconds, 0 or more, not {self.delay!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """`before_delivery`: do not send; a permanent failure of every recipient (a Bounce,
+    and a DSN to the sender as for any bounce)."""
+
+    reason: str = "refused by policy"
+    code: int = 550
+    enhanced: str = "5.7.1"
+
+    def __post_init__(self) -> None:
+        _one_line(self.reason, "a failure's reason")
+        if not 500 <= self.code <= 599 or not _ENHANCED.fullmatch(self.enhanced) or self.enhanced[0] != "5":
+            raise ValueError(f"a failure is a 5xx with a 5.x.y enhanced code, not {self.code} {self.enhanced}")
+
+
+@dataclass(frozen=True, slots=True)
+class Reroute:
+    """`before_delivery`: do not send it there; route it as if its recipients were in
+    `domain` ("" for their own domain again), at once, as an operator's rebind would: no
+    attempt is counted, nothing is logged. Rerouting to where it is already routed sends it."""
+
+    domain: str
+
+    def __post_init__(self) -> None:
+        if any(c.isspace() for c in self.domain):
+            raise ValueError(f"route domain {self.domain!r} must not hold white space")
+
+
+@dataclass(frozen=True, slots=True)
+class Reclassify:
+    """`on_delivery_outcome`: treat some failures as another kind than their code says.
+
+    `transient`: recipients whose permanent failure (5xx) is retried instead (the reply is
+    logged as a 4xx, its original text kept); `permanent`: recipients whose transient failure
+    is a bounce instead (as a 5xx; `classification` names its bounce class, else the rule
+    table's). Either is a list of recipient addresses or "all" (every recipient of that kind).
+    A recipient that was delivered cannot be reclassified: the hook then counts as failed
+    and the attempt keeps its own classification.
+    """
+
+    transient: Sequence[str] | Literal["all"] = ()
+    permanent: Sequence[str] | Literal["all"] = ()
+    classification: str | None = None
+
+    def __post_init__(self) -> None:
+        for what in ("transient", "permanent"):
+            value = getattr(self, what)
+            if isinstance(value, str) and value != "all":
+                raise ValueError(f'{what} is a list of addresses or "all", not {value!r}')

@@ -1,0 +1,157 @@
+"""The delivery hooks' side of an attempt: what `before_delivery` and `on_delivery_outcome`
+answers do to it, as attempts the queue already understands.
+
+The dispatcher asks `before()` for each message it is about to hand to an agent, and
+`after()` for each attempt the agent reports; only the queue then decides what the
+(possibly changed) attempt means, as for any other. Neither ever loses or doubles a message:
+
+* `before_delivery` failing (raising, timing out) defers the message: a transient failure
+  with `451 4.3.0`, retried with the queue's backoff;
+* `on_delivery_outcome` failing keeps the attempt as the agent reported it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from pigeon.message import Message, format_id
+from pigeon.policy.answers import Defer, Fail, Reclassify, Reroute
+from pigeon.policy.hooks import HookFailed, Policy
+from pigeon.policy.objects import Delivery, DeliveryOutcome, RecipientResult
+from pigeon.queue.attempt import Attempt
+from pigeon.smtp.replies import Reply
+
+
+class DeliveryHooks:
+    """`before_delivery` and `on_delivery_outcome` of a `Policy` (None-checked per call, so
+    a reload that adds or drops one takes effect at the next attempt)."""
+
+    def __init__(self, policy: Policy, classify: Callable[[Reply], str]) -> None:
+        self._policy = policy
+        self._classify = classify
+
+    @property
+    def vets(self) -> bool:
+        """Whether the module has a `before_delivery` hook."""
+        return self._policy.before_delivery is not None
+
+    @property
+    def reviews(self) -> bool:
+        """Whether the module has an `on_delivery_outcome` hook."""
+        return self._policy.on_delivery_outcome is not None
+
+    async def before(self, message: Message, site: str) -> Attempt | Reroute | None:
+        """None: send it. An `Attempt`: report that instead of sending (deferred or failed).
+        A `Reroute`: put it back to be routed anew."""
+        hook = self._policy.before_delivery
+        if hook is None:
+            return None
+        delivery = _delivery(message, site)
+        verdict = hook(delivery, message_id=delivery.id)
+        if isinstance(verdict, asyncio.Future):
+            verdict = await verdict
+        if verdict is None:
+            return None
+        count = len(message.envelope.recipients)
+        if isinstance(verdict, HookFailed):
+            return Attempt.same_for_all(verdict.reply, count, "", site)
+        if isinstance(verdict, Defer):
+            reply = Reply(451, "4.7.0", (verdict.reason,))
+            return Attempt([reply] * count, [""] * count, site, retry_after=verdict.delay)
+        if isinstance(verdict, Fail):
+            reply = Reply(verdict.code, verdict.enhanced, (verdict.reason,))
+            return Attempt.same_for_all(reply, count, self._classify(reply), site)
+        current = message.envelope.routing_domain or message.envelope.recipients[0].domain
+        if verdict.domain.lower() == current.lower():
+            return None  # already routed so: a hook that reroutes every time must not loop
+        return verdict
+
+    async def after(self, message: Message, attempt: Attempt) -> Attempt:
+        """The attempt as the queue should take it."""
+        hook = self._policy.on_delivery_outcome
+        if hook is None:
+            return attempt
+        recipients = message.envelope.recipients
+        results = tuple(
+            RecipientResult(
+                recipient.address,
+                reply.code,
+                reply.enhanced,
+                reply.text,
+                "delivered" if reply.code < 400 else "permanent" if reply.code >= 500 else "transient",
+                classification,
+            )
+            for recipient, reply, classification in zip(
+                recipients, attempt.replies, attempt.classifications, strict=True
+            )
+        )
+        delivery = _delivery(message, attempt.site)
+        verdict = hook(
+            DeliveryOutcome(delivery, results, attempt.peer, attempt.tls, attempt.duration), message_id=delivery.id
+        )
+        if isinstance(verdict, asyncio.Future):
+            verdict = await verdict
+        if verdict is None or isinstance(verdict, HookFailed):
+            return attempt
+        try:
+            return self._reclassified(message, attempt, verdict)
+        except ValueError as error:
+            hook.failed(error, None, delivery.id, show_traceback=False)
+            return attempt
+
+    def _reclassified(self, message: Message, attempt: Attempt, verdict: Reclassify) -> Attempt:
+        addresses = [recipient.address for recipient in message.envelope.recipients]
+        replies, classes = list(attempt.replies), list(attempt.classifications)
+        for index in _chosen(verdict.transient, addresses, replies, permanent=True):
+            reply = replies[index]
+            replies[index] = _moved(reply, 4, "transient")
+            classes[index] = ""
+        for index in _chosen(verdict.permanent, addresses, replies, permanent=False):
+            replies[index] = reply = _moved(replies[index], 5, "permanent")
+            classes[index] = verdict.classification or self._classify(reply)
+        return attempt._replace(replies=replies, classifications=classes)
+
+
+def _chosen(which: Sequence[str] | str, addresses: list[str], replies: list[Reply], *, permanent: bool) -> list[int]:
+    """Indexes of the recipients named (or "all") whose failure is of the other kind."""
+    if which == "all":
+        return [i for i, reply in enumerate(replies) if (reply.code >= 500) == permanent and reply.code >= 400]
+    lowered = [address.lower() for address in addresses]
+    chosen = []
+    for address in which:
+        try:
+            index = lowered.index(address.lower())
+        except ValueError:
+            raise ValueError(f"Reclassify names {address!r}, not a recipient of this attempt") from None
+        reply = replies[index]
+        if reply.code < 400:
+            raise ValueError(f"Reclassify names {address!r}, which was delivered ({reply.code})")
+        if (reply.code >= 500) == permanent:
+            chosen.append(index)
+    return chosen
+
+
+def _moved(reply: Reply, klass: int, kind: str) -> Reply:
+    """`reply` as a failure of class `klass` (4 or 5), its original wording kept in the text."""
+    enhanced = f"{klass}{reply.enhanced[1:]}" if reply.enhanced else None
+    return Reply(klass * 100 + reply.code % 100, enhanced, (f"policy made it {kind}: {reply.code} {reply.text}",))
+
+
+def _delivery(message: Message, site: str) -> Delivery:
+    envelope = message.envelope
+    return Delivery(
+        id=format_id(message.id),
+        queue=message.queue,
+        tenant=envelope.tenant,
+        campaign=envelope.campaign,
+        sender=envelope.sender,
+        recipients=tuple(recipient.address for recipient in envelope.recipients),
+        size=message.size,
+        attempt=message.attempts + 1,
+        site=site,
+        routing_domain=envelope.routing_domain,
+        egress_pool=envelope.egress_pool,
+        created=message.created,
+        last_response=envelope.last_response,
+    )

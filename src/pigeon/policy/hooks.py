@@ -1,0 +1,315 @@
+"""Loading the policy module and calling its hooks, each bounded and never fatal.
+
+`[policy] module` names a Python module (a dotted name importable from sys.path, or a path
+to a .py file). Its functions with the names in `HOOKS` are the hooks; each is looked up
+once, when the module is loaded, so a hook the module does not define is `None` on the
+`Policy` and its callers make neither the call nor the object it would have been given.
+
+A hook may be a plain function or a coroutine function (`async def`):
+
+* **async** hooks run as a task, bounded by `[policy] timeout`;
+* **plain** hooks run inline on the event loop by default (`sync = "inline"`): a call costs
+  about a microsecond, where a hop to a thread and back costs tens of microseconds and two
+  context switches (`bench/policy.py` measures both). An inline hook cannot be interrupted,
+  so it must be quick: one that outlasts the timeout is logged as slow, and its answer
+  still counts. `sync = "thread"` runs plain hooks on a thread pool instead, bounded by the
+  timeout like async ones (a timed-out thread runs on; its answer is ignored). A hook that
+  waits on the network should be async, or run on threads.
+
+A hook that raises, answers something it may not (see `pigeon.policy.answers`), or outlasts
+the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (or, on delivery paths,
+defers the message or keeps the attempt's own outcome), and a `PolicyFailure` record with
+the traceback goes to the event log. Nothing a hook does can stop the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import difflib
+import importlib
+import importlib.util
+import inspect
+import itertools
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
+
+from pigeon.config.schema import PolicyConfig
+from pigeon.logs.records import PolicyFailure
+from pigeon.logs.writer import LogWriter
+from pigeon.policy.answers import Changes, Defer, Fail, Reclassify, Refuse, Reroute
+from pigeon.smtp.replies import Reply
+
+_log = logging.getLogger(__name__)
+
+HOOKS: Final = ("on_connect", "on_mail_from", "on_rcpt_to", "on_message", "before_delivery", "on_delivery_outcome")
+_ANSWERS: Final[dict[str, tuple[type, ...]]] = {
+    "on_connect": (Refuse,),
+    "on_mail_from": (Refuse,),
+    "on_rcpt_to": (Refuse,),
+    "on_message": (Refuse, Changes),
+    "before_delivery": (Defer, Fail, Reroute),
+    "on_delivery_outcome": (Reclassify,),
+}
+_ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
+POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
+POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
+_file_modules = itertools.count(1)
+
+A = TypeVar("A")
+
+
+class PolicyLoadError(RuntimeError):
+    """The policy module cannot be used; the message says why (with the traceback's last line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookFailed:
+    """A hook raised, answered what it may not, or timed out. `reply` is the client's answer."""
+
+    reply: Reply
+
+
+Verdict: TypeAlias = "A | HookFailed | None"
+"""A hook's answer: one it may give, None (go on), or HookFailed."""
+
+
+class _Runner:
+    """What every hook of one policy shares: the timeout, the thread pool, the event log."""
+
+    __slots__ = ("executor", "log", "tasks", "timeout")
+
+    def __init__(self, timeout: float, threads: int | None, log: LogWriter | None) -> None:
+        self.timeout = timeout
+        self.executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="policy") if threads else None
+        self.log = log
+        self.tasks: set[asyncio.Task[Any]] = set()  # running hook calls: asyncio keeps only weak references
+
+
+class Hook(Generic[A]):
+    """One hook of the module. Call it with the object it is given; it answers at once (a
+    verdict) or, when it must wait (async, or on a thread), with a future of one."""
+
+    __slots__ = ("_allowed", "_runner", "function", "mode", "name")
+
+    def __init__(
+        self, name: str, function: Callable[[Any], Any], mode: Literal["inline", "async", "thread"], runner: _Runner
+    ) -> None:
+        self.name = name
+        self.function = function
+        self.mode = mode
+        self._runner = runner
+        self._allowed = _ANSWERS[name]
+
+    def __call__(
+        self, argument: object, *, session: str | None = None, message_id: str | None = None
+    ) -> Verdict[A] | asyncio.Future[Verdict[A]]:
+        if self.mode == "inline":
+            started = time.perf_counter()
+            try:
+                answer = self.function(argument)
+            except Exception as error:
+                return self.failed(error, session, message_id)
+            elapsed = time.perf_counter() - started
+            if elapsed > self._runner.timeout:
+                _log.warning(
+                    "policy hook %s took %.3fs inline, over [policy] timeout: it held up the worker all that time; "
+                    'make it async or set [policy] sync = "thread"',
+                    self.name,
+                    elapsed,
+                )
+            if answer is None:
+                return None
+            if inspect.isawaitable(answer):  # a plain function that hands back a coroutine
+                return self._spawn(answer, session, message_id)
+            return self._check(answer, session, message_id)
+        if self.mode == "async":
+            try:
+                awaitable = self.function(argument)
+            except Exception as error:
+                return self.failed(error, session, message_id)
+            return self._spawn(awaitable, session, message_id)
+        loop = asyncio.get_running_loop()
+        return self._spawn(loop.run_in_executor(self._runner.executor, self.function, argument), session, message_id)
+
+    def _spawn(
+        self, awaitable: Awaitable[Any], session: str | None, message_id: str | None
+    ) -> asyncio.Future[Verdict[A]]:
+        task = asyncio.get_running_loop().create_task(self._bounded(awaitable, session, message_id))
+        tasks = self._runner.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    async def _bounded(self, awaitable: Awaitable[Any], session: str | None, message_id: str | None) -> Verdict[A]:
+        try:
+            async with asyncio.timeout(self._runner.timeout) as scope:
+                answer = await awaitable
+        except TimeoutError as error:
+            if scope.expired():
+                return self.failed(None, session, message_id)
+            return self.failed(error, session, message_id)
+        except Exception as error:
+            return self.failed(error, session, message_id)
+        return self._check(answer, session, message_id)
+
+    def _check(self, answer: object, session: str | None, message_id: str | None) -> Verdict[A]:
+        if answer is None or isinstance(answer, self._allowed):
+            return answer  # type: ignore[return-value]
+        allowed = ", ".join(kind.__name__ for kind in self._allowed)
+        error = TypeError(f"{self.name} returned {answer!r}; it may return None or {allowed} (pigeon.policy)")
+        return self.failed(error, session, message_id, show_traceback=False)
+
+    def failed(
+        self, error: BaseException | None, session: str | None, message_id: str | None, *, show_traceback: bool = True
+    ) -> HookFailed:
+        """Log the failure (`error` None: a timeout) and say what the client gets."""
+        reply = POLICY_TIMEOUT if error is None else POLICY_ERROR
+        action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
+        if error is None:
+            text, trace = f"timed out after {self._runner.timeout:g}s ([policy] timeout)", None
+        else:
+            text = "".join(traceback.format_exception_only(error)).strip()
+            trace = "".join(traceback.format_exception(error)) if show_traceback else None
+        where = f" (session {session})" if session else (f" (message {message_id})" if message_id else "")
+        _log.error("policy hook %s failed%s: %s; %s", self.name, where, text, action)
+        if trace is not None:
+            _log.debug("%s", trace)
+        log = self._runner.log
+        if log is not None:
+            log.write(
+                PolicyFailure(
+                    timestamp=time.time(),
+                    hook=self.name,
+                    error=text,
+                    action=action,
+                    traceback=trace,
+                    session=session,
+                    id=message_id,
+                )
+            )
+        return HookFailed(reply)
+
+
+class Policy:
+    """The hooks of the policy module; each is None when the module does not define it.
+
+    Every part of Pigeon that calls hooks holds this one object: `reload()` swaps the hooks
+    in place, so a new connection or attempt sees the new ones.
+    """
+
+    __slots__ = (
+        "_runner",
+        "before_delivery",
+        "module",
+        "on_connect",
+        "on_delivery_outcome",
+        "on_mail_from",
+        "on_message",
+        "on_rcpt_to",
+        "spec",
+        "sync",
+    )
+
+    def __init__(
+        self,
+        spec: str | None = None,
+        *,
+        timeout: float = 2.0,
+        sync: Literal["inline", "thread"] = "inline",
+        threads: int = 8,
+        log: LogWriter | None = None,
+    ) -> None:
+        """No `spec`: no policy (every hook None). Else call `load()`."""
+        self.spec = spec
+        self.sync = sync
+        self.module: ModuleType | None = None
+        self._runner = _Runner(timeout, threads if sync == "thread" else None, log)
+        self.on_connect: Hook[Refuse] | None = None
+        self.on_mail_from: Hook[Refuse] | None = None
+        self.on_rcpt_to: Hook[Refuse] | None = None
+        self.on_message: Hook[Refuse | Changes] | None = None
+        self.before_delivery: Hook[Defer | Fail | Reroute] | None = None
+        self.on_delivery_outcome: Hook[Reclassify] | None = None
+
+    def load(self) -> list[str]:
+        """Import the module (again, on a reload) and take its hooks. Returns the names of
+        the hooks it defines. Raises `PolicyLoadError`, and then keeps the hooks it had."""
+        if self.spec is None:
+            return []
+        module = _import(self.spec, self.module)
+        hooks: dict[str, Hook[Any] | None] = {}
+        for name in HOOKS:
+            function = getattr(module, name, None)
+            if function is None:
+                hooks[name] = None
+                continue
+            if not callable(function):
+                raise PolicyLoadError(f"policy {self.spec}: {name} is not a function")
+            mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else self.sync
+            hooks[name] = Hook(name, function, mode, self._runner)
+        for name in dir(module):
+            if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
+                close = difflib.get_close_matches(name, HOOKS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                _log.warning("policy %s: %s is not a hook name and is never called%s", self.spec, name, hint)
+        self.module = module
+        for name, hook in hooks.items():
+            setattr(self, name, hook)
+        return [name for name, hook in hooks.items() if hook is not None]
+
+    def defined(self) -> list[str]:
+        """The names of the hooks the module defines."""
+        return [name for name in HOOKS if getattr(self, name) is not None]
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig, log: LogWriter | None = None) -> Policy:
+        """The policy `[policy]` describes, loaded. Raises `PolicyLoadError`."""
+        policy = cls(config.module, timeout=config.timeout, sync=config.sync, threads=config.threads, log=log)
+        policy.load()
+        return policy
+
+    def close(self) -> None:
+        """Stop the thread pool (threads in a hook finish in the background)."""
+        executor = self._runner.executor
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _import(spec: str, previous: ModuleType | None) -> ModuleType:
+    """A dotted module name, or the path of a .py file (a fresh module at every load, so a
+    reload never mixes old and new code)."""
+    try:
+        if spec.endswith(".py") or "/" in spec:
+            path = Path(spec)
+            if not path.is_file():
+                raise PolicyLoadError(f"policy module {spec}: no such file")
+            name = f"pigeon_policy_{next(_file_modules)}"
+            found = importlib.util.spec_from_file_location(name, path)
+            if found is None or found.loader is None:
+                raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
+            module = importlib.util.module_from_spec(found)
+            sys.modules[name] = module  # dataclasses and pickling look their module up there
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            if previous is not None:
+                sys.modules.pop(previous.__name__, None)
+            return module
+        if previous is not None:
+            return importlib.reload(previous)
+        return importlib.import_module(spec)
+    except PolicyLoadError:
+        raise
+    except Exception as error:
+        last = "".join(traceback.format_exception_only(error)).strip()
+        raise PolicyLoadError(f"policy module {spec} cannot be loaded: {last}") from error

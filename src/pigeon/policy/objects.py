@@ -1,0 +1,213 @@
+"""What policy hooks are given: frozen, documented objects with only what a policy needs.
+
+A hook never sees Pigeon's internals (the spool's `Message`, a session, the spool): it gets
+one of these, made for the call, and changing it is impossible (frozen dataclasses, tuples,
+a read-only `Headers`). What a hook may answer is in `pigeon.policy.answers`.
+
+Addresses are as the client wrote them (the domain part is not lower-cased); `peer_ip` is
+the client's address without a port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """`on_connect`: a client connected to the SMTP listener, before the greeting."""
+
+    session: str
+    """The SMTP session id, as in the log records."""
+    peer_ip: str
+    peer_port: int
+    local_ip: str
+    local_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class MailFrom:
+    """`on_mail_from`: a client's MAIL FROM command."""
+
+    session: str
+    peer_ip: str
+    helo: str
+    """The EHLO or HELO name ("" if the client gave none)."""
+    sender: str
+    """The reverse-path ("" for the null sender, <>)."""
+    size: int | None
+    """The SIZE= the client announced, if it did."""
+    smtputf8: bool
+    tls: str | None
+    """TLS version and cipher ("TLSv1.3 TLS_AES_256_GCM_SHA384"), or None in the clear."""
+    auth_user: str | None
+    """Who authenticated (SMTP AUTH), if anyone."""
+
+
+@dataclass(frozen=True, slots=True)
+class RcptTo:
+    """`on_rcpt_to`: a client's RCPT TO command, once Pigeon would take the recipient (relay
+    rules passed): a hook can only refuse more, never relay what Pigeon would refuse."""
+
+    session: str
+    peer_ip: str
+    helo: str
+    sender: str
+    recipient: str
+    accepted: tuple[str, ...]
+    """The recipients of this transaction taken so far."""
+    tls: str | None
+    auth_user: str | None
+
+
+class Headers(Mapping[str, str]):
+    """A message's header fields, read-only. Names match whatever their case.
+
+    `headers["Subject"]` and `headers.get("subject")` give the first field of that name,
+    unfolded (line breaks removed); `get_all(name)` every one in order; `fields()` every
+    (name, value) pair in order. Only the first 64 KiB of the header section are read.
+    """
+
+    __slots__ = ("_fields", "_raw")
+
+    def __init__(self, raw: bytes) -> None:
+        """`raw`: the header section, CRLF line endings (parsed on first use: a hook that
+        never looks pays nothing)."""
+        self._raw = raw
+        self._fields: tuple[tuple[str, str], ...] | None = None
+
+    def fields(self) -> tuple[tuple[str, str], ...]:
+        """Every (name, value) in order, names as written, values unfolded."""
+        if self._fields is None:
+            self._fields = _parse(self._raw)
+        return self._fields
+
+    def get_all(self, name: str) -> list[str]:
+        wanted = name.lower()
+        return [value for key, value in self.fields() if key.lower() == wanted]
+
+    def __getitem__(self, name: str) -> str:
+        wanted = name.lower()
+        for key, value in self.fields():
+            if key.lower() == wanted:
+                return value
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(key.lower() == name.lower() for key, _ in self.fields())
+
+    def __iter__(self) -> Iterator[str]:
+        """Each name once (lower-case), in order of first appearance."""
+        seen: dict[str, None] = {}
+        for key, _ in self.fields():
+            seen.setdefault(key.lower(), None)
+        return iter(seen)
+
+    def __len__(self) -> int:
+        return len({key.lower() for key, _ in self.fields()})
+
+    def __repr__(self) -> str:
+        return f"Headers({list(self.fields())!r})"
+
+
+def _parse(raw: bytes) -> tuple[tuple[str, str], ...]:
+    end = raw.find(b"\r\n\r\n")
+    head = raw if end < 0 else raw[: end + 2]
+    fields: list[tuple[str, list[str]]] = []
+    for line in head.decode("utf-8", "replace").split("\r\n"):
+        if not line:
+            continue
+        if line[0] in " \t":
+            if fields:
+                fields[-1][1].append(line.strip())
+            continue
+        name, colon, value = line.partition(":")
+        if colon:
+            fields.append((name.strip(), [value.strip()]))
+    return tuple((name, " ".join(part for part in parts if part)) for name, parts in fields)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    """`on_message`: a whole message, received over SMTP (DATA or BDAT) or injected over
+    HTTP, before it is stored. One call per reception (not per recipient domain)."""
+
+    id: str
+    """The spool id it will have (the first, when its recipients span several domains)."""
+    listener: Literal["smtp", "http"]
+    session: str
+    peer_ip: str
+    helo: str
+    """The EHLO/HELO name ("" over HTTP)."""
+    protocol: str
+    """How it came: ESMTP, ESMTPS, ESMTPSA, ..., or HTTP."""
+    tls: str | None
+    auth_user: str | None
+    """The SMTP AUTH user, or the HTTP API token's name."""
+    sender: str
+    recipients: tuple[str, ...]
+    size: int
+    """Bytes, our Received header included."""
+    headers: Headers
+    """Our own Received header comes first."""
+    tenant: str | None
+    """From the tenant header (`[delivery] tenant_header`, X-Tenant), if there is one."""
+    campaign: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """What the injecting application gave this recipient (HTTP), else empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """`before_delivery`: a message about to be sent to its destination (each attempt)."""
+
+    id: str
+    queue: str
+    """The scheduled queue, `campaign:tenant@domain`."""
+    tenant: str | None
+    campaign: str | None
+    sender: str
+    recipients: tuple[str, ...]
+    """The recipients still to deliver (one destination domain)."""
+    size: int
+    attempt: int
+    """This attempt's number: 1 for the first."""
+    site: str
+    """Where it is going: the MX host set, or `host:port` of a static route."""
+    routing_domain: str | None
+    """The domain it is routed as, when not its recipients' (a policy or an operator's rebind)."""
+    egress_pool: str | None
+    created: float
+    """When it was received (Unix time)."""
+    last_response: str | None
+    """The reply of its last failed attempt, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientResult:
+    """One recipient's part of a delivery attempt."""
+
+    recipient: str
+    code: int
+    enhanced: str | None
+    text: str
+    status: Literal["delivered", "transient", "permanent"]
+    """What Pigeon makes of it: 2xx delivered, 4xx (or a broken connection) transient, 5xx permanent."""
+    classification: str
+    """The bounce class of a permanent failure (InvalidRecipient, SpamBlock ...), else ""."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryOutcome:
+    """`on_delivery_outcome`: what an attempt came to, before Pigeon acts on it."""
+
+    delivery: Delivery
+    results: tuple[RecipientResult, ...]
+    """One per recipient, in the order of `delivery.recipients`."""
+    peer: str | None
+    """The server that answered, `host [ip]:port`, if one did."""
+    tls: str | None
+    duration: float | None
+    """Seconds the transaction took."""

@@ -1,0 +1,461 @@
+"""Policy hooks (`[policy] module`): a real node over real sockets, a real sink on loopback, and a
+policy module written by each test. Every hook point, hooks that fail, hang, or are async."""
+
+from __future__ import annotations
+
+import json
+import signal
+import smtplib
+import textwrap
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+MESSAGE = b"From: <sender@example.org>\r\nSubject: hello\r\nX-Secret: 42\r\n\r\nHello.\r\n"
+
+
+def _policy(root: Path, source: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "policy.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _node(root: Path, source: str, *, timeout: str = "2s", sync: str = "inline", **sections: Any) -> PigeonProcess:
+    module = _policy(root, source)
+    return PigeonProcess(root / "node", policy={"module": str(module), "timeout": timeout, "sync": sync}, **sections)
+
+
+def _failures(pigeon: PigeonProcess, count: int = 1) -> list[dict[str, Any]]:
+    return pigeon.wait_records("PolicyFailure", count)
+
+
+# --- the SMTP conversation ------------------------------------------------------------------
+def test_on_connect_refuses_with_its_code_and_the_connection_closes(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_connect(connection):
+            if connection.peer_ip == "127.0.0.2":
+                return Refuse(554, "no mail from you", "5.7.1")
+    """
+    with _node(tmp_path, source) as pigeon:
+        with RawSmtp(pigeon.smtp_port, source="127.0.0.2") as client:
+            assert client.reply() == (554, ["no mail from you"])  # no enhanced codes before EHLO
+            assert client.closed_by_peer()
+        with RawSmtp(pigeon.smtp_port) as client:  # anyone else is greeted
+            assert client.reply()[0] == 220
+        (rejection,) = pigeon.wait_records("Rejection")
+        assert rejection["command"] == "CONNECT"
+        assert rejection["peer"].startswith("127.0.0.2:")
+        assert rejection["response"] == {"code": 554, "enhanced": "5.7.1", "text": "no mail from you"}
+
+
+def test_mail_from_and_rcpt_to_are_refused_with_the_policys_codes(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_mail_from(mail):
+            if mail.sender.startswith("spammer@"):
+                return Refuse(550, f"{mail.sender} may not send (helo {mail.helo})", "5.7.26")
+        def on_rcpt_to(rcpt):
+            if rcpt.recipient.startswith("busy@"):
+                return Refuse(450, f"{rcpt.recipient} busy; already {len(rcpt.accepted)} taken")
+    """
+    with _node(tmp_path, source) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.mail("spammer@example.org") == (
+            550,
+            b"5.7.26 spammer@example.org may not send (helo client.test)",
+        )
+        assert client.mail("sender@example.org")[0] == 250
+        assert client.rcpt("ok@example.net")[0] == 250
+        assert client.rcpt("busy@example.net") == (450, b"4.7.1 busy@example.net busy; already 1 taken")
+        assert client.data(MESSAGE)[0] == 250
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["recipients"] == ["ok@example.net"]
+        commands = [(r["command"], r["response"]["code"]) for r in pigeon.wait_records("Rejection", 2)]
+        assert commands == [("MAIL", 550), ("RCPT", 450)]
+
+
+def test_on_message_sets_tenant_campaign_and_queue_seen_in_the_log_and_the_queue_listing(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes
+        def on_message(message):
+            if message.headers["Subject"] == "vip":
+                return Changes(queue="vip-lane")
+            return Changes(tenant="acme", campaign=message.headers.get("X-Kind", "none"))
+    """
+    sections = delivery_config("127.0.0.1:9", retry_interval="1h")  # nothing answers: they stay queued
+    with _node(tmp_path, source, **sections) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("a@example.org", ["x@example.net"], b"Subject: hi\r\nX-Kind: spring\r\n\r\nhi\r\n")
+        client.sendmail("a@example.org", ["y@example.net"], b"Subject: vip\r\n\r\nhi\r\n")
+        receptions = pigeon.wait_records("Reception", 2)
+        assert [r["queue"] for r in receptions] == ["spring:acme@example.net", "vip-lane"]
+        wait_until(lambda: len(pigeon.records("TransientFailure")) == 2)
+        status, summary = _get(pigeon, "/api/v1/queues")
+        assert status == 200
+        assert {row["queue"]: row["messages"] for row in summary["scheduled"]} == {
+            "spring:acme@example.net": 1,
+            "vip-lane": 1,
+        }
+
+
+def _get(pigeon: PigeonProcess, path: str) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}")
+    request.add_header("Authorization", f"Bearer {pigeon.local_token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, json.loads(response.read())
+
+
+def test_header_edits_reach_the_wire_and_the_stored_body_stays_as_received(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes
+        def on_message(message):
+            assert message.headers.get_all("x-secret") == ["42"]
+            return Changes(
+                add_headers=[("X-Policy", f"seen {message.size} bytes"), ("X-Second", "2")],
+                remove_headers=["X-Secret"],
+                tenant="acme",
+            )
+    """
+    with ScriptedSink() as sink:
+        sections = delivery_config(sink.endpoint)
+        with _node(tmp_path, source, **sections) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.sendmail("a@example.org", ["ok@example.net"], MESSAGE + b"X-Tenant: in the body\r\n")
+            (received,) = sink.wait_for(1)
+            lines = received.data.split(b"\r\n")
+            assert lines[0].startswith(b"X-Policy: seen ") and lines[1] == b"X-Second: 2"
+            assert lines[2].startswith(b"Received: from ")
+            assert b"X-Secret" not in received.data
+            assert received.data.endswith(b"Hello.\r\nX-Tenant: in the body\r\n")  # the body is not the header
+            (delivery,) = pigeon.wait_records("Delivery")
+            assert delivery["queue"] == "acme@example.net"
+
+
+def test_on_message_applies_to_bdat_and_can_refuse_it(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes, Refuse
+        def on_message(message):
+            if "refuse" in message.headers.get("Subject", ""):
+                return Refuse(554, "content refused by policy", "5.7.1")
+            return Changes(campaign="chunked")
+    """
+    with _node(tmp_path, source) as pigeon, RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        client.expect(250, "EHLO client.test")
+        for subject, answer in ((b"refuse me", 554), (b"take me", 250)):
+            client.expect(250, "MAIL FROM:<a@example.org>")
+            client.expect(250, "RCPT TO:<b@example.net>")
+            first, second = b"Subject: " + subject + b"\r\n", b"\r\nchunked body\r\n"
+            client.send(f"BDAT {len(first)}\r\n".encode() + first)
+            client.expect(250)
+            client.send(f"BDAT {len(second)} LAST\r\n".encode() + second)
+            assert client.reply()[0] == answer
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["queue"] == "chunked:@example.net"
+        assert len(pigeon.spool_messages()) == 1
+
+
+# --- routes and delivery --------------------------------------------------------------------
+def test_route_set_on_message_and_reroute_before_delivery_send_mail_to_another_next_hop(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes, Reroute
+        def on_message(message):
+            if message.recipients[0].endswith("@routed.test"):
+                return Changes(route="relay.test")
+        def before_delivery(delivery):
+            if delivery.recipients[0].endswith("@rerouted.test"):
+                return Reroute("relay.test")
+    """
+    with ScriptedSink() as elsewhere, ScriptedSink() as relay:
+        sections = delivery_config(elsewhere.endpoint)
+        sections["route"] = [
+            {"domain": "relay.test", "next_hop": relay.endpoint, "tls": "disabled"},
+            {"domain": "*", "next_hop": elsewhere.endpoint, "tls": "disabled"},
+        ]
+        with _node(tmp_path, source, **sections) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["ok@routed.test"], MESSAGE)
+            client.sendmail("a@example.org", ["ok@rerouted.test"], MESSAGE)
+            client.sendmail("a@example.org", ["ok@plain.test"], MESSAGE)
+            received = relay.wait_for(2)
+            assert sorted(r.recipients[0] for r in received) == ["ok@rerouted.test", "ok@routed.test"]
+            assert [r.recipients for r in elsewhere.wait_for(1)] == [["ok@plain.test"]]
+            deliveries = pigeon.wait_records("Delivery", 3)
+            assert {d["recipient"]: (d["site"], d["attempt"]) for d in deliveries} == {
+                "ok@routed.test": (relay.endpoint, 1),
+                "ok@rerouted.test": (relay.endpoint, 1),  # a reroute is not an attempt
+                "ok@plain.test": (elsewhere.endpoint, 1),
+            }
+            assert pigeon.records("TransientFailure") == []
+            assert len(relay.after(1)) == 2  # rerouted once, not again and again
+
+
+def test_before_delivery_defers_with_its_delay_then_fails_for_good(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Defer, Fail
+        def before_delivery(delivery):
+            if delivery.recipients[0].startswith("fail@"):
+                return Fail("not to this one")
+            if delivery.attempt == 1:
+                return Defer("warming up", delay=0.5)
+    """
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint, retry_interval="1h", dsn=False)
+        with _node(tmp_path, source, **config) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["ok@example.net"], MESSAGE)
+            client.sendmail("a@example.org", ["fail@example.org"], MESSAGE)
+            (transient,) = pigeon.wait_records("TransientFailure")
+            assert transient["response"] == {"code": 451, "enhanced": "4.7.0", "text": "warming up"}
+            assert transient["next_attempt"] - transient["timestamp"] < 1  # the policy's delay, not 1h
+            (delivery,) = pigeon.wait_records("Delivery")
+            assert (delivery["recipient"], delivery["attempt"]) == ("ok@example.net", 2)
+            (bounce,) = pigeon.wait_records("Bounce")
+            assert bounce["recipient"] == "fail@example.org"
+            assert bounce["response"] == {"code": 550, "enhanced": "5.7.1", "text": "not to this one"}
+            assert bounce["classification"] == "PolicyRelated"
+            assert [r.recipients for r in sink.received] == [["ok@example.net"]]  # the failed one never left
+
+
+def test_delivery_outcome_is_reclassified_both_ways(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Reclassify
+        def on_delivery_outcome(outcome):
+            statuses = {r.recipient: r.status for r in outcome.results}
+            if outcome.delivery.attempt == 1 and statuses.get("permfail@example.net") == "permanent":
+                return Reclassify(transient="all")
+            if statuses.get("tempfail@example.org") == "transient":
+                return Reclassify(permanent=["tempfail@example.org"], classification="GiveUp")
+    """
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint, retry_interval="0.5s", dsn=False)
+        with _node(tmp_path, source, **config) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["permfail@example.net"], MESSAGE)
+            client.sendmail("a@example.org", ["tempfail@example.org"], MESSAGE)
+            bounces = {r["recipient"]: r for r in pigeon.wait_records("Bounce", 2)}
+            (transient,) = pigeon.records("TransientFailure")
+            assert transient["recipient"] == "permfail@example.net"
+            assert transient["response"]["code"] == 450 and transient["response"]["enhanced"] == "4.1.1"
+            assert transient["response"]["text"] == "policy made it transient: 550 no such user here"
+            assert bounces["permfail@example.net"]["attempt"] == 2  # tried again, then bounced as it said
+            assert bounces["permfail@example.net"]["response"]["code"] == 550
+            made = bounces["tempfail@example.org"]
+            assert (made["attempt"], made["response"]["code"], made["classification"]) == (1, 551, "GiveUp")
+            assert made["response"]["text"] == "policy made it permanent: 451 try again later"
+
+
+# --- hooks that fail, hang, or are async ------------------------------------------------------
+def test_a_failing_hook_answers_451_logs_its_traceback_and_the_worker_goes_on(tmp_path: Path) -> None:
+    source = """
+        def on_message(message):
+            if message.headers["Subject"] == "boom":
+                return 1 / 0
+        def on_rcpt_to(rcpt):
+            if rcpt.recipient.startswith("odd@"):
+                return "not an answer"
+    """
+    with _node(tmp_path, source) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        client.mail("a@example.org")
+        client.rcpt("b@example.net")
+        assert client.data(b"Subject: boom\r\n\r\nhi\r\n") == (451, b"4.3.0 policy error; try again later")
+        client.mail("a@example.org")
+        assert client.rcpt("odd@example.net") == (451, b"4.3.0 policy error; try again later")
+        assert client.rcpt("b@example.net")[0] == 250
+        assert client.data(b"Subject: fine\r\n\r\nhi\r\n")[0] == 250  # same connection, same worker
+        failures = _failures(pigeon, 2)
+        raised = next(f for f in failures if f["hook"] == "on_message")
+        assert raised["error"] == "ZeroDivisionError: division by zero"
+        assert "Traceback (most recent call last)" in raised["traceback"] and "1 / 0" in raised["traceback"]
+        assert raised["action"] == "451 4.3.0" and raised["session"]
+        wrong = next(f for f in failures if f["hook"] == "on_rcpt_to")
+        assert "returned 'not an answer'" in wrong["error"]
+        assert [m["recipients"] for m in pigeon.spool_messages()] == [["b@example.net"]]  # the refused one is gone
+
+
+def test_failing_delivery_hooks_defer_or_keep_the_outcome_and_lose_nothing(tmp_path: Path) -> None:
+    source = """
+        def before_delivery(delivery):
+            if delivery.attempt == 1 and delivery.recipients[0].startswith("ok@"):
+                raise RuntimeError("routing table is down")
+        def on_delivery_outcome(outcome):
+            raise KeyError("outcome hook bug")
+    """
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint, retry_interval="0.5s", dsn=False)
+        with _node(tmp_path, source, **config) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["ok@example.net"], MESSAGE)
+            client.sendmail("a@example.org", ["permfail@example.org"], MESSAGE)
+            (transient,) = pigeon.wait_records("TransientFailure")
+            assert (transient["recipient"], transient["response"]["code"]) == ("ok@example.net", 451)
+            assert transient["response"]["enhanced"] == "4.3.0"
+            (delivery,) = pigeon.wait_records("Delivery")
+            assert (delivery["recipient"], delivery["attempt"]) == ("ok@example.net", 2)
+            (bounce,) = pigeon.wait_records("Bounce")  # the outcome hook's failure kept the 550
+            assert bounce["recipient"] == "permfail@example.org" and bounce["classification"] == "InvalidRecipient"
+            failures = _failures(pigeon, 3)
+            assert {(f["hook"], f["action"]) for f in failures} == {
+                ("before_delivery", "deferred"),
+                ("on_delivery_outcome", "kept"),
+            }
+            assert all(f["id"] for f in failures)
+            assert len(sink.after(1.5)) == 1  # delivered once, not twice
+            wait_until(lambda: pigeon.spool_messages() == [])
+
+
+def test_a_slow_async_hook_times_out_with_451(tmp_path: Path) -> None:
+    source = """
+        import asyncio
+        async def on_mail_from(mail):
+            if mail.sender.startswith("slow@"):
+                await asyncio.sleep(30)
+    """
+    with _node(tmp_path, source, timeout="0.3s") as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.mail("slow@example.org") == (451, b"4.3.0 policy check timed out; try again later")
+        assert client.mail("quick@example.org")[0] == 250
+        (failure,) = _failures(pigeon)
+        assert failure["hook"] == "on_mail_from" and failure["error"] == "timed out after 0.3s ([policy] timeout)"
+
+
+def test_a_slow_plain_hook_on_threads_times_out_without_holding_up_the_worker(tmp_path: Path) -> None:
+    source = """
+        import time
+        def on_rcpt_to(rcpt):
+            if rcpt.recipient.startswith("slow@"):
+                time.sleep(3)
+    """
+    with _node(tmp_path, source, timeout="0.3s", sync="thread") as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as slow, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as other:
+            slow.ehlo("client.test")
+            other.ehlo("client.test")
+            slow.mail("a@example.org")
+            slow.send(b"RCPT TO:<slow@example.net>\r\n")  # the answer comes after the timeout
+            other.mail("a@example.org")
+            assert other.rcpt("fast@example.net")[0] == 250  # meanwhile, the worker answers others
+            assert slow.getreply() == (451, b"4.3.0 policy check timed out; try again later")
+        (failure,) = _failures(pigeon)
+        assert failure["hook"] == "on_rcpt_to"
+
+
+def test_async_hooks_are_awaited_at_every_point(tmp_path: Path) -> None:
+    source = """
+        import asyncio
+        from pigeon.policy import Changes, Refuse
+        async def on_connect(connection):
+            await asyncio.sleep(0.01)
+        async def on_rcpt_to(rcpt):
+            await asyncio.sleep(0.01)
+            if rcpt.recipient.startswith("no@"):
+                return Refuse(550, "async says no")
+        async def on_message(message):
+            await asyncio.sleep(0.01)
+            return Changes(tenant=message.sender.split("@")[0])
+    """
+    with _node(tmp_path, source) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        client.mail("acme@example.org")
+        assert client.rcpt("no@example.net") == (550, b"5.7.1 async says no")
+        assert client.rcpt("yes@example.net")[0] == 250
+        assert client.data(MESSAGE)[0] == 250
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["queue"] == "acme@example.net"
+
+
+# --- HTTP injection -------------------------------------------------------------------------
+def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes, Refuse
+        def on_message(message):
+            assert message.listener == "http" and message.protocol == "HTTP"
+            if message.recipients[0].startswith("no@"):
+                return Refuse(550, "not this recipient")
+            if message.recipients[0].startswith("later@"):
+                return Refuse(451, "not now")
+            if message.recipients[0].startswith("boom@"):
+                raise ValueError("broken policy")
+            return Changes(campaign=message.metadata.get("campaign"), add_headers=[("X-Injected", "yes")])
+    """
+    with _node(tmp_path, source) as pigeon:
+        token = pigeon.local_token
+
+        def inject(*emails: str) -> tuple[int, Any]:
+            recipients = [{"email": e, "metadata": {"campaign": "april"}} for e in emails]
+            body = {"envelope_sender": "a@example.org", "recipients": recipients, "content": "Subject: x\r\n\r\nhi\r\n"}
+            return pigeon.http_post("/api/v1/inject", body, token)
+
+        status, answer = inject("no@example.net")
+        assert status == 422
+        assert answer["recipients"] == [{"email": "no@example.net", "error": "550 5.7.1 not this recipient"}]
+        status, answer = inject("later@example.net")
+        assert (status, answer["recipients"][0]["error"]) == (503, "451 4.7.1 not now")
+        status, answer = inject("boom@example.net")
+        assert (status, answer["recipients"][0]["error"]) == (503, "451 4.3.0 policy error; try again later")
+        status, answer = inject("no@example.net", "yes@example.net")
+        assert status == 200 and (answer["accepted"], answer["failed"]) == (1, 1)
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["queue"] == "april:@example.net"
+        (stored,) = pigeon.spool_messages()
+        assert stored["envelope"].headers_added == ["X-Injected: yes"]
+        (failure,) = _failures(pigeon)
+        assert failure["hook"] == "on_message" and "ValueError: broken policy" in failure["error"]
+
+
+# --- loading and reloading ------------------------------------------------------------------
+def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_path: Path) -> None:
+    module = _policy(tmp_path, "def on_mail_from(mail):\n    return None\n")
+    with PigeonProcess(tmp_path / "node", policy={"module": str(module)}) as pigeon:
+        module.write_text("from pigeon.policy import Refuse\ndef on_mail_from(mail):\n    return Refuse(550, 'v2')\n")
+        _hangup(pigeon, "reloaded:")
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            assert client.mail("a@example.org") == (550, b"5.7.1 v2")
+        module.write_text("def on_mail_from(mail) syntax error\n")
+        _hangup(pigeon, "the policy module stays as it was")
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            assert client.mail("a@example.org") == (550, b"5.7.1 v2")
+
+
+def _hangup(pigeon: PigeonProcess, outcome: str) -> None:
+    assert pigeon.process is not None
+    before = pigeon.stderr().count(outcome)
+    pigeon.process.send_signal(signal.SIGHUP)
+    pigeon.wait_stderr(outcome, before + 1)
+
+
+def test_a_broken_policy_module_stops_the_start_with_its_reason(tmp_path: Path) -> None:
+    module = _policy(tmp_path, "import no_such_module_anywhere\n")
+    pigeon = PigeonProcess(tmp_path / "node", policy={"module": str(module)})
+    try:
+        pigeon.start(wait=False)
+        assert pigeon.process is not None
+        assert pigeon.process.wait(30) == 1
+        assert "cannot start: policy module" in pigeon.stderr()
+        assert "No module named 'no_such_module_anywhere'" in pigeon.stderr()
+    finally:
+        pigeon.kill()
+
+
+def test_a_shutdown_during_the_outcome_hook_reports_what_was_sent_and_it_is_not_sent_again(tmp_path: Path) -> None:
+    source = """
+        import asyncio
+        async def on_delivery_outcome(outcome):
+            await asyncio.sleep(60)
+    """
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint)
+        pigeon = _node(tmp_path, source, timeout="120s", node={"shutdown_timeout": "1s"}, **config)
+        with pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.sendmail("a@example.org", ["ok@example.net"], MESSAGE)
+            sink.wait_for(1)  # sent; the hook now holds the outcome
+            assert pigeon.stop() == 0  # the grace ends mid-hook: the attempt is reported as it was
+        (delivery,) = pigeon.records("Delivery")
+        assert delivery["recipient"] == "ok@example.net"
+        assert pigeon.spool_messages() == []
+        with pigeon:
+            assert len(sink.after(2)) == 1  # nothing left to send again

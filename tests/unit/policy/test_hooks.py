@@ -1,0 +1,146 @@
+"""Loading a policy module and calling its hooks: resolved once, bounded, never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pigeon.policy import Changes, Headers, Reclassify, Refuse
+from pigeon.policy.hooks import POLICY_ERROR, POLICY_TIMEOUT, HookFailed, Policy, PolicyLoadError
+
+
+def _policy(tmp_path: Path, source: str, **options: object) -> Policy:
+    path = tmp_path / "policy.py"
+    path.write_text(textwrap.dedent(source))
+    policy = Policy(str(path), **options)  # type: ignore[arg-type]
+    policy.load()
+    return policy
+
+
+def test_a_hook_the_module_does_not_define_is_none_and_the_others_are_resolved(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, "def on_mail_from(mail):\n    return None\n")
+    assert policy.on_mail_from is not None and policy.on_mail_from.mode == "inline"
+    assert policy.defined() == ["on_mail_from"]
+    for name in ("on_connect", "on_rcpt_to", "on_message", "before_delivery", "on_delivery_outcome"):
+        assert getattr(policy, name) is None
+
+
+def test_no_module_means_no_hooks() -> None:
+    policy = Policy()
+    assert policy.load() == [] and policy.defined() == []
+
+
+def test_a_misspelt_hook_name_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        _policy(tmp_path, "def on_mail(mail):\n    pass\n")
+    assert "on_mail is not a hook name and is never called (did you mean on_mail_from?)" in caplog.text
+
+
+def test_a_module_that_cannot_be_imported_is_refused_with_its_reason(tmp_path: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="ZeroDivisionError: division by zero"):
+        _policy(tmp_path, "x = 1 / 0\n")
+    with pytest.raises(PolicyLoadError, match="on_connect is not a function"):
+        _policy(tmp_path, "on_connect = 42\n")
+    with pytest.raises(PolicyLoadError, match="no such file"):
+        Policy(str(tmp_path / "missing.py")).load()
+
+
+def test_a_failed_reload_keeps_the_hooks_it_had(tmp_path: Path) -> None:
+    policy = _policy(tmp_path, "def on_connect(c):\n    return None\n")
+    first = policy.on_connect
+    (tmp_path / "policy.py").write_text("def on_connect(c) oops\n")
+    with pytest.raises(PolicyLoadError, match="SyntaxError"):
+        policy.load()
+    assert policy.on_connect is first
+    (tmp_path / "policy.py").write_text("def on_mail_from(m):\n    return None\n")
+    policy.load()
+    assert policy.on_connect is None and policy.on_mail_from is not None
+
+
+async def test_a_plain_hook_answers_at_once_and_its_answer_is_checked(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_mail_from(sender):
+            if sender == "no":
+                return Refuse(550, "no")
+            if sender == "odd":
+                return 42
+            if sender == "boom":
+                raise RuntimeError("bug")
+    """
+    hook = _policy(tmp_path, source).on_mail_from
+    assert hook is not None
+    assert hook("yes") is None
+    assert hook("no") == Refuse(550, "no")
+    assert hook("odd") == HookFailed(POLICY_ERROR)
+    assert hook("boom") == HookFailed(POLICY_ERROR)
+
+
+async def test_an_async_hook_gives_a_future_and_is_cut_short_at_the_timeout(tmp_path: Path) -> None:
+    source = """
+        import asyncio
+        from pigeon.policy import Changes
+        async def on_message(message):
+            await asyncio.sleep(message)
+            return Changes(tenant="t")
+    """
+    hook = _policy(tmp_path, source, timeout=0.2).on_message
+    assert hook is not None and hook.mode == "async"
+    quick = hook(0.01)
+    assert isinstance(quick, asyncio.Future)
+    assert await quick == Changes(tenant="t")
+    slow = hook(10)
+    assert isinstance(slow, asyncio.Future)
+    assert await asyncio.wait_for(slow, 2) == HookFailed(POLICY_TIMEOUT)
+
+
+async def test_plain_hooks_on_threads_are_bounded_too(tmp_path: Path) -> None:
+    source = """
+        import time
+        def on_rcpt_to(seconds):
+            time.sleep(seconds)
+    """
+    policy = _policy(tmp_path, source, timeout=0.2, sync="thread")
+    hook = policy.on_rcpt_to
+    assert hook is not None and hook.mode == "thread"
+    try:
+        quick, slow = hook(0), hook(2)
+        assert isinstance(quick, asyncio.Future) and isinstance(slow, asyncio.Future)
+        assert await quick is None
+        assert await asyncio.wait_for(slow, 1) == HookFailed(POLICY_TIMEOUT)
+    finally:
+        policy.close()
+
+
+def test_answers_refuse_what_cannot_be_said() -> None:
+    with pytest.raises(ValueError, match="400 to 599"):
+        Refuse(250)
+    with pytest.raises(ValueError, match="one line"):
+        Refuse(550, "two\r\nlines")
+    with pytest.raises(ValueError, match="does not fit 550"):
+        Refuse(550, "x", "4.7.1")
+    with pytest.raises(ValueError, match="not a header name"):
+        Changes(add_headers=[("Bad Name", "x")])
+    with pytest.raises(ValueError, match="one line"):
+        Changes(add_headers=[("X-Ok", "a\r\nBcc: victim@example.net")])
+    with pytest.raises(ValueError, match="names a queue"):
+        Changes(tenant="a:b")
+    with pytest.raises(ValueError, match="not a string"):
+        Changes(dkim="example.org")
+    with pytest.raises(ValueError, match='"all"'):
+        Reclassify(transient="some")
+
+
+def test_headers_read_only_by_any_case_unfolded_in_order() -> None:
+    headers = Headers(b"Received: by x\r\nSubject: a long\r\n\tsubject\r\nX-Tag: 1\r\nx-tag: 2\r\n\r\nbody: no\r\n")
+    assert headers["subject"] == "a long subject"
+    assert headers.get_all("X-TAG") == ["1", "2"]
+    assert "x-tag" in headers and "body" not in headers
+    assert list(headers) == ["received", "subject", "x-tag"] and len(headers) == 3
+    assert headers.fields()[0] == ("Received", "by x")
+    with pytest.raises(KeyError):
+        headers["From"]
