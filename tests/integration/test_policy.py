@@ -459,3 +459,21 @@ def test_a_shutdown_during_the_outcome_hook_reports_what_was_sent_and_it_is_not_
         assert pigeon.spool_messages() == []
         with pigeon:
             assert len(sink.after(2)) == 1  # nothing left to send again
+
+
+def test_pigeons_own_dsns_do_not_go_through_on_message(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_message(message):
+            if message.sender == "":
+                return Refuse(550, "no bounces from outside")
+    """
+    with ScriptedSink() as sink, _node(tmp_path, source, **delivery_config(sink.endpoint)) as pigeon:
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            client.mail("")
+            client.rcpt("ok@example.net")
+            assert client.data(MESSAGE) == (550, b"5.7.1 no bounces from outside")
+            client.sendmail("ok@example.org", ["permfail@example.net"], MESSAGE)
+        (dsn,) = sink.wait_for(1)
+        assert (dsn.sender, dsn.recipients) == ("<>", ["ok@example.org"])
