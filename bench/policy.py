@@ -15,7 +15,9 @@ It prints each run's end-to-end rate and CPU per message, then the medians and e
 contender's ratio to `none` (the issue's target: `noop` costs at most 5%).
 
 `--calls N` first measures one hook call in this process, N times each way: inline, async
-(a task), and on a thread (what `sync = "thread"` costs per call).
+(a task), and on a thread (what `sync = "thread"` costs per call); then one message's worth
+of no-op hook work (six objects built, six calls), which it sets against the CPU per message
+of `none`: a figure the machine's noise moves far less than an end-to-end rate.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from typing import Any
 
 from harness import SMTP_SOURCE, Pigeon, free_port, median, require, smtp_source, tree_cpu_seconds, workdir
 
+from pigeon.message import Envelope, Message, Recipient, SpoolId
+from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import HOOKS, Policy
+from pigeon.policy.objects import Connection, Headers, MailFrom, RcptTo, ReceivedMessage
+from pigeon.queue.attempt import Attempt
+from pigeon.smtp.replies import Reply
 
 MODES = ("none", "empty", "noop", "async", "thread")
 
@@ -107,6 +114,42 @@ async def per_call(calls: int) -> None:
             print(f"one hook call, {label[mode]:32} {elapsed / calls * 1e6:8.2f} us", flush=True)
 
 
+async def per_message(messages: int) -> float:
+    """Microseconds of hook work per message with a no-op module: the six objects built and the
+    six hooks called as Pigeon does for a message relayed in a connection of its own (the
+    delivery side through the real `DeliveryHooks`). Without a policy this work is skipped."""
+    with workdir("policy-message-") as path:
+        module = path / "per_message.py"
+        module.write_text(module_source("noop") or "")
+        policy = Policy(str(module))
+        policy.load()
+        delivery = DeliveryHooks(policy, lambda reply: "")
+        envelope = Envelope("a@src.test", [Recipient("r@sink.test")])
+        message = Message(SpoolId(1), "sink.test", envelope, time.time(), 5120, SpoolId(1))
+        head = b"Received: from x\r\nFrom: <a@src.test>\r\nSubject: test\r\n"
+        attempt = Attempt([Reply(250, "2.0.0", ("ok",))], [""], "127.0.0.1:25", "127.0.0.1:25")
+        hooks = (policy.on_connect, policy.on_mail_from, policy.on_rcpt_to, policy.on_message)
+        assert all(hook is not None for hook in hooks)
+        on_connect, on_mail_from, on_rcpt_to, on_message = hooks  # type: ignore[misc]
+        started = time.perf_counter()
+        for _ in range(messages):
+            on_connect(Connection("s", "127.0.0.1", 40000, "127.0.0.1", 25), session="s")
+            on_mail_from(MailFrom("s", "127.0.0.1", "h", "a@src.test", None, False, None, None), session="s")
+            on_rcpt_to(RcptTo("s", "127.0.0.1", "h", "a@src.test", "r@sink.test", (), None, None), session="s")
+            on_message(
+                ReceivedMessage(
+                    "0000000000000001", "smtp", "s", "127.0.0.1", "h", "ESMTP", None, None,
+                    "a@src.test", ("r@sink.test",), 5120, Headers(head), None, None, {},
+                ),
+                session="s",
+                message_id="0000000000000001",
+            )  # fmt: skip
+            await delivery.before(message, "127.0.0.1:25")
+            await delivery.after(message, attempt)
+        elapsed = time.perf_counter() - started
+        return elapsed / messages * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10000)
@@ -121,8 +164,11 @@ def main() -> None:
         if mode not in MODES:
             parser.error(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     require(SMTP_SOURCE, "postfix")
+    hook_us = None
     if args.calls:
         asyncio.run(per_call(args.calls))
+        hook_us = asyncio.run(per_message(args.calls))
+        print(f"one message's hook work (six objects, six no-op calls): {hook_us:.1f} us", flush=True)
     results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
     for round_no in range(args.rounds):
         for mode in modes if round_no % 2 == 0 else list(reversed(modes)):
@@ -142,6 +188,9 @@ def main() -> None:
             if mode != "none":
                 rate, cpu = summary[mode]
                 print(f"{mode} / none: {rate / base_rate:.3f}x the rate, {cpu / base_cpu:.3f}x the CPU per message")
+        if hook_us is not None:
+            share = hook_us / (base_cpu * 1000)
+            print(f"no-op hook work per message / CPU per message without a policy: {share:.2%}")
         # Per round, against the same round's `none`: the noise between rounds cancels out.
         for mode in modes:
             if mode != "none":

@@ -1,8 +1,13 @@
 """What policy hooks are given: frozen, documented objects with only what a policy needs.
 
 A hook never sees Pigeon's internals (the spool's `Message`, a session, the spool): it gets
-one of these, made for the call, and changing it is impossible (frozen dataclasses, tuples,
-a read-only `Headers`). What a hook may answer is in `pigeon.policy.answers`.
+one of these, made for the call, and changing it is impossible (frozen structs, tuples, a
+read-only `Headers`). What a hook may answer is in `pigeon.policy.answers`.
+
+They are frozen `msgspec.Struct`s rather than frozen dataclasses: as immutable and as typed,
+with the same attribute access and repr, but made in a tenth of the time (a frozen dataclass
+sets each field through `object.__setattr__`), and up to six are made per message
+(`bench/policy.py --calls`). `msgspec.structs.asdict(obj)` gives a dict of one.
 
 Addresses are as the client wrote them (the domain part is not lower-cased); `peer_ip` is
 the client's address without a port.
@@ -11,12 +16,12 @@ the client's address without a port.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Connection:
+
+class Connection(msgspec.Struct, frozen=True):
     """`on_connect`: a client connected to the SMTP listener, before the greeting."""
 
     session: str
@@ -27,8 +32,7 @@ class Connection:
     local_port: int
 
 
-@dataclass(frozen=True, slots=True)
-class MailFrom:
+class MailFrom(msgspec.Struct, frozen=True):
     """`on_mail_from`: a client's MAIL FROM command."""
 
     session: str
@@ -46,8 +50,7 @@ class MailFrom:
     """Who authenticated (SMTP AUTH), if anyone."""
 
 
-@dataclass(frozen=True, slots=True)
-class RcptTo:
+class RcptTo(msgspec.Struct, frozen=True):
     """`on_rcpt_to`: a client's RCPT TO command, once Pigeon would take the recipient (relay
     rules passed): a hook can only refuse more, never relay what Pigeon would refuse."""
 
@@ -129,8 +132,7 @@ def _parse(raw: bytes) -> tuple[tuple[str, str], ...]:
     return tuple((name, " ".join(part for part in parts if part)) for name, parts in fields)
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedMessage:
+class ReceivedMessage(msgspec.Struct, frozen=True):
     """`on_message`: a whole message, received over SMTP (DATA or BDAT) or injected over
     HTTP, before it is stored. One call per reception (not per recipient domain)."""
 
@@ -155,12 +157,11 @@ class ReceivedMessage:
     tenant: str | None
     """From the tenant header (`[delivery] tenant_header`, X-Tenant), if there is one."""
     campaign: str | None
-    metadata: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = msgspec.field(default_factory=dict)
     """What the injecting application gave this recipient (HTTP), else empty."""
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(msgspec.Struct, frozen=True):
     """`before_delivery`: a message about to be sent to its destination (each attempt)."""
 
     id: str
@@ -185,8 +186,7 @@ class Delivery:
     """The reply of its last failed attempt, if any."""
 
 
-@dataclass(frozen=True, slots=True)
-class RecipientResult:
+class RecipientResult(msgspec.Struct, frozen=True):
     """One recipient's part of a delivery attempt."""
 
     recipient: str
@@ -199,8 +199,7 @@ class RecipientResult:
     """The bounce class of a permanent failure (InvalidRecipient, SpamBlock ...), else ""."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryOutcome:
+class DeliveryOutcome(msgspec.Struct, frozen=True):
     """`on_delivery_outcome`: what an attempt came to, before Pigeon acts on it."""
 
     delivery: Delivery
