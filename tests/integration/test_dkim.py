@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import signal
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,3 +354,44 @@ def test_a_body_spilled_to_a_spool_file_is_signed(
         (received,) = sink.wait_for(1)
     assert len(received.data) > 200_000 and received.data.endswith(body)
     assert [s["s"] for s in _check(received, dns, tmp_path)] == ["rsa1"]
+
+
+# --- with a policy: its header edits and signer choice --------------------------------------
+POLICY = """
+    from pigeon.policy import Changes
+    def on_message(message):
+        return Changes(
+            dkim=["example-rsa"],
+            tenant="shop",
+            add_headers=[("List-Unsubscribe", "<mailto:unsubscribe@example.com>")],
+            remove_headers=["X-Internal-Note"],
+        )
+"""
+
+
+def test_a_policys_header_edits_are_signed_by_the_signer_it_chose_and_verify(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer
+) -> None:
+    keydir = tmp_path / "keys"
+    keydir.mkdir()
+    rsa, ed = _key_file(keydir, "rsa", keys.rsa), _key_file(keydir, "ed", keys.ed25519)
+    dkim = [
+        {"domain": "example.com", "selector": "rsa1", "private_key": rsa, "name": "example-rsa"},
+        {"domain": "example.com", "selector": "ed1", "private_key": ed, "algorithm": "ed25519-sha256"},
+    ]
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(POLICY))
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", dkim=dkim, policy={"module": str(module)}, **config) as pigeon:
+        data = b"From: news@example.com\r\nX-Internal-Note: do not ship\r\nSubject: hi\r\n" + DATE + b"\r\nbody\r\n"
+        _smtp(pigeon.smtp_port, "news@example.com", ["bob@sink.test"], data)
+        (received,) = sink.wait_for(1)
+        lines = received.data.split(b"\r\n")
+        assert lines[0].lower().startswith(b"dkim-signature:")
+        assert b"List-Unsubscribe: <mailto:unsubscribe@example.com>\r\nReceived: " in received.data
+        assert b"X-Internal-Note" not in received.data
+        # Only the signer the policy named (not the Ed25519 one the author domain would take),
+        # and it covers the added header: both verifiers accept the message as delivered.
+        (signature,) = _check(received, dns, tmp_path)
+        assert (signature["d"], signature["s"]) == ("example.com", "rsa1")
+        assert "list-unsubscribe" in signature["h"].lower().split(":")
