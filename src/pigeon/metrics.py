@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -184,6 +185,52 @@ class _StaleCollector(Collector):
         yield family
 
 
+class ShapingState(Protocol):
+    """What the throttles tell /metrics (`pigeon.shaping.throttles`)."""
+
+    @property
+    def mode(self) -> str: ...
+
+
+class _ShapingCollector(Collector):
+    def __init__(self, throttles: ShapingState, worker: int) -> None:
+        self._throttles = throttles
+        self._worker = str(worker)
+
+    def collect(self) -> Iterator[Metric]:
+        throttles, worker = self._throttles, [self._worker]
+        mode = throttles.mode
+        shared = GaugeMetricFamily(
+            "pigeon_shaping_shared",
+            "1 while this worker's limits are shared by the cluster through Redis; 0 while it keeps to its "
+            "node's share because Redis does not answer, or without [redis]",
+            labels=["worker"],
+        )
+        shared.add_metric(worker, int(mode == "cluster"))
+        yield shared
+        fallback = GaugeMetricFamily(
+            "pigeon_shaping_fallback",
+            "1 while Redis does not answer and this worker keeps to its node's share of every limit",
+            labels=["worker"],
+        )
+        fallback.add_metric(worker, int(mode == "fallback"))
+        yield fallback
+        nodes = getattr(throttles, "nodes", None)
+        if nodes is not None:
+            family = GaugeMetricFamily("pigeon_shaping_nodes", "Nodes sharing the limits, as last seen in Redis",
+                                       labels=["worker"])  # fmt: skip
+            family.add_metric(worker, nodes)
+            yield family
+            calls = CounterMetricFamily("pigeon_shaping_redis_calls", "Round trips to Redis for limits")
+            calls.add_metric([], getattr(throttles, "calls", 0))
+            yield calls
+            errors = CounterMetricFamily(
+                "pigeon_shaping_redis_errors", "Round trips to Redis for limits that failed or timed out"
+            )
+            errors.add_metric([], getattr(throttles, "errors", 0))
+            yield errors
+
+
 class Metrics:
     """All metrics of one node."""
 
@@ -256,6 +303,10 @@ class Metrics:
 
     def track_log(self, state: Callable[[], LogState]) -> None:
         self.registry.register(_LogCollector(state))
+
+    def track_shaping(self, throttles: ShapingState, worker: int) -> None:
+        """Whether limits are shared through Redis (per worker: a fallback is each worker's own)."""
+        self.registry.register(_ShapingCollector(throttles, worker))
 
     def track_stale_results(self, counts: Callable[[], dict[str, int]]) -> None:
         """Results of work whose lease went stale (an operator moved the message meanwhile)."""

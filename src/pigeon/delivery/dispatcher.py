@@ -4,7 +4,10 @@ For each ready queue (told by the queue when it has work) it keeps up to
 `connection_limit` connection tasks. A task opens an agent for the queue's destination (an
 SMTP connection, or an application's target: see `agent`), then takes leased messages off
 the queue, `batch` at a time, up to `max_deliveries_per_connection`, until the queue has been
-empty for `idle_timeout`. Before each message the site's rate limit (GCRA) may make it wait.
+empty for `idle_timeout`. Both limits are asked of the throttles (`pigeon.shaping.throttles`),
+which hold them for the node, or for the cluster through Redis: a connection task first takes
+a connection slot of its site (if none is free, the lane asks again `_REFUSED_RETRY` later),
+and each batch of messages books its slots of the site's rate (GCRA), waiting for them.
 
 Right before a message is handed to the agent, `begin(lease)` asks the queue whether the
 lease still holds: an operator may have bounced, suspended or rebound the message while it
@@ -32,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -44,13 +46,17 @@ from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Lease
-from pigeon.shaping.gcra import Gcra, Rate
+from pigeon.shaping.gcra import Rate
+from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
 _log = logging.getLogger(__name__)
 _INTERNAL: Final = Reply(451, "4.3.0", ("internal error during delivery; will try again",))
 _AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unexpectedly is replaced
+# Seconds before a lane whose site had no connection slot free asks again (a slot other
+# workers or nodes hold frees without telling us).
+_REFUSED_RETRY: Final = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +74,23 @@ def ideal_connections(queued: int, limit: int) -> int:
     return min(queued, math.ceil(limit * (1 - math.exp(-0.023 * queued))))
 
 
+def limit_key(site: str) -> str:
+    """The throttle key of a site's limits (providers and sources will have keys of their own)."""
+    return f"site:{site}"
+
+
 class _Lane:
     """The delivery side of one ready queue: its limits and its connections."""
 
-    __slots__ = ("connections", "failures", "limiter", "queue", "shaping")
+    __slots__ = ("connections", "failures", "key", "queue", "refused", "shaping")
 
     def __init__(self, queue: ReadyQueue, shaping: Shaping) -> None:
         self.queue = queue
         self.shaping = shaping
-        self.limiter = Gcra(shaping.max_message_rate) if shaping.max_message_rate else None
+        self.key = limit_key(queue.site)
         self.connections = 0  # connection tasks running
         self.failures = 0  # consecutive failed connection attempts
+        self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
 
 
 class Dispatcher:
@@ -95,9 +107,11 @@ class Dispatcher:
         held: Callable[[str], bool] = lambda site: False,
         hooks: DeliveryHooks | None = None,
         reroute: Callable[[Lease, str], None] = lambda lease, domain: None,
-        clock: Callable[[], float] = time.time,
+        throttles: Throttles | None = None,
     ) -> None:
         self._agents = agents
+        self._throttles = throttles if throttles is not None else Throttles()
+        """Connection slots and message rates, per limit key."""
         self._shaping = shaping
         self._begin = begin
         """The queue: is this lease still good to send? (marks the message as being sent)"""
@@ -112,7 +126,6 @@ class Dispatcher:
         """The policy's delivery hooks, if a policy module is configured."""
         self._reroute = reroute
         """The queue: route this leased message again, as this domain (a policy's Reroute)."""
-        self._clock = clock
         self._lanes: dict[str, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -160,7 +173,7 @@ class Dispatcher:
     # --- connections -----------------------------------------------------------------------
     def _start(self, lane: _Lane) -> None:
         queue = lane.queue
-        if lane.connections >= len(queue) or self._stopping or self._held(queue.site):
+        if lane.connections >= len(queue) or self._stopping or self._held(queue.site) or lane.refused:
             return  # (as many connections as messages: the usual case, checked first)
         limit = lane.shaping.connection_limit
         want = ideal_connections(len(queue), limit)
@@ -170,8 +183,24 @@ class Dispatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _retry_start(self, lane: _Lane) -> None:
+        lane.refused = None
+        self._start(lane)
+
     async def _work(self, lane: _Lane) -> None:
         queue, shaping = lane.queue, lane.shaping
+        try:
+            hold = await self._throttles.connect(lane.key, shaping.connection_limit) if len(queue) else None
+        except BaseException:
+            lane.connections -= 1
+            raise
+        if hold is None:
+            lane.connections -= 1
+            if len(queue) and not self._stopping and lane.refused is None:
+                # Every slot is held elsewhere (other workers, other nodes): ask again shortly.
+                loop = asyncio.get_running_loop()
+                lane.refused = loop.call_later(_REFUSED_RETRY, self._retry_start, lane)
+            return
         destination: Destination = queue.destination
         agent: Agent | None = None
         crashed = False
@@ -208,8 +237,8 @@ class Dispatcher:
                         self._give_back(queue, taken)
                         self._unreachable(lane, error)
                         return
-                if lane.limiter is not None:
-                    wait = max(lane.limiter.reserve(self._clock()) for _ in taken)
+                if (rate := shaping.max_message_rate) is not None:
+                    wait = await self._throttles.admit(lane.key, rate, len(taken))
                     if wait > 0:
                         await asyncio.sleep(wait)
                 if self._held(queue.site):
@@ -250,6 +279,7 @@ class Dispatcher:
             # again at the next start; what was only taken goes back now.
             self._give_back(queue, taken)
             lane.connections -= 1
+            self._throttles.disconnect(hold)
             if agent is not None:
                 try:
                     await agent.close()

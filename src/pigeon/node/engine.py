@@ -24,6 +24,7 @@ from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Routes, Scheduler
 from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, RouteFailures, Settlement
 from pigeon.queue.state import ActiveSet, Lease
+from pigeon.shaping.throttles import Throttles
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -57,6 +58,7 @@ def build_engine(
     source: str = "default",
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
+    throttles: Throttles | None = None,
     clock: Callable[[], float] = time.time,
     pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Engine:
@@ -89,7 +91,7 @@ def build_engine(
         held=rules.site_held,
         hooks=hooks,
         reroute=reroute,
-        clock=clock,
+        throttles=throttles,
     )
     ready = ReadyQueues(active, source, dispatcher.kick)
     scheduler = Scheduler(

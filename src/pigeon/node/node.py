@@ -87,6 +87,7 @@ class Node:
         self._listening = listening
         self._clock = clock  # what delivery takes for "now"; tests turn it forward
         self.worker = worker
+        self._workers = workers
         self.shutdown_timeout = config.node.shutdown_timeout
         self._control_socket = control_socket
         self.metrics = Metrics()
@@ -176,9 +177,11 @@ class Node:
                 intake=intake,
                 targets=self.inbound.targets if self.inbound is not None else {},
                 policy=self.policy,
+                worker=self.worker,
+                workers=self._workers,
                 clock=self._clock,
             )
-            self.outbound.start()
+            await self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
         tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
@@ -369,7 +372,10 @@ class Node:
         log = self._log_state()
         spool = self._spool_health()
         inbound = self.inbound.health() if self.inbound is not None and self.inbound.watchers else {}
+        shaping = self.outbound.throttles.health() if self.outbound is not None else None
         components = [spool["status"], DEGRADED if log.failing else OK, *(m["status"] for m in inbound.values())]
+        if shaping is not None:
+            components.append(shaping["status"])
         return {
             "status": STOPPING if self._stopping else worst(components),
             "node": self.config.node.name,
@@ -386,6 +392,7 @@ class Node:
                 "lost": log.lost,
             },
             **({"inbound": inbound} if inbound else {}),
+            **({"shaping": shaping} if shaping is not None else {}),
         }
 
     def _spool_health(self) -> dict[str, Any]:

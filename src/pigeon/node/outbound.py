@@ -30,7 +30,10 @@ from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
+from pigeon.shaping.cluster import ClusterThrottles
 from pigeon.shaping.gcra import Rate
+from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_path
+from pigeon.shaping.throttles import Throttles
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -50,9 +53,13 @@ class Outbound:
         intake: Intake,
         targets: Mapping[str, Target] | None = None,
         policy: Policy | None = None,
+        worker: int = 0,
+        workers: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
         delivery = config.delivery
+        self.throttles = build_throttles(config, worker, workers)
+        metrics.track_shaping(self.throttles, worker)
         self._intake = intake
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
@@ -99,6 +106,7 @@ class Outbound:
             source=delivery.source,
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
+            throttles=self.throttles,
             clock=clock,
         )
         self.active = engine.active
@@ -107,7 +115,8 @@ class Outbound:
         self.admin = engine.admin
         metrics.track_stale_results(lambda: self.active.stale_results)
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        await self.throttles.start()
         self._intake.on_stored = self.scheduler.admit
         self.scheduler.start()
 
@@ -115,6 +124,7 @@ class Outbound:
         self._intake.on_stored = None
         await self.scheduler.stop()
         await self.dispatcher.drain(grace)
+        await self.throttles.close()
         await asyncio.sleep(0.1)  # let the last settlements' commits come back
 
     def state(self) -> DeliveryState:
@@ -127,6 +137,22 @@ class Outbound:
             waiting, open_connections = sites.get(site, (0, 0))
             sites[site] = (waiting + queued, open_connections + connections)
         return active, [(site, waiting, connections) for site, (waiting, connections) in sites.items()]
+
+
+def build_throttles(config: Config, worker: int, workers: int) -> Throttles:
+    """The limits of this worker: held for the node (in memory for one worker, in the table its
+    workers share for several), and for the cluster when there is a `[redis] url`."""
+    table: Table
+    if workers > 1:
+        table = SharedTable(shared_table_path(config.spool.path), worker, workers)
+    else:
+        table = MemoryTable(time.monotonic)
+    redis = config.redis
+    if redis.url is None:
+        return Throttles(table)
+    return ClusterThrottles(
+        redis.url, table=table, node=config.node.name, worker=worker, prefix=redis.key_prefix, timeout=redis.timeout
+    )
 
 
 def routes_from(config: Config) -> list[Route]:

@@ -35,6 +35,7 @@ from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
 from pigeon.queue.rules import new_rule_id
+from pigeon.shaping.table import create_shared_table, shared_table_path
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
@@ -117,6 +118,8 @@ class Supervisor:
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
+        create_shared_table(shared_table_path(self.config.spool.path))
         try:
             for worker in self.workers:
                 await self._spawn(worker)
@@ -284,6 +287,10 @@ class Supervisor:
         inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
         if inbound:
             body["inbound"] = inbound
+        shaping = [w["shaping"] for w in workers if "shaping" in w]
+        if shaping:  # a worker that falls back keeps to the node's share: the node says so
+            worst_one = max(shaping, key=lambda s: (s.get("status") != OK, s.get("mode") == "fallback"))
+            body["shaping"] = worst_one
         return web.json_response(body, status=http_status(status))
 
     async def _api(self, request: web.Request) -> web.Response:

@@ -45,6 +45,18 @@ class Rate:
         return 1.0 / self.per_second
 
 
+def take(tat: float, now: float, interval: float, burst: int, count: int = 1) -> tuple[float, float]:
+    """Book `count` slots of a limit whose theoretical arrival time is `tat`: the new TAT, and
+    the seconds from `now` until the last of them may go (0: all may go now).
+
+    The slots booked are the next `count` the schedule has; the j-th may go at
+    `max(tat, now) + (j - burst + 1) * interval` (or now). This is the whole of GCRA, shared by
+    the in-process limiters and mirrored by the Redis script (`pigeon.shaping.cluster`)."""
+    start = tat if tat > now else now
+    last_allowed = start + interval * (count - burst)
+    return start + interval * count, max(0.0, last_allowed - now)
+
+
 class Gcra:
     """One rate limit."""
 
@@ -54,10 +66,8 @@ class Gcra:
         self._rate = rate
         self._tat = 0.0  # theoretical arrival time of the next event
 
-    def reserve(self, now: float) -> float:
-        """Take one slot: 0 if it may go now, else the seconds to wait (the slot is then booked)."""
-        interval = self._rate.interval
-        tat = max(self._tat, now)
-        allowed_at = tat - interval * (self._rate.burst - 1)
-        self._tat = tat + interval
-        return max(0.0, allowed_at - now)
+    def reserve(self, now: float, count: int = 1) -> float:
+        """Take `count` slots: 0 if they may go now, else the seconds to wait until the last
+        may (the slots are then booked)."""
+        self._tat, wait = take(self._tat, now, self._rate.interval, self._rate.burst, count)
+        return wait

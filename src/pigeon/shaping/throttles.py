@@ -1,0 +1,74 @@
+"""Throttles: what the dispatcher asks before it opens a connection and before it sends.
+
+Two questions, per limit key (an opaque string: today `site:<site>`; providers and
+`source->site` paths will bring keys of their own):
+
+* `connect(key, limit)`: may one more connection be opened? A `Hold` if so, given back with
+  `disconnect` when the connection ends;
+* `admit(key, rate, count)`: book `count` messages at `rate`: the seconds until the last
+  of them may go (GCRA, `pigeon.shaping.gcra`).
+
+`LocalThrottles` answers for one node from its table (`pigeon.shaping.table`: in memory for
+one worker, in a file shared by the workers for several). `ClusterThrottles`
+(`pigeon.shaping.cluster`) answers for every node of a cluster through Redis, and falls back to
+this node's share of each limit when Redis cannot be reached.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Final
+
+from pigeon.shaping.gcra import Rate
+from pigeon.shaping.table import MemoryTable, Table
+
+NODE: Final = "node"  # limits hold for this node (no Redis)
+CLUSTER: Final = "cluster"  # limits hold for the cluster (Redis answers)
+FALLBACK: Final = "fallback"  # Redis does not answer: this node keeps to its share
+
+
+class Hold:
+    """One connection counted against a key's limit (locally, and in Redis as `member`)."""
+
+    __slots__ = ("key", "member")
+
+    def __init__(self, key: str, member: str) -> None:
+        self.key = key
+        self.member = member
+
+
+class Throttles:
+    """Limits for one node, in memory or in its workers' shared table."""
+
+    def __init__(self, table: Table | None = None) -> None:
+        self.table: Table = table if table is not None else MemoryTable()
+        self._numbers = itertools.count(1)
+
+    @property
+    def mode(self) -> str:
+        """`NODE`, `CLUSTER` or `FALLBACK` (see above)."""
+        return NODE
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.table.close()
+
+    async def connect(self, key: str, limit: int) -> Hold | None:
+        """A connection for `key` if fewer than `limit` are open, else None (try again later)."""
+        if not self.table.acquire(key, limit):
+            return None
+        return Hold(key, str(next(self._numbers)))
+
+    def disconnect(self, hold: Hold) -> None:
+        """The connection `hold` was for has ended."""
+        self.table.release(hold.key)
+
+    async def admit(self, key: str, rate: Rate, count: int) -> float:
+        """Book `count` messages of `key` at `rate`; the seconds to wait before sending them."""
+        return self.table.reserve(key, rate, count)
+
+    def health(self) -> dict[str, Any]:
+        """What /healthz says about the limits."""
+        return {"status": "ok", "mode": self.mode}
