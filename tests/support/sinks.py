@@ -16,6 +16,10 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
                     connection dropped before the 250 (2%: the one case where the sender may
                     rightly deliver it again)
 
+Every connection is recorded (`connections`: when it opened, when it ended, the client's EHLO
+name) and every message's arrival (`arrivals`: when its end of data was taken, and by which
+EHLO name), so a test can check connection limits and rates as the receiving end saw them.
+
 `WireSink` is the other kind of next hop: a lenient, line-at-LF server that records every
 byte it receives, to show what a smuggled end of data would do at an MTA that takes one.
 """
@@ -23,6 +27,7 @@ byte it receives, to show what a smuggled end of data would do at an MTA that ta
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import socket
 import subprocess
@@ -85,6 +90,55 @@ class Received:
         return message_from_bytes(self.data, policy=default_policy)  # type: ignore[return-value]
 
 
+@dataclass
+class SinkConnection:
+    """One client connection as the sink saw it (time.monotonic())."""
+
+    opened: float
+    ended: float = math.inf  # when QUIT came (the client is done), or the connection was lost
+    helo: str = ""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # time.monotonic() when the message was taken
+    helo: str  # the EHLO name of the client that sent it
+
+
+def peak_connections(connections: list[SinkConnection], since: float = -math.inf, until: float = math.inf,
+                     helo: str | None = None) -> int:  # fmt: skip
+    """The most connections open at once between `since` and `until` (of one EHLO name)."""
+    return busiest_moment(connections, since, until, helo)[0]
+
+
+def busiest_moment(connections: list[SinkConnection], since: float = -math.inf, until: float = math.inf,
+                   helo: str | None = None) -> tuple[int, float, list[SinkConnection]]:  # fmt: skip
+    """The most connections open at once (of one EHLO name), when it was first reached, and them."""
+    events: list[tuple[float, int]] = []
+    for c in connections:
+        if (helo is None or c.helo == helo) and c.opened < until and c.ended > since:
+            events += [(max(c.opened, since), 1), (c.ended, -1)]
+    peak, when, open_now = 0, since, 0
+    for at, change in sorted(events, key=lambda e: (e[0], e[1])):  # an end before an open at the same time
+        open_now += change
+        if open_now > peak:
+            peak, when = open_now, at
+    at_peak = [c for c in connections if (helo is None or c.helo == helo) and c.opened <= when < c.ended]
+    return peak, when, at_peak
+
+
+def busiest_window(times: list[float], window: float) -> tuple[int, float]:
+    """The most arrivals in any `window` seconds (a window starting at each arrival), and where."""
+    times = sorted(times)
+    best, at, end = 0, 0.0, 0
+    for start, t in enumerate(times):
+        while end < len(times) and times[end] < t + window:
+            end += 1
+        if end - start > best:
+            best, at = end - start, t
+    return best, at
+
+
 class _Handler:
     def __init__(self, sink: ScriptedSink) -> None:
         self.sink = sink
@@ -130,6 +184,10 @@ class _Handler:
             [list(o) for o in envelope.rcpt_options],
         )
         self.sink.received.append(received)
+        self.sink.arrivals.append(Arrival(time.monotonic(), session.host_name or ""))
+        record = getattr(server, "record", None)
+        if record is not None:
+            record.helo = session.host_name or ""
         if any(local.startswith("chaos") for local in locals_) and self.sink.random.random() < 0.02:
             received.dropped = True  # taken, but the sender never hears the 250
             server.transport.close()
@@ -137,7 +195,23 @@ class _Handler:
 
 
 class _HangupSMTP(SMTP):
-    """Drops the connection in the middle of DATA when a recipient is hangup@."""
+    """Drops the connection in the middle of DATA when a recipient is hangup@; records each
+    connection's life."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.record = SinkConnection(time.monotonic())
+        self.event_handler.sink.connections.append(self.record)
+        super().connection_made(transport)
+
+    def connection_lost(self, error: Exception | None) -> None:
+        self.record.ended = min(self.record.ended, time.monotonic())
+        super().connection_lost(error)
+
+    async def smtp_QUIT(self, arg: str) -> None:
+        # The client is done once it says so: it counts the connection as ended when the 221
+        # comes back, which is after this.
+        self.record.ended = min(self.record.ended, time.monotonic())
+        await super().smtp_QUIT(arg)
 
     async def smtp_DATA(self, arg: str) -> None:
         chaos = any(r.lower().startswith("chaos") for r in self.envelope.rcpt_tos)
@@ -176,6 +250,8 @@ class ScriptedSink:
         self.flaky = flaky
         self.received: list[Received] = []
         self.rcpt_log: list[str] = []
+        self.connections: list[SinkConnection] = []
+        self.arrivals: list[Arrival] = []
         self._controller = _Controller(
             _Handler(self), hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8
         )

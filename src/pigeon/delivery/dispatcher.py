@@ -220,7 +220,12 @@ class Dispatcher:
                 return
             lane.failures = 0
             deliveries = 0
-            while deliveries < shaping.max_deliveries_per_connection and not self._stopping:
+            limit = shaping.connection_limit
+            while (
+                deliveries < shaping.max_deliveries_per_connection
+                and not self._stopping
+                and self._throttles.keep(hold, limit)  # (a node over its share after Redis went away)
+            ):
                 lease = await queue.take(shaping.idle_timeout)
                 if lease is None:
                     break
@@ -279,12 +284,13 @@ class Dispatcher:
             # again at the next start; what was only taken goes back now.
             self._give_back(queue, taken)
             lane.connections -= 1
-            self._throttles.disconnect(hold)
-            if agent is not None:
-                try:
+            try:
+                if agent is not None:
                     await agent.close()
-                except Exception:
-                    _log.exception("closing a connection to %s failed", queue.path)
+            except Exception:
+                _log.exception("closing a connection to %s failed", queue.path)
+            finally:
+                self._throttles.disconnect(hold)  # once closed: the site never sees one more than the limit
             if len(queue) and not self._stopping:
                 if crashed:  # a bug, not the peer: try again, but not in a tight loop
                     asyncio.get_running_loop().call_later(_AFTER_A_CRASH, self._start, lane)

@@ -7,7 +7,8 @@ sized to what this worker sent of the key in the last `BLOCK_TIME` (50 ms), neve
 50 ms of the limit, and at least what is asked for right now; requests for a key that arrive
 while its block is being fetched wait for that one fetch. Booked slots are the cluster's
 schedule, so messages sent at their slots keep to the limit exactly; a slot not used within
-`STALE` (50 ms) of its time is dropped, since sending it later could crowd a later window.
+`STALE` (50 ms) of its time is dropped, since sending it later could crowd a later window
+(not a slot fetched for a request that waited for it, however late the event loop comes back).
 So the batching allows, over any window of W seconds, at most `rate * (W + STALE) + burst`
 messages: at 200/s, 10 more than GCRA alone would.
 
@@ -23,11 +24,14 @@ last `LEASE` seconds. When Redis cannot be reached (an error or a timeout of any
 worker falls back: each limit is cut to this node's share (`limit // nodes`, at least one
 connection; `rate / nodes`), held across the node's workers by the node's own table. It says
 so once in the log, and in /healthz and /metrics, until a heartbeat succeeds again. That
-heartbeat puts back the lease of every connection open meanwhile, so counts in Redis are true
-again before anyone asks. A schedule does not restart from scratch either way: slots a worker
-booked in one mode are not given again in the other (`_horizon`). No Redis call on the delivery
-path is made without a timeout, and no Redis error fails or holds up a delivery: the answer
-then comes from the node's share.
+heartbeat puts back the lease of every connection open meanwhile. For `SETTLE` seconds after
+either change no new connection opens, so every node has seen the change (and put its leases
+back) before anyone counts again; and a node over its share ends connections after their
+current message (`keep`) until it is within it. So the cluster's connections stay within the
+limit through both changes, as the sum of the shares is within it. A schedule does not
+restart from scratch either way: slots a worker booked in one mode are not given again in the
+other (`_horizon`). No Redis call on the delivery path is made without a timeout, and no
+Redis error fails or holds up a delivery: the answer then comes from the node's share.
 
 Every node's connections are counted in its own table too (`pigeon.shaping.table`), against
 the whole limit while Redis answers: that count is what the share is checked against in a
@@ -62,6 +66,7 @@ BEAT: Final = 1.0  # seconds between heartbeats (lease renewals)
 LEASE: Final = 5.0  # seconds a lease (and a node's heartbeat) lasts unless renewed
 BLOCK_TIME: Final = 0.05  # a block holds what this much time of the worker's demand needs
 STALE: Final = 0.05  # a booked slot not used within this many seconds is dropped
+SETTLE: Final = 2 * BEAT  # after a change of mode, seconds in which no new connection opens
 
 # KEYS[1] the limit's TAT (µs, Redis's clock). ARGV: interval µs, burst, slots to book, µs from
 # now before which none may go. Books the slots; returns the first one's time as µs from now
@@ -122,9 +127,11 @@ class _Block:
     count: int
     taken: int = 0
 
-    def take(self, now: float, wanted: int) -> tuple[int, float]:
-        """Up to `wanted` slots: how many, and the time of the last (0.0 for none)."""
-        if self.received < now - STALE:  # drop what is too old to use (see the module)
+    def take(self, now: float, wanted: int, *, fetched: bool = False) -> tuple[int, float]:
+        """Up to `wanted` slots: how many, and the time of the last (0.0 for none). `fetched`:
+        for a request that waited for this block, whose slots are not stale to it however
+        long the event loop took to come back to it."""
+        if not fetched and self.received < now - STALE:  # drop what is too old to use (see the module)
             fresh = math.ceil((now - STALE - self.first) / self.interval)
             self.taken = max(self.taken, min(self.count, fresh))
         got = min(wanted, self.count - self.taken)
@@ -146,8 +153,11 @@ class ClusterThrottles(Throttles):
         worker: int = 0,
         prefix: str = "pigeon",
         timeout: float = 2.0,
+        lease: float = LEASE,
     ) -> None:
+        """`lease`: seconds a lease and a heartbeat last (renewed every `BEAT`)."""
         super().__init__(table)
+        self._lease_ms = int(lease * 1000)
         self.where = redact_url(url)
         self._node = node
         self._me = f"{node}:{worker}:{secrets.token_hex(4)}"  # this process: a restart is someone else
@@ -164,6 +174,7 @@ class ClusterThrottles(Throttles):
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._beat = self._redis.register_script(_BEAT)
         self._shared = True  # until Redis fails to answer
+        self._settled_at = 0.0  # (table's clock) no new connection before, after a change of mode
         self.error = ""  # why not, while falling back
         self.nodes = 1  # nodes with a live heartbeat, as last seen
         self.calls = 0  # Redis round trips
@@ -174,6 +185,7 @@ class ClusterThrottles(Throttles):
         self._fetching: dict[str, asyncio.Task[None]] = {}
         self._demand: dict[str, tuple[float, int]] = {}  # key: (since when, slots taken since)
         self._horizon: dict[str, float] = {}  # key: the last slot handed out (table's clock)
+        self._ending: dict[str, int] = {}  # key: connections told to end for being over the share
         self._beating: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -213,7 +225,7 @@ class ClusterThrottles(Throttles):
     async def _heartbeat(self) -> None:
         holds = list(self._holds.values())
         keys = [self._key("nodes"), *(self._key("conn:" + hold.key) for hold in holds)]
-        args = [self._node, str(int(LEASE * 1000)), *(hold.member for hold in holds)]
+        args = [self._node, str(self._lease_ms), *(hold.member for hold in holds)]
         try:
             nodes = await self._call(self._beat(keys=keys, args=args))
         except _Unavailable as error:
@@ -224,6 +236,7 @@ class ClusterThrottles(Throttles):
             _log.warning("Redis at %s answers again: limits are shared by the cluster's %d nodes again",
                          self.where, self.nodes)  # fmt: skip
             self._shared, self.error = True, ""
+            self._settled_at = self.table.now() + SETTLE
 
     def _fall_back(self, error: str) -> None:
         if self._shared:
@@ -231,6 +244,7 @@ class ClusterThrottles(Throttles):
                          self.where, error, self.nodes)  # fmt: skip
             self._shared = False
             self._blocks.clear()  # their slots stay booked (`_horizon`); new ones come from the share
+            self._settled_at = self.table.now() + SETTLE
         self.error = error
 
     async def _call(self, call: Any) -> object:
@@ -250,6 +264,11 @@ class ClusterThrottles(Throttles):
         return max(1, limit // self.nodes)
 
     async def connect(self, key: str, limit: int) -> Hold | None:
+        if self._settled_at and self.table.now() < self._settled_at:
+            # Just after a change of mode, other nodes may not have seen it yet: a node still
+            # counting in Redis, or one just back whose peers' leases are not yet put back,
+            # would count wrong. Open connections go on; new ones wait for the others.
+            return None
         if not self._shared:
             return self._hold(key) if self.table.acquire(key, self.share(limit)) else None
         if not self.table.acquire(key, limit):
@@ -257,14 +276,14 @@ class ClusterThrottles(Throttles):
         hold = Hold(key, f"{self._me}:{next(self._numbers)}")
         try:
             leased = await self._call(
-                self._acquire(keys=[self._key("conn:" + key)], args=[limit, hold.member, int(LEASE * 1000)])
+                self._acquire(keys=[self._key("conn:" + key)], args=[limit, hold.member, self._lease_ms])
             )
         except _Unavailable as error:
+            # Fallen back just now: settling like any change of mode (another node may hold
+            # more than its share until it notices, too).
             self._fall_back(str(error))
-            if self.table.held(key) > self.share(limit):
-                self.table.release(key)
-                return None
-            leased = 1
+            self.table.release(key)
+            return None
         except BaseException:  # cancelled (a stop): a lease it may have got runs out by itself
             self.table.release(key)
             raise
@@ -279,8 +298,28 @@ class ClusterThrottles(Throttles):
         self._holds[hold.member] = hold
         return hold
 
+    def keep(self, hold: Hold, limit: int) -> bool:
+        if self._shared or hold.released:
+            return True
+        ending = self._ending.get(hold.key, 0)
+        if self.table.held(hold.key) - ending <= self.share(limit):
+            return True
+        # Fallen back with more connections than this node's share: this one ends after its
+        # message. It counts until it is closed (no new one opens meanwhile), but not against
+        # the others' right to go on. (Another worker of the node may decide alike at the same
+        # moment: the node may end more than it must, never fewer.)
+        hold.released = True
+        self._ending[hold.key] = ending + 1
+        return False
+
     def disconnect(self, hold: Hold) -> None:
         self.table.release(hold.key)
+        if hold.released:
+            left = self._ending.get(hold.key, 1) - 1
+            if left > 0:
+                self._ending[hold.key] = left
+            else:
+                self._ending.pop(hold.key, None)
         if self._holds.pop(hold.member, None) is None or not self._shared:
             return  # (a lease Redis may still have runs out by itself)
         task = asyncio.create_task(self._release(hold), name="throttle release")
@@ -295,6 +334,7 @@ class ClusterThrottles(Throttles):
     async def admit(self, key: str, rate: Rate, count: int) -> float:
         table = self.table
         last = 0.0  # the time (table's clock) of the last slot handed out for this request
+        fetched = False  # whether this request waited for a block
         while True:
             if not self._shared:
                 share = Rate(rate.per_second / self.nodes, max(1, rate.burst // self.nodes))
@@ -305,7 +345,7 @@ class ClusterThrottles(Throttles):
                 return max(0.0, last - now)
             block = self._blocks.get(key)
             if block is not None:
-                got, at = block.take(table.now(), count)
+                got, at = block.take(table.now(), count, fetched=fetched)
                 if got:
                     count -= got
                     last = max(last, at)
@@ -315,20 +355,29 @@ class ClusterThrottles(Throttles):
                         self._horizon[key] = max(self._horizon.get(key, 0.0), last)
                         return max(0.0, last - table.now())
             fetching = self._fetching.get(key)
-            if fetching is None:
+            # (A fetch done but not yet forgotten would be awaited without a pause, for ever.)
+            if fetching is None or fetching.done():
                 fetching = asyncio.create_task(self._fetch(key, rate, count), name="throttle reserve")
                 self._fetching[key] = fetching
-                fetching.add_done_callback(lambda _: self._fetching.pop(key, None))
+                fetching.add_done_callback(lambda done: self._forget_fetch(key, done))
             await asyncio.shield(fetching)
+            fetched = True
+
+    def _forget_fetch(self, key: str, done: asyncio.Task[None]) -> None:
+        if self._fetching.get(key) is done:
+            del self._fetching[key]
 
     async def _fetch(self, key: str, rate: Rate, wanted: int) -> None:
         """Book the next block of `key`'s slots in Redis (see the module)."""
         table = self.table
         now = table.now()
+        # Demand: slots handed out since the window began (at least 1 ms ago, at most 4 blocks'
+        # time, then a new window): a worker that starts sending fast gets big blocks at once.
         since, taken = self._demand.get(key, (now, 0))
-        demand = taken / (now - since) if now - since >= BLOCK_TIME else 0.0
+        demand = taken / max(now - since, 0.001)
+        if now - since >= 4 * BLOCK_TIME:
+            self._demand[key] = (now, 0)
         size = max(wanted, min(math.ceil(demand * BLOCK_TIME), math.ceil(rate.per_second * BLOCK_TIME)))
-        self._demand[key] = (now, 0)
         interval_us = rate.interval * 1e6
         after_us = max(0.0, self._horizon.get(key, 0.0) - now) * 1e6
         args: list[str | int] = [f"{interval_us:.3f}", rate.burst, size, f"{after_us:.0f}"]

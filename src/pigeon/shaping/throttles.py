@@ -30,11 +30,12 @@ FALLBACK: Final = "fallback"  # Redis does not answer: this node keeps to its sh
 class Hold:
     """One connection counted against a key's limit (locally, and in Redis as `member`)."""
 
-    __slots__ = ("key", "member")
+    __slots__ = ("key", "member", "released")
 
     def __init__(self, key: str, member: str) -> None:
         self.key = key
         self.member = member
+        self.released = False  # told to end (`keep`): over the node's share
 
 
 class Throttles:
@@ -60,6 +61,10 @@ class Throttles:
         if not self.table.acquire(key, limit):
             return None
         return Hold(key, str(next(self._numbers)))
+
+    def keep(self, hold: Hold, limit: int) -> bool:
+        """Whether the connection of `hold` may go on to its next message."""
+        return True
 
     def disconnect(self, hold: Hold) -> None:
         """The connection `hold` was for has ended."""

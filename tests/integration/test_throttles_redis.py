@@ -1,0 +1,266 @@
+"""Cluster-wide limits against a real Redis: the Lua scripts' semantics, leases that run out
+when their holder dies, batching, and the fallback to a node's share while Redis is away.
+
+Each `ClusterThrottles` here is one worker of a node (the name it is given); several in one
+test are several nodes sharing the Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pigeon.shaping.cluster import _RESERVE, SETTLE, ClusterThrottles
+from pigeon.shaping.gcra import Rate
+from pigeon.shaping.table import MemoryTable
+from pigeon.shaping.throttles import CLUSTER, FALLBACK
+from tests.support.services import RedisServer
+
+Make = Callable[..., ClusterThrottles]
+
+
+@pytest.fixture
+async def make(redis_server: RedisServer) -> AsyncIterator[Make]:
+    made: list[ClusterThrottles] = []
+
+    def make(node: str = "a", **options: object) -> ClusterThrottles:
+        throttles = ClusterThrottles(
+            redis_server.url, table=MemoryTable(), node=node, prefix="t", timeout=0.5, **options
+        )  # type: ignore[arg-type]
+        made.append(throttles)
+        return throttles
+
+    yield make
+    for throttles in made:
+        await throttles.close()
+
+
+class Reserve:
+    """The reserve script alone. Bookings made together run back to back in one MULTI/EXEC,
+    so their answers (the first slot of each, in ms from Redis's now) share one "now"."""
+
+    def __init__(self, redis_server: RedisServer) -> None:
+        self.client = redis_server.client()
+        self.script = self.client.register_script(_RESERVE)
+        self.client.script_load(_RESERVE)  # (EVALSHA in a transaction does not load it)
+
+    def __call__(self, key: str, interval_ms: float, burst: int, *counts: int) -> list[float]:
+        """For each count in turn, the first slot it booked."""
+        pipe = self.client.pipeline(transaction=True)
+        for count in counts:
+            self.script(keys=[key], args=[interval_ms * 1000, burst, count, 0], client=pipe)
+        return [int(answer) / 1000 for answer in pipe.execute()]
+
+
+@pytest.fixture
+def booking(redis_server: RedisServer) -> Iterator[Reserve]:
+    reserve = Reserve(redis_server)
+    yield reserve
+    reserve.client.close()
+
+
+def test_the_reserve_script_books_slots_one_interval_apart(booking: Reserve) -> None:
+    # Three slots at 0, 100 and 200 ms; the next booking starts after them.
+    assert booking("r", 100, 1, 3, 1, 2) == pytest.approx([0, 300, 400], abs=1)
+
+
+def test_the_reserve_script_gives_a_burst_at_once_then_spaces(booking: Reserve) -> None:
+    # Burst 5 at 10/s: the first slot lies 4 intervals back, so slots 0..4 may go now,
+    # and the 9th, once 8 are booked, 400 ms from now.
+    assert booking("b", 100, 5, 8, 1) == pytest.approx([-400, 400], abs=1)
+
+
+def test_an_idle_limit_refills_its_burst_but_no_more(booking: Reserve) -> None:
+    assert booking("i", 50, 3, 3) == pytest.approx([-100], abs=1)
+    time.sleep(1.0)  # twenty intervals idle
+    # The burst of 3 again (not 20), then one interval apart.
+    assert booking("i", 50, 3, 3, 1) == pytest.approx([-100, 50], abs=1)
+
+
+def test_the_schedule_key_runs_out_once_its_slots_are_past(booking: Reserve) -> None:
+    booking("gone", 10, 1, 10)
+    assert 0 < booking.client.pttl("gone") <= 1100  # slots for 100 ms, then a second
+
+
+async def test_a_connection_limit_holds_across_nodes(make: Make) -> None:
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    holds = [await t.connect("site:mx", 3) for t in (a, b, a, b)]
+    assert [hold is not None for hold in holds] == [True, True, True, False]
+    first = holds[0]
+    assert first is not None
+    a.disconnect(first)
+    await asyncio.sleep(0.1)  # the release is sent without waiting for it
+    assert await b.connect("site:mx", 3) is not None
+
+
+async def test_the_leases_of_a_node_that_dies_run_out(make: Make, redis_server: RedisServer) -> None:
+    dead, alive = make("dead", lease=1.0), make("alive", lease=1.0)
+    await dead.start()
+    await alive.start()
+    assert await dead.connect("site:mx", 2) is not None
+    assert await dead.connect("site:mx", 2) is not None
+    assert await alive.connect("site:mx", 2) is None
+    # The node dies: no release, no heartbeat.
+    assert dead._beating is not None
+    dead._beating.cancel()
+    await asyncio.sleep(1.3)
+    assert await alive.connect("site:mx", 2) is not None
+    assert await alive.connect("site:mx", 2) is not None
+
+
+async def test_a_live_holders_leases_are_renewed_past_their_lease(make: Make) -> None:
+    holder, other = make("holder", lease=1.0), make("other", lease=1.0)
+    await holder.start()
+    await other.start()
+    assert await holder.connect("site:mx", 1) is not None
+    await asyncio.sleep(2.5)  # two and a half leases: its heartbeat renewed it
+    assert await other.connect("site:mx", 1) is None
+
+
+async def test_a_batch_of_messages_costs_few_round_trips(make: Make) -> None:
+    throttles = make()
+    await throttles.start()
+    before = throttles.calls
+    rate = Rate(100_000.0)
+    sent = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:  # a worker sending as fast as it can
+        await throttles.admit("site:fast", rate, 1)
+        sent += 1
+        await asyncio.sleep(0)
+    trips = throttles.calls - before
+    # One round trip per block, a block being what 50 ms of the worker's demand needs.
+    assert trips <= sent / 20, f"{trips} round trips for {sent} messages"
+
+
+async def test_messages_booked_by_several_nodes_keep_to_one_schedule(make: Make) -> None:
+    nodes = [make(f"n{i}") for i in range(3)]
+    for node in nodes:
+        await node.start()
+    rate = Rate(100.0)
+    times: list[float] = []
+
+    async def send(node: ClusterThrottles, count: int) -> None:
+        for _ in range(count):
+            wait = await node.admit("site:mx", rate, 1)
+            await asyncio.sleep(wait)
+            times.append(time.monotonic())
+
+    started = time.monotonic()
+    await asyncio.gather(*(send(node, 50) for node in nodes))
+    elapsed = time.monotonic() - started
+    assert elapsed >= (150 - 1) / 100 * 0.95  # 150 messages at 100/s: not three times faster
+    times.sort()
+    for i, at in enumerate(times):  # every window of 0.5 s: at most 50 + the burst + batching's slack
+        in_window = sum(1 for t in times[i:] if t < at + 0.5)
+        assert in_window <= 100 * (0.5 + 0.05) + 1 + 2, (i, in_window)
+
+
+async def test_without_redis_a_node_keeps_to_its_share_and_says_so(
+    make: Make, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    await a._heartbeat()  # sees both nodes
+    assert a.nodes == 2 and a.mode == CLUSTER and a.health()["status"] == "ok"
+    held = [await a.connect("site:mx", 5) for _ in range(2)]
+    assert all(held)
+    redis_server.stop()
+    # Falling back, no new connection for a moment (another node may hold more than its
+    # share until it notices); then 5 // 2 nodes: this node may have 2, it has them already.
+    assert await a.connect("site:mx", 5) is None
+    assert a.mode == FALLBACK
+    await asyncio.sleep(SETTLE)
+    assert await a.connect("site:mx", 5) is None
+    health = a.health()
+    assert health["status"] == "degraded" and "share" in health["error"]
+    # The rate too: half of 100/s for this node, at once, without waiting for Redis.
+    waits = [await a.admit("site:mx", Rate(100.0), 1) for _ in range(5)]
+    assert waits == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08], abs=0.01)
+    redis_server.start()
+    await a._heartbeat()
+    assert a.mode == CLUSTER
+    client = redis_server.client()
+    try:  # the Redis came back empty: the heartbeat put back the leases of what is open
+        assert client.zcard("t:throttle:conn:site:mx") == 2
+    finally:
+        client.close()
+    # For a moment no new connection opens (other nodes may still count their share) ...
+    assert await a.connect("site:mx", 5) is None
+    await asyncio.sleep(SETTLE)
+    assert await a.connect("site:mx", 5) is not None  # ... then they share the whole limit again
+
+
+async def test_a_node_over_its_share_ends_connections_until_it_is_within_it(
+    make: Make, redis_server: RedisServer
+) -> None:
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    await a._heartbeat()
+    holds = [await a.connect("site:mx", 5) for _ in range(4)]
+    assert all(holds)
+    redis_server.stop()
+    await a._heartbeat()
+    assert a.mode == FALLBACK
+    # Its share is 2: of its 4 connections, 2 end after their message, 2 go on.
+    kept = [a.keep(hold, 5) for hold in holds if hold is not None]
+    assert kept == [False, False, True, True]
+    assert [a.keep(hold, 5) for hold in holds if hold is not None] == [True] * 4  # (asked again)
+    await asyncio.sleep(SETTLE)
+    assert await a.connect("site:mx", 5) is None  # the two ending still count until closed
+    for hold in holds[:2]:
+        assert hold is not None
+        a.disconnect(hold)
+    assert a.table.held("site:mx") == 2
+    assert await a.connect("site:mx", 5) is None  # at its share
+    for hold in holds[2:]:
+        assert hold is not None
+        a.disconnect(hold)
+    assert a.table.held("site:mx") == 0
+    assert await a.connect("site:mx", 5) is not None
+
+
+async def test_a_redis_that_does_not_answer_costs_a_delivery_no_more_than_the_timeout(
+    make: Make, redis_server: RedisServer
+) -> None:
+    a = make("a")
+    await a.start()
+    assert redis_server.process is not None
+    redis_server.process.send_signal(19)  # SIGSTOP: connected, but silent
+    try:
+        started = time.monotonic()
+        hold = await a.connect("site:mx", 5)
+        wait = await a.admit("site:mx", Rate(10.0), 1)
+        assert time.monotonic() - started < 1.5  # one timeout (0.5 s), then the share answers at once
+        assert hold is None and wait == 0.0 and a.mode == FALLBACK
+        await asyncio.sleep(SETTLE)  # (no new connection while every node notices)
+        started = time.monotonic()
+        assert await a.connect("site:mx", 5) is not None
+        assert time.monotonic() - started < 0.1  # the share answers, Redis is not asked
+    finally:
+        redis_server.process.send_signal(18)  # SIGCONT
+
+
+async def test_many_connections_asking_at_once_all_get_their_slots(make: Make) -> None:
+    """Connections of one worker whose requests come while a block is fetched, or just after
+    it came back (before the fetch is forgotten), wait for it, then go on: none spins."""
+    throttles = make()
+    await throttles.start()
+    rate = Rate(2000.0)
+    sent = 0
+
+    async def connection() -> None:
+        nonlocal sent
+        for _ in range(40):
+            await asyncio.sleep(await throttles.admit("site:busy", rate, 1))
+            sent += 1
+
+    await asyncio.wait_for(asyncio.gather(*(connection() for _ in range(50))), timeout=20)
+    assert sent == 2000

@@ -1,0 +1,175 @@
+"""Shaping limits hold for the node and for the cluster, as the receiving site sees them.
+
+Real peers throughout: Pigeon nodes of 2 worker processes each, fed by smtp-source, relaying to
+a sink on loopback that records when each connection opened and ended and when each message
+arrived (tests/support/sinks.py), and a private Redis the test stops and starts again.
+
+* 2 nodes x 2 workers sharing a Redis, `connection_limit = 5` and `max_message_rate = "200/s"`
+  for the sink's site: never more than 5 connections at once at the sink, and no window of one
+  second with more messages than the rate allows (GCRA's burst and the batching's slack, see
+  `pigeon.shaping.cluster`). Redis is stopped mid-run: each node falls back to its share (2
+  connections, 100/s) and says so; nothing is lost; when Redis returns, the cluster shares the
+  whole limit again.
+* 1 node x 2 workers without Redis: the limits hold for the node, not for each worker.
+
+The default run sends 3,000 messages (2,000 without Redis); `-m slow` sends 20,000.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pigeon.shaping.cluster import SETTLE, STALE
+from tests.support.process import PigeonProcess
+from tests.support.services import RedisServer
+from tests.support.sinks import (
+    ScriptedSink,
+    busiest_moment,
+    busiest_window,
+    delivery_config,
+    peak_connections,
+    wait_until,
+)
+from tests.support.tools import SMTP_SOURCE, require
+
+LIMIT = 5
+RATE = 200.0
+NODES = 2
+SHARE = LIMIT // NODES
+# The most messages one window of W seconds may see at RATE: GCRA's burst (1), the slots a
+# worker may send up to STALE late, and a few for the sink's own jitter (when it takes a
+# message is not exactly when the sender's slot was).
+JITTER = 3
+STARTUP = 120  # seconds a node of two workers may take to start on a loaded machine
+
+
+def allowed(rate: float, window: float, *, batched: bool) -> float:
+    return rate * (window + (STALE if batched else 0.0)) + 1 + JITTER
+
+
+def node(root: Path, n: int, sink: ScriptedSink, **sections: Any) -> PigeonProcess:
+    config = delivery_config(sink.endpoint, helo_name=f"node{n}.test", max_deliveries_per_connection=50)
+    return PigeonProcess(
+        root / f"node{n}",
+        node={"name": f"node{n}", "workers": 2},
+        smtp={"hostname": f"node{n}.pigeon.test"},
+        log={"level": "info"},
+        shaping=[{"domain": "sink.test", "connection_limit": LIMIT, "max_message_rate": f"{RATE:g}/s"}],
+        **config,
+        **sections,
+    )
+
+
+def inject(pigeon: PigeonProcess, count: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [require(SMTP_SOURCE), "-s", "10", "-l", "1024", "-m", str(count), "-f", "a@src.test", "-t",
+         "r@sink.test", f"127.0.0.1:{pigeon.smtp_port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def shaping_health(pigeon: PigeonProcess) -> dict[str, Any]:
+    _, body = pigeon.http_get("/healthz")
+    shaping: dict[str, Any] = json.loads(body).get("shaping", {})
+    return shaping
+
+
+def delivered(nodes: list[PigeonProcess]) -> int:
+    return sum(len(n.records("Delivery")) for n in nodes)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("messages", [3000, pytest.param(20_000, marks=pytest.mark.slow)])
+def test_two_nodes_of_two_workers_keep_to_the_sites_limits_through_a_redis_outage(
+    tmp_path: Path, redis_server: RedisServer, messages: int
+) -> None:
+    with ScriptedSink() as sink:
+        nodes = [node(tmp_path, n, sink, redis={"url": redis_server.url, "timeout": "1s"}) for n in range(NODES)]
+        try:
+            for pigeon in nodes:
+                pigeon.start(wait=False)
+            for pigeon in nodes:
+                pigeon.wait_ready(STARTUP)
+            sources = [inject(pigeon, messages // NODES) for pigeon in nodes]
+            sink.wait_for(messages // 3, timeout=240)
+
+            redis_stopped = time.monotonic()
+            redis_server.stop()
+            wait_until(lambda: all(shaping_health(n).get("mode") == "fallback" for n in nodes), timeout=10)
+            health = shaping_health(nodes[0])
+            assert health["status"] == "degraded" and "share" in health["error"], health
+            assert nodes[0].metric('pigeon_shaping_fallback{worker="0"}') == 1
+            # Long enough for the shares to show: each node's connections and rate at its share.
+            wait_until(lambda: len(sink.received) >= messages // 3 + 4 * RATE, timeout=120)
+            redis_started = time.monotonic()
+            redis_server.start()
+            wait_until(lambda: all(shaping_health(n).get("mode") == "cluster" for n in nodes), timeout=10)
+            assert nodes[1].metric('pigeon_shaping_shared{worker="1"}') == 1
+
+            sink.wait_for(messages, timeout=max(240, 3 * messages / RATE))
+            for source in sources:
+                source.wait(60)
+            wait_until(lambda: delivered(nodes) == messages, timeout=30)
+            assert all(n.spool_messages() == [] for n in nodes)
+            logs = [n.stderr() for n in nodes]
+        finally:
+            for pigeon in nodes:
+                pigeon.stop()
+                pigeon.kill()
+
+    assert len(sink.received) == messages, "a message was lost or sent twice"
+    connections, arrivals = sink.connections, sink.arrivals
+    times = [a.at for a in arrivals]
+    # The whole run, shared or not, outage and return included: the site's limits hold.
+    peak, when, at_peak = busiest_moment(connections)
+    assert peak <= LIMIT, (
+        f"{peak} connections at {when - redis_stopped:+.3f}s from Redis's stop ({redis_started - redis_stopped:.1f}s "
+        f"later it started): " + ", ".join(f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak)
+    )
+    busiest, at = busiest_window(times, 1.0)
+    assert busiest <= allowed(RATE, 1.0, batched=True), f"{busiest} messages in the second from {at}"
+    # During the outage (once the connections opened before it ended after their message),
+    # each node kept to its share.
+    outage = (redis_stopped + SETTLE + 1.0, redis_started)
+    assert outage[1] - outage[0] > 1.5, "the outage was too short to show anything"
+    for n in range(NODES):
+        helo = f"node{n}.test"
+        assert peak_connections(connections, *outage, helo=helo) <= SHARE
+        during = [a.at for a in arrivals if a.helo == helo and outage[0] <= a.at < outage[1]]
+        assert during, f"{helo} sent nothing during the outage"
+        most, at = busiest_window(during, 1.0)
+        assert most <= allowed(RATE / NODES, 1.0, batched=False), f"{helo}: {most} in the second from {at}"
+    # Back to shared limits: together the nodes used more than the sum of their shares.
+    assert peak_connections(connections, since=redis_started + 2 * SETTLE) > NODES * SHARE
+    for log in logs:
+        assert "does not answer" in log and "answers again" in log
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("messages", [2000, pytest.param(20_000, marks=pytest.mark.slow)])
+def test_one_node_of_two_workers_keeps_to_the_limits_without_redis(tmp_path: Path, messages: int) -> None:
+    """Each worker used to apply the limits on its own: twice the connections and the rate."""
+    with ScriptedSink() as sink:
+        pigeon = node(tmp_path, 0, sink)
+        try:
+            pigeon.start(wait=False).wait_ready(STARTUP)
+            source = inject(pigeon, messages)
+            sink.wait_for(messages, timeout=max(120, 3 * messages / RATE))
+            source.wait(60)
+            wait_until(lambda: delivered([pigeon]) == messages, timeout=30)
+            health = shaping_health(pigeon)
+        finally:
+            pigeon.stop()
+            pigeon.kill()
+    assert len(sink.received) == messages
+    assert peak_connections(sink.connections) == LIMIT  # the limit was reached, not exceeded
+    busiest, at = busiest_window([a.at for a in sink.arrivals], 1.0)
+    assert busiest <= allowed(RATE, 1.0, batched=False), f"{busiest} messages in the second from {at}"
+    assert health == {"status": "ok", "mode": "node"}
