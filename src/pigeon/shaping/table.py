@@ -9,8 +9,8 @@ Why a shared file and not each worker taking `limit / workers`: a share cannot g
 connection (a worker holding mail for a site must be able to send it), so a limit under the
 worker count would grow with the workers (a limit of 1 on 7 workers would be 7); and a site
 whose mail sits in one worker's shard would get only that worker's share of the rate. The file
-costs two `flock` calls and a few struct reads per decision: measured 2.4 µs (see the README's
-"Cluster-wide limits"); decisions are per connection opened and per batch of messages.
+costs two `flock` calls and a few struct reads per decision: about 10 µs on the loaded 2-core
+test machine, against 3 µs in memory; decisions are per connection opened and per message.
 
 Layout: a header, then `SLOTS` fixed slots, found by open addressing on a 64-bit hash of the
 key. A slot holds the key's hash, its TAT (`time.monotonic()`, which is system-wide on Linux),
