@@ -43,6 +43,7 @@ from pigeon.queue.attempt import Attempt, Unroutable
 from pigeon.queue.policy import QueuePolicies, QueuePolicy
 from pigeon.queue.retry import RetryPolicy
 from pigeon.queue.rules import Selector
+from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.shards import Spools
@@ -367,6 +368,8 @@ class World:
     max_active: int = 10_000
     shaping: Shaping | None = None
     """The dispatcher's limits (default: `connection_limit`, idle for an hour)."""
+    throttles: Throttles | None = None
+    """Where the dispatcher asks for connection slots and message slots (default: in memory)."""
     opener: Callable[[Destination], Awaitable[Agent]] | None = None
     """Opens agents instead of `FakeAgent` (to fail, or to be a real agent)."""
     answer: Callable[[World, Attempted], list[Reply]] = field(default=lambda world, seen: [OK] * len(seen.recipients))
@@ -413,6 +416,7 @@ class World:
             body=lambda message: self.spool.body(message.body_id),
             notifier=self._notify,
             max_active=self.max_active,
+            throttles=self.throttles,
             clock=self.clock,
             pause=lambda seconds: asyncio.sleep(0),
         )

@@ -293,12 +293,14 @@ class DeliveryConfig(_Section):
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""
     connection_limit: PositiveInt = 32
-    """Connections per site (ready queue)."""
+    """Connections per site (ready queue): for the node, whatever its workers; for the cluster
+    with a [redis] url (each node's share while Redis does not answer)."""
     max_deliveries_per_connection: PositiveInt = 1000
     idle_timeout: Duration = Duration(10)
     """Close a connection that has had nothing to send for this long."""
     max_message_rate: str | None = None
-    """Messages per second to one site, e.g. "100/s", "3000/min" (GCRA; none: no limit)."""
+    """Messages per second to one site, e.g. "100/s", "3000/min", "10/s,burst=5" (GCRA; none:
+    no limit). For the node, or the cluster with a [redis] url, like `connection_limit`."""
     connection_failures_before_delay: PositiveInt = 3
     """Failed connections in a row after which everything waiting for a site is deferred."""
     connect_timeout: Duration = Duration(30)
@@ -348,8 +350,9 @@ class ShapingConfig(_Section):
 
 class RedisConfig(_Section):
     url: str | None = None
-    """Redis shared by the nodes ("redis://host:6379/0"): inbound claims are arbitrated there.
-    None: single-node mode, claims are held in this process (one node per mailbox)."""
+    """Redis shared by the nodes ("redis://host:6379/0"): inbound claims are arbitrated there,
+    and shaping limits (connections, message rates) are held for the whole cluster.
+    None: single-node mode, claims and limits are held in the node (one node per mailbox)."""
     key_prefix: str = "pigeon"
     """Prefix of every key Pigeon writes, so several clusters can share one Redis."""
     timeout: Duration = Duration(2)

@@ -191,6 +191,9 @@ class Dispatcher:
         queue, shaping = lane.queue, lane.shaping
         try:
             hold = await self._throttles.connect(lane.key, shaping.connection_limit) if len(queue) else None
+        except Exception:  # a bug: the lane asks again later, as if refused
+            _log.exception("asking for a connection to %s failed unexpectedly", queue.path)
+            hold = None
         except BaseException:
             lane.connections -= 1
             raise

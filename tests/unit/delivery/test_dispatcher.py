@@ -13,6 +13,8 @@ from pigeon.delivery.routes import Destination
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
 from pigeon.shaping.gcra import Rate
+from pigeon.shaping.table import MemoryTable
+from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from tests.unit.conftest import MakeWorld
 
@@ -218,3 +220,21 @@ async def test_a_connection_sends_no_third_message_while_the_first_ones_outcome_
     await world.release_all()
     assert [a.message for a in world.attempted] == sent
     assert len(world.logged("Delivery")) == 5
+
+
+async def test_a_site_whose_connections_are_all_held_elsewhere_is_asked_again_until_one_frees(
+    make_world: MakeWorld,
+) -> None:
+    table = MemoryTable()
+    assert table.acquire("site:mx1.test", 1)  # another worker of the node holds the only one
+    world = make_world(SITES, ["d1.test"], connection_limit=1, throttles=Throttles(table))
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all()
+    await asyncio.sleep(0.25)  # asked again, and again refused
+    await world.release_all()
+    assert world.opened == [] and world.active.get(spool_id).state.value == "ready"  # type: ignore[union-attr]
+    table.release("site:mx1.test")
+    await asyncio.sleep(0.25)
+    await world.release_all()
+    assert [a.message for a in world.attempted] == [spool_id]
+    assert table.held("site:mx1.test") == 1  # the connection, open (idle) for more mail, counts
