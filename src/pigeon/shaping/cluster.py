@@ -183,7 +183,8 @@ class ClusterThrottles(Throttles):
         self._holds: dict[str, Hold] = {}  # member: every connection open, shared or not
         self._blocks: dict[str, _Block] = {}
         self._fetching: dict[str, asyncio.Task[None]] = {}
-        self._demand: dict[str, tuple[float, int]] = {}  # key: (since when, slots taken since)
+        # key: (since when, slots taken since, slots a second in the window before)
+        self._demand: dict[str, tuple[float, int, float]] = {}
         self._horizon: dict[str, float] = {}  # key: the last slot handed out (table's clock)
         self._ending: dict[str, int] = {}  # key: connections told to end for being over the share
         self._beating: asyncio.Task[None] | None = None
@@ -349,8 +350,8 @@ class ClusterThrottles(Throttles):
                 if got:
                     count -= got
                     last = max(last, at)
-                    since, taken = self._demand.get(key, (table.now(), 0))
-                    self._demand[key] = (since, taken + got)
+                    since, taken, before = self._demand.get(key, (table.now(), 0, 0.0))
+                    self._demand[key] = (since, taken + got, before)
                     if not count:
                         self._horizon[key] = max(self._horizon.get(key, 0.0), last)
                         return max(0.0, last - table.now())
@@ -371,12 +372,13 @@ class ClusterThrottles(Throttles):
         """Book the next block of `key`'s slots in Redis (see the module)."""
         table = self.table
         now = table.now()
-        # Demand: slots handed out since the window began (at least 1 ms ago, at most 4 blocks'
-        # time, then a new window): a worker that starts sending fast gets big blocks at once.
-        since, taken = self._demand.get(key, (now, 0))
-        demand = taken / max(now - since, 0.001)
-        if now - since >= 4 * BLOCK_TIME:
-            self._demand[key] = (now, 0)
+        # Demand: slots a second handed out since the window began (at least 1 ms ago, at most
+        # 4 blocks' time, then a new window), or in the window before if more: a worker that
+        # starts sending fast gets big blocks at once, and a new window does not start small.
+        since, taken, before = self._demand.get(key, (now, 0, 0.0))
+        demand = max(taken / max(now - since, 0.001), before)
+        if now - since >= 4 * BLOCK_TIME:  # a new window, remembering this one's rate
+            self._demand[key] = (now, 0, taken / (now - since))
         size = max(wanted, min(math.ceil(demand * BLOCK_TIME), math.ceil(rate.per_second * BLOCK_TIME)))
         interval_us = rate.interval * 1e6
         after_us = max(0.0, self._horizon.get(key, 0.0) - now) * 1e6
