@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Pigeon, free_port, median, smtp_source, tree_cpu_seconds, workdir
-from relay import sink
+from harness import Pigeon, free_port, median, timed_relay, warm_up, workdir
+from harness import smtp_sink as sink
 
 from pigeon.config.schema import DkimConfig
 from pigeon.dkim.canonical import header_fields, relaxed_lines, split_message
@@ -114,17 +114,8 @@ def relay_run(signing: bool, key: Path, args: argparse.Namespace) -> tuple[float
             **({"dkim": dkim} if dkim else {}),
         )
         try:
-            smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
-            warm.wait(60)
-            measured = sink(sink_port, args.messages)
-            cpu_before = tree_cpu_seconds(mta.root_pid())
-            started = time.perf_counter()
-            load = ["-s", str(args.sessions), "-l", str(args.size), "-m", str(args.messages)]
-            smtp_source(mta.port, *load, "-f", "a@src.test", "-t", "r@sink.test")
-            measured.wait(600)
-            elapsed = time.perf_counter() - started
-            cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
-            return args.messages / elapsed, cpu * 1000 / args.messages
+            warm_up(mta.port, warm, args.size)
+            return timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
         finally:
             mta.stop()
 

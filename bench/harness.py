@@ -322,6 +322,41 @@ async def _timed_transactions(
     writer.close()
 
 
+def smtp_sink(port: int, messages: int) -> subprocess.Popen[bytes]:
+    """Postfix's smtp-sink on 127.0.0.1:`port`, exiting once it has taken `messages` (-M)."""
+    binary = require("/usr/sbin/smtp-sink", "postfix")
+    process = subprocess.Popen(
+        [binary, "-u", "nobody", "-M", str(messages), f"127.0.0.1:{port}", "1024"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)
+    return process
+
+
+def warm_up(port: int, warm: subprocess.Popen[bytes], size: int) -> None:
+    """200 messages through the MTA on `port` into `warm` (a sink started for 200)."""
+    smtp_source(port, "-s", "5", "-l", str(size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
+    warm.wait(60)
+
+
+def timed_relay(
+    port: int, root_pid: int, sink_port: int, size: int, sessions: int, messages: int
+) -> tuple[float, float]:
+    """smtp-source -> the MTA on `port` -> a new smtp-sink on `sink_port`: (messages a second
+    end to end, CPU milliseconds per message of the MTA's process tree under `root_pid`)."""
+    measured = smtp_sink(sink_port, messages)
+    cpu_before = tree_cpu_seconds(root_pid)
+    started = time.perf_counter()
+    smtp_source(
+        port, "-s", str(sessions), "-l", str(size), "-m", str(messages), "-f", "a@src.test", "-t", "r@sink.test"
+    )
+    measured.wait(600)
+    elapsed = time.perf_counter() - started
+    cpu = tree_cpu_seconds(root_pid) - cpu_before
+    return messages / elapsed, cpu * 1000 / messages
+
+
 def probe_latencies(
     port: int, stop: threading.Event, body: bytes, connections: int = 2, interval: float = 0.02
 ) -> list[float]:

@@ -24,11 +24,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import time
 from typing import Any
 
-from harness import SMTP_SOURCE, Pigeon, free_port, median, require, smtp_source, tree_cpu_seconds, workdir
+from harness import (
+    SMTP_SOURCE,
+    Pigeon,
+    free_port,
+    median,
+    require,
+    timed_relay,
+    warm_up,
+    workdir,
+)
+from harness import smtp_sink as sink
 
 from pigeon.message import Envelope, Message, Recipient, SpoolId
 from pigeon.policy.delivery import DeliveryHooks
@@ -49,17 +58,6 @@ def module_source(mode: str) -> str | None:
     return "".join(f"{prefix}def {name}(argument):\n    return None\n\n" for name in HOOKS)
 
 
-def sink(port: int, messages: int) -> subprocess.Popen[bytes]:
-    binary = require("/usr/sbin/smtp-sink", "postfix")
-    process = subprocess.Popen(
-        [binary, "-u", "nobody", "-M", str(messages), f"127.0.0.1:{port}", "1024"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.3)
-    return process
-
-
 def one_run(mode: str, args: argparse.Namespace) -> tuple[float, float]:
     """Messages per second end to end, and CPU milliseconds per message of the node."""
     sink_port = free_port()
@@ -76,17 +74,8 @@ def one_run(mode: str, args: argparse.Namespace) -> tuple[float, float]:
         warm = sink(sink_port, 200)
         mta = Pigeon(path / "node", 1, **sections)
         try:
-            smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
-            warm.wait(60)
-            measured = sink(sink_port, args.messages)
-            cpu_before = tree_cpu_seconds(mta.root_pid())
-            started = time.perf_counter()
-            load = ["-s", str(args.sessions), "-l", str(args.size), "-m", str(args.messages)]
-            smtp_source(mta.port, *load, "-f", "a@src.test", "-t", "r@sink.test")
-            measured.wait(600)
-            elapsed = time.perf_counter() - started
-            cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
-            return args.messages / elapsed, cpu * 1000 / args.messages
+            warm_up(mta.port, warm, args.size)
+            return timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
         finally:
             mta.stop()
 

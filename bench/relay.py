@@ -71,24 +71,18 @@ from harness import (
     median,
     require,
     smtp_source,
+    timed_relay,
     tree_cpu_seconds,
+    warm_up,
     workdir,
+)
+from harness import (
+    smtp_sink as sink,
 )
 from traffic import Bodies, Message, inject, workload
 from world import DNS_ADDRESS, REFUSE, World, build_zone, fate
 
 from pigeon.logs.reader import read_lines
-
-
-def sink(port: int, messages: int) -> subprocess.Popen[bytes]:
-    binary = require("/usr/sbin/smtp-sink", "postfix")
-    process = subprocess.Popen(
-        [binary, "-u", "nobody", "-M", str(messages), f"127.0.0.1:{port}", "1024"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.3)
-    return process
 
 
 def pigeon(path: Path, workers: str, sink_port: int, source: Path | None = None) -> Pigeon:
@@ -117,17 +111,8 @@ def one_run(kind: str, args: argparse.Namespace) -> tuple[float, float]:
         warm = sink(sink_port, 200)
         mta = start(kind, path, sink_port, args.baseline_src)
         try:
-            smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
-            warm.wait(60)
-            measured = sink(sink_port, args.messages)
-            cpu_before = tree_cpu_seconds(mta.root_pid())
-            started = time.perf_counter()
-            load = ["-s", str(args.sessions), "-l", str(args.size), "-m", str(args.messages)]
-            smtp_source(mta.port, *load, "-f", "a@src.test", "-t", "r@sink.test")
-            measured.wait(600)
-            elapsed = time.perf_counter() - started
-            cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
-            return args.messages / elapsed, cpu * 1000 / args.messages
+            warm_up(mta.port, warm, args.size)
+            return timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
         finally:
             mta.stop()
 

@@ -19,24 +19,13 @@ medians and the median of the per-round ratios shared / local. Target: shared co
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from harness import Pigeon, free_port, median, require, smtp_source, tree_cpu_seconds, workdir
+from harness import Pigeon, free_port, median, timed_relay, warm_up, workdir
+from harness import smtp_sink as sink
 from tests.support.services import RedisServer
-
-
-def sink(port: int, messages: int) -> subprocess.Popen[bytes]:
-    binary = require("/usr/sbin/smtp-sink", "postfix")
-    process = subprocess.Popen(
-        [binary, "-u", "nobody", "-M", str(messages), f"127.0.0.1:{port}", "1024"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(0.3)
-    return process
 
 
 def one_run(kind: str, redis: RedisServer, args: argparse.Namespace) -> tuple[float, float, float]:
@@ -53,21 +42,13 @@ def one_run(kind: str, redis: RedisServer, args: argparse.Namespace) -> tuple[fl
         warm = sink(sink_port, 200)
         mta = Pigeon(path, args.workers, **sections)
         try:
-            smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
-            warm.wait(60)
+            warm_up(mta.port, warm, args.size)
             calls_before = _calls(mta)
-            measured = sink(sink_port, args.messages)
-            cpu_before = tree_cpu_seconds(mta.root_pid())
-            started = time.perf_counter()
-            load = ["-s", str(args.sessions), "-l", str(args.size), "-m", str(args.messages)]
-            smtp_source(mta.port, *load, "-f", "a@src.test", "-t", "r@sink.test")
-            measured.wait(600)
-            elapsed = time.perf_counter() - started
-            cpu = tree_cpu_seconds(mta.root_pid()) - cpu_before
+            rate, cpu = timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
             calls = _calls(mta) - calls_before
         finally:
             mta.stop()
-    return args.messages / elapsed, cpu * 1000 / args.messages, calls / args.messages
+    return rate, cpu, calls / args.messages
 
 
 def _calls(mta: Pigeon) -> float:
