@@ -101,7 +101,7 @@ def test_a_refusing_application_gets_nothing_lost_and_permanent_refusals_go_to_t
 def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Path, dovecot: Dovecot) -> None:
     dovecot.append("app", [customer_mail(i) for i in range(8)])
     with WebhookApp() as app:
-        app.fail_until = time.time() + 3
+        app.fail_for = 3
         with PigeonProcess(
             tmp_path / "p", target=[webhook_target(app)], mailbox=[imap_mailbox(dovecot, "hook")]
         ) as node:

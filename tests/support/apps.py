@@ -69,6 +69,9 @@ class WebhookApp(ThreadedApp):
         self.url = f"http://127.0.0.1:{self.port}/inbound"
         self.status = status
         self.fail_until = 0.0  # answer 500 until this time.time()
+        # Answer 500 for this many seconds from the first request: an outage the client must meet,
+        # however long it takes to start.
+        self.fail_for = 0.0
         self.delay = 0.0  # seconds each request takes
         self.node_delay: dict[str, float] = {}  # X-Test-Node: seconds its requests take instead
         self._holds: dict[str, asyncio.Event] = {}  # X-Test-Node: set when its requests may go on
@@ -95,6 +98,8 @@ class WebhookApp(ThreadedApp):
         key = request.headers.get("X-Pigeon-Dedupe-Key", "")
         with self._lock:
             self.headers.append(dict(request.headers))
+            if self.fail_for:
+                self.fail_until, self.fail_for = time.time() + self.fail_for, 0.0
             if self.refuse(body):
                 self.refused += 1
                 return web.Response(status=503, text="not now")
