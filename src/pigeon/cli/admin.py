@@ -38,6 +38,7 @@ QUEUE_EXAMPLES = """examples:
   pigeon queue summary                  # every scheduled queue: messages, due now, held, oldest; ready queues
   pigeon queue summary --json | jq '.scheduled[] | select(.messages > 1000)'
   pigeon queue operations               # bulk bounces, retries, rebinds: how far they got
+  pigeon queue summary --cluster        # every node's queues (nodes sharing [redis]), added up
 """
 REBIND_EXAMPLES = """examples:
   pigeon rebind --domain example.net --routing-domain smarthost.example   # route via another [[route]]
@@ -56,6 +57,7 @@ def register(commands: Any) -> None:
     bounce.add_argument("--duration", help='also bounce new matching mail for this long ("2h", "30m", seconds)')
     bounce.add_argument("--list", action="store_true", help="list the standing bounces")
     bounce.add_argument("--cancel", metavar="ID", help="end a standing bounce")
+    _cluster_option(bounce, "with --list: every node's standing bounces")
     bounce.set_defaults(run=_bounce)
 
     suspend = _parser(commands, "suspend", "hold matching mail, untried, until resumed", SUSPEND_EXAMPLES)
@@ -64,6 +66,7 @@ def register(commands: Any) -> None:
     suspend.add_argument("--reason", default="")
     suspend.add_argument("--duration", help="resume by itself after this long")
     suspend.add_argument("--list", action="store_true", help="list the suspensions")
+    _cluster_option(suspend, "with --list: every node's suspensions")
     suspend.set_defaults(run=_suspend)
 
     resume = _parser(commands, "resume", "end a suspension: what it held goes out now", RESUME_EXAMPLES)
@@ -77,8 +80,10 @@ def register(commands: Any) -> None:
     queue = commands.add_parser("queue", help="look at the queues", description="Look at the queues.")
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
     summary = _parser(actions, "summary", "scheduled and ready queues, with counts", QUEUE_EXAMPLES)
+    _cluster_option(summary, "every node's queues, added up")
     summary.set_defaults(run=_queue_summary)
     operations = _parser(actions, "operations", "recent bulk operations and how far they got", QUEUE_EXAMPLES)
+    _cluster_option(operations, "every node's progress, added up")
     operations.set_defaults(run=_operations)
 
     rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
@@ -104,6 +109,15 @@ def _parser(commands: Any, name: str, summary: str, examples: str) -> argparse.A
     return parser
 
 
+def _cluster_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--cluster", action="store_true", help=f"{what} (nodes sharing [redis])")
+
+
+def cluster_path(args: argparse.Namespace, path: str) -> str:
+    """`path`, asking for every node's answer if --cluster was given."""
+    return path + "?cluster=1" if getattr(args, "cluster", False) else path
+
+
 def _selector_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("selector", _SELECTOR_HELP)
     for name in ("domain", "tenant", "campaign", "queue"):
@@ -118,7 +132,7 @@ def _selector(args: argparse.Namespace) -> dict[str, Any]:
 def _bounce(args: argparse.Namespace) -> int:
     client = ApiClient(args)
     if args.list:
-        return _show_rules(args, *client.request("GET", "/api/v1/admin/bounce"))
+        return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/bounce")))
     if args.cancel:
         return _show(args, *client.request("DELETE", f"/api/v1/admin/bounce/{args.cancel}"), "cancelled {cancelled}")
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
@@ -130,7 +144,7 @@ def _bounce(args: argparse.Namespace) -> int:
 def _suspend(args: argparse.Namespace) -> int:
     client = ApiClient(args)
     if args.list:
-        return _show_rules(args, *client.request("GET", "/api/v1/admin/suspend"))
+        return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/suspend")))
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/suspend", body)
     return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held} messages put back")
@@ -169,7 +183,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _queue_summary(args: argparse.Namespace) -> int:
-    status, answer = ApiClient(args).request("GET", "/api/v1/queues")
+    status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/queues"))
     if status >= 400 or args.json:
         return _show(args, status, answer, "")
     now = datetime.datetime.now(datetime.UTC).timestamp()
@@ -181,11 +195,12 @@ def _queue_summary(args: argparse.Namespace) -> int:
     print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}")
     for row in answer["ready"]:
         print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}")
+    _show_nodes(answer)
     return 0
 
 
 def _operations(args: argparse.Namespace) -> int:
-    status, answer = ApiClient(args).request("GET", "/api/v1/admin/operations")
+    status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/admin/operations"))
     if status >= 400 or args.json:
         return _show(args, status, answer, "")
     print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'waited':>7}  state")
@@ -193,6 +208,7 @@ def _operations(args: argparse.Namespace) -> int:
         state = f"running on {row['running']} worker(s)" if row["running"] else f"done {_when(row['finished'])}"
         counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('waited', 0):>7,}"
         print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
+    _show_nodes(answer)
     return 0
 
 
@@ -212,7 +228,19 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
     rule = answer.get("rule") or {}
     expires = rule.get("expires")
     print(text.format(**answer, rule_id=rule.get("id"), until=_when(expires) if expires else "resumed"))
+    _show_nodes(answer)
     return 0
+
+
+def _show_nodes(answer: Any) -> None:
+    """Which nodes the answer adds up (a cluster's), and what could not be told."""
+    cluster = answer.get("cluster") if isinstance(answer, dict) else None
+    if not cluster:
+        return
+    nodes = ", ".join(f"{node} ({state})" for node, state in sorted(cluster.get("nodes", {}).items()))
+    print(f"nodes: {nodes}")
+    if cluster.get("error"):
+        print(f"warning: {cluster['error']}")
 
 
 def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
@@ -225,6 +253,7 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
         until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
         print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}: {rule.get('reason', '')}")
+    _show_nodes(answer)
     return 0
 
 

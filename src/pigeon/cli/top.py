@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pigeon.cli.admin import cluster_path
 from pigeon.cli.api import ApiClient, add_api_options, fail
 
 EXAMPLES = """examples:
@@ -42,6 +43,9 @@ def register(commands: Any) -> None:
     add_api_options(parser)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    parser.add_argument(
+        "--cluster", action="store_true", help="every node's queues (nodes sharing [redis]); rates stay this node's"
+    )
     parser.set_defaults(run=run)
 
 
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
-            status, queues = client.request("GET", "/api/v1/queues")
+            status, queues = client.request("GET", cluster_path(args, "/api/v1/queues"))
             if status == 503:  # delivery is off (a node that only receives): no queues to show
                 queues = {"scheduled": [], "ready": []}
             elif status != 200:
@@ -97,7 +101,11 @@ def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float
     for label, name, outcome in _RATES:
         key = f"{name}/{outcome or ''}"
         rates.append(f"{label} {(now.get(key, 0) - before.get(key, 0)) / seconds:,.0f}/s")
-    lines.append("  ".join(rates))
+    cluster = queues.get("cluster")
+    lines.append("  ".join(rates) + ("   (rates: this node)" if cluster else ""))
+    if cluster:
+        states = ", ".join(f"{node} {state}" for node, state in sorted(cluster.get("nodes", {}).items()))
+        lines.append(f"cluster queues from: {states}" + (f"  ({cluster['error']})" if cluster.get("error") else ""))
     lines.append(
         f"spool {now.get('pigeon_spool_messages', 0):,.0f} messages   smtp connections "
         f"{now.get('pigeon_smtp_connections', 0):.0f} in, {now.get('outbound', 0):.0f} out"

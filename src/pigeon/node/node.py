@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from aiohttp import web
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
@@ -31,6 +32,7 @@ from pigeon.dkim.signing import Signing, load_signers
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthThrottle
+from pigeon.listener.http.admin import perform, refusal_answer
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, worst
@@ -43,6 +45,7 @@ from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
+from pigeon.node.broadcast import Broadcast
 from pigeon.node.inbound import Inbound
 from pigeon.node.notify import sd_notify
 from pigeon.node.outbound import Outbound, routes_from
@@ -117,6 +120,9 @@ class Node:
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
+        # With [redis]: admin operations other nodes were asked for reach this worker's shards.
+        self.broadcast: Broadcast | None = None
+        self._consuming: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -183,6 +189,9 @@ class Node:
             )
             await self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
+            if config.redis.url:
+                self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers)
+                self._consuming = asyncio.create_task(self.broadcast.consume(self._apply), name="admin stream")
         tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         self.smtp = SmtpListener(
@@ -263,6 +272,11 @@ class Node:
         _log.info("stopping: finishing open transactions (up to %.0fs)", self.shutdown_timeout)
         if self.smtp is not None:
             await self.smtp.drain(self.shutdown_timeout)
+        if self._consuming is not None:  # before the queues stop: no operation half applied
+            self._consuming.cancel()
+            await asyncio.gather(self._consuming, return_exceptions=True)
+        if self.broadcast is not None:
+            await self.broadcast.close()
         if self.outbound is not None:
             await self.outbound.stop(self.shutdown_timeout)
         if self.inbound is not None:
@@ -365,6 +379,22 @@ class Node:
     @property
     def admin(self) -> Admin | None:
         return self.outbound.admin if self.outbound is not None else None
+
+    @property
+    def broadcast_front(self) -> Broadcast | None:
+        """The admin stream, if this process is the one the API is asked through (one worker,
+        no supervisor): it tells the other nodes. A supervised worker does not: its supervisor does."""
+        return self.broadcast if self._control_socket is None else None
+
+    async def _apply(self, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
+        """An admin request another node was asked for, applied to this worker's shards."""
+        admin = self.admin
+        if admin is None:
+            return 503, {"error": f"delivery is disabled on node {self.config.node.name}"}
+        try:
+            return await perform(admin, method, path, body, operator)
+        except web.HTTPException as refusal:
+            return refusal_answer(refusal)
 
     def health(self) -> dict[str, Any]:
         """What /healthz says: a status per component, and the worst of them (see

@@ -29,12 +29,14 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
+from pigeon.listener.http.admin import cluster_wide, refusal_answer, validate, with_id
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
+from pigeon.node.answers import merge_answers
+from pigeon.node.broadcast import Broadcast
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
-from pigeon.queue.rules import new_rule_id
 from pigeon.shaping.table import create_shared_table, shared_table_path
 
 _log = logging.getLogger(__name__)
@@ -110,6 +112,8 @@ class Supervisor:
         self._tokens = Tokens.from_config(config)
         self._open_requests = 0
         self._open_anonymous = 0
+        # With [redis], admin operations issued here go to every node (their workers consume).
+        self._cluster = Broadcast(config) if config.redis.url and config.delivery.enabled else None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -167,6 +171,8 @@ class Supervisor:
             await self._runner.cleanup()
         for worker in self.workers:
             await worker.close()
+        if self._cluster is not None:
+            await self._cluster.close()
 
     # --- workers -----------------------------------------------------------------------
     async def _spawn(self, worker: Worker) -> None:
@@ -347,26 +353,44 @@ class Supervisor:
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
     async def _broadcast(self, request: web.Request, body: bytes) -> web.Response:
+        """An admin request goes to every worker (each owns its shards); with [redis], a write
+        (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`)."""
         if request.method == "POST" and body:
-            # A new standing rule gets its id here, so every worker stores it under the same.
-            with contextlib.suppress(ValueError):
-                decoded = json.loads(body)
-                if isinstance(decoded, dict) and "id" not in decoded:
-                    decoded["id"] = new_rule_id()
-                    body = json.dumps(decoded).encode()
+            body = with_id(body)
+        cluster = self._cluster
+        if (
+            cluster is not None
+            and request.path.startswith(("/api/v1/admin/", "/api/v1/queues"))
+            and (request.method != "GET" or cluster_wide(request))
+        ):
+            try:
+                # Checked here, before any other node is told: the others trust the stream.
+                operator = self._tokens.holder(request, "read" if request.method == "GET" else "admin")
+                validate(request.method, request.path, body)
+            except web.HTTPException as refusal:
+                status, answer = refusal_answer(refusal)
+                challenge = {k: v for k, v in refusal.headers.items() if k == "WWW-Authenticate"}
+                return web.json_response(answer, status=status, headers=challenge)
+            status, merged = await cluster.around(
+                request.method, request.path, body, operator, lambda: self._to_workers(request, body)
+            )
+        else:
+            status, merged = await self._to_workers(request, body)
+        return web.json_response(merged, status=status)
+
+    async def _to_workers(self, request: web.Request, body: bytes) -> tuple[int, Any]:
         answers: list[tuple[int, Any]] = []
         for worker in self.workers:
             try:
                 response = await worker.forward(request, body)
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
                 message = f"worker {worker.index} did not answer ({error!r}); the others did: ask again"
-                return web.json_response({"error": message}, status=502)
+                return 502, {"error": message}
             try:
                 answers.append((response.status, json.loads(response.body)))  # type: ignore[arg-type]
             except ValueError:
                 answers.append((response.status, {"error": "not JSON"}))
-        status, merged = merge_answers(answers)
-        return web.json_response(merged, status=status)
+        return merge_answers(answers)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         answers = await self._ask_all("/metrics")
@@ -381,62 +405,6 @@ def _closing(response: web.Response) -> web.Response:
     """`response`, after which the connection closes: an unread body is not drained."""
     response.force_close()
     return response
-
-
-def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
-    """One answer from every worker's: the first refusal (4xx/5xx but 404) as it is; else
-    counts added up, lists joined (rules by id once), "cancelled" if any worker cancelled,
-    and 404 only if no worker had what was asked for."""
-    for status, answer in answers:
-        if status >= 400 and status != 404:
-            return status, answer
-    found = [answer for status, answer in answers if status < 400]
-    if not found:
-        return answers[0]
-    merged: dict[str, Any] = {}
-    for answer in found:
-        for key, value in answer.items():
-            if isinstance(value, bool):
-                merged[key] = merged.get(key, False) or value
-            elif isinstance(value, int | float) and key not in ("created", "next_due", "size", "attempts"):
-                merged[key] = merged.get(key, 0) + value
-            elif (
-                isinstance(value, list)
-                and value
-                and isinstance(value[0], dict)
-                and ("queue" in value[0] or "path" in value[0] or "operation" in value[0])
-            ):
-                merged[key] = _merge_rows(merged.get(key, []), value)
-            elif isinstance(value, list):
-                seen = {item.get("id") for item in merged.get(key, []) if isinstance(item, dict)}
-                merged[key] = merged.get(key, []) + [
-                    v for v in value if not isinstance(v, dict) or v.get("id") not in seen
-                ]
-            elif merged.get(key) is None:
-                merged[key] = value
-    return 200, merged
-
-
-def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Queue rows of several workers, one per queue: counts added, the oldest kept."""
-    by_key = {_row_key(row): dict(row) for row in rows}
-    for row in more:
-        key = _row_key(row)
-        mine = by_key.setdefault(key, {})
-        for name, value in row.items():
-            if name in ("oldest", "started"):
-                mine[name] = min(mine.get(name, value), value)
-            elif name == "finished":
-                mine[name] = max(mine.get(name, value), value)
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                mine[name] = mine.get(name, 0) + value
-            else:
-                mine.setdefault(name, value)
-    return sorted(by_key.values(), key=lambda r: str(_row_key(r)))
-
-
-def _row_key(row: dict[str, Any]) -> Any:
-    return row.get("queue") or row.get("path") or row.get("operation")
 
 
 def merge_metrics(texts: list[str]) -> str:

@@ -15,10 +15,16 @@
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
 seconds or strings ("30m", "2h"), as in the config. With several workers the supervisor
 sends each request to all of them and adds up the answers.
+
+With `[redis]`, a write applies on every node of the cluster (`pigeon.node.broadcast`) and
+its answer adds up every node's, with `cluster.nodes` saying which answered; a read given
+`?cluster=1` (queues, operations, standing rules) does the same.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -28,7 +34,7 @@ from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
-from pigeon.queue.admin import Admin
+from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.rules import Selector
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
@@ -65,67 +71,44 @@ _REBIND_DECODER: Final = msgspec.json.Decoder(RebindRequest, dec_hook=decode_hoo
 
 
 async def bounce(request: web.Request) -> web.Response:
-    return await _standing(request, "bounce")
+    return await _write(request)
 
 
 async def suspend(request: web.Request) -> web.Response:
-    return await _standing(request, "suspend")
-
-
-async def _standing(request: web.Request, kind: str) -> web.Response:
-    """Bounce or suspend: the same request, a rule of that kind."""
-    admin, operator, body = await _admin_request(request)
-    if body.site is not None and (kind != "suspend" or body.domain or body.tenant or body.campaign or body.queue):
-        raise bad_request("site names a ready queue to suspend, on its own", "$.site")
-    operation = admin.bounce if kind == "bounce" else admin.suspend
-    duration = float(body.duration) if body.duration else None
-    result = await operation(body.selector(), reason=body.reason, operator=operator, duration=duration, rule_id=body.id)
-    return web.json_response(result)
+    return await _write(request)
 
 
 async def rebind(request: web.Request) -> web.Response:
-    admin, operator, body = await _admin_request(request, _REBIND_DECODER)
-    assert isinstance(body, RebindRequest)
-    if body.site is not None:
-        raise bad_request("site is for suspend only", "$.site")
-    if body.to_queue is None and body.routing_domain is None:
-        raise bad_request("say where to: to_queue, routing_domain or both", "$")
-    result = await admin.rebind(
-        body.selector(), queue=body.to_queue, routing_domain=body.routing_domain, operator=operator, operation=body.id
-    )
-    return web.json_response(result)
+    return await _write(request)
 
 
 async def retry(request: web.Request) -> web.Response:
-    admin, _, body = await _admin_request(request)
-    if body.site is not None:
-        raise bad_request("site is for suspend only", "$.site")
-    return web.json_response(await admin.retry(body.selector(), body.id))
+    return await _write(request)
+
+
+async def cancel_bounce(request: web.Request) -> web.Response:
+    return await _write(request)
+
+
+async def resume(request: web.Request) -> web.Response:
+    return await _write(request)
 
 
 async def operations(request: web.Request) -> web.Response:
     """Recent bulk operations and how far they got (poll it while a big one runs)."""
-    return web.json_response({"operations": _admin(request, "read").operations()})
+    return await _read(request)
 
 
 async def list_bounces(request: web.Request) -> web.Response:
-    return web.json_response({"rules": _admin(request, "read").rules("bounce")})
+    return await _read(request)
 
 
 async def list_suspensions(request: web.Request) -> web.Response:
-    return web.json_response({"rules": _admin(request, "read").rules("suspend")})
-
-
-async def cancel_bounce(request: web.Request) -> web.Response:
-    return await _cancel(request, "bounce")
-
-
-async def resume(request: web.Request) -> web.Response:
-    return await _cancel(request, "suspend")
+    return await _read(request)
 
 
 async def queues(request: web.Request) -> web.Response:
-    return web.json_response(await _admin(request, "read").summary())
+    return await _read(request)
 
 
 async def inspect(request: web.Request) -> web.Response:
@@ -140,31 +123,172 @@ async def inspect(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
-async def _cancel(request: web.Request, kind: str) -> web.Response:
-    admin = _admin(request, "admin")
-    rule_id = request.match_info["id"]
-    result = await admin.cancel(rule_id, kind)
-    if not result["cancelled"]:
-        what = "standing bounce" if kind == "bounce" else "suspension"
-        return web.json_response({"error": f"no {what} {rule_id}", "cancelled": False}, status=404)
-    return web.json_response(result)
+def with_id(body: bytes) -> bytes:
+    """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
+    it is issued, so every worker and every node stores it under the same."""
+    with contextlib.suppress(ValueError):
+        decoded = json.loads(body)
+        if isinstance(decoded, dict) and "id" not in decoded:
+            decoded["id"] = new_rule_id()
+            return json.dumps(decoded).encode()
+    return body
 
 
-async def _admin_request(
-    request: web.Request, decoder: msgspec.json.Decoder[Any] = _DECODER
-) -> tuple[Admin, str, AdminRequest]:
-    node = request.app[NODE_KEY]
-    operator = node.tokens.holder(request, "admin")
-    admin = _admin(request, None)
+def validate(method: str, path: str, body: bytes) -> None:
+    """Refuse (400, 404, 405) what `perform` would refuse before doing anything: checked where a
+    request is issued, so a bad one is not sent to every worker and node first."""
+    _route(method, path)
+    if method == "POST":
+        _decode(path, body)
+
+
+async def perform(admin: Admin, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
+    """One admin request applied to this worker's shards: its HTTP status and JSON answer.
+
+    What the HTTP handlers run, and what every other node runs for a request issued on one
+    node (`pigeon.node.broadcast`). Refusals are raised as `web.HTTPException`."""
+    action, rule_id = _route(method, path)
+    if action == "queues":
+        return 200, await admin.summary()
+    if action == "operations":
+        return 200, {"operations": admin.operations()}
+    if action in ("list-bounce", "list-suspend"):
+        return 200, {"rules": admin.rules(action.removeprefix("list-"))}
+    if action in ("cancel-bounce", "cancel-suspend"):
+        kind = action.removeprefix("cancel-")
+        result = await admin.cancel(rule_id, kind)
+        if not result["cancelled"]:
+            what = "standing bounce" if kind == "bounce" else "suspension"
+            return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
+        return 200, result
+    request = _decode(path, body)
+    if action == "rebind":
+        assert isinstance(request, RebindRequest)
+        return 200, await admin.rebind(
+            request.selector(),
+            queue=request.to_queue,
+            routing_domain=request.routing_domain,
+            operator=operator,
+            operation=request.id,
+        )
+    if action == "retry":
+        return 200, await admin.retry(request.selector(), request.id)
+    operation = admin.bounce if action == "bounce" else admin.suspend
+    duration = float(request.duration) if request.duration else None
+    return 200, await operation(
+        request.selector(), reason=request.reason, operator=operator, duration=duration, rule_id=request.id
+    )
+
+
+_WRITES: Final = {"bounce", "suspend", "retry", "rebind"}
+_READS: Final = {"queues": "/api/v1/queues", "operations": "/api/v1/admin/operations"}
+
+
+def _route(method: str, path: str) -> tuple[str, str]:
+    """(action, rule id) of an admin request; 404 or 405 if it is none."""
+    path = path.partition("?")[0].rstrip("/")
+    for action, known in _READS.items():
+        if path == known:
+            if method != "GET":
+                raise web.HTTPMethodNotAllowed(method, ["GET"])
+            return action, ""
+    prefix = "/api/v1/admin/"
+    if path.startswith(prefix):
+        name, _, rule_id = path.removeprefix(prefix).partition("/")
+        if name in _WRITES and not rule_id:
+            if method == "GET" and name in ("bounce", "suspend"):
+                return f"list-{name}", ""
+            if method != "POST":
+                raise web.HTTPMethodNotAllowed(method, ["POST"])
+            return name, ""
+        if name in ("bounce", "suspend") and rule_id and "/" not in rule_id:
+            if method != "DELETE":
+                raise web.HTTPMethodNotAllowed(method, ["DELETE"])
+            return f"cancel-{name}", rule_id
+    raise web.HTTPNotFound(text=json.dumps({"error": f"no admin operation at {path}"}), content_type="application/json")
+
+
+def _decode(path: str, body: bytes) -> AdminRequest:
+    action, _ = _route("POST", path)
+    decoder = _REBIND_DECODER if action == "rebind" else _DECODER
     try:
-        body = decoder.decode(await request.read())
+        request: AdminRequest = decoder.decode(body)
     except msgspec.ValidationError as error:
         raise bad_request(error) from None
     except msgspec.DecodeError as error:
         raise bad_request(f"malformed JSON: {error}") from None
-    if body.selector().empty():
+    if request.selector().empty():
         raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
-    return admin, operator, body
+    if request.site is not None and (
+        action != "suspend" or request.domain or request.tenant or request.campaign or request.queue
+    ):
+        if action != "suspend":
+            raise bad_request("site is for suspend only", "$.site")
+        raise bad_request("site names a ready queue to suspend, on its own", "$.site")
+    if isinstance(request, RebindRequest) and request.to_queue is None and request.routing_domain is None:
+        raise bad_request("say where to: to_queue, routing_domain or both", "$")
+    return request
+
+
+async def _write(request: web.Request) -> web.Response:
+    """A write: applied here, and (with [redis], when this process is the one that was asked)
+    on every other node of the cluster."""
+    admin = _admin(request, None)
+    operator = request.app[NODE_KEY].tokens.holder(request, "admin")
+    body = await request.read() if request.method == "POST" else b""
+    path = request.path
+    validate(request.method, path, body)
+    if request.method == "POST":
+        body = with_id(body)
+    return _json(await _front(request, request.method, path, body, operator, admin))
+
+
+async def _read(request: web.Request) -> web.Response:
+    """A read: this worker's part; with `?cluster=1` every node's, added up."""
+    admin = _admin(request, None)
+    operator = request.app[NODE_KEY].tokens.holder(request, "read")
+    if not cluster_wide(request):
+        return _json(await perform(admin, "GET", request.path, b"", operator))
+    return _json(await _front(request, "GET", request.path, b"", operator, admin))
+
+
+def cluster_wide(request: web.Request) -> bool:
+    """Whether a read asks for the whole cluster (`?cluster=1`); 400 for what is not a yes or no."""
+    if "cluster" not in request.query:
+        return False
+    value = request.query["cluster"].lower()
+    if value not in ("0", "1", "true", "false"):
+        raise bad_request(f"cluster is 1 or 0 (true or false), not {value[:20]!r}", "cluster")
+    return value in ("1", "true")
+
+
+async def _front(
+    request: web.Request, method: str, path: str, body: bytes, operator: str, admin: Admin
+) -> tuple[int, Any]:
+    broadcast = request.app[NODE_KEY].broadcast_front
+    if broadcast is None:
+        return await perform(admin, method, path, body, operator)
+    return await broadcast.around(method, path, body, operator, lambda: _caught(admin, method, path, body, operator))
+
+
+async def _caught(admin: Admin, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
+    """`perform`, with a refusal as an answer rather than an exception (to be added up)."""
+    try:
+        return await perform(admin, method, path, body, operator)
+    except web.HTTPException as refusal:
+        return refusal_answer(refusal)
+
+
+def refusal_answer(refusal: web.HTTPException) -> tuple[int, Any]:
+    """A raised refusal as (status, JSON answer): to be added up with other answers."""
+    try:
+        return refusal.status, json.loads(refusal.text or "")
+    except ValueError:
+        return refusal.status, {"error": refusal.text or refusal.reason}
+
+
+def _json(answer: tuple[int, Any]) -> web.Response:
+    return web.json_response(answer[1], status=answer[0])
 
 
 def _admin(request: web.Request, scope: Any) -> Admin:

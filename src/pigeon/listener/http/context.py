@@ -12,6 +12,7 @@ from pigeon.metrics import Metrics
 if TYPE_CHECKING:
     from pigeon.intake import Intake
     from pigeon.listener.http.auth import Tokens
+    from pigeon.node.broadcast import Broadcast
     from pigeon.queue.admin import Admin
 
 
@@ -23,6 +24,9 @@ class NodeView(Protocol):
 
     @property
     def admin(self) -> Admin | None: ...
+
+    @property
+    def broadcast_front(self) -> Broadcast | None: ...
 
     def health(self) -> dict[str, Any]: ...
 

@@ -88,10 +88,22 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str,
     id_schema = {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"}  # 63-bit
     spool_id = [{"name": "id", "in": "path", "required": True, "schema": id_schema}]
 
+    cluster = [
+        {
+            "name": "cluster",
+            "in": "query",
+            "required": False,
+            "description": "1: every node's answer (nodes sharing [redis]), added up; `cluster.nodes` says whose",
+            "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+        }
+    ]
+
     def operation(op_id: str, summary: str, scope: str, **extra: Any) -> dict[str, Any]:
         responses = {"200": _response("Done; counts of what it touched", answer), **errors}
         if "parameters" in extra:
             responses["404"] = _response("No such rule or message", _ref("ErrorResponse"))
+        elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
+            extra["parameters"] = cluster
         return {"operationId": op_id, "summary": f"{summary} (scope '{scope}')", "responses": responses, **extra}
 
     # At least one message selector (a bounce of "everything" must be spelled out: queue "*");

@@ -1,0 +1,287 @@
+"""Admin broadcast: an admin operation issued on any node of a cluster applies on every node.
+
+Nodes share nothing but Redis, so an operation travels there. The node whose API was asked
+(the *origin*: its supervisor, or the node itself when it runs one worker) appends the request
+to a Redis stream (`<prefix>:admin:stream`), applies it to its own workers as before, then
+collects what the other nodes answered and adds it up (`merge_answers`): a bulk bounce issued
+on node A reports the messages bounced on every node, and `GET ...?cluster=1` reads (queues,
+operations, standing rules) sum every node's.
+
+Every worker of every node reads the stream (`consume`) and applies each entry another node
+appended, through the same code the HTTP API runs (`pigeon.listener.http.admin.perform`), then
+pushes its answer to the entry's answer list. The origin knows whom to wait for from a
+presence hash (`<prefix>:admin:nodes`: node -> workers and expiry) every worker renews; a node
+that has not answered by the deadline is reported as `pending` (it applies the operation
+when it gets to it, and its progress shows in `GET /api/v1/admin/operations?cluster=1`).
+
+Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
+from where it stopped (its cursor is kept in a file next to its spool), so a suspension or a
+standing bounce issued meanwhile still reaches it. Entries older than `REPLAY` seconds are not
+applied late (a bounce meant for what was queued an hour ago must not hit mail accepted
+since); reads older than a few seconds are dropped, since nobody waits for them any more.
+
+Redis being away never stops an operation on the node that was asked: it is applied here,
+and the answer says, under `cluster`, that the other nodes were not told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from pigeon.config.schema import Config
+from pigeon.node.answers import merge_answers
+
+_log = logging.getLogger(__name__)
+
+REPLAY: Final = 300.0  # seconds after which a write another node issued is no longer applied
+_READ_REPLAY: Final = 5.0  # seconds after which a read is dropped unanswered: nobody waits for it
+WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to a write
+READ_WAIT: Final = 3.0  # ... and to a read
+_PRESENCE: Final = 10.0  # seconds a node counts as present after its last renewal
+_RENEW: Final = 2.0
+_ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it within WRITE_WAIT)
+_STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
+_BLOCK_MS: Final = 1000
+
+# apply(method, path, body, operator) -> (HTTP status, JSON answer): one worker's part.
+Apply = Callable[[str, str, bytes, str], Awaitable[tuple[int, Any]]]
+
+
+def origin_of(config: Config) -> str:
+    """This node's identity in the stream: its name and its spool, so two nodes given one
+    name by mistake still tell their entries apart (every process of a node computes the same)."""
+    where = f"{config.node.name}\0{config.spool.path.resolve()}"
+    return hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+class Broadcast:
+    """One process's end of the admin stream: the origin's (`around`) and a worker's (`consume`)."""
+
+    def __init__(self, config: Config, *, worker: int = 0, workers: int = 1) -> None:
+        redis = config.redis
+        assert redis.url is not None
+        self.node = config.node.name
+        self.origin = origin_of(config)
+        self._worker = worker
+        self._workers = workers
+        prefix = redis.key_prefix
+        self._stream = f"{prefix}:admin:stream"
+        self._nodes = f"{prefix}:admin:nodes"
+        self._answers = f"{prefix}:admin:answers:"
+        self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
+        timeout = float(redis.timeout)
+        self._redis = aioredis.Redis.from_url(redis.url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        # XREAD BLOCK holds its connection for up to a second: a client of its own, whose
+        # socket timeout is longer than the block.
+        self._reader = aioredis.Redis.from_url(
+            redis.url, socket_timeout=timeout + _BLOCK_MS / 1000, socket_connect_timeout=timeout
+        )
+        self._down_since: float | None = None
+
+    async def close(self) -> None:
+        for client in (self._redis, self._reader):
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()
+
+    # --- the origin --------------------------------------------------------------------------
+    async def around(
+        self, method: str, path: str, body: bytes, operator: str, local: Callable[[], Awaitable[tuple[int, Any]]]
+    ) -> tuple[int, Any]:
+        """Run `local` (this node's part) while every other node runs its own; one answer.
+
+        The entry is appended first, so the other nodes work while this one does."""
+        write = method != "GET"
+        op = secrets.token_hex(8)
+        expected: dict[str, int] = {}
+        try:
+            expected = await self._present()
+            await self._redis.xadd(
+                self._stream,
+                {
+                    "op": op,
+                    "origin": self.origin,
+                    "node": self.node,
+                    "method": method,
+                    "path": path,
+                    "body": body,
+                    "operator": operator,
+                    "time": repr(time.time()),
+                },
+                maxlen=_STREAM_LENGTH,
+                approximate=True,
+            )
+        except (RedisError, OSError) as error:
+            status, answer = await local()
+            _log.warning("%s %s applied on this node only: Redis cannot be reached (%s)", method, path, error)
+            if isinstance(answer, dict):
+                answer["cluster"] = {
+                    "nodes": {self.node: "done"},
+                    "error": f"Redis cannot be reached ({error}): applied on this node only; "
+                    "issue it again on the other nodes, or once Redis is back",
+                }
+            return status, answer
+        status, answer = await local()
+        answers: list[tuple[int, Any]] = [(status, answer)]
+        nodes = {self.node: "done"}
+        remote, pending = await self._gather(op, expected, WRITE_WAIT if write else READ_WAIT)
+        for node, replies in remote.items():
+            answers += replies
+            nodes[node] = "done"
+        for node in pending:
+            nodes[node] = "pending"
+        merged_status, merged = merge_answers(answers)
+        if isinstance(merged, dict):
+            merged["cluster"] = {"nodes": nodes}
+        return merged_status, merged
+
+    async def _present(self) -> dict[str, int]:
+        """The other nodes present: node -> its workers (each answers for itself)."""
+        now = time.time()
+        present: dict[str, int] = {}
+        nodes: dict[Any, Any] = await self._redis.hgetall(self._nodes)
+        for origin, value in nodes.items():
+            if origin.decode() == self.origin:
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                seen = json.loads(value)
+                if seen["expires"] > now:
+                    present[seen["node"]] = int(seen["workers"])
+        return present
+
+    async def _gather(
+        self, op: str, expected: dict[str, int], wait: float
+    ) -> tuple[dict[str, list[tuple[int, Any]]], list[str]]:
+        key = self._answers + op
+        deadline = time.monotonic() + wait
+        got: dict[str, list[tuple[int, Any]]] = {}
+
+        def missing() -> list[str]:
+            return [node for node, workers in expected.items() if len(got.get(node, ())) < workers]
+
+        while missing():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                popped: Any = await self._reader.blpop([key], timeout=min(left, 1.0))
+            except (RedisError, OSError) as error:
+                _log.warning("cannot collect the other nodes' answers: %s", error)
+                break
+            if popped is None:
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                reply = json.loads(popped[1])
+                got.setdefault(reply["node"], []).append((int(reply["status"]), reply["answer"]))
+        return got, missing()
+
+    # --- every worker ------------------------------------------------------------------------
+    async def consume(self, apply: Apply) -> None:
+        """Apply what other nodes append, until cancelled. Never raises for Redis's sake."""
+        cursor = await self._start_cursor()
+        renewed = 0.0
+        while True:
+            try:
+                if time.monotonic() - renewed >= _RENEW:
+                    await self._renew()
+                    renewed = time.monotonic()
+                read: Any = await self._reader.xread({self._stream: cursor}, count=100, block=_BLOCK_MS)
+                if self._down_since is not None:
+                    _log.info("admin stream: Redis answers again; reading on from %s", cursor)
+                    self._down_since = None
+            except (RedisError, OSError) as error:
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    _log.warning("admin stream: Redis cannot be reached (%s); trying again every second", error)
+                await asyncio.sleep(1.0)
+                continue
+            for _, entries in read or []:
+                for entry_id, fields in entries:
+                    await self._apply(fields, apply)
+                    cursor = entry_id.decode()
+                    self._save_cursor(cursor)
+
+    async def _apply(self, raw: dict[bytes, bytes], apply: Apply) -> None:
+        fields = {k.decode(): v for k, v in raw.items()}
+        try:
+            origin = fields["origin"].decode()
+            method = fields["method"].decode()
+            path = fields["path"].decode()
+            issued = float(fields["time"])
+            op = fields["op"].decode()
+        except (KeyError, ValueError, UnicodeDecodeError):
+            _log.warning("admin stream: an entry without its fields was skipped: %r", sorted(fields))
+            return
+        if origin == self.origin:
+            return  # the origin applied it to its workers itself
+        age = time.time() - issued
+        if age > (_READ_REPLAY if method == "GET" else REPLAY):
+            if method != "GET":
+                _log.warning(
+                    "admin stream: %s %s from node %s is %.0fs old and was not applied here (past %.0fs); "
+                    "issue it again if it still stands",
+                    method,
+                    path,
+                    fields.get("node", b"?").decode(errors="replace"),
+                    age,
+                    REPLAY,
+                )
+            return
+        operator = fields.get("operator", b"").decode(errors="replace")
+        try:
+            status, answer = await apply(method, path, fields.get("body", b""), operator)
+        except Exception as error:  # one bad entry must not stop the stream for good
+            _log.exception("admin stream: %s %s failed here", method, path)
+            status, answer = 500, {"error": f"node {self.node} failed to apply it: {error!r}"}
+        reply = json.dumps({"node": self.node, "worker": self._worker, "status": status, "answer": answer})
+        key = self._answers + op
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(key, reply)
+                pipe.expire(key, _ANSWERS_KEPT)
+                await pipe.execute()
+        except (RedisError, OSError) as error:
+            _log.warning("admin stream: applied %s %s, but could not answer: %s", method, path, error)
+
+    async def _renew(self) -> None:
+        presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}
+        await self._redis.hset(self._nodes, self.origin, json.dumps(presence))
+
+    async def _start_cursor(self) -> str:
+        """Where this worker reads on from: its saved cursor, or (first start) the stream's end."""
+        with contextlib.suppress(OSError):
+            saved = self._cursor_path.read_text().strip()
+            if saved:
+                return saved
+        while True:
+            try:
+                last: Any = await self._redis.xrevrange(self._stream, count=1)
+                cursor = last[0][0].decode() if last else "0-0"
+                self._save_cursor(cursor)
+                return cursor
+            except (RedisError, OSError) as error:
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    _log.warning("admin stream: Redis cannot be reached (%s); trying again every second", error)
+                await asyncio.sleep(1.0)
+
+    def _save_cursor(self, cursor: str) -> None:
+        # Not fsynced: after a crash an entry may be applied twice, and every admin operation
+        # is idempotent (a rule keeps its id; bounced mail is gone; a retry is due already).
+        temporary = self._cursor_path.with_name(self._cursor_path.name + ".tmp")
+        try:
+            temporary.write_text(cursor)
+            os.replace(temporary, self._cursor_path)
+        except OSError as error:
+            _log.warning("admin stream: cannot save the cursor %s: %s", self._cursor_path, error)

@@ -1,0 +1,196 @@
+"""Admin operations across a cluster: issued on one node, applied on every node sharing the Redis.
+
+Node a runs one worker (its own API is the front), node b two workers behind a supervisor: an
+operation issued on either reaches the other's every worker, and the answer adds up both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.services import RedisServer
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+ADMIN = "admin-token-0123456789"
+READER = "reader-token-0123456789"
+TOKENS = [
+    {"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]},
+    {"name": "dashboard", "token": READER, "scopes": ["read"]},
+]
+
+
+@pytest.fixture
+def sink() -> Iterator[ScriptedSink]:
+    with ScriptedSink() as running:
+        yield running
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> Iterator[tuple[PigeonProcess, ...]]:
+    with ExitStack() as stack:
+        nodes = []
+        for name, workers in (("a", 1), ("b", 2)):
+            config = delivery_config(sink.endpoint, retry_interval="1h")
+            node = PigeonProcess(
+                tmp_path / name,
+                node={"name": name, "workers": workers},
+                http={"token": TOKENS},
+                redis={"url": redis_server.url, "timeout": "1s"},
+                **config,
+            )
+            nodes.append(stack.enter_context(node))
+        yield tuple(nodes)
+
+
+def _api(node: PigeonProcess, method: str, path: str, body: Any = None, token: str = ADMIN) -> tuple[int, Any]:
+    if method == "POST":
+        return node.http_post(path, body, token)
+    request = urllib.request.Request(f"http://127.0.0.1:{node.http_port}{path}", method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _defer(node: PigeonProcess, count: int, domain: str = "example.net") -> None:
+    """`count` messages the sink defers (retried in an hour): they stay queued on `node`."""
+    for n in range(count):
+        status, answer = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "sender@example.org",
+                "content": f"Subject: {n}\r\n\r\nhello\r\n",
+                "recipients": [{"email": f"tempfail@{domain}"}],
+            },
+            node.local_token,
+        )
+        assert status == 200, answer
+    wait_until(lambda: len({r["id"] for r in node.records("TransientFailure")}) >= count, 30)
+
+
+def _queued(node: PigeonProcess, cluster: bool = False) -> int:
+    status, answer = _api(node, "GET", "/api/v1/queues" + ("?cluster=1" if cluster else ""), token=READER)
+    assert status == 200, answer
+    return sum(row["messages"] for row in answer["scheduled"])
+
+
+def test_a_bulk_bounce_issued_on_one_node_reaches_mail_queued_on_the_other(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    a, b = cluster
+    _defer(a, 3)
+    _defer(b, 5)
+    _defer(b, 2, domain="other.test")  # not selected: stays
+    status, answer = _api(a, "POST", "/api/v1/admin/bounce", {"domain": "example.net", "reason": "list cleaning"})
+    assert status == 200, answer
+    assert answer["bounced"] == 8  # a's 3 and b's 5, added up
+    assert answer["cluster"]["nodes"] == {"a": "done", "b": "done"}
+    bounced_on_b = wait_until(lambda: len(b.records("AdminBounce")) == 5 and b.records("AdminBounce"))
+    assert all(r["reason"] == "list cleaning" and r["operator"] == "ops" for r in bounced_on_b)
+    assert len(a.records("AdminBounce")) == 3
+    assert _queued(b) == 2 and _queued(a) == 0
+
+
+def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(
+    cluster: tuple[PigeonProcess, PigeonProcess], sink: ScriptedSink
+) -> None:
+    a, b = cluster
+    status, answer = _api(b, "POST", "/api/v1/admin/suspend", {"tenant": "acme", "reason": "complaints"})
+    assert status == 200, answer
+    rule_id = answer["rule"]["id"]
+    assert answer["cluster"]["nodes"] == {"a": "done", "b": "done"}
+    # The same rule, under the same id, stands on a (issued on b's supervisor).
+    status, listed = _api(a, "GET", "/api/v1/admin/suspend", token=READER)
+    assert [r["id"] for r in listed["rules"]] == [rule_id]
+    for node in (a, b):
+        status, injected = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "sender@example.org",
+                "content": "X-Tenant: acme\r\nSubject: held\r\n\r\nhello\r\n",
+                "recipients": [{"email": f"user@{node.config['node']['name']}.example"}],
+            },
+            node.local_token,
+        )
+        assert status == 200, injected
+    time.sleep(1.5)
+    assert not sink.received, "a suspended tenant's mail went out"
+    status, answer = _api(a, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+    assert status == 200, answer
+    assert answer["cancelled"] and answer["made_due"] == 2  # one on each node
+    sink.wait_for(2)
+    status, listed = _api(b, "GET", "/api/v1/admin/suspend?cluster=1", token=READER)
+    assert listed["rules"] == [] and listed["cluster"]["nodes"] == {"a": "done", "b": "done"}
+
+
+def test_cluster_reads_add_up_every_nodes_queues_and_the_cli_shows_them(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    a, b = cluster
+    _defer(a, 2)
+    _defer(b, 3)
+    assert _queued(a) == 2
+    assert _queued(a, cluster=True) == 5
+    assert _queued(b, cluster=True) == 5
+    shown = subprocess.run(
+        [sys.executable, "-m", "pigeon", "queue", "summary", "--cluster", "--url", f"http://127.0.0.1:{a.http_port}",
+         "--token", READER],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "nodes: a (done), b (done)" in shown.stdout
+    row = next(line for line in shown.stdout.splitlines() if "example.net" in line)
+    assert row.split()[1] == "5"
+
+
+def test_a_read_only_token_cannot_bounce_anywhere_in_the_cluster(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:
+    a, b = cluster
+    _defer(a, 1)
+    _defer(b, 1)
+    for node in (a, b):
+        status, answer = _api(node, "POST", "/api/v1/admin/bounce", {"domain": "*"}, token=READER)
+        assert status == 403, answer
+        status, answer = _api(node, "POST", "/api/v1/admin/bounce", {"reason": "no selector"})
+        assert status == 400, answer
+    time.sleep(1.0)  # what another node would have applied, it would have by now
+    assert _queued(a) == 1 and _queued(b) == 1
+    assert not a.records("AdminBounce") and not b.records("AdminBounce")
+
+
+def test_without_redis_an_operation_applies_on_the_node_asked_and_says_the_others_were_not_told(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    a, b = cluster
+    _defer(a, 2)
+    _defer(b, 2)
+    redis_server.stop()
+    status, answer = _api(a, "POST", "/api/v1/admin/bounce", {"domain": "example.net"})
+    assert status == 200, answer
+    assert answer["bounced"] == 2
+    assert "applied on this node only" in answer["cluster"]["error"]
+    assert _queued(b) == 2
+    # When Redis is back, operations reach every node again.
+    redis_server.start()
+    status, answer = wait_until(
+        lambda: (
+            (r := _api(a, "POST", "/api/v1/admin/retry", {"domain": "example.net"}))[1]["cluster"]["nodes"]
+            == {"a": "done", "b": "done"}
+            and r
+        ),
+        30,
+        interval=1.0,
+    )
+    assert status == 200
