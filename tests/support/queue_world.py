@@ -31,7 +31,6 @@ from typing import Any
 import msgspec
 
 from pigeon.delivery.agent import Agent, Work
-from pigeon.delivery.dispatcher import Shaping
 from pigeon.delivery.dsn import Failure
 from pigeon.delivery.routes import Destination, Kind, TlsPolicy
 from pigeon.logs.records import Record
@@ -43,6 +42,7 @@ from pigeon.queue.attempt import Attempt, Unroutable
 from pigeon.queue.policy import QueuePolicies, QueuePolicy
 from pigeon.queue.retry import RetryPolicy
 from pigeon.queue.rules import Selector
+from pigeon.shaping.rules import Shaping
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
@@ -412,7 +412,7 @@ class World:
             policies=self.policies,
             routes=self.routes,
             agents={Kind.SMTP: self.opener or self._open, Kind.TARGET: self.opener or self._open},
-            shaping=lambda domain: shaping,
+            shaping=lambda query: shaping,
             body=lambda message: self.spool.body(message.body_id),
             notifier=self._notify,
             max_active=self.max_active,

@@ -27,11 +27,13 @@ from pigeon.config.schema import (
 )
 from pigeon.dkim.keys import KeyProblem, load_key
 from pigeon.shaping.gcra import Rate
+from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.smtp.commands import mailbox_problem
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
+_BLOCK: Final = re.compile(r"^\.?(\w+)\[(\d+)\]")
 _DOMAIN: Final = re.compile(r"(?i)[a-z0-9_]([a-z0-9_-]*[a-z0-9])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9])?)*\.?")
 
 
@@ -89,14 +91,14 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         smtp.postmaster = f"postmaster@{smtp.hostname}"
     elif (problem := mailbox_problem(smtp.postmaster)) is not None:
         raise fail(["smtp", "postmaster"], f"{smtp.postmaster!r}: {problem}")
-    for keys, rate in [(["delivery", "max_message_rate"], config.delivery.max_message_rate)] + [
-        (["shaping", "max_message_rate"], s.max_message_rate) for s in config.shaping
-    ]:
-        if rate is not None:
-            try:
-                Rate.parse(rate)
-            except ValueError as error:
-                raise fail(keys, str(error)) from None
+    if config.delivery.max_message_rate is not None:
+        try:
+            Rate.parse(config.delivery.max_message_rate)
+        except ValueError as error:
+            raise fail(["delivery", "max_message_rate"], str(error)) from None
+    problems = shaping_problems(config, path, text)
+    if problems:
+        raise ConfigError(problems[0])
     if path is not None:
         base = path.parent
         spool.path = _resolve(spool.path, base)
@@ -131,6 +133,88 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         if not rules.is_file():
             raise fail(["delivery", "bounce_rules"], f"no bounce rule file at {rules}")
     return config
+
+
+def shaping_problems(config: Config, path: Path | None, text: str) -> list[str]:
+    """Every problem of the `[[provider]]` and `[[shaping]]` blocks (not only the first, for
+    `pigeon shaping check`), each naming the block, its key and its line."""
+    problems: list[str] = []
+
+    def problem(section: str, index: int, key: str, reason: str) -> None:
+        line = block_line(text, section, index, key) if path is not None else None
+        where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
+        problems.append(f"{where}[[{section}]] #{index + 1} {key}: {reason}")
+
+    names: list[str] = []
+    for index, block in enumerate(config.provider):
+        try:
+            check_name(block.name)
+        except ValueError as error:
+            problem("provider", index, "name", str(error))
+        if block.name in names:
+            problem("provider", index, "name", f"two [[provider]]s are called {block.name!r}")
+        names.append(block.name)
+        if not block.mx_suffixes:
+            problem("provider", index, "mx_suffixes", 'name at least one, like ["google.com", "googlemail.com"]')
+        for suffix in block.mx_suffixes:
+            try:
+                normalise_suffix(suffix)
+            except ValueError as error:
+                problem("provider", index, "mx_suffixes", str(error))
+    ours = [provider.name for provider in shipped()]
+    known = names + [name for name in ours if name not in names] if config.delivery.provider_defaults else names
+    for index, shaping in enumerate(config.shaping):
+        if shaping.domain is not None and shaping.provider is not None:
+            problem("shaping", index, "provider", "give domain or provider, not both (a block is for one or the other)")
+        elif shaping.domain is None and shaping.provider is None:
+            problem("shaping", index, "domain", 'missing: give domain = "<glob>" or provider = "<name>"')
+        elif shaping.provider is not None and shaping.provider not in known:
+            reason = f"no provider called {shaping.provider!r}"
+            close = difflib.get_close_matches(shaping.provider, known, n=1)
+            if close:
+                reason += f" (did you mean {close[0]!r}?)"
+            elif shaping.provider in ours:
+                reason += " (the shipped ones are off: [delivery] provider_defaults = false)"
+            reason += f"; known: {', '.join(known) or 'none'}"
+            problem("shaping", index, "provider", reason)
+        if shaping.max_message_rate is not None:
+            try:
+                Rate.parse(shaping.max_message_rate)
+            except ValueError as error:
+                problem("shaping", index, "max_message_rate", str(error))
+    return problems
+
+
+def key_line(text: str, keys: list[str]) -> int | None:
+    """The line where a `[section] key` is set in a file, or None if it is not set there."""
+    line = _line_of(text, keys)
+    if line is None:
+        return None
+    name = text.splitlines()[line - 1].split("=", 1)[0].strip().strip('"')
+    return line if "=" in text.splitlines()[line - 1] and name == keys[-1] else None
+
+
+def block_line(text: str, section: str, index: int, key: str | None = None) -> int | None:
+    """The line of the `index`-th (from 0) `[[section]]` table of a file, or of `key` in it
+    when it is set there: best effort, for messages only."""
+    count = -1
+    inside = False
+    header_line: int | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line.startswith("["):
+            if inside:
+                break  # the next table: the key is not in this one
+            if line.split("#", 1)[0].replace(" ", "") == f"[[{section}]]":
+                count += 1
+                if count == index:
+                    inside, header_line = True, number
+                    if key is None:
+                        return number
+            continue
+        if inside and "=" in line and line.split("=", 1)[0].strip().strip('"') == key:
+            return number
+    return header_line
 
 
 def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
@@ -258,8 +342,14 @@ def _explain(message: str, path: Path, text: str) -> str:
     elif keys == ["node", "workers"]:
         reason = 'must be "auto" or a number of worker processes from 1 to 64'
     line = _line_of(text, keys)
-    where = f"{path}, line {line}" if line else str(path)
     name = _key_name(keys)
+    block = _BLOCK.match(match.group("path") or "")
+    if block is not None and len(keys) == 2 and block.group(1) in ("shaping", "provider"):
+        # An array of tables ([[shaping]]): the line and number of the very block.
+        index = int(block.group(2))
+        line = block_line(text, block.group(1), index, keys[1]) or line
+        name = f"[[{block.group(1)}]] #{index + 1} {keys[1]}"
+    where = f"{path}, line {line}" if line else str(path)
     return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
 
 

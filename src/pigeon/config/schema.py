@@ -313,6 +313,9 @@ class DeliveryConfig(_Section):
     """Header naming the campaign part of the queue name; removed before delivery."""
     bounce_rules: list[Path] = msgspec.field(default_factory=list)
     """TOML files of extra bounce classification rules, tried before the built-in table."""
+    provider_defaults: bool = True
+    """Use the providers Pigeon ships (Gmail, Outlook, Yahoo, ... with conservative limits:
+    `pigeon/shaping/providers.toml`). Off: only the `[[provider]]` blocks of this file."""
 
 
 class DnsConfig(_Section):
@@ -339,9 +342,22 @@ class QueueConfig(_Section):
     dsn: bool | None = None
 
 
+class ProviderConfig(_Section):
+    name: str
+    """What `[[shaping]] provider = "..."` calls it (lower-case letters, digits, ".", "-", "_").
+    The name of a shipped provider ("gmail", "outlook", "yahoo", ...) replaces its suffixes."""
+    mx_suffixes: list[str]
+    """Suffixes of its MX hosts' names ("google.com", or "*.google.com": the same). A site is
+    the provider's when every one of its MX hosts is under one of them."""
+
+
 class ShapingConfig(_Section):
-    domain: str
-    """Recipient domains this applies to (a glob)."""
+    domain: str | None = None
+    """Recipient domains this applies to (a glob). Give this or `provider`, not both."""
+    provider: str | None = None
+    """A provider's name (a `[[provider]]`, or a shipped one): the limits apply to the
+    provider's sites as a whole, counted together (`provider:<name>`), whichever recipient
+    domain led there."""
     connection_limit: PositiveInt | None = None
     max_deliveries_per_connection: PositiveInt | None = None
     idle_timeout: Duration | None = None
@@ -602,6 +618,7 @@ class Config(_Section):
     route: list[RouteConfig] = msgspec.field(default_factory=list)
     queue: list[QueueConfig] = msgspec.field(default_factory=list)
     shaping: list[ShapingConfig] = msgspec.field(default_factory=list)
+    provider: list[ProviderConfig] = msgspec.field(default_factory=list)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
     target: list[TargetConfig] = msgspec.field(default_factory=list)
     mailbox: list[MailboxConfig] = msgspec.field(default_factory=list)

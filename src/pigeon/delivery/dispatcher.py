@@ -36,7 +36,6 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from pigeon.delivery.agent import Agent, Opener, Unreachable, Work
@@ -46,7 +45,7 @@ from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Lease
-from pigeon.shaping.gcra import Rate
+from pigeon.shaping.rules import Shaping, ShapingQuery
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
@@ -59,24 +58,20 @@ _AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unex
 _REFUSED_RETRY: Final = 0.1
 
 
-@dataclass(frozen=True, slots=True)
-class Shaping:
-    """Limits for one destination (from `[delivery]`, refined by `[[shaping]]`)."""
-
-    connection_limit: int = 32
-    max_deliveries_per_connection: int = 1000
-    idle_timeout: float = 10.0
-    max_message_rate: Rate | None = None
-    connection_failures_before_delay: int = 3
-
-
 def ideal_connections(queued: int, limit: int) -> int:
     return min(queued, math.ceil(limit * (1 - math.exp(-0.023 * queued))))
 
 
 def limit_key(site: str) -> str:
-    """The throttle key of a site's limits (providers and sources will have keys of their own)."""
+    """The throttle key of a site's own limits (a provider's sites share `provider:<name>`:
+    `Shaping.key`, from `pigeon.shaping.rules`)."""
     return f"site:{site}"
+
+
+def shaping_query(queue: ReadyQueue) -> ShapingQuery:
+    """What a ready queue's limits are looked up by."""
+    destination: Destination = queue.destination
+    return ShapingQuery(queue.domain, queue.site, tuple(hop.host for hop in destination.hops))
 
 
 class _Lane:
@@ -87,7 +82,7 @@ class _Lane:
     def __init__(self, queue: ReadyQueue, shaping: Shaping) -> None:
         self.queue = queue
         self.shaping = shaping
-        self.key = limit_key(queue.site)
+        self.key = shaping.key or limit_key(queue.site)
         self.connections = 0  # connection tasks running
         self.failures = 0  # consecutive failed connection attempts
         self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
@@ -100,7 +95,7 @@ class Dispatcher:
         self,
         *,
         agents: Mapping[Kind, Opener],
-        shaping: Callable[[str], Shaping],
+        shaping: Callable[[ShapingQuery], Shaping],
         begin: Callable[[Lease], Message | None],
         report: Callable[[Lease, Attempt], asyncio.Future[None] | None],
         body: Callable[[Message], bytes],
@@ -136,7 +131,7 @@ class Dispatcher:
         """`queue` has mail: make sure enough connections work on it."""
         lane = self._lanes.get(queue.path)
         if lane is None:
-            lane = self._lanes[queue.path] = _Lane(queue, self._shaping(queue.domain))
+            lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)))
         self._start(lane)
 
     def kick_all(self) -> None:

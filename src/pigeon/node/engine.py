@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from pigeon.delivery.agent import Opener
-from pigeon.delivery.dispatcher import Dispatcher, Shaping
+from pigeon.delivery.dispatcher import Dispatcher
 from pigeon.delivery.routes import Kind
 from pigeon.message import Message
 from pigeon.metrics import Counts
@@ -24,6 +24,7 @@ from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Routes, Scheduler
 from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, RouteFailures, Settlement
 from pigeon.queue.state import ActiveSet, Lease
+from pigeon.shaping.rules import Shaping, ShapingQuery
 from pigeon.shaping.throttles import Throttles
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
@@ -50,7 +51,7 @@ def build_engine(
     policies: QueuePolicies,
     routes: Routes,
     agents: Mapping[Kind, Opener],
-    shaping: Callable[[str], Shaping],
+    shaping: Callable[[ShapingQuery], Shaping],
     body: Callable[[Message], bytes],
     notifier: Notifier | None = None,
     hooks: DeliveryHooks | None = None,

@@ -6,14 +6,12 @@ and stops it as one piece. Wiring only: every decision lives in the rooms it bui
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import time
 from collections.abc import Callable, Mapping
 
 from pigeon.config.schema import Config
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
-from pigeon.delivery.dispatcher import Shaping
 from pigeon.delivery.dsn import Notifier
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
@@ -31,7 +29,7 @@ from pigeon.policy.hooks import Policy
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
 from pigeon.shaping.cluster import ClusterThrottles
-from pigeon.shaping.gcra import Rate
+from pigeon.shaping.rules import ShapingRules
 from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_path
 from pigeon.shaping.throttles import Throttles
 from pigeon.spool.shards import Spools
@@ -98,7 +96,7 @@ class Outbound:
             policies=self.policies,
             routes=self.router,
             agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
-            shaping=_shaping(config),
+            shaping=ShapingRules.from_config(config),
             body=OutgoingBody(spools, strip),
             hooks=DeliveryHooks(policy, classifier.classify) if policy is not None else None,
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
@@ -189,32 +187,3 @@ def _policies(config: Config) -> QueuePolicies:
         for q in config.queue
     ]
     return QueuePolicies(default, rules)
-
-
-def _shaping(config: Config) -> Callable[[str], Shaping]:
-    delivery = config.delivery
-    default = Shaping(
-        connection_limit=delivery.connection_limit,
-        max_deliveries_per_connection=delivery.max_deliveries_per_connection,
-        idle_timeout=delivery.idle_timeout,
-        max_message_rate=Rate.parse(delivery.max_message_rate) if delivery.max_message_rate else None,
-        connection_failures_before_delay=delivery.connection_failures_before_delay,
-    )
-    rules = [
-        (
-            s.domain.lower(),
-            Shaping(
-                connection_limit=s.connection_limit or default.connection_limit,
-                max_deliveries_per_connection=s.max_deliveries_per_connection or default.max_deliveries_per_connection,
-                idle_timeout=s.idle_timeout if s.idle_timeout is not None else default.idle_timeout,
-                max_message_rate=Rate.parse(s.max_message_rate) if s.max_message_rate else default.max_message_rate,
-                connection_failures_before_delay=default.connection_failures_before_delay,
-            ),
-        )
-        for s in config.shaping
-    ]
-
-    def shaping(domain: str) -> Shaping:
-        return next((rule for pattern, rule in rules if fnmatch.fnmatchcase(domain, pattern)), default)
-
-    return shaping

@@ -128,10 +128,15 @@ def _is_address(host: str) -> bool:
 
 
 @cache
+def shipped_text() -> str:
+    """The shipped defaults file (read once)."""
+    return resources.files("pigeon.shaping").joinpath(SHIPPED_FILE).read_text(encoding="utf-8")
+
+
+@cache
 def shipped_data() -> dict[str, Any]:
     """The shipped defaults file, parsed (read once)."""
-    text = resources.files("pigeon.shaping").joinpath(SHIPPED_FILE).read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    return tomllib.loads(shipped_text())
 
 
 def shipped() -> list[Provider]:

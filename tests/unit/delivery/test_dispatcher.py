@@ -8,11 +8,12 @@ from collections.abc import Sequence
 import pytest
 
 from pigeon.delivery.agent import Agent, Unreachable, Work
-from pigeon.delivery.dispatcher import Shaping, ideal_connections
+from pigeon.delivery.dispatcher import ideal_connections
 from pigeon.delivery.routes import Destination
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
 from pigeon.shaping.gcra import Rate
+from pigeon.shaping.rules import Shaping
 from pigeon.shaping.table import MemoryTable
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply

@@ -1,0 +1,240 @@
+"""Shaping rules: the limits a ready queue is delivered under, and where each one came from.
+
+A ready queue is looked up with a `ShapingQuery` (the recipient domain that opened it, its
+site, the site's MX hosts). Each setting is taken from the first of four layers that sets it:
+
+1. the user's first `[[shaping]]` block whose `domain` glob matches the recipient domain;
+2. the user's first `[[shaping]]` block for the site's provider (`provider = "gmail"`);
+3. the shipped block for that provider (`providers.toml`; none with
+   `[delivery] provider_defaults = false`);
+4. `[delivery]`.
+
+The throttle key (what connection slots and message rates are counted against, in the node
+and, with Redis, in the cluster) is `provider:<name>` when the site is a provider's: every
+domain hosted there, whichever MX host set led to it, shares one connection limit and one
+rate. A domain block that sets its own `connection_limit` or `max_message_rate` takes its
+domain out of them (key `site:<site>`): its limits are then its own, not a share of the
+provider's. A site of no provider is counted alone, as `site:<site>`.
+
+`explain()` answers the same question with the origin of every setting, for
+`pigeon shaping explain`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from pigeon.config.load import block_line, key_line
+from pigeon.config.schema import Config, DeliveryConfig, ShapingConfig, decode_hook
+from pigeon.shaping.gcra import Rate
+from pigeon.shaping.providers import Provider, Providers, shipped, shipped_data, shipped_text
+
+SETTINGS: Final = ("connection_limit", "max_deliveries_per_connection", "idle_timeout", "max_message_rate")
+"""What a `[[shaping]]` block may set."""
+_OWN_LIMITS: Final = ("connection_limit", "max_message_rate")
+"""Set by a domain block, these make the domain's limits its own (not the provider's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shaping:
+    """Limits for one destination (from `[delivery]`, refined by `[[shaping]]` and providers)."""
+
+    connection_limit: int = 32
+    max_deliveries_per_connection: int = 1000
+    idle_timeout: float = 10.0
+    max_message_rate: Rate | None = None
+    connection_failures_before_delay: int = 3
+    provider: str | None = None
+    """The site's provider, if any (shown in the API's queues)."""
+    key: str | None = None
+    """The throttle key of these limits; None: the site's own (`site:<site>`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShapingQuery:
+    """What shaping is looked up by: one ready queue's destination."""
+
+    domain: str
+    """The recipient domain whose mail opened the queue."""
+    site: str
+    """The queue's site (`pigeon.delivery.routes.Destination.site`)."""
+    hosts: tuple[str, ...] = ()
+    """The site's MX hosts (the destination's hops); empty: read from `site`."""
+
+
+def site_key(site: str) -> str:
+    return f"site:{site}"
+
+
+def provider_key(name: str) -> str:
+    return f"provider:{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One layer's settings: only those it sets, parsed, with its origin."""
+
+    origin: str
+    values: dict[str, Any]
+    domain: str | None = None
+    provider: str | None = None
+    origins: dict[str, str] = field(default_factory=dict)
+    """Origins of single settings, where they differ from `origin` ([delivery]'s lines)."""
+
+    def origin_of(self, name: str) -> str:
+        return self.origins.get(name, self.origin)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    value: Any  # int, seconds (float), a rate as written, or None (no limit)
+    origin: str
+
+    @property
+    def text(self) -> str:
+        if self.value is None:
+            return "none"
+        if self.name == "idle_timeout":
+            return f"{self.value:g}s"
+        return str(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The limits of one destination, setting by setting, with where each came from."""
+
+    query: ShapingQuery
+    provider: Provider | None
+    key: str
+    settings: list[Setting] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """For `--json`."""
+        return {
+            "domain": self.query.domain,
+            "site": self.query.site,
+            "hosts": list(self.query.hosts),
+            "provider": self.provider.name if self.provider else None,
+            "provider_mx_suffixes": list(self.provider.mx_suffixes) if self.provider else [],
+            "key": self.key,
+            "settings": {s.name: {"value": s.value, "from": s.origin} for s in self.settings},
+        }
+
+
+class ShapingRules:
+    """Looks up the `Shaping` of a destination (callable: the dispatcher's `shaping`)."""
+
+    def __init__(
+        self,
+        delivery: _Block,
+        *,
+        domains: list[_Block],
+        provided: list[_Block],
+        shipped_blocks: list[_Block],
+        providers: Providers,
+        connection_failures_before_delay: int = 3,
+    ) -> None:
+        self._delivery = delivery
+        self._domains = domains
+        self._provided = provided
+        self._shipped = shipped_blocks
+        self.providers = providers
+        self._failures = connection_failures_before_delay
+
+    @classmethod
+    def from_config(cls, config: Config, path: Path | None = None, text: str = "") -> ShapingRules:
+        """The rules of a configuration; `path` and `text` (the file) name the origins' lines."""
+        delivery = config.delivery
+        user = [Provider.make(p.name, p.mx_suffixes) for p in config.provider]
+        ours = shipped() if delivery.provider_defaults else []
+        domains: list[_Block] = []
+        provided: list[_Block] = []
+        for index, block in enumerate(config.shaping):
+            where = f"[[shaping]] #{index + 1}"
+            if path is not None:
+                line = block_line(text, "shaping", index)
+                where = f"{path.name} {where}" + (f" line {line}" if line else "")
+            parsed = _parsed(block, where)
+            (domains if block.domain is not None else provided).append(parsed)
+        shipped_blocks: list[_Block] = []
+        if delivery.provider_defaults:
+            raw = shipped_data().get("shaping", [])
+            blocks = msgspec.convert(raw, list[ShapingConfig], dec_hook=decode_hook)
+            for index, block in enumerate(blocks):
+                line = block_line(shipped_text(), "shaping", index)
+                shipped_blocks.append(_parsed(block, f"shipped provider {block.provider} (providers.toml line {line})"))
+        return cls(
+            _delivery_block(delivery, path, text),
+            domains=domains,
+            provided=provided,
+            shipped_blocks=shipped_blocks,
+            providers=Providers(user + ours),
+            connection_failures_before_delay=delivery.connection_failures_before_delay,
+        )
+
+    def __call__(self, query: ShapingQuery) -> Shaping:
+        explanation = self.explain(query)
+        values = {s.name: s.value for s in explanation.settings}
+        rate = values["max_message_rate"]
+        return Shaping(
+            connection_limit=values["connection_limit"],
+            max_deliveries_per_connection=values["max_deliveries_per_connection"],
+            idle_timeout=values["idle_timeout"],
+            max_message_rate=Rate.parse(rate) if rate is not None else None,
+            connection_failures_before_delay=self._failures,
+            provider=explanation.provider.name if explanation.provider else None,
+            key=explanation.key,
+        )
+
+    def provider_of(self, query: ShapingQuery) -> Provider | None:
+        """The provider of a destination's site, if any."""
+        return self.providers.match(query.hosts) if query.hosts else self.providers.for_site(query.site)
+
+    def explain(self, query: ShapingQuery) -> Explanation:
+        """Every setting of a destination's limits and the layer it came from."""
+        domain = query.domain.lower()
+        provider = self.provider_of(query)
+        layers: list[_Block] = []
+        own = next((b for b in self._domains if b.domain and fnmatch.fnmatchcase(domain, b.domain)), None)
+        if own is not None:
+            layers.append(own)
+        if provider is not None:
+            layers += [b for b in (self._first(self._provided, provider), self._first(self._shipped, provider)) if b]
+        layers.append(self._delivery)
+        settings = [
+            next(Setting(name, layer.values[name], layer.origin_of(name)) for layer in layers if name in layer.values)
+            for name in SETTINGS
+        ]
+        name = "connection_failures_before_delay"  # not shaped per block (yet)
+        settings.append(Setting(name, self._failures, self._delivery.origin_of(name)))
+        apart = own is not None and any(name in own.values for name in _OWN_LIMITS)
+        key = provider_key(provider.name) if provider is not None and not apart else site_key(query.site)
+        return Explanation(query, provider, key, settings)
+
+    @staticmethod
+    def _first(blocks: list[_Block], provider: Provider) -> _Block | None:
+        return next((b for b in blocks if b.provider == provider.name), None)
+
+
+def _parsed(block: ShapingConfig, origin: str) -> _Block:
+    values = {name: getattr(block, name) for name in SETTINGS if getattr(block, name) is not None}
+    if "idle_timeout" in values:
+        values["idle_timeout"] = float(values["idle_timeout"])
+    return _Block(origin, values, block.domain.lower() if block.domain else None, block.provider)
+
+
+def _delivery_block(delivery: DeliveryConfig, path: Path | None, text: str) -> _Block:
+    names = (*SETTINGS, "connection_failures_before_delay")
+    values = {name: getattr(delivery, name) for name in names}
+    values["idle_timeout"] = float(values["idle_timeout"])
+    origins: dict[str, str] = {}
+    for name in names:
+        line = key_line(text, ["delivery", name]) if path is not None else None
+        origins[name] = f"{path.name} [delivery] line {line}" if path is not None and line else "[delivery] default"
+    return _Block("[delivery]", values, origins=origins)

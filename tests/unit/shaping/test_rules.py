@@ -1,0 +1,108 @@
+"""Which limits a destination is delivered under, which key counts them, and where each came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pigeon.config.load import load
+from pigeon.shaping.gcra import Rate
+from pigeon.shaping.rules import ShapingQuery, ShapingRules
+
+GMAIL_HOSTS = ("aspmx.l.google.com", "alt1.aspmx.l.google.com")
+WORKSPACE_HOSTS = ("alt2.aspmx.l.google.com", "alt3.aspmx.l.googlemail.com")
+
+
+def _rules(tmp_path: Path, text: str) -> ShapingRules:
+    path = tmp_path / "pigeon.toml"
+    path.write_text(text)
+    return ShapingRules.from_config(load(path), path, text)
+
+
+def test_a_providers_domains_share_one_key_whatever_their_mx_hosts(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, "")
+    gmail = rules(ShapingQuery("gmail.com", ",".join(GMAIL_HOSTS), GMAIL_HOSTS))
+    workspace = rules(ShapingQuery("customer.example", ",".join(WORKSPACE_HOSTS), WORKSPACE_HOSTS))
+    assert gmail.key == workspace.key == "provider:gmail"
+    assert gmail.provider == workspace.provider == "gmail"
+    assert gmail.connection_limit == 5  # the shipped default
+    other = rules(ShapingQuery("example.org", "mx.example.org"))
+    assert other.key is not None and other.key == "site:mx.example.org"
+    assert other.provider is None
+    assert other.connection_limit == 32  # [delivery]
+
+
+def test_each_setting_comes_from_the_first_layer_that_sets_it(tmp_path: Path) -> None:
+    text = """\
+[delivery]
+connection_limit = 20
+idle_timeout = "7s"
+max_message_rate = "100/s"
+
+[[shaping]]
+provider = "gmail"
+connection_limit = 3
+max_message_rate = "40/s"
+
+[[shaping]]
+domain = "*.customer.example"
+idle_timeout = "2s"
+"""
+    rules = _rules(tmp_path, text)
+    query = ShapingQuery("eu.customer.example", ",".join(WORKSPACE_HOSTS), WORKSPACE_HOSTS)
+    shaping = rules(query)
+    assert shaping.connection_limit == 3  # the user's provider block, over the shipped 5
+    assert shaping.max_message_rate == Rate.parse("40/s")  # the user's provider block, over [delivery]
+    assert shaping.idle_timeout == 2.0  # the user's domain block
+    assert shaping.max_deliveries_per_connection == 50  # shipped provider gmail
+    assert shaping.key == "provider:gmail"  # the domain block sets no limit of its own
+    origins = {s.name: s.origin for s in rules.explain(query).settings}
+    assert origins["connection_limit"] == "pigeon.toml [[shaping]] #1 line 6"
+    assert origins["idle_timeout"] == "pigeon.toml [[shaping]] #2 line 11"
+    assert origins["max_deliveries_per_connection"].startswith("shipped provider gmail (providers.toml line ")
+    assert origins["connection_failures_before_delay"] == "[delivery] default"
+    # Not a provider's: [delivery] as the file sets it.
+    other = rules.explain(ShapingQuery("example.org", "mx.example.org"))
+    assert {s.name: s.origin for s in other.settings}["connection_limit"] == "pigeon.toml [delivery] line 2"
+
+
+def test_a_domain_block_with_limits_of_its_own_is_counted_apart_from_its_provider(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, '[[shaping]]\ndomain = "big.example"\nconnection_limit = 2\n')
+    shaping = rules(ShapingQuery("big.example", ",".join(GMAIL_HOSTS), GMAIL_HOSTS))
+    assert shaping.connection_limit == 2
+    assert shaping.key == f"site:{','.join(GMAIL_HOSTS)}"
+    assert shaping.provider == "gmail"
+
+
+def test_the_shipped_defaults_can_be_turned_off(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, "[delivery]\nprovider_defaults = false\n")
+    shaping = rules(ShapingQuery("gmail.com", ",".join(GMAIL_HOSTS), GMAIL_HOSTS))
+    assert shaping.provider is None
+    assert shaping.connection_limit == 32
+
+
+def test_a_users_provider_replaces_the_shipped_suffixes_and_keeps_its_limits(tmp_path: Path) -> None:
+    text = '[[provider]]\nname = "gmail"\nmx_suffixes = ["mx.test"]\n'
+    rules = _rules(tmp_path, text)
+    mine = rules(ShapingQuery("a.test", "mx1.a.mx.test", ("mx1.a.mx.test",)))
+    assert (mine.provider, mine.key, mine.connection_limit) == ("gmail", "provider:gmail", 5)
+    google = rules(ShapingQuery("gmail.com", ",".join(GMAIL_HOSTS), GMAIL_HOSTS))
+    assert google.provider is None
+
+
+def test_the_site_is_read_when_no_hosts_are_given(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, "")
+    shaping = rules(ShapingQuery("gmail.com", ",".join(GMAIL_HOSTS) + ":2525"))
+    assert shaping.provider == "gmail"
+
+
+def test_every_shipped_block_loads_and_names_a_shipped_provider(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, "")
+    names = rules.providers.names()
+    assert {"gmail", "outlook", "office365", "yahoo", "apple", "gmx", "comcast"} <= set(names)
+    for name in names:
+        provider = rules.providers.get(name)
+        assert provider is not None
+        host = "mx." + provider.mx_suffixes[0]
+        explanation = rules.explain(ShapingQuery("x.example", host, (host,)))
+        assert explanation.provider == provider
+        assert any(s.origin.startswith(f"shipped provider {name} ") for s in explanation.settings), name
