@@ -192,9 +192,9 @@ def _queue_summary(args: argparse.Namespace) -> int:
         age = _age(now - row["oldest"])
         print(f"{row['queue'][:44]:44} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
               f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age}")  # fmt: skip
-    print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}")
+    print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}  provider")
     for row in answer["ready"]:
-        print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}")
+        print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}  {row.get('provider') or '-'}")
     _show_nodes(answer)
     return 0
 

@@ -160,6 +160,11 @@ class Dispatcher:
         lane = self._lanes.get(path)
         return lane.connections if lane is not None else 0
 
+    def provider_of(self, path: str) -> str | None:
+        """The provider a ready queue is shaped as (None: none, or no connection asked yet)."""
+        lane = self._lanes.get(path)
+        return lane.shaping.provider if lane is not None else None
+
     def sites(self) -> Iterator[tuple[str, int, int]]:
         """(site, messages waiting, connections) of every ready queue."""
         for lane in self._lanes.values():

@@ -122,6 +122,7 @@ def build_engine(
         kick=dispatcher.kick_all,
         promote=scheduler.promote,
         connections=dispatcher.connections_to,
+        provider=dispatcher.provider_of,
         clock=clock,
         pause=pause,
     )

@@ -82,6 +82,7 @@ class Admin:
         kick: Callable[[], None],
         promote: Callable[[Entry], None],
         connections: Callable[[str], int] = lambda path: 0,
+        provider: Callable[[str], str | None] = lambda path: None,
         clock: Callable[[], float] = time.time,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -98,6 +99,8 @@ class Admin:
         self._promote = promote
         """Hand a claimed message the operation left alone to the scheduler."""
         self._connections = connections
+        self._provider = provider
+        """The provider whose limits a ready queue is delivered under (by its path), if any."""
         self._clock = clock
         self._pause = pause
         self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -239,7 +242,8 @@ class Admin:
         for q in self._ready:
             connections = self._connections(q.path)
             if len(q) or connections:
-                ready.append({"path": q.path, "site": q.site, "queued": len(q), "connections": connections})
+                row = {"path": q.path, "site": q.site, "queued": len(q), "connections": connections}
+                ready.append(row | {"provider": self._provider(q.path)})
         return {"scheduled": sorted(scheduled.values(), key=lambda r: r["queue"]), "ready": ready}
 
     def rules(self, kind: str) -> list[dict[str, Any]]:
