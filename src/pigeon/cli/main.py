@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from pigeon import __version__
-from pigeon.cli import admin, dkim, inject, logs, passwd, serve, top
+from pigeon.cli import admin, dkim, inject, logs, passwd, serve, shaping, top
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pigeon {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve, logs, passwd, inject, admin, top, dkim):
+    for module in (serve, logs, passwd, inject, admin, top, dkim, shaping):
         module.register(commands)
     return parser
 

@@ -22,6 +22,8 @@ from pigeon.config.schema import (
     LogTarget,
     MaildirTarget,
     PostgresqlTarget,
+    ProviderConfig,
+    ShapingConfig,
     TargetConfig,
     decode_hook,
 )
@@ -33,6 +35,7 @@ from pigeon.smtp.commands import mailbox_problem
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
+_MESSAGE_LINE: Final = re.compile(r", line (\d+): ")
 _BLOCK: Final = re.compile(r"^\.?(\w+)\[(\d+)\]")
 _DOMAIN: Final = re.compile(r"(?i)[a-z0-9_]([a-z0-9_-]*[a-z0-9])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9])?)*\.?")
 
@@ -56,6 +59,10 @@ def load(path: Path | None) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    return _load_data(data, path, text)
+
+
+def _load_data(data: dict[str, Any], path: Path, text: str) -> Config:
     _accept_shorthands(data)
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
@@ -135,9 +142,61 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
     return config
 
 
+def problems(path: Path) -> list[str]:
+    """Every problem found in a config file, for `pigeon shaping check`: each `[[provider]]` and
+    `[[shaping]]` block on its own, then the whole file (whose first other problem ends it)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        try:
+            load(path)
+        except ConfigError as error:
+            return [str(error)]  # what load() says of it
+        raise
+    first: str | None = None
+    try:  # the rest of the file, whose own first problem would hide behind the blocks'
+        _load_data({k: v for k, v in data.items() if k not in ("provider", "shaping")}, path, text)
+    except ConfigError as error:
+        first = str(error)
+    found: list[str] = []
+    decoded: dict[str, list[tuple[int, Any]]] = {"provider": [], "shaping": []}
+    for section, kind in (("provider", ProviderConfig), ("shaping", ShapingConfig)):
+        blocks = data.get(section)
+        for index, block in enumerate(blocks if isinstance(blocks, list) else []):
+            try:
+                decoded[section].append((index, msgspec.convert(block, kind, dec_hook=decode_hook)))
+            except msgspec.ValidationError as error:
+                message = str(error)
+                at = f" - at `$.{section}[{index}]"
+                message = message.replace(" - at `$", at, 1) if " - at `$" in message else f"{message}{at}`"
+                found.append(_explain(message, path, text))
+    delivery = data.get("delivery")
+    defaults = delivery.get("provider_defaults", True) if isinstance(delivery, dict) else True
+    found += _block_problems(decoded["provider"], decoded["shaping"], defaults is not False, path, text)
+    return sorted([*found, first] if first else found, key=_line_number)
+
+
+def _line_number(message: str) -> int:
+    found = _MESSAGE_LINE.search(message)
+    return int(found.group(1)) if found else 0
+
+
 def shaping_problems(config: Config, path: Path | None, text: str) -> list[str]:
     """Every problem of the `[[provider]]` and `[[shaping]]` blocks (not only the first, for
     `pigeon shaping check`), each naming the block, its key and its line."""
+    providers, shapings = list(enumerate(config.provider)), list(enumerate(config.shaping))
+    return _block_problems(providers, shapings, config.delivery.provider_defaults, path, text)
+
+
+def _block_problems(
+    providers: list[tuple[int, ProviderConfig]],
+    shapings: list[tuple[int, ShapingConfig]],
+    provider_defaults: bool,
+    path: Path | None,
+    text: str,
+) -> list[str]:
+    """The checks across keys of the blocks that decoded (each with its index in the file)."""
     problems: list[str] = []
 
     def problem(section: str, index: int, key: str, reason: str) -> None:
@@ -146,7 +205,7 @@ def shaping_problems(config: Config, path: Path | None, text: str) -> list[str]:
         problems.append(f"{where}[[{section}]] #{index + 1} {key}: {reason}")
 
     names: list[str] = []
-    for index, block in enumerate(config.provider):
+    for index, block in providers:
         try:
             check_name(block.name)
         except ValueError as error:
@@ -162,8 +221,8 @@ def shaping_problems(config: Config, path: Path | None, text: str) -> list[str]:
             except ValueError as error:
                 problem("provider", index, "mx_suffixes", str(error))
     ours = [provider.name for provider in shipped()]
-    known = names + [name for name in ours if name not in names] if config.delivery.provider_defaults else names
-    for index, shaping in enumerate(config.shaping):
+    known = names + [name for name in ours if name not in names] if provider_defaults else names
+    for index, shaping in shapings:
         if shaping.domain is not None and shaping.provider is not None:
             problem("shaping", index, "provider", "give domain or provider, not both (a block is for one or the other)")
         elif shaping.domain is None and shaping.provider is None:

@@ -1,0 +1,135 @@
+"""`pigeon shaping check FILE` and `pigeon shaping explain DOMAIN`: shaping, before and after.
+
+`check` validates a configuration file (its `[[provider]]` and `[[shaping]]` blocks one by
+one, then the whole file) and prints every problem with its key and line. `explain` resolves
+a domain as the node would (its `[[route]]`s, then MX through `[dns] nameservers`), then
+prints the site, the provider and every limit with the layer it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pigeon.cli.common import add_config_option, load_config
+from pigeon.config.load import problems
+from pigeon.config.schema import Config
+from pigeon.delivery.mx import DnsFailure, Resolver
+from pigeon.delivery.routes import Destination, Router, TlsPolicy
+from pigeon.node.outbound import routes_from
+from pigeon.shaping.rules import Explanation, ShapingQuery, ShapingRules
+
+EXAMPLES = """examples:
+  pigeon shaping check /etc/pigeon/pigeon.toml
+  pigeon shaping explain gmail.com -c /etc/pigeon/pigeon.toml
+  pigeon shaping explain customer.example -c /etc/pigeon/pigeon.toml --json
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "shaping",
+        help="shaping: `pigeon shaping check FILE`, `pigeon shaping explain DOMAIN`",
+        description="Delivery limits per domain and per provider.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = actions.add_parser(
+        "check",
+        help="validate a configuration file's [[provider]] and [[shaping]] blocks (and the rest)",
+        description="Validate a configuration file: print every problem with its key and line and exit 1, "
+        "or print a short summary and exit 0.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("file", type=Path, metavar="FILE", help="the TOML configuration file")
+    check.set_defaults(run=run_check)
+    explain = actions.add_parser(
+        "explain",
+        help="resolve a domain, print its site, provider and limits with where each came from",
+        description="Resolve DOMAIN as the node would ([[route]]s, then MX through [dns] nameservers) and "
+        "print its site, its provider, the throttle key, and every limit with the layer it came from.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument("domain", metavar="DOMAIN", help="a recipient domain")
+    add_config_option(explain)
+    explain.add_argument("--json", action="store_true", help="print the answer as JSON")
+    explain.set_defaults(run=run_explain)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    path: Path = args.file
+    found = problems(path)
+    for problem in found:
+        print(problem)
+    if found:
+        print(f"pigeon: {len(found)} problem{'s' if len(found) > 1 else ''} in {path}", file=sys.stderr)
+        return 1
+    config = load_config(argparse.Namespace(config=path))
+    rules = ShapingRules.from_config(config, path, path.read_text(encoding="utf-8"))
+    by_domain = sum(1 for block in config.shaping if block.domain is not None)
+    shipped = "on" if config.delivery.provider_defaults else "off ([delivery] provider_defaults = false)"
+    print(f"{path}: OK")
+    print(f"  [[provider]] blocks: {len(config.provider)}; providers known: {len(rules.providers)}")
+    by_provider = len(config.shaping) - by_domain
+    print(f"  [[shaping]] blocks: {len(config.shaping)} ({by_domain} by domain, {by_provider} by provider)")
+    print(f"  shipped provider defaults: {shipped}")
+    return 0
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    domain = args.domain.strip().rstrip(".").lower()
+    try:
+        destination = asyncio.run(_destination(config, domain))
+    except DnsFailure as failure:
+        print(f"pigeon: {domain}: {' '.join(failure.reply.text)} ({failure.reply.code} {failure.reply.enhanced})",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    text = args.config.read_text(encoding="utf-8") if args.config is not None else ""
+    rules = ShapingRules.from_config(config, args.config, text)
+    query = ShapingQuery(domain, destination.site, tuple(hop.host for hop in destination.hops))
+    explanation = rules.explain(query)
+    if args.json:
+        print(json.dumps(explanation.as_dict(), indent=2))
+    else:
+        _print(explanation)
+    return 0
+
+
+async def _destination(config: Config, domain: str) -> Destination:
+    nameservers = [(e.host, e.port) for e in config.dns.nameservers]
+    resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
+    delivery = config.delivery
+    router = Router(routes_from(config), resolver, tls=TlsPolicy(delivery.tls), smtp_port=delivery.smtp_port)
+    return await router.destination(domain)
+
+
+def _print(explanation: Explanation) -> None:
+    query, provider = explanation.query, explanation.provider
+    print(f"domain    {query.domain}")
+    print(f"site      {query.site}")
+    print(f"MX hosts  {' '.join(query.hosts) or '-'}")
+    if provider is not None:
+        print(f"provider  {provider.name} (MX suffixes: {', '.join(provider.mx_suffixes)})")
+    else:
+        print("provider  none (no provider's MX suffixes cover every MX host)")
+    if explanation.key.startswith("provider:"):
+        shared = "shared by every domain of the provider"
+    elif provider is not None:
+        shared = "this site's own: a [[shaping]] domain block sets its own limits"
+    else:
+        shared = "this site's own"
+    print(f"key       {explanation.key} ({shared})")
+    print()
+    width = max(len(s.name) for s in explanation.settings)
+    values = max(len(s.text) for s in explanation.settings)
+    print(f"{'setting':{width}}  {'value':{values}}  from")
+    for setting in explanation.settings:
+        print(f"{setting.name:{width}}  {setting.text:{values}}  {setting.origin}")

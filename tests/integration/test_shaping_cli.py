@@ -1,0 +1,126 @@
+"""`pigeon shaping check` and `pigeon shaping explain`, as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.dns import DnsServer, Zone
+
+GOOD = """\
+[delivery]
+connection_limit = 20
+max_message_rate = "50/s"
+
+[dns]
+nameservers = ["{dns}"]
+timeout = "1s"
+
+[[provider]]
+name = "corp"
+mx_suffixes = ["*.mx.corp.test"]
+
+[[shaping]]
+domain = "*.customer.test"
+idle_timeout = "2s"
+
+[[shaping]]
+provider = "gmail"
+connection_limit = 3
+"""
+
+BAD = """\
+[[shaping]]
+provider = "gmial"
+
+[[shaping]]
+domain = "x.test"
+connection_limit = "many"
+
+[[provider]]
+name = "corp"
+mx_suffixes = ["not a host"]
+"""
+
+
+def pigeon_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_check_accepts_a_good_file_with_a_summary(tmp_path: Path) -> None:
+    (tmp_path / "pigeon.toml").write_text(GOOD.format(dns="127.0.0.1:9"))
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "pigeon.toml: OK",
+        "  [[provider]] blocks: 1; providers known: 12",
+        "  [[shaping]] blocks: 2 (1 by domain, 1 by provider)",
+        "  shipped provider defaults: on",
+    ]
+
+
+def test_check_lists_every_problem_with_its_key_and_line_and_fails(tmp_path: Path) -> None:
+    (tmp_path / "pigeon.toml").write_text(BAD + '\n[smtp]\nlisten_on = "x"\n')
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, result.stdout
+    assert lines[0].startswith("pigeon.toml, line 2: [[shaping]] #1 provider: no provider called 'gmial'")
+    assert lines[1].startswith("pigeon.toml, line 6: [[shaping]] #2 connection_limit: Expected `int | null`")
+    assert lines[2].startswith("pigeon.toml, line 10: [[provider]] #1 mx_suffixes: 'not a host' is not")
+    assert lines[3].startswith("pigeon.toml, line 13: [smtp] listen_on: unknown key")  # the rest of the file too
+    assert "4 problems in pigeon.toml" in result.stderr
+
+
+def _zone() -> Zone:
+    return Zone(
+        {
+            "eu.customer.test": [("MX", 10, "aspmx.l.google.com"), ("MX", 20, "alt1.aspmx.l.google.com")],
+            "plain.test": [("MX", 10, "mx.plain.test")],
+        }
+    )
+
+
+def test_explain_prints_the_site_provider_and_where_each_setting_came_from(tmp_path: Path) -> None:
+    with DnsServer(_zone()) as dns:
+        (tmp_path / "pigeon.toml").write_text(GOOD.format(dns=dns.endpoint))
+        result = pigeon_cli("shaping", "explain", "EU.customer.test", "-c", "pigeon.toml", cwd=tmp_path)
+        other = pigeon_cli("shaping", "explain", "plain.test", "-c", "pigeon.toml", cwd=tmp_path)
+        missing = pigeon_cli("shaping", "explain", "nowhere.test", "-c", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:5] == [
+        "domain    eu.customer.test",
+        "site      alt1.aspmx.l.google.com,aspmx.l.google.com",
+        "MX hosts  aspmx.l.google.com alt1.aspmx.l.google.com",
+        "provider  gmail (MX suffixes: google.com, googlemail.com)",
+        "key       provider:gmail (shared by every domain of the provider)",
+    ]
+    settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[7:]}
+    assert settings["connection_limit"] == ["3", "pigeon.toml [[shaping]] #2 line 17"]
+    assert settings["idle_timeout"] == ["2s", "pigeon.toml [[shaping]] #1 line 13"]
+    assert settings["max_deliveries_per_connection"][0] == "50"
+    assert settings["max_deliveries_per_connection"][1].startswith("shipped provider gmail (providers.toml line ")
+    assert settings["max_message_rate"] == ["50/s", "pigeon.toml [delivery] line 3"]
+    assert settings["connection_failures_before_delay"] == ["3", "[delivery] default"]
+    assert other.returncode == 0, other.stderr
+    assert "provider  none" in other.stdout and "key       site:mx.plain.test (this site's own)" in other.stdout
+    assert ["connection_limit", "20", "pigeon.toml [delivery] line 2"] in [
+        line.split(None, 2) for line in other.stdout.splitlines()
+    ]
+    assert missing.returncode == 1 and "nowhere.test" in missing.stderr
+
+
+def test_explain_json_gives_each_setting_its_value_and_origin(tmp_path: Path) -> None:
+    with DnsServer(_zone()) as dns:
+        (tmp_path / "pigeon.toml").write_text(GOOD.format(dns=dns.endpoint))
+        result = pigeon_cli("shaping", "explain", "eu.customer.test", "-c", "pigeon.toml", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["provider"] == "gmail" and answer["key"] == "provider:gmail"
+    assert answer["site"] == "alt1.aspmx.l.google.com,aspmx.l.google.com"
+    assert answer["settings"]["connection_limit"] == {"value": 3, "from": "pigeon.toml [[shaping]] #2 line 17"}
+    assert answer["settings"]["idle_timeout"] == {"value": 2.0, "from": "pigeon.toml [[shaping]] #1 line 13"}
+    assert answer["settings"]["max_message_rate"] == {"value": "50/s", "from": "pigeon.toml [delivery] line 3"}
