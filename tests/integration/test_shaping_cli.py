@@ -99,8 +99,8 @@ def test_explain_prints_the_site_provider_and_where_each_setting_came_from(tmp_p
         "key       provider:gmail (shared by every domain of the provider)",
     ]
     settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[7:]}
-    assert settings["connection_limit"] == ["3", "pigeon.toml [[shaping]] #2 line 17"]
-    assert settings["idle_timeout"] == ["2s", "pigeon.toml [[shaping]] #1 line 13"]
+    assert settings["connection_limit"] == ["3", "pigeon.toml [[shaping]] #2 line 19"]
+    assert settings["idle_timeout"] == ["2s", "pigeon.toml [[shaping]] #1 line 15"]
     assert settings["max_deliveries_per_connection"][0] == "50"
     assert settings["max_deliveries_per_connection"][1].startswith("shipped provider gmail (providers.toml line ")
     assert settings["max_message_rate"] == ["50/s", "pigeon.toml [delivery] line 3"]
@@ -121,6 +121,6 @@ def test_explain_json_gives_each_setting_its_value_and_origin(tmp_path: Path) ->
     answer = json.loads(result.stdout)
     assert answer["provider"] == "gmail" and answer["key"] == "provider:gmail"
     assert answer["site"] == "alt1.aspmx.l.google.com,aspmx.l.google.com"
-    assert answer["settings"]["connection_limit"] == {"value": 3, "from": "pigeon.toml [[shaping]] #2 line 17"}
-    assert answer["settings"]["idle_timeout"] == {"value": 2.0, "from": "pigeon.toml [[shaping]] #1 line 13"}
+    assert answer["settings"]["connection_limit"] == {"value": 3, "from": "pigeon.toml [[shaping]] #2 line 19"}
+    assert answer["settings"]["idle_timeout"] == {"value": 2.0, "from": "pigeon.toml [[shaping]] #1 line 15"}
     assert answer["settings"]["max_message_rate"] == {"value": "50/s", "from": "pigeon.toml [delivery] line 3"}

@@ -156,19 +156,16 @@ class ShapingRules:
         domains: list[_Block] = []
         provided: list[_Block] = []
         for index, block in enumerate(config.shaping):
-            where = f"[[shaping]] #{index + 1}"
-            if path is not None:
-                line = block_line(text, "shaping", index)
-                where = f"{path.name} {where}" + (f" line {line}" if line else "")
-            parsed = _parsed(block, where)
+            name = f"{path.name} [[shaping]] #{index + 1}" if path is not None else f"[[shaping]] #{index + 1}"
+            parsed = _parsed(block, name, text if path is not None else "", index)
             (domains if block.domain is not None else provided).append(parsed)
         shipped_blocks: list[_Block] = []
         if delivery.provider_defaults:
             raw = shipped_data().get("shaping", [])
             blocks = msgspec.convert(raw, list[ShapingConfig], dec_hook=decode_hook)
             for index, block in enumerate(blocks):
-                line = block_line(shipped_text(), "shaping", index)
-                shipped_blocks.append(_parsed(block, f"shipped provider {block.provider} (providers.toml line {line})"))
+                origin = f"shipped provider {block.provider} (providers.toml"
+                shipped_blocks.append(_parsed(block, origin, shipped_text(), index, close=")"))
         return cls(
             _delivery_block(delivery, path, text),
             domains=domains,
@@ -222,11 +219,18 @@ class ShapingRules:
         return next((b for b in blocks if b.provider == provider.name), None)
 
 
-def _parsed(block: ShapingConfig, origin: str) -> _Block:
-    values = {name: getattr(block, name) for name in SETTINGS if getattr(block, name) is not None}
+def _parsed(block: ShapingConfig, name: str, text: str, index: int, close: str = "") -> _Block:
+    """A block's settings; each one's origin names its line in `text` (if given)."""
+    values = {key: getattr(block, key) for key in SETTINGS if getattr(block, key) is not None}
     if "idle_timeout" in values:
         values["idle_timeout"] = float(values["idle_timeout"])
-    return _Block(origin, values, block.domain.lower() if block.domain else None, block.provider)
+    origins: dict[str, str] = {}
+    for key in values:
+        line = block_line(text, "shaping", index, key) if text else None
+        origins[key] = f"{name} line {line}{close}" if line else f"{name}{close}"
+    header = block_line(text, "shaping", index) if text else None
+    origin = f"{name} line {header}{close}" if header else f"{name}{close}"
+    return _Block(origin, values, block.domain.lower() if block.domain else None, block.provider, origins)
 
 
 def _delivery_block(delivery: DeliveryConfig, path: Path | None, text: str) -> _Block:

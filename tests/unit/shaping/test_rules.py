@@ -56,8 +56,8 @@ idle_timeout = "2s"
     assert shaping.max_deliveries_per_connection == 50  # shipped provider gmail
     assert shaping.key == "provider:gmail"  # the domain block sets no limit of its own
     origins = {s.name: s.origin for s in rules.explain(query).settings}
-    assert origins["connection_limit"] == "pigeon.toml [[shaping]] #1 line 6"
-    assert origins["idle_timeout"] == "pigeon.toml [[shaping]] #2 line 11"
+    assert origins["connection_limit"] == "pigeon.toml [[shaping]] #1 line 8"
+    assert origins["idle_timeout"] == "pigeon.toml [[shaping]] #2 line 13"
     assert origins["max_deliveries_per_connection"].startswith("shipped provider gmail (providers.toml line ")
     assert origins["connection_failures_before_delay"] == "[delivery] default"
     # Not a provider's: [delivery] as the file sets it.
