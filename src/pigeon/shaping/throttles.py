@@ -1,7 +1,7 @@
 """Throttles: what the dispatcher asks before it opens a connection and before it sends.
 
-Two questions, per limit key (an opaque string: today `site:<site>`; providers and
-`source->site` paths will bring keys of their own):
+Two questions, per limit key (an opaque string: `site:<site>`, or `provider:<name>` for all
+of a provider's sites, `pigeon.shaping.rules`):
 
 * `connect(key, limit)`: may one more connection be opened? A `Hold` if so, given back with
   `disconnect` when the connection ends;
