@@ -104,7 +104,7 @@ class Providers:
 
     def match(self, hosts: Iterable[str]) -> Provider | None:
         """The provider every one of `hosts` belongs to (the first that covers them all), or None."""
-        names = [h for h in hosts if h]
+        names = [h for h in hosts if h and not _is_address(h)]  # a static route's IP is no provider's
         if not names:
             return None
         return next((p for p in self._by_name.values() if all(p.covers(h) for h in names)), None)

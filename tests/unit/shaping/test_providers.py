@@ -38,6 +38,7 @@ def test_a_site_is_the_providers_only_when_every_host_is() -> None:
     assert providers.match(["aspmx.l.google.com", "backup.example.org"]) is None
     assert providers.match(["mta5.am0.yahoodns.net"]) is YAHOO
     assert providers.match([]) is None
+    assert Providers([Provider.make("digits", ["0.1"])]).match(["127.0.0.1"]) is None  # an address is no host name
 
 
 def test_the_first_provider_that_covers_the_hosts_wins_and_names_are_unique() -> None:
