@@ -52,8 +52,8 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
                 mine[name] = max(mine.get(name, value), value)
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 mine[name] = mine.get(name, 0) + value
-            else:
-                mine.setdefault(name, value)
+            elif mine.get(name) is None:  # the first known (a worker may not know a queue's provider yet)
+                mine[name] = value
     return sorted(by_key.values(), key=lambda r: str(_row_key(r)))
 
 
