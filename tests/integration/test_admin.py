@@ -140,7 +140,7 @@ def test_retry_now_makes_deferred_mail_due(tmp_path: Path) -> None:
         assert seen["attempts"] == 1 and seen["next_due"] > time.time() + 3000
         assert seen["last_response"].startswith("451 4.3.0")
         status, answer = _api(pigeon, "POST", "/api/v1/admin/retry", {"domain": "*.net"})
-        assert (status, answer) == (200, {"made_due": 1})
+        assert status == 200 and answer["made_due"] == 1 and answer["operation"]
         wait_until(lambda: pigeon.records("Delivery"))
 
 
@@ -234,7 +234,7 @@ def test_rebind_moves_deferred_mail_to_another_queue_and_route(tmp_path: Path) -
             wait_until(lambda: len(pigeon.records("TransientFailure")) == 3)
             body = {"domain": "example.net", "to_queue": "parked", "routing_domain": "detour.test"}
             status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", body)
-            assert (status, answer) == (200, {"rebound": 3, "after_attempt": 0})
+            assert status == 200 and (answer["rebound"], answer["after_attempt"]) == (3, 0), answer
             received = second.wait_for(3)
             assert sorted(m.recipients[0] for m in received) == ["flaky@example.net"] * 3
             deliveries = wait_until(lambda: len(pigeon.records("Delivery")) == 3 and pigeon.records("Delivery"))

@@ -102,6 +102,10 @@ def test_a_bulk_bounce_issued_on_one_node_reaches_mail_queued_on_the_other(
     assert all(r["reason"] == "list cleaning" and r["operator"] == "ops" for r in bounced_on_b)
     assert len(a.records("AdminBounce")) == 3
     assert _queued(b) == 2 and _queued(a) == 0
+    # One operation, one id everywhere: its progress adds up over the nodes and their workers.
+    status, progress = _api(b, "GET", "/api/v1/admin/operations?cluster=1", token=READER)
+    row = next(r for r in progress["operations"] if r["operation"] == answer["operation"])
+    assert row["acted_on"] == 8 and row["running"] == 0
 
 
 def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(

@@ -164,20 +164,24 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
     request = _decode(path, body)
     if action == "rebind":
         assert isinstance(request, RebindRequest)
-        return 200, await admin.rebind(
+        answer = await admin.rebind(
             request.selector(),
             queue=request.to_queue,
             routing_domain=request.routing_domain,
             operator=operator,
             operation=request.id,
         )
-    if action == "retry":
-        return 200, await admin.retry(request.selector(), request.id)
-    operation = admin.bounce if action == "bounce" else admin.suspend
-    duration = float(request.duration) if request.duration else None
-    return 200, await operation(
-        request.selector(), reason=request.reason, operator=operator, duration=duration, rule_id=request.id
-    )
+    elif action == "retry":
+        answer = await admin.retry(request.selector(), request.id)
+    else:
+        operation = admin.bounce if action == "bounce" else admin.suspend
+        duration = float(request.duration) if request.duration else None
+        answer = await operation(
+            request.selector(), reason=request.reason, operator=operator, duration=duration, rule_id=request.id
+        )
+    if request.id is not None and action != "suspend":
+        answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
+    return 200, answer
 
 
 _WRITES: Final = {"bounce", "suspend", "retry", "rebind"}
