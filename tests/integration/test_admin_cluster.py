@@ -198,3 +198,35 @@ def test_without_redis_an_operation_applies_on_the_node_asked_and_says_the_other
         interval=1.0,
     )
     assert status == 200
+
+
+def test_top_shows_the_whole_clusters_queues_and_counters(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:
+    a, b = cluster
+    _defer(a, 1)
+    _defer(b, 2)
+
+    def received(text: str) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("pigeon_messages_received_total ")
+        )
+
+    status, body = b.http_get("/metrics")
+    assert status == 200 and received(body.decode()) == 2
+    request = urllib.request.Request(f"http://127.0.0.1:{a.http_port}/metrics?cluster=1")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401  # every node works for it: a token is needed
+    request.add_header("Authorization", f"Bearer {READER}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    assert received(text) == 3 and "# pigeon cluster nodes: a=done b=done" in text
+    shown = subprocess.run(
+        [sys.executable, "-m", "pigeon", "top", "--once", "--cluster", "--url", f"http://127.0.0.1:{b.http_port}",
+         "--token", READER],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "cluster: a done, b done" in shown.stdout
+    assert "spool 3 messages" in shown.stdout

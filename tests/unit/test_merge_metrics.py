@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.metrics import Metrics
-from pigeon.node.supervisor import merge_metrics
+from pigeon.node.answers import merge_metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -44,14 +44,14 @@ def register(commands: Any) -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument(
-        "--cluster", action="store_true", help="every node's queues (nodes sharing [redis]); rates stay this node's"
+        "--cluster", action="store_true", help="the whole cluster (nodes sharing [redis]): queues and rates added up"
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     client = ApiClient(args)
-    previous = _counters(client)
+    previous = _counters(client, args.cluster)
     started = time.monotonic()
     try:
         while True:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                 queues = {"scheduled": [], "ready": []}
             elif status != 200:
                 return fail(status, queues)
-            counters = _counters(client)
+            counters = _counters(client, args.cluster)
             elapsed = max(time.monotonic() - started, 1e-6)
             frame = _frame(client.url, queues, counters, previous, elapsed) + _mailboxes(
                 client, counters, previous, elapsed
@@ -75,9 +75,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _counters(client: ApiClient) -> dict[str, float]:
-    """The counters `top` shows, from /metrics (no token needed there)."""
-    with urllib.request.urlopen(client.url + "/metrics", timeout=10) as response:
+def _counters(client: ApiClient, cluster: bool = False) -> dict[str, float]:
+    """The counters `top` shows, from /metrics (no token needed there; the cluster's, added
+    up, need a `read` one)."""
+    request = urllib.request.Request(client.url + "/metrics" + ("?cluster=1" if cluster else ""))
+    if cluster and client.token:
+        request.add_header("Authorization", f"Bearer {client.token}")
+    with urllib.request.urlopen(request, timeout=40) as response:
         text = response.read().decode()
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -102,10 +106,10 @@ def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float
         key = f"{name}/{outcome or ''}"
         rates.append(f"{label} {(now.get(key, 0) - before.get(key, 0)) / seconds:,.0f}/s")
     cluster = queues.get("cluster")
-    lines.append("  ".join(rates) + ("   (rates: this node)" if cluster else ""))
+    lines.append("  ".join(rates))
     if cluster:
         states = ", ".join(f"{node} {state}" for node, state in sorted(cluster.get("nodes", {}).items()))
-        lines.append(f"cluster queues from: {states}" + (f"  ({cluster['error']})" if cluster.get("error") else ""))
+        lines.append(f"cluster: {states}" + (f"  ({cluster['error']})" if cluster.get("error") else ""))
     lines.append(
         f"spool {now.get('pigeon_spool_messages', 0):,.0f} messages   smtp connections "
         f"{now.get('pigeon_smtp_connections', 0):.0f} in, {now.get('outbound', 0):.0f} out"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 
 def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
     """One answer from every worker's: the first refusal (4xx/5xx but 404) as it is; else
@@ -59,3 +61,40 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
 
 def _row_key(row: dict[str, Any]) -> Any:
     return row.get("queue") or row.get("path") or row.get("operation")
+
+
+def merge_metrics(texts: list[str]) -> str:
+    """Sum the samples of several Prometheus text expositions (every Pigeon metric adds up).
+
+    `_created` samples keep the earliest value rather than a sum.
+    """
+    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if sample.name.endswith("_created"):
+                    samples[key] = min(samples.get(key, sample.value), sample.value)
+                else:
+                    samples[key] = samples.get(key, 0.0) + sample.value
+    out = []
+    for name, (kind, doc, samples) in families.items():
+        # The parser names a counter family without its "_total"; the exposition needs it back.
+        header = f"{name}_total" if kind == "counter" else name
+        out.append(f"# HELP {header} {doc}")
+        out.append(f"# TYPE {header} {kind}")
+        for (sample_name, labels), value in samples.items():
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            out.append(f"{sample_name}{{{label_text}}} {value!r}" if label_text else f"{sample_name} {value!r}")
+    return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def merge_metric_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
+    """Answers `{"text": <exposition>}` (one per worker or node) added up into one."""
+    texts = [answer["text"] for status, answer in answers if status == 200 and isinstance(answer, dict)]
+    return 200, {"text": merge_metrics(texts)}

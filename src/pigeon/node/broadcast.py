@@ -97,9 +97,16 @@ class Broadcast:
 
     # --- the origin --------------------------------------------------------------------------
     async def around(
-        self, method: str, path: str, body: bytes, operator: str, local: Callable[[], Awaitable[tuple[int, Any]]]
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        operator: str,
+        local: Callable[[], Awaitable[tuple[int, Any]]],
+        merge: Callable[[list[tuple[int, Any]]], tuple[int, Any]] = merge_answers,
     ) -> tuple[int, Any]:
-        """Run `local` (this node's part) while every other node runs its own; one answer.
+        """Run `local` (this node's part) while every other node runs its own; one answer,
+        added up by `merge`, with `cluster.nodes` saying which nodes it holds.
 
         The entry is appended first, so the other nodes work while this one does."""
         write = method != "GET"
@@ -141,7 +148,7 @@ class Broadcast:
             nodes[node] = "done"
         for node in pending:
             nodes[node] = "pending"
-        merged_status, merged = merge_answers(answers)
+        merged_status, merged = merge(answers)
         if isinstance(merged, dict):
             merged["cluster"] = {"nodes": nodes}
         return merged_status, merged

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
@@ -388,6 +389,8 @@ class Node:
 
     async def _apply(self, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
         """An admin request another node was asked for, applied to this worker's shards."""
+        if path.partition("?")[0] == "/metrics":  # `pigeon top --cluster`: counters, added up there
+            return 200, {"text": generate_latest(self.metrics.registry).decode()}
         admin = self.admin
         if admin is None:
             return 503, {"error": f"delivery is disabled on node {self.config.node.name}"}

@@ -26,14 +26,14 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.config.schema import Config
 from pigeon.listener.http.admin import cluster_wide, refusal_answer, validate, with_id
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
-from pigeon.node.answers import merge_answers
+from pigeon.listener.http.metrics import cluster_comment, exposition
+from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
 from pigeon.node.broadcast import Broadcast
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
@@ -393,46 +393,21 @@ class Supervisor:
         return merge_answers(answers)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        answers = await self._ask_all("/metrics")
-        texts = [a[1].decode("utf-8") for a in answers if a is not None and a[0] == 200]
-        response = web.Response(text=merge_metrics(texts))
-        response.content_type = "text/plain"
-        response.charset = "utf-8"
-        return response
+        async def workers() -> tuple[int, Any]:
+            answers = await self._ask_all("/metrics")
+            return 200, {
+                "text": merge_metrics([a[1].decode("utf-8") for a in answers if a is not None and a[0] == 200])
+            }
+
+        if not cluster_wide(request) or self._cluster is None:
+            _, answer = await workers()
+            return exposition(answer["text"])
+        operator = self._tokens.holder(request, "read")  # every node works for it: not for anyone
+        _, answer = await self._cluster.around("GET", "/metrics", b"", operator, workers, merge_metric_answers)
+        return exposition(answer["text"] + cluster_comment(answer["cluster"]))
 
 
 def _closing(response: web.Response) -> web.Response:
     """`response`, after which the connection closes: an unread body is not drained."""
     response.force_close()
     return response
-
-
-def merge_metrics(texts: list[str]) -> str:
-    """Sum the samples of several Prometheus text expositions (every Pigeon metric adds up).
-
-    `_created` samples keep the earliest value rather than a sum.
-    """
-    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
-            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
-            for sample in family.samples:
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                if sample.name.endswith("_created"):
-                    samples[key] = min(samples.get(key, sample.value), sample.value)
-                else:
-                    samples[key] = samples.get(key, 0.0) + sample.value
-    out = []
-    for name, (kind, doc, samples) in families.items():
-        # The parser names a counter family without its "_total"; the exposition needs it back.
-        header = f"{name}_total" if kind == "counter" else name
-        out.append(f"# HELP {header} {doc}")
-        out.append(f"# TYPE {header} {kind}")
-        for (sample_name, labels), value in samples.items():
-            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            out.append(f"{sample_name}{{{label_text}}} {value!r}" if label_text else f"{sample_name} {value!r}")
-    return "\n".join(out) + "\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
