@@ -7,7 +7,9 @@ same from any working directory; without a file they are relative to the working
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
+import socket
 import tomllib
 import typing
 from collections.abc import Callable
@@ -81,8 +83,9 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
 def _finish(config: Config, path: Path | None, text: str) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
-    def fail(keys: list[str], reason: str) -> ConfigError:
-        line = _line_of(text, keys) if path is not None else None
+    def fail(keys: list[str], reason: str, block: int = 0) -> ConfigError:
+        """`block`: which table of an array of tables (`[[pool]]`) the key is in, for its line."""
+        line = _line_of(text, keys, block) if path is not None else None
         where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
         return ConfigError(f"{where}{_key_name(keys)}: {reason}")
 
@@ -120,6 +123,7 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
         if module is not None and (module.endswith(".py") or "/" in module):
             config.policy.module = str(_resolve(Path(module), base))
     _check_inbound(config, fail)
+    _check_egress(config, fail)
     if path is not None:
         for target in config.target:
             if isinstance(target, (MaildirTarget, LogTarget)):
@@ -322,6 +326,78 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
 
 
+_SOURCE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """`[[source]]`s with usable local addresses, `[[pool]]`s of known sources with positive
+    weights, and every pool or source named elsewhere defined."""
+    implicit = config.delivery.source
+    sources = [source.name for source in config.source]
+    for index, source in enumerate(config.source):
+        which = f"source {source.name!r}"
+        if not _SOURCE_NAME.fullmatch(source.name):
+            reason = "letters, digits, '.', '_' and '-' only (it is part of ready queue names, <source>-><site>)"
+            raise fail(["source", "name"], f"{which}: {reason}", index)
+        if sources.count(source.name) > 1:
+            again = sources.index(source.name, index + 1)
+            raise fail(["source", "name"], f"two [[source]]s are called {source.name!r}", again)
+        if source.name == implicit:
+            reason = f"{which} is the name of the implicit source ([delivery] source = {implicit!r}): choose another"
+            raise fail(["source", "name"], reason, index)
+        try:
+            address = ipaddress.ip_address(source.bind)
+        except ValueError:
+            raise fail(["source", "bind"], f"{which}: {source.bind!r} is not an IP address", index) from None
+        problem = _unbindable(address)
+        if problem is not None:
+            raise fail(["source", "bind"], f"{which}: cannot bind to {source.bind}: {problem}", index)
+        if source.ehlo and not _DOMAIN.fullmatch(source.ehlo):
+            raise fail(["source", "ehlo"], f"{which}: {source.ehlo!r} is not a domain name", index)
+    known = ", ".join(repr(n) for n in sources) or "none is configured"
+    pools = [pool.name for pool in config.pool]
+    for index, pool in enumerate(config.pool):
+        which = f"pool {pool.name!r}"
+        if pools.count(pool.name) > 1:
+            raise fail(["pool", "name"], f"two [[pool]]s are called {pool.name!r}", pools.index(pool.name, index + 1))
+        if not pool.sources:
+            raise fail(["pool", "sources"], f"{which}: name at least one [[source]]", index)
+        members: list[str] = []
+        for member in pool.sources:
+            name, weight = (member, 1) if isinstance(member, str) else (member.source, member.weight)
+            if name not in sources:
+                raise fail(["pool", "sources"], f"{which}: no [[source]] called {name!r} (known: {known})", index)
+            if name in members:
+                raise fail(["pool", "sources"], f"{which}: source {name!r} is listed twice", index)
+            if weight < 1:
+                reason = f"{which}: source {name!r} has weight {weight}; weights are whole numbers from 1"
+                raise fail(["pool", "sources"], reason, index)
+            members.append(name)
+    known_pools = ", ".join(repr(n) for n in pools) or "none is configured"
+    if config.delivery.pool is not None and config.delivery.pool not in pools:
+        raise fail(["delivery", "pool"], f"no [[pool]] called {config.delivery.pool!r} (known: {known_pools})")
+    for index, queue in enumerate(config.queue):
+        if queue.pool is not None and queue.pool not in pools:
+            reason = f"queue {queue.name!r}: no [[pool]] called {queue.pool!r} (known: {known_pools})"
+            raise fail(["queue", "pool"], reason, index)
+    for index, shaping in enumerate(config.shaping):
+        if shaping.source is not None and shaping.source not in sources:
+            reason = f"[[shaping]] {shaping.domain or shaping.provider!r}: no [[source]] called {shaping.source!r} (known: {known})"
+            raise fail(["shaping", "source"], reason, index)
+
+
+def _unbindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why a socket cannot bind to `address` on this machine (None: it can). Checked at load, so
+    that a typo stops the start rather than failing every connection from the source."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(address), 0))
+    except OSError as error:
+        return f"{error.strerror or error} (not an address of this machine?)"
+    return None
+
+
 def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], str], ConfigError]) -> None:
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
@@ -452,13 +528,15 @@ def _key_name(keys: list[str]) -> str:
     return f"[{'.'.join(keys[:-1])}] {keys[-1]}"
 
 
-def _line_of(text: str, keys: list[str]) -> int | None:
-    """The line where a key is set: best effort, for the error message only."""
+def _line_of(text: str, keys: list[str], block: int = 0) -> int | None:
+    """The line where a key is set (in the `block`-th table of its array of tables): best
+    effort, for the error message only."""
     if not keys:
         return None
     section, key = (keys[:-1], keys[-1]) if len(keys) > 1 else ([], keys[0])
     current: list[str] = []
     section_line: int | None = None
+    seen = -1  # tables of `section` met so far, less one
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line.startswith("["):
@@ -467,6 +545,10 @@ def _line_of(text: str, keys: list[str]) -> int | None:
             if current == keys:
                 return number
             if current == section:
+                seen += 1
+                if seen < block:
+                    current = ["\0"]  # an earlier table of the array: not the one meant
+                    continue
                 section_line = number
             continue
         name = line.split("=", 1)[0].strip().strip('"')

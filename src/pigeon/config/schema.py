@@ -276,7 +276,11 @@ class DeliveryConfig(_Section):
     helo_name: str = ""
     """Name in outbound EHLO. Default: [smtp] hostname."""
     source: str = "default"
-    """Name of the egress source (the "source" of ready queue names "source->site")."""
+    """Name of the implicit egress source: the one mail leaves from when it has no pool (its
+    address is the one the OS picks, its EHLO name `helo_name`). Ready queues are "source->site"."""
+    pool: str | None = None
+    """The `[[pool]]` mail leaves from when neither its `[[queue]]` nor the policy hook names
+    one. None: such mail leaves from the implicit source."""
     smtp_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
     retry_interval: Duration = Duration(300)
     """First retry after this long; each later one waits twice as long as the one before ..."""
@@ -340,6 +344,37 @@ class QueueConfig(_Section):
     max_retry_interval: Duration | None = None
     max_age: Duration | None = None
     dsn: bool | None = None
+    pool: str | None = None
+    """The `[[pool]]` this queue's mail leaves from (a policy hook's `egress_pool` wins).
+    None: `[delivery] pool`."""
+
+
+class SourceConfig(_Section):
+    """An egress source: a local address outbound connections bind to, and the EHLO name they give."""
+
+    name: str
+    """What `[[pool]]`s, `[[shaping]]` blocks and logs call it; ready queues are "<name>-><site>"."""
+    bind: str
+    """A local IP address, v4 or v6 ("192.0.2.10", "2001:db8::10"). Connections from this source
+    go only to MX addresses of the same family."""
+    ehlo: str = ""
+    """Name in EHLO (it should resolve to `bind`, and `bind` back to it). Default: [delivery] helo_name."""
+
+
+class PoolMember(_Section):
+    source: str
+    """A `[[source]]` name."""
+    weight: int = 1
+    """Its share of the pool's messages, relative to the other members' weights."""
+
+
+class PoolConfig(_Section):
+    """An egress pool: sources with weights. Each message takes the next source of a smooth
+    weighted round-robin, so weights 3 and 1 give 3 of every 4 messages to the first."""
+
+    name: str
+    sources: list[PoolMember | str]
+    """`[{source = "ip-2", weight = 3}, {source = "ip-3", weight = 1}]`; a bare name has weight 1."""
 
 
 class ProviderConfig(_Section):
@@ -358,6 +393,9 @@ class ShapingConfig(_Section):
     """A provider's name (a `[[provider]]`, or a shipped one): the limits apply to the
     provider's sites as a whole, counted together (`provider:<name>`), whichever recipient
     domain led there."""
+    source: str | None = None
+    """Only for connections from this `[[source]]`. A matching block with a source takes
+    precedence over the blocks without one: what it sets overrides theirs, the rest is theirs."""
     connection_limit: PositiveInt | None = None
     max_deliveries_per_connection: PositiveInt | None = None
     idle_timeout: Duration | None = None
@@ -619,6 +657,8 @@ class Config(_Section):
     queue: list[QueueConfig] = msgspec.field(default_factory=list)
     shaping: list[ShapingConfig] = msgspec.field(default_factory=list)
     provider: list[ProviderConfig] = msgspec.field(default_factory=list)
+    source: list[SourceConfig] = msgspec.field(default_factory=list)
+    pool: list[PoolConfig] = msgspec.field(default_factory=list)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
     target: list[TargetConfig] = msgspec.field(default_factory=list)
     mailbox: list[MailboxConfig] = msgspec.field(default_factory=list)
