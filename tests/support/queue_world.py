@@ -370,7 +370,7 @@ class World:
     """The dispatcher's limits (default: `connection_limit`, idle for an hour)."""
     throttles: Throttles | None = None
     """Where the dispatcher asks for connection slots and message slots (default: in memory)."""
-    opener: Callable[[Destination], Awaitable[Agent]] | None = None
+    opener: Callable[[Destination, str | None], Awaitable[Agent]] | None = None
     """Opens agents instead of `FakeAgent` (to fail, or to be a real agent)."""
     answer: Callable[[World, Attempted], list[Reply]] = field(default=lambda world, seen: [OK] * len(seen.recipients))
     """What the receiving server says to an attempt (the test's script)."""
@@ -424,7 +424,7 @@ class World:
         self.dispatcher, self.scheduler, self.admin = engine.dispatcher, engine.scheduler, engine.admin
         return self
 
-    async def _open(self, destination: Destination) -> Agent:
+    async def _open(self, destination: Destination, source: str | None = None) -> Agent:
         self.opened.append(destination.site)
         return FakeAgent(self, destination.site)
 

@@ -83,9 +83,14 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
 def _finish(config: Config, path: Path | None, text: str) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
-    def fail(keys: list[str], reason: str, block: int = 0) -> ConfigError:
-        """`block`: which table of an array of tables (`[[pool]]`) the key is in, for its line."""
-        line = _line_of(text, keys, block) if path is not None else None
+    def fail(keys: list[str], reason: str, block: int | None = None) -> ConfigError:
+        """`block`: which table (from 0) of an array of tables (`[[pool]]`) the key is in."""
+        if path is None:
+            line = None
+        elif block is not None and len(keys) == 2:
+            line = block_line(text, keys[0], block, keys[1])
+        else:
+            line = _line_of(text, keys)
         where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
         return ConfigError(f"{where}{_key_name(keys)}: {reason}")
 
@@ -382,7 +387,7 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["queue", "pool"], reason, index)
     for index, shaping in enumerate(config.shaping):
         if shaping.source is not None and shaping.source not in sources:
-            reason = f"[[shaping]] {shaping.domain or shaping.provider!r}: no [[source]] called {shaping.source!r} (known: {known})"
+            reason = f"[[shaping]] #{index + 1}: no [[source]] called {shaping.source!r} (known: {known})"
             raise fail(["shaping", "source"], reason, index)
 
 
@@ -528,15 +533,13 @@ def _key_name(keys: list[str]) -> str:
     return f"[{'.'.join(keys[:-1])}] {keys[-1]}"
 
 
-def _line_of(text: str, keys: list[str], block: int = 0) -> int | None:
-    """The line where a key is set (in the `block`-th table of its array of tables): best
-    effort, for the error message only."""
+def _line_of(text: str, keys: list[str]) -> int | None:
+    """The line where a key is set: best effort, for the error message only."""
     if not keys:
         return None
     section, key = (keys[:-1], keys[-1]) if len(keys) > 1 else ([], keys[0])
     current: list[str] = []
     section_line: int | None = None
-    seen = -1  # tables of `section` met so far, less one
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line.startswith("["):
@@ -545,10 +548,6 @@ def _line_of(text: str, keys: list[str], block: int = 0) -> int | None:
             if current == keys:
                 return number
             if current == section:
-                seen += 1
-                if seen < block:
-                    current = ["\0"]  # an earlier table of the array: not the one meant
-                    continue
                 section_line = number
             continue
         name = line.split("=", 1)[0].strip().strip('"')

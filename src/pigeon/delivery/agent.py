@@ -55,5 +55,6 @@ class Agent(Protocol):
     async def close(self) -> None: ...
 
 
-Opener = Callable[[Destination], Awaitable[Agent]]
-"""Opens an agent for a destination (one per destination kind). Raises `Unreachable`."""
+Opener = Callable[[Destination, str | None], Awaitable[Agent]]
+"""Opens an agent for a destination (one per destination kind), from an egress `[[source]]`
+(None: the implicit source). Raises `Unreachable`."""

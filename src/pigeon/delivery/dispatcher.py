@@ -4,10 +4,12 @@ For each ready queue (told by the queue when it has work) it keeps up to
 `connection_limit` connection tasks. A task opens an agent for the queue's destination (an
 SMTP connection, or an application's target: see `agent`), then takes leased messages off
 the queue, `batch` at a time, up to `max_deliveries_per_connection`, until the queue has been
-empty for `idle_timeout`. Both limits are asked of the throttles (`pigeon.shaping.throttles`),
-which hold them for the node, or for the cluster through Redis: a connection task first takes
-a connection slot of its site (if none is free, the lane asks again `_REFUSED_RETRY` later),
-and each batch of messages books its slots of the site's rate (GCRA), waiting for them.
+empty for `idle_timeout`. A ready queue is an egress path, `source->site`: its connections
+leave from its source (`pigeon.delivery.egress`), and its attempts say so. Both limits are
+asked of the throttles (`pigeon.shaping.throttles`), which hold them for the node, or for the
+cluster through Redis, per path (`limit_key`): a connection task first takes a connection
+slot of its path (if none is free, the lane asks again `_REFUSED_RETRY` later), and each
+batch of messages books its slots of the path's rate (GCRA), waiting for them.
 
 Right before a message is handed to the agent, `begin(lease)` asks the queue whether the
 lease still holds: an operator may have bounced, suspended or rebound the message while it
@@ -45,7 +47,7 @@ from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Lease
-from pigeon.shaping.rules import Shaping, ShapingQuery
+from pigeon.shaping.rules import Shaping, ShapingQuery, site_key, source_key
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
@@ -62,27 +64,29 @@ def ideal_connections(queued: int, limit: int) -> int:
     return min(queued, math.ceil(limit * (1 - math.exp(-0.023 * queued))))
 
 
-def limit_key(site: str) -> str:
-    """The throttle key of a site's own limits (a provider's sites share `provider:<name>`:
-    `Shaping.key`, from `pigeon.shaping.rules`)."""
-    return f"site:{site}"
+def limit_key(site: str, source: str | None = None) -> str:
+    """The throttle key of a path's own limits: per source and site (a provider's sites share
+    `provider:<name>`: `Shaping.key`, from `pigeon.shaping.rules`); the implicit source (None)
+    keeps the site's key, as before sources existed."""
+    return source_key(source, site_key(site))
 
 
 def shaping_query(queue: ReadyQueue) -> ShapingQuery:
     """What a ready queue's limits are looked up by."""
     destination: Destination = queue.destination
-    return ShapingQuery(queue.domain, queue.site, tuple(hop.host for hop in destination.hops))
+    return ShapingQuery(queue.domain, queue.site, tuple(hop.host for hop in destination.hops), queue.source)
 
 
 class _Lane:
     """The delivery side of one ready queue: its limits and its connections."""
 
-    __slots__ = ("connections", "failures", "key", "queue", "refused", "shaping")
+    __slots__ = ("connections", "failures", "key", "queue", "refused", "shaping", "source")
 
     def __init__(self, queue: ReadyQueue, shaping: Shaping) -> None:
         self.queue = queue
         self.shaping = shaping
-        self.key = shaping.key or limit_key(queue.site)
+        self.source: str | None = queue.source
+        self.key = shaping.key or limit_key(queue.site, queue.source)
         self.connections = 0  # connection tasks running
         self.failures = 0  # consecutive failed connection attempts
         self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
@@ -217,7 +221,7 @@ class Dispatcher:
             if not len(queue):
                 return
             try:
-                agent = await self._open(destination)
+                agent = await self._open(destination, lane.source)
             except Unreachable as error:
                 self._unreachable(lane, error)
                 return
@@ -240,7 +244,7 @@ class Dispatcher:
                     await agent.close()
                     agent = None
                     try:
-                        agent = await self._open(destination)
+                        agent = await self._open(destination, lane.source)
                     except Unreachable as error:
                         self._give_back(queue, taken)
                         self._unreachable(lane, error)
@@ -252,11 +256,11 @@ class Dispatcher:
                 if self._held(queue.site):
                     self._give_back(queue, taken)  # an operator suspended the site: it waits, untried
                     break
-                begun = self._begin_all(taken, destination.site)
+                begun = self._begin_all(taken, lane)
                 taken = []
                 hooks = self._hooks
                 if begun and hooks is not None and hooks.vets:
-                    begun = await self._vetted(hooks, begun, destination.site)
+                    begun = await self._vetted(hooks, begun, lane)
                 if not begun:
                     continue
                 self.in_flight += len(begun)
@@ -265,10 +269,10 @@ class Dispatcher:
                 finally:
                     self.in_flight -= len(begun)
                 if hooks is not None and hooks.reviews:
-                    attempts = await self._reviewed(hooks, begun, attempts)
+                    attempts = await self._reviewed(hooks, begun, attempts, lane)
                 earlier, writing = writing, []
                 for work, attempt in zip(begun, attempts, strict=True):
-                    if (written := self._report(work.lease, attempt)) is not None:
+                    if (written := self._report_from(lane, work.lease, attempt)) is not None:
                         writing.append(written)
                 deliveries += len(begun)
                 begun = []
@@ -281,7 +285,7 @@ class Dispatcher:
             crashed = True
             for work in begun:  # every message begun gets an outcome, or it would wait for a restart
                 count = len(work.message.envelope.recipients)
-                self._report(work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
+                self._report_from(lane, work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
         finally:
             # Cancelled at shutdown: what was begun stays as it is in the spool, and is tried
             # again at the next start; what was only taken goes back now.
@@ -300,13 +304,19 @@ class Dispatcher:
                 else:
                     self._start(lane)
 
-    async def _open(self, destination: Destination) -> Agent:
+    async def _open(self, destination: Destination, source: str | None) -> Agent:
         opener = self._agents.get(destination.kind)
         if opener is None:
             raise Unreachable(Reply(451, "4.3.5", (f"no delivery agent for {destination.kind.value} destinations",)))
-        return await opener(destination)
+        return await opener(destination, source)
 
-    def _begin_all(self, leases: list[Lease], site: str) -> list[Work]:
+    def _report_from(self, lane: _Lane, lease: Lease, attempt: Attempt) -> asyncio.Future[None] | None:
+        """Report an attempt made on `lane`, naming its source (the implicit one goes unnamed)."""
+        if lane.source is not None and attempt.source is None:
+            attempt = attempt._replace(source=lane.source)
+        return self._report(lease, attempt)
+
+    def _begin_all(self, leases: list[Lease], lane: _Lane) -> list[Work]:
         """The leased messages still good to send, with their bytes. Called right before the
         agent gets them, with no await in between: an operator's action that came first wins."""
         work: list[Work] = []
@@ -319,27 +329,29 @@ class Dispatcher:
             except SpoolError as error:
                 _log.error("message %s: %s", format_id(message.id), error)
                 count = len(message.envelope.recipients)
-                self._report(lease, Attempt.same_for_all(error.reply, count, "", site))
+                self._report_from(lane, lease, Attempt.same_for_all(error.reply, count, "", lane.queue.site))
                 continue
             work.append(Work(lease, message, body))
         return work
 
-    async def _vetted(self, hooks: DeliveryHooks, begun: list[Work], site: str) -> list[Work]:
+    async def _vetted(self, hooks: DeliveryHooks, begun: list[Work], lane: _Lane) -> list[Work]:
         """What `before_delivery` lets through; the rest is reported (deferred, failed) or
         rerouted here. Cancelled meanwhile (shutdown), nothing was sent: what was begun stays
         in the spool as it is, as for any attempt cut short."""
         kept: list[Work] = []
         for work in begun:
-            verdict = await hooks.before(work.message, site)
+            verdict = await hooks.before(work.message, lane.queue.site)
             if verdict is None:
                 kept.append(work)
             elif isinstance(verdict, Attempt):
-                self._report(work.lease, verdict)
+                self._report_from(lane, work.lease, verdict)
             else:
                 self._reroute(work.lease, verdict.domain)
         return kept
 
-    async def _reviewed(self, hooks: DeliveryHooks, begun: list[Work], attempts: list[Attempt]) -> list[Attempt]:
+    async def _reviewed(
+        self, hooks: DeliveryHooks, begun: list[Work], attempts: list[Attempt], lane: _Lane
+    ) -> list[Attempt]:
         """The attempts as `on_delivery_outcome` reclassified them. The messages are sent by
         now: if this is cancelled (shutdown), every attempt is reported as the agent made it,
         or a restart would send them again."""
@@ -349,7 +361,7 @@ class Dispatcher:
                 reviewed.append(await hooks.after(work.message, attempt))
         except asyncio.CancelledError:
             for work, attempt in zip(begun, attempts, strict=True):
-                self._report(work.lease, attempt)
+                self._report_from(lane, work.lease, attempt)
             raise
         return reviewed
 
@@ -377,4 +389,4 @@ class Dispatcher:
             if message is None:
                 continue
             count = len(message.envelope.recipients)
-            self._report(lease, Attempt.same_for_all(error.reply, count, error.classification, queue.site))
+            self._report_from(lane, lease, Attempt.same_for_all(error.reply, count, error.classification, queue.site))

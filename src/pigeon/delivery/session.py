@@ -57,6 +57,7 @@ _log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class ClientOptions:
     helo_name: str
+    bind: str | None = None  # the local address to connect from (an egress [[source]]); None: the OS's choice
     connect_timeout: float = 30.0
     reply_timeout: float = 300.0  # RFC 5321 4.5.3.2: 5 minutes for most replies, 10 for end of data
     pipelining: bool = True
@@ -227,6 +228,14 @@ class ClientConnection:
             except DnsFailure as error:
                 last = Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",))
                 continue
+            if options.bind is not None:
+                # A socket bound to an IPv4 address cannot reach an IPv6 one, nor the reverse.
+                family = ipaddress.ip_address(options.bind).version
+                usable = [a for a in addresses if ipaddress.ip_address(a).version == family]
+                if not usable:
+                    last = Reply(451, "4.4.1", (f"{hop.host} has no IPv{family} address to reach from {options.bind}",))
+                    continue
+                addresses = usable
             for address in addresses:
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
@@ -251,10 +260,12 @@ class ClientConnection:
         wire = _Wire(loop, session)
         try:
             async with asyncio.timeout(options.connect_timeout):
-                await loop.create_connection(lambda: wire, address, hop.port)
+                local = (options.bind, 0) if options.bind is not None else None
+                await loop.create_connection(lambda: wire, address, hop.port, local_addr=local)
         except (OSError, TimeoutError) as error:
             reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
-            raise ConnectFailed(Reply(451, "4.4.1", (f"cannot connect to {peer}: {reason}",))) from None
+            origin = f" from {options.bind}" if options.bind is not None else ""
+            raise ConnectFailed(Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))) from None
         connection = cls(wire, peer=peer, options=options)
         try:
             await connection._greet(hop, destination)

@@ -9,16 +9,19 @@ no longer usable.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from pigeon.delivery.agent import Unreachable, Work
 from pigeon.delivery.classify import Classifier
+from pigeon.delivery.egress import Source
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
 from pigeon.queue.attempt import Attempt
 from pigeon.smtp import client
 from pigeon.smtp.client import refusal_before_sending
+from pigeon.smtp.replies import Reply
 
 
 class SmtpAgent:
@@ -58,16 +61,25 @@ class SmtpAgent:
 
 
 class SmtpAgents:
-    """Opens an `SmtpAgent` for a destination of SMTP hops."""
+    """Opens an `SmtpAgent` for a destination of SMTP hops, from an egress source: its
+    connection binds to the source's address and gives its EHLO name."""
 
-    def __init__(self, resolver: Resolver, options: ClientOptions, classifier: Classifier) -> None:
+    def __init__(
+        self, resolver: Resolver, options: ClientOptions, classifier: Classifier, sources: Sequence[Source] = ()
+    ) -> None:
         self._resolver = resolver
         self._options = options
         self._classifier = classifier
+        self._sources = {
+            s.name: dataclasses.replace(options, bind=s.bind, helo_name=s.ehlo or options.helo_name) for s in sources
+        }
 
-    async def open(self, destination: Destination) -> SmtpAgent:
+    async def open(self, destination: Destination, source: str | None = None) -> SmtpAgent:
+        options = self._options if source is None else self._sources.get(source)
+        if options is None:  # the ready queue outlived its source (cannot happen: sources change at restart)
+            raise Unreachable(Reply(451, "4.3.5", (f"egress source {source!r} is not configured ([[source]])",)))
         try:
-            connection = await ClientConnection.open(destination, self._resolver, self._options)
+            connection = await ClientConnection.open(destination, self._resolver, options)
         except ConnectFailed as error:
             reply = error.reply
             raise Unreachable(reply, self._classifier.classify(reply) if reply.code >= 500 else "") from None

@@ -94,6 +94,7 @@ class TargetAgents:
         self._classifier = classifier
         self._counted = counted
 
-    async def open(self, destination: Destination) -> TargetAgent:
+    async def open(self, destination: Destination, source: str | None = None) -> TargetAgent:
+        """(`source` is for SMTP agents: a target is not reached from an address of ours.)"""
         name = destination.target or ""
         return TargetAgent(name, self._targets.get(name), destination.site, self._classifier, self._counted)

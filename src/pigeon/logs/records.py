@@ -35,6 +35,7 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | attempt        | all four         | attempts so far, this one included                        |
 | response       | all four         | the remote server's reply, or Pigeon's own (`4.4.1` ...)  |
 | site           | all four         | the ready queue's site: MX host set or static next hop   |
+| source         | all four         | the egress `[[source]]` the attempt left from (absent: the implicit source) |
 | peer           | all four         | `host [ip]:port` of the server that answered, if any      |
 | tls            | all four         | TLS version and cipher of that connection                 |
 | created        | all four         | when the message was received                             |
@@ -128,6 +129,7 @@ class Attempt(Record):
     attempt: int  # attempts made so far, this one included
     response: Response
     site: str = ""
+    source: str | None = None  # the egress [[source]] it left from; None: the implicit source
     peer: str | None = None  # "mx.example.net [192.0.2.1]:25"
     tls: str | None = None
     created: float = 0.0  # when the message was received

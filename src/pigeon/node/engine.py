@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pigeon.delivery.agent import Opener
 from pigeon.delivery.dispatcher import Dispatcher
@@ -57,6 +58,7 @@ def build_engine(
     hooks: DeliveryHooks | None = None,
     route_failures: RouteFailures = lambda address: None,
     source: str = "default",
+    egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
     throttles: Throttles | None = None,
@@ -103,6 +105,7 @@ def build_engine(
         settlement=settlement,
         policies=policies,
         intercept=rules.intercept,
+        egress=egress,
         observe_lag=observe_lag,
         clock=clock,
     )

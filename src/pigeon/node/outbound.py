@@ -13,6 +13,7 @@ from pigeon.config.schema import Config
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
 from pigeon.delivery.dsn import Notifier
+from pigeon.delivery.egress import Egress, Source
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
@@ -72,6 +73,7 @@ class Outbound:
         )
         self.policies = _policies(config)
         inbound = metrics.inbound_messages
+        self.egress = Egress.from_config(config.pool, delivery.pool)
         smtp_agents = SmtpAgents(
             self.resolver,
             ClientOptions(
@@ -82,6 +84,7 @@ class Outbound:
                 chunking=delivery.chunking,
             ),
             classifier,
+            [Source(s.name, s.bind, s.ehlo) for s in config.source],
         )
         target_agents = TargetAgents(
             targets or {}, classifier, lambda target, verdict: inbound.labels("smtp", target, _OUTCOMES[verdict]).inc()
@@ -102,6 +105,7 @@ class Outbound:
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
             route_failures=intake.inbound_routes.failures if intake.inbound_routes else lambda address: None,
             source=delivery.source,
+            egress=self.egress.choose,
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
@@ -181,7 +185,9 @@ def _policies(config: Config) -> QueuePolicies:
         QueueRule(
             q.name,
             QueuePolicy(
-                retry(q.retry_interval, q.max_retry_interval, q.max_age), delivery.dsn if q.dsn is None else q.dsn
+                retry(q.retry_interval, q.max_retry_interval, q.max_age),
+                delivery.dsn if q.dsn is None else q.dsn,
+                q.pool,
             ),
         )
         for q in config.queue

@@ -242,7 +242,8 @@ class Admin:
         for q in self._ready:
             connections = self._connections(q.path)
             if len(q) or connections:
-                row = {"path": q.path, "site": q.site, "queued": len(q), "connections": connections}
+                source = q.path[: -len(q.site) - 2]  # the implicit source too, by its name
+                row = {"path": q.path, "source": source, "site": q.site, "queued": len(q), "connections": connections}
                 ready.append(row | {"provider": self._provider(q.path)})
         return {"scheduled": sorted(scheduled.values(), key=lambda r: r["queue"]), "ready": ready}
 
@@ -264,6 +265,8 @@ class Admin:
             "state": entry.state.value if entry is not None else "scheduled",
             "in_memory": entry is not None,
             "site": entry.site if entry is not None else None,
+            # The egress [[source]] of its ready queue, once it is in one (None: the implicit source).
+            "source": entry.source if entry is not None else None,
             "sender": envelope.sender,
             "recipients": [r.address for r in envelope.recipients],
             "size": message.size,
@@ -277,6 +280,7 @@ class Admin:
             "tenant": envelope.tenant,
             "campaign": envelope.campaign,
             "metadata": envelope.metadata,
+            "egress_pool": envelope.egress_pool,  # the pool its policy hook named, if any
         }
 
     def operations(self) -> list[dict[str, Any]]:

@@ -29,6 +29,8 @@ class Attempt(NamedTuple):
     retry_after: float | None = None
     """Seconds until the next try of what failed transiently (a policy's `Defer(delay=...)`);
     None: the queue's backoff."""
+    source: str | None = None
+    """The `[[source]]` the attempt was made from (None: the implicit source, or none at all)."""
 
     @classmethod
     def same_for_all(

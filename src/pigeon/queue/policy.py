@@ -1,4 +1,4 @@
-"""Per-queue settings: retry schedule, expiry and DSNs, chosen by scheduled queue name.
+"""Per-queue settings: retry schedule, expiry, DSNs and egress pool, chosen by scheduled queue name.
 
 `[[queue]]` tables in the config each name a glob (`name = "*@example.net"`,
 `name = "newsletter:*"`) and override some of the `[delivery]` defaults; the first match
@@ -27,6 +27,7 @@ Bounces = Literal["never", "authenticated", "always"]
 class QueuePolicy:
     retry: RetryPolicy
     dsn: bool = True
+    pool: str | None = None  # the egress pool its mail leaves from (None: [delivery] pool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 
 One ready queue per egress path `source->site`. A site is a destination's set of MX hosts
 (or its static next hop, or an application's target), so domains hosted together share one
-queue and one set of limits.
+queue and one set of limits. The source is the `[[source]]` the message was given as it was
+made ready (`pigeon.delivery.egress`), or the implicit one (`source` None, named after
+`[delivery] source`): each source has its own queue, connections and limits for a site.
 
 A dispatcher takes from the front and gets a `Lease` (the message moves READY -> IN_FLIGHT);
 it reports the attempt with that lease, or gives the message back untried. Whoever else moves
@@ -22,10 +24,13 @@ from pigeon.queue.state import ActiveSet, Entry, Lease, State, transition
 
 
 class ReadyQueue:
-    __slots__ = ("_active", "_entries", "_live", "_waiters", "destination", "domain", "path")
+    __slots__ = ("_active", "_entries", "_live", "_waiters", "destination", "domain", "path", "source")
 
-    def __init__(self, path: str, destination: Any, active: ActiveSet, domain: str = "") -> None:
+    def __init__(
+        self, path: str, destination: Any, active: ActiveSet, domain: str = "", source: str | None = None
+    ) -> None:
         self.path = path
+        self.source = source  # the [[source]] its connections leave from; None: the implicit one
         # The delivery room's pigeon.delivery.routes.Destination: opaque here but for `site`.
         self.destination = destination
         self.domain = domain  # the domain whose mail opened it (its shaping is looked up by it)
@@ -138,19 +143,21 @@ class ReadyQueues:
     def get(self, path: str) -> ReadyQueue | None:
         return self._queues.get(path)
 
-    def enqueue(self, entry: Entry, destination: Any) -> None:
-        """Make a SCHEDULED message READY in the queue of its destination's site."""
+    def enqueue(self, entry: Entry, destination: Any, source: str | None = None) -> None:
+        """Make a SCHEDULED message READY in the queue of its destination's site, from
+        `source` (None: the implicit source)."""
         site: str = destination.site
-        path = f"{self._source}->{site}"
+        path = f"{source or self._source}->{site}"
         queue = self._queues.get(path)
         if queue is None:
             envelope = entry.message.envelope
             domain = envelope.routing_domain or envelope.recipients[0].domain
-            queue = self._queues[path] = ReadyQueue(path, destination, self._active, domain)
+            queue = self._queues[path] = ReadyQueue(path, destination, self._active, domain, source)
         elif queue.destination is not destination and not len(queue):
             queue.destination = destination  # fresher routing (TTL): same site, maybe new hops
         transition(entry, State.SCHEDULED, entry.generation, State.READY)
         entry.site = site
+        entry.source = source
         queue.put(entry)
         self._on_work(queue)
 

@@ -18,6 +18,10 @@ still current are made ready. One an operator rebound or suspended meanwhile has
 The same tick expires what has waited past `max_age` anywhere: at load time, and in the
 ready queues.
 
+Each message made ready is given its egress source (`egress`, `pigeon.delivery.egress`):
+from its policy hook's `egress_pool`, else its `[[queue]]`'s `pool`. A pool that does not
+exist is a transient failure of that message, like a destination that cannot be resolved.
+
 A held message (mail of an `[[inbound]]` route kept for an operator, due at `HELD`) is loaded
 only once an operator made it due: that releases it, and its `max_age` counts from then. Its
 due time says when it expires unreleased (`HELD + t`, t from its route's `held_for`; `HELD`
@@ -68,6 +72,7 @@ class Scheduler:
         settlement: Settlement,
         policies: QueuePolicies,
         intercept: Callable[[Entry], bool] = lambda entry: False,
+        egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
         observe_lag: Callable[[float], None] = lambda seconds: None,
         clock: Callable[[], float] = time.time,
         tick: float = 0.25,
@@ -81,6 +86,9 @@ class Scheduler:
         self._policies = policies
         self._intercept = intercept
         """Standing admin rules (bounce, suspend), asked before a message is routed."""
+        self._egress = egress
+        """The source of a message of this pool (None: the default) to this destination;
+        None is the implicit source. Raises `Unroutable` for a pool that does not exist."""
         self._observe_lag = observe_lag
         """Told, for each message made ready, how long after its due time that was."""
         self._clock = clock
@@ -255,5 +263,12 @@ class Scheduler:
                 self._make_ready(entry, destination)
 
     def _make_ready(self, entry: Entry, destination: Any) -> None:
-        self._observe_lag(max(0.0, self._clock() - entry.message.due))
-        self._ready.enqueue(entry, destination)
+        message = entry.message
+        pool = message.envelope.egress_pool or self._policies.for_queue(message.queue).pool
+        try:
+            source = self._egress(pool, destination)
+        except Unroutable as failure:
+            self._settlement.unroutable(ActiveSet.lease(entry), failure)
+            return
+        self._observe_lag(max(0.0, self._clock() - message.due))
+        self._ready.enqueue(entry, destination, source)

@@ -402,6 +402,7 @@ class Settlement:
             "attempt": attempts,
             "response": Response.of(reply),
             "site": attempt.site if attempt else "",
+            "source": attempt.source if attempt else None,
             "peer": attempt.peer if attempt else None,
             "tls": attempt.tls if attempt else None,
             "created": message.created,

@@ -127,6 +127,7 @@ class Entry:
         "ready",
         "rebind",
         "site",
+        "source",
         "started",
         "state",
     )
@@ -136,6 +137,7 @@ class Entry:
         self.state = State.SCHEDULED
         self.generation = generation
         self.site: str | None = None  # the ready queue's site, once resolved
+        self.source: str | None = None  # the [[source]] of its ready queue (None: the implicit one)
         self.ready: ReadyQueue | None = None  # the ready queue holding it while READY
         self.started = False  # IN_FLIGHT: the agent has begun sending it (no admin step can take it back)
         self.admin_bounce: AdminMark | None = None

@@ -1,20 +1,27 @@
 """Shaping rules: the limits a ready queue is delivered under, and where each one came from.
 
 A ready queue is looked up with a `ShapingQuery` (the recipient domain that opened it, its
-site, the site's MX hosts). Each setting is taken from the first of four layers that sets it:
+site, the site's MX hosts, its egress source). Each setting is taken from the first of these
+layers that sets it:
 
-1. the user's first `[[shaping]]` block whose `domain` glob matches the recipient domain;
-2. the user's first `[[shaping]]` block for the site's provider (`provider = "gmail"`);
-3. the shipped block for that provider (`providers.toml`; none with
+1. with a `[[source]]`, the user's first `[[shaping]]` block for that source (`source = ...`)
+   whose `domain` glob matches the recipient domain, then the first for that source and the
+   site's provider: a source's own blocks come before the blocks for every source;
+2. the user's first `[[shaping]]` block (without `source`) whose `domain` glob matches;
+3. the user's first `[[shaping]]` block (without `source`) for the site's provider
+   (`provider = "gmail"`);
+4. the shipped block for that provider (`providers.toml`; none with
    `[delivery] provider_defaults = false`);
-4. `[delivery]`.
+5. `[delivery]`.
 
 The throttle key (what connection slots and message rates are counted against, in the node
 and, with Redis, in the cluster) is `provider:<name>` when the site is a provider's: every
 domain hosted there, whichever MX host set led to it, shares one connection limit and one
 rate. A domain block that sets its own `connection_limit` or `max_message_rate` takes its
 domain out of them (key `site:<site>`): its limits are then its own, not a share of the
-provider's. A site of no provider is counted alone, as `site:<site>`.
+provider's. A site of no provider is counted alone, as `site:<site>`. From a `[[source]]`,
+the key is the source's own, `<source>->provider:<name>` or `<source>->site:<site>`: each
+address has its own standing with a provider (the implicit source keeps the keys above).
 
 `explain()` answers the same question with the origin of every setting, for
 `pigeon shaping explain`.
@@ -65,6 +72,8 @@ class ShapingQuery:
     """The queue's site (`pigeon.delivery.routes.Destination.site`)."""
     hosts: tuple[str, ...] = ()
     """The site's MX hosts (the destination's hops); empty: read from `site`."""
+    source: str | None = None
+    """The egress `[[source]]` the queue's connections leave from; None: the implicit source."""
 
 
 def site_key(site: str) -> str:
@@ -73,6 +82,11 @@ def site_key(site: str) -> str:
 
 def provider_key(name: str) -> str:
     return f"provider:{name}"
+
+
+def source_key(source: str | None, key: str) -> str:
+    """A key as counted for one egress source (the implicit source, None, keeps it as it is)."""
+    return key if source is None else f"{source}->{key}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +98,7 @@ class _Block:
     domain: str | None = None
     provider: str | None = None
     origins: dict[str, str] = field(default_factory=dict)
+    source: str | None = None
     """Origins of single settings, where they differ from `origin` ([delivery]'s lines)."""
 
     def origin_of(self, name: str) -> str:
@@ -198,11 +213,19 @@ class ShapingRules:
         domain = query.domain.lower()
         provider = self.provider_of(query)
         layers: list[_Block] = []
-        own = next((b for b in self._domains if b.domain and fnmatch.fnmatchcase(domain, b.domain)), None)
-        if own is not None:
-            layers.append(own)
-        if provider is not None:
-            layers += [b for b in (self._first(self._provided, provider), self._first(self._shipped, provider)) if b]
+        owns: list[_Block] = []
+        for source in (query.source, None) if query.source is not None else (None,):
+            own = next(
+                (b for b in self._domains if b.source == source and b.domain and fnmatch.fnmatchcase(domain, b.domain)),
+                None,
+            )
+            if own is not None:
+                layers.append(own)
+                owns.append(own)
+            if provider is not None and (block := self._first(self._provided, provider, source)) is not None:
+                layers.append(block)
+        if provider is not None and (block := self._first(self._shipped, provider, None)) is not None:
+            layers.append(block)
         layers.append(self._delivery)
         settings = [
             next(Setting(name, layer.values[name], layer.origin_of(name)) for layer in layers if name in layer.values)
@@ -210,13 +233,13 @@ class ShapingRules:
         ]
         name = "connection_failures_before_delay"  # not shaped per block (yet)
         settings.append(Setting(name, self._failures, self._delivery.origin_of(name)))
-        apart = own is not None and any(name in own.values for name in _OWN_LIMITS)
+        apart = any(name in own.values for own in owns for name in _OWN_LIMITS)
         key = provider_key(provider.name) if provider is not None and not apart else site_key(query.site)
-        return Explanation(query, provider, key, settings)
+        return Explanation(query, provider, source_key(query.source, key), settings)
 
     @staticmethod
-    def _first(blocks: list[_Block], provider: Provider) -> _Block | None:
-        return next((b for b in blocks if b.provider == provider.name), None)
+    def _first(blocks: list[_Block], provider: Provider, source: str | None) -> _Block | None:
+        return next((b for b in blocks if b.provider == provider.name and b.source == source), None)
 
 
 def _parsed(block: ShapingConfig, name: str, text: str, index: int, close: str = "") -> _Block:
@@ -230,7 +253,8 @@ def _parsed(block: ShapingConfig, name: str, text: str, index: int, close: str =
         origins[key] = f"{name} line {line}{close}" if line else f"{name}{close}"
     header = block_line(text, "shaping", index) if text else None
     origin = f"{name} line {header}{close}" if header else f"{name}{close}"
-    return _Block(origin, values, block.domain.lower() if block.domain else None, block.provider, origins)
+    domain = block.domain.lower() if block.domain else None
+    return _Block(origin, values, domain, block.provider, origins, block.source)
 
 
 def _delivery_block(delivery: DeliveryConfig, path: Path | None, text: str) -> _Block:

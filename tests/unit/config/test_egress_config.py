@@ -110,7 +110,7 @@ def _with(replace: str, by: str) -> str:
         (_with('ehlo = "ip3.example"', 'ehlo = "ip3 example"'), "line 12: [source] ehlo: source 'ip-3': 'ip3 example'"),
         (_with('pool = "bulk"', 'pool = "bluk"'), "line 2: [delivery] pool: no [[pool]] called 'bluk' (known: 'bulk',"),
         (_with('pool = "transactional"', 'pool = "nope"'), "line 28: [queue] pool: queue '*:acme@*': no [[pool]]"),
-        (_with('source = "ip-3"\nconn', 'source = "ip-7"\nconn'), "line 32: [shaping] source: [[shaping]] '*': no"),
+        (_with('source = "ip-3"\nconn', 'source = "ip-7"\nconn'), "line 32: [shaping] source: [[shaping]] #1: no"),
     ],
 )
 def test_egress_mistakes_name_the_key_and_its_line(tmp_path: Path, text: str, expected: str) -> None:

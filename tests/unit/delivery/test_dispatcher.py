@@ -75,7 +75,7 @@ async def test_a_connection_that_cannot_be_opened_costs_one_message_then_everyth
     assert not len(world.active)
 
 
-async def _refused(destination: Destination) -> Agent:
+async def _refused(destination: Destination, source: str | None = None) -> Agent:
     raise Unreachable(DOWN)
 
 
@@ -101,7 +101,7 @@ class _Hangs:
 async def test_a_message_taken_when_the_connection_died_is_not_sent_on_it(make_world: MakeWorld) -> None:
     agents: list[_Hangs] = []
 
-    async def opener(destination: Destination) -> Agent:
+    async def opener(destination: Destination, source: str | None = None) -> Agent:
         if agents:
             raise Unreachable(DOWN)  # the server is gone for good
         agents.append(_Hangs())
@@ -145,7 +145,7 @@ class _Breaks:
 
 
 async def test_an_agent_that_raises_leaves_no_message_in_flight(make_world: MakeWorld) -> None:
-    async def opener(destination: Destination) -> Agent:
+    async def opener(destination: Destination, source: str | None = None) -> Agent:
         return _Breaks()
 
     world = make_world(SITES, ["d1.test"], opener=opener)
