@@ -56,8 +56,11 @@ def _toml_value(value: Any) -> str:
 class PigeonProcess:
     """`pigeon serve` in a subprocess, with a config written under `root`."""
 
-    def __init__(self, root: Path, *, source: Path | None = None, **sections: Any) -> None:
-        """`source`: run the Pigeon in this source tree (a checkout's `src`) instead of this one's."""
+    def __init__(
+        self, root: Path, *, source: Path | None = None, tables: dict[str, Any] | None = None, **sections: Any
+    ) -> None:
+        """`source`: run the Pigeon in this source tree (a checkout's `src`) instead of this one's.
+        `tables`: more sections, for names that keyword arguments cannot take (`[[source]]`)."""
         self.root = root
         self.source = source
         root.mkdir(parents=True, exist_ok=True)
@@ -74,7 +77,7 @@ class PigeonProcess:
             "delivery": {"enabled": False},
             "dns": {"nameservers": ["127.0.0.1:9"], "timeout": "1s"},
         }
-        for section, values in sections.items():
+        for section, values in {**sections, **(tables or {})}.items():
             if isinstance(values, list):
                 config[section] = values
             else:

@@ -16,9 +16,10 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
                     connection dropped before the 250 (2%: the one case where the sender may
                     rightly deliver it again)
 
-Every connection is recorded (`connections`: when it opened, when it ended, the client's EHLO
-name) and every message's arrival (`arrivals`: when its end of data was taken, and by which
-EHLO name), so a test can check connection limits and rates as the receiving end saw them.
+Every connection is recorded (`connections`: when it opened, when it ended, the client's
+address and EHLO name) and every message's arrival (`arrivals`: when its end of data was
+taken, from which address and by which EHLO name), so a test can check connection limits,
+rates and egress sources as the receiving end saw them.
 
 `WireSink` is the other kind of next hop: a lenient, line-at-LF server that records every
 byte it receives, to show what a smuggled end of data would do at an MTA that takes one.
@@ -97,12 +98,14 @@ class SinkConnection:
     opened: float
     ended: float = math.inf  # when QUIT came (the client is done), or the connection was lost
     helo: str = ""
+    peer: str = ""  # the client's IP address
 
 
 @dataclass(frozen=True)
 class Arrival:
     at: float  # time.monotonic() when the message was taken
     helo: str  # the EHLO name of the client that sent it
+    peer: str = ""  # the client's IP address
 
 
 def peak_connections(connections: list[SinkConnection], since: float = -math.inf, until: float = math.inf,
@@ -184,7 +187,8 @@ class _Handler:
             [list(o) for o in envelope.rcpt_options],
         )
         self.sink.received.append(received)
-        self.sink.arrivals.append(Arrival(time.monotonic(), session.host_name or ""))
+        peer = session.peer[0] if isinstance(session.peer, tuple) else str(session.peer or "")
+        self.sink.arrivals.append(Arrival(time.monotonic(), session.host_name or "", peer))
         record = getattr(server, "record", None)
         if record is not None:
             record.helo = session.host_name or ""
@@ -199,7 +203,8 @@ class _HangupSMTP(SMTP):
     connection's life."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.record = SinkConnection(time.monotonic())
+        peer = transport.get_extra_info("peername")
+        self.record = SinkConnection(time.monotonic(), peer=peer[0] if peer else "")
         self.event_handler.sink.connections.append(self.record)
         super().connection_made(transport)
 

@@ -1,0 +1,152 @@
+"""Egress sources and pools through a real node: the sink sees each source's address and EHLO
+name in the pool's proportions, a queue's pool and the policy hook's choose the pool, and a
+source's own `[[shaping]]` limits hold for its connections alone."""
+
+from __future__ import annotations
+
+import collections
+import json
+import smtplib
+import textwrap
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config, peak_connections, wait_until
+
+SOURCES = [
+    {"name": "ip-2", "bind": "127.0.0.2", "ehlo": "ip2.example"},
+    {"name": "ip-3", "bind": "127.0.0.3", "ehlo": "ip3.example"},
+]
+EHLO = {"127.0.0.2": "ip2.example", "127.0.0.3": "ip3.example"}
+
+
+def _queues(pigeon: PigeonProcess) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}/api/v1/queues")
+    request.add_header("Authorization", f"Bearer {pigeon.local_token}")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def _inject(pigeon: PigeonProcess, recipients: list[str], **request: Any) -> None:
+    body = {
+        "envelope_sender": "news@example.org",
+        "recipients": [{"email": r} for r in recipients],
+        "content": "From: news@example.org\nSubject: pools\n\nHello.\n",
+        "template": False,
+        **request,
+    }
+    status, answer = pigeon.http_post("/api/v1/inject", body, pigeon.local_token)
+    assert (status, answer["accepted"]) == (200, len(recipients)), answer
+
+
+def test_a_three_to_one_pool_sends_from_each_address_and_ehlo_name_in_that_proportion(tmp_path: Path) -> None:
+    count = 4000
+    config = delivery_config("", pool="main")
+    with ScriptedSink() as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        before = len(sink.connections)  # the sink's own check that it listens
+        pool = {"name": "main", "sources": [{"source": "ip-2", "weight": 3}, {"source": "ip-3", "weight": 1}]}
+        with PigeonProcess(tmp_path / "node", tables={"source": SOURCES, "pool": [pool]}, **config) as pigeon:
+            recipients = [f"ok{i}@d{i % 7}.example" for i in range(count)]
+            for start in range(0, count, 500):  # one message per recipient
+                _inject(pigeon, recipients[start : start + 500])
+            received = sink.wait_for(count, timeout=60)
+            deliveries = pigeon.wait_records("Delivery", count, timeout=20)
+        arrivals = list(sink.arrivals)
+        connections = sink.connections[before:]
+
+    # Nothing lost, nothing twice.
+    delivered = [r for message in received for r in message.recipients]
+    assert sorted(delivered) == sorted(recipients)
+    assert len(deliveries) == count
+    # Each address said its own EHLO name, on every connection and for every message.
+    assert {c.peer for c in connections} == {"127.0.0.2", "127.0.0.3"}
+    assert all(c.helo in ("", EHLO[c.peer]) for c in connections)  # "": closed before a message
+    assert all(a.helo == EHLO[a.peer] for a in arrivals)
+    by_address = collections.Counter(a.peer for a in arrivals)
+    ratio = by_address["127.0.0.2"] / by_address["127.0.0.3"]
+    assert 3 * 0.95 <= ratio <= 3 * 1.05, by_address
+    # The records name the source, and agree with the sink.
+    by_source = collections.Counter(r["source"] for r in deliveries)
+    assert by_source == {"ip-2": by_address["127.0.0.2"], "ip-3": by_address["127.0.0.3"]}
+
+
+POLICY = """
+    from pigeon.policy import Changes
+
+    def on_message(message):
+        pool = message.headers.get("X-Egress-Pool")
+        return Changes(egress_pool=pool) if pool else None
+"""
+
+
+def _send(pigeon: PigeonProcess, recipient: str, tenant: str, pool: str | None = None) -> None:
+    header = f"X-Egress-Pool: {pool}\r\n" if pool else ""
+    data = f"From: <a@example.org>\r\nX-Tenant: {tenant}\r\n{header}Subject: pool\r\n\r\nHi.\r\n".encode()
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        assert client.sendmail("a@example.org", [recipient], data) == {}
+
+
+def test_a_queue_pool_chooses_the_source_and_the_policy_hooks_pool_wins(tmp_path: Path) -> None:
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(POLICY))
+    pools = [{"name": "two", "sources": ["ip-2"]}, {"name": "three", "sources": ["ip-3"]}]
+    config = delivery_config("", pool="two")
+    with ScriptedSink() as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        tables = {"source": SOURCES, "pool": pools, "queue": [{"name": "*acme@*", "pool": "three"}]}
+        with PigeonProcess(tmp_path / "node", tables=tables, policy={"module": str(module)}, **config) as pigeon:
+            _send(pigeon, "default@example.net", "other")  # no pool of its own: [delivery] pool
+            _send(pigeon, "queue@example.net", "acme")  # its [[queue]]'s pool
+            _send(pigeon, "hook@example.net", "acme", pool="two")  # the hook's pool wins
+            _send(pigeon, "typo@example.net", "acme", pool="tow")  # no such pool: waits
+            sink.wait_for(3)
+            failure = pigeon.wait_records("TransientFailure")[0]
+            deliveries = pigeon.wait_records("Delivery", 3)
+            messages = pigeon.spool_messages()
+    peers = {
+        a.recipients[0]: (arrival.peer, arrival.helo) for a, arrival in zip(sink.received, sink.arrivals, strict=True)
+    }
+    assert peers == {
+        "default@example.net": ("127.0.0.2", "ip2.example"),
+        "queue@example.net": ("127.0.0.3", "ip3.example"),
+        "hook@example.net": ("127.0.0.2", "ip2.example"),
+    }
+    assert {r["recipient"]: r["source"] for r in deliveries} == {
+        "default@example.net": "ip-2",
+        "queue@example.net": "ip-3",
+        "hook@example.net": "ip-2",
+    }
+    assert failure["recipient"] == "typo@example.net"
+    assert failure["response"] == {
+        "code": 451,
+        "enhanced": "4.3.5",
+        "text": "egress pool 'tow' is not configured ([[pool]])",
+    }
+    assert "source" not in failure  # it never left
+    assert [m["recipients"] for m in messages] == [["typo@example.net"]]  # kept, to be tried again
+
+
+def test_a_sources_own_shaping_block_limits_its_connections_alone(tmp_path: Path) -> None:
+    pool = {"name": "both", "sources": ["ip-2", "ip-3"]}
+    shaping = [
+        {"domain": "*", "source": "ip-3", "connection_limit": 1},  # first, but only for ip-3
+        {"domain": "*", "connection_limit": 4},
+    ]
+    config = delivery_config("", pool="both")
+    with ScriptedSink(slow=0.05) as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        tables = {"source": SOURCES, "pool": [pool], "shaping": shaping}
+        with PigeonProcess(tmp_path / "node", tables=tables, **config) as pigeon:
+            _inject(pigeon, [f"slow@d{i}.example" for i in range(60)])
+            # ip-3's one connection leaves a backlog: its ready queue is listed with its source.
+            ready = wait_until(lambda: [q for q in _queues(pigeon)["ready"] if q["source"] == "ip-3"])
+            assert ready[0]["path"] == f"ip-3->{sink.endpoint}" and ready[0]["site"] == sink.endpoint
+            assert ready[0]["connections"] == 1
+            sink.wait_for(60)
+    connections = list(sink.connections)
+    assert peak_connections([c for c in connections if c.peer == "127.0.0.3"]) == 1
+    assert 1 < peak_connections([c for c in connections if c.peer == "127.0.0.2"]) <= 4
+    assert collections.Counter(a.peer for a in sink.arrivals) == {"127.0.0.2": 30, "127.0.0.3": 30}
