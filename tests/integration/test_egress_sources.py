@@ -150,3 +150,17 @@ def test_a_sources_own_shaping_block_limits_its_connections_alone(tmp_path: Path
     assert peak_connections([c for c in connections if c.peer == "127.0.0.3"]) == 1
     assert 1 < peak_connections([c for c in connections if c.peer == "127.0.0.2"]) <= 4
     assert collections.Counter(a.peer for a in sink.arrivals) == {"127.0.0.2": 30, "127.0.0.3": 30}
+
+
+def test_a_source_reaches_only_addresses_of_its_own_family(tmp_path: Path) -> None:
+    config = delivery_config("", pool="six", retry_interval="1h")
+    with ScriptedSink() as sink:
+        config["route"][0]["next_hop"] = sink.endpoint  # an IPv4 address only
+        tables = {"source": [{"name": "v6", "bind": "::1"}], "pool": [{"name": "six", "sources": ["v6"]}]}
+        with PigeonProcess(tmp_path / "node", tables=tables, **config) as pigeon:
+            _inject(pigeon, ["ok@example.net"])
+            (failure,) = pigeon.wait_records("TransientFailure")
+    assert failure["source"] == "v6"
+    text = "127.0.0.1 has no IPv6 address to reach from ::1"
+    assert failure["response"] == {"code": 451, "enhanced": "4.4.1", "text": text}
+    assert sink.received == []
