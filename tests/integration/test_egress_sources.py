@@ -79,6 +79,10 @@ POLICY = """
     def on_message(message):
         pool = message.headers.get("X-Egress-Pool")
         return Changes(egress_pool=pool) if pool else None
+
+    def before_delivery(delivery):
+        with open(__file__ + ".seen", "a") as seen:
+            seen.write(f"{delivery.recipients[0]} {delivery.source}\\n")
 """
 
 
@@ -109,6 +113,8 @@ def test_a_queue_pool_chooses_the_source_and_the_policy_hooks_pool_wins(tmp_path
     peers = {
         a.recipients[0]: (arrival.peer, arrival.helo) for a, arrival in zip(sink.received, sink.arrivals, strict=True)
     }
+    seen = (tmp_path / "policy.py.seen").read_text().splitlines()
+    assert sorted(seen) == ["default@example.net ip-2", "hook@example.net ip-2", "queue@example.net ip-3"]
     assert peers == {
         "default@example.net": ("127.0.0.2", "ip2.example"),
         "queue@example.net": ("127.0.0.3", "ip3.example"),

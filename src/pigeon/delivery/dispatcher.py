@@ -268,6 +268,8 @@ class Dispatcher:
                     attempts = await agent.deliver(begun)
                 finally:
                     self.in_flight -= len(begun)
+                if lane.source is not None:  # named now: the outcome hook sees it too
+                    attempts = [attempt._replace(source=lane.source) for attempt in attempts]
                 if hooks is not None and hooks.reviews:
                     attempts = await self._reviewed(hooks, begun, attempts, lane)
                 earlier, writing = writing, []
@@ -340,7 +342,7 @@ class Dispatcher:
         in the spool as it is, as for any attempt cut short."""
         kept: list[Work] = []
         for work in begun:
-            verdict = await hooks.before(work.message, lane.queue.site)
+            verdict = await hooks.before(work.message, lane.queue.site, lane.source)
             if verdict is None:
                 kept.append(work)
             elif isinstance(verdict, Attempt):

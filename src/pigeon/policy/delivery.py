@@ -41,13 +41,14 @@ class DeliveryHooks:
         """Whether the module has an `on_delivery_outcome` hook."""
         return self._policy.on_delivery_outcome is not None
 
-    async def before(self, message: Message, site: str) -> Attempt | Reroute | None:
+    async def before(self, message: Message, site: str, source: str | None = None) -> Attempt | Reroute | None:
         """None: send it. An `Attempt`: report that instead of sending (deferred or failed).
-        A `Reroute`: put it back to be routed anew."""
+        A `Reroute`: put it back to be routed anew. `source`: the egress `[[source]]` it would
+        leave from (None: the implicit source)."""
         hook = self._policy.before_delivery
         if hook is None:
             return None
-        delivery = _delivery(message, site)
+        delivery = _delivery(message, site, source)
         verdict = hook(delivery, message_id=delivery.id)
         if isinstance(verdict, asyncio.Future):
             verdict = await verdict
@@ -86,7 +87,7 @@ class DeliveryHooks:
                 recipients, attempt.replies, attempt.classifications, strict=True
             )
         )
-        delivery = _delivery(message, attempt.site)
+        delivery = _delivery(message, attempt.site, attempt.source)
         verdict = hook(
             DeliveryOutcome(delivery, results, attempt.peer, attempt.tls, attempt.duration), message_id=delivery.id
         )
@@ -138,7 +139,7 @@ def _moved(reply: Reply, klass: int, kind: str) -> Reply:
     return Reply(klass * 100 + reply.code % 100, enhanced, (f"policy made it {kind}: {reply.code} {reply.text}",))
 
 
-def _delivery(message: Message, site: str) -> Delivery:
+def _delivery(message: Message, site: str, source: str | None) -> Delivery:
     envelope = message.envelope
     return Delivery(
         id=format_id(message.id),
@@ -154,4 +155,5 @@ def _delivery(message: Message, site: str) -> Delivery:
         egress_pool=envelope.egress_pool,
         created=message.created,
         last_response=envelope.last_response,
+        source=source,
     )

@@ -184,6 +184,8 @@ class Delivery(msgspec.Struct, frozen=True):
     """When it was received (Unix time)."""
     last_response: str | None
     """The reply of its last failed attempt, if any."""
+    source: str | None = None
+    """The `[[source]]` it leaves from (its address and EHLO name); None: the implicit source."""
 
 
 class RecipientResult(msgspec.Struct, frozen=True):
