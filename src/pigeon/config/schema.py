@@ -297,8 +297,8 @@ class DeliveryConfig(_Section):
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""
     connection_limit: PositiveInt = 32
-    """Connections per site (ready queue): for the node, whatever its workers; for the cluster
-    with a [redis] url (each node's share while Redis does not answer)."""
+    """Connections per site from each egress source (ready queue): for the node, whatever its
+    workers; for the cluster with a [redis] url (each node's share while Redis does not answer)."""
     max_deliveries_per_connection: PositiveInt = 1000
     idle_timeout: Duration = Duration(10)
     """Close a connection that has had nothing to send for this long."""
