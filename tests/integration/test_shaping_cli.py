@@ -124,3 +124,27 @@ def test_explain_json_gives_each_setting_its_value_and_origin(tmp_path: Path) ->
     assert answer["settings"]["connection_limit"] == {"value": 3, "from": "pigeon.toml [[shaping]] #2 line 19"}
     assert answer["settings"]["idle_timeout"] == {"value": 2.0, "from": "pigeon.toml [[shaping]] #1 line 15"}
     assert answer["settings"]["max_message_rate"] == {"value": "50/s", "from": "pigeon.toml [delivery] line 3"}
+
+
+def test_explain_from_a_source_shows_its_own_blocks_and_key(tmp_path: Path) -> None:
+    source = '\n[[source]]\nname = "ip-3"\nbind = "127.0.0.3"\n'
+    own = '\n[[shaping]]\nprovider = "gmail"\nsource = "ip-3"\nconnection_limit = 1\n'
+    explain = ("shaping", "explain", "eu.customer.test", "-c", "pigeon.toml", "--source")
+    with DnsServer(_zone()) as dns:
+        (tmp_path / "pigeon.toml").write_text(GOOD.format(dns=dns.endpoint) + source + own)
+        result = pigeon_cli(*explain, "ip-3", cwd=tmp_path)
+        as_json = pigeon_cli(*explain, "ip-3", "--json", cwd=tmp_path)
+        unknown = pigeon_cli(*explain, "ip-9", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[3:6] == [
+        "source    ip-3",
+        "provider  gmail (MX suffixes: google.com, googlemail.com)",
+        "key       ip-3->provider:gmail (shared by every domain of the provider, from this source)",
+    ]
+    settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[8:]}
+    assert settings["connection_limit"] == ["1", "pigeon.toml [[shaping]] #3 line 28"]
+    assert settings["idle_timeout"] == ["2s", "pigeon.toml [[shaping]] #1 line 15"]  # for every source
+    assert unknown.returncode == 1 and "no [[source]] called 'ip-9' (known: ip-3)" in unknown.stderr
+    answer = json.loads(as_json.stdout)
+    assert (answer["source"], answer["key"]) == ("ip-3", "ip-3->provider:gmail")

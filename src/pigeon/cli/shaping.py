@@ -60,6 +60,7 @@ def register(commands: Any) -> None:
     explain.add_argument("domain", metavar="DOMAIN", help="a recipient domain")
     add_config_option(explain)
     explain.add_argument("--json", action="store_true", help="print the answer as JSON")
+    explain.add_argument("--source", metavar="NAME", help="as sent from this [[source]] (default: the implicit source)")
     explain.set_defaults(run=run_explain)
 
 
@@ -86,6 +87,10 @@ def run_check(args: argparse.Namespace) -> int:
 def run_explain(args: argparse.Namespace) -> int:
     config = load_config(args)
     domain = args.domain.strip().rstrip(".").lower()
+    source: str | None = args.source
+    if source is not None and source not in (names := [s.name for s in config.source]):
+        print(f"pigeon: no [[source]] called {source!r} (known: {', '.join(names) or 'none'})", file=sys.stderr)
+        return 1
     try:
         destination = asyncio.run(_destination(config, domain))
     except DnsFailure as failure:
@@ -94,7 +99,7 @@ def run_explain(args: argparse.Namespace) -> int:
         return 1
     text = args.config.read_text(encoding="utf-8") if args.config is not None else ""
     rules = ShapingRules.from_config(config, args.config, text)
-    query = ShapingQuery(domain, destination.site, tuple(hop.host for hop in destination.hops))
+    query = ShapingQuery(domain, destination.site, tuple(hop.host for hop in destination.hops), source)
     explanation = rules.explain(query)
     if args.json:
         print(json.dumps(explanation.as_dict(), indent=2))
@@ -116,16 +121,20 @@ def _print(explanation: Explanation) -> None:
     print(f"domain    {query.domain}")
     print(f"site      {query.site}")
     print(f"MX hosts  {' '.join(query.hosts) or '-'}")
+    if query.source is not None:
+        print(f"source    {query.source}")
     if provider is not None:
         print(f"provider  {provider.name} (MX suffixes: {', '.join(provider.mx_suffixes)})")
     else:
         print("provider  none (no provider's MX suffixes cover every MX host)")
-    if explanation.key.startswith("provider:"):
+    if "provider:" in explanation.key:
         shared = "shared by every domain of the provider"
     elif provider is not None:
         shared = "this site's own: a [[shaping]] domain block sets its own limits"
     else:
         shared = "this site's own"
+    if query.source is not None:
+        shared += ", from this source"
     print(f"key       {explanation.key} ({shared})")
     print()
     width = max(len(s.name) for s in explanation.settings)

@@ -135,6 +135,7 @@ class Explanation:
             "domain": self.query.domain,
             "site": self.query.site,
             "hosts": list(self.query.hosts),
+            "source": self.query.source,
             "provider": self.provider.name if self.provider else None,
             "provider_mx_suffixes": list(self.provider.mx_suffixes) if self.provider else [],
             "key": self.key,

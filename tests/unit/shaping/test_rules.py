@@ -106,3 +106,61 @@ def test_every_shipped_block_loads_and_names_a_shipped_provider(tmp_path: Path) 
         explanation = rules.explain(ShapingQuery("x.example", host, (host,)))
         assert explanation.provider == provider
         assert any(s.origin.startswith(f"shipped provider {name} ") for s in explanation.settings), name
+
+
+SOURCES = """\
+[[source]]
+name = "ip-2"
+bind = "127.0.0.2"
+
+[[source]]
+name = "ip-3"
+bind = "127.0.0.3"
+
+[[shaping]]
+provider = "gmail"
+source = "ip-3"
+connection_limit = 1
+
+[[shaping]]
+domain = "*.customer.example"
+source = "ip-3"
+idle_timeout = "3s"
+
+[[shaping]]
+provider = "gmail"
+connection_limit = 4
+max_message_rate = "40/s"
+
+[[shaping]]
+domain = "*.customer.example"
+idle_timeout = "2s"
+max_deliveries_per_connection = 7
+"""
+
+
+def test_a_sources_own_blocks_come_first_and_the_rest_is_every_sources(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, SOURCES)
+    site = ",".join(WORKSPACE_HOSTS)
+    ip3 = ShapingQuery("eu.customer.example", site, WORKSPACE_HOSTS, source="ip-3")
+    shaping = rules(ip3)
+    assert shaping.connection_limit == 1  # ip-3's provider block, over the provider block for all
+    assert shaping.idle_timeout == 3.0  # ip-3's domain block, over the domain block for all
+    assert shaping.max_deliveries_per_connection == 7  # the domain block for every source
+    assert shaping.max_message_rate == Rate.parse("40/s")  # the provider block for every source
+    origins = {s.name: s.origin for s in rules.explain(ip3).settings}
+    assert origins["connection_limit"] == "pigeon.toml [[shaping]] #1 line 12"
+    assert origins["idle_timeout"] == "pigeon.toml [[shaping]] #2 line 17"
+    # Another source, or the implicit one, does not see ip-3's blocks.
+    for source in ("ip-2", None):
+        other = rules(ShapingQuery("eu.customer.example", site, WORKSPACE_HOSTS, source=source))
+        assert (other.connection_limit, other.idle_timeout) == (4, 2.0)
+
+
+def test_each_source_counts_its_limits_under_keys_of_its_own(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, SOURCES)
+    site = ",".join(GMAIL_HOSTS)
+    assert rules(ShapingQuery("gmail.com", site, GMAIL_HOSTS, source="ip-2")).key == "ip-2->provider:gmail"
+    assert rules(ShapingQuery("gmail.com", site, GMAIL_HOSTS, source="ip-3")).key == "ip-3->provider:gmail"
+    assert rules(ShapingQuery("gmail.com", site, GMAIL_HOSTS)).key == "provider:gmail"  # implicit: as before
+    assert rules(ShapingQuery("example.org", "mx.example.org", source="ip-2")).key == "ip-2->site:mx.example.org"
