@@ -11,9 +11,9 @@ process and read them back without interference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -231,6 +231,42 @@ class _ShapingCollector(Collector):
             yield errors
 
 
+class EffectsState(Protocol):
+    """What the reactions' effects tell /metrics (`pigeon.shaping.effects.Board`)."""
+
+    @property
+    def mode(self) -> str: ...
+
+    def live(self) -> Sequence[Any]: ...
+
+
+class _EffectsCollector(Collector):
+    def __init__(self, board: EffectsState, worker: int) -> None:
+        self._board = board
+        self._worker = str(worker)
+
+    def collect(self) -> Iterator[Metric]:
+        counts = dict.fromkeys(("suspend", "limit", "bounce"), 0)
+        for effect in self._board.live():
+            counts[effect.action] = counts.get(effect.action, 0) + 1
+        family = GaugeMetricFamily(
+            "pigeon_shaping_effects",
+            "Live effects of shaping reactions, by action, as this worker knows them (every worker knows "
+            "every effect of its node, and with [redis] of the cluster: read one worker's)",
+            labels=["worker", "action"],
+        )
+        for action, count in counts.items():
+            family.add_metric([self._worker, action], count)
+        yield family
+        shared = GaugeMetricFamily(
+            "pigeon_shaping_effects_shared",
+            "1 while this worker shares shaping effects with the cluster through Redis",
+            labels=["worker"],
+        )
+        shared.add_metric([self._worker], int(self._board.mode == "cluster"))
+        yield shared
+
+
 class Metrics:
     """All metrics of one node."""
 
@@ -307,6 +343,10 @@ class Metrics:
     def track_shaping(self, throttles: ShapingState, worker: int) -> None:
         """Whether limits are shared through Redis (per worker: a fallback is each worker's own)."""
         self.registry.register(_ShapingCollector(throttles, worker))
+
+    def track_effects(self, board: EffectsState, worker: int) -> None:
+        """The live effects of shaping reactions (per worker: each knows them all)."""
+        self.registry.register(_EffectsCollector(board, worker))
 
     def track_stale_results(self, counts: Callable[[], dict[str, int]]) -> None:
         """Results of work whose lease went stale (an operator moved the message meanwhile)."""

@@ -32,6 +32,7 @@ import msgspec
 
 from pigeon.delivery.agent import Agent, Work
 from pigeon.delivery.dsn import Failure
+from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Destination, Kind, TlsPolicy
 from pigeon.logs.records import Record
 from pigeon.message import Envelope, Message, Recipient, SpoolId
@@ -370,6 +371,8 @@ class World:
     """The dispatcher's limits (default: `connection_limit`, idle for an hour)."""
     throttles: Throttles | None = None
     """Where the dispatcher asks for connection slots and message slots (default: in memory)."""
+    reactor: Reactor | None = None
+    """Shaping that reacts to the replies (default: none)."""
     opener: Callable[[Destination, str | None], Awaitable[Agent]] | None = None
     """Opens agents instead of `FakeAgent` (to fail, or to be a real agent)."""
     answer: Callable[[World, Attempted], list[Reply]] = field(default=lambda world, seen: [OK] * len(seen.recipients))
@@ -417,6 +420,7 @@ class World:
             notifier=self._notify,
             max_active=self.max_active,
             throttles=self.throttles,
+            reactor=self.reactor,
             clock=self.clock,
             pause=lambda seconds: asyncio.sleep(0),
         )

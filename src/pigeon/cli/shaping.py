@@ -1,20 +1,26 @@
-"""`pigeon shaping check FILE` and `pigeon shaping explain DOMAIN`: shaping, before and after.
+"""`pigeon shaping check FILE`, `pigeon shaping explain DOMAIN` and `pigeon shaping status`:
+shaping, before, after and while it reacts.
 
 `check` validates a configuration file (its `[[provider]]` and `[[shaping]]` blocks one by
 one, then the whole file) and prints every problem with its key and line. `explain` resolves
 a domain as the node would (its `[[route]]`s, then MX through `[dns] nameservers`), then
-prints the site, the provider and every limit with the layer it came from.
+prints the site, the provider and every limit with the layer it came from. `status` lists the
+live effects of shaping reactions on a running node (GET /api/v1/shaping/effects): a table for
+people, `--json` for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from pigeon.cli.api import ApiClient, add_api_options, fail
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
 from pigeon.config.schema import Config
@@ -27,13 +33,15 @@ EXAMPLES = """examples:
   pigeon shaping check /etc/pigeon/pigeon.toml
   pigeon shaping explain gmail.com -c /etc/pigeon/pigeon.toml
   pigeon shaping explain customer.example -c /etc/pigeon/pigeon.toml --json
+  pigeon shaping status                 # what reactions suspend, limit or bounce now, and until when
+  pigeon shaping status --json | jq '.effects[] | select(.action == "suspend")'
 """
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "shaping",
-        help="shaping: `pigeon shaping check FILE`, `pigeon shaping explain DOMAIN`",
+        help="shaping: `pigeon shaping check FILE`, `explain DOMAIN`, `status`",
         description="Delivery limits per domain and per provider.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -62,6 +70,15 @@ def register(commands: Any) -> None:
     explain.add_argument("--json", action="store_true", help="print the answer as JSON")
     explain.add_argument("--source", metavar="NAME", help="as sent from this [[source]] (default: the implicit source)")
     explain.set_defaults(run=run_explain)
+    status = actions.add_parser(
+        "status",
+        help="live effects of shaping reactions (suspensions, limits, bounces)",
+        description="The live effects of shaping reactions on a running node (the whole cluster's with [redis]).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_api_options(status)
+    status.set_defaults(run=run_status)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -142,3 +159,35 @@ def _print(explanation: Explanation) -> None:
     print(f"{'setting':{width}}  {'value':{values}}  from")
     for setting in explanation.settings:
         print(f"{setting.name:{width}}  {setting.text:{values}}  {setting.origin}")
+
+
+def run_status(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("GET", "/api/v1/shaping/effects")
+    if status >= 400:
+        return fail(status, answer)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    reach = {
+        "cluster": "shared by the cluster through Redis",
+        "node": "this node's (no [redis])",
+        "node-local": "Redis does not answer: new effects hold for this node alone",
+    }
+    print(f"effects: {reach.get(answer.get('mode', ''), answer.get('mode', '?'))}")
+    effects = answer.get("effects", [])
+    if not effects:
+        print("none live")
+        return 0
+    now = time.time()
+    print(f"{'id':12}  {'action':8} {'key':44} {'ends':>8}  {'rule':24} {'node':12} reply")
+    for effect in effects:
+        action = effect["action"]
+        if action == "limit":
+            lowered = [f"{effect['connection_limit']} conn"] if effect.get("connection_limit") else []
+            lowered += [effect["max_message_rate"]] if effect.get("max_message_rate") else []
+            action = f"limit {', '.join(lowered)}"
+        ends = f"in {max(0.0, effect['expires_at'] - now):.0f}s"
+        print(f"{effect['id']:12}  {action:8} {effect['key'][:44]:44} {ends:>8}  {effect['rule'][:24]:24} "
+              f"{effect['node'][:12]:12} {effect['reply']}")  # fmt: skip
+    print(f"(as of {datetime.datetime.fromtimestamp(now, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC)")
+    return 0

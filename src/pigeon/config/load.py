@@ -32,6 +32,7 @@ from pigeon.config.schema import (
 from pigeon.dkim.keys import KeyProblem, load_key
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
+from pigeon.shaping.reactions import ReactionError, compile_rule
 from pigeon.smtp.commands import mailbox_problem
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -114,6 +115,7 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
     problems = shaping_problems(config, path, text)
     if problems:
         raise ConfigError(problems[0])
+    _check_reactions(config, fail)
     if path is not None:
         base = path.parent
         spool.path = _resolve(spool.path, base)
@@ -283,6 +285,17 @@ def block_line(text: str, section: str, index: int, key: str | None = None) -> i
         if inside and "=" in line and line.split("=", 1)[0].strip().strip('"') == key:
             return number
     return header_line
+
+
+def _check_reactions(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
+    ids = [rule.id for rule in config.reaction]
+    for rule in config.reaction:
+        if ids.count(rule.id) > 1:
+            raise fail(["reaction", "id"], f"two [[reaction]]s are called {rule.id!r}")
+        try:
+            compile_rule(rule)
+        except ReactionError as error:
+            raise fail(["reaction", error.key], f"{rule.id}: {error}") from None
 
 
 def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:

@@ -320,6 +320,10 @@ class DeliveryConfig(_Section):
     provider_defaults: bool = True
     """Use the providers Pigeon ships (Gmail, Outlook, Yahoo, ... with conservative limits:
     `pigeon/shaping/providers.toml`). Off: only the `[[provider]]` blocks of this file."""
+    default_reactions: bool = True
+    """Apply the reactions Pigeon ships (src/pigeon/shaping/reactions.toml) as well as the
+    `[[reaction]]` tables: a table with a shipped rule's `id` replaces it (or, with
+    `enabled = false`, turns it off). false: only your own."""
 
 
 class DnsConfig(_Section):
@@ -400,6 +404,38 @@ class ShapingConfig(_Section):
     max_deliveries_per_connection: PositiveInt | None = None
     idle_timeout: Duration | None = None
     max_message_rate: str | None = None
+
+
+class ReactionConfig(_Section, kw_only=True):
+    """A rule that reacts to what a site answers: when a delivery reply matches, an *effect*
+    (suspend, limit or bounce) applies to the site (or the source's path to it, or the whole
+    provider) for `duration`, on every worker, and on every node through [redis]."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
+    """The rule's name, in effects, records and logs. A shipped rule's id replaces that rule."""
+    match: str
+    """A regular expression (Python syntax, case-insensitive) searched for in the reply as one
+    line: "<code> <enhanced code> <text>", e.g. "^421 4\\.7\\.0 .*rate limited"."""
+    provider: str | None = None
+    """Only for sites of this provider (its MX host suffixes; see the README)."""
+    site: str | None = None
+    """Only for sites matching this glob (a site: the sorted MX hosts, or host:port)."""
+    domain: str | None = None
+    """Only for messages to recipient domains matching this glob."""
+    action: Literal["suspend", "limit", "bounce"]
+    """suspend: take no mail for it; limit: lower `connection_limit` and/or `max_message_rate`;
+    bounce: every message waiting for it (and arriving while the effect lives) is bounced."""
+    scope: Literal["site", "source", "provider"] = "site"
+    """What the effect applies to: the site; this source's path to the site (`source->site`,
+    the sending address a provider judges); or every site of `provider`."""
+    duration: Duration = Duration(600)
+    """How long the effect lives. A match while it lives changes nothing (it is not extended)."""
+    connection_limit: PositiveInt | None = None
+    """action = "limit": connections at most this many while the effect lives."""
+    max_message_rate: str | None = None
+    """action = "limit": messages at most this fast ("10/s", "100/min") while the effect lives."""
+    enabled: bool = True
+    """false: the rule is off (with the id of a shipped rule: that rule is off)."""
 
 
 class RedisConfig(_Section):
@@ -659,6 +695,7 @@ class Config(_Section):
     provider: list[ProviderConfig] = msgspec.field(default_factory=list)
     source: list[SourceConfig] = msgspec.field(default_factory=list)
     pool: list[PoolConfig] = msgspec.field(default_factory=list)
+    reaction: list[ReactionConfig] = msgspec.field(default_factory=list)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
     target: list[TargetConfig] = msgspec.field(default_factory=list)
     mailbox: list[MailboxConfig] = msgspec.field(default_factory=list)

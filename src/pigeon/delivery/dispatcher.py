@@ -23,6 +23,15 @@ report (`on_delivery_outcome`: reclassify). A hook's answer becomes an attempt (
 reroute) reported with the message's lease like any other; without such hooks nothing is
 asked and nothing is built.
 
+Shaping that reacts (`reactor`, `pigeon.delivery.reactor`): every attempt with a reply of
+400 or above, and every connection that failed with a reply, is shown to the reactor, whose
+rules may start an effect on the queue's site, path or provider. While a suspension lives the
+lane takes nothing (as under an operator's site suspension: mail waits in the ready queue,
+untried) and a message that got the reply is tried again when it ends; while a limit lives,
+the lane's connection limit and rate are the lower ones (a connection over the lowered limit
+ends after its batch); while a bounce lives, what waits is bounced. When an effect ends the
+board calls `kick_all`.
+
 How many connections: KumoMTA's curve, `ceil(limit * (1 - e^(-0.023 * queued)))`: one
 connection for a trickle, the full limit only for a real backlog.
 
@@ -38,15 +47,18 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Final
 
 from pigeon.delivery.agent import Agent, Opener, Unreachable, Work
+from pigeon.delivery.reactor import BOUNCE_CLASS, Reactor, bounce_reply
 from pigeon.delivery.routes import Destination, Kind
 from pigeon.message import Message, format_id
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Lease
+from pigeon.shaping.effects import Effect
 from pigeon.shaping.rules import Shaping, ShapingQuery, site_key, source_key
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
@@ -80,13 +92,14 @@ def shaping_query(queue: ReadyQueue) -> ShapingQuery:
 class _Lane:
     """The delivery side of one ready queue: its limits and its connections."""
 
-    __slots__ = ("connections", "failures", "key", "queue", "refused", "shaping", "source")
+    __slots__ = ("connections", "failures", "key", "queue", "reaction_keys", "refused", "shaping", "source")
 
-    def __init__(self, queue: ReadyQueue, shaping: Shaping) -> None:
+    def __init__(self, queue: ReadyQueue, shaping: Shaping, reaction_keys: tuple[str, ...] = ()) -> None:
         self.queue = queue
         self.shaping = shaping
         self.source: str | None = queue.source
         self.key = shaping.key or limit_key(queue.site, queue.source)
+        self.reaction_keys = reaction_keys  # the keys reactions' effects on this queue are on
         self.connections = 0  # connection tasks running
         self.failures = 0  # consecutive failed connection attempts
         self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
@@ -107,8 +120,11 @@ class Dispatcher:
         hooks: DeliveryHooks | None = None,
         reroute: Callable[[Lease, str], None] = lambda lease, domain: None,
         throttles: Throttles | None = None,
+        reactor: Reactor | None = None,
     ) -> None:
         self._agents = agents
+        self._reactor = reactor
+        """Shaping that reacts to the replies (None: no rules)."""
         self._throttles = throttles if throttles is not None else Throttles()
         """Connection slots and message rates, per limit key."""
         self._shaping = shaping
@@ -135,7 +151,8 @@ class Dispatcher:
         """`queue` has mail: make sure enough connections work on it."""
         lane = self._lanes.get(queue.path)
         if lane is None:
-            lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)))
+            keys = self._reactor.keys(queue.site) if self._reactor is not None else ()
+            lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)), keys)
         self._start(lane)
 
     def kick_all(self) -> None:
@@ -177,9 +194,14 @@ class Dispatcher:
     # --- connections -----------------------------------------------------------------------
     def _start(self, lane: _Lane) -> None:
         queue = lane.queue
-        if lane.connections >= len(queue) or self._stopping or self._held(queue.site) or lane.refused:
+        if lane.connections >= len(queue) or self._stopping or self._is_held(lane) or lane.refused:
             return  # (as many connections as messages: the usual case, checked first)
-        limit = lane.shaping.connection_limit
+        reactor = self._reactor
+        if reactor is not None and (bouncing := reactor.bouncing(lane.reaction_keys)) is not None:
+            # (not from within the queue's put, which called this)
+            asyncio.get_running_loop().call_soon(self._bounce_waiting, lane, bouncing)
+            return
+        limit = self._shaping_of(lane).connection_limit
         want = ideal_connections(len(queue), limit)
         while lane.connections < max(1, want) and lane.connections < limit:
             lane.connections += 1
@@ -187,12 +209,34 @@ class Dispatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _is_held(self, lane: _Lane) -> bool:
+        """Whether the lane takes nothing now: an operator's suspension, or a reaction's."""
+        if self._held(lane.queue.site):
+            return True
+        return self._reactor is not None and self._reactor.suspended(lane.reaction_keys)
+
+    def _shaping_of(self, lane: _Lane) -> Shaping:
+        """The lane's limits, lowered by the reactions' limit effects that live."""
+        reactor = self._reactor
+        if reactor is None or not reactor.board:
+            return lane.shaping
+        connections, rate = reactor.limits(lane.reaction_keys)
+        if connections is None and rate is None:
+            return lane.shaping
+        shaping = lane.shaping
+        if connections is not None and connections < shaping.connection_limit:
+            shaping = replace(shaping, connection_limit=connections)
+        current = shaping.max_message_rate
+        if rate is not None and (current is None or rate.per_second < current.per_second):
+            shaping = replace(shaping, max_message_rate=rate)
+        return shaping
+
     def _retry_start(self, lane: _Lane) -> None:
         lane.refused = None
         self._start(lane)
 
     async def _work(self, lane: _Lane) -> None:
-        queue, shaping = lane.queue, lane.shaping
+        queue, shaping = lane.queue, self._shaping_of(lane)
         try:
             hold = await self._throttles.connect(lane.key, shaping.connection_limit) if len(queue) else None
         except Exception:  # a bug: the lane asks again later, as if refused
@@ -233,6 +277,10 @@ class Dispatcher:
                 and not self._stopping
                 and self._throttles.keep(hold, limit)  # (a node over its share after Redis went away)
             ):
+                if self._reactor is not None:
+                    shaping = self._shaping_of(lane)  # (a limit effect may have begun or ended)
+                    if lane.connections > shaping.connection_limit:
+                        break  # lowered under what is open: this one ends
                 lease = await queue.take(shaping.idle_timeout)
                 if lease is None:
                     break
@@ -253,8 +301,12 @@ class Dispatcher:
                     wait = await self._throttles.admit(lane.key, rate, len(taken))
                     if wait > 0:
                         await asyncio.sleep(wait)
-                if self._held(queue.site):
-                    self._give_back(queue, taken)  # an operator suspended the site: it waits, untried
+                if self._is_held(lane):
+                    self._give_back(queue, taken)  # suspended (an operator, a reaction): it waits, untried
+                    break
+                if self._reactor is not None and (bouncing := self._reactor.bouncing(lane.reaction_keys)):
+                    self._give_back(queue, taken)
+                    self._bounce_waiting(lane, bouncing)
                     break
                 begun = self._begin_all(taken, lane)
                 taken = []
@@ -270,6 +322,8 @@ class Dispatcher:
                     self.in_flight -= len(begun)
                 if lane.source is not None:  # named now: the outcome hook sees it too
                     attempts = [attempt._replace(source=lane.source) for attempt in attempts]
+                if self._reactor is not None:
+                    attempts = self._reacted(begun, attempts, destination.site)
                 if hooks is not None and hooks.reviews:
                     attempts = await self._reviewed(hooks, begun, attempts, lane)
                 earlier, writing = writing, []
@@ -367,6 +421,30 @@ class Dispatcher:
             raise
         return reviewed
 
+    def _reacted(self, begun: list[Work], attempts: list[Attempt], site: str) -> list[Attempt]:
+        """The attempts as the reactions' effects make them (see the module docstring)."""
+        reactor = self._reactor
+        assert reactor is not None
+        reacted: list[Attempt] = []
+        for work, attempt in zip(begun, attempts, strict=True):
+            if all(reply.code < 400 for reply in attempt.replies):
+                reacted.append(attempt)
+                continue
+            effect = reactor.observe(site, _domain(work.message), attempt.replies)
+            reacted.append(reactor.apply(attempt, effect) if effect is not None else attempt)
+        return reacted
+
+    def _bounce_waiting(self, lane: _Lane, effect: Effect) -> None:
+        """A reaction bounces what waits for this queue: each message gets its bounce as an attempt."""
+        queue = lane.queue
+        reply = bounce_reply(effect)
+        while (lease := queue.take_nowait()) is not None:
+            message = self._begin(lease)
+            if message is None:
+                continue
+            count = len(message.envelope.recipients)
+            self._report(lease, Attempt.same_for_all(reply, count, BOUNCE_CLASS, queue.site))
+
     @staticmethod
     def _give_back(queue: ReadyQueue, leases: list[Lease]) -> None:
         for lease in reversed(leases):  # each goes to the front: keep their order
@@ -378,6 +456,9 @@ class Dispatcher:
         messages, after `connection_failures_before_delay` failures in a row)."""
         queue = lane.queue
         lane.failures += 1
+        effect = None
+        if self._reactor is not None:  # (a 421 in the banner is a reply like any other)
+            effect = self._reactor.observe(queue.site, queue.domain, (error.reply,))
         victims = [queue.take_nowait()]
         if lane.failures >= lane.shaping.connection_failures_before_delay:
             # The site is down: defer everything waiting for it rather than trying one by one.
@@ -391,4 +472,12 @@ class Dispatcher:
             if message is None:
                 continue
             count = len(message.envelope.recipients)
-            self._report_from(lane, lease, Attempt.same_for_all(error.reply, count, error.classification, queue.site))
+            attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site)
+            if self._reactor is not None and effect is not None:
+                attempt = self._reactor.apply(attempt, effect)
+            self._report_from(lane, lease, attempt)
+
+
+def _domain(message: Message) -> str:
+    recipients = message.envelope.recipients
+    return recipients[0].domain if recipients else ""

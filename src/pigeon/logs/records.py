@@ -57,6 +57,13 @@ A policy hook (`pigeon.policy`) that raises, answers what it may not, or outlast
 `action` (what Pigeon did instead: `451 4.3.0` to the client, `deferred`, or `kept` the
 attempt's own outcome), and `session` or `id` when it was about one.
 
+Shaping that reacts (`pigeon.shaping.reactions`) writes `ShapingEffect` when a reply starts an
+effect (`event` "created") and when it ends ("expired"), from the worker that created it:
+`effect` (its id), `rule`, `key` (`site:...`, `path:source->site`, `provider:...`), `action`
+(suspend, limit, bounce), `expires_at`, `reply` (the reply that triggered it), `origin` (the
+node that saw it), `scope` (`cluster` when shared through Redis, else `node`), and for a
+limit `connection_limit` and `max_message_rate`.
+
 `Reception` carries a `seq` too: it and the terminal records are written exactly once,
 even across `kill -9` (see `pigeon.logs.outbox`).
 """
@@ -240,6 +247,22 @@ class PolicyFailure(Record, tag="PolicyFailure"):
     id: str | None = None
 
 
+class ShapingEffect(Record, tag="ShapingEffect"):
+    """A reaction's effect began or ended (see `pigeon.shaping.effects`)."""
+
+    event: str  # "created" or "expired"
+    effect: str  # its id
+    rule: str
+    key: str
+    action: str
+    expires_at: float
+    reply: str
+    origin: str  # the node that saw the reply
+    scope: str  # "cluster" (through Redis) or "node"
+    connection_limit: int | None = None
+    max_message_rate: str | None = None
+
+
 AnyRecord = (
     Reception
     | Rejection
@@ -253,6 +276,7 @@ AnyRecord = (
     | InboundDelivery
     | InboundFailure
     | PolicyFailure
+    | ShapingEffect
 )
 RECORD_TYPES: tuple[type[Record], ...] = (
     Reception,
@@ -267,5 +291,6 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     InboundDelivery,
     InboundFailure,
     PolicyFailure,
+    ShapingEffect,
 )
 TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration, AdminBounce)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pigeon.delivery.agent import Opener
 from pigeon.delivery.dispatcher import Dispatcher
+from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Kind
 from pigeon.message import Message
 from pigeon.metrics import Counts
@@ -62,6 +63,7 @@ def build_engine(
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
     throttles: Throttles | None = None,
+    reactor: Reactor | None = None,
     clock: Callable[[], float] = time.time,
     pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Engine:
@@ -95,7 +97,10 @@ def build_engine(
         hooks=hooks,
         reroute=reroute,
         throttles=throttles,
+        reactor=reactor,
     )
+    if reactor is not None:  # an effect that ends lets go of what it held
+        reactor.board.on_end = lambda effect: dispatcher.kick_all()
     ready = ReadyQueues(active, source, dispatcher.kick)
     scheduler = Scheduler(
         spools=list(spools.values()),

@@ -54,6 +54,7 @@ from pigeon.node.sockets import Bound
 from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
+from pigeon.shaping.effects import Board
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
@@ -398,6 +399,11 @@ class Node:
             return await perform(admin, method, path, body, operator)
         except web.HTTPException as refusal:
             return refusal_answer(refusal)
+
+    @property
+    def effects(self) -> Board | None:
+        """The live effects of shaping reactions (None without delivery)."""
+        return self.outbound.effects if self.outbound is not None else None
 
     def health(self) -> dict[str, Any]:
         """What /healthz says: a status per component, and the worst of them (see

@@ -15,6 +15,7 @@ from pigeon.delivery.content import OutgoingBody
 from pigeon.delivery.dsn import Notifier
 from pigeon.delivery.egress import Egress, Source
 from pigeon.delivery.mx import Resolver
+from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
 from pigeon.delivery.smtp_agent import SmtpAgents
@@ -30,6 +31,8 @@ from pigeon.policy.hooks import Policy
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
 from pigeon.shaping.cluster import ClusterThrottles
+from pigeon.shaping.effects import Board
+from pigeon.shaping.reactions import Reactions
 from pigeon.shaping.rules import ShapingRules
 from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_path
 from pigeon.shaping.throttles import Throttles
@@ -59,6 +62,9 @@ class Outbound:
         delivery = config.delivery
         self.throttles = build_throttles(config, worker, workers)
         metrics.track_shaping(self.throttles, worker)
+        self.effects = build_board(config, log)
+        metrics.track_effects(self.effects, worker)
+        reactions = Reactions.from_config(config.reaction, defaults=delivery.default_reactions)
         self._intake = intake
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
@@ -109,6 +115,7 @@ class Outbound:
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
+            reactor=Reactor(reactions, self.effects, delivery.source) if reactions else None,
             clock=clock,
         )
         self.active = engine.active
@@ -119,6 +126,7 @@ class Outbound:
 
     async def start(self) -> None:
         await self.throttles.start()
+        await self.effects.start()
         self._intake.on_stored = self.scheduler.admit
         self.scheduler.start()
 
@@ -127,6 +135,7 @@ class Outbound:
         await self.scheduler.stop()
         await self.dispatcher.drain(grace)
         await self.throttles.close()
+        await self.effects.close()
         await asyncio.sleep(0.1)  # let the last settlements' commits come back
 
     def state(self) -> DeliveryState:
@@ -154,6 +163,20 @@ def build_throttles(config: Config, worker: int, workers: int) -> Throttles:
         return Throttles(table)
     return ClusterThrottles(
         redis.url, table=table, node=config.node.name, worker=worker, prefix=redis.key_prefix, timeout=redis.timeout
+    )
+
+
+def build_board(config: Config, log: LogWriter) -> Board:
+    """This worker's view of the reactions' effects: shared with the node's other workers
+    through the run directory, and with the cluster through Redis when there is a `[redis] url`."""
+    redis = config.redis
+    return Board(
+        config.spool.path / "run" / "effects",
+        node=config.node.name,
+        log=log.write,
+        redis_url=redis.url,
+        prefix=redis.key_prefix,
+        timeout=redis.timeout,
     )
 
 

@@ -42,7 +42,7 @@ from pigeon.shaping.table import create_shared_table, shared_table_path
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
-_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues")
+_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
 _LINGER: Final = 1.0
 # What anyone may read without a token: GET (and HEAD) only, and never with a body.

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pigeon.config.schema import ReactionConfig
 from pigeon.delivery.agent import Agent, Unreachable, Work
 from pigeon.delivery.dispatcher import ideal_connections
+from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Destination
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
+from pigeon.shaping.effects import Board
 from pigeon.shaping.gcra import Rate
+from pigeon.shaping.reactions import Reactions
 from pigeon.shaping.rules import Shaping
 from pigeon.shaping.table import MemoryTable
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
+from tests.support.queue_world import FakeClock
 from tests.unit.conftest import MakeWorld
 
 SITES = {"d1.test": "mx1.test"}
@@ -239,3 +246,89 @@ async def test_a_site_whose_connections_are_all_held_elsewhere_is_asked_again_un
     await world.release_all()
     assert [a.message for a in world.attempted] == [spool_id]
     assert table.held("site:mx1.test") == 1  # the connection, open (idle) for more mail, counts
+
+
+# --- shaping that reacts ------------------------------------------------------------------------
+RATE_LIMITED = Reply(421, "4.7.0", ("rate limited, slow down",))
+
+
+def _reactor(tmp_path: Path, world_clock: Callable[[], float], **rule: Any) -> Reactor:
+    rule.setdefault("id", "rated")
+    rule.setdefault("match", r"^421 4\.7\.0 .*rate limited")
+    reactions = Reactions.from_config([ReactionConfig(**rule)], defaults=False)
+    return Reactor(reactions, Board(tmp_path / "effects", node="n1", clock=world_clock))
+
+
+def _first_rate_limited(world: Any, seen: Any) -> list[Reply]:
+    first = not any(a.replies for a in world.attempted if a is not seen)
+    return [RATE_LIMITED if first else Reply(250, "2.0.0", ("ok",))] * len(seen.recipients)
+
+
+async def test_a_reply_that_matches_suspends_the_site_until_the_effect_ends(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    reactor = _reactor(tmp_path, world_clock := FakeClock(), action="suspend", duration=60)
+    world = make_world(SITES, ["d1.test"], connection_limit=1, clock=world_clock, reactor=reactor,
+                       answer=_first_rate_limited)  # fmt: skip
+    first, *rest = [world.inject([f"r{n}@d1.test"]) for n in range(3)]
+    await world.release_all()
+    # The 421 began a suspension of the site: the other two wait in the ready queue, untried.
+    [effect] = reactor.board.live()
+    assert (effect.key, effect.action, effect.rule, effect.reply) == (
+        "site:mx1.test", "suspend", "rated", str(RATE_LIMITED))  # fmt: skip
+    assert [a.message for a in world.attempted] == [first]
+    assert all(world.active.get(m).state.value == "ready" for m in rest)  # type: ignore[union-attr]
+    # The message that got it is due again when the suspension ends, not at its backoff (300 s).
+    [failure] = world.logged("TransientFailure")
+    assert failure.next_attempt == pytest.approx(effect.expires_at)
+    # A repeat while it lives changes nothing.
+    assert reactor.observe("mx1.test", "d1.test", [RATE_LIMITED]) == effect
+    assert len(reactor.board.live()) == 1
+    reactor.board._end(effect.id)  # (its time has come)
+    await world.release_all()
+    assert [a.message for a in world.attempted][1:] == rest
+    assert len(world.logged("Delivery")) == 2
+
+
+async def test_a_bounce_reaction_bounces_what_waits_for_the_site(make_world: MakeWorld, tmp_path: Path) -> None:
+    reactor = _reactor(tmp_path, world_clock := FakeClock(), action="bounce", duration=60)
+    world = make_world(SITES, ["d1.test"], connection_limit=1, clock=world_clock, reactor=reactor,
+                       answer=_first_rate_limited)  # fmt: skip
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    assert len(world.attempted) == 1  # the others are bounced without a try
+    bounces = world.logged("Bounce")
+    assert len(bounces) == 3 and not world.logged("TransientFailure")
+    assert {b.response.code for b in bounces} == {554}
+    assert all("rated" in b.response.text and b.classification == "PolicyRelated" for b in bounces)
+    world.inject(["late@d1.test"])  # and new mail for it while the effect lives
+    await world.release_all()
+    assert len(world.logged("Bounce")) == 4 and len(world.attempted) == 1
+
+
+async def test_a_limit_reaction_lowers_the_sites_limits_while_it_lives(make_world: MakeWorld, tmp_path: Path) -> None:
+    reactor = _reactor(tmp_path, world_clock := FakeClock(), action="limit", connection_limit=1,
+                       max_message_rate="1/min", duration=60)  # fmt: skip
+    shaping = Shaping(connection_limit=4, idle_timeout=3600.0, max_message_rate=Rate.parse("100/s"))
+    world = make_world(SITES, ["d1.test"], shaping=shaping, clock=world_clock, reactor=reactor)
+    keys = reactor.keys("mx1.test")
+    assert reactor.limits(keys) == (None, None)
+    reactor.observe("mx1.test", "d1.test", [RATE_LIMITED])
+    assert reactor.limits(keys) == (1, Rate.parse("1/min"))
+    for n in range(50):
+        world.inject([f"r{n}@d1.test"])
+    await world.quiesce()
+    assert len(world.opened) == 1  # not 4
+
+
+def test_the_reactor_keeps_a_suspended_attempt_for_the_end_and_leaves_successes_alone(tmp_path: Path) -> None:
+    clock = FakeClock()
+    reactor = _reactor(tmp_path, clock, action="suspend", duration=30)
+    effect = reactor.observe("mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",)), RATE_LIMITED])
+    assert effect is not None
+    attempt = Attempt([RATE_LIMITED], [""], "mx1.test")
+    assert reactor.apply(attempt, effect).retry_after == pytest.approx(30)
+    delivered = Attempt([Reply(250, "2.0.0", ("ok",))], [""], "mx1.test")
+    assert reactor.apply(delivered, effect) is delivered
+    assert reactor.observe("mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",))]) is None

@@ -13,6 +13,7 @@ from pigeon.listener.http.health import healthz
 from pigeon.listener.http.inject import inject
 from pigeon.listener.http.metrics import metrics
 from pigeon.listener.http.openapi import openapi
+from pigeon.listener.http.shaping import effects
 
 
 def build_app(node: NodeView) -> web.Application:
@@ -33,6 +34,7 @@ def build_app(node: NodeView) -> web.Application:
     app.router.add_get("/api/v1/messages/{id}", admin.inspect)
     app.router.add_get("/api/v1/queues", admin.queues)
     app.router.add_get("/api/v1/admin/operations", admin.operations)
+    app.router.add_get("/api/v1/shaping/effects", effects)
     return app
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from pigeon.listener.http.auth import Tokens
     from pigeon.node.broadcast import Broadcast
     from pigeon.queue.admin import Admin
+    from pigeon.shaping.effects import Board
 
 
 class NodeView(Protocol):
@@ -27,6 +28,9 @@ class NodeView(Protocol):
 
     @property
     def broadcast_front(self) -> Broadcast | None: ...
+
+    @property
+    def effects(self) -> Board | None: ...
 
     def health(self) -> dict[str, Any]: ...
 

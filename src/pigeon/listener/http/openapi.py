@@ -166,6 +166,11 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str,
         "/api/v1/messages/{id}": {
             "get": operation("inspect", "One message: envelope, state, attempts", "read", parameters=spool_id),
         },
+        "/api/v1/shaping/effects": {
+            "get": operation(
+                "shapingEffects", "Live effects of shaping reactions (suspend, limit, bounce) and their reach", "read"
+            ),
+        },
     }
 
 

@@ -1,0 +1,164 @@
+"""Reaction rules: which replies match, within which scopes, what key the effect is on; the
+shipped rules against the providers' real wordings; overriding and turning them off; and
+config errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pigeon.config.load import ConfigError, load
+from pigeon.config.schema import ReactionConfig
+from pigeon.shaping.reactions import Reactions, compile_rule, effective_rules, known_provider, shipped_rules
+from pigeon.smtp.replies import Reply
+
+GMAIL = "alt1.gmail-smtp-in.l.google.com,gmail-smtp-in.l.google.com"
+OUTLOOK = "hotmail-com.olc.protection.outlook.com"
+YAHOO = "mta5.am0.yahoodns.net,mta6.am0.yahoodns.net,mta7.am0.yahoodns.net"
+SINK = "127.0.0.1:2526"
+
+
+def rule(**fields: object) -> ReactionConfig:
+    fields.setdefault("id", "r")
+    fields.setdefault("action", "suspend")
+    fields.setdefault("match", ".")
+    return ReactionConfig(**fields)  # type: ignore[arg-type]
+
+
+def reply(code: int, enhanced: str | None, text: str) -> Reply:
+    return Reply(code, enhanced, (text,))
+
+
+def test_a_rule_matches_the_reply_as_one_line_with_its_codes() -> None:
+    reactions = Reactions.from_config([rule(match=r"^421 4\.7\.0 .*rate limited")], defaults=False)
+    found = reactions.match(reply(421, "4.7.0", "rate limited, slow down"), SINK, "example.net")
+    assert found is not None and found.id == "r"
+    assert reactions.match(reply(421, "4.7.1", "rate limited"), SINK, "example.net") is None  # another code
+    assert reactions.match(reply(451, "4.7.0", "rate limited"), SINK, "example.net") is None
+
+
+def test_matching_ignores_case_and_never_looks_at_a_success() -> None:
+    reactions = Reactions.from_config([rule(match="rate limited")], defaults=False)
+    assert reactions.match(reply(421, "4.7.0", "RATE LIMITED"), SINK, "example.net") is not None
+    assert reactions.match(reply(250, "2.0.0", "ok, not rate limited"), SINK, "example.net") is None
+
+
+def test_scopes_narrow_a_rule_to_a_site_a_domain_or_a_provider() -> None:
+    reactions = Reactions.from_config(
+        [
+            rule(id="by-site", match="busy", site="127.0.0.1:*"),
+            rule(id="by-domain", match="busy", domain="*.example.org"),
+            rule(id="by-provider", match="busy", provider="gmail"),
+        ],
+        defaults=False,
+    )
+    busy = reply(421, "4.3.2", "busy")
+    assert (found := reactions.match(busy, SINK, "x.test")) is not None and found.id == "by-site"
+    assert (found := reactions.match(busy, "mx.example.org", "a.example.org")) is not None
+    assert found.id == "by-domain"
+    assert (found := reactions.match(busy, GMAIL, "gmail.com")) is not None and found.id == "by-provider"
+    assert reactions.match(busy, "mx.example.com", "example.com") is None
+
+
+def test_the_first_rule_that_covers_and_matches_wins() -> None:
+    rules = [rule(id="first", match="4.7.0", site="nowhere"), rule(id="second", match="4.7.0"), rule(id="third")]
+    reactions = Reactions.from_config(rules, defaults=False)
+    found = reactions.match(reply(421, "4.7.0", "later"), SINK, "x.test")
+    assert found is not None and found.id == "second"
+
+
+@pytest.mark.parametrize(
+    ("scope", "provider", "key"),
+    [
+        ("site", None, f"site:{GMAIL}"),
+        ("source", None, f"path:default->{GMAIL}"),
+        ("provider", "gmail", "provider:gmail"),
+    ],
+)
+def test_an_effect_is_on_the_site_the_sources_path_or_the_provider(scope: str, provider: str | None, key: str) -> None:
+    compiled = compile_rule(rule(match=".", scope=scope, provider=provider))
+    assert compiled.key(GMAIL, "default", known_provider(GMAIL)) == key
+
+
+def test_known_providers_are_recognised_by_every_mx_host() -> None:
+    assert known_provider(GMAIL) == "gmail"
+    assert known_provider(OUTLOOK) == "microsoft"
+    assert known_provider(YAHOO) == "yahoo"
+    assert known_provider("gmail-smtp-in.l.google.com,mx.example.net") is None  # not all of them
+    assert known_provider(SINK) is None
+
+
+@pytest.mark.parametrize(
+    ("site", "line", "expected"),
+    [
+        (GMAIL, (421, "4.7.28", "Our system has detected an unusual rate of unsolicited mail ..."),
+         "gmail-rate-limited"),
+        (GMAIL, (421, "4.7.0", "Try again later, closing connection. (EHLO) - gsmtp"), "gmail-too-many-connections"),
+        (GMAIL, (450, "4.7.0", "... has been temporarily rate limited due to IP reputation"), "gmail-rate-limited"),
+        (OUTLOOK, (550, "5.7.1", "Unfortunately, messages from [192.0.2.1] weren't sent ... (S3150)"),
+         "microsoft-s3150-blocked"),
+        (OUTLOOK, (451, "4.7.500", "Server busy. Please try again later from [192.0.2.1]. (S77714)"),
+         "microsoft-s775-busy"),
+        (YAHOO, (421, "4.7.0", "[TSS04] Messages from 192.0.2.1 temporarily deferred due to unexpected volume"),
+         "yahoo-tss04-deferred"),
+        (YAHOO, (421, "4.7.0", "[TSS09] All messages from 192.0.2.1 will be permanently deferred"),
+         "yahoo-tss09-deferred"),
+        # The same words from someone else, or other words from them: nothing.
+        (SINK, (421, "4.7.28", "unusual rate"), None),
+        (OUTLOOK, (421, "4.7.0", "[TSS04] deferred"), None),
+        (GMAIL, (550, "5.1.1", "The email account that you tried to reach does not exist"), None),
+    ],
+)  # fmt: skip
+def test_the_shipped_rules_know_the_providers_wordings(
+    site: str, line: tuple[int, str, str], expected: str | None
+) -> None:
+    found = Reactions.from_config([]).match(reply(*line), site, "example.com")
+    assert (found.id if found else None) == expected
+
+
+def test_shipped_rules_are_replaced_by_id_and_turned_off_one_by_one_or_all_at_once() -> None:
+    shipped = [r.id for r in shipped_rules()]
+    assert "gmail-rate-limited" in shipped and "yahoo-tss04-deferred" in shipped
+    mine = rule(id="gmail-rate-limited", match="x", duration=60)
+    off = rule(id="yahoo-tss04-deferred", match="x", enabled=False)
+    rules = effective_rules([mine, off])
+    ids = [r.id for r in rules]
+    assert ids.count("gmail-rate-limited") == 1 and rules[0] is mine
+    assert "yahoo-tss04-deferred" not in ids and "yahoo-tss09-deferred" in ids
+    assert [r.id for r in effective_rules([mine], defaults=False)] == ["gmail-rate-limited"]
+
+
+def test_every_shipped_rule_compiles() -> None:
+    for config in shipped_rules():
+        compiled = compile_rule(config)
+        assert compiled.provider is not None  # scoped: no shipped rule reacts to everyone's replies
+        assert 0 < compiled.duration <= 4 * 3600
+
+
+@pytest.mark.parametrize(
+    ("table", "named", "says"),
+    [
+        ('id = "a"\nmatch = "("\naction = "suspend"', "[reaction] match", "not a regular expression"),
+        ('id = "a"\nmatch = "x"\naction = "limit"', "[reaction] action", "needs connection_limit"),
+        ('id = "a"\nmatch = "x"\naction = "limit"\nmax_message_rate = "fast"', "[reaction] max_message_rate",
+         "not a rate"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nconnection_limit = 2', "[reaction] action", 'for "limit"'),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nscope = "provider"', "[reaction] scope", "needs provider"),
+        ('id = "a"\nmatch = "x"\naction = "pause"', "action", "pause"),
+        ('match = "x"\naction = "suspend"', "id", "required"),
+    ],
+)  # fmt: skip
+def test_a_bad_reaction_is_refused_with_its_key(tmp_path: Path, table: str, named: str, says: str) -> None:
+    path = tmp_path / "pigeon.toml"
+    path.write_text(f"[[reaction]]\n{table}\n")
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert named in str(raised.value) and says in str(raised.value)
+
+
+def test_two_reactions_may_not_share_an_id(tmp_path: Path) -> None:
+    path = tmp_path / "pigeon.toml"
+    path.write_text('[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\n' * 2)
+    with pytest.raises(ConfigError, match=r"\[reaction\] id: two \[\[reaction\]\]s are called 'a'"):
+        load(path)
