@@ -16,6 +16,9 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
                     connection dropped before the 250 (2%: the one case where the sender may
                     rightly deliver it again)
 
+A test may also script RCPT replies itself: `rcpt_reply(address)` (when set) answers first,
+a reply line such as "421 4.7.0 rate limited", or None for the usual answer above.
+
 Every connection is recorded (`connections`: when it opened, when it ended, the client's
 address and EHLO name) and every message's arrival (`arrivals`: when its end of data was
 taken, from which address and by which EHLO name), so a test can check connection limits,
@@ -34,6 +37,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import Message as EmailMessage
@@ -151,6 +155,8 @@ class _Handler:
     ) -> str:
         local = address.split("@", 1)[0].lower()
         self.sink.rcpt_log.append(address)
+        if self.sink.rcpt_reply is not None and (scripted := self.sink.rcpt_reply(address)) is not None:
+            return scripted
         if local == "slow":
             await asyncio.sleep(self.sink.slow)
         if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
@@ -257,6 +263,7 @@ class ScriptedSink:
         self.rcpt_log: list[str] = []
         self.connections: list[SinkConnection] = []
         self.arrivals: list[Arrival] = []
+        self.rcpt_reply: Callable[[str], str | None] | None = None
         self._controller = _Controller(
             _Handler(self), hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8
         )
