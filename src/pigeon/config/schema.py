@@ -416,8 +416,9 @@ class ReactionConfig(_Section, kw_only=True):
     match: str
     """A regular expression (Python syntax, case-insensitive) searched for in the reply as one
     line: "<code> <enhanced code> <text>", e.g. "^421 4\\.7\\.0 .*rate limited"."""
-    provider: str | None = None
-    """Only for sites of this provider (its MX host suffixes; see the README)."""
+    provider: str | list[str] | None = None
+    """Only for sites of this provider, or of one of these (by their MX host suffixes: the
+    shipped providers and `[[provider]]`s; see the README)."""
     site: str | None = None
     """Only for sites matching this glob (a site: the sorted MX hosts, or host:port)."""
     domain: str | None = None

@@ -37,6 +37,7 @@ import msgspec
 
 from pigeon.config.schema import ReactionConfig, decode_hook
 from pigeon.shaping.gcra import Rate
+from pigeon.shaping.providers import Providers, shipped
 from pigeon.smtp.replies import Reply
 
 SHIPPED: Final = Path(__file__).with_name("reactions.toml")
@@ -44,26 +45,16 @@ SHIPPED: Final = Path(__file__).with_name("reactions.toml")
 ProviderOf = Callable[[str], "str | None"]
 """A site's provider name (None: none known)."""
 
-# MX host suffixes of the providers the shipped rules name. `pigeon.shaping.providers` (the
-# `[[provider]]` tables) supersedes this once it is wired in; until then these are enough for
-# the shipped rules to find their sites.
-_KNOWN_PROVIDERS: Final[dict[str, tuple[str, ...]]] = {
-    "gmail": (".google.com", ".googlemail.com"),
-    "microsoft": (".outlook.com", ".hotmail.com"),
-    "yahoo": (".yahoodns.net", ".yahoo.com"),
-    "apple": (".icloud.com", ".me.com"),
-}
 
+def shipped_provider_of(providers: Providers | None = None) -> ProviderOf:
+    """A site's provider by `providers`' MX host suffixes (default: the shipped providers)."""
+    known = providers if providers is not None else Providers(shipped())
 
-def known_provider(site: str) -> str | None:
-    """The provider whose MX host suffixes every host of `site` ends with (built-in table)."""
-    hosts = [host.rstrip(".").lower() for host in site.split(":", 1)[0].split(",") if host]
-    if not hosts:
-        return None
-    for name, suffixes in _KNOWN_PROVIDERS.items():
-        if all(host.endswith(suffixes) for host in hosts):
-            return name
-    return None
+    def provider_of(site: str) -> str | None:
+        found = known.for_site(site)
+        return found.name if found is not None else None
+
+    return provider_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +66,7 @@ class Reaction:
     action: str  # "suspend" | "limit" | "bounce"
     duration: float
     scope: str = "site"  # "site" | "source" | "provider"
-    provider: str | None = None
+    providers: tuple[str, ...] = ()  # only sites of these providers (none: any site)
     site: str | None = None
     domain: str | None = None
     connection_limit: int | None = None
@@ -84,7 +75,7 @@ class Reaction:
 
     def applies(self, site: str, domain: str, provider: str | None) -> bool:
         """Whether this rule's scopes (not its pattern) cover a reply from `site` about mail to `domain`."""
-        if self.provider is not None and provider != self.provider:
+        if self.providers and provider not in self.providers:
             return False
         if self.site is not None and not fnmatch.fnmatchcase(site, self.site):
             return False
@@ -135,7 +126,8 @@ def compile_rule(config: ReactionConfig) -> Reaction:
         raise ReactionError("action", 'a "limit" needs connection_limit, max_message_rate or both')
     if config.action != "limit" and (config.connection_limit is not None or rate is not None):
         raise ReactionError("action", f'connection_limit and max_message_rate are for "limit", not {config.action!r}')
-    if config.scope == "provider" and config.provider is None:
+    providers = (config.provider,) if isinstance(config.provider, str) else tuple(config.provider or ())
+    if config.scope == "provider" and not providers:
         raise ReactionError("scope", 'scope = "provider" needs provider = "<name>"')
     if config.duration <= 0:
         raise ReactionError("duration", "must be above zero")
@@ -145,7 +137,7 @@ def compile_rule(config: ReactionConfig) -> Reaction:
         action=config.action,
         duration=float(config.duration),
         scope=config.scope,
-        provider=config.provider,
+        providers=providers,
         site=config.site,
         domain=config.domain.lower() if config.domain else None,
         connection_limit=config.connection_limit,
@@ -172,14 +164,14 @@ class Reactions:
     """The rules in force, in order; the first whose scopes cover a reply and whose pattern
     matches it wins."""
 
-    def __init__(self, rules: Sequence[Reaction], provider_of: ProviderOf = known_provider) -> None:
+    def __init__(self, rules: Sequence[Reaction], provider_of: ProviderOf | None = None) -> None:
         self.rules = list(rules)
-        self._provider_of = provider_of
+        self._provider_of = provider_of if provider_of is not None else shipped_provider_of()
         self._providers: dict[str, str | None] = {}
 
     @classmethod
     def from_config(
-        cls, configured: Sequence[ReactionConfig], *, defaults: bool = True, provider_of: ProviderOf = known_provider
+        cls, configured: Sequence[ReactionConfig], *, defaults: bool = True, provider_of: ProviderOf | None = None
     ) -> Reactions:
         return cls([compile_rule(rule) for rule in effective_rules(configured, defaults=defaults)], provider_of)
 

@@ -10,11 +10,13 @@ import pytest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import ReactionConfig
-from pigeon.shaping.reactions import Reactions, compile_rule, effective_rules, known_provider, shipped_rules
+from pigeon.shaping.providers import Providers, shipped
+from pigeon.shaping.reactions import Reactions, compile_rule, effective_rules, shipped_provider_of, shipped_rules
 from pigeon.smtp.replies import Reply
 
 GMAIL = "alt1.gmail-smtp-in.l.google.com,gmail-smtp-in.l.google.com"
 OUTLOOK = "hotmail-com.olc.protection.outlook.com"
+OFFICE365 = "example-com.mail.protection.outlook.com"
 YAHOO = "mta5.am0.yahoodns.net,mta6.am0.yahoodns.net,mta7.am0.yahoodns.net"
 SINK = "127.0.0.1:2526"
 
@@ -78,15 +80,17 @@ def test_the_first_rule_that_covers_and_matches_wins() -> None:
 )
 def test_an_effect_is_on_the_site_the_sources_path_or_the_provider(scope: str, provider: str | None, key: str) -> None:
     compiled = compile_rule(rule(match=".", scope=scope, provider=provider))
-    assert compiled.key(GMAIL, "default", known_provider(GMAIL)) == key
+    assert compiled.key(GMAIL, "default", shipped_provider_of()(GMAIL)) == key
 
 
-def test_known_providers_are_recognised_by_every_mx_host() -> None:
-    assert known_provider(GMAIL) == "gmail"
-    assert known_provider(OUTLOOK) == "microsoft"
-    assert known_provider(YAHOO) == "yahoo"
-    assert known_provider("gmail-smtp-in.l.google.com,mx.example.net") is None  # not all of them
-    assert known_provider(SINK) is None
+def test_the_shipped_providers_are_recognised_by_every_mx_host() -> None:
+    provider_of = shipped_provider_of()
+    assert provider_of(GMAIL) == "gmail"
+    assert provider_of(OUTLOOK) == "outlook"
+    assert provider_of(OFFICE365) == "office365"
+    assert provider_of(YAHOO) == "yahoo"
+    assert provider_of("gmail-smtp-in.l.google.com,mx.example.net") is None  # not all of them
+    assert provider_of(SINK) is None
 
 
 @pytest.mark.parametrize(
@@ -98,7 +102,7 @@ def test_known_providers_are_recognised_by_every_mx_host() -> None:
         (GMAIL, (450, "4.7.0", "... has been temporarily rate limited due to IP reputation"), "gmail-rate-limited"),
         (OUTLOOK, (550, "5.7.1", "Unfortunately, messages from [192.0.2.1] weren't sent ... (S3150)"),
          "microsoft-s3150-blocked"),
-        (OUTLOOK, (451, "4.7.500", "Server busy. Please try again later from [192.0.2.1]. (S77714)"),
+        (OFFICE365, (451, "4.7.500", "Server busy. Please try again later from [192.0.2.1]. (S77714)"),
          "microsoft-s775-busy"),
         (YAHOO, (421, "4.7.0", "[TSS04] Messages from 192.0.2.1 temporarily deferred due to unexpected volume"),
          "yahoo-tss04-deferred"),
@@ -132,7 +136,8 @@ def test_shipped_rules_are_replaced_by_id_and_turned_off_one_by_one_or_all_at_on
 def test_every_shipped_rule_compiles() -> None:
     for config in shipped_rules():
         compiled = compile_rule(config)
-        assert compiled.provider is not None  # scoped: no shipped rule reacts to everyone's replies
+        assert compiled.providers  # scoped: no shipped rule reacts to everyone's replies
+        assert set(compiled.providers) <= set(Providers(shipped()).names())  # names it knows
         assert 0 < compiled.duration <= 4 * 3600
 
 
