@@ -151,7 +151,7 @@ class Dispatcher:
         """`queue` has mail: make sure enough connections work on it."""
         lane = self._lanes.get(queue.path)
         if lane is None:
-            keys = self._reactor.keys(queue.site) if self._reactor is not None else ()
+            keys = self._reactor.keys(queue.path, queue.site) if self._reactor is not None else ()
             lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)), keys)
         self._start(lane)
 
@@ -323,7 +323,7 @@ class Dispatcher:
                 if lane.source is not None:  # named now: the outcome hook sees it too
                     attempts = [attempt._replace(source=lane.source) for attempt in attempts]
                 if self._reactor is not None:
-                    attempts = self._reacted(begun, attempts, destination.site)
+                    attempts = self._reacted(begun, attempts, queue)
                 if hooks is not None and hooks.reviews:
                     attempts = await self._reviewed(hooks, begun, attempts, lane)
                 earlier, writing = writing, []
@@ -421,7 +421,7 @@ class Dispatcher:
             raise
         return reviewed
 
-    def _reacted(self, begun: list[Work], attempts: list[Attempt], site: str) -> list[Attempt]:
+    def _reacted(self, begun: list[Work], attempts: list[Attempt], queue: ReadyQueue) -> list[Attempt]:
         """The attempts as the reactions' effects make them (see the module docstring)."""
         reactor = self._reactor
         assert reactor is not None
@@ -430,7 +430,7 @@ class Dispatcher:
             if all(reply.code < 400 for reply in attempt.replies):
                 reacted.append(attempt)
                 continue
-            effect = reactor.observe(site, _domain(work.message), attempt.replies)
+            effect = reactor.observe(queue.path, queue.site, _domain(work.message), attempt.replies)
             reacted.append(reactor.apply(attempt, effect) if effect is not None else attempt)
         return reacted
 
@@ -458,7 +458,7 @@ class Dispatcher:
         lane.failures += 1
         effect = None
         if self._reactor is not None:  # (a 421 in the banner is a reply like any other)
-            effect = self._reactor.observe(queue.site, queue.domain, (error.reply,))
+            effect = self._reactor.observe(queue.path, queue.site, queue.domain, (error.reply,))
         victims = [queue.take_nowait()]
         if lane.failures >= lane.shaping.connection_failures_before_delay:
             # The site is down: defer everything waiting for it rather than trying one by one.

@@ -1,9 +1,9 @@
 """The reactor: what the dispatcher asks of shaping that reacts (`pigeon.shaping.reactions`
 and `pigeon.shaping.effects`), per ready queue and per attempt.
 
-* `keys(site)`: the keys a ready queue's effects may be on (its site, this source's path to
-  it, its provider);
-* `observe(site, domain, replies)`: the replies of an attempt (or of a failed connection);
+* `keys(path, site)`: the keys a ready queue's effects may be on (its site, its path
+  `source->site`, its provider);
+* `observe(path, site, domain, replies)`: the replies of an attempt (or of a failed connection);
   a reply that matches a rule starts its effect, or meets the one that lives (a repeat);
 * `apply(attempt, effect)`: the attempt as the queue should take it under that effect: under
   a suspension, a message that failed for now is tried again when the suspension ends (not at
@@ -40,17 +40,16 @@ def bounce_reply(effect: Effect) -> Reply:
 
 
 class Reactor:
-    def __init__(self, reactions: Reactions, board: Board, source: str = "default") -> None:
+    def __init__(self, reactions: Reactions, board: Board) -> None:
         self.reactions = reactions
         self.board = board
-        self._source = source
 
-    def keys(self, site: str) -> tuple[str, ...]:
+    def keys(self, path: str, site: str) -> tuple[str, ...]:
         provider = self.reactions.provider(site)
-        keys = (site_key(site), path_key(self._source, site))
+        keys = (site_key(site), path_key(path))
         return (*keys, provider_key(provider)) if provider is not None else keys
 
-    def observe(self, site: str, domain: str, replies: Iterable[Reply]) -> Effect | None:
+    def observe(self, path: str, site: str, domain: str, replies: Iterable[Reply]) -> Effect | None:
         """The effect the first matching reply starts (or meets), if any."""
         reactions = self.reactions
         if not reactions:
@@ -65,7 +64,7 @@ class Reactor:
                 continue
             return self.board.trigger(
                 rule=rule.id,
-                key=rule.key(site, self._source, reactions.provider(site)),
+                key=rule.key(path, site, reactions.provider(site)),
                 action=rule.action,
                 duration=rule.duration,
                 reply=str(reply),

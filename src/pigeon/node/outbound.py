@@ -115,7 +115,7 @@ class Outbound:
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
-            reactor=Reactor(reactions, self.effects, delivery.source) if reactions else None,
+            reactor=Reactor(reactions, self.effects) if reactions else None,
             clock=clock,
         )
         self.active = engine.active

@@ -15,7 +15,7 @@ and the dispatcher applies them. Only replies of 400 and above are looked at: a 
 reacts, and nothing is searched on the common path.
 
 Effects apply to a *key*, like the throttles' limit keys: `site:<site>`, `path:<source>-><site>`
-(scope "source": the sending address a provider judges, today the one `[delivery] source`) or
+(scope "source": the ready queue's egress path, i.e. the sending address a provider judges) or
 `provider:<name>`. The dispatcher asks for a ready queue's three keys.
 
 Shipped rules are conservative (short durations, only replies whose meaning the provider
@@ -81,10 +81,10 @@ class Reaction:
             return False
         return self.domain is None or fnmatch.fnmatchcase(domain, self.domain)
 
-    def key(self, site: str, source: str, provider: str | None) -> str:
-        """The key its effect applies to (see the module docstring)."""
+    def key(self, path: str, site: str, provider: str | None) -> str:
+        """The key its effect applies to, for a reply on the ready queue `path` (`source->site`)."""
         if self.scope == "source":
-            return path_key(source, site)
+            return path_key(path)
         if self.scope == "provider" and provider is not None:
             return provider_key(provider)
         return site_key(site)
@@ -94,8 +94,9 @@ def site_key(site: str) -> str:
     return f"site:{site}"
 
 
-def path_key(source: str, site: str) -> str:
-    return f"path:{source}->{site}"
+def path_key(path: str) -> str:
+    """A ready queue's key, by its path `source->site`."""
+    return f"path:{path}"
 
 
 def provider_key(provider: str) -> str:

@@ -250,6 +250,7 @@ async def test_a_site_whose_connections_are_all_held_elsewhere_is_asked_again_un
 
 # --- shaping that reacts ------------------------------------------------------------------------
 RATE_LIMITED = Reply(421, "4.7.0", ("rate limited, slow down",))
+PATH = "default->mx1.test"  # the ready queue's path (source->site)
 
 
 def _reactor(tmp_path: Path, world_clock: Callable[[], float], **rule: Any) -> Reactor:
@@ -282,7 +283,7 @@ async def test_a_reply_that_matches_suspends_the_site_until_the_effect_ends(
     [failure] = world.logged("TransientFailure")
     assert failure.next_attempt == pytest.approx(effect.expires_at)
     # A repeat while it lives changes nothing.
-    assert reactor.observe("mx1.test", "d1.test", [RATE_LIMITED]) == effect
+    assert reactor.observe(PATH, "mx1.test", "d1.test", [RATE_LIMITED]) == effect
     assert len(reactor.board.live()) == 1
     reactor.board._end(effect.id)  # (its time has come)
     await world.release_all()
@@ -312,9 +313,9 @@ async def test_a_limit_reaction_lowers_the_sites_limits_while_it_lives(make_worl
                        max_message_rate="1/min", duration=60)  # fmt: skip
     shaping = Shaping(connection_limit=4, idle_timeout=3600.0, max_message_rate=Rate.parse("100/s"))
     world = make_world(SITES, ["d1.test"], shaping=shaping, clock=world_clock, reactor=reactor)
-    keys = reactor.keys("mx1.test")
+    keys = reactor.keys(PATH, "mx1.test")
     assert reactor.limits(keys) == (None, None)
-    reactor.observe("mx1.test", "d1.test", [RATE_LIMITED])
+    reactor.observe(PATH, "mx1.test", "d1.test", [RATE_LIMITED])
     assert reactor.limits(keys) == (1, Rate.parse("1/min"))
     for n in range(50):
         world.inject([f"r{n}@d1.test"])
@@ -325,10 +326,10 @@ async def test_a_limit_reaction_lowers_the_sites_limits_while_it_lives(make_worl
 def test_the_reactor_keeps_a_suspended_attempt_for_the_end_and_leaves_successes_alone(tmp_path: Path) -> None:
     clock = FakeClock()
     reactor = _reactor(tmp_path, clock, action="suspend", duration=30)
-    effect = reactor.observe("mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",)), RATE_LIMITED])
+    effect = reactor.observe(PATH, "mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",)), RATE_LIMITED])
     assert effect is not None
     attempt = Attempt([RATE_LIMITED], [""], "mx1.test")
     assert reactor.apply(attempt, effect).retry_after == pytest.approx(30)
     delivered = Attempt([Reply(250, "2.0.0", ("ok",))], [""], "mx1.test")
     assert reactor.apply(delivered, effect) is delivered
-    assert reactor.observe("mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",))]) is None
+    assert reactor.observe(PATH, "mx1.test", "d1.test", [Reply(250, "2.0.0", ("ok",))]) is None

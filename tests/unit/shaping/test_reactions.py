@@ -80,7 +80,7 @@ def test_the_first_rule_that_covers_and_matches_wins() -> None:
 )
 def test_an_effect_is_on_the_site_the_sources_path_or_the_provider(scope: str, provider: str | None, key: str) -> None:
     compiled = compile_rule(rule(match=".", scope=scope, provider=provider))
-    assert compiled.key(GMAIL, "default", shipped_provider_of()(GMAIL)) == key
+    assert compiled.key(f"default->{GMAIL}", GMAIL, shipped_provider_of()(GMAIL)) == key
 
 
 def test_the_shipped_providers_are_recognised_by_every_mx_host() -> None:
