@@ -3,10 +3,14 @@ deliver to one sink, whose site has a `[[reaction]]` rule `421 4.7.0 ... rate li
 suspend 3s`. The sink starts answering `421 4.7.0 rate limited` to node A's mail only; every
 node (B too, which never got a 421) stops delivering to the site within a second, delivery
 resumes when the rule's time is over, and every message arrives exactly once. The effect is
-in `pigeon shaping status`, the API and /metrics of the other node, and in node A's log."""
+in the API and /metrics of the other node, and in node A's log.
+
+And on one node without Redis: `pigeon shaping status` lists an effect, a `bounce` reaction
+bounces the site's mail, and a `limit` one holds the site to its lowered connection limit."""
 
 from __future__ import annotations
 
+import json
 import re
 import smtplib
 import subprocess
@@ -22,7 +26,7 @@ import pytest
 
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
-from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+from tests.support.sinks import ScriptedSink, delivery_config, peak_connections, wait_until
 
 PER_NODE = 60
 SUSPEND = 3.0
@@ -107,15 +111,9 @@ def test_a_421_seen_by_one_node_suspends_the_site_on_every_node_until_the_rule_s
                 "sink-rate-limited", "suspend", f"site:{sink.endpoint}", "a")  # fmt: skip
             assert effect["reply"].startswith(RATE_LIMITED)
             assert effect["expires_at"] - effect["created"] == pytest.approx(SUSPEND)
-            shown = subprocess.run(
-                [sys.executable, "-m", "pigeon", "shaping", "status", "-c", str(b.config_path)],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            assert shown.returncode == 0, shown.stderr
-            assert "sink-rate-limited" in shown.stdout and "suspend" in shown.stdout
-            assert f"site:{sink.endpoint}" in shown.stdout and "shared by the cluster" in shown.stdout
-            _, metrics = b.http_get("/metrics")
-            assert re.search(rb'pigeon_shaping_effects\{action="suspend",worker="0"\} 1', metrics), metrics
+            # Every worker of every node knows it (each worker's gauge).
+            wait_until(lambda: _knowing(a) == _knowing(b) == 2, timeout=5)
+            everywhere_after = time.monotonic() - first
 
             # Every message arrives, exactly once.
             sink.wait_for(2 * PER_NODE, timeout=60)
@@ -147,6 +145,13 @@ def test_a_421_seen_by_one_node_suspends_the_site_on_every_node_until_the_rule_s
     assert expired_record["effect"] == created_record["effect"] == effect["id"]
     assert not records_b  # one effect for the cluster, recorded by the worker that made it
     assert listed_after < 1.0, f"node b listed the effect {listed_after:.2f}s after the 421"
+    assert everywhere_after < 1.0, f"every worker knew the effect {everywhere_after:.2f}s after the 421"
+
+
+def _knowing(node: PigeonProcess) -> int:
+    """How many of `node`'s workers know a live suspension (/metrics)."""
+    _, metrics = node.http_get("/metrics")
+    return len(re.findall(rb'pigeon_shaping_effects\{action="suspend",worker="\d+"\} 1', metrics))
 
 
 def _listed(node: PigeonProcess, token: str) -> Any:
@@ -157,7 +162,6 @@ def _listed(node: PigeonProcess, token: str) -> Any:
 
 
 def _get(node: PigeonProcess, path: str, token: str) -> tuple[int, Any]:
-    import json
     import urllib.error
     import urllib.request
 
@@ -168,3 +172,58 @@ def _get(node: PigeonProcess, path: str, token: str) -> tuple[int, Any]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def _single(root: Path, sink: ScriptedSink, **reaction: Any) -> PigeonProcess:
+    rule = {"id": "sink-says-so", "match": r"^421 4\.7\.0 .*rate limited", "duration": "1m", **reaction}
+    return PigeonProcess(root, log={"level": "info"}, reaction=[rule], **delivery_config(sink.endpoint))
+
+
+def _status(node: PigeonProcess, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pigeon", "shaping", "status", "-c", str(node.config_path), *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_shaping_status_lists_a_live_effect_and_its_records_are_written(tmp_path: Path) -> None:
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: RATE_LIMITED if address.startswith("first") else None
+        with _single(tmp_path / "node", sink, action="suspend") as node:
+            _inject(node, "first", 1, connections=1)
+            [record] = node.wait_records("ShapingEffect")
+            _inject(node, "later", 3, connections=1)
+            shown = _status(node)
+            listed = json.loads(_status(node, "--json").stdout)
+            time.sleep(0.5)
+            held = list(sink.received)
+    assert shown.returncode == 0, shown.stderr
+    assert "this node's (no [redis])" in shown.stdout
+    assert "sink-says-so" in shown.stdout and f"site:{sink.endpoint}" in shown.stdout
+    assert "suspend" in shown.stdout and re.search(r" in [1-6]?[0-9]s ", shown.stdout), shown.stdout
+    assert listed["mode"] == "node" and [e["id"] for e in listed["effects"]] == [record["effect"]]
+    assert (record["event"], record["scope"], record["action"]) == ("created", "node", "suspend")
+    assert held == []  # the later mail waits while the effect lives
+
+
+def test_a_bounce_reaction_bounces_the_sites_mail(tmp_path: Path) -> None:
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: RATE_LIMITED if address.startswith("first") else None
+        with _single(tmp_path / "node", sink, action="bounce") as node:
+            _inject(node, "first", 1, connections=1)
+            node.wait_records("ShapingEffect")
+            _inject(node, "later", 3, connections=1)
+            bounces = node.wait_records("Bounce", 4)
+    assert sink.received == []
+    assert {b["response"]["code"] for b in bounces} == {554}
+    assert all("sink-says-so" in b["response"]["text"] for b in bounces)
+
+
+def test_a_limit_reaction_holds_the_site_to_the_lowered_connection_limit(tmp_path: Path) -> None:
+    with ScriptedSink(slow=0.2) as sink:
+        sink.rcpt_reply = lambda address: RATE_LIMITED if address.startswith("first") else None
+        with _single(tmp_path / "node", sink, action="limit", connection_limit=1) as node:
+            _inject(node, "first", 1, connections=1)
+            node.wait_records("ShapingEffect")
+            since = time.monotonic()
+            _inject(node, "slow", 12, connections=4)  # (slow@: each RCPT takes 0.2 s)
+            sink.wait_for(12, timeout=30)
+    assert peak_connections(sink.connections, since=since) == 1

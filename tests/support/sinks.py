@@ -8,7 +8,7 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
     quota@...       552 5.2.2 mailbox full, at RCPT
     datafail@...    554 5.6.0 at end of data (the whole transaction)
     datatemp@...    451 4.3.0 at end of data
-    slow@...        waits `slow` seconds before answering RCPT
+    slow@...        waits `slow` seconds before answering RCPT (slow-<anything>@... too)
     flaky@...       451 4.3.0 at RCPT for its first `flaky` tries, then 250
     hangup@...      drops the connection in the middle of DATA
     chaos*@...      at random (seeded), per recipient: 451 at RCPT (25%), 550 at RCPT (3%); per
@@ -157,7 +157,7 @@ class _Handler:
         self.sink.rcpt_log.append(address)
         if self.sink.rcpt_reply is not None and (scripted := self.sink.rcpt_reply(address)) is not None:
             return scripted
-        if local == "slow":
+        if local == "slow" or local.startswith("slow-"):
             await asyncio.sleep(self.sink.slow)
         if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
             return "451 4.3.0 not yet"
