@@ -32,7 +32,7 @@ from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
 from pigeon.shaping.cluster import ClusterThrottles
 from pigeon.shaping.effects import Board
-from pigeon.shaping.reactions import Reactions
+from pigeon.shaping.reactions import Reactions, shipped_provider_of
 from pigeon.shaping.rules import ShapingRules
 from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_path
 from pigeon.shaping.throttles import Throttles
@@ -64,7 +64,10 @@ class Outbound:
         metrics.track_shaping(self.throttles, worker)
         self.effects = build_board(config, log)
         metrics.track_effects(self.effects, worker)
-        reactions = Reactions.from_config(config.reaction, defaults=delivery.default_reactions)
+        shaping = ShapingRules.from_config(config)
+        reactions = Reactions.from_config(  # (a rule's provider is known as the limits know it)
+            config.reaction, defaults=delivery.default_reactions, provider_of=shipped_provider_of(shaping.providers)
+        )
         self._intake = intake
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
@@ -105,7 +108,7 @@ class Outbound:
             policies=self.policies,
             routes=self.router,
             agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
-            shaping=ShapingRules.from_config(config),
+            shaping=shaping,
             body=OutgoingBody(spools, strip),
             hooks=DeliveryHooks(policy, classifier.classify) if policy is not None else None,
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),

@@ -47,7 +47,8 @@ ProviderOf = Callable[[str], "str | None"]
 
 
 def shipped_provider_of(providers: Providers | None = None) -> ProviderOf:
-    """A site's provider by `providers`' MX host suffixes (default: the shipped providers)."""
+    """A site's provider name by `providers`' MX host suffixes (default: the shipped providers;
+    a node gives its shaping rules' own: `[[provider]]` blocks, then the shipped ones)."""
     known = providers if providers is not None else Providers(shipped())
 
     def provider_of(site: str) -> str | None:
