@@ -443,7 +443,7 @@ class Dispatcher:
             if message is None:
                 continue
             count = len(message.envelope.recipients)
-            self._report(lease, Attempt.same_for_all(reply, count, BOUNCE_CLASS, queue.site))
+            self._report_from(lane, lease, Attempt.same_for_all(reply, count, BOUNCE_CLASS, queue.site))
 
     @staticmethod
     def _give_back(queue: ReadyQueue, leases: list[Lease]) -> None:
