@@ -14,7 +14,9 @@ attacker must not be able to lock the user's own clients out.
 
 Pure bookkeeping: no I/O, the caller passes the time. Memory is bounded: each table keeps at
 most `max_tracked` keys and forgets the one quiet longest; expired keys go as time passes.
-State is per process: with several workers, each counts the clients the kernel gives it.
+State is per process: right for a node of one worker. With several, the listener is given a
+`shared_auth_throttle.SharedAuthThrottle` instead, which keeps the same rules in a table the
+workers share (`AuthLimits` is what both offer).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 KNOWN_GOOD_FOR: Final = 86_400.0
 """Seconds an address that authenticated as a user stays exempt from that user's lockout."""
@@ -41,6 +43,26 @@ class Lockout:
     kind: str  # "address" or "user"
     key: str
     until: float
+
+
+class AuthLimits(Protocol):
+    """What the listener asks of an AUTH throttle, kept in one worker or shared by a node's."""
+
+    def begin(self, address: str, user: str, now: float) -> Lockout | None:
+        """Before a password check: the lockout that refuses it unchecked, or None (then pending)."""
+        ...
+
+    def abandoned(self, address: str, user: str) -> None:
+        """A begun check that never ran."""
+        ...
+
+    def failed(self, address: str, user: str, now: float) -> list[Lockout]:
+        """Count a wrong password; the lockouts it starts."""
+        ...
+
+    def succeeded(self, address: str, user: str, now: float) -> None:
+        """Count a right password."""
+        ...
 
 
 class _FailureTable:

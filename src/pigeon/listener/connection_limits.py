@@ -1,0 +1,100 @@
+"""Concurrent connections per client address: `[smtp] max_connections_per_client`, per node.
+
+`LocalConnections` counts in the worker's memory: right when the node has one worker.
+`SharedConnections` counts in the node's client table (`client_table`), so that a client
+gets the limit from the node whichever workers the kernel hands its connections to. When the
+table has no room for an address (every slot of its window holds open connections: some
+thousands of clients at once), that address is counted in the worker alone against its share
+of the limit (the limit divided by the workers, at least 1), and a warning says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal, Protocol
+
+from pigeon.listener.client_table import ClientTable
+
+_log = logging.getLogger(__name__)
+
+Held = Literal["node", "worker"]
+"""Where an admitted connection is counted: in the node's table, or in this worker alone."""
+
+
+class ClientConnections(Protocol):
+    """Open connections per client address."""
+
+    def open(self, ip: str, limit: int) -> Held | None:
+        """Count one more connection from `ip` if fewer than `limit` are open; None if not."""
+        ...
+
+    def close(self, ip: str, held: Held) -> None:
+        """A connection that `open` counted has ended."""
+        ...
+
+
+class LocalConnections:
+    """Connections per client address in this worker's memory."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}  # only addresses with open connections: bounded by them
+
+    def open(self, ip: str, limit: int) -> Held | None:
+        count = self._open.get(ip, 0)
+        if count >= limit:
+            return None
+        self._open[ip] = count + 1
+        return "worker"
+
+    def close(self, ip: str, held: Held) -> None:
+        left = self._open.get(ip, 0) - 1
+        if left > 0:
+            self._open[ip] = left
+        else:
+            self._open.pop(ip, None)
+
+    def count(self, ip: str) -> int:
+        """Connections open from `ip`."""
+        return self._open.get(ip, 0)
+
+
+class SharedConnections:
+    """Connections per client address for the whole node, in its client table."""
+
+    def __init__(self, table: ClientTable, workers: int) -> None:
+        self._table = table
+        self._workers = max(1, workers)
+        self._overflow = LocalConnections()
+        self._warned = False
+
+    def open(self, ip: str, limit: int) -> Held | None:
+        table = self._table
+        now = self._table.now()
+        with table.locked():
+            slot = table.find("c:" + ip, now)
+            if slot is not None:
+                if table.held(slot) >= limit:
+                    return None
+                table.hold(slot, now)
+                return "node"
+        if not self._warned:
+            self._warned = True
+            _log.warning("client table full: connections from %s are counted per worker (its share of the limit)", ip)
+        return self._overflow.open(ip, max(1, limit // self._workers))
+
+    def close(self, ip: str, held: Held) -> None:
+        if held == "worker":
+            self._overflow.close(ip, held)
+            return
+        table = self._table
+        with table.locked():
+            slot = table.find("c:" + ip, 0.0, create=False)
+            if slot is not None:
+                table.let_go(slot)
+
+    def count(self, ip: str) -> int:
+        """Connections open from `ip` on the node (as far as the table knows)."""
+        table = self._table
+        with table.locked():
+            slot = table.find("c:" + ip, 0.0, create=False)
+            return 0 if slot is None else table.held(slot)
