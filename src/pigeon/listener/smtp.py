@@ -13,11 +13,15 @@ are asked here (`intake.policy`): a plain hook answers at once, an async one is 
 like any other decision. Without them nothing is asked and nothing is built.
 
 Connections are bounded twice. One client address outside `relay_networks` may hold
-`max_connections_per_client` of them (further ones get 421 at once), so one host cannot
-take the listener. Past `max_connections` a newcomer is still let in when some connection
+`max_connections_per_client` of them on the node (further ones get 421 at once), so one host
+cannot take the listener; with several workers the count is kept in a table they share
+(`connection_limits`), since the kernel spreads one client's connections over them. Past
+`max_connections` (per worker: it guards the worker's descriptors and memory, and only the
+worker can close its own idle connections) a newcomer is still let in when some connection
 is idle between transactions: the one that has been silent longest is told 421 and closed
 to make room (Postfix's "stress" mode shortens timeouts for the same purpose). Many idle
-hosts then churn among themselves while a client that talks keeps its place.
+hosts then churn among themselves while a client that talks keeps its place. Either refusal
+is logged as a Rejection of the CONNECT.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from pigeon.intake import Arrival, Draft, Intake, Refused
-from pigeon.listener.auth_throttle import AuthThrottle, Lockout
+from pigeon.listener.auth_throttle import AuthLimits, Lockout
+from pigeon.listener.connection_limits import ClientConnections, Held, LocalConnections
 from pigeon.listener.password_checker import CheckerBusy, PasswordChecker
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.tls import describe
@@ -90,7 +95,8 @@ class SmtpListener:
         tls_context: ssl.SSLContext | None = None,
         passwords: PasswordFile | None = None,
         password_checker: PasswordChecker | None = None,
-        auth_throttle: AuthThrottle | None = None,
+        auth_throttle: AuthLimits | None = None,
+        client_connections: ClientConnections | None = None,
         idle_timeout: float = 300.0,
         command_timeout: float = 300.0,
         max_connections: int = 2000,
@@ -112,7 +118,8 @@ class SmtpListener:
         self.max_connections_per_client = max_connections_per_client
         # Open connections, least recently heard from first (a dict keeps insertion order).
         self.connections: dict[SmtpConnection, None] = {}
-        self._per_client: dict[str, int] = {}
+        self.client_connections = client_connections or LocalConnections()
+        """Open connections per client address outside `relay_networks`: the worker's, or the node's."""
         self.draining = False
         self._relay_cache: dict[str, bool] = {}
         self._servers: list[asyncio.Server] = []
@@ -163,9 +170,11 @@ class SmtpListener:
         hostname = self.session_config.hostname
         if self.draining:
             return replies.shutting_down(hostname)
-        ip = connection.peer_ip
-        if self._per_client.get(ip, 0) >= self.max_connections_per_client and not self.relay_allowed(ip):
-            return replies.too_many_connections_from_you(hostname)
+        if not connection._relay:
+            held = self.client_connections.open(connection.peer_ip, self.max_connections_per_client)
+            if held is None:
+                return replies.too_many_connections_from_you(hostname)
+            connection._held = held
         if len(self.connections) >= self.max_connections:
             idle = next((c for c in self.connections if c.evictable()), None)
             if idle is None:
@@ -176,7 +185,6 @@ class SmtpListener:
 
     def _opened(self, connection: SmtpConnection) -> None:
         self.connections[connection] = None
-        self._per_client[connection.peer_ip] = self._per_client.get(connection.peer_ip, 0) + 1
         self._all_closed.clear()
         self.intake.metrics.counts.smtp_connections_accepted += 1
 
@@ -186,12 +194,9 @@ class SmtpListener:
             self.connections[connection] = None
 
     def _closed(self, connection: SmtpConnection) -> None:
-        if self.connections.pop(connection, False) is None:
-            left = self._per_client[connection.peer_ip] - 1
-            if left:
-                self._per_client[connection.peer_ip] = left
-            else:
-                del self._per_client[connection.peer_ip]
+        if self.connections.pop(connection, False) is None and connection._held is not None:
+            self.client_connections.close(connection.peer_ip, connection._held)
+            connection._held = None
         if not self.connections:
             self._all_closed.set()
 
@@ -234,6 +239,7 @@ class SmtpConnection(asyncio.Protocol):
         self.peer = ""
         self.peer_ip = ""
         self._relay = False
+        self._held: Held | None = None  # where this connection is counted against its client's limit
         self._paused = False
         self._tls_early: bytearray | None = None
         self._arrival: Arrival | None = None
@@ -250,6 +256,8 @@ class SmtpConnection(asyncio.Protocol):
         self._relay = listener.relay_allowed(self.peer_ip)
         refusal = listener.admit(self)
         listener._opened(self)
+        if refusal is not None:
+            self._log_rejection("CONNECT", refusal)
         now = self._loop.time()
         self._last_bytes = self._last_progress = now
         hook = listener.intake.policy.on_connect

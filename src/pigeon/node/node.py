@@ -32,13 +32,16 @@ from pigeon.dkim.keys import KeyProblem
 from pigeon.dkim.signing import Signing, load_signers
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
-from pigeon.listener.auth_throttle import AuthThrottle
+from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
+from pigeon.listener.client_table import ClientTable, client_table_path
+from pigeon.listener.connection_limits import ClientConnections, LocalConnections, SharedConnections
 from pigeon.listener.http.admin import perform, refusal_answer
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, worst
 from pigeon.listener.password_checker import PasswordChecker
 from pigeon.listener.passwords import PasswordFile, PasswordFileError
+from pigeon.listener.shared_auth_throttle import SharedAuthThrottle
 from pigeon.listener.smtp import SmtpListener
 from pigeon.listener.tls import ensure_self_signed, server_context
 from pigeon.logs.outbox import Outbox, finish_outbox, recover_outbox_lines
@@ -196,6 +199,7 @@ class Node:
                 self._consuming = asyncio.create_task(self.broadcast.consume(self._apply), name="admin stream")
         tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+        auth_throttle, client_connections = _client_limits(config, self.worker, self._workers)
         self.smtp = SmtpListener(
             _session_config(config, tls_context, passwords),
             intake,
@@ -205,12 +209,8 @@ class Node:
             passwords=passwords,
             # Made even without users: a reload may bring some. Threads start on first use.
             password_checker=PasswordChecker(threads=smtp.auth_threads, max_waiting=smtp.auth_max_waiting),
-            auth_throttle=AuthThrottle(
-                per_address=smtp.auth_failures_per_address,
-                per_user=smtp.auth_failures_per_user,
-                window=smtp.auth_failure_window,
-                cooldown=smtp.auth_lockout,
-            ),
+            auth_throttle=auth_throttle,
+            client_connections=client_connections,
             idle_timeout=smtp.idle_timeout,
             command_timeout=smtp.command_timeout,
             max_connections=smtp.max_connections,
@@ -497,6 +497,28 @@ class Node:
             _log.warning("spool entry %s quarantined: %s", format_id(entry.id), entry.reason)
             self.log.write(Quarantine(timestamp=time.time(), id=format_id(entry.id), reason=entry.reason))
         self.metrics.spool_quarantined.inc(len(entries))
+
+
+def _client_limits(config: Config, worker: int, workers: int) -> tuple[AuthLimits, ClientConnections]:
+    """The SMTP listener's per-client limits: in the worker's memory when it is the node's only
+    one, else in the client table the node's workers share (so they hold for the node)."""
+    smtp = config.smtp
+    if workers <= 1:
+        throttle = AuthThrottle(
+            per_address=smtp.auth_failures_per_address,
+            per_user=smtp.auth_failures_per_user,
+            window=smtp.auth_failure_window,
+            cooldown=smtp.auth_lockout,
+        )
+        return throttle, LocalConnections()
+    table = ClientTable(client_table_path(config.spool.path), worker, window=smtp.auth_failure_window)
+    shared = SharedAuthThrottle(
+        table,
+        per_address=smtp.auth_failures_per_address,
+        per_user=smtp.auth_failures_per_user,
+        cooldown=smtp.auth_lockout,
+    )
+    return shared, SharedConnections(table, workers)
 
 
 _RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users")

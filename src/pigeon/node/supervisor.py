@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from pigeon.config.schema import Config
+from pigeon.listener.client_table import client_table_path, create_client_table
 from pigeon.listener.http.admin import cluster_wide, refusal_answer, validate, with_id
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
@@ -124,6 +125,7 @@ class Supervisor:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
         create_shared_table(shared_table_path(self.config.spool.path))
+        create_client_table(client_table_path(self.config.spool.path))  # and so do the SMTP clients'
         try:
             for worker in self.workers:
                 await self._spawn(worker)
