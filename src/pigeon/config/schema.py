@@ -173,12 +173,14 @@ class SmtpConfig(_Section):
     max_line_length: PositiveInt = 998
     """Longest text line, without CRLF (RFC 5322 2.1.1); applies to commands and message lines."""
     max_connections: PositiveInt = 2000
-    """Concurrent SMTP connections per worker. Past it a newcomer takes the place of the connection
-    silent the longest between transactions (which gets 421 4.7.0); with none idle, the newcomer
-    gets 421 4.7.0."""
+    """Concurrent SMTP connections per worker (it bounds the worker's open files and memory, and a
+    worker can only close its own). Past it a newcomer takes the place of the connection silent
+    the longest between transactions (which gets 421 4.7.0); with none idle, the newcomer gets
+    421 4.7.0."""
     max_connections_per_client: PositiveInt = 50
-    """Concurrent SMTP connections per worker from one client address outside `relay_networks`;
-    further ones get 421 4.7.0 (Postfix's smtpd_client_connection_count_limit is 50 too)."""
+    """Concurrent SMTP connections per node (all its workers) from one client address outside
+    `relay_networks`; further ones get 421 4.7.0 (Postfix's smtpd_client_connection_count_limit
+    is 50 too)."""
     max_hops: PositiveInt = 100
     """Received headers after which a message is refused as a loop (RFC 5321 6.3)."""
     bare_linefeeds: Literal["refuse", "normalise"] = "refuse"
