@@ -14,7 +14,7 @@ import pytest
 
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle, Lockout
 from pigeon.listener.client_table import BUCKETS, ClientTable, create_client_table
-from pigeon.listener.connection_limits import SharedConnections
+from pigeon.listener.connection_limits import WORKER, Held, SharedConnections
 from pigeon.listener.shared_auth_throttle import SharedAuthThrottle
 
 WINDOW = 64.0  # buckets of 4 s
@@ -38,15 +38,22 @@ def _throttles(tables: list[ClientTable], *, per_address: int = 3, per_user: int
 
 
 # --- connections per client ---------------------------------------------------------------------
+def _in_table(held: Held | None) -> bool:
+    return held is not None and held != WORKER
+
+
 def test_a_client_gets_the_limit_from_the_node_whichever_worker_takes_its_connections(tmp_path: Path) -> None:
     first, second = (SharedConnections(t, 2) for t in _tables(tmp_path / "clients", 2, Clock()))
     opened = [side.open("192.0.2.1", 3) for side in (first, second, first, second, first, second)]
-    assert opened == ["node", "node", "node", None, None, None]
+    assert [_in_table(held) for held in opened] == [True, True, True, False, False, False]
+    assert opened[3:] == [None, None, None]
     assert first.count("192.0.2.1") == second.count("192.0.2.1") == 3
-    assert second.open("192.0.2.2", 3) == "node"  # another client has its own allowance
+    assert _in_table(second.open("192.0.2.2", 3))  # another client has its own allowance
 
-    first.close("192.0.2.1", "node")
-    assert second.open("192.0.2.1", 3) == "node"
+    held = opened[0]
+    assert held is not None
+    first.close("192.0.2.1", held)
+    assert _in_table(second.open("192.0.2.1", 3))
     assert second.open("192.0.2.1", 3) is None
 
 
@@ -54,37 +61,39 @@ def test_a_restarted_worker_leaves_nothing_counted_of_its_dead_self(tmp_path: Pa
     clock = Clock()
     first, second = _tables(tmp_path / "clients", 2, clock)
     dead, living = SharedConnections(first, 2), SharedConnections(second, 2)
-    assert [dead.open("192.0.2.1", 4) for _ in range(3)] == ["node"] * 3
-    assert living.open("192.0.2.1", 4) == "node"
+    assert all(_in_table(dead.open("192.0.2.1", 4)) for _ in range(3))
+    assert _in_table(living.open("192.0.2.1", 4))
     assert living.open("192.0.2.1", 4) is None
 
     # kill -9: no close() for its three; the supervisor starts worker 0 again.
     restarted = SharedConnections(ClientTable(tmp_path / "clients", 0, window=WINDOW, clock=clock), 2)
     assert living.count("192.0.2.1") == 1
-    assert [restarted.open("192.0.2.1", 4) for _ in range(4)] == ["node"] * 3 + [None]
+    assert [_in_table(restarted.open("192.0.2.1", 4)) for _ in range(4)] == [True] * 3 + [False]
 
 
 def test_a_close_after_the_restart_does_not_free_another_workers_connection(tmp_path: Path) -> None:
     clock = Clock()
     first, second = _tables(tmp_path / "clients", 2, clock)
     old, living = SharedConnections(first, 2), SharedConnections(second, 2)
-    old.open("192.0.2.1", 2)
+    held = old.open("192.0.2.1", 2)
     living.open("192.0.2.1", 2)
     ClientTable(tmp_path / "clients", 0, window=WINDOW, clock=clock)  # worker 0 again
-    old.close("192.0.2.1", "node")  # (a late close of the old handle must not take living's)
+    assert held is not None
+    old.close("192.0.2.1", held)  # (a late close of the old handle must not take living's)
     assert living.count("192.0.2.1") == 1
 
 
 def test_a_full_window_falls_back_to_the_workers_share_of_the_limit(tmp_path: Path) -> None:
     # A table of 16 slots is one window: 16 clients with open connections fill it.
     first, second = (SharedConnections(t, 2) for t in _tables(tmp_path / "clients", 2, Clock(), slots=16))
-    for i in range(16):
-        assert first.open(f"192.0.2.{i}", 4) == "node"
-    assert [first.open("198.51.100.1", 4) for _ in range(3)] == ["worker", "worker", None]
-    first.close("198.51.100.1", "worker")
-    assert first.open("198.51.100.1", 4) == "worker"
-    first.close("192.0.2.0", "node")  # room again: the newcomer is counted for the node
-    assert second.open("198.51.100.2", 4) == "node"
+    held = [first.open(f"192.0.2.{i}", 4) for i in range(16)]
+    assert all(_in_table(h) for h in held)
+    assert [first.open("198.51.100.1", 4) for _ in range(3)] == [WORKER, WORKER, None]
+    first.close("198.51.100.1", WORKER)
+    assert first.open("198.51.100.1", 4) == WORKER
+    assert held[0] is not None
+    first.close("192.0.2.0", held[0])  # room again: the newcomer is counted for the node
+    assert _in_table(second.open("198.51.100.2", 4))
 
 
 def test_the_table_keeps_its_size_under_a_flood_of_client_addresses(tmp_path: Path) -> None:
@@ -95,9 +104,11 @@ def test_the_table_keeps_its_size_under_a_flood_of_client_addresses(tmp_path: Pa
     size = (tmp_path / "clients").stat().st_size
     for i in range(5_000):
         address = f"10.0.{i >> 8 & 255}.{i & 255}"
-        assert connections.open(address, 1) == "node"
+        held = connections.open(address, 1)
+        assert _in_table(held)
+        assert held is not None
         throttle.failed(address, f"name{i}", clock.t)
-        connections.close(address, "node")
+        connections.close(address, held)
         clock.t += 0.001
     assert (tmp_path / "clients").stat().st_size == size
     # The newest keys are there (the quietest were forgotten to make room): two more failures lock out.

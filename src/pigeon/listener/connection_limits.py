@@ -11,14 +11,17 @@ of the limit (the limit divided by the workers, at least 1), and a warning says 
 from __future__ import annotations
 
 import logging
-from typing import Literal, Protocol
+from typing import Final, Protocol
 
 from pigeon.listener.client_table import ClientTable
 
 _log = logging.getLogger(__name__)
 
-Held = Literal["node", "worker"]
-"""Where an admitted connection is counted: in the node's table, or in this worker alone."""
+Held = int
+"""Where an admitted connection is counted: its slot in the node's table (so that closing it
+needs no look-up: a slot held is never given to another key), or `WORKER`."""
+WORKER: Final = -1
+"""Counted in this worker alone."""
 
 
 class ClientConnections(Protocol):
@@ -44,7 +47,7 @@ class LocalConnections:
         if count >= limit:
             return None
         self._open[ip] = count + 1
-        return "worker"
+        return WORKER
 
     def close(self, ip: str, held: Held) -> None:
         left = self._open.get(ip, 0) - 1
@@ -76,21 +79,19 @@ class SharedConnections:
                 if table.held(slot) >= limit:
                     return None
                 table.hold(slot, now)
-                return "node"
+                return slot
         if not self._warned:
             self._warned = True
             _log.warning("client table full: connections from %s are counted per worker (its share of the limit)", ip)
         return self._overflow.open(ip, max(1, limit // self._workers))
 
     def close(self, ip: str, held: Held) -> None:
-        if held == "worker":
+        if held == WORKER:
             self._overflow.close(ip, held)
             return
         table = self._table
         with table.locked():
-            slot = table.find("c:" + ip, 0.0, create=False)
-            if slot is not None:
-                table.let_go(slot)
+            table.let_go(held)
 
     def count(self, ip: str) -> int:
         """Connections open from `ip` on the node (as far as the table knows)."""
