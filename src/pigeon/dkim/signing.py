@@ -1,17 +1,15 @@
-"""Signing a received message: the event loop prepares, a thread does the key operation.
+"""Signing a received message: the event loop prepares, a process of its own signs.
 
-An RSA-2048 signature costs about a millisecond of CPU, twice what Pigeon spends relaying a
-whole message. `cryptography` releases the GIL while OpenSSL signs (measured: two threads
-signing keep two cores busy), so the key operation runs in a thread of its own and the
-event loop goes on meanwhile. Everything before it (choosing the signers, parsing the
-header, hashing the body) holds the GIL anywhere, and costs tens of microseconds: it runs on
-the loop, where a thread hop would cost more than it saves. A body that was spilled to a file
-(over `[spool] inline_limit`) is read back and hashed in the thread.
+An RSA-2048 signature costs a quarter to a whole millisecond of CPU, as much as Pigeon spends
+relaying a whole message, so the key operation runs off the event loop, in the worker's
+signing process (`pigeon.dkim.key_process`: a thread would fight the loop for the GIL after
+every signature). Everything before it (choosing the signers, parsing the header, hashing
+the body) costs tens of microseconds and runs on the loop, where a hop would cost more than
+it saves; the process is sent the hashes, a batch per turn of the loop.
 
-The thread takes every job waiting when it wakes and hands results back as each is done,
-waking the loop once for as many as are ready (`_Worker`): measured on uvloop, that costs the
-loop about 5 µs of CPU a message, where `loop.run_in_executor` cost 30 to 40 µs (its
-concurrent future, its wrapper and a wake-up for each).
+A body that was spilled to a file (over `[spool] inline_limit`: rare, and big) is read back,
+hashed and signed in a thread (`_Worker`), which takes every job waiting when it wakes and
+wakes the loop once for as many results as are ready.
 
 `Signing.keys` is replaced whole on SIGHUP (`reload`): a message being signed keeps the
 signers it started with.
@@ -20,6 +18,7 @@ signers it started with.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 
 from pigeon.config.schema import DkimConfig
 from pigeon.dkim.canonical import Field, header_fields, split_message
+from pigeon.dkim.key_process import KeyProcess, KeyProcessFailed
 from pigeon.dkim.keys import KeyProblem, PrivateKey, load_key
 from pigeon.dkim.signer import Signer, Signers, Unsigned
 
@@ -52,11 +52,13 @@ def load_signers(configs: Sequence[DkimConfig]) -> Signers:
 
 
 class Signing:
-    """The signers in force and the thread that signs for them."""
+    """The signers in force, and the process (and thread) that sign for them."""
 
     def __init__(self, signers: Signers) -> None:
         self.keys = signers
-        self._worker: _Worker | None = None  # started at the first signature
+        self._worker: _Worker | None = None  # started at the first spilled body
+        self._process: KeyProcess | None = None  # started at the first signature, for `_process_keys`
+        self._process_keys: Signers | None = None
 
     def sign(
         self, message: bytes | Path, head: bytes, tenant: str | None, timestamp: int, names: Sequence[str] | None = None
@@ -78,7 +80,26 @@ class Signing:
         signers = keys.choose(fields, tenant, names)
         if not signers:
             return None
-        return self._submit(_sign_all, keys.prepare(fields, body, signers, timestamp))
+        unsigned = keys.prepare(fields, body, signers, timestamp)
+        process = self._key_process(keys)
+        signed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        asked = process.sign([[process.index(u.key), u.digest] for u in unsigned])
+        asked.add_done_callback(lambda answer: _fields(answer, unsigned, signed))
+        return signed
+
+    def _key_process(self, keys: Signers) -> KeyProcess:
+        """The signing process for `keys`: a new one after a reload, or after one died."""
+        process = self._process
+        if process is not None and self._process_keys is keys and process.alive:
+            return process
+        if process is not None:
+            process.close()  # it answers what it has, then ends
+        distinct: dict[int, PrivateKey] = {id(s.key): s.key for s in keys.all}
+        self._process, self._process_keys = KeyProcess(list(distinct.values())), keys
+        task = asyncio.get_running_loop().create_task(self._process.start(), name="dkim key process start")
+        _starting.add(task)
+        task.add_done_callback(_starting.discard)
+        return self._process
 
     def _submit(self, job: Callable[..., bytes], *args: Any) -> asyncio.Future[bytes]:
         if self._worker is None:
@@ -92,10 +113,32 @@ class Signing:
         self.keys = signers
         return signers
 
-    def close(self) -> None:
-        """Stop the thread once the jobs it has are done (their results are not delivered)."""
+    async def close(self) -> None:
+        """Stop the process and the thread (results still to come are not delivered)."""
+        if self._process is not None:
+            await self._process.aclose()
         if self._worker is not None:
             self._worker.close()
+
+
+_starting: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
+
+
+def _fields(answer: asyncio.Future[list[bytes | str]], unsigned: list[Unsigned], signed: asyncio.Future[bytes]) -> None:
+    """The DKIM-Signature fields from the process's signatures, into `signed`."""
+    if signed.done():
+        return
+    error = answer.exception()
+    if error is not None:
+        signed.set_exception(error)
+        return
+    signatures = answer.result()
+    failed = [s for s in signatures if isinstance(s, str)]
+    if failed:
+        signed.set_exception(KeyProcessFailed(f"the key operation failed: {failed[0]}"))
+        return
+    fields = [u.header + base64.b64encode(s) + b"\r\n" for u, s in zip(unsigned, signatures, strict=True)]  # type: ignore[arg-type]
+    signed.set_result(b"".join(fields))
 
 
 _Job = tuple[Callable[..., bytes], tuple[Any, ...], "asyncio.Future[bytes]"]

@@ -291,7 +291,7 @@ class Node:
         if self.outbox is not None:
             await self.outbox.close()  # what the log cannot take stays in the spools' outboxes
         if self.signing is not None:
-            self.signing.close()  # nothing is waiting: the listeners are closed
+            await self.signing.close()  # nothing is waiting: the listeners are closed
         for spool in (self.spool, *self.adopted):
             spool.close()  # blocks until the commit in flight is done: a few milliseconds
         await asyncio.sleep(0)  # let the last commits' callbacks run

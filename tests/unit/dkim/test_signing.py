@@ -1,9 +1,13 @@
-"""The signing thread: signatures come back to the loop, in memory or from a spilled body,
-and a job that fails fails its own message only."""
+"""The signing process and thread: signatures come back to the loop, in memory or from a
+spilled body; a job that fails fails its own message only; a signing process that dies
+fails what it had, and the next message is signed by a new one; a reload signs with the new
+keys."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import dkim
@@ -30,7 +34,7 @@ async def test_many_messages_signed_at_once_each_get_their_own_signature(tmp_pat
     assert len(signed) == 200
     for fields, message in zip(signed, messages, strict=True):
         assert dkim.verify(fields + message, dnsfunc=lambda name, timeout=5: record)
-    signing.close()
+    await signing.close()
 
 
 async def test_a_spilled_body_is_read_and_signed_in_the_thread(tmp_path: Path) -> None:
@@ -40,7 +44,7 @@ async def test_a_spilled_body_is_read_and_signed_in_the_thread(tmp_path: Path) -
     future = signing.sign(spilled, MESSAGE.split(b"\r\n\r\n")[0] + b"\r\n", None, 1_700_000_000)
     assert future is not None
     assert dkim.verify(await future + MESSAGE, dnsfunc=lambda name, timeout=5: record)
-    signing.close()
+    await signing.close()
 
 
 async def test_a_failed_job_fails_its_message_and_the_next_is_signed(tmp_path: Path) -> None:
@@ -52,11 +56,46 @@ async def test_a_failed_job_fails_its_message_and_the_next_is_signed(tmp_path: P
     results = await asyncio.gather(gone, fine, return_exceptions=True)
     assert isinstance(results[0], FileNotFoundError)
     assert isinstance(results[1], bytes) and results[1].startswith(b"DKIM-Signature:")
-    signing.close()
+    await signing.close()
 
 
 async def test_nothing_is_done_for_mail_no_signer_applies_to(tmp_path: Path) -> None:
     signing, _ = _signing(tmp_path)
     assert signing.sign(b"From: a@other.test\r\n\r\nx\r\n", b"", None, 1) is None
     assert signing.sign(b"Subject: no from\r\n\r\nx\r\n", b"", None, 1) is None
-    signing.close()
+    await signing.close()
+
+
+async def test_a_signing_process_that_dies_fails_its_messages_and_a_new_one_signs_the_next(tmp_path: Path) -> None:
+    signing, record = _signing(tmp_path)
+    first = signing.sign(MESSAGE, b"", None, 1)
+    assert first is not None and (await first).startswith(b"DKIM-Signature:")
+    process = signing._process
+    assert process is not None and process._process is not None
+    os.kill(process._process.pid, signal.SIGKILL)
+    await process._process.wait()
+    await asyncio.sleep(0.05)  # its pipe's end is read
+    lost = signing.sign(MESSAGE, b"", None, 1)
+    assert lost is not None
+    # The dead process is noticed: this message is signed by a new one (no message is refused
+    # for a death noticed before it was asked).
+    assert dkim.verify(await lost + MESSAGE, dnsfunc=lambda name, timeout=5: record)
+    assert signing._process is not process
+    await signing.close()
+
+
+async def test_after_a_reload_messages_are_signed_with_the_new_keys(tmp_path: Path) -> None:
+    signing, old_record = _signing(tmp_path)
+    before = signing.sign(MESSAGE, b"", None, 1)
+    assert before is not None
+    new_key = generate_key("ed25519-sha256")
+    write_key(tmp_path / "new.pem", new_key)
+    config = DkimConfig(domain="example.com", selector="s", private_key=tmp_path / "new.pem", algorithm="ed25519-sha256")
+    signing.reload([config])
+    after = signing.sign(MESSAGE, b"", None, 1)
+    assert after is not None
+    # The message asked before the reload is answered by the old process, with the old key.
+    assert dkim.verify(await before + MESSAGE, dnsfunc=lambda name, timeout=5: old_record)
+    new_record = record_text(new_key).encode()
+    assert dkim.verify(await after + MESSAGE, dnsfunc=lambda name, timeout=5: new_record)
+    await signing.close()
