@@ -200,6 +200,28 @@ def test_without_redis_an_operation_applies_on_the_node_asked_and_says_the_other
     assert status == 200
 
 
+def test_the_first_operation_after_redis_restarted_reaches_every_node(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    _, b = cluster
+    # b's supervisor is the front of its two workers: it keeps Redis connections of its own
+    # for the operations it is asked, idle between them.
+    status, answer = _api(b, "POST", "/api/v1/admin/retry", {"domain": "example.net"})
+    assert answer["cluster"] == {"nodes": {"a": "done", "b": "done"}}, answer
+    redis_server.stop()
+    redis_server.start()
+    client = redis_server.client()
+    try:
+        # Both nodes' workers read the stream again (they say so with their presence).
+        wait_until(lambda: client.hlen("pigeon:admin:nodes") == 2, 15)
+    finally:
+        client.close()
+    time.sleep(1.5)  # a worker renews its presence just before it reads on
+    status, answer = _api(b, "POST", "/api/v1/admin/retry", {"domain": "example.net"})
+    assert status == 200, answer
+    assert answer["cluster"] == {"nodes": {"a": "done", "b": "done"}}, answer
+
+
 def test_top_shows_the_whole_clusters_queues_and_counters(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:
     a, b = cluster
     _defer(a, 1)

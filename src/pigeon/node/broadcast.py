@@ -38,6 +38,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from pigeon.config.schema import Config
@@ -57,6 +60,10 @@ _BLOCK_MS: Final = 1000
 
 # apply(method, path, body, operator) -> (HTTP status, JSON answer): one worker's part.
 Apply = Callable[[str, str, bytes, str], Awaitable[tuple[int, Any]]]
+
+
+def _reconnect_once() -> Retry:
+    return Retry(ExponentialBackoff(cap=0.05, base=0.01), 1, (RedisConnectionError,))
 
 
 def origin_of(config: Config) -> str:
@@ -82,11 +89,19 @@ class Broadcast:
         self._answers = f"{prefix}:admin:answers:"
         self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
         timeout = float(redis.timeout)
-        self._redis = aioredis.Redis.from_url(redis.url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        # One quick retry on a fresh connection: after a Redis restart the pooled connections
+        # are dead, and the first operation would otherwise reach this node only (or list
+        # nodes that answered as pending) while Redis answers. Never on a timeout.
+        self._redis = aioredis.Redis.from_url(
+            redis.url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=_reconnect_once()
+        )
         # XREAD BLOCK holds its connection for up to a second: a client of its own, whose
         # socket timeout is longer than the block.
         self._reader = aioredis.Redis.from_url(
-            redis.url, socket_timeout=timeout + _BLOCK_MS / 1000, socket_connect_timeout=timeout
+            redis.url,
+            socket_timeout=timeout + _BLOCK_MS / 1000,
+            socket_connect_timeout=timeout,
+            retry=_reconnect_once(),
         )
         self._down_since: float | None = None
 
