@@ -186,6 +186,11 @@ def test_without_redis_an_operation_applies_on_the_node_asked_and_says_the_other
     assert answer["bounced"] == 2
     assert "applied on this node only" in answer["cluster"]["error"]
     assert _queued(b) == 2
+    # A read changed nothing: it says it shows this node only, not to issue it again.
+    status, answer = _api(a, "GET", "/api/v1/queues?cluster=1")
+    assert status == 200, answer
+    assert "this node's answer only; the other nodes were not asked" in answer["cluster"]["error"], answer
+    assert "issue it again" not in answer["cluster"]["error"]
     # When Redis is back, operations reach every node again.
     redis_server.start()
     status, answer = wait_until(

@@ -146,12 +146,17 @@ class Broadcast:
             )
         except (RedisError, OSError) as error:
             status, answer = await local()
-            _log.warning("%s %s applied on this node only: Redis cannot be reached (%s)", method, path, error)
+            # A read changed nothing anywhere: it only shows less, and there is nothing to issue again.
+            reach = (
+                "applied on this node only; issue it again on the other nodes, or once Redis is back"
+                if write
+                else "this node's answer only; the other nodes were not asked"
+            )
+            _log.warning("%s %s: Redis cannot be reached (%s): %s", method, path, error, reach)
             if isinstance(answer, dict):
                 answer["cluster"] = {
                     "nodes": {self.node: "done"},
-                    "error": f"Redis cannot be reached ({error}): applied on this node only; "
-                    "issue it again on the other nodes, or once Redis is back",
+                    "error": f"Redis cannot be reached ({error}): {reach}",
                 }
             return status, answer
         status, answer = await local()
