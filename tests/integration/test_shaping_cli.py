@@ -74,6 +74,18 @@ def test_check_lists_every_problem_with_its_key_and_line_and_fails(tmp_path: Pat
     assert "4 problems in pigeon.toml" in result.stderr
 
 
+def test_check_reports_a_shaping_block_for_an_unknown_source_as_a_problem(tmp_path: Path) -> None:
+    # Each block and the rest of the file are right on their own: only the two together are not.
+    text = '[[source]]\nname = "ip-2"\nbind = "127.0.0.1"\n\n[[shaping]]\nprovider = "gmail"\nsource = "ip-9"\n'
+    (tmp_path / "pigeon.toml").write_text(text)
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "pigeon.toml, line 7: [shaping] source: [[shaping]] #1: no [[source]] called 'ip-9' (known: 'ip-2')"
+    ]
+    assert "1 problem in pigeon.toml" in result.stderr
+
+
 def _zone() -> Zone:
     return Zone(
         {

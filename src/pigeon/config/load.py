@@ -185,6 +185,13 @@ def problems(path: Path) -> list[str]:
     delivery = data.get("delivery")
     defaults = delivery.get("provider_defaults", True) if isinstance(delivery, dict) else True
     found += _block_problems(decoded["provider"], decoded["shaping"], defaults is not False, path, text)
+    if not found and first is None:
+        # The blocks and the rest are each right: what is left are checks across them, such
+        # as a [[shaping]] block's source, which needs the file's [[source]]s.
+        try:
+            _load_data(data, path, text)
+        except ConfigError as error:
+            return [str(error)]
     return sorted([*found, first] if first else found, key=_line_number)
 
 
