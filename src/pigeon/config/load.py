@@ -294,15 +294,27 @@ def block_line(text: str, section: str, index: int, key: str | None = None) -> i
     return header_line
 
 
-def _check_reactions(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
+def _check_reactions(config: Config, fail: Callable[..., ConfigError]) -> None:
     ids = [rule.id for rule in config.reaction]
-    for rule in config.reaction:
+    providers = [provider.name for provider in config.provider]
+    if config.delivery.provider_defaults:
+        providers += [provider.name for provider in shipped() if provider.name not in providers]
+    for index, rule in enumerate(config.reaction):
         if ids.count(rule.id) > 1:
-            raise fail(["reaction", "id"], f"two [[reaction]]s are called {rule.id!r}")
+            again = ids.index(rule.id, index + 1)
+            raise fail(["reaction", "id"], f"two [[reaction]]s are called {rule.id!r}", again)
         try:
             compile_rule(rule)
         except ReactionError as error:
-            raise fail(["reaction", error.key], f"{rule.id}: {error}") from None
+            raise fail(["reaction", error.key], f"{rule.id}: {error}", index) from None
+        # A rule for a provider nobody knows would match no site, silently, for ever.
+        named = (rule.provider,) if isinstance(rule.provider, str) else tuple(rule.provider or ())
+        for name in named:
+            if name not in providers:
+                reason = f"{rule.id}: no provider called {name!r}"
+                close = difflib.get_close_matches(name, providers, n=1)
+                reason += f" (did you mean {close[0]!r}?)" if close else ""
+                raise fail(["reaction", "provider"], f"{reason}; known: {', '.join(providers) or 'none'}", index)
 
 
 def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:

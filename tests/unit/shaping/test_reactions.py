@@ -167,3 +167,27 @@ def test_two_reactions_may_not_share_an_id(tmp_path: Path) -> None:
     path.write_text('[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\n' * 2)
     with pytest.raises(ConfigError, match=r"\[reaction\] id: two \[\[reaction\]\]s are called 'a'"):
         load(path)
+
+
+def test_a_bad_reaction_is_refused_at_its_own_line_not_the_first_rules(tmp_path: Path) -> None:
+    path = tmp_path / "pigeon.toml"
+    good = '[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\n\n'
+    path.write_text(good + '[[reaction]]\nid = "b"\nmatch = "("\naction = "suspend"\n')
+    with pytest.raises(ConfigError, match=r"pigeon.toml, line 8: \[reaction\] match: b: "):
+        load(path)
+    path.write_text(good + good)  # the second "a" is the one to rename
+    with pytest.raises(ConfigError, match=r"pigeon.toml, line 7: \[reaction\] id: two"):
+        load(path)
+
+
+def test_a_reaction_for_an_unknown_provider_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "pigeon.toml"
+    rule = '[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\nprovider = {}\n'
+    path.write_text(rule.format('"gmial"'))
+    with pytest.raises(ConfigError, match=r"line 5: \[reaction\] provider: a: no provider called 'gmial' \(did you"):
+        load(path)
+    path.write_text(rule.format('["gmail", "corp"]') + '\n[[provider]]\nname = "corp"\nmx_suffixes = ["corp.test"]\n')
+    assert load(path).reaction[0].provider == ["gmail", "corp"]  # a [[provider]] of the file counts
+    path.write_text("[delivery]\nprovider_defaults = false\n" + rule.format('"gmail"'))
+    with pytest.raises(ConfigError, match=r"no provider called 'gmail'; known: none"):
+        load(path)
