@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 import smtplib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.support.process import PigeonProcess
 
@@ -31,3 +37,26 @@ def test_metrics_count_what_happened(pigeon: PigeonProcess) -> None:
     _, text = pigeon.http_get("/metrics")
     assert b'pigeon_rejections_total{code="501",command="MAIL"} 1.0' in text
     assert b'pigeon_receptions_total{listener="smtp"} 1.0' in text
+
+
+def _ask(node: PigeonProcess, method: str, path: str) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{node.http_port}{path}", method=method)
+    request.add_header("Authorization", f"Bearer {node.local_token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_unknown_api_path_or_method_gets_a_json_error_that_says_what_to_do(tmp_path: Path, workers: int) -> None:
+    # With two workers the supervisor passes the answers on (an admin path's from every worker).
+    with PigeonProcess(tmp_path / "node", node={"name": "n", "workers": workers}) as node:
+        status, answer = _ask(node, "POST", "/api/v1/shaping/effects")
+        assert (status, answer) == (405, {"error": "POST is not allowed on /api/v1/shaping/effects; use GET, HEAD"})
+        status, answer = _ask(node, "PUT", "/api/v1/admin/suspend")
+        assert status == 405 and "use GET, HEAD, POST" in answer["error"], answer
+        status, answer = _ask(node, "GET", "/api/v1/shaping/effect")
+        assert status == 404, answer
+        assert answer["error"] == "no endpoint at /api/v1/shaping/effect; the API is described at /api/openapi.json"

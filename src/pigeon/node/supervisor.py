@@ -391,7 +391,11 @@ class Supervisor:
             try:
                 answers.append((response.status, json.loads(response.body)))  # type: ignore[arg-type]
             except ValueError:
-                answers.append((response.status, {"error": "not JSON"}))
+                # Not an answer of the API's own: pass on what the worker said, not a riddle.
+                text = response.text.strip() if response.text else ""
+                answers.append(
+                    (response.status, {"error": text or f"worker {worker.index} answered {response.status}"})
+                )
         return merge_answers(answers)
 
     async def _metrics(self, request: web.Request) -> web.Response:

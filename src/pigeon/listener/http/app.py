@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -16,8 +18,34 @@ from pigeon.listener.http.openapi import openapi
 from pigeon.listener.http.shaping import effects
 
 
+@web.middleware
+async def _json_routing_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A path or method the router does not know gets a JSON error that says what to do, like
+    every other API refusal (aiohttp's own is "405: Method Not Allowed" as plain text)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as refusal:
+        if refusal.content_type == "application/json":
+            raise
+        allowed = ", ".join(sorted(refusal.allowed_methods))
+        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        raise web.HTTPMethodNotAllowed(
+            request.method,
+            refusal.allowed_methods,
+            text=json.dumps({"error": message}),
+            content_type="application/json",
+        ) from None
+    except web.HTTPNotFound as refusal:
+        if refusal.content_type == "application/json":
+            raise
+        message = f"no endpoint at {request.path}; the API is described at /api/openapi.json"
+        raise web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json") from None
+
+
 def build_app(node: NodeView) -> web.Application:
-    app = web.Application(client_max_size=node.config.http.max_request_size)
+    app = web.Application(client_max_size=node.config.http.max_request_size, middlewares=[_json_routing_errors])
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
