@@ -111,8 +111,8 @@ def run_explain(args: argparse.Namespace) -> int:
     try:
         destination = asyncio.run(_destination(config, domain))
     except DnsFailure as failure:
-        print(f"pigeon: {domain}: {' '.join(failure.reply.text)} ({failure.reply.code} {failure.reply.enhanced})",
-              file=sys.stderr)  # fmt: skip
+        reply = failure.reply
+        print(f"pigeon: {domain}: {' '.join(reply.lines)} ({reply.code} {reply.enhanced})", file=sys.stderr)
         return 1
     text = args.config.read_text(encoding="utf-8") if args.config is not None else ""
     rules = ShapingRules.from_config(config, args.config, text)
@@ -155,7 +155,7 @@ def _print(explanation: Explanation) -> None:
     print(f"key       {explanation.key} ({shared})")
     print()
     width = max(len(s.name) for s in explanation.settings)
-    values = max(len(s.text) for s in explanation.settings)
+    values = max(len("value"), *(len(s.text) for s in explanation.settings))  # "32" is narrower than its heading
     print(f"{'setting':{width}}  {'value':{values}}  from")
     for setting in explanation.settings:
         print(f"{setting.name:{width}}  {setting.text:{values}}  {setting.origin}")
