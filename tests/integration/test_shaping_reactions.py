@@ -223,7 +223,13 @@ def test_a_limit_reaction_holds_the_site_to_the_lowered_connection_limit(tmp_pat
         with _single(tmp_path / "node", sink, action="limit", connection_limit=1) as node:
             _inject(node, "first", 1, connections=1)
             node.wait_records("ShapingEffect")
+            shown = _status(node)
             since = time.monotonic()
             _inject(node, "slow", 12, connections=4)  # (slow@: each RCPT takes 0.2 s)
             sink.wait_for(12, timeout=30)
     assert peak_connections(sink.connections, since=since) == 1
+    # The lowered limit is wider than "action": the columns after it still line up.
+    heading, row = shown.stdout.splitlines()[1:3]
+    assert "limit 1 conn" in row, shown.stdout
+    assert row.index(f"site:{sink.endpoint}") == heading.index("key"), shown.stdout
+    assert row.index("sink-says-so") == heading.index("rule"), shown.stdout

@@ -161,6 +161,16 @@ def _print(explanation: Explanation) -> None:
         print(f"{setting.name:{width}}  {setting.text:{values}}  {setting.origin}")
 
 
+def _left(seconds: float) -> str:
+    """Time left as people read it: 45s, 14m30s, 1h05m."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
 def run_status(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", "/api/v1/shaping/effects")
     if status >= 400:
@@ -179,15 +189,23 @@ def run_status(args: argparse.Namespace) -> int:
         print("none live")
         return 0
     now = time.time()
-    print(f"{'id':12}  {'action':8} {'key':44} {'ends':>8}  {'rule':24} {'node':12} reply")
+    rows = [("id", "action", "key", "ends", "rule", "node", "reply")]
     for effect in effects:
         action = effect["action"]
         if action == "limit":
             lowered = [f"{effect['connection_limit']} conn"] if effect.get("connection_limit") else []
             lowered += [effect["max_message_rate"]] if effect.get("max_message_rate") else []
             action = f"limit {', '.join(lowered)}"
-        ends = f"in {max(0.0, effect['expires_at'] - now):.0f}s"
-        print(f"{effect['id']:12}  {action:8} {effect['key'][:44]:44} {ends:>8}  {effect['rule'][:24]:24} "
-              f"{effect['node'][:12]:12} {effect['reply']}")  # fmt: skip
+        ends = f"in {_left(effect['expires_at'] - now)}"
+        rows.append((effect["id"], action, effect["key"], ends, effect["rule"], effect["node"], effect["reply"]))
+    # Columns as wide as their widest cell: a key (a Gmail site) or a limit can be long, and a
+    # cut key or a shifted column misleads more than a wide line.
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [
+            f"{cell:>{width}}" if column == 3 else f"{cell:{width}}"
+            for column, (cell, width) in enumerate(zip(row[:-1], widths, strict=True))
+        ]
+        print("  ".join([*cells, row[-1]]))
     print(f"(as of {datetime.datetime.fromtimestamp(now, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC)")
     return 0
