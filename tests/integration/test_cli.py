@@ -171,6 +171,15 @@ def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         (row,) = [line for line in result.stdout.splitlines() if line.startswith("c1:@example.net")]
         assert row.split()[1:4] == ["3", "0", "0"]  # messages, due, ready
+        campaign = "spring-sale-2026-second-reminder-for-dormant-customers"
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["tempfail@example.net"], f"X-Campaign: {campaign}\r\n\r\nhi\r\n")
+        wait_until(lambda: len(pigeon.records("TransientFailure")) == 4)
+        result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
+        lines = result.stdout.splitlines()
+        (row,) = [line for line in lines if line.startswith(campaign)]
+        assert row.split()[0] == f"{campaign}:@example.net"  # whole, to paste into --queue
+        assert row.index(" 1 ") + 2 == lines[0].index("messages") + len("messages")  # still under its heading
 
 
 def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:

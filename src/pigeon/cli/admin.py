@@ -187,14 +187,18 @@ def _queue_summary(args: argparse.Namespace) -> int:
     if status >= 400 or args.json:
         return _show(args, status, answer, "")
     now = datetime.datetime.now(datetime.UTC).timestamp()
-    print(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  oldest")
+    # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
+    # neighbours nor pasted into --queue or --site.
+    width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
+    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  oldest")
     for row in answer["scheduled"]:
         age = _age(now - row["oldest"])
-        print(f"{row['queue'][:44]:44} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
+        print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
               f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age}")  # fmt: skip
-    print(f"\n{'ready queue':52} {'queued':>8} {'connections':>11}  provider")
+    width = max([52, *(len(row["path"]) for row in answer["ready"])])
+    print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  provider")
     for row in answer["ready"]:
-        print(f"{row['path'][:52]:52} {row['queued']:>8} {row['connections']:>11}  {row.get('provider') or '-'}")
+        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {row.get('provider') or '-'}")
     _show_nodes(answer)
     return 0
 
