@@ -89,8 +89,9 @@ async def test_after_a_reload_messages_are_signed_with_the_new_keys(tmp_path: Pa
     before = signing.sign(MESSAGE, b"", None, 1)
     assert before is not None
     new_key = generate_key("ed25519-sha256")
-    write_key(tmp_path / "new.pem", new_key)
-    config = DkimConfig(domain="example.com", selector="s", private_key=tmp_path / "new.pem", algorithm="ed25519-sha256")
+    new = tmp_path / "new.pem"
+    write_key(new, new_key)
+    config = DkimConfig(domain="example.com", selector="s", private_key=new, algorithm="ed25519-sha256")
     signing.reload([config])
     after = signing.sign(MESSAGE, b"", None, 1)
     assert after is not None
