@@ -144,6 +144,7 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         rule_id = json.loads(suspended.stdout)["rule"]["id"]
         listed = pigeon_cli("suspend", *config, "--list")
         assert listed.stdout.startswith(rule_id) and "tenant=acme" in listed.stdout
+        assert listed.stdout.splitlines()[0].endswith(" by local"), listed.stdout  # no reason given: no colon
         assert pigeon_cli("resume", *config, rule_id).stdout.strip() == "resumed: 0 messages due now"
         bounced = pigeon_cli("bounce", *config, "--domain", "example.net", "--reason", "cli test")
         assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 messages")

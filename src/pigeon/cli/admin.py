@@ -256,7 +256,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
     for rule in rules:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
         until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
-        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}: {rule.get('reason', '')}")
+        reason = f": {rule['reason']}" if rule.get("reason") else ""  # no dangling colon without one
+        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{reason}")
     _show_nodes(answer)
     return 0
 

@@ -234,8 +234,8 @@ class ClusterThrottles(Throttles):
             return
         self.nodes = max(1, int(nodes))  # type: ignore[call-overload]
         if not self._shared:
-            _log.warning("Redis at %s answers again: limits are shared by the cluster's %d nodes again",
-                         self.where, self.nodes)  # fmt: skip
+            _log.warning("Redis at %s answers again: limits are shared by the cluster again (%d node%s seen)",
+                         self.where, self.nodes, "" if self.nodes == 1 else "s")  # fmt: skip
             self._shared, self.error = True, ""
             self._settled_at = self.table.now() + SETTLE
 
