@@ -227,6 +227,16 @@ def test_the_first_operation_after_redis_restarted_reaches_every_node(
     assert answer["cluster"] == {"nodes": {"a": "done", "b": "done"}}, answer
 
 
+def test_an_operation_does_not_wait_for_a_node_that_stopped(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:
+    a, b = cluster
+    b.stop()  # a graceful stop: its two workers say they are gone
+    started = time.monotonic()
+    status, answer = _api(a, "POST", "/api/v1/admin/retry", {"domain": "example.net"})
+    assert status == 200, answer
+    assert answer["cluster"] == {"nodes": {"a": "done"}}, answer
+    assert time.monotonic() - started < 5  # not the 30 s a node present but silent is waited for
+
+
 def test_top_shows_the_whole_clusters_queues_and_counters(cluster: tuple[PigeonProcess, PigeonProcess]) -> None:
     a, b = cluster
     _defer(a, 1)

@@ -281,6 +281,13 @@ class Broadcast:
         except (RedisError, OSError) as error:
             _log.warning("admin stream: applied %s %s, but could not answer: %s", method, path, error)
 
+    async def leave(self) -> None:
+        """Say this node is gone (on a graceful stop, once this worker reads no more): an
+        operation issued meanwhile then waits for the nodes still there, not 30 s for this one.
+        Every worker of the node says it after its own last renewal, so the last one to stop wins."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.hdel(self._nodes, self.origin)
+
     async def _renew(self) -> None:
         presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}
         await self._redis.hset(self._nodes, self.origin, json.dumps(presence))

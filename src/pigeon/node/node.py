@@ -277,6 +277,8 @@ class Node:
         if self._consuming is not None:  # before the queues stop: no operation half applied
             self._consuming.cancel()
             await asyncio.gather(self._consuming, return_exceptions=True)
+            if self.broadcast is not None:
+                await self.broadcast.leave()
         if self.broadcast is not None:
             await self.broadcast.close()
         if self.outbound is not None:
