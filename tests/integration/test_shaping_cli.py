@@ -150,7 +150,11 @@ def test_explain_from_a_source_shows_its_own_blocks_and_key(tmp_path: Path) -> N
         result = pigeon_cli(*explain, "ip-3", cwd=tmp_path)
         as_json = pigeon_cli(*explain, "ip-3", "--json", cwd=tmp_path)
         unknown = pigeon_cli(*explain, "ip-9", cwd=tmp_path)
+        implicit = pigeon_cli(*explain[:-1], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    # Without --source, it says whose limits these are, and which sources there are to ask about.
+    assert implicit.stdout.splitlines()[-1] == "(as sent from the implicit source; --source NAME shows one of: ip-3)"
+    assert "implicit source" not in result.stdout
     lines = result.stdout.splitlines()
     assert lines[3:6] == [
         "source    ip-3",

@@ -122,6 +122,11 @@ def run_explain(args: argparse.Namespace) -> int:
         print(json.dumps(explanation.as_dict(), indent=2))
     else:
         _print(explanation)
+        if source is None and config.source:
+            # Each source has its own limits: the implicit source's may not be what mail gets.
+            pool = f"[delivery] pool = {config.delivery.pool!r}; " if config.delivery.pool else ""
+            sources = ", ".join(s.name for s in config.source)
+            print(f"\n(as sent from the implicit source; {pool}--source NAME shows one of: {sources})")
     return 0
 
 
