@@ -285,8 +285,10 @@ class Broadcast:
         """Say this node is gone (on a graceful stop, once this worker reads no more): an
         operation issued meanwhile then waits for the nodes still there, not 30 s for this one.
         Every worker of the node says it after its own last renewal, so the last one to stop wins."""
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.hdel(self._nodes, self.origin)
+        # At most a second: a stop must not wait out an unreachable Redis's timeouts for this.
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(1.0):
+                await self._redis.hdel(self._nodes, self.origin)
 
     async def _renew(self) -> None:
         presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}
