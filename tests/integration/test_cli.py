@@ -180,6 +180,12 @@ def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
         lines = result.stdout.splitlines()
         (row,) = [line for line in lines if line.startswith(campaign)]
         assert row.split()[0] == f"{campaign}:@example.net"  # whole, to paste into --queue
+        # --cluster of a node without [redis]: its own answer, and it says so.
+        alone = "this node only: it has no [redis] url, so there is no cluster to ask"
+        cluster = pigeon_cli("queue", "summary", "--cluster", "-c", str(pigeon.config_path))
+        assert cluster.returncode == 0 and cluster.stdout.splitlines()[-1] == f"note: {alone}", cluster.stdout
+        top = pigeon_cli("top", "--once", "--cluster", "-c", str(pigeon.config_path))
+        assert f"cluster: {alone}" in top.stdout.splitlines(), top.stdout
         assert row.index(" 1 ") + 2 == lines[0].index("messages") + len("messages")  # still under its heading
 
 

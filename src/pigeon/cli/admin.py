@@ -199,7 +199,7 @@ def _queue_summary(args: argparse.Namespace) -> int:
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  provider")
     for row in answer["ready"]:
         print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {row.get('provider') or '-'}")
-    _show_nodes(answer)
+    _show_nodes(answer, args)
     return 0
 
 
@@ -212,7 +212,7 @@ def _operations(args: argparse.Namespace) -> int:
         state = f"running on {row['running']} worker(s)" if row["running"] else f"done {_when(row['finished'])}"
         counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('waited', 0):>7,}"
         print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
-    _show_nodes(answer)
+    _show_nodes(answer, args)
     return 0
 
 
@@ -236,10 +236,16 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
     return 0
 
 
-def _show_nodes(answer: Any) -> None:
-    """Which nodes the answer adds up (a cluster's), and what could not be told."""
+NOT_A_CLUSTER = "this node only: it has no [redis] url, so there is no cluster to ask"
+
+
+def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> None:
+    """Which nodes the answer adds up (a cluster's), and what could not be told; for a read
+    asked of the cluster (`args.cluster`), that a node without Redis answered for itself."""
     cluster = answer.get("cluster") if isinstance(answer, dict) else None
     if not cluster:
+        if args is not None and getattr(args, "cluster", False):
+            print(f"note: {NOT_A_CLUSTER}")
         return
     nodes = ", ".join(f"{node} ({state})" for node, state in sorted(cluster.get("nodes", {}).items()))
     print(f"nodes: {nodes}")
@@ -258,7 +264,7 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
         reason = f": {rule['reason']}" if rule.get("reason") else ""  # no dangling colon without one
         print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{reason}")
-    _show_nodes(answer)
+    _show_nodes(answer, args)
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.cli.admin import cluster_path
+from pigeon.cli.admin import NOT_A_CLUSTER, cluster_path
 from pigeon.cli.api import ApiClient, add_api_options, fail
 
 EXAMPLES = """examples:
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
                 return fail(status, queues)
             counters = _counters(client, args.cluster)
             elapsed = max(time.monotonic() - started, 1e-6)
+            if args.cluster and "cluster" not in queues:
+                queues["cluster"] = {"nodes": {}, "error": NOT_A_CLUSTER}
             frame = _frame(client.url, queues, counters, previous, elapsed) + _mailboxes(
                 client, counters, previous, elapsed
             )
@@ -109,7 +111,8 @@ def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float
     lines.append("  ".join(rates))
     if cluster:
         states = ", ".join(f"{node} {state}" for node, state in sorted(cluster.get("nodes", {}).items()))
-        lines.append(f"cluster: {states}" + (f"  ({cluster['error']})" if cluster.get("error") else ""))
+        error = cluster.get("error")
+        lines.append(f"cluster: {states}" + (f"  ({error})" if states and error else error or ""))
     lines.append(
         f"spool {now.get('pigeon_spool_messages', 0):,.0f} messages   smtp connections "
         f"{now.get('pigeon_smtp_connections', 0):.0f} in, {now.get('outbound', 0):.0f} out"
