@@ -157,6 +157,10 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         assert missing.returncode == 2 and "404" in missing.stderr
         empty = pigeon_cli("bounce", *config, "--reason", "no selector")
         assert empty.returncode == 2 and "at least one of" in empty.stderr
+        for command in ("bounce", "suspend"):  # --cluster is for --list: refused, not ignored
+            misplaced = pigeon_cli(command, *config, "--domain", "example.net", "--cluster")
+            assert misplaced.returncode == 2 and "--cluster goes with --list" in misplaced.stderr
+        assert pigeon_cli("suspend", *config, "--list").stdout.strip() == "none"  # nothing was suspended
 
 
 def test_queue_summary_prints_a_table(tmp_path: Path) -> None:

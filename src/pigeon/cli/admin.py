@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 from typing import Any
 
 from pigeon.cli.api import ApiClient, add_api_options, fail
@@ -130,6 +131,8 @@ def _selector(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _bounce(args: argparse.Namespace) -> int:
+    if args.cluster and not args.list:
+        return _cluster_without_list("bounce")
     client = ApiClient(args)
     if args.list:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/bounce")))
@@ -142,12 +145,21 @@ def _bounce(args: argparse.Namespace) -> int:
 
 
 def _suspend(args: argparse.Namespace) -> int:
+    if args.cluster and not args.list:
+        return _cluster_without_list("suspend")
     client = ApiClient(args)
     if args.list:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/suspend")))
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/suspend", body)
     return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held} messages put back")
+
+
+def _cluster_without_list(command: str) -> int:
+    # Said rather than ignored: whoever typed it may believe that without it only this node acts.
+    print(f"pigeon {command}: --cluster goes with --list; a {command} applies on every node sharing "
+          "[redis] without it", file=sys.stderr)  # fmt: skip
+    return 2
 
 
 def _resume(args: argparse.Namespace) -> int:
