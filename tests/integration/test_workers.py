@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -97,3 +98,30 @@ def test_fewer_workers_adopt_the_shards_of_a_larger_run(tmp_path: Path) -> None:
     with PigeonProcess(root, node={"workers": 1}) as pigeon:
         assert pigeon.metric("pigeon_spool_messages") == 60
         pigeon.wait_stderr("shard-1: ")  # its check, after the start
+
+
+def test_with_one_connection_allowed_an_idle_connection_makes_room_for_the_other_workers_mail(tmp_path: Path) -> None:
+    """`connection_limit = 1` on a 2-worker node: a worker whose queue is empty gives the slot
+    back within a second, instead of keeping it idle for the whole `idle_timeout` while the
+    other worker's mail waits for it."""
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint, idle_timeout="10s", connection_limit=1)
+        with PigeonProcess(tmp_path / "node", node={"workers": 2}, **config) as pigeon:
+            started = time.monotonic()
+            for n in range(12):  # the supervisor hands requests to each worker in turn
+                status, answer = pigeon.http_post(
+                    "/api/v1/inject",
+                    {
+                        "envelope_sender": "a@example.org",
+                        "content": f"Subject: {n}\r\n\r\nhello\r\n",
+                        "recipients": [{"email": f"user{n}@example.net"}],
+                    },
+                    pigeon.local_token,
+                )
+                assert status == 200, answer
+            sink.wait_for(12, timeout=30)
+            took = time.monotonic() - started
+    assert len(sink.received) == 12
+    assert took < 6, f"12 messages took {took:.1f}s: a slot was kept idle for idle_timeout (10 s)"
+    opened = sorted(sink.connections, key=lambda c: c.opened)
+    assert all(a.ended is not None and a.ended <= b.opened + 0.05 for a, b in itertools.pairwise(opened))

@@ -1,15 +1,16 @@
 """The dispatcher: the connections that drain the ready queues, within the shaping limits.
 
-For each ready queue (told by the queue when it has work) it keeps up to
-`connection_limit` connection tasks. A task opens an agent for the queue's destination (an
-SMTP connection, or an application's target: see `agent`), then takes leased messages off
-the queue, `batch` at a time, up to `max_deliveries_per_connection`, until the queue has been
-empty for `idle_timeout`. A ready queue is an egress path, `source->site`: its connections
-leave from its source (`pigeon.delivery.egress`), and its attempts say so. Both limits are
-asked of the throttles (`pigeon.shaping.throttles`), which hold them for the node, or for the
-cluster through Redis, per path (`limit_key`): a connection task first takes a connection
-slot of its path (if none is free, the lane asks again `_REFUSED_RETRY` later), and each
-batch of messages books its slots of the path's rate (GCRA), waiting for them.
+For each ready queue (told by the queue when it has work) it keeps up to `connection_limit`
+connection tasks. A task opens an agent for the queue's destination (an SMTP connection, or an
+application's target: see `agent`), then takes leased messages off the queue, `batch` at a
+time, up to `max_deliveries_per_connection`, until the queue has been empty for `idle_timeout`
+(half a second when every slot of its path is taken: `_next`). A ready queue is an egress path,
+`source->site`: its connections leave from its source (`pigeon.delivery.egress`), and its
+attempts say so. Both limits are asked of the throttles (`pigeon.shaping.throttles`), which
+hold them for the node, or for the cluster through Redis, per path (`limit_key`): a connection
+task first takes a connection slot of its path (if none is free, the lane asks again
+`_REFUSED_RETRY` later), and each batch of messages books its slots of the path's rate (GCRA),
+waiting for them.
 
 Right before a message is handed to the agent, `begin(lease)` asks the queue whether the
 lease still holds: an operator may have bounced, suspended or rebound the message while it
@@ -70,6 +71,8 @@ _AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unex
 # Seconds before a lane whose site had no connection slot free asks again (a slot other
 # workers or nodes hold frees without telling us).
 _REFUSED_RETRY: Final = 0.1
+# Seconds an idle connection keeps its slot when every slot of its path is taken (see `_next`).
+_MAKE_ROOM: Final = 0.5
 
 
 def ideal_connections(queued: int, limit: int) -> int:
@@ -231,6 +234,22 @@ class Dispatcher:
             shaping = replace(shaping, max_message_rate=rate)
         return shaping
 
+    async def _next(self, queue: ReadyQueue, key: str, shaping: Shaping) -> Lease | None:
+        """The next message for an open connection; None once the queue has been empty for
+        `idle_timeout`, or for `_MAKE_ROOM` when the path's limit is full: an idle connection
+        then gives its slot back, for another lane, worker or node may be waiting for one
+        (with `connection_limit = 1` and two workers, holding it idle stalled the other
+        worker's mail for the whole `idle_timeout`)."""
+        waited = 0.0
+        while True:
+            step = min(_MAKE_ROOM, shaping.idle_timeout - waited)
+            lease = await queue.take(step)
+            if lease is not None:
+                return lease
+            waited += step
+            if waited >= shaping.idle_timeout or self._throttles.crowded(key, shaping.connection_limit):
+                return None
+
     def _retry_start(self, lane: _Lane) -> None:
         lane.refused = None
         self._start(lane)
@@ -281,7 +300,7 @@ class Dispatcher:
                     shaping = self._shaping_of(lane)  # (a limit effect may have begun or ended)
                     if lane.connections > shaping.connection_limit:
                         break  # lowered under what is open: this one ends
-                lease = await queue.take(shaping.idle_timeout)
+                lease = await self._next(queue, lane.key, shaping)
                 if lease is None:
                     break
                 taken.append(lease)

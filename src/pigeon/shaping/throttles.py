@@ -66,6 +66,12 @@ class Throttles:
         """Whether the connection of `hold` may go on to its next message."""
         return True
 
+    def crowded(self, key: str, limit: int) -> bool:
+        """Whether every connection `limit` allows for `key` is open, as far as this node can
+        tell (all of its workers' connections): then an idle one should make room, for another
+        lane, worker or node may be waiting for a slot."""
+        return self.table.held(key) >= limit
+
     def disconnect(self, hold: Hold) -> None:
         """The connection `hold` was for has ended."""
         self.table.release(hold.key)
