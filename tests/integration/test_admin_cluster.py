@@ -135,6 +135,10 @@ def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(
     status, answer = _api(a, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
     assert status == 200, answer
     assert answer["cancelled"] and answer["made_due"] == 2  # one on each node
+    # The resume is one operation, under the rule's id, on every worker of both nodes.
+    status, progress = _api(a, "GET", "/api/v1/admin/operations?cluster=1", token=READER)
+    resumes = [r for r in progress["operations"] if r["kind"] == "retry"]
+    assert [(r["operation"], r["acted_on"]) for r in resumes] == [(rule_id, 2)], resumes
     sink.wait_for(2)
     status, listed = _api(b, "GET", "/api/v1/admin/suspend?cluster=1", token=READER)
     assert listed["rules"] == [] and listed["cluster"]["nodes"] == {"a": "done", "b": "done"}

@@ -166,7 +166,7 @@ class Admin:
         if kind == "suspend" and rule.selector.site is not None:
             self._kick()
         elif kind == "suspend":
-            made_due = (await self.retry(rule.selector, release=False))["made_due"]
+            made_due = (await self.retry(rule.selector, rule_id, release=False))["made_due"]  # one id everywhere
         return {"cancelled": True, "made_due": made_due}
 
     async def rebind(
