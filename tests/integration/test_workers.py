@@ -125,3 +125,24 @@ def test_with_one_connection_allowed_an_idle_connection_makes_room_for_the_other
     assert took < 6, f"12 messages took {took:.1f}s: a slot was kept idle for idle_timeout (10 s)"
     opened = sorted(sink.connections, key=lambda c: c.opened)
     assert all(a.ended is not None and a.ended <= b.opened + 0.05 for a, b in itertools.pairwise(opened))
+
+
+def test_workers_do_not_import_files_from_the_directory_pigeon_runs_in(tmp_path: Path) -> None:
+    """A file in the working directory named like a module Pigeon imports (dns.py, struct.py)
+    must not stand in for it in a worker (the supervisor starts them with `python -m`, which
+    would put that directory first on their import path)."""
+    root = tmp_path / "node"
+    with PigeonProcess(root, node={"workers": 2}) as pigeon:
+        for shadow in ("dns.py", "struct.py", "msgspec.py"):
+            (root / shadow).write_text("raise SystemExit('imported from the working directory')\n")
+        pids = [int(p.read_text()) for p in sorted((pigeon.root / "spool").glob("shard-*/lock"))]
+        os.kill(pids[1], signal.SIGKILL)  # its replacement starts with those files there
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            health = _health(pigeon)
+            if health["http_status"] == 200 and health["workers"][1]["restarts"] == 1:  # type: ignore[index]
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"worker 1 was not restarted: {health}")
+        assert "imported from the working directory" not in pigeon.stderr()

@@ -76,6 +76,7 @@ class KeyProcess:
         try:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
+                "-P",  # (not the working directory first on the import path: see the supervisor)
                 "-m",
                 "pigeon.dkim.key_process",
                 stdin=asyncio.subprocess.PIPE,

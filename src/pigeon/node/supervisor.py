@@ -178,8 +178,11 @@ class Supervisor:
 
     # --- workers -----------------------------------------------------------------------
     async def _spawn(self, worker: Worker) -> None:
+        # -P: the directory `pigeon serve` runs in is not put first on the workers' import path
+        # (as `-m` would), so a file there called dns.py or struct.py cannot stand in for a module.
         args = [
             sys.executable,
+            "-P",
             "-m",
             "pigeon",
             "serve",
