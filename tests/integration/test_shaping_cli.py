@@ -167,3 +167,21 @@ def test_explain_from_a_source_shows_its_own_blocks_and_key(tmp_path: Path) -> N
     assert unknown.returncode == 1 and "no [[source]] called 'ip-9' (known: ip-3)" in unknown.stderr
     answer = json.loads(as_json.stdout)
     assert (answer["source"], answer["key"]) == ("ip-3", "ip-3->provider:gmail")
+
+
+def test_explain_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    """`pigeon shaping explain D | head -1`: no BrokenPipeError traceback, exit status 0."""
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[dns]\nnameservers = ["127.0.0.1:9"]\ntimeout = "1s"\n[[route]]\ndomain = "*"\nnext_hop = "127.0.0.1:2526"\n'
+    )
+    reader = subprocess.Popen(["head", "-c", "10"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert reader.stdin is not None
+    explain = subprocess.run(
+        [sys.executable, "-m", "pigeon", "shaping", "explain", "-c", str(config), "example.com"],
+        stdout=reader.stdin, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    reader.stdin.close()
+    reader.wait(10)
+    assert "Traceback" not in explain.stderr and "BrokenPipeError" not in explain.stderr, explain.stderr
+    assert explain.returncode == 0
