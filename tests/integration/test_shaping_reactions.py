@@ -119,6 +119,7 @@ def test_a_421_seen_by_one_node_suspends_the_site_on_every_node_until_the_rule_s
             sink.wait_for(2 * PER_NODE, timeout=60)
             time.sleep(0.5)  # (nothing more should come)
             a.wait_records("ShapingEffect", 2)  # created and expired
+            b.wait_records("ShapingEffect", 2)  # learned and expired
             records_a, records_b = a.records("ShapingEffect"), b.records("ShapingEffect")
 
     counted = Counter((m.email["Message-ID"], tuple(m.recipients)) for m in sink.received)
@@ -143,7 +144,11 @@ def test_a_421_seen_by_one_node_suspends_the_site_on_every_node_until_the_rule_s
     assert created_record["rule"] == "sink-rate-limited" and created_record["scope"] == "cluster"
     assert created_record["key"] == f"site:{sink.endpoint}" and created_record["node"] == "a"
     assert expired_record["effect"] == created_record["effect"] == effect["id"]
-    assert not records_b  # one effect for the cluster, recorded by the worker that made it
+    # Node b's log says so too, once (by the first of its workers to learn of it), with its origin.
+    assert [(r["event"], r["effect"], r["origin"]) for r in records_b] == [
+        ("learned", effect["id"], "a"),
+        ("expired", effect["id"], "a"),
+    ]
     assert listed_after < 1.0, f"node b listed the effect {listed_after:.2f}s after the 421"
     assert everywhere_after < 1.0, f"every worker knew the effect {everywhere_after:.2f}s after the 421"
 

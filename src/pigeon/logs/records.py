@@ -58,7 +58,8 @@ A policy hook (`pigeon.policy`) that raises, answers what it may not, or outlast
 attempt's own outcome), and `session` or `id` when it was about one.
 
 Shaping that reacts (`pigeon.shaping.reactions`) writes `ShapingEffect` when a reply starts an
-effect (`event` "created") and when it ends ("expired"), from the worker that created it:
+effect (`event` "created") and when it ends ("expired"), from the worker that created it; on
+every other node, the first worker to learn of it writes "learned" (and "expired"):
 `effect` (its id), `rule`, `key` (`site:...`, `path:source->site`, `provider:...`), `action`
 (suspend, limit, bounce), `expires_at`, `reply` (the reply that triggered it), `origin` (the
 node that saw it), `scope` (`cluster` when shared through Redis, else `node`), and for a
@@ -250,7 +251,7 @@ class PolicyFailure(Record, tag="PolicyFailure"):
 class ShapingEffect(Record, tag="ShapingEffect"):
     """A reaction's effect began or ended (see `pigeon.shaping.effects`)."""
 
-    event: str  # "created" or "expired"
+    event: str  # "created", "learned" (another node's, first known here) or "expired"
     effect: str  # its id
     rule: str
     key: str

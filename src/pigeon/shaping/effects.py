@@ -25,7 +25,9 @@ How an effect reaches everyone (each worker runs one `Board`):
   Redis answers again; then those still live are created in Redis too.
 
 Records: the worker that created an effect writes `ShapingEffect` (`event` "created"), and
-"expired" when it ends. A worker that dies in between leaves the second unwritten.
+"expired" when it ends; on each other node, the first worker to learn of it from Redis writes
+"learned" (and "expired"), so every node's log says why its deliveries to a site stopped. A
+worker that dies in between leaves the "expired" unwritten.
 """
 
 from __future__ import annotations
@@ -286,6 +288,18 @@ class Board:
             self._write(path, effect)
         return effect
 
+    def _adopt_file(self, effect: Effect) -> bool:
+        """Write another node's `effect` for this node's workers, unless one for its (key,
+        action) lives there already. Whether this worker wrote it."""
+        path = self._file(effect)
+        with _Locked(self._lock_path):
+            with contextlib.suppress(OSError, msgspec.DecodeError):
+                there = _DECODER.decode(path.read_bytes())
+                if there.key == effect.key and there.expires_at > self._clock():
+                    return False
+            self._write(path, effect)
+        return True
+
     def _replace_file(self, ours: Effect, theirs: Effect) -> None:
         path = self._file(ours)
         with _Locked(self._lock_path):
@@ -350,8 +364,16 @@ class Board:
             self._fall_back(str(error))
             return
         for member in members:
-            with contextlib.suppress(msgspec.DecodeError):
-                self._add(_DECODER.decode(member))
+            try:
+                effect = _DECODER.decode(member)
+            except msgspec.DecodeError:
+                continue
+            if effect.id not in self._effects and effect.node != self._node and self._adopt_file(effect):
+                # The first of this node's workers to learn of another node's effect records
+                # it (and its end): this node's log says why its deliveries there stopped.
+                self._mine.add(effect.id)
+                self._record("learned", effect, shared=True)
+            self._add(effect)
         if not self._shared:
             _log.warning("Redis at %s answers again: shaping effects are shared by the cluster again", self.where)
             self._shared, self.error = True, ""
