@@ -36,7 +36,6 @@ Clock: `time.monotonic()`, which is system-wide on Linux, so every worker reads 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import mmap
@@ -46,6 +45,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
+
+from pigeon.flock import Flocked
 
 _log = logging.getLogger(__name__)
 
@@ -119,9 +120,9 @@ class ClientTable:
         self._map.close()
         self._file.close()
 
-    def locked(self) -> _Lock:
+    def locked(self) -> Flocked:
         """An exclusive lock on the table for one decision."""
-        return _Lock(self._fd)
+        return Flocked(self._fd)
 
     # --- slots -------------------------------------------------------------------------------
     def find(self, key: str, now: float, *, create: bool = True) -> int | None:
@@ -236,18 +237,3 @@ class ClientTable:
                 _COUNT.pack_into(memory, slot + self._mine, 0)
                 held = _HELD.unpack_from(memory, slot + _HELD_AT)[0]
                 _HELD.pack_into(memory, slot + _HELD_AT, max(0, held - mine))
-
-
-class _Lock:
-    """An exclusive flock on the table's file for one decision."""
-
-    __slots__ = ("_fd",)
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -23,7 +23,6 @@ file; the kernel drops the lock of a worker that dies holding it.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import mmap
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Protocol
 
+from pigeon.flock import Flocked
 from pigeon.shaping.gcra import Rate, take
 
 _log = logging.getLogger(__name__)
@@ -219,8 +219,8 @@ class SharedTable:
         self._file.close()
 
     # --- slots ---------------------------------------------------------------------------------
-    def _locked(self) -> _Lock:
-        return _Lock(self._file.fileno())
+    def _locked(self) -> Flocked:
+        return Flocked(self._file.fileno())
 
     def _count_offset(self, slot: int) -> int:
         return _FIRST_SLOT + slot * _SLOT_SIZE + 64 + self._worker * _COUNT.size
@@ -267,18 +267,3 @@ class SharedTable:
         self._map[counts : counts + MAX_WORKERS * _COUNT.size] = bytes(MAX_WORKERS * _COUNT.size)
         self._where[key] = (digest, reusable)
         return reusable
-
-
-class _Lock:
-    """An exclusive flock on the table's file for one decision."""
-
-    __slots__ = ("_fd",)
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)

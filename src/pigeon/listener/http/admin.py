@@ -70,47 +70,6 @@ _DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
 _REBIND_DECODER: Final = msgspec.json.Decoder(RebindRequest, dec_hook=decode_hook)
 
 
-async def bounce(request: web.Request) -> web.Response:
-    return await _write(request)
-
-
-async def suspend(request: web.Request) -> web.Response:
-    return await _write(request)
-
-
-async def rebind(request: web.Request) -> web.Response:
-    return await _write(request)
-
-
-async def retry(request: web.Request) -> web.Response:
-    return await _write(request)
-
-
-async def cancel_bounce(request: web.Request) -> web.Response:
-    return await _write(request)
-
-
-async def resume(request: web.Request) -> web.Response:
-    return await _write(request)
-
-
-async def operations(request: web.Request) -> web.Response:
-    """Recent bulk operations and how far they got (poll it while a big one runs)."""
-    return await _read(request)
-
-
-async def list_bounces(request: web.Request) -> web.Response:
-    return await _read(request)
-
-
-async def list_suspensions(request: web.Request) -> web.Response:
-    return await _read(request)
-
-
-async def queues(request: web.Request) -> web.Response:
-    return await _read(request)
-
-
 async def inspect(request: web.Request) -> web.Response:
     admin = _admin(request, "read")
     try:
@@ -234,7 +193,7 @@ def _decode(path: str, body: bytes) -> AdminRequest:
     return request
 
 
-async def _write(request: web.Request) -> web.Response:
+async def write(request: web.Request) -> web.Response:
     """A write: applied here, and (with [redis], when this process is the one that was asked)
     on every other node of the cluster."""
     admin = _admin(request, None)
@@ -247,7 +206,7 @@ async def _write(request: web.Request) -> web.Response:
     return _json(await _front(request, request.method, path, body, operator, admin))
 
 
-async def _read(request: web.Request) -> web.Response:
+async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     admin = _admin(request, None)
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
