@@ -46,11 +46,16 @@ SHARE = LIMIT // NODES
 # worker may send up to STALE late, and 30 ms of timing jitter: a loaded event loop (Pigeon's
 # or the sink's) that stalls bunches messages whose slots were apart.
 JITTER = 0.03
+# A CI runner of 2 cores running four test processes stalls a loop (a node's, or the sink's) for
+# longer: a one-second window saw 230 and 234 there (217 allowed) in whole-suite runs, never
+# alone. Over one second the check allows that much bunching; over three seconds it holds to
+# JITTER, so a sustained overshoot of the rate (a few percent) still fails.
+LOADED_JITTER = 0.15
 STARTUP = 120  # seconds a node of two workers may take to start on a loaded machine
 
 
-def allowed(rate: float, window: float, *, batched: bool) -> float:
-    return rate * (window + (STALE if batched else 0.0) + JITTER) + 1
+def allowed(rate: float, window: float, *, batched: bool, jitter: float = JITTER) -> float:
+    return rate * (window + (STALE if batched else 0.0) + jitter) + 1
 
 
 def node(root: Path, n: int, sink: ScriptedSink, **sections: Any) -> PigeonProcess:
@@ -105,13 +110,14 @@ def test_two_nodes_of_two_workers_keep_to_the_sites_limits_through_a_redis_outag
             wait_until(lambda: all(shaping_health(n).get("mode") == "fallback" for n in nodes), timeout=10)
             health = shaping_health(nodes[0])
             assert health["status"] == "degraded" and "share" in health["error"], health
-            assert nodes[0].metric('pigeon_shaping_fallback{worker="0"}') == 1
+            # (The node's health is its worst worker's: each worker falls back at its own next call.)
+            wait_until(lambda: nodes[0].metric('pigeon_shaping_fallback{worker="0"}') == 1, timeout=10)
             # Long enough for the shares to show: each node's connections and rate at its share.
             wait_until(lambda: len(sink.received) >= messages // 3 + 4 * RATE, timeout=120)
             redis_started = time.monotonic()
             redis_server.start()
             wait_until(lambda: all(shaping_health(n).get("mode") == "cluster" for n in nodes), timeout=10)
-            assert nodes[1].metric('pigeon_shaping_shared{worker="1"}') == 1
+            wait_until(lambda: nodes[1].metric('pigeon_shaping_shared{worker="1"}') == 1, timeout=10)
 
             sink.wait_for(messages, timeout=max(240, 3 * messages / RATE))
             for source in sources:
@@ -134,7 +140,9 @@ def test_two_nodes_of_two_workers_keep_to_the_sites_limits_through_a_redis_outag
         f"later it started): " + ", ".join(f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak)
     )
     busiest, at = busiest_window(times, 1.0)
-    assert busiest <= allowed(RATE, 1.0, batched=True), f"{busiest} messages in the second from {at}"
+    assert busiest <= allowed(RATE, 1.0, batched=True, jitter=LOADED_JITTER), f"{busiest} in the second from {at}"
+    busiest, at = busiest_window(times, 3.0)
+    assert busiest <= allowed(RATE, 3.0, batched=True), f"{busiest} messages in the 3 s from {at}"
     # During the outage (once the connections opened before it ended after their message),
     # each node kept to its share.
     outage = (redis_stopped + SETTLE + 1.0, redis_started)
