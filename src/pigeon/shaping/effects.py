@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -48,6 +47,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from pigeon.flock import Flocked
 from pigeon.logs.records import Record, ShapingEffect
 from pigeon.redaction import redact, redact_url
 
@@ -120,7 +120,8 @@ class Board:
     ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self._lock_path = directory / ".lock"
+        # The node's workers take turns at the directory under a flock on this file.
+        self._lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         self._node = node
         self._log = log
         self._clock = clock
@@ -171,6 +172,9 @@ class Board:
             timer.cancel()
         if self._redis is not None:
             await self._redis.aclose()
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     def _spawn(self, work: Any, name: str) -> None:
         task = asyncio.create_task(work, name=name)
@@ -280,7 +284,7 @@ class Board:
         """Write `effect` for the node's workers, unless a live one for its (key, action) is
         there: that one, then."""
         path = self._file(effect)
-        with _Locked(self._lock_path):
+        with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
                 there = _DECODER.decode(path.read_bytes())
                 if there.key == effect.key and there.expires_at > self._clock():
@@ -292,7 +296,7 @@ class Board:
         """Write another node's `effect` for this node's workers, unless one for its (key,
         action) lives there already. Whether this worker wrote it."""
         path = self._file(effect)
-        with _Locked(self._lock_path):
+        with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
                 there = _DECODER.decode(path.read_bytes())
                 if there.key == effect.key and there.expires_at > self._clock():
@@ -302,7 +306,7 @@ class Board:
 
     def _replace_file(self, ours: Effect, theirs: Effect) -> None:
         path = self._file(ours)
-        with _Locked(self._lock_path):
+        with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
                 if _DECODER.decode(path.read_bytes()).id != ours.id:
                     return
@@ -460,20 +464,3 @@ class Board:
 
 class _Unavailable(Exception):
     """Redis did not answer (an error, or a timeout)."""
-
-
-class _Locked:
-    """An exclusive flock on the effects directory's lock file, for one check-and-write."""
-
-    __slots__ = ("_fd", "_path")
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._fd = -1
-
-    def __enter__(self) -> None:
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self._fd)  # (closing drops the lock)
