@@ -146,3 +146,25 @@ def test_workers_do_not_import_files_from_the_directory_pigeon_runs_in(tmp_path:
         else:
             raise AssertionError(f"worker 1 was not restarted: {health}")
         assert "imported from the working directory" not in pigeon.stderr()
+
+
+def _policies(pids: list[int]) -> set[int]:
+    """The scheduling policy of every thread of these processes."""
+    return {os.sched_getscheduler(int(task.name)) for pid in pids for task in Path(f"/proc/{pid}/task").glob("*")}
+
+
+def test_every_thread_of_every_worker_runs_as_a_batch_job_unless_told_otherwise(tmp_path: Path) -> None:
+    """SCHED_BATCH by default (wakeups do not preempt: bigger loop turns and commits under
+    load), for the supervisor, both workers and their threads (the spool's commit thread was
+    started after the policy was set); `scheduling = "normal"` leaves the system's default."""
+    with PigeonProcess(tmp_path / "two", node={"workers": 2}) as pigeon:
+        assert pigeon.process is not None
+        workers = worker_pids(pigeon)
+        assert len(workers) == 2
+        result = smtp_source(pigeon.smtp_port, "-s", "2", "-m", "4", "-f", "a@src.test", "-t", "r@x.test")
+        assert result.returncode == 0, result.stderr
+        assert all(len(list(Path(f"/proc/{pid}/task").glob("*"))) > 1 for pid in workers)  # threads too
+        assert _policies([pigeon.process.pid, *workers]) == {os.SCHED_BATCH}
+    with PigeonProcess(tmp_path / "one", node={"workers": 1, "scheduling": "normal"}) as pigeon:
+        assert pigeon.process is not None
+        assert _policies([pigeon.process.pid]) == {os.SCHED_OTHER}

@@ -20,6 +20,7 @@ from pigeon.listener.passwords import PasswordFileError
 from pigeon.node.node import ListenError, Node
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
+from pigeon.node.scheduling import apply_scheduling
 from pigeon.node.sockets import Bound, adopt, bind
 from pigeon.node.supervisor import Supervisor
 from pigeon.policy.hooks import Policy, PolicyLoadError
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     for chatty in ("aioimaplib", "redis", "asyncpg"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     _raise_open_file_limit()
+    # Before any thread or child starts: they inherit it.
+    apply_scheduling(config.node.scheduling)
     try:
         listening = _drop_privileges(config) if args.worker is None else None
     except (PrivilegeError, OSError) as error:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from pigeon.node.cpus import auto_workers, available_cpus
+from pigeon.node.scheduling import Scheduling
 
 DURATION_TEXT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
 _DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -136,6 +137,11 @@ class NodeConfig(_Section):
     "auto": one per CPU this process may use (its affinity, capped by a cgroup CPU quota) but
     one, which is left to the kernel's network stack, the spools' commit threads and whatever
     else runs there; at least one (`pigeon.node.cpus`; the README's "Workers" has the figures)."""
+    scheduling: Scheduling = "batch"
+    """The kernel scheduling policy of the node's processes (Linux): "batch" (SCHED_BATCH: a
+    woken worker does not preempt what is running, and finds more work when it runs; fewer
+    context switches and less CPU per message under load) or "normal" (SCHED_OTHER, the
+    default of every process). See `pigeon.node.scheduling` and the README's "Workers"."""
     shutdown_timeout: Duration = Duration(30)
     """On SIGTERM, how long open SMTP transactions may take to finish."""
     user: str | None = None
