@@ -139,7 +139,7 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         assert shown.returncode == 0, shown.stderr
         assert "attempts       1" in shown.stdout and "451 4.3.0" in shown.stdout
         retried = pigeon_cli("retry", *config, "--domain", "example.net")
-        assert (retried.returncode, retried.stdout.strip()) == (0, "1 messages due now")
+        assert (retried.returncode, retried.stdout.strip()) == (0, "1 message due now")
         suspended = pigeon_cli("suspend", *config, "--tenant", "acme", "--json")
         rule_id = json.loads(suspended.stdout)["rule"]["id"]
         listed = pigeon_cli("suspend", *config, "--list")
@@ -147,7 +147,7 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         assert listed.stdout.splitlines()[0].endswith(" by local"), listed.stdout  # no reason given: no colon
         assert pigeon_cli("resume", *config, rule_id).stdout.strip() == "resumed: 0 messages due now"
         bounced = pigeon_cli("bounce", *config, "--domain", "example.net", "--reason", "cli test")
-        assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 messages")
+        assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 message")
         operations = pigeon_cli("queue", "operations", *config)
         (row,) = [line for line in operations.stdout.splitlines()[1:] if " bounce " in line]
         assert row.split()[2:6] == ["1", "1", "0", "done"]  # looked at, acted on, waited, done

@@ -72,7 +72,7 @@ def test_mail_the_application_refuses_for_good_is_held_without_a_dsn_and_retried
             assert "refused: 550" in shown and "422" in shown
             # The application is fixed; the operator sends what it refused again.
             app.status = 202
-            assert _cli(node, "retry", "--queue", "inbound:hook").strip() == "1 messages due now"
+            assert _cli(node, "retry", "--queue", "inbound:hook").strip() == "1 message due now"
             assert app.wait_distinct(1, 20) == 1
             (delivered,) = node.wait_records("Delivery", 1, timeout=20)
             assert delivered["id"] == held["id"]
@@ -104,7 +104,7 @@ def test_mail_that_expires_on_an_inbound_route_is_held_without_a_dsn_and_retried
             assert app.refused == attempts
             app.fail_until = 0.0
             # Released, its max_age counts from now: it is attempted rather than expired again.
-            assert _cli(node, "retry", "--queue", "inbound:*").strip() == "1 messages due now"
+            assert _cli(node, "retry", "--queue", "inbound:*").strip() == "1 message due now"
             assert app.wait_distinct(1, 20) == 1
             (delivered,) = node.wait_records("Delivery", 1, timeout=20)
             assert delivered["id"] == held["id"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import string
 import sys
-from typing import Any
+from typing import Any, Final
 
 from pigeon.cli.api import ApiClient, add_api_options, fail
 
@@ -140,7 +141,8 @@ def _bounce(args: argparse.Namespace) -> int:
         return _show(args, *client.request("DELETE", f"/api/v1/admin/bounce/{args.cancel}"), "cancelled {cancelled}")
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/bounce", body)
-    text = "bounced {bounced} messages" + ("; new mail too until {until} (rule {rule_id})" if args.duration else "")
+    text = "bounced {bounced:count message}"
+    text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
     return _show(args, status, answer, text)
 
 
@@ -152,7 +154,7 @@ def _suspend(args: argparse.Namespace) -> int:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/suspend")))
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/suspend", body)
-    return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held} messages put back")
+    return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} put back")
 
 
 def _cluster_without_list(command: str) -> int:
@@ -164,12 +166,12 @@ def _cluster_without_list(command: str) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("DELETE", f"/api/v1/admin/suspend/{args.id}")
-    return _show(args, status, answer, "resumed: {made_due} messages due now")
+    return _show(args, status, answer, "resumed: {made_due:count message} due now")
 
 
 def _retry(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/retry", _selector(args))
-    return _show(args, status, answer, "{made_due} messages due now")
+    return _show(args, status, answer, "{made_due:count message} due now")
 
 
 def _rebind(args: argparse.Namespace) -> int:
@@ -179,7 +181,8 @@ def _rebind(args: argparse.Namespace) -> int:
     if args.routing_domain is not None:
         body["routing_domain"] = args.routing_domain
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/rebind", body)
-    return _show(args, status, answer, "rebound {rebound} messages ({after_attempt} once their attempt under way ends)")
+    text = "rebound {rebound:count message} ({after_attempt} once their attempt under way ends)"
+    return _show(args, status, answer, text)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -235,6 +238,19 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+class _Counted(string.Formatter):
+    """`str.format`, and a spec `count NOUN` that gives "1 NOUN", "0 NOUNs", "2 NOUNs"."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec.startswith("count "):
+            noun = format_spec.removeprefix("count ")
+            return f"{value} {noun}{'' if value == 1 else 's'}"
+        return str(super().format_field(value, format_spec))
+
+
+_COUNTED: Final = _Counted()
+
+
 def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
     if status >= 400:
         return fail(status, answer)
@@ -243,7 +259,7 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
         return 0
     rule = answer.get("rule") or {}
     expires = rule.get("expires")
-    print(text.format(**answer, rule_id=rule.get("id"), until=_when(expires) if expires else "resumed"))
+    print(_COUNTED.format(text, **answer, rule_id=rule.get("id"), until=_when(expires) if expires else "resumed"))
     _show_nodes(answer)
     return 0
 
