@@ -74,6 +74,27 @@ def test_check_lists_every_problem_with_its_key_and_line_and_fails(tmp_path: Pat
     assert "4 problems in pigeon.toml" in result.stderr
 
 
+def test_check_names_every_wrong_key_of_a_block_not_only_its_first(tmp_path: Path) -> None:
+    text = (
+        '[[shaping]]\ndomain = "a.test"\nconection_limit = 3\nmax_message_rate = 5\nidle_timeout = "forever"\n\n'
+        '[[provider]]\nmx_suffixes = ["mx.corp.test"]\nretries = 2\n'
+    )
+    (tmp_path / "pigeon.toml").write_text(text)
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(":", 2)[1].strip() for line in lines] == [
+        "[[shaping]] #1 conection_limit",
+        "[[shaping]] #1 max_message_rate",
+        "[[shaping]] #1 idle_timeout",
+        "[[provider]] #1 name",  # missing: named at the block's first line
+        "[[provider]] #1 retries",
+    ], result.stdout
+    assert "did you mean 'connection_limit'?" in lines[0]
+    assert lines[3] == "pigeon.toml, line 7: [[provider]] #1 name: missing (every such block needs one)"
+    assert "5 problems in pigeon.toml" in result.stderr
+
+
 def test_check_reports_a_shaping_block_for_an_unknown_source_as_a_problem(tmp_path: Path) -> None:
     # Each block and the rest of the file are right on their own: only the two together are not.
     text = '[[source]]\nname = "ip-2"\nbind = "127.0.0.1"\n\n[[shaping]]\nprovider = "gmail"\nsource = "ip-9"\n'

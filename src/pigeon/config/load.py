@@ -178,10 +178,10 @@ def problems(path: Path) -> list[str]:
             try:
                 decoded[section].append((index, msgspec.convert(block, kind, dec_hook=decode_hook)))
             except msgspec.ValidationError as error:
-                message = str(error)
                 at = f" - at `$.{section}[{index}]"
-                message = message.replace(" - at `$", at, 1) if " - at `$" in message else f"{message}{at}`"
-                found.append(_explain(message, path, text))
+                for message in _each_key_problem(block, kind) or [str(error)]:
+                    message = message.replace(" - at `$", at, 1) if " - at `$" in message else f"{message}{at}`"
+                    found.append(_explain(message, path, text))
     delivery = data.get("delivery")
     defaults = delivery.get("provider_defaults", True) if isinstance(delivery, dict) else True
     found += _block_problems(decoded["provider"], decoded["shaping"], defaults is not False, path, text)
@@ -193,6 +193,25 @@ def problems(path: Path) -> list[str]:
         except ConfigError as error:
             return [str(error)]
     return sorted([*found, first] if first else found, key=_line_number)
+
+
+def _each_key_problem(block: Any, kind: type[msgspec.Struct]) -> list[str]:
+    """What is wrong with each key of a block that did not decode, key by key (msgspec stops
+    at the first): a block with a misspelt key and a bad value gets both named. A required key
+    that is missing is named once. Empty if no key is wrong on its own."""
+    if not isinstance(block, dict):
+        return []
+    found = []
+    for key, value in block.items():
+        try:
+            msgspec.convert({key: value}, kind, dec_hook=decode_hook)
+        except msgspec.ValidationError as error:
+            if not str(error).startswith("Object missing required field"):
+                found.append(str(error))
+    for field in msgspec.structs.fields(kind):
+        if field.required and field.encode_name not in block:
+            found.append(f"missing (every such block needs one) - at `$.{field.encode_name}`")
+    return found
 
 
 def _line_number(message: str) -> int:
