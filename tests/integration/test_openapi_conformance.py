@@ -34,7 +34,9 @@ def _node(root: Path, sink: ScriptedSink) -> PigeonProcess:
     return PigeonProcess(root, http={"token": tokens}, log={"level": "warning"}, **delivery_config(sink.endpoint))
 
 
-@pytest.mark.timeout(300)
+# About a minute of schemathesis's CPU alone; on a 2-core runner shared with 3 other test
+# workers it took 285 s, so the usual 300 s would fail it for the machine's load, not for Pigeon.
+@pytest.mark.timeout(900)
 def test_the_api_answers_as_its_openapi_document_says(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path / "node", sink) as pigeon:
         result = _schemathesis(pigeon, "--phases", "fuzzing", "--max-examples", "3")
