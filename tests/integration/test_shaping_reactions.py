@@ -184,6 +184,11 @@ def _single(root: Path, sink: ScriptedSink, **reaction: Any) -> PigeonProcess:
     return PigeonProcess(root, log={"level": "info"}, reaction=[rule], **delivery_config(sink.endpoint))
 
 
+def _cli(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pigeon", *args, "-c", str(node.config_path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+
+
 def _status(node: PigeonProcess, *options: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "pigeon", "shaping", "status", "-c", str(node.config_path), *options]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
@@ -198,6 +203,8 @@ def test_shaping_status_lists_a_live_effect_and_its_records_are_written(tmp_path
             _inject(node, "later", 3, connections=1)
             shown = _status(node)
             listed = json.loads(_status(node, "--json").stdout)
+            summary = _cli(node, "queue", "summary")
+            ready = json.loads(_cli(node, "queue", "summary", "--json").stdout)["ready"]
             time.sleep(0.5)
             held = list(sink.received)
     assert shown.returncode == 0, shown.stderr
@@ -207,6 +214,10 @@ def test_shaping_status_lists_a_live_effect_and_its_records_are_written(tmp_path
     assert listed["mode"] == "node" and [e["id"] for e in listed["effects"]] == [record["effect"]]
     assert (record["event"], record["scope"], record["action"]) == ("created", "node", "suspend")
     assert held == []  # the later mail waits while the effect lives
+    # and the queue it waits in says why
+    [row] = [row for row in ready if row["site"] == sink.endpoint]
+    assert row["queued"] == 3 and [e["id"] for e in row["effects"]] == [record["effect"]], ready
+    assert re.search(r"suspend until \S+ \S+ UTC \(rule sink-says-so\)", summary.stdout), summary.stdout
 
 
 def test_a_bounce_reaction_bounces_the_sites_mail(tmp_path: Path) -> None:

@@ -211,11 +211,26 @@ def _queue_summary(args: argparse.Namespace) -> int:
         print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
               f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age}")  # fmt: skip
     width = max([52, *(len(row["path"]) for row in answer["ready"])])
-    print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  provider")
+    print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")
     for row in answer["ready"]:
-        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {row.get('provider') or '-'}")
+        effects = ", ".join(_effect_text(effect) for effect in row.get("effects", ())) or "-"
+        provider = row.get("provider") or "-"
+        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} {effects}")
     _show_nodes(answer, args)
     return 0
+
+
+def _effect_text(effect: dict[str, Any]) -> str:
+    """ "suspend until 10:04:05 (rule gmail-421)", "limit 2 connections, 5/s until ..."."""
+    action = effect["action"]
+    if action == "limit":
+        limits = []
+        if effect.get("connection_limit") is not None:
+            limits.append(f"{effect['connection_limit']} connections")
+        if effect.get("max_message_rate") is not None:
+            limits.append(str(effect["max_message_rate"]))
+        action = f"limit {', '.join(limits)}"
+    return f"{action} until {_when(effect['expires'])} (rule {effect['rule']})"
 
 
 def _operations(args: argparse.Namespace) -> int:

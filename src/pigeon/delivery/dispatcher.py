@@ -189,6 +189,13 @@ class Dispatcher:
         lane = self._lanes.get(path)
         return lane.shaping.provider if lane is not None else None
 
+    def effects_on(self, path: str) -> list[Effect]:
+        """The reactions' effects that live on a ready queue (its site, path or provider)."""
+        lane = self._lanes.get(path)
+        if lane is None or self._reactor is None:
+            return []
+        return self._reactor.board.of(lane.reaction_keys)
+
     def sites(self) -> Iterator[tuple[str, int, int]]:
         """(site, messages waiting, connections) of every ready queue."""
         for lane in self._lanes.values():

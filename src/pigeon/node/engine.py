@@ -131,6 +131,7 @@ def build_engine(
         promote=scheduler.promote,
         connections=dispatcher.connections_to,
         provider=dispatcher.provider_of,
+        effects=dispatcher.effects_on,
         clock=clock,
         pause=pause,
     )

@@ -45,6 +45,7 @@ from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.rules import Rule, Rules, Selector, new_rule_id
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, RebindMark, State
+from pigeon.shaping.effects import Effect
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -83,6 +84,7 @@ class Admin:
         promote: Callable[[Entry], None],
         connections: Callable[[str], int] = lambda path: 0,
         provider: Callable[[str], str | None] = lambda path: None,
+        effects: Callable[[str], list[Effect]] = lambda path: [],
         clock: Callable[[], float] = time.time,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -100,6 +102,7 @@ class Admin:
         """Hand a claimed message the operation left alone to the scheduler."""
         self._connections = connections
         self._provider = provider
+        self._effects = effects  # the reactions' effects on a ready queue: why it waits or is slowed
         """The provider whose limits a ready queue is delivered under (by its path), if any."""
         self._clock = clock
         self._pause = pause
@@ -244,7 +247,8 @@ class Admin:
             if len(q) or connections:
                 source = q.path[: -len(q.site) - 2]  # the implicit source too, by its name
                 row = {"path": q.path, "source": source, "site": q.site, "queued": len(q), "connections": connections}
-                ready.append(row | {"provider": self._provider(q.path)})
+                effects = [_effect_row(effect) for effect in self._effects(q.path)]
+                ready.append(row | {"provider": self._provider(q.path), "effects": effects})
         return {"scheduled": sorted(scheduled.values(), key=lambda r: r["queue"]), "ready": ready}
 
     def rules(self, kind: str) -> list[dict[str, Any]]:
@@ -419,6 +423,16 @@ class _Settling:
     def __init__(self, spool_id: SpoolId, settled: asyncio.Future[None]) -> None:
         self.id = spool_id
         self.settled = settled
+
+
+def _effect_row(effect: Effect) -> dict[str, Any]:
+    row: dict[str, Any] = {"id": effect.id, "rule": effect.rule, "action": effect.action, "key": effect.key}
+    row |= {"expires": effect.expires_at, "reply": effect.reply}
+    if effect.connection_limit is not None:
+        row["connection_limit"] = effect.connection_limit
+    if effect.max_message_rate is not None:
+        row["max_message_rate"] = effect.max_message_rate
+    return row
 
 
 def _rule_view(rule: Rule | None) -> dict[str, Any] | None:
