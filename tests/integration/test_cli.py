@@ -209,3 +209,11 @@ def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
         assert lines[2].startswith("spool 1 messages")
         (row,) = [line for line in lines if line.startswith("example.net")]
         assert row.split()[1] == "1"
+
+
+def test_commands_other_than_serve_start_without_loading_the_node_or_aiohttp() -> None:
+    """`pigeon queue summary`, `pigeon logs` and the rest start in a fraction of a second: the
+    node (a second of imports on a small machine) and aiohttp load only for what needs them."""
+    probe = "import sys, pigeon.cli.main; print(sorted(m for m in ('pigeon.node.node', 'aiohttp') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"

@@ -16,7 +16,6 @@ import urllib.request
 from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.listener.http.auth import LOCAL_TOKEN_FILE
 from pigeon.redaction import redact, redact_url
 
 
@@ -35,7 +34,9 @@ class ApiClient:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         self.url = (args.url or f"http://{host}:{listen.port}").rstrip("/")
-        self.token = args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / LOCAL_TOKEN_FILE)
+        self.token = (
+            args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / _local_token_file())
+        )
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """The status and decoded JSON answer. Exits 3 if the node cannot be reached."""
@@ -66,6 +67,13 @@ def fail(status: int, answer: Any) -> int:
     where = f" ({answer['field']})" if isinstance(answer, dict) and answer.get("field") else ""
     print(f"pigeon: {status}: {message}{where}", file=sys.stderr)
     return 2
+
+
+def _local_token_file() -> str:
+    # Imported when asked: the HTTP listener's module brings aiohttp, a third of a second.
+    from pigeon.listener.http.auth import LOCAL_TOKEN_FILE
+
+    return LOCAL_TOKEN_FILE
 
 
 def _local_token(path: Any) -> str | None:

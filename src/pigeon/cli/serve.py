@@ -16,16 +16,11 @@ from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.schema import Config
-from pigeon.listener.passwords import PasswordFileError
-from pigeon.node.node import ListenError, Node
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
 from pigeon.node.scheduling import apply_scheduling
 from pigeon.node.sockets import Bound, adopt, bind
-from pigeon.node.supervisor import Supervisor
-from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.redaction import RedactingFormatter, redact
-from pigeon.spool.spool import SpoolError
 
 EXAMPLES = """examples:
   pigeon serve                      # defaults: SMTP 127.0.0.1:2525, HTTP 127.0.0.1:8025, data in ./var
@@ -54,6 +49,14 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The node is imported here, not with the module: every other command's start (`pigeon
+    # queue summary`, `pigeon logs`) would otherwise wait a second for it.
+    from pigeon.listener.passwords import PasswordFileError
+    from pigeon.node.node import Node
+    from pigeon.node.supervisor import Supervisor
+    from pigeon.policy.hooks import Policy, PolicyLoadError
+    from pigeon.spool.spool import SpoolError
+
     # Until the loop handles SIGHUP (a reload), it must not kill a node that is starting.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if args.supervisor is not None:
@@ -146,6 +149,8 @@ def _drop_privileges(config: Config) -> Bound | None:
 
 
 def _bind(key: str, host: str, port: int) -> list[socket.socket]:
+    from pigeon.node.node import ListenError
+
     try:
         return bind(host, port)
     except OSError as error:

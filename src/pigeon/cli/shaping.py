@@ -18,16 +18,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pigeon.cli.api import ApiClient, add_api_options, fail
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
 from pigeon.config.schema import Config
-from pigeon.delivery.mx import DnsFailure, Resolver
-from pigeon.delivery.routes import Destination, Router, TlsPolicy
-from pigeon.node.outbound import routes_from
-from pigeon.shaping.rules import Explanation, ShapingQuery, ShapingRules
 
 EXAMPLES = """examples:
   pigeon shaping check /etc/pigeon/pigeon.toml
@@ -36,6 +32,11 @@ EXAMPLES = """examples:
   pigeon shaping status                 # what reactions suspend, limit or bounce now, and until when
   pigeon shaping status --json | jq '.effects[] | select(.action == "suspend")'
 """
+
+
+if TYPE_CHECKING:
+    from pigeon.delivery.routes import Destination
+    from pigeon.shaping.rules import Explanation
 
 
 def register(commands: Any) -> None:
@@ -82,6 +83,8 @@ def register(commands: Any) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from pigeon.shaping.rules import ShapingRules  # (here: the other commands start faster without it)
+
     path: Path = args.file
     found = problems(path)
     for problem in found:
@@ -102,6 +105,9 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    from pigeon.delivery.mx import DnsFailure
+    from pigeon.shaping.rules import ShapingQuery, ShapingRules
+
     config = load_config(args)
     domain = args.domain.strip().rstrip(".").lower()
     source: str | None = args.source
@@ -131,6 +137,10 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 async def _destination(config: Config, domain: str) -> Destination:
+    from pigeon.delivery.mx import Resolver
+    from pigeon.delivery.routes import Router, TlsPolicy
+    from pigeon.node.outbound import routes_from
+
     nameservers = [(e.host, e.port) for e in config.dns.nameservers]
     resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
     delivery = config.delivery
