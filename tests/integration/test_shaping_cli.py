@@ -95,6 +95,31 @@ def test_check_names_every_wrong_key_of_a_block_not_only_its_first(tmp_path: Pat
     assert "5 problems in pigeon.toml" in result.stderr
 
 
+def test_check_a_block_with_a_wrong_key_still_gets_its_other_keys_checked(tmp_path: Path) -> None:
+    # A misspelt key used to skip the checks across keys for its whole block: the unknown
+    # provider, the bad rate and the bad suffix only showed once the key was fixed.
+    text = (
+        '[[shaping]]\nprovider = "gmial"\nconection_limit = 5\nmax_message_rate = "5/fortnight"\n\n'
+        "[[shaping]]\nretries = 2\n\n"
+        '[[provider]]\nmx_suffixes = ["not a host"]\n'
+    )
+    (tmp_path / "pigeon.toml").write_text(text)
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [line.split(":", 2)[1].strip() for line in result.stdout.splitlines()] == [
+        "[[shaping]] #1 provider",
+        "[[shaping]] #1 conection_limit",
+        "[[shaping]] #1 max_message_rate",
+        "[[shaping]] #2 domain",  # neither domain nor provider
+        "[[shaping]] #2 retries",
+        "[[provider]] #1 name",
+        "[[provider]] #1 mx_suffixes",
+    ], result.stdout
+    assert "no provider called 'gmial' (did you mean 'gmail'?)" in result.stdout
+    assert "'not a host' is not an MX host suffix" in result.stdout
+    assert "7 problems in pigeon.toml" in result.stderr
+
+
 def test_check_reports_a_shaping_block_for_an_unknown_source_as_a_problem(tmp_path: Path) -> None:
     # Each block and the rest of the file are right on their own: only the two together are not.
     text = '[[source]]\nname = "ip-2"\nbind = "127.0.0.1"\n\n[[shaping]]\nprovider = "gmail"\nsource = "ip-9"\n'

@@ -12,7 +12,7 @@ import re
 import socket
 import tomllib
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -172,6 +172,7 @@ def problems(path: Path) -> list[str]:
         first = str(error)
     found: list[str] = []
     decoded: dict[str, list[tuple[int, Any]]] = {"provider": [], "shaping": []}
+    reported: set[tuple[str, int, str]] = set()  # (section, index, key) already named as wrong
     for section, kind in (("provider", ProviderConfig), ("shaping", ShapingConfig)):
         blocks = data.get(section)
         for index, block in enumerate(blocks if isinstance(blocks, list) else []):
@@ -179,12 +180,19 @@ def problems(path: Path) -> list[str]:
                 decoded[section].append((index, msgspec.convert(block, kind, dec_hook=decode_hook)))
             except msgspec.ValidationError as error:
                 at = f" - at `$.{section}[{index}]"
-                for message in _each_key_problem(block, kind) or [str(error)]:
+                wrong, messages = _each_key_problem(block, kind)
+                for message in messages or [str(error)]:
                     message = message.replace(" - at `$", at, 1) if " - at `$" in message else f"{message}{at}`"
                     found.append(_explain(message, path, text))
+                # The keys that are right on their own still get the checks across keys (an
+                # unknown provider, a bad rate or suffix): one misspelt key hides nothing else.
+                reported |= {(section, index, key) for key in wrong}
+                partial = _partial_block(block, kind, wrong)
+                if partial is not None:
+                    decoded[section].append((index, partial))
     delivery = data.get("delivery")
     defaults = delivery.get("provider_defaults", True) if isinstance(delivery, dict) else True
-    found += _block_problems(decoded["provider"], decoded["shaping"], defaults is not False, path, text)
+    found += _block_problems(decoded["provider"], decoded["shaping"], defaults is not False, path, text, reported)
     if not found and first is None:
         # The blocks and the rest are each right: what is left are checks across them, such
         # as a [[shaping]] block's source, which needs the file's [[source]]s.
@@ -195,23 +203,43 @@ def problems(path: Path) -> list[str]:
     return sorted([*found, first] if first else found, key=_line_number)
 
 
-def _each_key_problem(block: Any, kind: type[msgspec.Struct]) -> list[str]:
+def _each_key_problem(block: Any, kind: type[msgspec.Struct]) -> tuple[set[str], list[str]]:
     """What is wrong with each key of a block that did not decode, key by key (msgspec stops
     at the first): a block with a misspelt key and a bad value gets both named. A required key
-    that is missing is named once. Empty if no key is wrong on its own."""
+    that is missing is named once. Returns the wrong or missing keys and the messages (none if
+    no key is wrong on its own)."""
     if not isinstance(block, dict):
-        return []
+        return set(), []
+    wrong: set[str] = set()
     found = []
     for key, value in block.items():
         try:
             msgspec.convert({key: value}, kind, dec_hook=decode_hook)
         except msgspec.ValidationError as error:
             if not str(error).startswith("Object missing required field"):
+                wrong.add(key)
                 found.append(str(error))
     for field in msgspec.structs.fields(kind):
         if field.required and field.encode_name not in block:
+            wrong.add(field.encode_name)
             found.append(f"missing (every such block needs one) - at `$.{field.encode_name}`")
-    return found
+    return wrong, found
+
+
+def _partial_block(block: Any, kind: type[msgspec.Struct], wrong: set[str]) -> Any:
+    """A block that did not decode, made of its keys that are right on their own, for the
+    checks across keys; a required key it lacks (already named) stands in empty. None when
+    not even that decodes."""
+    if not isinstance(block, dict):
+        return None
+    right = {key: value for key, value in block.items() if key not in wrong}
+    for field in msgspec.structs.fields(kind):
+        if field.required and field.encode_name not in right:
+            right[field.encode_name] = [] if field.encode_name == "mx_suffixes" else ""
+    try:
+        return msgspec.convert(right, kind, dec_hook=decode_hook)
+    except msgspec.ValidationError:
+        return None
 
 
 def _line_number(message: str) -> int:
@@ -232,11 +260,15 @@ def _block_problems(
     provider_defaults: bool,
     path: Path | None,
     text: str,
+    reported: Collection[tuple[str, int, str]] = (),
 ) -> list[str]:
-    """The checks across keys of the blocks that decoded (each with its index in the file)."""
+    """The checks across keys of the blocks that decoded (each with its index in the file), or
+    of what decoded of a block: a key in `reported` was named as wrong already."""
     problems: list[str] = []
 
     def problem(section: str, index: int, key: str, reason: str) -> None:
+        if (section, index, key) in reported:
+            return
         line = block_line(text, section, index, key) if path is not None else None
         where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
         problems.append(f"{where}[[{section}]] #{index + 1} {key}: {reason}")
@@ -249,7 +281,8 @@ def _block_problems(
             problem("provider", index, "name", str(error))
         if block.name in names:
             problem("provider", index, "name", f"two [[provider]]s are called {block.name!r}")
-        names.append(block.name)
+        if ("provider", index, "name") not in reported:
+            names.append(block.name)
         if not block.mx_suffixes:
             problem("provider", index, "mx_suffixes", 'name at least one, like ["google.com", "googlemail.com"]')
         for suffix in block.mx_suffixes:
@@ -263,6 +296,8 @@ def _block_problems(
         if shaping.domain is not None and shaping.provider is not None:
             problem("shaping", index, "provider", "give domain or provider, not both (a block is for one or the other)")
         elif shaping.domain is None and shaping.provider is None:
+            if ("shaping", index, "provider") in reported:
+                continue  # named as wrong: it was meant to be there
             problem("shaping", index, "domain", 'missing: give domain = "<glob>" or provider = "<name>"')
         elif shaping.provider is not None and shaping.provider not in known:
             reason = f"no provider called {shaping.provider!r}"
