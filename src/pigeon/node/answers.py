@@ -56,7 +56,9 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
                 mine[name] = mine.get(name, 0) + value
             elif isinstance(value, list):  # a ready queue's effects: each once, by id
                 known = {item.get("id") for item in mine.get(name, []) if isinstance(item, dict)}
-                mine[name] = mine.get(name, []) + [v for v in value if not isinstance(v, dict) or v.get("id") not in known]
+                mine[name] = mine.get(name, []) + [
+                    v for v in value if not isinstance(v, dict) or v.get("id") not in known
+                ]
             elif mine.get(name) is None:  # the first known (a worker may not know a queue's provider yet)
                 mine[name] = value
     return sorted(by_key.values(), key=lambda r: str(_row_key(r)))
