@@ -102,8 +102,9 @@ class Admin:
         """Hand a claimed message the operation left alone to the scheduler."""
         self._connections = connections
         self._provider = provider
-        self._effects = effects  # the reactions' effects on a ready queue: why it waits or is slowed
         """The provider whose limits a ready queue is delivered under (by its path), if any."""
+        self._effects = effects
+        """The reactions' effects on a ready queue (by its path): why it waits or is slowed."""
         self._clock = clock
         self._pause = pause
         self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -244,10 +245,12 @@ class Admin:
         ready = []
         for q in self._ready:
             connections = self._connections(q.path)
-            if len(q) or connections:
+            # An empty queue under an effect is listed too: the mail whose reply started a
+            # suspension waits in its scheduled queue, and this row is where it says why.
+            effects = [_effect_row(effect) for effect in self._effects(q.path)]
+            if len(q) or connections or effects:
                 source = q.path[: -len(q.site) - 2]  # the implicit source too, by its name
                 row = {"path": q.path, "source": source, "site": q.site, "queued": len(q), "connections": connections}
-                effects = [_effect_row(effect) for effect in self._effects(q.path)]
                 ready.append(row | {"provider": self._provider(q.path), "effects": effects})
         return {"scheduled": sorted(scheduled.values(), key=lambda r: r["queue"]), "ready": ready}
 

@@ -1,0 +1,53 @@
+"""`queue summary`'s ready queues and the reactions' effects living on them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pigeon.queue.admin import Admin
+from pigeon.shaping.effects import Effect
+
+
+class _Queue:
+    def __init__(self, site: str, queued: int) -> None:
+        self.site = site
+        self.path = f"default->{site}"
+        self._queued = queued
+
+    def __len__(self) -> int:
+        return self._queued
+
+
+def _effect(key: str) -> Effect:
+    reply = "421 4.7.0 rate limited"
+    return Effect(
+        id="e1", rule="rate-limited", key=key, action="suspend", created=0, expires_at=60, reply=reply, node="a"
+    )
+
+
+async def test_an_empty_ready_queue_under_an_effect_is_listed_with_it() -> None:
+    # The message whose reply started a suspension waits in its scheduled queue, not the
+    # ready one: the site's row is where the summary says why it waits.
+    suspended, idle = _Queue("mx.suspended.test", 0), _Queue("mx.idle.test", 0)
+    effects = {suspended.path: [_effect("site:mx.suspended.test")]}
+    none: Any = None  # what summary() does not use
+    spools: Any = {}
+    active: Any = []
+    queues: Any = [suspended, idle]
+    admin = Admin(
+        spools=spools,
+        primary=none,
+        active=active,
+        settlement=none,
+        rules=active,
+        ready=queues,
+        rewind=lambda due: None,
+        kick=lambda: None,
+        promote=lambda entry: None,
+        effects=lambda path: effects.get(path, []),
+        clock=lambda: 0.0,
+    )
+    ready = (await admin.summary())["ready"]
+    assert [(row["site"], row["queued"], [e["rule"] for e in row["effects"]]) for row in ready] == [
+        ("mx.suspended.test", 0, ["rate-limited"])
+    ]
