@@ -226,7 +226,7 @@ def _effect_text(effect: dict[str, Any]) -> str:
     if action == "limit":
         limits = []
         if effect.get("connection_limit") is not None:
-            limits.append(f"{effect['connection_limit']} connections")
+            limits.append(_COUNTED.format("{0:count connection}", effect["connection_limit"]))
         if effect.get("max_message_rate") is not None:
             limits.append(str(effect["max_message_rate"]))
         action = f"limit {', '.join(limits)}"
