@@ -161,6 +161,12 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
             misplaced = pigeon_cli(command, *config, "--domain", "example.net", "--cluster")
             assert misplaced.returncode == 2 and "--cluster goes with --list" in misplaced.stderr
         assert pigeon_cli("suspend", *config, "--list").stdout.strip() == "none"  # nothing was suspended
+        standing = json.loads(pigeon_cli("bounce", *config, "--domain", "x.test", "--duration", "1h", "--json").stdout)
+        cancelled = pigeon_cli("bounce", *config, "--cancel", standing["rule"]["id"])
+        assert (cancelled.returncode, cancelled.stdout.strip()) == (
+            0,
+            f"cancelled standing bounce {standing['rule']['id']}",
+        )
 
 
 def test_queue_summary_prints_a_table(tmp_path: Path) -> None:

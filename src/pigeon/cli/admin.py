@@ -138,7 +138,8 @@ def _bounce(args: argparse.Namespace) -> int:
     if args.list:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/bounce")))
     if args.cancel:
-        return _show(args, *client.request("DELETE", f"/api/v1/admin/bounce/{args.cancel}"), "cancelled {cancelled}")
+        answer = client.request("DELETE", f"/api/v1/admin/bounce/{args.cancel}")
+        return _show(args, *answer, "cancelled standing bounce {cancel}", cancel=args.cancel)  # not "cancelled True"
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/bounce", body)
     text = "bounced {bounced:count message}"
@@ -266,7 +267,7 @@ class _Counted(string.Formatter):
 _COUNTED: Final = _Counted()
 
 
-def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
+def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more: Any) -> int:
     if status >= 400:
         return fail(status, answer)
     if args.json:
@@ -274,7 +275,8 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str) -> int:
         return 0
     rule = answer.get("rule") or {}
     expires = rule.get("expires")
-    print(_COUNTED.format(text, **answer, rule_id=rule.get("id"), until=_when(expires) if expires else "resumed"))
+    until = _when(expires) if expires else "resumed"
+    print(_COUNTED.format(text, **answer, rule_id=rule.get("id"), until=until, **more))
     _show_nodes(answer)
     return 0
 
