@@ -35,6 +35,15 @@ _NEGATIVE_TTL: Final = 60.0
 _FAILURE_TTL: Final = 10.0  # a transient failure is remembered briefly, to not hammer a broken server
 
 
+_LOOPBACK: Final = ("127.0.0.1", "::1")
+
+
+def _is_localhost(name: str) -> bool:
+    """RFC 6761 6.3: "localhost" and the names under it are the loopback addresses, answered
+    without asking a DNS server (which may say NXDOMAIN: a route to localhost:2525 would fail)."""
+    return name == "localhost" or name.endswith(".localhost")
+
+
 class DnsFailure(Unroutable):
     """A lookup failed. `reply` says how, `permanent` whether retrying can help. To the queue
     it is a destination that cannot be resolved (the router adds the bounce class)."""
@@ -81,6 +90,8 @@ class Resolver:
     async def exchangers(self, domain: str) -> list[Exchanger]:
         """The hosts that take mail for `domain`, in the order to try them."""
         domain = domain.lower().rstrip(".")
+        if _is_localhost(domain):
+            return [Exchanger(0, domain)]  # no MX for it (RFC 6761 6.3): itself, on loopback
         records = await self._lookup(domain, "MX")
         if records is None:  # no MX: the domain itself, if it has an address (RFC 5321 5.1)
             if await self._lookup(domain, "A") is None and await self._lookup(domain, "AAAA") is None:
@@ -97,6 +108,8 @@ class Resolver:
     async def addresses(self, host: str) -> list[str]:
         """IPv4 then IPv6 addresses of `host`."""
         host = host.lower().rstrip(".")
+        if _is_localhost(host):
+            return list(_LOOPBACK)
         found: list[str] = []
         failure: DnsFailure | None = None
         for kind in ("A", "AAAA"):

@@ -286,6 +286,19 @@ async def test_addresses_are_cached(dns: FakeDns) -> None:
     assert len(dns.asked("host.example")) == 2  # one A, one AAAA
 
 
+async def test_localhost_names_are_loopback_without_asking_dns(dns: FakeDns) -> None:
+    """RFC 6761 6.3: a route to localhost:2525, or mail for user@localhost, needs no DNS server
+    (which may well say NXDOMAIN for it)."""
+    mx = resolver(dns)
+    assert await mx.addresses("LocalHost.") == ["127.0.0.1", "::1"]
+    assert await mx.addresses("relay.localhost") == ["127.0.0.1", "::1"]
+    assert await mx.exchangers("localhost") == [Exchanger(0, "localhost")]
+    assert dns.asked() == []
+    with pytest.raises(DnsFailure):
+        await mx.addresses("localhost.example")  # only the name and those under it
+    assert dns.asked("localhost.example")
+
+
 # --- Router ----------------------------------------------------------------------------------------
 SMART_HOST = Route("*.internal.example", Hop("relay.internal.example", 2525))
 
