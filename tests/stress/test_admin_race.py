@@ -101,10 +101,24 @@ def _send(pigeon: PigeonProcess, count: int, seed: int, connections: int = 4) ->
     return owners
 
 
-def _windows_reached(pigeon: PigeonProcess, waited: dict[str, int]) -> bool:
+def _stale_lookups(pigeon: PigeonProcess) -> float:
     _, metrics = pigeon.http_get("/metrics")
-    stale = _metric(metrics.decode(), 'pigeon_stale_results_total{step="route"}')
-    return stale > 0 and sum(waited.values()) > 0
+    return _metric(metrics.decode(), 'pigeon_stale_results_total{step="route"}')
+
+
+def _windows_reached(pigeon: PigeonProcess, waited: dict[str, int]) -> bool:
+    return _stale_lookups(pigeon) > 0 and sum(waited.values()) > 0
+
+
+def _aim_at_window_1(pigeon: PigeonProcess, rng: random.Random, n: int) -> None:
+    """One message to a slow domain, moved at once: its route lookup (0.4 s at least, unless
+    the answer is still cached) ends after the rebind. Chance alone may not get there when the
+    sender ran ahead of the operator (a loaded machine): the mail was all routed already."""
+    domain = rng.choice(sorted(SLOW))
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail(f"aim-{n}@origin.example", [f"aim-{n}@{domain}"], f"Subject: aim {n}\r\n\r\naim\r\n".encode())
+    time.sleep(0.1)
+    _call(pigeon, "POST", "/api/v1/admin/rebind", {"domain": domain, "routing_domain": "relay.example"})
 
 
 def _operator(
@@ -158,6 +172,9 @@ def _operator(
             kind = "rebind"
         assert status in (200, 404), (kind, status)
         done[kind] += 1
+        if elapsed >= seconds and not _stale_lookups(pigeon):
+            _aim_at_window_1(pigeon, rng, done["aimed"])
+            done["aimed"] += 1
         # The view keeps the last 100 operations: read it as we go.
         for operation in _call(pigeon, "GET", "/api/v1/admin/operations")[1]["operations"]:
             waited[operation["operation"]] = operation.get("waited", 0)
