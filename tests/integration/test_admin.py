@@ -199,6 +199,10 @@ def test_queue_summary_counts_each_scheduled_queue_across_workers(tmp_path: Path
         assert set(rows) == {"example.net", "acme@other.test"}  # one row per queue, both workers added up
         assert rows["example.net"]["messages"] == len(ids)
         assert rows["example.net"]["due"] == 0  # all deferred for an hour
+        # every count is there, zero or not: a client needs no defaults
+        assert {k: rows["example.net"][k] for k in ("held", "ready", "in_flight", "settling")} == dict.fromkeys(
+            ("held", "ready", "in_flight", "settling"), 0
+        )
         assert rows["acme@other.test"]["messages"] == 1
         assert rows["example.net"]["oldest"] <= time.time()
         assert _api(pigeon, "GET", "/api/v1/queues", token=INJECT)[0] == 403

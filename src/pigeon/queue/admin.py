@@ -231,9 +231,9 @@ class Admin:
         scheduled: dict[str, dict[str, Any]] = {}
         for rows in counts:
             for queue, messages, due, held, oldest in rows:
-                row = scheduled.setdefault(
-                    queue, {"queue": queue, "messages": 0, "due": 0, "held": 0, "oldest": oldest}
-                )
+                # Every count always there, 0 or not: a client reads them without defaults.
+                zero = {"messages": 0, "due": 0, "held": 0, "ready": 0, "in_flight": 0, "settling": 0}
+                row = scheduled.setdefault(queue, {"queue": queue, **zero, "oldest": oldest})
                 row["messages"] += messages
                 row["due"] += due or 0
                 row["held"] += held or 0
