@@ -6,8 +6,8 @@ from pigeon.node.answers import merge_answers
 
 
 def test_a_ready_queue_seen_by_two_workers_adds_their_counts_and_lists_each_effect_once() -> None:
-    suspend = {"id": "e1", "rule": "gmail-421", "action": "suspend", "expires": 100.0}
-    limit = {"id": "e2", "rule": "slow", "action": "limit", "expires": 90.0, "connection_limit": 1}
+    suspend = {"id": "e1", "rule": "gmail-421", "action": "suspend", "expires_at": 100.0}
+    limit = {"id": "e2", "rule": "slow", "action": "limit", "expires_at": 90.0, "connection_limit": 1}
     one = {"scheduled": [], "ready": [{"path": "default->mx.a", "queued": 3, "connections": 1, "effects": [suspend]}]}
     two = {
         "scheduled": [],

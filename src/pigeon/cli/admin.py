@@ -231,7 +231,7 @@ def _effect_text(effect: dict[str, Any]) -> str:
         if effect.get("max_message_rate") is not None:
             limits.append(str(effect["max_message_rate"]))
         action = f"limit {', '.join(limits)}"
-    return f"{action} until {_when(effect['expires'])} (rule {effect['rule']})"
+    return f"{action} until {_when(effect['expires_at'])} (rule {effect['rule']})"
 
 
 def _operations(args: argparse.Namespace) -> int:

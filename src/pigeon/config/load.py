@@ -235,7 +235,7 @@ def _partial_block(block: Any, kind: type[msgspec.Struct], wrong: set[str]) -> A
     right = {key: value for key, value in block.items() if key not in wrong}
     for field in msgspec.structs.fields(kind):
         if field.required and field.encode_name not in right:
-            right[field.encode_name] = [] if field.encode_name == "mx_suffixes" else ""
+            right[field.encode_name] = [] if typing.get_origin(field.type) is list else ""
     try:
         return msgspec.convert(right, kind, dec_hook=decode_hook)
     except msgspec.ValidationError:

@@ -58,6 +58,10 @@ _MAX_WAITS: Final = 100  # a message settling again and again: give up on it, sa
 __all__ = ["Admin", "Selector", "new_rule_id"]
 
 
+# A scheduled queue's counts, every one always there, 0 or not: a client reads them without defaults.
+_NO_COUNTS: Final = {"messages": 0, "due": 0, "held": 0, "ready": 0, "in_flight": 0, "settling": 0}
+
+
 class _Done(enum.Enum):
     ACTED = "acted"
     MARKED = "marked"  # being sent: acted on when its attempt ends, on what the attempt leaves
@@ -231,9 +235,7 @@ class Admin:
         scheduled: dict[str, dict[str, Any]] = {}
         for rows in counts:
             for queue, messages, due, held, oldest in rows:
-                # Every count always there, 0 or not: a client reads them without defaults.
-                zero = {"messages": 0, "due": 0, "held": 0, "ready": 0, "in_flight": 0, "settling": 0}
-                row = scheduled.setdefault(queue, {"queue": queue, **zero, "oldest": oldest})
+                row = scheduled.setdefault(queue, {"queue": queue, **_NO_COUNTS, "oldest": oldest})
                 row["messages"] += messages
                 row["due"] += due or 0
                 row["held"] += held or 0
@@ -247,7 +249,7 @@ class Admin:
             connections = self._connections(q.path)
             # An empty queue under an effect is listed too: the mail whose reply started a
             # suspension waits in its scheduled queue, and this row is where it says why.
-            effects = [_effect_row(effect) for effect in self._effects(q.path)]
+            effects = msgspec.to_builtins(self._effects(q.path))  # as GET /api/v1/shaping/effects has them
             if len(q) or connections or effects:
                 source = q.path[: -len(q.site) - 2]  # the implicit source too, by its name
                 row = {"path": q.path, "source": source, "site": q.site, "queued": len(q), "connections": connections}
@@ -426,16 +428,6 @@ class _Settling:
     def __init__(self, spool_id: SpoolId, settled: asyncio.Future[None]) -> None:
         self.id = spool_id
         self.settled = settled
-
-
-def _effect_row(effect: Effect) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": effect.id, "rule": effect.rule, "action": effect.action, "key": effect.key}
-    row |= {"expires": effect.expires_at, "reply": effect.reply}
-    if effect.connection_limit is not None:
-        row["connection_limit"] = effect.connection_limit
-    if effect.max_message_rate is not None:
-        row["max_message_rate"] = effect.max_message_rate
-    return row
 
 
 def _rule_view(rule: Rule | None) -> dict[str, Any] | None:

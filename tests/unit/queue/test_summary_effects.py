@@ -55,6 +55,6 @@ async def test_an_empty_ready_queue_under_an_effect_is_listed_with_it() -> None:
 
 
 def test_a_limit_effect_counts_its_connections_in_words() -> None:
-    one = {"action": "limit", "connection_limit": 1, "max_message_rate": "10/min", "expires": 0, "rule": "slow"}
+    one = {"action": "limit", "connection_limit": 1, "max_message_rate": "10/min", "expires_at": 0, "rule": "slow"}
     assert _effect_text(one).startswith("limit 1 connection, 10/min until ")
     assert _effect_text(one | {"connection_limit": 2}).startswith("limit 2 connections, 10/min until ")
