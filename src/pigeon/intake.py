@@ -319,16 +319,21 @@ class Draft:
                 leaving = msgspec.structs.replace(envelope, tenant=tenant, campaign=campaign)
                 message = edited(stored, leaving, tuple(name.encode() for name in intake._routing_names))
                 fields = _header_block(message)[1:]
-            signed = signing.sign(message, fields, tenant, int(now), envelope.dkim)
-            if signed is not None:
-                signed.add_done_callback(lambda f: self._signed(f, result, body, now, tenant, campaign, queue))
+            if signing.sign(
+                message,
+                fields,
+                tenant,
+                int(now),
+                envelope.dkim,
+                then=lambda signed: self._signed(signed, result, body, now, tenant, campaign, queue),
+            ):
                 return result
         self._store(result, body, now, tenant, campaign, queue, None)
         return result
 
     def _signed(
         self,
-        signed: asyncio.Future[bytes],
+        signed: bytes | BaseException,
         result: asyncio.Future[Stored],
         body: Body,
         now: float,
@@ -336,16 +341,15 @@ class Draft:
         campaign: str | None,
         queue: str | None,
     ) -> None:
-        error = signed.exception()
-        if error is not None:
+        if isinstance(signed, BaseException):
             # Unsigned mail from a domain that publishes DMARC may be refused or filed as
             # spam: better the client tries again than the mail leaves without.
-            _log.error("message %s not signed (DKIM), refused for now: %r", format_id(self.id), error)
+            _log.error("message %s not signed (DKIM), refused for now: %r", format_id(self.id), signed)
             body.discard()
             if not result.done():
                 result.set_exception(Refused(replies.CANNOT_SIGN))
             return
-        self._store(result, body, now, tenant, campaign, queue, signed.result())
+        self._store(result, body, now, tenant, campaign, queue, signed)
 
     def _store(
         self,

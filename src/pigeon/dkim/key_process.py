@@ -4,8 +4,15 @@ Why not a thread: `cryptography` lets go of the GIL while OpenSSL signs, but tak
 after every signature, and a worker's event loop keeps the GIL busy. Each hand-back then waits
 for the loop to let go (up to the interpreter's switch interval), and the two threads' tug of
 war cost a relay, measured, twice the CPU of the signatures themselves (0.68 CPU ms a message
-for 0.25 ms of RSA-2048). A process has a GIL of its own: the worker sends what to sign, a
-batch at a time, and goes on; the signatures come back on a pipe the loop reads like a socket.
+for 0.25 ms of RSA-2048). A process has a GIL of its own: the worker sends what to sign and
+goes on; the signatures come back on a pipe the loop reads like a socket.
+
+Each message's request is written at once, not gathered for the end of the loop's turn: the
+message's 250 waits for its signatures, and half a turn of a busy loop is a millisecond.
+Measured (`bench/dkim.py`, RSA-2048, 5 KiB, 5 rounds), sending at once and handing answers
+back in the turn they arrive took signing on/off from 0.71-0.74 to 0.78. Signing a burst of
+requests side by side (threads in the child, or two children) was measured too, and lost:
+the two cores are busy, and the hand-offs cost more than the waiting they saved.
 
 Protocol (frames on the child's stdin and stdout: a 4-byte big-endian length, then msgpack):
 
@@ -23,12 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import struct
+import subprocess
 import sys
 from collections import deque
-from collections.abc import Sequence
-from typing import Any, BinaryIO, Final
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO, Final, cast
 
 import msgspec
 from cryptography.hazmat.primitives import hashes, serialization
@@ -37,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
 from pigeon.dkim.keys import PrivateKey
 
+_log = logging.getLogger(__name__)
 _LENGTH: Final = struct.Struct(">I")
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder()
@@ -46,17 +56,28 @@ class KeyProcessFailed(RuntimeError):
     """The signing process went away (or could not start) before answering."""
 
 
+Reply = Callable[[list[bytes | str] | BaseException], None]
+"""Called with a request's answers, or with why it cannot be answered (`KeyProcessFailed`)."""
+
+
 class KeyProcess:
-    """One signing process for a set of keys, started with `start()`."""
+    """One signing process for a set of keys, started with `start()`.
+
+    Answers are handed back in the turn of the loop that reads them, to plain callbacks: a
+    message's 250 waits on its signature, and every hop through a future or a reader task
+    would add a turn of a busy loop (a millisecond or more) to each message's latency.
+    """
 
     def __init__(self, keys: Sequence[PrivateKey]) -> None:
         self.keys = list(keys)
         self._index = {id(key): n for n, key in enumerate(self.keys)}
-        self._process: asyncio.subprocess.Process | None = None
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._stdin: asyncio.WriteTransport | None = None
+        self._received = bytearray()
         self._batch: list[list[Any]] = []
-        self._batch_futures: list[tuple[asyncio.Future[list[bytes | str]], int]] = []
-        self._sent: deque[tuple[asyncio.Future[list[bytes | str]], int]] = deque()
-        self._reader: asyncio.Task[None] | None = None
+        self._batch_replies: list[tuple[Reply, int]] = []
+        self._sent: deque[tuple[Reply, int]] = deque()
+        self._exited: asyncio.Future[None] | None = None
         self._failed: BaseException | None = None
         self._started = False  # requests made before are sent once it is
         self._closing = False
@@ -68,25 +89,35 @@ class KeyProcess:
     def alive(self) -> bool:
         return self._failed is None
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id, once started."""
+        return None if self._transport is None else self._transport.get_pid()
+
     async def start(self) -> None:
         """Start the child, hand it the keys, then what was asked meanwhile. If it cannot start,
         what was asked fails with `KeyProcessFailed`, as will what is asked later."""
         if self._failed is not None:
             return  # closed for good before it started
+        loop = asyncio.get_running_loop()
+        self._exited = loop.create_future()
         try:
-            self._process = await asyncio.create_subprocess_exec(
+            self._transport, _ = await loop.subprocess_exec(
+                lambda: _Pipes(self),
                 sys.executable,
                 "-P",  # (not the working directory first on the import path: see the supervisor)
                 "-m",
                 "pigeon.dkim.key_process",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
                 # The child's own first and last words (a traceback) go where the worker's go.
                 stderr=None,
             )
-        except OSError as error:
-            self._fail(KeyProcessFailed(f"cannot start the DKIM signing process: {error}"))
+        except Exception as error:  # (what was asked must fail, not wait for ever)
+            self._fail(KeyProcessFailed(f"cannot start the DKIM signing process: {error!r}"))
             return
+        # (uvloop's pipe transports do not subclass asyncio's, hence the cast, not a check)
+        self._stdin = cast(asyncio.WriteTransport, self._transport.get_pipe_transport(0))
         pems = [
             key.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -94,24 +125,22 @@ class KeyProcess:
             for key in self.keys
         ]
         self._write(pems)
-        self._reader = asyncio.create_task(self._read(), name="dkim key process")
         self._started = True
         self._flush()
         if self._closing:  # replaced (a reload) while it started: it answers, then ends
             self._close_stdin()
 
-    def sign(self, items: list[list[Any]]) -> asyncio.Future[list[bytes | str]]:
-        """Signatures (or error texts) for `[key index, digest]` items, in order. Items asked
-        for in one turn of the loop go to the child in one frame."""
-        future: asyncio.Future[list[bytes | str]] = asyncio.get_running_loop().create_future()
+    def sign(self, items: list[list[Any]], reply: Reply) -> None:
+        """Sign `[key index, digest]` items: `reply` gets the signatures (or error texts), in
+        order, or why none can come. Items asked for in one turn of the loop go to the child in
+        one frame."""
         if self._failed is not None:
-            future.set_exception(self._failed)
-            return future
-        if self._started and not self._batch:
-            asyncio.get_running_loop().call_soon(self._flush)
+            _answer(reply, self._failed)
+            return
         self._batch += items
-        self._batch_futures.append((future, len(items)))
-        return future
+        self._batch_replies.append((reply, len(items)))
+        if self._started:
+            self._flush()
 
     def close(self, *, wait_for_answers: bool = True) -> None:
         """No more requests: the child answers what it was asked (if `wait_for_answers`, else
@@ -124,75 +153,104 @@ class KeyProcess:
             self._close_stdin()
 
     def _close_stdin(self) -> None:
-        process = self._process
-        if process is not None and process.stdin is not None:
-            with contextlib.suppress(OSError, RuntimeError):
-                process.stdin.close()
+        if self._stdin is not None:
+            self._stdin.close()
 
     async def aclose(self) -> None:
         """Stop now: what was asked and not answered fails; the child is waited for (killed after
         a second if it does not end with its stdin)."""
         self.close(wait_for_answers=False)
         self._close_stdin()
-        process = self._process
-        if process is None:
+        transport, exited = self._transport, self._exited
+        if transport is None or exited is None:
             return
         try:
-            await asyncio.wait_for(process.wait(), 1.0)
+            await asyncio.wait_for(asyncio.shield(exited), 1.0)
         except TimeoutError:
-            process.kill()
-            await process.wait()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
+            with contextlib.suppress(ProcessLookupError):
+                transport.kill()
+            await exited
+        transport.close()
 
     def _flush(self) -> None:
         if self._failed is not None or not self._batch or not self._started:
             return
         batch, self._batch = self._batch, []
-        self._sent.extend(self._batch_futures)
-        self._batch_futures = []
-        try:
-            self._write(batch)
-        except (OSError, RuntimeError) as error:
-            self._fail(KeyProcessFailed(f"the DKIM signing process cannot be written to: {error}"))
+        self._sent.extend(self._batch_replies)
+        self._batch_replies = []
+        self._write(batch)
 
     def _write(self, value: Any) -> None:
-        assert self._process is not None and self._process.stdin is not None
+        assert self._stdin is not None
         payload = _ENCODE.encode(value)
-        self._process.stdin.write(_LENGTH.pack(len(payload)) + payload)
+        self._stdin.write(_LENGTH.pack(len(payload)) + payload)
 
-    async def _read(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        stdout = self._process.stdout
-        try:
-            while True:
-                (length,) = _LENGTH.unpack(await stdout.readexactly(_LENGTH.size))
-                answers: list[bytes | str] = _DECODE.decode(await stdout.readexactly(length))
-                start = 0
-                while start < len(answers):
-                    future, count = self._sent.popleft()
-                    if not future.done():
-                        future.set_result(answers[start : start + count])
-                    start += count
-        except (asyncio.IncompleteReadError, OSError, IndexError, msgspec.DecodeError) as error:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._process.wait(), 1.0)
-            code = self._process.returncode
-            detail = f"exit status {code}" if code is not None else repr(error)
-            self._fail(KeyProcessFailed(f"the DKIM signing process ended ({detail})"))
-            transport = getattr(self._process, "_transport", None)
-            if transport is not None:  # its pipes, now that nothing more comes
-                transport.close()
+    def _answers_arrived(self, data: bytes) -> None:
+        received = self._received
+        received += data
+        start = 0
+        while len(received) - start >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(received, start)
+            end = start + _LENGTH.size + length
+            if len(received) < end:
+                break
+            try:
+                answers: list[bytes | str] = _DECODE.decode(received[start + _LENGTH.size : end])
+            except msgspec.DecodeError as error:
+                self._fail(KeyProcessFailed(f"the DKIM signing process answered nonsense: {error}"))
+                return
+            start = end
+            taken = 0
+            while taken < len(answers) and self._sent:
+                reply, count = self._sent.popleft()
+                _answer(reply, answers[taken : taken + count])
+                taken += count
+        del received[:start]
+
+    def _ended(self) -> None:
+        """Its stdout closed or it exited: what it was asked and has not answered fails."""
+        code = None if self._transport is None else self._transport.get_returncode()
+        detail = "its output closed" if code is None else f"exit status {code}"
+        self._fail(KeyProcessFailed(f"the DKIM signing process ended ({detail})"))
 
     def _fail(self, error: BaseException) -> None:
         if self._failed is None:
             self._failed = error
-        for future, _ in [*self._sent, *self._batch_futures]:
-            if not future.done():
-                future.set_exception(error)
+        waiting = [reply for reply, _ in [*self._sent, *self._batch_replies]]
         self._sent.clear()
-        self._batch_futures = []
+        self._batch_replies = []
         self._batch = []
+        for reply in waiting:
+            _answer(reply, error)
+
+
+def _answer(reply: Reply, answer: list[bytes | str] | BaseException) -> None:
+    # A reply that raises is a bug in its message's path; it must not break the pipe every
+    # other message's signatures come back on.
+    try:
+        reply(answer)
+    except Exception:
+        _log.exception("handing back a DKIM signature failed")
+
+
+class _Pipes(asyncio.SubprocessProtocol):
+    """The child's pipes and exit, as they happen, to its `KeyProcess`."""
+
+    def __init__(self, owner: KeyProcess) -> None:
+        self._owner = owner
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self._owner._answers_arrived(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self._owner._ended()
+
+    def process_exited(self) -> None:
+        owner = self._owner
+        owner._ended()
+        if owner._exited is not None and not owner._exited.done():
+            owner._exited.set_result(None)
 
 
 # --- the child ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ relaying a whole message, so the key operation runs off the event loop, in the w
 signing process (`pigeon.dkim.key_process`: a thread would fight the loop for the GIL after
 every signature). Everything before it (choosing the signers, parsing the header, hashing
 the body) costs tens of microseconds and runs on the loop, where a hop would cost more than
-it saves; the process is sent the hashes, a batch per turn of the loop.
+it saves; the process is sent the hashes as they are made.
 
 A body that was spilled to a file (over `[spool] inline_limit`: rare, and big) is read back,
 hashed and signed in a thread (`_Worker`), which takes every job waiting when it wakes and
@@ -32,6 +32,9 @@ from pigeon.dkim.keys import KeyProblem, PrivateKey, load_key
 from pigeon.dkim.signer import Signer, Signers, Unsigned
 
 _log = logging.getLogger(__name__)
+
+Signed = Callable[[bytes | BaseException], None]
+"""Given a message's DKIM-Signature fields, or why it could not be signed."""
 
 
 def load_signers(configs: Sequence[DkimConfig]) -> Signers:
@@ -61,31 +64,43 @@ class Signing:
         self._process_keys: Signers | None = None
 
     def sign(
-        self, message: bytes | Path, head: bytes, tenant: str | None, timestamp: int, names: Sequence[str] | None = None
-    ) -> asyncio.Future[bytes] | None:
-        """The DKIM-Signature fields to put on top of `message` (its bytes, or the file that
-        holds them), or None when no signer applies (found before anything else is done).
-        `head`: the header section, to choose by when the message is in a file. The future
-        fails with the key operation's error."""
+        self,
+        message: bytes | Path,
+        head: bytes,
+        tenant: str | None,
+        timestamp: int,
+        names: Sequence[str] | None = None,
+        *,
+        then: Signed,
+    ) -> bool:
+        """Sign `message` (its bytes, or the file that holds them): `then` gets the
+        DKIM-Signature fields to put on top of it, or the key operation's error. False (and
+        `then` is never called) when no signer applies, found before anything else is done.
+        `head`: the header section, to choose by when the message is in a file.
+
+        `then` is called in the turn of the loop the signatures arrive in (not a turn later,
+        as a future's callbacks are): the message's 250 waits on it."""
         keys = self.keys
         if not keys.all:
-            return None
+            return False
         if isinstance(message, Path):
             signers = keys.choose(header_fields(head), tenant, names)
             if not signers:
-                return None
-            return self._submit(_sign_file, message, keys, signers, timestamp)
+                return False
+            job = self._submit(_sign_file, message, keys, signers, timestamp)
+            job.add_done_callback(lambda done: then(done.exception() or done.result()))
+            return True
         head, body = split_message(message)
         fields = header_fields(head)
         signers = keys.choose(fields, tenant, names)
         if not signers:
-            return None
+            return False
         unsigned = keys.prepare(fields, body, signers, timestamp)
         process = self._key_process(keys)
-        signed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        asked = process.sign([[process.index(u.key), u.digest] for u in unsigned])
-        asked.add_done_callback(lambda answer: _fields(answer, unsigned, signed))
-        return signed
+        process.sign(
+            [[process.index(u.key), u.digest] for u in unsigned], lambda answer: _fields(answer, unsigned, then)
+        )
+        return True
 
     def _key_process(self, keys: Signers) -> KeyProcess:
         """The signing process for `keys`: a new one after a reload, or after one died."""
@@ -124,21 +139,16 @@ class Signing:
 _starting: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
 
 
-def _fields(answer: asyncio.Future[list[bytes | str]], unsigned: list[Unsigned], signed: asyncio.Future[bytes]) -> None:
-    """The DKIM-Signature fields from the process's signatures, into `signed`."""
-    if signed.done():
+def _fields(answer: list[bytes | str] | BaseException, unsigned: list[Unsigned], then: Signed) -> None:
+    """The DKIM-Signature fields from the process's signatures, to `then`."""
+    if isinstance(answer, BaseException):
+        then(answer)
         return
-    error = answer.exception()
-    if error is not None:
-        signed.set_exception(error)
-        return
-    signatures = answer.result()
-    failed = [s for s in signatures if isinstance(s, str)]
+    failed = [s for s in answer if isinstance(s, str)]
     if failed:
-        signed.set_exception(KeyProcessFailed(f"the key operation failed: {failed[0]}"))
+        then(KeyProcessFailed(f"the key operation failed: {failed[0]}"))
         return
-    fields = [u.header + base64.b64encode(s) + b"\r\n" for u, s in zip(unsigned, signatures, strict=True)]  # type: ignore[arg-type]
-    signed.set_result(b"".join(fields))
+    then(b"".join(u.header + base64.b64encode(s) + b"\r\n" for u, s in zip(unsigned, answer, strict=True)))  # type: ignore[arg-type]
 
 
 _Job = tuple[Callable[..., bytes], tuple[Any, ...], "asyncio.Future[bytes]"]

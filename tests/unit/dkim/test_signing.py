@@ -11,12 +11,29 @@ import signal
 from pathlib import Path
 
 import dkim
+import pytest
 
 from pigeon.config.schema import DkimConfig
+from pigeon.dkim.key_process import KeyProcess
 from pigeon.dkim.keys import generate_key, record_text, write_key
 from pigeon.dkim.signing import Signing, load_signers
 
 MESSAGE = b"From: a@example.com\r\nSubject: x\r\n\r\nbody\r\n"
+
+
+def _sign(
+    signing: Signing, message: bytes | Path, head: bytes = b"", timestamp: int = 1
+) -> asyncio.Future[bytes] | None:
+    """`signing.sign` as a future (None: no signer applies)."""
+    future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def then(signed: bytes | BaseException) -> None:
+        if isinstance(signed, BaseException):
+            future.set_exception(signed)
+        else:
+            future.set_result(signed)
+
+    return future if signing.sign(message, head, None, timestamp, then=then) else None
 
 
 def _signing(tmp_path: Path) -> tuple[Signing, bytes]:
@@ -29,7 +46,7 @@ def _signing(tmp_path: Path) -> tuple[Signing, bytes]:
 async def test_many_messages_signed_at_once_each_get_their_own_signature(tmp_path: Path) -> None:
     signing, record = _signing(tmp_path)
     messages = [MESSAGE.replace(b"body", b"body %d" % n) for n in range(200)]
-    futures = [signing.sign(m, b"", None, 1_700_000_000) for m in messages]
+    futures = [_sign(signing, m, timestamp=1_700_000_000) for m in messages]
     signed = await asyncio.gather(*[f for f in futures if f is not None])
     assert len(signed) == 200
     for fields, message in zip(signed, messages, strict=True):
@@ -41,7 +58,7 @@ async def test_a_spilled_body_is_read_and_signed_in_the_thread(tmp_path: Path) -
     signing, record = _signing(tmp_path)
     spilled = tmp_path / "body"
     spilled.write_bytes(MESSAGE)
-    future = signing.sign(spilled, MESSAGE.split(b"\r\n\r\n")[0] + b"\r\n", None, 1_700_000_000)
+    future = _sign(signing, spilled, MESSAGE.split(b"\r\n\r\n")[0] + b"\r\n", 1_700_000_000)
     assert future is not None
     assert dkim.verify(await future + MESSAGE, dnsfunc=lambda name, timeout=5: record)
     await signing.close()
@@ -50,8 +67,8 @@ async def test_a_spilled_body_is_read_and_signed_in_the_thread(tmp_path: Path) -
 async def test_a_failed_job_fails_its_message_and_the_next_is_signed(tmp_path: Path) -> None:
     signing, _ = _signing(tmp_path)
     head = MESSAGE.split(b"\r\n\r\n")[0] + b"\r\n"
-    gone = signing.sign(tmp_path / "no-such-body", head, None, 1)
-    fine = signing.sign(MESSAGE, b"", None, 1)
+    gone = _sign(signing, tmp_path / "no-such-body", head)
+    fine = _sign(signing, MESSAGE)
     assert gone is not None and fine is not None
     results = await asyncio.gather(gone, fine, return_exceptions=True)
     assert isinstance(results[0], FileNotFoundError)
@@ -61,21 +78,24 @@ async def test_a_failed_job_fails_its_message_and_the_next_is_signed(tmp_path: P
 
 async def test_nothing_is_done_for_mail_no_signer_applies_to(tmp_path: Path) -> None:
     signing, _ = _signing(tmp_path)
-    assert signing.sign(b"From: a@other.test\r\n\r\nx\r\n", b"", None, 1) is None
-    assert signing.sign(b"Subject: no from\r\n\r\nx\r\n", b"", None, 1) is None
+    assert _sign(signing, b"From: a@other.test\r\n\r\nx\r\n") is None
+    assert _sign(signing, b"Subject: no from\r\n\r\nx\r\n") is None
     await signing.close()
 
 
 async def test_a_signing_process_that_dies_fails_its_messages_and_a_new_one_signs_the_next(tmp_path: Path) -> None:
     signing, record = _signing(tmp_path)
-    first = signing.sign(MESSAGE, b"", None, 1)
+    first = _sign(signing, MESSAGE)
     assert first is not None and (await first).startswith(b"DKIM-Signature:")
     process = signing._process
-    assert process is not None and process._process is not None
-    os.kill(process._process.pid, signal.SIGKILL)
-    await process._process.wait()
-    await asyncio.sleep(0.05)  # its pipe's end is read
-    lost = signing.sign(MESSAGE, b"", None, 1)
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    for _ in range(100):  # its death is noticed (its pipe's end is read)
+        if not process.alive:
+            break
+        await asyncio.sleep(0.01)
+    assert not process.alive
+    lost = _sign(signing, MESSAGE)
     assert lost is not None
     # The dead process is noticed: this message is signed by a new one (no message is refused
     # for a death noticed before it was asked).
@@ -86,17 +106,36 @@ async def test_a_signing_process_that_dies_fails_its_messages_and_a_new_one_sign
 
 async def test_after_a_reload_messages_are_signed_with_the_new_keys(tmp_path: Path) -> None:
     signing, old_record = _signing(tmp_path)
-    before = signing.sign(MESSAGE, b"", None, 1)
+    before = _sign(signing, MESSAGE)
     assert before is not None
     new_key = generate_key("ed25519-sha256")
     new = tmp_path / "new.pem"
     write_key(new, new_key)
     config = DkimConfig(domain="example.com", selector="s", private_key=new, algorithm="ed25519-sha256")
     signing.reload([config])
-    after = signing.sign(MESSAGE, b"", None, 1)
+    after = _sign(signing, MESSAGE)
     assert after is not None
     # The message asked before the reload is answered by the old process, with the old key.
     assert dkim.verify(await before + MESSAGE, dnsfunc=lambda name, timeout=5: old_record)
     new_record = record_text(new_key).encode()
     assert dkim.verify(await after + MESSAGE, dnsfunc=lambda name, timeout=5: new_record)
     await signing.close()
+
+
+async def test_an_answer_whose_taker_fails_is_logged_and_the_next_answer_still_arrives(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    process = KeyProcess([generate_key("ed25519-sha256")])
+    await process.start()
+    answered: asyncio.Future[list[bytes | str] | BaseException] = asyncio.get_running_loop().create_future()
+
+    def broken(answer: list[bytes | str] | BaseException) -> None:
+        raise RuntimeError("a bug in the message's path")
+
+    process.sign([[0, bytes(32)]], broken)
+    process.sign([[0, bytes(range(32))]], answered.set_result)
+    answer = await asyncio.wait_for(answered, 10)
+    assert isinstance(answer, list) and isinstance(answer[0], bytes) and len(answer[0]) == 64
+    assert process.alive
+    assert "handing back a DKIM signature failed" in caplog.text
+    await process.aclose()
