@@ -9,7 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets import maildir
 from pigeon.inbound.targets.base import Verdict
 from pigeon.inbound.targets.log import LogTarget
 from pigeon.inbound.targets.maildir import MaildirTarget
@@ -40,7 +43,14 @@ async def test_log_target_that_cannot_write_answers_later_for_the_whole_batch(tm
     assert "logs" in answers[0].detail
 
 
-async def test_maildir_target_writes_a_batch_once_each_into_new(tmp_path: Path) -> None:
+@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "fsync-per-file"])
+async def test_maildir_target_writes_a_batch_once_each_into_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool
+) -> None:
+    if not syncfs:  # as where Linux's syncfs(2) is not to be had
+        monkeypatch.setattr(maildir, "_syncfs", None)
+    elif maildir._syncfs is None:
+        pytest.skip("no syncfs here")
     target = MaildirTarget("box", tmp_path / "Maildir")
     await target.start()
     try:
@@ -54,6 +64,36 @@ async def test_maildir_target_writes_a_batch_once_each_into_new(tmp_path: Path) 
     new = sorted(path.read_bytes() for path in (tmp_path / "Maildir" / "new").iterdir())
     assert new == sorted(mail(n).raw for n in (1, 2, 4))
     assert not list((tmp_path / "Maildir" / "tmp").iterdir())
+
+
+async def test_maildir_target_makes_the_files_durable_before_their_names_reach_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if maildir._syncfs is None:
+        pytest.skip("no syncfs here")
+    seen: list[tuple[list[str], list[str]]] = []
+    sync = maildir._sync_filesystem
+
+    def watched(fd: int) -> None:
+        seen.append(
+            (sorted(os.listdir(tmp_path / "Maildir" / "tmp")), sorted(os.listdir(tmp_path / "Maildir" / "new")))
+        )
+        sync(fd)
+
+    monkeypatch.setattr(maildir, "_sync_filesystem", watched)
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    try:
+        answers = await target.deliver_many([mail(1), mail(2)])
+    finally:
+        await target.close()
+    assert [a.verdict for a in answers] == [Verdict.ACCEPTED] * 2
+    names = sorted(f"pigeon.{mail(n).dedupe_key}" for n in (1, 2))
+    # One sync of the filesystem with the files in tmp/ and none in new/, then one with the
+    # names in new/: a name in new/ (what the dedupe trusts) always has its bytes on disk.
+    [(tmp_first, new_first), (tmp_then, new_then)] = seen
+    assert [name.rpartition(".")[0] for name in tmp_first] == names and new_first == []
+    assert tmp_then == [] and new_then == names
 
 
 async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_behind(tmp_path: Path) -> None:

@@ -3,26 +3,60 @@
 The file name is the dedupe key, so a message handed over twice lands once: if it is already
 in new/ (or was moved to cur/ by a reader), the second handoff is accepted and writes nothing.
 
-A batch is written as a group, as the spool commits: every file written, their fsyncs run
-side by side (the filesystem's journal takes them in one or a few commits instead of one
-each), then each linked into new/ and new/ fsynced once. Nothing counts as accepted before
-its file and its name in new/ are on disk.
+A batch is written as a group, as the spool commits: every file written to tmp/ and made
+durable, then each linked into new/ and new/ made durable. Nothing counts as accepted before
+its file and its name in new/ are on disk, and no name reaches new/ before its file's bytes
+are on disk (a name there is what the dedupe trusts).
+
+"Made durable" is one syncfs(2) of the Maildir's filesystem for the whole batch where Linux
+has it: one journal commit and one cache flush. Measured here (50 files of 5 KiB a batch), it
+wrote 1.7-3x as many messages a second as an fsync per file (16 at once, which the journal
+mostly folds into a few commits), at a third to a half of the CPU. It also writes out what
+other programs left unsynced on that filesystem, as ext4's per-file fsync often does too;
+a Maildir on a disk shared with heavy unsynced writers can give it its own filesystem.
+Elsewhere (no syncfs), each file is fsynced, side by side, and then new/.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 
 _SYNCERS: Final = 16  # fsyncs at once: past a dozen or so, a journal commit takes no more of them
+
+
+def _find_syncfs() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    syncfs.argtypes, syncfs.restype = [ctypes.c_int], ctypes.c_int
+    return cast(Callable[[int], int], syncfs)
+
+
+_syncfs: Final = _find_syncfs()
+
+
+def _sync_filesystem(fd: int) -> None:
+    """Everything written to `fd`'s filesystem, on disk (or OSError: since Linux 5.8, syncfs
+    reports a failed write-back, as fsync does)."""
+    assert _syncfs is not None
+    if _syncfs(fd) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
 
 
 class MaildirTarget(Target):
@@ -67,8 +101,12 @@ class MaildirTarget(Target):
         loop for the batch). An answer for each message already there, None for the others."""
         answers, written = self._write(messages)
         try:
-            for _ in syncers.map(os.fsync, [fd for _, _, fd in written]):
-                pass
+            if written:
+                if _syncfs is not None:
+                    _sync_filesystem(written[0][2])
+                else:
+                    for _ in syncers.map(os.fsync, [fd for _, _, fd in written]):
+                        pass
             self._publish(written)
         finally:
             self._discard(written)  # what is left after a failure
@@ -124,7 +162,10 @@ class MaildirTarget(Target):
                 tmp.unlink(missing_ok=True)
         directory = os.open(self.path / "new", os.O_RDONLY)
         try:
-            os.fsync(directory)
+            if _syncfs is not None:
+                _sync_filesystem(directory)
+            else:
+                os.fsync(directory)
         finally:
             os.close(directory)
 
