@@ -104,6 +104,7 @@ def test_sighup_takes_new_smtp_users_and_an_authenticated_session_goes_on(tmp_pa
         users.write_text("")
         set_password(users, "bob", "bob-secret")
         _hangup(pigeon, "reloaded:")
+        assert ", 1 SMTP user, " in pigeon.stderr()
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as bob:
             assert bob.login("bob", "bob-secret")[0] == 235
         with (
@@ -132,3 +133,4 @@ def test_sighup_takes_new_routes_and_names_the_changes_that_need_a_restart(tmp_p
             assert len(before.received) == 1
         assert "reload: [smtp] max_message_size changed; it takes effect at the next restart" in pigeon.stderr()
         assert pigeon.stderr().count("takes effect at the next restart") == 1  # the route was taken
+        assert "reloaded: TLS on, no SMTP users, 1 route, 0 DKIM signers" in pigeon.stderr()

@@ -372,11 +372,11 @@ class Node:
                 continue  # said above
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
         _log.info(
-            "reloaded: TLS %s, %s SMTP users, %d routes, %d DKIM signers (keys read again)%s",
+            "reloaded: TLS %s, %s, %s, %s (keys read again)%s",
             "on" if tls_context is not None else "off",
-            len(passwords) if passwords is not None else "no",
-            len(routes),
-            len(signers),
+            _counted(len(passwords), "SMTP user") if passwords is not None else "no SMTP users",
+            _counted(len(routes), "route"),
+            _counted(len(signers), "DKIM signer"),
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
 
@@ -589,3 +589,8 @@ def _tune_garbage_collector() -> None:
     """
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+
+
+def _counted(count: int, noun: str) -> str:
+    """ "1 route", "0 routes", "2 routes"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
