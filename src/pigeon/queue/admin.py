@@ -59,7 +59,42 @@ __all__ = ["Admin", "Selector", "new_rule_id"]
 
 
 # A scheduled queue's counts, every one always there, 0 or not: a client reads them without defaults.
-_NO_COUNTS: Final = {"messages": 0, "due": 0, "held": 0, "ready": 0, "in_flight": 0, "settling": 0}
+class ScheduledQueue(msgspec.Struct, kw_only=True):
+    """A scheduled queue: its messages in the spool, and those of them a worker holds in
+    memory, by state. With `?cluster=1`, added up over every worker and node."""
+
+    queue: str
+    messages: int
+    due: int  # due now
+    held: int  # held ([[inbound]] mail an operator releases)
+    scheduled: int  # in memory, its destination being looked up
+    ready: int  # in a ready queue, waiting for a connection
+    in_flight: int  # being delivered
+    settling: int  # its outcome being made durable
+    oldest: float  # the oldest message's arrival (Unix time)
+
+
+class ReadyQueueRow(msgspec.Struct):
+    """A ready queue (`source->site`): what waits in it, the connections open for it, and the
+    shaping reactions' effects it waits under."""
+
+    path: str
+    source: str
+    site: str
+    queued: int
+    connections: int
+    provider: str | None  # the mailbox provider whose shaping the site's MX names matched
+    effects: list[Effect]
+
+
+class QueueSummary(msgspec.Struct):
+    """GET /api/v1/queues."""
+
+    scheduled: list[ScheduledQueue]
+    ready: list[ReadyQueueRow]
+
+
+_IN_MEMORY: Final = frozenset({State.SCHEDULED, State.READY, State.IN_FLIGHT, State.SETTLING})
 
 
 class _Done(enum.Enum):
@@ -227,34 +262,50 @@ class Admin:
 
     # --- reading ---------------------------------------------------------------------------
     async def summary(self) -> dict[str, Any]:
-        """Scheduled queues (from the spool, counted in a thread) and ready queues."""
+        """Scheduled queues (from the spool, counted in a thread) and ready queues: a
+        `QueueSummary`, as the JSON GET /api/v1/queues answers with."""
         now = self._clock()
         counts = await asyncio.gather(
             *(asyncio.to_thread(spool.queue_counts, now, HELD) for spool in self._spools.values())
         )
-        scheduled: dict[str, dict[str, Any]] = {}
+        scheduled: dict[str, ScheduledQueue] = {}
         for rows in counts:
             for queue, messages, due, held, oldest in rows:
-                row = scheduled.setdefault(queue, {"queue": queue, **_NO_COUNTS, "oldest": oldest})
-                row["messages"] += messages
-                row["due"] += due or 0
-                row["held"] += held or 0
-                row["oldest"] = min(row["oldest"], oldest)
+                row = scheduled.get(queue)
+                if row is None:
+                    row = scheduled[queue] = ScheduledQueue(
+                        queue=queue,
+                        messages=0,
+                        due=0,
+                        held=0,
+                        scheduled=0,
+                        ready=0,
+                        in_flight=0,
+                        settling=0,
+                        oldest=oldest,
+                    )
+                row.messages += messages
+                row.due += due or 0
+                row.held += held or 0
+                row.oldest = min(row.oldest, oldest)
         for entry in self._active:
             counted = scheduled.get(entry.message.queue)
-            if counted is not None:
-                counted[entry.state.value] = counted.get(entry.state.value, 0) + 1
+            if counted is not None and entry.state in _IN_MEMORY:
+                setattr(counted, entry.state.value, getattr(counted, entry.state.value) + 1)
         ready = []
         for q in self._ready:
             connections = self._connections(q.path)
             # An empty queue under an effect is listed too: the mail whose reply started a
             # suspension waits in its scheduled queue, and this row is where it says why.
-            effects = msgspec.to_builtins(self._effects(q.path))  # as GET /api/v1/shaping/effects has them
+            effects = self._effects(q.path)
             if len(q) or connections or effects:
                 source = q.path[: -len(q.site) - 2]  # the implicit source too, by its name
-                row = {"path": q.path, "source": source, "site": q.site, "queued": len(q), "connections": connections}
-                ready.append(row | {"provider": self._provider(q.path), "effects": effects})
-        return {"scheduled": sorted(scheduled.values(), key=lambda r: r["queue"]), "ready": ready}
+                ready.append(
+                    ReadyQueueRow(q.path, source, q.site, len(q), connections, self._provider(q.path), effects)
+                )
+        summary = QueueSummary(sorted(scheduled.values(), key=lambda r: r.queue), ready)
+        result: dict[str, Any] = msgspec.to_builtins(summary)
+        return result
 
     def rules(self, kind: str) -> list[dict[str, Any]]:
         return self._rules.listed(kind)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from pigeon.cli.admin import _effect_text
-from pigeon.queue.admin import Admin
+from pigeon.listener.http.openapi import document
+from pigeon.queue.admin import Admin, QueueSummary, ReadyQueueRow
 from pigeon.shaping.effects import Effect
 
 
@@ -48,10 +51,18 @@ async def test_an_empty_ready_queue_under_an_effect_is_listed_with_it() -> None:
         effects=lambda path: effects.get(path, []),
         clock=lambda: 0.0,
     )
-    ready = (await admin.summary())["ready"]
+    summary = await admin.summary()
+    ready = summary["ready"]
     assert [(row["site"], row["queued"], [e["rule"] for e in row["effects"]]) for row in ready] == [
         ("mx.suspended.test", 0, ["rate-limited"])
     ]
+    # what the API answers is what its OpenAPI document describes (QueueSummary's schema)
+    assert msgspec.convert(summary, QueueSummary) == QueueSummary([], [msgspec.convert(ready[0], ReadyQueueRow)])
+    [row] = document()["paths"]["/api/v1/queues"]["get"]["responses"]["200"]["content"]["application/json"]["schema"][
+        "allOf"
+    ][:1]
+    assert row == {"$ref": "#/components/schemas/QueueSummary"}
+    assert set(document()["components"]["schemas"]["ScheduledQueue"]["required"]) >= {"in_flight", "settling", "held"}
 
 
 def test_a_limit_effect_counts_its_connections_in_words() -> None:

@@ -16,6 +16,7 @@ from pigeon.compose import InjectRequest
 from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import AdminRequest, RebindRequest
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
+from pigeon.queue.admin import QueueSummary
 
 _REF: Final = "#/components/schemas/{name}"
 _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
@@ -29,8 +30,8 @@ _ERRORS: Final = {
 
 @functools.cache
 def document() -> dict[str, Any]:
-    (request, response, _, admin_request, rebind_request), components = msgspec.json.schema_components(
-        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest, RebindRequest],
+    (request, response, _, admin_request, rebind_request, queues), components = msgspec.json.schema_components(
+        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest, RebindRequest, QueueSummary],
         ref_template=_REF,
         schema_hook=_custom,
     )
@@ -47,7 +48,7 @@ def document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
-            **_admin_paths(admin_request, rebind_request),
+            **_admin_paths(admin_request, rebind_request, queues),
             "/api/v1/inject": {
                 "post": {
                     "operationId": "inject",
@@ -80,7 +81,7 @@ def _custom(kind: type) -> dict[str, Any]:
     raise NotImplementedError(kind)
 
 
-def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str, Any]:
+def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict[str, Any]) -> dict[str, Any]:
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
     errors["503"] = _response("Delivery is disabled on this node", _ref("ErrorResponse"))
     answer = {"type": "object"}
@@ -98,8 +99,10 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str,
         }
     ]
 
-    def operation(op_id: str, summary: str, scope: str, **extra: Any) -> dict[str, Any]:
-        responses = {"200": _response("Done; counts of what it touched", answer), **errors}
+    def operation(
+        op_id: str, summary: str, scope: str, answered: dict[str, Any] = answer, **extra: Any
+    ) -> dict[str, Any]:
+        responses = {"200": _response("Done; counts of what it touched", answered), **errors}
         if "parameters" in extra:
             responses["404"] = _response("No such rule or message", _ref("ErrorResponse"))
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
@@ -161,7 +164,13 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any]) -> dict[str,
             "get": operation("operations", "Recent bulk operations and how far they got", "read"),
         },
         "/api/v1/queues": {
-            "get": operation("queues", "Scheduled queues (messages, due, oldest) and ready queues", "read"),
+            "get": operation(
+                "queues",
+                "Scheduled queues (messages, due, oldest) and ready queues",
+                "read",
+                # with ?cluster=1, a `cluster` member too (whose answers were added up)
+                {"allOf": [queues, {"properties": {"cluster": {"type": "object"}}}]},
+            ),
         },
         "/api/v1/messages/{id}": {
             "get": operation("inspect", "One message: envelope, state, attempts", "read", parameters=spool_id),
