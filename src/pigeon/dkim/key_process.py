@@ -132,8 +132,8 @@ class KeyProcess:
 
     def sign(self, items: list[list[Any]], reply: Reply) -> None:
         """Sign `[key index, digest]` items: `reply` gets the signatures (or error texts), in
-        order, or why none can come. Items asked for in one turn of the loop go to the child in
-        one frame."""
+        order, or why none can come. The request goes to the child at once (once it has
+        started: what is asked before goes in one frame when it has)."""
         if self._failed is not None:
             _answer(reply, self._failed)
             return
@@ -178,7 +178,10 @@ class KeyProcess:
         batch, self._batch = self._batch, []
         self._sent.extend(self._batch_replies)
         self._batch_replies = []
-        self._write(batch)
+        try:
+            self._write(batch)
+        except (OSError, RuntimeError) as error:  # its pipe is closed (it died, or is closing)
+            self._fail(KeyProcessFailed(f"the DKIM signing process cannot be written to: {error}"))
 
     def _write(self, value: Any) -> None:
         assert self._stdin is not None

@@ -592,5 +592,5 @@ def _tune_garbage_collector() -> None:
 
 
 def _counted(count: int, noun: str) -> str:
-    """ "1 route", "0 routes", "2 routes"."""
+    """The count and its noun, which agrees: "1 route", "0 routes", "2 routes"."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
