@@ -10,7 +10,7 @@ goes on; the signatures come back on a pipe the loop reads like a socket.
 Each message's request is written at once, not gathered for the end of the loop's turn: the
 message's 250 waits for its signatures, and half a turn of a busy loop is a millisecond.
 Measured (`bench/dkim.py`, RSA-2048, 5 KiB, 5 rounds), sending at once and handing answers
-back in the turn they arrive took signing on/off from 0.71-0.74 to 0.78. Signing a burst of
+straight to callbacks (no reader task, no futures) took signing on/off from 0.71-0.74 to 0.78. Signing a burst of
 requests side by side (threads in the child, or two children) was measured too, and lost:
 the two cores are busy, and the hand-offs cost more than the waiting they saved.
 
@@ -63,9 +63,9 @@ Reply = Callable[[list[bytes | str] | BaseException], None]
 class KeyProcess:
     """One signing process for a set of keys, started with `start()`.
 
-    Answers are handed back in the turn of the loop that reads them, to plain callbacks: a
-    message's 250 waits on its signature, and every hop through a future or a reader task
-    would add a turn of a busy loop (a millisecond or more) to each message's latency.
+    Answers are handed to plain callbacks as the pipe's data is delivered: a message's 250
+    waits on its signature, and every hop through a future or a reader task would add a turn
+    of a busy loop (a millisecond or more) to each message's latency.
     """
 
     def __init__(self, keys: Sequence[PrivateKey]) -> None:
@@ -124,7 +124,11 @@ class KeyProcess:
             )
             for key in self.keys
         ]
-        self._write(pems)
+        try:
+            self._write(pems)
+        except (OSError, RuntimeError) as error:  # it died already (uvloop raises, asyncio does not)
+            self._fail(KeyProcessFailed(f"the DKIM signing process cannot be written to: {error}"))
+            return
         self._started = True
         self._flush()
         if self._closing:  # replaced (a reload) while it started: it answers, then ends
@@ -246,14 +250,21 @@ class _Pipes(asyncio.SubprocessProtocol):
         self._owner._answers_arrived(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
+        if fd == 1:  # the end of its output: every answer it wrote has been handed back
             self._owner._ended()
 
     def process_exited(self) -> None:
-        owner = self._owner
-        owner._ended()
-        if owner._exited is not None and not owner._exited.done():
-            owner._exited.set_result(None)
+        # Not a reason to fail anything: the exit and the end of its output are reported
+        # separately, and a child that was closed (a reload) answers, then exits, so its last
+        # answers may still be on their way. The end of its output fails what is left.
+        exited = self._owner._exited
+        if exited is not None and not exited.done():
+            exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        transport = self._owner._transport
+        if transport is not None:  # its pipes are closed and it has exited: nothing more comes
+            transport.close()
 
 
 # --- the child ----------------------------------------------------------------------------------

@@ -78,8 +78,8 @@ class Signing:
         `then` is never called) when no signer applies, found before anything else is done.
         `head`: the header section, to choose by when the message is in a file.
 
-        `then` is called in the turn of the loop the signatures arrive in (not a turn later,
-        as a future's callbacks are): the message's 250 waits on it."""
+        `then` is called as soon as the signatures are read (not a turn of the loop later, as a
+        future's callbacks are): the message's 250 waits on it."""
         keys = self.keys
         if not keys.all:
             return False

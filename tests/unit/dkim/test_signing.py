@@ -139,3 +139,20 @@ async def test_an_answer_whose_taker_fails_is_logged_and_the_next_answer_still_a
     assert process.alive
     assert "handing back a DKIM signature failed" in caplog.text
     await process.aclose()
+
+
+async def test_a_closed_signing_process_answers_everything_it_was_asked_before_it_ends() -> None:
+    # As after a reload: the old process is closed with requests out, and must answer them all
+    # (its exit and the end of its output are reported separately: only the latter ends them).
+    process = KeyProcess([generate_key("rsa-sha256")])
+    await process.start()
+    loop = asyncio.get_running_loop()
+    answers: list[asyncio.Future[list[bytes | str] | BaseException]] = [loop.create_future() for _ in range(100)]
+    for n, answered in enumerate(answers):
+        process.sign([[0, n.to_bytes(32, "big")]], answered.set_result)
+    process.close()
+    got = await asyncio.wait_for(asyncio.gather(*answers), 30)
+    assert all(isinstance(answer, list) and isinstance(answer[0], bytes) for answer in got), [
+        answer for answer in got if not isinstance(answer, list)
+    ][:1]
+    await process.aclose()

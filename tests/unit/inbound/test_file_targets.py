@@ -3,6 +3,7 @@ message once, and nothing counts as accepted that is not in the file or the Mail
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -49,7 +50,7 @@ async def test_maildir_target_writes_a_batch_once_each_into_new(
 ) -> None:
     if not syncfs:  # as where Linux's syncfs(2) is not to be had
         monkeypatch.setattr(maildir, "_syncfs", None)
-    elif maildir._syncfs is None:
+    elif maildir._syncfs is None or maildir.filesystem_type(tmp_path) not in maildir._SYNCFS_FILESYSTEMS:
         pytest.skip("no syncfs here")
     target = MaildirTarget("box", tmp_path / "Maildir")
     await target.start()
@@ -69,7 +70,7 @@ async def test_maildir_target_writes_a_batch_once_each_into_new(
 async def test_maildir_target_makes_the_files_durable_before_their_names_reach_new(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if maildir._syncfs is None:
+    if maildir._syncfs is None or maildir.filesystem_type(tmp_path) not in maildir._SYNCFS_FILESYSTEMS:
         pytest.skip("no syncfs here")
     seen: list[tuple[list[str], list[str]]] = []
     sync = maildir._sync_filesystem
@@ -94,6 +95,42 @@ async def test_maildir_target_makes_the_files_durable_before_their_names_reach_n
     [(tmp_first, new_first), (tmp_then, new_then)] = seen
     assert [name.rpartition(".")[0] for name in tmp_first] == names and new_first == []
     assert tmp_then == [] and new_then == names
+
+
+async def test_maildir_target_whose_syncfs_is_refused_fsyncs_each_file_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    def refused(fd: int) -> None:  # as a sandbox's seccomp filter answers
+        calls.append(fd)
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(maildir, "_syncfs", lambda fd: 0)
+    monkeypatch.setattr(maildir, "_sync_filesystem", refused)
+    monkeypatch.setattr(maildir, "filesystem_type", lambda path: "ext4")
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    try:
+        first = await target.deliver_many([mail(1), mail(2)])
+        then = await target.deliver_many([mail(3)])
+    finally:
+        await target.close()
+    assert [a.verdict for a in first + then] == [Verdict.ACCEPTED] * 3
+    assert len(calls) == 1  # asked once, then not again
+    assert "syncfs refused" in caplog.text
+    assert sorted(p.read_bytes() for p in (tmp_path / "Maildir" / "new").iterdir()) == sorted(
+        mail(n).raw for n in (1, 2, 3)
+    )
+
+
+def test_syncfs_is_not_trusted_before_linux_5_8_nor_on_a_filesystem_it_may_not_make_durable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(maildir, "_kernel", lambda: (4, 18))  # syncfs said 0 after a failed write-back
+    assert maildir._find_syncfs() is None
+    assert maildir.filesystem_type(Path("/proc/self")) == "proc"
+    assert "fuse" not in maildir._SYNCFS_FILESYSTEMS and "nfs" not in maildir._SYNCFS_FILESYSTEMS
 
 
 async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_behind(tmp_path: Path) -> None:

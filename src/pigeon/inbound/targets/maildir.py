@@ -1,4 +1,4 @@
-"""Maildir: each message written to tmp/, fsynced, then linked into new/.
+"""Maildir: each message written to tmp/, made durable, then linked into new/.
 
 The file name is the dedupe key, so a message handed over twice lands once: if it is already
 in new/ (or was moved to cur/ by a reader), the second handoff is accepted and writes nothing.
@@ -9,12 +9,14 @@ its file and its name in new/ are on disk, and no name reaches new/ before its f
 are on disk (a name there is what the dedupe trusts).
 
 "Made durable" is one syncfs(2) of the Maildir's filesystem for the whole batch where Linux
-has it: one journal commit and one cache flush. Measured here (50 files of 5 KiB a batch), it
-wrote 1.7-3x as many messages a second as an fsync per file (16 at once, which the journal
-mostly folds into a few commits), at a third to a half of the CPU. It also writes out what
-other programs left unsynced on that filesystem, as ext4's per-file fsync often does too;
-a Maildir on a disk shared with heavy unsynced writers can give it its own filesystem.
-Elsewhere (no syncfs), each file is fsynced, side by side, and then new/.
+has it (5.8 and later, where it reports a failed write-back) and the filesystem is a local one
+it is known to make durable (ext4, xfs, btrfs...): one journal commit and one cache flush.
+Measured here (50 files of 5 KiB a batch), it wrote 1.7-3x as many messages a second as an
+fsync per file (16 at once, which the journal mostly folds into a few commits), at a third to
+a half of the CPU. It also writes out what other programs left unsynced on that filesystem, as
+ext4's per-file fsync often does too; a Maildir on a disk shared with heavy unsynced writers
+can give it its own filesystem.
+Elsewhere, or if syncfs is refused (a sandbox), each file is fsynced, side by side, then new/.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
+import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,11 +37,20 @@ from typing import Final, cast
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 
+_log = logging.getLogger(__name__)
 _SYNCERS: Final = 16  # fsyncs at once: past a dozen or so, a journal commit takes no more of them
 
 
+# Where syncfs makes durable what an fsync of each file would: local filesystems whose sync
+# commits their journal (or tree) and flushes the disk's cache. Not network or FUSE ones, where
+# syncfs may not reach the server (FUSE before Linux 5.15, or a server without FUSE_SYNCFS).
+_SYNCFS_FILESYSTEMS: Final = frozenset({"ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs"})
+_SYNCFS_REFUSED: Final = frozenset({errno.ENOSYS, errno.EPERM, errno.EINVAL})  # a sandbox's seccomp, say
+
+
 def _find_syncfs() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
+    # Before Linux 5.8 syncfs returned 0 even when writing back failed: not to be trusted.
+    if not sys.platform.startswith("linux") or _kernel() < (5, 8):
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -47,16 +61,40 @@ def _find_syncfs() -> Callable[[int], int] | None:
     return cast(Callable[[int], int], syncfs)
 
 
+def _kernel() -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
 _syncfs: Final = _find_syncfs()
 
 
 def _sync_filesystem(fd: int) -> None:
-    """Everything written to `fd`'s filesystem, on disk (or OSError: since Linux 5.8, syncfs
-    reports a failed write-back, as fsync does)."""
+    """Everything written to `fd`'s filesystem, on disk (or OSError: a failed write-back, as
+    fsync reports it)."""
     assert _syncfs is not None
     if _syncfs(fd) != 0:
         error = ctypes.get_errno()
         raise OSError(error, os.strerror(error))
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem `path` is on, from /proc/self/mounts (None: not known)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return None
+    where = str(path.resolve())
+    deepest, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal[1], 8)), fields[1])  # "\040" is a space
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(deepest):
+            deepest, kind = point, fields[2]
+    return kind
 
 
 class MaildirTarget(Target):
@@ -67,9 +105,12 @@ class MaildirTarget(Target):
         super().__init__(name, concurrency=4)
         self.path = path
         self._syncers: ThreadPoolExecutor | None = None
+        self._whole_filesystem = False  # made durable by syncfs (found at start), else by fsyncs
 
     async def start(self) -> None:
         await asyncio.to_thread(self._make_directories)
+        kind = await asyncio.to_thread(filesystem_type, self.path)
+        self._whole_filesystem = _syncfs is not None and kind in _SYNCFS_FILESYSTEMS
 
     async def close(self) -> None:
         if self._syncers is not None:
@@ -102,11 +143,7 @@ class MaildirTarget(Target):
         answers, written = self._write(messages)
         try:
             if written:
-                if _syncfs is not None:
-                    _sync_filesystem(written[0][2])
-                else:
-                    for _ in syncers.map(os.fsync, [fd for _, _, fd in written]):
-                        pass
+                self._durable([fd for _, _, fd in written], syncers)
             self._publish(written)
         finally:
             self._discard(written)  # what is left after a failure
@@ -162,12 +199,28 @@ class MaildirTarget(Target):
                 tmp.unlink(missing_ok=True)
         directory = os.open(self.path / "new", os.O_RDONLY)
         try:
-            if _syncfs is not None:
-                _sync_filesystem(directory)
-            else:
-                os.fsync(directory)
+            self._durable([directory], None)
         finally:
             os.close(directory)
+
+    def _durable(self, fds: list[int], syncers: ThreadPoolExecutor | None) -> None:
+        """What was written to `fds` on disk: one syncfs of the Maildir's filesystem, or an
+        fsync each (side by side on `syncers`)."""
+        if self._whole_filesystem:
+            try:
+                _sync_filesystem(fds[0])
+                return
+            except OSError as error:
+                if error.errno not in _SYNCFS_REFUSED:
+                    raise
+                _log.warning("maildir %s: syncfs refused (%s): each file is fsynced instead", self.path, error)
+                self._whole_filesystem = False
+        if syncers is None or len(fds) == 1:
+            for fd in fds:
+                os.fsync(fd)
+        else:
+            for _ in syncers.map(os.fsync, fds):
+                pass
 
     @staticmethod
     def _discard(written: list[tuple[str, Path, int]]) -> None:
