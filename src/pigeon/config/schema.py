@@ -576,8 +576,10 @@ class MailboxConfig(_Section, kw_only=True):
     big ones (bench/inbound.py: a log target at 0.91x the mail_room gem's rate with 200, 1.06x
     with 1,000; three nodes sharing Redis 0.92x one node with 200, 1.08x with 1,000)."""
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
-    """Messages handed to the target at once. A node killed mid-batch repeats at most twice
-    this many handoffs (those not yet marked done), each with the same dedupe key."""
+    """Messages handed to the target at once, for a target that takes them one by one (a
+    webhook). A node killed mid-batch repeats at most twice this many such handoffs (those not
+    yet marked done), each with the same dedupe key; a target that takes a batch whole repeats
+    at most that batch (see `batch`)."""
     max_message_size: Size = Size(50 * 1024 * 1024)
     """Larger messages are treated as permanent failures (not fetched)."""
     timeout: Duration = Duration(60)

@@ -52,6 +52,11 @@ _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder()
 
 
+ANSWER_TIMEOUT = 10.0
+"""Seconds a request may wait for its answer (a signature takes well under a millisecond):
+past that the child is taken for stuck, killed, and what it was asked fails (451)."""
+
+
 class KeyProcessFailed(RuntimeError):
     """The signing process went away (or could not start) before answering."""
 
@@ -70,13 +75,15 @@ class KeyProcess:
 
     def __init__(self, keys: Sequence[PrivateKey]) -> None:
         self.keys = list(keys)
+        self.answer_timeout = ANSWER_TIMEOUT
         self._index = {id(key): n for n, key in enumerate(self.keys)}
         self._transport: asyncio.SubprocessTransport | None = None
         self._stdin: asyncio.WriteTransport | None = None
         self._received = bytearray()
         self._batch: list[list[Any]] = []
         self._batch_replies: list[tuple[Reply, int]] = []
-        self._sent: deque[tuple[Reply, int]] = deque()
+        self._sent: deque[tuple[Reply, int, float]] = deque()  # (reply, items, when sent)
+        self._watchdog: asyncio.TimerHandle | None = None
         self._exited: asyncio.Future[None] | None = None
         self._failed: BaseException | None = None
         self._started = False  # requests made before are sent once it is
@@ -180,12 +187,41 @@ class KeyProcess:
         if self._failed is not None or not self._batch or not self._started:
             return
         batch, self._batch = self._batch, []
-        self._sent.extend(self._batch_replies)
+        now = asyncio.get_running_loop().time()
+        self._sent.extend((reply, count, now) for reply, count in self._batch_replies)
         self._batch_replies = []
         try:
             self._write(batch)
         except (OSError, RuntimeError) as error:  # its pipe is closed (it died, or is closing)
             self._fail(KeyProcessFailed(f"the DKIM signing process cannot be written to: {error}"))
+            return
+        self._watch()
+
+    def _watch(self) -> None:
+        """Arm the watchdog for the oldest request waiting: a child that is stopped or stuck
+        (not dead: its end would be seen) must not hold messages, whose clients wait for a 250,
+        for ever."""
+        if self._watchdog is None and self._sent:
+            deadline = self._sent[0][2] + self.answer_timeout
+            self._watchdog = asyncio.get_running_loop().call_at(deadline, self._overdue)
+
+    def _overdue(self) -> None:
+        self._watchdog = None
+        if self._failed is not None or not self._sent:
+            return
+        waited = asyncio.get_running_loop().time() - self._sent[0][2]
+        if waited < self.answer_timeout:
+            self._watch()  # the one it was armed for was answered: watch the next
+            return
+        _log.error(
+            "the DKIM signing process (pid %s) did not answer within %gs: killed; a new one signs the next message",
+            self.pid,
+            self.answer_timeout,
+        )
+        self._fail(KeyProcessFailed(f"the DKIM signing process did not answer within {self.answer_timeout:g}s"))
+        if self._transport is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._transport.kill()
 
     def _write(self, value: Any) -> None:
         assert self._stdin is not None
@@ -209,7 +245,7 @@ class KeyProcess:
             start = end
             taken = 0
             while taken < len(answers) and self._sent:
-                reply, count = self._sent.popleft()
+                reply, count, _ = self._sent.popleft()
                 _answer(reply, answers[taken : taken + count])
                 taken += count
         del received[:start]
@@ -223,7 +259,7 @@ class KeyProcess:
     def _fail(self, error: BaseException) -> None:
         if self._failed is None:
             self._failed = error
-        waiting = [reply for reply, _ in [*self._sent, *self._batch_replies]]
+        waiting = [entry[0] for entry in self._sent] + [reply for reply, _ in self._batch_replies]
         self._sent.clear()
         self._batch_replies = []
         self._batch = []

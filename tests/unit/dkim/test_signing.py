@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import dkim
 import pytest
 
 from pigeon.config.schema import DkimConfig
-from pigeon.dkim.key_process import KeyProcess
+from pigeon.dkim import key_process
+from pigeon.dkim.key_process import KeyProcess, KeyProcessFailed
 from pigeon.dkim.keys import generate_key, record_text, write_key
 from pigeon.dkim.signing import Signing, load_signers
 
@@ -156,3 +158,27 @@ async def test_a_closed_signing_process_answers_everything_it_was_asked_before_i
         answer for answer in got if not isinstance(answer, list)
     ][:1]
     await process.aclose()
+
+
+async def test_a_stuck_signing_process_fails_its_messages_in_time_and_a_new_one_signs_the_next(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(key_process, "ANSWER_TIMEOUT", 0.5)
+    signing, record = _signing(tmp_path)
+    first = _sign(signing, MESSAGE)
+    assert first is not None and (await first).startswith(b"DKIM-Signature:")
+    process = signing._process
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)  # alive, and answering nothing
+    stuck = _sign(signing, MESSAGE)
+    assert stuck is not None
+    started = time.monotonic()
+    with pytest.raises(KeyProcessFailed, match=r"did not answer within 0\.5s"):
+        await asyncio.wait_for(stuck, 10)
+    assert time.monotonic() - started < 2
+    assert "did not answer within 0.5s: killed" in caplog.text
+    after = _sign(signing, MESSAGE)
+    assert after is not None
+    assert dkim.verify(await asyncio.wait_for(after, 10) + MESSAGE, dnsfunc=lambda name, timeout=5: record)
+    assert signing._process is not process
+    await signing.close()

@@ -100,9 +100,14 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
     ]
 
     def operation(
-        op_id: str, summary: str, scope: str, answered: dict[str, Any] = answer, **extra: Any
+        op_id: str,
+        summary: str,
+        scope: str,
+        answered: dict[str, Any] = answer,
+        answered_with: str = "Done; counts of what it touched",
+        **extra: Any,
     ) -> dict[str, Any]:
-        responses = {"200": _response("Done; counts of what it touched", answered), **errors}
+        responses = {"200": _response(answered_with, answered), **errors}
         if "parameters" in extra:
             responses["404"] = _response("No such rule or message", _ref("ErrorResponse"))
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
@@ -170,6 +175,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
                 "read",
                 # with ?cluster=1, a `cluster` member too (whose answers were added up)
                 {"allOf": [queues, {"properties": {"cluster": {"type": "object"}}}]},
+                "Every scheduled queue with its counts, and the ready queues with mail, connections or effects",
             ),
         },
         "/api/v1/messages/{id}": {
