@@ -259,6 +259,9 @@ class KeyProcess:
     def _fail(self, error: BaseException) -> None:
         if self._failed is None:
             self._failed = error
+        if self._watchdog is not None:  # nothing is left to watch
+            self._watchdog.cancel()
+            self._watchdog = None
         waiting = [entry[0] for entry in self._sent] + [reply for reply, _ in self._batch_replies]
         self._sent.clear()
         self._batch_replies = []
