@@ -97,6 +97,11 @@ class KeyProcess:
         return self._failed is None
 
     @property
+    def exited(self) -> bool:
+        """Whether the child has exited (and been reaped)."""
+        return self._exited is not None and self._exited.done()
+
+    @property
     def pid(self) -> int | None:
         """The child's process id, once started."""
         return None if self._transport is None else self._transport.get_pid()

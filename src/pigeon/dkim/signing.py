@@ -62,6 +62,7 @@ class Signing:
         self._worker: _Worker | None = None  # started at the first spilled body
         self._process: KeyProcess | None = None  # started at the first signature, for `_process_keys`
         self._process_keys: Signers | None = None
+        self._retired: set[KeyProcess] = set()  # replaced (a reload, a death) and maybe not ended yet
 
     def sign(
         self,
@@ -109,6 +110,8 @@ class Signing:
             return process
         if process is not None:
             process.close()  # it answers what it has, then ends
+            # (kept until it has, so that closing the signing stops it too)
+            self._retired = {p for p in self._retired if not p.exited} | {process}
         distinct: dict[int, PrivateKey] = {id(s.key): s.key for s in keys.all}
         self._process, self._process_keys = KeyProcess(list(distinct.values())), keys
         task = asyncio.get_running_loop().create_task(self._process.start(), name="dkim key process start")
@@ -129,9 +132,9 @@ class Signing:
         return signers
 
     async def close(self) -> None:
-        """Stop the process and the thread (results still to come are not delivered)."""
-        if self._process is not None:
-            await self._process.aclose()
+        """Stop the processes and the thread (results still to come are not delivered)."""
+        processes = self._retired | ({self._process} if self._process is not None else set())
+        await asyncio.gather(*(process.aclose() for process in processes))
         if self._worker is not None:
             self._worker.close()
 
