@@ -22,6 +22,7 @@ from pigeon.logs.reader import read_records
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+_STDERR_TAIL = 20_000  # characters of a failed test's node's stderr shown with the failure
 
 
 def to_toml(config: dict[str, Any]) -> str:
@@ -162,7 +163,12 @@ class PigeonProcess:
     def __enter__(self) -> PigeonProcess:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None and self.process is not None:
+            # A test that failed with the node running: what the node said is most of the
+            # diagnosis, and CI keeps nothing else (pytest shows this under "Captured stderr").
+            print(f"--- the end of pigeon's stderr ({self.stderr_path}) ---", file=sys.stderr)
+            print(self.stderr()[-_STDERR_TAIL:], file=sys.stderr)
         try:
             self.stop()
         finally:

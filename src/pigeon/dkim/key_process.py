@@ -16,7 +16,8 @@ the two cores are busy, and the hand-offs cost more than the waiting they saved.
 
 Protocol (frames on the child's stdin and stdout: a 4-byte big-endian length, then msgpack):
 
-* the first frame holds the keys, PEM (PKCS#8), in the order requests name them;
+* the first frame holds the keys, PEM (PKCS#8), in the order requests name them; the child
+  answers it with the number of keys it loaded, once it has (it is ready);
 * then each request is a list of `[key index, digest]` (the SHA-256 hash the signature
   signs: RFC 6376 3.7 for RSA, RFC 8463 3 for Ed25519), answered, in order, by a list of
   signatures (bytes), or of error texts (str) for the items that could not be signed.
@@ -54,7 +55,12 @@ _DECODE = msgspec.msgpack.Decoder()
 
 ANSWER_TIMEOUT = 10.0
 """Seconds a request may wait for its answer (a signature takes well under a millisecond):
-past that the child is taken for stuck, killed, and what it was asked fails (451)."""
+past that the child is taken for stuck, killed, and what it was asked fails (451). Counted
+from when the child is ready, or from the request if it came later."""
+
+START_TIMEOUT = 30.0
+"""Seconds the child may take to be ready (an interpreter and `cryptography` to import and the
+keys to load, on a machine that may be busy), after which it is taken for stuck as above."""
 
 
 class KeyProcessFailed(RuntimeError):
@@ -76,6 +82,7 @@ class KeyProcess:
     def __init__(self, keys: Sequence[PrivateKey]) -> None:
         self.keys = list(keys)
         self.answer_timeout = ANSWER_TIMEOUT
+        self.start_timeout = START_TIMEOUT
         self._index = {id(key): n for n, key in enumerate(self.keys)}
         self._transport: asyncio.SubprocessTransport | None = None
         self._stdin: asyncio.WriteTransport | None = None
@@ -87,6 +94,7 @@ class KeyProcess:
         self._exited: asyncio.Future[None] | None = None
         self._failed: BaseException | None = None
         self._started = False  # requests made before are sent once it is
+        self._ready = False  # it said it loaded the keys: answers come within answer_timeout
         self._closing = False
 
     def index(self, key: PrivateKey) -> int:
@@ -207,23 +215,32 @@ class KeyProcess:
         (not dead: its end would be seen) must not hold messages, whose clients wait for a 250,
         for ever."""
         if self._watchdog is None and self._sent:
-            deadline = self._sent[0][2] + self.answer_timeout
+            deadline = self._sent[0][2] + self._limit
             self._watchdog = asyncio.get_running_loop().call_at(deadline, self._overdue)
+
+    @property
+    def _limit(self) -> float:
+        # Starting is not answering: a busy machine may take seconds to start an interpreter,
+        # which must not count against a signature's fraction of a millisecond.
+        return self.answer_timeout if self._ready else self.start_timeout
 
     def _overdue(self) -> None:
         self._watchdog = None
         if self._failed is not None or not self._sent:
             return
+        limit = self._limit
         waited = asyncio.get_running_loop().time() - self._sent[0][2]
-        if waited < self.answer_timeout:
-            self._watch()  # the one it was armed for was answered: watch the next
+        if waited < limit:
+            self._watch()  # the one it was armed for was answered (or it became ready): watch anew
             return
+        what = "answer" if self._ready else "start"
         _log.error(
-            "the DKIM signing process (pid %s) did not answer within %gs: killed; a new one signs the next message",
+            "the DKIM signing process (pid %s) did not %s within %gs: killed; a new one signs the next message",
             self.pid,
-            self.answer_timeout,
+            what,
+            limit,
         )
-        self._fail(KeyProcessFailed(f"the DKIM signing process did not answer within {self.answer_timeout:g}s"))
+        self._fail(KeyProcessFailed(f"the DKIM signing process did not {what} within {limit:g}s"))
         if self._transport is not None:
             with contextlib.suppress(ProcessLookupError):
                 self._transport.kill()
@@ -248,12 +265,25 @@ class KeyProcess:
                 self._fail(KeyProcessFailed(f"the DKIM signing process answered nonsense: {error}"))
                 return
             start = end
+            if not self._ready:  # its first frame: the keys are loaded
+                self._became_ready()
+                continue
             taken = 0
             while taken < len(answers) and self._sent:
                 reply, count, _ = self._sent.popleft()
                 _answer(reply, answers[taken : taken + count])
                 taken += count
         del received[:start]
+
+    def _became_ready(self) -> None:
+        """What waited for the start is timed from now, against `answer_timeout`."""
+        self._ready = True
+        now = asyncio.get_running_loop().time()
+        self._sent = deque((reply, count, now) for reply, count, _ in self._sent)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._watch()
 
     def _ended(self) -> None:
         """Its stdout closed or it exited: what it was asked and has not answered fails."""
@@ -324,6 +354,12 @@ def _read_frame(stream: BinaryIO) -> Any:
     return _DECODE.decode(stream.read(length))
 
 
+def _write_frame(stream: BinaryIO, value: Any) -> None:
+    payload = _ENCODE.encode(value)
+    stream.write(_LENGTH.pack(len(payload)) + payload)
+    stream.flush()
+
+
 def _sign_one(key: PrivateKey, digest: bytes) -> bytes:
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key.sign(digest)
@@ -341,6 +377,7 @@ def main() -> None:
         key = serialization.load_pem_private_key(pem, password=None)
         assert isinstance(key, rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey)
         keys.append(key)
+    _write_frame(stdout, len(keys))  # ready
     while (batch := _read_frame(stdin)) is not None:
         answers: list[bytes | str] = []
         for index, digest in batch:
@@ -348,9 +385,7 @@ def main() -> None:
                 answers.append(_sign_one(keys[index], digest))
             except Exception as error:  # that item fails, the others are signed
                 answers.append(f"{type(error).__name__}: {error}")
-        payload = _ENCODE.encode(answers)
-        stdout.write(_LENGTH.pack(len(payload)) + payload)
-        stdout.flush()
+        _write_frame(stdout, answers)
 
 
 if __name__ == "__main__":

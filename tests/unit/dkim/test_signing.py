@@ -182,3 +182,39 @@ async def test_a_stuck_signing_process_fails_its_messages_in_time_and_a_new_one_
     assert dkim.verify(await asyncio.wait_for(after, 10) + MESSAGE, dnsfunc=lambda name, timeout=5: record)
     assert signing._process is not process
     await signing.close()
+
+
+async def test_a_busy_machine_starting_the_signing_process_slowly_fails_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A signature's deadline is tiny here, and starting an interpreter always takes longer:
+    # the start is timed on its own, so the first messages wait for it and are signed.
+    monkeypatch.setattr(key_process, "ANSWER_TIMEOUT", 0.01)
+    process = KeyProcess([generate_key("ed25519-sha256")])
+    await process.start()
+    loop = asyncio.get_running_loop()
+    answers: list[asyncio.Future[list[bytes | str] | BaseException]] = [loop.create_future() for _ in range(3)]
+    for n, answered in enumerate(answers):
+        process.sign([[0, n.to_bytes(32, "big")]], answered.set_result)
+    got = await asyncio.wait_for(asyncio.gather(*answers), 30)
+    assert all(isinstance(answer, list) and isinstance(answer[0], bytes) for answer in got), got
+    await process.aclose()
+
+
+async def test_a_signing_process_stuck_before_it_is_ready_fails_its_messages_after_the_start_timeout(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(key_process, "START_TIMEOUT", 0.5)
+    process = KeyProcess([generate_key("ed25519-sha256")])
+    await process.start()
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)  # still importing: it has not loaded the keys
+    answered: asyncio.Future[list[bytes | str] | BaseException] = asyncio.get_running_loop().create_future()
+    process.sign([[0, bytes(32)]], answered.set_result)
+    started = time.monotonic()
+    answer = await asyncio.wait_for(answered, 10)
+    assert isinstance(answer, KeyProcessFailed) and "did not start within 0.5s" in str(answer)
+    assert time.monotonic() - started < 2
+    assert "did not start within 0.5s: killed" in caplog.text
+    assert not process.alive
+    await process.aclose()
