@@ -286,7 +286,7 @@ def test_an_imap_server_that_dies_mid_run_costs_a_reconnect_and_nothing_else(tmp
             dovecot.kill()  # mid-batch: fetches, handoffs and acknowledgements in flight
             time.sleep(1)
             dovecot.start()
-            assert app.wait_distinct(200, 60) == 200
+            assert app.wait_distinct(200, 60) == 200, mailbox_health(node)
             wait_until(lambda: not dovecot.unseen("app"), 20)
             health = mailbox_health(node)
         # Handed over but not yet acknowledged when the server died: found done, acknowledged,

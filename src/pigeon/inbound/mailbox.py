@@ -82,7 +82,7 @@ SINGLE_NODE_RISK: Final = (
     "would hand every message over again"
 )
 _MAX_RECONNECT_DELAY: Final = 60.0
-_STABLE_SESSION: Final = 30.0  # seconds a session must last for reconnecting to start over at 1 s
+_STABLE_SESSION: Final = 30.0  # seconds a session must last (or acknowledge mail) to reconnect at 1 s
 _HELD_PAUSE: Final = 2.0  # seconds before asking again about a message another node holds
 _AFTER_HEARTBEAT: Final = 0.2  # ... or this long after its holder's heartbeat would run out
 _WAITING_PAUSE: Final = 0.5  # ... or one in backoff (at least)
@@ -170,6 +170,7 @@ class MailboxWatcher:
         self._dones: GroupCommit[Claim] = GroupCommit(self._mark_done)  # marked as soon as accepted
         self._syncs = BackgroundSync(self._sync_log)  # one fsync of the log per batch, off its path
         self._stopping = False
+        self._acknowledged = False  # in this session
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
         self._tls_context: ssl.SSLContext | None = None
@@ -217,20 +218,28 @@ class MailboxWatcher:
                     session = await self._open()
                 except Exception as error:  # refused, unreachable, or aioimaplib's own errors
                     self._failed_connection(error)
+                except asyncio.CancelledError as error:
+                    self._unless_cancelled(error)
                 else:
                     self.connected, self.last_error = True, None
                     _log.info("mailbox %s: connected to %s (UIDVALIDITY %d)", self.config.name,
                               self.identity, session.uidvalidity)  # fmt: skip
                     connected_at = time.monotonic()
+                    self._acknowledged = False
                     try:
                         await self._watch(session)
                     except Exception as error:  # IMAP, network, TLS, or aioimaplib's own errors
                         self._failed_connection(error)
+                    except asyncio.CancelledError as error:
+                        self._unless_cancelled(error)
                     finally:
                         self.connected = False
                         await session.close()
-                    if time.monotonic() - connected_at > _STABLE_SESSION:
-                        delay = 1.0  # a session that worked for a while: reconnect at once
+                    if self._acknowledged or time.monotonic() - connected_at > _STABLE_SESSION:
+                        # A session that worked (for a while, or far enough to acknowledge
+                        # mail): what ended it is a new outage, so reconnect at once. A server
+                        # that restarts mid-backlog is back in a second, not in 2, 4, 8 s.
+                        delay = 1.0
                     # (one that fails as soon as it opens keeps backing off)
                 if self._stopping:
                     break
@@ -248,6 +257,17 @@ class MailboxWatcher:
             await asyncio.wait_for(self._between_batches.wait(), grace)
         except TimeoutError:
             pass
+
+    def _unless_cancelled(self, error: asyncio.CancelledError) -> None:
+        """A cancellation nobody asked of this task (one a library let out of a command it
+        cancelled itself) must not end the watcher: no mail would be fetched again, and
+        nothing would say so. It costs a reconnect; a real one goes on up."""
+        task = asyncio.current_task()
+        if task is None or task.cancelling() or self._stopping:
+            raise error
+        _log.error("mailbox %s: a stray cancellation ended the session; reconnecting", self.config.name,
+                   exc_info=error)  # fmt: skip
+        self._failed_connection(error)
 
     def _failed_connection(self, error: BaseException) -> None:
         if self._trouble_since is None:
@@ -805,6 +825,7 @@ class MailboxWatcher:
             await session.delete(uids)
         else:
             await session.flag(uids, "\\Seen")
+        self._acknowledged = True
         return self._ack_action()
 
     def _failure_action(self) -> str:

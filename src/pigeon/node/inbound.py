@@ -8,6 +8,7 @@ more watchers on one node would only contend for the same claims.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -47,6 +48,7 @@ class Inbound:
             for mailbox in (config.mailbox if watch else [])
         ]
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     async def start(self) -> None:
         for target in self.targets.values():
@@ -63,15 +65,36 @@ class Inbound:
                     SINGLE_NODE_RISK,
                 )
         for watcher in self.watchers:
-            task = asyncio.create_task(watcher.run(), name=f"mailbox {watcher.config.name}")
-            self._tasks.append(task)
+            self._watch(watcher)
+
+    def _watch(self, watcher: MailboxWatcher) -> None:
+        task = asyncio.create_task(watcher.run(), name=f"mailbox {watcher.config.name}")
+        self._tasks.append(task)
+        task.add_done_callback(functools.partial(self._watcher_ended, watcher))
+
+    def _watcher_ended(self, watcher: MailboxWatcher, task: asyncio.Task[None]) -> None:
+        """A watcher ends only when the node stops. One that ends otherwise (a bug) would leave
+        its mailbox unwatched with nothing said: it is logged, and started again."""
+        self._tasks.remove(task)
+        if self._stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        _log.error("mailbox %s: its watcher ended unexpectedly; starting it again", watcher.config.name,
+                   exc_info=error)  # fmt: skip
+        asyncio.get_running_loop().call_later(1.0, self._restart, watcher)
+
+    def _restart(self, watcher: MailboxWatcher) -> None:
+        if not self._stopping:
+            self._watch(watcher)
 
     async def stop(self, grace: float) -> None:
+        self._stopping = True
         await asyncio.gather(*(w.stop(grace) for w in self.watchers))
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         for target in self.targets.values():
             try:
                 await target.close()
