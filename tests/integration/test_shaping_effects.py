@@ -88,9 +88,10 @@ async def test_an_effect_ends_by_itself_with_a_record_from_its_creator(make: Mak
     await two.start()
     ended: list[str] = []
     two.on_end = lambda effect: ended.append(effect.id)
-    effect = suspend(one, duration=0.3)
-    await until(lambda: two.find(["site:mx"], "suspend"))
-    await until(lambda: not one.live() and not two.live(), within=1.0)
+    # Long enough for the sibling's scan to see it first, even on a loaded machine.
+    effect = suspend(one, duration=1.0)
+    await until(lambda: two.find(["site:mx"], "suspend"), within=0.9)
+    await until(lambda: not one.live() and not two.live(), within=2.0)
     assert ended == [effect.id]
     assert [r.event for r in records if isinstance(r, ShapingEffect)] == ["created", "expired"]
     assert not list((one.directory).glob("*.json"))  # and its file is gone
