@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import signal
+import smtplib
 import socket
 import time
+from pathlib import Path
 
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 
 def test_sigterm_lets_an_open_transaction_finish_then_says_421(pigeon: PigeonProcess) -> None:
@@ -38,3 +42,23 @@ def test_sigterm_lets_an_open_transaction_finish_then_says_421(pigeon: PigeonPro
     assert pigeon.process.wait(15) == 0
     (stored,) = pigeon.spool_messages()
     assert stored["data"].endswith(b"first half\r\nsecond half\r\n")
+
+
+def test_sigterm_closes_idle_outbound_connections_at_once(tmp_path: Path) -> None:
+    # An outbound connection waits `idle_timeout` (10 s by default) for more mail; a graceful
+    # stop must not wait for it, but say QUIT and go.
+    config = delivery_config("", idle_timeout="30s")
+    with ScriptedSink() as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.sendmail("sender@example.org", ["ok@example.net"], b"Subject: x\r\n\r\nHello.\r\n")
+            sink.wait_for(1)
+            wait_until(lambda: pigeon.spool_messages() == [])
+            idle = wait_until(lambda: [c for c in sink.connections if c.ended == math.inf])  # open, idle
+            assert pigeon.process is not None
+            started = time.monotonic()
+            pigeon.process.send_signal(signal.SIGTERM)
+            assert pigeon.process.wait(15) == 0
+            assert time.monotonic() - started < 3
+        wait_until(lambda: all(c.ended < math.inf for c in idle), timeout=2)

@@ -243,7 +243,8 @@ class Dispatcher:
 
     async def _next(self, queue: ReadyQueue, key: str, shaping: Shaping) -> Lease | None:
         """The next message for an open connection; None once the queue has been empty for
-        `idle_timeout`, or for `_MAKE_ROOM` when the path's limit is full: an idle connection
+        `idle_timeout`, or for `_MAKE_ROOM` when the path's limit is full, or at once when the
+        node stops (a graceful stop must not wait for idle connections): an idle connection
         then gives its slot back, for another lane, worker or node may be waiting for one
         (with `connection_limit = 1` and two workers, holding it idle stalled the other
         worker's mail for the whole `idle_timeout`)."""
@@ -253,6 +254,8 @@ class Dispatcher:
             lease = await queue.take(step)
             if lease is not None:
                 return lease
+            if self._stopping:
+                return None  # woken by `drain`: an idle connection closes now, not after idle_timeout
             waited += step
             if waited >= shaping.idle_timeout or self._throttles.crowded(key, shaping.connection_limit):
                 return None
