@@ -147,3 +147,68 @@ async def test_without_redis_effects_hold_for_the_node_and_come_back_to_the_clus
     await until(lambda: a.mode == CLUSTER, within=5.0)
     # Back: what began meanwhile and still lives reaches the other nodes.
     await until(lambda: b.find(["site:during"], "suspend") == during, within=3.0)
+
+
+async def test_an_effect_ended_by_an_operator_ends_on_every_worker_and_says_who_ended_it(make: MakeBoard) -> None:
+    records: list[Record] = []
+    one, two = make("n", records=records), make("n")
+    await one.start()
+    await two.start()
+    ended_on_one: list[str] = []
+    one.on_end = lambda effect: ended_on_one.append(effect.id)
+    effect = suspend(one)  # 30 s
+    await until(lambda: two.find(["site:mx"], "suspend"))
+    ended = await two.end(effect.id, by="ops")  # asked of a worker that did not create it
+    assert ended is not None and ended.id == effect.id and ended.ended_by == "ops"
+    assert two.find(["site:mx"], "suspend") is None  # at once where it was asked
+    took = await until(lambda: one.find(["site:mx"], "suspend") is None)
+    assert took < SCAN + 0.15
+    assert ended_on_one == [effect.id]  # what it held is started
+    # The creator records the end, once, with who ended it.
+    effect_records = [r for r in records if isinstance(r, ShapingEffect)]
+    assert [(r.event, r.ended_by) for r in effect_records] == [("created", None), ("ended", "ops")]
+    assert await two.end(effect.id, by="ops") is None  # not live any more
+    # A later scan does not bring it back, and the next matching reply begins a new one.
+    await asyncio.sleep(2 * SCAN)
+    assert not one.live() and not two.live()
+    again = suspend(two)
+    assert again.id != effect.id
+    await until(lambda: one.find(["site:mx"], "suspend") == again)
+
+
+async def test_an_effect_ended_on_one_node_ends_on_every_node_through_redis(
+    make: MakeBoard, redis_server: RedisServer
+) -> None:
+    a_records: list[Record] = []
+    c_records: list[Record] = []
+    a, b, c = make("a", redis_server, a_records), make("b", redis_server), make("c", redis_server, c_records)
+    for board in (a, b, c):
+        await board.start()
+    effect = suspend(a)
+    await until(lambda: b.find(["site:mx"], "suspend") and c.find(["site:mx"], "suspend"))
+    assert await b.end(effect.id, by="ops") is not None
+    took = await until(lambda: not a.live() and not c.live())
+    assert took < POLL + 0.3
+    assert [r.event for r in a_records if isinstance(r, ShapingEffect)] == ["created", "ended"]
+    assert [r.event for r in c_records if isinstance(r, ShapingEffect)] == ["learned", "ended"]
+    # Its guard went with it: a new reply on another node begins a new effect for everyone.
+    again = suspend(c)
+    assert again.id != effect.id
+    await until(lambda: a.find(["site:mx"], "suspend") == again and b.find(["site:mx"], "suspend") == again)
+
+
+async def test_an_effect_ended_while_redis_is_away_ends_on_the_other_nodes_when_it_answers(
+    make: MakeBoard, redis_server: RedisServer
+) -> None:
+    a, b = make("a", redis_server), make("b", redis_server)
+    await a.start()
+    await b.start()
+    effect = suspend(a)
+    await until(lambda: b.find(["site:mx"], "suspend"))
+    redis_server.stop()
+    ended = await a.end(effect.id, by="ops")
+    assert ended is not None and a.mode == NODE_LOCAL and not a.live()
+    await asyncio.sleep(3 * POLL)
+    assert b.find(["site:mx"], "suspend") == effect  # the other node cannot know yet
+    redis_server.start()
+    await until(lambda: not b.live(), within=5.0)

@@ -220,6 +220,47 @@ def test_shaping_status_lists_a_live_effect_and_its_records_are_written(tmp_path
     assert re.search(r"suspend until \S+ \S+ UTC \(rule sink-says-so\)", summary.stdout), summary.stdout
 
 
+def test_an_operator_ends_a_suspension_early_and_the_mail_it_held_goes_at_once(tmp_path: Path) -> None:
+    with ScriptedSink() as sink:
+        refused: list[str] = []
+
+        def once(address: str) -> str | None:  # the site is fine again after one refusal
+            if address.startswith("first") and not refused:
+                refused.append(address)
+                return RATE_LIMITED
+            return None
+
+        sink.rcpt_reply = once
+        with _single(tmp_path / "node", sink, action="suspend") as node:  # for a minute
+            _inject(node, "first", 1, connections=1)
+            [created] = node.wait_records("ShapingEffect")
+            _inject(node, "later", 3, connections=1)
+            time.sleep(0.5)
+            assert sink.received == []  # held
+            ended = _cli(node, "shaping", "end", created["effect"])
+            started = time.monotonic()
+            sink.wait_for(3, timeout=15)  # the 3 it held, now rather than in a minute
+            took = time.monotonic() - started
+            # The one whose reply started it was deferred to the effect's end: due then, or now
+            # if asked (as the end command says).
+            _cli(node, "retry", "--domain", "dest.test")
+            sink.wait_for(4, timeout=15)
+            records = node.wait_records("ShapingEffect", 2)
+            listed = json.loads(_status(node, "--json").stdout)
+            again = subprocess.run(
+                [sys.executable, "-m", "pigeon", "shaping", "end", created["effect"], "-c", str(node.config_path)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+    assert f"ended suspend site:{sink.endpoint} (effect {created['effect']}, rule sink-says-so)" in ended.stdout
+    assert "pigeon retry" in ended.stdout
+    assert took < 10
+    assert [(r["event"], r["effect"]) for r in records] == [(e, created["effect"]) for e in ("created", "ended")]
+    assert records[1]["ended_by"]  # the operator's token
+    assert listed["effects"] == []
+    assert again.returncode != 0 and "no live shaping effect" in again.stderr + again.stdout
+    assert sorted(Counter(r.recipients[0].split("-")[0] for r in sink.received).items()) == [("first", 1), ("later", 3)]
+
+
 def test_a_bounce_reaction_bounces_the_sites_mail(tmp_path: Path) -> None:
     with ScriptedSink() as sink:
         sink.rcpt_reply = lambda address: RATE_LIMITED if address.startswith("first") else None

@@ -1,12 +1,13 @@
-"""`pigeon shaping check FILE`, `pigeon shaping explain DOMAIN` and `pigeon shaping status`:
-shaping, before, after and while it reacts.
+"""`pigeon shaping check FILE`, `pigeon shaping explain DOMAIN`, `pigeon shaping status` and
+`pigeon shaping end ID`: shaping, before, after and while it reacts.
 
 `check` validates a configuration file (its `[[provider]]` and `[[shaping]]` blocks one by
 one, then the whole file) and prints every problem with its key and line. `explain` resolves
 a domain as the node would (its `[[route]]`s, then MX through `[dns] nameservers`), then
 prints the site, the provider and every limit with the layer it came from. `status` lists the
 live effects of shaping reactions on a running node (GET /api/v1/shaping/effects): a table for
-people, `--json` for scripts.
+people, `--json` for scripts. `end` ends one early (DELETE /api/v1/shaping/effects/{id}), on
+every worker and node: for an operator who knows the site takes mail again.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ EXAMPLES = """examples:
   pigeon shaping explain customer.example -c /etc/pigeon/pigeon.toml --json
   pigeon shaping status                 # what reactions suspend, limit or bounce now, and until when
   pigeon shaping status --json | jq '.effects[] | select(.action == "suspend")'
+  pigeon shaping end 3f9a0c1b2d4e       # the site takes mail again: end that effect now
 """
 
 
@@ -80,6 +82,18 @@ def register(commands: Any) -> None:
     )
     add_api_options(status)
     status.set_defaults(run=run_status)
+    end = actions.add_parser(
+        "end",
+        help="end a shaping reaction's effect early (what it held is started)",
+        description="End a live effect of a shaping reaction now, on every worker of the node and, with [redis], "
+        "on every node: a suspension's mail is started, a limit lifted, a bounce stopped. The rule may start "
+        "a new effect at the next matching reply. Needs a token with the admin scope.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    end.add_argument("id", metavar="ID", help="the effect's id, as `pigeon shaping status` lists it")
+    add_api_options(end)
+    end.set_defaults(run=run_end)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -184,6 +198,27 @@ def _left(seconds: float) -> str:
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def run_end(args: argparse.Namespace) -> int:
+    status, answer = ApiClient(args).request("DELETE", f"/api/v1/shaping/effects/{args.id}")
+    if status >= 400:
+        return fail(status, answer)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    ended = answer["ended"]
+    reach = {
+        "cluster": "on every node",
+        "node": "on this node's workers (no [redis])",
+        "node-local": "on this node; Redis does not answer: the other nodes learn of it when it does",
+    }
+    print(f"ended {ended['action']} {ended['key']} (effect {ended['id']}, rule {ended['rule']}) "
+          f"{reach.get(answer.get('mode', ''), '')}".rstrip())  # fmt: skip
+    if ended["action"] == "suspend":
+        print("what it held in the site's queue is started now; mail that a matching reply deferred to its end\n"
+              "stays due then: `pigeon retry --domain DOMAIN` (or --queue) makes it due now")  # fmt: skip
+    return 0
 
 
 def run_status(args: argparse.Namespace) -> int:

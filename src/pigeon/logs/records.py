@@ -251,7 +251,7 @@ class PolicyFailure(Record, tag="PolicyFailure"):
 class ShapingEffect(Record, tag="ShapingEffect"):
     """A reaction's effect began or ended (see `pigeon.shaping.effects`)."""
 
-    event: str  # "created", "learned" (another node's, first known here) or "expired"
+    event: str  # "created", "learned" (another node's, first known here), "expired" or "ended" (early)
     effect: str  # its id
     rule: str
     key: str
@@ -262,6 +262,7 @@ class ShapingEffect(Record, tag="ShapingEffect"):
     scope: str  # "cluster" (through Redis) or "node"
     connection_limit: int | None = None
     max_message_rate: str | None = None
+    ended_by: str | None = None  # "ended": the API token of the operator who ended it
 
 
 AnyRecord = (

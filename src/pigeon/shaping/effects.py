@@ -23,11 +23,18 @@ How an effect reaches everyone (each worker runs one `Board`):
   away (an error or a timeout of any call) takes nothing live away: the board says so in the
   log and in `mode` ("node-local"), and new effects apply to this node's workers alone until
   Redis answers again; then those still live are created in Redis too.
+* An operator may end an effect early (`Board.end`, `DELETE /api/v1/shaping/effects/{id}`).
+  The end is a tombstone that lives as long as the effect would have: its file is rewritten
+  with `ended_at` (siblings end it at their next scan), and in Redis it leaves the set of
+  live effects (and its guard) for a set of ended ones, which every poll returns too (other
+  nodes end it at their next poll). A board never takes an effect it knows ended. With Redis
+  away, the end reaches the other nodes when it answers again.
 
 Records: the worker that created an effect writes `ShapingEffect` (`event` "created"), and
-"expired" when it ends; on each other node, the first worker to learn of it from Redis writes
-"learned" (and "expired"), so every node's log says why its deliveries to a site stopped. A
-worker that dies in between leaves the "expired" unwritten.
+"expired" when it ends ("ended", with `ended_by`, when an operator ended it); on each other
+node, the first worker to learn of it from Redis writes "learned" (and "expired" or "ended"),
+so every node's log says why its deliveries to a site stopped. A worker that dies in between
+leaves the "expired" unwritten.
 """
 
 from __future__ import annotations
@@ -73,12 +80,29 @@ if redis.call('PTTL', KEYS[2]) < life then redis.call('PEXPIRE', KEYS[2], life +
 return {1, ARGV[1]}
 """
 
-# KEYS[1] the set of live effects: drop those that ended, return the rest.
+# KEYS[1] the set of live effects, KEYS[2] the set of those ended early: drop those whose
+# time is over, return {live ones, ended ones}.
 _POLL: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return {redis.call('ZRANGE', KEYS[1], 0, -1), redis.call('ZRANGE', KEYS[2], 0, -1)}
+"""
+
+# KEYS[1] the guard of (action, key), KEYS[2] the set of live effects, KEYS[3] the set of
+# those ended early. ARGV: the effect's id, the ended effect (JSON), when it would have ended
+# (ms). Its guard and live entry go (a new one may begin); its tombstone stays until then.
+_END: Final = """
+local guard = redis.call('GET', KEYS[1])
+if guard and cjson.decode(guard)['id'] == ARGV[1] then redis.call('DEL', KEYS[1]) end
+for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  if cjson.decode(member)['id'] == ARGV[1] then redis.call('ZREM', KEYS[2], member) end
+end
+redis.call('ZADD', KEYS[3], tonumber(ARGV[3]), ARGV[2])
+local life = tonumber(ARGV[3]) - tonumber(redis.call('TIME')[1]) * 1000
+if redis.call('PTTL', KEYS[3]) < life then redis.call('PEXPIRE', KEYS[3], life + 1000) end
+return 1
 """
 
 
@@ -95,6 +119,8 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     node: str  # the node that saw it
     connection_limit: int | None = None
     max_message_rate: str | None = None
+    ended_at: float | None = None  # ended early, by an operator: a tombstone until expires_at
+    ended_by: str | None = None  # ... the API token that did
 
     def remaining(self, now: float) -> float:
         return max(0.0, self.expires_at - now)
@@ -132,6 +158,8 @@ class Board:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._mine: set[str] = set()  # effects this worker created (and records the end of)
         self._unshared: list[Effect] = []  # created while Redis did not answer
+        self._unshared_ends: list[Effect] = []  # ended while Redis did not answer
+        self._ended: dict[str, float] = {}  # id: expires_at, of effects ended early (never taken again)
         self._files: dict[str, tuple[int, int]] = {}  # file name: (mtime ns, size) last read
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -143,7 +171,9 @@ class Board:
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
             self._create = self._redis.register_script(_CREATE)
             self._poll = self._redis.register_script(_POLL)
+            self._end_script = self._redis.register_script(_END)
             self._set_key = f"{prefix}:shaping:effects" if prefix else "shaping:effects"
+            self._ended_key = f"{self._set_key}:ended"
             self._guard_prefix = f"{prefix}:shaping:effect:" if prefix else "shaping:effect:"
 
     @property
@@ -275,6 +305,52 @@ class Board:
     def _guard(self, effect: Effect) -> str:
         return f"{self._guard_prefix}{effect.action}:{effect.key}"
 
+    # --- ending early -----------------------------------------------------------------------------------
+    async def end(self, effect_id: str, *, by: str) -> Effect | None:
+        """End a live effect now (an operator's decision): here at once, on the node's other
+        workers at their next scan, and on the other nodes at their next poll (or when Redis
+        answers again). The ended effect, or None if none with that id lives here."""
+        effect = self._effects.get(effect_id)
+        if effect is None:
+            return None
+        ended = msgspec.structs.replace(effect, ended_at=self._clock(), ended_by=by)
+        self._ended[effect.id] = effect.expires_at
+        self._tombstone_file(ended)
+        if self._redis is not None:
+            await self._share_end(ended)
+        _log.warning("shaping effect %s ended early by %s: %s %s (rule %s)", effect.id, by, effect.action,
+                     effect.key, effect.rule)  # fmt: skip
+        self._end(effect.id, ended=ended)
+        return ended
+
+    async def _share_end(self, ended: Effect) -> None:
+        until = max(1, int(ended.expires_at * 1000))
+        try:
+            await self._call(
+                self._end_script(
+                    keys=[self._guard(ended), self._set_key, self._ended_key],
+                    args=[ended.id, _ENCODER.encode(ended), until],
+                )
+            )
+        except _Unavailable as error:
+            self._fall_back(str(error))
+            self._unshared_ends.append(ended)
+
+    def _tombstone_file(self, ended: Effect) -> None:
+        """The effect's file says it ended (unless it holds another effect by now)."""
+        path = self._file(ended)
+        with Flocked(self._lock):
+            with contextlib.suppress(OSError, msgspec.DecodeError):
+                if _DECODER.decode(path.read_bytes()).id != ended.id:
+                    return
+            self._write(path, ended)
+
+    def _learned_end(self, ended: Effect) -> None:
+        """A tombstone read from the node's directory or from Redis."""
+        self._ended.setdefault(ended.id, ended.expires_at)
+        if ended.id in self._effects:
+            self._end(ended.id, ended=ended)
+
     # --- the node's directory -------------------------------------------------------------------------
     def _file(self, effect: Effect) -> Path:
         digest = hashlib.blake2b(effect.key.encode(), digest_size=10).hexdigest()
@@ -287,7 +363,7 @@ class Board:
         with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
                 there = _DECODER.decode(path.read_bytes())
-                if there.key == effect.key and there.expires_at > self._clock():
+                if there.key == effect.key and there.expires_at > self._clock() and there.ended_at is None:
                     return there
             self._write(path, effect)
         return effect
@@ -299,7 +375,7 @@ class Board:
         with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
                 there = _DECODER.decode(path.read_bytes())
-                if there.key == effect.key and there.expires_at > self._clock():
+                if there.key == effect.key and there.expires_at > self._clock() and there.ended_at is None:
                     return False
             self._write(path, effect)
         return True
@@ -337,12 +413,17 @@ class Board:
             except (OSError, msgspec.DecodeError):
                 continue  # (being replaced, or not ours to read: the next scan)
             self._files[entry.name] = (stat.st_mtime_ns, stat.st_size)
+            if effect.ended_at is not None:
+                self._learned_end(effect)
             if effect.expires_at <= now:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                 self._files.pop(entry.name, None)
                 continue
-            self._add(effect)
+            if effect.ended_at is None:
+                self._add(effect)
+        # Tombstones are kept as long as their effects would have lived (a little longer).
+        self._ended = {id_: until for id_, until in self._ended.items() if until > now - 60}
 
     async def _scan_forever(self) -> None:
         while not self._closing:
@@ -363,10 +444,16 @@ class Board:
 
     async def _poll_redis(self) -> None:
         try:
-            members = await self._call(self._poll(keys=[self._set_key]))
+            members, ended = await self._call(self._poll(keys=[self._set_key, self._ended_key]))
         except _Unavailable as error:
             self._fall_back(str(error))
             return
+        for member in ended:
+            with contextlib.suppress(msgspec.DecodeError):
+                tombstone = _DECODER.decode(member)
+                if tombstone.id in self._effects or tombstone.id not in self._ended:
+                    self._tombstone_file(tombstone)  # for this node's workers, if not yet
+                self._learned_end(tombstone)
         for member in members:
             try:
                 effect = _DECODER.decode(member)
@@ -385,6 +472,9 @@ class Board:
             for effect in unshared:  # what began meanwhile reaches the other nodes now
                 if effect.id in self._effects:
                     self._spawn(self._share(effect), f"shaping effect {effect.id}")
+            ends, self._unshared_ends = self._unshared_ends, []
+            for ended in ends:  # ... and what ended meanwhile
+                self._spawn(self._share_end(ended), f"shaping effect {ended.id} ended")
 
     async def _call(self, call: Any) -> Any:
         try:
@@ -401,7 +491,7 @@ class Board:
 
     # --- the live set -----------------------------------------------------------------------------------
     def _add(self, effect: Effect) -> None:
-        if effect.id in self._effects:
+        if effect.id in self._effects or effect.id in self._ended:
             return
         delay = effect.expires_at - self._clock()
         if delay <= 0:
@@ -429,17 +519,22 @@ class Board:
             self._by_key.pop(effect.key, None)
         return effect
 
-    def _end(self, effect_id: str) -> None:
+    def _end(self, effect_id: str, *, ended: Effect | None = None) -> None:
+        """`effect_id` is over: at its time, or `ended` early (whose file is its tombstone)."""
         effect = self._remove(effect_id)
         if effect is None:
             return
         if effect_id in self._mine:
             self._mine.discard(effect_id)
-            self._record("expired", effect, shared=self._redis is not None and effect not in self._unshared)
-            with contextlib.suppress(OSError):  # (the others' scans would, too)
-                path = self._file(effect)
-                if _DECODER.decode(path.read_bytes()).id == effect_id:
-                    path.unlink()
+            shared = self._redis is not None and effect not in self._unshared
+            if ended is not None:
+                self._record("ended", ended, shared=shared)
+            else:
+                self._record("expired", effect, shared=shared)
+                with contextlib.suppress(OSError):  # (the others' scans would, too)
+                    path = self._file(effect)
+                    if _DECODER.decode(path.read_bytes()).id == effect_id:
+                        path.unlink()
         _log.info("shaping effect %s ended: %s %s (rule %s)", effect.id, effect.action, effect.key, effect.rule)
         self.on_end(effect)
 
@@ -458,6 +553,7 @@ class Board:
                 scope=CLUSTER if shared else NODE,
                 connection_limit=effect.connection_limit,
                 max_message_rate=effect.max_message_rate,
+                ended_by=effect.ended_by,
             )
         )
 

@@ -15,7 +15,7 @@ from pigeon.listener.http.health import healthz
 from pigeon.listener.http.inject import inject
 from pigeon.listener.http.metrics import metrics
 from pigeon.listener.http.openapi import openapi
-from pigeon.listener.http.shaping import effects
+from pigeon.listener.http.shaping import effects, end_effect
 
 
 @web.middleware
@@ -63,6 +63,7 @@ def build_app(node: NodeView) -> web.Application:
     app.router.add_get("/api/v1/queues", admin.read)
     app.router.add_get("/api/v1/admin/operations", admin.read)
     app.router.add_get("/api/v1/shaping/effects", effects)
+    app.router.add_delete("/api/v1/shaping/effects/{id}", end_effect)
     return app
 
 

@@ -186,6 +186,15 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
                 "shapingEffects", "Live effects of shaping reactions (suspend, limit, bounce) and their reach", "read"
             ),
         },
+        "/api/v1/shaping/effects/{id}": {
+            "delete": operation(
+                "endShapingEffect",
+                "End a shaping effect early, on every worker and node: what it held is started",
+                "admin",
+                answered_with="The effect, with ended_at and ended_by, and how far the end reached (mode)",
+                parameters=rule_id,
+            ),
+        },
     }
 
 

@@ -1,4 +1,5 @@
-"""GET /api/v1/shaping/effects: the live effects of shaping reactions (scope "read").
+"""GET /api/v1/shaping/effects: the live effects of shaping reactions (scope "read");
+DELETE /api/v1/shaping/effects/{id}: end one early (scope "admin").
 
     {"mode": "cluster" | "node" | "node-local", "effects": [{id, rule, key, action, created,
      expires_at, reply, node, connection_limit?, max_message_rate?}, ...]}
@@ -6,24 +7,51 @@
 `mode` says how far effects reach: every node ("cluster", through Redis), this node's workers
 ("node", no [redis]), or this node alone because Redis does not answer ("node-local"). Every
 worker knows every effect, so the supervisor's merge (lists joined by id) shows each once.
+
+Ending one is asked of one worker, which ends it at once and tells the others (see
+`pigeon.shaping.effects`: the node's workers within a scan, the cluster's nodes within a poll,
+both 0.2 s): `{"ended": {the effect, with ended_at and ended_by}, "mode": ...}`. What it held
+is started at once; its rule may start a new effect at the next matching reply. 404: no live
+effect has that id (it ended, or never was).
 """
 
 from __future__ import annotations
+
+import json
 
 import msgspec
 from aiohttp import web
 
 from pigeon.listener.http.context import NODE_KEY
+from pigeon.shaping.effects import Board
 
 
 async def effects(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     node.tokens.holder(request, "read")
-    board = node.effects
+    board = _board(request)
+    body = {"mode": board.mode, "effects": msgspec.to_builtins(board.live())}
+    return web.json_response(body)
+
+
+async def end_effect(request: web.Request) -> web.Response:
+    operator = request.app[NODE_KEY].tokens.holder(request, "admin")
+    board = _board(request)
+    effect_id = request.match_info["id"]
+    ended = await board.end(effect_id, by=operator)
+    if ended is None:
+        message = (
+            f"no live shaping effect {effect_id!r}: it ended, or never was (GET /api/v1/shaping/effects lists them)"
+        )
+        raise web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json")
+    return web.json_response({"ended": msgspec.to_builtins(ended), "mode": board.mode})
+
+
+def _board(request: web.Request) -> Board:
+    board = request.app[NODE_KEY].effects
     if board is None:
         raise web.HTTPServiceUnavailable(
             text='{"error": "delivery is disabled on this node ([delivery] enabled = false): no shaping effects"}',
             content_type="application/json",
         )
-    body = {"mode": board.mode, "effects": msgspec.to_builtins(board.live())}
-    return web.json_response(body)
+    return board
