@@ -177,7 +177,9 @@ def test_kill_9_after_a_run_that_adopted_a_shard_logs_none_of_its_records_twice(
     assert {int(i, 16) & 63 for i in received} == {0, 1}
 
     sink = SmtpSink()
-    relay = {**delivery_config(sink.endpoint, connection_limit=4), "node": {"workers": 1}}
+    # (At a trickle, so the moment below comes many times, even on a slow machine where an
+    # unthrottled run was over before it was caught.)
+    relay = {**delivery_config(sink.endpoint, connection_limit=4, max_message_rate="100/s"), "node": {"workers": 1}}
     try:
         # One worker adopts shard 1 and logs its deliveries in worker 0's log. Freeze it at a
         # moment when some of shard 1's records are in that log but still in the outbox.
