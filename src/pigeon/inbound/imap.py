@@ -321,6 +321,40 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
     incomplete_line: bytes  # set by aioimaplib's __init__: the start of a line not yet complete
     current_command: Command | None  # ... and the command it belongs to
 
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, conn_lost_cb: Callable[[Exception | None], None] | None = None
+    ) -> None:
+        super().__init__(loop, conn_lost_cb)
+        # Done when the greeting and the CAPABILITY that follows it were answered; failed
+        # when the server refused, or went away first. See `_hello`.
+        self.greeted: asyncio.Future[None] = loop.create_future()
+
+    async def welcome(self, command: bytes) -> None:
+        """aioimaplib's welcome (state from the greeting, then CAPABILITY), which says how it
+        ended on `greeted` instead of only to the state condition's waiters."""
+        try:
+            await super().welcome(command)
+        except Exception as error:  # said on `greeted`, not as "Task exception was never retrieved"
+            self._greeted(ImapError(f"the server's greeting: {error}"))
+        except BaseException:
+            self._greeted(ImapError("greeting abandoned"))
+            raise
+        else:
+            self._greeted(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._greeted(ImapError("the server closed the connection before it was ready"))
+        super().connection_lost(exc)
+
+    def _greeted(self, error: ImapError | None) -> None:
+        if self.greeted.done():
+            return
+        if error is None:
+            self.greeted.set_result(None)
+        else:
+            self.greeted.set_exception(error)
+            self.greeted.exception()  # retrieved: `_hello` may have given up on it already
+
     def data_received(self, data: bytes) -> None:
         try:
             self._handle_responses(self.incomplete_line + data, self._handle_line, self.current_command)
@@ -377,7 +411,7 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
     first byte, or not) is the usual first mistake, and its symptom is cryptic: say which key
     to change."""
     try:
-        await client.wait_hello_from_server()
+        await asyncio.wait_for(_greeting(client), waited)
     except ssl.SSLError as error:
         plain_answer = "WRONG_VERSION_NUMBER" in str(error) or "record layer" in str(error)
         if tls != "implicit" or not plain_answer:
@@ -390,12 +424,27 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
         ) from error
     except TimeoutError:
         task = client._client_task
+        if client.protocol.state != aioimaplib.aioimaplib.CONNECTED:  # greeted: it did not answer CAPABILITY
+            raise TimeoutError(f"{host}:{port} greeted, then gave no answer to CAPABILITY within {waited:g}s") from None
         if tls == "implicit" or not task.done() or task.cancelled() or task.exception() is not None:
             raise
         raise ImapError(
             f"connected to {host}:{port}, but no IMAP greeting within {waited:g}s: if this is an implicit "
             'TLS port (993 is the usual one), set tls = "implicit" in [[mailbox]]'
         ) from None
+
+
+async def _greeting(client: aioimaplib.IMAP4) -> None:
+    """Connected, greeted, and CAPABILITY answered. Not aioimaplib's `wait_hello_from_server`:
+    it waits on a condition whose lock aioimaplib's welcome holds until the server answers
+    CAPABILITY, and a cancelled condition wait must take the lock back before it ends. So a
+    server that greeted and then died, or stopped answering, before that answer (a server
+    killed, or restarting, just then) left the timeout's cancellation waiting for ever: the
+    watcher hung in `open` for good, connected to nothing, saying nothing."""
+    await client._client_task  # a refused connection or a failed TLS handshake is raised here
+    protocol = client.protocol
+    assert isinstance(protocol, _Protocol)
+    await protocol.greeted
 
 
 class _Client(aioimaplib.IMAP4):  # type: ignore[misc]
@@ -475,6 +524,8 @@ async def _close(client: aioimaplib.IMAP4, *, polite: bool = True) -> None:
     transport = client.protocol.transport
     if transport is not None:
         transport.close()
+    for task in list(client.protocol.tasks):  # a welcome still waiting for its CAPABILITY answer
+        task.cancel()
 
 
 def _quote(folder: str) -> str:
