@@ -24,12 +24,12 @@ from tests.support.process import to_toml
 from tests.support.services import Dovecot
 
 
-async def _watching(tmp_path: Path, dovecot: Dovecot, app: WebhookApp) -> AsyncIterator[Inbound]:
+async def _watching(tmp_path: Path, dovecot: Dovecot, app: WebhookApp, **options: Any) -> AsyncIterator[Inbound]:
     config_path = tmp_path / "pigeon.toml"
     config: dict[str, Any] = {
         "spool": {"path": str(tmp_path / "spool")},
         "target": [webhook_target(app)],
-        "mailbox": [imap_mailbox(dovecot, "hook", poll_interval="1s")],
+        "mailbox": [imap_mailbox(dovecot, "hook", poll_interval="1s", **options)],
     }
     config_path.write_text(to_toml(config))
     inbound = Inbound(load(config_path), LogWriter(tmp_path / "log"), Metrics(), watch=True)
@@ -88,3 +88,51 @@ async def test_a_watcher_that_ends_by_a_bug_is_logged_and_started_again(
             assert len(inbound._tasks) == 1
     assert "mailbox support: its watcher ended unexpectedly; starting it again" in caplog.text
     assert "RuntimeError: a bug" in caplog.text
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+async def test_a_server_that_dies_between_its_greeting_and_its_capabilities_costs_a_reconnect(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    """The first connection (through a loopback relay) gets Dovecot's greeting, then is reset
+    when the watcher asks for CAPABILITY: a server killed just after greeting. The watcher
+    used to wait for that answer for good (see `imap._greeting`)."""
+    dovecot.append("app", [customer_mail(i) for i in range(3)])
+    connections = 0
+    relays: set[asyncio.Future[Any]] = set()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", dovecot.port)
+        if connections == 1:
+            writer.write(await upstream_reader.readline())  # "* OK [CAPABILITY ...] Dovecot ready."
+            assert (await reader.readline()).endswith(b" CAPABILITY\r\n")
+            writer.transport.abort()
+            upstream_writer.transport.abort()
+            return
+        pipes = asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        relays.add(pipes)
+        await pipes
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        with WebhookApp() as app:
+            port = server.sockets[0].getsockname()[1]
+            async for _ in _watching(tmp_path, dovecot, app, port=port, timeout="2s"):
+                assert await _delivered(app, 3, 15) == 3
+        assert connections >= 2
+    finally:
+        server.close()
+        for pipes in relays:
+            pipes.cancel()
