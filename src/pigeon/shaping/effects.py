@@ -315,7 +315,7 @@ class Board:
             return None
         ended = msgspec.structs.replace(effect, ended_at=self._clock(), ended_by=by)
         self._ended[effect.id] = effect.expires_at
-        self._tombstone_file(ended)
+        self._replace_file(ended, ended)  # its file says it ended
         if self._redis is not None:
             await self._share_end(ended)
         _log.warning("shaping effect %s ended early by %s: %s %s (rule %s)", effect.id, by, effect.action,
@@ -335,15 +335,6 @@ class Board:
         except _Unavailable as error:
             self._fall_back(str(error))
             self._unshared_ends.append(ended)
-
-    def _tombstone_file(self, ended: Effect) -> None:
-        """The effect's file says it ended (unless it holds another effect by now)."""
-        path = self._file(ended)
-        with Flocked(self._lock):
-            with contextlib.suppress(OSError, msgspec.DecodeError):
-                if _DECODER.decode(path.read_bytes()).id != ended.id:
-                    return
-            self._write(path, ended)
 
     def _learned_end(self, ended: Effect) -> None:
         """A tombstone read from the node's directory or from Redis."""
@@ -381,6 +372,7 @@ class Board:
         return True
 
     def _replace_file(self, ours: Effect, theirs: Effect) -> None:
+        """Write `theirs` where `ours` is (or nothing is): not over another effect begun since."""
         path = self._file(ours)
         with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
@@ -452,7 +444,7 @@ class Board:
             with contextlib.suppress(msgspec.DecodeError):
                 tombstone = _DECODER.decode(member)
                 if tombstone.id in self._effects or tombstone.id not in self._ended:
-                    self._tombstone_file(tombstone)  # for this node's workers, if not yet
+                    self._replace_file(tombstone, tombstone)  # for this node's workers, if not yet
                 self._learned_end(tombstone)
         for member in members:
             try:
