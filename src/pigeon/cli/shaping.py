@@ -216,8 +216,7 @@ def run_end(args: argparse.Namespace) -> int:
     print(f"ended {ended['action']} {ended['key']} (effect {ended['id']}, rule {ended['rule']}) "
           f"{reach.get(answer.get('mode', ''), '')}".rstrip())  # fmt: skip
     if ended["action"] == "suspend":
-        print("what it held in the site's queue is started now; mail that a matching reply deferred to its end\n"
-              "stays due then: `pigeon retry --domain DOMAIN` (or --queue) makes it due now")  # fmt: skip
+        print("what it held is started now, and what its matching replies deferred to its end is due now")
     return 0
 
 

@@ -7,6 +7,8 @@ the engine a test explores is wired exactly as the one that runs.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -26,10 +28,13 @@ from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Routes, Scheduler
 from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, RouteFailures, Settlement
 from pigeon.queue.state import ActiveSet, Lease
+from pigeon.shaping.effects import Effect
 from pigeon.shaping.rules import Shaping, ShapingQuery
 from pigeon.shaping.throttles import Throttles
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +104,6 @@ def build_engine(
         throttles=throttles,
         reactor=reactor,
     )
-    if reactor is not None:  # an effect that ends lets go of what it held
-        reactor.board.on_end = lambda effect: dispatcher.kick_all()
     ready = ReadyQueues(active, source, dispatcher.kick)
     scheduler = Scheduler(
         spools=list(spools.values()),
@@ -135,4 +138,28 @@ def build_engine(
         clock=clock,
         pause=pause,
     )
+    if reactor is not None:
+        reactor.board.on_end = functools.partial(_effect_ended, dispatcher, admin)
     return Engine(active, settlement, rules, dispatcher, ready, scheduler, admin)
+
+
+def _effect_ended(dispatcher: Dispatcher, admin: Admin, effect: Effect) -> None:
+    """An effect that ends lets go of what it held: the mail waiting in its ready queues, and,
+    when an operator ended a suspension early, the mail its matching replies deferred to its
+    end (due then, otherwise)."""
+    dispatcher.kick_all()
+    if effect.ended_at is not None and effect.action == "suspend":
+        task = asyncio.ensure_future(admin.retry_deferred_to(effect.expires_at))
+        _background.add(task)
+        task.add_done_callback(_retried)
+
+
+_background: set[asyncio.Future[int]] = set()
+
+
+def _retried(task: asyncio.Future[int]) -> None:
+    _background.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        _log.error("making due what an ended suspension deferred failed: %s", error, exc_info=error)
+    elif not task.cancelled() and task.result():
+        _log.info("%d messages a suspension deferred to its end are due now (it was ended early)", task.result())

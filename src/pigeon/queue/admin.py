@@ -260,6 +260,30 @@ class Admin:
         self._rewind(now)
         return {"made_due": made_due}
 
+    async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
+        """Make due now the deferred messages due at `when` (within `margin` seconds): those a
+        suspension deferred to its end, when an operator ended it early. (A message whose own
+        backoff happens to end in the same instant goes early too: one attempt sooner.)"""
+        now = self._clock()
+        if when - margin <= now:
+            return 0  # due then anyway
+        by_shard: dict[int, list[int]] = {}
+
+        def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
+            return _Done.IGNORED, None  # in memory: not deferred
+
+        def deferred_then(message: Message) -> bool:
+            if not (message.attempts and abs(message.due - when) <= margin) or message.envelope.held is not None:
+                return False
+            by_shard.setdefault(shard_of(message.id), []).append(message.id)
+            return True
+
+        kind = "retry after a suspension ended"
+        made_due, _ = await self._walk(Selector(), act, kind, None, claim=False, spool_only=deferred_then)
+        await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_shard.items()))
+        self._rewind(now)
+        return made_due
+
     # --- reading ---------------------------------------------------------------------------
     async def summary(self) -> dict[str, Any]:
         """Scheduled queues (from the spool, counted in a thread) and ready queues: a

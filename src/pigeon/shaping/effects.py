@@ -152,7 +152,8 @@ class Board:
         self._log = log
         self._clock = clock
         self.on_end: Callable[[Effect], None] = lambda effect: None
-        """Called when an effect ends (the dispatcher starts what it held)."""
+        """Called when an effect ends (the dispatcher starts what it held); with `ended_at` set
+        when an operator ended it early."""
         self._effects: dict[str, Effect] = {}
         self._by_key: dict[str, list[Effect]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -528,7 +529,7 @@ class Board:
                     if _DECODER.decode(path.read_bytes()).id == effect_id:
                         path.unlink()
         _log.info("shaping effect %s ended: %s %s (rule %s)", effect.id, effect.action, effect.key, effect.rule)
-        self.on_end(effect)
+        self.on_end(effect if ended is None else ended)
 
     def _record(self, event: str, effect: Effect, *, shared: bool) -> None:
         self._log(
