@@ -443,6 +443,10 @@ class ReactionConfig(_Section, kw_only=True):
     """action = "limit": connections at most this many while the effect lives."""
     max_message_rate: str | None = None
     """action = "limit": messages at most this fast ("10/s", "100/min") while the effect lives."""
+    threshold: str | None = None
+    """"N/DURATION" ("5/10m"): the effect begins only at the Nth matching reply for its key
+    within DURATION, counted by the node's workers together (each node counts its own). None:
+    at the first. One stray 421 then does not suspend a site."""
     enabled: bool = True
     """false: the rule is off (with the id of a shipped rule: that rule is off)."""
 

@@ -4,7 +4,8 @@ and `pigeon.shaping.effects`), per ready queue and per attempt.
 * `keys(path, site)`: the keys a ready queue's effects may be on (its site, its path
   `source->site`, its provider);
 * `observe(path, site, domain, replies)`: the replies of an attempt (or of a failed connection);
-  a reply that matches a rule starts its effect, or meets the one that lives (a repeat);
+  a reply that matches a rule starts its effect (at the rule's `threshold`-th match, if it has
+  one), or meets the one that lives (a repeat);
 * `apply(attempt, effect)`: the attempt as the queue should take it under that effect: under
   a suspension, a message that failed for now is tried again when the suspension ends (not at
   its backoff); under a bounce, what failed for now is bounced;
@@ -62,9 +63,16 @@ class Reactor:
             rule = reactions.match(reply, site, domain)
             if rule is None:
                 continue
+            key = rule.key(path, site, reactions.provider(site))
+            if rule.threshold is not None:
+                living = self.board.find((key,), rule.action)
+                if living is not None:
+                    return living  # a repeat: not counted towards the next one
+                if not self.board.count(rule.id, key, *rule.threshold):
+                    return None  # not yet
             return self.board.trigger(
                 rule=rule.id,
-                key=rule.key(path, site, reactions.provider(site)),
+                key=key,
                 action=rule.action,
                 duration=rule.duration,
                 reply=str(reply),

@@ -128,6 +128,7 @@ class Effect(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
 
 _ENCODER: Final = msgspec.json.Encoder()
 _DECODER: Final = msgspec.json.Decoder(Effect)
+_TIMES: Final = msgspec.json.Decoder(list[float])
 
 
 class Board:
@@ -305,6 +306,37 @@ class Board:
 
     def _guard(self, effect: Effect) -> str:
         return f"{self._guard_prefix}{effect.action}:{effect.key}"
+
+    # --- thresholds -------------------------------------------------------------------------------------
+    def count(self, rule: str, key: str, needed: int, within: float) -> bool:
+        """One more matching reply of `rule` for `key`: whether `needed` of them came within the
+        last `within` seconds (then the count starts over). Counted for the node's workers
+        together, in a file of the node's directory (under its lock): a rule's threshold is the
+        node's, however its mail is spread over workers."""
+        if needed <= 1:
+            return True
+        now = self._clock()
+        digest = hashlib.blake2b(f"{rule}\0{key}".encode(), digest_size=10).hexdigest()
+        path = self.directory / f"count.{digest}.times"
+        with Flocked(self._lock):
+            try:
+                seen = _TIMES.decode(path.read_bytes())
+            except (OSError, msgspec.DecodeError):
+                seen = []
+            recent = [at for at in seen if at > now - within][-(needed - 1) :]
+            seen = [*recent, now]
+            reached = len(seen) >= needed
+            if reached:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            else:
+                temporary = path.with_suffix(".new")
+                temporary.write_bytes(_ENCODER.encode(seen))
+                os.replace(temporary, path)
+        if not reached:
+            _log.info("shaping reaction %s: %d of %d matching replies for %s within %gs", rule, len(seen), needed,
+                      key, within)  # fmt: skip
+        return reached
 
     # --- ending early -----------------------------------------------------------------------------------
     async def end(self, effect_id: str, *, by: str) -> Effect | None:

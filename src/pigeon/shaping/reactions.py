@@ -35,7 +35,7 @@ from typing import Final
 
 import msgspec
 
-from pigeon.config.schema import ReactionConfig, decode_hook
+from pigeon.config.schema import Duration, ReactionConfig, decode_hook
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import Providers, shipped
 from pigeon.smtp.replies import Reply
@@ -73,6 +73,7 @@ class Reaction:
     connection_limit: int | None = None
     max_message_rate: Rate | None = None
     rate_text: str | None = None  # as written, for effects and records
+    threshold: tuple[int, float] | None = None  # (matching replies, within seconds) before it acts
 
     def applies(self, site: str, domain: str, provider: str | None) -> bool:
         """Whether this rule's scopes (not its pattern) cover a reply from `site` about mail to `domain`."""
@@ -133,6 +134,7 @@ def compile_rule(config: ReactionConfig) -> Reaction:
         raise ReactionError("scope", 'scope = "provider" needs provider = "<name>"')
     if config.duration <= 0:
         raise ReactionError("duration", "must be above zero")
+    threshold = parse_threshold(config.threshold) if config.threshold is not None else None
     return Reaction(
         id=config.id,
         pattern=pattern,
@@ -145,7 +147,23 @@ def compile_rule(config: ReactionConfig) -> Reaction:
         connection_limit=config.connection_limit,
         max_message_rate=rate,
         rate_text=config.max_message_rate,
+        threshold=threshold,
     )
+
+
+def parse_threshold(text: str) -> tuple[int, float]:
+    """ "5/10m" -> (5, 600.0): that many matching replies within that long."""
+    count, slash, within = text.partition("/")
+    try:
+        if not slash or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError
+        seconds = float(decode_hook(Duration, within.strip()))
+        if seconds <= 0:
+            raise ValueError
+    except ValueError:
+        reason = f'{text!r} is not a threshold: write "N/DURATION", such as "5/10m" (5 matching replies in 10 min)'
+        raise ReactionError("threshold", reason) from None
+    return int(count), seconds
 
 
 def shipped_rules(path: Path = SHIPPED) -> list[ReactionConfig]:

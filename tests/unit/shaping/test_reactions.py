@@ -10,6 +10,8 @@ import pytest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import ReactionConfig
+from pigeon.delivery.reactor import Reactor
+from pigeon.shaping.effects import Board
 from pigeon.shaping.providers import Providers, shipped
 from pigeon.shaping.reactions import Reactions, compile_rule, effective_rules, shipped_provider_of, shipped_rules
 from pigeon.smtp.replies import Reply
@@ -151,6 +153,9 @@ def test_every_shipped_rule_compiles() -> None:
         ('id = "a"\nmatch = "x"\naction = "suspend"\nconnection_limit = 2', "[reaction] action", 'for "limit"'),
         ('id = "a"\nmatch = "x"\naction = "suspend"\nscope = "provider"', "[reaction] scope", "needs provider"),
         ('id = "a"\nmatch = "x"\naction = "pause"', "action", "pause"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5"', "[reaction] threshold", "N/DURATION"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "0/1m"', "[reaction] threshold", "N/DURATION"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5/soon"', "[reaction] threshold", "N/DURATION"),
         ('match = "x"\naction = "suspend"', "id", "required"),
     ],
 )  # fmt: skip
@@ -191,3 +196,40 @@ def test_a_reaction_for_an_unknown_provider_is_refused(tmp_path: Path) -> None:
     path.write_text("[delivery]\nprovider_defaults = false\n" + rule.format('"gmail"'))
     with pytest.raises(ConfigError, match=r"no provider called 'gmail'; known: none"):
         load(path)
+
+
+def test_a_threshold_is_a_count_within_a_duration() -> None:
+    assert compile_rule(rule(threshold="5/10m")).threshold == (5, 600.0)
+    assert compile_rule(rule(threshold="2/30s")).threshold == (2, 30.0)
+    assert compile_rule(rule()).threshold is None
+
+
+def test_a_rule_with_a_threshold_acts_at_its_nth_match_within_the_window_counted_by_the_nodes_workers(
+    tmp_path: Path,
+) -> None:
+    now = [1000.0]
+    reactions = Reactions.from_config([rule(match="rate limited", threshold="3/1m")], defaults=False)
+    # Two workers of one node: their boards share the node's effects directory.
+    one = Reactor(reactions, Board(tmp_path / "effects", node="n", clock=lambda: now[0]))
+    two = Reactor(reactions, Board(tmp_path / "effects", node="n", clock=lambda: now[0]))
+    limited = [reply(421, "4.7.0", "rate limited")]
+    path = f"default->{SINK}"
+    assert one.observe(path, SINK, "example.net", limited) is None  # 1 of 3
+    now[0] += 50
+    assert two.observe(path, SINK, "example.net", limited) is None  # 2 of 3, on the other worker
+    now[0] += 20  # the first is out of the minute now
+    assert one.observe(path, SINK, "example.net", limited) is None  # 2 of 3 again
+    assert not one.board.live() and not two.board.live()
+    now[0] += 5
+    effect = two.observe(path, SINK, "example.net", limited)  # 3 within the minute
+    assert effect is not None and effect.key == f"site:{SINK}" and effect.action == "suspend"
+    # While it lives, matches are repeats and count for nothing; after it, counting starts over.
+    assert two.observe(path, SINK, "example.net", limited) == effect
+    now[0] += 601
+    assert one.observe(path, SINK, "example.net", limited) is None
+
+
+def test_a_rule_without_a_threshold_acts_at_the_first_match(tmp_path: Path) -> None:
+    reactions = Reactions.from_config([rule(match="rate limited")], defaults=False)
+    reactor = Reactor(reactions, Board(tmp_path / "effects", node="n"))
+    assert reactor.observe(f"default->{SINK}", SINK, "example.net", [reply(421, "4.7.0", "rate limited")])
