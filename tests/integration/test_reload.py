@@ -134,3 +134,24 @@ def test_sighup_takes_new_routes_and_names_the_changes_that_need_a_restart(tmp_p
         assert "reload: [smtp] max_message_size changed; it takes effect at the next restart" in pigeon.stderr()
         assert pigeon.stderr().count("takes effect at the next restart") == 1  # the route was taken
         assert "reloaded: TLS on, no SMTP users, 1 route, 0 DKIM signers" in pigeon.stderr()
+
+
+def test_sighup_takes_new_reaction_rules(tmp_path: Path) -> None:
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: "421 4.7.0 rate limited" if address.startswith("first") else None
+        rule = {"id": "sink-rated", "match": r"^421 4\.7\.0 .*slow down", "action": "suspend", "duration": "1m"}
+        config = delivery_config(sink.endpoint, default_reactions=False)
+        with PigeonProcess(tmp_path / "node", log={"level": "info"}, reaction=[rule], **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                client.sendmail("a@src.test", ["first-1@dst.test"], MESSAGE)
+            pigeon.wait_records("TransientFailure")
+            assert pigeon.records("ShapingEffect") == []  # the rule does not match this reply
+            pigeon.config["reaction"][0]["match"] = r"^421 4\.7\.0 .*rate limited"
+            pigeon.config_path.write_text(to_toml(pigeon.config))
+            _hangup(pigeon, "reloaded:")
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                client.sendmail("a@src.test", ["first-2@dst.test"], MESSAGE)
+            [effect] = pigeon.wait_records("ShapingEffect")
+        assert (effect["rule"], effect["action"], effect["event"]) == ("sink-rated", "suspend", "created")
+        assert "0 DKIM signers (keys read again), 1 reaction rule" in pigeon.stderr()
+        assert "takes effect at the next restart" not in pigeon.stderr()

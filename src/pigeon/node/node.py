@@ -58,6 +58,7 @@ from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
 from pigeon.shaping.effects import Board
+from pigeon.shaping.reactions import ReactionError
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
@@ -327,7 +328,8 @@ class Node:
 
     def reload(self) -> None:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
-        routes and DKIM signers (their keys read again), and import the policy module again.
+        routes, DKIM signers (their keys read again) and reaction rules, and import the policy
+        module again.
         New connections see the new ones; open ones keep what they have. If anything cannot
         be used, nothing changes and the reason is logged."""
         if self.smtp is None or self._stopping:
@@ -339,7 +341,8 @@ class Node:
             passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
             routes = routes_from(config)
             signers = load_signers(config.dkim)
-        except (ConfigError, PasswordFileError, KeyProblem, OSError, ssl.SSLError) as error:
+            reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
+        except (ConfigError, PasswordFileError, KeyProblem, OSError, ssl.SSLError, ReactionError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
         if config.policy != self.config.policy:
@@ -356,8 +359,11 @@ class Node:
             tls_available=tls_context is not None,
             auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
         )
+        reactions_taken = False
         if self.outbound is not None:
             self.outbound.router.replace(routes)
+            if reactions is not None:
+                reactions_taken = self.outbound.take_reactions(reactions)
         if self.signing is None and len(signers):
             self.signing = self.intake.signing = Signing(signers)
         elif self.signing is not None:
@@ -367,16 +373,23 @@ class Node:
             setattr(running.smtp, key, getattr(smtp, key))
         running.route = config.route
         running.dkim = config.dkim
+        if reactions_taken:
+            running.reaction = config.reaction
+            running.delivery.default_reactions = config.delivery.default_reactions
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
                 continue  # said above
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
+        rules = ""
+        if reactions_taken and reactions is not None:
+            rules = f", {_counted(len(reactions.rules), 'reaction rule')}"
         _log.info(
-            "reloaded: TLS %s, %s, %s, %s (keys read again)%s",
+            "reloaded: TLS %s, %s, %s, %s (keys read again)%s%s",
             "on" if tls_context is not None else "off",
             _counted(len(passwords), "SMTP user") if passwords is not None else "no SMTP users",
             _counted(len(routes), "route"),
             _counted(len(signers), "DKIM signer"),
+            rules,
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
 

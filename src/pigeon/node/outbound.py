@@ -65,9 +65,9 @@ class Outbound:
         self.effects = build_board(config, log)
         metrics.track_effects(self.effects, worker)
         shaping = ShapingRules.from_config(config)
-        reactions = Reactions.from_config(  # (a rule's provider is known as the limits know it)
-            config.reaction, defaults=delivery.default_reactions, provider_of=shipped_provider_of(shaping.providers)
-        )
+        self._provider_of = shipped_provider_of(shaping.providers)  # (a rule's provider, as the limits know it)
+        reactions = self.reactions_of(config)
+        self.reactor = Reactor(reactions, self.effects) if reactions else None
         self._intake = intake
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
@@ -118,7 +118,7 @@ class Outbound:
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
-            reactor=Reactor(reactions, self.effects) if reactions else None,
+            reactor=self.reactor,
             clock=clock,
         )
         self.active = engine.active
@@ -126,6 +126,21 @@ class Outbound:
         self.scheduler = engine.scheduler
         self.admin = engine.admin
         metrics.track_stale_results(lambda: self.active.stale_results)
+
+    def reactions_of(self, config: Config) -> Reactions:
+        """The `[[reaction]]` rules in force under `config` (raises `ReactionError`)."""
+        return Reactions.from_config(
+            config.reaction, defaults=config.delivery.default_reactions, provider_of=self._provider_of
+        )
+
+    def take_reactions(self, reactions: Reactions) -> bool:
+        """Replies are matched against `reactions` from now on (a reload); live effects stay
+        as they are. False if this node started without any rule (no reactor to hand them to:
+        a restart takes them)."""
+        if self.reactor is None:
+            return not reactions
+        self.reactor.reactions = reactions
+        return True
 
     async def start(self) -> None:
         await self.throttles.start()
