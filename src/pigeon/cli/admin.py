@@ -13,7 +13,7 @@ import string
 import sys
 from typing import Any, Final
 
-from pigeon.cli.api import ApiClient, add_api_options, fail
+from pigeon.cli.api import ApiClient, add_api_options, fail, identifier
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
@@ -58,7 +58,7 @@ def register(commands: Any) -> None:
     bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
     bounce.add_argument("--duration", help='also bounce new matching mail for this long ("2h", "30m", seconds)')
     bounce.add_argument("--list", action="store_true", help="list the standing bounces")
-    bounce.add_argument("--cancel", metavar="ID", help="end a standing bounce")
+    bounce.add_argument("--cancel", metavar="ID", type=identifier, help="end a standing bounce")
     _cluster_option(bounce, "with --list: every node's standing bounces")
     bounce.set_defaults(run=_bounce)
 
@@ -72,7 +72,7 @@ def register(commands: Any) -> None:
     suspend.set_defaults(run=_suspend)
 
     resume = _parser(commands, "resume", "end a suspension: what it held goes out now", RESUME_EXAMPLES)
-    resume.add_argument("id", help="the suspension's id (pigeon suspend --list)")
+    resume.add_argument("id", type=identifier, help="the suspension's id (pigeon suspend --list)")
     resume.set_defaults(run=_resume)
 
     retry = _parser(commands, "retry", "make matching deferred mail due now", RETRY_EXAMPLES)
@@ -95,7 +95,7 @@ def register(commands: Any) -> None:
     rebind.set_defaults(run=_rebind)
 
     inspect = _parser(commands, "inspect", "show one message: envelope, state, attempts, next try", INSPECT_EXAMPLES)
-    inspect.add_argument("id", help="spool id, 16 hex digits (from the 250 reply or the logs)")
+    inspect.add_argument("id", type=identifier, help="spool id, 16 hex digits (from the 250 reply or the logs)")
     inspect.set_defaults(run=_inspect)
 
 

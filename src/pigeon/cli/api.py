@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -59,6 +60,15 @@ class ApiClient:
             return status, json.loads(raw)
         except ValueError:
             return status, {"error": raw.decode(errors="replace")}
+
+
+def identifier(value: str) -> str:
+    """An argparse type for an id that goes into an API path (a rule's, an effect's, a
+    message's): letters, digits, "-" and "_" only. Anything else could step out of its path
+    segment ("../../admin/suspend/ID" was another operation) or not be a URL at all."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an id: ids are letters and digits, as the lists show them")
+    return value
 
 
 def fail(status: int, answer: Any) -> int:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pigeon.cli.api import ApiClient, add_api_options, fail
+from pigeon.cli.api import ApiClient, add_api_options, fail, identifier
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
 from pigeon.config.schema import Config
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "shaping",
-        help="shaping: `pigeon shaping check FILE`, `explain DOMAIN`, `status`",
+        help="shaping: `pigeon shaping check FILE`, `explain DOMAIN`, `status`, `end ID`",
         description="Delivery limits per domain and per provider.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -91,7 +91,7 @@ def register(commands: Any) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    end.add_argument("id", metavar="ID", help="the effect's id, as `pigeon shaping status` lists it")
+    end.add_argument("id", metavar="ID", type=identifier, help="the effect's id, as `pigeon shaping status` lists it")
     add_api_options(end)
     end.set_defaults(run=run_end)
 
@@ -207,7 +207,9 @@ def run_end(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
-    ended = answer["ended"]
+    ended = answer.get("ended")
+    if not isinstance(ended, dict):
+        return fail(status, {"error": f"the node answered without the effect it ended: {answer}"})
     reach = {
         "cluster": "on every node",
         "node": "on this node's workers (no [redis])",

@@ -109,7 +109,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
     ) -> dict[str, Any]:
         responses = {"200": _response(answered_with, answered), **errors}
         if "parameters" in extra:
-            responses["404"] = _response("No such rule or message", _ref("ErrorResponse"))
+            responses["404"] = _response("No such rule, message or effect", _ref("ErrorResponse"))
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
             extra["parameters"] = cluster
         return {"operationId": op_id, "summary": f"{summary} (scope '{scope}')", "responses": responses, **extra}
@@ -183,7 +183,10 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
         },
         "/api/v1/shaping/effects": {
             "get": operation(
-                "shapingEffects", "Live effects of shaping reactions (suspend, limit, bounce) and their reach", "read"
+                "shapingEffects",
+                "Live effects of shaping reactions (suspend, limit, bounce) and their reach",
+                "read",
+                answered_with="The live effects (every worker's, each once) and how far they reach (mode)",
             ),
         },
         "/api/v1/shaping/effects/{id}": {
