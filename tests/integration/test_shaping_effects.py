@@ -212,3 +212,21 @@ async def test_an_effect_ended_while_redis_is_away_ends_on_the_other_nodes_when_
     assert b.find(["site:mx"], "suspend") == effect  # the other node cannot know yet
     redis_server.start()
     await until(lambda: not b.live(), within=5.0)
+
+
+async def test_an_ended_effect_that_redis_still_lists_is_not_taken_back(make: MakeBoard) -> None:
+    # Found from outside: an end made while Redis did not answer left the effect live there;
+    # when Redis answered, the node that ended it adopted it again from the list, rewriting its
+    # tombstone as live, and a worker that started then applied it again.
+    other = make("a")
+    effect = suspend(other)  # another node's effect, as Redis would list it
+    one, two = make("b"), make("b")
+    one._add(effect)
+    two._add(effect)
+    assert await one.end(effect.id, by="ops") is not None
+    assert not one._adopt_file(effect)  # what a poll does with a listed effect it did not know
+    await two.start()
+    await until(lambda: not two.live())
+    restarted = make("b")
+    await restarted.start()
+    assert not restarted.live()

@@ -399,6 +399,8 @@ class Board:
         with Flocked(self._lock):
             with contextlib.suppress(OSError, msgspec.DecodeError):
                 there = _DECODER.decode(path.read_bytes())
+                if there.id == effect.id and there.ended_at is not None:
+                    return False  # ended by an operator (before Redis heard of it): it stays ended
                 if there.key == effect.key and there.expires_at > self._clock() and there.ended_at is None:
                     return False
             self._write(path, effect)
@@ -484,6 +486,8 @@ class Board:
                 effect = _DECODER.decode(member)
             except msgspec.DecodeError:
                 continue
+            if effect.id in self._ended:
+                continue  # ended here while Redis did not answer: its end is on its way there
             if effect.id not in self._effects and effect.node != self._node and self._adopt_file(effect):
                 # The first of this node's workers to learn of another node's effect records
                 # it (and its end): this node's log says why its deliveries there stopped.
