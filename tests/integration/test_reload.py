@@ -153,5 +153,26 @@ def test_sighup_takes_new_reaction_rules(tmp_path: Path) -> None:
                 client.sendmail("a@src.test", ["first-2@dst.test"], MESSAGE)
             [effect] = pigeon.wait_records("ShapingEffect")
         assert (effect["rule"], effect["action"], effect["event"]) == ("sink-rated", "suspend", "created")
-        assert "0 DKIM signers (keys read again), 1 reaction rule" in pigeon.stderr()
+        assert "0 DKIM signers (keys read again), 0 [[shaping]] blocks, 1 reaction rule" in pigeon.stderr()
+        assert "takes effect at the next restart" not in pigeon.stderr()
+
+
+def test_sighup_takes_new_shaping_limits_for_mail_already_waiting(tmp_path: Path) -> None:
+    with ScriptedSink() as sink:
+        with PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, max_message_rate="1/s")) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                for n in range(8):
+                    client.sendmail("a@src.test", [f"ok{n}@dst.test"], MESSAGE)
+            sink.wait_for(2)
+            assert len(sink.received) < 6  # one a second
+            pigeon.config["delivery"]["max_message_rate"] = "100/s"
+            pigeon.config_path.write_text(to_toml(pigeon.config))
+            _hangup(pigeon, "reloaded:")
+            started = time.monotonic()
+            sink.wait_for(8)
+            took = time.monotonic() - started
+        assert took < 3, took  # at the old rate, the 6 or so left would take 5 s or more
+        assert "reloaded: TLS on, no SMTP users, 1 route, 0 DKIM signers (keys read again), 0 [[shaping]] blocks" in (
+            pigeon.stderr()
+        )
         assert "takes effect at the next restart" not in pigeon.stderr()

@@ -60,6 +60,7 @@ from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
 from pigeon.queue.state import Lease
 from pigeon.shaping.effects import Effect
+from pigeon.shaping.gcra import Rate
 from pigeon.shaping.rules import Shaping, ShapingQuery, site_key, source_key
 from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
@@ -73,6 +74,7 @@ _AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unex
 _REFUSED_RETRY: Final = 0.1
 # Seconds an idle connection keeps its slot when every slot of its path is taken (see `_next`).
 _MAKE_ROOM: Final = 0.5
+_RATE_RECHECK: Final = 0.5  # seconds: a connection waiting for a rate slot looks at the rate again this often
 
 
 def ideal_connections(queued: int, limit: int) -> int:
@@ -95,7 +97,7 @@ def shaping_query(queue: ReadyQueue) -> ShapingQuery:
 class _Lane:
     """The delivery side of one ready queue: its limits and its connections."""
 
-    __slots__ = ("connections", "failures", "key", "queue", "reaction_keys", "refused", "shaping", "source")
+    __slots__ = ("connections", "failures", "key", "queue", "reaction_keys", "refused", "rekey", "shaping", "source")
 
     def __init__(self, queue: ReadyQueue, shaping: Shaping, reaction_keys: tuple[str, ...] = ()) -> None:
         self.queue = queue
@@ -106,6 +108,7 @@ class _Lane:
         self.connections = 0  # connection tasks running
         self.failures = 0  # consecutive failed connection attempts
         self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
+        self.rekey: str | None = None  # a reload's new limit key, taken once no connection is open
 
 
 class Dispatcher:
@@ -157,6 +160,21 @@ class Dispatcher:
             keys = self._reactor.keys(queue.path, queue.site) if self._reactor is not None else ()
             lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)), keys)
         self._start(lane)
+
+    def replace_shaping(self, shaping: Callable[[ShapingQuery], Shaping]) -> None:
+        """New limits (a reload): every ready queue's are looked up again. Open connections
+        take them at their next batch (one over a lowered limit ends after it). A queue whose
+        limit key changes (a provider-wide limit added, say) keeps counting its connections
+        under the old one until none is open, so no slot is counted under two keys."""
+        self._shaping = shaping
+        for lane in self._lanes.values():
+            lane.shaping = shaping(shaping_query(lane.queue))
+            key = lane.shaping.key or limit_key(lane.queue.site, lane.queue.source)
+            if lane.connections == 0:
+                lane.key, lane.rekey = key, None
+            else:
+                lane.rekey = key if key != lane.key else None
+        self.kick_all()  # a raised limit lets more connections start
 
     def kick_all(self) -> None:
         """Start connections wherever mail waits (after a site's suspension ended)."""
@@ -260,6 +278,25 @@ class Dispatcher:
             if waited >= shaping.idle_timeout or self._throttles.crowded(key, shaping.connection_limit):
                 return None
 
+    async def _admit(self, lane: _Lane, rate: Rate, count: int) -> None:
+        """Wait until `count` messages may go at `rate`. Booked per rate: when the rate changes
+        (a limit effect begins or ends, a reload), what was booked at the old one does not hold
+        the new one back, and a connection waiting for a slot asks again at the new rate."""
+        while True:
+            wait = await self._throttles.admit(f"{lane.key}@{rate.per_second:g}/s", rate, count)
+            while wait > 0:
+                step = min(wait, _RATE_RECHECK)
+                await asyncio.sleep(step)
+                wait -= step
+                current = self._shaping_of(lane).max_message_rate
+                if current != rate:
+                    break
+            else:
+                return
+            if current is None:
+                return
+            rate = current
+
     def _retry_start(self, lane: _Lane) -> None:
         lane.refused = None
         self._start(lane)
@@ -306,10 +343,10 @@ class Dispatcher:
                 and not self._stopping
                 and self._throttles.keep(hold, limit)  # (a node over its share after Redis went away)
             ):
-                if self._reactor is not None:
-                    shaping = self._shaping_of(lane)  # (a limit effect may have begun or ended)
-                    if lane.connections > shaping.connection_limit:
-                        break  # lowered under what is open: this one ends
+                # (a limit effect may have begun or ended, or a reload changed the limits)
+                shaping = self._shaping_of(lane)
+                if lane.connections > shaping.connection_limit:
+                    break  # lowered under what is open: this one ends
                 lease = await self._next(queue, lane.key, shaping)
                 if lease is None:
                     break
@@ -326,10 +363,8 @@ class Dispatcher:
                         self._give_back(queue, taken)
                         self._unreachable(lane, error)
                         return
-                if (rate := shaping.max_message_rate) is not None:
-                    wait = await self._throttles.admit(lane.key, rate, len(taken))
-                    if wait > 0:
-                        await asyncio.sleep(wait)
+                if shaping.max_message_rate is not None:
+                    await self._admit(lane, shaping.max_message_rate, len(taken))
                 if self._is_held(lane):
                     self._give_back(queue, taken)  # suspended (an operator, a reaction): it waits, untried
                     break
@@ -383,6 +418,8 @@ class Dispatcher:
                 _log.exception("closing a connection to %s failed", queue.path)
             finally:
                 self._throttles.disconnect(hold)  # once closed: the site never sees one more than the limit
+                if lane.connections == 0 and lane.rekey is not None:  # (no slot is held under the old key)
+                    lane.key, lane.rekey = lane.rekey, None
             if len(queue) and not self._stopping:
                 if crashed:  # a bug, not the peer: try again, but not in a tight loop
                     asyncio.get_running_loop().call_later(_AFTER_A_CRASH, self._start, lane)

@@ -59,6 +59,7 @@ from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import ReactionError
+from pigeon.shaping.rules import SETTINGS
 from pigeon.smtp.framing import BareLinefeeds
 from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
@@ -328,8 +329,8 @@ class Node:
 
     def reload(self) -> None:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
-        routes, DKIM signers (their keys read again) and reaction rules, and import the policy
-        module again.
+        routes, DKIM signers (their keys read again), shaping limits and reaction rules, and
+        import the policy module again.
         New connections see the new ones; open ones keep what they have. If anything cannot
         be used, nothing changes and the reason is logged."""
         if self.smtp is None or self._stopping:
@@ -360,10 +361,12 @@ class Node:
             auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
         )
         reactions_taken = False
+        shaping_taken = False
         if self.outbound is not None:
             self.outbound.router.replace(routes)
             if reactions is not None:
                 reactions_taken = self.outbound.take_reactions(reactions)
+            shaping_taken = self.outbound.take_shaping(config, self.config)
         if self.signing is None and len(signers):
             self.signing = self.intake.signing = Signing(signers)
         elif self.signing is not None:
@@ -376,13 +379,17 @@ class Node:
         if reactions_taken:
             running.reaction = config.reaction
             running.delivery.default_reactions = config.delivery.default_reactions
+        if shaping_taken:
+            running.shaping = config.shaping
+            for key in _RELOADED_SHAPING_KEYS:
+                setattr(running.delivery, key, getattr(config.delivery, key))
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
                 continue  # said above
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
-        rules = ""
+        rules = f", {_counted(len(config.shaping), '[[shaping]] block')}" if shaping_taken else ""
         if reactions_taken and reactions is not None:
-            rules = f", {_counted(len(reactions.rules), 'reaction rule')}"
+            rules += f", {_counted(len(reactions.rules), 'reaction rule')}"
         _log.info(
             "reloaded: TLS %s, %s, %s, %s (keys read again)%s%s",
             "on" if tls_context is not None else "off",
@@ -537,6 +544,8 @@ def _client_limits(config: Config, worker: int, workers: int) -> tuple[AuthLimit
 
 
 _RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users")
+# The [delivery] keys the shaping rules read (besides the [[shaping]] blocks themselves).
+_RELOADED_SHAPING_KEYS = (*SETTINGS, "connection_failures_before_delay")
 
 
 def changed_keys(running: Config, loaded: Config) -> list[str]:

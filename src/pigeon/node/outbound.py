@@ -133,6 +133,19 @@ class Outbound:
             config.reaction, defaults=config.delivery.default_reactions, provider_of=self._provider_of
         )
 
+    def take_shaping(self, config: Config, running: Config) -> bool:
+        """The `[[shaping]]` blocks and `[delivery]` limits of `config`, from now on (a
+        reload). False, and nothing changes, if the providers differ from the running ones':
+        which provider a site is (and so its limit keys and the reactions' keys) is fixed
+        until a restart."""
+        same_providers = config.provider == running.provider and (
+            config.delivery.provider_defaults == running.delivery.provider_defaults
+        )
+        if not same_providers:
+            return False
+        self.dispatcher.replace_shaping(ShapingRules.from_config(config))
+        return True
+
     def take_reactions(self, reactions: Reactions) -> bool:
         """Replies are matched against `reactions` from now on (a reload); live effects stay
         as they are. False if this node started without any rule (no reactor to hand them to:
