@@ -328,6 +328,10 @@ class ClientConnection:
         event = await self._event()
         if not isinstance(event, TransactionDone):
             self.broken = True
+            if isinstance(event, Closed) and event.reply is not None:
+                # A 421 that ended the transaction (the server said why it went away): the
+                # recipients' outcome is its own words, which the reactions read.
+                raise ConnectionLost(event.reply)
             raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
         return event.result, time.monotonic() - started
 

@@ -158,8 +158,8 @@ class Unusable:
 class Closed:
     """The conversation is over: close the connection.
 
-    `reply` is the server's last word: its answer to QUIT, or a 421 it sent while idle
-    (RFC 5321 3.8). None when it closed without one.
+    `reply` is the server's last word: its answer to QUIT, a 421 it sent while idle (RFC 5321
+    3.8), or a 421 it sent within a transaction before closing. None when it closed without one.
     """
 
     reply: Reply | None
@@ -263,6 +263,9 @@ class ClientSession:
         self._transaction: Transaction | None = None
         self._starttls_refusal: Reply | None = None
         self._final: Unusable | Closed | None = None
+        # A 421 within a transaction: the server is going away (RFC 5321 3.8), and closes
+        # before the rest of the transaction's replies. Its words are the outcome, not "closed".
+        self._goodbye: Reply | None = None
 
     # --- the three verbs ---------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -289,7 +292,7 @@ class ClientSession:
             elif self._received:
                 self._read()
             elif self._eof and self.phase is not Phase.CLOSED:
-                self._close(Closed(None))
+                self._close(Closed(self._goodbye if self.phase is Phase.MAIL else None))
             elif self._final is not None:
                 return self._final
             else:
@@ -366,11 +369,15 @@ class ClientSession:
         assert transaction is not None
         replies, out = self._replies, self._out
         while replies:
-            data = transaction.on_reply(replies.popleft())
+            reply = replies.popleft()
+            if reply.code == 421:
+                self._goodbye = reply
+            data = transaction.on_reply(reply)
             if data:
                 out.append(data)
             if transaction.done:
                 self._transaction = None
+                self._goodbye = None
                 result = transaction.result()
                 self.needs_reset = result.needs_reset
                 self.transactions += 1

@@ -395,6 +395,30 @@ def test_a_421_while_idle_closes_the_session() -> None:
         script.session.send(Deliver(envelope()))
 
 
+def test_a_421_within_a_pipelined_transaction_then_a_close_is_the_servers_last_word() -> None:
+    # Found from outside: the 421 to RCPT was lost and the outcome read "closed the connection",
+    # so no reaction saw it (without PIPELINING the reply was kept).
+    script = greeted()
+    script.send(Deliver(envelope("b@example.net", "c@example.net")))
+    assert script.server(b"250 ok\r\n421 4.7.0 rate limited, closing\r\n") == []
+    assert script.server(b"") == [Closed(Reply(421, "4.7.0", ("rate limited, closing",)))]
+
+
+def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
+    script = greeted()
+    script.send(Deliver(envelope("b@example.net")))
+    assert script.server(b"250 ok\r\n550 5.1.1 unknown\r\n") == []
+    assert script.server(b"") == [Closed(None)]
+
+
+def test_a_421_in_a_finished_transaction_is_not_the_last_word_of_a_later_close() -> None:
+    script = greeted()
+    script.send(Deliver(envelope("b@example.net", "c@example.net")))
+    (done,) = script.server(b"250 ok\r\n421 4.7.0 busy\r\n250 ok\r\n250 queued\r\n")
+    assert isinstance(done, TransactionDone)
+    assert script.server(b"") == [Closed(None)]
+
+
 def test_another_reply_while_idle_is_a_protocol_error() -> None:
     """A reply to no command: taken as the next MAIL's reply it would shift every reply after it."""
     script = greeted()
