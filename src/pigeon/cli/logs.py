@@ -10,11 +10,11 @@ from typing import Any
 import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.logs.reader import follow, read_lines
+from pigeon.logs.reader import follow, merged_lines
 from pigeon.logs.records import RECORD_TYPES
 
 EXAMPLES = """examples:
-  pigeon logs                          # every record so far, oldest first
+  pigeon logs                          # every record so far, oldest first (every worker's, by time)
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"pigeon: no record type {kind!r}; the types are {', '.join(known.values())}", file=sys.stderr)
             return 2
         wanted.add(known[kind.lower()])
-    lines = follow(directory) if args.follow else read_lines(directory)
+    lines = follow(directory) if args.follow else merged_lines(directory)
     decoder = msgspec.json.Decoder(dict[str, Any])
     out = sys.stdout.buffer
     try:

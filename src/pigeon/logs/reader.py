@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import calendar
 import gzip
+import heapq
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 import msgspec
 
@@ -37,6 +39,31 @@ def read_lines(directory: Path) -> Iterator[bytes]:
     """Every complete record line (without its newline), oldest segment first."""
     for path in segments(directory):
         yield from _lines_of(path)
+
+
+class _Stamped(msgspec.Struct):
+    timestamp: float = 0.0
+
+
+_STAMP: Final = msgspec.json.Decoder(_Stamped)
+
+
+def _timestamp(line: bytes) -> float:
+    try:
+        return _STAMP.decode(line).timestamp
+    except msgspec.DecodeError:
+        return 0.0
+
+
+def merged_lines(directory: Path) -> Iterator[bytes]:
+    """Every complete record line, in time order across the writers (workers): each writer's
+    records are in the order it wrote them, and the writers' streams are merged by `timestamp`.
+    (`read_lines` gives one writer's segment after another where their times overlap.)"""
+    streams = [
+        itertools.chain.from_iterable(_lines_of(path) for path in found)
+        for found in _by_writer(segments(directory)).values()
+    ]
+    return heapq.merge(*streams, key=_timestamp)
 
 
 def read_records(directory: Path) -> list[dict[str, object]]:

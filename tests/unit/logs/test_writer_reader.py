@@ -18,9 +18,10 @@ from typing import BinaryIO
 import msgspec
 import pytest
 
+from pigeon.cli.main import main
 from pigeon.logs import reader as reader_module
 from pigeon.logs import writer as writer_module
-from pigeon.logs.reader import follow, read_lines, read_records, segments
+from pigeon.logs.reader import follow, merged_lines, read_lines, read_records, segments
 from pigeon.logs.records import AnyRecord, Quarantine, Reception, Rejection, Response
 from pigeon.logs.writer import LogWriter, compress_segment
 from pigeon.smtp.replies import Reply
@@ -425,3 +426,18 @@ def test_follow_does_not_yield_a_partial_line_left_by_a_crash(tmp_path: Path) ->
     log.close()
 
     assert lines == lines_of(1, 2, 3)
+
+
+def test_pigeon_logs_merges_the_workers_records_by_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found from outside: `pigeon logs` printed one worker's segment after the other's, though
+    # the README says "in order". Each worker writes its own segment; their times interleave.
+    first, second = opened_writer(tmp_path, shard=0), opened_writer(tmp_path, shard=1)
+    for n in range(10):
+        (first if n % 2 == 0 else second).write(quarantine(n))
+    first.close()
+    second.close()
+    assert len(segments(tmp_path)) == 2
+    assert sorted(ids(list(read_lines(tmp_path)))) == list(range(10))
+    assert ids(list(merged_lines(tmp_path))) == list(range(10))
+    assert main(["logs", "--dir", str(tmp_path)]) == 0
+    assert ids(capsys.readouterr().out.encode().splitlines()) == list(range(10))
