@@ -106,10 +106,13 @@ class ImapSession:
 
         context = tls_context if tls == "implicit" else None
         client = _Client(host, port, timeout=timeout, conn_lost_cb=lost, ssl_context=context)
+        step = "connect and greeting"  # what a bare timeout is named by: which step the server left waiting
         try:
             await _hello(client, host, port, tls, timeout)
             if tls == "starttls":
+                step = "STARTTLS and its TLS handshake"
                 await _starttls(client, host, tls_context, timeout)
+            step = f"login as {username}"
             if auth == "xoauth2":
                 _answer_sasl_errors(client)
                 response = await client.xoauth2(username, secret)
@@ -117,8 +120,15 @@ class ImapSession:
                 response = await client.login(username, secret)
             _check(response, f"login as {username}")
             # Servers may offer more once logged in (Gmail: MOVE, UIDPLUS).
+            step = "CAPABILITY"
             await asyncio.wait_for(client.protocol.capability(), timeout)
+            step = f"select {folder}"
             response = _check(await client.select(_quote(folder)), f"select {folder}")
+        except TimeoutError as error:
+            await _close(client)
+            if str(error):
+                raise
+            raise TimeoutError(f"{step}: no answer from {host}:{port} within {timeout:g}s") from None
         except BaseException:
             await _close(client)
             raise

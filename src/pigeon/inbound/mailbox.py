@@ -275,6 +275,8 @@ class MailboxWatcher:
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
         if text != self.last_error:
             _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
+        else:  # (said once as a warning; each retry that fails the same way, quietly)
+            _log.info("mailbox %s (%s): again %s; reconnecting", self.config.name, self.identity, text)
         self.last_error = text
         self._metrics.inbound_errors.labels(self.config.name).inc()
 

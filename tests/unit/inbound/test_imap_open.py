@@ -102,3 +102,20 @@ async def test_a_server_that_never_greets_still_times_out() -> None:
     async for port in _server(behaviour):
         with pytest.raises(ImapError, match=r"no IMAP greeting within 0\.5s"):
             await asyncio.wait_for(_open(port, command_timeout=0.5), 5)
+
+
+async def test_a_server_that_stops_answering_at_login_is_named_in_the_timeout() -> None:
+    # A bare "TimeoutError" (what CI's log said of a restarted Dovecot) did not say which step
+    # the server left waiting.
+    async def behaviour(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"* OK IMAP4rev1 ready\r\n")
+        await writer.drain()
+        tag = (await reader.readline()).split()[0]
+        writer.write(b"* CAPABILITY IMAP4rev1\r\n" + tag + b" OK done\r\n")
+        await writer.drain()
+        await reader.readline()  # LOGIN, never answered
+        await asyncio.sleep(3600)
+
+    async for port in _server(behaviour):
+        with pytest.raises(TimeoutError, match=rf"login as app: no answer from 127\.0\.0\.1:{port} within 0\.5s"):
+            await asyncio.wait_for(_open(port, command_timeout=0.5), 5)
