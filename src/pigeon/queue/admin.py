@@ -244,42 +244,42 @@ class Admin:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
         held ones too unless `release` is False."""
         now = self._clock()
-        by_shard: dict[int, list[int]] = {}
 
-        def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
-            return _Done.IGNORED, None  # in memory: due already; its owner sets its next due
+        def deferred(message: Message) -> bool:
+            return message.due > now and (release or message.envelope.held is None)
 
-        def spool_only(message: Message) -> bool:
-            if message.due <= now or (not release and message.envelope.held is not None):
-                return False
-            by_shard.setdefault(shard_of(message.id), []).append(message.id)
-            return True
-
-        made_due, _ = await self._walk(selector, act, "retry", operation, claim=False, spool_only=spool_only)
-        await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_shard.items()))
-        self._rewind(now)
-        return {"made_due": made_due}
+        return {"made_due": await self._make_due(selector, deferred, "retry", operation)}
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
         """Make due now the deferred messages due at `when` (within `margin` seconds): those a
         suspension deferred to its end, when an operator ended it early. (A message whose own
         backoff happens to end in the same instant goes early too: one attempt sooner.)"""
-        now = self._clock()
-        if when - margin <= now:
+        if when - margin <= self._clock():
             return 0  # due then anyway
+
+        def deferred_then(message: Message) -> bool:
+            return bool(message.attempts) and abs(message.due - when) <= margin and message.envelope.held is None
+
+        return await self._make_due(Selector(), deferred_then, "retry after a suspension ended", None)
+
+    async def _make_due(
+        self, selector: Selector, wanted: Callable[[Message], bool], kind: str, operation: str | None
+    ) -> int:
+        """The spool rows matching `selector` and `wanted`, due now (in memory: due already,
+        their owner sets their next due): how many."""
+        now = self._clock()
         by_shard: dict[int, list[int]] = {}
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
-            return _Done.IGNORED, None  # in memory: not deferred
+            return _Done.IGNORED, None
 
-        def deferred_then(message: Message) -> bool:
-            if not (message.attempts and abs(message.due - when) <= margin) or message.envelope.held is not None:
+        def spool_only(message: Message) -> bool:
+            if not wanted(message):
                 return False
             by_shard.setdefault(shard_of(message.id), []).append(message.id)
             return True
 
-        kind = "retry after a suspension ended"
-        made_due, _ = await self._walk(Selector(), act, kind, None, claim=False, spool_only=deferred_then)
+        made_due, _ = await self._walk(selector, act, kind, operation, claim=False, spool_only=spool_only)
         await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_shard.items()))
         self._rewind(now)
         return made_due
