@@ -15,6 +15,12 @@ prints the median of:
   median accept rate (open loop, 32 reused connections of our own client, every message timed).
 
 Then the ratio Pigeon / Postfix.
+
+`--baseline-src DIR` adds each Pigeon contender again, run from another source tree (the `src`
+of a checkout of the commit before a change), and prints the change's ratio against it:
+
+    git worktree add /tmp/before HEAD~1
+    sudo .venv/bin/python bench/accept.py --baseline-src /tmp/before/src --paced 10
 """
 
 from __future__ import annotations
@@ -42,13 +48,19 @@ from harness import (
     workdir,
 )
 
+BASELINE = " (baseline)"
 
-def start(kind: str, path: Path) -> Mta:
-    """ "postfix", or "pigeon:<workers>" (a number, or auto: one per core)."""
+
+def start(kind: str, path: Path, baseline: Path | None = None) -> Mta:
+    """ "postfix", or "pigeon:<workers>" (a number, or auto: one per core), with BASELINE
+    appended to run it from `baseline`."""
     if kind == "postfix":
         return Postfix(path)
-    workers = kind.split(":", 1)[1]
-    return Pigeon(path, workers if workers == "auto" else int(workers))
+    workers = kind.removesuffix(BASELINE).split(":", 1)[1]
+    source = baseline if kind.endswith(BASELINE) else None
+    mta = Pigeon(path, workers if workers == "auto" else int(workers), source=source)
+    mta.name += BASELINE if source else ""
+    return mta
 
 
 def stored(mta: Mta) -> int:
@@ -63,7 +75,7 @@ def stored(mta: Mta) -> int:
 
 def one_run(kind: str, args: argparse.Namespace) -> Run:
     with workdir(f"bench-{kind.replace(':', '-')}-") as path:
-        mta = start(kind, path)
+        mta = start(kind, path, args.baseline_src)
         try:
             smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "200", "-f", "w@src.test", "-t", "w@sink.test")
             time.sleep(0.5)
@@ -94,7 +106,7 @@ def one_run(kind: str, args: argparse.Namespace) -> Run:
 
 def fsyncs(kind: str, args: argparse.Namespace) -> float:
     with workdir(f"bench-{kind.replace(':', '-')}-fsync-") as path:
-        mta = start(kind, path)
+        mta = start(kind, path, args.baseline_src)
         try:
             smtp_source(mta.port, "-s", "5", "-l", str(args.size), "-m", "100", "-f", "w@src.test", "-t", "w@sink.test")
             n = args.fsync_messages
@@ -119,10 +131,13 @@ def main() -> None:
     )
     parser.add_argument("--fsync-messages", type=int, default=3000)
     parser.add_argument("--paced", type=float, default=0.0, help="seconds of a half-rate load, timed (0: none)")
+    parser.add_argument("--baseline-src", type=Path, help="also run each Pigeon contender from this source tree")
     args = parser.parse_args()
     require(SMTP_SOURCE, "postfix")
 
     kinds = ["postfix"] + [f"pigeon:{w.strip()}" for w in args.pigeon_workers.split(",")]
+    if args.baseline_src:
+        kinds += [kind + BASELINE for kind in kinds[1:]]
     runs: dict[str, list[Run]] = {kind: [] for kind in kinds}
     for round_no in range(args.rounds):
         for kind in kinds if round_no % 2 == 0 else list(reversed(kinds)):
@@ -152,7 +167,7 @@ def main() -> None:
         for kind in kinds:
             rate = summary[kind][0] / 2
             with workdir(f"bench-{kind.replace(':', '-')}-paced-") as path:
-                mta = start(kind, path)
+                mta = start(kind, path, args.baseline_src)
                 try:
                     found = sorted(paced_latencies(mta.port, rate, args.paced, message_body(args.size)))
                 finally:
@@ -166,6 +181,11 @@ def main() -> None:
             f"{runs[kind][0].name} / postfix: {rate / postfix_rate:.2f}x the accepted messages per second, "
             f"{postfix_cpu / cpu:.2f}x less CPU per message"
         )
+    for kind in kinds[1:]:
+        if kind + BASELINE in summary:
+            (rate, cpu), (base_rate, base_cpu) = summary[kind], summary[kind + BASELINE]
+            name = runs[kind][0].name
+            print(f"{name} / its baseline: {rate / base_rate:.2f}x the rate, {cpu / base_cpu:.2f}x the CPU")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,15 @@ COMMIT, whose WAL write and fsync (`synchronous=FULL`) block, runs in the commit
 Submissions made meanwhile gather for the next batch: the batch size grows with the load
 by itself, and one fsync serves them all.
 
+Under load the next batch also lingers (`window`, 2 ms by default) before it starts. An fsync
+costs the machine far more than the rows it makes durable (on a VM, the flush is a trip through
+the hypervisor), so bigger batches are the cheapest CPU there is: measured relaying 5 KiB over
+20 sessions, lingering cut the CPU per message by 16% and raised the rate by 15%.
+It lingers only when `LINGER_AFTER` (4) or more operations arrived while the last commit was
+in flight, a sign that the worker is busy: a lone message, or moderate traffic, is committed at
+once. Measured at half the maximum rate, the median end-of-data-to-250 stayed 0.7 ms with
+this threshold; lingering after any 2 made it 3.5 ms, for no CPU gain at full load.
+
 Why the split: SQLite releases the GIL around every statement step. A writer thread that
 ran the inserts too would need the GIL back after each one, and behind a busy event loop
 each hand-over costs up to the interpreter's switch interval (5 ms). Measured here, that
@@ -61,6 +70,7 @@ _log = logging.getLogger(__name__)
 _Batch = list[tuple[Operation, "asyncio.Future[Any]"]]
 _Job = tuple[_Batch, list[Any] | None, Callable[[], None] | None]  # results (None: retry), after commit
 _STOP = object()
+LINGER_AFTER = 4
 
 
 class GroupCommitter:
@@ -70,7 +80,7 @@ class GroupCommitter:
         self,
         connect: Callable[[], sqlite3.Connection],
         *,
-        window: float = 0.0,
+        window: float = 0.002,
         max_batch: int = 1024,
         observer: BatchObserver | None = None,
         before_commit: BeforeCommit | None = None,
@@ -86,6 +96,7 @@ class GroupCommitter:
         self._thread: threading.Thread | None = None
         self._pending: _Batch = []
         self._scheduled = False
+        self._lingering: asyncio.TimerHandle | None = None
         self._in_flight = False
         self._closed = False
         self._idle = threading.Event()
@@ -109,10 +120,11 @@ class GroupCommitter:
         self._pending.append((op, future))
         if not self._in_flight and not self._scheduled:
             self._scheduled = True
-            if self._window > 0:
-                loop.call_later(self._window, self._start_batch)
-            else:
-                loop.call_soon(self._start_batch)
+            loop.call_soon(self._start_batch)
+        elif self._lingering is not None and len(self._pending) >= self._max_batch:
+            self._lingering.cancel()  # a full batch waits for nothing
+            self._lingering = None
+            loop.call_soon(self._start_batch)
         return future
 
     def close(self) -> None:
@@ -142,6 +154,7 @@ class GroupCommitter:
 
     def _start_batch(self) -> None:
         self._scheduled = False
+        self._lingering = None
         if self._in_flight or not self._pending or self._conn is None:
             return
         self._in_flight = True
@@ -179,7 +192,13 @@ class GroupCommitter:
             else:
                 future.set_result(result)
         self._in_flight = False
-        if self._pending and not self._closed:
+        if not self._pending or self._closed:
+            return
+        if self._window > 0 and LINGER_AFTER <= len(self._pending) < self._max_batch:
+            assert self._loop is not None
+            self._scheduled = True
+            self._lingering = self._loop.call_later(self._window, self._start_batch)
+        else:
             self._start_batch()
 
     # --- commit thread -------------------------------------------------------------------

@@ -123,7 +123,7 @@ class SqliteSpool:
         *,
         shard: int = 0,
         inline_limit: int = 256 * 1024,
-        commit_window: float = 0.0,
+        commit_window: float = 0.002,
         max_batch: int = 1024,
         max_size: int | None = None,
         observer: BatchObserver | None = None,

@@ -19,6 +19,7 @@ import pytest
 
 from pigeon.message import ENVELOPE_DECODER, Envelope, Recipient, SpoolId, format_id, id_time, parse_id
 from pigeon.spool.body import Body, BodyWriter
+from pigeon.spool.commit import LINGER_AFTER
 from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolClosed, SpoolError, SpoolFull
 from pigeon.spool.sqlite import SqliteSpool
 
@@ -123,6 +124,58 @@ async def test_later_submissions_gather_into_the_next_commit_while_one_is_in_fli
         assert batches[0] == 1
         assert sum(batches) == 21
         assert max(batches[1:]) > 1
+
+
+async def test_a_busy_spool_lingers_before_its_next_commit_so_one_fsync_serves_more(tmp_path: Path) -> None:
+    batches: list[tuple[int, float]] = []
+    spool = SqliteSpool(
+        tmp_path, commit_window=0.3, observer=lambda size, seconds: batches.append((size, time.monotonic()))
+    )
+    with opened(spool):
+        first = spool.store(*reception(spool, b"first\r\n"))
+        await asyncio.sleep(0)  # the first batch (of one) is now committing
+        waiting = [spool.store(*reception(spool, f"busy {n}\r\n".encode())) for n in range(LINGER_AFTER)]
+        await first
+        first_done = time.monotonic()
+        await asyncio.sleep(0.1)  # within the window: these join the lingering batch
+        late = [spool.store(*reception(spool, f"late {n}\r\n".encode())) for n in range(3)]
+        await asyncio.gather(*waiting, *late)
+        waited = time.monotonic() - first_done
+
+        assert [size for size, _ in batches] == [1, LINGER_AFTER + 3]
+        assert waited >= 0.29
+        assert rows(spool.db_path, "SELECT count(*) FROM message") == [(1 + LINGER_AFTER + 3,)]
+
+
+async def test_a_few_writes_after_a_commit_are_committed_at_once(tmp_path: Path) -> None:
+    batches: list[int] = []
+    spool = SqliteSpool(tmp_path, commit_window=5.0, observer=lambda size, seconds: batches.append(size))
+    with opened(spool):
+        first = spool.store(*reception(spool, b"first\r\n"))
+        await asyncio.sleep(0)
+        few = [spool.store(*reception(spool, f"few {n}\r\n".encode())) for n in range(LINGER_AFTER - 1)]
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(first, *few), 2.0)
+
+        assert time.monotonic() - started < 2.0  # nowhere near the 5 s window
+        assert batches == [1, LINGER_AFTER - 1]
+        lone = time.monotonic()
+        await asyncio.wait_for(spool.store(*reception(spool, b"lone\r\n")), 2.0)
+        assert time.monotonic() - lone < 2.0
+
+
+async def test_a_full_batch_stops_the_linger(tmp_path: Path) -> None:
+    batches: list[int] = []
+    spool = SqliteSpool(tmp_path, commit_window=5.0, max_batch=8, observer=lambda size, seconds: batches.append(size))
+    with opened(spool):
+        first = spool.store(*reception(spool, b"first\r\n"))
+        await asyncio.sleep(0)
+        waiting = [spool.store(*reception(spool, f"busy {n}\r\n".encode())) for n in range(LINGER_AFTER)]
+        await first  # the next batch now lingers for up to 5 s ...
+        more = [spool.store(*reception(spool, f"more {n}\r\n".encode())) for n in range(8 - LINGER_AFTER)]
+        await asyncio.wait_for(asyncio.gather(*waiting, *more), 2.0)  # ... until it is full
+
+        assert batches == [1, 8]
 
 
 async def test_one_failing_reception_does_not_fail_the_others_in_its_commit(tmp_path: Path) -> None:
