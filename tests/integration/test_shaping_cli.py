@@ -58,7 +58,33 @@ def test_check_accepts_a_good_file_with_a_summary(tmp_path: Path) -> None:
         "  [[provider]] blocks: 1; providers known: 12",
         "  [[shaping]] blocks: 2 (1 by domain, 1 by provider)",
         "  shipped provider defaults: on",
+        "  [[reaction]] blocks: 0 (0 new, 0 replacing shipped rules, 0 turning shipped rules off); "
+        "rules in force: 7 (7 shipped)",
     ]
+
+
+def test_check_counts_reaction_blocks_and_the_rules_they_leave_in_force(tmp_path: Path) -> None:
+    reactions = (
+        '\n[[reaction]]\nid = "gmail-rate-limited"\nenabled = false\n'
+        '\n[[reaction]]\nid = "apple-rate-limited"\nmatch = "^421 "\naction = "suspend"\nprovider = "apple"\n'
+        '\n[[reaction]]\nid = "corp-busy"\nmatch = "^421 4\\\\.7\\\\.0"\naction = "suspend"\nprovider = "corp"\n'
+    )
+    (tmp_path / "pigeon.toml").write_text(GOOD.format(dns="127.0.0.1:9") + reactions)
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "  [[reaction]] blocks: 3 (1 new, 1 replacing shipped rules, 1 turning shipped rules off); "
+        "rules in force: 7 (5 shipped)"
+    )
+
+    text = GOOD.format(dns="127.0.0.1:9").replace("[dns]", "default_reactions = false\n\n[dns]") + reactions
+    (tmp_path / "pigeon.toml").write_text(text)
+    result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "  [[reaction]] blocks: 3 (2 new, 0 replacing shipped rules, 0 turning shipped rules off, 1 disabled); "
+        "rules in force: 2 (shipped reactions off)"
+    )
 
 
 def test_check_lists_every_problem_with_its_key_and_line_and_fails(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """`pigeon shaping check FILE`, `pigeon shaping explain DOMAIN`, `pigeon shaping status` and
 `pigeon shaping end ID`: shaping, before, after and while it reacts.
 
-`check` validates a configuration file (its `[[provider]]` and `[[shaping]]` blocks one by
-one, then the whole file) and prints every problem with its key and line. `explain` resolves
+`check` validates a configuration file (its `[[provider]]`, `[[shaping]]` and `[[reaction]]`
+blocks one by one, then the whole file) and prints every problem with its key and line. `explain` resolves
 a domain as the node would (its `[[route]]`s, then MX through `[dns] nameservers`), then
 prints the site, the provider and every limit with the layer it came from. `status` lists the
 live effects of shaping reactions on a running node (GET /api/v1/shaping/effects): a table for
@@ -52,7 +52,7 @@ def register(commands: Any) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = actions.add_parser(
         "check",
-        help="validate a configuration file's [[provider]] and [[shaping]] blocks (and the rest)",
+        help="validate a configuration file's [[provider]], [[shaping]] and [[reaction]] blocks (and the rest)",
         description="Validate a configuration file: print every problem with its key and line and exit 1, "
         "or print a short summary and exit 0.",
         epilog=EXAMPLES,
@@ -115,7 +115,25 @@ def run_check(args: argparse.Namespace) -> int:
     by_provider = len(config.shaping) - by_domain
     print(f"  [[shaping]] blocks: {len(config.shaping)} ({by_domain} by domain, {by_provider} by provider)")
     print(f"  shipped provider defaults: {shipped}")
+    print(f"  {_reactions_summary(config)}")
     return 0
+
+
+def _reactions_summary(config: Config) -> str:
+    """The `[[reaction]]` blocks, what they do to the shipped rules, and the rules in force."""
+    from pigeon.shaping.reactions import effective_rules, shipped_rules
+
+    defaults = config.delivery.default_reactions
+    shipped = {rule.id for rule in shipped_rules()} if defaults else set()
+    mine = config.reaction
+    replacing = sum(1 for rule in mine if rule.id in shipped and rule.enabled)
+    off = sum(1 for rule in mine if rule.id in shipped and not rule.enabled)
+    disabled = sum(1 for rule in mine if rule.id not in shipped and not rule.enabled)
+    parts = [f"{len(mine) - replacing - off - disabled} new", f"{replacing} replacing shipped rules"]
+    parts += [f"{off} turning shipped rules off"] + ([f"{disabled} disabled"] if disabled else [])
+    in_force = effective_rules(mine, defaults=defaults)
+    whose = f"{len(shipped) - replacing - off} shipped" if defaults else "shipped reactions off"
+    return f"[[reaction]] blocks: {len(mine)} ({', '.join(parts)}); rules in force: {len(in_force)} ({whose})"
 
 
 def run_explain(args: argparse.Namespace) -> int:

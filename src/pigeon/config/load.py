@@ -12,7 +12,7 @@ import re
 import socket
 import tomllib
 import typing
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -65,13 +65,14 @@ def load(path: Path | None) -> Config:
     return _load_data(data, path, text)
 
 
-def _load_data(data: dict[str, Any], path: Path, text: str) -> Config:
+def _load_data(data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = ()) -> Config:
+    """`providers`: names of `[[provider]]`s left out of `data` that rules may still name."""
     _accept_shorthands(data)
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
-    return _finish(config, path, text)
+    return _finish(config, path, text, providers)
 
 
 def _accept_shorthands(data: dict[str, Any]) -> None:
@@ -81,7 +82,7 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
         smtp["listen"] = [smtp["listen"]]
 
 
-def _finish(config: Config, path: Path | None, text: str) -> Config:
+def _finish(config: Config, path: Path | None, text: str, providers: Sequence[str] = ()) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
     def fail(keys: list[str], reason: str, block: int | None = None) -> ConfigError:
@@ -115,7 +116,7 @@ def _finish(config: Config, path: Path | None, text: str) -> Config:
     problems = shaping_problems(config, path, text)
     if problems:
         raise ConfigError(problems[0])
-    _check_reactions(config, fail)
+    _check_reactions(config, fail, providers)
     if path is not None:
         base = path.parent
         spool.path = _resolve(spool.path, base)
@@ -166,8 +167,12 @@ def problems(path: Path) -> list[str]:
             return [str(error)]  # what load() says of it
         raise
     first: str | None = None
+    blocks = data.get("provider")
+    blocks = blocks if isinstance(blocks, list) else []
+    named = [block["name"] for block in blocks if isinstance(block, dict) and isinstance(block.get("name"), str)]
     try:  # the rest of the file, whose own first problem would hide behind the blocks'
-        _load_data({k: v for k, v in data.items() if k not in ("provider", "shaping")}, path, text)
+        rest = {k: v for k, v in data.items() if k not in ("provider", "shaping")}
+        _load_data(rest, path, text, named)  # a [[reaction]] may name the file's [[provider]]s
     except ConfigError as error:
         first = str(error)
     found: list[str] = []
@@ -348,15 +353,17 @@ def block_line(text: str, section: str, index: int, key: str | None = None) -> i
     return header_line
 
 
-def _check_reactions(config: Config, fail: Callable[..., ConfigError]) -> None:
+def _check_reactions(config: Config, fail: Callable[..., ConfigError], others: Sequence[str] = ()) -> None:
     ids = [rule.id for rule in config.reaction]
-    providers = [provider.name for provider in config.provider]
+    providers = [provider.name for provider in config.provider] + list(others)
     if config.delivery.provider_defaults:
         providers += [provider.name for provider in shipped() if provider.name not in providers]
     for index, rule in enumerate(config.reaction):
         if ids.count(rule.id) > 1:
             again = ids.index(rule.id, index + 1)
             raise fail(["reaction", "id"], f"two [[reaction]]s are called {rule.id!r}", again)
+        if not rule.enabled:
+            continue  # off: `id` and `enabled = false` are all it needs
         try:
             compile_rule(rule)
         except ReactionError as error:

@@ -422,9 +422,10 @@ class ReactionConfig(_Section, kw_only=True):
 
     id: Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]
     """The rule's name, in effects, records and logs. A shipped rule's id replaces that rule."""
-    match: str
+    match: str | None = None
     """A regular expression (Python syntax, case-insensitive) searched for in the reply as one
-    line: "<code> <enhanced code> <text>", e.g. "^421 4\\.7\\.0 .*rate limited"."""
+    line: "<code> <enhanced code> <text>", e.g. "^421 4\\.7\\.0 .*rate limited". Needed unless
+    `enabled = false`."""
     provider: str | list[str] | None = None
     """Only for sites of this provider, or of one of these (by their MX host suffixes: the
     shipped providers and `[[provider]]`s; see the README)."""
@@ -432,9 +433,10 @@ class ReactionConfig(_Section, kw_only=True):
     """Only for sites matching this glob (a site: the sorted MX hosts, or host:port)."""
     domain: str | None = None
     """Only for messages to recipient domains matching this glob."""
-    action: Literal["suspend", "limit", "bounce"]
+    action: Literal["suspend", "limit", "bounce"] | None = None
     """suspend: take no mail for it; limit: lower `connection_limit` and/or `max_message_rate`;
-    bounce: every message waiting for it (and arriving while the effect lives) is bounced."""
+    bounce: every message waiting for it (and arriving while the effect lives) is bounced.
+    Needed unless `enabled = false`."""
     scope: Literal["site", "source", "provider"] = "site"
     """What the effect applies to: the site; this source's path to the site (`source->site`,
     the sending address a provider judges); or every site of `provider`."""

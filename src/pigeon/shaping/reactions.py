@@ -115,6 +115,10 @@ class ReactionError(ValueError):
 
 def compile_rule(config: ReactionConfig) -> Reaction:
     """A `[[reaction]]` table as a rule; `ReactionError` names the field that is wrong."""
+    for key in ("match", "action"):
+        if getattr(config, key) is None:
+            raise ReactionError(key, "missing (a rule needs match and action; only `enabled = false` goes without)")
+    assert config.match is not None and config.action is not None
     try:
         pattern = re.compile(config.match, re.IGNORECASE)
     except re.error as error:

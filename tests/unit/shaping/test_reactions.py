@@ -157,6 +157,8 @@ def test_every_shipped_rule_compiles() -> None:
         ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "0/1m"', "[reaction] threshold", "N/DURATION"),
         ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5/soon"', "[reaction] threshold", "N/DURATION"),
         ('match = "x"\naction = "suspend"', "id", "required"),
+        ('id = "a"\naction = "suspend"', "[reaction] match", "missing"),
+        ('id = "a"\nmatch = "x"', "[reaction] action", "missing"),
     ],
 )  # fmt: skip
 def test_a_bad_reaction_is_refused_with_its_key(tmp_path: Path, table: str, named: str, says: str) -> None:
@@ -165,6 +167,15 @@ def test_a_bad_reaction_is_refused_with_its_key(tmp_path: Path, table: str, name
     with pytest.raises(ConfigError) as raised:
         load(path)
     assert named in str(raised.value) and says in str(raised.value)
+
+
+def test_a_shipped_rule_is_turned_off_by_its_id_and_enabled_false_alone(tmp_path: Path) -> None:
+    # As the README says: no match or action to copy out of the shipped file.
+    path = tmp_path / "pigeon.toml"
+    path.write_text('[[reaction]]\nid = "gmail-rate-limited"\nenabled = false\n')
+    config = load(path)
+    in_force = [r.id for r in effective_rules(config.reaction)]
+    assert "gmail-rate-limited" not in in_force and "gmail-too-many-connections" in in_force
 
 
 def test_two_reactions_may_not_share_an_id(tmp_path: Path) -> None:
