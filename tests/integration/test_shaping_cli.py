@@ -257,3 +257,10 @@ def test_explain_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path: Pat
     reader.wait(10)
     assert "Traceback" not in explain.stderr and "BrokenPipeError" not in explain.stderr, explain.stderr
     assert explain.returncode == 0
+
+
+def test_each_shaping_action_s_help_shows_its_own_examples(tmp_path: Path) -> None:
+    end = pigeon_cli("shaping", "end", "--help", cwd=tmp_path).stdout
+    assert "pigeon shaping end 3f9a0c1b2d4e" in end and "pigeon shaping explain" not in end
+    group = pigeon_cli("shaping", "--help", cwd=tmp_path).stdout
+    assert all(f"pigeon shaping {action}" in group for action in ("check", "explain", "status", "end"))

@@ -26,14 +26,23 @@ from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
 from pigeon.config.schema import Config
 
-EXAMPLES = """examples:
-  pigeon shaping check /etc/pigeon/pigeon.toml
-  pigeon shaping explain gmail.com -c /etc/pigeon/pigeon.toml
-  pigeon shaping explain customer.example -c /etc/pigeon/pigeon.toml --json
-  pigeon shaping status                 # what reactions suspend, limit or bounce now, and until when
-  pigeon shaping status --json | jq '.effects[] | select(.action == "suspend")'
-  pigeon shaping end 3f9a0c1b2d4e       # the site takes mail again: end that effect now
-"""
+_EXAMPLES = {
+    "check": ["pigeon shaping check /etc/pigeon/pigeon.toml"],
+    "explain": [
+        "pigeon shaping explain gmail.com -c /etc/pigeon/pigeon.toml",
+        "pigeon shaping explain customer.example -c /etc/pigeon/pigeon.toml --json",
+    ],
+    "status": [
+        "pigeon shaping status                 # what reactions suspend, limit or bounce now, and until when",
+        "pigeon shaping status --json | jq '.effects[] | select(.action == \"suspend\")'",
+    ],
+    "end": ["pigeon shaping end 3f9a0c1b2d4e       # the site takes mail again: end that effect now"],
+}
+EXAMPLES = "examples:\n" + "".join(f"  {line}\n" for lines in _EXAMPLES.values() for line in lines)
+
+
+def _examples(action: str) -> str:
+    return "examples:\n" + "".join(f"  {line}\n" for line in _EXAMPLES[action])
 
 
 if TYPE_CHECKING:
@@ -55,7 +64,7 @@ def register(commands: Any) -> None:
         help="validate a configuration file's [[provider]], [[shaping]] and [[reaction]] blocks (and the rest)",
         description="Validate a configuration file: print every problem with its key and line and exit 1, "
         "or print a short summary and exit 0.",
-        epilog=EXAMPLES,
+        epilog=_examples("check"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("file", type=Path, metavar="FILE", help="the TOML configuration file")
@@ -65,7 +74,7 @@ def register(commands: Any) -> None:
         help="resolve a domain, print its site, provider and limits with where each came from",
         description="Resolve DOMAIN as the node would ([[route]]s, then MX through [dns] nameservers) and "
         "print its site, its provider, the throttle key, and every limit with the layer it came from.",
-        epilog=EXAMPLES,
+        epilog=_examples("explain"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain.add_argument("domain", metavar="DOMAIN", help="a recipient domain")
@@ -77,7 +86,7 @@ def register(commands: Any) -> None:
         "status",
         help="live effects of shaping reactions (suspensions, limits, bounces)",
         description="The live effects of shaping reactions on a running node (the whole cluster's with [redis]).",
-        epilog=EXAMPLES,
+        epilog=_examples("status"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_api_options(status)
@@ -88,7 +97,7 @@ def register(commands: Any) -> None:
         description="End a live effect of a shaping reaction now, on every worker of the node and, with [redis], "
         "on every node: a suspension's mail is started, a limit lifted, a bounce stopped. The rule may start "
         "a new effect at the next matching reply. Needs a token with the admin scope.",
-        epilog=EXAMPLES,
+        epilog=_examples("end"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     end.add_argument("id", metavar="ID", type=identifier, help="the effect's id, as `pigeon shaping status` lists it")
