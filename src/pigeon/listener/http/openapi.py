@@ -17,6 +17,8 @@ from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import AdminRequest, RebindRequest
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 from pigeon.queue.admin import QueueSummary
+from pigeon.queue.rules import Rule
+from pigeon.shaping.effects import Effect
 
 _REF: Final = "#/components/schemas/{name}"
 _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
@@ -30,8 +32,8 @@ _ERRORS: Final = {
 
 @functools.cache
 def document() -> dict[str, Any]:
-    (request, response, _, admin_request, rebind_request, queues), components = msgspec.json.schema_components(
-        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest, RebindRequest, QueueSummary],
+    (request, response, _, admin_request, rebind_request, queues, *_), components = msgspec.json.schema_components(
+        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest, RebindRequest, QueueSummary, Rule, Effect],
         ref_template=_REF,
         schema_hook=_custom,
     )
@@ -84,7 +86,75 @@ def _custom(kind: type) -> dict[str, Any]:
 def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict[str, Any]) -> dict[str, Any]:
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
     errors["503"] = _response("Delivery is disabled on this node", _ref("ErrorResponse"))
-    answer = {"type": "object"}
+    count = {"type": "integer", "minimum": 0}
+    operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
+    rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
+    bounced = _object(
+        {"bounced": count, "rule": rule_or_none, "operation": operation_id},
+        "bounced",
+        "rule",
+        doc="bounced: messages bounced now; rule: the standing bounce (with a duration), else null",
+    )
+    held = _object({"held": count, "rule": rule_or_none}, "held", "rule", doc="held: messages the suspension holds")
+    cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
+    rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
+    made_due = _object({"made_due": count, "operation": operation_id}, "made_due")
+    cluster_member = {"cluster": {"type": "object", "description": "With ?cluster=1: whose answers were added up"}}
+    rules = _object({"rules": {"type": "array", "items": _ref("Rule")}, **cluster_member}, "rules")
+    progress = _object(
+        {
+            "operation": {"type": "string"},
+            "kind": {"type": "string", "description": "bounce, rebind, retry, ..."},
+            "selector": {"type": "object"},
+            "looked_at": count,
+            "acted_on": count,
+            "waited": count,
+            "running": {"type": "integer", "minimum": 0, "description": "workers still at it (0: done)"},
+            "started": {"type": "number"},
+            "finished": {"type": "number"},
+        },
+        "operation",
+        "kind",
+        "looked_at",
+        "acted_on",
+        "running",
+    )
+    operations = _object({"operations": {"type": "array", "items": progress}, **cluster_member}, "operations")
+    text_or_none = {"type": ["string", "null"]}
+    number_or_none = {"type": ["number", "null"]}
+    message = _object(
+        {
+            "id": {"type": "string"},
+            "queue": {"type": "string"},
+            "state": {"type": "string"},
+            "in_memory": {"type": "boolean"},
+            "site": text_or_none,
+            "source": text_or_none,
+            "sender": {"type": "string"},
+            "recipients": {"type": "array", "items": {"type": "string"}},
+            "size": count,
+            "created": {"type": "number"},
+            "attempts": count,
+            "next_due": number_or_none,
+            "held": text_or_none,
+            "held_until": number_or_none,
+            "last_response": text_or_none,
+            "tenant": text_or_none,
+            "campaign": text_or_none,
+            "metadata": {"type": ["object", "null"]},
+            "egress_pool": text_or_none,
+        },
+        "id",
+        "queue",
+        "state",
+        "sender",
+        "recipients",
+        "size",
+        "attempts",
+    )
+    mode = {"type": "string", "description": "How far effects reach: this node's workers, or the cluster's"}
+    effects = _object({"effects": {"type": "array", "items": _ref("Effect")}, "mode": mode}, "effects", "mode")
+    ended = _object({"ended": _ref("Effect"), "mode": mode}, "ended", "mode")
     rule_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
     id_schema = {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"}  # 63-bit
     spool_id = [{"name": "id", "in": "path", "required": True, "schema": id_schema}]
@@ -103,7 +173,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
         op_id: str,
         summary: str,
         scope: str,
-        answered: dict[str, Any] = answer,
+        answered: dict[str, Any],
         answered_with: str = "Done; counts of what it touched",
         **extra: Any,
     ) -> dict[str, Any]:
@@ -141,32 +211,41 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
     posted_suspend = posted_with({"anyOf": [messages, site_only]})
     return {
         "/api/v1/admin/bounce": {
-            "post": operation("bounce", "Bounce matching queued mail; with a duration new mail too", "admin", **posted),
-            "get": operation("listBounces", "Standing bounces", "read"),
+            "post": operation(
+                "bounce", "Bounce matching queued mail; with a duration new mail too", "admin", bounced, **posted
+            ),
+            "get": operation("listBounces", "Standing bounces", "read", rules, "The standing bounces"),
         },
         "/api/v1/admin/bounce/{id}": {
-            "delete": operation("cancelBounce", "End a standing bounce", "admin", parameters=rule_id),
+            "delete": operation("cancelBounce", "End a standing bounce", "admin", cancelled, parameters=rule_id),
         },
         "/api/v1/admin/suspend": {
             "post": operation(
                 "suspend",
                 "Hold matching mail (or a site's deliveries) until resumed or the duration ends",
                 "admin",
+                held,
                 **posted_suspend,
             ),
-            "get": operation("listSuspensions", "Suspensions", "read"),
+            "get": operation("listSuspensions", "Suspensions", "read", rules, "The suspensions"),
         },
         "/api/v1/admin/suspend/{id}": {
-            "delete": operation("resume", "Resume: what the suspension held is due now", "admin", parameters=rule_id),
+            "delete": operation(
+                "resume", "Resume: what the suspension held is due now", "admin", cancelled, parameters=rule_id
+            ),
         },
         "/api/v1/admin/rebind": {
-            "post": operation("rebind", "Move matching mail to another queue and/or route", "admin", **posted_rebind),
+            "post": operation(
+                "rebind", "Move matching mail to another queue and/or route", "admin", rebound, **posted_rebind
+            ),
         },
         "/api/v1/admin/retry": {
-            "post": operation("retry", "Make matching deferred mail due now", "admin", **posted),
+            "post": operation("retry", "Make matching deferred mail due now", "admin", made_due, **posted),
         },
         "/api/v1/admin/operations": {
-            "get": operation("operations", "Recent bulk operations and how far they got", "read"),
+            "get": operation(
+                "operations", "Recent bulk operations and how far they got", "read", operations, "Running and done"
+            ),
         },
         "/api/v1/queues": {
             "get": operation(
@@ -179,13 +258,16 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
             ),
         },
         "/api/v1/messages/{id}": {
-            "get": operation("inspect", "One message: envelope, state, attempts", "read", parameters=spool_id),
+            "get": operation(
+                "inspect", "One message: envelope, state, attempts", "read", message, "The message", parameters=spool_id
+            ),
         },
         "/api/v1/shaping/effects": {
             "get": operation(
                 "shapingEffects",
                 "Live effects of shaping reactions (suspend, limit, bounce) and their reach",
                 "read",
+                effects,
                 answered_with="The live effects (every worker's, each once) and how far they reach (mode)",
             ),
         },
@@ -194,6 +276,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
                 "endShapingEffect",
                 "End a shaping effect early, on every worker and node: what it held is started",
                 "admin",
+                ended,
                 answered_with="The effect, with ended_at and ended_by, and how far the end reached (mode)",
                 parameters=rule_id,
             ),
@@ -209,3 +292,11 @@ def _response(description: str, schema: dict[str, Any] | None) -> dict[str, Any]
     if schema is None:
         return {"description": description}
     return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _object(properties: dict[str, Any], *required: str, doc: str | None = None) -> dict[str, Any]:
+    """An answer's schema: these members, those `required` always there (others may be added)."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": list(required)}
+    if doc:
+        schema["description"] = doc
+    return schema
