@@ -128,6 +128,52 @@ def test_suspend_holds_mail_untried_until_resumed(tmp_path: Path, sink: Scripted
         assert [m.email["Subject"] for m in sink.wait_for(2)] == ["y", "x"]
 
 
+def test_a_retry_leaves_suspended_mail_held_and_says_so(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test"})
+        rule_id = answer["rule"]["id"]
+        ids = _send(pigeon, ["ok@held.test"], count=3)
+        wait_until(lambda: all(_api(pigeon, "GET", f"/api/v1/messages/{i}")[1]["suspended_by"] for i in ids))
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/retry", {"domain": "held.test"})
+        # Before: "3 messages due now", which the suspension then held again at once.
+        assert (status, answer["made_due"], answer["suspended"]) == (200, 0, 3), answer
+        status, seen = _api(pigeon, "GET", f"/api/v1/messages/{ids[0]}")
+        assert seen["suspended_by"] == rule_id
+        time.sleep(1.0)
+        assert not sink.received
+        status, answer = _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+        assert answer["made_due"] == 3
+        sink.wait_for(3)
+        status, progress = _api(pigeon, "GET", "/api/v1/admin/operations")
+        assert [r["kind"] for r in progress["operations"]][-1] == "resume"  # not "retry"
+
+
+def test_a_bounce_tells_apart_the_mail_being_sent_which_it_bounces_only_if_that_attempt_fails(
+    tmp_path: Path,
+) -> None:
+    # slow@ answers RCPT 2 s late: the five messages are all being sent when the bounce comes.
+    with ScriptedSink(slow=2.0) as sink, _node(tmp_path / "node", sink) as pigeon:
+        ids = _send(pigeon, ["slow@example.net"], count=5)
+        wait_until(lambda: len(sink.rcpt_log) >= 1)
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"domain": "example.net", "reason": "stop"})
+        assert status == 200, answer
+        assert answer["bounced"] == 5 and 1 <= answer["after_attempt"] <= 5, answer
+        ended = wait_until(
+            lambda: (
+                (len(pigeon.records("Delivery")) + len(pigeon.records("AdminBounce")) == 5)
+                and (pigeon.records("Delivery"), pigeon.records("AdminBounce"))
+            ),
+            timeout=30,
+        )
+        delivered, bounced = ended
+        assert sorted(r["id"] for r in delivered + bounced) == sorted(ids)
+        # Only what was being sent can have gone out; the rest was bounced at once.
+        assert len(delivered) <= answer["after_attempt"]
+        status, progress = _api(pigeon, "GET", "/api/v1/admin/operations")
+        (row,) = [r for r in progress["operations"] if r["kind"] == "bounce"]
+        assert (row["acted_on"], row["after_attempt"]) == (5, answer["after_attempt"])
+
+
 def test_retry_now_makes_deferred_mail_due(tmp_path: Path) -> None:
     # flaky@ refuses the first try; the next one would be an hour away.
     with (

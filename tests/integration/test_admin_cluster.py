@@ -137,7 +137,7 @@ def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(
     assert answer["cancelled"] and answer["made_due"] == 2  # one on each node
     # The resume is one operation, under the rule's id, on every worker of both nodes.
     status, progress = _api(a, "GET", "/api/v1/admin/operations?cluster=1", token=READER)
-    resumes = [r for r in progress["operations"] if r["kind"] == "retry"]
+    resumes = [r for r in progress["operations"] if r["kind"] == "resume"]
     assert [(r["operation"], r["acted_on"]) for r in resumes] == [(rule_id, 2)], resumes
     sink.wait_for(2)
     status, listed = _api(b, "GET", "/api/v1/admin/suspend?cluster=1", token=READER)

@@ -150,7 +150,7 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 message")
         operations = pigeon_cli("queue", "operations", *config)
         (row,) = [line for line in operations.stdout.splitlines()[1:] if " bounce " in line]
-        assert row.split()[2:6] == ["1", "1", "0", "done"]  # looked at, acted on, waited, done
+        assert row.split()[2:7] == ["1", "1", "0", "0", "done"]  # looked at, acted on, after attempt, waited, done
         (record,) = pigeon.wait_records("AdminBounce")
         assert (record["id"], record["reason"], record["operator"]) == (message["id"], "cli test", "local")
         missing = pigeon_cli("inspect", *config, message["id"])

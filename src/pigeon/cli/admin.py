@@ -143,6 +143,8 @@ def _bounce(args: argparse.Namespace) -> int:
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/bounce", body)
     text = "bounced {bounced:count message}"
+    if answer.get("after_attempt") if isinstance(answer, dict) else False:
+        text += " ({after_attempt} being sent now: bounced only if that attempt does not deliver them)"
     text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
     return _show(args, status, answer, text)
 
@@ -172,7 +174,10 @@ def _resume(args: argparse.Namespace) -> int:
 
 def _retry(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/retry", _selector(args))
-    return _show(args, status, answer, "{made_due:count message} due now")
+    text = "{made_due:count message} due now"
+    if answer.get("suspended") if isinstance(answer, dict) else False:
+        text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
+    return _show(args, status, answer, text)
 
 
 def _rebind(args: argparse.Namespace) -> int:
@@ -238,10 +243,13 @@ def _operations(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/admin/operations"))
     if status >= 400 or args.json:
         return _show(args, status, answer, "")
-    print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'waited':>7}  state")
+    # "after attempt": of those acted on, how many were being sent (acted on as far as that attempt
+    # leaves them: a bounce does not undo a delivery).
+    print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'after attempt':>14} {'waited':>7}  state")
     for row in answer["operations"]:
         state = f"running on {row['running']} worker(s)" if row["running"] else f"done {_when(row['finished'])}"
-        counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('waited', 0):>7,}"
+        counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('after_attempt', 0):>14,}"
+        counts += f" {row.get('waited', 0):>7,}"
         print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
     _show_nodes(answer, args)
     return 0

@@ -172,9 +172,12 @@ class Admin:
                 return _Done.MARKED, None
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
-        bounced, _ = await self._walk(selector, act, "bounce", rule_id, claim=True)
-        _log.warning("admin bounce by %s of %s: %d messages (%s)", operator, selector.describe(), bounced, reason)
-        return {"bounced": bounced, "rule": _rule_view(rule)}
+        bounced, after_attempt = await self._walk(selector, act, "bounce", rule_id, claim=True)
+        _log.warning("admin bounce by %s of %s: %d messages, %d of them once their attempt ends (%s)",
+                     operator, selector.describe(), bounced, after_attempt, reason)  # fmt: skip
+        # A message being sent is bounced only as far as its attempt does not deliver it: said
+        # apart, so "bounced 60" does not hide that 20 of them went out meanwhile.
+        return {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
 
     async def suspend(
         self, selector: Selector, *, reason: str, operator: str, duration: float | None, rule_id: str | None
@@ -209,7 +212,7 @@ class Admin:
         if kind == "suspend" and rule.selector.site is not None:
             self._kick()
         elif kind == "suspend":
-            made_due = (await self.retry(rule.selector, rule_id, release=False))["made_due"]  # one id everywhere
+            made_due = (await self.retry(rule.selector, rule_id, release=False, kind="resume"))["made_due"]
         return {"cancelled": True, "made_due": made_due}
 
     async def rebind(
@@ -240,15 +243,25 @@ class Admin:
                      rebound, queue, routing_domain)  # fmt: skip
         return {"rebound": rebound, "after_attempt": after_attempt}
 
-    async def retry(self, selector: Selector, operation: str | None = None, *, release: bool = True) -> dict[str, Any]:
+    async def retry(
+        self, selector: Selector, operation: str | None = None, *, release: bool = True, kind: str = "retry"
+    ) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
-        held ones too unless `release` is False."""
+        held ones too unless `release` is False. `kind`: the operation's name in its progress."""
         now = self._clock()
+        suspended = 0
 
         def deferred(message: Message) -> bool:
-            return message.due > now and (release or message.envelope.held is None)
+            nonlocal suspended
+            if message.due <= now or not (release or message.envelope.held is None):
+                return False
+            if self._rules.suspension_of(message) is not None:
+                suspended += 1  # due now, it would only be held again: said, not claimed as done
+                return False
+            return True
 
-        return {"made_due": await self._make_due(selector, deferred, "retry", operation)}
+        made_due = await self._make_due(selector, deferred, kind, operation)
+        return {"made_due": made_due, "suspended": suspended}
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
         """Make due now the deferred messages due at `when` (within `margin` seconds): those a
@@ -365,6 +378,8 @@ class Admin:
             "campaign": envelope.campaign,
             "metadata": envelope.metadata,
             "egress_pool": envelope.egress_pool,  # the pool its policy hook named, if any
+            # The operator's suspension that holds it (until `pigeon resume` or its end), if any.
+            "suspended_by": suspension.id if (suspension := self._rules.suspension_of(message)) else None,
         }
 
     def operations(self) -> list[dict[str, Any]]:
@@ -392,6 +407,7 @@ class Admin:
             "looked_at": 0,
             "acted_on": 0,
             "waited": 0,  # messages it found settling and acted on once their outcome was written
+            "after_attempt": 0,  # of those acted on, being sent: acted on as far as the attempt leaves them
             "running": 1,  # added up over workers: how many are still at it
             "started": self._clock(),
         }
@@ -435,7 +451,7 @@ class Admin:
                 if seen % _PROGRESS_EVERY < _BATCH:
                     _log.info("admin %s: %d messages looked at, %d acted on", name, seen, acted)
                 await self._pause(time.perf_counter() - started)
-        progress.update(looked_at=seen, acted_on=acted, running=0, finished=self._clock())
+        progress.update(looked_at=seen, acted_on=acted, after_attempt=marked, running=0, finished=self._clock())
         return acted, marked
 
     def _act(

@@ -140,6 +140,16 @@ class Rules:
             for r in self._rules.values()
         )
 
+    def suspension_of(self, message: Message) -> Rule | None:
+        """The live suspension that holds `message`, if any (it is held when it falls due)."""
+        if not self._rules:
+            return None
+        now = self._clock()
+        for rule in self._rules.values():
+            if rule.kind == "suspend" and rule.live(now) and rule.selector.matches(message):
+                return rule
+        return None
+
     def intercept(self, entry: Entry) -> bool:
         """Apply standing rules to a SCHEDULED message about to be routed. True if one took it."""
         if not self._rules:

@@ -128,7 +128,7 @@ async def test_a_bounce_before_the_commit_bounces_only_the_recipient_left(world:
     await world.quiesce()
     assert bounce.answered is None, "the bounce waits for the commit"
     await world.release_all()
-    assert bounce.result == {"bounced": 1, "rule": None}
+    assert bounce.result == {"bounced": 1, "after_attempt": 0, "rule": None}
     await world.drain()
     assert terminal_of(world, spool_id) == {"a1@d1.test": ["Delivery"], "a2@d1.test": ["AdminBounce"]}
     assert len(world.attempted) == 1

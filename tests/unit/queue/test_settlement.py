@@ -136,7 +136,7 @@ async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(
     await world.quiesce()
     bounce = world.bounce(D1, reason="stop")
     await world.quiesce()
-    assert bounce.result == {"bounced": 1, "rule": None}
+    assert bounce.result == {"bounced": 1, "after_attempt": 1, "rule": None}
     await world.release_all()
     assert sorted(kinds(world)) == [("AdminBounce", "a2@d1.test"), ("Delivery", "a1@d1.test")]
     assert world.notices == [] and spool_id not in world.spool.rows

@@ -90,15 +90,21 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
     operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
     bounced = _object(
-        {"bounced": count, "rule": rule_or_none, "operation": operation_id},
+        {"bounced": count, "after_attempt": count, "rule": rule_or_none, "operation": operation_id},
         "bounced",
+        "after_attempt",
         "rule",
-        doc="bounced: messages bounced now; rule: the standing bounce (with a duration), else null",
+        doc="bounced: messages bounced; after_attempt: how many of them were being sent, bounced only as far as "
+        "that attempt does not deliver them; rule: the standing bounce (with a duration), else null",
     )
     held = _object({"held": count, "rule": rule_or_none}, "held", "rule", doc="held: messages the suspension holds")
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
     rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
-    made_due = _object({"made_due": count, "operation": operation_id}, "made_due")
+    made_due = _object(
+        {"made_due": count, "suspended": count, "operation": operation_id},
+        "made_due",
+        doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were",
+    )
     cluster_member = {"cluster": {"type": "object", "description": "With ?cluster=1: whose answers were added up"}}
     rules = _object({"rules": {"type": "array", "items": _ref("Rule")}, **cluster_member}, "rules")
     progress = _object(
@@ -109,6 +115,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
             "looked_at": count,
             "acted_on": count,
             "waited": count,
+            "after_attempt": count,
             "running": {"type": "integer", "minimum": 0, "description": "workers still at it (0: done)"},
             "started": {"type": "number"},
             "finished": {"type": "number"},
@@ -143,6 +150,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
             "campaign": text_or_none,
             "metadata": {"type": ["object", "null"]},
             "egress_pool": text_or_none,
+            "suspended_by": text_or_none,
         },
         "id",
         "queue",
