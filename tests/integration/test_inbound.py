@@ -237,6 +237,37 @@ def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_a
     assert reception["queue"] == "inbound:hook"
 
 
+def test_smtp_mail_to_a_maildir_or_a_raw_webhook_says_which_addresses_it_was_for(tmp_path: Path) -> None:
+    # Bcc'd to two reply addresses: the header names neither, and one file (one POST) serves
+    # both, so the envelope must travel with it for the application to route the reply.
+    with WebhookApp() as app:
+        node = PigeonProcess(
+            tmp_path / "p",
+            smtp={"relay_networks": ["192.0.2.0/24"]},
+            delivery={"enabled": True, "retry_interval": "1s"},
+            target=[{"name": "box", "kind": "maildir", "path": str(tmp_path / "Maildir")}, webhook_target(app)],
+            inbound=[
+                {"recipient": "reply+*@app.example", "target": "box"},
+                {"domain": "hook.example", "target": "hook"},
+            ],
+        )
+        with node, smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
+            client.sendmail("customer@example.com", ["reply+1@app.example", "reply+2@app.example"], customer_mail(1))
+            client.sendmail("customer@example.com", ["a1@hook.example", "a2@hook.example"], customer_mail(2))
+            assert app.wait_distinct(1, 20) == 1
+            node.wait_records("Delivery", 4)
+        (headers,) = app.headers
+    (file,) = (tmp_path / "Maildir" / "new").iterdir()
+    text = file.read_bytes()
+    assert text.startswith(
+        b"Return-Path: <customer@example.com>\r\n"
+        b"X-Original-To: reply+1@app.example\r\nX-Original-To: reply+2@app.example\r\n"
+    ), text[:200]
+    assert text.endswith(customer_mail(1))
+    assert headers["X-Pigeon-Sender"] == "customer@example.com"
+    assert headers["X-Pigeon-Recipients"] == "a1@hook.example, a2@hook.example"
+
+
 def test_smtp_mail_the_application_refuses_for_good_is_bounced_where_its_route_drops_it(tmp_path: Path) -> None:
     with WebhookApp(status=400) as app:
         node = PigeonProcess(

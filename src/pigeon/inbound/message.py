@@ -39,6 +39,12 @@ def message_id(raw: bytes) -> str | None:
     return value.decode("utf-8", "replace") or None
 
 
+def _header_safe(address: str) -> bytes:
+    """An envelope address as header text (UTF-8: SMTPUTF8 mail), with nothing that could end
+    the field or start another (the address came in over SMTP and was parsed, but cheaply sure)."""
+    return _CONTROL.sub(b"", address.encode("utf-8", "replace"))
+
+
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
     """A message and where it came from."""
@@ -58,6 +64,21 @@ class InboundMessage:
     @classmethod
     def of(cls, raw: bytes, source: str, received_at: float, **where: Any) -> InboundMessage:
         return cls(raw, source, received_at, dedupe_key=dedupe_key(raw), message_id=message_id(raw), **where)
+
+    def envelope_header(self) -> bytes:
+        """Mail received over SMTP: its envelope as header fields to put on top of it where
+        nothing else carries it (a Maildir file), as local delivery agents do: `Return-Path`
+        and one `X-Original-To` per recipient, in the message's own line endings. A message
+        with several recipients is handed over once, so this is how an application learns
+        which of its addresses it was sent to (a Bcc names none of them in the header).
+        Empty for mail fetched from a mailbox, whose envelope Pigeon never saw."""
+        if self.spool_id is None or self.sender is None:
+            return b""
+        first = self.raw.find(b"\n")
+        end = b"\n" if first >= 0 and self.raw[first - 1 : first] != b"\r" else b"\r\n"
+        fields = [b"Return-Path: <" + _header_safe(self.sender) + b">"]
+        fields += [b"X-Original-To: " + _header_safe(recipient) for recipient in self.recipients]
+        return end.join(fields) + end
 
     def metadata(self) -> dict[str, Any]:
         """What travels with the message to the application, besides the raw bytes."""

@@ -177,9 +177,12 @@ class MaildirTarget(Target):
                 tmp = self.path / "tmp" / f"{name}.{os.getpid()}"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
                 written.append((name, tmp, fd))
-                view = memoryview(message.raw)
-                while view:
-                    view = view[os.write(fd, view) :]
+                # The envelope on top (Return-Path, X-Original-To): the file is all the
+                # application gets, and the header need not name the address it came to.
+                for part in (message.envelope_header(), message.raw):
+                    view = memoryview(part)
+                    while view:
+                        view = view[os.write(fd, view) :]
         except OSError:
             self._discard(written)
             raise

@@ -3,7 +3,9 @@
 The body is the raw message (`message/rfc822`) or JSON with the parsed headers and the raw
 message. `X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC-SHA256 over "<t>." + body>` lets the
 application check the request came from us and is fresh (refuse old `t` to stop replays);
-`X-Pigeon-Dedupe-Key` is the key to dedupe on.
+`X-Pigeon-Dedupe-Key` is the key to dedupe on. Mail received over SMTP also carries its envelope,
+which the raw message need not show (a Bcc): `X-Pigeon-Sender` and `X-Pigeon-Recipients` (a
+comma-separated list; non-ASCII characters percent-encoded as UTF-8).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import hmac
 import re
 import time
+import urllib.parse
 from email.parser import BytesHeaderParser
 from email.policy import compat32
 from typing import Any, Final
@@ -27,6 +30,12 @@ from pigeon.redaction import redact, redact_url
 
 _encode = msgspec.json.Encoder().encode
 _FIELD: Final = re.compile(r"[\x21-\x39\x3b-\x7e]+:")  # a field name (printable ASCII but ":") and its colon
+
+
+def _header_address(address: str) -> str:
+    """An address as an HTTP header value: ASCII as it is, anything else (SMTPUTF8) and the
+    characters that would break the value or the list (",", "%", controls) percent-encoded."""
+    return urllib.parse.quote(address, safe="@!#$&'*+-/=?^_`{|}~.")
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -118,6 +127,9 @@ class WebhookTarget(Target):
         }
         if message.message_id:
             headers["X-Pigeon-Message-Id"] = message.message_id.encode("ascii", "replace").decode()
+        if message.sender is not None:  # received over SMTP: the envelope, which the raw body lacks
+            headers["X-Pigeon-Sender"] = _header_address(message.sender)
+            headers["X-Pigeon-Recipients"] = ", ".join(_header_address(r) for r in message.recipients)
         if config.secret:
             headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
         try:
