@@ -57,6 +57,7 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
     assert mac == hmac.new(b"k3y", f"{stamp}.".encode() + app.bodies[key], hashlib.sha256).hexdigest()
     record = next(r for r in records if r["dedupe_key"] == key)
     assert record["acknowledged"] == "seen"
+    assert {r["attempt"] for r in records} == {1}  # written on a first attempt too, as documented
     assert record["mailbox"].startswith("app@127.0.0.1:")
     assert record["uid"] >= 1 and record["uidvalidity"] > 0
 
@@ -112,7 +113,7 @@ def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Pat
         assert app.refused >= 8
         assert failures and not any(r.get("permanent") for r in failures)
         assert all(r["next_attempt"] > r["timestamp"] for r in failures)
-        assert max(r.get("attempt", 1) for r in delivered) >= 2
+        assert max(r["attempt"] for r in delivered) >= 2
         assert sum(app.accepted.values()) == 8
 
 
@@ -302,6 +303,11 @@ def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_p
                 return mailbox_health(node)["error"] or ""
 
             assert "CERTIFICATE_VERIFY_FAILED" in wait_until(reported, 10)
+            shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
+                                   capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        # Not yet "down": that is what /healthz says after down_after (and answers 503 for).
+        (row,) = [line for line in shown.stdout.splitlines() if line.startswith("support ")]
+        assert row.split()[1:3] == ["hook", "degraded"], shown.stdout
         assert not app.accepted
     assert dovecot.unseen("app")
 

@@ -150,7 +150,10 @@ def _mailboxes(client: ApiClient, now: dict[str, float], before: dict[str, float
         lines.append(f"{'mailbox':24} {'target':16} {'state':10} {'last poll':>10} {'claims':>6}  error")
     for name, state in sorted(mailboxes.items()):
         polled = f"{time.time() - state['last_poll']:.0f}s ago" if state.get("last_poll") else "never"
-        connected = "connected" if state.get("connected") else "down"
+        # The mailbox's own status, as /healthz says it: "down" only after `down_after` of trouble
+        # (when the node answers 503); a reconnect in progress is "degraded".
+        status = state.get("status") or ("ok" if state.get("connected") else "degraded")
+        connected = "connected" if status == "ok" else status
         lines.append(
             f"{name[:24]:24} {state.get('target', '')[:16]:16} {connected:10} {polled:>10} "
             f"{state.get('claims', 0):>6}  {state.get('error') or ''}"

@@ -212,7 +212,9 @@ class Inbound(Record):
     uidvalidity: int | None = None
     uid: int | None = None
     id: str | None = None
-    attempt: int = 1
+    # 1 for the first handoff. Always written (a default would be left out of the line, and
+    # consumers would have to know it); None only when reading a record from before it was.
+    attempt: int | None = None
     detail: str = ""  # the target's answer ("202 Accepted", "duplicate", ...)
     duration: float | None = None
 
