@@ -20,7 +20,9 @@ EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net --tenant acme --campaign spring --json message.eml
 
 Content is a Jinja2 template rendered per recipient (--no-template sends it as it is).
-Prints each recipient's spool id, or why it was refused; exits 1 if any was refused.
+Prints each recipient's spool id, or why it was refused. Exits 0 if every recipient was
+accepted; 75 (EX_TEMPFAIL, as sendmail) if those refused were refused for now (4xx: try again
+later); 1 if any was refused for good (5xx).
 """
 
 
@@ -62,7 +64,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         for result in answer["recipients"]:
             print(f"{result['email']:40} {result.get('id') or 'refused: ' + result.get('error', '?')}")
-    return 0 if answer.get("failed") == 0 and status == 200 else 1
+    return exit_status(status, answer)
+
+
+def exit_status(status: int, answer: dict[str, Any]) -> int:
+    """0: every recipient accepted; TEMPFAIL: those refused were refused for now (4xx); 1: one
+    was refused for good, so a script knows whether trying again can help."""
+    if answer.get("failed") == 0 and status == 200:
+        return 0
+    refused = [r.get("error") or "" for r in answer.get("recipients", []) if not r.get("id")]
+    return TEMPFAIL if refused and all(error.startswith("4") for error in refused) else 1
+
+
+TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: what sendmail and Postfix's sendmail exit with for "try later"
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:

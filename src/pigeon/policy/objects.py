@@ -178,7 +178,8 @@ class Delivery(msgspec.Struct, frozen=True):
     site: str
     """Where it is going: the MX host set, or `host:port` of a static route."""
     routing_domain: str | None
-    """The domain it is routed as, when not its recipients' (a policy or an operator's rebind)."""
+    """The domain it is routed as when a policy or an operator's rebind set one; None when it is
+    routed by its recipients' own domain (the usual case: look at `recipients` then)."""
     egress_pool: str | None
     created: float
     """When it was received (Unix time)."""

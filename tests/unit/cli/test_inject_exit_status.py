@@ -1,0 +1,25 @@
+"""`pigeon inject`'s exit status tells a script whether trying again can help."""
+
+from __future__ import annotations
+
+from pigeon.cli.inject import TEMPFAIL, exit_status
+
+
+def _answer(*errors: str | None) -> dict[str, object]:
+    recipients = [{"email": f"r{n}@example.net", **({"error": e} if e else {"id": "0123456789abcdef"})}
+                  for n, e in enumerate(errors)]  # fmt: skip
+    return {"accepted": errors.count(None), "failed": len(errors) - errors.count(None), "recipients": recipients}
+
+
+def test_every_recipient_accepted_exits_0() -> None:
+    assert exit_status(200, _answer(None, None)) == 0
+
+
+def test_refused_only_for_now_exits_75_so_a_script_tries_again() -> None:
+    assert exit_status(503, _answer("451 4.3.0 spool busy", "451 4.3.0 spool busy")) == TEMPFAIL == 75
+    assert exit_status(200, _answer(None, "451 4.7.1 policy: later")) == TEMPFAIL
+
+
+def test_any_recipient_refused_for_good_exits_1() -> None:
+    assert exit_status(422, _answer("554 5.6.0 template: 'code' is undefined")) == 1
+    assert exit_status(200, _answer(None, "451 4.3.0 later", "550 5.7.1 no")) == 1
