@@ -371,3 +371,32 @@ def test_tls_that_does_not_match_the_port_names_the_key_to_set(
             assert advice in error
             assert advice in node.stderr()
         assert not app.accepted
+
+
+def test_a_redis_outage_mid_batch_is_logged_once_and_its_end_too(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    # Handoffs of the batch in hand finish while Redis is away: their done marks fail one
+    # after another, which used to log a warning for each (ten a second, for seconds).
+    dovecot.append("app", [customer_mail(i) for i in range(60)])
+    with WebhookApp() as app:
+        app.delay = 0.2
+        box = imap_mailbox(dovecot, "hook", batch=60, concurrency=4)
+        with PigeonProcess(
+            tmp_path / "p", redis={"url": redis_server.url}, target=[webhook_target(app)], mailbox=[box]
+        ) as node:
+            wait_until(lambda: len(app.accepted) >= 4, 30)
+            redis_server.stop()
+            time.sleep(3)
+            redis_server.start()
+            assert app.wait_distinct(60, 60) == 60
+            dovecot.append("app", [customer_mail(i, tag="after") for i in range(5)])  # marked done again
+            assert app.wait_distinct(65, 60) == 65
+            wait_until(lambda: "claims resumed" in node.stderr() or "claims paused" not in node.stderr(), 10)
+            logged = node.stderr()
+    assert logged.count("could not mark handoffs done") <= 1, logged
+    assert logged.count("claims paused") <= 1, logged
+    if "could not mark handoffs done" in logged:
+        assert "handoffs are marked done again" in logged, logged
+    if "claims paused" in logged:
+        assert "claims resumed" in logged, logged

@@ -168,6 +168,8 @@ class MailboxWatcher:
         self._known_sizes: dict[int, int] = {}  # UID: size, in `_sizes_session`'s folder
         self._sizes_session: ImapSession | None = None
         self._dones: GroupCommit[Claim] = GroupCommit(self._mark_done)  # marked as soon as accepted
+        self._unmarked = 0  # handoffs not marked done while Redis was away (said once, then counted)
+        self._claims_paused = False  # told "claims paused": say when they resume
         self._syncs = BackgroundSync(self._sync_log)  # one fsync of the log per batch, off its path
         self._stopping = False
         self._acknowledged = False  # in this session
@@ -324,8 +326,12 @@ class MailboxWatcher:
                 if str(error) != self.last_error:
                     _log.warning("mailbox %s: %s; claims paused", config.name, error)
                 self.last_error = str(error)
+                self._claims_paused = True
                 await asyncio.sleep(1.0)
                 continue
+            if self._claims_paused:
+                self._claims_paused = False
+                _log.warning("mailbox %s: arbitration answers again; claims resumed", config.name)
             self.last_error = None
             self._trouble_since = None
             if worked:
@@ -751,8 +757,16 @@ class MailboxWatcher:
             await self._arbiter.done(claims)
         except ArbitrationUnavailable as error:
             # Delivered is delivered: acknowledge at the source regardless, which is what keeps
-            # the message from being handed over again.
-            _log.warning("mailbox %s: could not mark handoffs done: %s", self.config.name, error)
+            # the message from being handed over again. Said once an outage, not at every batch.
+            if not self._unmarked:
+                _log.warning("mailbox %s: could not mark handoffs done (they are acknowledged at the source all "
+                             "the same): %s", self.config.name, error)  # fmt: skip
+            self._unmarked += len(claims)
+            return
+        if self._unmarked:
+            _log.warning("mailbox %s: handoffs are marked done again; %d could not be while arbitration was away",
+                         self.config.name, self._unmarked)  # fmt: skip
+            self._unmarked = 0
 
     async def _sync_log(self) -> None:
         try:
