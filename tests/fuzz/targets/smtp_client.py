@@ -87,4 +87,29 @@ def check(data: bytes) -> None:
             break
     assert not (policy is TlsPolicy.REQUIRED and mail_in_the_clear), "MAIL in the clear although TLS is required"
     for out in written:
-        assert out.startswith(COMMAND_VERBS) or out.endswith(b".\r\n") or out == b"", out
+        assert _commands_and_message_data(out), out
+
+
+def _commands_and_message_data(out: bytes) -> bool:
+    """`out` is command lines and message data (ending in its dot, or the size a BDAT gave), in
+    any order: a 421 that follows a 354 in one read puts QUIT right behind the body the 354
+    released."""
+    while out:
+        if out.startswith(COMMAND_VERBS):
+            end = out.find(b"\r\n")
+            if end < 0:
+                return False
+            line, out = out[:end], out[end + 2 :]
+            if line.startswith(b"BDAT "):
+                size = line.split()[1]
+                if not size.isdigit() or len(out) < int(size):
+                    return False
+                out = out[int(size) :]
+        elif out.startswith(b".\r\n"):
+            out = out[3:]
+        else:
+            end = out.find(b"\r\n.\r\n")
+            if end < 0:
+                return False
+            out = out[end + 5 :]
+    return True
