@@ -21,8 +21,8 @@ EXAMPLES = """examples:
 
 Content is a Jinja2 template rendered per recipient (--no-template sends it as it is).
 Prints each recipient's spool id, or why it was refused. Exits 0 if every recipient was
-accepted; 75 (EX_TEMPFAIL, as sendmail) if those refused were refused for now (4xx: try again
-later); 1 if any was refused for good (5xx).
+accepted; 75 (EX_TEMPFAIL, as sendmail) if none was and all were refused for now (4xx: run it
+again later); 1 otherwise (one refused for good, or some accepted and others not).
 """
 
 
@@ -68,12 +68,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def exit_status(status: int, answer: dict[str, Any]) -> int:
-    """0: every recipient accepted; TEMPFAIL: those refused were refused for now (4xx); 1: one
-    was refused for good, so a script knows whether trying again can help."""
+    """0: every recipient accepted; TEMPFAIL: none was, and all were refused for now (4xx), so
+    the same command may simply run again; 1 otherwise (one refused for good, or some accepted:
+    running it again would send those twice)."""
     if answer.get("failed") == 0 and status == 200:
         return 0
-    refused = [r.get("error") or "" for r in answer.get("recipients", []) if not r.get("id")]
-    return TEMPFAIL if refused and all(error.startswith("4") for error in refused) else 1
+    results = answer.get("recipients", [])
+    refused = [r.get("error") or "" for r in results if not r.get("id")]
+    everyone = len(refused) == len(results) > 0
+    return TEMPFAIL if everyone and all(error.startswith("4") for error in refused) else 1
 
 
 TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: what sendmail and Postfix's sendmail exit with for "try later"

@@ -153,7 +153,7 @@ def _mailboxes(client: ApiClient, now: dict[str, float], before: dict[str, float
         # The mailbox's own status, as /healthz says it: "down" only after `down_after` of trouble
         # (when the node answers 503); a reconnect in progress is "degraded".
         status = state.get("status") or ("ok" if state.get("connected") else "degraded")
-        connected = "connected" if status == "ok" else status
+        connected = ("connected" if state.get("connected") else "connecting") if status == "ok" else status
         lines.append(
             f"{name[:24]:24} {state.get('target', '')[:16]:16} {connected:10} {polled:>10} "
             f"{state.get('claims', 0):>6}  {state.get('error') or ''}"

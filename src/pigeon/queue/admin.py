@@ -255,10 +255,10 @@ class Admin:
             nonlocal suspended
             if message.due <= now or not (release or message.envelope.held is None):
                 return False
-            if self._rules.suspension_of(message) is not None:
+            if message.envelope.held is None and self._rules.suspension_of(message) is not None:
                 suspended += 1  # due now, it would only be held again: said, not claimed as done
                 return False
-            return True
+            return True  # (held [[inbound]] mail is released: the suspension then holds it, untried)
 
         made_due = await self._make_due(selector, deferred, kind, operation)
         return {"made_due": made_due, "suspended": suspended}
@@ -356,6 +356,8 @@ class Admin:
             if message is None:
                 return None
         envelope = message.envelope
+        unsent = entry is None or (entry.state in _UNSENT and not (entry.state is State.IN_FLIGHT and entry.started))
+        suspension = self._rules.suspension_of(message) if unsent else None
         return {
             "id": format_id(message.id),
             "queue": message.queue,
@@ -378,8 +380,9 @@ class Admin:
             "campaign": envelope.campaign,
             "metadata": envelope.metadata,
             "egress_pool": envelope.egress_pool,  # the pool its policy hook named, if any
-            # The operator's suspension that holds it (until `pigeon resume` or its end), if any.
-            "suspended_by": suspension.id if (suspension := self._rules.suspension_of(message)) else None,
+            # The operator's suspension that holds it (until `pigeon resume` or its end), if any:
+            # not one that came after its attempt began (the attempt goes on).
+            "suspended_by": suspension.id if suspension is not None else None,
         }
 
     def operations(self) -> list[dict[str, Any]]:
@@ -447,7 +450,7 @@ class Admin:
                 for waited in settling:
                     _log.warning("admin %s: message %s kept settling; left alone", name, format_id(waited.id))
                 await asyncio.gather(*commits)
-                progress["looked_at"], progress["acted_on"] = seen, acted
+                progress.update(looked_at=seen, acted_on=acted, after_attempt=marked)
                 if seen % _PROGRESS_EVERY < _BATCH:
                     _log.info("admin %s: %d messages looked at, %d acted on", name, seen, acted)
                 await self._pause(time.perf_counter() - started)

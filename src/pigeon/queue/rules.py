@@ -141,13 +141,14 @@ class Rules:
         )
 
     def suspension_of(self, message: Message) -> Rule | None:
-        """The live suspension that holds `message`, if any (it is held when it falls due)."""
+        """The live suspension that holds `message` when it falls due, if any: the first live
+        rule that matches it, as `intercept` applies them (a standing bounce before it wins)."""
         if not self._rules:
             return None
         now = self._clock()
         for rule in self._rules.values():
-            if rule.kind == "suspend" and rule.live(now) and rule.selector.matches(message):
-                return rule
+            if rule.live(now) and rule.selector.matches(message):
+                return rule if rule.kind == "suspend" else None
         return None
 
     def intercept(self, entry: Entry) -> bool:

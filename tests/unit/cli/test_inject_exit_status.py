@@ -17,7 +17,10 @@ def test_every_recipient_accepted_exits_0() -> None:
 
 def test_refused_only_for_now_exits_75_so_a_script_tries_again() -> None:
     assert exit_status(503, _answer("451 4.3.0 spool busy", "451 4.3.0 spool busy")) == TEMPFAIL == 75
-    assert exit_status(200, _answer(None, "451 4.7.1 policy: later")) == TEMPFAIL
+
+
+def test_some_accepted_and_the_rest_refused_for_now_exits_1_as_running_it_again_would_send_twice() -> None:
+    assert exit_status(200, _answer(None, "451 4.7.1 policy: later")) == 1
 
 
 def test_any_recipient_refused_for_good_exits_1() -> None:

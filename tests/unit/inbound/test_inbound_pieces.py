@@ -141,3 +141,16 @@ def test_header_fields_read_directly_are_what_the_email_package_reads(lines: lis
         [name, str(value)] for name, value in BytesHeaderParser(policy=compat32).parsebytes(block + b"\r\n\r\n").items()
     ]
     assert header_fields(block) == expected
+
+
+def test_a_raw_webhook_s_envelope_headers_stay_short_enough_for_any_server() -> None:
+    from pigeon.inbound.targets.webhook import _envelope_headers
+
+    recipients = [f"reply+{n:04}-{'x' * 30}@app.example" for n in range(250)]
+    headers = _envelope_headers("ann@example.com", recipients)
+    assert len(headers["X-Pigeon-Recipients"]) <= 4000  # a line over 8 KiB gets a 400: a refusal for good
+    assert headers["X-Pigeon-Recipients"].startswith("reply+0000-")
+    assert headers["X-Pigeon-Recipients-Count"] == "250"
+    assert _envelope_headers("", ["b,c@x.example", "ü@x.example"])["X-Pigeon-Recipients"] == (
+        "b%2Cc@x.example, %C3%BC@x.example"
+    )

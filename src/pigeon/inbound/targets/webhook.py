@@ -3,9 +3,10 @@
 The body is the raw message (`message/rfc822`) or JSON with the parsed headers and the raw
 message. `X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC-SHA256 over "<t>." + body>` lets the
 application check the request came from us and is fresh (refuse old `t` to stop replays);
-`X-Pigeon-Dedupe-Key` is the key to dedupe on. Mail received over SMTP also carries its envelope,
-which the raw message need not show (a Bcc): `X-Pigeon-Sender` and `X-Pigeon-Recipients` (a
-comma-separated list; non-ASCII characters percent-encoded as UTF-8).
+`X-Pigeon-Dedupe-Key` is the key to dedupe on. Raw mail received over SMTP also carries its
+envelope, which the message need not show (a Bcc): `X-Pigeon-Sender`, `X-Pigeon-Recipients` (a
+comma-separated list, non-ASCII characters percent-encoded as UTF-8, cut at 4,000 characters)
+and `X-Pigeon-Recipients-Count`. The signature covers the body only, not these headers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hmac
 import re
 import time
 import urllib.parse
+from collections.abc import Sequence
 from email.parser import BytesHeaderParser
 from email.policy import compat32
 from typing import Any, Final
@@ -30,6 +32,27 @@ from pigeon.redaction import redact, redact_url
 
 _encode = msgspec.json.Encoder().encode
 _FIELD: Final = re.compile(r"[\x21-\x39\x3b-\x7e]+:")  # a field name (printable ASCII but ":") and its colon
+
+
+_MAX_RECIPIENTS_HEADER: Final = 4000  # common servers refuse a header line over 8 KiB with a 400
+
+
+def _envelope_headers(sender: str, recipients: Sequence[str]) -> dict[str, str]:
+    """X-Pigeon-Sender, X-Pigeon-Recipients (as many as fit in 4,000 characters: a longer line
+    would get a 400, which counts as a refusal for good) and X-Pigeon-Recipients-Count."""
+    listed: list[str] = []
+    length = 0
+    for recipient in recipients:
+        address = _header_address(recipient)
+        length += len(address) + 2
+        if length > _MAX_RECIPIENTS_HEADER:
+            break
+        listed.append(address)
+    return {
+        "X-Pigeon-Sender": _header_address(sender),
+        "X-Pigeon-Recipients": ", ".join(listed),
+        "X-Pigeon-Recipients-Count": str(len(recipients)),
+    }
 
 
 def _header_address(address: str) -> str:
@@ -127,9 +150,8 @@ class WebhookTarget(Target):
         }
         if message.message_id:
             headers["X-Pigeon-Message-Id"] = message.message_id.encode("ascii", "replace").decode()
-        if message.sender is not None:  # received over SMTP: the envelope, which the raw body lacks
-            headers["X-Pigeon-Sender"] = _header_address(message.sender)
-            headers["X-Pigeon-Recipients"] = ", ".join(_header_address(r) for r in message.recipients)
+        if config.format != "json" and message.sender is not None:  # SMTP mail: its envelope (JSON has it)
+            headers.update(_envelope_headers(message.sender, message.recipients))
         if config.secret:
             headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
         try:
