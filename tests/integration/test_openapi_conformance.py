@@ -8,8 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +55,7 @@ def test_the_api_answers_as_its_openapi_document_says_at_length(tmp_path: Path) 
 
 
 def _call(pigeon: PigeonProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}", data=data, method=method)
-    request.add_header("Authorization", f"Bearer {TOKEN}")
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return pigeon.http_call(method, path, body, TOKEN)
 
 
 def test_the_admin_answers_to_real_requests_match_the_documented_schemas(tmp_path: Path) -> None:

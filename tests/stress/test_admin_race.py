@@ -25,14 +25,11 @@ The default run is short; `-m slow` runs 20,000 messages for minutes.
 from __future__ import annotations
 
 import collections
-import json
 import random
 import re
 import smtplib
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +59,7 @@ def _zone(seed: int) -> Zone:
 
 
 def _call(pigeon: PigeonProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}", data=data, method=method)
-    request.add_header("Authorization", f"Bearer {TOKEN}")
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return pigeon.http_call(method, path, body, TOKEN)
 
 
 def _send(pigeon: PigeonProcess, count: int, seed: int, connections: int = 4) -> dict[str, int]:

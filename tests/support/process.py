@@ -218,6 +218,19 @@ class PigeonProcess:
         except ValueError:
             return status, answer.decode(errors="replace")
 
+    def http_call(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        """Any API request (`body` sent as JSON): the status and the decoded JSON answer."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
     @property
     def local_token(self) -> str:
         return (self.spool_path / "api-token").read_text().strip()
