@@ -31,6 +31,9 @@ class Failure:
     reply: Reply
     action: str  # "failed" (bounced or expired)
     remote_mta: str | None = None  # the host that answered, if any
+    # RFC 3464 diagnostic type: "smtp" for a reply a server gave; "X-Pigeon" for one Pigeon wrote
+    # (an expiry), so the report does not claim a server said it.
+    diagnostic_type: str = "smtp"
 
 
 def wants_failure_notice(recipient: Recipient) -> bool:
@@ -76,7 +79,8 @@ def build_report(
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
             fields.append(f"Remote-MTA: dns; {failure.remote_mta}")
-        fields.append(f"Diagnostic-Code: smtp; {failure.reply.code} {_field(failure.reply.text)}")
+        code = f"{failure.reply.code} {_field(failure.reply.text)}"
+        fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {code}")
         fields.append(f"Last-Attempt-Date: {date}")
         blocks.append("\r\n".join(fields))
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"

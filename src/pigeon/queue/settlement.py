@@ -287,7 +287,8 @@ class Settlement:
             return
         outcome.terminal.append(Expiration(**fields, dsn=withheld))
         if withheld is None:
-            outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer if attempt else None)))
+            peer = _host(attempt.peer if attempt else None)
+            outcome.failures.append(Failure(recipient, reply, "failed", peer, diagnostic_type="X-Pigeon"))
 
     def _withheld(self, message: Message, recipient: Recipient) -> tuple[str | None, bool]:
         """For a failed recipient: why its sender gets no DSN (None: it may get one), and
