@@ -148,6 +148,24 @@ def test_a_retry_leaves_suspended_mail_held_and_says_so(tmp_path: Path, sink: Sc
         assert [r["kind"] for r in progress["operations"]][-1] == "resume"  # not "retry"
 
 
+def test_the_same_suspension_asked_twice_is_one_rule_that_one_resume_ends(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        status, first = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test"})
+        status, again = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test", "reason": "twice"})
+        assert status == 200 and (first["already"], again["already"]) == (False, True)
+        assert again["rule"]["id"] == first["rule"]["id"]
+        status, listed = _api(pigeon, "GET", "/api/v1/admin/suspend")
+        assert [r["id"] for r in listed["rules"]] == [first["rule"]["id"]]
+        _send(pigeon, ["ok@held.test"])
+        time.sleep(0.5)
+        assert not sink.received
+        status, answer = _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{first['rule']['id']}")
+        assert answer["cancelled"]
+        sink.wait_for(1)  # one resume was enough
+        status, other = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test", "duration": "1h"})
+        assert other["already"] is False  # a suspension for a while is another request
+
+
 def test_a_bounce_tells_apart_the_mail_being_sent_which_it_bounces_only_if_that_attempt_fails(
     tmp_path: Path,
 ) -> None:

@@ -157,6 +157,8 @@ def _suspend(args: argparse.Namespace) -> int:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/suspend")))
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/suspend", body)
+    if answer.get("already") if isinstance(answer, dict) else False:
+        return _show(args, status, answer, "already suspended until {until} by rule {rule_id}; nothing added")
     return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} put back")
 
 

@@ -182,13 +182,18 @@ class Admin:
     async def suspend(
         self, selector: Selector, *, reason: str, operator: str, duration: float | None, rule_id: str | None
     ) -> dict[str, Any]:
-        """Hold matching mail in the spool (untried) until resumed or `duration` is over."""
-        rule = await self._add_rule("suspend", selector, reason, operator, duration, rule_id)
+        """Hold matching mail in the spool (untried) until resumed or `duration` is over. The
+        same suspension asked for again (same selector, until resumed) is the one in force:
+        answered with it (`already`), not a second rule that would need its own resume."""
+        already = self._rules.standing("suspend", selector) if duration is None else None
+        rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id)
+        if already is not None:
+            _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
         if selector.site is not None:
             self._release_later(rule)
             waiting = sum(len(q) for q in self._ready if fnmatch.fnmatchcase(q.site, selector.site))
             _log.warning("admin suspend by %s of deliveries to %s (%s)", operator, selector.site, reason)
-            return {"held": waiting, "rule": _rule_view(rule)}
+            return {"held": waiting, "rule": _rule_view(rule), "already": already is not None}
         # What only the spool holds is held by the rule when it falls due; what is in memory
         # and not being sent goes back to the spool now.
         until = rule.hold_until(self._clock())
@@ -200,7 +205,7 @@ class Admin:
                 held.append(self._settlement.defer(entry, until))
         await asyncio.gather(*held)
         _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
-        return {"held": len(held), "rule": _rule_view(rule)}
+        return {"held": len(held), "rule": _rule_view(rule), "already": already is not None}
 
     async def cancel(self, rule_id: str, kind: str) -> dict[str, Any]:
         """End a standing bounce, or resume a suspension (what it held goes out again now)."""

@@ -140,6 +140,15 @@ class Rules:
             for r in self._rules.values()
         )
 
+    def standing(self, kind: str, selector: Selector) -> Rule | None:
+        """A live rule of `kind` for exactly `selector` that lasts until cancelled, if any: asking
+        for it again is asking for what is already so."""
+        now = self._clock()
+        for rule in self._rules.values():
+            if rule.kind == kind and rule.selector == selector and rule.expires is None and rule.live(now):
+                return rule
+        return None
+
     def suspension_of(self, message: Message) -> Rule | None:
         """The live suspension that holds `message` when it falls due, if any: the first live
         rule that matches it, as `intercept` applies them (a standing bounce before it wins)."""

@@ -97,7 +97,12 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
         doc="bounced: messages bounced; after_attempt: how many of them were being sent, bounced only as far as "
         "that attempt does not deliver them; rule: the standing bounce (with a duration), else null",
     )
-    held = _object({"held": count, "rule": rule_or_none}, "held", "rule", doc="held: messages the suspension holds")
+    held = _object(
+        {"held": count, "rule": rule_or_none, "already": {"type": "boolean"}},
+        "held",
+        "rule",
+        doc="held: messages put back now; already: the same suspension (until resumed) was in force: this is it",
+    )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
     rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
     made_due = _object(
