@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import smtplib
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,15 +49,7 @@ def _send(pigeon: PigeonProcess, recipients: list[str], count: int = 1) -> list[
 
 
 def _api(pigeon: PigeonProcess, method: str, path: str, body: Any = None, token: str = ADMIN) -> tuple[int, Any]:
-    if method == "POST":
-        return pigeon.http_post(path, body, token)
-    request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}", method=method)
-    request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return pigeon.http_call(method, path, body, token)
 
 
 def test_bounce_ends_deferred_mail_and_with_a_duration_new_mail_too(tmp_path: Path, sink: ScriptedSink) -> None:

@@ -5,7 +5,6 @@ operation issued on either reaches the other's every worker, and the answer adds
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -54,15 +53,7 @@ def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> It
 
 
 def _api(node: PigeonProcess, method: str, path: str, body: Any = None, token: str = ADMIN) -> tuple[int, Any]:
-    if method == "POST":
-        return node.http_post(path, body, token)
-    request = urllib.request.Request(f"http://127.0.0.1:{node.http_port}{path}", method=method)
-    request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return node.http_call(method, path, body, token)
 
 
 def _defer(node: PigeonProcess, count: int, domain: str = "example.net") -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import smtplib
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +38,7 @@ def test_metrics_count_what_happened(pigeon: PigeonProcess) -> None:
 
 
 def _ask(node: PigeonProcess, method: str, path: str) -> tuple[int, Any]:
-    request = urllib.request.Request(f"http://127.0.0.1:{node.http_port}{path}", method=method)
-    request.add_header("Authorization", f"Bearer {node.local_token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return node.http_call(method, path, token=node.local_token)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

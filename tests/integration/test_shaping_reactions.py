@@ -167,16 +167,7 @@ def _listed(node: PigeonProcess, token: str) -> Any:
 
 
 def _get(node: PigeonProcess, path: str, token: str) -> tuple[int, Any]:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(f"http://127.0.0.1:{node.http_port}{path}")
-    request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return node.http_call("GET", path, token=token)
 
 
 def _single(root: Path, sink: ScriptedSink, **reaction: Any) -> PigeonProcess:

@@ -203,13 +203,20 @@ class PigeonProcess:
 
     def http_post(self, path: str, body: Any, token: str | None = None, *, raw: bytes | None = None) -> tuple[int, Any]:
         """POST `body` as JSON (or `raw` bytes as they are); returns the status and the decoded JSON answer."""
-        data = raw if raw is not None else json.dumps(body).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data, method="POST")
+        return self._request("POST", path, raw if raw is not None else json.dumps(body).encode(), token)
+
+    def http_call(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        """Any API request (`body`, if any, sent as JSON): the status and the decoded JSON answer."""
+        return self._request(method, path, None if body is None else json.dumps(body).encode(), token)
+
+    def _request(self, method: str, path: str, data: bytes | None, token: str | None) -> tuple[int, Any]:
+        """The status and the answer: decoded JSON, or its text when it is not JSON."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data, method=method)
         request.add_header("Content-Type", "application/json")
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=120) as response:
                 status, answer = response.status, response.read()
         except urllib.error.HTTPError as error:
             status, answer = error.code, error.read()
@@ -217,19 +224,6 @@ class PigeonProcess:
             return status, json.loads(answer)
         except ValueError:
             return status, answer.decode(errors="replace")
-
-    def http_call(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
-        """Any API request (`body` sent as JSON): the status and the decoded JSON answer."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}", data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if token is not None:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
 
     @property
     def local_token(self) -> str:
