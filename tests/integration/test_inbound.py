@@ -232,6 +232,7 @@ def test_smtp_mail_for_an_inbound_route_is_taken_from_anyone_and_posted_to_the_a
     assert body["raw"].endswith(customer_mail(1).decode())  # after Pigeon's Received header
     assert ["Subject", "question 1"] in body["headers"]
     assert body["recipients"] == ["support@app.example"] and body["sender"] == "customer@example.com"
+    assert "X-Pigeon-Recipients" not in app.headers[0]  # JSON carries the envelope in its body
     assert 'pigeon_inbound_messages_total{outcome="delivered",source="smtp",target="hook"} 1.0' in metrics
     assert delivered[0]["site"] == "inbound:hook" and delivered[0]["queue"] == "inbound:hook"
     reception = node.records("Reception")[0]

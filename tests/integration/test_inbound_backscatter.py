@@ -170,3 +170,25 @@ def test_held_mail_nobody_releases_ends_after_held_for_without_a_dsn(tmp_path: P
             assert [m["recipients"] for m in node.spool_messages()] == [["keep@app.example"]]
             assert _queue(node, "inbound:hook")["held"] == 1
         assert sink.received == []  # no DSN to the forged sender
+
+
+def test_a_retry_releases_held_mail_a_suspension_covers_so_that_its_resume_delivers_it(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, WebhookApp(status=422) as app:
+        node = _node(tmp_path / "p", app, sink, inbound=[{"recipient": "support@app.example", "target": "hook"}])
+        with node:
+            _send_from_anyone(node, "support@app.example")
+            node.wait_records("Held", 1, timeout=20)
+            app.status = 202
+            status, suspended = node.http_call(
+                "POST", "/api/v1/admin/suspend", {"queue": "inbound:hook"}, node.local_token
+            )
+            assert status == 200, suspended
+            status, retried = node.http_call("POST", "/api/v1/admin/retry", {"queue": "inbound:hook"}, node.local_token)
+            # Released from held; the suspension then keeps it untried (not left held for ever).
+            assert (retried["made_due"], retried["suspended"]) == (1, 0), retried
+            time.sleep(1.0)
+            assert not app.accepted
+            rule = suspended["rule"]["id"]
+            status, resumed = node.http_call("DELETE", f"/api/v1/admin/suspend/{rule}", token=node.local_token)
+            assert resumed["made_due"] == 1, resumed
+            assert app.wait_distinct(1, 20) == 1
