@@ -18,6 +18,25 @@ from pigeon.inbound.targets.base import Verdict
 from pigeon.inbound.targets.log import LogTarget
 from pigeon.inbound.targets.maildir import MaildirTarget
 
+try:
+    from pigeon.inbound.targets import _maildir
+except ImportError:  # built without a C compiler: only the Python file work exists
+    _maildir = None  # type: ignore[assignment]
+
+IMPLEMENTATIONS = [
+    pytest.param("c", id="c", marks=pytest.mark.skipif(_maildir is None, reason="built without a C compiler")),
+    pytest.param("python", id="python"),
+]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def file_work(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each Maildir test runs on the C file work and on its Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(maildir, "write_files", maildir._write_files)
+        monkeypatch.setattr(maildir, "link_files", maildir._link_files)
+    return str(request.param)
+
 
 def mail(n: int) -> InboundMessage:
     raw = f"From: c{n}@example.com\r\nMessage-ID: <m{n}@example.com>\r\nSubject: q{n}\r\n\r\nHello {n}.\r\n"
@@ -46,7 +65,7 @@ async def test_log_target_that_cannot_write_answers_later_for_the_whole_batch(tm
 
 @pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "fsync-per-file"])
 async def test_maildir_target_writes_a_batch_once_each_into_new(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool, file_work: str
 ) -> None:
     if not syncfs:  # as where Linux's syncfs(2) is not to be had
         monkeypatch.setattr(maildir, "_syncfs", None)
@@ -68,7 +87,7 @@ async def test_maildir_target_writes_a_batch_once_each_into_new(
 
 
 async def test_maildir_target_makes_the_files_durable_before_their_names_reach_new(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_work: str
 ) -> None:
     if maildir._syncfs is None or maildir.filesystem_type(tmp_path) not in maildir._SYNCFS_FILESYSTEMS:
         pytest.skip("no syncfs here")
@@ -98,7 +117,7 @@ async def test_maildir_target_makes_the_files_durable_before_their_names_reach_n
 
 
 async def test_maildir_target_whose_syncfs_is_refused_fsyncs_each_file_instead(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, file_work: str
 ) -> None:
     calls: list[int] = []
 
@@ -133,7 +152,9 @@ def test_syncfs_is_not_trusted_before_linux_5_8_nor_on_a_filesystem_it_may_not_m
     assert "fuse" not in maildir._SYNCFS_FILESYSTEMS and "nfs" not in maildir._SYNCFS_FILESYSTEMS
 
 
-async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_behind(tmp_path: Path) -> None:
+async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_behind(
+    tmp_path: Path, file_work: str
+) -> None:
     target = MaildirTarget("box", tmp_path / "Maildir")
     await target.start()
     # new/ on another filesystem: the files are written and fsynced in tmp/, and linking
@@ -149,3 +170,48 @@ async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_
     assert [a.verdict for a in answers] == [Verdict.TRANSIENT] * 2
     assert "Maildir" in answers[0].detail
     assert not list((tmp_path / "Maildir" / "tmp").iterdir())
+
+
+def test_the_maildir_file_work_is_in_c_where_it_was_built() -> None:
+    if _maildir is None:
+        pytest.skip("built without a C compiler")
+    assert maildir.write_files is _maildir.write_files
+    assert maildir.link_files is _maildir.link_files
+
+
+@pytest.mark.parametrize("failing", ["name too long", "a directory in the way"])
+def test_a_batch_that_cannot_be_written_leaves_no_file_behind_and_names_the_one_that_failed(
+    tmp_path: Path, file_work: str, failing: str
+) -> None:
+    for sub in ("tmp", "new"):
+        (tmp_path / sub).mkdir()
+    bad = b"x" * 300 if failing == "name too long" else b"busy"
+    (tmp_path / "tmp" / "busy").mkdir()
+    (tmp_path / "new" / "there").write_bytes(b"already delivered")
+    names = [b"one", b"there", b"three", b"four"]
+    tmp_names = [b"one.1", b"there.1", bad, b"four.1"]
+    new, tmp = os.open(tmp_path / "new", os.O_RDONLY), os.open(tmp_path / "tmp", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match=r"too long|Is a directory") as failed:
+            maildir.write_files(new, names, tmp, tmp_names, [b"H: 1\r\n"] * 4, [b"body\r\n"] * 4)
+        assert os.fsencode(failed.value.filename) == bad
+        assert failed.value.errno == (errno.ENAMETOOLONG if failing == "name too long" else errno.EISDIR)
+        assert sorted(os.listdir(tmp_path / "tmp")) == ["busy"]
+        fds = maildir.write_files(new, names, tmp, [b"one.1", b"there.1", b"three.1", b"four.1"],
+                                  [b"H: 1\r\n", b"", b"", b"H: 4\r\n"], [b"a", b"b", b"", b"d" * 200_000])  # fmt: skip
+        assert fds[1] == -1 and all(fd >= 0 for n, fd in enumerate(fds) if n != 1)
+        written = [fd for fd in fds if fd >= 0]
+        assert maildir.link_files(
+            tmp, [b"one.1", b"three.1", b"four.1"], new, [b"one", b"three", b"four"], written
+        ) == (
+            3,
+            0,
+        )
+    finally:
+        os.close(new)
+        os.close(tmp)
+    assert (tmp_path / "new" / "one").read_bytes() == b"H: 1\r\na"
+    assert (tmp_path / "new" / "three").read_bytes() == b""
+    assert (tmp_path / "new" / "four").read_bytes() == b"H: 4\r\n" + b"d" * 200_000
+    assert (tmp_path / "new" / "there").read_bytes() == b"already delivered"
+    assert sorted(os.listdir(tmp_path / "tmp")) == ["busy"]
