@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pigeon.inbound.arbitration import BEAT, ArbitrationUnavailable, RedisArbiter, Standing
+from pigeon.inbound import arbitration
+from pigeon.inbound.arbitration import BEAT, BEAT_TTL, DONE_TTL, ArbitrationUnavailable, RedisArbiter, Standing
 from tests.support.apps import redis_in_use_for_a_while
 from tests.support.services import RedisServer
 
@@ -30,6 +31,7 @@ async def nodes(redis_server: RedisServer) -> AsyncIterator[Nodes]:
 
 KEYS = [("inbound:app@h:143/INBOX:7:1", 1), ("inbound:app@h:143/INBOX:7:2", 2)]
 NODES_KEY = "pigeon:inbound:nodes"
+NAMES_KEY = "pigeon:inbound:names"
 
 
 def redis_ms(redis_server: RedisServer) -> int:
@@ -135,6 +137,53 @@ async def test_a_dead_node_s_done_mark_is_taken_over_once_to_be_acknowledged_and
         assert (await third.claim(KEYS[:1], 60))[0].standing is Standing.DONE
     finally:
         await third.close()
+
+
+async def test_a_takeover_names_the_dead_node_if_it_published_a_name(redis_server: RedisServer) -> None:
+    redis_in_use_for_a_while(redis_server)
+    named, unnamed = RedisArbiter(redis_server.url, node="mx1"), RedisArbiter(redis_server.url)
+    taker = RedisArbiter(redis_server.url, node="mx2")
+    try:
+        _, handed = await named.claim(KEYS, 60)
+        await named.done([handed])
+        await unnamed.claim([("inbound:app@h:143/INBOX:7:3", 3)], 60)
+        assert [c.previous_name for c in await taker.claim(KEYS, 60)] == ["", ""]  # alive: nothing taken
+        await named.close()
+        await unnamed.close()
+        taken = await taker.claim([*KEYS, ("inbound:app@h:143/INBOX:7:3", 3)], 60)
+        assert [(c.standing, c.previous, c.previous_name) for c in taken] == [
+            (Standing.CLAIMED, named.token, "mx1"),
+            (Standing.ORPHANED, named.token, "mx1"),
+            (Standing.CLAIMED, unnamed.token, ""),  # as from a node of an earlier version
+        ]
+        assert taken[0].previous_node == f"mx1 (token {named.token})"
+        assert taken[2].previous_node == unnamed.token
+    finally:
+        await taker.close()
+
+
+async def test_the_sweep_forgets_a_dead_node_s_name_once_nothing_of_it_can_be_taken_over(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names must not pile up in Redis, one per process start: each is kept as long as its
+    node's done marks may be taken over, and no longer."""
+    monkeypatch.setattr(arbitration, "_SWEEP_EVERY", 0.0)  # a sweep with every heartbeat
+    redis_in_use_for_a_while(redis_server)
+    client = redis_server.client()
+    client.hset(NAMES_KEY, "hstale", f"{redis_ms(redis_server) - 1}:long-gone")  # kept until a moment ago
+    dead = RedisArbiter(redis_server.url, node="just-died")
+    await dead.claim(KEYS[:1], 60)
+    await dead.close()
+    arbiter = RedisArbiter(redis_server.url, node="mx1")
+    try:
+        await arbiter.claim(KEYS[1:], 60)  # starts its heartbeat, and sweeps with the next one
+        await asyncio.sleep(BEAT * 2.5)
+        names = {k.decode(): v.decode() for k, v in client.hgetall(NAMES_KEY).items()}
+        assert set(names) == {dead.token, arbiter.token}
+        assert names[arbiter.token].endswith(":mx1")
+        assert 0 < client.pttl(NAMES_KEY) <= (BEAT_TTL + DONE_TTL) * 1000  # and the hash, if no node is left
+    finally:
+        await arbiter.close()
 
 
 async def test_a_claim_renewed_after_redis_lost_it_is_put_back(nodes: Nodes, redis_server: RedisServer) -> None:

@@ -2,16 +2,19 @@
 Dovecot and Redis, a webhook receiver, and Pigeon as a process.
 
 A dead node is played by writing what it leaves behind into Redis (a claim, a done mark) under
-a token whose heartbeat has run out, so each case happens every time rather than when a
-kill -9 lands at the right instant (tests/stress/test_inbound_nodes.py has the kills).
+a token whose heartbeat has run out (or by an arbiter of this version that claims, then stops),
+so each case happens every time rather than when a kill -9 lands at the right instant
+(tests/stress/test_inbound_nodes.py has the kills).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from pathlib import Path
 
+from pigeon.inbound.arbitration import RedisArbiter
 from tests.support.apps import (
     WebhookApp,
     customer_mail,
@@ -99,6 +102,52 @@ def test_a_live_node_s_done_mark_is_left_to_it_and_recorded_by_whoever_takes_it_
     assert record["detail"].startswith(f"recovered: handed over by node {live}")
     assert record["recovered_from"] == live
     assert record["dedupe_key"] == hashlib.sha256(raw).hexdigest()
+
+
+def test_a_takeover_is_logged_with_the_dead_node_s_name_and_token(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """An operator running several nodes must be able to tell which one died: a token alone
+    (one per process) names none of them. A node of an earlier version published no name, and
+    is named by its token."""
+    held, handed, old = (customer_mail(i) for i in range(3))
+    uids = dovecot.append("app", [held, handed, old])
+    redis_in_use_for_a_while(redis_server)
+    # Node mx-dead held the first message and had handed the second over (done, not
+    # acknowledged) when it stopped; a node of an earlier version held the third.
+    mx_dead = asyncio.run(named_node_leaves(redis_server, "mx-dead", claim_key(dovecot, uids[0]),
+                                            claim_key(dovecot, uids[1])))  # fmt: skip
+    redis_server.client().set(claim_key(dovecot, uids[2]), f"c:{DEAD}.3:0", px=60_000)
+    with (
+        WebhookApp() as app,
+        PigeonProcess(
+            tmp_path / "p",
+            redis={"url": redis_server.url},
+            target=[webhook_target(app)],
+            mailbox=[imap_mailbox(dovecot, "hook")],
+        ) as node,
+    ):
+        wait_until(lambda: not dovecot.unseen("app"), 30)
+        records = node.wait_records("InboundDelivery", 3)
+        node.wait_stderr(f"from node mx-dead (token {mx_dead}), whose heartbeat stopped")
+        node.wait_stderr(f"from node {DEAD}, whose heartbeat stopped")
+    (recovered,) = [r for r in records if r.get("recovered_from")]
+    assert recovered["recovered_from"] == mx_dead  # the token: what tells one process from another
+    assert recovered["detail"].startswith(f"recovered: handed over by node mx-dead (token {mx_dead}), which")
+    assert set(app.accepted) == {hashlib.sha256(raw).hexdigest() for raw in (held, old)}
+
+
+async def named_node_leaves(redis_server: RedisServer, name: str, held: str, handed: str) -> str:
+    """A node of this version named `name` claims `held` and `handed`, hands `handed` over
+    (marks it done) and stops before acknowledging either; its token."""
+    arbiter = RedisArbiter(redis_server.url, node=name)
+    try:
+        prefix = "pigeon:"  # (claim_key's keys carry it; the arbiter adds it)
+        claims = await arbiter.claim([(held.removeprefix(prefix), 1), (handed.removeprefix(prefix), 2)], 60)
+        await arbiter.done(claims[1:])
+    finally:
+        await arbiter.close()  # its heartbeat is gone: as dead as a kill -9 leaves it, 5 s sooner
+    return arbiter.token
 
 
 def heartbeat_runs_out_in(redis_server: RedisServer, token: str, ms: int) -> None:

@@ -274,6 +274,14 @@ def test_a_failing_hook_answers_451_logs_its_traceback_and_the_worker_goes_on(tm
         wrong = next(f for f in failures if f["hook"] == "on_rcpt_to")
         assert "returned 'not an answer'" in wrong["error"]
         assert [m["recipients"] for m in pigeon.spool_messages()] == [["b@example.net"]]  # the refused one is gone
+        # The id the failure names was never stored: the refusal of that message names it too,
+        # so that grepping the log for it finds what the client was told.
+        (refused,) = [r for r in pigeon.wait_records("Rejection", 2) if r["command"] == "DATA"]
+        assert (refused["id"], refused["session"]) == (raised["id"], raised["session"])
+        assert refused["response"]["code"] == 451
+        assert "id" not in next(r for r in pigeon.records("Rejection") if r["command"] == "RCPT")
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["id"] != raised["id"]
 
 
 def test_failing_delivery_hooks_defer_or_keep_the_outcome_and_lose_nothing(tmp_path: Path) -> None:
@@ -402,6 +410,18 @@ def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
         assert stored["envelope"].headers_added == ["X-Injected: yes"]
         (failure,) = _failures(pigeon)
         assert failure["hook"] == "on_message" and "ValueError: broken policy" in failure["error"]
+        # Each refused recipient is logged with the id its message was given (the response has
+        # none for it), and the failure's id and request (session) lead to its refusal.
+        rejections = pigeon.wait_records("Rejection", 4)
+        assert sorted((r["command"], r["recipients"][0], r["response"]["code"]) for r in rejections) == [
+            ("inject", "boom@example.net", 451),
+            ("inject", "later@example.net", 451),
+            ("inject", "no@example.net", 550),
+            ("inject", "no@example.net", 550),
+        ]
+        (boom,) = [r for r in rejections if r["recipients"] == ["boom@example.net"]]
+        assert (boom["id"], boom["session"]) == (failure["id"], failure["session"])
+        assert len({r["id"] for r in rejections} | {reception["id"]}) == 5
 
 
 # --- loading and reloading ------------------------------------------------------------------

@@ -28,6 +28,14 @@ have died between the handoff and the acknowledgement, so the taker acknowledges
 and records the handoff on its behalf. Tokens start with "h"; a value with another token
 (a node of an earlier version, without heartbeat) only expires with its lease.
 
+Names. A token tells an operator nothing, so each heartbeat also writes the node's `[node]
+name` to the hash `inbound:names` (same script: no round trip of its own), and the claim
+script, when it takes a claim or done mark over, and only then, reads the dead node's name in
+the same step. A name is kept `DONE_TTL` past its node's last heartbeat (as long as a done mark
+of that node can be found), then forgotten by the sweep that forgets dead heartbeats, or with
+the whole hash if no node is left to sweep. A node of an earlier version publishes no name,
+and is named by its token.
+
 A holder must never go on handing over a message another node has taken over. Every claim
 and renewal is sent behind a heartbeat, in the same pipeline, so the claim is verified while
 its holder is known alive; from then on the holder trusts it only while its own heartbeat
@@ -112,8 +120,15 @@ class Claim:
     lost: bool = False
     retry_in: float = 0.0  # WAITING: seconds until its backoff ends; HELD, DONE: until its node's heartbeat does
     previous: str = ""  # CLAIMED, ORPHANED: the dead node whose claim or done mark this was
+    previous_name: str = ""  # ... its `[node] name` ("": it published none, as earlier versions did)
     holder: str = ""  # HELD, DONE: the live node holding or having settled it ("": one without heartbeat)
     lapses: int = 0  # the arbiter's lapse count when this claim was last verified (see `holds`)
+
+    @property
+    def previous_node(self) -> str:
+        """The dead node as logs name it: its name with its token (the name alone may be shared
+        by its restarts; the token is what the records' `recovered_from` says), or the token."""
+        return f"{self.previous_name} (token {self.previous})" if self.previous_name else self.previous
 
 
 # KEYS[1] the epoch key. Redis's birth time as Pigeon knows it (set when missing: first use, or
@@ -126,19 +141,27 @@ if not born then redis.call('SET', KEYS[1], now) born = now end
 return {tostring(born), tostring(now)}
 """
 
-# KEYS[1] the nodes hash; ARGV: token, ms the heartbeat lasts. Returns 1 if the node's previous
-# heartbeat had run out (or Redis lost it): claims verified before may have been taken over.
+# KEYS[1] the nodes hash, KEYS[2] the names hash; ARGV: token, ms the heartbeat lasts, the
+# node's name ('': none), ms the name is kept past the heartbeat. Returns 1 if the node's
+# previous heartbeat had run out (or Redis lost it): claims verified before may have been taken
+# over. The name is written with every heartbeat (no round trip of its own): "<keep until>:<name>".
 _BEAT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+local runs_out = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], runs_out)
 redis.call('PEXPIRE', KEYS[1], 86400000)
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', runs_out + tonumber(ARGV[4])) .. ':' .. ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + tonumber(ARGV[4]))
+end
 if last <= now then return 1 end
 return 0
 """
 
-# KEYS[1] the nodes hash. Forgets the heartbeats that ran out (nodes that stopped).
+# KEYS[1] the nodes hash, KEYS[2] the names hash. Forgets the heartbeats that ran out (nodes
+# that stopped), and the names kept past theirs for as long as they could be asked for.
 _SWEEP: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -146,22 +169,31 @@ local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) end
 end
+local names = redis.call('HGETALL', KEYS[2])
+for i = 1, #names, 2 do
+  if (tonumber(string.match(names[i + 1], '^(%d+):') or '0')) <= now then redis.call('HDEL', KEYS[2], names[i]) end
+end
 return 0
 """
 
-# KEYS[1] epoch key, KEYS[2] nodes hash, KEYS[3..] the claim keys; ARGV: the caller's token,
-# the number of its first claim here (the claim on KEYS[i] is <token>.<number + i - 3>), lease
-# ms, the epoch the caller knows ('' for none), ms a done mark lasts. For each claim key, four
-# values in a row: the standing, the attempt count, ms (until a backoff ends, or until the
-# holder's heartbeat runs out) and a node: the dead one a claim or done mark was taken from,
-# or the live one holding or having settled it. A caller that knew another epoch is refused
-# ("paused", for all of them): Redis lost its claims, and holders must first have time to put
-# theirs back. A claim or done mark whose node's heartbeat ran out is taken over at once.
+# KEYS[1] epoch key, KEYS[2] nodes hash, KEYS[3] names hash, KEYS[4..] the claim keys; ARGV:
+# the caller's token, the number of its first claim here (the claim on KEYS[i] is
+# <token>.<number + i - 4>), lease ms, the epoch the caller knows ('' for none), ms a done mark
+# lasts. For each claim key, five values in a row: the standing, the attempt count, ms (until a
+# backoff ends, or until the holder's heartbeat runs out), a node: the dead one a claim or done
+# mark was taken from, or the live one holding or having settled it, and the dead one's name
+# ('' if it published none). A caller that knew another epoch is refused ("paused", for all of
+# them): Redis lost its claims, and holders must first have time to put theirs back. A claim or
+# done mark whose node's heartbeat ran out is taken over at once; only then is a name looked up.
 _CLAIM: Final = """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[4] then return 'paused' end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local first = tonumber(ARGV[2])
+local function name_of(node)
+  local named = redis.call('HGET', KEYS[3], node)
+  return named and string.match(named, '^%d+:(.*)$') or ''
+end
 local function claim(key, nonce)
   local v = redis.call('GET', key)
   local attempts = 0
@@ -170,9 +202,9 @@ local function claim(key, nonce)
     local kind = string.sub(v, 1, 1)
     if kind == 'b' then
       local n, due = string.match(v, '^b:(%d+):(%d+)$')
-      if now < tonumber(due) then return 'waiting', n, tostring(tonumber(due) - now), '' end
+      if now < tonumber(due) then return 'waiting', n, tostring(tonumber(due) - now), '', '' end
       attempts = tonumber(n)
-    elseif kind == 'f' then return 'failed', '0', '', ''
+    elseif kind == 'f' then return 'failed', '0', '', '', ''
     else
       local holder = string.match(v, '^[cd]:(h%x+)')
       local left = ''
@@ -181,25 +213,26 @@ local function claim(key, nonce)
         if left <= 0 then
           if kind == 'd' then
             redis.call('SET', key, 'd:' .. ARGV[1], 'PX', ARGV[5])
-            return 'orphaned', '0', '', holder
+            return 'orphaned', '0', '', holder, name_of(holder)
           end
           attempts = tonumber(string.match(v, ':(%d+)$')) or 0
           previous = holder
         end
       end
-      if previous == '' then return (kind == 'd' and 'done' or 'held'), '0', tostring(left), holder or '' end
+      if previous == '' then return (kind == 'd' and 'done' or 'held'), '0', tostring(left), holder or '', '' end
     end
   end
   redis.call('SET', key, 'c:' .. nonce .. ':' .. attempts, 'PX', ARGV[3])
-  return 'claimed', tostring(attempts), '', previous
+  return 'claimed', tostring(attempts), '', previous, previous ~= '' and name_of(previous) or ''
 end
 local answers = {}
-for i = 3, #KEYS do
-  local standing, attempts, ms, node = claim(KEYS[i], ARGV[1] .. '.' .. string.format('%d', first + i - 3))
+for i = 4, #KEYS do
+  local standing, attempts, ms, node, name = claim(KEYS[i], ARGV[1] .. '.' .. string.format('%d', first + i - 4))
   answers[#answers + 1] = standing
   answers[#answers + 1] = attempts
   answers[#answers + 1] = ms
   answers[#answers + 1] = node
+  answers[#answers + 1] = name
 end
 return answers
 """
@@ -316,13 +349,15 @@ class RedisArbiter(Arbiter):
 
     shared = True
 
-    def __init__(self, url: str, *, prefix: str = "pigeon", timeout: float = 2.0) -> None:
+    def __init__(self, url: str, *, prefix: str = "pigeon", timeout: float = 2.0, node: str = "") -> None:
         super().__init__()
         self.url = url
+        self.node = node  # our `[node] name`, published with the heartbeat ("": none)
         self.where = redact_url(url)  # the URL as errors and logs show it: no password
         self.prefix = f"{prefix}:" if prefix else ""
         self._epoch_key = "inbound:epoch"
         self._nodes_key = "inbound:nodes"
+        self._names_key = "inbound:names"
         self._epoch: str | None = None
         self._paused_until = 0.0  # monotonic
         self._timeout = timeout
@@ -356,6 +391,7 @@ class RedisArbiter(Arbiter):
             with contextlib.suppress(BaseException):
                 await self._beating
         # A node that stops says so: whatever claim it failed to give back is free at once.
+        # (Its name stays, for whoever takes them over to log; the sweep forgets it later.)
         with contextlib.suppress(RedisError, OSError):
             await self._redis.hdel(self.prefix + self._nodes_key, self.token)
         await self._redis.aclose()
@@ -369,7 +405,8 @@ class RedisArbiter(Arbiter):
         return max(0.0, self._paused_until - time.monotonic())
 
     def _beat_call(self) -> _Call:
-        return (self._beat, [self._nodes_key], [self.token, str(int(BEAT_TTL * 1000))])
+        args = [self.token, str(int(BEAT_TTL * 1000)), self.node, str(int(DONE_TTL * 1000))]
+        return (self._beat, [self._nodes_key, self._names_key], args)
 
     def _beaten(self, answer: object, sent: float) -> None:
         """A heartbeat sent at `sent` (monotonic) was answered."""
@@ -394,7 +431,7 @@ class RedisArbiter(Arbiter):
             sent = time.monotonic()
             calls = [self._beat_call()]
             if sent >= next_sweep:
-                calls.append((self._sweep, [self._nodes_key], []))
+                calls.append((self._sweep, [self._nodes_key, self._names_key], []))
                 next_sweep = sent + _SWEEP_EVERY
             try:
                 answers = await self._run(calls)
@@ -458,7 +495,7 @@ class RedisArbiter(Arbiter):
             [
                 self._beat_call(),
                 (self._epoch_script, [self._epoch_key], []),
-                (self._claim, [self._epoch_key, self._nodes_key, *(key for key, _ in keys)], args),
+                (self._claim, [self._epoch_key, self._nodes_key, self._names_key, *(key for key, _ in keys)], args),
             ]
         )
         self._beaten(beat, started)
@@ -468,14 +505,14 @@ class RedisArbiter(Arbiter):
         parts = [_text(part) for part in answer]
         claims = []
         for number, (key, uid) in enumerate(keys):
-            text, attempts, ms, previous = parts[4 * number : 4 * number + 4]
+            text, attempts, ms, previous, name = parts[5 * number : 5 * number + 5]
             standing = Standing(text)
             if standing is Standing.CLAIMED:
                 nonce = f"{self.token}.{first + number}"
                 claim = self._claimed(key, uid, nonce, int(attempts), lease, started)
-                claim.previous, claim.lapses = previous, self._lapses
+                claim.previous, claim.previous_name, claim.lapses = previous, name, self._lapses
             elif standing is Standing.ORPHANED:
-                claim = Claim(key, uid, standing, f"d:{self.token}", previous=previous)
+                claim = Claim(key, uid, standing, f"d:{self.token}", previous=previous, previous_name=name)
             else:
                 claim = Claim(key, uid, standing, attempts=int(attempts), retry_in=int(ms or 0) / 1000)
                 if standing in (Standing.HELD, Standing.DONE):

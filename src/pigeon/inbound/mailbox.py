@@ -444,13 +444,13 @@ class MailboxWatcher:
                 claimed.append(claim)
                 self.held[claim.key] = claim  # renewed from now on
                 if claim.previous:
-                    taken[claim.previous] += 1
+                    taken[claim.previous_node] += 1
             elif standing is Standing.ORPHANED:
                 # Handed over by a node that died before acknowledging it (maybe before
                 # recording it): fetched, recorded and acknowledged with the batch.
                 claimed.append(claim)
                 self._orphans[claim.key] = claim
-                taken[claim.previous] += 1
+                taken[claim.previous_node] += 1
             elif (
                 standing in (Standing.DONE, Standing.FAILED)
                 and claim.uid in self._settled_before
@@ -558,7 +558,7 @@ class MailboxWatcher:
                 raw, self.source, now, mailbox=self.identity, uidvalidity=session.uidvalidity, uid=claim.uid
             )
             if claim.standing is Standing.ORPHANED:
-                detail = f"recovered: handed over by node {claim.previous}, which stopped before acknowledging it"
+                detail = f"recovered: handed over by node {claim.previous_node}, which stopped before acknowledging it"
                 recovered.append(Accepted(claim, message, Handoff(Verdict.ACCEPTED, detail)))
             else:
                 ready.append((claim, message))

@@ -27,6 +27,7 @@ is logged as a Rejection of the CONNECT.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import itertools
 import logging
@@ -44,7 +45,7 @@ from pigeon.listener.password_checker import CheckerBusy, PasswordChecker
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.tls import describe
 from pigeon.logs.records import Rejection, Response
-from pigeon.message import Envelope, Recipient
+from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed
@@ -352,9 +353,9 @@ class SmtpConnection(asyncio.Protocol):
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(out)
 
-    def _respond(self, reply: Reply, command: str) -> None:
+    def _respond(self, reply: Reply, command: str, message_id: str | None = None) -> None:
         if reply.code >= 400:
-            self._log_rejection(command, reply)
+            self._log_rejection(command, reply, message_id)
         self._session.respond(reply)
 
     def _wait(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
@@ -487,19 +488,21 @@ class SmtpConnection(asyncio.Protocol):
     def _on_message_end(self, event: MessageEnd) -> None:
         draft = self._draft or self._new_draft()
         self._draft = None
-        self._wait(draft.commit(), self._stored)
+        self._wait(draft.commit(), functools.partial(self._stored, format_id(draft.id)))
 
-    def _stored(self, future: asyncio.Future[Any]) -> None:
+    def _stored(self, message_id: str, future: asyncio.Future[Any]) -> None:
+        """`message_id`: the id the message was given, which the policy's on_message saw (and a
+        PolicyFailure names): its Rejection carries it too, or nothing else would name it."""
         error = future.exception()
         if error is None:
             self._session.respond(future.result().reply)
         elif isinstance(error, (Refused, SpoolError)):
             if isinstance(error, SpoolError):
                 _log.error("session %s: message not stored: %s", self.id, error)
-            self._respond(error.reply, "DATA")
+            self._respond(error.reply, "DATA", message_id)
         else:
             _log.error("session %s: message not stored", self.id, exc_info=error)
-            self._respond(replies.SPOOL_ERROR, "DATA")
+            self._respond(replies.SPOOL_ERROR, "DATA", message_id)
         self._recipients = []
 
     def _on_starttls(self, event: StartTls) -> None:
@@ -659,7 +662,7 @@ class SmtpConnection(asyncio.Protocol):
             keyword += "A"
         return keyword
 
-    def _log_rejection(self, command: str, reply: Reply) -> None:
+    def _log_rejection(self, command: str, reply: Reply, message_id: str | None = None) -> None:
         session = self._session
         mail = session.mail
         self._listener.intake.metrics.rejections.labels(command or "-", str(reply.code)).inc()
@@ -674,6 +677,7 @@ class SmtpConnection(asyncio.Protocol):
                 sender=mail.sender if mail is not None else None,
                 tls=self._tls,
                 auth_user=session.authenticated,
+                id=message_id,
             )
         )
 

@@ -113,7 +113,8 @@ class Reception(Record, tag="Reception"):
 
 
 class Rejection(Record, tag="Rejection"):
-    """Pigeon answered a client's command with a 4xx or 5xx reply."""
+    """Pigeon answered a client's command with a 4xx or 5xx reply; or, over HTTP, refused a
+    recipient of an injection at intake (`command` "inject", `session` the request's)."""
 
     session: str
     peer: str
@@ -124,6 +125,10 @@ class Rejection(Record, tag="Rejection"):
     recipients: list[str] | None = None
     tls: str | None = None
     auth_user: str | None = None
+    # A message refused once it was whole (by the policy's on_message, as a loop, or by the
+    # spool): the id it was given, which on_message saw and a PolicyFailure names. Nothing is
+    # stored under it; it is here so that grepping for it finds the refusal.
+    id: str | None = None
 
 
 class Attempt(Record):
@@ -240,7 +245,9 @@ class InboundFailure(Inbound, tag="InboundFailure"):
 
 class PolicyFailure(Record, tag="PolicyFailure"):
     """A policy hook failed: it raised, answered what it may not, or took longer than
-    `[policy] timeout`. Pigeon went on without it (`action` says how)."""
+    `[policy] timeout`. Pigeon went on without it (`action` says how). `session`: the
+    connection or injection request it failed for; `id`: the message (for on_message, one
+    refused with 451: the `Rejection` of that message carries the same `id`)."""
 
     hook: str
     error: str

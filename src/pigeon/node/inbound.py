@@ -29,7 +29,7 @@ class Inbound:
         redis_url = config.redis.url
         self.targets: dict[str, Target] = {t.name: targets.build(t, redis_url) for t in config.target}
         self.arbiter: Arbiter = (
-            RedisArbiter(redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout)
+            RedisArbiter(redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout, node=config.node.name)
             if redis_url is not None
             else LocalArbiter()
         )

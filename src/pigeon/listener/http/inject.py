@@ -25,8 +25,9 @@ import msgspec
 from aiohttp import web
 
 from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
-from pigeon.intake import Arrival, Refused, Stored
+from pigeon.intake import Arrival, Draft, Refused, Stored
 from pigeon.listener.http.context import NODE_KEY
+from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.smtp import replies
 from pigeon.smtp.framing import check_message
@@ -90,7 +91,7 @@ async def inject(request: web.Request) -> web.Response:
     session = f"http-{next(_requests):x}"
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
     results: list[RecipientResult] = []
-    pending: list[tuple[RecipientResult, asyncio.Future[Stored]]] = []
+    pending: list[tuple[RecipientResult, Draft, asyncio.Future[Stored]]] = []
     policy_refusals = 0
     turn = time.monotonic()
     for index, recipient in enumerate(parsed.recipients):
@@ -138,14 +139,29 @@ async def inject(request: web.Request) -> web.Response:
         )
         draft = node.intake.draft(envelope, arrival)
         draft.write(composed.data)
-        pending.append((result, draft.commit()))
-    for result, future in pending:
+        pending.append((result, draft, draft.commit()))
+    for result, draft, future in pending:
         try:
             stored = await future
         except (Refused, SpoolError) as error:
             result.error = str(error.reply)
             if isinstance(error, Refused) and error.by_policy and error.reply.code >= 500:
                 policy_refusals += 1
+            # Logged as SMTP logs a refused DATA, with the id the policy's on_message saw (and
+            # a PolicyFailure names): the response carries no id for a refused recipient.
+            node.intake.log.write(
+                Rejection(
+                    timestamp=time.time(),
+                    session=session,
+                    peer=peer,
+                    command="inject",
+                    response=Response.of(error.reply),
+                    sender=parsed.envelope_sender,
+                    recipients=[result.email],
+                    auth_user=holder,
+                    id=format_id(draft.id),
+                )
+            )
         else:
             result.id = format_id(stored.ids[0])
     accepted = sum(1 for r in results if r.id is not None)
