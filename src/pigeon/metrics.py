@@ -276,7 +276,10 @@ class Metrics:
         self.counts = Counts()
         r.register(_CountsCollector(self.counts))
         self.rejections = Counter(
-            "pigeon_rejections", "Commands answered with a 4xx or 5xx reply", ["command", "code"], registry=r
+            "pigeon_rejections",
+            "Commands answered with a 4xx or 5xx reply (command inject: recipients an HTTP injection refused)",
+            ["command", "code"],
+            registry=r,
         )
         self.smtp_connections = Gauge("pigeon_smtp_connections", "Open SMTP server connections", registry=r)
         self.spool_messages = Gauge("pigeon_spool_messages", "Messages in the spool", registry=r)

@@ -422,6 +422,9 @@ def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
         (boom,) = [r for r in rejections if r["recipients"] == ["boom@example.net"]]
         assert (boom["id"], boom["session"]) == (failure["id"], failure["session"])
         assert len({r["id"] for r in rejections} | {reception["id"]}) == 5
+        # ... and counted as SMTP's refusals are.
+        assert pigeon.metric('pigeon_rejections_total{code="550",command="inject"}') == 2
+        assert pigeon.metric('pigeon_rejections_total{code="451",command="inject"}') == 2
 
 
 # --- loading and reloading ------------------------------------------------------------------

@@ -488,9 +488,9 @@ class SmtpConnection(asyncio.Protocol):
     def _on_message_end(self, event: MessageEnd) -> None:
         draft = self._draft or self._new_draft()
         self._draft = None
-        self._wait(draft.commit(), functools.partial(self._stored, format_id(draft.id)))
+        self._wait(draft.commit(), functools.partial(self._stored, draft.id))
 
-    def _stored(self, message_id: str, future: asyncio.Future[Any]) -> None:
+    def _stored(self, message_id: int, future: asyncio.Future[Any]) -> None:
         """`message_id`: the id the message was given, which the policy's on_message saw (and a
         PolicyFailure names): its Rejection carries it too, or nothing else would name it."""
         error = future.exception()
@@ -499,10 +499,10 @@ class SmtpConnection(asyncio.Protocol):
         elif isinstance(error, (Refused, SpoolError)):
             if isinstance(error, SpoolError):
                 _log.error("session %s: message not stored: %s", self.id, error)
-            self._respond(error.reply, "DATA", message_id)
+            self._respond(error.reply, "DATA", format_id(message_id))
         else:
             _log.error("session %s: message not stored", self.id, exc_info=error)
-            self._respond(replies.SPOOL_ERROR, "DATA", message_id)
+            self._respond(replies.SPOOL_ERROR, "DATA", format_id(message_id))
         self._recipients = []
 
     def _on_starttls(self, event: StartTls) -> None:

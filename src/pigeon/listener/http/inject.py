@@ -149,6 +149,7 @@ async def inject(request: web.Request) -> web.Response:
                 policy_refusals += 1
             # Logged as SMTP logs a refused DATA, with the id the policy's on_message saw (and
             # a PolicyFailure names): the response carries no id for a refused recipient.
+            node.intake.metrics.rejections.labels("inject", str(error.reply.code)).inc()
             node.intake.log.write(
                 Rejection(
                     timestamp=time.time(),
