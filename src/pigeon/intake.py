@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -169,6 +170,16 @@ class Intake:
             lines.append(f"\t{date}")
         return ("\r\n".join(lines) + "\r\n").encode("utf-8")
 
+    def signer_names(self) -> list[str]:
+        """The names of the `[[dkim]]` signers, as a policy chooses them (those loaded now)."""
+        signing = self.signing
+        return [] if signing is None else [s.name for s in signing.keys.all if s.name is not None]
+
+    def unknown_signers(self, names: Sequence[str]) -> list[str]:
+        """Those of `names` no `[[dkim]]` signer has."""
+        known = set(self.signer_names())
+        return [name for name in names if name not in known]
+
     def _tenant_and_campaign(self, head: bytes, lowered: bytes) -> tuple[str | None, str | None]:
         return _header_value(head, lowered, self._tenant), _header_value(head, lowered, self._campaign)
 
@@ -281,6 +292,16 @@ class Draft:
         if isinstance(verdict, Refuse):
             enhanced = verdict.enhanced or ("5.7.1" if verdict.code >= 500 else "4.7.1")
             return self._refuse(Refused(Reply(verdict.code, enhanced, (verdict.text,)), by_policy=True))
+        if verdict is not None and verdict.dkim and (unknown := self._intake.unknown_signers(verdict.dkim)):
+            # A signer name no [[dkim]] block has (a typo, a tenant without keys) would send
+            # the mail unsigned, and DMARC would then fail it: a failed hook, and nothing sent.
+            hook = self._intake.policy.on_message
+            assert hook is not None
+            known = ", ".join(self._intake.signer_names()) or "none: no [[dkim]] block has a name"
+            error = LookupError(f"on_message chose DKIM signer {', '.join(map(repr, unknown))}, which no [[dkim]] "
+                                f"block names (known: {known})")  # fmt: skip
+            failed = hook.failed(error, self.arrival.session, format_id(self._ids[0]), show_traceback=False)
+            return self._refuse(Refused(failed.reply, by_policy=True))
         return self._accept(head, lowered, verdict)
 
     def _refuse(self, refusal: Refused) -> asyncio.Future[Stored]:
@@ -579,9 +600,12 @@ def _header_block(head: bytes) -> bytes:
 def _header_value(head: bytes, lowered: bytes, marker: bytes) -> str | None:
     """The first value of a header (marker is b"\\n<lower-case name>:"), unfolded."""
     at = lowered.find(marker)
-    if at < 0:
+    if at >= 0:
+        start = at + len(marker)
+    elif marker[:-1] in lowered and (spaced := re.search(re.escape(marker[:-1]) + rb"[ \t]+:", lowered)):
+        start = spaced.end()  # "X-Tenant : acme", the obsolete form (RFC 5322 4.5)
+    else:
         return None
-    start = at + len(marker)
     end = head.find(b"\r\n", start)
     while end >= 0 and head[end + 2 : end + 3] in (b" ", b"\t"):
         end = head.find(b"\r\n", end + 2)

@@ -47,6 +47,28 @@ def test_message_is_relayed_with_its_routing_headers_removed(tmp_path: Path) -> 
         assert pigeon.metric("pigeon_spool_messages") == 0
 
 
+def test_routing_headers_never_leave_whatever_their_form_and_the_obsolete_form_still_names_the_queue(
+    tmp_path: Path,
+) -> None:
+    # Empty, blank, or with blanks before the colon (RFC 5322's obsolete syntax).
+    forms = {
+        "a@example.net": b"X-Tenant:\r\nX-Campaign:   \r\n",
+        "b@example.net": b"X-Tenant : acme\r\nX-Campaign\t: spring\r\n",
+    }
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        for recipient, fields in forms.items():
+            _send(pigeon, [recipient], b"From: <sender@example.org>\r\n" + fields + b"Subject: s\r\n\r\nbody\r\n")
+        received = sink.wait_for(2)
+        for message in received:
+            assert b"x-tenant" not in message.data.lower() and b"x-campaign" not in message.data.lower()
+            assert message.data.endswith(b"From: <sender@example.org>\r\nSubject: s\r\n\r\nbody\r\n")
+        records = wait_until(lambda: len(_terminal(pigeon)) == 2 and _terminal(pigeon))
+        assert {r["recipient"]: r["queue"] for r in records} == {
+            "a@example.net": "example.net",
+            "b@example.net": "spring:acme@example.net",
+        }
+
+
 def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
     config = delivery_config("", max_age="4s", dsn=False)
     with ScriptedSink() as sink:

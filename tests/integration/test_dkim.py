@@ -395,3 +395,46 @@ def test_a_policys_header_edits_are_signed_by_the_signer_it_chose_and_verify(
         (signature,) = _check(received, dns, tmp_path)
         assert (signature["d"], signature["s"]) == ("example.com", "rsa1")
         assert "list-unsubscribe" in signature["h"].lower().split(":")
+
+
+UNKNOWN_SIGNER_POLICY = """
+    from pigeon.policy import Changes
+    def on_message(message):
+        return Changes(dkim=["example-rsa", message.headers.get("X-Signer") or "example-rsa"])
+"""
+
+
+def test_a_policy_naming_a_signer_that_does_not_exist_gets_451_not_unsigned_mail(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys
+) -> None:
+    # A typo, or a tenant without keys of its own: the mail must not leave unsigned (DMARC
+    # would fail it), and the operator must hear which name was wrong.
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa),
+             "name": "example-rsa"}]  # fmt: skip
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(UNKNOWN_SIGNER_POLICY))
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", dkim=dkim, policy={"module": str(module)}, **config) as pigeon:
+        with RawSmtp(pigeon.smtp_port) as smtp:
+            smtp.expect(220)
+            smtp.expect(250, "EHLO client.test")
+            smtp.expect(250, "MAIL FROM:<news@example.com>")
+            smtp.expect(250, "RCPT TO:<bob@sink.test>")
+            smtp.expect(354, "DATA")
+            smtp.send(b"From: news@example.com\r\nX-Signer: exmaple-rsa\r\n\r\nbody\r\n.\r\n")
+            assert smtp.expect(451)[0].startswith("4.3.0")
+        status, answer = pigeon.http_post(
+            "/api/v1/inject",
+            {"envelope_sender": "news@example.com", "recipients": [{"email": "bob@sink.test"}],
+             "content": "From: news@example.com\r\nX-Signer: acme-rsa\r\n\r\nbody\r\n"},
+            pigeon.local_token,
+        )  # fmt: skip
+        assert status == 503 and answer["recipients"][0]["error"].startswith("451 4.3.0"), answer
+        failures = pigeon.wait_records("PolicyFailure", 2)
+        assert ["'exmaple-rsa'" in failures[0]["error"], "'acme-rsa'" in failures[1]["error"]] == [True, True]
+        assert all("known: example-rsa" in f["error"] for f in failures)
+        # The same policy naming signers that exist still signs and sends.
+        _smtp(pigeon.smtp_port, "news@example.com", ["bob@sink.test"], b"From: news@example.com\r\n\r\nok\r\n")
+        (received,) = sink.wait_for(1)
+        assert len(_signatures(received.data)) == 1
+        assert not pigeon.spool_messages() or wait_until(lambda: not pigeon.spool_messages())

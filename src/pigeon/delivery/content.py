@@ -33,10 +33,12 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
     end = message.find(b"\r\n\r\n")
     head = message if end < 0 else message[: end + 2]
     lowered = head.lower()
-    if not any((b"\n" + name + b":") in lowered or lowered.startswith(name + b":") for name in names):
+    # A loose look first (a field may have blanks before its colon): the lines are only
+    # split when a name is there at all.
+    if not any(name in lowered for name in names):
         return message
     kept: list[bytes] = []
-    dropping = False
+    dropping = dropped = False
     for line in head.split(b"\r\n"):
         if line[:1] in (b" ", b"\t"):
             if not dropping:
@@ -44,8 +46,12 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
             continue
         field = line.split(b":", 1)[0].strip().lower()
         dropping = field in names
-        if not dropping:
+        if dropping:
+            dropped = True
+        else:
             kept.append(line)
+    if not dropped:
+        return message
     rest = b"" if end < 0 else message[end + 2 :]
     return b"\r\n".join(kept) + rest
 
@@ -57,16 +63,19 @@ def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTI
 
     Returns `stored` itself when nothing changes (the usual case: no copy).
     """
-    # The intake sets tenant or campaign when it found their header (or the policy did, and
-    # then listed any routing header it found under headers_removed): else none is there.
-    names = routing if envelope.tenant is not None or envelope.campaign is not None else ()
+    # The routing headers come off whatever their value (an empty one names no tenant but
+    # must not leave either), and whoever added them: a client, or the policy.
+    names = routing
     removed = envelope.headers_removed
     if removed:
         names = names + tuple(name.encode("utf-8") for name in removed)
-    message = strip_headers(stored, names) if names else stored
+    message = strip_headers(stored, names)
     added = envelope.headers_added
     if added:
-        message = "".join(field + "\r\n" for field in added).encode("utf-8") + message
+        on_top = "".join(
+            field + "\r\n" for field in added if field.split(":", 1)[0].strip().lower().encode() not in routing
+        )
+        message = on_top.encode("utf-8") + message
     return message
 
 

@@ -133,6 +133,22 @@ def test_render_takes_the_routing_headers_off_when_the_intake_found_one() -> Non
     )
 
 
+@pytest.mark.parametrize(
+    "field",
+    [b"X-Tenant:", b"X-Tenant:   ", b"X-Campaign: \t", b"X-Tenant : acme", b"x-campaign\t: spring"],
+    ids=["empty", "blank", "tab", "space before the colon", "tab before the colon"],
+)
+def test_render_takes_a_routing_header_off_even_when_it_names_no_tenant(field: bytes) -> None:
+    # The intake found no tenant or campaign in these: they must not leave all the same.
+    stored = b"From: a@example.org\r\n" + field + b"\r\nSubject: hi\r\n\r\nbody\r\n"
+    assert render(stored, _envelope()) == b"From: a@example.org\r\nSubject: hi\r\n\r\nbody\r\n"
+
+
+def test_render_never_sends_a_routing_header_the_policy_added() -> None:
+    envelope = _envelope(headers_added=["X-Campaign: sneaky", "List-Id: <l.example.org>", "x-tenant : sneaky2"])
+    assert render(b"From: a\r\n\r\nbody\r\n", envelope) == b"List-Id: <l.example.org>\r\nFrom: a\r\n\r\nbody\r\n"
+
+
 def test_render_puts_added_headers_on_top_in_order_and_takes_removed_ones_off() -> None:
     envelope = _envelope(
         tenant="acme", headers_added=["X-First: 1", "X-Second: é"], headers_removed=["subject", "received"]
