@@ -62,3 +62,20 @@ def test_serve_refuses_a_key_that_cannot_sign_naming_the_file(tmp_path: Path) ->
     result = pigeon_cli("serve", "-c", str(config), cwd=tmp_path)
     assert result.returncode != 0
     assert "[dkim] private_key" in result.stderr and str(tmp_path / "bad.pem") in result.stderr
+
+
+def test_keygen_refuses_a_domain_or_selector_that_is_not_a_dns_name_and_writes_nothing(tmp_path: Path) -> None:
+    for args, named in (
+        (["--domain", "bad domain", "--selector", "s1"], "--domain 'bad domain'"),
+        (["--domain", "example.com", "--selector", "x y"], "--selector 'x y'"),
+        (["--domain", "exämple.com", "--selector", "s1"], "A-label"),
+        (["--domain", "example.com", "--selector", "s1._domainkey..x"], "--selector"),
+    ):
+        result = pigeon_cli("dkim", "keygen", *args, cwd=tmp_path)
+        assert result.returncode == 2 and named in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    # The configuration refuses such a selector too, naming the block.
+    (tmp_path / "k.pem").write_text("")
+    (tmp_path / "pigeon.toml").write_text('[[dkim]]\ndomain = "example.com"\nselector = "x y"\nprivate_key = "k.pem"\n')
+    result = pigeon_cli("serve", "-c", str(tmp_path / "pigeon.toml"), cwd=tmp_path)
+    assert result.returncode != 0 and "[dkim] selector" in result.stderr, result.stderr

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pigeon.dkim.keys import dns_record, generate_key, write_key
+from pigeon.dkim.keys import dns_record, generate_key, name_problem, write_key
 
 EXAMPLES = """examples:
   pigeon dkim keygen --domain example.com --selector s2025
@@ -44,6 +44,10 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     domain = args.domain.strip().rstrip(".").lower()
+    for problem in (name_problem("--domain", domain), name_problem("--selector", args.selector)):
+        if problem is not None:
+            print(f"pigeon: {problem}", file=sys.stderr)
+            return 2
     if not 1024 <= args.bits <= 4096:
         print("pigeon: --bits must be from 1024 to 4096 (verifiers refuse less, DNS strains at more)", file=sys.stderr)
         return 2

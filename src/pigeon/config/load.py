@@ -7,6 +7,7 @@ same from any working directory; without a file they are relative to the working
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import ipaddress
 import re
 import socket
@@ -130,6 +131,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         module = config.policy.module
         if module is not None and (module.endswith(".py") or "/" in module):
             config.policy.module = str(_resolve(Path(module), base))
+        elif module is not None and _beside(module, base) is not None:
+            config.policy.module = str(_beside(module, base))
     _check_inbound(config, fail)
     _check_egress(config, fail)
     if path is not None:
@@ -376,6 +379,17 @@ def _check_reactions(config: Config, fail: Callable[..., ConfigError], others: S
                 close = difflib.get_close_matches(name, providers, n=1)
                 reason += f" (did you mean {close[0]!r}?)" if close else ""
                 raise fail(["reaction", "provider"], f"{reason}; known: {', '.join(providers) or 'none'}", index)
+
+
+def _beside(module: str, base: Path) -> Path | None:
+    """The file a dotted module name would be, next to the config file, when the name is not
+    importable from sys.path (`module = "mypolicy"` beside a mypolicy.py: what a user means)."""
+    candidate = base / (module.replace(".", "/") + ".py")
+    try:
+        importable = importlib.util.find_spec(module.partition(".")[0]) is not None
+    except (ImportError, ValueError):
+        importable = False
+    return candidate if not importable and candidate.is_file() else None
 
 
 def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from pigeon.dkim.keys import DNS_NAME_PATTERN
 from pigeon.node.cpus import auto_workers, available_cpus
 from pigeon.node.scheduling import Scheduling
 
@@ -661,10 +662,7 @@ class DkimConfig(_Section):
     domain: str
     """The author domains this signs for: a glob on the domain of the From: address
     ("example.com", "*.example.com", "*")."""
-    selector: Annotated[
-        str,
-        msgspec.Meta(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"),
-    ]
+    selector: Annotated[str, msgspec.Meta(pattern=DNS_NAME_PATTERN)]
     """The key's selector: it is published at <selector>._domainkey.<domain>."""
     private_key: Path
     """PEM file of the private key (`pigeon dkim keygen` writes one). Read at start and on
@@ -688,8 +686,9 @@ class DkimConfig(_Section):
 
 class PolicyConfig(_Section):
     module: str | None = None
-    """The policy module: a dotted name importable from sys.path ("mypolicy", "acme.policy") or
-    the path of a .py file (relative to this file). Its functions named like the hooks are
+    """The policy module: a dotted name importable from sys.path ("mypolicy", "acme.policy"; if it
+    is not, a .py file of that name beside this file) or the path of a .py file (relative to
+    this file). Its functions named like the hooks are
     called at the points the README's "Policy hooks" describes. None: no policy."""
     timeout: Duration = Duration(2)
     """How long an async (or threaded) hook may take. Past it the client gets 451 4.3.0, a

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from pathlib import Path
 from typing import Final, Literal
 
@@ -23,6 +24,21 @@ _TXT_STRING: Final = 255  # longest character-string in a TXT record (RFC 1035 3
 
 class KeyProblem(Exception):
     """The key file cannot be used; the message names the file and says why."""
+
+
+DNS_NAME_PATTERN: Final = r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"
+"""A DNS name as DKIM's d= and s= take it (RFC 6376 3.1): dot-separated labels of letters,
+digits and hyphens, the `[[dkim]] selector` schema's pattern too."""
+_NAME: Final = re.compile(DNS_NAME_PATTERN)
+
+
+def name_problem(what: str, name: str) -> str | None:
+    """Why `name` cannot be a DKIM domain or selector (`what`: "domain", "selector"), or None."""
+    if not name.isascii():
+        return f"{what} {name!r}: write an internationalised name as its A-label (xn--...)"
+    if len(name) > 253 or not _NAME.match(name) or any(len(label) > 63 for label in name.split(".")):
+        return f"{what} {name!r} is not a DNS name (letters, digits, hyphens, dot-separated labels)"
+    return None
 
 
 def load_key(path: Path, algorithm: Algorithm) -> PrivateKey:

@@ -428,3 +428,14 @@ def test_a_postgresql_dsn_in_key_value_form_is_refused_at_load_with_the_url_form
     message = error_of(tmp_path, f'[[target]]\nname = "pg"\nkind = "postgresql"\ndsn = "{dsn}"\n')
     assert "[target] dsn: " in message and "as a URL (postgresql://user@host:5432/database" in message
     assert "s3cret" not in message
+
+
+def test_a_policy_module_named_like_a_file_beside_the_config_is_that_file(tmp_path: Path) -> None:
+    # `module = "mypolicy"` with mypolicy.py next to pigeon.toml, as a user writes it.
+    (tmp_path / "mypolicy.py").write_text("def on_connect(connection):\n    return None\n")
+    assert load(write(tmp_path, '[policy]\nmodule = "mypolicy"\n')).policy.module == str(tmp_path / "mypolicy.py")
+    # A name importable from sys.path stays a name, file or not; one neither is left to fail
+    # at load with Python's own message.
+    (tmp_path / "json.py").write_text("")
+    assert load(write(tmp_path, '[policy]\nmodule = "json"\n')).policy.module == "json"
+    assert load(write(tmp_path, '[policy]\nmodule = "nowhere.policy"\n')).policy.module == "nowhere.policy"
