@@ -243,7 +243,9 @@ def test_delivery_outcome_is_reclassified_both_ways(tmp_path: Path) -> None:
             assert bounces["permfail@example.net"]["attempt"] == 2  # tried again, then bounced as it said
             assert bounces["permfail@example.net"]["response"]["code"] == 550
             made = bounces["tempfail@example.org"]
-            assert (made["attempt"], made["response"]["code"], made["classification"]) == (1, 551, "GiveUp")
+            # 550, not 551 ("user not local"): the class changes, the enhanced code's detail stays.
+            assert (made["attempt"], made["response"]["code"], made["classification"]) == (1, 550, "GiveUp")
+            assert made["response"]["enhanced"] == "5.3.0"
             assert made["response"]["text"] == "policy made it permanent: 451 try again later"
 
 
