@@ -445,6 +445,24 @@ def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_pat
             assert client.mail("a@example.org") == (550, b"5.7.1 v2")
 
 
+def test_misspelt_hook_names_are_warned_about_once_at_start_and_once_at_a_reload(tmp_path: Path) -> None:
+    source = """
+        def on_mesage(message):
+            pass
+        def on_rcpt(rcpt):
+            pass
+    """
+    warnings = ("on_mesage is not a hook name", "on_rcpt is not a hook name")
+    for workers in (1, 2):  # one process, or a supervisor and its workers: all load the module
+        with _node(tmp_path / str(workers), source, node={"workers": workers}) as pigeon:  # (AF_UNIX: short paths)
+            for warning in warnings:
+                pigeon.wait_stderr(warning)
+            _hangup(pigeon, "reloaded:")
+            pigeon.wait_stderr("reloaded:", workers)  # every worker has started, and reloaded
+            for warning in warnings:
+                assert pigeon.stderr().count(warning) == 2, pigeon.stderr()
+
+
 def _hangup(pigeon: PigeonProcess, outcome: str) -> None:
     assert pigeon.process is not None
     before = pigeon.stderr().count(outcome)

@@ -239,9 +239,12 @@ class Policy:
         self.before_delivery: Hook[Defer | Fail | Reroute] | None = None
         self.on_delivery_outcome: Hook[Reclassify] | None = None
 
-    def load(self) -> list[str]:
+    def load(self, *, warn: bool = True) -> list[str]:
         """Import the module (again, on a reload) and take its hooks. Returns the names of
-        the hooks it defines. Raises `PolicyLoadError`, and then keeps the hooks it had."""
+        the hooks it defines. Raises `PolicyLoadError`, and then keeps the hooks it had.
+
+        `warn`: log a warning for each function named like a hook that is none (`on_mesage`).
+        Every process of a node loads the module: only one of them should say so."""
         if self.spec is None:
             return []
         module = _import(self.spec, self.module)
@@ -255,7 +258,7 @@ class Policy:
                 raise PolicyLoadError(f"policy {self.spec}: {name} is not a function")
             mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else self.sync
             hooks[name] = Hook(name, function, mode, self._runner)
-        for name in dir(module):
+        for name in dir(module) if warn else ():
             if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
                 close = difflib.get_close_matches(name, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
@@ -270,10 +273,10 @@ class Policy:
         return [name for name in HOOKS if getattr(self, name) is not None]
 
     @classmethod
-    def from_config(cls, config: PolicyConfig, log: LogWriter | None = None) -> Policy:
-        """The policy `[policy]` describes, loaded. Raises `PolicyLoadError`."""
+    def from_config(cls, config: PolicyConfig, log: LogWriter | None = None, *, warn: bool = True) -> Policy:
+        """The policy `[policy]` describes, loaded (`warn`: see `load()`). Raises `PolicyLoadError`."""
         policy = cls(config.module, timeout=config.timeout, sync=config.sync, threads=config.threads, log=log)
-        policy.load()
+        policy.load(warn=warn)
         return policy
 
     def close(self) -> None:
