@@ -286,6 +286,33 @@ def test_a_failing_hook_answers_451_logs_its_traceback_and_the_worker_goes_on(tm
         assert reception["id"] != raised["id"]
 
 
+def test_a_failing_on_connect_answers_421_and_its_records_say_421(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_connect(connection):
+            if connection.peer_ip == "127.0.0.2":
+                raise RuntimeError("blocklist is down")
+            if connection.peer_ip == "127.0.0.3":
+                return Refuse(250, "a refusal that is not one")
+    """
+    with _node(tmp_path, source) as pigeon:
+        for source_ip in ("127.0.0.2", "127.0.0.3"):
+            with RawSmtp(pigeon.smtp_port, source=source_ip) as client:
+                # No enhanced code on the wire before EHLO, as for every greeting (RFC 2034 4).
+                assert client.reply() == (421, ["policy error; try again later"])
+                assert client.closed_by_peer()
+        failures = _failures(pigeon, 2)
+        assert [(f["hook"], f["action"]) for f in failures] == [("on_connect", "421 4.3.0")] * 2
+        assert "a refusal's code is 400 to 599, not 250" in failures[1]["error"]
+        rejections = pigeon.wait_records("Rejection", 2)
+        assert [(r["command"], r["response"]["code"], r["response"]["enhanced"]) for r in rejections] == [
+            ("CONNECT", 421, "4.3.0")
+        ] * 2
+        assert [r["session"] for r in rejections] == [f["session"] for f in failures]
+        assert pigeon.stderr().count("policy hook on_connect failed") == 2
+        assert "; 451 4.3.0" not in pigeon.stderr()
+
+
 def test_failing_delivery_hooks_defer_or_keep_the_outcome_and_lose_nothing(tmp_path: Path) -> None:
     source = """
         def before_delivery(delivery):

@@ -293,6 +293,7 @@ class SmtpConnection(asyncio.Protocol):
         if isinstance(verdict, HookFailed):
             reply = verdict.reply
             if command == "CONNECT":  # a greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3)
+                # (the hook's own failures say 421 already; a call cancelled is a 451)
                 reply = Reply(421, reply.enhanced, reply.lines)
         else:
             code = verdict.code

@@ -17,8 +17,9 @@ A hook may be a plain function or a coroutine function (`async def`):
   waits on the network should be async, or run on threads.
 
 A hook that raises, answers something it may not (see `pigeon.policy.answers`), or outlasts
-the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (or, on delivery paths,
-defers the message or keeps the attempt's own outcome), and a `PolicyFailure` record with
+the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (`421 4.3.0` at connect,
+where a refusing greeting is 421 or 554; on delivery paths it defers the message or keeps
+the attempt's own outcome), and a `PolicyFailure` record, whose `action` is that reply, with
 the traceback goes to the event log. Nothing a hook does can stop the worker.
 """
 
@@ -61,6 +62,7 @@ _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
 _ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
 POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
 POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
+_FAILED_CODES: Final = {"on_connect": 421}  # a greeting is 220, 421 or 554 (RFC 5321 3.1, 4.2.3)
 _file_modules = itertools.count(1)
 
 A = TypeVar("A")
@@ -172,6 +174,9 @@ class Hook(Generic[A]):
     ) -> HookFailed:
         """Log the failure (`error` None: a timeout) and say what the client gets."""
         reply = POLICY_TIMEOUT if error is None else POLICY_ERROR
+        code = _FAILED_CODES.get(self.name)
+        if code is not None:
+            reply = Reply(code, reply.enhanced, reply.lines)
         action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
         if error is None:
             text, trace = f"timed out after {self._runner.timeout:g}s ([policy] timeout)", None
