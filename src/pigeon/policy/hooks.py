@@ -83,6 +83,14 @@ Verdict: TypeAlias = "A | HookFailed | None"
 """A hook's answer: one it may give, None (go on), or HookFailed."""
 
 
+def refusal(verdict: Refuse | HookFailed) -> Reply:
+    """The reply to a hook's `Refuse` (its enhanced code X.7.1 unless it gave one), or to its failure."""
+    if isinstance(verdict, HookFailed):
+        return verdict.reply
+    code = verdict.code
+    return Reply(code, verdict.enhanced or ("5.7.1" if code >= 500 else "4.7.1"), (verdict.text,))
+
+
 class _Runner:
     """What every hook of one policy shares: the timeout, the thread pool, the event log."""
 
