@@ -42,7 +42,7 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
 from pigeon.metrics import Metrics
 from pigeon.policy.answers import Changes, Refuse
-from pigeon.policy.hooks import HookFailed, Policy
+from pigeon.policy.hooks import HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import scheduled_queue
 from pigeon.smtp import replies
@@ -287,11 +287,8 @@ class Draft:
     def _decided(
         self, verdict: Refuse | Changes | HookFailed | None, head: bytes, lowered: bytes
     ) -> asyncio.Future[Stored]:
-        if isinstance(verdict, HookFailed):
-            return self._refuse(Refused(verdict.reply, by_policy=True))
-        if isinstance(verdict, Refuse):
-            enhanced = verdict.enhanced or ("5.7.1" if verdict.code >= 500 else "4.7.1")
-            return self._refuse(Refused(Reply(verdict.code, enhanced, (verdict.text,)), by_policy=True))
+        if isinstance(verdict, (Refuse, HookFailed)):
+            return self._refuse(Refused(refusal(verdict), by_policy=True))
         if verdict is not None and verdict.dkim and (unknown := self._intake.unknown_signers(verdict.dkim)):
             # A signer name no [[dkim]] block has (a typo, a tenant without keys) would send
             # the mail unsigned, and DMARC would then fail it: a failed hook, and nothing sent.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import signal
 import smtplib
+import subprocess
+import sys
 import textwrap
 import urllib.request
 from pathlib import Path
@@ -243,7 +245,9 @@ def test_delivery_outcome_is_reclassified_both_ways(tmp_path: Path) -> None:
             assert bounces["permfail@example.net"]["attempt"] == 2  # tried again, then bounced as it said
             assert bounces["permfail@example.net"]["response"]["code"] == 550
             made = bounces["tempfail@example.org"]
-            assert (made["attempt"], made["response"]["code"], made["classification"]) == (1, 551, "GiveUp")
+            # 550, not 551 ("user not local"): the class changes, the enhanced code's detail stays.
+            assert (made["attempt"], made["response"]["code"], made["classification"]) == (1, 550, "GiveUp")
+            assert made["response"]["enhanced"] == "5.3.0"
             assert made["response"]["text"] == "policy made it permanent: 451 try again later"
 
 
@@ -282,6 +286,33 @@ def test_a_failing_hook_answers_451_logs_its_traceback_and_the_worker_goes_on(tm
         assert "id" not in next(r for r in pigeon.records("Rejection") if r["command"] == "RCPT")
         (reception,) = pigeon.wait_records("Reception")
         assert reception["id"] != raised["id"]
+
+
+def test_a_failing_on_connect_answers_421_and_its_records_say_421(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_connect(connection):
+            if connection.peer_ip == "127.0.0.2":
+                raise RuntimeError("blocklist is down")
+            if connection.peer_ip == "127.0.0.3":
+                return Refuse(250, "a refusal that is not one")
+    """
+    with _node(tmp_path, source) as pigeon:
+        for source_ip in ("127.0.0.2", "127.0.0.3"):
+            with RawSmtp(pigeon.smtp_port, source=source_ip) as client:
+                # No enhanced code on the wire before EHLO, as for every greeting (RFC 2034 4).
+                assert client.reply() == (421, ["policy error; try again later"])
+                assert client.closed_by_peer()
+        failures = _failures(pigeon, 2)
+        assert [(f["hook"], f["action"]) for f in failures] == [("on_connect", "421 4.3.0")] * 2
+        assert "a refusal's code is 400 to 599, not 250" in failures[1]["error"]
+        rejections = pigeon.wait_records("Rejection", 2)
+        assert [(r["command"], r["response"]["code"], r["response"]["enhanced"]) for r in rejections] == [
+            ("CONNECT", 421, "4.3.0")
+        ] * 2
+        assert [r["session"] for r in rejections] == [f["session"] for f in failures]
+        assert pigeon.stderr().count("policy hook on_connect failed") == 2
+        assert "; 451 4.3.0" not in pigeon.stderr()
 
 
 def test_failing_delivery_hooks_defer_or_keep_the_outcome_and_lose_nothing(tmp_path: Path) -> None:
@@ -371,6 +402,10 @@ def test_async_hooks_are_awaited_at_every_point(tmp_path: Path) -> None:
         assert client.data(MESSAGE)[0] == 250
         (reception,) = pigeon.wait_records("Reception")
         assert reception["queue"] == "acme@example.net"
+        recipients = [{"email": "no@example.net"}, {"email": "yes@example.net"}]
+        body = {"envelope_sender": "acme@example.org", "recipients": recipients, "content": MESSAGE.decode()}
+        status, answer = pigeon.http_post("/api/v1/inject", body, pigeon.local_token)  # awaited there too
+        assert status == 200 and [r.get("error") for r in answer["recipients"]] == ["550 5.7.1 async says no", None]
 
 
 # --- HTTP injection -------------------------------------------------------------------------
@@ -427,6 +462,101 @@ def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
         assert pigeon.metric('pigeon_rejections_total{code="451",command="inject"}') == 2
 
 
+def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_mail_from(mail):
+            if mail.sender.startswith("temp@"):
+                return Refuse(451, "sender on hold", "4.3.2")
+            if mail.sender.startswith("echo@"):
+                return Refuse(550, f"{mail.listener} {mail.session} {mail.peer_ip} helo={mail.helo!r} "
+                                   f"size={mail.size} utf8={mail.smtputf8} tls={mail.tls} auth={mail.auth_user}")
+        def on_rcpt_to(rcpt):
+            if rcpt.recipient.startswith("nope@"):
+                return Refuse(550, "no such user", "5.1.1")
+            if rcpt.recipient.startswith("boom@"):
+                raise RuntimeError("directory is down")
+            if rcpt.recipient.startswith("echo@"):
+                return Refuse(550, f"{rcpt.listener} {rcpt.session} helo={rcpt.helo!r} tls={rcpt.tls} "
+                                   f"auth={rcpt.auth_user} from={rcpt.sender} taken={','.join(rcpt.accepted)}")
+    """
+    with _node(tmp_path, source) as pigeon:
+        token = pigeon.local_token
+
+        def inject(sender: str, *emails: str) -> tuple[int, Any]:
+            body = {
+                "envelope_sender": sender,
+                "recipients": [{"email": e} for e in emails],
+                "content": MESSAGE.decode(),
+            }
+            return pigeon.http_post("/api/v1/inject", body, token)
+
+        def errors(answer: Any) -> list[str | None]:
+            return [r.get("error") for r in answer["recipients"]]
+
+        # SMTP and HTTP are refused alike.
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            assert client.mail("temp@example.org") == (451, b"4.3.2 sender on hold")
+            client.mail("a@example.org")
+            assert client.rcpt("nope@example.net") == (550, b"5.1.1 no such user")
+        status, answer = inject("a@example.org", "nope@example.net")
+        assert (status, errors(answer)) == (422, ["550 5.1.1 no such user"])
+        status, answer = inject("temp@example.org", "x@example.net", "y@example.net")
+        assert (status, errors(answer)) == (503, ["451 4.3.2 sender on hold"] * 2)
+        status, answer = inject("a@example.org", "ok@example.net", "nope@example.net", "echo@example.net")
+        assert status == 200 and (answer["accepted"], answer["failed"]) == (1, 2)
+        ok, nope, echo = answer["recipients"]
+        assert "id" in ok and nope["error"] == "550 5.1.1 no such user"
+        session = echo["error"].split()[3]
+        assert session.startswith("http-")
+        # What on_message is given for HTTP: no HELO, no TLS, the token's name; taken so far: ok@.
+        assert (
+            echo["error"]
+            == f"550 5.7.1 http {session} helo='' tls=None auth=local from=a@example.org taken=ok@example.net"
+        )
+        status, answer = inject("echo@example.org", "ok@example.net")
+        assert status == 422
+        assert errors(answer)[0].startswith("550 5.7.1 http http-")
+        assert errors(answer)[0].endswith(" 127.0.0.1 helo='' size=None utf8=False tls=None auth=local")
+        # A hook that fails answers 451 4.3.0, as on SMTP, and leaves a PolicyFailure.
+        status, answer = inject("a@example.org", "boom@example.net", "nope@example.net")
+        assert (status, errors(answer)) == (503, ["451 4.3.0 policy error; try again later", "550 5.1.1 no such user"])
+        (failure,) = _failures(pigeon)
+        assert (failure["hook"], failure["action"]) == ("on_rcpt_to", "451 4.3.0")
+        assert failure["session"].startswith("http-") and "directory is down" in failure["error"]
+        # pigeon inject says the same, and exits as sendmail would.
+        message = tmp_path / "message.eml"
+        message.write_bytes(MESSAGE)
+        config = str(pigeon.config_path)
+        refused = _cli("inject", "-c", config, "--from", "a@example.org", "--to", "nope@example.net", str(message))
+        assert refused.returncode == 1 and "refused: 550 5.1.1 no such user" in refused.stdout
+        later = _cli("inject", "-c", config, "--from", "temp@example.org", "--to", "x@example.net", str(message))
+        assert later.returncode == 75 and "refused: 451 4.3.2 sender on hold" in later.stdout
+        # Only ok@ was stored; every refused recipient is a Rejection of the injection, counted.
+        assert [m["recipients"] for m in pigeon.spool_messages()] == [["ok@example.net"]]
+        injected = [r for r in pigeon.wait_records("Rejection", 12) if r["command"] == "inject"]
+        assert sorted((r["recipients"][0], r["response"]["code"]) for r in injected) == [
+            ("boom@example.net", 451),
+            ("echo@example.net", 550),
+            ("nope@example.net", 550),
+            ("nope@example.net", 550),
+            ("nope@example.net", 550),
+            ("nope@example.net", 550),
+            ("ok@example.net", 550),
+            ("x@example.net", 451),
+            ("x@example.net", 451),
+            ("y@example.net", 451),
+        ]
+        assert all(r["session"].startswith("http-") and r["auth_user"] == "local" and "id" not in r for r in injected)
+        assert pigeon.metric('pigeon_rejections_total{code="550",command="inject"}') == 6
+        assert pigeon.metric('pigeon_rejections_total{code="451",command="inject"}') == 4
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=60)
+
+
 # --- loading and reloading ------------------------------------------------------------------
 def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_path: Path) -> None:
     module = _policy(tmp_path, "def on_mail_from(mail):\n    return None\n")
@@ -441,6 +571,24 @@ def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_pat
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.ehlo("client.test")
             assert client.mail("a@example.org") == (550, b"5.7.1 v2")
+
+
+def test_misspelt_hook_names_are_warned_about_once_at_start_and_once_at_a_reload(tmp_path: Path) -> None:
+    source = """
+        def on_mesage(message):
+            pass
+        def on_rcpt(rcpt):
+            pass
+    """
+    warnings = ("on_mesage is not a hook name", "on_rcpt is not a hook name")
+    for workers in (1, 2):  # one process, or a supervisor and its workers: all load the module
+        with _node(tmp_path / str(workers), source, node={"workers": workers}) as pigeon:  # (AF_UNIX: short paths)
+            for warning in warnings:
+                pigeon.wait_stderr(warning)
+            _hangup(pigeon, "reloaded:")
+            pigeon.wait_stderr("reloaded:", workers)  # every worker has started, and reloaded
+            for warning in warnings:
+                assert pigeon.stderr().count(warning) == 2, pigeon.stderr()
 
 
 def _hangup(pigeon: PigeonProcess, outcome: str) -> None:

@@ -87,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
     os.umask(0o077)
     if args.worker is None and config.policy.module is not None:
         # Loaded here once (as the user it will run as) so a broken module stops the start
-        # with its reason, rather than every worker failing one by one.
+        # with its reason, rather than every worker failing one by one. Misspelt hook names
+        # are left to the node's worker 0 to warn about (it loads the module again, as it
+        # does at every reload): said here too, each would be said twice.
         try:
-            Policy.from_config(config.policy).close()
+            Policy.from_config(config.policy, warn=False).close()
         except PolicyLoadError as error:
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
             return 1

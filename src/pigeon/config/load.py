@@ -105,6 +105,9 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
         raise fail(["smtp", "listen"], "name at least one address")
+    if config.policy.timeout <= 0:
+        # 0 would time out every async or threaded hook at once: every command a 451.
+        raise fail(["policy", "timeout"], 'must be more than 0 (e.g. "2s", "250ms")')
     if not smtp.postmaster:
         smtp.postmaster = f"postmaster@{smtp.hostname}"
     elif (problem := mailbox_problem(smtp.postmaster)) is not None:

@@ -691,8 +691,9 @@ class PolicyConfig(_Section):
     this file). Its functions named like the hooks are
     called at the points the README's "Policy hooks" describes. None: no policy."""
     timeout: Duration = Duration(2)
-    """How long an async (or threaded) hook may take. Past it the client gets 451 4.3.0, a
-    delivery is deferred, an outcome stays as it was, and a PolicyFailure record is logged."""
+    """How long an async (or threaded) hook may take; more than 0. Past it the client gets
+    451 4.3.0, a delivery is deferred, an outcome stays as it was, and a PolicyFailure record
+    is logged."""
     sync: Literal["inline", "thread"] = "inline"
     """Where plain (non-async) hooks run: "inline" on the event loop (fast, about a microsecond
     a call, but a slow hook holds up the worker and cannot be cut short) or "thread" on a thread

@@ -48,7 +48,7 @@ from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
-from pigeon.policy.hooks import POLICY_ERROR, HookFailed
+from pigeon.policy.hooks import POLICY_ERROR, HookFailed, refusal
 from pigeon.smtp import replies
 from pigeon.smtp.events import (
     NEED_DATA,
@@ -290,13 +290,11 @@ class SmtpConnection(asyncio.Protocol):
         """The reply to a policy hook's refusal (logged as a Rejection), or None to go on."""
         if verdict is None:
             return None
-        if isinstance(verdict, HookFailed):
-            reply = verdict.reply
-            if command == "CONNECT":  # a greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3)
-                reply = Reply(421, reply.enhanced, reply.lines)
-        else:
-            code = verdict.code
-            reply = Reply(code, verdict.enhanced or ("5.7.1" if code >= 500 else "4.7.1"), (verdict.text,))
+        reply = refusal(verdict)
+        if isinstance(verdict, HookFailed) and command == "CONNECT":
+            # A greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3): the hook's own failures
+            # say 421 already, a call cancelled is a 451.
+            reply = Reply(421, reply.enhanced, reply.lines)
         if command == "CONNECT":
             self._log_rejection(command, reply)  # (the other commands' are logged by _respond)
         return reply

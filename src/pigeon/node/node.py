@@ -159,7 +159,8 @@ class Node:
                 # Read as the user Pigeon runs as, which the config check (run as whoever
                 # started it) may not have been.
                 raise ConfigError(str(error)) from None
-        self.policy = Policy.from_config(config.policy, self.log)
+        # Every worker loads the module; one warns about misspelt hook names (`load()`).
+        self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0)
         if config.policy.module is not None:
             _log.info("policy %s: hooks %s", config.policy.module, ", ".join(self.policy.defined()) or "none")
         self.intake = intake = Intake(
@@ -349,7 +350,7 @@ class Node:
         if config.policy != self.config.policy:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
         try:
-            hooks = self.policy.load()
+            hooks = self.policy.load(warn=self.worker == 0)
         except PolicyLoadError as error:
             _log.error("reload: the policy module stays as it was: %s", error)
             hooks = None

@@ -154,8 +154,9 @@ class Reclassify:
 
     `transient`: recipients whose permanent failure (5xx) is retried instead (the reply is
     logged as a 4xx, its original text kept); `permanent`: recipients whose transient failure
-    is a bounce instead (as a 5xx; `classification` names its bounce class, else the rule
-    table's). Either is a list of recipient addresses or "all" (every recipient of that kind).
+    is a bounce instead (as a 550, its enhanced code made 5.x.y; `classification` names its
+    bounce class, else the rule table's). Either is a list of recipient addresses or "all"
+    (every recipient of that kind).
     A recipient that was delivered cannot be reclassified: the hook then counts as failed
     and the attempt keeps its own classification.
     """

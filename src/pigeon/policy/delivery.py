@@ -134,9 +134,15 @@ def _chosen(which: Sequence[str] | str, addresses: list[str], replies: list[Repl
 
 
 def _moved(reply: Reply, klass: int, kind: str) -> Reply:
-    """`reply` as a failure of class `klass` (4 or 5), its original wording kept in the text."""
+    """`reply` as a failure of class `klass` (4 or 5), its original wording kept in the text.
+
+    The enhanced code keeps its subject and detail. The basic code keeps its last two digits
+    into the 4xx class (550 -> 450, 552 -> 452), but a permanent failure is always 550: the
+    5xx of a 4xx may mean something else entirely (451 "local error" -> 551 "user not local",
+    RFC 5321 4.2.2), and 550 is what says "not taken" without claiming more."""
     enhanced = f"{klass}{reply.enhanced[1:]}" if reply.enhanced else None
-    return Reply(klass * 100 + reply.code % 100, enhanced, (f"policy made it {kind}: {reply.code} {reply.text}",))
+    code = 550 if klass == 5 else 400 + reply.code % 100
+    return Reply(code, enhanced, (f"policy made it {kind}: {reply.code} {reply.text}",))
 
 
 def _delivery(message: Message, site: str, source: str | None) -> Delivery:

@@ -17,8 +17,9 @@ A hook may be a plain function or a coroutine function (`async def`):
   waits on the network should be async, or run on threads.
 
 A hook that raises, answers something it may not (see `pigeon.policy.answers`), or outlasts
-the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (or, on delivery paths,
-defers the message or keeps the attempt's own outcome), and a `PolicyFailure` record with
+the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (`421 4.3.0` at connect,
+where a refusing greeting is 421 or 554; on delivery paths it defers the message or keeps
+the attempt's own outcome), and a `PolicyFailure` record, whose `action` is that reply, with
 the traceback goes to the event log. Nothing a hook does can stop the worker.
 """
 
@@ -61,6 +62,7 @@ _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
 _ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
 POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
 POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
+_FAILED_CODES: Final = {"on_connect": 421}  # a greeting is 220, 421 or 554 (RFC 5321 3.1, 4.2.3)
 _file_modules = itertools.count(1)
 
 A = TypeVar("A")
@@ -79,6 +81,14 @@ class HookFailed:
 
 Verdict: TypeAlias = "A | HookFailed | None"
 """A hook's answer: one it may give, None (go on), or HookFailed."""
+
+
+def refusal(verdict: Refuse | HookFailed) -> Reply:
+    """The reply to a hook's `Refuse` (its enhanced code X.7.1 unless it gave one), or to its failure."""
+    if isinstance(verdict, HookFailed):
+        return verdict.reply
+    code = verdict.code
+    return Reply(code, verdict.enhanced or ("5.7.1" if code >= 500 else "4.7.1"), (verdict.text,))
 
 
 class _Runner:
@@ -172,6 +182,9 @@ class Hook(Generic[A]):
     ) -> HookFailed:
         """Log the failure (`error` None: a timeout) and say what the client gets."""
         reply = POLICY_TIMEOUT if error is None else POLICY_ERROR
+        code = _FAILED_CODES.get(self.name)
+        if code is not None:
+            reply = Reply(code, reply.enhanced, reply.lines)
         action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
         if error is None:
             text, trace = f"timed out after {self._runner.timeout:g}s ([policy] timeout)", None
@@ -239,9 +252,12 @@ class Policy:
         self.before_delivery: Hook[Defer | Fail | Reroute] | None = None
         self.on_delivery_outcome: Hook[Reclassify] | None = None
 
-    def load(self) -> list[str]:
+    def load(self, *, warn: bool = True) -> list[str]:
         """Import the module (again, on a reload) and take its hooks. Returns the names of
-        the hooks it defines. Raises `PolicyLoadError`, and then keeps the hooks it had."""
+        the hooks it defines. Raises `PolicyLoadError`, and then keeps the hooks it had.
+
+        `warn`: log a warning for each function named like a hook that is none (`on_mesage`).
+        Every process of a node loads the module: only one of them should say so."""
         if self.spec is None:
             return []
         module = _import(self.spec, self.module)
@@ -255,7 +271,7 @@ class Policy:
                 raise PolicyLoadError(f"policy {self.spec}: {name} is not a function")
             mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else self.sync
             hooks[name] = Hook(name, function, mode, self._runner)
-        for name in dir(module):
+        for name in dir(module) if warn else ():
             if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
                 close = difflib.get_close_matches(name, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
@@ -270,10 +286,10 @@ class Policy:
         return [name for name in HOOKS if getattr(self, name) is not None]
 
     @classmethod
-    def from_config(cls, config: PolicyConfig, log: LogWriter | None = None) -> Policy:
-        """The policy `[policy]` describes, loaded. Raises `PolicyLoadError`."""
+    def from_config(cls, config: PolicyConfig, log: LogWriter | None = None, *, warn: bool = True) -> Policy:
+        """The policy `[policy]` describes, loaded (`warn`: see `load()`). Raises `PolicyLoadError`."""
         policy = cls(config.module, timeout=config.timeout, sync=config.sync, threads=config.threads, log=log)
-        policy.load()
+        policy.load(warn=warn)
         return policy
 
     def close(self) -> None:

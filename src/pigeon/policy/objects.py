@@ -33,26 +33,32 @@ class Connection(msgspec.Struct, frozen=True):
 
 
 class MailFrom(msgspec.Struct, frozen=True):
-    """`on_mail_from`: a client's MAIL FROM command."""
+    """`on_mail_from`: a client's MAIL FROM command, or the envelope sender of an HTTP
+    injection (`/api/v1/inject`, `pigeon inject`: once per request)."""
 
     session: str
+    """The SMTP session id, or the HTTP request's (`http-<n>`), as in the log records."""
     peer_ip: str
     helo: str
-    """The EHLO or HELO name ("" if the client gave none)."""
+    """The EHLO or HELO name ("" if the client gave none, and over HTTP)."""
     sender: str
     """The reverse-path ("" for the null sender, <>)."""
     size: int | None
-    """The SIZE= the client announced, if it did."""
+    """The SIZE= the client announced, if it did (None over HTTP)."""
     smtputf8: bool
+    """SMTPUTF8 asked for; over HTTP, whether an address of the request is not ASCII."""
     tls: str | None
-    """TLS version and cipher ("TLSv1.3 TLS_AES_256_GCM_SHA384"), or None in the clear."""
+    """TLS version and cipher ("TLSv1.3 TLS_AES_256_GCM_SHA384"), or None in the clear (HTTP)."""
     auth_user: str | None
-    """Who authenticated (SMTP AUTH), if anyone."""
+    """Who authenticated (SMTP AUTH), if anyone; over HTTP the API token's name."""
+    listener: Literal["smtp", "http"] = "smtp"
 
 
 class RcptTo(msgspec.Struct, frozen=True):
     """`on_rcpt_to`: a client's RCPT TO command, once Pigeon would take the recipient (relay
-    rules passed): a hook can only refuse more, never relay what Pigeon would refuse."""
+    rules passed): a hook can only refuse more, never relay what Pigeon would refuse. Over
+    HTTP: each recipient of an injection, in request order, before its message is composed.
+    The fields are as `MailFrom`'s."""
 
     session: str
     peer_ip: str
@@ -60,9 +66,10 @@ class RcptTo(msgspec.Struct, frozen=True):
     sender: str
     recipient: str
     accepted: tuple[str, ...]
-    """The recipients of this transaction taken so far."""
+    """The recipients of this transaction (HTTP: request) this hook has let through so far."""
     tls: str | None
     auth_user: str | None
+    listener: Literal["smtp", "http"] = "smtp"
 
 
 class Headers(Mapping[str, str]):

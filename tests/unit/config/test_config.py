@@ -293,6 +293,14 @@ def test_consistency_errors_name_the_file(tmp_path: Path, text: str) -> None:
     assert str(tmp_path / "pigeon.toml") in error_of(tmp_path, text)
 
 
+def test_a_policy_timeout_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
+    for zero in ('"0s"', "0", '"0ms"'):
+        message = error_of(tmp_path, f"[policy]\ntimeout = {zero}\n")
+        where = f"{tmp_path / 'pigeon.toml'}, line 2"
+        assert message == f'{where}: [policy] timeout: must be more than 0 (e.g. "2s", "250ms")'
+    assert load(write(tmp_path, '[policy]\ntimeout = "1ms"\n')).policy.timeout == 0.001
+
+
 def test_line_length_below_78_is_refused(tmp_path: Path) -> None:
     assert "[smtp] max_line_length: must be at least 78" in error_of(tmp_path, "[smtp]\nmax_line_length = 77\n")
     assert load(write(tmp_path, "[smtp]\nmax_line_length = 78\n")).smtp.max_line_length == 78

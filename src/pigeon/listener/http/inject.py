@@ -7,9 +7,15 @@ includes a CR, LF or NUL in a value that would be written into a header as it is
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
 NUL, over-long lines): one that fails is refused with the reply SMTP would give, 554 5.6.0.
 
-The policy's `on_message` hook is asked about each recipient's message, as for SMTP. When
-no recipient is taken, the status says why: 422 if the policy refused them all for good
-(5xx), 503 if any refusal was temporary (a 4xx, the spool's, or a failing policy hook's
+The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
+`on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
+reply), `on_rcpt_to` for each recipient in request order (a refusal refuses that one), both
+before anything is composed; then `on_message` about each recipient's message. Their objects
+are filled as `on_message`'s are for HTTP: the request's `session` (`http-<n>`), the client's
+address, no HELO, no TLS, the API token's name as `auth_user`. A refused recipient is logged
+as a `Rejection` of command `inject` and counted in `pigeon_rejections_total`. When no
+recipient is taken, the status says why: 422 if the policy refused them all for good (5xx),
+503 if any refusal was temporary (a 4xx, the spool's, or a failing policy hook's
 `451 4.3.0`); the body names each recipient's reply either way.
 """
 
@@ -29,8 +35,12 @@ from pigeon.intake import Arrival, Draft, Refused, Stored
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
+from pigeon.policy import objects
+from pigeon.policy.answers import Refuse
+from pigeon.policy.hooks import HookFailed, Verdict, refusal
 from pigeon.smtp import replies
 from pigeon.smtp.framing import check_message
+from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
 _DECODER: Final = msgspec.json.Decoder(InjectRequest)
@@ -90,23 +100,70 @@ async def inject(request: web.Request) -> web.Response:
     peer_ip, peer = _peer(request)
     session = f"http-{next(_requests):x}"
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
+    sender = parsed.envelope_sender
     results: list[RecipientResult] = []
     pending: list[tuple[RecipientResult, Draft, asyncio.Future[Stored]]] = []
     policy_refusals = 0
+
+    def refuse(result: RecipientResult, reply: Reply, *, by_policy: bool, message_id: str | None = None) -> None:
+        """Refuse one recipient: its error, its Rejection record, its count."""
+        nonlocal policy_refusals
+        result.error = str(reply)
+        if by_policy and reply.code >= 500:
+            policy_refusals += 1
+        node.intake.metrics.rejections.labels("inject", str(reply.code)).inc()
+        node.intake.log.write(
+            Rejection(
+                timestamp=time.time(),
+                session=session,
+                peer=peer,
+                command="inject",
+                response=Response.of(reply),
+                sender=sender,
+                recipients=[result.email],
+                auth_user=holder,
+                id=message_id,
+            )
+        )
+
+    # The SMTP hooks, filled as on_message is for HTTP (no HELO, no TLS, the token's name);
+    # a policy without them builds nothing.
+    policy = node.intake.policy
+    on_mail_from, on_rcpt_to = policy.on_mail_from, policy.on_rcpt_to
+    everyone: Reply | None = None  # on_mail_from's refusal: every recipient's answer
+    if on_mail_from is not None:
+        smtputf8 = not (sender.isascii() and all(r.email.isascii() for r in parsed.recipients))
+        mail = objects.MailFrom(session, peer_ip, "", sender, None, smtputf8, None, holder, "http")
+        verdict = await _settled(on_mail_from(mail, session=session))
+        if verdict is not None:
+            everyone = refusal(verdict)
+    taken: list[str] = []  # the recipients on_rcpt_to let through so far
+    composing = False  # whether a recipient has been composed yet
     turn = time.monotonic()
-    for index, recipient in enumerate(parsed.recipients):
+    for recipient in parsed.recipients:
         result = RecipientResult(recipient.email)
         results.append(result)
         if time.monotonic() - turn > _YIELD_AFTER:
             await asyncio.sleep(0)
             turn = time.monotonic()
+        if everyone is not None:
+            refuse(result, everyone, by_policy=True)
+            continue
+        if on_rcpt_to is not None:
+            rcpt = objects.RcptTo(session, peer_ip, "", sender, recipient.email, tuple(taken), None, holder, "http")
+            verdict = await _settled(on_rcpt_to(rcpt, session=session))
+            if verdict is not None:
+                refuse(result, refusal(verdict), by_policy=True)
+                continue
+            taken.append(recipient.email)
+        first, composing = not composing, True
         try:
             composed = composer.compose(recipient)
         except RenderTimeSpent as error:
             result.error = str(replies.r(451, "4.3.0", f"{error}; send this recipient again"))
             continue
         except TemplateLimitError as error:
-            if index == 0:  # nothing taken yet: refuse the request, naming the limit
+            if first:  # nothing taken yet: refuse the request, naming the limit
                 raise bad_request(
                     str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content"
                 ) from None
@@ -121,14 +178,14 @@ async def inject(request: web.Request) -> web.Response:
         # What SMTP reception refuses, injection refuses too: the request was checked, but a
         # recipient's substitutions are only seen here, and the next hop must never get a
         # bare LF or CR it could take for the end of the data.
-        refusal = check_message(
+        unfit = check_message(
             composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
         )
-        if refusal is not None:
-            result.error = str(refusal)
+        if unfit is not None:
+            result.error = str(unfit)
             continue
         envelope = Envelope(
-            parsed.envelope_sender,
+            sender,
             [Recipient(recipient.email)],
             smtputf8=composed.smtputf8,
             body="8BITMIME" if not composed.data.isascii() else None,
@@ -144,25 +201,10 @@ async def inject(request: web.Request) -> web.Response:
         try:
             stored = await future
         except (Refused, SpoolError) as error:
-            result.error = str(error.reply)
-            if isinstance(error, Refused) and error.by_policy and error.reply.code >= 500:
-                policy_refusals += 1
             # Logged as SMTP logs a refused DATA, with the id the policy's on_message saw (and
             # a PolicyFailure names): the response carries no id for a refused recipient.
-            node.intake.metrics.rejections.labels("inject", str(error.reply.code)).inc()
-            node.intake.log.write(
-                Rejection(
-                    timestamp=time.time(),
-                    session=session,
-                    peer=peer,
-                    command="inject",
-                    response=Response.of(error.reply),
-                    sender=parsed.envelope_sender,
-                    recipients=[result.email],
-                    auth_user=holder,
-                    id=format_id(draft.id),
-                )
-            )
+            by_policy = isinstance(error, Refused) and error.by_policy
+            refuse(result, error.reply, by_policy=by_policy, message_id=format_id(draft.id))
         else:
             result.id = format_id(stored.ids[0])
     accepted = sum(1 for r in results if r.id is not None)
@@ -173,6 +215,13 @@ async def inject(request: web.Request) -> web.Response:
         return _json(response, 503)
     # Refused by the policy, every one of them, for good: the request itself is not allowed.
     return _json(response, 422 if policy_refusals == len(results) else 200)
+
+
+async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -> Refuse | HookFailed | None:
+    """A hook's answer, once it has one (an async or threaded hook's is awaited)."""
+    if isinstance(verdict, asyncio.Future):
+        return await verdict
+    return verdict
 
 
 def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBadRequest:
