@@ -43,14 +43,24 @@ def test_on_connect_refuses_with_its_code_and_the_connection_closes(tmp_path: Pa
         def on_connect(connection):
             if connection.peer_ip == "127.0.0.2":
                 return Refuse(554, "no mail from you", "5.7.1")
+            if connection.peer_ip == "127.0.0.3":
+                return Refuse(550, "not you either")
+            if connection.peer_ip == "127.0.0.4":
+                return Refuse(450, "later")
     """
     with _node(tmp_path, source) as pigeon:
         with RawSmtp(pigeon.smtp_port, source="127.0.0.2") as client:
             assert client.reply() == (554, ["no mail from you"])  # no enhanced codes before EHLO
             assert client.closed_by_peer()
+        # A greeting can only refuse with 554 or 421 (RFC 5321 3.1): others become the one of their class.
+        for source_ip, code, text in (("127.0.0.3", 554, "not you either"), ("127.0.0.4", 421, "later")):
+            with RawSmtp(pigeon.smtp_port, source=source_ip) as client:
+                assert client.reply() == (code, [text])
+                assert client.closed_by_peer()
         with RawSmtp(pigeon.smtp_port) as client:  # anyone else is greeted
             assert client.reply()[0] == 220
-        (rejection,) = pigeon.wait_records("Rejection")
+        rejection, *others = pigeon.wait_records("Rejection", 3)
+        assert [r["response"]["code"] for r in others] == [554, 421]
         assert rejection["command"] == "CONNECT"
         assert rejection["peer"].startswith("127.0.0.2:")
         assert rejection["response"] == {"code": 554, "enhanced": "5.7.1", "text": "no mail from you"}

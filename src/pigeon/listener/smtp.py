@@ -291,10 +291,10 @@ class SmtpConnection(asyncio.Protocol):
         if verdict is None:
             return None
         reply = refusal(verdict)
-        if isinstance(verdict, HookFailed) and command == "CONNECT":
-            # A greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3): the hook's own failures
-            # say 421 already, a call cancelled is a 451.
-            reply = Reply(421, reply.enhanced, reply.lines)
+        if command == "CONNECT" and reply.code not in (421, 554):
+            # A greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3): any other refusal (a hook's
+            # Refuse(550), a call cancelled as 451) is sent as the one of its class.
+            reply = Reply(421 if reply.code < 500 else 554, reply.enhanced, reply.lines)
         if command == "CONNECT":
             self._log_rejection(command, reply)  # (the other commands' are logged by _respond)
         return reply

@@ -35,9 +35,9 @@ class Refuse:
     """Refuse the connection, the command or the message with this reply.
 
     `code` is 4xx (try again later) or 5xx (never). `enhanced` defaults to X.7.1 (delivery not
-    authorized) of the code's class. At connect time a refusal closes the connection (use
-    554, or 421 for "not now"). Over HTTP, a request whose every recipient is refused gets
-    422 (5xx refusals) or 503 (4xx).
+    authorized) of the code's class. At connect time a refusal closes the connection; a
+    greeting can only be 554 or 421 ("not now"), so another 5xx is sent as 554, a 4xx as 421.
+    Over HTTP, a request whose every recipient is refused gets 422 (5xx refusals) or 503 (4xx).
     """
 
     code: int = 550
