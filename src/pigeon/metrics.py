@@ -318,7 +318,7 @@ class Metrics:
         )
         self.inbound_last_poll = Gauge(
             "pigeon_inbound_last_poll_timestamp_seconds",
-            "When each mailbox was last searched successfully (Unix time)",
+            "When each mailbox last answered a search or an acknowledgement (Unix time)",
             ["mailbox"],
             registry=r,
         )

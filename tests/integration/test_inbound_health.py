@@ -4,6 +4,7 @@ watching one mailbox without [redis] (each hands every message over): against a 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,29 @@ def test_a_mailbox_that_cannot_connect_is_degraded_then_down_with_a_503(tmp_path
         assert body["inbound"]["support"]["status"] == "down"
         assert "Connection refused" in body["inbound"]["support"]["error"]
         assert body["spool"]["status"] == "ok"  # the rest of the node works: said per component
+
+
+def test_a_mailbox_handing_over_a_backlog_longer_than_down_after_stays_ok(tmp_path: Path, dovecot: Dovecot) -> None:
+    """A node restarted with a backlog: its first batch takes longer than `down_after`, and the
+    mailbox, which works all along, is neither degraded nor down (no 503 to a load balancer)."""
+    dovecot.append("app", [customer_mail(i) for i in range(40)])
+    with WebhookApp() as app:
+        app.delay = 0.3  # 40 messages, 2 at a time: about 6 s for the batch, three times down_after
+        box = imap_mailbox(dovecot, "hook", concurrency=2, down_after="2s")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            assert app.wait_distinct(1, 20) >= 1
+            states: list[tuple[int, str]] = []
+            polls = set()
+            deadline = time.monotonic() + 60
+            while len(app.accepted) < 40 and time.monotonic() < deadline:
+                status, body = health(node)
+                states.append((status, body["inbound"]["support"]["status"]))
+                polls.add(body["inbound"]["support"]["last_poll"])
+                time.sleep(0.25)
+            assert len(app.accepted) == 40
+            assert len(states) > 10, states  # the backlog took a while
+            assert set(states) == {(200, "ok")}, states
+            assert len(polls) > 2, polls  # last_poll moves while the batch is handed over
 
 
 def test_a_mailbox_without_redis_is_a_loud_risk_at_start_and_in_healthz(tmp_path: Path, dovecot: Dovecot) -> None:

@@ -189,7 +189,8 @@ class MailboxWatcher:
     def health(self) -> dict[str, Any]:
         """The mailbox's part of /healthz. `status`: "down" when it has not been able to
         connect, search or claim for `down_after`; "degraded" for less than that, or when
-        another node was seen handing over its messages too; "ok" otherwise."""
+        another node was seen handing over its messages too; "ok" otherwise. A mailbox
+        handing a backlog over is "ok" from its first claim, however long the batch takes."""
         status = "ok"
         if self._trouble_since is not None:
             status = "down" if time.monotonic() - self._trouble_since >= self.config.down_after else "degraded"
@@ -329,11 +330,7 @@ class MailboxWatcher:
                 self._claims_paused = True
                 await asyncio.sleep(1.0)
                 continue
-            if self._claims_paused:
-                self._claims_paused = False
-                _log.warning("mailbox %s: arbitration answers again; claims resumed", config.name)
-            self.last_error = None
-            self._trouble_since = None
+            self._works()
             if worked:
                 continue
             # Idle until new mail, or until the first message held elsewhere or in backoff is
@@ -343,12 +340,26 @@ class MailboxWatcher:
                 wait = max(0.2, min(wait, min(self._elsewhere.values()) - time.monotonic()))
             await session.wait_for_mail(wait, idle=config.idle)
 
+    def _works(self) -> None:
+        """The mailbox was searched, and what it found claimed: it does its job, however long
+        the batches it hands over take (the first of a big backlog can take minutes)."""
+        if self._claims_paused:
+            self._claims_paused = False
+            _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
+        self.last_error = None
+        self._trouble_since = None
+
+    def _answered(self) -> None:
+        """The server answered a search or an acknowledgement: `last_poll` (and its gauge)
+        moves while a backlog is handed over, not only once per round."""
+        self.last_poll = time.time()
+        self._metrics.inbound_last_poll.labels(self.config.name).set(self.last_poll)
+
     async def _round(self, session: ImapSession) -> tuple[bool, bool]:
         """One search-claim-handoff round. (handed anything over, others hold some)."""
         config = self.config
         uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG}")
-        self.last_poll = time.time()
-        self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
+        self._answered()
         searched = set(uids)
         self._orphans = {key: claim for key, claim in self._orphans.items() if claim.uid in searched}
         if not uids:
@@ -389,6 +400,7 @@ class MailboxWatcher:
                 chunk = pending.popleft()
                 keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
                 answers = await self._arbiter.claim(keys, config.lease)
+                self._works()
                 waiting = self._sort(answers, claimed, done, failed) or waiting
                 if time.monotonic() < until:
                     # Held elsewhere a moment ago and worth another look now (its holder may
@@ -842,6 +854,7 @@ class MailboxWatcher:
         else:
             await session.flag(uids, "\\Seen")
         self._acknowledged = True
+        self._answered()
         return self._ack_action()
 
     def _failure_action(self) -> str:
