@@ -184,23 +184,32 @@ class MailboxWatcher:
         self._keyword = f"{_NODE_KEYWORD}{_KEYWORD_UNSAFE.sub('_', node)[:30]}" if node else ""
         self.conflict: str | None = None
         self._conflicting: set[str] = set()  # other nodes' keywords already warned about
+        # What the target said when it refused a whole batch for now (accepting none): a dead
+        # application, or its Redis or database down. None again once it accepts one.
+        self.target_error: str | None = None
 
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         """The mailbox's part of /healthz. `status`: "down" when it has not been able to
         connect, search or claim for `down_after`; "degraded" for less than that, or when
-        another node was seen handing over its messages too; "ok" otherwise. A mailbox
-        handing a backlog over is "ok" from its first claim, however long the batch takes."""
+        another node was seen handing over its messages too, or while its target refuses
+        whole batches for now; "ok" otherwise. A mailbox handing a backlog over is "ok" from
+        its first claim, however long the batch takes.
+
+        A failing target never makes it "down": the mailbox does its job, and nothing is lost
+        (the messages wait at the source), while a 503 would take the node's SMTP listener out
+        of a load balancer too. `error` names the target and what it last said."""
         status = "ok"
         if self._trouble_since is not None:
             status = "down" if time.monotonic() - self._trouble_since >= self.config.down_after else "degraded"
-        elif self.conflict is not None:
+        elif self.conflict is not None or self.target_error is not None:
             status = "degraded"
+        error = self.last_error or self.target_error
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
             "last_poll": self.last_poll,
-            "error": redact(self.last_error) if self.last_error else None,  # /healthz is public
+            "error": redact(error) if error else None,  # /healthz is public
             "target": self.target.name,
             "claims": len(self.held),
             "arbitration": "redis" if self._arbiter.shared else "local",
@@ -598,6 +607,8 @@ class MailboxWatcher:
         await self._give_back([c for (c, _), a in zip(ready, answers, strict=True) if a is None])
         later = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.TRANSIENT]
         never = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.PERMANENT]
+        if later and not any(a.accepted for _, _, a in settled):
+            self._target_failing(later[-1][2].detail)
         for claim, size in fetched.too_big:
             answer = Handoff(Verdict.PERMANENT, f"{size} bytes is over max_message_size ({config.max_message_size})")
             stub = InboundMessage(b"", self.source, now, self.identity, fetched.uidvalidity, claim.uid, dedupe_key="")
@@ -607,6 +618,14 @@ class MailboxWatcher:
         if never:
             await self._settle_never(session, never)
         return bool(settled or fetched.too_big or recovered)
+
+    def _target_failing(self, detail: str) -> None:
+        """The target refused a whole batch for now: the mailbox says so (degraded) until it
+        accepts a message again. Said once as a warning; the InboundFailure records say each."""
+        if self.target_error is None:
+            _log.warning("mailbox %s: target %s refused every handoff of a batch for now: %s", self.config.name,
+                         self.target.name, detail)  # fmt: skip
+        self.target_error = f"target {self.target.name}: {detail}"
 
     async def _within_budget(self, claims: list[Claim], sizes: dict[int, int]) -> list[Claim]:
         """The claims whose messages fit in `_BATCH_BUDGET` bytes (the first always does,
@@ -731,6 +750,9 @@ class MailboxWatcher:
         saying so is when a node's death alone makes a duplicate: one Redis round trip, shared
         by what completed meanwhile), then commit the handoffs with whatever else completed."""
         claims = [a.claim for a in accepted]
+        if accepted and self.target_error is not None:
+            self.target_error = None
+            _log.warning("mailbox %s: target %s accepts messages again", self.config.name, self.target.name)
         for claim in claims:
             self.held.pop(claim.key, None)  # marked done: nothing left to renew
         await self._dones.add(claims)
