@@ -215,6 +215,17 @@ def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
         assert lines[2].startswith("spool 1 messages")
         (row,) = [line for line in lines if line.startswith("example.net")]
         assert row.split()[1] == "1"
+        # --json: the same frame, as one JSON document for a script.
+        shown = pigeon_cli("top", "-c", str(pigeon.config_path), "--once", "--json")
+        assert shown.returncode == 0, shown.stderr
+        frame = json.loads(shown.stdout)
+        assert frame["url"] == f"http://127.0.0.1:{pigeon.http_port}"
+        assert set(frame["rates"]) >= {"received", "delivered", "deferred", "bounced"}
+        assert frame["spool_messages"] == 1
+        assert frame["smtp_connections"] == {"in": 0, "out": 0}
+        (queue,) = [q for q in frame["queues"]["scheduled"] if q["queue"] == "example.net"]
+        assert queue["messages"] == 1
+        assert "inbound" not in frame and "cluster" not in frame
 
 
 def test_commands_other_than_serve_start_without_loading_the_node_or_aiohttp() -> None:
