@@ -34,6 +34,7 @@ _RATES = (
 _INBOUND_OUTCOMES = ("delivered", "deferred", "failed")
 _SCHEDULED_ROWS = 15  # the biggest queues shown
 _READY_ROWS = 10
+_CLUSTER_COMMENT = "# pigeon cluster nodes:"  # the nodes /metrics?cluster=1 added up
 
 
 def register(commands: Any) -> None:
@@ -56,21 +57,25 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     client = ApiClient(args)
-    previous = _counters(client, args.cluster)
+    previous, _ = _counters(client, args.cluster)
     started = time.monotonic()
     try:
         while True:
             time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
             status, queues = client.request("GET", cluster_path(args, "/api/v1/queues"))
+            unavailable = None
             if status == 503:  # delivery is off (a node that only receives): no queues to show
+                unavailable = str(queues.get("error", "503")) if isinstance(queues, dict) else str(queues)
                 queues = {"scheduled": [], "ready": []}
             elif status != 200:
                 return fail(status, queues)
-            counters = _counters(client, args.cluster)
+            counters, nodes = _counters(client, args.cluster)
             elapsed = max(time.monotonic() - started, 1e-6)
             shown = _snapshot(client, queues, counters, previous, elapsed)
+            if unavailable is not None:
+                shown["queues"]["error"] = unavailable
             if args.cluster:
-                shown["cluster"] = queues.get("cluster") or {"nodes": {}, "error": NOT_A_CLUSTER}
+                shown["cluster"] = _cluster(queues, nodes, unavailable)
             if args.json:
                 text = json.dumps(shown, indent=2 if args.once else None) + "\n"
             else:
@@ -85,9 +90,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _counters(client: ApiClient, cluster: bool = False) -> dict[str, float]:
+def _cluster(queues: Any, nodes: dict[str, str] | None, unavailable: str | None) -> dict[str, Any]:
+    """Which nodes the frame adds up, and why not all of them: the queues' answer says it, else
+    the nodes /metrics added up; a node that could not answer for the queues says why."""
+    if "cluster" in queues:
+        return dict(queues["cluster"])
+    if nodes is not None:  # the counters are the cluster's (the queues, missing, say why)
+        return {"nodes": nodes}
+    if unavailable is not None:  # asked of a node that does not answer for the cluster: why
+        return {"nodes": {}, "error": f"this node only: {unavailable}"}
+    return {"nodes": {}, "error": NOT_A_CLUSTER}
+
+
+def _counters(client: ApiClient, cluster: bool = False) -> tuple[dict[str, float], dict[str, str] | None]:
     """The counters `top` shows, from /metrics (no token needed there; the cluster's, added
-    up, need a `read` one)."""
+    up, need a `read` one), and the nodes they add up (None: this node's own)."""
     request = urllib.request.Request(client.url + "/metrics" + ("?cluster=1" if cluster else ""))
     if cluster and client.token:
         request.add_header("Authorization", f"Bearer {client.token}")
@@ -105,7 +122,12 @@ def _counters(client: ApiClient, cluster: bool = False) -> dict[str, float]:
             elif sample.name == "pigeon_inbound_messages_total":
                 key = f"inbound/{sample.labels['outcome']}"
                 found[key] = found.get(key, 0) + sample.value
-    return found
+    nodes = None
+    for line in text.splitlines():
+        if line.startswith(_CLUSTER_COMMENT):
+            pairs = (pair.partition("=") for pair in line.removeprefix(_CLUSTER_COMMENT).split())
+            nodes = {node: state for node, _, state in pairs}
+    return found, nodes
 
 
 def _snapshot(
@@ -159,6 +181,8 @@ def _screen(shown: dict[str, Any]) -> str:
     smtp = shown["smtp_connections"]
     lines.append(f"spool {shown['spool_messages']:,} messages   smtp connections {smtp['in']} in, {smtp['out']} out")
     queues = shown["queues"]
+    if queues.get("error"):
+        lines += ["", f"no queues: {queues['error']}"]
     lines.append("")
     lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}")
     for row in queues["scheduled"]:
