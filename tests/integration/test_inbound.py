@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, mailbox_health, webhook_target
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, free_port
 from tests.support.services import Dovecot, Postgres, RedisServer
 from tests.support.sinks import wait_until
 
@@ -354,6 +354,26 @@ def test_a_message_in_backoff_does_not_delay_new_mail(tmp_path: Path, dovecot: D
             time.sleep(3)
             assert mailbox_health(node)["last_poll"] == polled
         assert dovecot.unseen("app") == [1]  # the refused one is still there, for later
+
+
+def test_claims_paused_for_a_redis_that_refuses_connections_is_said_in_one_clean_line(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    dovecot.append("app", [customer_mail(1)])
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with (
+        WebhookApp() as app,
+        PigeonProcess(
+            tmp_path / "p",
+            redis={"url": dead, "timeout": "500ms"},
+            target=[webhook_target(app)],
+            mailbox=[imap_mailbox(dovecot, "hook")],
+        ) as node,
+    ):
+        logged = node.wait_stderr("claims paused", timeout=20)
+    (line,) = [line for line in logged.splitlines() if "claims paused" in line]
+    assert f"mailbox support: Redis at {dead}: " in line and line.endswith("Connection refused; claims paused"), line
+    assert sum(app.accepted.values()) == 0
 
 
 @pytest.mark.parametrize(

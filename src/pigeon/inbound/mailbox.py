@@ -334,7 +334,7 @@ class MailboxWatcher:
                 if self._trouble_since is None:
                     self._trouble_since = time.monotonic()
                 if str(error) != self.last_error:
-                    _log.warning("mailbox %s: %s; claims paused", config.name, error)
+                    _log.warning("mailbox %s: %s; claims paused", config.name, str(error).rstrip("."))
                 self.last_error = str(error)
                 self._claims_paused = True
                 await asyncio.sleep(1.0)
