@@ -99,6 +99,24 @@ def test_a_refusing_application_gets_nothing_lost_and_permanent_refusals_go_to_t
         assert sum(app.accepted.values()) == 0
 
 
+def test_a_message_over_max_message_size_is_set_aside_unfetched_and_its_record_says_its_size(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    big = customer_mail(0, tag="big") + (b"y" * 70 + b"\r\n") * 70  # 5 kB
+    dovecot.append("app", [big, customer_mail(1)])
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook", max_message_size=1000, failed_folder="Failed")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            (failure,) = node.wait_records("InboundFailure", 1)
+            assert app.wait_distinct(1, 20) == 1
+            wait_until(lambda: dovecot.count("app", "Failed") == 1, 10)
+    assert failure["permanent"] is True and failure["action"] == "moved to Failed"
+    assert failure["detail"] == f"{len(big)} bytes is over max_message_size (1000)"
+    assert failure["size"] == len(big)  # the server's RFC822.SIZE: the body was never fetched
+    assert failure["dedupe_key"] == ""  # ... so there is nothing to take its hash of
+    assert len(app.bodies) == 1 and big not in app.bodies.values()
+
+
 def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Path, dovecot: Dovecot) -> None:
     dovecot.append("app", [customer_mail(i) for i in range(8)])
     with WebhookApp() as app:

@@ -616,7 +616,7 @@ class MailboxWatcher:
         if later:
             await self._settle_later(later)
         if never:
-            await self._settle_never(session, never)
+            await self._settle_never(session, never, {claim.key: size for claim, size in fetched.too_big})
         return bool(settled or fetched.too_big or recovered)
 
     def _target_failing(self, detail: str) -> None:
@@ -825,7 +825,11 @@ class MailboxWatcher:
         for (claim, message, answer), (_, delay) in zip(later, delays, strict=True):
             self._log.write(self._record(InboundFailure, claim, message, answer, next_attempt=now + delay))
 
-    async def _settle_never(self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
+    async def _settle_never(
+        self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]], sizes: dict[str, int]
+    ) -> None:
+        """`sizes`: of the messages not fetched (over max_message_size), by claim key, as the
+        server says them (RFC822.SIZE)."""
         # Marked failed first: if setting it aside fails, the next round (ours or another
         # node's) finds the mark and sets it aside without handing it over again. And
         # recorded durably first, as a delivery is: a message set aside has its record.
@@ -835,7 +839,10 @@ class MailboxWatcher:
         for claim, message, answer in never:
             _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
                          self.target.name, answer.detail)  # fmt: skip
-            self._log.write(self._record(InboundFailure, claim, message, answer, permanent=True, action=action))
+            record = self._record(
+                InboundFailure, claim, message, answer, size=sizes.get(claim.key), permanent=True, action=action
+            )
+            self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
         self._log.flush()  # in the file before the failed mark, which lets others set it aside
         with contextlib.suppress(ArbitrationUnavailable):
@@ -843,14 +850,23 @@ class MailboxWatcher:
         await self._fail_at_source(session, [c.uid for c, _, _ in never])
 
     def _record(
-        self, kind: type[_Record], claim: Claim, message: InboundMessage, answer: Handoff, **extra: Any
+        self,
+        kind: type[_Record],
+        claim: Claim,
+        message: InboundMessage,
+        answer: Handoff,
+        *,
+        size: int | None = None,
+        **extra: Any,
     ) -> _Record:
+        """`size`: the server's, for a message whose body was not fetched (then `message` is
+        a stub, its dedupe key empty)."""
         return kind(
             timestamp=time.time(),
             source=self.source,
             target=self.target.name,
             dedupe_key=message.dedupe_key,
-            size=len(message.raw),
+            size=len(message.raw) if size is None else size,
             message_id=message.message_id,
             mailbox=self.identity,
             uidvalidity=message.uidvalidity,
