@@ -21,7 +21,8 @@ from prometheus_client.registry import Collector
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-_OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce")
+# Every record type `Counts.outcome` is given (the README lists them): each is exposed from 0 on.
+_OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce", "Held")
 MAX_QUEUE_LABELS = 1000
 # Messages in memory by state; per site: (site, messages waiting, connections).
 DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]]]
@@ -90,7 +91,7 @@ class _CountsCollector(Collector):
         outcomes = CounterMetricFamily(
             "pigeon_recipients", "Recipient outcomes of delivery attempts, by record type", labels=["outcome"]
         )
-        for outcome in _OUTCOMES:
+        for outcome in (*_OUTCOMES, *sorted(c.outcomes.keys() - set(_OUTCOMES))):  # and any not named above
             outcomes.add_metric([outcome], c.outcomes.get(outcome, 0))
         yield outcomes
         by_site = CounterMetricFamily(
@@ -318,7 +319,7 @@ class Metrics:
         )
         self.inbound_last_poll = Gauge(
             "pigeon_inbound_last_poll_timestamp_seconds",
-            "When each mailbox was last searched successfully (Unix time)",
+            "When each mailbox last answered a search or an acknowledgement (Unix time)",
             ["mailbox"],
             registry=r,
         )

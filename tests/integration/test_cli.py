@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import smtplib
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
+from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 
-def pigeon_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+def pigeon_cli(*args: str, cwd: Path | None = None, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": str(columns)} if columns else None
+    return subprocess.run(
+        [sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, cwd=cwd, timeout=60, env=env
+    )
 
 
 def test_logs_prints_every_record_from_plain_and_compressed_segments(tmp_path: Path) -> None:
@@ -215,6 +220,36 @@ def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
         assert lines[2].startswith("spool 1 messages")
         (row,) = [line for line in lines if line.startswith("example.net")]
         assert row.split()[1] == "1"
+        # --json: the same frame, as one JSON document for a script.
+        shown = pigeon_cli("top", "-c", str(pigeon.config_path), "--once", "--json")
+        assert shown.returncode == 0, shown.stderr
+        frame = json.loads(shown.stdout)
+        assert frame["url"] == f"http://127.0.0.1:{pigeon.http_port}"
+        assert set(frame["rates"]) >= {"received", "delivered", "deferred", "bounced"}
+        assert frame["spool_messages"] == 1
+        assert frame["smtp_connections"] == {"in": 0, "out": 0}
+        (queue,) = [q for q in frame["queues"]["scheduled"] if q["queue"] == "example.net"]
+        assert queue["messages"] == 1
+        assert "inbound" not in frame and "cluster" not in frame
+
+
+def test_top_of_a_node_with_redis_and_delivery_off_says_why_it_shows_no_queues(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The queues' API answers 503 on a node that only receives: `top --cluster` says so, not
+    that the node has no [redis] url (it has one)."""
+    with PigeonProcess(tmp_path / "node", redis={"url": redis_server.url}) as pigeon:
+        top = pigeon_cli("top", "--once", "--cluster", "-c", str(pigeon.config_path), columns=200)
+        assert top.returncode == 0, top.stderr
+        reason = "delivery is disabled on this node ([delivery] enabled = false)"
+        lines = top.stdout.splitlines()
+        assert f"cluster: this node only: {reason}" in lines, top.stdout
+        assert f"no queues: {reason}" in lines, top.stdout
+        assert "[redis] url" not in top.stdout.replace(reason, "")
+        shown = pigeon_cli("top", "--once", "--cluster", "--json", "-c", str(pigeon.config_path))
+        frame = json.loads(shown.stdout)
+        assert frame["cluster"] == {"nodes": {}, "error": f"this node only: {reason}"}
+        assert frame["queues"] == {"scheduled": [], "ready": [], "error": reason}
 
 
 def test_commands_other_than_serve_start_without_loading_the_node_or_aiohttp() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, mailbox_health, webhook_target
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, free_port
 from tests.support.services import Dovecot, Postgres, RedisServer
 from tests.support.sinks import wait_until
 
@@ -97,6 +97,24 @@ def test_a_refusing_application_gets_nothing_lost_and_permanent_refusals_go_to_t
         )
         assert not node.records("InboundDelivery")
         assert sum(app.accepted.values()) == 0
+
+
+def test_a_message_over_max_message_size_is_set_aside_unfetched_and_its_record_says_its_size(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    big = customer_mail(0, tag="big") + (b"y" * 70 + b"\r\n") * 70  # 5 kB
+    dovecot.append("app", [big, customer_mail(1)])
+    with WebhookApp() as app:
+        box = imap_mailbox(dovecot, "hook", max_message_size=1000, failed_folder="Failed")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            (failure,) = node.wait_records("InboundFailure", 1)
+            assert app.wait_distinct(1, 20) == 1
+            wait_until(lambda: dovecot.count("app", "Failed") == 1, 10)
+    assert failure["permanent"] is True and failure["action"] == "moved to Failed"
+    assert failure["detail"] == f"{len(big)} bytes is over max_message_size (1000)"
+    assert failure["size"] == len(big)  # the server's RFC822.SIZE: the body was never fetched
+    assert failure["dedupe_key"] == ""  # ... so there is nothing to take its hash of
+    assert len(app.bodies) == 1 and big not in app.bodies.values()
 
 
 def test_a_webhook_that_fails_for_a_while_gets_every_message_later(tmp_path: Path, dovecot: Dovecot) -> None:
@@ -354,6 +372,26 @@ def test_a_message_in_backoff_does_not_delay_new_mail(tmp_path: Path, dovecot: D
             time.sleep(3)
             assert mailbox_health(node)["last_poll"] == polled
         assert dovecot.unseen("app") == [1]  # the refused one is still there, for later
+
+
+def test_claims_paused_for_a_redis_that_refuses_connections_is_said_in_one_clean_line(
+    tmp_path: Path, dovecot: Dovecot
+) -> None:
+    dovecot.append("app", [customer_mail(1)])
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with (
+        WebhookApp() as app,
+        PigeonProcess(
+            tmp_path / "p",
+            redis={"url": dead, "timeout": "500ms"},
+            target=[webhook_target(app)],
+            mailbox=[imap_mailbox(dovecot, "hook")],
+        ) as node,
+    ):
+        logged = node.wait_stderr("claims paused", timeout=20)
+    (line,) = [line for line in logged.splitlines() if "claims paused" in line]
+    assert f"mailbox support: Redis at {dead}: " in line and line.endswith("Connection refused; claims paused"), line
+    assert sum(app.accepted.values()) == 0
 
 
 @pytest.mark.parametrize(

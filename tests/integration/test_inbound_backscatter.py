@@ -65,6 +65,9 @@ def test_mail_the_application_refuses_for_good_is_held_without_a_dsn_and_retried
             assert held["cause"] == "refused" and held["response"]["code"] == 550 and "422" in held["response"]["text"]
             assert held["sender"] == SENDER and "not authenticated" in held["dsn"]
             assert sink.after(2) == []  # no DSN reached the sender
+            metrics = node.http_get("/metrics")[1].decode().splitlines()
+            assert 'pigeon_recipients_total{outcome="Held"} 1.0' in metrics  # as its site and queue counters
+            assert 'pigeon_queue_recipients_total{outcome="Held",queue="inbound:hook"} 1.0' in metrics
             assert node.records("Bounce") == []
             row = _queue(node, "inbound:hook")
             assert (row["messages"], row["held"], row["due"]) == (1, 1, 0)

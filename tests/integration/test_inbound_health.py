@@ -4,12 +4,16 @@ watching one mailbox without [redis] (each hands every message over): against a 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, webhook_target
 from tests.support.process import PigeonProcess, free_port
-from tests.support.services import Dovecot
+from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
 
 
@@ -37,6 +41,67 @@ def test_a_mailbox_that_cannot_connect_is_degraded_then_down_with_a_503(tmp_path
         assert body["inbound"]["support"]["status"] == "down"
         assert "Connection refused" in body["inbound"]["support"]["error"]
         assert body["spool"]["status"] == "ok"  # the rest of the node works: said per component
+
+
+def test_a_mailbox_handing_over_a_backlog_longer_than_down_after_stays_ok(tmp_path: Path, dovecot: Dovecot) -> None:
+    """A node restarted with a backlog: its first batch takes longer than `down_after`, and the
+    mailbox, which works all along, is neither degraded nor down (no 503 to a load balancer)."""
+    dovecot.append("app", [customer_mail(i) for i in range(40)])
+    with WebhookApp() as app:
+        app.delay = 0.3  # 40 messages, 2 at a time: about 6 s for the batch, three times down_after
+        box = imap_mailbox(dovecot, "hook", concurrency=2, down_after="2s")
+        with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            assert app.wait_distinct(1, 20) >= 1
+            states: list[tuple[int, str]] = []
+            polls = set()
+            deadline = time.monotonic() + 60
+            while len(app.accepted) < 40 and time.monotonic() < deadline:
+                status, body = health(node)
+                states.append((status, body["inbound"]["support"]["status"]))
+                polls.add(body["inbound"]["support"]["last_poll"])
+                time.sleep(0.25)
+            assert len(app.accepted) == 40
+            assert len(states) > 10, states  # the backlog took a while
+            assert set(states) == {(200, "ok")}, states
+            assert len(polls) > 2, polls  # last_poll moves while the batch is handed over
+
+
+def test_a_dead_target_shows_in_healthz_and_top_until_it_accepts_again(tmp_path: Path, dovecot: Dovecot) -> None:
+    """Sidekiq's Redis refuses connections: every handoff fails for now. The mailbox works, so it
+    is degraded, not down (past down_after too), and says which target fails and why; once the
+    target takes a message again the mailbox is ok."""
+    dovecot.append("app", [customer_mail(i) for i in range(3)])
+    sidekiq = RedisServer(tmp_path / "sidekiq")  # not started yet: its port refuses connections
+    jobs = {"name": "jobs", "kind": "sidekiq", "redis_url": sidekiq.url, "retry_interval": "200ms",
+            "max_retry_interval": "500ms"}  # fmt: skip
+    box = imap_mailbox(dovecot, "jobs", down_after="1s")
+    try:
+        with PigeonProcess(tmp_path / "p", target=[jobs], mailbox=[box]) as node:
+            node.wait_records("InboundFailure", 3, timeout=20)
+            wait_until(lambda: health(node)[1]["inbound"]["support"]["status"] == "degraded", 10)
+            time.sleep(1.5)  # past down_after
+            status, body = health(node)
+            mailbox = body["inbound"]["support"]
+            assert (status, body["status"], mailbox["status"]) == (200, "degraded", "degraded")
+            assert mailbox["error"].startswith(f"target jobs: Sidekiq's Redis ({sidekiq.url})"), mailbox
+            assert "refused" in mailbox["error"], mailbox
+            shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
+                                   capture_output=True, text=True, timeout=60, check=False,
+                                   env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            (row,) = [line for line in shown.stdout.splitlines() if line.startswith("support ")]
+            assert row.split()[1:3] == ["jobs", "degraded"] and "target jobs: Sidekiq's Redis" in row, row
+            sidekiq.start()
+            client = sidekiq.client()
+            try:
+                wait_until(lambda: client.llen("queue:default") == 3, 20)
+            finally:
+                client.close()
+            mailbox = wait_until(lambda: (m := health(node)[1]["inbound"]["support"])["status"] == "ok" and m, 10)
+            assert mailbox["error"] is None
+            assert "mailbox support: target jobs accepts messages again" in node.stderr()
+    finally:
+        sidekiq.stop()
 
 
 def test_a_mailbox_without_redis_is_a_loud_risk_at_start_and_in_healthz(tmp_path: Path, dovecot: Dovecot) -> None:

@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   pigeon top                      # refresh every 2 seconds until Ctrl-C
   pigeon top --interval 5
   pigeon top --once               # one frame, for a script or a log
+  pigeon top --once --json        # the same frame as one JSON document
 """
 _RATES = (
     ("received", "pigeon_messages_received_total", None),
@@ -30,13 +31,18 @@ _RATES = (
     ("expired", "pigeon_recipients_total", "Expiration"),
     ("admin-bounced", "pigeon_recipients_total", "AdminBounce"),
 )
+_INBOUND_OUTCOMES = ("delivered", "deferred", "failed")
+_SCHEDULED_ROWS = 15  # the biggest queues shown
+_READY_ROWS = 10
+_CLUSTER_COMMENT = "# pigeon cluster nodes:"  # the nodes /metrics?cluster=1 added up
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "top",
         help="live view of queues, rates and connections",
-        description="A live view of a running node: rates per second, scheduled and ready queues, connections.",
+        description="A live view of a running node: rates per second, scheduled and ready queues, connections. "
+        "With --json, each frame is printed as JSON instead (--once: one document; else one a line).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -51,24 +57,31 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     client = ApiClient(args)
-    previous = _counters(client, args.cluster)
+    previous, _ = _counters(client, args.cluster)
     started = time.monotonic()
     try:
         while True:
             time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
             status, queues = client.request("GET", cluster_path(args, "/api/v1/queues"))
+            unavailable = None
             if status == 503:  # delivery is off (a node that only receives): no queues to show
+                unavailable = str(queues.get("error", "503")) if isinstance(queues, dict) else str(queues)
                 queues = {"scheduled": [], "ready": []}
             elif status != 200:
                 return fail(status, queues)
-            counters = _counters(client, args.cluster)
+            counters, nodes = _counters(client, args.cluster)
             elapsed = max(time.monotonic() - started, 1e-6)
-            if args.cluster and "cluster" not in queues:
-                queues["cluster"] = {"nodes": {}, "error": NOT_A_CLUSTER}
-            frame = _frame(client.url, queues, counters, previous, elapsed) + _mailboxes(
-                client, counters, previous, elapsed
-            )
-            sys.stdout.write(frame if args.once else "\x1b[H\x1b[2J" + frame)
+            shown = _snapshot(client, queues, counters, previous, elapsed)
+            if unavailable is not None:
+                shown["queues"]["error"] = unavailable
+            if args.cluster:
+                shown["cluster"] = _cluster(queues, nodes, unavailable)
+            if args.json:
+                text = json.dumps(shown, indent=2 if args.once else None) + "\n"
+            else:
+                text = _screen(shown)
+                text = text if args.once else "\x1b[H\x1b[2J" + text
+            sys.stdout.write(text)
             sys.stdout.flush()
             if args.once:
                 return 0
@@ -77,9 +90,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _counters(client: ApiClient, cluster: bool = False) -> dict[str, float]:
+def _cluster(queues: Any, nodes: dict[str, str] | None, unavailable: str | None) -> dict[str, Any]:
+    """Which nodes the frame adds up, and why not all of them: the queues' answer says it, else
+    the nodes /metrics added up; a node that could not answer for the queues says why."""
+    if "cluster" in queues:
+        return dict(queues["cluster"])
+    if nodes is not None:  # the counters are the cluster's (the queues, missing, say why)
+        return {"nodes": nodes}
+    if unavailable is not None:  # asked of a node that does not answer for the cluster: why
+        return {"nodes": {}, "error": f"this node only: {unavailable}"}
+    return {"nodes": {}, "error": NOT_A_CLUSTER}
+
+
+def _counters(client: ApiClient, cluster: bool = False) -> tuple[dict[str, float], dict[str, str] | None]:
     """The counters `top` shows, from /metrics (no token needed there; the cluster's, added
-    up, need a `read` one)."""
+    up, need a `read` one), and the nodes they add up (None: this node's own)."""
     request = urllib.request.Request(client.url + "/metrics" + ("?cluster=1" if cluster else ""))
     if cluster and client.token:
         request.add_header("Authorization", f"Bearer {client.token}")
@@ -97,66 +122,92 @@ def _counters(client: ApiClient, cluster: bool = False) -> dict[str, float]:
             elif sample.name == "pigeon_inbound_messages_total":
                 key = f"inbound/{sample.labels['outcome']}"
                 found[key] = found.get(key, 0) + sample.value
-    return found
+    nodes = None
+    for line in text.splitlines():
+        if line.startswith(_CLUSTER_COMMENT):
+            pairs = (pair.partition("=") for pair in line.removeprefix(_CLUSTER_COMMENT).split())
+            nodes = {node: state for node, _, state in pairs}
+    return found, nodes
 
 
-def _frame(url: str, queues: Any, now: dict[str, float], before: dict[str, float], seconds: float) -> str:
-    width = shutil.get_terminal_size((100, 30)).columns
-    lines = [f"pigeon top  {url}  {time.strftime('%H:%M:%S')}"]
-    rates = []
-    for label, name, outcome in _RATES:
-        key = f"{name}/{outcome or ''}"
-        rates.append(f"{label} {(now.get(key, 0) - before.get(key, 0)) / seconds:,.0f}/s")
-    cluster = queues.get("cluster")
-    lines.append("  ".join(rates))
-    if cluster:
-        states = ", ".join(f"{node} {state}" for node, state in sorted(cluster.get("nodes", {}).items()))
-        error = cluster.get("error")
-        lines.append(f"cluster: {states}" + (f"  ({error})" if states and error else error or ""))
-    lines.append(
-        f"spool {now.get('pigeon_spool_messages', 0):,.0f} messages   smtp connections "
-        f"{now.get('pigeon_smtp_connections', 0):.0f} in, {now.get('outbound', 0):.0f} out"
-    )
-    lines.append("")
-    lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}")
-    for row in sorted(queues["scheduled"], key=lambda r: -r["messages"])[:15]:
-        lines.append(
-            f"{row['queue'][:44]:44} {row['messages']:>9,} {row['due']:>7,} "
-            f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}"
-        )
-    lines.append("")
-    lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}")
-    for row in sorted(queues["ready"], key=lambda r: -r["queued"])[:10]:
-        lines.append(f"{row['path'][:52]:52} {row['queued']:>8,} {row['connections']:>11}")
-    return "\n".join(line[:width] for line in lines) + "\n"
+def _snapshot(
+    client: ApiClient, queues: Any, now: dict[str, float], before: dict[str, float], seconds: float
+) -> dict[str, Any]:
+    """One frame's data: what the screen shows, and what --json prints."""
+
+    def rate(key: str) -> float:
+        return round((now.get(key, 0) - before.get(key, 0)) / seconds, 3)
+
+    shown: dict[str, Any] = {
+        "url": client.url,
+        "time": round(time.time(), 3),
+        "rates": {label: rate(f"{name}/{outcome or ''}") for label, name, outcome in _RATES},
+        "spool_messages": int(now.get("pigeon_spool_messages", 0)),
+        "smtp_connections": {"in": int(now.get("pigeon_smtp_connections", 0)), "out": int(now.get("outbound", 0))},
+        "queues": {
+            "scheduled": sorted(queues["scheduled"], key=lambda r: -r["messages"])[:_SCHEDULED_ROWS],
+            "ready": sorted(queues["ready"], key=lambda r: -r["queued"])[:_READY_ROWS],
+        },
+    }
+    mailboxes = _mailboxes(client)
+    if mailboxes or any(key.startswith("inbound/") for key in now):
+        shown["inbound"] = {
+            "rates": {outcome: rate(f"inbound/{outcome}") for outcome in _INBOUND_OUTCOMES},
+            "mailboxes": mailboxes,
+        }
+    return shown
 
 
-def _mailboxes(client: ApiClient, now: dict[str, float], before: dict[str, float], seconds: float) -> str:
-    """Inbound rates and each mailbox's state (from /healthz), when the node has any."""
+def _mailboxes(client: ApiClient) -> dict[str, Any]:
+    """Each mailbox's state, as /healthz says it."""
     try:
         with urllib.request.urlopen(client.url + "/healthz", timeout=10) as response:
             answer = response.read()
     except urllib.error.HTTPError as error:  # 503: something is down; the body says what
         answer = error.read()
     mailboxes: dict[str, Any] = json.loads(answer).get("inbound", {})
-    if not mailboxes and not any(key.startswith("inbound/") for key in now):
-        return ""
-    rates = [
-        f"{outcome} {(now.get(f'inbound/{outcome}', 0) - before.get(f'inbound/{outcome}', 0)) / seconds:,.0f}/s"
-        for outcome in ("delivered", "deferred", "failed")
-    ]
-    lines = ["", "inbound  " + "  ".join(rates)]
-    if mailboxes:
-        lines.append(f"{'mailbox':24} {'target':16} {'state':10} {'last poll':>10} {'claims':>6}  error")
-    for name, state in sorted(mailboxes.items()):
-        polled = f"{time.time() - state['last_poll']:.0f}s ago" if state.get("last_poll") else "never"
-        # The mailbox's own status, as /healthz says it: "down" only after `down_after` of trouble
-        # (when the node answers 503); a reconnect in progress is "degraded".
-        status = state.get("status") or ("ok" if state.get("connected") else "degraded")
-        connected = ("connected" if state.get("connected") else "connecting") if status == "ok" else status
-        lines.append(
-            f"{name[:24]:24} {state.get('target', '')[:16]:16} {connected:10} {polled:>10} "
-            f"{state.get('claims', 0):>6}  {state.get('error') or ''}"
-        )
+    return mailboxes
+
+
+def _screen(shown: dict[str, Any]) -> str:
     width = shutil.get_terminal_size((100, 30)).columns
+    lines = [f"pigeon top  {shown['url']}  {time.strftime('%H:%M:%S', time.localtime(shown['time']))}"]
+    lines.append("  ".join(f"{label} {value:,.0f}/s" for label, value in shown["rates"].items()))
+    cluster = shown.get("cluster")
+    if cluster:
+        states = ", ".join(f"{node} {state}" for node, state in sorted(cluster.get("nodes", {}).items()))
+        error = cluster.get("error")
+        lines.append(f"cluster: {states}" + (f"  ({error})" if states and error else error or ""))
+    smtp = shown["smtp_connections"]
+    lines.append(f"spool {shown['spool_messages']:,} messages   smtp connections {smtp['in']} in, {smtp['out']} out")
+    queues = shown["queues"]
+    if queues.get("error"):
+        lines += ["", f"no queues: {queues['error']}"]
+    lines.append("")
+    lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}")
+    for row in queues["scheduled"]:
+        lines.append(
+            f"{row['queue'][:44]:44} {row['messages']:>9,} {row['due']:>7,} "
+            f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}"
+        )
+    lines.append("")
+    lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}")
+    for row in queues["ready"]:
+        lines.append(f"{row['path'][:52]:52} {row['queued']:>8,} {row['connections']:>11}")
+    inbound = shown.get("inbound")
+    if inbound is not None:
+        lines += ["", "inbound  " + "  ".join(f"{k} {v:,.0f}/s" for k, v in inbound["rates"].items())]
+        mailboxes = inbound["mailboxes"]
+        if mailboxes:
+            lines.append(f"{'mailbox':24} {'target':16} {'state':10} {'last poll':>10} {'claims':>6}  error")
+        for name, state in sorted(mailboxes.items()):
+            polled = f"{time.time() - state['last_poll']:.0f}s ago" if state.get("last_poll") else "never"
+            # The mailbox's own status, as /healthz says it: "down" only after `down_after` of
+            # trouble (when the node answers 503); a reconnect in progress is "degraded".
+            status = state.get("status") or ("ok" if state.get("connected") else "degraded")
+            connected = ("connected" if state.get("connected") else "connecting") if status == "ok" else status
+            lines.append(
+                f"{name[:24]:24} {state.get('target', '')[:16]:16} {connected:10} {polled:>10} "
+                f"{state.get('claims', 0):>6}  {state.get('error') or ''}"
+            )
     return "\n".join(line[:width] for line in lines) + "\n"

@@ -184,22 +184,32 @@ class MailboxWatcher:
         self._keyword = f"{_NODE_KEYWORD}{_KEYWORD_UNSAFE.sub('_', node)[:30]}" if node else ""
         self.conflict: str | None = None
         self._conflicting: set[str] = set()  # other nodes' keywords already warned about
+        # What the target said when it refused a whole batch for now (accepting none): a dead
+        # application, or its Redis or database down. None again once it accepts one.
+        self.target_error: str | None = None
 
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         """The mailbox's part of /healthz. `status`: "down" when it has not been able to
         connect, search or claim for `down_after`; "degraded" for less than that, or when
-        another node was seen handing over its messages too; "ok" otherwise."""
+        another node was seen handing over its messages too, or while its target refuses
+        whole batches for now; "ok" otherwise. A mailbox handing a backlog over is "ok" from
+        its first claim, however long the batch takes.
+
+        A failing target never makes it "down": the mailbox does its job, and nothing is lost
+        (the messages wait at the source), while a 503 would take the node's SMTP listener out
+        of a load balancer too. `error` names the target and what it last said."""
         status = "ok"
         if self._trouble_since is not None:
             status = "down" if time.monotonic() - self._trouble_since >= self.config.down_after else "degraded"
-        elif self.conflict is not None:
+        elif self.conflict is not None or self.target_error is not None:
             status = "degraded"
+        error = self.last_error or self.target_error
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
             "last_poll": self.last_poll,
-            "error": redact(self.last_error) if self.last_error else None,  # /healthz is public
+            "error": redact(error) if error else None,  # /healthz is public
             "target": self.target.name,
             "claims": len(self.held),
             "arbitration": "redis" if self._arbiter.shared else "local",
@@ -324,16 +334,12 @@ class MailboxWatcher:
                 if self._trouble_since is None:
                     self._trouble_since = time.monotonic()
                 if str(error) != self.last_error:
-                    _log.warning("mailbox %s: %s; claims paused", config.name, error)
+                    _log.warning("mailbox %s: %s; claims paused", config.name, str(error).rstrip("."))
                 self.last_error = str(error)
                 self._claims_paused = True
                 await asyncio.sleep(1.0)
                 continue
-            if self._claims_paused:
-                self._claims_paused = False
-                _log.warning("mailbox %s: arbitration answers again; claims resumed", config.name)
-            self.last_error = None
-            self._trouble_since = None
+            self._works()
             if worked:
                 continue
             # Idle until new mail, or until the first message held elsewhere or in backoff is
@@ -343,12 +349,26 @@ class MailboxWatcher:
                 wait = max(0.2, min(wait, min(self._elsewhere.values()) - time.monotonic()))
             await session.wait_for_mail(wait, idle=config.idle)
 
+    def _works(self) -> None:
+        """The mailbox was searched, and what it found claimed: it does its job, however long
+        the batches it hands over take (the first of a big backlog can take minutes)."""
+        if self._claims_paused:
+            self._claims_paused = False
+            _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
+        self.last_error = None
+        self._trouble_since = None
+
+    def _answered(self) -> None:
+        """The server answered a search or an acknowledgement: `last_poll` (and its gauge)
+        moves while a backlog is handed over, not only once per round."""
+        self.last_poll = time.time()
+        self._metrics.inbound_last_poll.labels(self.config.name).set(self.last_poll)
+
     async def _round(self, session: ImapSession) -> tuple[bool, bool]:
         """One search-claim-handoff round. (handed anything over, others hold some)."""
         config = self.config
         uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG}")
-        self.last_poll = time.time()
-        self._metrics.inbound_last_poll.labels(config.name).set(self.last_poll)
+        self._answered()
         searched = set(uids)
         self._orphans = {key: claim for key, claim in self._orphans.items() if claim.uid in searched}
         if not uids:
@@ -389,6 +409,7 @@ class MailboxWatcher:
                 chunk = pending.popleft()
                 keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
                 answers = await self._arbiter.claim(keys, config.lease)
+                self._works()
                 waiting = self._sort(answers, claimed, done, failed) or waiting
                 if time.monotonic() < until:
                     # Held elsewhere a moment ago and worth another look now (its holder may
@@ -586,6 +607,8 @@ class MailboxWatcher:
         await self._give_back([c for (c, _), a in zip(ready, answers, strict=True) if a is None])
         later = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.TRANSIENT]
         never = [(c, m, a) for c, m, a in settled if a.verdict is Verdict.PERMANENT]
+        if later and not any(a.accepted for _, _, a in settled):
+            self._target_failing(later[-1][2].detail)
         for claim, size in fetched.too_big:
             answer = Handoff(Verdict.PERMANENT, f"{size} bytes is over max_message_size ({config.max_message_size})")
             stub = InboundMessage(b"", self.source, now, self.identity, fetched.uidvalidity, claim.uid, dedupe_key="")
@@ -593,8 +616,16 @@ class MailboxWatcher:
         if later:
             await self._settle_later(later)
         if never:
-            await self._settle_never(session, never)
+            await self._settle_never(session, never, {claim.key: size for claim, size in fetched.too_big})
         return bool(settled or fetched.too_big or recovered)
+
+    def _target_failing(self, detail: str) -> None:
+        """The target refused a whole batch for now: the mailbox says so (degraded) until it
+        accepts a message again. Said once as a warning; the InboundFailure records say each."""
+        if self.target_error is None:
+            _log.warning("mailbox %s: target %s refused every handoff of a batch for now: %s", self.config.name,
+                         self.target.name, detail)  # fmt: skip
+        self.target_error = f"target {self.target.name}: {detail}"
 
     async def _within_budget(self, claims: list[Claim], sizes: dict[int, int]) -> list[Claim]:
         """The claims whose messages fit in `_BATCH_BUDGET` bytes (the first always does,
@@ -719,6 +750,9 @@ class MailboxWatcher:
         saying so is when a node's death alone makes a duplicate: one Redis round trip, shared
         by what completed meanwhile), then commit the handoffs with whatever else completed."""
         claims = [a.claim for a in accepted]
+        if accepted and self.target_error is not None:
+            self.target_error = None
+            _log.warning("mailbox %s: target %s accepts messages again", self.config.name, self.target.name)
         for claim in claims:
             self.held.pop(claim.key, None)  # marked done: nothing left to renew
         await self._dones.add(claims)
@@ -791,7 +825,11 @@ class MailboxWatcher:
         for (claim, message, answer), (_, delay) in zip(later, delays, strict=True):
             self._log.write(self._record(InboundFailure, claim, message, answer, next_attempt=now + delay))
 
-    async def _settle_never(self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
+    async def _settle_never(
+        self, session: ImapSession, never: list[tuple[Claim, InboundMessage, Handoff]], sizes: dict[str, int]
+    ) -> None:
+        """`sizes`: of the messages not fetched (over max_message_size), by claim key, as the
+        server says them (RFC822.SIZE)."""
         # Marked failed first: if setting it aside fails, the next round (ours or another
         # node's) finds the mark and sets it aside without handing it over again. And
         # recorded durably first, as a delivery is: a message set aside has its record.
@@ -801,7 +839,10 @@ class MailboxWatcher:
         for claim, message, answer in never:
             _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
                          self.target.name, answer.detail)  # fmt: skip
-            self._log.write(self._record(InboundFailure, claim, message, answer, permanent=True, action=action))
+            record = self._record(
+                InboundFailure, claim, message, answer, size=sizes.get(claim.key), permanent=True, action=action
+            )
+            self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
         self._log.flush()  # in the file before the failed mark, which lets others set it aside
         with contextlib.suppress(ArbitrationUnavailable):
@@ -809,14 +850,23 @@ class MailboxWatcher:
         await self._fail_at_source(session, [c.uid for c, _, _ in never])
 
     def _record(
-        self, kind: type[_Record], claim: Claim, message: InboundMessage, answer: Handoff, **extra: Any
+        self,
+        kind: type[_Record],
+        claim: Claim,
+        message: InboundMessage,
+        answer: Handoff,
+        *,
+        size: int | None = None,
+        **extra: Any,
     ) -> _Record:
+        """`size`: the server's, for a message whose body was not fetched (then `message` is
+        a stub, its dedupe key empty)."""
         return kind(
             timestamp=time.time(),
             source=self.source,
             target=self.target.name,
             dedupe_key=message.dedupe_key,
-            size=len(message.raw),
+            size=len(message.raw) if size is None else size,
             message_id=message.message_id,
             mailbox=self.identity,
             uidvalidity=message.uidvalidity,
@@ -842,6 +892,7 @@ class MailboxWatcher:
         else:
             await session.flag(uids, "\\Seen")
         self._acknowledged = True
+        self._answered()
         return self._ack_action()
 
     def _failure_action(self) -> str:

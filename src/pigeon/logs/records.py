@@ -236,7 +236,11 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
 
 class InboundFailure(Inbound, tag="InboundFailure"):
     """The target did not accept the message: retried after `next_attempt`, or, when
-    `permanent`, given up (moved to the failed folder, or bounced)."""
+    `permanent`, given up (moved to the failed folder, or bounced).
+
+    A mailbox's message over `max_message_size` is refused without being fetched: its `size`
+    is the one the IMAP server gives (RFC822.SIZE), and its `dedupe_key` (and `message_id`) are
+    empty, since the body they come from was never read."""
 
     permanent: bool = False
     next_attempt: float | None = None
