@@ -76,6 +76,9 @@ class WebhookApp(ThreadedApp):
         self.node_delay: dict[str, float] = {}  # X-Test-Node: seconds its requests take instead
         self._holds: dict[str, asyncio.Event] = {}  # X-Test-Node: set when its requests may go on
         self.refuse: Callable[[bytes], bool] = lambda body: False  # answer 503 to these bodies
+        # The answers (status, headers) to the next requests, first first; then as above.
+        self.answers: list[tuple[int, dict[str, str]]] = []
+        self.requests: list[float] = []  # time.time() each request came
         self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
         self.refused = 0
         self.bodies: dict[str, bytes] = {}
@@ -98,6 +101,11 @@ class WebhookApp(ThreadedApp):
         key = request.headers.get("X-Pigeon-Dedupe-Key", "")
         with self._lock:
             self.headers.append(dict(request.headers))
+            self.requests.append(time.time())
+            if self.answers:
+                status, headers = self.answers.pop(0)
+                self.refused += 1
+                return web.Response(status=status, headers=headers, text="not now")
             if self.fail_for:
                 self.fail_until, self.fail_for = time.time() + self.fail_for, 0.0
             if self.refuse(body):

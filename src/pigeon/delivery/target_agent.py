@@ -3,7 +3,8 @@
 Messages go to the target in batches (`Target.deliver_many`: one Redis MULTI, one SQL
 transaction, concurrent webhook calls). Its answers become replies the queue understands,
 so retries, `max_age`, bounces and admin operations work on this mail as on outbound mail:
-accepted is `250 2.0.0`, a permanent refusal `550 5.0.0`, anything else `451 4.3.0`.
+accepted is `250 2.0.0`, a permanent refusal `550 5.0.0`, anything else `451 4.3.0`. A target
+that asked for time (a webhook's `Retry-After`) is not tried again before it (`Attempt.not_before`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ class TargetAgent:
                 reply = Reply(451, "4.3.0", (f"{name}: {answer.detail}",))
             count = len(item.message.envelope.recipients)
             classification = self._classifier.classify(reply) if reply.code >= 500 else ""
-            attempts.append(Attempt([reply] * count, [classification] * count, self._site, name, None, duration))
+            attempt = Attempt([reply] * count, [classification] * count, self._site, name, None, duration)
+            if answer.verdict is Verdict.TRANSIENT and answer.retry_after is not None:
+                attempt = attempt._replace(not_before=answer.retry_after)  # the queue caps it
+            attempts.append(attempt)
         return attempts
 
     def _same(self, item: Work, reply: Reply) -> Attempt:

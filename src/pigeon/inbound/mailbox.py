@@ -64,7 +64,7 @@ from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, S
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
-from pigeon.inbound.targets.base import Handoff, Target, Verdict
+from pigeon.inbound.targets.base import Handoff, Target, Verdict, not_before
 from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
@@ -813,7 +813,7 @@ class MailboxWatcher:
 
     async def _settle_later(self, later: list[tuple[Claim, InboundMessage, Handoff]]) -> None:
         first, cap = self._retry
-        delays = [(c, retry_delay(c.attempts + 1, first, cap)) for c, _, _ in later]
+        delays = [(c, not_before(retry_delay(c.attempts + 1, first, cap), a, cap)) for c, _, a in later]
         for claim, _ in delays:
             self.held.pop(claim.key, None)
         try:

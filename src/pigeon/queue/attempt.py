@@ -31,6 +31,10 @@ class Attempt(NamedTuple):
     None: the queue's backoff."""
     source: str | None = None
     """The `[[source]]` the attempt was made from (None: the implicit source, or none at all)."""
+    not_before: float | None = None
+    """Seconds before which what failed transiently must not be tried again (a webhook
+    target's `Retry-After`): the queue waits the longer of this, at most its
+    `max_retry_interval`, and its backoff. None: the backoff alone."""
 
     @classmethod
     def same_for_all(

@@ -256,6 +256,9 @@ class Settlement:
             due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
             if due is not None and attempt.retry_after is not None:
                 due = min(now + attempt.retry_after, policy.retry.expires(message.age_from))
+            if due is not None and attempt.not_before is not None:
+                wait = min(attempt.not_before, policy.retry.max_retry_interval)
+                due = min(max(due, now + wait), policy.retry.expires(message.age_from))
             rebind = entry.rebind
             if rebind is not None and due is not None:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.

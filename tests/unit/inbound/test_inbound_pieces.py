@@ -18,8 +18,9 @@ from pigeon.inbound.imap import uid_set
 from pigeon.inbound.mailbox import retry_delay
 from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
+from pigeon.inbound.targets.base import Handoff, Verdict, not_before
 from pigeon.inbound.targets.sidekiq import SidekiqTarget
-from pigeon.inbound.targets.webhook import header_fields, json_body, signature
+from pigeon.inbound.targets.webhook import header_fields, json_body, retry_after, signature
 
 RAW = b"From: a@example.com\r\nMessage-ID:\r\n <x1@example.com>\r\nSubject: hi\r\n\r\nbody\r\n"
 
@@ -154,3 +155,19 @@ def test_a_raw_webhook_s_envelope_headers_stay_short_enough_for_any_server() -> 
     assert _envelope_headers("", ["b,c@x.example", "ü@x.example"])["X-Pigeon-Recipients"] == (
         "b%2Cc@x.example, %C3%BC@x.example"
     )
+
+
+def test_retry_after_reads_seconds_and_http_dates_and_the_wait_is_capped() -> None:
+    now = 1_700_000_000.0  # Tue, 14 Nov 2023 22:13:20 GMT
+    assert retry_after("20", now) == 20.0
+    assert retry_after(" 0 ", now) == 0.0
+    assert retry_after("Tue, 14 Nov 2023 22:13:50 GMT", now) == 30.0
+    assert retry_after("Tue, 14 Nov 2023 22:00:00 GMT", now) == 0.0  # past: at once
+    assert retry_after("9" * 400, now) == float("inf")
+    for unreadable in (None, "", "soon", "-5", "1.5", "\u0661\u0662"):
+        assert retry_after(unreadable, now) is None
+    later = Handoff(Verdict.TRANSIENT, "429", retry_after=float("inf"))
+    assert not_before(0.2, later, 300.0) == 300.0
+    assert not_before(0.2, Handoff(Verdict.TRANSIENT, "429", retry_after=20.0), 300.0) == 20.0
+    assert not_before(40.0, Handoff(Verdict.TRANSIENT, "429", retry_after=20.0), 300.0) == 40.0
+    assert not_before(40.0, Handoff(Verdict.TRANSIENT, "500"), 300.0) == 40.0

@@ -3,6 +3,8 @@
 A target never decides what happens at the source; it only answers. "Later" (a 5xx, a
 timeout, Redis or PostgreSQL down) keeps the message where it is, to be tried again with
 backoff; "never" (a 4xx the application means) sends it to the failed folder or bounces it.
+A target may say how long "later" is at the least (a webhook's `Retry-After`): the next try
+waits for the longer of that and the backoff (`not_before`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,22 @@ class Handoff:
 
     verdict: Verdict
     detail: str
+    retry_after: float | None = None
+    """TRANSIENT: seconds the target asked us to wait before trying again (a webhook's
+    `Retry-After`); None: it did not say, and the usual backoff applies."""
 
     @property
     def accepted(self) -> bool:
         return self.verdict is Verdict.ACCEPTED
+
+
+def not_before(delay: float, answer: Handoff, cap: float) -> float:
+    """The wait before the next try of what `answer` refused for now: `delay` (the backoff),
+    or what the target asked for if that is longer, but never more than `cap` (a server
+    cannot park mail for a year)."""
+    if answer.retry_after is None:
+        return delay
+    return max(delay, min(answer.retry_after, cap))
 
 
 class Target:

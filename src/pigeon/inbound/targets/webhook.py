@@ -7,11 +7,16 @@ application check the request came from us and is fresh (refuse old `t` to stop 
 envelope, which the message need not show (a Bcc): `X-Pigeon-Sender`, `X-Pigeon-Recipients` (a
 comma-separated list, non-ASCII characters percent-encoded as UTF-8, cut at 4,000 characters)
 and `X-Pigeon-Recipients-Count`. The signature covers the body only, not these headers.
+
+A 429 or 503 with `Retry-After` (seconds, or an HTTP-date: RFC 9110 10.2.3) is retried no
+sooner than it asks, and no later than the retry schedule's longest wait (`Handoff.retry_after`).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
+import email.utils
 import hashlib
 import hmac
 import re
@@ -35,6 +40,24 @@ _FIELD: Final = re.compile(r"[\x21-\x39\x3b-\x7e]+:")  # a field name (printable
 
 
 _MAX_RECIPIENTS_HEADER: Final = 4000  # common servers refuse a header line over 8 KiB with a 400
+_ASKS_TO_WAIT: Final = frozenset({429, 503})  # the answers whose Retry-After we follow (RFC 6585 4, RFC 9110 15.6.4)
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """The seconds a `Retry-After` value asks for (RFC 9110 10.2.3: delay-seconds, or an
+    HTTP-date, which is UTC); None when there is none or it is neither."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)  # (a number too long for a float is inf: capped by the caller)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 def _envelope_headers(sender: str, recipients: Sequence[str]) -> dict[str, str]:
@@ -158,6 +181,8 @@ class WebhookTarget(Target):
             async with self._session.post(config.url, data=body, headers=headers, allow_redirects=False) as response:
                 status = response.status
                 reason = response.reason or ""
+                asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
+                wait = retry_after(asked, time.time())
                 await response.read()
         except TimeoutError:
             return Handoff(Verdict.TRANSIENT, f"no answer from {redact_url(config.url)} within {config.timeout:g}s")
@@ -170,4 +195,6 @@ class WebhookTarget(Target):
             return Handoff(Verdict.ACCEPTED, detail)
         if 400 <= status < 500 and status not in config.retry_statuses:
             return Handoff(Verdict.PERMANENT, detail)
+        if wait is not None:
+            return Handoff(Verdict.TRANSIENT, f"{detail} (Retry-After: {min(wait, 1e9):.0f}s)", wait)
         return Handoff(Verdict.TRANSIENT, detail)
