@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -54,6 +56,35 @@ def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
     result = pigeon_cli("serve", "-c", str(config))
     assert result.returncode == 2
     assert "line 2: [smtp] idle_timeout: 'forever' is not a duration" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("127.0.0.1:27500/json", "no http:// or https:// at the start"),
+        ("ftp://x", "scheme 'ftp' is not http or https"),
+        ("http:///inbound", "no host"),
+    ],
+    ids=["no-scheme", "ftp", "no-host"],
+)
+def test_a_webhook_url_that_is_not_http_stops_start_up_naming_the_file_line_and_key(
+    tmp_path: Path, url: str, why: str
+) -> None:
+    # It used to load, and every handoff then failed "for now" until max_age.
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[[target]]\nname = "ok"\nkind = "webhook"\nurl = "http://127.0.0.1:9/in"\n\n'
+        f'[[target]]\nname = "hook"\nkind = "webhook"\nurl = "{url}"\n\n'
+        '[smtp]\nlisten = ["127.0.0.1:0"]\n\n[http]\nlisten = "127.0.0.1:0"\n'  # (should it start after all)
+    )
+    result = pigeon_cli("serve", "-c", str(config))
+    assert result.returncode == 2
+    expected = 'expected an http:// or https:// URL with a host, like "https://app.example/inbound"'
+    message = f"{config}, line 9: [target] url: target 'hook': '{url}': {why}; {expected}"
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    checked = pigeon_cli("shaping", "check", str(config))  # the command that checks a file
+    assert checked.returncode == 1 and message in checked.stdout + checked.stderr
 
 
 def test_help_shows_examples() -> None:

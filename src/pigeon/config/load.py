@@ -13,6 +13,7 @@ import re
 import socket
 import tomllib
 import typing
+import urllib.parse
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -28,9 +29,11 @@ from pigeon.config.schema import (
     ProviderConfig,
     ShapingConfig,
     TargetConfig,
+    WebhookTarget,
     decode_hook,
 )
 from pigeon.dkim.keys import KeyProblem, load_key
+from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
@@ -395,17 +398,20 @@ def _beside(module: str, base: Path) -> Path | None:
     return candidate if not importable and candidate.is_file() else None
 
 
-def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
+def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
     names = [target.name for target in config.target]
     for name in names:
         if names.count(name) > 1:
             raise fail(["target", "name"], f"two [[target]]s are called {name!r}")
     known = ", ".join(repr(n) for n in names) or "none is configured"
-    for target in config.target:
+    for index, target in enumerate(config.target):
         if isinstance(target, PostgresqlTarget) and not target.dsn.startswith(("postgresql://", "postgres://")):
             # asyncpg takes URLs only: a libpq key=value DSN would load, then fail at every handoff.
             url = "postgresql://user@host:5432/database, with :password after the user name"
             raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL ({url}), not key=value")
+        if isinstance(target, WebhookTarget) and (problem := _webhook_url_problem(target.url)) is not None:
+            # Loaded, it would fail every handoff "for now", and be retried until max_age.
+            raise fail(["target", "url"], f"target {target.name!r}: {problem}", index)
     for mailbox in config.mailbox:
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")
@@ -439,6 +445,26 @@ def _check_inbound(config: Config, fail: Callable[[list[str], str], ConfigError]
             raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})")
         if (route.recipient is None) == (route.domain is None):
             raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
+
+
+def _webhook_url_problem(url: str) -> str | None:
+    """What is wrong with a webhook `url` (None: nothing): it must be http:// or https:// with a
+    host, and a port, if any, from 1 to 65535. (The URL is shown with its secrets masked.)"""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        why = "port 0" if parts.port == 0 else ""
+    except ValueError as error:
+        why = f"not a URL ({error})"
+    else:
+        if parts.scheme.lower() not in ("http", "https") and parts.netloc:
+            why = f"scheme {parts.scheme!r} is not http or https"
+        elif parts.scheme.lower() not in ("http", "https"):
+            why = "no http:// or https:// at the start"
+        elif not parts.hostname:
+            why = "no host"
+    if not why:
+        return None
+    return f'{redact_url(url)!r}: {why}; expected an http:// or https:// URL with a host, like "https://app.example/inbound"'
 
 
 _SOURCE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

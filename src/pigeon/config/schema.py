@@ -494,6 +494,7 @@ class WebhookTarget(_Target, tag="webhook", kw_only=True):
     """An HTTP POST per message; 2xx is accepted."""
 
     url: str
+    """"http://" or "https://" with a host (anything else is refused at load)."""
     format: Literal["raw", "json"] = "raw"
     """"raw": the message as message/rfc822. "json": {dedupe_key, message_id, headers, raw, ...}."""
     secret: str | None = None
