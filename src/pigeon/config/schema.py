@@ -282,7 +282,8 @@ class LogConfig(_Section):
 
 class DeliveryConfig(_Section):
     enabled: bool = True
-    """Deliver mail. Off: the node only accepts (maintenance, or measuring acceptance)."""
+    """Deliver mail. Off: the node only accepts (maintenance, or measuring acceptance): SMTP mail
+    for `[[inbound]]` routes waits in the spool too (said at start); mailboxes are still watched."""
     helo_name: str = ""
     """Name in outbound EHLO. Default: [smtp] hostname."""
     source: str = "default"

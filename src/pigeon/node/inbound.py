@@ -2,7 +2,9 @@
 
 Every worker builds the targets, because SMTP-received mail for an `[[inbound]]` route is
 delivered from the worker that spooled it. Mailboxes are watched by the first worker only:
-more watchers on one node would only contend for the same claims.
+more watchers on one node would only contend for the same claims. With `[delivery] enabled =
+false` that SMTP-received mail waits in the spool (the node only accepts), which the first
+worker says at start.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import functools
 import logging
 from typing import Any
 
-from pigeon.config.schema import Config
+from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound import targets
 from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
 from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
@@ -49,6 +51,7 @@ class Inbound:
         ]
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._first = watch  # the worker that says what concerns the whole node
 
     async def start(self) -> None:
         for target in self.targets.values():
@@ -64,6 +67,13 @@ class Inbound:
                     watcher.config.name,
                     SINGLE_NODE_RISK,
                 )
+        if self._first and self.config.inbound and not self.config.delivery.enabled:
+            # A receive-only node is an easy trap: its mailboxes work, its SMTP routes wait.
+            _log.warning(
+                "[delivery] enabled = false: SMTP mail for the [[inbound]] routes %s is accepted and spooled, but "
+                "not handed to its target until delivery is enabled ([[mailbox]]es are watched as usual)",
+                ", ".join(_route_name(route) for route in self.config.inbound),
+            )
         for watcher in self.watchers:
             self._watch(watcher)
 
@@ -104,3 +114,9 @@ class Inbound:
 
     def health(self) -> dict[str, Any]:
         return {w.config.name: w.health() for w in self.watchers}
+
+
+def _route_name(route: InboundRouteConfig) -> str:
+    """An `[[inbound]]` route as a warning names it: "recipient reply+*@app.example -> app"."""
+    which = f"recipient {route.recipient}" if route.recipient else f"domain {route.domain}"
+    return f"{which} -> {route.target}"
