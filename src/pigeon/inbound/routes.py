@@ -5,7 +5,8 @@ like any other mail with its envelope naming the target, and delivered to the ta
 of an MX. Its scheduled queue and its ready queue's site are both called `inbound:<target>`,
 so retries, `max_age`, bounces and every admin operation work on it as on outbound mail.
 Each route also says what becomes of mail its target refuses for good or that expires
-(`InboundFailures`: who gets a DSN; held or dropped otherwise).
+(`InboundFailures`: who gets a DSN; held or dropped otherwise). An address no route takes at
+a domain the routes name (`receives`) is unknown to a client that may not relay, not relaying.
 """
 
 from __future__ import annotations
@@ -45,9 +46,22 @@ class InboundRoutes:
             for r in routes
         ]
         self._cache: dict[str, InboundRoute | None] = {}
+        self._domains = frozenset(
+            domain for r in self._routes if r.recipient is not None and (domain := _literal_domain(r.recipient))
+        )
 
     def __bool__(self) -> bool:
         return bool(self._routes)
+
+    def receives(self, address: str) -> bool:
+        """Whether the domain of `address` is one we take inbound mail for: named as it is by a
+        recipient pattern ("reply+*@app.example": app.example; a domain with a glob in it names
+        none) or matched by a domain route. An address there that no route takes is unknown
+        (550 5.1.1), not a relay attempt."""
+        domain = address.rpartition("@")[2].lower()
+        if domain in self._domains:
+            return True
+        return any(r.domain is not None and fnmatch.fnmatchcase(domain, r.domain) for r in self._routes)
 
     def routing_key(self, address: str) -> str | None:
         """`inbound:<target>` for a routed recipient address, else None (the scheduled queue
@@ -76,3 +90,11 @@ class InboundRoutes:
             self._cache.clear()
         self._cache[address] = route
         return route
+
+
+def _literal_domain(pattern: str) -> str | None:
+    """The domain of a recipient pattern when it has no glob in it, else None."""
+    _, at, domain = pattern.rpartition("@")
+    if not at or not domain or any(c in domain for c in "*?["):
+        return None
+    return domain

@@ -435,7 +435,9 @@ class SmtpConnection(asyncio.Protocol):
             # Mail for an application's [[inbound]] route is ours to take from anyone.
             routes = self._listener.intake.inbound_routes
             if not (routes and routes.routing_key(address)):
-                self._respond(replies.RELAY_DENIED, "RCPT")
+                # At a domain of the routes, an address none takes is unknown, not relaying.
+                known = routes is not None and routes.receives(address)
+                self._respond(replies.UNKNOWN_RECIPIENT if known else replies.RELAY_DENIED, "RCPT")
                 return
         recipient = Recipient(address, notify, event.orcpt)
         hook = self._listener.intake.policy.on_rcpt_to

@@ -189,6 +189,8 @@ CONTENT_NUL: Final = r(554, "5.6.0", "Message contains a NUL octet (RFC 5322 2.3
 CONTENT_BARE_LF: Final = r(554, "5.6.0", "Message contains a bare <LF>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
 CONTENT_BARE_CR: Final = r(554, "5.6.0", "Message contains a bare <CR>; lines must end with <CR><LF> (RFC 5321 2.3.8)")
 RELAY_DENIED: Final = r(550, "5.7.1", "Relay access denied")
+# RFC 3463 3.2 X.1.1: a domain we receive mail for, an address there we do not (no route takes it).
+UNKNOWN_RECIPIENT: Final = r(550, "5.1.1", "No such recipient here")
 CANNOT_SIGN: Final = r(451, "4.3.0", "Cannot sign the message now (DKIM); try again later")
 TOO_MANY_HOPS: Final = r(554, "5.4.6", "Too many hops: mail loop detected (RFC 5321 6.3)")
 
