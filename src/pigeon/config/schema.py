@@ -483,7 +483,8 @@ class SidekiqTarget(_Target, tag="sidekiq", kw_only=True):
     """The application's Redis. Default: [redis] url, else redis://127.0.0.1:6379/0."""
     queue: str = "default"
     job_class: str = "InboundEmailJob"
-    """The worker class Sidekiq runs; args are [raw message, {dedupe_key, message_id, ...}]."""
+    """The worker class Sidekiq runs; args are [raw message, {dedupe_key, message_id, ...}]. A raw
+    message that is not UTF-8 is base64, and args[1] has "raw_encoding": "base64"."""
     retry: bool | int = True
     """The job's own Sidekiq `retry` option."""
     timestamps: Literal["seconds", "milliseconds"] = "seconds"
@@ -497,7 +498,8 @@ class WebhookTarget(_Target, tag="webhook", kw_only=True):
     url: str
     """"http://" or "https://" with a host (anything else is refused at load)."""
     format: Literal["raw", "json"] = "raw"
-    """"raw": the message as message/rfc822. "json": {dedupe_key, message_id, headers, raw, ...}."""
+    """"raw": the message as message/rfc822. "json": {dedupe_key, message_id, headers, raw, ...},
+    where `raw` is base64 with "raw_encoding": "base64" beside it when the message is not UTF-8."""
     secret: str | None = None
     """HMAC-SHA256 key: X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC of "<t>." + body>."""
     timeout: Duration = Duration(30)
@@ -532,7 +534,8 @@ class MaildirTarget(_Target, tag="maildir", kw_only=True):
 
 
 class LogTarget(_Target, tag="log", kw_only=True):
-    """One JSON line per message (headers, dedupe key and the raw message) in a file."""
+    """One JSON line per message (headers, dedupe key and the raw message) in a file: the JSON
+    webhook's body, so `raw` is base64 with "raw_encoding": "base64" when it is not UTF-8."""
 
     path: Path
 
