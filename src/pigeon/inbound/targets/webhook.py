@@ -19,7 +19,9 @@ import datetime
 import email.utils
 import hashlib
 import hmac
+import os
 import re
+import ssl
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -126,6 +128,23 @@ def _plain_fields(block: bytes) -> list[list[str]] | None:
     return fields
 
 
+def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
+    """`cannot connect to host:port: why`, as the SMTP client says it. aiohttp's own text
+    ("Cannot connect to host h:p ssl:default [Connect call failed ('h', p)]") names its TLS
+    setting even for plain http, and the address twice."""
+    cause = error.os_error
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        why = f"TLS: certificate not trusted: {cause.verify_message or cause.reason}"
+    elif isinstance(cause, ssl.SSLError):
+        why = f"TLS: {cause.reason.replace('_', ' ').lower() if cause.reason else cause}"  # "wrong version number"
+    elif cause.errno is not None and cause.errno > 0:
+        why = os.strerror(cause.errno)  # "Connection refused", not "Connect call failed (...)"
+    else:  # a resolver's error (a negative errno) says itself
+        why = cause.strerror or str(cause) or type(cause).__name__
+    host = f"[{error.host}]" if ":" in error.host else error.host
+    return f"cannot connect to {host}:{error.port}: {redact(why)}"
+
+
 def json_body(message: InboundMessage) -> bytes:
     payload: dict[str, Any] = message.metadata()
     payload["headers"] = header_fields(header_block(message.raw))
@@ -186,6 +205,8 @@ class WebhookTarget(Target):
                 await response.read()
         except TimeoutError:
             return Handoff(Verdict.TRANSIENT, f"no answer from {redact_url(config.url)} within {config.timeout:g}s")
+        except aiohttp.ClientConnectorError as error:
+            return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_cannot_connect(error)}")
         except (aiohttp.ClientError, OSError) as error:
             return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {redact(str(error)) or type(error).__name__}")
         except ValueError as error:  # a header aiohttp will not send: the message's own fault
