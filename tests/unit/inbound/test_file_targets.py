@@ -3,6 +3,7 @@ message once, and nothing counts as accepted that is not in the file or the Mail
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -247,3 +248,23 @@ def test_the_python_link_files_goes_on_past_a_close_that_fails_as_the_c_one_does
         os.close(tmp)
     assert sorted(os.listdir(tmp_path / "new")) == ["one", "two"]
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_file_name_with_a_nul_is_refused_not_cut_short(tmp_path: Path, file_work: str) -> None:
+    # C would stop reading the name at the NUL, and write and link another file than named.
+    for sub in ("tmp", "new"):
+        (tmp_path / sub).mkdir()
+    new, tmp = os.open(tmp_path / "new", os.O_RDONLY), os.open(tmp_path / "tmp", os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="null"):
+            maildir.write_files(new, [b"one"], tmp, [b"one.1\x00x"], [b""], [b"body"])
+        assert os.listdir(tmp_path / "tmp") == []
+        fds = maildir.write_files(new, [b"one"], tmp, [b"one.1"], [b""], [b"body"])
+        with pytest.raises(ValueError, match="null"):
+            maildir.link_files(tmp, [b"one.1"], new, [b"one\x00x"], fds)
+        with contextlib.suppress(OSError):  # (the Python one closed it before it failed)
+            os.close(fds[0])
+    finally:
+        os.close(new)
+        os.close(tmp)
+    assert os.listdir(tmp_path / "new") == []
