@@ -26,9 +26,10 @@ class KeyProblem(Exception):
     """The key file cannot be used; the message names the file and says why."""
 
 
-DNS_NAME_PATTERN: Final = r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$"
+DNS_NAME_PATTERN: Final = r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\Z"
 """A DNS name as DKIM's d= and s= take it (RFC 6376 3.1): dot-separated labels of letters,
-digits and hyphens, the `[[dkim]] selector` schema's pattern too."""
+digits and hyphens, the `[[dkim]] selector` schema's pattern too. It ends in \\Z: a `$` also
+matches before a final newline, which would then reach the DKIM-Signature header (s=)."""
 _NAME: Final = re.compile(DNS_NAME_PATTERN)
 
 

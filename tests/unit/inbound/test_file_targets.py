@@ -3,6 +3,7 @@ message once, and nothing counts as accepted that is not in the file or the Mail
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -215,3 +216,55 @@ def test_a_batch_that_cannot_be_written_leaves_no_file_behind_and_names_the_one_
     assert (tmp_path / "new" / "four").read_bytes() == b"H: 4\r\n" + b"d" * 200_000
     assert (tmp_path / "new" / "there").read_bytes() == b"already delivered"
     assert sorted(os.listdir(tmp_path / "tmp")) == ["busy"]
+
+
+def test_the_python_link_files_goes_on_past_a_close_that_fails_as_the_c_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A close that fails (EIO on NFS) has freed its descriptor all the same. Raising there
+    # left the caller to close every descriptor of the batch again, the freed ones included,
+    # which by then may be another thread's socket or file.
+    for sub in ("tmp", "new"):
+        (tmp_path / sub).mkdir()
+    new, tmp = os.open(tmp_path / "new", os.O_RDONLY), os.open(tmp_path / "tmp", os.O_RDONLY)
+    try:
+        names, tmp_names = [b"one", b"two"], [b"one.1", b"two.1"]
+        fds = maildir._write_files(new, names, tmp, tmp_names, [b"H: 1\r\n"] * 2, [b"body\r\n"] * 2)
+        closed: list[int] = []
+        real_close = os.close
+
+        def close(fd: int) -> None:
+            closed.append(fd)
+            real_close(fd)
+            if fd == fds[0]:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(os, "close", close)
+        assert maildir._link_files(tmp, tmp_names, new, names, fds) == (2, 0)
+        monkeypatch.undo()
+        assert closed == fds
+    finally:
+        os.close(new)
+        os.close(tmp)
+    assert sorted(os.listdir(tmp_path / "new")) == ["one", "two"]
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_file_name_with_a_nul_is_refused_not_cut_short(tmp_path: Path, file_work: str) -> None:
+    # C would stop reading the name at the NUL, and write and link another file than named.
+    for sub in ("tmp", "new"):
+        (tmp_path / sub).mkdir()
+    new, tmp = os.open(tmp_path / "new", os.O_RDONLY), os.open(tmp_path / "tmp", os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="null"):
+            maildir.write_files(new, [b"one"], tmp, [b"one.1\x00x"], [b""], [b"body"])
+        assert os.listdir(tmp_path / "tmp") == []
+        fds = maildir.write_files(new, [b"one"], tmp, [b"one.1"], [b""], [b"body"])
+        with pytest.raises(ValueError, match="null"):
+            maildir.link_files(tmp, [b"one.1"], new, [b"one\x00x"], fds)
+        with contextlib.suppress(OSError):  # (the Python one closed it before it failed)
+            os.close(fds[0])
+    finally:
+        os.close(new)
+        os.close(tmp)
+    assert os.listdir(tmp_path / "new") == []

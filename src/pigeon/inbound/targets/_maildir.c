@@ -53,7 +53,8 @@ write_fully(int fd, const char *head, size_t head_len, const char *body, size_t 
     return 0;
 }
 
-/* The char * of each bytes object of `list` (n of them) into `out`; 0, or -1 with TypeError. */
+/* The char * of each bytes object of `list` (n of them) into `out`; 0, or -1 with TypeError
+ * (not bytes) or ValueError (a NUL inside, which would cut the name short: os.open refuses it). */
 static int
 names_of(PyObject *list, Py_ssize_t n, const char **out)
 {
@@ -64,6 +65,10 @@ names_of(PyObject *list, Py_ssize_t n, const char **out)
             return -1;
         }
         out[i] = PyBytes_AS_STRING(item);
+        if (strlen(out[i]) != (size_t)PyBytes_GET_SIZE(item)) {
+            PyErr_SetString(PyExc_ValueError, "embedded null character in a file name");
+            return -1;
+        }
     }
     return 0;
 }

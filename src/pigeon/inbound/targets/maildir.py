@@ -133,7 +133,10 @@ def _link_files(tmp: int, tmp_names: list[bytes], new: int, names: list[bytes], 
     already counts as done) and its temporary name removed, in order, up to the first link
     that fails. (how many were handled, that link's errno or 0)."""
     for index, (tmp_name, name, fd) in enumerate(zip(tmp_names, names, fds, strict=True)):
-        os.close(fd)
+        # Its bytes are on disk already; and a close that fails has still freed `fd` (Linux),
+        # which must not be closed again, by whoever has it by then: as in C, not an error.
+        with contextlib.suppress(OSError):
+            os.close(fd)
         try:
             os.link(tmp_name, name, src_dir_fd=tmp, dst_dir_fd=new)
         except FileExistsError:
