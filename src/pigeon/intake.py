@@ -115,6 +115,7 @@ class Intake:
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
         self._routing_names = (tenant_header.lower(), campaign_header.lower())
+        self._routing_bytes = tuple(name.encode() for name in self._routing_names)
         self.policy = policy or Policy()
         """The policy module's hooks (`on_message` is asked here; the listeners ask the others)."""
         self.signing = signing
@@ -326,6 +327,11 @@ class Draft:
         envelope = self.envelope
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
+        if tenant is None and campaign is None and any(name in lowered for name in intake._routing_bytes):
+            # A routing header without a value (or any other form that names no queue): it
+            # names nothing, but must not leave either. (A loose look; a false hit costs a
+            # look at the header section when the message leaves, nothing more.)
+            envelope.headers_removed = sorted({*(envelope.headers_removed or ()), *intake._routing_names})
         signing = intake.signing
         if signing is not None and any(group.target is None for group, _ in self._groups):
             message: bytes | Path = body.data if body.data is not None else _flushed(body)

@@ -63,13 +63,15 @@ def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTI
 
     Returns `stored` itself when nothing changes (the usual case: no copy).
     """
-    # The routing headers come off whatever their value (an empty one names no tenant but
-    # must not leave either), and whoever added them: a client, or the policy.
-    names = routing
+    # The intake sets tenant or campaign when it found their header, or lists a routing
+    # header it found without a value under headers_removed: else none is there, and the
+    # header section is not even looked at. Whoever added one, a client or the policy, it
+    # never leaves.
+    names = routing if envelope.tenant is not None or envelope.campaign is not None else ()
     removed = envelope.headers_removed
     if removed:
         names = names + tuple(name.encode("utf-8") for name in removed)
-    message = strip_headers(stored, names)
+    message = strip_headers(stored, names) if names else stored
     added = envelope.headers_added
     if added:
         on_top = "".join(
