@@ -53,6 +53,18 @@ write_fully(int fd, const char *head, size_t head_len, const char *body, size_t 
     return 0;
 }
 
+/* The files made so far (the first `made` entries of `fds`, -1 for none) closed and removed. */
+static void
+discard(int tmp_fd, const char **tmp, const int *fds, Py_ssize_t made)
+{
+    for (Py_ssize_t i = 0; i < made; i++) {
+        if (fds[i] >= 0) {
+            close(fds[i]);
+            unlinkat(tmp_fd, tmp[i], 0);
+        }
+    }
+}
+
 /* The char * of each bytes object of `list` (n of them) into `out`; 0, or -1 with TypeError
  * (not bytes) or ValueError (a NUL inside, which would cut the name short: os.open refuses it). */
 static int
@@ -124,7 +136,10 @@ write_files(PyObject *module, PyObject *args)
         if (fstatat(new_fd, final[i], &there, 0) == 0) {
             continue;
         }
-        int fd = openat(tmp_fd, tmp[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        int fd;
+        do {
+            fd = openat(tmp_fd, tmp[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        } while (fd < 0 && errno == EINTR);
         if (fd < 0) {
             error = errno, failed = i;
             break;
@@ -137,12 +152,7 @@ write_files(PyObject *module, PyObject *args)
         }
     }
     if (error != 0) {
-        for (Py_ssize_t i = 0; i < made; i++) {
-            if (fds[i] >= 0) {
-                close(fds[i]);
-                unlinkat(tmp_fd, tmp[i], 0);
-            }
-        }
+        discard(tmp_fd, tmp, fds, made);
     }
     Py_END_ALLOW_THREADS
     if (error != 0) {
@@ -151,16 +161,16 @@ write_files(PyObject *module, PyObject *args)
         goto done;
     }
     result = PyList_New(n);
-    if (result == NULL) {
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
         PyObject *fd = PyLong_FromLong(fds[i]);
         if (fd == NULL) {
             Py_CLEAR(result);
-            goto done;
+        } else {
+            PyList_SET_ITEM(result, i, fd);
         }
-        PyList_SET_ITEM(result, i, fd);
+    }
+    if (result == NULL) { /* out of memory: the files are not handed back, so not left behind */
+        discard(tmp_fd, tmp, fds, n);
     }
 done:
     for (Py_ssize_t i = 0; i < viewed; i++) {
@@ -217,7 +227,11 @@ link_files(PyObject *module, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n && error == 0; i++) {
         close(fds[i]);
-        if (linkat(tmp_fd, tmp[i], new_fd, final[i], 0) != 0 && errno != EEXIST) {
+        int linked;
+        do {
+            linked = linkat(tmp_fd, tmp[i], new_fd, final[i], 0);
+        } while (linked != 0 && errno == EINTR);
+        if (linked != 0 && errno != EEXIST) {
             error = errno;
         }
         unlinkat(tmp_fd, tmp[i], 0);
