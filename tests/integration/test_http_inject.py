@@ -199,6 +199,11 @@ def test_an_undefined_variable_refuses_only_that_recipient(pigeon: PigeonProcess
     assert bob["error"].startswith("554 5.6.0 ") and "'code' is undefined" in bob["error"]
     (received,) = sink.wait_for(1)
     assert received.recipients == ["ann@example.net"]
+    # Logged and counted as every refused recipient is.
+    (rejection,) = pigeon.wait_records("Rejection")
+    assert (rejection["command"], rejection["recipients"]) == ("inject", [bob["email"]])
+    assert rejection["response"]["code"] == 554 and "undefined" in rejection["response"]["text"]
+    assert pigeon.metric('pigeon_rejections_total{code="554",command="inject"}') == 1
 
 
 def test_the_local_token_is_private_and_lets_commands_on_this_machine_in(tmp_path: Path, sink: ScriptedSink) -> None:

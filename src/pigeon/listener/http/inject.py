@@ -160,20 +160,21 @@ async def inject(request: web.Request) -> web.Response:
         try:
             composed = composer.compose(recipient)
         except RenderTimeSpent as error:
-            result.error = str(replies.r(451, "4.3.0", f"{error}; send this recipient again"))
+            refuse(result, replies.r(451, "4.3.0", f"{error}; send this recipient again"), by_policy=False)
             continue
         except TemplateLimitError as error:
             if first:  # nothing taken yet: refuse the request, naming the limit
                 raise bad_request(
                     str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content"
                 ) from None
-            result.error = str(replies.r(554, "5.6.0", str(error)))
+            refuse(result, replies.r(554, "5.6.0", str(error)), by_policy=False)
             continue
         except ComposeError as error:
-            result.error = str(replies.r(554, "5.6.0", str(error)))
+            refuse(result, replies.r(554, "5.6.0", str(error)), by_policy=False)
             continue
         if len(composed.data) > config.smtp.max_message_size:
-            result.error = str(replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit"))
+            too_big = replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit")
+            refuse(result, too_big, by_policy=False)
             continue
         # What SMTP reception refuses, injection refuses too: the request was checked, but a
         # recipient's substitutions are only seen here, and the next hop must never get a
@@ -182,7 +183,7 @@ async def inject(request: web.Request) -> web.Response:
             composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
         )
         if unfit is not None:
-            result.error = str(unfit)
+            refuse(result, unfit, by_policy=False)
             continue
         envelope = Envelope(
             sender,
