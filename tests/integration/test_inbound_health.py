@@ -104,6 +104,23 @@ def test_a_dead_target_shows_in_healthz_and_top_until_it_accepts_again(tmp_path:
         sidekiq.stop()
 
 
+def test_a_dead_targets_error_goes_once_nothing_is_left_to_hand_it(tmp_path: Path, dovecot: Dovecot) -> None:
+    # The messages it refused were removed at the source (by a person, say): nothing is left
+    # for the target, so its last refusal no longer makes the mailbox degraded.
+    dovecot.append("app", [customer_mail(i) for i in range(2)])
+    sidekiq = RedisServer(tmp_path / "sidekiq")  # never started: its port refuses connections
+    jobs = {"name": "jobs", "kind": "sidekiq", "redis_url": sidekiq.url, "retry_interval": "200ms",
+            "max_retry_interval": "500ms"}  # fmt: skip
+    with PigeonProcess(tmp_path / "p", target=[jobs], mailbox=[imap_mailbox(dovecot, "jobs")]) as node:
+        wait_until(lambda: health(node)[1]["inbound"]["support"]["status"] == "degraded", 20)
+        with dovecot.connect("app") as imap:
+            imap.select("INBOX")
+            imap.uid("STORE", "1:*", "+FLAGS.SILENT", "(\\Deleted)")
+            imap.expunge()
+        mailbox = wait_until(lambda: (m := health(node)[1]["inbound"]["support"])["status"] == "ok" and m, 20)
+        assert mailbox["error"] is None
+
+
 def test_a_mailbox_without_redis_is_a_loud_risk_at_start_and_in_healthz(tmp_path: Path, dovecot: Dovecot) -> None:
     with WebhookApp() as app:
         box = imap_mailbox(dovecot, "hook")

@@ -7,7 +7,6 @@ same from any working directory; without a file they are relative to the working
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import ipaddress
 import re
 import socket
@@ -137,8 +136,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         module = config.policy.module
         if module is not None and (module.endswith(".py") or "/" in module):
             config.policy.module = str(_resolve(Path(module), base))
-        elif module is not None and _beside(module, base) is not None:
-            config.policy.module = str(_beside(module, base))
+        elif module is not None and (beside := _beside(module, base)) is not None:
+            config.policy.module = str(beside)
     _check_inbound(config, fail)
     _check_egress(config, fail)
     if path is not None:
@@ -388,14 +387,13 @@ def _check_reactions(config: Config, fail: Callable[..., ConfigError], others: S
 
 
 def _beside(module: str, base: Path) -> Path | None:
-    """The file a dotted module name would be, next to the config file, when the name is not
-    importable from sys.path (`module = "mypolicy"` beside a mypolicy.py: what a user means)."""
+    """The file a dotted module name names beside the config file, if there is one: it wins
+    over a module of that name on sys.path (`module = "mailbox"` beside a mailbox.py means that
+    file, not the standard library's mailbox, which defines no hooks)."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        return None
     candidate = base / (module.replace(".", "/") + ".py")
-    try:
-        importable = importlib.util.find_spec(module.partition(".")[0]) is not None
-    except (ImportError, ValueError):
-        importable = False
-    return candidate if not importable and candidate.is_file() else None
+    return candidate if candidate.is_file() else None
 
 
 def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:

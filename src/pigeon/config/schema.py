@@ -691,9 +691,9 @@ class DkimConfig(_Section):
 
 class PolicyConfig(_Section):
     module: str | None = None
-    """The policy module: a dotted name importable from sys.path ("mypolicy", "acme.policy"; if it
-    is not, a .py file of that name beside this file) or the path of a .py file (relative to
-    this file). Its functions named like the hooks are
+    """The policy module: a dotted name ("mypolicy", "acme.policy"), which is the .py file of that
+    name beside this file if there is one, else imported from sys.path; or the path of a .py
+    file (relative to this file). Its functions named like the hooks are
     called at the points the README's "Policy hooks" describes. None: no policy."""
     timeout: Duration = Duration(2)
     """How long an async (or threaded) hook may take; more than 0. Past it the client gets

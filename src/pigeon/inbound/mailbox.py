@@ -374,6 +374,7 @@ class MailboxWatcher:
         if not uids:
             self._elsewhere.clear()
             self._settled_before.clear()
+            self._target_idle()
             return False, False
         self._settled_before.intersection_update(uids)
         self._known_sizes = {uid: size for uid, size in self._known_sizes.items() if uid in searched}
@@ -618,6 +619,14 @@ class MailboxWatcher:
         if never:
             await self._settle_never(session, never, {claim.key: size for claim, size in fetched.too_big})
         return bool(settled or fetched.too_big or recovered)
+
+    def _target_idle(self) -> None:
+        """Nothing left to hand over (what the target refused was removed at the source, say):
+        its last refusal is no longer the mailbox's trouble."""
+        if self.target_error is not None:
+            self.target_error = None
+            _log.warning("mailbox %s: nothing left for target %s; its last refusal no longer counts",
+                         self.config.name, self.target.name)  # fmt: skip
 
     def _target_failing(self, detail: str) -> None:
         """The target refused a whole batch for now: the mailbox says so (degraded) until it

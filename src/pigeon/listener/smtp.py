@@ -48,7 +48,7 @@ from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
-from pigeon.policy.hooks import POLICY_ERROR, HookFailed, refusal
+from pigeon.policy.hooks import POLICY_ERROR, HookFailed, at_greeting, refusal
 from pigeon.smtp import replies
 from pigeon.smtp.events import (
     NEED_DATA,
@@ -291,11 +291,9 @@ class SmtpConnection(asyncio.Protocol):
         if verdict is None:
             return None
         reply = refusal(verdict)
-        if command == "CONNECT" and reply.code not in (421, 554):
-            # A greeting is 220, 554 or 421 (RFC 5321 3.1, 4.2.3): any other refusal (a hook's
-            # Refuse(550), a call cancelled as 451) is sent as the one of its class.
-            reply = Reply(421 if reply.code < 500 else 554, reply.enhanced, reply.lines)
         if command == "CONNECT":
+            # A hook's Refuse(550), or a call cancelled as 451, goes as a greeting may refuse.
+            reply = at_greeting(reply)
             self._log_rejection(command, reply)  # (the other commands' are logged by _respond)
         return reply
 

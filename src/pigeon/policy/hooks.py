@@ -62,7 +62,6 @@ _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
 _ACTIONS: Final = {"before_delivery": "deferred", "on_delivery_outcome": "kept"}  # others: the reply
 POLICY_ERROR: Final = Reply(451, "4.3.0", ("policy error; try again later",))
 POLICY_TIMEOUT: Final = Reply(451, "4.3.0", ("policy check timed out; try again later",))
-_FAILED_CODES: Final = {"on_connect": 421}  # a greeting is 220, 421 or 554 (RFC 5321 3.1, 4.2.3)
 _file_modules = itertools.count(1)
 
 A = TypeVar("A")
@@ -81,6 +80,14 @@ class HookFailed:
 
 Verdict: TypeAlias = "A | HookFailed | None"
 """A hook's answer: one it may give, None (go on), or HookFailed."""
+
+
+def at_greeting(reply: Reply) -> Reply:
+    """`reply` as a greeting may refuse: a greeting is 220, 421 or 554 (RFC 5321 3.1, 4.2.3), so
+    another refusal goes as the one of its class."""
+    if reply.code in (421, 554):
+        return reply
+    return Reply(421 if reply.code < 500 else 554, reply.enhanced, reply.lines)
 
 
 def refusal(verdict: Refuse | HookFailed) -> Reply:
@@ -182,9 +189,8 @@ class Hook(Generic[A]):
     ) -> HookFailed:
         """Log the failure (`error` None: a timeout) and say what the client gets."""
         reply = POLICY_TIMEOUT if error is None else POLICY_ERROR
-        code = _FAILED_CODES.get(self.name)
-        if code is not None:
-            reply = Reply(code, reply.enhanced, reply.lines)
+        if self.name == "on_connect":
+            reply = at_greeting(reply)
         action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
         if error is None:
             text, trace = f"timed out after {self._runner.timeout:g}s ([policy] timeout)", None

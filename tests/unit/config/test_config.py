@@ -442,8 +442,10 @@ def test_a_policy_module_named_like_a_file_beside_the_config_is_that_file(tmp_pa
     # `module = "mypolicy"` with mypolicy.py next to pigeon.toml, as a user writes it.
     (tmp_path / "mypolicy.py").write_text("def on_connect(connection):\n    return None\n")
     assert load(write(tmp_path, '[policy]\nmodule = "mypolicy"\n')).policy.module == str(tmp_path / "mypolicy.py")
-    # A name importable from sys.path stays a name, file or not; one neither is left to fail
-    # at load with Python's own message.
-    (tmp_path / "json.py").write_text("")
+    # The file beside the config wins over a module of that name on sys.path (the standard
+    # library's mailbox defines no hooks); a name that is neither is left to fail at load with
+    # Python's own message.
+    (tmp_path / "mailbox.py").write_text("")
+    assert load(write(tmp_path, '[policy]\nmodule = "mailbox"\n')).policy.module == str(tmp_path / "mailbox.py")
     assert load(write(tmp_path, '[policy]\nmodule = "json"\n')).policy.module == "json"
     assert load(write(tmp_path, '[policy]\nmodule = "nowhere.policy"\n')).policy.module == "nowhere.policy"
