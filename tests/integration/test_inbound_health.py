@@ -92,11 +92,8 @@ def test_a_dead_target_shows_in_healthz_and_top_until_it_accepts_again(tmp_path:
             (row,) = [line for line in shown.stdout.splitlines() if line.startswith("support ")]
             assert row.split()[1:3] == ["jobs", "degraded"] and "target jobs: Sidekiq's Redis" in row, row
             sidekiq.start()
-            client = sidekiq.client()
-            try:
+            with sidekiq.client() as client:
                 wait_until(lambda: client.llen("queue:default") == 3, 20)
-            finally:
-                client.close()
             mailbox = wait_until(lambda: (m := health(node)[1]["inbound"]["support"])["status"] == "ok" and m, 10)
             assert mailbox["error"] is None
             assert "mailbox support: target jobs accepts messages again" in node.stderr()

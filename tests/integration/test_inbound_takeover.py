@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 from pigeon.inbound.arbitration import RedisArbiter
 from tests.support.apps import (
@@ -27,6 +28,11 @@ from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
 
 DEAD = "hdeadbeefdeadbeef"  # a node token ("h": it kept a heartbeat) that has none any more
+
+
+def hook_node(tmp_path: Path, redis_server: RedisServer, app: WebhookApp, box: dict[str, Any]) -> PigeonProcess:
+    """A node watching `box` with Redis arbitration, handing over to `app`."""
+    return PigeonProcess(tmp_path / "p", redis={"url": redis_server.url}, target=[webhook_target(app)], mailbox=[box])
 
 
 def claim_key(dovecot: Dovecot, uid: int) -> str:
@@ -47,9 +53,7 @@ def test_a_dead_node_s_claim_is_taken_over_at_once_and_its_done_mark_acknowledge
     client.set(claim_key(dovecot, uids[1]), f"d:{DEAD}", px=86_400_000)
     with WebhookApp() as app:
         box = imap_mailbox(dovecot, "hook")  # lease: the default 60 s
-        with PigeonProcess(
-            tmp_path / "p", redis={"url": redis_server.url}, target=[webhook_target(app)], mailbox=[box]
-        ) as node:
+        with hook_node(tmp_path, redis_server, app, box) as node:
             started = time.monotonic()
             wait_until(lambda: not dovecot.unseen("app"), 30)
             took = time.monotonic() - started
@@ -86,12 +90,7 @@ def test_a_live_node_s_done_mark_is_left_to_it_and_recorded_by_whoever_takes_it_
     heartbeat_runs_out_in(redis_server, live, 60_000)
     with (
         WebhookApp() as app,
-        PigeonProcess(
-            tmp_path / "p",
-            redis={"url": redis_server.url},
-            target=[webhook_target(app)],
-            mailbox=[imap_mailbox(dovecot, "hook")],
-        ) as node,
+        hook_node(tmp_path, redis_server, app, imap_mailbox(dovecot, "hook")) as node,
     ):
         time.sleep(5)  # several looks at it, 2 s apart
         assert dovecot.unseen("app") == [uid], "acknowledged behind the back of the node that handed it over"
@@ -120,12 +119,7 @@ def test_a_takeover_is_logged_with_the_dead_node_s_name_and_token(
     redis_server.client().set(claim_key(dovecot, uids[2]), f"c:{DEAD}.3:0", px=60_000)
     with (
         WebhookApp() as app,
-        PigeonProcess(
-            tmp_path / "p",
-            redis={"url": redis_server.url},
-            target=[webhook_target(app)],
-            mailbox=[imap_mailbox(dovecot, "hook")],
-        ) as node,
+        hook_node(tmp_path, redis_server, app, imap_mailbox(dovecot, "hook")) as node,
     ):
         wait_until(lambda: not dovecot.unseen("app"), 30)
         records = node.wait_records("InboundDelivery", 3)
