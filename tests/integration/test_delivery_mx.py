@@ -65,3 +65,44 @@ def test_dns_failure_is_transient(tmp_path: Path) -> None:
         (failure, *_) = wait_until(lambda: pigeon.records("TransientFailure"))
         assert failure["response"]["enhanced"] == "4.4.3"
         assert not _terminal(pigeon)
+
+
+def test_a_domain_requiring_tls_never_rides_a_plaintext_connection_opened_for_another_on_its_mx(
+    tmp_path: Path,
+) -> None:
+    # Two domains hosted on one MX (as at any large provider) share its ready queue and its
+    # connections: unless they differ in TLS policy. strict.example requires TLS; the MX does
+    # not offer STARTTLS, so its mail must wait (4.7.5), even while a plaintext connection
+    # opened for open.example is there to reuse.
+    port = free_port()
+    zone = Zone(
+        {
+            "open.example": [("MX", 10, "mx.hosting.example")],
+            "strict.example": [("MX", 10, "mx.hosting.example")],
+            "mx.hosting.example": [("A", "127.0.0.4")],
+        }
+    )
+    delivery = {"enabled": True, "smtp_port": port, "retry_interval": "1s", "dsn": False}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.4", port=port) as sink,
+        PigeonProcess(
+            tmp_path / "node",
+            delivery=delivery,
+            dns={"nameservers": [dns.endpoint], "timeout": "1s"},
+            route=[{"domain": "strict.example", "tls": "required"}],
+        ) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            for n in range(3):  # interleaved, so a connection to the MX is open when strict mail is ready
+                client.sendmail("a@example.org", [f"o{n}@open.example"], b"Subject: open\r\n\r\nhi\r\n")
+                client.sendmail("a@example.org", [f"s{n}@strict.example"], b"Subject: strict\r\n\r\nhi\r\n")
+        delivered = wait_until(lambda: len(pigeon.records("Delivery")) >= 3 and pigeon.records("Delivery"))
+        failures = wait_until(
+            lambda: len(pigeon.records("TransientFailure")) >= 3 and pigeon.records("TransientFailure")
+        )
+        assert {r["recipient"].split("@")[1] for r in delivered} == {"open.example"}
+        assert {r["recipient"].split("@")[1] for r in failures} == {"strict.example"}
+        assert all(r["response"]["enhanced"] == "4.7.5" for r in failures), failures
+        assert all("strict.example" not in rcpt for m in sink.received for rcpt in m.recipients)
+        assert {r["site"] for r in delivered + failures} == {f"mx.hosting.example:{port}"}  # one site for limits

@@ -341,7 +341,7 @@ class Admin:
             # suspension waits in its scheduled queue, and this row is where it says why.
             effects = self._effects(q.path)
             if len(q) or connections or effects:
-                source = q.path[: -len(q.site) - 2]  # the implicit source too, by its name
+                source = q.path.partition("->")[0]  # the implicit source too, by its name
                 ready.append(
                     ReadyQueueRow(q.path, source, q.site, len(q), connections, self._provider(q.path), effects)
                 )

@@ -147,7 +147,9 @@ class ReadyQueues:
         """Make a SCHEDULED message READY in the queue of its destination's site, from
         `source` (None: the implicit source)."""
         site: str = destination.site
-        path = f"{source or self._source}->{site}"
+        # The TLS policy is part of the queue (`Destination.security`): its connections are
+        # opened under it, and mail that requires more must not ride on them.
+        path = f"{source or self._source}->{site}{destination.security}"
         queue = self._queues.get(path)
         if queue is None:
             envelope = entry.message.envelope
