@@ -327,10 +327,12 @@ class Draft:
         envelope = self.envelope
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
-        if tenant is None and campaign is None and any(name in lowered for name in intake._routing_bytes):
-            # A routing header without a value (or any other form that names no queue): it
-            # names nothing, but must not leave either. (A loose look; a false hit costs a
-            # look at the header section when the message leaves, nothing more.)
+        # Past _HEAD_LIMIT the header section was not read: a routing header there is unseen.
+        unread = len(self._head) >= _HEAD_LIMIT and b"\r\n\r\n" not in self._head
+        if tenant is None and campaign is None and (unread or any(name in lowered for name in intake._routing_bytes)):
+            # A routing header without a value (or any other form that names no queue, or one
+            # past what was read): it names nothing, but must not leave either. (A loose look;
+            # a false hit costs a look at the header section when the message leaves.)
             envelope.headers_removed = sorted({*(envelope.headers_removed or ()), *intake._routing_names})
         signing = intake.signing
         if signing is not None and any(group.target is None for group, _ in self._groups):

@@ -69,6 +69,20 @@ def test_routing_headers_never_leave_whatever_their_form_and_the_obsolete_form_s
         }
 
 
+def test_a_routing_header_past_the_part_of_the_header_section_the_intake_reads_never_leaves(
+    tmp_path: Path,
+) -> None:
+    # The intake reads the first 64 KiB of the header section; a routing header further down
+    # names no queue, but must come off all the same.
+    filler = b"".join(b"X-Filler-%03d: " % n + b"a" * 900 + b"\r\n" for n in range(80))
+    data = b"From: <sender@example.org>\r\n" + filler + b"X-Tenant: acme\r\nSubject: s\r\n\r\nbody\r\n"
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        _send(pigeon, ["a@example.net"], data)
+        (received,) = sink.wait_for(1)
+        assert b"x-tenant" not in received.data.lower()
+        assert received.data.endswith(b"X-Filler-079: " + b"a" * 900 + b"\r\nSubject: s\r\n\r\nbody\r\n")
+
+
 def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
     config = delivery_config("", max_age="4s", dsn=False)
     with ScriptedSink() as sink:

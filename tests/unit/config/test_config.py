@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
+from pigeon.policy.hooks import Policy
 
 FULL = """\
 # A complete configuration, every section present.
@@ -449,3 +451,25 @@ def test_a_policy_module_named_like_a_file_beside_the_config_is_that_file(tmp_pa
     assert load(write(tmp_path, '[policy]\nmodule = "mailbox"\n')).policy.module == str(tmp_path / "mailbox.py")
     assert load(write(tmp_path, '[policy]\nmodule = "json"\n')).policy.module == "json"
     assert load(write(tmp_path, '[policy]\nmodule = "nowhere.policy"\n')).policy.module == "nowhere.policy"
+
+
+def test_a_dotted_policy_module_of_an_importable_package_beside_the_config_is_imported_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # acme/policy.py beside pigeon.toml, the directory on sys.path: loaded as a lone file, its
+    # `from . import helpers` failed ("attempted relative import with no known parent package").
+    package = tmp_path / "review2acme"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("ANSWER = None\n")
+    (package / "policy.py").write_text("from . import helpers\n\ndef on_connect(c):\n    return helpers.ANSWER\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load(write(tmp_path, '[policy]\nmodule = "review2acme.policy"\n'))
+    assert config.policy.module == "review2acme.policy"
+    try:
+        policy = Policy.from_config(config.policy, warn=False)
+        assert policy.on_connect is not None
+        policy.close()
+    finally:
+        for name in [n for n in sys.modules if n.startswith("review2acme")]:
+            del sys.modules[name]
