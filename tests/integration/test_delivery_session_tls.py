@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from pigeon.delivery import session as session_module
 from pigeon.delivery.routes import TlsPolicy
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed
 from pigeon.smtp import replies
 from pigeon.smtp.client import Envelope, Recipient
 from pigeon.smtp.events import Ehlo, StartTls
 from pigeon.smtp.server import ServerConfig
+from pigeon.tls import client_context
 from tests.integration.session_peer import PeerServer, no_dns, on_both_loops
 
 OPTIONS = ClientOptions(helo_name="client.test", connect_timeout=5.0, reply_timeout=5.0)
@@ -167,3 +169,18 @@ async def _settle() -> None:
     """Let the server read what the client wrote just before closing."""
     for _ in range(20):
         await asyncio.sleep(0.01)
+
+
+@on_both_loops
+async def test_verified_tls_to_an_ip_next_hop_checks_the_certificate_names_that_ip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trusted certificate for "mx.test" (no IP in it), reached at 127.0.0.1 (a next_hop given
+    # as an address): the chain verifies, the name does not, so required+verify refuses it.
+    async with tls_server(tmp_path) as server:
+        trusting = client_context(verify=True, cafile=tmp_path / "selfsigned.crt")
+        monkeypatch.setitem(session_module._CONTEXTS, True, trusting)
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(TlsPolicy.REQUIRED, verify=True), no_dns(), OPTIONS)
+        assert failed.value.reply.enhanced == "4.7.5"
+        assert "127.0.0.1" in failed.value.reply.text, failed.value.reply.text

@@ -284,7 +284,11 @@ class ClientConnection:
             if isinstance(event, Ready):
                 return
             if isinstance(event, StartTls):
-                await self._start_tls(None if _is_ip(hop.host) else hop.host, destination.tls_verify)
+                # An address is no server name to send (RFC 6066 3), but a verified connection
+                # must still check the certificate names it: Python checks an IP against the
+                # certificate's IP addresses and sends no SNI for one.
+                verify = destination.tls_verify
+                await self._start_tls(hop.host if verify or not _is_ip(hop.host) else None, verify)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
                 raise failure(event.explain(self.peer))
