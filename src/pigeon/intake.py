@@ -116,6 +116,9 @@ class Intake:
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
         self._routing_names = (tenant_header.lower(), campaign_header.lower())
         self._routing_bytes = tuple(name.encode() for name in self._routing_names)
+        # A routing field at the start of a line (blanks may come before its colon), in the
+        # lowered header section: not "X-Campaign-Id:", nor "x-tenant" in a Subject.
+        self._routing_field = re.compile(rb"\n(?:" + b"|".join(map(re.escape, self._routing_bytes)) + rb")[ \t]*:")
         self.policy = policy or Policy()
         """The policy module's hooks (`on_message` is asked here; the listeners ask the others)."""
         self.signing = signing
@@ -180,6 +183,11 @@ class Intake:
         """Those of `names` no `[[dkim]]` signer has."""
         known = set(self.signer_names())
         return [name for name in names if name not in known]
+
+    def _has_routing_field(self, lowered: bytes) -> bool:
+        """Whether the lowered header section (from its leading newline) has a routing field:
+        a substring look first (most mail has none), the field's exact form only then."""
+        return any(name in lowered for name in self._routing_bytes) and self._routing_field.search(lowered) is not None
 
     def _tenant_and_campaign(self, head: bytes, lowered: bytes) -> tuple[str | None, str | None]:
         return _header_value(head, lowered, self._tenant), _header_value(head, lowered, self._campaign)
@@ -329,10 +337,9 @@ class Draft:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
         # Past _HEAD_LIMIT the header section was not read: a routing header there is unseen.
         unread = len(self._head) >= _HEAD_LIMIT and b"\r\n\r\n" not in self._head
-        if tenant is None and campaign is None and (unread or any(name in lowered for name in intake._routing_bytes)):
+        if tenant is None and campaign is None and (unread or intake._has_routing_field(lowered)):
             # A routing header without a value (or any other form that names no queue, or one
-            # past what was read): it names nothing, but must not leave either. (A loose look;
-            # a false hit costs a look at the header section when the message leaves.)
+            # past what was read): it names nothing, but must not leave either.
             envelope.headers_removed = sorted({*(envelope.headers_removed or ()), *intake._routing_names})
         signing = intake.signing
         if signing is not None and any(group.target is None for group, _ in self._groups):

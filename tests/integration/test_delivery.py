@@ -223,3 +223,13 @@ def test_metrics_count_outcomes_by_site_and_queue_and_show_what_waits(tmp_path: 
         assert samples[f'pigeon_ready_queue_messages{{site="{site}"}}'] == 0  # the deferred one waits in the spool
         assert 'pigeon_recipients_total{outcome="AdminBounce"}' in samples
         assert samples["pigeon_scheduler_lag_seconds_count"] >= 2  # each message made ready once so far
+
+
+def test_a_field_only_named_like_a_routing_header_is_left_alone(tmp_path: Path) -> None:
+    # "X-Campaign-Id" is not X-Campaign, and a Subject may mention x-tenant: neither is a
+    # routing header to take off (which would send signing down the edit-first path).
+    with PigeonProcess(tmp_path / "node", delivery={"enabled": False}) as pigeon:
+        _send(pigeon, ["a@example.net"], b"X-Campaign-Id: 7\r\nSubject: x-tenant: migration\r\n\r\nbody\r\n")
+        _send(pigeon, ["b@example.net"], b"X-Tenant:\r\nSubject: s\r\n\r\nbody\r\n")
+        stored = {m["recipients"][0]: m["envelope"].headers_removed for m in pigeon.spool_messages()}
+        assert stored == {"a@example.net": None, "b@example.net": ["x-campaign", "x-tenant"]}
