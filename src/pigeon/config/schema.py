@@ -303,7 +303,9 @@ class DeliveryConfig(_Section):
     """Send delivery status notifications for bounces and expirations (never to <>)."""
     tls: Literal["opportunistic", "required", "disabled"] = "opportunistic"
     tls_verify: bool = False
-    """Verify the server's certificate when using TLS (needs "required" to mean anything)."""
+    """Verify the server's certificate (system CAs; the MX host's name, or a next_hop's address).
+    With "required", a certificate that does not verify means no delivery; with "opportunistic",
+    TLS unverified, then the clear."""
     pipelining: bool = True
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""

@@ -22,6 +22,7 @@ and one timer handle rather than a stream read under an `asyncio.timeout()` cont
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import ssl
@@ -241,11 +242,17 @@ class ClientConnection:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _HandshakeFailed as error:
                     # The session said a new connection in the clear may do (opportunistic TLS).
+                    # One that asked to verify tries TLS unverified first: a certificate that
+                    # does not verify is still better encryption than none.
                     last = error.reply
-                    try:
-                        return await cls._open_one(hop, address, destination, options, TlsPolicy.DISABLED)
-                    except ConnectFailed as again:
-                        last = again.reply
+                    fallbacks = (
+                        [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
+                    )
+                    for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
+                        try:
+                            return await cls._open_one(hop, address, fallback, options, tls)
+                        except ConnectFailed as again:
+                            last = again.reply
                 except ConnectFailed as error:
                     last = error.reply
         raise ConnectFailed(last)
