@@ -106,3 +106,34 @@ def test_a_domain_requiring_tls_never_rides_a_plaintext_connection_opened_for_an
         assert all(r["response"]["enhanced"] == "4.7.5" for r in failures), failures
         assert all("strict.example" not in rcpt for m in sink.received for rcpt in m.recipients)
         assert {r["site"] for r in delivered + failures} == {f"mx.hosting.example:{port}"}  # one site for limits
+
+
+def test_a_domain_that_takes_no_mail_bounces_as_a_dns_failure_in_a_dsn_that_names_no_server(
+    tmp_path: Path,
+) -> None:
+    # A null MX: Pigeon's own answer, so the DSN's Diagnostic-Code is not "smtp;" (no server
+    # said it), and the bounce is a broken domain (DNSFailure), not a dead mailbox.
+    port = free_port()
+    zone = Zone(
+        {
+            "nomail.example": [("MX", 0, ".")],
+            "example.org": [("MX", 10, "mx.example.org")],
+            "mx.example.org": [("A", "127.0.0.5")],
+        }
+    )
+    delivery = {"enabled": True, "smtp_port": port, "retry_interval": "1s", "tls": "disabled"}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.5", port=port) as sink,
+        PigeonProcess(
+            tmp_path / "node", delivery=delivery, dns={"nameservers": [dns.endpoint], "timeout": "1s"}
+        ) as pigeon,
+    ):
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["x@nomail.example"], b"Subject: x\r\n\r\nhi\r\n")
+        (bounce,) = wait_until(lambda: pigeon.records("Bounce"))
+        assert bounce["classification"] == "DNSFailure"
+        (dsn,) = sink.wait_for(1)
+        assert dsn.recipients == ["a@example.org"]
+        assert b"Diagnostic-Code: X-Pigeon; 556 nomail.example accepts no mail" in dsn.data
+        assert b"Remote-MTA" not in dsn.data

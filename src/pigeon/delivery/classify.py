@@ -19,14 +19,16 @@ from typing import Final
 from pigeon.smtp.replies import Reply
 
 _BUILT_IN: Final[list[tuple[str, str]]] = [
-    # Enhanced status codes first: they are the server saying what it means.
+    # Pigeon's own answers when DNS says a domain takes no mail (NXDOMAIN, no MX and no
+    # address, a null MX) carry 5.1.2 or 5.1.10: a broken domain, not a dead mailbox.
+    ("DNSFailure", r"^5\d\d 5\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX"),
+    # Then enhanced status codes: they are the server saying what it means.
     ("InvalidRecipient", r"^5\d\d 5\.1\.(1|2|3|6|10)\b"),
     ("InvalidSender", r"^5\d\d 5\.1\.(7|8)\b"),
     ("InactiveMailbox", r"^5\d\d 5\.2\.1\b"),
     ("QuotaIssues", r"^5\d\d 5\.2\.2\b|over ?quota|mailbox (is )?full|quota exceeded|insufficient storage"),
     ("MessageExpired", r"^5\d\d 5\.4\.7\b"),
     ("RoutingErrors", r"^5\d\d 5\.4\.(4|6)\b|mail loop|too many hops"),
-    ("DNSFailure", r"^5\d\d 5\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX"),
     ("TooManyRecipients", r"^5\d\d 5\.5\.3\b|too many recipients"),
     ("ProtocolErrors", r"^5\d\d 5\.5\.[0-9]\b"),
     ("ContentRelated", r"^5\d\d 5\.6\.\d+\b|^5\d\d 5\.3\.4\b|message (is )?too (big|large)|size limit"),

@@ -12,11 +12,12 @@ that failed (bounced or expired) unless its NOTIFY excludes FAILURE (NOTIFY abse
 from __future__ import annotations
 
 import asyncio
+import datetime
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
+from email.utils import format_datetime
 
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.smtp.replies import Reply
@@ -54,7 +55,7 @@ def build_report(
     """The complete DSN message, CRLF line endings, ready to store and send to the sender."""
     now = time.time() if now is None else now
     boundary = f"{queue_id}.{secrets.token_hex(8)}/{hostname}"
-    date = formatdate(now, usegmt=True)
+    date = _date(now)
     utf8 = envelope.smtputf8 or not envelope.sender.isascii()
     reasons = "\r\n".join(f"<{f.recipient.address}>: {f.reply.text}" for f in failures)
     human = (
@@ -66,7 +67,7 @@ def build_report(
     per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
     if envelope.envid:
         per_message.append(f"Original-Envelope-Id: {_field(envelope.envid)}")
-    per_message.append(f"Arrival-Date: {formatdate(arrival, usegmt=True)}")
+    per_message.append(f"Arrival-Date: {_date(arrival)}")
     blocks = ["\r\n".join(per_message)]
     for failure in failures:
         address = failure.recipient.address
@@ -154,3 +155,8 @@ class Notifier:
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
         return await self._submit(envelope, report)
+
+
+def _date(when: float) -> str:
+    """An RFC 5322 date-time in UTC, written "+0000" (its "GMT" is obsolete syntax, 4.3)."""
+    return format_datetime(datetime.datetime.fromtimestamp(when, datetime.UTC))

@@ -241,7 +241,10 @@ class Settlement:
                     continue
                 outcome.terminal.append(Bounce(**fields, classification=classification, dsn=withheld))
                 if withheld is None:
-                    outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer)))
+                    # "smtp;" only for what a server answered: Pigeon's own (DNS says no mail
+                    # goes there) is no server's reply.
+                    kind = "smtp" if attempt.peer else "X-Pigeon"
+                    outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer), kind))
             else:
                 deferred.append((recipient, reply))
         mark = entry.admin_bounce

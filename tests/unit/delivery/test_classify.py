@@ -37,6 +37,11 @@ def reply(code: int, enhanced: str | None, text: str) -> Reply:
         (reply(554, "5.7.1", "Your message was infected with a virus"), "VirusRelated"),
         (reply(550, "5.7.0", "Rejected for policy reasons"), "PolicyRelated"),
         (reply(554, "5.4.6", "Too many hops"), "RoutingErrors"),
+        # Pigeon's own answers when DNS says no mail goes there: a broken domain, not a mailbox.
+        (reply(556, "5.1.10", "nomail.example accepts no mail (null MX, RFC 7505)"), "DNSFailure"),
+        (reply(550, "5.1.2", "x.example has no MX and no address record"), "DNSFailure"),
+        (reply(550, "5.1.2", "missing.example: NXDOMAIN"), "DNSFailure"),
+        (reply(550, "5.1.2", "Bad destination system address"), "InvalidRecipient"),  # a server's 5.1.2
         (reply(554, None, "Something odd happened"), "Uncategorized"),
         (reply(421, "4.3.0", "Try again later"), "Uncategorized"),
     ],

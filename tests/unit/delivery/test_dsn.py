@@ -79,6 +79,7 @@ def test_the_report_goes_to_the_envelope_sender_from_the_mailer_daemon() -> None
     assert parsed["Subject"] == "Undelivered Mail Returned to Sender"
     assert parsed["MIME-Version"] == "1.0"
     assert parsed["Date"].datetime.timestamp() == NOW
+    assert str(parsed["Date"]).endswith(" +0000")  # not "GMT", obsolete syntax (RFC 5322 4.3)
     assert parsed["Message-ID"].endswith(f"@{HOSTNAME}>")
 
 
@@ -88,14 +89,14 @@ def test_the_delivery_status_has_the_per_message_and_per_recipient_fields() -> N
     per_message, per_recipient = status_blocks(parsed)
     assert per_message["Reporting-MTA"] == f"dns; {HOSTNAME}"
     assert per_message["Original-Envelope-Id"] == "QQ314159"
-    assert per_message["Arrival-Date"] == "Tue, 14 Nov 2023 22:13:20 GMT"
+    assert per_message["Arrival-Date"] == "Tue, 14 Nov 2023 22:13:20 +0000"
     assert per_recipient["Final-Recipient"] == "rfc822; bob@example.net"
     assert per_recipient["Original-Recipient"] == "rfc822; Bob@Example.NET"
     assert per_recipient["Action"] == "failed"
     assert per_recipient["Status"] == "5.1.1"
     assert per_recipient["Remote-MTA"] == "dns; mx.example.net"
     assert per_recipient["Diagnostic-Code"] == "smtp; 550 User unknown"
-    assert per_recipient["Last-Attempt-Date"] == "Tue, 14 Nov 2023 22:15:00 GMT"
+    assert per_recipient["Last-Attempt-Date"] == "Tue, 14 Nov 2023 22:15:00 +0000"
 
 
 def test_fields_without_a_value_are_left_out() -> None:
