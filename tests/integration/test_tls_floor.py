@@ -97,6 +97,11 @@ def test_the_smtp_listener_refuses_starttls_from_a_tls_1_1_client_and_takes_tls_
                 else:
                     with pytest.raises(ssl.SSLError):
                         context.wrap_socket(client.sock, server_hostname="mx.pigeon.test")
+        # A refused handshake is no lost message: no "message not stored" warning for it.
+        with RawSmtp(pigeon.smtp_port) as client:
+            client.expect(220)
+            client.expect(250, "EHLO client.test")  # a live session after the refused one
+        assert "message not stored" not in pigeon.stderr()
 
 
 def _tls12_client() -> ssl.SSLContext:

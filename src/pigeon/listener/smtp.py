@@ -36,7 +36,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from pigeon.intake import Arrival, Draft, Intake, Refused
 from pigeon.listener.auth_throttle import AuthLimits, Lockout
@@ -71,6 +71,7 @@ from pigeon.smtp.server import Phase, ServerConfig, ServerSession
 from pigeon.spool.spool import SpoolError
 
 _log = logging.getLogger(__name__)
+_NOT_STORED: Final = "message not stored"
 _MAX_BUFFERED = 1024 * 1024  # bytes a client may send ahead while a command is being decided
 _SESSION_PREFIX = secrets.token_hex(4)  # session ids: unique per process run, cheap to make
 _session_numbers = itertools.count(1)
@@ -354,20 +355,27 @@ class SmtpConnection(asyncio.Protocol):
             self._log_rejection(command, reply, message_id)
         self._session.respond(reply)
 
-    def _wait(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
-        """Handle no more commands until `future` is done, then call `then(future)` and carry on."""
+    def _wait(
+        self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None], *, what: str = ""
+    ) -> None:
+        """Handle no more commands until `future` is done, then call `then(future)` and carry on.
+        `what` the future is, for the log if the client is gone by then and it failed."""
         self._blocked = True
         self._flush()
-        future.add_done_callback(lambda f: self._resume(f, then))
+        future.add_done_callback(lambda f: self._resume(f, then, what))
 
-    def _resume(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
+    def _resume(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None], what: str) -> None:
         self._blocked = False
         if self._closed:
             # No one to answer, but a failure is still retrieved and said (asyncio would
             # otherwise print "Future exception was never retrieved" when it is collected).
             error = None if future.cancelled() else future.exception()
             if error is not None:
-                _log.warning("session %s: client gone; message not stored: %s", self.id, error)
+                # A message lost with its client is worth a warning; a handshake a scanner
+                # gave up is not.
+                level = logging.WARNING if what == _NOT_STORED else logging.INFO
+                _log.log(level, "session %s: client gone; %s: %s", self.id, what or "its command failed",
+                         str(error) or type(error).__name__)  # fmt: skip
             return
         then(future)
         if self._paused and self._transport is not None and not self._transport.is_closing():
@@ -486,7 +494,7 @@ class SmtpConnection(asyncio.Protocol):
     def _on_message_end(self, event: MessageEnd) -> None:
         draft = self._draft or self._new_draft()
         self._draft = None
-        self._wait(draft.commit(), functools.partial(self._stored, draft.id))
+        self._wait(draft.commit(), functools.partial(self._stored, draft.id), what=_NOT_STORED)
 
     def _stored(self, message_id: int, future: asyncio.Future[Any]) -> None:
         """`message_id`: the id the message was given, which the policy's on_message saw (and a
@@ -509,7 +517,7 @@ class SmtpConnection(asyncio.Protocol):
             return
         self._session.accept()
         self._flush()
-        self._wait(asyncio.ensure_future(self._start_tls()), self._tls_done)
+        self._wait(asyncio.ensure_future(self._start_tls()), self._tls_done, what="TLS handshake failed")
 
     async def _start_tls(self) -> None:
         transport = self._transport
