@@ -197,6 +197,28 @@ async def test_without_redis_a_node_keeps_to_its_share_and_says_so(
     assert await a.connect("site:mx", 5) is not None  # ... then they share the whole limit again
 
 
+async def test_a_node_started_while_redis_is_away_keeps_to_the_share_its_last_run_saw(
+    make: Make, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # A node restarted during an outage (a crash and a restart, a deploy) cannot count the
+    # nodes: with no memory it would take the whole limit, and the cluster go over it.
+    remembered = tmp_path / "run" / "cluster-nodes"
+    a, b = make("a", remembered=remembered), make("b")
+    await a.start()
+    await b.start()
+    await a._heartbeat()
+    assert a.nodes == 2 and remembered.read_text().strip() == "2"
+    await a.close()
+    redis_server.stop()
+    again = make("a", remembered=remembered)
+    await again.start()
+    assert again.mode == FALLBACK and again.nodes == 2
+    await asyncio.sleep(SETTLE)
+    holds = [await again.connect("site:mx", 4) for _ in range(3)]
+    assert [hold is not None for hold in holds] == [True, True, False]  # 4 // 2, not 4
+    assert again.health()["nodes"] == 2
+
+
 async def test_a_node_over_its_share_ends_connections_until_it_is_within_it(
     make: Make, redis_server: RedisServer
 ) -> None:

@@ -193,7 +193,13 @@ def build_throttles(config: Config, worker: int, workers: int) -> Throttles:
     if redis.url is None:
         return Throttles(table)
     return ClusterThrottles(
-        redis.url, table=table, node=config.node.name, worker=worker, prefix=redis.key_prefix, timeout=redis.timeout
+        redis.url,
+        table=table,
+        node=config.node.name,
+        worker=worker,
+        prefix=redis.key_prefix,
+        timeout=redis.timeout,
+        remembered=config.spool.path / "run" / "cluster-nodes",
     )
 
 

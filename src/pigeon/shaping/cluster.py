@@ -45,8 +45,10 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -141,6 +143,27 @@ class _Block:
         return got, max(self.received, self.first + (self.taken - 1) * self.interval)
 
 
+def _recall(path: Path | None) -> int:
+    """The number of nodes an earlier run last saw (1: none kept, or unreadable)."""
+    try:
+        return max(1, int(path.read_text())) if path is not None else 1
+    except (OSError, ValueError):
+        return 1
+
+
+def _remember(path: Path | None, nodes: int) -> None:
+    """Keep the number of nodes seen (a hint, not durable: a lost write only means 1 at start)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}")
+        temporary.write_text(f"{nodes}\n")
+        temporary.replace(path)
+    except OSError as error:
+        _log.debug("cannot keep the node count in %s: %s", path, error)
+
+
 class ClusterThrottles(Throttles):
     """Limits shared by every node through Redis (see the module docstring)."""
 
@@ -154,9 +177,12 @@ class ClusterThrottles(Throttles):
         prefix: str = "pigeon",
         timeout: float = 2.0,
         lease: float = LEASE,
+        remembered: Path | None = None,
     ) -> None:
-        """`lease`: seconds a lease and a heartbeat last (renewed every `BEAT`)."""
+        """`lease`: seconds a lease and a heartbeat last (renewed every `BEAT`). `remembered`:
+        a file keeping the number of nodes last seen, for a start while Redis is away."""
         super().__init__(table)
+        self._remembered = remembered
         self._lease_ms = int(lease * 1000)
         self.where = redact_url(url)
         self._node = node
@@ -176,7 +202,9 @@ class ClusterThrottles(Throttles):
         self._shared = True  # until Redis fails to answer
         self._settled_at = 0.0  # (table's clock) no new connection before, after a change of mode
         self.error = ""  # why not, while falling back
-        self.nodes = 1  # nodes with a live heartbeat, as last seen
+        # Nodes with a live heartbeat, as last seen: by an earlier run of this node when it
+        # starts while Redis is away, or a node restarted then would take the whole limit.
+        self.nodes = _recall(remembered)
         self.calls = 0  # Redis round trips
         self.errors = 0  # of which failed
         self._numbers = itertools.count(1)
@@ -232,7 +260,10 @@ class ClusterThrottles(Throttles):
         except _Unavailable as error:
             self._fall_back(str(error))
             return
-        self.nodes = max(1, int(nodes))  # type: ignore[call-overload]
+        seen = max(1, int(nodes))  # type: ignore[call-overload]
+        if seen != self.nodes:
+            _remember(self._remembered, seen)
+        self.nodes = seen
         if not self._shared:
             _log.warning("Redis at %s answers again: limits are shared by the cluster again (%d node%s seen)",
                          self.where, self.nodes, "" if self.nodes == 1 else "s")  # fmt: skip
