@@ -18,3 +18,16 @@ def test_a_ready_queue_seen_by_two_workers_adds_their_counts_and_lists_each_effe
     [row] = merged["ready"]
     assert (row["queued"], row["connections"]) == (5, 1)
     assert [effect["id"] for effect in row["effects"]] == ["e1", "e2"]
+
+
+def test_operations_of_several_nodes_read_oldest_first_whatever_their_ids() -> None:
+    # Operation ids are random: sorted by them, "recent operations" read out of order.
+    def op(operation: str, started: float) -> dict[str, object]:
+        return {"operation": operation, "kind": "retry", "started": started, "matched": 1, "acted": 1}
+
+    a = {"operations": [op("df7c", 10.0), op("0689", 40.0)]}
+    b = {"operations": [op("54dd", 30.0), op("0689", 41.0), op("5cf1", 50.0)]}
+    status, merged = merge_answers([(200, a), (200, b)])
+    assert status == 200
+    assert [row["operation"] for row in merged["operations"]] == ["df7c", "54dd", "0689", "5cf1"]
+    assert next(r for r in merged["operations"] if r["operation"] == "0689")["started"] == 40.0

@@ -61,6 +61,9 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
                 ]
             elif mine.get(name) is None:  # the first known (a worker may not know a queue's provider yet)
                 mine[name] = value
+    if any("operation" in row for row in by_key.values()):
+        # Operations read as a history: oldest first (their ids are random).
+        return sorted(by_key.values(), key=lambda r: (r.get("started") or 0, str(_row_key(r))))
     return sorted(by_key.values(), key=lambda r: str(_row_key(r)))
 
 
