@@ -191,8 +191,13 @@ async def test_without_redis_a_node_keeps_to_its_share_and_says_so(
         assert client.zcard("t:throttle:conn:site:mx") == 2
     finally:
         client.close()
-    # For a moment no new connection opens (other nodes may still count their share) ...
+    # For a moment no new connection opens (other nodes may still count their share), and
+    # rates keep to the share of the nodes known before (2; the empty Redis has seen only a
+    # since), while the others may still keep to theirs ...
     assert await a.connect("site:mx", 5) is None
+    assert a.nodes == 1
+    waits = [await a.admit("site:mx2", Rate(100.0), 1) for _ in range(5)]
+    assert waits == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08], abs=0.01)
     await asyncio.sleep(SETTLE)
     assert await a.connect("site:mx", 5) is not None  # ... then they share the whole limit again
 

@@ -205,6 +205,7 @@ class ClusterThrottles(Throttles):
         # Nodes with a live heartbeat, as last seen: by an earlier run of this node when it
         # starts while Redis is away, or a node restarted then would take the whole limit.
         self.nodes = _recall(remembered)
+        self._returning_nodes = 1  # the share rates keep to just after Redis answers again
         self.calls = 0  # Redis round trips
         self.errors = 0  # of which failed
         self._numbers = itertools.count(1)
@@ -261,6 +262,11 @@ class ClusterThrottles(Throttles):
             self._fall_back(str(error))
             return
         seen = max(1, int(nodes))  # type: ignore[call-overload]
+        if not self._shared:
+            # Back from a fallback: until every node has seen Redis again (SETTLE), rates keep
+            # to the share of the nodes known before, as the others may still keep to theirs
+            # (a Redis that came back empty counts only those that have beaten since).
+            self._returning_nodes = max(self.nodes, seen)
         if seen != self.nodes:
             _remember(self._remembered, seen)
         self.nodes = seen
@@ -368,8 +374,10 @@ class ClusterThrottles(Throttles):
         last = 0.0  # the time (table's clock) of the last slot handed out for this request
         fetched = False  # whether this request waited for a block
         while True:
-            if not self._shared:
-                share = Rate(rate.per_second / self.nodes, max(1, rate.burst // self.nodes))
+            returning = self._shared and self._settled_at and table.now() < self._settled_at
+            if not self._shared or returning:
+                nodes = self._returning_nodes if returning else self.nodes
+                share = Rate(rate.per_second / nodes, max(1, rate.burst // nodes))
                 wait = table.reserve(key, share, count, self._horizon.get(key, 0.0))
                 now = table.now()
                 last = max(last, now + wait)
