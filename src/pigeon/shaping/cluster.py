@@ -27,8 +27,10 @@ so once in the log, and in /healthz and /metrics, until a heartbeat succeeds aga
 heartbeat puts back the lease of every connection open meanwhile. For `SETTLE` seconds after
 either change no new connection opens, so every node has seen the change (and put its leases
 back) before anyone counts again; and a node over its share ends connections after their
-current message (`keep`) until it is within it. So the cluster's connections stay within the
-limit through both changes, as the sum of the shares is within it. A schedule does not
+current message (`keep`) until it is within it. For `SETTLE` seconds after Redis answers again,
+rates too keep to the share of the nodes known before (a Redis back empty has not yet seen the
+others beat). So the cluster stays within its limits through both changes, as the sum of the
+shares is within them. A schedule does not
 restart from scratch either way: slots a worker booked in one mode are not given again in the
 other (`_horizon`). No Redis call on the delivery path is made without a timeout, and no
 Redis error fails or holds up a delivery: the answer then comes from the node's share.
