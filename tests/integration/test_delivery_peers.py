@@ -3,7 +3,10 @@ DSN), a server that hangs up mid-DATA, one that is slow to answer."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import smtplib
+import time
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
@@ -87,3 +90,43 @@ def test_sigterm_finishes_deliveries_and_keeps_the_rest_for_the_next_start(tmp_p
             sink.wait_for(10)
         subjects = sorted(int(m.email["Subject"]) for m in sink.received)
         assert subjects == list(range(10))  # each message once: none lost, none sent again
+
+
+def test_notify_success_to_a_peer_without_dsn_gets_a_relayed_report_and_to_one_with_dsn_none(tmp_path: Path) -> None:
+    # RFC 3461 5.2.2: a relay to a server that does not take the DSN parameters reports the
+    # success itself ("relayed"); one that does passes NOTIFY on and leaves the report to it.
+    body = b"Subject: report me\r\nMessage-ID: <m1@example.org>\r\n\r\n" + b"body line\r\n" * 50
+
+    def send(port: int) -> None:
+        with smtplib.SMTP("127.0.0.1", port) as client:
+            client.ehlo("client.test")
+            client.mail("a@example.org", ["ENVID=env-7", "RET=FULL"])
+            client.rcpt("ok@example.net", ["NOTIFY=SUCCESS", "ORCPT=rfc822;orig@example.net"])
+            client.rcpt("ok2@example.net", ["NOTIFY=FAILURE"])
+            assert client.data(body)[0] == 250
+
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "relay", **delivery_config(sink.endpoint)) as relay:
+        send(relay.smtp_port)
+        (report,) = wait_until(lambda: [m for m in sink.received if m.recipients == ["a@example.org"]])
+        assert report.sender in ("", "<>")  # the null sender
+        parsed = email.message_from_bytes(report.data, policy=email.policy.default)
+        assert parsed["Subject"] == "Successful Mail Delivery Report"
+        notification, status, returned = parsed.iter_parts()
+        assert "relayed" in notification.get_content()
+        (per_message, per_recipient) = [dict(block.items()) for block in status.get_payload()]
+        assert per_message["Original-Envelope-Id"] == "env-7"
+        assert (per_recipient["Final-Recipient"], per_recipient["Action"]) == ("rfc822; ok@example.net", "relayed")
+        assert (per_recipient["Status"], per_recipient["Original-Recipient"]) == ("2.0.0", "rfc822; orig@example.net")
+        assert returned.get_content_type() == "text/rfc822-headers"  # a success returns the headers only
+        assert b"body line" not in report.data
+    # Pigeon to Pigeon: the next hop offers DSN and takes NOTIFY: no report from the relay.
+    with PigeonProcess(tmp_path / "sink", delivery={"enabled": False}) as pigeon_sink:
+        config = delivery_config(f"127.0.0.1:{pigeon_sink.smtp_port}")
+        with PigeonProcess(tmp_path / "relay2", **config) as relay:
+            send(relay.smtp_port)
+            wait_until(lambda: len(relay.records("Delivery")) == 2)
+            arrived = wait_until(lambda: pigeon_sink.spool_messages())
+            notify = sorted(r.notify for m in arrived for r in m["envelope"].recipients)
+            assert notify == [["FAILURE"], ["SUCCESS"]]
+            time.sleep(1)
+            assert len(pigeon_sink.spool_messages()) == len(arrived)  # no report came after them

@@ -195,3 +195,30 @@ def test_a_retry_releases_held_mail_a_suspension_covers_so_that_its_resume_deliv
             status, resumed = node.http_call("DELETE", f"/api/v1/admin/suspend/{rule}", token=node.local_token)
             assert resumed["made_due"] == 1, resumed
             assert app.wait_distinct(1, 20) == 1
+
+
+def test_notify_success_on_an_inbound_route_is_reported_delivered_only_where_a_failure_would_be(
+    tmp_path: Path,
+) -> None:
+    # The application's target is the end of the road: a success asked for is "delivered".
+    # But not to a sender anyone can write (backscatter), unless the route bounces anyway.
+    with ScriptedSink() as sink, WebhookApp() as app:
+        inbound = [
+            {"recipient": "bounce@app.example", "target": "hook", "bounces": "always"},
+            {"recipient": "*@app.example", "target": "hook"},
+        ]
+        with _node(tmp_path / "p", app, sink, inbound=inbound) as node:
+            for recipient in ("quiet@app.example", "bounce@app.example"):
+                with smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
+                    client.ehlo("client.test")
+                    client.mail(SENDER)
+                    assert client.rcpt(recipient, ["NOTIFY=SUCCESS"])[0] == 250
+                    assert client.data(customer_mail(1))[0] == 250
+            wait_until(lambda: len([r for r in node.records("Delivery") if "app.example" in r["recipient"]]) == 2)
+            (report,) = sink.wait_for(1)
+            assert report.recipients == [SENDER]
+            status = report.email.get_payload()[1].get_payload()
+            assert dict(status[1].items())["Final-Recipient"] == "rfc822; bounce@app.example"
+            assert dict(status[1].items())["Action"] == "delivered"
+            time.sleep(1)
+            assert len(sink.received) == 1  # none for quiet@: its sender is anyone's to write

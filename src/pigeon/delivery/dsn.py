@@ -7,6 +7,10 @@ tests do), and so does any mail client.
 Who gets one (RFC 3461): the envelope sender, never the null sender, for each recipient
 that failed (bounced or expired) unless its NOTIFY excludes FAILURE (NOTIFY absent means
 "failures only"). `RET=FULL` returns the whole message, anything else only its headers.
+A recipient whose NOTIFY has SUCCESS gets a report of it when nobody further on will send
+one (RFC 3461 5.2.2): "delivered" to an application's target, "relayed" to a server that did
+not take the DSN parameters (one that did reports on its own). A success returns only the
+headers.
 """
 
 from __future__ import annotations
@@ -30,11 +34,16 @@ class Failure:
 
     recipient: Recipient
     reply: Reply
-    action: str  # "failed" (bounced or expired)
+    action: str  # "failed" (bounced or expired); "relayed" or "delivered" for NOTIFY=SUCCESS
     remote_mta: str | None = None  # the host that answered, if any
     # RFC 3464 diagnostic type: "smtp" for a reply a server gave; "X-Pigeon" for one Pigeon wrote
     # (an expiry), so the report does not claim a server said it.
     diagnostic_type: str = "smtp"
+
+
+def wants_success_notice(recipient: Recipient) -> bool:
+    """RFC 3461 4.1: a success is reported only when NOTIFY asks for it."""
+    return recipient.notify is not None and "SUCCESS" in recipient.notify
 
 
 def wants_failure_notice(recipient: Recipient) -> bool:
@@ -57,13 +66,20 @@ def build_report(
     boundary = f"{queue_id}.{secrets.token_hex(8)}/{hostname}"
     date = _date(now)
     utf8 = envelope.smtputf8 or not envelope.sender.isascii()
-    reasons = "\r\n".join(f"<{f.recipient.address}>: {f.reply.text}" for f in failures)
-    human = (
-        f"This is the mail system at host {hostname}.\r\n\r\n"
-        "Your message could not be delivered to one or more recipients.\r\n"
-        "It is attached below; the reasons are:\r\n\r\n"
-        f"{reasons}\r\n"
-    )
+    failed = [f for f in failures if f.action == "failed"]
+    succeeded = [f for f in failures if f.action != "failed"]
+    human = f"This is the mail system at host {hostname}.\r\n\r\n"
+    if failed:
+        reasons = "\r\n".join(f"<{f.recipient.address}>: {f.reply.text}" for f in failed)
+        human += (
+            "Your message could not be delivered to one or more recipients.\r\n"
+            f"It is attached below; the reasons are:\r\n\r\n{reasons}\r\n"
+        )
+    if succeeded:
+        # RFC 3461 5.2.2: "relayed" to a server that does not report on; "delivered" here.
+        said = {"delivered": "delivered", "relayed": "relayed to a server that sends no further reports"}
+        done = "\r\n".join(f"<{f.recipient.address}>: {said[f.action]}" for f in succeeded)
+        human += ("\r\n" if failed else "") + f"As you asked, a report of its delivery:\r\n\r\n{done}\r\n"
     per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
     if envelope.envid:
         per_message.append(f"Original-Envelope-Id: {_field(envelope.envid)}")
@@ -85,13 +101,13 @@ def build_report(
         fields.append(f"Last-Attempt-Date: {date}")
         blocks.append("\r\n".join(fields))
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
-    full = envelope.ret == "FULL"
+    full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
     returned = original if full else _headers(original)
     returned_type = ("message/global" if utf8 else "message/rfc822") if full else "text/rfc822-headers"
     head = (
         f"From: Mail Delivery System <MAILER-DAEMON@{hostname}>\r\n"
         f"To: <{envelope.sender}>\r\n"
-        "Subject: Undelivered Mail Returned to Sender\r\n"
+        f"Subject: {'Undelivered Mail Returned to Sender' if failed else 'Successful Mail Delivery Report'}\r\n"
         f"Date: {date}\r\n"
         f"Message-ID: <{queue_id}.{secrets.token_hex(6)}@{hostname}>\r\n"
         "Auto-Submitted: auto-replied\r\n"
@@ -106,7 +122,8 @@ def build_report(
         f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n\r\n"
         + "\r\n\r\n".join(blocks)
         + "\r\n\r\n",
-        f"--{boundary}\r\nContent-Description: Undelivered message\r\nContent-Type: {returned_type}\r\n\r\n",
+        f"--{boundary}\r\nContent-Description: {'Undelivered message' if failed else 'Message headers'}\r\n"
+        f"Content-Type: {returned_type}\r\n\r\n",
     ]
     text = (head + "".join(parts)).encode("utf-8")
     if not returned.endswith(b"\r\n"):
@@ -122,7 +139,7 @@ def _field(value: str) -> str:
 def _status(reply: Reply) -> str:
     if reply.enhanced:
         return reply.enhanced
-    return "5.0.0" if reply.code >= 500 else "4.0.0"
+    return "5.0.0" if reply.code >= 500 else "4.0.0" if reply.code >= 400 else "2.0.0"
 
 
 def _headers(message: bytes) -> bytes:

@@ -53,7 +53,10 @@ class SmtpAgent:
                 continue
             replies = result.replies
             classes = self._classifier.classify_all(replies)
-            attempts.append(Attempt(replies, classes, site, connection.peer, connection.tls, duration))
+            passed_on = "DSN" in connection.capabilities
+            attempts.append(
+                Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
+            )
         return attempts
 
     async def close(self) -> None:

@@ -35,6 +35,9 @@ class Attempt(NamedTuple):
     """Seconds before which what failed transiently must not be tried again (a webhook
     target's `Retry-After`): the queue waits the longer of this, at most its
     `max_retry_interval`, and its backoff. None: the backoff alone."""
+    passed_on: bool = False
+    """The peer took the DSN parameters (it offered DSN): reporting success is its job from
+    here (RFC 3461 5.2.2). False: Pigeon reports a success asked for itself ("relayed")."""
 
     @classmethod
     def same_for_all(

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from pigeon.delivery.dsn import Failure, wants_failure_notice
+from pigeon.delivery.dsn import Failure, wants_failure_notice, wants_success_notice
 from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Held, Record, Response, TransientFailure
 from pigeon.message import HELD, Envelope, Message, Recipient, format_id
 from pigeon.metrics import Counts
@@ -231,6 +231,15 @@ class Settlement:
             reply = replies[index]
             if reply.code < 400:
                 outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt)))
+                if wants_success_notice(recipient) and not attempt.passed_on:
+                    # NOTIFY=SUCCESS and nobody further on will report it: an application's
+                    # target is the end ("delivered"), held back as its route holds back a
+                    # failure's DSN (no backscatter to a sender anyone can write); a peer
+                    # without DSN, a relay onward ("relayed").
+                    if message.envelope.target is None:
+                        outcome.failures.append(Failure(recipient, reply, "relayed", _host(attempt.peer)))
+                    elif self._withheld(message, recipient)[0] is None:
+                        outcome.failures.append(Failure(recipient, reply, "delivered"))
             elif reply.code >= 500:
                 fields = self._fields(message, recipient, reply, attempts, attempt)
                 classification = attempt.classifications[index]
@@ -338,7 +347,7 @@ class Settlement:
     # --- writing -------------------------------------------------------------------------
     def _write(self, outcome: _Outcome, dsn: bool) -> None:
         message = outcome.entry.message
-        failures = [f for f in outcome.failures if wants_failure_notice(f.recipient)]
+        failures = [f for f in outcome.failures if f.action != "failed" or wants_failure_notice(f.recipient)]
         if dsn and failures and message.envelope.sender and self._notifier is not None:
             stored = self._notifier(message, failures)
             stored.add_done_callback(functools.partial(self._notified, outcome))
