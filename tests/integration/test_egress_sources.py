@@ -149,7 +149,8 @@ def test_a_sources_own_shaping_block_limits_its_connections_alone(tmp_path: Path
             _inject(pigeon, [f"slow@d{i}.example" for i in range(60)])
             # ip-3's one connection leaves a backlog: its ready queue is listed with its source.
             ready = wait_until(lambda: [q for q in _queues(pigeon)["ready"] if q["source"] == "ip-3"])
-            assert ready[0]["path"] == f"ip-3->{sink.endpoint}" and ready[0]["site"] == sink.endpoint
+            # (the route's tls = "disabled" is part of the ready queue's name: see Destination.security)
+            assert ready[0]["path"] == f"ip-3->{sink.endpoint} (tls disabled)" and ready[0]["site"] == sink.endpoint
             assert ready[0]["connections"] == 1
             sink.wait_for(60)
     connections = list(sink.connections)

@@ -65,8 +65,8 @@ class Destination:
 
     @property
     def security(self) -> str:
-        """What its ready queue's name adds to the site: the TLS policy, unless it is the lax
-        default. Domains whose MX hosts are the same share a ready queue and its connections,
+        """What its ready queue's name adds to the site: the TLS policy, unless it is the
+        default (opportunistic, unverified). Domains whose MX hosts are the same share a ready queue and its connections,
         so a domain that requires (verified) TLS must not share them with one that does not:
         a connection opened in plaintext for one would carry the other's mail."""
         if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify):
