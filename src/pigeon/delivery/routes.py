@@ -66,9 +66,10 @@ class Destination:
     @property
     def security(self) -> str:
         """What its ready queue's name adds to the site: the TLS policy, unless it is the
-        default (opportunistic, unverified). Domains whose MX hosts are the same share a ready queue and its connections,
-        so a domain that requires (verified) TLS must not share them with one that does not:
-        a connection opened in plaintext for one would carry the other's mail."""
+        default (opportunistic, unverified). Domains whose MX hosts are the same share a ready
+        queue and its connections, so a domain that requires (verified) TLS must not share
+        them with one that does not: a connection opened in plaintext for one would carry the
+        other's mail."""
         if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify):
             return ""
         return f" (tls {self.tls.value}{', verified' if self.tls_verify else ''})"
