@@ -136,12 +136,13 @@ def _chosen(which: Sequence[str] | str, addresses: list[str], replies: list[Repl
 def _moved(reply: Reply, klass: int, kind: str) -> Reply:
     """`reply` as a failure of class `klass` (4 or 5), its original wording kept in the text.
 
-    The enhanced code keeps its subject and detail. The basic code keeps its last two digits
-    into the 4xx class (550 -> 450, 552 -> 452), but a permanent failure is always 550: the
-    5xx of a 4xx may mean something else entirely (451 "local error" -> 551 "user not local",
-    RFC 5321 4.2.2), and 550 is what says "not taken" without claiming more."""
+    The enhanced code keeps its subject and detail. The basic code says only what both classes
+    mean alike (RFC 5321 4.2.2): 550 and 552 become 450 and 452 ("mailbox unavailable", "not
+    enough storage"); any other 5xx becomes 451 (a 554 would be 454, "TLS not available");
+    and a permanent failure is always 550 (451 "local error" would be 551 "user not local").
+    550 and 451 say "not taken" and "try again" without claiming more."""
     enhanced = f"{klass}{reply.enhanced[1:]}" if reply.enhanced else None
-    code = 550 if klass == 5 else 400 + reply.code % 100
+    code = 550 if klass == 5 else reply.code - 100 if reply.code in (550, 552) else 451
     return Reply(code, enhanced, (f"policy made it {kind}: {reply.code} {reply.text}",))
 
 
