@@ -14,6 +14,7 @@ server of their own on loopback: Pigeon never needs the system resolver to be sa
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import time
 from collections.abc import Callable
@@ -36,6 +37,14 @@ _FAILURE_TTL: Final = 10.0  # a transient failure is remembered briefly, to not 
 
 
 _LOOPBACK: Final = ("127.0.0.1", "::1")
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.rstrip("."))
+    except ValueError:
+        return False
+    return True
 
 
 def _is_localhost(name: str) -> bool:
@@ -101,6 +110,14 @@ class Resolver:
         if len(exchangers) == 1 and exchangers[0].host in ("", "."):
             raise DnsFailure(Reply(556, "5.1.10", (f"{domain} accepts no mail (null MX, RFC 7505)",)))
         exchangers = [e for e in exchangers if e.host not in ("", ".")]
+        # An MX names a host, never an address (RFC 5321 5.1): "10 192.0.2.1" is a
+        # misconfiguration that Postfix and Exim refuse too, not a route.
+        usable = [e for e in exchangers if not _is_address(e.host)]
+        if not usable:
+            named = ", ".join(e.host for e in exchangers)
+            text = f"{domain}'s MX names an address, not a host ({named}): not usable (RFC 5321 5.1)"
+            raise DnsFailure(Reply(451, "4.4.4", (text,)))
+        exchangers = usable
         self._rng.shuffle(exchangers)  # equal preferences end up in random order...
         exchangers.sort(key=lambda e: e.preference)  # ...because the sort is stable
         return exchangers

@@ -36,6 +36,8 @@ ZONE: dict[str, list[tuple[str, ...]]] = {
     ],
     "single.example": [("MX", "10", "mail.single.example")],
     "nullmx.example": [("MX", "0", ".")],
+    "ipmx.example": [("MX", "10", "192.0.2.12")],
+    "halfipmx.example": [("MX", "5", "192.0.2.13"), ("MX", "10", "mail.single.example")],
     "amx.example": [("A", "192.0.2.10")],
     "v6only.example": [("AAAA", "2001:db8::10")],
     "nothing.example": [("TXT", "v=spf1 -all")],
@@ -158,6 +160,16 @@ async def test_a_null_mx_is_a_permanent_failure(dns: FakeDns) -> None:
         await resolver(dns).exchangers("nullmx.example")
     assert raised.value.permanent
     assert (raised.value.reply.code, raised.value.reply.enhanced) == (556, "5.1.10")
+
+
+async def test_an_mx_naming_an_address_is_not_used(dns: FakeDns) -> None:
+    # An MX names a host (RFC 5321 5.1); "10 192.0.2.12" is skipped, as Postfix and Exim do.
+    assert await resolver(dns).exchangers("halfipmx.example") == [Exchanger(10, "mail.single.example")]
+    with pytest.raises(DnsFailure) as raised:
+        await resolver(dns).exchangers("ipmx.example")
+    assert not raised.value.permanent
+    assert (raised.value.reply.code, raised.value.reply.enhanced) == (451, "4.4.4")
+    assert "names an address, not a host (192.0.2.12)" in raised.value.reply.text
 
 
 async def test_nxdomain_is_a_permanent_failure(dns: FakeDns) -> None:
