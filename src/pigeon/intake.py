@@ -307,7 +307,7 @@ class Draft:
             error = LookupError(f"on_message chose DKIM signer {', '.join(map(repr, unknown))}, which no [[dkim]] "
                                 f"block names (known: {known})")  # fmt: skip
             failed = hook.failed(error, self.arrival.session, format_id(self._ids[0]), show_traceback=False)
-            return self._refuse(Refused(failed.reply, by_policy=True))
+            return self._refuse(Refused(refusal(failed), by_policy=True))
         return self._accept(head, lowered, verdict)
 
     def _refuse(self, refusal: Refused) -> asyncio.Future[Stored]:
@@ -350,7 +350,7 @@ class Draft:
                 # will leave (read back whole if it was spilled to a file).
                 stored = message if isinstance(message, bytes) else message.read_bytes()
                 leaving = msgspec.structs.replace(envelope, tenant=tenant, campaign=campaign)
-                message = edited(stored, leaving, tuple(name.encode() for name in intake._routing_names))
+                message = edited(stored, leaving, intake._routing_bytes)
                 fields = _header_block(message)[1:]
             if signing.sign(
                 message,

@@ -623,10 +623,13 @@ class MailboxWatcher:
     def _target_idle(self) -> None:
         """Nothing left to hand over (what the target refused was removed at the source, say):
         its last refusal is no longer the mailbox's trouble."""
+        self._target_cleared("nothing left for target %s; its last refusal no longer counts")
+
+    def _target_cleared(self, why: str) -> None:
+        """The target's error, if any, is over; `why` (with the target's name for %s) is logged."""
         if self.target_error is not None:
             self.target_error = None
-            _log.warning("mailbox %s: nothing left for target %s; its last refusal no longer counts",
-                         self.config.name, self.target.name)  # fmt: skip
+            _log.warning("mailbox %s: " + why, self.config.name, self.target.name)
 
     def _target_failing(self, detail: str) -> None:
         """The target refused a whole batch for now: the mailbox says so (degraded) until it
@@ -759,9 +762,8 @@ class MailboxWatcher:
         saying so is when a node's death alone makes a duplicate: one Redis round trip, shared
         by what completed meanwhile), then commit the handoffs with whatever else completed."""
         claims = [a.claim for a in accepted]
-        if accepted and self.target_error is not None:
-            self.target_error = None
-            _log.warning("mailbox %s: target %s accepts messages again", self.config.name, self.target.name)
+        if accepted:
+            self._target_cleared("target %s accepts messages again")
         for claim in claims:
             self.held.pop(claim.key, None)  # marked done: nothing left to renew
         await self._dones.add(claims)
