@@ -10,11 +10,13 @@ from tests.support.process import PigeonProcess, free_port
 from tests.support.sinks import ScriptedSink, wait_until
 
 
-def _node(tmp_path: Path, dns: DnsServer, port: int) -> PigeonProcess:
+def _node(tmp_path: Path, dns: DnsServer, port: int, *, route: list[dict[str, str]] | None = None,
+          **delivery: object) -> PigeonProcess:  # fmt: skip
+    """A node resolving through `dns`, its MX hosts on `port`; `delivery` overrides (no DSNs,
+    no TLS by default)."""
+    settings = {"enabled": True, "smtp_port": port, "retry_interval": "1s", "dsn": False, "tls": "disabled", **delivery}
     return PigeonProcess(
-        tmp_path / "node",
-        delivery={"enabled": True, "smtp_port": port, "retry_interval": "1s", "dsn": False, "tls": "disabled"},
-        dns={"nameservers": [dns.endpoint], "timeout": "1s"},
+        tmp_path / "node", delivery=settings, dns={"nameservers": [dns.endpoint], "timeout": "1s"}, route=route or []
     )
 
 
@@ -82,16 +84,11 @@ def test_a_domain_requiring_tls_never_rides_a_plaintext_connection_opened_for_an
             "mx.hosting.example": [("A", "127.0.0.4")],
         }
     )
-    delivery = {"enabled": True, "smtp_port": port, "retry_interval": "1s", "dsn": False}
+    strict = [{"domain": "strict.example", "tls": "required"}]
     with (
         DnsServer(zone) as dns,
         ScriptedSink(host="127.0.0.4", port=port) as sink,
-        PigeonProcess(
-            tmp_path / "node",
-            delivery=delivery,
-            dns={"nameservers": [dns.endpoint], "timeout": "1s"},
-            route=[{"domain": "strict.example", "tls": "required"}],
-        ) as pigeon,
+        _node(tmp_path, dns, port, route=strict, tls="opportunistic") as pigeon,
     ):
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             for n in range(3):  # interleaved, so a connection to the MX is open when strict mail is ready
@@ -121,13 +118,10 @@ def test_a_domain_that_takes_no_mail_bounces_as_a_dns_failure_in_a_dsn_that_name
             "mx.example.org": [("A", "127.0.0.5")],
         }
     )
-    delivery = {"enabled": True, "smtp_port": port, "retry_interval": "1s", "tls": "disabled"}
     with (
         DnsServer(zone) as dns,
         ScriptedSink(host="127.0.0.5", port=port) as sink,
-        PigeonProcess(
-            tmp_path / "node", delivery=delivery, dns={"nameservers": [dns.endpoint], "timeout": "1s"}
-        ) as pigeon,
+        _node(tmp_path, dns, port, dsn=True) as pigeon,
     ):
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.sendmail("a@example.org", ["x@nomail.example"], b"Subject: x\r\n\r\nhi\r\n")
