@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import smtplib
 import threading
 from pathlib import Path
 
+from pigeon.listener.tls import ensure_self_signed
+from pigeon.tls import server_context
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, SmtpSink, delivery_config, wait_until
 
@@ -233,3 +236,28 @@ def test_a_field_only_named_like_a_routing_header_is_left_alone(tmp_path: Path) 
         _send(pigeon, ["b@example.net"], b"X-Tenant:\r\nSubject: s\r\n\r\nbody\r\n")
         stored = {m["recipients"][0]: m["envelope"].headers_removed for m in pigeon.spool_messages()}
         assert stored == {"a@example.net": None, "b@example.net": ["x-campaign", "x-tenant"]}
+
+
+def test_a_route_verifying_against_its_own_ca_file_delivers_over_tls_and_one_without_waits(tmp_path: Path) -> None:
+    # A smart host whose certificate (naming 127.0.0.1) comes from a private CA. The route for
+    # private.example trusts that CA (ca_file, relative to the config file); public.example,
+    # same next hop, verifies against the system's CAs: its mail must wait, never ride the
+    # connection verified for the other.
+    certificate, key = ensure_self_signed(tmp_path / "smarthost", "127.0.0.1")
+    node = tmp_path / "node"
+    node.mkdir()
+    shutil.copy(certificate, node / "smarthost-ca.pem")
+    with ScriptedSink(tls=server_context(certificate, key)) as sink:
+        verified = {"next_hop": sink.endpoint, "tls": "required", "tls_verify": True}
+        routes = [
+            {"domain": "private.example", **verified, "ca_file": "smarthost-ca.pem"},
+            {"domain": "public.example", **verified},
+        ]
+        with PigeonProcess(node, delivery={"enabled": True, "retry_interval": "1s"}, route=routes) as pigeon:
+            _send(pigeon, ["a@private.example", "b@public.example"])
+            (received,) = sink.wait_for(1)
+            assert received.recipients == ["a@private.example"] and received.tls
+            failure = pigeon.wait_records("TransientFailure")[0]
+            assert failure["recipient"] == "b@public.example"
+            assert failure["response"]["enhanced"] == "4.7.5"
+            assert sink.after(1.5) == [received]  # retried, still refused: never delivered

@@ -9,19 +9,19 @@ under uvloop, whose `start_tls` is a different implementation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pigeon.delivery import session as session_module
 from pigeon.delivery.routes import TlsPolicy
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed
 from pigeon.smtp import replies
 from pigeon.smtp.client import Envelope, Recipient
 from pigeon.smtp.events import Ehlo, StartTls
 from pigeon.smtp.server import ServerConfig
-from pigeon.tls import client_context
 from tests.integration.session_peer import PeerServer, no_dns, on_both_loops
 
 OPTIONS = ClientOptions(helo_name="client.test", connect_timeout=5.0, reply_timeout=5.0)
@@ -174,15 +174,47 @@ async def _settle() -> None:
 
 
 @on_both_loops
-async def test_verified_tls_to_an_ip_next_hop_checks_the_certificate_names_that_ip(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_verified_tls_to_an_ip_next_hop_checks_the_certificate_names_that_ip(tmp_path: Path) -> None:
     # A trusted certificate for "mx.test" (no IP in it), reached at 127.0.0.1 (a next_hop given
     # as an address): the chain verifies, the name does not, so required+verify refuses it.
     async with tls_server(tmp_path) as server:
-        trusting = client_context(verify=True, cafile=tmp_path / "selfsigned.crt")
-        monkeypatch.setitem(session_module._CONTEXTS, True, trusting)
+        trusting = dataclasses.replace(
+            server.destination(TlsPolicy.REQUIRED, verify=True), ca_file=str(tmp_path / "selfsigned.crt")
+        )
         with pytest.raises(ConnectFailed) as failed:
-            await ClientConnection.open(server.destination(TlsPolicy.REQUIRED, verify=True), no_dns(), OPTIONS)
+            await ClientConnection.open(trusting, no_dns(), OPTIONS)
         assert failed.value.reply.enhanced == "4.7.5"
         assert "127.0.0.1" in failed.value.reply.text, failed.value.reply.text
+
+
+@on_both_loops
+async def test_a_route_ca_file_trusts_a_private_ca_and_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    # A smart host at 127.0.0.1 whose certificate (naming 127.0.0.1) is under no public CA:
+    # the system's CAs refuse it, the route's ca_file trusts it. The file is read again when it
+    # changes, so a CA renewed on disk is trusted without a restart.
+    config = ServerConfig(hostname="127.0.0.1", tls_available=True)
+    other = tls_server(tmp_path / "other")  # makes a certificate for mx.test: the wrong CA
+    async with other, PeerServer(config, certificates=tmp_path / "smarthost") as server:
+        verified = server.destination(TlsPolicy.REQUIRED, verify=True)
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(verified, no_dns(), OPTIONS)
+        assert failed.value.reply.enhanced == "4.7.5"
+
+        ca_file = tmp_path / "trusted.pem"
+        shutil.copy(tmp_path / "other" / "selfsigned.crt", ca_file)
+        private = dataclasses.replace(verified, ca_file=str(ca_file))
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(private, no_dns(), OPTIONS)
+        assert failed.value.reply.enhanced == "4.7.5"
+
+        shutil.copy(tmp_path / "smarthost" / "selfsigned.crt", ca_file)
+        connection = await ClientConnection.open(private, no_dns(), OPTIONS)
+        assert connection.tls is not None
+        await deliver(connection)
+        assert server.connections[-1].peer.content() == BODY
+
+        ca_file.unlink()  # gone: the handshake fails, and says why, instead of trusting anything
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(private, no_dns(), OPTIONS)
+        assert failed.value.reply.enhanced == "4.7.5"
+        assert "trusted.pem" in failed.value.reply.text, failed.value.reply.text

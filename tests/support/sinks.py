@@ -34,6 +34,7 @@ import asyncio
 import math
 import random
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -89,6 +90,7 @@ class Received:
     mail_options: list[str] = field(default_factory=list)
     rcpt_options: list[list[str]] = field(default_factory=list)
     dropped: bool = False  # chaos@: stored, but the connection was dropped before the 250
+    tls: bool = False  # it came over STARTTLS
 
     @property
     def email(self) -> EmailMessage:
@@ -191,6 +193,7 @@ class _Handler:
             data,
             list(envelope.mail_options),
             [list(o) for o in envelope.rcpt_options],
+            tls=session.ssl is not None,
         )
         self.sink.received.append(received)
         peer = session.peer[0] if isinstance(session.peer, tuple) else str(session.peer or "")
@@ -252,8 +255,10 @@ class ScriptedSink:
         flaky: int = 2,
         seed: int = 1,
         smtputf8: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by default."""
+        """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by
+        default. `tls`: offer STARTTLS with this server context."""
         self.host = host
         self.random = random.Random(seed)
         self.port = port or free_port()
@@ -265,7 +270,7 @@ class ScriptedSink:
         self.arrivals: list[Arrival] = []
         self.rcpt_reply: Callable[[str], str | None] | None = None
         self._controller = _Controller(
-            _Handler(self), hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8
+            _Handler(self), hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8, tls_context=tls
         )
         self._controller.start()
 

@@ -11,6 +11,7 @@ import importlib.util
 import ipaddress
 import re
 import socket
+import ssl
 import tomllib
 import typing
 import urllib.parse
@@ -38,6 +39,7 @@ from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
 from pigeon.smtp.commands import mailbox_problem
+from pigeon.tls import client_context
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
@@ -150,6 +152,11 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
                 mailbox.password_file = _resolve(mailbox.password_file, path.parent)
             if mailbox.ca_file is not None:
                 mailbox.ca_file = _resolve(mailbox.ca_file, path.parent)
+        if config.delivery.ca_file is not None:
+            config.delivery.ca_file = _resolve(config.delivery.ca_file, path.parent)
+        for route in config.route:
+            if route.ca_file is not None:
+                route.ca_file = _resolve(route.ca_file, path.parent)
     _check_files(config, fail)
     _check_dkim(config, path, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
@@ -590,10 +597,20 @@ def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) 
     for mailbox in config.mailbox:
         named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password"))
         named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA"))
+    trust: list[tuple[list[str], Path | None, str]] = [(["delivery", "ca_file"], config.delivery.ca_file, "[delivery]")]
+    trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}") for r in config.route]
+    named += [(keys, file, f"{what}: CA") for keys, file, what in trust]
     for keys, file, what in named:
         if file is not None and not file.is_file():
             problem = "is a directory" if file.is_dir() else "does not exist"
             raise fail(keys, f"{what} file {file} {problem}")
+    for keys, file, what in trust:
+        if file is None:
+            continue
+        try:
+            client_context(verify=True, cafile=file)
+        except (OSError, ssl.SSLError) as error:
+            raise fail(keys, f"{what}: CA file {file} holds no PEM certificate to trust ({error})") from None
 
 
 def _resolve(path: Path, base: Path) -> Path:

@@ -306,6 +306,9 @@ class DeliveryConfig(_Section):
     """Verify the server's certificate (system CAs; the MX host's name, or a next_hop's address).
     With "required", a certificate that does not verify means no delivery; with "opportunistic",
     TLS unverified, then the clear."""
+    ca_file: Path | None = None
+    """PEM file of the CAs to trust, instead of the system's, where the certificate is verified
+    (`tls_verify`) and the `[[route]]` names no `ca_file` of its own."""
     pipelining: bool = True
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""
@@ -352,6 +355,9 @@ class RouteConfig(_Section):
     """Send here instead of the domain's MX hosts: "host:port" (no MX lookup)."""
     tls: Literal["opportunistic", "required", "disabled"] | None = None
     tls_verify: bool | None = None
+    ca_file: Path | None = None
+    """PEM file of the CAs to trust, instead of the system's, when this route verifies the
+    certificate (`tls_verify`): a smart host or partner under a private CA."""
 
 
 class QueueConfig(_Section):

@@ -44,6 +44,7 @@ class Route:
     next_hop: Hop | None = None
     tls: TlsPolicy | None = None
     tls_verify: bool | None = None
+    ca_file: str | None = None  # CAs to verify against instead of the system's
 
     def matches(self, domain: str) -> bool:
         return self.domain == "*" or fnmatch.fnmatchcase(domain, self.domain)
@@ -62,6 +63,7 @@ class Destination:
     tls_verify: bool
     kind: Kind = Kind.SMTP
     target: str | None = None  # Kind.TARGET: the [[target]]'s name
+    ca_file: str | None = None  # with tls_verify: the CAs to trust instead of the system's
 
     @property
     def security(self) -> str:
@@ -69,10 +71,12 @@ class Destination:
         default (opportunistic, unverified). Domains whose MX hosts are the same share a ready
         queue and its connections, so a domain that requires (verified) TLS must not share
         them with one that does not: a connection opened in plaintext for one would carry the
-        other's mail."""
+        other's mail. Nor may connections verified against a private CA carry mail meant to be
+        verified against the system's CAs, or the reverse."""
         if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify):
             return ""
-        return f" (tls {self.tls.value}{', verified' if self.tls_verify else ''})"
+        verified = (f", verified by {self.ca_file}" if self.ca_file else ", verified") if self.tls_verify else ""
+        return f" (tls {self.tls.value}{verified})"
 
 
 class Router:
@@ -85,6 +89,7 @@ class Router:
         *,
         tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC,
         tls_verify: bool = False,
+        ca_file: str | None = None,
         smtp_port: int = 25,
         classify: Callable[[Reply], str] = lambda reply: "",
         clock: Callable[[], float] = time.monotonic,
@@ -94,6 +99,7 @@ class Router:
         self._resolver = resolver
         self._tls = tls
         self._verify = tls_verify
+        self._ca_file = ca_file
         self._port = smtp_port
         self._clock = clock
         self._cache: dict[str, tuple[float, Destination]] = {}
@@ -137,22 +143,23 @@ class Router:
         route = self._route(domain)
         tls = route.tls if route and route.tls else self._tls
         verify = route.tls_verify if route and route.tls_verify is not None else self._verify
+        trusted = (route.ca_file if route and route.ca_file else self._ca_file) if verify else None
         if route is not None and route.next_hop is not None:
             hop = route.next_hop
-            destination = Destination(f"{hop.host}:{hop.port}", (hop,), tls, verify)
+            destination = Destination(f"{hop.host}:{hop.port}", (hop,), tls, verify, ca_file=trusted)
         elif domain.startswith("[") and domain.endswith("]"):
             # An address literal (RFC 5321 4.1.3): that host, no DNS.
             address = domain[1:-1]
             address = address[5:] if address[:5].lower() == "ipv6:" else address
             hop = Hop(address, self._port)
-            destination = Destination(f"[{address}]:{self._port}", (hop,), tls, verify)
+            destination = Destination(f"[{address}]:{self._port}", (hop,), tls, verify, ca_file=trusted)
         else:
             exchangers = await self._resolver.exchangers(domain)
             hops = tuple(Hop(e.host, self._port) for e in exchangers)
             site = ",".join(sorted({e.host for e in exchangers}))
             if self._port != 25:
                 site += f":{self._port}"
-            destination = Destination(site, hops, tls, verify)
+            destination = Destination(site, hops, tls, verify, ca_file=trusted)
         if len(self._cache) > 50_000:
             self._cache.clear()
         self._cache[domain] = (self._clock() + _DESTINATION_TTL, destination)

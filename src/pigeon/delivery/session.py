@@ -29,6 +29,7 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, cast
 
 from pigeon.delivery.mx import DnsFailure, Resolver
@@ -85,7 +86,29 @@ class ConnectionLost(Exception):
         self.reply = reply
 
 
-_CONTEXTS = {True: client_context(verify=True), False: client_context(verify=False)}
+_UNVERIFIED: Final = client_context(verify=False)
+_SYSTEM_CAS: Final = client_context(verify=True)
+_PRIVATE_CAS: dict[str, tuple[bytes, ssl.SSLContext]] = {}
+
+
+def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
+    """The client context for a handshake. A `ca_file` is read at each handshake (a few KiB,
+    against a handshake's milliseconds) and loaded again when its content changed, so CAs
+    renewed on disk are trusted without a restart. Raises OSError or ssl.SSLError when it
+    cannot be read: the handshake fails, and says why."""
+    if not verify:
+        return _UNVERIFIED
+    if ca_file is None:
+        return _SYSTEM_CAS
+    content = Path(ca_file).read_bytes()
+    known = _PRIVATE_CAS.get(ca_file)
+    if known is not None and known[0] == content:
+        return known[1]
+    context = client_context(verify=True, cafile=Path(ca_file))
+    _PRIVATE_CAS[ca_file] = (content, context)
+    return context
+
+
 _TIMED_OUT: Final = Reply(451, "4.4.2", ("timed out",))
 _CLOSED: Final = Reply(451, "4.4.2", ("closed the connection",))
 
@@ -295,14 +318,15 @@ class ClientConnection:
                 # must still check the certificate names it: Python checks an IP against the
                 # certificate's IP addresses and sends no SNI for one.
                 verify = destination.tls_verify
-                await self._start_tls(hop.host if verify or not _is_ip(hop.host) else None, verify)
+                server_name = hop.host if verify or not _is_ip(hop.host) else None
+                await self._start_tls(server_name, verify, destination.ca_file)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
                 raise failure(event.explain(self.peer))
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
-    async def _start_tls(self, server_name: str | None, verify: bool) -> None:
+    async def _start_tls(self, server_name: str | None, verify: bool, ca_file: str | None) -> None:
         wire, session = self._wire, self._session
         assert wire.transport is not None
         transport: asyncio.Transport | None = None
@@ -310,7 +334,7 @@ class ClientConnection:
         try:
             async with asyncio.timeout(self.options.reply_timeout):
                 transport = await wire.loop.start_tls(
-                    wire.transport, wire, _CONTEXTS[verify], server_hostname=server_name
+                    wire.transport, wire, _context(verify, ca_file), server_hostname=server_name
                 )
         except (ssl.SSLError, OSError, TimeoutError) as error:
             failure = str(error) or type(error).__name__

@@ -77,6 +77,7 @@ class Outbound:
             self.resolver,
             tls=TlsPolicy(delivery.tls),
             tls_verify=delivery.tls_verify,
+            ca_file=str(delivery.ca_file) if delivery.ca_file else None,
             smtp_port=delivery.smtp_port,
             classify=classifier.classify,
         )
@@ -225,6 +226,7 @@ def routes_from(config: Config) -> list[Route]:
             Hop(r.next_hop.host, r.next_hop.port) if r.next_hop else None,
             TlsPolicy(r.tls) if r.tls else None,
             r.tls_verify,
+            str(r.ca_file) if r.ca_file else None,
         )
         for r in config.route
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
+from pigeon.listener.tls import ensure_self_signed
 from pigeon.policy.hooks import Policy
 
 FULL = """\
@@ -337,6 +339,24 @@ def test_missing_tls_files_are_named_when_the_config_loads(tmp_path: Path, line:
     message = error_of(tmp_path, f"[smtp]\n{line}\n")
     assert f"{key}: " in message
     assert f"{tmp_path / what} does not exist" in message
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [('[delivery]\nca_file = "ca.pem"', "[delivery] ca_file"),
+     ('[[route]]\ndomain = "*"\ntls_verify = true\nca_file = "ca.pem"', "[route] ca_file")],
+)  # fmt: skip
+def test_a_delivery_ca_file_is_read_beside_the_config_and_must_hold_certificates(
+    tmp_path: Path, section: str, key: str
+) -> None:
+    assert f"{tmp_path / 'ca.pem'} does not exist" in error_of(tmp_path, f"{section}\n")
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    message = error_of(tmp_path, f"{section}\n")
+    assert f"{key}: " in message and "holds no PEM certificate" in message, message
+    certificate, _ = ensure_self_signed(tmp_path / "certs", "smarthost.test")
+    shutil.copy(certificate, tmp_path / "ca.pem")
+    config = load(write(tmp_path, f"{section}\n"))
+    assert tmp_path / "ca.pem" in (config.delivery.ca_file, *(route.ca_file for route in config.route))
 
 
 def test_invalid_toml_names_the_file_and_the_line(tmp_path: Path) -> None:

@@ -410,6 +410,28 @@ async def test_a_route_can_turn_verification_off_when_the_default_is_on(dns: Fak
     assert (outside.tls, outside.tls_verify) == (TlsPolicy.REQUIRED, True)
 
 
+async def test_a_ca_file_applies_only_where_the_certificate_is_verified_and_keeps_its_own_ready_queue(
+    dns: FakeDns,
+) -> None:
+    router = Router(
+        [
+            Route("partner.example", Hop("relay", 25), TlsPolicy.REQUIRED, True, "/etc/partner-ca.pem"),
+            Route("plain.example", Hop("relay", 25), ca_file="/etc/partner-ca.pem"),  # verifies nothing
+        ],
+        resolver(dns),
+        tls_verify=False,
+        ca_file="/etc/default-ca.pem",
+    )
+    partner = await router.destination("partner.example")
+    plain = await router.destination("plain.example")
+    assert partner.ca_file == "/etc/partner-ca.pem"
+    assert partner.security == " (tls required, verified by /etc/partner-ca.pem)"
+    assert (plain.ca_file, plain.security) == (None, "")  # the same site, another ready queue
+    assert partner.site == plain.site == "relay:25"
+    verifying = Router([Route("single.example", tls_verify=True)], resolver(dns), ca_file="/etc/default-ca.pem")
+    assert (await verifying.destination("single.example")).ca_file == "/etc/default-ca.pem"
+
+
 async def test_destinations_are_cached_for_a_while(dns: FakeDns) -> None:
     clock = Clock()
     router = Router([], resolver(dns, clock=clock), clock=clock)
