@@ -540,6 +540,12 @@ class ServerSession:
             self._reject("AUTH", replies.AUTH_BAD_ENCODING)
             return
         authzid, username, password = parts
+        if authzid and authzid != username:
+            # RFC 4616 2: a non-empty authzid asks to act as another user once authenticated.
+            # Pigeon has no proxy authorization, so that is refused whatever the password
+            # (which is not checked, and so not counted as a guess).
+            self._reject("AUTH", replies.AUTH_FAILED)
+            return
         self._decide(AuthCredentials("PLAIN", username, password, authzid))
 
     def _sasl_login_username(self, text: str) -> None:

@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from pigeon.smtp import replies
-from pigeon.smtp.events import NEED_DATA, AuthCredentials, Ehlo, MailFrom, StartTls
+from pigeon.smtp.events import NEED_DATA, AuthCredentials, Ehlo, MailFrom, Rejected, StartTls
 from pigeon.smtp.server import ServerConfig, ServerSession
 
 from .harness import HOSTNAME, Peer, config, lines
@@ -164,9 +164,27 @@ def test_auth_before_ehlo_is_out_of_sequence() -> None:
 # --- AUTH PLAIN -----------------------------------------------------------------------------
 def test_auth_plain_with_initial_response_gives_credentials() -> None:
     peer = authenticated_ready()
-    assert peer.send("AUTH PLAIN " + b64("admin\0alice\0s3cr3t") + "\r\n") == AUTH_OK
+    assert peer.send("AUTH PLAIN " + b64("alice\0alice\0s3cr3t") + "\r\n") == AUTH_OK
     [creds] = credentials(peer)
-    assert (creds.mechanism, creds.username, creds.password, creds.authzid) == ("PLAIN", "alice", "s3cr3t", "admin")
+    assert (creds.mechanism, creds.username, creds.password, creds.authzid) == ("PLAIN", "alice", "s3cr3t", "alice")
+
+
+@pytest.mark.parametrize("with_initial_response", [True, False])
+def test_auth_plain_asking_to_act_as_another_user_is_refused(with_initial_response: bool) -> None:
+    """RFC 4616 2: an authzid other than the authcid asks for proxy authorization, which Pigeon
+    does not have: 535 whatever the password, which is not even handed out to be checked."""
+    peer = authenticated_ready()
+    response = b64("bob\0alice\0s3cr3t")
+    if with_initial_response:
+        out = peer.send("AUTH PLAIN " + response + "\r\n")
+    else:
+        assert peer.send("AUTH PLAIN\r\n") == "334 \r\n"
+        out = peer.send(response + "\r\n")
+    assert out == "535 5.7.8 Authentication credentials invalid\r\n"
+    assert credentials(peer) == []
+    assert [(e.command, e.reply) for e in peer.of_type(Rejected)] == [("AUTH", replies.AUTH_FAILED)]
+    assert peer.session.authenticated is None
+    assert peer.send("AUTH PLAIN " + b64("\0alice\0s3cr3t") + "\r\n") == AUTH_OK  # and may try again
 
 
 def test_auth_plain_mechanism_name_is_case_insensitive() -> None:
