@@ -44,6 +44,39 @@ def test_slow_dribbling_client_hits_the_command_timeout(tmp_path: Path) -> None:
         assert rejection["response"]["enhanced"] == "4.4.2"
 
 
+def test_noop_keepalive_answered_at_once_is_not_a_timeout(tmp_path: Path) -> None:
+    """command_timeout bounds one command; NOOPs every 0.25 s for 2.5 s (with a 1 s
+    command_timeout) each take no time, so the session goes on."""
+    with (
+        PigeonProcess(tmp_path / "node", smtp={"idle_timeout": "10s", "command_timeout": "1s"}) as pigeon,
+        RawSmtp(pigeon.smtp_port) as client,
+    ):
+        client.expect(220)
+        client.expect(250, "EHLO pool.test")
+        for _ in range(10):
+            client.expect(250, "NOOP")
+            time.sleep(0.25)
+        client.expect(250, "MAIL FROM:<a@example.org>")
+        assert pigeon.records("Rejection") == []
+
+
+def test_junk_commands_past_the_limit_end_the_session_with_a_reply_that_says_so(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", smtp={"max_junk_commands": 3}) as pigeon, RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        client.expect(250, "EHLO chatty.test")
+        client.expect(250, "NOOP")
+        client.expect(250, "RSET")
+        client.expect(250, "NOOP")
+        code, text = client.command("NOOP")
+        assert (code, text) == (
+            421,
+            ["4.7.0 mx.pigeon.test Error: too many NOOP, RSET, VRFY or HELP commands without mail, closing connection"],
+        )
+        assert client.closed_by_peer()
+        (rejection,) = pigeon.wait_records("Rejection")
+        assert (rejection["command"], rejection["response"]["enhanced"]) == ("NOOP", "4.7.0")
+
+
 def test_connections_over_the_limit_are_refused_with_421(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", smtp={"max_connections": 2}) as pigeon:
         first, second = RawSmtp(pigeon.smtp_port), RawSmtp(pigeon.smtp_port)

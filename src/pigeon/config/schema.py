@@ -48,6 +48,10 @@ class Size(int):
     """Bytes. Written as a number of bytes or "64KiB", "25MiB", "10MB"."""
 
 
+class DataRate(int):
+    """Bytes a second. Written as a number or "500B/s", "2KiB/s", "1MB/s" (the "/s" optional)."""
+
+
 class Network(str):
     """An IP network in CIDR form ("127.0.0.0/8", "::1/128"); a bare address means /32 or /128."""
 
@@ -102,6 +106,15 @@ def decode_hook(kind: type, value: Any) -> Any:
                 unit = (match.group(2) or "b").lower()
                 return Size(int(float(match.group(1)) * _SIZE_UNITS[unit]))
         raise ValueError(f'{value!r} is not a size: use bytes or a string like "64KiB", "25MiB", "10MB"')
+    if kind is DataRate:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return DataRate(value)
+        if isinstance(value, str):
+            match = _SIZE.fullmatch(value.strip().removesuffix("/s").removesuffix("/S"))
+            if match:
+                unit = (match.group(2) or "b").lower()
+                return DataRate(int(float(match.group(1)) * _SIZE_UNITS[unit]))
+        raise ValueError(f'{value!r} is not a data rate: use bytes a second or a string like "500B/s", "2KiB/s"')
     if kind is Network:
         if isinstance(value, str):
             try:
@@ -177,6 +190,11 @@ class SmtpConfig(_Section):
     max_messages_per_connection: PositiveInt = 10_000
     max_errors: PositiveInt = 20
     """Error replies before Pigeon closes the connection with 421 (the client's errors: not 4.3.x)."""
+    max_junk_commands: NonNegativeInt = 100
+    """NOOP, RSET, VRFY and HELP commands a client may send between two messages accepted (or
+    before the first); the next one gets 421 4.7.0 and the connection closes, so a client cannot
+    hold a connection (and a transaction) open for ever with commands that move no mail.
+    Postfix's smtpd_junk_command_limit is 100 too. 0: no limit."""
     max_line_length: PositiveInt = 998
     """Longest text line, without CRLF (RFC 5322 2.1.1); applies to commands and message lines."""
     max_connections: PositiveInt = 2000
@@ -195,7 +213,15 @@ class SmtpConfig(_Section):
     idle_timeout: Duration = Duration(300)
     """Close a connection that sends nothing for this long (421 4.4.2)."""
     command_timeout: Duration = Duration(300)
-    """Close a connection that takes longer than this to send one command (RFC 5321 4.5.3.2.7)."""
+    """Close a connection (421 4.4.2) that takes longer than this to send one command line, from
+    the reply to the previous one (RFC 5321 4.5.3.2.7), or to send a message's content (after
+    354, or from the first BDAT to the end of the LAST chunk) beyond what `min_data_rate` allows."""
+    min_data_rate: DataRate = DataRate(500)
+    """Slowest a message's content may arrive: it must be done within `command_timeout` plus its
+    size at this rate, and never stall for `command_timeout`. A client at least this fast is never
+    cut off, however large the message; a trickle slower than it is, about `command_timeout` after
+    the content began. Postfix's smtpd_min_data_rate is 500 too. 0: all content within
+    `command_timeout`."""
     pipelining: bool = True
     chunking: bool = True
     smtputf8: bool = True

@@ -101,6 +101,7 @@ class SmtpListener:
         client_connections: ClientConnections | None = None,
         idle_timeout: float = 300.0,
         command_timeout: float = 300.0,
+        min_data_rate: float = 500.0,
         max_connections: int = 2000,
         max_connections_per_client: int = 50,
     ) -> None:
@@ -116,6 +117,8 @@ class SmtpListener:
         self.auth_throttle = auth_throttle
         self.idle_timeout = idle_timeout
         self.command_timeout = command_timeout
+        self.min_data_rate = min_data_rate
+        """Bytes a second a message's content must keep up beyond `command_timeout` (see `_data_received`)."""
         self.max_connections = max_connections
         self.max_connections_per_client = max_connections_per_client
         # Open connections, least recently heard from first (a dict keeps insertion order).
@@ -236,6 +239,7 @@ class SmtpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_bytes = 0.0
         self._last_progress = 0.0
+        self._data_deadline: float | None = None  # while the client owes a message's content
         self._tls: str | None = None
         self.id = _next_session_id()
         self.peer = ""
@@ -284,6 +288,7 @@ class SmtpConnection(asyncio.Protocol):
         self._blocked = False
         if self._closed:
             return
+        self._last_bytes = self._last_progress = self._loop.time()  # the wait for the hook was ours
         self._session.greet(self._policy_reply(_verdict(future), "CONNECT"))
         self._pump()
 
@@ -299,8 +304,10 @@ class SmtpConnection(asyncio.Protocol):
         return reply
 
     def data_received(self, data: bytes) -> None:
-        self._last_bytes = self._loop.time()
+        self._last_bytes = now = self._loop.time()
         self._listener._heard_from(self)
+        if self._data_deadline is not None:
+            self._data_received(len(data), now)
         if self._tls_early is not None:
             # Decrypted bytes that beat the handshake's completion callback: keep them for
             # the session, which still thinks it is waiting for the handshake.
@@ -334,15 +341,21 @@ class SmtpConnection(asyncio.Protocol):
     # --- driving the session -----------------------------------------------------------
     def _pump(self) -> None:
         session = self._session
-        progressed = False
+        commands = session.commands
         while not self._blocked and not self._closed:
             event = session.next_event()
             if event is NEED_DATA:
                 break
-            progressed = True
             _HANDLERS[type(event)](self, event)
-        if progressed:
-            self._last_progress = self._loop.time()
+        receiving_content = session.receiving_content
+        if session.commands != commands or receiving_content != (self._data_deadline is not None):
+            now = self._loop.time()
+            if receiving_content:
+                if self._data_deadline is None:  # content starts (354 sent, or the first BDAT read)
+                    self._data_deadline = now + self._listener.command_timeout
+            else:
+                self._data_deadline = None
+                self._last_progress = now
         self._flush()
 
     def _flush(self) -> None:
@@ -366,6 +379,8 @@ class SmtpConnection(asyncio.Protocol):
 
     def _resume(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None], what: str) -> None:
         self._blocked = False
+        # The wait was ours: the client's time for its next command starts with our answer.
+        self._last_bytes = self._last_progress = self._loop.time()
         if self._closed:
             # No one to answer, but a failure is still retrieved and said (asyncio would
             # otherwise print "Future exception was never retrieved" when it is collected).
@@ -711,9 +726,9 @@ class SmtpConnection(asyncio.Protocol):
         self._close_with(replies.idle_evicted(self._listener.session_config.hostname))
         self._listener._closed(self)
 
-    def _close_with(self, reply: Reply) -> None:
-        """Say `reply` (logged as a rejection) after whatever is queued, and close."""
-        self._log_rejection("", reply)
+    def _close_with(self, reply: Reply, command: str = "") -> None:
+        """Say `reply` (logged as a rejection of `command`) after whatever is queued, and close."""
+        self._log_rejection(command, reply)
         self._flush()
         if self._transport is not None:
             self._transport.write(reply.encode(enhanced=self._session.esmtp))
@@ -725,10 +740,31 @@ class SmtpConnection(asyncio.Protocol):
             self._transport.abort()
 
     # --- timeouts ------------------------------------------------------------------------
+    # Three clocks. `idle_timeout`: no bytes at all for that long. `command_timeout`: one
+    # command line, from our last answer (or the previous command) to its CRLF, so a line
+    # dribbled a byte at a time ends, while NOOPs answered at once do not (the session limits
+    # those by number: `max_junk_commands`). A message's content (DATA's up to the final dot,
+    # or a BDAT sequence up to the end of its LAST chunk) has a deadline of its own:
+    # `command_timeout` from its start, pushed back by 1/`min_data_rate` seconds for every byte
+    # that arrives, but never past `command_timeout` from now (Postfix's smtpd_min_data_rate).
+    # A sender at least that fast never meets it, however large its message; a trickle of a
+    # line or a byte a second (or of one-byte chunks) meets it about `command_timeout` after
+    # the content began.
+
+    def _data_received(self, size: int, now: float) -> None:
+        listener = self._listener
+        deadline = self._data_deadline
+        assert deadline is not None
+        if listener.min_data_rate > 0:
+            deadline += size / listener.min_data_rate
+        self._data_deadline = min(deadline, now + listener.command_timeout)
+
     def _arm_timer(self) -> None:
         listener = self._listener
-        deadline = min(self._last_bytes + listener.idle_timeout, self._last_progress + listener.command_timeout)
-        self._timer = self._loop.call_at(deadline, self._check_timeouts)
+        deadline = self._data_deadline
+        if deadline is None:
+            deadline = self._last_progress + listener.command_timeout
+        self._timer = self._loop.call_at(min(self._last_bytes + listener.idle_timeout, deadline), self._check_timeouts)
 
     def _check_timeouts(self) -> None:
         if self._closed:
@@ -738,7 +774,13 @@ class SmtpConnection(asyncio.Protocol):
         if self._blocked:
             # We are the slow one (spool, password check): not the client's fault.
             self._last_bytes = self._last_progress = now
-        elif now - self._last_bytes >= listener.idle_timeout or now - self._last_progress >= listener.command_timeout:
+        elif self._data_deadline is not None and now >= self._data_deadline:
+            command = "DATA" if self._session.phase is Phase.DATA else "BDAT"
+            self._close_with(replies.timeout(listener.session_config.hostname), command)
+            return
+        elif now - self._last_bytes >= listener.idle_timeout or (
+            self._data_deadline is None and now - self._last_progress >= listener.command_timeout
+        ):
             self._close_with(replies.timeout(listener.session_config.hostname))
             return
         self._arm_timer()

@@ -216,6 +216,7 @@ class Node:
             client_connections=client_connections,
             idle_timeout=smtp.idle_timeout,
             command_timeout=smtp.command_timeout,
+            min_data_rate=smtp.min_data_rate,
             max_connections=smtp.max_connections,
             max_connections_per_client=smtp.max_connections_per_client,
         )
@@ -570,6 +571,7 @@ def _session_config(config: Config, tls: ssl.SSLContext | None, passwords: Passw
         max_recipients=smtp.max_recipients,
         max_messages_per_connection=smtp.max_messages_per_connection,
         max_errors=smtp.max_errors,
+        max_junk_commands=smtp.max_junk_commands,
         max_line_length=smtp.max_line_length,
         bare_linefeeds=BareLinefeeds(smtp.bare_linefeeds),
         pipelining=smtp.pipelining,

@@ -135,6 +135,12 @@ def too_many_errors(hostname: str) -> Reply:
     return r(421, "4.7.0", f"{hostname} Error: too many errors, closing connection")
 
 
+def too_many_junk_commands(hostname: str) -> Reply:
+    return r(
+        421, "4.7.0", f"{hostname} Error: too many NOOP, RSET, VRFY or HELP commands without mail, closing connection"
+    )
+
+
 def too_many_messages(hostname: str) -> Reply:
     return r(421, "4.7.0", f"{hostname} Error: too many messages in one connection, reconnect to send more")
 

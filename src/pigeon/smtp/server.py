@@ -102,6 +102,7 @@ class ServerConfig:
     max_recipients: int = 1000  # RFC 5321 4.5.3.1.8: at least 100
     max_messages_per_connection: int = 10_000
     max_errors: int = 20
+    max_junk_commands: int = 100  # NOOP, RSET, VRFY, HELP between messages; 0: no limit (Postfix: 100)
     max_line_length: int = 998  # RFC 5322 2.1.1, without CRLF
     bare_linefeeds: BareLinefeeds = BareLinefeeds.REFUSE
     pipelining: bool = True
@@ -144,6 +145,11 @@ class ServerSession:
         self.recipients = 0
         self.messages = 0
         self.errors = 0
+        self.commands = 0
+        """Command lines read (SASL responses and refused lines too): the I/O layer's measure of
+        a client making progress between commands."""
+        self.junk = 0
+        """NOOP, RSET, VRFY and HELP since the last message accepted (or the start)."""
         self._buf = bytearray()
         self._out = bytearray()
         self._events: deque[Event] = deque()
@@ -255,6 +261,17 @@ class ServerSession:
         return len(self._buf)
 
     @property
+    def receiving_content(self) -> bool:
+        """True while the peer owes message content: from 354 to DATA's final dot, from the
+        first BDAT to the end of the LAST chunk (the BDAT commands between chunks included),
+        and through a BDAT chunk being discarded. The I/O layer bounds such a block as a whole
+        (tiny chunks must not make a trickle look like progress); other commands one by one."""
+        if self._chunk_left:
+            return True
+        phase = self.phase
+        return (phase is Phase.DATA or phase is Phase.BDAT) and self._pending is None
+
+    @property
     def pending(self) -> DecisionEvent | None:
         """The decision waiting for `respond()`, if any."""
         return self._pending
@@ -269,6 +286,7 @@ class ServerSession:
         line = self._read_line()
         if line is None:
             return False
+        self.commands += 1
         if isinstance(line, Reply):
             if self.phase is Phase.AUTH:
                 self._sasl = None  # a broken response line ends the SASL exchange too
@@ -353,6 +371,16 @@ class ServerSession:
             reply = replies.closing(self.config.hostname)
             self._queue(reply)
             self._reset_transaction()
+            self._close(reply)
+            return
+        # The others move no mail: answered at once, they could keep a session (and the
+        # transaction it holds) open for ever. Past the limit the session ends; the count
+        # starts over with each message accepted (Postfix's smtpd_junk_command_limit).
+        self.junk += 1
+        limit = self.config.max_junk_commands
+        if limit and self.junk > limit:
+            reply = replies.too_many_junk_commands(self.config.hostname)
+            self._reject(command.verb, reply)
             self._close(reply)
         elif isinstance(command, Rset):
             self._reset_transaction()
@@ -575,6 +603,7 @@ class ServerSession:
             self._dot = DotReader(self.config.max_line_length)
         elif isinstance(decision, MessageEnd):
             self.messages += 1
+            self.junk = 0
             self._clear_transaction()
             self.phase = Phase.READY
             return

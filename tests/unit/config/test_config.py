@@ -172,6 +172,20 @@ def test_sizes_accept_units_and_plain_bytes(tmp_path: Path, written: str, size: 
     assert config.smtp.max_message_size == size
 
 
+@pytest.mark.parametrize(
+    ("written", "rate"),
+    [('"500B/s"', 500), ('"2KB/s"', 2000), ('"1KiB/s"', 1024), ('"1.5 kB/s"', 1500), ('"4KB"', 4000), ("250", 250)],
+)
+def test_data_rates_accept_units_per_second_and_plain_bytes(tmp_path: Path, written: str, rate: int) -> None:
+    config = load(write(tmp_path, f"[smtp]\nmin_data_rate = {written}\n"))
+    assert config.smtp.min_data_rate == rate
+
+
+def test_min_data_rate_and_max_junk_commands_default_to_postfixs(tmp_path: Path) -> None:
+    config = load(write(tmp_path, ""))
+    assert (config.smtp.min_data_rate, config.smtp.max_junk_commands) == (500, 100)
+
+
 def test_relative_paths_are_resolved_against_the_config_files_directory(tmp_path: Path) -> None:
     etc = tmp_path / "etc" / "pigeon"
     files_named_by_full(etc)
@@ -245,6 +259,8 @@ def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
         ('[smtp]\nidle_timeout = "5 parsecs"\n', "line 2: [smtp] idle_timeout: '5 parsecs' is not a duration"),
         ("[smtp]\nidle_timeout = -5\n", "line 2: [smtp] idle_timeout: -5 is not a duration"),
         ('[spool]\nmax_size = "lots"\n', "line 2: [spool] max_size: 'lots' is not a size"),
+        ('[smtp]\nmin_data_rate = "fast"\n', "line 2: [smtp] min_data_rate: 'fast' is not a data rate"),
+        ("[smtp]\nmin_data_rate = -1\n", "line 2: [smtp] min_data_rate: -1 is not a data rate"),
         ('[spool]\nmax_size = "10 XB"\n', "line 2: [spool] max_size: '10 XB' is not a size"),
         ("[spool]\nmax_size = true\n", "line 2: [spool] max_size: True is not a size"),
         (
@@ -265,6 +281,8 @@ def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
         "size-word",
         "size-unit",
         "size-bool",
+        "data-rate-word",
+        "negative-data-rate",
         "network",
         "endpoint-no-port",
         "endpoint-port-range",
