@@ -44,6 +44,7 @@ from pigeon.listener.connection_limits import ClientConnections, Held, LocalConn
 from pigeon.listener.password_checker import CheckerBusy, PasswordChecker
 from pigeon.listener.passwords import PasswordFile
 from pigeon.listener.tls import describe
+from pigeon.logs.peer_text import shown
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
@@ -363,9 +364,11 @@ class SmtpConnection(asyncio.Protocol):
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(out)
 
-    def _respond(self, reply: Reply, command: str, message_id: str | None = None) -> None:
+    def _respond(
+        self, reply: Reply, command: str, message_id: str | None = None, *, recipient: str | None = None
+    ) -> None:
         if reply.code >= 400:
-            self._log_rejection(command, reply, message_id)
+            self._log_rejection(command, reply, message_id, recipient=recipient)
         self._session.respond(reply)
 
     def _wait(
@@ -431,11 +434,14 @@ class SmtpConnection(asyncio.Protocol):
                 return
         self._session.accept()
 
-    def _decided(self, verdict: Refuse | HookFailed | None, command: str, recipient: Recipient | None = None) -> None:
-        """Answer MAIL or RCPT as the policy decided (a RCPT taken adds `recipient`)."""
+    def _decided(
+        self, verdict: Refuse | HookFailed | None, command: str, recipient: Recipient | None = None, given: str = ""
+    ) -> None:
+        """Answer MAIL or RCPT as the policy decided: a RCPT taken adds `recipient`, a RCPT
+        refused is logged with the address as the client `given` it."""
         reply = self._policy_reply(verdict, command)
         if reply is not None:
-            self._respond(reply, command)
+            self._respond(reply, command, recipient=given if command == "RCPT" else None)
             return
         if recipient is not None:
             self._recipients.append(recipient)
@@ -458,7 +464,8 @@ class SmtpConnection(asyncio.Protocol):
             if not (routes and routes.routing_key(address)):
                 # At a domain of the routes, an address none takes is unknown, not relaying.
                 known = routes is not None and routes.receives(address)
-                self._respond(replies.UNKNOWN_RECIPIENT if known else replies.RELAY_DENIED, "RCPT")
+                reply = replies.UNKNOWN_RECIPIENT if known else replies.RELAY_DENIED
+                self._respond(reply, "RCPT", recipient=event.recipient)
                 return
         recipient = Recipient(address, notify, event.orcpt)
         hook = self._listener.intake.policy.on_rcpt_to
@@ -479,10 +486,10 @@ class SmtpConnection(asyncio.Protocol):
                 session=self.id,
             )
             if isinstance(verdict, asyncio.Future):
-                self._wait(verdict, lambda done: self._decided(_verdict(done), "RCPT", recipient))
+                self._wait(verdict, lambda done: self._decided(_verdict(done), "RCPT", recipient, event.recipient))
                 return
             if verdict is not None:
-                self._decided(verdict, "RCPT")
+                self._decided(verdict, "RCPT", given=event.recipient)
                 return
         self._recipients.append(recipient)
         self._session.accept()
@@ -623,7 +630,7 @@ class SmtpConnection(asyncio.Protocol):
 
     # --- notices -----------------------------------------------------------------------
     def _on_rejected(self, event: Rejected) -> None:
-        self._log_rejection(event.command, event.reply)
+        self._log_rejection(event.command, event.reply, recipient=event.recipient)
 
     def _on_reset(self, event: TransactionReset) -> None:
         if self._draft is not None:
@@ -683,7 +690,10 @@ class SmtpConnection(asyncio.Protocol):
             keyword += "A"
         return keyword
 
-    def _log_rejection(self, command: str, reply: Reply, message_id: str | None = None) -> None:
+    def _log_rejection(
+        self, command: str, reply: Reply, message_id: str | None = None, *, recipient: str | None = None
+    ) -> None:
+        """`recipient`: the address a refused RCPT gave, as the client sent it (escaped here)."""
         session = self._session
         mail = session.mail
         self._listener.intake.metrics.rejections.labels(command or "-", str(reply.code)).inc()
@@ -696,6 +706,7 @@ class SmtpConnection(asyncio.Protocol):
                 response=Response.of(reply),
                 helo=session.helo,
                 sender=mail.sender if mail is not None else None,
+                recipients=[shown(recipient)] if recipient is not None else None,
                 tls=self._tls,
                 auth_user=session.authenticated,
                 id=message_id,

@@ -152,6 +152,25 @@ def _rcpt(arg: str, offer: Offer) -> Command:
     return RcptTo(recipient, *parsed)
 
 
+def given_recipient(line: bytes | bytearray) -> str | None:
+    """The address a RCPT line names, as given, however malformed the line; None for another
+    command. For the log record of a refusal: the path between its angle brackets when it has
+    both, else the argument's first word (after "TO:" when it is there). Bytes that are not
+    UTF-8 come back as surrogate escapes."""
+    text = line.decode("utf-8", "surrogateescape")
+    verb, _, arg = text.partition(" ")
+    if verb.upper() != "RCPT":
+        return None
+    arg = arg.strip(" ")
+    if arg[:3].upper() == "TO:":
+        arg = arg[3:].lstrip(" ")
+    if arg.startswith("<"):
+        end = _closing_bracket(arg)
+        if end > 0:
+            return arg[1:end]
+    return arg.split(" ", 1)[0]
+
+
 def _after_keyword(arg: str, keyword: str, usage: str) -> str:
     if arg[: len(keyword)].upper() != keyword:
         raise SmtpProtocolError(replies.syntax(usage, "5.5.4"))

@@ -155,10 +155,16 @@ class DataChunk:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    """The session answered a command with an error reply by itself."""
+    """The session answered a command with an error reply by itself.
+
+    `recipient`: for a refused RCPT, the address as the client gave it, so that the refusal
+    can name whom it refused, even when the line did not parse (then the path between its
+    angle brackets, or the argument's first word). Bytes that are not UTF-8 are kept as
+    surrogate escapes: escape it before showing it (`pigeon.logs.peer_text`)."""
 
     command: str
     reply: Reply
+    recipient: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from pigeon.smtp import replies
-from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, parse_command
+from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, given_recipient, parse_command
 from pigeon.smtp.errors import SmtpProtocolError, SmtpUsageError
 from pigeon.smtp.events import (
     NEED_DATA,
@@ -299,7 +299,8 @@ class ServerSession:
         try:
             command = parse_command(line, self.config.offers[self.tls_active])
         except SmtpProtocolError as error:
-            self._reject(_verb_of(line), error.reply)
+            verb = _verb_of(line)
+            self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None)
             if error.close:
                 self._close(error.reply)
             return True
@@ -336,7 +337,8 @@ class ServerSession:
             return
         allowed = _NEXT.get(self.phase, {})
         if kind not in allowed:
-            self._reject(command.verb, self._out_of_sequence(command))
+            recipient = command.recipient if isinstance(command, RcptTo) else None
+            self._reject(command.verb, self._out_of_sequence(command), recipient)
             if isinstance(command, Bdat):
                 self._discard_chunk(command)
             return
@@ -349,7 +351,7 @@ class ServerSession:
         elif isinstance(command, RcptTo):
             problem = self._check_recipient(command)
             if problem is not None:
-                self._reject(command.verb, problem)
+                self._reject(command.verb, problem, command.recipient)
                 return
         elif isinstance(command, StartTls):
             if self.tls_active:
@@ -655,8 +657,8 @@ class ServerSession:
                 self._events.append(Rejected("", final))
                 self._close(final)
 
-    def _reject(self, verb: str, reply: Reply) -> None:
-        self._events.append(Rejected(verb, reply))
+    def _reject(self, verb: str, reply: Reply, recipient: str | None = None) -> None:
+        self._events.append(Rejected(verb, reply, recipient))
         self._queue(reply)
 
     def _close(self, reply: Reply) -> None:

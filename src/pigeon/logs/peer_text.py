@@ -1,0 +1,50 @@
+r"""Text a client sent, made safe to put in a log record: printable, unambiguous and bounded.
+
+A refused command's argument (the recipient of a refused RCPT) is whatever the client chose
+to send, and an operator reads it in a terminal or a log viewer. JSON escapes only C0
+controls, so DEL, C1 controls (U+009B is a terminal's CSI), bidirectional overrides and bytes
+that are not UTF-8 would reach the screen as they are. `shown()` keeps every printable
+character (UTF-8 letters included) and writes each other one, and the backslash itself, as a
+Python escape (`\x1b`, `\u009b`, `\u202e`, `\\`), so no two different inputs look the same.
+Input decoded with errors="surrogateescape" gets its undecodable bytes back as `\xHH`
+(`\xHH` is only ever a byte from 0x80 or an ASCII control, never a character of U+0080 on).
+
+Past `limit` characters of output the text is cut (never inside an escape) and "..." is
+added: a client's address that long is no address anyway (RFC 5321 4.5.3.1.3).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+ADDRESS_LIMIT: Final = 256
+"""RFC 5321 4.5.3.1.3: a path is at most 256 octets; what is longer is not an address."""
+
+
+def shown(text: str, limit: int = ADDRESS_LIMIT) -> str:
+    """`text` with every non-printable character escaped, at most `limit` characters (+ "...")."""
+    if len(text) <= limit and text.isprintable() and "\\" not in text:
+        return text  # the common case: an ordinary address, nothing to do
+    out: list[str] = []
+    size = 0
+    for char in text:
+        piece = char if char.isprintable() and char != "\\" else _escape(char)
+        if size + len(piece) > limit:
+            out.append("...")
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    if char == "\\":
+        return "\\\\"
+    if code < 0x80:  # a character from 0x80 on is \u00HH: \xHH there is a byte that was not UTF-8
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
