@@ -186,15 +186,18 @@ class SmtpConfig(_Section):
     max_message_size: Size = Size(25 * 1024 * 1024)
     """Largest message accepted (advertised with SIZE, checked on MAIL and on the data)."""
     max_recipients: PositiveInt = 1000
-    """Recipients per message; more get 452 4.5.3 (the client sends them in a new transaction)."""
+    """Recipients per message; more get 452 4.5.3 (the client sends them in a new transaction).
+    As many again in one transaction cost nothing (a pipelining client sent them before it heard
+    the first 452); each one past that counts against max_junk_commands."""
     max_messages_per_connection: PositiveInt = 10_000
     max_errors: PositiveInt = 20
     """Error replies before Pigeon closes the connection with 421 (the client's errors: not 4.3.x)."""
     max_junk_commands: NonNegativeInt = 100
-    """NOOP, RSET, VRFY and HELP commands a client may send between two messages accepted (or
-    before the first); the next one gets 421 4.7.0 and the connection closes, so a client cannot
-    hold a connection (and a transaction) open for ever with commands that move no mail.
-    Postfix's smtpd_junk_command_limit is 100 too. 0: no limit."""
+    """Commands that move no mail a client may send between two messages accepted (or before
+    the first): NOOP, RSET, VRFY, HELP, EHLO or HELO after the first one (TLS starts over), and
+    RCPTs past twice max_recipients in one transaction. The next one gets 421 4.7.0 and the
+    connection closes, so a client cannot hold a connection (and a transaction) open for ever
+    with answers that are no errors. Postfix's smtpd_junk_command_limit is 100 too. 0: no limit."""
     max_line_length: PositiveInt = 998
     """Longest text line, without CRLF (RFC 5322 2.1.1); applies to commands and message lines."""
     max_connections: PositiveInt = 2000

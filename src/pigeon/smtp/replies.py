@@ -136,9 +136,8 @@ def too_many_errors(hostname: str) -> Reply:
 
 
 def too_many_junk_commands(hostname: str) -> Reply:
-    return r(
-        421, "4.7.0", f"{hostname} Error: too many NOOP, RSET, VRFY or HELP commands without mail, closing connection"
-    )
+    # Not only NOOP and RSET: a repeated EHLO or RCPTs far past the recipient limit count too.
+    return r(421, "4.7.0", f"{hostname} Error: too many commands that move no mail, closing connection")
 
 
 def too_many_messages(hostname: str) -> Reply:

@@ -102,7 +102,7 @@ class ServerConfig:
     max_recipients: int = 1000  # RFC 5321 4.5.3.1.8: at least 100
     max_messages_per_connection: int = 10_000
     max_errors: int = 20
-    max_junk_commands: int = 100  # NOOP, RSET, VRFY, HELP between messages; 0: no limit (Postfix: 100)
+    max_junk_commands: int = 100  # commands that move no mail between messages (see _junk); 0: no limit
     max_line_length: int = 998  # RFC 5322 2.1.1, without CRLF
     bare_linefeeds: BareLinefeeds = BareLinefeeds.REFUSE
     pipelining: bool = True
@@ -149,7 +149,8 @@ class ServerSession:
         """Command lines read (SASL responses and refused lines too): the I/O layer's measure of
         a client making progress between commands."""
         self.junk = 0
-        """NOOP, RSET, VRFY and HELP since the last message accepted (or the start)."""
+        """Commands that moved no mail since the last message accepted (or the start): see `_junk()`."""
+        self._overshoot = 0  # RCPTs refused in this transaction for being past max_recipients
         self._buf = bytearray()
         self._out = bytearray()
         self._events: deque[Event] = deque()
@@ -351,7 +352,20 @@ class ServerSession:
         elif isinstance(command, RcptTo):
             problem = self._check_recipient(command)
             if problem is not None:
+                if problem is replies.TOO_MANY_RECIPIENTS:
+                    # Not an error (see `_queue`), but no mail either. A pipelining client
+                    # sends its whole batch before it hears the first 452 (RFC 2920), so as
+                    # many again as max_recipients are let be; each one after that is junk
+                    # (Postfix: smtpd_recipient_overshoot_limit, by default the same 1000).
+                    self._overshoot += 1
+                    if self._overshoot > self.config.max_recipients and self._junk("RCPT", command.recipient):
+                        return
                 self._reject(command.verb, problem, command.recipient)
+                return
+        elif isinstance(command, (Ehlo, Helo)):
+            # A greeting again (TLS aside, which starts the session over) moves no mail and
+            # resets the transaction: EHLO, MAIL, EHLO, MAIL, ... would otherwise go on for ever.
+            if self.phase is not Phase.GREETED and self._junk(command.verb):
                 return
         elif isinstance(command, StartTls):
             if self.tls_active:
@@ -375,16 +389,9 @@ class ServerSession:
             self._reset_transaction()
             self._close(reply)
             return
-        # The others move no mail: answered at once, they could keep a session (and the
-        # transaction it holds) open for ever. Past the limit the session ends; the count
-        # starts over with each message accepted (Postfix's smtpd_junk_command_limit).
-        self.junk += 1
-        limit = self.config.max_junk_commands
-        if limit and self.junk > limit:
-            reply = replies.too_many_junk_commands(self.config.hostname)
-            self._reject(command.verb, reply)
-            self._close(reply)
-        elif isinstance(command, Rset):
+        if self._junk(command.verb):
+            return
+        if isinstance(command, Rset):
             self._reset_transaction()
             self._queue(replies.RESET_OK)
         elif isinstance(command, Noop):
@@ -393,6 +400,22 @@ class ServerSession:
             self._queue(replies.VRFY_CANNOT)
         elif isinstance(command, Help):
             self._queue(replies.HELP)
+
+    def _junk(self, verb: str, recipient: str | None = None) -> bool:
+        """Count a command that moves no mail; True when that was one too many and the session
+        ended. Answered at once and never an error, such commands (NOOP, RSET, VRFY, HELP, a
+        repeated EHLO or HELO, RCPTs far past max_recipients) could otherwise keep a session,
+        and the transaction it holds, open for ever. The count starts over with each message
+        accepted (Postfix's smtpd_junk_command_limit), so a client that sends mail never runs
+        out."""
+        self.junk += 1
+        limit = self.config.max_junk_commands
+        if not limit or self.junk <= limit:
+            return False
+        reply = replies.too_many_junk_commands(self.config.hostname)
+        self._reject(verb, reply, recipient)
+        self._close(reply)
+        return True
 
     def _out_of_sequence(self, command: Command) -> Reply:
         phase = self.phase
@@ -598,6 +621,7 @@ class ServerSession:
         elif isinstance(decision, MailFrom):
             self.mail = decision
             self.recipients = 0
+            self._overshoot = 0
         elif isinstance(decision, RcptTo):
             self.recipients += 1
         elif isinstance(decision, Data):
@@ -630,6 +654,7 @@ class ServerSession:
     def _clear_transaction(self) -> None:
         self.mail = None
         self.recipients = 0
+        self._overshoot = 0
         self._checker = None
         self._dot = None
         self._chunked = False

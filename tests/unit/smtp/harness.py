@@ -148,9 +148,13 @@ class Peer:
 
 
 # --- common openings ----------------------------------------------------------------------
-def open_transaction(peer: Peer, *, sender: str = "a@example.org", recipient: str = "b@example.net") -> None:
-    """EHLO, MAIL and RCPT, each checked to be accepted."""
-    assert peer.send("EHLO client.test\r\n").startswith(f"250-{HOSTNAME} greets client.test\r\n")
+def open_transaction(
+    peer: Peer, *, sender: str = "a@example.org", recipient: str = "b@example.net", ehlo: bool = True
+) -> None:
+    """EHLO (unless `ehlo` is False: the session was greeted already), MAIL and RCPT, each
+    checked to be accepted."""
+    if ehlo:
+        assert peer.send("EHLO client.test\r\n").startswith(f"250-{HOSTNAME} greets client.test\r\n")
     assert peer.send(f"MAIL FROM:<{sender}>\r\n") == "250 2.1.0 Sender ok\r\n"
     assert peer.send(f"RCPT TO:<{recipient}>\r\n") == "250 2.1.5 Recipient ok\r\n"
 
