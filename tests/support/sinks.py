@@ -16,6 +16,9 @@ The scripted sink answers by recipient local part, like KumoMTA's test sink:
                     connection dropped before the 250 (2%: the one case where the sender may
                     rightly deliver it again)
 
+With `max_recipients`, a transaction takes that many recipients and answers the rest
+`452 4.5.3 too many recipients` (RFC 5321 4.5.3.1.10), as many real servers do.
+
 A test may also script RCPT replies itself: `rcpt_reply(address)` (when set) answers first,
 a reply line such as "421 4.7.0 rate limited", or None for the usual answer above.
 
@@ -159,6 +162,9 @@ class _Handler:
         self.sink.rcpt_log.append(address)
         if self.sink.rcpt_reply is not None and (scripted := self.sink.rcpt_reply(address)) is not None:
             return scripted
+        limit = self.sink.max_recipients
+        if limit is not None and len(envelope.rcpt_tos) >= limit:
+            return "452 4.5.3 too many recipients"
         if local == "slow" or local.startswith("slow-"):
             await asyncio.sleep(self.sink.slow)
         if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
@@ -256,14 +262,17 @@ class ScriptedSink:
         seed: int = 1,
         smtputf8: bool = False,
         tls: ssl.SSLContext | None = None,
+        max_recipients: int | None = None,
     ) -> None:
         """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by
-        default. `tls`: offer STARTTLS with this server context."""
+        default. `tls`: offer STARTTLS with this server context. `max_recipients`: recipients
+        a transaction takes (the rest get 452 4.5.3); None: any number."""
         self.host = host
         self.random = random.Random(seed)
         self.port = port or free_port()
         self.slow = slow
         self.flaky = flaky
+        self.max_recipients = max_recipients
         self.received: list[Received] = []
         self.rcpt_log: list[str] = []
         self.connections: list[SinkConnection] = []

@@ -1,10 +1,12 @@
 """The SMTP agent: leased messages over one outbound connection (`session.ClientConnection`).
 
-One message per transaction; the connection is reused for the next. What the peer cannot
-take at all (SMTPUTF8 it lacks, over its SIZE, 8-bit data without 8BITMIME) is a permanent,
-explained refusal rather than a protocol violation at the next hop. A connection that breaks
-mid-transaction is a transient failure for every recipient of that message, and the agent is
-no longer usable.
+One message per transaction; the connection is reused for the next. A server that takes
+only so many recipients per transaction answers the rest `452 4.5.3` (RFC 5321 4.5.3.1.10);
+they go in another transaction on the same connection at once, as many times as it takes,
+rather than waiting for the retry schedule. What the peer cannot take at all (SMTPUTF8 it
+lacks, over its SIZE, 8-bit data without 8BITMIME) is a permanent, explained refusal rather
+than a protocol violation at the next hop. A connection that breaks mid-transaction is a
+transient failure for every recipient of that message, and the agent is no longer usable.
 """
 
 from __future__ import annotations
@@ -47,11 +49,10 @@ class SmtpAgent:
                 attempts.append(Attempt.same_for_all(refusal, count, classification, site, connection.peer))
                 continue
             try:
-                result, duration = await connection.send(envelope)
+                replies, duration = await _send_all(connection, envelope)
             except ConnectionLost as error:
                 attempts.append(Attempt.same_for_all(error.reply, count, "", site, connection.peer))
                 continue
-            replies = result.replies
             classes = self._classifier.classify_all(replies)
             passed_on = "DSN" in connection.capabilities
             attempts.append(
@@ -87,6 +88,39 @@ class SmtpAgents:
             reply = error.reply
             raise Unreachable(reply, self._classifier.classify(reply) if reply.code >= 500 else "") from None
         return SmtpAgent(connection, destination.site, self._classifier)
+
+
+def too_many_recipients(reply: Reply) -> bool:
+    """A RCPT refused only because the transaction has enough recipients (RFC 5321
+    4.5.3.1.10): `452 4.5.3`, or a bare 452 (the code the RFC gives for it)."""
+    return reply.code == 452 and reply.enhanced in (None, "4.5.3")
+
+
+async def _send_all(connection: ClientConnection, envelope: client.Envelope) -> tuple[list[Reply], float]:
+    """Every recipient's reply, over as many transactions as the server's recipient limit
+    takes: those it refused as too many go again in the next transaction, while the last one
+    delivered to somebody (a server that took none, or refused the data, would refuse them
+    again: they keep their 452 and wait for the retry schedule). Raises ConnectionLost if
+    the first transaction broke; a later break is the reply of that transaction's
+    recipients, the deliveries before it standing."""
+    result, duration = await connection.send(envelope)
+    replies = list(result.replies)
+    pending = [i for i, reply in enumerate(replies) if too_many_recipients(reply)]
+    progress = any(reply.code < 300 for reply in replies)
+    while pending and progress:
+        rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in pending])
+        try:
+            more, took = await connection.send(rest)
+        except ConnectionLost as error:
+            for index in pending:
+                replies[index] = error.reply
+            break
+        duration += took
+        for index, reply in zip(pending, more.replies, strict=True):
+            replies[index] = reply
+        progress = any(reply.code < 300 for reply in more.replies)
+        pending = [i for i in pending if too_many_recipients(replies[i])]
+    return replies, duration
 
 
 def _client_envelope(work: Work) -> client.Envelope:
