@@ -11,7 +11,7 @@ process and read them back without interference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -268,6 +268,23 @@ class _EffectsCollector(Collector):
         yield shared
 
 
+class _SitesCollector(Collector):
+    def __init__(self, states: Callable[[], Iterable[tuple[str, bool]]], worker: int) -> None:
+        self._states = states
+        self._worker = str(worker)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "pigeon_site_down",
+            "1 while no host of a site takes a connection and its mail waits for a probe, as this worker "
+            "found it; 0 once it is up again",
+            labels=["site", "worker"],
+        )
+        for site, down in self._states():
+            family.add_metric([site, self._worker], int(down))
+        yield family
+
+
 class Metrics:
     """All metrics of one node."""
 
@@ -351,6 +368,10 @@ class Metrics:
     def track_effects(self, board: EffectsState, worker: int) -> None:
         """The live effects of shaping reactions (per worker: each knows them all)."""
         self.registry.register(_EffectsCollector(board, worker))
+
+    def track_sites(self, states: Callable[[], Iterable[tuple[str, bool]]], worker: int) -> None:
+        """Sites found down (`pigeon.delivery.sites`), per worker: each finds them by itself."""
+        self.registry.register(_SitesCollector(states, worker))
 
     def track_stale_results(self, counts: Callable[[], dict[str, int]]) -> None:
         """Results of work whose lease went stale (an operator moved the message meanwhile)."""

@@ -34,6 +34,7 @@ from pigeon.delivery.agent import Agent, Work
 from pigeon.delivery.dsn import Failure
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Destination, Kind, TlsPolicy
+from pigeon.delivery.sites import SiteHealth
 from pigeon.logs.records import Record
 from pigeon.message import Envelope, Message, Recipient, SpoolId
 from pigeon.metrics import Counts
@@ -373,6 +374,8 @@ class World:
     """Where the dispatcher asks for connection slots and message slots (default: in memory)."""
     reactor: Reactor | None = None
     """Shaping that reacts to the replies (default: none)."""
+    site_retry_interval: float = 60.0
+    """Until the first probe of a site found down (then twice as long, up to 10 times this)."""
     opener: Callable[[Destination, str | None], Awaitable[Agent]] | None = None
     """Opens agents instead of `FakeAgent` (to fail, or to be a real agent)."""
     answer: Callable[[World, Attempted], list[Reply]] = field(default=lambda world, seen: [OK] * len(seen.recipients))
@@ -421,6 +424,7 @@ class World:
             max_active=self.max_active,
             throttles=self.throttles,
             reactor=self.reactor,
+            sites=SiteHealth(self.site_retry_interval, self.site_retry_interval * 10, clock=self.clock),
             clock=self.clock,
             pause=lambda seconds: asyncio.sleep(0),
         )

@@ -352,6 +352,13 @@ class DeliveryConfig(_Section):
     no limit). For the node, or the cluster with a [redis] url, like `connection_limit`."""
     connection_failures_before_delay: PositiveInt = 3
     """Failed connections in a row after which everything waiting for a site is deferred."""
+    site_retry_interval: Duration = Duration(60)
+    """A site none of whose hosts takes a connection (each refuses it or times out) is down:
+    its mail waits, untried (`451 4.4.1 not tried: <site> is down`, no attempt counted), and
+    one connection probes it this long after ..."""
+    max_site_retry_interval: Duration = Duration(600)
+    """... then twice as long after each probe that fails, up to this. A probe that connects
+    brings the site up, and its mail goes at once. Each worker process keeps its own view."""
     connect_timeout: Duration = Duration(30)
     reply_timeout: Duration = Duration(300)
     max_active: PositiveInt = 10_000

@@ -30,12 +30,14 @@ class Work(NamedTuple):
 
 class Unreachable(Exception):
     """No session with the destination could be opened. `reply` is the last reason, and
-    `classification` its bounce class if it is a 5xx."""
+    `classification` its bounce class if it is a 5xx. `site_down`: no host of the
+    destination took a connection at all, so the whole site is down (`pigeon.delivery.sites`)."""
 
-    def __init__(self, reply: Reply, classification: str = "") -> None:
+    def __init__(self, reply: Reply, classification: str = "", *, site_down: bool = False) -> None:
         super().__init__(str(reply))
         self.reply = reply
         self.classification = classification
+        self.site_down = site_down
 
 
 class Agent(Protocol):

@@ -38,8 +38,17 @@ connection for a trickle, the full limit only for a real backlog.
 
 A connection that cannot be opened costs the message it was opened for one attempt.
 After `connection_failures_before_delay` such failures in a row, everything waiting in
-that ready queue is attempted at once with that failure: a dead site should not be tried
-message by message.
+that ready queue is attempted at once with that failure.
+
+A dead site (no host took the connection: `Unreachable.site_down`) is not tried message by
+message: it is *down* (`pigeon.delivery.sites`) from that failure on. What waits for it, in
+each of its ready queues, is deferred untried until the next probe (`451 4.4.1 not tried:
+<site> is down`, no attempt counted), reported with its lease like any attempt, so the queue
+settles it as it settles every other; mail that comes ready meanwhile is deferred alike. At
+the probe's time that mail is due again, and the first connection asked for is the probe
+(one, for the whole site: the rest waits in the ready queue for its verdict). If it opens,
+the site is up and the mail flows on it and on as many connections as the queues want; if
+not, everything waiting is deferred to the next probe, twice as far off.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from typing import Final
 from pigeon.delivery.agent import Agent, Opener, Unreachable, Work
 from pigeon.delivery.reactor import BOUNCE_CLASS, Reactor, bounce_reply
 from pigeon.delivery.routes import Destination, Kind
+from pigeon.delivery.sites import SiteHealth, not_tried
 from pigeon.message import Message, format_id
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
@@ -97,7 +107,18 @@ def shaping_query(queue: ReadyQueue) -> ShapingQuery:
 class _Lane:
     """The delivery side of one ready queue: its limits and its connections."""
 
-    __slots__ = ("connections", "failures", "key", "queue", "reaction_keys", "refused", "rekey", "shaping", "source")
+    __slots__ = (
+        "connections",
+        "deferring",
+        "failures",
+        "key",
+        "queue",
+        "reaction_keys",
+        "refused",
+        "rekey",
+        "shaping",
+        "source",
+    )
 
     def __init__(self, queue: ReadyQueue, shaping: Shaping, reaction_keys: tuple[str, ...] = ()) -> None:
         self.queue = queue
@@ -109,6 +130,7 @@ class _Lane:
         self.failures = 0  # consecutive failed connection attempts
         self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
         self.rekey: str | None = None  # a reload's new limit key, taken once no connection is open
+        self.deferring = False  # its site is down: deferring what waits is on its way (call_soon)
 
 
 class Dispatcher:
@@ -127,8 +149,11 @@ class Dispatcher:
         reroute: Callable[[Lease, str], None] = lambda lease, domain: None,
         throttles: Throttles | None = None,
         reactor: Reactor | None = None,
+        sites: SiteHealth | None = None,
     ) -> None:
         self._agents = agents
+        self.health = sites if sites is not None else SiteHealth()
+        """Which sites are down (this worker's view), and when each is probed."""
         self._reactor = reactor
         """Shaping that reacts to the replies (None: no rules)."""
         self._throttles = throttles if throttles is not None else Throttles()
@@ -214,6 +239,10 @@ class Dispatcher:
             return []
         return self._reactor.board.of(lane.reaction_keys)
 
+    def site_down(self, site: str) -> bool:
+        """Whether this worker found `site` down (its mail waits for a probe)."""
+        return self.health.is_down(site)
+
     def sites(self) -> Iterator[tuple[str, int, int]]:
         """(site, messages waiting, connections) of every ready queue."""
         for lane in self._lanes.values():
@@ -229,13 +258,25 @@ class Dispatcher:
             # (not from within the queue's put, which called this)
             asyncio.get_running_loop().call_soon(self._bounce_waiting, lane, bouncing)
             return
+        health = self.health
+        if health.is_down(queue.site):
+            if health.probe(queue.site):
+                self._launch(lane, probe=True)  # one connection for the whole site: the probe
+            elif not health.probing(queue.site) and not lane.deferring:
+                # Not from within the queue's put, which called this; once for a burst of mail.
+                lane.deferring = True
+                asyncio.get_running_loop().call_soon(self._defer_waiting, lane)
+            return  # (while a probe is under way, the mail waits for its verdict)
         limit = self._shaping_of(lane).connection_limit
         want = ideal_connections(len(queue), limit)
         while lane.connections < max(1, want) and lane.connections < limit:
-            lane.connections += 1
-            task = asyncio.create_task(self._work(lane), name=f"deliver {queue.path}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._launch(lane)
+
+    def _launch(self, lane: _Lane, *, probe: bool = False) -> None:
+        lane.connections += 1
+        task = asyncio.create_task(self._work(lane, probe), name=f"deliver {lane.queue.path}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _is_held(self, lane: _Lane) -> bool:
         """Whether the lane takes nothing now: an operator's suspension, or a reaction's."""
@@ -301,7 +342,9 @@ class Dispatcher:
         lane.refused = None
         self._start(lane)
 
-    async def _work(self, lane: _Lane) -> None:
+    async def _work(self, lane: _Lane, probe: bool = False) -> None:
+        """One connection's life. A `probe` (its site is down) reports whether it opened to
+        `health`; one that never tried (no slot, no mail left, a stop) gives the probe up."""
         queue, shaping = lane.queue, self._shaping_of(lane)
         try:
             hold = await self._throttles.connect(lane.key, shaping.connection_limit) if len(queue) else None
@@ -310,9 +353,13 @@ class Dispatcher:
             hold = None
         except BaseException:
             lane.connections -= 1
+            if probe:
+                self.health.abandoned(queue.site)
             raise
         if hold is None:
             lane.connections -= 1
+            if probe:
+                self.health.abandoned(queue.site)
             if len(queue) and not self._stopping and lane.refused is None:
                 # Every slot is held elsewhere (other workers, other nodes): ask again shortly.
                 loop = asyncio.get_running_loop()
@@ -333,9 +380,12 @@ class Dispatcher:
             try:
                 agent = await self._open(destination, lane.source)
             except Unreachable as error:
-                self._unreachable(lane, error)
+                was_probe, probe = probe, False  # (its verdict is given here)
+                self._unreachable(lane, error, probe=was_probe)
                 return
+            probe = False
             lane.failures = 0
+            self._site_up(lane)
             deliveries = 0
             limit = shaping.connection_limit
             while (
@@ -407,6 +457,8 @@ class Dispatcher:
                 count = len(work.message.envelope.recipients)
                 self._report_from(lane, work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
         finally:
+            if probe:  # it never opened nor failed to: the next connection asked for probes
+                self.health.abandoned(queue.site)
             # Cancelled at shutdown: what was begun stays as it is in the spool, and is tried
             # again at the next start; what was only taken goes back now.
             self._give_back(queue, taken)
@@ -517,20 +569,37 @@ class Dispatcher:
             queue.give_back(lease)
         leases.clear()
 
-    def _unreachable(self, lane: _Lane, error: Unreachable) -> None:
+    def _unreachable(self, lane: _Lane, error: Unreachable, *, probe: bool = False) -> None:
         """No connection: the message it was for gets this reply as its attempt (all waiting
-        messages, after `connection_failures_before_delay` failures in a row)."""
+        messages, after `connection_failures_before_delay` failures in a row). When no host
+        took it (`site_down`), the site is down instead: the message it was for pays the
+        attempt only if this failure took the site down, and the rest, in every ready queue
+        of the site, is deferred untried to the next probe."""
         queue = lane.queue
         lane.failures += 1
         effect = None
         if self._reactor is not None:  # (a 421 in the banner is a reply like any other)
             effect = self._reactor.observe(queue.path, queue.site, queue.domain, (error.reply,))
-        victims = [queue.take_nowait()]
-        if lane.failures >= lane.shaping.connection_failures_before_delay:
-            # The site is down: defer everything waiting for it rather than trying one by one.
-            while (lease := queue.take_nowait()) is not None:
-                victims.append(lease)
+        victims: list[Lease | None] = []
+        if error.site_down:
             lane.failures = 0
+            site, health = queue.site, self.health
+            if health.failed(site, error.reply, probe=probe):
+                victims.append(queue.take_nowait())  # the message this connection was opened for
+                _log.warning(
+                    "site %s is down (%s): its mail waits, untried, for a probe in %s",
+                    site, error.reply, _seconds(health.until_probe(site)),
+                )  # fmt: skip
+            elif probe:
+                _log.info("site %s is still down (%s): next probe in %s", site, error.reply,
+                          _seconds(health.until_probe(site)))  # fmt: skip
+        else:
+            victims.append(queue.take_nowait())
+            if lane.failures >= lane.shaping.connection_failures_before_delay:
+                # The site fails us: defer everything waiting for it rather than trying one by one.
+                while (lease := queue.take_nowait()) is not None:
+                    victims.append(lease)
+                lane.failures = 0
         for lease in victims:
             if lease is None:
                 continue
@@ -542,6 +611,56 @@ class Dispatcher:
             if self._reactor is not None and effect is not None:
                 attempt = self._reactor.apply(attempt, effect)
             self._report_from(lane, lease, attempt)
+        if error.site_down:
+            for other in list(self._lanes.values()):
+                if other.queue.site == queue.site:
+                    self._defer_waiting(other)
+
+    def _defer_waiting(self, lane: _Lane) -> None:
+        """The lane's site is down: what waits in its queue is deferred, untried, to the next
+        probe (each message through its lease, as any attempt). If the probe is due, or the
+        site came up meanwhile, the lane starts as usual instead."""
+        lane.deferring = False
+        queue, health = lane.queue, self.health
+        site = queue.site
+        if health.probing(site) or not len(queue):
+            return  # what waits, waits for the probe's verdict
+        wait = health.until_probe(site)
+        if not health.is_down(site) or wait <= 0 or self._is_held(lane) or self._stopping:
+            self._start(lane)  # (up, or the probe is due; a suspension or a stop: it waits)
+            return
+        reply = not_tried(site)
+        while (lease := queue.take_nowait()) is not None:
+            message = self._begin(lease)
+            if message is None:
+                continue  # an operator took it meanwhile (counted as a stale result)
+            count = len(message.envelope.recipients)
+            attempt = Attempt.same_for_all(reply, count, "", site)._replace(tried=False, retry_after=wait)
+            self._report_from(lane, lease, attempt)
+
+    def _site_up(self, lane: _Lane) -> None:
+        """A connection to the lane's site opened: if the site was down, it is up, and the mail
+        waiting in all its ready queues goes now."""
+        site = lane.queue.site
+        down_for = self.health.connected(site)
+        if down_for is None:
+            return
+        _log.warning("site %s is up again after %s down", site, _seconds(down_for))
+        for other in list(self._lanes.values()):
+            if other.queue.site == site and len(other.queue):
+                self._start(other)
+
+
+def _seconds(seconds: float) -> str:
+    """A wait for a log line: "45s", "10m", "1h30m"."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s" if seconds else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 def _domain(message: Message) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import ipaddress
 import logging
 import ssl
@@ -67,11 +68,18 @@ class ClientOptions:
 
 
 class ConnectFailed(Exception):
-    """No hop of the destination could be used. `reply` is the last reason."""
+    """No hop of the destination could be used. `reply` is the last reason; `site_down`
+    says that no host took a connection at all (each refused it or timed out), as opposed
+    to a host that answered and would not do (a 421, a failed TLS handshake)."""
 
-    def __init__(self, reply: Reply) -> None:
+    def __init__(self, reply: Reply, *, site_down: bool = False) -> None:
         super().__init__(str(reply))
         self.reply = reply
+        self.site_down = site_down
+
+
+class _NoConnection(ConnectFailed):
+    """This address did not take the TCP connection (refused, unreachable, timed out)."""
 
 
 class _HandshakeFailed(ConnectFailed):
@@ -109,6 +117,8 @@ def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
     return context
 
 
+# Errors of our own side (the source address cannot be bound), not of the peer.
+_LOCAL_ERRORS: Final = frozenset({errno.EADDRNOTAVAIL, errno.EADDRINUSE})
 _TIMED_OUT: Final = Reply(451, "4.4.2", ("timed out",))
 _CLOSED: Final = Reply(451, "4.4.2", ("closed the connection",))
 
@@ -246,6 +256,7 @@ class ClientConnection:
         """The first hop that takes the connection. Raises ConnectFailed with the last reason."""
         last = Reply(451, "4.4.1", (f"no host to try for {destination.site}",))
         policy = TlsPolicy(destination.tls.value)
+        tried = connected = False  # whether any address was tried, and any took the connection
         for hop in destination.hops:
             try:
                 addresses = [hop.host] if _is_ip(hop.host) else await resolver.addresses(hop.host)
@@ -261,8 +272,12 @@ class ClientConnection:
                     continue
                 addresses = usable
             for address in addresses:
+                tried = True
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
+                except _NoConnection as error:
+                    last = error.reply
+                    continue
                 except _HandshakeFailed as error:
                     # The session said a new connection in the clear may do (opportunistic TLS).
                     # One that asked to verify tries TLS unverified first: a certificate that
@@ -278,7 +293,8 @@ class ClientConnection:
                             last = again.reply
                 except ConnectFailed as error:
                     last = error.reply
-        raise ConnectFailed(last)
+                connected = True
+        raise ConnectFailed(last, site_down=tried and not connected)
 
     @classmethod
     async def _open_one(
@@ -295,7 +311,10 @@ class ClientConnection:
         except (OSError, TimeoutError) as error:
             reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
             origin = f" from {options.bind}" if options.bind is not None else ""
-            raise ConnectFailed(Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))) from None
+            reply = Reply(451, "4.4.1", (f"cannot connect to {peer}{origin}: {reason}",))
+            if isinstance(error, OSError) and error.errno in _LOCAL_ERRORS:
+                raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
+            raise _NoConnection(reply) from None
         connection = cls(wire, peer=peer, options=options)
         try:
             await connection._greet(hop, destination)

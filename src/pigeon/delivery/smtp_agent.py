@@ -86,7 +86,8 @@ class SmtpAgents:
             connection = await ClientConnection.open(destination, self._resolver, options)
         except ConnectFailed as error:
             reply = error.reply
-            raise Unreachable(reply, self._classifier.classify(reply) if reply.code >= 500 else "") from None
+            classification = self._classifier.classify(reply) if reply.code >= 500 else ""
+            raise Unreachable(reply, classification, site_down=error.site_down) from None
         return SmtpAgent(connection, destination.site, self._classifier)
 
 

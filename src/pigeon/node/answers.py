@@ -52,7 +52,9 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
                 mine[name] = min(mine.get(name, value), value)
             elif name == "finished":
                 mine[name] = max(mine.get(name, value), value)
-            elif isinstance(value, int | float) and not isinstance(value, bool):
+            elif isinstance(value, bool):  # a ready queue's "down": as any worker found it
+                mine[name] = mine.get(name, False) or value
+            elif isinstance(value, int | float):
                 mine[name] = mine.get(name, 0) + value
             elif isinstance(value, list):  # a ready queue's effects: each once, by id
                 known = {item.get("id") for item in mine.get(name, []) if isinstance(item, dict)}

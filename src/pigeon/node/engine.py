@@ -18,6 +18,7 @@ from pigeon.delivery.agent import Opener
 from pigeon.delivery.dispatcher import Dispatcher
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Kind
+from pigeon.delivery.sites import SiteHealth
 from pigeon.message import Message
 from pigeon.metrics import Counts
 from pigeon.policy.delivery import DeliveryHooks
@@ -69,6 +70,7 @@ def build_engine(
     observe_lag: Callable[[float], None] = lambda seconds: None,
     throttles: Throttles | None = None,
     reactor: Reactor | None = None,
+    sites: SiteHealth | None = None,
     clock: Callable[[], float] = time.time,
     pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Engine:
@@ -103,6 +105,7 @@ def build_engine(
         reroute=reroute,
         throttles=throttles,
         reactor=reactor,
+        sites=sites,
     )
     ready = ReadyQueues(active, source, dispatcher.kick)
     scheduler = Scheduler(
@@ -135,6 +138,7 @@ def build_engine(
         connections=dispatcher.connections_to,
         provider=dispatcher.provider_of,
         effects=dispatcher.effects_on,
+        down=dispatcher.site_down,
         clock=clock,
         pause=pause,
     )

@@ -18,6 +18,7 @@ from pigeon.delivery.mx import Resolver
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions
+from pigeon.delivery.sites import SiteHealth
 from pigeon.delivery.smtp_agent import SmtpAgents
 from pigeon.delivery.target_agent import TargetAgents
 from pigeon.inbound.targets import Target, Verdict
@@ -120,6 +121,7 @@ class Outbound:
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
             reactor=self.reactor,
+            sites=SiteHealth(delivery.site_retry_interval, delivery.max_site_retry_interval),
             clock=clock,
         )
         self.active = engine.active
@@ -127,6 +129,7 @@ class Outbound:
         self.scheduler = engine.scheduler
         self.admin = engine.admin
         metrics.track_stale_results(lambda: self.active.stale_results)
+        metrics.track_sites(self.dispatcher.health.states, worker)
 
     def reactions_of(self, config: Config) -> Reactions:
         """The `[[reaction]]` rules in force under `config` (raises `ReactionError`)."""

@@ -85,6 +85,9 @@ class ReadyQueueRow(msgspec.Struct):
     connections: int
     provider: str | None  # the mailbox provider whose shaping the site's MX names matched
     effects: list[Effect]
+    down: bool = False
+    """No host of the site takes a connection: its mail waits, untried, for a probe
+    (`[delivery] site_retry_interval`). With several workers: true if any worker found it so."""
 
 
 class QueueSummary(msgspec.Struct):
@@ -124,6 +127,7 @@ class Admin:
         connections: Callable[[str], int] = lambda path: 0,
         provider: Callable[[str], str | None] = lambda path: None,
         effects: Callable[[str], list[Effect]] = lambda path: [],
+        down: Callable[[str], bool] = lambda site: False,
         clock: Callable[[], float] = time.time,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -143,6 +147,8 @@ class Admin:
         self._provider = provider
         """The provider whose limits a ready queue is delivered under (by its path), if any."""
         self._effects = effects
+        self._down = down
+        """Whether a site is down (`pigeon.delivery.sites`): its mail waits for a probe."""
         """The reactions' effects on a ready queue (by its path): why it waits or is slowed."""
         self._clock = clock
         self._pause = pause
@@ -340,11 +346,12 @@ class Admin:
             # An empty queue under an effect is listed too: the mail whose reply started a
             # suspension waits in its scheduled queue, and this row is where it says why.
             effects = self._effects(q.path)
-            if len(q) or connections or effects:
+            # A site that is down is listed too: its mail waits in the scheduled queues, untried.
+            down = self._down(q.site)
+            if len(q) or connections or effects or down:
                 source = q.path.partition("->")[0]  # the implicit source too, by its name
-                ready.append(
-                    ReadyQueueRow(q.path, source, q.site, len(q), connections, self._provider(q.path), effects)
-                )
+                provider = self._provider(q.path)
+                ready.append(ReadyQueueRow(q.path, source, q.site, len(q), connections, provider, effects, down))
         summary = QueueSummary(sorted(scheduled.values(), key=lambda r: r.queue), ready)
         result: dict[str, Any] = msgspec.to_builtins(summary)
         return result

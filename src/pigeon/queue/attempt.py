@@ -38,6 +38,10 @@ class Attempt(NamedTuple):
     passed_on: bool = False
     """The peer took the DSN parameters (it offered DSN): reporting success is its job from
     here (RFC 3461 5.2.2). False: Pigeon reports a success asked for itself ("relayed")."""
+    tried: bool = True
+    """False: nothing was sent (its site is down, `pigeon.delivery.sites`): the message is
+    deferred by `retry_after` with these replies, and no attempt is counted, so its own
+    retry schedule is not spent on an outage."""
 
     @classmethod
     def same_for_all(

@@ -2,7 +2,9 @@
 
 For each recipient of an attempt: 2xx is a `Delivery`, 5xx a `Bounce` (with the class the
 agent gave it), 4xx or a broken connection a `TransientFailure`. Recipients still to do are
-retried with backoff, or expire if the next try would come after `max_age`. Operators'
+retried with backoff, or expire if the next try would come after `max_age`. An attempt that
+was not tried (`Attempt.tried`: its site is down) defers the message by its `retry_after`
+and counts no attempt. Operators'
 outcomes (admin bounce, defer for a suspension or a rebind) and expiry come through here too.
 
 The message is `settling` from the moment its outcome is known until the outcome is durable:
@@ -219,7 +221,7 @@ class Settlement:
         message = entry.message
         now = self._clock()
         policy = self._policies.for_queue(message.queue)
-        attempts = message.attempts + 1
+        attempts = message.attempts + 1 if attempt.tried else message.attempts
         recipients = message.envelope.recipients
         replies = attempt.replies
         if len(replies) != len(recipients) or len(attempt.classifications) != len(recipients):

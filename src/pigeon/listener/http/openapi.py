@@ -267,7 +267,8 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
                 "read",
                 # with ?cluster=1, a `cluster` member too (whose answers were added up)
                 {"allOf": [queues, {"properties": {"cluster": {"type": "object"}}}]},
-                "Every scheduled queue with its counts, and the ready queues with mail, connections or effects",
+                "Every scheduled queue with its counts, and the ready queues with mail, connections or effects, "
+                "or whose site is down",
             ),
         },
         "/api/v1/messages/{id}": {

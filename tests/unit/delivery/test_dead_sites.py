@@ -1,0 +1,170 @@
+"""A dead site, on a fake clock: backed off as a whole, its mail deferred untried, one probe
+per interval, and everything flowing again once a probe connects."""
+
+from __future__ import annotations
+
+import random
+
+from pigeon.delivery.agent import Agent, Unreachable
+from pigeon.delivery.routes import Destination
+from pigeon.delivery.sites import SiteHealth
+from pigeon.queue.rules import Selector
+from pigeon.smtp.replies import Reply
+from tests.support.queue_world import FakeClock, World
+from tests.unit.conftest import MakeWorld
+
+SITES = {"d1.test": "mx1.test", "d2.test": "mx2.test"}
+REFUSED = Reply(451, "4.4.1", ("cannot connect to mx1.test [192.0.2.1]:25: Connection refused",))
+NOT_TRIED = "not tried: mx1.test is down"
+
+
+class _DeadUntilRevived:
+    """Opens connections to every site but mx1.test, which refuses them until `revived`."""
+
+    def __init__(self, world_of: list[World]) -> None:
+        self.world_of = world_of
+        self.revived = False
+        self.tries: list[str] = []
+
+    async def __call__(self, destination: Destination, source: str | None = None) -> Agent:
+        self.tries.append(destination.site)
+        world = self.world_of[0]
+        if destination.site == "mx1.test" and not self.revived:
+            raise Unreachable(REFUSED, site_down=True)
+        return await world._open(destination, source)
+
+
+def _dead_world(make_world: MakeWorld, **options: object) -> tuple[World, _DeadUntilRevived]:
+    holder: list[World] = []
+    opener = _DeadUntilRevived(holder)
+    world = make_world(SITES, ["d1.test", "d2.test"], opener=opener, retry_interval=10.0, **options)
+    holder.append(world)
+    return world, opener
+
+
+def _attempts(world: World) -> list[int]:
+    return sorted(row.attempts for row in world.spool.rows.values())
+
+
+async def _when_due(world: World) -> None:
+    """Let time pass to the next due row, and tick."""
+    world.clock.now = min(row.due for row in world.spool.rows.values()) + 0.001
+    world.tick()
+    await world.quiesce()
+
+
+async def test_a_dead_site_costs_one_attempt_then_its_mail_waits_untried_for_a_probe(make_world: MakeWorld) -> None:
+    world, opener = _dead_world(make_world)
+    for n in range(10):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    assert opener.tries == ["mx1.test"]  # one connection, not one per message
+    assert world.dispatcher.site_down("mx1.test")
+    failures = world.logged("TransientFailure")
+    assert [f.response.text for f in failures].count(REFUSED.text) == 1
+    assert [f.response.text for f in failures].count(NOT_TRIED) == 9
+    assert {(f.response.code, f.response.enhanced) for f in failures} == {(451, "4.4.1")}
+    assert _attempts(world) == [0] * 9 + [1]  # only the message the connection was for paid
+    untried = [row.due for row in world.spool.rows.values() if row.attempts == 0]
+    assert all(abs(due - (world.clock() + 60)) < 1 for due in untried)  # the probe's time, not the retry's
+
+
+async def test_one_probe_per_interval_doubling_and_no_attempt_counted_while_down(make_world: MakeWorld) -> None:
+    world, opener = _dead_world(make_world)
+    for n in range(5):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    start = world.clock()
+    probes_at = []
+    for second in range(1, 500):  # the scheduler ticks through 500 seconds
+        world.clock.now = start + second
+        world.tick()
+        await world.release_all()
+        if len(opener.tries) > len(probes_at) + 1:
+            probes_at.append(second)
+    assert probes_at == [60, 180, 420]  # one probe, after 1m, then 2m, then 4m
+    assert _attempts(world) == [0, 0, 0, 0, 1]  # nobody's retry schedule spent on the outage
+    assert world.dispatcher.site_down("mx1.test")
+    not_tried = [f for f in world.logged("TransientFailure") if f.response.text == NOT_TRIED]
+    assert {f.attempt for f in not_tried} <= {0, 1}
+
+
+async def test_when_a_probe_connects_the_site_is_up_and_all_its_mail_flows_at_once(make_world: MakeWorld) -> None:
+    world, opener = _dead_world(make_world)
+    for n in range(6):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    opener.revived = True
+    world.clock.now += 60  # the probe's time: everything deferred to it is due together
+    world.tick()
+    await world.release_all()
+    assert opener.tries == ["mx1.test"] * 2  # the one that took it down, and the probe
+    assert not world.dispatcher.site_down("mx1.test")
+    delivered = world.logged("Delivery")
+    assert sorted(d.recipient for d in delivered) == sorted(f"r{n}@d1.test" for n in range(6))
+    assert not world.spool.rows
+
+
+async def test_other_sites_keep_flowing_while_one_is_down(make_world: MakeWorld) -> None:
+    world, _ = _dead_world(make_world)
+    for n in range(4):
+        world.inject([f"r{n}@d1.test"])
+        world.inject([f"s{n}@d2.test"])
+    await world.release_all()
+    assert world.dispatcher.site_down("mx1.test") and not world.dispatcher.site_down("mx2.test")
+    assert sorted(d.recipient for d in world.logged("Delivery")) == [f"s{n}@d2.test" for n in range(4)]
+
+
+async def test_a_down_site_listed_in_the_ready_queues_with_down_true(make_world: MakeWorld) -> None:
+    world, _ = _dead_world(make_world)
+    world.inject(["r@d1.test"])
+    await world.release_all()
+    summary = await world.admin.summary()
+    rows = {row["site"]: row for row in summary["ready"]}
+    assert rows["mx1.test"]["down"] is True and rows["mx1.test"]["queued"] == 0
+
+
+async def test_deferring_a_down_sites_mail_races_no_operator_every_recipient_ends_once(
+    make_world: MakeWorld,
+) -> None:
+    """Operators bounce and suspend while the site is down and mail is deferred to probes:
+    every recipient still ends with exactly one terminal record, nothing stuck or doubled."""
+    for seed in range(12):
+        rng = random.Random(seed)
+        world, opener = _dead_world(make_world, clock=FakeClock())
+        for n in range(12):
+            world.inject([f"r{n}@d1.test"], campaign=f"c{n % 4}")
+        await world.release_all()
+        for step in range(8):
+            campaign = f"c{rng.randrange(4)}"
+            if rng.random() < 0.3:
+                world.bounce(Selector(campaign=campaign), reason=f"b{step}")
+            elif rng.random() < 0.5:
+                world.suspend(Selector(campaign=campaign), rule_id=f"s{step}", duration=rng.choice([5, 50, 500]))
+            if step == 5:
+                opener.revived = True
+            if world.spool.rows and rng.random() < 0.7:
+                await _when_due(world)
+            await world.release_all()
+        await world.drain()
+        ends = ("Delivery", "Bounce", "AdminBounce", "Expiration")
+        terminal = [r for r in world.logged() if type(r).__name__ in ends]
+        assert sorted(r.recipient for r in terminal) == sorted(f"r{n}@d1.test" for n in range(12)), seed
+        assert not world.spool.rows and not len(world.active)
+
+
+def test_site_health_probes_once_per_interval_doubling_up_to_the_ceiling() -> None:
+    clock = FakeClock(0.0)
+    health = SiteHealth(60, 300, clock=clock)
+    assert health.failed("mx", REFUSED) and health.is_down("mx")
+    assert not health.failed("mx", REFUSED)  # already down: nothing new to say
+    assert not health.probe("mx")
+    waits = []
+    for _ in range(5):
+        clock.now += health.until_probe("mx")
+        assert health.probe("mx") and not health.probe("mx")  # one at a time
+        health.failed("mx", REFUSED, probe=True)
+        waits.append(round(health.until_probe("mx")))
+    assert waits == [120, 240, 300, 300, 300]
+    assert health.connected("mx") is not None and not health.is_down("mx")
+    assert dict(health.states()) == {"mx": False}
