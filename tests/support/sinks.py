@@ -457,6 +457,9 @@ def delivery_config(next_hop: str, **delivery: Any) -> dict[str, dict[str, Any]]
         "enabled": True,
         "retry_interval": "1s",
         "max_retry_interval": "2s",
+        # A dead sink is a dead site (`pigeon.delivery.sites`): probed again as fast as retried.
+        "site_retry_interval": "1s",
+        "max_site_retry_interval": "2s",
         "idle_timeout": "2s",
     }
     if "retry_interval" in delivery:

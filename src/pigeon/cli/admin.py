@@ -222,6 +222,8 @@ def _queue_summary(args: argparse.Namespace) -> int:
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")
     for row in answer["ready"]:
         effects = ", ".join(_effect_text(effect) for effect in row.get("effects", ())) or "-"
+        if row.get("down"):  # no host of the site takes a connection: its mail waits for a probe
+            effects = "site down" if effects == "-" else f"site down, {effects}"
         provider = row.get("provider") or "-"
         print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} {effects}")
     _show_nodes(answer, args)

@@ -351,7 +351,9 @@ class DeliveryConfig(_Section):
     """Messages per second to one site, e.g. "100/s", "3000/min", "10/s,burst=5" (GCRA; none:
     no limit). For the node, or the cluster with a [redis] url, like `connection_limit`."""
     connection_failures_before_delay: PositiveInt = 3
-    """Failed connections in a row after which everything waiting for a site is deferred."""
+    """Failed connections in a row after which everything waiting for a site is deferred
+    (a host that answered and would not do: a 421, a failed TLS handshake). One that no host
+    took at all makes the site down at once (`site_retry_interval`)."""
     site_retry_interval: Duration = Duration(60)
     """A site none of whose hosts takes a connection (each refuses it or times out) is down:
     its mail waits, untried (`451 4.4.1 not tried: <site> is down`, no attempt counted), and

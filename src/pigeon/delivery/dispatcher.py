@@ -41,10 +41,11 @@ After `connection_failures_before_delay` such failures in a row, everything wait
 that ready queue is attempted at once with that failure.
 
 A dead site (no host took the connection: `Unreachable.site_down`) is not tried message by
-message: it is *down* (`pigeon.delivery.sites`) from that failure on. What waits for it, in
-each of its ready queues, is deferred untried until the next probe (`451 4.4.1 not tried:
-<site> is down`, no attempt counted), reported with its lease like any attempt, so the queue
-settles it as it settles every other; mail that comes ready meanwhile is deferred alike. At
+message: it is *down* (`pigeon.delivery.sites`) from that failure on. The message the
+connection was for is deferred with that failure, and what else waits for the site, in each
+of its ready queues, with `451 4.4.1 not tried: <site> is down`, all until the next probe and
+with no attempt counted; each is reported with its lease like any attempt, so the queue
+settles it as it settles every other. Mail that comes ready meanwhile is deferred alike. At
 the probe's time that mail is due again, and the first connection asked for is the probe
 (one, for the whole site: the rest waits in the ready queue for its verdict). If it opens,
 the site is up and the mail flows on it and on as many connections as the queues want; if
@@ -572,27 +573,24 @@ class Dispatcher:
     def _unreachable(self, lane: _Lane, error: Unreachable, *, probe: bool = False) -> None:
         """No connection: the message it was for gets this reply as its attempt (all waiting
         messages, after `connection_failures_before_delay` failures in a row). When no host
-        took it (`site_down`), the site is down instead: the message it was for pays the
-        attempt only if this failure took the site down, and the rest, in every ready queue
-        of the site, is deferred untried to the next probe."""
+        took it (`site_down`), the site is down instead: the message it was for gets this reply
+        (if this failure took the site down), but as no attempt of its own, and it and the
+        rest, in every ready queue of the site, wait for the next probe: when the site is
+        back, all its mail goes, none left behind on a retry schedule of its own."""
         queue = lane.queue
         lane.failures += 1
         effect = None
         if self._reactor is not None:  # (a 421 in the banner is a reply like any other)
             effect = self._reactor.observe(queue.path, queue.site, queue.domain, (error.reply,))
         victims: list[Lease | None] = []
+        until_probe: float | None = None  # the site is down: what this costs is no attempt
+        went_down = False
         if error.site_down:
             lane.failures = 0
-            site, health = queue.site, self.health
-            if health.failed(site, error.reply, probe=probe):
+            went_down = self.health.failed(queue.site, error.reply, probe=probe)
+            if went_down:
                 victims.append(queue.take_nowait())  # the message this connection was opened for
-                _log.warning(
-                    "site %s is down (%s): its mail waits, untried, for a probe in %s",
-                    site, error.reply, _seconds(health.until_probe(site)),
-                )  # fmt: skip
-            elif probe:
-                _log.info("site %s is still down (%s): next probe in %s", site, error.reply,
-                          _seconds(health.until_probe(site)))  # fmt: skip
+                until_probe = self.health.until_probe(queue.site)
         else:
             victims.append(queue.take_nowait())
             if lane.failures >= lane.shaping.connection_failures_before_delay:
@@ -608,28 +606,40 @@ class Dispatcher:
                 continue
             count = len(message.envelope.recipients)
             attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site)
+            if until_probe is not None:
+                attempt = attempt._replace(tried=False, retry_after=until_probe)
             if self._reactor is not None and effect is not None:
                 attempt = self._reactor.apply(attempt, effect)
             self._report_from(lane, lease, attempt)
         if error.site_down:
+            deferred = sum(1 for lease in victims if lease is not None)
             for other in list(self._lanes.values()):
                 if other.queue.site == queue.site:
-                    self._defer_waiting(other)
+                    deferred += self._defer_waiting(other)
+            site, wait = queue.site, _seconds(self.health.until_probe(queue.site))
+            messages = f"{deferred} message{'' if deferred == 1 else 's'}"
+            if went_down:
+                _log.warning("site %s is down (%s): %s deferred to a probe in %s, no attempt counted",
+                             site, error.reply, messages, wait)  # fmt: skip
+            elif probe:
+                _log.info("site %s is still down (%s): %s deferred, next probe in %s",
+                          site, error.reply, messages, wait)  # fmt: skip
 
-    def _defer_waiting(self, lane: _Lane) -> None:
+    def _defer_waiting(self, lane: _Lane) -> int:
         """The lane's site is down: what waits in its queue is deferred, untried, to the next
-        probe (each message through its lease, as any attempt). If the probe is due, or the
-        site came up meanwhile, the lane starts as usual instead."""
+        probe (each message through its lease, as any attempt); how many were. If the probe
+        is due, or the site came up meanwhile, the lane starts as usual instead."""
         lane.deferring = False
         queue, health = lane.queue, self.health
         site = queue.site
         if health.probing(site) or not len(queue):
-            return  # what waits, waits for the probe's verdict
+            return 0  # what waits, waits for the probe's verdict
         wait = health.until_probe(site)
         if not health.is_down(site) or wait <= 0 or self._is_held(lane) or self._stopping:
             self._start(lane)  # (up, or the probe is due; a suspension or a stop: it waits)
-            return
+            return 0
         reply = not_tried(site)
+        deferred = 0
         while (lease := queue.take_nowait()) is not None:
             message = self._begin(lease)
             if message is None:
@@ -637,15 +647,19 @@ class Dispatcher:
             count = len(message.envelope.recipients)
             attempt = Attempt.same_for_all(reply, count, "", site)._replace(tried=False, retry_after=wait)
             self._report_from(lane, lease, attempt)
+            deferred += 1
+        return deferred
 
     def _site_up(self, lane: _Lane) -> None:
         """A connection to the lane's site opened: if the site was down, it is up, and the mail
         waiting in all its ready queues goes now."""
         site = lane.queue.site
-        down_for = self.health.connected(site)
-        if down_for is None:
+        was_down = self.health.connected(site)
+        if was_down is None:
             return
-        _log.warning("site %s is up again after %s down", site, _seconds(down_for))
+        down_for, probes = was_down
+        _log.warning("site %s is up again after %s down (%d probes failed); its mail goes now",
+                     site, _seconds(down_for), probes)  # fmt: skip
         for other in list(self._lanes.values()):
             if other.queue.site == site and len(other.queue):
                 self._start(other)

@@ -108,11 +108,11 @@ class SiteHealth:
             down.reason = reason
         return False
 
-    def connected(self, site: str) -> float | None:
-        """A connection to `site` opened: it is up. The seconds it was down if it was (the
-        caller logs that), else None."""
+    def connected(self, site: str) -> tuple[float, int] | None:
+        """A connection to `site` opened: it is up. If it was down, for how many seconds and
+        after how many failed probes (the caller logs that); else None."""
         down = self._down.pop(site, None)
-        return None if down is None else self._clock() - down.since
+        return None if down is None else (self._clock() - down.since, down.probes)
 
     def reason(self, site: str) -> Reply | None:
         down = self._down.get(site)

@@ -1,0 +1,88 @@
+"""A site whose host takes no connection is down as a whole: its mail is deferred with
+`451 4.4.1 not tried: <site> is down` without spending attempts, the API and /metrics say
+so, other sites keep flowing, and once the host is back its mail goes within about the site
+interval."""
+
+from __future__ import annotations
+
+import smtplib
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.process import PigeonProcess, free_port
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+MESSAGE = b"From: <sender@example.org>\r\nSubject: dead site\r\n\r\nHello.\r\n"
+
+
+def _send(pigeon: PigeonProcess, recipient: str) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        assert client.sendmail("sender@example.org", [recipient], MESSAGE) == {}
+
+
+def _ready_rows(pigeon: PigeonProcess) -> dict[str, dict[str, Any]]:
+    status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
+    assert status == 200, summary
+    return {row["site"]: row for row in summary["ready"]}
+
+
+def _site_down_metric(pigeon: PigeonProcess, site: str) -> float | None:
+    _, body = pigeon.http_get("/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("pigeon_site_down{") and f'site="{site}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _attempts(pigeon: PigeonProcess) -> list[int]:
+    (db,) = pigeon.spool_path.glob("shard-*/spool.db")
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return [attempts for (attempts,) in conn.execute("SELECT attempts FROM message ORDER BY id")]
+
+
+def test_a_dead_site_is_backed_off_as_a_whole_and_its_mail_flows_once_it_is_back(tmp_path: Path) -> None:
+    dead_port = free_port()
+    dead = f"127.0.0.2:{dead_port}"  # nothing listens there: every connection is refused
+    with ScriptedSink() as live:
+        # Each message's own retry is an hour away: only the site's probe can bring mail back soon.
+        config = delivery_config(live.endpoint, retry_interval="1h")  # (sites probed after 1 s, then 2 s)
+        config["route"].insert(0, {"domain": "dead.test", "next_hop": dead, "tls": "disabled"})
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            for n in range(3):
+                _send(pigeon, f"r{n}@dead.test")
+            failures = pigeon.wait_records("TransientFailure", 3)
+            texts = sorted(f["response"]["text"] for f in failures[:3])
+            assert texts[0].startswith(f"cannot connect to [127.0.0.2]:{dead_port}")
+            assert texts[1:] == [f"not tried: {dead} is down"] * 2
+            assert {(f["response"]["code"], f["response"]["enhanced"]) for f in failures} == {(451, "4.4.1")}
+            pigeon.wait_stderr(f"site {dead} is down")
+
+            # Other sites keep flowing meanwhile.
+            _send(pigeon, "ok@live.test")
+            (received,) = live.wait_for(1, timeout=10)
+            assert received.recipients == ["ok@live.test"]
+
+            assert _ready_rows(pigeon)[dead]["down"] is True
+            assert _site_down_metric(pigeon, dead) == 1.0
+
+            # Several probes fail: still no attempt spent, nothing bounced or expired.
+            time.sleep(4)
+            assert _attempts(pigeon) == [0, 0, 0]
+            assert {f["attempt"] for f in pigeon.records("TransientFailure")} == {0}
+            assert pigeon.records("Bounce") == [] and pigeon.records("Expiration") == []
+            assert pigeon.wait_stderr(f"site {dead} is still down")
+
+            with ScriptedSink(host="127.0.0.2", port=dead_port) as revived:
+                back = time.monotonic()
+                arrived = revived.wait_for(3, timeout=10)
+                # Within the site interval's ceiling (2 s), a scheduler tick and some slack.
+                assert time.monotonic() - back < 4.5
+                assert sorted(r for m in arrived for r in m.recipients) == [f"r{n}@dead.test" for n in range(3)]
+                pigeon.wait_stderr(f"site {dead} is up again")
+                assert wait_until(lambda: dead not in _ready_rows(pigeon) or not _ready_rows(pigeon)[dead]["down"])
+                assert _site_down_metric(pigeon, dead) == 0.0
+                deliveries = pigeon.wait_records("Delivery", 4)
+                assert {d["attempt"] for d in deliveries if d["site"] == dead} == {1}
+                assert wait_until(lambda: pigeon.spool_messages() == [])
