@@ -31,3 +31,13 @@ def test_operations_of_several_nodes_read_oldest_first_whatever_their_ids() -> N
     assert status == 200
     assert [row["operation"] for row in merged["operations"]] == ["df7c", "54dd", "0689", "5cf1"]
     assert next(r for r in merged["operations"] if r["operation"] == "0689")["started"] == 40.0
+
+
+def test_a_site_one_worker_found_down_reads_down_for_the_node() -> None:
+    # Each worker finds a dead site by itself: the first to answer may not have yet.
+    up = {"scheduled": [], "ready": [{"path": "default->mx.a", "queued": 0, "connections": 0, "down": False}]}
+    down = {"scheduled": [], "ready": [{"path": "default->mx.a", "queued": 0, "connections": 0, "down": True}]}
+    for answers in ([up, down], [down, up]):
+        _, merged = merge_answers([(200, answer) for answer in answers])
+        [row] = merged["ready"]
+        assert row["down"] is True
