@@ -39,3 +39,17 @@ def test_recipients_refused_as_too_many_go_in_the_next_transaction_at_once_each_
             assert {r["attempt"] for r in records} == {1}  # no failed attempt before
             assert pigeon.records("TransientFailure") == []
             assert sink.after(1.0) == received  # and nothing sent twice
+
+
+def test_a_server_that_takes_no_recipient_at_all_is_not_asked_again_and_again(tmp_path: Path) -> None:
+    # 452 to every RCPT, none taken: another transaction would get the same. The recipients
+    # keep the 452 as a transient failure and wait for the retry schedule.
+    config = delivery_config("", retry_interval="1h")
+    with ScriptedSink(max_recipients=0) as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                assert client.sendmail("sender@example.org", ["a@example.net", "b@example.net"], MESSAGE) == {}
+            failures = pigeon.wait_records("TransientFailure", 2)
+            assert {(f["response"]["code"], f["response"]["enhanced"]) for f in failures} == {(452, "4.5.3")}
+            assert sink.after(1.0) == [] and sorted(sink.rcpt_log) == ["a@example.net", "b@example.net"]
