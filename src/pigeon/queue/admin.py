@@ -75,7 +75,7 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
 
 
 class ReadyQueueRow(msgspec.Struct):
-    """A ready queue (`source->site`): what waits in it, the connections open for it, and the
+    """A ready queue (`source->site`, or `source->domain@site`): what waits in it, the connections open for it, and the
     shaping reactions' effects it waits under."""
 
     path: str
@@ -85,6 +85,9 @@ class ReadyQueueRow(msgspec.Struct):
     connections: int
     provider: str | None  # the mailbox provider whose shaping the site's MX names matched
     effects: list[Effect]
+    # The domain whose queue of its own this is (a [[shaping]] block names it); None: the
+    # site's queue, shared by its other domains.
+    domain: str | None = None
 
 
 class QueueSummary(msgspec.Struct):
@@ -343,7 +346,16 @@ class Admin:
             if len(q) or connections or effects:
                 source = q.path.partition("->")[0]  # the implicit source too, by its name
                 ready.append(
-                    ReadyQueueRow(q.path, source, q.site, len(q), connections, self._provider(q.path), effects)
+                    ReadyQueueRow(
+                        q.path,
+                        source,
+                        q.site,
+                        len(q),
+                        connections,
+                        self._provider(q.path),
+                        effects,
+                        q.domain if q.own else None,
+                    )
                 )
         summary = QueueSummary(sorted(scheduled.values(), key=lambda r: r.queue), ready)
         result: dict[str, Any] = msgspec.to_builtins(summary)

@@ -69,7 +69,7 @@ def test_a_domain_block_with_limits_of_its_own_is_counted_apart_from_its_provide
     rules = _rules(tmp_path, '[[shaping]]\ndomain = "big.example"\nconnection_limit = 2\n')
     shaping = rules(ShapingQuery("big.example", ",".join(GMAIL_HOSTS), GMAIL_HOSTS))
     assert shaping.connection_limit == 2
-    assert shaping.key == f"site:{','.join(GMAIL_HOSTS)}"
+    assert shaping.key == "domain:big.example"  # its own queue's limits: the domain's alone
     assert shaping.provider == "gmail"
 
 
