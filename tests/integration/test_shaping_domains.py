@@ -136,3 +136,28 @@ def test_a_reload_moves_waiting_mail_to_the_queue_its_new_block_gives_and_back_e
         copies = _copies(sink.received)
     assert len(copies) == 2 * PER_DOMAIN and set(copies.values()) == {1}, copies
     assert len(deliveries) == 2 * PER_DOMAIN
+
+
+def test_ready_queues_left_empty_for_their_idle_timeout_are_forgotten(tmp_path: Path) -> None:
+    port = free_port()
+    gauge = f'pigeon_ready_queue_messages{{site="{SHARED_MX}:{port}"}}'
+
+    def metrics() -> str:
+        status, body = pigeon.http_get("/metrics")
+        assert status == 200
+        return body.decode()
+
+    limited = [{"domain": "limited.test", "max_message_rate": "100/s"}]
+    with (
+        DnsServer(_zone()) as dns,
+        ScriptedSink(port=port) as sink,
+        _pigeon(tmp_path / "node", port, dns, limited) as pigeon,
+    ):
+        _send(pigeon, ("limited.test", "free.test"))
+        sink.wait_for(2 * PER_DOMAIN)
+        assert gauge in metrics()  # the site's queues, empty now, still known
+        # idle_timeout is 1s: then the connections close and the empty queues go.
+        wait_until(lambda: gauge not in metrics(), timeout=8)
+        _send(pigeon, ("limited.test",))  # mail again: a queue again
+        sink.wait_for(3 * PER_DOMAIN)
+        assert gauge in metrics()

@@ -253,7 +253,7 @@ class ReadyQueues:
         now = self._clock()
         forgotten: list[str] = []
         for path, queue in list(self._queues.items()):
-            if len(queue) or queue._waiters:
+            if len(queue):
                 continue
             idle_timeout = self._idle_timeout(queue)
             if idle_timeout is None or now - queue.touched < idle_timeout:
