@@ -18,8 +18,8 @@ The throttle key (what connection slots and message rates are counted against, i
 and, with Redis, in the cluster) is `provider:<name>` when the site is a provider's: every
 domain hosted there, whichever MX host set led to it, shares one connection limit and one
 rate. A domain block that sets its own `connection_limit` or `max_message_rate` takes its
-domain out of them (key `site:<site>`): its limits are then its own, not a share of the
-provider's. A site of no provider is counted alone, as `site:<site>`. From a `[[source]]`,
+domain out of them (key `domain:<d>`; a catch-all's, `site:<site>`): its limits are then its
+own, not a share of the provider's. A site of no provider is counted alone, as `site:<site>`. From a `[[source]]`,
 the key is the source's own, `<source>->provider:<name>` or `<source>->site:<site>`: each
 address has its own standing with a provider (the implicit source keeps the keys above).
 
