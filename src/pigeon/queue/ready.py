@@ -80,7 +80,14 @@ class ReadyQueue:
         return self._live
 
     def __iter__(self) -> Iterator[Entry]:
-        return iter([e for e in self._entries if e.ready is self and e.state is State.READY])
+        # A message moved away and back (two reloads) is in the deque twice: listed once.
+        seen: set[int] = set()
+        live = []
+        for e in self._entries:
+            if e.ready is self and e.state is State.READY and e.id not in seen:
+                seen.add(e.id)
+                live.append(e)
+        return iter(live)
 
     # --- the queue's side ---------------------------------------------------------------
     def put(self, entry: Entry, *, front: bool = False) -> None:
@@ -238,7 +245,7 @@ class ReadyQueues:
         for queue in list(self._queues.values()):
             for entry in list(queue):
                 target = self._queue_for(entry, queue.destination, queue.source)
-                if target is queue:
+                if target is queue or entry.ready is not queue:
                     continue
                 transition(entry, State.READY, entry.generation, State.READY)
                 target.put(entry)

@@ -99,3 +99,21 @@ def test_an_empty_queue_idle_for_its_idle_timeout_is_forgotten_and_a_busy_one_is
     queues.enqueue(_entry(active, 4, "a.example"), _Destination())
     again = queues.get(a.path)
     assert again is not None and again is not a and [e.id for e in again] == [4]
+
+
+def test_a_message_moved_away_and_back_is_listed_taken_and_moved_once() -> None:
+    active = ActiveSet(100)
+    queues = ReadyQueues(active, "default", lambda q: None)
+    entries = [_entry(active, n, "limited.example" if n % 2 else "free.example") for n in range(1, 5)]
+    for entry in entries:
+        queues.enqueue(entry, _Destination())
+    assert queues.rehome(lambda d: d == "limited.example") == 2
+    assert queues.rehome(lambda d: False) == 2  # back: the shared queue's deque has them twice now
+    shared = queues.get(f"default->{SITE}")
+    assert shared is not None and len(shared) == 4
+    assert sorted(e.id for e in shared) == [1, 2, 3, 4]
+    assert queues.rehome(lambda d: d == "limited.example") == 2  # each moved once, not once per copy
+    assert _waiting(queues) == {f"default->limited.example@{SITE}": [1, 3], f"default->{SITE}": [2, 4]}
+    assert len(shared) == 2
+    handed = [lease.id for lease in iter(shared.take_nowait, None)]
+    assert handed == [2, 4] and len(shared) == 0
