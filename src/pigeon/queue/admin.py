@@ -75,8 +75,8 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
 
 
 class ReadyQueueRow(msgspec.Struct):
-    """A ready queue (`source->site`, or `source->domain@site`): what waits in it, the connections open for it, and the
-    shaping reactions' effects it waits under."""
+    """A ready queue (`source->site`, or `source->domain@site`): what waits in it, the
+    connections open for it, and the shaping reactions' effects it waits under."""
 
     path: str
     source: str
