@@ -175,14 +175,16 @@ def test_explain_prints_the_site_provider_and_where_each_setting_came_from(tmp_p
         missing = pigeon_cli("shaping", "explain", "nowhere.test", "-c", "pigeon.toml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[:5] == [
+    assert lines[:6] == [
         "domain    eu.customer.test",
         "site      alt1.aspmx.l.google.com,aspmx.l.google.com",
         "MX hosts  aspmx.l.google.com alt1.aspmx.l.google.com",
         "provider  gmail (MX suffixes: google.com, googlemail.com)",
-        "key       provider:gmail (shared by every domain of the provider)",
+        "rate key  provider:gmail (shared by every domain of the provider)",
+        "queue     default->eu.customer.test@alt1.aspmx.l.google.com,aspmx.l.google.com"
+        " (its own: a [[shaping]] block names this domain)",
     ]
-    settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[7:]}
+    settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[8:]}
     assert settings["connection_limit"] == ["3", "pigeon.toml [[shaping]] #2 line 19"]
     assert settings["idle_timeout"] == ["2s", "pigeon.toml [[shaping]] #1 line 15"]
     assert settings["max_deliveries_per_connection"][0] == "50"
@@ -190,9 +192,12 @@ def test_explain_prints_the_site_provider_and_where_each_setting_came_from(tmp_p
     assert settings["max_message_rate"] == ["50/s", "pigeon.toml [delivery] line 3"]
     assert settings["connection_failures_before_delay"] == ["3", "[delivery] default"]
     assert other.returncode == 0, other.stderr
-    heading, first = other.stdout.splitlines()[6:8]  # values narrower than "value" still line up under it
+    heading, first = other.stdout.splitlines()[7:9]  # values narrower than "value" still line up under it
     assert heading.index("from") == first.index("pigeon.toml"), other.stdout
-    assert "provider  none" in other.stdout and "key       site:mx.plain.test (this site's own)" in other.stdout
+    assert "provider  none" in other.stdout and "rate key  site:mx.plain.test (this site's own)" in other.stdout
+    assert "queue     default->mx.plain.test (shared by the site's domains that no [[shaping]] block names)" in (
+        other.stdout
+    )
     assert ["connection_limit", "20", "pigeon.toml [delivery] line 2"] in [
         line.split(None, 2) for line in other.stdout.splitlines()
     ]
@@ -208,6 +213,8 @@ def test_explain_json_gives_each_setting_its_value_and_origin(tmp_path: Path) ->
     answer = json.loads(result.stdout)
     assert answer["provider"] == "gmail" and answer["key"] == "provider:gmail"
     assert answer["site"] == "alt1.aspmx.l.google.com,aspmx.l.google.com"
+    assert answer["queue"] == "default->eu.customer.test@alt1.aspmx.l.google.com,aspmx.l.google.com"
+    assert answer["own_queue"] is True and answer["rate_key"] == "provider:gmail"
     assert answer["settings"]["connection_limit"] == {"value": 3, "from": "pigeon.toml [[shaping]] #2 line 19"}
     assert answer["settings"]["idle_timeout"] == {"value": 2.0, "from": "pigeon.toml [[shaping]] #1 line 15"}
     assert answer["settings"]["max_message_rate"] == {"value": "50/s", "from": "pigeon.toml [delivery] line 3"}
@@ -231,7 +238,7 @@ def test_explain_from_a_source_shows_its_own_blocks_and_key(tmp_path: Path) -> N
     assert lines[3:6] == [
         "source    ip-3",
         "provider  gmail (MX suffixes: google.com, googlemail.com)",
-        "key       ip-3->provider:gmail (shared by every domain of the provider, from this source)",
+        "rate key  ip-3->provider:gmail (shared by every domain of the provider, from this source)",
     ]
     settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[8:]}
     assert settings["connection_limit"] == ["1", "pigeon.toml [[shaping]] #3 line 28"]

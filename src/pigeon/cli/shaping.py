@@ -163,7 +163,8 @@ def run_explain(args: argparse.Namespace) -> int:
         return 1
     text = args.config.read_text(encoding="utf-8") if args.config is not None else ""
     rules = ShapingRules.from_config(config, args.config, text)
-    query = ShapingQuery(domain, destination.site, tuple(hop.host for hop in destination.hops), source)
+    hosts = tuple(hop.host for hop in destination.hops)
+    query = ShapingQuery(domain, destination.site, hosts, source, security=destination.security)
     explanation = rules.explain(query)
     if args.json:
         print(json.dumps(explanation.as_dict(), indent=2))
@@ -200,7 +201,9 @@ def _print(explanation: Explanation) -> None:
         print(f"provider  {provider.name} (MX suffixes: {', '.join(provider.mx_suffixes)})")
     else:
         print("provider  none (no provider's MX suffixes cover every MX host)")
-    if "provider:" in explanation.key:
+    if "domain:" in explanation.key:
+        shared = "this domain's own: its [[shaping]] block sets its own limits"
+    elif "provider:" in explanation.key:
         shared = "shared by every domain of the provider"
     elif provider is not None:
         shared = "this site's own: a [[shaping]] domain block sets its own limits"
@@ -208,7 +211,12 @@ def _print(explanation: Explanation) -> None:
         shared = "this site's own"
     if query.source is not None:
         shared += ", from this source"
-    print(f"key       {explanation.key} ({shared})")
+    print(f"rate key  {explanation.key} ({shared})")
+    if explanation.own_queue:
+        whose = "its own: a [[shaping]] block names this domain"
+    else:
+        whose = "shared by the site's domains that no [[shaping]] block names"
+    print(f"queue     {explanation.queue} ({whose})")
     print()
     width = max(len(s.name) for s in explanation.settings)
     values = max(len("value"), *(len(s.text) for s in explanation.settings))  # "32" is narrower than its heading

@@ -102,7 +102,10 @@ def limit_key(site: str, source: str | None = None) -> str:
 def shaping_query(queue: ReadyQueue) -> ShapingQuery:
     """What a ready queue's limits are looked up by."""
     destination: Destination = queue.destination
-    return ShapingQuery(queue.domain, queue.site, tuple(hop.host for hop in destination.hops), queue.source)
+    hosts = tuple(hop.host for hop in destination.hops)
+    return ShapingQuery(
+        queue.domain, queue.site, hosts, queue.source, security=destination.security, shared=not queue.own
+    )
 
 
 class _Lane:
@@ -182,7 +185,7 @@ class Dispatcher:
     def kick(self, queue: ReadyQueue) -> None:
         """`queue` has mail: make sure enough connections work on it."""
         lane = self._lanes.get(queue.path)
-        if lane is None:
+        if lane is None or lane.queue is not queue:  # (a queue forgotten, then opened again)
             keys = self._reactor.keys(queue.path, queue.site) if self._reactor is not None else ()
             lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)), keys)
         self._start(lane)
@@ -201,6 +204,23 @@ class Dispatcher:
             else:
                 lane.rekey = key if key != lane.key else None
         self.kick_all()  # a raised limit lets more connections start
+
+    def idle_timeout_of(self, queue: ReadyQueue) -> float | None:
+        """How long an empty ready queue may stay idle before it is forgotten (its site's
+        `idle_timeout`); None while its lane is busy: a connection open or about to ask
+        again, or a shaping effect on it (the API's row is where that effect shows)."""
+        lane = self._lanes.get(queue.path)
+        if lane is None or lane.queue is not queue:
+            return 0.0  # never kicked: nothing of ours holds it
+        if lane.connections or lane.refused is not None or self.effects_on(queue.path):
+            return None
+        return lane.shaping.idle_timeout
+
+    def forget(self, queue: ReadyQueue) -> None:
+        """A ready queue was forgotten (empty and idle): so is its lane."""
+        lane = self._lanes.get(queue.path)
+        if lane is not None and lane.queue is queue and not lane.connections:
+            del self._lanes[queue.path]
 
     def kick_all(self) -> None:
         """Start connections wherever mail waits (after a site's suspension ended)."""

@@ -60,6 +60,7 @@ def build_engine(
     routes: Routes,
     agents: Mapping[Kind, Opener],
     shaping: Callable[[ShapingQuery], Shaping],
+    owns_queue: Callable[[str], bool] = lambda domain: False,
     body: Callable[[Message], bytes],
     notifier: Notifier | None = None,
     hooks: DeliveryHooks | None = None,
@@ -107,7 +108,14 @@ def build_engine(
         reactor=reactor,
         sites=sites,
     )
-    ready = ReadyQueues(active, source, dispatcher.kick)
+    ready = ReadyQueues(
+        active,
+        source,
+        dispatcher.kick,
+        owns=owns_queue,
+        idle_timeout=dispatcher.idle_timeout_of,
+        on_forget=dispatcher.forget,
+    )
     scheduler = Scheduler(
         spools=list(spools.values()),
         active=active,

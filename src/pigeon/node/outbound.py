@@ -6,6 +6,7 @@ and stops it as one piece. Wiring only: every decision lives in the rooms it bui
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 
@@ -39,6 +40,8 @@ from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_p
 from pigeon.shaping.throttles import Throttles
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
+
+_log = logging.getLogger(__name__)
 
 _OUTCOMES = {Verdict.ACCEPTED: "delivered", Verdict.TRANSIENT: "deferred", Verdict.PERMANENT: "failed"}
 
@@ -111,6 +114,7 @@ class Outbound:
             routes=self.router,
             agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
             shaping=shaping,
+            owns_queue=shaping.owns_queue,
             body=OutgoingBody(spools, strip),
             hooks=DeliveryHooks(policy, classifier.classify) if policy is not None else None,
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
@@ -127,6 +131,7 @@ class Outbound:
         self.active = engine.active
         self.dispatcher = engine.dispatcher
         self.scheduler = engine.scheduler
+        self.ready = engine.ready
         self.admin = engine.admin
         metrics.track_stale_results(lambda: self.active.stale_results)
         metrics.track_sites(self.dispatcher.health.states, worker)
@@ -147,7 +152,14 @@ class Outbound:
         )
         if not same_providers:
             return False
-        self.dispatcher.replace_shaping(ShapingRules.from_config(config))
+        rules = ShapingRules.from_config(config)
+        self.dispatcher.replace_shaping(rules)
+        # A domain block added or removed gives its domain a ready queue of its own or takes
+        # it away: what waits moves to the queue it belongs in now (after the lanes took the
+        # new limits, so a queue opened by the move starts under them).
+        moved = self.ready.rehome(rules.owns_queue)
+        if moved:
+            _log.info("reload: %d waiting messages moved to the ready queues the new [[shaping]] blocks give", moved)
         return True
 
     def take_reactions(self, reactions: Reactions) -> bool:

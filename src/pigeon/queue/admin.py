@@ -75,8 +75,8 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
 
 
 class ReadyQueueRow(msgspec.Struct):
-    """A ready queue (`source->site`): what waits in it, the connections open for it, and the
-    shaping reactions' effects it waits under."""
+    """A ready queue (`source->site`, or `source->domain@site`): what waits in it, the
+    connections open for it, and the shaping reactions' effects it waits under."""
 
     path: str
     source: str
@@ -88,6 +88,9 @@ class ReadyQueueRow(msgspec.Struct):
     down: bool = False
     """No host of the site takes a connection: its mail waits, untried, for a probe
     (`[delivery] site_retry_interval`). With several workers: true if any worker found it so."""
+    # The domain whose queue of its own this is (a [[shaping]] block names it); None: the
+    # site's queue, shared by its other domains.
+    domain: str | None = None
 
 
 class QueueSummary(msgspec.Struct):
@@ -350,8 +353,19 @@ class Admin:
             down = self._down(q.site)
             if len(q) or connections or effects or down:
                 source = q.path.partition("->")[0]  # the implicit source too, by its name
-                provider = self._provider(q.path)
-                ready.append(ReadyQueueRow(q.path, source, q.site, len(q), connections, provider, effects, down))
+                ready.append(
+                    ReadyQueueRow(
+                        q.path,
+                        source,
+                        q.site,
+                        len(q),
+                        connections,
+                        self._provider(q.path),
+                        effects,
+                        down,
+                        q.domain if q.own else None,
+                    )
+                )
         summary = QueueSummary(sorted(scheduled.values(), key=lambda r: r.queue), ready)
         result: dict[str, Any] = msgspec.to_builtins(summary)
         return result

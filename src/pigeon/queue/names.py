@@ -2,6 +2,10 @@
 
 Scheduled queue: `campaign:tenant@domain` (KumoMTA's convention, so its users find their
 way): missing parts are left out, giving `tenant@domain`, `campaign:@domain` or `domain`.
+
+Ready queue: `source->site`, shared by every domain whose MX hosts are the site's, or
+`source->domain@site` for a domain a `[[shaping]]` block (other than `domain = "*"`) gives a
+queue of its own; either may end in the TLS policy (`Destination.security`).
 """
 
 from __future__ import annotations
@@ -17,3 +21,8 @@ def scheduled_queue(domain: str, tenant: str | None = None, campaign: str | None
     if campaign:
         name = f"{campaign}:{name}"
     return name
+
+
+def ready_queue(source: str, site: str, domain: str | None = None, security: str = "") -> str:
+    """The ready queue of mail from `source` to `site`; `domain`: that domain's own queue."""
+    return f"{source}->{domain}@{site}{security}" if domain else f"{source}->{site}{security}"

@@ -184,7 +184,7 @@ class Scheduler:
         return more
 
     def sweep(self) -> None:
-        """Expire what waited too long in a ready queue."""
+        """Expire what waited too long in a ready queue; forget ready queues idle and empty."""
         now = self._clock()
 
         def expired(entry: Entry) -> bool:
@@ -193,6 +193,8 @@ class Scheduler:
 
         for entry in self._ready.expired(expired):
             self._settlement.expire(entry)
+        # (also here, once a second: per-domain queues must not pile up once their mail is gone)
+        self._ready.forget_idle()
 
     def expire_held(self) -> None:
         """End held messages whose route's `held_for` has passed (due between HELD and HELD + now)."""

@@ -6,6 +6,8 @@
                                                                                  the spool, due later)
                                                           or delivered / bounced / expired / admin_bounced
 
+    ready --moved to another ready queue (a reload changed which domains have their own)--> ready
+
 A message is in exactly one state and carries a generation, a number drawn afresh from one
 counter at every transition (and when the message is loaded), so `(id, generation)` names
 one state of one message for the whole life of the process, across reloads.
@@ -68,7 +70,9 @@ _TERMINAL: Final = frozenset({State.DELIVERED, State.BOUNCED, State.EXPIRED, Sta
 # not in the table.
 _MOVES: Final[dict[State, frozenset[State]]] = {
     State.SCHEDULED: frozenset({State.READY, State.SETTLING}),
-    State.READY: frozenset({State.IN_FLIGHT, State.SETTLING}),
+    # READY -> READY: moved to another ready queue (a reload gave its domain a queue of its
+    # own, or took it away); the new generation makes any lease on where it was stale.
+    State.READY: frozenset({State.READY, State.IN_FLIGHT, State.SETTLING}),
     # IN_FLIGHT -> READY: taken but given back untried (the connection died before it was sent).
     State.IN_FLIGHT: frozenset({State.READY, State.SETTLING}),
     # SETTLING -> SCHEDULED: recipients remain; the entry leaves memory, its row is due later.

@@ -18,10 +18,20 @@ The throttle key (what connection slots and message rates are counted against, i
 and, with Redis, in the cluster) is `provider:<name>` when the site is a provider's: every
 domain hosted there, whichever MX host set led to it, shares one connection limit and one
 rate. A domain block that sets its own `connection_limit` or `max_message_rate` takes its
-domain out of them (key `site:<site>`): its limits are then its own, not a share of the
-provider's. A site of no provider is counted alone, as `site:<site>`. From a `[[source]]`,
+domain out of them (key `domain:<d>`; a catch-all's, `site:<site>`): its limits are then its
+own, not a share of the provider's. A site of no provider is counted alone, as `site:<site>`. From a `[[source]]`,
 the key is the source's own, `<source>->provider:<name>` or `<source>->site:<site>`: each
 address has its own standing with a provider (the implicit source keeps the keys above).
+
+Among domain blocks, a catch-all (`domain = "*"`) ranks after every other matching block of
+its source, wherever it stands in the file: a rule written for one domain wins over the rule
+for all of them (the catch-all still gives what the specific block leaves unset).
+
+Domains that share MX hosts share a ready queue, so a domain block could otherwise only apply
+to all of them or to none. A domain matched by any block other than `*` therefore gets a ready
+queue of its own (`source->domain@site`, `owns_queue`), shaped by its block; when that block
+sets its own `connection_limit` or `max_message_rate`, they are counted under `domain:<d>`,
+its alone. The site's shared queue (`ShapingQuery.shared`) is shaped by the catch-all alone.
 
 `explain()` answers the same question with the origin of every setting, for
 `pigeon shaping explain`.
@@ -38,6 +48,7 @@ import msgspec
 
 from pigeon.config.load import block_line, key_line
 from pigeon.config.schema import Config, DeliveryConfig, ShapingConfig, decode_hook
+from pigeon.queue.names import ready_queue
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import Provider, Providers, shipped, shipped_data, shipped_text
 
@@ -45,6 +56,8 @@ SETTINGS: Final = ("connection_limit", "max_deliveries_per_connection", "idle_ti
 """What a `[[shaping]]` block may set."""
 _OWN_LIMITS: Final = ("connection_limit", "max_message_rate")
 """Set by a domain block, these make the domain's limits its own (not the provider's)."""
+CATCH_ALL: Final = "*"
+"""The domain pattern of a block for every domain: it ranks last and opens no queue of its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +87,19 @@ class ShapingQuery:
     """The site's MX hosts (the destination's hops); empty: read from `site`."""
     source: str | None = None
     """The egress `[[source]]` the queue's connections leave from; None: the implicit source."""
+    security: str = ""
+    """What the ready queue's name adds for its TLS policy (`Destination.security`)."""
+    shared: bool = False
+    """The site's shared ready queue (every domain without a queue of its own): only catch-all
+    domain blocks apply to it, not those of the domain that happened to open it."""
 
 
 def site_key(site: str) -> str:
     return f"site:{site}"
+
+
+def domain_key(domain: str) -> str:
+    return f"domain:{domain}"
 
 
 def provider_key(name: str) -> str:
@@ -128,6 +150,10 @@ class Explanation:
     provider: Provider | None
     key: str
     settings: list[Setting] = field(default_factory=list)
+    own_queue: bool = False
+    """Whether the domain's mail waits in a ready queue of its own (not the site's shared one)."""
+    queue: str = ""
+    """The ready queue's name (`source->domain@site` or `source->site`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """For `--json`."""
@@ -139,6 +165,9 @@ class Explanation:
             "provider": self.provider.name if self.provider else None,
             "provider_mx_suffixes": list(self.provider.mx_suffixes) if self.provider else [],
             "key": self.key,
+            "queue": self.queue,
+            "own_queue": self.own_queue,
+            "rate_key": self.key,  # connection slots and the message rate are counted under one key
             "settings": {s.name: {"value": s.value, "from": s.origin} for s in self.settings},
         }
 
@@ -155,13 +184,16 @@ class ShapingRules:
         shipped_blocks: list[_Block],
         providers: Providers,
         connection_failures_before_delay: int = 3,
+        implicit_source: str = "default",
     ) -> None:
         self._delivery = delivery
-        self._domains = domains
+        # A catch-all ranks after every other domain block (stable: file order otherwise).
+        self._domains = sorted(domains, key=lambda block: block.domain == CATCH_ALL)
         self._provided = provided
         self._shipped = shipped_blocks
         self.providers = providers
         self._failures = connection_failures_before_delay
+        self._implicit_source = implicit_source
 
     @classmethod
     def from_config(cls, config: Config, path: Path | None = None, text: str = "") -> ShapingRules:
@@ -189,6 +221,7 @@ class ShapingRules:
             shipped_blocks=shipped_blocks,
             providers=Providers(user + ours),
             connection_failures_before_delay=delivery.connection_failures_before_delay,
+            implicit_source=delivery.source,
         )
 
     def __call__(self, query: ShapingQuery) -> Shaping:
@@ -209,20 +242,31 @@ class ShapingRules:
         """The provider of a destination's site, if any."""
         return self.providers.match(query.hosts) if query.hosts else self.providers.for_site(query.site)
 
+    def owns_queue(self, domain: str) -> bool:
+        """Whether `domain`'s mail gets a ready queue of its own: a block other than the
+        catch-all (for any source) matches it."""
+        domain = domain.lower()
+        return any(
+            b.domain != CATCH_ALL and b.domain is not None and fnmatch.fnmatchcase(domain, b.domain)
+            for b in self._domains
+        )
+
     def explain(self, query: ShapingQuery) -> Explanation:
         """Every setting of a destination's limits and the layer it came from."""
         domain = query.domain.lower()
         provider = self.provider_of(query)
+        own_queue = not query.shared and self.owns_queue(domain)
         layers: list[_Block] = []
+        specific: list[_Block] = []  # blocks for this domain (not the catch-all) that apply
         owns: list[_Block] = []
         for source in (query.source, None) if query.source is not None else (None,):
-            own = next(
-                (b for b in self._domains if b.source == source and b.domain and fnmatch.fnmatchcase(domain, b.domain)),
-                None,
-            )
-            if own is not None:
+            # The domain's own block, then the catch-all: `self._domains` ranks it last. A
+            # shared queue is shaped by the catch-all alone, whichever domain opened it.
+            for own in self._domain_blocks(domain, source, catch_all_only=query.shared):
                 layers.append(own)
                 owns.append(own)
+                if own.domain != CATCH_ALL:
+                    specific.append(own)
             if provider is not None and (block := self._first(self._provided, provider, source)) is not None:
                 layers.append(block)
         if provider is not None and (block := self._first(self._shipped, provider, None)) is not None:
@@ -235,8 +279,31 @@ class ShapingRules:
         name = "connection_failures_before_delay"  # not shaped per block (yet)
         settings.append(Setting(name, self._failures, self._delivery.origin_of(name)))
         apart = any(name in own.values for own in owns for name in _OWN_LIMITS)
-        key = provider_key(provider.name) if provider is not None and not apart else site_key(query.site)
-        return Explanation(query, provider, source_key(query.source, key), settings)
+        if own_queue and any(name in own.values for own in specific for name in _OWN_LIMITS):
+            key = domain_key(domain)  # the domain's own limits, in its own queue: its alone
+        elif provider is not None and not apart:
+            key = provider_key(provider.name)
+        else:
+            key = site_key(query.site)
+        source = query.source or self._implicit_source
+        queue = ready_queue(source, query.site, domain if own_queue else None, query.security)
+        return Explanation(query, provider, source_key(query.source, key), settings, own_queue, queue)
+
+    def _domain_blocks(self, domain: str, source: str | None, *, catch_all_only: bool) -> list[_Block]:
+        """The first matching block of `source` for `domain` other than the catch-all, then
+        the first catch-all of `source`."""
+        found: list[_Block] = []
+        specific = catch_all_only
+        for block in self._domains:
+            if block.source != source or block.domain is None:
+                continue
+            if block.domain == CATCH_ALL:
+                found.append(block)
+                break
+            if not specific and fnmatch.fnmatchcase(domain, block.domain):
+                found.append(block)
+                specific = True
+        return found
 
     @staticmethod
     def _first(blocks: list[_Block], provider: Provider, source: str | None) -> _Block | None:

@@ -3,9 +3,9 @@
 Two messages of two recipients each, in two domains, go through the real queue engine and
 dispatcher (tests/support/queue_world.py). Route lookups, delivery attempts, spool commits
 (landing, then answered) and DSN stores complete only when the explorer releases them, and one
-admin operation starts at any point in between. The explorer walks *every* order of those
-releases (a depth-first enumeration, replaying each order from the start), then lets
-everything finish and checks what a user would see:
+admin operation (or a reload that moves ready mail between queues) starts at any point in
+between. The explorer walks *every* order of those releases (a depth-first enumeration,
+replaying each order from the start), then lets everything finish and checks what a user sees:
 
 * each recipient has exactly one terminal record (Delivery, Bounce, Expiration, AdminBounce);
 * no recipient is accepted twice by a receiving server (the fake agent is never ambiguous), and
@@ -51,7 +51,7 @@ class Operation:
 
     name: str
     calls: tuple[Callable[[Admin], Any], ...]
-    kind: str  # bounce, suspend, rebind, retry, resume
+    kind: str  # bounce, suspend, rebind, retry, resume, reload
 
     def __str__(self) -> str:
         return self.name
@@ -69,6 +69,15 @@ def _rebind(queue: str | None, routing_domain: str | None) -> Callable[[Admin], 
     return lambda admin: admin.rebind(EVERYTHING, queue=queue, routing_domain=routing_domain, operator="op")
 
 
+def _reload(owns: Callable[[str], bool]) -> Callable[[Admin], Any]:
+    """A SIGHUP's [[shaping]] change: which domains have a ready queue of their own."""
+
+    async def reload(admin: Admin) -> dict[str, Any]:
+        return {"moved": admin._ready.rehome(owns)}
+
+    return reload
+
+
 OPERATIONS = [
     Operation("bounce", (_bounce(None),), "bounce"),
     Operation("bounce-rule", (_bounce(3600),), "bounce"),
@@ -77,6 +86,8 @@ OPERATIONS = [
     Operation("retry", (lambda admin: admin.retry(EVERYTHING),), "retry"),
     Operation("rebind-queue", (_rebind("moved:d1.test", None),), "rebind"),
     Operation("rebind-route", (_rebind(None, "elsewhere.test"),), "rebind"),
+    # A block for d1.test added (its waiting mail moves to its own queue), then removed again.
+    Operation("reload", (_reload(lambda domain: domain == "d1.test"), _reload(lambda domain: False)), "reload"),
 ]
 
 

@@ -16,6 +16,7 @@ TERMINAL = [State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED]
 ALLOWED: set[tuple[State, State]] = {
     (State.SCHEDULED, State.READY),
     (State.SCHEDULED, State.SETTLING),
+    (State.READY, State.READY),  # moved to another ready queue (a reload)
     (State.READY, State.IN_FLIGHT),
     (State.READY, State.SETTLING),
     (State.IN_FLIGHT, State.READY),

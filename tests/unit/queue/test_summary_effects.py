@@ -17,6 +17,8 @@ class _Queue:
         self.site = site
         self.path = f"default->{site}"
         self._queued = queued
+        self.domain = ""
+        self.own = False
 
     def __len__(self) -> int:
         return self._queued

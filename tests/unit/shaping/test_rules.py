@@ -69,7 +69,7 @@ def test_a_domain_block_with_limits_of_its_own_is_counted_apart_from_its_provide
     rules = _rules(tmp_path, '[[shaping]]\ndomain = "big.example"\nconnection_limit = 2\n')
     shaping = rules(ShapingQuery("big.example", ",".join(GMAIL_HOSTS), GMAIL_HOSTS))
     assert shaping.connection_limit == 2
-    assert shaping.key == f"site:{','.join(GMAIL_HOSTS)}"
+    assert shaping.key == "domain:big.example"  # its own queue's limits: the domain's alone
     assert shaping.provider == "gmail"
 
 
@@ -164,3 +164,50 @@ def test_each_source_counts_its_limits_under_keys_of_its_own(tmp_path: Path) -> 
     assert rules(ShapingQuery("gmail.com", site, GMAIL_HOSTS, source="ip-3")).key == "ip-3->provider:gmail"
     assert rules(ShapingQuery("gmail.com", site, GMAIL_HOSTS)).key == "provider:gmail"  # implicit: as before
     assert rules(ShapingQuery("example.org", "mx.example.org", source="ip-2")).key == "ip-2->site:mx.example.org"
+
+
+CATCH_ALL_FIRST = """\
+[[shaping]]
+domain = "*"
+connection_limit = 50
+idle_timeout = "9s"
+
+[[shaping]]
+domain = "limited.example"
+connection_limit = 1
+max_message_rate = "10/min"
+"""
+
+
+def test_a_catch_all_ranks_after_a_domain_block_whatever_the_file_order(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, CATCH_ALL_FIRST)
+    query = ShapingQuery("limited.example", "mx.shared.example")
+    shaping = rules(query)
+    assert (shaping.connection_limit, shaping.max_message_rate) == (1, Rate.parse("10/min"))  # the domain's rule
+    assert shaping.idle_timeout == 9.0  # what the domain's block leaves unset still comes from the catch-all
+    origins = {s.name: s.origin for s in rules.explain(query).settings}
+    assert origins["connection_limit"] == "pigeon.toml [[shaping]] #2 line 8"
+    assert origins["idle_timeout"] == "pigeon.toml [[shaping]] #1 line 4"
+    other = rules(ShapingQuery("other.example", "mx.shared.example"))
+    assert (other.connection_limit, other.max_message_rate) == (50, None)
+
+
+def test_a_domain_a_block_names_gets_its_own_queue_and_key_and_the_others_share_the_site(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, CATCH_ALL_FIRST)
+    assert rules.owns_queue("LIMITED.example") and not rules.owns_queue("other.example")  # "*" opens none
+    limited = rules.explain(ShapingQuery("limited.example", "mx.shared.example", security=" (tls required)"))
+    assert (limited.own_queue, limited.key) == (True, "domain:limited.example")
+    assert limited.queue == "default->limited.example@mx.shared.example (tls required)"
+    assert limited.as_dict()["rate_key"] == "domain:limited.example"
+    other = rules.explain(ShapingQuery("other.example", "mx.shared.example"))
+    assert (other.own_queue, other.key, other.queue) == (False, "site:mx.shared.example", "default->mx.shared.example")
+    # The site's shared queue, opened by whichever domain: the catch-all alone shapes it.
+    shared = rules(ShapingQuery("limited.example", "mx.shared.example", shared=True))
+    assert (shared.connection_limit, shared.max_message_rate, shared.key) == (50, None, "site:mx.shared.example")
+
+
+def test_with_only_a_catch_all_every_domain_shares_its_sites_queue(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, '[[shaping]]\ndomain = "*"\nmax_message_rate = "5/s"\n')
+    explanation = rules.explain(ShapingQuery("any.example", "mx.any.example"))
+    assert (explanation.own_queue, explanation.key) == (False, "site:mx.any.example")
+    assert rules(ShapingQuery("any.example", "mx.any.example", shared=True)).max_message_rate == Rate.parse("5/s")
