@@ -371,7 +371,7 @@ class Supervisor:
             try:
                 # Checked here, before any other node is told: the others trust the stream.
                 operator = self._tokens.holder(request, "read" if request.method == "GET" else "admin")
-                validate(request.method, request.path, body)
+                validate(request.method, request.path_qs, body)
             except web.HTTPException as refusal:
                 status, answer = refusal_answer(refusal)
                 challenge = {k: v for k, v in refusal.headers.items() if k == "WWW-Authenticate"}

@@ -13,8 +13,13 @@
     GET    /api/v1/admin/operations       bulk operations' progress         read
 
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
-seconds or strings ("30m", "2h"), as in the config. With several workers the supervisor
-sends each request to all of them and adds up the answers.
+seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
+several workers the supervisor sends each request to all of them and adds up the answers.
+
+Every refusal is a 400 before anything is done, with a `field`: the JSON path of the body's
+offending member (`$.duration`, `$.to_queue`, `$.foo` for a member no endpoint knows, `$` for
+the body as a whole), or the name of the query parameter. A misspelt member or parameter is
+refused rather than ignored: ignoring `"durration": "1h"` would suspend until resumed.
 
 With `[redis]`, a write applies on every node of the cluster (`pigeon.node.broadcast`) and
 its answer adds up every node's, with `cluster.nodes` saying which answered; a read given
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Annotated, Any, Final
+from urllib.parse import parse_qsl
 
 import msgspec
 from aiohttp import web
@@ -35,9 +42,18 @@ from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
+from pigeon.queue.names import queue_name_problem
 from pigeon.queue.rules import Selector
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
+MAX_DURATION: Final = 365 * 86400.0
+"""The longest a standing rule may be asked for: longer is surely a slip of the unit (and an
+expiry past the year 9999 cannot even be shown)."""
+DURATION_LIMITS_TEXT: Final = (
+    'duration is more than 0 and at most 365 days: seconds, or a string like "30m", "2h", "7d"'
+)
+_RULE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")  # it goes into paths: DELETE /api/v1/admin/suspend/ID
+_UNKNOWN_FIELD: Final = re.compile(r"^Object contains unknown field `([^`]*)`")
 
 
 class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -49,9 +65,11 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Suspend only: deliveries to this site (ready queue) stop; nothing else may be named with it."""
     reason: str = ""
     duration: Duration | None = None
-    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed)."""
+    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed):
+    more than 0, at most 365 days."""
     id: str | None = None
-    """The rule's id (the supervisor gives one, so every worker's copy has the same)."""
+    """The rule's id (the supervisor gives one, so every worker's copy has the same): letters,
+    digits, "-" and "_", at most 64."""
 
     def selector(self) -> Selector:
         return Selector(
@@ -60,8 +78,9 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RebindRequest(AdminRequest):
-    to_queue: _Glob | None = None
-    """The scheduled queue to move the messages to (its [[queue]] policy applies from then on)."""
+    to_queue: str | None = None
+    """The scheduled queue to move the messages to (its [[queue]] policy applies from then on):
+    one queue name, not a glob (`pigeon.queue.names.QUEUE_NAME_TEXT`)."""
     routing_domain: str | None = None
     """Route them as if their recipients were in this domain ("" routes them by their own again)."""
 
@@ -72,6 +91,7 @@ _REBIND_DECODER: Final = msgspec.json.Decoder(RebindRequest, dec_hook=decode_hoo
 
 async def inspect(request: web.Request) -> web.Response:
     admin = _admin(request, "read")
+    _known_query(request.query.keys(), ())
     try:
         spool_id = parse_id(request.match_info["id"])
     except ValueError as error:
@@ -95,10 +115,25 @@ def with_id(body: bytes) -> bytes:
 
 def validate(method: str, path: str, body: bytes) -> None:
     """Refuse (400, 404, 405) what `perform` would refuse before doing anything: checked where a
-    request is issued, so a bad one is not sent to every worker and node first."""
-    _route(method, path)
+    request is issued, so a bad one is not sent to every worker and node first. `path` may
+    carry a query string: a parameter the endpoint does not know is refused too."""
+    action, _ = _route(method, path)
+    _known_query((name for name, _ in parse_qsl(path.partition("?")[2], keep_blank_values=True)), action)
     if method == "POST":
         _decode(path, body)
+
+
+_QUERY: Final = dict.fromkeys(("queues", "operations", "list-bounce", "list-suspend"), ("cluster",))
+"""The query parameters each action takes (none, unless named here)."""
+
+
+def _known_query(names: Any, action_or_known: str | tuple[str, ...]) -> None:
+    """400 naming the first query parameter the endpoint does not take."""
+    known = action_or_known if isinstance(action_or_known, tuple) else _QUERY.get(action_or_known, ())
+    for name in names:
+        if name not in known:
+            takes = f"it takes only {', '.join(known)}" if known else "it takes none"
+            raise bad_request(f"unknown query parameter {name[:40]!r}: {takes}", name[:40])
 
 
 async def perform(admin: Admin, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
@@ -177,9 +212,16 @@ def _decode(path: str, body: bytes) -> AdminRequest:
     try:
         request: AdminRequest = decoder.decode(body)
     except msgspec.ValidationError as error:
-        raise bad_request(error) from None
+        raise _refusal(error, action) from None
     except msgspec.DecodeError as error:
-        raise bad_request(f"malformed JSON: {error}") from None
+        raise bad_request(f"malformed JSON: {error}", "$") from None
+    except RecursionError:
+        raise bad_request("JSON nested too deeply", "$") from None
+    _only_members_of(action, request)
+    if request.duration is not None and not 0 < request.duration <= MAX_DURATION:
+        raise bad_request(f"{DURATION_LIMITS_TEXT}, not {_seconds(request.duration)}{_unbounded(action)}", "$.duration")
+    if request.id is not None and not _RULE_ID.fullmatch(request.id):
+        raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
     if request.selector().empty():
         raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
     if request.site is not None and (
@@ -190,7 +232,53 @@ def _decode(path: str, body: bytes) -> AdminRequest:
         raise bad_request("site names a ready queue to suspend, on its own", "$.site")
     if isinstance(request, RebindRequest) and request.to_queue is None and request.routing_domain is None:
         raise bad_request("say where to: to_queue, routing_domain or both", "$")
+    if isinstance(request, RebindRequest) and request.to_queue is not None:
+        problem = queue_name_problem(request.to_queue)
+        if problem is not None:
+            raise bad_request(problem, "$.to_queue")
     return request
+
+
+def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
+    """A decoding error as a 400 whose `field` always says where, and a message that says what to do."""
+    message = str(error)
+    if (unknown := _UNKNOWN_FIELD.match(message)) is not None:
+        name = unknown.group(1)
+        known = ", ".join(_MEMBERS[action])
+        return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
+    if message.endswith("`$.duration`"):
+        # msgspec's "Number out of range" (1e999) or the config's own wording: say the limits.
+        return bad_request(f"{DURATION_LIMITS_TEXT}{_unbounded(action)}", "$.duration")
+    return bad_request(error, None if " - at `$" in message else "$")
+
+
+_SELECTOR: Final = ("domain", "tenant", "campaign", "queue")
+_MEMBERS: Final = {
+    "bounce": (*_SELECTOR, "reason", "duration", "id"),
+    "suspend": (*_SELECTOR, "site", "reason", "duration", "id"),
+    "retry": (*_SELECTOR, "id"),
+    "rebind": (*_SELECTOR, "to_queue", "routing_domain", "id"),
+}
+"""What each write takes: a member it would ignore is refused (a retry "for 2h" does not last)."""
+
+
+def _only_members_of(action: str, request: AdminRequest) -> None:
+    for field in msgspec.structs.fields(request):
+        if field.name not in _MEMBERS[action] and getattr(request, field.name) != field.default:
+            takes = ", ".join(_MEMBERS[action])
+            raise bad_request(f"{action} takes no {field.name} (it takes {takes})", f"$.{field.name}")
+
+
+def _unbounded(action: str) -> str:
+    if action == "suspend":
+        return "; to suspend until resumed, leave duration out"
+    if action == "bounce":
+        return "; to bounce only what is queued now, leave duration out"
+    return ""
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} seconds" if abs(value) < 1e15 else f"{value:.3g} seconds"
 
 
 async def write(request: web.Request) -> web.Response:
@@ -200,7 +288,7 @@ async def write(request: web.Request) -> web.Response:
     operator = request.app[NODE_KEY].tokens.holder(request, "admin")
     body = await request.read() if request.method == "POST" else b""
     path = request.path
-    validate(request.method, path, body)
+    validate(request.method, request.path_qs, body)
     if request.method == "POST":
         body = with_id(body)
     return _json(await _front(request, request.method, path, body, operator, admin))
@@ -210,6 +298,7 @@ async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     admin = _admin(request, None)
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
+    validate("GET", request.path_qs, b"")
     if not cluster_wide(request):
         return _json(await perform(admin, "GET", request.path, b"", operator))
     return _json(await _front(request, "GET", request.path, b"", operator, admin))
