@@ -300,3 +300,21 @@ def test_rebind_moves_deferred_mail_to_another_queue_and_route(tmp_path: Path) -
             assert {r["site"] for r in deliveries} == {second.endpoint}
             status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", {"domain": "example.net"})
             assert status == 400 and "to_queue" in answer["error"]
+
+
+def test_mail_in_a_suspended_queue_still_expires_at_its_max_age_with_a_dsn(tmp_path: Path, sink: ScriptedSink) -> None:
+    # A suspension until resumed used to look at held mail again only every 60 s, and never
+    # ended it: mail a forgotten suspension held outlived its max_age by as long as it stood.
+    with _node(tmp_path / "node", sink, max_age="3s") as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test", "reason": "check"})
+        assert status == 200, answer
+        (spool_id,) = _send(pigeon, ["ann@held.test"])
+        (expired,) = pigeon.wait_records("Expiration", timeout=10)
+        assert (expired["id"], expired["recipient"]) == (spool_id, "ann@held.test")
+        assert expired["response"]["code"] == 551 and "max_age" in expired["response"]["text"]
+        (dsn,) = sink.wait_for(1)  # the usual expiry DSN, to the sender; the recipient's mail never left
+        assert dsn.recipients == ["sender@example.org"] and "ann@held.test" in dsn.data.decode()
+        assert not pigeon.records("TransientFailure")
+        assert pigeon.spool_messages() == []
+        # Still suspended: the rule is there until resumed.
+        assert [r["id"] for r in _api(pigeon, "GET", "/api/v1/admin/suspend")[1]["rules"]] == [answer["rule"]["id"]]

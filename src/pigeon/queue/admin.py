@@ -196,13 +196,13 @@ class Admin:
             return {"held": waiting, "rule": _rule_view(rule), "already": already is not None}
         # What only the spool holds is held by the rule when it falls due; what is in memory
         # and not being sent goes back to the spool now.
-        until = rule.hold_until(self._clock())
+        now = self._clock()
         held: list[asyncio.Future[None]] = []
         for entry in self._active:
             if entry.state is State.SETTLING or (entry.state is State.IN_FLIGHT and entry.started):
                 continue  # what a settlement leaves is held by the rule when it falls due again
             if entry.state in _UNSENT and selector.matches(entry.message):
-                held.append(self._settlement.defer(entry, until))
+                held.append(self._settlement.defer(entry, self._rules.hold_until(rule, entry.message, now)))
         await asyncio.gather(*held)
         _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
         return {"held": len(held), "rule": _rule_view(rule), "already": already is not None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -92,10 +93,17 @@ class Rules:
     """The live rules of one worker (each worker stores its copy in its own spool)."""
 
     def __init__(
-        self, *, spools: Mapping[int, Spool], settlement: Settlement, clock: Callable[[], float] = time.time
+        self,
+        *,
+        spools: Mapping[int, Spool],
+        settlement: Settlement,
+        expires: Callable[[Message], float] = lambda message: math.inf,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._spools = spools
         self._settlement = settlement
+        self._expires = expires
+        """When a message reaches its queue's `max_age` (a suspension does not stop that clock)."""
         self._clock = clock
         self._rules: dict[str, Rule] = {}
         for spool in spools.values():
@@ -160,6 +168,18 @@ class Rules:
                 return rule if rule.kind == "suspend" else None
         return None
 
+    def suspensions_of(self, message: Message) -> list[Rule]:
+        """Every live suspension that matches `message`: who holds its queue, and why."""
+        now = self._clock()
+        return [r for r in self._rules.values() if r.kind == "suspend" and r.live(now) and r.selector.matches(message)]
+
+    def hold_until(self, rule: Rule, message: Message, now: float) -> float:
+        """When `message`, held by the suspension `rule`, is looked at again: after `HOLD`, at the
+        rule's end, or when the message reaches its `max_age`, whichever comes first. Held mail
+        still expires (an `Expiration`, and its DSN) on time: a suspension nobody resumes must
+        not keep it for ever, nor an hour's suspension make a one-minute max_age an hour."""
+        return min(rule.hold_until(now), max(now, self._expires(message)))
+
     def intercept(self, entry: Entry) -> bool:
         """Apply standing rules to a SCHEDULED message about to be routed. True if one took it."""
         if not self._rules:
@@ -173,6 +193,6 @@ class Rules:
             if rule.kind == "bounce":
                 self._settlement.admin_bounce(entry, AdminMark(rule.reason, rule.operator))
             else:
-                self._settlement.defer(entry, rule.hold_until(now))
+                self._settlement.defer(entry, self.hold_until(rule, message, now))
             return True
         return False
