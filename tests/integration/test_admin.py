@@ -318,3 +318,35 @@ def test_mail_in_a_suspended_queue_still_expires_at_its_max_age_with_a_dsn(tmp_p
         assert pigeon.spool_messages() == []
         # Still suspended: the rule is there until resumed.
         assert [r["id"] for r in _api(pigeon, "GET", "/api/v1/admin/suspend")[1]["rules"]] == [answer["rule"]["id"]]
+
+
+def test_queue_rows_say_which_suspension_holds_them_who_asked_and_why(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink, workers=2, retry_interval="1h") as pigeon:
+        body = {"tenant": "acme", "reason": "complaints spike"}
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", body)
+        assert status == 200, answer
+        rule = answer["rule"]
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            for _ in range(3):
+                client.sendmail("a@example.org", ["ok@example.net"], b"X-Tenant: acme\r\nSubject: x\r\n\r\nhi\r\n")
+            client.sendmail("a@example.org", ["tempfail@example.net"], b"Subject: other\r\n\r\nhi\r\n")
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        status, summary = _api(pigeon, "GET", "/api/v1/queues", token=READER)
+        rows = {row["queue"]: row for row in summary["scheduled"]}
+        # Both workers' rows added up, the suspension listed once: its id, the token that asked, the reason.
+        assert rows["acme@example.net"]["messages"] == 3
+        (held_by,) = rows["acme@example.net"]["suspended_by"]
+        assert (held_by["id"], held_by["operator"], held_by["reason"]) == (rule["id"], "ops", "complaints spike")
+        assert held_by["selector"] == {"tenant": "acme"} and "expires" not in held_by  # until resumed
+        assert rows["example.net"]["suspended_by"] == []  # every row has it, empty when nothing holds it
+        assert _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule['id']}")[0] == 200
+        rows = {row["queue"]: row for row in _api(pigeon, "GET", "/api/v1/queues")[1]["scheduled"]}
+        assert rows.get("acme@example.net", {"suspended_by": []})["suspended_by"] == []
+        # A site's suspension shows on its ready queue's row.
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": sink.endpoint, "reason": "maintenance"})
+        _send(pigeon, ["ok@example.net"])
+        wait_until(lambda: _api(pigeon, "GET", "/api/v1/queues")[1]["ready"])
+        (ready,) = _api(pigeon, "GET", "/api/v1/queues")[1]["ready"]
+        assert [(r["id"], r["operator"], r["reason"]) for r in ready["suspended_by"]] == [
+            (answer["rule"]["id"], "ops", "maintenance")
+        ]

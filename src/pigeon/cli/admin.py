@@ -213,19 +213,33 @@ def _queue_summary(args: argparse.Namespace) -> int:
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
     width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
-    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  oldest")
+    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  "
+          f"{'oldest':7} suspended by")  # fmt: skip
     for row in answer["scheduled"]:
         age = _age(now - row["oldest"])
         print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
-              f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age}")  # fmt: skip
+              f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age:7} "
+              f"{_suspended_by(row)}")  # fmt: skip
     width = max([52, *(len(row["path"]) for row in answer["ready"])])
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")
     for row in answer["ready"]:
-        effects = ", ".join(_effect_text(effect) for effect in row.get("effects", ())) or "-"
+        effects = [_effect_text(effect) for effect in row.get("effects", ())]
+        if row.get("suspended_by"):
+            effects.append(f"suspended by {_suspended_by(row)}")
         provider = row.get("provider") or "-"
-        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} {effects}")
+        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} "
+              f"{', '.join(effects) or '-'}")  # fmt: skip
     _show_nodes(answer, args)
     return 0
+
+
+def _suspended_by(row: dict[str, Any]) -> str:
+    """Who suspended a queue and why, from its row: "ops: rate limited (rule 3f9a1c2b7d4e)", or "-"."""
+    held = []
+    for rule in row.get("suspended_by", ()):
+        reason = f": {rule['reason']}" if rule.get("reason") else ""
+        held.append(f"{rule.get('operator') or '?'}{reason} (rule {rule['id']})")
+    return "; ".join(held) or "-"
 
 
 def _effect_text(effect: dict[str, Any]) -> str:
@@ -324,4 +338,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
 
 
 def _when(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):
+        # A rule stored before durations were bounded (10**30 s) must not crash every listing.
+        return f"{timestamp:.4g} (Unix time, past the year 9999)"

@@ -72,6 +72,11 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
     in_flight: int  # being delivered
     settling: int  # its outcome being made durable
     oldest: float  # the oldest message's arrival (Unix time)
+    suspended_by: list[Rule] = msgspec.field(default_factory=list)
+    """The live suspensions that hold this queue's mail: each with its id, the `operator` (the
+    name of the API token that asked), the `reason` given and when it ends. Judged on one of
+    its messages: every message of a `campaign:tenant@domain` queue has the same domain,
+    tenant and campaign (a queue a policy hook named may mix them)."""
 
 
 class ReadyQueueRow(msgspec.Struct):
@@ -85,6 +90,8 @@ class ReadyQueueRow(msgspec.Struct):
     connections: int
     provider: str | None  # the mailbox provider whose shaping the site's MX names matched
     effects: list[Effect]
+    suspended_by: list[Rule] = msgspec.field(default_factory=list)
+    """The operators' live suspensions of deliveries to its site (`pigeon suspend --site`)."""
 
 
 class QueueSummary(msgspec.Struct):
@@ -311,8 +318,10 @@ class Admin:
             *(asyncio.to_thread(spool.queue_counts, now, HELD) for spool in self._spools.values())
         )
         scheduled: dict[str, ScheduledQueue] = {}
+        one_of: dict[str, int] = {}  # a message of each queue: which suspensions hold it
         for rows in counts:
-            for queue, messages, due, held, oldest in rows:
+            for queue, messages, due, held, oldest, spool_id in rows:
+                one_of.setdefault(queue, spool_id)
                 row = scheduled.get(queue)
                 if row is None:
                     row = scheduled[queue] = ScheduledQueue(
@@ -330,6 +339,10 @@ class Admin:
                 row.due += due or 0
                 row.held += held or 0
                 row.oldest = min(row.oldest, oldest)
+        for queue, spool_id in one_of.items():
+            message = self._spools.of(spool_id).get(spool_id)
+            if message is not None:
+                scheduled[queue].suspended_by = self._rules.suspensions_of(message)
         for entry in self._active:
             counted = scheduled.get(entry.message.queue)
             if counted is not None and entry.state in _IN_MEMORY:
@@ -340,10 +353,12 @@ class Admin:
             # An empty queue under an effect is listed too: the mail whose reply started a
             # suspension waits in its scheduled queue, and this row is where it says why.
             effects = self._effects(q.path)
-            if len(q) or connections or effects:
+            suspended_by = self._rules.site_suspensions(q.site)
+            if len(q) or connections or effects or suspended_by:
                 source = q.path.partition("->")[0]  # the implicit source too, by its name
+                provider = self._provider(q.path)
                 ready.append(
-                    ReadyQueueRow(q.path, source, q.site, len(q), connections, self._provider(q.path), effects)
+                    ReadyQueueRow(q.path, source, q.site, len(q), connections, provider, effects, suspended_by)
                 )
         summary = QueueSummary(sorted(scheduled.values(), key=lambda r: r.queue), ready)
         result: dict[str, Any] = msgspec.to_builtins(summary)

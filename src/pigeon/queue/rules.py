@@ -173,6 +173,18 @@ class Rules:
         now = self._clock()
         return [r for r in self._rules.values() if r.kind == "suspend" and r.live(now) and r.selector.matches(message)]
 
+    def site_suspensions(self, site: str) -> list[Rule]:
+        """Every live suspension of deliveries to `site`: who stopped its ready queues, and why."""
+        now = self._clock()
+        return [
+            r
+            for r in self._rules.values()
+            if r.kind == "suspend"
+            and r.selector.site is not None
+            and r.live(now)
+            and fnmatch.fnmatchcase(site, r.selector.site)
+        ]
+
     def hold_until(self, rule: Rule, message: Message, now: float) -> float:
         """When `message`, held by the suspension `rule`, is looked at again: after `HOLD`, at the
         rule's end, or when the message reaches its `max_age`, whichever comes first. Held mail
