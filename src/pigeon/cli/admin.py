@@ -56,7 +56,9 @@ def register(commands: Any) -> None:
     bounce = _parser(commands, "bounce", "bounce queued mail (and, with --duration, new mail)", BOUNCE_EXAMPLES)
     _selector_options(bounce)
     bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
-    bounce.add_argument("--duration", help='also bounce new matching mail for this long ("2h", "30m", seconds)')
+    bounce.add_argument(
+        "--duration", help='also bounce new matching mail for this long ("2h", "30m", "7d", seconds; at most 365d)'
+    )
     bounce.add_argument("--list", action="store_true", help="list the standing bounces")
     bounce.add_argument("--cancel", metavar="ID", type=identifier, help="end a standing bounce")
     _cluster_option(bounce, "with --list: every node's standing bounces")
@@ -66,7 +68,7 @@ def register(commands: Any) -> None:
     _selector_options(suspend)
     suspend.add_argument("--site", help="instead: stop deliveries to this site (a ready queue), e.g. '127.0.0.1:2526'")
     suspend.add_argument("--reason", default="")
-    suspend.add_argument("--duration", help="resume by itself after this long")
+    suspend.add_argument("--duration", help='resume by itself after this long ("30m", "2h", "7d"; at most 365d)')
     suspend.add_argument("--list", action="store_true", help="list the suspensions")
     _cluster_option(suspend, "with --list: every node's suspensions")
     suspend.set_defaults(run=_suspend)
@@ -90,7 +92,7 @@ def register(commands: Any) -> None:
 
     rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
     _selector_options(rebind)
-    rebind.add_argument("--to-queue", help="the scheduled queue to move it to")
+    rebind.add_argument("--to-queue", help="the scheduled queue to move it to (one name, not a glob)")
     rebind.add_argument("--routing-domain", help='route it as if its recipients were in this domain ("" undoes)')
     rebind.set_defaults(run=_rebind)
 

@@ -41,6 +41,10 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     def empty(self) -> bool:
         return not (self.domain or self.tenant or self.campaign or self.queue or self.site)
 
+    def site_only(self) -> bool:
+        """Whether it names a site and nothing else (a site suspension stands alone)."""
+        return self.site is not None and not (self.domain or self.tenant or self.campaign or self.queue)
+
     def matches(self, message: Message) -> bool:
         if self.site is not None:
             return False  # a site is where mail goes, not which mail: see Rules.site_held

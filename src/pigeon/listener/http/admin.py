@@ -50,31 +50,46 @@ MAX_DURATION: Final = 365 * 86400.0
 """The longest a standing rule may be asked for: longer is surely a slip of the unit (and an
 expiry past the year 9999 cannot even be shown)."""
 DURATION_LIMITS_TEXT: Final = (
-    'duration is more than 0 and at most 365 days: seconds, or a string like "30m", "2h", "7d"'
+    "duration is more than 0 and at most 365 days: seconds (a number), or whole seconds, minutes, hours "
+    '(up to 999h) or days as a string, like "30m", "2h", "7d"'
 )
+RULE_DURATION: Final = re.compile(
+    r"\s*(0*[1-9][0-9]{0,6}\s*s?|0*[1-9][0-9]{0,4}\s*m|0*[1-9][0-9]{0,2}\s*h"
+    r"|0*([1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-5])\s*d)\s*"
+)
+"""A rule's duration as a string: the config's syntax narrowed to what a pattern can keep within
+the limits, so that the OpenAPI document can say exactly what is taken."""
 _RULE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")  # it goes into paths: DELETE /api/v1/admin/suspend/ID
 _UNKNOWN_FIELD: Final = re.compile(r"^Object contains unknown field `([^`]*)`")
 
 
 class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Which messages (POST /api/v1/admin/retry takes just this). Each operation's body is its
+    own type, so a member it would ignore is refused, and the OpenAPI document says so."""
+
     domain: _Glob | None = None
     tenant: _Glob | None = None
     campaign: _Glob | None = None
     queue: _Glob | None = None
-    site: _Glob | None = None
-    """Suspend only: deliveries to this site (ready queue) stop; nothing else may be named with it."""
-    reason: str = ""
-    duration: Duration | None = None
-    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed):
-    more than 0, at most 365 days."""
     id: str | None = None
-    """The rule's id (the supervisor gives one, so every worker's copy has the same): letters,
-    digits, "-" and "_", at most 64."""
+    """The rule's or bulk operation's id (the supervisor gives one, so every worker's copy has
+    the same): letters, digits, "-" and "_", at most 64."""
 
     def selector(self) -> Selector:
-        return Selector(
-            domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue, site=self.site
-        )
+        site = self.site if isinstance(self, SuspendRequest) else None
+        return Selector(domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue, site=site)
+
+
+class BounceRequest(AdminRequest):
+    reason: str = ""
+    duration: float | str | None = None
+    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed):
+    more than 0, at most 365 days."""
+
+
+class SuspendRequest(BounceRequest):
+    site: _Glob | None = None
+    """Deliveries to this site (ready queue) stop; nothing else may be named with it."""
 
 
 class RebindRequest(AdminRequest):
@@ -85,8 +100,13 @@ class RebindRequest(AdminRequest):
     """Route them as if their recipients were in this domain ("" routes them by their own again)."""
 
 
-_DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
-_REBIND_DECODER: Final = msgspec.json.Decoder(RebindRequest, dec_hook=decode_hook)
+_REQUESTS: Final[dict[str, type[AdminRequest]]] = {
+    "bounce": BounceRequest,
+    "suspend": SuspendRequest,
+    "retry": AdminRequest,
+    "rebind": RebindRequest,
+}
+_DECODERS: Final = {action: msgspec.json.Decoder(kind, dec_hook=decode_hook) for action, kind in _REQUESTS.items()}
 
 
 async def inspect(request: web.Request) -> web.Response:
@@ -156,8 +176,7 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
             return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
         return 200, result
     request = _decode(path, body)
-    if action == "rebind":
-        assert isinstance(request, RebindRequest)
+    if isinstance(request, RebindRequest):
         answer = await admin.rebind(
             request.selector(),
             queue=request.to_queue,
@@ -165,7 +184,7 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
             operator=operator,
             operation=request.id,
         )
-    elif action == "retry":
+    elif not isinstance(request, BounceRequest):
         answer = await admin.retry(request.selector(), request.id)
     else:
         operation = admin.bounce if action == "bounce" else admin.suspend
@@ -208,27 +227,21 @@ def _route(method: str, path: str) -> tuple[str, str]:
 
 def _decode(path: str, body: bytes) -> AdminRequest:
     action, _ = _route("POST", path)
-    decoder = _REBIND_DECODER if action == "rebind" else _DECODER
     try:
-        request: AdminRequest = decoder.decode(body)
+        request: AdminRequest = _DECODERS[action].decode(body)
     except msgspec.ValidationError as error:
         raise _refusal(error, action) from None
     except msgspec.DecodeError as error:
         raise bad_request(f"malformed JSON: {error}", "$") from None
     except RecursionError:
         raise bad_request("JSON nested too deeply", "$") from None
-    _only_members_of(action, request)
-    if request.duration is not None and not 0 < request.duration <= MAX_DURATION:
-        raise bad_request(f"{DURATION_LIMITS_TEXT}, not {_seconds(request.duration)}{_unbounded(action)}", "$.duration")
+    if isinstance(request, BounceRequest) and request.duration is not None:
+        request.duration = _rule_duration(request.duration, action)
     if request.id is not None and not _RULE_ID.fullmatch(request.id):
         raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
     if request.selector().empty():
         raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
-    if request.site is not None and (
-        action != "suspend" or request.domain or request.tenant or request.campaign or request.queue
-    ):
-        if action != "suspend":
-            raise bad_request("site is for suspend only", "$.site")
+    if isinstance(request, SuspendRequest) and request.site is not None and not request.selector().site_only():
         raise bad_request("site names a ready queue to suspend, on its own", "$.site")
     if isinstance(request, RebindRequest) and request.to_queue is None and request.routing_domain is None:
         raise bad_request("say where to: to_queue, routing_domain or both", "$")
@@ -244,29 +257,12 @@ def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
     message = str(error)
     if (unknown := _UNKNOWN_FIELD.match(message)) is not None:
         name = unknown.group(1)
-        known = ", ".join(_MEMBERS[action])
+        known = ", ".join(field.name for field in msgspec.structs.fields(_REQUESTS[action]))
         return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
     if message.endswith("`$.duration`"):
         # msgspec's "Number out of range" (1e999) or the config's own wording: say the limits.
         return bad_request(f"{DURATION_LIMITS_TEXT}{_unbounded(action)}", "$.duration")
     return bad_request(error, None if " - at `$" in message else "$")
-
-
-_SELECTOR: Final = ("domain", "tenant", "campaign", "queue")
-_MEMBERS: Final = {
-    "bounce": (*_SELECTOR, "reason", "duration", "id"),
-    "suspend": (*_SELECTOR, "site", "reason", "duration", "id"),
-    "retry": (*_SELECTOR, "id"),
-    "rebind": (*_SELECTOR, "to_queue", "routing_domain", "id"),
-}
-"""What each write takes: a member it would ignore is refused (a retry "for 2h" does not last)."""
-
-
-def _only_members_of(action: str, request: AdminRequest) -> None:
-    for field in msgspec.structs.fields(request):
-        if field.name not in _MEMBERS[action] and getattr(request, field.name) != field.default:
-            takes = ", ".join(_MEMBERS[action])
-            raise bad_request(f"{action} takes no {field.name} (it takes {takes})", f"$.{field.name}")
 
 
 def _unbounded(action: str) -> str:
@@ -277,8 +273,15 @@ def _unbounded(action: str) -> str:
     return ""
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.0f} seconds" if abs(value) < 1e15 else f"{value:.3g} seconds"
+def _rule_duration(value: float | str, action: str) -> float:
+    """A rule's duration in seconds, or a 400 that says what is taken."""
+    seconds = (
+        float(decode_hook(Duration, value)) if isinstance(value, str) and RULE_DURATION.fullmatch(value) else value
+    )
+    if isinstance(seconds, str) or not 0 < seconds <= MAX_DURATION:
+        given = f"{seconds:.0f} seconds" if isinstance(seconds, float) and abs(seconds) < 1e15 else f"{value!r:.40}"
+        raise bad_request(f"{DURATION_LIMITS_TEXT}, not {given}{_unbounded(action)}", "$.duration")
+    return seconds
 
 
 async def write(request: web.Request) -> web.Response:
