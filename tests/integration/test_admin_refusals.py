@@ -175,3 +175,18 @@ def test_a_refused_rebind_leaves_the_mail_where_it_was_and_a_good_one_moves_it(
         "POST", "/api/v1/admin/rebind", {"domain": "nothing.test", "to_queue": "spring:acme@example.net"}, ADMIN
     )
     assert (status, answer["rebound"]) == (200, 0), answer  # a well-formed name is taken
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/api/v1/queues?cluster=yes", "cluster"),
+        ("/api/v1/admin/suspend?cluster=2", "cluster"),
+        ("/api/v1/messages/not-an-id", "id"),
+    ],
+)
+def test_a_bad_value_in_a_read_is_refused_naming_the_parameter(
+    node: tuple[PigeonProcess, list[str]], path: str, field: str
+) -> None:
+    answer = _refused(node, "GET", path)
+    assert answer["field"] == field
