@@ -338,6 +338,7 @@ def test_queue_rows_say_which_suspension_holds_them_who_asked_and_why(tmp_path: 
         (held_by,) = rows["acme@example.net"]["suspended_by"]
         assert (held_by["id"], held_by["operator"], held_by["reason"]) == (rule["id"], "ops", "complaints spike")
         assert held_by["selector"] == {"tenant": "acme"} and "expires" not in held_by  # until resumed
+        assert held_by["via"] == "api"  # not the pigeon command
         assert rows["example.net"]["suspended_by"] == []  # every row has it, empty when nothing holds it
         assert _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule['id']}")[0] == 200
         rows = {row["queue"]: row for row in _api(pigeon, "GET", "/api/v1/queues")[1]["scheduled"]}

@@ -190,3 +190,13 @@ def test_a_bad_value_in_a_read_is_refused_naming_the_parameter(
 ) -> None:
     answer = _refused(node, "GET", path)
     assert answer["field"] == field
+
+
+def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[PigeonProcess, list[str]]) -> None:
+    pigeon, _ = node
+    body = {"domain": "none.test", "via": "cli"}  # a client that is not the pigeon command says it is
+    status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", body, ADMIN)
+    assert (status, answer["rule"]["via"], answer["rule"]["operator"]) == (200, "api", "ops"), answer
+    assert pigeon.http_call("DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}", None, ADMIN)[0] == 200
+    answer = _refused(node, "POST", "/api/v1/admin/suspend", {"domain": "none.test", "via": "curl"})
+    assert answer["field"] == "$.via"

@@ -180,7 +180,7 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         rule_id = json.loads(suspended.stdout)["rule"]["id"]
         listed = pigeon_cli("suspend", *config, "--list")
         assert listed.stdout.startswith(rule_id) and "tenant=acme" in listed.stdout
-        assert listed.stdout.splitlines()[0].endswith(" by local"), listed.stdout  # no reason given: no colon
+        assert listed.stdout.splitlines()[0].endswith(" by local via cli"), listed.stdout  # no reason: no colon
         assert pigeon_cli("resume", *config, rule_id).stdout.strip() == "resumed: 0 messages due now"
         bounced = pigeon_cli("bounce", *config, "--domain", "example.net", "--reason", "cli test")
         assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 message")
@@ -314,7 +314,7 @@ def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tm
         lines = summary.stdout.splitlines()
         assert lines[0].split()[-3:] == ["oldest", "suspended", "by"]
         (held,) = [line for line in lines if line.startswith("acme@example.net ")]
-        assert held.endswith(f"local: bad list (rule {rule_id})"), held  # the local token's name: the CLI's
+        assert held.endswith(f"local via cli: bad list (rule {rule_id})"), held  # the token's name, the command
         (other,) = [line for line in lines if line.startswith("example.net ")]
         assert other.endswith(" -")
         rebind = pigeon_cli("rebind", *config, "--tenant", "acme", "--to-queue", "spring:*")

@@ -236,11 +236,12 @@ def _queue_summary(args: argparse.Namespace) -> int:
 
 
 def _suspended_by(row: dict[str, Any]) -> str:
-    """Who suspended a queue and why, from its row: "ops: rate limited (rule 3f9a1c2b7d4e)", or "-"."""
+    """Who suspended a queue and why, from its row: "ops via api: rate limited (rule 3f9a1c2b7d4e)", or "-"."""
     held = []
     for rule in row.get("suspended_by", ()):
         reason = f": {rule['reason']}" if rule.get("reason") else ""
-        held.append(f"{rule.get('operator') or '?'}{reason} (rule {rule['id']})")
+        via = f" via {rule['via']}" if rule.get("via") else ""
+        held.append(f"{rule.get('operator') or '?'}{via}{reason} (rule {rule['id']})")
     return "; ".join(held) or "-"
 
 
@@ -334,7 +335,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
         until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
         reason = f": {rule['reason']}" if rule.get("reason") else ""  # no dangling colon without one
-        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{reason}")
+        via = f" via {rule['via']}" if rule.get("via") else ""
+        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}")
     _show_nodes(answer, args)
     return 0
 

@@ -165,12 +165,19 @@ class Admin:
 
     # --- operations ------------------------------------------------------------------------
     async def bounce(
-        self, selector: Selector, *, reason: str, operator: str, duration: float | None, rule_id: str | None
+        self,
+        selector: Selector,
+        *,
+        reason: str,
+        operator: str,
+        duration: float | None,
+        rule_id: str | None,
+        via: str = "",
     ) -> dict[str, Any]:
         """Bounce every matching message now; with a duration, also new ones until it ends."""
         rule = None
         if duration:
-            rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id)
+            rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id, via)
         mark = AdminMark(reason, operator)
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
@@ -187,13 +194,20 @@ class Admin:
         return {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
 
     async def suspend(
-        self, selector: Selector, *, reason: str, operator: str, duration: float | None, rule_id: str | None
+        self,
+        selector: Selector,
+        *,
+        reason: str,
+        operator: str,
+        duration: float | None,
+        rule_id: str | None,
+        via: str = "",
     ) -> dict[str, Any]:
         """Hold matching mail in the spool (untried) until resumed or `duration` is over. The
         same suspension asked for again (same selector, until resumed) is the one in force:
         answered with it (`already`), not a second rule that would need its own resume."""
         already = self._rules.standing("suspend", selector) if duration is None else None
-        rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id)
+        rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
         if already is not None:
             _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
         if selector.site is not None:
@@ -518,6 +532,7 @@ class Admin:
         operator: str,
         duration: float | None,
         rule_id: str | None,
+        via: str,
     ) -> Rule:
         now = self._clock()
         rule = Rule(
@@ -528,6 +543,7 @@ class Admin:
             expires=now + duration if duration else None,
             reason=reason,
             operator=operator,
+            via=via,
         )
         await self._rules.add(rule, self._primary)
         return rule

@@ -76,6 +76,10 @@ class Rule(msgspec.Struct, omit_defaults=True):
     """None: until cancelled (suspensions only: a bounce without a duration is not a rule)."""
     reason: str = ""
     operator: str = ""
+    """The name of the API token that asked for it."""
+    via: str = ""
+    """What the request came through: "cli" (the `pigeon` command) or "api" ("": made before
+    this was kept)."""
 
     def live(self, now: float) -> bool:
         return self.expires is None or now < self.expires

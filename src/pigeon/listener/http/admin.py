@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -74,6 +74,9 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
     id: str | None = None
     """The rule's or bulk operation's id (the supervisor gives one, so every worker's copy has
     the same): letters, digits, "-" and "_", at most 64."""
+    via: Literal["cli", "api"] | None = None
+    """What the request came through, kept with a rule it makes: set where it is issued ("cli":
+    the `pigeon` command, by its User-Agent; "api": anything else), whatever a client sent."""
 
     def selector(self) -> Selector:
         site = self.site if isinstance(self, SuspendRequest) else None
@@ -122,13 +125,25 @@ async def inspect(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
-def with_id(body: bytes) -> bytes:
+CLI_AGENT: Final = "pigeon-cli/"
+"""How the `pigeon` command's requests begin their User-Agent."""
+
+
+def caller(request: web.Request) -> Literal["cli", "api"]:
+    """What a request came through: the `pigeon` command, or any other client of the API."""
+    return "cli" if request.headers.get("User-Agent", "").startswith(CLI_AGENT) else "api"
+
+
+def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
-    it is issued, so every worker and every node stores it under the same."""
+    it is issued, so every worker and every node stores it under the same. With `via` (where it
+    is issued), that too, replacing any a client sent."""
     with contextlib.suppress(ValueError):
         decoded = json.loads(body)
-        if isinstance(decoded, dict) and "id" not in decoded:
-            decoded["id"] = new_rule_id()
+        if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
+            decoded.setdefault("id", new_rule_id())
+            if via is not None and decoded.get("via") in (None, "cli", "api"):  # else refused as malformed
+                decoded["via"] = via
             return json.dumps(decoded).encode()
     return body
 
@@ -190,7 +205,12 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
         operation = admin.bounce if action == "bounce" else admin.suspend
         duration = float(request.duration) if request.duration else None
         answer = await operation(
-            request.selector(), reason=request.reason, operator=operator, duration=duration, rule_id=request.id
+            request.selector(),
+            reason=request.reason,
+            operator=operator,
+            via=request.via or "api",
+            duration=duration,
+            rule_id=request.id,
         )
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
@@ -293,7 +313,10 @@ async def write(request: web.Request) -> web.Response:
     path = request.path
     validate(request.method, request.path_qs, body)
     if request.method == "POST":
-        body = with_id(body)
+        # Issued here unless the supervisor passed it on (over this worker's unix socket, having
+        # stamped it from the client's request): say what it came through.
+        from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
+        body = with_id(body, None if from_supervisor else caller(request))
     return _json(await _front(request, request.method, path, body, operator, admin))
 
 
