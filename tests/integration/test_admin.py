@@ -300,3 +300,54 @@ def test_rebind_moves_deferred_mail_to_another_queue_and_route(tmp_path: Path) -
             assert {r["site"] for r in deliveries} == {second.endpoint}
             status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", {"domain": "example.net"})
             assert status == 400 and "to_queue" in answer["error"]
+
+
+def test_mail_in_a_suspended_queue_still_expires_at_its_max_age_with_a_dsn(tmp_path: Path, sink: ScriptedSink) -> None:
+    # A suspension until resumed used to look at held mail again only every 60 s, and never
+    # ended it: mail a forgotten suspension held outlived its max_age by as long as it stood.
+    with _node(tmp_path / "node", sink, max_age="3s") as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test", "reason": "check"})
+        assert status == 200, answer
+        (spool_id,) = _send(pigeon, ["ann@held.test"])
+        (expired,) = pigeon.wait_records("Expiration", timeout=10)
+        assert (expired["id"], expired["recipient"]) == (spool_id, "ann@held.test")
+        assert expired["response"]["code"] == 551 and "max_age" in expired["response"]["text"]
+        (dsn,) = sink.wait_for(1)  # the usual expiry DSN, to the sender; the recipient's mail never left
+        assert dsn.recipients == ["sender@example.org"] and "ann@held.test" in dsn.data.decode()
+        assert not pigeon.records("TransientFailure")
+        assert pigeon.spool_messages() == []
+        # Still suspended: the rule is there until resumed.
+        assert [r["id"] for r in _api(pigeon, "GET", "/api/v1/admin/suspend")[1]["rules"]] == [answer["rule"]["id"]]
+
+
+def test_queue_rows_say_which_suspension_holds_them_who_asked_and_why(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path / "node", sink, workers=2, retry_interval="1h") as pigeon:
+        body = {"tenant": "acme", "reason": "complaints spike"}
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", body)
+        assert status == 200, answer
+        rule = answer["rule"]
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            for _ in range(3):
+                client.sendmail("a@example.org", ["ok@example.net"], b"X-Tenant: acme\r\nSubject: x\r\n\r\nhi\r\n")
+            client.sendmail("a@example.org", ["tempfail@example.net"], b"Subject: other\r\n\r\nhi\r\n")
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        status, summary = _api(pigeon, "GET", "/api/v1/queues", token=READER)
+        rows = {row["queue"]: row for row in summary["scheduled"]}
+        # Both workers' rows added up, the suspension listed once: its id, the token that asked, the reason.
+        assert rows["acme@example.net"]["messages"] == 3
+        (held_by,) = rows["acme@example.net"]["suspended_by"]
+        assert (held_by["id"], held_by["operator"], held_by["reason"]) == (rule["id"], "ops", "complaints spike")
+        assert held_by["selector"] == {"tenant": "acme"} and "expires" not in held_by  # until resumed
+        assert held_by["via"] == "api"  # not the pigeon command
+        assert rows["example.net"]["suspended_by"] == []  # every row has it, empty when nothing holds it
+        assert _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule['id']}")[0] == 200
+        rows = {row["queue"]: row for row in _api(pigeon, "GET", "/api/v1/queues")[1]["scheduled"]}
+        assert rows.get("acme@example.net", {"suspended_by": []})["suspended_by"] == []
+        # A site's suspension shows on its ready queue's row.
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": sink.endpoint, "reason": "maintenance"})
+        _send(pigeon, ["ok@example.net"])
+        wait_until(lambda: _api(pigeon, "GET", "/api/v1/queues")[1]["ready"])
+        (ready,) = _api(pigeon, "GET", "/api/v1/queues")[1]["ready"]
+        assert [(r["id"], r["operator"], r["reason"]) for r in ready["suspended_by"]] == [
+            (answer["rule"]["id"], "ops", "maintenance")
+        ]

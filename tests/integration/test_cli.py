@@ -180,7 +180,7 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         rule_id = json.loads(suspended.stdout)["rule"]["id"]
         listed = pigeon_cli("suspend", *config, "--list")
         assert listed.stdout.startswith(rule_id) and "tenant=acme" in listed.stdout
-        assert listed.stdout.splitlines()[0].endswith(" by local"), listed.stdout  # no reason given: no colon
+        assert listed.stdout.splitlines()[0].endswith(" by local via cli"), listed.stdout  # no reason: no colon
         assert pigeon_cli("resume", *config, rule_id).stdout.strip() == "resumed: 0 messages due now"
         bounced = pigeon_cli("bounce", *config, "--domain", "example.net", "--reason", "cli test")
         assert (bounced.returncode, bounced.stdout.strip()) == (0, "bounced 1 message")
@@ -289,3 +289,33 @@ def test_commands_other_than_serve_start_without_loading_the_node_or_aiohttp() -
     probe = "import sys, pigeon.cli.main; print(sorted(m for m in ('pigeon.node.node', 'aiohttp') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tmp_path: Path) -> None:
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        config = ["-c", str(pigeon.config_path)]
+        for duration in ("0", "99999999d", str(10**30)):
+            refused = pigeon_cli("suspend", *config, "--tenant", "acme", "--duration", duration)
+            assert refused.returncode == 2, refused.stdout
+            assert "duration is more than 0 and at most 365 days" in refused.stderr
+            assert refused.stderr.rstrip().endswith("($.duration)"), refused.stderr
+        assert pigeon_cli("suspend", *config, "--list").stdout.strip() == "none"  # nothing was suspended
+        suspended = pigeon_cli("suspend", *config, "--tenant", "acme", "--reason", "bad list", "--json")
+        rule_id = json.loads(suspended.stdout)["rule"]["id"]
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["ok@example.net"], b"X-Tenant: acme\r\n\r\nhi\r\n")
+            client.sendmail("a@example.org", ["tempfail@example.net"], b"\r\nhi\r\n")
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        summary = pigeon_cli("queue", "summary", *config)
+        assert summary.returncode == 0, summary.stderr
+        lines = summary.stdout.splitlines()
+        assert lines[0].split()[-3:] == ["oldest", "suspended", "by"]
+        (held,) = [line for line in lines if line.startswith("acme@example.net ")]
+        assert held.endswith(f"local via cli: bad list (rule {rule_id})"), held  # the token's name, the command
+        (other,) = [line for line in lines if line.startswith("example.net ")]
+        assert other.endswith(" -")
+        rebind = pigeon_cli("rebind", *config, "--tenant", "acme", "--to-queue", "spring:*")
+        assert rebind.returncode == 2 and "is a glob" in rebind.stderr and "($.to_queue)" in rebind.stderr

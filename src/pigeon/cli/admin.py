@@ -56,7 +56,9 @@ def register(commands: Any) -> None:
     bounce = _parser(commands, "bounce", "bounce queued mail (and, with --duration, new mail)", BOUNCE_EXAMPLES)
     _selector_options(bounce)
     bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
-    bounce.add_argument("--duration", help='also bounce new matching mail for this long ("2h", "30m", seconds)')
+    bounce.add_argument(
+        "--duration", help='also bounce new matching mail for this long ("2h", "30m", "7d", seconds; at most 365d)'
+    )
     bounce.add_argument("--list", action="store_true", help="list the standing bounces")
     bounce.add_argument("--cancel", metavar="ID", type=identifier, help="end a standing bounce")
     _cluster_option(bounce, "with --list: every node's standing bounces")
@@ -66,7 +68,7 @@ def register(commands: Any) -> None:
     _selector_options(suspend)
     suspend.add_argument("--site", help="instead: stop deliveries to this site (a ready queue), e.g. '127.0.0.1:2526'")
     suspend.add_argument("--reason", default="")
-    suspend.add_argument("--duration", help="resume by itself after this long")
+    suspend.add_argument("--duration", help='resume by itself after this long ("30m", "2h", "7d"; at most 365d)')
     suspend.add_argument("--list", action="store_true", help="list the suspensions")
     _cluster_option(suspend, "with --list: every node's suspensions")
     suspend.set_defaults(run=_suspend)
@@ -90,7 +92,7 @@ def register(commands: Any) -> None:
 
     rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
     _selector_options(rebind)
-    rebind.add_argument("--to-queue", help="the scheduled queue to move it to")
+    rebind.add_argument("--to-queue", help="the scheduled queue to move it to (one name, not a glob)")
     rebind.add_argument("--routing-domain", help='route it as if its recipients were in this domain ("" undoes)')
     rebind.set_defaults(run=_rebind)
 
@@ -213,21 +215,36 @@ def _queue_summary(args: argparse.Namespace) -> int:
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
     width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
-    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  oldest")
+    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  "
+          f"{'oldest':7} suspended by")  # fmt: skip
     for row in answer["scheduled"]:
         age = _age(now - row["oldest"])
         print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
-              f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age}")  # fmt: skip
+              f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age:7} "
+              f"{_suspended_by(row)}")  # fmt: skip
     width = max([52, *(len(row["path"]) for row in answer["ready"])])
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")
     for row in answer["ready"]:
-        effects = ", ".join(_effect_text(effect) for effect in row.get("effects", ())) or "-"
+        effects = [_effect_text(effect) for effect in row.get("effects", ())]
+        if row.get("suspended_by"):
+            effects.append(f"suspended by {_suspended_by(row)}")
         if row.get("down"):  # no host of the site takes a connection: its mail waits for a probe
-            effects = "site down" if effects == "-" else f"site down, {effects}"
+            effects.insert(0, "site down")
         provider = row.get("provider") or "-"
-        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} {effects}")
+        print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} "
+              f"{', '.join(effects) or '-'}")  # fmt: skip
     _show_nodes(answer, args)
     return 0
+
+
+def _suspended_by(row: dict[str, Any]) -> str:
+    """Who suspended a queue and why, from its row: "ops via api: rate limited (rule 3f9a1c2b7d4e)", or "-"."""
+    held = []
+    for rule in row.get("suspended_by", ()):
+        reason = f": {rule['reason']}" if rule.get("reason") else ""
+        via = f" via {rule['via']}" if rule.get("via") else ""
+        held.append(f"{rule.get('operator') or '?'}{via}{reason} (rule {rule['id']})")
+    return "; ".join(held) or "-"
 
 
 def _effect_text(effect: dict[str, Any]) -> str:
@@ -320,10 +337,15 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
         until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
         reason = f": {rule['reason']}" if rule.get("reason") else ""  # no dangling colon without one
-        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{reason}")
+        via = f" via {rule['via']}" if rule.get("via") else ""
+        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}")
     _show_nodes(answer, args)
     return 0
 
 
 def _when(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):
+        # A rule stored before durations were bounded (10**30 s) must not crash every listing.
+        return f"{timestamp:.4g} (Unix time, past the year 9999)"

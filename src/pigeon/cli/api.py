@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.redaction import redact, redact_url
 
@@ -44,6 +45,8 @@ class ApiClient:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
+        # The node keeps "cli" with a rule this makes (`suspended_by`): see listener.http.admin.CLI_AGENT.
+        request.add_header("User-Agent", f"pigeon-cli/{__version__}")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:

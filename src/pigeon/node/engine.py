@@ -88,7 +88,12 @@ def build_engine(
         route_failures=route_failures,
         clock=clock,
     )
-    rules = Rules(spools=spools, settlement=settlement, clock=clock)
+    rules = Rules(
+        spools=spools,
+        settlement=settlement,
+        expires=lambda message: policies.for_queue(message.queue).retry.expires(message.age_from),
+        clock=clock,
+    )
 
     def reroute(lease: Lease, domain: str) -> None:
         settled = settlement.reroute(lease, domain)

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from pigeon.config.schema import Config
 from pigeon.listener.client_table import client_table_path, create_client_table
-from pigeon.listener.http.admin import cluster_wide, refusal_answer, validate, with_id
+from pigeon.listener.http.admin import caller, cluster_wide, refusal_answer, validate, with_id
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
@@ -361,7 +361,7 @@ class Supervisor:
         """An admin request goes to every worker (each owns its shards); with [redis], a write
         (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`)."""
         if request.method == "POST" and body:
-            body = with_id(body)
+            body = with_id(body, caller(request))
         cluster = self._cluster
         if (
             cluster is not None
@@ -371,7 +371,7 @@ class Supervisor:
             try:
                 # Checked here, before any other node is told: the others trust the stream.
                 operator = self._tokens.holder(request, "read" if request.method == "GET" else "admin")
-                validate(request.method, request.path, body)
+                validate(request.method, request.path_qs, body)
             except web.HTTPException as refusal:
                 status, answer = refusal_answer(refusal)
                 challenge = {k: v for k, v in refusal.headers.items() if k == "WWW-Authenticate"}

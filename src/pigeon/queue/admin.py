@@ -72,6 +72,11 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
     in_flight: int  # being delivered
     settling: int  # its outcome being made durable
     oldest: float  # the oldest message's arrival (Unix time)
+    suspended_by: list[Rule] = msgspec.field(default_factory=list)
+    """The live suspensions that hold this queue's mail: each with its id, the `operator` (the
+    name of the API token that asked), the `reason` given and when it ends. Judged on one of
+    its messages: every message of a `campaign:tenant@domain` queue has the same domain,
+    tenant and campaign (a queue a policy hook named may mix them)."""
 
 
 class ReadyQueueRow(msgspec.Struct):
@@ -91,6 +96,8 @@ class ReadyQueueRow(msgspec.Struct):
     # The domain whose queue of its own this is (a [[shaping]] block names it); None: the
     # site's queue, shared by its other domains.
     domain: str | None = None
+    suspended_by: list[Rule] = msgspec.field(default_factory=list)
+    """The operators' live suspensions of deliveries to its site (`pigeon suspend --site`)."""
 
 
 class QueueSummary(msgspec.Struct):
@@ -167,12 +174,19 @@ class Admin:
 
     # --- operations ------------------------------------------------------------------------
     async def bounce(
-        self, selector: Selector, *, reason: str, operator: str, duration: float | None, rule_id: str | None
+        self,
+        selector: Selector,
+        *,
+        reason: str,
+        operator: str,
+        duration: float | None,
+        rule_id: str | None,
+        via: str = "",
     ) -> dict[str, Any]:
         """Bounce every matching message now; with a duration, also new ones until it ends."""
         rule = None
         if duration:
-            rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id)
+            rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id, via)
         mark = AdminMark(reason, operator)
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
@@ -189,13 +203,20 @@ class Admin:
         return {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
 
     async def suspend(
-        self, selector: Selector, *, reason: str, operator: str, duration: float | None, rule_id: str | None
+        self,
+        selector: Selector,
+        *,
+        reason: str,
+        operator: str,
+        duration: float | None,
+        rule_id: str | None,
+        via: str = "",
     ) -> dict[str, Any]:
         """Hold matching mail in the spool (untried) until resumed or `duration` is over. The
         same suspension asked for again (same selector, until resumed) is the one in force:
         answered with it (`already`), not a second rule that would need its own resume."""
         already = self._rules.standing("suspend", selector) if duration is None else None
-        rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id)
+        rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
         if already is not None:
             _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
         if selector.site is not None:
@@ -205,13 +226,13 @@ class Admin:
             return {"held": waiting, "rule": _rule_view(rule), "already": already is not None}
         # What only the spool holds is held by the rule when it falls due; what is in memory
         # and not being sent goes back to the spool now.
-        until = rule.hold_until(self._clock())
+        now = self._clock()
         held: list[asyncio.Future[None]] = []
         for entry in self._active:
             if entry.state is State.SETTLING or (entry.state is State.IN_FLIGHT and entry.started):
                 continue  # what a settlement leaves is held by the rule when it falls due again
             if entry.state in _UNSENT and selector.matches(entry.message):
-                held.append(self._settlement.defer(entry, until))
+                held.append(self._settlement.defer(entry, self._rules.hold_until(rule, entry.message, now)))
         await asyncio.gather(*held)
         _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
         return {"held": len(held), "rule": _rule_view(rule), "already": already is not None}
@@ -320,8 +341,10 @@ class Admin:
             *(asyncio.to_thread(spool.queue_counts, now, HELD) for spool in self._spools.values())
         )
         scheduled: dict[str, ScheduledQueue] = {}
+        one_of: dict[str, int] = {}  # a message of each queue: which suspensions hold it
         for rows in counts:
-            for queue, messages, due, held, oldest in rows:
+            for queue, messages, due, held, oldest, spool_id in rows:
+                one_of.setdefault(queue, spool_id)
                 row = scheduled.get(queue)
                 if row is None:
                     row = scheduled[queue] = ScheduledQueue(
@@ -339,6 +362,10 @@ class Admin:
                 row.due += due or 0
                 row.held += held or 0
                 row.oldest = min(row.oldest, oldest)
+        for queue, spool_id in one_of.items():
+            message = self._spools.of(spool_id).get(spool_id)
+            if message is not None:
+                scheduled[queue].suspended_by = self._rules.suspensions_of(message)
         for entry in self._active:
             counted = scheduled.get(entry.message.queue)
             if counted is not None and entry.state in _IN_MEMORY:
@@ -351,8 +378,10 @@ class Admin:
             effects = self._effects(q.path)
             # A site that is down is listed too: its mail waits in the scheduled queues, untried.
             down = self._down(q.site)
-            if len(q) or connections or effects or down:
+            suspended_by = self._rules.site_suspensions(q.site)
+            if len(q) or connections or effects or down or suspended_by:
                 source = q.path.partition("->")[0]  # the implicit source too, by its name
+                provider = self._provider(q.path)
                 ready.append(
                     ReadyQueueRow(
                         q.path,
@@ -360,10 +389,11 @@ class Admin:
                         q.site,
                         len(q),
                         connections,
-                        self._provider(q.path),
+                        provider,
                         effects,
                         down,
                         q.domain if q.own else None,
+                        suspended_by,
                     )
                 )
         summary = QueueSummary(sorted(scheduled.values(), key=lambda r: r.queue), ready)
@@ -524,6 +554,7 @@ class Admin:
         operator: str,
         duration: float | None,
         rule_id: str | None,
+        via: str,
     ) -> Rule:
         now = self._clock()
         rule = Rule(
@@ -534,6 +565,7 @@ class Admin:
             expires=now + duration if duration else None,
             reason=reason,
             operator=operator,
+            via=via,
         )
         await self._rules.add(rule, self._primary)
         return rule

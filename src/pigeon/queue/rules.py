@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +40,10 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
     def empty(self) -> bool:
         return not (self.domain or self.tenant or self.campaign or self.queue or self.site)
+
+    def site_only(self) -> bool:
+        """Whether it names a site and nothing else (a site suspension stands alone)."""
+        return self.site is not None and not (self.domain or self.tenant or self.campaign or self.queue)
 
     def matches(self, message: Message) -> bool:
         if self.site is not None:
@@ -71,6 +76,10 @@ class Rule(msgspec.Struct, omit_defaults=True):
     """None: until cancelled (suspensions only: a bounce without a duration is not a rule)."""
     reason: str = ""
     operator: str = ""
+    """The name of the API token that asked for it."""
+    via: str = ""
+    """What the request came through: "cli" (the `pigeon` command) or "api" ("": made before
+    this was kept)."""
 
     def live(self, now: float) -> bool:
         return self.expires is None or now < self.expires
@@ -92,10 +101,17 @@ class Rules:
     """The live rules of one worker (each worker stores its copy in its own spool)."""
 
     def __init__(
-        self, *, spools: Mapping[int, Spool], settlement: Settlement, clock: Callable[[], float] = time.time
+        self,
+        *,
+        spools: Mapping[int, Spool],
+        settlement: Settlement,
+        expires: Callable[[Message], float] = lambda message: math.inf,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._spools = spools
         self._settlement = settlement
+        self._expires = expires
+        """When a message reaches its queue's `max_age` (a suspension does not stop that clock)."""
         self._clock = clock
         self._rules: dict[str, Rule] = {}
         for spool in spools.values():
@@ -160,6 +176,30 @@ class Rules:
                 return rule if rule.kind == "suspend" else None
         return None
 
+    def suspensions_of(self, message: Message) -> list[Rule]:
+        """Every live suspension that matches `message`: who holds its queue, and why."""
+        now = self._clock()
+        return [r for r in self._rules.values() if r.kind == "suspend" and r.live(now) and r.selector.matches(message)]
+
+    def site_suspensions(self, site: str) -> list[Rule]:
+        """Every live suspension of deliveries to `site`: who stopped its ready queues, and why."""
+        now = self._clock()
+        return [
+            r
+            for r in self._rules.values()
+            if r.kind == "suspend"
+            and r.selector.site is not None
+            and r.live(now)
+            and fnmatch.fnmatchcase(site, r.selector.site)
+        ]
+
+    def hold_until(self, rule: Rule, message: Message, now: float) -> float:
+        """When `message`, held by the suspension `rule`, is looked at again: after `HOLD`, at the
+        rule's end, or when the message reaches its `max_age`, whichever comes first. Held mail
+        still expires (an `Expiration`, and its DSN) on time: a suspension nobody resumes must
+        not keep it for ever, nor an hour's suspension make a one-minute max_age an hour."""
+        return min(rule.hold_until(now), max(now, self._expires(message)))
+
     def intercept(self, entry: Entry) -> bool:
         """Apply standing rules to a SCHEDULED message about to be routed. True if one took it."""
         if not self._rules:
@@ -173,6 +213,6 @@ class Rules:
             if rule.kind == "bounce":
                 self._settlement.admin_bounce(entry, AdminMark(rule.reason, rule.operator))
             else:
-                self._settlement.defer(entry, rule.hold_until(now))
+                self._settlement.defer(entry, self.hold_until(rule, message, now))
             return True
         return False

@@ -137,9 +137,9 @@ class Spool(Protocol):
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
 
-    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int]]:
         """Per scheduled queue: messages, how many are due, how many held (due at `held` or
-        later), the oldest's creation (any thread)."""
+        later), the oldest's creation, one of its messages' id (any thread)."""
 
     def rules(self) -> list[tuple[str, bytes]]: ...
 

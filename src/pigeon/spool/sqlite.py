@@ -480,9 +480,10 @@ class SqliteSpool:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
         return self._committer.submit(_MakeDue(list(ids), due))
 
-    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int]]:
         """Per scheduled queue: messages, how many are due, how many are held (due at `held`
-        or later), the oldest's creation time.
+        or later), the oldest's creation time, and the id of one of its messages (to tell
+        which rules hold the queue).
 
         Reads every row: call it from a thread (it opens its own connection, so it never
         holds up the loop's reader or the writer).
@@ -493,7 +494,8 @@ class SqliteSpool:
         conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
         try:
             return conn.execute(
-                "SELECT queue, count(*), sum(due <= ?), sum(due >= ?), min(created) FROM message GROUP BY queue",
+                "SELECT queue, count(*), sum(due <= ?), sum(due >= ?), min(created), min(id)"
+                " FROM message GROUP BY queue",
                 (now, held),
             ).fetchall()
         finally:

@@ -9,6 +9,7 @@ import msgspec
 from pigeon.cli.admin import _effect_text
 from pigeon.listener.http.openapi import document
 from pigeon.queue.admin import Admin, QueueSummary, ReadyQueueRow
+from pigeon.queue.rules import Rules
 from pigeon.shaping.effects import Effect
 
 
@@ -45,7 +46,7 @@ async def test_an_empty_ready_queue_under_an_effect_is_listed_with_it() -> None:
         primary=none,
         active=active,
         settlement=none,
-        rules=active,
+        rules=Rules(spools=spools, settlement=none, clock=lambda: 0.0),  # none
         ready=queues,
         rewind=lambda due: None,
         kick=lambda: None,

@@ -13,8 +13,13 @@
     GET    /api/v1/admin/operations       bulk operations' progress         read
 
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
-seconds or strings ("30m", "2h"), as in the config. With several workers the supervisor
-sends each request to all of them and adds up the answers.
+seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
+several workers the supervisor sends each request to all of them and adds up the answers.
+
+Every refusal is a 400 before anything is done, with a `field`: the JSON path of the body's
+offending member (`$.duration`, `$.to_queue`, `$.foo` for a member no endpoint knows, `$` for
+the body as a whole), or the name of the query parameter. A misspelt member or parameter is
+refused rather than ignored: ignoring `"durration": "1h"` would suspend until resumed.
 
 With `[redis]`, a write applies on every node of the cluster (`pigeon.node.broadcast`) and
 its answer adds up every node's, with `cluster.nodes` saying which answered; a read given
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Annotated, Any, Final
+import re
+from typing import Annotated, Any, Final, Literal
+from urllib.parse import parse_qsl
 
 import msgspec
 from aiohttp import web
@@ -35,43 +42,79 @@ from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
+from pigeon.queue.names import queue_name_problem
 from pigeon.queue.rules import Selector
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
+MAX_DURATION: Final = 365 * 86400.0
+"""The longest a standing rule may be asked for: longer is surely a slip of the unit (and an
+expiry past the year 9999 cannot even be shown)."""
+DURATION_LIMITS_TEXT: Final = (
+    "duration is more than 0 and at most 365 days: seconds (a number), or whole seconds, minutes, hours "
+    '(up to 999h) or days as a string, like "30m", "2h", "7d"'
+)
+RULE_DURATION: Final = re.compile(
+    r"\s*(0*[1-9][0-9]{0,6}\s*s?|0*[1-9][0-9]{0,4}\s*m|0*[1-9][0-9]{0,2}\s*h"
+    r"|0*([1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-5])\s*d)\s*"
+)
+"""A rule's duration as a string: the config's syntax narrowed to what a pattern can keep within
+the limits, so that the OpenAPI document can say exactly what is taken."""
+_RULE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")  # it goes into paths: DELETE /api/v1/admin/suspend/ID
+_UNKNOWN_FIELD: Final = re.compile(r"^Object contains unknown field `([^`]*)`")
 
 
 class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Which messages (POST /api/v1/admin/retry takes just this). Each operation's body is its
+    own type, so a member it would ignore is refused, and the OpenAPI document says so."""
+
     domain: _Glob | None = None
     tenant: _Glob | None = None
     campaign: _Glob | None = None
     queue: _Glob | None = None
-    site: _Glob | None = None
-    """Suspend only: deliveries to this site (ready queue) stop; nothing else may be named with it."""
-    reason: str = ""
-    duration: Duration | None = None
-    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed)."""
     id: str | None = None
-    """The rule's id (the supervisor gives one, so every worker's copy has the same)."""
+    """The rule's or bulk operation's id (the supervisor gives one, so every worker's copy has
+    the same): letters, digits, "-" and "_", at most 64."""
+    via: Literal["cli", "api"] | None = None
+    """What the request came through, kept with a rule it makes: set where it is issued ("cli":
+    the `pigeon` command, by its User-Agent; "api": anything else), whatever a client sent."""
 
     def selector(self) -> Selector:
-        return Selector(
-            domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue, site=self.site
-        )
+        site = self.site if isinstance(self, SuspendRequest) else None
+        return Selector(domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue, site=site)
+
+
+class BounceRequest(AdminRequest):
+    reason: str = ""
+    duration: float | str | None = None
+    """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed):
+    more than 0, at most 365 days."""
+
+
+class SuspendRequest(BounceRequest):
+    site: _Glob | None = None
+    """Deliveries to this site (ready queue) stop; nothing else may be named with it."""
 
 
 class RebindRequest(AdminRequest):
-    to_queue: _Glob | None = None
-    """The scheduled queue to move the messages to (its [[queue]] policy applies from then on)."""
+    to_queue: str | None = None
+    """The scheduled queue to move the messages to (its [[queue]] policy applies from then on):
+    one queue name, not a glob (`pigeon.queue.names.QUEUE_NAME_TEXT`)."""
     routing_domain: str | None = None
     """Route them as if their recipients were in this domain ("" routes them by their own again)."""
 
 
-_DECODER: Final = msgspec.json.Decoder(AdminRequest, dec_hook=decode_hook)
-_REBIND_DECODER: Final = msgspec.json.Decoder(RebindRequest, dec_hook=decode_hook)
+_REQUESTS: Final[dict[str, type[AdminRequest]]] = {
+    "bounce": BounceRequest,
+    "suspend": SuspendRequest,
+    "retry": AdminRequest,
+    "rebind": RebindRequest,
+}
+_DECODERS: Final = {action: msgspec.json.Decoder(kind, dec_hook=decode_hook) for action, kind in _REQUESTS.items()}
 
 
 async def inspect(request: web.Request) -> web.Response:
     admin = _admin(request, "read")
+    _known_query(request.query.keys(), ())
     try:
         spool_id = parse_id(request.match_info["id"])
     except ValueError as error:
@@ -82,23 +125,50 @@ async def inspect(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
-def with_id(body: bytes) -> bytes:
+CLI_AGENT: Final = "pigeon-cli/"
+"""How the `pigeon` command's requests begin their User-Agent."""
+
+
+def caller(request: web.Request) -> Literal["cli", "api"]:
+    """What a request came through: the `pigeon` command, or any other client of the API."""
+    return "cli" if request.headers.get("User-Agent", "").startswith(CLI_AGENT) else "api"
+
+
+def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
-    it is issued, so every worker and every node stores it under the same."""
+    it is issued, so every worker and every node stores it under the same. With `via` (where it
+    is issued), that too, replacing any a client sent."""
     with contextlib.suppress(ValueError):
         decoded = json.loads(body)
-        if isinstance(decoded, dict) and "id" not in decoded:
-            decoded["id"] = new_rule_id()
+        if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
+            decoded.setdefault("id", new_rule_id())
+            if via is not None and decoded.get("via") in (None, "cli", "api"):  # else refused as malformed
+                decoded["via"] = via
             return json.dumps(decoded).encode()
     return body
 
 
 def validate(method: str, path: str, body: bytes) -> None:
     """Refuse (400, 404, 405) what `perform` would refuse before doing anything: checked where a
-    request is issued, so a bad one is not sent to every worker and node first."""
-    _route(method, path)
+    request is issued, so a bad one is not sent to every worker and node first. `path` may
+    carry a query string: a parameter the endpoint does not know is refused too."""
+    action, _ = _route(method, path)
+    _known_query((name for name, _ in parse_qsl(path.partition("?")[2], keep_blank_values=True)), action)
     if method == "POST":
         _decode(path, body)
+
+
+_QUERY: Final = dict.fromkeys(("queues", "operations", "list-bounce", "list-suspend"), ("cluster",))
+"""The query parameters each action takes (none, unless named here)."""
+
+
+def _known_query(names: Any, action_or_known: str | tuple[str, ...]) -> None:
+    """400 naming the first query parameter the endpoint does not take."""
+    known = action_or_known if isinstance(action_or_known, tuple) else _QUERY.get(action_or_known, ())
+    for name in names:
+        if name not in known:
+            takes = f"it takes only {', '.join(known)}" if known else "it takes none"
+            raise bad_request(f"unknown query parameter {name[:40]!r}: {takes}", name[:40])
 
 
 async def perform(admin: Admin, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
@@ -121,8 +191,7 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
             return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
         return 200, result
     request = _decode(path, body)
-    if action == "rebind":
-        assert isinstance(request, RebindRequest)
+    if isinstance(request, RebindRequest):
         answer = await admin.rebind(
             request.selector(),
             queue=request.to_queue,
@@ -130,13 +199,18 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
             operator=operator,
             operation=request.id,
         )
-    elif action == "retry":
+    elif not isinstance(request, BounceRequest):
         answer = await admin.retry(request.selector(), request.id)
     else:
         operation = admin.bounce if action == "bounce" else admin.suspend
         duration = float(request.duration) if request.duration else None
         answer = await operation(
-            request.selector(), reason=request.reason, operator=operator, duration=duration, rule_id=request.id
+            request.selector(),
+            reason=request.reason,
+            operator=operator,
+            via=request.via or "api",
+            duration=duration,
+            rule_id=request.id,
         )
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
@@ -173,24 +247,61 @@ def _route(method: str, path: str) -> tuple[str, str]:
 
 def _decode(path: str, body: bytes) -> AdminRequest:
     action, _ = _route("POST", path)
-    decoder = _REBIND_DECODER if action == "rebind" else _DECODER
     try:
-        request: AdminRequest = decoder.decode(body)
+        request: AdminRequest = _DECODERS[action].decode(body)
     except msgspec.ValidationError as error:
-        raise bad_request(error) from None
+        raise _refusal(error, action) from None
     except msgspec.DecodeError as error:
-        raise bad_request(f"malformed JSON: {error}") from None
+        raise bad_request(f"malformed JSON: {error}", "$") from None
+    except RecursionError:
+        raise bad_request("JSON nested too deeply", "$") from None
+    if isinstance(request, BounceRequest) and request.duration is not None:
+        request.duration = _rule_duration(request.duration, action)
+    if request.id is not None and not _RULE_ID.fullmatch(request.id):
+        raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
     if request.selector().empty():
         raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
-    if request.site is not None and (
-        action != "suspend" or request.domain or request.tenant or request.campaign or request.queue
-    ):
-        if action != "suspend":
-            raise bad_request("site is for suspend only", "$.site")
+    if isinstance(request, SuspendRequest) and request.site is not None and not request.selector().site_only():
         raise bad_request("site names a ready queue to suspend, on its own", "$.site")
     if isinstance(request, RebindRequest) and request.to_queue is None and request.routing_domain is None:
         raise bad_request("say where to: to_queue, routing_domain or both", "$")
+    if isinstance(request, RebindRequest) and request.to_queue is not None:
+        problem = queue_name_problem(request.to_queue)
+        if problem is not None:
+            raise bad_request(problem, "$.to_queue")
     return request
+
+
+def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
+    """A decoding error as a 400 whose `field` always says where, and a message that says what to do."""
+    message = str(error)
+    if (unknown := _UNKNOWN_FIELD.match(message)) is not None:
+        name = unknown.group(1)
+        known = ", ".join(field.name for field in msgspec.structs.fields(_REQUESTS[action]))
+        return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
+    if message.endswith("`$.duration`"):
+        # msgspec's "Number out of range" (1e999) or the config's own wording: say the limits.
+        return bad_request(f"{DURATION_LIMITS_TEXT}{_unbounded(action)}", "$.duration")
+    return bad_request(error, None if " - at `$" in message else "$")
+
+
+def _unbounded(action: str) -> str:
+    if action == "suspend":
+        return "; to suspend until resumed, leave duration out"
+    if action == "bounce":
+        return "; to bounce only what is queued now, leave duration out"
+    return ""
+
+
+def _rule_duration(value: float | str, action: str) -> float:
+    """A rule's duration in seconds, or a 400 that says what is taken."""
+    seconds = (
+        float(decode_hook(Duration, value)) if isinstance(value, str) and RULE_DURATION.fullmatch(value) else value
+    )
+    if isinstance(seconds, str) or not 0 < seconds <= MAX_DURATION:
+        given = f"{seconds:.0f} seconds" if isinstance(seconds, float) and abs(seconds) < 1e15 else f"{value!r:.40}"
+        raise bad_request(f"{DURATION_LIMITS_TEXT}, not {given}{_unbounded(action)}", "$.duration")
+    return seconds
 
 
 async def write(request: web.Request) -> web.Response:
@@ -200,9 +311,12 @@ async def write(request: web.Request) -> web.Response:
     operator = request.app[NODE_KEY].tokens.holder(request, "admin")
     body = await request.read() if request.method == "POST" else b""
     path = request.path
-    validate(request.method, path, body)
+    validate(request.method, request.path_qs, body)
     if request.method == "POST":
-        body = with_id(body)
+        # Issued here unless the supervisor passed it on (over this worker's unix socket, having
+        # stamped it from the client's request): say what it came through.
+        from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
+        body = with_id(body, None if from_supervisor else caller(request))
     return _json(await _front(request, request.method, path, body, operator, admin))
 
 
@@ -210,6 +324,7 @@ async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     admin = _admin(request, None)
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
+    validate("GET", request.path_qs, b"")
     if not cluster_wide(request):
         return _json(await perform(admin, "GET", request.path, b"", operator))
     return _json(await _front(request, "GET", request.path, b"", operator, admin))

@@ -69,7 +69,8 @@ class RecipientResult(msgspec.Struct, omit_defaults=True):
 class ErrorResponse(msgspec.Struct, omit_defaults=True):
     error: str
     field: str | None = None
-    """JSON path of the offending value, e.g. "$.recipients[2].email"."""
+    """JSON path of the offending value, e.g. "$.recipients[2].email" ("$": the body as a whole),
+    or the name of the offending query or path parameter, e.g. "cluster"."""
 
 
 async def inject(request: web.Request) -> web.Response:

@@ -14,14 +14,24 @@ from aiohttp import web
 
 from pigeon.compose import InjectRequest
 from pigeon.config.schema import DURATION_TEXT, Duration
-from pigeon.listener.http.admin import AdminRequest, RebindRequest
+from pigeon.listener.http.admin import (
+    MAX_DURATION,
+    RULE_DURATION,
+    AdminRequest,
+    BounceRequest,
+    RebindRequest,
+    SuspendRequest,
+)
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 from pigeon.queue.admin import QueueSummary
+from pigeon.queue.names import MAX_QUEUE_NAME, QUEUE_NAME_TEXT
 from pigeon.queue.rules import Rule
 from pigeon.shaping.effects import Effect
 
 _REF: Final = "#/components/schemas/{name}"
 _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
+_RULE_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,64}$"
+_QUEUE_NAME_PATTERN: Final = f"^[^\\s\\x00-\\x1f\\x7f-\\x9f*?]{{1,{MAX_QUEUE_NAME}}}$"
 _ERRORS: Final = {
     "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
     "401": ("No token, or an unknown one", "ErrorResponse"),
@@ -32,11 +42,23 @@ _ERRORS: Final = {
 
 @functools.cache
 def document() -> dict[str, Any]:
-    (request, response, _, admin_request, rebind_request, queues, *_), components = msgspec.json.schema_components(
-        [InjectRequest, InjectResponse, ErrorResponse, AdminRequest, RebindRequest, QueueSummary, Rule, Effect],
+    (request, response, _, *admin_requests, queues, _, _), components = msgspec.json.schema_components(
+        [
+            InjectRequest,
+            InjectResponse,
+            ErrorResponse,
+            AdminRequest,
+            BounceRequest,
+            SuspendRequest,
+            RebindRequest,
+            QueueSummary,
+            Rule,
+            Effect,
+        ],
         ref_template=_REF,
         schema_hook=_custom,
     )
+    _tighten_admin_requests(components)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -50,7 +72,7 @@ def document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
-            **_admin_paths(admin_request, rebind_request, queues),
+            **_admin_paths(admin_requests, queues),
             "/api/v1/inject": {
                 "post": {
                     "operationId": "inject",
@@ -83,7 +105,30 @@ def _custom(kind: type) -> dict[str, Any]:
     raise NotImplementedError(kind)
 
 
-def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict[str, Any]) -> dict[str, Any]:
+def _tighten_admin_requests(components: dict[str, Any]) -> None:
+    """What the admin requests' checks refuse that their types do not say: a rule's duration
+    (more than 0, at most 365 days), a rule id's alphabet, a rebind's queue name. Kept out of
+    the types so that the server's refusals say what to do rather than quote a pattern."""
+    for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
+        properties = components[name]["properties"]
+        properties["id"]["anyOf"][0].update(pattern=_RULE_ID_PATTERN)
+        if "duration" in properties:
+            number = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION}
+            text = {"type": "string", "pattern": f"^{RULE_DURATION.pattern}$"}
+            properties["duration"] = {
+                "anyOf": [number, text, {"type": "null"}],
+                "default": None,
+                "description": "More than 0, at most 365 days: seconds, or whole seconds, minutes, hours or days "
+                "as a string (30m, 2h, 7d). "
+                "Left out: a suspension lasts until resumed, a bounce acts on what is queued now only.",
+            }
+    to_queue = components["RebindRequest"]["properties"]["to_queue"]
+    to_queue["anyOf"][0].update(pattern=_QUEUE_NAME_PATTERN, maxLength=MAX_QUEUE_NAME)
+    to_queue["description"] = f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}"
+
+
+def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[str, Any]:
+    retry_body, bounce_body, suspend_body, rebind_body = bodies
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
     errors["503"] = _response("Delivery is disabled on this node", _ref("ErrorResponse"))
     count = {"type": "integer", "minimum": 0}
@@ -200,16 +245,14 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
     # At least one message selector (a bounce of "everything" must be spelled out: queue "*");
     # `site` (suspend only) stands alone. Absent and null are the same to the server.
     fields = ("domain", "tenant", "campaign", "queue")
-    messages = {
-        "properties": {"site": {"type": "null"}},
-        "anyOf": [{"required": [name], "properties": {name: {"type": "string"}}} for name in fields],
-    }
+    messages = {"anyOf": [{"required": [name], "properties": {name: {"type": "string"}}} for name in fields]}
+    site_null = {"properties": {"site": {"type": "null"}}}
     site_only = {
         "required": ["site"],
         "properties": {"site": {"type": "string"}, **{f: {"type": "null"} for f in fields}},
     }
 
-    def posted_with(selector: dict[str, Any], request: dict[str, Any] = body) -> dict[str, Any]:
+    def posted_with(selector: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
         schema = {"allOf": [request, selector]}
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
@@ -220,12 +263,13 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
     }
     posted_rebind = posted_with({"allOf": [messages, where_to]}, rebind_body)
 
-    posted = posted_with(messages)
-    posted_suspend = posted_with({"anyOf": [messages, site_only]})
+    posted_bounce = posted_with(messages, bounce_body)
+    posted_retry = posted_with(messages, retry_body)
+    posted_suspend = posted_with({"anyOf": [{"allOf": [messages, site_null]}, site_only]}, suspend_body)
     return {
         "/api/v1/admin/bounce": {
             "post": operation(
-                "bounce", "Bounce matching queued mail; with a duration new mail too", "admin", bounced, **posted
+                "bounce", "Bounce matching queued mail; with a duration new mail too", "admin", bounced, **posted_bounce
             ),
             "get": operation("listBounces", "Standing bounces", "read", rules, "The standing bounces"),
         },
@@ -253,7 +297,7 @@ def _admin_paths(body: dict[str, Any], rebind_body: dict[str, Any], queues: dict
             ),
         },
         "/api/v1/admin/retry": {
-            "post": operation("retry", "Make matching deferred mail due now", "admin", made_due, **posted),
+            "post": operation("retry", "Make matching deferred mail due now", "admin", made_due, **posted_retry),
         },
         "/api/v1/admin/operations": {
             "get": operation(

@@ -1,0 +1,67 @@
+"""The admin requests' OpenAPI schemas say exactly what the server takes: a client generated
+from the document sends nothing the server refuses, and learns of everything it refuses."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from pigeon.listener.http.admin import validate
+from pigeon.listener.http.openapi import document
+
+_DURATIONS = ["1", "90s", " 30 m ", "2h", "999h", "7d", "365d", "0365d", "0", "0s", "366d", "1000h", "1.5h"]
+_DURATIONS += ["250ms", "99999999d", "31536000", "soon", ""]
+
+
+def _taken(path: str, body: dict[str, Any]) -> bool:
+    try:
+        validate("POST", path, json.dumps(body).encode())
+    except web.HTTPBadRequest:
+        return False
+    return True
+
+
+def _property(schema: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = document()["components"]["schemas"][schema]["properties"][name]
+    return found
+
+
+@pytest.mark.parametrize("duration", _DURATIONS)
+def test_a_duration_string_is_taken_exactly_when_the_documented_pattern_matches(duration: str) -> None:
+    (string,) = [s for s in _property("SuspendRequest", "duration")["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], duration) is not None
+    assert _taken("/api/v1/admin/suspend", {"domain": "example.net", "duration": duration}) == documented
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 0.5, 31536000, 31536001, 10**30])
+def test_a_duration_number_is_taken_exactly_within_the_documented_bounds(seconds: float) -> None:
+    (number,) = [s for s in _property("BounceRequest", "duration")["anyOf"] if s.get("type") == "number"]
+    documented = number["exclusiveMinimum"] < seconds <= number["maximum"]
+    assert _taken("/api/v1/admin/bounce", {"domain": "example.net", "duration": seconds}) == documented
+
+
+@pytest.mark.parametrize("name", ["parked", "spring:acme@example.net", "inbound:helpdesk", "", "a b", "x*", "é" * 255])
+def test_a_rebind_queue_name_is_taken_exactly_when_the_documented_pattern_matches(name: str) -> None:
+    (string,) = [s for s in _property("RebindRequest", "to_queue")["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], name) is not None and len(name) <= string["maxLength"]
+    assert _taken("/api/v1/admin/rebind", {"domain": "example.net", "to_queue": name}) == documented
+
+
+def test_each_write_documents_only_the_members_it_takes() -> None:
+    schemas = document()["components"]["schemas"]
+    members = {name: set(schemas[name]["properties"]) for name in ("AdminRequest", "BounceRequest", "RebindRequest")}
+    assert "duration" not in members["AdminRequest"] and "reason" not in members["RebindRequest"]
+    assert all(schemas[name]["additionalProperties"] is False for name in members)
+    assert not _taken("/api/v1/admin/retry", {"domain": "example.net", "duration": "1h"})
+    retry = document()["paths"]["/api/v1/admin/retry"]["post"]["requestBody"]["content"]["application/json"]
+    assert retry["schema"]["allOf"][0] == {"$ref": "#/components/schemas/AdminRequest"}
+
+
+def test_queue_rows_document_suspended_by_as_rules() -> None:
+    schemas = document()["components"]["schemas"]
+    for row in ("ScheduledQueue", "ReadyQueueRow"):
+        assert schemas[row]["properties"]["suspended_by"]["items"] == {"$ref": "#/components/schemas/Rule"}
