@@ -151,15 +151,16 @@ class MemorySpool:
     def scan(self, after: int, limit: int) -> list[Message]:
         return [self._message(i, self.rows[i]) for i in sorted(self.rows) if i > after][:limit]
 
-    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int]]:
         counts: dict[str, list[float]] = {}
-        for row in self.rows.values():
-            entry = counts.setdefault(row.queue, [0, 0, 0, row.created])
+        for spool_id, row in self.rows.items():
+            entry = counts.setdefault(row.queue, [0, 0, 0, row.created, spool_id])
             entry[0] += 1
             entry[1] += row.due <= now
             entry[2] += row.due >= held
             entry[3] = min(entry[3], row.created)
-        return [(q, int(c[0]), int(c[1]), int(c[2]), c[3]) for q, c in counts.items()]
+            entry[4] = min(entry[4], spool_id)
+        return [(q, int(c[0]), int(c[1]), int(c[2]), c[3], int(c[4])) for q, c in counts.items()]
 
     def rules(self) -> list[tuple[str, bytes]]:
         return list(self.saved_rules.items())
