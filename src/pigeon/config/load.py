@@ -34,6 +34,7 @@ from pigeon.config.schema import (
     decode_hook,
 )
 from pigeon.dkim.keys import KeyProblem, load_key
+from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
@@ -604,6 +605,13 @@ def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) 
         if file is not None and not file.is_file():
             problem = "is a directory" if file.is_dir() else "does not exist"
             raise fail(keys, f"{what} file {file} {problem}")
+    certificate, key = config.smtp.tls_certificate, config.smtp.tls_private_key
+    if certificate is not None and key is not None:
+        try:
+            check_pair(certificate, key)
+        except PairProblem as problem:
+            raise fail(["smtp", "tls_certificate" if problem.which == "certificate" else "tls_private_key"],
+                       str(problem)) from None  # fmt: skip
     for keys, file, what in trust:
         if file is None:
             continue
