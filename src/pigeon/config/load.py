@@ -107,6 +107,14 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     if (smtp.tls_certificate is None) != (smtp.tls_private_key is None):
         given = "tls_certificate" if smtp.tls_certificate is not None else "tls_private_key"
         raise fail(["smtp", given], "tls_certificate and tls_private_key must be given together")
+    if smtp.auth_users is not None and not smtp.starttls and not smtp.allow_plaintext_auth:
+        # Without TLS, AUTH would never be offered (or, offered, carry passwords in clear):
+        # a users file that silently does nothing is a mistake to name, not to run with.
+        reason = (
+            "is set but [smtp] starttls = false: passwords would cross the network in clear. "
+            "Turn starttls on, or set [smtp] allow_plaintext_auth = true to accept AUTH without TLS"
+        )
+        raise fail(["smtp", "auth_users"], reason)
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:

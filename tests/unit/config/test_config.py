@@ -435,6 +435,17 @@ def test_an_encrypted_key_is_refused_at_load(tmp_path: Path) -> None:
     assert f"[smtp] tls_private_key: {tmp_path / 'key.pem'} is encrypted" in message
 
 
+def test_auth_users_without_starttls_is_refused_naming_both_settings(tmp_path: Path) -> None:
+    (tmp_path / "users").touch()
+    text = '[smtp]\nstarttls = false\nauth_users = "users"\n'
+    message = error_of(tmp_path, text)
+    assert "line 3: [smtp] auth_users: is set but [smtp] starttls = false" in message
+    assert "passwords would cross the network in clear" in message
+    assert "allow_plaintext_auth = true" in message
+    config = load(write(tmp_path, text + "allow_plaintext_auth = true\n"))  # said explicitly: taken
+    assert config.smtp.auth_users == tmp_path / "users" and not config.smtp.starttls
+
+
 @pytest.mark.parametrize(
     ("section", "key"),
     [('[delivery]\nca_file = "ca.pem"', "[delivery] ca_file"),
