@@ -115,6 +115,7 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
             "Turn starttls on, or set [smtp] allow_plaintext_auth = true to accept AUTH without TLS"
         )
         raise fail(["smtp", "auth_users"], reason)
+    _check_tokens(config, fail)
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
@@ -595,6 +596,21 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], st
             load_key(block.private_key, block.algorithm)
         except KeyProblem as error:
             raise fail(["dkim", "private_key"], f"{which}: {error}") from None
+
+
+def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """Every `[[http.token]]` a secret of its own: the API knows a caller by its secret, so two
+    tokens sharing one would make whose request it was (and which scopes apply) a guess."""
+    holders: dict[str, int] = {}
+    tokens = config.http.token
+    for index, token in enumerate(tokens):
+        first = holders.setdefault(token.token, index)
+        if first != index:
+            reason = (
+                f"[[http.token]] {token.name!r} has the same secret as {tokens[first].name!r}: "
+                "each token needs a secret of its own (`openssl rand -hex 32`)"
+            )
+            raise fail(["http.token", "token"], reason, index)
 
 
 def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:

@@ -446,6 +446,17 @@ def test_auth_users_without_starttls_is_refused_naming_both_settings(tmp_path: P
     assert config.smtp.auth_users == tmp_path / "users" and not config.smtp.starttls
 
 
+def test_two_api_tokens_with_the_same_secret_are_refused(tmp_path: Path) -> None:
+    token = '[[http.token]]\nname = "{}"\ntoken = "{}"\nscopes = ["{}"]\n'
+    same = "a" * 32
+    text = token.format("reader", same, "read") + token.format("operator", "b" * 32, "admin")
+    assert [t.name for t in load(write(tmp_path, text)).http.token] == ["reader", "operator"]
+    message = error_of(tmp_path, text + token.format("deployer", same, "admin"))
+    assert "line 11: [http.token] token: " in message
+    assert "'deployer' has the same secret as 'reader'" in message
+    assert same not in message  # the secret is not shown
+
+
 @pytest.mark.parametrize(
     ("section", "key"),
     [('[delivery]\nca_file = "ca.pem"', "[delivery] ca_file"),
