@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import resource
@@ -16,6 +17,7 @@ from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.schema import Config
+from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
 from pigeon.node.scheduling import apply_scheduling
@@ -78,11 +80,13 @@ def run(args: argparse.Namespace) -> int:
     _raise_open_file_limit()
     # Before any thread or child starts: they inherit it.
     apply_scheduling(config.node.scheduling)
-    try:
-        listening = _drop_privileges(config) if args.worker is None else None
-    except (PrivilegeError, OSError) as error:
-        print(f"pigeon: cannot start: {error}", file=sys.stderr)
-        return 1
+    listening: Bound | None = None
+    if args.worker is None:
+        try:
+            _node_lock, listening = _claim(config)  # the lock stays open (held) until this process exits
+        except (PrivilegeError, NodeLocked, OSError) as error:
+            print(f"pigeon: cannot start: {error}", file=sys.stderr)
+            return 1
     # Spooled mail, logs and keys are nobody else's business: files private to this user.
     os.umask(0o077)
     if args.worker is None and config.policy.module is not None:
@@ -131,23 +135,37 @@ def _raise_open_file_limit() -> None:
             logging.getLogger(__name__).warning("open files limit stays at %d: %s", soft, error)
 
 
-def _drop_privileges(config: Config) -> Bound | None:
-    """Started as root with `[node] user`: bind every listener, give the spool and log
-    directories to the user and become it. The sockets bound, or None if nothing changed."""
+def _claim(config: Config) -> tuple[int, Bound]:
+    """Take the node lock, bind every listener and, started as root with `[node] user`, give
+    the spool and log directories to the user and become it. Returns the lock's descriptor
+    (held until exit) and the sockets bound, which this process serves or hands to its workers.
+
+    The sockets are bound here, once, without SO_REUSEPORT: a second node on the same
+    address fails to bind ("address in use") instead of sharing the port and taking half the
+    connections, and the workers accept on the one socket they inherit. The lock comes first,
+    so a second node on the same spool names the lock rather than a port; except as root with
+    a user to become: root may lack the right to create files in the user's spool (systemd's
+    capability set has no CAP_DAC_OVERRIDE), so the lock is taken as the user, after the binds."""
     run_as = plan(config.node)
-    if run_as is None:
-        return None
     listening = Bound(smtp=[], http=[])
+    lock: int | None = None
     try:
+        if run_as is None:
+            lock = take_node_lock(config.spool.path)
         for endpoint in config.smtp.listen:
             listening.smtp += _bind("[smtp] listen", endpoint.host, endpoint.port)
         listening.http += _bind("[http] listen", config.http.listen.host, config.http.listen.port)
-        give_directories([config.spool.path, config.log.path], run_as)
-        drop(run_as)
+        if run_as is not None:
+            give_directories([config.spool.path, config.log.path], run_as)
+            drop(run_as)
+            lock = take_node_lock(config.spool.path)
     except BaseException:
         listening.close()
+        if lock is not None:
+            os.close(lock)
         raise
-    return listening
+    assert lock is not None  # taken on either path
+    return lock, listening
 
 
 def _bind(key: str, host: str, port: int) -> list[socket.socket]:
@@ -156,7 +174,11 @@ def _bind(key: str, host: str, port: int) -> list[socket.socket]:
     try:
         return bind(host, port)
     except OSError as error:
-        raise ListenError(f"{key} {host}:{port}: cannot listen: {error.strerror or error}") from None
+        if error.errno == errno.EADDRINUSE:
+            reason = "the port is in use (by another node, or another program)"
+        else:
+            reason = error.strerror or str(error)
+        raise ListenError(f"{key} {host}:{port}: cannot listen: {reason}") from None
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

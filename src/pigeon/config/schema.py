@@ -147,7 +147,8 @@ class NodeConfig(_Section):
     name: str = msgspec.field(default_factory=socket.gethostname)
     """Node name written into every log record. Default: the host name."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
-    """Worker processes, each with its own spool shard, sharing the listen ports (SO_REUSEPORT).
+    """Worker processes, each with its own spool shard, accepting on the listening sockets the
+    main process bound (no SO_REUSEPORT: a second node on the port fails to start).
     "auto": one per CPU this process may use (its affinity, capped by a cgroup CPU quota) but
     one, which is left to the kernel's network stack, the spools' commit threads and whatever
     else runs there; at least one (`pigeon.node.cpus`; the README's "Workers" has the figures)."""

@@ -1,8 +1,8 @@
 """The supervisor: Postfix's `master` role for a node of several worker processes.
 
 Python runs one thread of Python at a time, so a node uses one worker process per core.
-Each worker is a full `Node` (SMTP on the shared port via SO_REUSEPORT, its own spool
-shard, its own log segments) and serves its health and metrics on a private unix socket.
+Each worker is a full `Node` (accepting SMTP on the listening sockets the supervisor bound
+and handed down, its own spool shard, its own log segments) and serves its health and metrics on a private unix socket.
 The supervisor starts the workers, restarts one that dies (with back-off), serves the public
 HTTP listener by asking every worker and merging the answers, forwards SIGHUP (reload) to
 the workers, and on SIGTERM stops the workers and waits for them to finish their open
