@@ -120,6 +120,9 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
         raise fail(["smtp", "listen"], "name at least one address")
+    if config.node.worker_timeout < 2:
+        # Below that, a worker busy with one long step (a reload reading keys) would be killed.
+        raise fail(["node", "worker_timeout"], 'must be at least 2 seconds (e.g. "30s")')
     if config.policy.timeout <= 0:
         # 0 would time out every async or threaded hook at once: every command a 451.
         raise fail(["policy", "timeout"], 'must be more than 0 (e.g. "2s", "250ms")')

@@ -159,6 +159,11 @@ class NodeConfig(_Section):
     default of every process). See `pigeon.node.scheduling` and the README's "Workers"."""
     shutdown_timeout: Duration = Duration(30)
     """On SIGTERM, how long open SMTP transactions may take to finish."""
+    worker_timeout: Duration = Duration(30)
+    """With several workers: a worker that has not answered the supervisor's heartbeat for this
+    long (its loop blocked, or the process stopped) is killed (SIGKILL) and started again, and
+    an admin request the workers are all asked gets 503 with what the others answered when one
+    has not answered within it. At least 2s."""
     user: str | None = None
     """Started as root, bind the listeners, then run as this user (every process, for good).
     The spool and log directories are made and given to it. Started as this user, nothing

@@ -341,6 +341,13 @@ def test_consistency_errors_name_the_file(tmp_path: Path, text: str) -> None:
     assert str(tmp_path / "pigeon.toml") in error_of(tmp_path, text)
 
 
+def test_worker_timeout_defaults_to_30s_and_below_2s_is_refused(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")).node.worker_timeout == 30
+    assert load(write(tmp_path, '[node]\nworker_timeout = "2s"\n')).node.worker_timeout == 2
+    message = error_of(tmp_path, '[node]\nworker_timeout = "1500ms"\n')
+    assert "line 2: [node] worker_timeout: must be at least 2 seconds" in message
+
+
 def test_a_policy_timeout_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
     for zero in ('"0s"', "0", '"0ms"'):
         message = error_of(tmp_path, f"[policy]\ntimeout = {zero}\n")
