@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
 from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
@@ -65,9 +67,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             follow_parent(args.supervisor)
         except (ParentGone, OSError) as error:
-            print(f"pigeon: worker {args.worker}: cannot start: {error}", file=sys.stderr)
-            return 1
-    config = load_config(args)
+            return _cannot_start(args, str(error))
+    if args.worker is not None:
+        # Read again by each worker: the file may have changed since the supervisor read it.
+        try:
+            config = load(args.config)
+        except ConfigError as error:
+            return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
+    else:
+        config = load_config(args)
     role = f"w{args.worker}" if args.worker is not None else "main"
     # Every line through `redact`: a library's error may quote a configured URL, password and all.
     handler = logging.StreamHandler(sys.stderr)
@@ -117,10 +125,34 @@ def run(args: argparse.Namespace) -> int:
         main = Supervisor(config, args.config, config.node.worker_count, listening).run()
     try:
         _run_loop(main)
+    except ConfigError as error:  # what only the user it runs as can check (a DKIM key it cannot read)
+        return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
     except (SpoolError, PasswordFileError, OSError, RuntimeError) as error:
-        print(f"pigeon: cannot start: {redact(str(error))}", file=sys.stderr)
-        return 1
+        return _cannot_start(args, redact(str(error)))
+    except Exception as error:
+        # A bug: the traceback follows, and the supervisor says at least what it was.
+        _tell_supervisor(args, f"unexpected error: {redact(repr(error))}")
+        raise
     return 0
+
+
+def _cannot_start(args: argparse.Namespace, reason: str, *, status: int = 1) -> int:
+    """Say why on stderr (and, in a worker, to the supervisor); the exit status to return."""
+    who = f"worker {args.worker}: " if args.worker is not None else ""
+    print(f"pigeon: {who}cannot start: {reason}", file=sys.stderr)
+    _tell_supervisor(args, reason)
+    return status
+
+
+def _tell_supervisor(args: argparse.Namespace, reason: str) -> None:
+    """A worker's reason for exiting, where its supervisor reads it (`failure_path`): its
+    message of the worker's exit then says why, not only the status."""
+    if args.control is None:
+        return
+    from pigeon.node.supervisor import failure_path
+
+    with contextlib.suppress(OSError):
+        failure_path(args.control).write_text(reason + "\n", encoding="utf-8")
 
 
 def _raise_open_file_limit() -> None:
