@@ -1,15 +1,15 @@
 """The supervisor: Postfix's `master` role for a node of several worker processes.
 
 Python runs one thread of Python at a time, so a node uses one worker process per core.
-Each worker is a full `Node` (accepting SMTP on the listening sockets the supervisor bound
-and handed down, its own spool shard, its own log segments) and serves its health and metrics on a private unix socket.
-The supervisor starts the workers, restarts one that dies (with back-off) or that stops
-answering its heartbeat for `[node] worker_timeout` (killed first, with SIGKILL), serves the public
-HTTP listener by asking every worker and merging the answers, forwards SIGHUP (reload) to
-the workers, and on SIGTERM stops the workers and waits for them to finish their open
-transactions. Under systemd it is the main process: it alone sends sd_notify. A supervisor
-that dies without stopping them (SIGKILL) takes its workers along: each has asked the kernel
-for SIGTERM when its parent dies (see `parent_death`).
+Each worker is a full `Node` (accepting SMTP on the listening sockets `pigeon serve` bound
+and handed down, its own spool shard, its own log segments) and serves its health and
+metrics on a private unix socket. The supervisor starts the workers, restarts one that dies
+(with back-off) or that has not answered its heartbeat for `[node] worker_timeout` (killed
+first, with SIGKILL), serves the public HTTP listener by asking every worker and merging
+the answers, forwards SIGHUP (reload) to the workers, and on SIGTERM stops the workers and
+waits for them to finish their open transactions. Under systemd it is the main process:
+it alone sends sd_notify. A supervisor that dies without stopping them (SIGKILL) takes its
+workers along: each has asked the kernel for SIGTERM when its parent dies (see `parent_death`).
 """
 
 from __future__ import annotations
@@ -484,7 +484,7 @@ class Supervisor:
         ]
         said = "; ".join(f"worker {index}: {why}" for index, why in missing.items())
         partial: dict[str, Any] = {
-            "error": f"not every worker answered ({said}); this covers workers {answered or 'none'} only: ask again",
+            "error": f"not every worker answered ({said}); this answer covers workers {answered or 'none'} only",
             "partial": True,
             "answered": answered,
             "missing": [{"worker": index, "error": why} for index, why in missing.items()],
