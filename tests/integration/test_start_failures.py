@@ -25,6 +25,27 @@ def test_a_key_that_is_not_the_certificates_stops_the_start_with_exit_2(tmp_path
     assert not (pigeon.spool_path / "shard-0").exists()  # nothing started
 
 
+def test_smtp_users_without_starttls_stop_the_start_with_exit_2_naming_both_settings(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.touch()
+    pigeon = PigeonProcess(tmp_path / "node", smtp={"auth_users": str(users), "starttls": False})
+    pigeon.start(wait=False)
+    assert pigeon.wait_exit() == 2
+    assert "[smtp] auth_users: is set but [smtp] starttls = false" in pigeon.stderr()
+    assert "set [smtp] allow_plaintext_auth = true" in pigeon.stderr()
+
+
+def test_two_api_tokens_with_one_secret_stop_the_start_with_exit_2(tmp_path: Path) -> None:
+    secret = "s" * 32
+    tokens = [{"name": name, "token": secret, "scopes": ["admin"]} for name in ("ops", "deploy")]
+    pigeon = PigeonProcess(tmp_path / "node", http={"token": tokens})
+    pigeon.start(wait=False)
+    assert pigeon.wait_exit() == 2
+    said = pigeon.stderr()
+    assert "[[http.token]] 'deploy' has the same secret as 'ops'" in said
+    assert secret not in said
+
+
 def test_a_worker_that_cannot_start_is_named_with_its_reason(tmp_path: Path) -> None:
     pigeon = PigeonProcess(tmp_path / "node", node={"workers": 2})
     shard = pigeon.spool_path / "shard-1"
