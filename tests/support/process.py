@@ -132,6 +132,14 @@ class PigeonProcess:
             time.sleep(0.05)
         raise TimeoutError(f"pigeon not ready after {timeout}s:\n{self.stderr()}")
 
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit status of a run expected to end by itself (a start that must fail)."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"pigeon still running after {timeout}s:\n{self.stderr()}") from None
+
     def _smtp_accepts(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.smtp_port), timeout=1):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import resource
@@ -15,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
+from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
 from pigeon.node.scheduling import apply_scheduling
@@ -63,9 +67,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             follow_parent(args.supervisor)
         except (ParentGone, OSError) as error:
-            print(f"pigeon: worker {args.worker}: cannot start: {error}", file=sys.stderr)
-            return 1
-    config = load_config(args)
+            return _cannot_start(args, str(error))
+    if args.worker is not None:
+        # Read again by each worker: the file may have changed since the supervisor read it.
+        try:
+            config = load(args.config)
+        except ConfigError as error:
+            return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
+    else:
+        config = load_config(args)
     role = f"w{args.worker}" if args.worker is not None else "main"
     # Every line through `redact`: a library's error may quote a configured URL, password and all.
     handler = logging.StreamHandler(sys.stderr)
@@ -78,11 +88,13 @@ def run(args: argparse.Namespace) -> int:
     _raise_open_file_limit()
     # Before any thread or child starts: they inherit it.
     apply_scheduling(config.node.scheduling)
-    try:
-        listening = _drop_privileges(config) if args.worker is None else None
-    except (PrivilegeError, OSError) as error:
-        print(f"pigeon: cannot start: {error}", file=sys.stderr)
-        return 1
+    listening: Bound | None = None
+    if args.worker is None:
+        try:
+            _node_lock, listening = _claim(config)  # the lock stays open (held) until this process exits
+        except (PrivilegeError, NodeLocked, OSError) as error:
+            print(f"pigeon: cannot start: {error}", file=sys.stderr)
+            return 1
     # Spooled mail, logs and keys are nobody else's business: files private to this user.
     os.umask(0o077)
     if args.worker is None and config.policy.module is not None:
@@ -113,10 +125,34 @@ def run(args: argparse.Namespace) -> int:
         main = Supervisor(config, args.config, config.node.worker_count, listening).run()
     try:
         _run_loop(main)
+    except ConfigError as error:  # what only the user it runs as can check (a DKIM key it cannot read)
+        return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
     except (SpoolError, PasswordFileError, OSError, RuntimeError) as error:
-        print(f"pigeon: cannot start: {redact(str(error))}", file=sys.stderr)
-        return 1
+        return _cannot_start(args, redact(str(error)))
+    except Exception as error:
+        # A bug: the traceback follows, and the supervisor says at least what it was.
+        _tell_supervisor(args, f"unexpected error: {redact(repr(error))}")
+        raise
     return 0
+
+
+def _cannot_start(args: argparse.Namespace, reason: str, *, status: int = 1) -> int:
+    """Say why on stderr (and, in a worker, to the supervisor); the exit status to return."""
+    who = f"worker {args.worker}: " if args.worker is not None else ""
+    print(f"pigeon: {who}cannot start: {reason}", file=sys.stderr)
+    _tell_supervisor(args, reason)
+    return status
+
+
+def _tell_supervisor(args: argparse.Namespace, reason: str) -> None:
+    """A worker's reason for exiting, where its supervisor reads it (`failure_path`): its
+    message of the worker's exit then says why, not only the status."""
+    if args.control is None:
+        return
+    from pigeon.node.supervisor import failure_path
+
+    with contextlib.suppress(OSError):
+        failure_path(args.control).write_text(reason + "\n", encoding="utf-8")
 
 
 def _raise_open_file_limit() -> None:
@@ -131,23 +167,37 @@ def _raise_open_file_limit() -> None:
             logging.getLogger(__name__).warning("open files limit stays at %d: %s", soft, error)
 
 
-def _drop_privileges(config: Config) -> Bound | None:
-    """Started as root with `[node] user`: bind every listener, give the spool and log
-    directories to the user and become it. The sockets bound, or None if nothing changed."""
+def _claim(config: Config) -> tuple[int, Bound]:
+    """Take the node lock, bind every listener and, started as root with `[node] user`, give
+    the spool and log directories to the user and become it. Returns the lock's descriptor
+    (held until exit) and the sockets bound, which this process serves or hands to its workers.
+
+    The sockets are bound here, once, without SO_REUSEPORT: a second node on the same
+    address fails to bind ("address in use") instead of sharing the port and taking half the
+    connections, and the workers accept on the one socket they inherit. The lock comes first,
+    so a second node on the same spool names the lock rather than a port; except as root with
+    a user to become: root may lack the right to create files in the user's spool (systemd's
+    capability set has no CAP_DAC_OVERRIDE), so the lock is taken as the user, after the binds."""
     run_as = plan(config.node)
-    if run_as is None:
-        return None
     listening = Bound(smtp=[], http=[])
+    lock: int | None = None
     try:
+        if run_as is None:
+            lock = take_node_lock(config.spool.path)
         for endpoint in config.smtp.listen:
             listening.smtp += _bind("[smtp] listen", endpoint.host, endpoint.port)
         listening.http += _bind("[http] listen", config.http.listen.host, config.http.listen.port)
-        give_directories([config.spool.path, config.log.path], run_as)
-        drop(run_as)
+        if run_as is not None:
+            give_directories([config.spool.path, config.log.path], run_as)
+            drop(run_as)
+            lock = take_node_lock(config.spool.path)
     except BaseException:
         listening.close()
+        if lock is not None:
+            os.close(lock)
         raise
-    return listening
+    assert lock is not None  # taken on either path
+    return lock, listening
 
 
 def _bind(key: str, host: str, port: int) -> list[socket.socket]:
@@ -156,7 +206,11 @@ def _bind(key: str, host: str, port: int) -> list[socket.socket]:
     try:
         return bind(host, port)
     except OSError as error:
-        raise ListenError(f"{key} {host}:{port}: cannot listen: {error.strerror or error}") from None
+        if error.errno == errno.EADDRINUSE:
+            reason = "the port is in use (by another node, or another program)"
+        else:
+            reason = error.strerror or str(error)
+        raise ListenError(f"{key} {host}:{port}: cannot listen: {reason}") from None
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

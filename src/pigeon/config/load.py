@@ -34,6 +34,7 @@ from pigeon.config.schema import (
     decode_hook,
 )
 from pigeon.dkim.keys import KeyProblem, load_key
+from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
@@ -106,10 +107,22 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     if (smtp.tls_certificate is None) != (smtp.tls_private_key is None):
         given = "tls_certificate" if smtp.tls_certificate is not None else "tls_private_key"
         raise fail(["smtp", given], "tls_certificate and tls_private_key must be given together")
+    if smtp.auth_users is not None and not smtp.starttls and not smtp.allow_plaintext_auth:
+        # Without TLS, AUTH would never be offered (or, offered, carry passwords in clear):
+        # a users file that silently does nothing is a mistake to name, not to run with.
+        reason = (
+            "is set but [smtp] starttls = false: passwords would cross the network in clear. "
+            "Turn starttls on, or set [smtp] allow_plaintext_auth = true to accept AUTH without TLS"
+        )
+        raise fail(["smtp", "auth_users"], reason)
+    _check_tokens(config, fail)
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
         raise fail(["smtp", "listen"], "name at least one address")
+    if config.node.worker_timeout < 2:
+        # Below that, a worker busy with one long step (a reload reading keys) would be killed.
+        raise fail(["node", "worker_timeout"], 'must be at least 2 seconds (e.g. "30s")')
     if config.policy.timeout <= 0:
         # 0 would time out every async or threaded hook at once: every command a 451.
         raise fail(["policy", "timeout"], 'must be more than 0 (e.g. "2s", "250ms")')
@@ -588,6 +601,21 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], st
             raise fail(["dkim", "private_key"], f"{which}: {error}") from None
 
 
+def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """Every `[[http.token]]` a secret of its own: the API knows a caller by its secret, so two
+    tokens sharing one would make whose request it was (and which scopes apply) a guess."""
+    holders: dict[str, int] = {}
+    tokens = config.http.token
+    for index, token in enumerate(tokens):
+        first = holders.setdefault(token.token, index)
+        if first != index:
+            reason = (
+                f"[[http.token]] {token.name!r} has the same secret as {tokens[first].name!r}: "
+                "each token needs a secret of its own (`openssl rand -hex 32`)"
+            )
+            raise fail(["http.token", "token"], reason, index)
+
+
 def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
     """Files the config names must be there now, not at the first connection that needs them."""
     named: list[tuple[list[str], Path | None, str]] = [
@@ -604,6 +632,13 @@ def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) 
         if file is not None and not file.is_file():
             problem = "is a directory" if file.is_dir() else "does not exist"
             raise fail(keys, f"{what} file {file} {problem}")
+    certificate, key = config.smtp.tls_certificate, config.smtp.tls_private_key
+    if certificate is not None and key is not None:
+        try:
+            check_pair(certificate, key)
+        except PairProblem as problem:
+            raise fail(["smtp", "tls_certificate" if problem.which == "certificate" else "tls_private_key"],
+                       str(problem)) from None  # fmt: skip
     for keys, file, what in trust:
         if file is None:
             continue

@@ -147,7 +147,8 @@ class NodeConfig(_Section):
     name: str = msgspec.field(default_factory=socket.gethostname)
     """Node name written into every log record. Default: the host name."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
-    """Worker processes, each with its own spool shard, sharing the listen ports (SO_REUSEPORT).
+    """Worker processes, each with its own spool shard, accepting on the listening sockets the
+    main process bound (no SO_REUSEPORT: a second node on the port fails to start).
     "auto": one per CPU this process may use (its affinity, capped by a cgroup CPU quota) but
     one, which is left to the kernel's network stack, the spools' commit threads and whatever
     else runs there; at least one (`pigeon.node.cpus`; the README's "Workers" has the figures)."""
@@ -158,6 +159,11 @@ class NodeConfig(_Section):
     default of every process). See `pigeon.node.scheduling` and the README's "Workers"."""
     shutdown_timeout: Duration = Duration(30)
     """On SIGTERM, how long open SMTP transactions may take to finish."""
+    worker_timeout: Duration = Duration(30)
+    """With several workers: a worker that has not answered the supervisor's heartbeat for this
+    long (its loop blocked, or the process stopped) is killed (SIGKILL) and started again, and
+    an admin request the workers are all asked gets 503 with what the others answered when one
+    has not answered within it. At least 2s."""
     user: str | None = None
     """Started as root, bind the listeners, then run as this user (every process, for good).
     The spool and log directories are made and given to it. Started as this user, nothing

@@ -1,7 +1,7 @@
 """What a node's SMTP workers know about clients together: a fixed-size table in a shared file.
 
-With several workers on one port (SO_REUSEPORT), the kernel picks the worker of each
-connection, so a limit kept per worker is `workers` times the limit for the node. The
+With several workers accepting on one listening socket (the supervisor's, inherited), the
+first worker to accept takes each connection, so a limit kept per worker is `workers` times the limit for the node. The
 listener's per-client limits (connections per client address, AUTH failures per address and
 per user) are kept here instead when a node runs more than one worker; with one, they stay in
 the worker's memory and this file is not used.

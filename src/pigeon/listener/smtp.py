@@ -137,9 +137,10 @@ class SmtpListener:
         loop = asyncio.get_running_loop()
         bound = []
         for host, port in addresses:
-            # SO_REUSEPORT: every worker process binds the same port; the kernel spreads clients.
+            # No SO_REUSEPORT: a node's workers share sockets bound once (`serve`), and another
+            # process on the same port must fail to bind, not take half the connections.
             server = await loop.create_server(
-                lambda: SmtpConnection(self), host, port, backlog=4096, reuse_address=True, reuse_port=True
+                lambda: SmtpConnection(self), host, port, backlog=4096, reuse_address=True
             )
             self._servers.append(server)
             for sock in server.sockets:

@@ -15,13 +15,61 @@ import ssl
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from pigeon.tls import server_context
 
-__all__ = ["describe", "ensure_self_signed", "server_context"]
+__all__ = ["PairProblem", "check_pair", "describe", "ensure_self_signed", "server_context"]
+
+
+class PairProblem(Exception):
+    """A certificate and key that cannot serve STARTTLS. `which` is the file at fault:
+    "certificate" or "private key"; the message names the file and says what is wrong."""
+
+    def __init__(self, which: str, message: str) -> None:
+        super().__init__(message)
+        self.which = which
+
+
+def check_pair(certificate: Path, private_key: Path) -> None:
+    """Raise `PairProblem` unless `certificate` is a readable PEM certificate chain and
+    `private_key` a readable, unencrypted PEM key that belongs to its first certificate.
+
+    Checked when the configuration loads: the server context is only made at start-up in
+    each worker, and a pair that does not match would otherwise fail every STARTTLS."""
+    cert_bytes = _read(certificate, "certificate")
+    key_bytes = _read(private_key, "private key")
+    try:
+        chain = x509.load_pem_x509_certificates(cert_bytes)
+    except ValueError as error:
+        raise PairProblem("certificate", f"{certificate} holds no PEM certificate ({error})") from None
+    try:
+        key = serialization.load_pem_private_key(key_bytes, password=None)
+    except TypeError:
+        raise PairProblem("private key", f"{private_key} is encrypted; Pigeon needs it without a passphrase") from None
+    except (ValueError, UnsupportedAlgorithm) as error:
+        raise PairProblem("private key", f"{private_key} holds no PEM private key ({error})") from None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    ours = key.public_key().public_bytes(serialization.Encoding.DER, public)
+    theirs = chain[0].public_key().public_bytes(serialization.Encoding.DER, public)
+    if ours != theirs:
+        raise PairProblem(
+            "private key", f"{private_key} is not the key of the certificate in {certificate} (they do not match)"
+        )
+    try:  # what OpenSSL itself will say when a worker loads them
+        server_context(certificate, private_key)
+    except (OSError, ssl.SSLError) as error:
+        raise PairProblem("certificate", f"{certificate} with {private_key}: TLS cannot use them ({error})") from None
+
+
+def _read(path: Path, which: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise PairProblem(which, f"cannot read {path}: {error.strerror or error}") from None
 
 
 def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:

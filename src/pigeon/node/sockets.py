@@ -1,9 +1,10 @@
-"""Listening sockets bound before the privilege drop, then served by whoever inherits them.
+"""Listening sockets bound once by the node's main process, then served by whoever inherits them.
 
-Without a user to drop to, each worker binds its own SMTP socket with SO_REUSEPORT and the
-kernel spreads clients over them. Dropping root, the process that still is root binds one
-socket per address and every worker accepts on it: a user cannot bind port 25 again, and a
-worker that is restarted keeps serving the same socket (the supervisor holds it open).
+`pigeon serve` binds one socket per address (before a privilege drop, if any) and every
+worker accepts on it: a user cannot bind port 25 again, a worker that is restarted keeps
+serving the same socket (the supervisor holds it open), and a stopped worker leaves its
+share of new clients to the others. No SO_REUSEPORT: with it a second node on the same port
+would bind too and take half the connections; without it, it fails with "address in use".
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """The supervisor: Postfix's `master` role for a node of several worker processes.
 
 Python runs one thread of Python at a time, so a node uses one worker process per core.
-Each worker is a full `Node` (SMTP on the shared port via SO_REUSEPORT, its own spool
-shard, its own log segments) and serves its health and metrics on a private unix socket.
-The supervisor starts the workers, restarts one that dies (with back-off), serves the public
-HTTP listener by asking every worker and merging the answers, forwards SIGHUP (reload) to
-the workers, and on SIGTERM stops the workers and waits for them to finish their open
-transactions. Under systemd it is the main process: it alone sends sd_notify. A supervisor
-that dies without stopping them (SIGKILL) takes its workers along: each has asked the kernel
-for SIGTERM when its parent dies (see `parent_death`).
+Each worker is a full `Node` (accepting SMTP on the listening sockets `pigeon serve` bound
+and handed down, its own spool shard, its own log segments) and serves its health and
+metrics on a private unix socket. The supervisor starts the workers, restarts one that dies
+(with back-off) or that has not answered its heartbeat for `[node] worker_timeout` (killed
+first, with SIGKILL), serves the public HTTP listener by asking every worker and merging
+the answers, forwards SIGHUP (reload) to the workers, and on SIGTERM stops the workers and
+waits for them to finish their open transactions. Under systemd it is the main process:
+it alone sends sd_notify. A supervisor that dies without stopping them (SIGKILL) takes its
+workers along: each has asked the kernel for SIGTERM when its parent dies (see `parent_death`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,32 @@ _OPEN_METHODS: Final = frozenset({"GET", "HEAD"})
 _MAX_OPEN_ANONYMOUS: Final = 8
 
 
+def failure_path(control: Path) -> Path:
+    """Where a worker that cannot go on writes why, beside its control socket."""
+    return control.with_suffix(".failed")
+
+
+def exit_reason(worker: Worker, status: int, when: str = "") -> str:
+    """Why a worker process ended, for the supervisor's message: what the worker said (or
+    why the supervisor killed it), else its exit status or the signal that ended it. `when`:
+    words after the verb (" during start-up")."""
+    if worker.hung is not None:
+        return f"was killed{when}: {worker.hung}"
+    try:
+        said = failure_path(worker.control).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        said = ""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        how = f"was killed by {name}{when}"
+    else:
+        how = f"exited with status {status}{when}"
+    return f"{how}: {said}" if said else f"{how} (it said no more: see its messages above)"
+
+
 class Worker:
     """One worker process and how to reach it."""
 
@@ -62,12 +89,14 @@ class Worker:
         self.control = control
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.hung: str | None = None
+        """Why the supervisor killed the process, if it did (it stopped answering)."""
         self._session: aiohttp.ClientSession | None = None
 
-    async def get(self, path: str) -> tuple[int, bytes]:
+    async def get(self, path: str, within: float = 5.0) -> tuple[int, bytes]:
         connector = aiohttp.UnixConnector(path=str(self.control))
         async with (
-            aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=5)) as http,
+            aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=within)) as http,
             http.get(f"http://worker{path}") as response,
         ):
             return response.status, await response.read()
@@ -200,6 +229,8 @@ class Supervisor:
         # Workers do not talk to systemd: it ignores them, and READY is the supervisor's to say.
         environment = {name: value for name, value in os.environ.items() if name != "NOTIFY_SOCKET"}
         worker.control.unlink(missing_ok=True)
+        failure_path(worker.control).unlink(missing_ok=True)
+        worker.hung = None
         worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
         _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
 
@@ -209,7 +240,9 @@ class Supervisor:
             while True:
                 process = worker.process
                 if process is not None and process.returncode is not None:
-                    raise RuntimeError(f"worker {worker.index} exited during start-up (status {process.returncode})")
+                    raise RuntimeError(
+                        f"worker {worker.index} {exit_reason(worker, process.returncode, ' during start-up')}"
+                    )
                 with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
                     status, _ = await worker.get("/healthz")
                     if status in (200, 503):  # started: it answers, even about a part that is down
@@ -231,14 +264,48 @@ class Supervisor:
         while not self._stopping:
             process = worker.process
             assert process is not None
-            status = await process.wait()
+            heartbeat = asyncio.create_task(self._heartbeat(worker, process), name=f"heartbeat {worker.index}")
+            try:
+                status = await process.wait()
+            finally:
+                heartbeat.cancel()
+                await asyncio.gather(heartbeat, return_exceptions=True)
             if self._stopping:
                 return
             worker.restarts += 1
-            _log.error("worker %d exited with status %s; restarting in %.0fs", worker.index, status, backoff)
+            _log.error("worker %d %s; restarting in %.0fs", worker.index, exit_reason(worker, status), backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
             await self._spawn(worker)
+
+    async def _heartbeat(self, worker: Worker, process: asyncio.subprocess.Process) -> None:
+        """Ask the worker for /healthz over and over; once it has answered (it has started:
+        one waiting for room on a full spool disk does not answer yet, and is left to wait), a
+        silence of `[node] worker_timeout` means its loop is stuck or the process stopped
+        (SIGSTOP, a debugger): kill it, and `_watch` starts it again."""
+        timeout = self.config.node.worker_timeout
+        interval = min(1.0, timeout / 4)
+        answered: float | None = None  # when it last answered
+        while process.returncode is None:
+            # Each question may take what is left of the timeout: a slow answer is an answer.
+            left = timeout if answered is None else answered + timeout - time.monotonic()
+            try:
+                status, _ = await worker.get("/healthz", within=max(left, interval))
+                if status in (200, 503):
+                    answered = time.monotonic()
+            except (OSError, aiohttp.ClientError, TimeoutError):
+                pass
+            if answered is not None and time.monotonic() - answered >= timeout:
+                worker.hung = f"it had not answered the supervisor for {timeout:g}s ([node] worker_timeout)"
+                _log.error(
+                    "worker %d (pid %d) has not answered the supervisor for %gs ([node] worker_timeout): "
+                    "killing it (SIGKILL) to start it again",
+                    worker.index, process.pid, timeout,
+                )  # fmt: skip
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                return
+            await asyncio.sleep(interval)
 
     # --- the public HTTP listener ------------------------------------------------------------
     async def _serve_http(self) -> None:
@@ -384,22 +451,47 @@ class Supervisor:
         return web.json_response(merged, status=status)
 
     async def _to_workers(self, request: web.Request, body: bytes) -> tuple[int, Any]:
-        answers: list[tuple[int, Any]] = []
-        for worker in self.workers:
+        """Every worker asked at once. One that has not answered within `[node] worker_timeout`
+        (or could not be reached) makes the answer 503 with `partial: true`: which workers
+        answered, and what they said together; the API does not wait on a stuck worker."""
+        timeout = self.config.node.worker_timeout
+
+        async def ask(worker: Worker) -> tuple[int, Any] | str:
             try:
-                response = await worker.forward(request, body)
-            except (OSError, aiohttp.ClientError, TimeoutError) as error:
-                message = f"worker {worker.index} did not answer ({error!r}); the others did: ask again"
-                return 502, {"error": message}
+                response = await asyncio.wait_for(worker.forward(request, body), timeout)
+            except TimeoutError:
+                return f"no answer within {timeout:g}s ([node] worker_timeout); it may still carry the request out"
+            except (OSError, aiohttp.ClientError) as error:
+                return f"could not be asked ({error!r}); it may be restarting"
             try:
-                answers.append((response.status, json.loads(response.body)))  # type: ignore[arg-type]
+                return response.status, json.loads(response.body)  # type: ignore[arg-type]
             except ValueError:
                 # Not an answer of the API's own: pass on what the worker said, not a riddle.
                 text = response.text.strip() if response.text else ""
-                answers.append(
-                    (response.status, {"error": text or f"worker {worker.index} answered {response.status}"})
-                )
-        return merge_answers(answers)
+                return response.status, {"error": text or f"worker {worker.index} answered {response.status}"}
+
+        results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+        answers = [result for result in results if not isinstance(result, str)]
+        missing = {
+            worker.index: result
+            for worker, result in zip(self.workers, results, strict=True)
+            if isinstance(result, str)
+        }
+        if not missing:
+            return merge_answers(answers)
+        answered = [
+            worker.index for worker, result in zip(self.workers, results, strict=True) if not isinstance(result, str)
+        ]
+        said = "; ".join(f"worker {index}: {why}" for index, why in missing.items())
+        partial: dict[str, Any] = {
+            "error": f"not every worker answered ({said}); this answer covers workers {answered or 'none'} only",
+            "partial": True,
+            "answered": answered,
+            "missing": [{"worker": index, "error": why} for index, why in missing.items()],
+        }
+        if answers:
+            partial["answers"] = merge_answers(answers)[1]
+        return 503, partial
 
     async def _metrics(self, request: web.Request) -> web.Response:
         async def workers() -> tuple[int, Any]:

@@ -3,6 +3,7 @@ can read, paths relative to the file, and errors that point at the file, line an
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
 import shutil
@@ -10,6 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
@@ -57,10 +62,31 @@ level = "debug"
 
 
 def files_named_by_full(directory: Path) -> None:
-    """The users file and TLS pair FULL names: files the config names must exist."""
+    """The users file and TLS pair FULL names: files the config names must exist (and the
+    TLS pair be a certificate and its key)."""
     (directory / "tls").mkdir(parents=True, exist_ok=True)
-    for name in ("users", "tls/cert.pem", "tls/key.pem"):
-        (directory / name).touch()
+    (directory / "users").touch()
+    write_pair(directory / "tls/cert.pem", directory / "tls/key.pem")
+
+
+def write_pair(certificate: Path, key: Path, *, hostname: str = "mx1.example.org") -> None:
+    """A real self-signed certificate in `certificate` and its key in `key`, both PEM."""
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .sign(private, hashes.SHA256())
+    )
+    certificate.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pkcs8, clear = serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, pkcs8, clear))
 
 
 def write(tmp_path: Path, text: str, name: str = "pigeon.toml") -> Path:
@@ -315,6 +341,13 @@ def test_consistency_errors_name_the_file(tmp_path: Path, text: str) -> None:
     assert str(tmp_path / "pigeon.toml") in error_of(tmp_path, text)
 
 
+def test_worker_timeout_defaults_to_30s_and_below_2s_is_refused(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")).node.worker_timeout == 30
+    assert load(write(tmp_path, '[node]\nworker_timeout = "2s"\n')).node.worker_timeout == 2
+    message = error_of(tmp_path, '[node]\nworker_timeout = "1500ms"\n')
+    assert "line 2: [node] worker_timeout: must be at least 2 seconds" in message
+
+
 def test_a_policy_timeout_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
     for zero in ('"0s"', "0", '"0ms"'):
         message = error_of(tmp_path, f"[policy]\ntimeout = {zero}\n")
@@ -357,6 +390,78 @@ def test_missing_tls_files_are_named_when_the_config_loads(tmp_path: Path, line:
     message = error_of(tmp_path, f"[smtp]\n{line}\n")
     assert f"{key}: " in message
     assert f"{tmp_path / what} does not exist" in message
+
+
+TLS_PAIR = '[smtp]\ntls_certificate = "cert.pem"\ntls_private_key = "key.pem"\n'
+
+
+def test_a_real_certificate_and_its_key_load(tmp_path: Path) -> None:
+    write_pair(tmp_path / "cert.pem", tmp_path / "key.pem")
+    assert load(write(tmp_path, TLS_PAIR)).smtp.tls_certificate == tmp_path / "cert.pem"
+
+
+def test_a_certificate_file_that_holds_no_certificate_is_refused_at_load(tmp_path: Path) -> None:
+    write_pair(tmp_path / "cert.pem", tmp_path / "key.pem")
+    (tmp_path / "cert.pem").write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+    message = error_of(tmp_path, TLS_PAIR)
+    assert "line 2: [smtp] tls_certificate: " in message
+    assert f"{tmp_path / 'cert.pem'} holds no PEM certificate" in message
+
+
+def test_a_key_file_that_holds_no_key_is_refused_at_load(tmp_path: Path) -> None:
+    write_pair(tmp_path / "cert.pem", tmp_path / "key.pem")
+    (tmp_path / "key.pem").write_text("garbage\n")
+    message = error_of(tmp_path, TLS_PAIR)
+    assert "line 3: [smtp] tls_private_key: " in message
+    assert f"{tmp_path / 'key.pem'} holds no PEM private key" in message
+
+
+def test_a_key_that_is_not_the_certificates_is_refused_at_load(tmp_path: Path) -> None:
+    write_pair(tmp_path / "cert.pem", tmp_path / "key.pem")
+    write_pair(tmp_path / "other.pem", tmp_path / "other-key.pem")
+    message = error_of(tmp_path, TLS_PAIR.replace('"key.pem"', '"other-key.pem"'))
+    assert "[smtp] tls_private_key: " in message
+    assert f"{tmp_path / 'other-key.pem'} is not the key of the certificate in {tmp_path / 'cert.pem'}" in message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_key_is_refused_at_load(tmp_path: Path) -> None:
+    write_pair(tmp_path / "cert.pem", tmp_path / "key.pem")
+    (tmp_path / "key.pem").chmod(0)
+    message = error_of(tmp_path, TLS_PAIR)
+    assert f"[smtp] tls_private_key: cannot read {tmp_path / 'key.pem'}: Permission denied" in message
+
+
+def test_an_encrypted_key_is_refused_at_load(tmp_path: Path) -> None:
+    write_pair(tmp_path / "cert.pem", tmp_path / "key.pem")
+    key = serialization.load_pem_private_key((tmp_path / "key.pem").read_bytes(), password=None)
+    locked = serialization.BestAvailableEncryption(b"secret")
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, pkcs8, locked))
+    message = error_of(tmp_path, TLS_PAIR)
+    assert f"[smtp] tls_private_key: {tmp_path / 'key.pem'} is encrypted" in message
+
+
+def test_auth_users_without_starttls_is_refused_naming_both_settings(tmp_path: Path) -> None:
+    (tmp_path / "users").touch()
+    text = '[smtp]\nstarttls = false\nauth_users = "users"\n'
+    message = error_of(tmp_path, text)
+    assert "line 3: [smtp] auth_users: is set but [smtp] starttls = false" in message
+    assert "passwords would cross the network in clear" in message
+    assert "allow_plaintext_auth = true" in message
+    config = load(write(tmp_path, text + "allow_plaintext_auth = true\n"))  # said explicitly: taken
+    assert config.smtp.auth_users == tmp_path / "users" and not config.smtp.starttls
+
+
+def test_two_api_tokens_with_the_same_secret_are_refused(tmp_path: Path) -> None:
+    token = '[[http.token]]\nname = "{}"\ntoken = "{}"\nscopes = ["{}"]\n'
+    same = "a" * 32
+    text = token.format("reader", same, "read") + token.format("operator", "b" * 32, "admin")
+    assert [t.name for t in load(write(tmp_path, text)).http.token] == ["reader", "operator"]
+    message = error_of(tmp_path, text + token.format("deployer", same, "admin"))
+    assert "line 11: [http.token] token: " in message
+    assert "'deployer' has the same secret as 'reader'" in message
+    assert same not in message  # the secret is not shown
 
 
 @pytest.mark.parametrize(

@@ -130,7 +130,31 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
 def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[str, Any]:
     retry_body, bounce_body, suspend_body, rebind_body = bodies
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
-    errors["503"] = _response("Delivery is disabled on this node", _ref("ErrorResponse"))
+    workers = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    missing = {
+        "type": "array",
+        "items": _object({"worker": {"type": "integer"}, "error": {"type": "string"}}, "worker", "error"),
+    }
+    partial = _object(
+        {
+            "error": {"type": "string"},
+            "partial": {"const": True},
+            "answered": workers,
+            "missing": missing,
+            "answers": {"type": "object"},
+        },
+        "error",
+        "partial",
+        "answered",
+        "missing",
+        doc="answered: the workers that answered; missing: each other worker and why; answers: what those that "
+        "answered said together, as a whole answer would (absent when none did)",
+    )
+    errors["503"] = _response(
+        "Delivery is disabled on this node; or, with several workers, one did not answer within [node] worker_timeout "
+        "(partial: true)",
+        {"anyOf": [_ref("ErrorResponse"), partial]},
+    )
     count = {"type": "integer", "minimum": 0}
     operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}

@@ -1,0 +1,55 @@
+"""The node lock: one `pigeon serve` per spool, said before anything else is touched.
+
+The main process (the supervisor, or the only worker) takes an exclusive flock on
+`<spool>/node.lock` before it binds a port or starts a worker, and holds it until it exits
+(the kernel drops it then, even after SIGKILL). A second node on the same spool stops at
+once, naming the file and the holder's pid, instead of starting workers that would each
+find their spool shard taken. The shards keep their own locks (`pigeon.spool.sqlite`):
+those guard a shard against any process, this one names the node that holds them all.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+from typing import Final
+
+_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class NodeLocked(Exception):
+    """Another node holds the spool's node lock; the message names the file and its pid."""
+
+
+def node_lock_path(spool: Path) -> Path:
+    return spool / "node.lock"
+
+
+def take_node_lock(spool: Path) -> int:
+    """Lock `<spool>/node.lock` for this process and write its pid there; returns the
+    descriptor, to be kept open for as long as the node runs (closing it releases the lock).
+    Raises `NodeLocked` when another node holds it, `OSError` when it cannot be opened."""
+    path = node_lock_path(spool)
+    spool.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise NodeLocked(
+            f"another node holds {path} (pid {holder}): one spool serves one node; "
+            "stop that one, or give this one another [spool] path"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as error:
+        if error.errno not in _NO_ROOM:
+            os.close(fd)
+            raise
+        # The pid only helps an operator reading the file; a full disk must not stop a
+        # node whose spool waits for room (it says so itself).
+    return fd
