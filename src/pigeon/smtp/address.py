@@ -89,8 +89,9 @@ def refused_character(text: str) -> Problem | None:
     for char in text:
         point = ord(char)
         if point < 0x20 or 0x7F <= point < 0xA0 or unicodedata.category(char) in _REFUSED_CATEGORIES:
-            name = unicodedata.name(char, "a control character")
-            return Problem(Kind.CHARACTER, f"Address contains U+{point:04X} ({name}), a control or format character")
+            name = unicodedata.name(char, "")  # controls have none
+            named = f"U+{point:04X} {name}" if name else f"U+{point:04X}"
+            return Problem(Kind.CHARACTER, f"Address contains {named}: no control or format characters allowed")
     return None
 
 
