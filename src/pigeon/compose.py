@@ -77,9 +77,13 @@ class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
     email: Email
     name: str | None = None
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)
-    metadata: dict[str, str] = msgspec.field(default_factory=dict)
-    """Carried with the message into its log records; at most `[http] max_metadata_size` bytes
-    as JSON."""
+    metadata: Annotated[
+        dict[str, str],
+        msgspec.Meta(
+            description="Carried with the message into its log records: at most [http] max_metadata_size bytes"
+            " (4 KiB unless configured) as JSON"
+        ),
+    ] = msgspec.field(default_factory=dict)
 
 
 class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import re
 import time
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from aiohttp import web
@@ -60,12 +60,17 @@ class InjectResponse(msgspec.Struct):
 
 class RecipientResult(msgspec.Struct, omit_defaults=True):
     email: str
-    id: str | None = None
-    """The spool id of the recipient's message, when accepted."""
-    error: str | None = None
-    """Why not, when refused: an SMTP-style reply ("550 5.6.0 ...")."""
-    duplicate_of: int | None = None
-    """When refused as a repeat of an earlier recipient of the request: that one's index."""
+    id: Annotated[str | None, msgspec.Meta(description="The spool id of the recipient's message, when accepted")] = None
+    error: Annotated[
+        str | None, msgspec.Meta(description='Why not, when refused: an SMTP-style reply ("550 5.1.0 ...")')
+    ] = None
+    duplicate_of: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="When refused (550 5.1.0) as a repeat of an earlier recipient of the request: that one's"
+            " index in `recipients` (the same local part, the domain in any case)"
+        ),
+    ] = None
 
 
 class ErrorResponse(msgspec.Struct, omit_defaults=True):
