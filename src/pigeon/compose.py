@@ -26,17 +26,26 @@ import msgspec
 
 from pigeon import mime, rendering
 from pigeon.rendering import RenderLimit, environment
-from pigeon.smtp.commands import dot_string_and_domain, mailbox_problem
+from pigeon.smtp import address
 
-# The mailbox grammar the server checks (RFC 5321 dot-atom local part of at most 64 octets,
-# domain labels; UTF-8 allowed, RFC 6531), as a JSON Schema pattern. The server also takes
-# quoted local parts and address literals, which this leaves out. UTF-8 is written as JSON
-# Schema spells it (escapes, no surrogates).
-_LOCAL, _DOMAIN = dot_string_and_domain(r"\u0080-\ud7ff\ue000-\uffff")
+# The mailbox grammar the server checks (`pigeon.smtp.address`: RFC 5321 dot-atom local part
+# of at most 64 octets, domain labels; UTF-8 allowed, RFC 6531, less control and format
+# characters), as a JSON Schema pattern. The server also takes quoted local parts and address
+# literals, which this leaves out; lengths are in octets there, characters here. UTF-8 is
+# written as JSON Schema spells it (escapes, BMP only, no surrogates).
+_LOCAL, _DOMAIN = address.dot_string_and_domain(address.json_schema_extra())
 MAILBOX_PATTERN = rf"(?=[^@]{{1,64}}@){_LOCAL}@{_DOMAIN}"
+_EMAIL_RULES: Final = (
+    "local@domain, at most 254 octets (UTF-8) in all and 64 in the local part, no control or"
+    " format characters (such as bidi overrides)"
+)
 Email = Annotated[
-    str, msgspec.Meta(max_length=256, pattern=f"^{MAILBOX_PATTERN}$", description="An address: local@domain")
+    str,
+    msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=f"^{MAILBOX_PATTERN}$", description=_EMAIL_RULES),
 ]
+MAX_NAME: Final = 255
+"""The longest tenant or campaign name, in characters."""
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME, description=f"At most {MAX_NAME} characters")]
 
 
 class Address(msgspec.Struct, forbid_unknown_fields=True):
@@ -68,8 +77,13 @@ class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
     email: Email
     name: str | None = None
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)
-    metadata: dict[str, str] = msgspec.field(default_factory=dict)
-    """Carried with the message into its log records."""
+    metadata: Annotated[
+        dict[str, str],
+        msgspec.Meta(
+            description="Carried with the message into its log records: at most [http] max_metadata_size bytes"
+            " (4 KiB unless configured) as JSON"
+        ),
+    ] = msgspec.field(default_factory=dict)
 
 
 class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -83,8 +97,8 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Template variables for every recipient (a recipient's own override them)."""
     template: bool = True
     """Render the content as a Jinja2 template per recipient."""
-    tenant: str | None = None
-    campaign: str | None = None
+    tenant: Name | None = None
+    campaign: Name | None = None
 
 
 class ComposeError(Exception):
@@ -113,7 +127,7 @@ class Composed:
     smtputf8: bool
 
 
-def check_request(request: InjectRequest) -> None:
+def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> None:
     """Address syntax, header values, attachment encoding and template syntax, before anything
     is stored.
 
@@ -123,13 +137,18 @@ def check_request(request: InjectRequest) -> None:
     Values that are folded into a header (names, subject, header values) or are text have
     their line breaks unfolded or made CRLF; none may hold a NUL, which some MTAs truncate at.
     """
-    if request.envelope_sender and (problem := mailbox_problem(request.envelope_sender)) is not None:
-        raise ComposeError(problem, "$.envelope_sender")
+    if request.envelope_sender and (problem := address.check(request.envelope_sender)) is not None:
+        raise ComposeError(problem.text, "$.envelope_sender")
     _as_is_in_header(request.tenant, "$.tenant")
     _as_is_in_header(request.campaign, "$.campaign")
     for index, recipient in enumerate(request.recipients):
-        if (problem := mailbox_problem(recipient.email)) is not None:
-            raise ComposeError(problem, f"$.recipients[{index}].email")
+        if (problem := address.check(recipient.email)) is not None:
+            raise ComposeError(problem.text, f"$.recipients[{index}].email")
+        if recipient.metadata and (size := len(msgspec.json.encode(recipient.metadata))) > max_metadata_size:
+            raise ComposeError(
+                f"metadata is {size} bytes as JSON, over [http] max_metadata_size ({max_metadata_size})",
+                f"$.recipients[{index}].metadata",
+            )
         _no_nul(recipient.name, f"$.recipients[{index}].name")
     content = request.content
     if isinstance(content, str):
@@ -137,6 +156,10 @@ def check_request(request: InjectRequest) -> None:
     else:
         if content.text is None and content.html is None and not content.attachments:
             raise ComposeError("parts need a text, an html or an attachment", "$.content")
+        header_addresses = [(content.from_, "$.content.from.email"), (content.reply_to, "$.content.reply_to.email")]
+        for header_address, field in header_addresses:
+            if header_address is not None and (problem := address.check(header_address.email)) is not None:
+                raise ComposeError(problem.text, field)
         _no_nul(content.from_.name, "$.content.from.name")
         _no_nul(content.reply_to.name if content.reply_to else None, "$.content.reply_to.name")
         _no_nul(content.subject, "$.content.subject")

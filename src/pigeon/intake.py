@@ -46,6 +46,7 @@ from pigeon.policy.hooks import HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import scheduled_queue
 from pigeon.smtp import replies
+from pigeon.smtp.address import same_mailbox_key
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Spool, SpoolError
@@ -493,11 +494,10 @@ def _unique(recipients: list[Recipient]) -> list[Recipient]:
     without case; local parts with it (RFC 5321 2.4). The first one's DSN parameters win."""
     if len(recipients) < 2:
         return recipients
-    seen: set[tuple[str, str]] = set()
+    seen: set[str] = set()
     unique: list[Recipient] = []
     for recipient in recipients:
-        local, _, domain = recipient.address.rpartition("@")
-        key = (local, domain.lower())
+        key = same_mailbox_key(recipient.address)  # as HTTP injection finds a repeat
         if key not in seen:
             seen.add(key)
             unique.append(recipient)

@@ -512,6 +512,10 @@ def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(t
             assert client.rcpt("nope@example.net") == (550, b"5.1.1 no such user")
         status, answer = inject("a@example.org", "nope@example.net")
         assert (status, errors(answer)) == (422, ["550 5.1.1 no such user"])
+        # A refused mailbox named again: still every recipient refused for good, the repeat as such.
+        status, answer = inject("a@example.org", "nope@example.net", "nope@example.net")
+        duplicate = "550 5.1.0 duplicate of recipient 0 of the request"
+        assert (status, errors(answer)) == (422, ["550 5.1.1 no such user", duplicate])
         status, answer = inject("temp@example.org", "x@example.net", "y@example.net")
         assert (status, errors(answer)) == (503, ["451 4.3.2 sender on hold"] * 2)
         status, answer = inject("a@example.org", "ok@example.net", "nope@example.net", "echo@example.net")
@@ -545,10 +549,12 @@ def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(t
         assert later.returncode == 75 and "refused: 451 4.3.2 sender on hold" in later.stdout
         # Only ok@ was stored; every refused recipient is a Rejection of the injection, counted.
         assert [m["recipients"] for m in pigeon.spool_messages()] == [["ok@example.net"]]
-        injected = [r for r in pigeon.wait_records("Rejection", 12) if r["command"] == "inject"]
+        injected = [r for r in pigeon.wait_records("Rejection", 14) if r["command"] == "inject"]
         assert sorted((r["recipients"][0], r["response"]["code"]) for r in injected) == [
             ("boom@example.net", 451),
             ("echo@example.net", 550),
+            ("nope@example.net", 550),
+            ("nope@example.net", 550),
             ("nope@example.net", 550),
             ("nope@example.net", 550),
             ("nope@example.net", 550),
@@ -559,7 +565,7 @@ def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(t
             ("y@example.net", 451),
         ]
         assert all(r["session"].startswith("http-") and r["auth_user"] == "local" and "id" not in r for r in injected)
-        assert pigeon.metric('pigeon_rejections_total{code="550",command="inject"}') == 6
+        assert pigeon.metric('pigeon_rejections_total{code="550",command="inject"}') == 8
         assert pigeon.metric('pigeon_rejections_total{code="451",command="inject"}') == 4
 
 

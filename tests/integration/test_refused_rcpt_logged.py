@@ -23,7 +23,7 @@ def test_every_refused_rcpt_is_logged_with_the_recipient_it_named(tmp_path: Path
         client.expect(250, "MAIL FROM:<a@example.org>")
         client.expect(250, "RCPT TO:<bob@example.net>")
         client.expect(452, "RCPT TO:<carol@example.net>")
-        client.expect(501, b"RCPT TO:<evil\x1b[2J\xc2\x9b31m\xe2\x80\xaeten.elpmaxe@example..net>")
+        client.expect(553, b"RCPT TO:<evil\x1b[2J\xc2\x9b31m\xe2\x80\xaeten.elpmaxe@example..net>")
         client.expect(500, b"RCPT TO:<caf\xe9@example.net>")
         client.expect(501, "RCPT TO:<" + "x" * 900 + "@example.net>")
         client.expect(501, "RCPT TO:dave@example.net")
@@ -37,7 +37,7 @@ def test_every_refused_rcpt_is_logged_with_the_recipient_it_named(tmp_path: Path
     assert logged == [
         ("RCPT", 503, None, ["early@example.net"]),
         ("RCPT", 452, "a@example.org", ["carol@example.net"]),
-        ("RCPT", 501, "a@example.org", ["evil\\x1b[2J\\u009b31m\\u202eten.elpmaxe@example..net"]),
+        ("RCPT", 553, "a@example.org", ["evil\\x1b[2J\\u009b31m\\u202eten.elpmaxe@example..net"]),
         ("RCPT", 500, "a@example.org", ["caf\\xe9@example.net"]),
         ("RCPT", 501, "a@example.org", ["x" * 256 + "..."]),
         ("RCPT", 501, "a@example.org", ["dave@example.net"]),

@@ -39,7 +39,7 @@ from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
-from pigeon.smtp.commands import mailbox_problem
+from pigeon.smtp import address
 from pigeon.tls import client_context
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -128,8 +128,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         raise fail(["policy", "timeout"], 'must be more than 0 (e.g. "2s", "250ms")')
     if not smtp.postmaster:
         smtp.postmaster = f"postmaster@{smtp.hostname}"
-    elif (problem := mailbox_problem(smtp.postmaster)) is not None:
-        raise fail(["smtp", "postmaster"], f"{smtp.postmaster!r}: {problem}")
+    elif (problem := address.check(smtp.postmaster)) is not None:
+        raise fail(["smtp", "postmaster"], f"{smtp.postmaster!r}: {problem.text}")
     if config.delivery.max_message_rate is not None:
         try:
             Rate.parse(config.delivery.max_message_rate)

@@ -280,7 +280,10 @@ class HttpConfig(_Section):
     """Keep a token with every scope in <spool path>/api-token (mode 0600), made at first start,
     for the `pigeon` commands run on this machine by a user who can read the spool."""
     max_request_size: Size = Size(64 * 1024 * 1024)
-    """Largest API request body (413 beyond)."""
+    """Largest API request body: 413 beyond, with a JSON error naming this setting."""
+    max_metadata_size: Size = Size(4 * 1024)
+    """Largest `metadata` object of one injected recipient, in bytes of its JSON (400 beyond):
+    it is written into every log record of the message."""
     max_open_requests: PositiveInt = 64
     """API requests a node with several workers reads and forwards at once; beyond, 503 and the
     connection closed. With `max_request_size` it bounds the bodies held in memory. A request

@@ -32,6 +32,7 @@ from pigeon.config.schema import Config
 from pigeon.listener.client_table import client_table_path, create_client_table
 from pigeon.listener.http.admin import caller, cluster_wide, refusal_answer, validate, with_id
 from pigeon.listener.http.auth import Tokens
+from pigeon.listener.http.body import declared_too_large, too_large
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.listener.http.metrics import cluster_comment, exposition
@@ -387,12 +388,19 @@ class Supervisor:
             self._tokens.known(request)
         except web.HTTPException as refusal:
             return _closing(web.Response(status=refusal.status, text=refusal.text, headers=refusal.headers))
+        max_size = self.config.http.max_request_size
+        if declared_too_large(request, max_size):
+            return too_large(max_size)
         if self._open_requests >= self.config.http.max_open_requests:
             message = f"{self._open_requests} API requests in progress ([http] max_open_requests): try again shortly"
             return _closing(web.json_response({"error": message}, status=503, headers={"Retry-After": "1"}))
         self._open_requests += 1
         try:
-            return await self._pass_on(request, await request.read())
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return too_large(max_size)
+            return await self._pass_on(request, body)
         finally:
             self._open_requests -= 1
 

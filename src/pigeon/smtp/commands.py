@@ -10,13 +10,12 @@ extended by RFC 6531 to UTF-8 when the transaction uses SMTPUTF8. Source routes
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from pigeon.smtp import replies
+from pigeon.smtp import address, replies
 from pigeon.smtp.errors import SmtpProtocolError
 from pigeon.smtp.events import Data, Ehlo, Helo, MailFrom, RcptTo, StartTls
 from pigeon.smtp.extensions import Offer, parse_mail_parameters, parse_rcpt_parameters
@@ -65,34 +64,7 @@ class Auth:
 Command = Ehlo | Helo | MailFrom | RcptTo | Data | StartTls | Rset | Noop | Quit | Vrfy | Help | Bdat | Auth
 Parser = Callable[[str, Offer], Command]
 
-# --- address grammar ------------------------------------------------------------------------
-_ATEXT: Final = r"A-Za-z0-9!#$%&'*+\-/=?^_`{|}~"
-_UTF8: Final = "\u0080-\U0010ffff"
-
-
-def dot_string_and_domain(extra: str) -> tuple[str, str]:
-    """The regex sources of a dot-string local part and a domain (RFC 5321 4.1.2), with the
-    character range `extra` (UTF-8, RFC 6531) allowed too. The HTTP API's JSON Schema pattern
-    is built from these, so it describes the same addresses as the SMTP server accepts."""
-    atom = f"[{_ATEXT}{extra}]+"
-    label = f"[A-Za-z0-9{extra}](?:[A-Za-z0-9{extra}-]*[A-Za-z0-9{extra}])?"
-    return f"{atom}(?:\\.{atom})*", f"{label}(?:\\.{label})*"
-
-
-def _mailbox_pattern(utf8: bool) -> re.Pattern[str]:
-    extra = _UTF8 if utf8 else ""
-    dot_string, domain = dot_string_and_domain(extra)
-    quoted = f'"(?:[\\x20\\x21\\x23-\\x5b\\x5d-\\x7e{extra}]|\\\\[\\x20-\\x7e])*"'
-    literal = r"\[[^\[\]\\\s]+\]"
-    return re.compile(f"(?P<local>{dot_string}|{quoted})@(?P<domain>{domain}|{literal})")
-
-
-_MAILBOX_ASCII: Final = _mailbox_pattern(utf8=False)
-_MAILBOX_UTF8: Final = _mailbox_pattern(utf8=True)
 _SOURCE_ROUTE: Final = re.compile(r"@[^,:@\s]+(?:,@[^,:@\s]+)*:")
-_MAX_LOCAL: Final = 64  # RFC 5321 4.5.3.1.1
-_MAX_DOMAIN: Final = 255  # RFC 5321 4.5.3.1.2
-_MAX_PATH: Final = 256  # RFC 5321 4.5.3.1.3
 _BDAT_SIZE: Final = re.compile(r"[0-9]{1,18}")
 
 
@@ -132,6 +104,11 @@ def _mail(arg: str, offer: Offer) -> Command:
     path, params = _split_path(rest, replies.BAD_ADDRESS_SYNTAX_SENDER)
     parsed = parse_mail_parameters(params, offer)
     smtputf8 = parsed[2]
+    # A control or bidi character is refused as such, SMTPUTF8 or not: it is no matter of
+    # encoding, and the client should hear what is wrong.
+    if (problem := address.refused_character(path)) is not None:
+        bad = replies.BAD_ADDRESS_SYNTAX_SENDER
+        raise SmtpProtocolError(replies.r(problem.kind.smtp_code, bad.enhanced, problem.text))
     if not smtputf8 and not path.isascii():
         raise SmtpProtocolError(replies.NON_ASCII_WITHOUT_SMTPUTF8)
     sender = "" if path == "" else _mailbox(path, smtputf8, replies.BAD_ADDRESS_SYNTAX_SENDER)
@@ -197,10 +174,6 @@ def _split_path(rest: str, bad: Reply) -> tuple[str, str]:
         if route is None:
             raise SmtpProtocolError(bad)
         path = path[route.end() :]
-    if len(path.encode("utf-8")) > _MAX_PATH - 2:
-        raise SmtpProtocolError(
-            replies.syntax("Address is longer than 256 octets (RFC 5321 4.5.3.1.3)", bad.enhanced or "5.5.2")
-        )
     return path, after
 
 
@@ -219,41 +192,14 @@ def _closing_bracket(rest: str) -> int:
 
 
 def _mailbox(path: str, utf8: bool, bad: Reply) -> str:
-    match = (_MAILBOX_UTF8 if utf8 else _MAILBOX_ASCII).fullmatch(path)
-    if match is None:
+    """`path` if it is a mailbox (`pigeon.smtp.address`, the check every door shares), else
+    the refusal: `bad` for a syntax error, else 501 or 553 with the problem's text."""
+    problem = address.check(path, utf8=utf8)
+    if problem is None:
+        return path
+    if problem.kind is address.Kind.SYNTAX:
         raise SmtpProtocolError(bad)
-    local, domain = match.group("local"), match.group("domain")
-    if len(local.encode("utf-8")) > _MAX_LOCAL:
-        raise SmtpProtocolError(
-            replies.syntax("Local part is longer than 64 octets (RFC 5321 4.5.3.1.1)", bad.enhanced or "5.5.2")
-        )
-    if len(domain.encode("utf-8")) > _MAX_DOMAIN:
-        raise SmtpProtocolError(
-            replies.syntax("Domain is longer than 255 octets (RFC 5321 4.5.3.1.2)", bad.enhanced or "5.5.2")
-        )
-    if domain.startswith("[") and not _valid_literal(domain[1:-1]):
-        raise SmtpProtocolError(bad)
-    return path
-
-
-def mailbox_problem(address: str) -> str | None:
-    """Why `address` is not a mailbox RFC 5321 (with RFC 6531's UTF-8) allows, or None."""
-    try:
-        _mailbox(address, True, replies.syntax("Not a valid mailbox address (local@domain)", "5.1.3"))
-    except SmtpProtocolError as error:
-        return " ".join(error.reply.lines)
-    return None
-
-
-def _valid_literal(literal: str) -> bool:
-    try:
-        if literal[:5].upper() == "IPV6:":
-            ipaddress.IPv6Address(literal[5:])
-        else:
-            ipaddress.IPv4Address(literal)
-    except ValueError:
-        return False
-    return True
+    raise SmtpProtocolError(replies.r(problem.kind.smtp_code, bad.enhanced or "5.1.3", problem.text))
 
 
 def _no_argument(command: Command, verb: str) -> Parser:

@@ -38,7 +38,7 @@ def test_a_recipient_before_mail_is_named_in_its_503() -> None:
         (b"rcpt to: <bob@example.net", 501, "<bob@example.net"),
         (b"RCPT FROM:<bob@example.net>", 501, "FROM:<bob@example.net>"),
         (b'RCPT TO:<"odd>name"@example.net> SIZE=1', 555, '"odd>name"@example.net'),
-        (b"RCPT TO:<b\x1b[2Jb@example.net>", 501, "b\x1b[2Jb@example.net"),
+        (b"RCPT TO:<b\x1b[2Jb@example.net>", 553, "b\x1b[2Jb@example.net"),
         (b"RCPT TO:<caf\xe9@example.net>", 500, "caf\udce9@example.net"),
         (b"RCPT TO:<>", 501, ""),
         (b"RCPT", 501, ""),

@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from pigeon.listener.http import admin
+from pigeon.listener.http.body import declared_too_large, too_large
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.health import healthz
 from pigeon.listener.http.inject import inject
@@ -44,8 +45,26 @@ async def _json_routing_errors(
         raise web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json") from None
 
 
+def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware: a body over `[http] max_request_size` gets a JSON 413 (see `body`)."""
+
+    @web.middleware
+    async def limit(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if declared_too_large(request, max_size):
+            return too_large(max_size)
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return too_large(max_size)
+
+    return limit
+
+
 def build_app(node: NodeView) -> web.Application:
-    app = web.Application(client_max_size=node.config.http.max_request_size, middlewares=[_json_routing_errors])
+    max_size = node.config.http.max_request_size
+    app = web.Application(client_max_size=max_size, middlewares=[_body_limit(max_size), _json_routing_errors])
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

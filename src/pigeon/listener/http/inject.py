@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import re
 import time
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from aiohttp import web
@@ -38,7 +38,7 @@ from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
 from pigeon.policy.hooks import HookFailed, Verdict, refusal
-from pigeon.smtp import replies
+from pigeon.smtp import address, replies
 from pigeon.smtp.framing import check_message
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
@@ -60,10 +60,17 @@ class InjectResponse(msgspec.Struct):
 
 class RecipientResult(msgspec.Struct, omit_defaults=True):
     email: str
-    id: str | None = None
-    """The spool id of the recipient's message, when accepted."""
-    error: str | None = None
-    """Why not, when refused: an SMTP-style reply ("550 5.6.0 ...")."""
+    id: Annotated[str | None, msgspec.Meta(description="The spool id of the recipient's message, when accepted")] = None
+    error: Annotated[
+        str | None, msgspec.Meta(description='Why not, when refused: an SMTP-style reply ("550 5.1.0 ...")')
+    ] = None
+    duplicate_of: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="When refused (550 5.1.0) as a repeat of an earlier recipient of the request: that one's"
+            " index in `recipients` (the same local part, the domain in any case)"
+        ),
+    ] = None
 
 
 class ErrorResponse(msgspec.Struct, omit_defaults=True):
@@ -76,10 +83,14 @@ class ErrorResponse(msgspec.Struct, omit_defaults=True):
 async def inject(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     holder = node.tokens.holder(request, "inject")
+    config = node.config
+    body = await request.read()
     try:
-        parsed = _DECODER.decode(await request.read())
-        check_request(parsed)
+        parsed = _DECODER.decode(body)
+        check_request(parsed, max_metadata_size=config.http.max_metadata_size)
     except msgspec.ValidationError as error:
+        if (refused := _address_refusal(body, str(error))) is not None:
+            raise refused from None
         raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
     except msgspec.DecodeError as error:
         raise bad_request(f"malformed JSON: {error}") from None
@@ -89,7 +100,6 @@ async def inject(request: web.Request) -> web.Response:
         raise bad_request("JSON nested too deeply (about 1000 levels at most)", "$") from None
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
-    config = node.config
     composer = Composer(
         parsed,
         config.smtp.hostname,
@@ -141,12 +151,22 @@ async def inject(request: web.Request) -> web.Response:
     taken: list[str] = []  # the recipients on_rcpt_to let through so far
     composing = False  # whether a recipient has been composed yet
     turn = time.monotonic()
-    for recipient in parsed.recipients:
+    first_of: dict[str, int] = {}  # each mailbox's first index in the request
+    duplicates = 0
+    for index, recipient in enumerate(parsed.recipients):
         result = RecipientResult(recipient.email)
         results.append(result)
         if time.monotonic() - turn > _YIELD_AFTER:
             await asyncio.sleep(0)
             turn = time.monotonic()
+        # One request, one message per mailbox: a repeat would be delivered twice. Refused
+        # before the policy is asked, so that its hooks see each mailbox once.
+        first = first_of.setdefault(address.same_mailbox_key(recipient.email), index)
+        if first != index:
+            result.duplicate_of = first
+            duplicates += 1
+            refuse(result, replies.r(550, "5.1.0", f"duplicate of recipient {first} of the request"), by_policy=False)
+            continue
         if everyone is not None:
             refuse(result, everyone, by_policy=True)
             continue
@@ -157,14 +177,14 @@ async def inject(request: web.Request) -> web.Response:
                 refuse(result, refusal(verdict), by_policy=True)
                 continue
             taken.append(recipient.email)
-        first, composing = not composing, True
+        first_composed, composing = not composing, True
         try:
             composed = composer.compose(recipient)
         except RenderTimeSpent as error:
             refuse(result, replies.r(451, "4.3.0", f"{error}; send this recipient again"), by_policy=False)
             continue
         except TemplateLimitError as error:
-            if first:  # nothing taken yet: refuse the request, naming the limit
+            if first_composed:  # nothing taken yet: refuse the request, naming the limit
                 raise bad_request(
                     str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content"
                 ) from None
@@ -215,8 +235,10 @@ async def inject(request: web.Request) -> web.Response:
     spool_trouble = accepted == 0 and any(r.error and r.error.startswith("4") for r in results)
     if spool_trouble:
         return _json(response, 503)
-    # Refused by the policy, every one of them, for good: the request itself is not allowed.
-    return _json(response, 422 if policy_refusals == len(results) else 200)
+    # Refused by the policy, every one of them, for good (the repeats of refused ones with
+    # them): the request itself is not allowed.
+    everyone_refused = policy_refusals > 0 and policy_refusals + duplicates == len(results) and accepted == 0
+    return _json(response, 422 if everyone_refused else 200)
 
 
 async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -> Refuse | HookFailed | None:
@@ -236,6 +258,30 @@ def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBad
         message = "Not a valid mailbox address (local@domain)" if is_address else "Not of the required form"
     body = msgspec.json.encode(ErrorResponse(message, field))
     return web.HTTPBadRequest(body=body, content_type="application/json")
+
+
+_ADDRESS_FIELD: Final = re.compile(
+    r"\$\.(?:envelope_sender|recipients\[\d+\]\.email|content\.(?:from|reply_to)\.email)"
+)
+_STEP: Final = re.compile(r"\.([a-z_]+)|\[(\d+)\]")
+
+
+def _address_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
+    """400 for an address the request's schema refused, with the text `pigeon.smtp.address`
+    gives (what SMTP says of the same address), rather than "does not match the pattern"."""
+    match = _FIELD.search(error)
+    if match is None or not _ADDRESS_FIELD.fullmatch(field := match.group(1)):
+        return None
+    value: Any = msgspec.json.decode(body)
+    for name, index in _STEP.findall(field):
+        try:
+            value = value[name] if name else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return None
+    if not isinstance(value, str) or (field == "$.envelope_sender" and value == ""):
+        return None
+    problem = address.check(value)
+    return bad_request(problem.text if problem is not None else address.SYNTAX_TEXT, field)
 
 
 def _peer(request: web.Request) -> tuple[str, str]:

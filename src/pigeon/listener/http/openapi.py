@@ -36,7 +36,7 @@ _ERRORS: Final = {
     "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
     "401": ("No token, or an unknown one", "ErrorResponse"),
     "403": ("The token lacks the scope", "ErrorResponse"),
-    "413": ("The request body is over [http] max_request_size", None),
+    "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
 }
 
 
@@ -78,7 +78,9 @@ def document() -> dict[str, Any]:
                     "operationId": "inject",
                     "summary": "Inject mail: one message per recipient, answered once all are durable",
                     "description": "Needs the 'inject' scope. Content is raw RFC 5322 text or parts; "
-                    "either is a Jinja2 template rendered per recipient unless 'template' is false.",
+                    "either is a Jinja2 template rendered per recipient unless 'template' is false. "
+                    "Addresses are checked as SMTP checks them (400 naming the field, with SMTP's text); "
+                    "a recipient named twice is refused the second time (550 5.1.0, duplicate_of).",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
@@ -129,7 +131,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
 
 def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[str, Any]:
     retry_body, bounce_body, suspend_body, rebind_body = bodies
-    errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
+    errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()}
     workers = {"type": "array", "items": {"type": "integer", "minimum": 0}}
     missing = {
         "type": "array",
