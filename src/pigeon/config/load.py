@@ -160,7 +160,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     _check_files(config, fail)
     _check_dkim(config, path, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
-        raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
+        users = smtp.auth_users
+        raise fail(["smtp", "auth_users"], f"no users file at {users} (create it: pigeon passwd -c {users} USER)")
     module = config.policy.module
     if module is not None and (module.endswith(".py") or "/" in module) and not Path(module).is_file():
         raise fail(["policy", "module"], f"no policy module file at {module}")
