@@ -158,7 +158,7 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         assert "$.tenant" in smuggling.stderr and "must not contain a CR" in smuggling.stderr
         wrong = pigeon_cli("inject", "-c", config, "--token", "x" * 20, "--from", "a@example.org", "--to",
                            "b@example.net", str(message))  # fmt: skip
-        assert wrong.returncode == 2 and "401: unknown token" in wrong.stderr
+        assert wrong.returncode == 77 and "401: unknown token" in wrong.stderr  # EX_NOPERM
 
 
 def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) -> None:

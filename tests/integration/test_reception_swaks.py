@@ -49,7 +49,7 @@ def _users_file(root: Path) -> Path:
     users = root / "users"
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pigeon", "passwd", "alice", "--stdin", "--file", str(users)],
+        [sys.executable, "-m", "pigeon", "passwd", "-c", str(users), "alice", "--stdin"],
         input="wonderland\n",
         text=True,
         check=True,

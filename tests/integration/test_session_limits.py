@@ -95,17 +95,21 @@ def test_connections_over_the_limit_are_refused_with_421(tmp_path: Path) -> None
             fourth.expect(220)
 
 
-def test_too_many_errors_end_the_session(tmp_path: Path) -> None:
+def test_the_max_errors_th_error_gets_its_reply_then_421_and_the_connection_closes(tmp_path: Path) -> None:
+    """max_errors = 3: two errors leave the session open; the third is answered, then 421."""
     with PigeonProcess(tmp_path / "node", smtp={"max_errors": 3}) as pigeon, RawSmtp(pigeon.smtp_port) as client:
         client.expect(220)
-        for _ in range(3):
+        for _ in range(2):
             client.expect(500, "BOGUS")
+        client.expect(250, "NOOP")  # still open after max_errors - 1
         client.send(b"BOGUS\r\n")
         assert client.reply()[0] == 500
         code, text = client.reply()
         assert code == 421
         assert "too many errors" in text[0]
         assert client.closed_by_peer()
+        rejections = pigeon.wait_records("Rejection", 4)
+    assert [r["response"]["code"] for r in rejections] == [500, 500, 500, 421]
 
 
 def test_overlong_command_line_is_refused_and_the_session_goes_on(pigeon: PigeonProcess) -> None:

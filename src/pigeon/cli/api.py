@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -28,6 +29,10 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the answer as JSON, for scripts")
 
 
+UNREACHABLE = 3
+"""The exit status of a command whose node cannot be reached (`pigeon inject`'s is 75)."""
+
+
 class ApiClient:
     def __init__(self, args: argparse.Namespace) -> None:
         config = load_config(args)
@@ -36,33 +41,54 @@ class ApiClient:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         self.url = (args.url or f"http://{host}:{listen.port}").rstrip("/")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:  # "localhost:8025": a usage error
+            print(f"pigeon: --url {redact_url(self.url)!r} is not an HTTP address (give http://HOST:PORT)",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
         self.token = (
             args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / _local_token_file())
         )
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """The status and decoded JSON answer. Exits 3 if the node cannot be reached."""
+    def request(self, method: str, path: str, body: Any = None, *, unreachable: int = UNREACHABLE) -> tuple[int, Any]:
+        """The status and decoded JSON answer. Exits `unreachable` (3) if the node cannot be reached."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        # The node keeps "cli" with a rule this makes (`suspended_by`): see listener.http.admin.CLI_AGENT.
-        request.add_header("User-Agent", f"pigeon-cli/{__version__}")
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=600) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as error:
-            status, raw = error.code, error.read()
-        except OSError as error:
-            print(f"pigeon: cannot reach {redact_url(self.url)}: {redact(str(getattr(error, 'reason', error)))}"
-                  " (is `pigeon serve` running?)",
-                  file=sys.stderr)  # fmt: skip
-            raise SystemExit(3) from None
+        status, raw = self.fetch(path, method=method, data=data, unreachable=unreachable)
         try:
             return status, json.loads(raw)
         except ValueError:
             return status, {"error": raw.decode(errors="replace")}
+
+    def fetch(
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        data: bytes | None = None,
+        token: bool = True,
+        timeout: float = 600,
+        unreachable: int = UNREACHABLE,
+    ) -> tuple[int, bytes]:
+        """The status and raw body of one request (an HTTP error status is an answer, not an
+        exception). A node that cannot be reached (refused, timed out, no route) prints why
+        and exits `unreachable`: every command then says the same thing the same way."""
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        # The node keeps "cli" with a rule this makes (`suspended_by`): see listener.http.admin.CLI_AGENT.
+        request.add_header("User-Agent", f"pigeon-cli/{__version__}")
+        if token and self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+        except OSError as error:
+            print(f"pigeon: cannot reach {redact_url(self.url)}: {redact(str(getattr(error, 'reason', error)))}"
+                  " (is `pigeon serve` running?)",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(unreachable) from None
 
 
 def identifier(value: str) -> str:

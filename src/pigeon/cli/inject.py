@@ -20,9 +20,17 @@ EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net --tenant acme --campaign spring --json message.eml
 
 Content is a Jinja2 template rendered per recipient (--no-template sends it as it is).
-Prints each recipient's spool id, or why it was refused. Exits 0 if every recipient was
-accepted; 75 (EX_TEMPFAIL, as sendmail) if none was and all were refused for now (4xx: run it
-again later); 1 otherwise (one refused for good, or some accepted and others not).
+Prints each recipient's spool id, or why it was refused.
+
+exit status (sysexits.h, as sendmail's):
+   0  every recipient was accepted
+   1  some recipients were refused: one for good (5xx), or some accepted and others not
+      (running it again would send those twice)
+   2  usage or input error: a bad option, a file that cannot be read, a request the node
+      refused as malformed (400, naming the field)
+  75  EX_TEMPFAIL: try again later; nothing was accepted: every recipient was refused for now
+      (4xx), the node is busy or failing (429, 5xx), or it cannot be reached
+  77  EX_NOPERM: the node refused the token (401: none or unknown; 403: no "inject" scope)
 """
 
 
@@ -55,16 +63,28 @@ def run(args: argparse.Namespace) -> int:
         request = _request(args)
     except (OSError, ValueError) as error:
         print(f"pigeon inject: {error}", file=sys.stderr)
-        return 2
-    status, answer = ApiClient(args).request("POST", "/api/v1/inject", request)
-    if status not in (200, 422, 503):  # 422 and 503 still name each recipient's reply
-        return fail(status, answer)
+        return USAGE
+    # A node that cannot be reached is a temporary failure to a script or an MTA calling us.
+    status, answer = ApiClient(args).request("POST", "/api/v1/inject", request, unreachable=TEMPFAIL)
+    per_recipient = isinstance(answer, dict) and isinstance(answer.get("recipients"), list)
+    if status not in (200, 422, 503) or not per_recipient:  # 422 and 503 still name each recipient's reply
+        fail(status, answer)
+        return failure_status(status)
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
         for result in answer["recipients"]:
             print(f"{result['email']:40} {result.get('id') or 'refused: ' + result.get('error', '?')}")
     return exit_status(status, answer)
+
+
+def failure_status(status: int) -> int:
+    """The exit status for a request the node answered without a reply per recipient."""
+    if status in (401, 403):
+        return NOPERM
+    if status == 429 or status >= 500:  # busy, restarting, no worker free: the same request may pass later
+        return TEMPFAIL
+    return USAGE
 
 
 def exit_status(status: int, answer: dict[str, Any]) -> int:
@@ -76,10 +96,13 @@ def exit_status(status: int, answer: dict[str, Any]) -> int:
     results = answer.get("recipients", [])
     refused = [r.get("error") or "" for r in results if not r.get("id")]
     everyone = len(refused) == len(results) > 0
-    return TEMPFAIL if everyone and all(error.startswith("4") for error in refused) else 1
+    return TEMPFAIL if everyone and all(error.startswith("4") for error in refused) else REFUSED
 
 
+REFUSED = 1
+USAGE = 2  # as argparse exits for a bad option
 TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: what sendmail and Postfix's sendmail exit with for "try later"
+NOPERM = 77  # sysexits.h EX_NOPERM: "permission denied", for a token the node refuses
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""`pigeon passwd`: add or change an SMTP AUTH user in the users file."""
+"""`pigeon passwd`: add or change an SMTP AUTH user in the users file.
+
+As `htpasswd`, `-c FILE` creates the file (0600) when it does not exist yet; without it a
+missing file is an error, so a typo in a path does not quietly start a new, empty list of
+users that the node never reads. `-c` here is not `--config` (that one is long-only here).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pigeon.cli.common import add_config_option, load_config
+from pigeon.cli.common import load_config
 from pigeon.listener.passwords import PasswordFileError, set_password
 
 EXAMPLES = """examples:
-  pigeon passwd alice                          # asks for the password twice
-  echo 's3cret' | pigeon passwd alice --stdin  # for scripts
-  pigeon passwd alice --file /etc/pigeon/users
+  pigeon passwd -c /etc/pigeon/users alice     # creates the file (0600) if missing; asks twice
+  pigeon passwd --file /etc/pigeon/users bob   # adds to a file that exists
+  echo 's3cret' | pigeon passwd --file /etc/pigeon/users carol --stdin   # for scripts
+  pigeon passwd --config /etc/pigeon/pigeon.toml dave   # the file of [smtp] auth_users
 Point [smtp] auth_users at the file to enable AUTH PLAIN and LOGIN.
+Exits 0 when the password is set; 1 if it was refused (empty, the two differ, the file
+cannot be written); 2 for a usage error (no file, a missing one without -c).
 """
 
 
@@ -27,17 +35,33 @@ def register(commands: Any) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_config_option(parser)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML configuration file whose [smtp] auth_users names the users file",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "-c", "--create", type=Path, metavar="FILE", help="users file, created (mode 0600) if it does not exist"
+    )
+    where.add_argument("--file", type=Path, help="users file, which must exist (default: [smtp] auth_users)")
     parser.add_argument("user")
-    parser.add_argument("--file", type=Path, help="users file (default: [smtp] auth_users of the configuration)")
     parser.add_argument("--stdin", action="store_true", help="read the password from the first line of stdin")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    path = args.file if args.file is not None else load_config(args).smtp.auth_users
+    path: Path | None = args.create if args.create is not None else args.file
     if path is None:
-        print("pigeon: no users file: give --file, or set [smtp] auth_users in the configuration", file=sys.stderr)
+        path = load_config(args).smtp.auth_users
+    if path is None:
+        print("pigeon: no users file: give -c FILE (to create it) or --file FILE, or set [smtp] auth_users "
+              "in the configuration (--config)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.create is None and not path.exists():
+        print(f"pigeon: {path}: no such users file; to create it: pigeon passwd -c {path} {args.user}",
+              file=sys.stderr)  # fmt: skip
         return 2
     if args.stdin:
         password = sys.stdin.readline().rstrip("\r\n")
@@ -50,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
         print("pigeon: empty password refused; nothing changed", file=sys.stderr)
         return 1
     try:
-        set_password(path, args.user, password)
+        created = set_password(path, args.user, password)
     except (PasswordFileError, OSError) as error:
         print(f"pigeon: {error}", file=sys.stderr)
         return 1
-    print(f"{args.user}: password set in {path}")
+    print(f"{args.user}: password set in {path}" + (" (created, mode 0600)" if created else ""))
     return 0

@@ -8,8 +8,6 @@ import json
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +20,10 @@ EXAMPLES = """examples:
   pigeon top --interval 5
   pigeon top --once               # one frame, for a script or a log
   pigeon top --once --json        # the same frame as one JSON document
+  pigeon top --interval 60 >> top.log   # not a terminal: frames one after another, no escape codes
+
+Exits 0 (Ctrl-C, or after --once); 3 if the node cannot be reached (its address and why are
+printed: is `pigeon serve` running, is --url or [http] listen right?); 2 if it refuses the request.
 """
 _RATES = (
     ("received", "pigeon_messages_received_total", None),
@@ -35,6 +37,7 @@ _INBOUND_OUTCOMES = ("delivered", "deferred", "failed")
 _SCHEDULED_ROWS = 15  # the biggest queues shown
 _READY_ROWS = 10
 _CLUSTER_COMMENT = "# pigeon cluster nodes:"  # the nodes /metrics?cluster=1 added up
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: written only to a terminal
 
 
 def register(commands: Any) -> None:
@@ -57,6 +60,7 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     client = ApiClient(args)
+    live = sys.stdout.isatty()
     previous, _ = _counters(client, args.cluster)
     started = time.monotonic()
     try:
@@ -78,9 +82,12 @@ def run(args: argparse.Namespace) -> int:
                 shown["cluster"] = _cluster(queues, nodes, unavailable)
             if args.json:
                 text = json.dumps(shown, indent=2 if args.once else None) + "\n"
-            else:
+            elif args.once:
                 text = _screen(shown)
-                text = text if args.once else "\x1b[H\x1b[2J" + text
+            elif live:  # a terminal: the frame replaces the last one
+                text = CLEAR + _screen(shown)
+            else:  # a pipe or a file: frames one after another, plain text a log or grep can read
+                text = _screen(shown) + "\n"
             sys.stdout.write(text)
             sys.stdout.flush()
             if args.once:
@@ -105,11 +112,10 @@ def _cluster(queues: Any, nodes: dict[str, str] | None, unavailable: str | None)
 def _counters(client: ApiClient, cluster: bool = False) -> tuple[dict[str, float], dict[str, str] | None]:
     """The counters `top` shows, from /metrics (no token needed there; the cluster's, added
     up, need a `read` one), and the nodes they add up (None: this node's own)."""
-    request = urllib.request.Request(client.url + "/metrics" + ("?cluster=1" if cluster else ""))
-    if cluster and client.token:
-        request.add_header("Authorization", f"Bearer {client.token}")
-    with urllib.request.urlopen(request, timeout=40) as response:
-        text = response.read().decode()
+    status, raw = client.fetch("/metrics" + ("?cluster=1" if cluster else ""), token=cluster, timeout=40)
+    if status != 200:
+        raise SystemExit(fail(status, _decoded(raw)))
+    text = raw.decode()
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -160,13 +166,18 @@ def _snapshot(
 
 def _mailboxes(client: ApiClient) -> dict[str, Any]:
     """Each mailbox's state, as /healthz says it."""
-    try:
-        with urllib.request.urlopen(client.url + "/healthz", timeout=10) as response:
-            answer = response.read()
-    except urllib.error.HTTPError as error:  # 503: something is down; the body says what
-        answer = error.read()
-    mailboxes: dict[str, Any] = json.loads(answer).get("inbound", {})
+    _, answer = client.fetch("/healthz", token=False, timeout=10)  # 503: something is down; the body says what
+    decoded = _decoded(answer)
+    mailboxes: dict[str, Any] = decoded.get("inbound", {}) if isinstance(decoded, dict) else {}
     return mailboxes
+
+
+def _decoded(raw: bytes) -> Any:
+    """A JSON answer, or its text as an error (a proxy's HTML page, say)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"error": raw.decode(errors="replace").strip()}
 
 
 def _screen(shown: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from pigeon.config.patterns import GLOB_SETTINGS, PatternError, domain_glob
 from pigeon.config.schema import (
     DKIM_OVER_SIGNED,
     Config,
@@ -138,6 +139,7 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     problems = shaping_problems(config, path, text)
     if problems:
         raise ConfigError(problems[0])
+    _check_patterns(config, fail)
     _check_reactions(config, fail, providers)
     if path is not None:
         base = path.parent
@@ -173,7 +175,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     _check_files(config, fail)
     _check_dkim(config, path, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
-        raise fail(["smtp", "auth_users"], f"no users file at {smtp.auth_users} (create it with `pigeon passwd`)")
+        users = smtp.auth_users
+        raise fail(["smtp", "auth_users"], f"no users file at {users} (create it: pigeon passwd -c {users} USER)")
     module = config.policy.module
     if module is not None and (module.endswith(".py") or "/" in module) and not Path(module).is_file():
         raise fail(["policy", "module"], f"no policy module file at {module}")
@@ -327,6 +330,11 @@ def _block_problems(
     ours = [provider.name for provider in shipped()]
     known = names + [name for name in ours if name not in names] if provider_defaults else names
     for index, shaping in shapings:
+        if shaping.domain is not None:
+            try:
+                domain_glob(shaping.domain)
+            except PatternError as error:
+                problem("shaping", index, "domain", f"{shaping.domain!r} {error}")
         if shaping.domain is not None and shaping.provider is not None:
             problem("shaping", index, "provider", "give domain or provider, not both (a block is for one or the other)")
         elif shaping.domain is None and shaping.provider is None:
@@ -380,6 +388,20 @@ def block_line(text: str, section: str, index: int, key: str | None = None) -> i
         if inside and "=" in line and line.split("=", 1)[0].strip().strip('"') == key:
             return number
     return header_line
+
+
+def _check_patterns(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """Every glob setting checked, and normalised as the names it is matched against are
+    (lower case, no final dot): see `config.patterns`."""
+    for section, key, kind in GLOB_SETTINGS:
+        for index, block in enumerate(getattr(config, section)):
+            value = getattr(block, key)
+            if value is None:
+                continue
+            try:
+                setattr(block, key, kind(value))
+            except PatternError as error:
+                raise fail([section, key], f"{value!r} {error}", index) from None
 
 
 def _check_reactions(config: Config, fail: Callable[..., ConfigError], others: Sequence[str] = ()) -> None:

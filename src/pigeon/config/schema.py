@@ -197,7 +197,8 @@ class SmtpConfig(_Section):
     the first 452); each one past that counts against max_junk_commands."""
     max_messages_per_connection: PositiveInt = 10_000
     max_errors: PositiveInt = 20
-    """Error replies before Pigeon closes the connection with 421 (the client's errors: not 4.3.x)."""
+    """Error replies a connection may get: the max_errors-th gets its reply, then 421 4.7.0 and
+    Pigeon closes the connection (the client's errors count: not Pigeon's own 4.3.x)."""
     max_junk_commands: NonNegativeInt = 100
     """Commands that move no mail a client may send between two messages accepted (or before
     the first): NOOP, RSET, VRFY, HELP, EHLO or HELO after the first one (TLS starts over), and

@@ -105,11 +105,26 @@ class PasswordFile:
         return verify_password(stored, password)
 
 
-def set_password(path: Path, username: str, password: str) -> None:
-    """Add or replace a user's entry, rewriting the file atomically with mode 0600."""
+def set_password(path: Path, username: str, password: str) -> bool:
+    """Add or replace a user's entry, rewriting the file atomically with mode 0600; True if
+    the file was created. A file that exists must hold only entries, comments and blank lines:
+    anything else (a configuration file given by mistake) is refused, and left as it was."""
     if not username or ":" in username or any(c.isspace() for c in username):
         raise PasswordFileError("a user name must be non-empty, without ':' or spaces")
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        created = False
+    except FileNotFoundError:
+        lines, created = [], True
+    except (OSError, UnicodeDecodeError) as error:
+        raise PasswordFileError(f"{path}: cannot read the users file: {error}") from None
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        name, sep, stored = text.partition(":")
+        if text and not text.startswith("#") and (not sep or not name or _parse(stored) is None):
+            raise PasswordFileError(
+                f"{path}, line {number}: not a users file (expected user:$scrypt$...); nothing changed"
+            )
     entry = f"{username}:{hash_password(password)}"
     replaced = False
     for i, line in enumerate(lines):
@@ -125,6 +140,7 @@ def set_password(path: Path, username: str, password: str) -> None:
         stream.flush()
         os.fsync(stream.fileno())
     os.replace(partial, path)
+    return created
 
 
 def _b64(data: bytes) -> str:

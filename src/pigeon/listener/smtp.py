@@ -694,9 +694,15 @@ class SmtpConnection(asyncio.Protocol):
     def _log_rejection(
         self, command: str, reply: Reply, message_id: str | None = None, *, recipient: str | None = None
     ) -> None:
-        """`recipient`: the address a refused RCPT gave, as the client sent it (escaped here)."""
+        """`recipient`: the address a refused RCPT gave, as the client sent it (escaped here).
+        A message refused whole (DATA, BDAT: by the policy's on_message, the content checks,
+        the spool) names the recipients it was for: the record is all an operator has to find
+        whose mail was turned away, since nothing is stored under its id."""
         session = self._session
         mail = session.mail
+        recipients = [shown(recipient)] if recipient is not None else None
+        if recipient is None and command in ("DATA", "BDAT") and self._recipients:
+            recipients = [shown(r.address) for r in self._recipients]
         self._listener.intake.metrics.rejections.labels(command or "-", str(reply.code)).inc()
         self._listener.intake.log.write(
             Rejection(
@@ -707,7 +713,7 @@ class SmtpConnection(asyncio.Protocol):
                 response=Response.of(reply),
                 helo=session.helo,
                 sender=mail.sender if mail is not None else None,
-                recipients=[shown(recipient)] if recipient is not None else None,
+                recipients=recipients,
                 tls=self._tls,
                 auth_user=session.authenticated,
                 id=message_id,

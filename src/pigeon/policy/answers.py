@@ -20,9 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from pigeon.queue.names import hook_queue_name_problem
+
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
 _QUEUE_PART: Final = re.compile(r"[^\s:@]*")
+_SHOWN: Final = 80  # characters of a refused value in the error, so a 1 MB name makes no 1 MB log line
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
 
 def _one_line(value: str, what: str) -> None:
@@ -62,6 +70,8 @@ class Changes:
       "" clears one. The routing headers (X-Tenant, X-Campaign) still come off on the way out.
     * `queue`: the scheduled queue name itself, replacing `campaign:tenant@domain` (the
       `[[queue]]` retry settings match it). Mail of an `[[inbound]]` route keeps its own.
+      1 to 255 printable characters, no white space, no `->`, not starting `inbound:`;
+      another is refused as it is made (the hook fails: 451 4.3.0 and a PolicyFailure).
     * `route`: route as if the recipients were in this domain ([[route]] tables and MX
       lookup apply to it); "" routes by the recipients' domain.
     * `egress_pool`: the egress pool to send from (kept with the message).
@@ -88,8 +98,10 @@ class Changes:
             value = getattr(self, what)
             if value is not None and not _QUEUE_PART.fullmatch(value):
                 raise ValueError(f"{what} {value!r} must not hold white space, ':' or '@' (it names a queue)")
-        if self.queue is not None and (not self.queue or any(c.isspace() for c in self.queue)):
-            raise ValueError(f"queue {self.queue!r} must be a name without white space")
+        # A malformed queue name is refused here, as the hook answers: the message then gets
+        # 451 4.3.0 and a PolicyFailure, rather than a name that breaks its queue or its logs.
+        if self.queue is not None and (problem := hook_queue_name_problem(self.queue)) is not None:
+            raise ValueError(f"queue {_shown(self.queue)}: {problem}")
         for what in ("route", "egress_pool"):
             value = getattr(self, what)
             if value is not None and any(c.isspace() for c in value):

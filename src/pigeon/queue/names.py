@@ -20,6 +20,8 @@ import re
 from typing import Final
 
 MAX_QUEUE_NAME: Final = 255
+"""Longest queue name an operator or a policy may give: it is written into every log record,
+metric label and spool row of its messages."""
 QUEUE_NAME_TEXT: Final = (
     f"1 to {MAX_QUEUE_NAME} characters, without white space, control characters or the glob characters * and ?"
 )
@@ -56,3 +58,26 @@ def queue_name_problem(name: str) -> str | None:
     if "*" in name or "?" in name:
         return f"{name[:60]!r} is a glob: name the one queue to move the mail to (globs select, with queue)"
     return f"{name[:60]!r} is not a queue name: {QUEUE_NAME_TEXT}"
+
+
+_INBOUND_PREFIX: Final = "inbound:"  # the queues of [[inbound]] routes' mail (inbound/routes.py)
+_READY_SEPARATOR: Final = "->"  # ready queues are source->site: a scheduled queue never looks like one
+
+
+def hook_queue_name_problem(name: object) -> str | None:
+    """Why `name` cannot be a scheduled queue name a policy hook gives (`Changes(queue=...)`),
+    or None when it can: a string of 1 to 255 printable characters without white space, not
+    in the `inbound:` namespace of `[[inbound]]` routes, without the `->` of ready queues."""
+    if not isinstance(name, str):
+        return f"a queue name is a string, not {type(name).__name__}"
+    if not name:
+        return "a queue name cannot be empty"
+    if len(name) > MAX_QUEUE_NAME:
+        return f"a queue name is at most {MAX_QUEUE_NAME} characters, not {len(name)}"
+    if not name.isprintable() or any(char.isspace() for char in name):
+        return "a queue name holds no white space, control characters or NUL"
+    if name.lower().startswith(_INBOUND_PREFIX):
+        return f"queue names starting {_INBOUND_PREFIX!r} are the [[inbound]] routes' own"
+    if _READY_SEPARATOR in name:
+        return f"a queue name holds no {_READY_SEPARATOR!r} (ready queues are source->site)"
+    return None

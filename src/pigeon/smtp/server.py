@@ -676,7 +676,8 @@ class ServerSession:
             and not reply.is_server_failure
         ):
             self.errors += 1
-            if self.errors > self.config.max_errors and self._closing is None:
+            # The max_errors-th error is the last: it gets its reply, then 421 (as documented).
+            if self.errors >= self.config.max_errors and self._closing is None:
                 final = replies.too_many_errors(self.config.hostname)
                 self._out += final.encode(enhanced=self.esmtp)
                 self._events.append(Rejected("", final))

@@ -1,0 +1,159 @@
+"""Globs in the configuration: what each kind may hold, checked and normalised at load.
+
+Domain and site globs (`[[route]] domain`, `[[shaping]] domain`, `[[reaction]] site`, ...)
+are matched, with fnmatch's case-sensitive matching, against names Pigeon has lower-cased
+and stripped of a final dot: recipient domains, MX host names. A pattern written as
+`"Example.COM."` would therefore never match anything. So each is normalised the same way
+here, and one that no name could ever match (white space, an `@` in a domain, an empty label
+as in `a..b`, a character no host name holds) is refused, naming the setting, rather than
+matching nothing for ever in silence.
+
+The glob syntax is fnmatch's: `*` any run of characters (dots too), `?` one character,
+`[...]` one of a set (`[!...]`: none of it). `GLOB_SETTINGS` lists every glob setting of the
+schema and the kind of each; `config.load` applies it.
+
+Sharp edge: `[[queue]] name` globs match whole queue names, whose tenant and campaign come
+from headers or a policy and keep their case: only their domain part (after the last `@`)
+is lower-cased.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+_METAS: Final = frozenset("*?")
+_NAME_PUNCTUATION: Final = frozenset("-_")
+_MAX_LABEL: Final = 63  # RFC 1035 2.3.4
+_MAX_NAME: Final = 253  # RFC 1035 2.3.4, less the final dot
+
+
+class PatternError(ValueError):
+    """A glob no name can match; the message says why, for a person."""
+
+
+def domain_glob(pattern: str) -> str:
+    """A domain glob ("example.com", "*.example.net", "mx?.example.org", "*"), lower-cased and
+    without a final dot. Raises PatternError for one no domain can match."""
+    text = _outer(pattern).lower()
+    if "@" in text:
+        raise PatternError('holds \'@\': a domain glob matches a domain alone, like "example.com" or "*.example.com"')
+    return _host(text)
+
+
+def site_glob(pattern: str) -> str:
+    """A site glob: a site is its MX hosts, sorted and joined by ",", with ":port" when not 25
+    ("mx1.example.net,mx2.example.net", "*.google.com", "relay.example:2525"); each host
+    lower-cased and without a final dot. Raises PatternError for one no site can match."""
+    text = _outer(pattern).lower()
+    if "@" in text:
+        raise PatternError('holds \'@\': a site is MX host names, like "*.mx.example.net" or "relay.example:2525"')
+    host, colon, port = text.rpartition(":") if ":" in text and "]" not in text.rpartition(":")[2] else (text, "", "")
+    if colon and not port:
+        raise PatternError("ends with ':' but no port")
+    if colon and not all(char.isdigit() or char in "*?[]!-" for char in port):
+        raise PatternError(f"port {port!r} is not a number")
+    hosts = host.split(",")
+    if "" in hosts:
+        raise PatternError("has an empty host between commas")
+    if any(":" in name for name in hosts):  # an IPv6 literal of a next hop ("[::1]:2525"): as written
+        return text
+    return ",".join(_host(name) for name in hosts) + (f":{port}" if colon else "")
+
+
+def address_glob(pattern: str) -> str:
+    """A recipient address glob ("support@app.example", "reply+*@app.example"), its domain
+    lower-cased and without a final dot (the whole address is matched in lower case)."""
+    text = _outer(pattern).lower()
+    local, at, domain = text.rpartition("@")
+    if not at:
+        if "*" not in text:
+            raise PatternError('names no domain: write local@domain, like "support@app.example"')
+        return text
+    if not local:
+        raise PatternError('has nothing before "@" (for any address of a domain: "*@app.example")')
+    return f"{local}@{_host(domain)}"
+
+
+def queue_glob(pattern: str) -> str:
+    """A scheduled queue name glob ("*@example.net", "newsletter:*", "acme@*"): queue names
+    are `campaign:tenant@domain`, whose domain part is lower-cased and without a final dot."""
+    # Not _outer(): a tenant from an `X-Tenant: acme corp` header keeps its inner space.
+    if not pattern or pattern != pattern.strip() or not pattern.isprintable():
+        raise PatternError("is empty, or holds a control character or white space at an end")
+    text = pattern
+    name, at, domain = text.rpartition("@")
+    if at and domain and ":" not in domain:
+        return f"{name}@{_host(domain.lower())}"
+    return text
+
+
+GLOB_SETTINGS: Final[tuple[tuple[str, str, Callable[[str], str]], ...]] = (
+    ("route", "domain", domain_glob),
+    ("queue", "name", queue_glob),
+    ("shaping", "domain", domain_glob),
+    ("reaction", "site", site_glob),
+    ("reaction", "domain", domain_glob),
+    ("inbound", "recipient", address_glob),
+    ("inbound", "domain", domain_glob),
+    ("dkim", "domain", domain_glob),
+)
+"""Every glob setting of the schema: the array of tables, the key, and its kind."""
+
+
+def _outer(pattern: str) -> str:
+    """What every glob may not hold: emptiness, white space, control characters."""
+    if not pattern:
+        raise PatternError('is empty (for everything: "*")')
+    if any(char.isspace() for char in pattern):
+        raise PatternError("holds white space")
+    if not pattern.isprintable():
+        raise PatternError("holds a control character")
+    return pattern
+
+
+def _host(text: str) -> str:
+    """A host name glob, lower-cased already: checked, and its one final dot taken off."""
+    if text.endswith(".") and text != ".":
+        text = text[:-1]
+    labels = _labels(text)
+    if "" in labels:
+        raise PatternError("has an empty label (a dot at the start, or two in a row, as in 'a..b')")
+    for label in labels:
+        literal = not any(char in _METAS or char == "\x00" for char in label)
+        if literal and len(label) > _MAX_LABEL:
+            raise PatternError(f"has a label of {len(label)} characters; a host name's are at most {_MAX_LABEL}")
+    if "*" not in text and len(text) > _MAX_NAME:
+        raise PatternError(f"is {len(text)} characters long; a host name is at most {_MAX_NAME}")
+    return text
+
+
+def _labels(text: str) -> list[str]:
+    """The dot-separated labels of a host glob, each `[...]` set counted as one character
+    (written "\\0"); raises for a character no host name holds, or a set left open."""
+    out: list[str] = []
+    label: list[str] = []
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char == "[":
+            end = text.find("]", index + 2 if text[index + 1 : index + 2] in ("!", "]") else index + 1)
+            if end < 0:
+                raise PatternError("has a '[' set that is not closed with ']'")
+            members = text[index + 1 : end].lstrip("!")
+            for member in members:
+                if not (member.isalnum() or member in _NAME_PUNCTUATION or member == "."):
+                    raise PatternError(f"{member!r} cannot appear in a host name")
+            label.append("\x00")
+            index = end + 1
+            continue
+        if char == ".":
+            out.append("".join(label))
+            label = []
+        elif char.isalnum() or char in _NAME_PUNCTUATION or char in _METAS:
+            label.append(char)
+        else:
+            raise PatternError(f"{char!r} cannot appear in a host name")
+        index += 1
+    out.append("".join(label))
+    return out

@@ -1,0 +1,64 @@
+"""`pigeon passwd`, run as an operator runs it: `-c FILE` creates the users file (0600) as
+htpasswd does; without it a missing file is an error that says how to create it."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from pigeon.listener.passwords import PasswordFile
+
+
+def passwd(*args: str, password: str = "s3cret") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pigeon", "passwd", *args, "--stdin"], input=password + "\n",
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_passwd_c_creates_the_users_file_with_mode_0600(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    result = passwd("-c", str(users), "alice")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"alice: password set in {users} (created, mode 0600)\n"
+    assert stat.S_IMODE(users.stat().st_mode) == 0o600
+    assert PasswordFile.load(users).check("alice", "s3cret")
+
+
+def test_passwd_c_on_an_existing_file_adds_the_user_and_keeps_the_others(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    assert passwd("-c", str(users), "alice").returncode == 0
+    result = passwd("-c", str(users), "bob", password="other")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"bob: password set in {users}\n"
+    loaded = PasswordFile.load(users)
+    assert loaded.check("alice", "s3cret") and loaded.check("bob", "other")
+
+
+def test_passwd_without_c_refuses_a_missing_file_and_names_c(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    result = passwd("--file", str(users), "alice")
+    assert result.returncode == 2
+    assert result.stderr == f"pigeon: {users}: no such users file; to create it: pigeon passwd -c {users} alice\n"
+    assert not users.exists()
+
+
+def test_passwd_with_a_config_whose_users_file_is_missing_says_how_to_create_it(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nauth_users = "users"\n')
+    result = passwd("--config", str(config), "alice")
+    assert result.returncode == 2
+    assert f"create it: pigeon passwd -c {tmp_path / 'users'} USER" in result.stderr
+    assert passwd("-c", str(tmp_path / "users"), "alice").returncode == 0
+    assert passwd("--config", str(config), "bob").returncode == 0  # now it exists
+    assert len(PasswordFile.load(tmp_path / "users")) == 2
+
+
+def test_passwd_refuses_to_write_into_a_file_that_is_not_a_users_file(tmp_path: Path) -> None:
+    """`pigeon passwd -c pigeon.toml alice`, from a habit of `-c` for the configuration."""
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nauth_users = "users"\n')
+    result = passwd("-c", str(config), "alice")
+    assert result.returncode == 1
+    assert result.stderr == f"pigeon: {config}, line 1: not a users file (expected user:$scrypt$...); nothing changed\n"
+    assert config.read_text() == '[smtp]\nauth_users = "users"\n'
