@@ -18,6 +18,7 @@ from typing import Final
 import aioimaplib
 from aioimaplib.aioimaplib import Command, FetchCommand, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
+from pigeon.inbound.folders import to_imap
 from pigeon.tls import client_context
 
 _log = logging.getLogger(__name__)
@@ -539,6 +540,9 @@ async def _close(client: aioimaplib.IMAP4, *, polite: bool = True) -> None:
 
 
 def _quote(folder: str) -> str:
+    """A configured folder name as a command's argument: in modified UTF-7 (RFC 3501 5.1.3),
+    which "Entrée" needs to name the folder the server knows, quoted where need be."""
+    folder = to_imap(folder)
     if re.fullmatch(r"[A-Za-z0-9_./-]+", folder):
         return folder
     return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'
