@@ -1,5 +1,8 @@
 """PostgreSQL: a job row per message, `ON CONFLICT (dedupe_key) DO NOTHING`.
 
+Besides the raw bytes, a row has the message's Subject, From and To decoded to text
+(`subject`, `from_header`, `to_header`), where the table has those columns.
+
 The unique dedupe key is the fence (Kleppmann's term): whatever arbitration let through twice,
 the table holds one row per message. A batch is one `executemany` in one transaction. Every
 database error is "later": a missing table or a failover must not send mail to the failed
@@ -10,14 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 from collections.abc import Sequence
+from typing import Final
 
 import asyncpg
 
 from pigeon.config.schema import PostgresqlTarget as PostgresqlConfig
-from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.headers import decoded, header_fields
+from pigeon.inbound.message import InboundMessage, header_block
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.redaction import redact
+
+_log = logging.getLogger(__name__)
 
 
 def create_table_sql(table: str) -> str:
@@ -32,10 +40,18 @@ def create_table_sql(table: str) -> str:
             sender      text,
             recipients  text[],
             raw         bytea NOT NULL,
+            subject     text,
+            from_header text,
+            to_header   text,
             received_at timestamptz NOT NULL,
             created_at  timestamptz NOT NULL DEFAULT now(),
             status      text NOT NULL DEFAULT 'pending'
         )"""
+
+
+# The decoded header fields (`InboundMessage.metadata`) and the columns that hold them. A table
+# made before they existed has none of them: its rows go in without them, as before.
+_DECODED_COLUMNS: Final = {"subject": "subject", "from": "from_header", "to": "to_header"}
 
 
 class PostgresqlTarget(Target):
@@ -48,10 +64,37 @@ class PostgresqlTarget(Target):
         self._timeout = timeout
         self._pool: asyncpg.Pool | None = None
         self._connecting = asyncio.Lock()
-        self._insert = (
-            f"INSERT INTO {config.table} (dedupe_key, message_id, source, mailbox, uid, sender, recipients,"
-            " raw, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (dedupe_key) DO NOTHING"
+        self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
+        self._insert = self._insert_sql(decoded=False)
+
+    def _insert_sql(self, *, decoded: bool) -> str:
+        columns = "dedupe_key, message_id, source, mailbox, uid, sender, recipients, raw, received_at"
+        count = 9
+        if decoded:
+            columns += ", " + ", ".join(_DECODED_COLUMNS.values())
+            count += len(_DECODED_COLUMNS)
+        values = ", ".join(f"${n}" for n in range(1, count + 1))
+        return f"INSERT INTO {self._config.table} ({columns}) VALUES ({values}) ON CONFLICT (dedupe_key) DO NOTHING"
+
+    async def _learn_columns(self, connection: asyncpg.Connection) -> None:
+        """Whether the table has the decoded header columns: asked once it exists."""
+        if self._decoded is not None:
+            return
+        names = await connection.fetch(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            self._config.table,
         )
+        if not names:
+            return  # no table yet (create_table = false): the insert says so
+        present = {row["attname"] for row in names}
+        self._decoded = set(_DECODED_COLUMNS.values()) <= present
+        self._insert = self._insert_sql(decoded=self._decoded)
+        if not self._decoded:
+            _log.info(
+                "target %s: table %s has no %s columns: rows go in without the decoded header fields "
+                "(ALTER TABLE %s ADD COLUMN subject text, ADD COLUMN from_header text, ADD COLUMN to_header text)",
+                self.name, self._config.table, "/".join(_DECODED_COLUMNS.values()), self._config.table,
+            )  # fmt: skip
 
     async def _connect(self) -> asyncpg.Pool:
         async with self._connecting:  # one pool, however many deliveries ask at once
@@ -92,24 +135,12 @@ class PostgresqlTarget(Target):
         return (await self.deliver_many([message]))[0]
 
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
-        rows = [
-            (
-                m.dedupe_key,
-                m.message_id,
-                m.source,
-                m.mailbox,
-                m.uid,
-                m.sender,
-                list(m.recipients) or None,
-                m.raw,
-                datetime.datetime.fromtimestamp(m.received_at, datetime.UTC),
-            )
-            for m in messages
-        ]
         done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         try:
             pool = await self._connect()
             async with pool.acquire() as connection:
+                await self._learn_columns(connection)
+                rows = [self._row(m) for m in messages]
                 try:
                     async with connection.transaction():
                         await connection.executemany(self._insert, rows)
@@ -124,6 +155,23 @@ class PostgresqlTarget(Target):
             )
             return [failed] * len(messages)
         return [done] * len(messages)
+
+    def _row(self, message: InboundMessage) -> tuple[object, ...]:
+        row: tuple[object, ...] = (
+            message.dedupe_key,
+            message.message_id,
+            message.source,
+            message.mailbox,
+            message.uid,
+            message.sender,
+            list(message.recipients) or None,
+            message.raw,
+            datetime.datetime.fromtimestamp(message.received_at, datetime.UTC),
+        )
+        if self._decoded:
+            fields = decoded(header_fields(header_block(message.raw)))
+            row += tuple(fields[name] for name in _DECODED_COLUMNS)
+        return row
 
     async def _insert_one(self, connection: asyncpg.Connection, row: tuple[object, ...]) -> Handoff:
         try:
