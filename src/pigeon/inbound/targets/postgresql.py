@@ -65,6 +65,8 @@ class PostgresqlTarget(Target):
         self._pool: asyncpg.Pool | None = None
         self._connecting = asyncio.Lock()
         self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
+        self._prepared = False  # the table made if it was missing
+        self._outage: str | None = None  # what the database last failed with, while it fails
         self._insert = self._insert_sql(decoded=False)
 
     def _insert_sql(self, *, decoded: bool) -> str:
@@ -97,35 +99,60 @@ class PostgresqlTarget(Target):
             )  # fmt: skip
 
     async def _connect(self) -> asyncpg.Pool:
+        """The pool, made once. With no connection in it until one is needed (min_size 0):
+        making it never fails for a database that is down, so neither does start-up."""
         async with self._connecting:  # one pool, however many deliveries ask at once
             if self._pool is None:
                 config = self._config
-                pool = await asyncpg.create_pool(
+                self._pool = await asyncpg.create_pool(
                     config.dsn,
-                    min_size=1,
+                    min_size=0,
                     max_size=config.pool_size,
                     timeout=self._timeout,
                     command_timeout=self._timeout,
                 )
-                try:
-                    if config.create_table:
-                        async with pool.acquire() as connection:
-                            # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE
-                            # privilege even when the table exists, which a role that may only
-                            # insert into the application's table lacks (PostgreSQL 15+ default).
-                            if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
-                                await connection.execute(create_table_sql(config.table))
-                except BaseException:
-                    await pool.close()
-                    raise
-                self._pool = pool
             return self._pool
 
+    async def _prepare(self, connection: asyncpg.Connection) -> None:
+        """The table made if missing (and allowed), its columns learnt: on the first
+        connection that works, not at start, when the database may be down."""
+        config = self._config
+        if config.create_table and not self._prepared:
+            # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE privilege even when
+            # the table exists, which a role that may only insert into the application's table
+            # lacks (PostgreSQL 15+ default).
+            if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
+                await connection.execute(create_table_sql(config.table))
+            self._prepared = True
+        await self._learn_columns(connection)
+
     async def start(self) -> None:
+        """Connect once to make the table; a database that is down is said (once), and the
+        first message tries again: the node starts all the same."""
         try:
-            await self._connect()
-        except (OSError, asyncpg.PostgresError, TimeoutError):
-            pass  # the first message tries again, and says why if it still fails
+            pool = await self._connect()
+            async with pool.acquire() as connection:
+                await self._prepare(connection)
+        except Exception as error:
+            self._failing(error)
+        else:
+            self._answering()
+
+    def _failing(self, error: BaseException) -> str:
+        """The error as a handoff's detail; the first of an outage is logged (each refused
+        handoff has its InboundFailure record: a line for each would only repeat them)."""
+        detail = f"PostgreSQL at {redact(self._config.dsn)}: {redact(str(error)) or type(error).__name__}"
+        if self._outage is None:
+            _log.warning("target %s: %s; messages wait unacknowledged at their source until their rows are "
+                         "committed", self.name, detail)  # fmt: skip
+            self._outage = detail
+        return detail
+
+    def _answering(self) -> None:
+        if self._outage is not None:
+            _log.warning("target %s: PostgreSQL at %s answers again; rows are committed", self.name,
+                         redact(self._config.dsn))  # fmt: skip
+            self._outage = None
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -139,7 +166,7 @@ class PostgresqlTarget(Target):
         try:
             pool = await self._connect()
             async with pool.acquire() as connection:
-                await self._learn_columns(connection)
+                await self._prepare(connection)
                 rows = [self._row(m) for m in messages]
                 try:
                     async with connection.transaction():
@@ -147,14 +174,13 @@ class PostgresqlTarget(Target):
                 except asyncpg.DataError:
                     # One row the database refuses (class 22) must not hold the others back:
                     # row by row, the refused one is a permanent failure, the rest go in.
-                    return [await self._insert_one(connection, row) for row in rows]
+                    answers = [await self._insert_one(connection, row) for row in rows]
+                else:
+                    answers = [done] * len(messages)
         except Exception as error:  # down, failing over, misconfigured: later, never lost
-            failed = Handoff(
-                Verdict.TRANSIENT,
-                f"PostgreSQL at {redact(self._config.dsn)}: {redact(str(error)) or type(error).__name__}",
-            )
-            return [failed] * len(messages)
-        return [done] * len(messages)
+            return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
+        self._answering()
+        return answers
 
     def _row(self, message: InboundMessage) -> tuple[object, ...]:
         row: tuple[object, ...] = (
