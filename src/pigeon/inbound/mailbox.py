@@ -191,7 +191,8 @@ class MailboxWatcher:
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         """The mailbox's part of /healthz. `status`: "down" when it has not been able to
-        connect, search or claim for `down_after`; "degraded" for less than that, or when
+        connect, search or claim for `down_after` (Redis not answering counts from its first
+        unanswered heartbeat, whether mail waits or not); "degraded" for less than that, or when
         another node was seen handing over its messages too, or while its target refuses
         whole batches for now; "ok" otherwise. A mailbox handing a backlog over is "ok" from
         its first claim, however long the batch takes.
@@ -200,11 +201,19 @@ class MailboxWatcher:
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
         of a load balancer too. `error` names the target and what it last said."""
         status = "ok"
-        if self._trouble_since is not None:
-            status = "down" if time.monotonic() - self._trouble_since >= self.config.down_after else "degraded"
+        trouble, error = self._trouble_since, self.last_error
+        outage = self._arbiter.outage()
+        if outage is not None:
+            # Redis does not answer the heartbeats: no claim would be, whether or not mail is
+            # waiting (an idle mailbox included), from the moment the first went unanswered.
+            since, why = outage
+            trouble = since if trouble is None else min(trouble, since)
+            error = error or why
+        if trouble is not None:
+            status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
         elif self.conflict is not None or self.target_error is not None:
             status = "degraded"
-        error = self.last_error or self.target_error
+        error = error or self.target_error
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
@@ -328,6 +337,10 @@ class MailboxWatcher:
                 raise ImapError("the server closed the connection")
             try:
                 worked, waiting = await self._round(session)
+                if self._claims_paused:
+                    # The round asked Redis nothing (nothing new to claim): claims resume on an
+                    # answer from it, not on the silence of a round that needed none.
+                    await self._arbiter.ping()
             except ArbitrationUnavailable as error:
                 # No claims without Redis: nothing is handed over, nothing is lost. Keep the
                 # IMAP session and ask again shortly.
@@ -347,7 +360,26 @@ class MailboxWatcher:
             wait = float(config.poll_interval)
             if waiting and self._elsewhere:
                 wait = max(0.2, min(wait, min(self._elsewhere.values()) - time.monotonic()))
-            await session.wait_for_mail(wait, idle=config.idle)
+            await self._idle(session, wait)
+
+    async def _idle(self, session: ImapSession, wait: float) -> None:
+        """Wait for new mail (or `wait` seconds), or for Redis to stop answering: the round
+        that follows then says claims are paused at once, not at the next poll."""
+        if not self._arbiter.shared:
+            await session.wait_for_mail(wait, idle=self.config.idle)
+            return
+        down = self._arbiter.outage_signal()
+        waking = asyncio.create_task(down.wait())
+
+        def wake(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled():
+                session.wake()
+
+        waking.add_done_callback(wake)
+        try:
+            await session.wait_for_mail(wait, idle=self.config.idle)
+        finally:
+            waking.cancel()
 
     def _works(self) -> None:
         """The mailbox was searched, and what it found claimed: it does its job, however long
@@ -375,6 +407,9 @@ class MailboxWatcher:
             self._elsewhere.clear()
             self._settled_before.clear()
             self._target_idle()
+            # Nothing to claim: an idle mailbox still asks Redis, so that an outage shows in
+            # its health (down after `down_after`) before mail arrives that it could not claim.
+            await self._arbiter.ping()
             return False, False
         self._settled_before.intersection_update(uids)
         self._known_sizes = {uid: size for uid, size in self._known_sizes.items() if uid in searched}
