@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import functools
 import itertools
 import logging
@@ -90,6 +91,8 @@ _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
 _BATCH_BUDGET: Final = 64 * 1024 * 1024  # bytes of message bodies per batch (the first message may be more)
 _SIZES_AHEAD: Final = 1000  # UIDs of batches to come whose sizes are asked for with a batch's
+_KNOCK_EVERY: Final = 1.0  # seconds between TCP knocks at a server that refuses connections
+_UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 
 
@@ -172,6 +175,7 @@ class MailboxWatcher:
         self._claims_paused = False  # told "claims paused": say when they resume
         self._syncs = BackgroundSync(self._sync_log)  # one fsync of the log per batch, off its path
         self._stopping = False
+        self._refused = False  # the last connection was refused: knock for the server's return
         self._acknowledged = False  # in this session
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
@@ -242,7 +246,7 @@ class MailboxWatcher:
                 except asyncio.CancelledError as error:
                     self._unless_cancelled(error)
                 else:
-                    self.connected, self.last_error = True, None
+                    self.connected, self.last_error, self._refused = True, None, False
                     _log.info("mailbox %s: connected to %s (UIDVALIDITY %d)", self.config.name,
                               self.identity, session.uidvalidity)  # fmt: skip
                     connected_at = time.monotonic()
@@ -264,7 +268,7 @@ class MailboxWatcher:
                     # (one that fails as soon as it opens keeps backing off)
                 if self._stopping:
                     break
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                await self._pause(delay * random.uniform(0.5, 1.0))
                 delay = min(_MAX_RECONNECT_DELAY, delay * 2)
         finally:
             # Claims in hand were given back by the round that took them (see `_round`).
@@ -290,7 +294,37 @@ class MailboxWatcher:
                    exc_info=error)  # fmt: skip
         self._failed_connection(error)
 
+    async def _pause(self, seconds: float) -> None:
+        """The wait before reconnecting. While the server refuses connections (down, or
+        restarting), a TCP knock every `_KNOCK_EVERY` ends it as soon as the port accepts
+        again: the mailbox is back within a second or two of its server, not at the end of a
+        backoff grown to a minute. A server that accepts and then fails (a refused login)
+        gets the whole backoff: knocking would not tell it is any better."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self._stopping:
+            await asyncio.sleep(min(_KNOCK_EVERY, left))
+            if self._refused and deadline - time.monotonic() > 0 and await self._knock():
+                _log.info("mailbox %s: %s:%d accepts connections again; reconnecting", self.config.name,
+                          self.config.host, self.port)  # fmt: skip
+                return
+
+    async def _knock(self) -> bool:
+        """Whether the server's port accepts a TCP connection now (closed at once)."""
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(self.config.host, self.port), _KNOCK_EVERY)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
     def _failed_connection(self, error: BaseException) -> None:
+        # Refused or unreachable: the server (or its host) is down, and its return shows as a
+        # port that accepts again (`_pause`).
+        self._refused = isinstance(error, OSError) and (
+            error.errno in _UNREACHABLE or str(error).startswith("Multiple exceptions")  # each address of a name
+        )
         if self._trouble_since is None:
             self._trouble_since = time.monotonic()
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
