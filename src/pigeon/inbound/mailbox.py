@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import errno
 import functools
 import itertools
@@ -65,6 +66,7 @@ from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, S
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.notes import Note, Notes, NotesUnavailable
 from pigeon.inbound.targets.base import Handoff, Target, Verdict, not_before
 from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
@@ -93,6 +95,7 @@ _BATCH_BUDGET: Final = 64 * 1024 * 1024  # bytes of message bodies per batch (th
 _SIZES_AHEAD: Final = 1000  # UIDs of batches to come whose sizes are asked for with a batch's
 _KNOCK_EVERY: Final = 1.0  # seconds between TCP knocks at a server that refuses connections
 _UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+_NOTE_REFRESH: Final = 2.0  # seconds between reads of the mailbox's note (another node's, maybe)
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 
 
@@ -150,6 +153,7 @@ class MailboxWatcher:
         retry_interval: float,
         max_retry_interval: float,
         node: str = "",
+        notes: Notes | None = None,
     ) -> None:
         self.config = config
         self.target = target
@@ -191,6 +195,13 @@ class MailboxWatcher:
         # What the target said when it refused a whole batch for now (accepting none): a dead
         # application, or its Redis or database down. None again once it accepts one.
         self.target_error: str | None = None
+        # The mailbox's note (`notes`): the last problem any node saw on it, as last read.
+        self._notes = notes if notes is not None else Notes()
+        self._node = node or "this node"
+        self.note: Note | None = None
+        self._noted: Note | None = None  # the note this watcher wrote, while its problem lasts
+        self._note_pending: tuple[str, Note] | None = None  # ("write" or "resolve", note) to send
+        self._note_wake = asyncio.Event()
 
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -231,12 +242,15 @@ class MailboxWatcher:
             health["warning"] = SINGLE_NODE_RISK
         if self.conflict is not None:
             health["conflict"] = self.conflict
+        # Why the mailbox was last in trouble, on whichever node: `error` says this node's side.
+        health["note"] = self.note.as_dict() if self.note is not None else None
         return health
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> None:
         delay = 1.0
         renewer = asyncio.create_task(self._renew_forever(), name=f"renew {self.config.name}")
+        noting = asyncio.create_task(self._notes_forever(), name=f"notes {self.config.name}")
         try:
             while not self._stopping:
                 try:
@@ -273,6 +287,7 @@ class MailboxWatcher:
         finally:
             # Claims in hand were given back by the round that took them (see `_round`).
             renewer.cancel()
+            noting.cancel()
             await self._syncs.wait()  # the last batch's records, on disk before we go
 
     async def stop(self, grace: float) -> None:
@@ -329,6 +344,7 @@ class MailboxWatcher:
             self._trouble_since = time.monotonic()
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
         if text != self.last_error:
+            self._problem(text)
             _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
         else:  # (said once as a warning; each retry that fails the same way, quietly)
             _log.info("mailbox %s (%s): again %s; reconnecting", self.config.name, self.identity, text)
@@ -382,6 +398,7 @@ class MailboxWatcher:
                     self._trouble_since = time.monotonic()
                 if str(error) != self.last_error:
                     _log.warning("mailbox %s: %s; claims paused", config.name, str(error).rstrip("."))
+                    self._problem(f"{str(error).rstrip('.')}; claims paused")
                 self.last_error = str(error)
                 self._claims_paused = True
                 await asyncio.sleep(1.0)
@@ -423,6 +440,7 @@ class MailboxWatcher:
             _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
         self.last_error = None
         self._trouble_since = None
+        self._maybe_resolved()
 
     def _answered(self) -> None:
         """The server answered a search or an acknowledgement: `last_poll` (and its gauge)
@@ -699,6 +717,7 @@ class MailboxWatcher:
         if self.target_error is not None:
             self.target_error = None
             _log.warning("mailbox %s: " + why, self.config.name, self.target.name)
+            self._maybe_resolved()
 
     def _target_failing(self, detail: str) -> None:
         """The target refused a whole batch for now: the mailbox says so (degraded) until it
@@ -706,6 +725,7 @@ class MailboxWatcher:
         if self.target_error is None:
             _log.warning("mailbox %s: target %s refused every handoff of a batch for now: %s", self.config.name,
                          self.target.name, detail)  # fmt: skip
+            self._problem(f"target {self.target.name} refused every handoff of a batch for now: {detail}")
         self.target_error = f"target {self.target.name}: {detail}"
 
     async def _within_budget(self, claims: list[Claim], sizes: dict[int, int]) -> list[Claim]:
@@ -779,6 +799,7 @@ class MailboxWatcher:
                 )
                 if keyword.lower() not in self._conflicting:
                     self._conflicting.add(keyword.lower())
+                    self._problem(self.conflict)
                     _log.warning("mailbox %s: %s; give the nodes a shared [redis] url, or watch it from one node",
                                  self.config.name, self.conflict)  # fmt: skip
 
@@ -986,6 +1007,49 @@ class MailboxWatcher:
         else:
             await session.flag(uids, f"\\Seen {_FAILED_FLAG}")
         return self._failure_action()
+
+    # --- notes -------------------------------------------------------------------------------
+    def _problem(self, text: str) -> None:
+        """A new problem with the mailbox, seen from this node: the mailbox's note from now on
+        (written in the background: a Redis that is away is often the problem)."""
+        note = Note(redact(text), self._node, time.time())
+        self.note = self._noted = note
+        self._note_pending = ("write", note)
+        self._note_wake.set()
+
+    def _maybe_resolved(self) -> None:
+        """The mailbox works again from here: the note this node wrote says so, unless
+        another node's note replaced it."""
+        if self._noted is None or self.last_error is not None or self.target_error is not None:
+            return
+        note, self._noted = self._noted, None
+        if self._note_pending == ("write", note):  # never written (Redis away): written resolved
+            self._note_pending = ("write", dataclasses.replace(note, resolved_at=time.time()))
+        else:
+            self._note_pending = ("resolve", note)
+        self._note_wake.set()
+
+    async def _notes_forever(self) -> None:
+        """Send this node's note when it changes, and read the mailbox's every
+        `_NOTE_REFRESH` seconds (another node's, maybe)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._note_wake.wait(), _NOTE_REFRESH)
+            self._note_wake.clear()
+            pending, self._note_pending = self._note_pending, None
+            try:
+                if pending is not None:
+                    action, note = pending
+                    if action == "write":
+                        await self._notes.write(self.identity, note)
+                    else:
+                        await self._notes.resolve(self.identity, note, time.time())
+                self.note = await self._notes.read(self.identity)
+            except NotesUnavailable:
+                if pending is not None and self._note_pending is None:
+                    self._note_pending = pending  # sent once Redis answers, unless replaced
+            except Exception:  # a bug here must not end the notes for good
+                _log.exception("mailbox %s: notes", self.config.name)
 
     # --- leases ------------------------------------------------------------------------------
     async def _renew_forever(self) -> None:
