@@ -66,6 +66,7 @@ class PostgresqlTarget(Target):
         self._connecting = asyncio.Lock()
         self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
         self._prepared = False  # the table made if it was missing
+        self._preparing = asyncio.Lock()
         self._outage: str | None = None  # what the database last failed with, while it fails
         self._insert = self._insert_sql(decoded=False)
 
@@ -117,14 +118,17 @@ class PostgresqlTarget(Target):
         """The table made if missing (and allowed), its columns learnt: on the first
         connection that works, not at start, when the database may be down."""
         config = self._config
-        if config.create_table and not self._prepared:
-            # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE privilege even when
-            # the table exists, which a role that may only insert into the application's table
-            # lacks (PostgreSQL 15+ default).
-            if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
-                await connection.execute(create_table_sql(config.table))
-            self._prepared = True
-        await self._learn_columns(connection)
+        if (self._prepared or not config.create_table) and self._decoded is not None:
+            return
+        async with self._preparing:  # one CREATE, however many mailboxes share the target
+            if config.create_table and not self._prepared:
+                # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE privilege even
+                # when the table exists, which a role that may only insert into the
+                # application's table lacks (PostgreSQL 15+ default).
+                if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
+                    await connection.execute(create_table_sql(config.table))
+                self._prepared = True
+            await self._learn_columns(connection)
 
     async def start(self) -> None:
         """Connect once to make the table; a database that is down is said (once), and the
