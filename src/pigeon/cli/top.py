@@ -221,4 +221,10 @@ def _screen(shown: dict[str, Any]) -> str:
                 f"{name[:24]:24} {state.get('target', '')[:16]:16} {connected:10} {polled:>10} "
                 f"{state.get('claims', 0):>6}  {state.get('error') or ''}"
             )
+            note = state.get("note")
+            if note and note.get("resolved_at") is None:
+                # The last problem any node saw on the mailbox and still sees: why it is
+                # unhealthy there, when this node's own view says nothing (or something else).
+                lines.append(f"{'':24} note from {note.get('node')}, {time.time() - note.get('at', 0):.0f}s ago: "
+                             f"{note.get('problem')}")  # fmt: skip
     return "\n".join(line[:width] for line in lines) + "\n"

@@ -285,6 +285,7 @@ class Arbiter:
         self.token = "h" + secrets.token_hex(8)
         self._next_claim = 0
         self._lapse = asyncio.Event()
+        self._down = asyncio.Event()
 
     def _numbers(self, count: int) -> int:
         """The first of `count` claim numbers: <token>.<number> is a token for one claim, so
@@ -310,6 +311,24 @@ class Arbiter:
     def _lapsed(self) -> None:
         signal, self._lapse = self._lapse, asyncio.Event()
         signal.set()
+
+    def outage(self) -> tuple[float, str] | None:
+        """Since when (monotonic) and why the shared store has not answered, while it does
+        not; None while it answers (or there is none to answer)."""
+        return None
+
+    def outage_signal(self) -> asyncio.Event:
+        """Set when the shared store stops answering (a heartbeat found it gone, say): an
+        idle mailbox wakes to say its claims are paused, not at its next poll."""
+        return self._down
+
+    def _went_down(self) -> None:
+        signal, self._down = self._down, asyncio.Event()
+        signal.set()
+
+    async def ping(self) -> None:
+        """Ask the shared store for an answer, as a claim would: raises ArbitrationUnavailable
+        when it gives none. What an idle mailbox does to know claims would work."""
 
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
         raise NotImplementedError
@@ -367,6 +386,7 @@ class RedisArbiter(Arbiter):
         self._lapses = 0  # heartbeats that found the previous one run out
         self._beating: asyncio.Task[None] | None = None
         self._closing = False
+        self._outage: tuple[float, str] | None = None  # (since, why) while Redis does not answer
         # One quick retry on a fresh connection: after a Redis restart the pooled connections
         # are dead, and the first command on each would otherwise fail for nothing.
         self._redis = aioredis.Redis.from_url(
@@ -442,6 +462,17 @@ class RedisArbiter(Arbiter):
                 continue
             self._beaten(answers[0], sent)
 
+    def outage(self) -> tuple[float, str] | None:
+        return self._outage
+
+    async def ping(self) -> None:
+        """A heartbeat, now: an answer proves claims would be answered too. It also starts the
+        heartbeats, which from then on notice an outage within a second."""
+        self._start_beating()
+        sent = time.monotonic()
+        (beat,) = await self._run([self._beat_call()])
+        self._beaten(beat, sent)
+
     # --- claims ------------------------------------------------------------------------------
     async def _run(self, calls: Sequence[_Call]) -> list[object]:
         if not calls:
@@ -451,11 +482,17 @@ class RedisArbiter(Arbiter):
                 for script, key, args in calls:
                     keys = [key] if isinstance(key, str) else key
                     await script(keys=[self.prefix + k for k in keys], args=args, client=pipe)
-                return list(await pipe.execute())
+                answers = list(await pipe.execute())
         except (RedisError, OSError) as error:
-            raise ArbitrationUnavailable(
-                f"Redis at {self.where}: {redact(str(error)) or type(error).__name__}"
-            ) from error
+            why = f"Redis at {self.where}: {redact(str(error)) or type(error).__name__}"
+            if self._outage is None:
+                self._outage = (time.monotonic(), why)
+                self._went_down()
+            else:
+                self._outage = (self._outage[0], why)
+            raise ArbitrationUnavailable(why) from error
+        self._outage = None
+        return answers
 
     def _learn_epoch(self, answer: object, started: float) -> None:
         """Redis's epoch as the epoch script gave it: a new one (or the first this node sees)

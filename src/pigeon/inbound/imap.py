@@ -18,6 +18,7 @@ from typing import Final
 import aioimaplib
 from aioimaplib.aioimaplib import Command, FetchCommand, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
+from pigeon.inbound.folders import to_imap
 from pigeon.tls import client_context
 
 _log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class ImapSession:
         self.uidvalidity = uidvalidity
         self._timeout = timeout
         self._gone = gone
+        self._woken = asyncio.Event()  # set by `wake` while `wait_for_mail` waits
+        self._waiting = False
 
     @property
     def lost(self) -> bool:
@@ -276,20 +279,43 @@ class ImapSession:
         except ImapError:
             pass  # it exists already (servers say so with NO)
 
+    def wake(self) -> None:
+        """End a `wait_for_mail` under way early, as new mail would (IDLE is ended as usual,
+        with DONE). Nothing when none is under way: the caller is busy already."""
+        if self._waiting and not self._woken.is_set():
+            self._woken.set()
+            if self._client.has_pending_idle():
+                # What wakes an IDLE wait (the connection's loss does the same). Should IDLE end
+                # first for another reason, the next IDLE returns at once: one round more.
+                self._client.protocol.idle_queue.put_nowait(aioimaplib.STOP_WAIT_SERVER_PUSH)
+
     async def wait_for_mail(self, seconds: float, idle: bool) -> None:
-        """Return when the server says the folder changed (IDLE) or after `seconds`.
-        Raises ImapError when the server says BYE or the connection goes away meanwhile."""
+        """Return when the server says the folder changed (IDLE), after `seconds`, or when
+        `wake` is called. Raises ImapError when the server says BYE or the connection goes
+        away meanwhile."""
+        self._waiting = True
+        self._woken.clear()
+        try:
+            await self._wait_for_mail(seconds, idle)
+        finally:
+            self._waiting = False
+
+    async def _wait_for_mail(self, seconds: float, idle: bool) -> None:
         timeout = seconds
         if not (idle and self.has("IDLE")):
+            gone, woken = asyncio.ensure_future(self._gone.wait()), asyncio.ensure_future(self._woken.wait())
             try:
-                await asyncio.wait_for(self._gone.wait(), timeout)
-            except TimeoutError:
-                return
-            raise ImapError("the server closed the connection")
+                await asyncio.wait({gone, woken}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                woken.cancel()
+            if self.lost:
+                raise ImapError("the server closed the connection")
+            return
         client = self._client
         idling = await asyncio.wait_for(client.idle_start(timeout=max(timeout, 1.0)), self._timeout)
         try:
-            while not self.lost:
+            while not self.lost and not self._woken.is_set():
                 push = await client.wait_server_push(timeout=timeout + self._timeout)
                 if push == aioimaplib.STOP_WAIT_SERVER_PUSH:
                     break
@@ -539,6 +565,9 @@ async def _close(client: aioimaplib.IMAP4, *, polite: bool = True) -> None:
 
 
 def _quote(folder: str) -> str:
+    """A configured folder name as a command's argument: in modified UTF-7 (RFC 3501 5.1.3),
+    which "Entrée" needs to name the folder the server knows, quoted where need be."""
+    folder = to_imap(folder)
     if re.fullmatch(r"[A-Za-z0-9_./-]+", folder):
         return folder
     return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'

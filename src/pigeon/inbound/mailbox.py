@@ -48,6 +48,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import errno
 import functools
 import itertools
 import logging
@@ -64,6 +66,7 @@ from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, S
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.notes import Note, Notes, NotesUnavailable
 from pigeon.inbound.targets.base import Handoff, Target, Verdict, not_before
 from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
@@ -90,6 +93,9 @@ _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
 _BATCH_BUDGET: Final = 64 * 1024 * 1024  # bytes of message bodies per batch (the first message may be more)
 _SIZES_AHEAD: Final = 1000  # UIDs of batches to come whose sizes are asked for with a batch's
+_KNOCK_EVERY: Final = 1.0  # seconds between TCP knocks at a server that refuses connections
+_UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+_NOTE_REFRESH: Final = 2.0  # seconds between reads of the mailbox's note (another node's, maybe)
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 
 
@@ -147,6 +153,7 @@ class MailboxWatcher:
         retry_interval: float,
         max_retry_interval: float,
         node: str = "",
+        notes: Notes | None = None,
     ) -> None:
         self.config = config
         self.target = target
@@ -172,6 +179,7 @@ class MailboxWatcher:
         self._claims_paused = False  # told "claims paused": say when they resume
         self._syncs = BackgroundSync(self._sync_log)  # one fsync of the log per batch, off its path
         self._stopping = False
+        self._refused = False  # the last connection was refused: knock for the server's return
         self._acknowledged = False  # in this session
         self._between_batches = asyncio.Event()  # clear while a batch is in hand
         self._between_batches.set()
@@ -187,11 +195,19 @@ class MailboxWatcher:
         # What the target said when it refused a whole batch for now (accepting none): a dead
         # application, or its Redis or database down. None again once it accepts one.
         self.target_error: str | None = None
+        # The mailbox's note (`notes`): the last problem any node saw on it, as last read.
+        self._notes = notes if notes is not None else Notes()
+        self._node = node or "this node"
+        self.note: Note | None = None
+        self._noted: Note | None = None  # the note this watcher wrote, while its problem lasts
+        self._note_pending: tuple[str, Note] | None = None  # ("write" or "resolve", note) to send
+        self._note_wake = asyncio.Event()
 
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         """The mailbox's part of /healthz. `status`: "down" when it has not been able to
-        connect, search or claim for `down_after`; "degraded" for less than that, or when
+        connect, search or claim for `down_after` (Redis not answering counts from its first
+        unanswered heartbeat, whether mail waits or not); "degraded" for less than that, or when
         another node was seen handing over its messages too, or while its target refuses
         whole batches for now; "ok" otherwise. A mailbox handing a backlog over is "ok" from
         its first claim, however long the batch takes.
@@ -200,11 +216,19 @@ class MailboxWatcher:
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
         of a load balancer too. `error` names the target and what it last said."""
         status = "ok"
-        if self._trouble_since is not None:
-            status = "down" if time.monotonic() - self._trouble_since >= self.config.down_after else "degraded"
+        trouble, error = self._trouble_since, self.last_error
+        outage = self._arbiter.outage()
+        if outage is not None:
+            # Redis does not answer the heartbeats: no claim would be, whether or not mail is
+            # waiting (an idle mailbox included), from the moment the first went unanswered.
+            since, why = outage
+            trouble = since if trouble is None else min(trouble, since)
+            error = error or why
+        if trouble is not None:
+            status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
         elif self.conflict is not None or self.target_error is not None:
             status = "degraded"
-        error = self.last_error or self.target_error
+        error = error or self.target_error
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
@@ -218,12 +242,15 @@ class MailboxWatcher:
             health["warning"] = SINGLE_NODE_RISK
         if self.conflict is not None:
             health["conflict"] = self.conflict
+        # Why the mailbox was last in trouble, on whichever node: `error` says this node's side.
+        health["note"] = self.note.as_dict() if self.note is not None else None
         return health
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def run(self) -> None:
         delay = 1.0
         renewer = asyncio.create_task(self._renew_forever(), name=f"renew {self.config.name}")
+        noting = asyncio.create_task(self._notes_forever(), name=f"notes {self.config.name}")
         try:
             while not self._stopping:
                 try:
@@ -233,7 +260,7 @@ class MailboxWatcher:
                 except asyncio.CancelledError as error:
                     self._unless_cancelled(error)
                 else:
-                    self.connected, self.last_error = True, None
+                    self.connected, self.last_error, self._refused = True, None, False
                     _log.info("mailbox %s: connected to %s (UIDVALIDITY %d)", self.config.name,
                               self.identity, session.uidvalidity)  # fmt: skip
                     connected_at = time.monotonic()
@@ -255,11 +282,12 @@ class MailboxWatcher:
                     # (one that fails as soon as it opens keeps backing off)
                 if self._stopping:
                     break
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                await self._pause(delay * random.uniform(0.5, 1.0))
                 delay = min(_MAX_RECONNECT_DELAY, delay * 2)
         finally:
             # Claims in hand were given back by the round that took them (see `_round`).
             renewer.cancel()
+            noting.cancel()
             await self._syncs.wait()  # the last batch's records, on disk before we go
 
     async def stop(self, grace: float) -> None:
@@ -281,11 +309,42 @@ class MailboxWatcher:
                    exc_info=error)  # fmt: skip
         self._failed_connection(error)
 
+    async def _pause(self, seconds: float) -> None:
+        """The wait before reconnecting. While the server refuses connections (down, or
+        restarting), a TCP knock every `_KNOCK_EVERY` ends it as soon as the port accepts
+        again: the mailbox is back within a second or two of its server, not at the end of a
+        backoff grown to a minute. A server that accepts and then fails (a refused login)
+        gets the whole backoff: knocking would not tell it is any better."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self._stopping:
+            await asyncio.sleep(min(_KNOCK_EVERY, left))
+            if self._refused and deadline - time.monotonic() > 0 and await self._knock():
+                _log.info("mailbox %s: %s:%d accepts connections again; reconnecting", self.config.name,
+                          self.config.host, self.port)  # fmt: skip
+                return
+
+    async def _knock(self) -> bool:
+        """Whether the server's port accepts a TCP connection now (closed at once)."""
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(self.config.host, self.port), _KNOCK_EVERY)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
     def _failed_connection(self, error: BaseException) -> None:
+        # Refused or unreachable: the server (or its host) is down, and its return shows as a
+        # port that accepts again (`_pause`).
+        self._refused = isinstance(error, OSError) and (
+            error.errno in _UNREACHABLE or str(error).startswith("Multiple exceptions")  # each address of a name
+        )
         if self._trouble_since is None:
             self._trouble_since = time.monotonic()
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
         if text != self.last_error:
+            self._problem(text)
             _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
         else:  # (said once as a warning; each retry that fails the same way, quietly)
             _log.info("mailbox %s (%s): again %s; reconnecting", self.config.name, self.identity, text)
@@ -328,6 +387,10 @@ class MailboxWatcher:
                 raise ImapError("the server closed the connection")
             try:
                 worked, waiting = await self._round(session)
+                if self._claims_paused:
+                    # The round asked Redis nothing (nothing new to claim): claims resume on an
+                    # answer from it, not on the silence of a round that needed none.
+                    await self._arbiter.ping()
             except ArbitrationUnavailable as error:
                 # No claims without Redis: nothing is handed over, nothing is lost. Keep the
                 # IMAP session and ask again shortly.
@@ -335,6 +398,7 @@ class MailboxWatcher:
                     self._trouble_since = time.monotonic()
                 if str(error) != self.last_error:
                     _log.warning("mailbox %s: %s; claims paused", config.name, str(error).rstrip("."))
+                    self._problem(f"{str(error).rstrip('.')}; claims paused")
                 self.last_error = str(error)
                 self._claims_paused = True
                 await asyncio.sleep(1.0)
@@ -347,7 +411,26 @@ class MailboxWatcher:
             wait = float(config.poll_interval)
             if waiting and self._elsewhere:
                 wait = max(0.2, min(wait, min(self._elsewhere.values()) - time.monotonic()))
-            await session.wait_for_mail(wait, idle=config.idle)
+            await self._idle(session, wait)
+
+    async def _idle(self, session: ImapSession, wait: float) -> None:
+        """Wait for new mail (or `wait` seconds), or for Redis to stop answering: the round
+        that follows then says claims are paused at once, not at the next poll."""
+        if not self._arbiter.shared:
+            await session.wait_for_mail(wait, idle=self.config.idle)
+            return
+        down = self._arbiter.outage_signal()
+        waking = asyncio.create_task(down.wait())
+
+        def wake(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled():
+                session.wake()
+
+        waking.add_done_callback(wake)
+        try:
+            await session.wait_for_mail(wait, idle=self.config.idle)
+        finally:
+            waking.cancel()
 
     def _works(self) -> None:
         """The mailbox was searched, and what it found claimed: it does its job, however long
@@ -357,6 +440,7 @@ class MailboxWatcher:
             _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
         self.last_error = None
         self._trouble_since = None
+        self._maybe_resolved()
 
     def _answered(self) -> None:
         """The server answered a search or an acknowledgement: `last_poll` (and its gauge)
@@ -375,6 +459,9 @@ class MailboxWatcher:
             self._elsewhere.clear()
             self._settled_before.clear()
             self._target_idle()
+            # Nothing to claim: an idle mailbox still asks Redis, so that an outage shows in
+            # its health (down after `down_after`) before mail arrives that it could not claim.
+            await self._arbiter.ping()
             return False, False
         self._settled_before.intersection_update(uids)
         self._known_sizes = {uid: size for uid, size in self._known_sizes.items() if uid in searched}
@@ -630,6 +717,7 @@ class MailboxWatcher:
         if self.target_error is not None:
             self.target_error = None
             _log.warning("mailbox %s: " + why, self.config.name, self.target.name)
+            self._maybe_resolved()
 
     def _target_failing(self, detail: str) -> None:
         """The target refused a whole batch for now: the mailbox says so (degraded) until it
@@ -637,6 +725,7 @@ class MailboxWatcher:
         if self.target_error is None:
             _log.warning("mailbox %s: target %s refused every handoff of a batch for now: %s", self.config.name,
                          self.target.name, detail)  # fmt: skip
+            self._problem(f"target {self.target.name} refused every handoff of a batch for now: {detail}")
         self.target_error = f"target {self.target.name}: {detail}"
 
     async def _within_budget(self, claims: list[Claim], sizes: dict[int, int]) -> list[Claim]:
@@ -710,6 +799,7 @@ class MailboxWatcher:
                 )
                 if keyword.lower() not in self._conflicting:
                     self._conflicting.add(keyword.lower())
+                    self._problem(self.conflict)
                     _log.warning("mailbox %s: %s; give the nodes a shared [redis] url, or watch it from one node",
                                  self.config.name, self.conflict)  # fmt: skip
 
@@ -917,6 +1007,49 @@ class MailboxWatcher:
         else:
             await session.flag(uids, f"\\Seen {_FAILED_FLAG}")
         return self._failure_action()
+
+    # --- notes -------------------------------------------------------------------------------
+    def _problem(self, text: str) -> None:
+        """A new problem with the mailbox, seen from this node: the mailbox's note from now on
+        (written in the background: a Redis that is away is often the problem)."""
+        note = Note(redact(text), self._node, time.time())
+        self.note = self._noted = note
+        self._note_pending = ("write", note)
+        self._note_wake.set()
+
+    def _maybe_resolved(self) -> None:
+        """The mailbox works again from here: the note this node wrote says so, unless
+        another node's note replaced it."""
+        if self._noted is None or self.last_error is not None or self.target_error is not None:
+            return
+        note, self._noted = self._noted, None
+        if self._note_pending == ("write", note):  # never written (Redis away): written resolved
+            self._note_pending = ("write", dataclasses.replace(note, resolved_at=time.time()))
+        else:
+            self._note_pending = ("resolve", note)
+        self._note_wake.set()
+
+    async def _notes_forever(self) -> None:
+        """Send this node's note when it changes, and read the mailbox's every
+        `_NOTE_REFRESH` seconds (another node's, maybe)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._note_wake.wait(), _NOTE_REFRESH)
+            self._note_wake.clear()
+            pending, self._note_pending = self._note_pending, None
+            try:
+                if pending is not None:
+                    action, note = pending
+                    if action == "write":
+                        await self._notes.write(self.identity, note)
+                    else:
+                        await self._notes.resolve(self.identity, note, time.time())
+                self.note = await self._notes.read(self.identity)
+            except NotesUnavailable:
+                if pending is not None and self._note_pending is None:
+                    self._note_pending = pending  # sent once Redis answers, unless replaced
+            except Exception:  # a bug here must not end the notes for good
+                _log.exception("mailbox %s: notes", self.config.name)
 
     # --- leases ------------------------------------------------------------------------------
     async def _renew_forever(self) -> None:

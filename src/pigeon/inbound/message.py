@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pigeon.inbound.headers import decoded, header_fields
+
 _HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
 _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _MESSAGE_ID: Final = re.compile(rb"(?im)^message-id:[ \t]*((?:.*)(?:\r?\n[ \t].*)*)")
@@ -80,14 +82,19 @@ class InboundMessage:
         fields += [b"X-Original-To: " + _header_safe(recipient) for recipient in self.recipients]
         return end.join(fields) + end
 
-    def metadata(self) -> dict[str, Any]:
-        """What travels with the message to the application, besides the raw bytes."""
+    def metadata(self, fields: list[list[str]] | None = None) -> dict[str, Any]:
+        """What travels with the message to the application, besides the raw bytes: among
+        it `subject`, `from` and `to` from the header, decoded to text (None when missing).
+        `fields`: the header's fields, where the caller has them already."""
+        if fields is None:
+            fields = header_fields(header_block(self.raw))
         meta: dict[str, Any] = {
             "dedupe_key": self.dedupe_key,
             "message_id": self.message_id,
             "source": self.source,
             "received_at": self.received_at,
             "size": len(self.raw),
+            **decoded(fields),
         }
         if self.mailbox is not None:
             meta.update(mailbox=self.mailbox, uidvalidity=self.uidvalidity, uid=self.uid)

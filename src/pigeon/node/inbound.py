@@ -18,6 +18,7 @@ from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound import targets
 from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
 from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
+from pigeon.inbound.notes import Notes, RedisNotes
 from pigeon.inbound.targets import Target
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
@@ -35,6 +36,11 @@ class Inbound:
             if redis_url is not None
             else LocalArbiter()
         )
+        self.notes: Notes = (
+            RedisNotes(redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout)
+            if redis_url is not None and watch and config.mailbox
+            else Notes()
+        )
         configs = {t.name: t for t in config.target}
         self.watchers = [
             MailboxWatcher(
@@ -46,6 +52,7 @@ class Inbound:
                 retry_interval=configs[mailbox.target].retry_interval,
                 max_retry_interval=configs[mailbox.target].max_retry_interval,
                 node=config.node.name,
+                notes=self.notes,
             )
             for mailbox in (config.mailbox if watch else [])
         ]
@@ -111,6 +118,7 @@ class Inbound:
             except Exception:
                 _log.exception("closing target %s", target.name)
         await self.arbiter.close()
+        await self.notes.close()
 
     def health(self) -> dict[str, Any]:
         return {w.config.name: w.health() for w in self.watchers}

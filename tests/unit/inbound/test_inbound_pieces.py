@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 import re
-from email.parser import BytesHeaderParser
+from email.parser import Parser
 from email.policy import compat32
 
 import pytest
@@ -14,13 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pigeon.config.schema import SidekiqTarget as SidekiqConfig
+from pigeon.inbound.headers import header_fields
 from pigeon.inbound.imap import uid_set
 from pigeon.inbound.mailbox import retry_delay
 from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.inbound.targets.base import Handoff, Verdict, not_before
 from pigeon.inbound.targets.sidekiq import SidekiqTarget
-from pigeon.inbound.targets.webhook import header_fields, json_body, retry_after, signature
+from pigeon.inbound.targets.webhook import json_body, retry_after, signature
 
 RAW = b"From: a@example.com\r\nMessage-ID:\r\n <x1@example.com>\r\nSubject: hi\r\n\r\nbody\r\n"
 
@@ -126,7 +127,7 @@ _FIELD_LINES = st.one_of(
     st.tuples(
         st.sampled_from(["Subject", "X-Odd.Name!", "to", "From", "Received", "A"]),
         st.sampled_from([":", ": ", ":\t", ":  \t "]),
-        st.text(st.sampled_from('ab: \t("=?é\x01\x00'), max_size=12),
+        st.text(st.sampled_from('ab: \t("=?é€\u2028\x85\x01\x00'), max_size=12),
     ).map("".join),
     st.text(st.sampled_from(" \t"), min_size=1, max_size=2).flatmap(
         lambda lead: st.text(st.sampled_from("xy: \t"), max_size=8).map(lambda rest: lead + rest)
@@ -138,10 +139,8 @@ _FIELD_LINES = st.one_of(
 @given(st.lists(_FIELD_LINES, max_size=8), st.sampled_from(["\r\n", "\n", "\r"]))
 def test_header_fields_read_directly_are_what_the_email_package_reads(lines: list[str], end: str) -> None:
     block = end.join(lines).encode("utf-8")
-    expected = [
-        [name, str(value)] for name, value in BytesHeaderParser(policy=compat32).parsebytes(block + b"\r\n\r\n").items()
-    ]
-    assert header_fields(block) == expected
+    parsed = Parser(policy=compat32).parsestr(block.decode("utf-8") + "\r\n\r\n", headersonly=True)
+    assert header_fields(block) == [[name, str(value)] for name, value in parsed.items()]
 
 
 def test_a_raw_webhook_s_envelope_headers_stay_short_enough_for_any_server() -> None:
@@ -171,3 +170,30 @@ def test_retry_after_reads_seconds_and_http_dates_and_the_wait_is_capped() -> No
     assert not_before(0.2, Handoff(Verdict.TRANSIENT, "429", retry_after=20.0), 300.0) == 20.0
     assert not_before(40.0, Handoff(Verdict.TRANSIENT, "429", retry_after=20.0), 300.0) == 40.0
     assert not_before(40.0, Handoff(Verdict.TRANSIENT, "500"), 300.0) == 40.0
+
+
+_INTERNATIONAL = (
+    "From: =?utf-8?q?Zo=C3=AB?= Durand <zoe@example.fr>\r\n"
+    "To: Service client <support@app.example>,\r\n =?iso-8859-1?q?Andr=E9?= <andre@app.example>\r\n"
+    "Subject: =?utf-8?q?Caf=C3=A9?= et thé\r\n"
+    "\r\nbody\r\n"
+).encode()
+
+
+def test_json_targets_get_subject_from_and_to_decoded_and_utf8_headers_as_text() -> None:
+    body = json.loads(json_body(InboundMessage.of(_INTERNATIONAL, "imap:support", 1.0)))
+    assert body["subject"] == "Café et thé"
+    assert body["from"] == "Zoë Durand <zoe@example.fr>"
+    assert body["to"] == "Service client <support@app.example>, André <andre@app.example>"
+    # The header as written, encoded-words and all, but its UTF-8 read as text, not U+FFFD.
+    assert ["Subject", "=?utf-8?q?Caf=C3=A9?= et thé"] in body["headers"]
+    assert body["raw"].encode() == _INTERNATIONAL
+    job = json.loads(SidekiqTarget(SidekiqConfig(name="jobs"), "redis://127.0.0.1:1/0").job(
+        InboundMessage.of(_INTERNATIONAL, "imap:support", 1.0), 1.0))  # fmt: skip
+    assert (job["args"][1]["subject"], job["args"][1]["from"]) == ("Café et thé", "Zoë Durand <zoe@example.fr>")
+
+
+def test_decoded_fields_are_none_when_missing_and_never_carry_control_characters() -> None:
+    meta = InboundMessage.of(b"Subject: a\x00b =?x-unknown?q?z?=\r\n\r\n", "smtp", 1.0).metadata()
+    assert (meta["from"], meta["to"]) == (None, None)
+    assert "\x00" not in meta["subject"] and meta["subject"].startswith("ab")

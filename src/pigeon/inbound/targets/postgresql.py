@@ -1,5 +1,8 @@
 """PostgreSQL: a job row per message, `ON CONFLICT (dedupe_key) DO NOTHING`.
 
+Besides the raw bytes, a row has the message's Subject, From and To decoded to text
+(`subject`, `from_header`, `to_header`), where the table has those columns.
+
 The unique dedupe key is the fence (Kleppmann's term): whatever arbitration let through twice,
 the table holds one row per message. A batch is one `executemany` in one transaction. Every
 database error is "later": a missing table or a failover must not send mail to the failed
@@ -10,14 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 from collections.abc import Sequence
+from typing import Final
 
 import asyncpg
 
 from pigeon.config.schema import PostgresqlTarget as PostgresqlConfig
-from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.headers import decoded, header_fields
+from pigeon.inbound.message import InboundMessage, header_block
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.redaction import redact
+
+_log = logging.getLogger(__name__)
 
 
 def create_table_sql(table: str) -> str:
@@ -32,10 +40,18 @@ def create_table_sql(table: str) -> str:
             sender      text,
             recipients  text[],
             raw         bytea NOT NULL,
+            subject     text,
+            from_header text,
+            to_header   text,
             received_at timestamptz NOT NULL,
             created_at  timestamptz NOT NULL DEFAULT now(),
             status      text NOT NULL DEFAULT 'pending'
         )"""
+
+
+# The decoded header fields (`InboundMessage.metadata`) and the columns that hold them. A table
+# made before they existed has none of them: its rows go in without them, as before.
+_DECODED_COLUMNS: Final = {"subject": "subject", "from": "from_header", "to": "to_header"}
 
 
 class PostgresqlTarget(Target):
@@ -48,41 +64,99 @@ class PostgresqlTarget(Target):
         self._timeout = timeout
         self._pool: asyncpg.Pool | None = None
         self._connecting = asyncio.Lock()
-        self._insert = (
-            f"INSERT INTO {config.table} (dedupe_key, message_id, source, mailbox, uid, sender, recipients,"
-            " raw, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (dedupe_key) DO NOTHING"
+        self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
+        self._prepared = False  # the table made if it was missing
+        self._preparing = asyncio.Lock()
+        self._outage: str | None = None  # what the database last failed with, while it fails
+        self._insert = self._insert_sql(decoded=False)
+
+    def _insert_sql(self, *, decoded: bool) -> str:
+        columns = "dedupe_key, message_id, source, mailbox, uid, sender, recipients, raw, received_at"
+        count = 9
+        if decoded:
+            columns += ", " + ", ".join(_DECODED_COLUMNS.values())
+            count += len(_DECODED_COLUMNS)
+        values = ", ".join(f"${n}" for n in range(1, count + 1))
+        return f"INSERT INTO {self._config.table} ({columns}) VALUES ({values}) ON CONFLICT (dedupe_key) DO NOTHING"
+
+    async def _learn_columns(self, connection: asyncpg.Connection) -> None:
+        """Whether the table has the decoded header columns: asked once it exists."""
+        if self._decoded is not None:
+            return
+        names = await connection.fetch(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            self._config.table,
         )
+        if not names:
+            return  # no table yet (create_table = false): the insert says so
+        present = {row["attname"] for row in names}
+        self._decoded = set(_DECODED_COLUMNS.values()) <= present
+        self._insert = self._insert_sql(decoded=self._decoded)
+        if not self._decoded:
+            _log.info(
+                "target %s: table %s has no %s columns: rows go in without the decoded header fields "
+                "(ALTER TABLE %s ADD COLUMN subject text, ADD COLUMN from_header text, ADD COLUMN to_header text)",
+                self.name, self._config.table, "/".join(_DECODED_COLUMNS.values()), self._config.table,
+            )  # fmt: skip
 
     async def _connect(self) -> asyncpg.Pool:
+        """The pool, made once. With no connection in it until one is needed (min_size 0):
+        making it never fails for a database that is down, so neither does start-up."""
         async with self._connecting:  # one pool, however many deliveries ask at once
             if self._pool is None:
                 config = self._config
-                pool = await asyncpg.create_pool(
+                self._pool = await asyncpg.create_pool(
                     config.dsn,
-                    min_size=1,
+                    min_size=0,
                     max_size=config.pool_size,
                     timeout=self._timeout,
                     command_timeout=self._timeout,
                 )
-                try:
-                    if config.create_table:
-                        async with pool.acquire() as connection:
-                            # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE
-                            # privilege even when the table exists, which a role that may only
-                            # insert into the application's table lacks (PostgreSQL 15+ default).
-                            if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
-                                await connection.execute(create_table_sql(config.table))
-                except BaseException:
-                    await pool.close()
-                    raise
-                self._pool = pool
             return self._pool
 
+    async def _prepare(self, connection: asyncpg.Connection) -> None:
+        """The table made if missing (and allowed), its columns learnt: on the first
+        connection that works, not at start, when the database may be down."""
+        config = self._config
+        if (self._prepared or not config.create_table) and self._decoded is not None:
+            return
+        async with self._preparing:  # one CREATE, however many mailboxes share the target
+            if config.create_table and not self._prepared:
+                # Only when missing: CREATE ... IF NOT EXISTS needs the CREATE privilege even
+                # when the table exists, which a role that may only insert into the
+                # application's table lacks (PostgreSQL 15+ default).
+                if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
+                    await connection.execute(create_table_sql(config.table))
+                self._prepared = True
+            await self._learn_columns(connection)
+
     async def start(self) -> None:
+        """Connect once to make the table; a database that is down is said (once), and the
+        first message tries again: the node starts all the same."""
         try:
-            await self._connect()
-        except (OSError, asyncpg.PostgresError, TimeoutError):
-            pass  # the first message tries again, and says why if it still fails
+            pool = await self._connect()
+            async with pool.acquire() as connection:
+                await self._prepare(connection)
+        except Exception as error:
+            self._failing(error)
+        else:
+            self._answering()
+
+    def _failing(self, error: BaseException) -> str:
+        """The error as a handoff's detail; the first of an outage is logged (each refused
+        handoff has its InboundFailure record: a line for each would only repeat them)."""
+        detail = f"PostgreSQL at {redact(self._config.dsn)}: {redact(str(error)) or type(error).__name__}"
+        if self._outage is None:
+            _log.warning("target %s: %s; messages wait unacknowledged at their source until their rows are "
+                         "committed", self.name, detail)  # fmt: skip
+            self._outage = detail
+        return detail
+
+    def _answering(self) -> None:
+        if self._outage is not None:
+            _log.warning("target %s: PostgreSQL at %s answers again; rows are committed", self.name,
+                         redact(self._config.dsn))  # fmt: skip
+            self._outage = None
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -92,38 +166,42 @@ class PostgresqlTarget(Target):
         return (await self.deliver_many([message]))[0]
 
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
-        rows = [
-            (
-                m.dedupe_key,
-                m.message_id,
-                m.source,
-                m.mailbox,
-                m.uid,
-                m.sender,
-                list(m.recipients) or None,
-                m.raw,
-                datetime.datetime.fromtimestamp(m.received_at, datetime.UTC),
-            )
-            for m in messages
-        ]
         done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         try:
             pool = await self._connect()
             async with pool.acquire() as connection:
+                await self._prepare(connection)
+                rows = [self._row(m) for m in messages]
                 try:
                     async with connection.transaction():
                         await connection.executemany(self._insert, rows)
                 except asyncpg.DataError:
                     # One row the database refuses (class 22) must not hold the others back:
                     # row by row, the refused one is a permanent failure, the rest go in.
-                    return [await self._insert_one(connection, row) for row in rows]
+                    answers = [await self._insert_one(connection, row) for row in rows]
+                else:
+                    answers = [done] * len(messages)
         except Exception as error:  # down, failing over, misconfigured: later, never lost
-            failed = Handoff(
-                Verdict.TRANSIENT,
-                f"PostgreSQL at {redact(self._config.dsn)}: {redact(str(error)) or type(error).__name__}",
-            )
-            return [failed] * len(messages)
-        return [done] * len(messages)
+            return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
+        self._answering()
+        return answers
+
+    def _row(self, message: InboundMessage) -> tuple[object, ...]:
+        row: tuple[object, ...] = (
+            message.dedupe_key,
+            message.message_id,
+            message.source,
+            message.mailbox,
+            message.uid,
+            message.sender,
+            list(message.recipients) or None,
+            message.raw,
+            datetime.datetime.fromtimestamp(message.received_at, datetime.UTC),
+        )
+        if self._decoded:
+            fields = decoded(header_fields(header_block(message.raw)))
+            row += tuple(fields[name] for name in _DECODED_COLUMNS)
+        return row
 
     async def _insert_one(self, connection: asyncpg.Connection, row: tuple[object, ...]) -> Handoff:
         try:

@@ -20,25 +20,22 @@ import email.utils
 import hashlib
 import hmac
 import os
-import re
 import ssl
 import time
 import urllib.parse
 from collections.abc import Sequence
-from email.parser import BytesHeaderParser
-from email.policy import compat32
 from typing import Any, Final
 
 import aiohttp
 import msgspec
 
 from pigeon.config.schema import WebhookTarget as WebhookConfig
+from pigeon.inbound.headers import header_fields
 from pigeon.inbound.message import InboundMessage, header_block
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.redaction import redact, redact_url
 
 _encode = msgspec.json.Encoder().encode
-_FIELD: Final = re.compile(r"[\x21-\x39\x3b-\x7e]+:")  # a field name (printable ASCII but ":") and its colon
 
 
 _MAX_RECIPIENTS_HEADER: Final = 4000  # common servers refuse a header line over 8 KiB with a 400
@@ -92,42 +89,6 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},v1={mac}"
 
 
-def header_fields(block: bytes) -> list[list[str]]:
-    """[name, value] for each field of a header block, as the email package's compat32
-    parser gives them (a folded value keeps its line breaks)."""
-    fields = _plain_fields(block)
-    if fields is None:
-        headers = BytesHeaderParser(policy=compat32).parsebytes(block + b"\r\n\r\n")
-        fields = [[name, str(value)] for name, value in headers.items()]
-    return fields
-
-
-def _plain_fields(block: bytes) -> list[list[str]] | None:
-    """The fields of a plain header block (ASCII, CRLF line ends, every line a field or a
-    continuation) read directly, ten times faster than the email package; None for any
-    other block, which that parser reads (and whose oddities it knows)."""
-    if not block:
-        return []
-    if not block.isascii():
-        return None
-    text = block.decode("ascii")
-    lines = text.split("\r\n")
-    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", ""):
-        return None
-    fields: list[list[str]] = []
-    for line in lines:
-        if line[:1] in (" ", "\t"):
-            if not fields:
-                return None
-            fields[-1][1] += "\r\n" + line
-        elif _FIELD.match(line):
-            name, _, value = line.partition(":")
-            fields.append([name, value.lstrip(" \t")])
-        else:
-            return None
-    return fields
-
-
 def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
     """`cannot connect to host:port: why`, as the SMTP client says it. aiohttp's own text
     ("Cannot connect to host h:p ssl:default [Connect call failed ('h', p)]") names its TLS
@@ -146,8 +107,9 @@ def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
 
 
 def json_body(message: InboundMessage) -> bytes:
-    payload: dict[str, Any] = message.metadata()
-    payload["headers"] = header_fields(header_block(message.raw))
+    fields = header_fields(header_block(message.raw))
+    payload: dict[str, Any] = message.metadata(fields)
+    payload["headers"] = fields
     try:
         payload["raw"] = message.raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -1,0 +1,53 @@
+"""An idle mailbox while the Redis its nodes arbitrate through is away: reported down after
+`down_after`, claims said paused, and said resumed only once Redis answers again, after which
+mail is handed over once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.support.apps import (
+    WebhookApp,
+    customer_mail,
+    imap_mailbox,
+    mailbox_health,
+    redis_in_use_for_a_while,
+    webhook_target,
+)
+from tests.support.process import PigeonProcess
+from tests.support.services import Dovecot, RedisServer
+from tests.support.sinks import wait_until
+
+
+def test_an_idle_mailbox_is_down_on_a_redis_outage_and_claims_resume_only_when_redis_answers(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    redis_in_use_for_a_while(redis_server)
+    box = imap_mailbox(dovecot, "hook", down_after="2s", poll_interval="60s")  # idle in IDLE for a minute
+    with (
+        WebhookApp() as app,
+        PigeonProcess(tmp_path / "p", redis={"url": redis_server.url, "timeout": "500ms"},
+                      target=[webhook_target(app)], mailbox=[box]) as node,
+    ):  # fmt: skip
+        wait_until(lambda: mailbox_health(node)["status"] == "ok", 20)
+        redis_server.stop()
+        stopped = time.monotonic()
+        health = wait_until(lambda: (h := mailbox_health(node))["status"] == "down" and h, 15)
+        assert time.monotonic() - stopped < 8  # down_after (2 s) from the first unanswered heartbeat
+        assert "Redis at redis://127.0.0.1:" in health["error"]
+        assert node.http_get("/healthz")[0] == 503
+        node.wait_stderr("claims paused", timeout=10)  # at once, not at the next poll a minute later
+        time.sleep(3)  # rounds that need no claim go on meanwhile: none of them says Redis is back
+        assert "claims resumed" not in node.stderr()
+        assert mailbox_health(node)["status"] == "down"
+        redis_server.start()
+        redis_in_use_for_a_while(redis_server)  # (this test is not about the pause after data loss)
+        node.wait_stderr("claims resumed", timeout=15)
+        wait_until(lambda: mailbox_health(node)["status"] == "ok", 10)
+        dovecot.append("app", [customer_mail(1)])
+        assert app.wait_distinct(1, 20) == 1
+        logged = node.stderr()
+    assert sum(app.accepted.values()) == 1
+    assert logged.count("claims paused") == 1, logged
+    assert logged.count("claims resumed") == 1, logged
