@@ -30,6 +30,7 @@ _XTEXT_ESCAPE: Final = re.compile(r"\+([0-9A-F]{2})")
 _ADDR_TYPE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
 _MAX_SIZE_DIGITS: Final = 20
 _MAX_ENVID: Final = 100  # RFC 3461 4.4
+_MAX_ECHO: Final = 40  # of a refused value, in its reply: enough to recognise it
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,15 @@ class Offer:
         return Reply(250, None, tuple(lines))
 
 
+def _echo(value: str) -> str:
+    """A client's value as a reply may name it: printable ASCII (RFC 5321 replies are ASCII
+    text on one line; an escape sequence or 8-bit octet sent back could break the line or the
+    reader's screen), each other character as a backslash escape, cut after _MAX_ECHO."""
+    shown = value[:_MAX_ECHO].encode("ascii", "backslashreplace").decode("ascii")
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in shown)
+    return shown + "..." if len(value) > _MAX_ECHO else shown
+
+
 def split_parameters(text: str) -> dict[str, str | None]:
     """`KEY=VALUE KEY2` into {"KEY": "VALUE", "KEY2": None}; keys upper-cased, no duplicates."""
     params: dict[str, str | None] = {}
@@ -77,7 +87,7 @@ def split_parameters(text: str) -> dict[str, str | None]:
         key, eq, value = item.partition("=")
         key = key.upper()
         if not key or not key.isascii() or not key.replace("-", "").isalnum():
-            raise SmtpProtocolError(replies.syntax(f"Malformed parameter {item!r}", "5.5.4"))
+            raise SmtpProtocolError(replies.syntax(f"Malformed parameter '{_echo(item)}'", "5.5.4"))
         if key in params:
             raise SmtpProtocolError(replies.syntax(f"Parameter {key} given twice", "5.5.4"))
         if eq and not value:
@@ -111,7 +121,7 @@ def parse_mail_parameters(text: str, offer: Offer) -> MailParameters:
                 body = BodyType((value or "").upper())
             except ValueError:
                 raise SmtpProtocolError(
-                    replies.bad_parameter(f"BODY={value} is not supported; use 7BIT or 8BITMIME")
+                    replies.bad_parameter(f"BODY={_echo(value or '')} is not supported; use 7BIT or 8BITMIME")
                 ) from None
         elif key == "SMTPUTF8":
             if not offer.smtputf8:
@@ -166,7 +176,7 @@ def _parse_notify(value: str | None) -> frozenset[Notify]:
     try:
         parsed = [Notify(v) for v in items]
     except ValueError:
-        raise SmtpProtocolError(replies.syntax(f"NOTIFY={value} has an unknown value", "5.5.4")) from None
+        raise SmtpProtocolError(replies.syntax(f"NOTIFY={_echo(value)} has an unknown value", "5.5.4")) from None
     found = frozenset(parsed)
     if len(found) != len(parsed):
         raise SmtpProtocolError(replies.syntax("NOTIFY lists a value twice", "5.5.4"))
