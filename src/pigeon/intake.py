@@ -44,7 +44,7 @@ from pigeon.metrics import Metrics
 from pigeon.policy.answers import Changes, Refuse
 from pigeon.policy.hooks import HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
-from pigeon.queue.names import scheduled_queue
+from pigeon.queue.names import queue_name, scheduled_queue
 from pigeon.smtp import replies
 from pigeon.smtp.address import same_mailbox_key
 from pigeon.smtp.replies import Reply
@@ -557,7 +557,8 @@ def _apply(
         envelope.headers_added = [f"{name}: {value}" for name, value in changes.add_headers]
     if removed:
         envelope.headers_removed = sorted(set(removed))
-    return tenant, campaign, changes.queue
+    # Written as `[[queue]] name` globs read it, or that policy would never find its mail.
+    return tenant, campaign, None if changes.queue is None else queue_name(changes.queue)
 
 
 def _copy_result(source: asyncio.Future[Stored], target: asyncio.Future[Stored]) -> None:

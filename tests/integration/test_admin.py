@@ -352,3 +352,35 @@ def test_queue_rows_say_which_suspension_holds_them_who_asked_and_why(tmp_path: 
         assert [(r["id"], r["operator"], r["reason"]) for r in ready["suspended_by"]] == [
             (answer["rule"]["id"], "ops", "maintenance")
         ]
+
+
+def test_a_rebind_names_its_queue_as_messages_carry_it_domain_in_lower_case(tmp_path: Path) -> None:
+    # `[[queue]] name` globs are read with their domain part in lower case (as scheduled_queue
+    # writes it): a rebind to "slow@Example.NET." must land where that policy finds it.
+    with ScriptedSink(flaky=5) as sink:
+        config = delivery_config(sink.endpoint, retry_interval="1h", max_retry_interval="2h")
+        with PigeonProcess(tmp_path / "node", http={"token": TOKENS}, **config) as pigeon:
+            ids = _send(pigeon, ["flaky@example.net"], count=2)
+            wait_until(lambda: len(pigeon.records("TransientFailure")) == 2)
+            body = {"domain": "example.net", "to_queue": "slow@Example.NET."}
+            status, answer = _api(pigeon, "POST", "/api/v1/admin/rebind", body)
+            assert status == 200 and answer["rebound"] == 2, answer
+            for spool_id in ids:
+                status, found = _api(pigeon, "GET", f"/api/v1/messages/{spool_id}", token=READER)
+                assert status == 200 and found["queue"] == "slow@example.net", found
+
+
+def test_a_selector_is_read_as_the_config_reads_its_globs_lower_case_without_final_dot(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    # Sites and domains are matched as written in the queues: in lower case, no final dot.
+    with _node(tmp_path / "node", sink) as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": "MX.Example.NET."})
+        assert status == 200 and answer["rule"]["selector"] == {"site": "mx.example.net"}, answer
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "Held.TEST."})
+        assert status == 200 and answer["rule"]["selector"] == {"domain": "held.test"}, answer
+        (spool_id,) = _send(pigeon, ["ann@held.test"])
+        _send(pigeon, ["ok@example.net"])
+        sink.wait_for(1)
+        status, found = _api(pigeon, "GET", f"/api/v1/messages/{spool_id}", token=READER)
+        assert status == 200 and found["suspended_by"], found  # the suspension holds it

@@ -127,11 +127,13 @@ def test_an_unknown_query_parameter_is_refused_by_name(
 @pytest.mark.parametrize(
     ("to_queue", "says"),
     [
-        ("", "not empty"),
-        ("two words", "not a queue name"),
-        ("spring:*", "is a glob"),
-        ("tab\there", "not a queue name"),
+        ("", "cannot be empty"),
+        ("two words", "no white space"),
+        ("spring:*", "not a glob"),
+        ("tab\there", "no white space"),
         ("x" * 256, "at most 255"),
+        ("inbound:helpdesk", "[[inbound]] routes' own"),
+        ("acme->mx.example.net", "holds no '->'"),
     ],
 )
 def test_a_rebind_to_a_malformed_queue_name_is_refused(
@@ -200,3 +202,19 @@ def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[
     assert pigeon.http_call("DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}", None, ADMIN)[0] == 200
     answer = _refused(node, "POST", "/api/v1/admin/suspend", {"domain": "none.test", "via": "curl"})
     assert answer["field"] == "$.via"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "says"),
+    [
+        ("/api/v1/admin/suspend", {"site": "shop.example@mx.example"}, "$.site", "holds '@'"),
+        ("/api/v1/admin/bounce", {"domain": "ann@example.net"}, "$.domain", "holds '@'"),
+        ("/api/v1/admin/suspend", {"domain": "example .net"}, "$.domain", "white space"),
+    ],
+)
+def test_a_selector_no_domain_or_site_can_match_is_refused(
+    node: tuple[PigeonProcess, list[str]], path: str, body: dict[str, str], field: str, says: str
+) -> None:
+    answer = _refused(node, "POST", path, body)
+    assert answer["field"] == field
+    assert says in answer["error"]

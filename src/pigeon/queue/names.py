@@ -16,6 +16,7 @@ A name an operator gives (`pigeon rebind --to-queue`) must be one queue, typed w
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -23,11 +24,11 @@ MAX_QUEUE_NAME: Final = 255
 """Longest queue name an operator or a policy may give: it is written into every log record,
 metric label and spool row of its messages."""
 QUEUE_NAME_TEXT: Final = (
-    f"1 to {MAX_QUEUE_NAME} characters, without white space, control characters or the glob characters * and ?"
+    f"1 to {MAX_QUEUE_NAME} printable characters, without white space, the glob characters * and ?, "
+    "the -> of ready queues, and not starting inbound: (the [[inbound]] routes' queues)"
 )
-# Globs are refused because a name given where one queue is meant (a rebind's destination)
-# that holds `*` is almost surely a selector typed in the wrong place, not a queue.
-QUEUE_NAME: Final = re.compile(rf"[^\s\x00-\x1f\x7f-\x9f*?]{{1,{MAX_QUEUE_NAME}}}")
+_INBOUND_PREFIX: Final = "inbound:"  # the queues of [[inbound]] routes' mail (inbound/routes.py)
+_READY_SEPARATOR: Final = "->"  # ready queues are source->site: a scheduled queue never looks like one
 
 
 def scheduled_queue(domain: str, tenant: str | None = None, campaign: str | None = None) -> str:
@@ -47,37 +48,66 @@ def ready_queue(source: str, site: str, domain: str | None = None, security: str
     return f"{source}->{domain}@{site}{security}" if domain else f"{source}->{site}{security}"
 
 
-def queue_name_problem(name: str) -> str | None:
-    """Why `name` is not a queue name an operator may give (None: it is one)."""
-    if QUEUE_NAME.fullmatch(name):
-        return None
-    if not name:
-        return "a queue name is not empty"
-    if len(name) > MAX_QUEUE_NAME:
-        return f"a queue name is at most {MAX_QUEUE_NAME} characters, not {len(name)}"
-    if "*" in name or "?" in name:
-        return f"{name[:60]!r} is a glob: name the one queue to move the mail to (globs select, with queue)"
-    return f"{name[:60]!r} is not a queue name: {QUEUE_NAME_TEXT}"
+@functools.cache
+def queue_name_pattern() -> str:
+    """`QUEUE_NAME_TEXT` as a regex that Python and JSON Schema (ECMA-262) read alike: the
+    server's check and the OpenAPI document's pattern are this one string."""
+    # Globs are refused because a name given where one queue is meant (a rebind's destination)
+    # that holds `*` is almost surely a selector typed in the wrong place, not a queue.
+    inbound = "".join(f"[{c.upper()}{c}]" if c.isalpha() else c for c in _INBOUND_PREFIX)
+    allowed = r"\x21-\x29\x2b-\x3e\x40-\x7e" + printable_beyond_ascii()
+    return f"(?!{inbound})(?!.*{_READY_SEPARATOR})[{allowed}]{{1,{MAX_QUEUE_NAME}}}"
 
 
-_INBOUND_PREFIX: Final = "inbound:"  # the queues of [[inbound]] routes' mail (inbound/routes.py)
-_READY_SEPARATOR: Final = "->"  # ready queues are source->site: a scheduled queue never looks like one
+@functools.cache
+def printable_beyond_ascii() -> str:
+    """The Basic Multilingual Plane's printable characters that are not white space, as ranges
+    of a regex character class that Python and JSON Schema (ECMA-262) read alike."""
+    ranges: list[str] = []
+    start: int | None = None
+    for point in range(0xA0, 0x10001):
+        char = chr(point) if point < 0x10000 else ""
+        wanted = bool(char) and char.isprintable() and not char.isspace()
+        if wanted and start is None:
+            start = point
+        elif not wanted and start is not None:
+            ranges.append(f"\\u{start:04x}" if start == point - 1 else f"\\u{start:04x}-\\u{point - 1:04x}")
+            start = None
+    return "".join(ranges)
 
 
-def hook_queue_name_problem(name: object) -> str | None:
-    """Why `name` cannot be a scheduled queue name a policy hook gives (`Changes(queue=...)`),
-    or None when it can: a string of 1 to 255 printable characters without white space, not
-    in the `inbound:` namespace of `[[inbound]]` routes, without the `->` of ready queues."""
+@functools.cache
+def _queue_name() -> re.Pattern[str]:
+    return re.compile(queue_name_pattern())
+
+
+def queue_name_problem(name: object) -> str | None:
+    """Why `name` cannot be a scheduled queue name an operator (`pigeon rebind --to-queue`) or
+    a policy hook (`Changes(queue=...)`) gives, or None when it can (`QUEUE_NAME_TEXT`)."""
     if not isinstance(name, str):
         return f"a queue name is a string, not {type(name).__name__}"
+    if _queue_name().fullmatch(name):
+        return None
     if not name:
         return "a queue name cannot be empty"
     if len(name) > MAX_QUEUE_NAME:
         return f"a queue name is at most {MAX_QUEUE_NAME} characters, not {len(name)}"
-    if not name.isprintable() or any(char.isspace() for char in name):
-        return "a queue name holds no white space, control characters or NUL"
+    if any(char.isspace() or not char.isprintable() for char in name):
+        return "a queue name holds no white space or control characters"
+    if "*" in name or "?" in name:
+        return "a queue name is one queue, not a glob (* and ? select queues, with queue)"
     if name.lower().startswith(_INBOUND_PREFIX):
         return f"queue names starting {_INBOUND_PREFIX!r} are the [[inbound]] routes' own"
     if _READY_SEPARATOR in name:
         return f"a queue name holds no {_READY_SEPARATOR!r} (ready queues are source->site)"
-    return None
+    return f"not a queue name: {QUEUE_NAME_TEXT}"  # only astral characters are left (BMP only)
+
+
+def queue_name(name: str) -> str:
+    """A queue name as its messages carry it: its domain part (after the last "@") in lower
+    case and without a final dot, as `scheduled_queue` writes it and `[[queue]] name` reads it."""
+    local, at, domain = name.rpartition("@")
+    if not at or not domain or ":" in domain:
+        return name
+    domain = domain.lower()
+    return f"{local}@{domain[:-1] if domain.endswith('.') and domain != '.' else domain}"

@@ -44,7 +44,13 @@ def test_a_duration_number_is_taken_exactly_within_the_documented_bounds(seconds
     assert _taken("/api/v1/admin/bounce", {"domain": "example.net", "duration": seconds}) == documented
 
 
-@pytest.mark.parametrize("name", ["parked", "spring:acme@example.net", "inbound:helpdesk", "", "a b", "x*", "é" * 255])
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("parked", "spring:acme@example.net", "inbound:helpdesk", "Inbound:x", "a->b", "", "a b", "x*"),
+        *("é" * 255, "a\u202eb", "a\u00a0b"),
+    ],
+)
 def test_a_rebind_queue_name_is_taken_exactly_when_the_documented_pattern_matches(name: str) -> None:
     (string,) = [s for s in _property("RebindRequest", "to_queue")["anyOf"] if s.get("type") == "string"]
     documented = re.search(string["pattern"], name) is not None and len(name) <= string["maxLength"]

@@ -37,12 +37,13 @@ from urllib.parse import parse_qsl
 import msgspec
 from aiohttp import web
 
+from pigeon.config.patterns import PatternError, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
-from pigeon.queue.names import queue_name_problem
+from pigeon.queue.names import printable_beyond_ascii, queue_name, queue_name_problem
 from pigeon.queue.rules import Selector
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
@@ -259,6 +260,7 @@ def _decode(path: str, body: bytes) -> AdminRequest:
         request.duration = _rule_duration(request.duration, action)
     if request.id is not None and not _RULE_ID.fullmatch(request.id):
         raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
+    _normalise_globs(request)
     if request.selector().empty():
         raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
     if isinstance(request, SuspendRequest) and request.site is not None and not request.selector().site_only():
@@ -268,8 +270,35 @@ def _decode(path: str, body: bytes) -> AdminRequest:
     if isinstance(request, RebindRequest) and request.to_queue is not None:
         problem = queue_name_problem(request.to_queue)
         if problem is not None:
-            raise bad_request(problem, "$.to_queue")
+            raise bad_request(f"to_queue {request.to_queue[:60]!r}: {problem}", "$.to_queue")
+        request.to_queue = queue_name(request.to_queue)
     return request
+
+
+HOST_GLOB_PATTERN: Final = f"[\\x21-\\x3f\\x41-\\x7e{printable_beyond_ascii()}]+"
+"""A selector's domain or site, as the OpenAPI document says it: no white space, control
+character or "@" (a domain glob names a domain alone, a site its MX hosts)."""
+_HOST_GLOB: Final = re.compile(HOST_GLOB_PATTERN)
+
+
+def _normalise_globs(request: AdminRequest) -> None:
+    """Read the selector's globs as the config reads the same globs (`config.patterns`): a
+    domain or site in lower case and without a final dot, as the names they are matched
+    against are written. One holding "@" or white space is refused: no domain or site has
+    them, and the rule would hold nothing (`--site shop.example@mx.example`)."""
+    kinds = {"domain": domain_glob, "queue": queue_glob, "site": site_glob}
+    for member, normalise in kinds.items():
+        pattern = getattr(request, member, None)
+        if pattern is None:
+            continue
+        try:
+            setattr(request, member, normalise(pattern))
+        except PatternError as error:
+            if member != "queue" and not _HOST_GLOB.fullmatch(pattern):
+                raise bad_request(f"{member} {pattern[:60]!r} {error}", f"$.{member}") from None
+            # Another flaw (a character no host name holds, a label too long) matches nothing
+            # either, but the OpenAPI pattern cannot say it: kept, in lower case.
+            setattr(request, member, pattern if member == "queue" else pattern.lower())
 
 
 def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:

@@ -15,6 +15,7 @@ from aiohttp import web
 from pigeon.compose import InjectRequest
 from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import (
+    HOST_GLOB_PATTERN,
     MAX_DURATION,
     RULE_DURATION,
     AdminRequest,
@@ -24,14 +25,13 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 from pigeon.queue.admin import QueueSummary
-from pigeon.queue.names import MAX_QUEUE_NAME, QUEUE_NAME_TEXT
+from pigeon.queue.names import MAX_QUEUE_NAME, QUEUE_NAME_TEXT, queue_name_pattern
 from pigeon.queue.rules import Rule
 from pigeon.shaping.effects import Effect
 
 _REF: Final = "#/components/schemas/{name}"
 _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
 _RULE_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,64}$"
-_QUEUE_NAME_PATTERN: Final = f"^[^\\s\\x00-\\x1f\\x7f-\\x9f*?]{{1,{MAX_QUEUE_NAME}}}$"
 _ERRORS: Final = {
     "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
     "401": ("No token, or an unknown one", "ErrorResponse"),
@@ -109,7 +109,8 @@ def _custom(kind: type) -> dict[str, Any]:
 
 def _tighten_admin_requests(components: dict[str, Any]) -> None:
     """What the admin requests' checks refuse that their types do not say: a rule's duration
-    (more than 0, at most 365 days), a rule id's alphabet, a rebind's queue name. Kept out of
+    (more than 0, at most 365 days), a rule id's alphabet, a selector's domain and site, a
+    rebind's queue name. Kept out of
     the types so that the server's refusals say what to do rather than quote a pattern."""
     for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
         properties = components[name]["properties"]
@@ -124,8 +125,11 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
                 "as a string (30m, 2h, 7d). "
                 "Left out: a suspension lasts until resumed, a bounce acts on what is queued now only.",
             }
+    hosts = [(name, "domain") for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest")]
+    for name, member in [*hosts, ("SuspendRequest", "site")]:
+        components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{HOST_GLOB_PATTERN}$")
     to_queue = components["RebindRequest"]["properties"]["to_queue"]
-    to_queue["anyOf"][0].update(pattern=_QUEUE_NAME_PATTERN, maxLength=MAX_QUEUE_NAME)
+    to_queue["anyOf"][0].update(pattern=f"^{queue_name_pattern()}$", maxLength=MAX_QUEUE_NAME)
     to_queue["description"] = f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}"
 
 
