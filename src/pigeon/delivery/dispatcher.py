@@ -208,7 +208,11 @@ class Dispatcher:
     def idle_timeout_of(self, queue: ReadyQueue) -> float | None:
         """How long an empty ready queue may stay idle before it is forgotten (its site's
         `idle_timeout`); None while its lane is busy: a connection open or about to ask
-        again, or a shaping effect on it (the API's row is where that effect shows)."""
+        again, or a shaping effect on it (the API's row is where that effect shows); and
+        None while its site is down or an operator's site suspension holds it, for the same
+        reason: its row (`down`, `suspended_by`) is listed even with nothing queued."""
+        if self.health.is_down(queue.site) or self._held(queue.site):
+            return None
         lane = self._lanes.get(queue.path)
         if lane is None or lane.queue is not queue:
             return 0.0  # never kicked: nothing of ours holds it
