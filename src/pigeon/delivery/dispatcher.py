@@ -47,7 +47,9 @@ of its ready queues, with `451 4.4.1 not tried: <site> is down`, all until the n
 with no attempt counted; each is reported with its lease like any attempt, so the queue
 settles it as it settles every other. Mail that comes ready meanwhile is deferred alike. At
 the probe's time that mail is due again, and the first connection asked for is the probe
-(one, for the whole site: the rest waits in the ready queue for its verdict). If it opens,
+(one, for the whole site: the rest waits in the ready queue for its verdict; a probe given
+up before it connects, its mail gone meanwhile, hands the probe on to the site's other
+queues with mail). If it opens,
 the site is up and the mail flows on it and on as many connections as the queues want; if
 not, everything waiting is deferred to the next probe, twice as far off.
 """
@@ -208,7 +210,11 @@ class Dispatcher:
     def idle_timeout_of(self, queue: ReadyQueue) -> float | None:
         """How long an empty ready queue may stay idle before it is forgotten (its site's
         `idle_timeout`); None while its lane is busy: a connection open or about to ask
-        again, or a shaping effect on it (the API's row is where that effect shows)."""
+        again, or a shaping effect on it (the API's row is where that effect shows); and
+        None while its site is down or an operator's site suspension holds it, for the same
+        reason: its row (`down`, `suspended_by`) is listed even with nothing queued."""
+        if self.health.is_down(queue.site) or self._held(queue.site):
+            return None
         lane = self._lanes.get(queue.path)
         if lane is None or lane.queue is not queue:
             return 0.0  # never kicked: nothing of ours holds it
@@ -375,12 +381,12 @@ class Dispatcher:
         except BaseException:
             lane.connections -= 1
             if probe:
-                self.health.abandoned(queue.site)
+                self._probe_given_up(lane)
             raise
         if hold is None:
             lane.connections -= 1
             if probe:
-                self.health.abandoned(queue.site)
+                self._probe_given_up(lane)
             if len(queue) and not self._stopping and lane.refused is None:
                 # Every slot is held elsewhere (other workers, other nodes): ask again shortly.
                 loop = asyncio.get_running_loop()
@@ -479,7 +485,7 @@ class Dispatcher:
                 self._report_from(lane, work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
         finally:
             if probe:  # it never opened nor failed to: the next connection asked for probes
-                self.health.abandoned(queue.site)
+                self._probe_given_up(lane)
             # Cancelled at shutdown: what was begun stays as it is in the spool, and is tried
             # again at the next start; what was only taken goes back now.
             self._give_back(queue, taken)
@@ -680,8 +686,22 @@ class Dispatcher:
         down_for, probes = was_down
         _log.warning("site %s is up again after %s down (%d probes failed); its mail goes now",
                      site, _seconds(down_for), probes)  # fmt: skip
+        self._start_site(site)
+
+    def _probe_given_up(self, lane: _Lane) -> None:
+        """The lane's probe never opened a connection nor failed to (no slot free, its mail
+        gone meanwhile: a reload moved it, an operator bounced it; a stop). The site's other
+        ready queues with mail held back for its verdict (`_start`), and nothing else would
+        start them until new mail came: they ask now, and one of them probes. (The lane's
+        own restart is its caller's.)"""
+        site = lane.queue.site
+        self.health.abandoned(site)
+        self._start_site(site, but=lane)
+
+    def _start_site(self, site: str, *, but: _Lane | None = None) -> None:
+        """Start every ready queue of `site` (but `but`) with mail waiting."""
         for other in list(self._lanes.values()):
-            if other.queue.site == site and len(other.queue):
+            if other is not but and other.queue.site == site and len(other.queue):
                 self._start(other)
 
 

@@ -171,7 +171,8 @@ class ReadyQueues:
 
     `owns(domain)`: whether a domain's mail gets a queue of its own (`ShapingRules.owns_queue`).
     `idle_timeout(queue)`: how long the dispatcher lets an empty queue be before it is
-    forgotten; None keeps it (connections open on it, or a shaping effect names it).
+    forgotten; None keeps it (connections open on it, a shaping effect names it, its site is
+    down or suspended).
     `on_forget(queue)`: the dispatcher lets go of a forgotten queue's lane.
     """
 

@@ -9,6 +9,7 @@ from pigeon.delivery.agent import Agent, Unreachable
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.sites import SiteHealth
 from pigeon.queue.rules import Selector
+from pigeon.shaping.rules import Shaping
 from pigeon.smtp.replies import Reply
 from tests.support.queue_world import FakeClock, World
 from tests.unit.conftest import MakeWorld
@@ -124,6 +125,70 @@ async def test_a_down_site_listed_in_the_ready_queues_with_down_true(make_world:
     summary = await world.admin.summary()
     rows = {row["site"]: row for row in summary["ready"]}
     assert rows["mx1.test"]["down"] is True and rows["mx1.test"]["queued"] == 0
+
+
+async def test_a_down_sites_empty_ready_queue_stays_listed_past_its_idle_timeout(make_world: MakeWorld) -> None:
+    # idle_timeout 0: any time idle is past it, and the sweep forgets every empty queue it may.
+    world, _ = _dead_world(make_world, shaping=Shaping(connection_limit=2, idle_timeout=0.0))
+    world.inject(["r@d1.test"])
+    world.inject(["s@d2.test"])
+    await world.release_all()
+    world.tick()  # (the sweep: idle queues forgotten)
+    await world.quiesce()
+    assert world.dispatcher.site_down("mx1.test")
+    rows = {row["site"]: row for row in (await world.admin.summary())["ready"]}
+    # mx2.test's queue, empty and idle, is gone; the down site's stays, with nothing queued.
+    assert list(rows) == ["mx1.test"]
+    assert rows["mx1.test"]["down"] is True and rows["mx1.test"]["queued"] == 0
+
+
+async def test_a_site_suspensions_empty_ready_queue_stays_listed_past_its_idle_timeout(
+    make_world: MakeWorld,
+) -> None:
+    world, _ = _dead_world(make_world, shaping=Shaping(connection_limit=2, idle_timeout=0.0))
+    world.inject(["s@d2.test"])
+    await world.release_all()
+    assert [d.recipient for d in world.logged("Delivery")] == ["s@d2.test"]
+    world.suspend(Selector(site="mx2.test"), rule_id="maintenance")
+    await world.release_all()
+    world.tick()
+    await world.quiesce()
+    rows = {row["site"]: row for row in (await world.admin.summary())["ready"]}
+    assert rows["mx2.test"]["queued"] == 0
+    assert [rule["id"] for rule in rows["mx2.test"]["suspended_by"]] == ["maintenance"]
+    world.resume("maintenance")
+    await world.release_all()
+    world.tick()  # the suspension ended: the empty queue is forgotten as any other
+    await world.quiesce()
+    assert (await world.admin.summary())["ready"] == []
+
+
+async def test_a_probe_given_up_lets_another_ready_queue_of_the_site_probe(make_world: MakeWorld) -> None:
+    """At the probe's time d1.test's own queue launches the probe, and the site's shared
+    queue, given mail, waits for its verdict. A reload then moves d1.test's mail to the
+    shared queue before the probe's connection is asked for: the probe is given up, and
+    the shared queue probes instead; its mail is delivered once the site is back."""
+    holder: list[World] = []
+    opener = _DeadUntilRevived(holder)
+    sites = {"d1.test": "mx1.test", "d2.test": "mx1.test"}
+    world = make_world(sites, sites, opener=opener, retry_interval=10.0)
+    holder.append(world)
+    world.admin._ready.rehome(lambda domain: domain == "d1.test")  # a [[shaping]] block for d1.test
+    world.inject(["r@d1.test"])
+    world.inject(["s@d2.test"])
+    await world.release_all()
+    assert world.dispatcher.site_down("mx1.test") and opener.tries == ["mx1.test"]
+    paths = sorted(row["path"] for row in (await world.admin.summary())["ready"])
+    assert paths == ["default->d1.test@mx1.test (tls disabled)", "default->mx1.test (tls disabled)"]
+    opener.revived = True
+    world.clock.now = min(row.due for row in world.spool.rows.values()) + 0.001
+    world.tick()  # both due: d1.test's queue launches the probe, the shared one waits for it
+    moved = world.admin._ready.rehome(lambda domain: False)  # the block removed, in the same step
+    assert moved == 1
+    await world.release_all()
+    assert not world.dispatcher.site_down("mx1.test")
+    assert sorted(d.recipient for d in world.logged("Delivery")) == ["r@d1.test", "s@d2.test"]
+    assert not world.spool.rows
 
 
 async def test_deferring_a_down_sites_mail_races_no_operator_every_recipient_ends_once(
