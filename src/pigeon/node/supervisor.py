@@ -102,18 +102,23 @@ class Worker:
         ):
             return response.status, await response.read()
 
-    async def forward(self, request: web.Request, body: bytes) -> web.Response:
-        """Pass an API request to this worker; its answer, as it is."""
+    async def forward(self, request: web.Request, body: bytes, within: float | None = 600) -> web.Response:
+        """Pass an API request to this worker; its answer, as it is. `within`: seconds the
+        whole exchange may take (None: no bound of its own; see `Supervisor._to_workers`)."""
         if self._session is None or self._session.closed:
             # One session per worker: its connections are reused from request to request.
             connector = aiohttp.UnixConnector(path=str(self.control))
-            self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600))
+            self._session = aiohttp.ClientSession(connector=connector)
         headers = {name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers}
         peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         if isinstance(peer, tuple):
             headers[FORWARDED_PEER] = f"{peer[0]}:{peer[1]}"
         async with self._session.request(
-            request.method, f"http://worker{request.rel_url}", data=body, headers=headers
+            request.method,
+            f"http://worker{request.rel_url}",
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=within),
         ) as answer:
             return web.Response(
                 body=await answer.read(),
@@ -459,18 +464,32 @@ class Supervisor:
         return web.json_response(merged, status=status)
 
     async def _to_workers(self, request: web.Request, body: bytes) -> tuple[int, Any]:
-        """Every worker asked at once. One that has not answered within `[node] worker_timeout`
-        (or could not be reached) makes the answer 503 with `partial: true`: which workers
-        answered, and what they said together; the API does not wait on a stuck worker."""
+        """Every worker asked at once. One that could not be reached, or went away before it
+        answered, makes the answer 503 with `partial: true`: which workers answered, and what
+        they said together.
+
+        A read waits at most `[node] worker_timeout` for each worker: a stuck one does not hold
+        up `pigeon top`. A write (a bulk bounce, retry, rebind: minutes on a large spool, its
+        walk resting half the time) waits for each worker's answer however long the operation
+        takes, as the API promises; a worker that really hangs stops answering its heartbeat
+        too, the watchdog kills it (`_heartbeat`), and the request to it then fails at once."""
         timeout = self.config.node.worker_timeout
+        read = request.method in _OPEN_METHODS
 
         async def ask(worker: Worker) -> tuple[int, Any] | str:
             try:
-                response = await asyncio.wait_for(worker.forward(request, body), timeout)
+                response = await worker.forward(request, body, within=timeout if read else None)
             except TimeoutError:
-                return f"no answer within {timeout:g}s ([node] worker_timeout); it may still carry the request out"
-            except (OSError, aiohttp.ClientError) as error:
+                return f"no answer within {timeout:g}s ([node] worker_timeout)"
+            except aiohttp.ClientConnectorError as error:
                 return f"could not be asked ({error!r}); it may be restarting"
+            except (OSError, aiohttp.ClientError) as error:
+                if read:
+                    return f"went away before it answered ({error!r}); it may be restarting"
+                return (
+                    f"went away before it answered ({error!r}); it may have carried out part of the request "
+                    "(see `pigeon queue operations`)"
+                )
             try:
                 return response.status, json.loads(response.body)  # type: ignore[arg-type]
             except ValueError:
