@@ -13,7 +13,7 @@ import string
 import sys
 from typing import Any, Final
 
-from pigeon.cli.api import ApiClient, add_api_options, fail, identifier
+from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, is_partial
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
@@ -209,8 +209,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _queue_summary(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/queues"))
-    if status >= 400 or args.json:
+    if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
+    whole, answer = answer, answer.get("answers", answer)
     now = datetime.datetime.now(datetime.UTC).timestamp()
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
@@ -234,7 +235,7 @@ def _queue_summary(args: argparse.Namespace) -> int:
         print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} "
               f"{', '.join(effects) or '-'}")  # fmt: skip
     _show_nodes(answer, args)
-    return 0
+    return fail(status, whole) if status >= 400 else 0
 
 
 def _suspended_by(row: dict[str, Any]) -> str:
@@ -262,8 +263,9 @@ def _effect_text(effect: dict[str, Any]) -> str:
 
 def _operations(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/admin/operations"))
-    if status >= 400 or args.json:
+    if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
+    whole, answer = answer, answer.get("answers", answer)
     # "after attempt": of those acted on, how many were being sent (acted on as far as that attempt
     # leaves them: a bounce does not undo a delivery).
     print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'after attempt':>14} {'waited':>7}  state")
@@ -273,7 +275,7 @@ def _operations(args: argparse.Namespace) -> int:
         counts += f" {row.get('waited', 0):>7,}"
         print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
     _show_nodes(answer, args)
-    return 0
+    return fail(status, whole) if status >= 400 else 0
 
 
 def _age(seconds: float) -> str:
@@ -297,6 +299,14 @@ _COUNTED: Final = _Counted()
 
 
 def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more: Any) -> int:
+    if is_partial(status, answer) and "answers" in answer:
+        # Some workers did not answer: what the others did is said, then which are missing.
+        if args.json:
+            print(json.dumps(answer, indent=2))
+        elif text:
+            print(f"workers {answer['answered']} only: ", end="")
+            _show(args, 200, answer["answers"], text, **more)
+        return fail(status, answer)
     if status >= 400:
         return fail(status, answer)
     if args.json:
@@ -327,9 +337,15 @@ def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> None:
         print(f"warning: {cluster['error']}")
 
 
+def _partly(args: argparse.Namespace, status: int, answer: Any) -> bool:
+    """Whether a table is shown from a partial answer: what the workers that answered said."""
+    return is_partial(status, answer) and "answers" in answer and not args.json
+
+
 def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
-    if status >= 400 or args.json:
+    if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
+    whole, answer = answer, answer.get("answers", answer)
     rules = answer["rules"]
     if not rules:
         print("none")
@@ -340,7 +356,7 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         via = f" via {rule['via']}" if rule.get("via") else ""
         print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}")
     _show_nodes(answer, args)
-    return 0
+    return fail(status, whole) if status >= 400 else 0
 
 
 def _when(timestamp: float) -> str:

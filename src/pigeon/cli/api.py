@@ -15,7 +15,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, Final
 
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
@@ -31,6 +31,9 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
 
 UNREACHABLE = 3
 """The exit status of a command whose node cannot be reached (`pigeon inject`'s is 75)."""
+TEMPFAIL = 75
+"""`EX_TEMPFAIL`: not every worker of the node answered (a partial 503); try again later."""
+_WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 
 class ApiClient:
@@ -53,7 +56,10 @@ class ApiClient:
     def request(self, method: str, path: str, body: Any = None, *, unreachable: int = UNREACHABLE) -> tuple[int, Any]:
         """The status and decoded JSON answer. Exits `unreachable` (3) if the node cannot be reached."""
         data = None if body is None else json.dumps(body).encode()
-        status, raw = self.fetch(path, method=method, data=data, unreachable=unreachable)
+        # A bulk operation answers when it is done, minutes later on a large spool: a write
+        # waits for it rather than calling a node that is at work unreachable.
+        timeout = None if method != "GET" and path.startswith(_WRITES_WAIT_ON) else 600
+        status, raw = self.fetch(path, method=method, data=data, timeout=timeout, unreachable=unreachable)
         try:
             return status, json.loads(raw)
         except ValueError:
@@ -66,7 +72,7 @@ class ApiClient:
         method: str = "GET",
         data: bytes | None = None,
         token: bool = True,
-        timeout: float = 600,
+        timeout: float | None = 600,
         unreachable: int = UNREACHABLE,
     ) -> tuple[int, bytes]:
         """The status and raw body of one request (an HTTP error status is an answer, not an
@@ -100,8 +106,22 @@ def identifier(value: str) -> str:
     return value
 
 
+def is_partial(status: int, answer: Any) -> bool:
+    """Whether an answer is a node's partial one: 503 because not every worker answered (one
+    restarting, or killed for not answering its supervisor); `answers` holds what the others said."""
+    return status == 503 and isinstance(answer, dict) and answer.get("partial") is True
+
+
 def fail(status: int, answer: Any) -> int:
-    """Print an error answer for people; the exit status for it."""
+    """Print an error answer for people; the exit status for it: 75 (`EX_TEMPFAIL`) for a
+    partial answer, naming the workers that did not answer; else 2 (refused)."""
+    if is_partial(status, answer):
+        print(f"pigeon: {status}: the answer covers workers {answer.get('answered') or 'none'} only",
+              file=sys.stderr)  # fmt: skip
+        for missing in answer.get("missing", ()):
+            print(f"pigeon: worker {missing.get('worker')} did not answer: {missing.get('error')}", file=sys.stderr)
+        print("pigeon: try again once every worker is back (`pigeon top`, /healthz)", file=sys.stderr)
+        return TEMPFAIL
     message = answer.get("error", answer) if isinstance(answer, dict) else answer
     where = f" ({answer['field']})" if isinstance(answer, dict) and answer.get("field") else ""
     print(f"pigeon: {status}: {message}{where}", file=sys.stderr)

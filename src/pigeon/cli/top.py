@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.cli.admin import NOT_A_CLUSTER, cluster_path
-from pigeon.cli.api import ApiClient, add_api_options, fail
+from pigeon.cli.api import ApiClient, add_api_options, fail, is_partial
 
 EXAMPLES = """examples:
   pigeon top                      # refresh every 2 seconds until Ctrl-C
@@ -24,6 +24,7 @@ EXAMPLES = """examples:
 
 Exits 0 (Ctrl-C, or after --once); 3 if the node cannot be reached (its address and why are
 printed: is `pigeon serve` running, is --url or [http] listen right?); 2 if it refuses the request.
+A worker that does not answer (restarting) leaves its queues out: the frame names it.
 """
 _RATES = (
     ("received", "pigeon_messages_received_total", None),
@@ -68,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(min(args.interval, 1.0) if args.once else args.interval)  # rates need an interval
             status, queues = client.request("GET", cluster_path(args, "/api/v1/queues"))
             unavailable = None
-            if status == 503:  # delivery is off (a node that only receives): no queues to show
+            missing = None
+            if is_partial(status, queues):  # a worker restarting: the others' queues, and which is missing
+                missing = queues.get("missing", [])
+                queues = queues.get("answers") or {"scheduled": [], "ready": []}
+            elif status == 503:  # delivery is off (a node that only receives): no queues to show
                 unavailable = str(queues.get("error", "503")) if isinstance(queues, dict) else str(queues)
                 queues = {"scheduled": [], "ready": []}
             elif status != 200:
@@ -78,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             shown = _snapshot(client, queues, counters, previous, elapsed)
             if unavailable is not None:
                 shown["queues"]["error"] = unavailable
+            if missing is not None:
+                shown["queues"]["missing"] = missing
             if args.cluster:
                 shown["cluster"] = _cluster(queues, nodes, unavailable)
             if args.json:
@@ -194,6 +201,9 @@ def _screen(shown: dict[str, Any]) -> str:
     queues = shown["queues"]
     if queues.get("error"):
         lines += ["", f"no queues: {queues['error']}"]
+    if queues.get("missing"):
+        said = "; ".join(f"worker {m.get('worker')}: {m.get('error')}" for m in queues["missing"])
+        lines += ["", f"queues of the other workers only, not every worker answered ({said})"]
     lines.append("")
     lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}")
     for row in queues["scheduled"]:
