@@ -210,6 +210,10 @@ def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[
         ("/api/v1/admin/suspend", {"site": "shop.example@mx.example"}, "$.site", "holds '@'"),
         ("/api/v1/admin/bounce", {"domain": "ann@example.net"}, "$.domain", "holds '@'"),
         ("/api/v1/admin/suspend", {"domain": "example .net"}, "$.domain", "white space"),
+        ("/api/v1/admin/suspend", {"site": "MX.Dead.TEST:27025."}, "$.site", "is not a number"),
+        ("/api/v1/admin/suspend", {"domain": "a..b"}, "$.domain", "empty label"),
+        ("/api/v1/admin/rebind", {"domain": "example.net", "routing_domain": "Ok2@Test"}, "$.routing_domain", "not a"),
+        ("/api/v1/admin/rebind", {"domain": "example.net", "routing_domain": "*.relay"}, "$.routing_domain", "not a"),
     ],
 )
 def test_a_selector_no_domain_or_site_can_match_is_refused(

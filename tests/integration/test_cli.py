@@ -318,4 +318,4 @@ def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tm
         (other,) = [line for line in lines if line.startswith("example.net ")]
         assert other.endswith(" -")
         rebind = pigeon_cli("rebind", *config, "--tenant", "acme", "--to-queue", "spring:*")
-        assert rebind.returncode == 2 and "is a glob" in rebind.stderr and "($.to_queue)" in rebind.stderr
+        assert rebind.returncode == 2 and "not a glob" in rebind.stderr and "($.to_queue)" in rebind.stderr

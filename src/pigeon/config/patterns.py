@@ -19,8 +19,12 @@ is lower-cased.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable
 from typing import Final
+
+from pigeon.queue.names import printable_beyond_ascii
 
 _METAS: Final = frozenset("*?")
 _NAME_PUNCTUATION: Final = frozenset("-_")
@@ -30,6 +34,32 @@ _MAX_NAME: Final = 253  # RFC 1035 2.3.4, less the final dot
 
 class PatternError(ValueError):
     """A glob no name can match; the message says why, for a person."""
+
+
+@functools.cache
+def api_patterns() -> dict[str, str]:
+    """The shapes the admin API takes, as regexes that Python and JSON Schema (ECMA-262) read
+    alike, so the server's check and the OpenAPI document's pattern are one string:
+    `domain` (a domain glob), `site` (a site glob) and `routing_domain` (a domain name, or
+    empty). A finer flaw they let through (a label over 63 characters) is the glob
+    functions' to find."""
+    beyond = printable_beyond_ascii()
+    label = rf"[A-Za-z0-9_\-*?!\[\]{beyond}]+"  # a label of a glob: letters, digits, - _ and metas
+    host = rf"{label}(?:\.{label})*\.?"
+    ipv6 = r"\[[0-9A-Fa-f:.]+\]"
+    port = r"[0-9*?!\[\]\-]+"
+    name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
+    return {
+        "domain": host,
+        "site": rf"(?:{host}|{ipv6})(?:,(?:{host}|{ipv6}))*(?::{port})?",
+        "routing_domain": rf"(?:{name_label}(?:\.{name_label})*\.?)?",
+    }
+
+
+@functools.cache
+def api_pattern(kind: str) -> re.Pattern[str]:
+    """`api_patterns()[kind]`, compiled."""
+    return re.compile(api_patterns()[kind])
 
 
 def domain_glob(pattern: str) -> str:

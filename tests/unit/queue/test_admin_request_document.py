@@ -71,3 +71,23 @@ def test_queue_rows_document_suspended_by_as_rules() -> None:
     schemas = document()["components"]["schemas"]
     for row in ("ScheduledQueue", "ReadyQueueRow"):
         assert schemas[row]["properties"]["suspended_by"]["items"] == {"$ref": "#/components/schemas/Rule"}
+
+
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [
+        *(("domain", d) for d in ("example.net", "*.Example.NET.", "a..b", "a@b", "bücher.de", "x y")),
+        *(("site", d) for d in ("mx.example.net:2525", "MX.a.TEST:27025.", "127.0.0.1:*", "[::1]:25", "m:abc")),
+    ],
+)
+def test_a_suspend_selector_is_taken_exactly_when_the_documented_pattern_matches(member: str, value: str) -> None:
+    (string,) = [s for s in _property("SuspendRequest", member)["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], value) is not None
+    assert _taken("/api/v1/admin/suspend", {member: value}) == documented
+
+
+@pytest.mark.parametrize("routing", ["", "relay.example", "Relay.Example.", "ok2@test", "*.x", "a..b"])
+def test_a_routing_domain_is_taken_exactly_when_the_documented_pattern_matches(routing: str) -> None:
+    (string,) = [s for s in _property("RebindRequest", "routing_domain")["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], routing) is not None
+    assert _taken("/api/v1/admin/rebind", {"domain": "example.net", "routing_domain": routing}) == documented

@@ -37,13 +37,13 @@ from urllib.parse import parse_qsl
 import msgspec
 from aiohttp import web
 
-from pigeon.config.patterns import PatternError, domain_glob, queue_glob, site_glob
+from pigeon.config.patterns import PatternError, api_pattern, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
-from pigeon.queue.names import printable_beyond_ascii, queue_name, queue_name_problem
+from pigeon.queue.names import queue_name, queue_name_problem
 from pigeon.queue.rules import Selector
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
@@ -275,30 +275,38 @@ def _decode(path: str, body: bytes) -> AdminRequest:
     return request
 
 
-HOST_GLOB_PATTERN: Final = f"[\\x21-\\x3f\\x41-\\x7e{printable_beyond_ascii()}]+"
-"""A selector's domain or site, as the OpenAPI document says it: no white space, control
-character or "@" (a domain glob names a domain alone, a site its MX hosts)."""
-_HOST_GLOB: Final = re.compile(HOST_GLOB_PATTERN)
-
-
 def _normalise_globs(request: AdminRequest) -> None:
     """Read the selector's globs as the config reads the same globs (`config.patterns`): a
     domain or site in lower case and without a final dot, as the names they are matched
-    against are written. One holding "@" or white space is refused: no domain or site has
-    them, and the rule would hold nothing (`--site shop.example@mx.example`)."""
-    kinds = {"domain": domain_glob, "queue": queue_glob, "site": site_glob}
+    against are written. One no domain or site could match ("@", white space, an empty label,
+    a port that is no number) is refused, rather than stored as a rule that holds nothing
+    (`--site shop.example@mx.example`); so is a routing domain that is no domain name."""
+    kinds = {"domain": domain_glob, "site": site_glob}
     for member, normalise in kinds.items():
         pattern = getattr(request, member, None)
         if pattern is None:
             continue
         try:
-            setattr(request, member, normalise(pattern))
+            normalised, problem = normalise(pattern), ""
         except PatternError as error:
-            if member != "queue" and not _HOST_GLOB.fullmatch(pattern):
-                raise bad_request(f"{member} {pattern[:60]!r} {error}", f"$.{member}") from None
-            # Another flaw (a character no host name holds, a label too long) matches nothing
-            # either, but the OpenAPI pattern cannot say it: kept, in lower case.
-            setattr(request, member, pattern if member == "queue" else pattern.lower())
+            # A finer flaw the OpenAPI pattern cannot say (a label over 63 characters) matches
+            # nothing either; if the pattern takes it, it is kept, in lower case.
+            normalised, problem = pattern.lower(), str(error)
+        if not api_pattern(member).fullmatch(pattern):
+            problem = problem or ("is not a domain glob" if member == "domain" else "is not a site glob (hosts[:port])")
+            raise bad_request(f"{member} {pattern[:60]!r} {problem}", f"$.{member}")
+        setattr(request, member, normalised)
+    if request.queue is not None:
+        with contextlib.suppress(PatternError):  # a glob on queue names: any text may be one
+            request.queue = queue_glob(request.queue)
+    if isinstance(request, RebindRequest) and request.routing_domain is not None:
+        routing = request.routing_domain
+        if not api_pattern("routing_domain").fullmatch(routing):
+            raise bad_request(
+                f'routing_domain {routing[:60]!r} is not a domain name (or "" to route by their own again)',
+                "$.routing_domain",
+            )
+        request.routing_domain = routing.lower().removesuffix(".")
 
 
 def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:

@@ -13,9 +13,9 @@ import msgspec
 from aiohttp import web
 
 from pigeon.compose import InjectRequest
+from pigeon.config.patterns import api_patterns
 from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import (
-    HOST_GLOB_PATTERN,
     MAX_DURATION,
     RULE_DURATION,
     AdminRequest,
@@ -126,8 +126,8 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
                 "Left out: a suspension lasts until resumed, a bounce acts on what is queued now only.",
             }
     hosts = [(name, "domain") for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest")]
-    for name, member in [*hosts, ("SuspendRequest", "site")]:
-        components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{HOST_GLOB_PATTERN}$")
+    for name, member in [*hosts, ("SuspendRequest", "site"), ("RebindRequest", "routing_domain")]:
+        components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{api_patterns()[member]}$")
     to_queue = components["RebindRequest"]["properties"]["to_queue"]
     to_queue["anyOf"][0].update(pattern=f"^{queue_name_pattern()}$", maxLength=MAX_QUEUE_NAME)
     to_queue["description"] = f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}"
