@@ -344,8 +344,8 @@ def _rule_duration(value: float | str, action: str) -> float:
 async def write(request: web.Request) -> web.Response:
     """A write: applied here, and (with [redis], when this process is the one that was asked)
     on every other node of the cluster."""
-    admin = _admin(request, None)
     operator = request.app[NODE_KEY].tokens.holder(request, "admin")
+    admin = _admin(request, None)
     body = await request.read() if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)
@@ -359,8 +359,8 @@ async def write(request: web.Request) -> web.Response:
 
 async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
-    admin = _admin(request, None)
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
+    admin = _admin(request, None)
     validate("GET", request.path_qs, b"")
     if not cluster_wide(request):
         return _json(await perform(admin, "GET", request.path, b"", operator))
@@ -407,6 +407,8 @@ def _json(answer: tuple[int, Any]) -> web.Response:
 
 
 def _admin(request: web.Request, scope: Any) -> Admin:
+    """This node's admin, once the token grants `scope` (None: the caller has checked it).
+    The token comes first: who may not ask learns 401 or 403, not whether the node delivers."""
     node = request.app[NODE_KEY]
     if scope is not None:
         node.tokens.holder(request, scope)
