@@ -64,6 +64,25 @@ def test_inject_usage_and_input_errors_exit_2(node: PigeonProcess, tmp_path: Pat
     assert "Traceback" not in no_scheme.stderr
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:port", "http://:8025"])
+@pytest.mark.parametrize("command", ["inject", "queue"])
+def test_a_malformed_url_is_a_usage_error_exit_2_for_every_command(node: PigeonProcess, url: str, command: str) -> None:
+    # Exit 75 would have a calling MTA retry for ever, and 1 would say some mail was taken.
+    args = ("--to", "a@example.net") if command == "inject" else ("summary",)
+    if command == "inject":
+        result = _inject(node.config_path, "--url", url, *args)
+    else:
+        result = pigeon_cli("queue", "summary", "-c", str(node.config_path), "--url", url)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "give http://HOST:PORT" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_inject_over_https_to_the_plain_http_listener_exits_2_saying_so(node: PigeonProcess) -> None:
+    result = _inject(node.config_path, "--url", f"https://127.0.0.1:{node.http_port}", "--to", "a@example.net")
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "TLS with https://127.0.0.1" in result.stderr and "give http://HOST:PORT" in result.stderr
+
+
 def test_inject_with_an_unknown_token_exits_77_ex_noperm(node: PigeonProcess) -> None:
     result = _inject(node.config_path, "--token", "x" * 24, "--to", "a@example.net")
     assert result.returncode == 77

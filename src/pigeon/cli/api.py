@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -36,6 +37,16 @@ TEMPFAIL = 75
 _WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 
+def _url_problem(url: str) -> bool:
+    """Whether `url` is not an HTTP address with a host and, if given, a port in 1..65535."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port out of range or not a number
+    except ValueError:
+        return True
+    return parts.scheme not in ("http", "https") or not parts.hostname or port == 0
+
+
 class ApiClient:
     def __init__(self, args: argparse.Namespace) -> None:
         config = load_config(args)
@@ -44,8 +55,7 @@ class ApiClient:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         self.url = (args.url or f"http://{host}:{listen.port}").rstrip("/")
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:  # "localhost:8025": a usage error
+        if _url_problem(self.url):  # "localhost:8025", "http://[::1", port 99999: a usage error
             print(f"pigeon: --url {redact_url(self.url)!r} is not an HTTP address (give http://HOST:PORT)",
                   file=sys.stderr)  # fmt: skip
             raise SystemExit(2)
@@ -91,6 +101,12 @@ class ApiClient:
         except urllib.error.HTTPError as error:
             return error.code, error.read()
         except OSError as error:
+            if isinstance(getattr(error, "reason", error), ssl.SSLError):
+                # An https URL for the plain HTTP listener: trying again cannot help.
+                print(f"pigeon: TLS with {redact_url(self.url)} failed: {redact(str(error))} (the node's API "
+                      "speaks plain HTTP unless a proxy in front of it does TLS: give http://HOST:PORT)",
+                      file=sys.stderr)  # fmt: skip
+                raise SystemExit(2) from None
             print(f"pigeon: cannot reach {redact_url(self.url)}: {redact(str(getattr(error, 'reason', error)))}"
                   " (is `pigeon serve` running?)",
                   file=sys.stderr)  # fmt: skip
