@@ -62,3 +62,22 @@ def test_passwd_refuses_to_write_into_a_file_that_is_not_a_users_file(tmp_path: 
     assert result.returncode == 1
     assert result.stderr == f"pigeon: {config}, line 1: not a users file (expected user:$scrypt$...); nothing changed\n"
     assert config.read_text() == '[smtp]\nauth_users = "users"\n'
+
+
+def test_passwd_refuses_a_bad_user_name_before_asking_for_the_password(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    for name in ("bad user", "x:y"):
+        # Not --stdin: the password would be asked for (twice) first, and only then refused.
+        result = subprocess.run([sys.executable, "-m", "pigeon", "passwd", "-c", str(users), name], input="",
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "Password for" not in result.stdout + result.stderr
+        assert f"pigeon: {name!r}: a user name must be non-empty, without ':'" in result.stderr
+    assert not users.exists()
+
+
+def test_passwd_into_a_directory_that_does_not_exist_names_it(tmp_path: Path) -> None:
+    users = tmp_path / "missing" / "users"
+    result = passwd("-c", str(users), "alice")
+    assert result.returncode == 2
+    assert result.stderr == f"pigeon: {users}: the directory {users.parent} does not exist; nothing changed\n"

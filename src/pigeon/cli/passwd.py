@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.cli.common import load_config
-from pigeon.listener.passwords import PasswordFileError, set_password
+from pigeon.listener.passwords import PasswordFileError, set_password, user_name_problem
 
 EXAMPLES = """examples:
   pigeon passwd -c /etc/pigeon/users alice     # creates the file (0600) if missing; asks twice
@@ -58,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
     if path is None:
         print("pigeon: no users file: give -c FILE (to create it) or --file FILE, or set [smtp] auth_users "
               "in the configuration (--config)", file=sys.stderr)  # fmt: skip
+        return 2
+    # Said before the password is asked for twice, not after.
+    if (problem := user_name_problem(args.user)) is not None:
+        print(f"pigeon: {args.user!r}: {problem}; nothing changed", file=sys.stderr)
+        return 2
+    if not path.parent.is_dir():
+        print(f"pigeon: {path}: the directory {path.parent} does not exist; nothing changed", file=sys.stderr)
         return 2
     if args.create is None and not path.exists():
         print(f"pigeon: {path}: no such users file; to create it: pigeon passwd -c {path} {args.user}",

@@ -105,12 +105,19 @@ class PasswordFile:
         return verify_password(stored, password)
 
 
+def user_name_problem(username: str) -> str | None:
+    """Why `username` cannot be in a users file (None: it can): one line `user:hash` each."""
+    if not username or ":" in username or any(c.isspace() for c in username) or not username.isprintable():
+        return "a user name must be non-empty, without ':', spaces or control characters"
+    return None
+
+
 def set_password(path: Path, username: str, password: str) -> bool:
     """Add or replace a user's entry, rewriting the file atomically with mode 0600; True if
     the file was created. A file that exists must hold only entries, comments and blank lines:
     anything else (a configuration file given by mistake) is refused, and left as it was."""
-    if not username or ":" in username or any(c.isspace() for c in username):
-        raise PasswordFileError("a user name must be non-empty, without ':' or spaces")
+    if (problem := user_name_problem(username)) is not None:
+        raise PasswordFileError(problem)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
         created = False
