@@ -87,11 +87,19 @@ _AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unex
 _REFUSED_RETRY: Final = 0.1
 # Seconds an idle connection keeps its slot when every slot of its path is taken (see `_next`).
 _MAKE_ROOM: Final = 0.5
+_MESSAGES_PER_CONNECTION: Final = 5.0  # a second, to a remote MX: what one connection is counted to carry
 _RATE_RECHECK: Final = 0.5  # seconds: a connection waiting for a rate slot looks at the rate again this often
 
 
 def ideal_connections(queued: int, limit: int) -> int:
     return min(queued, math.ceil(limit * (1 - math.exp(-0.023 * queued))))
+
+
+def rate_connections(rate: Rate) -> int:
+    """How many connections a message rate can keep busy. A connection waiting for its rate
+    slot holds the messages it took: more of them would only sit idle at the receiving MX, and
+    hold mail that an operator's move or a reload could otherwise still move."""
+    return max(1, math.ceil(rate.per_second / _MESSAGES_PER_CONNECTION))
 
 
 def limit_key(site: str, source: str | None = None) -> str:
@@ -294,8 +302,11 @@ class Dispatcher:
                 lane.deferring = True
                 asyncio.get_running_loop().call_soon(self._defer_waiting, lane)
             return  # (while a probe is under way, the mail waits for its verdict)
-        limit = self._shaping_of(lane).connection_limit
+        shaping = self._shaping_of(lane)
+        limit = shaping.connection_limit
         want = ideal_connections(len(queue), limit)
+        if shaping.max_message_rate is not None:
+            want = min(want, rate_connections(shaping.max_message_rate))
         while lane.connections < max(1, want) and lane.connections < limit:
             self._launch(lane)
 

@@ -11,7 +11,7 @@ import pytest
 
 from pigeon.config.schema import ReactionConfig
 from pigeon.delivery.agent import Agent, Unreachable, Work
-from pigeon.delivery.dispatcher import ideal_connections
+from pigeon.delivery.dispatcher import ideal_connections, rate_connections
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Destination
 from pigeon.queue.attempt import Attempt
@@ -44,6 +44,21 @@ async def test_a_backlog_opens_up_to_the_connection_limit_and_no_more(make_world
     assert len(world.of_kind("attempt")) == 3  # one message per connection at a time
     await world.release_all()
     assert len(world.attempted) == 200 and len(world.logged("Delivery")) == 200
+
+
+def test_a_message_rate_opens_only_the_connections_it_can_keep_busy() -> None:
+    rates = ("1/min", "1/s", "5/s", "6/s", "20/s", "100/s")
+    assert [rate_connections(Rate.parse(r)) for r in rates] == [1, 1, 1, 2, 4, 20]
+
+
+async def test_a_slow_rate_does_not_open_the_connection_limit_for_a_backlog(make_world: MakeWorld) -> None:
+    # An outside tester saw 17 connections under 1/s, each holding a message a reload could not move.
+    shaping = Shaping(connection_limit=20, idle_timeout=3600.0, max_message_rate=Rate.parse("1/s"))
+    world = make_world(SITES, ["d1.test"], shaping=shaping)
+    for n in range(25):
+        world.inject([f"r{n}@d1.test"])
+    await world.quiesce()
+    assert len(world.opened) == 1
 
 
 async def test_a_message_an_operator_took_while_it_waited_for_its_turn_is_not_sent(make_world: MakeWorld) -> None:
