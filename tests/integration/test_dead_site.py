@@ -5,8 +5,11 @@ interval."""
 
 from __future__ import annotations
 
+import os
 import smtplib
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,11 @@ def test_a_dead_site_is_backed_off_as_a_whole_and_its_mail_flows_once_it_is_back
 
             assert _ready_rows(pigeon)[dead]["down"] is True
             assert _site_down_metric(pigeon, dead) == 1.0
+            command = [sys.executable, "-m", "pigeon", "top", "--once", "-c", str(pigeon.config_path)]
+            wide = {**os.environ, "COLUMNS": "160"}  # (the frame is cut at the terminal's width)
+            top = subprocess.run(command, capture_output=True, text=True, timeout=60, env=wide)
+            (row,) = [line for line in top.stdout.splitlines() if dead in line and "->" in line]
+            assert row.rstrip().endswith("site down"), top.stdout
 
             # Several probes fail: still no attempt spent, nothing bounced or expired.
             time.sleep(4)

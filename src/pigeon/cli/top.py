@@ -212,9 +212,9 @@ def _screen(shown: dict[str, Any]) -> str:
             f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}"
         )
     lines.append("")
-    lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}")
+    lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}  state")
     for row in queues["ready"]:
-        lines.append(f"{row['path'][:52]:52} {row['queued']:>8,} {row['connections']:>11}")
+        lines.append(f"{row['path'][:52]:52} {row['queued']:>8,} {row['connections']:>11}  {_ready_state(row)}")
     inbound = shown.get("inbound")
     if inbound is not None:
         lines += ["", "inbound  " + "  ".join(f"{k} {v:,.0f}/s" for k, v in inbound["rates"].items())]
@@ -238,3 +238,12 @@ def _screen(shown: dict[str, Any]) -> str:
                 lines.append(f"{'':24} note from {note.get('node')}, {time.time() - note.get('at', 0):.0f}s ago: "
                              f"{note.get('problem')}")  # fmt: skip
     return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def _ready_state(row: dict[str, Any]) -> str:
+    """Why a ready queue's mail may not be moving: its site down, suspended, a reaction's effect."""
+    states = ["site down"] if row.get("down") else []
+    if row.get("suspended_by"):
+        states.append("suspended")
+    states += [str(effect.get("action", "effect")) for effect in row.get("effects", ())]
+    return ", ".join(states) or "-"
