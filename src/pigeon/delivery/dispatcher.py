@@ -51,7 +51,8 @@ the probe's time that mail is due again, and the first connection asked for is t
 up before it connects, its mail gone meanwhile, hands the probe on to the site's other
 queues with mail). If it opens,
 the site is up and the mail flows on it and on as many connections as the queues want; if
-not, everything waiting is deferred to the next probe, twice as far off.
+not, everything waiting is deferred to the next probe, twice as far off. An operator's retry
+makes every down site's probe due now (`probe_down_sites`): the host may be back.
 """
 
 from __future__ import annotations
@@ -277,6 +278,15 @@ class Dispatcher:
     def site_down(self, site: str) -> bool:
         """Whether this worker found `site` down (its mail waits for a probe)."""
         return self.health.is_down(site)
+
+    def probe_down_sites(self) -> None:
+        """An operator retried mail: every site this worker finds down probes at once (one
+        connection each, when mail for it is ready), not at its scheduled probe. A host that
+        is back then takes its mail without waiting out the interval; one still down is
+        deferred again, its backoff going on from where it stood."""
+        for site in self.health.probe_now():
+            _log.info("site %s is down: an operator's retry makes its probe due now", site)
+            self._start_site(site)  # (mail already waiting in its ready queues asks for it now)
 
     def sites(self) -> Iterator[tuple[str, int, int]]:
         """(site, messages waiting, connections) of every ready queue."""

@@ -80,6 +80,19 @@ class SiteHealth:
         down.probing = True
         return True
 
+    def probe_now(self) -> list[str]:
+        """An operator retried mail (`POST /api/v1/admin/retry`): every down site with no probe
+        under way may probe at once, so the first of its mail to come ready opens one connection
+        rather than being deferred again. Its backoff stands: a probe that fails waits twice as
+        long as the last one did. The sites made due (for the log)."""
+        now = self._clock()
+        due = []
+        for site, down in self._down.items():
+            if not down.probing and down.next_probe > now:
+                down.next_probe = now
+                due.append(site)
+        return due
+
     def abandoned(self, site: str) -> None:
         """The probe never opened a connection (no slot free, nothing left to send, a stop):
         the next connection asked for probes instead."""

@@ -152,6 +152,7 @@ def build_engine(
         provider=dispatcher.provider_of,
         effects=dispatcher.effects_on,
         down=dispatcher.site_down,
+        probe_down=dispatcher.probe_down_sites,
         clock=clock,
         pause=pause,
     )

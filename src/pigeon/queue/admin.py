@@ -138,6 +138,7 @@ class Admin:
         provider: Callable[[str], str | None] = lambda path: None,
         effects: Callable[[str], list[Effect]] = lambda path: [],
         down: Callable[[str], bool] = lambda site: False,
+        probe_down: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -157,9 +158,11 @@ class Admin:
         self._provider = provider
         """The provider whose limits a ready queue is delivered under (by its path), if any."""
         self._effects = effects
+        """The reactions' effects on a ready queue (by its path): why it waits or is slowed."""
         self._down = down
         """Whether a site is down (`pigeon.delivery.sites`): its mail waits for a probe."""
-        """The reactions' effects on a ready queue (by its path): why it waits or is slowed."""
+        self._probe_down = probe_down
+        """Make the probe of every down site due now (an operator's retry)."""
         self._clock = clock
         self._pause = pause
         self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -296,6 +299,12 @@ class Admin:
             return True  # (held [[inbound]] mail is released: the suspension then holds it, untried)
 
         made_due = await self._make_due(selector, deferred, kind, operation)
+        if made_due and kind == "retry":
+            # Mail of a down site made due would only be deferred again, untried, until its
+            # scheduled probe: the operator may know the host is back, so it probes now. (No
+            # await since the rewind: the scheduler has not routed any of it yet. A message
+            # does not know its site before it is routed, so every down site's probe is due.)
+            self._probe_down()
         return {"made_due": made_due, "suspended": suspended}
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:

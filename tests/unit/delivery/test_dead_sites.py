@@ -108,6 +108,48 @@ async def test_when_a_probe_connects_the_site_is_up_and_all_its_mail_flows_at_on
     assert not world.spool.rows
 
 
+async def test_an_operators_retry_probes_a_down_site_now_and_its_mail_flows_once_the_host_is_back(
+    make_world: MakeWorld,
+) -> None:
+    world, opener = _dead_world(make_world, site_retry_interval=600.0)
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    assert world.dispatcher.site_down("mx1.test")
+    opener.revived = True
+    world.clock.now += 5  # the host is back, the probe ten minutes off
+    retry = world.start_admin("retry", lambda admin: admin.retry(Selector(domain="d1.test")))
+    await world.release_all()
+    assert retry.result is not None and retry.result["made_due"] == 3
+    world.tick()
+    await world.release_all()
+    assert opener.tries == ["mx1.test"] * 2  # the failure, then the probe the retry made due
+    assert not world.dispatcher.site_down("mx1.test")
+    assert sorted(d.recipient for d in world.logged("Delivery")) == [f"r{n}@d1.test" for n in range(3)]
+    assert not world.spool.rows
+
+
+async def test_an_operators_retry_while_the_site_is_still_down_opens_one_probe_and_the_backoff_goes_on(
+    make_world: MakeWorld,
+) -> None:
+    world, opener = _dead_world(make_world, site_retry_interval=600.0)
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    world.clock.now += 5
+    world.start_admin("retry", lambda admin: admin.retry(Selector(domain="d1.test")))
+    await world.release_all()
+    world.tick()
+    await world.release_all()
+    assert opener.tries == ["mx1.test"] * 2  # one probe for the three messages, not one each
+    assert world.dispatcher.site_down("mx1.test")
+    not_tried = [f for f in world.logged("TransientFailure") if f.response.text == NOT_TRIED]
+    assert len(not_tried) == 2 + 3  # deferred when it went down, and again after the failed probe
+    assert _attempts(world) == [0, 0, 0]
+    # The failed probe doubled the wait: the next is 20 minutes off, all three due then.
+    assert all(abs(row.due - (world.clock() + 1200)) < 1 for row in world.spool.rows.values())
+
+
 async def test_other_sites_keep_flowing_while_one_is_down(make_world: MakeWorld) -> None:
     world, _ = _dead_world(make_world)
     for n in range(4):
