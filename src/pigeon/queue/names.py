@@ -20,6 +20,8 @@ import functools
 import re
 from typing import Final
 
+from pigeon.smtp.address import bmp_ranges
+
 MAX_QUEUE_NAME: Final = 255
 """Longest queue name an operator or a policy may give: it is written into every log record,
 metric label and spool row of its messages."""
@@ -63,17 +65,7 @@ def queue_name_pattern() -> str:
 def printable_beyond_ascii() -> str:
     """The Basic Multilingual Plane's printable characters that are not white space, as ranges
     of a regex character class that Python and JSON Schema (ECMA-262) read alike."""
-    ranges: list[str] = []
-    start: int | None = None
-    for point in range(0xA0, 0x10001):
-        char = chr(point) if point < 0x10000 else ""
-        wanted = bool(char) and char.isprintable() and not char.isspace()
-        if wanted and start is None:
-            start = point
-        elif not wanted and start is not None:
-            ranges.append(f"\\u{start:04x}" if start == point - 1 else f"\\u{start:04x}-\\u{point - 1:04x}")
-            start = None
-    return "".join(ranges)
+    return bmp_ranges(lambda char: char.isprintable() and not char.isspace())
 
 
 @functools.cache

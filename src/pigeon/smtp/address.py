@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -132,13 +133,19 @@ def valid_literal(literal: str) -> bool:
 def json_schema_extra() -> str:
     """The non-ASCII characters allowed in an address, as a JSON Schema (ECMA-262) character
     range: the Basic Multilingual Plane less the refused categories and the surrogates."""
+    return bmp_ranges(lambda char: unicodedata.category(char) not in _REFUSED_CATEGORIES)
+
+
+def bmp_ranges(allowed: Callable[[str], bool]) -> str:
+    """The characters of the Basic Multilingual Plane from U+00A0 that `allowed` takes, as the
+    ranges of a regex character class that Python and JSON Schema (ECMA-262) read alike."""
     ranges: list[str] = []
     start: int | None = None
     for point in range(0xA0, 0x10001):
-        allowed = point < 0x10000 and unicodedata.category(chr(point)) not in _REFUSED_CATEGORIES
-        if allowed and start is None:
+        wanted = point < 0x10000 and allowed(chr(point))
+        if wanted and start is None:
             start = point
-        elif not allowed and start is not None:
+        elif not wanted and start is not None:
             ranges.append(f"\\u{start:04x}" if start == point - 1 else f"\\u{start:04x}-\\u{point - 1:04x}")
             start = None
     return "".join(ranges)
