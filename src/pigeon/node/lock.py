@@ -10,13 +10,9 @@ those guard a shard against any process, this one names the node that holds them
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 from pathlib import Path
-from typing import Final
 
-_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+from pigeon.flock import LockHeld, take_pid_lock
 
 
 class NodeLocked(Exception):
@@ -33,23 +29,10 @@ def take_node_lock(spool: Path) -> int:
     Raises `NodeLocked` when another node holds it, `OSError` when it cannot be opened."""
     path = node_lock_path(spool)
     spool.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
+        return take_pid_lock(path, 0o600)
+    except LockHeld as held:
         raise NodeLocked(
-            f"another node holds {path} (pid {holder}): one spool serves one node; "
+            f"another node holds {path} (pid {held.holder}): one spool serves one node; "
             "stop that one, or give this one another [spool] path"
         ) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError as error:
-        if error.errno not in _NO_ROOM:
-            os.close(fd)
-            raise
-        # The pid only helps an operator reading the file; a full disk must not stop a
-        # node whose spool waits for room (it says so itself).
-    return fd

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import functools
 import logging
 import os
@@ -28,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, TypeVar
 
+from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool import recovery
 from pigeon.spool.body import Body, BodyWriter
@@ -289,25 +289,13 @@ class SqliteSpool:
 
     def _lock(self) -> None:
         # Two processes appending to one shard would hand out the same ids: refuse.
-        fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
+            self._lock_fd = take_pid_lock(self.directory / "lock", 0o644)
+        except LockHeld as held:
             raise SpoolBusy(
-                f"spool {self.directory} is in use by another Pigeon process (pid {holder}); "
+                f"spool {self.directory} is in use by another Pigeon process (pid {held.holder}); "
                 "stop it, or give this one another [spool] path"
             ) from None
-        self._lock_fd = fd
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as error:
-            if error.errno not in _NO_ROOM:
-                raise
-            # The pid only helps an operator reading the lock file; a full disk must not
-            # stop a healthy spool from opening.
 
     # --- writing ---------------------------------------------------------------------------
     def new_ids(self, n: int) -> list[SpoolId]:
