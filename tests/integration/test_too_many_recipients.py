@@ -8,19 +8,23 @@ import smtplib
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config
 
 MESSAGE = b"From: <sender@example.org>\r\nSubject: many\r\n\r\nHello all.\r\n"
 
 
+# RFC 821 gave 552 for too many recipients, and some servers still say it (RFC 5321 4.5.3.1.10).
+@pytest.mark.parametrize("too_many", ["452 4.5.3 too many recipients", "552 5.5.3 too many recipients"])
 def test_recipients_refused_as_too_many_go_in_the_next_transaction_at_once_each_delivered_once(
-    tmp_path: Path,
+    tmp_path: Path, too_many: str
 ) -> None:
     recipients = [f"ok{n}@example.net" for n in range(7)]
     # A retry an hour away: a recipient deferred instead of sent again would not arrive.
     config = delivery_config("", retry_interval="1h")
-    with ScriptedSink(max_recipients=3) as sink:
+    with ScriptedSink(max_recipients=3, too_many=too_many) as sink:
         config["route"][0]["next_hop"] = sink.endpoint
         with PigeonProcess(tmp_path / "node", **config) as pigeon:
             started = time.monotonic()
@@ -38,6 +42,7 @@ def test_recipients_refused_as_too_many_go_in_the_next_transaction_at_once_each_
             assert sorted(r["recipient"] for r in records) == sorted(recipients)
             assert {r["attempt"] for r in records} == {1}  # no failed attempt before
             assert pigeon.records("TransientFailure") == []
+            assert pigeon.records("Bounce") == []
             assert sink.after(1.0) == received  # and nothing sent twice
 
 

@@ -164,7 +164,7 @@ class _Handler:
             return scripted
         limit = self.sink.max_recipients
         if limit is not None and len(envelope.rcpt_tos) >= limit:
-            return "452 4.5.3 too many recipients"
+            return self.sink.too_many
         if local == "slow" or local.startswith("slow-"):
             await asyncio.sleep(self.sink.slow)
         if local == "flaky" and self.sink.rcpt_log.count(address) <= self.sink.flaky:
@@ -263,16 +263,18 @@ class ScriptedSink:
         smtputf8: bool = False,
         tls: ssl.SSLContext | None = None,
         max_recipients: int | None = None,
+        too_many: str = "452 4.5.3 too many recipients",
     ) -> None:
         """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by
         default. `tls`: offer STARTTLS with this server context. `max_recipients`: recipients
-        a transaction takes (the rest get 452 4.5.3); None: any number."""
+        a transaction takes (the rest get `too_many`); None: any number."""
         self.host = host
         self.random = random.Random(seed)
         self.port = port or free_port()
         self.slow = slow
         self.flaky = flaky
         self.max_recipients = max_recipients
+        self.too_many = too_many
         self.received: list[Received] = []
         self.rcpt_log: list[str] = []
         self.connections: list[SinkConnection] = []

@@ -211,6 +211,20 @@ def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | No
     return None
 
 
+def rcpt_reply_read(reply: Reply) -> Reply:
+    """A RCPT reply as the client acts on it. RFC 821 gave 552 for "too many recipients",
+    and servers still send it; RFC 5321 4.5.3.1.10 says a client SHOULD read a 552 to RCPT
+    as 452, so the recipient goes in a later transaction rather than to a bounce (Postfix
+    does the same). A 552 5.2.2 (mailbox full) is read as 452 4.2.2: a full mailbox may
+    empty, and the retry schedule's expiry still ends it. The server's text stays, and says
+    what was read, so a log reader sees the 552."""
+    if reply.code != 552:
+        return reply
+    enhanced = None if reply.enhanced is None else "4" + reply.enhanced[1:]
+    note = "(552 to RCPT read as 452, RFC 5321 4.5.3.1.10)"
+    return Reply(452, enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} {note}"))
+
+
 # What a pending reply answers.
 _RSET, _MAIL, _RCPT, _DATA, _CONTENT, _IGNORED = range(6)
 
@@ -276,7 +290,7 @@ class Transaction:
                 return b""
             return b"" if self.pipelining else self._continue()
         if what == _RCPT:
-            self._rcpt_replies[index] = reply
+            self._rcpt_replies[index] = rcpt_reply_read(reply)
             return b"" if self.pipelining else self._continue()
         if what == _DATA:
             if reply.code != 354:

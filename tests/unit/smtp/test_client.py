@@ -273,6 +273,28 @@ def test_refused_recipients_keep_their_refusal_and_the_others_get_the_end_of_dat
 
 
 @pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize(
+    ("refusal", "read_as"),
+    [
+        (Reply(552, "5.5.3", ("Too many recipients",)), (452, "4.5.3")),
+        (Reply(552, None, ("too many recipients",)), (452, None)),
+        (Reply(552, "5.2.2", ("Mailbox full",)), (452, "4.2.2")),
+    ],
+)
+def test_a_552_to_rcpt_is_read_as_452_so_the_recipient_is_deferred_not_bounced(
+    mode: str, refusal: Reply, read_as: tuple[int, str | None]
+) -> None:
+    # RFC 5321 4.5.3.1.10: RFC 821 wrongly gave 552 for too many recipients.
+    pair = Pair.connect()
+    pair.refuse_rcpt["c@example.net"] = refusal
+    exchange = pair.run(envelope("b@example.net", "c@example.net"), **MODES[mode])
+    first, second = exchange.result.replies
+    assert first == queued(1)
+    assert (second.code, second.enhanced) == read_as
+    assert refusal.lines[0] in second.text and "552" in second.text  # the log still shows what was said
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_refused_mail_is_every_recipients_reply_and_the_session_stays_in_step(mode: str) -> None:
     pair = Pair.connect()
     pair.refuse_mail.append(SENDER_BLOCKED)
