@@ -97,14 +97,18 @@ def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
             assert outcome == {
                 "ok@example.net": ("Delivery", 250),
                 "permfail@example.net": ("Bounce", 550),
-                "quota@example.net": ("Bounce", 552),
+                # A 552 to RCPT is read as 452 (RFC 5321 4.5.3.1.10): a full mailbox may empty.
+                "quota@example.net": ("Expiration", 551),
                 "tempfail@example.net": ("Expiration", 551),
             }
             bounces = {r["recipient"]: r["classification"] for r in records if r["type"] == "Bounce"}
-            assert bounces == {"permfail@example.net": "InvalidRecipient", "quota@example.net": "QuotaIssues"}
+            assert bounces == {"permfail@example.net": "InvalidRecipient"}
             transient = pigeon.records("TransientFailure")
-            assert transient and all(r["recipient"] == "tempfail@example.net" for r in transient)
-            assert [r["attempt"] for r in transient] == list(range(1, len(transient) + 1))
+            for recipient in ("tempfail@example.net", "quota@example.net"):
+                tries = [r for r in transient if r["recipient"] == recipient]
+                assert [r["attempt"] for r in tries] == list(range(1, len(tries) + 1)) and tries
+            assert {r["recipient"] for r in transient} == {"tempfail@example.net", "quota@example.net"}
+            assert {r["response"]["code"] for r in transient if r["recipient"] == "quota@example.net"} == {452}
             # the recipient that went through is not sent again on retries
             assert sink.rcpt_log.count("ok@example.net") == 1
             wait_until(lambda: pigeon.spool_messages() == [])
