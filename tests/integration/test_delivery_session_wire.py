@@ -119,6 +119,34 @@ async def test_ehlo_and_helo_refused_fails_with_4_4_1() -> None:
         assert str(failed.value.reply) == f"451 4.4.1 [127.0.0.1]:{peer.port} refused EHLO and HELO: 550 Not you"
 
 
+# (Pigeon's server sends no enhanced code before EHLO: it goes in the text, as a server's would.)
+RATE_LIMITED = Reply(421, None, ("4.7.0 rate limited, closing connection",))
+
+
+@on_both_loops
+async def test_a_421_banner_fails_with_the_servers_421_and_says_the_host_answered() -> None:
+    async with server(banner=RATE_LIMITED) as peer:
+        with pytest.raises(ConnectFailed) as failed:
+            await connect(peer)
+    reply = failed.value.reply
+    assert (reply.code, reply.enhanced) == (421, "4.7.0")  # what the reactions and the log read
+    assert str(reply) == f"421 4.7.0 rate limited, closing connection (greeting of [127.0.0.1]:{peer.port})"
+    assert not failed.value.site_down  # a host took the connection: the site is not down
+
+
+@on_both_loops
+async def test_a_421_to_ehlo_fails_with_the_servers_421_and_no_helo() -> None:
+    async with server(answers={"EHLO": [RATE_LIMITED]}) as peer:
+        with pytest.raises(ConnectFailed) as failed:
+            await connect(peer)
+        await settle()
+        received = bytes(peer.connections[0].received)
+        assert received.startswith(b"EHLO client.test\r\n") and b"HELO" not in received  # (QUIT may be too late)
+    reply = failed.value.reply
+    assert str(reply) == f"421 4.7.0 rate limited, closing connection (answer of [127.0.0.1]:{peer.port} to EHLO)"
+    assert not failed.value.site_down
+
+
 @on_both_loops
 async def test_nothing_listening_fails_with_4_4_1() -> None:
     async with server() as peer:

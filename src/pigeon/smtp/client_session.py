@@ -8,11 +8,12 @@ Three verbs, as in h11 and `pigeon.smtp.server`:
     transport.write(session.data_to_send())      # what the session said by itself
 
 Between the application's commands the session speaks for itself: EHLO after a 220 banner,
-HELO when EHLO is refused, STARTTLS when the TLS policy wants it and the server offers it,
-EHLO again once TLS is up, the next command of a lock-step transaction, the content after
-354. The application writes what it is given, upgrades the transport on `StartTls` (then
-calls `tls_established()` or `tls_failed()`), sends a message on `Ready` or
-`TransactionDone`, and closes the connection on `Unusable` or `Closed`.
+HELO when EHLO is refused (not when it is answered 421: the server is closing), STARTTLS
+when the TLS policy wants it and the server offers it, EHLO again once TLS is up, the next
+command of a lock-step transaction, the content after 354. The application writes what it
+is given, upgrades the transport on `StartTls` (then calls `tls_established()` or
+`tls_failed()`), sends a message on `Ready` or `TransactionDone`, and closes the connection
+on `Unusable` or `Closed`.
 
 The whole order of a session is `_NEXT` below: for each phase, what may happen and the phase
 it leads to. A phase waits for the reply to one command (`_EXPECTS` gives the code that lets
@@ -25,8 +26,10 @@ Errors say who is to blame. `ClientProtocolError` (from `next_event()`): the ser
 are not SMTP, answer no command, or follow its 220 to STARTTLS in plaintext (RFC 3207 4.2:
 an injection). `SmtpUsageError` (from `send()`, `tls_established()`, `tls_failed()`): Pigeon
 asked for something out of order, which is a bug in Pigeon. After either, the session is
-closed. A server that legitimately turns us away (a 554 banner, EHLO and HELO refused, no
-TLS where TLS is required) is not an error but an `Unusable` event.
+closed. A server that legitimately turns us away (a 554 banner, EHLO and HELO refused, a 421
+before the session is ready, no TLS where TLS is required) is not an error but an `Unusable`
+event. When the server's own reply decided, and it is a 4xx, that reply is what the attempt
+records (`Unusable.explain`), so the log and the `[[reaction]]` rules read the server's words.
 
 This module never imports asyncio; `pigeon.delivery.session` is its I/O layer.
 """
@@ -112,28 +115,42 @@ class Reason(enum.Enum):
 
     BANNER = "banner"  # it greeted with something other than 220
     GREETING = "greeting"  # it refused EHLO, then HELO
+    CLOSING = "closing"  # it answered EHLO, HELO or STARTTLS with 421: it is closing (RFC 5321 3.8)
     TLS_NOT_OFFERED = "tls-not-offered"  # TLS is required and STARTTLS is not in its EHLO reply
     TLS_REFUSED = "tls-refused"  # TLS is required and it refused STARTTLS
     TLS_FAILED = "tls-failed"  # it accepted STARTTLS but the handshake failed
 
 
-# How each reason reads in a log record: the enhanced code, and the text ({peer} is the server).
+# How each reason reads in a log record: the enhanced code, and the text ({peer} is the server,
+# {detail} the command a CLOSING answered).
 _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.BANNER: ("4.4.1", "{peer} greeted with: {reply}"),
     Reason.GREETING: ("4.4.1", "{peer} refused EHLO and HELO: {reply}"),
+    Reason.CLOSING: ("4.4.1", "{peer} answered {detail} with: {reply}"),
     Reason.TLS_NOT_OFFERED: ("4.7.5", "TLS required, but {peer} does not offer STARTTLS"),
     Reason.TLS_REFUSED: ("4.7.5", "TLS required, {peer} refused STARTTLS: {reply}"),
     Reason.TLS_FAILED: ("4.7.5", "TLS handshake with {peer} failed: {detail}"),
 }
-_WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.TLS_REFUSED})
+_WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.CLOSING, Reason.TLS_REFUSED})
+
+# Where the server's reply alone turned us away, a 4xx of its own is the attempt's reply, with
+# where it came from after its text: the reactions and the log then read "421 4.7.0 ..." as the
+# server sent it. (A 5xx stays in a 451: a host that will not talk says nothing of the message,
+# and the next host, or a later try, may take it. Under a TLS policy the verdict is Pigeon's.)
+_OWN_WORDS: Final[dict[Reason, str]] = {
+    Reason.BANNER: "greeting of {peer}",
+    Reason.GREETING: "answer of {peer} to HELO, EHLO refused",
+    Reason.CLOSING: "answer of {peer} to {detail}",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Unusable:
     """The server turned us away, or cannot be used under the TLS policy: close the connection.
 
-    `reply` is the server's reply that decided it (for BANNER, GREETING and TLS_REFUSED);
-    `detail` what the TLS handshake said (TLS_FAILED). `retry_in_clear` says that a new
+    `reply` is the server's reply that decided it (for BANNER, GREETING, CLOSING and
+    TLS_REFUSED); `detail` what the TLS handshake said (TLS_FAILED), or the command that a
+    CLOSING answered ("EHLO", "HELO", "STARTTLS"). `retry_in_clear` says that a new
     connection without TLS may work (a failed handshake under opportunistic TLS).
     """
 
@@ -149,7 +166,14 @@ class Unusable:
             raise ValueError("only a failed TLS handshake may be retried in the clear")
 
     def explain(self, peer: str) -> Reply:
-        """The transient reply a delivery attempt records: `451 4.7.5 TLS required, ...`."""
+        """The transient reply a delivery attempt records: the server's own 4xx when it alone
+        decided (`421 4.7.0 Try again later, closing connection. (greeting of mx [192.0.2.1]:25)`),
+        else Pigeon's (`451 4.7.5 TLS required, ...`)."""
+        reply = self.reply
+        own = _OWN_WORDS.get(self.reason)
+        if own is not None and reply is not None and reply.is_transient:
+            note = own.format(peer=peer, detail=self.detail)
+            return Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} ({note})"))
         enhanced, text = _EXPLAIN[self.reason]
         return Reply(451, enhanced, (text.format(peer=peer, reply=self.reply, detail=self.detail),))
 
@@ -189,6 +213,7 @@ class Step(enum.Enum):
 
     ACCEPTED = "accepted"  # the server answered the phase's command with the code in _EXPECTS
     REFUSED = "refused"  # it answered with another
+    CLOSING = "closing"  # it answered 421 before the session was ready: it is going away
     STARTTLS = "starttls"  # the policy wants TLS and the server offers it
     CLEAR = "clear"  # go on without TLS (not wanted, already up, or opportunistic and unavailable)
     NO_TLS = "no-tls"  # TLS is required and unavailable
@@ -203,10 +228,10 @@ class Step(enum.Enum):
 
 _NEXT: Final[dict[Phase, dict[Step, Phase]]] = {
     Phase.BANNER: {Step.ACCEPTED: Phase.EHLO, Step.REFUSED: Phase.CLOSED},
-    Phase.EHLO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.HELO},
-    Phase.HELO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.CLOSED},
+    Phase.EHLO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.HELO, Step.CLOSING: Phase.CLOSED},
+    Phase.HELO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.CLOSED, Step.CLOSING: Phase.CLOSED},
     Phase.GREETED: {Step.STARTTLS: Phase.STARTTLS, Step.CLEAR: Phase.READY, Step.NO_TLS: Phase.CLOSED},
-    Phase.STARTTLS: {Step.ACCEPTED: Phase.HANDSHAKE, Step.REFUSED: Phase.GREETED},
+    Phase.STARTTLS: {Step.ACCEPTED: Phase.HANDSHAKE, Step.REFUSED: Phase.GREETED, Step.CLOSING: Phase.CLOSED},
     Phase.HANDSHAKE: {Step.TLS_UP: Phase.EHLO, Step.TLS_FAILED: Phase.CLOSED},
     Phase.READY: {Step.MAIL: Phase.MAIL, Step.QUIT: Phase.QUIT},
     Phase.MAIL: {Step.DONE: Phase.READY},
@@ -216,12 +241,17 @@ _NEXT: Final[dict[Phase, dict[Step, Phase]]] = {
 
 _EXPECTS: Final[dict[Phase, int]] = {
     Phase.BANNER: 220,  # RFC 5321 4.2.5 / 3.1: 554 (or 421) means "not here"
-    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO
+    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO (but a 421 closes: _CLOSING)
     Phase.HELO: 250,
     Phase.STARTTLS: 220,  # RFC 3207 4: 454 or 501 means no TLS on this connection
     Phase.QUIT: 221,  # whatever it says, the session ends
 }
 """The phases that wait for the reply to one command, and the code that answers it positively."""
+
+# RFC 5321 3.8 / 4.2.2: 421 is the server closing the channel, in answer to any command. Before
+# the session is ready its words are the connection's outcome: no HELO after it, nor a session
+# in the clear that the server has already left.
+_CLOSING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS"}
 
 _APPLICATION_STEPS: Final = frozenset({Step.MAIL, Step.QUIT, Step.TLS_UP, Step.TLS_FAILED})
 
@@ -393,7 +423,9 @@ class ClientSession:
             self._unasked(reply)
             return
         step = Step.ACCEPTED if reply.code == expected else Step.REFUSED
-        if phase is Phase.BANNER:
+        if reply.code == 421 and phase in _CLOSING:
+            self._move(Step.CLOSING, Unusable(Reason.CLOSING, reply, detail=_CLOSING[phase]))
+        elif phase is Phase.BANNER:
             self._move(step, Unusable(Reason.BANNER, reply) if step is Step.REFUSED else None)
         elif phase is Phase.EHLO:
             if step is Step.ACCEPTED:

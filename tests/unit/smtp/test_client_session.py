@@ -139,9 +139,28 @@ def test_any_other_banner_makes_the_server_unusable_and_the_client_says_quit(ban
     assert event.reason is Reason.BANNER
     assert event.reply is not None and event.reply.code == int(banner[:3])
     assert script.writes == [b"QUIT\r\n"]
+
+
+@pytest.mark.parametrize("banner", [b"554 5.3.2 go away\r\n", b"250 odd\r\n"])
+def test_a_banner_other_than_a_4xx_is_recorded_as_451_4_4_1_quoting_it(banner: bytes) -> None:
+    (event,) = Script.start().server(banner)
+    assert isinstance(event, Unusable)
     explained = event.explain("mx.test [192.0.2.1]:25")
     assert (explained.code, explained.enhanced) == (451, "4.4.1")
     assert explained.text.startswith("mx.test [192.0.2.1]:25 greeted with: " + banner[:3].decode())
+
+
+@pytest.mark.parametrize("banner", [b"421 4.7.0 rate limited\r\n", b"450-4.7.0 busy,\r\n450 4.7.0 rate limited\r\n"])
+def test_a_4xx_banner_is_the_attempts_reply_in_the_servers_own_words(banner: bytes) -> None:
+    # Found from outside: a 421 greeting was logged as "451 4.4.1 ... greeted with: 421 ...",
+    # so no `^421 4\.7\.0` reaction could match it.
+    script = Script.start()
+    (event,) = script.server(banner)
+    assert isinstance(event, Unusable) and event.reason is Reason.BANNER
+    explained = event.explain("mx.test [192.0.2.1]:25")
+    assert (explained.code, explained.enhanced) == (int(banner[:3]), "4.7.0")
+    assert str(explained).startswith(f"{banner[:3].decode()} 4.7.0 ")
+    assert str(explained).endswith("rate limited (greeting of mx.test [192.0.2.1]:25)")
 
 
 def test_ehlo_accepted_gives_ready_with_the_capabilities_offered() -> None:
@@ -154,7 +173,9 @@ def test_ehlo_accepted_gives_ready_with_the_capabilities_offered() -> None:
     assert script.writes == [b"EHLO client.test\r\n"]  # nothing more: no extra round trip
 
 
-@pytest.mark.parametrize("refusal", [b"500 5.5.1 what?\r\n", b"502 5.5.2 no EHLO here\r\n", b"421 4.4.2 bye\r\n"])
+@pytest.mark.parametrize(
+    "refusal", [b"500 5.5.1 what?\r\n", b"502 5.5.2 no EHLO here\r\n", b"550 5.7.1 no\r\n", b"451 4.3.0 later\r\n"]
+)
 def test_ehlo_refused_falls_back_to_helo(refusal: bytes) -> None:
     script = Script.start()
     script.server(BANNER)
@@ -163,6 +184,69 @@ def test_ehlo_refused_falls_back_to_helo(refusal: bytes) -> None:
     (ready,) = script.server(b"250 mx.test\r\n")
     assert ready == Ready(Capabilities.helo_only(), tls=False)
     assert not ready.capabilities.esmtp
+
+
+GMAIL_421 = (
+    b"421-4.7.0 Try again later, closing connection. (EHLO)\r\n"
+    b"421-4.7.0  For more information, go to\r\n"
+    b"421 4.7.0  https://support.google.com/a/answer/3221692 a1-20020a.8 - gsmtp\r\n"
+)
+
+
+def test_a_421_to_ehlo_ends_the_session_without_helo_and_is_the_attempts_reply() -> None:
+    # Found from outside: the 421 was taken for a refused EHLO, HELO followed into a closed
+    # connection, and the attempt read "451 4.4.2 ... closed the connection".
+    script = Script.start()
+    script.server(BANNER)
+    (event,) = script.server(GMAIL_421)
+    assert isinstance(event, Unusable)
+    assert (event.reason, event.detail) == (Reason.CLOSING, "EHLO")
+    assert script.writes == [b"EHLO client.test\r\n", b"QUIT\r\n"]  # no HELO
+    assert script.session.phase is Phase.CLOSED
+    explained = event.explain("mx.test [192.0.2.1]:25")
+    assert (explained.code, explained.enhanced) == (421, "4.7.0")
+    assert str(explained).startswith("421 4.7.0 Try again later, closing connection. (EHLO) ")
+    assert str(explained).endswith(" - gsmtp (answer of mx.test [192.0.2.1]:25 to EHLO)")
+
+
+def test_a_421_to_the_ehlo_after_starttls_ends_the_session_too() -> None:
+    script = starttls_script(TlsPolicy.OPPORTUNISTIC)
+    script.server(EHLO_TLS + b"220 go ahead\r\n")
+    script.session.tls_established()
+    script.pump()
+    assert script.last_write() == b"EHLO client.test\r\n"
+    (event,) = script.server(b"421 4.7.0 rate limited, closing connection\r\n")
+    assert event == Unusable(Reason.CLOSING, Reply(421, "4.7.0", ("rate limited, closing connection",)), "EHLO")
+    assert script.last_write() == b"QUIT\r\n"
+    assert script.writes.count(b"EHLO client.test\r\n") == 2 and b"HELO client.test\r\n" not in script.writes
+    assert str(event.explain("mx [192.0.2.1]:25")).startswith("421 4.7.0 rate limited, closing connection (")
+
+
+@pytest.mark.parametrize("policy", [TlsPolicy.OPPORTUNISTIC, TlsPolicy.REQUIRED])
+def test_a_421_to_starttls_ends_the_session_rather_than_going_on_in_the_clear(policy: TlsPolicy) -> None:
+    script = starttls_script(policy)
+    script.server(EHLO_TLS)
+    (event,) = script.server(b"421 4.3.2 shutting down\r\n")
+    assert event == Unusable(Reason.CLOSING, Reply(421, "4.3.2", ("shutting down",)), "STARTTLS")
+    explained = str(event.explain("mx [192.0.2.1]:25"))
+    assert explained == "421 4.3.2 shutting down (answer of mx [192.0.2.1]:25 to STARTTLS)"
+
+
+def test_a_421_to_helo_ends_the_session_in_the_servers_words() -> None:
+    script = Script.start()
+    script.server(BANNER + b"502 no\r\n")
+    (event,) = script.server(b"421 4.7.0 busy\r\n")
+    assert event == Unusable(Reason.CLOSING, Reply(421, "4.7.0", ("busy",)), "HELO")
+    assert str(event.explain("mx [192.0.2.1]:25")) == "421 4.7.0 busy (answer of mx [192.0.2.1]:25 to HELO)"
+
+
+def test_a_4xx_to_helo_after_ehlo_refused_is_the_attempts_reply_in_the_servers_words() -> None:
+    script = Script.start()
+    script.server(BANNER + b"502 no\r\n")
+    (event,) = script.server(b"450 4.7.1 later\r\n")
+    assert event == Unusable(Reason.GREETING, Reply(450, "4.7.1", ("later",)))
+    explained = str(event.explain("mx [192.0.2.1]:25"))
+    assert explained == "450 4.7.1 later (answer of mx [192.0.2.1]:25 to HELO, EHLO refused)"
 
 
 def test_helo_refused_too_makes_the_server_unusable() -> None:
