@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
-from tests.support.sinks import ScriptedSink, delivery_config, peak_connections, wait_until
+from tests.support.sinks import ScriptedSink, TurnAwaySink, delivery_config, peak_connections, wait_until
 
 PER_NODE = 60
 SUSPEND = 3.0
@@ -170,7 +170,7 @@ def _get(node: PigeonProcess, path: str, token: str) -> tuple[int, Any]:
     return node.http_call("GET", path, token=token)
 
 
-def _single(root: Path, sink: ScriptedSink, **reaction: Any) -> PigeonProcess:
+def _single(root: Path, sink: ScriptedSink | TurnAwaySink, **reaction: Any) -> PigeonProcess:
     rule = {"id": "sink-says-so", "match": r"^421 4\.7\.0 .*rate limited", "duration": "1m", **reaction}
     return PigeonProcess(root, log={"level": "info"}, reaction=[rule], **delivery_config(sink.endpoint))
 
@@ -278,3 +278,47 @@ def test_a_limit_reaction_holds_the_site_to_the_lowered_connection_limit(tmp_pat
     assert "limit 1 conn" in row, shown.stdout
     assert row.index(f"site:{sink.endpoint}") == heading.index("key"), shown.stdout
     assert row.index("sink-says-so") == heading.index("rule"), shown.stdout
+
+
+# Gmail's answer under too many connections, which it gives as the greeting or to EHLO.
+GMAIL_421 = (
+    "421-4.7.0 Try again later, closing connection. (EHLO)\r\n"
+    "421-4.7.0  For more information, go to\r\n"
+    "421 4.7.0  https://support.google.com/a/answer/3221692 a1-20020a.8 - gsmtp"
+)
+
+
+@pytest.mark.parametrize("phase", ["greeting", "ehlo"])
+def test_a_421_as_the_greeting_or_to_ehlo_is_the_logged_response_and_starts_a_reaction(
+    tmp_path: Path, phase: str
+) -> None:
+    # Found from outside: the greeting's 421 was logged inside "451 4.4.1 ... greeted with:",
+    # and EHLO's was taken for a refused EHLO (HELO, then "451 4.4.2 ... closed the
+    # connection"), so no `^421` rule could ever match either.
+    with (
+        TurnAwaySink(**{phase: GMAIL_421}) as sink,
+        _single(tmp_path / "node", sink, action="suspend", match=r"^421 4\.7\.0") as node,
+    ):
+        _inject(node, "first", 1, connections=1)
+        [created] = node.wait_records("ShapingEffect")
+        [failure] = node.wait_records("TransientFailure")
+        listed = json.loads(_status(node, "--json").stdout)
+        status, effects = _get(node, "/api/v1/shaping/effects", node.local_token)
+        status_queues, queues = _get(node, "/api/v1/queues", node.local_token)
+    server_words = "421 4.7.0 Try again later, closing connection. (EHLO)"
+    response = failure["response"]
+    assert (response["code"], response["enhanced"]) == (421, "4.7.0"), response
+    assert response["text"].startswith("Try again later, closing connection. (EHLO)"), response
+    where = "greeting of [127.0.0.1]" if phase == "greeting" else "answer of [127.0.0.1]"
+    assert response["text"].endswith(f" - gsmtp ({where}:{sink.port}{' to EHLO' if phase == 'ehlo' else ''})")
+    assert (created["event"], created["rule"], created["action"]) == ("created", "sink-says-so", "suspend")
+    assert created["reply"].startswith(server_words)
+    [effect] = listed["effects"]
+    assert (effect["rule"], effect["key"]) == ("sink-says-so", f"site:{sink.endpoint}")
+    assert effect["reply"].startswith(server_words)
+    assert status == 200 and [e["id"] for e in effects["effects"]] == [effect["id"]]
+    # A host answered: the site is not down (only a site where no host takes a connection is).
+    assert status_queues == 200
+    [row] = [row for row in queues["ready"] if row["site"] == sink.endpoint]
+    assert not row.get("down"), row
+    assert not [line for line in sink.received if line.upper().startswith("HELO")]  # no HELO after the 421

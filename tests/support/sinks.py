@@ -29,11 +29,15 @@ rates and egress sources as the receiving end saw them.
 
 `WireSink` is the other kind of next hop: a lenient, line-at-LF server that records every
 byte it receives, to show what a smuggled end of data would do at an MTA that takes one.
+`TurnAwaySink` turns every client away, with a reply of its choosing as its greeting or as
+its answer to EHLO (a provider's "421 4.7.0 Try again later, closing connection"), then
+closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import socket
@@ -439,6 +443,81 @@ class WireSink:
                     return
                 else:
                     say("500 5.5.2 what?")
+
+
+class TurnAwaySink:
+    """A next hop that turns every client away: it greets with `greeting`, or greets with 220
+    and answers the first command (EHLO) with `ehlo`, then closes its side. Replies are given
+    as lines ("421-...\\r\\n421 ..."). `received` is every command line the clients sent, the
+    ones after the close included (a HELO that should not have come)."""
+
+    def __init__(self, *, greeting: str | None = None, ehlo: str | None = None, host: str = "127.0.0.1") -> None:
+        if (greeting is None) == (ehlo is None):
+            raise ValueError("turn clients away at the greeting or at EHLO")
+        self.host = host
+        self.greeting = greeting
+        self.ehlo = ehlo
+        self.received: list[str] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((host, 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="turn-away-sink", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
+        self._listener.close()
+
+    def __enter__(self) -> TurnAwaySink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        connection.settimeout(10)
+        with connection, contextlib.suppress(OSError):
+            if self.greeting is not None:
+                connection.sendall(self.greeting.encode() + b"\r\n")
+                return
+            connection.sendall(b"220 turn-away.test ESMTP\r\n")
+            buffer = b""
+            while b"\n" not in buffer:
+                chunk = connection.recv(4096)
+                if not chunk:
+                    return
+                buffer += chunk
+            line = buffer.partition(b"\n")[0].removesuffix(b"\r").decode(errors="replace")
+            with self._lock:
+                self.received.append(line)
+            assert self.ehlo is not None
+            connection.sendall(self.ehlo.encode() + b"\r\n")
+            # Closed for the client (it reads the end), still read: a HELO it sends is recorded.
+            connection.shutdown(socket.SHUT_WR)
+            connection.settimeout(2)
+            rest = buffer.partition(b"\n")[2]
+            while chunk := connection.recv(4096):
+                rest += chunk
+            with self._lock:
+                self.received += [raw.removesuffix(b"\r").decode(errors="replace") for raw in rest.split(b"\n") if raw]
 
 
 def _wait_port(host: str, port: int, timeout: float = 10.0) -> None:
