@@ -13,7 +13,7 @@ import string
 import sys
 from typing import Any, Final
 
-from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, is_partial
+from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, is_partial, printable
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
@@ -199,11 +199,15 @@ def _inspect(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", f"/api/v1/messages/{args.id}")
     if status != 200 or args.json:
         return _show(args, status, answer, "")
-    for key, value in answer.items():
+    for key, value in printable(answer).items():  # the last response is a remote server's words
         if key in ("created", "next_due", "held_until") and isinstance(value, int | float):
             value = f"{_when(value)} ({value:.0f})"
-        if value not in (None, [], {}):
-            print(f"{key:14} {value if not isinstance(value, list) else ', '.join(map(str, value))}")
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) if value else None
+        elif isinstance(value, dict):  # metadata: key=value, not a repr that escapes again
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) if value else None
+        if value is not None:
+            print(f"{key:14} {value}")
     return 0
 
 
@@ -211,7 +215,7 @@ def _queue_summary(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/queues"))
     if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
-    whole, answer = answer, answer.get("answers", answer)
+    whole, answer = answer, printable(answer.get("answers", answer))  # queue names, reasons: anyone's
     now = datetime.datetime.now(datetime.UTC).timestamp()
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
@@ -265,7 +269,7 @@ def _operations(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", cluster_path(args, "/api/v1/admin/operations"))
     if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
-    whole, answer = answer, answer.get("answers", answer)
+    whole, answer = answer, printable(answer.get("answers", answer))
     # "after attempt": of those acted on, how many were being sent (acted on as far as that attempt
     # leaves them: a bounce does not undo a delivery).
     print(f"{'operation':14} {'kind':8} {'looked at':>10} {'acted on':>10} {'after attempt':>14} {'waited':>7}  state")
@@ -312,6 +316,7 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more:
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
+    answer = printable(answer)
     rule = answer.get("rule") or {}
     expires = rule.get("expires")
     until = _when(expires) if expires else "resumed"
@@ -345,7 +350,7 @@ def _partly(args: argparse.Namespace, status: int, answer: Any) -> bool:
 def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
     if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
-    whole, answer = answer, answer.get("answers", answer)
+    whole, answer = answer, printable(answer.get("answers", answer))  # reasons, selectors: as typed
     rules = answer["rules"]
     if not rules:
         print("none")

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.logs.peer_text import shown
 from pigeon.redaction import redact, redact_url
 
 
@@ -122,6 +123,21 @@ def identifier(value: str) -> str:
     return value
 
 
+def printable(answer: Any) -> Any:
+    """An API answer as a table for people may show it: every string in it (keys too) with its
+    control and format characters escaped (`pigeon.logs.peer_text`). Replies, reasons, queue
+    names and addresses are what remote servers, senders and API clients chose: an ESC in one
+    would otherwise retitle or clear the operator's terminal. (`--json` needs none of this:
+    JSON escapes them itself.)"""
+    if isinstance(answer, str):
+        return shown(answer, limit=None)
+    if isinstance(answer, dict):
+        return {printable(key): printable(value) for key, value in answer.items()}
+    if isinstance(answer, list | tuple):
+        return [printable(item) for item in answer]
+    return answer
+
+
 def is_partial(status: int, answer: Any) -> bool:
     """Whether an answer is a node's partial one: 503 because not every worker answered (one
     restarting, or killed for not answering its supervisor); `answers` holds what the others said."""
@@ -131,6 +147,7 @@ def is_partial(status: int, answer: Any) -> bool:
 def fail(status: int, answer: Any) -> int:
     """Print an error answer for people; the exit status for it: 75 (`EX_TEMPFAIL`) for a
     partial answer, naming the workers that did not answer; else 2 (refused)."""
+    answer = printable(answer)  # an error may quote what was asked for, or a remote's words
     if is_partial(status, answer):
         print(f"pigeon: {status}: the answer covers workers {answer.get('answered') or 'none'} only",
               file=sys.stderr)  # fmt: skip

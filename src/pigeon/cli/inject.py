@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pigeon.cli.api import ApiClient, add_api_options, fail
+from pigeon.cli.api import ApiClient, add_api_options, fail, printable
 
 EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net message.eml
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
-        for result in answer["recipients"]:
+        for result in printable(answer["recipients"]):  # a refused address, a policy's reason: escaped
             print(f"{result['email']:40} {result.get('id') or 'refused: ' + result.get('error', '?')}")
     return exit_status(status, answer)
 

@@ -65,9 +65,32 @@ def run(args: argparse.Namespace) -> int:
                         continue
                 except msgspec.DecodeError:
                     continue
-            out.write(line + b"\n")
+            out.write(_printable(line) + b"\n")
             if args.follow:
                 out.flush()
     except (BrokenPipeError, KeyboardInterrupt):
         return 0
     return 0
+
+
+def _printable(line: bytes) -> bytes:
+    """A record's line with no character a terminal acts on. JSON escapes only the C0
+    controls: DEL, a C1 control (U+009B is CSI) or a bidirectional override in a remote reply
+    or an address would reach the screen as it is. Each becomes a JSON escape, which is the
+    same string to any JSON reader (such characters only ever stand inside a string)."""
+    if line.isascii() and b"\x7f" not in line:
+        return line  # the usual record: nothing to do
+    text = line.decode("utf-8", "surrogateescape")
+    if text.isprintable():
+        return line
+    return "".join(char if char.isprintable() else _json_escape(char) for char in text).encode(
+        "utf-8", "surrogateescape"
+    )
+
+
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # beyond the BMP: JSON writes it as a surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"

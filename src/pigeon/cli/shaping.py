@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pigeon.cli.api import ApiClient, add_api_options, fail, identifier
+from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, printable
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
 from pigeon.config.schema import Config
@@ -159,7 +159,8 @@ def run_explain(args: argparse.Namespace) -> int:
         destination = asyncio.run(_destination(config, domain))
     except DnsFailure as failure:
         reply = failure.reply
-        print(f"pigeon: {domain}: {' '.join(reply.lines)} ({reply.code} {reply.enhanced})", file=sys.stderr)
+        text = printable(f"{domain}: {reply.text}")  # a DNS error's words may carry names it found
+        print(f"pigeon: {text} ({reply.code} {reply.enhanced})", file=sys.stderr)
         return 1
     text = args.config.read_text(encoding="utf-8") if args.config is not None else ""
     rules = ShapingRules.from_config(config, args.config, text)
@@ -242,6 +243,7 @@ def run_end(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
+    answer = printable(answer)
     ended = answer.get("ended")
     if not isinstance(ended, dict):
         return fail(status, {"error": f"the node answered without the effect it ended: {answer}"})
@@ -264,6 +266,7 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0
+    answer = printable(answer)  # an effect's reply is the remote server's, as it answered
     reach = {
         "cluster": "shared by the cluster through Redis",
         "node": "this node's (no [redis])",

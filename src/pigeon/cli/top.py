@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.cli.admin import NOT_A_CLUSTER, cluster_path
-from pigeon.cli.api import ApiClient, add_api_options, fail, is_partial
+from pigeon.cli.api import ApiClient, add_api_options, fail, is_partial, printable
 
 EXAMPLES = """examples:
   pigeon top                      # refresh every 2 seconds until Ctrl-C
@@ -188,6 +188,8 @@ def _decoded(raw: bytes) -> Any:
 
 
 def _screen(shown: dict[str, Any]) -> str:
+    # Queue names, sites, a mailbox's error: anyone's words, escaped (only CLEAR is ours to send).
+    shown = printable(shown)
     width = shutil.get_terminal_size((100, 30)).columns
     lines = [f"pigeon top  {shown['url']}  {time.strftime('%H:%M:%S', time.localtime(shown['time']))}"]
     lines.append("  ".join(f"{label} {value:,.0f}/s" for label, value in shown["rates"].items()))

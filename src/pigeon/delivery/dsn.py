@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import format_datetime
 
+from pigeon.logs.peer_text import shown
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
@@ -70,7 +71,9 @@ def build_report(
     succeeded = [f for f in failures if f.action != "failed"]
     human = f"This is the mail system at host {hostname}.\r\n\r\n"
     if failed:
-        reasons = "\r\n".join(f"<{f.recipient.address}>: {f.reply.text}" for f in failed)
+        # A remote server's words, escaped as everywhere they are shown: an ESC in them must
+        # not reach the sender's terminal (the Diagnostic-Code below is a header field's value).
+        reasons = "\r\n".join(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}" for f in failed)
         human += (
             "Your message could not be delivered to one or more recipients.\r\n"
             f"It is attached below; the reasons are:\r\n\r\n{reasons}\r\n"
@@ -132,8 +135,9 @@ def build_report(
 
 
 def _field(value: str) -> str:
-    """A value safe inside a header field: no CR, LF or other controls (no injected fields)."""
-    return "".join(c if c >= " " and c != "\x7f" else " " for c in value)
+    """A value safe inside a header field: no CR, LF or other controls (no injected fields),
+    nor a C1 control (U+009B is a terminal's CSI) or a bidirectional override."""
+    return value if value.isprintable() else "".join(c if c.isprintable() else " " for c in value)
 
 
 def _status(reply: Reply) -> str:

@@ -1,7 +1,9 @@
-r"""Text a client sent, made safe to put in a log record: printable, unambiguous and bounded.
+r"""Text someone else chose, made safe to show: printable, unambiguous and bounded.
 
 A refused command's argument (the recipient of a refused RCPT) is whatever the client chose
-to send, and an operator reads it in a terminal or a log viewer. JSON escapes only C0
+to send, and a remote server's reply whatever that server chose to answer; an operator reads
+them in a terminal or a log viewer (`pigeon inspect`, `queue summary`, `top`, ...), a sender in
+a DSN. This is the one escaping function for all of them. JSON escapes only C0
 controls, so DEL, C1 controls (U+009B is a terminal's CSI), bidirectional overrides and bytes
 that are not UTF-8 would reach the screen as they are. `shown()` keeps every printable
 character (UTF-8 letters included) and writes each other one, and the backslash itself, as a
@@ -10,7 +12,8 @@ Input decoded with errors="surrogateescape" gets its undecodable bytes back as `
 (`\xHH` is only ever a byte from 0x80 or an ASCII control, never a character of U+0080 on).
 
 Past `limit` characters of output the text is cut (never inside an escape) and "..." is
-added: a client's address that long is no address anyway (RFC 5321 4.5.3.1.3).
+added: a client's address that long is no address anyway (RFC 5321 4.5.3.1.3). A limit of
+None cuts nothing (a reply, a reason: bounded where they came in).
 """
 
 from __future__ import annotations
@@ -21,15 +24,15 @@ ADDRESS_LIMIT: Final = 256
 """RFC 5321 4.5.3.1.3: a path is at most 256 octets; what is longer is not an address."""
 
 
-def shown(text: str, limit: int = ADDRESS_LIMIT) -> str:
+def shown(text: str, limit: int | None = ADDRESS_LIMIT) -> str:
     """`text` with every non-printable character escaped, at most `limit` characters (+ "...")."""
-    if len(text) <= limit and text.isprintable() and "\\" not in text:
+    if (limit is None or len(text) <= limit) and text.isprintable() and "\\" not in text:
         return text  # the common case: an ordinary address, nothing to do
     out: list[str] = []
     size = 0
     for char in text:
         piece = char if char.isprintable() and char != "\\" else _escape(char)
-        if size + len(piece) > limit:
+        if limit is not None and size + len(piece) > limit:
             out.append("...")
             break
         out.append(piece)

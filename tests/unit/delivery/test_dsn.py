@@ -142,6 +142,16 @@ def test_a_multi_line_reply_is_one_diagnostic_line() -> None:
     assert status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 Message rejected. See https://example.net/why"
 
 
+def test_a_remote_reply_with_terminal_controls_is_escaped_in_the_human_readable_part() -> None:
+    # A remote MX chose the text: an ESC or a C1 CSI must not reach the sender's terminal.
+    env = envelope()
+    nasty = Reply(550, "5.1.1", ("user unknown \x1b]0;pwned\x07\x1b[2J \u009b31m cleared",))
+    data, parsed = report(env, [Failure(env.recipients[0], nasty, "failed")])
+    text = parsed.get_payload()[0].get_content()
+    assert "<bob@example.net>: user unknown \\x1b]0;pwned\\x07\\x1b[2J \\u009b31m cleared" in text
+    assert b"\x1b" not in data and b"\x07" not in data and "\u009b".encode() not in data
+
+
 def test_by_default_only_the_headers_come_back() -> None:
     _, parsed = report(envelope())
     returned = parsed.get_payload()[2]

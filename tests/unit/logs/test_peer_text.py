@@ -70,3 +70,9 @@ def test_any_text_is_shown_printable_bounded_and_unambiguous(text: str, limit: i
         kept = out.removesuffix("...")
         assert out.endswith("...") and whole.startswith(kept) and limit - 10 < len(kept) <= limit
         assert text.startswith(_unescape(kept))  # cut between two characters, not in an escape
+
+
+def test_without_a_limit_a_long_reply_is_escaped_and_never_cut() -> None:
+    reply = "451 4.7.1 " + "x" * 600 + "\x1b[2J"
+    assert shown(reply, limit=None) == "451 4.7.1 " + "x" * 600 + "\\x1b[2J"
+    assert shown("y" * 600, limit=None) == "y" * 600
