@@ -175,7 +175,7 @@ async def test_a_recipient_that_never_gets_through_expires_at_max_age_with_a_dsn
         assert dsn.email.get_content_type() == "multipart/report"
         assert b"Action: failed" in dsn.data and b"tempfail@example.net" in dsn.data
         # Pigeon wrote the expiry, not a server: the report says so (an "smtp;" code is a server's).
-        assert b"Diagnostic-Code: X-Pigeon; 551 Message expired" in dsn.data
+        assert b"Diagnostic-Code: X-Pigeon; 551 5.4.7 Message expired" in dsn.data
     finally:
         await pigeon.stop()
 

@@ -129,5 +129,5 @@ def test_a_domain_that_takes_no_mail_bounces_as_a_dns_failure_in_a_dsn_that_name
         assert bounce["classification"] == "DNSFailure"
         (dsn,) = sink.wait_for(1)
         assert dsn.recipients == ["a@example.org"]
-        assert b"Diagnostic-Code: X-Pigeon; 556 nomail.example accepts no mail" in dsn.data
+        assert b"Diagnostic-Code: X-Pigeon; 556 5.1.10 nomail.example accepts no mail" in dsn.data
         assert b"Remote-MTA" not in dsn.data

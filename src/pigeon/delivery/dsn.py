@@ -99,8 +99,8 @@ def build_report(
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
             fields.append(f"Remote-MTA: dns; {failure.remote_mta}")
-        code = f"{failure.reply.code} {_field(failure.reply.text)}"
-        fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {code}")
+        # RFC 3464 2.3.6: the server's reply as it gave it, its enhanced code too ("550 5.1.1 ...").
+        fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(str(failure.reply))}")
         fields.append(f"Last-Attempt-Date: {date}")
         blocks.append("\r\n".join(fields))
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"

@@ -95,7 +95,7 @@ def test_the_delivery_status_has_the_per_message_and_per_recipient_fields() -> N
     assert per_recipient["Action"] == "failed"
     assert per_recipient["Status"] == "5.1.1"
     assert per_recipient["Remote-MTA"] == "dns; mx.example.net"
-    assert per_recipient["Diagnostic-Code"] == "smtp; 550 User unknown"
+    assert per_recipient["Diagnostic-Code"] == "smtp; 550 5.1.1 User unknown"
     assert per_recipient["Last-Attempt-Date"] == "Tue, 14 Nov 2023 22:15:00 +0000"
 
 
@@ -115,7 +115,7 @@ def test_one_block_per_failed_recipient_in_order() -> None:
     _, first, second = status_blocks(parsed)
     assert (first["Final-Recipient"], first["Status"]) == ("rfc822; bob@example.net", "5.1.1")
     assert (second["Final-Recipient"], second["Status"]) == ("rfc822; carol@example.net", "5.2.2")
-    assert second["Diagnostic-Code"] == "smtp; 552 Mailbox full"
+    assert second["Diagnostic-Code"] == "smtp; 552 5.2.2 Mailbox full"
     text = parsed.get_payload()[0].get_content()
     assert "<bob@example.net>: User unknown" in text
     assert "<carol@example.net>: Mailbox full" in text
@@ -139,7 +139,19 @@ def test_a_multi_line_reply_is_one_diagnostic_line() -> None:
     env = envelope()
     answer = Reply(550, "5.7.1", ("Message rejected.", "See https://example.net/why"))
     _, parsed = report(env, [Failure(env.recipients[0], answer, "failed")])
-    assert status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 Message rejected. See https://example.net/why"
+    assert (
+        status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 5.7.1 Message rejected. See https://example.net/why"
+    )
+
+
+def test_the_diagnostic_code_is_the_servers_reply_with_its_enhanced_code() -> None:
+    # RFC 3464 2.3.6: what the server said, "550 5.1.1 ..." as on the wire; a reply without an
+    # enhanced code is shown without one, not with one made up.
+    env = envelope()
+    _, parsed = report(env, [Failure(env.recipients[0], Reply(550, "5.1.1", ("user unknown",)), "failed")])
+    assert status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 5.1.1 user unknown"
+    _, parsed = report(env, [Failure(env.recipients[0], Reply(550, None, ("no such user",)), "failed")])
+    assert status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 no such user"
 
 
 def test_a_remote_reply_with_terminal_controls_is_escaped_in_the_human_readable_part() -> None:
