@@ -248,6 +248,12 @@ class Admin:
         await self._rules.remove(rule_id)
         made_due = 0
         if kind == "suspend" and rule.selector.site is not None:
+            # What it held waits in the site's ready queues, and goes now: counted as the suspend
+            # counted it (`held`), but for a site another suspension still holds.
+            site = rule.selector.site
+            made_due = sum(
+                len(q) for q in self._ready if fnmatch.fnmatchcase(q.site, site) and not self._rules.site_held(q.site)
+            )
             self._kick()
         elif kind == "suspend":
             made_due = (await self.retry(rule.selector, rule_id, release=False, kind="resume"))["made_due"]

@@ -153,6 +153,28 @@ async def test_nothing_is_taken_for_a_suspended_site_and_delivery_resumes_after(
     assert len(world.logged("Delivery")) == 1
 
 
+async def test_resuming_a_site_suspension_counts_the_mail_it_held_as_due_now(make_world: MakeWorld) -> None:
+    # `pigeon suspend --site` answered "held: 3"; its resume answered "0 messages due now",
+    # and all 3 went out. The count is what waited for the site and goes now: none while
+    # another suspension still holds the site.
+    world = make_world(SITES, ["d1.test"])
+    world.suspend(Selector(site="mx1.*"), rule_id="h")
+    await world.release_all()
+    ids = [world.inject([f"r{n}@d1.test"]) for n in range(3)]
+    await world.release_all()
+    held = world.suspend(Selector(site="mx1.test"), rule_id="also")
+    await world.release_all()
+    assert held.result is not None and held.result["held"] == 3
+    first = world.resume("h")
+    await world.release_all()
+    assert first.result == {"cancelled": True, "made_due": 0}  # "also" holds them still
+    assert world.attempted == []
+    resumed = world.resume("also")
+    await world.release_all()
+    assert resumed.result == {"cancelled": True, "made_due": 3}
+    assert sorted(a.message for a in world.attempted) == sorted(ids)
+
+
 class _Breaks:
     batch = 1
 
