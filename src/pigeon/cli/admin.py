@@ -37,7 +37,7 @@ RETRY_EXAMPLES = """examples:
   pigeon retry --queue 'spring:*'
 """
 QUEUE_EXAMPLES = """examples:
-  pigeon queue summary                  # every scheduled queue: messages, due now, held, oldest; ready queues
+  pigeon queue summary                  # per scheduled queue: messages, due, held, suspended, oldest; ready queues
   pigeon queue summary --json | jq '.scheduled[] | select(.messages > 1000)'
   pigeon queue operations               # bulk bounces, retries, rebinds: how far they got
   pigeon queue summary --cluster        # every node's queues (nodes sharing [redis]), added up
@@ -220,12 +220,14 @@ def _queue_summary(args: argparse.Namespace) -> int:
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
     width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
-    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'ready':>6} {'in flight':>9}  "
-          f"{'oldest':7} suspended by")  # fmt: skip
+    # "held": [[inbound]] mail `pigeon retry` releases; "suspended": mail a suspension holds
+    # (`pigeon resume`), as `pigeon suspend` counted it.
+    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'suspended':>9} {'ready':>6} "
+          f"{'in flight':>9}  {'oldest':7} suspended by")  # fmt: skip
     for row in answer["scheduled"]:
         age = _age(now - row["oldest"])
         print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
-              f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age:7} "
+              f"{row.get('suspended', 0):>9} {row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age:7} "
               f"{_suspended_by(row)}")  # fmt: skip
     width = max([52, *(len(row["path"]) for row in answer["ready"])])
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")

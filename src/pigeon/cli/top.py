@@ -207,11 +207,13 @@ def _screen(shown: dict[str, Any]) -> str:
         said = "; ".join(f"worker {m.get('worker')}: {m.get('error')}" for m in queues["missing"])
         lines += ["", f"queues of the other workers only, not every worker answered ({said})"]
     lines.append("")
-    lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'ready':>6} {'in flight':>9}")
+    # The columns of `pigeon queue summary`: "held" for an operator's retry, "suspended" by a suspension.
+    lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'held':>6} {'suspended':>9} {'ready':>6} "
+                 f"{'in flight':>9}")  # fmt: skip
     for row in queues["scheduled"]:
         lines.append(
-            f"{row['queue'][:44]:44} {row['messages']:>9,} {row['due']:>7,} "
-            f"{row.get('ready', 0):>6} {row.get('in_flight', 0):>9}"
+            f"{row['queue'][:44]:44} {row['messages']:>9,} {row['due']:>7,} {row.get('held', 0):>6,} "
+            f"{row.get('suspended', 0):>9,} {row.get('ready', 0):>6} {row.get('in_flight', 0):>9}"
         )
     lines.append("")
     lines.append(f"{'ready queue':52} {'queued':>8} {'connections':>11}  state")

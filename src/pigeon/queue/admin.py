@@ -66,7 +66,12 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
     queue: str
     messages: int
     due: int  # due now
-    held: int  # held ([[inbound]] mail an operator releases)
+    held: int  # held ([[inbound]] mail an operator releases: `pigeon retry`)
+    suspended: int
+    """Held by an operator's suspension (until `pigeon resume` or its end): every message of a
+    queue a suspension holds but those being sent or settling, and of any other queue those
+    waiting in the ready queue of a site a suspension holds (`pigeon suspend --site`). What
+    `pigeon suspend` answered as `held`, and what came due under it since."""
     scheduled: int  # in memory, its destination being looked up
     ready: int  # in a ready queue, waiting for a connection
     in_flight: int  # being delivered
@@ -367,6 +372,7 @@ class Admin:
                         messages=0,
                         due=0,
                         held=0,
+                        suspended=0,
                         scheduled=0,
                         ready=0,
                         in_flight=0,
@@ -381,10 +387,19 @@ class Admin:
             message = self._spools.of(spool_id).get(spool_id)
             if message is not None:
                 scheduled[queue].suspended_by = self._rules.suspensions_of(message)
+        site_held: dict[str, bool] = {}  # (asked once a site: many entries share a few sites)
         for entry in self._active:
             counted = scheduled.get(entry.message.queue)
             if counted is not None and entry.state in _IN_MEMORY:
                 setattr(counted, entry.state.value, getattr(counted, entry.state.value) + 1)
+                if entry.state is State.READY and not counted.suspended_by and entry.site is not None:
+                    held_there = site_held.get(entry.site)
+                    if held_there is None:
+                        held_there = site_held[entry.site] = self._rules.site_held(entry.site)
+                    counted.suspended += held_there
+        for row in scheduled.values():
+            if row.suspended_by:  # all of it held, but what is on the wire or being written
+                row.suspended = max(0, row.messages - row.held - row.in_flight - row.settling)
         ready = []
         for q in self._ready:
             connections = self._connections(q.path)

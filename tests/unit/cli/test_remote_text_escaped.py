@@ -103,7 +103,8 @@ def test_an_error_answer_is_escaped_on_stderr(capsys: pytest.CaptureFixture[str]
     assert f"no queue {SHOWN} ($.queue)" in err
 
 
-def test_top_escapes_a_mailboxs_error_and_the_queue_names() -> None:
+def test_top_escapes_a_mailboxs_error_and_the_queue_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # (lines are cut at the terminal's width)
     frame = {"url": "http://127.0.0.1:8025", "time": time.time(), "rates": {"received": 0.0},
              "spool_messages": 1, "smtp_connections": {"in": 0, "out": 0},
              "queues": {"scheduled": [{"queue": "c1:@x.test", "messages": 1, "due": 0, "held": 0, "suspended": 0}],

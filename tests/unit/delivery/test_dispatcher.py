@@ -175,6 +175,30 @@ async def test_resuming_a_site_suspension_counts_the_mail_it_held_as_due_now(mak
     assert sorted(a.message for a in world.attempted) == sorted(ids)
 
 
+async def test_the_queue_summary_counts_what_a_suspension_holds_as_suspended(make_world: MakeWorld) -> None:
+    # `pigeon suspend` answered "held: 3" and `queue summary` showed "held 0": its held column
+    # counts [[inbound]] mail alone. Mail a suspension holds has its own column, "suspended".
+    world = make_world({"d1.test": "mx1.test", "d2.test": "mx2.test"}, ["d2.test"])
+    world.suspend(Selector(site="mx2.test"), rule_id="site")
+    await world.release_all()
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+        world.inject([f"s{n}@d2.test"])
+    world.inject(["t@d2.test"])
+    await world.release_all(but="lookup")  # d1's mail in memory, its route being looked up
+    held = world.suspend(Selector(domain="d1.test"), rule_id="domain")
+    await world.release_all(but="lookup")
+    assert held.result is not None and held.result["held"] == 3
+    rows = {row["queue"]: row for row in (await world.admin.summary())["scheduled"]}
+    assert (rows["d1.test"]["suspended"], rows["d1.test"]["held"]) == (3, 0)  # back in the spool, held
+    assert (rows["d2.test"]["suspended"], rows["d2.test"]["ready"]) == (4, 4)  # in the held site's ready queue
+    world.resume("site")
+    world.resume("domain")
+    await world.release_all()
+    rows = {row["queue"]: row for row in (await world.admin.summary())["scheduled"]}
+    assert all(row["suspended"] == 0 for row in rows.values())
+
+
 class _Breaks:
     batch = 1
 
