@@ -81,6 +81,15 @@ def test_a_dead_site_is_backed_off_as_a_whole_and_its_mail_flows_once_it_is_back
             assert {f["attempt"] for f in pigeon.records("TransientFailure")} == {0}
             assert pigeon.records("Bounce") == [] and pigeon.records("Expiration") == []
             assert pigeon.wait_stderr(f"site {dead} is still down")
+            # What each message last met is the connection error, not "not tried" (which would
+            # be all an expiry's DSN could tell the sender); a failed probe's record says it too.
+            for message in pigeon.spool_messages():
+                status, shown = pigeon.http_call("GET", f"/api/v1/messages/{message['id']}", token=pigeon.local_token)
+                assert status == 200 and shown["last_response"].startswith(
+                    f"451 4.4.1 cannot connect to [127.0.0.2]:{dead_port}"
+                ), shown
+            refused = [f for f in pigeon.records("TransientFailure") if "cannot connect" in f["response"]["text"]]
+            assert len(refused) >= 2  # the failure that took it down, and the probes'
 
             with ScriptedSink(host="127.0.0.2", port=dead_port) as revived:
                 back = time.monotonic()

@@ -51,7 +51,10 @@ the probe's time that mail is due again, and the first connection asked for is t
 up before it connects, its mail gone meanwhile, hands the probe on to the site's other
 queues with mail). If it opens,
 the site is up and the mail flows on it and on as many connections as the queues want; if
-not, everything waiting is deferred to the next probe, twice as far off. An operator's retry
+not, the message it was for is deferred with its failure and the rest "not tried", to the
+next probe, twice as far off. Each message deferred "not tried" keeps the site's last
+connection error as its `last_response` (`Attempt.cause`): what `pigeon inspect` and an
+expiry's DSN name is why the site is down, not only that it is. An operator's retry
 makes every down site's probe due now (`probe_down_sites`): the host may be back.
 """
 
@@ -635,8 +638,10 @@ class Dispatcher:
         if error.site_down:
             lane.failures = 0
             went_down = self.health.failed(queue.site, error.reply, probe=probe)
-            if went_down:
-                victims.append(queue.take_nowait())  # the message this connection was opened for
+            if went_down or probe:
+                # The message this connection was opened for gets what it met (a failed probe's
+                # too: its record says why the site is still down, not just that it is).
+                victims.append(queue.take_nowait())
                 until_probe = self.health.until_probe(queue.site)
         else:
             victims.append(queue.take_nowait())
@@ -686,13 +691,14 @@ class Dispatcher:
             self._start(lane)  # (up, or the probe is due; a suspension or a stop: it waits)
             return 0
         reply = not_tried(site)
+        cause = health.reason(site)  # the connection error that took it down, or the last probe's
         deferred = 0
         while (lease := queue.take_nowait()) is not None:
             message = self._begin(lease)
             if message is None:
                 continue  # an operator took it meanwhile (counted as a stale result)
             count = len(message.envelope.recipients)
-            attempt = Attempt.same_for_all(reply, count, "", site)._replace(tried=False, retry_after=wait)
+            attempt = Attempt.same_for_all(reply, count, "", site)._replace(tried=False, retry_after=wait, cause=cause)
             self._report_from(lane, lease, attempt)
             deferred += 1
         return deferred

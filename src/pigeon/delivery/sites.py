@@ -4,7 +4,8 @@ When a connection to a site fails because every host refused it or timed out (no
 TLS failure or a DNS error: `Unreachable.site_down`), the site is *down*. Its mail is then
 not tried message by message: the dispatcher defers the message that connection was for
 with that failure, and what else waits for the site with `451 4.4.1 not tried: <site> is
-down`, none of them counting an attempt, until the next *probe*: one connection,
+down` (keeping that failure as their `last_response`: an expiry names it), none of them
+counting an attempt, until the next *probe*: one connection,
 `site_retry_interval` after it went down, then twice as long after each probe that fails, up
 to `max_site_retry_interval`. A probe that connects (or any connection that opens) brings
 the site up, and its mail flows at once.

@@ -42,6 +42,10 @@ class Attempt(NamedTuple):
     """False: nothing was sent (its site is down, `pigeon.delivery.sites`): the message is
     deferred by `retry_after` with these replies, and no attempt is counted, so its own
     retry schedule is not spent on an outage."""
+    cause: Reply | None = None
+    """Of an attempt not tried: the failure that keeps it from being tried (its site's last
+    connection error). The message keeps it as its `last_response`, which `pigeon inspect`
+    shows and an expiry's DSN names, while its records say it was not tried."""
 
     @classmethod
     def same_for_all(

@@ -266,7 +266,9 @@ class Settlement:
                 outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, mark))
             deferred, outcome.held = [], []
         if deferred:
-            last = str(deferred[-1][1])
+            # Not tried (its site is down): what the message last met is the site's failure,
+            # not "not tried", or an expiry would tell the sender only that.
+            last = str(attempt.cause if attempt.cause is not None and not attempt.tried else deferred[-1][1])
             due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
             if due is not None and attempt.retry_after is not None:
                 due = min(now + attempt.retry_after, policy.retry.expires(message.age_from))

@@ -144,10 +144,52 @@ async def test_an_operators_retry_while_the_site_is_still_down_opens_one_probe_a
     assert opener.tries == ["mx1.test"] * 2  # one probe for the three messages, not one each
     assert world.dispatcher.site_down("mx1.test")
     not_tried = [f for f in world.logged("TransientFailure") if f.response.text == NOT_TRIED]
-    assert len(not_tried) == 2 + 3  # deferred when it went down, and again after the failed probe
+    # Deferred when it went down, and again after the failed probe (whose own message was
+    # deferred with the probe's error).
+    assert len(not_tried) == 2 + 2
     assert _attempts(world) == [0, 0, 0]
     # The failed probe doubled the wait: the next is 20 minutes off, all three due then.
     assert all(abs(row.due - (world.clock() + 1200)) < 1 for row in world.spool.rows.values())
+
+
+async def test_a_failed_probe_logs_its_connection_error_and_the_mail_keeps_it_as_its_last_response(
+    make_world: MakeWorld,
+) -> None:
+    # A failed probe's message was deferred "not tried: mx1.test is down", as if no connection
+    # had been made; and every message's last_response read "not tried", which is all
+    # `pigeon inspect` and an expiry's DSN could then say.
+    world, opener = _dead_world(make_world)
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    world.clock.now += 60  # the probe's time
+    world.tick()
+    await world.release_all()
+    assert opener.tries == ["mx1.test"] * 2 and world.dispatcher.site_down("mx1.test")
+    probed = world.logged("TransientFailure")[3:]  # the probe's round
+    assert sorted(f.response.text for f in probed) == [REFUSED.text, NOT_TRIED, NOT_TRIED]
+    last = {world.spool.get(spool_id).envelope.last_response for spool_id in world.spool.rows}  # type: ignore[union-attr]
+    assert last == {str(REFUSED)}
+    assert _attempts(world) == [0, 0, 0]
+
+
+async def test_mail_of_a_down_site_expires_naming_the_sites_connection_error_not_not_tried(
+    make_world: MakeWorld,
+) -> None:
+    world, _ = _dead_world(make_world, max_age=100.0)
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    start = world.clock()
+    for second in (60, 101):  # a failed probe, then past max_age (the next probe is at 180 s)
+        world.clock.now = start + second
+        world.tick()
+        await world.release_all()
+    expired = world.logged("Expiration")
+    assert sorted(e.recipient for e in expired) == [f"r{n}@d1.test" for n in range(3)]
+    assert {e.response.text for e in expired} == {
+        f"Message expired: not delivered within max_age; last attempt: {REFUSED}"
+    }
 
 
 async def test_other_sites_keep_flowing_while_one_is_down(make_world: MakeWorld) -> None:
