@@ -205,6 +205,26 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         )
 
 
+def test_inspect_shows_a_remote_reply_with_terminal_controls_escaped(tmp_path: Path) -> None:
+    # A remote MX chooses its reply text: OSC and CSI sequences in it must not retitle or clear
+    # the operator's terminal when `pigeon inspect` shows it as the last response.
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        sink.rcpt_reply = lambda address: "451 4.7.1 later \x1b]0;pwned\x07\x1b[2J cleared"
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["b@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+        (message,) = pigeon.spool_messages()
+        wait_until(lambda: pigeon.records("TransientFailure"))
+        shown = pigeon_cli("inspect", "-c", str(pigeon.config_path), message["id"])
+        assert shown.returncode == 0, shown.stderr
+        assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+        assert "last_response  451 4.7.1 later \\x1b]0;pwned\\x07\\x1b[2J cleared\n" in shown.stdout
+        raw = json.loads(pigeon_cli("inspect", "-c", str(pigeon.config_path), message["id"], "--json").stdout)
+        assert raw["last_response"] == "451 4.7.1 later \x1b]0;pwned\x07\x1b[2J cleared"  # as it was, for scripts
+
+
 def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
     with (
         ScriptedSink() as sink,
