@@ -12,8 +12,9 @@ import pytest
 
 from pigeon.listener.passwords import set_password
 from pigeon.listener.tls import ensure_self_signed
+from pigeon.tls import server_context
 from tests.support.process import PigeonProcess, to_toml
-from tests.support.sinks import ScriptedSink, delivery_config
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"Subject: reload\r\n\r\nhello\r\n"
 
@@ -176,3 +177,72 @@ def test_sighup_takes_new_shaping_limits_for_mail_already_waiting(tmp_path: Path
             pigeon.stderr()
         )
         assert "takes effect at the next restart" not in pigeon.stderr()
+
+
+def _tls_sink(directory: Path) -> ScriptedSink:
+    certificate, key = ensure_self_signed(directory, "127.0.0.1")
+    return ScriptedSink(tls=server_context(certificate, key))
+
+
+def _require_tls(pigeon: PigeonProcess) -> None:
+    pigeon.config["route"][0]["tls"] = "required"
+    pigeon.config_path.write_text(to_toml(pigeon.config))
+    _hangup(pigeon, "reloaded:")
+
+
+def test_a_reload_that_requires_tls_applies_to_mail_already_waiting_in_a_plaintext_queue(tmp_path: Path) -> None:
+    """The tester's steps: the site suspended, 3 messages queued under `tls = "disabled"`, the
+    route changed to `tls = "required"`, SIGHUP, resumed: all 3 go over STARTTLS."""
+    with (
+        _tls_sink(tmp_path / "sink") as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon,
+    ):
+        site = sink.endpoint
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"site": site}, token=pigeon.local_token)
+        assert status == 200, answer
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+            for n in range(3):
+                client.sendmail("s@src.test", [f"user{n}@d15.test"], MESSAGE)
+
+        def ready() -> dict[str, int]:
+            status, queues = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
+            assert status == 200, queues
+            return {row["path"]: row["queued"] for row in queues["ready"] if row["queued"]}
+
+        wait_until(lambda: ready() == {f"default->{site} (tls disabled)": 3})
+        _require_tls(pigeon)
+        assert "reload: 3 waiting messages routed again by the new [[route]]s" in pigeon.stderr()
+        wait_until(lambda: ready() == {f"default->{site} (tls required)": 3})
+        status, answer = pigeon.http_call(
+            "DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}", None, pigeon.local_token
+        )
+        assert status == 200, answer
+        received = sink.wait_for(3)
+        deliveries = pigeon.wait_records("Delivery", 3)
+        assert sink.after(0.5) == received  # each once
+    assert sorted(r.recipients[0] for r in received) == ["user0@d15.test", "user1@d15.test", "user2@d15.test"]
+    assert [r.tls for r in received] == [True, True, True]  # none in plaintext
+    assert {d["recipient"] for d in deliveries} == {"user0@d15.test", "user1@d15.test", "user2@d15.test"}
+
+
+def test_a_reload_that_requires_tls_stops_mail_a_plaintext_connection_took_and_had_not_sent(tmp_path: Path) -> None:
+    """At 1 message a second, the open plaintext connection holds the next message while it
+    waits for its rate slot: after the reload that message goes over TLS too. Only what was
+    on the wire when the reload came may still end in plaintext."""
+    config = delivery_config("", max_message_rate="1/s")
+    with _tls_sink(tmp_path / "sink") as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                for n in range(6):
+                    client.sendmail("s@src.test", [f"user{n}@d15.test"], MESSAGE)
+            sink.wait_for(2)
+            _require_tls(pigeon)
+            plaintext_by_then = len(sink.received)
+            received = sink.wait_for(6, timeout=30)
+            pigeon.wait_records("Delivery", 6)
+            assert sink.after(0.5) == received  # each once
+    assert len({r.recipients[0] for r in received}) == 6
+    plaintext = [r for r in received if not r.tls]
+    assert len(plaintext) <= plaintext_by_then + 1, [(r.recipients, r.tls) for r in received]
+    assert all(r.tls for r in received[len(plaintext) :])

@@ -431,6 +431,7 @@ class World:
         )
         self.active, self.settlement, self.rules = engine.active, engine.settlement, engine.rules
         self.dispatcher, self.scheduler, self.admin = engine.dispatcher, engine.scheduler, engine.admin
+        self.ready = engine.ready
         return self
 
     async def _open(self, destination: Destination, source: str | None = None) -> Agent:
@@ -551,6 +552,13 @@ class World:
         return self.start_admin(
             "rebind", lambda a: a.rebind(selector, queue=queue, routing_domain=routing_domain, operator="op")
         )
+
+    def reroute(self, domain: str, site: str) -> int:
+        """A reload's new [[route]]: `domain`'s mail goes to `site` now (lookups answer so),
+        and what waits for its old route is routed again: how many messages were."""
+        self.routes.sites = {**self.routes.sites, domain: site}
+        self.routes.cache.pop(domain, None)
+        return self.scheduler.reroute(lambda routed, target: routed == domain and target is None)
 
     def admin_running(self) -> bool:
         return any(call.answered is None for call in self.admin_calls)

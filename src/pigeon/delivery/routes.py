@@ -105,11 +105,19 @@ class Router:
         self._cache: dict[str, tuple[float, Destination]] = {}
         self._targets: dict[str, Destination] = {}
 
-    def replace(self, routes: list[Route]) -> None:
+    def replace(self, routes: list[Route]) -> Callable[[str, str | None], bool]:
         """New static routes (a reload): destinations worked out under the old ones are forgotten,
-        so the next message for a domain is routed by the new ones."""
-        self._routes = routes
+        so the next message for a domain is routed by the new ones. Returns whether a domain's
+        route changed (`changed(domain, target)`, a `Scheduler.reroute` argument): its next hop
+        or TLS settings, what its ready queue is (`Destination.site`, `security`)."""
+        old, self._routes = self._routes, routes
         self._cache.clear()
+
+        def changed(domain: str, target: str | None = None) -> bool:
+            # An [[inbound]] route's mail goes to its target: no [[route]] applies.
+            return target is None and self._settings(old, domain) != self._settings(routes, domain)
+
+        return changed
 
     def cached(self, domain: str, target: str | None = None) -> Destination | None:
         """The destination if known and fresh: no await needed (the common case)."""
@@ -140,33 +148,51 @@ class Router:
         return destination
 
     async def _resolve(self, domain: str) -> Destination:
-        route = self._route(domain)
-        tls = route.tls if route and route.tls else self._tls
-        verify = route.tls_verify if route and route.tls_verify is not None else self._verify
-        trusted = (route.ca_file if route and route.ca_file else self._ca_file) if verify else None
-        if route is not None and route.next_hop is not None:
-            hop = route.next_hop
-            destination = Destination(f"{hop.host}:{hop.port}", (hop,), tls, verify, ca_file=trusted)
-        elif domain.startswith("[") and domain.endswith("]"):
-            # An address literal (RFC 5321 4.1.3): that host, no DNS.
-            address = domain[1:-1]
-            address = address[5:] if address[:5].lower() == "ipv6:" else address
-            hop = Hop(address, self._port)
-            destination = Destination(f"[{address}]:{self._port}", (hop,), tls, verify, ca_file=trusted)
-        else:
-            exchangers = await self._resolver.exchangers(domain)
-            hops = tuple(Hop(e.host, self._port) for e in exchangers)
-            site = ",".join(sorted({e.host for e in exchangers}))
-            if self._port != 25:
-                site += f":{self._port}"
-            destination = Destination(site, hops, tls, verify, ca_file=trusted)
+        while True:
+            routes = self._routes
+            try:
+                destination = await self._resolve_under(routes, domain)
+            except DnsFailure:
+                if self._routes is routes:
+                    raise
+                continue  # (the new routes may not even ask the DNS)
+            if self._routes is routes:
+                break
+            # A reload replaced the routes while the DNS answered: the destination is what the
+            # new ones say (its TLS policy, say), never the old ones', cached or not.
         if len(self._cache) > 50_000:
             self._cache.clear()
         self._cache[domain] = (self._clock() + _DESTINATION_TTL, destination)
         return destination
 
-    def _route(self, domain: str) -> Route | None:
-        for route in self._routes:
+    def _settings(self, routes: list[Route], domain: str) -> tuple[Hop | None, TlsPolicy, bool, str | None]:
+        """What `routes` say of mail for `domain`: next hop (None: its MX hosts), TLS policy,
+        verification, and the CAs to verify against."""
+        route = self._route(domain, routes)
+        tls = route.tls if route and route.tls else self._tls
+        verify = route.tls_verify if route and route.tls_verify is not None else self._verify
+        trusted = (route.ca_file if route and route.ca_file else self._ca_file) if verify else None
+        return (route.next_hop if route else None), tls, verify, trusted
+
+    async def _resolve_under(self, routes: list[Route], domain: str) -> Destination:
+        hop, tls, verify, trusted = self._settings(routes, domain)
+        if hop is not None:
+            return Destination(f"{hop.host}:{hop.port}", (hop,), tls, verify, ca_file=trusted)
+        if domain.startswith("[") and domain.endswith("]"):
+            # An address literal (RFC 5321 4.1.3): that host, no DNS.
+            address = domain[1:-1]
+            address = address[5:] if address[:5].lower() == "ipv6:" else address
+            literal = Hop(address, self._port)
+            return Destination(f"[{address}]:{self._port}", (literal,), tls, verify, ca_file=trusted)
+        exchangers = await self._resolver.exchangers(domain)
+        hops = tuple(Hop(e.host, self._port) for e in exchangers)
+        site = ",".join(sorted({e.host for e in exchangers}))
+        if self._port != 25:
+            site += f":{self._port}"
+        return Destination(site, hops, tls, verify, ca_file=trusted)
+
+    def _route(self, domain: str, routes: list[Route]) -> Route | None:
+        for route in routes:
             if route.matches(domain):
                 return route
         return None

@@ -365,7 +365,7 @@ class Node:
         reactions_taken = False
         shaping_taken = False
         if self.outbound is not None:
-            self.outbound.router.replace(routes)
+            self.outbound.take_routes(routes)
             if reactions is not None:
                 reactions_taken = self.outbound.take_reactions(reactions)
             shaping_taken = self.outbound.take_shaping(config, self.config)

@@ -142,6 +142,15 @@ class Outbound:
             config.reaction, defaults=config.delivery.default_reactions, provider_of=self._provider_of
         )
 
+    def take_routes(self, routes: list[Route]) -> None:
+        """The `[[route]]`s of a reload, from now on. Mail already waiting for a route that
+        changed (next hop, TLS settings: its ready queue) is routed again, so that none rides
+        a connection opened under the old route (a route that now requires TLS, say)."""
+        changed = self.router.replace(routes)
+        moved = self.scheduler.reroute(changed)
+        if moved:
+            _log.info("reload: %d waiting messages routed again by the new [[route]]s", moved)
+
     def take_shaping(self, config: Config, running: Config) -> bool:
         """The `[[shaping]]` blocks and `[delivery]` limits of `config`, from now on (a
         reload). False, and nothing changes, if the providers differ from the running ones':

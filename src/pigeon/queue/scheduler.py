@@ -18,6 +18,10 @@ still current are made ready. One an operator rebound or suspended meanwhile has
 The same tick expires what has waited past `max_age` anywhere: at load time, and in the
 ready queues.
 
+A reload that changes the routes (`reroute`) routes again what waits for a route that
+changed, in a ready queue or taken and not begun: a ready queue is a site under a TLS policy,
+and its connections must not carry mail whose route now says otherwise.
+
 Each message made ready is given its egress source (`egress`, `pigeon.delivery.egress`):
 from its policy hook's `egress_pool`, else its `[[queue]]`'s `pool`. A pool that does not
 exist is a transient failure of that message, like a destination that cannot be resolved.
@@ -43,7 +47,7 @@ from pigeon.queue.attempt import Unroutable
 from pigeon.queue.policy import QueuePolicies
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.settlement import Settlement
-from pigeon.queue.state import ActiveSet, Entry, Lease, State
+from pigeon.queue.state import ActiveSet, Entry, Lease, State, transition
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import Spool
 
@@ -211,6 +215,32 @@ class Scheduler:
                 after = (messages[-1].due, messages[-1].id)
 
     # --- making ready --------------------------------------------------------------------
+    def reroute(self, changed: Callable[[str, str | None], bool]) -> int:
+        """The routes changed (a reload): `changed(domain, target)` says, by the key a message
+        is routed by, whose mail goes elsewhere now (another next hop, another TLS policy).
+        What of it waits in a ready queue, or was taken by a connection and not begun, is
+        routed again, as if just loaded: a ready queue's connections were opened under the
+        old route (in plaintext, say) and must not carry it. Returns how many.
+
+        One synchronous step: each message moves to SCHEDULED through `transition()`, whose
+        new generation makes the taker's lease stale (its `begin` finds the message gone, and
+        it gives nothing back), so no connection sends it at the old route and none loses
+        it. A message being sent finishes where it is; what it leaves is routed afresh when
+        it falls due. Nothing durable changes: a ready queue is not stored."""
+        taken = [
+            entry
+            for entry in self._active
+            if entry.state is State.IN_FLIGHT and not entry.started and changed(*_route_key(entry))
+        ]
+        waiting = [entry for queue in self._ready for entry in queue if changed(*_route_key(entry))]
+        moved = taken + waiting  # (those taken were at the front of their queue)
+        for entry in moved:
+            transition(entry, entry.state, entry.generation, State.SCHEDULED)
+            entry.site = entry.source = None
+        for entry in moved:
+            self._promote(entry)
+        return len(moved)
+
     def promote(self, entry: Entry) -> None:
         """Route a SCHEDULED message (an operator claimed it, then left it to the queue)."""
         self._promote(entry)
@@ -229,8 +259,7 @@ class Scheduler:
             return
         if self._intercept(entry):
             return
-        envelope = message.envelope
-        key = (envelope.routing_domain or envelope.recipients[0].domain, envelope.target)
+        key = _route_key(entry)
         destination = self._routes.cached(*key)
         if destination is not None:
             self._make_ready(entry, destination)
@@ -274,3 +303,10 @@ class Scheduler:
             return
         self._observe_lag(max(0.0, self._clock() - message.due))
         self._ready.enqueue(entry, destination, source)
+
+
+def _route_key(entry: Entry) -> tuple[str, str | None]:
+    """What a message is routed by: its routing domain (its recipients' unless rebound), and
+    its [[inbound]] target, if it has one."""
+    envelope = entry.message.envelope
+    return envelope.routing_domain or envelope.recipients[0].domain, envelope.target

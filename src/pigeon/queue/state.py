@@ -7,6 +7,7 @@
                                                           or delivered / bounced / expired / admin_bounced
 
     ready --moved to another ready queue (a reload changed which domains have their own)--> ready
+    ready, or in_flight not begun --a reload changed its route: routed again--> scheduled
 
 A message is in exactly one state and carries a generation, a number drawn afresh from one
 counter at every transition (and when the message is loaded), so `(id, generation)` names
@@ -72,9 +73,11 @@ _MOVES: Final[dict[State, frozenset[State]]] = {
     State.SCHEDULED: frozenset({State.READY, State.SETTLING}),
     # READY -> READY: moved to another ready queue (a reload gave its domain a queue of its
     # own, or took it away); the new generation makes any lease on where it was stale.
-    State.READY: frozenset({State.READY, State.IN_FLIGHT, State.SETTLING}),
+    # READY or IN_FLIGHT (not begun) -> SCHEDULED: a reload changed its [[route]], so the
+    # ready queue it was in (site, TLS policy) is no longer its: it is routed again.
+    State.READY: frozenset({State.SCHEDULED, State.READY, State.IN_FLIGHT, State.SETTLING}),
     # IN_FLIGHT -> READY: taken but given back untried (the connection died before it was sent).
-    State.IN_FLIGHT: frozenset({State.READY, State.SETTLING}),
+    State.IN_FLIGHT: frozenset({State.SCHEDULED, State.READY, State.SETTLING}),
     # SETTLING -> SCHEDULED: recipients remain; the entry leaves memory, its row is due later.
     State.SETTLING: frozenset({State.SCHEDULED, *_TERMINAL}),
 }

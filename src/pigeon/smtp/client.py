@@ -11,14 +11,17 @@ and what a reply means is here, testable without a socket:
   records one reply per recipient: the RCPT refusal, or the end-of-data reply.
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
-offered, too big for its SIZE, 8-bit data without 8BITMIME): a permanent, explained bounce
-rather than a protocol violation at the next hop.
+offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
+permanent, explained bounce rather than a protocol violation at the next hop. Like 8-bit
+data, the need for SMTPUTF8 is read from the message, not from the flag it came with: a
+sender may ask for SMTPUTF8 and send nothing but ASCII, and such mail goes to a server
+without it (RFC 6531: what needs it is UTF-8 in an address or a header field).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from pigeon.smtp.extensions import encode_xtext
@@ -169,9 +172,11 @@ class Envelope:
     recipients: list[Recipient]
     body: bytes  # the message as it goes on the wire: CRLF line endings, not dot-stuffed
     eight_bit: bool = False
-    smtputf8: bool = False
+    smtputf8: bool = False  # SMTPUTF8 asked for (by whoever gave us the message)
     ret: str | None = None
     envid: str | None = None
+    needs_smtputf8: bool = field(init=False, default=False)
+    """Whether the message cannot go without SMTPUTF8 (`needs_smtputf8()`): set from the rest."""
 
     def __post_init__(self) -> None:
         # Whatever the spool holds, no bare LF or CR goes out: a next hop that takes one for
@@ -185,6 +190,25 @@ class Envelope:
             # signature (which hashes the body as if the CRLF were there) holds either way.
             body += b"\r\n"
         self.body = body
+        self.needs_smtputf8 = needs_smtputf8(self.sender, self.recipients, body, requested=self.smtputf8)
+
+
+def needs_smtputf8(sender: str, recipients: list[Recipient], body: bytes, *, requested: bool) -> bool:
+    """Whether a message must go with SMTPUTF8 (RFC 6531, RFC 6532): an envelope address
+    that is not ASCII cannot go without it, asked for or not. UTF-8 in a header field counts
+    only if SMTPUTF8 was asked for: a legacy client's raw 8-bit Subject came without it, went
+    on without it before, and still does (as in Postfix, smtputf8_autodetect_classes). The
+    body is no header: 8BITMIME covers it.
+
+    Only the header section is read (the body may be large; it is no header)."""
+    if not sender.isascii():
+        return True
+    if not all(recipient.address.isascii() for recipient in recipients):
+        return True
+    if not requested or body.startswith(b"\r\n"):  # the latter: no header section at all
+        return False
+    end = body.find(b"\r\n\r\n")
+    return not (body if end < 0 else body[: end + 2]).isascii()
 
 
 @dataclass(slots=True)
@@ -199,7 +223,7 @@ class Result:
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
     """A permanent reason this message cannot be sent to this peer at all, or None."""
-    if envelope.smtputf8 and "SMTPUTF8" not in peer:
+    if envelope.needs_smtputf8 and "SMTPUTF8" not in peer:
         return Reply(
             554, "5.6.7", ("Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it",)
         )
@@ -367,7 +391,9 @@ class Transaction:
             params.append(f"SIZE={len(env.body)}")
         if env.eight_bit and "8BITMIME" in peer:
             params.append("BODY=8BITMIME")
-        if env.smtputf8 and "SMTPUTF8" in peer:
+        # Asked for, it goes on to a server that offers it (harmless, and the next hop knows
+        # the sender's wish, for a DSN say); needed, it was asked for or the message is refused.
+        if (env.smtputf8 or env.needs_smtputf8) and "SMTPUTF8" in peer:
             params.append("SMTPUTF8")
         if "DSN" in peer:
             if env.ret:

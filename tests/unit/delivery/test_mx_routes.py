@@ -6,6 +6,7 @@ and the server counts every query it gets, so caching and "no DNS at all" are ob
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from collections.abc import Iterator
@@ -450,3 +451,70 @@ async def test_a_dns_failure_reaches_the_caller_of_the_router(dns: FakeDns) -> N
         await router.destination("nullmx.example")
     assert raised.value.reply.code == 556
     assert router.cached("nullmx.example") is None
+
+
+# --- a reload's new routes -------------------------------------------------------------------------
+def test_a_reload_says_whose_route_changed_as_its_ready_queue_sees_it(dns: FakeDns) -> None:
+    relay = Hop("relay", 25)
+    router = Router(
+        [
+            Route("plain.example", relay, TlsPolicy.DISABLED),
+            Route("same.example", relay, ca_file="/etc/a.pem"),
+            Route("moved.example", relay),
+            Route("*.glob.example", relay, TlsPolicy.REQUIRED),
+        ],
+        resolver(dns),
+    )
+    changed = router.replace(
+        [
+            Route("plain.example", relay, TlsPolicy.REQUIRED),  # tls
+            Route("same.example", relay, ca_file="/etc/b.pem"),  # a CA file verifying nothing
+            Route("moved.example", Hop("relay2", 25)),  # next hop
+            Route("x.glob.example", relay, TlsPolicy.REQUIRED),  # another route, the same settings
+            Route("mx.example", tls_verify=True),  # was the MX and the defaults, now verified
+        ]
+    )
+    assert changed("plain.example", None)
+    assert changed("moved.example", None)
+    assert changed("mx.example", None)
+    assert not changed("same.example", None)
+    assert not changed("x.glob.example", None)
+    assert changed("y.glob.example", None)  # its route is gone: the MX, opportunistic
+    assert not changed("single.example", None)  # no route before or after
+    assert not changed("plain.example", "app")  # an [[inbound]] target's mail: no [[route]] applies
+
+
+class _SlowResolver:
+    """A resolver whose MX answer waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.asked = 0
+
+    async def exchangers(self, domain: str) -> list[Exchanger]:
+        self.asked += 1
+        await self.answer.wait()
+        return [Exchanger(10, f"mx.{domain}")]
+
+
+async def test_a_lookup_that_spans_a_reload_gives_what_the_new_routes_say() -> None:
+    """The TLS policy is read before the DNS answers: a reload meanwhile must not let the old
+    policy through (into a ready queue, or the cache), nor the old next hop."""
+    slow = _SlowResolver()
+    router = Router([Route("single.example", tls=TlsPolicy.DISABLED)], slow)  # type: ignore[arg-type]
+    lookup = asyncio.ensure_future(router.destination("single.example"))
+    await asyncio.sleep(0)
+    assert slow.asked == 1
+    router.replace([Route("single.example", tls=TlsPolicy.REQUIRED)])
+    slow.answer.set()
+    destination = await lookup
+    assert (destination.site, destination.tls) == ("mx.single.example", TlsPolicy.REQUIRED)
+    assert router.cached("single.example") == destination
+
+    slow.answer.clear()
+    router.replace([])
+    lookup = asyncio.ensure_future(router.destination("other.example"))
+    await asyncio.sleep(0)
+    router.replace([Route("other.example", Hop("relay", 2525))])
+    slow.answer.set()
+    assert (await lookup).site == "relay:2525"

@@ -3,16 +3,18 @@
 Two messages of two recipients each, in two domains, go through the real queue engine and
 dispatcher (tests/support/queue_world.py). Route lookups, delivery attempts, spool commits
 (landing, then answered) and DSN stores complete only when the explorer releases them, and one
-admin operation (or a reload that moves ready mail between queues) starts at any point in
-between. The explorer walks *every* order of those releases (a depth-first enumeration,
-replaying each order from the start), then lets everything finish and checks what a user sees:
+admin operation (or a reload that moves ready mail between queues, or one that changes a
+domain's route) starts at any point in between. The explorer walks *every* order of those
+releases (a depth-first enumeration, replaying each order from the start), then lets
+everything finish and checks what a user sees:
 
 * each recipient has exactly one terminal record (Delivery, Bounce, Expiration, AdminBounce);
 * no recipient is accepted twice by a receiving server (the fake agent is never ambiguous), and
   one it accepted ends as `Delivery`;
 * a suspended message is not attempted while its suspension stands;
 * nothing is attempted after the bounce that covered it answered;
-* a rebound message is never attempted at its old route once the rebind answered;
+* a rebound message is never attempted at its old route once the rebind answered, nor a
+  message whose route a reload changed once the reload was made;
 * every failed recipient gets one DSN;
 * the spool ends empty.
 
@@ -23,7 +25,9 @@ lease check and the settling state out of the engine and show the explorer finds
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import functools
 import random
 import zlib
 from collections.abc import Callable, Iterator
@@ -32,16 +36,25 @@ from typing import Any
 
 import pytest
 
+from pigeon.delivery.agent import Agent
+from pigeon.delivery.routes import Destination
 from pigeon.message import format_id
 from pigeon.queue import state
 from pigeon.queue.admin import Admin
 from pigeon.queue.rules import Selector
 from pigeon.queue.state import ActiveSet, Entry, Lease
 from pigeon.smtp.replies import Reply
-from tests.support.queue_world import LATER, NO, OK, AdminCall, Attempted, Pending, World
+from tests.support.queue_world import LATER, NO, OK, AdminCall, Attempted, FakeAgent, Pending, World
 
 SITES = {"d1.test": "mx1.test", "d2.test": "mx2.test", "elsewhere.test": "mx3.test"}
 EVERYTHING = Selector(queue="*")
+
+
+@dataclass(frozen=True)
+class OnWorld:
+    """A step that needs the world, not only the admin (a reload's new routes)."""
+
+    call: Callable[[World], Any]
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,8 @@ class Operation:
     one after the first answered)."""
 
     name: str
-    calls: tuple[Callable[[Admin], Any], ...]
-    kind: str  # bounce, suspend, rebind, retry, resume, reload
+    calls: tuple[Callable[[Admin], Any] | OnWorld, ...]
+    kind: str  # bounce, suspend, rebind, retry, resume, reload, reroute
 
     def __str__(self) -> str:
         return self.name
@@ -78,6 +91,12 @@ def _reload(owns: Callable[[str], bool]) -> Callable[[Admin], Any]:
     return reload
 
 
+async def _reroute(world: World) -> dict[str, Any]:
+    """A SIGHUP's [[route]] change: d1.test's mail goes to another site (a next hop, a TLS
+    policy: another ready queue); what waits for its old route is routed again."""
+    return {"moved": world.reroute("d1.test", "mx9.test")}
+
+
 OPERATIONS = [
     Operation("bounce", (_bounce(None),), "bounce"),
     Operation("bounce-rule", (_bounce(3600),), "bounce"),
@@ -88,6 +107,7 @@ OPERATIONS = [
     Operation("rebind-route", (_rebind(None, "elsewhere.test"),), "rebind"),
     # A block for d1.test added (its waiting mail moves to its own queue), then removed again.
     Operation("reload", (_reload(lambda domain: domain == "d1.test"), _reload(lambda domain: False)), "reload"),
+    Operation("reroute", (OnWorld(_reroute),), "reroute"),
 ]
 
 
@@ -140,10 +160,22 @@ def touches(world: World, pending: Pending) -> frozenset[str] | None:
     return None
 
 
-async def run(operation: Operation, answers: str, choose: Chooser, messages: int = 2) -> World | None:
+async def run(
+    operation: Operation,
+    answers: str,
+    choose: Chooser,
+    messages: int = 2,
+    *,
+    sites: dict[str, str] = SITES,
+    slow_open: bool = False,
+) -> World | None:
     """One interleaving: `choose` picks, at every step, which option goes next (None: the
-    order is redundant, stop). Returns the world, checked, or None for a redundant order."""
-    world = World(answer=ANSWERS[answers]).build(SITES)
+    order is redundant, stop). Returns the world, checked, or None for a redundant order.
+    `slow_open`: opening a connection is a completion too, so mail waits, ready, meanwhile."""
+    world = World(answer=ANSWERS[answers])
+    if slow_open:
+        world.opener = functools.partial(_open_when_released, world)
+    world.build(sites)
     recipients = [["a1@d1.test", "a2@d1.test"], ["b1@d2.test", "b2@d2.test"]][:messages]
     ids = {world.inject(r): r for r in recipients}
     await world.quiesce()
@@ -173,6 +205,8 @@ async def run(operation: Operation, answers: str, choose: Chooser, messages: int
             else:
                 calls.pop(0)
                 world.steps += 1
+                if isinstance(what, OnWorld):
+                    what = functools.partial(lambda step, _admin: step(world), what.call)
                 started.append(world.start_admin(operation.name, what))
                 await world.quiesce()
         await world.drain()
@@ -180,6 +214,15 @@ async def run(operation: Operation, answers: str, choose: Chooser, messages: int
     finally:
         await world.close()
     return world
+
+
+async def _open_when_released(world: World, destination: Destination, source: str | None = None) -> Agent:
+    """A connection that opens when the explorer says (a `FakeAgent` then)."""
+    opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    world.add(Pending("open", destination.site, lambda: opened.set_result(None), site=destination.site))
+    await opened
+    world.opened.append(destination.site)
+    return FakeAgent(world, destination.site)
 
 
 def _settled(world: World, started: list[AdminCall]) -> bool:
@@ -226,6 +269,14 @@ def check(world: World, operation: Operation, calls: list[AdminCall], ids: dict[
         resumed = calls[1].started if len(calls) > 1 else world.steps
         late = [a for a in world.attempted if first.answered < a.step <= resumed]
         assert not late, f"attempted while suspended (steps {first.answered}..{resumed}): {late}"
+    if operation.kind == "reroute":
+        # Synchronous: from the step it was made in, no d1.test message goes the old way.
+        late = [
+            a
+            for a in world.attempted
+            if a.step >= first.answered and a.site == "mx1.test" and a.recipients[0].endswith("@d1.test")
+        ]
+        assert not late, f"attempted at the old route after the reload at step {first.answered}: {late}"
     if operation.kind == "rebind" and first.result and first.result["rebound"]:
         old = {"mx1.test", "mx2.test"} if "route" in operation.name else set()
         late = [a for a in world.attempted if a.step > first.answered and a.site in old]
@@ -314,10 +365,10 @@ class _Replay:
         return frame.chosen
 
 
-async def explore(operation: Operation, answers: str, messages: int, limit: int) -> Explorer:
+async def explore(operation: Operation, answers: str, messages: int, limit: int, **options: Any) -> Explorer:
     explorer = Explorer(limit)
     for choose in explorer.orders():
-        if await run(operation, answers, choose, messages) is None:
+        if await run(operation, answers, choose, messages, **options) is None:
             explorer.redundant += 1
     return explorer
 
@@ -334,7 +385,8 @@ def random_orders(seed: int, runs: int) -> Iterator[Chooser]:
 @pytest.mark.parametrize("operation", OPERATIONS, ids=str)
 async def test_every_order_of_one_message(operation: Operation, answers: str) -> None:
     explorer = await explore(operation, answers, messages=1, limit=20_000)
-    assert explorer.runs >= 6
+    # (a reroute is one synchronous step, and no connection is slow to open here: fewer places)
+    assert explorer.runs >= (5 if operation.kind == "reroute" else 6)
 
 
 @pytest.mark.parametrize("answers", sorted(ANSWERS))
@@ -372,6 +424,28 @@ async def test_many_random_orders_of_two_messages_suspended_then_resumed(answers
     resume = next(o for o in OPERATIONS if o.kind == "resume")
     for choose in random_orders(seed=zlib.crc32(f"resume/{answers}".encode()), runs=20_000):
         assert await run(resume, answers, choose) is not None
+
+
+# --- a reload that changes a route, while connections open: what waits ready is routed again ------------
+# d1.test and d2.test share a site; the reload gives d1.test another (a TLS policy, a next hop).
+SHARED_SITE = {"d1.test": "mx1.test", "d2.test": "mx1.test", "elsewhere.test": "mx3.test"}
+REROUTE = next(o for o in OPERATIONS if o.kind == "reroute")
+
+
+@pytest.mark.parametrize("answers", sorted(ANSWERS))
+async def test_every_order_of_a_reroute_while_connections_open(answers: str) -> None:
+    explorer = await explore(REROUTE, answers, messages=1, limit=20_000, slow_open=True)
+    assert explorer.runs >= 10
+
+
+@pytest.mark.parametrize("answers", sorted(ANSWERS))
+async def test_random_orders_of_a_reroute_of_one_of_two_domains_sharing_a_site(answers: str) -> None:
+    moved = 0
+    for choose in random_orders(seed=zlib.crc32(f"reroute/{answers}".encode()), runs=300):
+        world = await run(REROUTE, answers, choose, sites=SHARED_SITE, slow_open=True)
+        assert world is not None
+        moved += sum(call.result["moved"] for call in world.admin_calls if call.result and "moved" in call.result)
+    assert moved > 0  # some orders had mail waiting, ready, when the reload came
 
 
 # --- the explorer finds the first build's races when the engine's guards are taken out ------------------
@@ -427,3 +501,24 @@ async def test_without_the_settling_state_an_admin_step_before_the_commit_is_fou
     monkeypatch.setattr(Admin, "_act", act)
     found = await _violations(_operation(operation), "partial")
     assert any(symptom in v for v in found), sorted(set(found))
+
+
+async def test_without_routing_waiting_mail_again_a_reload_of_its_route_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tester's defect: a reload gave a route a new TLS policy (a new ready queue), and the
+    mail already waiting went out on the old queue's connections (in plaintext)."""
+
+    def reroute(self: World, domain: str, site: str) -> int:
+        self.routes.sites = {**self.routes.sites, domain: site}  # new mail only
+        return 0
+
+    monkeypatch.setattr(World, "reroute", reroute)
+    found: list[str] = []
+    explorer = Explorer(limit=20_000)
+    for choose in explorer.orders():
+        try:
+            await run(REROUTE, "partial", choose, messages=1, slow_open=True)
+        except AssertionError as violation:
+            found.append(str(violation).splitlines()[0])
+    assert any("attempted at the old route after the reload" in v for v in found), found

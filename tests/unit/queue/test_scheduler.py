@@ -154,3 +154,41 @@ async def test_a_queue_policy_chooses_the_retry_schedule(make_world: MakeWorld) 
     [failure] = world.logged("TransientFailure")
     assert failure.next_attempt == pytest.approx(world.clock() + 60.0)
     assert world.spool.rows[spool_id].due == pytest.approx(world.clock() + 60.0)
+
+
+async def test_a_reload_routes_again_the_waiting_and_taken_mail_of_a_changed_route_and_nothing_else(
+    make_world: MakeWorld,
+) -> None:
+    """The tester's case: a site suspended, mail waiting in its ready queue, a reload gives one
+    domain another route (a TLS policy, a next hop: another ready queue). Its mail, waiting or
+    taken by a connection and not begun, goes to the new route only, each message once."""
+    world = make_world({"d1.test": "mx1.test", "d2.test": "mx1.test"})
+    world.suspend(Selector(site="mx1.test"))
+    await world.release_all()
+    taken_id, waiting_id, other_id = (world.inject([r]) for r in ("a@d1.test", "b@d1.test", "c@d2.test"))
+    await world.release_all()
+    old = world.ready.get("default->mx1.test (tls disabled)")
+    assert old is not None and [e.id for e in old] == [taken_id, waiting_id, other_id]
+    lease = old.take_nowait()  # a connection took it (waiting for a rate slot, say)
+    assert lease is not None and lease.id == taken_id
+    generations = {i: world.active.get(i).generation for i in (waiting_id, other_id)}  # type: ignore[union-attr]
+
+    assert world.reroute("d1.test", "mx9.test") == 2
+    # Routed again, from scratch; the other domain's mail stays where it waits, untouched.
+    assert {i: world.active.get(i).state.value for i in (taken_id, waiting_id)} == {  # type: ignore[union-attr]
+        taken_id: "scheduled",
+        waiting_id: "scheduled",
+    }
+    assert [e.id for e in old] == [other_id]
+    assert world.active.get(other_id).generation == generations[other_id]  # type: ignore[union-attr]
+    # The connection's lease is stale: it does not send the message, nor give it back.
+    assert world.active.begin(lease) is None
+    old.give_back(lease)
+    assert [e.id for e in old] == [other_id]
+
+    await world.drain()  # the lookups answer mx9.test; the suspension ends at last
+    sites = {a.message: a.site for a in world.attempted}
+    assert sites == {taken_id: "mx9.test", waiting_id: "mx9.test", other_id: "mx1.test"}
+    assert len(world.attempted) == 3
+    assert sorted(type(r).__name__ for r in world.logged() if type(r).__name__ == "Delivery") == ["Delivery"] * 3
+    assert not world.spool.rows

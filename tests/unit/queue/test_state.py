@@ -16,9 +16,11 @@ TERMINAL = [State.DELIVERED, State.BOUNCED, State.EXPIRED, State.ADMIN_BOUNCED]
 ALLOWED: set[tuple[State, State]] = {
     (State.SCHEDULED, State.READY),
     (State.SCHEDULED, State.SETTLING),
+    (State.READY, State.SCHEDULED),  # its route changed (a reload): routed again
     (State.READY, State.READY),  # moved to another ready queue (a reload)
     (State.READY, State.IN_FLIGHT),
     (State.READY, State.SETTLING),
+    (State.IN_FLIGHT, State.SCHEDULED),  # taken, not begun, its route changed (a reload)
     (State.IN_FLIGHT, State.READY),
     (State.IN_FLIGHT, State.SETTLING),
     (State.SETTLING, State.SCHEDULED),

@@ -656,10 +656,60 @@ FULL_PEER = Capabilities(frozenset({"SMTPUTF8", "8BITMIME", "SIZE"}), size=100)
 
 def test_a_message_needing_smtputf8_cannot_go_to_a_server_without_it() -> None:
     peer = Capabilities(frozenset({"8BITMIME", "SIZE"}), size=100)
-    refusal = refusal_before_sending(envelope("b@example.net", smtputf8=True), peer)
+    utf8_header = "Subject: Grüße\r\n\r\nhello\r\n".encode()
+    refusal = refusal_before_sending(envelope("b@example.net", body=utf8_header, smtputf8=True), peer)
     assert refusal is not None
     assert (refusal.code, refusal.enhanced) == (554, "5.6.7")
     assert "SMTPUTF8" in refusal.text
+
+
+NO_UTF8_PEER = Capabilities(frozenset({"8BITMIME", "SIZE"}), size=1000)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        BODY,  # ASCII through and through
+        "Subject: hi\r\n\r\nGrüße, naïve body\r\n".encode(),  # UTF-8 in the body only: 8BITMIME's
+        "\r\nno header section; Grüße\r\n\r\nSubject: ü\r\n".encode(),
+    ],
+)
+def test_smtputf8_asked_for_with_ascii_addresses_and_header_goes_to_a_server_without_it(body: bytes) -> None:
+    env = envelope("b@example.net", body=body, eight_bit=not body.isascii(), smtputf8=True)
+    assert not env.needs_smtputf8
+    assert refusal_before_sending(env, NO_UTF8_PEER) is None
+    mail = Transaction(env, NO_UTF8_PEER).start()
+    assert b"SMTPUTF8" not in mail
+    assert (b"BODY=8BITMIME" in mail) == (not body.isascii())
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        envelope("b@example.net", body="Subject: Grüße\r\n\r\nhi\r\n".encode(), smtputf8=True),
+        envelope("b@example.net", body="Subject: hi\r\nX-Long: x\r\n to ü\r\n\r\nhi\r\n".encode(), smtputf8=True),
+        Envelope("josé@example.org", [Recipient("b@example.net")], BODY, smtputf8=True),
+        envelope("renée@example.net", smtputf8=True),
+        # A non-ASCII address cannot go without SMTPUTF8 even where nobody asked for it.
+        Envelope("josé@example.org", [Recipient("b@example.net")], BODY),
+    ],
+)
+def test_a_non_ascii_address_or_header_field_needs_smtputf8(env: Envelope) -> None:
+    assert env.needs_smtputf8
+    refusal = refusal_before_sending(env, NO_UTF8_PEER)
+    assert refusal is not None and refusal.enhanced == "5.6.7"
+    assert b" SMTPUTF8" in Transaction(env, FULL_PEER).start()
+
+
+def test_a_raw_utf8_header_sent_without_smtputf8_goes_on_as_it_came() -> None:
+    # A legacy client's 8-bit Subject, without SMTPUTF8: it passed as 8BITMIME, and still does.
+    env = envelope("b@example.net", body="Subject: Grüße\r\n\r\nhi\r\n".encode(), eight_bit=True)
+    assert not env.needs_smtputf8
+    assert refusal_before_sending(env, NO_UTF8_PEER) is None
+
+
+def test_smtputf8_asked_for_still_goes_to_a_server_that_offers_it() -> None:
+    assert b" SMTPUTF8" in Transaction(envelope("b@example.net", smtputf8=True), FULL_PEER).start()
 
 
 def test_a_pigeon_server_without_smtputf8_is_seen_not_to_offer_it_and_the_message_is_refused() -> None:
