@@ -7,8 +7,10 @@ it arrives, and commits it at the end. The draft:
 * splits the recipients by domain: one spool message per destination domain, all sharing
   one body, so that every message belongs to exactly one scheduled queue;
 * names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
-  headers;
-* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3);
+  headers, wherever they are in the header section;
+* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3), counted over the
+  whole header section however long it is (`pigeon.header_section`: policy and signing see
+  only its first 64 KiB);
 * asks the policy's `on_message` hook, if the policy module has one: it may refuse the
   message, or change its queue, route, egress pool, DKIM signers and headers (kept in the
   envelope: the stored body is never rewritten, see `delivery.content`);
@@ -34,6 +36,7 @@ import msgspec
 
 from pigeon.delivery.content import edited
 from pigeon.dkim.signing import Signing
+from pigeon.header_section import HeaderSection, LateField, RoutingNames
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
@@ -52,7 +55,6 @@ from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Spool, SpoolError
 
 _log = logging.getLogger(__name__)
-_HEAD_LIMIT: Final = 64 * 1024  # headers beyond this are not read for policy
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -117,9 +119,7 @@ class Intake:
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
         self._routing_names = (tenant_header.lower(), campaign_header.lower())
         self._routing_bytes = tuple(name.encode() for name in self._routing_names)
-        # A routing field at the start of a line (blanks may come before its colon), in the
-        # lowered header section: not "X-Campaign-Id:", nor "x-tenant" in a Subject.
-        self._routing_field = re.compile(rb"\n(?:" + b"|".join(map(re.escape, self._routing_bytes)) + rb")[ \t]*:")
+        self._routing = RoutingNames(self._routing_bytes)
         self.policy = policy or Policy()
         """The policy module's hooks (`on_message` is asked here; the listeners ask the others)."""
         self.signing = signing
@@ -188,10 +188,13 @@ class Intake:
     def _has_routing_field(self, lowered: bytes) -> bool:
         """Whether the lowered header section (from its leading newline) has a routing field:
         a substring look first (most mail has none), the field's exact form only then."""
-        return any(name in lowered for name in self._routing_bytes) and self._routing_field.search(lowered) is not None
+        return any(name in lowered for name in self._routing_bytes) and self._routing.field.search(lowered) is not None
 
-    def _tenant_and_campaign(self, head: bytes, lowered: bytes) -> tuple[str | None, str | None]:
-        return _header_value(head, lowered, self._tenant), _header_value(head, lowered, self._campaign)
+    def _tenant_and_campaign(
+        self, head: bytes, lowered: bytes, section: HeaderSection
+    ) -> tuple[str | None, str | None]:
+        late = section.late_fields
+        return _routing_value(head, lowered, self._tenant, late), _routing_value(head, lowered, self._campaign, late)
 
 
 class Draft:
@@ -214,7 +217,7 @@ class Draft:
         self._groups = groups
         self._ids = ids
         self._body = body
-        self._head = bytearray()
+        self._head = HeaderSection(intake._routing)
         self._done = False
         self._resident: bytes | None = None
 
@@ -224,9 +227,8 @@ class Draft:
 
     def write(self, data: bytes) -> None:
         self._body.write(data)
-        head = self._head
-        if len(head) < _HEAD_LIMIT and b"\r\n\r\n" not in head:
-            head += data[: _HEAD_LIMIT - len(head)]
+        if not self._head.ended:
+            self._head.feed(data)
 
     def discard(self) -> None:
         if not self._done:
@@ -241,17 +243,19 @@ class Draft:
         """
         intake = self._intake
         self._done = True
-        head = _header_block(bytes(self._head))
+        head = b"\n" + bytes(self._head.head)  # a leading LF: every field starts with "\n<name>:"
         lowered = head.lower()
-        # Our own Received header is counted too: the message would leave with that many.
-        if lowered.count(b"\nreceived:") > intake.max_hops:
+        # Our own Received header is counted too: the message would leave with that many. So
+        # is every one past the kept part of the header section, or a loop whose hops each
+        # add a DKIM signature on top would never be found (pigeon.header_section).
+        if lowered.count(b"\nreceived:") + self._head.late_received > intake.max_hops:
             return self._refuse(Refused(replies.TOO_MANY_HOPS))
         hook = intake.policy.on_message
         if hook is None or self.arrival.listener == "local":
             # (Pigeon's own DSNs are not the policy's to refuse: a refused one would be
             # stored again and again by the settlement waiting for it.)
             return self._accept(head, lowered, None)
-        tenant, campaign = intake._tenant_and_campaign(head, lowered)
+        tenant, campaign = intake._tenant_and_campaign(head, lowered, self._head)
         arrival, envelope = self.arrival, self.envelope
         verdict = hook(
             ReceivedMessage(
@@ -331,16 +335,15 @@ class Draft:
         # its messages; the active set keeps at most its body budget of them (queue/state.py).
         self._resident = body.data
         now = intake.clock()
-        tenant, campaign = intake._tenant_and_campaign(head, lowered)
+        tenant, campaign = intake._tenant_and_campaign(head, lowered, self._head)
         queue: str | None = None
         envelope = self.envelope
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
-        # Past _HEAD_LIMIT the header section was not read: a routing header there is unseen.
-        unread = len(self._head) >= _HEAD_LIMIT and b"\r\n\r\n" not in self._head
-        if tenant is None and campaign is None and (unread or intake._has_routing_field(lowered)):
-            # A routing header without a value (or any other form that names no queue, or one
-            # past what was read): it names nothing, but must not leave either.
+        late = self._head.late_routing  # a line past the kept part starts with a routing name
+        if tenant is None and campaign is None and (late or intake._has_routing_field(lowered)):
+            # A routing header without a value (or any other form that names no queue): it
+            # names nothing, but must not leave either.
             envelope.headers_removed = sorted({*(envelope.headers_removed or ()), *intake._routing_names})
         signing = intake.signing
         if signing is not None and any(group.target is None for group, _ in self._groups):
@@ -610,15 +613,34 @@ def _header_block(head: bytes) -> bytes:
     return b"\n" + (head if end < 0 else head[: end + 2])
 
 
-def _header_value(head: bytes, lowered: bytes, marker: bytes) -> str | None:
-    """The first value of a header (marker is b"\\n<lower-case name>:"), unfolded."""
-    at = lowered.find(marker)
-    if at >= 0:
-        start = at + len(marker)
-    elif marker[:-1] in lowered and (spaced := re.search(re.escape(marker[:-1]) + rb"[ \t]+:", lowered)):
-        start = spaced.end()  # "X-Tenant : acme", the obsolete form (RFC 5322 4.5)
-    else:
-        return None
+def _routing_value(head: bytes, lowered: bytes, marker: bytes, late: dict[bytes, LateField]) -> str | None:
+    """A routing header's value (marker: b"\\n<lower-case name>:"): its first field's, in the
+    kept part of the header section (`head`, from a leading LF) or else past it (`late`)."""
+    at, start = _find_field(lowered, marker)
+    field = late.get(marker[1:-1]) if late else None
+    # The one past it, or the same one read whole (it was cut off by the kept part's end).
+    if field is not None and (at < 0 or field.at == at - 1):
+        head = b"\n" + bytes(field.text)
+        at, start = _find_field(head.lower(), marker)
+    return _header_value(head, start) if at >= 0 else None
+
+
+def _find_field(lowered: bytes, marker: bytes) -> tuple[int, int]:
+    """Where the first field of a header (marker: b"\\n<lower-case name>:") starts in the
+    lowered header section, and where its value does; (-1, -1) when it has none."""
+    at = lowered.find(marker[:-1])
+    if at < 0:
+        return -1, -1
+    if lowered.startswith(marker, at):
+        return at + 1, at + len(marker)
+    # "X-Tenant-Id:", or "X-Tenant : acme", the obsolete form (RFC 5322 4.5): the first field
+    # of that name, whichever its form.
+    field = re.compile(re.escape(marker[:-1]) + rb"[ \t]*:").search(lowered, at)
+    return (field.start() + 1, field.end()) if field is not None else (-1, -1)
+
+
+def _header_value(head: bytes, start: int) -> str | None:
+    """The value of the field whose value starts at `start`, unfolded (None if empty)."""
     end = head.find(b"\r\n", start)
     while end >= 0 and head[end + 2 : end + 3] in (b" ", b"\t"):
         end = head.find(b"\r\n", end + 2)

@@ -1,0 +1,156 @@
+"""The header section of a message as it arrives, read for the intake.
+
+Most of what the intake asks of a header section (the policy's `Headers`, the DKIM signers'
+choice) is read from its first `KEPT` bytes: nearly every header section is far shorter,
+and one of many megabytes must not be held whole, once per session.
+
+Two questions are answered over the whole of it, however long:
+
+* how many `Received:` fields it has. A loop must be found (RFC 5321 6.3) even when each
+  hop adds more than a little above its Received field: a DKIM signature per hop (~700
+  bytes) pushed the older ones past `KEPT` long before the 100th, and mail looped for ever;
+* the first field of each routing header (`X-Tenant`, `X-Campaign`): it names the queue
+  wherever it is, and is taken off before delivery wherever it is.
+
+Past `KEPT` the bytes are scanned as they arrive, with C-speed bytes searches (a header
+section of a million short lines costs no Python loop), and dropped: the last bytes of each
+write are carried into the next scan, so that a field split between two writes is found
+all the same, and counted once (in the scan that holds its last byte). A routing field
+found there is kept, from its name to its end (as far as `KEPT`), so its value can be read.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, NamedTuple
+
+KEPT: Final = 64 * 1024
+"""The bytes of the header section kept for policy and signing."""
+_BLANKS: Final = 64  # blanks before a routing field's colon ("X-Tenant  :") found across two writes
+_RECEIVED: Final = b"\nreceived:"
+_FIELD_END: Final = re.compile(rb"\r\n[^ \t]")  # a line that does not continue the field before it
+
+
+class RoutingNames:
+    """What a scan looks for past `KEPT`: the routing headers' names (lower-case bytes)."""
+
+    __slots__ = ("carry", "field", "markers", "names")
+
+    def __init__(self, names: tuple[bytes, ...]) -> None:
+        self.names = names
+        # A routing field at the start of a line (blanks may come before its colon), in the
+        # lowered header section: not "X-Campaign-Id:", nor "x-tenant" in a Subject.
+        self.field = re.compile(rb"\n(" + b"|".join(map(re.escape, names)) + rb")[ \t]*:")
+        self.markers = tuple(b"\n" + name for name in names)
+        self.carry = max(len(_RECEIVED), *(len(m) for m in self.markers)) + _BLANKS
+
+
+class LateField(NamedTuple):
+    """A routing field found past the kept part (or at its end)."""
+
+    at: int
+    """Where it starts in the header section (the offset of its name)."""
+    text: bytearray
+    """The field from its name on, as far as its end or `KEPT` bytes."""
+
+
+class HeaderSection:
+    """Fed every write of a message (ours, the Received header, first), up to its header
+    section's end: `head` is what of it is kept, `late_received` and `late_fields` what was
+    found after that."""
+
+    __slots__ = (
+        "_carry",
+        "_first",
+        "_offset",
+        "_open",
+        "_routing",
+        "ended",
+        "head",
+        "late_fields",
+        "late_received",
+        "late_routing",
+    )
+
+    def __init__(self, routing: RoutingNames) -> None:
+        self._routing = routing
+        self.head = bytearray()
+        """The header section (with its last CRLF, without the empty line), or its first `KEPT` bytes."""
+        self.ended = False
+        """The empty line that ends the header section has come."""
+        self.late_received = 0
+        """`Received:` fields that start after `head` or end after it (counted nowhere else)."""
+        self.late_routing = False
+        """A line starting with a routing header's name came after `head` (or at its end)."""
+        self.late_fields: dict[bytes, LateField] = {}
+        """The first routing field of each name found after `head`, or in its last bytes (one
+        that `head` cuts off is read whole here)."""
+        self._open: list[bytearray] = []  # late fields whose end has not come yet
+        self._carry = b""
+        self._offset = 0  # where the carry starts in the header section
+        self._first = True  # the next scan's carry is the end of `head`
+
+    def feed(self, data: bytes) -> None:
+        head = self.head
+        room = KEPT - len(head)
+        if room > 0:
+            # The common case: the whole header section in the kept part, found with one
+            # search of the bytes just added (and the 3 before them: a CRLF CRLF split).
+            start = len(head) - 3 if len(head) > 3 else 0
+            head += data if len(data) <= room else data[:room]
+            end = head.find(b"\r\n\r\n", start)
+            if end >= 0:
+                del head[end + 2 :]
+                self.ended = True
+                return
+            if len(head) < KEPT:
+                return
+            self._carry = bytes(head[-self._routing.carry :])
+            self._offset = KEPT - len(self._carry)
+            data = data[room:]
+            if not data:
+                return
+        self._scan(data)
+
+    def _scan(self, data: bytes) -> None:
+        """Past the kept part: count, and look for routing fields, in what came since the carry."""
+        routing, carry = self._routing, self._carry
+        text = carry + data
+        lowered = text.lower()
+        skip = len(carry)  # what was scanned before
+        end = lowered.find(b"\r\n\r\n", max(0, skip - 3))
+        limit = len(text) if end < 0 else end + 2
+        # Only those ending in the new bytes: one wholly in the carry was counted already.
+        self.late_received += lowered.count(_RECEIVED, max(0, skip - len(_RECEIVED) + 1), limit)
+        if self._open:
+            more = data[: max(0, limit - skip)]
+            self._open = [field for field in self._open if _extend(field, more)]
+        if any(lowered.find(marker, 0, limit) >= 0 for marker in routing.markers):
+            self.late_routing = True
+            for match in routing.field.finditer(lowered, 0, limit):
+                name = match.group(1)
+                if name not in self.late_fields:
+                    field = bytearray()
+                    self.late_fields[name] = LateField(self._offset + match.start() + 1, field)
+                    if _extend(field, text[match.start() + 1 : limit]):
+                        self._open.append(field)
+        if end >= 0:
+            if self._first and end + 2 < skip:  # `head` ends in the "\r" of the empty line
+                del self.head[end + 2 - skip :]
+            self.ended = True
+            self._open.clear()
+        else:
+            self._carry = text[-routing.carry :]
+            self._offset += len(text) - len(self._carry)
+            self._first = False
+
+
+def _extend(field: bytearray, data: bytes) -> bool:
+    """Add to a routing field what of `data` is still its own; whether more of it may follow."""
+    start = len(field) - 2 if len(field) > 2 else 0  # a CRLF split between two writes
+    field += data[: KEPT - len(field)]
+    end = _FIELD_END.search(field, start)
+    if end is not None:
+        del field[end.start() + 2 :]
+        return False
+    return len(field) < KEPT

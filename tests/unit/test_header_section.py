@@ -1,0 +1,122 @@
+"""The intake's read of a header section as it arrives: the Received fields and the routing
+headers are found however long the section is and however the writes split it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pigeon.header_section import KEPT, HeaderSection, RoutingNames
+from pigeon.intake import _routing_value
+
+ROUTING = RoutingNames((b"x-tenant", b"x-campaign"))
+BIG = b"X-Big: " + b"b" * 900 + b"\r\n"
+FIELDS = [
+    b"Received: from a.test; Mon, 1 Jan 2024 00:00:00 +0000\r\n",
+    b"RECEIVED:by b.test\r\n",
+    b"X-Received: not one\r\n",
+    b"Subject: Received: not one either\r\n",
+    b"X-Tenant: acme\r\n",
+    b"x-tenant :\r\n\tother\r\n",
+    b"X-Tenant-Id: not a routing field\r\n",
+    b"X-Campaign:\r\n spring\r\n  sale\r\n",
+    b"Comments: folded\r\n received: a continuation, not a field\r\n",
+    BIG,
+]
+
+
+def _feed(message: bytes, cuts: list[int]) -> HeaderSection:
+    section = HeaderSection(ROUTING)
+    at = 0
+    for cut in [*sorted(cuts), len(message)]:
+        if not section.ended:
+            section.feed(message[at:cut])
+        at = cut
+    return section
+
+
+def _header_section(message: bytes) -> bytes:
+    end = message.find(b"\r\n\r\n")
+    return b"\n" + (message if end < 0 else message[: end + 2])
+
+
+def _value(section: HeaderSection, marker: bytes) -> str | None:
+    head = b"\n" + bytes(section.head)
+    return _routing_value(head, head.lower(), marker, section.late_fields)
+
+
+def _first_value(header_section: bytes, name: bytes) -> str | None:
+    """The value of the first field called `name`, unfolded, as a queue name part: the slow,
+    plain way."""
+    lines = header_section.split(b"\r\n")
+    for number, line in enumerate(lines):
+        key, colon, value = line.partition(b":")
+        if line[:1] in (b" ", b"\t") or not colon or key.rstrip(b" \t").lower() != name:
+            continue
+        for more in lines[number + 1 :]:
+            if more[:1] not in (b" ", b"\t"):
+                break
+            value += b" " + more
+        return b" ".join(value.split()).decode().replace(":", "_").replace("@", "_") or None
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.lists(st.sampled_from(FIELDS), max_size=300),
+    big=st.integers(0, 150),
+    ends=st.booleans(),
+    data=st.data(),
+)
+def test_received_fields_and_routing_headers_are_found_however_the_writes_split_the_section(
+    fields: list[bytes], big: int, ends: bool, data: st.DataObject
+) -> None:
+    # Big fields first, so that most examples run past the kept part.
+    head = b"Received: by us\r\n" + BIG * big + b"".join(fields)  # ours first, as the intake writes it
+    message = head + (b"\r\nReceived: in the body\r\nX-Tenant: body\r\n" if ends else b"")
+    # Writes of one size (a field split between two writes in every way, some time or other),
+    # and a few cuts anywhere.
+    step = data.draw(st.integers(5, 3000))
+    cuts = [*range(step, len(message), step), *data.draw(st.lists(st.integers(0, len(message)), max_size=10))]
+    section = _feed(message, cuts)
+    whole = _header_section(message)
+    lowered = whole.lower()
+    counted = (b"\n" + bytes(section.head)).lower().count(b"\nreceived:") + section.late_received
+    assert counted == lowered.count(b"\nreceived:")
+    assert section.ended == ends
+    assert bytes(section.head) == whole[1 : KEPT + 1]
+    for name in (b"x-tenant", b"x-campaign"):
+        assert _value(section, b"\n" + name + b":") == _first_value(whole[1:], name)
+
+
+def test_a_routing_field_past_the_kept_part_is_read_whole_even_split_byte_by_byte() -> None:
+    message = BIG * 80 + b"X-Campaign\t :\r\n spring\r\nX-Tenant: acme\r\nSubject: s\r\n\r\nbody\r\n"
+    section = _feed(message, list(range(len(message))))
+    assert section.late_routing and len(section.head) == KEPT
+    assert bytes(section.late_fields[b"x-campaign"].text) == b"X-Campaign\t :\r\n spring\r\n"
+    assert (_value(section, b"\nx-tenant:"), _value(section, b"\nx-campaign:")) == ("acme", "spring")
+
+
+def test_a_short_header_section_is_kept_whole_and_nothing_is_found_past_it() -> None:
+    message = b"Received: by a\r\nX-Tenant: acme\r\n\r\nReceived: in the body\r\n"
+    section = _feed(message, [3, 17, 31, 32, 33])
+    assert section.ended and bytes(section.head) == b"Received: by a\r\nX-Tenant: acme\r\n"
+    assert (section.late_received, section.late_routing, section.late_fields) == (0, False, {})
+
+
+def test_a_header_section_that_ends_about_where_the_kept_part_does_is_kept_whole() -> None:
+    for length in range(KEPT - 6, KEPT + 6):
+        filler = b"X-Big: " + b"b" * (length - 9) + b"\r\n"  # a header section of `length` bytes
+        message = filler + b"\r\nReceived: in the body\r\n"
+        for cuts in ([], [KEPT], [KEPT - 1, KEPT + 1], list(range(KEPT - 5, KEPT + 5))):
+            section = _feed(message, cuts)
+            assert section.ended and bytes(section.head) == filler[:KEPT], (length, cuts)
+            assert (section.late_received, section.late_routing) == (0, False)
+
+
+def test_a_routing_field_the_kept_part_cuts_off_is_read_whole() -> None:
+    for before in range(KEPT - 30, KEPT + 2):
+        filler = b"X-Big: " + b"b" * (before - 9) + b"\r\n"  # the routing field starts at `before`
+        message = filler + b"X-Tenant: acme\r\n corp\r\nX-Tenant: other\r\n\r\n"
+        for cuts in ([], [KEPT + 7], list(range(KEPT - 5, KEPT + 40))):
+            assert _value(_feed(message, cuts), b"\nx-tenant:") == "acme corp", (before, cuts)
