@@ -72,18 +72,31 @@ def test_routing_headers_never_leave_whatever_their_form_and_the_obsolete_form_s
         }
 
 
-def test_a_routing_header_past_the_part_of_the_header_section_the_intake_reads_never_leaves(
+def test_a_routing_header_however_far_down_the_header_section_names_the_queue_and_never_leaves(
     tmp_path: Path,
 ) -> None:
-    # The intake reads the first 64 KiB of the header section; a routing header further down
-    # names no queue, but must come off all the same.
+    # Over 64 KiB of other fields above them (the part of the header section the policy's
+    # Headers see): the routing headers below still name the queue, folded or in the obsolete
+    # form, and come off; an empty one names nothing and comes off too.
     filler = b"".join(b"X-Filler-%03d: " % n + b"a" * 900 + b"\r\n" for n in range(80))
-    data = b"From: <sender@example.org>\r\n" + filler + b"X-Tenant: acme\r\nSubject: s\r\n\r\nbody\r\n"
+    forms = {
+        "a@example.net": b"X-Tenant: acme\r\nX-Campaign :\r\n spring\r\n",
+        "b@example.net": b"X-Tenant:\r\n",
+    }
     with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
-        _send(pigeon, ["a@example.net"], data)
-        (received,) = sink.wait_for(1)
-        assert b"x-tenant" not in received.data.lower()
-        assert received.data.endswith(b"X-Filler-079: " + b"a" * 900 + b"\r\nSubject: s\r\n\r\nbody\r\n")
+        for recipient, fields in forms.items():
+            _send(
+                pigeon, [recipient], b"From: <sender@example.org>\r\n" + filler + fields + b"Subject: s\r\n\r\nbody\r\n"
+            )
+        received = sink.wait_for(2)
+        for message in received:
+            assert b"x-tenant" not in message.data.lower() and b"x-campaign" not in message.data.lower()
+            assert message.data.endswith(b"X-Filler-079: " + b"a" * 900 + b"\r\nSubject: s\r\n\r\nbody\r\n")
+        records = wait_until(lambda: len(_terminal(pigeon)) == 2 and _terminal(pigeon))
+        assert {r["recipient"]: r["queue"] for r in records} == {
+            "a@example.net": "spring:acme@example.net",
+            "b@example.net": "example.net",
+        }
 
 
 def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
