@@ -34,13 +34,14 @@ _FIELD_END: Final = re.compile(rb"\r\n[^ \t]")  # a line that does not continue 
 class RoutingNames:
     """What a scan looks for past `KEPT`: the routing headers' names (lower-case bytes)."""
 
-    __slots__ = ("carry", "field", "markers", "names")
+    __slots__ = ("carry", "field", "fields", "markers", "names")
 
     def __init__(self, names: tuple[bytes, ...]) -> None:
         self.names = names
         # A routing field at the start of a line (blanks may come before its colon), in the
         # lowered header section: not "X-Campaign-Id:", nor "x-tenant" in a Subject.
-        self.field = re.compile(rb"\n(" + b"|".join(map(re.escape, names)) + rb")[ \t]*:")
+        self.field = re.compile(rb"\n(?:" + b"|".join(map(re.escape, names)) + rb")[ \t]*:")
+        self.fields = {name: re.compile(rb"\n" + re.escape(name) + rb"[ \t]*:") for name in names}
         self.markers = tuple(b"\n" + name for name in names)
         self.carry = max(len(_RECEIVED), *(len(m) for m in self.markers)) + _BLANKS
 
@@ -125,11 +126,13 @@ class HeaderSection:
         if self._open:
             more = data[: max(0, limit - skip)]
             self._open = [field for field in self._open if _extend(field, more)]
-        if any(lowered.find(marker, 0, limit) >= 0 for marker in routing.markers):
-            self.late_routing = True
-            for match in routing.field.finditer(lowered, 0, limit):
-                name = match.group(1)
-                if name not in self.late_fields:
+        if not self.late_routing:
+            self.late_routing = any(lowered.find(marker, 0, limit) >= 0 for marker in routing.markers)
+        if self.late_routing and len(self.late_fields) < len(routing.fields):
+            # One search per name not found yet, never a loop over every field found: a header
+            # section of a million X-Tenant fields costs no more than one of other fields.
+            for name, pattern in routing.fields.items():
+                if name not in self.late_fields and (match := pattern.search(lowered, 0, limit)) is not None:
                     field = bytearray()
                     self.late_fields[name] = LateField(self._offset + match.start() + 1, field)
                     if _extend(field, text[match.start() + 1 : limit]):
