@@ -676,6 +676,11 @@ class Dispatcher:
             elif probe:
                 _log.info("site %s is still down (%s): %s deferred, next probe in %s",
                           site, error.reply, messages, wait)  # fmt: skip
+        elif probe:
+            # A host answered the probe (a 421, a failed TLS handshake): the site is not dead,
+            # whatever this connection's trouble. Left probing, every ready queue of the site
+            # would hold its mail back for a verdict that never comes, until max_age.
+            self._site_up(lane)
 
     def _defer_waiting(self, lane: _Lane) -> int:
         """The lane's site is down: what waits in its queue is deferred, untried, to the next

@@ -319,3 +319,42 @@ def test_site_health_probes_once_per_interval_doubling_up_to_the_ceiling() -> No
     assert waits == [120, 240, 300, 300, 300]
     assert health.connected("mx") is not None and not health.is_down("mx")
     assert dict(health.states()) == {"mx": False}
+
+
+async def test_a_probe_a_host_answers_with_421_brings_the_site_up_and_its_mail_is_not_left_waiting(
+    make_world: MakeWorld,
+) -> None:
+    """The probe's host takes the connection and answers 421 (starting up): no host refused
+    it, so the site is not dead. It used to stay "probing" for ever: every ready queue of the
+    site held its mail for a verdict that never came, untried until max_age expired it."""
+    opens = ["down", "busy"]  # then every connection opens
+    tries: list[str] = []
+    holder: list[World] = []
+
+    async def opener(dest: Destination, source: str | None = None) -> Agent:
+        tries.append(dest.site)
+        step = opens.pop(0) if opens else "up"
+        if step == "down":
+            raise Unreachable(REFUSED, site_down=True)
+        if step == "busy":
+            raise Unreachable(Reply(421, "4.3.2", ("mx1.test: service not available, starting up",)))
+        return await holder[0]._open(dest, source)
+
+    sites = {"d1.test": "mx1.test", "d2.test": "mx1.test"}
+    world = make_world(sites, sites, opener=opener, retry_interval=10.0, max_age=3600.0)
+    holder.append(world)
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    world.inject(["s@d2.test"])
+    await world.release_all()
+    assert world.dispatcher.site_down("mx1.test")
+    start = world.clock()
+    for second in range(5, 600, 5):  # ten minutes, ticking every 5 s
+        world.clock.now = start + second
+        world.tick()
+        await world.release_all()
+    assert tries[:2] == ["mx1.test", "mx1.test"]  # taken down, then the probe the host answered 421
+    assert not world.dispatcher.site_down("mx1.test")
+    delivered = sorted(d.recipient for d in world.logged("Delivery"))
+    assert delivered == ["r0@d1.test", "r1@d1.test", "r2@d1.test", "s@d2.test"]
+    assert not world.spool.rows
