@@ -309,13 +309,13 @@ class Admin:
                 return False
             return True  # (held [[inbound]] mail is released: the suspension then holds it, untried)
 
-        made_due = await self._make_due(selector, deferred, kind, operation)
-        if made_due and kind == "retry":
-            # Mail of a down site made due would only be deferred again, untried, until its
-            # scheduled probe: the operator may know the host is back, so it probes now. (No
-            # await since the rewind: the scheduler has not routed any of it yet. A message
-            # does not know its site before it is routed, so every down site's probe is due.)
-            self._probe_down()
+        # Mail of a down site made due would only be deferred again, untried, until its
+        # scheduled probe: the operator may know the host is back, so it probes now. Before
+        # the rows are written: the scheduler may read and route them as soon as their commit
+        # lands, before this hears that it did. (A message does not know its site before it
+        # is routed, so every down site's probe is due.)
+        probe = self._probe_down if kind == "retry" else None
+        made_due = await self._make_due(selector, deferred, kind, operation, before_commit=probe)
         return {"made_due": made_due, "suspended": suspended}
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
@@ -331,10 +331,17 @@ class Admin:
         return await self._make_due(Selector(), deferred_then, "retry after a suspension ended", None)
 
     async def _make_due(
-        self, selector: Selector, wanted: Callable[[Message], bool], kind: str, operation: str | None
+        self,
+        selector: Selector,
+        wanted: Callable[[Message], bool],
+        kind: str,
+        operation: str | None,
+        *,
+        before_commit: Callable[[], None] | None = None,
     ) -> int:
         """The spool rows matching `selector` and `wanted`, due now (in memory: due already,
-        their owner sets their next due): how many."""
+        their owner sets their next due): how many. `before_commit` runs if there are any,
+        before they are written."""
         now = self._clock()
         by_shard: dict[int, list[int]] = {}
 
@@ -348,6 +355,8 @@ class Admin:
             return True
 
         made_due, _ = await self._walk(selector, act, kind, operation, claim=False, spool_only=spool_only)
+        if made_due and before_commit is not None:
+            before_commit()
         await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_shard.items()))
         self._rewind(now)
         return made_due

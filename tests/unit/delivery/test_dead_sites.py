@@ -358,3 +358,27 @@ async def test_a_probe_a_host_answers_with_421_brings_the_site_up_and_its_mail_i
     delivered = sorted(d.recipient for d in world.logged("Delivery"))
     assert delivered == ["r0@d1.test", "r1@d1.test", "r2@d1.test", "s@d2.test"]
     assert not world.spool.rows
+
+
+async def test_an_operators_retry_probes_a_down_site_even_if_the_scheduler_reads_the_mail_before_the_retry_answers(
+    make_world: MakeWorld,
+) -> None:
+    """The retry's rows are readable once their commit lands; the scheduler may route them
+    before the retry hears that it did. They found the probe not due yet and were deferred
+    again, untried, for ten minutes: "made_due: 3", and no probe."""
+    world, opener = _dead_world(make_world, site_retry_interval=600.0)
+    for n in range(3):
+        world.inject([f"r{n}@d1.test"])
+    await world.release_all()
+    opener.revived = True
+    world.clock.now += 5
+    retry = world.start_admin("retry", lambda admin: admin.retry(Selector(domain="d1.test")))
+    await world.quiesce()
+    [made_due] = world.of_kind("land")
+    await world.release(made_due)  # the rows are due now (not yet answered)
+    world.tick()  # the scheduler reads them first
+    await world.release_all()
+    assert retry.result is not None and retry.result["made_due"] == 3
+    assert opener.tries == ["mx1.test"] * 2  # the failure, then the probe the retry made due
+    assert sorted(d.recipient for d in world.logged("Delivery")) == [f"r{n}@d1.test" for n in range(3)]
+    assert not world.spool.rows
