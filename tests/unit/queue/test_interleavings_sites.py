@@ -7,8 +7,9 @@ host takes one: the site is down; a host answers 421; it opens). Time passes at 
 races an operator: a retry (which makes every down site's probe due now), a bounce, a
 suspension of the mail (until resumed, or for 30 s) or of the site, a rebind to another
 queue or route, a reload that gives d1.test a ready queue of its own (two lanes of one down
-site, one probe between them) and takes it away again. Spool writes land and are answered
-in the order the group committer gives them (`_releasable`).
+site, one probe between them) and takes it away again, or one that routes d1.test to
+another site. Spool writes land and are answered in the order the group committer gives
+them (`_releasable`).
 
 On top of `test_interleavings.check` (one terminal record each, no recipient accepted
 twice, nothing left in the spool or in memory), liveness: with `max_age` a day the script's
@@ -20,6 +21,7 @@ bulk operation also walks ten messages in batches of three, completions landing 
 from __future__ import annotations
 
 import asyncio
+import functools
 import zlib
 from typing import Any
 
@@ -37,6 +39,7 @@ from tests.unit.queue.test_interleavings import (
     EVERYTHING,
     Chooser,
     Explorer,
+    OnWorld,
     Operation,
     Option,
     _bounce,
@@ -69,6 +72,11 @@ def _suspend_for(admin: Admin) -> Any:
     return admin.suspend(EVERYTHING, reason="t", operator="op", duration=30.0, rule_id="for")
 
 
+async def _reroute(world: World) -> dict[str, Any]:
+    """A SIGHUP's [[route]] change: d1.test's mail goes to mx3.test (up) now, off the down site."""
+    return {"moved": world.reroute("d1.test", "mx3.test")}
+
+
 OPERATIONS = [
     Operation("retry", (_retry,), "retry"),
     Operation("bounce", (_bounce(None),), "bounce"),
@@ -80,6 +88,7 @@ OPERATIONS = [
     Operation("retry-twice", (_retry, _retry), "retry"),
     # A suspension for 30 s: what it held comes back when it ends, or expires meanwhile.
     Operation("suspend-for", (_suspend_for,), "suspend-for"),
+    Operation("reroute", (OnWorld(_reroute),), "reroute"),
 ]
 
 # What mx1.test's connections do, in order; every one after the script opens.
@@ -198,6 +207,8 @@ async def run(
             else:
                 calls.pop(0)
                 world.steps += 1
+                if isinstance(what, OnWorld):
+                    what = functools.partial(lambda step, _admin: step(world), what.call)
                 started.append(world.start_admin(operation.name, what))
                 await world.quiesce()
         await world.drain(max_steps=400)
@@ -284,3 +295,13 @@ async def test_random_orders_of_a_bulk_operation_walking_the_spool_in_many_batch
     for script in ("down-then-up", "down-then-busy"):
         for choose in random_orders(seed=zlib.crc32(f"bulk/{operation}/{script}".encode()), runs=30):
             assert await run(operation, script, "partial", choose, messages=10) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+async def test_every_order_of_two_domains_one_rerouted_off_a_site_that_goes_down(script: str) -> None:
+    """Every order, two messages (10,000 to 26,000 orders a script: tens of seconds)."""
+    reroute = next(o for o in OPERATIONS if o.kind == "reroute")
+    explorer = await explore(reroute, script, "partial", messages=2, limit=200_000)
+    assert explorer.runs > 5_000
