@@ -332,7 +332,10 @@ class Metrics:
             registry=r,
         )
         self.inbound_errors = Counter(
-            "pigeon_inbound_mailbox_errors", "IMAP sessions lost or refused, by mailbox", ["mailbox"], registry=r
+            "pigeon_inbound_mailbox_errors",
+            "IMAP sessions lost or refused, and acknowledgements refused, by mailbox",
+            ["mailbox"],
+            registry=r,
         )
         self.inbound_last_poll = Gauge(
             "pigeon_inbound_last_poll_timestamp_seconds",

@@ -278,3 +278,20 @@ async def test_keys_carry_the_configured_prefix(redis_server: RedisServer) -> No
         assert redis_server.client().hexists("cluster-a:inbound:nodes", arbiter.token)
     finally:
         await arbiter.close()
+
+
+async def test_a_done_or_failed_mark_lasts_as_long_again_each_time_a_claim_finds_it(
+    nodes: Nodes, redis_server: RedisServer
+) -> None:
+    # A message whose acknowledgement the server refuses (and that it would not flag) is found
+    # by every search: its mark must outlive the refusal, or it would be handed over again.
+    one, two = nodes
+    done, failed = await one.claim(KEYS, 30)
+    await one.done([done])
+    await one.failed([failed])
+    client = redis_server.client()
+    keys = [f"pigeon:{key}" for key, _ in KEYS]
+    for key in keys:
+        client.pexpire(key, 5000)  # as if it had been there all but 5 s of its day
+    assert [c.standing for c in await two.claim(KEYS, 30)] == [Standing.DONE, Standing.FAILED]
+    assert all(client.pttl(key) > (DONE_TTL - 60) * 1000 for key in keys)

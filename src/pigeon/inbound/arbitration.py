@@ -90,7 +90,10 @@ from pigeon.redaction import redact, redact_url
 
 _log = logging.getLogger(__name__)
 
-DONE_TTL: Final = 24 * 3600.0  # how long "done" and "failed" marks outlive the handoff
+# How long "done" and "failed" marks outlive the handoff, or the last claim that found them:
+# a message whose acknowledgement the server refuses (and that it would not flag either) is
+# found by every search, and its mark lasts while it does.
+DONE_TTL: Final = 24 * 3600.0
 BEAT: Final = 1.0  # seconds between a node's heartbeats
 BEAT_TTL: Final = 5.0  # a node whose heartbeat is this old is dead: its claims are taken over
 _SWEEP_EVERY: Final = 60.0  # seconds between sweeps of dead nodes' heartbeats
@@ -185,6 +188,7 @@ return 0
 # ('' if it published none). A caller that knew another epoch is refused ("paused", for all of
 # them): Redis lost its claims, and holders must first have time to put theirs back. A claim or
 # done mark whose node's heartbeat ran out is taken over at once; only then is a name looked up.
+# A done or failed mark found (its message still searched for) lasts that long again.
 _CLAIM: Final = """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[4] then return 'paused' end
 local t = redis.call('TIME')
@@ -204,7 +208,9 @@ local function claim(key, nonce)
       local n, due = string.match(v, '^b:(%d+):(%d+)$')
       if now < tonumber(due) then return 'waiting', n, tostring(tonumber(due) - now), '', '' end
       attempts = tonumber(n)
-    elseif kind == 'f' then return 'failed', '0', '', '', ''
+    elseif kind == 'f' then
+      redis.call('PEXPIRE', key, ARGV[5])
+      return 'failed', '0', '', '', ''
     else
       local holder = string.match(v, '^[cd]:(h%x+)')
       local left = ''
@@ -219,7 +225,10 @@ local function claim(key, nonce)
           previous = holder
         end
       end
-      if previous == '' then return (kind == 'd' and 'done' or 'held'), '0', tostring(left), holder or '', '' end
+      if previous == '' then
+        if kind == 'd' then redis.call('PEXPIRE', key, ARGV[5]) end
+        return (kind == 'd' and 'done' or 'held'), '0', tostring(left), holder or '', ''
+      end
     end
   end
   redis.call('SET', key, 'c:' .. nonce .. ':' .. attempts, 'PX', ARGV[3])
@@ -651,6 +660,8 @@ class LocalArbiter(Arbiter):
                     attempts = int(n)
                 else:
                     standing = {"c": Standing.HELD, "d": Standing.DONE}.get(kind, Standing.FAILED)
+                    if standing is not Standing.HELD:  # still there: kept as long again (see `DONE_TTL`)
+                        self._set(key, value, DONE_TTL)
                     claims.append(Claim(key, uid, standing))
                     continue
             claim = self._claimed(key, uid, self.nonce(), attempts, lease, started)

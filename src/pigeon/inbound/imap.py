@@ -35,6 +35,11 @@ class ImapError(Exception):
     """The server refused a command or broke the session; the watcher reconnects."""
 
 
+class CopiedOnly(ImapError):
+    """A move without MOVE got as far as the copy: the messages are in the destination, and
+    removing them from the folder was refused. Moving them again would copy them again."""
+
+
 def uid_set(uids: Iterable[int]) -> str:
     """ "1:3,7,9:10" for [1, 2, 3, 7, 9, 10]: short commands even for long runs of UIDs."""
     ordered = sorted(set(uids))
@@ -260,7 +265,12 @@ class ImapSession:
             await self._run(protocol.move(uid_set(uids), _quote(folder), by_uid=True), f"move to {folder}")
             return
         await self._run(protocol.copy(uid_set(uids), _quote(folder), by_uid=True), f"copy to {folder}")
-        await self.delete(uids)
+        try:
+            await self.delete(uids)
+        except ImapError as error:
+            if self.lost:
+                raise
+            raise CopiedOnly(f"copied to {folder}, then {error}") from error
 
     async def delete(self, uids: Sequence[int]) -> None:
         if not uids:

@@ -17,6 +17,16 @@ One round:
     respects; what it refused for good goes to the failed folder (its record fsynced first).
 Then round again while there is work; otherwise wait for the server's IDLE push (or poll).
 
+An acknowledgement the server refuses (a full or read-only `move_to`, a missing label, a
+folder the user may not delete from) leaves a message handed over yet still in the folder,
+where the next search would find it. It is marked `$PigeonDone` instead (`$PigeonFailed` for
+one to set aside), a keyword every search leaves out: it is never handed over again, however
+long the refusal lasts, whether the done mark outlives it (24 h) or not, and without Redis
+across restarts too. The mailbox is "degraded" with the refusal as its `error` until the
+acknowledgement works; it is tried again every `_HELD_RETRY` seconds and at each new session.
+A server that refuses the keyword too leaves the done mark alone to keep it from the target:
+each claim that finds it (the message still there) makes it last another 24 h.
+
 A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
 and a dead node's claims are taken over within seconds (its heartbeat stops).
 
@@ -64,7 +74,7 @@ from typing import Any, Final, TypeVar
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
-from pigeon.inbound.imap import ImapError, ImapSession, uid_set
+from pigeon.inbound.imap import CopiedOnly, ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.notes import Note, Notes, NotesUnavailable
 from pigeon.inbound.targets.base import Handoff, Target, Verdict, not_before
@@ -78,6 +88,8 @@ _log = logging.getLogger(__name__)
 _Record = TypeVar("_Record", InboundDelivery, InboundFailure)
 
 _FAILED_FLAG: Final = "$PigeonFailed"
+_DONE_FLAG: Final = "$PigeonDone"  # handed over; acknowledging it was refused (see the module)
+_COPIED_FLAG: Final = "$PigeonCopied"  # ... by a move without MOVE that copied it: only its removal is due
 _NODE_KEYWORD: Final = "$PigeonNode_"  # + the node's name: "this node took it" (no [redis] only)
 _KEYWORD_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
 SINGLE_NODE_RISK: Final = (
@@ -97,6 +109,7 @@ _KNOCK_EVERY: Final = 1.0  # seconds between TCP knocks at a server that refuses
 _UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
 _NOTE_REFRESH: Final = 2.0  # seconds between reads of the mailbox's note (another node's, maybe)
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
+_HELD_RETRY: Final = 30.0  # seconds between tries of the acknowledgements the server refused
 
 
 def _chunks(uids: list[int], size: int) -> list[list[int]]:
@@ -195,6 +208,14 @@ class MailboxWatcher:
         # What the target said when it refused a whole batch for now (accepting none): a dead
         # application, or its Redis or database down. None again once it accepts one.
         self.target_error: str | None = None
+        # What the server said when it last refused to acknowledge or set aside messages at the
+        # source; None again once that works for every message it refused.
+        self.source_error: str | None = None
+        # Whether messages marked `_DONE_FLAG` or `_FAILED_FLAG` wait for their acknowledgement
+        # (None: not known in this session yet, so looked for), and when to try them again.
+        self._held_at_source: bool | None = None
+        self._held_retry_at = 0.0  # monotonic
+        self._expunge_warned = False  # said once: this server's EXPUNGE removes others' \Deleted too
         # The mailbox's note (`notes`): the last problem any node saw on it, as last read.
         self._notes = notes if notes is not None else Notes()
         self._node = node or "this node"
@@ -210,7 +231,9 @@ class MailboxWatcher:
         unanswered heartbeat, whether mail waits or not); "degraded" for less than that, or when
         another node was seen handing over its messages too, or while its target refuses
         whole batches for now; "ok" otherwise. A mailbox handing a backlog over is "ok" from
-        its first claim, however long the batch takes.
+        its first claim, however long the batch takes. "degraded" too while the server refuses
+        to acknowledge (or set aside) messages: they are handed over, and marked so they are
+        never handed over again, but not where they should be.
 
         A failing target never makes it "down": the mailbox does its job, and nothing is lost
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
@@ -226,9 +249,9 @@ class MailboxWatcher:
             error = error or why
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
-        elif self.conflict is not None or self.target_error is not None:
+        elif self.conflict is not None or self.target_error is not None or self.source_error is not None:
             status = "degraded"
-        error = error or self.target_error
+        error = error or self.source_error or self.target_error
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
@@ -265,6 +288,8 @@ class MailboxWatcher:
                               self.identity, session.uidvalidity)  # fmt: skip
                     connected_at = time.monotonic()
                     self._acknowledged = False
+                    self._held_at_source, self._held_retry_at = None, 0.0  # looked for in each session
+                    self._warn_plain_expunge(session)
                     try:
                         await self._watch(session)
                     except Exception as error:  # IMAP, network, TLS, or aioimaplib's own errors
@@ -451,7 +476,8 @@ class MailboxWatcher:
     async def _round(self, session: ImapSession) -> tuple[bool, bool]:
         """One search-claim-handoff round. (handed anything over, others hold some)."""
         config = self.config
-        uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG}")
+        await self._retry_held(session)
+        uids = await session.search(f"{config.search} UNDELETED NOT KEYWORD {_FAILED_FLAG} NOT KEYWORD {_DONE_FLAG}")
         self._answered()
         searched = set(uids)
         self._orphans = {key: claim for key, claim in self._orphans.items() if claim.uid in searched}
@@ -533,9 +559,9 @@ class MailboxWatcher:
             await self._give_back([c for c in taken + claimed if self.held.get(c.key) is c])
             self._between_batches.set()
         if done:
-            await self._at_source(session, self._acknowledge, [c.uid for c in done], "acknowledge")
+            await self._acknowledge(session, [c.uid for c in done])
         if failed:
-            await self._at_source(session, self._fail_at_source, [c.uid for c in failed], "set aside")
+            await self._fail_at_source(session, [c.uid for c in failed])
         return worked, waiting
 
     def _sort(self, answers: list[Claim], claimed: list[Claim], done: list[Claim], failed: list[Claim]) -> bool:
@@ -603,19 +629,6 @@ class MailboxWatcher:
             except ArbitrationUnavailable:
                 pass  # they expire after the lease
 
-    async def _at_source(
-        self, session: ImapSession, action: Callable[[ImapSession, Sequence[int]], Awaitable[str]],
-        uids: list[int], what: str,
-    ) -> None:  # fmt: skip
-        """An acknowledgement for handoffs already settled: a folder that refuses it must not
-        stop new mail from being handed over, so it is logged, and tried again next round."""
-        try:
-            await action(session, uids)
-        except ImapError as error:
-            if session.lost:
-                raise
-            _log.warning("mailbox %s: cannot %s UIDs %s: %s", self.config.name, what, uid_set(uids), error)
-
     @property
     def _arbiter_prefix(self) -> str:
         return f"inbound:{self.identity}:"
@@ -630,7 +643,7 @@ class MailboxWatcher:
         # claim alone would not know. The flags that say so come with the bodies, fetched
         # after the claim.
         seen = ("\\Seen",) if config.after_delivery == "seen" else ()
-        skip = {flag.lower() for flag in (*seen, _FAILED_FLAG)}
+        skip = {flag.lower() for flag in (*seen, _FAILED_FLAG, _DONE_FLAG)}
         uids = [c.uid for c in claims]
         sizes = await self._sizes(session, uids, upcoming)
         claims = await self._within_budget(claims, sizes)
@@ -984,29 +997,148 @@ class MailboxWatcher:
             return f"moved to {config.move_to}"
         return "deleted" if config.after_delivery == "delete" else "seen"
 
-    async def _acknowledge(self, session: ImapSession, uids: Sequence[int]) -> str:
+    async def _acknowledge(self, session: ImapSession, uids: Sequence[int], *, copied: bool = False) -> bool:
+        """Acknowledge handed-over messages at the source; if the server refuses, mark them
+        `_DONE_FLAG` instead (see `_at_source`). `copied`: a move without MOVE copied them
+        already, only their removal is due. True when acknowledged as configured."""
         config = self.config
         if config.after_delivery == "move" and config.move_to:
-            await session.move(uids, config.move_to)
+            folder = config.move_to
+            act = session.delete(uids) if copied else session.move(uids, folder)
         elif config.after_delivery == "delete":
-            await session.delete(uids)
+            act = session.delete(uids)
         else:
-            await session.flag(uids, "\\Seen")
+            act = session.flag(uids, "\\Seen")
+        if not await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG):
+            return False
         self._acknowledged = True
         self._answered()
-        return self._ack_action()
+        return True
 
     def _failure_action(self) -> str:
         folder = self.config.failed_folder
         return f"moved to {folder}" if folder else f"flagged \\Seen {_FAILED_FLAG}"
 
-    async def _fail_at_source(self, session: ImapSession, uids: Sequence[int]) -> str:
+    async def _fail_at_source(self, session: ImapSession, uids: Sequence[int], *, copied: bool = False) -> bool:
+        """Set aside messages refused for good; if the server refuses to move them to the
+        failed folder, flag them `_FAILED_FLAG` instead (as without one). True when set aside
+        as configured."""
         folder = self.config.failed_folder
-        if folder:
-            await session.move(uids, folder)
+        if not folder:
+            return await self._at_source(session, uids, "set aside", session.flag(uids, f"\\Seen {_FAILED_FLAG}"), None)
+        act = session.delete(uids) if copied else session.move(uids, folder)
+        return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}")
+
+    # --- acknowledgements the server refuses --------------------------------------------------
+    async def _at_source(
+        self, session: ImapSession, uids: Sequence[int], what: str, act: Awaitable[None], mark: str | None
+    ) -> bool:
+        """Do `act` at the source for `uids` (an acknowledgement, or setting aside). When the
+        server refuses it (a full or read-only folder, a label that is missing), the messages
+        are flagged `mark` instead, a keyword the search leaves out: whatever becomes of their
+        done marks, they are not handed over again. The mailbox is degraded, and the act tried
+        again later (`_retry_held`). A lost session raises, as any command. True when done."""
+        try:
+            await act
+        except ImapError as error:
+            if session.lost:
+                raise
+            if mark is not None and isinstance(error, CopiedOnly):  # in its destination already: only removal is due
+                mark = f"{mark} {_COPIED_FLAG}"
+            afterwards = "tried again next round"
+            if mark is not None:
+                try:
+                    await session.flag(uids, mark)
+                except ImapError as again:
+                    if session.lost:
+                        raise
+                    # Their done (or failed) marks keep them from the target while they are
+                    # found in the folder: each claim that finds one makes it last.
+                    afterwards = f"nor can they be flagged {mark} ({again}); tried again next round"
+                else:
+                    self._held_at_source = True
+                    self._held_retry_at = time.monotonic() + _HELD_RETRY
+                    every = f"{_HELD_RETRY:.0f}s"
+                    afterwards = f"flagged {mark} instead, so as not to be handed over again; tried again every {every}"
+            self._source_refused(what, uids, error, afterwards)
+            return False
+        self._source_works()
+        return True
+
+    def _source_refused(self, what: str, uids: Sequence[int], error: ImapError, afterwards: str) -> None:
+        """The server refused to acknowledge or set aside `uids`: said (a WARNING when the
+        refusal is new), counted, and the mailbox degraded until it works."""
+        self._metrics.inbound_errors.labels(self.config.name).inc()
+        text = f"cannot {what} messages at the source: {redact(str(error))}"
+        if text != self.source_error:
+            _log.warning("mailbox %s: cannot %s UIDs %s: %s; %s", self.config.name, what, uid_set(uids), error,
+                         afterwards)  # fmt: skip
+            self._problem(text)
         else:
-            await session.flag(uids, f"\\Seen {_FAILED_FLAG}")
-        return self._failure_action()
+            _log.info("mailbox %s: again cannot %s UIDs %s: %s; %s", self.config.name, what, uid_set(uids), error,
+                      afterwards)  # fmt: skip
+        self.source_error = text
+
+    def _source_works(self) -> None:
+        """An acknowledgement went through: the refusal, if any, is over once no message
+        waits flagged for its own."""
+        if self.source_error is None or self._held_at_source:
+            return
+        _log.warning("mailbox %s: acknowledging at the source works again", self.config.name)
+        self.source_error = None
+        self._maybe_resolved()
+
+    async def _retry_held(self, session: ImapSession) -> None:
+        """Try again the acknowledgements (and set-asides) the server refused: the messages
+        flagged for it, found by search. At each new session, then every `_HELD_RETRY`
+        seconds while some are left."""
+        if self._held_at_source is False or time.monotonic() < self._held_retry_at:
+            return
+        self._held_retry_at = time.monotonic() + _HELD_RETRY
+        config = self.config
+        acknowledge = functools.partial(self._acknowledge, session)
+        aside = functools.partial(self._fail_at_source, session)
+        # (what to search, what to do with it): a message a move without MOVE copied already
+        # only has its removal due. Moves leave a message marked \Deleted (by a mail client)
+        # alone; a deletion whose EXPUNGE was refused finds its messages marked so.
+        kinds: list[tuple[str, Callable[[list[int]], Awaitable[bool]]]] = []
+        if config.after_delivery == "seen":
+            kinds.append((f"UNSEEN UNDELETED KEYWORD {_DONE_FLAG}", acknowledge))
+        else:
+            scope = "UNDELETED " if config.after_delivery == "move" else ""
+            kinds.append((f"{scope}KEYWORD {_DONE_FLAG} NOT KEYWORD {_COPIED_FLAG}", acknowledge))
+            kinds.append((f"KEYWORD {_DONE_FLAG} KEYWORD {_COPIED_FLAG}", functools.partial(acknowledge, copied=True)))
+        if config.failed_folder:
+            kinds.append((f"UNDELETED KEYWORD {_FAILED_FLAG} NOT KEYWORD {_COPIED_FLAG}", aside))
+            kinds.append((f"KEYWORD {_FAILED_FLAG} KEYWORD {_COPIED_FLAG}", functools.partial(aside, copied=True)))
+        held, found = False, 0
+        for criteria, act in kinds:
+            uids = await session.search(criteria)
+            found += len(uids)
+            for chunk in _chunks(uids, config.batch):
+                if not await act(chunk):
+                    held = True
+                    break
+        if found and not held:
+            _log.warning("mailbox %s: the server takes the acknowledgements it refused: %d flagged messages are done "
+                         "at the source now", config.name, found)  # fmt: skip
+        self._held_at_source = held
+        self._source_works()
+
+    def _warn_plain_expunge(self, session: ImapSession) -> None:
+        """Without UIDPLUS, removing a message takes a plain EXPUNGE, which also removes every
+        other message marked \\Deleted in the folder (by a mail client, not expunged yet):
+        said once per mailbox."""
+        config = self.config
+        if self._expunge_warned or session.has("UIDPLUS"):
+            return
+        moves = bool(config.after_delivery == "move" and config.move_to) or bool(config.failed_folder)
+        removes = config.after_delivery == "delete" or (moves and not session.has("MOVE"))
+        if removes:
+            self._expunge_warned = True
+            _log.warning("mailbox %s: %s:%d offers no UIDPLUS: removing the messages handed over (or set aside) takes "
+                         "a plain EXPUNGE, which also removes every other message marked \\Deleted in %s and not "
+                         "expunged yet", config.name, config.host, self.port, config.folder)  # fmt: skip
 
     # --- notes -------------------------------------------------------------------------------
     def _problem(self, text: str) -> None:
@@ -1020,7 +1152,7 @@ class MailboxWatcher:
     def _maybe_resolved(self) -> None:
         """The mailbox works again from here: the note this node wrote says so, unless
         another node's note replaced it."""
-        if self._noted is None or self.last_error is not None or self.target_error is not None:
+        if self._noted is None or any(e is not None for e in (self.last_error, self.target_error, self.source_error)):
             return
         note, self._noted = self._noted, None
         if self._note_pending == ("write", note):  # never written (Redis away): written resolved

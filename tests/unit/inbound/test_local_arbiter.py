@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from pigeon.inbound import arbitration
 from pigeon.inbound.arbitration import LocalArbiter, Standing
 
 
@@ -38,3 +41,21 @@ async def test_backoff_holds_everyone_off_then_counts_the_attempts() -> None:
     (retry,) = await arbiter.claim([("k", 1)], 30)
     assert retry.standing is Standing.CLAIMED
     assert retry.attempts == 1
+
+
+async def test_a_done_or_failed_mark_lasts_as_long_again_each_time_a_claim_finds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A message whose acknowledgement the server refuses (and that it would not flag) is found
+    # by every search: its mark must outlive the refusal, or it would be handed over again.
+    monkeypatch.setattr(arbitration, "DONE_TTL", 0.3)
+    arbiter = LocalArbiter()
+    keys = [("k1", 1), ("k2", 2)]
+    done, failed = await arbiter.claim(keys, 30)
+    await arbiter.done([done])
+    await arbiter.failed([failed])
+    for _ in range(4):  # 0.6 s in all: twice the mark's time to live
+        await asyncio.sleep(0.15)
+        assert [c.standing for c in await arbiter.claim(keys, 30)] == [Standing.DONE, Standing.FAILED]
+    await asyncio.sleep(0.4)  # no claim found it meanwhile: it lapses
+    assert [c.standing for c in await arbiter.claim(keys, 30)] == [Standing.CLAIMED, Standing.CLAIMED]
