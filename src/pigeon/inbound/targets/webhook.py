@@ -8,12 +8,18 @@ envelope, which the message need not show (a Bcc): `X-Pigeon-Sender`, `X-Pigeon-
 comma-separated list, non-ASCII characters percent-encoded as UTF-8, cut at 4,000 characters)
 and `X-Pigeon-Recipients-Count`. The signature covers the body only, not these headers.
 
+The status line is the answer: a 2xx is accepted whatever becomes of its body. What follows it
+is read for a moment only (`_drain`), so a body that never ends (a `Content-Length` the server
+does not fulfil, a connection left open) cannot turn an accepted handoff into "no answer", and
+the message would be handed over again and again.
+
 A 429 or 503 with `Retry-After` (seconds, or an HTTP-date: RFC 9110 10.2.3) is retried no
 sooner than it asks, and no later than the retry schedule's longest wait (`Handoff.retry_after`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import email.utils
@@ -40,6 +46,8 @@ _encode = msgspec.json.Encoder().encode
 
 _MAX_RECIPIENTS_HEADER: Final = 4000  # common servers refuse a header line over 8 KiB with a 400
 _ASKS_TO_WAIT: Final = frozenset({429, 503})  # the answers whose Retry-After we follow (RFC 6585 4, RFC 9110 15.6.4)
+_DRAIN_SECONDS: Final = 1.0  # what an answer's body may take once its status line came ...
+_DRAIN_BYTES: Final = 64 * 1024  # ... and how much of it is read (an application says little)
 
 
 def retry_after(value: str | None, now: float) -> float | None:
@@ -106,6 +114,24 @@ def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
     return f"cannot connect to {host}:{error.port}: {redact(why)}"
 
 
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read the rest of an answer (its body), for a moment at most: read whole, its connection
+    goes back to the pool for the next request. A body that does not end within
+    `_DRAIN_SECONDS` (or is longer than `_DRAIN_BYTES`, or breaks off) changes nothing about
+    the answer, which the status line gave: the connection is closed instead."""
+    read = 0
+    try:
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            while read <= _DRAIN_BYTES:
+                chunk = await response.content.readany()
+                if not chunk:
+                    return
+                read += len(chunk)
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    response.close()
+
+
 def json_body(message: InboundMessage) -> bytes:
     fields = header_fields(header_block(message.raw))
     payload: dict[str, Any] = message.metadata(fields)
@@ -164,7 +190,7 @@ class WebhookTarget(Target):
                 reason = response.reason or ""
                 asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
                 wait = retry_after(asked, time.time())
-                await response.read()
+                await _drain(response)
         except TimeoutError:
             return Handoff(Verdict.TRANSIENT, f"no answer from {redact_url(config.url)} within {config.timeout:g}s")
         except aiohttp.ClientConnectorError as error:
