@@ -212,3 +212,40 @@ def test_started_as_a_third_user_the_node_refuses_rather_than_run_as_the_wrong_o
 def test_started_as_root_without_a_user_the_node_says_so(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node") as pigeon:
         assert "running as root: every process of this node keeps full privileges" in pigeon.stderr()
+
+
+@pytest.fixture
+def stranger() -> Iterator[pwd.struct_passwd]:
+    """A throwaway system user let through no directory: the interpreter under /root (pyenv's)
+    is out of its reach."""
+    name = f"pgs{secrets.token_hex(3)}"
+    with _users_lock():
+        subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+        )
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        with _users_lock():
+            subprocess.run(["userdel", name], check=False)
+
+
+def test_workers_the_user_cannot_start_the_interpreter_of_are_refused_with_its_path(
+    stranger: pwd.struct_passwd, shared_tmp: Path
+) -> None:
+    interpreter = Path(sys.executable)
+    runs = subprocess.run(["runuser", "-u", stranger.pw_name, "--", str(interpreter), "-c", "0"], capture_output=True)
+    if runs.returncode == 0:
+        pytest.skip(f"{interpreter} is within reach of every user here")
+    pigeon = PigeonProcess(shared_tmp / "node", node={"workers": 2, "user": stranger.pw_name})
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.wait_exit() == 1
+    finally:
+        pigeon.kill()
+    said = pigeon.stderr()
+    assert f"pigeon: cannot start: the workers' interpreter {interpreter}" in said, said
+    assert f"out of reach of the [node] user {stranger.pw_name!r}" in said, said
+    assert "must be able to read and execute it" in said, said
+    assert "worker 0 started" not in said  # checked before any worker is started

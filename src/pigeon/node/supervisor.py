@@ -82,6 +82,28 @@ def exit_reason(worker: Worker, status: int, when: str = "") -> str:
     return f"{how}: {said}" if said else f"{how} (it said no more: see its messages above)"
 
 
+def interpreter_problem(user: str | None) -> str | None:
+    """Why this process could not start a worker: the interpreter (or the standard library it
+    loads) out of reach of the user it runs as, `[node] user` when given. Asked after the drop
+    to that user and before any worker starts, with the kernel's own rules (`os.access`: every
+    directory on the way, ACLs); an execve that fails says only "Permission denied"."""
+    who, that = (f"the [node] user {user!r}", "that user") if user is not None else (f"uid {os.getuid()}", "it")
+    interpreter = sys.executable
+    real = os.path.realpath(interpreter)
+    if real != interpreter:
+        interpreter += f" ({real})"
+    needed = [(sys.executable, os.X_OK), (os.path.dirname(os.__file__), os.R_OK | os.X_OK)]
+    for path, mode in needed:
+        if not os.access(path, mode):
+            part = "" if path == sys.executable else f", or its standard library {path},"
+            return (
+                f"the workers' interpreter {interpreter}{part} is out of reach of {who}: {that} must be able to read "
+                "and execute it, and to enter every directory on its way (put Python, or the virtualenv, where "
+                f"{that} can: not under /root)"
+            )
+    return None
+
+
 class Worker:
     """One worker process and how to reach it."""
 
@@ -157,6 +179,9 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        problem = interpreter_problem(self.config.node.user)
+        if problem is not None:
+            raise RuntimeError(problem)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
         create_shared_table(shared_table_path(self.config.spool.path))
@@ -237,7 +262,10 @@ class Supervisor:
         worker.control.unlink(missing_ok=True)
         failure_path(worker.control).unlink(missing_ok=True)
         worker.hung = None
-        worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
+        try:
+            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
+        except PermissionError as error:  # the interpreter out of reach since start-up
+            raise RuntimeError(interpreter_problem(self.config.node.user) or f"{sys.executable}: {error}") from error
         _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
 
     async def _wait_ready(self, stop: asyncio.Event) -> None:
@@ -282,7 +310,14 @@ class Supervisor:
             _log.error("worker %d %s; restarting in %.0fs", worker.index, exit_reason(worker, status), backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
-            await self._spawn(worker)
+            while True:
+                try:
+                    await self._spawn(worker)
+                    break
+                except RuntimeError as error:  # its interpreter out of reach since start-up
+                    _log.error("worker %d cannot be started: %s; trying again in %.0fs", worker.index, error, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
 
     async def _heartbeat(self, worker: Worker, process: asyncio.subprocess.Process) -> None:
         """Ask the worker for /healthz over and over; once it has answered (it has started:
