@@ -61,6 +61,7 @@ __all__ = [
     "TlsPolicy",
     "TransactionDone",
     "Unusable",
+    "greeting_name_problem",
 ]
 
 
@@ -256,6 +257,20 @@ _CLOSING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STAR
 _APPLICATION_STEPS: Final = frozenset({Step.MAIL, Step.QUIT, Step.TLS_UP, Step.TLS_FAILED})
 
 
+def greeting_name_problem(name: str) -> str | None:
+    """Why `name` cannot follow EHLO or HELO on the wire (None: it can): it must be one
+    non-empty ASCII word, with no white space or control character that would end the
+    command early or add another. The configuration applies this same check at load to
+    every name Pigeon greets or answers with, so a name this refuses never starts a node."""
+    if not name:
+        return "is empty"
+    if not name.isascii():
+        return "holds a character that is not ASCII"
+    if any(char.isspace() or not char.isprintable() for char in name):
+        return "holds white space or a control character"
+    return None
+
+
 class ClientSession:
     """One SMTP client conversation, from banner to close. Knows nothing of sockets."""
 
@@ -267,7 +282,7 @@ class ClientSession:
         pipelining: bool = True,
         chunking: bool = True,
     ) -> None:
-        if not helo_name or not helo_name.isascii() or any(c.isspace() or not c.isprintable() for c in helo_name):
+        if greeting_name_problem(helo_name) is not None:
             raise ValueError(f"not a name to greet with: {helo_name!r}")
         self.helo_name = helo_name
         self.tls_policy = tls
