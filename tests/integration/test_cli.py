@@ -58,6 +58,22 @@ def test_a_wrong_value_names_the_key(tmp_path: Path) -> None:
     assert "line 2: [smtp] idle_timeout: 'forever' is not a duration" in result.stderr
 
 
+def test_a_hostname_that_cannot_go_on_the_wire_stops_start_up_and_fails_the_check(tmp_path: Path) -> None:
+    # It used to start: every SMTP connection then failed in its banner, and SIGTERM crashed.
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[smtp]\nlisten = ["127.0.0.1:0"]\nhostname = "evil.test\\r\\nX-Injected: yes"\n\n'
+        '[http]\nlisten = "127.0.0.1:0"\n'
+    )
+    result = pigeon_cli("serve", "-c", str(config))
+    assert result.returncode == 2
+    message = f"{config}, line 3: [smtp] hostname: 'evil.test\\r\\nX-Injected: yes' holds white space or a control"
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    checked = pigeon_cli("shaping", "check", str(config))  # it used to say "OK"
+    assert checked.returncode == 1 and message in checked.stdout + checked.stderr
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [

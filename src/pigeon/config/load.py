@@ -23,7 +23,9 @@ import msgspec
 
 from pigeon.config.patterns import GLOB_SETTINGS, PatternError, domain_glob
 from pigeon.config.schema import (
+    DKIM_HEADERS,
     DKIM_OVER_SIGNED,
+    LOCAL_TOKEN_NAME,
     Config,
     LogTarget,
     MaildirTarget,
@@ -41,6 +43,7 @@ from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
 from pigeon.smtp import address
+from pigeon.smtp.client_session import greeting_name_problem
 from pigeon.tls import client_context
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -117,6 +120,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         )
         raise fail(["smtp", "auth_users"], reason)
     _check_tokens(config, fail)
+    _check_names(config, text, fail)
+    _check_backoffs(config, fail)
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
@@ -124,9 +129,6 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     if config.node.worker_timeout < 2:
         # Below that, a worker busy with one long step (a reload reading keys) would be killed.
         raise fail(["node", "worker_timeout"], 'must be at least 2 seconds (e.g. "30s")')
-    if config.policy.timeout <= 0:
-        # 0 would time out every async or threaded hook at once: every command a 451.
-        raise fail(["policy", "timeout"], 'must be more than 0 (e.g. "2s", "250ms")')
     if not smtp.postmaster:
         smtp.postmaster = f"postmaster@{smtp.hostname}"
     elif (problem := address.check(smtp.postmaster)) is not None:
@@ -464,9 +466,27 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         if isinstance(target, WebhookTarget) and (problem := _webhook_url_problem(target.url)) is not None:
             # Loaded, it would fail every handoff "for now", and be retried until max_age.
             raise fail(["target", "url"], f"target {target.name!r}: {problem}", index)
+        for name, value in target.headers.items() if isinstance(target, WebhookTarget) else ():
+            # Sent with every handoff: one aiohttp refuses would fail them all, "for now", until max_age.
+            if not _HTTP_TOKEN.fullmatch(name):
+                reason = f"target {target.name!r}: {name!r} is not an HTTP header field name (RFC 9110 5.6.2)"
+                raise fail(["target", "headers"], reason, index)
+            if any((char < " " and char != "\t") or char == "\x7f" for char in value):
+                # The value is not shown: it is often a secret (Authorization).
+                reason = f"target {target.name!r}: the value of {name!r} holds a line break or control character"
+                raise fail(["target", "headers"], reason, index)
     for mailbox in config.mailbox:
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")
+        if not mailbox.username or any(char.isspace() or not char.isprintable() for char in mailbox.username):
+            # LOGIN sends it as an atom: white space would split it, a line break add a command.
+            reason = (
+                f"mailbox {mailbox.name!r}: {mailbox.username!r} is empty or holds white space or a control character"
+            )
+            raise fail(["mailbox", "username"], reason)
+        if mailbox.password is not None and any(char in mailbox.password for char in "\r\n\x00"):
+            reason = f"mailbox {mailbox.name!r}: the password holds a line break or NUL, which IMAP cannot send"
+            raise fail(["mailbox", "password"], reason)
         if mailbox.password is None and mailbox.password_file is None:
             raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file")
         if mailbox.after_delivery == "move" and not mailbox.move_to:
@@ -545,8 +565,8 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
         problem = _unbindable(address)
         if problem is not None:
             raise fail(["source", "bind"], f"{which}: cannot bind to {source.bind}: {problem}", index)
-        if source.ehlo and not _DOMAIN.fullmatch(source.ehlo):
-            raise fail(["source", "ehlo"], f"{which}: {source.ehlo!r} is not a domain name", index)
+        if source.ehlo and (problem := _greeting_name_problem(source.ehlo)) is not None:
+            raise fail(["source", "ehlo"], f"{which}: {source.ehlo!r} {problem}", index)
     known = ", ".join(repr(n) for n in sources) or "none is configured"
     pools = [pool.name for pool in config.pool]
     for index, pool in enumerate(config.pool):
@@ -609,8 +629,8 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], st
                 if lowered in internal:
                     reason = f"{which}: {header!r} is Pigeon's own header, removed before delivery: it cannot be signed"
                     raise fail(["dkim", key], reason)
-                if not lowered or not lowered.isascii() or any(c in lowered for c in ": \t"):
-                    raise fail(["dkim", key], f"{which}: {header!r} is not a header field name")
+                if (problem := _field_name_problem(header.strip())) is not None:
+                    raise fail(["dkim", key], f"{which}: {header!r} is not a header field name: it {problem}")
         if "from" not in {h.strip().lower() for h in block.headers}:
             raise fail(["dkim", "headers"], f"{which}: must include From (RFC 6376 5.4)")
         if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
@@ -627,8 +647,31 @@ def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
     """Every `[[http.token]]` a secret of its own: the API knows a caller by its secret, so two
     tokens sharing one would make whose request it was (and which scopes apply) a guess."""
     holders: dict[str, int] = {}
+    names: dict[str, int] = {}
     tokens = config.http.token
     for index, token in enumerate(tokens):
+        if not token.name or token.name != token.name.strip() or not token.name.isprintable():
+            reason = f"{token.name!r} is not a name for the holder (written into the records of what it does): "
+            reason += "give one without white space at an end or control characters"
+            raise fail(["http.token", "name"], reason, index)
+        if token.name == LOCAL_TOKEN_NAME:
+            # The `pigeon` commands' own token is called so: what they did and what this token
+            # did would read the same in AdminBounce records and `suspended_by`.
+            reason = (
+                f"{token.name!r} is the name of the `pigeon` commands' local token ([http] local_token): choose another"
+            )
+            raise fail(["http.token", "name"], reason, index)
+        if names.setdefault(token.name, index) != index:
+            raise fail(["http.token", "name"], f"two [[http.token]]s are called {token.name!r}", index)
+        if not token.scopes:
+            reason = f'[[http.token]] {token.name!r}: name at least one scope: "inject", "admin" or "read"'
+            raise fail(["http.token", "scopes"], reason, index)
+        if not all("!" <= char <= "~" for char in token.token):
+            # It travels as `Authorization: Bearer <token>`: white space would split it, a line
+            # break end the header. (The secret is not shown.)
+            reason = f"[[http.token]] {token.name!r}: the secret must be printable ASCII without white space"
+            reason += " (`openssl rand -hex 32` makes one)"
+            raise fail(["http.token", "token"], reason, index)
         first = holders.setdefault(token.token, index)
         if first != index:
             reason = (
@@ -636,6 +679,106 @@ def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
                 "each token needs a secret of its own (`openssl rand -hex 32`)"
             )
             raise fail(["http.token", "token"], reason, index)
+
+
+_MESSAGE_FIELDS: Final = frozenset({*DKIM_HEADERS, "received", "return-path", "bcc", "dkim-signature"})
+"""Header fields of the message itself, which a routing header (removed before delivery) may not be."""
+_HTTP_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.6.2: a field name
+
+
+def _greeting_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a name Pigeon gives on the wire (EHLO, its banner, Received headers)
+    (None: it can). First the very check the SMTP client makes before it greets with a name, so
+    that no name is loaded that every delivery would then refuse; then the shape RFC 5321 4.1.1.1
+    asks of it: a domain name, or an address literal ("[192.0.2.1]", "[IPv6:2001:db8::1]")."""
+    problem = greeting_name_problem(name)
+    if problem is not None:
+        return problem
+    if name.startswith("[") and name.endswith("]"):
+        literal = name[1:-1]
+        ipv6 = literal[:5].lower() == "ipv6:"
+        try:
+            version: int = ipaddress.ip_address(literal[5:] if ipv6 else literal).version
+        except ValueError:
+            version = 0  # no address at all
+        if version != (6 if ipv6 else 4):
+            return "is not an address literal like [192.0.2.1] or [IPv6:2001:db8::1]"
+        return None
+    if len(name) > 255:
+        return "is longer than a domain name may be (255 characters, RFC 5321 4.5.3.1.2)"
+    if not _DOMAIN.fullmatch(name):
+        return "is not a domain name (dot-separated labels of letters, digits, '-' and '_') nor an address literal"
+    return None
+
+
+def _field_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a message header field's name (None: it can): RFC 5322 3.6.8 allows
+    printable ASCII but ':' and space, at least one character."""
+    if not name:
+        return "is empty"
+    if not all("!" <= char <= "~" and char != ":" for char in name):
+        return "holds a character a header field name cannot (white space, ':', a control character, non-ASCII)"
+    return None
+
+
+def _check_names(config: Config, text: str, fail: Callable[..., ConfigError]) -> None:
+    """The names Pigeon puts on the wire itself: refused at load, since a bad one would start a
+    node whose every delivery fails (`[delivery] helo_name`), or whose banner breaks every
+    connection (a line break in `[smtp] hostname`)."""
+    smtp, delivery = config.smtp, config.delivery
+    if (problem := _greeting_name_problem(smtp.hostname)) is not None:
+        written = key_line(text, ["smtp", "hostname"]) is not None
+        default = "" if written else " (the machine's host name, the default: set [smtp] hostname)"
+        reason = (
+            f"{smtp.hostname!r}{default} {problem}; it is the name in the banner, EHLO replies and Received headers"
+        )
+        raise fail(["smtp", "hostname"], reason)
+    if delivery.helo_name and (problem := _greeting_name_problem(delivery.helo_name)) is not None:
+        raise fail(["delivery", "helo_name"], f"{delivery.helo_name!r} {problem}; it is the name Pigeon gives in EHLO")
+    headers = (("tenant_header", delivery.tenant_header), ("campaign_header", delivery.campaign_header))
+    for key, name in headers:
+        if (problem := _field_name_problem(name)) is not None:
+            raise fail(["delivery", key], f"{name!r} is not a header field name: it {problem}")
+        if name.lower() in _MESSAGE_FIELDS:
+            reason = (
+                f"{name!r} is a field of the message itself: it would be removed from every message before delivery"
+            )
+            raise fail(["delivery", key], reason)
+    if delivery.tenant_header.lower() == delivery.campaign_header.lower():
+        reason = (
+            f"{delivery.campaign_header!r} is tenant_header too: each part of a queue name needs a header of its own"
+        )
+        raise fail(["delivery", "campaign_header"], reason)
+
+
+def _check_backoffs(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """Every backoff's ceiling at least its first interval: below it, the "doubling up to" would
+    silently make every wait the ceiling, and the interval a setting that does nothing."""
+    delivery = config.delivery
+
+    def check(keys: list[str], first: float, ceiling: float, which: str, index: int | None = None) -> None:
+        if ceiling < first:
+            raise fail(keys, f"{ceiling:g}s is below {which} ({first:g}s): it must be at least that", index)
+
+    check(["delivery", "max_retry_interval"], delivery.retry_interval, delivery.max_retry_interval, "retry_interval")
+    site_first, site_ceiling = delivery.site_retry_interval, delivery.max_site_retry_interval
+    check(["delivery", "max_site_retry_interval"], site_first, site_ceiling, "site_retry_interval")
+    for index, target in enumerate(config.target):
+        which = f"the retry_interval of target {target.name!r}"
+        check(["target", "max_retry_interval"], target.retry_interval, target.max_retry_interval, which, index)
+    for index, queue in enumerate(config.queue):
+        # What the queue's mail gets: its own settings, else [delivery]'s (`node.outbound`).
+        first = delivery.retry_interval if queue.retry_interval is None else queue.retry_interval
+        if queue.max_retry_interval is not None:
+            own = "" if queue.retry_interval is not None else " (from [delivery])"
+            which = f"the retry_interval of queue {queue.name!r}{own}"
+            check(["queue", "max_retry_interval"], first, queue.max_retry_interval, which, index)
+        elif first > delivery.max_retry_interval:
+            reason = (
+                f"queue {queue.name!r}: {first:g}s is over [delivery] max_retry_interval "
+                f"({delivery.max_retry_interval:g}s), which caps it: give the queue a max_retry_interval of its own"
+            )
+            raise fail(["queue", "retry_interval"], reason, index)
 
 
 def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:

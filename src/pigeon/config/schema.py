@@ -44,8 +44,17 @@ class Duration(float):
     """Seconds. Written as a number of seconds or "30s", "5m", "250ms", "2h", "1d"."""
 
 
+class PositiveDuration(Duration):
+    """A Duration of more than 0: a timeout, interval or window that 0 would make fire at once
+    (or count nothing) is refused at load, naming the key, rather than run."""
+
+
 class Size(int):
     """Bytes. Written as a number of bytes or "64KiB", "25MiB", "10MB"."""
+
+
+class PositiveSize(Size):
+    """A Size of more than 0: a limit that 0 would make refuse everything is refused at load."""
 
 
 class DataRate(int):
@@ -89,23 +98,16 @@ def split_endpoint(text: str) -> tuple[str, int]:
 
 def decode_hook(kind: type, value: Any) -> Any:
     """msgspec hook turning TOML values into the custom types above, with clear errors."""
-    if kind is Duration:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-            return Duration(value)
-        if isinstance(value, str):
-            match = DURATION_TEXT.fullmatch(value)
-            if match:
-                return Duration(float(match.group(1)) * _DURATION_UNITS[match.group(2)])
-        raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')
-    if kind is Size:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return Size(value)
-        if isinstance(value, str):
-            match = _SIZE.fullmatch(value)
-            if match:
-                unit = (match.group(2) or "b").lower()
-                return Size(int(float(match.group(1)) * _SIZE_UNITS[unit]))
-        raise ValueError(f'{value!r} is not a size: use bytes or a string like "64KiB", "25MiB", "10MB"')
+    if kind is Duration or kind is PositiveDuration:
+        seconds = _duration(value)
+        if kind is PositiveDuration and seconds <= 0:
+            raise ValueError(MORE_THAN_ZERO)
+        return kind(seconds)
+    if kind is Size or kind is PositiveSize:
+        size = _size(value)
+        if kind is PositiveSize and size <= 0:
+            raise ValueError('must be more than 0 (e.g. "64KiB", "25MiB")')
+        return kind(size)
     if kind is DataRate:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return DataRate(value)
@@ -137,6 +139,31 @@ def decode_hook(kind: type, value: Any) -> Any:
             return Path(value)
         raise ValueError(f"{value!r} is not a path")
     raise NotImplementedError(kind)
+
+
+MORE_THAN_ZERO: Final = 'must be more than 0 (e.g. "2s", "250ms")'
+"""What a `PositiveDuration` of 0 is told."""
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if isinstance(value, str):
+        match = DURATION_TEXT.fullmatch(value)
+        if match:
+            return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        if match:
+            unit = (match.group(2) or "b").lower()
+            return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    raise ValueError(f'{value!r} is not a size: use bytes or a string like "64KiB", "25MiB", "10MB"')
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -183,13 +210,15 @@ class SmtpConfig(_Section):
     listen: list[Endpoint] = msgspec.field(default_factory=lambda: [Endpoint("127.0.0.1:2525")])
     """Addresses the SMTP listener binds to: a list, or one address as a string."""
     hostname: str = msgspec.field(default_factory=socket.gethostname)
-    """Name in the banner, EHLO reply and Received headers."""
+    """Name in the banner, EHLO reply and Received headers: a domain name or an address literal
+    ("[192.0.2.1]", "[IPv6:2001:db8::1]"), checked at load as the SMTP client checks a name to
+    greet with (`config.load`)."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
     """Clients in these networks may send to any domain. Others must authenticate."""
     postmaster: str = ""
     """Where mail for <postmaster> (no domain) goes; anyone may send it (RFC 5321 4.5.1).
     Default: postmaster@<hostname>."""
-    max_message_size: Size = Size(25 * 1024 * 1024)
+    max_message_size: PositiveSize = PositiveSize(25 * 1024 * 1024)
     """Largest message accepted (advertised with SIZE, checked on MAIL and on the data)."""
     max_recipients: PositiveInt = 1000
     """Recipients per message; more get 452 4.5.3 (the client sends them in a new transaction).
@@ -220,9 +249,9 @@ class SmtpConfig(_Section):
     """Received headers after which a message is refused as a loop (RFC 5321 6.3)."""
     bare_linefeeds: Literal["refuse", "normalise"] = "refuse"
     """A message with a bare LF or CR: refuse it (554 5.6.0) or rewrite the line endings as CRLF."""
-    idle_timeout: Duration = Duration(300)
+    idle_timeout: PositiveDuration = PositiveDuration(300)
     """Close a connection that sends nothing for this long (421 4.4.2)."""
-    command_timeout: Duration = Duration(300)
+    command_timeout: PositiveDuration = PositiveDuration(300)
     """Close a connection (421 4.4.2) that takes longer than this to send one command line, from
     the reply to the previous one (RFC 5321 4.5.3.2.7), or to send a message's content (after
     354, or from the first BDAT to the end of the LAST chunk) beyond what `min_data_rate` allows."""
@@ -253,9 +282,9 @@ class SmtpConfig(_Section):
     """Failed AUTH attempts for one user name, from any address, within `auth_failure_window`
     that lock the name out for `auth_lockout` (addresses that authenticated as it in the last
     day are exempt). 0: no per-user limit."""
-    auth_failure_window: Duration = Duration(600)
+    auth_failure_window: PositiveDuration = PositiveDuration(600)
     """How far back failed AUTH attempts count."""
-    auth_lockout: Duration = Duration(600)
+    auth_lockout: PositiveDuration = PositiveDuration(600)
     """How long a locked-out address or user name gets 454 4.7.0."""
     auth_threads: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
     """Threads that check passwords (scrypt), apart from those that write files."""
@@ -265,11 +294,18 @@ class SmtpConfig(_Section):
 
 class ApiToken(_Section):
     name: str
-    """Who holds the token: written into the records of what it did."""
+    """Who holds the token: written into the records of what it did. One of its own, not empty,
+    and not "local" (`LOCAL_TOKEN_NAME`)."""
     token: Annotated[str, msgspec.Meta(min_length=16)]
-    """The bearer secret (at least 16 characters; `openssl rand -hex 32` makes a good one)."""
+    """The bearer secret (at least 16 characters of printable ASCII, no white space: it is sent as
+    `Authorization: Bearer <token>`; `openssl rand -hex 32` makes a good one)."""
     scopes: list[Literal["inject", "admin", "read"]]
-    """What it may do: "inject" mail, "admin" operations (bounce, suspend, ...), "read" state."""
+    """What it may do (at least one): "inject" mail, "admin" operations (bounce, suspend, ...), "read" state."""
+
+
+LOCAL_TOKEN_NAME: Final = "local"
+"""The holder's name of the local token (`[http] local_token`), which the `pigeon` commands on the
+node's machine use: what they do is recorded under it, so no `[[http.token]]` may take it."""
 
 
 class HttpConfig(_Section):
@@ -280,7 +316,7 @@ class HttpConfig(_Section):
     local_token: bool = True
     """Keep a token with every scope in <spool path>/api-token (mode 0600), made at first start,
     for the `pigeon` commands run on this machine by a user who can read the spool."""
-    max_request_size: Size = Size(64 * 1024 * 1024)
+    max_request_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Largest API request body: 413 beyond, with a JSON error naming this setting."""
     max_metadata_size: Size = Size(4 * 1024)
     """Largest `metadata` object of one injected recipient, in bytes of its JSON (400 beyond):
@@ -289,7 +325,7 @@ class HttpConfig(_Section):
     """API requests a node with several workers reads and forwards at once; beyond, 503 and the
     connection closed. With `max_request_size` it bounds the bodies held in memory. A request
     without a known token is refused (401) from its headers, before its body is read."""
-    max_render_time: Duration = Duration(10)
+    max_render_time: PositiveDuration = PositiveDuration(10)
     """Time one injection request may spend rendering its templates, over all its recipients
     (each render also stops at 1 s). Recipients left when it is spent get `451 4.3.0`, to be
     sent again in another request, so that no request holds a worker for longer."""
@@ -304,15 +340,15 @@ class SpoolConfig(_Section):
     """Under load (four or more writes arrived during the last commit), how long the next commit
     waits to gather more, so one fsync serves more messages. 0: never wait."""
     max_batch: PositiveInt = 1024
-    max_size: Size | None = None
+    max_size: PositiveSize | None = None
     """Cap on the spool database size; when reached, new mail gets 451 4.3.0."""
 
 
 class LogConfig(_Section):
     path: Path = Path("var/log")
     """Directory of the JSON-lines log segments."""
-    max_segment_size: Size = Size(128 * 1024 * 1024)
-    max_segment_age: Duration = Duration(3600)
+    max_segment_size: PositiveSize = PositiveSize(128 * 1024 * 1024)
+    max_segment_age: PositiveDuration = PositiveDuration(3600)
     compress: bool = True
     """gzip segments once they are closed."""
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -324,7 +360,7 @@ class DeliveryConfig(_Section):
     """Deliver mail. Off: the node only accepts (maintenance, or measuring acceptance): SMTP mail
     for `[[inbound]]` routes waits in the spool too (said at start); mailboxes are still watched."""
     helo_name: str = ""
-    """Name in outbound EHLO. Default: [smtp] hostname."""
+    """Name in outbound EHLO, checked as [smtp] hostname is. Default: [smtp] hostname."""
     source: str = "default"
     """Name of the implicit egress source: the one mail leaves from when it has no pool (its
     address is the one the OS picks, its EHLO name `helo_name`). Ready queues are "source->site"."""
@@ -332,11 +368,11 @@ class DeliveryConfig(_Section):
     """The `[[pool]]` mail leaves from when neither its `[[queue]]` nor the policy hook names
     one. None: such mail leaves from the implicit source."""
     smtp_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 25
-    retry_interval: Duration = Duration(300)
+    retry_interval: PositiveDuration = PositiveDuration(300)
     """First retry after this long; each later one waits twice as long as the one before ..."""
-    max_retry_interval: Duration = Duration(4 * 3600)
+    max_retry_interval: PositiveDuration = PositiveDuration(4 * 3600)
     """... up to this."""
-    max_age: Duration = Duration(5 * 86400)
+    max_age: PositiveDuration = PositiveDuration(5 * 86400)
     """Give up (Expiration, and a DSN) when a message has not been delivered by this age."""
     dsn: bool = True
     """Send delivery status notifications for bounces and expirations (never to <>)."""
@@ -355,7 +391,7 @@ class DeliveryConfig(_Section):
     """Connections per site from each egress source (ready queue): for the node, whatever its
     workers; for the cluster with a [redis] url (each node's share while Redis does not answer)."""
     max_deliveries_per_connection: PositiveInt = 1000
-    idle_timeout: Duration = Duration(10)
+    idle_timeout: PositiveDuration = PositiveDuration(10)
     """Close a connection that has had nothing to send for this long."""
     max_message_rate: str | None = None
     """Messages per second to one site, e.g. "100/s", "3000/min", "10/s,burst=5" (GCRA; none:
@@ -364,19 +400,20 @@ class DeliveryConfig(_Section):
     """Failed connections in a row after which everything waiting for a site is deferred
     (a host that answered and would not do: a 421, a failed TLS handshake). One that no host
     took at all makes the site down at once (`site_retry_interval`)."""
-    site_retry_interval: Duration = Duration(60)
+    site_retry_interval: PositiveDuration = PositiveDuration(60)
     """A site none of whose hosts takes a connection (each refuses it or times out) is down:
     its mail waits, untried (`451 4.4.1 not tried: <site> is down`, no attempt counted), and
     one connection probes it this long after ..."""
-    max_site_retry_interval: Duration = Duration(600)
+    max_site_retry_interval: PositiveDuration = PositiveDuration(600)
     """... then twice as long after each probe that fails, up to this. A probe that connects
     brings the site up, and its mail goes at once. Each worker process keeps its own view."""
-    connect_timeout: Duration = Duration(30)
-    reply_timeout: Duration = Duration(300)
+    connect_timeout: PositiveDuration = PositiveDuration(30)
+    reply_timeout: PositiveDuration = PositiveDuration(300)
     max_active: PositiveInt = 10_000
     """Messages held in memory per worker (the rest wait in the spool)."""
     tenant_header: str = "X-Tenant"
-    """Header naming the tenant part of the queue name; removed before delivery."""
+    """Header naming the tenant part of the queue name; removed before delivery (so no field of the
+    message itself, like Subject, and not `campaign_header`)."""
     campaign_header: str = "X-Campaign"
     """Header naming the campaign part of the queue name; removed before delivery."""
     bounce_rules: list[Path] = msgspec.field(default_factory=list)
@@ -393,7 +430,7 @@ class DeliveryConfig(_Section):
 class DnsConfig(_Section):
     nameservers: list[Endpoint] = msgspec.field(default_factory=list)
     """Resolvers to ask ("127.0.0.1:53"); empty: the system's (/etc/resolv.conf)."""
-    timeout: Duration = Duration(5)
+    timeout: PositiveDuration = PositiveDuration(5)
 
 
 class RouteConfig(_Section):
@@ -411,9 +448,9 @@ class RouteConfig(_Section):
 class QueueConfig(_Section):
     name: str
     """Scheduled queue names this applies to (a glob: "*@example.net", "newsletter:*")."""
-    retry_interval: Duration | None = None
-    max_retry_interval: Duration | None = None
-    max_age: Duration | None = None
+    retry_interval: PositiveDuration | None = None
+    max_retry_interval: PositiveDuration | None = None
+    max_age: PositiveDuration | None = None
     dsn: bool | None = None
     pool: str | None = None
     """The `[[pool]]` this queue's mail leaves from (a policy hook's `egress_pool` wins).
@@ -429,7 +466,8 @@ class SourceConfig(_Section):
     """A local IP address, v4 or v6 ("192.0.2.10", "2001:db8::10"). Connections from this source
     go only to MX addresses of the same family."""
     ehlo: str = ""
-    """Name in EHLO (it should resolve to `bind`, and `bind` back to it). Default: [delivery] helo_name."""
+    """Name in EHLO (it should resolve to `bind`, and `bind` back to it), checked as [smtp] hostname
+    is. Default: [delivery] helo_name."""
 
 
 class PoolMember(_Section):
@@ -469,7 +507,7 @@ class ShapingConfig(_Section):
     precedence over the blocks without one: what it sets overrides theirs, the rest is theirs."""
     connection_limit: PositiveInt | None = None
     max_deliveries_per_connection: PositiveInt | None = None
-    idle_timeout: Duration | None = None
+    idle_timeout: PositiveDuration | None = None
     max_message_rate: str | None = None
 
 
@@ -498,7 +536,7 @@ class ReactionConfig(_Section, kw_only=True):
     scope: Literal["site", "source", "provider"] = "site"
     """What the effect applies to: the site; this source's path to the site (`source->site`,
     the sending address a provider judges); or every site of `provider`."""
-    duration: Duration = Duration(600)
+    duration: PositiveDuration = PositiveDuration(600)
     """How long the effect lives. A match while it lives changes nothing (it is not extended)."""
     connection_limit: PositiveInt | None = None
     """action = "limit": connections at most this many while the effect lives."""
@@ -519,17 +557,17 @@ class RedisConfig(_Section):
     None: single-node mode, claims and limits are held in the node (one node per mailbox)."""
     key_prefix: str = "pigeon"
     """Prefix of every key Pigeon writes, so several clusters can share one Redis."""
-    timeout: Duration = Duration(2)
+    timeout: PositiveDuration = PositiveDuration(2)
     """Connect and command timeout. A Redis that does not answer pauses inbound claims."""
 
 
 class _Target(_Section, tag_field="kind", kw_only=True):
     name: str
     """What `[[mailbox]]` and `[[inbound]]` call this target."""
-    retry_interval: Duration = Duration(5)
+    retry_interval: PositiveDuration = PositiveDuration(5)
     """First retry of a message the target refused for now (5xx, timeout, Redis down) ..."""
-    max_retry_interval: Duration = Duration(300)
-    """... doubling up to this."""
+    max_retry_interval: PositiveDuration = PositiveDuration(300)
+    """... doubling up to this (at least `retry_interval`)."""
 
 
 class SidekiqTarget(_Target, tag="sidekiq", kw_only=True):
@@ -558,7 +596,7 @@ class WebhookTarget(_Target, tag="webhook", kw_only=True):
     where `raw` is base64 with "raw_encoding": "base64" beside it when the message is not UTF-8."""
     secret: str | None = None
     """HMAC-SHA256 key: X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC of "<t>." + body>."""
-    timeout: Duration = Duration(30)
+    timeout: PositiveDuration = PositiveDuration(30)
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra request headers (an Authorization header, say)."""
     retry_statuses: list[Annotated[int, msgspec.Meta(ge=400, le=499)]] = msgspec.field(
@@ -649,7 +687,7 @@ class MailboxConfig(_Section, kw_only=True):
     webhook). A node killed mid-batch repeats at most twice this many such handoffs (those not
     yet marked done), each with the same dedupe key; a target that takes a batch whole repeats
     at most that batch (see `batch`)."""
-    max_message_size: Size = Size(50 * 1024 * 1024)
+    max_message_size: PositiveSize = PositiveSize(50 * 1024 * 1024)
     """Larger messages are treated as permanent failures (not fetched)."""
     timeout: Duration = Duration(60)
     """Connect and per-command timeout."""
@@ -751,7 +789,7 @@ class PolicyConfig(_Section):
     name beside this file if there is one, else imported from sys.path; or the path of a .py
     file (relative to this file). Its functions named like the hooks are
     called at the points the README's "Policy hooks" describes. None: no policy."""
-    timeout: Duration = Duration(2)
+    timeout: PositiveDuration = PositiveDuration(2)
     """How long an async (or threaded) hook may take; more than 0. Past it the client gets
     451 4.3.0, a delivery is deferred, an outcome stays as it was, and a PolicyFailure record
     is logged."""

@@ -1,0 +1,281 @@
+"""Values that load as the right type but would break or mislead later: a name that cannot go
+on the wire, a duration or size of 0, a backoff whose ceiling is below its first interval, an
+API token no record could tell apart. Each is refused at load (so at start-up, exit 2, and at a
+reload, which keeps the running config), naming the file, the line and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pigeon.config.load import ConfigError, load
+from pigeon.smtp.client_session import ClientSession
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pigeon.toml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load(write(tmp_path, text))
+    return str(caught.value)
+
+
+SOURCE = '[[source]]\nname = "ip-2"\nbind = "127.0.0.2"\nehlo = {}\n'
+NAME_SETTINGS = {
+    "hostname": ("[smtp]\nhostname = {}\n", "line 2: [smtp] hostname: "),
+    "helo_name": ("[delivery]\nhelo_name = {}\n", "line 2: [delivery] helo_name: "),
+    "source-ehlo": (SOURCE, "line 4: [source] ehlo: source 'ip-2': "),
+}
+BAD_NAMES = {
+    "space": ('"bad host"', "holds white space or a control character"),
+    "crlf": ('"evil.test\\r\\nX-Injected: yes"', "holds white space or a control character"),
+    "control": ('"x\\u0001y"', "holds white space or a control character"),
+    "non-ascii": ('"mx.exämple.org"', "holds a character that is not ASCII"),
+    "punctuation": ('"mx!.example.org"', "is not a domain name"),
+    "bad-literal": ('"[mx.example.org]"', "is not an address literal"),
+    "v6-literal-without-tag": ('"[2001:db8::1]"', "is not an address literal"),
+    "too-long": (f'"{"a" * 63}.{"b" * 63}.{"c" * 63}.{"d" * 63}.example"', "longer than a domain name may be"),
+}
+
+
+@pytest.mark.parametrize("setting", NAME_SETTINGS, ids=list(NAME_SETTINGS))
+@pytest.mark.parametrize("bad", BAD_NAMES, ids=list(BAD_NAMES))
+def test_a_name_pigeon_would_give_on_the_wire_is_refused_at_load(tmp_path: Path, setting: str, bad: str) -> None:
+    # They used to load: the banner then broke every SMTP connection (a line break), or every
+    # delivery raised "not a name to greet with" and no mail ever left.
+    template, where = NAME_SETTINGS[setting]
+    value, why = BAD_NAMES[bad]
+    message = error_of(tmp_path, template.format(value))
+    assert message.startswith(f"{tmp_path / 'pigeon.toml'}, {where}")
+    assert why in message
+
+
+def test_an_empty_hostname_is_refused_at_load(tmp_path: Path) -> None:
+    assert "line 2: [smtp] hostname: '' is empty" in error_of(tmp_path, '[smtp]\nhostname = ""\n')
+
+
+@pytest.mark.parametrize("name", ["mx.example.org", "mx.example.org.", "mail_1.example", "[192.0.2.1]", "[IPv6:::1]"])
+def test_domain_names_and_address_literals_load_as_names_on_the_wire(tmp_path: Path, name: str) -> None:
+    config = load(
+        write(tmp_path, f'[smtp]\nhostname = "{name}"\n[delivery]\nhelo_name = "{name}"\n' + SOURCE.format(f'"{name}"'))
+    )
+    assert (config.smtp.hostname, config.delivery.helo_name, config.source[0].ehlo) == (name, name, name)
+    ClientSession(name)  # and the SMTP client greets with it
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "[smtp]\nidle_timeout = {}",
+        "[smtp]\ncommand_timeout = {}",
+        "[smtp]\nauth_failure_window = {}",
+        "[smtp]\nauth_lockout = {}",
+        "[http]\nmax_render_time = {}",
+        "[log]\nmax_segment_age = {}",
+        "[delivery]\nretry_interval = {}",
+        "[delivery]\nmax_retry_interval = {}",
+        "[delivery]\nmax_age = {}",
+        "[delivery]\nidle_timeout = {}",
+        "[delivery]\nsite_retry_interval = {}",
+        "[delivery]\nmax_site_retry_interval = {}",
+        "[delivery]\nconnect_timeout = {}",
+        "[delivery]\nreply_timeout = {}",
+        "[dns]\ntimeout = {}",
+        "[redis]\ntimeout = {}",
+        "[policy]\ntimeout = {}",
+        '[[queue]]\nname = "*"\nretry_interval = {}',
+        '[[queue]]\nname = "*"\nmax_retry_interval = {}',
+        '[[queue]]\nname = "*"\nmax_age = {}',
+        '[[reaction]]\nid = "r"\nmatch = "^421"\naction = "suspend"\nduration = {}',
+        '[[target]]\nname = "t"\nkind = "log"\npath = "t.log"\nretry_interval = {}',
+        '[[target]]\nname = "t"\nkind = "webhook"\nurl = "http://127.0.0.1:9/"\ntimeout = {}',
+    ],
+)
+@pytest.mark.parametrize("zero", ['"0s"', "0", '"0ms"'])
+def test_a_duration_of_zero_is_refused_naming_the_key(tmp_path: Path, setting: str, zero: str) -> None:
+    text = setting.format(zero) + "\n"
+    section, key = text.splitlines()[0].strip("[]"), text.splitlines()[-1].split(" = ")[0]
+    line = len(text.splitlines())
+    message = error_of(tmp_path, text)
+    assert (
+        message
+        == f'{tmp_path / "pigeon.toml"}, line {line}: [{section}] {key}: must be more than 0 (e.g. "2s", "250ms")'
+    )
+
+
+def test_a_shaping_idle_timeout_of_zero_is_refused_naming_the_block(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[[shaping]]\ndomain = "a.example"\nidle_timeout = "0s"\n')
+    assert "line 3: [[shaping]] #1 idle_timeout: must be more than 0" in message
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "[smtp]\nmax_message_size = {}",
+        "[http]\nmax_request_size = {}",
+        "[spool]\nmax_size = {}",
+        "[log]\nmax_segment_size = {}",
+    ],
+)
+@pytest.mark.parametrize("zero", ['"0"', "0", '"0KiB"'])
+def test_a_size_of_zero_is_refused_naming_the_key(tmp_path: Path, setting: str, zero: str) -> None:
+    message = error_of(tmp_path, setting.format(zero) + "\n")
+    section, key = setting.split("\n")[0].strip("[]"), setting.split("\n")[1].split(" = ")[0]
+    assert f"line 2: [{section}] {key}: must be more than 0" in message
+
+
+@pytest.mark.parametrize("setting", ["[smtp]\ncommand_timeout = 0", '[http]\nmax_request_size = "0"'])
+def test_a_zero_is_refused_by_pigeon_shaping_check_too(tmp_path: Path, setting: str) -> None:
+    from pigeon.config.load import problems
+
+    found = problems(write(tmp_path, setting + "\n"))
+    assert len(found) == 1 and "must be more than 0" in found[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[delivery]\nretry_interval = "10m"\nmax_retry_interval = "5m"\n',
+            "line 3: [delivery] max_retry_interval: 300s is below retry_interval (600s)",
+        ),
+        (
+            '[delivery]\nmax_site_retry_interval = "30s"\n',
+            "line 2: [delivery] max_site_retry_interval: 30s is below site_retry_interval (60s)",
+        ),
+        (
+            '[[target]]\nname = "t"\nkind = "log"\npath = "t.log"\nretry_interval = "1m"\nmax_retry_interval = "30s"\n',
+            "line 6: [target] max_retry_interval: 30s is below the retry_interval of target 't' (60s)",
+        ),
+        (
+            '[[queue]]\nname = "*"\nmax_retry_interval = "1m"\n',
+            "line 3: [queue] max_retry_interval: 60s is below the retry_interval of queue '*' (from [delivery]) (300s)",
+        ),
+        (
+            '[[queue]]\nname = "*"\nretry_interval = "6h"\n',
+            "line 3: [queue] retry_interval: queue '*': 21600s is over [delivery] max_retry_interval (14400s)",
+        ),
+    ],
+    ids=["delivery", "site", "target", "queue-ceiling", "queue-interval"],
+)
+def test_a_backoff_ceiling_below_its_first_interval_is_refused(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+def test_a_backoff_ceiling_equal_to_its_first_interval_loads(tmp_path: Path) -> None:
+    text = '[delivery]\nretry_interval = "1s"\nmax_retry_interval = "1s"\n'
+    assert load(write(tmp_path, text)).delivery.max_retry_interval == 1
+    text = '[[queue]]\nname = "*"\nretry_interval = "4h"\n'  # [delivery] max_retry_interval: 4h
+    assert load(write(tmp_path, text)).queue[0].retry_interval == 4 * 3600
+
+
+TOKEN = "[[http.token]]\nname = {name}\ntoken = {token}\nscopes = {scopes}\n"
+
+
+def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: str = '["read"]') -> str:
+    return TOKEN.format(name=name, token=secret, scopes=scopes)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            token() + token(secret='"ffffffffffffffffffff"'),
+            "line 6: [http.token] name: two [[http.token]]s are called 'app'",
+        ),
+        (token(name='""'), "line 2: [http.token] name: '' is not a name for the holder"),
+        (token(name='"app\\n"'), "line 2: [http.token] name: 'app\\n' is not a name for the holder"),
+        (token(name='"local"'), "line 2: [http.token] name: 'local' is the name of the `pigeon` commands' local token"),
+        (token(scopes="[]"), "line 4: [http.token] scopes: [[http.token]] 'app': name at least one scope"),
+        (
+            token(secret='"a0b1c2d3e4 f5a6b7c8d9"'),
+            "line 3: [http.token] token: [[http.token]] 'app': the secret must be",
+        ),
+        (
+            token(secret='"a0b1c2d3e4f5a6b7c8d9\\n"'),
+            "line 3: [http.token] token: [[http.token]] 'app': the secret must be",
+        ),
+    ],
+    ids=["same-name", "empty-name", "control-in-name", "local", "no-scopes", "space-in-secret", "newline-in-secret"],
+)
+def test_api_token_mistakes_are_refused_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert expected in message
+    assert "a0b1c2d3e4" not in message  # the secret is never shown
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[delivery]\ntenant_header = "X Bad"\n',
+            "line 2: [delivery] tenant_header: 'X Bad' is not a header field name",
+        ),
+        (
+            '[delivery]\ncampaign_header = "X:Campaign"\n',
+            "[delivery] campaign_header: 'X:Campaign' is not a header field",
+        ),
+        (
+            '[delivery]\ntenant_header = ""\n',
+            "line 2: [delivery] tenant_header: '' is not a header field name: it is empty",
+        ),
+        (
+            '[delivery]\ntenant_header = "Subject"\n',
+            "[delivery] tenant_header: 'Subject' is a field of the message itself",
+        ),
+        ('[delivery]\ncampaign_header = "x-tenant"\n', "[delivery] campaign_header: 'x-tenant' is tenant_header too"),
+        (
+            '[[target]]\nname = "t"\nkind = "webhook"\nurl = "http://127.0.0.1:9/"\nheaders = {"X Key" = "1"}\n',
+            "line 5: [target] headers: target 't': 'X Key' is not an HTTP header field name",
+        ),
+        (
+            '[[target]]\nname = "t"\nkind = "webhook"\nurl = "http://127.0.0.1:9/"\n'
+            'headers = {Authorization = "Bearer s3cret\\r\\nX-Evil: 1"}\n',
+            "line 5: [target] headers: target 't': the value of 'Authorization' holds a line break",
+        ),
+    ],
+    ids=[
+        "tenant-space",
+        "campaign-colon",
+        "tenant-empty",
+        "message-field",
+        "same-header",
+        "webhook-name",
+        "webhook-value",
+    ],
+)
+def test_header_names_and_values_that_cannot_be_sent_are_refused(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert expected in message
+    assert "s3cret" not in message
+
+
+MAILBOX = """\
+[[target]]
+name = "hook"
+kind = "webhook"
+url = "http://127.0.0.1:9/in"
+
+[[mailbox]]
+name = "support"
+host = "imap.example.com"
+target = "hook"
+"""
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ('username = "app user"\npassword = "pw"\n', "[mailbox] username: mailbox 'support': 'app user' is empty or"),
+        ('username = "app\\r\\nA1 DELETE INBOX"\npassword = "pw"\n', "[mailbox] username: mailbox 'support':"),
+        ('username = "app"\npassword = "pw\\n"\n', "[mailbox] password: mailbox 'support': the password holds a line"),
+    ],
+    ids=["space-in-user", "crlf-in-user", "newline-in-password"],
+)
+def test_imap_credentials_that_cannot_be_sent_are_refused(tmp_path: Path, lines: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, MAILBOX + lines)
