@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import smtplib
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,6 +156,53 @@ def test_the_same_suspension_asked_twice_is_one_rule_that_one_resume_ends(tmp_pa
         sink.wait_for(1)  # one resume was enough
         status, other = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test", "duration": "1h"})
         assert other["already"] is False  # a suspension for a while is another request
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_identical_suspensions_asked_at_once_are_one_rule_that_one_resume_ends(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    with _node(tmp_path / "node", sink, workers=workers) as pigeon:
+        asked = 8
+        start = threading.Barrier(asked)
+        answers: list[tuple[int, Any]] = []
+
+        def suspend() -> None:
+            start.wait()
+            answers.append(_api(pigeon, "POST", "/api/v1/admin/suspend", {"tenant": "conc1"}))
+
+        threads = [threading.Thread(target=suspend) for _ in range(asked)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [status for status, _ in answers] == [200] * asked, answers
+        # Before: each client got a rule of its own, and two workers kept different sets of them.
+        (rule_id,) = {answer["rule"]["id"] for _, answer in answers}
+        assert sorted(answer["already"] for _, answer in answers) == [False] + [True] * (asked - 1)
+        config = ["-c", str(pigeon.config_path)]
+        listed = _cli("suspend", *config, "--list").stdout.splitlines()
+        assert len(listed) == 1 and listed[0].startswith(rule_id), listed
+        ids: list[str] = []
+        while len(ids) < 3 or (len(ids) < 40 and {int(i, 16) & 63 for i in ids} != set(range(workers))):
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:  # a connection each: both workers get some
+                client.ehlo("client.test")
+                client.mail("a@example.org")
+                client.rcpt("ok@example.net")
+                code, text = client.data(b"X-Tenant: conc1\r\nSubject: held\r\n\r\nhi\r\n")
+                assert code == 250
+                ids += text.decode().split("queued as ")[1].split()
+        assert {int(i, 16) & 63 for i in ids} == set(range(workers))  # the shard bits: every worker holds some
+        wait_until(lambda: all(_api(pigeon, "GET", f"/api/v1/messages/{i}")[1]["suspended_by"] == rule_id for i in ids))
+        assert not sink.received
+        resumed = _cli("resume", *config, rule_id)
+        assert resumed.stdout.strip() == f"resumed: {len(ids)} messages due now", resumed
+        sink.wait_for(len(ids))  # one resume released every worker's share
+        assert _cli("suspend", *config, "--list").stdout.strip() == "none"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_a_bounce_tells_apart_the_mail_being_sent_which_it_bounces_only_if_that_attempt_fails(

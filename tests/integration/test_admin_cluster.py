@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,6 +134,48 @@ def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(
     sink.wait_for(2)
     status, listed = _api(b, "GET", "/api/v1/admin/suspend?cluster=1", token=READER)
     assert listed["rules"] == [] and listed["cluster"]["nodes"] == {"a": "done", "b": "done"}
+
+
+def test_identical_suspensions_issued_at_once_on_both_nodes_are_one_rule_that_one_resume_ends(
+    cluster: tuple[PigeonProcess, PigeonProcess], sink: ScriptedSink
+) -> None:
+    a, b = cluster
+    on = [a, b] * 3
+    start = threading.Barrier(len(on))
+    answers: list[tuple[int, Any]] = []
+
+    def suspend(node: PigeonProcess) -> None:
+        start.wait()
+        answers.append(_api(node, "POST", "/api/v1/admin/suspend", {"tenant": "conc1"}))
+
+    threads = [threading.Thread(target=suspend, args=(node,)) for node in on]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [status for status, _ in answers] == [200] * len(on), answers
+    # Before: each node made its own first request's rule, and answered with it.
+    (rule_id,) = {answer["rule"]["id"] for _, answer in answers}
+    status, listed = _api(a, "GET", "/api/v1/admin/suspend?cluster=1", token=READER)
+    assert [r["id"] for r in listed["rules"]] == [rule_id]
+    for node in (a, b):
+        status, injected = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "sender@example.org",
+                "content": "X-Tenant: conc1\r\nSubject: held\r\n\r\nhello\r\n",
+                "recipients": [{"email": f"user@{node.config['node']['name']}.example"}],
+            },
+            node.local_token,
+        )
+        assert status == 200, injected
+    time.sleep(1.0)
+    assert not sink.received, "a suspended tenant's mail went out"
+    status, answer = _api(a, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+    assert (status, answer["cancelled"], answer["made_due"]) == (200, True, 2), answer  # one on each node
+    sink.wait_for(2)
+    status, listed = _api(b, "GET", "/api/v1/admin/suspend?cluster=1", token=READER)
+    assert listed["rules"] == []
 
 
 def test_cluster_reads_add_up_every_nodes_queues_and_the_cli_shows_them(

@@ -170,6 +170,8 @@ class Supervisor:
         self._tokens = Tokens.from_config(config)
         self._open_requests = 0
         self._open_anonymous = 0
+        self._suspending = asyncio.Lock()
+        """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # With [redis], admin operations issued here go to every node (their workers consume).
         self._cluster = Broadcast(config) if config.redis.url and config.delivery.enabled else None
 
@@ -492,11 +494,23 @@ class Supervisor:
                 challenge = {k: v for k, v in refusal.headers.items() if k == "WWW-Authenticate"}
                 return web.json_response(answer, status=status, headers=challenge)
             status, merged = await cluster.around(
-                request.method, request.path, body, operator, lambda: self._to_workers(request, body)
+                request.method, request.path, body, operator, lambda: self._to_workers_in_turn(request, body)
             )
         else:
-            status, merged = await self._to_workers(request, body)
+            status, merged = await self._to_workers_in_turn(request, body)
         return web.json_response(merged, status=status)
+
+    async def _to_workers_in_turn(self, request: web.Request, body: bytes) -> tuple[int, Any]:
+        """`_to_workers`; a suspension once every worker has answered the one before. Identical
+        suspensions asked for at once would otherwise reach the workers in different orders:
+        each worker makes the rule for another request, each request finds it `already` made
+        on some worker, and no client learns that it was its own that made it. (The rule and
+        its id are one either way: `pigeon.queue.rules.standing_rule_id`.) A suspension only
+        holds what is in memory, so the next waits for moments, not for a walk of the spool."""
+        if request.method == "POST" and request.path.startswith("/api/v1/admin/suspend"):
+            async with self._suspending:
+                return await self._to_workers(request, body)
+        return await self._to_workers(request, body)
 
     async def _to_workers(self, request: web.Request, body: bytes) -> tuple[int, Any]:
         """Every worker asked at once. One that could not be reached, or went away before it

@@ -171,6 +171,9 @@ class Admin:
         self._clock = clock
         self._pause = pause
         self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._rules_changing = asyncio.Lock()
+        """Held from looking for a standing rule to storing (or dropping) one: a request that
+        finds none must not let an identical one find none too while it stores its own."""
         for rule in rules:
             self._release_later(rule)
 
@@ -223,8 +226,9 @@ class Admin:
         """Hold matching mail in the spool (untried) until resumed or `duration` is over. The
         same suspension asked for again (same selector, until resumed) is the one in force:
         answered with it (`already`), not a second rule that would need its own resume."""
-        already = self._rules.standing("suspend", selector) if duration is None else None
-        rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
+        async with self._rules_changing:
+            already = self._rules.standing("suspend", selector) if duration is None else None
+            rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
         if already is not None:
             _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
         if selector.site is not None:
@@ -247,10 +251,11 @@ class Admin:
 
     async def cancel(self, rule_id: str, kind: str) -> dict[str, Any]:
         """End a standing bounce, or resume a suspension (what it held goes out again now)."""
-        rule = self._rules.get(rule_id)
-        if rule is None or rule.kind != kind:
-            return {"cancelled": False}
-        await self._rules.remove(rule_id)
+        async with self._rules_changing:  # (a suspend re-making this id stores it after the drop)
+            rule = self._rules.get(rule_id)
+            if rule is None or rule.kind != kind:
+                return {"cancelled": False}
+            await self._rules.remove(rule_id)
         made_due = 0
         if kind == "suspend" and rule.selector.site is not None:
             # What it held waits in the site's ready queues, and goes now: counted as the suspend

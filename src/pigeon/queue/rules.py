@@ -9,6 +9,7 @@ they expire or are cancelled. A site suspension matches no message: the dispatch
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import logging
 import math
 import secrets
@@ -95,6 +96,15 @@ _RULE_DECODER: Final = msgspec.msgpack.Decoder(Rule)
 
 def new_rule_id() -> str:
     return secrets.token_hex(6)
+
+
+def standing_rule_id(kind: str, selector: Selector) -> str:
+    """The id of the rule of `kind` for exactly `selector` that lasts until cancelled: named by
+    what it covers, not by the request that made it. Identical requests issued at once reach
+    the workers and nodes in different orders; each makes (or finds) the rule under this one
+    id, so every copy is the same rule, and one cancel ends it everywhere."""
+    canonical = kind.encode() + b"\0" + msgspec.json.encode(selector)
+    return hashlib.sha256(canonical).hexdigest()[:12]
 
 
 class Rules:

@@ -44,7 +44,7 @@ from pigeon.listener.http.inject import bad_request
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem
-from pigeon.queue.rules import Selector
+from pigeon.queue.rules import Selector, standing_rule_id
 
 _Glob = Annotated[str, msgspec.Meta(min_length=1)]
 MAX_DURATION: Final = 365 * 86400.0
@@ -205,13 +205,18 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
     else:
         operation = admin.bounce if action == "bounce" else admin.suspend
         duration = float(request.duration) if request.duration else None
+        new_rule = request.id
+        if action == "suspend" and duration is None:
+            # Named by what it holds, not by the request: identical ones issued at once reach
+            # workers and nodes in different orders, and must still make one rule everywhere.
+            new_rule = standing_rule_id("suspend", request.selector())
         answer = await operation(
             request.selector(),
             reason=request.reason,
             operator=operator,
             via=request.via or "api",
             duration=duration,
-            rule_id=request.id,
+            rule_id=new_rule,
         )
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
