@@ -1,12 +1,17 @@
-"""The self-signed pair made at first start is one pair, even when several workers start at once."""
+"""The self-signed pair made at first start is one pair, even when several workers start at
+once, and is made for any hostname the config accepts."""
 
 from __future__ import annotations
 
+import ipaddress
 import multiprocessing
 import ssl
 from pathlib import Path
 
-from pigeon.listener.tls import ensure_self_signed
+import pytest
+from cryptography import x509
+
+from pigeon.listener.tls import _self_signed, ensure_self_signed
 
 
 def _make(directory: str) -> None:
@@ -34,3 +39,23 @@ def test_an_existing_pair_is_kept(tmp_path: Path) -> None:
     before = (cert.read_bytes(), key.read_bytes())
     assert ensure_self_signed(tmp_path, "mx.pigeon.test") == (cert, key)
     assert (cert.read_bytes(), key.read_bytes()) == before
+
+
+@pytest.mark.parametrize(
+    ("hostname", "alt_name"),
+    [
+        ("mx." + "long-label." * 8 + "example", None),  # over 64 characters
+        ("[192.0.2.1]", ipaddress.ip_address("192.0.2.1")),
+        ("[IPv6:2001:db8::1]", ipaddress.ip_address("2001:db8::1")),
+    ],
+)
+def test_a_certificate_is_made_for_any_hostname_the_config_accepts(
+    hostname: str, alt_name: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+) -> None:
+    _, pem = _self_signed(hostname)
+    certificate = x509.load_pem_x509_certificate(pem)
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    if alt_name is None:
+        assert names.get_values_for_type(x509.DNSName) == [hostname]
+    else:
+        assert names.get_values_for_type(x509.IPAddress) == [alt_name]

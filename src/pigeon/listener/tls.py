@@ -98,11 +98,14 @@ def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:
 def _self_signed(hostname: str) -> tuple[bytes, bytes]:
     """A new key and a certificate for `hostname` signed by it, both PEM."""
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    # A common name holds at most 64 characters (RFC 5280 ub-common-name); a longer host
+    # name is cut there, and the subjectAltName, which clients check, carries it whole.
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname[:64])])
     now = datetime.datetime.now(datetime.UTC)
     alt_names: list[x509.GeneralName] = [x509.DNSName(hostname)]
+    literal = hostname.removeprefix("[").removesuffix("]").removeprefix("IPv6:")  # [192.0.2.1], [IPv6:...]
     try:
-        alt_names = [x509.IPAddress(ipaddress.ip_address(hostname))]
+        alt_names = [x509.IPAddress(ipaddress.ip_address(literal))]
     except ValueError:
         pass
     cert = (
