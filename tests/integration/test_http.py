@@ -1,15 +1,19 @@
-"""The HTTP listener: health and Prometheus metrics."""
+"""The HTTP listener: health and Prometheus metrics, and how it answers as HTTP."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import smtplib
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config
 
 
 def test_healthz_reports_the_node(pigeon: PigeonProcess) -> None:
@@ -52,3 +56,100 @@ def test_an_unknown_api_path_or_method_gets_a_json_error_that_says_what_to_do(tm
         status, answer = _ask(node, "GET", "/api/v1/shaping/effect")
         assert status == 404, answer
         assert answer["error"] == "no endpoint at /api/v1/shaping/effect; the API is described at /api/openapi.json"
+
+
+# --- HTTP conformance: what every answer of the API is, whichever front (a worker, or the
+# supervisor of two) gives it.
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-worker", "two-workers"])
+def api_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    """A node with mail deferred for an hour: its queues list something."""
+    with ScriptedSink() as sink:
+        root = tmp_path_factory.mktemp("conformance") / "node"
+        config = delivery_config(sink.endpoint, retry_interval="1h")
+        with PigeonProcess(root, node={"workers": request.param}, **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                for n in range(3):
+                    client.sendmail("a@example.org", ["tempfail@example.net"], f"Subject: {n}\r\n\r\nhi\r\n".encode())
+            pigeon.wait_records("TransientFailure", 3)
+            yield pigeon
+
+
+def _exchange(
+    node: PigeonProcess, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One request as given (no header added but Host and Content-Length): status, headers, body."""
+    connection = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=30)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def _token(node: PigeonProcess) -> dict[str, str]:
+    return {"Authorization": f"Bearer {node.local_token}"}
+
+
+def _json_error(headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    assert headers["Content-Type"].startswith("application/json"), (headers, body)
+    answer = json.loads(body)
+    assert isinstance(answer, dict) and isinstance(answer["error"], str) and set(answer) <= {"error", "field"}
+    return answer
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/queues", "/api/v1/admin/suspend", "/api/openapi.json", "/api/v1/shaping/effects"]
+)
+def test_head_answers_with_the_headers_the_get_would_have(api_node: PigeonProcess, path: str) -> None:
+    status, headers, body = _exchange(api_node, "GET", path, headers=_token(api_node))
+    assert status == 200 and int(headers["Content-Length"]) == len(body), (status, body)
+    head_status, head_headers, head_body = _exchange(api_node, "HEAD", path, headers=_token(api_node))
+    assert (head_status, head_body) == (200, b"")
+    assert head_headers["Content-Length"] == headers["Content-Length"]  # not a 34-byte error's
+    assert head_headers["Content-Type"] == headers["Content-Type"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("OPTIONS", "/api/openapi.json", "GET,HEAD"),
+        ("PUT", "/api/v1/queues", "GET,HEAD"),
+        ("DELETE", "/api/v1/admin/retry", "POST"),
+        ("PATCH", "/api/v1/admin/bounce/abc", "DELETE"),
+        ("POST", "/api/v1/messages/0123456789abcdef", "GET,HEAD"),
+    ],
+)
+def test_an_undeclared_method_gets_405_with_allow_before_any_token_is_asked_for(
+    api_node: PigeonProcess, method: str, path: str, allowed: str
+) -> None:
+    for headers in ({}, _token(api_node)):  # no token: still 405, not 401
+        status, answer_headers, body = _exchange(api_node, method, path, headers=headers)
+        assert status == 405, (headers, body)
+        assert answer_headers["Allow"] == allowed
+        assert f"{method} is not allowed on {path}" in _json_error(answer_headers, body)["error"]
+
+
+def test_an_error_from_the_router_or_the_http_parser_is_json_too(api_node: PigeonProcess) -> None:
+    # A path segment with a line feed in it: not a spool id (the supervisor's router did not
+    # know the path at all, and said "404: Not Found" in text).
+    status, headers, body = _exchange(api_node, "GET", "/api/v1/messages/0%0A1", headers=_token(api_node))
+    assert status in (400, 404) and _json_error(headers, body)
+    status, headers, body = _exchange(api_node, "GET", "/api/v1/nothing%0Ahere", headers=_token(api_node))
+    assert status == 404 and "no endpoint at" in _json_error(headers, body)["error"]
+    # Content-Length and Transfer-Encoding at once: refused by aiohttp's parser, before any handler.
+    request = (
+        b"POST /api/v1/admin/retry HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", api_node.http_port), timeout=10) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].split(b" ")[1] == b"400", answer
+    assert b"content-type: application/json" in head.lower(), answer
+    assert "Transfer-Encoding" in json.loads(body)["error"]

@@ -31,8 +31,10 @@ from aiohttp import web
 from pigeon.config.schema import Config
 from pigeon.listener.client_table import client_table_path, create_client_table
 from pigeon.listener.http.admin import caller, cluster_wide, refusal_answer, validate, with_id
+from pigeon.listener.http.app import add_api_routes
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.body import declared_too_large, too_large
+from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.listener.http.metrics import cluster_comment, exposition
@@ -44,7 +46,7 @@ from pigeon.shaping.table import create_shared_table, shared_table_path
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
-_RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate"})
+_RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow"})
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
 _LINGER: Final = 1.0
@@ -352,14 +354,16 @@ class Supervisor:
 
     # --- the public HTTP listener ------------------------------------------------------------
     async def _serve_http(self) -> None:
-        app = web.Application(client_max_size=self.config.http.max_request_size)
+        app = web.Application(client_max_size=self.config.http.max_request_size, middlewares=[json_errors])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_route("*", "/api/{tail:.*}", self._api)
+        # The workers' routes: a path or method none of them has is answered here (404, 405
+        # with Allow), before any token is asked for, as a worker would.
+        add_api_routes(app, self._api)
         # A body left unread (a request refused from its headers) is read and dropped for at
         # most a second after the answer, so the client sees the answer rather than a reset;
         # then the connection closes. aiohttp's default is 10 s of a 64 MiB upload per client.
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, lingering_time=_LINGER)
+        self._runner = JsonErrorsRunner(app, access_log=None, handle_signals=False, lingering_time=_LINGER)
         await self._runner.setup()
         listen = self.config.http.listen
         if self._listening is not None and self._listening.http:
@@ -423,7 +427,12 @@ class Supervisor:
         and while fewer than `max_open_requests` are in hand: an anonymous client cannot make
         this process hold up to `max_request_size` per connection it opens. What is open without
         a token (GET of the OpenAPI document) is passed on without its body, if it has one, and
-        counts against a small bound of its own."""
+        counts against a small bound of its own.
+
+        A HEAD is asked of the workers as a GET: the answer has the headers the GET's has (its
+        Content-Length too), and aiohttp leaves its body out."""
+        if request.method == "HEAD":
+            request = request.clone(method="GET")
         if request.path in _OPEN_WITHOUT_TOKEN and request.method in _OPEN_METHODS:
             return await self._pass_on_anonymous(request)
         try:

@@ -2,47 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 from aiohttp import web
 
 from pigeon.listener.http import admin
 from pigeon.listener.http.body import declared_too_large, too_large
 from pigeon.listener.http.context import NODE_KEY, NodeView
+from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
 from pigeon.listener.http.health import healthz
 from pigeon.listener.http.inject import inject
 from pigeon.listener.http.metrics import metrics
 from pigeon.listener.http.openapi import openapi
 from pigeon.listener.http.shaping import effects, end_effect
-
-
-@web.middleware
-async def _json_routing_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """A path or method the router does not know gets a JSON error that says what to do, like
-    every other API refusal (aiohttp's own is "405: Method Not Allowed" as plain text)."""
-    try:
-        return await handler(request)
-    except web.HTTPMethodNotAllowed as refusal:
-        if refusal.content_type == "application/json":
-            raise
-        allowed = ", ".join(sorted(refusal.allowed_methods))
-        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
-        raise web.HTTPMethodNotAllowed(
-            request.method,
-            refusal.allowed_methods,
-            text=json.dumps({"error": message}),
-            content_type="application/json",
-        ) from None
-    except web.HTTPNotFound as refusal:
-        if refusal.content_type == "application/json":
-            raise
-        message = f"no endpoint at {request.path}; the API is described at /api/openapi.json"
-        raise web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json") from None
 
 
 def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -62,27 +37,47 @@ def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
     return limit
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
+    ("GET", "/api/openapi.json", openapi),
+    ("POST", "/api/v1/inject", inject),
+    ("POST", "/api/v1/admin/bounce", admin.write),
+    ("GET", "/api/v1/admin/bounce", admin.read),
+    ("DELETE", "/api/v1/admin/bounce/{id}", admin.write),
+    ("POST", "/api/v1/admin/suspend", admin.write),
+    ("GET", "/api/v1/admin/suspend", admin.read),
+    ("DELETE", "/api/v1/admin/suspend/{id}", admin.write),
+    ("POST", "/api/v1/admin/retry", admin.write),
+    ("POST", "/api/v1/admin/rebind", admin.write),
+    ("GET", "/api/v1/messages/{id}", admin.inspect),
+    ("GET", "/api/v1/queues", admin.read),
+    ("GET", "/api/v1/admin/operations", admin.read),
+    ("GET", "/api/v1/shaping/effects", effects),
+    ("DELETE", "/api/v1/shaping/effects/{id}", end_effect),
+)
+"""The API's paths and methods, each with its handler here."""
+
+
+def add_api_routes(app: web.Application, passed_on: Handler | None = None) -> None:
+    """The API's routes on `app`: to their handlers, or all to `passed_on` (the supervisor's,
+    which hands them to the workers). Both fronts so know the same paths and methods, and
+    the router answers an unknown one (404, or 405 with `Allow`) before any token is asked for.
+    A GET takes HEAD too, answered with the headers the GET would have."""
+    for method, path, handler in API_ROUTES:
+        if method == "GET":
+            app.router.add_get(path, passed_on or handler)
+        else:
+            app.router.add_route(method, path, passed_on or handler)
+
+
 def build_app(node: NodeView) -> web.Application:
     max_size = node.config.http.max_request_size
-    app = web.Application(client_max_size=max_size, middlewares=[_body_limit(max_size), _json_routing_errors])
+    # The JSON errors outermost: the 413 answered within is JSON already.
+    app = web.Application(client_max_size=max_size, middlewares=[json_errors, _body_limit(max_size)])
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/api/openapi.json", openapi)
-    app.router.add_post("/api/v1/inject", inject)
-    app.router.add_post("/api/v1/admin/bounce", admin.write)
-    app.router.add_get("/api/v1/admin/bounce", admin.read)
-    app.router.add_delete("/api/v1/admin/bounce/{id}", admin.write)
-    app.router.add_post("/api/v1/admin/suspend", admin.write)
-    app.router.add_get("/api/v1/admin/suspend", admin.read)
-    app.router.add_delete("/api/v1/admin/suspend/{id}", admin.write)
-    app.router.add_post("/api/v1/admin/retry", admin.write)
-    app.router.add_post("/api/v1/admin/rebind", admin.write)
-    app.router.add_get("/api/v1/messages/{id}", admin.inspect)
-    app.router.add_get("/api/v1/queues", admin.read)
-    app.router.add_get("/api/v1/admin/operations", admin.read)
-    app.router.add_get("/api/v1/shaping/effects", effects)
-    app.router.add_delete("/api/v1/shaping/effects/{id}", end_effect)
+    add_api_routes(app)
     return app
 
 
@@ -90,7 +85,7 @@ class HttpListener:
     """Runs the application until `stop()`."""
 
     def __init__(self, node: NodeView) -> None:
-        self._runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False)
+        self._runner = JsonErrorsRunner(build_app(node), access_log=None, handle_signals=False)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         await self._runner.setup()

@@ -1,0 +1,90 @@
+"""Every error the HTTP listener answers is JSON in the API's one shape, `{"error": ...}`
+(`inject.ErrorResponse`), whoever made it: a handler, aiohttp's router (no such path, no such
+method: 404, or 405 with `Allow`), aiohttp's HTTP parser before any handler runs (a request
+with both Content-Length and Transfer-Encoding, a malformed request line or header), or an
+exception nothing caught (500). A client of the API reads every answer the same way, and a
+text/plain "404: Not Found" is not one it can.
+
+The same for a worker's listener and for the supervisor's (`pigeon.node.supervisor`): their
+404 and 405 read alike, whichever answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+
+from aiohttp import web
+from aiohttp.web_request import BaseRequest
+
+_KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A refusal that is not JSON already (aiohttp's own are text) as a JSON one that says what
+    to do, with its status and the headers that go with it (`Allow` of a 405)."""
+    try:
+        return await handler(request)
+    except web.HTTPError as refusal:
+        if refusal.content_type == "application/json":
+            raise
+        headers = {name: refusal.headers[name] for name in _KEPT_HEADERS if name in refusal.headers}
+        return web.json_response({"error": _message(request, refusal)}, status=refusal.status, headers=headers)
+
+
+def _message(request: web.Request, refusal: web.HTTPError) -> str:
+    if isinstance(refusal, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(refusal.allowed_methods))
+        return f"{request.method} is not allowed on {request.path}; use {allowed}"
+    if isinstance(refusal, web.HTTPNotFound):
+        return f"no endpoint at {request.path}; the API is described at /api/openapi.json"
+    text = refusal.text or ""
+    default = f"{refusal.status}: {refusal.reason}"  # what aiohttp says when told nothing more
+    return refusal.reason if text in ("", default) else text
+
+
+class JsonErrorsRunner(web.AppRunner):
+    """An `AppRunner` whose connections answer the errors found before any handler runs (the
+    request could not be parsed) and the exceptions nothing caught (500) in JSON too."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # aiohttp has no hook for these answers: its handler is swapped
+        return server
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _JsonErrorsHandler
+        return handler
+
+
+class _JsonErrorsHandler(web.RequestHandler):
+    __slots__ = ()
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        # aiohttp's own logs the error (a traceback for a 500) and refuses if an answer was
+        # already begun; its text/plain answer is replaced.
+        super().handle_error(request, status, exc, message)
+        if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+            text = "internal error: the node's log says what went wrong"
+        elif message:  # the parser's first line; what follows points into the request with a caret
+            text = message.strip().partition("\n")[0].rstrip(":")
+        else:
+            text = _phrase(status)
+        response = web.json_response({"error": text}, status=status)
+        response.force_close()  # as aiohttp's: what follows on this connection cannot be trusted
+        return response
+
+
+def _phrase(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
