@@ -153,3 +153,62 @@ def test_an_error_from_the_router_or_the_http_parser_is_json_too(api_node: Pigeo
     assert head.split(b"\r\n")[0].split(b" ")[1] == b"400", answer
     assert b"content-type: application/json" in head.lower(), answer
     assert "Transfer-Encoding" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/x-www-form-urlencoded", "text/plain", "application/json; charset=latin-1", "text/json"],
+)
+@pytest.mark.parametrize("path", ["/api/v1/inject", "/api/v1/admin/suspend"])
+def test_a_body_not_declared_json_is_refused_with_415_naming_the_header(
+    api_node: PigeonProcess, path: str, content_type: str | None
+) -> None:
+    body = json.dumps({"domain": "example.net"} if "admin" in path else _INJECTION).encode()
+    headers = _token(api_node) | ({"Content-Type": content_type} if content_type else {})
+    status, answer_headers, answer = _exchange(api_node, "POST", path, body, headers)
+    assert status == 415, answer
+    assert _json_error(answer_headers, answer)["field"] == "Content-Type"
+    assert _ask(api_node, "GET", "/api/v1/admin/suspend")[1]["rules"] == []  # nothing done
+
+
+def test_a_body_declared_json_with_a_utf8_charset_is_taken(api_node: PigeonProcess) -> None:
+    headers = _token(api_node) | {"Content-Type": "application/json; charset=UTF-8"}
+    status, _, answer = _exchange(api_node, "POST", "/api/v1/admin/retry", b'{"domain": "none.test"}', headers)
+    assert status == 200, answer
+    status, _, answer = _exchange(api_node, "POST", "/api/v1/inject", json.dumps(_INJECTION).encode(), headers)
+    assert status == 200, answer
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/v1/admin/suspend", b'{"domain": "example.net", "domain": "example.org"}', "$.domain"),
+        ("/api/v1/admin/bounce", b'{"queue": "*", "reason": "a", "duration": "1h", "reason": "b"}', "$.reason"),
+        (
+            "/api/v1/inject",
+            b'{"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net",'
+            b' "metadata": {"k": 1, "k": 2}}], "content": "Subject: x\\r\\n\\r\\nhi\\r\\n"}',
+            "$.recipients[0].metadata.k",
+        ),
+    ],
+)
+def test_a_member_named_twice_is_refused_naming_it(api_node: PigeonProcess, path: str, body: bytes, field: str) -> None:
+    status, answer = api_node.http_post(path, None, api_node.local_token, raw=body)
+    assert (status, answer["field"]) == (400, field), answer
+    assert "twice" in answer["error"]
+    assert _ask(api_node, "GET", "/api/v1/admin/suspend")[1]["rules"] == []
+    assert _ask(api_node, "GET", "/api/v1/admin/bounce")[1]["rules"] == []
+
+
+@pytest.mark.parametrize("path", ["/api/v1/inject", "/api/v1/admin/suspend"])
+def test_malformed_json_is_refused_naming_the_body_as_the_field(api_node: PigeonProcess, path: str) -> None:
+    status, answer = api_node.http_post(path, None, api_node.local_token, raw=b"{bad")
+    assert (status, answer.get("field")) == (400, "$"), answer
+    assert answer["error"].startswith("malformed JSON")
+
+
+_INJECTION = {
+    "envelope_sender": "app@example.org",
+    "recipients": [{"email": "tempfail@example.net"}],
+    "content": "Subject: x\r\n\r\nhi\r\n",
+}

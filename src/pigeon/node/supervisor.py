@@ -37,6 +37,7 @@ from pigeon.listener.http.body import declared_too_large, too_large
 from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
+from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
 from pigeon.node.broadcast import Broadcast
@@ -497,6 +498,8 @@ class Supervisor:
             try:
                 # Checked here, before any other node is told: the others trust the stream.
                 operator = self._tokens.holder(request, "read" if request.method == "GET" else "admin")
+                if request.method == "POST":
+                    require_json(request)
                 validate(request.method, request.path_qs, body)
             except web.HTTPException as refusal:
                 status, answer = refusal_answer(refusal)

@@ -41,6 +41,7 @@ from pigeon.config.patterns import PatternError, api_pattern, domain_glob, queue
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
+from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json, unique_members
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem
@@ -139,8 +140,8 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
     it is issued, so every worker and every node stores it under the same. With `via` (where it
     is issued), that too, replacing any a client sent."""
-    with contextlib.suppress(ValueError):
-        decoded = json.loads(body)
+    with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
+        decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
             decoded.setdefault("id", new_rule_id())
             if via is not None and decoded.get("via") in (None, "cli", "api"):  # else refused as malformed
@@ -253,6 +254,8 @@ def _route(method: str, path: str) -> tuple[str, str]:
 
 def _decode(path: str, body: bytes) -> AdminRequest:
     action, _ = _route("POST", path)
+    if (repeated := repeated_member(body)) is not None:
+        raise bad_request(repeated_refusal(repeated), repeated)
     try:
         request: AdminRequest = _DECODERS[action].decode(body)
     except msgspec.ValidationError as error:
@@ -351,6 +354,8 @@ async def write(request: web.Request) -> web.Response:
     on every other node of the cluster."""
     operator = request.app[NODE_KEY].tokens.holder(request, "admin")
     admin = _admin(request, None)
+    if request.method == "POST":
+        require_json(request)
     body = await request.read() if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)

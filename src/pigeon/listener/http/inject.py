@@ -33,6 +33,7 @@ from aiohttp import web
 from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
 from pigeon.intake import Arrival, Draft, Refused, Stored
 from pigeon.listener.http.context import NODE_KEY
+from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
@@ -77,14 +78,17 @@ class ErrorResponse(msgspec.Struct, omit_defaults=True):
     error: str
     field: str | None = None
     """JSON path of the offending value, e.g. "$.recipients[2].email" ("$": the body as a whole),
-    or the name of the offending query or path parameter, e.g. "cluster"."""
+    or the name of the offending query or path parameter, e.g. "cluster", or header ("Content-Type")."""
 
 
 async def inject(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     holder = node.tokens.holder(request, "inject")
     config = node.config
+    require_json(request)
     body = await request.read()
+    if (repeated := repeated_member(body)) is not None:
+        raise bad_request(repeated_refusal(repeated), repeated)
     try:
         parsed = _DECODER.decode(body)
         check_request(parsed, max_metadata_size=config.http.max_metadata_size)
@@ -93,7 +97,7 @@ async def inject(request: web.Request) -> web.Response:
             raise refused from None
         raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
     except msgspec.DecodeError as error:
-        raise bad_request(f"malformed JSON: {error}") from None
+        raise bad_request(f"malformed JSON: {error}", "$") from None
     except RecursionError:
         # msgspec builds `substitutions` and `metadata` values with one C stack frame per
         # level and stops at Python's recursion limit; before, this was a 500 and a traceback.

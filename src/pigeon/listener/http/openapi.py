@@ -38,6 +38,8 @@ _ERRORS: Final = {
     "403": ("The token lacks the scope", "ErrorResponse"),
     "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
 }
+_NOT_JSON: Final = ("The body is not declared 'Content-Type: application/json' (UTF-8)", "ErrorResponse")
+"""The answer of an operation that takes a body (`json_body.require_json`)."""
 
 
 @functools.cache
@@ -89,6 +91,7 @@ def document() -> dict[str, Any]:
                             "Nothing could be stored (spool trouble, a temporary policy refusal): retry later", response
                         ),
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+                        "415": _response(_NOT_JSON[0], _ref(_NOT_JSON[1])),
                     },
                 }
             },
@@ -266,6 +269,8 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         **extra: Any,
     ) -> dict[str, Any]:
         responses = {"200": _response(answered_with, answered), **errors}
+        if "requestBody" in extra:
+            responses["415"] = _response(_NOT_JSON[0], _ref(_NOT_JSON[1]))
         if "parameters" in extra:
             responses["404"] = _response("No such rule, message or effect", _ref("ErrorResponse"))
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
