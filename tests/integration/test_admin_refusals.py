@@ -222,3 +222,18 @@ def test_a_selector_no_domain_or_site_can_match_is_refused(
     answer = _refused(node, "POST", path, body)
     assert answer["field"] == field
     assert says in answer["error"]
+
+
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [("bounce", {"reason": "x"}), ("retry", {}), ("rebind", {"to_queue": "parked"}), ("suspend", {"reason": "x"})],
+)
+def test_a_request_naming_no_messages_is_told_of_site_only_when_it_is_a_suspension(
+    node: tuple[PigeonProcess, list[str]], action: str, body: dict[str, Any]
+) -> None:
+    # `pigeon bounce` without a selector was told "(or site, to suspend)".
+    answer = _refused(node, "POST", f"/api/v1/admin/{action}", body)
+    assert answer["field"] == "$"
+    assert answer["error"].startswith("name at least one of domain, tenant, campaign, queue")
+    assert ("site" in answer["error"]) == (action == "suspend"), answer
+    assert "suspend" not in answer["error"] or action == "suspend", answer

@@ -270,7 +270,8 @@ def _decode(path: str, body: bytes) -> AdminRequest:
         raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
     _normalise_globs(request)
     if request.selector().empty():
-        raise bad_request("name at least one of domain, tenant, campaign, queue (or site, to suspend)", "$")
+        site = " (or site, to stop deliveries to a site)" if action == "suspend" else ""
+        raise bad_request(f"name at least one of domain, tenant, campaign, queue{site}", "$")
     if isinstance(request, SuspendRequest) and request.site is not None and not request.selector().site_only():
         raise bad_request("site names a ready queue to suspend, on its own", "$.site")
     if isinstance(request, RebindRequest) and request.to_queue is None and request.routing_domain is None:
