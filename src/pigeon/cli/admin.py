@@ -136,6 +136,8 @@ def _selector(args: argparse.Namespace) -> dict[str, Any]:
 def _bounce(args: argparse.Namespace) -> int:
     if args.cluster and not args.list:
         return _cluster_without_list("bounce")
+    if (refused := _alone(args, "bounce", "list", "cancel")) is not None:
+        return refused
     client = ApiClient(args)
     if args.list:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/bounce")))
@@ -154,6 +156,8 @@ def _bounce(args: argparse.Namespace) -> int:
 def _suspend(args: argparse.Namespace) -> int:
     if args.cluster and not args.list:
         return _cluster_without_list("suspend")
+    if (refused := _alone(args, "suspend", "list")) is not None:
+        return refused
     client = ApiClient(args)
     if args.list:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/suspend")))
@@ -162,6 +166,22 @@ def _suspend(args: argparse.Namespace) -> int:
     if answer.get("already") if isinstance(answer, dict) else False:
         return _show(args, status, answer, "already suspended until {until} by rule {rule_id}; nothing added")
     return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} put back")
+
+
+def _alone(args: argparse.Namespace, command: str, *actions: str) -> int | None:
+    """2 if one of `actions` (--list, --cancel) was given with what only a new rule takes (a
+    selector, --reason, --duration) or with another of them: said rather than ignored, as
+    `pigeon suspend --list --domain x` listed every suspension, not those of x."""
+    given = [action for action in actions if getattr(args, action)]
+    if not given:
+        return None
+    making = ("domain", "tenant", "campaign", "queue", "site", "reason", "duration")
+    others = [f"--{name}" for name in (*making, *actions) if name != given[0] and getattr(args, name, None)]
+    if not others:
+        return None
+    hint = " (it shows every rule: filter its --json output for some)" if given[0] == "list" else ""
+    print(f"pigeon {command}: --{given[0]} takes no {', '.join(others)}{hint}", file=sys.stderr)
+    return 2
 
 
 def _cluster_without_list(command: str) -> int:

@@ -11,8 +11,22 @@ from pigeon import __version__
 from pigeon.cli import admin, dkim, inject, logs, passwd, serve, shaping, top
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that refuses arguments it does not know itself, with its own usage: argparse
+    leaves a sub-command's unknown ones to the top-level parser, whose usage (`pigeon [-h]
+    COMMAND ...`) says nothing of the options `pigeon bounce --durration 1h` got wrong."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pigeon",
         description="Pigeon, a Mail Transfer Agent.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -8,7 +8,7 @@ import json
 import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +39,10 @@ _SCHEDULED_ROWS = 15  # the biggest queues shown
 _READY_ROWS = 10
 _CLUSTER_COMMENT = "# pigeon cluster nodes:"  # the nodes /metrics?cluster=1 added up
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: written only to a terminal
+# Each frame asks every worker for its queues, metrics and health: 0 would ask without rest
+# (and a negative one ended in a traceback); a day is already more than anyone watches.
+MIN_INTERVAL: Final = 0.1
+MAX_INTERVAL: Final = 86400.0
 
 
 def register(commands: Any) -> None:
@@ -51,12 +55,28 @@ def register(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_api_options(parser)
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    parser.add_argument(
+        "--interval",
+        type=interval,
+        default=2.0,
+        help=f"seconds between refreshes, from {MIN_INTERVAL:g} to {MAX_INTERVAL:g} (default 2)",
+    )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument(
         "--cluster", action="store_true", help="the whole cluster (nodes sharing [redis]): queues and rates added up"
     )
     parser.set_defaults(run=run)
+
+
+def interval(value: str) -> float:
+    """An argparse type: --interval's seconds, within bounds (a usage error, exit 2, otherwise)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:  # NaN too
+        raise argparse.ArgumentTypeError(f"give from {MIN_INTERVAL:g} to {MAX_INTERVAL:g} seconds, not {value}")
+    return seconds
 
 
 def run(args: argparse.Namespace) -> int:
