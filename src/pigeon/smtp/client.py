@@ -224,9 +224,11 @@ class Result:
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
     """A permanent reason this message cannot be sent to this peer at all, or None."""
     if envelope.needs_smtputf8 and "SMTPUTF8" not in peer:
-        return Reply(
-            554, "5.6.7", ("Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it",)
-        )
+        # Say which: a sender told "internationalised addresses" of mail to ASCII ones looks
+        # for what is not there, when it is UTF-8 in a header field (a Subject) that needs it.
+        addresses = not envelope.sender.isascii() or not all(r.address.isascii() for r in envelope.recipients)
+        what = "internationalised addresses" if addresses else "UTF-8 in its header fields"
+        return Reply(554, "5.6.7", (f"Message needs SMTPUTF8 ({what}); the receiving server lacks it",))
     if peer.size and len(envelope.body) > peer.size:
         text = f"Message of {len(envelope.body)} octets exceeds the receiving server's SIZE limit of {peer.size}"
         return Reply(552, "5.3.4", (text,))

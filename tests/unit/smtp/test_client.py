@@ -663,6 +663,18 @@ def test_a_message_needing_smtputf8_cannot_go_to_a_server_without_it() -> None:
     assert "SMTPUTF8" in refusal.text
 
 
+def test_a_refusal_for_want_of_smtputf8_says_whether_addresses_or_header_fields_need_it() -> None:
+    # UTF-8 only in a Subject was bounced as "(internationalised addresses)": the sender looked
+    # for an address that was not there.
+    utf8_header = "Subject: Grüße\r\n\r\nhello\r\n".encode()
+    header_only = refusal_before_sending(envelope("b@example.net", body=utf8_header, smtputf8=True), NO_UTF8_PEER)
+    assert header_only is not None
+    assert header_only.text == "Message needs SMTPUTF8 (UTF-8 in its header fields); the receiving server lacks it"
+    address = refusal_before_sending(envelope("renée@example.net", smtputf8=True), NO_UTF8_PEER)
+    assert address is not None
+    assert address.text == "Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it"
+
+
 NO_UTF8_PEER = Capabilities(frozenset({"8BITMIME", "SIZE"}), size=1000)
 
 
