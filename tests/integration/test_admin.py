@@ -404,6 +404,29 @@ def test_queue_rows_say_which_suspension_holds_them_who_asked_and_why(tmp_path: 
         ]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_scheduled_queue_held_by_a_site_suspension_names_it_in_suspended_by(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # The row counted the mail ("suspended 2") but said no one held it ("suspended_by []", "-").
+    with _node(tmp_path / "node", sink, workers=workers) as pigeon:
+        body = {"site": sink.endpoint, "reason": "maintenance"}
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", body)
+        assert status == 200, answer
+        _send(pigeon, ["ok@example.net"], count=2)
+
+        def row() -> Any:
+            rows = {r["queue"]: r for r in _api(pigeon, "GET", "/api/v1/queues", token=READER)[1]["scheduled"]}
+            found = rows.get("example.net")
+            return found if found is not None and found["suspended"] == 2 else None
+
+        held = wait_until(row)
+        assert [(r["id"], r["operator"], r["reason"]) for r in held["suspended_by"]] == [
+            (answer["rule"]["id"], "ops", "maintenance")
+        ]
+        assert sink.received == []
+
+
 def test_a_rebind_names_its_queue_as_messages_carry_it_domain_in_lower_case(tmp_path: Path) -> None:
     # `[[queue]] name` globs are read with their domain part in lower case (as scheduled_queue
     # writes it): a rebind to "slow@Example.NET." must land where that policy finds it.

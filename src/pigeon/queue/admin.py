@@ -81,7 +81,9 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
     """The live suspensions that hold this queue's mail: each with its id, the `operator` (the
     name of the API token that asked), the `reason` given and when it ends. Judged on one of
     its messages: every message of a `campaign:tenant@domain` queue has the same domain,
-    tenant and campaign (a queue a policy hook named may mix them)."""
+    tenant and campaign (a queue a policy hook named may mix them). Else the suspensions of
+    sites (`pigeon suspend --site`) whose ready queues hold some of its mail, as `suspended`
+    counts it."""
 
 
 class ReadyQueueRow(msgspec.Struct):
@@ -401,7 +403,8 @@ class Admin:
             message = self._spools.of(spool_id).get(spool_id)
             if message is not None:
                 scheduled[queue].suspended_by = self._rules.suspensions_of(message)
-        site_held: dict[str, bool] = {}  # (asked once a site: many entries share a few sites)
+        site_held: dict[str, list[Rule]] = {}  # (asked once a site: many entries share a few sites)
+        by_site: dict[str, dict[str, Rule]] = {}  # each queue's mail held by a site's suspension: whose
         for entry in self._active:
             counted = scheduled.get(entry.message.queue)
             if counted is not None and entry.state in _IN_MEMORY:
@@ -409,11 +412,15 @@ class Admin:
                 if entry.state is State.READY and not counted.suspended_by and entry.site is not None:
                     held_there = site_held.get(entry.site)
                     if held_there is None:
-                        held_there = site_held[entry.site] = self._rules.site_held(entry.site)
-                    counted.suspended += held_there
+                        held_there = site_held[entry.site] = self._rules.site_suspensions(entry.site)
+                    if held_there:
+                        counted.suspended += 1
+                        by_site.setdefault(counted.queue, {}).update((rule.id, rule) for rule in held_there)
         for row in scheduled.values():
             if row.suspended_by:  # all of it held, but what is on the wire or being written
                 row.suspended = max(0, row.messages - row.held - row.in_flight - row.settling)
+        for queue, rules in by_site.items():  # part of it held: those counted, and who holds them
+            scheduled[queue].suspended_by = list(rules.values())
         ready = []
         for q in self._ready:
             connections = self._connections(q.path)
