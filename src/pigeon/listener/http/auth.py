@@ -23,7 +23,7 @@ from typing import Final, Literal
 
 from aiohttp import web
 
-from pigeon.config.schema import Config
+from pigeon.config.schema import LOCAL_TOKEN_NAME, Config
 
 Scope = Literal["inject", "admin", "read"]
 ALL_SCOPES: Final[tuple[Scope, ...]] = ("inject", "admin", "read")
@@ -47,7 +47,7 @@ class Tokens:
     def from_config(cls, config: Config) -> Tokens:
         tokens = [(t.name, t.token, tuple(t.scopes)) for t in config.http.token]
         if config.http.local_token:
-            tokens.append(("local", ensure_local_token(config.spool.path), ALL_SCOPES))
+            tokens.append((LOCAL_TOKEN_NAME, ensure_local_token(config.spool.path), ALL_SCOPES))
         return cls(tokens)
 
     def holder(self, request: web.Request, scope: Scope) -> str:
