@@ -52,6 +52,11 @@ def test_a_keyword_dsn_loses_its_password_quoted_or_not() -> None:
     assert redact("host=db.example password=s3cret") == "host=db.example password=***"
 
 
+def test_a_url_is_found_wherever_its_run_of_scheme_characters_begins() -> None:
+    assert redact("id 42redis://:pw@r:1/0 and x.y-http://u:pw@h/") == "id 42redis://:***@r:1/0 and x.y-http://u:***@h/"
+    assert redact("a.b+c" * 5 + "://u:pw@h =x") == "a.b+c" * 5 + "://u:***@h =x"
+
+
 def test_text_without_credentials_is_left_as_it_is() -> None:
     for text in ("dedupe_key=3f9a key=3 x=1", "451 4.3.0 hook: 503 Service Unavailable", "mailbox support: ok"):
         assert redact(text) == text
