@@ -9,13 +9,16 @@ seconds, so that one fails fast rather than running for hours at a megabyte."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 
 import pytest
+from aiohttp import web
 
 from pigeon.delivery.classify import Classifier
+from pigeon.listener.http.admin import validate
 from pigeon.redaction import RedactingFormatter, redact, redact_url
 from pigeon.shaping.reactions import Reactions
 from pigeon.smtp.replies import Reply
@@ -103,3 +106,20 @@ def test_the_shipped_reactions_match_a_reply_in_linear_time(shape: Callable[[int
             rule.pattern.search(str(reply))
 
     _within_budget(every_rule, shape)
+
+
+_DURATIONS: dict[str, Callable[[int], str]] = {
+    "a number, then spaces": lambda n: "1" + " " * n + "x",
+    "a number and a unit, then spaces": lambda n: "12 m" + " " * n + "x",
+    "spaces, then a number": lambda n: " " * n + "1x",
+    "zeros": lambda n: "0" * n + "x",
+}
+
+
+@pytest.mark.parametrize("shape", _DURATIONS.values(), ids=_DURATIONS.keys())
+def test_an_admin_duration_is_refused_in_linear_time(shape: Callable[[int], str]) -> None:
+    def post(duration: str) -> None:
+        with pytest.raises(web.HTTPBadRequest):
+            validate("POST", "/api/v1/admin/suspend", json.dumps({"domain": "x.test", "duration": duration}).encode())
+
+    _within_budget(post, shape)
