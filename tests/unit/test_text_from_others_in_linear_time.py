@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import tracemalloc
 from collections.abc import Callable
 
 import pytest
@@ -123,3 +124,17 @@ def test_an_admin_duration_is_refused_in_linear_time(shape: Callable[[int], str]
             validate("POST", "/api/v1/admin/suspend", json.dumps({"domain": "x.test", "duration": duration}).encode())
 
     _within_budget(post, shape)
+
+
+def test_classifying_long_replies_keeps_no_copy_of_them() -> None:
+    classifier = Classifier()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(40):
+            classifier.classify(Reply(550, "5.7.1", (f"{n} " + "x" * 4000,) * 25))  # 100 KB each, all different
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000, f"{kept} bytes kept for 4 MB of replies"
+    assert classifier.classify(Reply(550, "5.7.1", ("relaying denied",))) == "RelayDenied"
