@@ -30,6 +30,8 @@ import logging
 import re
 from typing import Final
 
+from pigeon.logs.peer_text import escape_unprintable
+
 MASK: Final = "***"
 
 # A URL parameter holds a credential when its name ends in a word that says so: token,
@@ -114,7 +116,16 @@ def _mask_pair(match: re.Match[str]) -> str:
 class RedactingFormatter(logging.Formatter):
     """A log formatter whose every line (traceback included) goes through `redact`.
 
-    The last line of defence: a library's exception text may quote a URL we gave it."""
+    The last line of defence: a library's exception text may quote a URL we gave it. And,
+    once for every line, text from others (a remote server's reply, an admin's reason or
+    selector, a client's address) goes out with its control and bidirectional characters
+    escaped (`pigeon.logs.peer_text.escape_unprintable`): an escape sequence would reach the
+    operator's terminal, a newline would forge a line of its own. A traceback keeps its line
+    breaks. (JSON event records escape themselves: they do not come through here.)"""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_unprintable(super().formatMessage(record))  # a message is one line
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        # What follows the message's line (a traceback, a stack) keeps its line breaks.
+        return redact(escape_unprintable(super().format(record), keep="\n"))
