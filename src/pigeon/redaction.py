@@ -30,6 +30,8 @@ import logging
 import re
 from typing import Final
 
+from pigeon.logs.peer_text import escape_unprintable
+
 MASK: Final = "***"
 
 # A URL parameter holds a credential when its name ends in a word that says so: token,
@@ -43,15 +45,26 @@ _SECRET_PARAMETER: Final = re.compile(
 _SECRET_PAIR_NAMES: Final = (
     "password|sslpassword|passwd|pwd|secret|client_secret|token|access_token|refresh_token|auth_token|api_key|apikey"
 )
+_SECRET_PAIR_FIRST: Final = "".join(sorted({name[0] for name in _SECRET_PAIR_NAMES.split("|")}))
 # scheme://, then anything but what ends a URL in prose or a repr ('...', "...", <...>),
 # less a trailing colon or full stop (the prose's, as in "Redis at redis://r:6379/0: ...").
-_URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s'\"<>`]*[^\s'\"<>`.,:;)\]])?")
+# The scheme is looked for only from the start of a run of scheme characters (then from its
+# first letter: the leftmost match, as ever): tried from every letter of a long run that holds
+# no "://", each try would read to the run's end, quadratic time on text anyone can put in a
+# log line (an admin's reason, a server's reply).
+_URL: Final = re.compile(
+    r"(?<![A-Za-z0-9+.\-])[0-9+.\-]*+(?P<url>[A-Za-z][A-Za-z0-9+.\-]*+://(?:[^\s'\"<>`]*[^\s'\"<>`.,:;)\]])?)"
+)
 # A path segment that is a token: long, and letters mixed with digits (a word or a number is not).
 _TOKEN_SEGMENT: Final = re.compile(r"(?=[A-Za-z0-9_\-.~%]*[0-9])(?=[A-Za-z0-9_\-.~%]*[A-Za-z])[A-Za-z0-9_\-.~%]{16,}")
 _PARAMETER: Final = re.compile(r"([?&#;])([^=&#;?]*)=([^&#;]*)")
 # key=value in free text (libpq's keyword DSN, log lines): a quoted value, or up to a space.
+# Every log line goes through it, whatever its length: the lookahead on the names' first letters
+# lets the search skip the other positions fast, and the possessive runs never give back what
+# cannot end a match (what a quote or `=` follows is read once, not once per try).
 _PAIR: Final = re.compile(
-    rf"(?<![A-Za-z0-9_.\-])({_SECRET_PAIR_NAMES})(\s*=\s*)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,;&'\"]+)",
+    rf"(?=[{_SECRET_PAIR_FIRST}])(?<![A-Za-z0-9_.\-])"
+    rf"({_SECRET_PAIR_NAMES})(\s*+=\s*+)('(?:[^'\\]++|\\.)*+'|\"(?:[^\"\\]++|\\.)*+\"|[^\s,;&'\"]++)",
     re.IGNORECASE,
 )
 
@@ -84,7 +97,7 @@ def redact(text: str) -> str:
         return text  # the common case, checked without a regex
     parts, start = [], 0
     for match in _URL.finditer(text):
-        parts += [_PAIR.sub(_mask_pair, text[start : match.start()]), redact_url(match[0])]
+        parts += [_PAIR.sub(_mask_pair, text[start : match.start("url")]), redact_url(match["url"])]
         start = match.end()
     parts.append(_PAIR.sub(_mask_pair, text[start:]))
     return "".join(parts)
@@ -103,7 +116,16 @@ def _mask_pair(match: re.Match[str]) -> str:
 class RedactingFormatter(logging.Formatter):
     """A log formatter whose every line (traceback included) goes through `redact`.
 
-    The last line of defence: a library's exception text may quote a URL we gave it."""
+    The last line of defence: a library's exception text may quote a URL we gave it. And,
+    once for every line, text from others (a remote server's reply, an admin's reason or
+    selector, a client's address) goes out with its control and bidirectional characters
+    escaped (`pigeon.logs.peer_text.escape_unprintable`): an escape sequence would reach the
+    operator's terminal, a newline would forge a line of its own. A traceback keeps its line
+    breaks. (JSON event records escape themselves: they do not come through here.)"""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_unprintable(super().formatMessage(record))  # a message is one line
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        # What follows the message's line (a traceback, a stack) keeps its line breaks.
+        return redact(escape_unprintable(super().format(record), keep="\n"))

@@ -52,6 +52,11 @@ def test_a_keyword_dsn_loses_its_password_quoted_or_not() -> None:
     assert redact("host=db.example password=s3cret") == "host=db.example password=***"
 
 
+def test_a_url_is_found_wherever_its_run_of_scheme_characters_begins() -> None:
+    assert redact("id 42redis://:pw@r:1/0 and x.y-http://u:pw@h/") == "id 42redis://:***@r:1/0 and x.y-http://u:***@h/"
+    assert redact("a.b+c" * 5 + "://u:pw@h =x") == "a.b+c" * 5 + "://u:***@h =x"
+
+
 def test_text_without_credentials_is_left_as_it_is() -> None:
     for text in ("dedupe_key=3f9a key=3 x=1", "451 4.3.0 hook: 503 Service Unavailable", "mailbox support: ok"):
         assert redact(text) == text
@@ -68,3 +73,34 @@ def test_a_log_line_and_its_traceback_are_redacted() -> None:
     line = RedactingFormatter("%(message)s").format(record)
     assert "s3cret" not in line and ":pw@" not in line
     assert "db.example" in line and "redis://:***@r:1" in line
+
+
+def _line(message: str, *args: object) -> str:
+    formatter = RedactingFormatter("%(asctime)s w0 %(levelname)s %(name)s: %(message)s")
+    return formatter.format(logging.LogRecord("pigeon.x", logging.WARNING, __file__, 1, message, args, None))
+
+
+def test_a_log_line_carries_no_control_or_bidi_character_from_others() -> None:
+    reply = "451 4.7.1 later \x1b]0;title\x07\u202e gnp.exe"
+    effect = _line("shaping effect %s: %s (rule %s, from %s: %s)", "e1", "suspend site:mx", "r", "n1", reply)
+    assert effect.endswith(r"from n1: 451 4.7.1 later \x1b]0;title\x07\u202e gnp.exe)")
+    suspend = _line("admin suspend by %s of %s (%s)", "ops", "queue q\x00x", "evil \u001b]0;T\u0007\u202e\nFORGED line")
+    assert suspend.endswith(r"admin suspend by ops of queue q\x00x (evil \x1b]0;T\x07\u202e\x0aFORGED line)")
+    for line in (effect, suspend):
+        assert line.isprintable(), line  # one line, nothing a terminal acts on
+    already_shown = _line("refused RCPT %s", r"<a\x1bb@example.net>")  # escaped once (`shown`), not twice
+    assert already_shown.endswith(r"refused RCPT <a\x1bb@example.net>")
+
+
+def test_a_traceback_keeps_its_line_breaks_and_loses_its_controls() -> None:
+    try:
+        raise ValueError("reply \x1b[2J\u202e from redis://:pw@r:1")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    text = RedactingFormatter("%(message)s").format(record)
+    first, *trace = text.split("\n")
+    assert first == "failed" and trace[0] == "Traceback (most recent call last):"
+    assert trace[-1] == r"ValueError: reply \x1b[2J\u202e from redis://:***@r:1"
+    assert all(line.isprintable() for line in trace)

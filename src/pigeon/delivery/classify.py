@@ -44,6 +44,10 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
 ]
 
 
+_CACHED_LINE: Final = 512
+"""The longest reply whose class is remembered: servers say the same short things over and over."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     label: str
@@ -78,6 +82,8 @@ class Classifier:
         label = self._cache.get(line)
         if label is None:
             label = next((rule.label for rule in self._rules if rule.pattern.search(line)), "Uncategorized")
+            if len(line) > _CACHED_LINE:
+                return label  # not kept: a server may send long text, all different, as often as it likes
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[line] = label

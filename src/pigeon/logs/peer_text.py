@@ -14,6 +14,9 @@ Input decoded with errors="surrogateescape" gets its undecodable bytes back as `
 Past `limit` characters of output the text is cut (never inside an escape) and "..." is
 added: a client's address that long is no address anyway (RFC 5321 4.5.3.1.3). A limit of
 None cuts nothing (a reply, a reason: bounded where they came in).
+
+`escape_unprintable()` escapes the same way but cuts nothing and leaves the backslash alone:
+the daemon's log formatter runs it over every whole line, text already `shown` included.
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ def shown(text: str, limit: int | None = ADDRESS_LIMIT) -> str:
         out.append(piece)
         size += len(piece)
     return "".join(out)
+
+
+def escape_unprintable(text: str, keep: str = "") -> str:
+    """`text` with every character that is not printable, but those in `keep`, escaped as
+    `shown` escapes it; nothing cut, and the backslash left as it is. For a whole line of the
+    daemon's log, where text from others (a reply, an admin's reason) sits among ours: one
+    already `shown` comes out as it went in, rather than with its escapes escaped again."""
+    if text.isprintable():
+        return text  # the common case, checked in C
+    return "".join(char if char.isprintable() or char in keep else _escape(char) for char in text)
 
 
 def _escape(char: str) -> str:

@@ -199,8 +199,8 @@ class Hook(Generic[A]):
             trace = "".join(traceback.format_exception(error)) if show_traceback else None
         where = f" (session {session})" if session else (f" (message {message_id})" if message_id else "")
         _log.error("policy hook %s failed%s: %s; %s", self.name, where, text, action)
-        if trace is not None:
-            _log.debug("%s", trace)
+        if trace is not None:  # as a traceback, not a message: a message's line breaks are escaped
+            _log.debug("policy hook %s traceback", self.name, exc_info=error)
         log = self._runner.log
         if log is not None:
             log.write(
