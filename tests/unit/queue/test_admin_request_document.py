@@ -91,3 +91,31 @@ def test_a_routing_domain_is_taken_exactly_when_the_documented_pattern_matches(r
     (string,) = [s for s in _property("RebindRequest", "routing_domain")["anyOf"] if s.get("type") == "string"]
     documented = re.search(string["pattern"], routing) is not None
     assert _taken("/api/v1/admin/rebind", {"domain": "example.net", "routing_domain": routing}) == documented
+
+
+_LIMITED = [
+    ("BounceRequest", "bounce", "reason"),
+    ("SuspendRequest", "suspend", "reason"),
+    ("AdminRequest", "retry", "domain"),
+    ("AdminRequest", "retry", "tenant"),
+    ("AdminRequest", "retry", "campaign"),
+    ("AdminRequest", "retry", "queue"),
+    ("SuspendRequest", "suspend", "site"),
+]
+
+
+@pytest.mark.parametrize(("schema", "action", "member"), _LIMITED)
+def test_a_reason_or_selector_over_its_documented_max_length_is_refused_naming_it(
+    schema: str, action: str, member: str
+) -> None:
+    found = _property(schema, member)
+    (string,) = [s for s in found.get("anyOf", [found]) if s.get("type") == "string"]
+    limit = string["maxLength"]
+    assert limit <= 1000
+    selector = {"domain": "example.net"} if member == "reason" else {}  # (a selector member is one alone)
+    path = f"/api/v1/admin/{action}"
+    assert _taken(path, {**selector, member: "a" * limit})
+    with pytest.raises(web.HTTPBadRequest) as refused:
+        validate("POST", path, json.dumps({**selector, member: "a" * (limit + 1)}).encode())
+    answer = json.loads(refused.value.text or "")
+    assert answer == {"error": f"{member} is at most {limit} characters", "field": f"$.{member}"}

@@ -47,7 +47,15 @@ from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem
 from pigeon.queue.rules import Selector, standing_rule_id
 
-_Glob = Annotated[str, msgspec.Meta(min_length=1)]
+MAX_REASON: Final = 1000
+"""The longest `reason` taken, in characters: a note for people (it is kept with the rule and
+shown in every list of rules), not a document."""
+MAX_SELECTOR: Final = 255
+"""The longest domain, tenant, campaign or queue glob taken: what it is matched against is no
+longer (a domain name, `pigeon.compose.MAX_NAME`, `pigeon.queue.names.MAX_QUEUE_NAME`)."""
+MAX_SITE: Final = 1000
+"""The longest site glob taken: a site is several MX host names joined by ","."""
+_Glob = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SELECTOR)]
 MAX_DURATION: Final = 365 * 86400.0
 """The longest a standing rule may be asked for: longer is surely a slip of the unit (and an
 expiry past the year 9999 cannot even be shown)."""
@@ -65,6 +73,7 @@ RULE_DURATION: Final = re.compile(
 the limits, so that the OpenAPI document can say exactly what is taken."""
 _RULE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")  # it goes into paths: DELETE /api/v1/admin/suspend/ID
 _UNKNOWN_FIELD: Final = re.compile(r"^Object contains unknown field `([^`]*)`")
+_TOO_LONG: Final = re.compile(r"^Expected `str` of length <= (\d+) - at `\$\.(\w+)`$")
 
 
 class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -88,14 +97,14 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class BounceRequest(AdminRequest):
-    reason: str = ""
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON)] = ""
     duration: float | str | None = None
     """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed):
     more than 0, at most 365 days."""
 
 
 class SuspendRequest(BounceRequest):
-    site: _Glob | None = None
+    site: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SITE)] | None = None
     """Deliveries to this site (ready queue) stop; nothing else may be named with it."""
 
 
@@ -327,6 +336,9 @@ def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
         name = unknown.group(1)
         known = ", ".join(field.name for field in msgspec.structs.fields(_REQUESTS[action]))
         return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
+    if (too_long := _TOO_LONG.match(message)) is not None:
+        limit, name = too_long.groups()
+        return bad_request(f"{name} is at most {limit} characters", f"$.{name}")
     if message.endswith("`$.duration`"):
         # msgspec's "Number out of range" (1e999) or the config's own wording: say the limits.
         return bad_request(f"{DURATION_LIMITS_TEXT}{_unbounded(action)}", "$.duration")
