@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import Message as EmailMessage
 from email.policy import default as default_policy
-from typing import Any
+from typing import Any, Self
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
@@ -326,7 +326,52 @@ class WireTransaction:
     data: bytes = b""
 
 
-class WireSink:
+class _SocketSink:
+    """A raw-socket next hop on a free loopback port: a thread accepts, and each connection is
+    served by `_serve` on a thread of its own. Subclasses say what is said on the wire."""
+
+    def __init__(self, host: str, name: str) -> None:
+        self.host = host
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((host, 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
+        self._listener.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self._accepted()
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _accepted(self) -> None:
+        """Called on the accepting thread for each connection, before it is served."""
+
+    def _serve(self, connection: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class WireSink(_SocketSink):
     """A next hop that reads lines up to LF (a CR before it dropped), as the MTAs that SMTP
     smuggling abuses do: "<LF>.<LF>" and "<LF>.<CR><LF>" end its DATA too. It offers
     PIPELINING, 8BITMIME and SMTPUTF8 but not CHUNKING, so its clients send DATA.
@@ -335,20 +380,9 @@ class WireSink:
     """
 
     def __init__(self, *, host: str = "127.0.0.1") -> None:
-        self.host = host
         self.wire = bytearray()
         self.transactions: list[WireTransaction] = []
-        self._lock = threading.Lock()
-        self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(0.2)
-        self.port = self._listener.getsockname()[1]
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="wire-sink", daemon=True)
-        self._thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
+        super().__init__(host, "wire-sink")
 
     def senders(self) -> list[str]:
         with self._lock:
@@ -365,25 +399,6 @@ class WireSink:
             if time.monotonic() >= deadline:
                 raise AssertionError(f"the wire sink saw {len(done)} messages in {timeout}s, not {count}")
             time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(10)
-        self._listener.close()
-
-    def __enter__(self) -> WireSink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
         connection.settimeout(30)
@@ -445,7 +460,7 @@ class WireSink:
                     say("500 5.5.2 what?")
 
 
-class TurnAwaySink:
+class TurnAwaySink(_SocketSink):
     """A next hop that turns every client away: it greets with `greeting`, or greets with 220
     and answers the first command (EHLO) with `ehlo`, then closes its side. Replies are given
     as lines ("421-...\\r\\n421 ..."). `received` is every command line the clients sent, the
@@ -454,43 +469,15 @@ class TurnAwaySink:
     def __init__(self, *, greeting: str | None = None, ehlo: str | None = None, host: str = "127.0.0.1") -> None:
         if (greeting is None) == (ehlo is None):
             raise ValueError("turn clients away at the greeting or at EHLO")
-        self.host = host
         self.greeting = greeting
         self.ehlo = ehlo
         self.received: list[str] = []
         self.connections = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(0.2)
-        self.port = self._listener.getsockname()[1]
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="turn-away-sink", daemon=True)
-        self._thread.start()
+        super().__init__(host, "turn-away-sink")
 
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(10)
-        self._listener.close()
-
-    def __enter__(self) -> TurnAwaySink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            with self._lock:
-                self.connections += 1
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+    def _accepted(self) -> None:
+        with self._lock:
+            self.connections += 1
 
     def _serve(self, connection: socket.socket) -> None:
         connection.settimeout(10)
