@@ -22,16 +22,22 @@ def _acknowledged(transcript: Path) -> list[str]:
 # Its waits add up to more than the default per-test timeout on a slow machine.
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    ("sent", "kill_after"),
+    ("sent", "kill_after", "size"),
     # The kill comes with each shard past its first WAL checkpoint (about 700 of these 5 KiB
     # messages) and 20 sessions mid-transaction, most of the load still to come; -m slow
-    # sends the full 20,000.
-    [(5000, 2000), pytest.param(20_000, 4000, marks=pytest.mark.slow)],
+    # sends the full 20,000. 50 KiB bodies are appended to segments (small ones, so that
+    # several are full and some dropped or compacted before the kill).
+    [
+        (5000, 2000, 5120),
+        (1500, 600, 51200),
+        pytest.param(20_000, 4000, 5120, marks=pytest.mark.slow),
+    ],
 )
-def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, sent: int, kill_after: int) -> None:
+def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, sent: int, kill_after: int, size: int) -> None:
     root = tmp_path / "node"
     transcript = tmp_path / "smtp-source.log"
-    pigeon = PigeonProcess(root, node={"workers": 2}, log={"level": "info"}).start()
+    config = {"node": {"workers": 2}, "log": {"level": "info"}, "spool": {"segment_size": "2MiB"}}
+    pigeon = PigeonProcess(root, **config).start()
     with open(transcript, "wb") as out:
         source = subprocess.Popen(
             [
@@ -40,7 +46,7 @@ def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, sent: int,
                 "-s",
                 "20",
                 "-l",
-                "5120",
+                str(size),
                 "-m",
                 str(sent),
                 "-f",
@@ -70,7 +76,7 @@ def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, sent: int,
     assert killed_at >= kill_after
     assert len(acknowledged) == len(set(acknowledged))
 
-    pigeon = PigeonProcess(root, node={"workers": 2}, log={"level": "info"}).start()
+    pigeon = PigeonProcess(root, **config).start()
     try:
         pigeon.wait_stderr(" 0 quarantined", count=2)  # both shards checked clean after the start
         stored = pigeon.spool_messages()

@@ -263,6 +263,13 @@ class PigeonProcess:
 
     def spool_messages(self) -> list[dict[str, Any]]:
         """Every message in every spool shard, with its body bytes."""
+        for _ in range(20):
+            try:
+                return list(_spool_rows(self.spool_path))
+            except FileNotFoundError:
+                # Read from a running node: a segment was emptied and removed between reading
+                # a row and opening the file (the row is gone too by now): read again.
+                time.sleep(0.05)
         return list(_spool_rows(self.spool_path))
 
     @property
@@ -277,13 +284,16 @@ def _spool_rows(spool_root: Path) -> Iterator[dict[str, Any]]:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             rows = conn.execute(
-                "SELECT m.id, m.queue, m.envelope, b.id, b.data"
+                "SELECT m.id, m.queue, m.envelope, b.id, b.data, b.segment, b.at, b.size"
                 " FROM message m JOIN body b ON b.id = m.body ORDER BY m.id"
             ).fetchall()
         finally:
             conn.close()
-        for spool_id, queue, envelope, body_id, data in rows:
-            if data is None:
+        for spool_id, queue, envelope, body_id, data, segment, at, size in rows:
+            if data is None and segment is not None:
+                with open(db.parent / "segments" / format_id(segment), "rb") as file:
+                    data = os.pread(file.fileno(), size, at)
+            elif data is None:
                 data = (db.parent / "data" / format_id(body_id)).read_bytes()
             decoded = ENVELOPE_DECODER.decode(envelope)
             yield {

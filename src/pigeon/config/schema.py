@@ -335,13 +335,20 @@ class SpoolConfig(_Section):
     path: Path = Path("var/spool")
     """Directory of the spool database and large bodies."""
     inline_limit: Size = Size(256 * 1024)
-    """Bodies up to this size are stored in the database; larger ones in files."""
+    """Bodies up to this size are kept in memory for their first delivery and stored in the
+    database or a segment; larger ones in files of their own."""
+    segment_from: Size = Size(16 * 1024)
+    """Bodies from this size up to `inline_limit` are appended to segment files (written once,
+    one fsync per commit) rather than stored in the database (written twice, WAL then
+    checkpoint). Above `inline_limit` to turn segments off."""
+    segment_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
+    """A segment file takes bodies until it is this big; then a new one starts."""
     commit_window: Duration = Duration(0.002)
     """Under load (four or more writes arrived during the last commit), how long the next commit
     waits to gather more, so one fsync serves more messages. 0: never wait."""
     max_batch: PositiveInt = 1024
     max_size: PositiveSize | None = None
-    """Cap on the spool database size; when reached, new mail gets 451 4.3.0."""
+    """Cap on the spool database and segments of a shard; when reached, new mail gets 451 4.3.0."""
 
 
 class LogConfig(_Section):

@@ -491,6 +491,8 @@ class Node:
             shard_directory(spool.path, shard),
             shard=shard,
             inline_limit=spool.inline_limit,
+            segment_from=spool.segment_from,
+            segment_size=spool.segment_size,
             commit_window=spool.commit_window,
             max_batch=spool.max_batch,
             max_size=spool.max_size,

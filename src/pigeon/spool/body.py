@@ -2,12 +2,13 @@
 
 The listener writes each `DataChunk` straight into a `BodyWriter`, which keeps the chunks as
 they came and joins them once at the end (a message of one chunk is not copied at all):
-the joined bytes are what the spool stores and what delivery sends from memory. Past
-`inline_limit` the bytes go to
-`data/<id>` in the spool directory (written to the page cache on the event loop, fsynced by
-the group-commit thread just before the transaction that records it). SQLite's own advice
-("Internal Versus External BLOBs") is that small blobs read faster from the database and
-large ones from files.
+the joined bytes are what the spool stores and what delivery sends from memory. A body of
+`segment_from` bytes or more is appended to the active segment when it ends (see
+`pigeon.spool.segments`); past `inline_limit` the bytes go to `data/<id>` in the spool
+directory as they arrive. Either way they are written to the page cache on the event loop
+and fsynced by the group-commit thread just before the transaction that records them.
+SQLite's own advice ("Internal Versus External BLOBs") is that small blobs read faster from
+the database and large ones from files.
 
 A write failure (ENOSPC, EIO) is remembered, not raised mid-stream: the message is refused
 with 451 at its end, when the client is listening for a reply.
@@ -22,12 +23,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pigeon.message import SpoolId, format_id
+from pigeon.spool.segments import Segment, Segments
 from pigeon.spool.spool import SpoolError, SpoolFull, SpoolWriteError
 
 
 @dataclass(slots=True)
 class Body:
-    """A finished body: inline bytes, or a spool file not yet fsynced."""
+    """A finished body: inline bytes, bytes in a segment, or a spool file not yet fsynced."""
 
     id: SpoolId
     size: int
@@ -35,6 +37,9 @@ class Body:
     path: Path | None
     file: BinaryIO | None  # open until the commit thread fsyncs and closes it
     sync_error: SpoolError | None = None
+    segment: Segment | None = None  # where the bytes of `data` were appended, at `offset`
+    offset: int = 0
+    segments: Segments | None = None  # owed a `release` of `segment` (see `release`)
 
     def sync(self) -> None:
         """fsync the spool file (commit thread). No-op for inline bodies.
@@ -44,6 +49,12 @@ class Body:
         """
         if self.sync_error is not None:
             raise self.sync_error
+        if self.segment is not None:
+            try:
+                self.segment.sync(self.offset + self.size)
+            except SpoolError as error:
+                self.sync_error = error
+                raise
         if self.file is not None:
             try:
                 self.file.flush()
@@ -59,17 +70,34 @@ class Body:
         """Remove what was written: the body will not be stored."""
         _remove(self.file, self.path)
         self.file = None
+        self.release()
+
+    def release(self) -> None:
+        """The store of this body is over, committed or not (event loop): its segment may be
+        retired once no other store is writing to it. Only the first call counts."""
+        if self.segments is not None and self.segment is not None:
+            self.segments.release(self.segment)
+        self.segments = None
 
 
 class BodyWriter:
     """Accumulates one message's bytes. Call `finish()` once, or `discard()`."""
 
-    __slots__ = ("_chunks", "_dir", "_error", "_file", "_id", "_limit", "_path", "size")
+    __slots__ = ("_chunks", "_dir", "_error", "_file", "_id", "_limit", "_path", "_segment_from", "_segments", "size")
 
-    def __init__(self, body_id: SpoolId, data_dir: Path, inline_limit: int) -> None:
+    def __init__(
+        self,
+        body_id: SpoolId,
+        data_dir: Path,
+        inline_limit: int,
+        segments: Segments | None = None,
+        segment_from: int = 0,
+    ) -> None:
         self._id = body_id
         self._dir = data_dir
         self._limit = inline_limit
+        self._segments = segments
+        self._segment_from = segment_from
         self._chunks: list[bytes] | None = []
         self._file: BinaryIO | None = None
         self._path: Path | None = None
@@ -96,8 +124,13 @@ class BodyWriter:
         """The finished body. Raises the SpoolError that a write met, if any."""
         if self._error is not None:
             raise self._error
-        data = None if self._chunks is None else b"".join(self._chunks)
+        chunks = self._chunks
+        data = None if chunks is None else b"".join(chunks)
         body = Body(self._id, self.size, data, self._path, self._file)
+        segments = self._segments
+        if data is not None and segments is not None and self.size >= self._segment_from:
+            body.segment, body.offset = segments.append([data], self.size)
+            body.segments = segments
         self._chunks = None
         self._file = None
         self._path = None

@@ -108,6 +108,14 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="spool-commit", daemon=True)
         self._thread.start()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def submit(self, op: Operation) -> asyncio.Future[Any]:
         """Queue `op`; the future resolves once it is durable (or fails with a SpoolError)."""
         loop = self._loop

@@ -40,24 +40,43 @@ import msgspec
 from pigeon.message import ENVELOPE_DECODER, Message, SpoolId, format_id, parse_id
 from pigeon.spool.spool import Quarantined
 
+SEGMENT_DIR: Final = "segments"
+
 ROW: Final = (
     "m.id, m.body, CAST(m.queue AS BLOB), typeof(m.queue), m.created, m.size, m.attempts, m.due,"
-    " CAST(m.envelope AS BLOB), typeof(m.envelope), b.id, b.size, typeof(b.data)"
+    " CAST(m.envelope AS BLOB), typeof(m.envelope), b.id, b.size, typeof(b.data), b.segment, b.at"
     " FROM message m LEFT JOIN body b ON b.id = m.body"
 )
 """What a message is read with: its columns as stored (as bytes, so that text which is not
 UTF-8 cannot fail the whole read) and what its body row says, for `read_row`."""
 
-Row = tuple[int, int, bytes | None, str, float, int, int, float, bytes | None, str, int | None, object, str | None]
+Row = tuple[
+    int,
+    int,
+    bytes | None,
+    str,
+    float,
+    int,
+    int,
+    float,
+    bytes | None,
+    str,
+    int | None,
+    object,
+    str | None,
+    object,
+    object,
+]
 CHUNK: Final = 2000  # rows per read transaction of the background check: short, so the WAL can be checkpointed
 
 
 def read_row(row: Row, data_dir: Path, file_sizes: dict[int, int | None] | None = None) -> Message | str:
     """The message a `ROW` holds, or why it cannot be used (the reason an operator reads).
+    Segments are in `segments/`, beside `data_dir`.
 
-    `file_sizes` caches the size of body files shared by several rows of one pass."""
+    `file_sizes` caches the size of body files and segments shared by several rows of one pass."""
     spool_id, body_ref, queue, queue_type, created, size, attempts, due, envelope, envelope_type = row[:10]
-    body_id, body_size, data_type = row[10:]
+    body_id, body_size, data_type, segment, at = row[10:]
     if queue_type != "text" or not queue:
         return "queue name missing"
     try:
@@ -76,7 +95,15 @@ def read_row(row: Row, data_dir: Path, file_sizes: dict[int, int | None] | None 
         return "body missing"
     if not isinstance(body_size, int):
         return "body size missing"
-    if data_type == "null":
+    if data_type == "null" and segment is not None:
+        if not isinstance(segment, int) or not isinstance(at, int) or at < 0:
+            return f"body {format_id(body_id)} has no place in a segment"
+        actual = _file_size(data_dir.parent / SEGMENT_DIR, segment, file_sizes)
+        if actual is None:
+            return f"segment file {SEGMENT_DIR}/{format_id(segment)} missing"
+        if actual < at + body_size:
+            return f"segment file {SEGMENT_DIR}/{format_id(segment)} ends before body {format_id(body_id)}"
+    elif data_type == "null":
         actual = _file_size(data_dir, body_id, file_sizes)
         if actual is None:
             return f"body file data/{format_id(body_id)} missing"
@@ -96,15 +123,16 @@ def read_row(row: Row, data_dir: Path, file_sizes: dict[int, int | None] | None 
     )
 
 
-def _file_size(data_dir: Path, body_id: int, cache: dict[int, int | None] | None) -> int | None:
-    if cache is not None and body_id in cache:
-        return cache[body_id]
+def _file_size(directory: Path, file_id: int, cache: dict[int, int | None] | None) -> int | None:
+    # Body and segment ids come from one generator: one cache serves both.
+    if cache is not None and file_id in cache:
+        return cache[file_id]
     try:
-        found: int | None = os.stat(data_dir / format_id(body_id)).st_size
+        found: int | None = os.stat(directory / format_id(file_id)).st_size
     except OSError:
         found = None
     if cache is not None:
-        cache[body_id] = found
+        cache[file_id] = found
     return found
 
 
@@ -142,7 +170,8 @@ def orphan_bodies(conn: sqlite3.Connection, last: int) -> list[int]:
 def remove_orphan_files(conn: sqlite3.Connection, data_dir: Path, last: int, opened_at: float) -> int:
     """Remove files in `data/` that no body row keeps: those named by an id up to `last`
     (a reception of this run writes its file before its row commits, always with a later
-    id), and any other name older than the open. Returns how many were removed."""
+    id), and any other name older than the open. Returns how many were removed.
+    (Segments no row names are found at the open: `Segments.open`.)"""
     removed = 0
     with os.scandir(data_dir) as entries:
         for entry in entries:
@@ -165,7 +194,8 @@ def remove_orphan_files(conn: sqlite3.Connection, data_dir: Path, last: int, ope
 
 
 def _has_file(conn: sqlite3.Connection, body_id: int) -> bool:
-    return conn.execute("SELECT 1 FROM body WHERE id = ? AND data IS NULL", (body_id,)).fetchone() is not None
+    found = conn.execute("SELECT 1 FROM body WHERE id = ? AND data IS NULL AND segment IS NULL", (body_id,))
+    return found.fetchone() is not None
 
 
 # --- the writes, through the group commit ------------------------------------------------------------
@@ -207,23 +237,21 @@ class SetAside:
 
 
 class RemoveBodies:
-    """Delete orphan body rows (see `orphan_bodies`). Its result: the ids whose file is to be
-    removed once the deletion is durable."""
+    """Delete orphan body rows (see `orphan_bodies`): `free` names them to the spool's batch
+    hook, which deletes them, counts their segments' bytes and removes their files once the
+    deletion is durable."""
 
-    __slots__ = ("ids",)
+    __slots__ = ("free", "ids")
 
     def __init__(self, ids: list[int]) -> None:
         self.ids = ids
 
-    def apply(self, conn: sqlite3.Connection) -> list[int]:
-        files = []
+    def apply(self, conn: sqlite3.Connection) -> None:
         for start in range(0, len(self.ids), 500):
             chunk = self.ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            rows = conn.execute(f"DELETE FROM body WHERE id IN ({marks}) RETURNING id, data IS NULL", chunk)
-            files += [body_id for body_id, in_file in rows if in_file]
             conn.execute(f"DELETE FROM body_ref WHERE body IN ({marks})", chunk)
-        return files
+        self.free = self.ids
 
     def prepare(self) -> None:
         pass

@@ -2,8 +2,9 @@
 
 Layout under the spool directory:
 
-    spool.db      message (envelope, queue, schedule), body (inline data), quarantine
-    data/<id>     bodies larger than `inline_limit`
+    spool.db        message (envelope, queue, schedule), body (inline data), quarantine
+    segments/<id>   bodies from `segment_from` up to `inline_limit`, appended (`segments.py`)
+    data/<id>       bodies larger than `inline_limit`
 
 Message metadata and body bytes live in separate tables, so a retry that rewrites the
 attempt count and due time does not rewrite the body. Several messages of one reception
@@ -25,13 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool import recovery
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
+from pigeon.spool.segments import COMPACT_BELOW, Segment, Segments
 from pigeon.spool.spool import (
     NewMessage,
     Quarantined,
@@ -45,12 +47,19 @@ from pigeon.spool.spool import (
 )
 
 _log = logging.getLogger(__name__)
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS body (
     id INTEGER PRIMARY KEY,
     size INTEGER NOT NULL,
-    data BLOB                       -- NULL: the body is in data/<id as 16 hex digits>
+    data BLOB,                      -- NULL: in a segment, or else in data/<id as 16 hex digits>
+    segment INTEGER,                -- the segment holding the body ...
+    at INTEGER                      -- ... and where in it
+);
+CREATE INDEX IF NOT EXISTS body_segment ON body (segment) WHERE segment IS NOT NULL;
+CREATE TABLE IF NOT EXISTS segment (
+    id INTEGER PRIMARY KEY,         -- segments/<id as 16 hex digits>
+    live INTEGER NOT NULL           -- bytes of the bodies still in it
 );
 CREATE TABLE IF NOT EXISTS body_ref (
     body INTEGER PRIMARY KEY,       -- a body shared by several messages (one per domain) ...
@@ -101,8 +110,15 @@ ALTER TABLE body DROP COLUMN refs;
     3: """
 CREATE TABLE IF NOT EXISTS admin_rule (id TEXT PRIMARY KEY, rule BLOB NOT NULL);
 """,
+    # 4 -> 5: medium bodies are appended to segments.
+    4: """
+ALTER TABLE body ADD COLUMN segment INTEGER;
+ALTER TABLE body ADD COLUMN at INTEGER;
+CREATE INDEX IF NOT EXISTS body_segment ON body (segment) WHERE segment IS NOT NULL;
+CREATE TABLE IF NOT EXISTS segment (id INTEGER PRIMARY KEY, live INTEGER NOT NULL);
+""",
 }
-_INSERT_BODY: Final = "INSERT INTO body (id, size, data) VALUES (?, ?, ?)"
+_INSERT_BODY: Final = "INSERT INTO body (id, size, data, segment, at) VALUES (?, ?, ?, ?, ?)"
 _INSERT_MESSAGE: Final = (
     "INSERT INTO message (id, body, queue, created, size, attempts, due, envelope) VALUES (?, ?, ?, ?, ?, 0, ?, ?)"
 )
@@ -123,6 +139,8 @@ class SqliteSpool:
         *,
         shard: int = 0,
         inline_limit: int = 256 * 1024,
+        segment_from: int = 16 * 1024,
+        segment_size: int = 64 * 1024 * 1024,
         commit_window: float = 0.002,
         max_batch: int = 1024,
         max_size: int | None = None,
@@ -133,6 +151,13 @@ class SqliteSpool:
         self.data_dir = directory / "data"
         self._shard = shard
         self._inline_limit = inline_limit
+        self._segment_from = segment_from
+        self._segments = Segments(directory / "segments", lambda: self._ids.next(), segment_size=segment_size)
+        self._segments.retired = self._retire
+        if max_size is not None:
+            self._segments.room = self.room
+        self._compacting: set[int] = set()
+        self._compactions: set[asyncio.Task[None]] = set()
         self._max_size = max_size
         self._ids = IdGenerator(shard)
         self._count = 0  # messages stored minus messages removed since the open ...
@@ -154,7 +179,7 @@ class SqliteSpool:
             window=commit_window,
             max_batch=max_batch,
             observer=observer,
-            before_commit=self._free_bodies,
+            before_commit=self._before_commit,
         )
 
     # --- life cycle ------------------------------------------------------------------------
@@ -190,8 +215,10 @@ class SqliteSpool:
                     "SELECT max(coalesce((SELECT max(id) FROM message), 0),"
                     " coalesce((SELECT max(id) FROM body), 0),"
                     " coalesce((SELECT max(id) FROM quarantine), 0),"
-                    " coalesce((SELECT max(seq) FROM outbox), 0))"
+                    " coalesce((SELECT max(seq) FROM outbox), 0),"
+                    " coalesce((SELECT max(id) FROM segment), 0))"
                 ).fetchone()[0]
+                segments = [segment_id for (segment_id,) in conn.execute("SELECT id FROM segment")]
             finally:
                 conn.close()
             # Counting a million rows takes 10 ms from the page cache, 0.5 s from the disk: in
@@ -205,6 +232,7 @@ class SqliteSpool:
                 counter.close()
             raise self._open_error(error) from error
         self._ids = IdGenerator(self._shard, last)
+        self._segments.open(segments)
         self._opened_last = last
         self._opened_at = time.time()
         self._count = 0
@@ -251,14 +279,14 @@ class SqliteSpool:
 
     def room(self) -> int:
         """Bytes the spool may still grow by: its disk's free space, or what `max_size` leaves
-        if that is less (-1 if the file system cannot say)."""
+        of the database and its segments if that is less (-1 if the file system cannot say)."""
         free = self._free()
         if self._max_size is None or (self._reader is None and not self.db_path.exists()):
             return free
         page_size, pages, unused = (
             self._read().execute("SELECT * FROM pragma_page_size, pragma_page_count, pragma_freelist_count").fetchone()
         )
-        left: int = self._max_size - (pages - unused) * page_size
+        left: int = self._max_size - (pages - unused) * page_size - self._segments.bytes
         return left if free < 0 else min(free, left)
 
     def _free(self) -> int:
@@ -276,7 +304,10 @@ class SqliteSpool:
             pass
         if self._counting is not None:
             self._counting.join()
+        for task in self._compactions:
+            task.cancel()
         self._committer.close()
+        self._segments.close()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -302,7 +333,7 @@ class SqliteSpool:
         return [self._ids.next() for _ in range(n)]
 
     def body_writer(self, body_id: SpoolId) -> BodyWriter:
-        return BodyWriter(body_id, self.data_dir, self._inline_limit)
+        return BodyWriter(body_id, self.data_dir, self._inline_limit, self._segments, self._segment_from)
 
     def store(
         self, body: Body, messages: list[NewMessage], records: Sequence[tuple[int, bytes]] = ()
@@ -313,6 +344,8 @@ class SqliteSpool:
         ]
         future = self._committer.submit(_StoreReception(body, rows, records))
         future.add_done_callback(functools.partial(self._stored, len(rows)))
+        if body.segments is not None:
+            future.add_done_callback(lambda _: body.release())
         return future
 
     @property
@@ -339,12 +372,14 @@ class SqliteSpool:
 
     def body(self, body_id: int) -> bytes:
         """A stored body's bytes. Raises SpoolError if it cannot be read."""
-        row = self._read().execute("SELECT data FROM body WHERE id = ?", (body_id,)).fetchone()
+        row = self._read().execute("SELECT data, segment, at, size FROM body WHERE id = ?", (body_id,)).fetchone()
         if row is None:
             raise SpoolWriteError(f"body {format_id(body_id)} is not in the spool")
         if row[0] is not None:
             data: bytes = row[0]
             return data
+        if row[1] is not None:
+            return self._segments.read(row[1], row[2], row[3])
         try:
             return (self.data_dir / format_id(body_id)).read_bytes()
         except OSError as error:
@@ -400,11 +435,12 @@ class SqliteSpool:
         await asyncio.gather(*self._set_asides, return_exceptions=True)
         bodies = await asyncio.to_thread(self._in_check, recovery.orphan_bodies, self._opened_last)
         if bodies:
-            files = await self._committer.submit(recovery.RemoveBodies(bodies))
-            await asyncio.to_thread(self._unlink_bodies, files)
+            await self._committer.submit(recovery.RemoveBodies(bodies))
+        await self._tidy_segments()
         removed = await asyncio.to_thread(
             self._in_check, recovery.remove_orphan_files, self.data_dir, self._opened_last, self._opened_at
         )
+        removed += await asyncio.to_thread(self._remove_orphan_segments)
         return RecoveryReport(self.count, tuple(self._quarantined), len(bodies), removed)
 
     def _in_check(self, step: Callable[..., _T], *args: object) -> _T:
@@ -429,9 +465,30 @@ class SqliteSpool:
             if read < recovery.CHUNK:
                 return
 
-    def _unlink_bodies(self, body_ids: list[int]) -> None:
-        for body_id in body_ids:
-            (self.data_dir / format_id(body_id)).unlink(missing_ok=True)
+    def _remove_orphan_segments(self) -> int:
+        removed = 0
+        for path in self._segments.orphans:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                _log.error("spool %s: cannot remove orphan segment %s: %s", self.directory, path.name, error)
+                continue
+            removed += 1
+        self._segments.orphans = []
+        return removed
+
+    async def _tidy_segments(self) -> None:
+        """Segments of an earlier run are all closed: drop the empty ones (a crash may have
+        come between their last free and their drop), compact the mostly empty ones."""
+        for segment_id, live in self._read().execute("SELECT id, live FROM segment").fetchall():
+            if segment_id == self._segments.active_id:
+                continue
+            if live <= 0:
+                await self._committer.submit(_DropSegment(segment_id))
+            elif live * COMPACT_BELOW < self._segments.size_of(segment_id):
+                self._compact_soon(segment_id)
 
     def _set_aside(self, entries: list[Quarantined]) -> None:
         """Move unreadable entries to quarantine (event loop). Each is submitted once at a
@@ -520,26 +577,123 @@ class SqliteSpool:
         """Keep (seq, line) records the log could not take, to be logged later (`seq` from `new_ids`)."""
         return self._committer.submit(_OutboxAdd(list(records)))
 
-    def _free_bodies(self, conn: sqlite3.Connection, ops: list[Operation]) -> Callable[[], None] | None:
-        """Commit thread: delete the bodies the batch's settlements freed, in one statement."""
+    def _before_commit(self, conn: sqlite3.Connection, ops: list[Operation]) -> Callable[[], None] | None:
+        """Over the whole batch, in its transaction: delete the bodies its settlements freed (one
+        statement), bring the segments' live bytes up to date, drop the segments left empty.
+        Returns what removes their files once the commit is durable."""
+        live: dict[int, int] = {}
+        for op in ops:
+            for segment_id, change in getattr(op, "segment_changes", ()):
+                live[segment_id] = live.get(segment_id, 0) + change
         ids = [body for op in ops for body in getattr(op, "free", ())]
-        if not ids:
+        files: list[Path] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = conn.execute(
+                f"DELETE FROM body WHERE id IN ({marks}) RETURNING id, data IS NULL, segment, size", chunk
+            ).fetchall()
+            for body, no_data, segment_id, size in rows:
+                if segment_id is not None:
+                    live[segment_id] = live.get(segment_id, 0) - size
+                elif no_data:
+                    files.append(self.data_dir / format_id(body))
+        dropped = [segment_id for op in ops for segment_id in getattr(op, "dropped", ())]
+        for segment_id, change in live.items():
+            if change > 0:
+                conn.execute(
+                    "INSERT INTO segment (id, live) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET live = live + ?",
+                    (segment_id, change, change),
+                )
+            elif change < 0:
+                row = conn.execute(
+                    "UPDATE segment SET live = live + ? WHERE id = ? RETURNING live", (change, segment_id)
+                ).fetchone()
+                if row is not None and self._closed_segment(segment_id):
+                    if row[0] <= 0:
+                        conn.execute("DELETE FROM segment WHERE id = ?", (segment_id,))
+                        dropped.append(segment_id)
+                    elif row[0] * COMPACT_BELOW < self._segments.size_of(segment_id):
+                        self._from_any_thread(self._compact_soon, segment_id)
+        if not files and not dropped:
             return None
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(f"DELETE FROM body WHERE id IN ({marks}) RETURNING id, data IS NULL", ids).fetchall()
-        files = [self.data_dir / format_id(body) for body, in_file in rows if in_file]
-        if not files:
-            return None
+        paths = files + [self._segments.directory / format_id(segment_id) for segment_id in dropped]
 
         def unlink() -> None:
             # After the COMMIT: a file that stays is an orphan the next start removes.
-            for path in files:
+            for path in paths:
                 try:
                     path.unlink(missing_ok=True)
                 except OSError as error:
                     _log.error("spool: cannot remove freed body file %s: %s (left for the next start)", path, error)
+            for segment_id in dropped:
+                self._from_any_thread(self._segments.forget, segment_id)
 
         return unlink
+
+    def _closed_segment(self, segment_id: int) -> bool:
+        """No body will ever be appended to this segment again (any thread: a segment stops
+        being the active one once, and then takes no new writer)."""
+        segment = self._segments.get(segment_id)
+        return segment_id != self._segments.active_id and (segment is None or segment.writers == 0)
+
+    def _from_any_thread(self, callback: Callable[[int], None], segment_id: int) -> None:
+        """Run `callback(segment_id)` on the event loop, later (the batch hook runs on the loop,
+        or in the commit thread when a batch is retried)."""
+        loop = self._committer.loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(callback, segment_id)
+        except RuntimeError:
+            pass  # the loop is closed: the next start finishes the work
+
+    def _retire(self, segment: Segment) -> None:
+        """A closed segment has no store writing into it any more (event loop): if nothing it
+        holds is live, drop it."""
+        if self._committer.closed:
+            return
+        future = self._committer.submit(_DropSegment(segment.id))
+        future.add_done_callback(_log_failure("dropping an empty segment"))
+
+    def _compact_soon(self, segment_id: int) -> None:
+        if segment_id in self._compacting or self._committer.closed:
+            return
+        self._compacting.add(segment_id)
+        task = asyncio.get_running_loop().create_task(self._compact(segment_id))
+        self._compactions.add(task)
+        task.add_done_callback(self._compactions.discard)
+
+    async def _compact(self, segment_id: int) -> None:
+        """Copy the bodies still in a mostly empty closed segment to the active one, a few MB
+        per commit; the last move leaves it empty, and it is dropped."""
+        try:
+            rows = self._read().execute("SELECT id, at, size FROM body WHERE segment = ?", (segment_id,)).fetchall()
+            moves: list[tuple[int, int, int, bytes]] = []
+            pending = 0
+            for index, (body_id, at, size) in enumerate(rows):
+                if self._segments.get(segment_id) is None:
+                    return  # emptied and dropped meanwhile
+                moves.append((body_id, at, size, self._segments.read(segment_id, at, size)))
+                pending += size
+                if pending >= _COMPACT_CHUNK or index == len(rows) - 1:
+                    await self._move(segment_id, moves)
+                    moves, pending = [], 0
+        except SpoolError as error:
+            _log.error("spool %s: cannot compact segment %s: %s", self.directory, format_id(segment_id), error)
+        finally:
+            self._compacting.discard(segment_id)
+
+    async def _move(self, segment_id: int, moves: list[tuple[int, int, int, bytes]]) -> None:
+        bodies = []
+        try:
+            for body_id, at, size, data in moves:
+                segment, offset = self._segments.append([data], size)
+                bodies.append(_Moved(body_id, segment_id, at, size, segment, offset))
+            await self._committer.submit(_MoveBodies(bodies))
+        finally:
+            for moved in bodies:
+                self._segments.release(moved.to)
 
     def _read(self) -> sqlite3.Connection:
         if self._reader is None:
@@ -581,7 +735,7 @@ class SqliteSpool:
 
 
 class _StoreReception:
-    __slots__ = ("body", "records", "rows")
+    __slots__ = ("body", "records", "rows", "segment_changes")
 
     def __init__(self, body: Body, rows: Sequence[tuple[object, ...]], records: Sequence[tuple[int, bytes]]) -> None:
         self.body = body
@@ -590,7 +744,12 @@ class _StoreReception:
 
     def apply(self, conn: sqlite3.Connection) -> None:
         body = self.body
-        conn.execute(_INSERT_BODY, (body.id, body.size, body.data))
+        if body.segment is None:
+            conn.execute(_INSERT_BODY, (body.id, body.size, body.data, None, None))
+            self.segment_changes: tuple[tuple[int, int], ...] = ()
+        else:
+            conn.execute(_INSERT_BODY, (body.id, body.size, None, body.segment.id, body.offset))
+            self.segment_changes = ((body.segment.id, body.size),)
         conn.executemany(_INSERT_MESSAGE, self.rows)
         if len(self.rows) > 1:
             conn.execute("INSERT INTO body_ref (body, refs) VALUES (?, ?)", (body.id, len(self.rows)))
@@ -605,6 +764,77 @@ class _StoreReception:
 
     def abandon(self) -> None:
         self.body.discard()
+
+
+_COMPACT_CHUNK: Final = 4 * 1024 * 1024  # bytes of bodies moved per commit when compacting
+
+
+class _Moved(NamedTuple):
+    body: int
+    segment: int  # where it was ...
+    at: int
+    size: int
+    to: Segment  # ... and where it was copied
+    offset: int
+
+
+class _MoveBodies:
+    """Point bodies at their copies in the active segment (compaction). A body freed since it
+    was copied is left alone: its copy is dead bytes."""
+
+    __slots__ = ("moves", "segment_changes")
+
+    def __init__(self, moves: list[_Moved]) -> None:
+        self.moves = moves
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        changes = []
+        for moved in self.moves:
+            updated = conn.execute(
+                "UPDATE body SET segment = ?, at = ? WHERE id = ? AND segment = ? AND at = ?",
+                (moved.to.id, moved.offset, moved.body, moved.segment, moved.at),
+            ).rowcount
+            if updated:
+                changes += [(moved.segment, -moved.size), (moved.to.id, moved.size)]
+        self.segment_changes = changes
+
+    def prepare(self) -> None:
+        for moved in self.moves:
+            moved.to.sync(moved.offset + moved.size)
+
+    def abandon(self) -> None:
+        pass
+
+
+class _DropSegment:
+    """Delete a closed segment's row if nothing it holds is live; its file goes after the commit."""
+
+    __slots__ = ("dropped", "segment")
+
+    def __init__(self, segment: int) -> None:
+        self.segment = segment
+
+    def apply(self, conn: sqlite3.Connection) -> None:
+        row = conn.execute("SELECT live FROM segment WHERE id = ?", (self.segment,)).fetchone()
+        if row is not None and row[0] > 0:
+            self.dropped: tuple[int, ...] = ()
+            return
+        conn.execute("DELETE FROM segment WHERE id = ?", (self.segment,))
+        self.dropped = (self.segment,)
+
+    def prepare(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+def _log_failure(what: str) -> Callable[[asyncio.Future[None]], None]:
+    def logged(future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            _log.error("spool: %s failed: %s (the next start does it)", what, future.exception())
+
+    return logged
 
 
 def _fsync_directory(directory: Path) -> None:

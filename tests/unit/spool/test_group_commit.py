@@ -463,7 +463,7 @@ async def test_an_after_commit_step_that_raises_is_logged_and_the_batch_stays_co
         _, messages = await store(spool, b"x" * 100)
         message = spool.get(messages[0].id)
         assert message is not None
-        free_bodies = spool._free_bodies
+        free_bodies = spool._before_commit
 
         def failing_after(conn: sqlite3.Connection, ops: list[object]) -> object:
             after = free_bodies(conn, ops)  # type: ignore[arg-type]

@@ -1,0 +1,345 @@
+"""Segments: medium bodies are appended to shared files, made durable before the commit that
+records them, read back intact, and their space is given back once the bodies are freed, by
+removing empty segments and compacting mostly empty ones, across restarts and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pigeon.message import ENVELOPE_ENCODER, Envelope, Message, Recipient, SpoolId, format_id
+from pigeon.spool.segments import Segments
+from pigeon.spool.spool import NewMessage, SpoolFull, SpoolWriteError
+from pigeon.spool.sqlite import SqliteSpool
+
+FROM = 1000  # bodies from this size go to segments in these tests
+
+
+def make_spool(path: Path, *, segment_size: int = 1 << 20) -> SqliteSpool:
+    return SqliteSpool(path, inline_limit=64 * 1024, segment_from=FROM, segment_size=segment_size)
+
+
+@contextmanager
+def opened(spool: SqliteSpool) -> Iterator[None]:
+    spool.open(asyncio.get_running_loop())
+    try:
+        yield
+    finally:
+        spool.close()
+
+
+def rows(db_path: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def segment_files(spool: SqliteSpool) -> list[str]:
+    return sorted(path.name for path in (spool.directory / "segments").iterdir())
+
+
+async def store(spool: SqliteSpool, data: bytes) -> Message:
+    body_id, message_id = spool.new_ids(2)
+    writer = spool.body_writer(body_id)
+    for start in range(0, len(data), 700):
+        writer.write(data[start : start + 700])
+    body = writer.finish()
+    now = time.time()
+    await spool.store(
+        body,
+        [NewMessage(message_id, "q@example.com", Envelope("s@example.org", [Recipient("r@example.com")]), now, now)],
+    )
+    message = spool.get(message_id)
+    assert message is not None
+    return message
+
+
+async def deliver(spool: SqliteSpool, message: Message) -> None:
+    await spool.settle(message, None, attempts=1, due=0.0)
+
+
+async def settled(spool: SqliteSpool) -> None:
+    """Let the work the spool schedules after a commit (drops, compactions) run to its end."""
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        await spool.make_due([], 0.0)  # a commit after whatever was submitted meanwhile
+
+
+def body_of(n: int, size: int = 3000) -> bytes:
+    return (f"message {n} ".encode() * size)[:size]
+
+
+async def test_a_medium_body_is_stored_in_a_segment_and_read_back_intact(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        small = await store(spool, b"x" * (FROM - 1))
+        medium = await store(spool, body_of(1))
+        assert spool.body(medium.body_id) == body_of(1)
+        assert spool.body(small.body_id) == b"x" * (FROM - 1)
+    (segment,) = rows(spool.db_path, "SELECT segment FROM body WHERE id = ?", medium.body_id)[0]
+    assert rows(spool.db_path, "SELECT data IS NULL, segment IS NULL FROM body WHERE id = ?", small.body_id) == [(0, 1)]
+    assert rows(spool.db_path, "SELECT data FROM body WHERE id = ?", medium.body_id) == [(None,)]
+    assert rows(spool.db_path, "SELECT id, live FROM segment") == [(segment, 3000)]
+    assert segment_files(spool) == [format_id(segment)]  # type: ignore[arg-type]
+
+
+async def test_bodies_in_segments_survive_a_restart(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        stored = [await store(spool, body_of(n)) for n in range(5)]
+    again = make_spool(tmp_path)
+    with opened(again):
+        report = await again.check()
+        assert report.messages == 5 and report.quarantined == ()
+        assert [again.body(message.body_id) for message in stored] == [body_of(n) for n in range(5)]
+        # A new run appends to a new segment, never after a possibly torn tail.
+        await store(again, body_of(9))
+        assert len(segment_files(again)) == 2
+
+
+async def test_a_failed_segment_fsync_refuses_the_message_and_records_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        real = os.fdatasync
+
+        def failing(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", failing)
+        with pytest.raises(SpoolWriteError, match="Input/output error"):
+            await store(spool, body_of(1))
+        monkeypatch.setattr(os, "fdatasync", real)
+        assert spool.count == 0
+    assert rows(spool.db_path, "SELECT count(*) FROM message") == [(0,)]
+    assert rows(spool.db_path, "SELECT count(*) FROM body") == [(0,)]
+
+
+async def test_a_full_segment_is_removed_once_every_body_in_it_is_delivered(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path, segment_size=8000)  # three 3000-byte bodies fill one
+    with opened(spool):
+        first = [await store(spool, body_of(n)) for n in range(3)]
+        later = await store(spool, body_of(3))  # starts the second segment
+        assert len(segment_files(spool)) == 2
+        for message in first:
+            await deliver(spool, message)
+        await settled(spool)
+        assert len(segment_files(spool)) == 1
+        assert spool.body(later.body_id) == body_of(3)
+    assert rows(spool.db_path, "SELECT live FROM segment") == [(3000,)]
+
+
+async def test_the_active_segment_stays_when_emptied_and_goes_once_it_is_full_and_empty(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path, segment_size=5000)
+    with opened(spool):
+        first = await store(spool, body_of(1))
+        await deliver(spool, first)
+        await settled(spool)
+        assert len(segment_files(spool)) == 1  # still being appended to
+        second = await store(spool, body_of(2))  # the segment is full after this one
+        await store(spool, body_of(3))  # ... so this one starts the next
+        await deliver(spool, second)
+        await settled(spool)
+        assert len(segment_files(spool)) == 1
+
+
+async def test_a_mostly_empty_segment_is_compacted_into_the_active_one(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path, segment_size=30_000)
+    with opened(spool):
+        old = [await store(spool, body_of(n)) for n in range(10)]  # 30,000 bytes: full
+        await store(spool, body_of(10))  # the next segment
+        (old_segment,) = rows(spool.db_path, "SELECT segment FROM body WHERE id = ?", old[0].body_id)[0]
+        for message in old[:8]:  # 6,000 of 30,000 bytes left: under a quarter
+            await deliver(spool, message)
+        await settled(spool)
+        assert format_id(old_segment) not in segment_files(spool)  # type: ignore[arg-type]
+        assert [spool.body(message.body_id) for message in old[8:]] == [body_of(8), body_of(9)]
+        assert rows(spool.db_path, "SELECT count(*) FROM segment WHERE id = ?", old_segment) == [(0,)]
+    # What compaction wrote is durable: a new run reads the moved bodies.
+    again = make_spool(tmp_path)
+    with opened(again):
+        assert (await again.check()).quarantined == ()
+        assert [again.body(message.body_id) for message in old[8:]] == [body_of(8), body_of(9)]
+
+
+async def test_a_body_delivered_while_its_segment_is_compacted_is_not_brought_back(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path, segment_size=30_000)
+    with opened(spool):
+        old = [await store(spool, body_of(n)) for n in range(10)]
+        await store(spool, body_of(10))
+        for message in old[:7]:
+            await deliver(spool, message)  # 9,000 bytes left: not yet compacted
+        # Delivering the eighth starts the compaction; the ninth is delivered at once, in the
+        # next commit, while the copies are being made.
+        eighth = asyncio.ensure_future(deliver(spool, old[7]))
+        ninth = asyncio.ensure_future(deliver(spool, old[8]))
+        await asyncio.gather(eighth, ninth)
+        await settled(spool)
+        assert spool.get(old[8].id) is None
+        assert rows(spool.db_path, "SELECT count(*) FROM body WHERE id = ?", old[8].body_id) == [(0,)]
+        assert spool.body(old[9].body_id) == body_of(9)
+        live = rows(spool.db_path, "SELECT sum(live) FROM segment")[0][0]
+        held = rows(spool.db_path, "SELECT sum(size) FROM body WHERE segment IS NOT NULL")[0][0]
+        assert live == held == 2 * 3000
+
+
+async def test_a_missing_segment_sets_its_messages_aside_with_the_reason(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        message = await store(spool, body_of(1))
+    (segment,) = rows(spool.db_path, "SELECT segment FROM body WHERE id = ?", message.body_id)[0]
+    (tmp_path / "segments" / format_id(segment)).unlink()  # type: ignore[arg-type]
+    again = make_spool(tmp_path)
+    with opened(again):
+        report = await again.check()
+        assert [entry.id for entry in report.quarantined] == [message.id]
+        assert "segment file segments/" in report.quarantined[0].reason and "missing" in report.quarantined[0].reason
+
+
+async def test_a_segment_cut_short_sets_aside_only_the_bodies_past_its_end(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        kept, lost = await store(spool, body_of(1)), await store(spool, body_of(2))
+    (segment,) = rows(spool.db_path, "SELECT segment FROM body WHERE id = ?", kept.body_id)[0]
+    os.truncate(tmp_path / "segments" / format_id(segment), 4000)  # type: ignore[arg-type]
+    again = make_spool(tmp_path)
+    with opened(again):
+        report = await again.check()
+        assert [entry.id for entry in report.quarantined] == [lost.id]
+        assert "ends before body" in report.quarantined[0].reason
+        assert again.body(kept.body_id) == body_of(1)
+
+
+async def test_a_segment_no_row_names_is_removed_at_the_next_start(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        message = await store(spool, body_of(1))
+        # A reception appended but never committed (the process died before its commit).
+        writer = spool.body_writer(spool.new_ids(1)[0])
+        writer.write(body_of(2))
+        writer.finish()
+    # ... an old segment emptied, whose drop did not happen before the crash ...
+    dropped = tmp_path / "segments" / format_id(spool.new_ids(1)[0] - 10**9)
+    dropped.write_bytes(b"old bytes")
+    # ... and the segment that had just been started: no store into it had committed, and its
+    # id is above every id the database holds.
+    started = tmp_path / "segments" / format_id(spool.new_ids(1)[0] + 10**9)
+    started.write_bytes(b"new bytes")
+    again = make_spool(tmp_path)
+    with opened(again):
+        report = await again.check()
+        assert not dropped.exists() and not started.exists()
+        assert report.orphan_files_removed == 2
+        assert again.body(message.body_id) == body_of(1)
+        await store(again, body_of(3))  # this run's own segment is kept
+        await again.check()
+        assert len(segment_files(again)) == 2
+
+
+async def test_an_emptied_segment_left_by_a_crash_is_dropped_at_the_next_start(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        message = await store(spool, body_of(1))
+        await deliver(spool, message)  # the active segment: kept, with no live byte
+    assert rows(spool.db_path, "SELECT live FROM segment") == [(0,)]
+    again = make_spool(tmp_path)
+    with opened(again):
+        await again.check()
+        await settled(again)
+        assert segment_files(again) == []
+    assert rows(spool.db_path, "SELECT count(*) FROM segment") == [(0,)]
+
+
+async def test_a_spool_of_the_previous_schema_is_migrated_and_keeps_its_bodies(tmp_path: Path) -> None:
+    # Schema 4, as Pigeon wrote it before segments, holding one message.
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    conn.executescript(
+        """
+        PRAGMA journal_mode=WAL;
+        CREATE TABLE body (id INTEGER PRIMARY KEY, size INTEGER NOT NULL, data BLOB);
+        CREATE TABLE body_ref (body INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
+        CREATE TABLE message (id INTEGER PRIMARY KEY, body INTEGER NOT NULL, queue TEXT NOT NULL,
+            created REAL NOT NULL, size INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+            due REAL NOT NULL, envelope BLOB NOT NULL);
+        CREATE INDEX message_due ON message (due);
+        CREATE TABLE quarantine (id INTEGER PRIMARY KEY, at REAL NOT NULL, reason TEXT NOT NULL,
+            body INTEGER, queue TEXT, envelope BLOB);
+        CREATE TABLE outbox (seq INTEGER PRIMARY KEY, record BLOB NOT NULL);
+        CREATE TABLE admin_rule (id TEXT PRIMARY KEY, rule BLOB NOT NULL);
+        PRAGMA user_version = 4;
+        """
+    )
+    envelope = ENVELOPE_ENCODER.encode(Envelope("s@example.org", [Recipient("r@example.com")]))
+    conn.execute("INSERT INTO body VALUES (1, 500, ?)", (b"y" * 500,))
+    conn.execute("INSERT INTO message VALUES (2, 1, 'q@example.com', 0, 500, 0, 0, ?)", (envelope,))
+    conn.commit()
+    conn.close()
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        assert (await spool.check()).quarantined == ()
+        message = spool.get(2)
+        assert message is not None and spool.body(message.body_id) == b"y" * 500
+        newer = await store(spool, body_of(1))
+        assert spool.body(newer.body_id) == body_of(1)
+        await deliver(spool, message)
+    assert rows(spool.db_path, "PRAGMA user_version") == [(5,)]
+
+
+async def test_max_size_counts_the_bytes_in_segments(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, inline_limit=64 * 1024, segment_from=FROM, max_size=400 * 1024)
+    with opened(spool):
+        stored, refused = 0, None
+        for n in range(100):  # 4 MB, ten times the cap
+            try:
+                await store(spool, body_of(n, 40_000))
+            except SpoolFull as error:
+                refused = error
+                break
+            stored += 1
+        assert refused is not None and "max_size" in str(refused)
+        assert 3 <= stored < 10
+        assert spool.room() < 40_000
+
+
+def test_a_flush_during_an_append_does_not_count_that_append_as_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit thread flushes while the loop appends (pwritev gives up the GIL): the bytes of
+    the append still in progress must not be taken as durable, or their own flush is skipped."""
+    ids = iter(range(1, 100))
+    segments = Segments(tmp_path, lambda: SpoolId(next(ids)), segment_size=1 << 20)
+    first, at = segments.append([b"a" * 100], 100)
+    flushes: list[int] = []
+    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        flushes.append(fd)
+        real_fdatasync(fd)
+
+    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        # Another thread's commit flushes for the first body while this write is under way.
+        flusher = threading.Thread(target=first.sync, args=(at + 100,))
+        flusher.start()
+        flusher.join()
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    second, offset = segments.append([b"b" * 100], 100)
+    monkeypatch.setattr(os, "pwritev", real_pwritev)
+    assert second is first and len(flushes) == 1
+    second.sync(offset + 100)
+    assert len(flushes) == 2  # the second body got its own flush
+    segments.close()
