@@ -44,8 +44,8 @@ from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
 from pigeon.metrics import Metrics
-from pigeon.policy.answers import Changes, Refuse
-from pigeon.policy.hooks import HookFailed, Policy, refusal
+from pigeon.policy.answers import Changes, Refuse, folded_field
+from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import queue_name, scheduled_queue
 from pigeon.smtp import replies
@@ -557,7 +557,13 @@ def _apply(
     if changes.dkim is not None:
         envelope.dkim = list(changes.dkim)
     if changes.add_headers:
-        envelope.headers_added = [f"{name}: {value}" for name, value in changes.add_headers]
+        # Folded as they will leave (and be signed): a 2,000-character value in one line
+        # would be refused by a receiving server (RFC 5322 2.1.1: 998 octets at most).
+        envelope.headers_added = [folded_field(name, value) for name, value in changes.add_headers]
+        if not all(field.isascii() for field in envelope.headers_added):
+            # RFC 6532 3: UTF-8 in a header field needs SMTPUTF8 along the way. Asked for as
+            # if the client had: a server without it gets no such message (554 5.6.7).
+            envelope.smtputf8 = True
     if removed:
         envelope.headers_removed = sorted(set(removed))
     # Written as `[[queue]] name` globs read it, or that policy would never find its mail.

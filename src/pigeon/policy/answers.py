@@ -26,6 +26,9 @@ _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
 _QUEUE_PART: Final = re.compile(r"[^\s:@]*")
 _SHOWN: Final = 80  # characters of a refused value in the error, so a 1 MB name makes no 1 MB log line
+_FOLD_AT: Final = 78  # RFC 5322 2.1.1: lines SHOULD be at most 78 characters...
+_LINE_LIMIT: Final = 998  # ...and MUST be at most 998, without the CRLF
+_FOLD_POINT: Final = re.compile(r"(?<=[^ \t])[ \t]+(?=[^ \t])")  # a run of WSP inside the value
 
 
 def _shown(value: object) -> str:
@@ -36,6 +39,32 @@ def _shown(value: object) -> str:
 def _one_line(value: str, what: str) -> None:
     if any(char in value for char in "\r\n\0"):
         raise ValueError(f"{what} must be one line without NUL: {value!r}")
+
+
+def folded_field(name: str, value: str) -> str:
+    """`name: value`, folded (RFC 5322 2.2.3: a CRLF put before white space the value has)
+    so that its lines keep to 78 octets where the value's words allow. Unfolded, it is the
+    value again. Raises ValueError if a line stays over 998 octets: a word that long, which
+    a receiving server may refuse (554 5.6.0) and cannot be folded."""
+    text = f"{name}: {value}"
+    if len(text) <= _FOLD_AT and text.isascii():
+        return text  # the usual case
+    start = len(name) + 2  # not at the space after the colon: the first line holds a word
+    cuts = [m.start() for m in _FOLD_POINT.finditer(text, start)]
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    lines = [pieces[0]]
+    for piece in pieces[1:]:  # each but the first starts with the white space to fold before
+        if len((lines[-1] + piece).encode("utf-8")) <= _FOLD_AT:
+            lines[-1] += piece
+        else:
+            lines.append(piece)
+    longest = max(len(line.encode("utf-8")) for line in lines)
+    if longest > _LINE_LIMIT:
+        raise ValueError(
+            f"header {name}'s value cannot be folded into lines of at most {_LINE_LIMIT} octets "
+            f"(RFC 5322 2.1.1): a line of {longest} octets has no white space to fold at"
+        )
+    return "\r\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +106,10 @@ class Changes:
     * `egress_pool`: the egress pool to send from (kept with the message).
     * `dkim`: names of the `[[dkim]]` signers to sign with; an empty list: do not sign.
     * `add_headers`: (name, value) fields put on top of the message, in this order. A value
-      is one line; Pigeon does not fold it.
+      is given as one line; Pigeon folds it at its white space into lines of at most 78
+      octets where it can (`folded_field`), and refuses one with a line it cannot fold
+      under 998 octets. A value that is not ASCII makes the message need SMTPUTF8
+      (RFC 6532): it then goes only to servers that offer it.
     * `remove_headers`: names of fields to take off (every field of that name, any case).
 
     Header edits are made on the way out; the stored message is not rewritten, and DKIM
@@ -112,6 +144,7 @@ class Changes:
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a header name")
             _one_line(value, f"header {name}'s value")
+            folded_field(name, value)
         for name in self.remove_headers:
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a header name")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pigeon.policy import Changes, Headers, Reclassify, Refuse
+from pigeon.policy.answers import folded_field
 from pigeon.policy.hooks import POLICY_ERROR, POLICY_TIMEOUT, HookFailed, Policy, PolicyLoadError
 
 
@@ -127,6 +128,8 @@ def test_answers_refuse_what_cannot_be_said() -> None:
         Changes(add_headers=[("Bad Name", "x")])
     with pytest.raises(ValueError, match="one line"):
         Changes(add_headers=[("X-Ok", "a\r\nBcc: victim@example.net")])
+    with pytest.raises(ValueError, match="cannot be folded into lines of at most 998 octets"):
+        Changes(add_headers=[("X-Token", "short words, then " + "x" * 1000)])
     with pytest.raises(ValueError, match="names a queue"):
         Changes(tenant="a:b")
     with pytest.raises(ValueError, match="not a string"):
@@ -144,3 +147,16 @@ def test_headers_read_only_by_any_case_unfolded_in_order() -> None:
     assert headers.fields()[0] == ("Received", "by x")
     with pytest.raises(KeyError):
         headers["From"]
+
+
+def test_a_long_added_header_is_folded_at_its_white_space_into_lines_of_78_octets() -> None:
+    value = " ".join(f"word{n:04d}" for n in range(250))  # 2,249 characters
+    folded = folded_field("X-Long", value)
+    lines = folded.split("\r\n")
+    assert len(lines) > 25 and all(len(line) <= 78 for line in lines)
+    assert all(line.startswith(" ") for line in lines[1:])  # each continuation after white space
+    assert "".join(lines) == f"X-Long: {value}"  # unfolded, the value as given
+    # Octets, not characters; a word longer than a line stays whole on a line of its own.
+    lines = folded_field("X-Utf8", "é" * 50 + " " + "b" * 100 + " c").split("\r\n")
+    assert [len(line.encode()) for line in lines] == [108, 101, 2]
+    assert folded_field("Subject", "short") == "Subject: short"
