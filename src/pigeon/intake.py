@@ -35,6 +35,7 @@ from typing import Final, NamedTuple
 import msgspec
 
 from pigeon.delivery.content import edited
+from pigeon.dkim.signer import SignerRefused
 from pigeon.dkim.signing import Signing
 from pigeon.header_section import HeaderSection, LateField, RoutingNames
 from pigeon.inbound.routes import PREFIX as INBOUND
@@ -306,14 +307,21 @@ class Draft:
         if verdict is not None and verdict.dkim and (unknown := self._intake.unknown_signers(verdict.dkim)):
             # A signer name no [[dkim]] block has (a typo, a tenant without keys) would send
             # the mail unsigned, and DMARC would then fail it: a failed hook, and nothing sent.
-            hook = self._intake.policy.on_message
-            assert hook is not None
             known = ", ".join(self._intake.signer_names()) or "none: no [[dkim]] block has a name"
             error = LookupError(f"on_message chose DKIM signer {', '.join(map(repr, unknown))}, which no [[dkim]] "
                                 f"block names (known: {known})")  # fmt: skip
-            failed = hook.failed(error, self.arrival.session, format_id(self._ids[0]), show_traceback=False)
-            return self._refuse(Refused(refusal(failed), by_policy=True))
+            return self._refuse(self._policy_failed(error))
         return self._accept(head, lowered, verdict)
+
+    def _policy_failed(self, error: Exception) -> Refused:
+        """The refusal of a message whose `on_message` answer cannot be carried out: logged
+        (and a PolicyFailure written) as the hook's failure, without a traceback."""
+        hook = self._intake.policy.on_message
+        if hook is None:  # the policy was reloaded without the hook meanwhile
+            _log.error("message %s refused: %s", format_id(self.id), error)
+            return Refused(POLICY_ERROR, by_policy=True)
+        failed = hook.failed(error, self.arrival.session, format_id(self._ids[0]), show_traceback=False)
+        return Refused(refusal(failed), by_policy=True)
 
     def _refuse(self, refusal: Refused) -> asyncio.Future[Stored]:
         self._body.discard()
@@ -356,14 +364,23 @@ class Draft:
                 leaving = msgspec.structs.replace(envelope, tenant=tenant, campaign=campaign)
                 message = edited(stored, leaving, intake._routing_bytes)
                 fields = _header_block(message)[1:]
-            if signing.sign(
-                message,
-                fields,
-                tenant,
-                int(now),
-                envelope.dkim,
-                then=lambda signed: self._signed(signed, result, body, now, tenant, campaign, queue),
-            ):
+            try:
+                signing_now = signing.sign(
+                    message,
+                    fields,
+                    tenant,
+                    int(now),
+                    envelope.dkim,
+                    then=lambda signed: self._signed(signed, result, body, now, tenant, campaign, queue),
+                )
+            except SignerRefused as error:
+                # A signer the policy named that cannot sign this message (another author
+                # domain, another tenant) would make a signature that fails, or sign with a
+                # key that is not this mail's: refused as an unknown name is (the hook failed).
+                body.discard()
+                result.set_exception(self._policy_failed(error))
+                return result
+            if signing_now:
                 return result
         self._store(result, body, now, tenant, campaign, queue, None)
         return result

@@ -53,6 +53,7 @@ def dns(keys: Keys) -> Iterator[DnsServer]:
         ("sub._domainkey.news.example.org", keys.rsa),
         ("acme._domainkey.acme.test", keys.tenant),
         ("other._domainkey.acme.test", keys.other),
+        ("idn._domainkey.xn--bcher-kva.example", keys.ed25519),
     ]:
         zone.records[name] = [("TXT", record_text(key))]
     server = key_server(zone)
@@ -89,6 +90,7 @@ def pigeon(tmp_path: Path, sink: ScriptedSink, keys: Keys) -> Iterator[PigeonPro
             "tenant": "other",
             "algorithm": "ed25519-sha256",
         },
+        {"domain": "xn--bcher-kva.example", "selector": "idn", "private_key": ed, "algorithm": "ed25519-sha256"},
     ]
     config = delivery_config(sink.endpoint)
     tokens = [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]
@@ -236,6 +238,41 @@ def test_8bit_and_smtputf8_mail_is_signed(
     (received,) = sink.wait_for(1)
     assert "SMTPUTF8" in received.mail_options
     assert [s["a"] for s in _check(received, dns, tmp_path)] == ["rsa-sha256", "ed25519-sha256"]
+
+
+def test_mail_from_an_internationalised_domain_is_signed_by_its_a_label_block(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    # [[dkim]] domain is written as an A-label (the configuration and keygen want one): it
+    # must match the From domain written in Unicode, and d= is the A-label.
+    data = ("From: Jörg <jörg@Bücher.example>\r\nSubject: Bücher\r\n" + DATE.decode() + "\r\nHallo\r\n").encode()
+    _smtp(pigeon.smtp_port, "jörg@bücher.example", ["bob@sink.test"], data)
+    (received,) = sink.wait_for(1)
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [("xn--bcher-kva.example", "idn")]
+
+
+def test_with_several_authors_the_first_from_mailbox_names_the_signing_domain(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    data = b'From: "Example, Ann" <ann@example.com>, Shop <shop@acme.test>\r\nSubject: two\r\n' + DATE + b"\r\nhi\r\n"
+    _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], data)
+    (received,) = sink.wait_for(1)
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [
+        ("example.com", "rsa1"),
+        ("example.com", "ed1"),
+    ]
+
+
+def test_a_message_that_is_all_header_is_delivered_with_the_empty_line_and_verifies_simple(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    # Over BDAT a message may end with its last header field (no empty line, no final CRLF).
+    # OpenDKIM failed `simple` header canonicalization of it as it came; dkimpy passed.
+    data = b"From: list@news.example.org\r\n" + DATE + b"Subject: header only"
+    _smtp(pigeon.smtp_port, "list@news.example.org", ["bob@sink.test"], data, bdat=[len(data)])
+    (received,) = sink.wait_for(1)
+    assert [(s["s"], s["c"]) for s in _check(received, dns, tmp_path)] == [("sub", "simple/simple")]
+    assert received.data.endswith(DATE + b"Subject: header only\r\n\r\n")
 
 
 def test_internal_headers_are_stripped_and_the_tenant_signs_with_its_own_key(
@@ -438,3 +475,100 @@ def test_a_policy_naming_a_signer_that_does_not_exist_gets_451_not_unsigned_mail
         (received,) = sink.wait_for(1)
         assert len(_signatures(received.data)) == 1
         assert not pigeon.spool_messages() or wait_until(lambda: not pigeon.spool_messages())
+
+
+NAMED_SIGNER_POLICY = """
+    from pigeon.policy import Changes
+    def on_message(message):
+        return Changes(dkim=[message.headers["X-Signer"]], remove_headers=["X-Signer"])
+"""
+
+
+def test_a_named_signer_that_cannot_sign_the_message_gets_451_not_a_signature_that_fails(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer
+) -> None:
+    # d= is the author domain unless signing_domain says otherwise: a block for example.com
+    # named for other.test mail would sign d=other.test with example.com's key. And a tenant's
+    # key is that tenant's. Either way the message is refused and the operator told why.
+    dkim = [
+        {"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa),
+         "name": "rsa"},
+        {"domain": "acme.test", "selector": "acme", "private_key": _key_file(tmp_path, "acme", keys.tenant),
+         "tenant": "acme", "name": "acme"},
+    ]  # fmt: skip
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(NAMED_SIGNER_POLICY))
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", dkim=dkim, policy={"module": str(module)}, **config) as pigeon:
+        for author, signer, tenant in [("news@other.test", "rsa", ""), ("shop@acme.test", "acme", "")]:
+            with RawSmtp(pigeon.smtp_port) as smtp:
+                smtp.expect(220)
+                smtp.expect(250, "EHLO client.test")
+                smtp.expect(250, f"MAIL FROM:<{author}>")
+                smtp.expect(250, "RCPT TO:<bob@sink.test>")
+                smtp.expect(354, "DATA")
+                smtp.send(f"From: {author}\r\nX-Signer: {signer}\r\n{tenant}\r\nbody\r\n.\r\n".encode())
+                assert smtp.expect(451)[0].startswith("4.3.0")
+        domain, tenant = pigeon.wait_records("PolicyFailure", 2)
+        assert domain["hook"] == "on_message" and domain["action"] == "451 4.3.0"
+        assert "DKIM signer 'rsa'" in domain["error"] and "author domain 'other.test'" in domain["error"]
+        assert "DKIM signer 'acme' signs only the mail of tenant 'acme', not of no tenant" in tenant["error"]
+        # Each signer still signs what it may: both verify, with the author's domain as d=.
+        _smtp(pigeon.smtp_port, "news@example.com", ["bob@sink.test"],
+              b"From: news@example.com\r\nX-Signer: rsa\r\n" + DATE + b"\r\nok\r\n")  # fmt: skip
+        _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"],
+              b"From: shop@acme.test\r\nX-Tenant: acme\r\nX-Signer: acme\r\n" + DATE + b"\r\nok\r\n")  # fmt: skip
+        signed = [_check(received, dns, tmp_path) for received in sink.wait_for(2)]
+        assert sorted((s["d"], s["s"]) for (s,) in signed) == [("acme.test", "acme"), ("example.com", "rsa1")]
+
+
+ADDED_HEADERS_POLICY = """
+    from pigeon.policy import Changes
+    def on_message(message):
+        if message.headers.get("X-Case") == "unfoldable":
+            return Changes(add_headers=[("X-Token", "a " + "x" * 1200)])
+        words = " ".join(f"word{n:04d}" for n in range(250))
+        return Changes(add_headers=[("X-Long", words), ("X-Greeting", "Grüße aus Köln")])
+"""
+
+
+def test_a_policys_long_and_utf8_headers_leave_folded_with_smtputf8_and_signed_as_delivered(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer
+) -> None:
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa),
+             "headers": ["from", "subject", "date", "x-long", "x-greeting"]}]  # fmt: skip
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(ADDED_HEADERS_POLICY))
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", dkim=dkim, policy={"module": str(module)}, **config) as pigeon:
+        # Plain ASCII mail, sent without SMTPUTF8.
+        with RawSmtp(pigeon.smtp_port) as smtp:
+            smtp.expect(220)
+            smtp.expect(250, "EHLO client.test")
+            smtp.expect(250, "MAIL FROM:<ann@example.com>")
+            smtp.expect(250, "RCPT TO:<bob@sink.test>")
+            smtp.expect(354, "DATA")
+            smtp.send(b"From: ann@example.com\r\nSubject: hi\r\n" + DATE + b"\r\nbody\r\n.\r\n")
+            smtp.expect(250)
+            # A value that cannot be folded under 998 octets is the hook's failure: 451.
+            smtp.expect(250, "MAIL FROM:<ann@example.com>")
+            smtp.expect(250, "RCPT TO:<bob@sink.test>")
+            smtp.expect(354, "DATA")
+            smtp.send(b"From: ann@example.com\r\nX-Case: unfoldable\r\n" + DATE + b"\r\nbody\r\n.\r\n")
+            assert smtp.expect(451)[0].startswith("4.3.0")
+        (received,) = sink.wait_for(1)
+        head = received.data.split(b"\r\n\r\n", 1)[0]
+        # Every line within RFC 5322's 78 octets, and unfolded the value is the policy's.
+        field = re.search(rb"(?m)^X-Long:.*\r\n(?:[ \t].*\r\n)*", head + b"\r\n")
+        assert field is not None
+        lines = field.group().split(b"\r\n")[:-1]
+        assert len(lines) > 25 and max(len(line) for line in lines) <= 78
+        words = " ".join(f"word{n:04d}" for n in range(250))
+        assert b"".join(lines) == f"X-Long: {words}".encode()
+        # UTF-8 in a header field goes with SMTPUTF8 (RFC 6532), and the signature covers both.
+        assert "SMTPUTF8" in received.mail_options
+        assert "X-Greeting: Grüße aus Köln".encode() in head
+        (signature,) = _check(received, dns, tmp_path)
+        assert {"x-long", "x-greeting"} <= set(signature["h"].split(":"))
+        (failure,) = pigeon.wait_records("PolicyFailure")
+        assert "cannot be folded into lines of at most 998 octets" in failure["error"]

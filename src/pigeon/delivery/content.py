@@ -8,7 +8,8 @@ The policy's `on_message` hook may add and remove headers. The body was streamed
 spool as it arrived, so the edits are kept in the envelope (`headers_added`,
 `headers_removed`) and made here, on the bytes that leave. `edited()` is the message the
 signatures cover: the intake signs it at reception (`pigeon.intake`), and `render()`, what
-is delivered, is the signatures on top of it.
+is delivered, is the signatures on top of it (and, for a message that is all header, the
+empty line after it).
 """
 
 from __future__ import annotations
@@ -82,10 +83,22 @@ def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTI
 
 
 def render(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTING_HEADERS) -> bytes:
-    """The message as it will be delivered: `edited()`, its DKIM signatures on top."""
-    message = edited(stored, envelope, routing)
+    """The message as it will be delivered: `edited()`, its DKIM signatures on top, and the
+    empty line that ends its header section when it has none (`ended_header`)."""
+    message = ended_header(edited(stored, envelope, routing))
     signatures = envelope.dkim_signatures
     return message if signatures is None else signatures + message
+
+
+def ended_header(message: bytes) -> bytes:
+    """`message`, with an empty line after its last field if it is all header (RFC 5322
+    lets the empty line go when there is no body): an equivalent message, the one every
+    verifier reads alike (OpenDKIM failed `simple` header signatures of such mail, which
+    dkimpy passed). Its DKIM signatures hold: the body is empty either way.
+    Returns `message` itself when it has the empty line (the usual case: no copy)."""
+    if not message or message.startswith(b"\r\n") or b"\r\n\r\n" in message:
+        return message
+    return message + (b"\r\n" if message.endswith(b"\r\n") else b"\r\n\r\n")
 
 
 class OutgoingBody:

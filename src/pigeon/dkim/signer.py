@@ -76,20 +76,39 @@ class Signer:
         return f"{'relaxed' if self.relaxed_header else 'simple'}/{'relaxed' if self.relaxed_body else 'simple'}"
 
     def applies(self, author_domain: str | None, tenant: str | None) -> bool:
+        """Whether this block signs mail of this author domain (an A-label) and tenant."""
         if self.tenant is not None and self.tenant != tenant:
             return False
         return author_domain is not None and fnmatch.fnmatchcase(author_domain, self.domain)
 
+    def refusal(self, author_domain: str | None, tenant: str | None) -> str | None:
+        """Why this block, named by a policy, cannot sign this message (None: it can).
+
+        A name chooses among the blocks; it never widens one. Without `signing_domain`, d= is
+        the author domain, and a key published for the glob's domains does not verify for
+        another; and a `tenant` block's key is that tenant's alone."""
+        which = f"DKIM signer {self.name!r}"
+        if self.tenant is not None and self.tenant != tenant:
+            whose = f"tenant {tenant!r}" if tenant is not None else "no tenant"
+            return f"{which} signs only the mail of tenant {self.tenant!r}, not of {whose}"
+        if (
+            self.signing_domain is None
+            and author_domain is not None
+            and not fnmatch.fnmatchcase(author_domain, self.domain)
+        ):
+            return (
+                f"{which} (domain {self.domain!r}, no signing_domain) cannot sign for the author domain "
+                f"{author_domain!r}: d={author_domain} would not verify with its key"
+            )
+        return None
+
     def d(self, author_domain: str | None) -> str | None:
-        """The signing domain: the configured one, else the author domain (as an A-label)."""
-        if self.signing_domain is not None:
-            return self.signing_domain
-        if author_domain is None:
-            return None
-        try:
-            return author_domain if author_domain.isascii() else author_domain.encode("idna").decode("ascii")
-        except UnicodeError:
-            return None
+        """The signing domain: the configured one, else the author domain (an A-label)."""
+        return self.signing_domain if self.signing_domain is not None else author_domain
+
+
+class SignerRefused(LookupError):
+    """A signer a policy named cannot sign the message; the message says why."""
 
 
 class Unsigned:
@@ -125,11 +144,16 @@ class Signers:
 
     def choose(self, fields: Sequence[Field], tenant: str | None, names: Sequence[str] | None = None) -> list[Signer]:
         """The signers for a message with these header fields. `names`: a policy's choice,
-        taken as it is (no domain or tenant test); None: by author domain and tenant."""
-        if names is not None:
-            return [s for s in self.all if s.name is not None and s.name in names]
+        which must each be able to sign it (else `SignerRefused`, naming the first that
+        cannot: see `Signer.refusal`); None: by author domain and tenant."""
         author = author_domain(fields)
-        return [s for s in self.all if s.applies(author, tenant)]
+        if names is None:
+            return [s for s in self.all if s.applies(author, tenant)]
+        chosen = [s for s in self.all if s.name is not None and s.name in names]
+        for signer in chosen:
+            if (reason := signer.refusal(author, tenant)) is not None:
+                raise SignerRefused(reason)
+        return chosen
 
     def prepare(
         self, fields: Sequence[Field], body: bytes, signers: Sequence[Signer], timestamp: int
@@ -157,28 +181,77 @@ class Signers:
 
 
 def author_domain(fields: Sequence[Field]) -> str | None:
-    """The lower-case domain of the first address of the first From: field, or None."""
+    """The domain of the first mailbox of the first From: field, lower-case and as an A-label
+    (IDNA: `[[dkim]] domain` is written so, and d= must be), or None.
+
+    RFC 6376 signs for the author; with several (a mailbox-list), the first is the one
+    taken. Commas and `<` inside quoted display names and comments are not separators."""
     for field in fields:
         if field.name == b"from":
             value = field.raw[field.raw.find(b":") + 1 :].decode("utf-8", "replace")
-            return _address_domain(value)
+            domain = _address_domain(_first_mailbox(value))
+            if domain is None or domain.isascii():
+                return domain
+            try:
+                return domain.encode("idna").decode("ascii")
+            except UnicodeError:
+                return None
     return None
 
 
-def _address_domain(value: str) -> str | None:
-    value = " ".join(value.split())
-    while "(" in value:  # comments go first (not nested): they may hold anything, "<" too
-        start = value.find("(")
-        end = value.find(")", start)
-        if end < 0:
-            break
-        value = value[:start] + " " + value[end + 1 :]
-    open_at = value.rfind("<")
-    if open_at >= 0:  # "Name" <user@domain>: the angle-addr, which comes last
-        close_at = value.find(">", open_at)
-        address = value[open_at + 1 : close_at if close_at >= 0 else len(value)]
-    else:  # user@domain, or a list of them: the first
-        address = value.split(",", 1)[0]
+def _first_mailbox(value: str) -> str:
+    """The first mailbox of a mailbox-list (RFC 5322 3.4), quoted strings and comments taken
+    out (a quoted string leaves `""`, so `"a@b" <c@d>` does not look like an address)."""
+    if not any(char in value for char in '",('):
+        return value  # one plain mailbox, the usual case: no loop over its characters
+    out: list[str] = []
+    depth = 0  # of comments, which nest (RFC 5322 3.2.2)
+    quoted = angle = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+            continue
+        if char == "\\" and (quoted or depth):
+            escaped = True
+            continue
+        if quoted:
+            if char == '"':
+                quoted = False
+                out.append('"')
+            continue
+        if depth:
+            depth += (char == "(") - (char == ")")
+            continue
+        if char == "(":
+            depth = 1
+            out.append(" ")
+        elif char == '"':
+            quoted = True
+            out.append('"')
+        elif char == "<":
+            angle = True
+            out.append(char)
+        elif char == ">":
+            angle = False
+            out.append(char)
+        elif char == "," and not angle:
+            if "".join(out).strip():  # an empty item (obs-mbox-list: ", a@b") is none
+                break
+            out = []
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _address_domain(mailbox: str) -> str | None:
+    """The domain of one mailbox: `Name <user@domain>` or `user@domain`, comments gone."""
+    mailbox = " ".join(mailbox.split())
+    open_at = mailbox.find("<")
+    if open_at >= 0:
+        close_at = mailbox.find(">", open_at)
+        address = mailbox[open_at + 1 : close_at if close_at >= 0 else len(mailbox)]
+    else:
+        address = mailbox
     _, at, domain = address.strip().rpartition("@")
     domain = domain.strip().rstrip(".").lower()
     if not at or not domain or any(c in domain for c in ' "<>;:,[]\\'):

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pigeon.config.schema import DkimConfig
 from pigeon.dkim.canonical import header_fields, split_message
 from pigeon.dkim.keys import KeyProblem, PrivateKey, dns_record, generate_key, load_key, record_text, write_key
-from pigeon.dkim.signer import Signer, Signers, author_domain
+from pigeon.dkim.signer import Signer, SignerRefused, Signers, author_domain
 from tests.support.tools import require
 
 RSA = generate_key("rsa-sha256")
@@ -56,6 +56,15 @@ def _tags(signed: bytes) -> dict[str, str]:
         (b"From: ann@example.com (Ann <the first>)", "example.com"),
         (b"From: Ann\r\n <ann@example.com>", "example.com"),
         (b"From: a@one.test, b@two.test", "one.test"),
+        # The first mailbox of several, whatever the forms of the others (not the last <...>).
+        (b"From: Ann <ann@one.test>, Bob <bob@two.test>", "one.test"),
+        (b"From: ann@one.test, Bob <bob@two.test>", "one.test"),
+        (b'From: "Doe, Ann <x@three.test>" <ann@one.test>, "Roe, Bob" <bob@two.test>', "one.test"),
+        (b'From: "a\\"b, c" <ann@one.test>, bob@two.test', "one.test"),
+        (b"From: (Ann, of <two.test>) ann@one.test, bob@two.test", "one.test"),
+        (b"From: , ann@one.test", "one.test"),
+        # An internationalised domain as its A-label, as [[dkim]] domain and d= are written.
+        ("From: Jörg <jörg@Bücher.example>".encode(), "xn--bcher-kva.example"),
         (b"From: undisclosed:;", None),
         (b"Subject: no from", None),
     ],
@@ -85,13 +94,40 @@ def test_a_tenant_block_signs_only_that_tenants_mail() -> None:
     assert re.findall(rb"s=(\w+);", _sign(signers, message, tenant="other")) == [b"all"]
 
 
-def test_a_policys_names_choose_the_signers_whatever_the_domain() -> None:
+def test_a_policys_names_choose_the_signers_among_those_that_can_sign() -> None:
     signers = Signers(
         [_signer(name="one", selector="one"), _signer(name="two", selector="two", signing_domain="x.test")]
     )
     signed = _sign(signers, b"From: a@elsewhere.test\r\n\r\nhi\r\n", names=["two"])
     assert re.findall(rb"s=(\w+);", signed) == [b"two"]
     assert _sign(signers, b"From: a@elsewhere.test\r\n\r\nhi\r\n", names=[]).startswith(b"From:")
+    signed = _sign(signers, b"From: a@example.com\r\n\r\nhi\r\n", names=["one", "two"])
+    assert re.findall(rb"d=([\w.]+);", signed) == [b"example.com", b"x.test"]
+
+
+def test_a_named_signer_whose_glob_misses_the_author_domain_is_refused_not_signed_with_a_wrong_d() -> None:
+    # d= would be the author's domain, and the key is published for example.com only: a
+    # signature that can never verify. Refused, naming the signer and the author domain.
+    signers = Signers([_signer(name="rsa", selector="one")])
+    with pytest.raises(SignerRefused, match=r"signer 'rsa' \(domain 'example.com', .*author domain 'elsewhere.test'"):
+        _sign(signers, b"From: a@elsewhere.test\r\n\r\nhi\r\n", names=["rsa"])
+
+
+def test_a_named_tenant_signer_signs_only_its_tenants_mail() -> None:
+    signers = Signers([_signer(name="acme", tenant="acme")])
+    message = b"From: a@example.com\r\n\r\nhi\r\n"
+    assert _tags(_sign(signers, message, tenant="acme", names=["acme"]))["d"] == "example.com"
+    with pytest.raises(SignerRefused, match="signs only the mail of tenant 'acme', not of no tenant"):
+        _sign(signers, message, names=["acme"])
+    with pytest.raises(SignerRefused, match="not of tenant 'globex'"):
+        _sign(signers, message, tenant="globex", names=["acme"])
+
+
+def test_an_internationalised_author_domain_is_matched_and_signed_as_its_a_label() -> None:
+    signers = Signers([_signer(domain="xn--bcher-kva.example")])
+    signed = _sign(signers, "From: jörg@bücher.example\r\nDate: x\r\n\r\nhi\r\n".encode())
+    assert _tags(signed)["d"] == "xn--bcher-kva.example"
+    assert _verify(signed, ED)
 
 
 def test_over_signing_names_each_field_once_more_than_present() -> None:
