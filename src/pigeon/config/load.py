@@ -36,7 +36,7 @@ from pigeon.config.schema import (
     WebhookTarget,
     decode_hook,
 )
-from pigeon.dkim.keys import KeyProblem, load_key
+from pigeon.dkim.keys import KeyProblem, load_key, name_problem
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
@@ -611,7 +611,7 @@ def _unbindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str |
     return None
 
 
-def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], str], ConfigError]) -> None:
+def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigError]) -> None:
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
     break the signature)."""
@@ -619,8 +619,12 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], st
     names = [block.name for block in config.dkim if block.name is not None]
     for name in names:
         if names.count(name) > 1:
-            raise fail(["dkim", "name"], f"two [[dkim]] blocks are called {name!r}")
-    for block in config.dkim:
+            again = [i for i, block in enumerate(config.dkim) if block.name == name][1]
+            raise fail(["dkim", "name"], f"two [[dkim]] blocks are called {name!r}", again)
+    for index, block in enumerate(config.dkim):
+        # (each problem names its own block's line, not the first [[dkim]]'s)
+        if (problem := name_problem("selector", block.selector)) is not None:
+            raise fail(["dkim", "selector"], problem, index)
         which = f"[[dkim]] {block.name or block.domain!r} (selector {block.selector})"
         over = list(DKIM_OVER_SIGNED) if block.over_sign is True else (block.over_sign or [])
         for key, listed in (("headers", block.headers), ("over_sign", over)):
@@ -628,19 +632,19 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[[list[str], st
                 lowered = header.strip().lower()
                 if lowered in internal:
                     reason = f"{which}: {header!r} is Pigeon's own header, removed before delivery: it cannot be signed"
-                    raise fail(["dkim", key], reason)
+                    raise fail(["dkim", key], reason, index)
                 if (problem := _field_name_problem(header.strip())) is not None:
-                    raise fail(["dkim", key], f"{which}: {header!r} is not a header field name: it {problem}")
+                    raise fail(["dkim", key], f"{which}: {header!r} is not a header field name: it {problem}", index)
         if "from" not in {h.strip().lower() for h in block.headers}:
-            raise fail(["dkim", "headers"], f"{which}: must include From (RFC 6376 5.4)")
+            raise fail(["dkim", "headers"], f"{which}: must include From (RFC 6376 5.4)", index)
         if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
-            raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name")
+            raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name", index)
         if path is not None:
             block.private_key = _resolve(block.private_key, path.parent)
         try:
             load_key(block.private_key, block.algorithm)
         except KeyProblem as error:
-            raise fail(["dkim", "private_key"], f"{which}: {error}") from None
+            raise fail(["dkim", "private_key"], f"{which}: {error}", index) from None
 
 
 def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
@@ -781,7 +785,7 @@ def _check_backoffs(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["queue", "retry_interval"], reason, index)
 
 
-def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) -> None:
+def _check_files(config: Config, fail: Callable[..., ConfigError]) -> None:
     """Files the config names must be there now, not at the first connection that needs them."""
     named: list[tuple[list[str], Path | None, str]] = [
         (["smtp", "tls_certificate"], config.smtp.tls_certificate, "certificate"),
@@ -790,13 +794,16 @@ def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) 
     for mailbox in config.mailbox:
         named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password"))
         named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA"))
-    trust: list[tuple[list[str], Path | None, str]] = [(["delivery", "ca_file"], config.delivery.ca_file, "[delivery]")]
-    trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}") for r in config.route]
-    named += [(keys, file, f"{what}: CA") for keys, file, what in trust]
-    for keys, file, what in named:
+    trust: list[tuple[list[str], Path | None, str, int | None]] = [
+        (["delivery", "ca_file"], config.delivery.ca_file, "[delivery]", None)
+    ]
+    trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]
+    blocks: list[tuple[list[str], Path | None, str, int | None]] = [(k, f, w, None) for k, f, w in named]
+    blocks += [(keys, file, f"{what}: CA", index) for keys, file, what, index in trust]
+    for keys, file, what, index in blocks:
         if file is not None and not file.is_file():
             problem = "is a directory" if file.is_dir() else "does not exist"
-            raise fail(keys, f"{what} file {file} {problem}")
+            raise fail(keys, f"{what} file {file} {problem}", index)
     certificate, key = config.smtp.tls_certificate, config.smtp.tls_private_key
     if certificate is not None and key is not None:
         try:
@@ -804,13 +811,13 @@ def _check_files(config: Config, fail: Callable[[list[str], str], ConfigError]) 
         except PairProblem as problem:
             raise fail(["smtp", "tls_certificate" if problem.which == "certificate" else "tls_private_key"],
                        str(problem)) from None  # fmt: skip
-    for keys, file, what in trust:
+    for keys, file, what, index in trust:
         if file is None:
             continue
         try:
             client_context(verify=True, cafile=file)
         except (OSError, ssl.SSLError) as error:
-            raise fail(keys, f"{what}: CA file {file} holds no PEM certificate to trust ({error})") from None
+            raise fail(keys, f"{what}: CA file {file} holds no PEM certificate to trust ({error})", index) from None
 
 
 def _resolve(path: Path, base: Path) -> Path:
@@ -847,11 +854,12 @@ def _explain(message: str, path: Path, text: str) -> str:
     line = _line_of(text, keys)
     name = _key_name(keys)
     block = _BLOCK.match(match.group("path") or "")
-    if block is not None and len(keys) == 2 and block.group(1) in ("shaping", "provider"):
-        # An array of tables ([[shaping]]): the line and number of the very block.
+    if block is not None and len(keys) == 2:
+        # An array of tables ([[dkim]], [[route]], ...): the line of the very block, not the first's.
         index = int(block.group(2))
         line = block_line(text, block.group(1), index, keys[1]) or line
-        name = f"[[{block.group(1)}]] #{index + 1} {keys[1]}"
+        if block.group(1) in ("shaping", "provider"):
+            name = f"[[{block.group(1)}]] #{index + 1} {keys[1]}"
     where = f"{path}, line {line}" if line else str(path)
     return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
 

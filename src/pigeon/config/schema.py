@@ -16,7 +16,6 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from pigeon.dkim.keys import DNS_NAME_PATTERN
 from pigeon.node.cpus import auto_workers, available_cpus
 from pigeon.node.scheduling import Scheduling
 
@@ -768,8 +767,9 @@ class DkimConfig(_Section):
     domain: str
     """The author domains this signs for: a glob on the domain of the From: address
     ("example.com", "*.example.com", "*")."""
-    selector: Annotated[str, msgspec.Meta(pattern=DNS_NAME_PATTERN)]
-    """The key's selector: it is published at <selector>._domainkey.<domain>."""
+    selector: str
+    """The key's selector: it is published at <selector>._domainkey.<domain>. A DNS name,
+    checked as `pigeon dkim keygen` checks it (`dkim.keys.name_problem`)."""
     private_key: Path
     """PEM file of the private key (`pigeon dkim keygen` writes one). Read at start and on
     SIGHUP, by the user Pigeon runs as."""

@@ -28,8 +28,9 @@ class KeyProblem(Exception):
 
 DNS_NAME_PATTERN: Final = r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\Z"
 """A DNS name as DKIM's d= and s= take it (RFC 6376 3.1): dot-separated labels of letters,
-digits and hyphens, the `[[dkim]] selector` schema's pattern too. It ends in \\Z: a `$` also
-matches before a final newline, which would then reach the DKIM-Signature header (s=)."""
+digits and hyphens (`name_problem` checks `[[dkim]] selector` and keygen's names with it). It
+ends in \\Z: a `$` also matches before a final newline, which would then reach the
+DKIM-Signature header (s=)."""
 _NAME: Final = re.compile(DNS_NAME_PATTERN)
 
 
