@@ -79,3 +79,13 @@ def test_keygen_refuses_a_domain_or_selector_that_is_not_a_dns_name_and_writes_n
     (tmp_path / "pigeon.toml").write_text('[[dkim]]\ndomain = "example.com"\nselector = "x y"\nprivate_key = "k.pem"\n')
     result = pigeon_cli("serve", "-c", str(tmp_path / "pigeon.toml"), cwd=tmp_path)
     assert result.returncode != 0 and "[dkim] selector" in result.stderr, result.stderr
+
+
+def test_keygen_refuses_bits_for_an_ed25519_key_and_writes_nothing(tmp_path: Path) -> None:
+    # An Ed25519 key has one size: a --bits given for it would be silently ignored otherwise.
+    result = pigeon_cli(
+        "dkim", "keygen", "--domain", "example.com", "--selector", "ed", "--algorithm", "ed25519-sha256",
+        "--bits", "4096", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--bits is for RSA keys" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []

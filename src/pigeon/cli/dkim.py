@@ -37,7 +37,7 @@ def register(commands: Any) -> None:
     keygen.add_argument("--domain", required=True, help="the signing domain (d=)")
     keygen.add_argument("--selector", required=True, help="the selector (s=): the key is at <selector>._domainkey")
     keygen.add_argument("--algorithm", choices=("rsa-sha256", "ed25519-sha256"), default="rsa-sha256")
-    keygen.add_argument("--bits", type=int, default=2048, help="RSA key size (default 2048; 1024 to 4096)")
+    keygen.add_argument("--bits", type=int, help="RSA key size (default 2048; 1024 to 4096); not for Ed25519")
     keygen.add_argument("--out", type=Path, help="key file to write (default: <domain>.<selector>.pem here)")
     keygen.set_defaults(run=run)
 
@@ -48,11 +48,16 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"pigeon: {problem}", file=sys.stderr)
             return 2
-    if not 1024 <= args.bits <= 4096:
+    if args.bits is not None and args.algorithm == "ed25519-sha256":
+        # An Ed25519 key has one size: a --bits given for it is a mistake to name, not to ignore.
+        print("pigeon: --bits is for RSA keys; an Ed25519 key has no size to choose", file=sys.stderr)
+        return 2
+    bits = 2048 if args.bits is None else args.bits
+    if not 1024 <= bits <= 4096:
         print("pigeon: --bits must be from 1024 to 4096 (verifiers refuse less, DNS strains at more)", file=sys.stderr)
         return 2
     out: Path = args.out if args.out is not None else Path(f"{domain}.{args.selector}.pem")
-    key = generate_key(args.algorithm, args.bits)
+    key = generate_key(args.algorithm, bits)
     try:
         write_key(out, key)
     except FileExistsError:

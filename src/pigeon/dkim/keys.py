@@ -57,12 +57,12 @@ def load_key(path: Path, algorithm: Algorithm) -> PrivateKey:
         raise KeyProblem(f"{path} holds no PEM private key Pigeon can read ({error})") from None
     if algorithm == "rsa-sha256":
         if not isinstance(key, rsa.RSAPrivateKey):
-            raise KeyProblem(f"{path} holds a {_kind(key)} key, not the RSA key rsa-sha256 needs")
+            raise KeyProblem(f"{path} holds {_a(_kind(key))} key, not the RSA key rsa-sha256 needs")
         if key.key_size < MIN_RSA_BITS:
             raise KeyProblem(f"{path} holds a {key.key_size}-bit RSA key; verifiers refuse under {MIN_RSA_BITS} bits")
         return key
     if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise KeyProblem(f"{path} holds a {_kind(key)} key, not the Ed25519 key ed25519-sha256 needs")
+        raise KeyProblem(f"{path} holds {_a(_kind(key))} key, not the Ed25519 key ed25519-sha256 needs")
     return key
 
 
@@ -117,3 +117,8 @@ def _kind(key: object) -> str:
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return "Ed25519"
     return type(key).__name__.removeprefix("_").replace("PrivateKey", "") or "other"
+
+
+def _a(kind: str) -> str:
+    """`kind` with its article, as it is read out: "an Ed25519", "an RSA", "a DSA"."""
+    return f"{'an' if kind[:1] in set('AEFHILMNORSX') else 'a'} {kind}"

@@ -275,13 +275,22 @@ class Policy:
                 continue
             if not callable(function):
                 raise PolicyLoadError(f"policy {self.spec}: {name} is not a function")
+            if (problem := _call_problem(function)) is not None:
+                # Found now, not as a TypeError at every call (every message, every attempt).
+                raise PolicyLoadError(f"policy {self.spec}: {name}{problem}; Pigeon calls it with one argument")
             mode: Literal["inline", "async", "thread"] = "async" if inspect.iscoroutinefunction(function) else self.sync
             hooks[name] = Hook(name, function, mode, self._runner)
         for name in dir(module) if warn else ():
             if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
                 close = difflib.get_close_matches(name, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
-                _log.warning("policy %s: %s is not a hook name and is never called%s", self.spec, name, hint)
+                _log.warning(
+                    "policy %s: %s is not a hook name and is never called%s; the hooks are %s",
+                    self.spec,
+                    name,
+                    hint,
+                    ", ".join(HOOKS),
+                )
         self.module = module
         for name, hook in hooks.items():
             setattr(self, name, hook)
@@ -303,6 +312,20 @@ class Policy:
         executor = self._runner.executor
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_problem(function: Callable[..., Any]) -> str | None:
+    """Why `function` cannot be called with the one object a hook is given (its signature
+    shown), or None (it can, or its signature cannot be read: a builtin, a C function)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(None)
+    except TypeError as error:
+        return f"{signature} cannot take it ({error})"
+    return None
 
 
 def _import(spec: str, previous: ModuleType | None) -> ModuleType:

@@ -42,7 +42,7 @@ def test_a_missing_key_file_is_named(tmp_path: Path) -> None:
 
 def test_a_key_of_the_wrong_type_is_named(tmp_path: Path) -> None:
     path = _config(tmp_path, 'private_key = "keys/k.pem"\nalgorithm = "ed25519-sha256"')
-    with pytest.raises(ConfigError, match=r"\[dkim\] private_key: .*k\.pem holds a RSA key, not the Ed25519 key"):
+    with pytest.raises(ConfigError, match=r"\[dkim\] private_key: .*k\.pem holds an RSA key, not the Ed25519 key"):
         load(path)
 
 

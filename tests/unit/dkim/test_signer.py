@@ -175,9 +175,9 @@ def test_a_key_of_the_wrong_type_or_size_is_refused_naming_the_file(tmp_path: Pa
     write_key(ed_file, ED)
     write_key(rsa_file, RSA)
     assert (ed_file.stat().st_mode & 0o777) == 0o600
-    with pytest.raises(KeyProblem, match=f"{ed_file} holds a Ed25519 key, not the RSA key"):
+    with pytest.raises(KeyProblem, match=f"{ed_file} holds an Ed25519 key, not the RSA key"):
         load_key(ed_file, "rsa-sha256")
-    with pytest.raises(KeyProblem, match=f"{rsa_file} holds a RSA key, not the Ed25519 key"):
+    with pytest.raises(KeyProblem, match=f"{rsa_file} holds an RSA key, not the Ed25519 key"):
         load_key(rsa_file, "ed25519-sha256")
     small = tmp_path / "small.pem"  # cryptography makes none under 1024 bits; OpenSSL does
     subprocess.run([require("openssl"), "genrsa", "-out", str(small), "768"], check=True, capture_output=True)

@@ -39,6 +39,22 @@ def test_a_misspelt_hook_name_is_warned_about(tmp_path: Path, caplog: pytest.Log
     with caplog.at_level(logging.WARNING):
         _policy(tmp_path, "def on_mail(mail):\n    pass\n")
     assert "on_mail is not a hook name and is never called (did you mean on_mail_from?)" in caplog.text
+    hooks = "on_connect, on_mail_from, on_rcpt_to, on_message, before_delivery, on_delivery_outcome"
+    assert f"the hooks are {hooks}" in caplog.text
+
+
+def test_a_hook_that_cannot_take_its_one_argument_is_refused_at_load(tmp_path: Path) -> None:
+    # Not a TypeError at every delivery attempt: the start (or the reload) says what is wrong.
+    with pytest.raises(
+        PolicyLoadError,
+        match=r"before_delivery\(d, extra\) cannot take it .*'extra'.*Pigeon calls it with one argument",
+    ):
+        _policy(tmp_path, "def before_delivery(d, extra):\n    pass\n")
+    with pytest.raises(PolicyLoadError, match=r"on_connect\(\) cannot take it"):
+        _policy(tmp_path, "def on_connect():\n    pass\n")
+    # Defaults, *args and async hooks that take one argument are fine.
+    source = "def on_connect(c, extra=1):\n    pass\nasync def on_message(*args):\n    pass\n"
+    assert _policy(tmp_path, source).defined() == ["on_connect", "on_message"]
 
 
 def test_a_module_that_cannot_be_imported_is_refused_with_its_reason(tmp_path: Path) -> None:
