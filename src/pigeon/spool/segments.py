@@ -24,7 +24,6 @@ body's row just before it moved still reads the old copy.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -34,7 +33,6 @@ from typing import Final
 from pigeon.message import SpoolId, format_id
 from pigeon.spool.spool import SpoolError, SpoolFull, SpoolWriteError
 
-_log = logging.getLogger(__name__)
 COMPACT_BELOW: Final = 4  # a closed segment is compacted once its live bytes are under 1/4 of its size
 
 
