@@ -128,7 +128,7 @@ class BodyWriter:
         data = None if chunks is None else b"".join(chunks)
         body = Body(self._id, self.size, data, self._path, self._file)
         segments = self._segments
-        if data is not None and segments is not None and self.size >= self._segment_from:
+        if data and segments is not None and self.size >= self._segment_from:
             body.segment, body.offset = segments.append([data], self.size)
             body.segments = segments
         self._chunks = None

@@ -343,3 +343,13 @@ def test_a_flush_during_an_append_does_not_count_that_append_as_durable(
     second.sync(offset + 100)
     assert len(flushes) == 2  # the second body got its own flush
     segments.close()
+
+
+async def test_an_empty_body_stays_in_the_database_even_with_segments_from_zero(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path, segment_from=0)
+    with opened(spool):
+        message = await store(spool, b"")
+    again = SqliteSpool(tmp_path, segment_from=0)
+    with opened(again):
+        assert (await again.check()).quarantined == ()
+        assert again.body(message.body_id) == b""
