@@ -331,6 +331,29 @@ def test_suspending_a_site_stops_its_deliveries_until_resumed_or_expired(tmp_pat
         assert status == 400 and answer["field"] == "$.site"
 
 
+def test_a_site_named_without_its_port_is_suspended_on_whatever_port_it_is_reached(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        # The sink's site is "127.0.0.1:<port>" (delivery on a port other than 25).
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": "127.0.0.1"})
+        assert status == 200, answer
+        _send(pigeon, ["ok@example.net"])
+        time.sleep(1.0)
+        assert sink.received == [], "a site suspension without a port did not hold the site on its port"
+        ready = _api(pigeon, "GET", "/api/v1/queues", token=READER)[1]["ready"]
+        assert [(r["site"], [s["id"] for s in r["suspended_by"]]) for r in ready] == [
+            (sink.endpoint, [answer["rule"]["id"]])
+        ]
+        status, resumed = _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}")
+        assert (status, resumed["made_due"]) == (200, 1), resumed
+        sink.wait_for(1)
+        # With a port, that port only: port 25 is not the sink's.
+        assert _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": "127.0.0.1:25"})[0] == 200
+        _send(pigeon, ["ok@example.net"])
+        sink.wait_for(2)
+
+
 def test_rebind_moves_deferred_mail_to_another_queue_and_route(tmp_path: Path) -> None:
     with ScriptedSink(flaky=5) as first, ScriptedSink(flaky=0) as second:
         config = delivery_config(first.endpoint, retry_interval="1h", max_retry_interval="2h")

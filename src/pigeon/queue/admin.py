@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import fnmatch
 import logging
 import time
 from collections import OrderedDict
@@ -233,23 +232,57 @@ class Admin:
             rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
         if already is not None:
             _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
+        held = await self._enforce(rule)
+        if selector.site is not None:
+            _log.warning("admin suspend by %s of deliveries to %s (%s)", operator, selector.site, reason)
+        else:
+            _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
+        return {"held": held, "rule": _rule_view(rule), "already": already is not None}
+
+    async def _enforce(self, rule: Rule) -> int:
+        """Apply a rule just stored to what is in memory: how many messages it holds (or bounces).
+        What only the spool holds meets the rule when it falls due (`Rules.intercept`)."""
+        selector = rule.selector
         if selector.site is not None:
             self._release_later(rule)
-            waiting = sum(len(q) for q in self._ready if fnmatch.fnmatchcase(q.site, selector.site))
-            _log.warning("admin suspend by %s of deliveries to %s (%s)", operator, selector.site, reason)
-            return {"held": waiting, "rule": _rule_view(rule), "already": already is not None}
-        # What only the spool holds is held by the rule when it falls due; what is in memory
-        # and not being sent goes back to the spool now.
+            return sum(len(q) for q in self._ready if selector.matches_site(q.site))
         now = self._clock()
-        held: list[asyncio.Future[None]] = []
+        mark = AdminMark(rule.reason, rule.operator)
+        acted: list[asyncio.Future[None]] = []
         for entry in self._active:
             if entry.state is State.SETTLING or (entry.state is State.IN_FLIGHT and entry.started):
-                continue  # what a settlement leaves is held by the rule when it falls due again
+                continue  # what a settlement leaves meets the rule when it falls due again
             if entry.state in _UNSENT and selector.matches(entry.message):
-                held.append(self._settlement.defer(entry, self._rules.hold_until(rule, entry.message, now)))
-        await asyncio.gather(*held)
-        _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
-        return {"held": len(held), "rule": _rule_view(rule), "already": already is not None}
+                if rule.kind == "bounce":
+                    acted.append(self._settlement.admin_bounce(entry, mark))
+                else:
+                    acted.append(self._settlement.defer(entry, self._rules.hold_until(rule, entry.message, now)))
+        await asyncio.gather(*acted)
+        return len(acted)
+
+    async def adopt(self, in_force: list[Rule], ended: dict[str, str]) -> tuple[list[Rule], list[Rule]]:
+        """Take the cluster's standing rules as they are now (a node starting, or back from a
+        Redis outage): every rule `in_force` this worker does not hold yet is stored and
+        applied to what is in memory, as the stream would have done; every rule it holds that
+        was `ended` (id -> kind) since is cancelled, releasing what it held. A rule this worker
+        holds that the cluster never knew (made while Redis was away) is left alone.
+        Idempotent: rules are matched by id. (What was added, what was ended.)"""
+        now = self._clock()
+        added: list[Rule] = []
+        async with self._rules_changing:
+            for rule in in_force:
+                if self._rules.get(rule.id) is not None or not rule.live(now):
+                    continue
+                await self._rules.add(rule, self._primary)
+                added.append(rule)
+        for rule in added:
+            await self._enforce(rule)
+        gone: list[Rule] = []
+        for rule_id, kind in ended.items():
+            held = self._rules.get(rule_id)
+            if held is not None and held.kind == kind and (await self.cancel(rule_id, kind))["cancelled"]:
+                gone.append(held)
+        return added, gone
 
     async def cancel(self, rule_id: str, kind: str) -> dict[str, Any]:
         """End a standing bounce, or resume a suspension (what it held goes out again now)."""
@@ -262,9 +295,8 @@ class Admin:
         if kind == "suspend" and rule.selector.site is not None:
             # What it held waits in the site's ready queues, and goes now: counted as the suspend
             # counted it (`held`), but for a site another suspension still holds.
-            site = rule.selector.site
             made_due = sum(
-                len(q) for q in self._ready if fnmatch.fnmatchcase(q.site, site) and not self._rules.site_held(q.site)
+                len(q) for q in self._ready if rule.selector.matches_site(q.site) and not self._rules.site_held(q.site)
             )
             self._kick()
         elif kind == "suspend":

@@ -61,9 +61,30 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             return fnmatch.fnmatchcase(domain, self.domain.lower())
         return True
 
+    def matches_site(self, site: str) -> bool:
+        """Whether `site` (`hosts[:port]`, the port left out when it is 25) is one this selector's
+        site glob names. A glob without a port names its hosts on any port, as people write
+        them (`mx*.example.net` holds `mx1.example.net:2525` too); one with a port, that port
+        only (`:25` included)."""
+        pattern = self.site
+        if pattern is None:
+            return False
+        hosts, port = _split_port(site)
+        if _split_port(pattern)[1] is None:
+            return fnmatch.fnmatchcase(hosts, pattern)
+        return fnmatch.fnmatchcase(f"{hosts}:{port or 25}", pattern)
+
     def describe(self) -> str:
         fields = msgspec.structs.asdict(self).items()
         return ", ".join(f"{k}={v}" for k, v in fields if v is not None) or "everything"
+
+
+def _split_port(site: str) -> tuple[str, str | None]:
+    """`hosts[:port]` as (hosts, port or None); an IPv6 literal's colons are no port's."""
+    hosts, colon, port = site.rpartition(":")
+    if not colon or "]" in port:
+        return site, None
+    return hosts, port
 
 
 class Rule(msgspec.Struct, omit_defaults=True):
@@ -158,13 +179,7 @@ class Rules:
         if not self._rules:
             return False
         now = self._clock()
-        return any(
-            r.kind == "suspend"
-            and r.selector.site is not None
-            and r.live(now)
-            and fnmatch.fnmatchcase(site, r.selector.site)
-            for r in self._rules.values()
-        )
+        return any(r.kind == "suspend" and r.live(now) and r.selector.matches_site(site) for r in self._rules.values())
 
     def standing(self, kind: str, selector: Selector) -> Rule | None:
         """A live rule of `kind` for exactly `selector` that lasts until cancelled, if any: asking
@@ -194,14 +209,8 @@ class Rules:
     def site_suspensions(self, site: str) -> list[Rule]:
         """Every live suspension of deliveries to `site`: who stopped its ready queues, and why."""
         now = self._clock()
-        return [
-            r
-            for r in self._rules.values()
-            if r.kind == "suspend"
-            and r.selector.site is not None
-            and r.live(now)
-            and fnmatch.fnmatchcase(site, r.selector.site)
-        ]
+        rules = self._rules.values()
+        return [r for r in rules if r.kind == "suspend" and r.live(now) and r.selector.matches_site(site)]
 
     def hold_until(self, rule: Rule, message: Message, now: float) -> float:
         """When `message`, held by the suspension `rule`, is looked at again: after `HOLD`, at the
