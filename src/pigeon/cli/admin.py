@@ -376,12 +376,18 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
     rules = answer["rules"]
     if not rules:
         print("none")
+    cluster = answer.get("cluster") or {}
+    held_by = cluster.get("held_by")
+    answered = sorted(node for node, state in (cluster.get("nodes") or {}).items() if state == "done")
     for rule in rules:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
         until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
         reason = f": {rule['reason']}" if rule.get("reason") else ""  # no dangling colon without one
         via = f" via {rule['via']}" if rule.get("via") else ""
-        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}")
+        # A cluster's list adds up the nodes' rules: say which nodes that answered do not hold one.
+        lacking = [node for node in answered if node not in held_by.get(rule["id"], [])] if held_by else []
+        missing = f"  [not held on {', '.join(lacking)}]" if lacking else ""
+        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}{missing}")
     _show_nodes(answer, args)
     return fail(status, whole) if status >= 400 else 0
 

@@ -565,6 +565,11 @@ class RedisConfig(_Section):
     """Prefix of every key Pigeon writes, so several clusters can share one Redis."""
     timeout: PositiveDuration = PositiveDuration(2)
     """Connect and command timeout. A Redis that does not answer pauses inbound claims."""
+    late_operations: PositiveDuration = PositiveDuration(300)
+    """How late a one-off admin operation another node was asked for (a bounce of what is
+    queued, a retry, a rebind) may still reach this node (back from a stop or a Redis
+    outage); older ones are skipped, and logged. Standing rules (suspensions, bounces with a
+    duration) do not depend on it: a node loads those in force whenever it (re)joins."""
 
 
 class _Target(_Section, tag_field="kind", kw_only=True):

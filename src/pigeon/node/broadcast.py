@@ -15,10 +15,20 @@ that has not answered by the deadline is reported as `pending` (it applies the o
 when it gets to it, and its progress shows in `GET /api/v1/admin/operations?cluster=1`).
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
-from where it stopped (its cursor is kept in a file next to its spool), so a suspension or a
-standing bounce issued meanwhile still reaches it. Entries older than `REPLAY` seconds are not
-applied late (a bounce meant for what was queued an hour ago must not hit mail accepted
+from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
+meanwhile still reaches it. One-off writes older than `[redis] late_operations` (5 minutes) are
+not applied late (a bounce meant for what was queued an hour ago must not hit mail accepted
 since); reads older than a few seconds are dropped, since nobody waits for them any more.
+
+Standing rules (suspensions, bounces with a duration) are cluster state, not events: the
+origin also keeps each rule in force in a hash (`<prefix>:admin:rules`, id -> rule, written
+with the stream entry in one transaction), and each rule ended (cancelled, resumed) in another
+(`<prefix>:admin:rules:ended`, id -> kind, until the rule would have ended by itself). A
+worker reads both (`sync`) before its node delivers anything (`join`), and again whenever
+Redis answers after an outage, and takes them (`Admin.adopt`, matched by id, so taking one
+twice, or also from the stream, changes nothing): a node that joins late, or new, holds what
+the others hold, whatever the age of the entry that made it. A rule made while Redis was away
+was applied on its node only, and stays so.
 
 Redis being away never stops an operation on the node that was asked: it is applied here,
 and the answer says, under `cluster`, that the other nodes were not told.
@@ -37,6 +47,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -44,11 +55,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from pigeon.config.schema import Config
+from pigeon.listener.http.admin import rule_change
 from pigeon.node.answers import merge_answers
+from pigeon.queue.rules import Rule
 
 _log = logging.getLogger(__name__)
 
-REPLAY: Final = 300.0  # seconds after which a write another node issued is no longer applied
 _READ_REPLAY: Final = 5.0  # seconds after which a read is dropped unanswered: nobody waits for it
 WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to a write
 READ_WAIT: Final = 3.0  # ... and to a read
@@ -60,6 +72,10 @@ _BLOCK_MS: Final = 1000
 
 # apply(method, path, body, operator) -> (HTTP status, JSON answer): one worker's part.
 Apply = Callable[[str, str, bytes, str], Awaitable[tuple[int, Any]]]
+# adopt(rules in force, ended rules: id -> kind) -> (rules added, rules ended): `Admin.adopt`.
+Adopt = Callable[[list[Rule], dict[str, str]], Awaitable[tuple[list[Rule], list[Rule]]]]
+_RULE: Final = msgspec.json.Decoder(Rule)
+_LISTS: Final = ("/api/v1/admin/suspend", "/api/v1/admin/bounce")
 
 
 def _reconnect_once() -> Retry:
@@ -87,8 +103,11 @@ class Broadcast:
         self._stream = f"{prefix}:admin:stream"
         self._nodes = f"{prefix}:admin:nodes"
         self._answers = f"{prefix}:admin:answers:"
+        self._rules = f"{prefix}:admin:rules"
+        self._ended = f"{prefix}:admin:rules:ended"
+        self._late = float(redis.late_operations)
         self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
-        timeout = float(redis.timeout)
+        timeout = self._timeout = float(redis.timeout)
         # One quick retry on a fresh connection: after a Redis restart the pooled connections
         # are dead, and the first operation would otherwise reach this node only (or list
         # nodes that answered as pending) while Redis answers. Never on a timeout.
@@ -104,6 +123,8 @@ class Broadcast:
             retry=_reconnect_once(),
         )
         self._down_since: float | None = None
+        self._cursor: str | None = None  # where `consume` starts (`join` may have found it)
+        self._synced = False  # whether the rules were taken from Redis since it last failed
 
     async def close(self) -> None:
         for client in (self._redis, self._reader):
@@ -129,21 +150,37 @@ class Broadcast:
         expected: dict[str, int] = {}
         try:
             expected = await self._present()
-            await self._redis.xadd(
-                self._stream,
-                {
-                    "op": op,
-                    "origin": self.origin,
-                    "node": self.node,
-                    "method": method,
-                    "path": path,
-                    "body": body,
-                    "operator": operator,
-                    "time": repr(time.time()),
-                },
-                maxlen=_STREAM_LENGTH,
-                approximate=True,
-            )
+            now = time.time()
+            change = rule_change(method, path, body, operator, now) if write else None
+            ending: Any = None
+            if change is not None and change.rule is None:
+                ending = await self._redis.hget(self._rules, change.rule_id)  # when it would end anyway
+            # One transaction: a node that starts reads the rules in force, then the stream from
+            # its end, and must find this operation in one or the other.
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.xadd(
+                    self._stream,
+                    {
+                        "op": op,
+                        "origin": self.origin,
+                        "node": self.node,
+                        "method": method,
+                        "path": path,
+                        "body": body,
+                        "operator": operator,
+                        "time": repr(now),
+                    },
+                    maxlen=_STREAM_LENGTH,
+                    approximate=True,
+                )
+                if change is not None and change.rule is not None:
+                    # The first one made stands (an identical suspension is `already` in force).
+                    pipe.hsetnx(self._rules, change.rule_id, msgspec.json.encode(change.rule))
+                    pipe.hdel(self._ended, change.rule_id)
+                elif change is not None:
+                    pipe.hdel(self._rules, change.rule_id)
+                    pipe.hset(self._ended, change.rule_id, json.dumps({"kind": change.kind, "until": _end_of(ending)}))
+                await pipe.execute()
         except (RedisError, OSError) as error:
             status, answer = await local()
             # A read changed nothing anywhere: it only shows less, and there is nothing to issue again.
@@ -171,6 +208,8 @@ class Broadcast:
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
             merged["cluster"] = {"nodes": nodes}
+            if method == "GET" and path.rstrip("/") in _LISTS:
+                merged["cluster"]["held_by"] = _holders({self.node: [(status, answer)], **remote})
         return merged_status, merged
 
     async def _present(self) -> dict[str, int]:
@@ -214,12 +253,79 @@ class Broadcast:
         return got, missing()
 
     # --- every worker ------------------------------------------------------------------------
-    async def consume(self, apply: Apply) -> None:
-        """Apply what other nodes append, until cancelled. Never raises for Redis's sake."""
-        cursor = await self._start_cursor()
+    async def join(self, adopt: Adopt) -> bool:
+        """Before this node delivers anything: find where to read the stream from, then take the
+        standing rules in force (in that order: what is appended meanwhile is read from the
+        stream). False if Redis did not answer: the node starts with the rules its spool
+        kept, and `consume` takes the cluster's once Redis answers."""
+        try:
+            async with asyncio.timeout(2 * self._timeout + 1):
+                self._cursor = self._saved_cursor() or await self._end_cursor()
+                await self.sync(adopt)
+            return True
+        except (RedisError, OSError, TimeoutError) as error:
+            self._down_since = time.monotonic()
+            _log.warning(
+                "admin stream: Redis cannot be reached (%s): starting with the suspensions and standing bounces "
+                "this node's spool kept; those of the cluster are taken once Redis answers",
+                error,
+            )
+            return False
+
+    async def sync(self, adopt: Adopt) -> None:
+        """Take the cluster's standing rules as they are now (see the module's docstring)."""
+        rules: dict[Any, Any] = await self._redis.hgetall(self._rules)
+        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
+        now = time.time()
+        in_force: list[Rule] = []
+        endings: dict[str, str] = {}
+        over: list[Any] = []  # ended by time: any node may tidy them up
+        over_ended: list[Any] = []
+        for rule_id, blob in rules.items():
+            try:
+                rule = _RULE.decode(blob)
+            except msgspec.DecodeError:
+                _log.warning("admin rules: rule %r in Redis cannot be read: ignored", rule_id)
+                continue
+            if rule.live(now):
+                in_force.append(rule)
+            else:
+                over.append(rule_id)
+        for rule_id, value in ended.items():
+            with contextlib.suppress(ValueError, KeyError, TypeError, UnicodeDecodeError):
+                tombstone = json.loads(value)
+                if tombstone["until"] is not None and tombstone["until"] <= now:
+                    over_ended.append(rule_id)  # it would have ended by now anyway
+                    continue
+                endings[rule_id.decode()] = str(tombstone["kind"])
+        with contextlib.suppress(RedisError, OSError):
+            if over:
+                await self._redis.hdel(self._rules, *over)
+            if over_ended:
+                await self._redis.hdel(self._ended, *over_ended)
+        added, gone = await adopt(in_force, endings)
+        self._synced = True
+        for rule in added:
+            _log.warning(
+                "admin rules: %s %s of %s (by %s%s) taken from the cluster",
+                "suspension" if rule.kind == "suspend" else "standing bounce",
+                rule.id,
+                rule.selector.describe(),
+                rule.operator,
+                f": {rule.reason}" if rule.reason else "",
+            )
+        for rule in gone:
+            _log.warning("admin rules: %s %s was ended on another node meanwhile: ended here too", rule.kind, rule.id)
+
+    async def consume(self, apply: Apply, adopt: Adopt | None = None) -> None:
+        """Apply what other nodes append, until cancelled; with `adopt`, take the cluster's
+        standing rules whenever Redis answers again. Never raises for Redis's sake."""
+        cursor = self._cursor or await self._start_cursor()
         renewed = 0.0
         while True:
             try:
+                if adopt is not None and not self._synced:
+                    await self.sync(adopt)
                 if time.monotonic() - renewed >= _RENEW:
                     await self._renew()
                     renewed = time.monotonic()
@@ -228,6 +334,7 @@ class Broadcast:
                     _log.info("admin stream: Redis answers again; reading on from %s", cursor)
                     self._down_since = None
             except (RedisError, OSError) as error:
+                self._synced = False  # what was ended or made meanwhile is taken when it answers
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                     _log.warning("admin stream: Redis cannot be reached (%s); trying again every second", error)
@@ -253,16 +360,32 @@ class Broadcast:
         if origin == self.origin:
             return  # the origin applied it to its workers itself
         age = time.time() - issued
-        if age > (_READ_REPLAY if method == "GET" else REPLAY):
-            if method != "GET":
+        if age > (_READ_REPLAY if method == "GET" else self._late):
+            if method == "GET":
+                return
+            node = fields.get("node", b"?").decode(errors="replace")
+            change = rule_change(method, path, fields.get("body", b""), "", issued)
+            if change is None or (change.kind == "bounce" and change.rule is not None):
                 _log.warning(
-                    "admin stream: %s %s from node %s is %.0fs old and was not applied here (past %.0fs); "
-                    "issue it again if it still stands",
+                    "admin stream: %s %s from node %s is %.0fs old: %s was not applied here (past %.0fs, "
+                    "[redis] late_operations)%s",
                     method,
                     path,
-                    fields.get("node", b"?").decode(errors="replace"),
+                    node,
                     age,
-                    REPLAY,
+                    "its bounce of what was queued then" if change is not None else "it",
+                    self._late,
+                    "; its standing bounce, if still in force, was taken from the cluster's rules"
+                    if change is not None
+                    else "; issue it again if it still stands",
+                )
+            else:  # a suspension, a cancel, a resume: this node holds what the cluster's rules say
+                _log.info(
+                    "admin stream: %s %s from node %s is %.0fs old: its rule is as the cluster's rules say",
+                    method,
+                    path,
+                    node,
+                    age,
                 )
             return
         operator = fields.get("operator", b"").decode(errors="replace")
@@ -294,18 +417,25 @@ class Broadcast:
         presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}
         await self._redis.hset(self._nodes, self.origin, json.dumps(presence))
 
+    def _saved_cursor(self) -> str | None:
+        with contextlib.suppress(OSError):
+            return self._cursor_path.read_text().strip() or None
+        return None
+
+    async def _end_cursor(self) -> str:
+        last: Any = await self._redis.xrevrange(self._stream, count=1)
+        cursor: str = last[0][0].decode() if last else "0-0"
+        self._save_cursor(cursor)
+        return cursor
+
     async def _start_cursor(self) -> str:
         """Where this worker reads on from: its saved cursor, or (first start) the stream's end."""
-        with contextlib.suppress(OSError):
-            saved = self._cursor_path.read_text().strip()
-            if saved:
-                return saved
+        saved = self._saved_cursor()
+        if saved:
+            return saved
         while True:
             try:
-                last: Any = await self._redis.xrevrange(self._stream, count=1)
-                cursor = last[0][0].decode() if last else "0-0"
-                self._save_cursor(cursor)
-                return cursor
+                return await self._end_cursor()
             except (RedisError, OSError) as error:
                 if self._down_since is None:
                     self._down_since = time.monotonic()
@@ -321,3 +451,26 @@ class Broadcast:
             os.replace(temporary, self._cursor_path)
         except OSError as error:
             _log.warning("admin stream: cannot save the cursor %s: %s", self._cursor_path, error)
+
+
+def _end_of(blob: Any) -> float | None:
+    """When a rule kept in Redis would end by itself (None: until cancelled, or not known)."""
+    with contextlib.suppress(msgspec.DecodeError, TypeError):
+        return _RULE.decode(blob).expires if blob is not None else None
+    return None
+
+
+def _holders(answers: dict[str, list[tuple[int, Any]]]) -> dict[str, list[str]]:
+    """Which nodes hold each rule listed (node -> its workers' answers): a node holds a rule
+    that every one of its answers lists, so a list adding up the nodes does not pass off one
+    node's rule as every node's."""
+    held: dict[str, list[str]] = {}
+    for node, replies in sorted(answers.items()):
+        listed = [
+            {rule.get("id") for rule in answer.get("rules", []) if isinstance(rule, dict)}
+            for status, answer in replies
+            if status == 200 and isinstance(answer, dict)
+        ]
+        for rule_id in set.intersection(*listed) if listed else set():
+            held.setdefault(str(rule_id), []).append(node)
+    return held

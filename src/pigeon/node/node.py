@@ -195,11 +195,17 @@ class Node:
                 workers=self._workers,
                 clock=self._clock,
             )
+            if config.redis.url:
+                # The cluster's suspensions and standing bounces are taken before the scheduler
+                # starts: nothing they hold may go out meanwhile.
+                self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers)
+                await self.broadcast.join(self.outbound.admin.adopt)
             await self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)
-            if config.redis.url:
-                self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers)
-                self._consuming = asyncio.create_task(self.broadcast.consume(self._apply), name="admin stream")
+            if self.broadcast is not None:
+                self._consuming = asyncio.create_task(
+                    self.broadcast.consume(self._apply, self.outbound.admin.adopt), name="admin stream"
+                )
         tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         auth_throttle, client_connections = _client_limits(config, self.worker, self._workers)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, NamedTuple
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -45,7 +45,7 @@ from pigeon.listener.http.json_body import repeated_member, repeated_refusal, re
 from pigeon.message import parse_id
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem
-from pigeon.queue.rules import Selector, standing_rule_id
+from pigeon.queue.rules import Rule, Selector, standing_rule_id
 
 MAX_REASON: Final = 1000
 """The longest `reason` taken, in characters: a note for people (it is kept with the rule and
@@ -233,6 +233,50 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
     return 200, answer
+
+
+class RuleChange(NamedTuple):
+    """What a write does to the standing rules: makes `rule`, or (None) ends the rule `rule_id`."""
+
+    rule_id: str
+    kind: str
+    rule: Rule | None
+
+
+def rule_change(method: str, path: str, body: bytes, operator: str, now: float) -> RuleChange | None:
+    """The standing rule a write makes or ends (a suspension, a bounce with a duration, their
+    cancel), as every node makes it from the same request: the same id, ending `now` plus its
+    duration. None for a write that leaves the rules alone (a bounce now, a retry, a rebind)
+    and for a request `perform` would refuse."""
+    try:
+        action, rule_id = _route(method, path)
+        if action in ("cancel-bounce", "cancel-suspend"):
+            return RuleChange(rule_id, action.removeprefix("cancel-"), None)
+        if action not in ("bounce", "suspend"):
+            return None
+        request = _decode(path, body)
+    except web.HTTPException:
+        return None
+    assert isinstance(request, BounceRequest)
+    duration = float(request.duration) if request.duration else None
+    if action == "bounce" and duration is None:
+        return None  # acts on what is queued now, and is over
+    new_rule = request.id
+    if action == "suspend" and duration is None:
+        new_rule = standing_rule_id("suspend", request.selector())  # as `perform` names it
+    if new_rule is None:
+        return None
+    rule = Rule(
+        new_rule,
+        "bounce" if action == "bounce" else "suspend",
+        request.selector(),
+        now,
+        expires=now + duration if duration else None,
+        reason=request.reason,
+        operator=operator,
+        via=request.via or "api",
+    )
+    return RuleChange(new_rule, rule.kind, rule)
 
 
 _WRITES: Final = {"bounce", "suspend", "retry", "rebind"}
