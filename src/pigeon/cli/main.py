@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from pigeon import __version__
-from pigeon.cli import admin, dkim, inject, logs, passwd, serve, shaping, top
+from pigeon.node import signals
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,6 +26,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, not with this module: `main` has things to do before their second of imports.
+    from pigeon.cli import admin, dkim, inject, logs, passwd, serve, shaping, top
+
     parser = _Parser(
         prog="pigeon",
         description="Pigeon, a Mail Transfer Agent.",
@@ -40,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["serve"]:
+        # First, before the imports and the config: a reload or a stop asked for meanwhile
+        # must not kill the node; it waits until the node can act on it (`pigeon.node.signals`).
+        signals.hold()
+    args = build_parser().parse_args(arguments)
     try:
         result: int = args.run(args)
         sys.stdout.flush()

@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 import resource
-import signal
 import socket
 import sys
 from collections.abc import Coroutine
@@ -61,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from pigeon.policy.hooks import Policy, PolicyLoadError
     from pigeon.spool.spool import SpoolError
 
-    # Until the loop handles SIGHUP (a reload), it must not kill a node that is starting.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # SIGHUP, SIGTERM and SIGINT are held (`main`) until the loop handles them: see `pigeon.node.signals`.
     if args.supervisor is not None:
         try:
             follow_parent(args.supervisor)

@@ -49,6 +49,7 @@ from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
+from pigeon.node import signals
 from pigeon.node.broadcast import Broadcast
 from pigeon.node.inbound import Inbound
 from pigeon.node.notify import sd_notify
@@ -124,6 +125,7 @@ class Node:
         self._stopping = False
         self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
         self._notify = False  # tell systemd how start-up goes (`run(notify=True)`)
+        self._reload_asked = False  # a SIGHUP during start-up: `run` reloads once started
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
@@ -321,10 +323,16 @@ class Node:
         # worker, then the supervisor forwards SIGTERM) must not kill a stopping worker.
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        # Before start(): a SIGHUP during start-up must not kill the node (the default action).
+        # Before start(): a SIGHUP during start-up must not kill the node (the default action);
+        # it is remembered, and the reload done once the node has started.
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        held = signals.release()  # what was sent since the process started comes now
         try:
             await self.start()
+            if self._reload_asked and not stop.is_set():
+                self._reload_asked = False
+                _log.info("reload: asked for during start-up; reloading now")
+                self.reload()
             if notify:
                 sd_notify("READY=1", f"STATUS=serving SMTP on {_addresses(self.smtp_addresses)}")
             await stop.wait()
@@ -332,6 +340,8 @@ class Node:
             if notify:
                 sd_notify("STOPPING=1")
             await self.stop()
+            if held:  # stopped: a late signal must not end the exit (status 129 for a SIGHUP)
+                signals.hold()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
 
@@ -340,8 +350,12 @@ class Node:
         routes, DKIM signers (their keys read again), shaping limits and reaction rules, and
         import the policy module again.
         New connections see the new ones; open ones keep what they have. If anything cannot
-        be used, nothing changes and the reason is logged."""
-        if self.smtp is None or self._stopping:
+        be used, nothing changes and the reason is logged. Asked for while the node starts, it
+        is done once it has started (`run`): the file may have changed since it was read."""
+        if self._stopping:
+            return
+        if self.smtp is None:
+            self._reload_asked = True
             return
         try:
             config = load(self.config_path) if self.config_path is not None else self.config

@@ -39,6 +39,7 @@ from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
+from pigeon.node import signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
 from pigeon.node.broadcast import Broadcast
 from pigeon.node.notify import sd_notify
@@ -117,6 +118,10 @@ class Worker:
         self.restarts = 0
         self.hung: str | None = None
         """Why the supervisor killed the process, if it did (it stopped answering)."""
+        self.ready = False
+        """It has answered since it was started: it handles SIGHUP (until then, it may not)."""
+        self.reload_asked = False
+        """A SIGHUP came while it was starting: it is sent one once ready (`Supervisor.reload`)."""
         self._session: aiohttp.ClientSession | None = None
 
     async def get(self, path: str, within: float = 5.0) -> tuple[int, bytes]:
@@ -184,6 +189,14 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        held = signals.release()  # what was sent since the process started comes now
+        try:
+            await self._run(stop)
+        finally:
+            if held:  # stopped: a late signal must not end the exit (status 129 for a SIGHUP)
+                signals.hold()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         problem = interpreter_problem(self.config.node.user)
         if problem is not None:
             raise RuntimeError(problem)
@@ -194,7 +207,8 @@ class Supervisor:
         try:
             for worker in self.workers:
                 await self._spawn(worker)
-            await self._wait_ready(stop)
+            if not await self._wait_ready(stop):
+                return  # SIGTERM or SIGINT during start-up: a stop like any other
             await self._serve_http()
             _log.info("%d workers ready", len(self.workers))
             sd_notify("READY=1", f"STATUS={len(self.workers)} workers serving")
@@ -205,14 +219,44 @@ class Supervisor:
             await self.stop()
 
     def reload(self) -> None:
-        """SIGHUP: every worker reads the config again (each logs what it took or why not)."""
+        """SIGHUP: every worker reads the config again (each logs what it took or why not).
+
+        A worker still starting gets its SIGHUP once ready (`_now_ready`): until it has its
+        handler, the signal's default action would kill it, and the file may have changed
+        since it read it. One that is not running reads the file when it is started again."""
         if self._stopping:
             return
         running = [w for w in self.workers if w.process is not None and w.process.returncode is None]
-        _log.info("reload: forwarding SIGHUP to %d workers", len(running))
+        starting = [w for w in running if not w.ready]
+        for worker in starting:
+            worker.reload_asked = True
+        if starting:
+            _log.info(
+                "reload: forwarding SIGHUP to %d workers now, to %d still starting once they are",
+                len(running) - len(starting),
+                len(starting),
+            )
+        else:
+            _log.info("reload: forwarding SIGHUP to %d workers", len(running))
         for worker in running:
-            assert worker.process is not None
-            worker.process.send_signal(signal.SIGHUP)
+            if worker.ready:
+                self._hang_up(worker)
+
+    def _now_ready(self, worker: Worker) -> None:
+        """`worker` has answered since it was started: a reload asked for meanwhile is its now."""
+        if worker.ready:
+            return
+        worker.ready = True
+        if worker.reload_asked and not self._stopping:
+            _log.info("reload: worker %d has started: forwarding the SIGHUP it missed", worker.index)
+            self._hang_up(worker)
+
+    @staticmethod
+    def _hang_up(worker: Worker) -> None:
+        worker.reload_asked = False
+        process = worker.process
+        if process is not None and process.returncode is None:
+            process.send_signal(signal.SIGHUP)
 
     async def stop(self) -> None:
         if self._stopping:
@@ -267,16 +311,23 @@ class Supervisor:
         worker.control.unlink(missing_ok=True)
         failure_path(worker.control).unlink(missing_ok=True)
         worker.hung = None
+        # It reads the config file itself, after any reload asked for before now.
+        worker.ready = worker.reload_asked = False
         try:
             worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
         except PermissionError as error:  # the interpreter out of reach since start-up
             raise RuntimeError(interpreter_problem(self.config.node.user) or f"{sys.executable}: {error}") from error
         _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
 
-    async def _wait_ready(self, stop: asyncio.Event) -> None:
+    async def _wait_ready(self, stop: asyncio.Event) -> bool:
+        """True once every worker answers; False if asked to stop first (a worker that the
+        same signal ended, sent to the process group, is then no failure)."""
         deadline = time.monotonic() + _READY_TIMEOUT
         for worker in self.workers:
             while True:
+                if stop.is_set():
+                    _log.info("stopping while the workers start")
+                    return False
                 process = worker.process
                 if process is not None and process.returncode is not None:
                     raise RuntimeError(
@@ -285,9 +336,8 @@ class Supervisor:
                 with contextlib.suppress(OSError, aiohttp.ClientError, TimeoutError):
                     status, _ = await worker.get("/healthz")
                     if status in (200, 503):  # started: it answers, even about a part that is down
+                        self._now_ready(worker)
                         break
-                if stop.is_set():
-                    raise RuntimeError(f"stopped while worker {worker.index} was starting")
                 if time.monotonic() > deadline:
                     # Alive but not started: it may be waiting for room on a full spool disk,
                     # which it says itself. Giving up would only start it again to wait again.
@@ -297,6 +347,7 @@ class Supervisor:
                               f"EXTEND_TIMEOUT_USEC={int(2 * _READY_TIMEOUT * 1_000_000)}")  # fmt: skip
                     deadline = time.monotonic() + _READY_TIMEOUT
                 await asyncio.sleep(0.05)
+        return True
 
     async def _watch(self, worker: Worker) -> None:
         backoff = 1.0
@@ -339,6 +390,7 @@ class Supervisor:
                 status, _ = await worker.get("/healthz", within=max(left, interval))
                 if status in (200, 503):
                     answered = time.monotonic()
+                    self._now_ready(worker)
             except (OSError, aiohttp.ClientError, TimeoutError):
                 pass
             if answered is not None and time.monotonic() - answered >= timeout:
