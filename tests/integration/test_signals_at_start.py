@@ -1,0 +1,219 @@
+"""SIGHUP (and SIGTERM, SIGINT) at any moment of a node's life: while it starts, while a worker
+restarts. A reload never kills the node or a worker, and one asked for before the node could act
+on it is applied once it can; a stop during start-up is an ordinary stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import smtplib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from pigeon.config.load import load
+from pigeon.node.node import Node
+from tests.support.ports import free_port
+from tests.support.process import PigeonProcess, to_toml
+
+# A policy module that holds a process in the middle of its start, after it has read its config,
+# until the test creates `go`: what the test changes meanwhile is what a reload must bring. WHO
+# says which process, and where: a worker (`--worker`), where its node starts; a lone node where
+# `pigeon serve` checks the module, before its loop runs.
+_GATE = """
+import asyncio, os, sys, time
+from pathlib import Path
+
+def looping():
+    try:
+        return asyncio.get_running_loop() is not None
+    except RuntimeError:
+        return False
+
+here = Path(__file__).parent
+if WHO and not (here / "go").exists():
+    (here / f"starting-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while not (here / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+_HELD: Final = {
+    "worker": '"--worker" in sys.argv',
+    "before its loop": "not looping()",
+}
+_START = 120.0  # seconds a node may take to start: several processes import on a small, busy machine
+
+
+def _takes_sighup(pid: int) -> bool:
+    """Whether the process has taken SIGHUP in hand (blocked, ignored or caught), so that its
+    default action (the end of the process) no longer applies."""
+    fields = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line
+    )
+    return any(int(fields[mask], 16) & 1 << (signal.SIGHUP - 1) for mask in ("SigBlk", "SigIgn", "SigCgt"))
+
+
+def _wait_until_it_takes_sighup(pigeon: PigeonProcess) -> None:
+    """The process's first moments: the interpreter's own start, before any of Pigeon's code."""
+    assert pigeon.process is not None
+    deadline = time.monotonic() + 10
+    while not _takes_sighup(pigeon.process.pid):
+        assert pigeon.process.poll() is None and time.monotonic() < deadline, pigeon.stderr()
+        time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def _hanging_up(pid: int, every: float) -> Iterator[list[float]]:
+    """SIGHUP to `pid` every `every` seconds while in the block; yields when each was sent."""
+    sent: list[float] = []
+    done = threading.Event()
+
+    def hang_up() -> None:
+        while not done.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
+                sent.append(time.monotonic())
+            done.wait(every)
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    try:
+        yield sent
+    finally:
+        done.set()
+        thread.join()
+
+
+def _health(pigeon: PigeonProcess) -> dict[str, object]:
+    status, body = pigeon.http_get("/healthz")
+    health: dict[str, object] = json.loads(body)
+    health["http_status"] = status
+    return health
+
+
+@pytest.mark.parametrize(("workers", "held"), [(2, "worker"), (1, "before its loop")])
+def test_sighup_from_the_first_moment_kills_nothing_and_the_config_changed_meanwhile_is_taken(
+    tmp_path: Path, workers: int, held: str
+) -> None:
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "gate.py").write_text(_GATE.replace("WHO", _HELD[held]))
+    pigeon = PigeonProcess(root, node={"workers": workers}, policy={"module": "gate.py"})
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.process is not None
+        _wait_until_it_takes_sighup(pigeon)
+        with _hanging_up(pigeon.process.pid, 0.02) as sent:
+            deadline = time.monotonic() + _START
+            while len(list(root.glob("starting-*"))) < workers:  # each worker has read its config
+                assert pigeon.process.poll() is None, pigeon.stderr()
+                assert time.monotonic() < deadline, pigeon.stderr()
+                time.sleep(0.02)
+            pigeon.config["smtp"]["starttls"] = False
+            pigeon.config_path.write_text(to_toml(pigeon.config))
+            changed = time.monotonic()
+            time.sleep(0.2)
+        assert len([at for at in sent if at > changed]) >= 3, "no SIGHUP after the change"
+        assert pigeon.process.poll() is None, pigeon.stderr()
+        (root / "go").touch()
+        pigeon.wait_ready(_START)
+        roles = [f"w{index}" for index in range(workers)] if workers > 1 else ["main"]
+        for role in roles:  # each process, whichever takes the connections below
+            pigeon.wait_stderr(f" {role} INFO pigeon.node.node: reloaded: TLS off", timeout=30)
+        for _ in range(6):
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                client.ehlo()
+                assert not client.has_extn("starttls")
+                assert client.sendmail("a@src.test", ["b@dst.test"], b"Subject: hi\r\n\r\nhello\r\n") == {}
+        if workers > 1:
+            health = _health(pigeon)
+            assert [w["restarts"] for w in health["workers"]] == [0] * workers, health  # type: ignore[attr-defined]
+        assert "killed by" not in pigeon.stderr()
+        assert pigeon.stop() == 0
+    except BaseException:
+        print(pigeon.stderr()[-20_000:])
+        raise
+    finally:
+        pigeon.kill()
+
+
+def test_sighup_while_a_worker_restarts_does_not_kill_it_again(tmp_path: Path) -> None:
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
+        assert pigeon.process is not None
+        pids = [int(p.read_text()) for p in sorted(pigeon.spool_path.glob("shard-*/lock"))]
+        os.kill(pids[1], signal.SIGKILL)
+        with _hanging_up(pigeon.process.pid, 0.2):
+            deadline = time.monotonic() + _START
+            while True:
+                health = _health(pigeon)
+                if health["http_status"] == 200 and health["workers"][1]["restarts"] >= 1:  # type: ignore[index]
+                    break
+                assert time.monotonic() < deadline, pigeon.stderr()
+                time.sleep(0.2)
+            time.sleep(1)  # SIGHUPs to the worker that is up again: reloads
+        health = _health(pigeon)
+        assert health["http_status"] == 200, health
+        assert [w["restarts"] for w in health["workers"]] == [0, 1], health  # type: ignore[attr-defined]
+        assert "killed by SIGHUP" not in pigeon.stderr()
+        assert re.search(r" w1 INFO pigeon\.node\.node: reloaded:", pigeon.stderr()), pigeon.stderr()
+
+
+@pytest.mark.parametrize(("stop", "workers"), [(signal.SIGTERM, 2), (signal.SIGINT, 1)])
+def test_a_stop_during_start_up_is_a_clean_stop(tmp_path: Path, stop: signal.Signals, workers: int) -> None:
+    pigeon = PigeonProcess(tmp_path / "node", node={"workers": workers})
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.process is not None
+        _wait_until_it_takes_sighup(pigeon)  # the three are taken in hand together
+        pigeon.process.send_signal(stop)
+        assert pigeon.wait_exit(_START) == 0, pigeon.stderr()
+        assert "Traceback" not in pigeon.stderr()
+        assert "cannot start" not in pigeon.stderr()
+    finally:
+        pigeon.kill()
+
+
+async def test_a_reload_asked_for_while_the_node_starts_is_done_once_it_has_started(tmp_path: Path) -> None:
+    """The loop may run a SIGHUP's handler while the node's start waits (on a spool's full disk,
+    an IMAP server): the file read again then is the one the node must end up on."""
+    config = {
+        "node": {"name": "reload", "workers": 1},
+        "smtp": {"listen": [f"127.0.0.1:{free_port()}"], "hostname": "mx.pigeon.test"},
+        "http": {"listen": f"127.0.0.1:{free_port()}"},
+        "spool": {"path": "spool"},
+        "log": {"path": "log"},
+        "delivery": {"enabled": False},
+        "dns": {"nameservers": ["127.0.0.1:9"], "timeout": "1s"},
+    }
+    path = tmp_path / "pigeon.toml"
+    path.write_text(to_toml(config))
+    node = Node(load(path), config_path=path)
+    node.reload()  # what the SIGHUP handler calls, before the node has started
+    config["smtp"]["starttls"] = False
+    path.write_text(to_toml(config))
+    running = asyncio.create_task(node.run())
+    try:
+        deadline = time.monotonic() + 30
+        while not node.http_address:  # the last of its start
+            assert not running.done() and time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert not await asyncio.to_thread(_offers_starttls, config["smtp"]["listen"][0])
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+def _offers_starttls(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with smtplib.SMTP(host, int(port), timeout=10) as client:
+        client.ehlo()
+        return client.has_extn("starttls")
