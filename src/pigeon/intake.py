@@ -53,7 +53,7 @@ from pigeon.smtp import replies
 from pigeon.smtp.address import same_mailbox_key
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
-from pigeon.spool.spool import NewMessage, Spool, SpoolError
+from pigeon.spool.spool import NewMessage, Settling, Spool, SpoolError
 
 _log = logging.getLogger(__name__)
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -136,13 +136,20 @@ class Intake:
         """Told about every message once it is durable, while delivery runs (the scheduler
         subscribes when it starts, and leaves when it stops)."""
 
-    async def local(self, envelope: Envelope, data: bytes) -> Stored:
-        """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header."""
+    async def local(
+        self, envelope: Envelope, data: bytes, *, spool: Spool | None = None, settles: Settling | None = None
+    ) -> Stored:
+        """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header.
+
+        `settles`: the outcome the message reports, committed in the same transaction (a
+        crash leaves both or neither), in `spool`, the shard of the message it reports on
+        (this worker's own, or one it adopted)."""
+        spool = self.spool if spool is None else spool
         arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL")
         envelope.recipients = _unique(envelope.recipients)
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
-        ids = self.spool.new_ids(len(groups))
-        draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
+        ids = spool.new_ids(len(groups))
+        draft = Draft(self, envelope, arrival, groups, ids, spool.body_writer(ids[0]), spool, settles)
         date = _rfc5322_date(int(self.clock()))
         draft.write(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])}; {date}\r\n".encode())
         draft.write(data)
@@ -153,7 +160,7 @@ class Intake:
         envelope.recipients = _unique(envelope.recipients)
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
-        draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]))
+        draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]), self.spool)
         draft.write(self._received_header(envelope, arrival, ids[0]))
         return draft
 
@@ -201,7 +208,19 @@ class Intake:
 class Draft:
     """One message being received. `write()` content, then `commit()` once, or `discard()`."""
 
-    __slots__ = ("_body", "_done", "_groups", "_head", "_ids", "_intake", "_resident", "arrival", "envelope")
+    __slots__ = (
+        "_body",
+        "_done",
+        "_groups",
+        "_head",
+        "_ids",
+        "_intake",
+        "_resident",
+        "_settles",
+        "_spool",
+        "arrival",
+        "envelope",
+    )
 
     def __init__(
         self,
@@ -211,8 +230,12 @@ class Draft:
         groups: list[tuple[_Group, list[Recipient]]],
         ids: list[SpoolId],
         body: BodyWriter,
+        spool: Spool,
+        settles: Settling | None = None,
     ) -> None:
         self._intake = intake
+        self._spool = spool  # the shard the ids and the body writer are of
+        self._settles = settles
         self.envelope = envelope
         self.arrival = arrival
         self._groups = groups
@@ -454,8 +477,9 @@ class Draft:
             )
             for m, printed_id in zip(messages, printed, strict=True)
         ]
-        sealed = intake.outbox.seal(intake.spool, records) if intake.outbox is not None else []
-        stored = intake.spool.store(body, messages, sealed)
+        spool = self._spool
+        sealed = intake.outbox.seal(spool, records) if intake.outbox is not None else []
+        stored = spool.store(body, messages, sealed, settles=self._settles)
         stored.add_done_callback(
             lambda f: self._stored(f, result, messages, body.size, Stored(ids, reply), sealed, records)
         )
@@ -473,15 +497,17 @@ class Draft:
         if result.cancelled():
             return
         error = stored.exception()
+        own = self._spool is self._intake.spool  # (not a DSN's in an adopted shard: /healthz is of this one)
         if error is not None:
-            if isinstance(error, SpoolError):
+            if isinstance(error, SpoolError) and own:
                 self._intake.refusing = error
             result.set_exception(error)
             return
         intake, arrival = self._intake, self.arrival
-        intake.refusing = None
+        if own:
+            intake.refusing = None
         if intake.outbox is not None:
-            intake.outbox.committed(intake.spool, sealed)
+            intake.outbox.committed(self._spool, sealed)
         else:
             for record in records:
                 intake.log.write(record)

@@ -5,8 +5,9 @@ admin) and the real `pigeon.delivery.dispatcher`, around fakes for everything th
 later: route lookups (`FakeRoutes`), delivery agents (`FakeAgent`), spool commits
 (`MemorySpool`: a commit first *lands* — its rows are visible to readers, as after SQLite's
 COMMIT in the commit thread — then is *answered* — its future resolves, as when the loop
-runs the callback), and DSN stores. Nothing completes by itself: each pending completion is
-a `Pending` the test picks and releases, so a test can walk every order.
+runs the callback), and DSN stores (written, then committed with the outcome they report).
+Nothing completes by itself: each pending completion is a `Pending` the test picks and
+releases, so a test can walk every order.
 
 Between two releases `World.quiesce()` runs the event loop until nothing is runnable. The
 clock is fake and only moves when the test says; no timer of the engine's is reached (idle
@@ -49,7 +50,7 @@ from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.shards import Spools
-from pigeon.spool.spool import NewMessage, SpoolWriteError
+from pigeon.spool.spool import NewMessage, Settling, SpoolWriteError
 
 OK = Reply(250, "2.0.0", ("ok",))
 LATER = Reply(451, "4.3.0", ("try later",))
@@ -179,7 +180,13 @@ class MemorySpool:
         records: Sequence[tuple[int, bytes]] = (),
         queue: str | None = None,
     ) -> asyncio.Future[None]:
-        spool_id = message.id
+        apply = self.settling(Settling(message, remaining, attempts, due, records, queue))
+        return self._world.commit(f"settle {message.id:x}", apply, message=message.id)
+
+    def settling(self, outcome: Settling) -> Callable[[], None]:
+        """What committing `outcome` does to the rows (alone, or with the DSN that reports it)."""
+        spool_id, remaining, records = outcome.message.id, outcome.remaining, outcome.records
+        attempts, due, queue = outcome.attempts, outcome.due, outcome.queue
 
         def apply() -> None:
             row = self.rows.get(spool_id)
@@ -199,7 +206,7 @@ class MemorySpool:
                     row.queue = queue
             self._world.outbox_landed(records)
 
-        return self._world.commit(f"settle {spool_id:x}", apply, message=spool_id)
+        return apply
 
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         def apply() -> None:
@@ -240,6 +247,14 @@ class MemorySpool:
 
 def _cancel(admin: Admin, *, rule_id: str, kind: str) -> Awaitable[dict[str, Any]]:
     return admin.cancel(rule_id, kind)
+
+
+def _copy(done: asyncio.Future[None], future: asyncio.Future[object]) -> None:
+    error = done.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(None)
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -461,17 +476,25 @@ class World:
     def outbox_landed(self, records: Sequence[tuple[int, bytes]]) -> None:
         pass  # records reach the log when the commit is answered (Records.committed)
 
-    def _notify(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:
+    def _notify(self, message: Message, failures: list[Failure], settles: Settling) -> asyncio.Future[object]:
+        """A DSN: written (a "dsn" completion: the report built, maybe signed), then stored
+        in one commit with the outcome it reports, as the intake does."""
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        settle = self.spools.of(message.id).settling(settles)  # type: ignore[attr-defined]
 
         def release() -> None:
             if self.failing_notices:
                 self.failing_notices -= 1
                 future.set_exception(SpoolWriteError("DSN not stored: disk full (a test's)"))
                 return
-            for failure in failures:
-                self.notices.append((message.id, failure.recipient.address))
-            future.set_result(None)
+
+            def apply() -> None:
+                for failure in failures:
+                    self.notices.append((message.id, failure.recipient.address))
+                settle()
+
+            stored = self.commit(f"dsn+settle {message.id:x}", apply, message=message.id)
+            stored.add_done_callback(lambda done: _copy(done, future))
 
         self.add(Pending("dsn", f"{message.id:x}", release, message=message.id))
         return future

@@ -19,14 +19,16 @@ import asyncio
 import datetime
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from email.utils import format_datetime
+from typing import Protocol
 
 from pigeon.logs.peer_text import shown
 from pigeon.message import Envelope, Message, Recipient, format_id
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
+from pigeon.spool.spool import Settling, Spool
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,21 +153,27 @@ def _headers(message: bytes) -> bytes:
     return message if end < 0 else message[: end + 2]
 
 
+class Submit(Protocol):
+    """The intake's local submission (`Intake.local`): durable when it returns."""
+
+    def __call__(self, envelope: Envelope, data: bytes, *, spool: Spool, settles: Settling) -> Awaitable[object]: ...
+
+
 class Notifier:
     """Stores the report for a message's failures as a new message to its sender (null
-    sender, so it can never bounce back). The queue calls it before committing the failures."""
+    sender, so it can never bounce back), in the same transaction as the outcome it reports
+    (`settles`), in the failed message's shard: after a crash the sender has its one DSN
+    and the failures are settled, or neither happened and the attempt is made again."""
 
-    def __init__(
-        self, *, hostname: str, spools: Spools, submit: Callable[[Envelope, bytes], Awaitable[object]]
-    ) -> None:
+    def __init__(self, *, hostname: str, spools: Spools, submit: Submit) -> None:
         self._hostname = hostname
         self._spools = spools
-        self._submit = submit  # the intake's local submission: durable when it returns
+        self._submit = submit
 
-    def __call__(self, message: Message, failures: list[Failure]) -> asyncio.Future[object]:
-        return asyncio.ensure_future(self._store(message, failures))
+    def __call__(self, message: Message, failures: list[Failure], settles: Settling) -> asyncio.Future[object]:
+        return asyncio.ensure_future(self._store(message, failures, settles))
 
-    async def _store(self, message: Message, failures: list[Failure]) -> object:
+    async def _store(self, message: Message, failures: list[Failure], settles: Settling) -> object:
         report = build_report(
             hostname=self._hostname,
             queue_id=format_id(message.id),
@@ -175,7 +183,7 @@ class Notifier:
             arrival=message.created,
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
-        return await self._submit(envelope, report)
+        return await self._submit(envelope, report, spool=self._spools.of(message.id), settles=settles)
 
 
 def _date(when: float) -> str:

@@ -20,8 +20,10 @@ Results come back with the `Lease` their work started with (`report`, `unroutabl
 lease (someone moved the message meanwhile) means the result is dropped and counted.
 
 Failed recipients that asked for it get a delivery status notification, stored as a new
-message before the failure is committed (a crash in between can duplicate a DSN, never lose
-one).
+message in the same transaction as the outcome it reports, in the failed message's shard (its
+worker's own, or one adopted): after `kill -9` there is one DSN and the outcome, or neither
+and the attempt is made again. A DSN that cannot be stored leaves the outcome unwritten too,
+and both are tried again.
 
 Mail of an `[[inbound]]` route is taken from anyone, so its DSN would go to any sender an
 attacker wrote. Its route says who gets one (`InboundFailures`); for anyone else the failure
@@ -54,13 +56,14 @@ from pigeon.queue.policy import InboundFailures, QueuePolicies
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, RebindMark, State, transition
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
-from pigeon.spool.spool import Spool
+from pigeon.spool.spool import Settling, Spool
 
 _log = logging.getLogger(__name__)
 _RETRY_WRITE = 1.0  # seconds before retrying a settlement the spool could not write
 
-Notifier = Callable[[Message, list[Failure]], "asyncio.Future[object]"]
-"""Stores a DSN for these failures of this message; the future is done once it is durable."""
+Notifier = Callable[[Message, list[Failure], Settling], "asyncio.Future[object]"]
+"""Stores a DSN for these failures of this message, with the outcome it reports (`Settling`)
+in the same transaction; the future is done once both are durable (fails if neither is)."""
 
 Terminal = Delivery | Bounce | Expiration | AdminBounce
 
@@ -353,30 +356,49 @@ class Settlement:
         message = outcome.entry.message
         failures = [f for f in outcome.failures if f.action != "failed" or wants_failure_notice(f.recipient)]
         if dsn and failures and message.envelope.sender and self._notifier is not None:
-            stored = self._notifier(message, failures)
-            stored.add_done_callback(functools.partial(self._notified, outcome))
+            # The DSN and the outcome it reports commit in one transaction (in the message's
+            # shard): a crash leaves both or neither, never a DSN whose failures are tried,
+            # and reported, again.
+            spool = self._spools.of(message.id)
+            settles = Settling(
+                message,
+                outcome.remaining,
+                outcome.attempts,
+                outcome.due,
+                self._sealed(outcome, spool),
+                outcome.queue,
+            )
+            stored = self._notifier(message, failures, settles)
+            stored.add_done_callback(functools.partial(self._notified, outcome, spool))
         else:
             self._commit(outcome)
 
-    def _notified(self, outcome: _Outcome, stored: asyncio.Future[object]) -> None:
+    def _notified(self, outcome: _Outcome, spool: Spool, stored: asyncio.Future[object]) -> None:
+        if stored.cancelled():
+            return  # shutting down: committed or not, the next start finds it consistent
         error = stored.exception()
         if error is not None:
+            # Neither the DSN nor the outcome is stored: both are tried again.
             _log.error("message %s: DSN not stored (%s); will try again", format_id(outcome.entry.id), error)
             asyncio.get_running_loop().call_later(_RETRY_WRITE, self._write, outcome, True)
             return
-        self._commit(outcome)
+        self._done(outcome, spool)
+
+    def _sealed(self, outcome: _Outcome, spool: Spool) -> list[tuple[int, bytes]]:
+        """The outcome's records, sealed for the outbox once (a retry stores the same)."""
+        if not outcome.encoded and (outcome.terminal or outcome.held):
+            outcome.encoded = self._outbox.seal(spool, [*outcome.terminal, *(record for _, record in outcome.held)])
+        return outcome.encoded
 
     def _commit(self, outcome: _Outcome) -> None:
         message = outcome.entry.message
         spool = self._spools.of(message.id)
-        if not outcome.encoded and (outcome.terminal or outcome.held):
-            outcome.encoded = self._outbox.seal(spool, [*outcome.terminal, *(record for _, record in outcome.held)])
         future = spool.settle(
             message,
             outcome.remaining,
             attempts=outcome.attempts,
             due=outcome.due,
-            records=outcome.encoded,
+            records=self._sealed(outcome, spool),
             queue=outcome.queue,
         )
         future.add_done_callback(functools.partial(self._committed, outcome, spool))
@@ -387,6 +409,10 @@ class Settlement:
             _log.error("message %s: outcome not written (%s); will try again", format_id(outcome.entry.id), error)
             asyncio.get_running_loop().call_later(_RETRY_WRITE, self._commit, outcome)
             return
+        self._done(outcome, spool)
+
+    def _done(self, outcome: _Outcome, spool: Spool) -> None:
+        """The outcome is durable: log its records, let the message go."""
         entry = outcome.entry
         if outcome.written is not None and not outcome.written.done():
             outcome.written.set_result(None)

@@ -66,6 +66,19 @@ class NewMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Settling:
+    """A message's outcome as `Spool.settle` takes it, to commit in the transaction of a
+    reception that reports it (its DSN): both are durable, or neither is."""
+
+    message: Message
+    remaining: Envelope | None  # the recipients still to do; None: the message is finished
+    attempts: int
+    due: float
+    records: Sequence[tuple[int, bytes]] = ()
+    queue: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Quarantined:
     """A spool entry that could not be read and was set aside."""
 
@@ -105,9 +118,16 @@ class Spool(Protocol):
     def body_writer(self, body_id: SpoolId) -> BodyWriter: ...
 
     def store(
-        self, body: Body, messages: list[NewMessage], records: Sequence[tuple[int, bytes]] = ()
+        self,
+        body: Body,
+        messages: list[NewMessage],
+        records: Sequence[tuple[int, bytes]] = (),
+        *,
+        settles: Settling | None = None,
     ) -> asyncio.Future[None]:
-        """Store one reception: its body, its messages and their records, in one transaction."""
+        """Store one reception: its body, its messages and their records, in one transaction,
+        with the outcome it `settles` if any (a DSN and the failures it reports: `settles`
+        is a message of this shard)."""
 
     # --- delivery --------------------------------------------------------------------------
     def due(self, now: float, after: tuple[float, int], limit: int) -> list[Message]:

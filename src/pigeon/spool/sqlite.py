@@ -38,6 +38,7 @@ from pigeon.spool.spool import (
     NewMessage,
     Quarantined,
     RecoveryReport,
+    Settling,
     SpoolBusy,
     SpoolClosed,
     SpoolCorrupt,
@@ -336,14 +337,22 @@ class SqliteSpool:
         return BodyWriter(body_id, self.data_dir, self._inline_limit, self._segments, self._segment_from)
 
     def store(
-        self, body: Body, messages: list[NewMessage], records: Sequence[tuple[int, bytes]] = ()
+        self,
+        body: Body,
+        messages: list[NewMessage],
+        records: Sequence[tuple[int, bytes]] = (),
+        *,
+        settles: Settling | None = None,
     ) -> asyncio.Future[None]:
-        """Store one reception: its body, its messages and their records, in one durable transaction."""
+        """Store one reception: its body, its messages and their records, in one durable
+        transaction, with the outcome it `settles` if any (a DSN: both commit, or neither)."""
         rows = [
             (m.id, body.id, m.queue, m.created, body.size, m.due, ENVELOPE_ENCODER.encode(m.envelope)) for m in messages
         ]
-        future = self._committer.submit(_StoreReception(body, rows, records))
-        future.add_done_callback(functools.partial(self._stored, len(rows)))
+        settle = None if settles is None else self._settle_op(settles)
+        future = self._committer.submit(_StoreReception(body, rows, records, settle))
+        finished = settles is not None and settles.remaining is None
+        future.add_done_callback(functools.partial(self._stored, len(rows) - finished))
         if body.segments is not None:
             future.add_done_callback(lambda _: body.release())
         return future
@@ -400,11 +409,19 @@ class SqliteSpool:
         `remaining` is the envelope with the recipients still to do, or None when the
         message is finished (removed; its body too if no other message shares it).
         """
-        envelope = None if remaining is None else ENVELOPE_ENCODER.encode(remaining)
-        future = self._committer.submit(_Settle(message.id, message.body_id, attempts, due, envelope, records, queue))
+        future = self._committer.submit(self._settle_op(Settling(message, remaining, attempts, due, records, queue)))
         if remaining is None:
             future.add_done_callback(functools.partial(self._stored, -1))
         return future
+
+    @staticmethod
+    def _settle_op(outcome: Settling) -> _Settle:
+        remaining = outcome.remaining
+        envelope = None if remaining is None else ENVELOPE_ENCODER.encode(remaining)
+        message = outcome.message
+        return _Settle(
+            message.id, message.body_id, outcome.attempts, outcome.due, envelope, outcome.records, outcome.queue
+        )
 
     def scan(self, after: int, limit: int) -> list[Message]:
         """Messages in id order, strictly after `after` (bulk admin operations walk with it)."""
@@ -735,12 +752,21 @@ class SqliteSpool:
 
 
 class _StoreReception:
-    __slots__ = ("body", "records", "rows", "segment_changes")
+    """A reception, and maybe the outcome it reports (`settle`: a DSN's), in one transaction."""
 
-    def __init__(self, body: Body, rows: Sequence[tuple[object, ...]], records: Sequence[tuple[int, bytes]]) -> None:
+    __slots__ = ("body", "free", "records", "rows", "segment_changes", "settle")
+
+    def __init__(
+        self,
+        body: Body,
+        rows: Sequence[tuple[object, ...]],
+        records: Sequence[tuple[int, bytes]],
+        settle: _Settle | None = None,
+    ) -> None:
         self.body = body
         self.rows = rows
         self.records = records
+        self.settle = settle
 
     def apply(self, conn: sqlite3.Connection) -> None:
         body = self.body
@@ -755,6 +781,10 @@ class _StoreReception:
             conn.execute("INSERT INTO body_ref (body, refs) VALUES (?, ?)", (body.id, len(self.rows)))
         if self.records:
             conn.executemany(_INSERT_OUTBOX, self.records)
+        self.free: tuple[int, ...] = ()
+        if self.settle is not None:
+            self.settle.apply(conn)
+            self.free = self.settle.free
 
     def prepare(self) -> None:
         body = self.body

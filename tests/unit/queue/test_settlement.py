@@ -51,11 +51,16 @@ async def test_terminal_records_appear_only_once_their_commit_is_answered(make_w
     assert not len(world.active)
 
 
-async def test_a_dsn_is_stored_before_the_failure_is_committed(make_world: MakeWorld) -> None:
+async def test_a_dsn_and_the_failure_it_reports_are_committed_together(make_world: MakeWorld) -> None:
     world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [NO])
-    world.inject(["a@d1.test"])
+    spool_id = world.inject(["a@d1.test"])
     await world.release_all("attempt")
-    assert [p.kind for p in world.pending] == ["dsn"], "no commit before the DSN is stored"
+    assert [p.kind for p in world.pending] == ["dsn"], "no commit before the DSN is written"
+    await world.release_all("dsn")
+    assert [p.kind for p in world.pending] == ["land"], "one commit for the DSN and the bounce"
+    assert world.notices == [] and spool_id in world.spool.rows
+    await world.release_all("land")
+    assert world.notices == [(spool_id, "a@d1.test")] and spool_id not in world.spool.rows
     await world.release_all()
     assert kinds(world) == [("Bounce", "a@d1.test")]
 

@@ -20,7 +20,15 @@ import pytest
 from pigeon.message import ENVELOPE_DECODER, Envelope, Recipient, SpoolId, format_id, id_time, parse_id
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import LINGER_AFTER
-from pigeon.spool.spool import NewMessage, RecoveryReport, SpoolBusy, SpoolClosed, SpoolError, SpoolFull
+from pigeon.spool.spool import (
+    NewMessage,
+    RecoveryReport,
+    Settling,
+    SpoolBusy,
+    SpoolClosed,
+    SpoolError,
+    SpoolFull,
+)
 from pigeon.spool.sqlite import SqliteSpool
 
 
@@ -199,6 +207,32 @@ async def test_one_failing_reception_does_not_fail_the_others_in_its_commit(tmp_
         assert spool.count == 2
         assert rows(spool.db_path, "SELECT count(*) FROM message") == [(2,)]
         assert rows(spool.db_path, "SELECT count(*) FROM body WHERE id = ?", bad_body.id) == [(0,)]
+
+
+async def test_a_dsn_and_the_outcome_it_reports_commit_together_or_not_at_all(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    with opened(spool):
+        _, [kept] = await store(spool, b"bounced, but its DSN fails\r\n")
+        _, [ended] = await store(spool, b"bounced\r\n")
+        failing, ok = spool.get(kept.id), spool.get(ended.id)
+        assert failing is not None and ok is not None
+        [seq_failing, seq_ok] = spool.new_ids(2)
+        bad_body, _ = reception(spool, b"DSN that cannot be stored\r\n")
+        # Its INSERT fails (an id already taken), in a batch with one that works: the batch is
+        # retried one operation per transaction, and the bounce must not go without its DSN.
+        duplicate = [NewMessage(kept.id, "example.org", envelope(sender=""), time.time(), time.time())]
+        dsn_body, [dsn] = reception(spool, b"DSN\r\n", "example.org")
+        results = await asyncio.gather(
+            spool.store(bad_body, duplicate, settles=Settling(failing, None, 1, 0.0, [(seq_failing, b"{}")])),
+            spool.store(dsn_body, [dsn], settles=Settling(ok, None, 1, 0.0, [(seq_ok, b"{}")])),
+            return_exceptions=True,
+        )
+
+        assert isinstance(results[0], SpoolError) and results[1] is None
+        assert rows(spool.db_path, "SELECT id FROM message ORDER BY id") == [(kept.id,), (dsn.id,)]
+        assert rows(spool.db_path, "SELECT seq FROM outbox") == [(seq_ok,)]
+        assert rows(spool.db_path, "SELECT count(*) FROM body WHERE id IN (?, ?)", ok.body_id, bad_body.id) == [(0,)]
+        assert spool.count == 2
 
 
 # --- ids -----------------------------------------------------------------------------------
