@@ -37,24 +37,26 @@ class Body:
     path: Path | None
     file: BinaryIO | None  # open until the commit thread fsyncs and closes it
     sync_error: SpoolError | None = None
-    segment: Segment | None = None  # where the bytes of `data` were appended, at `offset`
+    segment: Segment | None = None  # where the commit thread writes `data`, at `offset`
     offset: int = 0
-    segments: Segments | None = None  # owed a `release` of `segment` (see `release`)
+    segments: Segments | None = None  # writes `data` to `segment`, and is owed a `release`
+    released: bool = False
 
     def sync(self) -> None:
-        """fsync the spool file (commit thread). No-op for inline bodies.
+        """fsync the spool file, or write the body at its place in its segment, for the spool
+        to flush once for the whole batch (commit thread). No-op for inline bodies.
 
-        A failure sticks: a later call (the commit retrying this body alone) raises it again
-        rather than taking a closed file for a durable one.
+        A file's failure sticks: a later call (the commit retrying this body alone) raises it
+        again rather than taking a closed file for a durable one. A segment's body is written
+        again by each call.
         """
         if self.sync_error is not None:
             raise self.sync_error
         if self.segment is not None:
-            try:
-                self.segment.sync(self.offset + self.size)
-            except SpoolError as error:
-                self.sync_error = error
-                raise
+            assert self.data is not None
+            # Written, not flushed: the spool flushes every segment once for the whole batch.
+            assert self.segments is not None
+            self.segments.write(self.segment, self.offset, self.data)
         if self.file is not None:
             try:
                 self.file.flush()
@@ -75,9 +77,9 @@ class Body:
     def release(self) -> None:
         """The store of this body is over, committed or not (event loop): its segment may be
         retired once no other store is writing to it. Only the first call counts."""
-        if self.segments is not None and self.segment is not None:
+        if self.segments is not None and self.segment is not None and not self.released:
             self.segments.release(self.segment)
-        self.segments = None
+        self.released = True
 
 
 class BodyWriter:
@@ -129,7 +131,7 @@ class BodyWriter:
         body = Body(self._id, self.size, data, self._path, self._file)
         segments = self._segments
         if data and segments is not None and self.size >= self._segment_from:
-            body.segment, body.offset = segments.append([data], self.size)
+            body.segment, body.offset = segments.reserve(self.size)
             body.segments = segments
         self._chunks = None
         self._file = None

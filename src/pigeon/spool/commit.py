@@ -52,7 +52,8 @@ class Operation(Protocol):
         """Run the SQL (on the event loop). The return value becomes the future's result."""
 
     def prepare(self) -> None:
-        """Make files durable (fsync) before the COMMIT that refers to them (commit thread)."""
+        """Write and make durable (fsync) the files the COMMIT refers to (commit thread);
+        or only write them, for the committer's `flush` to make durable."""
 
     def abandon(self) -> None:
         """The operation failed: remove what the caller or `prepare` left behind."""
@@ -84,9 +85,13 @@ class GroupCommitter:
         max_batch: int = 1024,
         observer: BatchObserver | None = None,
         before_commit: BeforeCommit | None = None,
+        flush: Callable[[], None] | None = None,
     ) -> None:
+        """`flush` runs in the commit thread after the operations' `prepare` and before the
+        COMMIT: what they wrote is made durable there once for the whole batch."""
         self._connect = connect
         self._before_commit = before_commit
+        self._flush = flush
         self._window = window
         self._max_batch = max_batch
         self._observer = observer
@@ -228,6 +233,8 @@ class GroupCommitter:
             try:
                 for op in ops:
                     op.prepare()
+                if self._flush is not None:
+                    self._flush()
                 conn.execute("COMMIT")
             except Exception as error:
                 if conn.in_transaction:
@@ -257,6 +264,8 @@ class GroupCommitter:
             try:
                 result = op.apply(conn)
                 op.prepare()
+                if self._flush is not None:
+                    self._flush()
                 after = self._before_commit(conn, [op]) if self._before_commit else None
                 conn.execute("COMMIT")
             except BaseException:

@@ -2,11 +2,11 @@
 
 A body in the database is written twice (to the WAL at its commit, to the database at the
 checkpoint) and freed page by page when its message is delivered. Measured relaying 50 KiB
-messages, that made the spool write about 140 KB per message, and the commits' fsyncs, not
-the CPU, set the rate. A body from `[spool] segment_from` up to `inline_limit` is instead
-appended, once, to the active segment file (`segments/<id>`) when its reception ends, and
-the commit that records it first fdatasyncs the segment: one flush for every body the batch
-holds, whatever their number, and the database commit carries rows of a few dozen bytes.
+messages, that made the spool write about 140 KB per message. A body from `[spool]
+segment_from` up to `inline_limit` instead gets a place at the end of the active segment file
+(`segments/<id>`) when its reception ends; the commit thread writes it there, once, then
+fdatasyncs the segment (one flush for every body of the batch, whatever their number), then
+commits rows of a few dozen bytes.
 
 Each segment's live bytes are counted in the `segment` table, in the transaction that stores
 or frees a body, so the count is exact after any crash. A segment that is not the active one,
@@ -15,10 +15,13 @@ that is durable). A closed segment whose live bytes fall under a quarter of its 
 compacted: its bodies are copied to the active segment and their rows moved there in one
 commit, so a few deferred messages do not pin a whole segment on disk for days.
 
-Threads: the event loop appends and reads (`pwrite`, `pread` on descriptors kept open); the
-commit thread calls `sync`. The two share only `written` and `synced`, each written by one
-thread. A descriptor is closed on the loop, after its file is gone, so a read that found a
-body's row just before it moved still reads the old copy.
+Threads: the event loop reserves places (`reserve`) and reads (`pread` on descriptors kept
+open); the commit thread writes and flushes (`write`, `flush`). Writing on the loop cost it
+40-100 us a body, and up to 4 ms when the page being appended to was under writeback: the
+commit thread does it beside the loop, as SQLite's WAL writes were done. A descriptor is
+closed on the loop, after its file is gone, so a read that found a body's row just before it
+moved still reads the old copy. A row is committed only after its bytes are written and
+flushed, so a read never meets a place that was reserved but not yet written.
 """
 
 from __future__ import annotations
@@ -39,37 +42,15 @@ COMPACT_BELOW: Final = 4  # a closed segment is compacted once its live bytes ar
 class Segment:
     """One segment file, open for reading (and, while it is the active one, for appending)."""
 
-    __slots__ = ("_sync_lock", "created_synced", "end", "fd", "id", "path", "synced", "writers", "written")
+    __slots__ = ("created_synced", "end", "fd", "id", "path", "writers")
 
-    def __init__(self, segment_id: int, path: Path, fd: int, written: int, *, new: bool) -> None:
+    def __init__(self, segment_id: int, path: Path, fd: int, end: int, *, new: bool) -> None:
         self.id = segment_id
         self.path = path
         self.fd = fd
-        self.end = written  # where the next append goes (event loop)
-        self.written = written  # bytes whose appends have returned (event loop; read by `sync`)
-        self.synced = 0 if new else written  # bytes known durable (commit thread)
-        self.created_synced = not new  # its directory entry is durable
-        self.writers = 0  # bodies appended here whose store has not committed or been abandoned
-        self._sync_lock = threading.Lock()
-
-    def sync(self, upto: int) -> None:
-        """Make the first `upto` bytes durable (commit thread); a no-op if they already are."""
-        if self.synced >= upto and self.created_synced:
-            return
-        with self._sync_lock:
-            if self.synced >= upto and self.created_synced:
-                return
-            # Everything appended so far rides on this flush: `written` moves only once a write
-            # has returned (the loop runs while `pwritev` holds no GIL; `end` would be too far).
-            end = self.written
-            try:
-                os.fdatasync(self.fd)
-                if not self.created_synced:
-                    _fsync_directory(self.path.parent)
-                    self.created_synced = True
-            except OSError as error:
-                raise _spool_error(error, self.path) from error
-            self.synced = max(self.synced, end)
+        self.end = end  # where the next reservation goes (event loop)
+        self.created_synced = not new  # its directory entry is durable (commit thread)
+        self.writers = 0  # bodies placed here whose store has not committed or been abandoned
 
 
 class Segments:
@@ -81,6 +62,8 @@ class Segments:
         self._segment_size = segment_size
         self._all: dict[int, Segment] = {}
         self._active: Segment | None = None
+        self._unflushed: dict[int, Segment] = {}  # written since the last flush (commit thread)
+        self._flushing = threading.Lock()
         self.bytes = 0
         """Bytes in every segment file, dead ones too (what they take on disk)."""
         self.room: Callable[[], int] | None = None
@@ -118,15 +101,15 @@ class Segments:
         self._active = None
         self.bytes = 0
 
-    # --- the event loop: appending, reading --------------------------------------------------
+    # --- the event loop: reserving, reading -----------------------------------------------------
     @property
     def active_id(self) -> int | None:
         return None if self._active is None else self._active.id
 
-    def append(self, chunks: list[bytes], size: int) -> tuple[Segment, int]:
-        """Write one body at the end of the active segment; returns where it is. The caller
-        owes the segment a `release()` once the body's store committed or was abandoned.
-        Raises SpoolError (the segment keeps the torn bytes: no row will ever point there)."""
+    def reserve(self, size: int) -> tuple[Segment, int]:
+        """A place for a body of `size` bytes at the end of the active segment, for `write`.
+        The caller owes the segment a `release()` once the body's store committed or was
+        abandoned. A place never written is a hole no row points at."""
         if self.room is not None and size > self.room():
             raise SpoolFull(f"spool full: a {size}-byte body does not fit under [spool] max_size")
         segment = self._active
@@ -136,13 +119,34 @@ class Segments:
         segment.end += size
         self.bytes += size
         segment.writers += 1
-        try:
-            _pwrite_all(segment.fd, chunks, offset)
-        except OSError as error:
-            self.release(segment)
-            raise _spool_error(error, segment.path) from error
-        segment.written = segment.end
         return segment, offset
+
+    # --- the commit thread: writing, flushing ---------------------------------------------------
+    def write(self, segment: Segment, offset: int, data: bytes) -> None:
+        """Write a body at its place (commit thread, before the commit that records it; again
+        if that commit is retried, so that the retry's flush covers freshly written pages)."""
+        try:
+            _pwrite_all(segment.fd, data, offset)
+        except OSError as error:
+            raise _spool_error(error, segment.path) from error
+        with self._flushing:
+            self._unflushed[segment.id] = segment
+
+    def flush(self) -> None:
+        """Make every body written since the last flush durable: one fdatasync per segment
+        written to (commit thread, after the batch's writes, before its COMMIT)."""
+        with self._flushing:
+            segments, self._unflushed = list(self._unflushed.values()), {}
+        for index, segment in enumerate(segments):
+            try:
+                os.fdatasync(segment.fd)
+                if not segment.created_synced:
+                    _fsync_directory(segment.path.parent)
+                    segment.created_synced = True
+            except OSError as error:
+                with self._flushing:  # still to be made durable, by the retry's writes and flush
+                    self._unflushed.update((s.id, s) for s in segments[index:])
+                raise _spool_error(error, segment.path) from error
 
     def release(self, segment: Segment) -> None:
         """A body appended to `segment` is committed or abandoned."""
@@ -206,18 +210,14 @@ class Segments:
         return segment
 
 
-def _pwrite_all(fd: int, chunks: list[bytes], offset: int) -> None:
-    views = [memoryview(chunk) for chunk in chunks if chunk]
-    while views:
-        written = os.pwritev(fd, views[:1024], offset)
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
         if written == 0:
             raise OSError(errno.EIO, "short write")
         offset += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if written:
-            views[0] = views[0][written:]
+        view = view[written:]
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -181,6 +181,7 @@ class SqliteSpool:
             max_batch=max_batch,
             observer=observer,
             before_commit=self._before_commit,
+            flush=self._segments.flush,
         )
 
     # --- life cycle ------------------------------------------------------------------------
@@ -705,9 +706,9 @@ class SqliteSpool:
         bodies = []
         try:
             for body_id, at, size, data in moves:
-                segment, offset = self._segments.append([data], size)
-                bodies.append(_Moved(body_id, segment_id, at, size, segment, offset))
-            await self._committer.submit(_MoveBodies(bodies))
+                segment, offset = self._segments.reserve(size)
+                bodies.append(_Moved(body_id, segment_id, at, size, segment, offset, data))
+            await self._committer.submit(_MoveBodies(bodies, self._segments))
         finally:
             for moved in bodies:
                 self._segments.release(moved.to)
@@ -804,18 +805,20 @@ class _Moved(NamedTuple):
     segment: int  # where it was ...
     at: int
     size: int
-    to: Segment  # ... and where it was copied
+    to: Segment  # ... and where it is copied
     offset: int
+    data: bytes
 
 
 class _MoveBodies:
     """Point bodies at their copies in the active segment (compaction). A body freed since it
     was copied is left alone: its copy is dead bytes."""
 
-    __slots__ = ("moves", "segment_changes")
+    __slots__ = ("moves", "segment_changes", "segments")
 
-    def __init__(self, moves: list[_Moved]) -> None:
+    def __init__(self, moves: list[_Moved], segments: Segments) -> None:
         self.moves = moves
+        self.segments = segments
 
     def apply(self, conn: sqlite3.Connection) -> None:
         changes = []
@@ -830,7 +833,7 @@ class _MoveBodies:
 
     def prepare(self) -> None:
         for moved in self.moves:
-            moved.to.sync(moved.offset + moved.size)
+            self.segments.write(moved.to, moved.offset, moved.data)  # flushed with the batch
 
     def abandon(self) -> None:
         pass

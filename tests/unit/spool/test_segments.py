@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pigeon.message import ENVELOPE_ENCODER, Envelope, Message, Recipient, SpoolId, format_id
-from pigeon.spool.segments import Segments
+from pigeon.message import ENVELOPE_ENCODER, Envelope, Message, Recipient, format_id
 from pigeon.spool.spool import NewMessage, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
 
@@ -313,36 +312,59 @@ async def test_max_size_counts_the_bytes_in_segments(tmp_path: Path) -> None:
         assert spool.room() < 40_000
 
 
-def test_a_flush_during_an_append_does_not_count_that_append_as_durable(
+async def test_bodies_stored_together_are_written_beside_the_loop_and_flushed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The commit thread flushes while the loop appends (pwritev gives up the GIL): the bytes of
-    the append still in progress must not be taken as durable, or their own flush is skipped."""
-    ids = iter(range(1, 100))
-    segments = Segments(tmp_path, lambda: SpoolId(next(ids)), segment_size=1 << 20)
-    first, at = segments.append([b"a" * 100], 100)
-    flushes: list[int] = []
-    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        await store(spool, body_of(0))  # the segment exists, its directory entry is durable
+        loop_thread = threading.current_thread()
+        writers: list[threading.Thread] = []
+        flushes: list[int] = []
+        real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
 
-    def fdatasync(fd: int) -> None:
-        flushes.append(fd)
-        real_fdatasync(fd)
+        def pwrite(fd: int, data: memoryview, offset: int) -> int:
+            writers.append(threading.current_thread())
+            return real_pwrite(fd, data, offset)
 
-    def pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
-        # Another thread's commit flushes for the first body while this write is under way.
-        flusher = threading.Thread(target=first.sync, args=(at + 100,))
-        flusher.start()
-        flusher.join()
-        return real_pwritev(fd, buffers, offset)
+        def fdatasync(fd: int) -> None:
+            flushes.append(fd)
+            real_fdatasync(fd)
 
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
-    monkeypatch.setattr(os, "pwritev", pwritev)
-    second, offset = segments.append([b"b" * 100], 100)
-    monkeypatch.setattr(os, "pwritev", real_pwritev)
-    assert second is first and len(flushes) == 1
-    second.sync(offset + 100)
-    assert len(flushes) == 2  # the second body got its own flush
-    segments.close()
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        stored = await asyncio.gather(*(store(spool, body_of(n)) for n in range(1, 11)))
+        assert len(writers) == 10 and loop_thread not in writers
+        assert len(flushes) == 1  # one commit, one flush for its ten bodies
+        assert [spool.body(message.body_id) for message in stored] == [body_of(n) for n in range(1, 11)]
+
+
+async def test_a_flush_that_fails_once_is_retried_with_the_bodies_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed fdatasync the kernel may forget the pages it could not write: the retry
+    writes the bodies again before flushing, so what it commits is on disk."""
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+        calls: list[str] = []
+
+        def pwrite(fd: int, data: memoryview, offset: int) -> int:
+            calls.append("write")
+            return real_pwrite(fd, data, offset)
+
+        def fdatasync(fd: int) -> None:
+            calls.append("flush")
+            if calls.count("flush") == 1:
+                raise OSError(errno.EIO, "Input/output error")
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        stored = await asyncio.gather(store(spool, body_of(1)), store(spool, body_of(2)))
+        assert calls[:3] == ["write", "write", "flush"]  # the batch, whose flush failed ...
+        assert calls[3:5] == ["write", "flush"]  # ... then each body alone, written again
+        assert [spool.body(message.body_id) for message in stored] == [body_of(1), body_of(2)]
 
 
 async def test_an_empty_body_stays_in_the_database_even_with_segments_from_zero(tmp_path: Path) -> None:
