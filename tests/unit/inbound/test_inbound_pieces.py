@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pigeon.config.schema import SidekiqTarget as SidekiqConfig
-from pigeon.inbound.headers import header_fields
+from pigeon.inbound.headers import decode_value, header_fields
 from pigeon.inbound.imap import uid_set
 from pigeon.inbound.mailbox import retry_delay
 from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
@@ -197,3 +197,17 @@ def test_decoded_fields_are_none_when_missing_and_never_carry_control_characters
     meta = InboundMessage.of(b"Subject: a\x00b =?x-unknown?q?z?=\r\n\r\n", "smtp", 1.0).metadata()
     assert (meta["from"], meta["to"]) == (None, None)
     assert "\x00" not in meta["subject"] and meta["subject"].startswith("ab")
+
+
+@given(
+    st.sampled_from(["Subject", "From", "To"]),
+    st.text(st.sampled_from('ab =?\t\r\n"(),<>@\\:;é€日\ufffd\u00a0\u2028\u3000\x85\x01\x00\x7f'), max_size=40),
+)
+def test_decoded_values_are_what_the_email_package_reads(name: str, value: str) -> None:
+    # Values without an encoded-word take a short cut past the email package: the same text.
+    from email.headerregistry import HeaderRegistry, UnstructuredHeader
+
+    registry = HeaderRegistry(default_class=UnstructuredHeader, use_default_map=False)
+    unfolded = re.sub(r"\r\n|\r|\n", "", value)
+    expected = re.sub(r"[\x00-\x08\x0a-\x1f\x7f]", "", str(registry(name, unfolded))).strip()
+    assert decode_value(name, value) == expected
