@@ -194,6 +194,14 @@ class Segments:
             os.close(segment.fd)
             self.bytes -= segment.end
 
+    def close_active(self, segment_id: int) -> None:
+        """Stop appending to the active segment if it is `segment_id` and no store is writing
+        to it (event loop): it is retired, and the next body starts a new one."""
+        segment = self._active
+        if segment is not None and segment.id == segment_id and segment.writers == 0:
+            self._active = None
+            self.retired(segment)
+
     def _rotate(self) -> Segment:
         old = self._active
         segment_id = self._ids()

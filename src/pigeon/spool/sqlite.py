@@ -157,6 +157,9 @@ class SqliteSpool:
         self._segments.retired = self._retire
         if max_size is not None:
             self._segments.room = self.room
+        # An emptied active segment this big is given back at once (see `_before_commit`); under
+        # a `max_size`, sooner, or dead bytes could fill the cap.
+        self._give_back = _GIVE_BACK if max_size is None else min(_GIVE_BACK, max_size // 8)
         self._compacting: set[int] = set()
         self._compactions: set[asyncio.Task[None]] = set()
         self._max_size = max_size
@@ -633,6 +636,10 @@ class SqliteSpool:
                         dropped.append(segment_id)
                     elif row[0] * COMPACT_BELOW < self._segments.size_of(segment_id):
                         self._from_any_thread(self._compact_soon, segment_id)
+                elif row is not None and row[0] <= 0 and self._segments.size_of(segment_id) >= self._give_back:
+                    # The active segment holds nothing live: start a new one and give its
+                    # space back, rather than carry dead bytes until it is full.
+                    self._from_any_thread(self._segments.close_active, segment_id)
         if not files and not dropped:
             return None
         paths = files + [self._segments.directory / format_id(segment_id) for segment_id in dropped]
@@ -672,7 +679,19 @@ class SqliteSpool:
         if self._committer.closed:
             return
         future = self._committer.submit(_DropSegment(segment.id))
-        future.add_done_callback(_log_failure("dropping an empty segment"))
+        future.add_done_callback(functools.partial(self._retired, segment.id))
+
+    def _retired(self, segment_id: int, future: asyncio.Future[int]) -> None:
+        """A closed segment that could not be dropped is compacted if it is mostly empty: the
+        frees that emptied it may all have come while it was still being appended to."""
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            _log.error("spool %s: dropping an empty segment failed: %s", self.directory, future.exception())
+            return
+        live = future.result()
+        if live > 0 and live * COMPACT_BELOW < self._segments.size_of(segment_id):
+            self._compact_soon(segment_id)
 
     def _compact_soon(self, segment_id: int) -> None:
         if segment_id in self._compacting or self._committer.closed:
@@ -798,6 +817,7 @@ class _StoreReception:
 
 
 _COMPACT_CHUNK: Final = 4 * 1024 * 1024  # bytes of bodies moved per commit when compacting
+_GIVE_BACK: Final = 1024 * 1024
 
 
 class _Moved(NamedTuple):
@@ -847,27 +867,22 @@ class _DropSegment:
     def __init__(self, segment: int) -> None:
         self.segment = segment
 
-    def apply(self, conn: sqlite3.Connection) -> None:
+    def apply(self, conn: sqlite3.Connection) -> int:
+        """Returns the segment's live bytes (0 when it is dropped)."""
         row = conn.execute("SELECT live FROM segment WHERE id = ?", (self.segment,)).fetchone()
         if row is not None and row[0] > 0:
             self.dropped: tuple[int, ...] = ()
-            return
+            live: int = row[0]
+            return live
         conn.execute("DELETE FROM segment WHERE id = ?", (self.segment,))
         self.dropped = (self.segment,)
+        return 0
 
     def prepare(self) -> None:
         pass
 
     def abandon(self) -> None:
         pass
-
-
-def _log_failure(what: str) -> Callable[[asyncio.Future[None]], None]:
-    def logged(future: asyncio.Future[None]) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            _log.error("spool: %s failed: %s (the next start does it)", what, future.exception())
-
-    return logged
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -375,3 +375,29 @@ async def test_an_empty_body_stays_in_the_database_even_with_segments_from_zero(
     with opened(again):
         assert (await again.check()).quarantined == ()
         assert again.body(message.body_id) == b""
+
+
+async def test_under_max_size_the_space_of_delivered_mail_is_given_back_while_running(tmp_path: Path) -> None:
+    """The active segment's dead bytes count against the cap: emptied, it is given back,
+    or a cap under the segment size would refuse medium mail for good."""
+    spool = SqliteSpool(tmp_path, inline_limit=64 * 1024, segment_from=FROM, max_size=2 * 1024 * 1024)
+    with opened(spool):
+        for n in range(100):  # 5 MB through a 2 MiB cap, each delivered before the next
+            await deliver(spool, await store(spool, body_of(n, 50_000)))
+            await settled(spool)
+        assert spool.room() > 1024 * 1024
+
+
+async def test_a_segment_emptied_while_it_was_active_is_compacted_once_closed(tmp_path: Path) -> None:
+    spool = make_spool(tmp_path, segment_size=30_000)
+    with opened(spool):
+        old = [await store(spool, body_of(n)) for n in range(10)]
+        (old_segment,) = rows(spool.db_path, "SELECT segment FROM body WHERE id = ?", old[0].body_id)[0]
+        for message in old[:8]:  # delivered while their segment still takes new bodies
+            await deliver(spool, message)
+        await settled(spool)
+        assert format_id(old_segment) in segment_files(spool)  # type: ignore[arg-type]
+        await store(spool, body_of(10))  # the segment is full: a new one starts, the old one closes
+        await settled(spool)
+        assert format_id(old_segment) not in segment_files(spool)  # type: ignore[arg-type]
+        assert [spool.body(message.body_id) for message in old[8:]] == [body_of(8), body_of(9)]
