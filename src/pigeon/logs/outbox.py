@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from pigeon.fsync import fsync_directory
 from pigeon.logs.reader import find_seqs
 from pigeon.logs.records import Record
 from pigeon.logs.writer import LogWriter
@@ -332,7 +333,7 @@ def mark_clean_stop(directory: Path, error: str | None) -> None:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(partial, directory / CLEAN_STOP)
-        _fsync_directory(directory)
+        fsync_directory(directory)
     except OSError as error:
         _log.warning("spool %s: cannot write the clean-stop marker: %s", directory, error)
 
@@ -346,7 +347,7 @@ def take_clean_stop(directory: Path) -> str | None:
     except FileNotFoundError:
         return None
     marker.unlink()
-    _fsync_directory(directory)  # a crash of this run must not find it again
+    fsync_directory(directory)  # a crash of this run must not find it again
     try:
         error = json.loads(raw).get("log_error", "")
     except (ValueError, AttributeError):
@@ -356,14 +357,6 @@ def take_clean_stop(directory: Path) -> str | None:
 
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
+from pigeon.fsync import fsync_directory
 from pigeon.message import SpoolId, format_id
 from pigeon.spool.spool import SpoolError, SpoolFull, SpoolWriteError
 
@@ -141,7 +142,7 @@ class Segments:
             try:
                 os.fdatasync(segment.fd)
                 if not segment.created_synced:
-                    _fsync_directory(segment.path.parent)
+                    fsync_directory(segment.path.parent)
                     segment.created_synced = True
             except OSError as error:
                 with self._flushing:  # still to be made durable, by the retry's writes and flush
@@ -226,14 +227,6 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
             raise OSError(errno.EIO, "short write")
         offset += written
         view = view[written:]
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _spool_error(error: OSError, path: Path) -> SpoolError:

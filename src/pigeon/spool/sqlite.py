@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Final, NamedTuple, TypeVar
 
 from pigeon.flock import LockHeld, take_pid_lock
+from pigeon.fsync import fsync_directory
 from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool import recovery
 from pigeon.spool.body import Body, BodyWriter
@@ -810,7 +811,7 @@ class _StoreReception:
         body = self.body
         body.sync()  # raises again if an earlier try failed: a retry must not skip the fsync
         if body.path is not None:
-            _fsync_directory(body.path.parent)
+            fsync_directory(body.path.parent)
 
     def abandon(self) -> None:
         self.body.discard()
@@ -883,15 +884,6 @@ class _DropSegment:
 
     def abandon(self) -> None:
         pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    # A new file's directory entry is only durable once the directory itself is fsynced.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Settle:
