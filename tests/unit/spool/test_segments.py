@@ -68,9 +68,9 @@ async def deliver(spool: SqliteSpool, message: Message) -> None:
     await spool.settle(message, None, attempts=1, due=0.0)
 
 
-async def settled(spool: SqliteSpool) -> None:
+async def settled(spool: SqliteSpool, rounds: int = 50) -> None:
     """Let the work the spool schedules after a commit (drops, compactions) run to its end."""
-    for _ in range(50):
+    for _ in range(rounds):
         await asyncio.sleep(0.01)
         await spool.make_due([], 0.0)  # a commit after whatever was submitted meanwhile
 
@@ -382,9 +382,9 @@ async def test_under_max_size_the_space_of_delivered_mail_is_given_back_while_ru
     or a cap under the segment size would refuse medium mail for good."""
     spool = SqliteSpool(tmp_path, inline_limit=64 * 1024, segment_from=FROM, max_size=2 * 1024 * 1024)
     with opened(spool):
-        for n in range(100):  # 5 MB through a 2 MiB cap, each delivered before the next
+        for n in range(60):  # 3 MB through a 2 MiB cap, each delivered before the next
             await deliver(spool, await store(spool, body_of(n, 50_000)))
-            await settled(spool)
+            await settled(spool, rounds=4)
         assert spool.room() > 1024 * 1024
 
 
