@@ -3,10 +3,10 @@
 The listener writes each `DataChunk` straight into a `BodyWriter`, which keeps the chunks as
 they came and joins them once at the end (a message of one chunk is not copied at all):
 the joined bytes are what the spool stores and what delivery sends from memory. A body of
-`segment_from` bytes or more is appended to the active segment when it ends (see
-`pigeon.spool.segments`); past `inline_limit` the bytes go to `data/<id>` in the spool
-directory as they arrive. Either way they are written to the page cache on the event loop
-and fsynced by the group-commit thread just before the transaction that records them.
+`segment_from` bytes or more gets a place in the active segment when it ends, where the
+group-commit thread writes it (see `pigeon.spool.segments`); past `inline_limit` the bytes go
+to `data/<id>` in the spool directory as they arrive, written on the event loop. Either way
+the commit thread makes them durable just before the transaction that records them.
 SQLite's own advice ("Internal Versus External BLOBs") is that small blobs read faster from
 the database and large ones from files.
 

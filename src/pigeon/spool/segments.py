@@ -174,16 +174,6 @@ class Segments:
     def get(self, segment_id: int) -> Segment | None:
         return self._all.get(segment_id)
 
-    def file_size(self, segment_id: int) -> int | None:
-        """The segment's size on disk, None if it is missing (any thread: reads the file)."""
-        try:
-            return os.stat(self.directory / format_id(segment_id)).st_size
-        except OSError:
-            return None
-
-    def closed_ids(self) -> list[int]:
-        return [segment_id for segment_id in self._all if self._active is None or segment_id != self._active.id]
-
     def size_of(self, segment_id: int) -> int:
         segment = self._all.get(segment_id)
         return 0 if segment is None else segment.end

@@ -10,8 +10,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,29 +17,13 @@ import pytest
 from pigeon.message import ENVELOPE_ENCODER, Envelope, Message, Recipient, format_id
 from pigeon.spool.spool import NewMessage, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
+from tests.unit.spool.test_group_commit import opened, rows
 
 FROM = 1000  # bodies from this size go to segments in these tests
 
 
 def make_spool(path: Path, *, segment_size: int = 1 << 20) -> SqliteSpool:
     return SqliteSpool(path, inline_limit=64 * 1024, segment_from=FROM, segment_size=segment_size)
-
-
-@contextmanager
-def opened(spool: SqliteSpool) -> Iterator[None]:
-    spool.open(asyncio.get_running_loop())
-    try:
-        yield
-    finally:
-        spool.close()
-
-
-def rows(db_path: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(db_path)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def segment_files(spool: SqliteSpool) -> list[str]:
