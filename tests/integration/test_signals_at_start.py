@@ -52,20 +52,23 @@ _HELD: Final = {
 _START = 120.0  # seconds a node may take to start: several processes import on a small, busy machine
 
 
-def _takes_sighup(pid: int) -> bool:
-    """Whether the process has taken SIGHUP in hand (blocked, ignored or caught), so that its
-    default action (the end of the process) no longer applies."""
+def _holds_its_signals(pid: int) -> bool:
+    """Whether Pigeon has taken SIGHUP, SIGINT and SIGTERM in hand (blocked, or caught by the
+    loop), so that none of their default actions applies. Ignored does not count: a process
+    started under nohup, or in the background of a script, inherits SIGHUP or SIGINT ignored
+    before Pigeon runs a line, and a signal sent then is lost, not held."""
     fields = dict(
         line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line
     )
-    return any(int(fields[mask], 16) & 1 << (signal.SIGHUP - 1) for mask in ("SigBlk", "SigIgn", "SigCgt"))
+    taken = int(fields["SigBlk"], 16) | int(fields["SigCgt"], 16)
+    return all(taken & 1 << (signum - 1) for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM))
 
 
-def _wait_until_it_takes_sighup(pigeon: PigeonProcess) -> None:
+def _wait_until_it_holds_its_signals(pigeon: PigeonProcess) -> None:
     """The process's first moments: the interpreter's own start, before any of Pigeon's code."""
     assert pigeon.process is not None
     deadline = time.monotonic() + 10
-    while not _takes_sighup(pigeon.process.pid):
+    while not _holds_its_signals(pigeon.process.pid):
         assert pigeon.process.poll() is None and time.monotonic() < deadline, pigeon.stderr()
         time.sleep(0.001)
 
@@ -110,7 +113,7 @@ def test_sighup_from_the_first_moment_kills_nothing_and_the_config_changed_meanw
     pigeon.start(wait=False)
     try:
         assert pigeon.process is not None
-        _wait_until_it_takes_sighup(pigeon)
+        _wait_until_it_holds_its_signals(pigeon)
         with _hanging_up(pigeon.process.pid, 0.02) as sent:
             deadline = time.monotonic() + _START
             while len(list(root.glob("starting-*"))) < workers:  # each worker has read its config
@@ -172,7 +175,7 @@ def test_a_stop_during_start_up_is_a_clean_stop(tmp_path: Path, stop: signal.Sig
     pigeon.start(wait=False)
     try:
         assert pigeon.process is not None
-        _wait_until_it_takes_sighup(pigeon)  # the three are taken in hand together
+        _wait_until_it_holds_its_signals(pigeon)
         pigeon.process.send_signal(stop)
         assert pigeon.wait_exit(_START) == 0, pigeon.stderr()
         assert "Traceback" not in pigeon.stderr()
