@@ -42,7 +42,7 @@ and ratios:
   another message), DSNs, messages left in the queue, connections and DNS queries, and what
   the MTA's own logs say went wrong besides the sinks' 450s.
 
-`--profile FILE` adds one run of Pigeon under py-spy (samples holding the GIL, raw format to
+`--profile FILE` (either mode) adds one run of Pigeon under py-spy (samples holding the GIL, raw format to
 FILE; not counted in the medians) and prints the worker's functions by own time.
 """
 
@@ -105,14 +105,19 @@ def start(kind: str, path: Path, sink_port: int, baseline: Path | None) -> Mta:
     return pigeon(path, workers, sink_port, baseline if kind.endswith(BASELINE) else None)
 
 
-def one_run(kind: str, args: argparse.Namespace) -> tuple[float, float]:
+def one_run(kind: str, args: argparse.Namespace, profile: bool = False) -> tuple[float, float]:
     sink_port = free_port()
     with workdir(f"relay-{kind.replace(':', '-').replace(' ', '')}-") as path:
         warm = sink(sink_port, 200)
         mta = start(kind, path, sink_port, args.baseline_src)
         try:
             warm_up(mta.port, warm, args.size)
-            return timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
+            spy = Profile(mta, args.profile) if profile else None
+            try:
+                return timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
+            finally:
+                if spy is not None:
+                    spy.stop()
         finally:
             mta.stop()
 
@@ -446,7 +451,7 @@ def main() -> None:
     parser.add_argument("--dns-delay", type=float, default=0, help="realistic: seconds a name's first query waits")
     parser.add_argument("--settle-timeout", type=float, default=600, help="realistic: seconds before mail is lost")
     parser.add_argument("--grace", type=float, default=3, help="realistic: seconds to wait for duplicates")
-    parser.add_argument("--profile", type=Path, help="realistic: one more run, of Pigeon under py-spy (raw output)")
+    parser.add_argument("--profile", type=Path, help="one more run, of Pigeon under py-spy (raw output)")
     parser.add_argument("--size", type=int, default=5120)
     parser.add_argument("--rounds", type=int, default=2, help="relay rounds (0: only --drain)")
     parser.add_argument("--pigeon-workers", default="1,2")
@@ -486,6 +491,10 @@ def relay(args: argparse.Namespace) -> None:
     for kind in pigeons if args.baseline_src else []:
         (rate, cpu), (base_rate, base_cpu) = summary[kind], summary[kind + BASELINE]
         print(f"{kind} / its baseline: {rate / base_rate:.2f}x the rate, {cpu / base_cpu:.2f}x the CPU per message")
+    if args.profile:
+        rate, cpu = one_run(pigeons[0], args, profile=True)
+        print(f"profiled: {pigeons[0]} {rate:.0f} msg/s, {cpu:.2f} CPU ms/msg (under py-spy, not counted)")
+        print(own_time(args.profile, top=40))
 
 
 if __name__ == "__main__":
