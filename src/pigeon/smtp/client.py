@@ -30,6 +30,9 @@ from pigeon.smtp.replies import Reply
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _MAX_REPLY_LINE: Final = 4096  # RFC 5321 says 512; be generous, but not unbounded
+_MAX_REPLY_LINES: Final = 1000
+"""Lines in one reply. An EHLO reply has a dozen; a server that sends "250-" lines without end
+would otherwise grow the reply in memory for as long as it kept the connection."""
 _CACHED_LINE: Final = 512  # RFC 5321 4.5.3.1.5: longer lines are odd, and not worth keeping
 
 
@@ -87,6 +90,8 @@ class ReplyReader:
             raise ClientProtocolError("reply code changed inside a multi-line reply")
         lines.append(line)
         if len(line) > 3 and line[3] == "-":
+            if len(lines) >= _MAX_REPLY_LINES:
+                raise ClientProtocolError(f"a reply of more than {_MAX_REPLY_LINES} lines")
             return None
         self._lines = []
         reply = _parse_reply(lines)

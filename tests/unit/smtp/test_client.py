@@ -872,6 +872,18 @@ def test_an_overlong_complete_reply_line_is_a_protocol_error_too() -> None:
         ReplyReader().feed(b"250 " + b"x" * 5000 + b"\r\n")
 
 
+def test_a_reply_that_never_ends_is_a_protocol_error_before_it_fills_memory() -> None:
+    reader = ReplyReader()
+    assert reader.feed(b"250-more\r\n" * 999) == []
+    with pytest.raises(ClientProtocolError, match="more than 1000 lines"):
+        reader.feed(b"250-more\r\n")
+
+
+def test_a_long_reply_that_ends_is_read_whole() -> None:
+    reply = ReplyReader().feed(b"250-more\r\n" * 998 + b"250 end\r\n")
+    assert len(reply) == 1 and len(reply[0].lines) == 999
+
+
 def test_a_reply_seen_before_is_read_the_same_way_again() -> None:
     """Single-line replies are remembered by their bytes; a remembered one is the same reply."""
     data = b"250 2.1.0 Sender ok\r\n250-first\r\n250 2.1.0 Sender ok\r\n"
