@@ -418,7 +418,11 @@ class Transaction:
             if recipient.orcpt:
                 addr_type, _, address = recipient.orcpt.partition(";")
                 if addr_type.lower() == "utf-8":
-                    params.append(f"ORCPT={recipient.orcpt}")
+                    # RFC 6533 3.3: UTF-8 as it is (utf-8-addr-unitext) may only travel in an
+                    # SMTPUTF8 transaction; with its non-ASCII characters as \x{HEX} (the
+                    # utf-8-addr-xtext form), the same address can go to any server.
+                    escaped = "".join(c if c.isascii() else f"\\x{{{ord(c):X}}}" for c in address)
+                    params.append(f"ORCPT=utf-8;{escaped}")
                 else:
                     params.append(f"ORCPT={addr_type};{encode_xtext(address)}")
         tail = (" " + " ".join(params)) if params else ""

@@ -464,16 +464,25 @@ def test_dsn_parameters_arrive_on_the_servers_events() -> None:
         b"MAIL FROM:<sender@example.org> SIZE=22 RET=FULL ENVID=batch+207+2Bx+3Dy",
         b"RCPT TO:<b@example.net> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;b+2Btag+3Dx@example.net",
         b"RCPT TO:<c@example.net> NOTIFY=NEVER",
-        "RCPT TO:<d@example.net> ORCPT=utf-8;rené@example.net".encode(),
+        b"RCPT TO:<d@example.net> ORCPT=utf-8;ren\\x{E9}@example.net",  # no SMTPUTF8 here: ASCII only
     ]
     (mail,) = pair.of_type(MailFrom)
     assert (mail.ret, mail.envid) == (Ret.FULL, "batch 7+x=y")
     assert [(r.recipient, r.notify, r.orcpt) for r in pair.of_type(RcptTo)] == [
         ("b@example.net", frozenset({Notify.SUCCESS, Notify.FAILURE}), "rfc822;b+tag=x@example.net"),
         ("c@example.net", frozenset({Notify.NEVER}), None),
-        ("d@example.net", None, "utf-8;rené@example.net"),
+        ("d@example.net", None, "utf-8;ren\\x{E9}@example.net"),
     ]
     assert exchange.result.replies == [queued(1)] * 3
+
+
+def test_a_utf8_original_recipient_leaves_in_ascii_escapes_even_for_a_utf8_message() -> None:
+    """The \\x{HEX} form is valid in and out of SMTPUTF8 (RFC 6533 3.3): astral characters too."""
+    pair = Pair.connect(ServerConfig(hostname=HOSTNAME, smtputf8=True))
+    env = envelope(Recipient("d@example.net", orcpt="utf-8;jörg😀@bücher.example"), smtputf8=True)
+    exchange = pair.run(env)
+    assert b"RCPT TO:<d@example.net> ORCPT=utf-8;j\\x{F6}rg\\x{1F600}@b\\x{FC}cher.example" in exchange.writes[0]
+    assert exchange.result.replies == [queued(1)]
 
 
 def test_dsn_parameters_are_not_sent_to_a_server_without_dsn() -> None:
