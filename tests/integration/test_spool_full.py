@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
 
 
 def _health(pigeon: PigeonProcess) -> tuple[int, dict[str, Any]]:
@@ -57,6 +58,45 @@ def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: 
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             assert client.sendmail("sender@example.org", ["user@example.net"], body) == {}
         assert len(pigeon.spool_messages()) == accepted + 1
+
+
+def test_large_messages_that_would_pass_max_size_get_451_through_every_door_and_leave_no_file(tmp_path: Path) -> None:
+    body = b"Subject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 4000  # 312 KB: past inline_limit, in data/
+    token = "inject-token-0123456789"
+    spool = {"max_size": "1MiB", "inline_limit": "64KiB"}
+    tokens = [{"name": "app", "token": token, "scopes": ["inject"]}]
+    with PigeonProcess(tmp_path / "node", spool=spool, http={"token": tokens}) as pigeon:
+        accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body)
+        assert (code, text[:5]) == (451, b"4.3.0")
+        assert accepted == 2  # the empty database takes 176 KiB of the MiB
+        with RawSmtp(pigeon.smtp_port) as smtp:  # BDAT: refused at its LAST chunk
+            smtp.expect(220)
+            smtp.expect(250, "EHLO client.test")
+            smtp.expect(250, "MAIL FROM:<sender@example.org>")
+            smtp.expect(250, "RCPT TO:<user@example.net>")
+            smtp.send(b"BDAT %d\r\n" % (len(body) // 2) + body[: len(body) // 2])
+            smtp.expect(250)
+            smtp.send(b"BDAT %d LAST\r\n" % (len(body) - len(body) // 2) + body[len(body) // 2 :])
+            assert smtp.reply()[0] == 451
+        request = {"envelope_sender": "app@example.org", "recipients": [{"email": "ann@example.net"}]}
+        status, answer = pigeon.http_post(
+            "/api/v1/inject", {**request, "content": body.decode(), "template": False}, token
+        )
+        assert status == 503 and answer["recipients"][0]["error"].startswith("451 4.3.0")
+        stored = pigeon.spool_messages()
+        assert len(stored) == accepted and all(m["data"].endswith(body) for m in stored)
+        data_files = list((pigeon.spool_path / "shard-0" / "data").iterdir())
+        assert len(data_files) == accepted  # the refused ones left nothing behind
+        assert (
+            sum(f.stat().st_size for f in data_files) + (pigeon.spool_path / "shard-0" / "spool.db").stat().st_size
+            <= 1 << 20
+        )
+        status, health = _health(pigeon)
+        assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
+    with PigeonProcess(tmp_path / "node", spool={**spool, "max_size": "64MiB"}) as pigeon:  # the operator made room
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            assert client.sendmail("sender@example.org", ["user@example.net"], body) == {}
+        assert _health(pigeon)[1]["spool"]["status"] == "ok"
 
 
 @pytest.fixture

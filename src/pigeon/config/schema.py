@@ -347,7 +347,8 @@ class SpoolConfig(_Section):
     waits to gather more, so one fsync serves more messages. 0: never wait."""
     max_batch: PositiveInt = 1024
     max_size: PositiveSize | None = None
-    """Cap on the spool database and segments of a shard; when reached, new mail gets 451 4.3.0."""
+    """Cap on a shard's disk use (database, segments, files of large bodies); a message that
+    would pass it gets 451 4.3.0."""
 
 
 class LogConfig(_Section):

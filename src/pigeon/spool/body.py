@@ -11,20 +11,104 @@ SQLite's own advice ("Internal Versus External BLOBs") is that small blobs read 
 the database and large ones from files.
 
 A write failure (ENOSPC, EIO) is remembered, not raised mid-stream: the message is refused
-with 451 at its end, when the client is listening for a reply.
+with 451 at its end, when the client is listening for a reply. So is a file that would pass
+`[spool] max_size`: under a cap, a spilled body claims its bytes from `BodyFiles` as it
+grows, and stops being written (its file removed) once the spool has no room left for it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
-from pigeon.message import SpoolId, format_id
+from pigeon.message import SpoolId, format_id, parse_id
 from pigeon.spool.segments import Segment, Segments
 from pigeon.spool.spool import SpoolError, SpoolFull, SpoolWriteError
+
+CLAIM_STEP: Final = 1024 * 1024
+"""A growing body file claims room this much ahead (less when room is short), so that a
+large body asks the spool for its room once a MiB rather than once a chunk."""
+
+
+class BodyFiles:
+    """The bytes of a capped spool's body files (`data/`), which `[spool] max_size` counts.
+
+    A running total, so that no reception lists or stats the directory: the files of earlier
+    runs are counted once after the open (`count`, in a thread); a file being written claims
+    room as it grows (`claim`, which asks the spool's `room` once per `CLAIM_STEP`) and gives
+    back what it did not use (`give_back`); a file removed is taken off (`freed`).
+
+    Threads: claims on the event loop, frees in the commit thread or the check's; one lock.
+    """
+
+    def __init__(self, room: Callable[[], int], last: int) -> None:
+        self._room = room
+        self._last = last  # files named by an id up to this one are earlier runs' ...
+        self._earlier: int | None = None  # ... and hold these bytes, once counted
+        self._freed_early: set[int] = set()  # earlier runs' files freed before the count ended
+        self._bytes = 0  # claimed since the open, minus what was given back or freed
+        self._lock = threading.Lock()
+        self._counted = threading.Event()
+
+    def count(self, data_dir: Path) -> None:
+        """Count the files earlier runs left in `data_dir`: once, in a thread, after the open.
+        Raises OSError if the directory cannot be listed (what was counted so far stands)."""
+        sizes: dict[int, int] = {}
+        try:
+            with os.scandir(data_dir) as entries:
+                for entry in entries:
+                    try:
+                        body_id = parse_id(entry.name)
+                        if body_id <= self._last:
+                            sizes[body_id] = entry.stat(follow_symlinks=False).st_size
+                    except (ValueError, OSError):
+                        continue  # not a body file, or removed meanwhile
+        finally:
+            with self._lock:
+                self._earlier = sum(size for body_id, size in sizes.items() if body_id not in self._freed_early)
+                self._freed_early.clear()
+            self._counted.set()
+
+    @property
+    def total(self) -> int:
+        """Bytes of the body files, and of the room claimed for those being written. Just
+        after the open, waits for the earlier runs' files to be counted."""
+        self._counted.wait()
+        with self._lock:
+            assert self._earlier is not None
+            return self._earlier + self._bytes
+
+    def claim(self, needed: int) -> int:
+        """Room for a body file to grow by `needed` bytes (event loop): the bytes granted, up
+        to a step more than needed, or 0 if `needed` does not fit in the spool's room."""
+        room = self._room()
+        if room < needed:
+            return 0
+        # A quarter of what is left at most, so that bodies written side by side all get some.
+        granted = needed + min(CLAIM_STEP, (room - needed) // 4)
+        with self._lock:
+            self._bytes += granted
+        return granted
+
+    def give_back(self, size: int) -> None:
+        """Room claimed but not used, or a body file that was never committed (removed)."""
+        with self._lock:
+            self._bytes -= size
+
+    def freed(self, body_id: int, size: int) -> None:
+        """A committed body file (or an orphan) is about to be removed (any thread). Called
+        before the unlink, so that an earlier run's file still being counted is left out of
+        the count whether the count has seen it or not."""
+        with self._lock:
+            if self._earlier is None and body_id <= self._last:
+                self._freed_early.add(body_id)
+            else:
+                self._bytes -= size
 
 
 @dataclass(slots=True)
@@ -41,6 +125,7 @@ class Body:
     offset: int = 0
     segments: Segments | None = None  # writes `data` to `segment`, and is owed a `release`
     released: bool = False
+    files: BodyFiles | None = None  # counts `path`'s `size` bytes against [spool] max_size
 
     def sync(self) -> None:
         """fsync the spool file, or write the body at its place in its segment, for the spool
@@ -72,6 +157,9 @@ class Body:
         """Remove what was written: the body will not be stored."""
         _remove(self.file, self.path)
         self.file = None
+        if self.files is not None:
+            self.files.give_back(self.size)
+            self.files = None
         self.release()
 
     def release(self) -> None:
@@ -85,7 +173,20 @@ class Body:
 class BodyWriter:
     """Accumulates one message's bytes. Call `finish()` once, or `discard()`."""
 
-    __slots__ = ("_chunks", "_dir", "_error", "_file", "_id", "_limit", "_path", "_segment_from", "_segments", "size")
+    __slots__ = (
+        "_chunks",
+        "_claimed",
+        "_dir",
+        "_error",
+        "_file",
+        "_files",
+        "_id",
+        "_limit",
+        "_path",
+        "_segment_from",
+        "_segments",
+        "size",
+    )
 
     def __init__(
         self,
@@ -94,7 +195,9 @@ class BodyWriter:
         inline_limit: int,
         segments: Segments | None = None,
         segment_from: int = 0,
+        files: BodyFiles | None = None,
     ) -> None:
+        """`files`: where a spilled body claims room, under `[spool] max_size` (None: no cap)."""
         self._id = body_id
         self._dir = data_dir
         self._limit = inline_limit
@@ -104,6 +207,8 @@ class BodyWriter:
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._error: SpoolError | None = None
+        self._files = files
+        self._claimed = 0  # room claimed from `files` for the spilled file
         self.size = 0
 
     def write(self, data: bytes) -> None:
@@ -113,9 +218,9 @@ class BodyWriter:
         try:
             if self._chunks is not None:
                 self._chunks.append(data)
-                if self.size > self._limit:
+                if self.size > self._limit and self._claim():
                     self._spill()
-            else:
+            elif self._claim():
                 assert self._file is not None
                 self._file.write(data)
         except OSError as error:
@@ -129,6 +234,10 @@ class BodyWriter:
         chunks = self._chunks
         data = None if chunks is None else b"".join(chunks)
         body = Body(self._id, self.size, data, self._path, self._file)
+        if self._files is not None and self._path is not None:
+            self._files.give_back(self._claimed - self.size)  # the body keeps its `size` bytes
+            body.files = self._files
+            self._claimed = 0
         segments = self._segments
         if data and segments is not None and self.size >= self._segment_from:
             body.segment, body.offset = segments.reserve(self.size)
@@ -142,6 +251,21 @@ class BodyWriter:
         self._drop()
         self._chunks = None
 
+    def _claim(self) -> bool:
+        """Whether a spilled body of `size` bytes has room under `[spool] max_size`. If not,
+        the refusal is remembered, as a write error is, and what was written is dropped."""
+        files = self._files
+        if files is None or self.size <= self._claimed:
+            return True
+        granted = files.claim(self.size - self._claimed)
+        if granted:
+            self._claimed += granted
+            return True
+        self._error = SpoolFull(f"spool full: a body of {self.size} bytes or more does not fit under [spool] max_size")
+        self._drop()
+        self._chunks = None
+        return False
+
     def _spill(self) -> None:
         self._path = self._dir / format_id(self._id)
         # "xb": a body file is only ever created once; an existing one is a bug, not data.
@@ -154,6 +278,9 @@ class BodyWriter:
         _remove(self._file, self._path)
         self._file = None
         self._path = None
+        if self._files is not None and self._claimed:
+            self._files.give_back(self._claimed)
+            self._claimed = 0
 
 
 def _remove(file: BinaryIO | None, path: Path | None) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
@@ -167,10 +167,17 @@ def orphan_bodies(conn: sqlite3.Connection, last: int) -> list[int]:
     return [body_id for (body_id,) in rows]
 
 
-def remove_orphan_files(conn: sqlite3.Connection, data_dir: Path, last: int, opened_at: float) -> int:
+def remove_orphan_files(
+    conn: sqlite3.Connection,
+    data_dir: Path,
+    last: int,
+    opened_at: float,
+    removing: Callable[[int, int], None] | None = None,
+) -> int:
     """Remove files in `data/` that no body row keeps: those named by an id up to `last`
     (a reception of this run writes its file before its row commits, always with a later
     id), and any other name older than the open. Returns how many were removed.
+    `removing(id, size)` is told of each body file before it goes (`BodyFiles.freed`).
     (Segments no row names are found at the open: `Segments.open`.)"""
     removed = 0
     with os.scandir(data_dir) as entries:
@@ -185,6 +192,11 @@ def remove_orphan_files(conn: sqlite3.Connection, data_dir: Path, last: int, ope
                 keep = body_id > last or _has_file(conn, body_id)
             if keep:
                 continue
+            if body_id is not None and removing is not None:
+                try:
+                    removing(body_id, entry.stat(follow_symlinks=False).st_size)
+                except FileNotFoundError:
+                    continue
             try:
                 os.unlink(entry.path)
             except FileNotFoundError:

@@ -32,7 +32,7 @@ from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.fsync import fsync_directory
 from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool import recovery
-from pigeon.spool.body import Body, BodyWriter
+from pigeon.spool.body import Body, BodyFiles, BodyWriter
 from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
 from pigeon.spool.segments import COMPACT_BELOW, Segment, Segments
 from pigeon.spool.spool import (
@@ -45,6 +45,7 @@ from pigeon.spool.spool import (
     SpoolCorrupt,
     SpoolDiskFull,
     SpoolError,
+    SpoolFull,
     SpoolWriteError,
 )
 
@@ -130,6 +131,7 @@ _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 _PAGE_SIZE: Final = 16384
 _T = TypeVar("_T")
 _NEARLY_FULL: Final = 1024 * 1024  # bytes free under which an I/O error opening the spool means "disk full"
+_ROOM_FRESH: Final = 0.01  # seconds a reading of `room()` serves receptions of inline bodies
 
 
 class SqliteSpool:
@@ -164,6 +166,10 @@ class SqliteSpool:
         self._compacting: set[int] = set()
         self._compactions: set[asyncio.Task[None]] = set()
         self._max_size = max_size
+        self._files: BodyFiles | None = None  # under a max_size: the bytes in data/, counted
+        self._files_counting: threading.Thread | None = None
+        self._room_left = 0  # what `room()` said at `_room_asked`, minus inline bodies taken since
+        self._room_asked = -_ROOM_FRESH
         self._ids = IdGenerator(shard)
         self._count = 0  # messages stored minus messages removed since the open ...
         self._counted: int | None = None  # ... plus these, counted in the background from the open
@@ -239,6 +245,12 @@ class SqliteSpool:
             raise self._open_error(error) from error
         self._ids = IdGenerator(self._shard, last)
         self._segments.open(segments)
+        if self._max_size is not None:
+            # Listing data/ costs a stat per large body: in a thread, like the count of messages.
+            self._files = BodyFiles(self.room, last)
+            self._files_counting = threading.Thread(target=self._count_files, name="spool-files", daemon=True)
+            self._files_counting.start()
+        self._room_asked = -_ROOM_FRESH
         self._opened_last = last
         self._opened_at = time.time()
         self._count = 0
@@ -256,6 +268,17 @@ class SqliteSpool:
             _log.error("spool %s: cannot count its messages (%s); the count is of changes since", self.directory, error)
         finally:
             conn.close()
+
+    def _count_files(self) -> None:
+        assert self._files is not None
+        try:
+            self._files.count(self.data_dir)
+        except OSError as error:
+            _log.error(
+                "spool %s: cannot count its body files (%s); [spool] max_size counts only new ones",
+                self.directory,
+                error,
+            )
 
     def _open_error(self, error: sqlite3.DatabaseError) -> SpoolError:
         """What an error opening the database means. Only a file SQLite does not recognise
@@ -285,14 +308,16 @@ class SqliteSpool:
 
     def room(self) -> int:
         """Bytes the spool may still grow by: its disk's free space, or what `max_size` leaves
-        of the database and its segments if that is less (-1 if the file system cannot say)."""
+        of the database, its segments and its body files if that is less (-1 if the file
+        system cannot say). Just after the open, waits for the body files to be counted."""
         free = self._free()
         if self._max_size is None or (self._reader is None and not self.db_path.exists()):
             return free
         page_size, pages, unused = (
             self._read().execute("SELECT * FROM pragma_page_size, pragma_page_count, pragma_freelist_count").fetchone()
         )
-        left: int = self._max_size - (pages - unused) * page_size - self._segments.bytes
+        files = 0 if self._files is None else self._files.total
+        left: int = self._max_size - (pages - unused) * page_size - self._segments.bytes - files
         return left if free < 0 else min(free, left)
 
     def _free(self) -> int:
@@ -310,6 +335,8 @@ class SqliteSpool:
             pass
         if self._counting is not None:
             self._counting.join()
+        if self._files_counting is not None:
+            self._files_counting.join()
         for task in self._compactions:
             task.cancel()
         self._committer.close()
@@ -339,7 +366,7 @@ class SqliteSpool:
         return [self._ids.next() for _ in range(n)]
 
     def body_writer(self, body_id: SpoolId) -> BodyWriter:
-        return BodyWriter(body_id, self.data_dir, self._inline_limit, self._segments, self._segment_from)
+        return BodyWriter(body_id, self.data_dir, self._inline_limit, self._segments, self._segment_from, self._files)
 
     def store(
         self,
@@ -350,7 +377,16 @@ class SqliteSpool:
         settles: Settling | None = None,
     ) -> asyncio.Future[None]:
         """Store one reception: its body, its messages and their records, in one durable
-        transaction, with the outcome it `settles` if any (a DSN: both commit, or neither)."""
+        transaction, with the outcome it `settles` if any (a DSN: both commit, or neither).
+
+        Under a `max_size`, a body for the database that does not fit fails with SpoolFull (a
+        file or a segment claimed its room as it was written). A DSN is let through: it
+        settles, and so frees, the message it reports on, and the database's own cap holds it."""
+        if settles is None and body.path is None and body.segment is None and not self._admits(body.size):
+            body.discard()
+            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(SpoolFull(f"spool full: a {body.size}-byte body does not fit under [spool] max_size"))
+            return refused
         rows = [
             (m.id, body.id, m.queue, m.created, body.size, m.due, ENVELOPE_ENCODER.encode(m.envelope)) for m in messages
         ]
@@ -361,6 +397,20 @@ class SqliteSpool:
         if body.segments is not None:
             future.add_done_callback(lambda _: body.release())
         return future
+
+    def _admits(self, size: int) -> bool:
+        """Whether a body of `size` bytes for the database fits under `max_size`. `room()`
+        (a statvfs and a query) is asked at most every `_ROOM_FRESH` seconds, and before a
+        refusal; the bodies taken in between are subtracted from its answer."""
+        if self._max_size is None:
+            return True
+        now = time.monotonic()
+        if size > self._room_left or now - self._room_asked >= _ROOM_FRESH:
+            self._room_left, self._room_asked = self.room(), now
+            if size > self._room_left:
+                return False
+        self._room_left -= size
+        return True
 
     @property
     def shard(self) -> int:
@@ -459,8 +509,9 @@ class SqliteSpool:
         if bodies:
             await self._committer.submit(recovery.RemoveBodies(bodies))
         await self._tidy_segments()
+        removing = None if self._files is None else self._files.freed
         removed = await asyncio.to_thread(
-            self._in_check, recovery.remove_orphan_files, self.data_dir, self._opened_last, self._opened_at
+            self._in_check, recovery.remove_orphan_files, self.data_dir, self._opened_last, self._opened_at, removing
         )
         removed += await asyncio.to_thread(self._remove_orphan_segments)
         return RecoveryReport(self.count, tuple(self._quarantined), len(bodies), removed)
@@ -608,7 +659,7 @@ class SqliteSpool:
             for segment_id, change in getattr(op, "segment_changes", ()):
                 live[segment_id] = live.get(segment_id, 0) + change
         ids = [body for op in ops for body in getattr(op, "free", ())]
-        files: list[Path] = []
+        files: list[tuple[int, int]] = []  # (body, size) of the body files freed
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
@@ -619,7 +670,7 @@ class SqliteSpool:
                 if segment_id is not None:
                     live[segment_id] = live.get(segment_id, 0) - size
                 elif no_data:
-                    files.append(self.data_dir / format_id(body))
+                    files.append((body, size))
         dropped = [segment_id for op in ops for segment_id in getattr(op, "dropped", ())]
         for segment_id, change in live.items():
             if change > 0:
@@ -643,10 +694,15 @@ class SqliteSpool:
                     self._from_any_thread(self._segments.close_active, segment_id)
         if not files and not dropped:
             return None
-        paths = files + [self._segments.directory / format_id(segment_id) for segment_id in dropped]
+        counted = self._files
+        paths = [self.data_dir / format_id(body) for body, _ in files]
+        paths += [self._segments.directory / format_id(segment_id) for segment_id in dropped]
 
         def unlink() -> None:
             # After the COMMIT: a file that stays is an orphan the next start removes.
+            if counted is not None:
+                for body, size in files:
+                    counted.freed(body, size)
             for path in paths:
                 try:
                     path.unlink(missing_ok=True)
