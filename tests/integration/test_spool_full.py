@@ -18,11 +18,20 @@ import pytest
 
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 
 def _health(pigeon: PigeonProcess) -> tuple[int, dict[str, Any]]:
     status, body = pigeon.http_get("/healthz")
     return status, json.loads(body)
+
+
+_ONE_COMMIT = 4 * 16384  # a few WAL pages
+
+
+def _on_disk(shard: Path) -> int:
+    """Bytes of every file of a spool shard: database, WAL, segments, body files."""
+    return sum(path.stat().st_size for path in shard.rglob("*") if path.is_file())
 
 
 def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, tuple[int, bytes]]:
@@ -42,7 +51,7 @@ def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, 
 def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: Path) -> None:
     root = tmp_path / "node"
     body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
-    with PigeonProcess(root, spool={"max_size": "400KiB"}) as pigeon:
+    with PigeonProcess(root, spool={"max_size": "1MiB"}) as pigeon:
         accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body)
         assert (code, text[:5]) == (451, b"4.3.0")
         assert accepted > 10
@@ -87,16 +96,38 @@ def test_large_messages_that_would_pass_max_size_get_451_through_every_door_and_
         assert len(stored) == accepted and all(m["data"].endswith(body) for m in stored)
         data_files = list((pigeon.spool_path / "shard-0" / "data").iterdir())
         assert len(data_files) == accepted  # the refused ones left nothing behind
-        assert (
-            sum(f.stat().st_size for f in data_files) + (pigeon.spool_path / "shard-0" / "spool.db").stat().st_size
-            <= 1 << 20
-        )
+        assert _on_disk(pigeon.spool_path / "shard-0") <= 1 << 20
         status, health = _health(pigeon)
         assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
     with PigeonProcess(tmp_path / "node", spool={**spool, "max_size": "64MiB"}) as pigeon:  # the operator made room
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             assert client.sendmail("sender@example.org", ["user@example.net"], body) == {}
         assert _health(pigeon)[1]["spool"]["status"] == "ok"
+
+
+def test_a_capped_spool_stays_under_its_cap_on_disk_and_says_up_once_delivery_made_room(tmp_path: Path) -> None:
+    """The WAL counts against max_size, and a node whose spool filled is up again once mail has
+    left, without a message arriving to prove it (a load balancer sends none to a node it took
+    out), even under a cap far below the 16 MiB that means "room" on a disk."""
+    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: "451 4.3.0 not now"
+        config = delivery_config(sink.endpoint, retry_interval="1s", max_retry_interval="1s")
+        with PigeonProcess(tmp_path / "node", spool={"max_size": "4MiB"}, **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:  # too big for the room, not for others
+                client.ehlo("client.test")
+                client.mail("sender@example.org")
+                client.rcpt("user@example.net")
+                assert client.data(b"Subject: huge\r\n\r\n" + (b"h" * 76 + b"\r\n") * 60_000)[0] == 451
+            assert _health(pigeon)[0] == 200
+            accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body, limit=2000)
+            assert code == 451 and accepted > 100
+            # The last commit's WAL frames land after the check that let its message in.
+            assert _on_disk(pigeon.spool_path / "shard-0") <= (4 << 20) + _ONE_COMMIT
+            assert _health(pigeon)[0] == 503
+            sink.rcpt_reply = None  # the site takes mail again: the spool empties
+            sink.wait_for(accepted, timeout=60)
+            wait_until(lambda: _health(pigeon)[0] == 200, timeout=15)
 
 
 @pytest.fixture
@@ -132,7 +163,7 @@ def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(t
 
 def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
     body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
-    with PigeonProcess(tmp_path / "node", spool={"max_size": "400KiB"}, smtp={"max_errors": 3}) as pigeon:
+    with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}, smtp={"max_errors": 3}) as pigeon:
         accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body)
         assert code == 451
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
@@ -149,7 +180,7 @@ def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
 
 def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path) -> None:
     body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
-    with PigeonProcess(tmp_path / "node", spool={"max_size": "400KiB"}) as pigeon:
+    with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}) as pigeon:
         _send_until_refused(pigeon.smtp_port, body)
         for _ in range(3):  # the whole transaction at once, and gone before the answer
             with socket.create_connection(("127.0.0.1", pigeon.smtp_port)) as raw:
@@ -249,7 +280,7 @@ def test_healthz_says_the_spool_is_down_while_its_disk_is_full_and_up_once_there
 
 def test_with_several_workers_one_full_spool_makes_the_node_answer_503(tmp_path: Path) -> None:
     body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
-    with PigeonProcess(tmp_path / "node", node={"workers": 2}, spool={"max_size": "400KiB"}) as pigeon:
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}, spool={"max_size": "1MiB"}) as pigeon:
         _send_until_refused(pigeon.smtp_port, body)  # one connection: one worker's shard fills up
         status, health = _health(pigeon)
         assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")

@@ -54,6 +54,10 @@ _BLOCK: Final = re.compile(r"^\.?(\w+)\[(\d+)\]")
 _DOMAIN: Final = re.compile(r"(?i)[a-z0-9_]([a-z0-9_-]*[a-z0-9])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9])?)*\.?")
 
 
+MIN_SPOOL_SIZE = 1024 * 1024
+"""The smallest `[spool] max_size`."""
+
+
 class ConfigError(Exception):
     """The configuration cannot be used. The message names the file, line and key."""
 
@@ -122,6 +126,10 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
     _check_tokens(config, fail)
     _check_names(config, text, fail)
     _check_backoffs(config, fail)
+    if spool.max_size is not None and spool.max_size < MIN_SPOOL_SIZE:
+        # An empty shard's database alone takes 176 KiB: under a smaller cap every message
+        # would get 451 from a node that says it is up.
+        raise fail(["spool", "max_size"], 'must be at least 1MiB (an empty spool takes 176 KiB); e.g. "10GiB"')
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:

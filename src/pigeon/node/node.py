@@ -70,7 +70,8 @@ from pigeon.spool.sqlite import SqliteSpool
 _log = logging.getLogger(__name__)
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
-_ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again
+_ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again ...
+_ROOM_TO_RECOVER_SHARE = 8  # ... or this share of [spool] max_size, if less: a small cap must recover too
 
 
 class ListenError(OSError):
@@ -480,15 +481,19 @@ class Node:
 
     def _spool_health(self) -> dict[str, Any]:
         """Down from a reception refused for lack of room (or an I/O error) until one is
-        stored again; or, for lack of room, until there is plenty again: a probe that takes
-        a node out of service must see it come back without mail arriving."""
+        stored again; or, for lack of room, until there is plenty again (16 MiB, or an eighth
+        of `max_size` if less): a probe that takes a node out of service must see it come back
+        without mail arriving. One message too big for the room left, with plenty left for
+        others, does not take the node down."""
         refusing = self.intake.refusing
         if refusing is None:
             # Not asked for nothing: under a max_size, `room()` waits for the spool's body
             # files to be counted after its open, and /healthz is what says the node is up.
             return {"status": OK, "messages": self.spool.count + sum(s.count for s in self.adopted)}
         room = self.spool.room()
-        full = isinstance(refusing, SpoolFull) and not room >= _ROOM_TO_RECOVER
+        cap = self.config.spool.max_size
+        plenty = _ROOM_TO_RECOVER if cap is None else min(_ROOM_TO_RECOVER, cap // _ROOM_TO_RECOVER_SHARE)
+        full = isinstance(refusing, SpoolFull) and not room >= plenty
         health: dict[str, Any] = {
             "status": DOWN if full or isinstance(refusing, SpoolWriteError) else OK,
             "messages": self.spool.count + sum(s.count for s in self.adopted),

@@ -17,6 +17,7 @@ read while the writer commits).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import logging
@@ -129,6 +130,8 @@ _INSERT_OUTBOX: Final = "INSERT INTO outbox (seq, record) VALUES (?, ?)"
 _CORRUPT: Final = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CORRUPT_INDEX", "SQLITE_CORRUPT_SEQUENCE"})
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 _PAGE_SIZE: Final = 16384
+_WAL_SHARE: Final = 16  # under [spool] max_size, the WAL is held to this share of it
+_WAL_INDEX: Final = 32 * 1024  # the WAL's index (spool.db-shm) for a WAL of that size
 _T = TypeVar("_T")
 _NEARLY_FULL: Final = 1024 * 1024  # bytes free under which an I/O error opening the spool means "disk full"
 _ROOM_FRESH: Final = 0.01  # seconds a reading of `room()` serves receptions of inline bodies
@@ -152,6 +155,8 @@ class SqliteSpool:
     ) -> None:
         self.directory = directory
         self.db_path = directory / "spool.db"
+        self._wal_paths = (directory / "spool.db-wal", directory / "spool.db-shm")
+        self._wal_allowance = 0  # set when the database is opened under a cap
         self.data_dir = directory / "data"
         self._shard = shard
         self._inline_limit = inline_limit
@@ -308,7 +313,7 @@ class SqliteSpool:
 
     def room(self) -> int:
         """Bytes the spool may still grow by: its disk's free space, or what `max_size` leaves
-        of the database, its segments and its body files if that is less (-1 if the file
+        of the database (its WAL too), its segments and its body files if that is less (-1 if the file
         system cannot say). Just after the open, waits for the body files to be counted."""
         free = self._free()
         if self._max_size is None or (self._reader is None and not self.db_path.exists()):
@@ -317,7 +322,15 @@ class SqliteSpool:
             self._read().execute("SELECT * FROM pragma_page_size, pragma_page_count, pragma_freelist_count").fetchone()
         )
         files = 0 if self._files is None else self._files.total
-        left: int = self._max_size - (pages - unused) * page_size - self._segments.bytes - files
+        # The WAL and its index are files on the disk like any other. The WAL's allowance is
+        # set aside whole, however much of it is in use now: deliveries write to it too, and
+        # they must not push a full spool past its cap.
+        wal = 0
+        for path in self._wal_paths:
+            with contextlib.suppress(OSError):
+                wal += os.stat(path).st_size
+        wal = max(wal, self._wal_allowance)
+        left: int = self._max_size - (pages - unused) * page_size - wal - self._segments.bytes - files
         return left if free < 0 else min(free, left)
 
     def _free(self) -> int:
@@ -813,6 +826,14 @@ class SqliteSpool:
         if self._max_size is not None:
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count={max(self._max_size // page_size, 16)}")
+            # The WAL counts against the cap too (`room`). Left to SQLite's defaults it grows
+            # to 1,000 pages (16 MiB) before a checkpoint and never shrinks: more than a small
+            # cap. Under a cap it is checkpointed at a sixteenth of it and cut back to that.
+            pages = max(4, min(1000, self._max_size // _WAL_SHARE // page_size))
+            conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
+            wal = 32 + (pages + 1) * (24 + page_size)  # its header, and its frames at a checkpoint
+            conn.execute(f"PRAGMA journal_size_limit={wal}")
+            self._wal_allowance = wal + _WAL_INDEX
         return conn
 
     @staticmethod

@@ -279,10 +279,10 @@ async def test_a_spool_of_the_previous_schema_is_migrated_and_keeps_its_bodies(t
 
 
 async def test_max_size_counts_the_bytes_in_segments(tmp_path: Path) -> None:
-    spool = SqliteSpool(tmp_path, inline_limit=64 * 1024, segment_from=FROM, max_size=400 * 1024)
+    spool = SqliteSpool(tmp_path, inline_limit=64 * 1024, segment_from=FROM, max_size=512 * 1024)
     with opened(spool):
         stored, refused = 0, None
-        for n in range(100):  # 4 MB, ten times the cap
+        for n in range(100):  # 4 MB, eight times the cap
             try:
                 await store(spool, body_of(n, 40_000))
             except SpoolFull as error:
