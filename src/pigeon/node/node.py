@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -50,7 +50,6 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import signals
-from pigeon.node.broadcast import Broadcast
 from pigeon.node.inbound import Inbound
 from pigeon.node.notify import sd_notify
 from pigeon.node.outbound import Outbound, routes_from
@@ -66,6 +65,9 @@ from pigeon.smtp.server import ServerConfig
 from pigeon.spool.shards import Spools, adopted_shards, shard_directory
 from pigeon.spool.spool import Quarantined, SpoolDiskFull, SpoolError, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
+
+if TYPE_CHECKING:
+    from pigeon.node.broadcast import Broadcast
 
 _log = logging.getLogger(__name__)
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
@@ -199,7 +201,10 @@ class Node:
             )
             if config.redis.url:
                 # The cluster's suspensions and standing bounces are taken before the scheduler
-                # starts: nothing they hold may go out meanwhile.
+                # starts: nothing they hold may go out meanwhile. Imported here, not with the
+                # module: a node without Redis need not spend a tenth of a second on its client.
+                from pigeon.node.broadcast import Broadcast
+
                 self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers)
                 await self.broadcast.join(self.outbound.admin.adopt)
             await self.outbound.start()

@@ -32,7 +32,6 @@ from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
-from pigeon.shaping.cluster import ClusterThrottles
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import Reactions, shipped_provider_of
 from pigeon.shaping.rules import ShapingRules
@@ -217,6 +216,10 @@ def build_throttles(config: Config, worker: int, workers: int) -> Throttles:
     redis = config.redis
     if redis.url is None:
         return Throttles(table)
+    # Here, not with the module: the Redis client takes a tenth of a second to import, which a
+    # node without Redis (and every test that starts one) need not spend.
+    from pigeon.shaping.cluster import ClusterThrottles
+
     return ClusterThrottles(
         redis.url,
         table=table,
