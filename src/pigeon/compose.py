@@ -33,15 +33,26 @@ from pigeon.smtp import address
 # characters), as a JSON Schema pattern. The server also takes quoted local parts and address
 # literals, which this leaves out; lengths are in octets there, characters here. UTF-8 is
 # written as JSON Schema spells it (escapes, BMP only, no surrogates).
-_LOCAL, _DOMAIN = address.dot_string_and_domain(address.json_schema_extra())
+_EXTRA: Final = address.json_schema_extra()
+_LOCAL, _DOMAIN = address.dot_string_and_domain(_EXTRA)
 MAILBOX_PATTERN = rf"(?=[^@]{{1,64}}@){_LOCAL}@{_DOMAIN}"
+# The same grammar in negated character classes, which match the same text and which `re`
+# compiles in a millisecond where MAILBOX_PATTERN takes 40 (msgspec compiles each pattern
+# when the types below are made, so every process would spend that at start): what the
+# server validates with, and what the OpenAPI document replaces with the JSON Schema one.
+_LOCAL_RE, _DOMAIN_RE = address.dot_string_and_domain(_EXTRA, negated=True)
+_MAILBOX_RE = rf"(?=[^@]{{1,64}}@){_LOCAL_RE}@{_DOMAIN_RE}"
+_EMAIL_RE, _SENDER_RE = f"^{_MAILBOX_RE}$", f"^(?:{_MAILBOX_RE})?$"
+SCHEMA_PATTERNS: Final = {_EMAIL_RE: f"^{MAILBOX_PATTERN}$", _SENDER_RE: f"^(?:{MAILBOX_PATTERN})?$"}
+"""The address patterns the request types validate with, each with what the OpenAPI document
+writes for it: the same addresses, as JSON Schema spells them."""
 _EMAIL_RULES: Final = (
     "local@domain, at most 254 octets (UTF-8) in all and 64 in the local part, no control or"
     " format characters (such as bidi overrides)"
 )
 Email = Annotated[
     str,
-    msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=f"^{MAILBOX_PATTERN}$", description=_EMAIL_RULES),
+    msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
 MAX_NAME: Final = 255
 """The longest tenant or campaign name, in characters."""
@@ -88,7 +99,7 @@ class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
 
 class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     envelope_sender: Annotated[
-        str, msgspec.Meta(max_length=256, pattern=f"^(?:{MAILBOX_PATTERN})?$", description='"" for the null sender')
+        str, msgspec.Meta(max_length=256, pattern=_SENDER_RE, description='"" for the null sender')
     ]
     recipients: Annotated[list[InjectRecipient], msgspec.Meta(min_length=1, max_length=10_000)]
     content: str | Parts
