@@ -19,14 +19,15 @@ import email.utils
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
-import jinja2
 import msgspec
 
-from pigeon import mime, rendering
-from pigeon.rendering import RenderLimit, environment
+from pigeon import mime
 from pigeon.smtp import address
+
+if TYPE_CHECKING:
+    import jinja2
 
 # The mailbox grammar the server checks (`pigeon.smtp.address`: RFC 5321 dot-atom local part
 # of at most 64 octets, domain labels; UTF-8 allowed, RFC 6531, less control and format
@@ -330,7 +331,11 @@ def _as_is(name: str, source: str) -> str:
 
 
 class _Templates:
-    """Every template of a request, compiled once; rendered per recipient."""
+    """Every template of a request, compiled once; rendered per recipient.
+
+    Jinja2 (`pigeon.rendering`) is imported by the first request that holds a template, not
+    with this module: it takes some 40 ms, which every process would otherwise spend at start
+    and which a node whose clients send no templates never needs."""
 
     def __init__(self, request: InjectRequest) -> None:
         self._compiled: dict[str, jinja2.Template] = {}
@@ -352,8 +357,12 @@ class _Templates:
     def _add(self, name: str, source: str, field: str, *, autoescape: bool) -> None:
         if "{" not in source:
             return  # nothing to render: use the text as it is
+        import jinja2
+
+        from pigeon import rendering
+
         try:
-            self._compiled[name] = environment(autoescape).from_string(source)
+            self._compiled[name] = rendering.environment(autoescape).from_string(source)
         except jinja2.TemplateSyntaxError as error:
             raise ComposeError(f"template syntax error, line {error.lineno}: {error.message}", field) from None
         except RecursionError:
@@ -361,6 +370,11 @@ class _Templates:
 
     def renderer(self, variables: Mapping[str, Any], max_output: int) -> _Render:
         compiled = self._compiled
+        if not compiled:
+            return _as_is
+        import jinja2  # (imported already: by `_add`)
+
+        from pigeon import rendering
 
         def render(name: str, source: str) -> str:
             template = compiled.get(name)
@@ -368,7 +382,7 @@ class _Templates:
                 return source
             try:
                 return rendering.render(template, variables, max_output=max_output)
-            except RenderLimit as error:
+            except rendering.RenderLimit as error:
                 raise TemplateLimitError(f"template {name}: {error}", name) from None
             except jinja2.TemplateError as error:
                 raise ComposeError(f"template {name}: {error}", name) from None
