@@ -28,8 +28,6 @@ from prometheus_client import generate_latest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
-from pigeon.dkim.keys import KeyProblem
-from pigeon.dkim.signing import Signing, load_signers
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
@@ -67,6 +65,9 @@ from pigeon.spool.spool import Quarantined, SpoolDiskFull, SpoolError, SpoolFull
 from pigeon.spool.sqlite import SqliteSpool
 
 if TYPE_CHECKING:
+    from pigeon.config.schema import DkimConfig
+    from pigeon.dkim.signer import Signers
+    from pigeon.dkim.signing import Signing
     from pigeon.node.broadcast import Broadcast
 
 _log = logging.getLogger(__name__)
@@ -157,12 +158,9 @@ class Node:
         smtp = config.smtp
         self.tokens = Tokens.from_config(config)
         if config.dkim:
-            try:
-                self.signing = Signing(load_signers(config.dkim))
-            except KeyProblem as error:
-                # Read as the user Pigeon runs as, which the config check (run as whoever
-                # started it) may not have been.
-                raise ConfigError(str(error)) from None
+            from pigeon.dkim.signing import Signing
+
+            self.signing = Signing(_signers(config.dkim))
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
         self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0)
         if config.policy.module is not None:
@@ -368,9 +366,10 @@ class Node:
             smtp = config.smtp
             passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
             routes = routes_from(config)
-            signers = load_signers(config.dkim)
+            # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
+            signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
             reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
-        except (ConfigError, PasswordFileError, KeyProblem, OSError, ssl.SSLError, ReactionError) as error:
+        except (ConfigError, PasswordFileError, OSError, ssl.SSLError, ReactionError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
         if config.policy != self.config.policy:
@@ -394,9 +393,12 @@ class Node:
             if reactions is not None:
                 reactions_taken = self.outbound.take_reactions(reactions)
             shaping_taken = self.outbound.take_shaping(config, self.config)
-        if self.signing is None and len(signers):
+        if self.signing is None and signers is not None and len(signers):
+            from pigeon.dkim.signing import Signing
+
             self.signing = self.intake.signing = Signing(signers)
         elif self.signing is not None:
+            assert signers is not None  # read above whenever there is a signing
             self.signing.keys = signers
         running = self.config
         for key in _RELOADED_SMTP_KEYS:
@@ -422,7 +424,7 @@ class Node:
             "on" if tls_context is not None else "off",
             _counted(len(passwords), "SMTP user") if passwords is not None else "no SMTP users",
             _counted(len(routes), "route"),
-            _counted(len(signers), "DKIM signer"),
+            _counted(len(signers) if signers is not None else 0, "DKIM signer"),
             rules,
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
@@ -613,6 +615,20 @@ def _session_config(config: Config, tls: ssl.SSLContext | None, passwords: Passw
         auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
         auth_requires_tls=not smtp.allow_plaintext_auth,
     )
+
+
+def _signers(configs: list[DkimConfig]) -> Signers:
+    """The `[[dkim]]` blocks' signers, their keys read; `ConfigError` names a key that cannot
+    be used. Read as the user Pigeon runs as, which the config check (run as whoever started
+    it) may not have been. DKIM's modules are imported here, not with this one: `cryptography`
+    takes some 20 ms of a start, which a node without [[dkim]] need not spend."""
+    from pigeon.dkim.keys import KeyProblem
+    from pigeon.dkim.signing import load_signers
+
+    try:
+        return load_signers(configs)
+    except KeyProblem as error:
+        raise ConfigError(str(error)) from None
 
 
 def _tls_context(config: Config) -> ssl.SSLContext | None:
