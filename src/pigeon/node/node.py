@@ -51,7 +51,7 @@ from pigeon.node import signals
 from pigeon.node.inbound import Inbound
 from pigeon.node.notify import sd_notify
 from pigeon.node.outbound import Outbound, routes_from
-from pigeon.node.sockets import Bound
+from pigeon.node.sockets import Bound, ListenError
 from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
@@ -74,10 +74,6 @@ _log = logging.getLogger(__name__)
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
 _ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again
-
-
-class ListenError(OSError):
-    """A listener could not bind its address; the message names the config key."""
 
 
 class Node:
