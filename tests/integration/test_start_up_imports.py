@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,20 +43,19 @@ print(json.dumps([status, sorted(sys.modules)]))
 """
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """The modules `pigeon serve` with the default configuration (one worker) had loaded once
-    it had started, taken a message and stopped (its self-signed pair made already, as at any
-    restart)."""
-    root = tmp_path_factory.mktemp("node")
+def _served(root: Path, **sections: dict[str, Any]) -> set[str]:
+    """The modules `pigeon serve` (one worker, the default configuration but `sections`) had
+    loaded once it had started, taken a message and stopped (its TLS pair made already, as
+    at any restart)."""
     port = free_port()
-    config = {
+    config: dict[str, Any] = {
         "node": {"workers": 1},
         "smtp": {"listen": [f"127.0.0.1:{port}"], "hostname": "mx.pigeon.test"},
         "http": {"listen": f"127.0.0.1:{free_port()}"},
         "spool": {"path": "spool"},
         "log": {"path": "log"},
         "dns": {"nameservers": ["127.0.0.1:9"], "timeout": "1s"},  # never the system resolver
+        **sections,
     }
     (root / "pigeon.toml").write_text(to_toml(config))
     ensure_self_signed(root / "spool" / "tls", "mx.pigeon.test")
@@ -73,6 +74,15 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     return modules
 
 
+def _of(package: str, modules: set[str]) -> set[str]:
+    return {name for name in modules if name == package or name.startswith(package + ".")}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    return _served(tmp_path_factory.mktemp("node"))
+
+
 @pytest.mark.parametrize(
     "package",
     [
@@ -84,7 +94,14 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     ],
 )
 def test_a_default_node_does_not_load_what_it_does_not_use(loaded: set[str], package: str) -> None:
-    assert not {name for name in loaded if name == package or name.startswith(package + ".")}
+    assert not _of(package, loaded)
+    assert _of("dns", loaded) and _of("pigeon.node.outbound", loaded)  # it delivers
+
+
+def test_a_node_that_only_accepts_does_not_load_the_delivery_side(tmp_path: Path) -> None:
+    loaded = _served(tmp_path, delivery={"enabled": False})
+    for package in ("pigeon.node.outbound", "pigeon.delivery.session", "dns", "pigeon.inbound.mailbox"):
+        assert not _of(package, loaded), package
 
 
 def test_a_supervisor_does_not_load_the_node_nor_the_clients_it_does_not_use() -> None:
@@ -93,4 +110,4 @@ def test_a_supervisor_does_not_load_the_node_nor_the_clients_it_does_not_use() -
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     loaded = set(json.loads(result.stdout))
     for package in ("pigeon.node.node", "pigeon.node.outbound", "redis", "asyncpg", "jinja2", "cryptography"):
-        assert not {name for name in loaded if name == package or name.startswith(package + ".")}, package
+        assert not _of(package, loaded), package

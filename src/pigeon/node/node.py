@@ -48,9 +48,7 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import signals
-from pigeon.node.inbound import Inbound
 from pigeon.node.notify import sd_notify
-from pigeon.node.outbound import Outbound, routes_from
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
@@ -66,9 +64,12 @@ from pigeon.spool.sqlite import SqliteSpool
 
 if TYPE_CHECKING:
     from pigeon.config.schema import DkimConfig
+    from pigeon.delivery.routes import Route
     from pigeon.dkim.signer import Signers
     from pigeon.dkim.signing import Signing
     from pigeon.node.broadcast import Broadcast
+    from pigeon.node.inbound import Inbound
+    from pigeon.node.outbound import Outbound
 
 _log = logging.getLogger(__name__)
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
@@ -175,10 +176,17 @@ class Node:
             policy=self.policy,
             clock=self._clock,
         )
+        # The inbound and outbound sides are imported when configured, not with this module:
+        # delivery alone (DNS, the SMTP client) is a fifth of a node's start, which a node that
+        # only accepts ([delivery] enabled = false) need not spend.
         if config.target:
+            from pigeon.node.inbound import Inbound
+
             self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0)
             await self.inbound.start()
         if config.delivery.enabled:
+            from pigeon.node.outbound import Outbound
+
             self.outbound = Outbound(
                 config,
                 spools=spools,
@@ -361,7 +369,7 @@ class Node:
             tls_context = _tls_context(config)
             smtp = config.smtp
             passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
-            routes = routes_from(config)
+            routes = _routes(config) if self.outbound is not None else []
             # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
             signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
             reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
@@ -419,7 +427,7 @@ class Node:
             "reloaded: TLS %s, %s, %s, %s (keys read again)%s%s",
             "on" if tls_context is not None else "off",
             _counted(len(passwords), "SMTP user") if passwords is not None else "no SMTP users",
-            _counted(len(routes), "route"),
+            _counted(len(config.route), "route"),  # every [[route]], whether or not this node delivers
             _counted(len(signers) if signers is not None else 0, "DKIM signer"),
             rules,
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
@@ -611,6 +619,13 @@ def _session_config(config: Config, tls: ssl.SSLContext | None, passwords: Passw
         auth_mechanisms=("PLAIN", "LOGIN") if passwords is not None else (),
         auth_requires_tls=not smtp.allow_plaintext_auth,
     )
+
+
+def _routes(config: Config) -> list[Route]:
+    """The `[[route]]`s of `config`, for the outbound side (whose module is loaded with it)."""
+    from pigeon.node.outbound import routes_from
+
+    return routes_from(config)
 
 
 def _signers(configs: list[DkimConfig]) -> Signers:
