@@ -47,7 +47,7 @@ from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
-from pigeon.node import signals
+from pigeon.node import collector, signals
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.policy.hooks import Policy, PolicyLoadError
@@ -272,6 +272,7 @@ class Node:
                 spool.open(loop)
                 return
             except SpoolDiskFull as error:
+                collector.started()  # a wait that may last hours: collect meanwhile
                 if time.monotonic() - said >= _DISK_FULL_REMINDER:
                     said = time.monotonic()
                     _log.warning("cannot start yet: %s; trying again every %.0fs", error, _DISK_FULL_RETRY)
@@ -666,12 +667,13 @@ def _tune_garbage_collector() -> None:
     """Fewer, cheaper cyclic collections: about 5% less CPU per message, measured.
 
     Everything alive after start-up (modules, config, TLS contexts) lives until exit, so it
-    is frozen out of every future collection. Messages allocate a few hundred short-lived
+    is frozen out of every future collection, and the collector, off while `pigeon serve`
+    started, runs again (`pigeon.node.collector`). Messages allocate a few hundred short-lived
     containers each; collecting the youngest generation every 10,000 allocations instead of
     700 costs a few MB at most and skips most collections that would find nothing.
     """
-    gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+    collector.started()
 
 
 def _counted(count: int, noun: str) -> str:

@@ -39,7 +39,7 @@ from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
-from pigeon.node import signals
+from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
@@ -191,6 +191,9 @@ class Supervisor:
             self._cluster = Broadcast(config)
 
     async def run(self) -> None:
+        # Imported and built: what the supervisor does from here on (start workers, wait for
+        # them) is light but may take long, so it collects as usual (`pigeon.node.collector`).
+        collector.started()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
