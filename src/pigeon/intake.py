@@ -30,13 +30,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import msgspec
 
 from pigeon.delivery.content import edited
-from pigeon.dkim.signer import SignerRefused
-from pigeon.dkim.signing import Signing
 from pigeon.header_section import HeaderSection, LateField, RoutingNames
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
@@ -54,6 +52,9 @@ from pigeon.smtp.address import same_mailbox_key
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Settling, Spool, SpoolError
+
+if TYPE_CHECKING:
+    from pigeon.dkim.signing import Signing
 
 _log = logging.getLogger(__name__)
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -396,7 +397,7 @@ class Draft:
                     envelope.dkim,
                     then=lambda signed: self._signed(signed, result, body, now, tenant, campaign, queue),
                 )
-            except SignerRefused as error:
+            except signing.Refused as error:
                 # A signer the policy named that cannot sign this message (another author
                 # domain, another tenant) would make a signature that fails, or sign with a
                 # key that is not this mail's: refused as an unknown name is (the hook failed).

@@ -19,7 +19,7 @@ import pytest
 from pigeon.dkim.keys import PrivateKey, generate_key, record_text, write_key
 from tests.support.dkim import dkimpy_verify, key_server, opendkim_verify
 from tests.support.dns import DnsServer, Zone
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, to_toml
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
 
@@ -374,6 +374,23 @@ def test_sighup_reads_the_keys_again_and_a_bad_key_keeps_the_old_one(
     assert len(_signatures(received.data)) == 2
     wait_until(lambda: pigeon.records("Delivery"))
     assert json.dumps(pigeon.records("Delivery")[0])  # delivered, not refused
+
+
+def test_a_node_started_without_dkim_signs_once_a_reload_adds_a_signer(
+    tmp_path: Path, sink: ScriptedSink, dns: DnsServer, keys: Keys
+) -> None:
+    # Such a node has not loaded DKIM's modules (nor `cryptography`): the reload does.
+    with PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], DATE + b"From: ann@example.com\r\n\r\nbefore\r\n")
+        assert _signatures(sink.wait_for(1)[0].data) == []
+        key = _key_file(tmp_path, "rsa", keys.rsa)
+        pigeon.config["dkim"] = [{"domain": "example.com", "selector": "rsa1", "private_key": key}]
+        pigeon.config_path.write_text(to_toml(pigeon.config))
+        assert pigeon.process is not None
+        pigeon.process.send_signal(signal.SIGHUP)
+        pigeon.wait_stderr("1 DKIM signer (keys read again)")
+        _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], DATE + b"From: ann@example.com\r\n\r\nafter\r\n")
+        assert [s["s"] for s in _check(sink.wait_for(2)[1], dns, tmp_path)] == ["rsa1"]
 
 
 def test_a_body_spilled_to_a_spool_file_is_signed(

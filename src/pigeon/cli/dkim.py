@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pigeon.dkim.keys import dns_record, generate_key, name_problem, write_key
-
 EXAMPLES = """examples:
   pigeon dkim keygen --domain example.com --selector s2025
   pigeon dkim keygen --domain example.com --selector ed2025 --algorithm ed25519-sha256
@@ -43,6 +41,10 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not with the module: every `pigeon` command (`pigeon serve` too) builds
+    # the parser that registers this one, and `cryptography` would add some 20 ms to each.
+    from pigeon.dkim.keys import dns_record, generate_key, name_problem, write_key
+
     domain = args.domain.strip().rstrip(".").lower()
     for problem in (name_problem("--domain", domain), name_problem("--selector", args.selector)):
         if problem is not None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from pigeon import __version__
-from pigeon.node import signals
+from pigeon.node import collector, signals
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # First, before the imports and the config: a reload or a stop asked for meanwhile
         # must not kill the node; it waits until the node can act on it (`pigeon.node.signals`).
         signals.hold()
+        # And no cyclic garbage collection until it has started: see `pigeon.node.collector`.
+        collector.pause()
     args = build_parser().parse_args(arguments)
     try:
         result: int = args.run(args)

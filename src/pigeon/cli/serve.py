@@ -22,7 +22,7 @@ from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
 from pigeon.node.scheduling import apply_scheduling
-from pigeon.node.sockets import Bound, adopt, bind
+from pigeon.node.sockets import Bound, ListenError, adopt, bind
 from pigeon.redaction import RedactingFormatter, redact
 
 EXAMPLES = """examples:
@@ -53,10 +53,9 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # The node is imported here, not with the module: every other command's start (`pigeon
-    # queue summary`, `pigeon logs`) would otherwise wait a second for it.
+    # queue summary`, `pigeon logs`) would otherwise wait a second for it. And only the part
+    # this process runs (below): a worker needs no supervisor, a supervisor no node.
     from pigeon.listener.passwords import PasswordFileError
-    from pigeon.node.node import Node
-    from pigeon.node.supervisor import Supervisor
     from pigeon.policy.hooks import Policy, PolicyLoadError
     from pigeon.spool.spool import SpoolError
 
@@ -107,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
+        from pigeon.node.node import Node
+
         inherited = Bound(smtp=adopt(args.smtp_fd), http=[]) if args.smtp_fd else None
         worker = Node(
             config,
@@ -118,8 +119,12 @@ def run(args: argparse.Namespace) -> int:
         )
         main = worker.run()
     elif config.node.worker_count == 1:
+        from pigeon.node.node import Node
+
         main = Node(config, config_path=args.config, listening=listening).run(notify=True)
     else:
+        from pigeon.node.supervisor import Supervisor
+
         main = Supervisor(config, args.config, config.node.worker_count, listening).run()
     try:
         _run_loop(main)
@@ -199,8 +204,6 @@ def _claim(config: Config) -> tuple[int, Bound]:
 
 
 def _bind(key: str, host: str, port: int) -> list[socket.socket]:
-    from pigeon.node.node import ListenError
-
     try:
         return bind(host, port)
     except OSError as error:

@@ -36,7 +36,6 @@ from pigeon.config.schema import (
     WebhookTarget,
     decode_hook,
 )
-from pigeon.dkim.keys import KeyProblem, load_key, name_problem
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
@@ -623,6 +622,12 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigErr
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
     break the signature)."""
+    if not config.dkim:
+        return
+    # Imported here, not with the module: DKIM's keys need `cryptography`, some 20 ms that
+    # every process loading a configuration without [[dkim]] would spend for nothing.
+    from pigeon.dkim.keys import KeyProblem, load_key, name_problem
+
     internal = {config.delivery.tenant_header.lower(), config.delivery.campaign_header.lower()}
     names = [block.name for block in config.dkim if block.name is not None]
     for name in names:

@@ -119,6 +119,16 @@ class Router:
 
         return changed
 
+    def verifies_with_system_cas(self) -> bool:
+        """Whether some mail may be verified against the system's CAs: the default's, or a
+        `[[route]]`'s, verification with no `ca_file` of its own."""
+        settings = [(self._verify, self._ca_file)]
+        settings += [
+            (r.tls_verify if r.tls_verify is not None else self._verify, r.ca_file or self._ca_file)
+            for r in self._routes
+        ]
+        return any(verify and not trusted for verify, trusted in settings)
+
     def cached(self, domain: str, target: str | None = None) -> Destination | None:
         """The destination if known and fresh: no await needed (the common case)."""
         if target is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import functools
 import ipaddress
 import logging
 import ssl
@@ -97,8 +98,16 @@ class ConnectionLost(Exception):
 
 
 _UNVERIFIED: Final = client_context(verify=False)
-_SYSTEM_CAS: Final = client_context(verify=True)
 _PRIVATE_CAS: dict[str, tuple[bytes, ssl.SSLContext]] = {}
+
+
+@functools.cache
+def system_cas() -> ssl.SSLContext:
+    """The client context that verifies against the system's CAs. Made when first asked for,
+    not with this module: reading the CAs takes some 25 ms, which a node that never verifies
+    need not spend at start. The outbound side asks for it when its routes are set
+    (`Outbound`), so that the first handshake to verify does not wait for it."""
+    return client_context(verify=True)
 
 
 def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
@@ -109,7 +118,7 @@ def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
     if not verify:
         return _UNVERIFIED
     if ca_file is None:
-        return _SYSTEM_CAS
+        return system_cas()
     content = Path(ca_file).read_bytes()
     known = _PRIVATE_CAS.get(ca_file)
     if known is not None and known[0] == content:

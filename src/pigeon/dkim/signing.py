@@ -29,7 +29,7 @@ from pigeon.config.schema import DkimConfig
 from pigeon.dkim.canonical import Field, header_fields, split_message
 from pigeon.dkim.key_process import KeyProcess, KeyProcessFailed
 from pigeon.dkim.keys import KeyProblem, PrivateKey, load_key
-from pigeon.dkim.signer import Signer, Signers, Unsigned
+from pigeon.dkim.signer import Signer, SignerRefused, Signers, Unsigned
 
 _log = logging.getLogger(__name__)
 
@@ -56,6 +56,11 @@ def load_signers(configs: Sequence[DkimConfig]) -> Signers:
 
 class Signing:
     """The signers in force, and the process (and thread) that sign for them."""
+
+    Refused = SignerRefused
+    """What `sign` raises when a signer a policy named cannot sign the message: caught through
+    here by the intake, which does not import DKIM's modules (a node without [[dkim]] never
+    loads them)."""
 
     def __init__(self, signers: Signers) -> None:
         self.keys = signers

@@ -77,16 +77,12 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
-
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from typing import TYPE_CHECKING, Final
 
 from pigeon.redaction import redact, redact_url
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
 
 _log = logging.getLogger(__name__)
 
@@ -369,7 +365,8 @@ class Arbiter:
         return Claim(key, uid, Standing.CLAIMED, value, attempts, started + lease * 0.9)
 
 
-_Call = tuple[AsyncScript, str | list[str], list[str]]
+if TYPE_CHECKING:
+    _Call = tuple[AsyncScript, str | list[str], list[str]]
 
 
 class RedisArbiter(Arbiter):
@@ -396,6 +393,16 @@ class RedisArbiter(Arbiter):
         self._beating: asyncio.Task[None] | None = None
         self._closing = False
         self._outage: tuple[float, str] | None = None  # (since, why) while Redis does not answer
+        # Imported here, not with the module: a node without Redis arbitrates in memory
+        # (`LocalArbiter`) and need not spend a tenth of a second on the Redis client.
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import RedisError
+
+        # What a call raises when Redis does not answer.
+        self._unavailable: tuple[type[Exception], ...] = (RedisError, OSError)
         # One quick retry on a fresh connection: after a Redis restart the pooled connections
         # are dead, and the first command on each would otherwise fail for nothing.
         self._redis = aioredis.Redis.from_url(
@@ -421,7 +428,7 @@ class RedisArbiter(Arbiter):
                 await self._beating
         # A node that stops says so: whatever claim it failed to give back is free at once.
         # (Its name stays, for whoever takes them over to log; the sweep forgets it later.)
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*self._unavailable):
             await self._redis.hdel(self.prefix + self._nodes_key, self.token)
         await self._redis.aclose()
 
@@ -492,7 +499,7 @@ class RedisArbiter(Arbiter):
                     keys = [key] if isinstance(key, str) else key
                     await script(keys=[self.prefix + k for k in keys], args=args, client=pipe)
                 answers = list(await pipe.execute())
-        except (RedisError, OSError) as error:
+        except self._unavailable as error:
             why = f"Redis at {self.where}: {redact(str(error)) or type(error).__name__}"
             if self._outage is None:
                 self._outage = (time.monotonic(), why)

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 _log = logging.getLogger(__name__)
 
@@ -101,6 +99,13 @@ class RedisNotes(Notes):
     def __init__(self, url: str, *, prefix: str = "pigeon", timeout: float = 2.0) -> None:
         super().__init__()
         self._prefix = f"{prefix}:" if prefix else ""
+        # Imported here, not with the module: a node without Redis keeps no notes and need
+        # not spend a tenth of a second on the Redis client.
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        # What a call raises when Redis does not answer.
+        self._unavailable: tuple[type[Exception], ...] = (RedisError, OSError)
         self._redis = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         self._resolve = self._redis.register_script(_RESOLVE)
 
@@ -110,20 +115,20 @@ class RedisNotes(Notes):
     async def write(self, identity: str, note: Note) -> None:
         try:
             await self._redis.set(self._key(identity), note.encode(), ex=NOTE_TTL)
-        except (RedisError, OSError) as error:
+        except self._unavailable as error:
             raise NotesUnavailable(str(error)) from error
 
     async def resolve(self, identity: str, note: Note, at: float) -> None:
         resolved = dataclasses.replace(note, resolved_at=at)
         try:
             await self._resolve(keys=[self._key(identity)], args=[note.encode(), resolved.encode()])
-        except (RedisError, OSError) as error:
+        except self._unavailable as error:
             raise NotesUnavailable(str(error)) from error
 
     async def read(self, identity: str) -> Note | None:
         try:
             data = await self._redis.get(self._key(identity))
-        except (RedisError, OSError) as error:
+        except self._unavailable as error:
             raise NotesUnavailable(str(error)) from error
         return None if data is None else Note.decode(data)
 

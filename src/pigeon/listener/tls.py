@@ -3,6 +3,10 @@
 A self-signed certificate is what most MTAs present to each other anyway (opportunistic
 TLS does not verify), and it means STARTTLS works out of the box. Configure a real one
 with `[smtp] tls_certificate` and `tls_private_key`.
+
+`cryptography` is imported by the functions that read or make a certificate, not with this
+module: its X.509 part takes some 30 ms, which a process that finds its pair made (a node's
+restart, its other workers, the supervisor) need not spend.
 """
 
 from __future__ import annotations
@@ -13,12 +17,6 @@ import ipaddress
 import os
 import ssl
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from pigeon.tls import server_context
 
@@ -40,6 +38,10 @@ def check_pair(certificate: Path, private_key: Path) -> None:
 
     Checked when the configuration loads: the server context is only made at start-up in
     each worker, and a pair that does not match would otherwise fail every STARTTLS."""
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     cert_bytes = _read(certificate, "certificate")
     key_bytes = _read(private_key, "private key")
     try:
@@ -97,6 +99,11 @@ def ensure_self_signed(directory: Path, hostname: str) -> tuple[Path, Path]:
 
 def _self_signed(hostname: str) -> tuple[bytes, bytes]:
     """A new key and a certificate for `hostname` signed by it, both PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     # A common name holds at most 64 characters (RFC 5280 ub-common-name); a longer host
     # name is cut there, and the subjectAltName, which clients check, carries it whole.

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
@@ -28,8 +28,6 @@ from prometheus_client import generate_latest
 
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config, InboundRouteConfig
-from pigeon.dkim.keys import KeyProblem
-from pigeon.dkim.signing import Signing, load_signers
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
@@ -49,12 +47,9 @@ from pigeon.logs.records import Quarantine
 from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
-from pigeon.node import signals
-from pigeon.node.broadcast import Broadcast
-from pigeon.node.inbound import Inbound
+from pigeon.node import collector, signals
 from pigeon.node.notify import sd_notify
-from pigeon.node.outbound import Outbound, routes_from
-from pigeon.node.sockets import Bound
+from pigeon.node.sockets import Bound, ListenError
 from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
@@ -67,15 +62,20 @@ from pigeon.spool.shards import Spools, adopted_shards, shard_directory
 from pigeon.spool.spool import Quarantined, SpoolDiskFull, SpoolError, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
 
+if TYPE_CHECKING:
+    from pigeon.config.schema import DkimConfig
+    from pigeon.delivery.routes import Route
+    from pigeon.dkim.signer import Signers
+    from pigeon.dkim.signing import Signing
+    from pigeon.node.broadcast import Broadcast
+    from pigeon.node.inbound import Inbound
+    from pigeon.node.outbound import Outbound
+
 _log = logging.getLogger(__name__)
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
 _ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again ...
 _ROOM_TO_RECOVER_SHARE = 8  # ... or this share of [spool] max_size, if less: a small cap must recover too
-
-
-class ListenError(OSError):
-    """A listener could not bind its address; the message names the config key."""
 
 
 class Node:
@@ -156,12 +156,9 @@ class Node:
         smtp = config.smtp
         self.tokens = Tokens.from_config(config)
         if config.dkim:
-            try:
-                self.signing = Signing(load_signers(config.dkim))
-            except KeyProblem as error:
-                # Read as the user Pigeon runs as, which the config check (run as whoever
-                # started it) may not have been.
-                raise ConfigError(str(error)) from None
+            from pigeon.dkim.signing import Signing
+
+            self.signing = Signing(_signers(config.dkim))
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
         self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0)
         if config.policy.module is not None:
@@ -180,10 +177,17 @@ class Node:
             policy=self.policy,
             clock=self._clock,
         )
+        # The inbound and outbound sides are imported when configured, not with this module:
+        # delivery alone (DNS, the SMTP client) is a fifth of a node's start, which a node that
+        # only accepts ([delivery] enabled = false) need not spend.
         if config.target:
+            from pigeon.node.inbound import Inbound
+
             self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0)
             await self.inbound.start()
         if config.delivery.enabled:
+            from pigeon.node.outbound import Outbound
+
             self.outbound = Outbound(
                 config,
                 spools=spools,
@@ -200,7 +204,10 @@ class Node:
             )
             if config.redis.url:
                 # The cluster's suspensions and standing bounces are taken before the scheduler
-                # starts: nothing they hold may go out meanwhile.
+                # starts: nothing they hold may go out meanwhile. Imported here, not with the
+                # module: a node without Redis need not spend a tenth of a second on its client.
+                from pigeon.node.broadcast import Broadcast
+
                 self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers)
                 await self.broadcast.join(self.outbound.admin.adopt)
             await self.outbound.start()
@@ -266,6 +273,7 @@ class Node:
                 spool.open(loop)
                 return
             except SpoolDiskFull as error:
+                collector.started()  # a wait that may last hours: collect meanwhile
                 if time.monotonic() - said >= _DISK_FULL_REMINDER:
                     said = time.monotonic()
                     _log.warning("cannot start yet: %s; trying again every %.0fs", error, _DISK_FULL_RETRY)
@@ -363,10 +371,11 @@ class Node:
             tls_context = _tls_context(config)
             smtp = config.smtp
             passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
-            routes = routes_from(config)
-            signers = load_signers(config.dkim)
+            routes = _routes(config) if self.outbound is not None else []
+            # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
+            signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
             reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
-        except (ConfigError, PasswordFileError, KeyProblem, OSError, ssl.SSLError, ReactionError) as error:
+        except (ConfigError, PasswordFileError, OSError, ssl.SSLError, ReactionError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
         if config.policy != self.config.policy:
@@ -390,9 +399,12 @@ class Node:
             if reactions is not None:
                 reactions_taken = self.outbound.take_reactions(reactions)
             shaping_taken = self.outbound.take_shaping(config, self.config)
-        if self.signing is None and len(signers):
+        if self.signing is None and signers is not None and len(signers):
+            from pigeon.dkim.signing import Signing
+
             self.signing = self.intake.signing = Signing(signers)
         elif self.signing is not None:
+            assert signers is not None  # read above whenever there is a signing
             self.signing.keys = signers
         running = self.config
         for key in _RELOADED_SMTP_KEYS:
@@ -417,8 +429,8 @@ class Node:
             "reloaded: TLS %s, %s, %s, %s (keys read again)%s%s",
             "on" if tls_context is not None else "off",
             _counted(len(passwords), "SMTP user") if passwords is not None else "no SMTP users",
-            _counted(len(routes), "route"),
-            _counted(len(signers), "DKIM signer"),
+            _counted(len(config.route), "route"),  # every [[route]], whether or not this node delivers
+            _counted(len(signers) if signers is not None else 0, "DKIM signer"),
             rules,
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
@@ -615,6 +627,27 @@ def _session_config(config: Config, tls: ssl.SSLContext | None, passwords: Passw
     )
 
 
+def _routes(config: Config) -> list[Route]:
+    """The `[[route]]`s of `config`, for the outbound side (whose module is loaded with it)."""
+    from pigeon.node.outbound import routes_from
+
+    return routes_from(config)
+
+
+def _signers(configs: list[DkimConfig]) -> Signers:
+    """The `[[dkim]]` blocks' signers, their keys read; `ConfigError` names a key that cannot
+    be used. Read as the user Pigeon runs as, which the config check (run as whoever started
+    it) may not have been. DKIM's modules are imported here, not with this one: `cryptography`
+    takes some 20 ms of a start, which a node without [[dkim]] need not spend."""
+    from pigeon.dkim.keys import KeyProblem
+    from pigeon.dkim.signing import load_signers
+
+    try:
+        return load_signers(configs)
+    except KeyProblem as error:
+        raise ConfigError(str(error)) from None
+
+
 def _tls_context(config: Config) -> ssl.SSLContext | None:
     smtp = config.smtp
     if not smtp.starttls:
@@ -639,12 +672,13 @@ def _tune_garbage_collector() -> None:
     """Fewer, cheaper cyclic collections: about 5% less CPU per message, measured.
 
     Everything alive after start-up (modules, config, TLS contexts) lives until exit, so it
-    is frozen out of every future collection. Messages allocate a few hundred short-lived
+    is frozen out of every future collection, and the collector, off while `pigeon serve`
+    started, runs again (`pigeon.node.collector`). Messages allocate a few hundred short-lived
     containers each; collecting the youngest generation every 10,000 allocations instead of
     700 costs a few MB at most and skips most collections that would find nothing.
     """
-    gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+    collector.started()
 
 
 def _counted(count: int, noun: str) -> str:

@@ -18,7 +18,7 @@ from pigeon.delivery.egress import Egress, Source
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
-from pigeon.delivery.session import ClientOptions
+from pigeon.delivery.session import ClientOptions, system_cas
 from pigeon.delivery.sites import SiteHealth
 from pigeon.delivery.smtp_agent import SmtpAgents
 from pigeon.delivery.target_agent import TargetAgents
@@ -32,7 +32,6 @@ from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
 from pigeon.queue.retry import RetryPolicy
-from pigeon.shaping.cluster import ClusterThrottles
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import Reactions, shipped_provider_of
 from pigeon.shaping.rules import ShapingRules
@@ -85,6 +84,7 @@ class Outbound:
             smtp_port=delivery.smtp_port,
             classify=classifier.classify,
         )
+        self._load_system_cas()
         self.policies = _policies(config)
         inbound = metrics.inbound_messages
         self.egress = Egress.from_config(config.pool, delivery.pool)
@@ -147,9 +147,16 @@ class Outbound:
         changed (next hop, TLS settings: its ready queue) is routed again, so that none rides
         a connection opened under the old route (a route that now requires TLS, say)."""
         changed = self.router.replace(routes)
+        self._load_system_cas()
         moved = self.scheduler.reroute(changed)
         if moved:
             _log.info("reload: %d waiting messages routed again by the new [[route]]s", moved)
+
+    def _load_system_cas(self) -> None:
+        """The system's CAs read now, at start or reload, if some mail may be verified against
+        them: not at the first handshake that does, which would wait some 25 ms for them."""
+        if self.router.verifies_with_system_cas():
+            system_cas()
 
     def take_shaping(self, config: Config, running: Config) -> bool:
         """The `[[shaping]]` blocks and `[delivery]` limits of `config`, from now on (a
@@ -217,6 +224,10 @@ def build_throttles(config: Config, worker: int, workers: int) -> Throttles:
     redis = config.redis
     if redis.url is None:
         return Throttles(table)
+    # Here, not with the module: the Redis client takes a tenth of a second to import, which a
+    # node without Redis (and every test that starts one) need not spend.
+    from pigeon.shaping.cluster import ClusterThrottles
+
     return ClusterThrottles(
         redis.url,
         table=table,

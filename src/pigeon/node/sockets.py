@@ -15,6 +15,10 @@ from dataclasses import dataclass
 _BACKLOG = 4096
 
 
+class ListenError(OSError):
+    """A listener could not bind its address; the message names the config key."""
+
+
 @dataclass(slots=True)
 class Bound:
     """The sockets bound before the drop: SMTP (one per address and family) and HTTP."""

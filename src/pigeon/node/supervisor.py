@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import aiohttp
 from aiohttp import web
@@ -39,12 +39,14 @@ from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
-from pigeon.node import signals
+from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
-from pigeon.node.broadcast import Broadcast
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
 from pigeon.shaping.table import create_shared_table, shared_table_path
+
+if TYPE_CHECKING:
+    from pigeon.node.broadcast import Broadcast
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
@@ -181,9 +183,17 @@ class Supervisor:
         self._suspending = asyncio.Lock()
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # With [redis], admin operations issued here go to every node (their workers consume).
-        self._cluster = Broadcast(config) if config.redis.url and config.delivery.enabled else None
+        self._cluster: Broadcast | None = None
+        if config.redis.url and config.delivery.enabled:
+            # Imported here: a node without Redis need not spend a tenth of a second on its client.
+            from pigeon.node.broadcast import Broadcast
+
+            self._cluster = Broadcast(config)
 
     async def run(self) -> None:
+        # Imported and built: what the supervisor does from here on (start workers, wait for
+        # them) is light but may take long, so it collects as usual (`pigeon.node.collector`).
+        collector.started()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -48,15 +48,16 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from pigeon.flock import Flocked
 from pigeon.logs.records import Record, ShapingEffect
 from pigeon.redaction import redact, redact_url
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 _log = logging.getLogger(__name__)
 
@@ -169,7 +170,15 @@ class Board:
         self._redis: aioredis.Redis | None = None
         self._shared = redis_url is not None
         self.error = ""  # why not shared, while Redis does not answer
+        # What a Redis call may raise when Redis does not answer (`_call`).
+        self._unavailable: tuple[type[Exception], ...] = (OSError,)
         if redis_url is not None:
+            # Imported here, not with the module: every node has a board, and a node without
+            # Redis need not spend a tenth of a second on its client.
+            import redis.asyncio as aioredis
+            from redis.exceptions import RedisError
+
+            self._unavailable = (RedisError, OSError)
             self._redis = aioredis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
             self._create = self._redis.register_script(_CREATE)
             self._poll = self._redis.register_script(_POLL)
@@ -508,7 +517,7 @@ class Board:
     async def _call(self, call: Any) -> Any:
         try:
             return await call
-        except (RedisError, OSError) as error:
+        except self._unavailable as error:
             raise _Unavailable(redact(str(error)) or type(error).__name__) from error
 
     def _fall_back(self, error: str) -> None:

@@ -433,6 +433,21 @@ async def test_a_ca_file_applies_only_where_the_certificate_is_verified_and_keep
     assert (await verifying.destination("single.example")).ca_file == "/etc/default-ca.pem"
 
 
+def test_the_system_cas_are_wanted_only_where_mail_may_be_verified_without_a_ca_file_of_its_own(
+    dns: FakeDns,
+) -> None:
+    # (Read at start or reload when wanted, not at a first handshake: `Outbound`.)
+    assert not Router([Route("a.example", tls=TlsPolicy.REQUIRED)], resolver(dns)).verifies_with_system_cas()
+    assert Router([], resolver(dns), tls_verify=True).verifies_with_system_cas()
+    assert not Router([], resolver(dns), tls_verify=True, ca_file="/etc/ca.pem").verifies_with_system_cas()
+    partner = Route("partner.example", tls_verify=True, ca_file="/etc/partner-ca.pem")
+    assert not Router([partner], resolver(dns)).verifies_with_system_cas()
+    assert Router([partner, Route("b.example", tls_verify=True)], resolver(dns)).verifies_with_system_cas()
+    router = Router([], resolver(dns))
+    router.replace([Route("b.example", tls_verify=True)])  # a reload
+    assert router.verifies_with_system_cas()
+
+
 async def test_destinations_are_cached_for_a_while(dns: FakeDns) -> None:
     clock = Clock()
     router = Router([], resolver(dns, clock=clock), clock=clock)

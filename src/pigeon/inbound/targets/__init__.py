@@ -1,14 +1,14 @@
-"""Inbound targets: where an application receives its mail."""
+"""Inbound targets: where an application receives its mail.
+
+Each kind's module is imported when a target of that kind is built, not with this package:
+the clients of some (Redis for Sidekiq, asyncpg for PostgreSQL) take tens of milliseconds to
+import, which every node would otherwise spend at start whether it has such a target or not.
+"""
 
 from __future__ import annotations
 
 from pigeon.config import schema
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
-from pigeon.inbound.targets.log import LogTarget
-from pigeon.inbound.targets.maildir import MaildirTarget
-from pigeon.inbound.targets.postgresql import PostgresqlTarget
-from pigeon.inbound.targets.sidekiq import SidekiqTarget
-from pigeon.inbound.targets.webhook import WebhookTarget
 
 __all__ = ["Handoff", "Target", "Verdict", "build"]
 
@@ -18,11 +18,21 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 def build(config: schema.TargetConfig, redis_url: str | None) -> Target:
     """The target a `[[target]]` table describes."""
     if isinstance(config, schema.SidekiqTarget):
+        from pigeon.inbound.targets.sidekiq import SidekiqTarget
+
         return SidekiqTarget(config, config.redis_url or redis_url or DEFAULT_REDIS_URL)
     if isinstance(config, schema.WebhookTarget):
+        from pigeon.inbound.targets.webhook import WebhookTarget
+
         return WebhookTarget(config)
     if isinstance(config, schema.PostgresqlTarget):
+        from pigeon.inbound.targets.postgresql import PostgresqlTarget
+
         return PostgresqlTarget(config)
     if isinstance(config, schema.MaildirTarget):
+        from pigeon.inbound.targets.maildir import MaildirTarget
+
         return MaildirTarget(config.name, config.path)
+    from pigeon.inbound.targets.log import LogTarget
+
     return LogTarget(config.name, config.path)

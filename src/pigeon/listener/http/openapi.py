@@ -12,7 +12,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from pigeon.compose import InjectRequest
+from pigeon.compose import SCHEMA_PATTERNS, InjectRequest
 from pigeon.config.patterns import api_patterns
 from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import (
@@ -61,6 +61,7 @@ def document() -> dict[str, Any]:
         schema_hook=_custom,
     )
     _tighten_admin_requests(components)
+    _spell_for_json_schema(components)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -108,6 +109,19 @@ def _custom(kind: type) -> dict[str, Any]:
     if kind is Duration:
         return {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_PATTERN}]}
     raise NotImplementedError(kind)
+
+
+def _spell_for_json_schema(schema: Any) -> None:
+    """The address patterns as JSON Schema spells them (`compose.SCHEMA_PATTERNS`), in place
+    of the ones the server validates with, which match the same addresses."""
+    if isinstance(schema, dict):
+        if isinstance(pattern := schema.get("pattern"), str) and pattern in SCHEMA_PATTERNS:
+            schema["pattern"] = SCHEMA_PATTERNS[pattern]
+        for value in schema.values():
+            _spell_for_json_schema(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _spell_for_json_schema(value)
 
 
 def _tighten_admin_requests(components: dict[str, Any]) -> None:
