@@ -83,9 +83,14 @@ def test_quarantine_lists_each_entry_with_its_reason_and_saves_what_can_be_sent_
         assert sorted(p.name for p in rescued.iterdir()) == [f"{saved_id:016x}.eml", f"{saved_id:016x}.json"]
         assert "not saved" in saving.stdout
         command = next(line for line in saving.stdout.splitlines() if line.strip().startswith("pigeon inject"))
-        argv = shlex.split(command)[1:]
-        sent = _cli(*argv[:1], "-c", config, *argv[1:])
+        sent = _cli(*shlex.split(command)[1:])  # as printed: it names the node's config
         assert sent.returncode == 0, sent.stderr
         delivered = {m.recipients[0]: m.email for m in sink.wait_for(2)}
         assert delivered["saved@example.net"]["Subject"] == "rescue me"
         assert "kept@example.net" in delivered
+    not_a_directory = tmp_path / "a-file"
+    not_a_directory.write_text("")
+    refused = _cli("quarantine", "--spool", str(root / "spool"), "--save", str(not_a_directory))
+    assert refused.returncode == 1 and "cannot save into" in refused.stderr and "Traceback" not in refused.stderr
+    empty = _cli("quarantine", "--spool", str(tmp_path))
+    assert empty.returncode == 1 and "holds no spool" in empty.stderr

@@ -93,20 +93,33 @@ def run(args: argparse.Namespace) -> int:
         hint = "" if root.is_absolute() else f" (relative to {Path.cwd()}; give -c FILE or --spool)"
         print(f"pigeon: no spool directory at {root}{hint}", file=sys.stderr)
         return 1
+    shards = existing_shards(root)
+    if not shards:
+        print(f"pigeon: {root} holds no spool (no shard-N directory): give -c FILE or --spool", file=sys.stderr)
+        return 1
     try:
-        entries = [entry for shard in existing_shards(root) for entry in read_shard(shard_directory(root, shard))]
+        entries = [entry for shard in shards for entry in read_shard(shard_directory(root, shard))]
     except sqlite3.Error as error:
         print(f"pigeon: cannot read the spool at {root}: {error}", file=sys.stderr)
         return 1
     if args.save is not None:
-        args.save.mkdir(parents=True, exist_ok=True)
+        try:
+            args.save.mkdir(parents=True, exist_ok=True)
+            probe = args.save / ".pigeon-write-test"
+            probe.touch()
+            probe.unlink()
+        except OSError as error:
+            print(f"pigeon: cannot save into {args.save}: {error.strerror}", file=sys.stderr)
+            return 1
+    config = args.config
     for entry in entries:
         if args.json:
-            print(json.dumps(entry.as_json(), ensure_ascii=False))
+            # ASCII: DEL and C1 controls from a sender's queue name are escaped like the rest.
+            print(json.dumps(entry.as_json()))
         else:
             _print(entry)
         if args.save is not None:
-            _save(entry, args.save, quiet=args.json)
+            _save(entry, args.save, config, quiet=args.json)
     if not args.json:
         print(f"{len(entries)} quarantined {'entry' if len(entries) == 1 else 'entries'} in {root}")
     return 0
@@ -203,7 +216,7 @@ def _print(entry: Entry) -> None:
     print(f"  body:       {body}")
 
 
-def _save(entry: Entry, directory: Path, *, quiet: bool) -> None:
+def _save(entry: Entry, directory: Path, config: Path | None, *, quiet: bool) -> None:
     """<id>.eml and <id>.json for an entry whose body and envelope can be read; a line that
     says why not otherwise (on stderr under --json, whose stdout is for the entries)."""
     name = format_id(entry.id)
@@ -214,9 +227,14 @@ def _save(entry: Entry, directory: Path, *, quiet: bool) -> None:
         print(f"  not saved:  {why}", file=out)
         return
     message = directory / f"{name}.eml"
-    message.write_bytes(entry.body)
-    (directory / f"{name}.json").write_text(json.dumps(entry.as_json(), ensure_ascii=False, indent=2) + "\n")
-    command = ["pigeon", "inject", "--no-template", "--from", envelope.sender]
+    try:
+        message.write_bytes(entry.body)
+        (directory / f"{name}.json").write_text(json.dumps(entry.as_json(), indent=2) + "\n")
+    except OSError as error:
+        print(f"  not saved:  {error.filename}: {error.strerror}", file=out)
+        return
+    command = ["pigeon", "inject", *(["-c", str(config)] if config is not None else [])]
+    command += ["--no-template", "--from", envelope.sender]
     for recipient in envelope.recipients:
         command += ["--to", recipient.address]
     if envelope.tenant:
@@ -224,7 +242,18 @@ def _save(entry: Entry, directory: Path, *, quiet: bool) -> None:
     if envelope.campaign:
         command += ["--campaign", envelope.campaign]
     command.append(str(message))
-    print(f"  saved:      {message}; to send it again:\n    {shlex.join(command)}", file=out)
+    print(f"  saved:      {message}; to send it again:\n    {' '.join(map(_shell_word, command))}", file=out)
+
+
+def _shell_word(word: str) -> str:
+    """`word` quoted for a POSIX shell; one with control or format characters (a sender's
+    choice) as bash's $'...' with escapes, so none of them reaches the terminal raw."""
+    if word.isprintable():
+        return shlex.quote(word)
+    escaped = "".join(
+        c if c.isprintable() and c not in "\\'" else f"\\{c}" if c in "\\'" else f"\\U{ord(c):08x}" for c in word
+    )
+    return f"$'{escaped}'"
 
 
 def _iso(timestamp: float) -> str:
