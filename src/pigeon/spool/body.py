@@ -46,9 +46,9 @@ class BodyFiles:
     Threads: claims on the event loop, frees in the commit thread or the check's; one lock.
     """
 
-    def __init__(self, room: Callable[[], int], last: int) -> None:
+    def __init__(self, room: Callable[[], int], first: int) -> None:
         self._room = room
-        self._last = last  # files named by an id up to this one are earlier runs' ...
+        self._first = first  # files named by an id below this one are earlier runs' ...
         self._earlier: int | None = None  # ... and hold these bytes, once counted
         self._freed_early: set[int] = set()  # earlier runs' files freed before the count ended
         self._bytes = 0  # claimed since the open, minus what was given back or freed
@@ -64,7 +64,7 @@ class BodyFiles:
                 for entry in entries:
                     try:
                         body_id = parse_id(entry.name)
-                        if body_id <= self._last:
+                        if body_id < self._first:
                             sizes[body_id] = entry.stat(follow_symlinks=False).st_size
                     except (ValueError, OSError):
                         continue  # not a body file, or removed meanwhile
@@ -105,7 +105,7 @@ class BodyFiles:
         before the unlink, so that an earlier run's file still being counted is left out of
         the count whether the count has seen it or not."""
         with self._lock:
-            if self._earlier is None and body_id <= self._last:
+            if self._earlier is None and body_id < self._first:
                 self._freed_early.add(body_id)
             else:
                 self._bytes -= size

@@ -21,7 +21,9 @@ Leftovers: body rows that no message or quarantine entry refers to (their messag
 delivered, or never committed), and files in `data/` with no body row (their transaction
 never committed, so no client was told the message was accepted). New bodies are written
 to `data/<id>` before their row commits, so the sweep only touches ids below the first one
-this open hands out, and other names only if they are older than the open.
+this open hands out (which includes the partial files of a run killed mid-reception: their
+ids are above the last committed one, but ids are time-ordered), and other names only if
+they are older than the open.
 
 KumoMTA deletes corrupt entries with only a trace line; we keep them for an operator.
 """
@@ -170,13 +172,14 @@ def orphan_bodies(conn: sqlite3.Connection, last: int) -> list[int]:
 def remove_orphan_files(
     conn: sqlite3.Connection,
     data_dir: Path,
-    last: int,
+    first: int,
     opened_at: float,
     removing: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Remove files in `data/` that no body row keeps: those named by an id up to `last`
-    (a reception of this run writes its file before its row commits, always with a later
-    id), and any other name older than the open. Returns how many were removed.
+    """Remove files in `data/` that no body row keeps: those named by an id below `first`,
+    the first id this open handed out (a reception of this run writes its file before its
+    row commits, always with a later id; an earlier run killed mid-reception left files with
+    ids between its last commit and `first`), and any other name older than the open. Returns how many were removed.
     `removing(id, size)` is told of each body file before it goes (`BodyFiles.freed`).
     (Segments no row names are found at the open: `Segments.open`.)"""
     removed = 0
@@ -189,7 +192,7 @@ def remove_orphan_files(
             if body_id is None:
                 keep = entry.stat(follow_symlinks=False).st_mtime >= opened_at
             else:
-                keep = body_id > last or _has_file(conn, body_id)
+                keep = body_id >= first or _has_file(conn, body_id)
             if keep:
                 continue
             if body_id is not None and removing is not None:

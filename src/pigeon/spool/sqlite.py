@@ -180,6 +180,7 @@ class SqliteSpool:
         self._counted: int | None = None  # ... plus these, counted in the background from the open
         self._counting: threading.Thread | None = None
         self._opened_last = 0  # the highest id stored before the open
+        self._opened_first = 0  # below every id this open hands out
         self._opened_at = 0.0
         self._setting_aside: set[int] = set()  # ids on their way to quarantine ...
         self._set_asides: set[asyncio.Future[list[Quarantined]]] = set()  # ... in these commits
@@ -249,14 +250,19 @@ class SqliteSpool:
                 counter.close()
             raise self._open_error(error) from error
         self._ids = IdGenerator(self._shard, last)
+        # A run killed mid-reception leaves body files named by ids above `last` (their rows
+        # never committed). Ids are time-ordered, so every id this run hands out comes after
+        # this one: the files named below it are earlier runs', the others this run's.
+        first = self._ids.next()
         self._segments.open(segments)
         if self._max_size is not None:
             # Listing data/ costs a stat per large body: in a thread, like the count of messages.
-            self._files = BodyFiles(self.room, last)
+            self._files = BodyFiles(self.room, first)
             self._files_counting = threading.Thread(target=self._count_files, name="spool-files", daemon=True)
             self._files_counting.start()
         self._room_asked = -_ROOM_FRESH
         self._opened_last = last
+        self._opened_first = first
         self._opened_at = time.time()
         self._count = 0
         self._counted = None
@@ -524,7 +530,7 @@ class SqliteSpool:
         await self._tidy_segments()
         removing = None if self._files is None else self._files.freed
         removed = await asyncio.to_thread(
-            self._in_check, recovery.remove_orphan_files, self.data_dir, self._opened_last, self._opened_at, removing
+            self._in_check, recovery.remove_orphan_files, self.data_dir, self._opened_first, self._opened_at, removing
         )
         removed += await asyncio.to_thread(self._remove_orphan_segments)
         return RecoveryReport(self.count, tuple(self._quarantined), len(bodies), removed)

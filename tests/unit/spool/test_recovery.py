@@ -342,6 +342,30 @@ async def test_files_in_data_without_a_body_row_are_removed(tmp_path: Path) -> N
     assert (data / format_id(body)).read_bytes() == LARGE
 
 
+async def test_partial_body_files_of_a_run_killed_mid_reception_are_removed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    ((_, body),) = await fill(tmp_path, LARGE)
+    data = tmp_path / "data"
+    # A run killed mid-reception: its files are named by ids it made after its last commit.
+    spool = SqliteSpool(tmp_path, inline_limit=INLINE_LIMIT)
+    spool.open(asyncio.get_running_loop())
+    partials = spool.new_ids(2)
+    spool.close()
+    for partial in partials:
+        (data / format_id(partial)).write_bytes(b"x" * 1000)
+
+    with opened_unchecked(tmp_path) as (spool, _):
+        # And this run's reception in progress, whose row has not committed yet.
+        writing = spool.new_ids(1)[0]
+        writer = spool.body_writer(writing)
+        writer.write(LARGE)
+        report = await spool.check()
+        assert report.orphan_files_removed == 2
+        assert sorted(p.name for p in data.iterdir()) == sorted([format_id(body), format_id(writing)])
+        writer.discard()
+
+
 async def test_reopening_a_clean_spool_changes_nothing(tmp_path: Path) -> None:
     stored = await fill(tmp_path, SMALL, LARGE, SMALL, LARGE)
 
