@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import msgspec
 
 from pigeon import mime
+from pigeon.queue.names import queue_part_problem
 from pigeon.smtp import address
 
 if TYPE_CHECKING:
@@ -57,7 +58,13 @@ Email = Annotated[
 ]
 MAX_NAME: Final = 255
 """The longest tenant or campaign name, in characters."""
-Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME, description=f"At most {MAX_NAME} characters")]
+Name = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=MAX_NAME,
+        description=f"At most {MAX_NAME} characters, no control or format characters (such as ESC or bidi overrides)",
+    ),
+]
 
 
 class Address(msgspec.Struct, forbid_unknown_fields=True):
@@ -151,8 +158,10 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
     """
     if request.envelope_sender and (problem := address.check(request.envelope_sender)) is not None:
         raise ComposeError(problem.text, "$.envelope_sender")
-    _as_is_in_header(request.tenant, "$.tenant")
-    _as_is_in_header(request.campaign, "$.campaign")
+    for value, field in ((request.tenant, "$.tenant"), (request.campaign, "$.campaign")):
+        _as_is_in_header(value, field)
+        if value is not None and (refused := queue_part_problem(value)) is not None:
+            raise ComposeError(f"{refused} (it names a queue)", field)
     for index, recipient in enumerate(request.recipients):
         if (problem := address.check(recipient.email)) is not None:
             raise ComposeError(problem.text, f"$.recipients[{index}].email")

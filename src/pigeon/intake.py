@@ -46,7 +46,7 @@ from pigeon.metrics import Metrics
 from pigeon.policy.answers import Changes, Refuse, folded_field
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
-from pigeon.queue.names import queue_name, scheduled_queue
+from pigeon.queue.names import queue_name, queue_part_problem, scheduled_queue
 from pigeon.smtp import replies
 from pigeon.smtp.address import same_mailbox_key
 from pigeon.smtp.replies import Reply
@@ -120,6 +120,7 @@ class Intake:
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
         self._routing_names = (tenant_header.lower(), campaign_header.lower())
+        self._routing_headers = (tenant_header, campaign_header)  # as the operator spelt them, for replies
         self._routing_bytes = tuple(name.encode() for name in self._routing_names)
         self._routing = RoutingNames(self._routing_bytes)
         self.policy = policy or Policy()
@@ -199,6 +200,16 @@ class Intake:
         a substring look first (most mail has none), the field's exact form only then."""
         return any(name in lowered for name in self._routing_bytes) and self._routing.field.search(lowered) is not None
 
+    def _routing_refusal(self, head: bytes, lowered: bytes, section: HeaderSection) -> Reply | None:
+        """The reply refusing a message whose tenant or campaign header holds a control or
+        format character (it would name its queue, and so be in every log record and admin
+        listing of it), naming the header; None when both are fine or absent."""
+        values = self._tenant_and_campaign(head, lowered, section)
+        for value, header in zip(values, self._routing_headers, strict=True):
+            if value is not None and (problem := queue_part_problem(value)) is not None:
+                return replies.r(554, "5.6.0", f"{header} header {problem} (it names a queue)")
+        return None
+
     def _tenant_and_campaign(
         self, head: bytes, lowered: bytes, section: HeaderSection
     ) -> tuple[str | None, str | None]:
@@ -275,6 +286,9 @@ class Draft:
         # add a DKIM signature on top would never be found (pigeon.header_section).
         if lowered.count(b"\nreceived:") + self._head.late_received > intake.max_hops:
             return self._refuse(Refused(replies.TOO_MANY_HOPS))
+        refusal = intake._routing_refusal(head, lowered, self._head)
+        if refusal is not None:
+            return self._refuse(Refused(refusal))
         hook = intake.policy.on_message
         if hook is None or self.arrival.listener == "local":
             # (Pigeon's own DSNs are not the policy's to refuse: a refused one would be

@@ -246,3 +246,17 @@ def test_with_two_workers_injections_reach_the_workers_through_the_supervisor(
         receptions = pigeon.wait_records("Reception", 6)
         assert {r["peer"].rsplit(":", 1)[0] for r in receptions} == {"127.0.0.1"}  # the client, not a socket
         assert pigeon.http_post("/api/v1/inject", {}, "wrong-token-0123456789")[0] == 401
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tenant", "ac\x1bme"), ("campaign", "c\x7fd"), ("tenant", "a\x9bb"), ("campaign", "spring\u202e")],
+)
+def test_a_tenant_or_campaign_with_a_control_or_format_character_gets_400_naming_the_field(
+    pigeon: PigeonProcess, field: str, value: str
+) -> None:
+    status, answer = pigeon.http_post("/api/v1/inject", _parts_request(**{field: value}), TOKEN)
+    assert status == 400, answer
+    assert answer["field"] == f"$.{field}"
+    assert "control or format" in answer["error"]
+    assert pigeon.spool_messages() == []

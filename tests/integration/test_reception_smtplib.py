@@ -6,6 +6,8 @@ import smtplib
 from email.message import EmailMessage
 from email.policy import SMTP
 
+import pytest
+
 from tests.support.process import PigeonProcess
 
 
@@ -144,3 +146,29 @@ def test_too_many_recipients_get_452_and_the_rest_is_kept(tmp_path) -> None:  # 
             assert client.data(b"Subject: x\r\n\r\nbody\r\n")[0] == 250
         (stored,) = pigeon.spool_messages()
         assert stored["recipients"] == ["a@example.net", "b@example.net"]
+
+
+def test_a_tenant_or_campaign_header_with_a_control_character_is_refused_naming_the_header(
+    pigeon: PigeonProcess,
+) -> None:
+    # ESC, DEL, a C1 control and a bidi override would each be kept in the queue name, and so
+    # in every log line and admin listing of it.
+    cases = [
+        ("X-Tenant", "ac\x1bme"),
+        ("X-Campaign", "c\x7fd"),
+        ("X-Tenant", "ac\x9bme"),
+        ("X-Campaign", "spring\u202e"),
+    ]
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        for header, value in cases:
+            message = (
+                f"From: sender@example.org\r\nTo: a@example.net\r\n{header}: {value}\r\nSubject: hi\r\n\r\nHello.\r\n"
+            )
+            with pytest.raises(smtplib.SMTPDataError) as refused:
+                client.sendmail("sender@example.org", ["a@example.net"], message.encode())
+            assert refused.value.smtp_code == 554
+            text = refused.value.smtp_error.decode()
+            assert text.startswith("5.6.0 ") and header in text and "control or format" in text, text
+            client.rset()
+    assert pigeon.spool_messages() == []

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from pigeon.queue.names import queue_name_problem
+from pigeon.queue.names import queue_name_problem, queue_part_problem
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
@@ -130,6 +130,8 @@ class Changes:
             value = getattr(self, what)
             if value is not None and not _QUEUE_PART.fullmatch(value):
                 raise ValueError(f"{what} {value!r} must not hold white space, ':' or '@' (it names a queue)")
+            if value is not None and (problem := queue_part_problem(value)) is not None:
+                raise ValueError(f"{what} {_shown(value)}: {problem}")
         # A malformed queue name is refused here, as the hook answers: the message then gets
         # 451 4.3.0 and a PolicyFailure, rather than a name that breaks its queue or its logs.
         if self.queue is not None and (problem := queue_name_problem(self.queue)) is not None:

@@ -20,7 +20,7 @@ import functools
 import re
 from typing import Final
 
-from pigeon.smtp.address import bmp_ranges
+from pigeon.smtp.address import bmp_ranges, control_or_format_character
 
 MAX_QUEUE_NAME: Final = 255
 """Longest queue name an operator or a policy may give: it is written into every log record,
@@ -43,6 +43,14 @@ def scheduled_queue(domain: str, tenant: str | None = None, campaign: str | None
     if campaign:
         name = f"{campaign}:{name}"
     return name
+
+
+def queue_part_problem(value: str) -> str | None:
+    """Why `value` cannot be a tenant or campaign (a part of a scheduled queue name), as far
+    as its characters go: a control or format character would be written into every log
+    record, metric label and admin listing of its queue (an ESC drives the terminal)."""
+    named = control_or_format_character(value)
+    return None if named is None else f"contains {named}: no control or format characters allowed"
 
 
 def ready_queue(source: str, site: str, domain: str | None = None, security: str = "") -> str:

@@ -148,14 +148,23 @@ _MAILBOX_UTF8: Final = _mailbox_pattern(utf8=True)
 
 def refused_character(text: str) -> Problem | None:
     """The first character of `text` that no address may hold, as a Problem naming it, or None."""
+    named = control_or_format_character(text)
+    if named is None:
+        return None
+    return Problem(Kind.CHARACTER, f"Address contains {named}: no control or format characters allowed")
+
+
+def control_or_format_character(text: str) -> str | None:
+    """The first control or format character of `text` (C0, DEL, C1, category Cf such as bidi
+    overrides, surrogates, line and paragraph separators), named as "U+001B" or "U+202E RIGHT-TO-LEFT
+    OVERRIDE", or None. What no address holds, nor a tenant or campaign (they name queues)."""
     if text.isascii() and text.isprintable():  # the usual case, at C speed
         return None
     for char in text:
         point = ord(char)
         if point < 0x20 or 0x7F <= point < 0xA0 or unicodedata.category(char) in _REFUSED_CATEGORIES:
             name = unicodedata.name(char, "")  # controls have none
-            named = f"U+{point:04X} {name}" if name else f"U+{point:04X}"
-            return Problem(Kind.CHARACTER, f"Address contains {named}: no control or format characters allowed")
+            return f"U+{point:04X} {name}" if name else f"U+{point:04X}"
     return None
 
 

@@ -176,3 +176,11 @@ def test_a_long_added_header_is_folded_at_its_white_space_into_lines_of_78_octet
     lines = folded_field("X-Utf8", "é" * 50 + " " + "b" * 100 + " c").split("\r\n")
     assert [len(line.encode()) for line in lines] == [108, 101, 2]
     assert folded_field("Subject", "short") == "Subject: short"
+
+
+@pytest.mark.parametrize("value", ["ac\x1bme", "c\x7fd", "a\x9bb", "spring\u202e"])
+def test_a_tenant_or_campaign_a_hook_sets_with_a_control_or_format_character_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="control or format"):
+        Changes(tenant=value)
+    with pytest.raises(ValueError, match="control or format"):
+        Changes(campaign=value)
