@@ -285,3 +285,18 @@ def test_with_several_workers_one_full_spool_makes_the_node_answer_503(tmp_path:
         status, health = _health(pigeon)
         assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
         assert sorted(w["spool"]["status"] for w in health["workers"]) == ["down", "ok"]
+
+
+def test_mail_declaring_a_size_the_spool_has_no_room_for_gets_452_at_mail(tmp_path: Path) -> None:
+    # RFC 1870 6.1: the client learns at MAIL, before sending megabytes that get 451 at the end.
+    with PigeonProcess(tmp_path / "node", spool={"max_size": "3MiB"}) as pigeon:
+        with RawSmtp(pigeon.smtp_port) as smtp:
+            smtp.expect(220)
+            smtp.expect(250, "EHLO client.test")
+            text = smtp.expect(452, "MAIL FROM:<sender@example.org> SIZE=4000000")
+            assert text[0].startswith("4.3.1 "), text
+            smtp.expect(503, "RCPT TO:<user@example.net>")  # no transaction was started
+            smtp.expect(250, "MAIL FROM:<sender@example.org> SIZE=100000")  # what fits is taken
+            smtp.expect(250, "RCPT TO:<user@example.net>")
+        rejections = pigeon.wait_records("Rejection")
+        assert rejections[-1]["response"]["code"] == 452

@@ -411,6 +411,14 @@ class SmtpConnection(asyncio.Protocol):
 
     def _on_mail(self, event: MailFrom) -> None:
         self._recipients = []
+        if event.size:
+            # RFC 1870 6.1: a declared size under the maximum (larger ones got 552 5.3.4 from
+            # the parser) that this worker's spool shard cannot store now gets 452 at once,
+            # rather than a 452 after the client has sent it all.
+            room = self._listener.intake.spool.room()
+            if 0 <= room < event.size:
+                self._respond(replies.no_room_now(event.size), "MAIL")
+                return
         hook = self._listener.intake.policy.on_mail_from
         if hook is not None:
             session = self._session

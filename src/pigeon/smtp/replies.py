@@ -214,5 +214,11 @@ def content_line_too_long(limit: int) -> Reply:
     return r(554, "5.6.0", f"Message has a line longer than {limit} octets (RFC 5322 2.1.1)")
 
 
+def no_room_now(size: int) -> Reply:
+    """MAIL declared a SIZE the spool has no room for now, though it is under the maximum
+    (RFC 1870 6.1: a temporary failure, the client tries again later)."""
+    return r(452, "4.3.1", f"Insufficient system storage: no room for {size} octets now, try again later")
+
+
 def message_too_big(limit: int) -> Reply:
     return r(552, "5.3.4", f"Message size exceeds fixed maximum message size of {limit} octets")

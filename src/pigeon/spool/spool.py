@@ -115,6 +115,10 @@ class Spool(Protocol):
     # --- reception -------------------------------------------------------------------------
     def new_ids(self, n: int) -> list[SpoolId]: ...
 
+    def room(self) -> int:
+        """Bytes the spool may still grow by (-1 if unknown)."""
+        ...
+
     def body_writer(self, body_id: SpoolId) -> BodyWriter: ...
 
     def store(
