@@ -105,10 +105,15 @@ def build_report(
         fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(str(failure.reply))}")
         fields.append(f"Last-Attempt-Date: {date}")
         blocks.append("\r\n".join(fields))
+    # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
     full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
     returned = original if full else _headers(original)
-    returned_type = ("message/global" if utf8 else "message/rfc822") if full else "text/rfc822-headers"
+    if full:
+        returned_type = "message/global" if utf8 else "message/rfc822"
+    else:
+        # RFC 6533 6.4: headers that may hold UTF-8 go as message/global-headers.
+        returned_type = "message/global-headers" if utf8 or not returned.isascii() else "text/rfc822-headers"
     head = (
         f"From: Mail Delivery System <MAILER-DAEMON@{hostname}>\r\n"
         f"To: <{envelope.sender}>\r\n"
@@ -117,7 +122,7 @@ def build_report(
         f"Message-ID: <{queue_id}.{secrets.token_hex(6)}@{hostname}>\r\n"
         "Auto-Submitted: auto-replied\r\n"
         "MIME-Version: 1.0\r\n"
-        f'Content-Type: multipart/report; report-type=delivery-status;\r\n\tboundary="{boundary}"\r\n'
+        f'Content-Type: multipart/report; report-type={status_type.partition("/")[2]};\r\n\tboundary="{boundary}"\r\n'
         "\r\n"
         "This is a MIME-encapsulated message.\r\n\r\n"
     )

@@ -225,6 +225,25 @@ def test_a_utf8_recipient_gets_a_global_delivery_status() -> None:
     assert b"Final-Recipient: utf-8; ren\xc3\xa9e@example.net" in parts[1].as_bytes()
 
 
+def test_a_global_delivery_status_report_says_so_in_its_report_type() -> None:
+    # RFC 6522 3: report-type is the subtype of the second part.
+    _, parsed = report(envelope(Recipient("renée@example.net"), smtputf8=True))
+    assert parsed.get_param("report-type") == "global-delivery-status"
+    assert parsed.get_payload()[1].get_content_type() == "message/global-delivery-status"
+
+
+def test_utf8_headers_returned_under_ret_hdrs_go_as_message_global_headers() -> None:
+    # RFC 6533 6.4: text/rfc822-headers holds ASCII only.
+    original = "From: renée@example.org\r\nSubject: café\r\n\r\nbody\r\n".encode()
+    env = envelope(Recipient("renée@example.net"), smtputf8=True, ret="HDRS")
+    _, parsed = report(env, original=original)
+    third = parsed.get_payload()[2]
+    assert third.get_content_type() == "message/global-headers"
+    assert "Subject: café".encode() in third.as_bytes()
+    _, plain = report(envelope(ret="HDRS"))
+    assert plain.get_payload()[2].get_content_type() == "text/rfc822-headers"
+
+
 def test_an_envid_or_orcpt_with_a_line_break_cannot_add_fields_to_the_report() -> None:
     # What ServerSession decodes from "ENVID=q+0D+0AX-Injected:+201" and "ORCPT=rfc822;b+0D+0AX-Evil:+20y@example.net".
     env = envelope(Recipient("bob@example.net", orcpt="rfc822;b\r\nX-Evil: y@example.net"), envid="q\r\nX-Injected: 1")
