@@ -198,6 +198,14 @@ def _yaml(mapping: dict[str, object], indent: str) -> str:
     return "".join(lines)
 
 
+class GemStalled(Exception):
+    """mail_room stopped short of the backlog (it sometimes leaves part of it until its IDLE
+    times out, 29 minutes later): the round is run again."""
+
+
+GEM_STALL = 60.0  # seconds: the gem drains the default backlog in 1-2 s
+
+
 class Gem(Process):
     def __init__(self, root: Path, dovecot: Dovecot, sink: Sink, redis_url: str) -> None:
         box: dict[str, object] = {":email": "app", ":password": "secret", ":host": "127.0.0.1", ":ssl": False,
@@ -298,7 +306,13 @@ def _drain(process: Process, dovecot: Dovecot, sink: Sink, count: int, args: arg
     cpu = process.cpu()
     move_all(dovecot, "Backlog")
     started = time.perf_counter()
-    sink.wait_for(1 + count, process.check)
+    if isinstance(process, Gem):
+        try:
+            sink.wait_for(1 + count, process.check, timeout=GEM_STALL)
+        except TimeoutError as error:
+            raise GemStalled(str(error)) from None
+    else:
+        sink.wait_for(1 + count, process.check)
     return time.perf_counter() - started, process.cpu() - cpu
 
 
@@ -337,6 +351,16 @@ def run_imap(contender: Contender, root: Path, args: argparse.Namespace) -> tupl
         if os.environ.get("BENCH_VERBOSE"):
             print(f"    {contender.name}: {drained}", file=sys.stderr)
         return drained
+
+
+def run_gem(contender: Contender, root: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """`run_imap` for the gem, again (up to twice) when it stalls."""
+    for attempt in range(3):
+        try:
+            return run_imap(contender, root / f"try{attempt}", args)
+        except GemStalled as error:
+            print(f"  {contender.name} stalled ({error}): that round again", file=sys.stderr)
+    raise RuntimeError(f"{contender.name} stalled three times")
 
 
 def run_smtp(contender: str, source: Path | None, root: Path, args: argparse.Namespace) -> tuple[float, float]:
@@ -436,7 +460,9 @@ def main() -> None:
                     contender = IMAP_CONTENDERS[name]
                     if source is not None:
                         contender = Contender(**{**contender.__dict__, "source": source})
-                    result = run_imap(contender, root, args)
+                    result = (
+                        run_gem(contender, root, args) if contender.kind == "gem" else run_imap(contender, root, args)
+                    )
             results.setdefault(run, []).append(result)
     rates, cpus = {}, {}
     print(f"{args.messages} messages of {args.size} bytes, medians of {args.rounds} rounds")
