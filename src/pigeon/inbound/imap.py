@@ -2,8 +2,9 @@
 
 aioimaplib speaks the protocol (and IDLE); this adds implicit TLS or STARTTLS (which
 aioimaplib lists but does not implement), LOGIN or XOAUTH2, UIDVALIDITY from SELECT, parsing
-of UID SEARCH and UID FETCH answers, acknowledgement by flag, move or delete, and a timeout on
-every command, so a server that stops answering costs one reconnect, not a hung watcher.
+of UID SEARCH answers, UID FETCH answers read by `imap_responses` (not by aioimaplib),
+acknowledgement by flag, move or delete, and a timeout on every command, so a server that
+stops answering costs one reconnect, not a hung watcher.
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
 import aioimaplib
-from aioimaplib.aioimaplib import Command, FetchCommand, IMAP4ClientProtocol, IncompleteRead, literal_data_re
+from aioimaplib.aioimaplib import Command, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
 from pigeon.inbound.folders import to_imap
+from pigeon.inbound.imap_responses import FetchData, MalformedResponse, ResponseReader
 from pigeon.tls import client_context
 
 _log = logging.getLogger(__name__)
 
 _UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
-_FETCH_UID: Final = re.compile(rb"\bUID (\d+)")
-_FETCH_SIZE: Final = re.compile(rb"\bRFC822\.SIZE (\d+)")
-_FETCH_FLAGS: Final = re.compile(rb"\bFLAGS \(([^)]*)\)")
-_FETCH_START: Final = re.compile(rb"^\d+ FETCH \(")
 _PUSH: Final = re.compile(rb"\d+ (EXISTS|RECENT)\b")
 
 
@@ -192,44 +190,28 @@ class ImapSession:
 
     async def describe(self, uids: Sequence[int]) -> dict[int, tuple[int, tuple[str, ...]]]:
         """(size, flags) by UID of the messages still there: one FETCH."""
-        response = await self._run(self._fetch(uid_set(uids), "(UID RFC822.SIZE FLAGS)"), "fetch sizes")
         found: dict[int, tuple[int, tuple[str, ...]]] = {}
-        for line in response.lines:
-            data = bytes(line)
-            uid, size, flags = _FETCH_UID.search(data), _FETCH_SIZE.search(data), _FETCH_FLAGS.search(data)
-            if uid and size:
-                words = flags.group(1).decode("utf-8", "replace").split() if flags else []
-                found[int(uid.group(1))] = (int(size.group(1)), tuple(words))
+        for item in await self._fetch(uids, "(UID RFC822.SIZE FLAGS)", "fetch sizes"):
+            if item.uid is not None and item.size is not None:
+                found[item.uid] = (item.size, item.flags or ())
         return found
 
     async def fetch(self, uids: Sequence[int]) -> dict[int, tuple[tuple[str, ...], bytes]]:
         """(flags, raw message) by UID of the messages still there, fetched with BODY.PEEK[]
         so nothing is marked \\Seen. The flags are those at the fetch: what another session
         did to a message before it shows."""
-        response = await self._run(self._fetch(uid_set(uids), "(UID FLAGS BODY.PEEK[])"), "fetch")
         found: dict[int, tuple[tuple[str, ...], bytes]] = {}
-        uid: int | None = None
-        body: bytes | None = None
-        flags: tuple[str, ...] = ()
-        for line in response.lines:
-            if isinstance(line, bytearray):
-                body = bytes(line)
-                continue
-            if _FETCH_START.match(line):
-                if uid is not None and body is not None:
-                    found[uid] = (flags, body)
-                uid, body, flags = None, None, ()
-            if match := _FETCH_UID.search(line):
-                uid = int(match.group(1))
-            if listed := _FETCH_FLAGS.search(line):
-                flags = tuple(listed.group(1).decode("utf-8", "replace").split())
-        if uid is not None and body is not None:
-            found[uid] = (flags, body)
+        for item in await self._fetch(uids, "(UID FLAGS BODY.PEEK[])", "fetch"):
+            if item.uid is not None and item.body is not None:
+                found[item.uid] = (item.flags or (), item.body)
         return found
 
-    def _fetch(self, uids: str, parts: str) -> Awaitable[aioimaplib.Response]:
+    async def _fetch(self, uids: Sequence[int], items: str, what: str) -> list[FetchData]:
+        """A UID FETCH's answers, read by `imap_responses` as they come (see `_Protocol`)."""
         protocol = self._client.protocol
-        return protocol.execute(_Fetch(protocol.new_tag(), uids, parts, prefix="UID", loop=protocol.loop))  # type: ignore[no-any-return]
+        command = _Fetch(protocol.new_tag(), uid_set(uids), items, loop=protocol.loop)
+        await self._run(protocol.execute(command), what)
+        return command.collected
 
     def _store(self, uids: Sequence[int], flags: str, name: str) -> asyncio.Future[aioimaplib.Response]:
         """UID STORE +FLAGS.SILENT, sent now. aioimaplib holds a command back while another
@@ -362,7 +344,12 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
       left the batch it gave back alone for two seconds, as they had found it held;
     - a FETCH of a batch copied most of each chunk (up to 256 KB) for every line in it.
     This parses the same way with a loop and offsets. It also skips the debug log line that
-    formatted every chunk received, whether debug logging was on or not."""
+    formatted every chunk received, whether debug logging was on or not.
+
+    The bytes are first cut into whole responses by `imap_responses.ResponseReader`: the
+    answers to Pigeon's own FETCH commands are read there (bodies as the literals they came
+    in), and aioimaplib gets every other response whole, so its parsing never sees a message
+    body."""
 
     incomplete_line: bytes  # set by aioimaplib's __init__: the start of a line not yet complete
     current_command: Command | None  # ... and the command it belongs to
@@ -371,6 +358,7 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         self, loop: asyncio.AbstractEventLoop, conn_lost_cb: Callable[[Exception | None], None] | None = None
     ) -> None:
         super().__init__(loop, conn_lost_cb)
+        self._responses = ResponseReader()
         # Done when the greeting and the CAPABILITY that follows it were answered; failed
         # when the server refused, or went away first. See `_hello`.
         self.greeted: asyncio.Future[None] = loop.create_future()
@@ -402,20 +390,40 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
             self.greeted.exception()  # retrieved: `_hello` may have given up on it already
 
     def data_received(self, data: bytes) -> None:
+        """Whole responses (`imap_responses`): the FETCH answers to Pigeon's own FETCH
+        commands read into the command (`_Fetch.collected`), every other response handed to
+        aioimaplib, in order (a tagged answer ends its command before the next is read)."""
+        reader = self._responses
         try:
-            self._handle_responses(self.incomplete_line + data, self._handle_line, self.current_command)
-            self.incomplete_line = b""
-            self.current_command = None
-        except IncompleteRead as incomplete_read:
-            self.current_command = incomplete_read.cmd
-            self.incomplete_line = incomplete_read.data
-        except (aioimaplib.Abort, UnicodeDecodeError) as error:
+            reader.receive_data(data)
+            while True:
+                pending = self.pending_async_commands.get("FETCH")
+                collector = pending if isinstance(pending, _Fetch) and self.pending_sync_command is None else None
+                event = reader.next_event(fetch=collector is not None)
+                if event is None:
+                    return
+                if isinstance(event, FetchData):
+                    assert collector is not None
+                    collector.collected.append(event)
+                else:
+                    self._pass(event.raw())
+        except (aioimaplib.Abort, UnicodeDecodeError, MalformedResponse) as error:
             # The server broke the protocol (a tagged answer to a command never sent, a
-            # response name that is not text): hang up as on any broken peer, and the mailbox
-            # reconnects. Raised from here, it reached asyncio's "data_received() call failed"
-            # traceback (both found by fuzzing).
+            # response name that is not text, a FETCH that cannot be read): hang up as on any
+            # broken peer, and the mailbox reconnects. Raised from here, it reached asyncio's
+            # "data_received() call failed" traceback (both found by fuzzing).
             _log.warning("IMAP server broke the protocol, closing the connection: %s", error)
             self.transport.close()
+
+    def _pass(self, response: bytes) -> None:
+        """A whole response handled by aioimaplib (its bookkeeping of commands and IDLE)."""
+        try:
+            self._handle_responses(self.incomplete_line + response, self._handle_line, self.current_command)
+            self.incomplete_line = b""
+            self.current_command = None
+        except IncompleteRead as incomplete_read:  # a response aioimaplib takes for unfinished
+            self.current_command = incomplete_read.cmd
+            self.incomplete_line = incomplete_read.data
 
     def _handle_responses(
         self, data: bytes, line_handler: Callable[[bytes, Command | None], Command | None],
@@ -506,25 +514,13 @@ class _Client(aioimaplib.IMAP4):  # type: ignore[misc]
         self._client_task = local_loop.create_task(connect)
 
 
-class _Fetch(FetchCommand):  # type: ignore[misc]
-    """aioimaplib's FETCH, minus a quadratic scan: to know whether a response is complete it
-    looks for the last "* n FETCH (" line from the first line on, for every line that arrives,
-    which for a batch of a hundred messages cost more than everything else Pigeon does with
-    them. This remembers how far it looked."""
+class _Fetch(Command):  # type: ignore[misc]
+    """A UID FETCH whose answers `_Protocol` reads itself (`imap_responses.fetch_data`) into
+    `collected`, instead of handing aioimaplib each line and literal to keep."""
 
-    _scanned = 0
-    _last_fetch = 0
-
-    def wait_data(self) -> bool:
-        lines = self._resp_lines
-        last = self._last_fetch
-        for index in range(self._scanned, len(lines)):
-            line = lines[index]
-            if isinstance(line, bytes) and _FETCH_START.match(line):
-                last = index
-        self._scanned, self._last_fetch = len(lines), last
-        pending = b"".join(line for line in lines[last:] if isinstance(line, bytes))
-        return pending.count(b"(") != pending.count(b")")
+    def __init__(self, tag: str, uids: str, items: str, *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__("FETCH", tag, uids, items, prefix="UID", untagged_resp_name="FETCH", loop=loop)
+        self.collected: list[FetchData] = []
 
 
 def _answer_sasl_errors(client: aioimaplib.IMAP4) -> None:
