@@ -105,6 +105,10 @@ _SEARCH_SERVES: Final = 5.0  # seconds of batches one search's list is used for
 _FETCH_BUDGET: Final = 16 * 1024 * 1024  # bytes of message bodies per FETCH
 _BATCH_BUDGET: Final = 64 * 1024 * 1024  # bytes of message bodies per batch (the first message may be more)
 _SIZES_AHEAD: Final = 1000  # UIDs of batches to come whose sizes are asked for with a batch's
+# Messages of a batch that get this node's keyword (no [redis]): enough to notice another node
+# taking the same batch (nodes without Redis all take the oldest first), and a flag change costs
+# the server about as much as fetching the message (Dovecot renames a Maildir file for each).
+_MARKED: Final = 32
 _KNOCK_EVERY: Final = 1.0  # seconds between TCP knocks at a server that refuses connections
 _UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
 _NOTE_REFRESH: Final = 2.0  # seconds between reads of the mailbox's note (another node's, maybe)
@@ -649,8 +653,11 @@ class MailboxWatcher:
         claims = await self._within_budget(claims, sizes)
         uids = [c.uid for c in claims]
         # Without shared arbitration, this node's keyword goes on what it takes before the
-        # fetch that reads their flags (sent together: the server takes them in order).
-        marking = session.flag_first(uids, self._keyword) if self._keyword and not self._arbiter.shared else None
+        # fetch that reads their flags (sent together: the server takes them in order): on the
+        # first `_MARKED` of the batch, which another node taking the batch takes too.
+        marking = None
+        if self._keyword and not self._arbiter.shared:
+            marking = session.flag_first(uids[:_MARKED], self._keyword)
         try:
             fetched = await self._fetch_bodies(session, claims, sizes)
         finally:
