@@ -96,6 +96,7 @@ class ResponseReader:
         self._text: list[bytes] = []  # the current response's parts read so far
         self._literals: list[bytes] = []
         self._literal = -1  # the size of the literal at `_cursor`, still to come; -1: none
+        self._pieces: list[bytes] = []  # the literal's bytes that came before `_cursor`
 
     def receive_data(self, data: bytes) -> None:
         """Take bytes as they came from the server."""
@@ -141,8 +142,15 @@ class ResponseReader:
             if self._literal >= 0:
                 end = self._cursor + self._literal
                 if len(buffer) < end:
+                    # Part of a literal: set aside, so a big one coming in many chunks is
+                    # copied once, not once per chunk with all that came before it.
+                    self._pieces.append(buffer[self._cursor :])
+                    self._literal -= len(buffer) - self._cursor
+                    self._cursor = self._search = len(buffer)
                     return None
-                self._literals.append(buffer[self._cursor : end])
+                piece = buffer[self._cursor : end]
+                self._literals.append(b"".join([*self._pieces, piece]) if self._pieces else piece)
+                self._pieces = []
                 self._cursor = self._search = end
                 self._literal = -1
             start = self._cursor

@@ -138,6 +138,21 @@ def test_a_body_cut_mid_literal_is_not_read_before_it_is_whole() -> None:
     assert reader.next_event(fetch=True) == Response((b"* 2 EXISTS",), ())
 
 
+def test_a_big_body_in_many_chunks_is_not_copied_again_with_each_chunk() -> None:
+    # The buffer holds what came since the last response was read, not the whole body so
+    # far: 20 MB in 64 KB chunks would otherwise be copied 300 times over.
+    body = bytes(range(256)) * (20 * 4096)
+    data = b"* 1 FETCH (UID 5 BODY[] {%d}\r\n" % len(body) + body + b")\r\n"
+    reader = ResponseReader()
+    events: list[Response | FetchData] = []
+    for start in range(0, len(data), 65536):
+        reader.receive_data(data[start : start + 65536])
+        assert len(reader._buffer) <= 65536 + 64
+        while (event := reader.next_event(fetch=True)) is not None:
+            events.append(event)
+    assert events == [FetchData(1, 5, None, None, body)]
+
+
 def test_fetch_data_of_a_response_that_is_no_fetch_is_none() -> None:
     assert fetch_data(Response((b"* 3 EXISTS",), ())) is None
     assert fetch_data(Response((b"A1 OK FETCH done",), ())) is None
