@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as error:
             print(f"pigeon: cannot save into {args.save}: {error.strerror}", file=sys.stderr)
             return 1
-    config = args.config
+    config = None if args.config is None else args.config.resolve()
     for entry in entries:
         if args.json:
             # ASCII: DEL and C1 controls from a sender's queue name are escaped like the rest.
