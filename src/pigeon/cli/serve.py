@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
             return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
     else:
         config = load_config(args)
+    if args.worker is None and config.node.worker_count > 1:
+        # Imported before the privileges are dropped: the user the node runs as may not reach
+        # the interpreter's own library, which the supervisor checks and says in words.
+        import pigeon.node.supervisor  # noqa: F401
     role = f"w{args.worker}" if args.worker is not None else "main"
     # Every line through `redact`: a library's error may quote a configured URL, password and all.
     handler = logging.StreamHandler(sys.stderr)

@@ -45,6 +45,7 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
 
 
 _CACHED_LINE: Final = 512
+_CLASSIFIED_TEXT: Final = 16 * 1024  # characters of a reply the rules read
 """The longest reply whose class is remembered: servers say the same short things over and over."""
 
 
@@ -81,7 +82,10 @@ class Classifier:
         line = str(reply)
         label = self._cache.get(line)
         if label is None:
-            label = next((rule.label for rule in self._rules if rule.pattern.search(line)), "Uncategorized")
+            # What says why is at a reply's start; the rest of a long reply (a remote server
+            # chooses its length) only costs each rule's search a scan of it.
+            head = line[:_CLASSIFIED_TEXT]
+            label = next((rule.label for rule in self._rules if rule.pattern.search(head)), "Uncategorized")
             if len(line) > _CACHED_LINE:
                 return label  # not kept: a server may send long text, all different, as often as it likes
             if len(self._cache) > 10_000:
