@@ -182,16 +182,20 @@ def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
 def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path) -> None:
     body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}) as pigeon:
-        _send_until_refused(pigeon.smtp_port, body)
+        accepted, _ = _send_until_refused(pigeon.smtp_port, body)
         for _ in range(3):  # the whole transaction at once, and gone before the answer
             with socket.create_connection(("127.0.0.1", pigeon.smtp_port)) as raw:
+                # Bigger than the first: a checkpoint that cuts the WAL back may free a page or two.
                 raw.sendall(
                     b"EHLO client.test\r\nMAIL FROM:<sender@example.org>\r\nRCPT TO:<user@example.net>\r\n"
-                    b"DATA\r\n" + body + b".\r\n"
+                    b"DATA\r\n" + body * 12 + b".\r\n"
                 )
-        time.sleep(1)  # their commits fail meanwhile
+        # Their commits fail meanwhile: waited for, as a loaded machine may take its time.
+        pigeon.wait_stderr("message not stored", count=4, timeout=60)
+        time.sleep(0.2)  # anything more it would say
         pigeon.stop()
         said = pigeon.stderr()
+        assert len(pigeon.spool_messages()) == accepted
     assert "never retrieved" not in said
     assert said.count("message not stored") == 4  # the last 451 of the first client, and these three
 
