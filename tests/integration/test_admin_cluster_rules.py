@@ -150,3 +150,24 @@ def test_a_cluster_list_says_which_nodes_do_not_hold_a_rule(make_node: MakeNode,
     [line] = [line for line in shown.stdout.splitlines() if "d09.test" in line]
     assert line.endswith("[not held on b]"), shown.stdout
     assert "nodes: a (done), b (done)" in shown.stdout
+
+
+def test_a_redis_back_without_its_data_gets_the_rules_back_and_a_new_node_holds_them(
+    make_node: MakeNode, sink: ScriptedSink, redis_server: RedisServer
+) -> None:
+    a = make_node("a")
+    status, suspended = _api(a, "POST", "/api/v1/admin/suspend", {"domain": "d07.test", "reason": "complaints"})
+    assert status == 200 and suspended["cluster"]["nodes"] == {"a": "done"}, suspended
+    time.sleep(2.5)  # a worker looks at the cluster's rules every 2 s: this one is seen there
+    redis_server.restart()  # no persistence: every key is gone
+    a.wait_stderr("1 held here given back")
+    b = make_node("b")
+    assert _listed(b, "suspend") == ["d07.test"]
+    _send(b, "d07.test", "other.test")
+    sink.wait_for(1)
+    time.sleep(1.5)
+    assert _delivered(sink) == ["other.test"], "mail the suspension holds went out from the node that joined"
+    status, resumed = _api(b, "DELETE", f"/api/v1/admin/suspend/{suspended['rule']['id']}")
+    assert status == 200 and resumed["cluster"]["nodes"] == {"a": "done", "b": "done"}, resumed
+    sink.wait_for(2)
+    assert _delivered(sink) == ["d07.test", "other.test"]

@@ -30,6 +30,14 @@ twice, or also from the stream, changes nothing): a node that joins late, or new
 the others hold, whatever the age of the entry that made it. A rule made while Redis was away
 was applied on its node only, and stays so.
 
+A Redis that comes back without its data (restarted with no persistence, or flushed) has
+forgotten the rules in force, and a node that joined then would deliver what the others hold.
+A marker key (`<prefix>:admin:rules:kept`), looked at with every presence renewal, tells: the
+first worker to find it gone gives back the rules it holds that the cluster held when it last
+looked (a file beside its cursor keeps their ids across restarts; HSETNX: a rule already back,
+or one ended since, is not brought back), sets it, and the others take them at their sync. A
+rule the cluster never held stays on its node, as above.
+
 Redis being away never stops an operation on the node that was asked: it is applied here,
 and the answer says, under `cluster`, that the other nodes were not told.
 """
@@ -92,7 +100,10 @@ def origin_of(config: Config) -> str:
 class Broadcast:
     """One process's end of the admin stream: the origin's (`around`) and a worker's (`consume`)."""
 
-    def __init__(self, config: Config, *, worker: int = 0, workers: int = 1) -> None:
+    def __init__(
+        self, config: Config, *, worker: int = 0, workers: int = 1, held: Callable[[], list[Rule]] = list
+    ) -> None:
+        """`held`: the standing rules this worker holds, given back to a Redis that lost them."""
         redis = config.redis
         assert redis.url is not None
         self.node = config.node.name
@@ -105,6 +116,11 @@ class Broadcast:
         self._answers = f"{prefix}:admin:answers:"
         self._rules = f"{prefix}:admin:rules"
         self._ended = f"{prefix}:admin:rules:ended"
+        self._kept = f"{prefix}:admin:rules:kept"
+        self._held = held
+        self._known_path = config.spool.path / f"admin-rules-{worker}.known"
+        self._known = self._saved_known()
+        """Ids of the rules in force in Redis when this worker last looked."""
         self._late = float(redis.late_operations)
         self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
         timeout = self._timeout = float(redis.timeout)
@@ -274,7 +290,10 @@ class Broadcast:
 
     async def sync(self, adopt: Adopt) -> None:
         """Take the cluster's standing rules as they are now (see the module's docstring)."""
+        if not await self._redis.exists(self._kept):
+            await self._give_back()
         rules: dict[Any, Any] = await self._redis.hgetall(self._rules)
+        self._remember(rules)
         ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
         now = time.time()
         in_force: list[Rule] = []
@@ -317,6 +336,27 @@ class Broadcast:
         for rule in gone:
             _log.warning("admin rules: %s %s was ended on another node meanwhile: ended here too", rule.kind, rule.id)
 
+    async def _give_back(self) -> None:
+        """Redis holds none of the cluster's rules: write back those this worker holds, but
+        any it holds word of an end of, and mark the rules kept."""
+        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
+        now = time.time()
+        rules = [
+            rule for rule in self._held() if rule.live(now) and rule.id in self._known and rule.id.encode() not in ended
+        ]
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for rule in rules:
+                pipe.hsetnx(self._rules, rule.id, msgspec.json.encode(rule))
+            pipe.set(self._kept, b"1")
+            written = await pipe.execute()
+        given = sum(1 for done in written[:-1] if done)
+        if given:
+            _log.warning(
+                "admin rules: Redis held none of the cluster's standing rules (restarted without its data?): "
+                "%d held here given back",
+                given,
+            )
+
     async def consume(self, apply: Apply, adopt: Adopt | None = None) -> None:
         """Apply what other nodes append, until cancelled; with `adopt`, take the cluster's
         standing rules whenever Redis answers again. Never raises for Redis's sake."""
@@ -329,6 +369,9 @@ class Broadcast:
                 if time.monotonic() - renewed >= _RENEW:
                     await self._renew()
                     renewed = time.monotonic()
+                    if not await self._look() and adopt is not None:
+                        self._synced = False  # the cluster's rules were lost: taken again, as given back
+                        continue
                 read: Any = await self._reader.xread({self._stream: cursor}, count=100, block=_BLOCK_MS)
                 if self._down_since is not None:
                     _log.info("admin stream: Redis answers again; reading on from %s", cursor)
@@ -412,6 +455,35 @@ class Broadcast:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(1.0):
                 await self._redis.hdel(self._nodes, self.origin)
+
+    async def _look(self) -> bool:
+        """Whether Redis still holds the cluster's rules; if not, give back those this worker
+        knew there. A restart can pass unseen between two reads (the client reconnects once
+        by itself): the marker tells."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(self._kept)
+            pipe.hkeys(self._rules)
+            kept, ids = await pipe.execute()
+        if kept:
+            self._remember(dict.fromkeys(ids))
+            return True
+        await self._give_back()
+        return False
+
+    def _remember(self, rules: dict[Any, Any]) -> None:
+        known = {rule_id.decode() for rule_id in rules}
+        if known == self._known:
+            return
+        self._known = known
+        try:
+            self._known_path.write_text("".join(f"{rule_id}\n" for rule_id in sorted(known)))
+        except OSError as error:
+            _log.warning("admin rules: cannot keep the cluster's rule ids in %s: %s", self._known_path, error)
+
+    def _saved_known(self) -> set[str]:
+        with contextlib.suppress(OSError):
+            return set(self._known_path.read_text().split())
+        return set()
 
     async def _renew(self) -> None:
         presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}

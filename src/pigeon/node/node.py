@@ -208,7 +208,8 @@ class Node:
                 # module: a node without Redis need not spend a tenth of a second on its client.
                 from pigeon.node.broadcast import Broadcast
 
-                self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers)
+                admin = self.outbound.admin
+                self.broadcast = Broadcast(config, worker=self.worker, workers=self._workers, held=admin.standing)
                 await self.broadcast.join(self.outbound.admin.adopt)
             await self.outbound.start()
             self.metrics.track_delivery(self.outbound.state)

@@ -486,6 +486,10 @@ class Admin:
     def rules(self, kind: str) -> list[dict[str, Any]]:
         return self._rules.listed(kind)
 
+    def standing(self) -> list[Rule]:
+        """Every standing rule this worker holds (live or not: the caller knows the time)."""
+        return list(self._rules)
+
     def inspect(self, spool_id: int) -> dict[str, Any] | None:
         entry = self._active.get(spool_id)
         message = entry.message if entry is not None else None
