@@ -88,6 +88,22 @@ def test_quarantine_lists_each_entry_with_its_reason_and_saves_what_can_be_sent_
         delivered = {m.recipients[0]: m.email for m in sink.wait_for(2)}
         assert delivered["saved@example.net"]["Subject"] == "rescue me"
         assert "kept@example.net" in delivered
+        # Sent again: the entry is removed beside the running node, and is gone from the list.
+        removed = _cli("quarantine", "-c", config, "--remove", f"{saved_id:016x}")
+        assert (removed.returncode, removed.stdout) == (0, f"removed {saved_id:016x}\n"), removed.stderr
+        again = _cli("quarantine", "-c", config, "--remove", f"{saved_id:016x}")
+        assert again.returncode == 1 and "no quarantined entry" in again.stderr
+        listed = _cli("quarantine", "-c", config)
+        assert f"{saved_id:016x}" not in listed.stdout and "1 quarantined entry" in listed.stdout
+        bad = _cli("quarantine", "-c", config, "--remove", "12")
+        assert bad.returncode == 2 and "16 hex digits" in bad.stderr
+    with PigeonProcess(root) as pigeon:  # the next start frees the removed entry's body
+        pigeon.wait_stderr(" 0 quarantined")
+    conn = sqlite3.connect(shard / "spool.db")
+    bodies = {row[0] for row in conn.execute("SELECT id FROM body")}
+    kept = {row[0] for row in conn.execute("SELECT body FROM message UNION SELECT body FROM quarantine")}
+    conn.close()
+    assert bodies == kept, "a body nothing refers to was kept"
     not_a_directory = tmp_path / "a-file"
     not_a_directory.write_text("")
     refused = _cli("quarantine", "--spool", str(root / "spool"), "--save", str(not_a_directory))

@@ -5,7 +5,9 @@ is never delivered nor dropped: it moves to the `quarantine` table of its shard,
 reason, and its body stays where it was. This lists them from the spool's files, read-only,
 whether the node runs or not (SQLite lets a reader in beside the writer), so an operator can
 see what was set aside, then save each message and its envelope to send it again with
-`pigeon inject`.
+`pigeon inject`, and remove the entries it is done with (`--remove`: the only write; the
+space of their bodies comes back at the node's next start, when the spool's check finds
+bodies nothing refers to).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.logs.peer_text import shown
-from pigeon.message import ENVELOPE_DECODER, Envelope, format_id
+from pigeon.message import ENVELOPE_DECODER, Envelope, format_id, parse_id, shard_of
 from pigeon.spool.recovery import SEGMENT_DIR
 from pigeon.spool.shards import existing_shards, shard_directory
 
@@ -34,9 +36,11 @@ EXAMPLES = """examples:
   pigeon quarantine -c /etc/pigeon/pigeon.toml --save /var/tmp/rescued
       # writes <id>.eml and <id>.json for each entry whose body can still be read, and
       # prints the `pigeon inject` command that sends it again
+  pigeon quarantine -c /etc/pigeon/pigeon.toml --remove 0000000000012a00
+      # forgets an entry (once sent again, or given up); the node may be running
 
-exit status: 0 the spool was read (with or without entries), 1 it could not be read,
-2 usage or configuration error.
+exit status: 0 the spool was read (with or without entries), or every entry named was
+removed; 1 it could not be read, or an entry named is not there; 2 usage or configuration error.
 """
 
 
@@ -54,7 +58,21 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--save", type=Path, metavar="DIR", help="write each readable entry's message and envelope into DIR"
     )
+    parser.add_argument(
+        "--remove",
+        nargs="+",
+        metavar="ID",
+        type=_spool_id,
+        help="remove these entries (ids as listed); their bodies' space comes back at the node's next start",
+    )
     parser.set_defaults(run=run)
+
+
+def _spool_id(text: str) -> int:
+    try:
+        return parse_id(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     except sqlite3.Error as error:
         print(f"pigeon: cannot read the spool at {root}: {error}", file=sys.stderr)
         return 1
+    if args.remove is not None:
+        return _remove(root, args.remove)
     if args.save is not None:
         try:
             args.save.mkdir(parents=True, exist_ok=True)
@@ -157,6 +177,35 @@ def read_shard(directory: Path) -> list[Entry]:
             )
         )
     return entries
+
+
+def _remove(root: Path, ids: list[int]) -> int:
+    """Delete the quarantine rows of `ids`, each from the shard that made it. A running
+    node's worker writes its shard too: SQLite takes turns (WAL, a busy timeout on both
+    sides), and nothing of the node's refers to a quarantined entry."""
+    missing = 0
+    for spool_id in ids:
+        name = format_id(spool_id)
+        database = shard_directory(root, shard_of(spool_id)) / "spool.db"
+        try:
+            if not database.exists():
+                raise sqlite3.OperationalError(f"no shard {shard_of(spool_id)} (no {database})")
+            conn = sqlite3.connect(f"{database.resolve().as_uri()}?mode=rw", uri=True, timeout=10.0)
+            try:
+                conn.execute("PRAGMA synchronous=FULL")  # said removed: removed for good
+                with conn:
+                    removed = conn.execute("DELETE FROM quarantine WHERE id = ?", (spool_id,)).rowcount
+            finally:
+                conn.close()
+        except sqlite3.Error as error:
+            print(f"pigeon: cannot remove {name} from the spool at {root}: {error}", file=sys.stderr)
+            return 1
+        if removed:
+            print(f"removed {name}")
+        else:
+            missing += 1
+            print(f"pigeon: no quarantined entry {name} in {root}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 def _text(value: object) -> str | None:
