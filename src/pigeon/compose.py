@@ -200,14 +200,40 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
                     raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
             if "/" not in attachment.content_type:
                 raise ComposeError("must be type/subtype", f"$.content.attachments[{index}].content_type")
+        seen: dict[str, str] = {}
         for name in content.headers:
             if not name or any(c in name for c in ":\r\n ") or not name.isascii():
                 raise ComposeError(f"{name!r} is not a header name", "$.content.headers")
+            lowered = name.lower()
+            if lowered in seen:
+                raise ComposeError(
+                    f"{name!r} is {seen[lowered]!r} again (names are case-insensitive)", "$.content.headers"
+                )
+            seen[lowered] = name
+            if (made_by := _BUILT_FROM.get(lowered)) is not None or lowered in _MIME_FIELDS:
+                # A second From (or Subject, ...) breaks RFC 5322 5.6, and many receivers refuse it.
+                raise ComposeError(
+                    f"{name!r} is written by Pigeon from {made_by or _PARTS}: set it there",
+                    f"$.content.headers.{name}",
+                )
     if request.template:
         _Templates(request)  # compiles every template: syntax errors are the request's
 
 
 _FORBIDDEN: Final = (("\r", "CR"), ("\n", "LF"), ("\0", "NUL"))
+_BUILT_FROM: Final = {
+    "from": "$.content.from",
+    "to": "$.recipients[].email and name",
+    "reply-to": "$.content.reply_to",
+    "subject": "$.content.subject",
+    "mime-version": "the parts",
+}
+_PARTS: Final = "the parts (text, html, attachments)"
+"""Fields Pigeon writes in a message made of parts, and where a request sets them. (Date and
+Message-ID, which it writes too, a request's `headers` may set instead.)"""
+_MIME_FIELDS: Final = frozenset({"content-type", "content-transfer-encoding", "content-disposition", "content-id"})
+"""What the message's top part carries, made from the parts (text, html, attachments)."""
+_REPLACEABLE: Final = frozenset({"date", "message-id"})
 
 
 def _as_is_in_header(value: str | None, field: str) -> None:
@@ -292,8 +318,11 @@ class Composer:
             reply_to = mime.address(render("reply_to", parts.reply_to.name or ""), parts.reply_to.email)
             head.append(mime.header("Reply-To", reply_to))
         head.append(mime.header("Subject", render("subject", parts.subject)))
-        head.append(f"Date: {email.utils.formatdate(time.time())}\r\n")
-        head.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
+        given = {name.lower() for name in parts.headers} & _REPLACEABLE
+        if "date" not in given:
+            head.append(f"Date: {email.utils.formatdate(time.time())}\r\n")
+        if "message-id" not in given:
+            head.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
         head += [mime.header(name, render(f"headers.{name}", value)) for name, value in parts.headers.items()]
         head += [mime.header(name, routing) for name, routing in self._routing if routing]
         head.append("MIME-Version: 1.0\r\n")

@@ -79,3 +79,43 @@ def test_a_header_name_with_a_colon_or_space_is_refused() -> None:
         parts = {"from": {"email": "a@example.org"}, "text": "x", "headers": {name: "v"}}
         with pytest.raises(msgspec.ValidationError, match=r"\$\.content\.headers"):
             _request(parts)
+
+
+def test_parts_headers_set_the_date_and_message_id_once() -> None:
+    parts = {
+        "from": {"email": "a@example.org"},
+        "subject": "S",
+        "text": "t",
+        "headers": {"message-id": "<inj-{{ 40 + 2 }}@example.org>", "Date": "Mon, 1 Jan 2024 00:00:00 +0000"},
+    }
+    message = email.message_from_bytes(_compose(_request(parts)), policy=default)
+    assert message.get_all("Message-ID") == ["<inj-42@example.org>"]
+    assert [str(date) for date in message.get_all("Date")] == ["Mon, 01 Jan 2024 00:00:00 +0000"]
+    assert message.get_all("Subject") == ["S"] and message.get_all("From") == ["a@example.org"]
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("From", "content.from"),
+        ("subject", "content.subject"),
+        ("To", "recipients"),
+        ("Reply-To", "content.reply_to"),
+        ("MIME-Version", "the parts"),
+        ("Content-Type", "the parts"),
+        ("content-transfer-encoding", "the parts"),
+    ],
+)
+def test_parts_headers_may_not_write_a_field_pigeon_writes(name: str, where: str) -> None:
+    """A second From (or Subject, ...) breaks RFC 5322, and one From a tenant chooses would be
+    signed with the sender's DKIM key beside the real one."""
+    parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {name: "evil@other.test"}}
+    with pytest.raises(ComposeError, match=f"written by Pigeon from .*{where}") as refused:
+        _compose(_request(parts))
+    assert refused.value.field == f"$.content.headers.{name}"
+
+
+def test_parts_headers_may_not_name_a_field_twice() -> None:
+    parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {"X-Mailer": "a", "x-mailer": "b"}}
+    with pytest.raises(ComposeError, match="again"):
+        _compose(_request(parts))
