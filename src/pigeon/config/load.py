@@ -32,6 +32,7 @@ from pigeon.config.schema import (
     PostgresqlTarget,
     ProviderConfig,
     ShapingConfig,
+    SidekiqTarget,
     TargetConfig,
     WebhookTarget,
     decode_hook,
@@ -129,6 +130,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         # An empty shard's database alone takes 176 KiB: under a smaller cap every message
         # would get 451 from a node that says it is up.
         raise fail(["spool", "max_size"], 'must be at least 1MiB (an empty spool takes 176 KiB); e.g. "10GiB"')
+    if config.redis.url is not None and (redis_problem := _redis_url_problem(config.redis.url)) is not None:
+        raise fail(["redis", "url"], redis_problem)
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
     if not smtp.listen:
@@ -469,7 +472,12 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         if isinstance(target, PostgresqlTarget) and not target.dsn.startswith(("postgresql://", "postgres://")):
             # asyncpg takes URLs only: a libpq key=value DSN would load, then fail at every handoff.
             url = "postgresql://user@host:5432/database, with :password after the user name"
-            raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL ({url}), not key=value")
+            scheme, colon_slashes, _ = target.dsn.partition("://")
+            given = f"{scheme}:// is not PostgreSQL's" if colon_slashes else "not key=value"
+            raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL ({url}), {given}", index)
+        redis_url = target.redis_url if isinstance(target, SidekiqTarget) else None
+        if redis_url is not None and (problem := _redis_url_problem(redis_url)) is not None:
+            raise fail(["target", "redis_url"], f"target {target.name!r}: {problem}", index)
         if isinstance(target, WebhookTarget) and (problem := _webhook_url_problem(target.url)) is not None:
             # Loaded, it would fail every handoff "for now", and be retried until max_age.
             raise fail(["target", "url"], f"target {target.name!r}: {problem}", index)
@@ -511,10 +519,15 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             if getattr(mailbox, key) < 1:
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second")
     watched = [(m.username, m.host.lower(), m.port, m.folder) for m in config.mailbox]
-    for mailbox, where in zip(config.mailbox, watched, strict=True):
-        if watched.count(where) > 1:
+    for index, where in enumerate(watched):
+        if (first := watched.index(where)) < index:
             # They would share claims: each message would reach only one of their targets.
-            raise fail(["mailbox", "folder"], f"mailbox {mailbox.name!r}: another [[mailbox]] watches the same folder")
+            mailbox, other = config.mailbox[index], config.mailbox[first]
+            reason = (
+                f"mailbox {mailbox.name!r} watches the folder {mailbox.folder!r} of {mailbox.username}@{mailbox.host} "
+                f"that mailbox {other.name!r} watches already"
+            )
+            raise fail(["mailbox", "name"], reason, index)
     mailbox_names = [m.name for m in config.mailbox]
     for name in mailbox_names:
         if mailbox_names.count(name) > 1:
@@ -524,6 +537,31 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})")
         if (route.recipient is None) == (route.domain is None):
             raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
+
+
+def _redis_url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL (None: nothing), as the client would find it at the first
+    command, after the node said it was up: redis://, rediss:// or unix://, a port from 1 to
+    65535, a database number. (The URL is never shown: it may hold a password.)"""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        return f"not a Redis URL ({str(error).split(':')[0]}); e.g. redis://127.0.0.1:6379/0"
+    scheme = parts.scheme.lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        shown = f"scheme {parts.scheme}:// is not" if parts.netloc else "no scheme: it must start with"
+        return f"{shown} redis://, rediss:// or unix:// (e.g. redis://127.0.0.1:6379/0)"
+    if scheme == "unix":
+        return None if parts.path else "unix:// needs the socket's path (unix:///run/redis/redis.sock)"
+    if not parts.hostname:
+        return "no host (e.g. redis://127.0.0.1:6379/0)"
+    if port == 0:
+        return "port 0"
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        return f"the path must be a database number (redis://host:6379/0), not /{database}"
+    return None
 
 
 def _webhook_url_problem(url: str) -> str | None:

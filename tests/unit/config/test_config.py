@@ -528,11 +528,53 @@ def test_inbound_sections_parse_with_their_defaults(tmp_path: Path) -> None:
         ('[[inbound]]\nrecipient = "a@b.example"\ntarget = "nope"\n', "no [[target]] called 'nope' (known: 'hook')"),
         ('[[inbound]]\ntarget = "hook"\n', "exactly one of recipient or domain"),
         ('[[target]]\nname = "hook"\nkind = "log"\npath = "x"\n', "two [[target]]s are called 'hook'"),
-        ("[[mailbox]]" + INBOUND.split("[[mailbox]]")[1].replace("support", "other"), "same folder"),
+        (
+            "[[mailbox]]" + INBOUND.split("[[mailbox]]")[1].replace("support", "other"),
+            "line 14: [mailbox] name: mailbox 'other' watches the folder 'INBOX' of app@imap.example.com "
+            "that mailbox 'support' watches already",
+        ),
+        (
+            '[[target]]\nname = "jobs"\nkind = "sidekiq"\nredis_url = "redis//127.0.0.1:6379"\n',
+            "line 16: [target] redis_url: target 'jobs': no scheme: it must start with redis://",
+        ),
+        (
+            '[[target]]\nname = "rows"\nkind = "postgresql"\ndsn = "mysql://u@h/db"\n',
+            "line 16: [target] dsn: target 'rows': give the DSN as a URL (postgresql://",
+        ),
     ],
 )
 def test_inbound_configuration_mistakes_are_named(tmp_path: Path, extra: str, expected: str) -> None:
     assert expected in error_of(tmp_path, INBOUND + extra)
+
+
+def test_a_mysql_dsn_is_not_called_key_value(tmp_path: Path) -> None:
+    said = error_of(tmp_path, INBOUND + '[[target]]\nname = "rows"\nkind = "postgresql"\ndsn = "mysql://u@h/db"\n')
+    assert "mysql:// is not PostgreSQL's" in said and "key=value" not in said
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("127.0.0.1:6379", "no scheme: it must start with redis://, rediss:// or unix://"),
+        ("http://127.0.0.1:6379/0", "scheme http:// is not redis://"),
+        ("redis://127.0.0.1:port/0", "not a Redis URL (Port could not be cast to integer value as 'port')"),
+        ("redis://:secret@127.0.0.1:99999/0", "not a Redis URL (Port out of range 0-65535)"),
+        ("redis:///0", "no host"),
+        ("redis://127.0.0.1:6379/queue", "must be a database number"),
+        ("unix://", "needs the socket's path"),
+    ],
+)
+def test_a_redis_url_the_client_would_refuse_is_a_configuration_error(tmp_path: Path, url: str, expected: str) -> None:
+    said = error_of(tmp_path, f'[redis]\nurl = "{url}"\n')
+    assert said.startswith(f"{tmp_path / 'pigeon.toml'}, line 2: [redis] url: ") and expected in said, said
+    assert "secret" not in said
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "rediss://user:pw@cache.example:6380", "unix:///run/redis.sock?db=2"]
+)
+def test_redis_urls_the_client_takes_load(tmp_path: Path, url: str) -> None:
+    assert load(write(tmp_path, f'[redis]\nurl = "{url}"\n')).redis.url == url
 
 
 @pytest.mark.parametrize(
