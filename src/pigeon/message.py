@@ -102,6 +102,7 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     auth_user: str | None = None
     protocol: str = "ESMTP"  # RFC 3848 WITH keyword of the reception
     last_response: str | None = None  # the last failed attempt's reply, for inspection and expiry
+    last_attempt: float | None = None  # when that attempt ended: an expiry's DSN says it (RFC 3464 2.3.7)
     metadata: dict[str, str] | None = None  # from the injecting application, copied into log records
     routing_domain: str | None = None  # route as if the recipients were in this domain (admin rebind)
     target: str | None = None  # an application's [[target]] (an [[inbound]] route), not an MX

@@ -111,8 +111,8 @@ def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
                 "ok@example.net": ("Delivery", 250),
                 "permfail@example.net": ("Bounce", 550),
                 # A 552 to RCPT is read as 452 (RFC 5321 4.5.3.1.10): a full mailbox may empty.
-                "quota@example.net": ("Expiration", 551),
-                "tempfail@example.net": ("Expiration", 551),
+                "quota@example.net": ("Expiration", 554),
+                "tempfail@example.net": ("Expiration", 554),
             }
             bounces = {r["recipient"]: r["classification"] for r in records if r["type"] == "Bounce"}
             assert bounces == {"permfail@example.net": "InvalidRecipient"}

@@ -163,7 +163,7 @@ async def test_a_recipient_that_never_gets_through_expires_at_max_age_with_a_dsn
 
         (expiration,) = await pigeon.wait_for("Expiration", 1)
         assert expiration["recipient"] == "tempfail@example.net"
-        assert expiration["response"]["code"] == 551 and "max_age" in expiration["response"]["text"]
+        assert expiration["response"]["code"] == 554 and "max_age" in expiration["response"]["text"]
         assert "451" in expiration["response"]["text"]  # the last reason is kept for the sender
         delays = [b["next_attempt"] - a["next_attempt"] for a, b in itertools.pairwise(transients)]
         assert delays and all(d <= 33 * MINUTE for d in delays)  # capped at max_retry_interval
@@ -175,7 +175,7 @@ async def test_a_recipient_that_never_gets_through_expires_at_max_age_with_a_dsn
         assert dsn.email.get_content_type() == "multipart/report"
         assert b"Action: failed" in dsn.data and b"tempfail@example.net" in dsn.data
         # Pigeon wrote the expiry, not a server: the report says so (an "smtp;" code is a server's).
-        assert b"Diagnostic-Code: X-Pigeon; 551 5.4.7 Message expired" in dsn.data
+        assert b"Diagnostic-Code: X-Pigeon; 554 5.4.7 Message expired" in dsn.data
     finally:
         await pigeon.stop()
 

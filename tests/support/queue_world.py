@@ -401,6 +401,7 @@ class World:
     attempted: list[Attempted] = field(default_factory=list)
     admin_calls: list[AdminCall] = field(default_factory=list)
     notices: list[tuple[SpoolId, str]] = field(default_factory=list)
+    reported: list[Failure] = field(default_factory=list)  # what each stored DSN says, as notices
     opened: list[str] = field(default_factory=list)
     """The site of every `FakeAgent` opened (a connection, to the dispatcher)."""
     steps: int = 0
@@ -491,6 +492,7 @@ class World:
             def apply() -> None:
                 for failure in failures:
                     self.notices.append((message.id, failure.recipient.address))
+                    self.reported.append(failure)
                 settle()
 
             stored = self.commit(f"dsn+settle {message.id:x}", apply, message=message.id)

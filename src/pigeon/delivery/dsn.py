@@ -42,6 +42,7 @@ class Failure:
     # RFC 3464 diagnostic type: "smtp" for a reply a server gave; "X-Pigeon" for one Pigeon wrote
     # (an expiry), so the report does not claim a server said it.
     diagnostic_type: str = "smtp"
+    attempted: float | None = None  # when the last attempt was, if not the report's own time
 
 
 def wants_success_notice(recipient: Recipient) -> bool:
@@ -103,7 +104,10 @@ def build_report(
             fields.append(f"Remote-MTA: dns; {failure.remote_mta}")
         # RFC 3464 2.3.6: the server's reply as it gave it, its enhanced code too ("550 5.1.1 ...").
         fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(str(failure.reply))}")
-        fields.append(f"Last-Attempt-Date: {date}")
+        if failure.attempted is not None:
+            fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")
+        elif failure.diagnostic_type == "smtp":
+            fields.append(f"Last-Attempt-Date: {date}")
         blocks.append("\r\n".join(fields))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"

@@ -88,7 +88,8 @@ class RecordOutbox(Protocol):
 
 def expired_reply(last: str | None) -> Reply:
     text = "Message expired: not delivered within max_age"
-    return Reply(551, "5.4.7", (f"{text}; last attempt: {last}" if last else text,))
+    # 554: the transaction failed for good (551 would say "user not local", RFC 5321 3.4).
+    return Reply(554, "5.4.7", (f"{text}; last attempt: {last}" if last else text,))
 
 
 @dataclass(slots=True)
@@ -288,7 +289,7 @@ class Settlement:
             else:
                 outcome.due = due
                 outcome.remaining = msgspec.structs.replace(
-                    message.envelope, recipients=[r for r, _ in deferred], last_response=last
+                    message.envelope, recipients=[r for r, _ in deferred], last_response=last, last_attempt=now
                 )
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
@@ -310,7 +311,9 @@ class Settlement:
         outcome.terminal.append(Expiration(**fields, dsn=withheld))
         if withheld is None:
             peer = _host(attempt.peer if attempt else None)
-            outcome.failures.append(Failure(recipient, reply, "failed", peer, diagnostic_type="X-Pigeon"))
+            # Expired before an attempt: the last one was at its deferral (none: never tried).
+            attempted = message.envelope.last_attempt if attempt is None else self._clock()
+            outcome.failures.append(Failure(recipient, reply, "failed", peer, "X-Pigeon", attempted))
 
     def _withheld(self, message: Message, recipient: Recipient) -> tuple[str | None, bool]:
         """For a failed recipient: why its sender gets no DSN (None: it may get one), and

@@ -85,9 +85,11 @@ async def test_a_retry_that_would_come_after_max_age_is_due_at_the_expiry_and_ex
     world.tick()
     await world.release_all()
     [expired] = world.logged("Expiration")
-    assert (expired.response.code, expired.response.enhanced) == (551, "5.4.7")
+    assert (expired.response.code, expired.response.enhanced) == (554, "5.4.7")
     assert "last attempt: 451 4.3.0 try later" in expired.response.text
     assert world.notices == [(spool_id, "a@d1.test")] and not world.spool.rows
+    # Its DSN's Last-Attempt-Date is the attempt's, not the expiry's (RFC 3464 2.3.7).
+    assert [failure.attempted for failure in world.reported] == [created]
 
 
 async def test_a_commit_that_fails_is_written_again_and_told_once(
