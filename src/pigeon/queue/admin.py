@@ -208,8 +208,9 @@ class Admin:
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
         bounced, after_attempt = await self._walk(selector, act, "bounce", rule_id, claim=True)
+        why = f" ({reason})" if reason else ""
         _log.warning("admin bounce by %s of %s: %d messages, %d of them once their attempt ends%s",
-                     operator, selector.describe(), bounced, after_attempt, f" ({reason})" if reason else "")  # fmt: skip
+                     operator, selector.describe(), bounced, after_attempt, why)  # fmt: skip
         # A message being sent is bounced only as far as its attempt does not deliver it: said
         # apart, so "bounced 60" does not hide that 20 of them went out meanwhile.
         return {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
