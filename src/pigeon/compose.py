@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import email.utils
 import time
 from collections.abc import Callable, Mapping
@@ -299,7 +300,7 @@ class Composer:
         lowered = b"\r\n" + head.lower()
         extra = []
         if b"\r\ndate:" not in lowered:
-            extra.append(f"Date: {email.utils.formatdate(time.time())}\r\n")
+            extra.append(f"Date: {_now()}\r\n")
         if b"\r\nmessage-id:" not in lowered:
             extra.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
         extra += [f"{name}: {value}\r\n" for name, value in self._routing if value]
@@ -320,7 +321,7 @@ class Composer:
         head.append(mime.header("Subject", render("subject", parts.subject)))
         given = {name.lower() for name in parts.headers} & _REPLACEABLE
         if "date" not in given:
-            head.append(f"Date: {email.utils.formatdate(time.time())}\r\n")
+            head.append(f"Date: {_now()}\r\n")
         if "message-id" not in given:
             head.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
         head += [mime.header(name, render(f"headers.{name}", value)) for name, value in parts.headers.items()]
@@ -431,6 +432,12 @@ class _Templates:
 
 
 # --- raw content -----------------------------------------------------------------------------
+def _now() -> str:
+    """The Date of a message made now: UTC as "+0000" ("-0000" would say the zone is unknown,
+    RFC 5322 3.3)."""
+    return email.utils.format_datetime(datetime.datetime.now(datetime.UTC))
+
+
 def _crlf(text: str) -> str:
     """Line endings as CRLF, whatever the client sent (JSON strings usually carry bare LF)."""
     return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\r\n")

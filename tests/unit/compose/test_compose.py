@@ -119,3 +119,10 @@ def test_parts_headers_may_not_name_a_field_twice() -> None:
     parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {"X-Mailer": "a", "x-mailer": "b"}}
     with pytest.raises(ComposeError, match="again"):
         _compose(_request(parts))
+
+
+def test_the_date_pigeon_writes_is_utc_with_a_known_zone() -> None:
+    for content in ("Subject: x\n\nbody\n", {"from": {"email": "a@example.org"}, "text": "t"}):
+        data = _compose(_request(content))
+        date = next(line for line in data.split(b"\r\n") if line.startswith(b"Date: "))
+        assert date.endswith(b" +0000"), date  # "-0000" says the zone is unknown (RFC 5322 3.3)
