@@ -7,8 +7,10 @@ that are not UTF-8 (8-bit mail in another charset) show as U+FFFD, and the raw m
 travels with it, keeps them.
 
 `decoded` gives Subject, From and To as a person reads them: unfolded, with the encoded-words
-(`=?utf-8?q?Caf=C3=A9?=`, `=?iso-8859-1?b?...?=`) decoded. An encoded-word in an unknown charset
-or broken is kept or dropped as Python's email package does; nothing here raises.
+(`=?utf-8?q?Caf=C3=A9?=`, `=?iso-8859-1?b?...?=`) decoded. A value with a "B" encoded-word whose
+text is not base64 at all is given as written: the email package would decode what it could
+of it into garbage. Another one broken, or in an unknown charset, is kept or dropped as the
+email package does; nothing here raises.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ _CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Every field as unstructured text: an address header's own parser rewrites what it cannot
 # parse ("<<<x" becomes "<>"), where the application wants the words that were there.
 _TEXT: Final = HeaderRegistry(default_class=UnstructuredHeader, use_default_map=False)
+_B_WORD: Final = re.compile(r"=\?[^?\s]+\?[bB]\?([^?]*)\?=")
+_BASE64: Final = re.compile(r"[A-Za-z0-9+/=]*")  # (missing padding is forgiven, as everyone does)
 DECODED: Final = ("subject", "from", "to")  # the fields `decoded` gives, by their JSON names
 
 
@@ -75,10 +79,15 @@ def decoded(fields: list[list[str]]) -> dict[str, str | None]:
     return found
 
 
+def broken_b_word(text: str) -> bool:
+    """Whether `text` has a "B" encoded-word whose text holds a character base64 has not."""
+    return any(_BASE64.fullmatch(word[1]) is None for word in _B_WORD.finditer(text))
+
+
 def decode_value(name: str, value: str) -> str:
     """A field's value unfolded (RFC 5322 2.2.3) with its encoded-words decoded (RFC 2047)."""
     unfolded = _FOLD.sub("", value)
-    if "=?" in unfolded:
+    if "=?" in unfolded and not broken_b_word(unfolded):
         try:
             text = str(_TEXT(name, unfolded))
         except Exception:  # the email package's leniency has had bugs: the value as written, then
