@@ -165,6 +165,11 @@ def _suspend(args: argparse.Namespace) -> int:
     status, answer = client.request("POST", "/api/v1/admin/suspend", body)
     if answer.get("already") if isinstance(answer, dict) else False:
         return _show(args, status, answer, "already suspended until {until} by rule {rule_id}; nothing added")
+    if answer.get("added_on") if isinstance(answer, dict) else False:
+        # In force on some workers only: it is added where it lacked, which is not "nothing added".
+        text = "suspended until {until} (rule {rule_id}) on worker(s) {workers}, which lacked it (the others held it "
+        text += "already); {held:count message} put back"
+        return _show(args, status, answer, text, workers=", ".join(map(str, answer["added_on"])))
     return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} put back")
 
 
@@ -386,6 +391,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         via = f" via {rule['via']}" if rule.get("via") else ""
         # A cluster's list adds up the nodes' rules: say which nodes that answered do not hold one.
         lacking = [node for node in answered if node not in held_by.get(rule["id"], [])] if held_by else []
+        # And a node's list adds up its workers' rules: which workers that answered do not hold one.
+        lacking += [f"worker {index}" for index in answer.get("not_held", {}).get(rule["id"], [])]
         missing = f"  [not held on {', '.join(lacking)}]" if lacking else ""
         print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}{missing}")
     _show_nodes(answer, args)

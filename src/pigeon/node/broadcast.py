@@ -336,6 +336,11 @@ class Broadcast:
         for rule in gone:
             _log.warning("admin rules: %s %s was ended on another node meanwhile: ended here too", rule.kind, rule.id)
 
+    def sync_again(self) -> None:
+        """Take the cluster's standing rules again at the next turn of `consume` (this worker
+        was handed its node's: one the cluster ended meanwhile ends again)."""
+        self._synced = False
+
     async def _give_back(self) -> None:
         """Redis holds none of the cluster's rules: write back those this worker holds, but
         any it holds word of an end of, and mark the rules kept."""

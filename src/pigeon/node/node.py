@@ -50,6 +50,8 @@ from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
+from pigeon.node.standing import INTERNAL_PATH, take, take_node_rules
+from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
@@ -202,6 +204,10 @@ class Node:
                 workers=self._workers,
                 clock=self._clock,
             )
+            if self._control_socket is not None:
+                # What this worker missed of the node's standing rules while it was down (its
+                # supervisor keeps them): taken before the scheduler starts, as the cluster's are.
+                await take_node_rules(config.spool.path, self.outbound.admin.adopt, self._clock(), self.worker)
             if config.redis.url:
                 # The cluster's suspensions and standing bounces are taken before the scheduler
                 # starts: nothing they hold may go out meanwhile. Imported here, not with the
@@ -245,7 +251,8 @@ class Node:
                 self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
         except OSError as error:
             raise ListenError(f"[smtp] listen: cannot listen: {error.strerror or error}") from None
-        self.http = HttpListener(self)
+        internal = {INTERNAL_PATH: self._take_rules} if self._control_socket is not None else None
+        self.http = HttpListener(self, internal)
         if self._control_socket is not None:
             await self.http.start_unix(self._control_socket)
         elif listening is not None and listening.http:
@@ -457,6 +464,23 @@ class Node:
             return await perform(admin, method, path, body, operator)
         except web.HTTPException as refusal:
             return refusal_answer(refusal)
+
+    async def _take_rules(self, request: web.Request) -> web.Response:
+        """POST /internal/rules (the control socket only): the node's standing rules, from the
+        supervisor, to a worker that missed a change to them (`pigeon.node.standing`)."""
+        admin = self.admin
+        if admin is None:
+            return web.json_response({"error": "delivery is disabled on this node"}, status=503)
+        try:
+            standing = decode_standing(await request.read())
+        except msgspec.DecodeError as error:
+            return web.json_response({"error": f"malformed rules: {error}"}, status=400)
+        where = "the node's rules, handed by its supervisor"
+        added, ended = await take(standing, admin.adopt, self._clock(), self.worker, where)
+        if self.broadcast is not None and (added or ended):
+            # Redis has the last word on a cluster's rules: one another node ended meanwhile ends here again.
+            self.broadcast.sync_again()
+        return web.json_response({"added": added, "ended": ended})
 
     @property
     def effects(self) -> Board | None:

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from pigeon.config.schema import Config
 from pigeon.listener.client_table import client_table_path, create_client_table
-from pigeon.listener.http.admin import caller, cluster_wide, refusal_answer, validate, with_id
+from pigeon.listener.http.admin import RuleChange, caller, cluster_wide, refusal_answer, rule_change, validate, with_id
 from pigeon.listener.http.app import add_api_routes
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.body import declared_too_large, too_large
@@ -43,6 +44,9 @@ from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
+from pigeon.node.standing import INTERNAL_PATH, NodeRules, node_rules_path
+from pigeon.node.standing import encode as encode_standing
+from pigeon.queue.rules import Rule
 from pigeon.shaping.table import create_shared_table, shared_table_path
 
 if TYPE_CHECKING:
@@ -60,6 +64,7 @@ _OPEN_METHODS: Final = frozenset({"GET", "HEAD"})
 # Anonymous requests in hand at once: their own few places, apart from the authorised ones'
 # `[http] max_open_requests`, so that no number of anonymous clients can keep those busy.
 _MAX_OPEN_ANONYMOUS: Final = 8
+_RULE_LISTS: Final = ("/api/v1/admin/suspend", "/api/v1/admin/bounce")
 
 
 def failure_path(control: Path) -> Path:
@@ -124,6 +129,9 @@ class Worker:
         """It has answered since it was started: it handles SIGHUP (until then, it may not)."""
         self.reload_asked = False
         """A SIGHUP came while it was starting: it is sent one once ready (`Supervisor.reload`)."""
+        self.lacking = False
+        """It missed a change to the node's standing rules: it is handed them once it answers."""
+        self.handing: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def get(self, path: str, within: float = 5.0) -> tuple[int, bytes]:
@@ -131,6 +139,15 @@ class Worker:
         async with (
             aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=within)) as http,
             http.get(f"http://worker{path}") as response,
+        ):
+            return response.status, await response.read()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST `body` to `path` (the control socket's own routes), waiting as long as it takes."""
+        connector = aiohttp.UnixConnector(path=str(self.control))
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http,
+            http.post(f"http://worker{path}", data=body) as response,
         ):
             return response.status, await response.read()
 
@@ -182,6 +199,11 @@ class Supervisor:
         self._open_anonymous = 0
         self._suspending = asyncio.Lock()
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
+        # What the writes through here made and ended, for a worker that misses one (`pigeon.node.standing`).
+        self._node_rules = NodeRules(node_rules_path(config.spool.path)) if config.delivery.enabled else None
+        self._rules_changing = asyncio.Lock()
+        """Held while a change to the standing rules, or the rules handed to a worker that
+        missed one, is on its way: a worker handed them must not take them after a later change."""
         # With [redis], admin operations issued here go to every node (their workers consume).
         self._cluster: Broadcast | None = None
         if config.redis.url and config.delivery.enabled:
@@ -274,6 +296,9 @@ class Supervisor:
         self._stopping = True
         for task in self._watchers:
             task.cancel()
+        for worker in self.workers:
+            if worker.handing is not None:
+                worker.handing.cancel()
         for worker in self.workers:
             if worker.process is not None and worker.process.returncode is None:
                 worker.process.send_signal(signal.SIGTERM)
@@ -401,6 +426,8 @@ class Supervisor:
                 if status in (200, 503):
                     answered = time.monotonic()
                     self._now_ready(worker)
+                    if worker.lacking and worker.handing is None:
+                        worker.handing = asyncio.create_task(self._hand_rules(worker), name=f"rules {worker.index}")
             except (OSError, aiohttp.ClientError, TimeoutError):
                 pass
             if answered is not None and time.monotonic() - answered >= timeout:
@@ -414,6 +441,68 @@ class Supervisor:
                     process.kill()
                 return
             await asyncio.sleep(interval)
+
+    async def _hand_rules(self, worker: Worker) -> None:
+        """Hand `worker`, which missed a change to the node's standing rules, the rules in force
+        and those ended (`Admin.adopt`); it stays `lacking` (and is handed them again as it next
+        answers) until it has taken them."""
+        try:
+            async with self._rules_changing:
+                if not worker.lacking or self._node_rules is None:
+                    return
+                body = encode_standing(self._node_rules.standing)
+                try:
+                    status, answer = await worker.post(INTERNAL_PATH, body)
+                except (OSError, aiohttp.ClientError, TimeoutError) as error:
+                    _log.warning("worker %d could not be handed the node's standing rules (%r): again as it answers",
+                                 worker.index, error)  # fmt: skip
+                    return
+                if status != 200:
+                    _log.error("worker %d did not take the node's standing rules: %d %s", worker.index, status,
+                               answer[:200].decode(errors="replace"))  # fmt: skip
+                    return
+                worker.lacking = False
+                _log.info("worker %d, which missed a change to the standing rules, holds the node's again: %s",
+                          worker.index, answer.decode(errors="replace"))  # fmt: skip
+        finally:
+            worker.handing = None
+
+    def _rule_change(self, request: web.Request, body: bytes) -> RuleChange | None:
+        """The standing rule an admin write makes or ends, if it makes or ends one and would be
+        carried out (a known token with the scope, a valid request)."""
+        if self._node_rules is None or request.method not in ("POST", "DELETE"):
+            return None
+        if not request.path.startswith("/api/v1/admin/"):
+            return None
+        try:
+            operator = self._tokens.holder(request, "admin")
+            validate(request.method, request.path_qs, body)
+        except web.HTTPException:
+            return None  # refused by every worker: nothing changes
+        return rule_change(request.method, request.path, body, operator, time.time())
+
+    def _record(self, change: RuleChange, results: list[tuple[int, Any] | str]) -> None:
+        """Keep what a write did to the standing rules; a worker that missed it (or failed at it)
+        is handed the node's rules once it answers (`_hand_rules`)."""
+        assert self._node_rules is not None
+        missed = [
+            worker
+            for worker, result in zip(self.workers, results, strict=True)
+            if isinstance(result, str) or result[0] >= 500
+        ]
+        answers = [result for result in results if not isinstance(result, str)]
+        if not missed and not any(status < 300 for status, _ in answers):
+            return  # refused by every worker (or nothing of it held anywhere): nothing changed
+        if change.rule is None:
+            self._node_rules.end(change.rule_id, change.kind)
+        else:
+            self._node_rules.made(_made(change, answers))
+        self._node_rules.save(time.time())
+        for worker in missed:
+            if not worker.lacking:
+                _log.warning("worker %d missed a change to the standing rules (%s %s): it is handed them as it "
+                             "answers", worker.index, change.kind, change.rule_id)  # fmt: skip
+            worker.lacking = True
 
     # --- the public HTTP listener ------------------------------------------------------------
     async def _serve_http(self) -> None:
@@ -598,6 +687,7 @@ class Supervisor:
         too, the watchdog kills it (`_heartbeat`), and the request to it then fails at once."""
         timeout = self.config.node.worker_timeout
         read = request.method in _OPEN_METHODS
+        change = None if read else self._rule_change(request, body)
 
         async def ask(worker: Worker) -> tuple[int, Any] | str:
             try:
@@ -620,7 +710,12 @@ class Supervisor:
                 text = response.text.strip() if response.text else ""
                 return response.status, {"error": text or f"worker {worker.index} answered {response.status}"}
 
-        results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+        if change is None:
+            results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+        else:
+            async with self._rules_changing:
+                results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+                self._record(change, results)
         answers = [result for result in results if not isinstance(result, str)]
         missing = {
             worker.index: result
@@ -628,7 +723,7 @@ class Supervisor:
             if isinstance(result, str)
         }
         if not missing:
-            return merge_answers(answers)
+            return self._merged(request, results)
         answered = [
             worker.index for worker, result in zip(self.workers, results, strict=True) if not isinstance(result, str)
         ]
@@ -640,8 +735,48 @@ class Supervisor:
             "missing": [{"worker": index, "error": why} for index, why in missing.items()],
         }
         if answers:
-            partial["answers"] = merge_answers(answers)[1]
+            partial["answers"] = self._merged(request, results)[1]
         return 503, partial
+
+    def _merged(self, request: web.Request, results: list[tuple[int, Any] | str]) -> tuple[int, Any]:
+        """The workers' answers (those that answered) added up, saying where they differ about a
+        standing rule: a list of rules marks each rule a worker does not hold (`not_held`:
+        id -> workers), a suspension already in force on some workers says which it was added
+        on (`added_on`), not `already`."""
+        by_worker = {
+            worker.index: result
+            for worker, result in zip(self.workers, results, strict=True)
+            if not isinstance(result, str)
+        }
+        status, merged = merge_answers(list(by_worker.values()))
+        if status >= 400 or not isinstance(merged, dict) or len(by_worker) < 2:
+            return status, merged
+        path = request.path.rstrip("/")
+        held = {
+            index: {r.get("id") for r in answer.get("rules", ()) if isinstance(r, dict)}
+            for index, (code, answer) in by_worker.items()
+            if code == 200 and isinstance(answer, dict)
+        }
+        if request.method == "GET" and path in _RULE_LISTS:
+            not_held = {
+                rule["id"]: lacking
+                for rule in merged.get("rules", ())
+                if isinstance(rule, dict)
+                and (lacking := [index for index, ids in held.items() if rule.get("id") not in ids])
+            }
+            if not_held:
+                merged["not_held"] = not_held
+        elif request.method == "POST" and path == "/api/v1/admin/suspend" and merged.get("already"):
+            said = {
+                index: answer.get("already")
+                for index, (code, answer) in by_worker.items()
+                if code == 200 and isinstance(answer, dict)
+            }
+            added_on = [index for index, already in said.items() if not already]
+            if added_on:  # in force elsewhere, not there: added where it lacked
+                merged["already"] = False
+                merged["added_on"] = added_on
+        return status, merged
 
     async def _metrics(self, request: web.Request) -> web.Response:
         async def workers() -> tuple[int, Any]:
@@ -656,6 +791,18 @@ class Supervisor:
         operator = self._tokens.holder(request, "read")  # every node works for it: not for anyone
         _, answer = await self._cluster.around("GET", "/metrics", b"", operator, workers, merge_metric_answers)
         return exposition(answer["text"] + cluster_comment(answer["cluster"]))
+
+
+def _made(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule:
+    """The rule a write made, as a worker that took it answers with it (its own clock's expiry;
+    for a suspension `already` in force, the one in force), else as the request makes it."""
+    for status, answer in answers:
+        rule = answer.get("rule") if status == 200 and isinstance(answer, dict) else None
+        if isinstance(rule, dict) and rule.get("id") == change.rule_id:
+            with contextlib.suppress(msgspec.ValidationError):
+                return msgspec.convert(rule, Rule)
+    assert change.rule is not None
+    return change.rule
 
 
 def _closing(response: web.Response) -> web.Response:

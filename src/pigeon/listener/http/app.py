@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -70,7 +70,9 @@ def add_api_routes(app: web.Application, passed_on: Handler | None = None) -> No
             app.router.add_route(method, path, passed_on or handler)
 
 
-def build_app(node: NodeView) -> web.Application:
+def build_app(node: NodeView, internal: Mapping[str, Handler] | None = None) -> web.Application:
+    """`internal`: routes (POST path -> handler) of a worker's control socket alone, which only
+    its supervisor asks (`pigeon.node.standing`): never on a listener anyone may reach."""
     max_size = node.config.http.max_request_size
     # The JSON errors outermost: the 413 answered within is JSON already.
     app = web.Application(client_max_size=max_size, middlewares=[json_errors, _body_limit(max_size)])
@@ -78,14 +80,17 @@ def build_app(node: NodeView) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     add_api_routes(app)
+    for path, handler in (internal or {}).items():
+        app.router.add_post(path, handler)
     return app
 
 
 class HttpListener:
     """Runs the application until `stop()`."""
 
-    def __init__(self, node: NodeView) -> None:
-        self._runner = JsonErrorsRunner(build_app(node), access_log=None, handle_signals=False)
+    def __init__(self, node: NodeView, internal: Mapping[str, Handler] | None = None) -> None:
+        """`internal`: see `build_app` (given only for a control socket)."""
+        self._runner = JsonErrorsRunner(build_app(node, internal), access_log=None, handle_signals=False)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         await self._runner.setup()

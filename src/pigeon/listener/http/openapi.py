@@ -190,10 +190,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "that attempt does not deliver them; rule: the standing bounce (with a duration), else null",
     )
     held = _object(
-        {"held": count, "rule": rule_or_none, "already": {"type": "boolean"}},
+        {"held": count, "rule": rule_or_none, "already": {"type": "boolean"}, "added_on": workers},
         "held",
         "rule",
-        doc="held: messages put back now; already: the same suspension (until resumed) was in force: this is it",
+        doc="held: messages put back now; already: the same suspension (until resumed) was in force: this is it; "
+        "added_on (several workers): it was in force on the other workers but not on these, and is now",
     )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
     rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
@@ -203,7 +204,15 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were",
     )
     cluster_member = {"cluster": {"type": "object", "description": "With ?cluster=1: whose answers were added up"}}
-    rules = _object({"rules": {"type": "array", "items": _ref("Rule")}, **cluster_member}, "rules")
+    not_held = {
+        "type": "object",
+        "additionalProperties": workers,
+        "description": "With several workers: each rule (by id) that some workers that answered do not hold, and "
+        "which (it applies on the others only until they take it)",
+    }
+    rules = _object(
+        {"rules": {"type": "array", "items": _ref("Rule")}, "not_held": not_held, **cluster_member}, "rules"
+    )
     progress = _object(
         {
             "operation": {"type": "string"},

@@ -1,0 +1,144 @@
+"""Within a node of several workers every worker holds the node's standing rules: one that
+missed a suspension or a resume (stopped, killed by the watchdog, started again) takes the
+rules in force and drops those ended when it is back, before it delivers; and until a worker
+holds a rule, the listings say so (`[not held on worker 0]`), and suspending again says where
+it was added rather than "nothing added"."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import smtplib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from pigeon.message import parse_id, shard_of
+from pigeon.queue.rules import Rule, Selector, standing_rule_id
+from pigeon.spool.shards import shard_directory
+from pigeon.spool.sqlite import SqliteSpool
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+MESSAGE = b"Subject: hi\r\n\r\nhello\r\n"
+DOMAIN = "dst.test"
+
+
+def _worker_pid(pigeon: PigeonProcess, index: int) -> int:
+    return int((pigeon.spool_path / f"shard-{index}" / "lock").read_text())
+
+
+def _send_to_every_shard(pigeon: PigeonProcess, at_least: int = 2) -> int:
+    """Mail for DOMAIN, sent until each worker's shard holds `at_least` of it (the workers share
+    one listening socket: which takes a connection is the kernel's choice). How many were sent."""
+    sent = 0
+    while True:
+        shards = [shard_of(parse_id(row["id"])) for row in pigeon.spool_messages()]
+        if all(shards.count(shard) >= at_least for shard in (0, 1)):
+            return sent
+        assert sent < 80, f"shards of the mail sent: {shards}"
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+            assert client.sendmail("a@src.test", [f"b@{DOMAIN}"], MESSAGE) == {}
+        sent += 1
+
+
+def _restarted(pigeon: PigeonProcess, index: int, restarts: int) -> None:
+    def ok() -> bool:
+        status, body = pigeon.http_get("/healthz")
+        worker = json.loads(body)["workers"][index]
+        return status == 200 and worker["restarts"] == restarts and worker["status"] == "ok"
+
+    wait_until(ok, 30, 0.2)
+
+
+def _missed_while_stopped(pigeon: PigeonProcess, method: str, path: str, body: object = None) -> None:
+    """`method path` issued while worker 0 is stopped: the watchdog kills it, and only worker 1 applies it."""
+    os.kill(_worker_pid(pigeon, 0), signal.SIGSTOP)
+    status, answer = pigeon.http_call(method, path, body, token=pigeon.local_token)
+    assert status == 503 and answer["answered"] == [1], answer
+
+
+def _cli(pigeon: PigeonProcess, *args: str) -> str:
+    shown = subprocess.run(
+        [sys.executable, "-m", "pigeon", *args, "-c", str(pigeon.config_path)],
+        capture_output=True, text=True, timeout=60, cwd=pigeon.root,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    return shown.stdout
+
+
+def _node(tmp_path: Path, sink: ScriptedSink) -> PigeonProcess:
+    return PigeonProcess(
+        tmp_path / "node", node={"workers": 2, "worker_timeout": "2s"}, **delivery_config(sink.endpoint)
+    )
+
+
+def test_a_worker_that_missed_a_suspension_holds_it_once_started_again(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        _missed_while_stopped(pigeon, "POST", "/api/v1/admin/suspend", {"domain": DOMAIN, "reason": "outage"})
+        _restarted(pigeon, 0, 1)
+        sent = _send_to_every_shard(pigeon)
+        assert sink.after(3) == []  # neither worker delivers any of it, worker 0's shard's included
+        assert len(pigeon.spool_messages()) == sent
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
+        assert status == 200 and [rule["selector"] for rule in listed["rules"]] == [{"domain": DOMAIN}], listed
+        assert "not_held" not in listed  # held on both workers: nothing to mark
+        shown = _cli(pigeon, "suspend", "--list")
+        assert DOMAIN in shown and "not held" not in shown, shown
+        status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
+        [row] = summary["scheduled"]
+        assert row["suspended"] == sent, row
+        again = _cli(pigeon, "suspend", "--domain", DOMAIN)
+        assert again.startswith("already suspended until resumed by rule") and "nothing added" in again, again
+        rule_id = listed["rules"][0]["id"]
+        _cli(pigeon, "resume", rule_id)
+        assert len(sink.wait_for(sent, timeout=30)) == sent
+
+
+def test_a_worker_that_missed_a_resume_releases_its_mail_once_started_again(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
+        assert status == 200, answer
+        sent = _send_to_every_shard(pigeon)
+        assert sink.after(2) == []
+        _missed_while_stopped(pigeon, "DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}")
+        _restarted(pigeon, 0, 1)
+        # Worker 0's shard's mail too, within a suspension's hold (60 s) had it held on.
+        assert len(sink.wait_for(sent, timeout=30)) == sent
+        assert _cli(pigeon, "suspend", "--list").strip() == "none"
+
+
+def test_a_rule_a_worker_lacks_is_marked_in_the_listing_and_suspending_again_adds_it_there(tmp_path: Path) -> None:
+    selector = Selector(domain=DOMAIN)
+    rule_id = standing_rule_id("suspend", selector)
+    root = tmp_path / "node" / "spool"
+
+    async def store_on_worker_1_only() -> None:  # as a node before this was fixed could leave it
+        spool = SqliteSpool(shard_directory(root, 1), shard=1)
+        spool.open(asyncio.get_running_loop())
+        try:
+            rule = Rule(rule_id, "suspend", selector, time.time(), operator="local", via="cli")
+            await spool.save_rule(rule_id, msgspec.msgpack.encode(rule))
+        finally:
+            spool.close()
+
+    asyncio.run(store_on_worker_1_only())
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
+        assert status == 200 and listed["not_held"] == {rule_id: [0]}, listed
+        [line] = _cli(pigeon, "suspend", "--list").splitlines()
+        assert line.startswith(rule_id) and line.endswith("[not held on worker 0]"), line
+        again = _cli(pigeon, "suspend", "--domain", DOMAIN)
+        assert f"(rule {rule_id}) on worker(s) 0, which lacked it (the others held it already)" in again, again
+        assert "nothing added" not in again
+        [line] = _cli(pigeon, "suspend", "--list").splitlines()
+        assert line.startswith(rule_id) and "not held" not in line, line
+        sent = _send_to_every_shard(pigeon, at_least=1)
+        assert sink.after(2) == []
+        _cli(pigeon, "resume", rule_id)
+        assert len(sink.wait_for(sent, timeout=30)) == sent
