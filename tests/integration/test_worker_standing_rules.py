@@ -33,7 +33,7 @@ def _worker_pid(pigeon: PigeonProcess, index: int) -> int:
     return int((pigeon.spool_path / f"shard-{index}" / "lock").read_text())
 
 
-def _send_to_every_shard(pigeon: PigeonProcess, at_least: int = 2) -> int:
+def _send_to_every_shard(pigeon: PigeonProcess, sink: ScriptedSink, at_least: int = 2) -> int:
     """Mail for DOMAIN, sent until each worker's shard holds `at_least` of it (the workers share
     one listening socket: which takes a connection is the kernel's choice). How many were sent."""
     sent = 0
@@ -41,6 +41,7 @@ def _send_to_every_shard(pigeon: PigeonProcess, at_least: int = 2) -> int:
         shards = [shard_of(parse_id(row["id"])) for row in pigeon.spool_messages()]
         if all(shards.count(shard) >= at_least for shard in (0, 1)):
             return sent
+        assert not sink.received, f"{len(sink.received)} of {sent} delivered; held in shards {shards}"
         assert sent < 80, f"shards of the mail sent: {shards}"
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
             assert client.sendmail("a@src.test", [f"b@{DOMAIN}"], MESSAGE) == {}
@@ -82,7 +83,7 @@ def test_a_worker_that_missed_a_suspension_holds_it_once_started_again(tmp_path:
     with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
         _missed_while_stopped(pigeon, "POST", "/api/v1/admin/suspend", {"domain": DOMAIN, "reason": "outage"})
         _restarted(pigeon, 0, 1)
-        sent = _send_to_every_shard(pigeon)
+        sent = _send_to_every_shard(pigeon, sink)
         assert sink.after(3) == []  # neither worker delivers any of it, worker 0's shard's included
         assert len(pigeon.spool_messages()) == sent
         status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
@@ -100,11 +101,26 @@ def test_a_worker_that_missed_a_suspension_holds_it_once_started_again(tmp_path:
         assert len(sink.wait_for(sent, timeout=30)) == sent
 
 
+def test_a_worker_that_missed_a_suspension_holds_it_after_the_whole_node_is_killed_and_started_again(
+    tmp_path: Path,
+) -> None:
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        _missed_while_stopped(pigeon, "POST", "/api/v1/admin/suspend", {"domain": DOMAIN})
+        pigeon.kill()  # the supervisor too (kill -9), before it starts worker 0 again (1 s later)
+        pigeon.start()
+        sent = _send_to_every_shard(pigeon, sink)
+        assert sink.after(3) == []
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
+        assert status == 200 and len(listed["rules"]) == 1 and "not_held" not in listed, listed
+        _cli(pigeon, "resume", listed["rules"][0]["id"])
+        assert len(sink.wait_for(sent, timeout=30)) == sent
+
+
 def test_a_worker_that_missed_a_resume_releases_its_mail_once_started_again(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
         status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
         assert status == 200, answer
-        sent = _send_to_every_shard(pigeon)
+        sent = _send_to_every_shard(pigeon, sink)
         assert sink.after(2) == []
         _missed_while_stopped(pigeon, "DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}")
         _restarted(pigeon, 0, 1)
@@ -138,7 +154,7 @@ def test_a_rule_a_worker_lacks_is_marked_in_the_listing_and_suspending_again_add
         assert "nothing added" not in again
         [line] = _cli(pigeon, "suspend", "--list").splitlines()
         assert line.startswith(rule_id) and "not held" not in line, line
-        sent = _send_to_every_shard(pigeon, at_least=1)
+        sent = _send_to_every_shard(pigeon, sink, at_least=1)
         assert sink.after(2) == []
         _cli(pigeon, "resume", rule_id)
         assert len(sink.wait_for(sent, timeout=30)) == sent

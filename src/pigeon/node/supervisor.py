@@ -65,6 +65,7 @@ _OPEN_METHODS: Final = frozenset({"GET", "HEAD"})
 # `[http] max_open_requests`, so that no number of anonymous clients can keep those busy.
 _MAX_OPEN_ANONYMOUS: Final = 8
 _RULE_LISTS: Final = ("/api/v1/admin/suspend", "/api/v1/admin/bounce")
+_BY_WORKER: Final = ("not_held", "added_on")  # members of a node's answer about its workers (`_merged`)
 
 
 def failure_path(control: Path) -> Path:
@@ -656,9 +657,23 @@ class Supervisor:
                 status, answer = refusal_answer(refusal)
                 challenge = {k: v for k, v in refusal.headers.items() if k == "WWW-Authenticate"}
                 return web.json_response(answer, status=status, headers=challenge)
-            status, merged = await cluster.around(
-                request.method, request.path, body, operator, lambda: self._to_workers_in_turn(request, body)
-            )
+            here: dict[str, Any] = {}
+
+            async def local() -> tuple[int, Any]:
+                status, answer = await self._to_workers_in_turn(request, body)
+                if isinstance(answer, dict):
+                    here.update((key, answer[key]) for key in _BY_WORKER if key in answer)
+                return status, answer
+
+            status, merged = await cluster.around(request.method, request.path, body, operator, local)
+            if isinstance(merged, dict):
+                # What this node's workers hold differently: theirs, numbered as this node numbers
+                # them (the other nodes' workers answer one by one, and say no such thing).
+                for key in _BY_WORKER:
+                    merged.pop(key, None)
+                merged.update(here)
+                if "added_on" in here:
+                    merged["already"] = False
         else:
             status, merged = await self._to_workers_in_turn(request, body)
         return web.json_response(merged, status=status)
