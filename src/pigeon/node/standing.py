@@ -94,6 +94,17 @@ class NodeRules:
             self.standing.in_force[rule.id] = rule
         self.standing.ended.pop(rule.id, None)
 
+    def taken(self, rule: Rule) -> None:
+        """`rule` as a worker holds it (its own clock's expiry; an earlier one `already` in force),
+        unless it was ended meanwhile."""
+        if rule.id in self.standing.in_force:
+            self.standing.in_force[rule.id] = rule
+
+    def forget(self, rule: Rule) -> None:
+        """`rule`, kept as made, was taken by no worker (each refused it): it is not in force."""
+        if self.standing.in_force.get(rule.id) is rule:
+            del self.standing.in_force[rule.id]
+
     def end(self, rule_id: str, kind: str) -> None:
         held = self.standing.in_force.get(rule_id)
         if held is not None and held.kind == kind:

@@ -202,9 +202,9 @@ class Supervisor:
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # What the writes through here made and ended, for a worker that misses one (`pigeon.node.standing`).
         self._node_rules = NodeRules(node_rules_path(config.spool.path)) if config.delivery.enabled else None
-        self._rules_changing = asyncio.Lock()
-        """Held while a change to the standing rules, or the rules handed to a worker that
-        missed one, is on its way: a worker handed them must not take them after a later change."""
+        self._rules_version = 0
+        """Counts the changes to `_node_rules`: rules handed to a worker while one was on its way
+        are handed again (`_hand_rules`)."""
         # With [redis], admin operations issued here go to every node (their workers consume).
         self._cluster: Broadcast | None = None
         if config.redis.url and config.delivery.enabled:
@@ -448,23 +448,27 @@ class Supervisor:
         and those ended (`Admin.adopt`); it stays `lacking` (and is handed them again as it next
         answers) until it has taken them."""
         try:
-            async with self._rules_changing:
-                if not worker.lacking or self._node_rules is None:
-                    return
-                body = encode_standing(self._node_rules.standing)
-                try:
-                    status, answer = await worker.post(INTERNAL_PATH, body)
-                except (OSError, aiohttp.ClientError, TimeoutError) as error:
-                    _log.warning("worker %d could not be handed the node's standing rules (%r): again as it answers",
-                                 worker.index, error)  # fmt: skip
-                    return
-                if status != 200:
-                    _log.error("worker %d did not take the node's standing rules: %d %s", worker.index, status,
-                               answer[:200].decode(errors="replace"))  # fmt: skip
-                    return
-                worker.lacking = False
-                _log.info("worker %d, which missed a change to the standing rules, holds the node's again: %s",
-                          worker.index, answer.decode(errors="replace"))  # fmt: skip
+            if not worker.lacking or self._node_rules is None:
+                return
+            version = self._rules_version
+            body = encode_standing(self._node_rules.standing)
+            try:
+                status, answer = await worker.post(INTERNAL_PATH, body)
+            except (OSError, aiohttp.ClientError, TimeoutError) as error:
+                _log.warning("worker %d could not be handed the node's standing rules (%r): again as it answers",
+                             worker.index, error)  # fmt: skip
+                return
+            if status != 200:
+                _log.error("worker %d did not take the node's standing rules: %d %s", worker.index, status,
+                           answer[:200].decode(errors="replace"))  # fmt: skip
+                return
+            if version != self._rules_version:
+                # A change went to the workers meanwhile, and may have reached this one before
+                # what it was handed: handed the rules again, as they are now, as it next answers.
+                return
+            worker.lacking = False
+            _log.info("worker %d, which missed a change to the standing rules, holds the node's again: %s",
+                      worker.index, answer.decode(errors="replace"))  # fmt: skip
         finally:
             worker.handing = None
 
@@ -482,23 +486,35 @@ class Supervisor:
             return None  # refused by every worker: nothing changes
         return rule_change(request.method, request.path, body, operator, time.time())
 
-    def _record(self, change: RuleChange, results: list[tuple[int, Any] | str]) -> None:
-        """Keep what a write did to the standing rules; a worker that missed it (or failed at it)
-        is handed the node's rules once it answers (`_hand_rules`)."""
+    def _intend(self, change: RuleChange) -> None:
+        """Keep what a write is about to do to the standing rules, before the workers are asked:
+        rules handed to a worker meanwhile (one that starts, or `_hand_rules`) are the new ones."""
         assert self._node_rules is not None
+        if change.rule is None:
+            self._node_rules.end(change.rule_id, change.kind)
+        else:
+            self._node_rules.made(change.rule)
+        self._rules_version += 1
+        self._node_rules.save(time.time())
+
+    def _record(self, change: RuleChange, results: list[tuple[int, Any] | str]) -> None:
+        """Keep what a write did to the standing rules (a rule as the workers hold it; none that
+        every worker refused); a worker that missed it (or failed at it) is handed the node's
+        rules once it answers (`_hand_rules`)."""
         missed = [
             worker
             for worker, result in zip(self.workers, results, strict=True)
             if isinstance(result, str) or result[0] >= 500
         ]
         answers = [result for result in results if not isinstance(result, str)]
-        if not missed and not any(status < 300 for status, _ in answers):
-            return  # refused by every worker (or nothing of it held anywhere): nothing changed
-        if change.rule is None:
-            self._node_rules.end(change.rule_id, change.kind)
-        else:
-            self._node_rules.made(_made(change, answers))
-        self._node_rules.save(time.time())
+        if change.rule is not None and self._node_rules is not None:
+            taken = _taken(change, answers)
+            if taken is not None:
+                self._node_rules.taken(taken)
+            elif not missed:
+                self._node_rules.forget(change.rule)
+            self._rules_version += 1
+            self._node_rules.save(time.time())
         for worker in missed:
             if not worker.lacking:
                 _log.warning("worker %d missed a change to the standing rules (%s %s): it is handed them as it "
@@ -725,12 +741,11 @@ class Supervisor:
                 text = response.text.strip() if response.text else ""
                 return response.status, {"error": text or f"worker {worker.index} answered {response.status}"}
 
-        if change is None:
-            results = await asyncio.gather(*(ask(worker) for worker in self.workers))
-        else:
-            async with self._rules_changing:
-                results = await asyncio.gather(*(ask(worker) for worker in self.workers))
-                self._record(change, results)
+        if change is not None:
+            self._intend(change)
+        results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+        if change is not None:
+            self._record(change, results)
         answers = [result for result in results if not isinstance(result, str)]
         missing = {
             worker.index: result
@@ -808,16 +823,15 @@ class Supervisor:
         return exposition(answer["text"] + cluster_comment(answer["cluster"]))
 
 
-def _made(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule:
+def _taken(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule | None:
     """The rule a write made, as a worker that took it answers with it (its own clock's expiry;
-    for a suspension `already` in force, the one in force), else as the request makes it."""
+    for a suspension `already` in force, the one in force); None if no worker took it."""
     for status, answer in answers:
         rule = answer.get("rule") if status == 200 and isinstance(answer, dict) else None
         if isinstance(rule, dict) and rule.get("id") == change.rule_id:
             with contextlib.suppress(msgspec.ValidationError):
                 return msgspec.convert(rule, Rule)
-    assert change.rule is not None
-    return change.rule
+    return None
 
 
 def _closing(response: web.Response) -> web.Response:
