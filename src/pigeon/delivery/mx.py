@@ -14,6 +14,7 @@ server of their own on loopback: Pigeon never needs the system resolver to be sa
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import random
 import time
@@ -27,6 +28,7 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
+from pigeon.delivery import dnswire
 from pigeon.queue.attempt import Unroutable
 from pigeon.smtp.replies import Reply
 
@@ -75,7 +77,7 @@ class _Cached:
 
 
 class Resolver:
-    """Async MX/A/AAAA lookups through dnspython, cached by TTL."""
+    """Async MX/A/AAAA lookups (the plain cases by `dnswire`, the rest by dnspython), cached by TTL."""
 
     def __init__(
         self,
@@ -92,6 +94,18 @@ class Resolver:
             self._resolver = dns.asyncresolver.Resolver()
         self._resolver.lifetime = timeout
         self._resolver.timeout = timeout
+        self._timeout = timeout
+        # The first nameserver, asked directly for the plain cases (`dnswire`); dnspython
+        # asks for the rest, and for every case when it is not an address on port 53 (DoH...).
+        first = self._resolver.nameservers[0] if self._resolver.nameservers else None
+        self._server: tuple[str, int] | None = None
+        if isinstance(first, str) and _is_address(first):
+            self._server = (first, self._resolver.port)
+        elif isinstance(first, dns.nameserver.Do53Nameserver) and _is_address(first.address):
+            self._server = (first.address, first.port)
+        # A server that fails the query (SERVFAIL, REFUSED) has dnspython try the next one: when
+        # there is none, the failure is the answer.
+        self._alone = len(self._resolver.nameservers) == 1
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._clock = clock
         self._rng = rng or random.Random()
@@ -151,6 +165,16 @@ class Resolver:
             if isinstance(cached.value, DnsFailure):
                 raise cached.value
             return cast(list[Any] | None, cached.value)
+        if self._server is not None:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    plain = await dnswire.ask(self._server, name, kind)
+            except TimeoutError:
+                failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: LifetimeTimeout",)))
+                self._remember(key, failure, _FAILURE_TTL)
+                raise failure from None
+            if plain is not None and (plain.rcode in (dnswire.NOERROR, dnswire.NXDOMAIN) or self._alone):
+                return self._plain(key, plain)
         try:
             answer = await self._resolver.resolve(name, kind, raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN:
@@ -175,6 +199,24 @@ class Resolver:
             value = [r.address for r in rrset]
         self._remember(key, value, float(rrset.ttl))
         return value
+
+    def _plain(self, key: tuple[str, str], answer: dnswire.Answer) -> list[Any] | None:
+        """What `_lookup` makes of an answer read by `dnswire`, as of dnspython's."""
+        name, kind = key
+        if answer.rcode not in (dnswire.NOERROR, dnswire.NXDOMAIN):
+            # (as dnspython says it, once the only nameserver failed)
+            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: NoNameservers",)))
+            self._remember(key, failure, _FAILURE_TTL)
+            raise failure
+        if answer.rcode == dnswire.NXDOMAIN:
+            failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
+            self._remember(key, failure, _NEGATIVE_TTL)
+            raise failure
+        if not answer.records:
+            self._remember(key, None, _NEGATIVE_TTL)
+            return None
+        self._remember(key, answer.records, float(answer.ttl))
+        return answer.records
 
     def _remember(self, key: tuple[str, str], value: object, ttl: float) -> None:
         ttl = min(max(ttl, _MIN_TTL), _MAX_TTL)
