@@ -16,7 +16,8 @@ compacted: its bodies are copied to the active segment and their rows moved ther
 commit, so a few deferred messages do not pin a whole segment on disk for days.
 
 Threads: the event loop reserves places (`reserve`) and reads (`pread` on descriptors kept
-open); the commit thread writes and flushes (`write`, `flush`). Writing on the loop cost it
+open); the commit thread writes and flushes (`write`, `flush`), and so does the committer's
+early thread, for bodies waiting for the next commit (`pigeon.spool.commit`). Writing on the loop cost it
 40-100 us a body, and up to 4 ms when the page being appended to was under writeback: the
 commit thread does it beside the loop, as SQLite's WAL writes were done. A descriptor is
 closed on the loop, after its file is gone, so a read that found a body's row just before it
@@ -64,7 +65,8 @@ class Segments:
         self._all: dict[int, Segment] = {}
         self._active: Segment | None = None
         self._unflushed: dict[int, Segment] = {}  # written since the last flush (commit thread)
-        self._flushing = threading.Lock()
+        self._flushing = threading.Lock()  # guards `_unflushed`
+        self._syncing = threading.Lock()  # held by the flush under way
         self.bytes = 0
         """Bytes in every segment file, dead ones too (what they take on disk)."""
         self.room: Callable[[], int] | None = None
@@ -134,20 +136,24 @@ class Segments:
             self._unflushed[segment.id] = segment
 
     def flush(self) -> None:
-        """Make every body written since the last flush durable: one fdatasync per segment
-        written to (commit thread, after the batch's writes, before its COMMIT)."""
-        with self._flushing:
-            segments, self._unflushed = list(self._unflushed.values()), {}
-        for index, segment in enumerate(segments):
-            try:
-                os.fdatasync(segment.fd)
-                if not segment.created_synced:
-                    fsync_directory(segment.path.parent)
-                    segment.created_synced = True
-            except OSError as error:
-                with self._flushing:  # still to be made durable, by the retry's writes and flush
-                    self._unflushed.update((s.id, s) for s in segments[index:])
-                raise _spool_error(error, segment.path) from error
+        """Make every body written before this call durable: one fdatasync per segment written
+        to (commit thread, after the batch's writes, before its COMMIT; or the committer's early
+        thread, for bodies waiting for the next batch). Flushes run one at a time: one that
+        finds nothing left to flush has waited for the one that took it, so it returns only
+        once those bytes are durable too."""
+        with self._syncing:
+            with self._flushing:
+                segments, self._unflushed = list(self._unflushed.values()), {}
+            for index, segment in enumerate(segments):
+                try:
+                    os.fdatasync(segment.fd)
+                    if not segment.created_synced:
+                        fsync_directory(segment.path.parent)
+                        segment.created_synced = True
+                except OSError as error:
+                    with self._flushing:  # still to be made durable, by the retry's writes and flush
+                        self._unflushed.update((s.id, s) for s in segments[index:])
+                    raise _spool_error(error, segment.path) from error
 
     def release(self, segment: Segment) -> None:
         """A body appended to `segment` is committed or abandoned."""

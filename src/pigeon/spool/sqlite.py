@@ -890,6 +890,12 @@ class _StoreReception:
             self.settle.apply(conn)
             self.free = self.settle.free
 
+    @property
+    def early(self) -> bool:
+        """A body in a segment or a file of its own: written and flushed before its batch if
+        one is in flight (`pigeon.spool.commit`)."""
+        return self.body.segment is not None or self.body.file is not None
+
     def prepare(self) -> None:
         body = self.body
         body.sync()  # raises again if an earlier try failed: a retry must not skip the fsync

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pigeon.message import ENVELOPE_ENCODER, Envelope, Message, Recipient, format_id
+from pigeon.spool.segments import Segments
 from pigeon.spool.spool import NewMessage, SpoolFull, SpoolWriteError
 from pigeon.spool.sqlite import SqliteSpool
 from tests.unit.spool.test_group_commit import opened, rows
@@ -383,3 +384,76 @@ async def test_a_segment_emptied_while_it_was_active_is_compacted_once_closed(tm
         await settled(spool)
         assert format_id(old_segment) not in segment_files(spool)  # type: ignore[arg-type]
         assert [spool.body(message.body_id) for message in old[8:]] == [body_of(8), body_of(9)]
+
+
+async def test_bodies_waiting_for_the_next_commit_are_written_and_flushed_while_the_one_before_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next batch's COMMIT then waits for its WAL's fsync alone, not for its segment's first:
+    its bodies were made durable beside the commit before it (the early thread), once."""
+    spool = make_spool(tmp_path)
+    with opened(spool):
+        await store(spool, body_of(0))  # the segment exists, its directory entry is durable
+        real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+        writes: list[str] = []
+        flushes: list[str] = []
+        early_written = threading.Event()
+
+        def pwrite(fd: int, data: memoryview, offset: int) -> int:
+            writes.append(threading.current_thread().name)
+            if writes.count("spool-early") == 5:
+                early_written.set()
+            return real_pwrite(fd, data, offset)
+
+        def fdatasync(fd: int) -> None:
+            flushes.append(threading.current_thread().name)
+            if len(flushes) == 1:  # the first batch's: held until the next batch's bodies are written
+                assert early_written.wait(5)
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        first = asyncio.ensure_future(store(spool, body_of(1)))
+        await asyncio.sleep(0.01)  # its batch is in flight
+        later = [asyncio.ensure_future(store(spool, body_of(n))) for n in range(2, 7)]
+        stored = await asyncio.gather(first, *later)
+        assert writes == ["spool-commit"] + ["spool-early"] * 5  # each body written once
+        assert flushes == ["spool-commit", "spool-early"]  # the second batch flushed nothing itself
+        assert [spool.body(message.body_id) for message in stored] == [body_of(n) for n in range(1, 7)]
+
+
+def test_a_flush_returns_only_once_what_a_flush_under_way_took_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads flush (the commit thread, the early one): the one that finds nothing left to
+    flush must not let its COMMIT go before the other's fdatasync has ended."""
+    segments = Segments(tmp_path, iter(range(1, 100)).__next__, segment_size=1 << 20)
+    segments.open([])
+    segment, offset = segments.reserve(10)
+    segments.write(segment, offset, b"0123456789")
+    release = threading.Event()
+    events: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        release.wait(5)
+        real_fdatasync(fd)
+        events.append("durable")
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    under_way = threading.Thread(target=segments.flush)
+    under_way.start()
+    time.sleep(0.05)  # it took the segment, and waits in its fdatasync
+
+    def second() -> None:
+        segments.flush()
+        events.append("second flush returned")
+
+    other = threading.Thread(target=second)
+    other.start()
+    time.sleep(0.1)
+    release.set()
+    under_way.join(5)
+    other.join(5)
+    segments.close()
+    assert events == ["durable", "second flush returned"]
