@@ -51,7 +51,7 @@ from pigeon.smtp import replies
 from pigeon.smtp.address import same_mailbox_key
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
-from pigeon.spool.spool import NewMessage, Settling, Spool, SpoolError
+from pigeon.spool.spool import NewMessage, Once, Settling, Spool, SpoolError
 
 if TYPE_CHECKING:
     from pigeon.dkim.signing import Signing
@@ -230,6 +230,7 @@ class Draft:
         "_resident",
         "_settles",
         "_spool",
+        "_then",
         "arrival",
         "envelope",
     )
@@ -256,6 +257,7 @@ class Draft:
         self._head = HeaderSection(intake._routing)
         self._done = False
         self._resident: bytes | None = None
+        self._then: Once | None = None
 
     @property
     def id(self) -> SpoolId:
@@ -271,12 +273,23 @@ class Draft:
             self._done = True
             self._body.discard()
 
-    def commit(self) -> asyncio.Future[Stored]:
+    def commit(self, then: Callable[[asyncio.Future[Stored]], None] | None = None) -> asyncio.Future[Stored]:
         """Store the message. The future gives the spool ids and the 250 once they are durable.
 
         It fails with `Refused` (loop detected, or the policy said no) or a `SpoolError`
         (write failed, disk full); either carries the reply for the client.
+
+        `then(future)`: a done callback, called once; when the message is stored (or the
+        store failed), from the callback that completes the commit, not loop turns later
+        (`GroupCommitter.submit`): the 250 leaves as soon as it may.
         """
+        self._then = Once(then) if then is not None else None
+        future = self._commit()
+        if self._then is not None:
+            future.add_done_callback(self._then)
+        return future
+
+    def _commit(self) -> asyncio.Future[Stored]:
         intake = self._intake
         self._done = True
         head = b"\n" + bytes(self._head.head)  # a leading LF: every field starts with "\n<name>:"
@@ -494,9 +507,12 @@ class Draft:
         ]
         spool = self._spool
         sealed = intake.outbox.seal(spool, records) if intake.outbox is not None else []
-        stored = spool.store(body, messages, sealed, settles=self._settles)
-        stored.add_done_callback(
-            lambda f: self._stored(f, result, messages, body.size, Stored(ids, reply), sealed, records)
+        spool.store(
+            body,
+            messages,
+            sealed,
+            settles=self._settles,
+            then=lambda f: self._stored(f, result, messages, body.size, Stored(ids, reply), sealed, records),
         )
 
     def _stored(
@@ -517,6 +533,7 @@ class Draft:
             if isinstance(error, SpoolError) and own:
                 self._intake.refusing = error
             result.set_exception(error)
+            self._told(result)
             return
         intake, arrival = self._intake, self.arrival
         if own:
@@ -540,6 +557,13 @@ class Draft:
         counts.bytes_received += size
         counts.receptions[arrival.listener] = counts.receptions.get(arrival.listener, 0) + 1
         result.set_result(outcome)
+        self._told(result)
+
+    def _told(self, result: asyncio.Future[Stored]) -> None:
+        """Tell `commit`'s `then` now, with `result` done (the policy's path copies it to the
+        future `commit` returned a turn later: that one's call then does nothing)."""
+        if self._then is not None:
+            self._then(result)
 
 
 class _Group(NamedTuple):

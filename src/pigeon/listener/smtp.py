@@ -525,7 +525,11 @@ class SmtpConnection(asyncio.Protocol):
     def _on_message_end(self, event: MessageEnd) -> None:
         draft = self._draft or self._new_draft()
         self._draft = None
-        self._wait(draft.commit(), functools.partial(self._stored, draft.id), what=_NOT_STORED)
+        # (`_wait`, with the 250 sent from the callback that completes the commit: commit's `then`)
+        self._blocked = True
+        self._flush()
+        then = functools.partial(self._stored, draft.id)
+        draft.commit(then=lambda stored: self._resume(stored, then, _NOT_STORED))
 
     def _stored(self, message_id: int, future: asyncio.Future[Any]) -> None:
         """`message_id`: the id the message was given, which the policy's on_message saw (and a

@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pigeon.spool.spool import SpoolClosed, SpoolError, SpoolFull, SpoolWriteError
+from pigeon.spool.spool import Once, SpoolClosed, SpoolError, SpoolFull, SpoolWriteError
 
 
 class Operation(Protocol):
@@ -128,6 +128,7 @@ class GroupCommitter:
         self._early_thread: threading.Thread | None = None
         self._early_state: dict[int, int] = {}  # id() of an operation queued early -> its state
         self._early_changed = threading.Condition()
+        self._eager: dict[int, Once] = {}  # id() of a pending future -> its `then`
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -146,15 +147,29 @@ class GroupCommitter:
     def closed(self) -> bool:
         return self._closed
 
-    def submit(self, op: Operation) -> asyncio.Future[Any]:
-        """Queue `op`; the future resolves once it is durable (or fails with a SpoolError)."""
+    def submit(
+        self, op: Operation, *, then: Callable[[asyncio.Future[Any]], None] | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue `op`; the future resolves once it is durable (or fails with a SpoolError).
+
+        `then(future)`: a done callback, called once: by the loop callback that completes the
+        batch, right after its futures are resolved, instead of one loop turn later as the
+        future's own callbacks are (each such hop waits for every other callback and read of
+        a busy loop: measured on the realistic relay bench, the two hops from COMMIT to 250 were
+        a quarter of the time from end of data to 250). Still registered on the future, so it
+        runs if the future ends otherwise (cancelled, or failed at once)."""
         loop = self._loop
         assert loop is not None, "start() first"
         future = loop.create_future()
+        if then is not None:
+            once = Once(then)
+            future.add_done_callback(once)
         if self._closed:
             op.abandon()
             future.set_exception(SpoolClosed("spool is closed"))
             return future
+        if then is not None:
+            self._eager[id(future)] = once
         self._pending.append((op, future))
         if (self._in_flight or self._lingering is not None) and self._early_thread is not None and _early(op):
             # It waits for a batch: its files are written and flushed meanwhile.
@@ -228,24 +243,36 @@ class GroupCommitter:
         # and goes back to waiting, instead of competing with the loop for the GIL.
         if self._observer is not None:
             self._observer(len(batch), seconds)
+        eager: list[tuple[Once, asyncio.Future[Any]]] = []
         for (op, future), result in zip(batch, results, strict=True):
             if isinstance(result, SpoolError):
                 op.abandon()
+            once = self._eager.pop(id(future), None)
             if future.done():
                 continue
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+            if once is not None:
+                eager.append((once, future))
         self._in_flight = False
-        if not self._pending or self._closed:
-            return
-        if self._window > 0 and LINGER_AFTER <= len(self._pending) < self._max_batch:
-            assert self._loop is not None
-            self._scheduled = True
-            self._lingering = self._loop.call_later(self._window, self._start_batch)
-        else:
-            self._start_batch()
+        if self._pending and not self._closed:
+            if self._window > 0 and LINGER_AFTER <= len(self._pending) < self._max_batch:
+                assert self._loop is not None
+                self._scheduled = True
+                self._lingering = self._loop.call_later(self._window, self._start_batch)
+            else:
+                self._start_batch()
+        # Last: a `then` may submit more (a client's next message), and the batch is over.
+        for once, future in eager:
+            try:
+                once(future)
+            except Exception as error:  # as the loop would for a done callback: say it, go on
+                assert self._loop is not None
+                self._loop.call_exception_handler(
+                    {"message": "exception in a spool commit's callback", "exception": error, "future": future}
+                )
 
     # --- commit thread -------------------------------------------------------------------
     def _run(self) -> None:

@@ -8,10 +8,10 @@ reply without matching strings: each carries the `Reply` a client should get.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pigeon.message import Envelope, Message, SpoolId
 from pigeon.smtp import replies
@@ -96,6 +96,24 @@ class RecoveryReport:
     orphan_files_removed: int
 
 
+class Once:
+    """A done callback that runs once, whichever of its calls comes first: the one a committer
+    makes as soon as the future is done (`Spool.store`'s `then`), or the loop's, one turn later,
+    which still comes when the future was cancelled or failed elsewhere."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[asyncio.Future[Any]], None]) -> None:
+        self.callback: Callable[[asyncio.Future[Any]], None] | None = callback
+
+    def __call__(self, future: asyncio.Future[Any]) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback(future)
+        elif not future.cancelled():
+            future.exception()  # (told already, maybe through another future: this one's is seen too)
+
+
 class Spool(Protocol):
     """What every room needs of one spool shard; `pigeon.spool.sqlite.SqliteSpool` is the engine.
 
@@ -128,10 +146,13 @@ class Spool(Protocol):
         records: Sequence[tuple[int, bytes]] = (),
         *,
         settles: Settling | None = None,
+        then: Callable[[asyncio.Future[None]], None] | None = None,
     ) -> asyncio.Future[None]:
         """Store one reception: its body, its messages and their records, in one transaction,
         with the outcome it `settles` if any (a DSN and the failures it reports: `settles`
-        is a message of this shard)."""
+        is a message of this shard). `then(future)`: a done callback, called once, from the
+        loop callback that completes the commit when it can be (not one loop turn later):
+        for a caller whose next step is a client's 250."""
 
     # --- delivery --------------------------------------------------------------------------
     def due(self, now: float, after: tuple[float, int], limit: int) -> list[Message]:

@@ -394,9 +394,11 @@ class SqliteSpool:
         records: Sequence[tuple[int, bytes]] = (),
         *,
         settles: Settling | None = None,
+        then: Callable[[asyncio.Future[None]], None] | None = None,
     ) -> asyncio.Future[None]:
         """Store one reception: its body, its messages and their records, in one durable
         transaction, with the outcome it `settles` if any (a DSN: both commit, or neither).
+        `then`: see `Spool.store` and `GroupCommitter.submit`.
 
         Under a `max_size`, a body for the database that does not fit fails with SpoolFull (a
         file or a segment claimed its room as it was written). A DSN is let through: it
@@ -405,17 +407,24 @@ class SqliteSpool:
             body.discard()
             refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             refused.set_exception(SpoolFull(f"spool full: a {body.size}-byte body does not fit under [spool] max_size"))
+            if then is not None:
+                refused.add_done_callback(then)
             return refused
         rows = [
             (m.id, body.id, m.queue, m.created, body.size, m.due, ENVELOPE_ENCODER.encode(m.envelope)) for m in messages
         ]
         settle = None if settles is None else self._settle_op(settles)
-        future = self._committer.submit(_StoreReception(body, rows, records, settle))
         finished = settles is not None and settles.remaining is None
-        future.add_done_callback(functools.partial(self._stored, len(rows) - finished))
-        if body.segments is not None:
-            future.add_done_callback(lambda _: body.release())
-        return future
+        count = len(rows) - finished
+
+        def stored(future: asyncio.Future[None]) -> None:
+            if body.segments is not None:
+                body.release()
+            self._stored(count, future)  # (before the caller's: its messages are counted when it hears of them)
+            if then is not None:
+                then(future)
+
+        return self._committer.submit(_StoreReception(body, rows, records, settle), then=stored)
 
     def _admits(self, size: int) -> bool:
         """Whether a body of `size` bytes for the database fits under `max_size`. `room()`

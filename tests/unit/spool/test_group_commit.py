@@ -362,6 +362,37 @@ async def test_close_commits_receptions_still_waiting_for_a_batch(tmp_path: Path
     assert rows(spool.db_path, "SELECT count(*) FROM message") == [(5,)]
 
 
+async def test_a_store_s_then_runs_as_its_commit_completes_not_a_loop_turn_later(tmp_path: Path) -> None:
+    """The listener answers 250 from `then`: each loop turn more would wait for every other
+    callback and read of a busy worker."""
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    spool = SqliteSpool(tmp_path, observer=lambda size, seconds: loop.call_soon(seen.append, "next loop turn"))
+    with opened(spool):
+        heard: list[bool] = []
+
+        def then(future: asyncio.Future[None]) -> None:
+            heard.append(future.exception() is None)
+            seen.append("then")
+
+        await spool.store(*reception(spool, b"hello\r\n"), then=then)
+        await asyncio.sleep(0)
+        assert seen == ["then", "next loop turn"]
+        assert heard == [True]  # once, though it is a done callback of the future too
+        assert spool.count == 1  # (counted before the caller hears of it)
+
+
+async def test_a_store_s_then_hears_a_refusal_once(tmp_path: Path) -> None:
+    spool = SqliteSpool(tmp_path)
+    spool.open(asyncio.get_running_loop())
+    spool.close()
+    heard: list[BaseException | None] = []
+    with pytest.raises(SpoolClosed):
+        await spool.store(*reception(spool, b"too late\r\n"), then=lambda f: heard.append(f.exception()))
+    await asyncio.sleep(0)
+    assert len(heard) == 1 and isinstance(heard[0], SpoolClosed)
+
+
 # --- full, busy ----------------------------------------------------------------------------
 async def test_full_spool_refuses_with_451_and_leaves_nothing_half_written(tmp_path: Path) -> None:
     # An empty spool's database takes 176 KiB (11 pages of 16 KiB), its WAL's allowance 112 KiB:
