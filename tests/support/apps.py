@@ -79,6 +79,7 @@ class WebhookApp(ThreadedApp):
         # The answers (status, headers) to the next requests, first first; then as above.
         self.answers: list[tuple[int, dict[str, str]]] = []
         self.requests: list[float] = []  # time.time() each request came
+        self.started = 0  # requests received, answered or not (held, slow)
         self.accepted: collections.Counter[str] = collections.Counter()  # dedupe key: times accepted
         self.refused = 0
         self.bodies: dict[str, bytes] = {}
@@ -91,6 +92,8 @@ class WebhookApp(ThreadedApp):
 
     async def _receive(self, request: web.Request) -> web.Response:
         body = await request.read()
+        with self._lock:
+            self.started += 1
         node = request.headers.get("X-Test-Node", "")
         hold = self._holds.get(node)
         if hold is not None:

@@ -400,6 +400,25 @@ class Dovecot(_Server):
             return False
         return True
 
+    def end_sessions(self) -> int:
+        """SIGTERM every IMAP session process (`imap`), as an operator's `kill -TERM` of them or
+        a restart does: each says `* BYE Server shutting down.` and closes, while the master
+        keeps serving new connections. How many there were."""
+        assert self.process is not None, "dovecot is not running"
+        ended = 0
+        for stat_path in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat_path.read_text()
+            except OSError:
+                continue  # gone meanwhile
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text.rsplit(")", 1)[1].split()
+            if name == "imap" and int(fields[2]) == self.process.pid:  # in this server's process group
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(stat_path.parent.name), signal.SIGTERM)
+                    ended += 1
+        return ended
+
     # --- IMAP helpers ----------------------------------------------------------------------------
     def ssl_context(self) -> ssl.SSLContext:
         """A client context that trusts only this server's CA (and checks the host name)."""

@@ -14,7 +14,7 @@ import logging
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 import aioimaplib
 from aioimaplib.aioimaplib import Command, IMAP4ClientProtocol, IncompleteRead, literal_data_re
@@ -27,6 +27,8 @@ _log = logging.getLogger(__name__)
 
 _UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _PUSH: Final = re.compile(rb"\d+ (EXISTS|RECENT)\b")
+_BYE: Final = re.compile(rb"\* BYE\b ?", re.IGNORECASE)
+_T = TypeVar("_T")
 
 
 class ImapError(Exception):
@@ -56,6 +58,57 @@ def uid_set(uids: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+class _Link:
+    """Whether a session's connection is over, and why: the server closed it, said BYE (it
+    closes next; nothing more will be answered), or broke the protocol. Every wait on the
+    server races `gone`, so none outlives the connection (aioimaplib fails no command when
+    the server goes away, and a command waiting for its answer would wait for its timeout)."""
+
+    def __init__(self, gone: asyncio.Event | None = None) -> None:
+        self.gone = gone if gone is not None else asyncio.Event()
+        self._reason = ""
+        self.client: aioimaplib.IMAP4 | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why the connection is over; empty while it is not."""
+        if not self.gone.is_set():
+            return ""
+        return self._reason or "the server closed the connection"
+
+    def lose(self, reason: str) -> None:
+        """The first reason counts: a BYE, then the close that follows it, is a BYE."""
+        if self.gone.is_set():
+            return
+        self._reason = reason
+        self.gone.set()
+        if self.client is not None:
+            # Wake an IDLE wait: the watcher then finds the session lost and reconnects.
+            self.client.protocol.idle_queue.put_nowait(aioimaplib.STOP_WAIT_SERVER_PUSH)
+
+
+async def _until_lost(waited: Awaitable[_T], link: _Link, limit: float, what: str, server: str = "") -> _T:
+    """What `waited` gives, unless the connection is lost first (ImapError, at once) or
+    `limit` seconds pass (TimeoutError, naming `server` if given). `waited` is cancelled if it
+    does not end."""
+    task = asyncio.ensure_future(waited)
+    if link.gone.is_set():
+        task.cancel()
+        raise ImapError(f"{what}: {link.reason}")
+    gone = asyncio.ensure_future(link.gone.wait())
+    try:
+        done, _ = await asyncio.wait({task, gone}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    if link.gone.is_set():
+        raise ImapError(f"{what}: {link.reason}")
+    raise TimeoutError(f"{what}: no answer{f' from {server}' if server else ''} within {limit:g}s")
+
+
 def _check(response: aioimaplib.Response, what: str) -> aioimaplib.Response:
     if response.result != "OK":
         text = b" ".join(bytes(line) for line in response.lines[-1:]).decode("utf-8", "replace")
@@ -66,18 +119,22 @@ def _check(response: aioimaplib.Response, what: str) -> aioimaplib.Response:
 class ImapSession:
     """A logged-in session with `folder` selected. Open with `ImapSession.open()`.
 
-    Every command has a deadline, and a lost connection fails the command waiting on it at
-    once: aioimaplib times out only some commands and never fails one when the server goes
-    away, which would leave a watcher waiting forever on a dead socket.
+    Every command has a deadline, and a lost connection (or a BYE) fails every wait on the
+    server at once, IDLE's start and end included: aioimaplib times out only some commands
+    and never fails one when the server goes away, which would leave a watcher waiting on a
+    dead socket.
     """
 
     def __init__(
-        self, client: aioimaplib.IMAP4, folder: str, uidvalidity: int, timeout: float, gone: asyncio.Event
-    ) -> None:
+        self, client: aioimaplib.IMAP4, folder: str, uidvalidity: int, timeout: float, gone: asyncio.Event,
+        link: _Link | None = None,
+    ) -> None:  # fmt: skip
+        """`gone`: set when the connection is lost; `link` says why (`open` passes both)."""
         self._client = client
         self.folder = folder
         self.uidvalidity = uidvalidity
         self._timeout = timeout
+        self._link = link if link is not None else _Link(gone)
         self._gone = gone
         self._woken = asyncio.Event()  # set by `wake` while `wait_for_mail` waits
         self._waiting = False
@@ -85,6 +142,16 @@ class ImapSession:
     @property
     def lost(self) -> bool:
         return self._gone.is_set()
+
+    @property
+    def lost_reason(self) -> str:
+        """Why the connection is over ("the server said BYE: ..."); empty while it is not."""
+        return self._link.reason
+
+    async def until_lost(self) -> str:
+        """Return the reason once the connection is lost (the server closed it or said BYE)."""
+        await self._gone.wait()
+        return self._link.reason
 
     @classmethod
     async def open(
@@ -102,34 +169,35 @@ class ImapSession:
     ) -> ImapSession:
         """Connect, secure, log in, select. Raises `ImapError` or `OSError`/`TimeoutError`."""
         timeout = command_timeout
-        gone = asyncio.Event()
-        client: aioimaplib.IMAP4
+        link = _Link()
 
-        def lost(_error: Exception | None) -> None:
-            gone.set()
-            # Wake an IDLE wait: the watcher then finds the session lost and reconnects.
-            client.protocol.idle_queue.put_nowait(aioimaplib.STOP_WAIT_SERVER_PUSH)
+        def closed(_error: Exception | None) -> None:
+            link.lose("the server closed the connection")
 
         context = tls_context if tls == "implicit" else None
-        client = _Client(host, port, timeout=timeout, conn_lost_cb=lost, ssl_context=context)
+        client = _Client(host, port, timeout=timeout, conn_lost_cb=closed, ssl_context=context)
+        link.client = client
+        client.protocol.on_loss = link.lose
+        server = f"{host}:{port}"
         step = "connect and greeting"  # what a bare timeout is named by: which step the server left waiting
         try:
             await _hello(client, host, port, tls, timeout)
             if tls == "starttls":
                 step = "STARTTLS and its TLS handshake"
-                await _starttls(client, host, tls_context, timeout)
+                await _starttls(client, host, tls_context, timeout, link, server)
             step = f"login as {username}"
             if auth == "xoauth2":
                 _answer_sasl_errors(client)
-                response = await client.xoauth2(username, secret)
+                login = client.protocol.xoauth2(username, secret)
             else:
-                response = await client.login(username, secret)
-            _check(response, f"login as {username}")
+                login = client.protocol.login(username, secret)
+            _check(await _until_lost(login, link, timeout, step, server), step)
             # Servers may offer more once logged in (Gmail: MOVE, UIDPLUS).
             step = "CAPABILITY"
-            await asyncio.wait_for(client.protocol.capability(), timeout)
+            await _until_lost(client.protocol.capability(), link, timeout, step, server)
             step = f"select {folder}"
-            response = _check(await client.select(_quote(folder)), f"select {folder}")
+            selecting = client.protocol.select(_quote(folder))
+            response = _check(await _until_lost(selecting, link, timeout, step, server), step)
         except TimeoutError as error:
             await _close(client)
             if str(error):
@@ -142,29 +210,15 @@ class ImapSession:
         if validity is None:
             await _close(client)
             raise ImapError(f"select {folder}: the server gave no UIDVALIDITY")
-        return cls(client, folder, int(validity.group(1)), timeout, gone)
+        return cls(client, folder, int(validity.group(1)), timeout, link.gone, link)
 
     def has(self, capability: str) -> bool:
         return bool(self._client.has_capability(capability))
 
     async def _run(self, command: Awaitable[aioimaplib.Response], what: str) -> aioimaplib.Response:
-        """One command: its answer, checked; or ImapError when the connection goes away, or
-        TimeoutError past the deadline."""
-        task = asyncio.ensure_future(command)
-        if self.lost:
-            task.cancel()
-            raise ImapError(f"{what}: the connection is lost")
-        gone = asyncio.ensure_future(self._gone.wait())
-        try:
-            done, _ = await asyncio.wait({task, gone}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if task in done:
-            return _check(task.result(), what)
-        task.cancel()
-        if self.lost:
-            raise ImapError(f"{what}: the server closed the connection")
-        raise TimeoutError(f"{what}: no answer within {self._timeout:g}s")
+        """One command: its answer, checked; or ImapError when the connection goes away (or
+        the server says BYE), or TimeoutError past the deadline."""
+        return _check(await _until_lost(command, self._link, self._timeout, what), what)
 
     async def search(self, criteria: str) -> list[int]:
         response = await self._run(self._client.protocol.search(*criteria.split(), charset=None, by_uid=True),
@@ -302,19 +356,18 @@ class ImapSession:
                 gone.cancel()
                 woken.cancel()
             if self.lost:
-                raise ImapError("the server closed the connection")
+                raise ImapError(self.lost_reason)
             return
         client = self._client
-        idling = await asyncio.wait_for(client.idle_start(timeout=max(timeout, 1.0)), self._timeout)
+        # Its start and its end race the connection's loss, as every command does: a server
+        # that says BYE (then closes) while IDLE starts or ends, just after a handoff say,
+        # would otherwise leave the watcher waiting out `timeout` on a dead socket.
+        idling = await _until_lost(client.idle_start(timeout=max(timeout, 1.0)), self._link, self._timeout, "IDLE")
         try:
             while not self.lost and not self._woken.is_set():
                 push = await client.wait_server_push(timeout=timeout + self._timeout)
                 if push == aioimaplib.STOP_WAIT_SERVER_PUSH:
                     break
-                if any(bytes(line).startswith(b"BYE") for line in push):
-                    raise ImapError(
-                        "the server said BYE: " + b" ".join(bytes(x) for x in push).decode("utf-8", "replace")
-                    )
                 if any(_PUSH.match(bytes(line)) for line in push):
                     break
         except TimeoutError:
@@ -325,9 +378,9 @@ class ImapSession:
             else:
                 if client.has_pending_idle():
                     client.idle_done()
-                await asyncio.wait_for(idling, self._timeout)
+                await _until_lost(idling, self._link, self._timeout, "end of IDLE")
         if self.lost:
-            raise ImapError("the server closed the connection")
+            raise ImapError(self.lost_reason)
 
     async def close(self) -> None:
         # A lost connection answers no LOGOUT: waiting for one would only delay the reconnect.
@@ -359,6 +412,8 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
     ) -> None:
         super().__init__(loop, conn_lost_cb)
         self._responses = ResponseReader()
+        # Told why the connection is over before it closes: a BYE, a broken protocol.
+        self.on_loss: Callable[[str], None] | None = None
         # Done when the greeting and the CAPABILITY that follows it were answered; failed
         # when the server refused, or went away first. See `_hello`.
         self.greeted: asyncio.Future[None] = loop.create_future()
@@ -413,10 +468,22 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
             # broken peer, and the mailbox reconnects. Raised from here, it reached asyncio's
             # "data_received() call failed" traceback (both found by fuzzing).
             _log.warning("IMAP server broke the protocol, closing the connection: %s", error)
+            self._lost(f"the server broke the protocol: {error}")
             self.transport.close()
 
+    def _lost(self, reason: str) -> None:
+        if self.on_loss is not None:
+            self.on_loss(reason)
+
     def _pass(self, response: bytes) -> None:
-        """A whole response handled by aioimaplib (its bookkeeping of commands and IDLE)."""
+        """A whole response handled by aioimaplib (its bookkeeping of commands and IDLE). A
+        BYE after the greeting (RFC 3501 7.1.5: the server is closing the connection) ends
+        the session's waits at once: aioimaplib would pass it to whatever command is under
+        way, or drop it, and nothing more will be answered."""
+        bye = _BYE.match(response)
+        if bye is not None and self.state != aioimaplib.aioimaplib.CONNECTED:
+            said = response[bye.end() :].rstrip(b"\r\n").decode("utf-8", "replace")
+            self._lost(f"the server said BYE: {said}" if said else "the server said BYE")
         try:
             self._handle_responses(self.incomplete_line + response, self._handle_line, self.current_command)
             self.incomplete_line = b""
@@ -541,20 +608,22 @@ def _answer_sasl_errors(client: aioimaplib.IMAP4) -> None:
     protocol._continuation = continuation
 
 
-async def _starttls(client: aioimaplib.IMAP4, host: str, context: ssl.SSLContext | None, limit: float) -> None:
+async def _starttls(
+    client: aioimaplib.IMAP4, host: str, context: ssl.SSLContext | None, limit: float, link: _Link, server: str
+) -> None:
     timeout = limit
     protocol = client.protocol
     if "STARTTLS" not in protocol.capabilities:
         raise ImapError('the server does not offer STARTTLS (use tls = "implicit" or "none")')
     command = Command("STARTTLS", protocol.new_tag(), loop=protocol.loop)
-    _check(await asyncio.wait_for(protocol.execute(command), timeout), "starttls")
+    _check(await _until_lost(protocol.execute(command), link, timeout, "STARTTLS", server), "starttls")
     loop = asyncio.get_running_loop()
     transport = await asyncio.wait_for(
         loop.start_tls(protocol.transport, protocol, context or client_context(verify=True), server_hostname=host),
         timeout,
     )
     protocol.transport = transport
-    await asyncio.wait_for(protocol.capability(), timeout)  # RFC 3501 6.2.1: ask again after TLS
+    await _until_lost(protocol.capability(), link, timeout, "CAPABILITY after STARTTLS", server)  # RFC 3501 6.2.1
 
 
 async def _close(client: aioimaplib.IMAP4, *, polite: bool = True) -> None:
@@ -566,7 +635,7 @@ async def _close(client: aioimaplib.IMAP4, *, polite: bool = True) -> None:
     transport = client.protocol.transport
     if transport is not None:
         transport.close()
-    for task in list(client.protocol.tasks):  # a welcome still waiting for its CAPABILITY answer
+    for task in [*client.protocol.tasks, *client.tasks]:  # a welcome waiting for CAPABILITY, an IDLE
         task.cancel()
 
 

@@ -183,7 +183,8 @@ class MailboxWatcher:
         self.identity = f"{config.username}@{config.host.lower()}:{port}/{config.folder}"
         self.source = f"imap:{config.name}"
         self.last_poll: float | None = None
-        self.connected = False
+        self.connected = False  # false from the moment the connection is lost (`_lost`)
+        self._loss_said = False  # the session's loss was logged
         self.last_error: str | None = None
         self.held: dict[str, Claim] = {}
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
@@ -293,14 +294,22 @@ class MailboxWatcher:
                     connected_at = time.monotonic()
                     self._acknowledged = False
                     self._held_at_source, self._held_retry_at = None, 0.0  # looked for in each session
+                    self._loss_said = False
                     self._warn_plain_expunge(session)
+                    # The connection's loss is said (log, /healthz) when it happens, not when
+                    # the session's work notices it: a handoff may hold that up for a while.
+                    losing = asyncio.create_task(self._notice_loss(session), name=f"loss {self.config.name}")
                     try:
                         await self._watch(session)
                     except Exception as error:  # IMAP, network, TLS, or aioimaplib's own errors
-                        self._failed_connection(error)
+                        if session.lost:
+                            self._lost(session)
+                        else:
+                            self._failed_connection(error)
                     except asyncio.CancelledError as error:
                         self._unless_cancelled(error)
                     finally:
+                        losing.cancel()
                         self.connected = False
                         await session.close()
                     if self._acknowledged or time.monotonic() - connected_at > _STABLE_SESSION:
@@ -363,7 +372,22 @@ class MailboxWatcher:
             await writer.wait_closed()
         return True
 
-    def _failed_connection(self, error: BaseException) -> None:
+    async def _notice_loss(self, session: ImapSession) -> None:
+        await session.until_lost()
+        self._lost(session)
+
+    def _lost(self, session: ImapSession) -> None:
+        """The server closed the session's connection, or said BYE: /healthz says so at once
+        (`connected: false`), and so does the log, once per session; the watcher reconnects as
+        soon as the handoffs under way, if any, have their answers."""
+        self.connected = False
+        if self._loss_said:
+            return
+        self._loss_said = True
+        then = "reconnecting" if self._between_batches.is_set() else "reconnecting once the handoffs under way end"
+        self._failed_connection(ImapError(session.lost_reason), then=then)
+
+    def _failed_connection(self, error: BaseException, *, then: str = "reconnecting") -> None:
         # Refused or unreachable: the server (or its host) is down, and its return shows as a
         # port that accepts again (`_pause`).
         self._refused = isinstance(error, OSError) and (
@@ -374,9 +398,9 @@ class MailboxWatcher:
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
         if text != self.last_error:
             self._problem(text)
-            _log.warning("mailbox %s (%s): %s; reconnecting", self.config.name, self.identity, text)
+            _log.warning("mailbox %s (%s): %s; %s", self.config.name, self.identity, text, then)
         else:  # (said once as a warning; each retry that fails the same way, quietly)
-            _log.info("mailbox %s (%s): again %s; reconnecting", self.config.name, self.identity, text)
+            _log.info("mailbox %s (%s): again %s; %s", self.config.name, self.identity, text, then)
         self.last_error = text
         self._metrics.inbound_errors.labels(self.config.name).inc()
 
