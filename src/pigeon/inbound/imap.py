@@ -138,6 +138,7 @@ class ImapSession:
         self._gone = gone
         self._woken = asyncio.Event()  # set by `wake` while `wait_for_mail` waits
         self._waiting = False
+        self._marks_refused = False  # the server refused keywords stored with \Deleted (`delete`)
 
     @property
     def lost(self) -> bool:
@@ -293,7 +294,8 @@ class ImapSession:
 
         return outcome()
 
-    async def move(self, uids: Sequence[int], folder: str) -> None:
+    async def move(self, uids: Sequence[int], folder: str, *, marks: str = "") -> None:
+        """MOVE, or COPY then `delete` (with `marks`) where the server has no MOVE."""
         if not uids:
             return
         protocol = self._client.protocol
@@ -302,16 +304,28 @@ class ImapSession:
             return
         await self._run(protocol.copy(uid_set(uids), _quote(folder), by_uid=True), f"copy to {folder}")
         try:
-            await self.delete(uids)
+            await self.delete(uids, marks=marks)
         except ImapError as error:
             if self.lost:
                 raise
             raise CopiedOnly(f"copied to {folder}, then {error}") from error
 
-    async def delete(self, uids: Sequence[int]) -> None:
+    async def delete(self, uids: Sequence[int], *, marks: str = "") -> None:
+        """Flag \\Deleted and expunge. `marks`: keywords stored with \\Deleted in the same
+        command, so a message left \\Deleted (the expunge cut short) says why it is: the
+        caller looks for them later. A server that refuses them gets \\Deleted alone."""
         if not uids:
             return
-        await self.flag(uids, "\\Deleted")
+        if marks and not self._marks_refused:
+            try:
+                await self.flag(uids, f"\\Deleted {marks}")
+            except ImapError:
+                if self.lost:
+                    raise
+                self._marks_refused = True  # no keywords here: \Deleted alone, as without marks
+                await self.flag(uids, "\\Deleted")
+        else:
+            await self.flag(uids, "\\Deleted")
         protocol = self._client.protocol
         if self.has("UIDPLUS"):
             await self._run(protocol.expunge(uid_set(uids), by_uid=True), "uid expunge")

@@ -27,6 +27,14 @@ acknowledgement works; it is tried again every `_HELD_RETRY` seconds and at each
 A server that refuses the keyword too leaves the done mark alone to keep it from the target:
 each claim that finds it (the message still there) makes it last another 24 h.
 
+A removal (a deletion, a move without MOVE) is two commands, STORE \\Deleted then EXPUNGE: the
+keyword goes with \\Deleted in the STORE, so a node killed between the two (or whose server
+went away) leaves a message that says it was handed over. Every search leaves \\Deleted out,
+so nothing else would look at it again: the same search finds it, at each new session (this
+node's or another's) and every `_LEFTOVERS_EVERY` seconds, and it is expunged by UID. A message
+someone else flagged \\Deleted carries no keyword, and is left alone (but by a server without
+UIDPLUS, whose plain EXPUNGE removes them all, as any removal there: `_warn_plain_expunge`).
+
 A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
 and a dead node's claims are taken over within seconds (its heartbeat stops).
 
@@ -114,6 +122,9 @@ _UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.E
 _NOTE_REFRESH: Final = 2.0  # seconds between reads of the mailbox's note (another node's, maybe)
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 _HELD_RETRY: Final = 30.0  # seconds between tries of the acknowledgements the server refused
+# ... and between looks, when none is known to wait, for what another node left half done (see
+# `_acknowledge`): a node killed between flagging \Deleted and expunging may never come back.
+_LEFTOVERS_EVERY: Final = 300.0
 
 
 def _chunks(uids: list[int], size: int) -> list[list[int]]:
@@ -1033,11 +1044,16 @@ class MailboxWatcher:
         `_DONE_FLAG` instead (see `_at_source`). `copied`: a move without MOVE copied them
         already, only their removal is due. True when acknowledged as configured."""
         config = self.config
+        # A removal (a deletion, or a move without MOVE) stores \Deleted with the keywords
+        # `_retry_held` searches for, in one command: a node stopped between that and the
+        # EXPUNGE (killed, or the server gone) leaves a message that says it was handed over,
+        # and the next session (this node's or another's) finishes the job.
+        copy_marks = f"{_DONE_FLAG} {_COPIED_FLAG}"
         if config.after_delivery == "move" and config.move_to:
             folder = config.move_to
-            act = session.delete(uids) if copied else session.move(uids, folder)
+            act = session.delete(uids, marks=copy_marks) if copied else session.move(uids, folder, marks=copy_marks)
         elif config.after_delivery == "delete":
-            act = session.delete(uids)
+            act = session.delete(uids, marks=_DONE_FLAG)
         else:
             act = session.flag(uids, "\\Seen")
         if not await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG):
@@ -1057,7 +1073,8 @@ class MailboxWatcher:
         folder = self.config.failed_folder
         if not folder:
             return await self._at_source(session, uids, "set aside", session.flag(uids, f"\\Seen {_FAILED_FLAG}"), None)
-        act = session.delete(uids) if copied else session.move(uids, folder)
+        marks = f"{_FAILED_FLAG} {_COPIED_FLAG}"  # (see `_acknowledge`)
+        act = session.delete(uids, marks=marks) if copied else session.move(uids, folder, marks=marks)
         return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}")
 
     # --- acknowledgements the server refuses --------------------------------------------------
@@ -1120,10 +1137,11 @@ class MailboxWatcher:
         self._maybe_resolved()
 
     async def _retry_held(self, session: ImapSession) -> None:
-        """Try again the acknowledgements (and set-asides) the server refused: the messages
-        flagged for it, found by search. At each new session, then every `_HELD_RETRY`
-        seconds while some are left."""
-        if self._held_at_source is False or time.monotonic() < self._held_retry_at:
+        """Try again the acknowledgements (and set-asides) the server refused, and finish those
+        a node stopped in the middle of (flagged \\Deleted, not expunged: see `_acknowledge`):
+        the messages flagged for it, found by search. At each new session, then every
+        `_HELD_RETRY` seconds while some are left, and every `_LEFTOVERS_EVERY` otherwise."""
+        if time.monotonic() < self._held_retry_at:
             return
         self._held_retry_at = time.monotonic() + _HELD_RETRY
         config = self.config
@@ -1151,9 +1169,13 @@ class MailboxWatcher:
                     held = True
                     break
         if found and not held:
-            _log.warning("mailbox %s: the server takes the acknowledgements it refused: %d flagged messages are done "
-                         "at the source now", config.name, found)  # fmt: skip
+            # Refused before, or left half done (by a node stopped between \Deleted and EXPUNGE).
+            _log.warning("mailbox %s: %d messages handed over (or set aside) earlier and flagged so, their "
+                         "acknowledgement refused or cut short, are done at the source now", config.name,
+                         found)  # fmt: skip
         self._held_at_source = held
+        if not held:
+            self._held_retry_at = time.monotonic() + _LEFTOVERS_EVERY
         self._source_works()
 
     def _warn_plain_expunge(self, session: ImapSession) -> None:
