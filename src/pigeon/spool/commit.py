@@ -74,6 +74,18 @@ def _early(op: Operation) -> bool:
     return bool(getattr(op, "early", False))
 
 
+class Flusher(Protocol):
+    """What makes the operations' files durable (`pigeon.spool.segments.Segments`)."""
+
+    def mark(self) -> int:
+        """A token to give `flush`, taken before the files it must cover are written."""
+
+    def flush(self, since: int) -> None:
+        """Make durable what was written before the call; raise if any flush failed since
+        `mark` gave `since`: an fsync error is told once, to one flush, and the pages it
+        concerned may be lost, so bodies written before it must be written again."""
+
+
 BeforeCommit = Callable[[sqlite3.Connection, list[Operation]], Callable[[], None] | None]
 """Runs after the batch's operations, in its transaction, over the whole batch: one statement
 for work every operation would otherwise do alone (freeing bodies). Returns what to do once
@@ -102,7 +114,7 @@ class GroupCommitter:
         max_batch: int = 1024,
         observer: BatchObserver | None = None,
         before_commit: BeforeCommit | None = None,
-        flush: Callable[[], None] | None = None,
+        flush: Flusher | None = None,
     ) -> None:
         """`flush` runs in the commit thread after the operations' `prepare` and before the
         COMMIT: what they wrote is made durable there once for the whole batch."""
@@ -292,11 +304,12 @@ class GroupCommitter:
         if applied is not None:
             try:
                 prepared = self._claim(ops)
+                since = self._flush.mark() if self._flush is not None else 0
                 for op in ops:
                     if id(op) not in prepared:
                         op.prepare()
                 if self._flush is not None:
-                    self._flush()
+                    self._flush.flush(since)
                 conn.execute("COMMIT")
             except Exception as error:
                 if conn.in_transaction:
@@ -360,10 +373,11 @@ class GroupCommitter:
             return
         outcome = _PREPARED
         try:
+            since = self._flush.mark() if self._flush is not None else 0
             for op in ops:
                 op.prepare()
             if self._flush is not None:
-                self._flush()
+                self._flush.flush(since)
         except Exception:
             outcome = _FAILED  # the batch prepares them again, and meets the error if it sticks
         with self._early_changed:
@@ -376,9 +390,10 @@ class GroupCommitter:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = op.apply(conn)
+                since = self._flush.mark() if self._flush is not None else 0
                 op.prepare()
                 if self._flush is not None:
-                    self._flush()
+                    self._flush.flush(since)
                 after = self._before_commit(conn, [op]) if self._before_commit else None
                 conn.execute("COMMIT")
             except BaseException:

@@ -67,6 +67,7 @@ class Segments:
         self._unflushed: dict[int, Segment] = {}  # written since the last flush (commit thread)
         self._flushing = threading.Lock()  # guards `_unflushed`
         self._syncing = threading.Lock()  # held by the flush under way
+        self._failed_flushes = 0  # (counted under `_syncing`) see `flush`
         self.bytes = 0
         """Bytes in every segment file, dead ones too (what they take on disk)."""
         self.room: Callable[[], int] | None = None
@@ -135,12 +136,25 @@ class Segments:
         with self._flushing:
             self._unflushed[segment.id] = segment
 
-    def flush(self) -> None:
+    def mark(self) -> int:
+        """The token `flush(since=...)` checks: take it before writing what it must cover.
+        (Not under `_syncing`: the early thread writes while a flush is under way. A failure
+        counted after this read concerns pages written before it, or these: either way `flush`
+        raises; one counted before it concerns pages written before these.)"""
+        return self._failed_flushes
+
+    def flush(self, since: int) -> None:
         """Make every body written before this call durable: one fdatasync per segment written
         to (commit thread, after the batch's writes, before its COMMIT; or the committer's early
         thread, for bodies waiting for the next batch). Flushes run one at a time: one that
         finds nothing left to flush has waited for the one that took it, so it returns only
-        once those bytes are durable too."""
+        once those bytes are durable too.
+
+        An fdatasync error is told once, to one flush of the file (Linux since 4.13), and the
+        pages it concerned may be lost while the next fdatasync says 0: with two threads
+        writing, that flush may not be the one whose bodies were lost. So every failure is
+        counted, and a flush raises when any failed since `since` (`mark()`, taken before its
+        bodies were written): they are written again, then flushed again."""
         with self._syncing:
             with self._flushing:
                 segments, self._unflushed = list(self._unflushed.values()), {}
@@ -151,9 +165,12 @@ class Segments:
                         fsync_directory(segment.path.parent)
                         segment.created_synced = True
                 except OSError as error:
+                    self._failed_flushes += 1
                     with self._flushing:  # still to be made durable, by the retry's writes and flush
                         self._unflushed.update((s.id, s) for s in segments[index:])
                     raise _spool_error(error, segment.path) from error
+            if self._failed_flushes != since:
+                raise SpoolWriteError("a segment's fdatasync failed after these bodies were written: written again")
 
     def release(self, segment: Segment) -> None:
         """A body appended to `segment` is committed or abandoned."""

@@ -197,7 +197,7 @@ class SqliteSpool:
             max_batch=max_batch,
             observer=observer,
             before_commit=self._before_commit,
-            flush=self._segments.flush,
+            flush=self._segments,
         )
 
     # --- life cycle ------------------------------------------------------------------------

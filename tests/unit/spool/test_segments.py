@@ -441,12 +441,12 @@ def test_a_flush_returns_only_once_what_a_flush_under_way_took_is_durable(
         events.append("durable")
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    under_way = threading.Thread(target=segments.flush)
+    under_way = threading.Thread(target=segments.flush, args=(segments.mark(),))
     under_way.start()
     time.sleep(0.05)  # it took the segment, and waits in its fdatasync
 
     def second() -> None:
-        segments.flush()
+        segments.flush(segments.mark())
         events.append("second flush returned")
 
     other = threading.Thread(target=second)
@@ -457,3 +457,36 @@ def test_a_flush_returns_only_once_what_a_flush_under_way_took_is_durable(
     other.join(5)
     segments.close()
     assert events == ["durable", "second flush returned"]
+
+
+def test_bodies_written_before_a_failed_flush_are_not_taken_as_durable_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux tells an fdatasync error once, to one flush; the next says 0 though the pages may be
+    lost. With the early thread and the commit thread writing to one segment, the flush that
+    got the error may be the other thread's: a body written before it must not count as
+    durable, whichever flush comes next."""
+    segments = Segments(tmp_path, iter(range(1, 100)).__next__, segment_size=1 << 20)
+    segments.open([])
+    since = segments.mark()  # the commit thread's batch starts writing
+    mine, at = segments.reserve(10)
+    segments.write(mine, at, b"0123456789")
+    real_fdatasync = os.fdatasync
+    failing = [True]
+
+    def fdatasync(fd: int) -> None:
+        if failing and failing.pop():
+            raise OSError(errno.EIO, "Input/output error")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    other_since = segments.mark()  # the early thread's flush takes the segment, and fails
+    with pytest.raises(SpoolWriteError):
+        segments.flush(other_since)
+    with pytest.raises(SpoolWriteError, match="written again"):
+        segments.flush(since)  # its fdatasync says 0 now: the batch must not commit
+    again = segments.mark()  # the retry writes its body again, then flushes: durable
+    segments.write(mine, at, b"0123456789")
+    segments.flush(again)
+    segments.release(mine)
+    segments.close()
