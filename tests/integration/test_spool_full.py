@@ -122,8 +122,10 @@ def test_a_capped_spool_stays_under_its_cap_on_disk_and_says_up_once_delivery_ma
             assert _health(pigeon)[0] == 200
             accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body, limit=2000)
             assert code == 451 and accepted > 100
-            # The last commit's WAL frames land after the check that let its message in.
-            assert _on_disk(pigeon.spool_path / "shard-0") <= (4 << 20) + _ONE_COMMIT
+            # The last commit's WAL frames land after the check that let its message in, and a
+            # delivery attempt reading meanwhile (every second here) can hold the checkpoint
+            # that cuts the WAL back for one more (seen once under load: 48 KiB over the first).
+            assert _on_disk(pigeon.spool_path / "shard-0") <= (4 << 20) + 2 * _ONE_COMMIT
             assert _health(pigeon)[0] == 503
             sink.rcpt_reply = None  # the site takes mail again: the spool empties
             sink.wait_for(accepted, timeout=60)
