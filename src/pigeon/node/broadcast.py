@@ -34,9 +34,11 @@ A Redis that comes back without its data (restarted with no persistence, or flus
 forgotten the rules in force, and a node that joined then would deliver what the others hold.
 A marker key (`<prefix>:admin:rules:kept`), looked at with every presence renewal, tells: the
 first worker to find it gone gives back the rules it holds that the cluster held when it last
-looked (a file beside its cursor keeps their ids across restarts; HSETNX: a rule already back,
-or one ended since, is not brought back), sets it, and the others take them at their sync. A
-rule the cluster never held stays on its node, as above.
+looked, sets it, and the others take them at their sync. Only a worker that looked less than
+`_FRESH` ago gives back: one that was away longer (or has just started) may hold a rule ended
+meanwhile, whose end Redis forgot too, and a standing bounce brought back would bounce mail at
+once. HSETNX under WATCH of the ended rules: a rule already back, or ended meanwhile, is not
+brought back. A rule the cluster never held stays on its node, as above.
 
 Redis being away never stops an operation on the node that was asked: it is applied here,
 and the answer says, under `cluster`, that the other nodes were not told.
@@ -60,7 +62,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from pigeon.config.schema import Config
 from pigeon.listener.http.admin import rule_change
@@ -74,6 +76,7 @@ WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to
 READ_WAIT: Final = 3.0  # ... and to a read
 _PRESENCE: Final = 10.0  # seconds a node counts as present after its last renewal
 _RENEW: Final = 2.0
+_FRESH: Final = 15.0  # seconds within which a worker's view of the rules may be given back
 _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it within WRITE_WAIT)
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
@@ -118,9 +121,10 @@ class Broadcast:
         self._ended = f"{prefix}:admin:rules:ended"
         self._kept = f"{prefix}:admin:rules:kept"
         self._held = held
-        self._known_path = config.spool.path / f"admin-rules-{worker}.known"
-        self._known = self._saved_known()
-        """Ids of the rules in force in Redis when this worker last looked."""
+        self._known: set[str] = set()
+        """Ids of the rules in force in Redis when this worker last looked ..."""
+        self._known_at: float | None = None
+        """... and when (monotonic): None, never in this process."""
         self._late = float(redis.late_operations)
         self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
         timeout = self._timeout = float(redis.timeout)
@@ -342,18 +346,27 @@ class Broadcast:
         self._synced = False
 
     async def _give_back(self) -> None:
-        """Redis holds none of the cluster's rules: write back those this worker holds, but
-        any it holds word of an end of, and mark the rules kept."""
-        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
-        now = time.time()
-        rules = [
-            rule for rule in self._held() if rule.live(now) and rule.id in self._known and rule.id.encode() not in ended
-        ]
+        """Redis holds none of the cluster's rules: if this worker looked at them lately, write
+        back those it holds that were there, but any ended since, and mark the rules kept."""
+        if self._known_at is None or time.monotonic() - self._known_at > _FRESH:
+            return  # what it knows may be stale: a worker that looked lately gives them back
         async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(self._ended)  # an end written meanwhile makes this try again
+            ended: dict[Any, Any] = await pipe.hgetall(self._ended)
+            now = time.time()
+            rules = [
+                rule
+                for rule in self._held()
+                if rule.live(now) and rule.id in self._known and rule.id.encode() not in ended
+            ]
+            pipe.multi()  # type: ignore[no-untyped-call]
             for rule in rules:
                 pipe.hsetnx(self._rules, rule.id, msgspec.json.encode(rule))
             pipe.set(self._kept, b"1")
-            written = await pipe.execute()
+            try:
+                written = await pipe.execute()
+            except WatchError:
+                return  # the next look tries again
         given = sum(1 for done in written[:-1] if done)
         if given:
             _log.warning(
@@ -476,19 +489,8 @@ class Broadcast:
         return False
 
     def _remember(self, rules: dict[Any, Any]) -> None:
-        known = {rule_id.decode() for rule_id in rules}
-        if known == self._known:
-            return
-        self._known = known
-        try:
-            self._known_path.write_text("".join(f"{rule_id}\n" for rule_id in sorted(known)))
-        except OSError as error:
-            _log.warning("admin rules: cannot keep the cluster's rule ids in %s: %s", self._known_path, error)
-
-    def _saved_known(self) -> set[str]:
-        with contextlib.suppress(OSError):
-            return set(self._known_path.read_text().split())
-        return set()
+        self._known = {rule_id.decode() for rule_id in rules}
+        self._known_at = time.monotonic()
 
     async def _renew(self) -> None:
         presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}
