@@ -28,6 +28,7 @@ from typing import Final
 
 import msgspec
 
+from pigeon.fsync import fsync_directory
 from pigeon.queue.rules import Rule
 
 _log = logging.getLogger(__name__)
@@ -113,16 +114,22 @@ class NodeRules:
         self.standing.ended[rule_id] = Tombstone(kind, held.expires if held is not None else None)
 
     def save(self, now: float) -> None:
-        """Write the file, without what has ended by itself meanwhile. Not fsynced: after a
-        crash, what a worker missed since is handed to it as it answers (the same as not kept)."""
+        """Write the file, without what has ended by itself meanwhile, durably (file, then its
+        directory entry): after a power loss, an old or empty file would give a worker that
+        missed a resume the suspension back, and lose every end recorded. Admin writes are
+        rare: the fsync costs nothing that matters."""
         standing = self.standing
         standing.in_force = {i: r for i, r in standing.in_force.items() if r.live(now)}
         ended = [(i, t) for i, t in standing.ended.items() if t.until is None or t.until > now]
         standing.ended = dict(ended[-_KEEP_ENDED:])
         temporary = self._path.with_name(self._path.name + ".tmp")
         try:
-            temporary.write_bytes(encode(standing))
+            with temporary.open("wb") as file:
+                file.write(encode(standing))
+                file.flush()
+                os.fsync(file.fileno())
             os.replace(temporary, self._path)
+            fsync_directory(self._path.parent)
         except OSError as error:
             _log.warning("admin rules: cannot keep the node's standing rules in %s: %s", self._path, error)
 
