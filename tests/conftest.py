@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from hypothesis import settings
 
 from tests.support.services import Dovecot, Postgres, RedisServer
+
+# No per-example deadline: on a machine whose cores are all busy (the suite's 4 workers on 2
+# cores, CI), an example that takes 2 ms alone takes 200 some day, and that says nothing of the
+# code. Tests that bound time measure CPU time themselves (test_text_from_others_in_linear_time).
+settings.register_profile("pigeon", deadline=None)
+settings.load_profile("pigeon")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
