@@ -82,10 +82,7 @@ class Relay:
         pending = b""
         holding = False
         while True:
-            try:
-                data = client.recv(65536)
-            except OSError:
-                data = b""
+            data = _received(client)
             if not data:
                 with contextlib.suppress(OSError):
                     server.shutdown(socket.SHUT_WR)
@@ -113,10 +110,7 @@ class Relay:
     def _answers(self, server: socket.socket, client: socket.socket) -> None:
         """Server to client; the server's close passed on `close_after` seconds late."""
         while True:
-            try:
-                data = server.recv(65536)
-            except OSError:
-                data = b""
+            data = _received(server)
             if not data:
                 break
             try:
@@ -129,3 +123,11 @@ class Relay:
             client.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             client.close()
+
+
+def _received(sock: socket.socket) -> bytes:
+    """What `sock` reads next; b"" once it is closed or broken, either way the end."""
+    try:
+        return sock.recv(65536)
+    except OSError:
+        return b""
