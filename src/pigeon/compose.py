@@ -222,18 +222,18 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
 
 
 _FORBIDDEN: Final = (("\r", "CR"), ("\n", "LF"), ("\0", "NUL"))
+_PARTS: Final = "the parts (text, html, attachments)"
 _BUILT_FROM: Final = {
     "from": "$.content.from",
     "to": "$.recipients[].email and name",
     "reply-to": "$.content.reply_to",
     "subject": "$.content.subject",
-    "mime-version": "the parts",
+    "mime-version": _PARTS,
 }
-_PARTS: Final = "the parts (text, html, attachments)"
 """Fields Pigeon writes in a message made of parts, and where a request sets them. (Date and
 Message-ID, which it writes too, a request's `headers` may set instead.)"""
 _MIME_FIELDS: Final = frozenset({"content-type", "content-transfer-encoding", "content-disposition", "content-id"})
-"""What the message's top part carries, made from the parts (text, html, attachments)."""
+"""What the message's top part carries, made from the parts."""
 _REPLACEABLE: Final = frozenset({"date", "message-id"})
 
 
