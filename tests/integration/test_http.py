@@ -132,6 +132,24 @@ def test_an_undeclared_method_gets_405_with_allow_before_any_token_is_asked_for(
         assert f"{method} is not allowed on {path}" in _json_error(answer_headers, body)["error"]
 
 
+@pytest.mark.parametrize("path", ["/api/v1/queues", "/api/v1/admin/suspend"])
+def test_two_authorization_headers_are_refused_whichever_comes_first(api_node: PigeonProcess, path: str) -> None:
+    good = f"Bearer {api_node.local_token}"
+    for first, second in ((good, "Bearer wrong"), ("Bearer wrong", good), (good, good)):
+        request = (
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {first}\r\nAuthorization: {second}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", api_node.http_port), timeout=10) as connection:
+            connection.sendall(request)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == b"400", answer
+        assert "one Authorization header" in json.loads(body)["error"]
+
+
 def test_an_error_from_the_router_or_the_http_parser_is_json_too(api_node: PigeonProcess) -> None:
     # A path segment with a line feed in it: not a spool id (the supervisor's router did not
     # know the path at all, and said "404: Not Found" in text).

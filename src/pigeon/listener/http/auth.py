@@ -53,8 +53,8 @@ class Tokens:
     def holder(self, request: web.Request, scope: Scope) -> str:
         """The name of the token the request carries, if it grants `scope`.
 
-        Raises 401 (no or unknown token) or 403 (a known token without the scope), each with
-        a JSON body that says what to do.
+        Raises 400 (two Authorization headers), 401 (no or unknown token) or 403 (a known
+        token without the scope), each with a JSON body that says what to do.
         """
         found = self._known(request)
         if scope not in found.scopes:
@@ -67,7 +67,12 @@ class Tokens:
         return self._known(request).name
 
     def _known(self, request: web.Request) -> _Token:
-        header = request.headers.get("Authorization", "")
+        given = request.headers.getall("Authorization", [])
+        if len(given) > 1:
+            # Not a list field (RFC 9110 11.6.2): taking either one would let a proxy that
+            # adds its own header and the client disagree on who is asking.
+            raise _error(web.HTTPBadRequest, f"send one Authorization header, not {len(given)}")
+        header = given[0] if given else ""
         kind, _, secret = header.partition(" ")
         if kind.lower() != "bearer" or not secret.strip():
             raise _error(web.HTTPUnauthorized, "send 'Authorization: Bearer <token>' (see [[http.token]])")
