@@ -297,8 +297,12 @@ class Dovecot(_Server):
         users: Mapping[str, str] | None = None,
         *,
         oauth2_introspection_url: str | None = None,
+        settings: str = "",
     ) -> None:
+        """`settings`: lines added to the end of the config, to make the server behave as some
+        other server does (`mail_max_keyword_length = 4`: one that takes no keywords)."""
         super().__init__(directory)
+        self.settings = settings
         if os.geteuid() != 0:
             raise RuntimeError("the private Dovecot must be started as root (it drops to its own users)")
         self.users = dict(users if users is not None else {"app": "secret"})
@@ -383,6 +387,7 @@ class Dovecot(_Server):
                 port=self.port,
                 imaps_port=self.imaps_port,
             )
+            + self.settings
         )
 
     def _launch(self) -> subprocess.Popen[bytes]:
