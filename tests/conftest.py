@@ -39,13 +39,13 @@ def _declared_timeout(item: pytest.Item) -> float:
 # alone made the run's last half minute. A renamed test only loses its place in the order.
 _LONG: Final[dict[str, float]] = {
     "tests/unit/queue/test_interleavings.py::test_every_order_of_two_messages_bounce_and_suspend": 33,
-    "tests/integration/test_inbound_imap_return.py::"
-    "test_health_recovers_within_5s_of_dovecot_coming_back_and_mail_is_drained_once": 29,
     "tests/integration/test_worker_timeout.py::"
     "test_a_bulk_bounce_that_takes_longer_than_worker_timeout_answers_200_when_done": 26,
     "tests/integration/test_worker_timeout.py::"
     "test_a_worker_stopped_during_a_bulk_bounce_is_reported_missing_and_the_cli_exits_75": 19,
     "tests/integration/test_inbound.py::test_a_redis_outage_mid_batch_is_logged_once_and_its_end_too": 18,
+    "tests/integration/test_inbound_imap_return.py::"
+    "test_health_recovers_within_5s_of_dovecot_coming_back_and_mail_is_drained_once": 11,
     "tests/unit/queue/test_interleavings_sites.py::"
     "test_every_order_of_one_message_to_a_site_that_goes_down_and_comes_back": 14,
     "tests/integration/test_cli.py::test_admin_commands_bounce_suspend_resume_retry_and_inspect": 12,
