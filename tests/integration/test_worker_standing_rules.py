@@ -7,10 +7,12 @@ it was added rather than "nothing added"."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
 import smtplib
+import socket
 import subprocess
 import sys
 import time
@@ -192,3 +194,47 @@ def test_a_rule_a_worker_lacks_is_marked_in_the_listing_and_suspending_again_add
         assert sink.after(2) == []
         _cli(pigeon, "resume", rule_id)
         assert len(sink.wait_for(sent, timeout=30)) == sent
+
+
+def _hand_over(pigeon: PigeonProcess, index: int, body: bytes) -> tuple[int, Any]:
+    """POST /internal/rules on worker `index`'s control socket, as its supervisor hands it the node's rules."""
+
+    class Control(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(30)
+            self.sock.connect(str(pigeon.spool_path / "run" / f"worker-{index}.sock"))
+
+    connection = Control("worker")
+    try:
+        connection.request("POST", "/internal/rules", body)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_a_hand_over_that_an_end_of_the_rule_overtook_does_not_bounce_again(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        status, answer = pigeon.http_call(
+            "POST", "/api/v1/admin/bounce", {"domain": DOMAIN, "duration": "1h", "reason": "gone"}, pigeon.local_token
+        )
+        assert status == 200, answer
+        bounce = answer["rule"]["id"]
+        # What a hand-over to worker 0 carries if the supervisor takes it now (its rules file) ...
+        snapshot = (pigeon.spool_path / "admin-rules.json").read_bytes()
+        assert bounce.encode() in snapshot
+        # ... and the operator ends the bounce: the end reaches worker 0 first, on its own connection.
+        status, answer = pigeon.http_call("DELETE", f"/api/v1/admin/bounce/{bounce}", token=pigeon.local_token)
+        assert status == 200 and answer["cancelled"], answer
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
+        assert status == 200, answer
+        sent = _send_to_every_shard(pigeon, sink, at_least=1)
+        # The hand-over arrives last. Before, worker 0 took the bounce again and bounced its mail.
+        status, taken = _hand_over(pigeon, 0, snapshot)
+        assert status == 200 and taken == {"added": 0, "ended": 0}, taken
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/bounce", token=pigeon.local_token)
+        assert status == 200 and listed["rules"] == [], listed
+        _cli(pigeon, "resume", answer["rule"]["id"])
+        wait_until(lambda: len([m for m in sink.received if m.recipients == [f"b@{DOMAIN}"]]) == sent, 30)
+        assert not [m for m in sink.received if m.recipients != [f"b@{DOMAIN}"]]  # no bounce report either

@@ -16,6 +16,13 @@ beside the spool shards that outlives a restart of the supervisor:
 
 A worker that was merely slow, and applied the write late, holds the same rule under the same
 id: taking it again changes nothing.
+
+A hand-over and a later write reach a worker on separate connections, in either order. So the
+supervisor counts its changes (`Standing.generation`), stamps each write it passes on with its
+number (`GENERATION_HEADER`), and keeps with each rule and tombstone the number of the write that
+made or ended it (`Standing.changed`): a worker takes nothing from a hand-over about a rule that
+a newer write has reached it for (`Admin.adopt`). A resume or the end of a standing bounce that
+overtook a hand-over is not undone by it, nor a suspension made again by a stale tombstone.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 
@@ -36,6 +43,9 @@ _log = logging.getLogger(__name__)
 RULES_FILE: Final = "admin-rules.json"
 INTERNAL_PATH: Final = "/internal/rules"
 """Where a worker takes its node's rules (its control socket only: no token is asked there)."""
+GENERATION_HEADER: Final = "Pigeon-Rules-Generation"
+"""On a rule write the supervisor passes on: the number of that change (a worker heeds it on its
+control socket only; the supervisor forwards no such header from a client)."""
 _KEEP_ENDED: Final = 10_000  # tombstones kept at most: the latest
 
 
@@ -47,16 +57,29 @@ class Tombstone(msgspec.Struct):
     until: float | None = None
 
 
+class Ended(NamedTuple):
+    """A rule as it was before a write ended it (`NodeRules.end`, `NodeRules.restore`)."""
+
+    rule_id: str
+    rule: Rule | None
+    tombstone: Tombstone | None
+
+
 class Standing(msgspec.Struct):
-    """The node's standing rules: those in force (id -> rule) and those ended (id -> tombstone)."""
+    """The node's standing rules: those in force (id -> rule) and those ended (id -> tombstone);
+    `generation`: how many changes the supervisor had counted when these were so; `changed`:
+    id -> the number of the write that made or ended it (see the module)."""
 
     in_force: dict[str, Rule] = msgspec.field(default_factory=dict)
     ended: dict[str, Tombstone] = msgspec.field(default_factory=dict)
+    generation: int = 0
+    changed: dict[str, int] = msgspec.field(default_factory=dict)
 
-    def for_adopt(self, now: float) -> tuple[list[Rule], dict[str, str]]:
-        """What `Admin.adopt` takes: the live rules, and the ids ended (id -> kind)."""
+    def for_adopt(self, now: float) -> tuple[list[Rule], dict[str, str], dict[str, int]]:
+        """What `Admin.adopt` takes: the live rules, the ids ended (id -> kind), and the number
+        of the write behind each."""
         live = [rule for rule in self.in_force.values() if rule.live(now)]
-        return live, {rule_id: tomb.kind for rule_id, tomb in self.ended.items()}
+        return live, {rule_id: tomb.kind for rule_id, tomb in self.ended.items()}, self.changed
 
 
 _DECODER: Final = msgspec.json.Decoder(Standing)
@@ -75,7 +98,12 @@ def encode(standing: Standing) -> bytes:
 
 
 class NodeRules:
-    """What the writes through this supervisor made and ended, kept in `path`."""
+    """What the writes through this supervisor made and ended, kept in `path`.
+
+    A rule a write makes is kept only once a worker has taken it (`taken`): a worker that
+    starts, or is handed the rules, while the write is on its way does not take one that every
+    worker then refuses, and whose answer is an error. An end is kept before the workers are
+    asked (`end`): a worker that starts meanwhile does not take the rule being ended."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -88,30 +116,49 @@ class NodeRules:
             _log.error("admin rules: %s cannot be read (%s): workers take only what is written from now on",
                        path, error)  # fmt: skip
 
-    def made(self, rule: Rule) -> None:
-        """`rule` is in force (the first one made stands: an identical suspension is `already`)."""
-        held = self.standing.in_force.get(rule.id)
-        if held is None or held.kind != rule.kind:
-            self.standing.in_force[rule.id] = rule
-        self.standing.ended.pop(rule.id, None)
+    def next_generation(self) -> int:
+        """The number of the next change (see the module)."""
+        self.standing.generation += 1
+        return self.standing.generation
 
-    def taken(self, rule: Rule) -> None:
-        """`rule` as a worker holds it (its own clock's expiry; an earlier one `already` in force),
-        unless it was ended meanwhile."""
-        if rule.id in self.standing.in_force:
-            self.standing.in_force[rule.id] = rule
+    def taken(self, rule: Rule, generation: int) -> None:
+        """`rule` as a worker took it from the write numbered `generation` (its own clock's
+        expiry; for a suspension `already` in force, the one in force), unless a later write
+        ended it meanwhile."""
+        standing = self.standing
+        if standing.changed.get(rule.id, 0) > generation:
+            return
+        standing.in_force[rule.id] = rule
+        standing.ended.pop(rule.id, None)
+        standing.changed[rule.id] = generation
+        self.next_generation()  # what a hand-over from now on carries, and one before did not
 
-    def forget(self, rule: Rule) -> None:
-        """`rule`, kept as made, was taken by no worker (each refused it): it is not in force."""
-        if self.standing.in_force.get(rule.id) is rule:
-            del self.standing.in_force[rule.id]
-
-    def end(self, rule_id: str, kind: str) -> None:
-        held = self.standing.in_force.get(rule_id)
+    def end(self, rule_id: str, kind: str, generation: int) -> Ended:
+        """The write numbered `generation` ends `rule_id`: what it was before, for `restore`."""
+        standing = self.standing
+        before = Ended(rule_id, standing.in_force.get(rule_id), standing.ended.get(rule_id))
+        held = before.rule
         if held is not None and held.kind == kind:
-            del self.standing.in_force[rule_id]
-        self.standing.ended.pop(rule_id, None)  # the latest last: the oldest go first
-        self.standing.ended[rule_id] = Tombstone(kind, held.expires if held is not None else None)
+            del standing.in_force[rule_id]
+        standing.ended.pop(rule_id, None)  # the latest last: the oldest go first
+        standing.ended[rule_id] = Tombstone(kind, held.expires if held is not None else None)
+        standing.changed[rule_id] = generation
+        return before
+
+    def restore(self, before: Ended, generation: int) -> None:
+        """The end numbered `generation`, which no worker carried out (each refused it, or
+        failed): the rule as it was, unless a later write changed it. A new change: what a
+        hand-over carries from now on."""
+        standing = self.standing
+        rule_id = before.rule_id
+        if standing.changed.get(rule_id, 0) > generation:
+            return  # made or ended again since
+        standing.ended.pop(rule_id, None)
+        if before.tombstone is not None:
+            standing.ended[rule_id] = before.tombstone
+        if before.rule is not None:
+            standing.in_force[rule_id] = before.rule
+        standing.changed[rule_id] = self.next_generation()
 
     def save(self, now: float) -> None:
         """Write the file, without what has ended by itself meanwhile, durably (file, then its
@@ -122,6 +169,7 @@ class NodeRules:
         standing.in_force = {i: r for i, r in standing.in_force.items() if r.live(now)}
         ended = [(i, t) for i, t in standing.ended.items() if t.until is None or t.until > now]
         standing.ended = dict(ended[-_KEEP_ENDED:])
+        standing.changed = {i: g for i, g in standing.changed.items() if i in standing.in_force or i in standing.ended}
         temporary = self._path.with_name(self._path.name + ".tmp")
         try:
             with temporary.open("wb") as file:
@@ -134,7 +182,8 @@ class NodeRules:
             _log.warning("admin rules: cannot keep the node's standing rules in %s: %s", self._path, error)
 
 
-Adopt = Callable[[list[Rule], dict[str, str]], Awaitable[tuple[list[Rule], list[Rule]]]]
+# adopt(rules in force, ended: id -> kind, id -> number of the write behind it) -> (added, ended)
+Adopt = Callable[[list[Rule], dict[str, str], dict[str, int]], Awaitable[tuple[list[Rule], list[Rule]]]]
 
 
 async def take(standing: Standing, adopt: Adopt, now: float, worker: int, where: str) -> tuple[int, int]:

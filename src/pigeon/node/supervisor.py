@@ -44,7 +44,7 @@ from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
-from pigeon.node.standing import INTERNAL_PATH, NodeRules, node_rules_path
+from pigeon.node.standing import GENERATION_HEADER, INTERNAL_PATH, Ended, NodeRules, node_rules_path
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule
 from pigeon.shaping.table import create_shared_table, shared_table_path
@@ -130,8 +130,9 @@ class Worker:
         """It has answered since it was started: it handles SIGHUP (until then, it may not)."""
         self.reload_asked = False
         """A SIGHUP came while it was starting: it is sent one once ready (`Supervisor.reload`)."""
-        self.lacking = False
-        """It missed a change to the node's standing rules: it is handed them once it answers."""
+        self.behind = 0
+        """It missed a change to the node's standing rules: it is handed them once it answers, as
+        they are once the supervisor has counted this many changes, or later (0: it lacks none)."""
         self.handing: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -152,9 +153,12 @@ class Worker:
         ):
             return response.status, await response.read()
 
-    async def forward(self, request: web.Request, body: bytes, within: float | None = 600) -> web.Response:
+    async def forward(
+        self, request: web.Request, body: bytes, within: float | None = 600, generation: int | None = None
+    ) -> web.Response:
         """Pass an API request to this worker; its answer, as it is. `within`: seconds the
-        whole exchange may take (None: no bound of its own; see `Supervisor._to_workers`)."""
+        whole exchange may take (None: no bound of its own; see `Supervisor._to_workers`);
+        `generation`: the number of the change to the standing rules it is (`pigeon.node.standing`)."""
         if self._session is None or self._session.closed:
             # One session per worker: its connections are reused from request to request.
             connector = aiohttp.UnixConnector(path=str(self.control))
@@ -163,6 +167,8 @@ class Worker:
         peer = request.transport.get_extra_info("peername") if request.transport is not None else None
         if isinstance(peer, tuple):
             headers[FORWARDED_PEER] = f"{peer[0]}:{peer[1]}"
+        if generation is not None:
+            headers[GENERATION_HEADER] = str(generation)
         async with self._session.request(
             request.method,
             f"http://worker{request.rel_url}",
@@ -202,9 +208,6 @@ class Supervisor:
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # What the writes through here made and ended, for a worker that misses one (`pigeon.node.standing`).
         self._node_rules = NodeRules(node_rules_path(config.spool.path)) if config.delivery.enabled else None
-        self._rules_version = 0
-        """Counts the changes to `_node_rules`: rules handed to a worker while one was on its way
-        are handed again (`_hand_rules`)."""
         # With [redis], admin operations issued here go to every node (their workers consume).
         self._cluster: Broadcast | None = None
         if config.redis.url and config.delivery.enabled:
@@ -427,7 +430,7 @@ class Supervisor:
                 if status in (200, 503):
                     answered = time.monotonic()
                     self._now_ready(worker)
-                    if worker.lacking and worker.handing is None:
+                    if worker.behind and worker.handing is None:
                         worker.handing = asyncio.create_task(self._hand_rules(worker), name=f"rules {worker.index}")
             except (OSError, aiohttp.ClientError, TimeoutError):
                 pass
@@ -445,12 +448,14 @@ class Supervisor:
 
     async def _hand_rules(self, worker: Worker) -> None:
         """Hand `worker`, which missed a change to the node's standing rules, the rules in force
-        and those ended (`Admin.adopt`); it stays `lacking` (and is handed them again as it next
-        answers) until it has taken them."""
+        and those ended (`Admin.adopt`); it stays `behind` (and is handed them again as it next
+        answers) until it has taken them as they were once every change it missed was counted.
+        A write that went to it meanwhile is no reason to hand them again: it took that write
+        itself, and what it was handed cannot undo it (`pigeon.node.standing`)."""
         try:
-            if not worker.lacking or self._node_rules is None:
+            if not worker.behind or self._node_rules is None:
                 return
-            version = self._rules_version
+            generation = self._node_rules.standing.generation
             body = encode_standing(self._node_rules.standing)
             try:
                 status, answer = await worker.post(INTERNAL_PATH, body)
@@ -462,11 +467,9 @@ class Supervisor:
                 _log.error("worker %d did not take the node's standing rules: %d %s", worker.index, status,
                            answer[:200].decode(errors="replace"))  # fmt: skip
                 return
-            if version != self._rules_version:
-                # A change went to the workers meanwhile, and may have reached this one before
-                # what it was handed: handed the rules again, as they are now, as it next answers.
-                return
-            worker.lacking = False
+            if worker.behind > generation:
+                return  # it missed a change meanwhile: handed the rules again as it next answers
+            worker.behind = 0
             _log.info("worker %d, which missed a change to the standing rules, holds the node's again: %s",
                       worker.index, answer.decode(errors="replace"))  # fmt: skip
         finally:
@@ -486,40 +489,54 @@ class Supervisor:
             return None  # refused by every worker: nothing changes
         return rule_change(request.method, request.path, body, operator, time.time())
 
-    def _intend(self, change: RuleChange) -> None:
-        """Keep what a write is about to do to the standing rules, before the workers are asked:
-        rules handed to a worker meanwhile (one that starts, or `_hand_rules`) are the new ones."""
+    def _intend(self, change: RuleChange) -> tuple[int, Ended | None]:
+        """Number a write to the standing rules before the workers are asked (each is told the
+        number, `pigeon.node.standing`), and keep an end at once: a worker that starts, or is
+        handed the rules, meanwhile does not take the rule being ended. A rule being made is kept
+        once a worker has taken it (`_record`). (The number; what an end ended, for `_record`.)"""
         assert self._node_rules is not None
-        if change.rule is None:
-            self._node_rules.end(change.rule_id, change.kind)
-        else:
-            self._node_rules.made(change.rule)
-        self._rules_version += 1
+        generation = self._node_rules.next_generation()
+        if change.rule is not None:
+            return generation, None
+        before = self._node_rules.end(change.rule_id, change.kind, generation)
         self._node_rules.save(time.time())
+        return generation, before
 
-    def _record(self, change: RuleChange, results: list[tuple[int, Any] | str]) -> None:
-        """Keep what a write did to the standing rules (a rule as the workers hold it; none that
-        every worker refused); a worker that missed it (or failed at it) is handed the node's
+    def _record(
+        self, change: RuleChange, intended: tuple[int, Ended | None], results: list[tuple[int, Any] | str]
+    ) -> None:
+        """Keep what a write did to the standing rules, so that the node's rules and its answer
+        agree: a rule made, once a worker took it (as that worker holds it); an end, unless no
+        worker carried it out (each refused it, or failed: the answer is an error, and the rule is
+        as it was). A worker that missed a change kept (or failed at it) is handed the node's
         rules once it answers (`_hand_rules`)."""
+        assert self._node_rules is not None
+        generation, before = intended
         missed = [
             worker
             for worker, result in zip(self.workers, results, strict=True)
             if isinstance(result, str) or result[0] >= 500
         ]
         answers = [result for result in results if not isinstance(result, str)]
-        if change.rule is not None and self._node_rules is not None:
+        if change.rule is not None:
             taken = _taken(change, answers)
-            if taken is not None:
-                self._node_rules.taken(taken)
-            elif not missed:
-                self._node_rules.forget(change.rule)
-            self._rules_version += 1
+            if taken is None:
+                return  # no worker took it: the answer is an error, and no worker is handed it
+            self._node_rules.taken(taken, generation)
+            self._node_rules.save(time.time())
+        elif before is not None and not any(status in (200, 404) for status, _ in answers):
+            # Kept before the workers were asked: one that started, or was handed the rules,
+            # meanwhile may have ended the rule. Every worker is handed them again.
+            self._node_rules.restore(before, generation)
+            missed = self.workers
+            _log.warning("admin rules: no worker ended %s %s (each refused it or failed): it stands", change.kind,
+                         change.rule_id)  # fmt: skip
             self._node_rules.save(time.time())
         for worker in missed:
-            if not worker.lacking:
+            if not worker.behind:
                 _log.warning("worker %d missed a change to the standing rules (%s %s): it is handed them as it "
                              "answers", worker.index, change.kind, change.rule_id)  # fmt: skip
-            worker.lacking = True
+            worker.behind = max(worker.behind, self._node_rules.standing.generation)
 
     # --- the public HTTP listener ------------------------------------------------------------
     async def _serve_http(self) -> None:
@@ -722,7 +739,8 @@ class Supervisor:
 
         async def ask(worker: Worker) -> tuple[int, Any] | str:
             try:
-                response = await worker.forward(request, body, within=timeout if read else None)
+                generation = intended[0] if intended is not None else None
+                response = await worker.forward(request, body, within=timeout if read else None, generation=generation)
             except TimeoutError:
                 return f"no answer within {timeout:g}s ([node] worker_timeout)"
             except aiohttp.ClientConnectorError as error:
@@ -741,11 +759,10 @@ class Supervisor:
                 text = response.text.strip() if response.text else ""
                 return response.status, {"error": text or f"worker {worker.index} answered {response.status}"}
 
-        if change is not None:
-            self._intend(change)
+        intended = self._intend(change) if change is not None else None
         results = await asyncio.gather(*(ask(worker) for worker in self.workers))
-        if change is not None:
-            self._record(change, results)
+        if change is not None and intended is not None:
+            self._record(change, intended, results)
         answers = [result for result in results if not isinstance(result, str)]
         missing = {
             worker.index: result

@@ -34,7 +34,7 @@ import enum
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -175,6 +175,9 @@ class Admin:
         self._rules_changing = asyncio.Lock()
         """Held from looking for a standing rule to storing (or dropping) one: a request that
         finds none must not let an identical one find none too while it stores its own."""
+        self._written: OrderedDict[str, int] = OrderedDict()
+        """Rule id -> the number of the latest write to it its node's supervisor passed on here
+        (`written`): what a hand-over of older rules may not undo (`adopt`)."""
         for rule in rules:
             self._release_later(rule)
 
@@ -261,35 +264,61 @@ class Admin:
         await asyncio.gather(*acted)
         return len(acted)
 
-    async def adopt(self, in_force: list[Rule], ended: dict[str, str]) -> tuple[list[Rule], list[Rule]]:
+    def written(self, rule_id: str, generation: int) -> None:
+        """A write to the standing rule `rule_id`, numbered `generation` by this node's
+        supervisor, has reached this worker (noted before it is carried out): no rule handed
+        over from before it may undo it (`adopt`, `pigeon.node.standing`)."""
+        if self._written.get(rule_id, -1) < generation:
+            self._written.pop(rule_id, None)
+            self._written[rule_id] = generation
+            while len(self._written) > _KEEP_WRITTEN:  # the oldest: long since in what is handed over
+                self._written.popitem(last=False)
+
+    def _newer(self, rule_id: str, changed: Mapping[str, int] | None) -> bool:
+        """A write newer than what a hand-over says of `rule_id` has reached this worker."""
+        return changed is not None and self._written.get(rule_id, -1) > changed.get(rule_id, 0)
+
+    async def adopt(
+        self, in_force: list[Rule], ended: dict[str, str], changed: Mapping[str, int] | None = None
+    ) -> tuple[list[Rule], list[Rule]]:
         """Take the cluster's standing rules as they are now (a node starting, or back from a
         Redis outage): every rule `in_force` this worker does not hold yet is stored and
         applied to what is in memory, as the stream would have done; every rule it holds that
         was `ended` (id -> kind) since is cancelled, releasing what it held. A rule this worker
         holds that the cluster never knew (made while Redis was away) is left alone.
-        Idempotent: rules are matched by id. (What was added, what was ended.)"""
+        Idempotent: rules are matched by id. (What was added, what was ended.)
+
+        `changed` (the node's rules, from its supervisor): id -> the number of the write that
+        made or ended it. A rule a newer write has reached this worker for is left as that write
+        leaves it: a hand-over that a resume overtook does not suspend again, nor a stale
+        tombstone end a suspension made again. Looked at under the lock the writes take."""
         now = self._clock()
         added: list[Rule] = []
         async with self._rules_changing:
             for rule in in_force:
-                if self._rules.get(rule.id) is not None or not rule.live(now):
+                if self._rules.get(rule.id) is not None or not rule.live(now) or self._newer(rule.id, changed):
                     continue
                 await self._rules.add(rule, self._primary)
                 added.append(rule)
         for rule in added:
-            await self._enforce(rule)
+            # Not if a write to it came meanwhile (a cancel waiting for the lock): nothing bounced.
+            if self._rules.get(rule.id) is rule and not self._newer(rule.id, changed):
+                await self._enforce(rule)
         gone: list[Rule] = []
         for rule_id, kind in ended.items():
             held = self._rules.get(rule_id)
-            if held is not None and held.kind == kind and (await self.cancel(rule_id, kind))["cancelled"]:
+            if held is None or held.kind != kind:
+                continue
+            if (await self.cancel(rule_id, kind, unless=lambda i: self._newer(i, changed)))["cancelled"]:
                 gone.append(held)
         return added, gone
 
-    async def cancel(self, rule_id: str, kind: str) -> dict[str, Any]:
-        """End a standing bounce, or resume a suspension (what it held goes out again now)."""
+    async def cancel(self, rule_id: str, kind: str, unless: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """End a standing bounce, or resume a suspension (what it held goes out again now).
+        `unless`: asked of the id under the lock the writes take; true leaves the rule be."""
         async with self._rules_changing:  # (a suspend re-making this id stores it after the drop)
             rule = self._rules.get(rule_id)
-            if rule is None or rule.kind != kind:
+            if rule is None or rule.kind != kind or (unless is not None and unless(rule_id)):
                 return {"cancelled": False}
             await self._rules.remove(rule_id)
         made_due = 0
@@ -659,6 +688,7 @@ class Admin:
         return rule
 
 
+_KEEP_WRITTEN: Final = 10_000  # rule writes remembered (`Admin.written`)
 _UNSENT: Final = frozenset({State.SCHEDULED, State.READY, State.IN_FLIGHT})
 
 

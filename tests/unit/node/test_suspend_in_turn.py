@@ -23,7 +23,9 @@ class _Worker:
         self.slow_for = slow_for
         self.made_by: bytes | None = None
 
-    async def forward(self, request: web.Request, body: bytes, within: float | None = None) -> web.Response:
+    async def forward(
+        self, request: web.Request, body: bytes, within: float | None = None, generation: int | None = None
+    ) -> web.Response:
         if body == self.slow_for:
             await asyncio.sleep(0.05)  # its loop was busy: the other request got in first
         already = self.made_by is not None

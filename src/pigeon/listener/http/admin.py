@@ -43,6 +43,7 @@ from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
 from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json, unique_members
 from pigeon.message import parse_id
+from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem
 from pigeon.queue.rules import Rule, Selector, standing_rule_id
@@ -418,11 +419,18 @@ async def write(request: web.Request) -> web.Response:
     body = await request.read() if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)
+    # Issued here unless the supervisor passed it on (over this worker's unix socket, having
+    # stamped it from the client's request).
+    from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
     if request.method == "POST":
-        # Issued here unless the supervisor passed it on (over this worker's unix socket, having
-        # stamped it from the client's request): say what it came through.
-        from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
-        body = with_id(body, None if from_supervisor else caller(request))
+        body = with_id(body, None if from_supervisor else caller(request))  # say what it came through
+    generation = request.headers.get(GENERATION_HEADER, "") if from_supervisor else ""
+    if generation.isdigit():
+        # Noted before it is carried out: a hand-over of the node's rules from before this write
+        # may reach this worker while it is (`pigeon.node.standing`).
+        change = rule_change(request.method, path, body, operator, 0.0)
+        if change is not None:
+            admin.written(change.rule_id, int(generation))
     return _json(await _front(request, request.method, path, body, operator, admin))
 
 
