@@ -238,3 +238,41 @@ def test_a_hand_over_that_an_end_of_the_rule_overtook_does_not_bounce_again(tmp_
         _cli(pigeon, "resume", answer["rule"]["id"])
         wait_until(lambda: len([m for m in sink.received if m.recipients == [f"b@{DOMAIN}"]]) == sent, 30)
         assert not [m for m in sink.received if m.recipients != [f"b@{DOMAIN}"]]  # no bounce report either
+
+
+def test_the_queue_summary_marks_a_suspension_a_worker_lacks(tmp_path: Path) -> None:
+    selector = Selector(domain=DOMAIN)
+    rule_id = standing_rule_id("suspend", selector)
+    root = tmp_path / "node" / "spool"
+
+    async def store_on_worker_1_only() -> None:  # as a worker that has not taken it yet holds it
+        spool = SqliteSpool(shard_directory(root, 1), shard=1)
+        spool.open(asyncio.get_running_loop())
+        try:
+            rule = Rule(rule_id, "suspend", selector, time.time(), operator="local", via="cli")
+            await spool.save_rule(rule_id, msgspec.msgpack.encode(rule))
+        finally:
+            spool.close()
+
+    asyncio.run(store_on_worker_1_only())
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+
+        def held_on_worker_1() -> bool:  # worker 0's share goes out: it lacks the suspension
+            if not any(shard_of(parse_id(row["id"])) == 1 for row in pigeon.spool_messages()):
+                with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                    client.sendmail("a@src.test", [f"b@{DOMAIN}"], MESSAGE)
+                return False
+            return True
+
+        wait_until(held_on_worker_1, 30, 0)
+        status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
+        [row] = [row for row in summary["scheduled"] if row["suspended_by"]]
+        assert [rule["id"] for rule in row["suspended_by"]] == [rule_id], row
+        assert status == 200 and summary["not_held"] == {rule_id: [0]}, summary
+        assert "suspensions_held" not in summary
+        [line] = [line for line in _cli(pigeon, "queue", "summary").splitlines() if f"(rule {rule_id})" in line]
+        assert line.endswith(f"(rule {rule_id}) [not held on worker 0]"), line
+        _cli(pigeon, "suspend", "--domain", DOMAIN)  # added on worker 0: marked no more
+        status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
+        assert status == 200 and "not_held" not in summary, summary
+        assert "not held" not in _cli(pigeon, "queue", "summary")

@@ -241,6 +241,7 @@ def _queue_summary(args: argparse.Namespace) -> int:
     if (status >= 400 and not _partly(args, status, answer)) or args.json:
         return _show(args, status, answer, "")
     whole, answer = answer, printable(answer.get("answers", answer))  # queue names, reasons: anyone's
+    not_held = answer.get("not_held", {})  # which workers lack a suspension, as `suspend --list` says
     now = datetime.datetime.now(datetime.UTC).timestamp()
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
@@ -253,13 +254,13 @@ def _queue_summary(args: argparse.Namespace) -> int:
         age = _age(now - row["oldest"])
         print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
               f"{row.get('suspended', 0):>9} {row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age:7} "
-              f"{_suspended_by(row)}")  # fmt: skip
+              f"{_suspended_by(row, not_held)}")  # fmt: skip
     width = max([52, *(len(row["path"]) for row in answer["ready"])])
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")
     for row in answer["ready"]:
         effects = [_effect_text(effect) for effect in row.get("effects", ())]
         if row.get("suspended_by"):
-            effects.append(f"suspended by {_suspended_by(row)}")
+            effects.append(f"suspended by {_suspended_by(row, not_held)}")
         if row.get("down"):  # no host of the site takes a connection: its mail waits for a probe
             effects.insert(0, "site down")
         provider = row.get("provider") or "-"
@@ -269,13 +270,16 @@ def _queue_summary(args: argparse.Namespace) -> int:
     return fail(status, whole) if status >= 400 else 0
 
 
-def _suspended_by(row: dict[str, Any]) -> str:
-    """Who suspended a queue and why, from its row: "ops via api: rate limited (rule 3f9a1c2b7d4e)", or "-"."""
+def _suspended_by(row: dict[str, Any], not_held: dict[str, list[int]]) -> str:
+    """Who suspended a queue and why, from its row: "ops via api: rate limited (rule 3f9a1c2b7d4e)", or "-";
+    "[not held on worker 0]" after a rule some workers lack (`not_held`: their share goes out)."""
     held = []
     for rule in row.get("suspended_by", ()):
         reason = f": {rule['reason']}" if rule.get("reason") else ""
         via = f" via {rule['via']}" if rule.get("via") else ""
-        held.append(f"{rule.get('operator') or '?'}{via}{reason} (rule {rule['id']})")
+        lacking = ", ".join(f"worker {index}" for index in not_held.get(rule["id"], ()))
+        missing = f" [not held on {lacking}]" if lacking else ""
+        held.append(f"{rule.get('operator') or '?'}{via}{reason} (rule {rule['id']}){missing}")
     return "; ".join(held) or "-"
 
 

@@ -31,7 +31,16 @@ from aiohttp import web
 
 from pigeon.config.schema import Config
 from pigeon.listener.client_table import client_table_path, create_client_table
-from pigeon.listener.http.admin import RuleChange, caller, cluster_wide, refusal_answer, rule_change, validate, with_id
+from pigeon.listener.http.admin import (
+    SUSPENSIONS_HELD,
+    RuleChange,
+    caller,
+    cluster_wide,
+    refusal_answer,
+    rule_change,
+    validate,
+    with_id,
+)
 from pigeon.listener.http.app import add_api_routes
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.body import declared_too_large, too_large
@@ -796,9 +805,16 @@ class Supervisor:
             if not isinstance(result, str)
         }
         status, merged = merge_answers(list(by_worker.values()))
+        path = request.path.rstrip("/")
+        suspensions = {
+            index: set(answer.get(SUSPENSIONS_HELD, ()))
+            for index, (code, answer) in by_worker.items()
+            if code == 200 and isinstance(answer, dict)
+        }
+        if isinstance(merged, dict):
+            merged.pop(SUSPENSIONS_HELD, None)  # the workers' word to this process, not the client's
         if status >= 400 or not isinstance(merged, dict) or len(by_worker) < 2:
             return status, merged
-        path = request.path.rstrip("/")
         held = {
             index: {r.get("id") for r in answer.get("rules", ()) if isinstance(r, dict)}
             for index, (code, answer) in by_worker.items()
@@ -810,6 +826,22 @@ class Supervisor:
                 for rule in merged.get("rules", ())
                 if isinstance(rule, dict)
                 and (lacking := [index for index, ids in held.items() if rule.get("id") not in ids])
+            }
+            if not_held:
+                merged["not_held"] = not_held
+        elif request.method == "GET" and path == "/api/v1/queues":
+            # The suspensions that hold a queue's mail, as each worker that holds some says: marked
+            # where a worker lacks one, as the lists are (its share of that mail goes out).
+            named = {
+                rule["id"]
+                for row in (*merged.get("scheduled", ()), *merged.get("ready", ()))
+                for rule in row.get("suspended_by", ())
+                if isinstance(rule, dict) and "id" in rule
+            }
+            not_held = {
+                rule_id: lacking
+                for rule_id in sorted(named)
+                if (lacking := [index for index, ids in suspensions.items() if rule_id not in ids])
             }
             if not_held:
                 merged["not_held"] = not_held

@@ -516,6 +516,11 @@ class Admin:
     def rules(self, kind: str) -> list[dict[str, Any]]:
         return self._rules.listed(kind)
 
+    def suspensions(self) -> list[str]:
+        """The ids of the live suspensions this worker holds (`SUSPENSIONS_HELD`)."""
+        now = self._clock()
+        return [rule.id for rule in self._rules if rule.kind == "suspend" and rule.live(now)]
+
     def standing(self) -> list[Rule]:
         """Every standing rule this worker holds (live or not: the caller knows the time)."""
         return list(self._rules)

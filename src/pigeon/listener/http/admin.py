@@ -434,14 +434,24 @@ async def write(request: web.Request) -> web.Response:
     return _json(await _front(request, request.method, path, body, operator, admin))
 
 
+SUSPENSIONS_HELD: Final = "suspensions_held"
+"""In a worker's queue summary for its supervisor: the suspensions it holds, of which the
+supervisor marks those some workers lack (`not_held`, as in the lists of rules), and drops."""
+
+
 async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
     admin = _admin(request, None)
     validate("GET", request.path_qs, b"")
     if not cluster_wide(request):
-        return _json(await perform(admin, "GET", request.path, b"", operator))
-    return _json(await _front(request, "GET", request.path, b"", operator, admin))
+        status, answer = await perform(admin, "GET", request.path, b"", operator)
+    else:
+        status, answer = await _front(request, "GET", request.path, b"", operator, admin)
+    from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
+    if from_supervisor and status == 200 and isinstance(answer, dict) and request.path.rstrip("/") == "/api/v1/queues":
+        answer[SUSPENSIONS_HELD] = admin.suspensions()
+    return _json((status, answer))
 
 
 def cluster_wide(request: web.Request) -> bool:

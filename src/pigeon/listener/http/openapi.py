@@ -42,6 +42,9 @@ _NOT_JSON: Final = ("The body is not declared 'Content-Type: application/json' (
 """The answer of an operation that takes a body (`json_body.require_json`)."""
 
 
+_WORKERS: Final = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+
+
 @functools.cache
 def document() -> dict[str, Any]:
     (request, response, _, *admin_requests, queues, _, _), components = msgspec.json.schema_components(
@@ -153,7 +156,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
 def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[str, Any]:
     retry_body, bounce_body, suspend_body, rebind_body = bodies
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()}
-    workers = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    workers = _WORKERS
     missing = {
         "type": "array",
         "items": _object({"worker": {"type": "integer"}, "error": {"type": "string"}}, "worker", "error"),
@@ -368,7 +371,24 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                 "Scheduled queues (messages, due, oldest) and ready queues",
                 "read",
                 # with ?cluster=1, a `cluster` member too (whose answers were added up)
-                {"allOf": [queues, {"properties": {"cluster": {"type": "object"}}}]},
+                # with several workers, `not_held`: the suspensions named in `suspended_by` that some
+                # workers that answered do not hold (id -> workers), as the lists of rules say
+                {
+                    "allOf": [
+                        queues,
+                        {
+                            "properties": {
+                                "cluster": {"type": "object"},
+                                "not_held": {
+                                    "type": "object",
+                                    "additionalProperties": _WORKERS,
+                                    "description": "With several workers: each suspension named in a suspended_by "
+                                    "(by id) that some workers that answered do not hold, and which",
+                                },
+                            }
+                        },
+                    ]
+                },
                 "Every scheduled queue with its counts, and the ready queues with mail, connections or effects, "
                 "or whose site is down",
             ),
