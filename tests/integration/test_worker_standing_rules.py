@@ -25,7 +25,7 @@ from pigeon.message import parse_id, shard_of
 from pigeon.queue.rules import Rule, Selector, standing_rule_id
 from pigeon.spool.shards import shard_directory
 from pigeon.spool.sqlite import SqliteSpool
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"Subject: hi\r\n\r\nhello\r\n"
@@ -276,3 +276,63 @@ def test_the_queue_summary_marks_a_suspension_a_worker_lacks(tmp_path: Path) -> 
         status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
         assert status == 200 and "not_held" not in summary, summary
         assert "not held" not in _cli(pigeon, "queue", "summary")
+
+
+def test_a_hand_over_that_a_suspension_made_again_overtook_does_not_resume_it(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
+        assert status == 200, answer
+        rule_id = answer["rule"]["id"]
+        _cli(pigeon, "resume", rule_id)
+        snapshot = (pigeon.spool_path / "admin-rules.json").read_bytes()  # the resume's tombstone
+        # Suspended again (the same rule id: named by what it holds), then the stale hand-over.
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
+        assert status == 200 and answer["rule"]["id"] == rule_id, answer
+        status, taken = _hand_over(pigeon, 0, snapshot)
+        assert status == 200 and taken == {"added": 0, "ended": 0}, taken  # before: ended 1
+        sent = _send_to_every_shard(pigeon, sink)
+        assert sink.after(2) == []
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
+        assert status == 200 and [r["id"] for r in listed["rules"]] == [rule_id] and "not_held" not in listed, listed
+        _cli(pigeon, "resume", rule_id)
+        assert len(sink.wait_for(sent, timeout=30)) == sent
+
+
+def test_a_suspension_refused_by_every_worker_that_answered_is_not_taken_by_one_starting(tmp_path: Path) -> None:
+    token = "ops-token-0123456789"
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(
+            tmp_path / "node",
+            node={"workers": 2, "worker_timeout": "2s"},
+            http={"token": [{"name": "ops", "token": token, "scopes": ["admin", "read"]}]},
+            **delivery_config(sink.endpoint),
+        ) as pigeon,
+    ):
+        # The token leaves the config; worker 1, started again, reads that (the supervisor does not).
+        del pigeon.config["http"]["token"]
+        pigeon.config_path.write_text(to_toml(pigeon.config))
+        os.kill(_worker_pid(pigeon, 1), signal.SIGKILL)
+        _restarted(pigeon, 1, 1)
+        # Worker 0 is starting again (a second from now) when the suspension comes.
+        os.kill(_worker_pid(pigeon, 0), signal.SIGKILL)
+        control = pigeon.spool_path / "run" / "worker-0.sock"
+
+        def gone() -> bool:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(control))
+                except OSError:
+                    return True
+            return False
+
+        wait_until(gone, 10, 0.01)
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, token)
+        assert status == 503 and answer["answered"] == [1], answer
+        assert "token" in answer["answers"]["error"], answer  # worker 1 refused it: 401
+        _restarted(pigeon, 0, 1)
+        # The operator was told it failed: no worker holds it (before: worker 0 took it as it started).
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
+        assert status == 200 and listed["rules"] == [], listed
+        kept = pigeon.spool_path / "admin-rules.json"
+        assert not kept.exists() or DOMAIN.encode() not in kept.read_bytes()
