@@ -21,6 +21,7 @@ import pytest
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+from tests.support.tcp_proxy import TcpProxy
 
 ADMIN = "admin-token-0123456789"
 READER = "reader-token-0123456789"
@@ -98,6 +99,48 @@ def test_a_bulk_bounce_issued_on_one_node_reaches_mail_queued_on_the_other(
     status, progress = _api(b, "GET", "/api/v1/admin/operations?cluster=1", token=READER)
     row = next(r for r in progress["operations"] if r["operation"] == answer["operation"])
     assert row["acted_on"] == 8 and row["running"] == 0
+
+
+def test_a_bounce_a_node_gets_late_leaves_alone_the_mail_it_accepted_since(
+    tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer
+) -> None:
+    # Node b reaches Redis through a proxy the test cuts: it keeps accepting mail, and reads
+    # the bounce issued meanwhile on node a once its way to Redis is back.
+    with ExitStack() as stack:
+        proxy = stack.enter_context(TcpProxy(redis_server.port))
+        a, b = (
+            stack.enter_context(
+                PigeonProcess(
+                    tmp_path / name,
+                    node={"name": name, "workers": 1},
+                    http={"token": TOKENS},
+                    redis={"url": url, "timeout": "1s"},
+                    **delivery_config(sink.endpoint, retry_interval="1h"),
+                )
+            )
+            for name, url in (("a", redis_server.url), ("b", proxy.url))
+        )
+        _defer(b, 2)  # queued when the bounce is issued: bounced
+        proxy.cut()
+        answers: list[tuple[int, Any]] = []
+        asking = threading.Thread(
+            target=lambda: answers.append(_api(a, "POST", "/api/v1/admin/bounce", {"domain": "example.net"}))
+        )
+        asking.start()  # (a waits up to 30 s for b's answer)
+        wait_until(lambda: "admin bounce by ops of domain=example.net" in a.stderr(), 15)
+        _defer(b, 5)  # 5 more, accepted after the bounce was issued: their senders were told 250
+        proxy.restore()
+        bounced = wait_until(lambda: len(b.records("AdminBounce")) >= 2 and b.records("AdminBounce"), 30)
+        asking.join(40)
+        assert answers and answers[0][0] == 200, answers
+        time.sleep(1)  # the bounce had its time to reach the others, had it been going to
+        assert len(b.records("AdminBounce")) == 2, b.records("AdminBounce")
+        early = {r["id"] for r in b.records("TransientFailure")[:2]}
+        assert {r["id"] for r in bounced} == early
+        status, queues = _api(b, "GET", "/api/v1/queues", token=READER)
+        assert status == 200, queues
+        assert sum(row["messages"] for row in queues["scheduled"] if row["queue"].endswith("example.net")) == 5
+        assert "admin bounce by ops of domain=example.net: 2 messages" in b.stderr()
 
 
 def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(

@@ -17,8 +17,10 @@ when it gets to it, and its progress shows in `GET /api/v1/admin/operations?clus
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
 meanwhile still reaches it. One-off writes older than `[redis] late_operations` (5 minutes) are
-not applied late (a bounce meant for what was queued an hour ago must not hit mail accepted
-since); reads older than a few seconds are dropped, since nobody waits for them any more.
+not applied late, and a bounce of what is queued now, applied here seconds after it was
+issued (this node was cut off from Redis, or restarting), bounces only mail accepted before
+it was issued: neither may hit mail accepted since, which its sender was told is queued. Reads
+older than a few seconds are dropped, since nobody waits for them any more.
 
 Standing rules (suspensions, bounces with a duration) are cluster state, not events: the
 origin also keeps each rule in force in a hash (`<prefix>:admin:rules`, id -> rule, written
@@ -81,8 +83,9 @@ _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it 
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
 
-# apply(method, path, body, operator) -> (HTTP status, JSON answer): one worker's part.
-Apply = Callable[[str, str, bytes, str], Awaitable[tuple[int, Any]]]
+# apply(method, path, body, operator, issued) -> (HTTP status, JSON answer): one worker's
+# part; `issued` is when the origin appended it (time.time() there).
+Apply = Callable[[str, str, bytes, str, float], Awaitable[tuple[int, Any]]]
 # adopt(rules in force, ended rules: id -> kind) -> (rules added, rules ended): `Admin.adopt`.
 Adopt = Callable[[list[Rule], dict[str, str]], Awaitable[tuple[list[Rule], list[Rule]]]]
 _RULE: Final = msgspec.json.Decoder(Rule)
@@ -451,7 +454,7 @@ class Broadcast:
             return
         operator = fields.get("operator", b"").decode(errors="replace")
         try:
-            status, answer = await apply(method, path, fields.get("body", b""), operator)
+            status, answer = await apply(method, path, fields.get("body", b""), operator, issued)
         except Exception as error:  # one bad entry must not stop the stream for good
             _log.exception("admin stream: %s %s failed here", method, path)
             status, answer = 500, {"error": f"node {self.node} failed to apply it: {error!r}"}

@@ -453,15 +453,15 @@ class Node:
         no supervisor): it tells the other nodes. A supervised worker does not: its supervisor does."""
         return self.broadcast if self._control_socket is None else None
 
-    async def _apply(self, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
-        """An admin request another node was asked for, applied to this worker's shards."""
+    async def _apply(self, method: str, path: str, body: bytes, operator: str, issued: float) -> tuple[int, Any]:
+        """An admin request another node was asked for (at `issued`), applied to this worker's shards."""
         if path.partition("?")[0] == "/metrics":  # `pigeon top --cluster`: counters, added up there
             return 200, {"text": generate_latest(self.metrics.registry).decode()}
         admin = self.admin
         if admin is None:
             return 503, {"error": f"delivery is disabled on node {self.config.node.name}"}
         try:
-            return await perform(admin, method, path, body, operator)
+            return await perform(admin, method, path, body, operator, issued=issued)
         except web.HTTPException as refusal:
             return refusal_answer(refusal)
 

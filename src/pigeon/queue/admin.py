@@ -197,14 +197,20 @@ class Admin:
         duration: float | None,
         rule_id: str | None,
         via: str = "",
+        accepted_before: float | None = None,
     ) -> dict[str, Any]:
-        """Bounce every matching message now; with a duration, also new ones until it ends."""
+        """Bounce every matching message now; with a duration, also new ones until it ends.
+        `accepted_before`: only those accepted before then (`time.time()`), for a bounce
+        another node was asked for seconds ago: what this node accepted since was not queued
+        when the operator asked, and its sender was told it is."""
         rule = None
         if duration:
             rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id, via)
         mark = AdminMark(reason, operator)
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
+            if accepted_before is not None and entry.message.created > accepted_before:
+                return _Done.IGNORED, None
             if entry.state is State.IN_FLIGHT and entry.started:
                 entry.admin_bounce = mark
                 return _Done.MARKED, None

@@ -185,11 +185,15 @@ def _known_query(names: Any, action_or_known: str | tuple[str, ...]) -> None:
             raise bad_request(f"unknown query parameter {name[:40]!r}: {takes}", name[:40])
 
 
-async def perform(admin: Admin, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
+async def perform(
+    admin: Admin, method: str, path: str, body: bytes, operator: str, *, issued: float | None = None
+) -> tuple[int, Any]:
     """One admin request applied to this worker's shards: its HTTP status and JSON answer.
 
     What the HTTP handlers run, and what every other node runs for a request issued on one
-    node (`pigeon.node.broadcast`). Refusals are raised as `web.HTTPException`."""
+    node (`pigeon.node.broadcast`), `issued` then being when (`time.time()` on that node): a
+    bounce of what is queued leaves alone what this node accepted since. Refusals are raised
+    as `web.HTTPException`."""
     action, rule_id = _route(method, path)
     if action == "queues":
         return 200, await admin.summary()
@@ -216,13 +220,16 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
     elif not isinstance(request, BounceRequest):
         answer = await admin.retry(request.selector(), request.id)
     else:
-        operation = admin.bounce if action == "bounce" else admin.suspend
         duration = float(request.duration) if request.duration else None
         new_rule = request.id
         if action == "suspend" and duration is None:
             # Named by what it holds, not by the request: identical ones issued at once reach
             # workers and nodes in different orders, and must still make one rule everywhere.
             new_rule = standing_rule_id("suspend", request.selector())
+        options: dict[str, Any] = {}
+        if action == "bounce" and duration is None and issued is not None:
+            options["accepted_before"] = issued
+        operation = admin.bounce if action == "bounce" else admin.suspend
         answer = await operation(
             request.selector(),
             reason=request.reason,
@@ -230,6 +237,7 @@ async def perform(admin: Admin, method: str, path: str, body: bytes, operator: s
             via=request.via or "api",
             duration=duration,
             rule_id=new_rule,
+            **options,
         )
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations

@@ -1,0 +1,87 @@
+"""A TCP proxy on loopback that a test can cut and restore: one node's way to a shared server
+(Redis) goes away while the server, and every other node's way to it, stays up."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from types import TracebackType
+from typing import Self
+
+from tests.support.ports import free_port
+
+HOST = "127.0.0.1"
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:`port` to 127.0.0.1:`server_port`. `cut()` closes every connection
+    through it and refuses new ones (as a host cut off would: connection refused); `restore()`
+    accepts again on the same port."""
+
+    def __init__(self, server_port: int) -> None:
+        self.server_port = server_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def __enter__(self) -> Self:
+        self.restore()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.cut()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((HOST, self.port))
+        listener.listen(64)
+        with self._lock:
+            self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, set()
+        for sock in [*([listener] if listener else []), *sockets]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                server = socket.create_connection((HOST, self.server_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                if self._listener is not listener:  # cut meanwhile
+                    client.close()
+                    server.close()
+                    return
+                self._sockets |= {client, server}
+            for source, destination in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, destination), daemon=True).start()
+
+    def _pump(self, source: socket.socket, destination: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                destination.sendall(data)
+        for sock in (source, destination):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
