@@ -217,6 +217,11 @@ class Supervisor:
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # What the writes through here made and ended, for a worker that misses one (`pigeon.node.standing`).
         self._node_rules = NodeRules(node_rules_path(config.spool.path)) if config.delivery.enabled else None
+        self._writing: dict[str, list[int]] = {}
+        """Rule id -> the numbers of the writes to it on their way to the workers."""
+        self._overlapped: set[int] = set()
+        """The numbers of writes that were on their way while another write to the same rule was
+        (`_record`)."""
         # With [redis], admin operations issued here go to every node (their workers consume).
         self._cluster: Broadcast | None = None
         if config.redis.url and config.delivery.enabled:
@@ -505,14 +510,33 @@ class Supervisor:
         once a worker has taken it (`_record`). (The number; what an end ended, for `_record`.)"""
         assert self._node_rules is not None
         generation = self._node_rules.next_generation()
+        writing = self._writing.setdefault(change.rule_id, [])
+        if writing:
+            self._overlapped.update((*writing, generation))
+        writing.append(generation)
         if change.rule is not None:
             return generation, None
         before = self._node_rules.end(change.rule_id, change.kind, generation)
         self._node_rules.save(time.time())
         return generation, before
 
+    def _on_its_way_no_more(self, rule_id: str, generation: int) -> bool:
+        """The write numbered `generation` to `rule_id` has its answers (or was given up): was
+        another write to that rule on its way at the same time?"""
+        writing = self._writing[rule_id]
+        writing.remove(generation)
+        if not writing:
+            del self._writing[rule_id]
+        overlapped = generation in self._overlapped
+        self._overlapped.discard(generation)
+        return overlapped
+
     def _record(
-        self, change: RuleChange, intended: tuple[int, Ended | None], results: list[tuple[int, Any] | str]
+        self,
+        change: RuleChange,
+        intended: tuple[int, Ended | None],
+        results: list[tuple[int, Any] | str],
+        overlapped: bool = False,
     ) -> None:
         """Keep what a write did to the standing rules, so that the node's rules and its answer
         agree: a rule made, once a worker took it (as that worker holds it); an end, unless no
@@ -526,6 +550,15 @@ class Supervisor:
             for worker, result in zip(self.workers, results, strict=True)
             if isinstance(result, str) or result[0] >= 500
         ]
+        if overlapped:
+            # Another write to this rule was on its way too: a worker may have carried the two out
+            # in either order (separate connections; a bounce stores its rule outside the lock a
+            # cancel takes), and hold a rule the node ended, or lack one it holds, with nothing
+            # missed. Every worker is handed the node's rules, which the later write left as they
+            # are; what a worker took of that write itself is not undone (`Admin.adopt`).
+            missed = self.workers
+            _log.warning("admin rules: %s %s written again while this write was on its way: every worker is "
+                         "handed the node's rules", change.kind, change.rule_id)  # fmt: skip
         answers = [result for result in results if not isinstance(result, str)]
         if change.rule is not None:
             taken = _taken(change, answers)
@@ -542,7 +575,7 @@ class Supervisor:
                          change.rule_id)  # fmt: skip
             self._node_rules.save(time.time())
         for worker in missed:
-            if not worker.behind:
+            if not worker.behind and not overlapped:
                 _log.warning("worker %d missed a change to the standing rules (%s %s): it is handed them as it "
                              "answers", worker.index, change.kind, change.rule_id)  # fmt: skip
             worker.behind = max(worker.behind, self._node_rules.standing.generation)
@@ -769,9 +802,14 @@ class Supervisor:
                 return response.status, {"error": text or f"worker {worker.index} answered {response.status}"}
 
         intended = self._intend(change) if change is not None else None
-        results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+        overlapped = False
+        try:
+            results = await asyncio.gather(*(ask(worker) for worker in self.workers))
+        finally:
+            if change is not None and intended is not None:
+                overlapped = self._on_its_way_no_more(change.rule_id, intended[0])
         if change is not None and intended is not None:
-            self._record(change, intended, results)
+            self._record(change, intended, results, overlapped)
         answers = [result for result in results if not isinstance(result, str)]
         missing = {
             worker.index: result

@@ -46,6 +46,8 @@ class _Worker:
         self.answer = "took"
         self.before_answer: Any = None
         self.gate: asyncio.Event | None = None
+        self.make_gate: asyncio.Event | None = None
+        """Holds its answer to a write that makes a rule until set (it carries it out last)."""
         self.handed: list[bytes] = []
         self.hand_over_reached = asyncio.Event()
 
@@ -62,6 +64,8 @@ class _Worker:
         assert change is not None
         if change.rule is None:
             return web.json_response({"cancelled": True, "made_due": 0})
+        if self.make_gate is not None:
+            await self.make_gate.wait()
         return web.json_response({"held": 0, "rule": msgspec.to_builtins(change.rule), "already": False})
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
@@ -172,3 +176,31 @@ async def test_a_resume_every_worker_refuses_leaves_the_suspension_in_force(tmp_
     assert seen == [{rule_id: "ended"}]
     assert _file(tmp_path) == {rule_id: "in force"}
     assert all(worker.behind for worker in workers)
+
+
+async def test_a_worker_that_stored_a_bounce_after_its_cancel_is_handed_the_end(tmp_path: Path) -> None:
+    supervisor = _supervisor(tmp_path)
+    workers = [_Worker(0), _Worker(1)]
+    supervisor.workers = workers  # type: ignore[assignment]
+    rule_id = "0123456789ab"  # the client's own id: it can cancel before the bounce is answered
+    workers[1].make_gate = asyncio.Event()
+    body = {"domain": "a.test", "duration": "1h", "id": rule_id}
+    bouncing = asyncio.create_task(_write(supervisor, "POST", "/api/v1/admin/bounce", body))
+    await asyncio.sleep(0.01)  # worker 0 holds the bounce; worker 1 is still storing it
+    status, answer = await _write(supervisor, "DELETE", f"/api/v1/admin/bounce/{rule_id}")
+    assert status == 200, answer
+    workers[1].make_gate.set()  # worker 1 stored it after it carried out the cancel (404 there)
+    status, answer = await bouncing
+    assert status == 200, answer
+    assert _file(tmp_path) == {rule_id: "ended"}
+    # Worker 1 holds a standing bounce the node ended, and answered both writes: nothing was
+    # missed, so (before) nothing handed it the end, and it bounced mail until the hour was over.
+    assert workers[1].behind
+    await supervisor._hand_rules(workers[1])
+    handed = decode(workers[1].handed[0])
+    assert rule_id in handed.ended and rule_id not in handed.in_force
+    # The bounce was write 1, the cancel write 2: worker 1 noted both, and `Admin.adopt` ends a
+    # rule unless a write newer than the one behind the tombstone has reached it.
+    assert handed.changed[rule_id] == 2
+    assert workers[1].behind == 0
+    assert not supervisor._writing and not supervisor._overlapped
