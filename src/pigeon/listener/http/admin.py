@@ -422,14 +422,13 @@ async def write(request: web.Request) -> web.Response:
     on every other node of the cluster."""
     operator = request.app[NODE_KEY].tokens.holder(request, "admin")
     admin = _admin(request, None)
+    # Issued here unless the supervisor passed it on (having stamped it from the client's request).
+    from_supervisor = _from_supervisor(request)
     if request.method == "POST":
         require_json(request)
     body = await request.read() if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)
-    # Issued here unless the supervisor passed it on (over this worker's unix socket, having
-    # stamped it from the client's request).
-    from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
     if request.method == "POST":
         body = with_id(body, None if from_supervisor else caller(request))  # say what it came through
     generation = request.headers.get(GENERATION_HEADER, "") if from_supervisor else ""
@@ -451,15 +450,23 @@ async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
     admin = _admin(request, None)
+    from_supervisor = _from_supervisor(request)
     validate("GET", request.path_qs, b"")
     if not cluster_wide(request):
         status, answer = await perform(admin, "GET", request.path, b"", operator)
     else:
         status, answer = await _front(request, "GET", request.path, b"", operator, admin)
-    from_supervisor = not isinstance(request.transport and request.transport.get_extra_info("peername"), tuple)
     if from_supervisor and status == 200 and isinstance(answer, dict) and request.path.rstrip("/") == "/api/v1/queues":
         answer[SUSPENSIONS_HELD] = admin.suspensions()
     return _json((status, answer))
+
+
+def _from_supervisor(request: web.Request) -> bool:
+    """Whether the request came over this worker's unix control socket (from its supervisor),
+    not from a client over TCP. A request whose client has gone (no transport) is a client's:
+    what only a supervisor may say (rule generations, `via`) is never taken on a guess."""
+    transport = request.transport
+    return transport is not None and not isinstance(transport.get_extra_info("peername"), tuple)
 
 
 def cluster_wide(request: web.Request) -> bool:
