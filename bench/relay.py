@@ -29,7 +29,10 @@ DSN to the sender, whose domain's MX is a sink counting bounces). See world.py a
 Pigeon asks that server through `[dns] nameservers`; Postfix (`smtp_host_lookup = dns`) runs in
 a mount namespace of its own whose /etc/resolv.conf names it, so neither asks anyone else, and
 every address they are given is on loopback (`--dns-delay S`: the first query for each name
-waits S seconds, as a caching resolver's recursion would). Both retry after 1 to 2 s.
+waits S seconds, as a caching resolver's recursion would). Both back off 1 to 2 s after a
+4xx, but Postfix also tries a recipient refused with a 4xx at the domain's next MX host in the
+same delivery, at once (the popular domains have two): each run prints how long after its
+450 each deferred recipient was tried again.
 Our injector submits the mail over 8 sessions (PIPELINING). For each run, then as medians
 and ratios:
 
@@ -418,6 +421,9 @@ def report(label: str, run: Settled) -> bool:
           f"{w['duplicates']}, bounced {w['bounced']} ({w['bounce_duplicates']} twice) in {w['dsns']} DSNs, "
           f"left {run.left} | {w['connections']} connections, {w['transactions']} transactions, "
           f"{w['dns_queries']} DNS queries", flush=True)  # fmt: skip
+    if w["retry_wait"]:
+        least, middle, p90, most = w["retry_wait"]
+        print(f"    450 to retry: least {least:.1f}s, median {middle:.1f}s, p90 {p90:.1f}s, most {most:.1f}s")
     waits = sorted(run.data_to_reply)
     median_wait, p99_wait = waits[len(waits) // 2] * 1000, waits[len(waits) * 99 // 100] * 1000
     print(f"    data to 250: median {median_wait:.0f} ms, p99 {p99_wait:.0f} ms; injector and sinks "

@@ -192,6 +192,8 @@ class Counts:
     delayed_notices: int = 0
     dns_queries: int = 0
     dns_stray: list[str] = field(default_factory=list)
+    deferred_at: dict[str, float] = field(default_factory=dict)  # recipient -> loop time of its 450
+    retry_waits: list[float] = field(default_factory=list)  # seconds from a 450 to the recipient's next RCPT
 
     def summary(self) -> dict[str, object]:
         return {
@@ -201,6 +203,7 @@ class Counts:
             "bounce_duplicates": sum(n - 1 for n in self.bounced.values()),
             **{k: getattr(self, k) for k in ("connections", "transactions", "rcpt_4xx", "rcpt_5xx", "refused_again")},
             **{k: getattr(self, k) for k in ("mismatched", "dsns", "delayed_notices", "dns_queries", "dns_stray")},
+            "retry_wait": _quantiles(self.retry_waits),
         }
 
     def final(self) -> dict[str, object]:
@@ -209,6 +212,13 @@ class Counts:
             "delivered_recipients": sorted({r for _, r in self.delivered}),
             "bounced_recipients": sorted(self.bounced),
         }
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    """Least, median, 90th percentile and most, or nothing."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return [ordered[0], ordered[n // 2], ordered[n * 9 // 10], ordered[-1]] if ordered else []
 
 
 _EHLO = b"250-sink\r\n250-PIPELINING\r\n250-8BITMIME\r\n250-SIZE 104857600\r\n250 ENHANCEDSTATUSCODES\r\n"
@@ -348,7 +358,10 @@ class _Sink(asyncio.Protocol):
                 return b"550 5.1.1 Recipient address rejected: User unknown\r\n"
             if what == DEFER_ONCE and attempt == 1:
                 counts.rcpt_4xx += 1
+                counts.deferred_at[recipient] = asyncio.get_running_loop().time()
                 return b"450 4.2.1 Recipient address rejected: try again later\r\n"
+            if what == DEFER_ONCE and attempt == 2:
+                counts.retry_waits.append(asyncio.get_running_loop().time() - counts.deferred_at.pop(recipient))
         self.recipients.append(recipient)
         return b"250 2.1.5 Ok\r\n"
 
