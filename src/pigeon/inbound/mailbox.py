@@ -8,7 +8,9 @@ One round:
     one refused for good gets the failure action;
  3. fetch the claimed messages with `BODY.PEEK[]`, which does not set \\Seen;
  4. hand them to the target, `concurrency` at a time (or a batch at once where it can),
-    while the next batch is claimed and fetched (one batch handed over at a time);
+    while the next batch is claimed, fetched, and prepared by the target where it can do
+    part of the work unseen by the application (a Maildir's files in tmp/: `_prepare`);
+    one batch handed over at a time;
  5. each accepted handoff has its claim marked done at once, and is committed with the
     handoffs that completed meanwhile (`commit`): their InboundDelivery records written to
     the log file, then the messages acknowledged at the source (\\Seen, move, or delete and
@@ -85,7 +87,7 @@ from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import CopiedOnly, ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.notes import Note, Notes, NotesUnavailable
-from pigeon.inbound.targets.base import Handoff, Target, Verdict, not_before
+from pigeon.inbound.targets.base import Handoff, Prepared, Target, Verdict, not_before
 from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
@@ -165,6 +167,9 @@ class _Fetched:
     too_big: list[tuple[Claim, int]]  # claimed and over max_message_size: refused for good
     uidvalidity: int
     now: float
+    # A batch target's work on `ready` done ahead, unseen by the application (`Target.prepare`):
+    # while the batch before is handed over.
+    prepared: asyncio.Task[Prepared | None] | None = None
 
 
 class MailboxWatcher:
@@ -239,6 +244,7 @@ class MailboxWatcher:
         self._noted: Note | None = None  # the note this watcher wrote, while its problem lasts
         self._note_pending: tuple[str, Note] | None = None  # ("write" or "resolve", note) to send
         self._note_wake = asyncio.Event()
+        self._chores: set[asyncio.Task[None]] = set()  # what prepared ahead and not handed over, undone
 
     # --- status ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -573,9 +579,14 @@ class MailboxWatcher:
                     batch, claimed = claimed, []
                     taken += batch
                     fetched = await self._fetch_batch(session, batch, itertools.chain.from_iterable(pending))
+                    fetched.prepared = self._prepare(fetched)
                     if handing is not None:
                         previous, handing = handing, None
-                        worked = await previous or worked
+                        try:
+                            worked = await previous or worked
+                        except BaseException:
+                            self._unprepare(fetched)
+                            raise
                     handing = asyncio.create_task(self._hand_over(session, fetched))
                     if time.monotonic() > until:
                         break
@@ -740,8 +751,9 @@ class MailboxWatcher:
         commits = Commits(session, functools.partial(self._commit, session), window=_COMMIT_WINDOW, enough=enough)
         await commits.add(recovered)
         try:
-            answers = await self._deliver(ready, commits) if ready else []
+            answers = await self._deliver(ready, commits, fetched) if ready else []
         finally:
+            self._unprepare(fetched)  # (when it was not handed over)
             if recovered or ready:
                 self._syncs.soon()  # one fsync for the batch's records, off the handoffs' path
         for uids, error in commits.check():
@@ -858,7 +870,42 @@ class MailboxWatcher:
                     _log.warning("mailbox %s: %s; give the nodes a shared [redis] url, or watch it from one node",
                                  self.config.name, self.conflict)  # fmt: skip
 
-    async def _deliver(self, ready: list[tuple[Claim, InboundMessage]], commits: Commits) -> list[Handoff | None]:
+    def _prepare(self, fetched: _Fetched) -> asyncio.Task[Prepared | None] | None:
+        """A batch target starts on the batch's work that the application cannot see (a
+        Maildir's files in tmp/), while the batch before is handed over. What it may see
+        still waits for the batch before to be acknowledged: what a kill can repeat is
+        unchanged."""
+        if not self.target.batches or not fetched.ready:
+            return None
+        return asyncio.create_task(self.target.prepare([m for _, m in fetched.ready]))
+
+    def _unprepare(self, fetched: _Fetched) -> None:
+        """What was prepared for a batch that is not handed over after all, undone once ready."""
+        task, fetched.prepared = fetched.prepared, None
+        if task is None:
+            return
+
+        def undo(done: asyncio.Task[Prepared | None]) -> None:
+            if done.cancelled() or done.exception() is not None or (prepared := done.result()) is None:
+                return
+            chore = asyncio.create_task(prepared.discard())
+            self._chores.add(chore)
+            chore.add_done_callback(self._chores.discard)
+
+        task.add_done_callback(undo)
+
+    async def _take_prepared(self, fetched: _Fetched) -> Prepared | None:
+        """The outcome of `_prepare`, now the batch is handed over (None: nothing ahead)."""
+        task = fetched.prepared
+        if task is None:
+            return None
+        prepared = await asyncio.shield(task)  # cancelled here, it is undone by `_unprepare`
+        fetched.prepared = None
+        return prepared
+
+    async def _deliver(
+        self, ready: list[tuple[Claim, InboundMessage]], commits: Commits, fetched: _Fetched
+    ) -> list[Handoff | None]:
         """Hand the messages over; each accepted one is marked done and committed (recorded,
         acknowledged) with whatever else completed meanwhile.
 
@@ -870,10 +917,13 @@ class MailboxWatcher:
         target = self.target
         holds = self._arbiter.holds
         if target.batches:
+            prepared = await self._take_prepared(fetched)
             ours = [holds(c) for c, _ in ready]
             handed = [m for (_, m), mine in zip(ready, ours, strict=True) if mine]
             started = time.monotonic()
-            answers = iter(await target.deliver_many(handed) if handed else [])
+            if not handed and prepared is not None:
+                await prepared.discard()
+            answers = iter(await target.deliver_prepared(handed, prepared) if handed else [])
             duration = (time.monotonic() - started) / max(1, len(handed))
             result = [next(answers) if mine else None for mine in ours]
             accepted = [

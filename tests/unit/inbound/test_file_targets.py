@@ -3,6 +3,7 @@ message once, and nothing counts as accepted that is not in the file or the Mail
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
@@ -13,11 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from pigeon.config.schema import MailboxConfig
+from pigeon.inbound.arbitration import Claim, LocalArbiter, Standing
+from pigeon.inbound.mailbox import MailboxWatcher, _Fetched
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets import maildir
 from pigeon.inbound.targets.base import Verdict
 from pigeon.inbound.targets.log import LogTarget
 from pigeon.inbound.targets.maildir import MaildirTarget
+from pigeon.logs.writer import LogWriter
+from pigeon.metrics import Metrics
 
 try:
     from pigeon.inbound.targets import _maildir
@@ -171,6 +177,75 @@ async def test_maildir_target_that_cannot_link_answers_later_and_leaves_nothing_
     assert [a.verdict for a in answers] == [Verdict.TRANSIENT] * 2
     assert "Maildir" in answers[0].detail
     assert not list((tmp_path / "Maildir" / "tmp").iterdir())
+
+
+async def test_a_prepared_maildir_batch_waits_in_tmp_durable_until_it_is_delivered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_work: str
+) -> None:
+    # Prepared while the batch before is handed over: on disk, and nothing a reader of new/ sees.
+    monkeypatch.setattr(maildir, "_syncfs", None)  # each file fsynced: counted
+    synced: list[int] = []
+    monkeypatch.setattr(maildir.os, "fsync", lambda fd: synced.append(fd))
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    batch = [mail(n) for n in (1, 2, 1)]
+    try:
+        prepared = await target.prepare(batch)
+        assert prepared is not None
+        assert len(os.listdir(tmp_path / "Maildir" / "tmp")) == 2 and len(synced) == 2
+        assert not os.listdir(tmp_path / "Maildir" / "new")
+        answers = await target.deliver_prepared(batch, prepared)
+    finally:
+        await target.close()
+    assert [a.verdict for a in answers] == [Verdict.ACCEPTED] * 3
+    assert [a.detail.startswith("duplicate") for a in answers] == [False, False, True]
+    new = sorted(path.read_bytes() for path in (tmp_path / "Maildir" / "new").iterdir())
+    assert new == sorted(mail(n).raw for n in (1, 2))
+    assert not os.listdir(tmp_path / "Maildir" / "tmp")
+
+
+async def test_a_prepared_maildir_batch_not_handed_over_whole_leaves_nothing_behind(
+    tmp_path: Path, file_work: str
+) -> None:
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    try:
+        # Part of it handed over (the other claims lost meanwhile): the rest is not linked.
+        prepared = await target.prepare([mail(1), mail(2)])
+        answers = await target.deliver_prepared([mail(2)], prepared)
+        assert [a.verdict for a in answers] == [Verdict.ACCEPTED]
+        # None of it handed over.
+        dropped = await target.prepare([mail(3)])
+        assert dropped is not None
+        await dropped.discard()
+    finally:
+        await target.close()
+    assert [path.read_bytes() for path in (tmp_path / "Maildir" / "new").iterdir()] == [mail(2).raw]
+    assert not os.listdir(tmp_path / "Maildir" / "tmp")
+
+
+async def test_a_batch_the_mailbox_prepared_and_does_not_hand_over_is_undone(tmp_path: Path) -> None:
+    # The hand-over of the batch before failed (the session lost, say): the batch fetched and
+    # prepared meanwhile is given back, and its files in tmp/ go once they are written.
+    target = MaildirTarget("box", tmp_path / "Maildir")
+    await target.start()
+    config = MailboxConfig(name="support", host="127.0.0.1", username="app", target="box")
+    watcher = MailboxWatcher(config, target, LocalArbiter(), LogWriter(tmp_path / "log"), Metrics(),
+                             retry_interval=1.0, max_retry_interval=2.0)  # fmt: skip
+    claim = Claim(key="k", uid=1, standing=Standing.CLAIMED)
+    fetched = _Fetched([(claim, mail(1)), (claim, mail(2))], [], [], 1, time.time())
+    try:
+        prepared = fetched.prepared = watcher._prepare(fetched)
+        assert prepared is not None
+        watcher._unprepare(fetched)  # before its files are even written
+        assert (await prepared) is not None  # written (and durable): then undone
+        await asyncio.sleep(0)  # (the undoing starts from the task's done callback)
+        while watcher._chores:
+            await asyncio.gather(*watcher._chores)
+    finally:
+        await target.close()
+    assert not os.listdir(tmp_path / "Maildir" / "tmp")
+    assert not os.listdir(tmp_path / "Maildir" / "new")
 
 
 def test_the_maildir_file_work_is_in_c_where_it_was_built() -> None:

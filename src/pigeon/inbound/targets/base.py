@@ -48,9 +48,19 @@ def not_before(delay: float, answer: Handoff, cap: float) -> float:
     return max(delay, min(answer.retry_after, cap))
 
 
+class Prepared:
+    """What a target did ahead for a batch (`Target.prepare`), that the application cannot
+    see yet: handed over by `Target.deliver_prepared`, or undone by `discard`."""
+
+    async def discard(self) -> None:
+        """Undo what was done ahead (the batch is not handed over after all)."""
+
+
 class Target:
     """Base of every target. Subclasses implement `deliver`, and `deliver_many` when they can
-    hand over a batch in fewer round trips than one per message."""
+    hand over a batch in fewer round trips than one per message; `prepare` and
+    `deliver_prepared` when part of a batch's work can be done ahead, unseen by the
+    application (a Maildir's files written to tmp/ and made durable)."""
 
     kind = "target"
     batches = False  # whether deliver_many hands a batch over in one step (one transaction)
@@ -68,6 +78,19 @@ class Target:
 
     async def deliver(self, message: InboundMessage) -> Handoff:
         raise NotImplementedError
+
+    async def prepare(self, messages: Sequence[InboundMessage]) -> Prepared | None:
+        """The work for `messages` that the application cannot see yet, done ahead: while the
+        batch before is handed over, say. None: nothing to do ahead (or it failed: then
+        `deliver_prepared` does it all, and says what fails). Never raises."""
+        return None
+
+    async def deliver_prepared(self, messages: Sequence[InboundMessage], prepared: Prepared | None) -> list[Handoff]:
+        """`deliver_many`, with what `prepare` did for these same messages, in the same order
+        (anything else is discarded, and the messages delivered from the start)."""
+        if prepared is not None:
+            await prepared.discard()
+        return await self.deliver_many(messages)
 
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
         """One answer per message, in order. Never raises: a failure is a TRANSIENT answer."""
