@@ -48,7 +48,7 @@ from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import queue_name, queue_part_problem, scheduled_queue
 from pigeon.smtp import replies
-from pigeon.smtp.address import same_mailbox_key
+from pigeon.smtp.address import same_mailbox_key, with_a_label
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Once, Settling, Spool, SpoolError
@@ -179,7 +179,7 @@ class Intake:
         lines.append(f"\tby {self.hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
         date = _rfc5322_date(int(self.clock()))
         if len(envelope.recipients) == 1:
-            lines.append(f"\tfor <{envelope.recipients[0].address}>; {date}")
+            lines.append(f"\tfor <{with_a_label(envelope.recipients[0].address)}>; {date}")
         else:
             lines[-1] += ";"
             lines.append(f"\t{date}")

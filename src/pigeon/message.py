@@ -17,6 +17,8 @@ from typing import Final, NewType
 
 import msgspec
 
+from pigeon.smtp.address import a_label
+
 SpoolId = NewType("SpoolId", int)
 
 # Ids are time-ordered 63-bit integers: milliseconds since 2025-01-01 (41 bits, good until
@@ -82,8 +84,10 @@ class Recipient(msgspec.Struct, array_like=True, omit_defaults=True):
 
     @property
     def domain(self) -> str:
+        """The domain in lower case, as an A-label where it is not ASCII (`a_label`): what its
+        queue, its MX lookup and an operator's selector name it by."""
         _, at, domain = self.address.rpartition("@")
-        return domain.lower() if at else ""
+        return a_label(domain) if at else ""
 
 
 class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -22,6 +22,7 @@ import msgspec
 from pigeon.message import Message
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import AdminMark, Entry, State
+from pigeon.smtp.address import a_label
 from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
@@ -38,6 +39,12 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The scheduled queue name, `campaign:tenant@domain`."""
     site: str | None = None
     """A ready queue's site (MX host set or next hop): suspends deliveries there, alone."""
+
+    def __post_init__(self) -> None:
+        # As a recipient's domain is matched (`Recipient.domain`): a U-label glob names the
+        # mail of its A-label too, and both spellings make one rule (its id comes from this).
+        if self.domain is not None:
+            self.domain = a_label(self.domain)
 
     def empty(self) -> bool:
         return not (self.domain or self.tenant or self.campaign or self.queue or self.site)

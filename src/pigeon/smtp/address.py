@@ -223,6 +223,38 @@ def bmp_ranges(allowed: Callable[[str], bool]) -> str:
 
 def same_mailbox_key(address: str) -> str:
     """What two addresses that name one mailbox have in common: the local part as it is (RFC
-    5321 2.4: only the receiving host may fold its case) and the domain in lower case."""
+    5321 2.4: only the receiving host may fold its case) and the domain as `a_label` gives it."""
     local, at, domain = address.rpartition("@")
-    return f"{local}{at}{domain.lower()}" if at else address
+    return f"{local}{at}{a_label(domain)}" if at else address
+
+
+def a_label(domain: str) -> str:
+    """The domain in lower case, each label that is not ASCII as its A-label (IDNA, the form
+    DNS knows it by): `bücher.example` and `xn--bcher-kva.example` are one domain, and must
+    make one queue, one delivery and one suspension. A label IDNA refuses (or a glob's `*`
+    within one) is kept as written. IDNA 2003's mapping, as the DKIM signer's `d=`."""
+    domain = domain.lower()
+    if domain.isascii():
+        return domain
+    labels = []
+    for label in domain.split("."):
+        if not label.isascii() and not any(c in label for c in "*?["):
+            try:
+                label = label.encode("idna").decode("ascii")
+            except UnicodeError:
+                pass
+        labels.append(label)
+    return ".".join(labels)
+
+
+def with_a_label(address: str) -> str:
+    """An address as it goes on the wire (MAIL, RCPT, our Received header's `for`): with an
+    ASCII local part, a domain that is not ASCII as its A-label, which every server takes
+    (RFC 5890), so the address needs no SMTPUTF8. A UTF-8 local part has no ASCII form: the
+    address is kept as it is."""
+    if address.isascii():
+        return address
+    local, at, domain = address.rpartition("@")
+    if not at or not local.isascii():
+        return address
+    return f"{local}@{a_label(domain)}"

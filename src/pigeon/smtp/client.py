@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
+from pigeon.smtp.address import with_a_label
 from pigeon.smtp.extensions import encode_xtext
 from pigeon.smtp.framing import crlf_lines, find_line_dot
 from pigeon.smtp.replies import Reply
@@ -206,9 +207,9 @@ def needs_smtputf8(sender: str, recipients: list[Recipient], body: bytes, *, req
     body is no header: 8BITMIME covers it.
 
     Only the header section is read (the body may be large; it is no header)."""
-    if not sender.isascii():
+    if not with_a_label(sender).isascii():
         return True
-    if not all(recipient.address.isascii() for recipient in recipients):
+    if not all(with_a_label(recipient.address).isascii() for recipient in recipients):
         return True
     if not requested or body.startswith(b"\r\n"):  # the latter: no header section at all
         return False
@@ -231,7 +232,9 @@ def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | No
     if envelope.needs_smtputf8 and "SMTPUTF8" not in peer:
         # Say which: a sender told "internationalised addresses" of mail to ASCII ones looks
         # for what is not there, when it is UTF-8 in a header field (a Subject) that needs it.
-        addresses = not envelope.sender.isascii() or not all(r.address.isascii() for r in envelope.recipients)
+        addresses = not with_a_label(envelope.sender).isascii() or not all(
+            with_a_label(r.address).isascii() for r in envelope.recipients
+        )
         what = "internationalised addresses" if addresses else "UTF-8 in its header fields"
         return Reply(554, "5.6.7", (f"Message needs SMTPUTF8 ({what}); the receiving server lacks it",))
     if peer.size and len(envelope.body) > peer.size:
@@ -408,7 +411,7 @@ class Transaction:
             if env.envid:
                 params.append(f"ENVID={encode_xtext(env.envid)}")
         tail = (" " + " ".join(params)) if params else ""
-        return f"MAIL FROM:<{env.sender}>{tail}\r\n".encode()
+        return f"MAIL FROM:<{with_a_label(env.sender)}>{tail}\r\n".encode()
 
     def _rcpt_command(self, recipient: Recipient) -> bytes:
         params = []
@@ -426,7 +429,7 @@ class Transaction:
                 else:
                     params.append(f"ORCPT={addr_type};{encode_xtext(address)}")
         tail = (" " + " ".join(params)) if params else ""
-        return f"RCPT TO:<{recipient.address}>{tail}\r\n".encode()
+        return f"RCPT TO:<{with_a_label(recipient.address)}>{tail}\r\n".encode()
 
 
 def dot_stuff(body: bytes) -> bytes:
