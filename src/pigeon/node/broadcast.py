@@ -383,7 +383,9 @@ class Broadcast:
         standing rules whenever Redis answers again. Never raises for Redis's sake."""
         cursor = self._cursor or await self._start_cursor()
         renewed = 0.0
-        while True:
+        # Not `while True`: a cancel can be lost inside redis-py on Python 3.11 (see
+        # RedisArbiter._beat_forever), and the node's stop would wait for this loop for ever.
+        while not _cancelling():
             try:
                 if adopt is not None and not self._synced:
                     await self.sync(adopt)
@@ -409,6 +411,7 @@ class Broadcast:
                     await self._apply(fields, apply)
                     cursor = entry_id.decode()
                     self._save_cursor(cursor)
+        raise asyncio.CancelledError
 
     async def _apply(self, raw: dict[bytes, bytes], apply: Apply) -> None:
         fields = {k.decode(): v for k, v in raw.items()}
@@ -519,6 +522,8 @@ class Broadcast:
             try:
                 return await self._end_cursor()
             except (RedisError, OSError) as error:
+                if _cancelling():
+                    raise asyncio.CancelledError from error  # (lost by redis-py: see `consume`)
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                     _log.warning("admin stream: Redis cannot be reached (%s); trying again every second", error)
@@ -533,6 +538,13 @@ class Broadcast:
             os.replace(temporary, self._cursor_path)
         except OSError as error:
             _log.warning("admin stream: cannot save the cursor %s: %s", self._cursor_path, error)
+
+
+def _cancelling() -> bool:
+    """Whether this task was asked to stop, even if the CancelledError was lost on the way
+    (the task still says so: nothing here uncancels it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _end_of(blob: Any) -> float | None:
