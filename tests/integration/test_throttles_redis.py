@@ -254,6 +254,40 @@ async def test_a_node_over_its_share_ends_connections_until_it_is_within_it(
     assert await a.connect("site:mx", 5) is not None
 
 
+async def test_back_from_a_fallback_no_node_keeps_to_its_share_while_another_takes_the_rate_from_redis(
+    make: Make, redis_server: RedisServer
+) -> None:
+    # An outside tester saw 26 messages in a second at 20/s after a Redis SIGSTOP. Here b is
+    # back 0.8 s after a and books its share just before a goes back to Redis's schedule,
+    # and a books there at once (heartbeats by hand: the switch is reached on purpose).
+    a, b = make("a"), make("b")
+    for node in (a, b, a):
+        await node._heartbeat()
+    assert a.nodes == b.nodes == 2
+    redis_server.stop()
+    for node in (a, b):
+        await node._heartbeat()
+        assert node.mode == FALLBACK
+    redis_server.start()
+    await a._heartbeat()
+    await asyncio.sleep(0.8)
+    await b._heartbeat()
+    assert a.mode == b.mode == CLUSTER
+    rate, sent = Rate(20.0), list[float]()
+    switch = a._rates_settled_at
+
+    async def book(node: ClusterThrottles, count: int, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        for _ in range(count):
+            sent.append(time.monotonic() + await node.admit("site:mx", rate, 1))
+
+    await asyncio.gather(book(b, 10, switch - 0.1), book(a, 16, switch + 0.05))
+    sent.sort()
+    for window in (0.5, 1.0):  # the README's bound: rate * (W + 0.05 s) + burst, and a little slack
+        most = max(sum(1 for t in sent[i:] if t < at + window) for i, at in enumerate(sent))
+        assert most <= 20 * (window + 0.05) + 1 + 1, (window, most, [round(t - switch, 2) for t in sent])
+
+
 async def test_a_redis_that_does_not_answer_costs_a_delivery_no_more_than_the_timeout(
     make: Make, redis_server: RedisServer
 ) -> None:

@@ -98,6 +98,15 @@ def run(args: argparse.Namespace) -> int:
             return 1
     # Spooled mail, logs and keys are nobody else's business: files private to this user.
     os.umask(0o077)
+    if args.worker is None and config.redis.url is not None:
+        # After the node lock: an entry of this spool's in Redis is then this node's, from a
+        # run that died. Imported here: a node without Redis need not load its client.
+        from pigeon.node.presence import check_name
+
+        refused = check_name(config)
+        if refused is not None:
+            print(f"pigeon: cannot start: {refused}", file=sys.stderr)
+            return 2
     if args.worker is None and config.policy.module is not None:
         # Loaded here once (as the user it will run as) so a broken module stops the start
         # with its reason, rather than every worker failing one by one. Misspelt hook names

@@ -10,9 +10,10 @@ operations, standing rules) sum every node's.
 Every worker of every node reads the stream (`consume`) and applies each entry another node
 appended, through the same code the HTTP API runs (`pigeon.listener.http.admin.perform`), then
 pushes its answer to the entry's answer list. The origin knows whom to wait for from a
-presence hash (`<prefix>:admin:nodes`: node -> workers and expiry) every worker renews; a node
-that has not answered by the deadline is reported as `pending` (it applies the operation
-when it gets to it, and its progress shows in `GET /api/v1/admin/operations?cluster=1`).
+presence hash (`<prefix>:admin:nodes`: node name, spool id, workers and expiry) every worker
+renews (one name, one node: `pigeon.node.presence`); a node that has not answered by the
+deadline is reported as `pending` (it applies the operation when it gets to it, and its
+progress shows in `GET /api/v1/admin/operations?cluster=1`).
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
@@ -69,6 +70,7 @@ from redis.exceptions import RedisError, WatchError
 from pigeon.config.schema import Config
 from pigeon.listener.http.admin import rule_change
 from pigeon.node.answers import merge_answers
+from pigeon.node.presence import PRESENCE, Namesakes, presence_key, spool_identity
 from pigeon.queue.rules import Rule
 
 _log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ _log = logging.getLogger(__name__)
 _READ_REPLAY: Final = 5.0  # seconds after which a read is dropped unanswered: nobody waits for it
 WRITE_WAIT: Final = 30.0  # seconds the origin waits for other nodes' answers to a write
 READ_WAIT: Final = 3.0  # ... and to a read
-_PRESENCE: Final = 10.0  # seconds a node counts as present after its last renewal
+_NAMESAKE_EVERY: Final = 60.0  # seconds between two errors about another live node of our name
 _RENEW: Final = 2.0
 _FRESH: Final = 15.0  # seconds within which a worker's view of the rules may be given back
 _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it within WRITE_WAIT)
@@ -118,12 +120,16 @@ class Broadcast:
         self._workers = workers
         prefix = redis.key_prefix
         self._stream = f"{prefix}:admin:stream"
-        self._nodes = f"{prefix}:admin:nodes"
+        self._nodes = presence_key(config)
         self._answers = f"{prefix}:admin:answers:"
         self._rules = f"{prefix}:admin:rules"
         self._ended = f"{prefix}:admin:rules:ended"
         self._kept = f"{prefix}:admin:rules:kept"
         self._held = held
+        self._spool = spool_identity(config.spool.path)
+        # Worker 0 watches for another live node of our name (see `pigeon.node.presence`).
+        self._namesakes = Namesakes(self.node, self._spool) if worker == 0 else None
+        self._namesake_said: float | None = None  # (monotonic) when it was last said
         self._known: set[str] = set()
         """Ids of the rules in force in Redis when this worker last looked ..."""
         self._known_at: float | None = None
@@ -246,7 +252,9 @@ class Broadcast:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 seen = json.loads(value)
                 if seen["expires"] > now:
-                    present[seen["node"]] = int(seen["workers"])
+                    # Two nodes of one name (refused at start, but both may have started while
+                    # Redis was away): every answer is waited for and counted.
+                    present[seen["node"]] = present.get(seen["node"], 0) + int(seen["workers"])
         return present
 
     async def _gather(
@@ -383,7 +391,9 @@ class Broadcast:
         standing rules whenever Redis answers again. Never raises for Redis's sake."""
         cursor = self._cursor or await self._start_cursor()
         renewed = 0.0
-        while True:
+        # Not `while True`: a cancel can be lost inside redis-py on Python 3.11 (see
+        # RedisArbiter._beat_forever), and the node's stop would wait for this loop for ever.
+        while not _cancelling():
             try:
                 if adopt is not None and not self._synced:
                     await self.sync(adopt)
@@ -409,6 +419,7 @@ class Broadcast:
                     await self._apply(fields, apply)
                     cursor = entry_id.decode()
                     self._save_cursor(cursor)
+        raise asyncio.CancelledError
 
     async def _apply(self, raw: dict[bytes, bytes], apply: Apply) -> None:
         fields = {k.decode(): v for k, v in raw.items()}
@@ -496,8 +507,26 @@ class Broadcast:
         self._known_at = time.monotonic()
 
     async def _renew(self) -> None:
-        presence = {"node": self.node, "workers": self._workers, "expires": time.time() + _PRESENCE}
+        presence = {
+            "node": self.node,
+            "spool": self._spool,
+            "workers": self._workers,
+            "expires": time.time() + PRESENCE,
+        }
         await self._redis.hset(self._nodes, self.origin, json.dumps(presence))
+        if self._namesakes is None:
+            return
+        renewed = self._namesakes.look(await self._redis.hgetall(self._nodes), time.time())
+        said = self._namesake_said
+        if renewed and (said is None or time.monotonic() - said >= _NAMESAKE_EVERY):
+            self._namesake_said = time.monotonic()
+            _log.error(
+                'another node named "%s", as this one is, runs now (%s): the cluster counts it and this one as one '
+                "node, so cluster reads and bulk operations leave out one of the two's mail, and limits shared "
+                "through Redis are overrun while Redis is away; give one of them another [node] name",
+                self.node,
+                renewed[0],
+            )
 
     def _saved_cursor(self) -> str | None:
         with contextlib.suppress(OSError):
@@ -519,6 +548,8 @@ class Broadcast:
             try:
                 return await self._end_cursor()
             except (RedisError, OSError) as error:
+                if _cancelling():
+                    raise asyncio.CancelledError from error  # (lost by redis-py: see `consume`)
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                     _log.warning("admin stream: Redis cannot be reached (%s); trying again every second", error)
@@ -533,6 +564,13 @@ class Broadcast:
             os.replace(temporary, self._cursor_path)
         except OSError as error:
             _log.warning("admin stream: cannot save the cursor %s: %s", self._cursor_path, error)
+
+
+def _cancelling() -> bool:
+    """Whether this task was asked to stop, even if the CancelledError was lost on the way
+    (the task still says so: nothing here uncancels it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _end_of(blob: Any) -> float | None:

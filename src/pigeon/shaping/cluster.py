@@ -29,8 +29,11 @@ either change no new connection opens, so every node has seen the change (and pu
 back) before anyone counts again; and a node over its share ends connections after their
 current message (`keep`) until it is within it. For `SETTLE` seconds after Redis answers again,
 rates too keep to the share of the nodes known before (a Redis back empty has not yet seen the
-others beat). So the cluster stays within its limits through both changes, as the sum of the
-shares is within them. A schedule does not
+others beat), and every node goes back to Redis's schedule at one moment: the first worker
+back sets it in Redis (`_BACK`), those back within `SETTLE` take it. No slot of the share is
+handed out past that moment (a request that would get one waits for it and books in Redis):
+Redis does not know them, and would give the same time to the nodes already back. So the
+cluster stays within its limits through both changes, as the sum of the shares is within them. A schedule does not
 restart from scratch either way: slots a worker booked in one mode are not given again in the
 other (`_horizon`). No Redis call on the delivery path is made without a timeout, and no
 Redis error fails or holds up a delivery: the answer then comes from the node's share.
@@ -95,6 +98,21 @@ if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
+"""
+
+# KEYS[1] the moment the cluster went back to Redis (ms, Redis's clock). ARGV: SETTLE in ms.
+# Ms left until the cluster's rates are shared through Redis again: the first worker back
+# after an outage sets the moment, those back within SETTLE of it take the same.
+_BACK: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local settle = tonumber(ARGV[1])
+local back = tonumber(redis.call('GET', KEYS[1]) or '0')
+if back + settle <= now then
+  back = now
+  redis.call('SET', KEYS[1], tostring(back), 'PX', 2 * settle)
+end
+return back + settle - now
 """
 
 # KEYS[1] the nodes hash (node -> expiry ms), KEYS[2..] the lease sets of the caller's
@@ -201,13 +219,15 @@ class ClusterThrottles(Throttles):
         self._reserve = self._redis.register_script(_RESERVE)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._beat = self._redis.register_script(_BEAT)
+        self._back = self._redis.register_script(_BACK)
         self._shared = True  # until Redis fails to answer
         self._settled_at = 0.0  # (table's clock) no new connection before, after a change of mode
         self.error = ""  # why not, while falling back
         # Nodes with a live heartbeat, as last seen: by an earlier run of this node when it
         # starts while Redis is away, or a node restarted then would take the whole limit.
         self.nodes = _recall(remembered)
-        self._returning_nodes = 1  # the share rates keep to just after Redis answers again
+        self._returning_nodes = 1  # the share rates keep to just after Redis answers again ...
+        self._rates_settled_at = 0.0  # ... until then (table's clock): the same moment on every node
         self.calls = 0  # Redis round trips
         self.errors = 0  # of which failed
         self._numbers = itertools.count(1)
@@ -267,7 +287,16 @@ class ClusterThrottles(Throttles):
         if not self._shared:
             # Back from a fallback: until every node has seen Redis again (SETTLE), rates keep
             # to the share of the nodes known before, as the others may still keep to theirs
-            # (a Redis that came back empty counts only those that have beaten since).
+            # (a Redis that came back empty counts only those that have beaten since). Every
+            # node goes back to Redis's schedule at one moment, the first one back's + SETTLE:
+            # one back later, still on its share while the others took the whole rate from
+            # Redis, would add its share to the rate.
+            try:
+                left = await self._call(self._back(keys=[self._key("back")], args=[int(SETTLE * 1000)]))
+            except _Unavailable as error:
+                self._fall_back(str(error))
+                return
+            self._rates_settled_at = self.table.now() + int(left) / 1000  # type: ignore[call-overload]
             self._returning_nodes = max(self.nodes, seen)
         if seen != self.nodes:
             _remember(self._remembered, seen)
@@ -376,12 +405,19 @@ class ClusterThrottles(Throttles):
         last = 0.0  # the time (table's clock) of the last slot handed out for this request
         fetched = False  # whether this request waited for a block
         while True:
-            returning = self._shared and self._settled_at and table.now() < self._settled_at
+            switch = self._rates_settled_at
+            returning = self._shared and table.now() < switch
             if not self._shared or returning:
                 nodes = self._returning_nodes if returning else self.nodes
                 share = Rate(rate.per_second / nodes, max(1, rate.burst // nodes))
                 wait = table.reserve(key, share, count, self._horizon.get(key, 0.0))
                 now = table.now()
+                if returning and now + wait > switch:
+                    # A slot of the share after the switch back to Redis, which does not know
+                    # it, would go with the whole rate other nodes take from Redis then: the
+                    # request waits for the switch and books there (the slot is left unused).
+                    await asyncio.sleep(switch - now)
+                    continue
                 last = max(last, now + wait)
                 self._horizon[key] = max(self._horizon.get(key, 0.0), now + wait)
                 return max(0.0, last - now)
