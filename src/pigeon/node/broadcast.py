@@ -202,7 +202,9 @@ class Broadcast:
                     pipe.hdel(self._ended, change.rule_id)
                 elif change is not None:
                     pipe.hdel(self._rules, change.rule_id)
-                    pipe.hset(self._ended, change.rule_id, json.dumps({"kind": change.kind, "until": _end_of(ending)}))
+                    # `at`: a rule made again after this end is not ended by it (`pigeon.node.following`).
+                    tombstone = {"kind": change.kind, "until": _end_of(ending), "at": now}
+                    pipe.hset(self._ended, change.rule_id, json.dumps(tombstone))
                 await pipe.execute()
         except (RedisError, OSError) as error:
             status, answer = await local()
