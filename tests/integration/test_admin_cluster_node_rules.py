@@ -8,6 +8,9 @@ A one-worker node has no such file: its worker's spool keeps what the stream end
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -107,3 +110,29 @@ def test_a_rule_ended_through_another_node_stays_ended_when_its_node_restarts_af
     _send(b, "other.test", 3)
     sink.wait_for(3)
     assert not b.records("AdminBounce")
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+def test_a_resume_issued_while_redis_was_away_is_sent_to_the_cluster_once_it_answers(
+    make_node: MakeNode, sink: ScriptedSink, redis_server: RedisServer, workers: int
+) -> None:
+    a = make_node("a", workers)
+    b = make_node("b")
+    rule_id = _make(a, "suspend")
+    _send(a, "other.test")
+    _send(b, "other.test")
+    assert redis_server.process is not None
+    os.kill(redis_server.process.pid, signal.SIGSTOP)
+    try:
+        status, resumed = _api(a, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+        assert status == 200 and resumed["cluster"]["nodes"] == {"a": "done"}, resumed
+        assert "sent to the other nodes once Redis answers" in resumed["cluster"]["error"], resumed
+    finally:
+        os.kill(redis_server.process.pid, signal.SIGCONT)
+    time.sleep(4)
+    sink.wait_for(2, timeout=20)  # a's, and b's once the resume reached it
+    time.sleep(3)  # every worker of a has taken the cluster's rules again by now
+    for node in (a, b):
+        status, listed = _api(node, "GET", "/api/v1/admin/suspend")
+        assert status == 200 and listed["rules"] == [], (node.root.name, listed)
+    assert "taken from the cluster" not in a.stderr(), "the resume was undone when Redis came back"

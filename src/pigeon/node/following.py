@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -47,10 +48,13 @@ _RULE: Final = msgspec.json.Decoder(Rule)
 class Follower:
     """The supervisor's reader of the cluster's rule changes, for `rules` (its file)."""
 
-    def __init__(self, config: Config, rules: NodeRules) -> None:
+    def __init__(self, config: Config, rules: NodeRules, send: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`send`: the writes made here while Redis was away sent to the cluster first (before the
+        rules in Redis are read, which would give back a rule ended here meanwhile)."""
         redis = config.redis
         assert redis.url is not None
         self._rules = rules
+        self._send = send
         self._origin = origin_of(config)
         prefix = redis.key_prefix
         self._stream = f"{prefix}:admin:stream"
@@ -71,6 +75,8 @@ class Follower:
         down = False
         while True:
             try:
+                if self._send is not None:
+                    await self._send()
                 if cursor is None:
                     cursor = await self._catch_up()
                 read: Any = await self._redis.xread({self._stream: cursor}, count=100, block=_BLOCK_MS)

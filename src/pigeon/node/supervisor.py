@@ -236,7 +236,7 @@ class Supervisor:
         if self._cluster is not None and self._node_rules is not None:
             from pigeon.node.following import Follower
 
-            self._follower = Follower(config, self._node_rules)
+            self._follower = Follower(config, self._node_rules, self._cluster.send_unsent)
 
     async def run(self) -> None:
         # Imported and built: what the supervisor does from here on (start workers, wait for
