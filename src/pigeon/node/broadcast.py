@@ -30,8 +30,12 @@ with the stream entry in one transaction), and each rule ended (cancelled, resum
 worker reads both (`sync`) before its node delivers anything (`join`), and again whenever
 Redis answers after an outage, and takes them (`Admin.adopt`, matched by id, so taking one
 twice, or also from the stream, changes nothing): a node that joins late, or new, holds what
-the others hold, whatever the age of the entry that made it. A rule made while Redis was away
-was applied on its node only, and stays so.
+the others hold, whatever the age of the entry that made it. A rule made or ended while Redis
+was away is applied on its node at once, and sent to the cluster once Redis answers, before the
+rules are taken again (`send_unsent`; kept in memory only), unless the cluster changed that rule
+after it: an end issued at T does not end a rule made again after T, nor is a rule made at T
+made again once ended after T (tombstones say when, `at`). Meanwhile a worker does not take
+back a rule it ended after the cluster's copy was made (`Admin.adopt`).
 
 A Redis that comes back without its data (restarted with no persistence, or flushed) has
 forgotten the rules in force, and a node that joined then would deliver what the others hold.
@@ -44,7 +48,8 @@ once. HSETNX under WATCH of the ended rules: a rule already back, or ended meanw
 brought back. A rule the cluster never held stays on its node, as above.
 
 Redis being away never stops an operation on the node that was asked: it is applied here,
-and the answer says, under `cluster`, that the other nodes were not told.
+and the answer says, under `cluster`, that the other nodes were not told (for a rule or its
+end: that they are told once Redis answers).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 import redis.asyncio as aioredis
@@ -68,7 +73,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, WatchError
 
 from pigeon.config.schema import Config
-from pigeon.listener.http.admin import rule_change
+from pigeon.listener.http.admin import RuleChange, rule_change
 from pigeon.node.answers import merge_answers
 from pigeon.node.presence import PRESENCE, Namesakes, presence_key, spool_identity
 from pigeon.queue.rules import Rule
@@ -154,6 +159,8 @@ class Broadcast:
         self._down_since: float | None = None
         self._cursor: str | None = None  # where `consume` starts (`join` may have found it)
         self._synced = False  # whether the rules were taken from Redis since it last failed
+        self._unsent: list[_Unsent] = []
+        """Rule writes made here while Redis was away, sent once it answers (`send_unsent`)."""
 
     async def close(self) -> None:
         for client in (self._redis, self._reader):
@@ -208,16 +215,24 @@ class Broadcast:
                     pipe.hdel(self._ended, change.rule_id)
                 elif change is not None:
                     pipe.hdel(self._rules, change.rule_id)
-                    pipe.hset(self._ended, change.rule_id, json.dumps({"kind": change.kind, "until": _end_of(ending)}))
+                    # `at`: a rule made again after this end is not ended by it (`pigeon.node.following`).
+                    tombstone = {"kind": change.kind, "until": _end_of(ending), "at": now}
+                    pipe.hset(self._ended, change.rule_id, json.dumps(tombstone))
                 await pipe.execute()
         except (RedisError, OSError) as error:
             status, answer = await local()
+            change = rule_change(method, path, body, operator, time.time()) if write else None
             # A read changed nothing anywhere: it only shows less, and there is nothing to issue again.
-            reach = (
-                "applied on this node only; issue it again on the other nodes, or once Redis is back"
-                if write
-                else "this node's answer only; the other nodes were not asked"
-            )
+            reach = "this node's answer only; the other nodes were not asked"
+            if change is not None and status < 400:
+                self._unsent.append(_Unsent(method, path, body, operator, time.time(), change))
+                unless = "made again" if change.rule is None else "ended"
+                reach = (
+                    "applied on this node only for now; it is sent to the other nodes once Redis answers, "
+                    f"unless the rule is {unless} elsewhere meanwhile"
+                )
+            elif write:
+                reach = "applied on this node only; issue it again on the other nodes, or once Redis is back"
             _log.warning("%s %s: Redis cannot be reached (%s): %s", method, path, error, reach)
             if isinstance(answer, dict):
                 answer["cluster"] = {
@@ -240,6 +255,59 @@ class Broadcast:
             if method == "GET" and path.rstrip("/") in _LISTS:
                 merged["cluster"]["held_by"] = _holders({self.node: [(status, answer)], **remote})
         return merged_status, merged
+
+    async def send_unsent(self) -> None:
+        """Send the cluster the rule writes made here while Redis was away, in their order: an
+        end, if the rule Redis holds under its id was made before it (not made again since); a
+        rule made, unless Redis ended it after. Raises for Redis's sake (kept, sent next time)."""
+        while self._unsent:
+            unsent = self._unsent[0]
+            change = unsent.change
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(self._rules, self._ended)
+                blob: Any = await pipe.hget(self._rules, change.rule_id)
+                tombstone: Any = await pipe.hget(self._ended, change.rule_id)
+                held = _decoded(blob)
+                if change.rule is None:
+                    send = held is not None and held.created <= unsent.at  # else not held, or made again since
+                else:
+                    send = held is None and not _ended_after(tombstone, unsent.at)
+                if send:
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.xadd(
+                        self._stream,
+                        {
+                            "op": secrets.token_hex(8),
+                            "origin": self.origin,
+                            "node": self.node,
+                            "method": unsent.method,
+                            "path": unsent.path,
+                            "body": unsent.body,
+                            "operator": unsent.operator,
+                            "time": repr(time.time()),  # sent now: not a late operation
+                        },
+                        maxlen=_STREAM_LENGTH,
+                        approximate=True,
+                    )
+                    if change.rule is not None:
+                        pipe.hsetnx(self._rules, change.rule_id, msgspec.json.encode(change.rule))
+                        pipe.hdel(self._ended, change.rule_id)
+                    else:
+                        pipe.hdel(self._rules, change.rule_id)
+                        ended = {"kind": change.kind, "until": _end_of(blob), "at": unsent.at}
+                        pipe.hset(self._ended, change.rule_id, json.dumps(ended))
+                    try:
+                        await pipe.execute()
+                    except WatchError:
+                        continue  # changed meanwhile: looked at again
+            self._unsent.pop(0)
+            if send:
+                outcome = "sent to the other nodes now"
+            elif change.rule is None:
+                outcome = "not sent: the cluster does not hold that rule, or made it again since"
+            else:
+                outcome = "not sent: the cluster holds that rule already, or ended it since"
+            _log.warning("admin stream: %s %s, made here while Redis was away, %s", unsent.method, unsent.path, outcome)
 
     async def _present(self) -> dict[str, int]:
         """The other nodes present: node -> its workers (each answers for itself)."""
@@ -395,6 +463,8 @@ class Broadcast:
         # RedisArbiter._beat_forever), and the node's stop would wait for this loop for ever.
         while not _cancelling():
             try:
+                if self._unsent:  # (the front of a one-worker node) before the cluster's rules are taken
+                    await self.send_unsent()
                 if adopt is not None and not self._synced:
                     await self.sync(adopt)
                 if time.monotonic() - renewed >= _RENEW:
@@ -571,6 +641,31 @@ def _cancelling() -> bool:
     (the task still says so: nothing here uncancels it)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+class _Unsent(NamedTuple):
+    """A rule write made here while Redis was away (`Broadcast.send_unsent`), made `at`."""
+
+    method: str
+    path: str
+    body: bytes
+    operator: str
+    at: float
+    change: RuleChange
+
+
+def _decoded(blob: Any) -> Rule | None:
+    with contextlib.suppress(msgspec.DecodeError, TypeError):
+        return _RULE.decode(blob) if blob is not None else None
+    return None
+
+
+def _ended_after(tombstone: Any, when: float) -> bool:
+    """Whether a tombstone kept in Redis says its rule was ended after `when`."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        at = json.loads(tombstone).get("at") if tombstone is not None else None
+        return at is not None and float(at) > when
+    return False
 
 
 def _end_of(blob: Any) -> float | None:

@@ -14,6 +14,9 @@ beside the spool shards that outlives a restart of the supervisor:
 - a worker that missed a write while it ran is handed them once it answers again
   (`POST /internal/rules` on its control socket, never on the public listener).
 
+In a cluster the file also learns what the other nodes made and ended (`pigeon.node.following`):
+a rule ended elsewhere must not come back from it when a worker starts after Redis lost its data.
+
 A worker that was merely slow, and applied the write late, holds the same rule under the same
 id: taking it again changes nothing.
 
@@ -159,6 +162,39 @@ class NodeRules:
         if before.rule is not None:
             standing.in_force[rule_id] = before.rule
         standing.changed[rule_id] = self.next_generation()
+
+    def learn(
+        self, in_force: list[Rule], ended: dict[str, tuple[Tombstone, float | None]], as_of: int, now: float
+    ) -> bool:
+        """What the cluster made (`in_force`) and ended (id -> tombstone, and when it was ended if
+        known), as this node's workers take it from Redis and the stream, learnt while the node's
+        rules were numbered `as_of` (`pigeon.node.following`): a rule a write through here has
+        changed since is left as that write left it, and an end older than the rule held (made
+        again since) does not end it. Matched by id. Whether anything changed."""
+        standing = self.standing
+        learnt = False
+        for rule in in_force:
+            if standing.changed.get(rule.id, 0) > as_of or rule.id in standing.in_force or not rule.live(now):
+                continue
+            standing.in_force[rule.id] = rule
+            standing.ended.pop(rule.id, None)
+            standing.changed[rule.id] = as_of
+            learnt = True
+        for rule_id, (tombstone, when) in ended.items():
+            if standing.changed.get(rule_id, 0) > as_of:
+                continue
+            held = standing.in_force.get(rule_id)
+            if held is None and rule_id in standing.ended:
+                continue  # ended here already
+            if held is not None and (held.kind != tombstone.kind or (when is not None and held.created > when)):
+                continue  # another rule, or this one made again after that end
+            if held is not None:
+                del standing.in_force[rule_id]
+                tombstone = Tombstone(tombstone.kind, tombstone.until if tombstone.until is not None else held.expires)
+            standing.ended[rule_id] = tombstone
+            standing.changed[rule_id] = as_of
+            learnt = True
+        return learnt
 
     def save(self, now: float) -> None:
         """Write the file, without what has ended by itself meanwhile, durably (file, then its

@@ -60,6 +60,7 @@ from pigeon.shaping.table import create_shared_table, shared_table_path
 
 if TYPE_CHECKING:
     from pigeon.node.broadcast import Broadcast
+    from pigeon.node.following import Follower
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
@@ -229,6 +230,13 @@ class Supervisor:
             from pigeon.node.broadcast import Broadcast
 
             self._cluster = Broadcast(config)
+        # ... and the node's rules learn what the others make and end (`pigeon.node.following`).
+        self._follower: Follower | None = None
+        self._following: asyncio.Task[None] | None = None
+        if self._cluster is not None and self._node_rules is not None:
+            from pigeon.node.following import Follower
+
+            self._follower = Follower(config, self._node_rules, self._cluster.send_unsent)
 
     async def run(self) -> None:
         # Imported and built: what the supervisor does from here on (start workers, wait for
@@ -254,6 +262,8 @@ class Supervisor:
         # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
         create_shared_table(shared_table_path(self.config.spool.path))
         create_client_table(client_table_path(self.config.spool.path))  # and so do the SMTP clients'
+        if self._follower is not None:
+            self._following = asyncio.create_task(self._follower.run(), name="cluster rules")
         try:
             for worker in self.workers:
                 await self._spawn(worker)
@@ -335,6 +345,11 @@ class Supervisor:
             await self._runner.cleanup()
         for worker in self.workers:
             await worker.close()
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
+        if self._follower is not None:
+            await self._follower.close()
         if self._cluster is not None:
             await self._cluster.close()
 

@@ -178,6 +178,9 @@ class Admin:
         self._written: OrderedDict[str, int] = OrderedDict()
         """Rule id -> the number of the latest write to it its node's supervisor passed on here
         (`written`): what a hand-over of older rules may not undo (`adopt`)."""
+        self._ended_at: OrderedDict[str, float] = OrderedDict()
+        """Rule id -> when this worker last ended it: the cluster's copy of that rule, made before
+        (an end issued while Redis was away, not yet sent), is not taken back (`adopt`)."""
         for rule in rules:
             self._release_later(rule)
 
@@ -291,7 +294,9 @@ class Admin:
         Redis outage): every rule `in_force` this worker does not hold yet is stored and
         applied to what is in memory, as the stream would have done; every rule it holds that
         was `ended` (id -> kind) since is cancelled, releasing what it held. A rule this worker
-        holds that the cluster never knew (made while Redis was away) is left alone.
+        holds that the cluster never knew (made while Redis was away) is left alone, and a rule
+        this worker ended after the cluster's copy was made is not taken back (an end issued
+        while Redis was away, which its node sends on once Redis answers).
         Idempotent: rules are matched by id. (What was added, what was ended.)
 
         `changed` (the node's rules, from its supervisor): id -> the number of the write that
@@ -304,6 +309,8 @@ class Admin:
             for rule in in_force:
                 if self._rules.get(rule.id) is not None or not rule.live(now) or self._newer(rule.id, changed):
                     continue
+                if rule.created <= self._ended_at.get(rule.id, float("-inf")):
+                    continue  # ended here since it was made: not taken back
                 await self._rules.add(rule, self._primary)
                 added.append(rule)
         for rule in added:
@@ -327,6 +334,10 @@ class Admin:
             if rule is None or rule.kind != kind or (unless is not None and unless(rule_id)):
                 return {"cancelled": False}
             await self._rules.remove(rule_id)
+            self._ended_at.pop(rule_id, None)
+            self._ended_at[rule_id] = self._clock()
+            while len(self._ended_at) > _KEEP_WRITTEN:
+                self._ended_at.popitem(last=False)
         made_due = 0
         if kind == "suspend" and rule.selector.site is not None:
             # What it held waits in the site's ready queues, and goes now: counted as the suspend

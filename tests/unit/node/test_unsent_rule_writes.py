@@ -1,0 +1,94 @@
+"""A rule write made while Redis was away is sent to the cluster once it answers
+(`Broadcast.send_unsent`), unless the cluster changed that rule after it: an end does not end a
+rule made again since, a rule made is not made again once ended since."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from pigeon.config.load import load
+from pigeon.node.broadcast import Broadcast
+from pigeon.queue.rules import Rule, Selector
+from tests.support.services import RedisServer
+
+RULES = "pigeon:admin:rules"
+ENDED = "pigeon:admin:rules:ended"
+STREAM = "pigeon:admin:stream"
+
+
+def _broadcast(tmp_path: Path, redis_server: RedisServer) -> Broadcast:
+    config = tmp_path / "pigeon.toml"
+    config.write_text(f'[spool]\npath = "{tmp_path / "spool"}"\n[redis]\nurl = "{redis_server.url}"\ntimeout = "1s"\n')
+    (tmp_path / "spool").mkdir()
+    return Broadcast(load(config))
+
+
+async def _while_away(broadcast: Broadcast, redis_server: RedisServer, method: str, path: str, body: bytes) -> Any:
+    async def local() -> tuple[int, Any]:
+        return 200, {}
+
+    redis_server.stop()
+    try:
+        status, answer = await broadcast.around(method, path, body, "ops", local)
+    finally:
+        redis_server.start()
+    assert status == 200
+    return answer
+
+
+def _rule(rule_id: str, created: float) -> bytes:
+    return msgspec.json.encode(Rule(rule_id, "suspend", Selector(domain="other.test"), created))
+
+
+@pytest.mark.parametrize("made_again", [False, True])
+async def test_an_end_made_while_redis_was_away_ends_the_rule_only_if_it_was_not_made_again_since(
+    tmp_path: Path, redis_server: RedisServer, made_again: bool
+) -> None:
+    broadcast = _broadcast(tmp_path, redis_server)
+    try:
+        answer = await _while_away(broadcast, redis_server, "DELETE", "/api/v1/admin/suspend/abc", b"")
+        assert "sent to the other nodes once Redis answers" in answer["cluster"]["error"]
+        client = redis_server.client()
+        created = time.time() + (10 if made_again else -10)
+        client.hset(RULES, "abc", _rule("abc", created))
+        await broadcast.send_unsent()
+        if made_again:
+            assert client.hexists(RULES, "abc") and not client.hexists(ENDED, "abc")
+            assert client.xlen(STREAM) == 0
+        else:
+            assert not client.hexists(RULES, "abc")
+            tombstone = json.loads(client.hget(RULES + ":ended", "abc") or b"{}")
+            assert tombstone["kind"] == "suspend" and tombstone["at"] < time.time()
+            [(_, entry)] = client.xrange(STREAM)
+            assert entry[b"method"] == b"DELETE" and entry[b"path"] == b"/api/v1/admin/suspend/abc"
+        await broadcast.send_unsent()  # sent (or dropped) once
+        assert client.xlen(STREAM) == (0 if made_again else 1)
+        client.close()
+    finally:
+        await broadcast.close()
+
+
+@pytest.mark.parametrize("ended_since", [False, True])
+async def test_a_rule_made_while_redis_was_away_is_sent_unless_ended_since(
+    tmp_path: Path, redis_server: RedisServer, ended_since: bool
+) -> None:
+    broadcast = _broadcast(tmp_path, redis_server)
+    try:
+        body = json.dumps({"domain": "other.test", "duration": "2h", "id": "b1"}).encode()
+        answer = await _while_away(broadcast, redis_server, "POST", "/api/v1/admin/bounce", body)
+        assert "unless the rule is ended elsewhere meanwhile" in answer["cluster"]["error"]
+        client = redis_server.client()
+        at = time.time() + (10 if ended_since else -10)
+        client.hset(ENDED, "b1", json.dumps({"kind": "bounce", "until": None, "at": at}))
+        await broadcast.send_unsent()
+        assert client.hexists(RULES, "b1") is not ended_since
+        assert client.xlen(STREAM) == (0 if ended_since else 1)
+        client.close()
+    finally:
+        await broadcast.close()
