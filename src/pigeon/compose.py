@@ -31,6 +31,8 @@ from pigeon.smtp import address
 if TYPE_CHECKING:
     import jinja2
 
+    from pigeon.rendering import HeaderBreak
+
 # The mailbox grammar the server checks (`pigeon.smtp.address`: RFC 5321 dot-atom local part
 # of at most 64 octets, domain labels; UTF-8 allowed, RFC 6531, less control and format
 # characters), as a JSON Schema pattern. The server also takes quoted local parts and address
@@ -506,16 +508,13 @@ def _holds_header_break(value: Any) -> bool:
 
 
 def _header_value_error(
-    error: Exception,
+    error: HeaderBreak,
     variables: Mapping[str, Any],
     index: int | None,
     recipient: InjectRecipient | None,
     variables_given: Mapping[str, Any] | None = None,
 ) -> HeaderValueError:
     """The refusal, naming the variable (and, when known, its JSON path) that brought it."""
-    from pigeon.rendering import HeaderBreak
-
-    assert isinstance(error, HeaderBreak)
     # The variable whose value was put out, else the first that holds such a character.
     holders = [name for name, value in variables.items() if _holds_header_break(value)]
     exact = [name for name in holders if isinstance(variables[name], str) and variables[name] in error.value]
