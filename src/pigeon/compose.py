@@ -31,6 +31,8 @@ from pigeon.smtp import address
 if TYPE_CHECKING:
     import jinja2
 
+    from pigeon.rendering import HeaderBreak
+
 # The mailbox grammar the server checks (`pigeon.smtp.address`: RFC 5321 dot-atom local part
 # of at most 64 octets, domain labels; UTF-8 allowed, RFC 6531, less control and format
 # characters), as a JSON Schema pattern. The server also takes quoted local parts and address
@@ -132,6 +134,12 @@ class ComposeError(Exception):
 class RenderTimeSpent(ComposeError):
     """The request spent its rendering time (`[http] max_render_time`) before this recipient:
     not composed, to be sent again in another request."""
+
+
+class HeaderValueError(ComposeError):
+    """A template value with a line break (or another character no header may hold) rendered
+    into a raw message's header section: it would start a header field of its own (a second
+    From, a Bcc, all DKIM-signed) or end the header early."""
 
 
 class TemplateLimitError(ComposeError):
@@ -271,12 +279,38 @@ class Composer:
         self._routing = [(tenant_header, request.tenant), (campaign_header, request.campaign)]
         self._encoded: tuple[list[mime.Part], list[mime.Part]] | None = None
 
-    def compose(self, recipient: InjectRecipient) -> Composed:
-        """The recipient's message. Raises ComposeError when a template cannot be rendered."""
-        request = self._request
-        variables = {**request.substitutions, **recipient.substitutions}
+    def _variables(self, recipient: InjectRecipient) -> dict[str, Any]:
+        variables = {**self._request.substitutions, **recipient.substitutions}
         variables.setdefault("email", recipient.email)
         variables.setdefault("name", recipient.name or "")
+        return variables
+
+    def check_header_values(self) -> None:
+        """Raw content: `HeaderValueError` naming the value when any recipient's template
+        variable puts a line break (or control character) into the header section, before
+        anything is composed or stored, so the request is refused whole, as for a `tenant`
+        with a CR. Only the recipients whose variables hold such a character are rendered, and
+        only up to the end of the header, within the request's rendering time; a render that
+        fails otherwise is left to `compose`, which refuses that recipient."""
+        request = self._request
+        if self._templates is None or not isinstance(request.content, str):
+            return
+        shared = _holds_header_break(request.substitutions)
+        for index, recipient in enumerate(request.recipients):
+            if not (shared or _holds_header_break(recipient.substitutions) or _holds_header_break(recipient.name)):
+                continue
+            if self._render_time_left <= 0:
+                return  # `compose` refuses the rest with 451, and checks each it renders
+            started = time.monotonic()
+            try:
+                variables = self._variables(recipient)
+                self._templates.check_header(variables, self._max_output, index, recipient, request.substitutions)
+            finally:
+                self._render_time_left -= time.monotonic() - started
+
+    def compose(self, recipient: InjectRecipient) -> Composed:
+        """The recipient's message. Raises ComposeError when a template cannot be rendered."""
+        variables = self._variables(recipient)
         if self._templates is None:
             return self._compose(recipient, _as_is)
         if self._render_time_left <= 0:
@@ -407,6 +441,28 @@ class _Templates:
         except RecursionError:
             raise ComposeError("template nested too deeply to compile", field) from None
 
+    def check_header(
+        self,
+        variables: Mapping[str, Any],
+        max_output: int,
+        index: int,
+        recipient: InjectRecipient,
+        shared: Mapping[str, Any],
+    ) -> None:
+        """Raw content's header section rendered: `HeaderValueError` naming the culprit if a
+        value puts a line break into it. Any other failure is left to the full render."""
+        template = self._compiled.get("raw")
+        if template is None:
+            return
+        from pigeon import rendering
+
+        try:
+            rendering.render(template, variables, max_output=max_output, header_only=True)
+        except rendering.HeaderBreak as error:
+            raise _header_value_error(error, variables, index, recipient, shared) from None
+        except Exception:  # the template's fault: `compose` says so for this recipient
+            return
+
     def renderer(self, variables: Mapping[str, Any], max_output: int) -> _Render:
         compiled = self._compiled
         if not compiled:
@@ -420,7 +476,9 @@ class _Templates:
             if template is None:
                 return source
             try:
-                return rendering.render(template, variables, max_output=max_output)
+                return rendering.render(template, variables, max_output=max_output, header=name == "raw")
+            except rendering.HeaderBreak as error:
+                raise _header_value_error(error, variables, None, None) from None
             except rendering.RenderLimit as error:
                 raise TemplateLimitError(f"template {name}: {error}", name) from None
             except jinja2.TemplateError as error:
@@ -429,6 +487,50 @@ class _Templates:
                 raise ComposeError(f"template {name}: {type(error).__name__}: {error}", name) from None
 
         return render
+
+
+def _holds_header_break(value: Any) -> bool:
+    """Whether a template variable holds, in any string or key, a character no header may."""
+    from pigeon.rendering import NOT_IN_HEADER
+
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if NOT_IN_HEADER.search(item) is not None:
+                return True
+        elif isinstance(item, dict):
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, list | tuple):
+            stack += item
+    return False
+
+
+def _header_value_error(
+    error: HeaderBreak,
+    variables: Mapping[str, Any],
+    index: int | None,
+    recipient: InjectRecipient | None,
+    variables_given: Mapping[str, Any] | None = None,
+) -> HeaderValueError:
+    """The refusal, naming the variable (and, when known, its JSON path) that brought it."""
+    # The variable whose value was put out, else the first that holds such a character.
+    holders = [name for name, value in variables.items() if _holds_header_break(value)]
+    exact = [name for name in holders if isinstance(variables[name], str) and variables[name] in error.value]
+    culprit = next(iter(exact or holders), None)
+    why = f"{error}: it would start a header field of its own or end the header (only the template's text may)"
+    if culprit is None:
+        return HeaderValueError(f"template raw: {why}", "$.content")
+    field = "$.content"
+    if index is not None and recipient is not None:
+        if culprit in recipient.substitutions:
+            field = f"$.recipients[{index}].substitutions.{culprit}"
+        elif culprit == "name" and "name" not in (variables_given or {}):
+            field = f"$.recipients[{index}].name"
+        else:
+            field = f"$.substitutions.{culprit}"
+    return HeaderValueError(f"template variable {culprit!r}: {why}", field)
 
 
 # --- raw content -----------------------------------------------------------------------------

@@ -18,6 +18,16 @@ render has budgets, and the first one spent ends it with `RenderLimit`:
 
 `lipsum()` is refused: it makes text at a cost the template chooses. Any other failure inside
 a render (recursion too deep, a value Python refuses) is the template's, not the server's.
+
+A raw message is rendered with `header=True`: until its output has ended the header section
+(its first empty line), a value put out by `{{ }}` (through whatever filters, macros or
+`{% set %}` it came), or made by a `{% filter %}` block, must hold no line break or control
+character, or `HeaderBreak` ends the render. A recipient's name of "Bob\nBcc: x" would otherwise
+start a header field of its own (and be DKIM-signed), and "\r\n\r\n" would end the header
+early. The template's own text is not a value: a literal header, a header it folds itself, a
+`{% raw %}` section, a string literal in `{{ "..." }}` (folded into text when compiled) all
+stay as they are. Conservative edge: a value rendered into a macro's or `{% set %}` block's
+text while the header is still open is checked even when that text ends up in the body.
 """
 
 from __future__ import annotations
@@ -48,6 +58,33 @@ class RenderLimit(Exception):
     """A render spent one of its budgets; the message names the limit."""
 
 
+class HeaderBreak(Exception):
+    """A value with a line break or control character was rendered into the header section.
+    `value` is the text put out (as `str()` made it), `character` the first offending one."""
+
+    def __init__(self, value: str, character: str) -> None:
+        super().__init__(f"{_character_name(character)} in a value rendered into the header section")
+        self.value, self.character = value, character
+
+
+# What RFC 5322 allows in no header field body (2.2, 3.2.2: VCHAR and WSP, UTF-8 by RFC 6532):
+# C0 controls but TAB, DEL, C1 controls (NEL, U+0085, among them), and the Unicode line and
+# paragraph separators, which some parsers (Python's `str.splitlines`) take for line ends.
+NOT_IN_HEADER: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMES: Final = {
+    "\r": "CR",
+    "\n": "LF",
+    "\0": "NUL",
+    "\x85": "NEL",
+    "\u2028": "LINE SEPARATOR",
+    "\u2029": "PARAGRAPH SEPARATOR",
+}
+
+
+def _character_name(character: str) -> str:
+    return _NAMES.get(character, f"control character U+{ord(character):04X}")
+
+
 class _Budget:
     """One render's budgets."""
 
@@ -56,6 +93,8 @@ class _Budget:
         self.made = _MADE_FACTOR * max_output
         self.steps = MAX_LOOP_STEPS
         self.deadline = time.monotonic() + MAX_RENDER_SECONDS
+        self.in_header = False
+        """Whether the output so far is still in a header section: values are checked."""
 
     def step(self) -> None:
         self.steps -= 1
@@ -113,6 +152,20 @@ def _range(*args: int) -> Iterator[int]:
 
 def _no_lipsum(*args: Any, **kwargs: Any) -> str:
     raise RenderLimit("lipsum() is not available: it makes as much text as asked, at a cost no budget sees")
+
+
+def _finalize(value: Any) -> Any:
+    """Every `{{ }}` output (and `{% filter %}` block), before it is made text: refused if it
+    would put a line break or control character into the header section."""
+    try:
+        budget = _current.get()
+    except LookupError:
+        return value  # compiling: a literal (`{{ "a" }}`) is the template's own text
+    if budget.in_header:
+        text = value if isinstance(value, str) else str(value)
+        if (found := NOT_IN_HEADER.search(text)) is not None:
+            raise HeaderBreak(text, found.group())
+    return value
 
 
 @jinja2.pass_context
@@ -213,6 +266,21 @@ class _BoundedCodeGenerator(CodeGenerator):
             loop.iter = nodes.Call(steps, [loop.iter], [], None, None, lineno=loop.lineno)
         super().visit_Template(node, frame)
 
+    def visit_FilterBlock(self, node: nodes.FilterBlock, frame: Frame) -> None:
+        # As Jinja's own, with the result finalized: a filter's arguments can bring values
+        # (`{% filter replace("X", name) %}`) that no `{{ }}` puts out.
+        filter_frame = frame.inner()
+        filter_frame.symbols.analyze_node(node)
+        self.enter_frame(filter_frame)
+        self.buffer(filter_frame)
+        self.blockvisit(node.body, filter_frame)
+        self.start_write(frame, node)
+        self.write("environment.finalize(")
+        self.visit_Filter(node.filter, filter_frame)
+        self.write(")")
+        self.end_write(frame)
+        self.leave_frame(filter_frame)
+
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         # As Jinja's own, with the join function and the parts handed to `concat`.
         self.write("environment.bounded_concat(")
@@ -287,15 +355,31 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 def environment(autoescape: bool) -> ImmutableSandboxedEnvironment:
     """The sandbox templates are compiled in. Strict: an undefined variable is an error for
     that recipient, not an empty string."""
-    return _BoundedEnvironment(autoescape=autoescape, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return _BoundedEnvironment(
+        autoescape=autoescape, undefined=jinja2.StrictUndefined, keep_trailing_newline=True, finalize=_finalize
+    )
 
 
-def render(template: jinja2.Template, variables: Mapping[str, Any], *, max_output: int) -> str:
-    """`template` rendered with `variables`, within the budgets above (`RenderLimit` if not)."""
+def render(
+    template: jinja2.Template,
+    variables: Mapping[str, Any],
+    *,
+    max_output: int,
+    header: bool = False,
+    header_only: bool = False,
+) -> str:
+    """`template` rendered with `variables`, within the budgets above (`RenderLimit` if not).
+
+    `header`: the output is a message, which starts with its header section (`HeaderBreak`
+    for a value with a line break there); `header_only` also stops the render at its end."""
     budget = _Budget(max_output)
+    budget.in_header = header or header_only
     token = _current.set(budget)
     pieces: list[str] = []
     size = 0
+    # The last characters put out (a line end before the first: an output that starts with
+    # an empty line has no header), enough to see an empty line made of two pieces.
+    tail = "\n"
     try:
         for piece in template.generate(variables):
             size += len(piece)
@@ -303,6 +387,14 @@ def render(template: jinja2.Template, variables: Mapping[str, Any], *, max_outpu
                 raise RenderLimit(f"output over {max_output} characters (the message size limit)")
             budget.tick()
             pieces.append(piece)
+            if budget.in_header:
+                seen = tail + piece
+                # Line ends read as `compose` reads them: CRLF, LF or CR, mixed.
+                if "\n\n" in seen.replace("\r\n", "\n").replace("\r", "\n"):
+                    budget.in_header = False
+                    if header_only:
+                        break
+                tail = seen[-3:]
     except RecursionError:
         raise RenderLimit("calls or expressions nested too deeply") from None
     except MemoryError:

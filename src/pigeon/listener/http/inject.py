@@ -3,7 +3,8 @@
 The answer comes once every accepted recipient's message is durable in the spool (the same
 group commit as SMTP reception), and says, per recipient in request order, its spool id or
 why it was refused. A malformed request changes nothing and gets 400 naming the field; that
-includes a CR, LF or NUL in a value that would be written into a header as it is. Each
+includes a CR, LF or NUL in a value that would be written into a header as it is, and a
+template value that would put a line break into a raw message's header section. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
 NUL, over-long lines): one that fails is refused with the reply SMTP would give, 554 5.6.0.
 
@@ -112,6 +113,10 @@ async def inject(request: web.Request) -> web.Response:
         max_output=config.smtp.max_message_size,
         max_render_time=config.http.max_render_time,
     )
+    try:
+        composer.check_header_values()  # a line break a value would put into a header: 400
+    except ComposeError as error:
+        raise bad_request(str(error), error.field) from None
     peer_ip, peer = _peer(request)
     session = f"http-{next(_requests):x}"
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
