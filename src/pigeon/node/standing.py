@@ -196,11 +196,11 @@ class NodeRules:
             learnt = True
         return learnt
 
-    def save(self, now: float) -> None:
+    def save(self, now: float) -> OSError | None:
         """Write the file, without what has ended by itself meanwhile, durably (file, then its
         directory entry): after a power loss, an old or empty file would give a worker that
         missed a resume the suspension back, and lose every end recorded. Admin writes are
-        rare: the fsync costs nothing that matters."""
+        rare: the fsync costs nothing that matters. The error, if it could not be written."""
         standing = self.standing
         standing.in_force = {i: r for i, r in standing.in_force.items() if r.live(now)}
         ended = [(i, t) for i, t in standing.ended.items() if t.until is None or t.until > now]
@@ -216,6 +216,8 @@ class NodeRules:
             fsync_directory(self._path.parent)
         except OSError as error:
             _log.warning("admin rules: cannot keep the node's standing rules in %s: %s", self._path, error)
+            return error
+        return None
 
 
 # adopt(rules in force, ended: id -> kind, id -> number of the write behind it) -> (added, ended)

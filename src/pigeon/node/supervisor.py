@@ -532,7 +532,18 @@ class Supervisor:
         if change.rule is not None:
             return generation, None
         before = self._node_rules.end(change.rule_id, change.kind, generation)
-        self._node_rules.save(time.time())
+        error = self._node_rules.save(time.time())
+        if error is not None:
+            # Not kept, the end would be undone by the file at the next start of a worker (a
+            # cancelled standing bounce back in force): refused, and nothing is changed.
+            self._node_rules.restore(before, generation)
+            self._on_its_way_no_more(change.rule_id, generation)
+            raise web.HTTPServiceUnavailable(
+                text=json.dumps(
+                    {"error": f"cannot keep the node's standing rules ({error}): nothing was ended; try again"}
+                ),
+                content_type="application/json",
+            )
         return generation, before
 
     def _on_its_way_no_more(self, rule_id: str, generation: int) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
@@ -204,3 +205,26 @@ async def test_a_worker_that_stored_a_bounce_after_its_cancel_is_handed_the_end(
     assert handed.changed[rule_id] == 2
     assert workers[1].behind == 0
     assert not supervisor._writing and not supervisor._overlapped
+
+
+async def test_an_end_the_node_cannot_keep_is_refused_and_asked_of_no_worker(tmp_path: Path) -> None:
+    supervisor = _supervisor(tmp_path)
+    workers = [_Worker(0), _Worker(1)]
+    supervisor.workers = workers  # type: ignore[assignment]
+    status, answer = await _write(supervisor, "POST", "/api/v1/admin/suspend", {"domain": "a.test"})
+    assert status == 200, answer
+    rule_id = answer["rule"]["id"]
+    assert _file(tmp_path) == {rule_id: "in force"}
+    asked: list[int] = []
+    for worker in workers:
+        worker.before_answer = lambda index=worker.index: asked.append(index)
+    # The file cannot be written (a full disk, say): its temporary name is taken by a directory.
+    (tmp_path / "spool" / f"{RULES_FILE}.tmp").mkdir()
+    with pytest.raises(web.HTTPServiceUnavailable) as refusal:
+        await _write(supervisor, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+    assert "nothing was ended" in str(refusal.value.text)
+    assert asked == []  # no worker ended it: none holds what the file would give back
+    (tmp_path / "spool" / f"{RULES_FILE}.tmp").rmdir()
+    status, answer = await _write(supervisor, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+    assert status == 200, answer
+    assert _file(tmp_path) == {rule_id: "ended"}
