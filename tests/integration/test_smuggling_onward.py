@@ -117,13 +117,14 @@ def test_a_nul_in_the_content_gets_400_naming_the_field(
 
 def test_a_composed_message_meets_the_content_check_of_smtp_reception(pigeon: PigeonProcess, sink: WireSink) -> None:
     # The request is clean; one recipient's substitution is not. Only that recipient is
-    # refused, with the reply SMTP reception gives the same content.
+    # refused, with the reply SMTP reception gives the same content. (A NUL rendered into the
+    # header section is the request's fault, refused whole: test_http_inject_header_values.)
     request = _raw(
-        content="Subject: {{ subject }}\n\nhello\n",
+        content="Subject: {{ subject }}\n\n{{ text }}\n",
         recipients=[
-            {"email": "bad@example.net", "substitutions": {"subject": "a \0 b"}},
-            {"email": "long@example.net", "substitutions": {"subject": "x" * 1200}},
-            {"email": "good@example.net", "substitutions": {"subject": "fine"}},
+            {"email": "bad@example.net", "substitutions": {"subject": "nul", "text": "a \0 b"}},
+            {"email": "long@example.net", "substitutions": {"subject": "x" * 1200, "text": "hello"}},
+            {"email": "good@example.net", "substitutions": {"subject": "fine", "text": "hello"}},
         ],
     )
     before = len(sink.transactions)
