@@ -345,13 +345,15 @@ class Composer:
         return Composed(data, smtputf8=not head.isascii())
 
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
+        # Address fields are written whole by `mime.address_header`, never through `mime.header`:
+        # that one is for unstructured text, and made the address part of an encoded word.
         head = [
-            mime.header("From", mime.address(render("from", parts.from_.name or ""), parts.from_.email)),
-            mime.header("To", mime.address(recipient.name or "", recipient.email)),
+            mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email),
+            mime.address_header("To", recipient.name or "", recipient.email),
         ]
         if parts.reply_to is not None:
-            reply_to = mime.address(render("reply_to", parts.reply_to.name or ""), parts.reply_to.email)
-            head.append(mime.header("Reply-To", reply_to))
+            reply_to = render("reply_to", parts.reply_to.name or "")
+            head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email))
         head.append(mime.header("Subject", render("subject", parts.subject)))
         given = {name.lower() for name in parts.headers} & _REPLACEABLE
         if "date" not in given:
@@ -362,9 +364,15 @@ class Composer:
         head += [mime.header(name, routing) for name, routing in self._routing if routing]
         head.append("MIME-Version: 1.0\r\n")
         body = self._body(parts, render)
-        # Only addresses need SMTPUTF8: names, subjects and text are encoded to 7-bit.
-        smtputf8 = not all(a.isascii() for a in (recipient.email, parts.from_.email))
-        return Composed("".join(head).encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
+        # Names, subjects and text are encoded to 7-bit, and an address is written with its
+        # A-label where it has one: what is left in UTF-8 is a local part that is not ASCII
+        # (From, To or Reply-To), which needs SMTPUTF8 (RFC 6532 3). Asked for too when the
+        # envelope needs it as it goes on the wire (`smtp.client.needs_smtputf8`); an A-label
+        # alone asks for nothing, so such mail goes to any server.
+        header = "".join(head)
+        envelope = (self._request.envelope_sender, recipient.email)
+        smtputf8 = not header.isascii() or not all(address.with_a_label(a).isascii() for a in envelope)
+        return Composed(header.encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
 
     def _body(self, parts: Parts, render: _Render) -> mime.Part:
         text = mime.text_part(render("text", parts.text), "plain") if parts.text is not None else None

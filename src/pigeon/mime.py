@@ -4,7 +4,8 @@ Python's `email` package builds a tree of objects and re-parses every header it 
 for one message that is fine, for a 100-recipient request it was most of the cost (about
 1.5 ms per recipient). The structures needed here are few and fixed, so this writes them
 directly: 7bit where the text allows it, quoted-printable otherwise, base64 for attachments,
-RFC 2047 encoded words for non-ASCII header text, CRLF throughout.
+RFC 2047 encoded words for non-ASCII header text (in an address field, for the display
+name only: the address stays an addr-spec), CRLF throughout.
 
     multipart/mixed                  (only with attachments)
       multipart/related              (only with inline parts and HTML)
@@ -19,19 +20,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.utils
 import re
 import secrets
 from dataclasses import dataclass
 from email.header import Header
 from typing import Final
 
+from pigeon.smtp import address
+
 _MAX_LINE: Final = 998
 _FOLD_AT: Final = 76
 # What RFC 5322 allows in an unstructured header as it is: printable ASCII and spaces.
 _PLAIN: Final = re.compile(r"[\x20-\x7e]*")
 _PLAIN_TEXT: Final = re.compile(r"[\x20-\x7e\t\n]*")
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,18 +101,115 @@ def header(name: str, value: str) -> str:
     return f"{name}: {encoded}\r\n"
 
 
-def address(name: str, addr: str) -> str:
-    """A mailbox for From/To/Reply-To: the display name quoted or encoded as needed."""
-    if not name:
-        return addr if addr.isascii() else f"<{addr}>"
-    name = " ".join(name.split())
-    if _CONTROL.search(name):
-        # Control characters as they are confuse readers (some take \x1c-\x1e for line ends).
-        return f"{Header(name, 'utf-8').encode()} <{addr}>"
-    if not addr.isascii():  # SMTPUTF8: UTF-8 is allowed as it is, in a quoted name too
-        quoted = name.replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{quoted}" <{addr}>'
-    return email.utils.formataddr((name, addr), charset="utf-8")
+def address_header(name: str, display_name: str, addr: str) -> str:
+    """`Name: display-name <addr-spec>` with CRLF, for From, To and Reply-To (RFC 5322 3.4).
+
+    Only the display name is ever encoded: an encoded word is a phrase, never an address
+    (RFC 2047 5), and a whole field made one word has no address a reader, a DKIM signer or
+    the next hop can find. The name goes as atoms, a quoted string or, when it is not printable
+    ASCII, RFC 2047 words of at most 75 characters. The field is folded between words (in a
+    quoted string too: FWS is allowed there, RFC 5322 3.2.4) before 76 columns where a word
+    allows it; the line of the address is at most 258 octets (RFC 5321 4.5.3.1.3), and none
+    is over the 998 of RFC 5322 2.1.1.
+
+    The domain goes as its A-label when the local part is ASCII (`address.with_a_label`, as
+    MAIL and RCPT go on the wire), so the field is ASCII and the message needs no SMTPUTF8
+    for it; a local part that is not ASCII has no such form, and is
+    written in UTF-8 as RFC 6532 allows (the caller marks the message as needing SMTPUTF8)."""
+    addr = address.with_a_label(addr)
+    display_name = " ".join(display_name.split())  # no line breaks can be smuggled in
+    if not display_name:
+        # A bare addr-spec is the plainest mailbox; a UTF-8 one in angle brackets, which
+        # readers of RFC 6532 mail parse more reliably.
+        return f"{name}: {addr if addr.isascii() else f'<{addr}>'}\r\n"
+    return _folded(name, [*_phrase(display_name, len(name) + 2), f"<{addr}>"])
+
+
+# RFC 5322 3.2.3 atext: a display name made of these needs no quotes.
+_ATOM: Final = re.compile(r"[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+")
+# What an RFC 2047 word in a phrase may hold as it is, in the Q encoding (RFC 2047 5(3));
+# the space is written "_".
+_Q_SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!*+-/")
+_MAX_WORD: Final = 75  # RFC 2047 2: an encoded word is at most 75 characters
+_WORD_FRAME: Final = len("=?utf-8?q??=")
+
+
+def _phrase(display_name: str, first_column: int) -> list[str]:
+    """The display name as the words of a phrase, for `_folded` to put on lines: printable
+    ASCII as it is (quoted if it must be), anything else (or a word too long for any line)
+    RFC 2047 words."""
+    if _PLAIN.fullmatch(display_name) and "=?" not in display_name:  # "=?": not to be read as an encoded word
+        words = display_name.split(" ")
+        if not all(_ATOM.fullmatch(word) for word in words):
+            quoted = '"' + display_name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            words = quoted.split(" ")  # an escape is never a space: no quoted-pair is split
+        # A word too long for 76 columns keeps a line of its own, longer: RFC 5322 2.1.1 asks
+        # for 78 (SHOULD) and requires 998, and an ASCII name is best read as it is.
+        if first_column + len(words[0]) <= _MAX_LINE and all(len(word) < _MAX_LINE for word in words):
+            return words
+    return _encoded_words(display_name, _FOLD_AT - first_column)
+
+
+def _encoded_words(text: str, first_room: int) -> list[str]:
+    """`text` as RFC 2047 words in UTF-8, each at most 75 characters and the first at most
+    `first_room`, never splitting a character.
+
+    Readers drop the white space between two encoded words (RFC 2047 6.2), so the text's own
+    spaces are inside them. Some do not (Python's `email.headerregistry` reads a phrase so),
+    and see a space at every boundary: a word is ended after a space of the text where one
+    leaves it room enough, so that what they see is at worst a doubled space, not a name cut
+    in two."""
+    words: list[str] = []
+    chunk: list[bytes] = []  # the characters of the word being made, as UTF-8
+    q = octets_in = 0  # its Q-encoded length and its octets, kept as it grows: no rescans
+    room = min(first_room, _MAX_WORD)
+    for char in text:
+        octets = char.encode("utf-8")
+        cost = _q_cost(octets)
+        if chunk and _WORD_FRAME + min(q + cost, _b_length(octets_in + len(octets))) > room:
+            spaces = [index for index, char_octets in enumerate(chunk) if char_octets == b" "]
+            cut = spaces[-1] + 1 if spaces else len(chunk)
+            rest = chunk[cut:]
+            rest_q, rest_octets = sum(map(_q_cost, rest)), sum(map(len, rest))
+            if _WORD_FRAME + min(rest_q + cost, _b_length(rest_octets + len(octets))) > _MAX_WORD:
+                cut, rest, rest_q, rest_octets = len(chunk), [], 0, 0
+            words.append(_encoded_word(b"".join(chunk[:cut]), q - rest_q, room))
+            chunk, q, octets_in, room = rest, rest_q, rest_octets, _MAX_WORD
+        chunk.append(octets)
+        q += cost
+        octets_in += len(octets)
+    if chunk:
+        words.append(_encoded_word(b"".join(chunk), q, room))
+    return words
+
+
+def _q_cost(octets: bytes) -> int:
+    return sum(1 if octet in _Q_SAFE or octet == 0x20 else 3 for octet in octets)
+
+
+def _b_length(octets: int) -> int:
+    return -(-octets // 3) * 4
+
+
+def _encoded_word(octets: bytes, q: int, room: int) -> str:
+    """Q (which a person can read) unless B is shorter by more than a quarter or Q does not
+    fit the room. `q`: the Q-encoded length of `octets`."""
+    if _WORD_FRAME + q <= room and 4 * q <= 5 * _b_length(len(octets)):
+        encoded = "".join("_" if o == 0x20 else chr(o) if o in _Q_SAFE else f"={o:02X}" for o in octets)
+        return f"=?utf-8?q?{encoded}?="
+    return f"=?utf-8?b?{base64.b64encode(octets).decode('ascii')}?="
+
+
+def _folded(name: str, words: list[str]) -> str:
+    """`Name: ` and the words, one space between them, folded before a word that would take
+    its line past 76 characters (never before the first: it stays beside the name)."""
+    lines = [f"{name}: {words[0]}"]
+    for word in words[1:]:
+        if len(lines[-1]) + 1 + len(word) > _FOLD_AT:
+            lines.append(f" {word}")
+        else:
+            lines[-1] += f" {word}"
+    return "\r\n".join(lines) + "\r\n"
 
 
 def _parameter(value: str) -> str:

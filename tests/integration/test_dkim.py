@@ -12,6 +12,8 @@ import signal
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
+from email import message_from_string
+from email.policy import default
 from pathlib import Path
 
 import pytest
@@ -62,8 +64,9 @@ def dns(keys: Keys) -> Iterator[DnsServer]:
 
 
 @pytest.fixture
-def sink() -> Iterator[ScriptedSink]:
-    with ScriptedSink(smtputf8=True) as running:
+def sink(request: pytest.FixtureRequest) -> Iterator[ScriptedSink]:
+    """A sink that offers SMTPUTF8, unless a test parametrizes it (indirectly) with False."""
+    with ScriptedSink(smtputf8=getattr(request, "param", True)) as running:
         yield running
 
 
@@ -335,6 +338,38 @@ def test_http_injected_mail_is_signed(
     assert b"x-tenant" not in built.data.lower()
     assert [s["s"] for s in _check(built, dns, tmp_path)] == ["rsa1", "ed1"]
     assert [s["s"] for s in _check(injected_raw, dns, tmp_path)] == ["acme"]
+
+
+def _inject_parts(pigeon: PigeonProcess, sender: str, author: str) -> None:
+    parts = {"from": {"email": author, "name": "Jörg"}, "subject": "s", "text": "b"}
+    request = {"envelope_sender": sender, "recipients": [{"email": "bob@sink.test"}], "content": parts}
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200, answer
+
+
+def test_http_parts_from_a_unicode_address_are_signed_for_its_a_label_domain(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    # The outside tester's request: From went out as one encoded word, address and all,
+    # unsigned (no domain to be found in it), where SMTP and raw HTTP mail was signed.
+    _inject_parts(pigeon, "jörg@bücher.example", "jörg@bücher.example")
+    (received,) = sink.wait_for(1)
+    assert "SMTPUTF8" in received.mail_options
+    author = message_from_string(received.data.decode("utf-8"), policy=default)["From"].addresses[0]
+    assert (author.display_name, author.addr_spec) == ("Jörg", "jörg@bücher.example")
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [("xn--bcher-kva.example", "idn")]
+
+
+@pytest.mark.parametrize("sink", [False], indirect=True, ids=["sink-without-smtputf8"])
+def test_http_parts_from_an_ascii_local_part_go_as_an_a_label_to_a_server_without_smtputf8(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path
+) -> None:
+    _inject_parts(pigeon, "joerg@bücher.example", "joerg@bücher.example")
+    (received,) = sink.wait_for(1)
+    assert received.data.isascii() and "SMTPUTF8" not in received.mail_options
+    author = received.email["From"].addresses[0]
+    assert (author.display_name, author.addr_spec) == ("Jörg", "joerg@xn--bcher-kva.example")
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [("xn--bcher-kva.example", "idn")]
 
 
 def test_a_changed_message_fails_both_verifiers(

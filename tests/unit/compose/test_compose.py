@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import email
+import email.utils
+from email.header import decode_header, make_header
 from email.policy import default
 
 import msgspec
 import pytest
 
-from pigeon.compose import ComposeError, Composer, InjectRequest, check_request
+from pigeon.compose import Composed, ComposeError, Composer, InjectRequest, check_request
+from pigeon.dkim.canonical import header_fields
+from pigeon.dkim.signer import author_domain
+from pigeon.smtp.client import Recipient, needs_smtputf8
 
 DECODE = msgspec.json.Decoder(InjectRequest)
 
@@ -126,3 +131,64 @@ def test_the_date_pigeon_writes_is_utc_with_a_known_zone() -> None:
         data = _compose(_request(content))
         date = next(line for line in data.split(b"\r\n") if line.startswith(b"Date: "))
         assert date.endswith(b" +0000"), date  # "-0000" says the zone is unknown (RFC 5322 3.3)
+
+
+def _built(parts: dict[str, object], recipient: str = "r@example.net") -> tuple[Composed, dict[bytes, bytes]]:
+    """The composed message and its header fields, each unfolded, by lower-case name."""
+    body = {"envelope_sender": "bounce@example.org", "recipients": [{"email": recipient}], "content": parts}
+    request = DECODE.decode(msgspec.json.encode(body))
+    check_request(request)
+    composed = Composer(request, "mx.test", "X-Tenant", "X-Campaign").compose(request.recipients[0])
+    head = composed.data[: composed.data.index(b"\r\n\r\n") + 2]
+    fields = {field.name: field.raw.replace(b"\r\n ", b" ").rstrip(b"\r\n") for field in header_fields(head)}
+    return composed, fields
+
+
+def test_a_unicode_address_is_an_address_in_the_field_not_part_of_an_encoded_word() -> None:
+    # The outside tester's request: From was one encoded word, address and all, so no DKIM
+    # signer found its domain and the next hop, without SMTPUTF8, got it unparseable.
+    parts = {"from": {"email": "jörg@bücher.example", "name": "Jörg"}, "subject": "s", "text": "b"}
+    composed, fields = _built(parts)
+    assert fields[b"from"] == "From: =?utf-8?q?J=C3=B6rg?= <jörg@bücher.example>".encode()
+    assert author_domain(header_fields(composed.data)) == "xn--bcher-kva.example"
+    assert composed.smtputf8  # a local part that is not ASCII has no other form (RFC 6532)
+
+
+def test_an_ascii_local_part_goes_with_the_a_label_and_the_message_needs_no_smtputf8() -> None:
+    parts = {
+        "from": {"email": "joerg@bücher.example", "name": "Jörg"},
+        "reply_to": {"email": "help@bücher.example", "name": "Hilfe für Bücher"},
+        "subject": "s",
+        "text": "b",
+    }
+    composed, fields = _built(parts, recipient="bob@bücher.example")
+    assert fields[b"from"] == b"From: =?utf-8?q?J=C3=B6rg?= <joerg@xn--bcher-kva.example>"
+    assert fields[b"to"] == b"To: bob@xn--bcher-kva.example"
+    assert fields[b"reply-to"] == b"Reply-To: =?utf-8?q?Hilfe_f=C3=BCr_B=C3=BCcher?= <help@xn--bcher-kva.example>"
+    assert composed.data.isascii()
+    assert author_domain(header_fields(composed.data)) == "xn--bcher-kva.example"
+    # Nothing asks for SMTPUTF8, and delivery (which sends the envelope with A-labels too)
+    # finds no need of it: the mail goes to any server.
+    assert not composed.smtputf8
+    recipients = [Recipient("bob@bücher.example")]
+    assert not needs_smtputf8("bounce@example.org", recipients, composed.data, requested=composed.smtputf8)
+
+
+def test_a_unicode_reply_to_asks_for_smtputf8_too() -> None:
+    # Only From and the recipient were looked at: UTF-8 in Reply-To went to any server.
+    parts = {"from": {"email": "a@example.org"}, "reply_to": {"email": "jörg@bücher.example"}, "text": "b"}
+    composed, fields = _built(parts)
+    assert fields[b"reply-to"] == "Reply-To: <jörg@bücher.example>".encode()
+    assert composed.smtputf8
+
+
+@pytest.mark.parametrize("length", [70, 75, 200, 2000])
+def test_a_long_ascii_name_without_spaces_keeps_the_address_parseable(length: int) -> None:
+    composed, fields = _built({"from": {"email": "a@example.org", "name": "x" * length}, "text": "b"})
+    if length < 998 - len("From: "):  # as it is, on a line of its own
+        assert fields[b"from"] == f"From: {'x' * length} <a@example.org>".encode()
+    else:  # too long for any line: RFC 2047 words, which readers join again (RFC 2047 6.2)
+        name, addr = email.utils.parseaddr(fields[b"from"].decode().removeprefix("From: "))
+        assert (str(make_header(decode_header(name))), addr) == ("x" * length, "a@example.org")
+    assert max(len(line) for line in composed.data.split(b"\r\n")) <= 998
+    assert author_domain(header_fields(composed.data)) == "example.org"

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from email import message_from_bytes
+import email.utils
+import re
+from email import message_from_bytes, message_from_string
+from email.header import decode_header, make_header
 from email.message import EmailMessage
 from email.policy import default
+from typing import Final
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pigeon import mime
+from pigeon.smtp import address
 
 
 def _parse(head: str, part: mime.Part) -> EmailMessage:
@@ -47,12 +53,70 @@ def test_any_text_reads_back_as_written(text: str) -> None:
 
 
 def test_names_with_specials_and_non_ascii_are_quoted_or_encoded() -> None:
-    head = mime.header("From", mime.address('Smith, "J" Müller', "j@example.org")) + mime.header(
-        "To", mime.address("A. Person", "a@example.net")
-    )
+    head = mime.address_header("From", 'Smith, "J" Müller', "j@example.org")
+    head += mime.address_header("To", "A. Person", "a@example.net")
     message = _parse(head, mime.text_part("x", "plain"))
     assert message["From"].addresses[0].display_name == 'Smith, "J" Müller'
     assert message["To"].addresses[0].display_name == "A. Person"
+
+
+def _mailbox(field: str) -> tuple[str, str]:
+    """The display name and address of a one-mailbox field, read as RFC 2047 6.2 says: the
+    white space between two encoded words dropped (which `email.headerregistry` keeps)."""
+    value = field.partition(":")[2].replace("\r\n", "")
+    name, addr = email.utils.parseaddr(value)
+    return str(make_header(decode_header(name))), addr
+
+
+_ENCODED_WORD: Final = re.compile(r"=\?[^?\s]*\?[qb]\?[^?\s]*\?=")
+
+
+@pytest.mark.parametrize(
+    ("name", "addr", "field"),
+    [
+        # Only where the local part is not ASCII is the address written in UTF-8 (RFC 6532).
+        ("Jörg", "jörg@bücher.example", "From: =?utf-8?q?J=C3=B6rg?= <jörg@bücher.example>"),
+        ("Jörg", "joerg@Bücher.example", "From: =?utf-8?q?J=C3=B6rg?= <joerg@xn--bcher-kva.example>"),
+        ("", "bob@bücher.example", "From: bob@xn--bcher-kva.example"),
+        ("", "jörg@bücher.example", "From: <jörg@bücher.example>"),
+        ("Ann", "ann@example.com", "From: Ann <ann@example.com>"),
+        ("x" * 70, "a@example.org", "From: " + "x" * 70 + "\r\n <a@example.org>"),
+    ],
+)
+def test_an_address_field_encodes_the_name_alone_and_writes_the_domain_as_its_a_label(
+    name: str, addr: str, field: str
+) -> None:
+    assert mime.address_header("From", name, addr) == field + "\r\n"
+
+
+@given(
+    st.text(max_size=400),
+    st.sampled_from(
+        ["a@example.org", "jörg@bücher.example", "joerg@bücher.example", "x" * 64 + "@" + "d" * 60 + ".example"]
+    ),
+    st.sampled_from(["From", "To", "Reply-To"]),
+)
+# What the outside tester found: an all-ASCII word of 75 characters, or a Unicode address,
+# made the whole field one encoded word, the address inside it.
+@example("x" * 75, "a@example.org", "From")
+@example("x" * 2000, "a@example.org", "Reply-To")
+@example("Jörg", "jörg@bücher.example", "From")
+@example("Jörg Müller " * 20, "a@example.org", "From")
+@example("=?utf-8?q?x?=", "a@example.org", "From")
+@example('"\\ "\\" x', "a@example.org", "From")
+def test_any_name_reads_back_as_written_and_the_address_stays_an_address(name: str, addr: str, field: str) -> None:
+    head = mime.address_header(field, name, addr)
+    expected_addr = address.with_a_label(addr)
+    lines = head.removesuffix("\r\n").split("\r\n")
+    for line in lines:
+        assert len(line.encode()) <= 998
+        # Over 76 columns only the address or an ASCII word too long for any shorter line.
+        assert len(line) <= 76 or f"<{expected_addr}>" in line or len(line.split()) <= 2, line
+    assert all(len(word) <= 75 for word in _ENCODED_WORD.findall(head))
+    assert head.isascii() == addr.partition("@")[0].isascii()
+    assert _mailbox(head) == (" ".join(name.split()), expected_addr)
+    message = message_from_string(head + "\r\nx\r\n", policy=default)  # a reader finds the address (UTF-8 too)
+    assert message[field].addresses[0].addr_spec == expected_addr
 
 
 def test_attachments_and_inline_parts_keep_their_bytes_names_and_ids() -> None:
