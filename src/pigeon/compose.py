@@ -112,7 +112,14 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     envelope_sender: Annotated[
         str, msgspec.Meta(max_length=256, pattern=_SENDER_RE, description='"" for the null sender')
     ]
-    recipients: Annotated[list[InjectRecipient], msgspec.Meta(min_length=1, max_length=10_000)]
+    recipients: Annotated[
+        list[InjectRecipient],
+        msgspec.Meta(
+            min_length=1,
+            description="One message each. At most [http] max_recipients (10,000 unless configured): beyond,"
+            " 400 naming the setting, nothing stored",
+        ),
+    ]
     content: str | Parts
     """A raw RFC 5322 message, or parts to build one from."""
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -92,6 +92,12 @@ async def inject(request: web.Request) -> web.Response:
         raise bad_request(repeated_refusal(repeated), repeated)
     try:
         parsed = _DECODER.decode(body)
+        if len(parsed.recipients) > (limit := config.http.max_recipients):
+            # One message per recipient: the request's work grows with them, not one envelope.
+            text = (
+                f"{len(parsed.recipients)} recipients, over [http] max_recipients ({limit}): send them in more requests"
+            )
+            raise bad_request(text, "$.recipients")
         check_request(parsed, max_metadata_size=config.http.max_metadata_size)
     except msgspec.ValidationError as error:
         if (refused := _address_refusal(body, str(error))) is not None:

@@ -1,0 +1,76 @@
+"""The same rules at every door: SMTP, POST /api/v1/inject and `pigeon inject` against one node."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import wait_until
+
+TOKEN = "doors-token-0123456789"
+TOKENS = [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]
+LIMIT = 5
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    """Delivery off: what a door takes stays in the spool, to be counted."""
+    http = {"token": TOKENS, "max_recipients": LIMIT, "max_request_size": "64KiB"}
+    with PigeonProcess(tmp_path_factory.mktemp("doors") / "node", http=http, smtp={"max_recipients": LIMIT}) as node:
+        yield node
+
+
+def _request(*emails: str, **overrides: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "envelope_sender": "app@example.org",
+        "recipients": [{"email": email} for email in emails],
+        "content": "From: <app@example.org>\nSubject: hi\n\nhello\n",
+        "template": False,
+    }
+    request.update(overrides)
+    return request
+
+
+def _cli(node: PigeonProcess, *args: str, stdin: str = "Subject: hi\n\nhello\n") -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "app@example.org"]
+    return subprocess.run([*command, *args, "-"], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def _smtp_rcpt(node: PigeonProcess, address: str) -> tuple[int, list[str]]:
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        return smtp.command(f"RCPT TO:<{address}>")
+
+
+def _rejection(node: PigeonProcess, text: str) -> dict[str, Any]:
+    """The one Rejection whose response text is `text`, once it is written (a moment after the answer)."""
+    found = wait_until(lambda: [r for r in node.records("Rejection") if r["response"]["text"] == text])
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_request_over_http_max_recipients_is_refused_whole_naming_the_setting(node: PigeonProcess) -> None:
+    before = len(node.spool_messages())
+    too_many = [f"r{n}@example.net" for n in range(LIMIT + 1)]
+    status, answer = node.http_post("/api/v1/inject", _request(*too_many), TOKEN)
+    assert status == 400, answer
+    assert answer == {
+        "error": f"{LIMIT + 1} recipients, over [http] max_recipients ({LIMIT}): send them in more requests",
+        "field": "$.recipients",
+    }
+    cli = _cli(node, *[arg for email in too_many for arg in ("--to", email)])
+    assert cli.returncode == 2 and "[http] max_recipients (5)" in cli.stderr, cli.stderr
+    assert len(node.spool_messages()) == before  # nothing stored
+    # As many as the limit are taken: one message each, one envelope recipient each.
+    status, answer = node.http_post("/api/v1/inject", _request(*too_many[:LIMIT]), TOKEN)
+    assert (status, answer["accepted"]) == (200, LIMIT), answer
+    stored = node.spool_messages()[before:]
+    assert len(stored) == LIMIT
