@@ -74,3 +74,22 @@ def test_a_request_over_http_max_recipients_is_refused_whole_naming_the_setting(
     assert (status, answer["accepted"]) == (200, LIMIT), answer
     stored = node.spool_messages()[before:]
     assert len(stored) == LIMIT
+
+
+@pytest.mark.parametrize("mailbox", ['"quoted local"@dest.test', "u@[127.0.0.1]", "u@[IPv6:::1]"])
+def test_a_quoted_local_part_or_an_address_literal_passes_every_door(node: PigeonProcess, mailbox: str) -> None:
+    assert _smtp_rcpt(node, mailbox)[0] == 250
+    status, answer = node.http_post("/api/v1/inject", _request(mailbox), TOKEN)
+    assert (status, answer.get("accepted")) == (200, 1), answer
+    assert answer["recipients"][0]["email"] == mailbox
+    status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", envelope_sender=mailbox), TOKEN)
+    assert (status, answer.get("accepted")) == (200, 1), answer
+    cli = _cli(node, "--to", mailbox)
+    assert cli.returncode == 0, cli.stderr
+
+
+def test_an_address_literal_that_is_no_address_gets_the_same_text_at_every_door(node: PigeonProcess) -> None:
+    text = "Not a valid address literal: [IPv4] or [IPv6:...] (RFC 5321 4.1.3)"
+    assert _smtp_rcpt(node, "u@[300.1.1.1]") == (501, [f"5.1.3 {text}"])
+    status, answer = node.http_post("/api/v1/inject", _request("u@[300.1.1.1]"), TOKEN)
+    assert (status, answer) == (400, {"error": text, "field": "$.recipients[0].email"})
