@@ -93,3 +93,28 @@ def test_an_address_literal_that_is_no_address_gets_the_same_text_at_every_door(
     assert _smtp_rcpt(node, "u@[300.1.1.1]") == (501, [f"5.1.3 {text}"])
     status, answer = node.http_post("/api/v1/inject", _request("u@[300.1.1.1]"), TOKEN)
     assert (status, answer) == (400, {"error": text, "field": "$.recipients[0].email"})
+
+
+def test_a_refused_injection_is_logged_as_a_rejection_naming_the_token(node: PigeonProcess) -> None:
+    status, _ = node.http_post("/api/v1/inject", _request("ann@example.net", "bad address"), TOKEN)
+    assert status == 400
+    record = _rejection(node, "Not a valid mailbox address (local@domain) ($.recipients[1].email)")
+    assert (record["command"], record["auth_user"], record["response"]["code"]) == ("inject", "app", 400)
+    assert record["session"].startswith("http-") and record["peer"].startswith("127.0.0.1:")
+    nul = _request("ann@example.net", content={"from": {"email": "app@example.org"}, "subject": "a\x00b", "text": "t"})
+    assert node.http_post("/api/v1/inject", nul, TOKEN)[0] == 400
+    _rejection(node, "must not contain a NUL (RFC 5322 allows none in a message) ($.content.subject)")
+    # Over [http] max_request_size by its Content-Length: refused before the body is read.
+    big = _request("ann@example.net", content="Subject: big\n\n" + "x" * 70_000)
+    status, answer = node.http_post("/api/v1/inject", big, TOKEN)
+    assert status == 413, answer
+    record = _rejection(node, "request body is over [http] max_request_size (65536 bytes) ($)")
+    assert (record["response"]["code"], record["auth_user"]) == (413, "app")
+    # No token: 401, and nothing logged (anyone may send those, at no cost).
+    injections = len([r for r in node.records("Rejection") if r["command"] == "inject"])
+    assert node.http_post("/api/v1/inject", _request("ann@example.net", "no token"), None)[0] == 401
+    assert node.http_post("/api/v1/inject", big, None)[0] == 401
+    assert node.http_post("/api/v1/inject", _request("ann@example.net", "then a token"), TOKEN)[0] == 400
+    # (the request after them is logged: had they been, they would be before it)
+    wait_until(lambda: len([r for r in node.records("Rejection") if r["command"] == "inject"]) == injections + 1)
+    assert all(r.get("auth_user") for r in node.records("Rejection") if r["command"] == "inject")
