@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import msgspec
 
 from pigeon import mime
-from pigeon.queue.names import queue_part_problem
+from pigeon.queue.names import MAX_PART, queue_part_problem
 from pigeon.smtp import address
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ Email = Annotated[
     str,
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
-MAX_NAME: Final = 255
+MAX_NAME: Final = MAX_PART
 """The longest tenant or campaign name, in characters."""
 Name = Annotated[
     str,

@@ -118,3 +118,23 @@ def test_a_refused_injection_is_logged_as_a_rejection_naming_the_token(node: Pig
     # (the request after them is logged: had they been, they would be before it)
     wait_until(lambda: len([r for r in node.records("Rejection") if r["command"] == "inject"]) == injections + 1)
     assert all(r.get("auth_user") for r in node.records("Rejection") if r["command"] == "inject")
+
+
+def test_a_tenant_over_255_characters_is_refused_at_every_door(node: PigeonProcess) -> None:
+    before = len(node.spool_messages())
+    tenant = "t" * 300
+    text = "5.6.0 X-Tenant header is 300 characters long: at most 255 (it names a queue)"
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        smtp.expect(250, "RCPT TO:<ann@example.net>")
+        smtp.expect(354, "DATA")
+        assert smtp.command(f"X-Tenant: {tenant}\r\nSubject: hi\r\n\r\nhello\r\n.") == (554, [text])
+    raw = _request("ann@example.net", content=f"X-Tenant: {tenant}\nSubject: hi\n\nhello\n")
+    status, answer = node.http_post("/api/v1/inject", raw, TOKEN)
+    assert answer["recipients"] == [{"email": "ann@example.net", "error": f"554 {text}"}], (status, answer)
+    status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 256), TOKEN)
+    assert (status, answer["field"]) == (400, "$.tenant"), answer
+    assert node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 255), TOKEN)[0] == 200
+    assert len(node.spool_messages()) == before + 1
