@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import msgspec
 
 from pigeon import mime
-from pigeon.queue.names import queue_part_problem
+from pigeon.queue.names import MAX_PART, queue_part_problem
 from pigeon.smtp import address
 
 if TYPE_CHECKING:
@@ -33,20 +33,18 @@ if TYPE_CHECKING:
 
     from pigeon.rendering import HeaderBreak
 
-# The mailbox grammar the server checks (`pigeon.smtp.address`: RFC 5321 dot-atom local part
-# of at most 64 octets, domain labels; UTF-8 allowed, RFC 6531, less control and format
-# characters), as a JSON Schema pattern. The server also takes quoted local parts and address
-# literals, which this leaves out; lengths are in octets there, characters here. UTF-8 is
-# written as JSON Schema spells it (escapes, BMP only, no surrogates).
+# The mailbox grammar the server checks (`pigeon.smtp.address`: RFC 5321 dot-atom or quoted
+# local part, domain labels or an address literal; UTF-8 allowed, RFC 6531, less control and
+# format characters), as a JSON Schema pattern: what SMTP takes, this takes. Lengths are in
+# octets there, characters here. UTF-8 is written as JSON Schema spells it (escapes, BMP only,
+# no surrogates).
 _EXTRA: Final = address.json_schema_extra()
-_LOCAL, _DOMAIN = address.dot_string_and_domain(_EXTRA)
-MAILBOX_PATTERN = rf"(?=[^@]{{1,64}}@){_LOCAL}@{_DOMAIN}"
+MAILBOX_PATTERN = address.mailbox_pattern(_EXTRA)
 # The same grammar in negated character classes, which match the same text and which `re`
 # compiles in a millisecond where MAILBOX_PATTERN takes 40 (msgspec compiles each pattern
 # when the types below are made, so every process would spend that at start): what the
 # server validates with, and what the OpenAPI document replaces with the JSON Schema one.
-_LOCAL_RE, _DOMAIN_RE = address.dot_string_and_domain(_EXTRA, negated=True)
-_MAILBOX_RE = rf"(?=[^@]{{1,64}}@){_LOCAL_RE}@{_DOMAIN_RE}"
+_MAILBOX_RE = address.mailbox_pattern(_EXTRA, negated=True)
 _EMAIL_RE, _SENDER_RE = f"^{_MAILBOX_RE}$", f"^(?:{_MAILBOX_RE})?$"
 SCHEMA_PATTERNS: Final = {_EMAIL_RE: f"^{MAILBOX_PATTERN}$", _SENDER_RE: f"^(?:{MAILBOX_PATTERN})?$"}
 """The address patterns the request types validate with, each with what the OpenAPI document
@@ -59,7 +57,7 @@ Email = Annotated[
     str,
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
-MAX_NAME: Final = 255
+MAX_NAME: Final = MAX_PART
 """The longest tenant or campaign name, in characters."""
 Name = Annotated[
     str,
@@ -112,7 +110,14 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     envelope_sender: Annotated[
         str, msgspec.Meta(max_length=256, pattern=_SENDER_RE, description='"" for the null sender')
     ]
-    recipients: Annotated[list[InjectRecipient], msgspec.Meta(min_length=1, max_length=10_000)]
+    recipients: Annotated[
+        list[InjectRecipient],
+        msgspec.Meta(
+            min_length=1,
+            description="One message each. At most [http] max_recipients (10,000 unless configured): beyond,"
+            " 400 naming the setting, nothing stored",
+        ),
+    ]
     content: str | Parts
     """A raw RFC 5322 message, or parts to build one from."""
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -317,6 +317,10 @@ class HttpConfig(_Section):
     for the `pigeon` commands run on this machine by a user who can read the spool."""
     max_request_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Largest API request body: 413 beyond, with a JSON error naming this setting."""
+    max_recipients: PositiveInt = 10_000
+    """Recipients of one injection request; beyond, 400 naming this setting, nothing stored. Each
+    recipient is a message of its own (one envelope recipient), so `[smtp] max_recipients`, a
+    bound on one message's envelope, holds already: this one bounds a request's work."""
     max_metadata_size: Size = Size(4 * 1024)
     """Largest `metadata` object of one injected recipient, in bytes of its JSON (400 beyond):
     it is written into every log record of the message."""

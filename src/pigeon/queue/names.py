@@ -29,6 +29,9 @@ QUEUE_NAME_TEXT: Final = (
     f"1 to {MAX_QUEUE_NAME} printable characters, without white space, the glob characters * and ?, "
     "the -> of ready queues, and not starting inbound: (the [[inbound]] routes' queues)"
 )
+MAX_PART: Final = 255
+"""The longest tenant or campaign, in characters, however it is given (the JSON of an injection,
+a routing header at any door, a policy's answer): it names the message's queue."""
 _INBOUND_PREFIX: Final = "inbound:"  # the queues of [[inbound]] routes' mail (inbound/routes.py)
 _READY_SEPARATOR: Final = "->"  # ready queues are source->site: a scheduled queue never looks like one
 
@@ -46,9 +49,11 @@ def scheduled_queue(domain: str, tenant: str | None = None, campaign: str | None
 
 
 def queue_part_problem(value: str) -> str | None:
-    """Why `value` cannot be a tenant or campaign (a part of a scheduled queue name), as far
-    as its characters go: a control or format character would be written into every log
+    """Why `value` cannot be a tenant or campaign (a part of a scheduled queue name): over
+    `MAX_PART` characters, or a control or format character would be written into every log
     record, metric label and admin listing of its queue (an ESC drives the terminal)."""
+    if len(value) > MAX_PART:
+        return f"is {len(value)} characters long: at most {MAX_PART}"
     named = control_or_format_character(value)
     return None if named is None else f"contains {named}: no control or format characters allowed"
 

@@ -87,6 +87,34 @@ def dot_string_and_domain(extra: Ranges, *, negated: bool = False) -> tuple[str,
     return f"{atom}(?:\\.{atom})*", f"{label}(?:\\.{label})*"
 
 
+def mailbox_pattern(extra: Ranges, *, negated: bool = False) -> str:
+    """The regex source of a whole mailbox as `check` takes it, for a schema to admit what SMTP
+    admits: a dot-string of at most 64 characters or a quoted string, `@`, and a domain or an
+    address literal whose inside is an IPv4 address or "IPv6:" and an IPv6 address (RFC 5321
+    4.1.2, 4.1.3). Read alike by Python and JSON Schema (ECMA-262); `extra` and `negated` as
+    for `dot_string_and_domain`. Lengths are in characters here, octets in `check`."""
+    dot_string, domain = dot_string_and_domain(extra, negated=negated)
+    quoted = f'"(?:{char_class(_QTEXT, extra, negated=negated)}|\\\\[\\x20-\\x7e])*"'
+    return f"(?:(?=[^@]{{1,64}}@){dot_string}|{quoted})@(?:{domain}|\\[(?:{_IPV4}|[Ii][Pp][Vv]6:{_IPV6})\\])"
+
+
+def _ipv6_pattern() -> str:
+    """RFC 3986 3.2.2's IPv6address (the grammar `ipaddress` reads, less a zone) as a regex."""
+    h16, ls32 = "[0-9A-Fa-f]{1,4}", f"(?:[0-9A-Fa-f]{{1,4}}:[0-9A-Fa-f]{{1,4}}|{_IPV4})"
+    forms = [f"(?:{h16}:){{6}}{ls32}"]
+    # "::" with at most `before` groups ahead of it and `after` groups (then ls32) behind.
+    for before, after in ((0, 5), (1, 4), (2, 3), (3, 2), (4, 1), (5, 0)):
+        ahead = f"(?:(?:{h16}:){{0,{before - 1}}}{h16})?" if before else ""
+        forms.append(f"{ahead}::(?:{h16}:){{{after}}}{ls32}")
+    forms += [f"(?:(?:{h16}:){{0,5}}{h16})?::{h16}", f"(?:(?:{h16}:){{0,6}}{h16})?::"]
+    return f"(?:{'|'.join(forms)})"
+
+
+_OCTET: Final = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # no leading zero, as ipaddress reads it
+_IPV4: Final = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
+_IPV6: Final = _ipv6_pattern()
+
+
 def char_class(ascii: str, extra: Ranges, *, negated: bool = False) -> str:
     """A regex character class of the ASCII characters `ascii` (a class's contents, any hyphen
     last) and the characters `extra`; `negated`: written as `[^...]` of the characters it

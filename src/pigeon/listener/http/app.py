@@ -27,7 +27,8 @@ def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
     async def limit(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if declared_too_large(request, max_size):
+        # An injection's is refused by its handler, after its token (and logged there).
+        if declared_too_large(request, max_size) and request.match_info.handler is not inject:
             return too_large(max_size)
         try:
             return await handler(request)

@@ -4,7 +4,9 @@ The answer comes once every accepted recipient's message is durable in the spool
 group commit as SMTP reception), and says, per recipient in request order, its spool id or
 why it was refused. A malformed request changes nothing and gets 400 naming the field; that
 includes a CR, LF or NUL in a value that would be written into a header as it is, and a
-template value that would put a line break into a raw message's header section. Each
+template value that would put a line break into a raw message's header section. A request
+refused whole (400, 413, 415) is logged as one `Rejection` of command `inject` naming the
+token, as SMTP logs a refused command; one without a known token (401, 403) is not. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
 NUL, over-long lines): one that fails is refused with the reply SMTP would give, 554 5.6.0.
 
@@ -33,6 +35,7 @@ from aiohttp import web
 
 from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
 from pigeon.intake import Arrival, Draft, Refused, Stored
+from pigeon.listener.http.body import declared_too_large, too_large_text
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json
 from pigeon.logs.records import Rejection, Response
@@ -84,14 +87,65 @@ class ErrorResponse(msgspec.Struct, omit_defaults=True):
 
 async def inject(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
+    # A request without a known token is refused (401, 403) from its headers and not logged:
+    # anyone could fill the log with those. SMTP logs a failed AUTH, which a throttle bounds
+    # and which costs the client a password check; a token check costs it nothing.
     holder = node.tokens.holder(request, "inject")
+    session = f"http-{next(_requests):x}"
+    try:
+        return await _inject(request, holder, session)
+    except web.HTTPClientError as refused:
+        # Refused whole for its content or envelope (400, 413, 415): logged as SMTP logs a
+        # refused command, so that an operator finds why an application's mail never came.
+        _log_refusal(request, refused, holder, session)
+        raise
+
+
+def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str, session: str) -> None:
+    node = request.app[NODE_KEY]
+    if isinstance(refused, web.HTTPRequestEntityTooLarge):
+        text, field = too_large_text(node.config.http.max_request_size), "$"
+    else:
+        body = refused.body
+        try:
+            if not isinstance(body, bytes | bytearray):
+                raise TypeError("not a JSON error")
+            error = msgspec.json.decode(body, type=ErrorResponse)
+        except (msgspec.DecodeError, TypeError):
+            text, field = refused.reason, None
+        else:
+            text, field = error.error, error.field
+    node.intake.metrics.rejections.labels("inject", str(refused.status)).inc()
+    node.intake.log.write(
+        Rejection(
+            timestamp=time.time(),
+            session=session,
+            peer=_peer(request)[1],
+            command="inject",
+            response=Response(refused.status, f"{text} ({field})" if field else text),
+            auth_user=holder,
+        )
+    )
+
+
+async def _inject(request: web.Request, holder: str, session: str) -> web.Response:
+    node = request.app[NODE_KEY]
     config = node.config
     require_json(request)
+    max_size = config.http.max_request_size
+    if declared_too_large(request, max_size):  # (left to this handler by the app's body limit)
+        raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=request.content_length or 0)
     body = await request.read()
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     try:
         parsed = _DECODER.decode(body)
+        if len(parsed.recipients) > (limit := config.http.max_recipients):
+            # One message per recipient: the request's work grows with them, not one envelope.
+            text = (
+                f"{len(parsed.recipients)} recipients, over [http] max_recipients ({limit}): send them in more requests"
+            )
+            raise bad_request(text, "$.recipients")
         check_request(parsed, max_metadata_size=config.http.max_metadata_size)
     except msgspec.ValidationError as error:
         if (refused := _address_refusal(body, str(error))) is not None:
@@ -118,7 +172,6 @@ async def inject(request: web.Request) -> web.Response:
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
     peer_ip, peer = _peer(request)
-    session = f"http-{next(_requests):x}"
     arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
     sender = parsed.envelope_sender
     results: list[RecipientResult] = []

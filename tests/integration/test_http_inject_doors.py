@@ -1,0 +1,140 @@
+"""The same rules at every door: SMTP, POST /api/v1/inject and `pigeon inject` against one node."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import wait_until
+
+TOKEN = "doors-token-0123456789"
+TOKENS = [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]
+LIMIT = 5
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    """Delivery off: what a door takes stays in the spool, to be counted."""
+    http = {"token": TOKENS, "max_recipients": LIMIT, "max_request_size": "64KiB"}
+    with PigeonProcess(tmp_path_factory.mktemp("doors") / "node", http=http, smtp={"max_recipients": LIMIT}) as node:
+        yield node
+
+
+def _request(*emails: str, **overrides: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "envelope_sender": "app@example.org",
+        "recipients": [{"email": email} for email in emails],
+        "content": "From: <app@example.org>\nSubject: hi\n\nhello\n",
+        "template": False,
+    }
+    request.update(overrides)
+    return request
+
+
+def _cli(node: PigeonProcess, *args: str, stdin: str = "Subject: hi\n\nhello\n") -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "app@example.org"]
+    return subprocess.run([*command, *args, "-"], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def _smtp_rcpt(node: PigeonProcess, address: str) -> tuple[int, list[str]]:
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        return smtp.command(f"RCPT TO:<{address}>")
+
+
+def _rejection(node: PigeonProcess, text: str) -> dict[str, Any]:
+    """The one Rejection whose response text is `text`, once it is written (a moment after the answer)."""
+    found = wait_until(lambda: [r for r in node.records("Rejection") if r["response"]["text"] == text])
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_request_over_http_max_recipients_is_refused_whole_naming_the_setting(node: PigeonProcess) -> None:
+    before = len(node.spool_messages())
+    too_many = [f"r{n}@example.net" for n in range(LIMIT + 1)]
+    status, answer = node.http_post("/api/v1/inject", _request(*too_many), TOKEN)
+    assert status == 400, answer
+    assert answer == {
+        "error": f"{LIMIT + 1} recipients, over [http] max_recipients ({LIMIT}): send them in more requests",
+        "field": "$.recipients",
+    }
+    cli = _cli(node, *[arg for email in too_many for arg in ("--to", email)])
+    assert cli.returncode == 2 and "[http] max_recipients (5)" in cli.stderr, cli.stderr
+    assert len(node.spool_messages()) == before  # nothing stored
+    # As many as the limit are taken: one message each, one envelope recipient each.
+    status, answer = node.http_post("/api/v1/inject", _request(*too_many[:LIMIT]), TOKEN)
+    assert (status, answer["accepted"]) == (200, LIMIT), answer
+    stored = node.spool_messages()[before:]
+    assert len(stored) == LIMIT
+
+
+@pytest.mark.parametrize("mailbox", ['"quoted local"@dest.test', "u@[127.0.0.1]", "u@[IPv6:::1]"])
+def test_a_quoted_local_part_or_an_address_literal_passes_every_door(node: PigeonProcess, mailbox: str) -> None:
+    assert _smtp_rcpt(node, mailbox)[0] == 250
+    status, answer = node.http_post("/api/v1/inject", _request(mailbox), TOKEN)
+    assert (status, answer.get("accepted")) == (200, 1), answer
+    assert answer["recipients"][0]["email"] == mailbox
+    status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", envelope_sender=mailbox), TOKEN)
+    assert (status, answer.get("accepted")) == (200, 1), answer
+    cli = _cli(node, "--to", mailbox)
+    assert cli.returncode == 0, cli.stderr
+
+
+def test_an_address_literal_that_is_no_address_gets_the_same_text_at_every_door(node: PigeonProcess) -> None:
+    text = "Not a valid address literal: [IPv4] or [IPv6:...] (RFC 5321 4.1.3)"
+    assert _smtp_rcpt(node, "u@[300.1.1.1]") == (501, [f"5.1.3 {text}"])
+    status, answer = node.http_post("/api/v1/inject", _request("u@[300.1.1.1]"), TOKEN)
+    assert (status, answer) == (400, {"error": text, "field": "$.recipients[0].email"})
+
+
+def test_a_refused_injection_is_logged_as_a_rejection_naming_the_token(node: PigeonProcess) -> None:
+    status, _ = node.http_post("/api/v1/inject", _request("ann@example.net", "bad address"), TOKEN)
+    assert status == 400
+    record = _rejection(node, "Not a valid mailbox address (local@domain) ($.recipients[1].email)")
+    assert (record["command"], record["auth_user"], record["response"]["code"]) == ("inject", "app", 400)
+    assert record["session"].startswith("http-") and record["peer"].startswith("127.0.0.1:")
+    nul = _request("ann@example.net", content={"from": {"email": "app@example.org"}, "subject": "a\x00b", "text": "t"})
+    assert node.http_post("/api/v1/inject", nul, TOKEN)[0] == 400
+    _rejection(node, "must not contain a NUL (RFC 5322 allows none in a message) ($.content.subject)")
+    # Over [http] max_request_size by its Content-Length: refused before the body is read.
+    big = _request("ann@example.net", content="Subject: big\n\n" + "x" * 70_000)
+    status, answer = node.http_post("/api/v1/inject", big, TOKEN)
+    assert status == 413, answer
+    record = _rejection(node, "request body is over [http] max_request_size (65536 bytes) ($)")
+    assert (record["response"]["code"], record["auth_user"]) == (413, "app")
+    # No token: 401, and nothing logged (anyone may send those, at no cost).
+    injections = len([r for r in node.records("Rejection") if r["command"] == "inject"])
+    assert node.http_post("/api/v1/inject", _request("ann@example.net", "no token"), None)[0] == 401
+    assert node.http_post("/api/v1/inject", big, None)[0] == 401
+    assert node.http_post("/api/v1/inject", _request("ann@example.net", "then a token"), TOKEN)[0] == 400
+    # (the request after them is logged: had they been, they would be before it)
+    wait_until(lambda: len([r for r in node.records("Rejection") if r["command"] == "inject"]) == injections + 1)
+    assert all(r.get("auth_user") for r in node.records("Rejection") if r["command"] == "inject")
+
+
+def test_a_tenant_over_255_characters_is_refused_at_every_door(node: PigeonProcess) -> None:
+    before = len(node.spool_messages())
+    tenant = "t" * 300
+    text = "5.6.0 X-Tenant header is 300 characters long: at most 255 (it names a queue)"
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        smtp.expect(250, "RCPT TO:<ann@example.net>")
+        smtp.expect(354, "DATA")
+        assert smtp.command(f"X-Tenant: {tenant}\r\nSubject: hi\r\n\r\nhello\r\n.") == (554, [text])
+    raw = _request("ann@example.net", content=f"X-Tenant: {tenant}\nSubject: hi\n\nhello\n")
+    status, answer = node.http_post("/api/v1/inject", raw, TOKEN)
+    assert answer["recipients"] == [{"email": "ann@example.net", "error": f"554 {text}"}], (status, answer)
+    status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 256), TOKEN)
+    assert (status, answer["field"]) == (400, "$.tenant"), answer
+    assert node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 255), TOKEN)[0] == 200
+    assert len(node.spool_messages()) == before + 1
