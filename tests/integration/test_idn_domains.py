@@ -35,6 +35,7 @@ def test_a_label_is_the_form_both_spellings_share() -> None:
     assert a_label("Bücher.TEST") == a_label("xn--bcher-kva.test") == "xn--bcher-kva.test"
     assert a_label("*.bücher.test") == "*.xn--bcher-kva.test"
     assert a_label("[192.0.2.1]") == "[192.0.2.1]"
+    assert a_label("straße.example") == "xn--strae-oqa.example"  # IDNA 2008: not strasse.example
     assert same_mailbox_key(U_LABEL) == same_mailbox_key(A_LABEL)
     assert same_mailbox_key("Idn@bücher.test") != same_mailbox_key(A_LABEL)  # a local part keeps its case
 

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 from pigeon.config.schema import DKIM_OVER_SIGNED, DkimConfig
 from pigeon.dkim.canonical import Field, body_hash, relaxed_header
 from pigeon.dkim.keys import Algorithm, PrivateKey
+from pigeon.smtp.address import a_label
 
 _FOLD: Final = 72  # h= is folded before it passes this many characters on a line
 _PREHASHED: Final = Prehashed(hashes.SHA256())
@@ -192,10 +193,8 @@ def author_domain(fields: Sequence[Field]) -> str | None:
             domain = _address_domain(_first_mailbox(value))
             if domain is None or domain.isascii():
                 return domain
-            try:
-                return domain.encode("idna").decode("ascii")
-            except UnicodeError:
-                return None
+            alabel = a_label(domain)
+            return alabel if alabel.isascii() else None
     return None
 
 

@@ -19,6 +19,7 @@ An address is `local@domain` (RFC 5321 4.1.2), with UTF-8 where the transaction 
 from __future__ import annotations
 
 import array
+import contextlib
 import ipaddress
 import itertools
 import re
@@ -28,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
+
+import idna
 
 MAX_ADDRESS: Final = 254  # octets, RFC 5321 4.5.3.1.3 (256 with the angle brackets)
 MAX_LOCAL: Final = 64  # octets, RFC 5321 4.5.3.1.1
@@ -260,7 +263,9 @@ def a_label(domain: str) -> str:
     """The domain in lower case, each label that is not ASCII as its A-label (IDNA, the form
     DNS knows it by): `bücher.example` and `xn--bcher-kva.example` are one domain, and must
     make one queue, one delivery and one suspension. A label IDNA refuses (or a glob's `*`
-    within one) is kept as written. IDNA 2003's mapping, as the DKIM signer's `d=`."""
+    within one) is kept as written. IDNA 2008 with UTS #46 mapping, as registries and
+    browsers read names: `straße` is `xn--strae-oqa`, not IDNA 2003's `strasse` (which
+    still names a label IDNA 2008 refuses)."""
     domain = domain.lower()
     if domain.isascii():
         return domain
@@ -268,9 +273,12 @@ def a_label(domain: str) -> str:
     for label in domain.split("."):
         if not label.isascii() and not any(c in label for c in "*?["):
             try:
-                label = label.encode("idna").decode("ascii")
-            except UnicodeError:
-                pass
+                label = idna.encode(label, uts46=True).decode("ascii")
+            except idna.IDNAError:
+                # Outside IDNA 2008 (a symbol, say): IDNA 2003 still gives such names an
+                # A-label, as some registries issued them.
+                with contextlib.suppress(UnicodeError):
+                    label = label.encode("idna").decode("ascii")
         labels.append(label)
     return ".".join(labels)
 
