@@ -8,6 +8,9 @@ it arrives, and commits it at the end. The draft:
   one body, so that every message belongs to exactly one scheduled queue;
 * names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
   headers, wherever they are in the header section;
+* refuses a header section with a field RFC 5322 3.6 allows once there twice (two From:
+  one would be signed and the other shown; RFC 6376 8.15), wherever in it they are, and a
+  policy's change that would add one (Pigeon's own DSNs are not looked at);
 * refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3), counted over the
   whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import msgspec
 
 from pigeon.delivery.content import edited
-from pigeon.header_section import HeaderSection, LateField, RoutingNames
+from pigeon.header_section import SINGLE_FIELDS, HeaderSection, LateField, RoutingNames, repeated_field, single_fields
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
@@ -57,6 +60,7 @@ if TYPE_CHECKING:
     from pigeon.dkim.signing import Signing
 
 _log = logging.getLogger(__name__)
+_SINGLE_LOWER: Final = frozenset(name.lower() for name in SINGLE_FIELDS)
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -302,6 +306,8 @@ class Draft:
         refusal = intake._routing_refusal(head, lowered, self._head)
         if refusal is not None:
             return self._refuse(Refused(refusal))
+        if self.arrival.listener != "local" and (repeated := repeated_field(lowered, self._head.late_single)):
+            return self._refuse(Refused(replies.content_field_repeated(repeated)))
         hook = intake.policy.on_message
         if hook is None or self.arrival.listener == "local":
             # (Pigeon's own DSNs are not the policy's to refuse: a refused one would be
@@ -362,7 +368,28 @@ class Draft:
             error = LookupError(f"on_message chose DKIM signer {', '.join(map(repr, unknown))}, which no [[dkim]] "
                                 f"block names (known: {known})")  # fmt: skip
             return self._refuse(self._policy_failed(error))
+        if verdict is not None and verdict.add_headers and (repeated := self._repeated_by(verdict, lowered)):
+            # The policy's fault, as an unknown signer is: its change is not made, the message
+            # waits (451 4.3.0) and a PolicyFailure says why.
+            problem = ValueError(
+                f"on_message added a {repeated} header field the message would then have twice (RFC 5322 3.6 "
+                f"allows one): remove_headers the message's own first"
+            )
+            return self._refuse(self._policy_failed(problem))
         return self._accept(head, lowered, verdict)
+
+    def _repeated_by(self, changes: Changes, lowered: bytes) -> str | None:
+        """The first of the once-only fields that `changes` adds to a message that keeps its
+        own, or adds twice."""
+        removed = {name.lower() for name in changes.remove_headers}
+        kept = {name.lower() for name in single_fields(lowered, self._head.late_single)} - removed
+        for name, _ in changes.add_headers:
+            lowered_name = name.lower()
+            if lowered_name in kept:
+                return name
+            if lowered_name in _SINGLE_LOWER:
+                kept.add(lowered_name)
+        return None
 
     def _policy_failed(self, error: Exception) -> Refused:
         """The refusal of a message whose `on_message` answer cannot be carried out: logged

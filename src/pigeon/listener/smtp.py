@@ -528,10 +528,10 @@ class SmtpConnection(asyncio.Protocol):
         # (`_wait`, with the 250 sent from the callback that completes the commit: commit's `then`)
         self._blocked = True
         self._flush()
-        then = functools.partial(self._stored, draft.id)
+        then = functools.partial(self._stored, draft.id, "BDAT" if event.chunked else "DATA")
         draft.commit(then=lambda stored: self._resume(stored, then, _NOT_STORED))
 
-    def _stored(self, message_id: int, future: asyncio.Future[Any]) -> None:
+    def _stored(self, message_id: int, verb: str, future: asyncio.Future[Any]) -> None:
         """`message_id`: the id the message was given, which the policy's on_message saw (and a
         PolicyFailure names): its Rejection carries it too, or nothing else would name it."""
         error = future.exception()
@@ -540,10 +540,10 @@ class SmtpConnection(asyncio.Protocol):
         elif isinstance(error, (Refused, SpoolError)):
             if isinstance(error, SpoolError):
                 _log.error("session %s: message not stored: %s", self.id, error)
-            self._respond(error.reply, "DATA", format_id(message_id))
+            self._respond(error.reply, verb, format_id(message_id))
         else:
             _log.error("session %s: message not stored", self.id, exc_info=error)
-            self._respond(replies.SPOOL_ERROR, "DATA", format_id(message_id))
+            self._respond(replies.SPOOL_ERROR, verb, format_id(message_id))
         self._recipients = []
 
     def _on_starttls(self, event: StartTls) -> None:

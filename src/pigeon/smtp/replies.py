@@ -214,6 +214,12 @@ def content_line_too_long(limit: int) -> Reply:
     return r(554, "5.6.0", f"Message has a line longer than {limit} octets (RFC 5322 2.1.1)")
 
 
+def content_field_repeated(name: str) -> Reply:
+    """A header section with a field RFC 5322 3.6 allows once there twice (two From: which one
+    would DKIM and DMARC vouch for, which one would the reader see?)."""
+    return r(554, "5.6.0", f"Message has more than one {name} header field (RFC 5322 3.6 allows one)")
+
+
 def no_room_now(size: int) -> Reply:
     """MAIL declared a SIZE the spool has no room for now, though it is under the maximum
     (RFC 1870 6.1: a temporary failure, the client tries again later)."""

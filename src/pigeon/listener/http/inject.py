@@ -8,7 +8,9 @@ template value that would put a line break into a raw message's header section. 
 refused whole (400, 413, 415) is logged as one `Rejection` of command `inject` naming the
 token, as SMTP logs a refused command; one without a known token (401, 403) is not. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
-NUL, over-long lines): one that fails is refused with the reply SMTP would give, 554 5.6.0.
+NUL, over-long lines, a field RFC 5322 3.6 allows once there twice): one that fails is
+refused with the reply SMTP would give, 554 5.6.0; a repeated field in the first recipient's
+message refuses the request (400: it is the content's, whoever the recipient).
 
 The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
@@ -34,6 +36,7 @@ import msgspec
 from aiohttp import web
 
 from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
+from pigeon.header_section import repeated_field_in
 from pigeon.intake import Arrival, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
 from pigeon.listener.http.context import NODE_KEY
@@ -267,6 +270,14 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         )
         if unfit is not None:
             refuse(result, unfit, by_policy=False)
+            continue
+        if (repeated := repeated_field_in(composed.data)) is not None:
+            # Two From (or Subject, ...) fields: the content's fault, whoever the recipient, so
+            # the request is refused whole when the first one's message has them (the intake
+            # would refuse each recipient's with 554 5.6.0 all the same).
+            if first_composed:
+                raise bad_request(f"the message has more than one {repeated} header field (RFC 5322 3.6)", "$.content")
+            refuse(result, replies.content_field_repeated(repeated), by_policy=False)
             continue
         envelope = Envelope(
             sender,
