@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from pigeon.dkim.signing import Signing
 
 _log = logging.getLogger(__name__)
+_LINE_LIMIT: Final = 998  # RFC 5322 2.1.1, without the CRLF
 _SINGLE_LOWER: Final = frozenset(name.lower() for name in SINGLE_FIELDS)
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -171,11 +172,7 @@ class Intake:
         return draft
 
     def _received_header(self, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
-        helo = (
-            arrival.helo
-            if arrival.helo.isascii()
-            else arrival.helo.encode("idna", "replace").decode("ascii", "replace")
-        )
+        helo = arrival.helo if arrival.helo.isascii() else _ascii_name(arrival.helo)
         # HTTP has no HELO: the address alone says where the message came from.
         lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
         if arrival.tls:
@@ -187,7 +184,7 @@ class Intake:
         else:
             lines[-1] += ";"
             lines.append(f"\t{date}")
-        return ("\r\n".join(lines) + "\r\n").encode("utf-8")
+        return b"".join(_folded(line.encode("utf-8")) for line in lines)
 
     def signer_names(self) -> list[str]:
         """The names of the `[[dkim]]` signers, as a policy chooses them (those loaded now)."""
@@ -764,6 +761,34 @@ def _header_value(head: bytes, start: int) -> str | None:
     # A queue name part must not carry the separators of the queue name itself.
     value = value.replace(":", "_").replace("@", "_")
     return value or None
+
+
+def _ascii_name(name: str) -> str:
+    """A client's non-ASCII HELO name as the Received field writes it: its A-labels, or (a
+    name IDNA cannot encode: a label over 63 octets, an empty one) its escapes."""
+    try:
+        return name.encode("idna").decode("ascii")
+    except UnicodeError:
+        return name.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _folded(line: bytes) -> bytes:
+    """One line of our Received field, with its CRLF, folded (RFC 5322 2.2.3: a CRLF before
+    white space it has) where it would be over 998 octets (2.1.1: a next hop may refuse such
+    a message, as Pigeon does, 554 5.6.0), whatever the client named; a word that is longer
+    still (it has no white space to fold at) is cut, with "..." to say so: the field is a
+    trace, and a message that no next hop takes traces nothing."""
+    if len(line) <= _LINE_LIMIT:
+        return line + b"\r\n"
+    folded: list[bytes] = []
+    for word in line.split(b" "):
+        if len(word) > _LINE_LIMIT - 1:  # (after the tab that starts a continuation line)
+            word = word[: _LINE_LIMIT - 4] + b"..."
+        if folded and len(folded[-1]) + 1 + len(word) <= _LINE_LIMIT - 1:  # (a tab may start it)
+            folded[-1] += b" " + word
+        else:
+            folded.append(word)
+    return b"\r\n\t".join(folded) + b"\r\n"
 
 
 @functools.lru_cache(maxsize=4)

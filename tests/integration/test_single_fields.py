@@ -2,7 +2,7 @@
 other shown; RFC 6376 8.15) is refused at every door: SMTP DATA and BDAT 554 5.6.0 naming
 the field, with a Rejection record; POST /api/v1/inject and `pigeon inject` 400 naming it
 (554 5.6.0 for a later recipient whose substitutions add one). A policy that would add a
-second one fails (451 4.3.0)."""
+second one fails (451 4.3.0). An EHLO name over 255 octets is refused (501 5.5.2)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.support.rawsmtp import RawSmtp
 TOKEN = "single-fields-token-0123456789"
 TWO_FROM = b"From: a@example.org\r\nFrom: b@evil.test\r\nSubject: x\r\n\r\nb\r\n"
 REFUSED = "554 5.6.0 Message has more than one From header field (RFC 5322 3.6 allows one)"
+LONG_EHLO = "EHLO name longer than 255 octets: no domain or address literal is"
 # Over 64 KiB of fields before the second one: past what the signer and the policy read.
 FILLER = b"".join(b"X-Filler-%03d: " % n + b"a" * 900 + b"\r\n" for n in range(80))
 
@@ -131,6 +132,16 @@ def test_pigeon_inject_of_a_file_with_two_from_fails_naming_it(pigeon: PigeonPro
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done
     assert "more than one From header field" in done.stderr
+
+
+def test_an_ehlo_name_over_255_octets_is_refused_and_255_is_taken(pigeon: PigeonProcess) -> None:
+    with RawSmtp(pigeon.smtp_port) as smtp:
+        smtp.expect(220)
+        # (No enhanced code before an EHLO was taken: RFC 2034 3, as for every reply.)
+        assert smtp.command("EHLO " + "a" * 252 + ".tld") == (501, [LONG_EHLO])
+        assert smtp.command("EHLO " + "a" * 251 + ".tld")[0] == 250
+        assert smtp.command("HELO " + "a" * 252 + ".tld") == (501, ["5.5.2 " + LONG_EHLO.replace("EHLO", "HELO")])
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
 
 
 def test_a_policy_that_would_add_a_second_from_fails_and_one_that_replaces_it_is_obeyed(tmp_path: Path) -> None:

@@ -64,6 +64,8 @@ class Auth:
 Command = Ehlo | Helo | MailFrom | RcptTo | Data | StartTls | Rset | Noop | Quit | Vrfy | Help | Bdat | Auth
 Parser = Callable[[str, Offer], Command]
 
+MAX_CLIENT_DOMAIN: Final = 255
+"""The longest EHLO or HELO argument taken, in octets."""
 _SOURCE_ROUTE: Final = re.compile(r"@[^,:@\s]+(?:,@[^,:@\s]+)*:")
 _BDAT_SIZE: Final = re.compile(r"[0-9]{1,18}")
 
@@ -96,6 +98,12 @@ def _client_domain(arg: str, verb: str) -> str:
     # Lenient by design: clients announce all sorts of names. We only need one token.
     if not arg or " " in arg or not arg.isprintable():
         raise SmtpProtocolError(replies.syntax(f"Syntax: {verb} hostname", "5.5.4"))
+    if len(arg.encode("utf-8")) > MAX_CLIENT_DOMAIN:
+        # No domain is longer (RFC 1035 2.3.4), nor an address literal: a longer name would
+        # only make our greeting's reply line and the Received field we write over-long.
+        raise SmtpProtocolError(
+            replies.syntax(f"{verb} name longer than {MAX_CLIENT_DOMAIN} octets: no domain or address literal is")
+        )
     return arg
 
 

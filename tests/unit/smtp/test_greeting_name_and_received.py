@@ -1,0 +1,63 @@
+"""An EHLO or HELO name over 255 octets is refused (it would make our greeting's reply line
+and the Received field over-long), and the Received field Pigeon writes keeps every line
+under 998 octets whatever the client named."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pigeon.intake import Arrival, Intake
+from pigeon.message import Envelope, Recipient
+from pigeon.smtp.events import Ehlo, Helo
+from tests.unit.smtp.harness import Peer
+
+
+def _received(helo: str, tls: str | None = None, recipient: str = "user@example.net") -> bytes:
+    intake = SimpleNamespace(hostname="mx.test", clock=time.time)
+    arrival = Arrival("smtp", "s1", "192.0.2.1:25", "192.0.2.1", helo, "ESMTPS", tls=tls)
+    envelope = Envelope("a@example.org", [Recipient(recipient)])
+    return Intake._received_header(intake, envelope, arrival, 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("helo", "tls"),
+    [
+        ("a" * 993, None),  # as an older Pigeon or another door might have taken
+        ("client.test", "TLSv1.3 with cipher " + "X" * 1500 + " (256/256 bits)"),
+        ("client.test " * 200, "TLSv1.3 " * 300),
+        ("\u00e9" * 400, None),  # not ASCII, and no name IDNA can encode
+    ],
+)
+def test_our_received_field_keeps_every_line_under_998_octets_whatever_the_client_named(
+    helo: str, tls: str | None
+) -> None:
+    field = _received(helo, tls)
+    assert field.endswith(b"\r\n") and field.startswith(b"Received: from")
+    lines = field[:-2].split(b"\r\n")
+    assert max(len(line) for line in lines) <= 998, [len(line) for line in lines]
+    assert all(line[:1] == b"\t" for line in lines[1:])  # continuation lines: one field
+    assert field.isascii()
+
+
+def test_a_received_field_of_usual_length_is_written_as_before() -> None:
+    field = _received("client.test", "TLSv1.3 with cipher TLS_AES_256_GCM_SHA384 (256/256 bits)")
+    assert field.startswith(b"Received: from client.test ([192.0.2.1])\r\n\t(using TLSv1.3 with cipher")
+    assert b"\tfor <user@example.net>; " in field
+    assert _received("b\u00fccher.example").startswith(b"Received: from xn--bcher-kva.example ([192.0.2.1])")
+
+
+@pytest.mark.parametrize("verb", ["EHLO", "HELO"])
+def test_a_greeting_name_over_255_octets_is_refused_and_255_is_taken(verb: str) -> None:
+    peer = Peer.start()
+    reply = peer.send(f"{verb} {'a' * 252}.tld\r\n")
+    assert reply == f"501 {verb} name longer than 255 octets: no domain or address literal is\r\n"
+    # 255 octets in UTF-8, not characters: 128 two-octet ones are 256.
+    assert peer.send(verb + " " + "\u00e9" * 128 + "\r\n").startswith("501 ")
+    assert peer.send(f"{verb} {'a' * 251}.tld\r\n").startswith("250")
+    assert [event.domain for event in peer.of_type(Ehlo if verb == "EHLO" else Helo)] == ["a" * 251 + ".tld"]
+    # Once EHLO is taken the reply carries its enhanced code.
+    if verb == "EHLO":
+        assert peer.send(f"EHLO {'a' * 256}\r\n").startswith("501 5.5.2 EHLO name longer than 255 octets")
