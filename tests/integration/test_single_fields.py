@@ -162,3 +162,18 @@ def test_a_policy_that_would_add_a_second_from_fails_and_one_that_replaces_it_is
         (failure,) = pigeon.wait_records("PolicyFailure")
         assert "added a from header field the message would then have twice" in failure["error"], failure
         assert _data(pigeon, b"From: a@example.org\r\nSubject: replace\r\n\r\nb\r\n").startswith("250 ")
+
+
+def test_a_message_from_a_client_that_greets_with_an_idn_is_taken(pigeon: PigeonProcess) -> None:
+    # The Received field wrote such a name with encode("idna", "replace"), an error handler
+    # the idna codec does not take: every message from such a client failed.
+    for name in ("b\u00fccher.example", "\u00e9" * 70 + ".example"):  # (a label IDNA cannot encode)
+        with RawSmtp(pigeon.smtp_port) as smtp:
+            smtp.expect(220)
+            smtp.send(f"EHLO {name}\r\n".encode())
+            smtp.expect(250)
+            smtp.expect(250, "MAIL FROM:<app@example.org>")
+            smtp.expect(250, "RCPT TO:<idn@example.net>")
+            smtp.expect(354, "DATA")
+            smtp.send(b"From: a@example.org\r\nSubject: x\r\n\r\nb\r\n.\r\n")
+            assert smtp.reply()[0] == 250, name
