@@ -37,7 +37,6 @@ SINGLE_FIELDS: Final = (
 )  # fmt: skip
 """The fields RFC 5322 3.6 allows at most once in a message, as they are usually spelt."""
 _SINGLE_NAMES: Final = {name.lower().encode(): name for name in SINGLE_FIELDS}
-_SINGLE_MARKERS: Final = tuple((b"\n" + lowered + b":", name) for lowered, name in _SINGLE_NAMES.items())
 # Any form of one at the start of a line, "From :" too (the obsolete form, RFC 5322 4.5:
 # DKIM and mail readers take it for a From all the same).
 _SINGLE_FIELD: Final = re.compile(rb"\n(" + b"|".join(map(re.escape, _SINGLE_NAMES)) + rb")[ \t]*:")
@@ -48,17 +47,15 @@ def repeated_field(lowered: bytes, late: list[bytes] | None = None) -> str | Non
     more than once, counting `late` (the names `HeaderSection` found past its kept part), or
     None.
 
-    Eleven C-speed counts in the usual case (a few microseconds for a header section of a
-    kilobyte); a regex pass only when a colon follows a blank somewhere ("Re : hello"), or
-    some were found late."""
-    if not late:
-        for marker, name in _SINGLE_MARKERS:
-            if lowered.count(marker) > 1:
-                return name
-        if b" :" not in lowered and b"\t:" not in lowered:
-            return None
+    One regex pass, tried only after each LF: 3.5 us on a usual 1 KiB header section (a
+    Received field, a DKIM signature, ten others), where eleven `bytes.count` calls took 14,
+    and 30 on 3 KiB of 80-octet X- fields (7 here)."""
     seen: set[bytes] = set()
-    for found in [*_SINGLE_FIELD.findall(lowered), *(late or ())]:
+    for found in _SINGLE_FIELD.findall(lowered):
+        if found in seen:
+            return _SINGLE_NAMES[found]
+        seen.add(found)
+    for found in late or ():
         if found in seen:
             return _SINGLE_NAMES[found]
         seen.add(found)
@@ -89,7 +86,7 @@ class RoutingNames:
         self.fields = {name: re.compile(rb"\n" + re.escape(name) + rb"[ \t]*:") for name in names}
         self.markers = tuple(b"\n" + name for name in names)
         self.carry = (
-            max(len(_RECEIVED), *(len(m) for m, _ in _SINGLE_MARKERS), *(len(m) for m in self.markers)) + _BLANKS
+            max(len(_RECEIVED), *(len(name) + 2 for name in _SINGLE_NAMES), *(len(m) for m in self.markers)) + _BLANKS
         )
 
 
