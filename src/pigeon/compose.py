@@ -17,6 +17,7 @@ import base64
 import binascii
 import datetime
 import email.utils
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +59,11 @@ Email = Annotated[
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
 MAX_NAME: Final = MAX_PART
+# A header field's first line (RFC 5322 2.2: printable ASCII but the colon, then the colon;
+# blanks before it as the obsolete syntax allows, RFC 5322 4.5).
+_FIELD_START: Final = re.compile(rb"[!-9;-~]+[ \t]*:")
+_DATE_FIELD: Final = re.compile(rb"\r\ndate[ \t]*:")
+_MESSAGE_ID_FIELD: Final = re.compile(rb"\r\nmessage-id[ \t]*:")
 """The longest tenant or campaign name, in characters."""
 Name = Annotated[
     str,
@@ -334,13 +340,19 @@ class Composer:
 
     def _raw(self, text: str) -> Composed:
         data = _crlf(text).encode("utf-8")
+        if not _FIELD_START.match(data):
+            # No header section (the text starts with a line no field starts with, or with
+            # the empty line): all of it is the body, after the fields added here, as
+            # Postfix's cleanup makes of such mail; glued on, its first line would be taken
+            # for a broken field.
+            data = b"\r\n" + data if not data.startswith(b"\r\n") else data
         head_end = data.find(b"\r\n\r\n")
-        head = data if head_end < 0 else data[: head_end + 2]
+        head = b"" if data.startswith(b"\r\n") else data if head_end < 0 else data[: head_end + 2]
         lowered = b"\r\n" + head.lower()
         extra = []
-        if b"\r\ndate:" not in lowered:
+        if not _DATE_FIELD.search(lowered):
             extra.append(f"Date: {_now()}\r\n")
-        if b"\r\nmessage-id:" not in lowered:
+        if not _MESSAGE_ID_FIELD.search(lowered):
             extra.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
         extra += [f"{name}: {value}\r\n" for name, value in self._routing if value]
         if not data.endswith(b"\r\n"):

@@ -61,6 +61,27 @@ def test_raw_content_keeps_its_own_date_and_message_id() -> None:
     assert data.endswith(b"\r\n\r\nbody\r\n")  # a final line break is added
 
 
+def test_raw_content_with_blanks_before_a_fields_colon_keeps_its_own_date() -> None:
+    data = _compose(_request("Date : Mon, 1 Jan 2024 00:00:00 +0000\nMessage-ID :<m@example.org>\n\nbody"))
+    assert data.lower().count(b"date") == 1 and data.lower().count(b"message-id") == 1
+
+
+@pytest.mark.parametrize("raw", ["just a body line\nand another", "\nafter an empty line", "", "<html> no: field"])
+def test_raw_content_without_a_header_section_is_all_body(raw: str) -> None:
+    data = _compose(_request(raw))
+    message = email.message_from_bytes(data, policy=default)
+    assert message["Date"] and message["Message-ID"]
+    assert message.defects == []
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert body == _crlf_body(raw.removeprefix("\n")), data
+    assert all(b":" in line for line in head.split(b"\r\n")), head
+
+
+def _crlf_body(text: str) -> bytes:
+    data = text.replace("\n", "\r\n").encode()
+    return data if not data or data.endswith(b"\r\n") else data + b"\r\n"
+
+
 def test_tenant_and_campaign_become_the_routing_headers() -> None:
     data = _compose(_request("Subject: x\n\nbody\n", tenant="acme", campaign="spring"))
     message = email.message_from_bytes(data, policy=default)
