@@ -182,6 +182,11 @@ def test_a_request_without_a_valid_token_gets_401_or_403_and_stores_nothing(refu
             "$.content.attachments[0].data",
             "not base64",
         ),
+        (
+            {"content": {"from": {"email": "a@example.org"}, "text": "x", "headers": {"Bad Name": "v"}}},
+            "$.content.headers",
+            "header field name is printable ASCII, without a colon or a space",
+        ),
     ],
 )
 def test_a_malformed_request_gets_400_naming_the_field_and_stores_nothing(

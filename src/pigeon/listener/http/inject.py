@@ -52,7 +52,8 @@ from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
 _DECODER: Final = msgspec.json.Decoder(InjectRequest)
-_FIELD: Final = re.compile(r" - at `(\$[^`]*)`$")
+# msgspec's path of what it refused; "`key` in" it when a mapping's key was the trouble.
+_FIELD: Final = re.compile(r" - at (`key` in )?`(\$[^`]*)`$")
 # Composing runs on the loop: it gives the loop a turn at least this often (seconds), so
 # that SMTP and the other requests go on meanwhile, however slow the templates.
 _YIELD_AFTER: Final = 0.02
@@ -324,11 +325,17 @@ async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -
 def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBadRequest:
     """400 with a JSON body naming the field (msgspec's messages end with its path)."""
     message = str(error)
+    key = False
     if field is None and (match := _FIELD.search(message)) is not None:
-        field, message = match.group(1), message[: match.start()]
+        key, field, message = bool(match.group(1)), match.group(2), message[: match.start()]
     if "matching regex" in message:  # the schema's pattern is no help to a person: say what it means
         is_address = field is not None and field.endswith((".email", "envelope_sender"))
-        message = "Not a valid mailbox address (local@domain)" if is_address else "Not of the required form"
+        if key and field is not None and field.endswith(".headers"):
+            message = "A header field name is printable ASCII, without a colon or a space (RFC 5322 2.2)"
+        elif key:
+            message = "A name in it is not of the required form"
+        else:
+            message = "Not a valid mailbox address (local@domain)" if is_address else "Not of the required form"
     body = msgspec.json.encode(ErrorResponse(message, field))
     return web.HTTPBadRequest(body=body, content_type="application/json")
 
@@ -343,7 +350,7 @@ def _address_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
     """400 for an address the request's schema refused, with the text `pigeon.smtp.address`
     gives (what SMTP says of the same address), rather than "does not match the pattern"."""
     match = _FIELD.search(error)
-    if match is None or not _ADDRESS_FIELD.fullmatch(field := match.group(1)):
+    if match is None or match.group(1) or not _ADDRESS_FIELD.fullmatch(field := match.group(2)):
         return None
     value: Any = msgspec.json.decode(body)
     for name, index in _STEP.findall(field):
