@@ -225,6 +225,15 @@ def test_a_utf8_recipient_gets_a_global_delivery_status() -> None:
     assert b"Final-Recipient: utf-8; ren\xc3\xa9e@example.net" in parts[1].as_bytes()
 
 
+def test_a_utf8_recipient_in_a_plain_delivery_status_is_written_as_utf8_addr_xtext() -> None:
+    # Mail that asked for no SMTPUTF8 (an HTTP injection to a U-label domain, say): the report's
+    # delivery-status part is ASCII, so the address goes in RFC 6533's escaped form.
+    data, parsed = report(envelope(Recipient("ren+é@bücher.example")))
+    (block,) = status_blocks(parsed)[1:]
+    assert block["Final-Recipient"] == "utf-8; ren\\x{2B}\\x{E9}@b\\x{FC}cher.example"
+    assert data.split(b"\r\n\r\n", 1)[0].isascii()
+
+
 def test_a_global_delivery_status_report_says_so_in_its_report_type() -> None:
     # RFC 6522 3: report-type is the subtype of the second part.
     _, parsed = report(envelope(Recipient("renée@example.net"), smtputf8=True))
