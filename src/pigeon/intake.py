@@ -26,6 +26,7 @@ it arrives, and commits it at the end. The draft:
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import logging
 import re
@@ -375,6 +376,23 @@ class Draft:
             return self._refuse(self._policy_failed(problem))
         return self._accept(head, lowered, verdict)
 
+    def _complete_submission(self, lowered: bytes, now: float) -> None:
+        """A message submitted over authenticated SMTP without a Date or Message-ID gets ours,
+        as HTTP injection's does (RFC 6409 8.2, 8.3: a submission server may add them): the
+        author's program left them out, and Gmail and others refuse mail without a
+        Message-ID. Added on the way out with the policy's edits, and signed so."""
+        envelope = self.envelope
+        present = single_fields(lowered, self._head.late_single)
+        present |= {field.partition(":")[0].strip() for field in envelope.headers_added or ()}
+        present = {name.lower() for name in present}
+        added = []
+        if "date" not in present:
+            added.append(f"Date: {_rfc5322_date(int(now))}")
+        if "message-id" not in present:
+            added.append(f"Message-ID: {email.utils.make_msgid(domain=self._intake.hostname)}")
+        if added:
+            envelope.headers_added = [*(envelope.headers_added or ()), *added]
+
     def _repeated_by(self, changes: Changes, lowered: bytes) -> str | None:
         """The first of the once-only fields that `changes` adds to a message that keeps its
         own, or adds twice."""
@@ -423,6 +441,8 @@ class Draft:
         envelope = self.envelope
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
+        if self.arrival.auth_user is not None and self.arrival.listener == "smtp":
+            self._complete_submission(lowered, now)
         late = self._head.late_routing  # a line past the kept part starts with a routing name
         if tenant is None and campaign is None and (late or intake._has_routing_field(lowered)):
             # A routing header without a value (or any other form that names no queue): it
