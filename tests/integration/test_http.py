@@ -89,6 +89,16 @@ def _exchange(
         connection.close()
 
 
+def _raw_exchange(node: PigeonProcess, request: bytes) -> bytes:
+    """Bytes the client library would not send as they are: the whole answer, until the close."""
+    with socket.create_connection(("127.0.0.1", node.http_port), timeout=10) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    return answer
+
+
 def _token(node: PigeonProcess) -> dict[str, str]:
     return {"Authorization": f"Bearer {node.local_token}"}
 
@@ -140,11 +150,7 @@ def test_two_authorization_headers_are_refused_whichever_comes_first(api_node: P
             f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {first}\r\nAuthorization: {second}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
-        with socket.create_connection(("127.0.0.1", api_node.http_port), timeout=10) as connection:
-            connection.sendall(request)
-            answer = b""
-            while chunk := connection.recv(65536):
-                answer += chunk
+        answer = _raw_exchange(api_node, request)
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.split(b" ")[1] == b"400", answer
         assert "one Authorization header" in json.loads(body)["error"]
@@ -162,11 +168,7 @@ def test_an_error_from_the_router_or_the_http_parser_is_json_too(api_node: Pigeo
         b"POST /api/v1/admin/retry HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     )
-    with socket.create_connection(("127.0.0.1", api_node.http_port), timeout=10) as connection:
-        connection.sendall(request)
-        answer = b""
-        while chunk := connection.recv(65536):
-            answer += chunk
+    answer = _raw_exchange(api_node, request)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0].split(b" ")[1] == b"400", answer
     assert b"content-type: application/json" in head.lower(), answer
