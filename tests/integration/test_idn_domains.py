@@ -97,3 +97,13 @@ def test_an_ascii_mailbox_at_a_u_label_domain_goes_as_its_a_label_to_a_server_wi
         assert "SMTPUTF8" not in received.mail_options
         assert pigeon.wait_records("Delivery")[0]["recipient"] == U_LABEL  # logged as the client wrote it
         assert pigeon.records("Bounce") == []
+
+
+def test_config_globs_and_inbound_routes_written_as_u_labels_name_either_spelling() -> None:
+    from pigeon.config.patterns import address_glob, domain_glob
+    from pigeon.inbound.routes import InboundRoute, InboundRoutes
+
+    assert domain_glob("Bücher.test.") == domain_glob("xn--bcher-kva.test") == "xn--bcher-kva.test"
+    assert address_glob("support@bücher.test") == "support@xn--bcher-kva.test"
+    routes = InboundRoutes([InboundRoute("app", recipient=address_glob("support@bücher.test"))])
+    assert routes.target("support@bücher.test") == routes.target("support@xn--bcher-kva.test") == "app"

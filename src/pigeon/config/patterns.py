@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Final
 
 from pigeon.queue.names import printable_beyond_ascii
+from pigeon.smtp.address import a_label
 
 _METAS: Final = frozenset("*?")
 _NAME_PUNCTUATION: Final = frozenset("-_")
@@ -143,9 +144,12 @@ def _outer(pattern: str) -> str:
 
 
 def _host(text: str) -> str:
-    """A host name glob, lower-cased already: checked, and its one final dot taken off."""
+    """A host name glob, lower-cased already: checked, its one final dot taken off, and each
+    label that is not ASCII written as its A-label, as recipient domains are matched
+    (`a_label`): `[[shaping]] domain = "bücher.example"` names xn--bcher-kva.example's mail."""
     if text.endswith(".") and text != ".":
         text = text[:-1]
+    text = a_label(text)
     labels = _labels(text)
     if "" in labels:
         raise PatternError("has an empty label (a dot at the start, or two in a row, as in 'a..b')")

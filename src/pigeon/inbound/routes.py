@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.queue.policy import InboundFailures
+from pigeon.smtp.address import a_label
 
 PREFIX: Final = "inbound:"
 _DEFAULT: Final = InboundFailures()
@@ -80,8 +81,10 @@ class InboundRoutes:
         """The first route matching a recipient address, else None."""
         if address in self._cache:
             return self._cache[address]
-        lowered = address.lower()
-        domain = lowered.rpartition("@")[2]
+        # The domain as its A-label, as the config's globs are written (`config.patterns`).
+        local, at, domain = address.lower().rpartition("@")
+        domain = a_label(domain) if at else domain
+        lowered = f"{local}@{domain}" if at else domain
         route = next((r for r in self._routes if r.matches(lowered, domain)), None)
         if len(self._cache) > 50_000:
             self._cache.clear()

@@ -18,7 +18,7 @@ from pigeon.config.patterns import PatternError, address_glob, domain_glob, queu
         ("*.Example.net", "*.example.net"),
         ("*", "*"),
         ("mx[0-9].example.org", "mx[0-9].example.org"),
-        ("bücher.example", "bücher.example"),
+        ("Bücher.example", "xn--bcher-kva.example"),  # as recipient domains are matched
         ("_dmarc.example.com", "_dmarc.example.com"),
     ],
 )
