@@ -263,6 +263,13 @@ class Broadcast:
         while self._unsent:
             unsent = self._unsent[0]
             change = unsent.change
+            if change.rule is not None and (stale := self._stale(unsent)) is not None:
+                # The other nodes would make it from the request at once, bouncing (or holding)
+                # what they queue, and ending it a whole duration after they read it.
+                self._unsent.pop(0)
+                _log.warning("admin stream: %s %s, made here while Redis was away, not sent: %s",
+                             unsent.method, unsent.path, stale)  # fmt: skip
+                continue
             async with self._redis.pipeline(transaction=True) as pipe:
                 await pipe.watch(self._rules, self._ended)
                 blob: Any = await pipe.hget(self._rules, change.rule_id)
@@ -308,6 +315,19 @@ class Broadcast:
             else:
                 outcome = "not sent: the cluster holds that rule already, or ended it since"
             _log.warning("admin stream: %s %s, made here while Redis was away, %s", unsent.method, unsent.path, outcome)
+
+    def _stale(self, unsent: _Unsent) -> str | None:
+        """Why a rule made here while Redis was away is not to be sent, if it is not: ended here
+        since (a later unsent end, which then finds nothing to end), or by itself."""
+        change = unsent.change
+        if any(
+            later.change.rule is None and (later.change.rule_id, later.change.kind) == (change.rule_id, change.kind)
+            for later in self._unsent[1:]
+        ):
+            return "ended here since"
+        if change.rule is not None and not change.rule.live(time.time()):
+            return "it has ended by itself since"
+        return None
 
     async def _present(self) -> dict[str, int]:
         """The other nodes present: node -> its workers (each answers for itself)."""

@@ -92,3 +92,42 @@ async def test_a_rule_made_while_redis_was_away_is_sent_unless_ended_since(
         client.close()
     finally:
         await broadcast.close()
+
+
+async def test_a_standing_bounce_made_and_cancelled_while_redis_was_away_is_not_sent(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Sent in order, the bounce would reach every other node before its cancel, and each would
+    bounce what it holds at once: neither goes, the cluster never held the rule."""
+    broadcast = _broadcast(tmp_path, redis_server)
+    try:
+        body = json.dumps({"domain": "other.test", "duration": "2h", "id": "b2"}).encode()
+        await _while_away(broadcast, redis_server, "POST", "/api/v1/admin/bounce", body)
+        await _while_away(broadcast, redis_server, "DELETE", "/api/v1/admin/bounce/b2", b"")
+        await broadcast.send_unsent()
+        client = redis_server.client()
+        assert client.xlen(STREAM) == 0
+        assert not client.hexists(RULES, "b2")
+        client.close()
+    finally:
+        await broadcast.close()
+
+
+async def test_a_standing_bounce_that_ended_by_itself_while_redis_was_away_is_not_sent(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other nodes would make it again from the request, ending a duration after they read
+    it: a bounce over long ago would bounce their mail for that long."""
+    broadcast = _broadcast(tmp_path, redis_server)
+    try:
+        body = json.dumps({"domain": "other.test", "duration": "1m", "id": "b3"}).encode()
+        await _while_away(broadcast, redis_server, "POST", "/api/v1/admin/bounce", body)
+        later = time.time() + 120
+        monkeypatch.setattr(time, "time", lambda: later)
+        await broadcast.send_unsent()
+        client = redis_server.client()
+        assert client.xlen(STREAM) == 0
+        assert not client.hexists(RULES, "b3")
+        client.close()
+    finally:
+        await broadcast.close()
