@@ -32,10 +32,12 @@ KEPT: Final = 64 * 1024
 _BLANKS: Final = 64  # blanks before a routing field's colon ("X-Tenant  :") found across two writes
 _RECEIVED: Final = b"\nreceived:"
 _FIELD_END: Final = re.compile(rb"\r\n[^ \t]")  # a line that does not continue the field before it
-SINGLE_FIELDS: Final = (
-    "From", "Sender", "Reply-To", "To", "Cc", "Bcc", "Message-ID", "In-Reply-To", "References", "Subject", "Date",
-)  # fmt: skip
-"""The fields RFC 5322 3.6 allows at most once in a message, as they are usually spelt."""
+SINGLE_FIELDS: Final = ("From", "Sender", "Reply-To", "To", "Message-ID", "Subject", "Date")
+"""Fields RFC 5322 3.6 allows at most once in a message, as they are usually spelt: those that
+say who wrote it, to whom, what and when, which a reader shows one of and a verifier checks
+(Gmail refuses mail with two). Cc, Bcc, In-Reply-To and References are allowed once too, but
+mail with two of one still reaches people (RFC 5322 4.5's obsolete syntax allowed it): an MX
+refusing it for good would lose mail no one can be misled by."""
 _SINGLE_NAMES: Final = {name.lower().encode(): name for name in SINGLE_FIELDS}
 # Any form of one at the start of a line, "From :" too (the obsolete form, RFC 5322 4.5:
 # DKIM and mail readers take it for a From all the same).

@@ -80,7 +80,12 @@ def test_smtp_refuses_a_second_from_naming_it_and_logs_the_rejection(
                 b"Subject: x\r\n\r\nb\r\n").startswith("250 ")  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["Subject", "Message-ID", "Reply-To", "Date", "Cc"])
+def test_two_cc_or_references_fields_still_pass(pigeon: PigeonProcess) -> None:
+    message = b"From: a@example.org\r\nCc: b@example.org\r\nCc: c@example.org\r\nReferences: <1@x>\r\n"
+    assert _data(pigeon, message + b"references: <2@x>\r\nSubject: old mail\r\n\r\nb\r\n").startswith("250 ")
+
+
+@pytest.mark.parametrize("name", ["Subject", "Message-ID", "Reply-To", "Date", "To"])
 def test_any_field_allowed_once_is_refused_twice_in_any_case(pigeon: PigeonProcess, name: str) -> None:
     value = b"<x@example.org>"
     field = name.encode() + b": " + value + b"\r\n"

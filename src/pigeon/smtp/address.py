@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import functools
 import ipaddress
 import itertools
 import re
@@ -259,6 +260,7 @@ def same_mailbox_key(address: str) -> str:
     return f"{local}{at}{a_label(domain)}" if at else address
 
 
+@functools.lru_cache(maxsize=8192)  # an IDN costs ~20 us; a recipient's domain is asked for per rule and queue
 def a_label(domain: str) -> str:
     """The domain in lower case, each label that is not ASCII as its A-label (IDNA, the form
     DNS knows it by): `bücher.example` and `xn--bcher-kva.example` are one domain, and must
