@@ -52,7 +52,7 @@ from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import queue_name, queue_part_problem, scheduled_queue
 from pigeon.smtp import replies
-from pigeon.smtp.address import same_mailbox_key, with_a_label
+from pigeon.smtp.address import a_label, same_mailbox_key, with_a_label
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Once, Settling, Spool, SpoolError
@@ -677,7 +677,7 @@ def _apply(
     if changes.campaign is not None:
         campaign = changes.campaign or None
     if changes.route is not None:
-        envelope.routing_domain = changes.route.lower() or None
+        envelope.routing_domain = a_label(changes.route) or None  # as recipient domains are named
     if changes.egress_pool is not None:
         envelope.egress_pool = changes.egress_pool or None
     if changes.dkim is not None:

@@ -20,6 +20,7 @@ from pigeon.policy.answers import Defer, Fail, Reclassify, Reroute
 from pigeon.policy.hooks import HookFailed, Policy
 from pigeon.policy.objects import Delivery, DeliveryOutcome, RecipientResult
 from pigeon.queue.attempt import Attempt
+from pigeon.smtp.address import a_label
 from pigeon.smtp.replies import Reply
 
 
@@ -64,9 +65,10 @@ class DeliveryHooks:
             reply = Reply(verdict.code, verdict.enhanced, (verdict.reason,))
             return Attempt.same_for_all(reply, count, self._classify(reply), site)
         current = message.envelope.routing_domain or message.envelope.recipients[0].domain
-        if verdict.domain.lower() == current.lower():
+        domain = a_label(verdict.domain)  # as recipient domains are named: a U-label is its A-label
+        if domain == a_label(current):
             return None  # already routed so: a hook that reroutes every time must not loop
-        return verdict
+        return Reroute(domain)
 
     async def after(self, message: Message, attempt: Attempt) -> Attempt:
         """The attempt as the queue should take it."""
