@@ -289,7 +289,7 @@ class Broadcast:
                             "node": self.node,
                             "method": unsent.method,
                             "path": unsent.path,
-                            "body": unsent.body,
+                            "body": _what_is_left(unsent.body, change.rule),
                             "operator": unsent.operator,
                             "time": repr(time.time()),  # sent now: not a late operation
                         },
@@ -686,6 +686,22 @@ def _ended_after(tombstone: Any, when: float) -> bool:
         at = json.loads(tombstone).get("at") if tombstone is not None else None
         return at is not None and float(at) > when
     return False
+
+
+def _what_is_left(body: bytes, rule: Rule | None) -> bytes:
+    """The request body of a rule made while Redis was away, its duration cut to what is left
+    of it: the other nodes count a duration from when they read it, and would otherwise hold
+    (or bounce) for the whole of it again, past the end Redis keeps for the rule."""
+    if rule is None or rule.expires is None:
+        return body
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(request, dict) or request.get("duration") is None:
+        return body
+    request["duration"] = round(max(rule.expires - time.time(), 0.001), 3)
+    return json.dumps(request).encode()
 
 
 def _end_of(blob: Any) -> float | None:

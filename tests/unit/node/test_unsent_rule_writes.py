@@ -131,3 +131,26 @@ async def test_a_standing_bounce_that_ended_by_itself_while_redis_was_away_is_no
         client.close()
     finally:
         await broadcast.close()
+
+
+async def test_a_standing_bounce_sent_late_lasts_only_what_is_left_of_it(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other nodes count its duration from when they read it: sent 30 minutes late, a
+    2-hour bounce must say 90 minutes, or it would bounce their mail past its end."""
+    broadcast = _broadcast(tmp_path, redis_server)
+    try:
+        body = json.dumps({"domain": "other.test", "duration": "2h", "id": "b4"}).encode()
+        await _while_away(broadcast, redis_server, "POST", "/api/v1/admin/bounce", body)
+        later = time.time() + 1800
+        monkeypatch.setattr(time, "time", lambda: later)
+        await broadcast.send_unsent()
+        client = redis_server.client()
+        ((_, entries),) = client.xread({STREAM: "0"})
+        ((_, fields),) = entries
+        sent = json.loads(fields[b"body"])
+        assert 5390 <= sent["duration"] <= 5400, sent
+        assert (sent["domain"], sent["id"]) == ("other.test", "b4")
+        client.close()
+    finally:
+        await broadcast.close()
