@@ -59,9 +59,11 @@ Email = Annotated[
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
 MAX_NAME: Final = MAX_PART
-# A header field's first line (RFC 5322 2.2: printable ASCII but the colon, then the colon;
+# A header field's first line is printable ASCII but the colon, then the colon (RFC 5322 2.2;
 # blanks before it as the obsolete syntax allows, RFC 5322 4.5).
-_FIELD_START: Final = re.compile(rb"[!-9;-~]+[ \t]*:")
+_FIELD_LINES: Final = re.compile(rb"(?:[!-9;-~]+[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
+"""The header fields a message starts with, their continuation lines included (linear: a
+field's first line and a continuation line never start alike)."""
 _DATE_FIELD: Final = re.compile(rb"\r\ndate[ \t]*:")
 _MESSAGE_ID_FIELD: Final = re.compile(rb"\r\nmessage-id[ \t]*:")
 """The longest tenant or campaign name, in characters."""
@@ -340,14 +342,16 @@ class Composer:
 
     def _raw(self, text: str) -> Composed:
         data = _crlf(text).encode("utf-8")
-        if not _FIELD_START.match(data):
-            # No header section (the text starts with a line no field starts with, or with
-            # the empty line): all of it is the body, after the fields added here, as
-            # Postfix's cleanup makes of such mail; glued on, its first line would be taken
-            # for a broken field.
-            data = b"\r\n" + data if not data.startswith(b"\r\n") else data
-        head_end = data.find(b"\r\n\r\n")
-        head = b"" if data.startswith(b"\r\n") else data if head_end < 0 else data[: head_end + 2]
+        if data and not data.endswith(b"\r\n"):
+            data += b"\r\n"  # SMTP carries lines: the last one ends too
+        # The header section ends at the empty line, or at the first line that neither starts
+        # a field nor continues one: there the body starts, after an empty line put in, as
+        # Postfix's cleanup makes of such mail (a text with no header at all is all body).
+        # Left as it was, that line would be a broken field, and the body would start later.
+        end = _FIELD_LINES.match(data).end()  # type: ignore[union-attr]  # (matches the empty string)
+        if not data.startswith(b"\r\n", end):
+            data = data[:end] + b"\r\n" + data[end:]
+        head = data[:end]
         lowered = b"\r\n" + head.lower()
         extra = []
         if not _DATE_FIELD.search(lowered):
@@ -355,8 +359,6 @@ class Composer:
         if not _MESSAGE_ID_FIELD.search(lowered):
             extra.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
         extra += [f"{name}: {value}\r\n" for name, value in self._routing if value]
-        if not data.endswith(b"\r\n"):
-            data += b"\r\n"  # SMTP carries lines: the last one ends too
         data = "".join(extra).encode() + data
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
         return Composed(data, smtputf8=not head.isascii())

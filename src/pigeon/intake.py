@@ -784,12 +784,10 @@ def _header_value(head: bytes, start: int) -> str | None:
 
 
 def _ascii_name(name: str) -> str:
-    """A client's non-ASCII HELO name as the Received field writes it: its A-labels, or (a
-    name IDNA cannot encode: a label over 63 octets, an empty one) its escapes."""
-    try:
-        return name.encode("idna").decode("ascii")
-    except UnicodeError:
-        return name.encode("ascii", "backslashreplace").decode("ascii")
+    """A client's non-ASCII HELO name as the Received field writes it: its A-labels (as
+    `a_label` writes every domain), or, where a label has none (over 63 octets, empty), with
+    what is left not ASCII escaped."""
+    return a_label(name).encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _folded(line: bytes) -> bytes:

@@ -25,6 +25,7 @@ from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, printab
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
 from pigeon.config.schema import Config
+from pigeon.smtp.address import a_label
 
 _EXAMPLES = {
     "check": ["pigeon shaping check /etc/pigeon/pigeon.toml"],
@@ -150,7 +151,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from pigeon.shaping.rules import ShapingQuery, ShapingRules
 
     config = load_config(args)
-    domain = args.domain.strip().rstrip(".").lower()
+    domain = a_label(args.domain.strip().rstrip("."))  # as the node names a recipient's domain
     source: str | None = args.source
     if source is not None and source not in (names := [s.name for s in config.source]):
         print(f"pigeon: no [[source]] called {source!r} (known: {', '.join(names) or 'none'})", file=sys.stderr)

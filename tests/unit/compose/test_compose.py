@@ -77,6 +77,13 @@ def test_raw_content_without_a_header_section_is_all_body(raw: str) -> None:
     assert all(b":" in line for line in head.split(b"\r\n")), head
 
 
+def test_raw_content_whose_header_stops_at_a_line_that_is_no_field_has_its_body_start_there() -> None:
+    data = _compose(_request("Hello: world\n folded on\nThis is body text\nmore: body\n", template=False))
+    message = email.message_from_bytes(data, policy=default)
+    assert message["Hello"] == "world folded on" and message.defects == []
+    assert data.endswith(b"Hello: world\r\n folded on\r\n\r\nThis is body text\r\nmore: body\r\n")
+
+
 def _crlf_body(text: str) -> bytes:
     data = text.replace("\n", "\r\n").encode()
     return data if not data or data.endswith(b"\r\n") else data + b"\r\n"
