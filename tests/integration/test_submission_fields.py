@@ -55,6 +55,7 @@ def test_a_submission_gets_the_date_and_message_id_it_lacks(
         assert (dates, ids) == (["Mon, 01 Jan 2024 00:00:00 +0000"], ["<own@example.org>"])
     elif login:
         assert len(dates) == 1 and len(ids) == 1, received.data
+        assert received.data.startswith(b"Received: ")  # the trace field stays on top (RFC 5322 3.6.7)
         assert ids[0].endswith(">") and "@" in ids[0]
     else:
         assert (dates, ids) == ([], [])

@@ -14,6 +14,7 @@ empty line after it).
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from pigeon.message import Envelope, Message
@@ -57,10 +58,16 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
     return b"\r\n".join(kept) + rest
 
 
+# The trace fields a message starts with, each with its continuation lines.
+_TRACE: Final = re.compile(rb"(?:(?i:received|return-path)[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
+
+
 def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTING_HEADERS) -> bytes:
     """`stored` (the spooled bytes) with the routing headers (`routing`: lower-case names) and
-    the policy's removed headers taken off, and the policy's added headers on top, in the
-    order the hook gave them: what the DKIM signatures are made over.
+    the policy's removed headers taken off, and the added headers (the policy's, a
+    submission's Date and Message-ID) in the order given, on top but below the trace fields
+    the message starts with (Received, Return-Path: RFC 5322 3.6.7 keeps them in a block at
+    the top): what the DKIM signatures are made over.
 
     Returns `stored` itself when nothing changes (the usual case: no copy).
     """
@@ -78,7 +85,8 @@ def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTI
         on_top = "".join(
             field + "\r\n" for field in added if field.split(":", 1)[0].strip().lower().encode() not in routing
         )
-        message = on_top.encode("utf-8") + message
+        at = _TRACE.match(message).end()  # type: ignore[union-attr]  # (matches the empty string)
+        message = message[:at] + on_top.encode("utf-8") + message[at:]
     return message
 
 

@@ -105,7 +105,8 @@ class Changes:
       lookup apply to it); "" routes by the recipients' domain.
     * `egress_pool`: the egress pool to send from (kept with the message).
     * `dkim`: names of the `[[dkim]]` signers to sign with; an empty list: do not sign.
-    * `add_headers`: (name, value) fields put on top of the message, in this order. A value
+    * `add_headers`: (name, value) fields put on top of the message (below its trace fields:
+      Received, Return-Path), in this order. A value
       is given as one line; Pigeon folds it at its white space into lines of at most 78
       octets where it can (`folded_field`), and refuses one with a line it cannot fold
       under 998 octets. A value that is not ASCII makes the message need SMTPUTF8
