@@ -101,11 +101,16 @@ def test_a_bulk_bounce_issued_on_one_node_reaches_mail_queued_on_the_other(
     assert row["acted_on"] == 8 and row["running"] == 0
 
 
-def test_a_bounce_a_node_gets_late_leaves_alone_the_mail_it_accepted_since(
-    tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [("bounce", {"domain": "example.net"}), ("rebind", {"domain": "example.net", "to_queue": "moved"})],
+)
+def test_a_bulk_operation_a_node_gets_late_leaves_alone_the_mail_it_accepted_since(
+    tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer, action: str, body: dict[str, str]
 ) -> None:
     # Node b reaches Redis through a proxy the test cuts: it keeps accepting mail, and reads
-    # the bounce issued meanwhile on node a once its way to Redis is back.
+    # the operation issued meanwhile on node a once its way to Redis is back.
+    said = f"admin {action} by ops of domain=example.net"
     with ExitStack() as stack:
         proxy = stack.enter_context(TcpProxy(redis_server.port))
         a, b = (
@@ -120,27 +125,28 @@ def test_a_bounce_a_node_gets_late_leaves_alone_the_mail_it_accepted_since(
             )
             for name, url in (("a", redis_server.url), ("b", proxy.url))
         )
-        _defer(b, 2)  # queued when the bounce is issued: bounced
+        _defer(b, 2)  # queued when the operation is issued: acted on
         proxy.cut()
         answers: list[tuple[int, Any]] = []
-        asking = threading.Thread(
-            target=lambda: answers.append(_api(a, "POST", "/api/v1/admin/bounce", {"domain": "example.net"}))
-        )
+        asking = threading.Thread(target=lambda: answers.append(_api(a, "POST", f"/api/v1/admin/{action}", body)))
         asking.start()  # (a waits up to 30 s for b's answer)
-        wait_until(lambda: "admin bounce by ops of domain=example.net" in a.stderr(), 15)
-        _defer(b, 5)  # 5 more, accepted after the bounce was issued: their senders were told 250
+        wait_until(lambda: said in a.stderr(), 15)
+        _defer(b, 5)  # 5 more, accepted after it was issued: their senders were told 250
         proxy.restore()
-        bounced = wait_until(lambda: len(b.records("AdminBounce")) >= 2 and b.records("AdminBounce"), 30)
+        wait_until(lambda: said in b.stderr(), 30)
         asking.join(40)
         assert answers and answers[0][0] == 200, answers
-        time.sleep(1)  # the bounce had its time to reach the others, had it been going to
-        assert len(b.records("AdminBounce")) == 2, b.records("AdminBounce")
-        early = {r["id"] for r in b.records("TransientFailure")[:2]}
-        assert {r["id"] for r in bounced} == early
+        time.sleep(1)  # the operation had its time to reach the others, had it been going to
+        assert f"{said}: 2 messages" in b.stderr()
         status, queues = _api(b, "GET", "/api/v1/queues", token=READER)
         assert status == 200, queues
-        assert sum(row["messages"] for row in queues["scheduled"] if row["queue"].endswith("example.net")) == 5
-        assert "admin bounce by ops of domain=example.net: 2 messages" in b.stderr()
+        queued = {row["queue"]: row["messages"] for row in queues["scheduled"]}
+        assert queued["example.net"] == 5, queued
+        early = {r["id"] for r in b.records("TransientFailure")[:2]}
+        if action == "bounce":
+            assert {r["id"] for r in b.records("AdminBounce")} == early
+        else:
+            assert queued["moved"] == 2, queued
 
 
 def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(

@@ -358,14 +358,18 @@ class Admin:
         routing_domain: str | None,
         operator: str,
         operation: str | None = None,
+        accepted_before: float | None = None,
     ) -> dict[str, Any]:
         """Move matching messages to another scheduled queue and/or route them as if their
         recipients were in `routing_domain` (its [[route]] or MX); they are due at once. Of a
-        message being sent, what its attempt leaves is moved when the attempt ends."""
+        message being sent, what its attempt leaves is moved when the attempt ends.
+        `accepted_before`: as for `bounce`, only those accepted before then."""
         now = self._clock()
         mark = RebindMark(queue, routing_domain)
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
+            if accepted_before is not None and entry.message.created > accepted_before:
+                return _Done.IGNORED, None
             if entry.state is State.IN_FLIGHT and entry.started:
                 entry.rebind = mark
                 return _Done.MARKED, None

@@ -192,8 +192,8 @@ async def perform(
 
     What the HTTP handlers run, and what every other node runs for a request issued on one
     node (`pigeon.node.broadcast`), `issued` then being when (`time.time()` on that node): a
-    bounce of what is queued leaves alone what this node accepted since. Refusals are raised
-    as `web.HTTPException`."""
+    bounce or a rebind of what is queued leaves alone what this node accepted since. Refusals
+    are raised as `web.HTTPException`."""
     action, rule_id = _route(method, path)
     if action == "queues":
         return 200, await admin.summary()
@@ -216,6 +216,7 @@ async def perform(
             routing_domain=request.routing_domain,
             operator=operator,
             operation=request.id,
+            accepted_before=issued,  # (None: issued here, now)
         )
     elif not isinstance(request, BounceRequest):
         answer = await admin.retry(request.selector(), request.id)
