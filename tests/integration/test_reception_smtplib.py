@@ -55,7 +55,8 @@ def test_a_mailbox_named_twice_in_one_envelope_is_stored_once(pigeon: PigeonProc
         "spring:acme@example.net": ["a@example.net", "A@example.net"],
         "spring:acme@other.test": ["c@other.test"],
     }
-    logged = {r["queue"]: r["recipients"] for r in pigeon.records("Reception")}
+    # The log file is written after the 250 (the records were committed with the messages).
+    logged = {r["queue"]: r["recipients"] for r in pigeon.wait_records("Reception", 2)}
     assert logged == by_queue
 
 
