@@ -26,6 +26,7 @@ from typing import Protocol
 
 from pigeon.logs.peer_text import shown
 from pigeon.message import Envelope, Message, Recipient, format_id
+from pigeon.smtp.extensions import encode_utf8_addr_xtext
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Settling, Spool
@@ -97,7 +98,7 @@ def build_report(
             fields = [f"Final-Recipient: rfc822; {_field(address)}"]
         else:
             # RFC 6533 3: UTF-8 as it is only in a message/global-delivery-status part.
-            fields = [f"Final-Recipient: utf-8; {_field(address) if utf8 else _utf8_addr_xtext(address)}"]
+            fields = [f"Final-Recipient: utf-8; {_field(address) if utf8 else encode_utf8_addr_xtext(address)}"]
         if failure.recipient.orcpt:
             addr_type, _, original_address = failure.recipient.orcpt.partition(";")
             fields.append(f"Original-Recipient: {_field(addr_type)}; {_field(original_address)}")
@@ -146,12 +147,6 @@ def build_report(
     if not returned.endswith(b"\r\n"):
         returned += b"\r\n"
     return text + returned + f"\r\n--{boundary}--\r\n".encode()
-
-
-def _utf8_addr_xtext(address: str) -> str:
-    """An address as RFC 6533's utf-8-addr-xtext, for a message/delivery-status part (ASCII):
-    a character outside printable ASCII, or "+", "=", "\\", as `\\x{HEX}`."""
-    return "".join(c if "!" <= c <= "~" and c not in "+=\\" else f"\\x{{{ord(c):X}}}" for c in address)
 
 
 def _field(value: str) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pigeon.smtp.address import with_a_label
-from pigeon.smtp.extensions import encode_xtext
+from pigeon.smtp.extensions import encode_utf8_addr_xtext, encode_xtext
 from pigeon.smtp.framing import crlf_lines, find_line_dot
 from pigeon.smtp.replies import Reply
 
@@ -424,8 +424,7 @@ class Transaction:
                     # RFC 6533 3.3: UTF-8 as it is (utf-8-addr-unitext) may only travel in an
                     # SMTPUTF8 transaction; with its non-ASCII characters as \x{HEX} (the
                     # utf-8-addr-xtext form), the same address can go to any server.
-                    escaped = "".join(c if c.isascii() else f"\\x{{{ord(c):X}}}" for c in address)
-                    params.append(f"ORCPT=utf-8;{escaped}")
+                    params.append(f"ORCPT=utf-8;{encode_utf8_addr_xtext(address)}")
                 else:
                     params.append(f"ORCPT={addr_type};{encode_xtext(address)}")
         tail = (" " + " ".join(params)) if params else ""

@@ -220,6 +220,12 @@ def decode_xtext(value: str | None, key: str) -> str:
     return decoded
 
 
+def encode_utf8_addr_xtext(address: str) -> str:
+    """An address as RFC 6533's utf-8-addr-xtext, which any server (and an ASCII delivery-status
+    part) takes: a character outside printable ASCII, or "+", "=", "\\", as `\\x{HEX}`."""
+    return "".join(c if "!" <= c <= "~" and c not in "+=\\" else f"\\x{{{ord(c):X}}}" for c in address)
+
+
 def encode_xtext(value: str) -> str:
     """The inverse of `decode_xtext`, for relaying DSN parameters onwards."""
     out = []
