@@ -94,6 +94,16 @@ async def test_a_rule_made_while_redis_was_away_is_sent_unless_ended_since(
         await broadcast.close()
 
 
+def _assert_nothing_sent(redis_server: RedisServer, rule: str) -> None:
+    """Neither the admin stream nor the cluster's rules hold anything of `rule`."""
+    client = redis_server.client()
+    try:
+        assert client.xlen(STREAM) == 0
+        assert not client.hexists(RULES, rule)
+    finally:
+        client.close()
+
+
 async def test_a_standing_bounce_made_and_cancelled_while_redis_was_away_is_not_sent(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -105,10 +115,7 @@ async def test_a_standing_bounce_made_and_cancelled_while_redis_was_away_is_not_
         await _while_away(broadcast, redis_server, "POST", "/api/v1/admin/bounce", body)
         await _while_away(broadcast, redis_server, "DELETE", "/api/v1/admin/bounce/b2", b"")
         await broadcast.send_unsent()
-        client = redis_server.client()
-        assert client.xlen(STREAM) == 0
-        assert not client.hexists(RULES, "b2")
-        client.close()
+        _assert_nothing_sent(redis_server, "b2")
     finally:
         await broadcast.close()
 
@@ -125,10 +132,7 @@ async def test_a_standing_bounce_that_ended_by_itself_while_redis_was_away_is_no
         later = time.time() + 120
         monkeypatch.setattr(time, "time", lambda: later)
         await broadcast.send_unsent()
-        client = redis_server.client()
-        assert client.xlen(STREAM) == 0
-        assert not client.hexists(RULES, "b3")
-        client.close()
+        _assert_nothing_sent(redis_server, "b3")
     finally:
         await broadcast.close()
 
