@@ -398,6 +398,11 @@ class DeliveryConfig(_Section):
     pipelining: bool = True
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""
+    try_next_mx: bool = True
+    """A recipient a host answers 4xx (greylisting, a busy server) is tried at once at the
+    site's next host in MX preference order, in the same attempt, as Postfix does; false: it
+    waits for its retry. The first connection is closed before the next opens, so
+    `connection_limit` holds."""
     connection_limit: PositiveInt = 32
     """Connections per site from each egress source (ready queue): for the node, whatever its
     workers; for the cluster with a [redis] url (each node's share while Redis does not answer)."""

@@ -68,6 +68,7 @@ class ClientOptions:
     reply_timeout: float = 300.0  # RFC 5321 4.5.3.2: 5 minutes for most replies, 10 for end of data
     pipelining: bool = True
     chunking: bool = True
+    try_next_mx: bool = True  # a recipient answered 4xx is tried at once at the site's next host (smtp_agent)
 
 
 class ConnectFailed(Exception):
@@ -239,10 +240,12 @@ class _Wire(asyncio.Protocol):
 class ClientConnection:
     """An open, greeted SMTP connection to one peer."""
 
-    def __init__(self, wire: _Wire, *, peer: str, options: ClientOptions) -> None:
+    def __init__(self, wire: _Wire, *, peer: str, options: ClientOptions, host: str = "", address: str = "") -> None:
         self._wire = wire
         self._session = wire.session
         self.peer = peer
+        self.host = host  # the hop's host (a name, or an address)
+        self.address = address  # the address connected to
         self.tls: str | None = None  # the TLS version and cipher, once on TLS
         self.options = options
         self.broken = False
@@ -263,8 +266,12 @@ class ClientConnection:
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
-    async def open(cls, destination: Destination, resolver: Resolver, options: ClientOptions) -> ClientConnection:
-        """The first hop that takes the connection. Raises ConnectFailed with the last reason."""
+    async def open(
+        cls, destination: Destination, resolver: Resolver, options: ClientOptions, *, avoid: str | None = None
+    ) -> ClientConnection:
+        """The first hop that takes the connection, never at the address `avoid` (the host
+        that just answered 4xx: `smtp_agent` tries another). Raises ConnectFailed with the last
+        reason."""
         last = Reply(451, "4.4.1", (f"no host to try for {destination.site}",))
         policy = TlsPolicy(destination.tls.value)
         tried = connected = False  # whether any address was tried, and any took the connection
@@ -282,6 +289,8 @@ class ClientConnection:
                     last = Reply(451, "4.4.1", (f"{hop.host} has no IPv{family} address to reach from {options.bind}",))
                     continue
                 addresses = usable
+            if avoid is not None:
+                addresses = [a for a in addresses if a != avoid]
             for address in addresses:
                 tried = True
                 try:
@@ -326,7 +335,7 @@ class ClientConnection:
             if isinstance(error, OSError) and error.errno in _LOCAL_ERRORS:
                 raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
             raise _NoConnection(reply) from None
-        connection = cls(wire, peer=peer, options=options)
+        connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
         try:
             await connection._greet(hop, destination)
         except ConnectionLost as error:

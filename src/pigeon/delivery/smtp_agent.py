@@ -7,12 +7,25 @@ rather than waiting for the retry schedule. What the peer cannot take at all (SM
 lacks, over its SIZE, 8-bit data without 8BITMIME) is a permanent, explained refusal rather
 than a protocol violation at the next hop. A connection that breaks mid-transaction is a
 transient failure for every recipient of that message, and the agent is no longer usable.
+
+A recipient the host answers 4xx (greylisting, a busy or broken server, a DATA deferred) is
+tried at once at the site's next host (`[delivery] try_next_mx`), within the same attempt, as
+Postfix does: the domain's other MX may well take it, and the message need not wait for the
+retry schedule. One other host per attempt, in preference order, never the same address
+again, and none the agent passed over when it opened (down, or turning it away). The
+connection that answered 4xx is closed before the next is opened, so the agent never holds
+more than the one connection its site's limit allowed it; the agent then goes on over the new
+one, whose 4xx may send it back (or, if no other host took a connection, is no longer usable,
+and the dispatcher opens the next in preference order). The recipients answered there name
+that host in their records (`Attempt.via`); what it answered is final for this attempt, a
+4xx there included.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 
 from pigeon.delivery.agent import Unreachable, Work
 from pigeon.delivery.classify import Classifier
@@ -20,7 +33,7 @@ from pigeon.delivery.egress import Source
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
-from pigeon.queue.attempt import Attempt
+from pigeon.queue.attempt import Attempt, Via
 from pigeon.smtp import client
 from pigeon.smtp.client import refusal_before_sending
 from pigeon.smtp.replies import Reply
@@ -29,10 +42,19 @@ from pigeon.smtp.replies import Reply
 class SmtpAgent:
     batch = 1
 
-    def __init__(self, connection: ClientConnection, site: str, classifier: Classifier) -> None:
+    def __init__(
+        self,
+        connection: ClientConnection,
+        site: str,
+        classifier: Classifier,
+        elsewhere: Callable[[ClientConnection], Awaitable[ClientConnection | None]] | None = None,
+    ) -> None:
         self._connection = connection
         self._site = site
         self._classifier = classifier
+        self._elsewhere = elsewhere
+        """Opens a connection to another host of the site than the one given (None: there is
+        none, or none took it); None: recipients answered 4xx are not tried elsewhere."""
 
     def usable(self) -> bool:
         return self._connection.alive()
@@ -55,10 +77,38 @@ class SmtpAgent:
                 continue
             classes = self._classifier.classify_all(replies)
             passed_on = "DSN" in connection.capabilities
-            attempts.append(
-                Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
-            )
+            attempt = Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
+            if self._elsewhere is not None and any(400 <= reply.code < 500 for reply in replies):
+                attempt = await self._next_host(envelope, attempt)
+                connection = self._connection
+            attempts.append(attempt)
         return attempts
+
+    async def _next_host(self, envelope: client.Envelope, attempt: Attempt) -> Attempt:
+        """`attempt` with its 4xx recipients tried again at another host of the site; the
+        attempt as it was if none took a connection or the transaction there broke."""
+        assert self._elsewhere is not None
+        other = await self._elsewhere(self._connection)
+        if other is None:
+            return attempt
+        self._connection = other
+        pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
+        rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in pending])
+        if refusal_before_sending(rest, other.capabilities) is not None:
+            return attempt  # this host cannot take it (no SMTPUTF8, too big): the 4xx stand
+        try:
+            more, took = await _send_all(other, rest)
+        except ConnectionLost:
+            return attempt
+        replies, classes = list(attempt.replies), list(attempt.classifications)
+        classified = self._classifier.classify_all(more)
+        via = Via(other.peer, other.tls, "DSN" in other.capabilities)
+        for index, reply, classification in zip(pending, more, classified, strict=True):
+            replies[index], classes[index] = reply, classification
+        duration = (attempt.duration or 0.0) + took
+        return attempt._replace(
+            replies=replies, classifications=classes, duration=duration, via=dict.fromkeys(pending, via)
+        )
 
     async def close(self) -> None:
         await self._connection.quit()
@@ -88,7 +138,30 @@ class SmtpAgents:
             reply = error.reply
             classification = self._classifier.classify(reply) if reply.code >= 500 else ""
             raise Unreachable(reply, classification, site_down=error.site_down) from None
-        return SmtpAgent(connection, destination.site, self._classifier)
+        elsewhere = None
+        if options.try_next_mx and len(destination.hops) > 1:
+            elsewhere = functools.partial(self._elsewhere, destination, options, connection.host)
+        return SmtpAgent(connection, destination.site, self._classifier, elsewhere)
+
+    async def _elsewhere(
+        self, destination: Destination, options: ClientOptions, first: str, current: ClientConnection
+    ) -> ClientConnection | None:
+        """A connection to the first host of `destination` other than `current`'s that takes
+        one, from the `first` the agent reached on: those before it were passed over when the
+        agent opened (down, or turning us away), and would cost each such message a failed
+        connection. `current` is closed first (one connection at a time). None if none took it."""
+        hosts = [hop.host for hop in destination.hops]
+        start = hosts.index(first) if first in hosts else len(hosts)
+        others = tuple(hop for hop in destination.hops[start:] if hop.host != current.host)
+        if not others:
+            return None
+        await current.quit()
+        try:
+            return await ClientConnection.open(
+                dataclasses.replace(destination, hops=others), self._resolver, options, avoid=current.address
+            )
+        except ConnectFailed:
+            return None
 
 
 def too_many_recipients(reply: Reply) -> bool:

@@ -96,6 +96,7 @@ class Outbound:
                 reply_timeout=delivery.reply_timeout,
                 pipelining=delivery.pipelining,
                 chunking=delivery.chunking,
+                try_next_mx=delivery.try_next_mx,
             ),
             classifier,
             [Source(s.name, s.bind, s.ehlo) for s in config.source],

@@ -9,10 +9,19 @@ rule table itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from pigeon.smtp.replies import Reply
+
+
+class Via(NamedTuple):
+    """Another host of the site that answered some of an attempt's recipients (see
+    `Attempt.via`): its peer, its TLS, and whether it took the DSN parameters."""
+
+    peer: str
+    tls: str | None
+    passed_on: bool
 
 
 class Attempt(NamedTuple):
@@ -46,6 +55,17 @@ class Attempt(NamedTuple):
     """Of an attempt not tried: the failure that keeps it from being tried (its site's last
     connection error). The message keeps it as its `last_response`, which `pigeon inspect`
     shows and an expiry's DSN names, while its records say it was not tried."""
+    via: Mapping[int, Via] | None = None
+    """Recipients (by index) whose reply came from another host of the site than `peer`, in
+    this same attempt: `peer` answered them 4xx, and they were tried at once at the next MX
+    (`pigeon.delivery.smtp_agent`). Their records name that host. None: all came from `peer`."""
+
+    def peer_of(self, index: int) -> tuple[str | None, str | None, bool]:
+        """The peer, TLS and `passed_on` that recipient `index`'s reply came with."""
+        via = self.via.get(index) if self.via else None
+        if via is None:
+            return self.peer, self.tls, self.passed_on
+        return via
 
     @classmethod
     def same_for_all(

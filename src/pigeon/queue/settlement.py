@@ -232,22 +232,23 @@ class Settlement:
             # An agent's bug: refused before the message settles, so its caller can report it again.
             raise ValueError(f"an attempt needs one reply and one class per recipient: {attempt}")
         outcome = self._begin(entry, attempts, now)
-        deferred: list[tuple[Recipient, Reply]] = []
+        deferred: list[tuple[Recipient, Reply, int]] = []
         for index, recipient in enumerate(recipients):
             reply = replies[index]
             if reply.code < 400:
-                outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt)))
-                if wants_success_notice(recipient) and not attempt.passed_on:
+                outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt, index)))
+                peer, _, passed_on = attempt.peer_of(index)
+                if wants_success_notice(recipient) and not passed_on:
                     # NOTIFY=SUCCESS and nobody further on will report it: an application's
                     # target is the end ("delivered"), held back as its route holds back a
                     # failure's DSN (no backscatter to a sender anyone can write); a peer
                     # without DSN, a relay onward ("relayed").
                     if message.envelope.target is None:
-                        outcome.failures.append(Failure(recipient, reply, "relayed", _host(attempt.peer)))
+                        outcome.failures.append(Failure(recipient, reply, "relayed", _host(peer)))
                     elif self._withheld(message, recipient)[0] is None:
                         outcome.failures.append(Failure(recipient, reply, "delivered"))
             elif reply.code >= 500:
-                fields = self._fields(message, recipient, reply, attempts, attempt)
+                fields = self._fields(message, recipient, reply, attempts, attempt, index)
                 classification = attempt.classifications[index]
                 withheld, hold = self._withheld(message, recipient)
                 if hold:
@@ -258,15 +259,16 @@ class Settlement:
                 if withheld is None:
                     # "smtp;" only for what a server answered: Pigeon's own (DNS says no mail
                     # goes there) is no server's reply.
-                    kind = "smtp" if attempt.peer else "X-Pigeon"
-                    outcome.failures.append(Failure(recipient, reply, "failed", _host(attempt.peer), kind))
+                    peer = attempt.peer_of(index)[0]
+                    kind = "smtp" if peer else "X-Pigeon"
+                    outcome.failures.append(Failure(recipient, reply, "failed", _host(peer), kind))
             else:
-                deferred.append((recipient, reply))
+                deferred.append((recipient, reply, index))
         mark = entry.admin_bounce
         if (deferred or outcome.held) and mark is not None:
             # An operator bounced it while this attempt was on the wire: what did not get
             # through now ends here instead of being retried or held.
-            for recipient in [r for r, _ in deferred] + [r for r, _ in outcome.held]:
+            for recipient in [r for r, _, _ in deferred] + [r for r, _ in outcome.held]:
                 outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, mark))
             deferred, outcome.held = [], []
         if deferred:
@@ -284,33 +286,36 @@ class Settlement:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.
                 due, outcome.queue = now, rebind.queue
             if due is None:
-                for recipient, _ in deferred:
-                    self._expired(outcome, recipient, expired_reply(last), attempt)
+                for recipient, _, index in deferred:
+                    self._expired(outcome, recipient, expired_reply(last), attempt, index)
             else:
                 outcome.due = due
                 outcome.remaining = msgspec.structs.replace(
-                    message.envelope, recipients=[r for r, _ in deferred], last_response=last, last_attempt=now
+                    message.envelope, recipients=[r for r, _, _ in deferred], last_response=last, last_attempt=now
                 )
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
-                for recipient, reply in deferred:
-                    fields = self._fields(message, recipient, reply, attempts, attempt)
+                for recipient, reply, index in deferred:
+                    fields = self._fields(message, recipient, reply, attempts, attempt, index)
                     outcome.transient.append(TransientFailure(**fields, next_attempt=due))
         self._keep_held(outcome)
         self._write(outcome, policy.dsn)
         return outcome
 
-    def _expired(self, outcome: _Outcome, recipient: Recipient, reply: Reply, attempt: Attempt | None) -> None:
-        """`recipient` expired: an `Expiration` (with a DSN if it may have one), or held."""
+    def _expired(
+        self, outcome: _Outcome, recipient: Recipient, reply: Reply, attempt: Attempt | None, index: int = -1
+    ) -> None:
+        """`recipient` (the attempt's recipient `index`) expired: an `Expiration` (with a DSN
+        if it may have one), or held."""
         message = outcome.entry.message
-        fields = self._fields(message, recipient, reply, outcome.attempts, attempt)
+        fields = self._fields(message, recipient, reply, outcome.attempts, attempt, index)
         withheld, hold = self._withheld(message, recipient)
         if hold:
             outcome.held.append((recipient, Held(**fields, cause="expired", dsn=withheld or "")))
             return
         outcome.terminal.append(Expiration(**fields, dsn=withheld))
         if withheld is None:
-            peer = _host(attempt.peer if attempt else None)
+            peer = _host(fields["peer"])
             # Expired before an attempt: the last one was at its deferral (none: never tried).
             attempted = message.envelope.last_attempt if attempt is None else self._clock()
             outcome.failures.append(Failure(recipient, reply, "failed", peer, "X-Pigeon", attempted))
@@ -439,8 +444,19 @@ class Settlement:
 
     # --- helpers -----------------------------------------------------------------------
     def _fields(
-        self, message: Message, recipient: Recipient, reply: Reply, attempts: int, attempt: Attempt | None
+        self,
+        message: Message,
+        recipient: Recipient,
+        reply: Reply,
+        attempts: int,
+        attempt: Attempt | None,
+        index: int = -1,
     ) -> dict[str, Any]:
+        """A record's fields; the peer and TLS are those recipient `index` of the attempt was
+        answered by (-1: the attempt's own)."""
+        peer, tls = (None, None) if attempt is None else (attempt.peer, attempt.tls)
+        if attempt is not None and index >= 0 and attempt.via:
+            peer, tls, _ = attempt.peer_of(index)
         return {
             "timestamp": self._clock(),
             "id": format_id(message.id),
@@ -452,8 +468,8 @@ class Settlement:
             "response": Response.of(reply),
             "site": attempt.site if attempt else "",
             "source": attempt.source if attempt else None,
-            "peer": attempt.peer if attempt else None,
-            "tls": attempt.tls if attempt else None,
+            "peer": peer,
+            "tls": tls,
             "created": message.created,
             "duration": attempt.duration if attempt else None,
             "meta": message.envelope.metadata,

@@ -1,0 +1,179 @@
+"""A recipient one MX host answers 4xx is tried at once at the domain's next MX host, in the
+same attempt (`[delivery] try_next_mx`), within the site's connection limit."""
+
+from __future__ import annotations
+
+import smtplib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.dns import DnsServer, Zone
+from tests.support.process import PigeonProcess, free_port
+from tests.support.sinks import ScriptedSink, SinkConnection, peak_connections
+
+GREYLISTED = "451 4.7.1 greylisted, try again later"
+
+
+def _zone(*hosts: str) -> Zone:
+    """example.net's MX hosts mx1, mx2, ... in that order of preference, at `hosts`."""
+    records: dict[str, list[tuple[object, ...]]] = {
+        "example.net": [("MX", 10 * n, f"mx{n}.example.net") for n in range(1, len(hosts) + 1)]
+    }
+    for n, address in enumerate(hosts, 1):
+        records[f"mx{n}.example.net"] = [("A", address)]
+    return Zone(records)
+
+
+@contextmanager
+def _node(tmp_path: Path, dns: DnsServer, port: int, **delivery: object) -> Iterator[PigeonProcess]:
+    settings = {
+        "enabled": True,
+        "smtp_port": port,
+        "retry_interval": "30s",  # nothing in these tests is retried on the schedule
+        "dsn": False,
+        "tls": "disabled",
+        "connection_limit": 1,
+        **delivery,
+    }
+    dns_settings = {"nameservers": [dns.endpoint], "timeout": "1s"}
+    with PigeonProcess(tmp_path / "node", delivery=settings, dns=dns_settings) as pigeon:
+        yield pigeon
+
+
+def _send(pigeon: PigeonProcess, *recipients: str) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("a@example.org", list(recipients), b"Subject: next mx\r\n\r\nhi\r\n")
+
+
+def _sessions(sink: ScriptedSink) -> list[SinkConnection]:
+    """The sink's connections from Pigeon (not its own readiness probe, which says no EHLO)."""
+    return [c for c in sink.connections if c.helo]
+
+
+def _by_recipient(records: list[dict[str, object]]) -> dict[object, dict[str, object]]:
+    return {r["recipient"]: r for r in records}
+
+
+def test_a_recipient_greylisted_at_the_first_mx_is_delivered_at_the_next_in_the_same_attempt(tmp_path: Path) -> None:
+    port = free_port()
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port) as mx2,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        _send(pigeon, "ok@example.net", "grey@example.net", "grey2@example.net")
+        records = _by_recipient(pigeon.wait_records("Delivery", 3))
+        assert not pigeon.records("TransientFailure")
+        assert {r["attempt"] for r in records.values()} == {1}
+        assert records["ok@example.net"]["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert records["grey@example.net"]["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
+        assert records["grey2@example.net"]["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
+        assert [m.recipients for m in mx1.received] == [["ok@example.net"]]
+        assert [m.recipients for m in mx2.received] == [["grey@example.net", "grey2@example.net"]]
+        # connection_limit = 1: the connection to mx1 ended before the one to mx2 opened.
+        assert peak_connections(_sessions(mx1) + _sessions(mx2)) == 1
+
+
+def test_each_host_s_4xx_moves_the_delivery_to_the_other_within_the_connection_limit(tmp_path: Path) -> None:
+    port = free_port()
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port) as mx2,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        mx2.rcpt_reply = lambda address: GREYLISTED if address.startswith("busy") else None
+        recipients = [f"{('grey', 'busy', 'ok')[n % 3]}{n}@example.net" for n in range(12)]
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            for recipient in recipients:  # each refused by one host, or by none, mixed
+                client.sendmail("a@example.org", [recipient], b"Subject: n\r\n\r\nhi\r\n")
+        delivered = _by_recipient(pigeon.wait_records("Delivery", 12))
+        assert sorted(delivered) == sorted(recipients)
+        assert not pigeon.records("TransientFailure")
+        assert {r["attempt"] for r in delivered.values()} == {1}
+        for recipient, record in delivered.items():
+            if recipient.startswith("grey"):
+                assert record["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
+            if recipient.startswith("busy"):
+                assert record["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        received = [rcpt for m in mx1.received + mx2.received for rcpt in m.recipients]
+        assert sorted(received) == sorted(recipients)  # each once
+        assert peak_connections(_sessions(mx1) + _sessions(mx2)) == 1
+
+
+def test_a_recipient_deferred_at_every_mx_counts_one_attempt_and_names_the_last_host(tmp_path: Path) -> None:
+    port = free_port()
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3", "127.0.0.4")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port) as mx2,
+        ScriptedSink(host="127.0.0.4", port=port) as mx3,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, "tempfail@example.net", "ok@example.net")
+        (failure,) = pigeon.wait_records("TransientFailure")
+        (delivery,) = pigeon.wait_records("Delivery")
+        assert (failure["recipient"], failure["attempt"]) == ("tempfail@example.net", 1)
+        assert failure["peer"] == f"mx2.example.net [127.0.0.3]:{port}"  # one other host per attempt
+        assert delivery["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert mx1.rcpt_log.count("tempfail@example.net") == mx2.rcpt_log.count("tempfail@example.net") == 1
+        assert not _sessions(mx3)
+        assert "ok@example.net" not in mx2.rcpt_log
+
+
+def test_with_try_next_mx_off_a_4xx_waits_for_its_retry(tmp_path: Path) -> None:
+    port = free_port()
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port) as mx2,
+        _node(tmp_path, dns, port, try_next_mx=False) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        _send(pigeon, "grey@example.net")
+        (failure,) = pigeon.wait_records("TransientFailure")
+        assert failure["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert failure["response"]["text"] == "greylisted, try again later"
+        assert not _sessions(mx2)
+
+
+def test_a_next_mx_that_takes_no_connection_leaves_the_4xx_and_the_site_up(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens at mx2 (127.0.0.3)
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        _send(pigeon, "grey@example.net")
+        (failure,) = pigeon.wait_records("TransientFailure")
+        assert failure["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert failure["response"]["enhanced"] == "4.7.1"
+        _send(pigeon, "ok@example.net")  # the site is not down: the next message goes at once
+        (delivery,) = pigeon.wait_records("Delivery")
+        assert delivery["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert len(pigeon.records("TransientFailure")) == 1  # nothing deferred "not tried: ... is down"
+
+
+def test_on_the_last_mx_a_4xx_goes_back_to_no_host_before_it(tmp_path: Path) -> None:
+    # mx1 is down, so the connection went to mx2; a 4xx there is final for this attempt: mx1
+    # was passed over moments ago, and trying it again would cost each such message a
+    # connection that fails.
+    port = free_port()
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.3", port=port) as mx2,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        mx2.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        _send(pigeon, "grey@example.net", "ok@example.net")
+        (failure,) = pigeon.wait_records("TransientFailure")
+        (delivery,) = pigeon.wait_records("Delivery")
+        assert failure["peer"] == delivery["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
+        _send(pigeon, "ok2@example.net")
+        pigeon.wait_records("Delivery", 2)
+        assert len(_sessions(mx2)) == 1  # still the connection it opened: it never left for mx1
