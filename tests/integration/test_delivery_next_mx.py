@@ -26,7 +26,9 @@ def _zone(*hosts: str) -> Zone:
 
 
 @contextmanager
-def _node(tmp_path: Path, dns: DnsServer, port: int, **delivery: object) -> Iterator[PigeonProcess]:
+def _node(
+    tmp_path: Path, dns: DnsServer, port: int, reaction: list[dict[str, str]] | None = None, **delivery: object
+) -> Iterator[PigeonProcess]:
     settings = {
         "enabled": True,
         "smtp_port": port,
@@ -37,7 +39,7 @@ def _node(tmp_path: Path, dns: DnsServer, port: int, **delivery: object) -> Iter
         **delivery,
     }
     dns_settings = {"nameservers": [dns.endpoint], "timeout": "1s"}
-    with PigeonProcess(tmp_path / "node", delivery=settings, dns=dns_settings) as pigeon:
+    with PigeonProcess(tmp_path / "node", delivery=settings, dns=dns_settings, reaction=reaction or []) as pigeon:
         yield pigeon
 
 
@@ -177,3 +179,23 @@ def test_on_the_last_mx_a_4xx_goes_back_to_no_host_before_it(tmp_path: Path) -> 
         _send(pigeon, "ok2@example.net")
         pigeon.wait_records("Delivery", 2)
         assert len(_sessions(mx2)) == 1  # still the connection it opened: it never left for mx1
+
+
+def test_a_4xx_got_past_at_the_next_mx_still_reaches_the_shaping_reactions(tmp_path: Path) -> None:
+    # A provider's "slow down" at one of its MX hosts is the site's word, even when the next
+    # host took the recipient.
+    port = free_port()
+    rule = {"id": "greylisting", "match": r"^451 4\.7\.1 greylisted", "action": "suspend", "duration": "1m"}
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port),
+        _node(tmp_path, dns, port, reaction=[rule]) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        _send(pigeon, "grey@example.net")
+        (delivery,) = pigeon.wait_records("Delivery")
+        (effect,) = pigeon.wait_records("ShapingEffect")
+        assert delivery["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
+        assert (effect["event"], effect["rule"], effect["action"]) == ("created", "greylisting", "suspend")
+        assert effect["reply"].startswith(GREYLISTED)

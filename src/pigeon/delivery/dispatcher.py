@@ -25,8 +25,9 @@ reroute) reported with the message's lease like any other; without such hooks no
 asked and nothing is built.
 
 Shaping that reacts (`reactor`, `pigeon.delivery.reactor`): every attempt with a reply of
-400 or above, and every connection that failed with a reply, is shown to the reactor, whose
-rules may start an effect on the queue's site, path or provider. While a suspension lives the
+400 or above (a 4xx its recipient then got past at the next MX host included:
+`Attempt.passed_over`), and every connection that failed with a reply, is shown to the
+reactor, whose rules may start an effect on the queue's site, path or provider. While a suspension lives the
 lane takes nothing (as under an operator's site suspension: mail waits in the ready queue,
 untried) and a message that got the reply is tried again when it ends; while a limit lives,
 the lane's connection limit and rate are the lower ones (a connection over the lowered limit
@@ -596,10 +597,12 @@ class Dispatcher:
         assert reactor is not None
         reacted: list[Attempt] = []
         for work, attempt in zip(begun, attempts, strict=True):
-            if all(reply.code < 400 for reply in attempt.replies):
+            # What a host answered before the recipients went to the next counts too.
+            replies = [*attempt.passed_over, *attempt.replies] if attempt.passed_over else attempt.replies
+            if all(reply.code < 400 for reply in replies):
                 reacted.append(attempt)
                 continue
-            effect = reactor.observe(queue.path, queue.site, _domain(work.message), attempt.replies)
+            effect = reactor.observe(queue.path, queue.site, _domain(work.message), replies)
             reacted.append(reactor.apply(attempt, effect) if effect is not None else attempt)
         return reacted
 

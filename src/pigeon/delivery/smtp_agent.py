@@ -107,7 +107,11 @@ class SmtpAgent:
             replies[index], classes[index] = reply, classification
         duration = (attempt.duration or 0.0) + took
         return attempt._replace(
-            replies=replies, classifications=classes, duration=duration, via=dict.fromkeys(pending, via)
+            replies=replies,
+            classifications=classes,
+            duration=duration,
+            via=dict.fromkeys(pending, via),
+            passed_over=[attempt.replies[i] for i in pending],
         )
 
     async def close(self) -> None:

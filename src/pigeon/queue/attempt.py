@@ -59,6 +59,10 @@ class Attempt(NamedTuple):
     """Recipients (by index) whose reply came from another host of the site than `peer`, in
     this same attempt: `peer` answered them 4xx, and they were tried at once at the next MX
     (`pigeon.delivery.smtp_agent`). Their records name that host. None: all came from `peer`."""
+    passed_over: Sequence[Reply] = ()
+    """The 4xx `peer` answered the recipients in `via` before they went to the next host:
+    what the site said all the same, so the shaping reactions (`pigeon.delivery.reactor`) see
+    them with `replies`."""
 
     def peer_of(self, index: int) -> tuple[str | None, str | None, bool]:
         """The peer, TLS and `passed_on` that recipient `index`'s reply came with."""
