@@ -380,11 +380,14 @@ class Draft:
         """A message submitted over authenticated SMTP without a Date or Message-ID gets ours,
         as HTTP injection's does (RFC 6409 8.2, 8.3: a submission server may add them): the
         author's program left them out, and Gmail and others refuse mail without a
-        Message-ID. Added on the way out with the policy's edits, and signed so."""
+        Message-ID. Added on the way out with the policy's edits, and signed so. What the
+        policy removed is not there (an injection's, composed with the message, too): a
+        policy that drops a client's Date to replace it and adds none must not send the
+        message out without one (RFC 5322 3.6 requires it)."""
         envelope = self.envelope
-        present = single_fields(lowered, self._head.late_single)
-        present |= {field.partition(":")[0].strip() for field in envelope.headers_added or ()}
-        present = {name.lower() for name in present}
+        present = {name.lower() for name in single_fields(lowered, self._head.late_single)}
+        present -= {name.lower() for name in envelope.headers_removed or ()}
+        present |= {field.partition(":")[0].strip().lower() for field in envelope.headers_added or ()}
         added = []
         if "date" not in present:
             added.append(f"Date: {_rfc5322_date(int(now))}")
@@ -441,7 +444,8 @@ class Draft:
         envelope = self.envelope
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
-        if self.arrival.auth_user is not None and self.arrival.listener == "smtp":
+        arrival = self.arrival
+        if arrival.listener == "http" or (arrival.auth_user is not None and arrival.listener == "smtp"):
             self._complete_submission(lowered, now)
         late = self._head.late_routing  # a line past the kept part starts with a routing name
         if tenant is None and campaign is None and (late or intake._has_routing_field(lowered)):

@@ -1,12 +1,14 @@
 """A message submitted over authenticated SMTP without a Date or Message-ID leaves with
 Pigeon's (RFC 6409 8.2, 8.3), as an HTTP injection does; one that has them keeps its own, and
-a relayed (unauthenticated) message is left as it came."""
+a relayed (unauthenticated) message is left as it came. A policy that removes them from a
+submission (through either door) does not send it out without them."""
 
 from __future__ import annotations
 
 import email
 import email.policy
 import smtplib
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +61,38 @@ def test_a_submission_gets_the_date_and_message_id_it_lacks(
         assert ids[0].endswith(">") and "@" in ids[0]
     else:
         assert (dates, ids) == ([], [])
+
+
+DROPS_THEM = """
+    from pigeon.policy import Changes
+    def on_message(message):
+        return Changes(remove_headers=["Date", "Message-ID"])
+"""
+TOKEN = "inject-token-0123456789"
+
+
+@pytest.mark.parametrize("door", ["smtp", "http"])
+def test_a_submission_whose_date_and_message_id_a_policy_removed_leaves_with_new_ones(
+    tmp_path: Path, sink: ScriptedSink, door: str
+) -> None:
+    users = tmp_path / "users"
+    set_password(users, "app", "secret-password")
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(DROPS_THEM))
+    smtp = {"auth_users": str(users), "allow_plaintext_auth": True}
+    http = {"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]}
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", smtp=smtp, http=http, policy={"module": str(module)}, **config) as pigeon:
+        if door == "smtp":
+            _send(pigeon, OWN + b"From: a@example.org\r\nSubject: hi\r\n\r\nbody\r\n", login=True)
+        else:
+            content = (OWN + b"From: a@example.org\r\nSubject: hi\r\n\r\nbody\r\n").decode()
+            recipients = [{"email": "b@example.net"}]
+            request = {"envelope_sender": "a@example.org", "recipients": recipients, "content": content}
+            status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+            assert (status, answer["accepted"]) == (200, 1), answer
+        (received,) = sink.wait_for(1)
+    message = email.message_from_bytes(received.data, policy=email.policy.default)
+    dates, ids = message.get_all("Date") or [], message.get_all("Message-ID") or []
+    assert len(dates) == 1 and len(ids) == 1, received.data
+    assert dates != ["Mon, 01 Jan 2024 00:00:00 +0000"] and ids != ["<own@example.org>"]  # the policy's removal holds
