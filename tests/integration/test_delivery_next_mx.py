@@ -4,6 +4,7 @@ same attempt (`[delivery] try_next_mx`), within the site's connection limit."""
 from __future__ import annotations
 
 import smtplib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,8 +50,9 @@ def _send(pigeon: PigeonProcess, *recipients: str) -> None:
 
 
 def _sessions(sink: ScriptedSink) -> list[SinkConnection]:
-    """The sink's connections from Pigeon (not its own readiness probe, which says no EHLO)."""
-    return [c for c in sink.connections if c.helo]
+    """The sink's connections from Pigeon: all but the first, aiosmtpd's own readiness probe
+    when the sink started."""
+    return sink.connections[1:]
 
 
 def _by_recipient(records: list[dict[str, object]]) -> dict[object, dict[str, object]]:
@@ -199,3 +201,34 @@ def test_a_4xx_got_past_at_the_next_mx_still_reaches_the_shaping_reactions(tmp_p
         assert delivery["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
         assert (effect["event"], effect["rule"], effect["action"]) == ("created", "greylisting", "suspend")
         assert effect["reply"].startswith(GREYLISTED)
+
+
+def test_mail_the_next_mx_cannot_take_goes_back_to_the_first_rather_than_bouncing(tmp_path: Path) -> None:
+    # Hosts of one site need not offer the same: after a 4xx moved the delivery to mx2, a
+    # message needing SMTPUTF8, which only mx1 offers, goes back to mx1.
+    port = free_port()
+
+    def greylist_slowly(address: str) -> str | None:
+        if address.startswith("grey"):
+            time.sleep(0.5)  # the next message is queued behind this one, for the same connection
+        return None
+
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, smtputf8=True) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port) as mx2,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        mx2.rcpt_reply = greylist_slowly
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["grey@example.net"], b"Subject: 1\r\n\r\nhi\r\n")
+            message = b"Subject: 2\r\n\r\nhi\r\n"
+            client.sendmail("a@example.org", ["jörg@example.net"], message, mail_options=["SMTPUTF8"])
+        delivered = _by_recipient(pigeon.wait_records("Delivery", 2))
+        assert not pigeon.records("Bounce")
+        assert delivered["grey@example.net"]["peer"] == f"mx2.example.net [127.0.0.3]:{port}"
+        assert delivered["jörg@example.net"]["peer"] == f"mx1.example.net [127.0.0.2]:{port}"
+        assert delivered["jörg@example.net"]["attempt"] == 1
+        assert peak_connections(_sessions(mx1) + _sessions(mx2)) == 1
+        assert len(_sessions(mx1)) == 2  # the same delivery went back: mx1, mx2, mx1 again

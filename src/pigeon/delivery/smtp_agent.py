@@ -18,7 +18,9 @@ more than the one connection its site's limit allowed it; the agent then goes on
 one, whose 4xx may send it back (or, if no other host took a connection, is no longer usable,
 and the dispatcher opens the next in preference order). The recipients answered there name
 that host in their records (`Attempt.via`); what it answered is final for this attempt, a
-4xx there included.
+4xx there included. A later message that host cannot take (SMTPUTF8 or a SIZE it lacks) goes
+back to the host the agent came from rather than being refused: hosts of one site need not
+offer the same.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
 from pigeon.delivery.agent import Unreachable, Work
 from pigeon.delivery.classify import Classifier
@@ -37,6 +40,10 @@ from pigeon.queue.attempt import Attempt, Via
 from pigeon.smtp import client
 from pigeon.smtp.client import refusal_before_sending
 from pigeon.smtp.replies import Reply
+
+# What a message gets when the agent left its first host for another (a 4xx moved it), that
+# other host cannot take the message, and no way back opened: the first host may take it later.
+_NO_WAY_BACK: Final = Reply(451, "4.4.1", ("no connection to the site's other host, which may take this message",))
 
 
 class SmtpAgent:
@@ -52,6 +59,7 @@ class SmtpAgent:
         self._connection = connection
         self._site = site
         self._classifier = classifier
+        self._first = connection.host  # the host the agent reached when it opened
         self._elsewhere = elsewhere
         """Opens a connection to another host of the site than the one given (None: there is
         none, or none took it); None: recipients answered 4xx are not tried elsewhere."""
@@ -66,6 +74,15 @@ class SmtpAgent:
             envelope = _client_envelope(item)
             count = len(envelope.recipients)
             refusal = refusal_before_sending(envelope, connection.capabilities)
+            if refusal is not None and self._elsewhere is not None and connection.host != self._first:
+                # This host, one a 4xx moved the agent to, lacks what the message needs
+                # (SMTPUTF8, a SIZE): the host the agent came from may well have it.
+                other = await self._elsewhere(connection)
+                if other is None:
+                    attempts.append(Attempt.same_for_all(_NO_WAY_BACK, count, "", site, connection.peer))
+                    continue
+                self._connection = connection = other
+                refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None:
                 classification = self._classifier.classify(refusal)
                 attempts.append(Attempt.same_for_all(refusal, count, classification, site, connection.peer))
