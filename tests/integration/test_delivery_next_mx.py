@@ -3,7 +3,9 @@ same attempt (`[delivery] try_next_mx`), within the site's connection limit."""
 
 from __future__ import annotations
 
+import json
 import smtplib
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +30,12 @@ def _zone(*hosts: str) -> Zone:
 
 @contextmanager
 def _node(
-    tmp_path: Path, dns: DnsServer, port: int, reaction: list[dict[str, str]] | None = None, **delivery: object
+    tmp_path: Path,
+    dns: DnsServer,
+    port: int,
+    reaction: list[dict[str, str]] | None = None,
+    policy: dict[str, str] | None = None,
+    **delivery: object,
 ) -> Iterator[PigeonProcess]:
     settings = {
         "enabled": True,
@@ -40,7 +47,10 @@ def _node(
         **delivery,
     }
     dns_settings = {"nameservers": [dns.endpoint], "timeout": "1s"}
-    with PigeonProcess(tmp_path / "node", delivery=settings, dns=dns_settings, reaction=reaction or []) as pigeon:
+    sections: dict[str, object] = {"reaction": reaction or []}
+    if policy is not None:
+        sections["policy"] = policy
+    with PigeonProcess(tmp_path / "node", delivery=settings, dns=dns_settings, **sections) as pigeon:
         yield pigeon
 
 
@@ -232,3 +242,33 @@ def test_mail_the_next_mx_cannot_take_goes_back_to_the_first_rather_than_bouncin
         assert delivered["jörg@example.net"]["attempt"] == 1
         assert peak_connections(_sessions(mx1) + _sessions(mx2)) == 1
         assert len(_sessions(mx1)) == 2  # the same delivery went back: mx1, mx2, mx1 again
+
+
+OUTCOME_POLICY = """
+    import json
+    def on_delivery_outcome(outcome):
+        with open(__file__ + ".seen", "a") as seen:
+            for result in outcome.results:
+                seen.write(json.dumps([outcome.peer, result.recipient, result.status, result.peer]) + "\\n")
+"""
+
+
+def test_the_delivery_outcome_hook_sees_which_host_answered_each_recipient(tmp_path: Path) -> None:
+    port = free_port()
+    module = tmp_path / "outcome_policy.py"
+    module.write_text(textwrap.dedent(OUTCOME_POLICY))
+    with (
+        DnsServer(_zone("127.0.0.2", "127.0.0.3")) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as mx1,
+        ScriptedSink(host="127.0.0.3", port=port),
+        _node(tmp_path, dns, port, policy={"module": str(module)}) as pigeon,
+    ):
+        mx1.rcpt_reply = lambda address: GREYLISTED if address.startswith("grey") else None
+        _send(pigeon, "ok@example.net", "grey@example.net")
+        pigeon.wait_records("Delivery", 2)
+        seen = [json.loads(line) for line in (tmp_path / "outcome_policy.py.seen").read_text().splitlines()]
+    first, second = f"mx1.example.net [127.0.0.2]:{port}", f"mx2.example.net [127.0.0.3]:{port}"
+    assert sorted(seen) == [
+        [first, "grey@example.net", "delivered", second],
+        [first, "ok@example.net", "delivered", first],
+    ]

@@ -84,9 +84,10 @@ class DeliveryHooks:
                 reply.text,
                 "delivered" if reply.code < 400 else "permanent" if reply.code >= 500 else "transient",
                 classification,
+                attempt.peer_of(index)[0],
             )
-            for recipient, reply, classification in zip(
-                recipients, attempt.replies, attempt.classifications, strict=True
+            for index, (recipient, reply, classification) in enumerate(
+                zip(recipients, attempt.replies, attempt.classifications, strict=True)
             )
         )
         delivery = _delivery(message, attempt.site, attempt.source)

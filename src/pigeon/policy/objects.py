@@ -207,6 +207,10 @@ class RecipientResult(msgspec.Struct, frozen=True):
     """What Pigeon makes of it: 2xx delivered, 4xx (or a broken connection) transient, 5xx permanent."""
     classification: str
     """The bounce class of a permanent failure (InvalidRecipient, SpamBlock ...), else ""."""
+    peer: str | None = None
+    """The server that answered this recipient, `host [ip]:port` (None: none did). Not always
+    `DeliveryOutcome.peer`: a recipient that server answered 4xx was tried at the domain's
+    next MX host in the same attempt (`[delivery] try_next_mx`), which answered it."""
 
 
 class DeliveryOutcome(msgspec.Struct, frozen=True):
@@ -216,7 +220,8 @@ class DeliveryOutcome(msgspec.Struct, frozen=True):
     results: tuple[RecipientResult, ...]
     """One per recipient, in the order of `delivery.recipients`."""
     peer: str | None
-    """The server that answered, `host [ip]:port`, if one did."""
+    """The server that answered, `host [ip]:port`, if one did (the first, when some recipients
+    were answered by the next MX host: see `RecipientResult.peer`)."""
     tls: str | None
     duration: float | None
     """Seconds the transaction took."""
