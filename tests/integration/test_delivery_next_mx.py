@@ -3,9 +3,12 @@ same attempt (`[delivery] try_next_mx`), within the site's connection limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import smtplib
+import socket
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -226,3 +229,114 @@ def test_the_delivery_outcome_hook_sees_which_host_answered_each_recipient(tmp_p
             [site.peer(1), "grey@example.net", "delivered", site.peer(2)],
             [site.peer(1), "ok@example.net", "delivered", site.peer(1)],
         ]
+
+
+def test_a_421_that_ends_the_session_at_rcpt_sends_the_message_to_the_next_mx(tmp_path: Path) -> None:
+    # A busy server's "421 try later, closing" at a RCPT: its own words, a definite no (no
+    # transaction was completed), so the next host may have the message at once.
+    with _site(tmp_path, down=(1,), greylisting=()) as site:
+        busy = _Busy("127.0.0.2", site.port)
+        try:
+            _send(site.pigeon, "a1@example.net", "qq2@example.net", "a3@example.net")
+            delivered = _by_recipient(site.pigeon.wait_records("Delivery", 3))
+        finally:
+            busy.close()
+        assert {record["peer"] for record in delivered.values()} == {site.peer(2)}
+        assert [sorted(m.recipients) for m in site.mx[2].received] == [sorted(delivered)]
+        assert busy.said_421 == 1
+
+
+def test_a_stop_while_the_next_mx_is_tried_keeps_what_the_first_took(tmp_path: Path) -> None:
+    # mx1 took ok@ and deferred grey@; the node stops while mx2 has not answered yet. The
+    # restarted node must not send ok@ again.
+    def stalls(address: str) -> str | None:
+        time.sleep(5)
+        return None
+
+    with _site(tmp_path, sections={"node": {"shutdown_timeout": "1s"}}) as site:
+        site.mx[2].rcpt_reply = stalls
+        _send(site.pigeon, "ok@example.net", "grey@example.net")
+        site.mx[1].wait_for(1)
+        time.sleep(0.3)  # on its way to mx2
+        site.pigeon.stop()
+        (delivery,) = site.pigeon.records("Delivery")
+        assert (delivery["recipient"], delivery["peer"]) == ("ok@example.net", site.peer(1))
+        site.mx[2].rcpt_reply = None
+        site.pigeon.start()
+        time.sleep(1.5)
+        assert [m.recipients for m in site.mx[1].received] == [["ok@example.net"]]  # once
+        assert [r["recipient"] for r in site.pigeon.records("Delivery")] == ["ok@example.net"]
+
+
+class _Busy:
+    """A host that greets, then answers a RCPT for qq* with 421 and hangs up."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.said_421 = 0
+        self._server = socket.create_server((host, port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection = self._server.accept()[0]
+                threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection, connection.makefile("rb") as lines:
+            connection.sendall(b"220 busy.example.net ESMTP\r\n")
+            for line in lines:
+                command = line.upper()
+                if command.startswith(b"EHLO"):
+                    connection.sendall(b"250-busy.example.net\r\n250 PIPELINING\r\n")
+                elif command.startswith(b"RCPT TO:<QQ"):
+                    self.said_421 += 1
+                    connection.sendall(b"421 4.3.2 too busy, closing\r\n")
+                    return
+                elif command.startswith(b"QUIT"):
+                    connection.sendall(b"221 bye\r\n")
+                    return
+                else:
+                    connection.sendall(b"250 ok\r\n")
+
+    def close(self) -> None:
+        self._server.close()
+
+
+class _Mute:
+    """A host that takes TCP connections and never says a word (counts them)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.accepted: list[socket.socket] = []
+        self._server = socket.create_server((host, port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.accepted.append(self._server.accept()[0])
+
+    def close(self) -> None:
+        self._server.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+def test_a_next_mx_that_never_greets_costs_one_message_the_connect_timeout_then_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    with _site(tmp_path, down=(2,), connect_timeout="1s") as site:
+        mute = _Mute("127.0.0.3", site.port)
+        try:
+            _send(site.pigeon, "grey1@example.net")
+            started = time.monotonic()
+            site.pigeon.wait_records("TransientFailure")
+            assert time.monotonic() - started < 5  # the connect timeout, not 5 minutes of reply timeout
+            for n in (2, 3):
+                _send(site.pigeon, f"grey{n}@example.net")
+            failures = site.pigeon.wait_records("TransientFailure", 3)
+            assert {f["peer"] for f in failures} == {site.peer(1)}
+            assert len(mute.accepted) == 1  # the site's next host is left alone for a while
+            assert "no next MX host took a connection" in site.pigeon.stderr()
+        finally:
+            mute.close()

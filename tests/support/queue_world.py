@@ -363,6 +363,9 @@ class FakeAgent:
     async def close(self) -> None:
         pass
 
+    def final(self) -> list[Attempt]:
+        return []
+
 
 # --- the world --------------------------------------------------------------------------------------
 @dataclass

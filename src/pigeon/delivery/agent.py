@@ -54,6 +54,10 @@ class Agent(Protocol):
         """Attempt each message; one `Attempt` per `Work`, in order. Never raises for a
         message's sake: failures are replies (451 for a broken connection)."""
 
+    def final(self) -> list[Attempt]:
+        """Of the `deliver` call under way, the attempts (from the first message on) that must
+        be reported even if the call is cancelled: a host took some of their recipients."""
+
     async def close(self) -> None: ...
 
 

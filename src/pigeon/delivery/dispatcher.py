@@ -484,6 +484,12 @@ class Dispatcher:
                 self.in_flight += len(begun)
                 try:
                     attempts = await agent.deliver(begun)
+                except asyncio.CancelledError:
+                    # A stop while the agent tried a message's deferred recipients at the next
+                    # MX host: what the first host took is reported, or a restart sends it again.
+                    for work, attempt in zip(begun, agent.final(), strict=False):
+                        self._report_from(lane, work.lease, attempt)
+                    raise
                 finally:
                     self.in_flight -= len(begun)
                 if lane.source is not None:  # named now: the outcome hook sees it too

@@ -18,15 +18,27 @@ more than the one connection its site's limit allowed it; the agent then goes on
 one, whose 4xx may send it back (or, if no other host took a connection, is no longer usable,
 and the dispatcher opens the next in preference order). The recipients answered there name
 that host in their records (`Attempt.via`); what it answered is final for this attempt, a
-4xx there included. A later message that host cannot take (SMTPUTF8 or a SIZE it lacks) goes
-back to the host the agent came from rather than being refused: hosts of one site need not
-offer the same.
+4xx there included (or its 421, or the break of its connection). A later message that host
+cannot take (SMTPUTF8 or a SIZE it lacks) goes back to the host the agent came from rather
+than being refused: hosts of one site need not offer the same.
+
+A server that ends the session with a 421 of its own at MAIL, RCPT or DATA said a definite no
+to the transaction, so its recipients go to the next host too; a connection that broke
+silently did not (the message may have been taken), and waits for the retry. The next host
+has the connect timeout, not the reply timeout, to be connected and greet; when none takes a
+connection, the site's next hosts are left alone for `NEXT_MX_PAUSE` (and a warning says so),
+rather than each deferred message waiting as long again. If the delivery is cancelled (a
+stop) while the next host is tried, the dispatcher reports what the first host answered
+(`final`): what it took is not sent again at the next start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
+import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
@@ -40,6 +52,11 @@ from pigeon.queue.attempt import Attempt, Via
 from pigeon.smtp import client
 from pigeon.smtp.client import refusal_before_sending
 from pigeon.smtp.replies import Reply
+
+_log = logging.getLogger(__name__)
+
+NEXT_MX_PAUSE: Final = 120.0
+"""Seconds a site's next MX host is not tried after a 4xx, once none took a connection."""
 
 # What a message gets when the agent left its first host for another (a 4xx moved it), that
 # other host cannot take the message, and no way back opened: the first host may take it later.
@@ -63,13 +80,22 @@ class SmtpAgent:
         self._elsewhere = elsewhere
         """Opens a connection to another host of the site than the one given (None: there is
         none, or none took it); None: recipients answered 4xx are not tried elsewhere."""
+        self._final: list[Attempt] = []
 
     def usable(self) -> bool:
         return self._connection.alive()
 
+    def final(self) -> list[Attempt]:
+        """Of the messages of the `deliver` call under way, the attempts already made at a
+        host that answered (in order, from the first): should the call be cancelled (a
+        stop) while their 4xx recipients are tried at the next host, these are what to
+        report, or a restart would send again what the first host took."""
+        return list(self._final)
+
     async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
         connection, site = self._connection, self._site
-        attempts = []
+        attempts: list[Attempt] = []
+        self._final = attempts  # (the same list: `final` reads what is done so far)
         for item in work:  # one transaction each (batch is 1: a loop only to keep the interface)
             envelope = _client_envelope(item)
             count = len(envelope.recipients)
@@ -90,20 +116,28 @@ class SmtpAgent:
             try:
                 replies, duration = await _send_all(connection, envelope)
             except ConnectionLost as error:
-                attempts.append(Attempt.same_for_all(error.reply, count, "", site, connection.peer))
-                continue
-            classes = self._classifier.classify_all(replies)
-            passed_on = "DSN" in connection.capabilities
-            attempt = Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
-            if self._elsewhere is not None and any(400 <= reply.code < 500 for reply in replies):
+                attempt = Attempt.same_for_all(error.reply, count, "", site, connection.peer)
+                attempt = attempt._replace(tls=connection.tls)
+                if not error.answered:  # (the message may have been taken: not sent again now)
+                    attempts.append(attempt)
+                    continue
+            else:
+                classes = self._classifier.classify_all(replies)
+                passed_on = "DSN" in connection.capabilities
+                attempt = Attempt(
+                    replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on
+                )
+            if self._elsewhere is not None and any(400 <= reply.code < 500 for reply in attempt.replies):
+                self._final.append(attempt)  # (until the next host answers: see `final`)
                 attempt = await self._next_host(envelope, attempt)
+                self._final.pop()
                 connection = self._connection
             attempts.append(attempt)
         return attempts
 
     async def _next_host(self, envelope: client.Envelope, attempt: Attempt) -> Attempt:
         """`attempt` with its 4xx recipients tried again at another host of the site; the
-        attempt as it was if none took a connection or the transaction there broke."""
+        attempt as it was if none took a connection or that host cannot take the message."""
         assert self._elsewhere is not None
         other = await self._elsewhere(self._connection)
         if other is None:
@@ -115,8 +149,8 @@ class SmtpAgent:
             return attempt  # this host cannot take it (no SMTPUTF8, too big): the 4xx stand
         try:
             more, took = await _send_all(other, rest)
-        except ConnectionLost:
-            return attempt
+        except ConnectionLost as error:  # what happened last, and where, is what the records say
+            more, took = [error.reply] * len(pending), 0.0
         replies, classes = list(attempt.replies), list(attempt.classifications)
         classified = self._classifier.classify_all(more)
         via = Via(other.peer, other.tls, "DSN" in other.capabilities)
@@ -148,6 +182,7 @@ class SmtpAgents:
         self._sources = {
             s.name: dataclasses.replace(options, bind=s.bind, helo_name=s.ehlo or options.helo_name) for s in sources
         }
+        self._paused: dict[str, float] = {}  # site -> until when (monotonic) its next host is not tried
 
     async def open(self, destination: Destination, source: str | None = None) -> SmtpAgent:
         options = self._options if source is None else self._sources.get(source)
@@ -174,14 +209,31 @@ class SmtpAgents:
         hosts = [hop.host for hop in destination.hops]
         start = hosts.index(first) if first in hosts else len(hosts)
         others = tuple(hop for hop in destination.hops[start:] if hop.host != current.host)
-        if not others:
+        site = destination.site
+        if not others or self._paused.get(site, 0.0) > time.monotonic():
             return None
         await current.quit()
         try:
-            return await ClientConnection.open(
-                dataclasses.replace(destination, hops=others), self._resolver, options, avoid=current.address
+            # The message has its answer already (a 4xx): a next host slow to greet is given
+            # the connect timeout, not the reply timeout's minutes, for opening and greeting.
+            async with asyncio.timeout(options.connect_timeout):
+                return await ClientConnection.open(
+                    dataclasses.replace(destination, hops=others), self._resolver, options, avoid=current.address
+                )
+        except (ConnectFailed, TimeoutError) as error:
+            reason = error.reply if isinstance(error, ConnectFailed) else f"no greeting in {options.connect_timeout:g}s"
+            # Every message deferred there would wait as long again: for a while, none tries.
+            now = time.monotonic()
+            self._paused = {site: until for site, until in self._paused.items() if until > now}
+            self._paused[site] = now + NEXT_MX_PAUSE
+            _log.warning(
+                "%s: after a 4xx from %s, no next MX host took a connection (%s): deferred recipients of this "
+                "site wait for their retry for the next %gs",
+                site,
+                current.peer,
+                reason,
+                NEXT_MX_PAUSE,
             )
-        except ConnectFailed:
             return None
 
 

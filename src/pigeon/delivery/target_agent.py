@@ -42,6 +42,9 @@ class TargetAgent:
     def usable(self) -> bool:
         return True
 
+    def final(self) -> list[Attempt]:
+        return []  # a handoff cancelled part way is tried again whole (the target is told idempotently)
+
     async def deliver(self, work: Sequence[Work]) -> list[Attempt]:
         name, target = self._name, self._target
         if target is None:

@@ -119,6 +119,9 @@ class _Hangs:
     async def close(self) -> None:
         pass
 
+    def final(self) -> list[Attempt]:
+        return []
+
 
 async def test_a_message_taken_when_the_connection_died_is_not_sent_on_it(make_world: MakeWorld) -> None:
     agents: list[_Hangs] = []
@@ -210,6 +213,9 @@ class _Breaks:
 
     async def close(self) -> None:
         pass
+
+    def final(self) -> list[Attempt]:
+        return []
 
 
 async def test_an_agent_that_raises_leaves_no_message_in_flight(make_world: MakeWorld) -> None:
