@@ -30,9 +30,10 @@ Pigeon asks that server through `[dns] nameservers`; Postfix (`smtp_host_lookup 
 a mount namespace of its own whose /etc/resolv.conf names it, so neither asks anyone else, and
 every address they are given is on loopback (`--dns-delay S`: the first query for each name
 waits S seconds, as a caching resolver's recursion would). Both back off 1 to 2 s after a
-4xx, and both try a recipient refused with a 4xx at the domain's next MX host in the same
-delivery, at once (the popular domains have two; Pigeon's `[delivery] try_next_mx`): each run
-prints how long after its 450 each deferred recipient was tried again.
+4xx, but Postfix also tries a recipient refused with a 4xx at the domain's next MX host in the
+same delivery, at once (the popular domains have two; Pigeon does with `[delivery]
+try_next_mx`, off by default): each run prints how long after its 450 each deferred recipient
+was tried again.
 Our injector submits the mail over 8 sessions (PIPELINING). For each run, then as medians
 and ratios:
 

@@ -1,5 +1,5 @@
 """A recipient one MX host answers 4xx is tried at once at the domain's next MX host, in the
-same attempt (`[delivery] try_next_mx`), within the site's connection limit."""
+same attempt (`[delivery] try_next_mx = true`, off by default), within the site's connection limit."""
 
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def _site(
         "dsn": False,
         "tls": "disabled",
         "connection_limit": 1,
+        "try_next_mx": True,
         **delivery,
     }
     with ExitStack() as stack:
@@ -139,7 +140,7 @@ def test_a_recipient_deferred_at_every_mx_counts_one_attempt_and_names_the_last_
         assert "ok@example.net" not in site.mx[2].rcpt_log
 
 
-def test_with_try_next_mx_off_a_4xx_waits_for_its_retry(tmp_path: Path) -> None:
+def test_with_try_next_mx_off_as_by_default_a_4xx_waits_for_its_retry(tmp_path: Path) -> None:
     with _site(tmp_path, try_next_mx=False) as site:
         _send(site.pigeon, "grey@example.net")
         (failure,) = site.pigeon.wait_records("TransientFailure")

@@ -398,11 +398,13 @@ class DeliveryConfig(_Section):
     pipelining: bool = True
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""
-    try_next_mx: bool = True
+    try_next_mx: bool = False
     """A recipient a host answers 4xx (greylisting, a busy server) is tried at once at the
-    site's next host in MX preference order, in the same attempt, as Postfix does; false: it
-    waits for its retry. The first connection is closed before the next opens, so
-    `connection_limit` holds."""
+    site's next host in MX preference order, in the same attempt, as Postfix does; false (the
+    default): it waits for its retry. Off by default: each such move costs a new connection
+    (with its STARTTLS, where offered); measured on the realistic relay bench, 1.22x the CPU
+    and 0.80x the rate, for no earlier settling (single-MX domains set the tail). The first
+    connection is closed before the next opens, so `connection_limit` holds."""
     connection_limit: PositiveInt = 32
     """Connections per site from each egress source (ready queue): for the node, whatever its
     workers; for the cluster with a [redis] url (each node's share while Redis does not answer)."""

@@ -68,7 +68,7 @@ class ClientOptions:
     reply_timeout: float = 300.0  # RFC 5321 4.5.3.2: 5 minutes for most replies, 10 for end of data
     pipelining: bool = True
     chunking: bool = True
-    try_next_mx: bool = True  # a recipient answered 4xx is tried at once at the site's next host (smtp_agent)
+    try_next_mx: bool = False  # a recipient answered 4xx is tried at once at the site's next host (smtp_agent)
 
 
 class ConnectFailed(Exception):
