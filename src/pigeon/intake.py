@@ -445,7 +445,9 @@ class Draft:
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
         arrival = self.arrival
-        if arrival.listener == "http" or (arrival.auth_user is not None and arrival.listener == "smtp"):
+        # (an injection is composed with both: only a policy's removal can take them away)
+        injected_and_edited = arrival.listener == "http" and self.envelope.headers_removed
+        if injected_and_edited or (arrival.auth_user is not None and arrival.listener == "smtp"):
             self._complete_submission(lowered, now)
         late = self._head.late_routing  # a line past the kept part starts with a routing name
         if tenant is None and campaign is None and (late or intake._has_routing_field(lowered)):

@@ -27,12 +27,12 @@ asked and nothing is built.
 Shaping that reacts (`reactor`, `pigeon.delivery.reactor`): every attempt with a reply of
 400 or above (a 4xx its recipient then got past at the next MX host included:
 `Attempt.passed_over`), and every connection that failed with a reply, is shown to the
-reactor, whose rules may start an effect on the queue's site, path or provider. While a suspension lives the
-lane takes nothing (as under an operator's site suspension: mail waits in the ready queue,
-untried) and a message that got the reply is tried again when it ends; while a limit lives,
-the lane's connection limit and rate are the lower ones (a connection over the lowered limit
-ends after its batch); while a bounce lives, what waits is bounced. When an effect ends the
-board calls `kick_all`.
+reactor, whose rules may start an effect on the queue's site, path or provider. While a
+suspension lives the lane takes nothing (as under an operator's site suspension: mail waits
+in the ready queue, untried) and a message that got the reply is tried again when it ends;
+while a limit lives, the lane's connection limit and rate are the lower ones (a connection
+over the lowered limit ends after its batch); while a bounce lives, what waits is bounced.
+When an effect ends the board calls `kick_all`.
 
 How many connections: KumoMTA's curve, `ceil(limit * (1 - e^(-0.023 * queued)))`: one
 connection for a trickle, the full limit only for a real backlog.

@@ -127,23 +127,24 @@ class SmtpAgent:
                 attempt = Attempt(
                     replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on
                 )
-            if self._elsewhere is not None and any(400 <= reply.code < 500 for reply in attempt.replies):
+            pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
+            if pending and self._elsewhere is not None:
                 self._final.append(attempt)  # (until the next host answers: see `final`)
-                attempt = await self._next_host(envelope, attempt)
+                attempt = await self._next_host(envelope, attempt, pending)
                 self._final.pop()
                 connection = self._connection
             attempts.append(attempt)
         return attempts
 
-    async def _next_host(self, envelope: client.Envelope, attempt: Attempt) -> Attempt:
-        """`attempt` with its 4xx recipients tried again at another host of the site; the
-        attempt as it was if none took a connection or that host cannot take the message."""
+    async def _next_host(self, envelope: client.Envelope, attempt: Attempt, pending: list[int]) -> Attempt:
+        """`attempt` with its 4xx recipients (`pending`, by index) tried again at another host
+        of the site; the attempt as it was if none took a connection or that host cannot take
+        the message."""
         assert self._elsewhere is not None
         other = await self._elsewhere(self._connection)
         if other is None:
             return attempt
         self._connection = other
-        pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
         rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in pending])
         if refusal_before_sending(rest, other.capabilities) is not None:
             return attempt  # this host cannot take it (no SMTPUTF8, too big): the 4xx stand

@@ -237,14 +237,13 @@ class Settlement:
             reply = replies[index]
             if reply.code < 400:
                 outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt, index)))
-                peer, _, passed_on = attempt.peer_of(index)
-                if wants_success_notice(recipient) and not passed_on:
+                if wants_success_notice(recipient) and not (via := attempt.peer_of(index))[2]:
                     # NOTIFY=SUCCESS and nobody further on will report it: an application's
                     # target is the end ("delivered"), held back as its route holds back a
                     # failure's DSN (no backscatter to a sender anyone can write); a peer
                     # without DSN, a relay onward ("relayed").
                     if message.envelope.target is None:
-                        outcome.failures.append(Failure(recipient, reply, "relayed", _host(peer)))
+                        outcome.failures.append(Failure(recipient, reply, "relayed", _host(via[0])))
                     elif self._withheld(message, recipient)[0] is None:
                         outcome.failures.append(Failure(recipient, reply, "delivered"))
             elif reply.code >= 500:
