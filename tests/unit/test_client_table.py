@@ -211,3 +211,13 @@ def test_a_flood_of_guessers_forgets_the_quietest_address_first(tmp_path: Path) 
     throttle.failed("198.51.100.1", "a", clock.t)  # no room: 192.0.2.1, the quietest, goes
     assert throttle.failed("192.0.2.1", "a", clock.t) == []  # (and makes 192.0.2.2 go)
     assert throttle.failed("192.0.2.3", "a", clock.t) == [Lockout("address", "192.0.2.3", clock.t + 30)]
+
+
+def test_a_checks_user_key_never_takes_the_slot_its_address_key_just_found(tmp_path: Path) -> None:
+    # One slot: every key hashes to it, as two keys of one check sometimes do in a big table.
+    # The user key finds no room (and is not counted); the address key keeps its count.
+    clock = Clock()
+    (throttle,) = _throttles(_tables(tmp_path / "clients", 1, clock, slots=1), per_address=3, per_user=100)
+    for _ in range(3):
+        assert throttle.begin("192.0.2.1", "alice", clock.t) is None
+    assert throttle.begin("192.0.2.1", "alice", clock.t) == Lockout("address", "192.0.2.1", clock.t)

@@ -113,6 +113,7 @@ class ClientTable:
         self.slots: int = slots
         self._key: bytes = key
         self._mine = _COUNTS_AT + worker * _COUNT.size
+        self._decided: set[int] = set()
         with self.locked():
             self._forget_my_parts()
 
@@ -122,12 +123,17 @@ class ClientTable:
 
     def locked(self) -> Flocked:
         """An exclusive lock on the table for one decision."""
+        self._decided.clear()
         return Flocked(self._fd)
 
     # --- slots -------------------------------------------------------------------------------
     def find(self, key: str, now: float, *, create: bool = True) -> int | None:
         """The offset of `key`'s slot; made (reusing or evicting another) if missing and
-        `create`; None if missing, or if every slot of its window holds something."""
+        `create`; None if missing, or if every slot of its window holds something.
+
+        A slot found earlier in the same decision is never given to another key: a check
+        finds its address slot, then its user slot, before it holds either, and the second
+        must not take the first (unheld, it would look free)."""
         digest: int = _HASH.unpack(hashlib.blake2b(key.encode(), digest_size=8, key=self._key).digest())[0] | 1
         memory = self._map
         start = digest % self.slots
@@ -138,13 +144,14 @@ class ClientTable:
             offset: int = _FIRST_SLOT + ((start + step) % self.slots) * _SLOT_SIZE
             found, touched, _, expires, held = _HEAD.unpack_from(memory, offset)
             if found == digest:
+                self._decided.add(offset)
                 return offset
             if found == 0:
                 # Never used: nothing of this key lies further on (slots are reused, never emptied).
                 if free is None:
                     free = offset
                 break
-            if held:
+            if held or offset in self._decided:
                 continue
             if expires <= now:
                 if free is None:
@@ -159,6 +166,7 @@ class ClientTable:
             free = oldest  # the quietest key of the window is forgotten, as in memory
         _HEAD.pack_into(memory, free, digest, now, 0.0, 0.0, 0)
         memory[free + _COUNTS_AT : free + _SLOT_SIZE] = bytes(_SLOT_SIZE - _COUNTS_AT)
+        self._decided.add(free)
         return free
 
     def held(self, slot: int) -> int:
