@@ -1,18 +1,68 @@
-"""Pigeon's two compiled parts, each with a pure-Python fallback:
+"""Pigeon's compiled parts, each with a pure-Python fallback:
 
 * `pigeon.smtp._scan` (`_scan.c`): the byte scans of `pigeon.smtp.framing`;
 * `pigeon.inbound.targets._maildir` (`_maildir.c`): the Maildir target's file work for a batch,
-  in one release of the GIL.
+  in one release of the GIL;
+* the modules every message received over SMTP runs through (`COMPILED`), compiled by mypyc
+  from the same Python source: measured with `bench/accept.py` (5 KiB, 3 rounds, one run),
+  they took 20% less CPU a message and accepted 1.14x as many messages a second.
 
 Optional: without a C compiler the install still succeeds, and Pigeon uses its Python versions
-(same answers, slower). Everything else about the package is in pyproject.toml.
+(same answers, slower). `PIGEON_PURE_PYTHON=1 pip install ...` builds none of the mypyc ones
+(to profile those modules with py-spy, which sees into Python code only). Everything else about
+the package is in pyproject.toml.
 """
 
+import os
+import sys
+import tempfile
+
 from setuptools import Extension, setup
+
+COMPILED = [
+    "src/pigeon/smtp/server.py",
+    "src/pigeon/smtp/replies.py",
+    "src/pigeon/smtp/extensions.py",
+    "src/pigeon/smtp/address.py",
+    "src/pigeon/smtp/framing.py",
+    "src/pigeon/header_section.py",
+    "src/pigeon/listener/smtp.py",
+    "src/pigeon/intake.py",
+]
+
+
+_BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
+
+
+def _compiled() -> list[Extension]:
+    if os.environ.get("PIGEON_PURE_PYTHON") or not _BUILDS & set(sys.argv[1:]):
+        return []  # (pip also runs this file for the package's metadata: no need to compile then)
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        return []
+    # pip builds in an environment of its own, with mypy but without Pigeon's dependencies:
+    # their types are unknown (Any) here, which costs only speed at those calls, and what
+    # mypy says of code that uses them is not this build's business (the type check is
+    # `mypy`'s, with the project's strict settings).
+    with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as config:
+        config.write("[mypy]\nignore_missing_imports = True\nignore_errors = True\n")
+    try:
+        extensions: list[Extension] = mypycify(["--config-file", config.name, *COMPILED])
+    except BaseException as error:  # mypycify exits (SystemExit) on a type error
+        print(f"pigeon: building without the mypyc-compiled modules: {error!r}")
+        return []
+    finally:
+        os.unlink(config.name)
+    for extension in extensions:
+        extension.optional = True
+    return extensions
+
 
 setup(
     ext_modules=[
         Extension("pigeon.smtp._scan", ["src/pigeon/smtp/_scan.c"], optional=True),
         Extension("pigeon.inbound.targets._maildir", ["src/pigeon/inbound/targets/_maildir.c"], optional=True),
+        *_compiled(),
     ]
 )

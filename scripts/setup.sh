@@ -43,11 +43,18 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# Install again only when the dependencies or the C scans may have changed (pyproject.toml,
-# setup.py or a C module newer than the last install, or other extras asked for): a restart
-# should not wait for pip.
+# Install again only when the dependencies or a compiled part may have changed (pyproject.toml,
+# setup.py, a C module, or one of the modules mypyc compiles, as setup.py names them, newer than
+# the last install; or other extras asked for): a restart should not wait for pip, and a stale
+# build of an edited module would be imported instead of its source.
 stamp=".venv/.installed${EXTRA:+-$EXTRA}"
-newer() { for f in pyproject.toml setup.py src/pigeon/smtp/_scan.c src/pigeon/inbound/targets/_maildir.c; do [ "$f" -nt "$stamp" ] && return 0; done; return 1; }
+newer() {
+    for f in pyproject.toml setup.py src/pigeon/smtp/_scan.c src/pigeon/inbound/targets/_maildir.c \
+        $(grep -o "src/pigeon/[a-z_/]*\.py" setup.py); do
+        [ "$f" -nt "$stamp" ] && return 0
+    done
+    return 1
+}
 if [ ! -f "$stamp" ] || newer; then
     echo "installing Pigeon and its dependencies into .venv ..." >&2
     if ! { .venv/bin/python -m pip install -q --upgrade pip &&

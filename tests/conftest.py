@@ -19,6 +19,22 @@ settings.register_profile("pigeon", deadline=None)
 settings.load_profile("pigeon")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to test a stale build: a module that mypyc compiled (setup.py) is imported from
+    its build, not its source, so an edit made since the build would go untested."""
+    import pigeon
+
+    package = Path(pigeon.__file__).parent
+    stale = [
+        str(source.relative_to(package.parent))
+        for built in package.rglob("*.so")
+        if (source := built.with_name(built.name.split(".", 1)[0] + ".py")).exists()
+        and source.stat().st_mtime > built.stat().st_mtime
+    ]
+    if stale:
+        pytest.exit(f"built before their last edit: {', '.join(stale)}; run ./scripts/test (it rebuilds them)", 4)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """In a parallel run (pytest-xdist, as ./scripts/test runs the suite), the long tests start
     first, the longest first: the minutes they take then overlap the many short tests instead

@@ -98,6 +98,24 @@ class Arrival:
     auth_user: str | None = None
 
 
+def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
+    """The Received field Pigeon prepends to a message it takes in (RFC 5321 4.4), folded so
+    that no line passes 998 octets whatever the client named itself."""
+    helo = arrival.helo if arrival.helo.isascii() else _ascii_name(arrival.helo)
+    # HTTP has no HELO: the address alone says where the message came from.
+    lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
+    if arrival.tls:
+        lines.append(f"\t(using {arrival.tls})")
+    lines.append(f"\tby {hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
+    date = _rfc5322_date(now)
+    if len(envelope.recipients) == 1:
+        lines.append(f"\tfor <{with_a_label(envelope.recipients[0].address)}>; {date}")
+    else:
+        lines[-1] += ";"
+        lines.append(f"\t{date}")
+    return b"".join(_folded(line.encode("utf-8")) for line in lines)
+
+
 class Intake:
     """Turns finished content into durable spool messages."""
 
@@ -169,23 +187,8 @@ class Intake:
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]), self.spool)
-        draft.write(self._received_header(envelope, arrival, ids[0]))
+        draft.write(received_field(self.hostname, int(self.clock()), envelope, arrival, ids[0]))
         return draft
-
-    def _received_header(self, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
-        helo = arrival.helo if arrival.helo.isascii() else _ascii_name(arrival.helo)
-        # HTTP has no HELO: the address alone says where the message came from.
-        lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
-        if arrival.tls:
-            lines.append(f"\t(using {arrival.tls})")
-        lines.append(f"\tby {self.hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
-        date = _rfc5322_date(int(self.clock()))
-        if len(envelope.recipients) == 1:
-            lines.append(f"\tfor <{with_a_label(envelope.recipients[0].address)}>; {date}")
-        else:
-            lines[-1] += ";"
-            lines.append(f"\t{date}")
-        return b"".join(_folded(line.encode("utf-8")) for line in lines)
 
     def signer_names(self) -> list[str]:
         """The names of the `[[dkim]]` signers, as a policy chooses them (those loaded now)."""

@@ -332,6 +332,9 @@ class ServerSession:
         return line
 
     def _dispatch(self, command: Command) -> None:
+        # A command's verb is read from its class (`type(command).verb`) throughout: a class
+        # attribute of the commands' frozen dataclasses, which compiled (mypyc) code cannot
+        # read through an instance of a union type.
         kind = type(command)
         if kind in _ANYTIME:
             self._anytime(command)
@@ -339,14 +342,14 @@ class ServerSession:
         allowed = _NEXT.get(self.phase, {})
         if kind not in allowed:
             recipient = command.recipient if isinstance(command, RcptTo) else None
-            self._reject(command.verb, self._out_of_sequence(command), recipient)
+            self._reject(type(command).verb, self._out_of_sequence(command), recipient)
             if isinstance(command, Bdat):
                 self._discard_chunk(command)
             return
         if isinstance(command, MailFrom):
             if self.messages >= self.config.max_messages_per_connection:
                 reply = replies.too_many_messages(self.config.hostname)
-                self._reject(command.verb, reply)
+                self._reject(type(command).verb, reply)
                 self._close(reply)
                 return
         elif isinstance(command, RcptTo):
@@ -360,19 +363,19 @@ class ServerSession:
                     self._overshoot += 1
                     if self._overshoot > self.config.max_recipients and self._junk("RCPT", command.recipient):
                         return
-                self._reject(command.verb, problem, command.recipient)
+                self._reject(type(command).verb, problem, command.recipient)
                 return
         elif isinstance(command, (Ehlo, Helo)):
             # A greeting again (TLS aside, which starts the session over) moves no mail and
             # resets the transaction: EHLO, MAIL, EHLO, MAIL, ... would otherwise go on for ever.
-            if self.phase is not Phase.GREETED and self._junk(command.verb):
+            if self.phase is not Phase.GREETED and self._junk(type(command).verb):
                 return
         elif isinstance(command, StartTls):
             if self.tls_active:
-                self._reject(command.verb, replies.ALREADY_TLS)
+                self._reject(type(command).verb, replies.ALREADY_TLS)
                 return
             if not self.config.tls_available:
-                self._reject(command.verb, replies.NOT_IMPLEMENTED)
+                self._reject(type(command).verb, replies.NOT_IMPLEMENTED)
                 return
         elif isinstance(command, Auth):
             self._start_auth(command)
@@ -389,7 +392,7 @@ class ServerSession:
             self._reset_transaction()
             self._close(reply)
             return
-        if self._junk(command.verb):
+        if self._junk(type(command).verb):
             return
         if isinstance(command, Rset):
             self._reset_transaction()
@@ -433,7 +436,7 @@ class ServerSession:
             return replies.TLS_IN_TRANSACTION
         if isinstance(command, Auth):
             return replies.AUTH_IN_TRANSACTION
-        return Reply(503, "5.5.1", (f"{command.verb} not allowed now",))
+        return Reply(503, "5.5.1", (f"{type(command).verb} not allowed now",))
 
     def _check_recipient(self, command: RcptTo) -> Reply | None:
         if self.recipients >= self.config.max_recipients:
@@ -483,7 +486,7 @@ class ServerSession:
     # --- BDAT (RFC 3030) -------------------------------------------------------------------
     def _start_chunk(self, command: Bdat) -> None:
         if not self.config.chunking:
-            self._reject(command.verb, replies.NOT_IMPLEMENTED)
+            self._reject(type(command).verb, replies.NOT_IMPLEMENTED)
             self._discard_chunk(command)
             return
         if not self._chunked:

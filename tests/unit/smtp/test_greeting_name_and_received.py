@@ -5,21 +5,19 @@ under 998 octets whatever the client named."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from pigeon.intake import Arrival, Intake
-from pigeon.message import Envelope, Recipient
+from pigeon.intake import Arrival, received_field
+from pigeon.message import Envelope, Recipient, SpoolId
 from pigeon.smtp.events import Ehlo, Helo
 from tests.unit.smtp.harness import Peer
 
 
 def _received(helo: str, tls: str | None = None, recipient: str = "user@example.net") -> bytes:
-    intake = SimpleNamespace(hostname="mx.test", clock=time.time)
     arrival = Arrival("smtp", "s1", "192.0.2.1:25", "192.0.2.1", helo, "ESMTPS", tls=tls)
     envelope = Envelope("a@example.org", [Recipient(recipient)])
-    return Intake._received_header(intake, envelope, arrival, 1)  # type: ignore[arg-type]
+    return received_field("mx.test", int(time.time()), envelope, arrival, SpoolId(1))
 
 
 @pytest.mark.parametrize(
