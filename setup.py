@@ -16,8 +16,10 @@ the package is in pyproject.toml.
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 COMPILED = [
     "src/pigeon/smtp/server.py",
@@ -28,6 +30,14 @@ COMPILED = [
     "src/pigeon/header_section.py",
     "src/pigeon/listener/smtp.py",
     "src/pigeon/intake.py",
+    "src/pigeon/delivery/dispatcher.py",
+    "src/pigeon/delivery/session.py",
+    "src/pigeon/delivery/smtp_agent.py",
+    "src/pigeon/smtp/client.py",
+    "src/pigeon/smtp/client_session.py",
+    "src/pigeon/queue/ready.py",
+    "src/pigeon/queue/settlement.py",
+    "src/pigeon/spool/commit.py",
 ]
 
 
@@ -54,15 +64,42 @@ def _compiled() -> list[Extension]:
         return []
     finally:
         os.unlink(config.name)
-    for extension in extensions:
-        extension.optional = True
-    return extensions
+    return [_Compiled.mark(extension) for extension in extensions]
+
+
+class _Compiled(build_ext):
+    """Builds mypyc's extensions all or none: they share one library (mypycify's first
+    extension), and a module built without it would be installed and fail at import; with
+    none built, Python imports each module's source."""
+
+    _ALL_OR_NONE = "_pigeon_mypyc"
+
+    @classmethod
+    def mark(cls, extension: Extension) -> Extension:
+        setattr(extension, cls._ALL_OR_NONE, True)
+        return extension
+
+    def build_extension(self, ext: Extension) -> None:
+        if not getattr(ext, self._ALL_OR_NONE, False):
+            super().build_extension(ext)
+            return
+        if getattr(self, "_pigeon_failed", False):
+            return
+        try:
+            super().build_extension(ext)
+        except Exception as error:  # a compiler error (CompileError, LinkError) or a missing compiler
+            self._pigeon_failed = True
+            print(f"pigeon: building without the mypyc-compiled modules: {error}")
+            for built in self.extensions:
+                if getattr(built, self._ALL_OR_NONE, False):
+                    Path(self.get_ext_fullpath(built.name)).unlink(missing_ok=True)
 
 
 setup(
+    cmdclass={"build_ext": _Compiled},
     ext_modules=[
         Extension("pigeon.smtp._scan", ["src/pigeon/smtp/_scan.c"], optional=True),
         Extension("pigeon.inbound.targets._maildir", ["src/pigeon/inbound/targets/_maildir.c"], optional=True),
         *_compiled(),
-    ]
+    ],
 )

@@ -152,6 +152,16 @@ class _Lane:
         self.deferring = False  # its site is down: deferring what waits is on its way (call_soon)
 
 
+# Defaults of `Dispatcher`'s hooks are functions, not lambdas: a lambda as a parameter's
+# default stops mypyc (setup.py) with an internal error, in ready.py and settlement.py too.
+def _never_held(site: str) -> bool:
+    return False
+
+
+def _no_reroute(lease: Lease, domain: str) -> None:
+    return None
+
+
 class Dispatcher:
     """Delivers what the queue makes ready."""
 
@@ -163,9 +173,9 @@ class Dispatcher:
         begin: Callable[[Lease], Message | None],
         report: Callable[[Lease, Attempt], asyncio.Future[None] | None],
         body: Callable[[Message], bytes],
-        held: Callable[[str], bool] = lambda site: False,
+        held: Callable[[str], bool] = _never_held,
         hooks: DeliveryHooks | None = None,
-        reroute: Callable[[Lease, str], None] = lambda lease, domain: None,
+        reroute: Callable[[Lease, str], None] = _no_reroute,
         throttles: Throttles | None = None,
         reactor: Reactor | None = None,
         sites: SiteHealth | None = None,
@@ -746,9 +756,9 @@ class Dispatcher:
                 self._start(other)
 
 
-def _seconds(seconds: float) -> str:
+def _seconds(wait: float) -> str:
     """A wait for a log line: "45s", "10m", "1h30m"."""
-    seconds = round(seconds)
+    seconds = round(wait)
     if seconds < 60:
         return f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)

@@ -166,6 +166,18 @@ def _expire(waiter: asyncio.Future[bool]) -> None:
         waiter.set_result(True)  # timed out
 
 
+def _owns_none(domain: str) -> bool:
+    return False
+
+
+def _no_idle_timeout(queue: ReadyQueue) -> float | None:
+    return None
+
+
+def _forget_quietly(queue: ReadyQueue) -> None:
+    return None
+
+
 class ReadyQueues:
     """Every ready queue of this worker, by path. Tells the dispatcher when one has work.
 
@@ -182,9 +194,9 @@ class ReadyQueues:
         source: str,
         on_work: Callable[[ReadyQueue], None],
         *,
-        owns: Callable[[str], bool] = lambda domain: False,
-        idle_timeout: Callable[[ReadyQueue], float | None] = lambda queue: None,
-        on_forget: Callable[[ReadyQueue], None] = lambda queue: None,
+        owns: Callable[[str], bool] = _owns_none,
+        idle_timeout: Callable[[ReadyQueue], float | None] = _no_idle_timeout,
+        on_forget: Callable[[ReadyQueue], None] = _forget_quietly,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._active = active

@@ -110,6 +110,11 @@ class _Outcome:
     written: asyncio.Future[None] | None = None  # set once the outcome is durable, if someone waits
 
 
+def _no_route(address: str) -> InboundFailures | None:
+    """No `[[inbound]]` route names any address (the default)."""
+    return None
+
+
 class Settlement:
     def __init__(
         self,
@@ -121,7 +126,7 @@ class Settlement:
         counts: Counts,
         policies: QueuePolicies,
         notifier: Notifier | None = None,
-        route_failures: RouteFailures = lambda address: None,
+        route_failures: RouteFailures = _no_route,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:

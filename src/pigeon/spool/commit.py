@@ -127,7 +127,7 @@ class GroupCommitter:
         self._conn: sqlite3.Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._commit_thread: threading.Thread | None = None
         self._pending: _Batch = []
         self._scheduled = False
         self._lingering: asyncio.TimerHandle | None = None
@@ -145,8 +145,8 @@ class GroupCommitter:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._conn = self._connect()
-        self._thread = threading.Thread(target=self._run, name="spool-commit", daemon=True)
-        self._thread.start()
+        self._commit_thread = threading.Thread(target=self._run, name="spool-commit", daemon=True)
+        self._commit_thread.start()
         if self._flush is not None:
             self._early_thread = threading.Thread(target=self._run_early, name="spool-early", daemon=True)
             self._early_thread.start()
@@ -210,8 +210,8 @@ class GroupCommitter:
         while self._pending:
             self._finish(*self._begin(self._take()))
         self._jobs.put(_STOP)
-        if self._thread is not None:
-            self._thread.join()
+        if self._commit_thread is not None:
+            self._commit_thread.join()
         self._early_jobs.put(_STOP)
         if self._early_thread is not None:
             self._early_thread.join()
@@ -324,7 +324,7 @@ class GroupCommitter:
         seconds = time.perf_counter() - started
         loop = self._loop
         assert loop is not None
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._commit_thread:
             self._idle.set()
             try:
                 loop.call_soon_threadsafe(self._batch_done, batch, results, seconds)
