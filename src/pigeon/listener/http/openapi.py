@@ -86,7 +86,11 @@ def document() -> dict[str, Any]:
                     "description": "Needs the 'inject' scope. Content is raw RFC 5322 text or parts; "
                     "either is a Jinja2 template rendered per recipient unless 'template' is false. "
                     "Addresses are checked as SMTP checks them (400 naming the field, with SMTP's text); "
-                    "a recipient named twice is refused the second time (550 5.1.0, duplicate_of).",
+                    "a recipient named twice is refused the second time (550 5.1.0, duplicate_of). "
+                    "Content that fails SMTP reception's content check is refused per recipient with SMTP's "
+                    "reply (554 5.6.0, 552 5.3.4); when it is every recipient's alike ('template' false, or "
+                    "a field given twice in the first recipient's message) the request is refused: 400 "
+                    "naming $.content, with that reply.",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
