@@ -200,7 +200,8 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         {"held": count, "rule": rule_or_none, "already": {"type": "boolean"}, "added_on": workers},
         "held",
         "rule",
-        doc="held: messages put back now; already: the same suspension (until resumed) was in force: this is it; "
+        doc="held: messages it holds now (put back to the spool, and those deferred there already); "
+        "already: the same suspension (until resumed) was in force: this is it; "
         "added_on (several workers): it was in force on the other workers but not on these, and is now",
     )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
