@@ -294,21 +294,34 @@ class Draft:
             future.add_done_callback(self._then)
         return future
 
+    def content_refusal(self) -> Reply | None:
+        """The reply `commit()` would refuse the message written so far with for its header
+        section alone (a loop, a tenant or campaign that cannot name a queue, a field given
+        twice), before any policy is asked; None if it has none of those. An injection asks
+        before committing its first recipient's message: that content fails for them all."""
+        head = b"\n" + bytes(self._head.head)
+        return self._content_refusal(head, head.lower())
+
+    def _content_refusal(self, head: bytes, lowered: bytes) -> Reply | None:
+        # Our own Received header is counted too: the message would leave with that many. So
+        # is every one past the kept part of the header section, or a loop whose hops each
+        # add a DKIM signature on top would never be found (pigeon.header_section).
+        if lowered.count(b"\nreceived:") + self._head.late_received > self._intake.max_hops:
+            return replies.TOO_MANY_HOPS
+        refusal = self._intake._routing_refusal(head, lowered, self._head)
+        if refusal is not None:
+            return refusal
+        if self.arrival.listener != "local" and (repeated := repeated_field(lowered, self._head.late_single)):
+            return replies.content_field_repeated(repeated)
+        return None
+
     def _commit(self) -> asyncio.Future[Stored]:
         intake = self._intake
         self._done = True
         head = b"\n" + bytes(self._head.head)  # a leading LF: every field starts with "\n<name>:"
         lowered = head.lower()
-        # Our own Received header is counted too: the message would leave with that many. So
-        # is every one past the kept part of the header section, or a loop whose hops each
-        # add a DKIM signature on top would never be found (pigeon.header_section).
-        if lowered.count(b"\nreceived:") + self._head.late_received > intake.max_hops:
-            return self._refuse(Refused(replies.TOO_MANY_HOPS))
-        refusal = intake._routing_refusal(head, lowered, self._head)
-        if refusal is not None:
+        if (refusal := self._content_refusal(head, lowered)) is not None:
             return self._refuse(Refused(refusal))
-        if self.arrival.listener != "local" and (repeated := repeated_field(lowered, self._head.late_single)):
-            return self._refuse(Refused(replies.content_field_repeated(repeated)))
         hook = intake.policy.on_message
         if hook is None or self.arrival.listener == "local":
             # (Pigeon's own DSNs are not the policy's to refuse: a refused one would be

@@ -21,6 +21,7 @@ TOKEN = "doors-token-0123456789"
 LITERAL = "Not a valid address literal: [IPv4] or [IPv6:...] (RFC 5321 4.1.3)"
 TOO_LONG = "Address is longer than 254 octets (RFC 5321 4.5.3.1.3)"
 LOCAL_TOO_LONG = "Local part is longer than 64 octets (RFC 5321 4.5.3.1.1)"
+LABEL_TOO_LONG = "Domain has a label longer than 63 octets (RFC 1035 2.3.4)"
 NO_CONTROL = "no control or format characters allowed"
 BAD = [
     # (address, SMTP reply code, text)
@@ -32,6 +33,8 @@ BAD = [
     ("bob@[300.1.2.3]", 501, LITERAL),
     ("bob@" + ".".join(["ü" * 30] * 4) + ".example", 501, TOO_LONG),  # 134 characters, 255 octets
     ("é" * 33 + "@example.net", 501, LOCAL_TOO_LONG),  # 33 characters, 66 octets
+    ("bob@" + "a" * 64 + ".example.net", 501, LABEL_TOO_LONG),  # no DNS name has such a label
+    ("bob@" + "ü" * 60 + ".example", 501, LABEL_TOO_LONG),  # its A-label would be over 63 octets
 ]  # fmt: skip
 
 

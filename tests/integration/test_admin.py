@@ -120,6 +120,28 @@ def test_suspend_holds_mail_untried_until_resumed(tmp_path: Path, sink: Scripted
         assert [m.email["Subject"] for m in sink.wait_for(2)] == ["y", "x"]
 
 
+def test_suspend_counts_as_held_the_deferred_mail_the_summary_then_shows_suspended(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    # Deferred for an hour: only the spool holds them when the suspension is made. Before,
+    # "held": 0 ("0 messages put back"), while the summary said 3 suspended and resume made 3 due.
+    with _node(tmp_path / "node", sink, retry_interval="1h") as pigeon:
+        _send(pigeon, ["tempfail@held.test"], count=3)
+        _send(pigeon, ["tempfail@other.test"])  # not the suspension's
+        wait_until(lambda: len(pigeon.records("TransientFailure")) == 4)
+        wait_until(
+            lambda: (
+                not any(r["in_flight"] or r["settling"] for r in _api(pigeon, "GET", "/api/v1/queues")[1]["scheduled"])
+            )
+        )
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test"})
+        assert (status, answer["held"]) == (200, 3), answer
+        status, summary = _api(pigeon, "GET", "/api/v1/queues")
+        assert [(r["queue"], r["suspended"]) for r in summary["scheduled"]] == [("held.test", 3), ("other.test", 0)]
+        status, answer = _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}")
+        assert answer["made_due"] == 3
+
+
 def test_a_retry_leaves_suspended_mail_held_and_says_so(tmp_path: Path, sink: ScriptedSink) -> None:
     with _node(tmp_path / "node", sink) as pigeon:
         status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "held.test"})

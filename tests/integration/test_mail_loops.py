@@ -73,6 +73,9 @@ def _http(pigeon: PigeonProcess, message: bytes) -> str:
         "template": False,
     }
     status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    if status == 400:  # the content's fault, whoever the recipient: the request is refused
+        assert answer["field"] == "$.content", answer
+        return str(answer["error"])
     assert status == 200, answer
     (result,) = answer["recipients"]
     return result.get("error") or "250 " + result["id"]
@@ -84,6 +87,8 @@ def _cli(pigeon: PigeonProcess, message: bytes, directory: Path) -> str:
     command = [sys.executable, "-m", "pigeon", "inject", "-c", str(pigeon.config_path), "--token", TOKEN]
     command += ["--json", "--no-template", "--from", "app@example.org", "--to", "cli@example.net", str(path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode == 2:  # refused whole (400), as README's exit table says
+        return done.stderr.strip().removeprefix("pigeon: 400: ").removesuffix(" ($.content)")
     (result,) = json.loads(done.stdout)["recipients"]
     return result.get("error") or "250 " + result["id"]
 

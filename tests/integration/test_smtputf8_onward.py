@@ -68,6 +68,20 @@ def test_smtputf8_mail_with_a_utf8_header_field_is_refused_by_a_next_hop_without
     assert [r for r in sink.received if r.recipients == ["user@d15.test"]] == []
 
 
+def test_the_dsn_of_a_refusal_for_want_of_smtputf8_says_pigeon_refused_not_the_server(
+    pigeon: PigeonProcess, sink: ScriptedSink
+) -> None:
+    # The server never saw the message: it only lacked SMTPUTF8, and Pigeon refused to send.
+    # "smtp;" would tell the sender the server answered 554 5.6.7 (RFC 3464 2.3.6).
+    data = ASCII_MESSAGE.replace(b"Subject: plain", "Subject: Grüße".encode())
+    _sendmail(pigeon, data, ["SMTPUTF8", "BODY=8BITMIME"])
+    (dsn,) = sink.wait_for(1)
+    assert dsn.recipients == ["s@sender.test"]
+    assert b"Diagnostic-Code: X-Pigeon; 554 5.6.7 Message needs SMTPUTF8" in dsn.data
+    assert b"Diagnostic-Code: smtp;" not in dsn.data
+    assert f"Remote-MTA: dns; [127.0.0.1]:{sink.port}".encode() in dsn.data  # the server that lacked it
+
+
 def test_an_injected_ascii_message_goes_to_a_next_hop_without_smtputf8(
     pigeon: PigeonProcess, sink: ScriptedSink
 ) -> None:

@@ -168,9 +168,9 @@ def _suspend(args: argparse.Namespace) -> int:
     if answer.get("added_on") if isinstance(answer, dict) else False:
         # In force on some workers only: it is added where it lacked, which is not "nothing added".
         text = "suspended until {until} (rule {rule_id}) on worker(s) {workers}, which lacked it (the others held it "
-        text += "already); {held:count message} put back"
+        text += "already); {held:count message} held"
         return _show(args, status, answer, text, workers=", ".join(map(str, answer["added_on"])))
-    return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} put back")
+    return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} held")
 
 
 def _alone(args: argparse.Namespace, command: str, *actions: str) -> int | None:

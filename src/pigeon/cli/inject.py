@@ -27,7 +27,8 @@ exit status (sysexits.h, as sendmail's):
    1  some recipients were refused: one for good (5xx), or some accepted and others not
       (running it again would send those twice)
    2  usage or input error: a bad option, a file that cannot be read, a request the node
-      refused as malformed (400, naming the field)
+      refused as malformed (400, naming the field), content that fails the content check
+      for every recipient (400 naming $.content)
   75  EX_TEMPFAIL: try again later; nothing was accepted: every recipient was refused for now
       (4xx), the node is busy or failing (429, 5xx), or it cannot be reached
   77  EX_NOPERM: the node refused the token (401: none or unknown; 403: no "inject" scope)

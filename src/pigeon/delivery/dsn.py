@@ -41,7 +41,8 @@ class Failure:
     action: str  # "failed" (bounced or expired); "relayed" or "delivered" for NOTIFY=SUCCESS
     remote_mta: str | None = None  # the host that answered, if any
     # RFC 3464 diagnostic type: "smtp" for a reply a server gave; "X-Pigeon" for one Pigeon wrote
-    # (an expiry), so the report does not claim a server said it.
+    # (an expiry, a DNS failure, a refusal before sending such as no 8BITMIME at the server), so
+    # the report does not claim a server said it.
     diagnostic_type: str = "smtp"
     attempted: float | None = None  # when the last attempt was, if not the report's own time
 

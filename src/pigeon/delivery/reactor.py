@@ -92,7 +92,8 @@ class Reactor:
             bounced = bounce_reply(effect)
             replies: Sequence[Reply] = [bounced if t else r for t, r in zip(transient, attempt.replies, strict=True)]
             classes = [BOUNCE_CLASS if t else c for t, c in zip(transient, attempt.classifications, strict=True)]
-            return attempt._replace(replies=replies, classifications=classes)
+            bounced_here = {index for index, t in enumerate(transient) if t}
+            return attempt._replace(replies=replies, classifications=classes, own=attempt.own | bounced_here)
         return attempt
 
     # --- what lives on a queue's keys -------------------------------------------------------------

@@ -111,7 +111,8 @@ class SmtpAgent:
                 refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None:
                 classification = self._classifier.classify(refusal)
-                attempts.append(Attempt.same_for_all(refusal, count, classification, site, connection.peer))
+                attempt = Attempt.same_for_all(refusal, count, classification, site, connection.peer)
+                attempts.append(attempt._replace(own=frozenset(range(count))))
                 continue
             try:
                 replies, duration = await _send_all(connection, envelope)

@@ -265,7 +265,7 @@ class SmtpConnection(asyncio.Protocol):
         refusal = listener.admit(self)
         listener._opened(self)
         if refusal is not None:
-            self._log_rejection("CONNECT", refusal)
+            self._log_rejection("CONNECT", refusal, sender=None)
         now = self._loop.time()
         self._last_bytes = self._last_progress = now
         hook = listener.intake.policy.on_connect
@@ -302,7 +302,7 @@ class SmtpConnection(asyncio.Protocol):
         if command == "CONNECT":
             # A hook's Refuse(550), or a call cancelled as 451, goes as a greeting may refuse.
             reply = at_greeting(reply)
-            self._log_rejection(command, reply)  # (the other commands' are logged by _respond)
+            self._log_rejection(command, reply, sender=None)  # (the others: by _respond)
         return reply
 
     def data_received(self, data: bytes) -> None:
@@ -369,7 +369,7 @@ class SmtpConnection(asyncio.Protocol):
         self, reply: Reply, command: str, message_id: str | None = None, *, recipient: str | None = None
     ) -> None:
         if reply.code >= 400:
-            self._log_rejection(command, reply, message_id, recipient=recipient)
+            self._log_rejection(command, reply, message_id, recipient=recipient, sender=self._open_sender())
         self._session.respond(reply)
 
     def _wait(
@@ -643,7 +643,8 @@ class SmtpConnection(asyncio.Protocol):
 
     # --- notices -----------------------------------------------------------------------
     def _on_rejected(self, event: Rejected) -> None:
-        self._log_rejection(event.command, event.reply, recipient=event.recipient)
+        # The sender as the refusal found it: a refused message's transaction is over by now.
+        self._log_rejection(event.command, event.reply, recipient=event.recipient, sender=event.sender)
 
     def _on_reset(self, event: TransactionReset) -> None:
         if self._draft is not None:
@@ -660,6 +661,11 @@ class SmtpConnection(asyncio.Protocol):
             self._transport.close()
 
     # --- helpers -------------------------------------------------------------------------
+    def _open_sender(self) -> str | None:
+        """The sender of the transaction open now (None: none is)."""
+        mail = self._session.mail
+        return mail.sender if mail is not None else None
+
     def _new_draft(self) -> Draft:
         session = self._session
         mail = session.mail
@@ -704,14 +710,20 @@ class SmtpConnection(asyncio.Protocol):
         return keyword
 
     def _log_rejection(
-        self, command: str, reply: Reply, message_id: str | None = None, *, recipient: str | None = None
+        self,
+        command: str,
+        reply: Reply,
+        message_id: str | None = None,
+        *,
+        recipient: str | None = None,
+        sender: str | None,
     ) -> None:
         """`recipient`: the address a refused RCPT gave, as the client sent it (escaped here).
         A message refused whole (DATA, BDAT: by the policy's on_message, the content checks,
-        the spool) names the recipients it was for: the record is all an operator has to find
-        whose mail was turned away, since nothing is stored under its id."""
+        the spool) names the sender and recipients it was for: the record is all an operator
+        has to find whose mail was turned away, since nothing is stored under its id.
+        `sender`: the transaction's (None: no transaction was open)."""
         session = self._session
-        mail = session.mail
         recipients = [shown(recipient)] if recipient is not None else None
         if recipient is None and command in ("DATA", "BDAT") and self._recipients:
             recipients = [shown(r.address) for r in self._recipients]
@@ -724,7 +736,7 @@ class SmtpConnection(asyncio.Protocol):
                 command=command,
                 response=Response.of(reply),
                 helo=session.helo,
-                sender=mail.sender if mail is not None else None,
+                sender=sender,
                 recipients=recipients,
                 tls=self._tls,
                 auth_user=session.authenticated,
@@ -758,7 +770,7 @@ class SmtpConnection(asyncio.Protocol):
 
     def _close_with(self, reply: Reply, command: str = "") -> None:
         """Say `reply` (logged as a rejection of `command`) after whatever is queued, and close."""
-        self._log_rejection(command, reply)
+        self._log_rejection(command, reply, sender=self._open_sender())
         self._flush()
         if self._transport is not None:
             self._transport.write(reply.encode(enhanced=self._session.esmtp))

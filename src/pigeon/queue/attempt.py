@@ -63,6 +63,11 @@ class Attempt(NamedTuple):
     """The 4xx `peer` answered the recipients in `via` before they went to the next host:
     what the site said all the same, so the shaping reactions (`pigeon.delivery.reactor`) see
     them with `replies`."""
+    own: frozenset[int] = frozenset()
+    """Recipients (by index) whose reply Pigeon decided on its own side of the wire although a
+    peer was there: the peer lacked what the message needs (SMTPUTF8, 8BITMIME, a SIZE big
+    enough), or a shaping reaction bounced what it deferred. Their DSN says `X-Pigeon;`, not
+    `smtp;`: no server gave that reply."""
 
     def peer_of(self, index: int) -> tuple[str | None, str | None, bool]:
         """The peer, TLS and `passed_on` that recipient `index`'s reply came with."""

@@ -262,10 +262,15 @@ class Settlement:
                 outcome.terminal.append(Bounce(**fields, classification=classification, dsn=withheld))
                 if withheld is None:
                     # "smtp;" only for what a server answered: Pigeon's own (DNS says no mail
-                    # goes there) is no server's reply.
+                    # goes there, the server lacks 8BITMIME) is no server's reply. A peer that
+                    # was there is still named (Remote-MTA), as an expiry names its last one.
                     peer = attempt.peer_of(index)[0]
-                    kind = "smtp" if peer else "X-Pigeon"
-                    outcome.failures.append(Failure(recipient, reply, "failed", _host(peer), kind))
+                    if peer and index not in attempt.own:
+                        outcome.failures.append(Failure(recipient, reply, "failed", _host(peer)))
+                    else:
+                        attempted = now if peer else None  # (none without a peer: nothing was tried)
+                        failure = Failure(recipient, reply, "failed", _host(peer), "X-Pigeon", attempted)
+                        outcome.failures.append(failure)
             else:
                 deferred.append((recipient, reply, index))
         mark = entry.admin_bounce

@@ -7,7 +7,9 @@ An address is `local@domain` (RFC 5321 4.1.2), with UTF-8 where the transaction 
 (RFC 6531), and:
 
 - at most 254 octets in all (RFC 5321 4.5.3.1.3: a path is 256 with its angle brackets) and
-  64 in its local part (4.5.3.1.1), counted in UTF-8 octets, not characters;
+  64 in its local part (4.5.3.1.1), counted in UTF-8 octets, not characters; each label of
+  its domain at most 63 octets (RFC 1035 2.3.4; a U-label as its A-label, the form DNS and
+  the next hop see), as config globs require too: no DNS name has a longer one;
 - an address literal is `[IPv4]` or `[IPv6:...]` (4.1.3), without an IPv6 zone (`%eth0`:
   it names an interface of the sender's machine, nothing the next hop could reach);
 - no control character (C0, DEL, C1), nor format character (Unicode category Cf: the bidi
@@ -35,6 +37,7 @@ import idna
 
 MAX_ADDRESS: Final = 254  # octets, RFC 5321 4.5.3.1.3 (256 with the angle brackets)
 MAX_LOCAL: Final = 64  # octets, RFC 5321 4.5.3.1.1
+MAX_LABEL: Final = 63  # octets, RFC 1035 2.3.4 (an A-label's too, RFC 5890 2.3.2.1)
 
 # Categories refused anywhere in an address: controls, format characters (bidi, zero-width),
 # surrogates, line and paragraph separators.
@@ -214,9 +217,19 @@ def check(address: str, *, utf8: bool = True) -> Problem | None:
     if len(match.group("local").encode("utf-8")) > MAX_LOCAL:
         return Problem(Kind.LENGTH, f"Local part is longer than {MAX_LOCAL} octets (RFC 5321 4.5.3.1.1)")
     domain = match.group("domain")
-    if domain.startswith("[") and not valid_literal(domain[1:-1]):
-        return Problem(Kind.LITERAL, "Not a valid address literal: [IPv4] or [IPv6:...] (RFC 5321 4.1.3)")
+    if domain.startswith("["):
+        if not valid_literal(domain[1:-1]):
+            return Problem(Kind.LITERAL, "Not a valid address literal: [IPv4] or [IPv6:...] (RFC 5321 4.1.3)")
+    elif _longest_label(domain) > MAX_LABEL:
+        return Problem(Kind.LENGTH, f"Domain has a label longer than {MAX_LABEL} octets (RFC 1035 2.3.4)")
     return None
+
+
+def _longest_label(domain: str) -> int:
+    """Octets of the domain's longest label, a U-label counted as its A-label."""
+    if domain.isascii():  # the usual case: no IDNA
+        return max(map(len, domain.split(".")))
+    return max(len(a_label(label).encode("utf-8")) for label in domain.split("."))
 
 
 def valid_literal(literal: str) -> bool:

@@ -160,11 +160,16 @@ class Rejected:
     `recipient`: for a refused RCPT, the address as the client gave it, so that the refusal
     can name whom it refused, even when the line did not parse (then the path between its
     angle brackets, or the argument's first word). Bytes that are not UTF-8 are kept as
-    surrogate escapes: escape it before showing it (`pigeon.logs.peer_text`)."""
+    surrogate escapes: escape it before showing it (`pigeon.logs.peer_text`).
+
+    `sender`: the open transaction's sender when the command was refused (None: none was
+    open), taken then because a refused message (bare LF, a line or the whole too long)
+    ends the transaction before the event is read."""
 
     command: str
     reply: Reply
     recipient: str | None = None
+    sender: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

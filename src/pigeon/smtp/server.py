@@ -687,7 +687,8 @@ class ServerSession:
                 self._close(final)
 
     def _reject(self, verb: str, reply: Reply, recipient: str | None = None) -> None:
-        self._events.append(Rejected(verb, reply, recipient))
+        sender = self.mail.sender if self.mail is not None else None
+        self._events.append(Rejected(verb, reply, recipient, sender))
         self._queue(reply)
 
     def _close(self, reply: Reply) -> None:

@@ -375,6 +375,19 @@ async def test_a_bounce_reaction_bounces_what_waits_for_the_site(make_world: Mak
     assert len(world.logged("Bounce")) == 4 and len(world.attempted) == 1
 
 
+async def test_the_dsn_of_a_reaction_bounce_says_pigeon_bounced_it_not_the_server(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    # The server answered 421 (for later); the 554 is the reaction's, Pigeon's own.
+    reactor = _reactor(tmp_path, world_clock := FakeClock(), action="bounce", duration=60)
+    world = make_world(SITES, ["d1.test"], clock=world_clock, reactor=reactor, answer=_first_rate_limited)
+    world.inject(["r0@d1.test"])
+    await world.release_all()
+    [failure] = world.reported
+    assert (failure.reply.code, failure.remote_mta) == (554, "mx1.test")
+    assert failure.diagnostic_type == "X-Pigeon"
+
+
 async def test_a_limit_reaction_lowers_the_sites_limits_while_it_lives(make_world: MakeWorld, tmp_path: Path) -> None:
     reactor = _reactor(tmp_path, world_clock := FakeClock(), action="limit", connection_limit=1,
                        max_message_rate="1/min", duration=60)  # fmt: skip

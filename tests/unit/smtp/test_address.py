@@ -120,6 +120,26 @@ def test_the_longest_address_is_254_octets_at_every_door() -> None:
     assert _http_refusal(one_more) == text
 
 
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_domain_label_over_63_octets_is_refused_at_every_door_and_63_is_taken(where: str) -> None:
+    def domain(label: str) -> str:
+        return {"first": f"{label}.example.net", "middle": f"a.{label}.net", "last": f"example.{label}"}[where]
+
+    assert address.check("u@" + domain("b" * 63)) is None and _http_refusal("u@" + domain("b" * 63)) is None
+    over = "u@" + domain("b" * 64)
+    text = "Domain has a label longer than 63 octets (RFC 1035 2.3.4)"
+    assert address.check(over) == address.Problem(Kind.LENGTH, text)
+    assert _refusal(f"RCPT TO:<{over}>") == (501, f"5.1.3 {text}")
+    assert _refusal(f"MAIL FROM:<{over}>") == (501, f"5.1.7 {text}")
+    assert _http_refusal(over) == text
+
+
+def test_a_u_label_is_measured_as_its_a_label() -> None:
+    # 20 "ü" are 40 octets of UTF-8 but a 26-octet A-label; 60 have no A-label within 63.
+    assert address.check("u@" + "ü" * 20 + ".example") is None
+    assert address.check("u@" + "ü" * 60 + ".example") is not None
+
+
 @given(st.ip_addresses(v=4))
 def test_an_ipv4_literal_is_an_address(ip: ipaddress.IPv4Address) -> None:
     assert address.check(f"postmaster@[{ip}]") is None

@@ -180,7 +180,7 @@ def test_malformed_bdat_closes_the_session(line: bytes) -> None:
     assert closing is not None
     assert closing.reply is not None
     assert str(closing.reply) == BDAT_SYNTAX.removesuffix("\r\n")
-    assert peer.events[-3:] == [Rejected("BDAT", closing.reply), TransactionReset(), closing]
+    assert peer.events[-3:] == [Rejected("BDAT", closing.reply, sender="a@example.org"), TransactionReset(), closing]
 
 
 def test_closing_names_the_last_reply_sent_when_a_malformed_bdat_hits_the_error_limit() -> None:

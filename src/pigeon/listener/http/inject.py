@@ -8,9 +8,11 @@ template value that would put a line break into a raw message's header section. 
 refused whole (400, 413, 415) is logged as one `Rejection` of command `inject` naming the
 token, as SMTP logs a refused command; one without a known token (401, 403) is not. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
-NUL, over-long lines, a field RFC 5322 3.6 allows once there twice): one that fails is
-refused with the reply SMTP would give, 554 5.6.0; a repeated field in the first recipient's
-message refuses the request (400: it is the content's, whoever the recipient).
+NUL, over-long lines, a field RFC 5322 3.6 allows once there twice, over max_message_size, a
+loop's Received fields, an X-Tenant that cannot name a queue): one that fails is refused with
+the reply SMTP would give (554 5.6.0, 552 5.3.4). Content that is not a template (`template`
+false) is every recipient's alike: failing the check, it refuses the request (400 naming
+`$.content`, with that reply), as a repeated field in the first recipient's message does.
 
 The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
@@ -259,17 +261,21 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         except ComposeError as error:
             refuse(result, replies.r(554, "5.6.0", str(error)), by_policy=False)
             continue
-        if len(composed.data) > config.smtp.max_message_size:
-            too_big = replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit")
-            refuse(result, too_big, by_policy=False)
-            continue
         # What SMTP reception refuses, injection refuses too: the request was checked, but a
         # recipient's substitutions are only seen here, and the next hop must never get a
-        # bare LF or CR it could take for the end of the data.
-        unfit = check_message(
-            composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
-        )
+        # bare LF or CR it could take for the end of the data. Content not rendered per
+        # recipient that fails the check is the request's fault: every recipient's message
+        # would fail alike, so the request is refused whole (as is a second From), once.
+        unfit: Reply | None = None
+        if len(composed.data) > config.smtp.max_message_size:
+            unfit = replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit")
+        else:
+            unfit = check_message(
+                composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
+            )
         if unfit is not None:
+            if first_composed and not parsed.template:
+                raise content_refused(unfit)
             refuse(result, unfit, by_policy=False)
             continue
         if (repeated := repeated_field_in(composed.data)) is not None:
@@ -292,6 +298,11 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         )
         draft = node.intake.draft(envelope, arrival)
         draft.write(composed.data)
+        if first_composed and not parsed.template and (unfit := draft.content_refusal()) is not None:
+            # Its header section (a loop's Received fields, an X-Tenant that cannot name a
+            # queue): the same for every recipient.
+            draft.discard()
+            raise content_refused(unfit)
         pending.append((result, draft, draft.commit()))
     for result, draft, future in pending:
         try:
@@ -320,6 +331,11 @@ async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -
     if isinstance(verdict, asyncio.Future):
         return await verdict
     return verdict
+
+
+def content_refused(reply: Reply) -> web.HTTPBadRequest:
+    """400 for content that fails reception's content check, with the reply SMTP would give."""
+    return bad_request(str(reply), "$.content")
 
 
 def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBadRequest:

@@ -86,7 +86,11 @@ def document() -> dict[str, Any]:
                     "description": "Needs the 'inject' scope. Content is raw RFC 5322 text or parts; "
                     "either is a Jinja2 template rendered per recipient unless 'template' is false. "
                     "Addresses are checked as SMTP checks them (400 naming the field, with SMTP's text); "
-                    "a recipient named twice is refused the second time (550 5.1.0, duplicate_of).",
+                    "a recipient named twice is refused the second time (550 5.1.0, duplicate_of). "
+                    "Content that fails SMTP reception's content check is refused per recipient with SMTP's "
+                    "reply (554 5.6.0, 552 5.3.4); when it is every recipient's alike ('template' false, or "
+                    "a field given twice in the first recipient's message) the request is refused: 400 "
+                    "naming $.content, with that reply.",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
@@ -196,7 +200,8 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         {"held": count, "rule": rule_or_none, "already": {"type": "boolean"}, "added_on": workers},
         "held",
         "rule",
-        doc="held: messages put back now; already: the same suspension (until resumed) was in force: this is it; "
+        doc="held: messages it holds now (put back to the spool, and those deferred there already); "
+        "already: the same suspension (until resumed) was in force: this is it; "
         "added_on (several workers): it was in force on the other workers but not on these, and is now",
     )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")

@@ -1,0 +1,73 @@
+"""Content injected as it is (`"template": false`) is every recipient's alike: when it fails
+SMTP reception's content check, the request is refused whole, 400 naming `$.content` with the
+reply SMTP gives the same content, as a second Subject is; not a 200 listing each recipient
+refused. `pigeon inject --no-template` exits 2 for it (README: a request refused with 400)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.sinks import wait_until
+
+TOKEN = "content-token-0123456789"
+MAX_SIZE = 8192
+
+CASES = {
+    "long line": (
+        "Subject: " + "s" * 1000 + "\r\n\r\nhello\r\n",
+        "554 5.6.0 Message has a line longer than 998 octets (RFC 5322 2.1.1)",
+    ),
+    "long tenant": (
+        "X-Tenant: " + "t" * 300 + "\r\nSubject: hi\r\n\r\nhello\r\n",
+        "554 5.6.0 X-Tenant header is 300 characters long: at most 255 (it names a queue)",
+    ),
+    "loop": (
+        "".join(f"Received: from hop{n}.example by relay.example; 1 Jan 2024 00:00 +0000\r\n" for n in range(101))
+        + "Subject: hi\r\n\r\nhello\r\n",
+        "554 5.4.6 Too many hops: mail loop detected (RFC 5321 6.3)",
+    ),
+    "too big": ("Subject: hi\r\n\r\n" + ("b" * 70 + "\r\n") * (MAX_SIZE // 72 + 10), "552 5.3.4 message is "),
+}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    """Delivery off: what is taken stays in the spool, to be counted."""
+    http = {"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]}
+    root = tmp_path_factory.mktemp("content") / "node"
+    with PigeonProcess(root, http=http, smtp={"max_message_size": MAX_SIZE}) as node:
+        yield node
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_raw_content_that_fails_the_content_check_refuses_the_whole_request(node: PigeonProcess, case: str) -> None:
+    content, reply = CASES[case]
+    request = {
+        "envelope_sender": "app@example.org",
+        "recipients": [{"email": f"ann-{case.replace(' ', '-')}@example.net"}, {"email": "bob@example.net"}],
+        "content": content,
+        "template": False,
+    }
+    before = len(node.spool_messages())
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 400, answer
+    assert answer["field"] == "$.content" and answer["error"].startswith(reply), answer
+    assert len(node.spool_messages()) == before
+    # One Rejection for the request, as for any other it refuses whole.
+    logged = wait_until(lambda: [r for r in node.records("Rejection") if r["response"]["text"].startswith(reply)])
+    assert [(r["command"], r["response"]["code"]) for r in logged] == [("inject", 400)]
+
+
+@pytest.mark.parametrize("case", ["long line", "loop"])
+def test_pigeon_inject_no_template_of_such_content_exits_2_with_the_reply(node: PigeonProcess, case: str) -> None:
+    content, reply = CASES[case]
+    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+    command += ["--no-template", "--from", "app@example.org", "--to", "cli@example.net", "-"]
+    done = subprocess.run(command, input=content, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done
+    assert f"pigeon: 400: {reply} ($.content)" in done.stderr
