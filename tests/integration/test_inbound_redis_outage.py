@@ -51,3 +51,26 @@ def test_an_idle_mailbox_is_down_on_a_redis_outage_and_claims_resume_only_when_r
     assert sum(app.accepted.values()) == 1
     assert logged.count("claims paused") == 1, logged
     assert logged.count("claims resumed") == 1, logged
+
+
+def test_after_redis_lost_its_data_the_pause_runs_from_the_heartbeat_that_finds_it_not_from_the_next_mail(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    redis_in_use_for_a_while(redis_server)
+    box = imap_mailbox(dovecot, "hook", poll_interval="60s")  # idle: no claim until mail comes
+    with (
+        WebhookApp() as app,
+        PigeonProcess(tmp_path / "p", redis={"url": redis_server.url}, target=[webhook_target(app)],
+                      mailbox=[box]) as node,
+    ):  # fmt: skip
+        wait_until(lambda: mailbox_health(node)["status"] == "ok", 20)
+        redis_server.restart()  # without its data
+        node.wait_stderr("lost its data: pausing claims 6.0s", timeout=10)  # found by a heartbeat, no mail needed
+        time.sleep(6.5)  # the pause (a heartbeat, two 2 s timeouts and a second) is over
+        dovecot.append("app", [customer_mail(1)])
+        appended = time.time()
+        assert app.wait_distinct(1, 20) == 1
+        took = app.first_arrivals()[next(iter(app.accepted))] - appended
+        logged = node.stderr()
+    assert took < 2, f"handed over {took:.1f}s after it came"
+    assert logged.count("lost its data") == 1, logged

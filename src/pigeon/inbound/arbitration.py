@@ -49,7 +49,10 @@ its own time with its monotonic clock, less 10% for rate differences.
 Epoch. When Redis loses its data (a restart without persistence, a failover to a replica that
 had not caught up) every claim, done mark and heartbeat is gone. The key `inbound:epoch` holds
 when this Redis was first used by Pigeon (its clock): it is set again when missing, so a new
-value means the data was lost. Every node then stops claiming until `grace` after that time:
+value means the data was lost. Every heartbeat reads (and if need be sets) it, so that first
+use is the first heartbeat of any node, idle or not, and not the next mail's claim: the pause
+then ends before mail that comes later, instead of starting with it. Every node stops claiming
+until `grace` after that time:
 long enough for every live holder to find its heartbeat gone (within `BEAT`), to put its
 claims back at once, even after two failed attempts (2 timeouts), and a second's margin. So
 neither a claim nor a takeover by liveness can grab a message that is in the middle of a
@@ -440,18 +443,23 @@ class RedisArbiter(Arbiter):
         """Seconds claims stay paused after Redis lost its data (0 when not paused)."""
         return max(0.0, self._paused_until - time.monotonic())
 
-    def _beat_call(self) -> _Call:
+    def _beat_calls(self) -> list[_Call]:
+        """A heartbeat, with the epoch: the first use of a Redis that lost its data is whichever
+        call reaches it first, most often a heartbeat of an idle node, and the pause must run
+        from then (holders put their claims back from then), not from the next mail's claim."""
         args = [self.token, str(int(BEAT_TTL * 1000)), self.node, str(int(DONE_TTL * 1000))]
-        return (self._beat, [self._nodes_key, self._names_key], args)
+        return [(self._beat, [self._nodes_key, self._names_key], args), (self._epoch_script, [self._epoch_key], [])]
 
-    def _beaten(self, answer: object, sent: float) -> None:
-        """A heartbeat sent at `sent` (monotonic) was answered."""
+    def _beaten(self, answers: Sequence[object], sent: float) -> None:
+        """A heartbeat sent at `sent` (monotonic) was answered (`answers`: those of `_beat_calls`)."""
+        beat, epoch = answers
         # Our first heartbeat finds none before it, and no claim was verified before it: not
         # a lapse (which would have every claim of the first batch renewed for nothing).
-        if answer == 1 and self._alive_until:
+        if beat == 1 and self._alive_until:
             self._lapses += 1
             self._lapsed()
         self._alive_until = max(self._alive_until, sent + BEAT_TTL * 0.9)
+        self._learn_epoch(epoch, sent)
 
     def _start_beating(self) -> None:
         if self._beating is None:
@@ -465,7 +473,7 @@ class RedisArbiter(Arbiter):
         while not self._closing:
             await asyncio.sleep(BEAT)
             sent = time.monotonic()
-            calls = [self._beat_call()]
+            calls = self._beat_calls()
             if sent >= next_sweep:
                 calls.append((self._sweep, [self._nodes_key, self._names_key], []))
                 next_sweep = sent + _SWEEP_EVERY
@@ -476,7 +484,7 @@ class RedisArbiter(Arbiter):
             except Exception:  # a bug here must not stop the heartbeat for good
                 _log.exception("inbound heartbeat to Redis at %s", self.where)
                 continue
-            self._beaten(answers[0], sent)
+            self._beaten(answers[:2], sent)
 
     def outage(self) -> tuple[float, str] | None:
         return self._outage
@@ -486,8 +494,7 @@ class RedisArbiter(Arbiter):
         heartbeats, which from then on notice an outage within a second."""
         self._start_beating()
         sent = time.monotonic()
-        (beat,) = await self._run([self._beat_call()])
-        self._beaten(beat, sent)
+        self._beaten(await self._run(self._beat_calls()), sent)
 
     # --- claims ------------------------------------------------------------------------------
     async def _run(self, calls: Sequence[_Call]) -> list[object]:
@@ -544,15 +551,13 @@ class RedisArbiter(Arbiter):
         lease_ms = str(max(1, int(lease * 1000)))
         first = self._numbers(len(keys))
         args = [self.token, str(first), lease_ms, self._epoch or "", str(int(DONE_TTL * 1000))]
-        beat, epoch, answer = await self._run(
+        *beat, answer = await self._run(
             [
-                self._beat_call(),
-                (self._epoch_script, [self._epoch_key], []),
+                *self._beat_calls(),
                 (self._claim, [self._epoch_key, self._nodes_key, self._names_key, *(key for key, _ in keys)], args),
             ]
         )
         self._beaten(beat, started)
-        self._learn_epoch(epoch, started)
         if not isinstance(answer, list):  # "paused": we knew another epoch
             return self._paused(keys)
         parts = [_text(part) for part in answer]
@@ -576,12 +581,12 @@ class RedisArbiter(Arbiter):
     async def renew(self, claims: Sequence[Claim], lease: float) -> None:
         started = time.monotonic()
         lease_ms = str(max(1, int(lease * 1000)))
-        calls = [self._beat_call()]
+        calls = self._beat_calls()
         if claims:
             calls.append((self._renew, [c.key for c in claims], [lease_ms, *(c.value for c in claims)]))
-        beat, *rest = await self._run(calls)
-        self._beaten(beat, started)
-        answers = rest[0] if rest else []
+        answered = await self._run(calls)
+        self._beaten(answered[:2], started)
+        answers = answered[2] if claims else []
         assert isinstance(answers, list)
         for claim, answer in zip(claims, answers, strict=True):
             if answer == 1:
