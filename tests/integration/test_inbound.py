@@ -191,28 +191,6 @@ def test_log_target_holds_every_message_once_before_the_mailbox_is_acknowledged(
     assert {line["dedupe_key"] for line in lines} == {hashlib.sha256(raw).hexdigest() for raw in sent}
 
 
-def test_a_message_already_acknowledged_is_not_handed_over_whatever_the_search_finds(
-    tmp_path: Path, dovecot: Dovecot
-) -> None:
-    # A search that finds the messages flagged \\Seen too (as one that ran just before another
-    # node acknowledged them), and no claim that says they were handed over (as after Redis
-    # lost its done marks): their flags, read with the bodies, keep them from the application.
-    uids = dovecot.append("app", [customer_mail(i) for i in range(8)])
-    imap = dovecot.connect("app")
-    try:
-        imap.select("INBOX")
-        imap.uid("STORE", ",".join(str(uid) for uid in uids[::2]), "+FLAGS", "(\\Seen)")
-    finally:
-        imap.logout()
-    target = {"name": "audit", "kind": "log", "path": str(tmp_path / "inbound.jsonl")}
-    mailbox = imap_mailbox(dovecot, "audit", search="OR UNSEEN ALL")
-    with PigeonProcess(tmp_path / "p", target=[target], mailbox=[mailbox]) as node:
-        node.wait_records("InboundDelivery", 4, timeout=20)
-        time.sleep(1)  # a round or two more
-    lines = [json.loads(line) for line in (tmp_path / "inbound.jsonl").read_bytes().splitlines()]
-    assert sorted(line["raw"].encode() for line in lines) == sorted(customer_mail(i) for i in range(1, 8, 2))
-
-
 def test_a_batch_of_big_messages_is_handed_over_a_memory_budget_at_a_time(tmp_path: Path, dovecot: Dovecot) -> None:
     # Three messages of 30 MiB claimed in one batch: 64 MiB at a time are fetched and handed
     # over, the third waits for the next batch. Each is handed over once.

@@ -37,6 +37,7 @@ from pigeon.config.schema import (
     WebhookTarget,
     decode_hook,
 )
+from pigeon.inbound.search import SearchError, excludes_seen
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
@@ -510,11 +511,17 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             if getattr(mailbox, key) == mailbox.folder:
                 # Moved into the folder it came from, it would come back as new mail, forever.
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})")
-        words = mailbox.search.upper().split()
-        if mailbox.after_delivery == "seen" and "UNSEEN" not in words and "NEW" not in words:
+        if mailbox.after_delivery == "seen":
             # Acknowledged by \Seen, a message would still match and be looked at again, forever.
-            reason = 'with after_delivery = "seen" the search must exclude seen mail (include UNSEEN)'
-            raise fail(["mailbox", "search"], f'mailbox {mailbox.name!r}: {reason}, or use "move" or "delete"')
+            # Decided by the search's meaning: NOT SEEN will do, OR UNSEEN FLAGGED will not.
+            must = f'mailbox {mailbox.name!r}: with after_delivery = "seen" the search must exclude seen mail'
+            try:
+                if not excludes_seen(mailbox.search):
+                    reason = f"{must}, and {mailbox.search!r} can match it: add UNSEEN (or NOT SEEN) outside any OR"
+                    raise fail(["mailbox", "search"], f'{reason}, or use "move" or "delete"')
+            except SearchError as error:
+                reason = f"{must}, and Pigeon cannot read {mailbox.search!r}: {error}"
+                raise fail(["mailbox", "search"], f'{reason}; fix the search, or use "move" or "delete"') from None
         for key in ("lease", "timeout", "poll_interval", "down_after"):
             if getattr(mailbox, key) < 1:
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second")

@@ -593,6 +593,45 @@ def test_mailbox_mistakes_are_named(tmp_path: Path, line: str, expected: str) ->
     assert expected in error_of(tmp_path, INBOUND + line + "\n")
 
 
+@pytest.mark.parametrize(
+    "search",
+    [
+        "UNSEEN",
+        "NOT SEEN",
+        "FLAGGED NOT SEEN",
+        "OR (UNSEEN FLAGGED) NEW",
+        "NOT OR SEEN DRAFT",
+        'HEADER X-Ticket "a b" UNSEEN',
+        'X-GM-RAW "in:inbox" unseen',
+    ],
+)
+def test_a_search_that_by_its_meaning_excludes_seen_mail_loads_with_after_delivery_seen(
+    tmp_path: Path, search: str
+) -> None:
+    line = f"search = '{search}'\n"  # a TOML literal string: the double quotes are the search's
+    assert load(write(tmp_path, INBOUND + line)).mailbox[0].search == search
+
+
+@pytest.mark.parametrize(
+    ("search", "expected"),
+    [
+        ("OR UNSEEN FLAGGED", "and 'OR UNSEEN FLAGGED' can match it: add UNSEEN (or NOT SEEN) outside any OR, or use"),
+        ("NOT (UNSEEN FLAGGED)", "and 'NOT (UNSEEN FLAGGED)' can match it: add UNSEEN"),
+        ("SEEN", "and 'SEEN' can match it"),
+        ("OR UNSEEN", "Pigeon cannot read 'OR UNSEEN': OR needs two search keys; fix the search, or use"),
+        ("(UNSEEN", "cannot read '(UNSEEN': a parenthesis is not closed"),
+        ("FOO UNSEEN", "cannot read 'FOO UNSEEN': 'FOO' is not a search key Pigeon knows (RFC 3501 6.4.4)"),
+    ],
+)
+def test_a_search_that_can_match_seen_mail_is_refused_with_after_delivery_seen(
+    tmp_path: Path, search: str, expected: str
+) -> None:
+    said = error_of(tmp_path, INBOUND + f'search = "{search}"\n')
+    assert ", line 13: [mailbox] search: mailbox 'support': with after_delivery = \"seen\" the search must" in said
+    assert expected in said, said
+    assert said.endswith('"move" or "delete"'), said
+
+
 def test_postmaster_defaults_to_postmaster_at_the_hostname_and_must_be_a_mailbox(tmp_path: Path) -> None:
     assert load(write(tmp_path, '[smtp]\nhostname = "mx.example.org"\n')).smtp.postmaster == "postmaster@mx.example.org"
     given = load(write(tmp_path, '[smtp]\npostmaster = "ops@example.org"\n'))
