@@ -15,6 +15,12 @@ the message would be handed over again and again.
 
 A 429 or 503 with `Retry-After` (seconds, or an HTTP-date: RFC 9110 10.2.3) is retried no
 sooner than it asks, and no later than the retry schedule's longest wait (`Handoff.retry_after`).
+
+The timeout counts this node's running time (`_within`): a node that was not running (SIGSTOP,
+a stalled event loop) wakes with its timer overdue and the answer that came meanwhile still
+unread in the socket, and a plain timer would fire first and call a 200 "no answer" (the
+message then handed over again). A timer that fires that late gives the request the time the
+node lost back instead; a request that still gets no answer says how long the node was stalled.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ import os
 import ssl
 import time
 import urllib.parse
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Coroutine, Sequence
+from typing import Any, Final, TypeVar
 
 import aiohttp
 import msgspec
@@ -48,6 +54,45 @@ _MAX_RECIPIENTS_HEADER: Final = 4000  # common servers refuse a header line over
 _ASKS_TO_WAIT: Final = frozenset({429, 503})  # the answers whose Retry-After we follow (RFC 6585 4, RFC 9110 15.6.4)
 _DRAIN_SECONDS: Final = 1.0  # what an answer's body may take once its status line came ...
 _DRAIN_BYTES: Final = 64 * 1024  # ... and how much of it is read (an application says little)
+_STALLED: Final = 0.5  # seconds a timer fires late by when the node was not running meanwhile
+
+_T = TypeVar("_T")
+
+
+class _NoAnswer(TimeoutError):
+    """The request had its time and got no answer; `stalled`: seconds of that time, given
+    back, that the node itself was not running."""
+
+    def __init__(self, stalled: float) -> None:
+        super().__init__()
+        self.stalled = stalled
+
+
+async def _within(seconds: float, request: Coroutine[Any, Any, _T]) -> _T:
+    """`request`'s result, if it comes within `seconds` of this node's running time; raises
+    `_NoAnswer` otherwise (the request cancelled)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(request)
+    deadline = loop.time() + seconds
+    stalled = 0.0
+    try:
+        while True:
+            # (asyncio.wait, not a timeout around the request: when both are due in one turn
+            # of the loop, the answer is looked at before the request is cancelled.)
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+            if done:
+                return task.result()
+            late = loop.time() - deadline
+            if late < _STALLED:
+                raise _NoAnswer(stalled)
+            # Woken this late, the node was not running: an answer that came meanwhile waits
+            # unread in the socket. The request gets the time back.
+            stalled += late
+            deadline = loop.time() + late
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
 
 
 def retry_after(value: str | None, now: float) -> float | None:
@@ -154,7 +199,7 @@ class WebhookTarget(Target):
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._config.timeout),
+            timeout=aiohttp.ClientTimeout(),  # none of aiohttp's own: `_within` times each request
             connector=aiohttp.TCPConnector(limit=64),
         )
 
@@ -185,12 +230,12 @@ class WebhookTarget(Target):
         if config.secret:
             headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
         try:
-            async with self._session.post(config.url, data=body, headers=headers, allow_redirects=False) as response:
-                status = response.status
-                reason = response.reason or ""
-                asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
-                wait = retry_after(asked, time.time())
-                await _drain(response)
+            status, reason, wait = await _within(config.timeout, self._post(body, headers))
+        except _NoAnswer as late:
+            detail = f"no answer from {redact_url(config.url)} within {config.timeout:g}s"
+            if late.stalled:
+                detail += f" (not counting {late.stalled:.1f}s this node was not running)"
+            return Handoff(Verdict.TRANSIENT, detail)
         except TimeoutError:
             return Handoff(Verdict.TRANSIENT, f"no answer from {redact_url(config.url)} within {config.timeout:g}s")
         except aiohttp.ClientConnectorError as error:
@@ -207,3 +252,13 @@ class WebhookTarget(Target):
         if wait is not None:
             return Handoff(Verdict.TRANSIENT, f"{detail} (Retry-After: {min(wait, 1e9):.0f}s)", wait)
         return Handoff(Verdict.TRANSIENT, detail)
+
+    async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None]:
+        """(status, reason, seconds a Retry-After asks for) of one POST."""
+        assert self._session is not None
+        async with self._session.post(self._config.url, data=body, headers=headers, allow_redirects=False) as response:
+            status = response.status
+            asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
+            wait = retry_after(asked, time.time())
+            await _drain(response)
+        return status, response.reason or "", wait
