@@ -114,7 +114,6 @@ class QueueSummary(msgspec.Struct):
 
 
 _IN_MEMORY: Final = frozenset({State.SCHEDULED, State.READY, State.IN_FLIGHT, State.SETTLING})
-_BUSY: Final = frozenset({State.IN_FLIGHT, State.SETTLING})  # on the wire, or its outcome being written
 
 
 class _Done(enum.Enum):
@@ -246,20 +245,22 @@ class Admin:
             rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
         if already is not None:
             _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
-        held = await self._enforce(rule)
+        put_back: set[SpoolId] = set()
+        held = await self._enforce(rule, put_back)
         if selector.site is None:
             # What the spool alone holds is held too (when it falls due): `held` counts it, as
             # the queue summary's `suspended` and `pigeon resume`'s `made_due` do.
-            held = await self._suspended(selector)
+            held += await self._only_in_spool(selector, put_back)
         if selector.site is not None:
             _log.warning("admin suspend by %s of deliveries to %s (%s)", operator, selector.site, reason)
         else:
             _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
         return {"held": held, "rule": _rule_view(rule), "already": already is not None}
 
-    async def _enforce(self, rule: Rule) -> int:
-        """Apply a rule just stored to what is in memory: how many messages it holds (or bounces).
-        What only the spool holds meets the rule when it falls due (`Rules.intercept`)."""
+    async def _enforce(self, rule: Rule, acted_on: set[SpoolId] | None = None) -> int:
+        """Apply a rule just stored to what is in memory: how many messages it holds (or bounces),
+        their ids added to `acted_on`. What only the spool holds meets the rule when it falls due
+        (`Rules.intercept`)."""
         selector = rule.selector
         if selector.site is not None:
             self._release_later(rule)
@@ -275,26 +276,31 @@ class Admin:
                     acted.append(self._settlement.admin_bounce(entry, mark))
                 else:
                     acted.append(self._settlement.defer(entry, self._rules.hold_until(rule, entry.message, now)))
+                if acted_on is not None:
+                    acted_on.add(entry.id)
         await asyncio.gather(*acted)
         return len(acted)
 
-    async def _suspended(self, selector: Selector) -> int:
-        """What the queue summary says `selector`'s suspension holds: the matching mail in the
-        spool, but what waits for an operator and what is on the wire or being written. Counted
-        as the summary counts, per queue in a thread (a queue's mail all matches or none: a
-        selector names queues), not by reading every message."""
-        now = self._clock()
-        counts = await asyncio.gather(
-            *(asyncio.to_thread(spool.queue_counts, now, HELD) for spool in self._spools.values())
-        )
-        held = 0
-        for rows in counts:
-            for _, messages, _, waiting, _, spool_id in rows:
-                message = self._spools.of(spool_id).get(spool_id)
-                if message is not None and selector.matches(message):
-                    held += messages - (waiting or 0)
-        busy = sum(1 for entry in self._active if entry.state in _BUSY and selector.matches(entry.message))
-        return max(0, held - busy)
+    async def _only_in_spool(self, selector: Selector, counted: set[SpoolId]) -> int:
+        """The messages `selector` matches that only the spool holds (deferred: none in memory,
+        none of `counted`), but held `[[inbound]]` mail, which waits for an operator anyway.
+        A walk of the spool in batches, resting between them as a bulk operation does."""
+        found = 0
+        for spool in list(self._spools.values()):
+            after = 0
+            while batch := spool.scan(after, _BATCH):
+                started = time.perf_counter()
+                after = batch[-1].id
+                for message in batch:
+                    if (
+                        message.envelope.held is None
+                        and message.id not in counted
+                        and self._active.get(message.id) is None
+                        and selector.matches(message)
+                    ):
+                        found += 1
+                await self._pause(time.perf_counter() - started)
+        return found
 
     def written(self, rule_id: str, generation: int) -> None:
         """A write to the standing rule `rule_id`, numbered `generation` by this node's
