@@ -332,7 +332,7 @@ class ServerSession:
         return line
 
     def _dispatch(self, command: Command) -> None:
-        # A command's verb is read from its class (`type(command).verb`) throughout: a class
+        # A command's verb is read from its class (`kind.verb`, `type(command).verb`): a class
         # attribute of the commands' frozen dataclasses, which compiled (mypyc) code cannot
         # read through an instance of a union type.
         kind = type(command)
@@ -342,14 +342,14 @@ class ServerSession:
         allowed = _NEXT.get(self.phase, {})
         if kind not in allowed:
             recipient = command.recipient if isinstance(command, RcptTo) else None
-            self._reject(type(command).verb, self._out_of_sequence(command), recipient)
+            self._reject(kind.verb, self._out_of_sequence(command), recipient)
             if isinstance(command, Bdat):
                 self._discard_chunk(command)
             return
         if isinstance(command, MailFrom):
             if self.messages >= self.config.max_messages_per_connection:
                 reply = replies.too_many_messages(self.config.hostname)
-                self._reject(type(command).verb, reply)
+                self._reject(kind.verb, reply)
                 self._close(reply)
                 return
         elif isinstance(command, RcptTo):
@@ -363,19 +363,19 @@ class ServerSession:
                     self._overshoot += 1
                     if self._overshoot > self.config.max_recipients and self._junk("RCPT", command.recipient):
                         return
-                self._reject(type(command).verb, problem, command.recipient)
+                self._reject(kind.verb, problem, command.recipient)
                 return
         elif isinstance(command, (Ehlo, Helo)):
             # A greeting again (TLS aside, which starts the session over) moves no mail and
             # resets the transaction: EHLO, MAIL, EHLO, MAIL, ... would otherwise go on for ever.
-            if self.phase is not Phase.GREETED and self._junk(type(command).verb):
+            if self.phase is not Phase.GREETED and self._junk(kind.verb):
                 return
         elif isinstance(command, StartTls):
             if self.tls_active:
-                self._reject(type(command).verb, replies.ALREADY_TLS)
+                self._reject(kind.verb, replies.ALREADY_TLS)
                 return
             if not self.config.tls_available:
-                self._reject(type(command).verb, replies.NOT_IMPLEMENTED)
+                self._reject(kind.verb, replies.NOT_IMPLEMENTED)
                 return
         elif isinstance(command, Auth):
             self._start_auth(command)

@@ -231,13 +231,11 @@ class WebhookTarget(Target):
             headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
         try:
             status, reason, wait = await _within(config.timeout, self._post(body, headers))
-        except _NoAnswer as late:
+        except TimeoutError as error:  # `_NoAnswer`, or a timeout of the connection's own
             detail = f"no answer from {redact_url(config.url)} within {config.timeout:g}s"
-            if late.stalled:
-                detail += f" (not counting {late.stalled:.1f}s this node was not running)"
+            if isinstance(error, _NoAnswer) and error.stalled:
+                detail += f" (not counting {error.stalled:.1f}s this node was not running)"
             return Handoff(Verdict.TRANSIENT, detail)
-        except TimeoutError:
-            return Handoff(Verdict.TRANSIENT, f"no answer from {redact_url(config.url)} within {config.timeout:g}s")
         except aiohttp.ClientConnectorError as error:
             return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_cannot_connect(error)}")
         except (aiohttp.ClientError, OSError) as error:

@@ -266,7 +266,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         # bare LF or CR it could take for the end of the data. Content not rendered per
         # recipient that fails the check is the request's fault: every recipient's message
         # would fail alike, so the request is refused whole (as is a second From), once.
-        unfit: Reply | None = None
+        unfit: Reply | None
         if len(composed.data) > config.smtp.max_message_size:
             unfit = replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit")
         else:
