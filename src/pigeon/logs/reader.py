@@ -199,8 +199,11 @@ def _lines_of(path: Path) -> Iterator[bytes]:
     try:
         with opener(path, "rb") as stream:
             for line in stream:
-                # A line without its newline is a record still being written: skip it.
-                if line.endswith(b"\n") and len(line) > 1:
+                if not line.endswith(b"\n"):
+                    # A record still being written: the segment ends there for now. Read on,
+                    # and the rest of it, written meanwhile, would come as a line of its own.
+                    return
+                if len(line) > 1:
                     yield line[:-1]
     except FileNotFoundError:
         # Compressed away while we looked: read the compressed twin instead.

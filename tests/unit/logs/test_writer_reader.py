@@ -441,3 +441,34 @@ def test_pigeon_logs_merges_the_workers_records_by_time(tmp_path: Path, capsys: 
     assert ids(list(merged_lines(tmp_path))) == list(range(10))
     assert main(["logs", "--dir", str(tmp_path)]) == 0
     assert ids(capsys.readouterr().out.encode().splitlines()) == list(range(10))
+
+
+class _Growing:
+    """A segment as a reader sees it while its writer appends: the end of one read is half a
+    record, and the next read finds its rest (and more) written meanwhile."""
+
+    def __init__(self, *reads: bytes) -> None:
+        self._reads = reads
+
+    def __enter__(self) -> _Growing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __iter__(self) -> object:
+        return iter(self._reads)
+
+
+def test_a_record_being_written_ends_the_read_and_its_rest_is_never_read_as_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / f"20260101-000000-000000-w0{writer_module.SEGMENT_SUFFIX}").write_bytes(b"")
+    reads = (
+        b'{"type":"Quarantine","id":1}\n',
+        b'{"type":"Quarantine",',
+        b'"id":2}\n',
+        b'{"type":"Quarantine","id":3}\n',
+    )
+    monkeypatch.setattr(reader_module, "open", lambda path, mode: _Growing(*reads), raising=False)
+    assert read_records(tmp_path) == [{"type": "Quarantine", "id": 1}]
