@@ -120,7 +120,7 @@ def test_one_client_gets_the_connection_limit_from_the_node_whichever_worker_acc
         # The workers share one listening socket: which one accepts a connection is the
         # kernel's choice, so a crowd may now and then all go to one. It comes again until
         # both have refused some, and the node's limit must hold every time.
-        for crowds in range(1, 6):
+        for crowds in range(1, 21):  # (on a busy machine, one worker may take several crowds whole)
             with _full_crowd(pigeon.smtp_port, 2 * LIMIT + 6, LIMIT) as crowd:
                 accepted = _accepted(crowd)
                 assert len(accepted) == LIMIT, [greeting for _, greeting in crowd]
