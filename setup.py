@@ -63,10 +63,23 @@ def _compiled() -> list[Extension]:
         extensions: list[Extension] = mypycify(["--config-file", config.name, *COMPILED])
     except BaseException as error:  # mypycify exits (SystemExit) on a type error
         print(f"pigeon: building without the mypyc-compiled modules: {error!r}")
+        _forget_earlier_builds()
         return []
     finally:
         os.unlink(config.name)
     return [_Compiled.mark(extension) for extension in extensions]
+
+
+def _forget_earlier_builds() -> None:
+    """Delete what an earlier in-place build (`pip install -e`) compiled from `COMPILED`: Python
+    imports a module's extension before its source, so after this build failed an edited
+    module would otherwise run as it was before the edit."""
+    for source in COMPILED:
+        module = Path(source)
+        for built in module.parent.glob(f"{module.stem}.*.so"):
+            built.unlink(missing_ok=True)
+    for shared in Path("src").glob("*__mypyc.*.so"):
+        shared.unlink(missing_ok=True)
 
 
 class _Compiled(build_ext):

@@ -77,6 +77,16 @@ def tree_cpu_seconds(root_pid: int) -> float:
     return total / _CLK
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(CPU seconds every process on the machine has run, seconds the CPUs were idle), from
+    /proc/stat: what a relay's harness (smtp-source, smtp-sink) and the kernel take besides
+    the MTA, which a ratio of relay rates also pays for."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
+    return busy / _CLK, (fields[3] + fields[4]) / _CLK
+
+
 # --- contenders -------------------------------------------------------------------------------
 class Mta:
     name: str
