@@ -165,6 +165,7 @@ def test_smtp_sink_soft_and_hard_errors(tmp_path: Path) -> None:
         (record,) = wait_until(lambda: _terminal(pigeon))
         assert record["type"] == "Bounce"
         assert record["response"]["code"] >= 500
+        assert "said_by" not in record  # the server's own reply: the record's default
 
 
 def test_smtp_sink_hanging_up_without_a_reply_is_a_transient_failure(tmp_path: Path) -> None:

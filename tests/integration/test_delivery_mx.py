@@ -127,6 +127,7 @@ def test_a_domain_that_takes_no_mail_bounces_as_a_dns_failure_in_a_dsn_that_name
             client.sendmail("a@example.org", ["x@nomail.example"], b"Subject: x\r\n\r\nhi\r\n")
         (bounce,) = wait_until(lambda: pigeon.records("Bounce"))
         assert bounce["classification"] == "DNSFailure"
+        assert bounce["said_by"] == "pigeon"
         (dsn,) = sink.wait_for(1)
         assert dsn.recipients == ["a@example.org"]
         assert b"Diagnostic-Code: X-Pigeon; 556 5.1.10 nomail.example accepts no mail" in dsn.data

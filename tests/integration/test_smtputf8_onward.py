@@ -65,6 +65,7 @@ def test_smtputf8_mail_with_a_utf8_header_field_is_refused_by_a_next_hop_without
     (bounce,) = pigeon.wait_records("Bounce")
     assert bounce["recipient"] == "user@d15.test"
     assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.7")
+    assert bounce["said_by"] == "pigeon"  # the server never saw the message
     assert [r for r in sink.received if r.recipients == ["user@d15.test"]] == []
 
 

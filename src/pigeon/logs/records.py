@@ -168,6 +168,10 @@ class Bounce(Attempt, tag="Bounce"):
 
     classification: str = "Uncategorized"
     dsn: str | None = None  # why no DSN was sent, when an [[inbound]] route's `bounces` kept it back
+    said_by: str = "server"
+    """Whose `response` it is: "server" (a server's reply), or "pigeon" when Pigeon refused the
+    recipient itself (no mail server for the domain, a message the server cannot take: no
+    8BITMIME, over its SIZE), even with a server on the line (`peer`)."""
     seq: int = 0
 
 

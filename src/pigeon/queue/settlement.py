@@ -259,13 +259,16 @@ class Settlement:
                     held = Held(**fields, classification=classification, cause="refused", dsn=withheld or "")
                     outcome.held.append((recipient, held))
                     continue
-                outcome.terminal.append(Bounce(**fields, classification=classification, dsn=withheld))
+                # Pigeon's own refusal (DNS says no mail goes there, the server lacks
+                # 8BITMIME) is no server's reply, though a server that was there is still named.
+                peer = attempt.peer_of(index)[0]
+                said_by = "server" if peer and index not in attempt.own else "pigeon"
+                bounce = Bounce(**fields, classification=classification, dsn=withheld, said_by=said_by)
+                outcome.terminal.append(bounce)
                 if withheld is None:
-                    # "smtp;" only for what a server answered: Pigeon's own (DNS says no mail
-                    # goes there, the server lacks 8BITMIME) is no server's reply. A peer that
-                    # was there is still named (Remote-MTA), as an expiry names its last one.
-                    peer = attempt.peer_of(index)[0]
-                    if peer and index not in attempt.own:
+                    # "smtp;" in the DSN only for what a server answered; a peer that was there
+                    # is named (Remote-MTA), as an expiry names its last one.
+                    if said_by == "server":
                         outcome.failures.append(Failure(recipient, reply, "failed", _host(peer)))
                     else:
                         attempted = now if peer else None  # (none without a peer: nothing was tried)

@@ -386,6 +386,8 @@ async def test_the_dsn_of_a_reaction_bounce_says_pigeon_bounced_it_not_the_serve
     [failure] = world.reported
     assert (failure.reply.code, failure.remote_mta) == (554, "mx1.test")
     assert failure.diagnostic_type == "X-Pigeon"
+    [bounce] = world.logged("Bounce")
+    assert bounce.said_by == "pigeon" and bounce.peer is not None  # a server was there, and said 421
 
 
 async def test_a_limit_reaction_lowers_the_sites_limits_while_it_lives(make_world: MakeWorld, tmp_path: Path) -> None:
