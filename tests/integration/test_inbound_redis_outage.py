@@ -4,6 +4,8 @@ mail is handed over once."""
 
 from __future__ import annotations
 
+import datetime
+import re
 import time
 from pathlib import Path
 
@@ -51,6 +53,7 @@ def test_an_idle_mailbox_is_down_on_a_redis_outage_and_claims_resume_only_when_r
     assert sum(app.accepted.values()) == 1
     assert logged.count("claims paused") == 1, logged
     assert logged.count("claims resumed") == 1, logged
+    print("LOGGED", [line for line in logged.splitlines() if "claims" in line or "Redis" in line])
 
 
 def test_after_redis_lost_its_data_the_pause_runs_from_the_heartbeat_that_finds_it_not_from_the_next_mail(
@@ -74,3 +77,34 @@ def test_after_redis_lost_its_data_the_pause_runs_from_the_heartbeat_that_finds_
         logged = node.stderr()
     assert took < 2, f"handed over {took:.1f}s after it came"
     assert logged.count("lost its data") == 1, logged
+
+
+def test_redis_back_without_its_data_after_an_outage_says_claims_resumed_only_once_the_pause_is_over(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    redis_in_use_for_a_while(redis_server)
+    box = imap_mailbox(dovecot, "hook", poll_interval="60s")
+    with (
+        WebhookApp() as app,
+        PigeonProcess(tmp_path / "p", redis={"url": redis_server.url, "timeout": "500ms"},
+                      target=[webhook_target(app)], mailbox=[box]) as node,
+    ):  # fmt: skip
+        wait_until(lambda: mailbox_health(node)["status"] == "ok", 20)
+        redis_server.stop()
+        node.wait_stderr("claims paused", timeout=10)
+        redis_server.start()  # without its data
+        node.wait_stderr("lost its data: pausing claims", timeout=10)
+        node.wait_stderr("claims resumed", timeout=15)  # when the pause ends, with no mail to wake it
+        dovecot.append("app", [customer_mail(1)])
+        assert app.wait_distinct(1, 20) == 1
+        logged = node.stderr()
+    assert logged.count("claims resumed") == 1, logged
+    pausing = re.search(r"^(\S+ \S+) .*lost its data: pausing claims ([\d.]+)s", logged, re.MULTILINE)
+    resumed = re.search(r"^(\S+ \S+) .*claims resumed", logged, re.MULTILINE)
+    assert pausing and resumed, logged
+    paused = _logged_at(resumed[1]) - _logged_at(pausing[1])
+    assert float(pausing[2]) - 0.2 <= paused <= float(pausing[2]) + 3, logged  # not before the pause ends
+
+
+def _logged_at(stamp: str) -> float:
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()

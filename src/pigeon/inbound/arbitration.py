@@ -338,6 +338,10 @@ class Arbiter:
         """Ask the shared store for an answer, as a claim would: raises ArbitrationUnavailable
         when it gives none. What an idle mailbox does to know claims would work."""
 
+    def paused_for(self) -> float:
+        """Seconds claims stay paused after the shared store lost its data (0 when not paused)."""
+        return 0.0
+
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
         raise NotImplementedError
 
@@ -440,7 +444,6 @@ class RedisArbiter(Arbiter):
         return super().holds(claim) and claim.lapses == self._lapses and time.monotonic() < self._alive_until
 
     def paused_for(self) -> float:
-        """Seconds claims stay paused after Redis lost its data (0 when not paused)."""
         return max(0.0, self._paused_until - time.monotonic())
 
     def _beat_calls(self) -> list[_Call]:

@@ -481,6 +481,8 @@ class MailboxWatcher:
             wait = float(config.poll_interval)
             if waiting and self._elsewhere:
                 wait = max(0.2, min(wait, min(self._elsewhere.values()) - time.monotonic()))
+            if self._claims_paused:  # a round when the pause ends says claims resumed
+                wait = max(0.2, min(wait, self._arbiter.paused_for() + 0.1))
             await self._idle(session, wait)
 
     async def _idle(self, session: ImapSession, wait: float) -> None:
@@ -505,7 +507,9 @@ class MailboxWatcher:
     def _works(self) -> None:
         """The mailbox was searched, and what it found claimed: it does its job, however long
         the batches it hands over take (the first of a big backlog can take minutes)."""
-        if self._claims_paused:
+        if self._claims_paused and self._arbiter.paused_for() <= 0:
+            # (Redis back without its data: claims stay paused until holders could put theirs
+            # back, as the arbiter said; "resumed" is said when that pause is over, not before.)
             self._claims_paused = False
             _log.warning("mailbox %s: arbitration answers again; claims resumed", self.config.name)
         self.last_error = None
