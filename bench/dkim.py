@@ -101,7 +101,9 @@ def per_call_us(function: object, seconds: float) -> float:
     return (time.thread_time() - started) / count * 1e6
 
 
-def relay_run(signing: bool, key: Path, args: argparse.Namespace) -> tuple[float, float, float, float]:
+def relay_run(
+    signing: bool, key: Path, args: argparse.Namespace, source: Path | None = None
+) -> tuple[float, float, float, float]:
     """One relay of `args.messages` messages: (messages per second, CPU ms per message of
     Pigeon, of the whole machine, idle CPU ms per message)."""
     sink_port = free_port()
@@ -112,6 +114,7 @@ def relay_run(signing: bool, key: Path, args: argparse.Namespace) -> tuple[float
         mta = Pigeon(
             path,
             1,
+            source=source,
             delivery={"enabled": True, "retry_interval": "1s", "max_retry_interval": "2s", "connection_limit": 32},
             route=[{"domain": "*", "next_hop": f"127.0.0.1:{sink_port}", "tls": "disabled"}],
             **({"dkim": dkim} if dkim else {}),
@@ -135,6 +138,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--algorithm", choices=("rsa-sha256", "ed25519-sha256"), default="rsa-sha256")
     parser.add_argument("--seconds", type=float, default=2.0, help="signer alone: seconds per figure")
+    parser.add_argument(
+        "--baseline-src", type=Path, help="also relay with signing on from this source tree (a checkout's src)"
+    )
     args = parser.parse_args()
 
     calibration = per_call_us(lambda: sum(range(1000)), args.seconds / 4)
@@ -160,12 +166,17 @@ def main() -> None:
         results: dict[bool, list[tuple[float, float, float, float]]] = {True: [], False: []}
         kind = "RSA-2048" if args.algorithm == "rsa-sha256" else "Ed25519"
         print(f"\nrelay, {args.messages} messages of {args.size} bytes, 1 worker, {kind} signing on/off:")
+        baseline: list[float] = []
         for round_no in range(args.rounds):
             for signing in (False, True) if round_no % 2 == 0 else (True, False):
                 rate, cpu, machine, idle = relay_run(signing, key, args)
                 results[signing].append((rate, cpu, machine, idle))
                 print(f"  round {round_no + 1} signing {'on ' if signing else 'off'}: {rate:6.0f} msg/s, "
                       f"{cpu:.2f} CPU ms/msg (machine {machine:.2f}, idle {idle:.2f})", flush=True)  # fmt: skip
+            if args.baseline_src is not None:
+                rate, cpu, _, _ = relay_run(True, key, args, args.baseline_src)
+                baseline.append(rate)
+                print(f"  round {round_no + 1} signing on, baseline: {rate:6.0f} msg/s, {cpu:.2f} CPU ms/msg")
     on_rate, on_cpu = median([r[0] for r in results[True]]), median([r[1] for r in results[True]])
     off_rate, off_cpu = median([r[0] for r in results[False]]), median([r[1] for r in results[False]])
     ratios = [on[0] / off[0] for on, off in zip(results[True], results[False], strict=True)]
@@ -175,6 +186,8 @@ def main() -> None:
     )
     print(f"on/off relay rate: {on_rate / off_rate:.2f} (per round: {', '.join(f'{r:.2f}' for r in ratios)})")
     print(f"signing costs {on_cpu - off_cpu:.2f} CPU ms per message")
+    if baseline:
+        print(f"signing on against the baseline's: {on_rate / median(baseline):.2f}x the rate")
     # With signing off the machine has `off_idle` of spare CPU a message. Signing needs at
     # least the key operation's CPU; what the spare CPU cannot hold slows everything else.
     key_ms = 1000 / signer_rate(args.algorithm, args.size, args.seconds)[0]

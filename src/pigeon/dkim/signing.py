@@ -1,11 +1,11 @@
-"""Signing a received message: the event loop prepares, a process of its own signs.
+"""Signing a received message: the event loop chooses the signers, a process of its own signs.
 
 An RSA-2048 signature costs a quarter to a whole millisecond of CPU, as much as Pigeon spends
-relaying a whole message, so the key operation runs off the event loop, in the worker's
-signing process (`pigeon.dkim.key_process`: a thread would fight the loop for the GIL after
-every signature). Everything before it (choosing the signers, parsing the header, hashing
-the body) costs tens of microseconds and runs on the loop, where a hop would cost more than
-it saves; the process is sent the hashes as they are made.
+relaying a whole message, so it runs off the event loop, in the worker's signing process
+(`pigeon.dkim.key_process`: a thread would fight the loop for the GIL after every signature),
+with the hashing of the message before it (tens of microseconds at 5 KiB, hundreds at 50).
+The loop only parses the header to choose the signers, which it must know at once (none may
+apply, or a policy may have named one that cannot sign), and sends the message.
 
 A body that was spilled to a file (over `[spool] inline_limit`: rare, and big) is read back,
 hashed and signed in a thread (`_Worker`), which takes every job waiting when it wakes and
@@ -18,7 +18,6 @@ signers it started with.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -96,16 +95,11 @@ class Signing:
             job = self._submit(_sign_file, message, keys, signers, timestamp)
             job.add_done_callback(lambda done: then(done.exception() or done.result()))
             return True
-        head, body = split_message(message)
-        fields = header_fields(head)
-        signers = keys.choose(fields, tenant, names)
+        signers = keys.choose(header_fields(split_message(message)[0]), tenant, names)
         if not signers:
             return False
-        unsigned = keys.prepare(fields, body, signers, timestamp)
         process = self._key_process(keys)
-        process.sign(
-            [[process.index(u.key), u.digest] for u in unsigned], lambda answer: _fields(answer, unsigned, then)
-        )
+        process.sign([[[process.index(s) for s in signers], message, timestamp]], lambda answer: _fields(answer, then))
         return True
 
     def _key_process(self, keys: Signers) -> KeyProcess:
@@ -117,8 +111,7 @@ class Signing:
             process.close()  # it answers what it has, then ends
             # (kept until it has, so that closing the signing stops it too)
             self._retired = {p for p in self._retired if not p.exited} | {process}
-        distinct: dict[int, PrivateKey] = {id(s.key): s.key for s in keys.all}
-        self._process, self._process_keys = KeyProcess(list(distinct.values())), keys
+        self._process, self._process_keys = KeyProcess(keys.all), keys
         task = asyncio.get_running_loop().create_task(self._process.start(), name="dkim key process start")
         _starting.add(task)
         task.add_done_callback(_starting.discard)
@@ -147,16 +140,13 @@ class Signing:
 _starting: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
 
 
-def _fields(answer: list[bytes | str] | BaseException, unsigned: list[Unsigned], then: Signed) -> None:
-    """The DKIM-Signature fields from the process's signatures, to `then`."""
+def _fields(answer: list[bytes | str] | BaseException, then: Signed) -> None:
+    """The process's answer for one message, to `then`."""
     if isinstance(answer, BaseException):
         then(answer)
         return
-    failed = [s for s in answer if isinstance(s, str)]
-    if failed:
-        then(KeyProcessFailed(f"the key operation failed: {failed[0]}"))
-        return
-    then(b"".join(u.header + base64.b64encode(s) + b"\r\n" for u, s in zip(unsigned, answer, strict=True)))  # type: ignore[arg-type]
+    (fields,) = answer
+    then(KeyProcessFailed(f"signing failed: {fields}") if isinstance(fields, str) else fields)
 
 
 _Job = tuple[Callable[..., bytes], tuple[Any, ...], "asyncio.Future[bytes]"]

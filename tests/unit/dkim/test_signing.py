@@ -17,7 +17,8 @@ import pytest
 from pigeon.config.schema import DkimConfig
 from pigeon.dkim import key_process
 from pigeon.dkim.key_process import KeyProcess, KeyProcessFailed
-from pigeon.dkim.keys import generate_key, record_text, write_key
+from pigeon.dkim.keys import Algorithm, generate_key, record_text, write_key
+from pigeon.dkim.signer import Signer
 from pigeon.dkim.signing import Signing, load_signers
 
 MESSAGE = b"From: a@example.com\r\nSubject: x\r\n\r\nbody\r\n"
@@ -36,6 +37,17 @@ def _sign(
             future.set_result(signed)
 
     return future if signing.sign(message, head, None, timestamp, then=then) else None
+
+
+def _process(algorithm: Algorithm) -> KeyProcess:
+    """A signing process for one signer of example.com mail."""
+    config = DkimConfig(domain="example.com", selector="s", private_key=Path("-"), algorithm=algorithm)
+    return KeyProcess([Signer.from_config(config, generate_key(algorithm))])
+
+
+def _message(n: int) -> bytes:
+    """A message of its own for each `n`."""
+    return MESSAGE.replace(b"Subject: x", f"Subject: {n}".encode())
 
 
 def _signing(tmp_path: Path) -> tuple[Signing, bytes]:
@@ -127,17 +139,17 @@ async def test_after_a_reload_messages_are_signed_with_the_new_keys(tmp_path: Pa
 async def test_an_answer_whose_taker_fails_is_logged_and_the_next_answer_still_arrives(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    process = KeyProcess([generate_key("ed25519-sha256")])
+    process = _process("ed25519-sha256")
     await process.start()
     answered: asyncio.Future[list[bytes | str] | BaseException] = asyncio.get_running_loop().create_future()
 
     def broken(answer: list[bytes | str] | BaseException) -> None:
         raise RuntimeError("a bug in the message's path")
 
-    process.sign([[0, bytes(32)]], broken)
-    process.sign([[0, bytes(range(32))]], answered.set_result)
+    process.sign([[[0], _message(1), 1]], broken)
+    process.sign([[[0], _message(2), 1]], answered.set_result)
     answer = await asyncio.wait_for(answered, 10)
-    assert isinstance(answer, list) and isinstance(answer[0], bytes) and len(answer[0]) == 64
+    assert isinstance(answer, list) and isinstance(answer[0], bytes) and answer[0].startswith(b"DKIM-Signature:")
     assert process.alive
     assert "handing back a DKIM signature failed" in caplog.text
     await process.aclose()
@@ -146,12 +158,12 @@ async def test_an_answer_whose_taker_fails_is_logged_and_the_next_answer_still_a
 async def test_a_closed_signing_process_answers_everything_it_was_asked_before_it_ends() -> None:
     # As after a reload: the old process is closed with requests out, and must answer them all
     # (its exit and the end of its output are reported separately: only the latter ends them).
-    process = KeyProcess([generate_key("rsa-sha256")])
+    process = _process("rsa-sha256")
     await process.start()
     loop = asyncio.get_running_loop()
     answers: list[asyncio.Future[list[bytes | str] | BaseException]] = [loop.create_future() for _ in range(100)]
     for n, answered in enumerate(answers):
-        process.sign([[0, n.to_bytes(32, "big")]], answered.set_result)
+        process.sign([[[0], _message(n), 1]], answered.set_result)
     process.close()
     got = await asyncio.wait_for(asyncio.gather(*answers), 30)
     assert all(isinstance(answer, list) and isinstance(answer[0], bytes) for answer in got), [
@@ -190,12 +202,12 @@ async def test_a_busy_machine_starting_the_signing_process_slowly_fails_nothing(
     # A signature's deadline is tiny here, and starting an interpreter always takes longer:
     # the start is timed on its own, so the first messages wait for it and are signed.
     monkeypatch.setattr(key_process, "ANSWER_TIMEOUT", 0.01)
-    process = KeyProcess([generate_key("ed25519-sha256")])
+    process = _process("ed25519-sha256")
     await process.start()
     loop = asyncio.get_running_loop()
     answers: list[asyncio.Future[list[bytes | str] | BaseException]] = [loop.create_future() for _ in range(3)]
     for n, answered in enumerate(answers):
-        process.sign([[0, n.to_bytes(32, "big")]], answered.set_result)
+        process.sign([[[0], _message(n), 1]], answered.set_result)
     got = await asyncio.wait_for(asyncio.gather(*answers), 30)
     assert all(isinstance(answer, list) and isinstance(answer[0], bytes) for answer in got), got
     await process.aclose()
@@ -205,16 +217,31 @@ async def test_a_signing_process_stuck_before_it_is_ready_fails_its_messages_aft
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(key_process, "START_TIMEOUT", 0.5)
-    process = KeyProcess([generate_key("ed25519-sha256")])
+    process = _process("ed25519-sha256")
     await process.start()
     assert process.pid is not None
     os.kill(process.pid, signal.SIGSTOP)  # still importing: it has not loaded the keys
     answered: asyncio.Future[list[bytes | str] | BaseException] = asyncio.get_running_loop().create_future()
-    process.sign([[0, bytes(32)]], answered.set_result)
+    process.sign([[[0], MESSAGE, 1]], answered.set_result)
     started = time.monotonic()
     answer = await asyncio.wait_for(answered, 10)
     assert isinstance(answer, KeyProcessFailed) and "did not start within 0.5s" in str(answer)
     assert time.monotonic() - started < 2
     assert "did not start within 0.5s: killed" in caplog.text
     assert not process.alive
+    await process.aclose()
+
+
+async def test_a_message_the_signing_process_cannot_sign_fails_alone_and_the_next_is_signed() -> None:
+    process = _process("ed25519-sha256")
+    await process.start()
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[list[bytes | str] | BaseException] = loop.create_future()
+    signed: asyncio.Future[list[bytes | str] | BaseException] = loop.create_future()
+    process.sign([[[7], MESSAGE, 1]], failed.set_result)  # a signer it was never given
+    process.sign([[[0], MESSAGE, 1]], signed.set_result)
+    assert await asyncio.wait_for(failed, 10) == ["IndexError: tuple index out of range"]
+    answer = await asyncio.wait_for(signed, 10)
+    assert isinstance(answer, list) and isinstance(answer[0], bytes) and answer[0].startswith(b"DKIM-Signature:")
+    assert process.alive
     await process.aclose()
