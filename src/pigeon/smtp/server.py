@@ -453,26 +453,32 @@ class ServerSession:
         content, ended = dot.read(self._buf)
         if dot.overlong:
             checker.violations.add(Violation.LINE_TOO_LONG)
-        if content:
-            self._chunk_out(checker.feed(content))
+        out = checker.feed(content) if content else b""
         if ended:
-            self._end_message("DATA")
+            self._end_message("DATA", out)
             return True
+        self._chunk_out(out)
         return bool(content)
 
     def _chunk_out(self, data: bytes) -> None:
         if data:
             self._events.append(DataChunk(data))
 
-    def _end_message(self, verb: str) -> None:
+    def _end_message(self, verb: str, last: bytes = b"") -> None:
+        """The message is complete. `last` is its final content, fed to the checker but not yet
+        emitted: only `finish()` knows whether the message passes (a CR ending it is bare; a
+        final line without CRLF may be too long), so `last` goes out only if it does. Emitted
+        first, its DataChunk would be read after the refusal had already ended the transaction
+        (events are queued, the phase moves at once), when there is no transaction to add it to."""
         checker = self._checker
         assert checker is not None
-        self._chunk_out(checker.finish())
+        tail = checker.finish()
         refusal = checker.refusal()
         if refusal is not None:
             self._reject(verb, refusal)
             self._reset_transaction()
             return
+        self._chunk_out(last + tail if tail else last)
         self._decide(MessageEnd(checker.size, self._chunked))
 
     def _new_checker(self) -> ContentChecker:
@@ -512,27 +518,32 @@ class ServerSession:
         data = bytes(buf[:take])
         del buf[:take]
         self._chunk_left -= take
-        if not self._chunk_discard:
-            checker = self._checker
-            assert checker is not None
-            self._chunk_out(checker.feed(data))
-        if self._chunk_left == 0:
-            if self._chunk_discard:
+        if self._chunk_discard:
+            if self._chunk_left == 0:
                 self._chunk_discard = False
-            else:
-                self._finish_chunk()
+            return True
+        checker = self._checker
+        assert checker is not None
+        out = checker.feed(data)
+        if self._chunk_left == 0:
+            self._finish_chunk(out)
+        else:
+            self._chunk_out(out)
         return True
 
-    def _finish_chunk(self) -> None:
+    def _finish_chunk(self, out: bytes = b"") -> None:
+        """A chunk is complete; `out` is what the checker passed of its last bytes."""
         checker = self._checker
         assert checker is not None
         if self._chunk_last:
-            self._end_message("BDAT")
-        elif (refusal := checker.refusal()) is not None:
+            self._end_message("BDAT", out)
+            return
+        if (refusal := checker.refusal()) is not None:
             # Refuse now rather than buffer more of a message we will not take.
             self._reject("BDAT", refusal)
             self._reset_transaction()
         else:
+            self._chunk_out(out)
             self._queue(replies.chunk_received(self._chunk_total))
 
     # --- AUTH (RFC 4954) ---------------------------------------------------------------

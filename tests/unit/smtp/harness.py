@@ -111,6 +111,10 @@ class Peer:
                 break  # the session keeps saying Closing once it has closed: record it once
             new.append(event)
             self.events.append(event)
+            if isinstance(event, (DataChunk, MessageEnd)):
+                # What the I/O layer relies on: message content, and its end, are read while
+                # their transaction is still open (it builds the message from `session.mail`).
+                assert self.session.mail is not None, f"{event!r} read after its transaction ended"
             if isinstance(event, Closing):
                 break
             if isinstance(event, Decision):
