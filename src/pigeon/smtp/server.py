@@ -478,7 +478,8 @@ class ServerSession:
             self._reject(verb, refusal)
             self._reset_transaction()
             return
-        self._chunk_out(last + tail if tail else last)
+        self._chunk_out(last)
+        self._chunk_out(tail)
         self._decide(MessageEnd(checker.size, self._chunked))
 
     def _new_checker(self) -> ContentChecker:
