@@ -16,11 +16,12 @@ import logging
 import signal
 import sqlite3
 import ssl
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -52,7 +53,7 @@ from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, take, take_node_rules
 from pigeon.node.standing import decode as decode_standing
-from pigeon.policy.hooks import Policy, PolicyLoadError
+from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
 from pigeon.shaping.effects import Board
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from pigeon.node.outbound import Outbound
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
 _ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again ...
@@ -128,7 +130,10 @@ class Node:
         self._stopping = False
         self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
         self._notify = False  # tell systemd how start-up goes (`run(notify=True)`)
-        self._reload_asked = False  # a SIGHUP during start-up: `run` reloads once started
+        self._reload_asked = False  # a SIGHUP during start-up (or a reading): reloaded once it ends
+        self._reading: asyncio.Future[_Reading] | None = None  # a reload's files, read in a thread
+        self._reloading: asyncio.Task[None] | None = None
+        self._step = ""  # what that thread is doing, for the log
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
@@ -300,6 +305,8 @@ class Node:
         if self._stopping:
             return
         self._stopping = True
+        if self._reloading is not None:  # a reading in its thread runs on, and is dropped
+            self._reloading.cancel()
         _log.info("stopping: finishing open transactions (up to %.0fs)", self.shutdown_timeout)
         if self.smtp is not None:
             await self.smtp.drain(self.shutdown_timeout)
@@ -368,31 +375,96 @@ class Node:
         import the policy module again.
         New connections see the new ones; open ones keep what they have. If anything cannot
         be used, nothing changes and the reason is logged. Asked for while the node starts, it
-        is done once it has started (`run`): the file may have changed since it was read."""
+        is done once it has started (`run`): the file may have changed since it was read.
+
+        The files are read, and the policy module imported, in a thread of their own
+        (`_read_for_reload`): an import may take long (a module that connects somewhere), and
+        meanwhile the loop serves mail and /healthz with the running configuration. What was
+        read is taken on the loop (`_take`), all at once. A reading that outlasts `[node]
+        reload_timeout` is abandoned (a thread cannot be stopped: it runs on, and what it reads
+        is dropped); one SIGHUP that comes while a reading runs is done once it has ended."""
         if self._stopping:
             return
         if self.smtp is None:
             self._reload_asked = True
             return
+        if self._reading is not None:
+            _log.info("reload: still reading for the last SIGHUP (%s); this one follows once that ends", self._step)
+            self._reload_asked = True
+            return
+        self._reading = _in_thread(self._read_for_reload, f"reload w{self.worker}")
+        self._reading.add_done_callback(self._read)
+        self._reloading = asyncio.create_task(self._reload(self._reading), name="reload")
+
+    async def _reload(self, reading: asyncio.Future[_Reading]) -> None:
+        timeout = self.config.node.reload_timeout
         try:
-            config = load(self.config_path) if self.config_path is not None else self.config
-            tls_context = _tls_context(config)
-            smtp = config.smtp
-            passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+            read = await asyncio.wait_for(asyncio.shield(reading), timeout)
+        except TimeoutError:
+            _log.error(
+                "reload abandoned: still %s after %gs ([node] reload_timeout); the running configuration stays "
+                "(what that reading brings, if it ends, is dropped)",
+                self._step,
+                timeout,
+            )
+            return
+        except (ConfigError, PasswordFileError, OSError, ssl.SSLError) as error:
+            _log.error("reload failed; the running configuration stays: %s", error)
+            return
+        if not self._stopping:
+            self._take(read)
+
+    def _read(self, reading: asyncio.Future[_Reading]) -> None:
+        """A reload's reading has ended (to be taken, failed, or after it was abandoned): a
+        SIGHUP that came meanwhile is done now."""
+        self._reading = None
+        error = reading.exception()
+        if self._reloading is not None and self._reloading.done():  # abandoned (or stopping)
+            _log.warning("reload: the abandoned reading ended after all (%s); it was dropped", error or "read")
+        if self._reload_asked and not self._stopping:
+            self._reload_asked = False
+            self.reload()
+
+    def _read_for_reload(self) -> _Reading:
+        """In a thread: every file a reload takes, read and checked (and the policy module
+        imported), touching nothing the loop uses. `self._step` says what it is doing."""
+        self._step = "reading the configuration file"
+        config = load(self.config_path) if self.config_path is not None else self.config
+        self._step = "reading the TLS certificate and key"
+        tls_context = _tls_context(config)
+        self._step = "reading the SMTP users file"
+        smtp = config.smtp
+        passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+        self._step = "reading the [[dkim]] keys"
+        # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
+        signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
+        self._step = f"importing the policy module {self.policy.spec}"
+        try:
+            policy: PolicyModule | PolicyLoadError | None = self.policy.prepare(warn=self.worker == 0)
+        except PolicyLoadError as error:
+            policy = error
+        self._step = "done reading"
+        return _Reading(config, tls_context, passwords, signers, policy)
+
+    def _take(self, read: _Reading) -> None:
+        """On the loop: what a reload read, in force from now on (or, if some of it cannot be
+        used, nothing of it)."""
+        config, tls_context, passwords, signers = read.config, read.tls_context, read.passwords, read.signers
+        smtp = config.smtp
+        try:
             routes = _routes(config) if self.outbound is not None else []
-            # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
-            signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
             reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
-        except (ConfigError, PasswordFileError, OSError, ssl.SSLError, ReactionError) as error:
+        except (ConfigError, ReactionError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
         if config.policy != self.config.policy:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
-        try:
-            hooks = self.policy.load(warn=self.worker == 0)
-        except PolicyLoadError as error:
-            _log.error("reload: the policy module stays as it was: %s", error)
-            hooks = None
+        assert self.smtp is not None  # started before any reload
+        hooks: list[str] | None = None
+        if isinstance(read.policy, PolicyLoadError):
+            _log.error("reload: the policy module stays as it was: %s", read.policy)
+        else:
+            hooks = self.policy.take(read.policy)
         self.smtp.tls_context = tls_context
         self.smtp.passwords = passwords
         self.smtp.session_config = replace(
@@ -589,6 +661,44 @@ class Node:
             _log.warning("spool entry %s quarantined: %s", format_id(entry.id), entry.reason)
             self.log.write(Quarantine(timestamp=time.time(), id=format_id(entry.id), reason=entry.reason))
         self.metrics.spool_quarantined.inc(len(entries))
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """What a reload read, in its thread (`Node._read_for_reload`), for the loop to take."""
+
+    config: Config
+    tls_context: ssl.SSLContext | None
+    passwords: PasswordFile | None
+    signers: Signers | None
+    policy: PolicyModule | PolicyLoadError | None  # None: no policy module
+
+
+def _in_thread(function: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """`function` run in a thread of its own (not the loop's pool, whose few threads a long
+    import would hold), its outcome in a future of the running loop. The thread is a daemon:
+    one still running when the node has stopped does not hold up the exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = function(), None
+        except BaseException as raised:  # handed to the loop, whatever it is
+            result, error = None, raised
+        with contextlib.suppress(RuntimeError):  # the loop has closed: no one is waiting
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def _client_limits(config: Config, worker: int, workers: int) -> tuple[AuthLimits, ClientConnections]:
