@@ -190,6 +190,10 @@ class NodeConfig(_Section):
     long (its loop blocked, or the process stopped) is killed (SIGKILL) and started again, and
     an admin request the workers are all asked gets 503 with what the others answered when one
     has not answered within it. At least 2s."""
+    reload_timeout: PositiveDuration = PositiveDuration(60)
+    """SIGHUP: how long a worker may take to read the files again and import the policy module
+    (in a thread: mail and /healthz go on meanwhile with the running configuration). A reload
+    that takes longer is abandoned, logged, and the running configuration stays."""
     user: str | None = None
     """Started as root, bind the listeners, then run as this user (every process, for good).
     The spool and log directories are made and given to it. Started as this user, nothing

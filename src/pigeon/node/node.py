@@ -16,11 +16,12 @@ import logging
 import signal
 import sqlite3
 import ssl
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -48,11 +49,12 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
+from pigeon.node.last_good import LastGood, capture, save, snapshot_path
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, take, take_node_rules
 from pigeon.node.standing import decode as decode_standing
-from pigeon.policy.hooks import Policy, PolicyLoadError
+from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
 from pigeon.queue.policy import InboundFailures
 from pigeon.shaping.effects import Board
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from pigeon.node.outbound import Outbound
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
 _ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again ...
@@ -93,9 +96,12 @@ class Node:
         config_path: Path | None = None,
         listening: Bound | None = None,
         clock: Callable[[], float] = time.time,
+        last_good: str | None = None,
     ) -> None:
         """`config_path`: the file SIGHUP reads again. `listening`: sockets bound before a
-        privilege drop (or by the supervisor), served instead of binding the configured addresses."""
+        privilege drop (or by the supervisor), served instead of binding the configured addresses.
+        `last_good`: `config` is the worker's last good configuration, not the files on disk,
+        which do not load for this reason (`pigeon.node.last_good`): /healthz says degraded."""
         self.config = config
         self.config_path = config_path
         self._listening = listening
@@ -128,7 +134,11 @@ class Node:
         self._stopping = False
         self._stop_requested = asyncio.Event()  # SIGTERM or SIGINT, from `run`
         self._notify = False  # tell systemd how start-up goes (`run(notify=True)`)
-        self._reload_asked = False  # a SIGHUP during start-up: `run` reloads once started
+        self._reload_asked = False  # a SIGHUP during start-up (or a reading): reloaded once it ends
+        self._reading: asyncio.Future[_Reading] | None = None  # a reload's files, read in a thread
+        self._reloading: asyncio.Task[None] | None = None
+        self._step = ""  # what that thread is doing, for the log
+        self.last_good = last_good
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
@@ -157,6 +167,10 @@ class Node:
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
         smtp = config.smtp
         self.tokens = Tokens.from_config(config)
+        # What the files hold before the keys and the policy module are read (kept for a restart
+        # if they hold the same after: `pigeon.node.last_good`), unless this is a restart with
+        # the last good configuration, which the files on disk are not.
+        kept = self._capture(config) if self.last_good is None else None
         if config.dkim:
             from pigeon.dkim.signing import Signing
 
@@ -266,6 +280,8 @@ class Node:
                     f"[http] listen {config.http.listen}: cannot listen: {error.strerror or error}"
                 ) from None
             _log.info("http listening on %s:%d", *self.http_address)
+        if kept is not None:
+            self._keep(kept, self._capture(config))
         self._started_at = time.time()
         self._check = asyncio.create_task(self._check_spools(opened), name="spool check")
         _tune_garbage_collector()
@@ -300,6 +316,8 @@ class Node:
         if self._stopping:
             return
         self._stopping = True
+        if self._reloading is not None:  # a reading in its thread runs on, and is dropped
+            self._reloading.cancel()
         _log.info("stopping: finishing open transactions (up to %.0fs)", self.shutdown_timeout)
         if self.smtp is not None:
             await self.smtp.drain(self.shutdown_timeout)
@@ -368,31 +386,98 @@ class Node:
         import the policy module again.
         New connections see the new ones; open ones keep what they have. If anything cannot
         be used, nothing changes and the reason is logged. Asked for while the node starts, it
-        is done once it has started (`run`): the file may have changed since it was read."""
+        is done once it has started (`run`): the file may have changed since it was read.
+
+        The files are read, and the policy module imported, in a thread of their own
+        (`_read_for_reload`): an import may take long (a module that connects somewhere), and
+        meanwhile the loop serves mail and /healthz with the running configuration. What was
+        read is taken on the loop (`_take`), all at once. A reading that outlasts `[node]
+        reload_timeout` is abandoned (a thread cannot be stopped: it runs on, and what it reads
+        is dropped); one SIGHUP that comes while a reading runs is done once it has ended."""
         if self._stopping:
             return
         if self.smtp is None:
             self._reload_asked = True
             return
+        if self._reading is not None:
+            _log.info("reload: still reading for the last SIGHUP (%s); this one follows once that ends", self._step)
+            self._reload_asked = True
+            return
+        self._reading = _in_thread(self._read_for_reload, f"reload w{self.worker}")
+        self._reading.add_done_callback(self._read)
+        self._reloading = asyncio.create_task(self._reload(self._reading), name="reload")
+
+    async def _reload(self, reading: asyncio.Future[_Reading]) -> None:
+        timeout = self.config.node.reload_timeout
         try:
-            config = load(self.config_path) if self.config_path is not None else self.config
-            tls_context = _tls_context(config)
-            smtp = config.smtp
-            passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+            read = await asyncio.wait_for(asyncio.shield(reading), timeout)
+        except TimeoutError:
+            _log.error(
+                "reload abandoned: still %s after %gs ([node] reload_timeout); the running configuration stays "
+                "(what that reading brings, if it ends, is dropped)",
+                self._step,
+                timeout,
+            )
+            return
+        except (ConfigError, PasswordFileError, OSError, ssl.SSLError) as error:
+            _log.error("reload failed; the running configuration stays: %s", error)
+            return
+        if not self._stopping:
+            self._take(read)
+
+    def _read(self, reading: asyncio.Future[_Reading]) -> None:
+        """A reload's reading has ended (to be taken, failed, or after it was abandoned): a
+        SIGHUP that came meanwhile is done now."""
+        self._reading = None
+        error = reading.exception()
+        if self._reloading is not None and self._reloading.done():  # abandoned (or stopping)
+            _log.warning("reload: the abandoned reading ended after all (%s); it was dropped", error or "read")
+        if self._reload_asked and not self._stopping:
+            self._reload_asked = False
+            self.reload()
+
+    def _read_for_reload(self) -> _Reading:
+        """In a thread: every file a reload takes, read and checked (and the policy module
+        imported), touching nothing the loop uses. `self._step` says what it is doing."""
+        self._step = "reading the configuration file"
+        kept = self._capture(self.config)  # the files as they were before this reading
+        config = load(self.config_path) if self.config_path is not None else self.config
+        self._step = "reading the TLS certificate and key"
+        tls_context = _tls_context(config)
+        self._step = "reading the SMTP users file"
+        smtp = config.smtp
+        passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
+        self._step = "reading the [[dkim]] keys"
+        # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
+        signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
+        self._step = f"importing the policy module {self.policy.spec}"
+        try:
+            policy: PolicyModule | PolicyLoadError | None = self.policy.prepare(warn=self.worker == 0)
+        except PolicyLoadError as error:
+            policy = error
+        kept = _unchanged(kept, self._capture(config))
+        self._step = "done reading"
+        return _Reading(config, tls_context, passwords, signers, policy, kept)
+
+    def _take(self, read: _Reading) -> None:
+        """On the loop: what a reload read, in force from now on (or, if some of it cannot be
+        used, nothing of it)."""
+        config, tls_context, passwords, signers = read.config, read.tls_context, read.passwords, read.signers
+        smtp = config.smtp
+        try:
             routes = _routes(config) if self.outbound is not None else []
-            # (DKIM's modules are loaded only once there are signers, maybe by this reload.)
-            signers = _signers(config.dkim) if config.dkim or self.signing is not None else None
             reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
-        except (ConfigError, PasswordFileError, OSError, ssl.SSLError, ReactionError) as error:
+        except (ConfigError, ReactionError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
             return
         if config.policy != self.config.policy:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
-        try:
-            hooks = self.policy.load(warn=self.worker == 0)
-        except PolicyLoadError as error:
-            _log.error("reload: the policy module stays as it was: %s", error)
-            hooks = None
+        assert self.smtp is not None  # started before any reload
+        hooks: list[str] | None = None
+        if isinstance(read.policy, PolicyLoadError):
+            _log.error("reload: the policy module stays as it was: %s", read.policy)
+        else:
+            hooks = self.policy.take(read.policy)
         self.smtp.tls_context = tls_context
         self.smtp.passwords = passwords
         self.smtp.session_config = replace(
@@ -430,6 +515,14 @@ class Node:
             if key.startswith("[policy]"):
                 continue  # said above
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
+        if read.kept is not None and not isinstance(read.policy, PolicyLoadError):
+            if self.last_good is not None:
+                _log.warning(
+                    "reload: the files on disk load again; this worker no longer runs its last good configuration"
+                )
+                self.last_good = None
+            saving = _in_thread(lambda: self._save(read.kept), f"last good w{self.worker}")
+            saving.add_done_callback(lambda done: done.exception())  # `_save` logs its own failures
         rules = f", {_counted(len(config.shaping), '[[shaping]] block')}" if shaping_taken else ""
         if reactions_taken and reactions is not None:
             rules += f", {_counted(len(reactions.rules), 'reaction rule')}"
@@ -442,6 +535,25 @@ class Node:
             rules,
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
+
+    def _capture(self, config: Config) -> LastGood | None:
+        """What the files a load reads hold now, if this worker keeps its last good
+        configuration (a supervised one): `pigeon.node.last_good`."""
+        if self._control_socket is None or self.config_path is None:
+            return None
+        return capture(self.config_path, config)
+
+    def _keep(self, before: LastGood, after: LastGood | None) -> None:
+        """Keep what a successful start read, unless the files changed while it was read."""
+        self._save(_unchanged(before, after))
+
+    def _save(self, kept: LastGood | None) -> None:
+        if kept is None:
+            return
+        try:
+            save(snapshot_path(self.config.spool.path, self.worker), kept)
+        except OSError as error:
+            _log.error("cannot keep the last good configuration for a restart: %s", error)
 
     @property
     def admin(self) -> Admin | None:
@@ -495,6 +607,8 @@ class Node:
         inbound = self.inbound.health() if self.inbound is not None and self.inbound.watchers else {}
         shaping = self.outbound.throttles.health() if self.outbound is not None else None
         components = [spool["status"], DEGRADED if log.failing else OK, *(m["status"] for m in inbound.values())]
+        if self.last_good is not None:
+            components.append(DEGRADED)
         if shaping is not None:
             components.append(shaping["status"])
         return {
@@ -514,6 +628,13 @@ class Node:
             },
             **({"inbound": inbound} if inbound else {}),
             **({"shaping": shaping} if shaping is not None else {}),
+            **({"config": self._config_health()} if self.last_good is not None else {}),
+        }
+
+    def _config_health(self) -> dict[str, Any]:
+        return {
+            "status": DEGRADED,
+            "error": f"running the last good configuration: the files on disk do not load ({self.last_good})",
         }
 
     def _spool_health(self) -> dict[str, Any]:
@@ -589,6 +710,55 @@ class Node:
             _log.warning("spool entry %s quarantined: %s", format_id(entry.id), entry.reason)
             self.log.write(Quarantine(timestamp=time.time(), id=format_id(entry.id), reason=entry.reason))
         self.metrics.spool_quarantined.inc(len(entries))
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """What a reload read, in its thread (`Node._read_for_reload`), for the loop to take."""
+
+    config: Config
+    tls_context: ssl.SSLContext | None
+    passwords: PasswordFile | None
+    signers: Signers | None
+    policy: PolicyModule | PolicyLoadError | None  # None: no policy module
+    kept: LastGood | None  # what was read, for a restart, if it did not change while it was read
+
+
+def _unchanged(before: LastGood | None, after: LastGood | None) -> LastGood | None:
+    """`after`, the files as a load left them, if what `before` read of them is the same (they
+    did not change while the load read them); else None: not to be kept."""
+    if before is None or after is None or before.config_text != after.config_text:
+        return None
+    if any(before.files.get(path, data) != data for path, data in after.files.items()):
+        return None
+    return after
+
+
+def _in_thread(function: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """`function` run in a thread of its own (not the loop's pool, whose few threads a long
+    import would hold), its outcome in a future of the running loop. The thread is a daemon:
+    one still running when the node has stopped does not hold up the exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = function(), None
+        except BaseException as raised:  # handed to the loop, whatever it is
+            result, error = None, raised
+        with contextlib.suppress(RuntimeError):  # the loop has closed: no one is waiting
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def _client_limits(config: Config, worker: int, workers: int) -> tuple[AuthLimits, ClientConnections]:

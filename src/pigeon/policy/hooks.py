@@ -72,6 +72,14 @@ class PolicyLoadError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyModule:
+    """A policy module imported and its hooks looked up (`Policy.prepare`), not yet in force."""
+
+    module: ModuleType
+    hooks: dict[str, Hook[Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
 class HookFailed:
     """A hook raised, answered what it may not, or timed out. `reply` is the client's answer."""
 
@@ -259,14 +267,21 @@ class Policy:
         self.on_delivery_outcome: Hook[Reclassify] | None = None
 
     def load(self, *, warn: bool = True) -> list[str]:
-        """Import the module (again, on a reload) and take its hooks. Returns the names of
-        the hooks it defines. Raises `PolicyLoadError`, and then keeps the hooks it had.
+        """Import the module (again, on a reload) and take its hooks (`prepare`, then `take`).
+        Returns the names of the hooks it defines. Raises `PolicyLoadError`, and then keeps
+        the hooks it had."""
+        return self.take(self.prepare(warn=warn))
+
+    def prepare(self, *, warn: bool = True) -> PolicyModule | None:
+        """Import the module as a fresh module object and look its hooks up, changing nothing
+        here: a reload does this in a thread (the import may take long), then `take`s the
+        result on the loop. None: no policy. Raises `PolicyLoadError`.
 
         `warn`: log a warning for each function named like a hook that is none (`on_mesage`).
         Every process of a node loads the module: only one of them should say so."""
         if self.spec is None:
-            return []
-        module = _import(self.spec, self.module)
+            return None
+        module = _import(self.spec)
         hooks: dict[str, Hook[Any] | None] = {}
         for name in HOOKS:
             function = getattr(module, name, None)
@@ -291,10 +306,22 @@ class Policy:
                     hint,
                     ", ".join(HOOKS),
                 )
+        return PolicyModule(module, hooks)
+
+    def take(self, prepared: PolicyModule | None) -> list[str]:
+        """The hooks `prepare` found, from now on (on the loop): a new connection or attempt
+        calls them; the module is the one `sys.modules` names from now on (the previous one,
+        if it came from a file, is forgotten). Returns the names of the hooks it defines."""
+        if prepared is None:
+            return []
+        previous, module = self.module, prepared.module
+        if previous is not None and previous.__name__ != module.__name__:
+            sys.modules.pop(previous.__name__, None)
+        sys.modules[module.__name__] = module  # dataclasses and pickling look their module up there
         self.module = module
-        for name, hook in hooks.items():
+        for name, hook in prepared.hooks.items():
             setattr(self, name, hook)
-        return [name for name, hook in hooks.items() if hook is not None]
+        return [name for name, hook in prepared.hooks.items() if hook is not None]
 
     def defined(self) -> list[str]:
         """The names of the hooks the module defines."""
@@ -328,31 +355,41 @@ def _call_problem(function: Callable[..., Any]) -> str | None:
     return None
 
 
-def _import(spec: str, previous: ModuleType | None) -> ModuleType:
-    """A dotted module name, or the path of a .py file (a fresh module at every load, so a
-    reload never mixes old and new code)."""
+def _import(spec: str) -> ModuleType:
+    """A dotted module name, or the path of a .py file, imported as a fresh module object at
+    every load: a reload never mixes old and new code, and hooks still running (or a reload
+    that fails or is abandoned half-way) keep the old module's globals intact, which
+    `importlib.reload` would overwrite in place as it went.
+
+    The new module is in `sys.modules` only while it runs (its own imports, dataclasses and
+    pickling look it up there), then what was there before is put back: `Policy.take` names
+    it there once it is in force. Only the module itself runs again: modules it imports
+    stay as they were imported the first time."""
     try:
         if spec.endswith(".py") or "/" in spec:
             path = Path(spec)
             if not path.is_file():
                 raise PolicyLoadError(f"policy module {spec}: no such file")
-            name = f"pigeon_policy_{next(_file_modules)}"
-            found = importlib.util.spec_from_file_location(name, path)
-            if found is None or found.loader is None:
-                raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
-            module = importlib.util.module_from_spec(found)
-            sys.modules[name] = module  # dataclasses and pickling look their module up there
-            try:
-                found.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-            if previous is not None:
-                sys.modules.pop(previous.__name__, None)
-            return module
-        if previous is not None:
-            return importlib.reload(previous)
-        return importlib.import_module(spec)
+            found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
+        else:
+            importlib.invalidate_caches()  # a module file made since the last look is found
+            found = importlib.util.find_spec(spec)
+            if found is None:
+                raise ModuleNotFoundError(f"No module named {spec!r}", name=spec)
+        if found is None or found.loader is None:
+            raise PolicyLoadError(f"policy module {spec}: cannot be loaded as Python")
+        module = importlib.util.module_from_spec(found)
+        name = module.__name__
+        before = sys.modules.get(name)
+        sys.modules[name] = module
+        try:
+            found.loader.exec_module(module)
+        finally:
+            if before is not None:
+                sys.modules[name] = before
+            else:
+                sys.modules.pop(name, None)
+        return module
     except PolicyLoadError:
         raise
     except Exception as error:

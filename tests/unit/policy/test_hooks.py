@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import textwrap
 from pathlib import Path
 
@@ -76,6 +77,33 @@ def test_a_failed_reload_keeps_the_hooks_it_had(tmp_path: Path) -> None:
     (tmp_path / "policy.py").write_text("def on_mail_from(m):\n    return None\n")
     policy.load()
     assert policy.on_connect is None and policy.on_mail_from is not None
+
+
+def test_a_dotted_module_that_fails_half_way_through_a_reload_leaves_the_running_hooks_globals_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload runs the module in a fresh module object (in a thread, beside hooks still
+    running): the running hooks' globals are never half overwritten, as `importlib.reload`
+    would leave them, and `sys.modules` names the new module only once it is taken."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = tmp_path / "pigeon_test_dotted_policy.py"
+    module.write_text("LIMIT = 1\ndef on_connect(c):\n    return None\n")
+    policy = Policy("pigeon_test_dotted_policy")
+    policy.load()
+    running = policy.on_connect
+    assert running is not None and running.function.__globals__["LIMIT"] == 1
+    module.write_text("LIMIT = 2\nraise RuntimeError('half way')\n")
+    with pytest.raises(PolicyLoadError, match="half way"):
+        policy.load()
+    assert policy.on_connect is running and running.function.__globals__["LIMIT"] == 1
+    assert sys.modules["pigeon_test_dotted_policy"] is policy.module
+    module.write_text("LIMIT = 3\ndef on_mail_from(m):\n    return None\n")
+    prepared = policy.prepare()
+    assert sys.modules["pigeon_test_dotted_policy"] is not (prepared and prepared.module)  # not yet taken
+    assert policy.take(prepared) == ["on_mail_from"]
+    assert sys.modules["pigeon_test_dotted_policy"] is policy.module
+    assert policy.module is not None and policy.module.LIMIT == 3 and running.function.__globals__["LIMIT"] == 1
+    del sys.modules["pigeon_test_dotted_policy"]
 
 
 async def test_a_plain_hook_answers_at_once_and_its_answer_is_checked(tmp_path: Path) -> None:
