@@ -355,3 +355,17 @@ def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tm
         assert other.endswith(" -")
         rebind = pigeon_cli("rebind", *config, "--tenant", "acme", "--to-queue", "spring:*")
         assert rebind.returncode == 2 and "not a glob" in rebind.stderr and "($.to_queue)" in rebind.stderr
+        # A glob with a set left open matched nothing ("0 messages due now", exit 0); a port no site has, likewise.
+        for command, option, value, says in [
+            (
+                "retry",
+                "--queue",
+                "c[12:t4@*",
+                "set that is not closed with ']' (for a '[' itself, write '[[]') ($.queue)",
+            ),
+            ("bounce", "--tenant", "t[1", "set that is not closed with ']' (for a '[' itself, write '[[]') ($.tenant)"),
+            ("suspend", "--site", "127.0.0.9:99999", "port 99999 is out of range: a port is 1 to 65535 ($.site)"),
+        ]:
+            refused = pigeon_cli(command, *config, option, value)
+            assert (refused.returncode, refused.stdout) == (2, ""), (command, refused.stdout, refused.stderr)
+            assert refused.stderr.startswith("pigeon: 400: ") and refused.stderr.rstrip().endswith(says), refused.stderr

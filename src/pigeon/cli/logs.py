@@ -18,6 +18,8 @@ EXAMPLES = """examples:
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
+
+Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type.
 """
 
 
@@ -43,10 +45,12 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     directory = args.dir if args.dir is not None else load_config(args).log.path
-    if not directory.is_dir():
+    if not directory.is_dir():  # a usage error, as every other command's (exit 2)
+        given = "--dir" if args.dir is not None else "[log] path"
+        why = "is not a directory" if directory.exists() else "does not exist"
         hint = "" if directory.is_absolute() else f" (relative to {Path.cwd()}; give -c FILE or --dir)"
-        print(f"pigeon: no log directory at {directory}{hint}", file=sys.stderr)
-        return 1
+        print(f"pigeon: no log directory: {given} {directory} {why}{hint}", file=sys.stderr)
+        return 2
     known = {kind.__name__.lower(): kind.__name__ for kind in RECORD_TYPES}
     wanted = set()
     for kind in args.type or ():

@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import sys
+import textwrap
 import time
 from typing import Any, Final
 
@@ -221,11 +222,13 @@ def _screen(shown: dict[str, Any]) -> str:
     smtp = shown["smtp_connections"]
     lines.append(f"spool {shown['spool_messages']:,} messages   smtp connections {smtp['in']} in, {smtp['out']} out")
     queues = shown["queues"]
+    # Sentences, not table rows: wrapped at a word (the rows are cut at the terminal's edge).
     if queues.get("error"):
-        lines += ["", f"no queues: {queues['error']}"]
+        lines += ["", *textwrap.wrap(f"no queues: {queues['error']}", width, subsequent_indent="  ")]
     if queues.get("missing"):
         said = "; ".join(f"worker {m.get('worker')}: {m.get('error')}" for m in queues["missing"])
-        lines += ["", f"queues of the other workers only, not every worker answered ({said})"]
+        note = f"queues of the other workers only, not every worker answered ({said})"
+        lines += ["", *textwrap.wrap(note, width, subsequent_indent="  ")]
     lines.append("")
     # The columns of `pigeon queue summary`: "held" for an operator's retry, "suspended" by a suspension.
     lines.append(f"{'scheduled queue':44} {'messages':>9} {'due':>7} {'held':>6} {'suspended':>9} {'ready':>6} "

@@ -31,6 +31,7 @@ _METAS: Final = frozenset("*?")
 _NAME_PUNCTUATION: Final = frozenset("-_")
 _MAX_LABEL: Final = 63  # RFC 1035 2.3.4
 _MAX_NAME: Final = 253  # RFC 1035 2.3.4, less the final dot
+_MAX_PORT: Final = 65535  # RFC 793: a port is 16 bits, and 0 is none
 
 
 class PatternError(ValueError):
@@ -41,19 +42,24 @@ class PatternError(ValueError):
 def api_patterns() -> dict[str, str]:
     """The shapes the admin API takes, as regexes that Python and JSON Schema (ECMA-262) read
     alike, so the server's check and the OpenAPI document's pattern are one string:
-    `domain` (a domain glob), `site` (a site glob) and `routing_domain` (a domain name, or
-    empty). A finer flaw they let through (a label over 63 characters) is the glob
-    functions' to find."""
+    `domain` (a domain glob), `site` (a site glob), `routing_domain` (a domain name, or
+    empty) and `glob` (a tenant, campaign or queue glob: any text whose sets are closed). A
+    finer flaw they let through (a label over 63 characters) is the glob functions' to find."""
     beyond = printable_beyond_ascii()
     label = rf"[A-Za-z0-9_\-*?!\[\]{beyond}]+"  # a label of a glob: letters, digits, - _ and metas
     host = rf"{label}(?:\.{label})*\.?"
     ipv6 = r"\[[0-9A-Fa-f:.]+\]"
-    port = r"[0-9*?!\[\]\-]+"
+    # A port is 1 to 65535, as a site writes it (no leading zero); or a glob: a meta in it.
+    number = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+    port = rf"(?:{number}|[0-9!\-]*[*?\[\]][0-9*?!\[\]\-]*)"
+    # fnmatch's `[...]` set: "]" first ("[]]", "[!]]") is a member; a "[" with no "]" is itself.
+    closed_set = r"\[(?:!?\]|![^\]]|[^!\]])[^\]]*\]"
     name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
     return {
         "domain": host,
         "site": rf"(?:{host}|{ipv6})(?:,(?:{host}|{ipv6}))*(?::{port})?",
         "routing_domain": rf"(?:{name_label}(?:\.{name_label})*\.?)?",
+        "glob": rf"(?:[^\[]|{closed_set})*",
     }
 
 
@@ -84,6 +90,12 @@ def site_glob(pattern: str) -> str:
         raise PatternError("ends with ':' but no port")
     if colon and not all(char.isdigit() or char in "*?[]!-" for char in port):
         raise PatternError(f"port {port!r} is not a number")
+    if port.isdigit() and not 1 <= int(port) <= _MAX_PORT:
+        raise PatternError(f"port {port} is out of range: a port is 1 to {_MAX_PORT}")
+    if port.isdigit() and port != str(int(port)):  # a site's port is written without one
+        raise PatternError(f"port {port} has a leading zero: write {int(port)}")
+    if colon:
+        closed_sets(port)
     hosts = host.split(",")
     if "" in hosts:
         raise PatternError("has an empty host between commas")
@@ -112,11 +124,20 @@ def queue_glob(pattern: str) -> str:
     # Not _outer(): a tenant from an `X-Tenant: acme corp` header keeps its inner space.
     if not pattern or pattern != pattern.strip() or not pattern.isprintable():
         raise PatternError("is empty, or holds a control character or white space at an end")
-    text = pattern
+    text = closed_sets(pattern)
     name, at, domain = text.rpartition("@")
     if at and domain and ":" not in domain:
         return f"{name}@{_host(domain.lower())}"
     return text
+
+
+def closed_sets(pattern: str) -> str:
+    """`pattern`, if each `[` in it opens a set that a `]` closes (`api_patterns()["glob"]`).
+    fnmatch reads an unclosed `[` as itself, so `c[12:*` would match only names holding "c[12:":
+    surely a slip, refused (a `[` itself is written `[[]`). Raises PatternError otherwise."""
+    if not api_pattern("glob").fullmatch(pattern):
+        raise PatternError("has a '[' set that is not closed with ']' (for a '[' itself, write '[[]')")
+    return pattern
 
 
 GLOB_SETTINGS: Final[tuple[tuple[str, str, Callable[[str], str]], ...]] = (

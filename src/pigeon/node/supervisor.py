@@ -739,7 +739,9 @@ class Supervisor:
                 continue  # not listening (restarting): the request never reached it, try another
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
                 # It may have acted on the request before it went away: say so, do not repeat it.
-                message = f"worker {worker.index} failed during the request ({error!r}); it may have been applied"
+                message = (
+                    f"worker {worker.index} failed during the request ({_in_words(error)}); it may have been applied"
+                )
                 return web.json_response({"error": message}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
@@ -818,12 +820,14 @@ class Supervisor:
             except TimeoutError:
                 return f"no answer within {timeout:g}s ([node] worker_timeout)"
             except aiohttp.ClientConnectorError as error:
-                return f"could not be asked ({error!r}); it may be restarting"
+                if isinstance(error.os_error, FileNotFoundError):
+                    return "could not be asked: it is restarting (its control socket is missing)"
+                return f"could not be asked: {_in_words(error)}; it may be restarting"
             except (OSError, aiohttp.ClientError) as error:
                 if read:
-                    return f"went away before it answered ({error!r}); it may be restarting"
+                    return f"went away before it answered ({_in_words(error)}); it may be restarting"
                 return (
-                    f"went away before it answered ({error!r}); it may have carried out part of the request "
+                    f"went away before it answered ({_in_words(error)}); it may have carried out part of the request "
                     "(see `pigeon queue operations`)"
                 )
             try:
@@ -951,6 +955,17 @@ def _taken(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule | None:
             with contextlib.suppress(msgspec.ValidationError):
                 return msgspec.convert(rule, Rule)
     return None
+
+
+def _in_words(error: BaseException) -> str:
+    """Why a worker could not be asked or did not answer, as an operator reads it ("connection
+    refused"), not as Python prints it (an aiohttp exception's repr, which `pigeon top` cuts off)."""
+    cause = error.os_error if isinstance(error, aiohttp.ClientConnectorError) else error
+    if isinstance(cause, OSError) and cause.errno is not None and cause.errno > 0:
+        return os.strerror(cause.errno).lower()  # "connection refused", "connection reset by peer"
+    if isinstance(error, TimeoutError):
+        return "it took too long"
+    return "the connection to it was lost"  # aiohttp's ServerDisconnectedError, a cut-off answer
 
 
 def _closing(response: web.Response) -> web.Response:

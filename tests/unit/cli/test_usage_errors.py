@@ -3,6 +3,8 @@ command that was mistyped (an outside tester found each of these)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pigeon.cli.main import main
@@ -58,3 +60,12 @@ def test_list_or_cancel_with_what_only_a_new_rule_takes_is_refused(
     # `pigeon suspend --list --domain x` listed every suspension, not those of x, without a word.
     assert main([*argv, *_NODE]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_logs_given_no_log_directory_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It exited 1, where every other usage error exits 2.
+    assert main(["logs", "--dir", str(tmp_path / "nonexist")]) == 2
+    assert capsys.readouterr().err == f"pigeon: no log directory: --dir {tmp_path / 'nonexist'} does not exist\n"
+    (tmp_path / "file").touch()
+    assert main(["logs", "--dir", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == f"pigeon: no log directory: --dir {tmp_path / 'file'} is not a directory\n"

@@ -54,7 +54,10 @@ def test_a_site_glob_normalises_each_host_and_keeps_its_port() -> None:
     assert site_glob("*.google.com") == "*.google.com"
     assert site_glob("[::1]:2525") == "[::1]:2525"
     for written, reason in (("mx..example.net", "empty label"), ("mx.example.net:", "no port"),
-                            ("mx.example.net:smtp", "not a number"), ("a,,b", "empty host")):  # fmt: skip
+                            ("mx.example.net:smtp", "not a number"), ("a,,b", "empty host"),
+                            ("127.0.0.9:99999", "port 99999 is out of range: a port is 1 to 65535"),
+                            ("[::1]:0", "port 0 is out of range"), ("mx.example:025", "leading zero: write 25"),
+                            ("mx.example:2[5", "'\\[' set that is not closed")):  # fmt: skip
         with pytest.raises(PatternError, match=reason):
             site_glob(written)
 
@@ -76,6 +79,11 @@ def test_a_queue_glob_lower_cases_only_its_domain_part() -> None:
         queue_glob(" newsletter:*")
     with pytest.raises(PatternError, match="empty label"):
         queue_glob("*@example..net")
+    assert queue_glob("c[12]:t4@*") == "c[12]:t4@*"
+    with pytest.raises(
+        PatternError, match=r"'\[' set that is not closed with '\]' \(for a '\[' itself, write '\[\[\]'\)"
+    ):
+        queue_glob("c[12:t4@*")  # fnmatch reads the "[" as itself: it matched no queue
 
 
 @pytest.mark.parametrize(
@@ -88,6 +96,7 @@ def test_a_queue_glob_lower_cases_only_its_domain_part() -> None:
         ('[[reaction]]\nid = "r"\ndomain = "ex!ample.com"\nmatch = "x"\naction = "suspend"\n',
          "line 3: [reaction] domain: 'ex!ample.com'"),
         ('[[queue]]\nname = "*@example..net"\n', "line 2: [queue] name: '*@example..net'"),
+        ('[[queue]]\nname = "c[12:*"\n', "line 2: [queue] name: 'c[12:*' has a '[' set that is not closed"),
         ('[[target]]\nname = "t"\nkind = "log"\npath = "t.log"\n[[inbound]]\ntarget = "t"\ndomain = "app example"\n',
          "line 7: [inbound] domain: 'app example'"),
     ],

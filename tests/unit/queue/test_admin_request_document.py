@@ -45,6 +45,31 @@ def test_a_duration_number_is_taken_exactly_within_the_documented_bounds(seconds
 
 
 @pytest.mark.parametrize(
+    "glob", ["c[12:t4@*", "c[12]:t4@*", "[[]x", "[]]", "[!]]", "[!]", "[]", "[!!]", "a]b", "x[", "[a][b", "plain"]
+)
+@pytest.mark.parametrize("member", ["queue", "tenant", "campaign"])
+def test_a_glob_is_taken_exactly_when_its_sets_are_closed_as_documented(member: str, glob: str) -> None:
+    # fnmatch reads a "[" that opens no closed set as itself: `c[12:t4@*` matched nothing.
+    (string,) = [s for s in _property("AdminRequest", member)["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], glob) is not None
+    assert documented == (glob not in ("c[12:t4@*", "[!]", "[]", "x[", "[a][b"))
+    assert _taken("/api/v1/admin/retry", {member: glob}) == documented
+
+
+_SITES_TAKEN = ["127.0.0.9:65535", "127.0.0.9:1", "[::1]:2525", "mx.test:2[0-9]*", "mx.test"]
+_SITES_REFUSED = ["127.0.0.9:99999", "127.0.0.9:65536", "127.0.0.9:0", "mx.test:025", "[::1]:70000", "mx.test:25-26"]
+
+
+@pytest.mark.parametrize("site", [*_SITES_TAKEN, *_SITES_REFUSED])
+def test_a_site_port_is_taken_exactly_when_it_is_one_a_site_can_have_as_documented(site: str) -> None:
+    # A port out of 1-65535 (or with a leading zero: sites are named "host:2525") matches no site.
+    (string,) = [s for s in _property("SuspendRequest", "site")["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], site) is not None
+    assert documented == (site in _SITES_TAKEN)
+    assert _taken("/api/v1/admin/suspend", {"site": site}) == documented
+
+
+@pytest.mark.parametrize(
     "name",
     [
         *("parked", "spring:acme@example.net", "inbound:helpdesk", "Inbound:x", "a->b", "", "a b", "x*"),

@@ -37,7 +37,7 @@ from urllib.parse import parse_qsl
 import msgspec
 from aiohttp import web
 
-from pigeon.config.patterns import PatternError, api_pattern, domain_glob, queue_glob, site_glob
+from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.inject import bad_request
@@ -370,6 +370,14 @@ def _normalise_globs(request: AdminRequest) -> None:
             problem = problem or ("is not a domain glob" if member == "domain" else "is not a site glob (hosts[:port])")
             raise bad_request(f"{member} {pattern[:60]!r} {problem}", f"$.{member}")
         setattr(request, member, normalised)
+    for member in ("tenant", "campaign", "queue"):  # globs on any text: only a set left open is refused
+        pattern = getattr(request, member)
+        if pattern is None:
+            continue
+        try:
+            closed_sets(pattern)
+        except PatternError as error:
+            raise bad_request(f"{member} {pattern[:60]!r} {error}", f"$.{member}") from None
     if request.queue is not None:
         with contextlib.suppress(PatternError):  # a glob on queue names: any text may be one
             request.queue = queue_glob(request.queue)
