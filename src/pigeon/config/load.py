@@ -39,6 +39,7 @@ from pigeon.config.schema import (
 )
 from pigeon.inbound.search import SearchError, excludes_seen
 from pigeon.listener.tls import PairProblem, check_pair
+from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
@@ -695,6 +696,9 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigErr
                     raise fail(["dkim", key], f"{which}: {header!r} is not a header field name: it {problem}", index)
         if "from" not in {h.strip().lower() for h in block.headers}:
             raise fail(["dkim", "headers"], f"{which}: must include From (RFC 6376 5.4)", index)
+        if block.tenant is not None and (problem := queue_part_problem(block.tenant)) is not None:
+            # As at every door: such a tenant names no queue, and no message would be signed.
+            raise fail(["dkim", "tenant"], f"{which}: tenant {block.tenant[:60]!r} {problem}", index)
         if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
             raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name", index)
         if path is not None:

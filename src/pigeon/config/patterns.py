@@ -109,7 +109,8 @@ def address_glob(pattern: str) -> str:
 def queue_glob(pattern: str) -> str:
     """A scheduled queue name glob ("*@example.net", "newsletter:*", "acme@*"): queue names
     are `campaign:tenant@domain`, whose domain part is lower-cased and without a final dot."""
-    # Not _outer(): a tenant from an `X-Tenant: acme corp` header keeps its inner space.
+    # Not _outer(): mail spooled before routing headers' white space became `_` may still be
+    # in a queue `acme corp@...`, and a glob for it must still load.
     if not pattern or pattern != pattern.strip() or not pattern.isprintable():
         raise PatternError("is empty, or holds a control character or white space at an end")
     text = pattern
