@@ -36,6 +36,26 @@ def _failures(pigeon: PigeonProcess, count: int = 1) -> list[dict[str, Any]]:
     return pigeon.wait_records("PolicyFailure", count)
 
 
+def test_a_policy_package_beside_the_config_imports_its_own_modules(tmp_path: Path) -> None:
+    """`module = "polpkg.main"` whose `from polpkg import util` failed without PYTHONPATH=<config dir>."""
+    package = tmp_path / "node" / "polpkg"
+    package.mkdir(parents=True)
+    (package / "util.py").write_text('REFUSED = "127.0.0.2"\n')
+    (package / "main.py").write_text(
+        textwrap.dedent("""
+            from pigeon.policy import Refuse
+            from polpkg import util
+            def on_connect(connection):
+                if connection.peer_ip == util.REFUSED:
+                    return Refuse(554, "refused by polpkg")
+        """)
+    )
+    # Two workers: the supervisor checks the module, and each worker imports it again.
+    pigeon = PigeonProcess(tmp_path / "node", node={"workers": 2}, policy={"module": "polpkg.main"})
+    with pigeon, RawSmtp(pigeon.smtp_port, source="127.0.0.2") as client:
+        assert client.reply() == (554, ["refused by polpkg"])
+
+
 # --- the SMTP conversation ------------------------------------------------------------------
 def test_on_connect_refuses_with_its_code_and_the_connection_closes(tmp_path: Path) -> None:
     source = """

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         # are left to the node's worker 0 to warn about (it loads the module again, as it
         # does at every reload): said here too, each would be said twice.
         try:
-            Policy.from_config(config.policy, warn=False).close()
+            Policy.from_config(config.policy, warn=False, config_path=args.config).close()
         except PolicyLoadError as error:
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
             return 1

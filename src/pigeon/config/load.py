@@ -7,7 +7,6 @@ same from any working directory; without a file they are relative to the working
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import ipaddress
 import re
 import socket
@@ -444,24 +443,16 @@ def _check_reactions(config: Config, fail: Callable[..., ConfigError], others: S
 
 
 def _beside(module: str, base: Path) -> Path | None:
-    """The file a dotted module name names beside the config file, if there is one: it wins
-    over a module of that name on sys.path (`module = "mailbox"` beside a mailbox.py means that
-    file, not the standard library's mailbox, which defines no hooks), except a dotted name
-    whose package is importable, which is imported as the package's module."""
-    if not all(part.isidentifier() for part in module.split(".")):
+    """The file a module name names beside the config file, if there is one: it wins over a
+    module of that name on sys.path (`module = "mailbox"` beside a mailbox.py means that file,
+    not the standard library's mailbox, which defines no hooks). Not a dotted name: a package's
+    module, loaded as a lone file, could not import its package (`from . import helpers`,
+    `from acme import util`); it is imported as one, the config's directory first on sys.path
+    (`policy.hooks._import`)."""
+    if "." in module or not module.isidentifier():
         return None
-    candidate = base / (module.replace(".", "/") + ".py")
-    if not candidate.is_file():
-        return None
-    if "." in module:
-        # A package's module: loaded as a lone file, its relative imports would fail. When the
-        # package is importable (the config's directory on sys.path), it is imported as one.
-        try:
-            if importlib.util.find_spec(module.partition(".")[0]) is not None:
-                return None
-        except (ImportError, ValueError):
-            pass
-    return candidate
+    candidate = base / f"{module}.py"
+    return candidate if candidate.is_file() else None
 
 
 def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:

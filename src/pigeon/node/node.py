@@ -162,7 +162,7 @@ class Node:
 
             self.signing = Signing(_signers(config.dkim))
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
-        self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0)
+        self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0, config_path=self.config_path)
         if config.policy.module is not None:
             _log.info("policy %s: hooks %s", config.policy.module, ", ".join(self.policy.defined()) or "none")
         self.intake = intake = Intake(
