@@ -636,13 +636,14 @@ def _hangup(pigeon: PigeonProcess, outcome: str) -> None:
     pigeon.wait_stderr(outcome, before + 1)
 
 
-def test_a_broken_policy_module_stops_the_start_with_its_reason(tmp_path: Path) -> None:
+def test_a_broken_policy_module_stops_the_start_with_its_reason_and_exit_2(tmp_path: Path) -> None:
+    # Exit 2, as for any other configuration error (1 is for the rest: a port in use, ...).
     module = _policy(tmp_path, "import no_such_module_anywhere\n")
     pigeon = PigeonProcess(tmp_path / "node", policy={"module": str(module)})
     try:
         pigeon.start(wait=False)
         assert pigeon.process is not None
-        assert pigeon.process.wait(30) == 1
+        assert pigeon.process.wait(30) == 2
         assert "cannot start: policy module" in pigeon.stderr()
         assert "No module named 'no_such_module_anywhere'" in pigeon.stderr()
     finally:
