@@ -170,6 +170,32 @@ def test_header_edits_reach_the_wire_and_the_stored_body_stays_as_received(tmp_p
             assert delivery["queue"] == "acme@example.net"
 
 
+def test_removing_received_keeps_pigeons_own_and_removing_from_without_a_new_one_fails(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes
+        def on_message(message):
+            if message.headers["Subject"] == "no from":
+                return Changes(remove_headers=["from"])
+            return Changes(remove_headers=["Received"])
+    """
+    with ScriptedSink() as sink:
+        sections = delivery_config(sink.endpoint)
+        with _node(tmp_path, source, **sections) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                earlier = b"Received: from a (a [192.0.2.1])\r\n\tby b; Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+                client.sendmail("a@example.org", ["ok@example.net"], earlier + MESSAGE)
+                client.mail("a@example.org")
+                client.rcpt("ok@example.net")
+                answer = client.data(b"From: <a@example.org>\r\nSubject: no from\r\n\r\nhi\r\n")
+                assert answer == (451, b"4.3.0 policy error; try again later")
+            (failure,) = pigeon.wait_records("PolicyFailure")
+            assert "remove_headers takes From off and add_headers puts no From on" in failure["error"], failure
+            (received,) = sink.wait_for(1)
+            # Pigeon's own Received (its hop: a next hop's loop detection counts it) stays; the earlier one goes.
+            assert received.data.startswith(b"Received: from ") and received.data.count(b"Received:") == 1
+            assert b"192.0.2.1" not in received.data and b"\r\nFrom: <sender@example.org>\r\n" in received.data
+
+
 def test_on_message_applies_to_bdat_and_can_refuse_it(tmp_path: Path) -> None:
     source = """
         from pigeon.policy import Changes, Refuse

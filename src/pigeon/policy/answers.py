@@ -110,7 +110,9 @@ class Changes:
       octets where it can (`folded_field`), and refuses one with a line it cannot fold
       under 998 octets. A value that is not ASCII makes the message need SMTPUTF8
       (RFC 6532): it then goes only to servers that offer it.
-    * `remove_headers`: names of fields to take off (every field of that name, any case).
+    * `remove_headers`: names of fields to take off (every field of that name, any case),
+      but for Pigeon's own Received field (the first: a next hop's loop detection and hop
+      count rely on it). From only with a From in `add_headers` (a message must have one).
 
     Header edits are made on the way out; the stored message is not rewritten, and DKIM
     signs the edited message.
@@ -148,6 +150,14 @@ class Changes:
         for name in self.remove_headers:
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a header name")
+        if any(name.lower() == "from" for name in self.remove_headers) and not any(
+            name.lower() == "from" for name, _ in self.add_headers
+        ):
+            # It would leave unsigned (DKIM needs From) and be refused by most receivers.
+            raise ValueError(
+                "remove_headers takes From off and add_headers puts no From on: "
+                "a message must have one (RFC 5322 3.6), and DKIM signs it"
+            )
 
 
 @dataclass(frozen=True, slots=True)
