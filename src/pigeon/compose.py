@@ -71,7 +71,8 @@ Name = Annotated[
     str,
     msgspec.Meta(
         max_length=MAX_NAME,
-        description=f"At most {MAX_NAME} characters, no control or format characters (such as ESC or bidi overrides)",
+        description=f"At most {MAX_NAME} characters, no white space, ':' or '@' (they would split the queue name "
+        "campaign:tenant@domain), no control or format characters (such as ESC or bidi overrides)",
     ),
 ]
 

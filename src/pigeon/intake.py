@@ -50,7 +50,7 @@ from pigeon.metrics import Metrics
 from pigeon.policy.answers import Changes, Refuse, folded_field
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
-from pigeon.queue.names import queue_name, queue_part_problem, scheduled_queue
+from pigeon.queue.names import queue_name, queue_part_from_header, queue_part_problem, scheduled_queue
 from pigeon.smtp import replies
 from pigeon.smtp.address import a_label, same_mailbox_key, with_a_label
 from pigeon.smtp.replies import Reply
@@ -799,10 +799,8 @@ def _header_value(head: bytes, start: int) -> str | None:
     while end >= 0 and head[end + 2 : end + 3] in (b" ", b"\t"):
         end = head.find(b"\r\n", end + 2)
     raw = head[start : end if end >= 0 else len(head)]
-    value = b" ".join(raw.split()).decode("utf-8", "replace")
-    # A queue name part must not carry the separators of the queue name itself.
-    value = value.replace(":", "_").replace("@", "_")
-    return value or None
+    # A queue name part must not carry white space nor the separators of the queue name itself.
+    return queue_part_from_header(b" ".join(raw.split()).decode("utf-8", "replace")) or None
 
 
 def _ascii_name(name: str) -> str:

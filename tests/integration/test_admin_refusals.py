@@ -244,3 +244,14 @@ def test_a_request_naming_no_messages_is_told_of_site_only_when_it_is_a_suspensi
     assert answer["error"].startswith("name at least one of domain, tenant, campaign, queue")
     assert ("site" in answer["error"]) == (action == "suspend"), answer
     assert "suspend" not in answer["error"] or action == "suspend", answer
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [("tenant", "a b", "' '"), ("campaign", "spring:*", "':'")])
+@pytest.mark.parametrize("action", ["suspend", "bounce", "retry"])
+def test_a_tenant_or_campaign_glob_no_queue_could_have_is_refused_naming_it(
+    node: tuple[PigeonProcess, list[str]], action: str, field: str, value: str, shown: str
+) -> None:
+    """As at every door that takes a tenant (a routing header's white space, ':' and '@' become '_')."""
+    answer = _refused(node, "POST", f"/api/v1/admin/{action}", {field: value})
+    error = f"{field} {value!r} contains {shown}: no white space, ':' or '@' allowed (no queue name has it)"
+    assert answer == {"error": error, "field": f"$.{field}"}

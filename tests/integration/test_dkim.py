@@ -428,6 +428,33 @@ def test_a_node_started_without_dkim_signs_once_a_reload_adds_a_signer(
         assert [s["s"] for s in _check(sink.wait_for(2)[1], dns, tmp_path)] == ["rsa1"]
 
 
+def test_a_domain_glob_without_signing_domain_is_warned_about_at_start_and_at_each_reload(
+    tmp_path: Path, keys: Keys
+) -> None:
+    """`domain = "*"` signs any author domain as d=<that domain> with one key: said, since it
+    verifies only where the selector is published under every such domain."""
+    key = _key_file(tmp_path, "rsa", keys.rsa)
+    dkim = [
+        {"domain": "*", "selector": "rsa1", "private_key": key},
+        {"domain": "*.example.net", "selector": "rsa2", "private_key": key, "signing_domain": "example.net"},
+        {"domain": "example.org", "selector": "rsa3", "private_key": key},
+    ]
+    warning = (
+        "[[dkim]] #1 (*, selector rsa1): domain '*' matches more than one domain and there is no signing_domain: "
+        "each author domain it matches is signed as d=<that domain> with this one key, so "
+        "rsa1._domainkey.<domain> must be published under every such domain (else its signatures fail); "
+        "or set signing_domain"
+    )
+    for workers in (1, 2):
+        with PigeonProcess(tmp_path / f"n{workers}", node={"workers": workers}, dkim=dkim) as pigeon:
+            pigeon.wait_stderr(warning)
+            assert pigeon.process is not None
+            pigeon.process.send_signal(signal.SIGHUP)
+            pigeon.wait_stderr("reloaded:", workers)
+            assert pigeon.stderr().count(warning) == 2, pigeon.stderr()
+            assert "selector rsa2)" not in pigeon.stderr() and "selector rsa3)" not in pigeon.stderr()
+
+
 def test_a_body_spilled_to_a_spool_file_is_signed(
     tmp_path: Path, sink: ScriptedSink, dns: DnsServer, keys: Keys
 ) -> None:

@@ -138,3 +138,26 @@ def test_a_tenant_over_255_characters_is_refused_at_every_door(node: PigeonProce
     assert (status, answer["field"]) == (400, "$.tenant"), answer
     assert node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 255), TOKEN)[0] == 200
     assert len(node.spool_messages()) == before + 1
+
+
+def test_a_tenant_with_white_space_colon_or_at_is_one_rule_at_every_door(node: PigeonProcess) -> None:
+    """A header's value cannot be refused without refusing the mail: its white space, ':' and
+    '@' become '_', over SMTP and in injected content alike. A tenant given as itself is refused
+    naming the field (an admin selector's too: test_admin_refusals)."""
+    queues = {m["queue"] for m in node.spool_messages()}
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        smtp.expect(250, "RCPT TO:<ann@example.net>")
+        smtp.expect(354, "DATA")
+        smtp.expect(250, "X-Tenant: a b@c:d\r\nX-Campaign:  spring \t sale\r\nSubject: hi\r\n\r\nhello\r\n.")
+    raw = _request("bob@example.net", content="X-Tenant: a b@c:d\nSubject: hi\n\nhello\n")
+    assert node.http_post("/api/v1/inject", raw, TOKEN)[0] == 200
+    added = {m["queue"] for m in node.spool_messages()} - queues
+    assert added == {"spring_sale:a_b_c_d@example.net", "a_b_c_d@example.net"}
+    for field, value in (("tenant", "a b"), ("campaign", "x@y")):
+        status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", **{field: value}), TOKEN)
+        shown = repr(value[1])
+        error = f"contains {shown}: no white space, ':' or '@' allowed (it names a queue)"
+        assert (status, answer) == (400, {"error": error, "field": f"$.{field}"})

@@ -36,6 +36,26 @@ def _failures(pigeon: PigeonProcess, count: int = 1) -> list[dict[str, Any]]:
     return pigeon.wait_records("PolicyFailure", count)
 
 
+def test_a_policy_package_beside_the_config_imports_its_own_modules(tmp_path: Path) -> None:
+    """`module = "polpkg.main"` whose `from polpkg import util` failed without PYTHONPATH=<config dir>."""
+    package = tmp_path / "node" / "polpkg"
+    package.mkdir(parents=True)
+    (package / "util.py").write_text('REFUSED = "127.0.0.2"\n')
+    (package / "main.py").write_text(
+        textwrap.dedent("""
+            from pigeon.policy import Refuse
+            from polpkg import util
+            def on_connect(connection):
+                if connection.peer_ip == util.REFUSED:
+                    return Refuse(554, "refused by polpkg")
+        """)
+    )
+    # Two workers: the supervisor checks the module, and each worker imports it again.
+    pigeon = PigeonProcess(tmp_path / "node", node={"workers": 2}, policy={"module": "polpkg.main"})
+    with pigeon, RawSmtp(pigeon.smtp_port, source="127.0.0.2") as client:
+        assert client.reply() == (554, ["refused by polpkg"])
+
+
 # --- the SMTP conversation ------------------------------------------------------------------
 def test_on_connect_refuses_with_its_code_and_the_connection_closes(tmp_path: Path) -> None:
     source = """
@@ -148,6 +168,32 @@ def test_header_edits_reach_the_wire_and_the_stored_body_stays_as_received(tmp_p
             assert received.data.endswith(b"Hello.\r\nX-Tenant: in the body\r\n")  # the body is not the header
             (delivery,) = pigeon.wait_records("Delivery")
             assert delivery["queue"] == "acme@example.net"
+
+
+def test_removing_received_keeps_pigeons_own_and_removing_from_without_a_new_one_fails(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Changes
+        def on_message(message):
+            if message.headers["Subject"] == "no from":
+                return Changes(remove_headers=["from"])
+            return Changes(remove_headers=["Received"])
+    """
+    with ScriptedSink() as sink:
+        sections = delivery_config(sink.endpoint)
+        with _node(tmp_path, source, **sections) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                earlier = b"Received: from a (a [192.0.2.1])\r\n\tby b; Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+                client.sendmail("a@example.org", ["ok@example.net"], earlier + MESSAGE)
+                client.mail("a@example.org")
+                client.rcpt("ok@example.net")
+                answer = client.data(b"From: <a@example.org>\r\nSubject: no from\r\n\r\nhi\r\n")
+                assert answer == (451, b"4.3.0 policy error; try again later")
+            (failure,) = pigeon.wait_records("PolicyFailure")
+            assert "remove_headers takes From off and add_headers puts no From on" in failure["error"], failure
+            (received,) = sink.wait_for(1)
+            # Pigeon's own Received (its hop: a next hop's loop detection counts it) stays; the earlier one goes.
+            assert received.data.startswith(b"Received: from ") and received.data.count(b"Received:") == 1
+            assert b"192.0.2.1" not in received.data and b"\r\nFrom: <sender@example.org>\r\n" in received.data
 
 
 def test_on_message_applies_to_bdat_and_can_refuse_it(tmp_path: Path) -> None:
@@ -616,13 +662,14 @@ def _hangup(pigeon: PigeonProcess, outcome: str) -> None:
     pigeon.wait_stderr(outcome, before + 1)
 
 
-def test_a_broken_policy_module_stops_the_start_with_its_reason(tmp_path: Path) -> None:
+def test_a_broken_policy_module_stops_the_start_with_its_reason_and_exit_2(tmp_path: Path) -> None:
+    # Exit 2, as for any other configuration error (1 is for the rest: a port in use, ...).
     module = _policy(tmp_path, "import no_such_module_anywhere\n")
     pigeon = PigeonProcess(tmp_path / "node", policy={"module": str(module)})
     try:
         pigeon.start(wait=False)
         assert pigeon.process is not None
-        assert pigeon.process.wait(30) == 1
+        assert pigeon.process.wait(30) == 2
         assert "cannot start: policy module" in pigeon.stderr()
         assert "No module named 'no_such_module_anywhere'" in pigeon.stderr()
     finally:

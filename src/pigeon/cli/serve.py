@@ -137,10 +137,10 @@ def run(args: argparse.Namespace) -> int:
         # are left to the node's worker 0 to warn about (it loads the module again, as it
         # does at every reload): said here too, each would be said twice.
         try:
-            Policy.from_config(config.policy, warn=False).close()
-        except PolicyLoadError as error:
+            Policy.from_config(config.policy, warn=False, config_path=args.config).close()
+        except PolicyLoadError as error:  # the module [policy] names: exit 2, as for the rest of the config
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
-            return 1
+            return 2
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
         from pigeon.node.node import Node

@@ -7,7 +7,6 @@ same from any working directory; without a file they are relative to the working
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import ipaddress
 import re
 import socket
@@ -39,6 +38,7 @@ from pigeon.config.schema import (
 )
 from pigeon.inbound.search import SearchError, excludes_seen
 from pigeon.listener.tls import PairProblem, check_pair
+from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
@@ -470,24 +470,16 @@ def _check_reactions(config: Config, fail: Callable[..., ConfigError], others: S
 
 
 def _beside(module: str, base: Path) -> Path | None:
-    """The file a dotted module name names beside the config file, if there is one: it wins
-    over a module of that name on sys.path (`module = "mailbox"` beside a mailbox.py means that
-    file, not the standard library's mailbox, which defines no hooks), except a dotted name
-    whose package is importable, which is imported as the package's module."""
-    if not all(part.isidentifier() for part in module.split(".")):
+    """The file a module name names beside the config file, if there is one: it wins over a
+    module of that name on sys.path (`module = "mailbox"` beside a mailbox.py means that file,
+    not the standard library's mailbox, which defines no hooks). Not a dotted name: a package's
+    module, loaded as a lone file, could not import its package (`from . import helpers`,
+    `from acme import util`); it is imported as one, the config's directory first on sys.path
+    (`policy.hooks._import`)."""
+    if "." in module or not module.isidentifier():
         return None
-    candidate = base / (module.replace(".", "/") + ".py")
-    if not candidate.is_file():
-        return None
-    if "." in module:
-        # A package's module: loaded as a lone file, its relative imports would fail. When the
-        # package is importable (the config's directory on sys.path), it is imported as one.
-        try:
-            if importlib.util.find_spec(module.partition(".")[0]) is not None:
-                return None
-        except (ImportError, ValueError):
-            pass
-    return candidate
+    candidate = base / f"{module}.py"
+    return candidate if candidate.is_file() else None
 
 
 def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
@@ -722,6 +714,9 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigErr
                     raise fail(["dkim", key], f"{which}: {header!r} is not a header field name: it {problem}", index)
         if "from" not in {h.strip().lower() for h in block.headers}:
             raise fail(["dkim", "headers"], f"{which}: must include From (RFC 6376 5.4)", index)
+        if block.tenant is not None and (problem := queue_part_problem(block.tenant)) is not None:
+            # As at every door: such a tenant names no queue, and no message would be signed.
+            raise fail(["dkim", "tenant"], f"{which}: tenant {block.tenant[:60]!r} {problem}", index)
         if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
             raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name", index)
         if path is not None:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from pigeon.queue.names import printable_beyond_ascii
+from pigeon.queue.names import PART_PATTERN, printable_beyond_ascii
 from pigeon.smtp.address import a_label
 
 _METAS: Final = frozenset("*?")
@@ -43,7 +43,8 @@ def api_patterns() -> dict[str, str]:
     """The shapes the admin API takes, as regexes that Python and JSON Schema (ECMA-262) read
     alike, so the server's check and the OpenAPI document's pattern are one string:
     `domain` (a domain glob), `site` (a site glob), `routing_domain` (a domain name, or
-    empty) and `glob` (a tenant, campaign or queue glob: any text whose sets are closed). A
+    empty), `glob` (a queue glob: any text whose sets are closed) and `part_glob` (a tenant or
+    campaign glob: the same, of the characters a tenant or campaign may hold). A
     finer flaw they let through (a label over 63 characters) is the glob functions' to find."""
     beyond = printable_beyond_ascii()
     label = rf"[A-Za-z0-9_\-*?!\[\]{beyond}]+"  # a label of a glob: letters, digits, - _ and metas
@@ -55,11 +56,13 @@ def api_patterns() -> dict[str, str]:
     # fnmatch's `[...]` set: "]" first ("[]]", "[!]]") is a member; a "[" with no "]" is itself.
     closed_set = r"\[(?:!?\]|![^\]]|[^!\]])[^\]]*\]"
     name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
+    no_part = PART_PATTERN.removeprefix("[^").removesuffix("]*")  # what no tenant or campaign holds
     return {
         "domain": host,
         "site": rf"(?:{host}|{ipv6})(?:,(?:{host}|{ipv6}))*(?::{port})?",
         "routing_domain": rf"(?:{name_label}(?:\.{name_label})*\.?)?",
         "glob": rf"(?:[^\[]|{closed_set})*",
+        "part_glob": rf"(?:[^{no_part}\[]|\[(?:!?\]|![^{no_part}\]]|[^{no_part}!\]])[^{no_part}\]]*\])*",
     }
 
 
@@ -121,7 +124,8 @@ def address_glob(pattern: str) -> str:
 def queue_glob(pattern: str) -> str:
     """A scheduled queue name glob ("*@example.net", "newsletter:*", "acme@*"): queue names
     are `campaign:tenant@domain`, whose domain part is lower-cased and without a final dot."""
-    # Not _outer(): a tenant from an `X-Tenant: acme corp` header keeps its inner space.
+    # Not _outer(): mail spooled before routing headers' white space became `_` may still be
+    # in a queue `acme corp@...`, and a glob for it must still load.
     if not pattern or pattern != pattern.strip() or not pattern.isprintable():
         raise PatternError("is empty, or holds a control character or white space at an end")
     text = closed_sets(pattern)

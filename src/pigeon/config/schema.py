@@ -813,9 +813,10 @@ class DkimConfig(_Section):
 
 class PolicyConfig(_Section):
     module: str | None = None
-    """The policy module: a dotted name ("mypolicy", "acme.policy"), which is the .py file of that
-    name beside this file if there is one, else imported from sys.path; or the path of a .py
-    file (relative to this file). Its functions named like the hooks are
+    """The policy module: a name ("mypolicy"), which is the .py file of that name beside this
+    file if there is one; a dotted name ("acme.policy"), looked for beside this file first, then
+    on sys.path; or the path of a .py file (relative to this file), whose directory is put first
+    on sys.path, as a script's is. Its functions named like the hooks are
     called at the points the README's "Policy hooks" describes. None: no policy."""
     timeout: PositiveDuration = PositiveDuration(2)
     """How long an async (or threaded) hook may take; more than 0. Past it the client gets

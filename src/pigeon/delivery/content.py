@@ -60,14 +60,16 @@ def strip_headers(message: bytes, names: tuple[bytes, ...]) -> bytes:
 
 # The trace fields a message starts with, each with its continuation lines.
 _TRACE: Final = re.compile(rb"(?:(?i:received|return-path)[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
+# Pigeon's own Received field, the first of every message it took in (`pigeon.intake`).
+_OWN_RECEIVED: Final = re.compile(rb"(?i:received)[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*")
 
 
 def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTING_HEADERS) -> bytes:
     """`stored` (the spooled bytes) with the routing headers (`routing`: lower-case names) and
-    the policy's removed headers taken off, and the added headers (the policy's, a
-    submission's Date and Message-ID) in the order given, on top but below the trace fields
-    the message starts with (Received, Return-Path: RFC 5322 3.6.7 keeps them in a block at
-    the top): what the DKIM signatures are made over.
+    the policy's removed headers taken off (but for Pigeon's own Received field), and the
+    added headers (the policy's, a submission's Date and Message-ID) in the order given, on
+    top but below the trace fields the message starts with (Received, Return-Path: RFC 5322
+    3.6.7 keeps them in a block at the top): what the DKIM signatures are made over.
 
     Returns `stored` itself when nothing changes (the usual case: no copy).
     """
@@ -80,6 +82,10 @@ def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTI
     if removed:
         names = names + tuple(name.encode("utf-8") for name in removed)
     message = strip_headers(stored, names) if names else stored
+    if b"received" in names and (own := _OWN_RECEIVED.match(stored)) is not None:
+        # A policy's remove_headers=["Received"] takes the earlier hops' off, not Pigeon's
+        # own: the next hop's loop detection and hop count (RFC 5321 6.3) rely on it.
+        message = stored[: own.end()] + strip_headers(stored[own.end() :], names)
     added = envelope.headers_added
     if added:
         on_top = "".join(

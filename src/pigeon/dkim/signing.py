@@ -36,6 +36,24 @@ Signed = Callable[[bytes | BaseException], None]
 """Given a message's DKIM-Signature fields, or why it could not be signed."""
 
 
+def shared_key_warnings(configs: Sequence[DkimConfig]) -> list[str]:
+    """What to warn about at start and at each reload: a block whose domain glob matches more
+    than one domain and that has no `signing_domain` signs each author domain it matches as
+    d=<that domain> with its one key, which verifies only where the selector is published
+    under every such domain (`domain = "*"` signs anyone's mail with the key of one)."""
+    warnings = []
+    for number, config in enumerate(configs, start=1):
+        if config.signing_domain is None and any(char in "*?[" for char in config.domain):
+            which = f"[[dkim]] #{number} ({config.name or config.domain}, selector {config.selector})"
+            warnings.append(
+                f"{which}: domain {config.domain!r} matches more than one domain and there is no signing_domain: "
+                f"each author domain it matches is signed as d=<that domain> with this one key, so "
+                f"{config.selector}._domainkey.<domain> must be published under every such domain "
+                "(else its signatures fail); or set signing_domain"
+            )
+    return warnings
+
+
 def load_signers(configs: Sequence[DkimConfig]) -> Signers:
     """Every `[[dkim]]` block with its key read (each file once). Raises `KeyProblem`, naming
     the block and the file, if a key cannot be used."""

@@ -175,8 +175,10 @@ class Node:
             from pigeon.dkim.signing import Signing
 
             self.signing = Signing(_signers(config.dkim))
+            if self.worker == 0:
+                _warn_shared_keys(config.dkim)
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
-        self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0)
+        self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0, config_path=self.config_path)
         if config.policy.module is not None:
             _log.info("policy %s: hooks %s", config.policy.module, ", ".join(self.policy.defined()) or "none")
         self.intake = intake = Intake(
@@ -504,6 +506,8 @@ class Node:
             setattr(running.smtp, key, getattr(smtp, key))
         running.route = config.route
         running.dkim = config.dkim
+        if self.worker == 0:
+            _warn_shared_keys(config.dkim)
         if reactions_taken:
             running.reaction = config.reaction
             running.delivery.default_reactions = config.delivery.default_reactions
@@ -841,6 +845,16 @@ def _signers(configs: list[DkimConfig]) -> Signers:
         return load_signers(configs)
     except KeyProblem as error:
         raise ConfigError(str(error)) from None
+
+
+def _warn_shared_keys(configs: list[DkimConfig]) -> None:
+    """Log `shared_key_warnings` (said by worker 0 alone: every worker reads the same blocks)."""
+    if not configs:
+        return
+    from pigeon.dkim.signing import shared_key_warnings
+
+    for warning in shared_key_warnings(configs):
+        _log.warning("%s", warning)
 
 
 def _tls_context(config: Config) -> ssl.SSLContext | None:

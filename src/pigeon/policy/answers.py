@@ -24,7 +24,6 @@ from pigeon.queue.names import queue_name_problem, queue_part_problem
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
-_QUEUE_PART: Final = re.compile(r"[^\s:@]*")
 _SHOWN: Final = 80  # characters of a refused value in the error, so a 1 MB name makes no 1 MB log line
 _FOLD_AT: Final = 78  # RFC 5322 2.1.1: lines SHOULD be at most 78 characters...
 _LINE_LIMIT: Final = 998  # ...and MUST be at most 998, without the CRLF
@@ -111,7 +110,9 @@ class Changes:
       octets where it can (`folded_field`), and refuses one with a line it cannot fold
       under 998 octets. A value that is not ASCII makes the message need SMTPUTF8
       (RFC 6532): it then goes only to servers that offer it.
-    * `remove_headers`: names of fields to take off (every field of that name, any case).
+    * `remove_headers`: names of fields to take off (every field of that name, any case),
+      but for Pigeon's own Received field (the first: a next hop's loop detection and hop
+      count rely on it). From only with a From in `add_headers` (a message must have one).
 
     Header edits are made on the way out; the stored message is not rewritten, and DKIM
     signs the edited message.
@@ -129,10 +130,8 @@ class Changes:
     def __post_init__(self) -> None:
         for what in ("tenant", "campaign"):
             value = getattr(self, what)
-            if value is not None and not _QUEUE_PART.fullmatch(value):
-                raise ValueError(f"{what} {value!r} must not hold white space, ':' or '@' (it names a queue)")
             if value is not None and (problem := queue_part_problem(value)) is not None:
-                raise ValueError(f"{what} {_shown(value)}: {problem}")
+                raise ValueError(f"{what} {_shown(value)}: {problem} (it names a queue)")
         # A malformed queue name is refused here, as the hook answers: the message then gets
         # 451 4.3.0 and a PolicyFailure, rather than a name that breaks its queue or its logs.
         if self.queue is not None and (problem := queue_name_problem(self.queue)) is not None:
@@ -151,6 +150,14 @@ class Changes:
         for name in self.remove_headers:
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a header name")
+        if any(name.lower() == "from" for name in self.remove_headers) and not any(
+            name.lower() == "from" for name, _ in self.add_headers
+        ):
+            # It would leave unsigned (DKIM needs From) and be refused by most receivers.
+            raise ValueError(
+                "remove_headers takes From off and add_headers puts no From on: "
+                "a message must have one (RFC 5322 3.6), and DKIM signs it"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,6 +233,7 @@ class Policy:
     """
 
     __slots__ = (
+        "_directory",
         "_runner",
         "before_delivery",
         "module",
@@ -253,9 +254,12 @@ class Policy:
         sync: Literal["inline", "thread"] = "inline",
         threads: int = 8,
         log: LogWriter | None = None,
+        directory: Path | None = None,
     ) -> None:
-        """No `spec`: no policy (every hook None). Else call `load()`."""
+        """No `spec`: no policy (every hook None). Else call `load()`. `directory`: the config
+        file's, where a dotted name is looked for too (`_import`)."""
         self.spec = spec
+        self._directory = directory
         self.sync = sync
         self.module: ModuleType | None = None
         self._runner = _Runner(timeout, threads if sync == "thread" else None, log)
@@ -281,7 +285,7 @@ class Policy:
         Every process of a node loads the module: only one of them should say so."""
         if self.spec is None:
             return None
-        module = _import(self.spec)
+        module = _import(self.spec, self._directory)
         hooks: dict[str, Hook[Any] | None] = {}
         for name in HOOKS:
             function = getattr(module, name, None)
@@ -328,9 +332,16 @@ class Policy:
         return [name for name in HOOKS if getattr(self, name) is not None]
 
     @classmethod
-    def from_config(cls, config: PolicyConfig, log: LogWriter | None = None, *, warn: bool = True) -> Policy:
-        """The policy `[policy]` describes, loaded (`warn`: see `load()`). Raises `PolicyLoadError`."""
-        policy = cls(config.module, timeout=config.timeout, sync=config.sync, threads=config.threads, log=log)
+    def from_config(
+        cls, config: PolicyConfig, log: LogWriter | None = None, *, warn: bool = True, config_path: Path | None = None
+    ) -> Policy:
+        """The policy `[policy]` describes, loaded (`warn`: see `load()`); `config_path`: the
+        file it is from (None: its defaults). Raises `PolicyLoadError`."""
+        directory = None if config_path is None else config_path.absolute().parent
+        threads = config.threads
+        policy = cls(
+            config.module, timeout=config.timeout, sync=config.sync, threads=threads, log=log, directory=directory
+        )
         policy.load(warn=warn)
         return policy
 
@@ -355,11 +366,15 @@ def _call_problem(function: Callable[..., Any]) -> str | None:
     return None
 
 
-def _import(spec: str) -> ModuleType:
+def _import(spec: str, directory: Path | None = None) -> ModuleType:
     """A dotted module name, or the path of a .py file, imported as a fresh module object at
     every load: a reload never mixes old and new code, and hooks still running (or a reload
     that fails or is abandoned half-way) keep the old module's globals intact, which
     `importlib.reload` would overwrite in place as it went.
+
+    The module imports its own as a script does: a file's directory, or for a dotted name the
+    config file's (`directory`), is put first on sys.path (`import helpers` finds the helpers.py
+    beside mypolicy.py; `from acme import util` the acme/ beside pigeon.toml).
 
     The new module is in `sys.modules` only while it runs (its own imports, dataclasses and
     pickling look it up there), then what was there before is put back: `Policy.take` names
@@ -370,8 +385,11 @@ def _import(spec: str) -> ModuleType:
             path = Path(spec)
             if not path.is_file():
                 raise PolicyLoadError(f"policy module {spec}: no such file")
+            _first_on_path(path.absolute().parent)
             found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
         else:
+            if directory is not None:
+                _first_on_path(directory)
             importlib.invalidate_caches()  # a module file made since the last look is found
             found = importlib.util.find_spec(spec)
             if found is None:
@@ -395,3 +413,11 @@ def _import(spec: str) -> ModuleType:
     except Exception as error:
         last = "".join(traceback.format_exception_only(error)).strip()
         raise PolicyLoadError(f"policy module {spec} cannot be loaded: {last}") from error
+
+
+def _first_on_path(directory: Path) -> None:
+    """`directory` first on sys.path, once (a reload does not add it again)."""
+    entry = str(directory)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+        importlib.invalidate_caches()

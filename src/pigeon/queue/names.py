@@ -32,6 +32,13 @@ QUEUE_NAME_TEXT: Final = (
 MAX_PART: Final = 255
 """The longest tenant or campaign, in characters, however it is given (the JSON of an injection,
 a routing header at any door, a policy's answer): it names the message's queue."""
+PART_PATTERN: Final = r"[^\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff:@]*"
+"""A tenant or campaign (or a glob of them) for the OpenAPI document, as a regex that Python
+and JSON Schema (ECMA-262) read alike: no white space character of either (their `\\s`
+differ), ':' or '@'. Its length and control characters are `queue_part_problem`'s to refuse."""
+_HEADER_SEPARATORS: Final = re.compile(r"[^\S\x00-\x1f\x7f-\x9f\u2028\u2029]+|[:@]")
+"""What a routing header's value has that a tenant or campaign may not, made `_` there: runs of
+white space (not the control characters among it, which are refused) and each ':' and '@'."""
 _INBOUND_PREFIX: Final = "inbound:"  # the queues of [[inbound]] routes' mail (inbound/routes.py)
 _READY_SEPARATOR: Final = "->"  # ready queues are source->site: a scheduled queue never looks like one
 
@@ -49,13 +56,25 @@ def scheduled_queue(domain: str, tenant: str | None = None, campaign: str | None
 
 
 def queue_part_problem(value: str) -> str | None:
-    """Why `value` cannot be a tenant or campaign (a part of a scheduled queue name): over
-    `MAX_PART` characters, or a control or format character would be written into every log
-    record, metric label and admin listing of its queue (an ESC drives the terminal)."""
+    """Why `value` cannot be a tenant or campaign (a part of a scheduled queue name, `PART_TEXT`):
+    over `MAX_PART` characters; a control or format character would be written into every log
+    record, metric label and admin listing of its queue (an ESC drives the terminal); white
+    space, ':' or '@' would make a queue name that no selector or `[[queue]] name` reads back."""
     if len(value) > MAX_PART:
         return f"is {len(value)} characters long: at most {MAX_PART}"
     named = control_or_format_character(value)
-    return None if named is None else f"contains {named}: no control or format characters allowed"
+    if named is not None:
+        return f"contains {named}: no control or format characters allowed"
+    found = next((char for char in value if char.isspace() or char in ":@"), None)
+    return None if found is None else f"contains {found!r}: no white space, ':' or '@' allowed"
+
+
+def queue_part_from_header(value: str) -> str:
+    """A routing header's value (`X-Tenant: acme corp`), unfolded and trimmed, as the tenant
+    or campaign it names: each run of white space and each ':' and '@' made `_` ("acme_corp").
+    A header cannot be refused for them without refusing the whole message (its sender may not
+    even know of the header), so every door that reads one does the same."""
+    return _HEADER_SEPARATORS.sub("_", value)
 
 
 def ready_queue(source: str, site: str, domain: str | None = None, security: str = "") -> str:

@@ -677,23 +677,50 @@ def test_a_policy_module_named_like_a_file_beside_the_config_is_that_file(tmp_pa
     assert load(write(tmp_path, '[policy]\nmodule = "nowhere.policy"\n')).policy.module == "nowhere.policy"
 
 
-def test_a_dotted_policy_module_of_an_importable_package_beside_the_config_is_imported_as_one(
+def test_a_dotted_policy_module_beside_the_config_imports_its_package_without_pythonpath(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # acme/policy.py beside pigeon.toml, the directory on sys.path: loaded as a lone file, its
-    # `from . import helpers` failed ("attempted relative import with no known parent package").
+    # acme/policy.py beside pigeon.toml: loaded as a lone file, its `from . import helpers`
+    # failed ("attempted relative import with no known parent package"), and its `from
+    # review2acme import util` unless PYTHONPATH named the config's directory.
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the config's directory is put on it
     package = tmp_path / "review2acme"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "helpers.py").write_text("ANSWER = None\n")
-    (package / "policy.py").write_text("from . import helpers\n\ndef on_connect(c):\n    return helpers.ANSWER\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    config = load(write(tmp_path, '[policy]\nmodule = "review2acme.policy"\n'))
+    (package / "helpers.py").write_text("ANSWER = 'helpers'\n")
+    (package / "util.py").write_text("ANSWER = 'util'\n")
+    source = "from . import helpers\nfrom review2acme import util\n\ndef on_connect(c):\n"
+    source += "    return helpers.ANSWER + util.ANSWER\n"
+    (package / "policy.py").write_text(source)
+    path = write(tmp_path, '[policy]\nmodule = "review2acme.policy"\n')
+    config = load(path)
     assert config.policy.module == "review2acme.policy"
     try:
-        policy = Policy.from_config(config.policy, warn=False)
-        assert policy.on_connect is not None
+        policy = Policy.from_config(config.policy, warn=False, config_path=path)
+        assert policy.on_connect is not None and policy.on_connect.function(None) == "helpersutil"
         policy.close()
     finally:
         for name in [n for n in sys.modules if n.startswith("review2acme")]:
+            del sys.modules[name]
+
+
+def test_a_policy_file_imports_the_files_beside_it_as_a_script_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the policy's directory is put on it
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "review2helper.py").write_text("ANSWER = 'helper'\n")
+    mypolicy = "import review2helper\n\ndef on_connect(c):\n    return review2helper.ANSWER\n"
+    (policies / "mypolicy.py").write_text(mypolicy)
+    (tmp_path / "review2near.py").write_text("ANSWER = 'near'\n")
+    (tmp_path / "near.py").write_text("import review2near\n\ndef on_connect(c):\n    return review2near.ANSWER\n")
+    try:
+        for module, answer in (("policies/mypolicy.py", "helper"), ("near", "near")):
+            path = write(tmp_path, f'[policy]\nmodule = "{module}"\n')
+            policy = Policy.from_config(load(path).policy, warn=False, config_path=path)
+            assert policy.on_connect is not None and policy.on_connect.function(None) == answer
+            policy.close()
+    finally:
+        for name in [n for n in sys.modules if n.startswith("review2")]:
             del sys.modules[name]

@@ -146,3 +146,13 @@ def test_a_problem_in_a_later_route_names_that_routes_line(tmp_path: Path, line:
     with pytest.raises(ConfigError) as caught:
         load(path)
     assert str(caught.value).startswith(f"{path}, {error}"), caught.value
+
+
+@pytest.mark.parametrize(("tenant", "culprit"), [("a b", " "), ("acme@corp", "@"), ("spring:acme", ":")])
+def test_a_tenant_no_queue_could_have_is_refused_naming_its_line(tmp_path: Path, tenant: str, culprit: str) -> None:
+    """As at every door: a tenant has no white space, ':' or '@' (a routing header's become '_')."""
+    path = _config(tmp_path, f'private_key = "keys/k.pem"\ntenant = "{tenant}"')
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert str(caught.value).startswith(f"{path}, line 6: [dkim] tenant: [[dkim]] 'example.com' (selector s1): ")
+    assert str(caught.value).endswith(f"tenant {tenant!r} contains {culprit!r}: no white space, ':' or '@' allowed")

@@ -74,7 +74,7 @@ def test_an_address_glob_lower_cases_it_and_drops_the_final_dot_of_its_domain() 
 def test_a_queue_glob_lower_cases_only_its_domain_part() -> None:
     assert queue_glob("Spring:Acme@Example.NET.") == "Spring:Acme@example.net"
     assert queue_glob("newsletter:*") == "newsletter:*"
-    assert queue_glob("acme corp@*") == "acme corp@*"  # a tenant from "X-Tenant: acme corp"
+    assert queue_glob("acme corp@*") == "acme corp@*"  # mail spooled when "X-Tenant: acme corp" kept its space
     with pytest.raises(PatternError):
         queue_glob(" newsletter:*")
     with pytest.raises(PatternError, match="empty label"):

@@ -162,7 +162,10 @@ def test_render_puts_added_headers_on_top_in_order_and_takes_removed_ones_off() 
     envelope = _envelope(
         tenant="acme", headers_added=["X-First: 1", "X-Second: é"], headers_removed=["subject", "received"]
     )
-    assert render(STORED, envelope) == "X-First: 1\r\nX-Second: é\r\nFrom: a@example.org\r\n\r\nbody\r\n".encode()
+    # Pigeon's own Received (the first) stays, the earlier hops' go: a next hop counts hops by them.
+    stored = STORED.replace(b"\r\nFrom:", b"\r\nReceived: from y\r\n\tby z\r\nFrom:")
+    expected = "Received: from x\r\nX-First: 1\r\nX-Second: é\r\nFrom: a@example.org\r\n\r\nbody\r\n"
+    assert render(stored, envelope) == expected.encode()
 
 
 def test_render_removes_every_field_of_a_removed_name_with_its_folded_lines() -> None:

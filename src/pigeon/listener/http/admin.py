@@ -45,7 +45,7 @@ from pigeon.listener.http.json_body import repeated_member, repeated_refusal, re
 from pigeon.message import parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
-from pigeon.queue.names import queue_name, queue_name_problem
+from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
 from pigeon.queue.rules import Rule, Selector, standing_rule_id
 
 MAX_REASON: Final = 1000
@@ -353,8 +353,9 @@ def _normalise_globs(request: AdminRequest) -> None:
     """Read the selector's globs as the config reads the same globs (`config.patterns`): a
     domain or site in lower case and without a final dot, as the names they are matched
     against are written. One no domain or site could match ("@", white space, an empty label,
-    a port that is no number) is refused, rather than stored as a rule that holds nothing
-    (`--site shop.example@mx.example`); so is a routing domain that is no domain name."""
+    a port that is no number), or no tenant or campaign ("a b"), is refused, rather than stored
+    as a rule that holds nothing (`--site shop.example@mx.example`); so is a routing domain that
+    is no domain name."""
     kinds = {"domain": domain_glob, "site": site_glob}
     for member, normalise in kinds.items():
         pattern = getattr(request, member, None)
@@ -378,6 +379,11 @@ def _normalise_globs(request: AdminRequest) -> None:
             closed_sets(pattern)
         except PatternError as error:
             raise bad_request(f"{member} {pattern[:60]!r} {error}", f"$.{member}") from None
+    for member in ("tenant", "campaign"):
+        # Refused as a tenant or campaign is at every door: no queue has one with white space.
+        part: str | None = getattr(request, member)
+        if part is not None and (refused := queue_part_problem(part)) is not None:
+            raise bad_request(f"{member} {part[:60]!r} {refused} (no queue name has it)", f"$.{member}")
     if request.queue is not None:
         with contextlib.suppress(PatternError):  # a glob on queue names: any text may be one
             request.queue = queue_glob(request.queue)

@@ -25,7 +25,7 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 from pigeon.queue.admin import QueueSummary
-from pigeon.queue.names import MAX_QUEUE_NAME, QUEUE_NAME_TEXT, queue_name_pattern
+from pigeon.queue.names import MAX_QUEUE_NAME, PART_PATTERN, QUEUE_NAME_TEXT, queue_name_pattern
 from pigeon.queue.rules import Rule
 from pigeon.shaping.effects import Effect
 
@@ -133,8 +133,8 @@ def _spell_for_json_schema(schema: Any) -> None:
 
 def _tighten_admin_requests(components: dict[str, Any]) -> None:
     """What the admin requests' checks refuse that their types do not say: a rule's duration
-    (more than 0, at most 365 days), a rule id's alphabet, a selector's domain and site, its
-    other globs' `[...]` sets (closed), a rebind's queue name. Kept out of
+    (more than 0, at most 365 days), a rule id's alphabet, a selector's domain, site, tenant and
+    campaign (an injection's too), its other globs' `[...]` sets (closed), a rebind's queue name. Kept out of
     the types so that the server's refusals say what to do rather than quote a pattern."""
     for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
         properties = components[name]["properties"]
@@ -153,8 +153,13 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
     for name, member in [*hosts, ("SuspendRequest", "site"), ("RebindRequest", "routing_domain")]:
         components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{api_patterns()[member]}$")
     for name, _ in hosts:
-        for member in ("tenant", "campaign", "queue"):
-            components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{api_patterns()['glob']}$")
+        components[name]["properties"]["queue"]["anyOf"][0].update(pattern=f"^{api_patterns()['glob']}$")
+    # A tenant or campaign names a queue, at every door: its globs can hold no more than it does,
+    # and a selector's have their sets closed too.
+    for name in ("InjectRequest", "AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
+        part = PART_PATTERN if name == "InjectRequest" else api_patterns()["part_glob"]
+        for member in ("tenant", "campaign"):
+            components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{part}$")
     to_queue = components["RebindRequest"]["properties"]["to_queue"]
     to_queue["anyOf"][0].update(pattern=f"^{queue_name_pattern()}$", maxLength=MAX_QUEUE_NAME)
     to_queue["description"] = f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}"
