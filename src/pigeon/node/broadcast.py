@@ -47,6 +47,12 @@ meanwhile, whose end Redis forgot too, and a standing bounce brought back would 
 once. HSETNX under WATCH of the ended rules: a rule already back, or ended meanwhile, is not
 brought back. A rule the cluster never held stays on its node, as above.
 
+One id, one rule: a rule asked for under the id of another the cluster holds (another kind,
+selector or duration) is refused at the origin (409, `id_taken`), Redis's hash looked at under
+a watch, so two nodes asked at once cannot both send one. Only a rule made on a node while Redis
+was away can still meet another under its id: no node replaces the rule it holds (it refuses,
+and logs an error), and `send_unsent` does not send it. Each stays under its id where it is.
+
 Redis being away never stops an operation on the node that was asked: it is applied here,
 and the answer says, under `cluster`, that the other nodes were not told (for a rule or its
 end: that they are told once Redis answers).
@@ -67,16 +73,17 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 import redis.asyncio as aioredis
+from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, WatchError
 
 from pigeon.config.schema import Config
-from pigeon.listener.http.admin import RuleChange, rule_change
+from pigeon.listener.http.admin import RuleChange, refusal_answer, refuse_taken_id, rule_change
 from pigeon.node.answers import merge_answers
 from pigeon.node.presence import PRESENCE, Namesakes, presence_key, spool_identity
-from pigeon.queue.rules import Rule
+from pigeon.queue.rules import Rule, describe_rule, taken_by
 
 _log = logging.getLogger(__name__)
 
@@ -89,6 +96,7 @@ _FRESH: Final = 15.0  # seconds within which a worker's view of the rules may be
 _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it within WRITE_WAIT)
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
+_WATCH_TRIES: Final = 10  # a write's look at the rules in Redis, changed meanwhile by another: again
 
 # apply(method, path, body, operator, issued) -> (HTTP status, JSON answer): one worker's
 # part; `issued` is when the origin appended it (time.time() there).
@@ -193,32 +201,9 @@ class Broadcast:
                 ending = await self._redis.hget(self._rules, change.rule_id)  # when it would end anyway
             # One transaction: a node that starts reads the rules in force, then the stream from
             # its end, and must find this operation in one or the other.
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(
-                    self._stream,
-                    {
-                        "op": op,
-                        "origin": self.origin,
-                        "node": self.node,
-                        "method": method,
-                        "path": path,
-                        "body": body,
-                        "operator": operator,
-                        "time": repr(now),
-                    },
-                    maxlen=_STREAM_LENGTH,
-                    approximate=True,
-                )
-                if change is not None and change.rule is not None:
-                    # The first one made stands (an identical suspension is `already` in force).
-                    pipe.hsetnx(self._rules, change.rule_id, msgspec.json.encode(change.rule))
-                    pipe.hdel(self._ended, change.rule_id)
-                elif change is not None:
-                    pipe.hdel(self._rules, change.rule_id)
-                    # `at`: a rule made again after this end is not ended by it (`pigeon.node.following`).
-                    tombstone = {"kind": change.kind, "until": _end_of(ending), "at": now}
-                    pipe.hset(self._ended, change.rule_id, json.dumps(tombstone))
-                await pipe.execute()
+            refused = await self._append(op, method, path, body, operator, now, change, ending)
+            if refused is not None:
+                return refused
         except (RedisError, OSError) as error:
             status, answer = await local()
             change = rule_change(method, path, body, operator, time.time()) if write else None
@@ -255,6 +240,61 @@ class Broadcast:
             if method == "GET" and path.rstrip("/") in _LISTS:
                 merged["cluster"]["held_by"] = _holders({self.node: [(status, answer)], **remote})
         return merged_status, merged
+
+    async def _append(
+        self,
+        op: str,
+        method: str,
+        path: str,
+        body: bytes,
+        operator: str,
+        now: float,
+        change: RuleChange | None,
+        ending: Any,
+    ) -> tuple[int, Any] | None:
+        """Append a request to the stream, with what it does to the cluster's rules, in one
+        transaction; or, for a rule whose id the cluster holds another rule under, nothing: its
+        refusal (409, `id_taken`), before any node is told. Watched, so that two rules asked for
+        under one id at once on two nodes are not both sent: the second is refused."""
+        for _ in range(_WATCH_TRIES):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                if change is not None and change.rule is not None:
+                    await pipe.watch(self._rules)
+                    try:
+                        refuse_taken_id(change, _decoded(await pipe.hget(self._rules, change.rule_id)), now)
+                    except web.HTTPConflict as refusal:
+                        return refusal_answer(refusal)
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.xadd(
+                    self._stream,
+                    {
+                        "op": op,
+                        "origin": self.origin,
+                        "node": self.node,
+                        "method": method,
+                        "path": path,
+                        "body": body,
+                        "operator": operator,
+                        "time": repr(now),
+                    },
+                    maxlen=_STREAM_LENGTH,
+                    approximate=True,
+                )
+                if change is not None and change.rule is not None:
+                    # The first one made stands (an identical suspension is `already` in force).
+                    pipe.hsetnx(self._rules, change.rule_id, msgspec.json.encode(change.rule))
+                    pipe.hdel(self._ended, change.rule_id)
+                elif change is not None:
+                    pipe.hdel(self._rules, change.rule_id)
+                    # `at`: a rule made again after this end is not ended by it (`pigeon.node.following`).
+                    tombstone = {"kind": change.kind, "until": _end_of(ending), "at": now}
+                    pipe.hset(self._ended, change.rule_id, json.dumps(tombstone))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    continue  # a rule was made or ended meanwhile: looked at again
+                return None
+        raise WatchError(f"the cluster's rules changed {_WATCH_TRIES} times while this was being sent")
 
     async def send_unsent(self) -> None:
         """Send the cluster the rule writes made here while Redis was away, in their order: an
@@ -312,6 +352,13 @@ class Broadcast:
                 outcome = "sent to the other nodes now"
             elif change.rule is None:
                 outcome = "not sent: the cluster does not hold that rule, or made it again since"
+            elif held is not None and (other := taken_by(held, change.rule, time.time())) is not None:
+                # Two rules under one id, made while the nodes could not compare: neither replaces
+                # the other. This node keeps its own, the others theirs; each ends by its id where held.
+                _log.error("admin stream: %s %s, made here while Redis was away, not sent: the cluster holds "
+                           "the %s under its id; this node keeps the %s", unsent.method, unsent.path,
+                           describe_rule(other), describe_rule(change.rule))  # fmt: skip
+                continue
             else:
                 outcome = "not sent: the cluster holds that rule already, or ended it since"
             _log.warning("admin stream: %s %s, made here while Redis was away, %s", unsent.method, unsent.path, outcome)
@@ -559,6 +606,12 @@ class Broadcast:
         except Exception as error:  # one bad entry must not stop the stream for good
             _log.exception("admin stream: %s %s failed here", method, path)
             status, answer = 500, {"error": f"node {self.node} failed to apply it: {error!r}"}
+        if status == 409 and isinstance(answer, dict):
+            # Another rule has its id here (made while this node was cut off from Redis): kept, not
+            # replaced; the origin's answer is this refusal, naming it.
+            node = fields.get("node", b"?").decode(errors="replace")
+            _log.error("admin stream: %s %s from node %s refused here: %s", method, path, node, answer.get("error"))
+            answer["error"] = f"node {self.node}: {answer.get('error')}"
         reply = json.dumps({"node": self.node, "worker": self._worker, "status": status, "answer": answer})
         key = self._answers + op
         try:

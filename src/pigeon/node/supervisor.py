@@ -37,6 +37,7 @@ from pigeon.listener.http.admin import (
     caller,
     cluster_wide,
     refusal_answer,
+    refuse_taken_id,
     rule_change,
     validate,
     with_id,
@@ -584,8 +585,7 @@ class Supervisor:
         ]
         if overlapped:
             # Another write to this rule was on its way too: a worker may have carried the two out
-            # in either order (separate connections; a bounce stores its rule outside the lock a
-            # cancel takes), and hold a rule the node ended, or lack one it holds, with nothing
+            # in either order (separate connections), and hold a rule the node ended, or lack one it holds, with nothing
             # missed. Every worker is handed the node's rules, which the later write left as they
             # are; what a worker took of that write itself is not undone (`Admin.adopt`).
             missed = self.workers
@@ -750,6 +750,12 @@ class Supervisor:
         (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`)."""
         if request.method == "POST" and body:
             body = with_id(body, caller(request))
+            if self._node_rules is not None and (change := self._rule_change(request, body)) is not None:
+                # One id, one rule: another rule's id is refused before any worker or node is told.
+                try:
+                    refuse_taken_id(change, self._node_rules.standing.in_force.get(change.rule_id), time.time())
+                except web.HTTPConflict as refusal:
+                    return web.json_response(refusal_answer(refusal)[1], status=refusal.status)
         cluster = self._cluster
         if (
             cluster is not None

@@ -41,7 +41,7 @@ import msgspec
 
 from pigeon.message import HELD, Message, SpoolId, format_id, shard_of
 from pigeon.queue.ready import ReadyQueues
-from pigeon.queue.rules import Rule, Rules, Selector, new_rule_id
+from pigeon.queue.rules import Rule, RuleIdTaken, Rules, Selector, describe_rule, new_rule_id, taken_by
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, RebindMark, State
 from pigeon.shaping.effects import Effect
@@ -206,9 +206,12 @@ class Admin:
         `accepted_before`: only those accepted before then (`time.time()`), for a bounce
         another node was asked for seconds ago: what this node accepted since was not queued
         when the operator asked, and its sender was told it is."""
-        rule = None
+        rule = already = None
         if duration:
-            rule = await self._add_rule("bounce", selector, reason, operator, duration, rule_id, via)
+            async with self._rules_changing:  # (one id, one rule: looked up and stored at once)
+                asked = self._new_rule("bounce", selector, reason, operator, duration, rule_id, via)
+                already = self._held_as(asked, operator)
+                rule = already or await self._add_rule(asked)
         mark = AdminMark(reason, operator)
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
@@ -225,7 +228,10 @@ class Admin:
                      operator, selector.describe(), bounced, after_attempt, why)  # fmt: skip
         # A message being sent is bounced only as far as its attempt does not deliver it: said
         # apart, so "bounced 60" does not hide that 20 of them went out meanwhile.
-        return {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
+        answer: dict[str, Any] = {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
+        if rule is not None:
+            answer["already"] = already is not None  # asked again under its id: it stands as it was
+        return answer
 
     async def suspend(
         self,
@@ -242,7 +248,9 @@ class Admin:
         answered with it (`already`), not a second rule that would need its own resume."""
         async with self._rules_changing:
             already = self._rules.standing("suspend", selector) if duration is None else None
-            rule = already or await self._add_rule("suspend", selector, reason, operator, duration, rule_id, via)
+            asked = self._new_rule("suspend", selector, reason, operator, duration, rule_id, via)
+            already = already or self._held_as(asked, operator)
+            rule = already or await self._add_rule(asked)
         if already is not None:
             _log.info("admin suspend by %s of %s: already suspended by %s", operator, selector.describe(), rule.id)
         put_back: set[SpoolId] = set()
@@ -336,7 +344,13 @@ class Admin:
         added: list[Rule] = []
         async with self._rules_changing:
             for rule in in_force:
-                if self._rules.get(rule.id) is not None or not rule.live(now) or self._newer(rule.id, changed):
+                if (held := self._rules.get(rule.id)) is not None and taken_by(held, rule, now) is not None:
+                    # Never one rule for another under one id (the doors refuse it: only a rule made
+                    # on a node cut off from Redis can meet this). Kept, and said: each is ended
+                    # by its id where it is held.
+                    _log.error("admin rules: %s is not taken here: this worker holds the %s under that id",
+                               describe_rule(rule), describe_rule(held))  # fmt: skip
+                if held is not None or not rule.live(now) or self._newer(rule.id, changed):
                     continue
                 if rule.created <= self._ended_at.get(rule.id, float("-inf")):
                     continue  # ended here since it was made: not taken back
@@ -571,6 +585,10 @@ class Admin:
         now = self._clock()
         return [rule.id for rule in self._rules if rule.kind == "suspend" and rule.live(now)]
 
+    def rule(self, rule_id: str) -> Rule | None:
+        """The rule this worker holds under `rule_id` (live or not), if any."""
+        return self._rules.get(rule_id)
+
     def standing(self) -> list[Rule]:
         """Every standing rule this worker holds (live or not: the caller knows the time)."""
         return list(self._rules)
@@ -718,7 +736,7 @@ class Admin:
             return _Done.IGNORED, None
         return act(entry)
 
-    async def _add_rule(
+    def _new_rule(
         self,
         kind: Any,
         selector: Selector,
@@ -729,7 +747,7 @@ class Admin:
         via: str,
     ) -> Rule:
         now = self._clock()
-        rule = Rule(
+        return Rule(
             rule_id or new_rule_id(),
             kind,
             selector,
@@ -739,6 +757,17 @@ class Admin:
             operator=operator,
             via=via,
         )
+
+    def _held_as(self, asked: Rule, operator: str) -> Rule | None:
+        """The rule `asked` is, if this worker holds it already (asked again under its id);
+        `RuleIdTaken`, said in the log, if another rule has that id."""
+        try:
+            return self._rules.held_as(asked)
+        except RuleIdTaken as taken:
+            _log.warning("admin %s by %s of %s refused: %s", asked.kind, operator, asked.selector.describe(), taken)
+            raise
+
+    async def _add_rule(self, rule: Rule) -> Rule:
         await self._rules.add(rule, self._primary)
         return rule
 

@@ -135,6 +135,51 @@ def standing_rule_id(kind: str, selector: Selector) -> str:
     return hashlib.sha256(canonical).hexdigest()[:12]
 
 
+SAME_DURATION: Final = 1.0
+"""Seconds two durations may differ by and be one: each worker and node counts a rule's end from
+its own clock (`created` plus the duration), which rounds the difference."""
+
+
+def same_rule(held: Rule, asked: Rule) -> bool:
+    """Whether `asked`, a rule a request makes under `held`'s id, is `held` asked for again: the
+    same kind, the same selector, and both until cancelled or both for the same duration. A
+    client's id is a key for asking again safely, not a name to take from another rule."""
+    if held.kind != asked.kind or held.selector != asked.selector:
+        return False
+    if held.expires is None or asked.expires is None:
+        return held.expires is None and asked.expires is None
+    return abs((held.expires - held.created) - (asked.expires - asked.created)) < SAME_DURATION
+
+
+def describe_rule(rule: Rule) -> str:
+    """`suspension 16bf153e5139 of domain=e.test (until resumed)`: for people, in errors and logs."""
+    what = "suspension" if rule.kind == "suspend" else "standing bounce"
+    until = "until resumed" if rule.kind == "suspend" else "until cancelled"
+    if rule.expires is not None:
+        until = f"for {rule.expires - rule.created:.0f}s"
+    return f"{what} {rule.id} of {rule.selector.describe()} ({until})"
+
+
+class RuleIdTaken(Exception):
+    """A rule asked for under the id of another live rule (another kind, selector or duration):
+    refused, and nothing changes. `held` is the rule that has the id."""
+
+    def __init__(self, held: Rule, asked: Rule) -> None:
+        super().__init__(
+            f"id {held.id} names the {describe_rule(held)} already, not a {asked.kind} of "
+            f"{asked.selector.describe()}: leave id out (one is made), or give another"
+        )
+        self.held = held
+        self.asked = asked
+
+
+def taken_by(held: Rule | None, asked: Rule, now: float) -> Rule | None:
+    """The live rule other than `asked` that holds `asked`'s id, if any (what refuses it)."""
+    if held is None or not held.live(now) or same_rule(held, asked):
+        return None
+    return held
+
+
 class Rules:
     """The live rules of one worker (each worker stores its copy in its own spool)."""
 
@@ -165,8 +210,21 @@ class Rules:
     def get(self, rule_id: str) -> Rule | None:
         return self._rules.get(rule_id)
 
+    def held_as(self, rule: Rule) -> Rule | None:
+        """The live rule held under `rule`'s id if it is `rule` asked for again (`same_rule`);
+        None if none is; `RuleIdTaken` if another rule has that id."""
+        held = self._rules.get(rule.id)
+        if held is None or not held.live(self._clock()):
+            return None
+        if not same_rule(held, rule):
+            raise RuleIdTaken(held, rule)
+        return held
+
     async def add(self, rule: Rule, spool: Spool) -> None:
-        """Store `rule` (in `spool`), then apply it."""
+        """Store `rule` (in `spool`), then apply it. `RuleIdTaken` if another live rule has its
+        id: one is never replaced by another (an expired one may be)."""
+        if (held := taken_by(self._rules.get(rule.id), rule, self._clock())) is not None:
+            raise RuleIdTaken(held, rule)
         await spool.save_rule(rule.id, _RULE_ENCODER.encode(rule))
         self._rules[rule.id] = rule
 

@@ -12,6 +12,11 @@
     GET    /api/v1/queues                 scheduled and ready queues        read
     GET    /api/v1/admin/operations       bulk operations' progress         read
 
+A rule's `id`, if a client gives one, makes that rule or asks for it again (`already: true`);
+under the id of another live rule (another kind, selector or duration) the request is refused,
+409 naming that rule, and nothing is done (`pigeon.queue.rules.same_rule`). Checked where it is
+issued, against the node's rules and, with `[redis]`, the cluster's; each worker checks too.
+
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
 seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
 several workers the supervisor sends each request to all of them and adds up the answers.
@@ -30,7 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
+import time
 from typing import Annotated, Any, Final, Literal, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -46,8 +53,9 @@ from pigeon.message import parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
-from pigeon.queue.rules import Rule, Selector, standing_rule_id
+from pigeon.queue.rules import Rule, RuleIdTaken, Selector, standing_rule_id, taken_by
 
+_log = logging.getLogger(__name__)
 MAX_REASON: Final = 1000
 """The longest `reason` taken, in characters: a note for people (it is kept with the rule and
 shown in every list of rules), not a document."""
@@ -86,8 +94,10 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
     campaign: _Glob | None = None
     queue: _Glob | None = None
     id: str | None = None
-    """The rule's or bulk operation's id (the supervisor gives one, so every worker's copy has
-    the same): letters, digits, "-" and "_", at most 64."""
+    """The rule's or bulk operation's id: letters, digits, "-" and "_", at most 64. Left out, one
+    is made where the request is issued, so every worker's and node's copy has the same. A key
+    for sending a request again safely, not a name to take: under the id of a live rule, the same
+    kind, selector and duration is that rule again (`already`), anything else is refused (409)."""
     via: Literal["cli", "api"] | None = None
     """What the request came through, kept with a rule it makes: set where it is issued ("cli":
     the `pigeon` command, by its User-Agent; "api": anything else), whatever a client sent."""
@@ -231,18 +241,37 @@ async def perform(
         if action == "bounce" and duration is None and issued is not None:
             options["accepted_before"] = issued
         operation = admin.bounce if action == "bounce" else admin.suspend
-        answer = await operation(
-            request.selector(),
-            reason=request.reason,
-            operator=operator,
-            via=request.via or "api",
-            duration=duration,
-            rule_id=new_rule,
-            **options,
-        )
+        try:
+            answer = await operation(
+                request.selector(),
+                reason=request.reason,
+                operator=operator,
+                via=request.via or "api",
+                duration=duration,
+                rule_id=new_rule,
+                **options,
+            )
+        except RuleIdTaken as taken:
+            raise id_taken(taken) from None
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
     return 200, answer
+
+
+def id_taken(taken: RuleIdTaken) -> web.HTTPConflict:
+    """409 naming the rule that has the id asked for (its kind, selector, duration): a client's
+    `id` makes that rule or asks for it again, and never takes the id from another."""
+    answer = {"error": str(taken), "field": "$.id", "rule": msgspec.to_builtins(taken.held)}
+    return web.HTTPConflict(text=json.dumps(answer), content_type="application/json")
+
+
+def refuse_taken_id(change: RuleChange | None, held: Rule | None, now: float) -> None:
+    """409 (`id_taken`) if the rule `change` makes has the id of `held`, another live rule:
+    checked where a write is issued, before it is sent to every worker and node."""
+    if change is not None and (asked := change.rule) is not None and (other := taken_by(held, asked, now)) is not None:
+        taken = RuleIdTaken(other, asked)
+        _log.warning("admin %s by %s of %s refused: %s", asked.kind, asked.operator, asked.selector.describe(), taken)
+        raise id_taken(taken)
 
 
 class RuleChange(NamedTuple):
@@ -446,6 +475,11 @@ async def write(request: web.Request) -> web.Response:
     validate(request.method, request.path_qs, body)
     if request.method == "POST":
         body = with_id(body, None if from_supervisor else caller(request))  # say what it came through
+    if request.method == "POST" and not from_supervisor:
+        # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
+        now = time.time()
+        change = rule_change(request.method, path, body, operator, now)
+        refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, now)
     generation = request.headers.get(GENERATION_HEADER, "") if from_supervisor else ""
     if generation.isdigit():
         # Noted before it is carried out: a hand-over of the node's rules from before this write

@@ -197,20 +197,33 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
     bounced = _object(
-        {"bounced": count, "after_attempt": count, "rule": rule_or_none, "operation": operation_id},
+        {
+            "bounced": count,
+            "after_attempt": count,
+            "rule": rule_or_none,
+            "already": {"type": "boolean"},
+            "operation": operation_id,
+        },
         "bounced",
         "after_attempt",
         "rule",
         doc="bounced: messages bounced; after_attempt: how many of them were being sent, bounced only as far as "
-        "that attempt does not deliver them; rule: the standing bounce (with a duration), else null",
+        "that attempt does not deliver them; rule: the standing bounce (with a duration), else null; "
+        "already (with a duration): the same bounce was asked for under this id before: this is it, unchanged",
     )
     held = _object(
         {"held": count, "rule": rule_or_none, "already": {"type": "boolean"}, "added_on": workers},
         "held",
         "rule",
         doc="held: messages it holds now (put back to the spool, and those deferred there already); "
-        "already: the same suspension (until resumed) was in force: this is it; "
-        "added_on (several workers): it was in force on the other workers but not on these, and is now",
+        "already: the same suspension (until resumed, or asked for before under this id) was in force: this is "
+        "it, unchanged; added_on (several workers): it was in force on the other workers but not on these, and is now",
+    )
+    id_taken = _response(
+        "The id names another live rule (another kind, selector or duration): nothing was done; `rule` is that "
+        "rule. A client's id only lets a request be sent again safely: the same kind, selector and duration "
+        "under the same id is the same rule (200, already: true)",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
     )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
     rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
@@ -340,7 +353,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     posted_bounce = posted_with(messages, bounce_body)
     posted_retry = posted_with(messages, retry_body)
     posted_suspend = posted_with({"anyOf": [{"allOf": [messages, site_null]}, site_only]}, suspend_body)
-    return {
+    paths = {
         "/api/v1/admin/bounce": {
             "post": operation(
                 "bounce", "Bounce matching queued mail; with a duration new mail too", "admin", bounced, **posted_bounce
@@ -431,6 +444,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             ),
         },
     }
+    for making in ("/api/v1/admin/bounce", "/api/v1/admin/suspend"):
+        paths[making]["post"]["responses"]["409"] = id_taken
+    return paths
 
 
 def _ref(name: str | None) -> dict[str, Any] | None:
