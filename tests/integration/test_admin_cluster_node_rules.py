@@ -3,7 +3,8 @@
 A multi-worker node's supervisor keeps the node's rules in a file its workers take at their start
 (`pigeon.node.standing`); it learns the cluster's changes too (`pigeon.node.following`), so a
 standing bounce or suspension cancelled through another node is not taken back from that file.
-A one-worker node has no such file: its worker's spool keeps what the stream ended."""
+A one-worker node keeps the same file, from what its worker stores and drops: a rule made on it
+holds on every worker once it runs with more, Redis's copy lost meanwhile or not."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, to_toml
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -136,3 +137,20 @@ def test_a_resume_issued_while_redis_was_away_is_sent_to_the_cluster_once_it_ans
         status, listed = _api(node, "GET", "/api/v1/admin/suspend")
         assert status == 200 and listed["rules"] == [], (node.root.name, listed)
     assert "taken from the cluster" not in a.stderr(), "the resume was undone when Redis came back"
+
+
+def test_a_rule_made_on_a_one_worker_node_holds_on_every_worker_once_it_has_two_after_redis_lost_its_data(
+    make_node: MakeNode, sink: ScriptedSink, redis_server: RedisServer
+) -> None:
+    b = make_node("b")
+    rule_id = _make(b, "suspend")
+    redis_server.restart()  # no persistence: the cluster's copy of the rule is gone
+    b.stop()
+    b.config["node"]["workers"] = 2
+    b.config_path.write_text(to_toml(b.config))
+    b.start()
+    status, listed = _api(b, "GET", "/api/v1/admin/suspend")
+    assert status == 200 and [rule["id"] for rule in listed["rules"]] == [rule_id], listed
+    assert "not_held" not in listed, listed  # before: worker 1 lacked it, and delivered its share
+    _send(b, "other.test", 4)  # injections go to each worker in turn
+    assert sink.after(3) == []

@@ -6,7 +6,6 @@ it was added rather than "nothing added"."""
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
@@ -19,12 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from pigeon.message import parse_id, shard_of
+from pigeon.node.standing import Standing
+from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule, Selector, standing_rule_id
-from pigeon.spool.shards import shard_directory
-from pigeon.spool.sqlite import SqliteSpool
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -165,22 +162,20 @@ def test_a_worker_that_missed_a_resume_releases_its_mail_once_started_again(tmp_
         assert _cli(pigeon, "suspend", "--list").strip() == "none"
 
 
-def test_a_rule_a_worker_lacks_is_marked_in_the_listing_and_suspending_again_adds_it_there(tmp_path: Path) -> None:
+def _on_worker_1_only(pigeon: PigeonProcess) -> str:
+    """A suspension of DOMAIN that worker 1 holds and worker 0 lacks, the node's rules knowing
+    nothing of it (as a node before this was fixed could leave it): handed to worker 1 alone."""
     selector = Selector(domain=DOMAIN)
     rule_id = standing_rule_id("suspend", selector)
-    root = tmp_path / "node" / "spool"
+    rule = Rule(rule_id, "suspend", selector, time.time(), operator="local", via="cli")
+    status, taken = _hand_over(pigeon, 1, encode_standing(Standing(in_force={rule_id: rule})))
+    assert status == 200 and taken == {"added": 1, "ended": 0}, taken
+    return rule_id
 
-    async def store_on_worker_1_only() -> None:  # as a node before this was fixed could leave it
-        spool = SqliteSpool(shard_directory(root, 1), shard=1)
-        spool.open(asyncio.get_running_loop())
-        try:
-            rule = Rule(rule_id, "suspend", selector, time.time(), operator="local", via="cli")
-            await spool.save_rule(rule_id, msgspec.msgpack.encode(rule))
-        finally:
-            spool.close()
 
-    asyncio.run(store_on_worker_1_only())
+def test_a_rule_a_worker_lacks_is_marked_in_the_listing_and_suspending_again_adds_it_there(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        rule_id = _on_worker_1_only(pigeon)
         status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
         assert status == 200 and listed["not_held"] == {rule_id: [0]}, listed
         [line] = _cli(pigeon, "suspend", "--list").splitlines()
@@ -241,21 +236,8 @@ def test_a_hand_over_that_an_end_of_the_rule_overtook_does_not_bounce_again(tmp_
 
 
 def test_the_queue_summary_marks_a_suspension_a_worker_lacks(tmp_path: Path) -> None:
-    selector = Selector(domain=DOMAIN)
-    rule_id = standing_rule_id("suspend", selector)
-    root = tmp_path / "node" / "spool"
-
-    async def store_on_worker_1_only() -> None:  # as a worker that has not taken it yet holds it
-        spool = SqliteSpool(shard_directory(root, 1), shard=1)
-        spool.open(asyncio.get_running_loop())
-        try:
-            rule = Rule(rule_id, "suspend", selector, time.time(), operator="local", via="cli")
-            await spool.save_rule(rule_id, msgspec.msgpack.encode(rule))
-        finally:
-            spool.close()
-
-    asyncio.run(store_on_worker_1_only())
     with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        rule_id = _on_worker_1_only(pigeon)
 
         def held_on_worker_1() -> bool:  # worker 0's share goes out: it lacks the suspension
             if not any(shard_of(parse_id(row["id"])) == 1 for row in pigeon.spool_messages()):

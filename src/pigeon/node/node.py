@@ -52,7 +52,7 @@ from pigeon.node import collector, signals
 from pigeon.node.last_good import LastGood, capture, save, snapshot_path
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
-from pigeon.node.standing import INTERNAL_PATH, take, take_node_rules
+from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, take, take_node_rules
 from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
@@ -224,6 +224,10 @@ class Node:
                 # What this worker missed of the node's standing rules while it was down (its
                 # supervisor keeps them): taken before the scheduler starts, as the cluster's are.
                 await take_node_rules(config.spool.path, self.outbound.admin.adopt, self._clock(), self.worker)
+            else:
+                # A node of one worker keeps the node's rules itself: those a run with more
+                # workers left are taken now, and a run with more after this one gets its own.
+                await keep_node_rules(config.spool.path, self.outbound.admin.adopt, self.outbound.rules, self._clock)
             if config.redis.url:
                 # The cluster's suspensions and standing bounces are taken before the scheduler
                 # starts: nothing they hold may go out meanwhile. Imported here, not with the

@@ -134,6 +134,7 @@ class Outbound:
         self.scheduler = engine.scheduler
         self.ready = engine.ready
         self.admin = engine.admin
+        self.rules = engine.rules
         metrics.track_stale_results(lambda: self.active.stale_results)
         metrics.track_sites(self.dispatcher.health.states, worker)
 

@@ -20,6 +20,17 @@ a rule ended elsewhere must not come back from it when a worker starts after Red
 A worker that was merely slow, and applied the write late, holds the same rule under the same
 id: taking it again changes nothing.
 
+The rules are the node's whatever its worker count, and so is the file:
+
+- a node of one worker has no supervisor: its worker takes the file at its start, as a worker
+  of several does, and keeps it from then on with every rule it stores or drops, whatever made
+  the change (`keep_node_rules`). So a node started again with more workers hands every worker
+  the rules made while it had one, and a node started again with fewer does not bring back, from
+  a shard it adopts, a rule that shard's worker missed the end of;
+- a supervisor that starts, before it starts any worker, takes into the file every rule in
+  force that a spool shard holds and the file knows nothing of, neither in force nor ended
+  (`NodeRules.gather`): those a node of one worker made before it kept the file.
+
 A hand-over and a later write reach a worker on separate connections, in either order. So the
 supervisor counts its changes (`Standing.generation`), stamps each write it passes on with its
 number (`GENERATION_HEADER`), and keeps with each rule and tombstone the number of the write that
@@ -32,14 +43,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Final, NamedTuple
 
 import msgspec
 
 from pigeon.fsync import fsync_directory
-from pigeon.queue.rules import Rule
+from pigeon.queue.rules import Rule, Rules, decode_rule
+from pigeon.spool.shards import existing_shards, shard_directory
+from pigeon.spool.sqlite import stored_rules
 
 _log = logging.getLogger(__name__)
 
@@ -163,6 +177,32 @@ class NodeRules:
             standing.in_force[rule_id] = before.rule
         standing.changed[rule_id] = self.next_generation()
 
+    def kept(self, rule: Rule, in_force: bool) -> None:
+        """The worker of a node of one worker stored `rule` (True) or dropped it (False): so do
+        the node's rules, a change numbered as a supervisor numbers its writes."""
+        standing = self.standing
+        standing.ended.pop(rule.id, None)  # the latest last: the oldest go first
+        if in_force:
+            standing.in_force[rule.id] = rule
+        else:
+            standing.in_force.pop(rule.id, None)
+            standing.ended[rule.id] = Tombstone(rule.kind, rule.expires)
+        standing.changed[rule.id] = self.next_generation()
+
+    def gather(self, held: Iterable[tuple[int, Rule]], now: float) -> list[tuple[int, Rule]]:
+        """Of the rules the spool shards hold ((shard, rule)), take in force each live one these
+        rules know nothing of, neither in force nor ended (see the module): one ended here is
+        one a worker missed the end of, and stays ended. What was taken."""
+        standing = self.standing
+        taken: list[tuple[int, Rule]] = []
+        for shard, rule in held:
+            if not rule.live(now) or rule.id in standing.in_force or rule.id in standing.ended:
+                continue
+            standing.in_force[rule.id] = rule
+            standing.changed[rule.id] = self.next_generation()
+            taken.append((shard, rule))
+        return taken
+
     def learn(
         self, in_force: list[Rule], ended: dict[str, tuple[Tombstone, float | None]], as_of: int, now: float
     ) -> bool:
@@ -256,3 +296,63 @@ async def take_node_rules(spool: Path, adopt: Adopt, now: float, worker: int) ->
                    path, error)  # fmt: skip
         return
     await take(standing, adopt, now, worker, "the node's rules, as its supervisor kept them")
+
+
+def shard_rules(root: Path) -> list[tuple[int, Rule]]:
+    """Every rule the spool shards under `root` keep, as (shard, rule): read while no worker has
+    them open (a supervisor before it starts its workers). A shard that cannot be read is said and
+    passed over: its worker, once started, says the rest."""
+    found: list[tuple[int, Rule]] = []
+    for shard in existing_shards(root):
+        directory = shard_directory(root, shard)
+        try:
+            rows = stored_rules(directory)
+        except sqlite3.Error as error:
+            _log.error("admin rules: the rules spool %s kept cannot be read (%s)", directory, error)
+            continue
+        for rule_id, blob in rows:
+            try:
+                found.append((shard, decode_rule(blob)))
+            except msgspec.DecodeError:
+                _log.error("admin rule %s in %s cannot be read: ignored", rule_id, directory)
+    return found
+
+
+def gather_shard_rules(rules: NodeRules, root: Path, now: float) -> None:
+    """At a supervisor's start, before any worker: the rules in force that the shards under `root`
+    hold and the node's rules lack, taken into them (`NodeRules.gather`), and kept."""
+    taken = rules.gather(shard_rules(root), now)
+    for shard, rule in taken:
+        _log.warning(
+            "admin rules: %s %s of %s (by %s) was kept by shard %d only, not in the node's rules (made while the "
+            "node ran with one worker?): every worker takes it",
+            "suspension" if rule.kind == "suspend" else "standing bounce",
+            rule.id,
+            rule.selector.describe(),
+            rule.operator,
+            shard,
+        )
+    if taken:
+        rules.save(now)
+
+
+async def keep_node_rules(spool: Path, adopt: Adopt, rules: Rules, clock: Callable[[], float]) -> NodeRules:
+    """A node of one worker, at its start, before it delivers (see the module): the worker takes
+    the node's rules from the file (those in force it lacks, the ends it missed), the file takes
+    what the worker holds, and from then on every rule it stores or drops (`Rules.kept`)."""
+    node_rules = NodeRules(node_rules_path(spool))
+    now = clock()
+    generation = node_rules.standing.generation
+    await take(node_rules.standing, adopt, now, 0, "the node's rules, as its last run kept them")
+    for rule in rules:
+        if rule.live(now) and node_rules.standing.in_force.get(rule.id) != rule:
+            node_rules.kept(rule, True)
+    if node_rules.standing.generation != generation:  # a rule this worker holds that the file lacked
+        node_rules.save(now)
+
+    def kept(rule: Rule, in_force: bool) -> None:
+        node_rules.kept(rule, in_force)
+        node_rules.save(clock())
+
+    rules.kept = kept
+    return node_rules

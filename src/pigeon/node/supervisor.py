@@ -55,7 +55,14 @@ from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metri
 from pigeon.node.last_good import forget_all, snapshot_path
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
-from pigeon.node.standing import GENERATION_HEADER, INTERNAL_PATH, Ended, NodeRules, node_rules_path
+from pigeon.node.standing import (
+    GENERATION_HEADER,
+    INTERNAL_PATH,
+    Ended,
+    NodeRules,
+    gather_shard_rules,
+    node_rules_path,
+)
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule
 from pigeon.shaping.table import create_shared_table, shared_table_path
@@ -265,6 +272,10 @@ class Supervisor:
         # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
         create_shared_table(shared_table_path(self.config.spool.path))
         create_client_table(client_table_path(self.config.spool.path))  # and so do the SMTP clients'
+        if self._node_rules is not None:
+            # What the shards hold that the node's rules lack (a run with one worker, of a Pigeon
+            # that kept no file then): in the file before any worker starts and takes it.
+            gather_shard_rules(self._node_rules, self.config.spool.path, time.time())
         if self._follower is not None:
             self._following = asyncio.create_task(self._follower.run(), name="cluster rules")
         try:

@@ -122,6 +122,11 @@ _RULE_ENCODER: Final = msgspec.msgpack.Encoder()
 _RULE_DECODER: Final = msgspec.msgpack.Decoder(Rule)
 
 
+def decode_rule(blob: bytes) -> Rule:
+    """A rule as a spool stores it (raises `msgspec.DecodeError`)."""
+    return _RULE_DECODER.decode(blob)
+
+
 def new_rule_id() -> str:
     return secrets.token_hex(6)
 
@@ -196,6 +201,9 @@ class Rules:
         self._expires = expires
         """When a message reaches its queue's `max_age` (a suspension does not stop that clock)."""
         self._clock = clock
+        self.kept: Callable[[Rule, bool], None] = lambda rule, in_force: None
+        """Told of each rule stored (True) and each dropped (False), once its spools have it so: a
+        node of one worker keeps the node's rules from it (`pigeon.node.standing`)."""
         self._rules: dict[str, Rule] = {}
         for spool in spools.values():
             for rule_id, blob in spool.rules():
@@ -227,12 +235,14 @@ class Rules:
             raise RuleIdTaken(held, rule)
         await spool.save_rule(rule.id, _RULE_ENCODER.encode(rule))
         self._rules[rule.id] = rule
+        self.kept(rule, True)
 
     async def remove(self, rule_id: str) -> Rule | None:
         rule = self._rules.pop(rule_id, None)
         if rule is not None:
             for spool in self._spools.values():
                 await spool.save_rule(rule_id, None)
+            self.kept(rule, False)
         return rule
 
     def listed(self, kind: str) -> list[dict[str, Any]]:

@@ -137,6 +137,22 @@ _NEARLY_FULL: Final = 1024 * 1024  # bytes free under which an I/O error opening
 _ROOM_FRESH: Final = 0.01  # seconds a reading of `room()` serves receptions of inline bodies
 
 
+def stored_rules(directory: Path) -> list[tuple[str, bytes]]:
+    """The admin rules the spool in `directory` keeps (`SqliteSpool.rules`), read while no process
+    has it open (a supervisor before it starts its workers): none if there is no spool there, or
+    one from before rules were kept. Raises `sqlite3.Error` for a spool that cannot be read."""
+    path = directory / "spool.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(path, isolation_level=None, timeout=5)
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'admin_rule'").fetchone() is None:
+            return []
+        return [(rule_id, bytes(rule)) for rule_id, rule in conn.execute("SELECT id, rule FROM admin_rule")]
+    finally:
+        conn.close()
+
+
 class SqliteSpool:
     """Durable message store for one shard. `open()` it before use, `close()` at the end."""
 
