@@ -7,14 +7,21 @@ The unique dedupe key is the fence (Kleppmann's term): whatever arbitration let 
 the table holds one row per message. A batch is one `executemany` in one transaction. Every
 database error is "later": a missing table or a failover must not send mail to the failed
 folder.
+
+A pooled connection the server dropped (PostgreSQL restarted, while this node was stopped or
+idle) fails the first batch that uses it, with whatever state asyncpg's protocol was left in
+("cannot switch to state 15; another operation (2) is in progress"): it is terminated, so the
+pool connects afresh for the next batch, and the handoff says plainly that the connection was
+lost (`ConnectionLost`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 import asyncpg
@@ -52,6 +59,40 @@ def create_table_sql(table: str) -> str:
 # The decoded header fields (`InboundMessage.metadata`) and the columns that hold them. A table
 # made before they existed has none of them: its rows go in without them, as before.
 _DECODED_COLUMNS: Final = {"subject": "subject", "from": "from_header", "to": "to_header"}
+
+# What a connection in hand fails with when the server dropped it: gone (or shut down), or the
+# protocol left mid-operation by a message it never finished reading. Never a timeout: the
+# server is slow then, not gone.
+_LOST: Final = (
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.InternalClientError,
+    ConnectionError,
+)
+
+
+def _closed(connection: asyncpg.Connection) -> bool:
+    try:
+        return bool(connection.is_closed())
+    except asyncpg.exceptions.InterfaceError:  # closed, and given back to the pool already
+        return True
+
+
+def _lost(connection: asyncpg.Connection, error: Exception) -> bool:
+    """Whether `error`, raised while `connection` was in use, says the connection is dead."""
+    if isinstance(error, _LOST) or _closed(connection):
+        return True
+    # The same broken protocol state, as the connection (not the protocol) words it.
+    return isinstance(error, asyncpg.exceptions.InterfaceError) and "another operation is in progress" in str(error)
+
+
+class ConnectionLost(Exception):
+    """A pooled connection turned out dead; it was discarded (the next batch connects afresh)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__("the connection was lost (PostgreSQL restarted?); reconnecting")
+        self.error = error
 
 
 class PostgresqlTarget(Target):
@@ -114,6 +155,22 @@ class PostgresqlTarget(Target):
                 )
             return self._pool
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection from the pool; one that turns out dead is terminated, so that the pool
+        does not hand it out again, and `ConnectionLost` raised."""
+        pool = await self._connect()
+        async with pool.acquire() as connection:
+            try:
+                yield connection
+            except Exception as error:
+                if not _lost(connection, error):
+                    raise
+                if not _closed(connection):  # (a closed one went back to the pool, to be replaced)
+                    connection.terminate()
+                _log.debug("target %s: connection to PostgreSQL discarded: %r", self.name, error)
+                raise ConnectionLost(error) from error
+
     async def _prepare(self, connection: asyncpg.Connection) -> None:
         """The table made if missing (and allowed), its columns learnt: on the first
         connection that works, not at start, when the database may be down."""
@@ -134,8 +191,7 @@ class PostgresqlTarget(Target):
         """Connect once to make the table; a database that is down is said (once), and the
         first message tries again: the node starts all the same."""
         try:
-            pool = await self._connect()
-            async with pool.acquire() as connection:
+            async with self._connection() as connection:
                 await self._prepare(connection)
         except Exception as error:
             self._failing(error)
@@ -168,8 +224,7 @@ class PostgresqlTarget(Target):
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
         done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         try:
-            pool = await self._connect()
-            async with pool.acquire() as connection:
+            async with self._connection() as connection:
                 await self._prepare(connection)
                 rows = [self._row(m) for m in messages]
                 try:
