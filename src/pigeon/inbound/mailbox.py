@@ -261,7 +261,9 @@ class MailboxWatcher:
 
         A failing target never makes it "down": the mailbox does its job, and nothing is lost
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
-        of a load balancer too. `error` names the target and what it last said."""
+        of a load balancer too. `error` names the target and what it last said, or what it
+        found wrong when it first connected (`Target.problem`: a table missing, say), which
+        keeps the mailbox "degraded" until a handoff works."""
         status = "ok"
         trouble, error = self._trouble_since, self.last_error
         outage = self._arbiter.outage()
@@ -273,9 +275,10 @@ class MailboxWatcher:
             error = error or why
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
-        elif self.conflict is not None or self.target_error is not None or self.source_error is not None:
+        elif any(e is not None for e in (self.conflict, self.target_error, self.source_error, self.target.problem)):
             status = "degraded"
-        error = error or self.source_error or self.target_error
+        problem = f"target {self.target.name}: {self.target.problem}" if self.target.problem else None
+        error = error or self.source_error or self.target_error or problem
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,

@@ -107,6 +107,7 @@ class PostgresqlTarget(Target):
         self._connecting = asyncio.Lock()
         self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
         self._prepared = False  # the table made if it was missing
+        self._checked = False  # whether the table was checked for (and our right to insert into it)
         self._preparing = asyncio.Lock()
         self._outage: str | None = None  # what the database last failed with, while it fails
         self._insert = self._insert_sql(decoded=False)
@@ -175,7 +176,7 @@ class PostgresqlTarget(Target):
         """The table made if missing (and allowed), its columns learnt: on the first
         connection that works, not at start, when the database may be down."""
         config = self._config
-        if (self._prepared or not config.create_table) and self._decoded is not None:
+        if (self._prepared or not config.create_table) and self._decoded is not None and self._checked:
             return
         async with self._preparing:  # one CREATE, however many mailboxes share the target
             if config.create_table and not self._prepared:
@@ -185,7 +186,32 @@ class PostgresqlTarget(Target):
                 if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
                     await connection.execute(create_table_sql(config.table))
                 self._prepared = True
+            if not self._checked:
+                await self._check_table(connection)
             await self._learn_columns(connection)
+
+    async def _check_table(self, connection: asyncpg.Connection) -> None:
+        """Whether the table exists and we may insert into it, asked on the first connection
+        that works (at start, unless the database is down then): without this a table nobody
+        made (create_table = false) or a missing GRANT is first heard of when mail arrives. Said
+        as an ERROR and kept as the target's `problem` until a batch goes in; the node runs on
+        (the table may be made later)."""
+        table = self._config.table
+        exists, insert, role = await connection.fetchrow(
+            "SELECT to_regclass($1) IS NOT NULL, has_table_privilege(to_regclass($1), 'INSERT'), current_user", table
+        )
+        self._checked = True
+        where = f"PostgreSQL at {redact(self._config.dsn)}"
+        if not exists:
+            self.problem = f"table {table} does not exist in {where} (create_table = false)"
+            fix = "create it (its columns: see the PostgreSQL target in the README), or set create_table = true"
+        elif not insert:
+            self.problem = f"role {role} may not insert into table {table} in {where}"
+            fix = f"GRANT INSERT ON {table} TO {role} (and USAGE on the sequence of its id column)"
+        else:
+            return
+        _log.error("target %s: %s: messages wait unacknowledged at their source until it can; %s", self.name,
+                   self.problem, fix)  # fmt: skip
 
     async def start(self) -> None:
         """Connect once to make the table; a database that is down is said (once), and the
@@ -239,6 +265,7 @@ class PostgresqlTarget(Target):
         except Exception as error:  # down, failing over, misconfigured: later, never lost
             return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
         self._answering()
+        self.problem = None  # a batch went in: the table is there, and ours to insert into
         return answers
 
     def _row(self, message: InboundMessage) -> tuple[object, ...]:
