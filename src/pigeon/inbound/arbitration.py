@@ -22,7 +22,10 @@ the hash `inbound:nodes`: its token, and when its heartbeat runs out (Redis cloc
 every `BEAT` seconds for `BEAT_TTL`. The claim script looks the holder of a claim up there:
 a claim whose holder's heartbeat ran out is taken over at once, in the same atomic step,
 instead of waiting out the lease; a live holder, however slow, keeps its claim for the whole
-lease. So a node killed with kill -9 gives its messages up within `BEAT_TTL` (5 s). A
+lease, as long as its heartbeat goes on. So a node killed with kill -9 gives its messages up
+within `BEAT_TTL` (5 s), and so does one stopped (SIGSTOP) or starved that long: it counts as
+dead, and what it had in flight may be handed over again (settling such a claim finds it taken
+over: `Claim.taken_by`, which the mailbox logs and records). A
 done mark whose node died is taken over the same way (`Standing.ORPHANED`): that node may
 have died between the handoff and the acknowledgement, so the taker acknowledges the message
 and records the handoff on its behalf. Tokens start with "h"; a value with another token
@@ -125,6 +128,9 @@ class Claim:
     previous_name: str = ""  # ... its `[node] name` ("": it published none, as earlier versions did)
     holder: str = ""  # HELD, DONE: the live node holding or having settled it ("": one without heartbeat)
     lapses: int = 0  # the arbiter's lapse count when this claim was last verified (see `holds`)
+    # Settled (done, say) after another node had taken it over, our heartbeat having run out
+    # meanwhile: that node, as logs name it (its name with its token, or the token).
+    taken_by: str = ""
 
     @property
     def previous_node(self) -> str:
@@ -259,14 +265,27 @@ end
 return answers
 """
 
-# KEYS: claim keys; ARGV[1] ttl ms, then for KEYS[i] our value and its new value. Replaces
-# each of our claims (or a vanished key).
+# KEYS[1] the names hash, KEYS[2..] claim keys; ARGV[1] ttl ms, then for KEYS[i] our value
+# and its new value. Replaces each of our claims (or a vanished key). For each claim key, two
+# values: '' and '' when it was ours, or, when another node took it over meanwhile, that node's
+# token ('?' when its value names none: a backoff) and its name ('' if it published none).
 _SETTLE: Final = """
-for i, key in ipairs(KEYS) do
+local answers = {}
+for i = 2, #KEYS do
+  local key, ours, new = KEYS[i], ARGV[2 * i - 2], ARGV[2 * i - 1]
   local v = redis.call('GET', key)
-  if v == ARGV[2 * i] or not v then redis.call('SET', key, ARGV[2 * i + 1], 'PX', ARGV[1]) end
+  if v == ours or not v then
+    redis.call('SET', key, new, 'PX', ARGV[1])
+    answers[#answers + 1] = ''
+    answers[#answers + 1] = ''
+  else
+    local node = string.match(v, '^[cdf]:(h%x+)') or '?'
+    local named = redis.call('HGET', KEYS[1], node)
+    answers[#answers + 1] = node
+    answers[#answers + 1] = named and string.match(named, '^%d+:(.*)$') or ''
+  end
 end
-return 0
+return answers
 """
 
 # KEYS: claim keys; ARGV: for KEYS[i] our value and the attempts made. Gives the messages back
@@ -599,13 +618,23 @@ class RedisArbiter(Arbiter):
                 claim.lost = True
 
     async def _settle_all(self, changes: Sequence[tuple[Claim, str]]) -> None:
-        """Each claim replaced by its new value, if it is still ours (or vanished)."""
+        """Each claim replaced by its new value, if it is still ours (or vanished); one another
+        node took over meanwhile (our heartbeat ran out: see `Claim.taken_by`) is marked `lost`."""
         if not changes:
             return
         args = [str(int(DONE_TTL * 1000))]
         for claim, value in changes:
             args += (claim.value, value)
-        await self._run([(self._settle, [c.key for c, _ in changes], args)])
+        (answer,) = await self._run([(self._settle, [self._names_key, *(c.key for c, _ in changes)], args)])
+        assert isinstance(answer, list)
+        parts = [_text(part) for part in answer]
+        for number, (claim, _) in enumerate(changes):
+            node, name = parts[2 * number : 2 * number + 2]
+            if node:
+                claim.lost = True
+                claim.taken_by = f"{name} (token {node})" if name else node
+                if node == "?":  # it failed its attempt since, and left only a backoff
+                    claim.taken_by = "another node"
 
     async def _mark(self, claims: Sequence[Claim], kind: str) -> None:
         await self._settle_all([(c, f"{kind}:{self.token}") for c in claims])

@@ -45,7 +45,9 @@ requests to its target at once, and starts none while twice `concurrency` handof
 their request and the server's answer to their acknowledgement (a batch target: one batch at
 a time). A node killed alone repeats, at most, those not yet marked done (the done mark tells
 the node that takes over to acknowledge only); a node killed with Redis, at most all of them.
-Each repeat carries the same dedupe key.
+A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its handoffs in flight
+may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
+recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the same dedupe key.
 
 Every handoff has its InboundDelivery record across kill -9: the record is in the log file
 (written: the kernel has it, whatever becomes of this process) before the message is
@@ -82,7 +84,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from pigeon.config.schema import MailboxConfig
-from pigeon.inbound.arbitration import Arbiter, ArbitrationUnavailable, Claim, Standing
+from pigeon.inbound.arbitration import BEAT_TTL, Arbiter, ArbitrationUnavailable, Claim, Standing
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import CopiedOnly, ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
@@ -259,7 +261,9 @@ class MailboxWatcher:
 
         A failing target never makes it "down": the mailbox does its job, and nothing is lost
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
-        of a load balancer too. `error` names the target and what it last said."""
+        of a load balancer too. `error` names the target and what it last said, or what it
+        found wrong when it first connected (`Target.problem`: a table missing, say), which
+        keeps the mailbox "degraded" until a handoff works."""
         status = "ok"
         trouble, error = self._trouble_since, self.last_error
         outage = self._arbiter.outage()
@@ -271,9 +275,10 @@ class MailboxWatcher:
             error = error or why
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
-        elif self.conflict is not None or self.target_error is not None or self.source_error is not None:
+        elif any(e is not None for e in (self.conflict, self.target_error, self.source_error, self.target.problem)):
             status = "degraded"
-        error = error or self.source_error or self.target_error
+        problem = f"target {self.target.name}: {self.target.problem}" if self.target.problem else None
+        error = error or self.source_error or self.target_error or problem
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
@@ -978,6 +983,8 @@ class MailboxWatcher:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
             recovered_from = claim.previous if claim.standing is Standing.ORPHANED else None
+            if claim.taken_by:
+                self._warn_taken_over(claim, message)
             record = self._record(
                 InboundDelivery,
                 claim,
@@ -986,6 +993,7 @@ class MailboxWatcher:
                 duration=duration,
                 acknowledged=action,
                 recovered_from=recovered_from,
+                repeated_by_takeover=bool(claim.taken_by),
             )
             self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
@@ -993,6 +1001,16 @@ class MailboxWatcher:
         for accepted in group:
             self._orphans.pop(accepted.claim.key, None)
         await self._acknowledge(session, [a.claim.uid for a in group])
+
+    def _warn_taken_over(self, claim: Claim, message: InboundMessage) -> None:
+        """The target accepted a message whose claim another node had taken over meanwhile: this
+        node's heartbeat ran out during the handoff (the process stopped or stalled), so the
+        other node took it for dead and may have handed the message over too."""
+        _log.warning("mailbox %s: UID %d (Message-ID %s) of %s was accepted by %s after node %s took its claim over "
+                     "(this node's heartbeat had run out: stopped or stalled for more than %.0fs): it may have "
+                     "reached the application twice, with the same dedupe key %s", self.config.name, claim.uid,
+                     message.message_id or "none", self.identity, self.target.name, claim.taken_by, BEAT_TTL,
+                     message.dedupe_key)  # fmt: skip
 
     async def _mark_done(self, claims: list[Claim]) -> None:
         if not claims:

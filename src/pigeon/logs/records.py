@@ -237,6 +237,10 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
     # token) that handed the message over and died before acknowledging it. Such a record
     # can be the second for its dedupe key; the application got the message once.
     recovered_from: str | None = None
+    # True when another node took the claim over while this node handed the message over (this
+    # node's heartbeat ran out meanwhile: stopped or stalled): the other node may have handed it
+    # over too, so the application may have got it twice (same dedupe key). Logged as a WARNING.
+    repeated_by_takeover: bool = False
 
 
 class InboundFailure(Inbound, tag="InboundFailure"):

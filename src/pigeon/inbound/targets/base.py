@@ -69,6 +69,9 @@ class Target:
         self.name = name
         self._concurrency = concurrency
         self._gate: asyncio.Semaphore | None = None  # shared by every caller: the target's own limit
+        # What is known to keep every handoff from working before one is tried (found when the
+        # target first connects: a table missing, say), for /healthz; None once one works.
+        self.problem: str | None = None
 
     async def start(self) -> None:
         """Connect, create tables: whatever must happen once before the first message."""

@@ -7,14 +7,21 @@ The unique dedupe key is the fence (Kleppmann's term): whatever arbitration let 
 the table holds one row per message. A batch is one `executemany` in one transaction. Every
 database error is "later": a missing table or a failover must not send mail to the failed
 folder.
+
+A pooled connection the server dropped (PostgreSQL restarted, while this node was stopped or
+idle) fails the first batch that uses it, with whatever state asyncpg's protocol was left in
+("cannot switch to state 15; another operation (2) is in progress"): it is terminated, so the
+pool connects afresh for the next batch, and the handoff says plainly that the connection was
+lost (`ConnectionLost`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 import asyncpg
@@ -53,6 +60,40 @@ def create_table_sql(table: str) -> str:
 # made before they existed has none of them: its rows go in without them, as before.
 _DECODED_COLUMNS: Final = {"subject": "subject", "from": "from_header", "to": "to_header"}
 
+# What a connection in hand fails with when the server dropped it: gone (or shut down), or the
+# protocol left mid-operation by a message it never finished reading. Never a timeout: the
+# server is slow then, not gone.
+_LOST: Final = (
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.InternalClientError,
+    ConnectionError,
+)
+
+
+def _closed(connection: asyncpg.Connection) -> bool:
+    try:
+        return bool(connection.is_closed())
+    except asyncpg.exceptions.InterfaceError:  # closed, and given back to the pool already
+        return True
+
+
+def _lost(connection: asyncpg.Connection, error: Exception) -> bool:
+    """Whether `error`, raised while `connection` was in use, says the connection is dead."""
+    if isinstance(error, _LOST) or _closed(connection):
+        return True
+    # The same broken protocol state, as the connection (not the protocol) words it.
+    return isinstance(error, asyncpg.exceptions.InterfaceError) and "another operation is in progress" in str(error)
+
+
+class ConnectionLost(Exception):
+    """A pooled connection turned out dead; it was discarded (the next batch connects afresh)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__("the connection was lost (PostgreSQL restarted?); reconnecting")
+        self.error = error
+
 
 class PostgresqlTarget(Target):
     kind = "postgresql"
@@ -66,6 +107,7 @@ class PostgresqlTarget(Target):
         self._connecting = asyncio.Lock()
         self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
         self._prepared = False  # the table made if it was missing
+        self._checked = False  # whether the table was checked for (and our right to insert into it)
         self._preparing = asyncio.Lock()
         self._outage: str | None = None  # what the database last failed with, while it fails
         self._insert = self._insert_sql(decoded=False)
@@ -114,11 +156,27 @@ class PostgresqlTarget(Target):
                 )
             return self._pool
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection from the pool; one that turns out dead is terminated, so that the pool
+        does not hand it out again, and `ConnectionLost` raised."""
+        pool = await self._connect()
+        async with pool.acquire() as connection:
+            try:
+                yield connection
+            except Exception as error:
+                if not _lost(connection, error):
+                    raise
+                if not _closed(connection):  # (a closed one went back to the pool, to be replaced)
+                    connection.terminate()
+                _log.debug("target %s: connection to PostgreSQL discarded: %r", self.name, error)
+                raise ConnectionLost(error) from error
+
     async def _prepare(self, connection: asyncpg.Connection) -> None:
         """The table made if missing (and allowed), its columns learnt: on the first
         connection that works, not at start, when the database may be down."""
         config = self._config
-        if (self._prepared or not config.create_table) and self._decoded is not None:
+        if (self._prepared or not config.create_table) and self._decoded is not None and self._checked:
             return
         async with self._preparing:  # one CREATE, however many mailboxes share the target
             if config.create_table and not self._prepared:
@@ -128,14 +186,38 @@ class PostgresqlTarget(Target):
                 if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
                     await connection.execute(create_table_sql(config.table))
                 self._prepared = True
+            if not self._checked:
+                await self._check_table(connection)
             await self._learn_columns(connection)
+
+    async def _check_table(self, connection: asyncpg.Connection) -> None:
+        """Whether the table exists and we may insert into it, asked on the first connection
+        that works (at start, unless the database is down then): without this a table nobody
+        made (create_table = false) or a missing GRANT is first heard of when mail arrives. Said
+        as an ERROR and kept as the target's `problem` until a batch goes in; the node runs on
+        (the table may be made later)."""
+        table = self._config.table
+        exists, insert, role = await connection.fetchrow(
+            "SELECT to_regclass($1) IS NOT NULL, has_table_privilege(to_regclass($1), 'INSERT'), current_user", table
+        )
+        self._checked = True
+        where = f"PostgreSQL at {redact(self._config.dsn)}"
+        if not exists:
+            self.problem = f"table {table} does not exist in {where} (create_table = false)"
+            fix = "create it (its columns: see the PostgreSQL target in the README), or set create_table = true"
+        elif not insert:
+            self.problem = f"role {role} may not insert into table {table} in {where}"
+            fix = f"GRANT INSERT ON {table} TO {role} (and USAGE on the sequence of its id column)"
+        else:
+            return
+        _log.error("target %s: %s: messages wait unacknowledged at their source until it can; %s", self.name,
+                   self.problem, fix)  # fmt: skip
 
     async def start(self) -> None:
         """Connect once to make the table; a database that is down is said (once), and the
         first message tries again: the node starts all the same."""
         try:
-            pool = await self._connect()
-            async with pool.acquire() as connection:
+            async with self._connection() as connection:
                 await self._prepare(connection)
         except Exception as error:
             self._failing(error)
@@ -168,8 +250,7 @@ class PostgresqlTarget(Target):
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
         done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         try:
-            pool = await self._connect()
-            async with pool.acquire() as connection:
+            async with self._connection() as connection:
                 await self._prepare(connection)
                 rows = [self._row(m) for m in messages]
                 try:
@@ -184,6 +265,7 @@ class PostgresqlTarget(Target):
         except Exception as error:  # down, failing over, misconfigured: later, never lost
             return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
         self._answering()
+        self.problem = None  # a batch went in: the table is there, and ours to insert into
         return answers
 
     def _row(self, message: InboundMessage) -> tuple[object, ...]:
