@@ -133,6 +133,7 @@ class Node:
         self._reload_asked = False  # a SIGHUP during start-up (or a reading): reloaded once it ends
         self._reading: asyncio.Future[_Reading] | None = None  # a reload's files, read in a thread
         self._reloading: asyncio.Task[None] | None = None
+        self._abandoned: asyncio.Future[_Reading] | None = None  # a reading past reload_timeout, running on
         self._step = ""  # what that thread is doing, for the log
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
@@ -407,12 +408,26 @@ class Node:
         try:
             read = await asyncio.wait_for(asyncio.shield(reading), timeout)
         except TimeoutError:
+            if self._abandoned is not None:
+                # No third thread: this one is waited for, as a reading that runs is.
+                _log.error(
+                    "reload abandoned: still %s after %gs ([node] reload_timeout), and an earlier abandoned reading "
+                    "still runs too; the running configuration stays, and no reload is done until one of them "
+                    "ends: restart this worker (kill it; its supervisor starts it again)",
+                    self._step,
+                    timeout,
+                )
+                return
             _log.error(
                 "reload abandoned: still %s after %gs ([node] reload_timeout); the running configuration stays "
-                "(what that reading brings, if it ends, is dropped)",
+                "(what that reading brings, if it ends, is dropped); a SIGHUP reads again",
                 self._step,
                 timeout,
             )
+            # A module whose import never ends must not stop every later reload: the next
+            # SIGHUP reads again, beside the one that runs on.
+            self._abandoned, self._reading = reading, None
+            self._follow()
             return
         except (ConfigError, PasswordFileError, OSError, ssl.SSLError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
@@ -423,11 +438,21 @@ class Node:
     def _read(self, reading: asyncio.Future[_Reading]) -> None:
         """A reload's reading has ended (to be taken, failed, or after it was abandoned): a
         SIGHUP that came meanwhile is done now."""
-        self._reading = None
         error = reading.exception()
-        if self._reloading is not None and self._reloading.done():  # abandoned (or stopping)
+        abandoned = reading is self._abandoned or (self._reloading is not None and self._reloading.done())
+        if reading is self._abandoned:
+            self._abandoned = None
+            if self._reading is not None and self._reloading is not None and self._reloading.done():
+                self._abandoned, self._reading = self._reading, None  # abandoned too: now the one that runs on
+        else:
+            self._reading = None
+        if abandoned and not self._stopping:
             _log.warning("reload: the abandoned reading ended after all (%s); it was dropped", error or "read")
-        if self._reload_asked and not self._stopping:
+        self._follow()
+
+    def _follow(self) -> None:
+        """A SIGHUP that came while a reading ran: done now."""
+        if self._reload_asked and not self._stopping and self._reading is None:
             self._reload_asked = False
             self.reload()
 

@@ -373,8 +373,9 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
     `importlib.reload` would overwrite in place as it went.
 
     The module imports its own as a script does: a file's directory, or for a dotted name the
-    config file's (`directory`), is put first on sys.path (`import helpers` finds the helpers.py
-    beside mypolicy.py; `from acme import util` the acme/ beside pigeon.toml).
+    config file's (`directory`) if the name's package or module is there, is put first on
+    sys.path (`import helpers` finds the helpers.py beside mypolicy.py; `from acme import util`
+    the acme/ beside pigeon.toml).
 
     The new module is in `sys.modules` only while it runs (its own imports, dataclasses and
     pickling look it up there), then what was there before is put back: `Policy.take` names
@@ -388,7 +389,10 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
             _first_on_path(path.absolute().parent)
             found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
         else:
-            if directory is not None:
+            first = spec.partition(".")[0]
+            # (only when it is there: a file beside the config, a json.py say, must not stand in
+            # for a module of that name everywhere in the process)
+            if directory is not None and ((directory / first).is_dir() or (directory / f"{first}.py").is_file()):
                 _first_on_path(directory)
             importlib.invalidate_caches()  # a module file made since the last look is found
             found = importlib.util.find_spec(spec)

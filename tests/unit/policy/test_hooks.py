@@ -106,6 +106,29 @@ def test_a_dotted_module_that_fails_half_way_through_a_reload_leaves_the_running
     del sys.modules["pigeon_test_dotted_policy"]
 
 
+def test_a_dotted_name_from_elsewhere_does_not_put_the_config_directory_on_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config file's directory goes first on sys.path only when the module is found there:
+    else a file beside the config (a json.py, say) would stand in for any module, process-wide."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "pigeon_test_site_policy.py").write_text("def on_connect(c):\n    return None\n")
+    monkeypatch.syspath_prepend(str(site))
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    Policy("pigeon_test_site_policy", directory=config_dir).load()
+    assert str(config_dir) not in sys.path
+    (config_dir / "pigeon_test_beside").mkdir()
+    (config_dir / "pigeon_test_beside" / "__init__.py").write_text("")
+    (config_dir / "pigeon_test_beside" / "pol.py").write_text("def on_connect(c):\n    return None\n")
+    assert Policy("pigeon_test_beside.pol", directory=config_dir).load() == ["on_connect"]
+    assert sys.path[0] == str(config_dir)
+    for name in ("pigeon_test_site_policy", "pigeon_test_beside", "pigeon_test_beside.pol"):
+        sys.modules.pop(name, None)
+
+
 async def test_a_plain_hook_answers_at_once_and_its_answer_is_checked(tmp_path: Path) -> None:
     source = """
         from pigeon.policy import Refuse
