@@ -322,6 +322,27 @@ class Composer:
             finally:
                 self._render_time_left -= time.monotonic() - started
 
+    def check_routing(self) -> None:
+        """`ComposeError` naming the header when the content sets the tenant (or campaign)
+        header while the request's own `tenant` (`campaign`) is given: two answers to one
+        question, of which the one inside the content is most likely a mistake (left, it
+        named the queue of parts, and raw content carried both). Raw content's header
+        section is read as the template's text: a field name made by a template is not seen,
+        and the request's value, written first, names the queue."""
+        content = self._request.content
+        if isinstance(content, str):
+            data = _crlf(content).encode("utf-8")
+            head = b"\r\n" + data[: _FIELD_LINES.match(data).end()].lower()  # type: ignore[union-attr]
+        for (name, value), json_field in zip(self._routing, ("$.tenant", "$.campaign"), strict=True):
+            if not value:
+                continue
+            if isinstance(content, str):
+                culprits = [("$.content", name)] if _field_in(head, name) else []
+            else:
+                culprits = [(f"$.content.headers.{h}", h) for h in content.headers if h.lower() == name.lower()]
+            for field, header in culprits:
+                raise ComposeError(f"{header} is set here and by {json_field}: give it in one place", field)
+
     def compose(self, recipient: InjectRecipient) -> Composed:
         """The recipient's message. Raises ComposeError when a template cannot be rendered."""
         variables = self._variables(recipient)
@@ -566,6 +587,11 @@ def _now() -> str:
     """The Date of a message made now: UTC as "+0000" ("-0000" would say the zone is unknown,
     RFC 5322 3.3)."""
     return email.utils.format_datetime(datetime.datetime.now(datetime.UTC))
+
+
+def _field_in(head: bytes, name: str) -> bool:
+    """Whether `head` (a lowered header section after a CRLF) has a field called `name`."""
+    return re.search(rb"\r\n" + re.escape(name.lower().encode()) + rb"[ \t]*:", head) is not None
 
 
 def _crlf(text: str) -> str:

@@ -161,3 +161,33 @@ def test_a_tenant_with_white_space_colon_or_at_is_one_rule_at_every_door(node: P
         shown = repr(value[1])
         error = f"contains {shown}: no white space, ':' or '@' allowed (it names a queue)"
         assert (status, answer) == (400, {"error": error, "field": f"$.{field}"})
+
+
+def test_a_tenant_or_campaign_both_in_the_request_and_its_content_gets_400_naming_the_header(
+    node: PigeonProcess,
+) -> None:
+    """The request's own `tenant` and a routing header inside its content that says otherwise:
+    most likely a mistake, refused rather than one of them chosen quietly (the header named the
+    queue of parts). Either one alone names the queue."""
+    before = node.spool_messages()
+    parts = {"from": {"email": "app@example.org"}, "subject": "hi", "text": "hello"}
+    for field, header in (("tenant", "X-Tenant"), ("campaign", "x-campaign")):
+        request = _request("ann@example.net", content={**parts, "headers": {header: "zz top"}}, **{field: "a_b_c_d"})
+        status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+        error = f"{header} is set here and by $.{field}: give it in one place"
+        assert (status, answer) == (400, {"error": error, "field": f"$.content.headers.{header}"})
+        raw = _request("ann@example.net", content=f"Subject: hi\n{header} : zz top\n\nhello\n", **{field: "a_b_c_d"})
+        status, answer = node.http_post("/api/v1/inject", raw, TOKEN)
+        error = f"{header.title()} is set here and by $.{field}: give it in one place"
+        assert (status, answer) == (400, {"error": error, "field": "$.content"})
+    done = _cli(node, "--to", "ann@example.net", "--tenant", "acme", stdin="X-Tenant: zz top\nSubject: hi\n\nhi\n")
+    assert done.returncode == 2, done
+    assert "X-Tenant is set here and by $.tenant: give it in one place" in done.stderr
+    assert node.spool_messages() == before
+    # One place, either one: it names the queue.
+    alone = _request("bob@example.net", content={**parts, "headers": {"X-Tenant": "zz top"}})
+    assert node.http_post("/api/v1/inject", alone, TOKEN)[0] == 200
+    in_body = _request("cy@example.net", tenant="solo", content="Subject: hi\n\nX-Tenant: zz top\n")  # no header
+    assert node.http_post("/api/v1/inject", in_body, TOKEN)[0] == 200
+    added = {m["queue"] for m in node.spool_messages()} - {m["queue"] for m in before}
+    assert added == {"zz_top@example.net", "solo@example.net"}

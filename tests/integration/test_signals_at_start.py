@@ -220,3 +220,59 @@ def _offers_starttls(address: str) -> bool:
     with smtplib.SMTP(host, int(port), timeout=10) as client:
         client.ehlo()
         return client.has_extn("starttls")
+
+
+# A policy module whose import takes 100 s in the processes WHO names, after it says so.
+_SLOW = """
+import asyncio, os, sys, time
+from pathlib import Path
+
+def looping():
+    try:
+        return asyncio.get_running_loop() is not None
+    except RuntimeError:
+        return False
+
+if WHO:
+    (Path(__file__).parent / f"importing-{os.getpid()}").touch()
+    time.sleep(100)
+"""
+
+
+@pytest.mark.parametrize(
+    ("workers", "who", "stop"),
+    [
+        (1, "not looping()", signal.SIGTERM),  # `pigeon serve`'s check of the module, before its loop
+        (1, "looping()", signal.SIGINT),  # the lone node's own import, in its loop
+        (2, '"--worker" not in sys.argv', signal.SIGTERM),  # the supervisor's check
+        (2, '"--worker" in sys.argv', signal.SIGTERM),  # the workers' imports: the supervisor passes it on
+    ],
+)
+def test_a_stop_while_the_policy_module_imports_stops_the_node_at_once(
+    tmp_path: Path, workers: int, who: str, stop: signal.Signals
+) -> None:
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "slow.py").write_text(_SLOW.replace("WHO", who))
+    pigeon = PigeonProcess(root, node={"workers": workers}, policy={"module": "slow.py"})
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.process is not None
+        importing = workers if "--worker" in who and " not " not in who else 1
+        deadline = time.monotonic() + _START
+        while len(list(root.glob("importing-*"))) < importing:
+            assert pigeon.process.poll() is None and time.monotonic() < deadline, pigeon.stderr()
+            time.sleep(0.02)
+        time.sleep(1)
+        pigeon.process.send_signal(stop)
+        stopped = time.monotonic()
+        assert pigeon.wait_exit(30) == 0, pigeon.stderr()
+        assert time.monotonic() - stopped < 5, pigeon.stderr()
+        said = pigeon.stderr()
+        assert f"{stop.name} while importing the policy module {root / 'slow.py'}: stopped during start-up" in said
+        assert "Traceback" not in said and "cannot start" not in said, said
+        for marker in root.glob("importing-*"):  # no process left importing
+            with pytest.raises(ProcessLookupError):
+                os.kill(int(marker.name.removeprefix("importing-")), 0)
+    finally:
+        pigeon.kill()

@@ -18,6 +18,7 @@ from typing import Any
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import ConfigError, load
 from pigeon.config.schema import Config
+from pigeon.node import signals
 from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
@@ -113,10 +114,13 @@ def run(args: argparse.Namespace) -> int:
         # are left to the node's worker 0 to warn about (it loads the module again, as it
         # does at every reload): said here too, each would be said twice.
         try:
-            Policy.from_config(config.policy, warn=False, config_path=args.config).close()
+            with signals.stoppable():  # its import may take long: a stop meanwhile stops it
+                Policy.from_config(config.policy, warn=False, config_path=args.config).close()
         except PolicyLoadError as error:  # the module [policy] names: exit 2, as for the rest of the config
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
             return 2
+        except signals.Stopped as stopped:
+            return _stopped_starting(stopped, config.policy.module)
     main: Coroutine[Any, Any, None]
     if args.worker is not None:
         from pigeon.node.node import Node
@@ -141,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         main = Supervisor(config, args.config, config.node.worker_count, listening).run()
     try:
         _run_loop(main)
+    except signals.Stopped as stopped:  # during a worker's (or a lone node's) import of the policy
+        return _stopped_starting(stopped, config.policy.module)
     except ConfigError as error:  # what only the user it runs as can check (a DKIM key it cannot read)
         return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
     except (SpoolError, PasswordFileError, OSError, RuntimeError) as error:
@@ -149,6 +155,14 @@ def run(args: argparse.Namespace) -> int:
         # A bug: the traceback follows, and the supervisor says at least what it was.
         _tell_supervisor(args, f"unexpected error: {redact(repr(error))}")
         raise
+    return 0
+
+
+def _stopped_starting(stopped: signals.Stopped, module: str | None) -> int:
+    """A stop while the policy module was being imported: an ordinary stop (exit 0)."""
+    logging.getLogger(__name__).info(
+        "%s while importing the policy module %s: stopped during start-up", stopped, module
+    )
     return 0
 
 

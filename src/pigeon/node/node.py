@@ -170,7 +170,10 @@ class Node:
             if self.worker == 0:
                 _warn_shared_keys(config.dkim)
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
-        self.policy = Policy.from_config(config.policy, self.log, warn=self.worker == 0, config_path=self.config_path)
+        with signals.stoppable():  # its import may take long: a stop meanwhile stops the node
+            self.policy = Policy.from_config(
+                config.policy, self.log, warn=self.worker == 0, config_path=self.config_path
+            )
         if config.policy.module is not None:
             _log.info("policy %s: hooks %s", config.policy.module, ", ".join(self.policy.defined()) or "none")
         self.intake = intake = Intake(

@@ -1,15 +1,16 @@
 """The supervisor: Postfix's `master` role for a node of several worker processes.
 
-Python runs one thread of Python at a time, so a node uses one worker process per core.
-Each worker is a full `Node` (accepting SMTP on the listening sockets `pigeon serve` bound
-and handed down, its own spool shard, its own log segments) and serves its health and
-metrics on a private unix socket. The supervisor starts the workers, restarts one that dies
-(with back-off) or that has not answered its heartbeat for `[node] worker_timeout` (killed
-first, with SIGKILL), serves the public HTTP listener by asking every worker and merging
-the answers, forwards SIGHUP (reload) to the workers, and on SIGTERM stops the workers and
-waits for them to finish their open transactions. Under systemd it is the main process:
-it alone sends sd_notify. A supervisor that dies without stopping them (SIGKILL) takes its
-workers along: each has asked the kernel for SIGTERM when its parent dies (see `parent_death`).
+Python runs one thread of Python at a time, so a node uses one worker process per core. Each
+worker is a full `Node` (accepting SMTP on the listening sockets `pigeon serve` bound and
+handed down, its own spool shard, its own log segments) and serves its health and metrics on a
+private unix socket. The supervisor starts the workers, restarts one that dies (with a back-off
+that grows while it keeps dying soon after its start) or that has not answered its heartbeat
+for `[node] worker_timeout` (killed first, with SIGKILL), serves the public HTTP listener by
+asking every worker and merging the answers, forwards SIGHUP (reload) to the workers, and on
+SIGTERM stops the workers and waits for them to finish their open transactions. Under systemd
+it is the main process: it alone sends sd_notify. A supervisor that dies without stopping them
+(SIGKILL) takes its workers along: each has asked the kernel for SIGTERM when its parent dies
+(see `parent_death`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow"})
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
+# Restarting a worker that died: the wait doubles from the first to the last while it keeps
+# dying soon after its start (a crash loop), and is the first again for one that had answered
+# for `_STEADY` seconds since it started (it ran fine: its shard should not wait long).
+_FIRST_BACKOFF: Final = 1.0
+_LAST_BACKOFF: Final = 30.0
+_STEADY: Final = 5.0
 _LINGER: Final = 1.0
 # What anyone may read without a token: GET (and HEAD) only, and never with a body.
 _OPEN_WITHOUT_TOKEN: Final = frozenset({"/api/openapi.json"})
@@ -146,6 +153,9 @@ class Worker:
         """Why the supervisor killed the process, if it did (it stopped answering)."""
         self.ready = False
         """It has answered since it was started: it handles SIGHUP (until then, it may not)."""
+        self.ready_at = 0.0
+        self.answered = 0.0
+        """When (monotonic) it first and last answered since it was started (if `ready`)."""
         self.reload_asked = False
         """A SIGHUP came while it was starting: it is sent one once ready (`Supervisor.reload`)."""
         self.behind = 0
@@ -316,9 +326,11 @@ class Supervisor:
 
     def _now_ready(self, worker: Worker) -> None:
         """`worker` has answered since it was started: a reload asked for meanwhile is its now."""
+        worker.answered = time.monotonic()
         if worker.ready:
             return
         worker.ready = True
+        worker.ready_at = worker.answered
         if worker.reload_asked and not self._stopping:
             _log.info("reload: worker %d has started: forwarding the SIGHUP it missed", worker.index)
             self._hang_up(worker)
@@ -430,7 +442,7 @@ class Supervisor:
         return True
 
     async def _watch(self, worker: Worker) -> None:
-        backoff = 1.0
+        backoff = _FIRST_BACKOFF
         while not self._stopping:
             process = worker.process
             assert process is not None
@@ -443,9 +455,11 @@ class Supervisor:
             if self._stopping:
                 return
             worker.restarts += 1
+            if worker.ready and worker.answered - worker.ready_at >= _STEADY:
+                backoff = _FIRST_BACKOFF  # it ran fine: a crash, not a crash loop
             _log.error("worker %d %s; restarting in %.0fs", worker.index, exit_reason(worker, status), backoff)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            backoff = min(backoff * 2, _LAST_BACKOFF)
             while True:
                 try:
                     await self._spawn(worker)
@@ -453,7 +467,7 @@ class Supervisor:
                 except RuntimeError as error:  # its interpreter out of reach since start-up
                     _log.error("worker %d cannot be started: %s; trying again in %.0fs", worker.index, error, backoff)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    backoff = min(backoff * 2, _LAST_BACKOFF)
 
     async def _heartbeat(self, worker: Worker, process: asyncio.subprocess.Process) -> None:
         """Ask the worker for /healthz over and over; once it has answered (it has started:

@@ -175,6 +175,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
     )
     try:
         composer.check_header_values()  # a line break a value would put into a header: 400
+        composer.check_routing()  # a tenant or campaign both in the request and its content: 400
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
     peer_ip, peer = _peer(request)
