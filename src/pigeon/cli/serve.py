@@ -48,8 +48,6 @@ def register(commands: Any) -> None:
     parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--smtp-fd", type=int, action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)  # its pid: stop when it dies
-    # Restarted within a running node: the files of its last good configuration, if those on disk do not load.
-    parser.add_argument("--last-good", type=Path, help=argparse.SUPPRESS)
     parser.set_defaults(run=run)
 
 
@@ -67,22 +65,7 @@ def run(args: argparse.Namespace) -> int:
             follow_parent(args.supervisor)
         except (ParentGone, OSError) as error:
             return _cannot_start(args, str(error))
-    last_good: str | None = None  # why a restarted worker runs its last good configuration
-    if args.worker is not None and args.last_good is not None and args.config is not None:
-        # Restarted within a running node: the files on disk may be ones a reload refused.
-        from pigeon.node.last_good import restore
-
-        loaded, problem = _load_all(args.config)
-        if loaded is not None:
-            config = loaded
-        else:
-            kept = None
-            with contextlib.suppress(ConfigError, OSError):
-                kept = restore(args.last_good, args.config)
-            if kept is None:
-                return _cannot_start(args, f"configuration error: {redact(str(problem))}", status=2)
-            config, last_good = kept, redact(str(problem))
-    elif args.worker is not None:
+    if args.worker is not None:
         # Read again by each worker: the file may have changed since the supervisor read it.
         try:
             config = load(args.config)
@@ -103,13 +86,6 @@ def run(args: argparse.Namespace) -> int:
     # and passwords included (and aioimaplib routine replies at INFO): ours say what matters.
     for chatty in ("aioimaplib", "redis", "asyncpg"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    if last_good is not None:
-        logging.getLogger("pigeon.node").error(
-            "worker %d restarted with the node's last good configuration (the files on disk do not load: %s); "
-            "fix them and reload (SIGHUP)",
-            args.worker,
-            last_good,
-        )
     _raise_open_file_limit()
     # Before any thread or child starts: they inherit it.
     apply_scheduling(config.node.scheduling)
@@ -153,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
             control_socket=args.control,
             config_path=args.config,
             listening=inherited,
-            last_good=last_good,
         )
         main = worker.run()
     elif config.node.worker_count == 1:
@@ -175,28 +150,6 @@ def run(args: argparse.Namespace) -> int:
         _tell_supervisor(args, f"unexpected error: {redact(repr(error))}")
         raise
     return 0
-
-
-def _load_all(path: Path) -> tuple[Config | None, str | None]:
-    """The config file loaded, with everything a worker's start reads (DKIM keys, the policy
-    module); or why not."""
-    from pigeon.policy.hooks import Policy, PolicyLoadError
-
-    try:
-        config = load(path)
-        if config.dkim:
-            from pigeon.dkim.keys import KeyProblem
-            from pigeon.dkim.signing import load_signers
-
-            try:
-                load_signers(config.dkim)
-            except KeyProblem as error:
-                raise ConfigError(str(error)) from None
-        if config.policy.module is not None:
-            Policy.from_config(config.policy, warn=False).close()
-    except (ConfigError, PolicyLoadError) as error:
-        return None, str(error)
-    return config, None
 
 
 def _cannot_start(args: argparse.Namespace, reason: str, *, status: int = 1) -> int:

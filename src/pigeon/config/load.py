@@ -14,7 +14,7 @@ import ssl
 import tomllib
 import typing
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -74,34 +74,21 @@ def load(path: Path | None) -> Config:
     except UnicodeDecodeError as error:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ConfigError(f"{path}, line {line}: not UTF-8 text (TOML files are UTF-8)") from None
-    return load_text(text, path)
-
-
-def load_text(text: str, path: Path, redirect: Mapping[str, Path] | None = None) -> Config:
-    """`load` of a file's text read earlier (a worker's last good configuration): relative
-    paths are relative to `path`, and errors name it. `redirect`: files read from elsewhere
-    (a DKIM key or policy module path, as configured and resolved -> the copy to read)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return _load_data(data, path, text, redirect=redirect)
+    return _load_data(data, path, text)
 
 
-def _load_data(
-    data: dict[str, Any],
-    path: Path,
-    text: str,
-    providers: Sequence[str] = (),
-    redirect: Mapping[str, Path] | None = None,
-) -> Config:
+def _load_data(data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = ()) -> Config:
     """`providers`: names of `[[provider]]`s left out of `data` that rules may still name."""
     _accept_shorthands(data)
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
-    return _finish(config, path, text, providers, redirect)
+    return _finish(config, path, text, providers)
 
 
 def _accept_shorthands(data: dict[str, Any]) -> None:
@@ -111,13 +98,7 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
         smtp["listen"] = [smtp["listen"]]
 
 
-def _finish(
-    config: Config,
-    path: Path | None,
-    text: str,
-    providers: Sequence[str] = (),
-    redirect: Mapping[str, Path] | None = None,
-) -> Config:
+def _finish(config: Config, path: Path | None, text: str, providers: Sequence[str] = ()) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
     def fail(keys: list[str], reason: str, block: int | None = None) -> ConfigError:
@@ -205,14 +186,6 @@ def _finish(
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
     _check_files(config, fail)
-    if redirect:
-        if path is not None:
-            for block in config.dkim:
-                block.private_key = _resolve(block.private_key, path.parent)
-        for block in config.dkim:
-            block.private_key = redirect.get(str(block.private_key), block.private_key)
-        if config.policy.module is not None and config.policy.module in redirect:
-            config.policy.module = str(redirect[config.policy.module])
     _check_dkim(config, path, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         users = smtp.auth_users

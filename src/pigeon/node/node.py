@@ -49,7 +49,6 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
-from pigeon.node.last_good import LastGood, capture, save, snapshot_path
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, take, take_node_rules
@@ -96,12 +95,9 @@ class Node:
         config_path: Path | None = None,
         listening: Bound | None = None,
         clock: Callable[[], float] = time.time,
-        last_good: str | None = None,
     ) -> None:
         """`config_path`: the file SIGHUP reads again. `listening`: sockets bound before a
-        privilege drop (or by the supervisor), served instead of binding the configured addresses.
-        `last_good`: `config` is the worker's last good configuration, not the files on disk,
-        which do not load for this reason (`pigeon.node.last_good`): /healthz says degraded."""
+        privilege drop (or by the supervisor), served instead of binding the configured addresses."""
         self.config = config
         self.config_path = config_path
         self._listening = listening
@@ -138,7 +134,6 @@ class Node:
         self._reading: asyncio.Future[_Reading] | None = None  # a reload's files, read in a thread
         self._reloading: asyncio.Task[None] | None = None
         self._step = ""  # what that thread is doing, for the log
-        self.last_good = last_good
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
@@ -167,10 +162,6 @@ class Node:
         self.metrics.track_smtp_connections(lambda: len(self.smtp.connections) if self.smtp else 0)
         smtp = config.smtp
         self.tokens = Tokens.from_config(config)
-        # What the files hold before the keys and the policy module are read (kept for a restart
-        # if they hold the same after: `pigeon.node.last_good`), unless this is a restart with
-        # the last good configuration, which the files on disk are not.
-        kept = self._capture(config) if self.last_good is None else None
         if config.dkim:
             from pigeon.dkim.signing import Signing
 
@@ -286,8 +277,6 @@ class Node:
                     f"[http] listen {config.http.listen}: cannot listen: {error.strerror or error}"
                 ) from None
             _log.info("http listening on %s:%d", *self.http_address)
-        if kept is not None:
-            self._keep(kept, self._capture(config))
         self._started_at = time.time()
         self._check = asyncio.create_task(self._check_spools(opened), name="spool check")
         _tune_garbage_collector()
@@ -446,7 +435,6 @@ class Node:
         """In a thread: every file a reload takes, read and checked (and the policy module
         imported), touching nothing the loop uses. `self._step` says what it is doing."""
         self._step = "reading the configuration file"
-        kept = self._capture(self.config)  # the files as they were before this reading
         config = load(self.config_path) if self.config_path is not None else self.config
         self._step = "reading the TLS certificate and key"
         tls_context = _tls_context(config)
@@ -461,9 +449,8 @@ class Node:
             policy: PolicyModule | PolicyLoadError | None = self.policy.prepare(warn=self.worker == 0)
         except PolicyLoadError as error:
             policy = error
-        kept = _unchanged(kept, self._capture(config))
         self._step = "done reading"
-        return _Reading(config, tls_context, passwords, signers, policy, kept)
+        return _Reading(config, tls_context, passwords, signers, policy)
 
     def _take(self, read: _Reading) -> None:
         """On the loop: what a reload read, in force from now on (or, if some of it cannot be
@@ -523,14 +510,6 @@ class Node:
             if key.startswith("[policy]"):
                 continue  # said above
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
-        if read.kept is not None and not isinstance(read.policy, PolicyLoadError):
-            if self.last_good is not None:
-                _log.warning(
-                    "reload: the files on disk load again; this worker no longer runs its last good configuration"
-                )
-                self.last_good = None
-            saving = _in_thread(lambda: self._save(read.kept), f"last good w{self.worker}")
-            saving.add_done_callback(lambda done: done.exception())  # `_save` logs its own failures
         rules = f", {_counted(len(config.shaping), '[[shaping]] block')}" if shaping_taken else ""
         if reactions_taken and reactions is not None:
             rules += f", {_counted(len(reactions.rules), 'reaction rule')}"
@@ -543,25 +522,6 @@ class Node:
             rules,
             "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
         )
-
-    def _capture(self, config: Config) -> LastGood | None:
-        """What the files a load reads hold now, if this worker keeps its last good
-        configuration (a supervised one): `pigeon.node.last_good`."""
-        if self._control_socket is None or self.config_path is None:
-            return None
-        return capture(self.config_path, config)
-
-    def _keep(self, before: LastGood, after: LastGood | None) -> None:
-        """Keep what a successful start read, unless the files changed while it was read."""
-        self._save(_unchanged(before, after))
-
-    def _save(self, kept: LastGood | None) -> None:
-        if kept is None:
-            return
-        try:
-            save(snapshot_path(self.config.spool.path, self.worker), kept)
-        except OSError as error:
-            _log.error("cannot keep the last good configuration for a restart: %s", error)
 
     @property
     def admin(self) -> Admin | None:
@@ -615,8 +575,6 @@ class Node:
         inbound = self.inbound.health() if self.inbound is not None and self.inbound.watchers else {}
         shaping = self.outbound.throttles.health() if self.outbound is not None else None
         components = [spool["status"], DEGRADED if log.failing else OK, *(m["status"] for m in inbound.values())]
-        if self.last_good is not None:
-            components.append(DEGRADED)
         if shaping is not None:
             components.append(shaping["status"])
         return {
@@ -636,13 +594,6 @@ class Node:
             },
             **({"inbound": inbound} if inbound else {}),
             **({"shaping": shaping} if shaping is not None else {}),
-            **({"config": self._config_health()} if self.last_good is not None else {}),
-        }
-
-    def _config_health(self) -> dict[str, Any]:
-        return {
-            "status": DEGRADED,
-            "error": f"running the last good configuration: the files on disk do not load ({self.last_good})",
         }
 
     def _spool_health(self) -> dict[str, Any]:
@@ -729,17 +680,6 @@ class _Reading:
     passwords: PasswordFile | None
     signers: Signers | None
     policy: PolicyModule | PolicyLoadError | None  # None: no policy module
-    kept: LastGood | None  # what was read, for a restart, if it did not change while it was read
-
-
-def _unchanged(before: LastGood | None, after: LastGood | None) -> LastGood | None:
-    """`after`, the files as a load left them, if what `before` read of them is the same (they
-    did not change while the load read them); else None: not to be kept."""
-    if before is None or after is None or before.config_text != after.config_text:
-        return None
-    if any(before.files.get(path, data) != data for path, data in after.files.items()):
-        return None
-    return after
 
 
 def _in_thread(function: Callable[[], T], name: str) -> asyncio.Future[T]:

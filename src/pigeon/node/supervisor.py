@@ -52,7 +52,6 @@ from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
-from pigeon.node.last_good import forget_all, snapshot_path
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
 from pigeon.node.standing import (
@@ -268,7 +267,6 @@ class Supervisor:
         if problem is not None:
             raise RuntimeError(problem)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        forget_all(self.run_dir)  # a worker's last good configuration is of this run only
         # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
         create_shared_table(shared_table_path(self.config.spool.path))
         create_client_table(client_table_path(self.config.spool.path))  # and so do the SMTP clients'
@@ -368,9 +366,7 @@ class Supervisor:
             await self._cluster.close()
 
     # --- workers -----------------------------------------------------------------------
-    async def _spawn(self, worker: Worker, *, restart: bool = False) -> None:
-        """`restart`: within the running node, so a worker whose files on disk do not load
-        (a reload refused them) starts with its last good configuration (`pigeon.node.last_good`)."""
+    async def _spawn(self, worker: Worker) -> None:
         # -P: the directory `pigeon serve` runs in is not put first on the workers' import path
         # (as `-m` would), so a file there called dns.py or struct.py cannot stand in for a module.
         args = [
@@ -387,8 +383,6 @@ class Supervisor:
         if self.config_path is not None:
             args += ["-c", str(self.config_path)]
         args += ["--control", str(worker.control), "--supervisor", str(os.getpid())]
-        if restart:
-            args += ["--last-good", str(snapshot_path(self.config.spool.path, worker.index))]
         inherited = [sock.fileno() for sock in self._listening.smtp] if self._listening is not None else []
         for fd in inherited:
             args += ["--smtp-fd", str(fd)]
@@ -454,7 +448,7 @@ class Supervisor:
             backoff = min(backoff * 2, 30.0)
             while True:
                 try:
-                    await self._spawn(worker, restart=True)
+                    await self._spawn(worker)
                     break
                 except RuntimeError as error:  # its interpreter out of reach since start-up
                     _log.error("worker %d cannot be started: %s; trying again in %.0fs", worker.index, error, backoff)
