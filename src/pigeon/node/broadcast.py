@@ -80,7 +80,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, WatchError
 
 from pigeon.config.schema import Config
-from pigeon.listener.http.admin import RuleChange, refusal_answer, refuse_taken_id, rule_change
+from pigeon.listener.http.admin import (
+    RuleChange,
+    operation_of,
+    refusal_answer,
+    refuse_taken_id,
+    refuse_taken_operation,
+    rule_change,
+)
 from pigeon.node.answers import merge_answers
 from pigeon.node.presence import PRESENCE, Namesakes, presence_key, spool_identity
 from pigeon.queue.rules import Rule, describe_rule, taken_by
@@ -196,6 +203,12 @@ class Broadcast:
             expected = await self._present()
             now = time.time()
             change = rule_change(method, path, body, operator, now) if write else None
+            if write and (operation := operation_of(method, path, body)) is not None:
+                # An operation that makes no rule, under the id of one the cluster holds: refused.
+                try:
+                    refuse_taken_operation(operation, _decoded(await self._redis.hget(self._rules, operation[0])), now)
+                except web.HTTPConflict as refusal:
+                    return refusal_answer(refusal)
             ending: Any = None
             if change is not None and change.rule is None:
                 ending = await self._redis.hget(self._rules, change.rule_id)  # when it would end anyway

@@ -53,7 +53,7 @@ from pigeon.message import parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
-from pigeon.queue.rules import Rule, RuleIdTaken, Selector, standing_rule_id, taken_by
+from pigeon.queue.rules import Rule, RuleIdTaken, Selector, refuse_operation_id, standing_rule_id, taken_by
 
 _log = logging.getLogger(__name__)
 MAX_REASON: Final = 1000
@@ -158,14 +158,16 @@ def caller(request: web.Request) -> Literal["cli", "api"]:
     return "cli" if request.headers.get("User-Agent", "").startswith(CLI_AGENT) else "api"
 
 
-def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
+def with_id(body: bytes, via: Literal["cli", "api"] | None = None, path: str = "") -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
     it is issued, so every worker and every node stores it under the same. With `via` (where it
-    is issued), that too, replacing any a client sent."""
+    is issued), that too, replacing any a client sent. A suspension until resumed (at `path`)
+    without one gets none: it is named by what it holds (`standing_rule_id`)."""
     with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
         decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
-            decoded.setdefault("id", new_rule_id())
+            if not (path.rstrip("/").endswith("/admin/suspend") and not decoded.get("duration")):
+                decoded.setdefault("id", new_rule_id())
             if via is not None and decoded.get("via") in (None, "cli", "api"):  # else refused as malformed
                 decoded["via"] = via
             return json.dumps(decoded).encode()
@@ -219,6 +221,11 @@ async def perform(
             return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
         return 200, result
     request = _decode(path, body)
+    try:
+        # (Checked where it was issued too: here for each worker and node, as a rule is by `Rules.add`.)
+        refuse_operation_id(operation_of(method, path, body), admin.rule(request.id or ""), time.time())
+    except RuleIdTaken as taken:
+        raise id_taken(taken) from None
     if isinstance(request, RebindRequest):
         answer = await admin.rebind(
             request.selector(),
@@ -233,9 +240,10 @@ async def perform(
     else:
         duration = float(request.duration) if request.duration else None
         new_rule = request.id
-        if action == "suspend" and duration is None:
+        if action == "suspend" and duration is None and new_rule is None:
             # Named by what it holds, not by the request: identical ones issued at once reach
             # workers and nodes in different orders, and must still make one rule everywhere.
+            # (A client's id is kept: the same key for it, from the client, reaches them all.)
             new_rule = standing_rule_id("suspend", request.selector())
         options: dict[str, Any] = {}
         if action == "bounce" and duration is None and issued is not None:
@@ -274,6 +282,33 @@ def refuse_taken_id(change: RuleChange | None, held: Rule | None, now: float) ->
         raise id_taken(taken)
 
 
+def refuse_taken_operation(operation: tuple[str, str] | None, held: Rule | None, now: float) -> None:
+    """409 (`id_taken`) if `operation` (`operation_of`), which makes no rule, has the id of
+    `held`, a live rule: checked where a write is issued, before any worker or node acts on it."""
+    try:
+        refuse_operation_id(operation, held, now)
+    except RuleIdTaken as taken:
+        _log.warning("admin %s refused: %s", operation[1] if operation else "", taken)
+        raise id_taken(taken) from None
+
+
+def operation_of(method: str, path: str, body: bytes) -> tuple[str, str] | None:
+    """A write that makes no standing rule (a bounce without a duration, a retry, a rebind), with
+    an id: (its id, what it does, for a refusal). None for anything else, and for a request
+    `perform` would refuse."""
+    try:
+        action, _ = _route(method, path)
+        if action not in ("bounce", "retry", "rebind"):
+            return None
+        request = _decode(path, body)
+    except web.HTTPException:
+        return None
+    if request.id is None or (isinstance(request, BounceRequest) and request.duration):
+        return None
+    what = "bounce now" if action == "bounce" else action
+    return request.id, f"{what} of {request.selector().describe()} (an operation, not a rule)"
+
+
 class RuleChange(NamedTuple):
     """What a write does to the standing rules: makes `rule`, or (None) ends the rule `rule_id`."""
 
@@ -301,7 +336,7 @@ def rule_change(method: str, path: str, body: bytes, operator: str, now: float) 
     if action == "bounce" and duration is None:
         return None  # acts on what is queued now, and is over
     new_rule = request.id
-    if action == "suspend" and duration is None:
+    if action == "suspend" and duration is None and new_rule is None:
         new_rule = standing_rule_id("suspend", request.selector())  # as `perform` names it
     if new_rule is None:
         return None
@@ -474,12 +509,14 @@ async def write(request: web.Request) -> web.Response:
     path = request.path
     validate(request.method, request.path_qs, body)
     if request.method == "POST":
-        body = with_id(body, None if from_supervisor else caller(request))  # say what it came through
+        body = with_id(body, None if from_supervisor else caller(request), path)  # say what it came through
     if request.method == "POST" and not from_supervisor:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
         now = time.time()
         change = rule_change(request.method, path, body, operator, now)
         refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, now)
+        operation = operation_of(request.method, path, body)
+        refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, now)
     generation = request.headers.get(GENERATION_HEADER, "") if from_supervisor else ""
     if generation.isdigit():
         # Noted before it is carried out: a hand-over of the node's rules from before this write
