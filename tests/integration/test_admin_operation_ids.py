@@ -87,6 +87,14 @@ def test_an_operation_under_a_live_rule_id_is_refused_and_does_nothing(
         assert (status, answer["bounced"], answer["operation"]) == (200, 3, "h1"), answer
 
 
+def test_a_queue_glob_with_white_space_is_refused(tmp_path: Path, sink: ScriptedSink) -> None:
+    with _node(tmp_path, sink, 1) as pigeon:
+        for path in ("bounce", "suspend", "retry", "rebind"):
+            status, answer = _api(pigeon, "POST", f"/api/v1/admin/{path}", {"queue": "a b*"})
+            assert (status, answer.get("field")) == (400, "$.queue"), answer
+            assert "no white space" in answer["error"], answer
+
+
 def test_in_a_cluster_an_operation_under_a_rule_id_is_refused_on_every_node(
     tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer
 ) -> None:

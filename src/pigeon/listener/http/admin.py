@@ -448,6 +448,11 @@ def _normalise_globs(request: AdminRequest) -> None:
         part: str | None = getattr(request, member)
         if part is not None and (refused := queue_part_problem(part)) is not None:
             raise bad_request(f"{member} {part[:60]!r} {refused} (no queue name has it)", f"$.{member}")
+    if request.queue is not None and not api_pattern("queue_glob").fullmatch(request.queue):
+        space = next((char for char in request.queue if char.isspace() or char == "\ufeff"), " ")
+        raise bad_request(
+            f"queue {request.queue[:60]!r} contains {space!r}: no white space allowed (no queue name has it)", "$.queue"
+        )
     if request.queue is not None:
         with contextlib.suppress(PatternError):  # a glob on queue names: any text may be one
             request.queue = queue_glob(request.queue)
