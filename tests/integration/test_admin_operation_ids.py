@@ -1,8 +1,8 @@
 """An id names one thing: an operation that makes no rule (a bounce without a duration, a retry,
 a rebind) under the id of a live rule is refused (409 naming the rule), at every door, and does
 nothing. Before, it was answered 200, acted (bounced what the selector matched), and took the
-rule's place in the operations' progress. A suspension until resumed keeps the id its client
-gave, and a refusal says what was asked beside the rule that refuses it."""
+rule's place in the operations' progress. A refusal says what was asked beside the rule that
+refuses it."""
 
 from __future__ import annotations
 
@@ -64,8 +64,9 @@ def test_an_operation_under_a_live_rule_id_is_refused_and_does_nothing(
     with _node(tmp_path, sink, workers) as pigeon:
         status, made = _api(pigeon, "POST", "/api/v1/admin/bounce", {"domain": "s1.test", "id": "r1", "duration": "1h"})
         assert status == 200, made
-        status, held = _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "s2.test", "id": "h1"})
-        assert (status, held["rule"]["id"]) == (200, "h1"), held  # the client's id, kept
+        suspension = {"domain": "s2.test", "id": "h1", "duration": "2h"}
+        status, held = _api(pigeon, "POST", "/api/v1/admin/suspend", suspension)
+        assert (status, held["rule"]["id"]) == (200, "h1"), held
         _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "s3.test", "duration": "1h"})
         for _ in range(3):
             _send(pigeon, "user@s3.test")

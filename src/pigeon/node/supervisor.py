@@ -756,7 +756,7 @@ class Supervisor:
         """An admin request goes to every worker (each owns its shards); with [redis], a write
         (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`)."""
         if request.method == "POST" and body:
-            body = with_id(body, caller(request), request.path)
+            body = with_id(body, caller(request))
             if self._node_rules is not None:
                 # One id, one rule: another rule's id is refused before any worker or node is told,
                 # and so is an operation that makes no rule under a rule's id.

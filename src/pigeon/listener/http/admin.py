@@ -158,16 +158,14 @@ def caller(request: web.Request) -> Literal["cli", "api"]:
     return "cli" if request.headers.get("User-Agent", "").startswith(CLI_AGENT) else "api"
 
 
-def with_id(body: bytes, via: Literal["cli", "api"] | None = None, path: str = "") -> bytes:
+def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
     """A write's body with an `id`: a new standing rule (or bulk operation) gets its id once, where
     it is issued, so every worker and every node stores it under the same. With `via` (where it
-    is issued), that too, replacing any a client sent. A suspension until resumed (at `path`)
-    without one gets none: it is named by what it holds (`standing_rule_id`)."""
+    is issued), that too, replacing any a client sent."""
     with contextlib.suppress(ValueError):  # a member named twice too: left for `validate` to refuse
         decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
-            if not (path.rstrip("/").endswith("/admin/suspend") and not decoded.get("duration")):
-                decoded.setdefault("id", new_rule_id())
+            decoded.setdefault("id", new_rule_id())
             if via is not None and decoded.get("via") in (None, "cli", "api"):  # else refused as malformed
                 decoded["via"] = via
             return json.dumps(decoded).encode()
@@ -240,10 +238,9 @@ async def perform(
     else:
         duration = float(request.duration) if request.duration else None
         new_rule = request.id
-        if action == "suspend" and duration is None and new_rule is None:
+        if action == "suspend" and duration is None:
             # Named by what it holds, not by the request: identical ones issued at once reach
             # workers and nodes in different orders, and must still make one rule everywhere.
-            # (A client's id is kept: the same key for it, from the client, reaches them all.)
             new_rule = standing_rule_id("suspend", request.selector())
         options: dict[str, Any] = {}
         if action == "bounce" and duration is None and issued is not None:
@@ -336,7 +333,7 @@ def rule_change(method: str, path: str, body: bytes, operator: str, now: float) 
     if action == "bounce" and duration is None:
         return None  # acts on what is queued now, and is over
     new_rule = request.id
-    if action == "suspend" and duration is None and new_rule is None:
+    if action == "suspend" and duration is None:
         new_rule = standing_rule_id("suspend", request.selector())  # as `perform` names it
     if new_rule is None:
         return None
@@ -514,7 +511,7 @@ async def write(request: web.Request) -> web.Response:
     path = request.path
     validate(request.method, request.path_qs, body)
     if request.method == "POST":
-        body = with_id(body, None if from_supervisor else caller(request), path)  # say what it came through
+        body = with_id(body, None if from_supervisor else caller(request))  # say what it came through
     if request.method == "POST" and not from_supervisor:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
         now = time.time()
