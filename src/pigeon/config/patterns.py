@@ -43,7 +43,8 @@ def api_patterns() -> dict[str, str]:
     """The shapes the admin API takes, as regexes that Python and JSON Schema (ECMA-262) read
     alike, so the server's check and the OpenAPI document's pattern are one string:
     `domain` (a domain glob), `site` (a site glob), `routing_domain` (a domain name, or
-    empty), `glob` (a queue glob: any text whose sets are closed) and `part_glob` (a tenant or
+    empty), `glob` (any text whose sets are closed), `queue_glob` (an admin request's queue glob:
+    the same without white space, which no queue name made at any door holds) and `part_glob` (a tenant or
     campaign glob: the same, of the characters a tenant or campaign may hold). A
     finer flaw they let through (a label over 63 characters) is the glob functions' to find."""
     beyond = printable_beyond_ascii()
@@ -57,11 +58,13 @@ def api_patterns() -> dict[str, str]:
     closed_set = r"\[(?:!?\]|![^\]]|[^!\]])[^\]]*\]"
     name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
     no_part = PART_PATTERN.removeprefix("[^").removesuffix("]*")  # what no tenant or campaign holds
+    white = no_part.removesuffix(":@")  # white space, as Python and ECMA-262 both see it
     return {
         "domain": host,
         "site": rf"(?:{host}|{ipv6})(?:,(?:{host}|{ipv6}))*(?::{port})?",
         "routing_domain": rf"(?:{name_label}(?:\.{name_label})*\.?)?",
         "glob": rf"(?:[^\[]|{closed_set})*",
+        "queue_glob": rf"(?:[^\[{white}]|\[(?:!?\]|![^\]{white}]|[^!\]{white}])[^\]{white}]*\])*",
         "part_glob": rf"(?:[^{no_part}\[]|\[(?:!?\]|![^{no_part}\]]|[^{no_part}!\]])[^{no_part}\]]*\])*",
     }
 

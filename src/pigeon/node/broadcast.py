@@ -80,7 +80,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, WatchError
 
 from pigeon.config.schema import Config
-from pigeon.listener.http.admin import RuleChange, refusal_answer, refuse_taken_id, rule_change
+from pigeon.listener.http.admin import (
+    RuleChange,
+    operation_of,
+    refusal_answer,
+    refuse_taken_id,
+    refuse_taken_operation,
+    rule_change,
+)
 from pigeon.node.answers import merge_answers
 from pigeon.node.presence import PRESENCE, Namesakes, presence_key, spool_identity
 from pigeon.queue.rules import Rule, describe_rule, taken_by
@@ -196,6 +203,12 @@ class Broadcast:
             expected = await self._present()
             now = time.time()
             change = rule_change(method, path, body, operator, now) if write else None
+            if write and (operation := operation_of(method, path, body)) is not None:
+                # An operation that makes no rule, under the id of one the cluster holds: refused.
+                try:
+                    refuse_taken_operation(operation, _decoded(await self._redis.hget(self._rules, operation[0])), now)
+                except web.HTTPConflict as refusal:
+                    return refusal_answer(refusal)
             ending: Any = None
             if change is not None and change.rule is None:
                 ending = await self._redis.hget(self._rules, change.rule_id)  # when it would end anyway
@@ -258,10 +271,12 @@ class Broadcast:
         under one id at once on two nodes are not both sent: the second is refused."""
         for _ in range(_WATCH_TRIES):
             async with self._redis.pipeline(transaction=True) as pipe:
+                held: Rule | None = None
                 if change is not None and change.rule is not None:
                     await pipe.watch(self._rules)
+                    held = _decoded(await pipe.hget(self._rules, change.rule_id))
                     try:
-                        refuse_taken_id(change, _decoded(await pipe.hget(self._rules, change.rule_id)), now)
+                        refuse_taken_id(change, held, now)
                     except web.HTTPConflict as refusal:
                         return refusal_answer(refusal)
                     pipe.multi()  # type: ignore[no-untyped-call]
@@ -282,7 +297,7 @@ class Broadcast:
                 )
                 if change is not None and change.rule is not None:
                     # The first one made stands (an identical suspension is `already` in force).
-                    pipe.hsetnx(self._rules, change.rule_id, msgspec.json.encode(change.rule))
+                    _store_rule(pipe, self._rules, change.rule, held, now)
                     pipe.hdel(self._ended, change.rule_id)
                 elif change is not None:
                     pipe.hdel(self._rules, change.rule_id)
@@ -318,7 +333,8 @@ class Broadcast:
                 if change.rule is None:
                     send = held is not None and held.created <= unsent.at  # else not held, or made again since
                 else:
-                    send = held is None and not _ended_after(tombstone, unsent.at)
+                    # A rule that has run out frees its id: this one, made since, is a new rule.
+                    send = (held is None or not held.live(time.time())) and not _ended_after(tombstone, unsent.at)
                 if send:
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.xadd(
@@ -337,7 +353,7 @@ class Broadcast:
                         approximate=True,
                     )
                     if change.rule is not None:
-                        pipe.hsetnx(self._rules, change.rule_id, msgspec.json.encode(change.rule))
+                        _store_rule(pipe, self._rules, change.rule, held, time.time())
                         pipe.hdel(self._ended, change.rule_id)
                     else:
                         pipe.hdel(self._rules, change.rule_id)
@@ -731,6 +747,17 @@ def _decoded(blob: Any) -> Rule | None:
     with contextlib.suppress(msgspec.DecodeError, TypeError):
         return _RULE.decode(blob) if blob is not None else None
     return None
+
+
+def _store_rule(pipe: Any, key: str, rule: Rule, held: Rule | None, now: float) -> None:
+    """Queue on `pipe` (watching `key`) the storing of `rule` in the cluster's rules: it does
+    not replace a live rule under its id (the first made stands), but does one that has run out
+    and not been tidied yet (`sync`): an id reused after its rule ended names the new rule, and a
+    node that joins later must take that one, not the old one, which it would pass over."""
+    if held is not None and held.live(now):
+        pipe.hsetnx(key, rule.id, msgspec.json.encode(rule))
+    else:
+        pipe.hset(key, rule.id, msgspec.json.encode(rule))
 
 
 def _ended_after(tombstone: Any, when: float) -> bool:

@@ -196,7 +196,7 @@ class NodeRules:
         standing = self.standing
         taken: list[tuple[int, Rule]] = []
         for shard, rule in held:
-            if not rule.live(now) or rule.id in standing.in_force or rule.id in standing.ended:
+            if not rule.live(now) or _holds(standing, rule.id, now) or rule.id in standing.ended:
                 continue
             standing.in_force[rule.id] = rule
             standing.changed[rule.id] = self.next_generation()
@@ -214,7 +214,7 @@ class NodeRules:
         standing = self.standing
         learnt = False
         for rule in in_force:
-            if standing.changed.get(rule.id, 0) > as_of or rule.id in standing.in_force or not rule.live(now):
+            if standing.changed.get(rule.id, 0) > as_of or _holds(standing, rule.id, now) or not rule.live(now):
                 continue
             standing.in_force[rule.id] = rule
             standing.ended.pop(rule.id, None)
@@ -258,6 +258,13 @@ class NodeRules:
             _log.warning("admin rules: cannot keep the node's standing rules in %s: %s", self._path, error)
             return error
         return None
+
+
+def _holds(standing: Standing, rule_id: str, now: float) -> bool:
+    """Whether a live rule holds `rule_id` in `standing`: one that has run out (until the next
+    `save` drops it) frees its id for a new rule."""
+    held = standing.in_force.get(rule_id)
+    return held is not None and held.live(now)
 
 
 # adopt(rules in force, ended: id -> kind, id -> number of the write behind it) -> (added, ended)

@@ -37,8 +37,10 @@ from pigeon.listener.http.admin import (
     RuleChange,
     caller,
     cluster_wide,
+    operation_of,
     refusal_answer,
     refuse_taken_id,
+    refuse_taken_operation,
     rule_change,
     validate,
     with_id,
@@ -769,10 +771,16 @@ class Supervisor:
         (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`)."""
         if request.method == "POST" and body:
             body = with_id(body, caller(request))
-            if self._node_rules is not None and (change := self._rule_change(request, body)) is not None:
-                # One id, one rule: another rule's id is refused before any worker or node is told.
+            if self._node_rules is not None:
+                # One id, one rule: another rule's id is refused before any worker or node is told,
+                # and so is an operation that makes no rule under a rule's id.
+                in_force = self._node_rules.standing.in_force
+                operation = operation_of(request.method, request.path, body)
                 try:
-                    refuse_taken_id(change, self._node_rules.standing.in_force.get(change.rule_id), time.time())
+                    if (change := self._rule_change(request, body)) is not None:
+                        refuse_taken_id(change, in_force.get(change.rule_id), time.time())
+                    if operation is not None:
+                        refuse_taken_operation(operation, in_force.get(operation[0]), time.time())
                 except web.HTTPConflict as refusal:
                     return web.json_response(refusal_answer(refusal)[1], status=refusal.status)
         cluster = self._cluster

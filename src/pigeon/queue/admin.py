@@ -344,7 +344,11 @@ class Admin:
         added: list[Rule] = []
         async with self._rules_changing:
             for rule in in_force:
-                if (held := self._rules.get(rule.id)) is not None and taken_by(held, rule, now) is not None:
+                # Only a live rule holds its id: one that has run out here (kept in the shard until
+                # replaced) is not the rule handed over, which reuses the id after it ended.
+                if (held := self._rules.get(rule.id)) is not None and not held.live(now):
+                    held = None
+                if held is not None and taken_by(held, rule, now) is not None:
                     # Never one rule for another under one id (the doors refuse it: only a rule made
                     # on a node cut off from Redis can meet this). Kept, and said: each is ended
                     # by its id where it is held.

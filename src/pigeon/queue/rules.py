@@ -165,17 +165,37 @@ def describe_rule(rule: Rule) -> str:
     return f"{what} {rule.id} of {rule.selector.describe()} ({until})"
 
 
-class RuleIdTaken(Exception):
-    """A rule asked for under the id of another live rule (another kind, selector or duration):
-    refused, and nothing changes. `held` is the rule that has the id."""
+def describe_asked(rule: Rule) -> str:
+    """`suspend of domain=e.test (for 3600s)`: what a request asked for, in a refusal beside the
+    rule that refuses it (so two rules of one selector read apart by their durations)."""
+    until = "until resumed" if rule.kind == "suspend" else "until cancelled"
+    if rule.expires is not None:
+        until = f"for {rule.expires - rule.created:.0f}s"
+    return f"{rule.kind} of {rule.selector.describe()} ({until})"
 
-    def __init__(self, held: Rule, asked: Rule) -> None:
+
+class RuleIdTaken(Exception):
+    """A rule, or an operation that makes none (`asked` None, `what` says which), asked for under
+    the id of another live rule (another kind, selector or duration): refused, and nothing
+    changes. `held` is the rule that has the id."""
+
+    def __init__(self, held: Rule, asked: Rule | None, what: str = "") -> None:
+        what = describe_asked(asked) if asked is not None else what
         super().__init__(
-            f"id {held.id} names the {describe_rule(held)} already, not a {asked.kind} of "
-            f"{asked.selector.describe()}: leave id out (one is made), or give another"
+            f"id {held.id} names the {describe_rule(held)} already, not a {what}: "
+            "leave id out (one is made), or give another"
         )
         self.held = held
         self.asked = asked
+
+
+def refuse_operation_id(operation: tuple[str, str] | None, held: Rule | None, now: float) -> None:
+    """`RuleIdTaken` if `operation` ((its id, what it does)), an operation that makes no rule (a
+    bounce without a duration, a retry, a rebind), has the id of `held`, a live rule: an id names
+    one thing, and a one-off under a rule's id would take the rule's place in the operations'
+    progress (and read as that rule asked again)."""
+    if operation is not None and held is not None and held.live(now):
+        raise RuleIdTaken(held, None, operation[1])
 
 
 def taken_by(held: Rule | None, asked: Rule, now: float) -> Rule | None:

@@ -53,7 +53,7 @@ from pigeon.message import parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
-from pigeon.queue.rules import Rule, RuleIdTaken, Selector, standing_rule_id, taken_by
+from pigeon.queue.rules import Rule, RuleIdTaken, Selector, refuse_operation_id, standing_rule_id, taken_by
 
 _log = logging.getLogger(__name__)
 MAX_REASON: Final = 1000
@@ -219,6 +219,11 @@ async def perform(
             return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
         return 200, result
     request = _decode(path, body)
+    try:
+        # (Checked where it was issued too: here for each worker and node, as a rule is by `Rules.add`.)
+        refuse_operation_id(operation_of(method, path, body), admin.rule(request.id or ""), time.time())
+    except RuleIdTaken as taken:
+        raise id_taken(taken) from None
     if isinstance(request, RebindRequest):
         answer = await admin.rebind(
             request.selector(),
@@ -272,6 +277,33 @@ def refuse_taken_id(change: RuleChange | None, held: Rule | None, now: float) ->
         taken = RuleIdTaken(other, asked)
         _log.warning("admin %s by %s of %s refused: %s", asked.kind, asked.operator, asked.selector.describe(), taken)
         raise id_taken(taken)
+
+
+def refuse_taken_operation(operation: tuple[str, str] | None, held: Rule | None, now: float) -> None:
+    """409 (`id_taken`) if `operation` (`operation_of`), which makes no rule, has the id of
+    `held`, a live rule: checked where a write is issued, before any worker or node acts on it."""
+    try:
+        refuse_operation_id(operation, held, now)
+    except RuleIdTaken as taken:
+        _log.warning("admin %s refused: %s", operation[1] if operation else "", taken)
+        raise id_taken(taken) from None
+
+
+def operation_of(method: str, path: str, body: bytes) -> tuple[str, str] | None:
+    """A write that makes no standing rule (a bounce without a duration, a retry, a rebind), with
+    an id: (its id, what it does, for a refusal). None for anything else, and for a request
+    `perform` would refuse."""
+    try:
+        action, _ = _route(method, path)
+        if action not in ("bounce", "retry", "rebind"):
+            return None
+        request = _decode(path, body)
+    except web.HTTPException:
+        return None
+    if request.id is None or (isinstance(request, BounceRequest) and request.duration):
+        return None
+    what = "bounce now" if action == "bounce" else action
+    return request.id, f"{what} of {request.selector().describe()} (an operation, not a rule)"
 
 
 class RuleChange(NamedTuple):
@@ -413,6 +445,11 @@ def _normalise_globs(request: AdminRequest) -> None:
         part: str | None = getattr(request, member)
         if part is not None and (refused := queue_part_problem(part)) is not None:
             raise bad_request(f"{member} {part[:60]!r} {refused} (no queue name has it)", f"$.{member}")
+    if request.queue is not None and not api_pattern("queue_glob").fullmatch(request.queue):
+        space = next((char for char in request.queue if char.isspace() or char == "\ufeff"), " ")
+        raise bad_request(
+            f"queue {request.queue[:60]!r} contains {space!r}: no white space allowed (no queue name has it)", "$.queue"
+        )
     if request.queue is not None:
         with contextlib.suppress(PatternError):  # a glob on queue names: any text may be one
             request.queue = queue_glob(request.queue)
@@ -480,6 +517,8 @@ async def write(request: web.Request) -> web.Response:
         now = time.time()
         change = rule_change(request.method, path, body, operator, now)
         refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, now)
+        operation = operation_of(request.method, path, body)
+        refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, now)
     generation = request.headers.get(GENERATION_HEADER, "") if from_supervisor else ""
     if generation.isdigit():
         # Noted before it is carried out: a hand-over of the node's rules from before this write

@@ -153,7 +153,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
     for name, member in [*hosts, ("SuspendRequest", "site"), ("RebindRequest", "routing_domain")]:
         components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{api_patterns()[member]}$")
     for name, _ in hosts:
-        components[name]["properties"]["queue"]["anyOf"][0].update(pattern=f"^{api_patterns()['glob']}$")
+        components[name]["properties"]["queue"]["anyOf"][0].update(pattern=f"^{api_patterns()['queue_glob']}$")
     # A tenant or campaign names a queue, at every door: its globs can hold no more than it does,
     # and a selector's have their sets closed too.
     for name in ("InjectRequest", "AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
