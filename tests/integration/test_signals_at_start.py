@@ -276,3 +276,41 @@ def test_a_stop_while_the_policy_module_imports_stops_the_node_at_once(
                 os.kill(int(marker.name.removeprefix("importing-")), 0)
     finally:
         pigeon.kill()
+
+
+_SWALLOWING = """
+import os, time
+from pathlib import Path
+
+(Path(__file__).parent / f"importing-{os.getpid()}").touch()
+for _ in range(30):  # "wait for the database": whatever interrupts a try is swallowed
+    try:
+        time.sleep(0.1)
+    except BaseException:
+        pass
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stop_that_the_policy_module_swallows_still_stops_the_node_once_the_import_ends(
+    tmp_path: Path, workers: int
+) -> None:
+    root = tmp_path / "node"
+    root.mkdir()
+    (root / "swallows.py").write_text(_SWALLOWING)
+    pigeon = PigeonProcess(root, node={"workers": workers}, policy={"module": "swallows.py"})
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.process is not None
+        deadline = time.monotonic() + _START
+        while not list(root.glob("importing-*")):
+            assert pigeon.process.poll() is None and time.monotonic() < deadline, pigeon.stderr()
+            time.sleep(0.02)
+        time.sleep(0.5)
+        pigeon.process.send_signal(signal.SIGTERM)
+        assert pigeon.wait_exit(30) == 0, pigeon.stderr()
+        said = pigeon.stderr()
+        assert "SIGTERM while importing the policy module" in said, said
+        assert "started" not in said and "listening" not in said, said  # nothing went on to start
+    finally:
+        pigeon.kill()

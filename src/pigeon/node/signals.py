@@ -38,10 +38,6 @@ class Stopped(BaseException):
         self.signum = signum
 
 
-def _raise_stopped(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)
-
-
 def hold() -> None:
     """Block the node's signals in this thread, and in the threads and processes it starts
     from now on (they inherit the mask): they stay pending until `release`."""
@@ -64,10 +60,18 @@ def stoppable() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, _raise_stopped) for signum in STOPS}
+    came: list[int] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        came.append(signum)  # kept: the block may catch what is raised (a bare except in a module)
+        raise Stopped(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOPS}
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     try:
         yield
+        if came:  # swallowed where it was raised: still a stop
+            raise Stopped(came[0])
     finally:
         # Blocked before the handlers are put back: one that comes meanwhile stays pending for
         # the handler the process has after the block (the loop's), rather than for none.
