@@ -159,19 +159,19 @@ def same_rule(held: Rule, asked: Rule) -> bool:
 def describe_rule(rule: Rule) -> str:
     """`suspension 16bf153e5139 of domain=e.test (until resumed)`: for people, in errors and logs."""
     what = "suspension" if rule.kind == "suspend" else "standing bounce"
-    until = "until resumed" if rule.kind == "suspend" else "until cancelled"
-    if rule.expires is not None:
-        until = f"for {rule.expires - rule.created:.0f}s"
-    return f"{what} {rule.id} of {rule.selector.describe()} ({until})"
+    return f"{what} {rule.id} of {rule.selector.describe()} ({_lasting(rule)})"
 
 
 def describe_asked(rule: Rule) -> str:
     """`suspend of domain=e.test (for 3600s)`: what a request asked for, in a refusal beside the
     rule that refuses it (so two rules of one selector read apart by their durations)."""
-    until = "until resumed" if rule.kind == "suspend" else "until cancelled"
+    return f"{rule.kind} of {rule.selector.describe()} ({_lasting(rule)})"
+
+
+def _lasting(rule: Rule) -> str:
     if rule.expires is not None:
-        until = f"for {rule.expires - rule.created:.0f}s"
-    return f"{rule.kind} of {rule.selector.describe()} ({until})"
+        return f"for {rule.expires - rule.created:.0f}s"
+    return "until resumed" if rule.kind == "suspend" else "until cancelled"
 
 
 class RuleIdTaken(Exception):
