@@ -81,11 +81,12 @@ def edited(stored: bytes, envelope: Envelope, routing: tuple[bytes, ...] = ROUTI
     removed = envelope.headers_removed
     if removed:
         names = names + tuple(name.encode("utf-8") for name in removed)
-    message = strip_headers(stored, names) if names else stored
     if b"received" in names and (own := _OWN_RECEIVED.match(stored)) is not None:
         # A policy's remove_headers=["Received"] takes the earlier hops' off, not Pigeon's
         # own: the next hop's loop detection and hop count (RFC 5321 6.3) rely on it.
         message = stored[: own.end()] + strip_headers(stored[own.end() :], names)
+    else:
+        message = strip_headers(stored, names) if names else stored
     added = envelope.headers_added
     if added:
         on_top = "".join(
