@@ -72,6 +72,7 @@ from harness import (
     Pigeon,
     Postfix,
     free_port,
+    machine_busy_seconds,
     median,
     require,
     smtp_source,
@@ -109,7 +110,9 @@ def start(kind: str, path: Path, sink_port: int, baseline: Path | None) -> Mta:
     return pigeon(path, workers, sink_port, baseline if kind.endswith(BASELINE) else None)
 
 
-def one_run(kind: str, args: argparse.Namespace, profile: bool = False) -> tuple[float, float]:
+def one_run(kind: str, args: argparse.Namespace, profile: bool = False) -> tuple[float, float, float, float]:
+    """(messages a second, the MTA's CPU ms a message, the whole machine's busy and idle CPU ms a
+    message): the last two tell whether the run was bound by CPU or by waiting."""
     sink_port = free_port()
     with workdir(f"relay-{kind.replace(':', '-').replace(' ', '')}-") as path:
         warm = sink(sink_port, 200)
@@ -118,7 +121,11 @@ def one_run(kind: str, args: argparse.Namespace, profile: bool = False) -> tuple
             warm_up(mta.port, warm, args.size)
             spy = Profile(mta, args.profile) if profile else None
             try:
-                return timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
+                busy, idle = machine_busy_seconds()
+                rate, cpu = timed_relay(mta.port, mta.root_pid(), sink_port, args.size, args.sessions, args.messages)
+                busy_after, idle_after = machine_busy_seconds()
+                per_message = 1000 / args.messages
+                return rate, cpu, (busy_after - busy) * per_message, (idle_after - idle) * per_message
             finally:
                 if spy is not None:
                     spy.stop()
@@ -484,9 +491,10 @@ def relay(args: argparse.Namespace) -> None:
     results: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     for round_no in range(args.rounds):
         for kind in kinds if round_no % 2 == 0 else list(reversed(kinds)):
-            rate, cpu = one_run(kind, args)
+            rate, cpu, machine, idle = one_run(kind, args)
             results[kind].append((rate, cpu))
-            print(f"round {round_no + 1}: {kind:12} {rate:8.0f} msg/s end to end  {cpu:5.2f} CPU ms/msg", flush=True)
+            print(f"round {round_no + 1}: {kind:12} {rate:8.0f} msg/s end to end  {cpu:5.2f} CPU ms/msg"
+                  f"  (machine busy {machine:.2f}, idle {idle:.2f})", flush=True)  # fmt: skip
     print(f"\nsmtp-source -s {args.sessions} -l {args.size} -m {args.messages} -> MTA -> smtp-sink, medians:")
     summary = {kind: (median([r for r, _ in v]), median([c for _, c in v])) for kind, v in results.items()}
     for kind, (rate, cpu) in summary.items():
@@ -499,7 +507,7 @@ def relay(args: argparse.Namespace) -> None:
         (rate, cpu), (base_rate, base_cpu) = summary[kind], summary[kind + BASELINE]
         print(f"{kind} / its baseline: {rate / base_rate:.2f}x the rate, {cpu / base_cpu:.2f}x the CPU per message")
     if args.profile:
-        rate, cpu = one_run(pigeons[0], args, profile=True)
+        rate, cpu, _, _ = one_run(pigeons[0], args, profile=True)
         print(f"profiled: {pigeons[0]} {rate:.0f} msg/s, {cpu:.2f} CPU ms/msg (under py-spy, not counted)")
         print(own_time(args.profile, top=40))
 
