@@ -81,6 +81,9 @@ class Recipient(msgspec.Struct, array_like=True, omit_defaults=True):
     address: str
     notify: list[str] | None = None  # e.g. ["SUCCESS", "FAILURE"], or ["NEVER"]
     orcpt: str | None = None  # "rfc822;user@example.com"
+    # The reply this recipient's last failed attempt got: its expiry and its DSN name it. Kept
+    # per recipient, for the recipients of one attempt get different replies (451, 452 ...).
+    last_response: str | None = None
 
     @property
     def domain(self) -> str:
@@ -105,7 +108,9 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     helo: str = ""
     auth_user: str | None = None
     protocol: str = "ESMTP"  # RFC 3848 WITH keyword of the reception
-    last_response: str | None = None  # the last failed attempt's reply, for inspection and expiry
+    # The last failed attempt's reply (its last recipient's), for inspection; an expiry names
+    # each recipient's own (`Recipient.last_response`), this only for rows stored without one.
+    last_response: str | None = None
     last_attempt: float | None = None  # when that attempt ended: an expiry's DSN says it (RFC 3464 2.3.7)
     metadata: dict[str, str] | None = None  # from the injecting application, copied into log records
     routing_domain: str | None = None  # route as if the recipients were in this domain (admin rebind)

@@ -127,6 +127,30 @@ def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
             wait_until(lambda: pigeon.spool_messages() == [])
 
 
+def test_each_expired_recipient_and_its_dsn_name_its_own_last_reply_across_a_restart(tmp_path: Path) -> None:
+    """Two recipients of one message, deferred with different replies, expire at a start of
+    the node after their attempt: each `Expiration` and each DSN block names the reply that
+    recipient got (kept in the spool), not the one the last recipient got."""
+    replies = {"t451x@example.net": "451 4.2.1 try later", "q452x@example.net": "452 4.2.2 mailbox full"}
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = replies.get
+        pigeon = PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, max_age="5s", retry_interval="1h"))
+        with pigeon:
+            _send(pigeon, list(replies))
+            pigeon.wait_records("TransientFailure", 2)
+        with pigeon:  # started again: the row, read back from the spool, expires in this run
+            records = wait_until(lambda: len(pigeon.records("Expiration")) == 2 and pigeon.records("Expiration"))
+            said = {r["recipient"]: r["response"]["text"] for r in records}
+            assert said == {
+                address: f"Message expired: not delivered within max_age; last attempt: {reply}"
+                for address, reply in replies.items()
+            }
+            (dsn,) = sink.wait_for(1)
+            blocks = dsn.email.get_payload()[1].get_payload()[1:]  # (the first is the per-message one)
+            diagnostics = {block["Final-Recipient"].split("; ")[1]: block["Diagnostic-Code"] for block in blocks}
+            assert diagnostics == {address: f"X-Pigeon; 554 5.4.7 {said[address]}" for address in replies}
+
+
 def test_bounce_sends_a_dsn_to_the_sender_and_never_to_the_null_sender(tmp_path: Path) -> None:
     with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
         _send(pigeon, ["permfail@example.net"], sender="ok@example.org")

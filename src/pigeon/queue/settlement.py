@@ -180,9 +180,10 @@ class Settlement:
         """A message found past its max_age before an attempt: expire every recipient."""
         message = entry.message
         outcome = self._begin(entry, message.attempts, self._clock())
-        reply = expired_reply(message.envelope.last_response)
         for recipient in message.envelope.recipients:
-            self._expired(outcome, recipient, reply, None)
+            # (A row stored before recipients kept their own has the message's alone.)
+            last = recipient.last_response or message.envelope.last_response
+            self._expired(outcome, recipient, expired_reply(last), None)
         self._keep_held(outcome)
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
 
@@ -191,9 +192,10 @@ class Settlement:
         with an `Expiration` record, and still no DSN (it was held because none may go)."""
         message = entry.message
         outcome = self._begin(entry, message.attempts, self._clock())
-        why = message.envelope.held or "held"
-        reply = Reply(550, "5.4.7", (f"Held for the operator past [[inbound]] held_for; {why}",))
+        held = message.envelope.held or "held"
         for recipient in message.envelope.recipients:
+            why = recipient.last_response or held  # (the message's alone in rows stored before)
+            reply = Reply(550, "5.4.7", (f"Held for the operator past [[inbound]] held_for; {why}",))
             fields = self._fields(message, recipient, reply, message.attempts, None)
             outcome.terminal.append(Expiration(**fields, dsn="not sent: held past [[inbound]] held_for"))
         self._commit(outcome)
@@ -284,9 +286,11 @@ class Settlement:
                 outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, mark))
             deferred, outcome.held = [], []
         if deferred:
-            # Not tried (its site is down): what the message last met is the site's failure,
-            # not "not tried", or an expiry would tell the sender only that.
-            last = str(attempt.cause if attempt.cause is not None and not attempt.tried else deferred[-1][1])
+            # Each recipient keeps the reply it got, which its expiry names (now, or from the
+            # spool later). Not tried (its site is down): what each last met is the site's
+            # failure, not "not tried", or an expiry would tell the sender only that.
+            cause = attempt.cause if attempt.cause is not None and not attempt.tried else None
+            lasts = [str(reply if cause is None else cause) for _, reply, _ in deferred]
             due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
             if due is not None and attempt.retry_after is not None:
                 due = min(now + attempt.retry_after, policy.retry.expires(message.age_from))
@@ -298,12 +302,16 @@ class Settlement:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.
                 due, outcome.queue = now, rebind.queue
             if due is None:
-                for recipient, _, index in deferred:
+                for (recipient, _, index), last in zip(deferred, lasts, strict=True):
                     self._expired(outcome, recipient, expired_reply(last), attempt, index)
             else:
                 outcome.due = due
+                kept = [
+                    msgspec.structs.replace(recipient, last_response=last)
+                    for (recipient, _, _), last in zip(deferred, lasts, strict=True)
+                ]
                 outcome.remaining = msgspec.structs.replace(
-                    message.envelope, recipients=[r for r, _, _ in deferred], last_response=last, last_attempt=now
+                    message.envelope, recipients=kept, last_response=lasts[-1], last_attempt=now
                 )
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
@@ -347,14 +355,14 @@ class Settlement:
         a message's recipients), they are tried again with those."""
         if not outcome.held:
             return
-        kept = [recipient for recipient, _ in outcome.held]
+        # Each recipient keeps why it is held as its last reply, as one retried keeps its own.
+        kept = [msgspec.structs.replace(recipient, last_response=_why(held)) for recipient, held in outcome.held]
         if outcome.remaining is not None:
             outcome.remaining = msgspec.structs.replace(
                 outcome.remaining, recipients=[*outcome.remaining.recipients, *kept]
             )
             return
-        last = outcome.held[-1][1]
-        why = f"{last.cause}: {last.response.code} {last.response.text}"
+        why = _why(outcome.held[-1][1])
         outcome.remaining = msgspec.structs.replace(
             outcome.entry.message.envelope, recipients=kept, held=why, last_response=why
         )
@@ -496,6 +504,11 @@ def _terminal_state(records: list[Terminal]) -> State:
     if any(isinstance(r, AdminBounce) for r in records):
         return State.ADMIN_BOUNCED
     return State.BOUNCED
+
+
+def _why(held: Held) -> str:
+    """Why a recipient is held, as its last reply and the message's `held` say it."""
+    return f"{held.cause}: {held.response.code} {held.response.text}"
 
 
 def _host(peer: str | None) -> str | None:

@@ -92,6 +92,41 @@ async def test_a_retry_that_would_come_after_max_age_is_due_at_the_expiry_and_ex
     assert [failure.attempted for failure in world.reported] == [created]
 
 
+FULL = Reply(452, "4.2.2", ("mailbox full",))
+
+
+async def test_each_recipient_expiring_while_it_waits_names_its_own_last_reply(make_world: MakeWorld) -> None:
+    """Read back from the spool at its expiry (as after a restart), each recipient's
+    `Expiration` and DSN name the reply that recipient last got, not its neighbour's."""
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [LATER, FULL], max_age=100.0)
+    world.inject(["a@d1.test", "b@d1.test"])
+    created = world.clock()
+    await world.release_all()
+    world.clock.now = created + 100.0
+    world.tick()
+    await world.release_all()
+    said = {r.recipient: r.response.text for r in world.logged("Expiration")}
+    assert said == {
+        "a@d1.test": "Message expired: not delivered within max_age; last attempt: 451 4.3.0 try later",
+        "b@d1.test": "Message expired: not delivered within max_age; last attempt: 452 4.2.2 mailbox full",
+    }
+    assert {f.recipient.address: f.reply.text for f in world.reported} == said
+
+
+async def test_each_recipient_expiring_at_the_end_of_an_attempt_names_its_own_reply(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [FULL, LATER], max_age=100.0)
+    world.inject(["a@d1.test", "b@d1.test"])
+    await world.release_all("lookup")
+    world.clock.now += 100.0  # the attempt ends past max_age: no retry, an expiry
+    await world.release_all()
+    said = {r.recipient: r.response.text for r in world.logged("Expiration")}
+    assert said == {
+        "a@d1.test": "Message expired: not delivered within max_age; last attempt: 452 4.2.2 mailbox full",
+        "b@d1.test": "Message expired: not delivered within max_age; last attempt: 451 4.3.0 try later",
+    }
+    assert {f.recipient.address: f.reply.text for f in world.reported} == said
+
+
 async def test_a_commit_that_fails_is_written_again_and_told_once(
     make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
