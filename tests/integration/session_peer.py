@@ -11,8 +11,10 @@ self-signed certificate, unless `starttls` says to break it:
 
 `banner` replaces the greeting (a 554 refuses the connection); `stall` makes the server stop
 answering after that many writes of its own (0: no banner); `dribble` sends the banner one
-byte every `dribble` seconds, never finishing it; `delay` waits before each answer. `say()`
-writes raw bytes on a connection, unasked.
+byte every `dribble` seconds, never finishing it; `delay` waits before each answer, and
+`end_delay` before the one to the end of a message's content (with the replies written with
+it: a pipelined MAIL's too, when the content came in the same write). `say()` writes raw
+bytes on a connection, unasked.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import uvloop
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination, Hop, TlsPolicy
 from pigeon.listener.tls import ensure_self_signed, server_context
-from pigeon.smtp.events import Closing, StartTls
+from pigeon.smtp.events import Closing, MessageEnd, StartTls
 from pigeon.smtp.replies import Reply
 from pigeon.smtp.server import Phase as ServerPhase
 from pigeon.smtp.server import ServerConfig
@@ -65,6 +67,7 @@ class PeerServer:
         stall: int | None = None,
         dribble: float | None = None,
         delay: float = 0.0,
+        end_delay: float = 0.0,
     ) -> None:
         self.config = config
         self.context: ssl.SSLContext | None = None
@@ -76,6 +79,7 @@ class PeerServer:
         self.stall = stall
         self.dribble = dribble
         self.delay = delay  # seconds before each answer
+        self.end_delay = end_delay  # seconds before the answer to the end of a message's content
         self.connections: list[Connection] = []
         self._server: asyncio.Server | None = None
         self._protocols: list[_Protocol] = []
@@ -156,8 +160,11 @@ class _Protocol(asyncio.Protocol):
         if any(isinstance(event, StartTls) for event in new) and peer.session.phase is ServerPhase.TLS:
             self._starttls(out)
             return
-        if self.server.delay:
-            self.loop.call_later(self.server.delay, self._write_then_maybe_close, out)
+        delay = self.server.delay
+        if self.server.end_delay and any(isinstance(event, MessageEnd) for event in new):
+            delay = self.server.end_delay  # taking the message: the answers wait for it
+        if delay:
+            self.loop.call_later(delay, self._write_then_maybe_close, out)
         else:
             self._write_then_maybe_close(out)
 

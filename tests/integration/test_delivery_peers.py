@@ -69,6 +69,28 @@ def test_a_slow_server_runs_into_the_reply_timeout(tmp_path: Path) -> None:
         assert failure["response"]["text"].startswith("timeout waiting for")
 
 
+def test_a_server_slow_to_take_the_message_has_data_done_timeout_not_reply_timeout(tmp_path: Path) -> None:
+    """RFC 5321 4.5.3.2.6: the reply to the end of data may take longer than other replies.
+    One that comes within `data_done_timeout` delivers the message once; one that does not
+    is timed out then, as any other reply after `reply_timeout`."""
+    config = delivery_config("", reply_timeout="1s", data_done_timeout="3s", retry_interval="1h", dsn=False)
+    with ScriptedSink(slow=2.0) as sink:
+        config["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.sendmail("a@example.org", ["slowend@example.net"], b"Subject: 1\r\n\r\nhi\r\n")
+            (record,) = wait_until(lambda: _terminal(pigeon))
+            assert (record["type"], record["attempt"]) == ("Delivery", 1)
+            sink.slow = 5.0
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.sendmail("a@example.org", ["slowend-2@example.net"], b"Subject: 2\r\n\r\nhi\r\n")
+            sent = time.time()
+            (failure,) = pigeon.wait_records("TransientFailure", timeout=15)
+            assert failure["response"]["text"].startswith("timeout waiting for")
+            assert 2.9 <= failure["timestamp"] - sent < 4.5
+            assert len(sink.received) == 1  # (the second arrives once the sink wakes, taken too late)
+
+
 def test_sigterm_finishes_deliveries_and_keeps_the_rest_for_the_next_start(tmp_path: Path) -> None:
     with ScriptedSink(slow=0.5) as sink:
         config = delivery_config(sink.endpoint, connection_limit=1)

@@ -198,8 +198,44 @@ async def test_the_reply_timeout_counts_from_each_reply_not_from_the_start_of_th
 
 
 @on_both_loops
+@pytest.mark.parametrize(("pipelining", "chunking"), [(True, True), (True, False), (False, True), (False, False)])
+async def test_the_reply_to_the_end_of_data_may_take_data_done_timeout_not_reply_timeout(
+    pipelining: bool, chunking: bool
+) -> None:
+    """RFC 5321 4.5.3.2.6: 10 minutes for the server to take the message, where other replies
+    get 5. Answered within it, the message is delivered once, not timed out and sent again."""
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.3, data_done_timeout=2.0)
+    async with server(pipelining=pipelining, chunking=chunking) as peer:
+        connection = await connect(peer, options)
+        peer.end_delay = 0.8
+        started = time.monotonic()
+        result, _ = await connection.send(message())
+        assert time.monotonic() - started > 0.8
+        assert [reply.code for reply in result.replies] == [250]
+        peer.end_delay = 3.0  # past data_done_timeout: given up on, after it and not before
+        started = time.monotonic()
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())
+        assert 2.0 <= time.monotonic() - started < 2.9
+        assert str(lost.value.reply) == f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}"
+
+
+@on_both_loops
+async def test_every_other_reply_still_has_reply_timeout() -> None:
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.3, data_done_timeout=5.0)
+    async with server(pipelining=False, chunking=False) as peer:
+        connection = await connect(peer, options)
+        peer.delay = 0.6  # MAIL's reply, first
+        started = time.monotonic()
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(message())
+        assert time.monotonic() - started < 0.6
+        assert "timeout waiting for" in lost.value.reply.text
+
+
+@on_both_loops
 async def test_a_server_gone_quiet_mid_transaction_times_out_as_connection_lost() -> None:
-    options = ClientOptions(helo_name="client.test", reply_timeout=0.3)
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.3, data_done_timeout=0.3)
     async with server() as peer:
         connection = await connect(peer, options)
         peer.stall = 0  # no more answers

@@ -431,6 +431,11 @@ class DeliveryConfig(_Section):
     brings the site up, and its mail goes at once. Each worker process keeps its own view."""
     connect_timeout: PositiveDuration = PositiveDuration(30)
     reply_timeout: PositiveDuration = PositiveDuration(300)
+    data_done_timeout: PositiveDuration = PositiveDuration(600)
+    """The reply to the end of a message's content (the final dot, or BDAT LAST), while the
+    server takes the message: RFC 5321 4.5.3.2.6's 10 minutes (Postfix's
+    smtp_data_done_timeout), never less than `reply_timeout`. Shorter, a server that takes
+    long to answer it gets the message again at each retry."""
     max_active: PositiveInt = 10_000
     """Messages held in memory per worker (the rest wait in the spool)."""
     tenant_header: str = "X-Tenant"

@@ -65,7 +65,8 @@ class ClientOptions:
     helo_name: str
     bind: str | None = None  # the local address to connect from (an egress [[source]]); None: the OS's choice
     connect_timeout: float = 30.0
-    reply_timeout: float = 300.0  # RFC 5321 4.5.3.2: 5 minutes for most replies, 10 for end of data
+    reply_timeout: float = 300.0  # RFC 5321 4.5.3.2: 5 minutes for most replies ...
+    data_done_timeout: float = 600.0  # ... and 10 for the one to the end of data (4.5.3.2.6)
     pipelining: bool = True
     chunking: bool = True
     try_next_mx: bool = False  # a recipient answered 4xx is tried at once at the site's next host (smtp_agent)
@@ -152,6 +153,7 @@ class _Wire(asyncio.Protocol):
         self.final: Closed | Unusable | None = None  # how the session ended
         self.timer: asyncio.TimerHandle | None = None
         self.patience = 0.0
+        self.ending_patience = 0.0  # for the reply to the end of a message's content
         self.progress = 0.0  # loop time of the last reply (or of the start of the wait)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -210,12 +212,17 @@ class _Wire(asyncio.Protocol):
         self._wake()
 
     # --- waiting, with a reply timeout that counts from the last reply ------------------------
-    async def wait(self, patience: float) -> None:
+    async def wait(self, patience: float, ending_patience: float | None = None) -> None:
         """Until an event or a failure. A reply resets the clock (RFC 5321 4.5.3.2 times each
-        command); partial replies do not, so a server dribbling bytes still times out."""
+        command); partial replies do not, so a server dribbling bytes still times out. While
+        the session awaits the reply to the end of a message's content, the clock runs to
+        `ending_patience` instead, if that is longer (None: `patience` for every reply)."""
         loop = self.loop
         self.waiter = loop.create_future()
         self.patience = patience
+        # Never shorter: a transaction only ever moves on to awaiting its end, so the timer set
+        # for `patience` is never late, and _expire sets it again for what applies by then.
+        self.ending_patience = patience if ending_patience is None else max(patience, ending_patience)
         self.progress = loop.time()
         self.timer = loop.call_at(self.progress + patience, self._expire)
         try:
@@ -227,9 +234,10 @@ class _Wire(asyncio.Protocol):
                 self.timer = None
 
     def _expire(self) -> None:
-        due = self.progress + self.patience
+        ending = self.session.awaits_end_of_data()
+        due = self.progress + (self.ending_patience if ending else self.patience)
         if self.loop.time() < due:
-            self.timer = self.loop.call_at(due, self._expire)  # a reply came meanwhile
+            self.timer = self.loop.call_at(due, self._expire)  # a reply came, or the end's is awaited
         else:
             self.timer = None
             self.fail(_TIMED_OUT)
@@ -402,7 +410,7 @@ class ClientConnection:
             self.broken = True
             raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
         self._write(self._session.send(Deliver(envelope)))
-        event = await self._event()
+        event = await self._event(ending_patience=self.options.data_done_timeout)
         if not isinstance(event, TransactionDone):
             self.broken = True
             if isinstance(event, Closed) and event.reply is not None:
@@ -447,12 +455,13 @@ class ClientConnection:
         if data:
             wire.transport.write(data)
 
-    async def _event(self, patience: float | None = None) -> Event:
-        """The session's next event; ConnectionLost if the connection failed first."""
+    async def _event(self, patience: float | None = None, ending_patience: float | None = None) -> Event:
+        """The session's next event; ConnectionLost if the connection failed first. Each reply
+        may take `patience` (None: `reply_timeout`), the one to the end of data `ending_patience`."""
         wire = self._wire
         if not wire.events:
             if wire.error is None:
-                await wire.wait(self.options.reply_timeout if patience is None else patience)
+                await wire.wait(self.options.reply_timeout if patience is None else patience, ending_patience)
             if not wire.events:
                 self.broken = True
                 assert wire.error is not None

@@ -94,6 +94,7 @@ class Outbound:
                 helo_name=delivery.helo_name or config.smtp.hostname,
                 connect_timeout=delivery.connect_timeout,
                 reply_timeout=delivery.reply_timeout,
+                data_done_timeout=delivery.data_done_timeout,
                 pipelining=delivery.pipelining,
                 chunking=delivery.chunking,
                 try_next_mx=delivery.try_next_mx,

@@ -296,6 +296,14 @@ class Transaction:
     def done(self) -> bool:
         return not self._pending
 
+    @property
+    def ending(self) -> bool:
+        """The end of the content (the final dot, or BDAT LAST) is sent and its reply is still
+        to come. The server may be taking the message meanwhile, and RFC 5321 4.5.3.2.6 gives
+        that 10 minutes where other replies get 5. With PIPELINING and CHUNKING that is from
+        the start: the content went with MAIL, and a server may hold every reply until it took it."""
+        return any(what == _CONTENT for what, _ in self._pending)
+
     def start(self) -> bytes:
         out = []
         if self.reset_first:

@@ -394,6 +394,12 @@ class ClientSession:
         """A message may go now."""
         return self.phase is Phase.READY
 
+    def awaits_end_of_data(self) -> bool:
+        """The reply the session waits for is the one to the end of a message's content
+        (`Transaction.ending`), which the I/O layer gives longer than the others."""
+        transaction = self._transaction
+        return transaction is not None and transaction.ending
+
     # --- replies -------------------------------------------------------------------------------
     def _read(self) -> None:
         received, self._received = self._received, []

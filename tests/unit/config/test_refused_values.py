@@ -85,6 +85,7 @@ def test_domain_names_and_address_literals_load_as_names_on_the_wire(tmp_path: P
         "[delivery]\nmax_site_retry_interval = {}",
         "[delivery]\nconnect_timeout = {}",
         "[delivery]\nreply_timeout = {}",
+        "[delivery]\ndata_done_timeout = {}",
         "[dns]\ntimeout = {}",
         "[redis]\ntimeout = {}",
         "[policy]\ntimeout = {}",
