@@ -74,14 +74,17 @@ def build_report(
     utf8 = envelope.smtputf8 or not envelope.sender.isascii()
     failed = [f for f in failures if f.action == "failed"]
     succeeded = [f for f in failures if f.action != "failed"]
+    full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
     human = f"This is the mail system at host {hostname}.\r\n\r\n"
     if failed:
         # A remote server's words, escaped as everywhere they are shown: an ESC in them must
         # not reach the sender's terminal (the Diagnostic-Code below is a header field's value).
         reasons = "\r\n".join(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}" for f in failed)
+        # Say what comes back: without RET=FULL, only the header section does.
+        attached = "It is attached below" if full else "Its headers are attached below"
         human += (
             "Your message could not be delivered to one or more recipients.\r\n"
-            f"It is attached below; the reasons are:\r\n\r\n{reasons}\r\n"
+            f"{attached}; the reasons are:\r\n\r\n{reasons}\r\n"
         )
     if succeeded:
         # RFC 3461 5.2.2: "relayed" to a server that does not report on; "delivered" here.
@@ -116,7 +119,6 @@ def build_report(
         blocks.append("\r\n".join(fields))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
-    full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
     returned = original if full else _headers(original)
     if full:
         returned_type = "message/global" if utf8 else "message/rfc822"
@@ -141,13 +143,20 @@ def build_report(
         f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n\r\n"
         + "\r\n\r\n".join(blocks)
         + "\r\n\r\n",
-        f"--{boundary}\r\nContent-Description: {'Undelivered message' if failed else 'Message headers'}\r\n"
+        f"--{boundary}\r\nContent-Description: {_description(bool(failed), full)}\r\n"
         f"Content-Type: {returned_type}\r\n\r\n",
     ]
     text = (head + "".join(parts)).encode("utf-8")
     if not returned.endswith(b"\r\n"):
         returned += b"\r\n"
     return text + returned + f"\r\n--{boundary}--\r\n".encode()
+
+
+def _description(failed: bool, full: bool) -> str:
+    """The returned part's Content-Description: what it is, of which message."""
+    if full:
+        return "Undelivered message"
+    return "Undelivered message headers" if failed else "Message headers"
 
 
 def _field(value: str) -> str:

@@ -193,6 +193,25 @@ def test_ret_full_returns_the_whole_message() -> None:
     assert ORIGINAL in data  # byte for byte
 
 
+@pytest.mark.parametrize(
+    ("ret", "said", "description"),
+    [
+        (None, "Its headers are attached below;", "Undelivered message headers"),
+        ("HDRS", "Its headers are attached below;", "Undelivered message headers"),
+        ("FULL", "It is attached below;", "Undelivered message"),
+    ],
+)
+def test_the_text_says_whether_the_message_or_only_its_headers_come_back(
+    ret: str | None, said: str, description: str
+) -> None:
+    _, parsed = report(envelope(ret=ret))
+    notification, _, returned = parsed.get_payload()
+    text = notification.get_content()
+    assert said in text
+    assert ("It is attached" in text) == (ret == "FULL")
+    assert returned["Content-Description"] == description
+
+
 def test_a_message_without_a_final_crlf_comes_back_whole_ending_in_crlf() -> None:
     original = b"Subject: x\r\n\r\nno newline"
     _, parsed = report(envelope(ret="FULL"), original=original)
