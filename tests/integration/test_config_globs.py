@@ -1,15 +1,17 @@
-"""Domain globs in a real node's configuration: one written in capitals with a final dot
-routes mail as meant; one no domain can match stops `pigeon serve` with exit 2, naming it."""
+"""Globs in a real node's configuration: a domain glob written in capitals with a final dot
+routes mail as meant; one no domain can match stops `pigeon serve` with exit 2, naming it; a
+queue glob matches whole queue names, the domain alone for mail with no tenant nor campaign."""
 
 from __future__ import annotations
 
 import smtplib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
-from tests.support.sinks import ScriptedSink, delivery_config
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 
 def test_a_route_written_in_capitals_with_a_final_dot_takes_the_mail_of_its_domain(tmp_path: Path) -> None:
@@ -38,3 +40,27 @@ def test_serve_refuses_an_impossible_domain_glob_with_exit_2_naming_the_setting(
     assert result.stderr == (
         f"pigeon: configuration error: {config}, line 5: [[shaping]] #1 domain: '*.gmail com' holds white space\n"
     )
+
+
+def test_a_domain_s_mail_with_and_without_a_tenant_needs_both_queue_globs_the_readme_gives(tmp_path: Path) -> None:
+    """Mail with no tenant nor campaign is in the queue `<domain>`, which `"*@<domain>"` does
+    not match: README's "Queue names" gives both globs for all of a domain's mail."""
+    sections = delivery_config("", retry_interval="1s", dsn=False)
+    queues = [
+        {"name": "both.test", "max_age": "2s"},
+        {"name": "*@both.test", "max_age": "2s"},
+        {"name": "*@tenants.test", "max_age": "2s"},
+    ]
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: "451 4.3.0 later"
+        sections["route"][0]["next_hop"] = sink.endpoint
+        with PigeonProcess(tmp_path / "node", **sections, tables={"queue": queues}) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                for recipient in ("a@both.test", "a@tenants.test"):
+                    client.sendmail("a@example.org", [recipient], b"Subject: plain\r\n\r\nhi\r\n")
+                    client.sendmail("a@example.org", [recipient], b"X-Tenant: acme\r\nSubject: acme\r\n\r\nhi\r\n")
+            expired = wait_until(lambda: len(pigeon.records("Expiration")) == 3 and pigeon.records("Expiration"))
+            assert sorted(r["queue"] for r in expired) == ["acme@both.test", "acme@tenants.test", "both.test"]
+            time.sleep(1.0)
+            assert len(pigeon.records("Expiration")) == 3  # tenants.test's plain mail waits for [delivery] max_age
+            assert [m["queue"] for m in pigeon.spool_messages()] == ["tenants.test"]

@@ -474,7 +474,9 @@ class RouteConfig(_Section):
 
 class QueueConfig(_Section):
     name: str
-    """Scheduled queue names this applies to (a glob: "*@example.net", "newsletter:*")."""
+    """Scheduled queue names this applies to (a glob: "newsletter:*", "*@example.net"). Mail with
+    no tenant nor campaign is in the queue of its domain alone, "example.net", which
+    "*@example.net" does not match."""
     retry_interval: PositiveDuration | None = None
     max_retry_interval: PositiveDuration | None = None
     max_age: PositiveDuration | None = None
