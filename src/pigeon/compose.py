@@ -167,7 +167,9 @@ class Composed:
     smtputf8: bool
 
 
-def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> None:
+def check_request(
+    request: InjectRequest, *, max_metadata_size: int = 4096, max_line_length: int = mime.MAX_LINE
+) -> None:
     """Address syntax, header values, attachment encoding and template syntax, before anything
     is stored.
 
@@ -176,6 +178,11 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
     follows, up to a bare-LF end of data that a lenient next hop takes (SMTP smuggling).
     Values that are folded into a header (names, subject, header values) or are text have
     their line breaks unfolded or made CRLF; none may hold a NUL, which some MTAs truncate at.
+
+    What the composer cannot fold (an address, a header field's name, an attachment's type
+    and content id) must fit a line of `max_line_length` (`[smtp] max_line_length`), or every
+    message made of it would be refused by the content check, which Pigeon's own are held to
+    as a client's are.
     """
     if request.envelope_sender and (problem := address.check(request.envelope_sender)) is not None:
         raise ComposeError(problem.text, "$.envelope_sender")
@@ -186,6 +193,8 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
     for index, recipient in enumerate(request.recipients):
         if (problem := address.check(recipient.email)) is not None:
             raise ComposeError(problem.text, f"$.recipients[{index}].email")
+        if not isinstance(request.content, str):  # (raw content has its own To, if any)
+            _address_fits(recipient.email, max_line_length, f"$.recipients[{index}].email")
         if recipient.metadata and (size := len(msgspec.json.encode(recipient.metadata))) > max_metadata_size:
             raise ComposeError(
                 f"metadata is {size} bytes as JSON, over [http] max_metadata_size ({max_metadata_size})",
@@ -202,6 +211,8 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
         for header_address, field in header_addresses:
             if header_address is not None and (problem := address.check(header_address.email)) is not None:
                 raise ComposeError(problem.text, field)
+            if header_address is not None:
+                _address_fits(header_address.email, max_line_length, field)
         _no_nul(content.from_.name, "$.content.from.name")
         _no_nul(content.reply_to.name if content.reply_to else None, "$.content.reply_to.name")
         _no_nul(content.subject, "$.content.subject")
@@ -221,6 +232,9 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
                     raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
             if "/" not in attachment.content_type:
                 raise ComposeError("must be type/subtype", f"$.content.attachments[{index}].content_type")
+            _fits(f"Content-Type: {attachment.content_type};", max_line_length, f"{where}.content_type")
+            if attachment.content_id is not None:
+                _fits(f" <{attachment.content_id}>", max_line_length, f"{where}.content_id")
         seen: dict[str, str] = {}
         for name in content.headers:
             if not name or any(c in name for c in ":\r\n ") or not name.isascii():
@@ -231,6 +245,7 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
                     f"{name!r} is {seen[lowered]!r} again (names are case-insensitive)", "$.content.headers"
                 )
             seen[lowered] = name
+            _fits(f"{name}: ", max_line_length, f"$.content.headers.{name}")
             if (made_by := _BUILT_FROM.get(lowered)) is not None or lowered in _MIME_FIELDS:
                 # A second From (or Subject, ...) breaks RFC 5322 5.6, and many receivers refuse it.
                 raise ComposeError(
@@ -263,6 +278,21 @@ def _as_is_in_header(value: str | None, field: str) -> None:
             raise ComposeError(f"must not contain a {name}: the value is written into a header as it is", field)
 
 
+def _address_fits(email: str, max_line_length: int, field: str) -> None:
+    # As the header field writes it: its A-label form, on a line of its own at worst.
+    _fits(f" <{address.with_a_label(email)}>", max_line_length, field)
+
+
+def _fits(line: str, max_line_length: int, field: str) -> None:
+    """ComposeError unless `line`, which cannot be folded, fits a line of the message."""
+    if (octets := len(line.encode("utf-8", "surrogatepass"))) > max_line_length:
+        raise ComposeError(
+            f"too long for a header line, where it cannot be folded: {octets} octets on its line, over [smtp]"
+            f" max_line_length ({max_line_length}), which the message would be refused for",
+            field,
+        )
+
+
 def _no_nul(value: str | None, field: str) -> None:
     if value is not None and "\0" in value:
         raise ComposeError("must not contain a NUL (RFC 5322 allows none in a message)", field)
@@ -280,10 +310,14 @@ class Composer:
         *,
         max_output: int = 64 * 1024 * 1024,
         max_render_time: float = 10.0,
+        max_line_length: int = mime.MAX_LINE,
     ) -> None:
         """`max_output`: the most characters one template may render (the message size limit);
-        `max_render_time`: seconds all of the request's renders may take together."""
+        `max_render_time`: seconds all of the request's renders may take together;
+        `max_line_length`: the longest line the content check takes (`[smtp] max_line_length`),
+        which every line Pigeon writes keeps within (text in quoted-printable, headers folded)."""
         self._request = request
+        self._max_line = max_line_length
         self._max_output = max_output
         self._render_time_left = max_render_time
         self._hostname = hostname
@@ -378,8 +412,8 @@ class Composer:
         if not _DATE_FIELD.search(lowered):
             extra.append(f"Date: {_now()}\r\n")
         if not _MESSAGE_ID_FIELD.search(lowered):
-            extra.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
-        extra += [f"{name}: {value}\r\n" for name, value in self._routing if value]
+            extra.append(mime.message_id_field(self._hostname, self._max_line))
+        extra += [mime.token_field(name, value, self._max_line) for name, value in self._routing if value]
         data = "".join(extra).encode() + data
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
         return Composed(data, smtputf8=not head.isascii())
@@ -387,19 +421,20 @@ class Composer:
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
         # Address fields are written whole by `mime.address_header`, never through `mime.header`:
         # that one is for unstructured text, and made the address part of an encoded word.
+        max_line = self._max_line
         head = [
-            mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email),
-            mime.address_header("To", recipient.name or "", recipient.email),
+            mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email, max_line),
+            mime.address_header("To", recipient.name or "", recipient.email, max_line),
         ]
         if parts.reply_to is not None:
             reply_to = render("reply_to", parts.reply_to.name or "")
-            head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email))
+            head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email, max_line))
         head.append(mime.header("Subject", render("subject", parts.subject)))
         given = {name.lower() for name in parts.headers} & _REPLACEABLE
         if "date" not in given:
             head.append(f"Date: {_now()}\r\n")
         if "message-id" not in given:
-            head.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
+            head.append(mime.message_id_field(self._hostname, self._max_line))
         head += [mime.header(name, render(f"headers.{name}", value)) for name, value in parts.headers.items()]
         head += [mime.header(name, routing) for name, routing in self._routing if routing]
         head.append("MIME-Version: 1.0\r\n")
@@ -415,8 +450,9 @@ class Composer:
         return Composed(header.encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
 
     def _body(self, parts: Parts, render: _Render) -> mime.Part:
-        text = mime.text_part(render("text", parts.text), "plain") if parts.text is not None else None
-        html = mime.text_part(render("html", parts.html), "html") if parts.html is not None else None
+        max_line = self._max_line
+        text = mime.text_part(render("text", parts.text), "plain", max_line) if parts.text is not None else None
+        html = mime.text_part(render("html", parts.html), "html", max_line) if parts.html is not None else None
         inline, attached = self._attachments(parts)
         if text is not None and html is not None:
             body = mime.multipart("alternative", [text, html])
@@ -436,7 +472,11 @@ class Composer:
             for attachment in parts.attachments:
                 data = base64.b64decode(attachment.data) if attachment.base64 else attachment.data.encode("utf-8")
                 part = mime.binary_part(
-                    data, attachment.content_type, file_name=attachment.file_name, content_id=attachment.content_id
+                    data,
+                    attachment.content_type,
+                    file_name=attachment.file_name,
+                    content_id=attachment.content_id,
+                    max_line=self._max_line,
                 )
                 (inline if attachment.content_id else attached).append(part)
             self._encoded = (inline, attached)
