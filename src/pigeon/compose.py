@@ -190,6 +190,8 @@ def check_request(
         _as_is_in_header(value, field)
         if value is not None and (refused := queue_part_problem(value)) is not None:
             raise ComposeError(f"{refused} (it names a queue)", field)
+        if value:  # (one word: on a line of its own at worst)
+            _fits(f" {value}", max_line_length, field)
     for index, recipient in enumerate(request.recipients):
         if (problem := address.check(recipient.email)) is not None:
             raise ComposeError(problem.text, f"$.recipients[{index}].email")
@@ -413,7 +415,7 @@ class Composer:
             extra.append(f"Date: {_now()}\r\n")
         if not _MESSAGE_ID_FIELD.search(lowered):
             extra.append(mime.message_id_field(self._hostname, self._max_line))
-        extra += [mime.token_field(name, value, self._max_line) for name, value in self._routing if value]
+        extra += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
         data = "".join(extra).encode() + data
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
         return Composed(data, smtputf8=not head.isascii())
@@ -435,8 +437,22 @@ class Composer:
             head.append(f"Date: {_now()}\r\n")
         if "message-id" not in given:
             head.append(mime.message_id_field(self._hostname, self._max_line))
-        head += [mime.header(name, render(f"headers.{name}", value)) for name, value in parts.headers.items()]
-        head += [mime.header(name, routing) for name, routing in self._routing if routing]
+        # The routing fields (the request's, or named in `headers`) go as they are, as in raw
+        # content: the intake names the queue from their text, which it does not decode (the
+        # RFC 2047 words a long or non-ASCII tenant was made named a queue "=?utf-8?q?...?=").
+        # They come off before delivery: a UTF-8 one asks for no SMTPUTF8.
+        routing_names = {name.lower() for name, _ in self._routing}
+        routing = [
+            mime.plain_field(name, render(f"headers.{name}", value), self._max_line)
+            for name, value in parts.headers.items()
+            if name.lower() in routing_names
+        ]
+        routing += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
+        head += [
+            mime.header(name, render(f"headers.{name}", value))
+            for name, value in parts.headers.items()
+            if name.lower() not in routing_names
+        ]
         head.append("MIME-Version: 1.0\r\n")
         body = self._body(parts, render)
         # Names, subjects and text are encoded to 7-bit, and an address is written with its
@@ -447,7 +463,7 @@ class Composer:
         header = "".join(head)
         envelope = (self._request.envelope_sender, recipient.email)
         smtputf8 = not header.isascii() or not all(address.with_a_label(a).isascii() for a in envelope)
-        return Composed(header.encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
+        return Composed((header + "".join(routing)).encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
 
     def _body(self, parts: Parts, render: _Render) -> mime.Part:
         max_line = self._max_line

@@ -126,6 +126,23 @@ def token_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     return f"{name}:\r\n {value}\r\n"
 
 
+def plain_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
+    """`Name: value` with CRLF, the text as it is, never RFC 2047 words: for a field whose
+    reader takes its text undecoded (a routing header, which names a queue). Folded between
+    words before 76 octets where they allow, beside the name or on a line of its own after it
+    as `token_field` puts one word; line breaks in it are unfolded (none can be smuggled in)."""
+    words = value.split()
+    if not words:
+        return f"{name}: \r\n"
+    lines = token_field(name, words[0], max_line).removesuffix("\r\n").split("\r\n")
+    for word in words[1:]:
+        if len(lines[-1].encode()) + 1 + len(word.encode()) > _FOLD_AT:
+            lines.append(f" {word}")
+        else:
+            lines[-1] += f" {word}"
+    return "\r\n".join(lines) + "\r\n"
+
+
 _SHORT_ID: Final = 22  # hex characters: 88 random bits, no less unique than make_msgid's
 SHORT_MESSAGE_ID_FRAME: Final = len(" <@>") + _SHORT_ID
 """The octets of `message_id_field`'s shortest line beside the host name: `max_line` must

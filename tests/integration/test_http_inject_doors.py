@@ -247,3 +247,29 @@ def test_an_x_tenant_after_a_line_that_is_no_field_names_the_queue_at_every_door
     request = _request("http@example.net", content=message.decode(), template=template, tenant="other")
     status, answer = node.http_post("/api/v1/inject", request, TOKEN)
     assert (status, answer["field"]) == (400, "$.content"), answer
+
+
+def test_a_long_or_non_ascii_tenant_of_parts_names_its_queue_as_it_is_and_asks_for_no_smtputf8(
+    node: PigeonProcess,
+) -> None:
+    """The routing field of a message made of parts was written as RFC 2047 words when the
+    tenant was not short ASCII: the intake, which reads it undecoded, named the queue
+    "=?utf-8?q?...?=" (and refused a 255-character tenant as 319 characters long)."""
+    tenant = "bücher-" + "t" * 248  # 255 characters
+    parts = {"from": {"email": "app@example.org"}, "subject": "hi", "text": "hello"}
+    before = {m["id"] for m in node.spool_messages()}
+    requests = [
+        _request("given@example.net", content=parts, tenant=tenant),
+        _request("header@example.net", content={**parts, "headers": {"x-tenant": f"{tenant}"}}),
+        _request("raw@example.net", content="Subject: hi\n\nhello\n", tenant=tenant),
+    ]
+    for request in requests:
+        status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+        assert (status, answer.get("accepted")) == (200, 1), answer
+    added = {m["recipients"][0]: m for m in node.spool_messages() if m["id"] not in before}
+    assert {r: m["queue"] for r, m in added.items()} == {
+        "given@example.net": f"{tenant}@example.net",
+        "header@example.net": f"{tenant}@example.net",
+        "raw@example.net": f"{tenant}@example.net",
+    }
+    assert not added["given@example.net"]["envelope"].smtputf8  # the field comes off before delivery

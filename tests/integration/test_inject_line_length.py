@@ -54,6 +54,7 @@ def test_parts_with_a_line_over_max_line_length_are_taken_and_read_back(node: Pi
         "recipients": [{"email": "ann@example.net", "name": "z" * 250}],
         "content": parts,
         "template": template,
+        "tenant": "t" * 190,  # (its field folded before it)
     }
     status, answer = node.http_post("/api/v1/inject", request, TOKEN)
     assert (status, answer["accepted"]) == (200, 1), answer
@@ -64,6 +65,9 @@ def test_parts_with_a_line_over_max_line_length_are_taken_and_read_back(node: Pi
     assert message["Subject"] == "s" * 250 and message["X-Note"] == "n" * 250
     assert message["From"].addresses[0].display_name == "y" * 190
     assert message["To"].addresses[0].addr_spec == "ann@example.net"
+    assert [m["queue"] for m in node.spool_messages() if m["id"] == answer["recipients"][0]["id"]] == [
+        "t" * 190 + "@example.net"
+    ]
 
 
 def test_pigeon_inject_of_a_text_with_a_line_over_max_line_length_exits_0(node: PigeonProcess) -> None:
@@ -108,4 +112,8 @@ def test_an_address_too_long_for_a_line_is_refused_naming_it(node: PigeonProcess
         f" max_line_length ({LIMIT}), which the message would be refused for"
     )
     assert (status, answer) == (400, {"error": error, "field": "$.recipients[1].email"})
+    # A tenant is one word too: its field cannot be folded within it.
+    request = {**request, "recipients": [{"email": "ann@example.net"}], "tenant": "t" * 200}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer) == (400, {"error": error.replace("203", "201"), "field": "$.tenant"})
     assert len(node.spool_messages()) == before

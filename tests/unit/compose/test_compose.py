@@ -286,6 +286,7 @@ def test_what_the_composer_writes_passes_the_content_check_at_any_max_line_lengt
         "attachments": attachments,
     }
     recipient = {"email": addresses[1], "name": to_name}
+    tenant = tenant.encode()[: max_line - 1].decode("utf-8", "ignore")  # (one word: longer, it is refused)
     body = {"envelope_sender": "a@example.org", "recipients": [recipient], "content": parts, "tenant": tenant}
     body["template"] = False  # (the text as it is: rendering is not what is tested)
     request = DECODE.decode(msgspec.json.encode(body))
@@ -314,6 +315,7 @@ LONG_ADDRESS = "a" * 64 + "@" + "b" * 63 + "." + "c" * 63 + ".example"  # 200 oc
         ({"from": {"email": LONG_ADDRESS}}, "$.content.from.email", len(f" <{LONG_ADDRESS}>")),
         ({"reply_to": {"email": LONG_ADDRESS}}, "$.content.reply_to.email", len(f" <{LONG_ADDRESS}>")),
         ({"headers": {"X-" + "n" * 197: "v"}}, "$.content.headers.X-" + "n" * 197, len("X-" + "n" * 197 + ": ")),
+        ({"tenant": "t" * 200}, "$.tenant", len(" " + "t" * 200)),
         (
             {"attachments": [{"data": "x", "content_type": "application/" + "x" * 200}]},
             "$.content.attachments[0].content_type",
@@ -333,8 +335,9 @@ def test_what_cannot_be_folded_within_max_line_length_is_refused_naming_the_fiel
     line, every message made of it would be refused by the content check, so the request is."""
     parts: dict[str, object] = {"from": {"email": "a@example.org"}, "text": "t"}
     body: dict[str, object] = {"envelope_sender": "a@example.org", "recipients": [{"email": "r@example.net"}]}
-    body.update((key, value) for key, value in change.items() if key == "recipients")
-    body["content"] = parts | {key: value for key, value in change.items() if key != "recipients"}
+    outside = ("recipients", "tenant")
+    body.update((key, value) for key, value in change.items() if key in outside)
+    body["content"] = parts | {key: value for key, value in change.items() if key not in outside}
     request = DECODE.decode(msgspec.json.encode(body))
     check_request(request)  # within 998
     with pytest.raises(ComposeError) as refused:
