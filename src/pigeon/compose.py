@@ -5,7 +5,9 @@ substitutions and metadata) and the content: either a raw RFC 5322 message or pa
 (subject, from, reply-to, headers, text, HTML, attachments) that Pigeon assembles into MIME.
 Either form is a Jinja2 template rendered per recipient, in a sandbox (no attribute access
 to Python internals, no I/O), with undefined variables as errors: a mail that says
-"Dear ," to a million people is worse than a refused recipient.
+"Dear ," to a million people is worse than a refused recipient. A recipient's `name` is
+such a variable when it has none (none given, or blank): `{{ name }}` refuses it, while
+`{{ name | default("there") }}`, `{{ name or "there" }}` and `{% if name %}` work.
 
 The request schema below is also the OpenAPI document's (`listener.http.openapi`), so the
 document describes exactly what the server accepts.
@@ -102,7 +104,14 @@ class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}
 
 class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
     email: Email
-    name: str | None = None
+    name: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="The display name in To, and the template variable `name`. Without one (or blank), `name` is"
+            " undefined: a template that writes it out refuses this recipient (554 5.6.0) rather than sending"
+            ' "Hello ,"; `{{ name | default("there") }}` or `{{ name or "there" }}` give a fallback'
+        ),
+    ] = None
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)
     metadata: Annotated[
         dict[str, str],
@@ -330,7 +339,15 @@ class Composer:
     def _variables(self, recipient: InjectRecipient) -> dict[str, Any]:
         variables = {**self._request.substitutions, **recipient.substitutions}
         variables.setdefault("email", recipient.email)
-        variables.setdefault("name", recipient.name or "")
+        if recipient.name and not recipient.name.isspace():
+            variables.setdefault("name", recipient.name)
+        elif "name" not in variables:
+            # No name is not an empty one: "Hello {{ name }}" sent "Hello " to every recipient
+            # without one. It is undefined, as any variable not given is, yet false where a
+            # template tests it, so `{{ name or "there" }}` and `default` work.
+            from pigeon.rendering import no_name  # (imported already: the request has templates)
+
+            variables["name"] = no_name()
         return variables
 
     def check_header_values(self) -> None:
@@ -378,9 +395,9 @@ class Composer:
 
     def compose(self, recipient: InjectRecipient) -> Composed:
         """The recipient's message. Raises ComposeError when a template cannot be rendered."""
-        variables = self._variables(recipient)
         if self._templates is None:
             return self._compose(recipient, _as_is)
+        variables = self._variables(recipient)
         if self._render_time_left <= 0:
             raise RenderTimeSpent("the request's rendering time ([http] max_render_time) is spent", "$.recipients")
         started = time.monotonic()

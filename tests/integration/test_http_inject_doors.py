@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -273,3 +274,60 @@ def test_a_long_or_non_ascii_tenant_of_parts_names_its_queue_as_it_is_and_asks_f
         "raw@example.net": f"{tenant}@example.net",
     }
     assert not added["given@example.net"]["envelope"].smtputf8  # the field comes off before delivery
+
+
+NO_NAME = (
+    "554 5.6.0 template subject: 'name' is undefined: the recipient has no name (give it one, or write"
+    ' {{ name | default("...") }})'
+)
+
+
+def _subject(node: PigeonProcess, spool_id: str) -> bytes:
+    (data,) = [m["data"] for m in node.spool_messages() if m["id"] == spool_id]
+    return next(line for line in data.split(b"\r\n") if line.startswith(b"Subject: "))
+
+
+def test_hello_name_refuses_a_recipient_without_a_name_rather_than_sending_hello_comma(node: PigeonProcess) -> None:
+    """README: an undefined variable refuses the recipient rather than sending "Dear ,"; `name`
+    defaulted to "" for a recipient without one, and "Hello " went out."""
+    parts = {"from": {"email": "app@example.org"}, "subject": "Hello {{ name }}", "text": "x"}
+    recipients = [{"email": "ann@example.net", "name": "Ann"}, {"email": "anon@example.net"}]
+    request = {**_request(), "recipients": recipients, "content": parts, "template": True}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200, answer
+    ann, anon = answer["recipients"]
+    assert anon == {"email": "anon@example.net", "error": NO_NAME}
+    assert _subject(node, ann["id"]) == b"Subject: Hello Ann"
+    fallback = {**parts, "subject": 'Hello {{ name | default("there") }}'}
+    request = {**_request("anon@example.net"), "content": fallback, "template": True}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    assert _subject(node, answer["recipients"][0]["id"]) == b"Subject: Hello there"
+    # The OpenAPI document says so where a client looks: at the recipient's name.
+    document = json.loads(node.http_get("/api/openapi.json")[1])
+    name = document["components"]["schemas"]["InjectRecipient"]["properties"]["name"]
+    assert "`name` is undefined: a template that writes it out refuses this recipient" in name["description"]
+    assert '{{ name | default("there") }}' in name["description"]
+
+
+def test_pigeon_inject_of_hello_name_refuses_and_its_help_example_sends_a_fallback(node: PigeonProcess) -> None:
+    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "me@example.org"]
+    command += ["--to", "you@example.net", "--text", "x"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60, check=False)
+
+    refused = run("--subject", "Hello {{ name }}")  # the outside tester's
+    assert refused.returncode == 1, refused
+    assert refused.stdout.split(None, 2)[1:] == ["refused:", NO_NAME + "\n"]
+    # The --help example (its subject), and a name given to every recipient by --var.
+    helped = [line.strip() for line in run("--help").stdout.splitlines() if "--subject 'Hello" in line]
+    assert helped == [
+        """--subject 'Hello {{ name | default("there") }}' --text 'Your code is {{ code }}.' --var code=1234 \\"""
+    ]
+    sent = run("--subject", 'Hello {{ name | default("there") }}')
+    assert sent.returncode == 0, sent
+    assert _subject(node, sent.stdout.split()[-1]) == b"Subject: Hello there"
+    named = run("--subject", 'Hello {{ name | default("there") }}', "--var", "name=Ann")
+    assert named.returncode == 0, named
+    assert _subject(node, named.stdout.split()[-1]) == b"Subject: Hello Ann"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pigeon.compose import Composed, ComposeError, Composer, InjectRequest, check_request
+from pigeon.compose import Composed, ComposeError, Composer, InjectRecipient, InjectRequest, check_request
 from pigeon.dkim.canonical import header_fields
 from pigeon.dkim.signer import author_domain
 from pigeon.smtp.client import Recipient, needs_smtputf8
@@ -347,3 +347,40 @@ def test_what_cannot_be_folded_within_max_line_length_is_refused_naming_the_fiel
         f"too long for a header line, where it cannot be folded: {octets} octets on its line, over [smtp]"
         " max_line_length (200), which the message would be refused for"
     )
+
+
+@pytest.mark.parametrize("recipient", [{}, {"name": ""}, {"name": "  "}], ids=["none", "empty", "blank"])
+def test_a_recipient_without_a_name_is_refused_by_a_template_that_writes_its_name(recipient: dict[str, str]) -> None:
+    """`name` defaulted to "": "Hello {{ name }}" sent "Hello " to every recipient without one."""
+    request = _request({"from": {"email": "a@example.org"}, "subject": "Hello {{ name }}", "text": "x"})
+    request.recipients[0] = msgspec.convert({"email": "r@example.net", **recipient}, InjectRecipient)
+    with pytest.raises(ComposeError) as refused:
+        _compose(request)
+    assert str(refused.value) == (
+        """template subject: 'name' is undefined: the recipient has no name (give it one, or write"""
+        """ {{ name | default("...") }})"""
+    )
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        'Hello {{ name | default("there") }}',
+        'Hello {{ name or "there" }}',
+        "Hello {% if name %}{{ name }}{% else %}there{% endif %}",
+        "Hello {{ name if name is defined else 'there' }}",
+    ],
+)
+def test_a_template_may_give_a_recipient_without_a_name_a_fallback(subject: str) -> None:
+    parts = {"from": {"email": "a@example.org"}, "subject": subject, "text": "x"}
+    recipients = [{"email": "ann@example.net", "name": "Ann"}, {"email": "r@example.net"}]
+    request = _request(parts, recipients=recipients)
+    check_request(request)
+    composer = Composer(request, "mx.test", "X-Tenant", "X-Campaign")
+    subjects = [_fields(composer.compose(recipient).data)[b"subject"] for recipient in request.recipients]
+    assert subjects == [b"Subject: Hello Ann", b"Subject: Hello there"]
+
+
+def _fields(data: bytes) -> dict[bytes, bytes]:
+    head = data[: data.index(b"\r\n\r\n") + 2]
+    return {field.name: field.raw.rstrip(b"\r\n") for field in header_fields(head)}
