@@ -5,7 +5,9 @@ substitutions and metadata) and the content: either a raw RFC 5322 message or pa
 (subject, from, reply-to, headers, text, HTML, attachments) that Pigeon assembles into MIME.
 Either form is a Jinja2 template rendered per recipient, in a sandbox (no attribute access
 to Python internals, no I/O), with undefined variables as errors: a mail that says
-"Dear ," to a million people is worse than a refused recipient.
+"Dear ," to a million people is worse than a refused recipient. A recipient's `name` is
+such a variable when it has none (none given, or blank): `{{ name }}` refuses it, while
+`{{ name | default("there") }}`, `{{ name or "there" }}` and `{% if name %}` work.
 
 The request schema below is also the OpenAPI document's (`listener.http.openapi`), so the
 document describes exactly what the server accepts.
@@ -60,10 +62,8 @@ Email = Annotated[
 ]
 MAX_NAME: Final = MAX_PART
 # A header field's first line is printable ASCII but the colon, then the colon (RFC 5322 2.2;
-# blanks before it as the obsolete syntax allows, RFC 5322 4.5).
-_FIELD_LINES: Final = re.compile(rb"(?:[!-9;-~]+[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
-"""The header fields a message starts with, their continuation lines included (linear: a
-field's first line and a continuation line never start alike)."""
+# blanks before it as the obsolete syntax allows, RFC 5322 4.5), after a line end.
+_FIELD_START: Final = re.compile(rb"\r\n[!-9;-~]+[ \t]*:")
 _DATE_FIELD: Final = re.compile(rb"\r\ndate[ \t]*:")
 _MESSAGE_ID_FIELD: Final = re.compile(rb"\r\nmessage-id[ \t]*:")
 """The longest tenant or campaign name, in characters."""
@@ -104,7 +104,14 @@ class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}
 
 class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
     email: Email
-    name: str | None = None
+    name: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="The display name in To, and the template variable `name`. Without one (or blank), `name` is"
+            " undefined: a template that writes it out refuses this recipient (554 5.6.0) rather than sending"
+            ' "Hello ,"; `{{ name | default("there") }}` or `{{ name or "there" }}` give a fallback'
+        ),
+    ] = None
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)
     metadata: Annotated[
         dict[str, str],
@@ -169,7 +176,9 @@ class Composed:
     smtputf8: bool
 
 
-def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> None:
+def check_request(
+    request: InjectRequest, *, max_metadata_size: int = 4096, max_line_length: int = mime.MAX_LINE
+) -> None:
     """Address syntax, header values, attachment encoding and template syntax, before anything
     is stored.
 
@@ -178,6 +187,11 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
     follows, up to a bare-LF end of data that a lenient next hop takes (SMTP smuggling).
     Values that are folded into a header (names, subject, header values) or are text have
     their line breaks unfolded or made CRLF; none may hold a NUL, which some MTAs truncate at.
+
+    What the composer cannot fold (an address, a header field's name, an attachment's type
+    and content id) must fit a line of `max_line_length` (`[smtp] max_line_length`), or every
+    message made of it would be refused by the content check, which Pigeon's own are held to
+    as a client's are.
     """
     if request.envelope_sender and (problem := address.check(request.envelope_sender)) is not None:
         raise ComposeError(problem.text, "$.envelope_sender")
@@ -185,9 +199,13 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
         _as_is_in_header(value, field)
         if value is not None and (refused := queue_part_problem(value)) is not None:
             raise ComposeError(f"{refused} (it names a queue)", field)
+        if value:  # (one word: on a line of its own at worst)
+            _fits(f" {value}", max_line_length, field)
     for index, recipient in enumerate(request.recipients):
         if (problem := address.check(recipient.email)) is not None:
             raise ComposeError(problem.text, f"$.recipients[{index}].email")
+        if not isinstance(request.content, str):  # (raw content has its own To, if any)
+            _address_fits(recipient.email, max_line_length, f"$.recipients[{index}].email")
         if recipient.metadata and (size := len(msgspec.json.encode(recipient.metadata))) > max_metadata_size:
             raise ComposeError(
                 f"metadata is {size} bytes as JSON, over [http] max_metadata_size ({max_metadata_size})",
@@ -204,6 +222,8 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
         for header_address, field in header_addresses:
             if header_address is not None and (problem := address.check(header_address.email)) is not None:
                 raise ComposeError(problem.text, field)
+            if header_address is not None:
+                _address_fits(header_address.email, max_line_length, field)
         _no_nul(content.from_.name, "$.content.from.name")
         _no_nul(content.reply_to.name if content.reply_to else None, "$.content.reply_to.name")
         _no_nul(content.subject, "$.content.subject")
@@ -223,6 +243,9 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
                     raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
             if "/" not in attachment.content_type:
                 raise ComposeError("must be type/subtype", f"$.content.attachments[{index}].content_type")
+            _fits(f"Content-Type: {attachment.content_type};", max_line_length, f"{where}.content_type")
+            if attachment.content_id is not None:
+                _fits(f" <{attachment.content_id}>", max_line_length, f"{where}.content_id")
         seen: dict[str, str] = {}
         for name in content.headers:
             if not name or any(c in name for c in ":\r\n ") or not name.isascii():
@@ -233,6 +256,7 @@ def check_request(request: InjectRequest, *, max_metadata_size: int = 4096) -> N
                     f"{name!r} is {seen[lowered]!r} again (names are case-insensitive)", "$.content.headers"
                 )
             seen[lowered] = name
+            _fits(f"{name}: ", max_line_length, f"$.content.headers.{name}")
             if (made_by := _BUILT_FROM.get(lowered)) is not None or lowered in _MIME_FIELDS:
                 # A second From (or Subject, ...) breaks RFC 5322 5.6, and many receivers refuse it.
                 raise ComposeError(
@@ -265,6 +289,21 @@ def _as_is_in_header(value: str | None, field: str) -> None:
             raise ComposeError(f"must not contain a {name}: the value is written into a header as it is", field)
 
 
+def _address_fits(email: str, max_line_length: int, field: str) -> None:
+    # As the header field writes it: its A-label form, on a line of its own at worst.
+    _fits(f" <{address.with_a_label(email)}>", max_line_length, field)
+
+
+def _fits(line: str, max_line_length: int, field: str) -> None:
+    """ComposeError unless `line`, which cannot be folded, fits a line of the message."""
+    if (octets := len(line.encode("utf-8", "surrogatepass"))) > max_line_length:
+        raise ComposeError(
+            f"too long for a header line, where it cannot be folded: {octets} octets on its line, over [smtp]"
+            f" max_line_length ({max_line_length}), which the message would be refused for",
+            field,
+        )
+
+
 def _no_nul(value: str | None, field: str) -> None:
     if value is not None and "\0" in value:
         raise ComposeError("must not contain a NUL (RFC 5322 allows none in a message)", field)
@@ -282,10 +321,14 @@ class Composer:
         *,
         max_output: int = 64 * 1024 * 1024,
         max_render_time: float = 10.0,
+        max_line_length: int = mime.MAX_LINE,
     ) -> None:
         """`max_output`: the most characters one template may render (the message size limit);
-        `max_render_time`: seconds all of the request's renders may take together."""
+        `max_render_time`: seconds all of the request's renders may take together;
+        `max_line_length`: the longest line the content check takes (`[smtp] max_line_length`),
+        which every line Pigeon writes keeps within (text in quoted-printable, headers folded)."""
         self._request = request
+        self._max_line = max_line_length
         self._max_output = max_output
         self._render_time_left = max_render_time
         self._hostname = hostname
@@ -296,7 +339,15 @@ class Composer:
     def _variables(self, recipient: InjectRecipient) -> dict[str, Any]:
         variables = {**self._request.substitutions, **recipient.substitutions}
         variables.setdefault("email", recipient.email)
-        variables.setdefault("name", recipient.name or "")
+        if recipient.name and not recipient.name.isspace():
+            variables.setdefault("name", recipient.name)
+        elif "name" not in variables:
+            # No name is not an empty one: "Hello {{ name }}" sent "Hello " to every recipient
+            # without one. It is undefined, as any variable not given is, yet false where a
+            # template tests it, so `{{ name or "there" }}` and `default` work.
+            from pigeon.rendering import no_name  # (imported already: the request has templates)
+
+            variables["name"] = no_name()
         return variables
 
     def check_header_values(self) -> None:
@@ -331,8 +382,7 @@ class Composer:
         and the request's value, written first, names the queue."""
         content = self._request.content
         if isinstance(content, str):
-            data = _crlf(content).encode("utf-8")
-            head = b"\r\n" + data[: _FIELD_LINES.match(data).end()].lower()  # type: ignore[union-attr]
+            head = b"\r\n" + _header_section(_crlf(content).encode("utf-8")).lower()
         for (name, value), json_field in zip(self._routing, ("$.tenant", "$.campaign"), strict=True):
             if not value:
                 continue
@@ -345,9 +395,9 @@ class Composer:
 
     def compose(self, recipient: InjectRecipient) -> Composed:
         """The recipient's message. Raises ComposeError when a template cannot be rendered."""
-        variables = self._variables(recipient)
         if self._templates is None:
             return self._compose(recipient, _as_is)
+        variables = self._variables(recipient)
         if self._render_time_left <= 0:
             raise RenderTimeSpent("the request's rendering time ([http] max_render_time) is spent", "$.recipients")
         started = time.monotonic()
@@ -366,21 +416,23 @@ class Composer:
         data = _crlf(text).encode("utf-8")
         if data and not data.endswith(b"\r\n"):
             data += b"\r\n"  # SMTP carries lines: the last one ends too
-        # The header section ends at the empty line, or at the first line that neither starts
-        # a field nor continues one: there the body starts, after an empty line put in, as
-        # Postfix's cleanup makes of such mail (a text with no header at all is all body).
-        # Left as it was, that line would be a broken field, and the body would start later.
-        end = _FIELD_LINES.match(data).end()  # type: ignore[union-attr]  # (matches the empty string)
-        if not data.startswith(b"\r\n", end):
-            data = data[:end] + b"\r\n" + data[end:]
-        head = data[:end]
+        # The header section is what SMTP reception reads (and the intake checks, names the
+        # queue from and signs): everything up to the first empty line, a line in it that is
+        # no field included. Ending it earlier, at such a line, changed the content sent "as
+        # it is" (its last fields became body) and let through what SMTP refuses for the same
+        # bytes (a second From below that line). Text in which no line starts a field (plain
+        # text, or none) has no header section at all: it is all body, after the fields added
+        # here, as Postfix's cleanup makes of it; nothing in it could be checked either way.
+        head = _header_section(data)
+        if not data.startswith(b"\r\n") and _FIELD_START.search(b"\r\n" + head) is None:
+            data, head = b"\r\n" + data, b""
         lowered = b"\r\n" + head.lower()
         extra = []
         if not _DATE_FIELD.search(lowered):
             extra.append(f"Date: {_now()}\r\n")
         if not _MESSAGE_ID_FIELD.search(lowered):
-            extra.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
-        extra += [f"{name}: {value}\r\n" for name, value in self._routing if value]
+            extra.append(mime.message_id_field(self._hostname, self._max_line))
+        extra += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
         data = "".join(extra).encode() + data
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
         return Composed(data, smtputf8=not head.isascii())
@@ -388,21 +440,36 @@ class Composer:
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
         # Address fields are written whole by `mime.address_header`, never through `mime.header`:
         # that one is for unstructured text, and made the address part of an encoded word.
+        max_line = self._max_line
         head = [
-            mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email),
-            mime.address_header("To", recipient.name or "", recipient.email),
+            mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email, max_line),
+            mime.address_header("To", recipient.name or "", recipient.email, max_line),
         ]
         if parts.reply_to is not None:
             reply_to = render("reply_to", parts.reply_to.name or "")
-            head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email))
+            head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email, max_line))
         head.append(mime.header("Subject", render("subject", parts.subject)))
         given = {name.lower() for name in parts.headers} & _REPLACEABLE
         if "date" not in given:
             head.append(f"Date: {_now()}\r\n")
         if "message-id" not in given:
-            head.append(f"Message-ID: {email.utils.make_msgid(domain=self._hostname)}\r\n")
-        head += [mime.header(name, render(f"headers.{name}", value)) for name, value in parts.headers.items()]
-        head += [mime.header(name, routing) for name, routing in self._routing if routing]
+            head.append(mime.message_id_field(self._hostname, self._max_line))
+        # The routing fields (the request's, or named in `headers`) go as they are, as in raw
+        # content: the intake names the queue from their text, which it does not decode (the
+        # RFC 2047 words a long or non-ASCII tenant was made named a queue "=?utf-8?q?...?=").
+        # They come off before delivery: a UTF-8 one asks for no SMTPUTF8.
+        routing_names = {name.lower() for name, _ in self._routing}
+        routing = [
+            mime.plain_field(name, render(f"headers.{name}", value), self._max_line)
+            for name, value in parts.headers.items()
+            if name.lower() in routing_names
+        ]
+        routing += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
+        head += [
+            mime.header(name, render(f"headers.{name}", value))
+            for name, value in parts.headers.items()
+            if name.lower() not in routing_names
+        ]
         head.append("MIME-Version: 1.0\r\n")
         body = self._body(parts, render)
         # Names, subjects and text are encoded to 7-bit, and an address is written with its
@@ -413,11 +480,12 @@ class Composer:
         header = "".join(head)
         envelope = (self._request.envelope_sender, recipient.email)
         smtputf8 = not header.isascii() or not all(address.with_a_label(a).isascii() for a in envelope)
-        return Composed(header.encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
+        return Composed((header + "".join(routing)).encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
 
     def _body(self, parts: Parts, render: _Render) -> mime.Part:
-        text = mime.text_part(render("text", parts.text), "plain") if parts.text is not None else None
-        html = mime.text_part(render("html", parts.html), "html") if parts.html is not None else None
+        max_line = self._max_line
+        text = mime.text_part(render("text", parts.text), "plain", max_line) if parts.text is not None else None
+        html = mime.text_part(render("html", parts.html), "html", max_line) if parts.html is not None else None
         inline, attached = self._attachments(parts)
         if text is not None and html is not None:
             body = mime.multipart("alternative", [text, html])
@@ -437,7 +505,11 @@ class Composer:
             for attachment in parts.attachments:
                 data = base64.b64decode(attachment.data) if attachment.base64 else attachment.data.encode("utf-8")
                 part = mime.binary_part(
-                    data, attachment.content_type, file_name=attachment.file_name, content_id=attachment.content_id
+                    data,
+                    attachment.content_type,
+                    file_name=attachment.file_name,
+                    content_id=attachment.content_id,
+                    max_line=self._max_line,
                 )
                 (inline if attachment.content_id else attached).append(part)
             self._encoded = (inline, attached)
@@ -587,6 +659,16 @@ def _now() -> str:
     """The Date of a message made now: UTC as "+0000" ("-0000" would say the zone is unknown,
     RFC 5322 3.3)."""
     return email.utils.format_datetime(datetime.datetime.now(datetime.UTC))
+
+
+def _header_section(data: bytes) -> bytes:
+    """The header section of a message (CRLF line ends), as SMTP reception reads it
+    (`pigeon.header_section`): up to its first empty line (the last CRLF kept), all of it
+    without one, nothing when the message starts with it."""
+    if data.startswith(b"\r\n"):
+        return b""
+    end = data.find(b"\r\n\r\n")
+    return data if end < 0 else data[: end + 2]
 
 
 def _field_in(head: bytes, name: str) -> bool:

@@ -5,7 +5,9 @@ for one message that is fine, for a 100-recipient request it was most of the cos
 1.5 ms per recipient). The structures needed here are few and fixed, so this writes them
 directly: 7bit where the text allows it, quoted-printable otherwise, base64 for attachments,
 RFC 2047 encoded words for non-ASCII header text (in an address field, for the display
-name only: the address stays an addr-spec), CRLF throughout.
+name only: the address stays an addr-spec), CRLF throughout. No line is longer than the
+`max_line` it is given (the node's `[smtp] max_line_length`, which SMTP reception checks
+every message against, a composed one too), where what it writes can be folded at all.
 
     multipart/mixed                  (only with attachments)
       multipart/related              (only with inline parts and HTML)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import email.utils
 import re
 import secrets
 from dataclasses import dataclass
@@ -28,7 +31,8 @@ from typing import Final
 
 from pigeon.smtp import address
 
-_MAX_LINE: Final = 998
+MAX_LINE: Final = 998
+"""The longest line RFC 5322 2.1.1 allows, without its CRLF: the default `max_line`."""
 _FOLD_AT: Final = 76
 # What RFC 5322 allows in an unstructured header as it is: printable ASCII and spaces.
 _PLAIN: Final = re.compile(r"[\x20-\x7e]*")
@@ -46,11 +50,12 @@ class Part:
         return self.headers + b"\r\n" + self.body
 
 
-def text_part(text: str, subtype: str) -> Part:
-    """text/<subtype> in UTF-8: 7bit when it is short-lined printable ASCII, else quoted-printable
-    (control characters as they are are read back differently by mail readers)."""
+def text_part(text: str, subtype: str, max_line: int = MAX_LINE) -> Part:
+    """text/<subtype> in UTF-8: 7bit when it is printable ASCII in lines of at most `max_line`,
+    else quoted-printable (control characters as they are are read back differently by mail
+    readers; a longer line would be refused by the content check)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if _PLAIN_TEXT.fullmatch(text) and all(len(line) <= _MAX_LINE for line in text.split("\n")):
+    if _PLAIN_TEXT.fullmatch(text) and all(len(line) <= max_line for line in text.split("\n")):
         body, encoding = text.encode("ascii"), "7bit"
     else:
         # Quoted-printable of the UTF-8 bytes; soft line breaks keep lines within 76 columns.
@@ -62,15 +67,22 @@ def text_part(text: str, subtype: str) -> Part:
     return Part(headers.encode(), body)
 
 
-def binary_part(data: bytes, content_type: str, *, file_name: str | None, content_id: str | None) -> Part:
-    """An attachment (or, with a content id, an inline part), base64 in 76-column lines."""
+def binary_part(
+    data: bytes, content_type: str, *, file_name: str | None, content_id: str | None, max_line: int = MAX_LINE
+) -> Part:
+    """An attachment (or, with a content id, an inline part), base64 in 76-column lines.
+
+    The content type and id cannot be folded: `max_line` must leave room for
+    `Content-Type: <content_type>;` and ` <content_id>` (`compose.check_request` says so)."""
     lines = [f"Content-Type: {content_type}"]
     if file_name:
-        lines[0] += f"; name={_parameter(file_name)}"
+        lines[0] = _with_parameter(lines[0], "name", file_name, max_line)
     disposition = "inline" if content_id else "attachment"
-    lines.append(f"Content-Disposition: {disposition}" + (f"; filename={_parameter(file_name)}" if file_name else ""))
+    lines.append(f"Content-Disposition: {disposition}")
+    if file_name:
+        lines[-1] = _with_parameter(lines[-1], "filename", file_name, max_line)
     if content_id:
-        lines.append(f"Content-ID: <{content_id}>")
+        lines.append(token_field("Content-ID", f"<{content_id}>", max_line).removesuffix("\r\n"))
     lines.append("Content-Transfer-Encoding: base64")
     body = base64.encodebytes(data).replace(b"\n", b"\r\n")
     return Part(("\r\n".join(lines) + "\r\n").encode("utf-8"), body)
@@ -80,7 +92,10 @@ def multipart(subtype: str, parts: list[Part]) -> Part:
     boundary = f"=_pigeon_{secrets.token_hex(12)}"
     body = b"".join(b"--" + boundary.encode() + b"\r\n" + part.to_bytes() for part in parts)
     body += b"--" + boundary.encode() + b"--\r\n"
-    return Part(f'Content-Type: multipart/{subtype}; boundary="{boundary}"\r\n'.encode(), body)
+    # Folded before the boundary when the line would pass 76 columns (alternative's does):
+    # 81 octets, over the 78 a node may hold lines to.
+    field = _with_parameter(f"Content-Type: multipart/{subtype}", "boundary", boundary, MAX_LINE)
+    return Part(f"{field}\r\n".encode(), body)
 
 
 def header(name: str, value: str) -> str:
@@ -101,7 +116,50 @@ def header(name: str, value: str) -> str:
     return f"{name}: {encoded}\r\n"
 
 
-def address_header(name: str, display_name: str, addr: str) -> str:
+def token_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
+    """`Name: value` with CRLF, for a value that is one token and cannot be folded (a msg-id,
+    a tenant): beside the name, or on a line of its own after it when beside it the line
+    would be longer than `max_line` octets (FWS may come first in such a field, RFC 5322
+    3.6.4; readers of a routing header unfold and trim it)."""
+    if len(name) + 2 + len(value.encode("utf-8", "surrogatepass")) <= max_line:
+        return f"{name}: {value}\r\n"
+    return f"{name}:\r\n {value}\r\n"
+
+
+def plain_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
+    """`Name: value` with CRLF, the text as it is, never RFC 2047 words: for a field whose
+    reader takes its text undecoded (a routing header, which names a queue). Folded between
+    words before 76 octets where they allow, beside the name or on a line of its own after it
+    as `token_field` puts one word; line breaks in it are unfolded (none can be smuggled in)."""
+    words = value.split()
+    if not words:
+        return f"{name}: \r\n"
+    lines = token_field(name, words[0], max_line).removesuffix("\r\n").split("\r\n")
+    for word in words[1:]:
+        if len(lines[-1].encode()) + 1 + len(word.encode()) > _FOLD_AT:
+            lines.append(f" {word}")
+        else:
+            lines[-1] += f" {word}"
+    return "\r\n".join(lines) + "\r\n"
+
+
+_SHORT_ID: Final = 22  # hex characters: 88 random bits, no less unique than make_msgid's
+SHORT_MESSAGE_ID_FRAME: Final = len(" <@>") + _SHORT_ID
+"""The octets of `message_id_field`'s shortest line beside the host name: `max_line` must
+allow for them (`pigeon.config.load` checks `[smtp] hostname` against `max_line_length`)."""
+
+
+def message_id_field(hostname: str, max_line: int = MAX_LINE) -> str:
+    """A Message-ID field of Pigeon's, with CRLF, within `max_line`: folded before the msg-id
+    when need be, which is then made shorter (random characters before the host name) if it
+    is still too long."""
+    field = token_field("Message-ID", email.utils.make_msgid(domain=hostname), max_line)
+    if max(len(line) for line in field.encode().split(b"\r\n")) <= max_line:
+        return field
+    return token_field("Message-ID", f"<{secrets.token_hex(_SHORT_ID // 2)}@{hostname}>", max_line)
+
+
+def address_header(name: str, display_name: str, addr: str, max_line: int = MAX_LINE) -> str:
     """`Name: display-name <addr-spec>` with CRLF, for From, To and Reply-To (RFC 5322 3.4).
 
     Only the display name is ever encoded: an encoded word is a phrase, never an address
@@ -109,8 +167,11 @@ def address_header(name: str, display_name: str, addr: str) -> str:
     the next hop can find. The name goes as atoms, a quoted string or, when it is not printable
     ASCII, RFC 2047 words of at most 75 characters. The field is folded between words (in a
     quoted string too: FWS is allowed there, RFC 5322 3.2.4) before 76 columns where a word
-    allows it; the line of the address is at most 258 octets (RFC 5321 4.5.3.1.3), and none
-    is over the 998 of RFC 5322 2.1.1.
+    allows it; the line of the address is at most 257 octets (` <addr-spec>`, RFC 5321
+    4.5.3.1.3), and no other is over `max_line` (an ASCII word of the name longer than 76
+    columns keeps a line of its own, up to that; one longer still is encoded). The address
+    cannot be folded: `max_line` must leave room for ` <address>` (`compose.check_request`
+    says so), and the address goes on a line of its own when beside the name it would not fit.
 
     The domain goes as its A-label when the local part is ASCII (`address.with_a_label`, as
     MAIL and RCPT go on the wire), so the field is ASCII and the message needs no SMTPUTF8
@@ -121,8 +182,8 @@ def address_header(name: str, display_name: str, addr: str) -> str:
     if not display_name:
         # A bare addr-spec is the plainest mailbox; a UTF-8 one in angle brackets, which
         # readers of RFC 6532 mail parse more reliably.
-        return f"{name}: {addr if addr.isascii() else f'<{addr}>'}\r\n"
-    return _folded(name, [*_phrase(display_name, len(name) + 2), f"<{addr}>"])
+        return token_field(name, addr if addr.isascii() else f"<{addr}>", max_line)
+    return _folded(name, [*_phrase(display_name, len(name) + 2, max_line), f"<{addr}>"])
 
 
 # RFC 5322 3.2.3 atext: a display name made of these needs no quotes.
@@ -134,7 +195,7 @@ _MAX_WORD: Final = 75  # RFC 2047 2: an encoded word is at most 75 characters
 _WORD_FRAME: Final = len("=?utf-8?q??=")
 
 
-def _phrase(display_name: str, first_column: int) -> list[str]:
+def _phrase(display_name: str, first_column: int, max_line: int) -> list[str]:
     """The display name as the words of a phrase, for `_folded` to put on lines: printable
     ASCII as it is (quoted if it must be), anything else (or a word too long for any line)
     RFC 2047 words."""
@@ -144,8 +205,9 @@ def _phrase(display_name: str, first_column: int) -> list[str]:
             quoted = '"' + display_name.replace("\\", "\\\\").replace('"', '\\"') + '"'
             words = quoted.split(" ")  # an escape is never a space: no quoted-pair is split
         # A word too long for 76 columns keeps a line of its own, longer: RFC 5322 2.1.1 asks
-        # for 78 (SHOULD) and requires 998, and an ASCII name is best read as it is.
-        if first_column + len(words[0]) <= _MAX_LINE and all(len(word) < _MAX_LINE for word in words):
+        # for 78 (SHOULD) and requires 998, and an ASCII name is best read as it is, up to the
+        # node's own limit (past it, the content check would refuse the message).
+        if first_column + len(words[0]) <= max_line and all(1 + len(word) <= max_line for word in words):
             return words
     return _encoded_words(display_name, _FOLD_AT - first_column)
 
@@ -202,19 +264,28 @@ def _encoded_word(octets: bytes, q: int, room: int) -> str:
 
 def _folded(name: str, words: list[str]) -> str:
     """`Name: ` and the words, one space between them, folded before a word that would take
-    its line past 76 characters (never before the first: it stays beside the name)."""
+    its line past 76 octets (never before the first: it stays beside the name). In octets:
+    an address in UTF-8 (RFC 6532) is longer so than in characters."""
     lines = [f"{name}: {words[0]}"]
     for word in words[1:]:
-        if len(lines[-1]) + 1 + len(word) > _FOLD_AT:
+        if len(lines[-1].encode()) + 1 + len(word.encode()) > _FOLD_AT:
             lines.append(f" {word}")
         else:
             lines[-1] += f" {word}"
     return "\r\n".join(lines) + "\r\n"
 
 
-def _parameter(value: str) -> str:
-    """A quoted MIME parameter value; non-ASCII as an RFC 2047 word (what mail clients read)."""
+def _with_parameter(field: str, name: str, value: str, max_line: int) -> str:
+    """`field` (one line, without CRLF) with `; name="value"` added: beside it when that line
+    stays within 76 columns, else on a line of its own (folding between parameters, as RFC
+    2045 allows); non-ASCII, or ASCII too long for a line of `max_line`, as RFC 2047 words in
+    the quotes (what mail clients read), folded between them with CRLF, never a bare LF."""
     if value.isascii():
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    # Folded past 76 characters, like every header line: with CRLF, never a bare LF.
-    return '"' + Header(value, "utf-8").encode(linesep="\r\n") + '"'
+        quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if len(field) + 2 + len(name) + 1 + len(quoted) <= _FOLD_AT:
+            return f"{field}; {name}={quoted}"
+        if 1 + len(name) + 1 + len(quoted) <= max_line:
+            return f"{field};\r\n {name}={quoted}"
+    start = f' {name}="'
+    words = _encoded_words(value, _MAX_WORD + 1 - len(start))  # the first beside it, within 76
+    return f"{field};\r\n{start}" + "\r\n ".join(words) + '"'

@@ -351,6 +351,27 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         return budget.result(super().call(__context, __obj, *args, **kwargs))
 
 
+class _NoName(jinja2.StrictUndefined):
+    """`name` for a recipient without one: false where it is tested (`{% if name %}`,
+    `name or "you"`), replaced by `default` and not `defined`, but, written out, it refuses
+    the recipient as any undefined variable does: "Hello ," is the mail not to send."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:  # type: ignore[override]  # (StrictUndefined's raises: not this one's)
+        return False
+
+
+NO_NAME_HINT: Final = (
+    "'name' is undefined: the recipient has no name (give it one, or write {{ name | default(\"...\") }})"
+)
+
+
+def no_name() -> jinja2.Undefined:
+    """The value of `name` for a recipient without one (`_NoName`)."""
+    return _NoName(hint=NO_NAME_HINT, name="name")
+
+
 @functools.cache
 def environment(autoescape: bool) -> ImmutableSandboxedEnvironment:
     """The sandbox templates are compiled in. Strict: an undefined variable is an error for

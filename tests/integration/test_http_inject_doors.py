@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -191,3 +192,142 @@ def test_a_tenant_or_campaign_both_in_the_request_and_its_content_gets_400_namin
     assert node.http_post("/api/v1/inject", in_body, TOKEN)[0] == 200
     added = {m["queue"] for m in node.spool_messages()} - {m["queue"] for m in before}
     assert added == {"zz_top@example.net", "solo@example.net"}
+
+
+def _smtp_data(node: PigeonProcess, recipient: str, message: bytes) -> tuple[int, list[str]]:
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        smtp.expect(250, f"RCPT TO:<{recipient}>")
+        smtp.expect(354, "DATA")
+        smtp.send(message + b".\r\n")
+        return smtp.reply()
+
+
+# A line in the header section that is no field: SMTP reads on to the empty line.
+NO_FIELD_LINE = b"From: a@example.org\r\nSubject: x\r\ngarbage line\r\n"
+
+
+@pytest.mark.parametrize("template", [False, True])
+def test_a_second_from_after_a_line_that_is_no_field_is_refused_at_every_door(
+    node: PigeonProcess, template: bool
+) -> None:
+    message = NO_FIELD_LINE + b"From: evil@example.com\r\n\r\nbody\r\n"
+    before = len(node.spool_messages())
+    assert _smtp_data(node, "ann@example.net", message) == (
+        554,
+        ["5.6.0 Message has more than one From header field (RFC 5322 3.6 allows one)"],
+    )
+    request = _request("ann@example.net", content=message.decode(), template=template)
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer) == (
+        400,
+        {"error": "the message has more than one From header field (RFC 5322 3.6)", "field": "$.content"},
+    )
+    assert len(node.spool_messages()) == before
+
+
+@pytest.mark.parametrize("template", [False, True])
+def test_an_x_tenant_after_a_line_that_is_no_field_names_the_queue_at_every_door_and_is_sent_as_it_is(
+    node: PigeonProcess, template: bool
+) -> None:
+    message = NO_FIELD_LINE + f"X-Tenant: after-garbage-{template}\r\n\r\nbody\r\n".encode()
+    before = {m["id"] for m in node.spool_messages()}
+    assert _smtp_data(node, "smtp@example.net", message)[0] == 250
+    request = _request("http@example.net", content=message.decode(), template=template)
+    assert node.http_post("/api/v1/inject", request, TOKEN)[0] == 200
+    added = {m["recipients"][0]: m for m in node.spool_messages() if m["id"] not in before}
+    assert {r: m["queue"] for r, m in added.items()} == {
+        "smtp@example.net": f"after-garbage-{template}@example.net",
+        "http@example.net": f"after-garbage-{template}@example.net",
+    }
+    # Below the fields Pigeon puts above it, the content is as it was sent: no empty line put in.
+    assert added["http@example.net"]["data"].endswith(b"\r\n" + message)
+    # Named in the content's header section, the tenant may not be named by the request too.
+    request = _request("http@example.net", content=message.decode(), template=template, tenant="other")
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["field"]) == (400, "$.content"), answer
+
+
+def test_a_long_or_non_ascii_tenant_of_parts_names_its_queue_as_it_is_and_asks_for_no_smtputf8(
+    node: PigeonProcess,
+) -> None:
+    """The routing field of a message made of parts was written as RFC 2047 words when the
+    tenant was not short ASCII: the intake, which reads it undecoded, named the queue
+    "=?utf-8?q?...?=" (and refused a 255-character tenant as 319 characters long)."""
+    tenant = "bücher-" + "t" * 248  # 255 characters
+    parts = {"from": {"email": "app@example.org"}, "subject": "hi", "text": "hello"}
+    before = {m["id"] for m in node.spool_messages()}
+    requests = [
+        _request("given@example.net", content=parts, tenant=tenant),
+        _request("header@example.net", content={**parts, "headers": {"x-tenant": f"{tenant}"}}),
+        _request("raw@example.net", content="Subject: hi\n\nhello\n", tenant=tenant),
+    ]
+    for request in requests:
+        status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+        assert (status, answer.get("accepted")) == (200, 1), answer
+    added = {m["recipients"][0]: m for m in node.spool_messages() if m["id"] not in before}
+    assert {r: m["queue"] for r, m in added.items()} == {
+        "given@example.net": f"{tenant}@example.net",
+        "header@example.net": f"{tenant}@example.net",
+        "raw@example.net": f"{tenant}@example.net",
+    }
+    assert not added["given@example.net"]["envelope"].smtputf8  # the field comes off before delivery
+
+
+NO_NAME = (
+    "554 5.6.0 template subject: 'name' is undefined: the recipient has no name (give it one, or write"
+    ' {{ name | default("...") }})'
+)
+
+
+def _subject(node: PigeonProcess, spool_id: str) -> bytes:
+    (data,) = [m["data"] for m in node.spool_messages() if m["id"] == spool_id]
+    return next(line for line in data.split(b"\r\n") if line.startswith(b"Subject: "))
+
+
+def test_hello_name_refuses_a_recipient_without_a_name_rather_than_sending_hello_comma(node: PigeonProcess) -> None:
+    """README: an undefined variable refuses the recipient rather than sending "Dear ,"; `name`
+    defaulted to "" for a recipient without one, and "Hello " went out."""
+    parts = {"from": {"email": "app@example.org"}, "subject": "Hello {{ name }}", "text": "x"}
+    recipients = [{"email": "ann@example.net", "name": "Ann"}, {"email": "anon@example.net"}]
+    request = {**_request(), "recipients": recipients, "content": parts, "template": True}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200, answer
+    ann, anon = answer["recipients"]
+    assert anon == {"email": "anon@example.net", "error": NO_NAME}
+    assert _subject(node, ann["id"]) == b"Subject: Hello Ann"
+    fallback = {**parts, "subject": 'Hello {{ name | default("there") }}'}
+    request = {**_request("anon@example.net"), "content": fallback, "template": True}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    assert _subject(node, answer["recipients"][0]["id"]) == b"Subject: Hello there"
+    # The OpenAPI document says so where a client looks: at the recipient's name.
+    document = json.loads(node.http_get("/api/openapi.json")[1])
+    name = document["components"]["schemas"]["InjectRecipient"]["properties"]["name"]
+    assert "`name` is undefined: a template that writes it out refuses this recipient" in name["description"]
+    assert '{{ name | default("there") }}' in name["description"]
+
+
+def test_pigeon_inject_of_hello_name_refuses_and_its_help_example_sends_a_fallback(node: PigeonProcess) -> None:
+    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "me@example.org"]
+    command += ["--to", "you@example.net", "--text", "x"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60, check=False)
+
+    refused = run("--subject", "Hello {{ name }}")  # the outside tester's
+    assert refused.returncode == 1, refused
+    assert refused.stdout.split(None, 2)[1:] == ["refused:", NO_NAME + "\n"]
+    # The --help example (its subject), and a name given to every recipient by --var.
+    helped = [line.strip() for line in run("--help").stdout.splitlines() if "--subject 'Hello" in line]
+    assert helped == [
+        """--subject 'Hello {{ name | default("there") }}' --text 'Your code is {{ code }}.' --var code=1234 \\"""
+    ]
+    sent = run("--subject", 'Hello {{ name | default("there") }}')
+    assert sent.returncode == 0, sent
+    assert _subject(node, sent.stdout.split()[-1]) == b"Subject: Hello there"
+    named = run("--subject", 'Hello {{ name | default("there") }}', "--var", "name=Ann")
+    assert named.returncode == 0, named
+    assert _subject(node, named.stdout.split()[-1]) == b"Subject: Hello Ann"

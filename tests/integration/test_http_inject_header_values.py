@@ -43,13 +43,22 @@ def _request(recipients: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
             # A good recipient first: the request is still refused whole, nothing stored.
             [
                 {"email": "ann@example.net", "name": "Ann"},
-                {"email": "eve@example.net", "substitutions": {"first": "Eve\r\nReply-To: attacker@evil.test"}},
+                {
+                    "email": "eve@example.net",
+                    "name": "Eve",
+                    "substitutions": {"first": "Eve\r\nReply-To: attacker@evil.test"},
+                },
             ],
             {},
             "$.recipients[1].substitutions.first",
             "CR",
         ),
-        ([{"email": "eve@example.net"}], {"first": "Eve\r\n\r\nfake body"}, "$.substitutions.first", "CR"),
+        (
+            [{"email": "eve@example.net", "name": "Eve"}],
+            {"first": "Eve\r\n\r\nfake body"},
+            "$.substitutions.first",
+            "CR",
+        ),
         ([{"email": "x@example.net", "name": "x\nFrom: ceo@bank.example"}], {}, "$.recipients[0].name", "LF"),
     ],
 )

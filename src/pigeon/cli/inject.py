@@ -16,10 +16,14 @@ EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net message.eml
   cat message.eml | pigeon inject --from me@example.org --to a@example.net --to b@example.net -
   pigeon inject --from me@example.org --to you@example.net \\
-      --subject 'Hello {{ name }}' --text 'Your code is {{ code }}.' --var code=1234 --attach invoice.pdf
+      --subject 'Hello {{ name | default("there") }}' --text 'Your code is {{ code }}.' --var code=1234 \\
+      --attach invoice.pdf
   pigeon inject --from me@example.org --to you@example.net --tenant acme --campaign spring --json message.eml
 
-Content is a Jinja2 template rendered per recipient (--no-template sends it as it is).
+Content is a Jinja2 template rendered per recipient (--no-template sends it as it is). A
+variable it writes out that is not given refuses the recipient rather than sending "Hello ,":
+--to names no one, so `name` is given only by --var name=...; {{ name | default("there") }}
+(or {{ name or "there" }}) writes a fallback.
 Prints each recipient's spool id, or why it was refused.
 
 exit status (sysexits.h, as sendmail's):

@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from pigeon import mime
 from pigeon.config.patterns import GLOB_SETTINGS, PatternError, domain_glob
 from pigeon.config.schema import (
     DKIM_HEADERS,
@@ -135,6 +136,14 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         raise fail(["redis", "url"], redis_problem)
     if smtp.max_line_length < 78:
         raise fail(["smtp", "max_line_length"], "must be at least 78 (RFC 5322 2.1.1 recommends 78, allows 998)")
+    if (needed := len(smtp.hostname.encode()) + mime.SHORT_MESSAGE_ID_FRAME) > smtp.max_line_length:
+        # Injected mail gets a Message-ID naming the host, on a line the content check holds
+        # to this limit as it holds the client's: with less room every such message is refused.
+        reason = (
+            f"is {smtp.max_line_length}: a Message-ID naming [smtp] hostname ({smtp.hostname!r}) on a line of its"
+            f" own takes {needed} octets; set it to {needed} or more, or a shorter hostname"
+        )
+        raise fail(["smtp", "max_line_length"], reason)
     if not smtp.listen:
         raise fail(["smtp", "listen"], "name at least one address")
     if config.node.worker_timeout < 2:

@@ -5,15 +5,19 @@ from __future__ import annotations
 import email
 import email.utils
 from email.header import decode_header, make_header
+from email.message import EmailMessage
 from email.policy import default
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-from pigeon.compose import Composed, ComposeError, Composer, InjectRequest, check_request
+from pigeon.compose import Composed, ComposeError, Composer, InjectRecipient, InjectRequest, check_request
 from pigeon.dkim.canonical import header_fields
 from pigeon.dkim.signer import author_domain
 from pigeon.smtp.client import Recipient, needs_smtputf8
+from pigeon.smtp.framing import check_message
 
 DECODE = msgspec.json.Decoder(InjectRequest)
 
@@ -77,11 +81,14 @@ def test_raw_content_without_a_header_section_is_all_body(raw: str) -> None:
     assert all(b":" in line for line in head.split(b"\r\n")), head
 
 
-def test_raw_content_whose_header_stops_at_a_line_that_is_no_field_has_its_body_start_there() -> None:
-    data = _compose(_request("Hello: world\n folded on\nThis is body text\nmore: body\n", template=False))
-    message = email.message_from_bytes(data, policy=default)
-    assert message["Hello"] == "world folded on" and message.defects == []
-    assert data.endswith(b"Hello: world\r\n folded on\r\n\r\nThis is body text\r\nmore: body\r\n")
+@pytest.mark.parametrize("template", [False, True])
+def test_raw_contents_header_section_runs_to_its_first_empty_line_as_smtp_reads_it(template: bool) -> None:
+    # A line in it that is no field stays where it is: no empty line is put in before it,
+    # which made the fields after it body (and a second From there unseen).
+    raw = "Hello: world\n folded on\nThis is no field\nX-Tenant: acme\n\nbody\n"
+    data = _compose(_request(raw, template=template))
+    assert data.endswith(raw.replace("\n", "\r\n").encode())
+    assert data.count(b"\r\n\r\n") == 1
 
 
 def _crlf_body(text: str) -> bytes:
@@ -220,3 +227,160 @@ def test_a_long_ascii_name_without_spaces_keeps_the_address_parseable(length: in
         assert (str(make_header(decode_header(name))), addr) == ("x" * length, "a@example.org")
     assert max(len(line) for line in composed.data.split(b"\r\n")) <= 998
     assert author_domain(header_fields(composed.data)) == "example.org"
+
+
+_LINE_LIMITS = st.integers(78, 998)
+# Any text, and long words and lines (of up to 1,500 characters) that ask for folding.
+_TEXT = st.text(max_size=200) | st.builds(
+    lambda word, count, between: between.join([word] * count),
+    st.text(alphabet="xü-", min_size=1, max_size=300),
+    st.integers(1, 5),
+    st.sampled_from([" ", "", "\n"]),
+)
+_ADDRESSES = st.sampled_from(["a@example.org", "jörg@bücher.example", "x" * 30 + "@" + "d" * 30 + ".example"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    max_line=_LINE_LIMITS,
+    text=_TEXT,
+    html=_TEXT,
+    subject=_TEXT,
+    names=st.tuples(_TEXT, _TEXT, _TEXT),
+    addresses=st.tuples(_ADDRESSES, _ADDRESSES, _ADDRESSES),
+    header_value=_TEXT,
+    file_name=_TEXT.filter(lambda name: name.strip() and not {"\r", "\n"} & set(name)),
+    tenant=st.from_regex(r"[a-zü]{1,255}", fullmatch=True),
+)
+# The outside tester's: max_line_length 200 and a text (or HTML) of one 250-character line,
+# which went out as 7bit and was refused by the content check, 554 5.6.0.
+@example(200, "x" * 250, "y" * 250, "s", ("", "", ""), ("a@example.org",) * 3, "v", "f", "acme")
+@example(78, "x" * 79, "<p>" + "y" * 76, "word " * 40, ("x" * 150, "ü" * 80, "y " * 60), ("a@example.org",) * 3,
+         "z" * 100, "n" * 300 + ".pdf", "t" * 255)  # fmt: skip
+def test_what_the_composer_writes_passes_the_content_check_at_any_max_line_length(
+    max_line: int,
+    text: str,
+    html: str,
+    subject: str,
+    names: tuple[str, str, str],
+    addresses: tuple[str, str, str],
+    header_value: str,
+    file_name: str,
+    tenant: str,
+) -> None:
+    """Pigeon refuses no message it composed itself: the text goes quoted-printable when a
+    line of it is over the node's limit, and every field it writes is folded within it."""
+    clean = [value.replace("\0", "") for value in (text, html, subject, *names, header_value, file_name)]
+    text, html, subject, from_name, to_name, reply_name, header_value, file_name = clean
+    attachments = [
+        {"data": "x", "file_name": file_name or "f", "content_type": "application/pdf"},
+        {"data": "aW1n", "base64": True, "content_type": "image/png", "content_id": "logo", "file_name": file_name},
+    ]
+    parts = {
+        "from": {"email": addresses[0], "name": from_name},
+        "reply_to": {"email": addresses[2], "name": reply_name},
+        "subject": subject,
+        "text": text,
+        "html": html,
+        "headers": {"X-Long-Header-Name-" + "n" * 40: header_value},
+        "attachments": attachments,
+    }
+    recipient = {"email": addresses[1], "name": to_name}
+    tenant = tenant.encode()[: max_line - 1].decode("utf-8", "ignore")  # (one word: longer, it is refused)
+    body = {"envelope_sender": "a@example.org", "recipients": [recipient], "content": parts, "tenant": tenant}
+    body["template"] = False  # (the text as it is: rendering is not what is tested)
+    request = DECODE.decode(msgspec.json.encode(body))
+    check_request(request, max_line_length=max_line)
+    hostname = "mx." + "h" * 49  # the longest the configuration lets through at 78 (pigeon.config.load)
+    composer = Composer(request, hostname, "X-Tenant", "X-Campaign", max_line_length=max_line)
+    data = composer.compose(request.recipients[0]).data
+    assert check_message(data, max_size=len(data), max_line_length=max_line) is None
+    message = email.message_from_bytes(data, policy=default)
+    assert isinstance(message, EmailMessage)
+    plain = message.get_body(("plain",))
+    # (Its last line break is the boundary's, RFC 2046 5.1.1, as a reader may take it.)
+    written = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
+    assert plain is not None and plain.get_content().replace("\r\n", "\n").removesuffix("\n") == written
+    (attached,) = list(message.iter_attachments())
+    assert " ".join(str(attached.get_filename()).split()) == " ".join((file_name or "f").split())
+
+
+LONG_ADDRESS = "a" * 64 + "@" + "b" * 63 + "." + "c" * 63 + ".example"  # 200 octets
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "octets"),
+    [
+        ({"recipients": [{"email": LONG_ADDRESS}]}, "$.recipients[0].email", len(f" <{LONG_ADDRESS}>")),
+        ({"from": {"email": LONG_ADDRESS}}, "$.content.from.email", len(f" <{LONG_ADDRESS}>")),
+        ({"reply_to": {"email": LONG_ADDRESS}}, "$.content.reply_to.email", len(f" <{LONG_ADDRESS}>")),
+        ({"headers": {"X-" + "n" * 197: "v"}}, "$.content.headers.X-" + "n" * 197, len("X-" + "n" * 197 + ": ")),
+        ({"tenant": "t" * 200}, "$.tenant", len(" " + "t" * 200)),
+        (
+            {"attachments": [{"data": "x", "content_type": "application/" + "x" * 200}]},
+            "$.content.attachments[0].content_type",
+            len("Content-Type: application/" + "x" * 200 + ";"),
+        ),
+        (
+            {"attachments": [{"data": "x", "content_id": "c" * 200}]},
+            "$.content.attachments[0].content_id",
+            len(" <" + "c" * 200 + ">"),
+        ),
+    ],
+)
+def test_what_cannot_be_folded_within_max_line_length_is_refused_naming_the_field(
+    change: dict[str, object], field: str, octets: int
+) -> None:
+    """An address, a field name, a content type or id has no place to fold at: too long for a
+    line, every message made of it would be refused by the content check, so the request is."""
+    parts: dict[str, object] = {"from": {"email": "a@example.org"}, "text": "t"}
+    body: dict[str, object] = {"envelope_sender": "a@example.org", "recipients": [{"email": "r@example.net"}]}
+    outside = ("recipients", "tenant")
+    body.update((key, value) for key, value in change.items() if key in outside)
+    body["content"] = parts | {key: value for key, value in change.items() if key not in outside}
+    request = DECODE.decode(msgspec.json.encode(body))
+    check_request(request)  # within 998
+    with pytest.raises(ComposeError) as refused:
+        check_request(request, max_line_length=200)
+    assert refused.value.field == field
+    assert str(refused.value) == (
+        f"too long for a header line, where it cannot be folded: {octets} octets on its line, over [smtp]"
+        " max_line_length (200), which the message would be refused for"
+    )
+
+
+@pytest.mark.parametrize("recipient", [{}, {"name": ""}, {"name": "  "}], ids=["none", "empty", "blank"])
+def test_a_recipient_without_a_name_is_refused_by_a_template_that_writes_its_name(recipient: dict[str, str]) -> None:
+    """`name` defaulted to "": "Hello {{ name }}" sent "Hello " to every recipient without one."""
+    request = _request({"from": {"email": "a@example.org"}, "subject": "Hello {{ name }}", "text": "x"})
+    request.recipients[0] = msgspec.convert({"email": "r@example.net", **recipient}, InjectRecipient)
+    with pytest.raises(ComposeError) as refused:
+        _compose(request)
+    assert str(refused.value) == (
+        """template subject: 'name' is undefined: the recipient has no name (give it one, or write"""
+        """ {{ name | default("...") }})"""
+    )
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        'Hello {{ name | default("there") }}',
+        'Hello {{ name or "there" }}',
+        "Hello {% if name %}{{ name }}{% else %}there{% endif %}",
+        "Hello {{ name if name is defined else 'there' }}",
+    ],
+)
+def test_a_template_may_give_a_recipient_without_a_name_a_fallback(subject: str) -> None:
+    parts = {"from": {"email": "a@example.org"}, "subject": subject, "text": "x"}
+    recipients = [{"email": "ann@example.net", "name": "Ann"}, {"email": "r@example.net"}]
+    request = _request(parts, recipients=recipients)
+    check_request(request)
+    composer = Composer(request, "mx.test", "X-Tenant", "X-Campaign")
+    subjects = [_fields(composer.compose(recipient).data)[b"subject"] for recipient in request.recipients]
+    assert subjects == [b"Subject: Hello Ann", b"Subject: Hello there"]
+
+
+def _fields(data: bytes) -> dict[bytes, bytes]:
+    head = data[: data.index(b"\r\n\r\n") + 2]
+    return {field.name: field.raw.rstrip(b"\r\n") for field in header_fields(head)}

@@ -105,11 +105,17 @@ RAW = "From: a@example.org\r\nTo: {{ name }} <{{ email }}>\r\nSubject: Hello {{ 
     [
         ([{"email": "ok@example.net"}, {"email": "b@example.net", "name": BAD}], {}, "$.recipients[1].name"),
         (
-            [{"email": "e@example.net", "substitutions": {"first": "Eve\r\nReply-To: attacker@evil.test"}}],
+            [
+                {
+                    "email": "e@example.net",
+                    "name": "Eve",
+                    "substitutions": {"first": "Eve\r\nReply-To: attacker@evil.test"},
+                }
+            ],
             {},
             "$.recipients[0].substitutions.first",
         ),
-        ([{"email": "e@example.net"}], {"first": "Eve\r\n\r\nfake body"}, "$.substitutions.first"),
+        ([{"email": "e@example.net", "name": "Eve"}], {"first": "Eve\r\n\r\nfake body"}, "$.substitutions.first"),
         ([{"email": "e@example.net"}], {"name": "x\nFrom: ceo@bank"}, "$.substitutions.name"),
     ],
 )

@@ -361,6 +361,17 @@ def test_line_length_below_78_is_refused(tmp_path: Path) -> None:
     assert load(write(tmp_path, "[smtp]\nmax_line_length = 78\n")).smtp.max_line_length == 78
 
 
+def test_a_line_length_leaving_no_room_for_a_message_id_naming_the_hostname_is_refused(tmp_path: Path) -> None:
+    """Injected mail gets a Message-ID naming the host, which cannot be folded: under a limit
+    too low for it every injection would be refused by the node's own content check."""
+    host = "mx." + "h" * 50  # 53 octets: its Message-ID line, folded and shortened, is 79
+    message = error_of(tmp_path, f'[smtp]\nhostname = "{host}"\nmax_line_length = 78\n')
+    assert f"[smtp] max_line_length: is 78: a Message-ID naming [smtp] hostname ('{host}') on a line of" in message
+    assert "takes 79 octets; set it to 79 or more, or a shorter hostname" in message
+    assert load(write(tmp_path, f'[smtp]\nhostname = "{host}"\nmax_line_length = 79\n')).smtp.max_line_length == 79
+    assert load(write(tmp_path, f'[smtp]\nhostname = "{host[1:]}"\nmax_line_length = 78\n')).smtp.hostname
+
+
 def test_empty_listen_list_is_refused(tmp_path: Path) -> None:
     assert "[smtp] listen: name at least one address" in error_of(tmp_path, "[smtp]\nlisten = []\n")
 

@@ -152,7 +152,9 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
                 f"{len(parsed.recipients)} recipients, over [http] max_recipients ({limit}): send them in more requests"
             )
             raise bad_request(text, "$.recipients")
-        check_request(parsed, max_metadata_size=config.http.max_metadata_size)
+        check_request(
+            parsed, max_metadata_size=config.http.max_metadata_size, max_line_length=config.smtp.max_line_length
+        )
     except msgspec.ValidationError as error:
         if (refused := _address_refusal(body, str(error))) is not None:
             raise refused from None
@@ -172,6 +174,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         config.delivery.campaign_header,
         max_output=config.smtp.max_message_size,
         max_render_time=config.http.max_render_time,
+        max_line_length=config.smtp.max_line_length,
     )
     try:
         composer.check_header_values()  # a line break a value would put into a header: 400

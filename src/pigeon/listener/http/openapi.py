@@ -84,7 +84,9 @@ def document() -> dict[str, Any]:
                     "operationId": "inject",
                     "summary": "Inject mail: one message per recipient, answered once all are durable",
                     "description": "Needs the 'inject' scope. Content is raw RFC 5322 text or parts; "
-                    "either is a Jinja2 template rendered per recipient unless 'template' is false. "
+                    "either is a Jinja2 template rendered per recipient unless 'template' is false, and a "
+                    "variable it writes out that is not given refuses that recipient (554 5.6.0), as does "
+                    "'name' for a recipient without one (use {{ name | default(\"there\") }} for a fallback). "
                     "Addresses are checked as SMTP checks them (400 naming the field, with SMTP's text); "
                     "a recipient named twice is refused the second time (550 5.1.0, duplicate_of). "
                     "Content that fails SMTP reception's content check is refused per recipient with SMTP's "
