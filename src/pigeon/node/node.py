@@ -37,6 +37,7 @@ from pigeon.listener.connection_limits import ClientConnections, LocalConnection
 from pigeon.listener.http.admin import perform, refusal_answer
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
+from pigeon.listener.http.connections import ConnectionLimits
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, worst
 from pigeon.listener.password_checker import PasswordChecker
 from pigeon.listener.passwords import PasswordFile, PasswordFileError
@@ -267,7 +268,8 @@ class Node:
         except OSError as error:
             raise ListenError(f"[smtp] listen: cannot listen: {error.strerror or error}") from None
         internal = {INTERNAL_PATH: self._take_rules} if self._control_socket is not None else None
-        self.http = HttpListener(self, internal)
+        limits = ConnectionLimits.of(config.http) if self._control_socket is None else None
+        self.http = HttpListener(self, internal, limits)
         if self._control_socket is not None:
             await self.http.start_unix(self._control_socket)
         elif listening is not None and listening.http:
