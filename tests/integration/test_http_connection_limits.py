@@ -1,19 +1,21 @@
 """The HTTP listener's bounds on its connections (`pigeon.listener.http.connections`): a request's
 headers within `header_timeout`, its body at `min_body_rate` beyond `body_timeout`, a silent
-keep-alive connection closed after `keepalive_timeout`, an answer left unread cut off after
-`body_timeout`, and at most `max_connections` open."""
+keep-alive connection closed after `keepalive_timeout`, at most `max_connections` open, and SMTP
+taking and delivering mail while idle HTTP clients hold as many connections as they may."""
 
 from __future__ import annotations
 
 import json
 import select
+import smtplib
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from pathlib import Path
 
 from tests.support.process import PigeonProcess
-from tests.support.sinks import wait_until
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 TOKEN = "inject-token-0123456789"
 TOKENS = [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]
@@ -182,6 +184,36 @@ def test_past_max_connections_with_none_idle_a_newcomer_gets_503(tmp_path: Path)
         assert status == 503
         assert error == "2 connections open ([http] max_connections), none of them idle: try again shortly"
         pigeon.wait_stderr("newcomers refused (503)")
+
+
+def _idle_http_connections(port: int, count: int) -> Iterator[socket.socket]:
+    for _ in range(count):
+        try:
+            yield _connect(port)
+        except OSError:
+            return
+
+
+def test_smtp_takes_and_delivers_mail_while_idle_http_connections_take_all_they_may(tmp_path: Path) -> None:
+    """With an open files limit of 500 (the node keeps to 30 HTTP connections and 214 SMTP ones,
+    and says so), 600 idle HTTP connections leave SMTP, the spool (a 300 KB body is a file of
+    its own) and delivery working, and /healthz answered."""
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", open_files=500, **delivery_config(sink.endpoint)) as pigeon,
+        ExitStack() as stack,
+    ):
+        assert "this process keeps to 214 SMTP and 30 HTTP connections" in pigeon.stderr()
+        idle = [stack.enter_context(closing(sock)) for sock in _idle_http_connections(pigeon.http_port, 600)]
+        assert len(idle) == 600
+        time.sleep(0.5)
+        for size in (1000, 300_000):
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                data = b"Subject: fd\r\n\r\n" + (b"x" * 98 + b"\r\n") * (size // 100)
+                assert client.sendmail("a@example.org", [f"r{size}@example.net"], data) == {}
+        assert sorted(r.recipients[0] for r in sink.wait_for(2)) == ["r1000@example.net", "r300000@example.net"]
+        assert _get(pigeon.http_port).startswith(b"HTTP/1.1 200")
+        assert "Too many open files" not in pigeon.stderr()
 
 
 def test_a_client_that_reads_none_of_its_answers_is_cut_off_after_the_body_timeout(tmp_path: Path) -> None:
