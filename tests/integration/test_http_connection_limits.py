@@ -164,13 +164,14 @@ def test_a_body_slower_than_min_body_rate_gets_408_and_one_as_fast_is_taken(tmp_
 
 
 def test_past_max_connections_a_newcomer_takes_the_place_of_the_connection_idle_longest(tmp_path: Path) -> None:
-    with PigeonProcess(tmp_path / "node", http={"max_connections": 3}) as pigeon, ExitStack() as stack:
+    http = {"max_connections": 3, "header_timeout": "60s"}  # none closed for its silence meanwhile
+    with PigeonProcess(tmp_path / "node", http=http) as pigeon, ExitStack() as stack:
         idle = []
         for _ in range(3):
             idle.append(stack.enter_context(closing(_connect(pigeon.http_port))))
             time.sleep(0.1)  # in this order at the node too
         assert _get(pigeon.http_port).startswith(b"HTTP/1.1 200")
-        wait_until(lambda: _closed(idle[0]))
+        wait_until(lambda: _closed(idle[0]), timeout=3)
         assert not _closed(idle[1]) and not _closed(idle[2])
 
 
