@@ -118,7 +118,7 @@ class _Guard:
                 return False
             self._closed_idle += 1
             self.forget(idle)
-            idle.force_close()
+            idle.evict()
             self._report()
         self.open[newcomer] = None
         return True
@@ -244,6 +244,12 @@ class _GuardedHandler(_JsonErrorsHandler):
         """Waiting for a request with nothing of it heard: may make room for a newcomer."""
         return not self._in_hand() and not self._heard and not self._cut
 
+    def evict(self) -> None:
+        """Close (an idle connection: see `idle`) to make room for a newcomer."""
+        _log.debug("http: closing an idle connection to make room ([http] max_connections)")
+        self._cut = True
+        self.force_close()
+
     def _in_hand(self) -> bool:
         """A request has been parsed and not yet answered."""
         return self._request_count > self._answered
@@ -299,8 +305,8 @@ class _GuardedHandler(_JsonErrorsHandler):
             self._timer = self._loop.call_at(when, self._check)
             return
         if clock == "body" and self._current_request is None:
-            # No handler reads it (it has answered, the rest of the body is left to aiohttp,
-            # which drops it for a moment after the answer): no clock of this module's.
+            # No handler reads it: it has answered, and what is left of the body is aiohttp's,
+            # which reads and drops it for a moment after the answer (`lingering_time`).
             self._body_deadline = None
             self._arm()
             return
