@@ -55,8 +55,8 @@ def share(limit: int, smtp: int, http: int) -> Shares:
     )
     kept = " and ".join(f"{count} {name}" for name, count in (("SMTP", held_smtp), ("HTTP", held_http)) if count)
     warning = (
-        f"open files: the limit (RLIMIT_NOFILE) is {limit}, below {wanted} with {RESERVED} left for the "
-        f"spool, the logs and deliveries: this process keeps to {kept} connections, so that none can "
+        f"open files: the limit (RLIMIT_NOFILE) is {limit}, below {wanted} with {RESERVED} left for its "
+        f"other files (spool, logs, deliveries): this process keeps to {kept} connections, so that none can "
         f"leave the others without files; raise the hard limit (systemd: LimitNOFILE=) or lower max_connections"
     )
     return Shares(held_smtp, held_http, warning)
