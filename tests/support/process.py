@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
+import resource
 import signal
 import socket
 import sqlite3
@@ -58,12 +60,20 @@ class PigeonProcess:
     """`pigeon serve` in a subprocess, with a config written under `root`."""
 
     def __init__(
-        self, root: Path, *, source: Path | None = None, tables: dict[str, Any] | None = None, **sections: Any
+        self,
+        root: Path,
+        *,
+        source: Path | None = None,
+        tables: dict[str, Any] | None = None,
+        open_files: int | None = None,
+        **sections: Any,
     ) -> None:
         """`source`: run the Pigeon in this source tree (a checkout's `src`) instead of this one's.
-        `tables`: more sections, for names that keyword arguments cannot take (`[[source]]`)."""
+        `tables`: more sections, for names that keyword arguments cannot take (`[[source]]`).
+        `open_files`: the node's RLIMIT_NOFILE, soft and hard (it raises the soft one to the hard)."""
         self.root = root
         self.source = source
+        self.open_files = open_files
         root.mkdir(parents=True, exist_ok=True)
         self.smtp_port = free_port()
         self.http_port = free_port()
@@ -110,7 +120,7 @@ class PigeonProcess:
             start_new_session=True,
             # A test runner killed mid-run (a CI timeout, kill -9) must not leave nodes behind,
             # holding ports and CPU for every later test: they get SIGTERM when it goes.
-            preexec_fn=_stop_with_the_test_runner,
+            preexec_fn=functools.partial(_prepare_child, self.open_files),
         )
         stderr.close()
         if wait:
@@ -307,6 +317,9 @@ def _spool_rows(spool_root: Path) -> Iterator[dict[str, Any]]:
             }
 
 
-def _stop_with_the_test_runner() -> None:
-    """In the child, before exec: SIGTERM when the process (thread) that started it dies."""
+def _prepare_child(open_files: int | None) -> None:
+    """In the child, before exec: SIGTERM when the process (thread) that started it dies, and
+    its open files limit if one is given."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if open_files is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))

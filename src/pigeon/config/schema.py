@@ -336,6 +336,24 @@ class HttpConfig(_Section):
     """Time one injection request may spend rendering its templates, over all its recipients
     (each render also stops at 1 s). Recipients left when it is spent get `451 4.3.0`, to be
     sent again in another request, so that no request holds a worker for longer."""
+    max_connections: PositiveInt = 1000
+    """Concurrent connections to the HTTP listener (of the process that serves it: the node, or
+    its supervisor). Past it a newcomer takes the place of the connection idle longest between
+    requests; with none idle, it gets 503 and is closed. Each is an open file of the process
+    that, with one worker, also takes SMTP mail and writes the spool (`pigeon.node.descriptors`)."""
+    header_timeout: PositiveDuration = PositiveDuration(10)
+    """A request's line and headers must have arrived within this long: from the connection's
+    start for its first request (a connection that sends nothing is closed), from its first
+    byte for a later one. Past it, 408 and the connection closed (nginx's client_header_timeout)."""
+    keepalive_timeout: PositiveDuration = PositiveDuration(60)
+    """A connection that sends nothing for this long after an answer is closed."""
+    body_timeout: PositiveDuration = PositiveDuration(30)
+    """A request's body gets this long from the end of its headers plus its size at
+    `min_body_rate`, and may never stall for this long; past it, 408 and the connection closed.
+    A client that reads nothing of an answer for this long is cut off too."""
+    min_body_rate: DataRate = DataRate(10_000)
+    """Slowest a request's body may arrive beyond `body_timeout` (as `[smtp] min_data_rate` for
+    a message's content). 0: all of the body within `body_timeout`."""
 
 
 class SpoolConfig(_Section):

@@ -37,6 +37,7 @@ from pigeon.listener.connection_limits import ClientConnections, LocalConnection
 from pigeon.listener.http.admin import perform, refusal_answer
 from pigeon.listener.http.app import HttpListener
 from pigeon.listener.http.auth import Tokens
+from pigeon.listener.http.connections import ConnectionLimits
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, worst
 from pigeon.listener.password_checker import PasswordChecker
 from pigeon.listener.passwords import PasswordFile, PasswordFileError
@@ -49,6 +50,7 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
+from pigeon.node.descriptors import open_files_limit, share
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, take, take_node_rules
@@ -241,6 +243,11 @@ class Node:
         tls_context = _tls_context(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         auth_throttle, client_connections = _client_limits(config, self.worker, self._workers)
+        # A worker's public HTTP listener is its supervisor's: it has only its control socket.
+        public_http = config.http.max_connections if self._control_socket is None else 0
+        shares = share(open_files_limit(), smtp.max_connections, public_http)
+        if shares.warning is not None and self.worker == 0:  # said once: every worker has the same limit
+            _log.warning("%s", shares.warning)
         self.smtp = SmtpListener(
             _session_config(config, tls_context, passwords),
             intake,
@@ -255,7 +262,7 @@ class Node:
             idle_timeout=smtp.idle_timeout,
             command_timeout=smtp.command_timeout,
             min_data_rate=smtp.min_data_rate,
-            max_connections=smtp.max_connections,
+            max_connections=shares.smtp,
             max_connections_per_client=smtp.max_connections_per_client,
         )
         listening = self._listening
@@ -267,7 +274,8 @@ class Node:
         except OSError as error:
             raise ListenError(f"[smtp] listen: cannot listen: {error.strerror or error}") from None
         internal = {INTERNAL_PATH: self._take_rules} if self._control_socket is not None else None
-        self.http = HttpListener(self, internal)
+        limits = ConnectionLimits.of(config.http, shares.http) if self._control_socket is None else None
+        self.http = HttpListener(self, internal, limits)
         if self._control_socket is not None:
             await self.http.start_unix(self._control_socket)
         elif listening is not None and listening.http:

@@ -48,13 +48,15 @@ from pigeon.listener.http.admin import (
 from pigeon.listener.http.app import add_api_routes
 from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.body import declared_too_large, too_large
-from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
+from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
+from pigeon.listener.http.errors import json_errors
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
+from pigeon.node.descriptors import open_files_limit, share
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
 from pigeon.node.standing import (
@@ -644,7 +646,11 @@ class Supervisor:
         # A body left unread (a request refused from its headers) is read and dropped for at
         # most a second after the answer, so the client sees the answer rather than a reset;
         # then the connection closes. aiohttp's default is 10 s of a 64 MiB upload per client.
-        self._runner = JsonErrorsRunner(app, access_log=None, handle_signals=False, lingering_time=_LINGER)
+        shares = share(open_files_limit(), 0, self.config.http.max_connections)
+        if shares.warning is not None:
+            _log.warning("%s", shares.warning)
+        limits = ConnectionLimits.of(self.config.http, shares.http)
+        self._runner = GuardedRunner(app, limits, access_log=None, handle_signals=False, lingering_time=_LINGER)
         await self._runner.setup()
         listen = self.config.http.listen
         if self._listening is not None and self._listening.http:

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from pigeon.listener.http import admin
 from pigeon.listener.http.body import declared_too_large, too_large
+from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
 from pigeon.listener.http.health import healthz
@@ -89,9 +90,17 @@ def build_app(node: NodeView, internal: Mapping[str, Handler] | None = None) -> 
 class HttpListener:
     """Runs the application until `stop()`."""
 
-    def __init__(self, node: NodeView, internal: Mapping[str, Handler] | None = None) -> None:
-        """`internal`: see `build_app` (given only for a control socket)."""
-        self._runner = JsonErrorsRunner(build_app(node, internal), access_log=None, handle_signals=False)
+    def __init__(
+        self, node: NodeView, internal: Mapping[str, Handler] | None = None, limits: ConnectionLimits | None = None
+    ) -> None:
+        """`internal`: see `build_app` (given only for a control socket). `limits`: the bounds
+        on the connections of a listener anyone may reach (`connections`); none on a control
+        socket, where only the supervisor talks."""
+        app = build_app(node, internal)
+        if limits is None:
+            self._runner = JsonErrorsRunner(app, access_log=None, handle_signals=False)
+        else:
+            self._runner = GuardedRunner(app, limits, access_log=None, handle_signals=False)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         await self._runner.setup()
