@@ -61,6 +61,7 @@ _FIELD: Final = re.compile(r" - at (`key` in )?`(\$[^`]*)`$")
 _YIELD_AFTER: Final = 0.02
 _requests = itertools.count(1)
 FORWARDED_PEER: Final = "X-Pigeon-Peer"
+INJECT_PATH: Final = "/api/v1/inject"
 
 
 class InjectResponse(msgspec.Struct):
