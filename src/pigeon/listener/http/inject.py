@@ -18,7 +18,7 @@ The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
 reply), `on_rcpt_to` for each recipient in request order (a refusal refuses that one), both
 before anything is composed; then `on_message` about each recipient's message. Their objects
-are filled as `on_message`'s are for HTTP: the request's `session` (`http-<n>`), the client's
+are filled as `on_message`'s are for HTTP: the request's `session` (`http-` and an id of the form SMTP's), the client's
 address, no HELO, no TLS, the API token's name as `auth_user`. A refused recipient is logged
 as a `Rejection` of command `inject` and counted in `pigeon_rejections_total`. When no
 recipient is taken, the status says why: 422 if the policy refused them all for good (5xx),
@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import secrets
 import time
 from typing import Annotated, Any, Final
 
@@ -59,6 +60,10 @@ _FIELD: Final = re.compile(r" - at (`key` in )?`(\$[^`]*)`$")
 # Composing runs on the loop: it gives the loop a turn at least this often (seconds), so
 # that SMTP and the other requests go on meanwhile, however slow the templates.
 _YIELD_AFTER: Final = 0.02
+# A request's session id, `http-` and then one of the form SMTP's are (`pigeon.listener.smtp`):
+# a prefix drawn at the process's start and a count, so that the workers of a node, and its
+# runs, never give two requests one id (a count alone starts at 1 in each of them).
+_SESSION_PREFIX: Final = secrets.token_hex(4)
 _requests = itertools.count(1)
 FORWARDED_PEER: Final = "X-Pigeon-Peer"
 INJECT_PATH: Final = "/api/v1/inject"
@@ -98,7 +103,7 @@ async def inject(request: web.Request) -> web.Response:
     # anyone could fill the log with those. SMTP logs a failed AUTH, which a throttle bounds
     # and which costs the client a password check; a token check costs it nothing.
     holder = node.tokens.holder(request, "inject")
-    session = f"http-{next(_requests):x}"
+    session = f"http-{_SESSION_PREFIX}{next(_requests):06x}"
     try:
         return await _inject(request, holder, session)
     except web.HTTPClientError as refused:
