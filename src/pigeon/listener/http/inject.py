@@ -273,13 +273,10 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         # bare LF or CR it could take for the end of the data. Content not rendered per
         # recipient that fails the check is the request's fault: every recipient's message
         # would fail alike, so the request is refused whole (as is a second From), once.
-        unfit: Reply | None
-        if len(composed.data) > config.smtp.max_message_size:
-            unfit = replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit")
-        else:
-            unfit = check_message(
-                composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
-            )
+        # The replies are SMTP reception's own (`replies`), word for word: one rule, one text.
+        unfit = check_message(
+            composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
+        )
         if unfit is not None:
             if first_composed and not parsed.template:
                 raise content_refused(unfit)
@@ -290,7 +287,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             # the request is refused whole when the first one's message has them (the intake
             # would refuse each recipient's with 554 5.6.0 all the same).
             if first_composed:
-                raise bad_request(f"the message has more than one {repeated} header field (RFC 5322 3.6)", "$.content")
+                raise content_refused(replies.content_field_repeated(repeated))
             refuse(result, replies.content_field_repeated(repeated), by_policy=False)
             continue
         envelope = Envelope(
