@@ -156,9 +156,9 @@ def test_a_request_without_a_valid_token_gets_401_or_403_and_stores_nothing(refu
     status, answer = refusing.http_post("/api/v1/inject", request)
     assert status == 401 and "Bearer" in answer["error"]
     status, answer = refusing.http_post("/api/v1/inject", request, "inject-token-0123456780")  # one digit off
-    assert (status, answer) == (401, {"error": "unknown token"})
+    assert (status, answer) == (401, {"error": "unknown token", "field": "Authorization"})
     status, answer = refusing.http_post("/api/v1/inject", request, ADMIN)
-    assert (status, answer) == (403, {"error": "token 'ops' lacks the 'inject' scope"})
+    assert (status, answer) == (403, {"error": "token 'ops' lacks the 'inject' scope", "field": "Authorization"})
     assert refusing.spool_messages() == []
     assert refusing.metric("pigeon_messages_received_total") == 0
 

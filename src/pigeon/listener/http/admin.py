@@ -145,7 +145,7 @@ async def inspect(request: web.Request) -> web.Response:
         raise bad_request(str(error), "id") from None
     found = admin.inspect(spool_id)
     if found is None:
-        return web.json_response({"error": f"no message {request.match_info['id']} here"}, status=404)
+        return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
     return web.json_response(found)
 
 
@@ -216,7 +216,7 @@ async def perform(
         result = await admin.cancel(rule_id, kind)
         if not result["cancelled"]:
             what = "standing bounce" if kind == "bounce" else "suspension"
-            return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
+            return 404, {"error": f"no {what} {rule_id}", "field": "id", "cancelled": False}
         return 200, result
     request = _decode(path, body)
     try:

@@ -90,11 +90,19 @@ class RecipientResult(msgspec.Struct, omit_defaults=True):
     ] = None
 
 
-class ErrorResponse(msgspec.Struct, omit_defaults=True):
+class ErrorResponse(msgspec.Struct):
+    """Every error the API answers has this shape, whoever finds it (`errors.json_errors`)."""
+
     error: str
-    field: str | None = None
-    """JSON path of the offending value, e.g. "$.recipients[2].email" ("$": the body as a whole),
-    or the name of the offending query or path parameter, e.g. "cluster", or header ("Content-Type")."""
+    field: Annotated[
+        str | None,
+        msgspec.Meta(
+            description='What in the request is at fault: the JSON path of a value, e.g. "$.recipients[2].email"'
+            ' ("$": the body as a whole), the name of a query or path parameter ("cluster", "id") or of a header'
+            ' ("Content-Type", "Authorization"); null when no one part is (no such path or method, the node'
+            " busy or failing)"
+        ),
+    ]
 
 
 async def inject(request: web.Request) -> web.Response:
