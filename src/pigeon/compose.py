@@ -51,8 +51,8 @@ SCHEMA_PATTERNS: Final = {_EMAIL_RE: f"^{MAILBOX_PATTERN}$", _SENDER_RE: f"^(?:{
 """The address patterns the request types validate with, each with what the OpenAPI document
 writes for it: the same addresses, as JSON Schema spells them."""
 _EMAIL_RULES: Final = (
-    "local@domain, at most 254 octets (UTF-8) in all and 64 in the local part, no control or"
-    " format characters (such as bidi overrides)"
+    "local@domain, at most 254 octets (UTF-8) in all, 64 in the local part and 63 in each label of the domain"
+    " (a U-label counted as its A-label), no control or format characters (such as bidi overrides)"
 )
 Email = Annotated[
     str,
