@@ -38,7 +38,15 @@ from typing import Annotated, Any, Final
 import msgspec
 from aiohttp import web
 
-from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
+from pigeon.compose import (
+    ComposeError,
+    Composer,
+    InjectRequest,
+    RenderTimeSpent,
+    TemplateLimitError,
+    check_request,
+    media_type_problem,
+)
 from pigeon.header_section import repeated_field_in
 from pigeon.intake import Arrival, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
@@ -168,7 +176,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             raise bad_request(text, "$.recipients")
         check_request(parsed, max_metadata_size=config.http.max_metadata_size)
     except msgspec.ValidationError as error:
-        if (refused := _address_refusal(body, str(error))) is not None:
+        if (refused := _value_refusal(body, str(error))) is not None:
             raise refused from None
         raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
     except msgspec.DecodeError as error:
@@ -371,14 +379,21 @@ def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBad
 _ADDRESS_FIELD: Final = re.compile(
     r"\$\.(?:envelope_sender|recipients\[\d+\]\.email|content\.(?:from|reply_to)\.email)"
 )
+_MEDIA_TYPE_FIELD: Final = re.compile(r"\$\.content\.attachments\[\d+\]\.content_type")
 _STEP: Final = re.compile(r"\.([a-z_]+)|\[(\d+)\]")
 
 
-def _address_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
-    """400 for an address the request's schema refused, with the text `pigeon.smtp.address`
-    gives (what SMTP says of the same address), rather than "does not match the pattern"."""
+def _value_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
+    """400 for a value the request's schema refused by its pattern, saying what is wrong with
+    it rather than "does not match the pattern": for an address, the text `pigeon.smtp.address`
+    gives (what SMTP says of the same address); for an attachment's content type, what a media
+    type is (or the character it must not hold)."""
     match = _FIELD.search(error)
-    if match is None or match.group(1) or not _ADDRESS_FIELD.fullmatch(field := match.group(2)):
+    if match is None or match.group(1):
+        return None
+    field = match.group(2)
+    media_type = _MEDIA_TYPE_FIELD.fullmatch(field) is not None
+    if not media_type and not _ADDRESS_FIELD.fullmatch(field):
         return None
     value: Any = msgspec.json.decode(body)
     for name, index in _STEP.findall(field):
@@ -386,7 +401,11 @@ def _address_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
             value = value[name] if name else value[int(index)]
         except (KeyError, IndexError, TypeError):
             return None
-    if not isinstance(value, str) or (field == "$.envelope_sender" and value == ""):
+    if not isinstance(value, str):
+        return None
+    if media_type:
+        return bad_request(media_type_problem(value), field)
+    if field == "$.envelope_sender" and value == "":
         return None
     problem = address.check(value)
     return bad_request(problem.text if problem is not None else address.SYNTAX_TEXT, field)
