@@ -53,8 +53,8 @@ SCHEMA_PATTERNS: Final = {_EMAIL_RE: f"^{MAILBOX_PATTERN}$", _SENDER_RE: f"^(?:{
 """The address patterns the request types validate with, each with what the OpenAPI document
 writes for it: the same addresses, as JSON Schema spells them."""
 _EMAIL_RULES: Final = (
-    "local@domain, at most 254 octets (UTF-8) in all and 64 in the local part, no control or"
-    " format characters (such as bidi overrides)"
+    "local@domain, at most 254 octets (UTF-8) in all, 64 in the local part and 63 in each label of the domain"
+    " (a U-label counted as its A-label), no control or format characters (such as bidi overrides)"
 )
 Email = Annotated[
     str,
@@ -85,7 +85,14 @@ class Address(msgspec.Struct, forbid_unknown_fields=True):
 class Attachment(msgspec.Struct, forbid_unknown_fields=True):
     data: str
     """The content: text, or base64 when `base64` is true."""
-    content_type: Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")] = "application/octet-stream"
+    content_type: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=mime.MEDIA_TYPE,
+            description='A media type, with any parameters: "image/png", "text/plain; charset=utf-8" (RFC 2045 5.1).'
+            " Its name parameter is written from file_name: give it there",
+        ),
+    ] = "application/octet-stream"
     file_name: str | None = None
     content_id: str | None = None
     """Set it to make an inline part, referred to from the HTML as cid:<content_id>."""
@@ -241,9 +248,12 @@ def check_request(
                     base64.b64decode(attachment.data, validate=True)
                 except binascii.Error as error:
                     raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
-            if "/" not in attachment.content_type:
-                raise ComposeError("must be type/subtype", f"$.content.attachments[{index}].content_type")
-            _fits(f"Content-Type: {attachment.content_type};", max_line_length, f"{where}.content_type")
+            _check_parameters(attachment, f"{where}.content_type")
+            # Folded between its parameters at worst: each must fit a line of its own.
+            kind, parameters = mime.media_type(attachment.content_type)
+            _fits(f"Content-Type: {kind};", max_line_length, f"{where}.content_type")
+            for name, value in parameters:
+                _fits(f" {name}={value};", max_line_length, f"{where}.content_type")
             if attachment.content_id is not None:
                 _fits(f" <{attachment.content_id}>", max_line_length, f"{where}.content_id")
         seen: dict[str, str] = {}
@@ -268,6 +278,7 @@ def check_request(
 
 
 _FORBIDDEN: Final = (("\r", "CR"), ("\n", "LF"), ("\0", "NUL"))
+_AS_IS_TEXT: Final = "must not contain a {name}: the value is written into a header as it is"
 _PARTS: Final = "the parts (text, html, attachments)"
 _BUILT_FROM: Final = {
     "from": "$.content.from",
@@ -286,7 +297,32 @@ _REPLACEABLE: Final = frozenset({"date", "message-id"})
 def _as_is_in_header(value: str | None, field: str) -> None:
     for char, name in _FORBIDDEN:
         if value is not None and char in value:
-            raise ComposeError(f"must not contain a {name}: the value is written into a header as it is", field)
+            raise ComposeError(_AS_IS_TEXT.format(name=name), field)
+
+
+def _check_parameters(attachment: Attachment, field: str) -> None:
+    """An attachment's content type names each parameter once, and no `name` when there is a
+    `file_name` to write it from: a reader would take either of two."""
+    try:
+        _, parameters = mime.media_type(attachment.content_type)
+    except ValueError as error:  # (a request the schema checked has none such)
+        raise ComposeError(str(error), field) from None
+    seen: set[str] = set()
+    for name, _ in parameters:
+        lowered = name.lower()
+        if lowered in seen:
+            raise ComposeError(f"names the parameter {name!r} twice (names are case-insensitive)", field)
+        seen.add(lowered)
+        if lowered == "name" and attachment.file_name:
+            raise ComposeError("has a name parameter, and Pigeon writes it from file_name: give it there alone", field)
+
+
+def media_type_problem(value: str) -> str:
+    """What is wrong with an attachment's content type the request's schema refused."""
+    for char, name in _FORBIDDEN:
+        if char in value:
+            return _AS_IS_TEXT.format(name=name)
+    return mime.MEDIA_TYPE_TEXT
 
 
 def _address_fits(email: str, max_line_length: int, field: str) -> None:

@@ -33,6 +33,20 @@ from pigeon.smtp import address
 
 MAX_LINE: Final = 998
 """The longest line RFC 5322 2.1.1 allows, without its CRLF: the default `max_line`."""
+# A media type as RFC 2045 5.1 writes one: type/subtype, then parameters `; name=value`, a
+# value a token or a quoted-string. Read alike by Python and JSON Schema (ECMA-262): the
+# request's schema validates with it, and the OpenAPI document shows it.
+_TOKEN: Final = r"[!#$%&'*+.0-9A-Z^_`a-z{|}~-]+"  # no space, control or tspecial ()<>@,;:\"/[]?=
+_QUOTED: Final = r'"(?:[\t\x20\x21\x23-\x5b\x5d-\x7e]|\\[\t\x20-\x7e])*"'
+MEDIA_TYPE: Final = rf"^{_TOKEN}/{_TOKEN}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))*[ \t]*$"
+MEDIA_TYPE_TEXT: Final = (
+    'Not a media type: type/subtype, then any parameters as "; name=value", a value with a space or'
+    ' any of ()<>@,;:\\"/[]?= in double quotes (RFC 2045 5.1), e.g. "text/plain; charset=utf-8"'
+)
+"""What is said of a value that is not a `MEDIA_TYPE`."""
+_MEDIA_TYPE: Final = re.compile(MEDIA_TYPE)
+_TYPE: Final = re.compile(rf"[ \t]*({_TOKEN}/{_TOKEN})")
+_PARAMETER: Final = re.compile(rf"[ \t]*;[ \t]*({_TOKEN})=({_TOKEN}|{_QUOTED})")
 _FOLD_AT: Final = 76
 # What RFC 5322 allows in an unstructured header as it is: printable ASCII and spaces.
 _PLAIN: Final = re.compile(r"[\x20-\x7e]*")
@@ -67,16 +81,36 @@ def text_part(text: str, subtype: str, max_line: int = MAX_LINE) -> Part:
     return Part(headers.encode(), body)
 
 
+def media_type(value: str) -> tuple[str, list[tuple[str, str]]]:
+    """A `MEDIA_TYPE`'s type/subtype and its parameters (name, value as written: a token or a
+    quoted-string). Raises ValueError for what is not one."""
+    found = _TYPE.match(value)
+    if found is None or _MEDIA_TYPE.fullmatch(value) is None:
+        raise ValueError(MEDIA_TYPE_TEXT)
+    return found.group(1), [(m.group(1), m.group(2)) for m in _PARAMETER.finditer(value, found.end())]
+
+
 def binary_part(
     data: bytes, content_type: str, *, file_name: str | None, content_id: str | None, max_line: int = MAX_LINE
 ) -> Part:
     """An attachment (or, with a content id, an inline part), base64 in 76-column lines.
+    `content_type`: a `MEDIA_TYPE`; its parameters are kept, and `name` is written from
+    `file_name` (the caller makes sure the type names none then).
 
-    The content type and id cannot be folded: `max_line` must leave room for
-    `Content-Type: <content_type>;` and ` <content_id>` (`compose.check_request` says so)."""
-    lines = [f"Content-Type: {content_type}"]
+    The type and each parameter, and the content id, cannot be folded: `max_line` must leave
+    room for each on a line of its own (`compose.check_request` says so)."""
+    kind, parameters = media_type(content_type)
+    items = [f"{name}={value}" for name, value in parameters]
+    field = [f"Content-Type: {kind}"]
+    for item in items:  # folded between parameters (RFC 2045 5.1 allows white space there)
+        if len(field[-1]) + 2 + len(item) > _FOLD_AT:
+            field[-1] += ";"
+            field.append(f" {item}")
+        else:
+            field[-1] += f"; {item}"
     if file_name:
-        lines[0] = _with_parameter(lines[0], "name", file_name, max_line)
+        field[-1] = _with_parameter(field[-1], "name", file_name, max_line)
+    lines = ["\r\n".join(field)]
     disposition = "inline" if content_id else "attachment"
     lines.append(f"Content-Disposition: {disposition}")
     if file_name:

@@ -15,6 +15,8 @@ import pytest
 from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config
 
+READER = "reader-token-0123456789"
+
 
 def test_healthz_reports_the_node(pigeon: PigeonProcess) -> None:
     status, body = pigeon.http_get("/healthz")
@@ -50,7 +52,8 @@ def test_an_unknown_api_path_or_method_gets_a_json_error_that_says_what_to_do(tm
     # With two workers the supervisor passes the answers on (an admin path's from every worker).
     with PigeonProcess(tmp_path / "node", node={"name": "n", "workers": workers}) as node:
         status, answer = _ask(node, "POST", "/api/v1/shaping/effects")
-        assert (status, answer) == (405, {"error": "POST is not allowed on /api/v1/shaping/effects; use GET, HEAD"})
+        error = "POST is not allowed on /api/v1/shaping/effects; use GET, HEAD"
+        assert (status, answer) == (405, {"error": error, "field": None})
         status, answer = _ask(node, "PUT", "/api/v1/admin/suspend")
         assert status == 405 and "use GET, HEAD, POST" in answer["error"], answer
         status, answer = _ask(node, "GET", "/api/v1/shaping/effect")
@@ -68,7 +71,8 @@ def api_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     with ScriptedSink() as sink:
         root = tmp_path_factory.mktemp("conformance") / "node"
         config = delivery_config(sink.endpoint, retry_interval="1h")
-        with PigeonProcess(root, node={"workers": request.param}, **config) as pigeon:
+        http = {"token": [{"name": "reader", "token": READER, "scopes": ["read"]}]}
+        with PigeonProcess(root, node={"workers": request.param}, http=http, **config) as pigeon:
             with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
                 for n in range(3):
                     client.sendmail("a@example.org", ["tempfail@example.net"], f"Subject: {n}\r\n\r\nhi\r\n".encode())
@@ -106,8 +110,38 @@ def _token(node: PigeonProcess) -> dict[str, str]:
 def _json_error(headers: dict[str, str], body: bytes) -> dict[str, Any]:
     assert headers["Content-Type"].startswith("application/json"), (headers, body)
     answer = json.loads(body)
-    assert isinstance(answer, dict) and isinstance(answer["error"], str) and set(answer) <= {"error", "field"}
+    assert isinstance(answer, dict) and isinstance(answer["error"], str) and set(answer) == {"error", "field"}
     return answer
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "token", "status", "field"),
+    [
+        ("GET", "/api/v1/queues", None, 401, "Authorization"),
+        ("GET", "/api/v1/queues", "wrong-token-0123456789", 401, "Authorization"),
+        ("POST", "/api/v1/admin/retry", READER, 403, "Authorization"),
+        ("GET", "/api/v1/nothing", "local", 404, None),
+        ("PUT", "/api/v1/queues", "local", 405, None),
+        ("GET", "/api/v1/messages/0123456789abcdef", "local", 404, "id"),
+        ("DELETE", "/api/v1/admin/suspend/no-such-rule", "local", 404, "id"),
+        ("DELETE", "/api/v1/shaping/effects/no-such-effect", "local", 404, "id"),
+        ("GET", "/api/v1/queues?colour=red", "local", 400, "colour"),
+    ],
+)
+def test_every_api_error_has_an_error_and_a_field_naming_what_is_at_fault_or_null(
+    api_node: PigeonProcess, method: str, path: str, token: str | None, status: int, field: str | None
+) -> None:
+    """README: every error is `{"error": ..., "field": ...}`, whoever finds it: a token
+    refused names the Authorization header, an unknown id its path parameter; a path or method
+    the API lacks names no one part of the request (null)."""
+    secret = api_node.local_token if token == "local" else token
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    got, answer_headers, body = _exchange(api_node, method, path, headers=headers)
+    assert got == status, body
+    answer = json.loads(body)
+    assert answer_headers["Content-Type"].startswith("application/json")
+    assert isinstance(answer["error"], str) and answer["error"], answer
+    assert "field" in answer and answer["field"] == field, answer
 
 
 @pytest.mark.parametrize(

@@ -151,14 +151,49 @@ def test_attachments_and_inline_images_are_built_into_mime(pigeon: PigeonProcess
     assert image["Content-ID"] == "<logo>" and image.get_content() == png
 
 
+def test_an_attachment_s_media_type_keeps_its_parameters_and_a_malformed_one_is_refused_saying_what_one_is(
+    pigeon: PigeonProcess, sink: ScriptedSink
+) -> None:
+    def request(content_type: str, file_name: str | None = "notes.txt") -> dict[str, Any]:
+        attachment = {"data": "grüße\n", "content_type": content_type, "file_name": file_name}
+        content = {"from": {"email": "app@example.org"}, "subject": "notes", "text": "see attached",
+                   "attachments": [attachment]}  # fmt: skip
+        return {"envelope_sender": "app@example.org", "recipients": [{"email": "r@example.net"}], "content": content}
+
+    long_type = 'text/plain; charset=utf-8; format=flowed; x-comment="a value with; a semicolon and spaces"'
+    status, answer = pigeon.http_post("/api/v1/inject", request(long_type), TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    (received,) = sink.wait_for(1)
+    (attachment,) = list(received.email.iter_attachments())
+    assert attachment.get_content_type() == "text/plain"
+    assert attachment.get_param("charset") == "utf-8" and attachment.get_param("format") == "flowed"
+    assert attachment.get_param("x-comment") == "a value with; a semicolon and spaces"
+    assert attachment.get_filename() == "notes.txt" and attachment.get_content() == "grüße\n"
+    assert all(len(line) <= 78 for line in received.data.split(b"\r\n")[:40])  # folded between parameters
+    field = "$.content.attachments[0].content_type"
+    refusals = {
+        "text/plain charset=utf-8": "Not a media type: type/subtype, then any parameters",
+        "text/plain;": "Not a media type: type/subtype, then any parameters",
+        "text/plain; charset=utf-8; Charset=latin1": "names the parameter 'Charset' twice",
+        'text/plain; name="other.txt"': "has a name parameter, and Pigeon writes it from file_name",
+    }
+    for content_type, error in refusals.items():
+        status, answer = pigeon.http_post("/api/v1/inject", request(content_type), TOKEN)
+        assert (status, answer["field"]) == (400, field), answer
+        assert answer["error"].startswith(error), answer
+    assert 'e.g. "text/plain; charset=utf-8"' in pigeon.http_post("/api/v1/inject", request("text"), TOKEN)[1]["error"]
+    # Without a file_name, a name parameter is the caller's own.
+    assert pigeon.http_post("/api/v1/inject", request('text/plain; name="n.txt"', None), TOKEN)[0] == 200
+
+
 def test_a_request_without_a_valid_token_gets_401_or_403_and_stores_nothing(refusing: PigeonProcess) -> None:
     request = _parts_request()
     status, answer = refusing.http_post("/api/v1/inject", request)
     assert status == 401 and "Bearer" in answer["error"]
     status, answer = refusing.http_post("/api/v1/inject", request, "inject-token-0123456780")  # one digit off
-    assert (status, answer) == (401, {"error": "unknown token"})
+    assert (status, answer) == (401, {"error": "unknown token", "field": "Authorization"})
     status, answer = refusing.http_post("/api/v1/inject", request, ADMIN)
-    assert (status, answer) == (403, {"error": "token 'ops' lacks the 'inject' scope"})
+    assert (status, answer) == (403, {"error": "token 'ops' lacks the 'inject' scope", "field": "Authorization"})
     assert refusing.spool_messages() == []
     assert refusing.metric("pigeon_messages_received_total") == 0
 

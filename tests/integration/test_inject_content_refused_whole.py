@@ -1,7 +1,8 @@
 """Content injected as it is (`"template": false`) is every recipient's alike: when it fails
 SMTP reception's content check, the request is refused whole, 400 naming `$.content` with the
 reply SMTP gives the same content, as a second Subject is; not a 200 listing each recipient
-refused. `pigeon inject --no-template` exits 2 for it (README: a request refused with 400)."""
+refused. `pigeon inject --no-template` exits 2 for it (README: a request refused with 400).
+SMTP gives the same content the same reply, word for word."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import wait_until
 
 TOKEN = "content-token-0123456789"
@@ -31,7 +33,14 @@ CASES = {
         + "Subject: hi\r\n\r\nhello\r\n",
         "554 5.4.6 Too many hops: mail loop detected (RFC 5321 6.3)",
     ),
-    "too big": ("Subject: hi\r\n\r\n" + ("b" * 70 + "\r\n") * (MAX_SIZE // 72 + 10), "552 5.3.4 message is "),
+    "too big": (
+        "Subject: hi\r\n\r\n" + ("b" * 70 + "\r\n") * (MAX_SIZE // 72 + 10),
+        f"552 5.3.4 Message size exceeds fixed maximum message size of {MAX_SIZE} octets",
+    ),
+    "two from": (
+        "From: a@example.org\r\nFrom: b@example.org\r\nSubject: hi\r\n\r\nhello\r\n",
+        "554 5.6.0 Message has more than one From header field (RFC 5322 3.6 allows one)",
+    ),
 }
 
 
@@ -56,11 +65,25 @@ def test_raw_content_that_fails_the_content_check_refuses_the_whole_request(node
     before = len(node.spool_messages())
     status, answer = node.http_post("/api/v1/inject", request, TOKEN)
     assert status == 400, answer
-    assert answer["field"] == "$.content" and answer["error"].startswith(reply), answer
+    assert answer == {"error": reply, "field": "$.content"}
     assert len(node.spool_messages()) == before
     # One Rejection for the request, as for any other it refuses whole.
     logged = wait_until(lambda: [r for r in node.records("Rejection") if r["response"]["text"].startswith(reply)])
     assert [(r["command"], r["response"]["code"]) for r in logged] == [("inject", 400)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_smtp_refuses_such_content_with_the_very_text_http_gives(node: PigeonProcess, case: str) -> None:
+    """One rule, one text: README says an injection's error is the reply SMTP gives."""
+    content, reply = CASES[case]
+    with RawSmtp(node.smtp_port) as smtp:
+        smtp.expect(220)
+        smtp.expect(250, "EHLO client.test")
+        smtp.expect(250, "MAIL FROM:<app@example.org>")
+        smtp.expect(250, "RCPT TO:<smtp@example.net>")
+        smtp.expect(354, "DATA")
+        code, lines = smtp.command(content + ".")
+    assert f"{code} {lines[-1]}" == reply
 
 
 @pytest.mark.parametrize("case", ["long line", "loop"])

@@ -3,12 +3,17 @@ htpasswd does; without it a missing file is an error that says how to create it.
 
 from __future__ import annotations
 
+import signal
+import smtplib
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pigeon.listener.passwords import PasswordFile
+from tests.support.process import PigeonProcess
 
 
 def passwd(*args: str, password: str = "s3cret") -> subprocess.CompletedProcess[str]:
@@ -20,7 +25,7 @@ def test_passwd_c_creates_the_users_file_with_mode_0600(tmp_path: Path) -> None:
     users = tmp_path / "users"
     result = passwd("-c", str(users), "alice")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"alice: password set in {users} (created, mode 0600)\n"
+    assert result.stdout.splitlines()[0] == f"alice: password set in {users} (created, mode 0600)"
     assert stat.S_IMODE(users.stat().st_mode) == 0o600
     assert PasswordFile.load(users).check("alice", "s3cret")
 
@@ -30,7 +35,7 @@ def test_passwd_c_on_an_existing_file_adds_the_user_and_keeps_the_others(tmp_pat
     assert passwd("-c", str(users), "alice").returncode == 0
     result = passwd("-c", str(users), "bob", password="other")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"bob: password set in {users}\n"
+    assert result.stdout.splitlines()[0] == f"bob: password set in {users}"
     loaded = PasswordFile.load(users)
     assert loaded.check("alice", "s3cret") and loaded.check("bob", "other")
 
@@ -81,3 +86,29 @@ def test_passwd_into_a_directory_that_does_not_exist_names_it(tmp_path: Path) ->
     result = passwd("-c", str(users), "alice")
     assert result.returncode == 2
     assert result.stderr == f"pigeon: {users}: the directory {users.parent} does not exist; nothing changed\n"
+
+
+def test_passwd_says_a_running_node_takes_the_user_at_sighup_as_it_does(tmp_path: Path) -> None:
+    """Without the hint, an operator who added a user to a running node saw AUTH refuse it (535)
+    and suspected the password."""
+    users = tmp_path / "users"
+    assert passwd("-c", str(users), "alice").returncode == 0
+    smtp = {"auth_users": str(users), "allow_plaintext_auth": True}
+    with PigeonProcess(tmp_path / "node", smtp=smtp) as pigeon:
+        result = passwd("--file", str(users), "bob", password="bob-secret")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[1:] == [
+            "a running node takes the change at SIGHUP (systemctl reload pigeon, or kill -HUP its pid); until then "
+            "AUTH checks the users it read last"
+        ]
+        with (
+            smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client,
+            pytest.raises(smtplib.SMTPAuthenticationError) as refused,
+        ):
+            client.login("bob", "bob-secret")
+        assert refused.value.smtp_code == 535
+        assert pigeon.process is not None
+        pigeon.process.send_signal(signal.SIGHUP)
+        pigeon.wait_stderr("reloaded:")
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+            assert client.login("bob", "bob-secret")[0] == 235

@@ -21,7 +21,9 @@ EXAMPLES = """examples:
   pigeon passwd --file /etc/pigeon/users bob   # adds to a file that exists
   echo 's3cret' | pigeon passwd --file /etc/pigeon/users carol --stdin   # for scripts
   pigeon passwd --config /etc/pigeon/pigeon.toml dave   # the file of [smtp] auth_users
-Point [smtp] auth_users at the file to enable AUTH PLAIN and LOGIN.
+Point [smtp] auth_users at the file to enable AUTH PLAIN and LOGIN. A running node reads
+the file again at SIGHUP (systemctl reload pigeon): until then a new or changed password
+gets 535.
 Exits 0 when the password is set; 1 if it was refused (empty, the two differ, the file
 cannot be written); 2 for a usage error (no file, a missing one without -c).
 """
@@ -86,4 +88,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pigeon: {error}", file=sys.stderr)
         return 1
     print(f"{args.user}: password set in {path}" + (" (created, mode 0600)" if created else ""))
+    # A running node reads the file at its start and at SIGHUP only: without this, an operator
+    # who added a user sees AUTH refuse it (535) and suspects the password.
+    print("a running node takes the change at SIGHUP (systemctl reload pigeon, or kill -HUP its pid); until then "
+          "AUTH checks the users it read last")  # fmt: skip
     return 0

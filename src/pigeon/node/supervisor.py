@@ -47,11 +47,11 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.app import add_api_routes
 from pigeon.listener.http.auth import Tokens
-from pigeon.listener.http.body import declared_too_large, too_large
+from pigeon.listener.http.body import TOO_LARGE_HEADER, declared_too_large, too_large
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.errors import json_errors
 from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
-from pigeon.listener.http.inject import FORWARDED_PEER
+from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATH
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
@@ -186,11 +186,18 @@ class Worker:
             return response.status, await response.read()
 
     async def forward(
-        self, request: web.Request, body: bytes, within: float | None = 600, generation: int | None = None
+        self,
+        request: web.Request,
+        body: bytes,
+        within: float | None = 600,
+        generation: int | None = None,
+        *,
+        too_large_body: bool = False,
     ) -> web.Response:
         """Pass an API request to this worker; its answer, as it is. `within`: seconds the
         whole exchange may take (None: no bound of its own; see `Supervisor._to_workers`);
-        `generation`: the number of the change to the standing rules it is (`pigeon.node.standing`)."""
+        `generation`: the number of the change to the standing rules it is (`pigeon.node.standing`);
+        `too_large_body`: the request's body was over the limit, and `body` is empty."""
         if self._session is None or self._session.closed:
             # One session per worker: its connections are reused from request to request.
             connector = aiohttp.UnixConnector(path=str(self.control))
@@ -201,6 +208,8 @@ class Worker:
             headers[FORWARDED_PEER] = f"{peer[0]}:{peer[1]}"
         if generation is not None:
             headers[GENERATION_HEADER] = str(generation)
+        if too_large_body:
+            headers[TOO_LARGE_HEADER] = "1"
         async with self._session.request(
             request.method,
             f"http://worker{request.rel_url}",
@@ -728,7 +737,7 @@ class Supervisor:
             return _closing(web.Response(status=refusal.status, text=refusal.text, headers=refusal.headers))
         max_size = self.config.http.max_request_size
         if declared_too_large(request, max_size):
-            return too_large(max_size)
+            return await self._too_large(request, max_size)
         if self._open_requests >= self.config.http.max_open_requests:
             message = f"{self._open_requests} API requests in progress ([http] max_open_requests): try again shortly"
             return _closing(web.json_response({"error": message}, status=503, headers={"Retry-After": "1"}))
@@ -737,10 +746,19 @@ class Supervisor:
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                return too_large(max_size)
+                return await self._too_large(request, max_size)
             return await self._pass_on(request, body)
         finally:
             self._open_requests -= 1
+
+    async def _too_large(self, request: web.Request, max_size: int) -> web.Response:
+        """413 for a body over `max_size`. An injection's is a worker's to answer, as with one
+        worker: it logs the Rejection (this process keeps no log). It is told without the body
+        (`body.TOO_LARGE_HEADER`); if no worker can be asked, the 413 is answered here, unlogged."""
+        if request.path != INJECT_PATH:
+            return too_large(max_size)
+        answer = await self._pass_on(request, b"", too_large_body=True)
+        return too_large(max_size) if answer.status >= 500 else answer
 
     async def _pass_on_anonymous(self, request: web.Request) -> web.Response:
         if self._open_anonymous >= _MAX_OPEN_ANONYMOUS:
@@ -754,14 +772,14 @@ class Supervisor:
         # A GET's body means nothing here and is not read: close rather than drain it.
         return _closing(response) if request.body_exists else response
 
-    async def _pass_on(self, request: web.Request, body: bytes) -> web.Response:
+    async def _pass_on(self, request: web.Request, body: bytes, *, too_large_body: bool = False) -> web.Response:
         if request.path.startswith(_BROADCAST_PATHS):
             return await self._broadcast(request, body)
         for _ in range(len(self.workers)):
             worker = self.workers[self._next_worker % len(self.workers)]
             self._next_worker += 1
             try:
-                return await worker.forward(request, body)
+                return await worker.forward(request, body, too_large_body=too_large_body)
             except aiohttp.ClientConnectorError:
                 continue  # not listening (restarting): the request never reached it, try another
             except (OSError, aiohttp.ClientError, TimeoutError) as error:

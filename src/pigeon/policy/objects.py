@@ -37,7 +37,7 @@ class MailFrom(msgspec.Struct, frozen=True):
     injection (`/api/v1/inject`, `pigeon inject`: once per request)."""
 
     session: str
-    """The SMTP session id, or the HTTP request's (`http-<n>`), as in the log records."""
+    """The SMTP session id, or the HTTP request's (`http-9c1e2a7f000004`), as in the log records."""
     peer_ip: str
     helo: str
     """The EHLO or HELO name ("" if the client gave none, and over HTTP)."""

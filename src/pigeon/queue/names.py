@@ -33,9 +33,10 @@ MAX_PART: Final = 255
 """The longest tenant or campaign, in characters, however it is given (the JSON of an injection,
 a routing header at any door, a policy's answer): it names the message's queue."""
 PART_PATTERN: Final = r"[^\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff:@]*"
-"""A tenant or campaign (or a glob of them) for the OpenAPI document, as a regex that Python
-and JSON Schema (ECMA-262) read alike: no white space character of either (their `\\s`
-differ), ':' or '@'. Its length and control characters are `queue_part_problem`'s to refuse."""
+"""A tenant or campaign, as a regex that Python and JSON Schema (ECMA-262) read alike: no white
+space character of either (their `\\s` differ), ':' or '@'. The admin selectors' glob of one is
+made of it (`config.patterns`); the OpenAPI document writes an injection's as the stricter
+`part_value_pattern`. Its length and control characters are `queue_part_problem`'s to refuse."""
 _HEADER_SEPARATORS: Final = re.compile(r"[^\S\x00-\x1f\x7f-\x9f\u2028\u2029]+|[:@]")
 """What a routing header's value has that a tenant or campaign may not, made `_` there: runs of
 white space (not the control characters among it, which are refused) and each ':' and '@'."""
@@ -91,6 +92,17 @@ def queue_name_pattern() -> str:
     inbound = "".join(f"[{c.upper()}{c}]" if c.isalpha() else c for c in _INBOUND_PREFIX)
     allowed = r"\x21-\x29\x2b-\x3e\x40-\x7e" + printable_beyond_ascii()
     return f"(?!{inbound})(?!.*{_READY_SEPARATOR})[{allowed}]{{1,{MAX_QUEUE_NAME}}}"
+
+
+@functools.cache
+def part_value_pattern() -> str:
+    """A tenant or campaign (not a glob) for the OpenAPI document, as a regex that Python and
+    JSON Schema (ECMA-262) read alike: printable ASCII but the space, ':' and '@', and the Basic
+    Multilingual Plane's printable characters that are not white space. So no control or format
+    character, which `queue_part_problem` refuses (`PART_PATTERN` lets them by). Beyond the BMP,
+    which the two have no common escape for, the document errs on the side of refusing (an emoji
+    is taken by the server)."""
+    return rf"[\x21-\x39\x3b-\x3f\x41-\x7e{printable_beyond_ascii()}]*"
 
 
 @functools.cache

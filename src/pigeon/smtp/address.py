@@ -79,7 +79,7 @@ class Problem:
 SYNTAX_TEXT: Final = "Not a valid mailbox address (local@domain)"
 
 
-def dot_string_and_domain(extra: Ranges, *, negated: bool = False) -> tuple[str, str]:
+def dot_string_and_domain(extra: Ranges, *, negated: bool = False, max_label: int | None = None) -> tuple[str, str]:
     """The regex sources of a dot-string local part and a domain (RFC 5321 4.1.2), with the
     characters `extra` (UTF-8, RFC 6531) allowed too. The HTTP API's JSON Schema pattern is
     built from these, so it describes the same addresses as the SMTP server accepts.
@@ -87,20 +87,26 @@ def dot_string_and_domain(extra: Ranges, *, negated: bool = False) -> tuple[str,
     `negated`: each character class written as the characters it leaves out (`[^...]`), which
     matches the same text and which `re` compiles in microseconds where it takes milliseconds
     for a class that lists most of the Basic Multilingual Plane. Not for JSON Schema (ECMA-262
-    has no escape for the characters beyond the BMP that such a class may name)."""
+    has no escape for the characters beyond the BMP that such a class may name).
+
+    `max_label`: the most characters a label may have (None: any number, and `check` names a
+    label over `MAX_LABEL` octets after the match, as only a count of octets can)."""
     atom = f"{char_class(_ATEXT, extra, negated=negated)}+"
     let_dig, ldh = (char_class(ascii, extra, negated=negated) for ascii in (_LET_DIG, _LDH))
-    label = f"{let_dig}(?:{ldh}*{let_dig})?"
+    inside = f"{ldh}*" if max_label is None else f"{ldh}{{0,{max_label - 2}}}"
+    label = f"{let_dig}(?:{inside}{let_dig})?"
     return f"{atom}(?:\\.{atom})*", f"{label}(?:\\.{label})*"
 
 
 def mailbox_pattern(extra: Ranges, *, negated: bool = False) -> str:
     """The regex source of a whole mailbox as `check` takes it, for a schema to admit what SMTP
-    admits: a dot-string of at most 64 characters or a quoted string, `@`, and a domain or an
-    address literal whose inside is an IPv4 address or "IPv6:" and an IPv6 address (RFC 5321
-    4.1.2, 4.1.3). Read alike by Python and JSON Schema (ECMA-262); `extra` and `negated` as
-    for `dot_string_and_domain`. Lengths are in characters here, octets in `check`."""
-    dot_string, domain = dot_string_and_domain(extra, negated=negated)
+    admits: a dot-string of at most 64 characters or a quoted string, `@`, and a domain of
+    labels of at most 63 characters or an address literal whose inside is an IPv4 address or
+    "IPv6:" and an IPv6 address (RFC 5321 4.1.2, 4.1.3; RFC 1035 2.3.4). Read alike by Python
+    and JSON Schema (ECMA-262); `extra` and `negated` as for `dot_string_and_domain`. Lengths
+    are in characters here, octets in `check` (a U-label's as its A-label's, which no pattern
+    can count: a U-label within 63 characters may still be refused)."""
+    dot_string, domain = dot_string_and_domain(extra, negated=negated, max_label=MAX_LABEL)
     quoted = f'"(?:{char_class(_QTEXT, extra, negated=negated)}|\\\\[\\x20-\\x7e])*"'
     return f"(?:(?=[^@]{{1,64}}@){dot_string}|{quoted})@(?:{domain}|\\[(?:{_IPV4}|[Ii][Pp][Vv]6:{_IPV6})\\])"
 

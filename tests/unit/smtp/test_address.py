@@ -5,6 +5,7 @@ the same text."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import unicodedata
 
 import msgspec
@@ -13,6 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pigeon.compose import ComposeError, InjectRecipient, InjectRequest, check_request
+from pigeon.listener.http import openapi
 from pigeon.smtp import address
 from pigeon.smtp.address import Kind
 from pigeon.smtp.commands import parse_command
@@ -132,6 +134,21 @@ def test_a_domain_label_over_63_octets_is_refused_at_every_door_and_63_is_taken(
     assert _refusal(f"RCPT TO:<{over}>") == (501, f"5.1.3 {text}")
     assert _refusal(f"MAIL FROM:<{over}>") == (501, f"5.1.7 {text}")
     assert _http_refusal(over) == text
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_the_openapi_document_s_address_pattern_refuses_a_label_over_63_as_the_server_does(where: str) -> None:
+    """A client that validates with the published schema is not told `x@<64 a>.com` is fine
+    only for the server to refuse it."""
+    documented = openapi.document()["components"]["schemas"]["InjectRecipient"]["properties"]["email"]
+    pattern = re.compile(documented["pattern"])
+    assert "63" in documented["description"]
+
+    def domain(label: str) -> str:
+        return {"first": f"{label}.example.net", "middle": f"a.{label}.net", "last": f"example.{label}"}[where]
+
+    assert pattern.search("x@" + domain("a" * 63)) and address.check("x@" + domain("a" * 63)) is None
+    assert not pattern.search("x@" + domain("a" * 64)) and address.check("x@" + domain("a" * 64)) is not None
 
 
 def test_a_u_label_is_measured_as_its_a_label() -> None:

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
-from pigeon.listener.http.context import NODE_KEY
+from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.listener.http.inject import bad_request
 from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json, unique_members
 from pigeon.message import parse_id
@@ -145,7 +145,7 @@ async def inspect(request: web.Request) -> web.Response:
         raise bad_request(str(error), "id") from None
     found = admin.inspect(spool_id)
     if found is None:
-        return web.json_response({"error": f"no message {request.match_info['id']} here"}, status=404)
+        return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
     return web.json_response(found)
 
 
@@ -216,7 +216,7 @@ async def perform(
         result = await admin.cancel(rule_id, kind)
         if not result["cancelled"]:
             what = "standing bounce" if kind == "bounce" else "suspension"
-            return 404, {"error": f"no {what} {rule_id}", "cancelled": False}
+            return 404, {"error": f"no {what} {rule_id}", "field": "id", "cancelled": False}
         return 200, result
     request = _decode(path, body)
     try:
@@ -504,22 +504,22 @@ async def write(request: web.Request) -> web.Response:
     operator = request.app[NODE_KEY].tokens.holder(request, "admin")
     admin = _admin(request, None)
     # Issued here unless the supervisor passed it on (having stamped it from the client's request).
-    from_supervisor = _from_supervisor(request)
+    supervised = from_supervisor(request)
     if request.method == "POST":
         require_json(request)
     body = await request.read() if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)
     if request.method == "POST":
-        body = with_id(body, None if from_supervisor else caller(request))  # say what it came through
-    if request.method == "POST" and not from_supervisor:
+        body = with_id(body, None if supervised else caller(request))  # say what it came through
+    if request.method == "POST" and not supervised:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
         now = time.time()
         change = rule_change(request.method, path, body, operator, now)
         refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, now)
         operation = operation_of(request.method, path, body)
         refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, now)
-    generation = request.headers.get(GENERATION_HEADER, "") if from_supervisor else ""
+    generation = request.headers.get(GENERATION_HEADER, "") if supervised else ""
     if generation.isdigit():
         # Noted before it is carried out: a hand-over of the node's rules from before this write
         # may reach this worker while it is (`pigeon.node.standing`).
@@ -538,23 +538,15 @@ async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
     admin = _admin(request, None)
-    from_supervisor = _from_supervisor(request)
+    supervised = from_supervisor(request)
     validate("GET", request.path_qs, b"")
     if not cluster_wide(request):
         status, answer = await perform(admin, "GET", request.path, b"", operator)
     else:
         status, answer = await _front(request, "GET", request.path, b"", operator, admin)
-    if from_supervisor and status == 200 and isinstance(answer, dict) and request.path.rstrip("/") == "/api/v1/queues":
+    if supervised and status == 200 and isinstance(answer, dict) and request.path.rstrip("/") == "/api/v1/queues":
         answer[SUSPENSIONS_HELD] = admin.suspensions()
     return _json((status, answer))
-
-
-def _from_supervisor(request: web.Request) -> bool:
-    """Whether the request came over this worker's unix control socket (from its supervisor),
-    not from a client over TCP. A request whose client has gone (no transport) is a client's:
-    what only a supervisor may say (rule generations, `via`) is never taken on a guess."""
-    transport = request.transport
-    return transport is not None and not isinstance(transport.get_extra_info("peername"), tuple)
 
 
 def cluster_wide(request: web.Request) -> bool:

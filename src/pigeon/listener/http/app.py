@@ -15,7 +15,7 @@ from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
 from pigeon.listener.http.health import healthz
-from pigeon.listener.http.inject import inject
+from pigeon.listener.http.inject import INJECT_PATH, inject
 from pigeon.listener.http.metrics import metrics
 from pigeon.listener.http.openapi import openapi
 from pigeon.listener.http.shaping import effects, end_effect
@@ -42,7 +42,7 @@ def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("GET", "/api/openapi.json", openapi),
-    ("POST", "/api/v1/inject", inject),
+    ("POST", INJECT_PATH, inject),
     ("POST", "/api/v1/admin/bounce", admin.write),
     ("GET", "/api/v1/admin/bounce", admin.read),
     ("DELETE", "/api/v1/admin/bounce/{id}", admin.write),

@@ -116,4 +116,5 @@ def _digest(secret: str) -> bytes:
 
 def _error(kind: type[web.HTTPError], message: str) -> web.HTTPError:
     headers = {"WWW-Authenticate": 'Bearer realm="pigeon"'} if kind is web.HTTPUnauthorized else None
-    return kind(text=json.dumps({"error": message}), content_type="application/json", headers=headers)
+    body = {"error": message, "field": "Authorization"}  # the header at fault, whichever refusal
+    return kind(text=json.dumps(body), content_type="application/json", headers=headers)

@@ -36,3 +36,12 @@ class NodeView(Protocol):
 
 
 NODE_KEY: web.AppKey[NodeView] = web.AppKey("node")
+
+
+def from_supervisor(request: web.Request) -> bool:
+    """Whether the request came over this worker's unix control socket (from its supervisor),
+    not from a client over TCP. A request whose client has gone (no transport) is a client's:
+    what only a supervisor may say (rule generations, `via`, a body over the limit) is never
+    taken on a guess."""
+    transport = request.transport
+    return transport is not None and not isinstance(transport.get_extra_info("peername"), tuple)

@@ -1,9 +1,11 @@
-"""Every error the HTTP listener answers is JSON in the API's one shape, `{"error": ...}`
-(`inject.ErrorResponse`), whoever made it: a handler, aiohttp's router (no such path, no such
-method: 404, or 405 with `Allow`), aiohttp's HTTP parser before any handler runs (a request
-with both Content-Length and Transfer-Encoding, a malformed request line or header), or an
-exception nothing caught (500). A client of the API reads every answer the same way, and a
-text/plain "404: Not Found" is not one it can.
+"""Every error the HTTP listener answers is JSON in the API's one shape, `{"error": ...,
+"field": ...}` (`inject.ErrorResponse`), whoever made it: a handler, aiohttp's router (no such
+path, no such method: 404, or 405 with `Allow`), aiohttp's HTTP parser before any handler runs
+(a request with both Content-Length and Transfer-Encoding, a malformed request line or header),
+or an exception nothing caught (500). A client of the API reads every answer the same way, and
+a text/plain "404: Not Found" is not one it can. `field` names what is at fault where a handler
+knows (a JSON path, a parameter, a header); an API error that names nothing gets `null` here,
+so that no refusal made anywhere, now or later, lacks the member.
 
 The same for a worker's listener and for the supervisor's (`pigeon.node.supervisor`): their
 404 and 405 read alike, whichever answered.
@@ -11,6 +13,7 @@ The same for a worker's listener and for the supervisor's (`pigeon.node.supervis
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
@@ -27,12 +30,31 @@ async def json_errors(
     """A refusal that is not JSON already (aiohttp's own are text) as a JSON one that says what
     to do, with its status and the headers that go with it (`Allow` of a 405)."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except web.HTTPError as refusal:
         if refusal.content_type == "application/json":
+            _name_a_field(request, refusal)
             raise
         headers = {name: refusal.headers[name] for name in _KEPT_HEADERS if name in refusal.headers}
-        return web.json_response({"error": _message(request, refusal)}, status=refusal.status, headers=headers)
+        answer = {"error": _message(request, refusal), "field": None}
+        return web.json_response(answer, status=refusal.status, headers=headers)
+    _name_a_field(request, response)
+    return response
+
+
+def _name_a_field(request: web.Request, response: web.StreamResponse) -> None:
+    """An API error in JSON without `field` gets `"field": null`. Not /healthz's 503: it is a
+    state, not a refusal, and its `error` members say what is wrong with the node."""
+    if response.status < 400 or not request.path.startswith("/api/") or not isinstance(response, web.Response):
+        return
+    if response.content_type != "application/json" or not isinstance(response.body, bytes):
+        return
+    try:
+        answer = json.loads(response.body)
+    except ValueError:
+        return
+    if isinstance(answer, dict) and "error" in answer and "field" not in answer:
+        response.text = json.dumps({"error": answer.pop("error"), "field": None, **answer})
 
 
 def _message(request: web.Request, refusal: web.HTTPError) -> str:
@@ -78,7 +100,7 @@ class _JsonErrorsHandler(web.RequestHandler):
             text = message.strip().partition("\n")[0].rstrip(":")
         else:
             text = _phrase(status)
-        response = web.json_response({"error": text}, status=status)
+        response = web.json_response({"error": text, "field": None}, status=status)
         response.force_close()  # as aiohttp's: what follows on this connection cannot be trusted
         return response
 

@@ -18,7 +18,7 @@ The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
 reply), `on_rcpt_to` for each recipient in request order (a refusal refuses that one), both
 before anything is composed; then `on_message` about each recipient's message. Their objects
-are filled as `on_message`'s are for HTTP: the request's `session` (`http-<n>`), the client's
+are filled as `on_message`'s are for HTTP: the request's `session` (`http-` and an id of the form SMTP's), the client's
 address, no HELO, no TLS, the API token's name as `auth_user`. A refused recipient is logged
 as a `Rejection` of command `inject` and counted in `pigeon_rejections_total`. When no
 recipient is taken, the status says why: 422 if the policy refused them all for good (5xx),
@@ -31,13 +31,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import secrets
 import time
 from typing import Annotated, Any, Final
 
 import msgspec
 from aiohttp import web
 
-from pigeon.compose import ComposeError, Composer, InjectRequest, RenderTimeSpent, TemplateLimitError, check_request
+from pigeon.compose import (
+    ComposeError,
+    Composer,
+    InjectRequest,
+    RenderTimeSpent,
+    TemplateLimitError,
+    check_request,
+    media_type_problem,
+)
 from pigeon.header_section import repeated_field_in
 from pigeon.intake import Arrival, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
@@ -59,8 +68,13 @@ _FIELD: Final = re.compile(r" - at (`key` in )?`(\$[^`]*)`$")
 # Composing runs on the loop: it gives the loop a turn at least this often (seconds), so
 # that SMTP and the other requests go on meanwhile, however slow the templates.
 _YIELD_AFTER: Final = 0.02
+# A request's session id, `http-` and then one of the form SMTP's are (`pigeon.listener.smtp`):
+# a prefix drawn at the process's start and a count, so that the workers of a node, and its
+# runs, never give two requests one id (a count alone starts at 1 in each of them).
+_SESSION_PREFIX: Final = secrets.token_hex(4)
 _requests = itertools.count(1)
 FORWARDED_PEER: Final = "X-Pigeon-Peer"
+INJECT_PATH: Final = "/api/v1/inject"
 
 
 class InjectResponse(msgspec.Struct):
@@ -84,11 +98,19 @@ class RecipientResult(msgspec.Struct, omit_defaults=True):
     ] = None
 
 
-class ErrorResponse(msgspec.Struct, omit_defaults=True):
+class ErrorResponse(msgspec.Struct):
+    """Every error the API answers has this shape, whoever finds it (`errors.json_errors`)."""
+
     error: str
-    field: str | None = None
-    """JSON path of the offending value, e.g. "$.recipients[2].email" ("$": the body as a whole),
-    or the name of the offending query or path parameter, e.g. "cluster", or header ("Content-Type")."""
+    field: Annotated[
+        str | None,
+        msgspec.Meta(
+            description='What in the request is at fault: the JSON path of a value, e.g. "$.recipients[2].email"'
+            ' ("$": the body as a whole), the name of a query or path parameter ("cluster", "id") or of a header'
+            ' ("Content-Type", "Authorization"); null when no one part is (no such path or method, the node'
+            " busy or failing)"
+        ),
+    ]
 
 
 async def inject(request: web.Request) -> web.Response:
@@ -97,7 +119,7 @@ async def inject(request: web.Request) -> web.Response:
     # anyone could fill the log with those. SMTP logs a failed AUTH, which a throttle bounds
     # and which costs the client a password check; a token check costs it nothing.
     holder = node.tokens.holder(request, "inject")
-    session = f"http-{next(_requests):x}"
+    session = f"http-{_SESSION_PREFIX}{next(_requests):06x}"
     try:
         return await _inject(request, holder, session)
     except web.HTTPClientError as refused:
@@ -156,7 +178,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             parsed, max_metadata_size=config.http.max_metadata_size, max_line_length=config.smtp.max_line_length
         )
     except msgspec.ValidationError as error:
-        if (refused := _address_refusal(body, str(error))) is not None:
+        if (refused := _value_refusal(body, str(error))) is not None:
             raise refused from None
         raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
     except msgspec.DecodeError as error:
@@ -270,13 +292,10 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         # bare LF or CR it could take for the end of the data. Content not rendered per
         # recipient that fails the check is the request's fault: every recipient's message
         # would fail alike, so the request is refused whole (as is a second From), once.
-        unfit: Reply | None
-        if len(composed.data) > config.smtp.max_message_size:
-            unfit = replies.r(552, "5.3.4", f"message is {len(composed.data)} bytes, over the limit")
-        else:
-            unfit = check_message(
-                composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
-            )
+        # The replies are SMTP reception's own (`replies`), word for word: one rule, one text.
+        unfit = check_message(
+            composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
+        )
         if unfit is not None:
             if first_composed and not parsed.template:
                 raise content_refused(unfit)
@@ -287,7 +306,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             # the request is refused whole when the first one's message has them (the intake
             # would refuse each recipient's with 554 5.6.0 all the same).
             if first_composed:
-                raise bad_request(f"the message has more than one {repeated} header field (RFC 5322 3.6)", "$.content")
+                raise content_refused(replies.content_field_repeated(repeated))
             refuse(result, replies.content_field_repeated(repeated), by_policy=False)
             continue
         envelope = Envelope(
@@ -363,14 +382,21 @@ def bad_request(error: Exception | str, field: str | None = None) -> web.HTTPBad
 _ADDRESS_FIELD: Final = re.compile(
     r"\$\.(?:envelope_sender|recipients\[\d+\]\.email|content\.(?:from|reply_to)\.email)"
 )
+_MEDIA_TYPE_FIELD: Final = re.compile(r"\$\.content\.attachments\[\d+\]\.content_type")
 _STEP: Final = re.compile(r"\.([a-z_]+)|\[(\d+)\]")
 
 
-def _address_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
-    """400 for an address the request's schema refused, with the text `pigeon.smtp.address`
-    gives (what SMTP says of the same address), rather than "does not match the pattern"."""
+def _value_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
+    """400 for a value the request's schema refused by its pattern, saying what is wrong with
+    it rather than "does not match the pattern": for an address, the text `pigeon.smtp.address`
+    gives (what SMTP says of the same address); for an attachment's content type, what a media
+    type is (or the character it must not hold)."""
     match = _FIELD.search(error)
-    if match is None or match.group(1) or not _ADDRESS_FIELD.fullmatch(field := match.group(2)):
+    if match is None or match.group(1):
+        return None
+    field = match.group(2)
+    media_type = _MEDIA_TYPE_FIELD.fullmatch(field) is not None
+    if not media_type and not _ADDRESS_FIELD.fullmatch(field):
         return None
     value: Any = msgspec.json.decode(body)
     for name, index in _STEP.findall(field):
@@ -378,7 +404,11 @@ def _address_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
             value = value[name] if name else value[int(index)]
         except (KeyError, IndexError, TypeError):
             return None
-    if not isinstance(value, str) or (field == "$.envelope_sender" and value == ""):
+    if not isinstance(value, str):
+        return None
+    if media_type:
+        return bad_request(media_type_problem(value), field)
+    if field == "$.envelope_sender" and value == "":
         return None
     problem = address.check(value)
     return bad_request(problem.text if problem is not None else address.SYNTAX_TEXT, field)

@@ -25,7 +25,7 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 from pigeon.queue.admin import QueueSummary
-from pigeon.queue.names import MAX_QUEUE_NAME, PART_PATTERN, QUEUE_NAME_TEXT, queue_name_pattern
+from pigeon.queue.names import MAX_QUEUE_NAME, QUEUE_NAME_TEXT, part_value_pattern, queue_name_pattern
 from pigeon.queue.rules import Rule
 from pigeon.shaping.effects import Effect
 
@@ -159,7 +159,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
     # A tenant or campaign names a queue, at every door: its globs can hold no more than it does,
     # and a selector's have their sets closed too.
     for name in ("InjectRequest", "AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
-        part = PART_PATTERN if name == "InjectRequest" else api_patterns()["part_glob"]
+        part = part_value_pattern() if name == "InjectRequest" else api_patterns()["part_glob"]
         for member in ("tenant", "campaign"):
             components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{part}$")
     to_queue = components["RebindRequest"]["properties"]["to_queue"]

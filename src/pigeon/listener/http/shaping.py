@@ -43,7 +43,7 @@ async def end_effect(request: web.Request) -> web.Response:
         message = (
             f"no live shaping effect {effect_id!r}: it ended, or never was (GET /api/v1/shaping/effects lists them)"
         )
-        raise web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json")
+        raise web.HTTPNotFound(text=json.dumps({"error": message, "field": "id"}), content_type="application/json")
     return web.json_response({"ended": msgspec.to_builtins(ended), "mode": board.mode})
 
 
