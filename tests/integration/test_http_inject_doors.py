@@ -223,7 +223,10 @@ def test_a_second_from_after_a_line_that_is_no_field_is_refused_at_every_door(
     status, answer = node.http_post("/api/v1/inject", request, TOKEN)
     assert (status, answer) == (
         400,
-        {"error": "the message has more than one From header field (RFC 5322 3.6)", "field": "$.content"},
+        {
+            "error": "554 5.6.0 Message has more than one From header field (RFC 5322 3.6 allows one)",
+            "field": "$.content",
+        },
     )
     assert len(node.spool_messages()) == before
 
