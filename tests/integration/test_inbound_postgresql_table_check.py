@@ -14,6 +14,7 @@ from pathlib import Path
 from pigeon.inbound.targets.postgresql import create_table_sql
 from tests.support.apps import customer_mail, imap_mailbox, mailbox_health
 from tests.support.process import PigeonProcess
+from tests.support.readme import readme_sql
 from tests.support.services import Dovecot, Postgres
 from tests.support.sinks import wait_until
 
@@ -125,3 +126,16 @@ def test_a_privilege_revoked_after_start_is_said_with_its_grant_when_the_insert_
         node.wait_records("InboundDelivery", 1, timeout=20)
         wait_until(lambda: mailbox_health(node)["status"] == "ok", 10)
 
+
+def test_the_readmes_table_and_grants_take_mail_from_a_role_that_does_not_own_it(
+    tmp_path: Path, dovecot: Dovecot, postgres: Postgres
+) -> None:
+    postgres.execute(readme_sql("CREATE TABLE"))
+    postgres.execute("CREATE ROLE app LOGIN")
+    postgres.execute(readme_sql("GRANT"))
+    with _node(tmp_path, postgres.dsn.replace("postgres@", "app@"), dovecot) as node:
+        dovecot.append("app", [customer_mail(n) for n in range(2)])
+        node.wait_records("InboundDelivery", 2, timeout=20)
+        assert mailbox_health(node)["status"] == "ok"
+        assert " ERROR " not in node.stderr()
+    assert postgres.query(f"SELECT count(*), count(subject) FROM {TABLE}") == [("2", "2")]

@@ -36,6 +36,8 @@ _log = logging.getLogger(__name__)
 
 
 def create_table_sql(table: str) -> str:
+    """The table `create_table` makes. The README prints it, for those who make it themselves
+    (a test keeps the two the same: change both)."""
     return f"""
         CREATE TABLE IF NOT EXISTS {table} (
             id          bigserial PRIMARY KEY,
