@@ -492,7 +492,7 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
                 # The value is not shown: it is often a secret (Authorization).
                 reason = f"target {target.name!r}: the value of {name!r} holds a line break or control character"
                 raise fail(["target", "headers"], reason, index)
-    for mailbox in config.mailbox:
+    for index, mailbox in enumerate(config.mailbox):
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")
         if not mailbox.username or any(char.isspace() or not char.isprintable() for char in mailbox.username):
@@ -506,8 +506,21 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["mailbox", "password"], reason)
         if mailbox.password is None and mailbox.password_file is None:
             raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file")
+        if mailbox.password is not None and mailbox.password_file is not None:
+            # One would be used and the other ignored: which one the operator meant, nobody knows.
+            reason = f"mailbox {mailbox.name!r}: give password or password_file, not both"
+            raise fail(["mailbox", "password_file"], reason, index)
         if mailbox.after_delivery == "move" and not mailbox.move_to:
             raise fail(["mailbox", "after_delivery"], f'mailbox {mailbox.name!r}: "move" needs move_to = "<folder>"')
+        if mailbox.after_delivery != "move" and mailbox.move_to:
+            # The mail would not go where move_to says: deleted, or left in the folder, instead.
+            done = "deleted" if mailbox.after_delivery == "delete" else "flagged \\Seen and left in the folder"
+            reason = (
+                f'mailbox {mailbox.name!r}: move_to is for after_delivery = "move", and after_delivery is '
+                f'"{mailbox.after_delivery}" (messages handed over are {done}): remove move_to, or set '
+                'after_delivery = "move"'
+            )
+            raise fail(["mailbox", "move_to"], reason, index)
         for key in ("move_to", "failed_folder"):
             if getattr(mailbox, key) == mailbox.folder:
                 # Moved into the folder it came from, it would come back as new mail, forever.

@@ -702,7 +702,7 @@ class MailboxConfig(_Section, kw_only=True):
     username: str
     password: str | None = None
     password_file: Path | None = None
-    """Read the password from this file (its first line) at every login."""
+    """Read the password from this file (its first line) at every login. Not with `password`."""
     auth: Literal["login", "xoauth2"] = "login"
     """"xoauth2": the password (or password_file, refreshed by whatever keeps it current) is an
     OAuth2 access token."""
@@ -717,6 +717,7 @@ class MailboxConfig(_Section, kw_only=True):
     """Once the target accepted a message: flag it \\Seen, move it to `move_to`, or delete and
     expunge it (UID EXPUNGE where the server offers UIDPLUS)."""
     move_to: str | None = None
+    """The folder for after_delivery = "move", and only for it."""
     failed_folder: str | None = None
     """Where a message the target refused for good goes. None: it stays, flagged \\Seen and
     $PigeonFailed."""

@@ -351,7 +351,8 @@ class ImapSession:
 
     async def wait_for_mail(self, seconds: float, idle: bool) -> None:
         """Return when the server says the folder changed (IDLE), after `seconds`, or when
-        `wake` is called. Raises ImapError when the server says BYE or the connection goes
+        `wake` is called; polling, having told the server to show the folder's news (NOOP), so
+        that a search then finds what came meanwhile. Raises ImapError when the server says BYE or the connection goes
         away meanwhile."""
         self._waiting = True
         self._woken.clear()
@@ -371,6 +372,11 @@ class ImapSession:
                 woken.cancel()
             if self.lost:
                 raise ImapError(self.lost_reason)
+            # A poll ends with NOOP: a server shows a selected folder the messages another
+            # session appended only when a command ends (Dovecot, in that command's untagged
+            # EXISTS), so a search straight after the wait would miss what came during it, and
+            # find it only at the poll after (up to two poll intervals late).
+            await self._run(self._client.protocol.simple_command("NOOP"), "NOOP")
             return
         client = self._client
         # Its start and its end race the connection's loss, as every command does: a server

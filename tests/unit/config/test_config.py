@@ -596,12 +596,52 @@ def test_redis_urls_the_client_takes_load(tmp_path: Path, url: str) -> None:
         ('lease = "0s"', "at least 1 second"),
         ('search = "ALL"', "must exclude seen mail"),
         ('auth = "kerberos"', "choose one of 'login', 'xoauth2'"),
-        ('password_file = "secret.txt"', "[mailbox] password_file: mailbox 'support': password file"),
         ('ca_file = "ca.pem"', "[mailbox] ca_file: mailbox 'support': CA file"),
     ],
 )
 def test_mailbox_mistakes_are_named(tmp_path: Path, line: str, expected: str) -> None:
     assert expected in error_of(tmp_path, INBOUND + line + "\n")
+
+
+def test_a_missing_password_file_is_named(tmp_path: Path) -> None:
+    text = INBOUND.replace('password = "secret"', 'password_file = "secret.txt"')
+    assert "[mailbox] password_file: mailbox 'support': password file" in error_of(tmp_path, text)
+
+
+# A second mailbox, so that the line named is that of the mailbox at fault, not the first one's.
+OTHER = "\n[[mailbox]]" + INBOUND.split("[[mailbox]]")[1].replace("support", "other").replace("app", "app2")
+
+
+@pytest.mark.parametrize(
+    ("lines", "key", "expected"),
+    [
+        (
+            'password_file = "secret.txt"',
+            "password_file",
+            "mailbox 'other': give password or password_file, not both",
+        ),
+        (
+            'after_delivery = "delete"\nmove_to = "Processed"',
+            "move_to",
+            'mailbox \'other\': move_to is for after_delivery = "move", and after_delivery is "delete" (messages '
+            'handed over are deleted): remove move_to, or set after_delivery = "move"',
+        ),
+        (
+            'move_to = "Processed"',
+            "move_to",
+            'after_delivery is "seen" (messages handed over are flagged \\Seen and left in the folder)',
+        ),
+    ],
+)
+def test_contradictory_mailbox_settings_are_refused_at_their_line(
+    tmp_path: Path, lines: str, key: str, expected: str
+) -> None:
+    (tmp_path / "secret.txt").write_text("secret\n")
+    text = INBOUND + OTHER + lines + "\n"
+    said = error_of(tmp_path, text)
+    last = len(text.splitlines())  # where `key` is, in the second mailbox
+    assert said.startswith(f"{tmp_path / 'pigeon.toml'}, line {last}: [mailbox] {key}: "), said
+    assert expected in said, said
 
 
 @pytest.mark.parametrize(

@@ -31,8 +31,11 @@ class _Connection:
     def terminate(self) -> None:
         self.terminated = True
 
-    async def fetchrow(self, *args: Any) -> tuple[bool, bool, str]:
-        return True, True, "app"  # the table is there, ours to insert into
+    async def fetchval(self, *args: Any) -> bool:
+        return True  # the table is there
+
+    async def fetchrow(self, *args: Any) -> tuple[list[str], list[str], list[str], str]:
+        return [], [], [], "app"  # ... and ours to insert into: no privilege lacking
 
     async def fetch(self, *args: Any) -> list[dict[str, str]]:
         return [{"attname": name} for name in ("subject", "from_header", "to_header")]

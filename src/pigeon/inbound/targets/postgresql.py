@@ -36,6 +36,8 @@ _log = logging.getLogger(__name__)
 
 
 def create_table_sql(table: str) -> str:
+    """The table `create_table` makes. The README prints it, for those who make it themselves
+    (a test keeps the two the same: change both)."""
     return f"""
         CREATE TABLE IF NOT EXISTS {table} (
             id          bigserial PRIMARY KEY,
@@ -56,9 +58,36 @@ def create_table_sql(table: str) -> str:
         )"""
 
 
+# The columns every row is inserted with, in the order of `_row`.
+_COLUMNS: Final = ("dedupe_key", "message_id", "source", "mailbox", "uid", "sender", "recipients", "raw", "received_at")
 # The decoded header fields (`InboundMessage.metadata`) and the columns that hold them. A table
 # made before they existed has none of them: its rows go in without them, as before.
 _DECODED_COLUMNS: Final = {"subject": "subject", "from": "from_header", "to": "to_header"}
+
+# What the role lacks, of what the insert needs, on an existing table: INSERT on the columns it
+# names; SELECT on dedupe_key, which ON CONFLICT (dedupe_key) reads (PostgreSQL asks for it,
+# though no row is returned); USAGE (or UPDATE) on each sequence the default of a column it
+# leaves out draws from (bigserial's id; an identity column needs none). A table made with
+# LIKE ... INCLUDING DEFAULTS draws from the other table's sequence: that one is named.
+_LACKING_SQL: Final = """
+    WITH t AS (SELECT to_regclass($1) AS oid)
+    SELECT
+        (SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}') FROM pg_attribute a, t
+          WHERE a.attrelid = t.oid AND a.attname = ANY($2::text[]) AND NOT a.attisdropped
+            AND NOT has_column_privilege(t.oid, a.attnum, 'INSERT')) AS insert,
+        (SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}') FROM pg_attribute a, t
+          WHERE a.attrelid = t.oid AND a.attname = 'dedupe_key' AND NOT a.attisdropped
+            AND NOT has_column_privilege(t.oid, a.attnum, 'SELECT')) AS "select",
+        (SELECT coalesce(array_agg(DISTINCT s.oid::regclass::text), '{}')
+           FROM pg_attrdef ad JOIN t ON ad.adrelid = t.oid
+           JOIN pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
+           JOIN pg_depend d ON d.classid = 'pg_attrdef'::regclass AND d.objid = ad.oid
+                           AND d.refclassid = 'pg_class'::regclass
+           JOIN pg_class s ON s.oid = d.refobjid AND s.relkind = 'S'
+          WHERE NOT a.attisdropped AND a.attname <> ALL($2::text[])
+            -- (guarded: the planner may ask before it joins, of a relation that is no sequence)
+            AND CASE WHEN s.relkind = 'S' THEN NOT has_sequence_privilege(s.oid, 'USAGE, UPDATE') END) AS sequences,
+        quote_ident(current_user) AS role"""
 
 # What a connection in hand fails with when the server dropped it: gone (or shut down), or the
 # protocol left mid-operation by a message it never finished reading. Never a timeout: the
@@ -95,6 +124,18 @@ class ConnectionLost(Exception):
         self.error = error
 
 
+class NotPermitted(Exception):
+    """The database refused the insert for want of a privilege; says which GRANTs give it."""
+
+
+def _grants(table: str, role: str, *, insert: bool, select: bool, sequences: Sequence[str]) -> str:
+    """The GRANT statements that give `role` what it lacks to insert rows as this target does."""
+    privileges = (["INSERT"] if insert else []) + (["SELECT (dedupe_key)"] if select else [])
+    statements = [f"GRANT {', '.join(privileges)} ON {table} TO {role}"] if privileges else []
+    statements += [f"GRANT USAGE ON SEQUENCE {sequence} TO {role}" for sequence in sequences]
+    return "; ".join(statements)
+
+
 class PostgresqlTarget(Target):
     kind = "postgresql"
     batches = True
@@ -112,14 +153,15 @@ class PostgresqlTarget(Target):
         self._outage: str | None = None  # what the database last failed with, while it fails
         self._insert = self._insert_sql(decoded=False)
 
+    def _columns(self) -> tuple[str, ...]:
+        """The columns the insert names, as far as the table's are known."""
+        return _COLUMNS + (tuple(_DECODED_COLUMNS.values()) if self._decoded else ())
+
     def _insert_sql(self, *, decoded: bool) -> str:
-        columns = "dedupe_key, message_id, source, mailbox, uid, sender, recipients, raw, received_at"
-        count = 9
-        if decoded:
-            columns += ", " + ", ".join(_DECODED_COLUMNS.values())
-            count += len(_DECODED_COLUMNS)
-        values = ", ".join(f"${n}" for n in range(1, count + 1))
-        return f"INSERT INTO {self._config.table} ({columns}) VALUES ({values}) ON CONFLICT (dedupe_key) DO NOTHING"
+        columns = _COLUMNS + (tuple(_DECODED_COLUMNS.values()) if decoded else ())
+        values = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
+        return (f"INSERT INTO {self._config.table} ({', '.join(columns)}) VALUES ({values}) "
+                "ON CONFLICT (dedupe_key) DO NOTHING")  # fmt: skip
 
     async def _learn_columns(self, connection: asyncpg.Connection) -> None:
         """Whether the table has the decoded header columns: asked once it exists."""
@@ -186,9 +228,9 @@ class PostgresqlTarget(Target):
                 if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
                     await connection.execute(create_table_sql(config.table))
                 self._prepared = True
+            await self._learn_columns(connection)  # first: the columns inserted are those checked
             if not self._checked:
                 await self._check_table(connection)
-            await self._learn_columns(connection)
 
     async def _check_table(self, connection: asyncpg.Connection) -> None:
         """Whether the table exists and we may insert into it, asked on the first connection
@@ -197,21 +239,44 @@ class PostgresqlTarget(Target):
         as an ERROR and kept as the target's `problem` until a batch goes in; the node runs on
         (the table may be made later)."""
         table = self._config.table
-        exists, insert, role = await connection.fetchrow(
-            "SELECT to_regclass($1) IS NOT NULL, has_table_privilege(to_regclass($1), 'INSERT'), current_user", table
-        )
+        exists = await connection.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
         self._checked = True
-        where = f"PostgreSQL at {redact(self._config.dsn)}"
         if not exists:
-            self.problem = f"table {table} does not exist in {where} (create_table = false)"
+            self.problem = (
+                f"table {table} does not exist in PostgreSQL at {redact(self._config.dsn)} (create_table = false)"
+            )
             fix = "create it (its columns: see the PostgreSQL target in the README), or set create_table = true"
-        elif not insert:
-            self.problem = f"role {role} may not insert into table {table} in {where}"
-            fix = f"GRANT INSERT ON {table} TO {role} (and USAGE on the sequence of its id column)"
         else:
-            return
+            lacking = await self._lacking(connection)
+            if lacking is None:
+                return
+            self.problem, fix = self._not_ours(*lacking)
         _log.error("target %s: %s: messages wait unacknowledged at their source until it can; %s", self.name,
                    self.problem, fix)  # fmt: skip
+
+    async def _lacking(self, connection: asyncpg.Connection) -> tuple[str, str, str] | None:
+        """(the role, what it lacks to run the insert, the GRANTs that give it), or None when
+        it lacks nothing (or there is no table). Each privilege the statement needs is asked
+        for, not INSERT alone: without SELECT on dedupe_key the role may insert rows, but not
+        with ON CONFLICT, and every batch would fail."""
+        table, columns = self._config.table, self._columns()
+        insert, select, sequences, role = await connection.fetchrow(_LACKING_SQL, table, list(columns))
+        lacks = []
+        if insert:  # (on some columns only: column privileges)
+            lacks.append("INSERT" if len(insert) == len(columns) else f"INSERT on {', '.join(insert)}")
+        if select:
+            lacks.append("SELECT on dedupe_key (which ON CONFLICT (dedupe_key) reads)")
+        lacks += [f"USAGE on sequence {sequence} (a column's default draws from it)" for sequence in sequences]
+        if not lacks:
+            return None
+        statements = _grants(table, role, insert=bool(insert), select=bool(select), sequences=sequences)
+        return role, ", ".join(lacks), statements
+
+    def _not_ours(self, role: str, lacks: str, statements: str) -> tuple[str, str]:
+        """The target's `problem` when the role lacks privileges, and its fix."""
+        where = f"PostgreSQL at {redact(self._config.dsn)}"
+        problem = f"role {role} may not insert into table {self._config.table} in {where}: it lacks {lacks}"
+        return problem, f"run, as the owner: {statements}"
 
     async def start(self) -> None:
         """Connect once to make the table; a database that is down is said (once), and the
@@ -256,6 +321,8 @@ class PostgresqlTarget(Target):
                 try:
                     async with connection.transaction():
                         await connection.executemany(self._insert, rows)
+                except asyncpg.InsufficientPrivilegeError as error:
+                    await self._not_permitted(connection, error)
                 except asyncpg.DataError:
                     # One row the database refuses (class 22) must not hold the others back:
                     # row by row, the refused one is a permanent failure, the rest go in.
@@ -267,6 +334,17 @@ class PostgresqlTarget(Target):
         self._answering()
         self.problem = None  # a batch went in: the table is there, and ours to insert into
         return answers
+
+    async def _not_permitted(self, connection: asyncpg.Connection, error: asyncpg.InsufficientPrivilegeError) -> None:
+        """Raise `NotPermitted`: the database's refusal, with what the role lacks and the GRANTs
+        that give it, as said at start (a grant revoked since, say); kept as the target's
+        `problem` until a batch goes in."""
+        lacking = await self._lacking(connection)
+        if lacking is None:  # not one of the privileges the insert needs (row-level security, a trigger's)
+            raise error
+        role, lacks, statements = lacking
+        self.problem, fix = self._not_ours(role, lacks, statements)
+        raise NotPermitted(f"{error}: role {role} lacks {lacks}; {fix}") from error
 
     def _row(self, message: InboundMessage) -> tuple[object, ...]:
         row: tuple[object, ...] = (

@@ -1,0 +1,15 @@
+"""What tests read from README.md: the examples it gives, checked against what runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_sql(starting: str) -> str:
+    """The README's ```sql block that starts with `starting`."""
+    blocks = re.findall(r"```sql\n(.*?)```", README.read_text(), re.DOTALL)
+    (block,) = [b for b in blocks if b.startswith(starting)]
+    return block
