@@ -40,8 +40,9 @@ back a rule it ended after the cluster's copy was made (`Admin.adopt`).
 A Redis that comes back without its data (restarted with no persistence, or flushed) has
 forgotten the rules in force, and a node that joined then would deliver what the others hold.
 A marker key (`<prefix>:admin:rules:kept`), looked at with every presence renewal, tells: the
-first worker to find it gone gives back the rules it holds that the cluster held when it last
-looked, sets it, and the others take them at their sync. Only a worker that looked less than
+first worker to find it gone gives back the rules it holds that the cluster held (when it last
+looked, or made there since: their stream entries say so, read at once, where looks come every
+2 s), sets it, and the others take them at their sync. Only a worker that looked less than
 `_FRESH` ago gives back: one that was away longer (or has just started) may hold a rule ended
 meanwhile, whose end Redis forgot too, and a standing bounce brought back would bounce mail at
 once. HSETNX under WATCH of the ended rules: a rule already back, or ended meanwhile, is not
@@ -151,9 +152,10 @@ class Broadcast:
         self._namesakes = Namesakes(self.node, self._spool) if worker == 0 else None
         self._namesake_said: float | None = None  # (monotonic) when it was last said
         self._known: set[str] = set()
-        """Ids of the rules in force in Redis when this worker last looked ..."""
+        """Ids of the rules in force in Redis when this worker last looked (and of those made
+        there since, as the stream told it) ..."""
         self._known_at: float | None = None
-        """... and when (monotonic): None, never in this process."""
+        """... and when it looked (monotonic): None, never in this process."""
         self._late = float(redis.late_operations)
         self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
         timeout = self._timeout = float(redis.timeout)
@@ -217,6 +219,7 @@ class Broadcast:
             refused = await self._append(op, method, path, body, operator, now, change, ending)
             if refused is not None:
                 return refused
+            self._learn(change)  # (a node of one worker: before it reads its own entry back)
         except (RedisError, OSError) as error:
             status, answer = await local()
             change = rule_change(method, path, body, operator, time.time()) if write else None
@@ -363,6 +366,7 @@ class Broadcast:
                         await pipe.execute()
                     except WatchError:
                         continue  # changed meanwhile: looked at again
+                    self._learn(change)
             self._unsent.pop(0)
             if send:
                 outcome = "sent to the other nodes now"
@@ -585,6 +589,10 @@ class Broadcast:
         except (KeyError, ValueError, UnicodeDecodeError):
             _log.warning("admin stream: an entry without its fields was skipped: %r", sorted(fields))
             return
+        change = rule_change(method, path, fields.get("body", b""), "", issued) if method != "GET" else None
+        # Whichever node made it, and however old: a rule Redis holds is known at once, not
+        # at this worker's next look, which a loss of Redis's data may come before.
+        self._learn(change)
         if origin == self.origin:
             return  # the origin applied it to its workers itself
         age = time.time() - issued
@@ -592,7 +600,6 @@ class Broadcast:
             if method == "GET":
                 return
             node = fields.get("node", b"?").decode(errors="replace")
-            change = rule_change(method, path, fields.get("body", b""), "", issued)
             if change is None or (change.kind == "bounce" and change.rule is not None):
                 _log.warning(
                     "admin stream: %s %s from node %s is %.0fs old: %s was not applied here (past %.0fs, "
@@ -664,6 +671,16 @@ class Broadcast:
     def _remember(self, rules: dict[Any, Any]) -> None:
         self._known = {rule_id.decode() for rule_id in rules}
         self._known_at = time.monotonic()
+
+    def _learn(self, change: RuleChange | None) -> None:
+        """A change to the cluster's rules that Redis took (the stream holds it): a rule made
+        there is one to give back should Redis lose it before this worker next looks."""
+        if change is None:
+            return
+        if change.rule is not None:
+            self._known.add(change.rule_id)
+        else:
+            self._known.discard(change.rule_id)
 
     async def _renew(self) -> None:
         presence = {
