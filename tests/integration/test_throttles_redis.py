@@ -122,6 +122,33 @@ async def test_a_live_holders_leases_are_renewed_past_their_lease(make: Make) ->
     assert await other.connect("site:mx", 1) is None
 
 
+async def test_a_connection_whose_lease_redis_lost_to_another_ends_after_its_message(
+    make: Make, redis_server: RedisServer
+) -> None:
+    # Its leases gone from Redis (here deleted; a node whose heartbeats stalled past the lease
+    # finds the same), a node must not put them all back over what others took meanwhile.
+    a, b = make("a"), make("b")
+    for node in (a, b):
+        await node._heartbeat()
+    held = [await a.connect("site:mx", 2), await a.connect("site:mx", 2)]
+    assert all(held)
+    client = redis_server.client()
+    try:
+        client.delete("t:throttle:conn:site:mx")
+        assert await b.connect("site:mx", 2) is not None
+        await a._heartbeat()
+        assert client.zcard("t:throttle:conn:site:mx") == 2  # one of a's back, and b's: the limit
+        kept = [a.keep(hold, 2) for hold in held if hold is not None]
+        assert kept == [True, False]  # the one with no lease ends after its message
+        for hold in held:
+            assert hold is not None
+            a.disconnect(hold)
+        await asyncio.sleep(0.1)
+        assert client.zcard("t:throttle:conn:site:mx") == 1  # b's
+    finally:
+        client.close()
+
+
 async def test_a_batch_of_messages_costs_few_round_trips(make: Make) -> None:
     throttles = make()
     await throttles.start()

@@ -17,7 +17,9 @@ score: expiry, ms on Redis's clock). Opening a connection runs `_ACQUIRE`: drop 
 leases, count, add ours if below the limit, all in one step. A heartbeat every `BEAT` second
 renews every lease this worker holds (`_BEAT`) and says the node is alive; the leases of a
 node that dies expire `LEASE` seconds later. A connection's end removes its lease, without
-waiting for the answer.
+waiting for the answer. A heartbeat puts back a lease Redis lost only if the limit has room
+for it (another took the limit meanwhile: this worker's heartbeats stalled past `LEASE`): that
+connection ends after its current message (`keep`).
 
 Fallback. The node heartbeat (a hash of node name -> expiry) also counts the nodes seen in the
 last `LEASE` seconds. When Redis cannot be reached (an error or a timeout of any call) the
@@ -116,9 +118,10 @@ return back + settle - now
 """
 
 # KEYS[1] the nodes hash (node -> expiry ms), KEYS[2..] the lease sets of the caller's
-# connections. ARGV: node, lease ms, then the member in each lease set. Renews the node's
-# heartbeat and every lease (adding those Redis lost or never had); returns how many nodes
-# have a heartbeat that has not run out.
+# connections. ARGV: node, lease ms, then the member in each lease set and that set's limit.
+# Renews the node's heartbeat and every lease Redis has; puts back one it lost (or never had)
+# only if the limit has room: {nodes with a heartbeat that has not run out, then each member
+# not put back}.
 _BEAT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -130,11 +133,22 @@ local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) else alive = alive + 1 end
 end
+local answer = {alive}
 for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 1])
-  redis.call('PEXPIRE', KEYS[i], ttl)
+  local member, limit = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
+  if not held then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    held = redis.call('ZCARD', KEYS[i]) < limit
+  end
+  if held then
+    redis.call('ZADD', KEYS[i], now + ttl, member)
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  else
+    answer[#answer + 1] = member
+  end
 end
-return alive
+return answer
 """
 
 
@@ -232,6 +246,8 @@ class ClusterThrottles(Throttles):
         self.errors = 0  # of which failed
         self._numbers = itertools.count(1)
         self._holds: dict[str, Hold] = {}  # member: every connection open, shared or not
+        self._limits: dict[str, int] = {}  # key: the connection limit last asked with
+        self._unleased: set[str] = set()  # members whose lease Redis lost and had no room for again
         self._blocks: dict[str, _Block] = {}
         self._fetching: dict[str, asyncio.Task[None]] = {}
         # key: (since when, slots taken since, slots a second in the window before)
@@ -277,13 +293,17 @@ class ClusterThrottles(Throttles):
     async def _heartbeat(self) -> None:
         holds = list(self._holds.values())
         keys = [self._key("nodes"), *(self._key("conn:" + hold.key) for hold in holds)]
-        args = [self._node, str(self._lease_ms), *(hold.member for hold in holds)]
+        args: list[str | int] = [self._node, self._lease_ms]
+        for hold in holds:
+            args += [hold.member, self._limits.get(hold.key, 1)]
         try:
-            nodes = await self._call(self._beat(keys=keys, args=args))
+            answer: Any = await self._call(self._beat(keys=keys, args=args))
         except _Unavailable as error:
             self._fall_back(str(error))
             return
-        seen = max(1, int(nodes))  # type: ignore[call-overload]
+        nodes, *lost = answer
+        self._put_back([member.decode() for member in lost])
+        seen = max(1, int(nodes))
         if not self._shared:
             # Back from a fallback: until every node has seen Redis again (SETTLE), rates keep
             # to the share of the nodes known before, as the others may still keep to theirs
@@ -306,6 +326,20 @@ class ClusterThrottles(Throttles):
                          self.where, self.nodes, "" if self.nodes == 1 else "s")  # fmt: skip
             self._shared, self.error = True, ""
             self._settled_at = self.table.now() + SETTLE
+
+    def _put_back(self, lost: list[str]) -> None:
+        """After a heartbeat: the connections whose lease Redis lost and had no room for again."""
+        for member in lost:
+            if self._holds.pop(member, None) is not None:
+                # Others took the limit meanwhile (this node's heartbeats stalled past the lease,
+                # or Redis lost them): this connection ends after its message, as one over the
+                # share does in a fallback.
+                self._unleased.add(member)
+        if lost:
+            _log.warning("Redis at %s had lost the lease of %d open connection%s, and the limit has no room for %s "
+                         "again: %s after %s message", self.where, len(lost), "" if len(lost) == 1 else "s",
+                         "it" if len(lost) == 1 else "them", "it ends" if len(lost) == 1 else "they end",
+                         "its" if len(lost) == 1 else "their")  # fmt: skip
 
     def _fall_back(self, error: str) -> None:
         if self._shared:
@@ -338,6 +372,7 @@ class ClusterThrottles(Throttles):
             # counting in Redis, or one just back whose peers' leases are not yet put back,
             # would count wrong. Open connections go on; new ones wait for the others.
             return None
+        self._limits[key] = limit
         if not self._shared:
             return self._hold(key) if self.table.acquire(key, self.share(limit)) else None
         if not self.table.acquire(key, limit):
@@ -368,6 +403,9 @@ class ClusterThrottles(Throttles):
         return hold
 
     def keep(self, hold: Hold, limit: int) -> bool:
+        self._limits[hold.key] = limit
+        if hold.member in self._unleased:
+            return False  # its lease was lost, and others hold the whole limit now (`_put_back`)
         if self._shared or hold.released:
             return True
         ending = self._ending.get(hold.key, 0)
@@ -383,6 +421,7 @@ class ClusterThrottles(Throttles):
 
     def disconnect(self, hold: Hold) -> None:
         self.table.release(hold.key)
+        self._unleased.discard(hold.member)
         if hold.released:
             left = self._ending.get(hold.key, 1) - 1
             if left > 0:
