@@ -174,3 +174,30 @@ def test_a_redis_back_without_its_data_gets_the_rules_back_and_a_new_node_holds_
     assert status == 200 and resumed["cluster"]["nodes"] == {"a": "done", "b": "done"}, resumed
     sink.wait_for(2)
     assert _delivered(sink) == ["d07.test", "other.test"]
+
+
+def test_a_suspension_made_just_before_redis_loses_its_data_is_given_back_and_a_new_node_holds_it(
+    make_node: MakeNode, sink: ScriptedSink, redis_server: RedisServer
+) -> None:
+    # An outside tester suspended on b and killed Redis at once: no worker had looked at the
+    # cluster's rules since (every 2 s), none gave this one back after any later loss either,
+    # and a node that joined afterwards delivered the mail the other nodes held.
+    a = make_node("a")
+    b = make_node("b")
+    status, suspended = _api(b, "POST", "/api/v1/admin/suspend", {"domain": "sg.test"})
+    assert status == 200 and suspended["cluster"]["nodes"] == {"a": "done", "b": "done"}, suspended
+    redis_server.kill()  # kill -9 at once, no persistence: every key is gone
+    time.sleep(1.0)
+    redis_server.start()
+    client = redis_server.client()
+    try:
+        wait_until(lambda: client.hexists("pigeon:admin:rules", suspended["rule"]["id"]), timeout=15)
+    finally:
+        client.close()
+    assert _listed(a, "suspend") == _listed(b, "suspend") == ["sg.test"]
+    c = make_node("c")
+    assert _listed(c, "suspend") == ["sg.test"]
+    _send(c, "sg.test", "other.test")
+    sink.wait_for(1)
+    time.sleep(1.5)
+    assert _delivered(sink) == ["other.test"], "mail the suspension holds went out from the node that joined"

@@ -122,6 +122,67 @@ async def test_a_live_holders_leases_are_renewed_past_their_lease(make: Make) ->
     assert await other.connect("site:mx", 1) is None
 
 
+async def test_a_redis_back_at_once_without_its_data_opens_no_connection_until_every_node_put_its_leases_back(
+    make: Make, redis_server: RedisServer
+) -> None:
+    # An outside tester killed Redis (kill -9) and started it again at once, empty: no call
+    # failed, so no node fell back, and the nodes' connections waiting for a lease took the
+    # whole limit from the empty Redis while the others' heartbeats put back the leases of
+    # those still open: 6 connections for a limit of 3, for as long as they stayed open.
+    a, b = make("a"), make("b")
+    for node in (a, b):
+        await node._heartbeat()  # (by hand: no heartbeat may fall in the moment Redis is away)
+    held = [await a.connect("site:mx", 3), await a.connect("site:mx", 3), await b.connect("site:mx", 3)]
+    assert all(held)
+    redis_server.kill()
+    redis_server.start()
+    assert await b.connect("site:mx", 3) is None  # Redis counts none: it does not know that
+    assert await a.connect("site:mx", 3) is None
+    for node in (a, b):
+        await node._heartbeat()  # every node puts back the leases of its connections
+    client = redis_server.client()
+    try:
+        assert client.zcard("t:throttle:conn:site:mx") == 3
+    finally:
+        client.close()
+    await asyncio.sleep(SETTLE)
+    assert await b.connect("site:mx", 3) is None  # 3 are open: the limit holds
+    assert a.mode == b.mode == CLUSTER
+    assert all(node.keep(hold, 3) for node, hold in zip((a, a, b), held, strict=True) if hold is not None)
+    first = held[0]
+    assert first is not None
+    a.disconnect(first)
+    await asyncio.sleep(0.1)  # the release is sent without waiting for it
+    assert await b.connect("site:mx", 3) is not None
+
+
+async def test_a_connection_whose_lease_redis_lost_to_another_ends_after_its_message(
+    make: Make, redis_server: RedisServer
+) -> None:
+    # Its leases gone from Redis (here deleted; a node whose heartbeats stalled past the lease
+    # finds the same), a node must not put them all back over what others took meanwhile.
+    a, b = make("a"), make("b")
+    for node in (a, b):
+        await node._heartbeat()
+    held = [await a.connect("site:mx", 2), await a.connect("site:mx", 2)]
+    assert all(held)
+    client = redis_server.client()
+    try:
+        client.delete("t:throttle:conn:site:mx")
+        assert await b.connect("site:mx", 2) is not None
+        await a._heartbeat()
+        assert client.zcard("t:throttle:conn:site:mx") == 2  # one of a's back, and b's: the limit
+        kept = [a.keep(hold, 2) for hold in held if hold is not None]
+        assert kept == [True, False]  # the one with no lease ends after its message
+        for hold in held:
+            assert hold is not None
+            a.disconnect(hold)
+        await asyncio.sleep(0.1)
+        assert client.zcard("t:throttle:conn:site:mx") == 1  # b's
+    finally:
+        client.close()
+
+
 async def test_a_batch_of_messages_costs_few_round_trips(make: Make) -> None:
     throttles = make()
     await throttles.start()

@@ -10,6 +10,9 @@ arrived (tests/support/sinks.py), and a private Redis the test stops and starts 
   `pigeon.shaping.cluster`). Redis is stopped mid-run: each node falls back to its share (2
   connections, 100/s) and says so; nothing is lost; when Redis returns, the cluster shares the
   whole limit again.
+* 2 nodes (of 2 workers and 1) sharing a Redis that loses its data at once (killed and started
+  again, or flushed), `connection_limit = 3`: never more than 3 connections at the sink, though
+  no node need fall back to its share.
 * 1 node x 2 workers without Redis: the limits hold for the node, not for each worker.
 
 The default run sends 3,000 messages (2,000 without Redis); `-m slow` sends 20,000.
@@ -58,14 +61,16 @@ def allowed(rate: float, window: float, *, batched: bool, jitter: float = JITTER
     return rate * (window + (STALE if batched else 0.0) + jitter) + 1
 
 
-def node(root: Path, n: int, sink: ScriptedSink, **sections: Any) -> PigeonProcess:
+def node(
+    root: Path, n: int, sink: ScriptedSink, *, limit: int = LIMIT, workers: int = 2, **sections: Any
+) -> PigeonProcess:
     config = delivery_config(sink.endpoint, helo_name=f"node{n}.test", max_deliveries_per_connection=50)
     return PigeonProcess(
         root / f"node{n}",
-        node={"name": f"node{n}", "workers": 2},
+        node={"name": f"node{n}", "workers": workers},
         smtp={"hostname": f"node{n}.pigeon.test"},
         log={"level": "info"},
-        shaping=[{"domain": "sink.test", "connection_limit": LIMIT, "max_message_rate": f"{RATE:g}/s"}],
+        shaping=[{"domain": "sink.test", "connection_limit": limit, "max_message_rate": f"{RATE:g}/s"}],
         **config,
         **sections,
     )
@@ -161,6 +166,57 @@ def test_two_nodes_of_two_workers_keep_to_the_sites_limits_through_a_redis_outag
     assert peak_connections(connections, since=redis_started + 2 * SETTLE) > NODES * SHARE
     for log in logs:
         assert "does not answer" in log and "answers again" in log
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("loss", ["restarted", "flushed"])
+def test_two_nodes_keep_to_the_connection_limit_when_redis_loses_its_data_at_once(
+    tmp_path: Path, redis_server: RedisServer, loss: str
+) -> None:
+    """An outside tester killed Redis (kill -9) and started it again at once, empty, with two
+    nodes (of 2 workers and 1) sending: no call failed, so neither fell back to its share, and
+    the sink saw 4 to 6 connections for a limit of 3, for 19 s and 29 s: the connections waiting
+    for a lease took the whole limit from the empty Redis, the heartbeats put back the leases of
+    those still open on top. Here Redis is restarted (a call may fail meanwhile, and a node fall
+    back for a moment) or flushed (no call fails: what the tester saw, every time)."""
+    limit, messages = 3, 2000
+    with ScriptedSink() as sink:
+        nodes = [
+            node(tmp_path, n, sink, limit=limit, workers=2 - n, redis={"url": redis_server.url, "timeout": "1s"})
+            for n in range(NODES)
+        ]
+        try:
+            for pigeon in nodes:
+                pigeon.start(wait=False)
+            for pigeon in nodes:
+                pigeon.wait_ready(STARTUP)
+            sources = [inject(nodes[0], messages * 7 // 10), inject(nodes[1], messages * 3 // 10)]
+            sink.wait_for(messages // 4, timeout=240)
+            lost = time.monotonic()
+            if loss == "restarted":
+                redis_server.kill()  # kill -9, no persistence: every key is gone ...
+                redis_server.start()  # ... and back straight away
+            else:
+                client = redis_server.client()
+                client.flushall()
+                client.close()
+            sink.wait_for(messages, timeout=max(240, 3 * messages / RATE))
+            for source in sources:
+                source.wait(60)
+            wait_until(lambda: delivered(nodes) == messages, timeout=30)
+            logs = [n.stderr() for n in nodes]
+        finally:
+            for pigeon in nodes:
+                pigeon.stop()
+                pigeon.kill()
+
+    assert len(sink.received) == messages, "a message was lost or sent twice"
+    peak, when, at_peak = busiest_moment(sink.connections)
+    assert peak <= limit, f"{peak} connections at {when - lost:+.3f}s from Redis's loss of its data: " + ", ".join(
+        f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak
+    )
+    assert any("lost the connection leases" in log for log in logs)
+    assert peak_connections(sink.connections, since=lost + 2 * SETTLE) == limit  # the whole limit, shared again
 
 
 @pytest.mark.timeout(300)

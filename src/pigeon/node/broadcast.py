@@ -39,9 +39,13 @@ back a rule it ended after the cluster's copy was made (`Admin.adopt`).
 
 A Redis that comes back without its data (restarted with no persistence, or flushed) has
 forgotten the rules in force, and a node that joined then would deliver what the others hold.
-A marker key (`<prefix>:admin:rules:kept`), looked at with every presence renewal, tells: the
-first worker to find it gone gives back the rules it holds that the cluster held when it last
-looked, sets it, and the others take them at their sync. Only a worker that looked less than
+A marker key (`<prefix>:admin:rules:kept`, a token), looked at with every presence renewal,
+tells: the first worker to find it gone sets it again, with a token of its own, and every
+worker that finds it gone or changed gives back the rules it holds that the cluster held (when
+the worker last looked, or made there since: their stream entries say so, read at once, where
+looks come every 2 s), then takes the cluster's again at its sync. Every worker, not the first
+only: a rule made a moment before the loss may be known to some workers and not yet to others,
+and what is given back is all that any of them knew. Only a worker that looked less than
 `_FRESH` ago gives back: one that was away longer (or has just started) may hold a rule ended
 meanwhile, whose end Redis forgot too, and a standing bounce brought back would bounce mail at
 once. HSETNX under WATCH of the ended rules: a rule already back, or ended meanwhile, is not
@@ -151,9 +155,13 @@ class Broadcast:
         self._namesakes = Namesakes(self.node, self._spool) if worker == 0 else None
         self._namesake_said: float | None = None  # (monotonic) when it was last said
         self._known: set[str] = set()
-        """Ids of the rules in force in Redis when this worker last looked ..."""
+        """Ids of the rules in force in Redis when this worker last looked (and of those made
+        there since, as the stream told it) ..."""
         self._known_at: float | None = None
-        """... and when (monotonic): None, never in this process."""
+        """... and when it looked (monotonic): None, never in this process."""
+        self._marker: Any = None
+        """The marker's value when this worker last looked (None: never): another value means
+        Redis lost its data since, and another worker set the marker again."""
         self._late = float(redis.late_operations)
         self._cursor_path = config.spool.path / f"admin-stream-{worker}.cursor"
         timeout = self._timeout = float(redis.timeout)
@@ -217,6 +225,7 @@ class Broadcast:
             refused = await self._append(op, method, path, body, operator, now, change, ending)
             if refused is not None:
                 return refused
+            self._learn(change)  # (a node of one worker: before it reads its own entry back)
         except (RedisError, OSError) as error:
             status, answer = await local()
             change = rule_change(method, path, body, operator, time.time()) if write else None
@@ -363,6 +372,7 @@ class Broadcast:
                         await pipe.execute()
                     except WatchError:
                         continue  # changed meanwhile: looked at again
+                    self._learn(change)
             self._unsent.pop(0)
             if send:
                 outcome = "sent to the other nodes now"
@@ -456,10 +466,14 @@ class Broadcast:
 
     async def sync(self, adopt: Adopt) -> None:
         """Take the cluster's standing rules as they are now (see the module's docstring)."""
-        if not await self._redis.exists(self._kept):
-            await self._give_back()
+        kept, given = await self._redis.get(self._kept), True
+        if self._lost(kept):
+            given = await self._give_back()
+        else:
+            self._marker = kept
         rules: dict[Any, Any] = await self._redis.hgetall(self._rules)
-        self._remember(rules)
+        if given:  # (else what this worker knew is kept, for its next look to give back)
+            self._remember(rules)
         ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
         now = time.time()
         in_force: list[Rule] = []
@@ -507,35 +521,43 @@ class Broadcast:
         was handed its node's: one the cluster ended meanwhile ends again)."""
         self._synced = False
 
-    async def _give_back(self) -> None:
-        """Redis holds none of the cluster's rules: if this worker looked at them lately, write
-        back those it holds that were there, but any ended since, and mark the rules kept."""
-        if self._known_at is None or time.monotonic() - self._known_at > _FRESH:
-            return  # what it knows may be stale: a worker that looked lately gives them back
+    async def _give_back(self) -> bool:
+        """Redis lost the cluster's rules since this worker last looked: if it looked lately,
+        write back those it holds that were there, but any ended since; and mark the rules
+        kept (with this worker's token, unless another worker's is there already). False if
+        an end written meanwhile left it to the next look."""
+        # What it knows may be stale: only a worker that looked lately gives rules back.
+        fresh = self._known_at is not None and time.monotonic() - self._known_at <= _FRESH
         async with self._redis.pipeline(transaction=True) as pipe:
             await pipe.watch(self._ended)  # an end written meanwhile makes this try again
             ended: dict[Any, Any] = await pipe.hgetall(self._ended)
             now = time.time()
             rules = [
                 rule
-                for rule in self._held()
+                for rule in (self._held() if fresh else [])
                 if rule.live(now) and rule.id in self._known and rule.id.encode() not in ended
             ]
             pipe.multi()  # type: ignore[no-untyped-call]
             for rule in rules:
                 pipe.hsetnx(self._rules, rule.id, msgspec.json.encode(rule))
-            pipe.set(self._kept, b"1")
+            # Not the first worker back only: each gives back what it knew (one may have read
+            # the stream entry of a rule that another had not yet seen), so each finds the
+            # marker changed and gives back in turn; HSETNX takes each rule once.
+            pipe.set(self._kept, secrets.token_hex(8), nx=True)
+            pipe.get(self._kept)
             try:
                 written = await pipe.execute()
             except WatchError:
-                return  # the next look tries again
-        given = sum(1 for done in written[:-1] if done)
+                return False  # the next look tries again
+        self._marker = written[-1]
+        given = sum(1 for done in written[:-2] if done)
         if given:
             _log.warning(
                 "admin rules: Redis held none of the cluster's standing rules (restarted without its data?): "
                 "%d held here given back",
                 given,
             )
+        return True
 
     async def consume(self, apply: Apply, adopt: Adopt | None = None) -> None:
         """Apply what other nodes append, until cancelled; with `adopt`, take the cluster's
@@ -585,6 +607,10 @@ class Broadcast:
         except (KeyError, ValueError, UnicodeDecodeError):
             _log.warning("admin stream: an entry without its fields was skipped: %r", sorted(fields))
             return
+        change = rule_change(method, path, fields.get("body", b""), "", issued) if method != "GET" else None
+        # Whichever node made it, and however old: a rule Redis holds is known at once, not
+        # at this worker's next look, which a loss of Redis's data may come before.
+        self._learn(change)
         if origin == self.origin:
             return  # the origin applied it to its workers itself
         age = time.time() - issued
@@ -592,7 +618,6 @@ class Broadcast:
             if method == "GET":
                 return
             node = fields.get("node", b"?").decode(errors="replace")
-            change = rule_change(method, path, fields.get("body", b""), "", issued)
             if change is None or (change.kind == "bounce" and change.rule is not None):
                 _log.warning(
                     "admin stream: %s %s from node %s is %.0fs old: %s was not applied here (past %.0fs, "
@@ -652,18 +677,34 @@ class Broadcast:
         knew there. A restart can pass unseen between two reads (the client reconnects once
         by itself): the marker tells."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.exists(self._kept)
+            pipe.get(self._kept)
             pipe.hkeys(self._rules)
             kept, ids = await pipe.execute()
-        if kept:
+        if not self._lost(kept):
+            self._marker = kept
             self._remember(dict.fromkeys(ids))
             return True
         await self._give_back()
         return False
 
+    def _lost(self, kept: Any) -> bool:
+        """Whether Redis lost the cluster's rules since this worker last looked, its marker
+        being `kept` now: gone, or set again by another worker that found it gone."""
+        return kept is None or (self._marker is not None and kept != self._marker)
+
     def _remember(self, rules: dict[Any, Any]) -> None:
         self._known = {rule_id.decode() for rule_id in rules}
         self._known_at = time.monotonic()
+
+    def _learn(self, change: RuleChange | None) -> None:
+        """A change to the cluster's rules that Redis took (the stream holds it): a rule made
+        there is one to give back should Redis lose it before this worker next looks."""
+        if change is None:
+            return
+        if change.rule is not None:
+            self._known.add(change.rule_id)
+        else:
+            self._known.discard(change.rule_id)
 
     async def _renew(self) -> None:
         presence = {

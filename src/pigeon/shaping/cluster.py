@@ -19,6 +19,18 @@ renews every lease this worker holds (`_BEAT`) and says the node is alive; the l
 node that dies expire `LEASE` seconds later. A connection's end removes its lease, without
 waiting for the answer.
 
+Data loss. A Redis restarted without its data (or flushed) counts no lease, while every node's
+connections are still open: a connection waiting for a lease would take the whole limit at once,
+and the heartbeats put back the others' leases on top. So the leases live in an epoch (`_EPOCH`,
+a key that Redis keeps as long as its data), whose id each worker learns from its heartbeat. The
+first call of a worker that finds it gone (its leases were in an epoch) begins a new one in which
+no lease is taken for `SETTLE` seconds, while every node's heartbeat puts back the leases of its
+open connections; a worker's own lease is not taken before its heartbeat has put its others back
+in the new epoch. A heartbeat puts a lease back only if the limit has room for it (Redis lost
+it, and another took the limit meanwhile: a node whose heartbeats stalled past `LEASE`, or one
+that noticed after the epoch was ready): that connection ends after its current message (`keep`).
+A worker that never saw an epoch (a first start) begins one at once: it holds no lease.
+
 Fallback. The node heartbeat (a hash of node name -> expiry) also counts the nodes seen in the
 last `LEASE` seconds. When Redis cannot be reached (an error or a timeout of any call) the
 worker falls back: each limit is cut to this node's share (`limit // nodes`, at least one
@@ -88,17 +100,41 @@ redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.floor((tat - n
 return string.format('%.0f', start - interval * (tonumber(ARGV[2]) - 1) - now)
 """
 
-# KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock). ARGV: limit, member,
-# lease ms. 1 if the member now holds a lease, 0 if the limit is reached.
-_ACQUIRE: Final = """
+# The leases' epoch: a hash (`id`; `ready`, ms of Redis's clock before which no lease is taken)
+# that lives as long as Redis keeps its data. Found gone by a caller whose leases were in an
+# epoch (`known`), Redis has lost every lease (restarted without its data, flushed): a new
+# epoch begins, in which no lease is taken for `settle` ms, while every holder puts its own back.
+# Found gone by a caller that never saw one (a first start), it begins at once.
+_EPOCH: Final = """
+local function epoch_of(key, known, new, settle, now)
+  local found = redis.call('HMGET', key, 'id', 'ready')
+  if found[1] then return found[1], tonumber(found[2]) or 0 end
+  local ready = now
+  if known ~= '' then ready = now + settle end
+  redis.call('HSET', key, 'id', new, 'ready', ready)
+  return new, ready
+end
+"""
+
+# KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch.
+# ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms.
+# {1, epoch, 0} if the member now holds a lease; {0, epoch, ms left} while the epoch is not
+# ready, or the caller's own leases are not back in it (it has not beaten since); {0, epoch, 0}
+# if the limit is reached.
+_ACQUIRE: Final = (
+    _EPOCH
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch, ready = epoch_of(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), now)
+if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now)} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return {0, epoch, 0} end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-return 1
+return {1, epoch, 0}
 """
+)
 
 # KEYS[1] the moment the cluster went back to Redis (ms, Redis's clock). ARGV: SETTLE in ms.
 # Ms left until the cluster's rates are shared through Redis again: the first worker back
@@ -115,11 +151,15 @@ end
 return back + settle - now
 """
 
-# KEYS[1] the nodes hash (node -> expiry ms), KEYS[2..] the lease sets of the caller's
-# connections. ARGV: node, lease ms, then the member in each lease set. Renews the node's
-# heartbeat and every lease (adding those Redis lost or never had); returns how many nodes
-# have a heartbeat that has not run out.
-_BEAT: Final = """
+# KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..] the lease
+# sets of the caller's connections. ARGV: node, lease ms, the caller's epoch ('' none yet), a
+# new epoch's id, SETTLE ms, then the member in each lease set and that set's limit. Renews
+# the node's heartbeat and every lease Redis has; puts back one it lost (or never had) only if
+# the limit has room: {nodes with a heartbeat that has not run out, the epoch, ms before leases
+# are taken in it, then each member not put back}.
+_BEAT: Final = (
+    _EPOCH
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
@@ -130,12 +170,25 @@ local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) else alive = alive + 1 end
 end
-for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 1])
-  redis.call('PEXPIRE', KEYS[i], ttl)
+local epoch, ready = epoch_of(KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
+local answer = {alive, epoch, math.max(0, ready - now)}
+for i = 3, #KEYS do
+  local member, limit = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
+  local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
+  if not held then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    held = redis.call('ZCARD', KEYS[i]) < limit
+  end
+  if held then
+    redis.call('ZADD', KEYS[i], now + ttl, member)
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  else
+    answer[#answer + 1] = member
+  end
 end
-return alive
+return answer
 """
+)
 
 
 @dataclass(slots=True)
@@ -232,6 +285,9 @@ class ClusterThrottles(Throttles):
         self.errors = 0  # of which failed
         self._numbers = itertools.count(1)
         self._holds: dict[str, Hold] = {}  # member: every connection open, shared or not
+        self._epoch = ""  # of the leases in Redis this worker's are in ("": none seen yet)
+        self._limits: dict[str, int] = {}  # key: the connection limit last asked with
+        self._unleased: set[str] = set()  # members whose lease Redis lost and had no room for again
         self._blocks: dict[str, _Block] = {}
         self._fetching: dict[str, asyncio.Task[None]] = {}
         # key: (since when, slots taken since, slots a second in the window before)
@@ -276,14 +332,18 @@ class ClusterThrottles(Throttles):
 
     async def _heartbeat(self) -> None:
         holds = list(self._holds.values())
-        keys = [self._key("nodes"), *(self._key("conn:" + hold.key) for hold in holds)]
-        args = [self._node, str(self._lease_ms), *(hold.member for hold in holds)]
+        keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
+        args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
+        for hold in holds:
+            args += [hold.member, self._limits.get(hold.key, 1)]
         try:
-            nodes = await self._call(self._beat(keys=keys, args=args))
+            answer: Any = await self._call(self._beat(keys=keys, args=args))
         except _Unavailable as error:
             self._fall_back(str(error))
             return
-        seen = max(1, int(nodes))  # type: ignore[call-overload]
+        nodes, epoch, left, *lost = answer
+        self._put_back(epoch.decode(), int(left), [member.decode() for member in lost])
+        seen = max(1, int(nodes))
         if not self._shared:
             # Back from a fallback: until every node has seen Redis again (SETTLE), rates keep
             # to the share of the nodes known before, as the others may still keep to theirs
@@ -306,6 +366,28 @@ class ClusterThrottles(Throttles):
                          self.where, self.nodes, "" if self.nodes == 1 else "s")  # fmt: skip
             self._shared, self.error = True, ""
             self._settled_at = self.table.now() + SETTLE
+
+    def _put_back(self, epoch: str, left: int, lost: list[str]) -> None:
+        """After a heartbeat: the leases' epoch (another than this worker's: Redis lost every
+        lease since, and no new connection opens for `left` ms, while every node puts its own
+        back), and the connections whose lease Redis lost and had no room for again."""
+        if self._epoch and epoch != self._epoch:
+            _log.warning("Redis at %s lost the connection leases (restarted without its data?): no new connection "
+                         "opens for %.1f s while every node puts back those of its open connections",
+                         self.where, left / 1000)  # fmt: skip
+        self._epoch = epoch
+        if left > 0:
+            self._settled_at = max(self._settled_at, self.table.now() + left / 1000)
+        for member in lost:
+            if self._holds.pop(member, None) is not None:
+                # Others took the limit meanwhile (a node that noticed the loss late): this
+                # connection ends after its message, as one over the share does in a fallback.
+                self._unleased.add(member)
+        if lost:
+            _log.warning("Redis at %s had lost the lease of %d open connection%s, and the limit has no room for %s "
+                         "again: %s after %s message", self.where, len(lost), "" if len(lost) == 1 else "s",
+                         "it" if len(lost) == 1 else "them", "it ends" if len(lost) == 1 else "they end",
+                         "its" if len(lost) == 1 else "their")  # fmt: skip
 
     def _fall_back(self, error: str) -> None:
         if self._shared:
@@ -338,15 +420,17 @@ class ClusterThrottles(Throttles):
             # counting in Redis, or one just back whose peers' leases are not yet put back,
             # would count wrong. Open connections go on; new ones wait for the others.
             return None
+        self._limits[key] = limit
         if not self._shared:
             return self._hold(key) if self.table.acquire(key, self.share(limit)) else None
         if not self.table.acquire(key, limit):
             return None
         hold = Hold(key, f"{self._me}:{next(self._numbers)}")
+        keys = [self._key("conn:" + key), self._key("epoch")]
+        # (The member names a new epoch, should Redis have none: it is unique.)
+        args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
         try:
-            leased = await self._call(
-                self._acquire(keys=[self._key("conn:" + key)], args=[limit, hold.member, self._lease_ms])
-            )
+            answer: Any = await self._call(self._acquire(keys=keys, args=args))
         except _Unavailable as error:
             # Fallen back just now: settling like any change of mode (another node may hold
             # more than its share until it notices, too).
@@ -356,8 +440,15 @@ class ClusterThrottles(Throttles):
         except BaseException:  # cancelled (a stop): a lease it may have got runs out by itself
             self.table.release(key)
             raise
+        leased, epoch, left = answer
+        if not self._epoch:
+            self._epoch = epoch.decode()  # (no heartbeat yet: it holds no lease of an earlier epoch)
         if leased != 1:
             self.table.release(key)
+            if left:
+                # Redis lost the leases: none is taken until every node has put its own back
+                # (this worker's heartbeat puts back its own, and says the epoch's ready time).
+                self._settled_at = max(self._settled_at, self.table.now() + int(left) / 1000)
             return None
         self._holds[hold.member] = hold
         return hold
@@ -368,6 +459,9 @@ class ClusterThrottles(Throttles):
         return hold
 
     def keep(self, hold: Hold, limit: int) -> bool:
+        self._limits[hold.key] = limit
+        if hold.member in self._unleased:
+            return False  # its lease was lost, and others hold the whole limit now (`_put_back`)
         if self._shared or hold.released:
             return True
         ending = self._ending.get(hold.key, 0)
@@ -383,6 +477,7 @@ class ClusterThrottles(Throttles):
 
     def disconnect(self, hold: Hold) -> None:
         self.table.release(hold.key)
+        self._unleased.discard(hold.member)
         if hold.released:
             left = self._ending.get(hold.key, 1) - 1
             if left > 0:
