@@ -17,7 +17,7 @@ process watches for them (`_Watch`): it takes those that come while they are hel
 them pending for the main thread as before; it hears of those the loop's handlers or
 `stoppable` take. A start-up that has not got to a stop `GRACE` seconds after it (an import
 that never returns: a file that stands in for a module, a module that swallows the stop), or
-that gets another stop meanwhile, is ended there: the process logs what its start is stuck in
+that gets another stop meanwhile (`_AGAIN`), is ended there: the process logs what its start is stuck in
 (the main thread's stack) and exits with status 1, without a clean stop.
 
 Sharp edge: nothing covers the interpreter's own start, before any of Pigeon's code runs (tens
@@ -44,6 +44,9 @@ NODE_SIGNALS: Final = frozenset({signal.SIGHUP, signal.SIGINT, signal.SIGTERM})
 STOPS: Final = frozenset({signal.SIGINT, signal.SIGTERM})
 GRACE: Final = 10.0
 """Seconds a stop waits for a start-up to get to it before the process ends where it is."""
+_AGAIN: Final = 1.0
+"""Seconds after the first a stop must come to be another: a worker gets Ctrl-C's SIGINT and,
+a moment later, its supervisor's SIGTERM, which is no one insisting."""
 _LOOK: Final = 0.1  # seconds between the watch's looks at the time
 
 _log = logging.getLogger(__name__)
@@ -102,9 +105,12 @@ class _Watch:
                 self._give_up()
 
     def _stop(self, signum: int) -> None:
+        now = time.monotonic()
+        if self.first is not None and now - self.first < _AGAIN:
+            return  # the same stop, said twice
         self.stops.append(signum)
         if self.first is None:
-            self.first = time.monotonic()
+            self.first = now
             _log.info(
                 "%s during start-up: the node stops once its start gets to it (if it has not within %.0fs, "
                 "or on another stop, it ends where it is)",
