@@ -261,6 +261,27 @@ def test_a_read_only_token_cannot_bounce_anywhere_in_the_cluster(cluster: tuple[
     assert not a.records("AdminBounce") and not b.records("AdminBounce")
 
 
+@pytest.mark.parametrize(
+    ("action", "body", "field"),
+    [("bounce", {"domain": "[abc"}, "$.domain"), ("suspend", {"site": "mx[1.test"}, "$.site"),
+     ("suspend", {"domain": "exa[mple.net"}, "$.domain"), ("retry", {"domain": "exa[mple.net"}, "$.domain")],
+)  # fmt: skip
+def test_a_domain_or_site_glob_with_a_set_left_open_is_refused_on_either_node_and_no_node_holds_it(
+    cluster: tuple[PigeonProcess, PigeonProcess], action: str, body: dict[str, str], field: str
+) -> None:
+    for node in cluster:
+        status, answer = _api(node, "POST", f"/api/v1/admin/{action}", body)
+        assert (status, answer.get("field")) == (400, field), answer
+        assert "'[' set that is not closed" in answer["error"], answer
+    time.sleep(1.0)  # what another node would have taken, it would have by now
+    for node in cluster:
+        for kind in ("bounce", "suspend"):
+            status, answer = _api(node, "GET", f"/api/v1/admin/{kind}?cluster=1", token=READER)
+            assert (status, answer["rules"]) == (200, []), answer
+        status, answer = _api(node, "GET", "/api/v1/admin/operations?cluster=1", token=READER)
+        assert (status, answer["operations"]) == (200, []), answer
+
+
 def test_without_redis_an_operation_applies_on_the_node_asked_and_says_the_others_were_not_told(
     cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
 ) -> None:

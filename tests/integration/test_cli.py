@@ -365,6 +365,10 @@ def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tm
             ),
             ("bounce", "--tenant", "t[1", "set that is not closed with ']' (for a '[' itself, write '[[]') ($.tenant)"),
             ("suspend", "--site", "127.0.0.9:99999", "port 99999 is out of range: a port is 1 to 65535 ($.site)"),
+            # A domain or site glob likewise: it stood as a suspension that held nothing.
+            ("suspend", "--domain", "[abc", "set that is not closed with ']' ($.domain)"),
+            ("suspend", "--site", "mx[1.test", "set that is not closed with ']' ($.site)"),
+            ("retry", "--domain", "exa[mple.net", "set that is not closed with ']' ($.domain)"),
         ]:
             refused = pigeon_cli(command, *config, option, value)
             assert (refused.returncode, refused.stdout) == (2, ""), (command, refused.stdout, refused.stderr)

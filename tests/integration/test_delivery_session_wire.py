@@ -116,7 +116,7 @@ async def test_ehlo_and_helo_refused_fails_with_4_4_1() -> None:
     async with server(answers={"EHLO": [no], "HELO": [no]}) as peer:
         with pytest.raises(ConnectFailed) as failed:
             await connect(peer)
-        assert str(failed.value.reply) == f"451 4.4.1 [127.0.0.1]:{peer.port} refused EHLO and HELO: 550 Not you"
+        assert str(failed.value.reply) == f"451 4.4.1 [127.0.0.1]:{peer.port} refused EHLO and HELO: 550 5.7.1 Not you"
 
 
 # (Pigeon's server sends no enhanced code before EHLO: it goes in the text, as a server's would.)

@@ -70,7 +70,7 @@ def test_on_connect_refuses_with_its_code_and_the_connection_closes(tmp_path: Pa
     """
     with _node(tmp_path, source) as pigeon:
         with RawSmtp(pigeon.smtp_port, source="127.0.0.2") as client:
-            assert client.reply() == (554, ["no mail from you"])  # no enhanced codes before EHLO
+            assert client.reply() == (554, ["no mail from you"])  # no enhanced code on a greeting (RFC 2034 3)
             assert client.closed_by_peer()
         # A greeting can only refuse with 554 or 421 (RFC 5321 3.1): others become the one of their class.
         for source_ip, code, text in (("127.0.0.3", 554, "not you either"), ("127.0.0.4", 421, "later")):
@@ -358,7 +358,7 @@ def test_a_failing_on_connect_answers_421_and_its_records_say_421(tmp_path: Path
     with _node(tmp_path, source) as pigeon:
         for source_ip in ("127.0.0.2", "127.0.0.3"):
             with RawSmtp(pigeon.smtp_port, source=source_ip) as client:
-                # No enhanced code on the wire before EHLO, as for every greeting (RFC 2034 4).
+                # No enhanced code on the wire: none goes on a greeting (RFC 2034 3).
                 assert client.reply() == (421, ["policy error; try again later"])
                 assert client.closed_by_peer()
         failures = _failures(pigeon, 2)

@@ -314,3 +314,78 @@ def test_a_stop_that_the_policy_module_swallows_still_stops_the_node_once_the_im
         assert "started" not in said and "listening" not in said, said  # nothing went on to start
     finally:
         pigeon.kill()
+
+
+# A module that never returns from its import, and says where it is stuck first.
+_STUCK = """
+import time
+from pathlib import Path
+
+Path(MARK).touch()
+while True:
+    time.sleep(0.5)
+"""
+_FOREVER_SWALLOWING = """
+import time
+from pathlib import Path
+
+(Path(__file__).parent / "stuck").touch()
+while True:  # "wait for the database", for ever: whatever interrupts a try is swallowed
+    try:
+        time.sleep(0.1)
+    except BaseException:
+        pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("stuck_in", "stops"),
+    [
+        ("dns", 1),  # the delivery side's import (dnspython), in the node's start on its loop
+        ("uvloop", 2),  # before the loop runs
+        ("the policy module", 2),  # its import, which swallows the stop
+    ],
+)
+def test_a_stop_during_a_start_up_stuck_in_an_import_ends_the_node_in_bounded_time_saying_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck_in: str, stops: int
+) -> None:
+    """One stop: the node exits once the grace (10 s) for the start-up to get to it is over;
+    another stop: at once. Either way it says what its start was stuck in."""
+    root = tmp_path / "node"
+    root.mkdir()
+    mark = root / "stuck"
+    sections: dict[str, dict[str, object]] = {"delivery": {"enabled": True}}
+    if stuck_in == "the policy module":
+        (root / "forever.py").write_text(_FOREVER_SWALLOWING)
+        sections["policy"] = {"module": "forever.py"}
+        where = str(root / "forever.py")
+    else:
+        # A module of that name ahead of the installed one on PYTHONPATH: what an operator's
+        # environment, or a broken install, can do to any import.
+        package = tmp_path / "shadows" / stuck_in
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(_STUCK.replace("MARK", repr(str(mark))))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "shadows"), os.environ.get("PYTHONPATH", "")]))
+        where = str(package / "__init__.py")
+    pigeon = PigeonProcess(root, **sections)  # type: ignore[arg-type]
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.process is not None
+        deadline = time.monotonic() + _START
+        while not mark.exists():
+            assert pigeon.process.poll() is None and time.monotonic() < deadline, pigeon.stderr()
+            time.sleep(0.02)
+        time.sleep(0.5)
+        pigeon.process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        if stops == 2:
+            time.sleep(1.5)  # (one a moment after the first is the same stop, said twice)
+            pigeon.process.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+        assert pigeon.wait_exit(30) == 1, pigeon.stderr()
+        waited = time.monotonic() - stopped
+        assert (waited < 3) if stops == 2 else (9 < waited < 15), (waited, pigeon.stderr())
+        said = pigeon.stderr()
+        assert f"SIGTERM during start-up, which is stuck in {where}:" in said, said  # the module's own line
+    finally:
+        pigeon.kill()

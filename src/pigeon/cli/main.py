@@ -46,8 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["serve"]:
         # First, before the imports and the config: a reload or a stop asked for meanwhile
-        # must not kill the node; it waits until the node can act on it (`pigeon.node.signals`).
-        signals.hold()
+        # must not kill the node; it waits until the node can act on it, and a stop no longer
+        # than the start-up allows (`pigeon.node.signals`).
+        signals.hold(watch=True)
         # And no cyclic garbage collection until it has started: see `pigeon.node.collector`.
         collector.pause()
     args = build_parser().parse_args(arguments)

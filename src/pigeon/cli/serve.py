@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _stopped_starting(stopped: signals.Stopped, module: str | None) -> int:
     """A stop while the policy module was being imported: an ordinary stop (exit 0)."""
+    signals.started()  # ending of its own accord: the watch on the start-up has nothing to end
     logging.getLogger(__name__).info(
         "%s while importing the policy module %s: stopped during start-up", stopped, module
     )

@@ -48,12 +48,18 @@ def api_patterns() -> dict[str, str]:
     campaign glob: the same, of the characters a tenant or campaign may hold). A
     finer flaw they let through (a label over 63 characters) is the glob functions' to find."""
     beyond = printable_beyond_ascii()
-    label = rf"[A-Za-z0-9_\-*?!\[\]{beyond}]+"  # a label of a glob: letters, digits, - _ and metas
+    # A label of a glob: letters, digits, - _, `*` `?`, and `[...]` sets of what a host name
+    # holds (a "." too: a set may stand for a label's end), each closed: a "[" left open would
+    # be read by fnmatch as itself, which no host name holds, and match nothing for ever.
+    host_set = rf"\[!?[A-Za-z0-9_\-.{beyond}]+\]"
+    label = rf"(?:[A-Za-z0-9_\-*?{beyond}]|{host_set})+"
     host = rf"{label}(?:\.{label})*\.?"
     ipv6 = r"\[[0-9A-Fa-f:.]+\]"
-    # A port is 1 to 65535, as a site writes it (no leading zero); or a glob: a meta in it.
+    # A port is 1 to 65535, as a site writes it (no leading zero); or a glob: a meta in it,
+    # its sets closed as a host's are.
     number = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-    port = rf"(?:{number}|[0-9!\-]*[*?\[\]][0-9*?!\[\]\-]*)"
+    port_set = r"\[!?[0-9\-]+\]"
+    port = rf"(?:{number}|(?:[0-9!\-]|{port_set})*(?:[*?]|{port_set})(?:[0-9*?!\-]|{port_set})*)"
     # fnmatch's `[...]` set: "]" first ("[]]", "[!]]") is a member; a "[" with no "]" is itself.
     closed_set = r"\[(?:!?\]|![^\]]|[^!\]])[^\]]*\]"
     name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
@@ -106,7 +112,7 @@ def site_glob(pattern: str) -> str:
     if "" in hosts:
         raise PatternError("has an empty host between commas")
     if any(":" in name for name in hosts):  # an IPv6 literal of a next hop ("[::1]:2525"): as written
-        return text
+        return closed_sets(text)  # ("[::1" is no site: its "[" would match only itself)
     return ",".join(_host(name) for name in hosts) + (f":{port}" if colon else "")
 
 

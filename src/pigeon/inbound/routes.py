@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.queue.policy import InboundFailures
-from pigeon.smtp.address import a_label
+from pigeon.smtp.address import a_label, plain_local
 
 PREFIX: Final = "inbound:"
 _DEFAULT: Final = InboundFailures()
@@ -81,9 +81,10 @@ class InboundRoutes:
         """The first route matching a recipient address, else None."""
         if address in self._cache:
             return self._cache[address]
-        # The domain as its A-label, as the config's globs are written (`config.patterns`).
+        # The domain as its A-label, as the config's globs are written (`config.patterns`); a
+        # quoted local part as the dot-string it may be (`"billing"` is `billing`, RFC 5321 4.1.2).
         local, at, domain = address.lower().rpartition("@")
-        domain = a_label(domain) if at else domain
+        local, domain = (plain_local(local), a_label(domain)) if at else (local, domain)
         lowered = f"{local}@{domain}" if at else domain
         route = next((r for r in self._routes if r.matches(lowered, domain)), None)
         if len(self._cache) > 50_000:

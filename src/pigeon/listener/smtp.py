@@ -755,7 +755,7 @@ class SmtpConnection(asyncio.Protocol):
             return
         reply = replies.shutting_down(self._listener.session_config.hostname)
         self._flush()
-        self._transport.write(reply.encode(enhanced=self._session.esmtp))
+        self._transport.write(reply.encode(enhanced=self._session.greeted))
         self._closed = True
         self._transport.close()
 
@@ -773,7 +773,7 @@ class SmtpConnection(asyncio.Protocol):
         self._log_rejection(command, reply, sender=self._open_sender())
         self._flush()
         if self._transport is not None:
-            self._transport.write(reply.encode(enhanced=self._session.esmtp))
+            self._transport.write(reply.encode(enhanced=self._session.greeted))
             self._transport.close()
         self._closed = True
 

@@ -371,6 +371,7 @@ class Node:
         held = signals.release()  # what was sent since the process started comes now
         try:
             await self.start()
+            signals.started()  # a stop that came meanwhile is the loop's, as any later one
             if self._reload_asked and not stop.is_set():
                 self._reload_asked = False
                 _log.info("reload: asked for during start-up; reloading now")

@@ -279,6 +279,7 @@ class Supervisor:
             loop.add_signal_handler(signum, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         held = signals.release()  # what was sent since the process started comes now
+        signals.started()  # (its loop acts on a stop at once from here on, its workers' start aside)
         try:
             await self._run(stop)
         finally:

@@ -286,6 +286,17 @@ class Policy:
         if self.spec is None:
             return None
         module = _import(self.spec, self._directory)
+        beside = _beside(self.spec, self._directory) if warn else None
+        for entry, elsewhere in shadowed(*beside) if beside is not None else ():
+            # (a script of the operator's there, a DNS server called dns.py, is not run either)
+            _log.warning(
+                "policy %s: %s is not what `import %s` imports: %s is (Python's modules and those installed "
+                "come first); a module of the policy's own needs a name of its own",
+                self.spec,
+                entry,
+                entry.stem,
+                elsewhere,
+            )
         hooks: dict[str, Hook[Any] | None] = {}
         for name in HOOKS:
             function = getattr(module, name, None)
@@ -372,10 +383,12 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
     that fails or is abandoned half-way) keep the old module's globals intact, which
     `importlib.reload` would overwrite in place as it went.
 
-    The module imports its own as a script does: a file's directory, or for a dotted name the
-    config file's (`directory`) if the name's package or module is there, is put first on
-    sys.path (`import helpers` finds the helpers.py beside mypolicy.py; `from acme import util`
-    the acme/ beside pigeon.toml).
+    The module imports its own from beside it: a file's directory, or for a dotted name the
+    config file's (`directory`) if the name's package or module is there, is put on sys.path
+    (`import helpers` finds the helpers.py beside mypolicy.py; `from acme import util` the
+    acme/ beside pigeon.toml). Last, not first as for a script: a file there named like a
+    module of Python's, Pigeon's or a library's (a dns.py, a DNS server of the operator's)
+    must not stand in for it, in this process, for good (`shadowed` says which do).
 
     The new module is in `sys.modules` only while it runs (its own imports, dataclasses and
     pickling look it up there), then what was there before is put back: `Policy.take` names
@@ -386,14 +399,20 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
             path = Path(spec)
             if not path.is_file():
                 raise PolicyLoadError(f"policy module {spec}: no such file")
-            _first_on_path(path.absolute().parent)
+            _on_path(path.absolute().parent)
             found = importlib.util.spec_from_file_location(f"pigeon_policy_{next(_file_modules)}", path)
         else:
             first = spec.partition(".")[0]
             # (only when it is there: a file beside the config, a json.py say, must not stand in
             # for a module of that name everywhere in the process)
             if directory is not None and ((directory / first).is_dir() or (directory / f"{first}.py").is_file()):
-                _first_on_path(directory)
+                _on_path(directory)
+                importlib.invalidate_caches()  # a module file made since the last look is found
+                if (elsewhere := _found_elsewhere(first, directory)) is not None:
+                    raise PolicyLoadError(
+                        f"policy module {spec}: `import {first}` imports {elsewhere}, not what is beside the "
+                        f"config file in {directory}: give it a name of its own"
+                    )
             importlib.invalidate_caches()  # a module file made since the last look is found
             found = importlib.util.find_spec(spec)
             if found is None:
@@ -419,9 +438,63 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
         raise PolicyLoadError(f"policy module {spec} cannot be loaded: {last}") from error
 
 
-def _first_on_path(directory: Path) -> None:
-    """`directory` first on sys.path, once (a reload does not add it again)."""
+def _beside(spec: str, directory: Path | None) -> tuple[Path, Path | None] | None:
+    """The directory the policy module `spec` imports its own modules from (see `_import`), and
+    the module itself there (None: a package, or not there); None: none is added."""
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec).absolute()
+        return path.parent, path
+    first = spec.partition(".")[0]
+    if directory is None:
+        return None
+    if (directory / first).is_dir():
+        return directory, directory / first
+    if (directory / f"{first}.py").is_file():
+        return directory, directory / f"{first}.py"
+    return None
+
+
+def _on_path(directory: Path) -> None:
+    """`directory` last on sys.path, once (a reload does not add it again)."""
     entry = str(directory)
     if entry not in sys.path:
-        sys.path.insert(0, entry)
+        sys.path.append(entry)
         importlib.invalidate_caches()
+
+
+def _found_elsewhere(name: str, directory: Path) -> str | None:
+    """Where `import name` finds the top-level module `name` if not in `directory` (a path,
+    "built-in", "frozen"), or None: there, or nowhere."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # (a module in sys.modules without a spec, say)
+        return None
+    if found is None:
+        return None
+    # A module's file, or a package's directory, has `directory` for its parent (named alike or not).
+    places = [found.origin] if found.origin else []
+    places += list(found.submodule_search_locations or [])
+    here = directory.resolve()
+    if any(Path(place).parent.resolve() == here for place in places if Path(place).is_absolute()):
+        return None
+    return found.origin or ", ".join(places) or "a module of that name"
+
+
+def shadowed(directory: Path, own: Path | None = None) -> list[tuple[Path, str]]:
+    """The modules beside the policy module (`.py` files and packages in `directory`, but `own`,
+    the module itself) that its `import` cannot reach, as each name is another module's:
+    each with where `import` finds that one."""
+    found: list[tuple[Path, str]] = []
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if entry == own:
+            continue
+        name = entry.stem if entry.suffix == ".py" and entry.is_file() else entry.name
+        if not name.isidentifier() or not (entry.suffix == ".py" or (entry / "__init__.py").is_file()):
+            continue
+        if (elsewhere := _found_elsewhere(name, directory)) is not None:
+            found.append((entry, elsewhere))
+    return found

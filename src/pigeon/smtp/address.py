@@ -274,9 +274,26 @@ def bmp_ranges(allowed: Callable[[str], bool]) -> str:
 
 def same_mailbox_key(address: str) -> str:
     """What two addresses that name one mailbox have in common: the local part as it is (RFC
-    5321 2.4: only the receiving host may fold its case) and the domain as `a_label` gives it."""
+    5321 2.4: only the receiving host may fold its case), but written as `plain_local` writes
+    it (`"dd"` and `dd` are one local part), and the domain as `a_label` gives it."""
     local, at, domain = address.rpartition("@")
-    return f"{local}{at}{a_label(domain)}" if at else address
+    return f"{plain_local(local)}{at}{a_label(domain)}" if at else address
+
+
+_DOT_STRING: Final = re.compile(dot_string_and_domain(BEYOND_ASCII, negated=True)[0])
+
+
+def plain_local(local: str) -> str:
+    """A local part in the one form each way of writing it has: a quoted string whose content
+    is a dot-string written bare (RFC 5321 4.1.2: `"dd"` is `dd`, and the bare form SHOULD be
+    sent); any other quoted string with only the quoted pairs it needs (`"a\\ b"` is `"a b"`).
+    A dot-string, or what is no quoted string, is returned as it is."""
+    if len(local) < 2 or not (local.startswith('"') and local.endswith('"')):  # (one quote is no quoted string)
+        return local
+    content = re.sub(r"\\(.)", r"\1", local[1:-1])  # a quoted pair stands for its character
+    if _DOT_STRING.fullmatch(content):
+        return content
+    return '"' + re.sub(r'(["\\])', r"\\\1", content) + '"'
 
 
 @functools.lru_cache(maxsize=8192)  # an IDN costs ~20 us; a recipient's domain is asked for per rule and queue
@@ -308,7 +325,12 @@ def with_a_label(address: str) -> str:
     """An address as it goes on the wire (MAIL, RCPT, our Received header's `for`): with an
     ASCII local part, a domain that is not ASCII as its A-label, which every server takes
     (RFC 5890), so the address needs no SMTPUTF8. A UTF-8 local part has no ASCII form: the
-    address is kept as it is."""
+    address is kept as it is. A quoted local part goes as `plain_local` writes it: bare when
+    it is a dot-string (`"dd"@example.net` as `dd@example.net`, RFC 5321 4.1.2)."""
+    if address.startswith('"'):
+        local, at, domain = address.rpartition("@")
+        if at:
+            address = f"{plain_local(local)}@{domain}"
     if address.isascii():
         return address
     local, at, domain = address.rpartition("@")

@@ -102,7 +102,9 @@ def _client_domain(arg: str, verb: str) -> str:
         # No domain is longer (RFC 1035 2.3.4), nor an address literal: a longer name would
         # only make our greeting's reply line and the Received field we write over-long.
         raise SmtpProtocolError(
-            replies.syntax(f"{verb} name longer than {MAX_CLIENT_DOMAIN} octets: no domain or address literal is")
+            replies.syntax(
+                f"{verb} name is longer than {MAX_CLIENT_DOMAIN} octets; no domain or address literal is that long"
+            )
         )
     return arg
 

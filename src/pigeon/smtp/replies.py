@@ -2,7 +2,9 @@
 
 A `Reply` is a code, an optional RFC 3463 enhanced status code and one or more text lines.
 Formatting follows RFC 5321 §4.2: continuation lines use `code-`, the last `code `, and
-(RFC 2034) every line repeats the enhanced code when the session negotiated it.
+(RFC 2034 4) every line repeats the enhanced code: in every reply but the greeting, whether
+the client said EHLO or HELO or nothing yet (a server that offers ENHANCEDSTATUSCODES sends
+them "regardless of whether or not EHLO is employed by the client").
 
 Keeping the catalogue here, rather than inline strings at each call site, is what lets the
 tests assert that every error carries the right code and enhanced code.
@@ -60,7 +62,8 @@ class Reply:
         return " ".join(self.lines)
 
     def encode(self, *, enhanced: bool = True) -> bytes:
-        """The reply on the wire. `enhanced=False` drops the enhanced code (HELO sessions)."""
+        """The reply on the wire. `enhanced=False` drops the enhanced code (the greeting, or what
+        is said in its place)."""
         wire = self._wire[enhanced]
         if wire is None:
             wire = self._wire[enhanced] = self._format(enhanced)

@@ -139,6 +139,10 @@ class ServerSession:
         self.tls_active = tls_active
         self.phase = Phase.GREETED
         self.esmtp = False
+        self.greeted = False
+        """Whether the banner was queued. It carries no enhanced code, nor does what the I/O
+        layer says in its place (a 421 at connect); every reply after it does (RFC 2034 4:
+        whether the client said EHLO, HELO or nothing yet)."""
         self.helo: str | None = None
         self.authenticated: str | None = None
         self.mail: MailFrom | None = None
@@ -172,7 +176,8 @@ class ServerSession:
     def greet(self, reply: Reply | None = None) -> None:
         """Queue the banner. A 421/554 banner refuses the connection."""
         reply = reply or replies.greeting(self.config.hostname)
-        self._queue(reply)
+        self._queue(reply, enhanced=False)
+        self.greeted = True
         if reply.code >= 400:
             self._close(reply)
 
@@ -677,8 +682,10 @@ class ServerSession:
         self._chunk_total = 0
 
     # --- output --------------------------------------------------------------------------
-    def _queue(self, reply: Reply) -> None:
-        self._out += reply.encode(enhanced=self.esmtp)
+    def _queue(self, reply: Reply, *, enhanced: bool = True) -> None:
+        # Enhanced codes whatever the client greeted with (RFC 2034 4, 5: "regardless of
+        # whether or not EHLO is employed"); `greet` alone goes without (RFC 2034 3).
+        self._out += reply.encode(enhanced=enhanced)
         # Only the client's errors count towards max_errors. 452 for recipients past our limit
         # is no fault of the client's: RFC 5321 4.5.3.1.10 has it send the rest in a new
         # transaction, and a pipelining client learns of the limit only after it has sent them
@@ -694,7 +701,7 @@ class ServerSession:
             # The max_errors-th error is the last: it gets its reply, then 421 (as documented).
             if self.errors >= self.config.max_errors and self._closing is None:
                 final = replies.too_many_errors(self.config.hostname)
-                self._out += final.encode(enhanced=self.esmtp)
+                self._out += final.encode(enhanced=enhanced)
                 self._events.append(Rejected("", final))
                 self._close(final)
 

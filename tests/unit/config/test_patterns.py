@@ -57,7 +57,8 @@ def test_a_site_glob_normalises_each_host_and_keeps_its_port() -> None:
                             ("mx.example.net:smtp", "not a number"), ("a,,b", "empty host"),
                             ("127.0.0.9:99999", "port 99999 is out of range: a port is 1 to 65535"),
                             ("[::1]:0", "port 0 is out of range"), ("mx.example:025", "leading zero: write 25"),
-                            ("mx.example:2[5", "'\\[' set that is not closed")):  # fmt: skip
+                            ("mx.example:2[5", "'\\[' set that is not closed"), ("mx[1.test", "not closed"),
+                            ("[::1", "not closed"), ("[::1]:2[5", "not closed")):  # fmt: skip
         with pytest.raises(PatternError, match=reason):
             site_glob(written)
 
@@ -95,6 +96,10 @@ def test_a_queue_glob_lower_cases_only_its_domain_part() -> None:
          "line 3: [reaction] site: 'mx@example.net'"),
         ('[[reaction]]\nid = "r"\ndomain = "ex!ample.com"\nmatch = "x"\naction = "suspend"\n',
          "line 3: [reaction] domain: 'ex!ample.com'"),
+        ('[[reaction]]\nid = "r"\nsite = "[::1"\nmatch = "x"\naction = "suspend"\n',
+         "line 3: [reaction] site: '[::1' has a '[' set that is not closed"),
+        ('[[dkim]]\ndomain = "exa[mple.net"\nselector = "s"\nprivate_key = "k.pem"\n',
+         "line 2: [dkim] domain: 'exa[mple.net' has a '[' set that is not closed"),
         ('[[queue]]\nname = "*@example..net"\n', "line 2: [queue] name: '*@example..net'"),
         ('[[queue]]\nname = "c[12:*"\n', "line 2: [queue] name: 'c[12:*' has a '[' set that is not closed"),
         ('[[target]]\nname = "t"\nkind = "log"\npath = "t.log"\n[[inbound]]\ntarget = "t"\ndomain = "app example"\n',

@@ -61,6 +61,8 @@ def test_inbound_routes_match_address_globs_then_domains_in_order() -> None:
         ]
     )
     assert routes.routing_key("billing@app.example") == "inbound:billing"
+    assert routes.routing_key('"billing"@app.example') == "inbound:billing"  # the same mailbox (RFC 5321 4.1.2)
+    assert routes.routing_key('"reply+42"@app.example') == "inbound:replies"
     assert routes.routing_key("reply+42@APP.example") == "inbound:replies"
     assert routes.routing_key("anyone@eu.app.example") == "inbound:helpdesk"
     assert routes.routing_key("support@app.example") == "inbound:catchall"

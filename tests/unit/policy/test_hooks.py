@@ -124,9 +124,35 @@ def test_a_dotted_name_from_elsewhere_does_not_put_the_config_directory_on_sys_p
     (config_dir / "pigeon_test_beside" / "__init__.py").write_text("")
     (config_dir / "pigeon_test_beside" / "pol.py").write_text("def on_connect(c):\n    return None\n")
     assert Policy("pigeon_test_beside.pol", directory=config_dir).load() == ["on_connect"]
-    assert sys.path[0] == str(config_dir)
+    assert sys.path[-1] == str(config_dir)  # last: it stands in for no module of Python's or a library's
     for name in ("pigeon_test_site_policy", "pigeon_test_beside", "pigeon_test_beside.pol"):
         sys.modules.pop(name, None)
+
+
+def test_modules_beside_the_policy_named_like_others_are_not_imported_and_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Python's modules and those installed come before the policy's own: a json.py or a json/
+    beside it stands in for nothing, and is said to be unreachable; a dotted policy in such a
+    package is refused, saying why."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "json.py").write_text("raise SystemExit('the json beside the policy ran')\n")
+    (tmp_path / "pigeon_test_own_helpers.py").write_text("ANSWER = 42\n")
+    (tmp_path / "policy.py").write_text(
+        "import json, pigeon_test_own_helpers\n\ndef on_connect(c):\n    return None\n"
+        "assert pigeon_test_own_helpers.ANSWER == 42 and json.dumps([]) == '[]'\n"
+    )
+    with caplog.at_level(logging.WARNING):
+        assert Policy(str(tmp_path / "policy.py")).load() == ["on_connect"]
+    assert f"{tmp_path / 'json.py'} is not what `import json` imports" in caplog.text
+    assert "pigeon_test_own_helpers" not in caplog.text  # a name of its own: imported from there
+    (tmp_path / "json.py").unlink()
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("")
+    (tmp_path / "json" / "pol.py").write_text("def on_connect(c):\n    return None\n")
+    with pytest.raises(PolicyLoadError, match=r"`import json` imports .*json/__init__.py, not what is beside"):
+        Policy("json.pol", directory=tmp_path).load()
+    sys.modules.pop("pigeon_test_own_helpers", None)
 
 
 async def test_a_plain_hook_answers_at_once_and_its_answer_is_checked(tmp_path: Path) -> None:

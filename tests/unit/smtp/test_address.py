@@ -200,3 +200,20 @@ def test_the_same_mailbox_is_the_same_local_part_and_domain_in_any_case() -> Non
     key = address.same_mailbox_key
     assert key("Bob@Example.NET") == key("Bob@example.net")
     assert key("Bob@example.net") != key("bob@example.net")  # RFC 5321 2.4: the local part is the host's
+
+
+def test_a_quoted_local_part_that_is_a_dot_string_is_the_same_mailbox_as_the_dot_string() -> None:
+    key = address.same_mailbox_key
+    assert key('"dd"@example.net') == key("dd@example.net") == key('"d\\d"@Example.NET')
+    assert key('"a.b"@example.net') == key("a.b@example.net")
+    assert key('"first\\ last"@example.net') == key('"first last"@example.net')  # a quoted pair is its character
+    assert key('"a..b"@example.net') != key("a.b@example.net")
+    assert key('"DD"@example.net') != key("dd@example.net")  # the local part keeps its case
+
+
+def test_a_quoted_local_part_goes_bare_when_it_is_a_dot_string_and_quoted_when_it_must() -> None:
+    assert address.with_a_label('"dd"@bücher.example') == "dd@xn--bcher-kva.example"
+    assert address.with_a_label('"first\\ last"@example.net') == '"first last"@example.net'
+    assert address.with_a_label('"a\\"b"@example.net') == '"a\\"b"@example.net'  # what must be quoted, is
+    assert address.with_a_label('""@example.net') == '""@example.net'
+    assert address.with_a_label('"a@b"@example.net') == '"a@b"@example.net'

@@ -134,7 +134,7 @@ def test_bdat_before_mail_is_refused_and_its_chunk_consumed() -> None:
 
 def test_bdat_before_ehlo_is_refused_and_its_chunk_consumed() -> None:
     peer = Peer.start()
-    assert peer.send(b"BDAT 6\r\nQUIT\r\nNOOP\r\n") == "503 Send EHLO or HELO first\r\n250 Ok\r\n"
+    assert peer.send(b"BDAT 6\r\nQUIT\r\nNOOP\r\n") == "503 5.5.1 Send EHLO or HELO first\r\n250 2.0.0 Ok\r\n"
 
 
 def test_refused_bdat_chunk_split_across_receive_calls_is_consumed() -> None:

@@ -55,7 +55,7 @@ def test_a_server_refusing_ehlo_is_greeted_with_helo_and_gets_mail_without_exten
     assert not link.server.session.esmtp
 
     result = link.deliver(envelope())
-    assert result.replies == [Reply(250, None, QUEUED_REPLY.lines)]  # no enhanced codes after HELO
+    assert result.replies == [QUEUED_REPLY]  # its enhanced code too: RFC 2034 4 sends them after HELO
     assert link.client_writes[2:] == [  # lock-step, DATA, no parameters: all a HELO server may take
         b"MAIL FROM:<a@example.org>\r\n",
         b"RCPT TO:<b@example.net>\r\n",
@@ -69,10 +69,10 @@ def test_a_server_refusing_ehlo_is_greeted_with_helo_and_gets_mail_without_exten
 def test_a_server_refusing_ehlo_and_helo_is_unusable_and_hears_quit() -> None:
     no = Reply(550, "5.7.1", ("Go away",))
     link = Link.open(answers={"EHLO": [no], "HELO": [no]})
-    assert link.events == [Unusable(Reason.GREETING, Reply(550, None, no.lines))]  # no enhanced codes before EHLO
+    assert link.events == [Unusable(Reason.GREETING, no)]
     assert link.client_writes[-1] == b"QUIT\r\n"
     assert link.server.closing() is not None
-    assert link.server_writes[-1] == replies.closing(HOSTNAME).encode(enhanced=False)
+    assert link.server_writes[-1] == replies.closing(HOSTNAME).encode()
 
 
 # --- STARTTLS, under each policy --------------------------------------------------------------

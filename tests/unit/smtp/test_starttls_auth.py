@@ -66,7 +66,7 @@ def test_starttls_is_not_offered_once_tls_is_active() -> None:
 
 def test_starttls_before_ehlo_is_out_of_sequence() -> None:
     peer = Peer.start(config(tls_available=True))
-    assert peer.send("STARTTLS\r\n") == "503 Send EHLO or HELO first\r\n"
+    assert peer.send("STARTTLS\r\n") == "503 5.5.1 Send EHLO or HELO first\r\n"
 
 
 def test_starttls_in_a_transaction_is_refused() -> None:
@@ -88,7 +88,7 @@ def test_accepted_starttls_replies_220_and_discards_pipelined_commands() -> None
     peer.session.tls_established()
     assert peer.send(b"") == ""  # the injected MAIL is gone, not waiting to be answered
     assert peer.of_type(MailFrom) == []
-    assert peer.send("MAIL FROM:<a@example.org>\r\n") == "503 Send EHLO or HELO first\r\n"
+    assert peer.send("MAIL FROM:<a@example.org>\r\n") == "503 5.5.1 Send EHLO or HELO first\r\n"
     assert peer.of_type(MailFrom) == []
 
 
@@ -116,7 +116,7 @@ def test_session_starts_over_after_tls() -> None:
     peer.send("AUTH PLAIN " + b64("\0user\0pass") + "\r\n")
     assert peer.send("STARTTLS\r\n") == READY_TLS
     peer.session.tls_established()
-    assert peer.send("NOOP\r\n") == "250 Ok\r\n"  # no EHLO yet on the new channel: no enhanced codes
+    assert peer.send("NOOP\r\n") == "250 2.0.0 Ok\r\n"  # no EHLO yet on the new channel: codes all the same
     keywords = ehlo_keywords(peer)
     assert "STARTTLS" not in keywords
     assert keywords[-1] == "AUTH PLAIN LOGIN"
@@ -158,7 +158,7 @@ def test_auth_without_configured_mechanisms_is_refused() -> None:
 
 def test_auth_before_ehlo_is_out_of_sequence() -> None:
     peer = Peer.start(tls_config(), tls_active=True)
-    assert peer.send("AUTH PLAIN " + b64("\0user\0pass") + "\r\n") == "503 Send EHLO or HELO first\r\n"
+    assert peer.send("AUTH PLAIN " + b64("\0user\0pass") + "\r\n") == "503 5.5.1 Send EHLO or HELO first\r\n"
 
 
 # --- AUTH PLAIN -----------------------------------------------------------------------------
