@@ -52,7 +52,7 @@ from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import queue_name, queue_part_from_header, queue_part_problem, scheduled_queue
 from pigeon.smtp import replies
-from pigeon.smtp.address import a_label, same_mailbox_key, with_a_label
+from pigeon.smtp.address import a_label, ascii_name, same_mailbox_key, with_a_label
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Once, Settling, Spool, SpoolError
@@ -101,7 +101,7 @@ class Arrival:
 def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
     """The Received field Pigeon prepends to a message it takes in (RFC 5321 4.4), folded so
     that no line passes 998 octets whatever the client named itself."""
-    helo = arrival.helo if arrival.helo.isascii() else _ascii_name(arrival.helo)
+    helo = ascii_name(arrival.helo)
     # HTTP has no HELO: the address alone says where the message came from.
     lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
     if arrival.tls:
@@ -801,13 +801,6 @@ def _header_value(head: bytes, start: int) -> str | None:
     raw = head[start : end if end >= 0 else len(head)]
     # A queue name part must not carry white space nor the separators of the queue name itself.
     return queue_part_from_header(b" ".join(raw.split()).decode("utf-8", "replace")) or None
-
-
-def _ascii_name(name: str) -> str:
-    """A client's non-ASCII HELO name as the Received field writes it: its A-labels (as
-    `a_label` writes every domain), or, where a label has none (over 63 octets, empty), with
-    what is left not ASCII escaped."""
-    return a_label(name).encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _folded(line: bytes) -> bytes:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from pigeon.smtp import replies
+from pigeon.smtp.address import ascii_name
 from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, given_recipient, parse_command
 from pigeon.smtp.errors import SmtpProtocolError, SmtpUsageError
 from pigeon.smtp.events import (
@@ -226,10 +227,11 @@ class ServerSession:
         pending = self._pending
         reply = _STANDARD_REPLIES.get(type(pending))
         if reply is None:
+            # The client's name echoed as our Received field writes it: ASCII (see `ascii_name`).
             if isinstance(pending, Ehlo):
-                reply = self.offer().ehlo_reply(self.config.hostname, pending.domain)
+                reply = self.offer().ehlo_reply(self.config.hostname, ascii_name(pending.domain))
             elif isinstance(pending, Helo):
-                reply = _helo_reply(self.config.hostname, pending.domain)
+                reply = _helo_reply(self.config.hostname, ascii_name(pending.domain))
             else:
                 reply = replies.OK
         self.respond(reply)
