@@ -304,8 +304,12 @@ class ServerSession:
         except SmtpProtocolError as error:
             verb = _verb_of(line)
             self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None)
-            if error.close:
-                self._close(error.reply)
+            if error.close and self._closing is None:  # (not closed already: too many errors)
+                # The command's own reply says what was wrong with it; the 421 says why the
+                # session ends with it, rather than the client finding the connection gone.
+                final = replies.framing_lost(self.config.hostname, verb)
+                self._queue(final)
+                self._close(final)
             return True
         self._dispatch(command)
         return True
