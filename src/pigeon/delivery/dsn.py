@@ -101,8 +101,7 @@ def build_report(
             # RFC 6533 3: UTF-8 as it is only in a message/global-delivery-status part.
             fields = [f"Final-Recipient: utf-8; {_field(address) if utf8 else encode_utf8_addr_xtext(address)}"]
         if failure.recipient.orcpt:
-            addr_type, _, original_address = failure.recipient.orcpt.partition(";")
-            fields.append(f"Original-Recipient: {_field(addr_type)}; {_field(original_address)}")
+            fields.append(f"Original-Recipient: {_original_recipient(failure.recipient.orcpt, utf8)}")
         fields.append(f"Action: {failure.action}")
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
@@ -116,6 +115,11 @@ def build_report(
         blocks.append("\r\n".join(fields))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
+    status = "\r\n\r\n".join(blocks)
+    if not utf8:
+        # message/delivery-status is ASCII (RFC 3464 2.1.1): a server's UTF-8 reply, or an
+        # ENVID decoded to UTF-8, escaped as RFC 6533 escapes UTF-8 addresses.
+        status = _escaped(status)
     full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
     returned = original if full else _headers(original)
     if full:
@@ -139,7 +143,7 @@ def build_report(
         f"--{boundary}\r\nContent-Description: Notification\r\n"
         f"Content-Type: text/plain; charset=utf-8\r\n\r\n{human}\r\n",
         f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n\r\n"
-        + "\r\n\r\n".join(blocks)
+        + status
         + "\r\n\r\n",
         f"--{boundary}\r\nContent-Description: {'Undelivered message' if failed else 'Message headers'}\r\n"
         f"Content-Type: {returned_type}\r\n\r\n",
@@ -148,6 +152,26 @@ def build_report(
     if not returned.endswith(b"\r\n"):
         returned += b"\r\n"
     return text + returned + f"\r\n--{boundary}--\r\n".encode()
+
+
+def _original_recipient(orcpt: str, utf8: bool) -> str:
+    """An ORCPT ("type;address", as `RcptTo.orcpt` keeps it) as the Original-Recipient field's
+    value. UTF-8 goes as it is only in message/global-delivery-status (RFC 6533 3): in
+    message/delivery-status an address that is not ASCII is of type utf-8, in xtext form."""
+    addr_type, _, address = orcpt.partition(";")
+    if utf8 or address.isascii():
+        return f"{_field(addr_type)}; {_field(address)}"
+    if addr_type.lower() == "utf-8":
+        # As the client sent it (utf-8-addr-unitext): its escapes stand, its UTF-8 is escaped.
+        xtext = _escaped(address)
+    else:
+        xtext = encode_utf8_addr_xtext(address)
+    return f"utf-8; {_field(xtext)}"
+
+
+def _escaped(text: str) -> str:
+    """Each character of `text` that is not ASCII as RFC 6533's `\\x{HEX}`."""
+    return text if text.isascii() else "".join(c if c.isascii() else f"\\x{{{ord(c):X}}}" for c in text)
 
 
 def _field(value: str) -> str:
