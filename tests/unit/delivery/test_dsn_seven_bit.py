@@ -7,8 +7,10 @@ import email
 import email.policy
 from email.message import EmailMessage
 
-from pigeon.delivery.dsn import Failure, build_report
-from pigeon.message import Envelope, Recipient
+import pytest
+
+from pigeon.delivery.dsn import Failure, build_report, for_seven_bit_hop, seven_bit
+from pigeon.message import Envelope, Message, Recipient, SpoolId
 from pigeon.smtp.replies import Reply
 
 HOSTNAME = "mx.pigeon.test"
@@ -46,6 +48,48 @@ def _status(parsed: EmailMessage) -> str:
     return status.as_string()
 
 
+@pytest.mark.parametrize("ret", ["FULL", "HDRS"])
+def test_a_report_on_internationalised_mail_has_a_7_bit_form_that_says_as_much(ret: str) -> None:
+    envelope = Envelope("alice@example.org", [Recipient("rené@example.net", orcpt="utf-8;rené@example.net")])
+    envelope.smtputf8, envelope.ret = True, ret
+    report = _report(envelope)
+    assert not report.isascii()
+    seven = seven_bit(report)
+    assert seven is not None and seven.isascii()
+    parsed = _parsed(seven)
+    assert parsed.get_param("report-type") == "delivery-status"
+    text, _, returned = parsed.get_payload()
+    # The text, quoted-printable, reads as it did.
+    assert text["Content-Transfer-Encoding"] == "quoted-printable"
+    assert "<rené@example.net>: Utilisateur inconnu: rené" in text.get_content()
+    # The addresses in RFC 6533's utf-8-addr-xtext; the server's words escaped alike.
+    status = _status(parsed)
+    assert "Final-Recipient: utf-8; ren\\x{E9}@example.net" in status
+    assert "Original-Recipient: utf-8; ren\\x{E9}@example.net" in status
+    assert "Utilisateur inconnu: ren\\x{E9}" in status
+    # Of the message, its ASCII header fields only (a field's continuation lines go with it).
+    assert returned.get_content_type() == "text/rfc822-headers"
+    assert returned.get_content() == "To: bob@example.net\r\nMessage-ID: <m1@example.org>\r\n"
+
+
+def test_an_8_bit_message_returned_whole_comes_back_as_its_header_fields() -> None:
+    # Not internationalised (no SMTPUTF8): 8-bit in its body only, which message/rfc822 cannot encode.
+    original = b"From: a@example.org\r\nSubject: s\r\n\r\nna\xc3\xafve\r\n"
+    report = _report(Envelope("alice@example.org", [Recipient("bob@example.net")], ret="FULL"), original)
+    seven = seven_bit(report)
+    assert seven is not None and seven.isascii()
+    returned = _parsed(seven).get_payload()[2]
+    assert returned.get_content_type() == "text/rfc822-headers"
+    assert returned.get_content() == "From: a@example.org\r\nSubject: s\r\n"
+
+
+def test_a_report_that_is_ascii_already_is_left_as_it_is() -> None:
+    envelope = Envelope("alice@example.org", [Recipient("bob@example.net")])
+    report = _report(envelope, b"Subject: s\r\n\r\nx\r\n", Reply(550, "5.1.1", ("unknown",)))
+    assert report.isascii()
+    assert seven_bit(report) == report
+
+
 def test_a_utf8_orcpt_is_written_as_utf8_addr_xtext_in_message_delivery_status() -> None:
     # As a client sent it without SMTPUTF8: "RCPT TO:<x@example.net> ORCPT=utf-8;ü@example.net".
     recipients = [
@@ -62,3 +106,18 @@ def test_a_utf8_orcpt_is_written_as_utf8_addr_xtext_in_message_delivery_status()
     # In message/global-delivery-status UTF-8 goes as it is.
     envelope = Envelope("sender@example.org", recipients[:1], smtputf8=True)
     assert "Original-Recipient: utf-8; ü@example.net".encode() in _report(envelope)
+
+
+def _message(envelope: Envelope) -> Message:
+    return Message(SpoolId(1), "example.org", envelope, 0.0, 0, SpoolId(1))
+
+
+def test_only_a_report_of_ours_is_made_7_bit_and_its_signature_comes_off() -> None:
+    envelope = Envelope("alice@example.org", [Recipient("bob@example.net")], smtputf8=True)
+    report = _report(envelope)
+    signature = b"DKIM-Signature: v=1; a=rsa-sha256; d=pigeon.test; s=s; b=abc\r\n"
+    ours = Envelope("", [Recipient("alice@example.org")], protocol="LOCAL", dkim_signatures=signature)
+    assert for_seven_bit_hop(_message(ours), signature + report) == seven_bit(report)
+    # A client's message with a null sender is no report of ours: it is refused there, as any.
+    assert for_seven_bit_hop(_message(Envelope("", [Recipient("alice@example.org")])), report) is None
+    assert for_seven_bit_hop(_message(envelope), report) is None
