@@ -44,6 +44,12 @@ _SINGLE_NAMES: Final = {name.lower().encode(): name for name in SINGLE_FIELDS}
 _SINGLE_FIELD: Final = re.compile(rb"\n(" + b"|".join(map(re.escape, _SINGLE_NAMES)) + rb")[ \t]*:")
 
 
+_FIELD_START: Final = rb"[!-9;-~]+[ \t]*:"  # a field's name and colon (RFC 5322 2.2; blanks before it, 4.5)
+_FIRST_LINE: Final = re.compile(rb"\r\n|" + _FIELD_START)
+_NOT_A_FIELD_LINE: Final = re.compile(rb"\r\n(?![ \t]|" + _FIELD_START + rb")")  # (the empty line too)
+_UNDECIDED: Final = 4096  # octets of a line without its CRLF yet, past which it is read by its start
+
+
 def repeated_field(lowered: bytes, late: list[bytes] | None = None) -> str | None:
     """The first of `SINGLE_FIELDS` that the lowered header section (from a leading LF) has
     more than once, counting `late` (the names `HeaderSection` found past its kept part), or
@@ -214,3 +220,69 @@ def _extend(field: bytearray, data: bytes) -> bool:
         del field[end.start() + 2 :]
         return False
     return len(field) < KEPT
+
+
+class HeaderEnd:
+    """Where the content's header section ends, read as HTTP injection reads raw content
+    (`pigeon.compose`), whichever door the message came in by: at the empty line, or at the
+    first line that neither starts a field nor continues one, where the empty line is put in
+    (as Postfix's cleanup does). Left as it came, such a line would be a broken field that
+    Pigeon (its single-field and routing checks, the policy's `headers`, the DKIM signer) and
+    each reader after it read their own way; content that starts with white space would even
+    continue the field before it, Pigeon's own Received field.
+
+    Each write of the content goes through `feed`, which returns what to store: the same
+    bytes, but for that empty line and for the last line, held back until it is whole (its
+    start says what it is). Once the header section has ended, `feed` is a no-op."""
+
+    __slots__ = ("_first", "_held", "ended")
+
+    def __init__(self) -> None:
+        self._held = b""  # the line not judged yet, from the CRLF before it (none for the first)
+        self._first = True
+        self.ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        """`data` as it is to be stored (see the class)."""
+        if self.ended:
+            return data
+        return self._read(self._held + data if self._held else data, whole=False)
+
+    def finish(self) -> bytes:
+        """What is still held, once the content is complete: its last line, read as whole even
+        without a CRLF. Nothing after the first call."""
+        return self._read(self._held, whole=True) if self._held else b""
+
+    def _read(self, text: bytes, *, whole: bool) -> bytes:
+        self._held = b""
+        if whole:
+            end = len(text) - 2 if text.endswith(b"\r\n") else len(text)
+        else:
+            end = text.rfind(b"\r\n")  # the line after it may not be whole yet
+            if (end < 0 and not self._first) or len(text) - max(end, 0) > _UNDECIDED:
+                # The rest of a line already read by its start, or one that long (read so
+                # now): stored as it comes, but for a CR that may begin the CRLF ending it.
+                end = len(text) - 1 if text.endswith(b"\r") else len(text)
+        if self._first:
+            if end < 0:
+                self._held = text
+                return b""
+            self._first = False
+            if _FIRST_LINE.match(text) is None:  # not a field (white space, plain text): all is body
+                self.ended = True
+                return b"\r\n" + text
+            if text.startswith(b"\r\n"):  # the empty line: no header section at all
+                self.ended = True
+                return text
+        # Only whole lines are read: the search, and its look-ahead, stop at `end`.
+        found = _NOT_A_FIELD_LINE.search(text, 0, end) if end > 0 else None
+        if found is not None:
+            self.ended = True
+            at = found.end()
+            if text.startswith(b"\r\n", at):  # the empty line: the header section ends as it should
+                return text
+            return text[:at] + b"\r\n" + text[at:]
+        if whole or end >= len(text):
+            return text
+        self._held = text[end:]
+        return text[:end]

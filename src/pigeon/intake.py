@@ -3,7 +3,9 @@
 A listener opens a `Draft` when a message's content starts, writes the content into it as
 it arrives, and commits it at the end. The draft:
 
-* prepends our `Received:` header (RFC 5321 4.4);
+* prepends our `Received:` header (RFC 5321 4.4), and ends the header section after it where
+  HTTP injection ends raw content's (`pigeon.header_section.HeaderEnd`): a line that neither
+  starts a field nor continues one starts the body, after an empty line put in;
 * splits the recipients by domain: one spool message per destination domain, all sharing
   one body, so that every message belongs to exactly one scheduled queue;
 * names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
@@ -39,7 +41,15 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import msgspec
 
 from pigeon.delivery.content import edited
-from pigeon.header_section import SINGLE_FIELDS, HeaderSection, LateField, RoutingNames, repeated_field, single_fields
+from pigeon.header_section import (
+    SINGLE_FIELDS,
+    HeaderEnd,
+    HeaderSection,
+    LateField,
+    RoutingNames,
+    repeated_field,
+    single_fields,
+)
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
@@ -52,7 +62,7 @@ from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
 from pigeon.queue.names import queue_name, queue_part_from_header, queue_part_problem, scheduled_queue
 from pigeon.smtp import replies
-from pigeon.smtp.address import a_label, same_mailbox_key, with_a_label
+from pigeon.smtp.address import a_label, ascii_name, same_mailbox_key, with_a_label
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Once, Settling, Spool, SpoolError
@@ -101,7 +111,7 @@ class Arrival:
 def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
     """The Received field Pigeon prepends to a message it takes in (RFC 5321 4.4), folded so
     that no line passes 998 octets whatever the client named itself."""
-    helo = arrival.helo if arrival.helo.isascii() else _ascii_name(arrival.helo)
+    helo = ascii_name(arrival.helo)
     # HTTP has no HELO: the address alone says where the message came from.
     lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
     if arrival.tls:
@@ -177,7 +187,7 @@ class Intake:
         ids = spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, spool.body_writer(ids[0]), spool, settles)
         date = _rfc5322_date(int(self.clock()))
-        draft.write(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])}; {date}\r\n".encode())
+        draft.trace(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])}; {date}\r\n".encode())
         draft.write(data)
         return await draft.commit()
 
@@ -187,7 +197,7 @@ class Intake:
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]), self.spool)
-        draft.write(received_field(self.hostname, int(self.clock()), envelope, arrival, ids[0]))
+        draft.trace(received_field(self.hostname, int(self.clock()), envelope, arrival, ids[0]))
         return draft
 
     def signer_names(self) -> list[str]:
@@ -228,6 +238,7 @@ class Draft:
     __slots__ = (
         "_body",
         "_done",
+        "_end",
         "_groups",
         "_head",
         "_ids",
@@ -260,6 +271,7 @@ class Draft:
         self._ids = ids
         self._body = body
         self._head = HeaderSection(intake._routing)
+        self._end = HeaderEnd()
         self._done = False
         self._resident: bytes | None = None
         self._then: Once | None = None
@@ -268,7 +280,25 @@ class Draft:
     def id(self) -> SpoolId:
         return self._ids[0]
 
+    def trace(self, field: bytes) -> None:
+        """Write our Received field: the message's first, before all that `write` is given."""
+        self._put(field)
+
     def write(self, data: bytes) -> None:
+        """Write content: the message as the client (or the composer) gave it, in as many
+        pieces as it comes in. Its header section ends where HTTP injection ends raw content's
+        (`HeaderEnd`), so content that starts with white space is body, never a continuation of
+        our Received field, and every check made here reads the split that is delivered."""
+        end = self._end
+        self._put(data if end.ended else end.feed(data))
+
+    def _content_written(self) -> None:
+        """The content is complete: store what `HeaderEnd` still held (its last line)."""
+        self._put(self._end.finish())
+
+    def _put(self, data: bytes) -> None:
+        if not data:
+            return
         self._body.write(data)
         if not self._head.ended:
             self._head.feed(data)
@@ -298,7 +328,9 @@ class Draft:
         """The reply `commit()` would refuse the message written so far with for its header
         section alone (a loop, a tenant or campaign that cannot name a queue, a field given
         twice), before any policy is asked; None if it has none of those. An injection asks
-        before committing its first recipient's message: that content fails for them all."""
+        before committing its first recipient's message: that content fails for them all.
+        Asked once all is written."""
+        self._content_written()
         head = b"\n" + bytes(self._head.head)
         return self._content_refusal(head, head.lower())
 
@@ -318,6 +350,7 @@ class Draft:
     def _commit(self) -> asyncio.Future[Stored]:
         intake = self._intake
         self._done = True
+        self._content_written()
         head = b"\n" + bytes(self._head.head)  # a leading LF: every field starts with "\n<name>:"
         lowered = head.lower()
         if (refusal := self._content_refusal(head, lowered)) is not None:
@@ -801,13 +834,6 @@ def _header_value(head: bytes, start: int) -> str | None:
     raw = head[start : end if end >= 0 else len(head)]
     # A queue name part must not carry white space nor the separators of the queue name itself.
     return queue_part_from_header(b" ".join(raw.split()).decode("utf-8", "replace")) or None
-
-
-def _ascii_name(name: str) -> str:
-    """A client's non-ASCII HELO name as the Received field writes it: its A-labels (as
-    `a_label` writes every domain), or, where a label has none (over 63 octets, empty), with
-    what is left not ASCII escaped."""
-    return a_label(name).encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _folded(line: bytes) -> bytes:

@@ -220,6 +220,15 @@ class _Handler:
         return "250 2.0.0 stored"
 
 
+class _SevenBitHandler(_Handler):
+    """A `_Handler` for a sink that does not offer 8BITMIME (aiosmtpd always does)."""
+
+    async def handle_EHLO(self, server: SMTP, session: Session, envelope: Envelope, hostname: str,
+                          responses: list[str]) -> list[str]:  # fmt: skip
+        session.host_name = hostname  # (aiosmtpd leaves it to a handler with this hook)
+        return [line for line in responses if line != "250-8BITMIME"]
+
+
 class _HangupSMTP(SMTP):
     """Drops the connection in the middle of DATA when a recipient is hangup@; records each
     connection's life."""
@@ -271,10 +280,12 @@ class ScriptedSink:
         tls: ssl.SSLContext | None = None,
         max_recipients: int | None = None,
         too_many: str = "452 4.5.3 too many recipients",
+        eight_bit_mime: bool = True,
     ) -> None:
         """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by
         default. `tls`: offer STARTTLS with this server context. `max_recipients`: recipients
-        a transaction takes (the rest get `too_many`); None: any number."""
+        a transaction takes (the rest get `too_many`); None: any number. `eight_bit_mime`:
+        offer 8BITMIME (aiosmtpd does, unless told not to here)."""
         self.host = host
         self.random = random.Random(seed)
         self.port = port or free_port()
@@ -287,8 +298,9 @@ class ScriptedSink:
         self.connections: list[SinkConnection] = []
         self.arrivals: list[Arrival] = []
         self.rcpt_reply: Callable[[str], str | None] | None = None
+        handler = _Handler(self) if eight_bit_mime else _SevenBitHandler(self)
         self._controller = _Controller(
-            _Handler(self), hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8, tls_context=tls
+            handler, hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8, tls_context=tls
         )
         self._controller.start()
 

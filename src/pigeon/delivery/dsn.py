@@ -11,18 +11,29 @@ A recipient whose NOTIFY has SUCCESS gets a report of it when nobody further on 
 one (RFC 3461 5.2.2): "delivered" to an application's target, "relayed" to a server that did
 not take the DSN parameters (one that did reports on its own). A success returns only the
 headers.
+
+A report is 8-bit when it reports on internationalised mail (RFC 6533: UTF-8 in the
+message/global-delivery-status part, message/global or message/global-headers returned) or
+returns an 8-bit message. The hop it goes back through may lack 8BITMIME, and a report
+refused there is lost (no one hears of a null sender's failure), so there it goes in a 7-bit
+form (`seven_bit`): the text quoted-printable; message/delivery-status, with the addresses
+in RFC 6533's utf-8-addr-xtext form (any other character that is not ASCII escaped alike);
+and of the message, only its header fields that are ASCII, as text/rfc822-headers. A DKIM
+signature made over the 8-bit form is taken off: it would fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import binascii
 import datetime
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from email.utils import format_datetime
-from typing import Protocol
+from typing import Final, Protocol
 
 from pigeon.logs.peer_text import shown
 from pigeon.message import Envelope, Message, Recipient, format_id
@@ -30,6 +41,8 @@ from pigeon.smtp.extensions import encode_utf8_addr_xtext
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Settling, Spool
+
+_OWN: Final = "LOCAL"  # the protocol of a report's envelope: written here, stored by `Intake.local`
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +117,7 @@ def build_report(
             # RFC 6533 3: UTF-8 as it is only in a message/global-delivery-status part.
             fields = [f"Final-Recipient: utf-8; {_field(address) if utf8 else encode_utf8_addr_xtext(address)}"]
         if failure.recipient.orcpt:
-            addr_type, _, original_address = failure.recipient.orcpt.partition(";")
-            fields.append(f"Original-Recipient: {_field(addr_type)}; {_field(original_address)}")
+            fields.append(f"Original-Recipient: {_original_recipient(failure.recipient.orcpt, utf8)}")
         fields.append(f"Action: {failure.action}")
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
@@ -119,6 +131,11 @@ def build_report(
         blocks.append("\r\n".join(fields))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
+    status = "\r\n\r\n".join(blocks)
+    if not utf8:
+        # message/delivery-status is ASCII (RFC 3464 2.1.1): a server's UTF-8 reply, or an
+        # ENVID decoded to UTF-8, escaped as RFC 6533 escapes UTF-8 addresses.
+        status = _escaped(status)
     returned = original if full else _headers(original)
     if full:
         returned_type = "message/global" if utf8 else "message/rfc822"
@@ -141,7 +158,7 @@ def build_report(
         f"--{boundary}\r\nContent-Description: Notification\r\n"
         f"Content-Type: text/plain; charset=utf-8\r\n\r\n{human}\r\n",
         f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n\r\n"
-        + "\r\n\r\n".join(blocks)
+        + status
         + "\r\n\r\n",
         f"--{boundary}\r\nContent-Description: {_description(bool(failed), full)}\r\n"
         f"Content-Type: {returned_type}\r\n\r\n",
@@ -159,6 +176,26 @@ def _description(failed: bool, full: bool) -> str:
     return "Undelivered message headers" if failed else "Message headers"
 
 
+def _original_recipient(orcpt: str, utf8: bool) -> str:
+    """An ORCPT ("type;address", as `RcptTo.orcpt` keeps it) as the Original-Recipient field's
+    value. UTF-8 goes as it is only in message/global-delivery-status (RFC 6533 3): in
+    message/delivery-status an address that is not ASCII is of type utf-8, in xtext form."""
+    addr_type, _, address = orcpt.partition(";")
+    if utf8 or address.isascii():
+        return f"{_field(addr_type)}; {_field(address)}"
+    if addr_type.lower() == "utf-8":
+        # As the client sent it (utf-8-addr-unitext): its escapes stand, its UTF-8 is escaped.
+        xtext = _escaped(address)
+    else:
+        xtext = encode_utf8_addr_xtext(address)
+    return f"utf-8; {_field(xtext)}"
+
+
+def _escaped(text: str) -> str:
+    """Each character of `text` that is not ASCII as RFC 6533's `\\x{HEX}`."""
+    return text if text.isascii() else "".join(c if c.isascii() else f"\\x{{{ord(c):X}}}" for c in text)
+
+
 def _field(value: str) -> str:
     """A value safe inside a header field: no CR, LF or other controls (no injected fields),
     nor a C1 control (U+009B is a terminal's CSI) or a bidirectional override."""
@@ -174,6 +211,82 @@ def _status(reply: Reply) -> str:
 def _headers(message: bytes) -> bytes:
     end = message.find(b"\r\n\r\n")
     return message if end < 0 else message[: end + 2]
+
+
+_BOUNDARY: Final = re.compile(rb'boundary="([^"\r\n]+)"')
+_CONTENT_TYPE: Final = re.compile(rb"(?im)^content-type:[ \t]*([^;\s]+)")
+_CONTENT_TYPE_FIELD: Final = re.compile(rb"(?im)^content-type:[^\r\n]*")
+_DESCRIPTION_FIELD: Final = re.compile(rb"(?im)^content-description:[^\r\n]*")
+_FIELD_BREAK: Final = re.compile(rb"\r\n(?![ \t])")  # a line end not followed by a continuation line
+_RETURNED: Final = frozenset({b"message/rfc822", b"message/global", b"message/global-headers"})
+
+
+def seven_bit(report: bytes) -> bytes | None:
+    """`report` (a report `build_report` made, as stored: Pigeon's Received field on top) in
+    the 7-bit form the module docstring describes, for a hop without 8BITMIME; None when it is
+    no such report, or has 8-bit content where none is expected."""
+    head_end = report.find(b"\r\n\r\n")
+    boundary = _BOUNDARY.search(report, 0, head_end)
+    if head_end < 0 or boundary is None or not report[:head_end].isascii():
+        return None
+    head = report[: head_end + 2].replace(b"report-type=global-delivery-status", b"report-type=delivery-status")
+    delimiter = b"\r\n--" + boundary.group(1)
+    preamble, *parts = report[head_end + 2 :].split(delimiter)
+    if not parts or not parts[-1].startswith(b"--"):
+        return None
+    written = [preamble]
+    for part in parts[:-1]:
+        fields_end = part.find(b"\r\n\r\n")
+        kind = _CONTENT_TYPE.search(part, 0, fields_end) if fields_end >= 0 else None
+        if kind is None:
+            return None
+        fields, content = part[: fields_end + 2], part[fields_end + 4 :]
+        if not content.isascii():
+            fields, content = _seven_bit_part(kind.group(1).lower(), fields, content)
+        elif kind.group(1).lower() == b"message/global-delivery-status":  # (all ASCII already)
+            fields = fields.replace(b"message/global-delivery-status", b"message/delivery-status")
+        if not (fields + content).isascii():
+            return None
+        written.append(fields + b"\r\n" + content)
+    written.append(parts[-1])
+    return head + delimiter.join(written)
+
+
+def _seven_bit_part(kind: bytes, fields: bytes, content: bytes) -> tuple[bytes, bytes]:
+    """One part of a report, its 8-bit `content` made 7-bit (see `seven_bit`)."""
+    if kind == b"text/plain":
+        return fields + b"Content-Transfer-Encoding: quoted-printable\r\n", binascii.b2a_qp(content, istext=True)
+    if kind == b"message/global-delivery-status":
+        fields = fields.replace(b"message/global-delivery-status", b"message/delivery-status")
+        return fields, _escaped(content.decode("utf-8", "replace")).encode("ascii")
+    if kind in _RETURNED:
+        fields = _CONTENT_TYPE_FIELD.sub(b"Content-Type: text/rfc822-headers", fields)
+        fields = _DESCRIPTION_FIELD.sub(b"Content-Description: Message headers (those in ASCII)", fields)
+        return fields, _ascii_fields(_headers(content))
+    return fields, content  # (none other is written: refused by the caller)
+
+
+def _ascii_fields(header_section: bytes) -> bytes:
+    """The fields of `header_section` that are ASCII (each with its continuation lines)."""
+    kept: list[bytes] = []
+    for field in _FIELD_BREAK.split(header_section.removesuffix(b"\r\n")):
+        if field and field.isascii():
+            kept.append(field + b"\r\n")
+    return b"".join(kept)
+
+
+def for_seven_bit_hop(message: Message, body: bytes) -> bytes | None:
+    """The bytes to send for `message` (`body`: as it would leave) to a hop without
+    8BITMIME, when it is a report of Pigeon's own (null sender, written here): `seven_bit`,
+    without the DKIM signatures made over the 8-bit form. None for any other message (it is
+    refused there: 554 5.6.3), or a report that cannot be made 7-bit."""
+    envelope = message.envelope
+    if envelope.sender or envelope.protocol != _OWN:
+        return None
+    signatures = envelope.dkim_signatures
+    if signatures and body.startswith(signatures):
+        body = body[len(signatures) :]
+    return seven_bit(body)
 
 
 class Submit(Protocol):
@@ -205,7 +318,7 @@ class Notifier:
             original=self._spools.body(message),
             arrival=message.created,
         )
-        envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol="LOCAL")
+        envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol=_OWN)
         return await self._submit(envelope, report, spool=self._spools.of(message.id), settles=settles)
 
 

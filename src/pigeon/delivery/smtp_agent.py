@@ -5,8 +5,10 @@ only so many recipients per transaction answers the rest `452 4.5.3` (RFC 5321 4
 they go in another transaction on the same connection at once, as many times as it takes,
 rather than waiting for the retry schedule. What the peer cannot take at all (SMTPUTF8 it
 lacks, over its SIZE, 8-bit data without 8BITMIME) is a permanent, explained refusal rather
-than a protocol violation at the next hop. A connection that breaks mid-transaction is a
-transient failure for every recipient of that message, and the agent is no longer usable.
+than a protocol violation at the next hop; but a report of Pigeon's own (a DSN) goes to a hop
+without 8BITMIME in a 7-bit form (`dsn.seven_bit`), since no one would hear of its refusal.
+A connection that breaks mid-transaction is a transient failure for every recipient of that
+message, and the agent is no longer usable.
 
 A recipient the host answers 4xx (greylisting, a busy or broken server, a DATA deferred) is
 tried at once at the site's next host (`[delivery] try_next_mx`), within the same attempt, as
@@ -44,6 +46,7 @@ from typing import Final
 
 from pigeon.delivery.agent import Unreachable, Work
 from pigeon.delivery.classify import Classifier
+from pigeon.delivery.dsn import for_seven_bit_hop
 from pigeon.delivery.egress import Source
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination
@@ -98,6 +101,11 @@ class SmtpAgent:
         self._final = attempts  # (the same list: `final` reads what is done so far)
         for item in work:  # one transaction each (batch is 1: a loop only to keep the interface)
             envelope = _client_envelope(item)
+            if envelope.eight_bit and "8BITMIME" not in connection.capabilities:
+                # A report of ours goes 7-bit rather than refused: no one would hear it was lost.
+                seven_bit = for_seven_bit_hop(item.message, envelope.body)
+                if seven_bit is not None:
+                    envelope = dataclasses.replace(envelope, body=seven_bit, eight_bit=not seven_bit.isascii())
             count = len(envelope.recipients)
             refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None and self._elsewhere is not None and connection.host != self._first:

@@ -18,10 +18,10 @@ cannot take the listener; with several workers the count is kept in a table they
 (`connection_limits`), since the kernel spreads one client's connections over them. Past
 `max_connections` (per worker: it guards the worker's descriptors and memory, and only the
 worker can close its own idle connections) a newcomer is still let in when some connection
-is idle between transactions: the one that has been silent longest is told 421 and closed
-to make room (Postfix's "stress" mode shortens timeouts for the same purpose). Many idle
-hosts then churn among themselves while a client that talks keeps its place. Either refusal
-is logged as a Rejection of the CONNECT.
+is idle between transactions (or stalled in a TLS handshake): the one that has been silent
+longest is told 421 (or, mid-handshake, just closed) to make room (Postfix's "stress" mode
+shortens timeouts for the same purpose). Many idle hosts then churn among themselves while a
+client that talks keeps its place. Either refusal is logged as a Rejection of the CONNECT.
 """
 
 from __future__ import annotations
@@ -760,12 +760,27 @@ class SmtpConnection(asyncio.Protocol):
         self._transport.close()
 
     def evictable(self) -> bool:
-        """Idle between transactions, with nothing being decided: may make room for a newcomer."""
-        return not self._closed and not self._blocked and self._session.phase in (Phase.GREETED, Phase.READY)
+        """Idle between transactions, with nothing being decided, or in the TLS handshake after
+        STARTTLS (the client owes its part, as it owes the next command when idle: one that
+        stalls there would otherwise hold its place until the handshake timeout): may make
+        room for a newcomer."""
+        if self._closed:
+            return False
+        phase = self._session.phase
+        return phase is Phase.TLS or (not self._blocked and (phase is Phase.GREETED or phase is Phase.READY))
 
     def evict(self) -> None:
         """Close with 421 to make room for a newcomer (see `SmtpListener.admit`)."""
-        self._close_with(replies.idle_evicted(self._listener.session_config.hostname))
+        reply = replies.idle_evicted(self._listener.session_config.hostname)
+        if self._session.phase is Phase.TLS:
+            # Mid-handshake a 421 cannot be said: there is no TLS yet to say it in, and in
+            # plaintext it would be garbage to the client's TLS layer. Closed all the same,
+            # and logged as any eviction is.
+            self._log_rejection("", reply, sender=None)
+            self._closed = True
+            self.abort()
+        else:
+            self._close_with(reply)
         self._listener._closed(self)
 
     def _close_with(self, reply: Reply, command: str = "") -> None:

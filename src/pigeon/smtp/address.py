@@ -321,6 +321,16 @@ def a_label(domain: str) -> str:
     return ".".join(labels)
 
 
+def ascii_name(name: str) -> str:
+    """A client's EHLO or HELO name as Pigeon writes it back (its Received field, its reply to
+    the greeting): as given if ASCII, else its A-labels (as `a_label` writes every domain), or,
+    where a label has none (over 63 octets, empty), with what is left not ASCII escaped. Sent
+    back raw, 8-bit octets would reach a client that may not read UTF-8 (no SMTPUTF8 yet)."""
+    if name.isascii():
+        return name
+    return a_label(name).encode("ascii", "backslashreplace").decode("ascii")
+
+
 def with_a_label(address: str) -> str:
     """An address as it goes on the wire (MAIL, RCPT, our Received header's `for`): with an
     ASCII local part, a domain that is not ASCII as its A-label, which every server takes

@@ -134,6 +134,12 @@ def timeout(hostname: str) -> Reply:
     return r(421, "4.4.2", f"{hostname} Error: timeout exceeded, closing connection")
 
 
+def framing_lost(hostname: str, verb: str) -> Reply:
+    """After a command whose data cannot be told from the commands that follow (a BDAT without
+    a size): the session must end, and RFC 5321 3.8 has a server say so with 421 first."""
+    return r(421, "4.5.0", f"{hostname} Error: cannot tell where the data of that {verb} ends, closing connection")
+
+
 def too_many_errors(hostname: str) -> Reply:
     return r(421, "4.7.0", f"{hostname} Error: too many errors, closing connection")
 

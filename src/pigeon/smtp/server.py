@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from pigeon.smtp import replies
+from pigeon.smtp.address import ascii_name
 from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, given_recipient, parse_command
 from pigeon.smtp.errors import SmtpProtocolError, SmtpUsageError
 from pigeon.smtp.events import (
@@ -231,10 +232,11 @@ class ServerSession:
         pending = self._pending
         reply = _STANDARD_REPLIES.get(type(pending))
         if reply is None:
+            # The client's name echoed as our Received field writes it: ASCII (see `ascii_name`).
             if isinstance(pending, Ehlo):
-                reply = self.offer().ehlo_reply(self.config.hostname, pending.domain)
+                reply = self.offer().ehlo_reply(self.config.hostname, ascii_name(pending.domain))
             elif isinstance(pending, Helo):
-                reply = _helo_reply(self.config.hostname, pending.domain)
+                reply = _helo_reply(self.config.hostname, ascii_name(pending.domain))
             else:
                 reply = replies.OK
         self.respond(reply)
@@ -307,8 +309,12 @@ class ServerSession:
         except SmtpProtocolError as error:
             verb = _verb_of(line)
             self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None)
-            if error.close:
-                self._close(error.reply)
+            if error.close and self._closing is None:  # (not closed already: too many errors)
+                # The command's own reply says what was wrong with it; the 421 says why the
+                # session ends with it, rather than the client finding the connection gone.
+                final = replies.framing_lost(self.config.hostname, verb)
+                self._queue(final)
+                self._close(final)
             return True
         self._dispatch(command)
         return True

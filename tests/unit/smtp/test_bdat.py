@@ -172,15 +172,23 @@ def test_bdat_is_not_implemented_when_chunking_is_off() -> None:
 
 
 # --- malformed BDAT: the framing is lost ----------------------------------------------------
-@pytest.mark.parametrize("line", [b"BDAT abc", b"BDAT", b"BDAT -1", b"BDAT 5 NOTLAST", b"BDAT 5 LAST x", b"BDAT 0x10"])
-def test_malformed_bdat_closes_the_session(line: bytes) -> None:
+FRAMING_LOST = f"421 4.5.0 {HOSTNAME} Error: cannot tell where the data of that BDAT ends, closing connection\r\n"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"BDAT abc", b"BDAT", b"BDAT -1", b"BDAT +5", b"BDAT 1 2", b"BDAT 5 NOTLAST", b"BDAT 5 LAST x", b"BDAT 0x10"],
+)
+def test_malformed_bdat_is_answered_then_the_session_closes_with_421_saying_why(line: bytes) -> None:
     peer = _bdat_peer()
-    assert peer.send(line + b"\r\nNOOP\r\n") == BDAT_SYNTAX
+    assert peer.send(line + b"\r\nNOOP\r\n") == BDAT_SYNTAX + FRAMING_LOST
     closing = peer.closing()
     assert closing is not None
     assert closing.reply is not None
-    assert str(closing.reply) == BDAT_SYNTAX.removesuffix("\r\n")
-    assert peer.events[-3:] == [Rejected("BDAT", closing.reply, sender="a@example.org"), TransactionReset(), closing]
+    assert str(closing.reply) == FRAMING_LOST.removesuffix("\r\n")
+    (rejected,) = peer.of_type(Rejected)
+    assert str(rejected.reply) == BDAT_SYNTAX.removesuffix("\r\n")
+    assert peer.events[-3:] == [Rejected("BDAT", rejected.reply, sender="a@example.org"), TransactionReset(), closing]
 
 
 def test_closing_names_the_last_reply_sent_when_a_malformed_bdat_hits_the_error_limit() -> None:
