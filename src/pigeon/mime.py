@@ -168,13 +168,7 @@ def plain_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     words = value.split()
     if not words:
         return f"{name}: \r\n"
-    lines = token_field(name, words[0], max_line).removesuffix("\r\n").split("\r\n")
-    for word in words[1:]:
-        if len(lines[-1].encode()) + 1 + len(word.encode()) > _FOLD_AT:
-            lines.append(f" {word}")
-        else:
-            lines[-1] += f" {word}"
-    return "\r\n".join(lines) + "\r\n"
+    return _fold_onto(token_field(name, words[0], max_line).removesuffix("\r\n").split("\r\n"), words[1:])
 
 
 _SHORT_ID: Final = 22  # hex characters: 88 random bits, no less unique than make_msgid's
@@ -300,8 +294,13 @@ def _folded(name: str, words: list[str]) -> str:
     """`Name: ` and the words, one space between them, folded before a word that would take
     its line past 76 octets (never before the first: it stays beside the name). In octets:
     an address in UTF-8 (RFC 6532) is longer so than in characters."""
-    lines = [f"{name}: {words[0]}"]
-    for word in words[1:]:
+    return _fold_onto([f"{name}: {words[0]}"], words[1:])
+
+
+def _fold_onto(lines: list[str], words: list[str]) -> str:
+    """`lines` (a field's, without CRLF) with `words` after them, one space between, folded
+    before a word that would take its line past 76 octets; the field with its CRLF."""
+    for word in words:
         if len(lines[-1].encode()) + 1 + len(word.encode()) > _FOLD_AT:
             lines.append(f" {word}")
         else:
