@@ -62,8 +62,10 @@ Email = Annotated[
 ]
 MAX_NAME: Final = MAX_PART
 # A header field's first line is printable ASCII but the colon, then the colon (RFC 5322 2.2;
-# blanks before it as the obsolete syntax allows, RFC 5322 4.5), after a line end.
-_FIELD_START: Final = re.compile(rb"\r\n[!-9;-~]+[ \t]*:")
+# blanks before it as the obsolete syntax allows, RFC 5322 4.5).
+_FIELD_LINES: Final = re.compile(rb"(?:[!-9;-~]+[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
+"""The header fields a message starts with, their continuation lines included (linear: a
+field's first line and a continuation line never start alike)."""
 _DATE_FIELD: Final = re.compile(rb"\r\ndate[ \t]*:")
 _MESSAGE_ID_FIELD: Final = re.compile(rb"\r\nmessage-id[ \t]*:")
 """The longest tenant or campaign name, in characters."""
@@ -418,7 +420,8 @@ class Composer:
         and the request's value, written first, names the queue."""
         content = self._request.content
         if isinstance(content, str):
-            head = b"\r\n" + _header_section(_crlf(content).encode("utf-8")).lower()
+            data = _crlf(content).encode("utf-8")
+            head = b"\r\n" + data[: _FIELD_LINES.match(data).end()].lower()  # type: ignore[union-attr]
         for (name, value), json_field in zip(self._routing, ("$.tenant", "$.campaign"), strict=True):
             if not value:
                 continue
@@ -452,16 +455,14 @@ class Composer:
         data = _crlf(text).encode("utf-8")
         if data and not data.endswith(b"\r\n"):
             data += b"\r\n"  # SMTP carries lines: the last one ends too
-        # The header section is what SMTP reception reads (and the intake checks, names the
-        # queue from and signs): everything up to the first empty line, a line in it that is
-        # no field included. Ending it earlier, at such a line, changed the content sent "as
-        # it is" (its last fields became body) and let through what SMTP refuses for the same
-        # bytes (a second From below that line). Text in which no line starts a field (plain
-        # text, or none) has no header section at all: it is all body, after the fields added
-        # here, as Postfix's cleanup makes of it; nothing in it could be checked either way.
-        head = _header_section(data)
-        if not data.startswith(b"\r\n") and _FIELD_START.search(b"\r\n" + head) is None:
-            data, head = b"\r\n" + data, b""
+        # The header section ends at the empty line, or at the first line that neither starts
+        # a field nor continues one: there the body starts, after an empty line put in, as
+        # Postfix's cleanup makes of such mail (a text with no header at all is all body).
+        # Left as it was, that line would be a broken field, and the body would start later.
+        end = _FIELD_LINES.match(data).end()  # type: ignore[union-attr]  # (matches the empty string)
+        if not data.startswith(b"\r\n", end):
+            data = data[:end] + b"\r\n" + data[end:]
+        head = data[:end]
         lowered = b"\r\n" + head.lower()
         extra = []
         if not _DATE_FIELD.search(lowered):
@@ -695,16 +696,6 @@ def _now() -> str:
     """The Date of a message made now: UTC as "+0000" ("-0000" would say the zone is unknown,
     RFC 5322 3.3)."""
     return email.utils.format_datetime(datetime.datetime.now(datetime.UTC))
-
-
-def _header_section(data: bytes) -> bytes:
-    """The header section of a message (CRLF line ends), as SMTP reception reads it
-    (`pigeon.header_section`): up to its first empty line (the last CRLF kept), all of it
-    without one, nothing when the message starts with it."""
-    if data.startswith(b"\r\n"):
-        return b""
-    end = data.find(b"\r\n\r\n")
-    return data if end < 0 else data[: end + 2]
 
 
 def _field_in(head: bytes, name: str) -> bool:

@@ -205,34 +205,25 @@ def _smtp_data(node: PigeonProcess, recipient: str, message: bytes) -> tuple[int
         return smtp.reply()
 
 
-# A line in the header section that is no field: SMTP reads on to the empty line.
+# A line in the header section that is no field: at every door the header section ends there,
+# and an empty line is put in before it (as Postfix's cleanup does), so what follows is body.
 NO_FIELD_LINE = b"From: a@example.org\r\nSubject: x\r\ngarbage line\r\n"
 
 
 @pytest.mark.parametrize("template", [False, True])
-def test_a_second_from_after_a_line_that_is_no_field_is_refused_at_every_door(
-    node: PigeonProcess, template: bool
-) -> None:
+def test_a_from_after_a_line_that_is_no_field_is_body_at_every_door(node: PigeonProcess, template: bool) -> None:
     message = NO_FIELD_LINE + b"From: evil@example.com\r\n\r\nbody\r\n"
-    before = len(node.spool_messages())
-    assert _smtp_data(node, "ann@example.net", message) == (
-        554,
-        ["5.6.0 Message has more than one From header field (RFC 5322 3.6 allows one)"],
-    )
-    request = _request("ann@example.net", content=message.decode(), template=template)
-    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
-    assert (status, answer) == (
-        400,
-        {
-            "error": "554 5.6.0 Message has more than one From header field (RFC 5322 3.6 allows one)",
-            "field": "$.content",
-        },
-    )
-    assert len(node.spool_messages()) == before
+    before = {m["id"] for m in node.spool_messages()}
+    assert _smtp_data(node, "smtp@example.net", message)[0] == 250
+    request = _request("http@example.net", content=message.decode(), template=template)
+    assert node.http_post("/api/v1/inject", request, TOKEN)[0] == 200
+    added = {m["recipients"][0]: m["data"] for m in node.spool_messages() if m["id"] not in before}
+    split = b"Subject: x\r\n\r\ngarbage line\r\nFrom: evil@example.com\r\n"
+    assert split in added["smtp@example.net"] and split in added["http@example.net"], added
 
 
 @pytest.mark.parametrize("template", [False, True])
-def test_an_x_tenant_after_a_line_that_is_no_field_names_the_queue_at_every_door_and_is_sent_as_it_is(
+def test_an_x_tenant_after_a_line_that_is_no_field_names_no_queue_at_any_door(
     node: PigeonProcess, template: bool
 ) -> None:
     message = NO_FIELD_LINE + f"X-Tenant: after-garbage-{template}\r\n\r\nbody\r\n".encode()
@@ -240,17 +231,8 @@ def test_an_x_tenant_after_a_line_that_is_no_field_names_the_queue_at_every_door
     assert _smtp_data(node, "smtp@example.net", message)[0] == 250
     request = _request("http@example.net", content=message.decode(), template=template)
     assert node.http_post("/api/v1/inject", request, TOKEN)[0] == 200
-    added = {m["recipients"][0]: m for m in node.spool_messages() if m["id"] not in before}
-    assert {r: m["queue"] for r, m in added.items()} == {
-        "smtp@example.net": f"after-garbage-{template}@example.net",
-        "http@example.net": f"after-garbage-{template}@example.net",
-    }
-    # Below the fields Pigeon puts above it, the content is as it was sent: no empty line put in.
-    assert added["http@example.net"]["data"].endswith(b"\r\n" + message)
-    # Named in the content's header section, the tenant may not be named by the request too.
-    request = _request("http@example.net", content=message.decode(), template=template, tenant="other")
-    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
-    assert (status, answer["field"]) == (400, "$.content"), answer
+    added = {m["recipients"][0]: m["queue"] for m in node.spool_messages() if m["id"] not in before}
+    assert added == {"smtp@example.net": "example.net", "http@example.net": "example.net"}
 
 
 def test_a_long_or_non_ascii_tenant_of_parts_names_its_queue_as_it_is_and_asks_for_no_smtputf8(
