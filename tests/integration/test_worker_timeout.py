@@ -90,7 +90,7 @@ def test_an_admin_request_gets_503_and_the_answers_of_the_workers_that_answered(
 
 # Per shard: a bounce of both takes several seconds (about 7 s here), well past the 2 s
 # worker_timeout these nodes have, while each worker answers its heartbeat throughout.
-QUEUED = 25_000
+QUEUED = 40_000  # enough that a bounce of them all outlasts worker_timeout (2 s) on a quiet machine
 
 
 def _fill(spool_root: Path, shards: int, count: int = QUEUED) -> None:
