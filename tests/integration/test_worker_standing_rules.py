@@ -35,7 +35,9 @@ def _worker_pid(pigeon: PigeonProcess, index: int) -> int:
 
 def _send_to_every_shard(pigeon: PigeonProcess, sink: ScriptedSink, at_least: int = 2) -> int:
     """Mail for DOMAIN, sent until each worker's shard holds `at_least` of it (the workers share
-    one listening socket: which takes a connection is the kernel's choice). How many were sent."""
+    one listening socket: which takes a connection is the kernel's choice, and one worker may
+    win every time; after 10 tries the other is stopped for a moment, SIGSTOP, so the one
+    whose shard lacks mail takes the connection). How many were sent."""
     sent = 0
     while True:
         shards = [shard_of(parse_id(row["id"])) for row in pigeon.spool_messages()]
@@ -43,8 +45,16 @@ def _send_to_every_shard(pigeon: PigeonProcess, sink: ScriptedSink, at_least: in
             return sent
         assert not sink.received, f"{len(sink.received)} of {sent} delivered; held in shards {shards}"
         assert sent < 80, f"shards of the mail sent: {shards}"
-        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
-            assert client.sendmail("a@src.test", [f"b@{DOMAIN}"], MESSAGE) == {}
+        full = 1 if shards.count(0) < at_least else 0
+        paused = _worker_pid(pigeon, full) if sent >= 10 else None
+        if paused is not None:
+            os.kill(paused, signal.SIGSTOP)
+        try:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                assert client.sendmail("a@src.test", [f"b@{DOMAIN}"], MESSAGE) == {}
+        finally:
+            if paused is not None:
+                os.kill(paused, signal.SIGCONT)
         sent += 1
 
 
