@@ -19,6 +19,7 @@ is lower-cased.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import re
 from collections.abc import Callable
@@ -114,6 +115,16 @@ def site_glob(pattern: str) -> str:
     if any(":" in name for name in hosts):  # an IPv6 literal of a next hop ("[::1]:2525"): as written
         return closed_sets(text)  # ("[::1" is no site: its "[" would match only itself)
     return ",".join(_host(name) for name in hosts) + (f":{port}" if colon else "")
+
+
+_IPV6_LITERAL: Final = re.compile(r"\[([0-9a-f.]*:[0-9a-f:.]*)\]")
+
+
+def site_matches(site: str, pattern: str) -> bool:
+    """Whether `site` is one the site glob `pattern` names, an IPv6 literal's brackets in it
+    read as themselves: fnmatch would read `[::1]` as a set of ':' and '1', so a next hop
+    written `[::1]:2525` could never be named (a set never holds a colon in a host name)."""
+    return fnmatch.fnmatchcase(site, _IPV6_LITERAL.sub(r"[[]\1[]]", pattern))
 
 
 def address_glob(pattern: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from pigeon.config.patterns import site_matches
 from pigeon.message import Message
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import AdminMark, Entry, State
@@ -78,8 +79,8 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             return False
         hosts, port = _split_port(site)
         if _split_port(pattern)[1] is None:
-            return fnmatch.fnmatchcase(hosts, pattern)
-        return fnmatch.fnmatchcase(f"{hosts}:{port or 25}", pattern)
+            return site_matches(hosts, pattern)
+        return site_matches(f"{hosts}:{port or 25}", pattern)
 
     def describe(self) -> str:
         fields = msgspec.structs.asdict(self).items()

@@ -35,6 +35,7 @@ from typing import Final
 
 import msgspec
 
+from pigeon.config.patterns import site_matches
 from pigeon.config.schema import Duration, ReactionConfig, decode_hook
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import Providers, shipped
@@ -79,7 +80,7 @@ class Reaction:
         """Whether this rule's scopes (not its pattern) cover a reply from `site` about mail to `domain`."""
         if self.providers and provider not in self.providers:
             return False
-        if self.site is not None and not fnmatch.fnmatchcase(site, self.site):
+        if self.site is not None and not site_matches(site, self.site):
             return False
         return self.domain is None or fnmatch.fnmatchcase(domain, self.domain)
 

@@ -124,3 +124,18 @@ def test_globs_are_loaded_normalised(tmp_path: Path) -> None:
     config = load(path)
     assert (config.route[0].domain, config.shaping[0].domain) == ("example.net", "*.example.com")
     assert config.reaction[0].site == "mx.example.net"
+
+
+def test_a_site_glob_naming_an_ipv6_literal_matches_that_site_and_no_other() -> None:
+    """fnmatch alone reads `[::1]` as a set of ':' and '1': a suspension or reaction for a next
+    hop written `[::1]:2525` named no site at all."""
+    from pigeon.config.patterns import site_matches
+    from pigeon.queue.rules import Selector
+
+    pattern = site_glob("[::1]:2525")
+    assert site_matches("[::1]:2525", pattern)
+    assert not site_matches("[::2]:2525", pattern) and not site_matches("1:2525", pattern)
+    assert Selector(site=pattern).matches_site("[::1]:2525")
+    assert Selector(site="[::1]").matches_site("[::1]:2525")  # no port: any port
+    assert not Selector(site=pattern).matches_site("[::1]")  # port 25
+    assert Selector(site="mx[12].example.net").matches_site("mx2.example.net")  # sets stay sets
