@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import msgspec
 
 from pigeon import mime
+from pigeon.header_section import end_header_section
 from pigeon.queue.names import MAX_PART, queue_part_problem
 from pigeon.smtp import address
 
@@ -60,14 +61,9 @@ Email = Annotated[
     str,
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
-MAX_NAME: Final = MAX_PART
-# A header field's first line is printable ASCII but the colon, then the colon (RFC 5322 2.2;
-# blanks before it as the obsolete syntax allows, RFC 5322 4.5).
-_FIELD_LINES: Final = re.compile(rb"(?:[!-9;-~]+[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
-"""The header fields a message starts with, their continuation lines included (linear: a
-field's first line and a continuation line never start alike)."""
 _DATE_FIELD: Final = re.compile(rb"\r\ndate[ \t]*:")
 _MESSAGE_ID_FIELD: Final = re.compile(rb"\r\nmessage-id[ \t]*:")
+MAX_NAME: Final = MAX_PART
 """The longest tenant or campaign name, in characters."""
 Name = Annotated[
     str,
@@ -421,7 +417,8 @@ class Composer:
         content = self._request.content
         if isinstance(content, str):
             data = _crlf(content).encode("utf-8")
-            head = b"\r\n" + data[: _FIELD_LINES.match(data).end()].lower()  # type: ignore[union-attr]
+            data, end = end_header_section(data)
+            head = b"\r\n" + data[:end].lower()
         for (name, value), json_field in zip(self._routing, ("$.tenant", "$.campaign"), strict=True):
             if not value:
                 continue
@@ -457,11 +454,11 @@ class Composer:
             data += b"\r\n"  # SMTP carries lines: the last one ends too
         # The header section ends at the empty line, or at the first line that neither starts
         # a field nor continues one: there the body starts, after an empty line put in, as
-        # Postfix's cleanup makes of such mail (a text with no header at all is all body).
-        # Left as it was, that line would be a broken field, and the body would start later.
-        end = _FIELD_LINES.match(data).end()  # type: ignore[union-attr]  # (matches the empty string)
-        if not data.startswith(b"\r\n", end):
-            data = data[:end] + b"\r\n" + data[end:]
+        # Postfix's cleanup makes of such mail (a text with no header at all is all body),
+        # and as every door reads it (`pigeon.intake`).
+        data, end = end_header_section(data)
+        if end == len(data):  # all header (or nothing): the empty line ends it, as it always has here
+            data += b"\r\n"
         head = data[:end]
         lowered = b"\r\n" + head.lower()
         extra = []

@@ -286,3 +286,15 @@ class HeaderEnd:
             return text
         self._held = text[end:]
         return text[:end]
+
+
+def end_header_section(content: bytes) -> tuple[bytes, int]:
+    """Whole `content` (CRLF line endings) with its header section ended as `HeaderEnd` ends
+    it, and where that header section's fields end (0: it has none; at the empty line, or the
+    content's end when it is all header)."""
+    reader = HeaderEnd()
+    data = reader.feed(content) + reader.finish()
+    if data.startswith(b"\r\n"):
+        return data, 0
+    end = data.find(b"\r\n\r\n")
+    return data, len(data) if end < 0 else end + 2

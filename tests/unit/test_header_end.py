@@ -1,14 +1,20 @@
-"""Where a message's header section ends, read as the content arrives (`HeaderEnd`): where HTTP
-injection ends raw content's, however the writes split it, so a line that is no field (white
-space first, plain text) starts the body instead of continuing the field before it."""
+"""Where a message's header section ends, read as the content arrives (`HeaderEnd`) or whole, as
+HTTP injection reads raw content (`end_header_section`): the same however the writes split it,
+so a line that is no field (white space first, plain text) starts the body instead of
+continuing the field before it."""
 
 from __future__ import annotations
+
+import re
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pigeon.compose import _FIELD_LINES
-from pigeon.header_section import HeaderEnd
+from pigeon.header_section import HeaderEnd, end_header_section
+
+# The rule written out another way, as the oracle: the header fields a message starts with
+# (a name of printable ASCII but the colon, blanks, the colon; continuation lines), whole.
+_FIELD_LINES = re.compile(rb"(?:[!-9;-~]+[ \t]*:[^\r\n]*\r\n(?:[ \t][^\r\n]*\r\n)*)*")
 
 LINES = [
     b"Subject: hi\r\n",
@@ -26,13 +32,13 @@ LINES = [
 ]
 
 
-def _as_injection_reads_it(content: bytes) -> bytes:
-    """`compose`'s rule for raw content: the empty line put in before the first line that
-    neither starts a field nor continues one (none after a header section that is all of it)."""
+def _as_the_rule_reads_it(content: bytes) -> tuple[bytes, int]:
+    """The empty line put in before the first line that neither starts a field nor continues
+    one (none after a header section that is all of it), and where the fields end."""
     end = _FIELD_LINES.match(content).end()  # type: ignore[union-attr]
     if end == len(content) or content.startswith(b"\r\n", end):
-        return content
-    return content[:end] + b"\r\n" + content[end:]
+        return content, end
+    return content[:end] + b"\r\n" + content[end:], end
 
 
 def _fed(content: bytes, cuts: list[int]) -> bytes:
@@ -55,7 +61,16 @@ def test_the_header_section_ends_where_http_injection_ends_it_however_the_writes
 ) -> None:
     content = b"".join(lines) + b"body\r\n"
     cuts = [cut % (len(content) + 1) for cut in cuts]
-    assert _fed(content, cuts) == _as_injection_reads_it(content)
+    expected, fields_end = _as_the_rule_reads_it(content)
+    assert _fed(content, cuts) == expected
+    assert end_header_section(content) == (expected, fields_end)
+
+
+@given(st.lists(st.sampled_from(LINES), max_size=12))
+def test_content_that_is_all_header_ends_where_it_ends(lines: list[bytes]) -> None:
+    content = b"".join(lines)
+    expected, fields_end = _as_the_rule_reads_it(content)
+    assert end_header_section(content) == (expected, fields_end)
 
 
 def test_content_that_starts_with_white_space_is_all_body() -> None:

@@ -42,7 +42,7 @@ from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from pigeon.config.schema import HttpConfig
-from pigeon.listener.http.errors import JsonErrorsRunner, _JsonErrorsHandler, _Server
+from pigeon.listener.http.errors import JsonErrorsHandler, JsonErrorsRunner, JsonErrorsServer
 
 _log = logging.getLogger(__name__)
 # A listener at its cap says so at most this often, with what it did meanwhile.
@@ -90,7 +90,7 @@ class GuardedRunner(JsonErrorsRunner):
         return server
 
 
-class _GuardedServer(_Server):
+class _GuardedServer(JsonErrorsServer):
     guard: _Guard
 
     def __call__(self) -> web.RequestHandler:
@@ -147,7 +147,7 @@ class _Guard:
         self._closed_idle = self._refused = 0
 
 
-class _GuardedHandler(_JsonErrorsHandler):
+class _GuardedHandler(JsonErrorsHandler):
     """aiohttp's handler of one connection, with the clocks of the module's docstring."""
 
     __slots__ = ("_answered", "_body_deadline", "_cut", "_guard", "_heard", "_since", "_stalled_since", "_timer")

@@ -74,18 +74,22 @@ class JsonErrorsRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = _Server  # aiohttp has no hook for these answers: its handler is swapped
+        server.__class__ = JsonErrorsServer  # aiohttp has no hook for these answers: its handler is swapped
         return server
 
 
-class _Server(web.Server):
+class JsonErrorsServer(web.Server):
+    """aiohttp's server of one listener, whose connections answer their errors in JSON."""
+
     def __call__(self) -> web.RequestHandler:
         handler = super().__call__()
-        handler.__class__ = _JsonErrorsHandler
+        handler.__class__ = JsonErrorsHandler
         return handler
 
 
-class _JsonErrorsHandler(web.RequestHandler):
+class JsonErrorsHandler(web.RequestHandler):
+    """aiohttp's handler of one connection, answering what it refuses before any route in JSON."""
+
     __slots__ = ()
 
     def handle_error(
