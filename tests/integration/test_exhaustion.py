@@ -284,3 +284,44 @@ def test_node_raises_an_inherited_low_open_file_limit_to_take_many_connections(t
             return crowd.greetings
 
         assert asyncio.run(crowd_greetings()) == [220] * 600
+
+
+def _stalled_before_the_dot(pigeon: PigeonProcess, count: int, body: bytes) -> tuple[float, list[int]]:
+    """`count` clients each send `body` and stall before the final dot; then all finish. The
+    worker's RSS growth meanwhile, and the reply each got to its dot."""
+
+    async def attack() -> list[int]:
+        crowd = await open_crowd(pigeon.smtp_port, count, sources(4))
+        try:
+            assert crowd.count(220) == count
+            for writer in crowd.writers:
+                writer.write(b"EHLO stall.test\r\nMAIL FROM:<s@example.org>\r\nRCPT TO:<r@example.net>\r\nDATA\r\n")
+            for reader in crowd.readers:
+                for code in (250, 250, 250, 354):
+                    assert (await read_reply(reader))[0] == code
+            for writer in crowd.writers:
+                writer.write(body)
+            await asyncio.gather(*(writer.drain() for writer in crowd.writers))
+            await asyncio.sleep(2)  # the worker reads it all, and holds it while they stall
+            for writer in crowd.writers:
+                writer.write(b".\r\n")
+            return [(await read_reply(reader))[0] for reader in crowd.readers]
+        finally:
+            crowd.close()
+
+    before = worker_rss_mib(pigeon)
+    with RssPeak(pigeon) as rss:
+        replies = asyncio.run(attack())
+    return rss.peak_mib - before, replies
+
+
+def test_bodies_of_clients_stalled_before_their_dot_go_to_files_past_inline_total(tmp_path: Path) -> None:
+    body = b"Subject: stalled\r\n\r\n" + b"".join(b"%07d %s\r\n" % (n, b"s" * 70) for n in range(3000))  # 234 KiB
+    spool = {"inline_total": "4MiB"}  # under inline_limit (256 KiB) each: without it, 160 of them in memory
+    with raised_open_files(25_000), PigeonProcess(tmp_path / "node", spool=spool) as pigeon:
+        growth, replies = _stalled_before_the_dot(pigeon, 160, body)
+        assert replies == [250] * 160
+        stored = pigeon.spool_messages()
+    assert growth < 20, f"the worker grew by {growth:.0f} MiB holding 160 stalled bodies of 234 KiB (37 MiB)"
+    assert len(stored) == 160
+    assert all(message["data"].endswith(body) for message in stored)  # whole, after its Received field

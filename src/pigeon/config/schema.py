@@ -362,6 +362,10 @@ class SpoolConfig(_Section):
     inline_limit: Size = Size(256 * 1024)
     """Bodies up to this size are kept in memory for their first delivery and stored in the
     database or a segment; larger ones in files of their own."""
+    inline_total: PositiveSize = PositiveSize(64 * 1024 * 1024)
+    """Bodies being received (each up to `inline_limit`) are held in memory until their end, up
+    to this many bytes in all per worker; past it, the body whose bytes pass it goes to a file
+    of its own, as a larger one does, so clients that stall before the end cost disk, not memory."""
     segment_from: Size = Size(16 * 1024)
     """Bodies from this size up to `inline_limit` are appended to segment files (written once,
     one fsync per commit) rather than stored in the database (written twice, WAL then

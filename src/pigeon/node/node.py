@@ -679,6 +679,7 @@ class Node:
             commit_window=spool.commit_window,
             max_batch=spool.max_batch,
             max_size=spool.max_size,
+            inline_total=spool.inline_total,
             observer=self.metrics.observe_commit,
         )
 

@@ -33,7 +33,7 @@ from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.fsync import fsync_directory
 from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
 from pigeon.spool import recovery
-from pigeon.spool.body import Body, BodyFiles, BodyWriter
+from pigeon.spool.body import Body, BodyFiles, BodyWriter, Receiving
 from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
 from pigeon.spool.segments import COMPACT_BELOW, Segment, Segments
 from pigeon.spool.spool import (
@@ -167,6 +167,7 @@ class SqliteSpool:
         commit_window: float = 0.002,
         max_batch: int = 1024,
         max_size: int | None = None,
+        inline_total: int | None = None,
         observer: BatchObserver | None = None,
     ) -> None:
         self.directory = directory
@@ -176,6 +177,7 @@ class SqliteSpool:
         self.data_dir = directory / "data"
         self._shard = shard
         self._inline_limit = inline_limit
+        self._receiving = None if inline_total is None else Receiving(inline_total)
         self._segment_from = segment_from
         self._segments = Segments(directory / "segments", lambda: self._ids.next(), segment_size=segment_size)
         self._segments.retired = self._retire
@@ -401,7 +403,9 @@ class SqliteSpool:
         return [self._ids.next() for _ in range(n)]
 
     def body_writer(self, body_id: SpoolId) -> BodyWriter:
-        return BodyWriter(body_id, self.data_dir, self._inline_limit, self._segments, self._segment_from, self._files)
+        return BodyWriter(
+            body_id, self.data_dir, self._inline_limit, self._segments, self._segment_from, self._files, self._receiving
+        )
 
     def store(
         self,
