@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -662,10 +664,11 @@ def _hangup(pigeon: PigeonProcess, outcome: str) -> None:
     pigeon.wait_stderr(outcome, before + 1)
 
 
-def test_a_broken_policy_module_stops_the_start_with_its_reason_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_broken_policy_module_stops_the_start_with_its_reason_and_exit_2(tmp_path: Path, workers: int) -> None:
     # Exit 2, as for any other configuration error (1 is for the rest: a port in use, ...).
     module = _policy(tmp_path, "import no_such_module_anywhere\n")
-    pigeon = PigeonProcess(tmp_path / "node", policy={"module": str(module)})
+    pigeon = PigeonProcess(tmp_path / "node", policy={"module": str(module)}, node={"workers": workers})
     try:
         pigeon.start(wait=False)
         assert pigeon.process is not None
@@ -674,6 +677,22 @@ def test_a_broken_policy_module_stops_the_start_with_its_reason_and_exit_2(tmp_p
         assert "No module named 'no_such_module_anywhere'" in pigeon.stderr()
     finally:
         pigeon.kill()
+
+
+def test_a_node_of_one_process_runs_its_policy_modules_code_once(tmp_path: Path) -> None:
+    imports = tmp_path / "imports"
+    source = f"""
+        import os
+        with open({str(imports)!r}, "a") as imports:
+            imports.write(f"{{os.getpid()}}\\n")
+        def on_message(message):
+            return None
+    """
+    with _node(tmp_path, source) as pigeon:  # its module connects to a database, say: once
+        assert pigeon.process is not None
+        assert imports.read_text().split() == [str(pigeon.process.pid)]
+        _hangup(pigeon, "reloaded:")  # a reload imports it again, as it says
+        assert imports.read_text().split() == [str(pigeon.process.pid)] * 2
 
 
 def test_a_shutdown_during_the_outcome_hook_reports_what_was_sent_and_it_is_not_sent_again(tmp_path: Path) -> None:

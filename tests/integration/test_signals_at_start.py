@@ -242,8 +242,8 @@ if WHO:
 @pytest.mark.parametrize(
     ("workers", "who", "stop"),
     [
-        (1, "not looping()", signal.SIGTERM),  # `pigeon serve`'s check of the module, before its loop
-        (1, "looping()", signal.SIGINT),  # the lone node's own import, in its loop
+        (1, "looping()", signal.SIGINT),  # the lone node's import (its only one), in its loop
+        (1, "looping()", signal.SIGTERM),
         (2, '"--worker" not in sys.argv', signal.SIGTERM),  # the supervisor's check
         (2, '"--worker" in sys.argv', signal.SIGTERM),  # the workers' imports: the supervisor passes it on
     ],

@@ -108,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
         if refused is not None:
             print(f"pigeon: cannot start: {refused}", file=sys.stderr)
             return 2
-    if args.worker is None and config.policy.module is not None:
+    if args.worker is None and config.policy.module is not None and config.node.worker_count != 1:
         # Loaded here once (as the user it will run as) so a broken module stops the start
         # with its reason, rather than every worker failing one by one. Misspelt hook names
         # are left to the node's worker 0 to warn about (it loads the module again, as it
-        # does at every reload): said here too, each would be said twice.
+        # does at every reload): said here too, each would be said twice. A node of one
+        # process loads it once, as it starts (below): its module's code runs once.
         try:
             with signals.stoppable():  # its import may take long: a stop meanwhile stops it
                 Policy.from_config(config.policy, warn=False, config_path=args.config).close()
@@ -122,31 +123,33 @@ def run(args: argparse.Namespace) -> int:
         except signals.Stopped as stopped:
             return _stopped_starting(stopped, config.policy.module)
     main: Coroutine[Any, Any, None]
-    if args.worker is not None:
-        from pigeon.node.node import Node
-
-        inherited = Bound(smtp=adopt(args.smtp_fd), http=[]) if args.smtp_fd else None
-        worker = Node(
-            config,
-            worker=args.worker,
-            workers=args.workers,
-            control_socket=args.control,
-            config_path=args.config,
-            listening=inherited,
-        )
-        main = worker.run()
-    elif config.node.worker_count == 1:
-        from pigeon.node.node import Node
-
-        main = Node(config, config_path=args.config, listening=listening).run(notify=True)
-    else:
-        from pigeon.node.supervisor import Supervisor
-
-        main = Supervisor(config, args.config, config.node.worker_count, listening).run()
     try:
+        if args.worker is not None:
+            from pigeon.node.node import Node
+
+            inherited = Bound(smtp=adopt(args.smtp_fd), http=[]) if args.smtp_fd else None
+            worker = Node(
+                config,
+                worker=args.worker,
+                workers=args.workers,
+                control_socket=args.control,
+                config_path=args.config,
+                listening=inherited,
+            )
+            main = worker.run()
+        elif config.node.worker_count == 1:
+            from pigeon.node.node import Node
+
+            main = Node(config, config_path=args.config, listening=listening).run(notify=True)
+        else:
+            from pigeon.node.supervisor import Supervisor
+
+            main = Supervisor(config, args.config, config.node.worker_count, listening).run()
         _run_loop(main)
     except signals.Stopped as stopped:  # during a worker's (or a lone node's) import of the policy
         return _stopped_starting(stopped, config.policy.module)
+    except PolicyLoadError as error:  # the module [policy] names: exit 2, as for the rest of the config
+        return _cannot_start(args, redact(str(error)), status=2)
     except ConfigError as error:  # what only the user it runs as can check (a DKIM key it cannot read)
         return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
     except (SpoolError, PasswordFileError, OSError, RuntimeError) as error:
