@@ -69,6 +69,7 @@ from pigeon.node.standing import (
 )
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule
+from pigeon.redaction import redact
 from pigeon.shaping.table import create_shared_table, shared_table_path
 
 if TYPE_CHECKING:
@@ -155,6 +156,9 @@ class Worker:
         self.restarts = 0
         self.hung: str | None = None
         """Why the supervisor killed the process, if it did (it stopped answering)."""
+        self.ended: str | None = None
+        """How its last process ended (`exit_reason`), until a new one answers: what `/healthz`
+        says of a worker that is down, as the log said it."""
         self.ready = False
         """It has answered since it was started: it handles SIGHUP (until then, it may not)."""
         self.ready_at = 0.0
@@ -345,6 +349,7 @@ class Supervisor:
             return
         worker.ready = True
         worker.ready_at = worker.answered
+        worker.ended = None
         if worker.reload_asked and not self._stopping:
             _log.info("reload: worker %d has started: forwarding the SIGHUP it missed", worker.index)
             self._hang_up(worker)
@@ -471,7 +476,9 @@ class Supervisor:
             worker.restarts += 1
             if worker.ready and worker.answered - worker.ready_at >= _STEADY:
                 backoff = _FIRST_BACKOFF  # it ran fine: a crash, not a crash loop
-            _log.error("worker %d %s; restarting in %.0fs", worker.index, exit_reason(worker, status), backoff)
+            # Read now: the next start removes what the worker wrote (`failure_path`).
+            worker.ended = exit_reason(worker, status)
+            _log.error("worker %d %s; restarting in %.0fs", worker.index, worker.ended, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _LAST_BACKOFF)
             while True:
@@ -688,8 +695,8 @@ class Supervisor:
             if answer is not None and answer[0] in (200, 503):
                 with contextlib.suppress(ValueError):
                     detail = json.loads(answer[1])
-            if detail is None:  # not answering: restarting
-                detail = {"worker": worker.index, "status": DOWN}
+            if detail is None:  # not answering: restarting, or hung
+                detail = {"worker": worker.index, "status": DOWN, "error": _why_down(worker)}
             elif detail.get("status") == STOPPING:  # going away while the node is not
                 detail["status"] = DOWN
             detail["restarts"] = worker.restarts
@@ -1013,6 +1020,17 @@ def _taken(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule | None:
             with contextlib.suppress(msgspec.ValidationError):
                 return msgspec.convert(rule, Rule)
     return None
+
+
+def _why_down(worker: Worker) -> str:
+    """Why `worker` does not answer, for `/healthz`: how its last process ended (a worker that
+    cannot start says why at every try: `configuration error: ...`), redacted as the log is
+    (the text is the worker's own, and /healthz is public)."""
+    process = worker.process
+    running = process is not None and process.returncode is None
+    if worker.ended is None:
+        return "it does not answer the supervisor" if running else "it is not running"
+    return redact(f"starting again after it {worker.ended}" if running else f"it {worker.ended}")
 
 
 def _in_words(error: BaseException) -> str:
