@@ -28,6 +28,11 @@ _SHOWN: Final = 80  # characters of a refused value in the error, so a 1 MB name
 _FOLD_AT: Final = 78  # RFC 5322 2.1.1: lines SHOULD be at most 78 characters...
 _LINE_LIMIT: Final = 998  # ...and MUST be at most 998, without the CRLF
 _FOLD_POINT: Final = re.compile(r"(?<=[^ \t])[ \t]+(?=[^ \t])")  # a run of WSP inside the value
+# RFC 5321 4.2: a reply's text is `textstring`, HT and printable US-ASCII: a client that did
+# not ask for SMTPUTF8 cannot take UTF-8 there, nor can a terminal take a control character.
+_REPLY_TEXT: Final = re.compile(r"[\t -~]*")
+_REPLY_LINE: Final = 512  # RFC 5321 4.5.3.1.5: octets in a reply line, its code and CRLF included
+_WORD: Final = re.compile(r"([ \t]*)([^ \t]+)")  # a word and the white space before it
 
 
 def _shown(value: object) -> str:
@@ -66,6 +71,34 @@ def folded_field(name: str, value: str) -> str:
     return "\r\n".join(lines)
 
 
+def reply_lines(text: str, code: int, enhanced: str) -> tuple[str, ...]:
+    """`text` as the lines of a reply with this code and enhanced code, each line within
+    RFC 5321's 512 octets (4.5.3.1.5): cut at its white space where it must be, as the lines
+    of a multi-line reply (`550-5.7.1 ...`); joined again with a space, it is the text. Raises
+    ValueError for a word longer than a line can hold: no reply can carry it."""
+    width = _REPLY_LINE - len(f"{code}-{enhanced} \r\n")
+    if len(text) <= width:
+        return (text,)  # the usual case
+    lines: list[str] = []
+    line = ""
+    for space, word in _WORD.findall(text):
+        if len(word) > width:
+            raise ValueError(
+                f"a refusal's text holds a word of {len(word)} characters, {_shown(word)}: a reply line "
+                f"holds at most {_REPLY_LINE} octets (RFC 5321 4.5.3.1.5), {width} of them text after "
+                f"'{code} {enhanced} '; longer text is cut into lines at its white space, never inside a word"
+            )
+        if not line:
+            line = word
+        elif len(line) + len(space) + len(word) <= width:
+            line += space + word
+        else:
+            lines.append(line)
+            line = word
+    lines.append(line)
+    return tuple(lines)
+
+
 @dataclass(frozen=True, slots=True)
 class Refuse:
     """Refuse the connection, the command or the message with this reply.
@@ -74,6 +107,10 @@ class Refuse:
     authorized) of the code's class. At connect time a refusal closes the connection; a
     greeting can only be 554 or 421 ("not now"), so another 5xx is sent as 554, a 4xx as 421.
     Over HTTP, a request whose every recipient is refused gets 422 (5xx refusals) or 503 (4xx).
+
+    `text` is printable ASCII (and tabs), as every client can take a reply's text (RFC 5321
+    4.2); a text too long for one reply line is sent as several (`reply_lines`), but a word
+    longer than a line cannot be: either is refused as it is made (the hook fails).
     """
 
     code: int = 550
@@ -84,10 +121,21 @@ class Refuse:
         if not isinstance(self.code, int) or not 400 <= self.code <= 599:
             raise ValueError(f"a refusal's code is 400 to 599, not {self.code!r}")
         _one_line(self.text, "a refusal's text")
+        if not isinstance(self.text, str) or not _REPLY_TEXT.fullmatch(self.text):
+            raise ValueError(
+                f"a refusal's text must be printable ASCII (RFC 5321 4.2: a client that did not ask for SMTPUTF8 "
+                f"cannot take UTF-8 in a reply), not {_shown(self.text)}"
+            )
         if self.enhanced is not None and (
             not _ENHANCED.fullmatch(self.enhanced) or self.enhanced[0] != str(self.code)[0]
         ):
             raise ValueError(f"enhanced code {self.enhanced!r} does not fit {self.code} (e.g. 5.7.1 for 550)")
+        reply_lines(self.text, self.code, self.enhanced_code)
+
+    @property
+    def enhanced_code(self) -> str:
+        """`enhanced`, or X.7.1 (delivery not authorized) of the code's class."""
+        return self.enhanced or ("5.7.1" if self.code >= 500 else "4.7.1")
 
 
 @dataclass(frozen=True, slots=True)

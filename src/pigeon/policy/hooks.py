@@ -45,7 +45,7 @@ from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 from pigeon.config.schema import PolicyConfig
 from pigeon.logs.records import PolicyFailure
 from pigeon.logs.writer import LogWriter
-from pigeon.policy.answers import Changes, Defer, Fail, Reclassify, Refuse, Reroute
+from pigeon.policy.answers import Changes, Defer, Fail, Reclassify, Refuse, Reroute, reply_lines
 from pigeon.smtp.replies import Reply
 
 _log = logging.getLogger(__name__)
@@ -102,8 +102,8 @@ def refusal(verdict: Refuse | HookFailed) -> Reply:
     """The reply to a hook's `Refuse` (its enhanced code X.7.1 unless it gave one), or to its failure."""
     if isinstance(verdict, HookFailed):
         return verdict.reply
-    code = verdict.code
-    return Reply(code, verdict.enhanced or ("5.7.1" if code >= 500 else "4.7.1"), (verdict.text,))
+    enhanced = verdict.enhanced_code
+    return Reply(verdict.code, enhanced, reply_lines(verdict.text, verdict.code, enhanced))
 
 
 class _Runner:

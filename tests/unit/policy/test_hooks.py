@@ -12,7 +12,7 @@ import pytest
 
 from pigeon.policy import Changes, Headers, Reclassify, Refuse
 from pigeon.policy.answers import folded_field
-from pigeon.policy.hooks import POLICY_ERROR, POLICY_TIMEOUT, HookFailed, Policy, PolicyLoadError
+from pigeon.policy.hooks import POLICY_ERROR, POLICY_TIMEOUT, HookFailed, Policy, PolicyLoadError, at_greeting, refusal
 
 
 def _policy(tmp_path: Path, source: str, **options: object) -> Policy:
@@ -229,6 +229,29 @@ def test_answers_refuse_what_cannot_be_said() -> None:
         Changes(dkim="example.org")
     with pytest.raises(ValueError, match='"all"'):
         Reclassify(transient="some")
+
+
+@pytest.mark.parametrize("text", ["nön ascii", "bell\x07", "del\x7f", "x" * 2000, "short, then " + "y" * 501])
+def test_a_refusal_text_no_reply_can_carry_is_refused_as_it_is_made(text: str) -> None:
+    # Not ASCII (a client without SMTPUTF8 cannot take it), or a word longer than a reply line.
+    with pytest.raises(ValueError, match=r"printable ASCII|512 octets"):
+        Refuse(550, text)
+
+
+def test_a_long_refusal_text_is_cut_at_its_white_space_into_reply_lines_of_at_most_512_octets() -> None:
+    text = "\t".join(f"because{n:04d}" for n in range(300))  # 3,599 characters, a tab between words
+    reply = refusal(Refuse(550, text, "5.7.26"))
+    wire = reply.encode()
+    lines = wire.split(b"\r\n")[:-1]
+    assert len(lines) == len(reply.lines) > 7 and all(len(line) + 2 <= 512 for line in lines)
+    assert all(line.startswith(b"550-5.7.26 ") for line in lines[:-1]) and lines[-1].startswith(b"550 5.7.26 ")
+    assert " ".join(reply.lines).split() == text.split()  # cut at white space, each word whole
+    assert max(len(line) for line in lines) > 500  # as much on each line as fits
+    # The longest word a line holds is taken; a greeting (no enhanced code) fits it too.
+    word = "w" * (512 - len("554-5.7.1 \r\n"))
+    assert refusal(Refuse(554, f"{word} {word}")).lines == (word, word)
+    assert at_greeting(refusal(Refuse(554, f"{word} {word}"))).encode(enhanced=False).count(b"\r\n") == 2
+    assert refusal(Refuse(550, "short")).lines == ("short",)
 
 
 def test_headers_read_only_by_any_case_unfolded_in_order() -> None:
