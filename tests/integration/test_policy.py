@@ -311,6 +311,35 @@ def test_delivery_outcome_is_reclassified_both_ways(tmp_path: Path) -> None:
             assert made["response"]["text"] == "policy made it permanent: 451 try again later"
 
 
+def test_a_reclassification_that_contradicts_itself_is_the_hooks_failure_and_the_attempt_keeps_its_outcome(
+    tmp_path: Path,
+) -> None:
+    source = """
+        from pigeon.policy import Reclassify
+        def on_delivery_outcome(outcome):
+            first = outcome.results[0].recipient
+            if first.startswith("permfail@"):
+                return Reclassify(transient="all", permanent="all")
+            if first.startswith("tempfail@"):
+                return Reclassify(transient=[first.upper()], permanent=[first])
+    """
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint, retry_interval="30s", dsn=False)
+        with _node(tmp_path, source, **config) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("a@example.org", ["permfail@example.net"], MESSAGE)
+            client.sendmail("a@example.org", ["tempfail@example.org"], MESSAGE)
+            (bounce,) = pigeon.wait_records("Bounce")  # its own 550, neither made transient nor back
+            assert (bounce["recipient"], bounce["attempt"]) == ("permfail@example.net", 1)
+            assert (bounce["response"]["code"], bounce["response"]["text"]) == (550, "no such user here")
+            (transient,) = pigeon.wait_records("TransientFailure")  # its own 451, not made a bounce
+            assert transient["recipient"] == "tempfail@example.org"
+            assert (transient["response"]["code"], transient["response"]["text"]) == (451, "try again later")
+            failures = sorted(_failures(pigeon, 2), key=lambda f: f["error"])
+            assert [(f["hook"], f["action"]) for f in failures] == [("on_delivery_outcome", "kept")] * 2
+            assert 'makes "all" both transient and permanent' in failures[0]["error"]
+            assert "makes 'tempfail@example.org' both transient and permanent" in failures[1]["error"]
+
+
 # --- hooks that fail, hang, or are async ------------------------------------------------------
 def test_a_failing_hook_answers_451_logs_its_traceback_and_the_worker_goes_on(tmp_path: Path) -> None:
     source = """

@@ -261,7 +261,9 @@ class Reclassify:
     bounce class, else the rule table's). Either is a list of recipient addresses or "all"
     (every recipient of that kind).
     A recipient that was delivered cannot be reclassified: the hook then counts as failed
-    and the attempt keeps its own classification.
+    and the attempt keeps its own classification. Nor can one be named in both (by address,
+    in any case, or by "all", which names every recipient): that answer contradicts itself,
+    and is refused as it is made (the hook fails, and the attempt keeps its own outcome).
     """
 
     transient: Sequence[str] | Literal["all"] = ()
@@ -273,3 +275,26 @@ class Reclassify:
             value = getattr(self, what)
             if isinstance(value, str) and value != "all":
                 raise ValueError(f'{what} is a list of addresses or "all", not {value!r}')
+        # Applied one after the other, such an answer would make a failure transient and then
+        # permanent again ("550 policy made it permanent: 450 policy made it transient: 550"):
+        # which of the two the hook meant, nothing says.
+        transient, permanent = self.transient, self.permanent
+        if transient == "all" or permanent == "all":
+            if transient == permanent:
+                raise ValueError(
+                    'Reclassify makes "all" both transient and permanent: name each recipient in one at most'
+                )
+            everyone, named, kind = (
+                ("transient", permanent, "permanent") if transient == "all" else ("permanent", transient, "transient")
+            )
+            if named:
+                raise ValueError(
+                    f'Reclassify makes "all" {everyone} and {_shown(named[0])} {kind}: "all" names every recipient; '
+                    "name each recipient in one at most"
+                )
+            return
+        both = {address.lower() for address in transient} & {address.lower() for address in permanent}
+        if both:
+            raise ValueError(
+                f"Reclassify makes {_shown(min(both))} both transient and permanent: name each recipient in one at most"
+            )

@@ -254,6 +254,19 @@ def test_a_long_refusal_text_is_cut_at_its_white_space_into_reply_lines_of_at_mo
     assert refusal(Refuse(550, "short")).lines == ("short",)
 
 
+@pytest.mark.parametrize(
+    ("transient", "permanent"),
+    [("all", "all"), (["a@x.test", "b@x.test"], ["B@X.test"]), ("all", ["a@x.test"]), (["a@x.test"], "all")],
+)
+def test_a_reclassification_naming_a_recipient_both_ways_is_refused_as_it_is_made(
+    transient: list[str] | str, permanent: list[str] | str
+) -> None:
+    with pytest.raises(ValueError, match=r"both transient and permanent|names every recipient"):
+        Reclassify(transient=transient, permanent=permanent)  # type: ignore[arg-type]
+    Reclassify(transient=["a@x.test"], permanent=["b@x.test"])  # each in one: fine
+    Reclassify(transient="all", permanent=[])
+
+
 def test_headers_read_only_by_any_case_unfolded_in_order() -> None:
     headers = Headers(b"Received: by x\r\nSubject: a long\r\n\tsubject\r\nX-Tag: 1\r\nx-tag: 2\r\n\r\nbody: no\r\n")
     assert headers["subject"] == "a long subject"
