@@ -195,7 +195,7 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
     _check_files(config, fail)
-    _check_dkim(config, path, fail)
+    _check_dkim(config, path, text, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         users = smtp.auth_users
         raise fail(["smtp", "auth_users"], f"no users file at {users} (create it: pigeon passwd -c {users} USER)")
@@ -677,15 +677,17 @@ def _unbindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str |
     return None
 
 
-def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigError]) -> None:
+def _check_dkim(config: Config, path: Path | None, text: str, fail: Callable[..., ConfigError]) -> None:
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
-    break the signature)."""
+    break the signature); and no two blocks that sign the same mail with the same key,
+    domain and selector (every block that matches signs: the mail would carry that signature
+    twice)."""
     if not config.dkim:
         return
     # Imported here, not with the module: DKIM's keys need `cryptography`, some 20 ms that
     # every process loading a configuration without [[dkim]] would spend for nothing.
-    from pigeon.dkim.keys import KeyProblem, load_key, name_problem
+    from pigeon.dkim.keys import KeyProblem, load_key, name_problem, public_value
 
     internal = {config.delivery.tenant_header.lower(), config.delivery.campaign_header.lower()}
     names = [block.name for block in config.dkim if block.name is not None]
@@ -693,6 +695,7 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigErr
         if names.count(name) > 1:
             again = [i for i, block in enumerate(config.dkim) if block.name == name][1]
             raise fail(["dkim", "name"], f"two [[dkim]] blocks are called {name!r}", again)
+    signers: dict[tuple[str, str, str, str | None, str], int] = {}  # -> the index of the block that has it
     for index, block in enumerate(config.dkim):
         # (each problem names its own block's line, not the first [[dkim]]'s)
         if (problem := name_problem("selector", block.selector)) is not None:
@@ -717,9 +720,27 @@ def _check_dkim(config: Config, path: Path | None, fail: Callable[..., ConfigErr
         if path is not None:
             block.private_key = _resolve(block.private_key, path.parent)
         try:
-            load_key(block.private_key, block.algorithm)
+            private = load_key(block.private_key, block.algorithm)
         except KeyProblem as error:
             raise fail(["dkim", "private_key"], f"{which}: {error}", index) from None
+        # The same signer twice: by the key itself, so a copy of the key file is found too. Its
+        # name is no part of it: without a policy that names one, both blocks sign.
+        signer = (
+            block.domain.lower(),
+            block.selector.lower(),
+            (block.signing_domain or "").lower(),
+            block.tenant,
+            public_value(private),
+        )
+        first = signers.setdefault(signer, index)
+        if first != index:
+            where = f"line {block_line(text, 'dkim', first)}" if path is not None else f"#{first + 1}"
+            reason = (
+                f"{which}: signs the same mail with the same key, domain and selector as the [[dkim]] block at "
+                f"{where}: every block that matches signs, so each message would carry that signature twice; "
+                "remove one (another header list or canonicalization needs another selector)"
+            )
+            raise fail(["dkim", "domain"], reason, index)
 
 
 def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:

@@ -115,6 +115,49 @@ def test_a_problem_in_a_later_block_names_that_blocks_line(tmp_path: Path) -> No
         load(path)
 
 
+TWICE = """
+[[dkim]]
+domain = "example.com"
+selector = "s1"
+private_key = "keys/k.pem"
+
+[[dkim]]
+name = "again"
+domain = "Example.com"
+selector = "{selector}"
+private_key = "{key}"
+{extra}
+"""
+
+
+@pytest.mark.parametrize("key", ["keys/k.pem", "keys/copy.pem"])
+def test_a_second_block_that_would_add_the_same_signature_again_is_refused_naming_both_lines(
+    tmp_path: Path, key: str
+) -> None:
+    path = _config(tmp_path, "")
+    shutil.copy(tmp_path / "keys" / "k.pem", tmp_path / "keys" / "copy.pem")  # the same key, elsewhere
+    path.write_text(TWICE.format(selector="S1", key=key, extra='headers = ["From", "Subject"]'))
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}, line 9: [dkim] domain: [[dkim]] 'again' (selector S1): signs the same mail with the same key, "
+        "domain and selector as the [[dkim]] block at line 2: every block that matches signs, so each message "
+        "would carry that signature twice; remove one (another header list or canonicalization needs another "
+        "selector)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("selector", "extra"), [("s1", 'tenant = "acme"'), ("s1", 'signing_domain = "esp.example"'), ("s2", "")]
+)
+def test_two_blocks_that_sign_other_mail_or_with_another_selector_both_load(
+    tmp_path: Path, selector: str, extra: str
+) -> None:
+    path = _config(tmp_path, "")
+    path.write_text(TWICE.format(selector=selector, key="keys/k.pem", extra=extra))
+    assert len(load(path).dkim) == 2
+
+
 ROUTES = """
 [[route]]
 domain = "a.example"
