@@ -22,7 +22,10 @@ it arrives, and commits it at the end. The draft:
 * signs it (DKIM) when a `[[dkim]]` signer applies: once per reception, before the store,
   so every copy and every retry sends the same signature (`pigeon.dkim.signing`);
 * stores everything in one group commit, and only then writes the `Reception` records
-  and lets the listener answer 250.
+  and lets the listener answer 250;
+* stores nothing for an SMTP client gone by the time the checks are done (`ClientGone`): it
+  never heard 250 and will send the message again. One gone during the commit keeps its
+  message, whose `Reception` records then say `answered: false`.
 """
 
 from __future__ import annotations
@@ -92,6 +95,15 @@ class Refused(Exception):
         super().__init__(str(reply))
         self.reply = reply
         self.by_policy = by_policy
+
+
+class ClientGone(Refused):
+    """The client hung up while its message was being checked (a policy hook, DKIM signing),
+    so it was not stored: no 250 can reach the client, which will send the message again, and
+    stored it would be delivered twice. `reply` is what its Rejection record says; none is sent."""
+
+    def __init__(self) -> None:
+        super().__init__(replies.CLIENT_GONE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +255,7 @@ class Draft:
         "_head",
         "_ids",
         "_intake",
+        "_present",
         "_resident",
         "_settles",
         "_spool",
@@ -275,6 +288,7 @@ class Draft:
         self._done = False
         self._resident: bytes | None = None
         self._then: Once | None = None
+        self._present: Callable[[], bool] | None = None
 
     @property
     def id(self) -> SpoolId:
@@ -308,7 +322,12 @@ class Draft:
             self._done = True
             self._body.discard()
 
-    def commit(self, then: Callable[[asyncio.Future[Stored]], None] | None = None) -> asyncio.Future[Stored]:
+    def commit(
+        self,
+        then: Callable[[asyncio.Future[Stored]], None] | None = None,
+        *,
+        present: Callable[[], bool] | None = None,
+    ) -> asyncio.Future[Stored]:
         """Store the message. The future gives the spool ids and the 250 once they are durable.
 
         It fails with `Refused` (loop detected, or the policy said no) or a `SpoolError`
@@ -317,8 +336,14 @@ class Draft:
         `then(future)`: a done callback, called once; when the message is stored (or the
         store failed), from the callback that completes the commit, not loop turns later
         (`GroupCommitter.submit`): the 250 leaves as soon as it may.
+
+        `present()`: whether the client can still be answered (None: it always can). Asked when
+        the checks are done, just before the message is stored: a client gone by then gets
+        nothing stored (`ClientGone`). Asked again when the commit ends: a client gone during
+        the commit leaves its message stored, and its Reception records say `answered: false`.
         """
         self._then = Once(then) if then is not None else None
+        self._present = present
         future = self._commit()
         if self._then is not None:
             future.add_done_callback(self._then)
@@ -566,6 +591,11 @@ class Draft:
         signatures: bytes | None,
     ) -> None:
         intake = self._intake
+        if self._present is not None and not self._present():
+            # Gone while the message was checked: nothing was accepted, nothing is kept.
+            body.discard()
+            result.set_exception(ClientGone())
+            return
         if len(self._groups) == 1:  # the common case: the envelope is this message's own
             envelope = self.envelope
             envelope.tenant, envelope.campaign, envelope.dkim_signatures = tenant, campaign, signatures
@@ -637,6 +667,14 @@ class Draft:
         intake, arrival = self._intake, self.arrival
         if own:
             intake.refusing = None
+        if self._present is not None and not self._present():
+            # Gone during the commit: the message is durable and stays (a crash now would keep
+            # it too), but its 250 cannot be given. Its records say so, with the seqs they were
+            # sealed with (should the process die before they are logged, the outbox's copies,
+            # written before the commit, are logged without the flag).
+            for record in records:
+                record.answered = False
+            sealed = [(seq, intake.log.encode(record)) for (seq, _), record in zip(sealed, records, strict=True)]
         if intake.outbox is not None:
             intake.outbox.committed(self._spool, sealed)
         else:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from pigeon.intake import Arrival, Draft, Intake, Refused
+from pigeon.intake import Arrival, ClientGone, Draft, Intake, Refused
 from pigeon.listener.auth_throttle import AuthLimits, Lockout
 from pigeon.listener.connection_limits import ClientConnections, Held, LocalConnections
 from pigeon.listener.password_checker import CheckerBusy, PasswordChecker
@@ -388,13 +388,11 @@ class SmtpConnection(asyncio.Protocol):
         if self._closed:
             # No one to answer, but a failure is still retrieved and said (asyncio would
             # otherwise print "Future exception was never retrieved" when it is collected).
+            # (A message's commit is not among them: `_committed` says what became of it.)
             error = None if future.cancelled() else future.exception()
             if error is not None:
-                # A message lost with its client is worth a warning; a handshake a scanner
-                # gave up is not.
-                level = logging.WARNING if what == _NOT_STORED else logging.INFO
-                _log.log(level, "session %s: client gone; %s: %s", self.id, what or "its command failed",
-                         str(error) or type(error).__name__)  # fmt: skip
+                _log.info("session %s: client gone; %s: %s", self.id, what or "its command failed",
+                          str(error) or type(error).__name__)  # fmt: skip
             return
         then(future)
         if self._paused and self._transport is not None and not self._transport.is_closing():
@@ -528,8 +526,46 @@ class SmtpConnection(asyncio.Protocol):
         # (`_wait`, with the 250 sent from the callback that completes the commit: commit's `then`)
         self._blocked = True
         self._flush()
-        then = functools.partial(self._stored, draft.id, "BDAT" if event.chunked else "DATA")
-        draft.commit(then=lambda stored: self._resume(stored, then, _NOT_STORED))
+        verb = "BDAT" if event.chunked else "DATA"
+        # The draft asks `_present` before it stores the message (a client that hung up while a
+        # hook or the signing ran is not answered: it will send the message again) and once the
+        # commit ends (one that went meanwhile has its message kept, its 250 not given).
+        draft.commit(then=lambda stored: self._committed(stored, draft.id, verb), present=self._present)
+
+    def _present(self) -> bool:
+        """Whether the client can still be answered: not closed, by it (its EOF closes the
+        transport) or by us."""
+        transport = self._transport
+        return not self._closed and transport is not None and not transport.is_closing()
+
+    def _committed(self, future: asyncio.Future[Any], message_id: int, verb: str) -> None:
+        """A message's commit ended: answer the client, or, gone, say what became of the message
+        (as the draft found it: `_present` answers the same once false)."""
+        if self._present():
+            self._resume(future, functools.partial(self._stored, message_id, verb), _NOT_STORED)
+            return
+        self._blocked = False
+        if future.cancelled():  # a stop: nothing was stored, and there is no one to tell
+            return
+        error = future.exception()
+        if error is None:
+            ids = " ".join(format_id(spool_id) for spool_id in future.result().ids)
+            _log.warning("session %s: client gone during the commit: message %s is stored and kept, but its 250 "
+                         "could not be given (the client may send it again)", self.id, ids)  # fmt: skip
+            return
+        # Not stored: what Pigeon writes for a message it did not take, though no one hears it.
+        if isinstance(error, ClientGone):
+            _log.warning("session %s: client gone before message %s was stored: %s (nothing was accepted: it "
+                         "never got a 250)", self.id, format_id(message_id), _NOT_STORED)  # fmt: skip
+            reply = error.reply
+        elif isinstance(error, (Refused, SpoolError)):
+            _log.warning("session %s: client gone; %s: %s", self.id, _NOT_STORED, error)
+            reply = error.reply
+        else:
+            _log.error("session %s: client gone; %s", self.id, _NOT_STORED, exc_info=error)
+            reply = replies.SPOOL_ERROR
+        self._log_rejection(verb, reply, format_id(message_id), sender=self._open_sender())
+        self._recipients = []
 
     def _stored(self, message_id: int, verb: str, future: asyncio.Future[Any]) -> None:
         """`message_id`: the id the message was given, which the policy's on_message saw (and a

@@ -111,6 +111,10 @@ class Reception(Record, tag="Reception"):
     auth_user: str | None = None
     meta: dict[str, str] | None = None
     seq: int = 0
+    # False: the client was gone when the commit ended (it hung up while the message was being
+    # written): the message is stored and kept, but the 250 could not be given, so the client
+    # may send it again.
+    answered: bool = True
 
 
 class Rejection(Record, tag="Rejection"):

@@ -127,6 +127,10 @@ def queued(ids: list[str]) -> Reply:
 TOO_MANY_RECIPIENTS: Final = r(452, "4.5.3", "Too many recipients for this message; send the rest in a new transaction")
 TLS_UNAVAILABLE: Final = r(454, "4.7.0", "TLS not available")
 SPOOL_ERROR: Final = r(451, "4.3.0", "Local error in processing: message not stored, try again later")
+# Never sent: what the Rejection record of a message says when its client hung up while the
+# message was being checked (a policy hook, DKIM signing), before it was stored. RFC 3463 X.4.2:
+# bad connection.
+CLIENT_GONE: Final = r(451, "4.4.2", "Client gone before the message was stored: not stored, no reply given")
 SERVER_SHUTTING_DOWN_TEXT: Final = "Service shutting down, try again later"
 
 

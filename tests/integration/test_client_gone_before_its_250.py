@@ -1,0 +1,89 @@
+"""A client that hangs up before its 250 can be given: a message still being checked (a slow
+policy hook) is not stored, since the client never heard it was taken and will send it again;
+one already being committed is kept, and its Reception record says the 250 was not given.
+Whatever was answered 250 is kept, whatever was kept is recorded."""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.rawsmtp import RawSmtp
+
+MESSAGE = b"From: <sender@example.org>\r\nSubject: %s\r\n\r\nHello.\r\n"
+SLOW = """
+    import asyncio
+    async def on_message(message):
+        if message.headers["Subject"] == "slow":
+            await asyncio.sleep(0.8)
+"""
+
+
+def _send_and_hang_up(port: int, verb: str, subject: bytes, after: float) -> None:
+    """A whole transaction, then, `after` seconds past the end of its content, a close (FIN:
+    every reply read so far, none left unread) without waiting for the answer."""
+    with RawSmtp(port) as client:
+        client.expect(220)
+        client.expect(250, "EHLO client.test")
+        client.expect(250, "MAIL FROM:<sender@example.org>")
+        client.expect(250, "RCPT TO:<rcpt@example.net>")
+        content = MESSAGE % subject
+        if verb == "DATA":
+            client.expect(354, "DATA")
+            client.send(content + b".\r\n")
+        else:
+            client.send(b"BDAT %d LAST\r\n" % len(content) + content)
+        time.sleep(after)
+
+
+@pytest.mark.parametrize("verb", ["DATA", "BDAT"])
+def test_a_message_whose_client_hangs_up_while_the_policy_checks_it_is_not_stored(tmp_path: Path, verb: str) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(SLOW))
+    with PigeonProcess(tmp_path / "node", policy={"module": str(module), "timeout": "1s"}) as pigeon:
+        _send_and_hang_up(pigeon.smtp_port, verb, b"slow", after=0.2)
+        said = pigeon.wait_stderr("client gone before message")
+        assert "message not stored (nothing was accepted: it never got a 250)" in said
+        (refused,) = [r for r in pigeon.wait_records("Rejection") if r["command"] == verb]
+        assert (refused["response"]["code"], refused["response"]["enhanced"]) == (451, "4.4.2")
+        assert refused["recipients"] == ["rcpt@example.net"] and refused["sender"] == "sender@example.org"
+        assert refused["id"] in said
+        # The node goes on, and a client that waits for its answer has its message taken.
+        with RawSmtp(pigeon.smtp_port) as client:
+            client.expect(220)
+            client.expect(250, "EHLO client.test")
+            client.expect(250, "MAIL FROM:<sender@example.org>")
+            client.expect(250, "RCPT TO:<rcpt@example.net>")
+            client.expect(354, "DATA")
+            client.send(MESSAGE % b"slow" + b".\r\n")
+            client.expect(250)
+        (reception,) = pigeon.wait_records("Reception")
+        assert [m["id"] for m in pigeon.spool_messages()] == [reception["id"]]
+        assert "answered" not in reception  # (said only when the 250 could not be given)
+
+
+@pytest.mark.parametrize("verb", ["DATA", "BDAT"])
+def test_a_message_whose_client_hangs_up_during_the_commit_is_kept_and_its_reception_says_it_was_not_answered(
+    tmp_path: Path, verb: str
+) -> None:
+    with PigeonProcess(tmp_path / "node") as pigeon:
+        # The spool's write lock, held by another connection: the commit waits for it (SQLite's
+        # busy timeout) as it would for a slow disk, long enough for the client to go.
+        with closing(sqlite3.connect(pigeon.spool_path / "shard-0" / "spool.db", isolation_level=None)) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+            _send_and_hang_up(pigeon.smtp_port, verb, b"committed", after=0.3)
+            time.sleep(0.2)  # its close reaches the node while the commit waits
+            holder.execute("ROLLBACK")
+        said = pigeon.wait_stderr("client gone during the commit")
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["answered"] is False and reception["response"]["code"] == 250
+        assert f"message {reception['id']} is stored and kept, but its 250 could not be given" in said
+        assert [m["id"] for m in pigeon.spool_messages()] == [reception["id"]]
+        assert [r for r in pigeon.records("Rejection") if r["command"] == verb] == []
