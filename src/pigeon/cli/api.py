@@ -8,6 +8,7 @@ user who may read the spool may use.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any, Final
 
 from pigeon import __version__
@@ -64,13 +66,24 @@ class ApiClient:
             args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / _local_token_file())
         )
 
-    def request(self, method: str, path: str, body: Any = None, *, unreachable: int = UNREACHABLE) -> tuple[int, Any]:
-        """The status and decoded JSON answer. Exits `unreachable` (3) if the node cannot be reached."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        unreachable: int = UNREACHABLE,
+        unanswered: Unanswered | None = None,
+    ) -> tuple[int, Any]:
+        """The status and decoded JSON answer. Exits `unreachable` (3) if the node cannot be
+        reached; see `fetch` for `unanswered`."""
         data = None if body is None else json.dumps(body).encode()
         # A bulk operation answers when it is done, minutes later on a large spool: a write
         # waits for it rather than calling a node that is at work unreachable.
         timeout = None if method != "GET" and path.startswith(_WRITES_WAIT_ON) else 600
-        status, raw = self.fetch(path, method=method, data=data, timeout=timeout, unreachable=unreachable)
+        status, raw = self.fetch(
+            path, method=method, data=data, timeout=timeout, unreachable=unreachable, unanswered=unanswered
+        )
         try:
             return status, json.loads(raw)
         except ValueError:
@@ -85,10 +98,17 @@ class ApiClient:
         token: bool = True,
         timeout: float | None = 600,
         unreachable: int = UNREACHABLE,
+        unanswered: Unanswered | None = None,
     ) -> tuple[int, bytes]:
         """The status and raw body of one request (an HTTP error status is an answer, not an
         exception). A node that cannot be reached (refused, timed out, no route) prints why
-        and exits `unreachable`: every command then says the same thing the same way."""
+        and exits `unreachable`: every command then says the same thing the same way.
+
+        A connection that ends once it was made (the node killed or restarted mid-request, a
+        proxy's timeout) is another thing: the request went out, so the node may have carried
+        it out, in part, before it went. `unanswered`, given what happened, says so as the
+        command's user needs to hear it and gives the exit status; without it, it is said as
+        the node not answering, with `unreachable`."""
         request = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -96,22 +116,62 @@ class ApiClient:
         request.add_header("User-Agent", f"pigeon-cli/{__version__}")
         if token and self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
+        plain, tls = _NotingPlain(), _NotingTls()
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read()
-        except OSError as error:
-            if isinstance(getattr(error, "reason", error), ssl.SSLError):
+            try:
+                with urllib.request.build_opener(plain, tls).open(request, timeout=timeout) as response:
+                    return response.status, response.read()
+            except urllib.error.HTTPError as error:
+                with error:
+                    return error.code, error.read()
+        except (OSError, http.client.HTTPException) as error:
+            reason = getattr(error, "reason", error)
+            why = redact(str(reason) or type(reason).__name__)  # IncompleteRead and timeouts can say ""
+            if plain.connected or tls.connected:
+                ended = f"the connection to {redact_url(self.url)} ended before the node answered ({why})"
+                if unanswered is not None:
+                    raise SystemExit(unanswered(ended)) from None
+                print(f"pigeon: {ended} (is `pigeon serve` still running?)", file=sys.stderr)
+                raise SystemExit(unreachable) from None
+            if isinstance(reason, ssl.SSLError):
                 # An https URL for the plain HTTP listener: trying again cannot help.
                 print(f"pigeon: TLS with {redact_url(self.url)} failed: {redact(str(error))} (the node's API "
                       "speaks plain HTTP unless a proxy in front of it does TLS: give http://HOST:PORT)",
                       file=sys.stderr)  # fmt: skip
                 raise SystemExit(2) from None
-            print(f"pigeon: cannot reach {redact_url(self.url)}: {redact(str(getattr(error, 'reason', error)))}"
-                  " (is `pigeon serve` running?)",
-                  file=sys.stderr)  # fmt: skip
+            print(f"pigeon: cannot reach {redact_url(self.url)}: {why} (is `pigeon serve` running?)", file=sys.stderr)
             raise SystemExit(unreachable) from None
+
+
+Unanswered = Callable[[str], int]
+"""Told that a request's connection ended after it was made, before any answer (in words),
+a command says what that means for what it asked, and returns its exit status (`ApiClient.fetch`)."""
+
+
+class _Noting:
+    """Mixed into urllib's handlers: notes whether the connection to the node was made
+    (`connected`). An error before that means nothing reached it; after it, the request may
+    have been sent."""
+
+    connected = False
+
+    def do_open(self, http_class: Any, req: Any, **http_conn_args: Any) -> Any:
+        handler = self
+
+        class Connection(http_class):  # type: ignore[misc]
+            def connect(self) -> None:
+                super().connect()  # (over TLS, the handshake too)
+                handler.connected = True
+
+        return super().do_open(Connection, req, **http_conn_args)  # type: ignore[misc]
+
+
+class _NotingPlain(_Noting, urllib.request.HTTPHandler):
+    pass
+
+
+class _NotingTls(_Noting, urllib.request.HTTPSHandler):
+    """For an https URL (a proxy in front of the node doing TLS)."""
 
 
 def identifier(value: str) -> str:

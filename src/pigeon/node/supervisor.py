@@ -784,11 +784,12 @@ class Supervisor:
             except aiohttp.ClientConnectorError:
                 continue  # not listening (restarting): the request never reached it, try another
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
-                # It may have acted on the request before it went away: say so, do not repeat it.
+                # It may have acted on the request before it went away: say so, do not repeat it
+                # (`outcome_unknown`: `pigeon inject` must not take this 5xx for "nothing was done").
                 message = (
                     f"worker {worker.index} failed during the request ({_in_words(error)}); it may have been applied"
                 )
-                return web.json_response({"error": message}, status=502)
+                return web.json_response({"error": message, "field": None, "outcome_unknown": True}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
     async def _broadcast(self, request: web.Request, body: bytes) -> web.Response:
