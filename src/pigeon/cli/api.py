@@ -36,7 +36,8 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
 UNREACHABLE = 3
 """The exit status of a command whose node cannot be reached (`pigeon inject`'s is 75)."""
 TEMPFAIL = 75
-"""`EX_TEMPFAIL`: not every worker of the node answered (a partial 503); try again later."""
+"""`EX_TEMPFAIL`: not every worker of the node answered (a partial 503), or a write went
+unanswered (the connection ended mid-request): the node may have carried out part of it."""
 _WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 
@@ -81,6 +82,8 @@ class ApiClient:
         # A bulk operation answers when it is done, minutes later on a large spool: a write
         # waits for it rather than calling a node that is at work unreachable.
         timeout = None if method != "GET" and path.startswith(_WRITES_WAIT_ON) else 600
+        if unanswered is None and method not in ("GET", "HEAD"):
+            unanswered = _may_have_acted(path)
         status, raw = self.fetch(
             path, method=method, data=data, timeout=timeout, unreachable=unreachable, unanswered=unanswered
         )
@@ -107,8 +110,8 @@ class ApiClient:
         A connection that ends once it was made (the node killed or restarted mid-request, a
         proxy's timeout) is another thing: the request went out, so the node may have carried
         it out, in part, before it went. `unanswered`, given what happened, says so as the
-        command's user needs to hear it and gives the exit status; without it, it is said as
-        the node not answering, with `unreachable`."""
+        command's user needs to hear it and gives the exit status; without it (a read: it
+        changed nothing), it is said as the node not answering, with `unreachable`."""
         request = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -146,6 +149,28 @@ class ApiClient:
 Unanswered = Callable[[str], int]
 """Told that a request's connection ended after it was made, before any answer (in words),
 a command says what that means for what it asked, and returns its exit status (`ApiClient.fetch`)."""
+
+
+def _may_have_acted(path: str) -> Unanswered:
+    """A write whose node went away once it had the request (the node, or its supervisor, killed
+    or restarted mid-request): said as a worker that went away mid-request is (`fail`), with
+    `EX_TEMPFAIL`, never as a node not reached, since it may have acted on part of it already."""
+    after_restart = next((where for start, where in _SHOWN_BY if path.startswith(start)), "the node's log")
+
+    def unanswered(what: str) -> int:
+        print(f"pigeon: {what}: it may have carried out part of the request (see `pigeon queue operations`; "
+              f"after a restart of the node, which forgets those, {after_restart})", file=sys.stderr)  # fmt: skip
+        return TEMPFAIL
+
+    return unanswered
+
+
+_SHOWN_BY: Final = (
+    ("/api/v1/admin/bounce", "`pigeon bounce --list`, and `pigeon logs --type AdminBounce` for what it bounced"),
+    ("/api/v1/admin/suspend", "`pigeon suspend --list`"),
+    ("/api/v1/shaping/", "`pigeon shaping status`"),
+)
+"""What shows, once the node was started again, what a write to these paths did."""
 
 
 class _Noting:
