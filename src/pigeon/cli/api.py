@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.logs.peer_text import shown
+from pigeon.logs.peer_text import escape_unprintable, shown
 from pigeon.redaction import redact, redact_url
 
 
@@ -223,6 +223,20 @@ def printable(answer: Any) -> Any:
     return answer
 
 
+def _said(answer: Any) -> Any:
+    """An error answer as `printable`, but for the backslash: the node's error texts quote
+    what was asked for as Python does (`tenant 'a\\x1bb' ...`), escaped already; escaping their
+    backslashes again showed `'a\\\\x1bb'`. A control character the node did not escape is
+    escaped all the same."""
+    if isinstance(answer, str):
+        return escape_unprintable(answer)
+    if isinstance(answer, dict):
+        return {_said(key): _said(value) for key, value in answer.items()}
+    if isinstance(answer, list | tuple):
+        return [_said(item) for item in answer]
+    return answer
+
+
 def is_partial(status: int, answer: Any) -> bool:
     """Whether an answer is a node's partial one: 503 because not every worker answered (one
     restarting, or killed for not answering its supervisor); `answers` holds what the others said."""
@@ -232,7 +246,7 @@ def is_partial(status: int, answer: Any) -> bool:
 def fail(status: int, answer: Any) -> int:
     """Print an error answer for people; the exit status for it: 75 (`EX_TEMPFAIL`) for a
     partial answer, naming the workers that did not answer; else 2 (refused)."""
-    answer = printable(answer)  # an error may quote what was asked for, or a remote's words
+    answer = _said(answer)  # an error may quote what was asked for, or a remote's words
     if is_partial(status, answer):
         print(f"pigeon: {status}: the answer covers workers {answer.get('answered') or 'none'} only",
               file=sys.stderr)  # fmt: skip
