@@ -249,8 +249,9 @@ class Supervisor:
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # What the writes through here made and ended, for a worker that misses one (`pigeon.node.standing`).
         self._node_rules = NodeRules(node_rules_path(config.spool.path)) if config.delivery.enabled else None
-        self._writing: dict[str, list[int]] = {}
-        """Rule id -> the numbers of the writes to it on their way to the workers."""
+        self._writing: dict[str, list[tuple[int, bool]]] = {}
+        """Rule id -> the writes to it on their way to the workers: their numbers, and whether
+        each makes the rule (False: ends it)."""
         self._overlapped: set[int] = set()
         """The numbers of writes that were on their way while another write to the same rule was
         (`_record`)."""
@@ -566,9 +567,12 @@ class Supervisor:
         assert self._node_rules is not None
         generation = self._node_rules.next_generation()
         writing = self._writing.setdefault(change.rule_id, [])
-        if writing:
-            self._overlapped.update((*writing, generation))
-        writing.append(generation)
+        makes = change.rule is not None
+        if writing and (makes or any(made for _, made in writing)):
+            # Ends alone (two resumes at once) leave the same whatever order a worker carries
+            # them out in: only a rule made beside another write may end up held where it ended.
+            self._overlapped.update([number for number, _ in writing] + [generation])
+        writing.append((generation, makes))
         if change.rule is not None:
             return generation, None
         before = self._node_rules.end(change.rule_id, change.kind, generation)
@@ -590,7 +594,7 @@ class Supervisor:
         """The write numbered `generation` to `rule_id` has its answers (or was given up): was
         another write to that rule on its way at the same time?"""
         writing = self._writing[rule_id]
-        writing.remove(generation)
+        writing[:] = [(number, made) for number, made in writing if number != generation]
         if not writing:
             del self._writing[rule_id]
         overlapped = generation in self._overlapped
