@@ -496,6 +496,29 @@ def test_inspect_of_a_message_held_by_a_site_suspension_names_that_suspension(
         sink.wait_for(1)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_suspension_or_standing_bounce_that_runs_out_is_logged_once_for_the_node(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # Their making and their end by resume or cancel were logged; their end by itself was not.
+    with _node(tmp_path / "node", sink, workers=workers) as pigeon:
+        ids = []
+        for kind, selector in (("suspend", {"domain": "x.test"}), ("bounce", {"tenant": "acme"})):
+            status, answer = _api(pigeon, "POST", f"/api/v1/admin/{kind}", {**selector, "duration": "1s"})
+            assert status == 200, answer
+            ids.append(answer["rule"]["id"])
+        suspension, bounce = ids
+        said = pigeon.wait_stderr(" ran out at ", count=2)
+        assert f"admin rules: suspension {suspension} of domain=x.test (for 1s) by ops ran out at " in said
+        assert f"admin rules: standing bounce {bounce} of tenant=acme (for 1s) by ops ran out at " in said
+        time.sleep(2)  # each worker held both: said once all the same
+        assert pigeon.stderr().count(" ran out at ") == 2
+        pigeon.stop()
+        pigeon.start()  # (and not again by the next run of the node)
+        time.sleep(1.5)
+        assert " ran out at " not in pigeon.stderr()
+
+
 def test_a_rebind_names_its_queue_as_messages_carry_it_domain_in_lower_case(tmp_path: Path) -> None:
     # `[[queue]] name` globs are read with their domain part in lower case (as scheduled_queue
     # writes it): a rebind to "slow@Example.NET." must land where that policy finds it.

@@ -66,6 +66,7 @@ from pigeon.node.standing import (
     NodeRules,
     gather_shard_rules,
     node_rules_path,
+    say_run_out,
 )
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule
@@ -265,6 +266,7 @@ class Supervisor:
         # ... and the node's rules learn what the others make and end (`pigeon.node.following`).
         self._follower: Follower | None = None
         self._following: asyncio.Task[None] | None = None
+        self._running_out: asyncio.Task[None] | None = None
         if self._cluster is not None and self._node_rules is not None:
             from pigeon.node.following import Follower
 
@@ -301,6 +303,8 @@ class Supervisor:
             gather_shard_rules(self._node_rules, self.config.spool.path, time.time())
         if self._follower is not None:
             self._following = asyncio.create_task(self._follower.run(), name="cluster rules")
+        if self._node_rules is not None:  # (said here: once for the node, not by each worker)
+            self._running_out = asyncio.create_task(say_run_out(self._node_rules, time.time), name="rules running out")
         try:
             for worker in self.workers:
                 await self._spawn(worker)
@@ -384,9 +388,10 @@ class Supervisor:
             await self._runner.cleanup()
         for worker in self.workers:
             await worker.close()
-        if self._following is not None:
-            self._following.cancel()
-            await asyncio.gather(self._following, return_exceptions=True)
+        for running in (self._following, self._running_out):
+            if running is not None:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
         if self._follower is not None:
             await self._follower.close()
         if self._cluster is not None:
