@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import smtplib
 import subprocess
 import sys
@@ -470,6 +471,52 @@ def test_a_scheduled_queue_held_by_a_site_suspension_names_it_in_suspended_by(
             (answer["rule"]["id"], "ops", "maintenance")
         ]
         assert sink.received == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_inspect_of_a_message_held_by_a_site_suspension_names_that_suspension(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # `queue summary` named the site's rule; `inspect` of the message it holds said "suspended_by: null".
+    with _node(tmp_path / "node", sink, workers=workers) as pigeon:
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"site": sink.endpoint})
+        assert status == 200, answer
+        rule_id = answer["rule"]["id"]
+        (spool_id,) = _send(pigeon, ["ok@example.net"])
+        wait_until(lambda: _api(pigeon, "GET", f"/api/v1/messages/{spool_id}", token=READER)[1]["state"] == "ready")
+        config = ("-c", str(pigeon.config_path), "--token", READER)
+        shown = _cli("inspect", *config, spool_id)
+        assert shown.returncode == 0, shown.stderr
+        assert f"suspended_by   {rule_id}" in shown.stdout.splitlines(), shown.stdout
+        as_json = _cli("inspect", *config, spool_id, "--json")
+        assert json.loads(as_json.stdout)["suspended_by"] == rule_id
+        assert sink.received == []
+        # Resumed, it goes, and nothing holds it any more.
+        assert _api(pigeon, "DELETE", f"/api/v1/admin/suspend/{rule_id}")[0] == 200
+        sink.wait_for(1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_suspension_or_standing_bounce_that_runs_out_is_logged_once_for_the_node(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    # Their making and their end by resume or cancel were logged; their end by itself was not.
+    with _node(tmp_path / "node", sink, workers=workers) as pigeon:
+        ids = []
+        for kind, selector in (("suspend", {"domain": "x.test"}), ("bounce", {"tenant": "acme"})):
+            status, answer = _api(pigeon, "POST", f"/api/v1/admin/{kind}", {**selector, "duration": "1s"})
+            assert status == 200, answer
+            ids.append(answer["rule"]["id"])
+        suspension, bounce = ids
+        said = pigeon.wait_stderr(" ran out at ", count=2)
+        assert f"admin rules: suspension {suspension} of domain=x.test (for 1s) by ops ran out at " in said
+        assert f"admin rules: standing bounce {bounce} of tenant=acme (for 1s) by ops ran out at " in said
+        time.sleep(2)  # each worker held both: said once all the same
+        assert pigeon.stderr().count(" ran out at ") == 2
+        pigeon.stop()
+        pigeon.start()  # (and not again by the next run of the node)
+        time.sleep(1.5)
+        assert " ran out at " not in pigeon.stderr()
 
 
 def test_a_rebind_names_its_queue_as_messages_carry_it_domain_in_lower_case(tmp_path: Path) -> None:

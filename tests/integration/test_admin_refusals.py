@@ -5,6 +5,8 @@ do, and nothing queued, no rule and no bulk operation changes because of it."""
 from __future__ import annotations
 
 import smtplib
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -261,3 +263,17 @@ def test_a_tenant_or_campaign_glob_no_queue_could_have_is_refused_naming_it(
     answer = _refused(node, "POST", f"/api/v1/admin/{action}", {field: value})
     error = f"{field} {value!r} contains {shown}: no white space, ':' or '@' allowed (no queue name has it)"
     assert answer == {"error": error, "field": f"$.{field}"}
+
+
+@pytest.mark.parametrize(("value", "quoted"), [("a\x1bb", r"'a\x1bb'"), ("a\\ b", r"'a\\ b'")])
+def test_a_refusal_quoting_a_control_or_a_backslash_is_printed_escaped_once(
+    node: tuple[PigeonProcess, list[str]], value: str, quoted: str
+) -> None:
+    # The node's text quotes the value as Python does ('a\x1bb'); the command escaped its
+    # backslash again: `pigeon suspend --tenant $'a\x1bb'` printed "tenant 'a\\x1bb'".
+    pigeon, _ = node
+    command = [sys.executable, "-m", "pigeon", "suspend", "-c", str(pigeon.config_path), "--token", ADMIN]
+    result = subprocess.run([*command, "--tenant", value], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"pigeon: 400: tenant {quoted} contains" in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr

@@ -221,6 +221,19 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
         )
 
 
+def test_suspend_list_says_a_suspension_without_a_duration_lasts_until_resumed(tmp_path: Path) -> None:
+    # It said "until cancelled", but `pigeon resume` is what ends one (`bounce --cancel` ends a bounce).
+    with PigeonProcess(tmp_path / "node", delivery={"enabled": True}) as pigeon:
+        config = ["-c", str(pigeon.config_path)]
+        assert pigeon_cli("suspend", *config, "--tenant", "acme").returncode == 0
+        assert pigeon_cli("suspend", *config, "--tenant", "zed", "--duration", "1h").returncode == 0
+        listed = pigeon_cli("suspend", *config, "--list")
+        assert listed.returncode == 0, listed.stderr
+        rows = {line.split()[1]: line for line in listed.stdout.splitlines()}
+        assert " until resumed " in rows["tenant=acme"] and "cancelled" not in listed.stdout, listed.stdout
+        assert " UTC " in rows["tenant=zed"] and "until" not in rows["tenant=zed"], listed.stdout  # its end
+
+
 def test_inspect_shows_a_remote_reply_with_terminal_controls_escaped(tmp_path: Path) -> None:
     # A remote MX chooses its reply text: OSC and CSI sequences in it must not retitle or clear
     # the operator's terminal when `pigeon inspect` shows it as the last response.

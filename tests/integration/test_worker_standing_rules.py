@@ -14,6 +14,7 @@ import smtplib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from pigeon.message import parse_id, shard_of
 from pigeon.node.standing import Standing
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule, Selector, standing_rule_id
+from tests.integration.test_worker_timeout import _fill
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -328,3 +330,33 @@ def test_a_suspension_refused_by_every_worker_that_answered_is_not_taken_by_one_
         assert status == 200 and listed["rules"] == [], listed
         kept = pigeon.spool_path / "admin-rules.json"
         assert not kept.exists() or DOMAIN.encode() not in kept.read_bytes()
+
+
+def test_two_resumes_of_one_suspension_at_once_raise_no_alarm_of_a_missed_change(tmp_path: Path) -> None:
+    # Both ends leave the suspension ended whatever order each worker carries them out in. The
+    # supervisor warned "written again while this write was on its way", and handed every worker
+    # the node's rules ("which missed a change ... holds the node's again"), though none missed one.
+    root = tmp_path / "node"
+    _fill(root / "spool", shards=2, count=10_000)  # the resume's walk takes a while: the two overlap
+    with PigeonProcess(root, node={"workers": 2}, delivery={"enabled": True}) as pigeon:
+        token = pigeon.local_token
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": "big.example"}, token=token)
+        assert status == 200 and answer["held"] == 20_000, answer
+        rule_id = answer["rule"]["id"]
+        start = threading.Barrier(2)
+        statuses: list[int] = []
+
+        def resume() -> None:
+            start.wait()
+            statuses.append(pigeon.http_call("DELETE", f"/api/v1/admin/suspend/{rule_id}", token=token)[0])
+
+        resuming = [threading.Thread(target=resume) for _ in range(2)]
+        for thread in resuming:
+            thread.start()
+        for thread in resuming:
+            thread.join(60)
+        assert 200 in statuses and set(statuses) <= {200, 404}, statuses
+        assert pigeon.http_call("GET", "/api/v1/admin/suspend", token=token) == (200, {"rules": []})
+        said = pigeon.stderr()
+        assert "written again while this write was on its way" not in said
+        assert "missed a change to the standing rules" not in said

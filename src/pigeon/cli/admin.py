@@ -390,7 +390,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
     answered = sorted(node for node, state in (cluster.get("nodes") or {}).items() if state == "done")
     for rule in rules:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
-        until = _when(rule["expires"]) if rule.get("expires") else "until cancelled"
+        # Without an end: a suspension lasts until `pigeon resume`, a standing bounce until `--cancel`.
+        until = _when(rule["expires"]) if rule.get("expires") else _UNTIL_ENDED.get(rule.get("kind"), "until ended")
         reason = f": {rule['reason']}" if rule.get("reason") else ""  # no dangling colon without one
         via = f" via {rule['via']}" if rule.get("via") else ""
         # A cluster's list adds up the nodes' rules: say which nodes that answered do not hold one.
@@ -401,6 +402,9 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}{missing}")
     _show_nodes(answer, args)
     return fail(status, whole) if status >= 400 else 0
+
+
+_UNTIL_ENDED: Final = {"suspend": "until resumed", "bounce": "until cancelled"}
 
 
 def _when(timestamp: float) -> str:

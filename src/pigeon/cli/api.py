@@ -8,6 +8,7 @@ user who may read the spool may use.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -16,11 +17,12 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any, Final
 
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.logs.peer_text import shown
+from pigeon.logs.peer_text import escape_unprintable, shown
 from pigeon.redaction import redact, redact_url
 
 
@@ -34,7 +36,8 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
 UNREACHABLE = 3
 """The exit status of a command whose node cannot be reached (`pigeon inject`'s is 75)."""
 TEMPFAIL = 75
-"""`EX_TEMPFAIL`: not every worker of the node answered (a partial 503); try again later."""
+"""`EX_TEMPFAIL`: not every worker of the node answered (a partial 503), or a write went
+unanswered (the connection ended mid-request): the node may have carried out part of it."""
 _WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 
@@ -64,13 +67,26 @@ class ApiClient:
             args.token or os.environ.get("PIGEON_TOKEN") or _local_token(config.spool.path / _local_token_file())
         )
 
-    def request(self, method: str, path: str, body: Any = None, *, unreachable: int = UNREACHABLE) -> tuple[int, Any]:
-        """The status and decoded JSON answer. Exits `unreachable` (3) if the node cannot be reached."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        unreachable: int = UNREACHABLE,
+        unanswered: Unanswered | None = None,
+    ) -> tuple[int, Any]:
+        """The status and decoded JSON answer. Exits `unreachable` (3) if the node cannot be
+        reached; see `fetch` for `unanswered`."""
         data = None if body is None else json.dumps(body).encode()
         # A bulk operation answers when it is done, minutes later on a large spool: a write
         # waits for it rather than calling a node that is at work unreachable.
         timeout = None if method != "GET" and path.startswith(_WRITES_WAIT_ON) else 600
-        status, raw = self.fetch(path, method=method, data=data, timeout=timeout, unreachable=unreachable)
+        if unanswered is None and method not in ("GET", "HEAD"):
+            unanswered = _may_have_acted(path)
+        status, raw = self.fetch(
+            path, method=method, data=data, timeout=timeout, unreachable=unreachable, unanswered=unanswered
+        )
         try:
             return status, json.loads(raw)
         except ValueError:
@@ -85,10 +101,17 @@ class ApiClient:
         token: bool = True,
         timeout: float | None = 600,
         unreachable: int = UNREACHABLE,
+        unanswered: Unanswered | None = None,
     ) -> tuple[int, bytes]:
         """The status and raw body of one request (an HTTP error status is an answer, not an
         exception). A node that cannot be reached (refused, timed out, no route) prints why
-        and exits `unreachable`: every command then says the same thing the same way."""
+        and exits `unreachable`: every command then says the same thing the same way.
+
+        A connection that ends once it was made (the node killed or restarted mid-request, a
+        proxy's timeout) is another thing: the request went out, so the node may have carried
+        it out, in part, before it went. `unanswered`, given what happened, says so as the
+        command's user needs to hear it and gives the exit status; without it (a read: it
+        changed nothing), it is said as the node not answering, with `unreachable`."""
         request = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -96,22 +119,84 @@ class ApiClient:
         request.add_header("User-Agent", f"pigeon-cli/{__version__}")
         if token and self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
+        plain, tls = _NotingPlain(), _NotingTls()
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read()
-        except OSError as error:
-            if isinstance(getattr(error, "reason", error), ssl.SSLError):
+            try:
+                with urllib.request.build_opener(plain, tls).open(request, timeout=timeout) as response:
+                    return response.status, response.read()
+            except urllib.error.HTTPError as error:
+                with error:
+                    return error.code, error.read()
+        except (OSError, http.client.HTTPException) as error:
+            reason = getattr(error, "reason", error)
+            why = redact(str(reason) or type(reason).__name__)  # IncompleteRead and timeouts can say ""
+            if plain.connected or tls.connected:
+                ended = f"the connection to {redact_url(self.url)} ended before the node answered ({why})"
+                if unanswered is not None:
+                    raise SystemExit(unanswered(ended)) from None
+                print(f"pigeon: {ended} (is `pigeon serve` still running?)", file=sys.stderr)
+                raise SystemExit(unreachable) from None
+            if isinstance(reason, ssl.SSLError):
                 # An https URL for the plain HTTP listener: trying again cannot help.
                 print(f"pigeon: TLS with {redact_url(self.url)} failed: {redact(str(error))} (the node's API "
                       "speaks plain HTTP unless a proxy in front of it does TLS: give http://HOST:PORT)",
                       file=sys.stderr)  # fmt: skip
                 raise SystemExit(2) from None
-            print(f"pigeon: cannot reach {redact_url(self.url)}: {redact(str(getattr(error, 'reason', error)))}"
-                  " (is `pigeon serve` running?)",
-                  file=sys.stderr)  # fmt: skip
+            print(f"pigeon: cannot reach {redact_url(self.url)}: {why} (is `pigeon serve` running?)", file=sys.stderr)
             raise SystemExit(unreachable) from None
+
+
+Unanswered = Callable[[str], int]
+"""Told that a request's connection ended after it was made, before any answer (in words),
+a command says what that means for what it asked, and returns its exit status (`ApiClient.fetch`)."""
+
+
+def _may_have_acted(path: str) -> Unanswered:
+    """A write whose node went away once it had the request (the node, or its supervisor, killed
+    or restarted mid-request): said as a worker that went away mid-request is (`fail`), with
+    `EX_TEMPFAIL`, never as a node not reached, since it may have acted on part of it already."""
+    after_restart = next((where for start, where in _SHOWN_BY if path.startswith(start)), "the node's log")
+
+    def unanswered(what: str) -> int:
+        print(f"pigeon: {what}: it may have carried out part of the request (see `pigeon queue operations`; "
+              f"after a restart of the node, which forgets those, {after_restart})", file=sys.stderr)  # fmt: skip
+        return TEMPFAIL
+
+    return unanswered
+
+
+_SHOWN_BY: Final = (
+    ("/api/v1/admin/bounce", "`pigeon bounce --list`, and `pigeon logs --type AdminBounce` for what it bounced"),
+    ("/api/v1/admin/suspend", "`pigeon suspend --list`"),
+    ("/api/v1/shaping/", "`pigeon shaping status`"),
+)
+"""What shows, once the node was started again, what a write to these paths did."""
+
+
+class _Noting:
+    """Mixed into urllib's handlers: notes whether the connection to the node was made
+    (`connected`). An error before that means nothing reached it; after it, the request may
+    have been sent."""
+
+    connected = False
+
+    def do_open(self, http_class: Any, req: Any, **http_conn_args: Any) -> Any:
+        handler = self
+
+        class Connection(http_class):  # type: ignore[misc]
+            def connect(self) -> None:
+                super().connect()  # (over TLS, the handshake too)
+                handler.connected = True
+
+        return super().do_open(Connection, req, **http_conn_args)  # type: ignore[misc]
+
+
+class _NotingPlain(_Noting, urllib.request.HTTPHandler):
+    pass
+
+
+class _NotingTls(_Noting, urllib.request.HTTPSHandler):
+    """For an https URL (a proxy in front of the node doing TLS)."""
 
 
 def identifier(value: str) -> str:
@@ -138,6 +223,20 @@ def printable(answer: Any) -> Any:
     return answer
 
 
+def _said(answer: Any) -> Any:
+    """An error answer as `printable`, but for the backslash: the node's error texts quote
+    what was asked for as Python does (`tenant 'a\\x1bb' ...`), escaped already; escaping their
+    backslashes again showed `'a\\\\x1bb'`. A control character the node did not escape is
+    escaped all the same."""
+    if isinstance(answer, str):
+        return escape_unprintable(answer)
+    if isinstance(answer, dict):
+        return {_said(key): _said(value) for key, value in answer.items()}
+    if isinstance(answer, list | tuple):
+        return [_said(item) for item in answer]
+    return answer
+
+
 def is_partial(status: int, answer: Any) -> bool:
     """Whether an answer is a node's partial one: 503 because not every worker answered (one
     restarting, or killed for not answering its supervisor); `answers` holds what the others said."""
@@ -147,7 +246,7 @@ def is_partial(status: int, answer: Any) -> bool:
 def fail(status: int, answer: Any) -> int:
     """Print an error answer for people; the exit status for it: 75 (`EX_TEMPFAIL`) for a
     partial answer, naming the workers that did not answer; else 2 (refused)."""
-    answer = printable(answer)  # an error may quote what was asked for, or a remote's words
+    answer = _said(answer)  # an error may quote what was asked for, or a remote's words
     if is_partial(status, answer):
         print(f"pigeon: {status}: the answer covers workers {answer.get('answered') or 'none'} only",
               file=sys.stderr)  # fmt: skip

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import mimetypes
+import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from pigeon.cli.api import ApiClient, add_api_options, fail, printable
+from pigeon.cli.api import ApiClient, Unanswered, add_api_options, fail, printable
+from pigeon.logs.peer_text import shown
 
 EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net message.eml
@@ -35,6 +39,9 @@ exit status (sysexits.h, as sendmail's):
       for every recipient (400 naming $.content)
   75  EX_TEMPFAIL: try again later; nothing was accepted: every recipient was refused for now
       (4xx), the node is busy or failing (429, 5xx), or it cannot be reached
+  76  EX_PROTOCOL: no answer, after the request was sent (the node, or its worker, went away
+      mid-request): some recipients may have been accepted, and running it again would send
+      those twice; the node's Reception records say which (the command prints how to look)
   77  EX_NOPERM: the node refused the token (401: none or unknown; 403: no "inject" scope)
 """
 
@@ -70,10 +77,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"pigeon inject: {error}", file=sys.stderr)
         return USAGE
     # A node that cannot be reached is a temporary failure to a script or an MTA calling us.
-    status, answer = ApiClient(args).request("POST", "/api/v1/inject", request, unreachable=TEMPFAIL)
+    # One that went away once it had the request may have stored some of its recipients.
+    unknown = _outcome_unknown(args.sender, time.time(), args.config)
+    client = ApiClient(args)
+    status, answer = client.request("POST", "/api/v1/inject", request, unreachable=TEMPFAIL, unanswered=unknown)
     per_recipient = isinstance(answer, dict) and isinstance(answer.get("recipients"), list)
     if status not in (200, 422, 503) or not per_recipient:  # 422 and 503 still name each recipient's reply
         fail(status, answer)
+        if isinstance(answer, dict) and answer.get("outcome_unknown") is True:
+            return unknown("")  # the worker the node's supervisor passed it to went away before it answered
         return failure_status(status)
     if args.json:
         print(json.dumps(answer, indent=2))
@@ -107,7 +119,31 @@ def exit_status(status: int, answer: dict[str, Any]) -> int:
 REFUSED = 1
 USAGE = 2  # as argparse exits for a bad option
 TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: what sendmail and Postfix's sendmail exit with for "try later"
+UNKNOWN = 76  # sysexits.h EX_PROTOCOL: the exchange broke off once the node had the request
 NOPERM = 77  # sysexits.h EX_NOPERM: "permission denied", for a token the node refuses
+
+
+def _outcome_unknown(sender: str, started: float, config: Path | None) -> Unanswered:
+    """What to say, and exit with, when the request went out and no answer came back: the node
+    stores each recipient's message as it goes, so any number of them may be in its spool, to
+    be delivered. "Run it again later" (75) would send those twice; the node's log says which."""
+    since = math.floor(started) - 1  # (the node's clock and ours: a second's leeway)
+    program = f'select(.protocol == "HTTP" and .sender == {json.dumps(sender)} and .timestamp >= {since})'
+    program += " | {id, recipients}"
+    logs = f"pigeon logs{f' -c {shlex.quote(str(config))}' if config is not None else ''} --type Reception"
+
+    def unanswered(what: str) -> int:
+        if what:
+            print(f"pigeon: {what}", file=sys.stderr)
+        print("pigeon: some recipients may have been accepted (stored, to be delivered) before it went: running "
+              "this again would send those twice", file=sys.stderr)  # fmt: skip
+        print(f"pigeon: which were is in the node's event log once it has been started again: its Reception records "
+              f"of protocol HTTP from <{shown(sender)}> since {since} (Unix time), e.g.\n"
+              f"  {logs} | jq -c {shlex.quote(program)}\n"
+              "pigeon: send the others again", file=sys.stderr)  # fmt: skip
+        return UNKNOWN
+
+    return unanswered
 
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:

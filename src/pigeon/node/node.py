@@ -53,7 +53,7 @@ from pigeon.node import collector, signals
 from pigeon.node.descriptors import open_files_limit, share
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
-from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, take, take_node_rules
+from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, say_run_out, take, take_node_rules
 from pigeon.node.standing import decode as decode_standing
 from pigeon.policy.hooks import Policy, PolicyLoadError, PolicyModule
 from pigeon.queue.admin import Admin
@@ -143,6 +143,8 @@ class Node:
         # With [redis]: admin operations other nodes were asked for reach this worker's shards.
         self.broadcast: Broadcast | None = None
         self._consuming: asyncio.Task[None] | None = None
+        self._running_out: asyncio.Task[None] | None = None
+        """A node of one worker: says each standing rule that ran out (`standing.say_run_out`)."""
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -224,7 +226,10 @@ class Node:
             else:
                 # A node of one worker keeps the node's rules itself: those a run with more
                 # workers left are taken now, and a run with more after this one gets its own.
-                await keep_node_rules(config.spool.path, self.outbound.admin.adopt, self.outbound.rules, self._clock)
+                node_rules = await keep_node_rules(
+                    config.spool.path, self.outbound.admin.adopt, self.outbound.rules, self._clock
+                )
+                self._running_out = asyncio.create_task(say_run_out(node_rules, self._clock), name="rules running out")
             if config.redis.url:
                 # The cluster's suspensions and standing bounces are taken before the scheduler
                 # starts: nothing they hold may go out meanwhile. Imported here, not with the
@@ -335,6 +340,9 @@ class Node:
                 await self.broadcast.leave()
         if self.broadcast is not None:
             await self.broadcast.close()
+        if self._running_out is not None:
+            self._running_out.cancel()
+            await asyncio.gather(self._running_out, return_exceptions=True)
         if self.outbound is not None:
             await self.outbound.stop(self.shutdown_timeout)
         if self.inbound is not None:

@@ -41,6 +41,8 @@ overtook a hand-over is not undone by it, nor a suspension made again by a stale
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import logging
 import os
 import sqlite3
@@ -51,7 +53,7 @@ from typing import Final, NamedTuple
 import msgspec
 
 from pigeon.fsync import fsync_directory
-from pigeon.queue.rules import Rule, Rules, decode_rule
+from pigeon.queue.rules import Rule, Rules, decode_rule, describe_rule
 from pigeon.spool.shards import existing_shards, shard_directory
 from pigeon.spool.sqlite import stored_rules
 
@@ -236,13 +238,27 @@ class NodeRules:
             learnt = True
         return learnt
 
+    def run_out(self, now: float) -> list[Rule]:
+        """Drop the rules in force that have run out by `now`, and say so: the node's log has
+        each rule's making, and its end by a resume or a cancel; this is its end by itself,
+        said once (here, in the node's rules: not by each worker that held it)."""
+        standing = self.standing
+        gone = [rule for rule in standing.in_force.values() if not rule.live(now)]
+        for rule in gone:
+            del standing.in_force[rule.id]
+            assert rule.expires is not None  # (only a rule with a duration runs out)
+            when = datetime.datetime.fromtimestamp(rule.expires, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            _log.warning("admin rules: %s by %s%s ran out at %s", describe_rule(rule), rule.operator,
+                         f" ({rule.reason})" if rule.reason else "", when)  # fmt: skip
+        return gone
+
     def save(self, now: float) -> OSError | None:
         """Write the file, without what has ended by itself meanwhile, durably (file, then its
         directory entry): after a power loss, an old or empty file would give a worker that
         missed a resume the suspension back, and lose every end recorded. Admin writes are
         rare: the fsync costs nothing that matters. The error, if it could not be written."""
         standing = self.standing
-        standing.in_force = {i: r for i, r in standing.in_force.items() if r.live(now)}
+        self.run_out(now)
         ended = [(i, t) for i, t in standing.ended.items() if t.until is None or t.until > now]
         standing.ended = dict(ended[-_KEEP_ENDED:])
         standing.changed = {i: g for i, g in standing.changed.items() if i in standing.in_force or i in standing.ended}
@@ -258,6 +274,16 @@ class NodeRules:
             _log.warning("admin rules: cannot keep the node's standing rules in %s: %s", self._path, error)
             return error
         return None
+
+
+async def say_run_out(rules: NodeRules, clock: Callable[[], float], every: float = 1.0) -> None:
+    """Runs until cancelled: within `every` seconds of a standing rule's end by itself, it is
+    said (`NodeRules.run_out`) and the file kept without it."""
+    while True:
+        await asyncio.sleep(every)
+        now = clock()
+        if any(not rule.live(now) for rule in rules.standing.in_force.values()):
+            rules.save(now)
 
 
 def _holds(standing: Standing, rule_id: str, now: float) -> bool:

@@ -66,6 +66,7 @@ from pigeon.node.standing import (
     NodeRules,
     gather_shard_rules,
     node_rules_path,
+    say_run_out,
 )
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule
@@ -253,8 +254,9 @@ class Supervisor:
         """Suspensions go to the workers one at a time (see `_to_workers_in_turn`)."""
         # What the writes through here made and ended, for a worker that misses one (`pigeon.node.standing`).
         self._node_rules = NodeRules(node_rules_path(config.spool.path)) if config.delivery.enabled else None
-        self._writing: dict[str, list[int]] = {}
-        """Rule id -> the numbers of the writes to it on their way to the workers."""
+        self._writing: dict[str, list[tuple[int, bool]]] = {}
+        """Rule id -> the writes to it on their way to the workers: their numbers, and whether
+        each makes the rule (False: ends it)."""
         self._overlapped: set[int] = set()
         """The numbers of writes that were on their way while another write to the same rule was
         (`_record`)."""
@@ -268,6 +270,7 @@ class Supervisor:
         # ... and the node's rules learn what the others make and end (`pigeon.node.following`).
         self._follower: Follower | None = None
         self._following: asyncio.Task[None] | None = None
+        self._running_out: asyncio.Task[None] | None = None
         if self._cluster is not None and self._node_rules is not None:
             from pigeon.node.following import Follower
 
@@ -304,6 +307,8 @@ class Supervisor:
             gather_shard_rules(self._node_rules, self.config.spool.path, time.time())
         if self._follower is not None:
             self._following = asyncio.create_task(self._follower.run(), name="cluster rules")
+        if self._node_rules is not None:  # (said here: once for the node, not by each worker)
+            self._running_out = asyncio.create_task(say_run_out(self._node_rules, time.time), name="rules running out")
         try:
             for worker in self.workers:
                 await self._spawn(worker)
@@ -388,9 +393,10 @@ class Supervisor:
             await self._runner.cleanup()
         for worker in self.workers:
             await worker.close()
-        if self._following is not None:
-            self._following.cancel()
-            await asyncio.gather(self._following, return_exceptions=True)
+        for running in (self._following, self._running_out):
+            if running is not None:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
         if self._follower is not None:
             await self._follower.close()
         if self._cluster is not None:
@@ -573,9 +579,12 @@ class Supervisor:
         assert self._node_rules is not None
         generation = self._node_rules.next_generation()
         writing = self._writing.setdefault(change.rule_id, [])
-        if writing:
-            self._overlapped.update((*writing, generation))
-        writing.append(generation)
+        makes = change.rule is not None
+        if writing and (makes or any(made for _, made in writing)):
+            # Ends alone (two resumes at once) leave the same whatever order a worker carries
+            # them out in: only a rule made beside another write may end up held where it ended.
+            self._overlapped.update([number for number, _ in writing] + [generation])
+        writing.append((generation, makes))
         if change.rule is not None:
             return generation, None
         before = self._node_rules.end(change.rule_id, change.kind, generation)
@@ -597,7 +606,7 @@ class Supervisor:
         """The write numbered `generation` to `rule_id` has its answers (or was given up): was
         another write to that rule on its way at the same time?"""
         writing = self._writing[rule_id]
-        writing.remove(generation)
+        writing[:] = [(number, made) for number, made in writing if number != generation]
         if not writing:
             del self._writing[rule_id]
         overlapped = generation in self._overlapped
@@ -791,11 +800,12 @@ class Supervisor:
             except aiohttp.ClientConnectorError:
                 continue  # not listening (restarting): the request never reached it, try another
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
-                # It may have acted on the request before it went away: say so, do not repeat it.
+                # It may have acted on the request before it went away: say so, do not repeat it
+                # (`outcome_unknown`: `pigeon inject` must not take this 5xx for "nothing was done").
                 message = (
                     f"worker {worker.index} failed during the request ({_in_words(error)}); it may have been applied"
                 )
-                return web.json_response({"error": message}, status=502)
+                return web.json_response({"error": message, "field": None, "outcome_unknown": True}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
     async def _broadcast(self, request: web.Request, body: bytes) -> web.Response:

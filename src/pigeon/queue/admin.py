@@ -608,6 +608,10 @@ class Admin:
         envelope = message.envelope
         unsent = entry is None or (entry.state in _UNSENT and not (entry.state is State.IN_FLIGHT and entry.started))
         suspension = self._rules.suspension_of(message) if unsent else None
+        if suspension is None and entry is not None and entry.state is State.READY and entry.site is not None:
+            # Waiting in a site's ready queue: a suspension of that site holds it there (as the
+            # queue summary counts it `suspended`, and names the rule in `suspended_by`).
+            suspension = next(iter(self._rules.site_suspensions(entry.site)), None)
         return {
             "id": format_id(message.id),
             "queue": message.queue,
@@ -630,8 +634,8 @@ class Admin:
             "campaign": envelope.campaign,
             "metadata": envelope.metadata,
             "egress_pool": envelope.egress_pool,  # the pool its policy hook named, if any
-            # The operator's suspension that holds it (until `pigeon resume` or its end), if any:
-            # not one that came after its attempt began (the attempt goes on).
+            # The operator's suspension that holds it (until `pigeon resume` or its end), if any,
+            # its queue's or its site's: not one that came after its attempt began (the attempt goes on).
             "suspended_by": suspension.id if suspension is not None else None,
         }
 
