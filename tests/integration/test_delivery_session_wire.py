@@ -296,7 +296,7 @@ async def test_a_reply_to_no_command_breaks_the_connection_with_4_5_0() -> None:
         with pytest.raises(ConnectionLost) as lost:
             await connection.send(message())
         assert str(lost.value.reply) == (
-            f"451 4.5.0 [127.0.0.1]:{peer.port} sent garbage: a reply to no command: 250 2.0.0 surprise"
+            f"451 4.5.0 [127.0.0.1]:{peer.port} broke the protocol: a reply to no command: 250 2.0.0 surprise"
         )
         await settle()
         assert b"MAIL" not in peer.connections[0].received

@@ -195,7 +195,7 @@ class _Wire(asyncio.Protocol):
                     break
                 events.append(event)  # type: ignore[arg-type]
         except ClientProtocolError as error:
-            self.fail(Reply(451, "4.5.0", (f"sent garbage: {error}",)))
+            self.fail(Reply(451, "4.5.0", (f"broke the protocol: {error}",)))
             if self.transport is not None:
                 self.transport.abort()
             return

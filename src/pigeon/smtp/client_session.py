@@ -242,17 +242,24 @@ _NEXT: Final[dict[Phase, dict[Step, Phase]]] = {
 
 _EXPECTS: Final[dict[Phase, int]] = {
     Phase.BANNER: 220,  # RFC 5321 4.2.5 / 3.1: 554 (or 421) means "not here"
-    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO (but a 421 closes: _CLOSING)
+    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO (but a 421 closes: _OPENING)
     Phase.HELO: 250,
     Phase.STARTTLS: 220,  # RFC 3207 4: 454 or 501 means no TLS on this connection
     Phase.QUIT: 221,  # whatever it says, the session ends
 }
 """The phases that wait for the reply to one command, and the code that answers it positively."""
 
-# RFC 5321 3.8 / 4.2.2: 421 is the server closing the channel, in answer to any command. Before
-# the session is ready its words are the connection's outcome: no HELO after it, nor a session
-# in the clear that the server has already left.
-_CLOSING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS"}
+# The commands of the opening, whose replies are read strictly:
+# * RFC 5321 3.8 / 4.2.2: 421 is the server closing the channel, in answer to any command.
+#   Before the session is ready its words are the connection's outcome: no HELO after it, nor a
+#   session in the clear that the server has already left.
+# * RFC 5321 4.3.2 (RFC 3207 4 for STARTTLS): each has one positive reply (`_EXPECTS`). Another
+#   positive one (a 354 to EHLO, a 250 to STARTTLS) is neither a yes nor a no to fall back from
+#   (to HELO, to the clear): what the server expects next, TLS or content, is anyone's guess, so
+#   it is a broken protocol, and nothing more is said on the connection.
+# (Whatever the banner, a host that does not greet with 220 is turned from with QUIT; whatever
+# QUIT is answered, the session ends.)
+_OPENING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS"}
 
 _APPLICATION_STEPS: Final = frozenset({Step.MAIL, Step.QUIT, Step.TLS_UP, Step.TLS_FAILED})
 
@@ -423,7 +430,11 @@ class ClientSession:
             reply = replies.popleft()
             if reply.code == 421:
                 self._goodbye = reply
-            data = transaction.on_reply(reply)
+            try:
+                data = transaction.on_reply(reply)
+            except ClientProtocolError:
+                self._broken()
+                raise
             if data:
                 out.append(data)
             if transaction.done:
@@ -444,8 +455,12 @@ class ClientSession:
             self._unasked(reply)
             return
         step = Step.ACCEPTED if reply.code == expected else Step.REFUSED
-        if reply.code == 421 and phase in _CLOSING:
-            self._move(Step.CLOSING, Unusable(Reason.CLOSING, reply, detail=_CLOSING[phase]))
+        if step is Step.REFUSED and reply.code < 400 and phase in _OPENING:
+            self._broken()
+            verb = _OPENING[phase]
+            raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
+        if reply.code == 421 and phase in _OPENING:
+            self._move(Step.CLOSING, Unusable(Reason.CLOSING, reply, detail=_OPENING[phase]))
         elif phase is Phase.BANNER:
             self._move(step, Unusable(Reason.BANNER, reply) if step is Step.REFUSED else None)
         elif phase is Phase.EHLO:
