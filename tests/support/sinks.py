@@ -529,7 +529,9 @@ class AnswerSink(_SocketSink):
     DATA's content) to the reply line(s) to send instead of the usual ones. It offers 8BITMIME,
     and PIPELINING and CHUNKING as `extensions` says. Content is read after a 354 to DATA (up
     to "." on a line of its own, CRLF only, dot-stuffing left as it is), and a BDAT's octets
-    after BDAT, whatever the reply.
+    after BDAT, whatever the reply. With "STARTTLS" in `extensions`, STARTTLS is answered 220
+    and the client's TLS hello with plaintext, then the connection closes: a handshake that
+    always fails (a client may then try again in the clear).
 
     `commands` is every command line received (content not included), `contents` every
     message's content in full (what ended with "." or BDAT LAST), and `quits`/`drops` count the
@@ -560,6 +562,7 @@ class AnswerSink(_SocketSink):
             "RSET": "250 2.0.0 ok",
             "NOOP": "250 2.0.0 ok",
             "QUIT": "221 2.0.0 bye",
+            "STARTTLS": "220 2.0.0 go ahead",
         }
 
         def read(until: bytes) -> bytes | None:
@@ -606,6 +609,11 @@ class AnswerSink(_SocketSink):
                     say("BDAT")
                     continue
                 answer = say(verb)
+                if verb == "STARTTLS" and answer.startswith("220"):
+                    with contextlib.suppress(OSError):
+                        connection.recv(65536)  # the client's hello
+                        connection.sendall(b"this is not a TLS server hello\r\n")
+                    return
                 if verb == "QUIT":
                     with self._lock:
                         self.quits += 1

@@ -304,27 +304,32 @@ class ClientConnection:
                 addresses = [a for a in addresses if a != avoid]
             for address in addresses:
                 tried = True
+                handshake_failed = False
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _NoConnection as error:
                     last = error.reply
                     continue
-                except _HandshakeFailed as error:
-                    # The session said a new connection in the clear may do (opportunistic TLS).
-                    # One that asked to verify tries TLS unverified first: a certificate that
-                    # does not verify is still better encryption than none.
-                    last = error.reply
-                    fallbacks = (
-                        [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
-                    )
-                    for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
-                        try:
-                            return await cls._open_one(hop, address, fallback, options, tls)
-                        except ConnectFailed as again:
-                            last = again.reply
                 except ConnectFailed as error:
                     last = error.reply
+                    handshake_failed = isinstance(error, _HandshakeFailed)
                 connected = True
+                if not handshake_failed:
+                    continue
+                # The session said a new connection in the clear may do (opportunistic TLS). One
+                # that asked to verify tries TLS unverified first: a certificate that does not
+                # verify is still better encryption than none. (Tried here, not in the `except`
+                # above: compiled by mypyc, a handler that awaits sets sys.exc_info() back, once
+                # done, to what it was when it began, which may be an exception thrown into
+                # this task since handled: left behind, a later `finally` raises it again.)
+                fallbacks = (
+                    [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
+                )
+                for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
+                    try:
+                        return await cls._open_one(hop, address, fallback, options, tls)
+                    except ConnectFailed as again:
+                        last = again.reply
         raise ConnectFailed(last, site_down=tried and not connected)
 
     @classmethod
