@@ -526,7 +526,8 @@ class AnswerSink(_SocketSink):
     """A next hop whose every reply a test may choose, even one no server should send: a 250 to
     DATA, a 354 to the end of data, a 421 to RCPT that is not followed by a close. `answers`
     maps a command ("EHLO", "MAIL", "RCPT", "DATA", "BDAT", "RSET", "QUIT") or "." (the end of
-    DATA's content) to the reply line(s) to send instead of the usual ones. It offers 8BITMIME,
+    DATA's content) to the reply line(s) to send instead of the usual ones, "" to close the
+    connection without a word; `delays` to the seconds to wait before answering. It offers 8BITMIME,
     and PIPELINING and CHUNKING as `extensions` says. Content is read after a 354 to DATA (up
     to "." on a line of its own, CRLF only, dot-stuffing left as it is), and a BDAT's octets
     after BDAT, whatever the reply. With "STARTTLS" in `extensions`, STARTTLS is answered 220
@@ -538,9 +539,15 @@ class AnswerSink(_SocketSink):
     connections that ended with QUIT and without."""
 
     def __init__(
-        self, answers: dict[str, str] | None = None, *, extensions: tuple[str, ...] = (), host: str = "127.0.0.1"
+        self,
+        answers: dict[str, str] | None = None,
+        *,
+        extensions: tuple[str, ...] = (),
+        delays: dict[str, float] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.answers = answers or {}
+        self.delays = delays or {}
         self.extensions = extensions
         self.commands: list[str] = []
         self.contents: list[bytes] = []
@@ -580,8 +587,12 @@ class AnswerSink(_SocketSink):
 
         def say(key: str) -> str:
             answer = self.answers.get(key, usual.get(key, "500 5.5.2 what?"))
+            time.sleep(self.delays.get(key, 0.0))
             with contextlib.suppress(OSError):
-                connection.sendall(answer.encode() + b"\r\n")
+                if not answer:
+                    connection.shutdown(socket.SHUT_RDWR)  # gone without a word (counted as a drop)
+                else:
+                    connection.sendall(answer.encode() + b"\r\n")
             return answer
 
         with connection:

@@ -415,15 +415,27 @@ class ClientConnection:
             self.broken = True
             raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
         self._write(self._session.send(Deliver(envelope)))
-        event = await self._event(ending_patience=self.options.data_done_timeout)
+        try:
+            event = await self._event(ending_patience=self.options.data_done_timeout)
+        except ConnectionLost as error:
+            raise ConnectionLost(self._unanswered_end(error.reply)) from None
         if not isinstance(event, TransactionDone):
             self.broken = True
             if isinstance(event, Closed) and event.reply is not None:
                 # A 421 that ended the transaction (the server said why it went away): the
                 # recipients' outcome is its own words, which the reactions read.
                 raise ConnectionLost(event.reply, answered=True)
-            raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
+            raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
         return event.result, time.monotonic() - started
+
+    def _unanswered_end(self, reason: Reply) -> Reply:
+        """Why a transaction broke, saying so when it broke after the end of the content went
+        out and before its reply came: the server may have taken the message (as Postfix has
+        it, "while sending end of data -- message may be sent more than once")."""
+        if not self._session.end_of_data_unanswered():
+            return reason
+        note = "no reply to the end of data: the message may be delivered twice"
+        return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
 
     def alive(self) -> bool:
         """False if the connection broke or the server closed it while it sat idle."""

@@ -318,6 +318,7 @@ class ClientSession:
         # A 421 within a transaction: the server is going away (RFC 5321 3.8), and closes
         # before the rest of the transaction's replies. Its words are the outcome, not "closed".
         self._goodbye: Reply | None = None
+        self._closed_at_end_of_data = False  # the session closed awaiting the reply to the end of data
 
     # --- the three verbs ---------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -406,6 +407,13 @@ class ClientSession:
         (`Transaction.ending`), which the I/O layer gives longer than the others."""
         transaction = self._transaction
         return transaction is not None and transaction.ending
+
+    def end_of_data_unanswered(self) -> bool:
+        """The end of a message's content went out, and its reply has not come: it still
+        awaits it (a timeout, a reset the I/O layer saw), or the server closed the connection
+        first. The server may have taken the message all the same (RFC 5321 6.1: it sends
+        the reply once the message is safe), so a try again may deliver it twice."""
+        return self._closed_at_end_of_data or self.awaits_end_of_data()
 
     # --- replies -------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -536,6 +544,7 @@ class ClientSession:
             # RFC 5321 3.1 / 4.1.1.10: say goodbye even when turned away. The I/O layer writes
             # it and closes without waiting for the reply.
             self._out.append(b"QUIT\r\n")
+        self._closed_at_end_of_data = self.awaits_end_of_data()
         self.phase = Phase.CLOSED
         self._final = final
         self._events.append(final)

@@ -488,6 +488,37 @@ def test_a_421_within_a_pipelined_transaction_then_a_close_is_the_servers_last_w
     assert script.server(b"") == [Closed(Reply(421, "4.7.0", ("rate limited, closing",)))]
 
 
+# What the I/O layer reads to say "the message may be delivered twice": the end of the content
+# went out, and its reply did not come (a close, or a timeout or reset seen by the I/O layer).
+# (The EHLO reply offered, the replies up to the end of the content, and whether it went with them.)
+UNANSWERED_END = {
+    "pipelining+chunking": (EHLO_PLAIN, b"250 ok\r\n250 ok\r\n", True),  # BDAT ... LAST went with MAIL
+    "pipelining+data": (b"250-mx.test\r\n250 PIPELINING\r\n", b"250 ok\r\n250 ok\r\n354 go\r\n", True),
+    "lockstep+data": (b"250 mx.test\r\n", b"250 ok\r\n250 ok\r\n354 go\r\n", True),
+    "lockstep+chunking": (b"250-mx.test\r\n250 CHUNKING\r\n", b"250 ok\r\n250 ok\r\n", True),
+    "lockstep, before DATA": (b"250 mx.test\r\n", b"250 ok\r\n", False),
+}
+
+
+@pytest.mark.parametrize("mode", UNANSWERED_END)
+@pytest.mark.parametrize("end", ["close", "still waiting", "answered"])
+def test_the_end_of_data_unanswered_is_known_until_the_connection_is_gone(mode: str, end: str) -> None:
+    ehlo, replies, content_sent = UNANSWERED_END[mode]
+    script = greeted(ehlo=ehlo)
+    assert not script.session.end_of_data_unanswered()
+    script.send(Deliver(envelope()))
+    assert script.server(replies) == []
+    if end == "close":
+        assert script.server(b"") == [Closed(None)]
+        assert script.session.end_of_data_unanswered() == content_sent
+    elif end == "still waiting":
+        assert script.session.end_of_data_unanswered() == content_sent
+    elif content_sent:
+        (done,) = script.server(b"250 2.0.0 queued\r\n")
+        assert isinstance(done, TransactionDone)
+        assert not script.session.end_of_data_unanswered()
+
+
 def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
     script = greeted()
     script.send(Deliver(envelope("b@example.net")))
