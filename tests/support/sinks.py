@@ -534,9 +534,9 @@ class AnswerSink(_SocketSink):
     and the client's TLS hello with plaintext, then the connection closes: a handshake that
     always fails (a client may then try again in the clear).
 
-    `commands` is every command line received (content not included), `contents` every
-    message's content in full (what ended with "." or BDAT LAST), and `quits`/`drops` count the
-    connections that ended with QUIT and without."""
+    `commands` is every command line received (content not included), `sessions` the same for
+    each connection apart, `contents` every message's content in full (what ended with "." or
+    BDAT LAST), and `quits`/`drops` count the connections that ended with QUIT and without."""
 
     def __init__(
         self,
@@ -550,6 +550,7 @@ class AnswerSink(_SocketSink):
         self.delays = delays or {}
         self.extensions = extensions
         self.commands: list[str] = []
+        self.sessions: list[list[str]] = []
         self.contents: list[bytes] = []
         self.quits = 0
         self.drops = 0
@@ -595,6 +596,9 @@ class AnswerSink(_SocketSink):
                     connection.sendall(answer.encode() + b"\r\n")
             return answer
 
+        session: list[str] = []
+        with self._lock:
+            self.sessions.append(session)
         with connection:
             connection.sendall(b"220 answer.test ESMTP\r\n")
             while not self._stopping.is_set():
@@ -607,6 +611,7 @@ class AnswerSink(_SocketSink):
                 verb = text.split(" ", 1)[0].upper()
                 with self._lock:
                     self.commands.append(text)
+                    session.append(text)
                 if verb == "BDAT":
                     size = int(text.split()[1])
                     while len(buffer) < size:

@@ -92,14 +92,12 @@ class _HandshakeFailed(ConnectFailed):
 
 
 class ConnectionLost(Exception):
-    """The connection broke during a transaction (timeout, reset, garbage). `answered`: the
-    server ended it with a reply of its own (a 421), a definite no to the transaction, where
-    a silent break may have come after it took the message."""
+    """The connection broke during a transaction (timeout, reset, garbage), or was closed
+    before it. (A 421 is no break: the transaction ends with it, as its recipients' reply.)"""
 
-    def __init__(self, reply: Reply, *, answered: bool = False) -> None:
+    def __init__(self, reply: Reply) -> None:
         super().__init__(str(reply))
         self.reply = reply
-        self.answered = answered
 
 
 _UNVERIFIED: Final = client_context(verify=False)
@@ -421,10 +419,6 @@ class ClientConnection:
             raise ConnectionLost(self._unanswered_end(error.reply)) from None
         if not isinstance(event, TransactionDone):
             self.broken = True
-            if isinstance(event, Closed) and event.reply is not None:
-                # A 421 that ended the transaction (the server said why it went away): the
-                # recipients' outcome is its own words, which the reactions read.
-                raise ConnectionLost(event.reply, answered=True)
             raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
         return event.result, time.monotonic() - started
 

@@ -306,6 +306,7 @@ class Transaction:
         self._mail_reply: Reply | None = None
         self._data_reply: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
+        self._closing: Reply | None = None
 
     @property
     def done(self) -> bool:
@@ -334,10 +335,17 @@ class Transaction:
             out.append(self._send_end())
         return b"".join(out)
 
+    @property
+    def closing(self) -> Reply | None:
+        """The 421 that ended the transaction (RFC 5321 3.8: the server is closing the
+        connection), or None. The connection must not carry another transaction."""
+        return self._closing
+
     def on_reply(self, reply: Reply) -> bytes:
         """Take the next reply; return what to send next (maybe nothing). Raises
         ClientProtocolError for a reply to no command, or a positive one that its command
-        cannot have (`_GOES_ON`): the transaction is then over, and nothing it said counts."""
+        cannot have (`_GOES_ON`): the transaction is then over, and nothing it said counts.
+        A 421, to any command, ends it at once (`closing`)."""
         if not self._pending:
             raise ClientProtocolError(f"unexpected reply: {reply}")
         what, index = self._pending.pop(0)
@@ -347,6 +355,16 @@ class Transaction:
                 verb = "BDAT" if what == _CONTENT and self.chunking else verb
                 expected = "354" if low == high else "2xx"
                 raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
+        out = self._take(what, index, reply)
+        if reply.code == 421:
+            # RFC 5321 3.8: the server is going away, in answer to whatever command. Nothing
+            # more is said, nor waited for: what has no answer of its own gets this one.
+            self._closing = reply
+            self._pending.clear()
+            return b""
+        return out
+
+    def _take(self, what: int, index: int, reply: Reply) -> bytes:
         if what == _MAIL:
             self._mail_reply = reply
             # Refused, in a pipelined group the RCPT and DATA replies still come: they are read,
@@ -378,17 +396,18 @@ class Transaction:
         return b""  # _RSET when pipelining
 
     def result(self) -> Result:
-        mail = self._mail_reply
+        mail, closing = self._mail_reply, self._closing
         replies: list[Reply] = []
         for reply in self._rcpt_replies:
             if mail is not None and not mail.is_success:
                 replies.append(mail)
             elif reply is None:
-                replies.append(Reply(451, "4.4.0", ("no reply to RCPT before the connection ended",)))
+                replies.append(closing or Reply(451, "4.4.0", ("no reply to RCPT before the connection ended",)))
             elif not reply.is_success:
                 replies.append(reply)
             elif self._data_reply is None:
-                replies.append(Reply(451, "4.4.0", ("no reply to the end of data before the connection ended",)))
+                no_end = Reply(451, "4.4.0", ("no reply to the end of data before the connection ended",))
+                replies.append(closing or no_end)
             else:
                 replies.append(self._data_reply)
         return Result(replies, mail, self._data_reply, needs_reset=self._mail_ok() and not self._ended)

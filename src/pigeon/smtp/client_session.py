@@ -184,7 +184,8 @@ class Closed:
     """The conversation is over: close the connection.
 
     `reply` is the server's last word: its answer to QUIT, a 421 it sent while idle (RFC 5321
-    3.8), or a 421 it sent within a transaction before closing. None when it closed without one.
+    3.8), or a 421 that ended a transaction (right after its `TransactionDone`, whose
+    recipients without an answer of their own got it). None when it closed without one.
     """
 
     reply: Reply | None
@@ -315,9 +316,6 @@ class ClientSession:
         self._transaction: Transaction | None = None
         self._starttls_refusal: Reply | None = None
         self._final: Unusable | Closed | None = None
-        # A 421 within a transaction: the server is going away (RFC 5321 3.8), and closes
-        # before the rest of the transaction's replies. Its words are the outcome, not "closed".
-        self._goodbye: Reply | None = None
         self._closed_at_end_of_data = False  # the session closed awaiting the reply to the end of data
 
     # --- the three verbs ---------------------------------------------------------------------
@@ -345,7 +343,7 @@ class ClientSession:
             elif self._received:
                 self._read()
             elif self._eof and self.phase is not Phase.CLOSED:
-                self._close(Closed(self._goodbye if self.phase is Phase.MAIL else None))
+                self._close(Closed(None))
             elif self._final is not None:
                 return self._final
             else:
@@ -436,8 +434,6 @@ class ClientSession:
         replies, out = self._replies, self._out
         while replies:
             reply = replies.popleft()
-            if reply.code == 421:
-                self._goodbye = reply
             try:
                 data = transaction.on_reply(reply)
             except ClientProtocolError:
@@ -447,12 +443,15 @@ class ClientSession:
                 out.append(data)
             if transaction.done:
                 self._transaction = None
-                self._goodbye = None
                 result = transaction.result()
                 self.needs_reset = result.needs_reset
                 self.transactions += 1
                 self._move(Step.DONE)
                 self._events.append(TransactionDone(result))
+                if transaction.closing is not None:
+                    # RFC 5321 3.8: after a 421 the server closes the connection, and the
+                    # client does not wait to see it (nor says QUIT into what it left behind).
+                    self._close(Closed(transaction.closing))
                 return
 
     def _on_reply(self, reply: Reply) -> None:

@@ -479,44 +479,16 @@ def test_a_421_while_idle_closes_the_session() -> None:
         script.session.send(Deliver(envelope()))
 
 
-def test_a_421_within_a_pipelined_transaction_then_a_close_is_the_servers_last_word() -> None:
+def test_a_421_within_a_pipelined_transaction_is_the_reply_of_every_recipient_without_one() -> None:
     # Found from outside: the 421 to RCPT was lost and the outcome read "closed the connection",
     # so no reaction saw it (without PIPELINING the reply was kept).
     script = greeted()
     script.send(Deliver(envelope("b@example.net", "c@example.net")))
-    assert script.server(b"250 ok\r\n421 4.7.0 rate limited, closing\r\n") == []
-    assert script.server(b"") == [Closed(Reply(421, "4.7.0", ("rate limited, closing",)))]
-
-
-# What the I/O layer reads to say "the message may be delivered twice": the end of the content
-# went out, and its reply did not come (a close, or a timeout or reset seen by the I/O layer).
-# (The EHLO reply offered, the replies up to the end of the content, and whether it went with them.)
-UNANSWERED_END = {
-    "pipelining+chunking": (EHLO_PLAIN, b"250 ok\r\n250 ok\r\n", True),  # BDAT ... LAST went with MAIL
-    "pipelining+data": (b"250-mx.test\r\n250 PIPELINING\r\n", b"250 ok\r\n250 ok\r\n354 go\r\n", True),
-    "lockstep+data": (b"250 mx.test\r\n", b"250 ok\r\n250 ok\r\n354 go\r\n", True),
-    "lockstep+chunking": (b"250-mx.test\r\n250 CHUNKING\r\n", b"250 ok\r\n250 ok\r\n", True),
-    "lockstep, before DATA": (b"250 mx.test\r\n", b"250 ok\r\n", False),
-}
-
-
-@pytest.mark.parametrize("mode", UNANSWERED_END)
-@pytest.mark.parametrize("end", ["close", "still waiting", "answered"])
-def test_the_end_of_data_unanswered_is_known_until_the_connection_is_gone(mode: str, end: str) -> None:
-    ehlo, replies, content_sent = UNANSWERED_END[mode]
-    script = greeted(ehlo=ehlo)
-    assert not script.session.end_of_data_unanswered()
-    script.send(Deliver(envelope()))
-    assert script.server(replies) == []
-    if end == "close":
-        assert script.server(b"") == [Closed(None)]
-        assert script.session.end_of_data_unanswered() == content_sent
-    elif end == "still waiting":
-        assert script.session.end_of_data_unanswered() == content_sent
-    elif content_sent:
-        (done,) = script.server(b"250 2.0.0 queued\r\n")
-        assert isinstance(done, TransactionDone)
-        assert not script.session.end_of_data_unanswered()
+    closing = Reply(421, "4.7.0", ("rate limited, closing",))
+    done, closed = script.server(b"250 ok\r\n421 4.7.0 rate limited, closing\r\n")
+    assert isinstance(done, TransactionDone) and done.result.replies == [closing, closing]
+    assert closed == Closed(closing)
+    assert script.server(b"") == []  # the server's close changes nothing
 
 
 def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
@@ -526,12 +498,29 @@ def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
     assert script.server(b"") == [Closed(None)]
 
 
-def test_a_421_in_a_finished_transaction_is_not_the_last_word_of_a_later_close() -> None:
-    script = greeted()
-    script.send(Deliver(envelope("b@example.net", "c@example.net")))
-    (done,) = script.server(b"250 ok\r\n421 4.7.0 busy\r\n250 ok\r\n250 queued\r\n")
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_a_421_anywhere_in_a_transaction_ends_the_session_even_if_the_server_goes_on(pipelining: bool) -> None:
+    """RFC 5321 3.8: a 421 is the server closing the connection. Found from outside: a peer that
+    answered one RCPT 421 and went on got RSET, MAIL ... on the same connection."""
+    ehlo = EHLO_PLAIN if pipelining else b"250 mx.test\r\n"
+    script = greeted(ehlo=ehlo)
+    out = script.send(Deliver(envelope("b@example.net", "c@example.net", "d@example.net")))
+    closing = Reply(421, "4.7.0", ("busy",))
+    unknown = Reply(550, "5.1.1", ("unknown",))
+    events = []
+    for reply in (b"250 ok\r\n", b"550 5.1.1 unknown\r\n", b"421 4.7.0 busy\r\n"):
+        events += script.server(reply)
+    done, closed = events
     assert isinstance(done, TransactionDone)
-    assert script.server(b"") == [Closed(None)]
+    assert done.result.replies == [unknown, closing, closing]  # the refusal stands; the rest get the 421
+    assert closed == Closed(closing)
+    assert script.session.phase is Phase.CLOSED and not script.session.is_ready()
+    assert script.server(b"250 ok\r\n250 queued\r\n") == []  # what it says after: not read
+    everything = out + b"".join(script.writes)
+    assert b"RCPT TO:<d@example.net>" in everything if pipelining else b"RCPT TO:<d@example.net>" not in everything
+    assert not everything.endswith((b"QUIT\r\n", b"RSET\r\n", b"DATA\r\n"))
+    with pytest.raises(SmtpUsageError):
+        script.session.send(Deliver(envelope()))
 
 
 def test_another_reply_while_idle_is_a_protocol_error() -> None:
