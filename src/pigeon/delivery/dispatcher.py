@@ -708,7 +708,8 @@ class Dispatcher:
             if message is None:
                 continue
             count = len(message.envelope.recipients)
-            attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site)
+            attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site, error.peer)
+            attempt = attempt._replace(tls=error.tls)
             if until_probe is not None:
                 attempt = attempt._replace(tried=False, retry_after=until_probe)
             if self._reactor is not None and effect is not None:

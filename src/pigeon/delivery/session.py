@@ -75,12 +75,18 @@ class ClientOptions:
 class ConnectFailed(Exception):
     """No hop of the destination could be used. `reply` is the last reason; `site_down`
     says that no host took a connection at all (each refused it or timed out), as opposed
-    to a host that answered and would not do (a 421, a failed TLS handshake)."""
+    to a host that answered and would not do (a 421, a failed TLS handshake). `peer` is that
+    host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
+    it was on TLS by then: a record of the failure names them as a delivery's would."""
 
-    def __init__(self, reply: Reply, *, site_down: bool = False) -> None:
+    def __init__(
+        self, reply: Reply, *, site_down: bool = False, peer: str | None = None, tls: str | None = None
+    ) -> None:
         super().__init__(str(reply))
         self.reply = reply
         self.site_down = site_down
+        self.peer = peer
+        self.tls = tls
 
 
 class _NoConnection(ConnectFailed):
@@ -281,21 +287,22 @@ class ClientConnection:
         """The first hop that takes the connection, never at the address `avoid` (the host
         that just answered 4xx: `smtp_agent` tries another). Raises ConnectFailed with the last
         reason."""
-        last = Reply(451, "4.4.1", (f"no host to try for {destination.site}",))
+        last = ConnectFailed(Reply(451, "4.4.1", (f"no host to try for {destination.site}",)))
         policy = TlsPolicy(destination.tls.value)
         tried = connected = False  # whether any address was tried, and any took the connection
         for hop in destination.hops:
             try:
                 addresses = [hop.host] if _is_ip(hop.host) else await resolver.addresses(hop.host)
             except DnsFailure as error:
-                last = Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",))
+                last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
                 continue
             if options.bind is not None:
                 # A socket bound to an IPv4 address cannot reach an IPv6 one, nor the reverse.
                 family = ipaddress.ip_address(options.bind).version
                 usable = [a for a in addresses if ipaddress.ip_address(a).version == family]
                 if not usable:
-                    last = Reply(451, "4.4.1", (f"{hop.host} has no IPv{family} address to reach from {options.bind}",))
+                    reason = f"{hop.host} has no IPv{family} address to reach from {options.bind}"
+                    last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
                     continue
                 addresses = usable
             if avoid is not None:
@@ -306,10 +313,10 @@ class ClientConnection:
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _NoConnection as error:
-                    last = error.reply
+                    last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
                 except ConnectFailed as error:
-                    last = error.reply
+                    last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
                 connected = True
                 if not handshake_failed:
@@ -324,11 +331,13 @@ class ClientConnection:
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
                 for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
+                    how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
+                    _log.warning("%s: %s; trying again %s", destination.site, last.reply, how)
                     try:
                         return await cls._open_one(hop, address, fallback, options, tls)
                     except ConnectFailed as again:
-                        last = again.reply
-        raise ConnectFailed(last, site_down=tried and not connected)
+                        last = again.with_traceback(None)
+        raise ConnectFailed(last.reply, site_down=tried and not connected, peer=last.peer, tls=last.tls)
 
     @classmethod
     async def _open_one(
@@ -354,7 +363,7 @@ class ClientConnection:
             await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
-            raise ConnectFailed(error.reply) from None
+            raise ConnectFailed(error.reply, peer=peer, tls=connection.tls) from None
         except BaseException:
             connection.close()
             raise
@@ -375,7 +384,7 @@ class ClientConnection:
                 await self._start_tls(server_name, verify, destination.ca_file)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
-                raise failure(event.explain(self.peer))
+                raise failure(event.explain(self.peer), peer=self.peer, tls=self.tls)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 

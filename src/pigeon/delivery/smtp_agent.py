@@ -199,7 +199,8 @@ class SmtpAgents:
         except ConnectFailed as error:
             reply = error.reply
             classification = self._classifier.classify(reply) if reply.code >= 500 else ""
-            raise Unreachable(reply, classification, site_down=error.site_down) from None
+            site_down, peer, tls = error.site_down, error.peer, error.tls
+            raise Unreachable(reply, classification, site_down=site_down, peer=peer, tls=tls) from None
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:
             elsewhere = functools.partial(self._elsewhere, destination, options, connection.host)
