@@ -115,15 +115,17 @@ _SEEN: dict[bytes, Reply] = {}  # single-line replies by their line as received
 
 def _parse_reply(lines: list[str]) -> Reply:
     code = int(lines[0][:3])
+    if not 200 <= code <= 599:
+        # RFC 5321 4.2: the first digit is 2 to 5. Another is no reply a client can act on: no
+        # class says whether the command was done, and whatever Pigeon made of it would put
+        # its own words in the server's mouth (a bounce "554 invalid reply code", once).
+        raise ClientProtocolError(f"a reply with no valid code: {lines[0][:80]!r}")
     texts = [line[4:] for line in lines]
     enhanced = None
     first = texts[0].split(" ", 1)
     if _ENHANCED.fullmatch(first[0]) and first[0][0] == str(code)[0]:
         enhanced = first[0]
         texts = [_strip_enhanced(text, enhanced) for text in texts]
-    if not 200 <= code <= 599:
-        # Not a code Reply accepts: report it as the generic error it stands for.
-        code, texts = 554, [f"invalid reply code {lines[0][:3]}: {' '.join(texts)}"]
     return Reply(code, enhanced, tuple(t if t else "" for t in texts))
 
 
