@@ -80,12 +80,12 @@ async def test_opportunistic_tls_goes_on_in_the_clear_when_starttls_is_not_offer
 
 
 @on_both_loops
-async def test_required_tls_without_starttls_offered_fails_with_4_7_5_and_sends_no_mail() -> None:
+async def test_required_tls_without_starttls_offered_fails_with_4_7_4_and_sends_no_mail() -> None:
     async with plain_server() as server:
         with pytest.raises(ConnectFailed) as failed:
             await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
         reply = failed.value.reply
-        assert (reply.code, reply.enhanced) == (451, "4.7.5")
+        assert (reply.code, reply.enhanced) == (451, "4.7.4")  # RFC 3463: security features not supported
         assert reply.text == f"TLS required, but [127.0.0.1]:{server.port} does not offer STARTTLS"
         await _settle()
         assert bytes(server.connections[0].received) == b"EHLO client.test\r\nQUIT\r\n"
@@ -106,7 +106,7 @@ async def test_required_tls_with_starttls_refused_fails_with_the_servers_reply(t
         with pytest.raises(ConnectFailed) as failed:
             await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
         assert str(failed.value.reply) == (
-            f"451 4.7.5 TLS required, [127.0.0.1]:{server.port} refused STARTTLS: 454 4.7.0 TLS not available"
+            f"451 4.7.4 TLS required, [127.0.0.1]:{server.port} refused STARTTLS: 454 4.7.0 TLS not available"
         )
 
 

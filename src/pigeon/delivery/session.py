@@ -11,8 +11,8 @@ session says so, enforces the timeouts, and turns failures into replies a log re
 understands: the server's own 4xx when it turned us away with one (a 421 banner, a 421 to
 EHLO: what the reactions read), `451 4.4.1` for a host that would not talk otherwise,
 `451 4.4.2` for a timeout or a dropped connection, `451 4.5.0` for a server that broke the
-protocol, `451 4.7.5` when TLS is required and impossible. The caller decides what they
-mean for the message.
+protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its handshake failed).
+The caller decides what they mean for the message.
 
 The glue is an `asyncio.Protocol`, not streams: bytes go to the session as they arrive, and
 what it answers (the next command of a lock-step transaction, the content after 354) is

@@ -128,8 +128,10 @@ _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.BANNER: ("4.4.1", "{peer} greeted with: {reply}"),
     Reason.GREETING: ("4.4.1", "{peer} refused EHLO and HELO: {reply}"),
     Reason.CLOSING: ("4.4.1", "{peer} answered {detail} with: {reply}"),
-    Reason.TLS_NOT_OFFERED: ("4.7.5", "TLS required, but {peer} does not offer STARTTLS"),
-    Reason.TLS_REFUSED: ("4.7.5", "TLS required, {peer} refused STARTTLS: {reply}"),
+    # RFC 3463 3.8: X.7.4 "security features not supported" where the server has no TLS to
+    # give, X.7.5 "cryptographic failure" where it tried and the handshake failed.
+    Reason.TLS_NOT_OFFERED: ("4.7.4", "TLS required, but {peer} does not offer STARTTLS"),
+    Reason.TLS_REFUSED: ("4.7.4", "TLS required, {peer} refused STARTTLS: {reply}"),
     Reason.TLS_FAILED: ("4.7.5", "TLS handshake with {peer} failed: {detail}"),
 }
 _WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.CLOSING, Reason.TLS_REFUSED})
@@ -169,7 +171,7 @@ class Unusable:
     def explain(self, peer: str) -> Reply:
         """The transient reply a delivery attempt records: the server's own 4xx when it alone
         decided (`421 4.7.0 Try again later, closing connection. (greeting of mx [192.0.2.1]:25)`),
-        else Pigeon's (`451 4.7.5 TLS required, ...`)."""
+        else Pigeon's (`451 4.7.4 TLS required, ...`)."""
         reply = self.reply
         own = _OWN_WORDS.get(self.reason)
         if own is not None and reply is not None and reply.is_transient:

@@ -312,7 +312,7 @@ def test_required_without_starttls_offered_is_unusable() -> None:
     (event,) = script.server(EHLO_PLAIN)
     assert event == Unusable(Reason.TLS_NOT_OFFERED)
     assert event.explain("mx [192.0.2.1]:25") == Reply(
-        451, "4.7.5", ("TLS required, but mx [192.0.2.1]:25 does not offer STARTTLS",)
+        451, "4.7.4", ("TLS required, but mx [192.0.2.1]:25 does not offer STARTTLS",)
     )
     assert script.writes == [b"EHLO client.test\r\n", b"QUIT\r\n"]
 
@@ -687,7 +687,8 @@ def test_tls_policy_against_every_kind_of_server(policy: TlsPolicy, server: str)
         assert isinstance(event, Unusable)
         assert event.reason is expected
         assert event.retry_in_clear == (policy is TlsPolicy.OPPORTUNISTIC and expected is Reason.TLS_FAILED)
-        assert event.explain("peer").enhanced == "4.7.5"
+        # RFC 3463: a failed handshake is X.7.5 (cryptographic failure); no TLS to be had, X.7.4.
+        assert event.explain("peer").enhanced == ("4.7.5" if expected is Reason.TLS_FAILED else "4.7.4")
     else:
         assert isinstance(event, Ready)
         assert event.tls == (expected == "tls")

@@ -128,7 +128,7 @@ def test_starttls_refused_under_required_tls_is_unusable_with_the_servers_reply(
     (event,) = link.events
     assert event == Unusable(Reason.TLS_REFUSED, replies.TLS_UNAVAILABLE)
     assert event.explain("mx.test [127.0.0.1]:25") == Reply(
-        451, "4.7.5", ("TLS required, mx.test [127.0.0.1]:25 refused STARTTLS: 454 4.7.0 TLS not available",)
+        451, "4.7.4", ("TLS required, mx.test [127.0.0.1]:25 refused STARTTLS: 454 4.7.0 TLS not available",)
     )
     assert link.client_writes[-1] == b"QUIT\r\n"
 
