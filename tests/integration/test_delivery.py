@@ -142,7 +142,7 @@ def test_each_expired_recipient_and_its_dsn_name_its_own_last_reply_across_a_res
             records = wait_until(lambda: len(pigeon.records("Expiration")) == 2 and pigeon.records("Expiration"))
             said = {r["recipient"]: r["response"]["text"] for r in records}
             assert said == {
-                address: f"Message expired: not delivered within max_age; last attempt: {reply}"
+                address: f"Message expired: not delivered within 5 seconds; last attempt: {reply}"
                 for address, reply in replies.items()
             }
             (dsn,) = sink.wait_for(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFail
 from pigeon.smtp import replies
 from pigeon.smtp.client import Envelope, Recipient
 from pigeon.smtp.events import Ehlo, StartTls
+from pigeon.smtp.replies import Reply
 from pigeon.smtp.server import ServerConfig
 from tests.integration.session_peer import PeerServer, no_dns, on_both_loops
 
@@ -78,12 +80,12 @@ async def test_opportunistic_tls_goes_on_in_the_clear_when_starttls_is_not_offer
 
 
 @on_both_loops
-async def test_required_tls_without_starttls_offered_fails_with_4_7_5_and_sends_no_mail() -> None:
+async def test_required_tls_without_starttls_offered_fails_with_4_7_4_and_sends_no_mail() -> None:
     async with plain_server() as server:
         with pytest.raises(ConnectFailed) as failed:
             await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
         reply = failed.value.reply
-        assert (reply.code, reply.enhanced) == (451, "4.7.5")
+        assert (reply.code, reply.enhanced) == (451, "4.7.4")  # RFC 3463: security features not supported
         assert reply.text == f"TLS required, but [127.0.0.1]:{server.port} does not offer STARTTLS"
         await _settle()
         assert bytes(server.connections[0].received) == b"EHLO client.test\r\nQUIT\r\n"
@@ -104,7 +106,7 @@ async def test_required_tls_with_starttls_refused_fails_with_the_servers_reply(t
         with pytest.raises(ConnectFailed) as failed:
             await ClientConnection.open(server.destination(TlsPolicy.REQUIRED), no_dns(), OPTIONS)
         assert str(failed.value.reply) == (
-            f"451 4.7.5 TLS required, [127.0.0.1]:{server.port} refused STARTTLS: 454 4.7.0 TLS not available"
+            f"451 4.7.4 TLS required, [127.0.0.1]:{server.port} refused STARTTLS: 454 4.7.0 TLS not available"
         )
 
 
@@ -120,6 +122,38 @@ async def test_a_failed_handshake_under_opportunistic_tls_is_retried_in_the_clea
         )
         assert b"STARTTLS" not in second.received  # the second connection did not try again
         assert second.received.startswith(b"EHLO client.test\r\nMAIL FROM:")
+
+
+@on_both_loops
+async def test_a_failed_handshake_tried_again_in_the_clear_says_so_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: falling back to the clear left no trace in the log."""
+    async with tls_server(tmp_path, starttls="garbage") as server:
+        destination = server.destination(TlsPolicy.OPPORTUNISTIC)
+        with caplog.at_level(logging.WARNING, logger="pigeon.delivery.session"):
+            connection = await ClientConnection.open(destination, no_dns(), OPTIONS)
+        assert connection.tls is None
+        await connection.quit()
+    (warning,) = [r for r in caplog.records if r.name == "pigeon.delivery.session"]
+    assert warning.levelno == logging.WARNING
+    said = warning.getMessage()
+    assert said.startswith(f"{destination.site}: 451 4.7.5 TLS handshake with [127.0.0.1]:{server.port} failed: ")
+    assert said.endswith("; trying again in the clear")
+
+
+@on_both_loops
+async def test_a_421_to_the_ehlo_on_tls_fails_naming_the_host_and_its_tls(tmp_path: Path) -> None:
+    """The records of a failure before the transaction name the host, and its TLS when it was
+    on TLS, as a delivery's would (found from outside: they had no `peer`)."""
+    greeting = Reply(250, None, ("mx.test", "PIPELINING", "STARTTLS"))
+    closing = Reply(421, "4.7.0", ("mx.test going away",))
+    async with tls_server(tmp_path, answers={"EHLO": [greeting, closing]}) as server:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(server.destination(TlsPolicy.OPPORTUNISTIC), no_dns(), OPTIONS)
+    assert failed.value.reply.code == 421
+    assert failed.value.peer == f"[127.0.0.1]:{server.port}"
+    assert failed.value.tls is not None and failed.value.tls.startswith("TLSv1.")
 
 
 @on_both_loops

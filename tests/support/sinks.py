@@ -348,7 +348,7 @@ class _SocketSink:
     def __init__(self, host: str, name: str) -> None:
         self.host = host
         self._lock = threading.Lock()
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, free_port()))  # (not port 0: see tests.support.ports)
         self._listener.settimeout(0.2)
         self.port = self._listener.getsockname()[1]
         self._stopping = threading.Event()
@@ -520,6 +520,129 @@ class TurnAwaySink(_SocketSink):
                 rest += chunk
             with self._lock:
                 self.received += [raw.removesuffix(b"\r").decode(errors="replace") for raw in rest.split(b"\n") if raw]
+
+
+class AnswerSink(_SocketSink):
+    """A next hop whose every reply a test may choose, even one no server should send: a 250 to
+    DATA, a 354 to the end of data, a 421 to RCPT that is not followed by a close. `answers`
+    maps a command ("EHLO", "MAIL", "RCPT", "DATA", "BDAT", "RSET", "QUIT") or "." (the end of
+    DATA's content) to the reply line(s) to send instead of the usual ones, "" to close the
+    connection without a word; `delays` to the seconds to wait before answering. It offers 8BITMIME,
+    and PIPELINING and CHUNKING as `extensions` says. Content is read after a 354 to DATA (up
+    to "." on a line of its own, CRLF only, dot-stuffing left as it is), and a BDAT's octets
+    after BDAT, whatever the reply. With "STARTTLS" in `extensions`, STARTTLS is answered 220
+    and the client's TLS hello with plaintext, then the connection closes: a handshake that
+    always fails (a client may then try again in the clear).
+
+    `commands` is every command line received (content not included), `sessions` the same for
+    each connection apart, `contents` every message's content in full (what ended with "." or
+    BDAT LAST), and `quits`/`drops` count the connections that ended with QUIT and without."""
+
+    def __init__(
+        self,
+        answers: dict[str, str] | None = None,
+        *,
+        extensions: tuple[str, ...] = (),
+        delays: dict[str, float] | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.answers = answers or {}
+        self.delays = delays or {}
+        self.extensions = extensions
+        self.commands: list[str] = []
+        self.sessions: list[list[str]] = []
+        self.contents: list[bytes] = []
+        self.quits = 0
+        self.drops = 0
+        super().__init__(host, "answer-sink")
+
+    def _serve(self, connection: socket.socket) -> None:
+        connection.settimeout(30)
+        buffer = b""
+        usual = {
+            "EHLO": "\r\n".join(f"250-{k}" for k in ("answer.test", "8BITMIME", *self.extensions)) + "\r\n250 SIZE",
+            "HELO": "250 answer.test",
+            "MAIL": "250 2.1.0 ok",
+            "RCPT": "250 2.1.5 ok",
+            "DATA": "354 go ahead",
+            ".": "250 2.0.0 stored",
+            "BDAT": "250 2.0.0 stored",
+            "RSET": "250 2.0.0 ok",
+            "NOOP": "250 2.0.0 ok",
+            "QUIT": "221 2.0.0 bye",
+            "STARTTLS": "220 2.0.0 go ahead",
+        }
+
+        def read(until: bytes) -> bytes | None:
+            nonlocal buffer
+            while until not in buffer:
+                try:
+                    chunk = connection.recv(65536)
+                except OSError:
+                    return None
+                if not chunk:
+                    return None
+                buffer += chunk
+            found, _, buffer = buffer.partition(until)
+            return found
+
+        def say(key: str) -> str:
+            answer = self.answers.get(key, usual.get(key, "500 5.5.2 what?"))
+            time.sleep(self.delays.get(key, 0.0))
+            with contextlib.suppress(OSError):
+                if not answer:
+                    connection.shutdown(socket.SHUT_RDWR)  # gone without a word (counted as a drop)
+                else:
+                    connection.sendall(answer.encode() + b"\r\n")
+            return answer
+
+        session: list[str] = []
+        with self._lock:
+            self.sessions.append(session)
+        with connection:
+            connection.sendall(b"220 answer.test ESMTP\r\n")
+            while not self._stopping.is_set():
+                line = read(b"\r\n")
+                if line is None:
+                    with self._lock:
+                        self.drops += 1
+                    return
+                text = line.decode(errors="replace")
+                verb = text.split(" ", 1)[0].upper()
+                with self._lock:
+                    self.commands.append(text)
+                    session.append(text)
+                if verb == "BDAT":
+                    size = int(text.split()[1])
+                    while len(buffer) < size:
+                        chunk = connection.recv(65536)
+                        if not chunk:
+                            break
+                        buffer += chunk
+                    content, buffer = buffer[:size], buffer[size:]
+                    with self._lock:
+                        self.contents.append(content)
+                    say("BDAT")
+                    continue
+                answer = say(verb)
+                if verb == "STARTTLS" and answer.startswith("220"):
+                    with contextlib.suppress(OSError):
+                        connection.recv(65536)  # the client's hello
+                        connection.sendall(b"this is not a TLS server hello\r\n")
+                    return
+                if verb == "QUIT":
+                    with self._lock:
+                        self.quits += 1
+                    return
+                if verb == "DATA" and answer.startswith("354"):
+                    body = read(b"\r\n.\r\n")  # (an empty message is no test's)
+                    if body is None:
+                        with self._lock:
+                            self.drops += 1
+                        return
+                    with self._lock:
+                        self.contents.append(body)
+                    say(".")
 
 
 def _wait_port(host: str, port: int, timeout: float = 10.0) -> None:

@@ -31,13 +31,25 @@ class Work(NamedTuple):
 class Unreachable(Exception):
     """No session with the destination could be opened. `reply` is the last reason, and
     `classification` its bounce class if it is a 5xx. `site_down`: no host of the
-    destination took a connection at all, so the whole site is down (`pigeon.delivery.sites`)."""
+    destination took a connection at all, so the whole site is down (`pigeon.delivery.sites`).
+    `peer` and `tls`: the host that answered and would not do (a 421, TLS it does not offer or
+    a certificate that does not verify), and its TLS if it was on TLS by then."""
 
-    def __init__(self, reply: Reply, classification: str = "", *, site_down: bool = False) -> None:
+    def __init__(
+        self,
+        reply: Reply,
+        classification: str = "",
+        *,
+        site_down: bool = False,
+        peer: str | None = None,
+        tls: str | None = None,
+    ) -> None:
         super().__init__(str(reply))
         self.reply = reply
         self.classification = classification
         self.site_down = site_down
+        self.peer = peer
+        self.tls = tls
 
 
 class Agent(Protocol):

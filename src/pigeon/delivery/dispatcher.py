@@ -80,7 +80,7 @@ from pigeon.queue.state import Lease
 from pigeon.shaping.effects import Effect
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.rules import Shaping, ShapingQuery, site_key, source_key
-from pigeon.shaping.throttles import Throttles
+from pigeon.shaping.throttles import Hold, Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
@@ -150,6 +150,21 @@ class _Lane:
         self.refused: asyncio.TimerHandle | None = None  # no connection slot was free: asks again then
         self.rekey: str | None = None  # a reload's new limit key, taken once no connection is open
         self.deferring = False  # its site is down: deferring what waits is on its way (call_soon)
+
+
+class _Connection:
+    """What one connection task holds, for its end (`Dispatcher._end`) to give back or close
+    whichever way the task ended."""
+
+    __slots__ = ("agent", "begun", "crashed", "hold", "probe", "taken")
+
+    def __init__(self, hold: Hold, probe: bool) -> None:
+        self.hold = hold
+        self.probe = probe  # it still has to say whether the site's probe opened (`health`)
+        self.agent: Agent | None = None
+        self.taken: list[Lease] = []  # leased, not begun: given back if the task ends
+        self.begun: list[Work] = []  # begun, not reported: reported as a transient failure if it fails
+        self.crashed = False  # it ended on a bug, not on the peer
 
 
 # Defaults of `Dispatcher`'s hooks are functions, not lambdas: a lambda as a parameter's
@@ -427,124 +442,141 @@ class Dispatcher:
                 loop = asyncio.get_running_loop()
                 lane.refused = loop.call_later(_REFUSED_RETRY, self._retry_start, lane)
             return
+        connection = _Connection(hold, probe)
+        stop: BaseException | None = None
+        try:
+            await self._run(lane, shaping, connection)
+        except Exception:
+            _log.exception("delivery to %s failed unexpectedly", queue.path)
+            connection.crashed = True
+            for work in connection.begun:  # every message begun gets an outcome, or it would wait for a restart
+                count = len(work.message.envelope.recipients)
+                self._report_from(lane, work.lease, Attempt.same_for_all(_INTERNAL, count, "", queue.site))
+        except BaseException as error:  # cancelled (a stop): the connection ends all the same, first
+            stop = error
+        # Not a `finally`: compiled by mypyc, a `finally` that awaits leaves the exception it
+        # ran for set as sys.exc_info() for every other task, and one that ends normally raises
+        # whatever sys.exc_info() then holds (tests/unit/test_compiled_awaits.py).
+        await self._end(lane, connection)
+        if stop is not None:
+            raise stop
+
+    async def _run(self, lane: _Lane, shaping: Shaping, connection: _Connection) -> None:
+        """Open a connection and deliver on it until the queue runs dry, a limit says stop, or
+        the connection breaks (`_work` ends it, whatever happened)."""
+        queue, hold = lane.queue, connection.hold
         destination: Destination = queue.destination
-        agent: Agent | None = None
-        crashed = False
-        taken: list[Lease] = []  # leased, not begun: given back if this task ends
-        begun: list[Work] = []  # begun, not reported: reported as a transient failure if it fails
         # Outcomes of the last batch, being written. The next batch waits for the one before:
         # a kill -9 can then deliver again at most two batches per connection (the one whose
         # outcome was being committed and the one on the wire), however slow the disk.
         writing: list[asyncio.Future[None]] = []
+        if not len(queue):
+            return
         try:
-            if not len(queue):
-                return
-            try:
-                agent = await self._open(destination, lane.source)
-            except Unreachable as error:
-                was_probe, probe = probe, False  # (its verdict is given here)
-                self._unreachable(lane, error, probe=was_probe)
-                return
-            probe = False
-            lane.failures = 0
-            self._site_up(lane)
-            deliveries = 0
-            limit = shaping.connection_limit
-            while (
-                deliveries < shaping.max_deliveries_per_connection
-                and not self._stopping
-                and self._throttles.keep(hold, limit)  # (a node over its share after Redis went away)
-            ):
-                # (a limit effect may have begun or ended, or a reload changed the limits)
-                shaping = self._shaping_of(lane)
-                if lane.connections > shaping.connection_limit:
-                    break  # lowered under what is open: this one ends
-                lease = await self._next(queue, lane.key, shaping)
-                if lease is None:
-                    break
-                taken.append(lease)
-                while len(taken) < agent.batch and (more := queue.take_nowait()) is not None:
-                    taken.append(more)
-                if not agent.usable():
-                    # The server hung up while we were idle: a new connection, not a failure.
-                    await agent.close()
-                    agent = None
-                    try:
-                        agent = await self._open(destination, lane.source)
-                    except Unreachable as error:
-                        self._give_back(queue, taken)
-                        self._unreachable(lane, error)
-                        return
-                if shaping.max_message_rate is not None:
-                    await self._admit(lane, shaping.max_message_rate, len(taken))
-                if self._is_held(lane):
-                    self._give_back(queue, taken)  # suspended (an operator, a reaction): it waits, untried
-                    break
-                if self._reactor is not None and (bouncing := self._reactor.bouncing(lane.reaction_keys)):
-                    self._give_back(queue, taken)
-                    self._bounce_waiting(lane, bouncing)
-                    break
-                begun = self._begin_all(taken, lane)
-                taken = []
-                hooks = self._hooks
-                if begun and hooks is not None and hooks.vets:
-                    begun = await self._vetted(hooks, begun, lane)
-                if not begun:
-                    continue
-                self.in_flight += len(begun)
+            agent = connection.agent = await self._open(destination, lane.source)
+        except Unreachable as error:
+            was_probe, connection.probe = connection.probe, False  # (its verdict is given here)
+            self._unreachable(lane, error, probe=was_probe)
+            return
+        connection.probe = False
+        lane.failures = 0
+        self._site_up(lane)
+        deliveries = 0
+        limit = shaping.connection_limit
+        while (
+            deliveries < shaping.max_deliveries_per_connection
+            and not self._stopping
+            and self._throttles.keep(hold, limit)  # (a node over its share after Redis went away)
+        ):
+            # (a limit effect may have begun or ended, or a reload changed the limits)
+            shaping = self._shaping_of(lane)
+            if lane.connections > shaping.connection_limit:
+                break  # lowered under what is open: this one ends
+            lease = await self._next(queue, lane.key, shaping)
+            if lease is None:
+                break
+            taken = connection.taken
+            taken.append(lease)
+            while len(taken) < agent.batch and (more := queue.take_nowait()) is not None:
+                taken.append(more)
+            if not agent.usable():
+                # The server hung up while we were idle: a new connection, not a failure.
+                await agent.close()
+                connection.agent = None
                 try:
-                    attempts = await agent.deliver(begun)
-                except asyncio.CancelledError:
-                    # A stop while the agent tried a message's deferred recipients at the next
-                    # MX host: what the first host took is reported, or a restart sends it again.
-                    for work, attempt in zip(begun, agent.final(), strict=False):
-                        self._report_from(lane, work.lease, attempt)
-                    raise
-                finally:
-                    self.in_flight -= len(begun)
-                if lane.source is not None:  # named now: the outcome hook sees it too
-                    attempts = [attempt._replace(source=lane.source) for attempt in attempts]
-                if self._reactor is not None:
-                    attempts = self._reacted(begun, attempts, queue)
-                if hooks is not None and hooks.reviews:
-                    attempts = await self._reviewed(hooks, begun, attempts, lane)
-                earlier, writing = writing, []
-                for work, attempt in zip(begun, attempts, strict=True):
-                    if (written := self._report_from(lane, work.lease, attempt)) is not None:
-                        writing.append(written)
-                deliveries += len(begun)
-                begun = []
-                if earlier and not all(future.done() for future in earlier):
-                    await asyncio.wait(earlier)
-                if not agent.usable():
-                    break
-        except Exception:
-            _log.exception("delivery to %s failed unexpectedly", queue.path)
-            crashed = True
-            for work in begun:  # every message begun gets an outcome, or it would wait for a restart
-                count = len(work.message.envelope.recipients)
-                self._report_from(lane, work.lease, Attempt.same_for_all(_INTERNAL, count, "", destination.site))
-        finally:
-            if probe:  # it never opened nor failed to: the next connection asked for probes
-                self._probe_given_up(lane)
-            # Cancelled at shutdown: what was begun stays as it is in the spool, and is tried
-            # again at the next start; what was only taken goes back now.
-            self._give_back(queue, taken)
-            lane.connections -= 1
+                    agent = connection.agent = await self._open(destination, lane.source)
+                except Unreachable as error:
+                    self._give_back(queue, taken)
+                    self._unreachable(lane, error)
+                    return
+            if shaping.max_message_rate is not None:
+                await self._admit(lane, shaping.max_message_rate, len(taken))
+            if self._is_held(lane):
+                self._give_back(queue, taken)  # suspended (an operator, a reaction): it waits, untried
+                break
+            if self._reactor is not None and (bouncing := self._reactor.bouncing(lane.reaction_keys)):
+                self._give_back(queue, taken)
+                self._bounce_waiting(lane, bouncing)
+                break
+            begun = connection.begun = self._begin_all(taken, lane)
+            connection.taken = []
+            hooks = self._hooks
+            if begun and hooks is not None and hooks.vets:
+                begun = connection.begun = await self._vetted(hooks, begun, lane)
+            if not begun:
+                continue
+            self.in_flight += len(begun)
             try:
-                if agent is not None:
-                    await agent.close()
-            except Exception:
-                _log.exception("closing a connection to %s failed", queue.path)
+                attempts = await agent.deliver(begun)
+            except asyncio.CancelledError:
+                # A stop while the agent tried a message's deferred recipients at the next
+                # MX host: what the first host took is reported, or a restart sends it again.
+                for work, attempt in zip(begun, agent.final(), strict=False):
+                    self._report_from(lane, work.lease, attempt)
+                raise
             finally:
-                self._throttles.disconnect(hold)  # once closed: the site never sees one more than the limit
-                if lane.connections == 0 and lane.rekey is not None:  # (no slot is held under the old key)
-                    lane.key, lane.rekey = lane.rekey, None
-            if len(queue) and not self._stopping:
-                if crashed:  # a bug, not the peer: try again, but not in a tight loop
-                    asyncio.get_running_loop().call_later(_AFTER_A_CRASH, self._start, lane)
-                else:
-                    self._start(lane)
+                self.in_flight -= len(begun)
+            if lane.source is not None:  # named now: the outcome hook sees it too
+                attempts = [attempt._replace(source=lane.source) for attempt in attempts]
+            if self._reactor is not None:
+                attempts = self._reacted(begun, attempts, queue)
+            if hooks is not None and hooks.reviews:
+                attempts = await self._reviewed(hooks, begun, attempts, lane)
+            earlier, writing = writing, []
+            for work, attempt in zip(begun, attempts, strict=True):
+                if (written := self._report_from(lane, work.lease, attempt)) is not None:
+                    writing.append(written)
+            deliveries += len(begun)
+            connection.begun = []
+            if earlier and not all(future.done() for future in earlier):
+                await asyncio.wait(earlier)
+            if not agent.usable():
+                break
+
+    async def _end(self, lane: _Lane, connection: _Connection) -> None:
+        """The end of a connection task, however it ended: what it holds goes back, the
+        connection closes, its slot frees, and the lane goes on if mail waits."""
+        queue = lane.queue
+        if connection.probe:  # it never opened nor failed to: the next connection asked for probes
+            self._probe_given_up(lane)
+        # Cancelled at shutdown: what was begun stays as it is in the spool, and is tried
+        # again at the next start; what was only taken goes back now.
+        self._give_back(queue, connection.taken)
+        lane.connections -= 1
+        try:
+            if connection.agent is not None:
+                await connection.agent.close()
+        except Exception:
+            _log.exception("closing a connection to %s failed", queue.path)
+        finally:
+            self._throttles.disconnect(connection.hold)  # once closed: the site never sees one more than the limit
+            if lane.connections == 0 and lane.rekey is not None:  # (no slot is held under the old key)
+                lane.key, lane.rekey = lane.rekey, None
+        if len(queue) and not self._stopping:
+            if connection.crashed:  # a bug, not the peer: try again, but not in a tight loop
+                asyncio.get_running_loop().call_later(_AFTER_A_CRASH, self._start, lane)
+            else:
+                self._start(lane)
 
     async def _open(self, destination: Destination, source: str | None) -> Agent:
         opener = self._agents.get(destination.kind)
@@ -676,7 +708,8 @@ class Dispatcher:
             if message is None:
                 continue
             count = len(message.envelope.recipients)
-            attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site)
+            attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site, error.peer)
+            attempt = attempt._replace(tls=error.tls)
             if until_probe is not None:
                 attempt = attempt._replace(tried=False, retry_after=until_probe)
             if self._reactor is not None and effect is not None:

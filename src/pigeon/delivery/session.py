@@ -11,8 +11,8 @@ session says so, enforces the timeouts, and turns failures into replies a log re
 understands: the server's own 4xx when it turned us away with one (a 421 banner, a 421 to
 EHLO: what the reactions read), `451 4.4.1` for a host that would not talk otherwise,
 `451 4.4.2` for a timeout or a dropped connection, `451 4.5.0` for a server that broke the
-protocol, `451 4.7.5` when TLS is required and impossible. The caller decides what they
-mean for the message.
+protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its handshake failed).
+The caller decides what they mean for the message.
 
 The glue is an `asyncio.Protocol`, not streams: bytes go to the session as they arrive, and
 what it answers (the next command of a lock-step transaction, the content after 354) is
@@ -75,12 +75,18 @@ class ClientOptions:
 class ConnectFailed(Exception):
     """No hop of the destination could be used. `reply` is the last reason; `site_down`
     says that no host took a connection at all (each refused it or timed out), as opposed
-    to a host that answered and would not do (a 421, a failed TLS handshake)."""
+    to a host that answered and would not do (a 421, a failed TLS handshake). `peer` is that
+    host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
+    it was on TLS by then: a record of the failure names them as a delivery's would."""
 
-    def __init__(self, reply: Reply, *, site_down: bool = False) -> None:
+    def __init__(
+        self, reply: Reply, *, site_down: bool = False, peer: str | None = None, tls: str | None = None
+    ) -> None:
         super().__init__(str(reply))
         self.reply = reply
         self.site_down = site_down
+        self.peer = peer
+        self.tls = tls
 
 
 class _NoConnection(ConnectFailed):
@@ -92,14 +98,12 @@ class _HandshakeFailed(ConnectFailed):
 
 
 class ConnectionLost(Exception):
-    """The connection broke during a transaction (timeout, reset, garbage). `answered`: the
-    server ended it with a reply of its own (a 421), a definite no to the transaction, where
-    a silent break may have come after it took the message."""
+    """The connection broke during a transaction (timeout, reset, garbage), or was closed
+    before it. (A 421 is no break: the transaction ends with it, as its recipients' reply.)"""
 
-    def __init__(self, reply: Reply, *, answered: bool = False) -> None:
+    def __init__(self, reply: Reply) -> None:
         super().__init__(str(reply))
         self.reply = reply
-        self.answered = answered
 
 
 _UNVERIFIED: Final = client_context(verify=False)
@@ -195,7 +199,7 @@ class _Wire(asyncio.Protocol):
                     break
                 events.append(event)  # type: ignore[arg-type]
         except ClientProtocolError as error:
-            self.fail(Reply(451, "4.5.0", (f"sent garbage: {error}",)))
+            self.fail(Reply(451, "4.5.0", (f"broke the protocol: {error}",)))
             if self.transport is not None:
                 self.transport.abort()
             return
@@ -283,49 +287,57 @@ class ClientConnection:
         """The first hop that takes the connection, never at the address `avoid` (the host
         that just answered 4xx: `smtp_agent` tries another). Raises ConnectFailed with the last
         reason."""
-        last = Reply(451, "4.4.1", (f"no host to try for {destination.site}",))
+        last = ConnectFailed(Reply(451, "4.4.1", (f"no host to try for {destination.site}",)))
         policy = TlsPolicy(destination.tls.value)
         tried = connected = False  # whether any address was tried, and any took the connection
         for hop in destination.hops:
             try:
                 addresses = [hop.host] if _is_ip(hop.host) else await resolver.addresses(hop.host)
             except DnsFailure as error:
-                last = Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",))
+                last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
                 continue
             if options.bind is not None:
                 # A socket bound to an IPv4 address cannot reach an IPv6 one, nor the reverse.
                 family = ipaddress.ip_address(options.bind).version
                 usable = [a for a in addresses if ipaddress.ip_address(a).version == family]
                 if not usable:
-                    last = Reply(451, "4.4.1", (f"{hop.host} has no IPv{family} address to reach from {options.bind}",))
+                    reason = f"{hop.host} has no IPv{family} address to reach from {options.bind}"
+                    last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
                     continue
                 addresses = usable
             if avoid is not None:
                 addresses = [a for a in addresses if a != avoid]
             for address in addresses:
                 tried = True
+                handshake_failed = False
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _NoConnection as error:
-                    last = error.reply
+                    last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
-                except _HandshakeFailed as error:
-                    # The session said a new connection in the clear may do (opportunistic TLS).
-                    # One that asked to verify tries TLS unverified first: a certificate that
-                    # does not verify is still better encryption than none.
-                    last = error.reply
-                    fallbacks = (
-                        [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
-                    )
-                    for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
-                        try:
-                            return await cls._open_one(hop, address, fallback, options, tls)
-                        except ConnectFailed as again:
-                            last = again.reply
                 except ConnectFailed as error:
-                    last = error.reply
+                    last = error.with_traceback(None)
+                    handshake_failed = isinstance(error, _HandshakeFailed)
                 connected = True
-        raise ConnectFailed(last, site_down=tried and not connected)
+                if not handshake_failed:
+                    continue
+                # The session said a new connection in the clear may do (opportunistic TLS). One
+                # that asked to verify tries TLS unverified first: a certificate that does not
+                # verify is still better encryption than none. (Tried here, not in the `except`
+                # above: compiled by mypyc, a handler that awaits sets sys.exc_info() back, once
+                # done, to what it was when it began, which may be an exception thrown into
+                # this task since handled: left behind, a later `finally` raises it again.)
+                fallbacks = (
+                    [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
+                )
+                for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
+                    how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
+                    _log.warning("%s: %s; trying again %s", destination.site, last.reply, how)
+                    try:
+                        return await cls._open_one(hop, address, fallback, options, tls)
+                    except ConnectFailed as again:
+                        last = again.with_traceback(None)
+        raise ConnectFailed(last.reply, site_down=tried and not connected, peer=last.peer, tls=last.tls)
 
     @classmethod
     async def _open_one(
@@ -351,7 +363,7 @@ class ClientConnection:
             await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
-            raise ConnectFailed(error.reply) from None
+            raise ConnectFailed(error.reply, peer=peer, tls=connection.tls) from None
         except BaseException:
             connection.close()
             raise
@@ -372,7 +384,7 @@ class ClientConnection:
                 await self._start_tls(server_name, verify, destination.ca_file)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
-                raise failure(event.explain(self.peer))
+                raise failure(event.explain(self.peer), peer=self.peer, tls=self.tls)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
@@ -410,15 +422,23 @@ class ClientConnection:
             self.broken = True
             raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
         self._write(self._session.send(Deliver(envelope)))
-        event = await self._event(ending_patience=self.options.data_done_timeout)
+        try:
+            event = await self._event(ending_patience=self.options.data_done_timeout)
+        except ConnectionLost as error:
+            raise ConnectionLost(self._unanswered_end(error.reply)) from None
         if not isinstance(event, TransactionDone):
             self.broken = True
-            if isinstance(event, Closed) and event.reply is not None:
-                # A 421 that ended the transaction (the server said why it went away): the
-                # recipients' outcome is its own words, which the reactions read.
-                raise ConnectionLost(event.reply, answered=True)
-            raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
+            raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
         return event.result, time.monotonic() - started
+
+    def _unanswered_end(self, reason: Reply) -> Reply:
+        """Why a transaction broke, saying so when it broke after the end of the content went
+        out and before its reply came: the server may have taken the message (as Postfix has
+        it, "while sending end of data -- message may be sent more than once")."""
+        if not self._session.end_of_data_unanswered():
+            return reason
+        note = "no reply to the end of data: the message may be delivered twice"
+        return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
 
     def alive(self) -> bool:
         """False if the connection broke or the server closed it while it sat idle."""

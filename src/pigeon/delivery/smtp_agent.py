@@ -125,17 +125,13 @@ class SmtpAgent:
             try:
                 replies, duration = await _send_all(connection, envelope)
             except ConnectionLost as error:
+                # The message may have been taken: not sent again now, at another host.
                 attempt = Attempt.same_for_all(error.reply, count, "", site, connection.peer)
-                attempt = attempt._replace(tls=connection.tls)
-                if not error.answered:  # (the message may have been taken: not sent again now)
-                    attempts.append(attempt)
-                    continue
-            else:
-                classes = self._classifier.classify_all(replies)
-                passed_on = "DSN" in connection.capabilities
-                attempt = Attempt(
-                    replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on
-                )
+                attempts.append(attempt._replace(tls=connection.tls))
+                continue
+            classes = self._classifier.classify_all(replies)
+            passed_on = "DSN" in connection.capabilities
+            attempt = Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
             pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
             if pending and self._elsewhere is not None:
                 self._final.append(attempt)  # (until the next host answers: see `final`)
@@ -203,7 +199,8 @@ class SmtpAgents:
         except ConnectFailed as error:
             reply = error.reply
             classification = self._classifier.classify(reply) if reply.code >= 500 else ""
-            raise Unreachable(reply, classification, site_down=error.site_down) from None
+            site_down, peer, tls = error.site_down, error.peer, error.tls
+            raise Unreachable(reply, classification, site_down=site_down, peer=peer, tls=tls) from None
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:
             elsewhere = functools.partial(self._elsewhere, destination, options, connection.host)

@@ -86,10 +86,23 @@ class RecordOutbox(Protocol):
     def committed(self, spool: Spool, sealed: Sequence[tuple[int, bytes]]) -> None: ...
 
 
-def expired_reply(last: str | None) -> Reply:
-    text = "Message expired: not delivered within max_age"
+def expired_reply(last: str | None, max_age: float) -> Reply:
+    """The reply of an expiry, which a DSN gives its sender to read: how long the message was
+    tried (not the name of the setting), and what its last attempt met."""
+    text = f"Message expired: not delivered within {_span(max_age)}"
     # 554: the transaction failed for good (551 would say "user not local", RFC 5321 3.4).
     return Reply(554, "5.4.7", (f"{text}; last attempt: {last}" if last else text,))
+
+
+def _span(seconds: float) -> str:
+    """A duration for a person to read: "5 days", "1 day 12 hours", "30 minutes", "45 seconds"."""
+    left = max(round(seconds), 1)
+    parts: list[str] = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count} {unit}{'' if count == 1 else 's'}")
+    return " ".join(parts[:2])
 
 
 @dataclass(slots=True)
@@ -179,11 +192,12 @@ class Settlement:
     def expire(self, entry: Entry) -> None:
         """A message found past its max_age before an attempt: expire every recipient."""
         message = entry.message
+        max_age = self._policies.for_queue(message.queue).retry.max_age
         outcome = self._begin(entry, message.attempts, self._clock())
         for recipient in message.envelope.recipients:
             # (A row stored before recipients kept their own has the message's alone.)
             last = recipient.last_response or message.envelope.last_response
-            self._expired(outcome, recipient, expired_reply(last), None)
+            self._expired(outcome, recipient, expired_reply(last, max_age), None)
         self._keep_held(outcome)
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
 
@@ -303,7 +317,7 @@ class Settlement:
                 due, outcome.queue = now, rebind.queue
             if due is None:
                 for (recipient, _, index), last in zip(deferred, lasts, strict=True):
-                    self._expired(outcome, recipient, expired_reply(last), attempt, index)
+                    self._expired(outcome, recipient, expired_reply(last, policy.retry.max_age), attempt, index)
             else:
                 outcome.due = due
                 kept = [

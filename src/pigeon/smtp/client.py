@@ -8,7 +8,9 @@ and what a reply means is here, testable without a socket:
 * `Transaction` sends one message to its recipients. With PIPELINING it writes MAIL, every
   RCPT and DATA in one go (RFC 2920), with CHUNKING as well the content itself (`BDAT n
   LAST`, RFC 3030: one round trip per message); without, it goes command by command. It
-  records one reply per recipient: the RCPT refusal, or the end-of-data reply.
+  records one reply per recipient: the RCPT refusal, or the end-of-data reply. Success is a
+  2xx, and only DATA may have a 354; any other positive reply (a 250 to DATA, a 354 to the
+  end of data or to RCPT) is a `ClientProtocolError`, never a delivery.
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
 offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
@@ -113,15 +115,17 @@ _SEEN: dict[bytes, Reply] = {}  # single-line replies by their line as received
 
 def _parse_reply(lines: list[str]) -> Reply:
     code = int(lines[0][:3])
+    if not 200 <= code <= 599:
+        # RFC 5321 4.2: the first digit is 2 to 5. Another is no reply a client can act on: no
+        # class says whether the command was done, and whatever Pigeon made of it would put
+        # its own words in the server's mouth (a bounce "554 invalid reply code", once).
+        raise ClientProtocolError(f"a reply with no valid code: {lines[0][:80]!r}")
     texts = [line[4:] for line in lines]
     enhanced = None
     first = texts[0].split(" ", 1)
     if _ENHANCED.fullmatch(first[0]) and first[0][0] == str(code)[0]:
         enhanced = first[0]
         texts = [_strip_enhanced(text, enhanced) for text in texts]
-    if not 200 <= code <= 599:
-        # Not a code Reply accepts: report it as the generic error it stands for.
-        code, texts = 554, [f"invalid reply code {lines[0][:3]}: {' '.join(texts)}"]
     return Reply(code, enhanced, tuple(t if t else "" for t in texts))
 
 
@@ -260,7 +264,20 @@ def rcpt_reply_read(reply: Reply) -> Reply:
 
 
 # What a pending reply answers.
-_RSET, _MAIL, _RCPT, _DATA, _CONTENT, _IGNORED = range(6)
+_RSET, _MAIL, _RCPT, _DATA, _CONTENT = range(5)
+
+# The positive replies each command may have (RFC 5321 4.2.1 and 4.3.2, RFC 3030 2 for BDAT):
+# a 2xx says it was done, and DATA alone is answered 354, to ask for the content. Any other
+# positive code is no answer to that command: a 250 to DATA was never sent the content, a 354 to
+# the end of data did not take the message. The server and Pigeon no longer agree where the
+# transaction stands, so nothing it said in it counts, and the connection ends (as Postfix does).
+_GOES_ON: Final[dict[int, tuple[int, int, str]]] = {
+    _RSET: (200, 299, "RSET"),
+    _MAIL: (200, 299, "MAIL"),
+    _RCPT: (200, 299, "RCPT"),
+    _DATA: (354, 354, "DATA"),
+    _CONTENT: (200, 299, "the end of data"),
+}
 
 
 class Transaction:
@@ -291,6 +308,7 @@ class Transaction:
         self._mail_reply: Reply | None = None
         self._data_reply: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
+        self._closing: Reply | None = None
 
     @property
     def done(self) -> bool:
@@ -319,18 +337,41 @@ class Transaction:
             out.append(self._send_end())
         return b"".join(out)
 
+    @property
+    def closing(self) -> Reply | None:
+        """The 421 that ended the transaction (RFC 5321 3.8: the server is closing the
+        connection), or None. The connection must not carry another transaction."""
+        return self._closing
+
     def on_reply(self, reply: Reply) -> bytes:
-        """Take the next reply; return what to send next (maybe nothing)."""
+        """Take the next reply; return what to send next (maybe nothing). Raises
+        ClientProtocolError for a reply to no command, or a positive one that its command
+        cannot have (`_GOES_ON`): the transaction is then over, and nothing it said counts.
+        A 421, to any command, ends it at once (`closing`)."""
         if not self._pending:
             raise ClientProtocolError(f"unexpected reply: {reply}")
         what, index = self._pending.pop(0)
+        if reply.code < 400:
+            low, high, verb = _GOES_ON[what]
+            if not low <= reply.code <= high:
+                verb = "BDAT" if what == _CONTENT and self.chunking else verb
+                expected = "354" if low == high else "2xx"
+                raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
+        out = self._take(what, index, reply)
+        if reply.code == 421:
+            # RFC 5321 3.8: the server is going away, in answer to whatever command. Nothing
+            # more is said, nor waited for: what has no answer of its own gets this one.
+            self._closing = reply
+            self._pending.clear()
+            return b""
+        return out
+
+    def _take(self, what: int, index: int, reply: Reply) -> bytes:
         if what == _MAIL:
             self._mail_reply = reply
-            if not reply.is_positive:
-                # In a pipelined group the RCPT and DATA replies still come: wait for them.
-                self._pending = [(_IGNORED, 0)] * len(self._pending)
-                return b""
-            return b"" if self.pipelining else self._continue()
+            # Refused, in a pipelined group the RCPT and DATA replies still come: they are read,
+            # and count for nothing (`result`), but a 354 still gets its end of data.
+            return b"" if self.pipelining or not reply.is_success else self._continue()
         if what == _RCPT:
             self._rcpt_replies[index] = rcpt_reply_read(reply)
             return b"" if self.pipelining else self._continue()
@@ -349,35 +390,36 @@ class Transaction:
                 # RFC 5321 4.1.1.4: whatever the reply to the end of data, the server has
                 # cleared the transaction, so no RSET is needed. RFC 3030 says no such thing of
                 # a refused BDAT: reset after one, to be sure.
-                self._ended = reply.is_positive or not self.chunking
+                self._ended = reply.is_success or not self.chunking
             return b""
-        if what == _RSET and not self.pipelining:
+        if not self.pipelining:  # _RSET, in lock-step: MAIL goes now
             self._pending.append((_MAIL, 0))
             return self._mail_command()
-        return b""  # _RSET when pipelining, _IGNORED
+        return b""  # _RSET when pipelining
 
     def result(self) -> Result:
-        mail = self._mail_reply
+        mail, closing = self._mail_reply, self._closing
         replies: list[Reply] = []
         for reply in self._rcpt_replies:
-            if mail is not None and not mail.is_positive:
+            if mail is not None and not mail.is_success:
                 replies.append(mail)
             elif reply is None:
-                replies.append(Reply(451, "4.4.0", ("no reply to RCPT before the connection ended",)))
-            elif not reply.is_positive:
+                replies.append(closing or Reply(451, "4.4.0", ("no reply to RCPT before the connection ended",)))
+            elif not reply.is_success:
                 replies.append(reply)
             elif self._data_reply is None:
-                replies.append(Reply(451, "4.4.0", ("no reply to the end of data before the connection ended",)))
+                no_end = Reply(451, "4.4.0", ("no reply to the end of data before the connection ended",))
+                replies.append(closing or no_end)
             else:
                 replies.append(self._data_reply)
         return Result(replies, mail, self._data_reply, needs_reset=self._mail_ok() and not self._ended)
 
     # --- helpers -------------------------------------------------------------------------
     def _mail_ok(self) -> bool:
-        return self._mail_reply is not None and self._mail_reply.is_positive
+        return self._mail_reply is not None and self._mail_reply.is_success
 
     def _accepted_any(self) -> bool:
-        return any(r is not None and r.is_positive for r in self._rcpt_replies)
+        return any(r is not None and r.is_success for r in self._rcpt_replies)
 
     def _continue(self) -> bytes:
         """Lock-step: the next RCPT, or the end of the envelope."""

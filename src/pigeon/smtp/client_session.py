@@ -128,8 +128,10 @@ _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.BANNER: ("4.4.1", "{peer} greeted with: {reply}"),
     Reason.GREETING: ("4.4.1", "{peer} refused EHLO and HELO: {reply}"),
     Reason.CLOSING: ("4.4.1", "{peer} answered {detail} with: {reply}"),
-    Reason.TLS_NOT_OFFERED: ("4.7.5", "TLS required, but {peer} does not offer STARTTLS"),
-    Reason.TLS_REFUSED: ("4.7.5", "TLS required, {peer} refused STARTTLS: {reply}"),
+    # RFC 3463 3.8: X.7.4 "security features not supported" where the server has no TLS to
+    # give, X.7.5 "cryptographic failure" where it tried and the handshake failed.
+    Reason.TLS_NOT_OFFERED: ("4.7.4", "TLS required, but {peer} does not offer STARTTLS"),
+    Reason.TLS_REFUSED: ("4.7.4", "TLS required, {peer} refused STARTTLS: {reply}"),
     Reason.TLS_FAILED: ("4.7.5", "TLS handshake with {peer} failed: {detail}"),
 }
 _WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.CLOSING, Reason.TLS_REFUSED})
@@ -169,7 +171,7 @@ class Unusable:
     def explain(self, peer: str) -> Reply:
         """The transient reply a delivery attempt records: the server's own 4xx when it alone
         decided (`421 4.7.0 Try again later, closing connection. (greeting of mx [192.0.2.1]:25)`),
-        else Pigeon's (`451 4.7.5 TLS required, ...`)."""
+        else Pigeon's (`451 4.7.4 TLS required, ...`)."""
         reply = self.reply
         own = _OWN_WORDS.get(self.reason)
         if own is not None and reply is not None and reply.is_transient:
@@ -184,7 +186,8 @@ class Closed:
     """The conversation is over: close the connection.
 
     `reply` is the server's last word: its answer to QUIT, a 421 it sent while idle (RFC 5321
-    3.8), or a 421 it sent within a transaction before closing. None when it closed without one.
+    3.8), or a 421 that ended a transaction (right after its `TransactionDone`, whose
+    recipients without an answer of their own got it). None when it closed without one.
     """
 
     reply: Reply | None
@@ -242,17 +245,24 @@ _NEXT: Final[dict[Phase, dict[Step, Phase]]] = {
 
 _EXPECTS: Final[dict[Phase, int]] = {
     Phase.BANNER: 220,  # RFC 5321 4.2.5 / 3.1: 554 (or 421) means "not here"
-    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO (but a 421 closes: _CLOSING)
+    Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO (but a 421 closes: _OPENING)
     Phase.HELO: 250,
     Phase.STARTTLS: 220,  # RFC 3207 4: 454 or 501 means no TLS on this connection
     Phase.QUIT: 221,  # whatever it says, the session ends
 }
 """The phases that wait for the reply to one command, and the code that answers it positively."""
 
-# RFC 5321 3.8 / 4.2.2: 421 is the server closing the channel, in answer to any command. Before
-# the session is ready its words are the connection's outcome: no HELO after it, nor a session
-# in the clear that the server has already left.
-_CLOSING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS"}
+# The commands of the opening, whose replies are read strictly:
+# * RFC 5321 3.8 / 4.2.2: 421 is the server closing the channel, in answer to any command.
+#   Before the session is ready its words are the connection's outcome: no HELO after it, nor a
+#   session in the clear that the server has already left.
+# * RFC 5321 4.3.2 (RFC 3207 4 for STARTTLS): each has one positive reply (`_EXPECTS`). Another
+#   positive one (a 354 to EHLO, a 250 to STARTTLS) is neither a yes nor a no to fall back from
+#   (to HELO, to the clear): what the server expects next, TLS or content, is anyone's guess, so
+#   it is a broken protocol, and nothing more is said on the connection.
+# (Whatever the banner, a host that does not greet with 220 is turned from with QUIT; whatever
+# QUIT is answered, the session ends.)
+_OPENING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS"}
 
 _APPLICATION_STEPS: Final = frozenset({Step.MAIL, Step.QUIT, Step.TLS_UP, Step.TLS_FAILED})
 
@@ -308,9 +318,7 @@ class ClientSession:
         self._transaction: Transaction | None = None
         self._starttls_refusal: Reply | None = None
         self._final: Unusable | Closed | None = None
-        # A 421 within a transaction: the server is going away (RFC 5321 3.8), and closes
-        # before the rest of the transaction's replies. Its words are the outcome, not "closed".
-        self._goodbye: Reply | None = None
+        self._closed_at_end_of_data = False  # the session closed awaiting the reply to the end of data
 
     # --- the three verbs ---------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -337,7 +345,7 @@ class ClientSession:
             elif self._received:
                 self._read()
             elif self._eof and self.phase is not Phase.CLOSED:
-                self._close(Closed(self._goodbye if self.phase is Phase.MAIL else None))
+                self._close(Closed(None))
             elif self._final is not None:
                 return self._final
             else:
@@ -400,6 +408,13 @@ class ClientSession:
         transaction = self._transaction
         return transaction is not None and transaction.ending
 
+    def end_of_data_unanswered(self) -> bool:
+        """The end of a message's content went out, and its reply has not come: it still
+        awaits it (a timeout, a reset the I/O layer saw), or the server closed the connection
+        first. The server may have taken the message all the same (RFC 5321 6.1: it sends
+        the reply once the message is safe), so a try again may deliver it twice."""
+        return self._closed_at_end_of_data or self.awaits_end_of_data()
+
     # --- replies -------------------------------------------------------------------------------
     def _read(self) -> None:
         received, self._received = self._received, []
@@ -421,19 +436,24 @@ class ClientSession:
         replies, out = self._replies, self._out
         while replies:
             reply = replies.popleft()
-            if reply.code == 421:
-                self._goodbye = reply
-            data = transaction.on_reply(reply)
+            try:
+                data = transaction.on_reply(reply)
+            except ClientProtocolError:
+                self._broken()
+                raise
             if data:
                 out.append(data)
             if transaction.done:
                 self._transaction = None
-                self._goodbye = None
                 result = transaction.result()
                 self.needs_reset = result.needs_reset
                 self.transactions += 1
                 self._move(Step.DONE)
                 self._events.append(TransactionDone(result))
+                if transaction.closing is not None:
+                    # RFC 5321 3.8: after a 421 the server closes the connection, and the
+                    # client does not wait to see it (nor says QUIT into what it left behind).
+                    self._close(Closed(transaction.closing))
                 return
 
     def _on_reply(self, reply: Reply) -> None:
@@ -444,8 +464,12 @@ class ClientSession:
             self._unasked(reply)
             return
         step = Step.ACCEPTED if reply.code == expected else Step.REFUSED
-        if reply.code == 421 and phase in _CLOSING:
-            self._move(Step.CLOSING, Unusable(Reason.CLOSING, reply, detail=_CLOSING[phase]))
+        if step is Step.REFUSED and reply.code < 400 and phase in _OPENING:
+            self._broken()
+            verb = _OPENING[phase]
+            raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
+        if reply.code == 421 and phase in _OPENING:
+            self._move(Step.CLOSING, Unusable(Reason.CLOSING, reply, detail=_OPENING[phase]))
         elif phase is Phase.BANNER:
             self._move(step, Unusable(Reason.BANNER, reply) if step is Step.REFUSED else None)
         elif phase is Phase.EHLO:
@@ -521,6 +545,7 @@ class ClientSession:
             # RFC 5321 3.1 / 4.1.1.10: say goodbye even when turned away. The I/O layer writes
             # it and closes without waiting for the reply.
             self._out.append(b"QUIT\r\n")
+        self._closed_at_end_of_data = self.awaits_end_of_data()
         self.phase = Phase.CLOSED
         self._final = final
         self._events.append(final)

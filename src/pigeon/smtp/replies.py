@@ -43,8 +43,16 @@ class Reply:
 
     @property
     def is_positive(self) -> bool:
-        """2xx and 3xx: the command was accepted (or the server awaits more input)."""
+        """2xx and 3xx: the command was accepted (or the server awaits more input). For the
+        server's own answers; a client reading a peer's reply asks what that command allows
+        (`is_success`, or 354 to DATA alone: `pigeon.smtp.client`), since a 3xx where a 2xx
+        is due, or a 2xx where 354 is, is no success but a broken protocol."""
         return self.code < 400
+
+    @property
+    def is_success(self) -> bool:
+        """2xx: the command was done (RFC 5321 4.2.1: "Positive Completion reply")."""
+        return 200 <= self.code < 300
 
     @property
     def is_transient(self) -> bool:

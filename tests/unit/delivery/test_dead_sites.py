@@ -188,7 +188,7 @@ async def test_mail_of_a_down_site_expires_naming_the_sites_connection_error_not
     expired = world.logged("Expiration")
     assert sorted(e.recipient for e in expired) == [f"r{n}@d1.test" for n in range(3)]
     assert {e.response.text for e in expired} == {
-        f"Message expired: not delivered within max_age; last attempt: {REFUSED}"
+        f"Message expired: not delivered within 1 minute 40 seconds; last attempt: {REFUSED}"
     }
 
 

@@ -101,6 +101,24 @@ async def _refused(destination: Destination, source: str | None = None) -> Agent
     raise Unreachable(DOWN)
 
 
+async def test_a_host_that_answered_and_would_not_do_is_named_in_the_failure_with_its_tls(
+    make_world: MakeWorld,
+) -> None:
+    """A 421 to the EHLO after STARTTLS: the records name the host and its TLS, as a delivery's
+    would (found from outside: failures before the transaction had no `peer`)."""
+    closing = Reply(421, "4.7.0", ("go away (answer of mx1.test [192.0.2.1]:25 to EHLO)",))
+
+    async def turned_away(destination: Destination, source: str | None = None) -> Agent:
+        raise Unreachable(closing, peer="mx1.test [192.0.2.1]:25", tls="TLSv1.3 TLS_AES_256_GCM_SHA384")
+
+    world = make_world(SITES, ["d1.test"], connection_limit=1, opener=turned_away)
+    world.inject(["a@d1.test"])
+    await world.release_all()
+    [failure, *_] = world.logged("TransientFailure")
+    assert (failure.peer, failure.tls) == ("mx1.test [192.0.2.1]:25", "TLSv1.3 TLS_AES_256_GCM_SHA384")
+    assert failure.response.code == 421
+
+
 class _Hangs:
     """An agent whose connection is gone when it is next asked."""
 

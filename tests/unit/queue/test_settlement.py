@@ -107,8 +107,8 @@ async def test_each_recipient_expiring_while_it_waits_names_its_own_last_reply(m
     await world.release_all()
     said = {r.recipient: r.response.text for r in world.logged("Expiration")}
     assert said == {
-        "a@d1.test": "Message expired: not delivered within max_age; last attempt: 451 4.3.0 try later",
-        "b@d1.test": "Message expired: not delivered within max_age; last attempt: 452 4.2.2 mailbox full",
+        "a@d1.test": "Message expired: not delivered within 1 minute 40 seconds; last attempt: 451 4.3.0 try later",
+        "b@d1.test": "Message expired: not delivered within 1 minute 40 seconds; last attempt: 452 4.2.2 mailbox full",
     }
     assert {f.recipient.address: f.reply.text for f in world.reported} == said
 
@@ -121,10 +121,30 @@ async def test_each_recipient_expiring_at_the_end_of_an_attempt_names_its_own_re
     await world.release_all()
     said = {r.recipient: r.response.text for r in world.logged("Expiration")}
     assert said == {
-        "a@d1.test": "Message expired: not delivered within max_age; last attempt: 452 4.2.2 mailbox full",
-        "b@d1.test": "Message expired: not delivered within max_age; last attempt: 451 4.3.0 try later",
+        "a@d1.test": "Message expired: not delivered within 1 minute 40 seconds; last attempt: 452 4.2.2 mailbox full",
+        "b@d1.test": "Message expired: not delivered within 1 minute 40 seconds; last attempt: 451 4.3.0 try later",
     }
     assert {f.recipient.address: f.reply.text for f in world.reported} == said
+
+
+@pytest.mark.parametrize(
+    ("max_age", "said"),
+    [
+        (5 * 86400.0, "5 days"),
+        (1.5 * 86400.0, "1 day 12 hours"),
+        (86400.0 + 61.0, "1 day 1 minute"),
+        (3600.0, "1 hour"),
+        (100.0, "1 minute 40 seconds"),
+        (0.2, "1 second"),
+    ],
+)
+def test_an_expiry_says_how_long_the_message_was_tried_in_words_not_the_settings_name(
+    max_age: float, said: str
+) -> None:
+    """A DSN gives its sender this text to read: "max_age" meant nothing to them."""
+    reply = settlement.expired_reply("451 4.3.0 try later", max_age)
+    assert str(reply) == f"554 5.4.7 Message expired: not delivered within {said}; last attempt: 451 4.3.0 try later"
+    assert settlement.expired_reply(None, max_age).text == f"Message expired: not delivered within {said}"
 
 
 async def test_a_commit_that_fails_is_written_again_and_told_once(

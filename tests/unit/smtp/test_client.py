@@ -839,10 +839,14 @@ def test_a_bare_lf_ends_a_reply_line_too() -> None:
     assert ReplyReader().feed(b"250 ok\n") == [Reply(250, None, ("ok",))]
 
 
-def test_a_code_outside_200_to_599_becomes_a_554() -> None:
-    (reply,) = ReplyReader().feed(b"199 strange\r\n")
-    assert reply.code == 554
-    assert "199" in reply.text
+@pytest.mark.parametrize(
+    "line", [b"199 strange\r\n", b"999 huh\r\n", b"000 x\r\n", b"600 x\r\n", b"199-a\r\n199 b\r\n"]
+)
+def test_a_code_outside_200_to_599_is_a_protocol_error_not_a_reply(line: bytes) -> None:
+    """Found from outside: "999 huh" to RCPT was read as a 554 of Pigeon's own making, and the
+    recipient bounced with it. No class says what such a reply means."""
+    with pytest.raises(ClientProtocolError, match="no valid code"):
+        ReplyReader().feed(line)
 
 
 @pytest.mark.parametrize(

@@ -312,7 +312,7 @@ def test_required_without_starttls_offered_is_unusable() -> None:
     (event,) = script.server(EHLO_PLAIN)
     assert event == Unusable(Reason.TLS_NOT_OFFERED)
     assert event.explain("mx [192.0.2.1]:25") == Reply(
-        451, "4.7.5", ("TLS required, but mx [192.0.2.1]:25 does not offer STARTTLS",)
+        451, "4.7.4", ("TLS required, but mx [192.0.2.1]:25 does not offer STARTTLS",)
     )
     assert script.writes == [b"EHLO client.test\r\n", b"QUIT\r\n"]
 
@@ -479,13 +479,16 @@ def test_a_421_while_idle_closes_the_session() -> None:
         script.session.send(Deliver(envelope()))
 
 
-def test_a_421_within_a_pipelined_transaction_then_a_close_is_the_servers_last_word() -> None:
+def test_a_421_within_a_pipelined_transaction_is_the_reply_of_every_recipient_without_one() -> None:
     # Found from outside: the 421 to RCPT was lost and the outcome read "closed the connection",
     # so no reaction saw it (without PIPELINING the reply was kept).
     script = greeted()
     script.send(Deliver(envelope("b@example.net", "c@example.net")))
-    assert script.server(b"250 ok\r\n421 4.7.0 rate limited, closing\r\n") == []
-    assert script.server(b"") == [Closed(Reply(421, "4.7.0", ("rate limited, closing",)))]
+    closing = Reply(421, "4.7.0", ("rate limited, closing",))
+    done, closed = script.server(b"250 ok\r\n421 4.7.0 rate limited, closing\r\n")
+    assert isinstance(done, TransactionDone) and done.result.replies == [closing, closing]
+    assert closed == Closed(closing)
+    assert script.server(b"") == []  # the server's close changes nothing
 
 
 def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
@@ -495,12 +498,29 @@ def test_a_close_within_a_transaction_without_a_421_says_nothing_more() -> None:
     assert script.server(b"") == [Closed(None)]
 
 
-def test_a_421_in_a_finished_transaction_is_not_the_last_word_of_a_later_close() -> None:
-    script = greeted()
-    script.send(Deliver(envelope("b@example.net", "c@example.net")))
-    (done,) = script.server(b"250 ok\r\n421 4.7.0 busy\r\n250 ok\r\n250 queued\r\n")
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_a_421_anywhere_in_a_transaction_ends_the_session_even_if_the_server_goes_on(pipelining: bool) -> None:
+    """RFC 5321 3.8: a 421 is the server closing the connection. Found from outside: a peer that
+    answered one RCPT 421 and went on got RSET, MAIL ... on the same connection."""
+    ehlo = EHLO_PLAIN if pipelining else b"250 mx.test\r\n"
+    script = greeted(ehlo=ehlo)
+    out = script.send(Deliver(envelope("b@example.net", "c@example.net", "d@example.net")))
+    closing = Reply(421, "4.7.0", ("busy",))
+    unknown = Reply(550, "5.1.1", ("unknown",))
+    events = []
+    for reply in (b"250 ok\r\n", b"550 5.1.1 unknown\r\n", b"421 4.7.0 busy\r\n"):
+        events += script.server(reply)
+    done, closed = events
     assert isinstance(done, TransactionDone)
-    assert script.server(b"") == [Closed(None)]
+    assert done.result.replies == [unknown, closing, closing]  # the refusal stands; the rest get the 421
+    assert closed == Closed(closing)
+    assert script.session.phase is Phase.CLOSED and not script.session.is_ready()
+    assert script.server(b"250 ok\r\n250 queued\r\n") == []  # what it says after: not read
+    everything = out + b"".join(script.writes)
+    assert b"RCPT TO:<d@example.net>" in everything if pipelining else b"RCPT TO:<d@example.net>" not in everything
+    assert not everything.endswith((b"QUIT\r\n", b"RSET\r\n", b"DATA\r\n"))
+    with pytest.raises(SmtpUsageError):
+        script.session.send(Deliver(envelope()))
 
 
 def test_another_reply_while_idle_is_a_protocol_error() -> None:
@@ -667,7 +687,8 @@ def test_tls_policy_against_every_kind_of_server(policy: TlsPolicy, server: str)
         assert isinstance(event, Unusable)
         assert event.reason is expected
         assert event.retry_in_clear == (policy is TlsPolicy.OPPORTUNISTIC and expected is Reason.TLS_FAILED)
-        assert event.explain("peer").enhanced == "4.7.5"
+        # RFC 3463: a failed handshake is X.7.5 (cryptographic failure); no TLS to be had, X.7.4.
+        assert event.explain("peer").enhanced == ("4.7.5" if expected is Reason.TLS_FAILED else "4.7.4")
     else:
         assert isinstance(event, Ready)
         assert event.tls == (expected == "tls")

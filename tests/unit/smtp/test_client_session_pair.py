@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pigeon.smtp import replies
 from pigeon.smtp.client import Capabilities, Envelope, Recipient
-from pigeon.smtp.client_session import Closed, Deliver, Phase, Ready, Reason, TlsPolicy, Unusable
+from pigeon.smtp.client_session import Closed, Deliver, Phase, Ready, Reason, TlsPolicy, TransactionDone, Unusable
 from pigeon.smtp.client_session import StartTls as ClientStartTls
 from pigeon.smtp.events import Ehlo, Helo, MailFrom, StartTls, TransactionReset
 from pigeon.smtp.replies import Reply
@@ -128,7 +128,7 @@ def test_starttls_refused_under_required_tls_is_unusable_with_the_servers_reply(
     (event,) = link.events
     assert event == Unusable(Reason.TLS_REFUSED, replies.TLS_UNAVAILABLE)
     assert event.explain("mx.test [127.0.0.1]:25") == Reply(
-        451, "4.7.5", ("TLS required, mx.test [127.0.0.1]:25 refused STARTTLS: 454 4.7.0 TLS not available",)
+        451, "4.7.4", ("TLS required, mx.test [127.0.0.1]:25 refused STARTTLS: 454 4.7.0 TLS not available",)
     )
     assert link.client_writes[-1] == b"QUIT\r\n"
 
@@ -217,8 +217,9 @@ def test_the_server_going_away_mid_transaction_closes_the_client_session() -> No
     link = Link.open(config(max_messages_per_connection=1), tls=TlsPolicy.DISABLED)
     link.deliver(envelope())
     events = link.send(Deliver(envelope()))
-    # 421 to MAIL, then the server hung up: no result to report, but the server's last word.
-    [closed] = events
+    # 421 to MAIL: the transaction ends with it, as its recipients' reply, and so does the session.
+    [done, closed] = events
+    assert isinstance(done, TransactionDone) and [r.code for r in done.result.replies] == [421]
     assert isinstance(closed, Closed) and closed.reply is not None and closed.reply.code == 421
     assert link.server_writes[-1].startswith(b"421 4.7.0")
 
