@@ -7,6 +7,7 @@ Pigeon's internals.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import gzip
 import heapq
 import itertools
@@ -99,6 +100,8 @@ class _Tail:
     Segments older than its newest are read whole. The newest is tailed; when a newer one
     appears, the rest of the tailed one is read (the writer has closed it: even if it was
     compressed and removed meanwhile, the open file still reads) and the tail moves on.
+    The newest may be gone by the time it is opened (rotated and compressed since it was
+    listed): it is closed then, and its .gz twin is read whole instead.
     A line without its newline at the end of a closed segment was cut by a crash: skipped.
     """
 
@@ -130,11 +133,14 @@ class _Tail:
                 self.done.add(self.tailing)
             self.pending = b""
             self.tailing = _stem(newest)
-            if newest.name.endswith(COMPRESSED_SUFFIX):
+            if not newest.name.endswith(COMPRESSED_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    self.stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
+            if self.stream is None:
+                # Compressed, or rotated and compressed since it was listed: closed, and none of
+                # it read yet. Read whole (`_lines_of` finds the .gz twin of a plain name).
                 self.done.add(self.tailing)
                 yield from _lines_of(newest)
-            else:
-                self.stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
         if self.stream is not None:
             chunk = self.stream.read()
             if chunk:

@@ -401,6 +401,43 @@ def test_follow_yields_records_one_by_one_when_a_burst_ends_a_segment(
     assert lines == [msgspec.json.encode(quarantine(n)) for n in range(6)]
 
 
+def test_follow_goes_on_when_the_segment_it_listed_is_compressed_before_it_opens_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found from outside: `pigeon logs -f` with 8 KiB segments and steady traffic exited with
+    # FileNotFoundError when the newest segment it had listed was rotated and gzipped before
+    # it opened it. It is read from its .gz then, each record once, and the tail goes on.
+    log = opened_writer(tmp_path, compress=False)
+    for n in range(3):
+        log.write(quarantine(n))
+    listings = 0
+
+    def segments_then_the_writer_rotates_twice(directory: Path) -> list[Path]:
+        nonlocal listings
+        listings += 1
+        if listings != 2:
+            return segments(directory)
+        log.write(quarantine(3))
+        log.rotate()
+        log.write(quarantine(4))
+        listed = segments(directory)  # ends with the segment that holds 4
+        log.rotate()
+        log.write(quarantine(5))
+        compress_segment(listed[-1])  # as the writer's thread does, before follow() opens it
+        return listed
+
+    monkeypatch.setattr(reader_module, "segments", segments_then_the_writer_rotates_twice)
+    lines = []
+    for line in follow(tmp_path, poll=0.001, stop_after=0.5):
+        lines.append(line)
+        if len(lines) == 6:
+            break
+    log.close()
+
+    assert listings > 2
+    assert lines == lines_of(*range(6))
+
+
 def test_follow_reads_compressed_segments_and_stops_after_the_given_time(tmp_path: Path) -> None:
     log = opened_writer(tmp_path, max_segment_size=300)
     for n in range(20):
