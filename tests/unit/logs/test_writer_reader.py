@@ -401,6 +401,37 @@ def test_follow_yields_records_one_by_one_when_a_burst_ends_a_segment(
     assert lines == [msgspec.json.encode(quarantine(n)) for n in range(6)]
 
 
+def test_follow_keeps_a_writers_order_when_it_closed_two_segments_between_two_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rest of the segment being tailed comes before the segments closed after it.
+    log = opened_writer(tmp_path, compress=False)
+    for n in range(3):
+        log.write(quarantine(n))
+    listings = 0
+
+    def segments_after_two_rotations(directory: Path) -> list[Path]:
+        nonlocal listings
+        listings += 1
+        if listings == 2:
+            log.write(quarantine(3))
+            log.rotate()
+            log.write(quarantine(4))
+            log.rotate()
+            log.write(quarantine(5))
+        return segments(directory)
+
+    monkeypatch.setattr(reader_module, "segments", segments_after_two_rotations)
+    lines = []
+    for line in follow(tmp_path, poll=0.001, stop_after=0.5):
+        lines.append(line)
+        if len(lines) == 6:
+            break
+    log.close()
+
+    assert lines == lines_of(*range(6))
+
+
 def test_follow_goes_on_when_the_segment_it_listed_is_compressed_before_it_opens_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
