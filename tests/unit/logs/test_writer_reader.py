@@ -292,6 +292,30 @@ def test_partially_written_last_line_is_not_returned(tmp_path: Path) -> None:
     assert list(read_lines(tmp_path)) == whole
 
 
+def test_a_record_cut_short_at_the_end_of_a_segment_is_left_out_when_it_is_compressed(tmp_path: Path) -> None:
+    # Found from outside: a record cut short by a full disk (then kill -9) stayed in the
+    # gzipped segment, and `zcat segment | jq` failed on it. Closed segments hold whole lines.
+    segment = tmp_path / "20240101-000000-000000-w0.jsonl"
+    whole = b"".join(line + b"\n" for line in lines_of(1, 2))
+    segment.write_bytes(whole + b'{"type":"Quarantine","timest')
+
+    compress_segment(segment)
+
+    assert gzip.decompress((tmp_path / (segment.name + ".gz")).read_bytes()) == whole
+
+
+def test_a_record_cut_short_in_a_segment_left_plain_is_left_out_at_the_next_open(tmp_path: Path) -> None:
+    crashed = tmp_path / "20240101-000000-000000-w0.jsonl"
+    crashed.write_bytes(lines_of(1)[0] + b"\n" + b'{"type":"Quarantine","timest')
+
+    log = opened_writer(tmp_path, compress=False)  # the start after the crash
+    log.write(quarantine(2))
+    log.close()
+
+    assert crashed.read_bytes() == lines_of(1)[0] + b"\n"
+    assert ids(list(read_lines(tmp_path))) == [1, 2]
+
+
 def test_blank_lines_are_not_records(tmp_path: Path) -> None:
     segment = tmp_path / "20240101-000000-000000-w0.jsonl"
     whole = lines_of(1, 2)
