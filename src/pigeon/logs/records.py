@@ -14,8 +14,8 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | recipients  | Reception, Rejection          | envelope recipients of this message / the refused one    |
 | queue       | Reception                     | scheduled queue name, `campaign:tenant@domain`           |
 | size        | Reception                     | bytes stored, `Received:` header included                |
-| peer        | Reception, Rejection          | client address, `ip:port`                                |
-| helo        | Reception, Rejection          | EHLO/HELO name the client gave                           |
+| peer        | Reception, Rejection          | client address, `ip:port` (none for Pigeon's own DSNs)   |
+| helo        | Reception, Rejection          | EHLO/HELO name the client gave (none over HTTP)          |
 | protocol    | Reception                     | RFC 3848 keyword (ESMTP, ESMTPS, ESMTPSA, ...), HTTP for injections |
 | tls         | Reception, Rejection          | TLS version and cipher, when the connection used TLS     |
 | auth_user   | Reception, Rejection          | authenticated user (HTTP: the API token's name)          |
@@ -94,7 +94,7 @@ class Record(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True)
     node: str = ""
 
 
-class Reception(Record, tag="Reception"):
+class Reception(Record, tag="Reception", kw_only=True):
     """A message was stored durably and the client was told 250."""
 
     id: str
@@ -103,8 +103,8 @@ class Reception(Record, tag="Reception"):
     recipients: list[str]
     queue: str
     size: int
-    peer: str
-    helo: str
+    peer: str = ""  # none for Pigeon's own DSNs (protocol LOCAL): left out
+    helo: str = ""  # none over HTTP: left out
     protocol: str
     response: Response
     tls: str | None = None
