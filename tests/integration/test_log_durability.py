@@ -121,6 +121,23 @@ def test_a_full_log_disk_keeps_every_record_says_so_and_writes_each_once_when_it
 
 
 @pytest.mark.root
+def test_log_failing_is_1_for_a_node_whose_workers_logs_all_fail(tmp_path: Path, log_disk: Path) -> None:
+    # Found from outside: 2.0 on a 2-worker node, though its HELP says "1 while ...".
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}, log={"path": str(log_disk / "log")}) as pigeon:
+        filler = fill(log_disk)
+        result = smtp_source(pigeon.smtp_port, "-s", "10", "-m", "60", "-f", "a@src.test", "-t", "r@x.test")
+        assert result.returncode == 0, result.stderr
+        wait_until(lambda: [w["log"]["status"] for w in health(pigeon)["workers"]] == ["degraded", "degraded"])
+        assert pigeon.metric("pigeon_log_failing") == 1
+        _, text = pigeon.http_get("/metrics")
+        assert "# HELP pigeon_log_failing 1 while the event log cannot be written or fsynced (by any worker" in (
+            text.decode()
+        )
+        filler.unlink()
+        wait_until(lambda: pigeon.metric("pigeon_log_failing") == 0)
+
+
+@pytest.mark.root
 def test_sigterm_with_the_log_disk_full_keeps_the_records_for_the_next_start_and_says_so(
     tmp_path: Path, log_disk: Path
 ) -> None:

@@ -91,6 +91,8 @@ Exposition = dict[str, Family]
 """Metric families by name (as the parser names them: a counter without its "_total")."""
 
 _CUMULATIVE: Final = frozenset({"counter", "histogram", "summary"})
+# 0/1 gauges that say whether something is wrong anywhere: the node's value is the highest.
+_HIGHEST: Final = frozenset({"pigeon_log_failing"})
 
 
 def merge_metrics(texts: list[str]) -> str:
@@ -110,7 +112,7 @@ def parse_exposition(text: str) -> Exposition:
 
 def merge_expositions(parts: Iterable[Exposition]) -> Exposition:
     """Add up several expositions sample by sample: every Pigeon metric adds up, but `_created`
-    samples keep the earliest value."""
+    samples keep the earliest value, and the `_HIGHEST` gauges (0/1) the highest."""
     merged: Exposition = {}
     for part in parts:
         for name, family in part.items():
@@ -121,6 +123,8 @@ def merge_expositions(parts: Iterable[Exposition]) -> Exposition:
                     samples[key] = value
                 elif key[0].endswith("_created"):
                     samples[key] = min(samples[key], value)
+                elif name in _HIGHEST:
+                    samples[key] = max(samples[key], value)
                 else:
                     samples[key] += value
     return merged
