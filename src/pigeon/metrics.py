@@ -148,7 +148,9 @@ class _LogCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self._state()
         yield GaugeMetricFamily(
-            "pigeon_log_failing", "1 while the event log cannot be written or fsynced", value=int(s.failing)
+            "pigeon_log_failing",
+            "1 while the event log cannot be written or fsynced (by any worker: 0 or 1 for the node, not a sum)",
+            value=int(s.failing),
         )
         yield CounterMetricFamily(
             "pigeon_log_write_errors", "Failed writes and fsyncs of event log segments", value=s.write_errors

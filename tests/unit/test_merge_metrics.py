@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.metrics import Metrics
+from pigeon.metrics import LogState, Metrics
 from pigeon.node.answers import merge_metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -123,3 +123,17 @@ def test_merged_counters_are_still_counters() -> None:
 
     assert single["pigeon_messages_received"] == "counter"
     assert merged == single
+
+
+def test_log_failing_is_0_or_1_for_the_node_however_many_workers_fail() -> None:
+    # Found from outside: 2.0 on a 2-worker node whose workers' logs both failed, though its
+    # HELP says "1 while ...". The node's value is the highest of its workers'.
+    def worker(failing: bool) -> str:
+        metrics = Metrics()
+        metrics.track_log(lambda: LogState(failing, 1, 0, 0, 0, 0))
+        return exposition(metrics)
+
+    for states, expected in (((True, True), 1), ((True, False), 1), ((False, False), 0)):
+        merged = samples(merge_metrics([worker(failing) for failing in states]))
+        assert merged[("pigeon_log_failing", ())] == expected
+        assert merged[("pigeon_log_write_errors_total", ())] == 2  # counters still add up

@@ -6,7 +6,10 @@ without the record. So the record (encoded, with a unique `seq`) goes into the s
 outbox table in the same transaction as the change. After the commit it is written to the
 log, and every half second one `LogWriter.sync()` (one fsync) makes what was written durable;
 the outbox then forgets exactly the records that sync covered. A record whose write failed,
-that was dropped from memory, or whose fsync failed keeps its row.
+that was dropped from memory, or whose fsync failed keeps its row. Records are written as their
+commits end, which is not the order their seqs were given in (a commit, a settlement's after
+its DSN's, may end after a later one; rows logged late come later still): a consumer dedupes
+with a set of seqs, not the highest (the README says so).
 
 While the log disk fails, the writer keeps records in memory up to its bound. Past it,
 records are dropped from memory: terminal ones still have their rows, and the others

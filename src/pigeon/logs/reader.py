@@ -7,6 +7,7 @@ Pigeon's internals.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import gzip
 import heapq
 import itertools
@@ -97,8 +98,11 @@ class _Tail:
     """Follows the segments of one writer, oldest first.
 
     Segments older than its newest are read whole. The newest is tailed; when a newer one
-    appears, the rest of the tailed one is read (the writer has closed it: even if it was
-    compressed and removed meanwhile, the open file still reads) and the tail moves on.
+    appears, the rest of the tailed one is read first (the writer has closed it: even if it
+    was compressed and removed meanwhile, the open file still reads), then any segment the
+    writer closed since, in order, and the tail moves on.
+    The newest may be gone by the time it is opened (rotated and compressed since it was
+    listed): it is closed then, and its .gz twin is read whole instead.
     A line without its newline at the end of a closed segment was cut by a crash: skipped.
     """
 
@@ -111,6 +115,18 @@ class _Tail:
 
     def step(self, found: list[Path]) -> Iterator[bytes]:
         self.progressed = False
+        newest = found[-1] if found else None
+        if newest is not None and self.tailing is not None and _stem(newest) != self.tailing:
+            # The writer has moved on: the rest of the tailed segment comes before any later one.
+            self.progressed = True
+            if self.stream is not None:
+                for line in (self.pending + self.stream.read()).split(b"\n")[:-1]:
+                    if line:
+                        yield line
+                self.close()
+            self.done.add(self.tailing)
+            self.tailing = None
+            self.pending = b""
         for path in found[:-1]:
             stem = _stem(path)
             if stem in self.done or stem == self.tailing:
@@ -118,23 +134,17 @@ class _Tail:
             self.done.add(stem)
             self.progressed = True
             yield from _lines_of(path)
-        newest = found[-1] if found else None
         if newest is not None and _stem(newest) != self.tailing and _stem(newest) not in self.done:
             self.progressed = True
-            if self.stream is not None:
-                for line in (self.pending + self.stream.read()).split(b"\n")[:-1]:
-                    if line:
-                        yield line
-                self.close()
-            if self.tailing is not None:
-                self.done.add(self.tailing)
-            self.pending = b""
             self.tailing = _stem(newest)
-            if newest.name.endswith(COMPRESSED_SUFFIX):
+            if not newest.name.endswith(COMPRESSED_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    self.stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
+            if self.stream is None:
+                # Compressed, or rotated and compressed since it was listed: closed, and none of
+                # it read yet. Read whole (`_lines_of` finds the .gz twin of a plain name).
                 self.done.add(self.tailing)
                 yield from _lines_of(newest)
-            else:
-                self.stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
         if self.stream is not None:
             chunk = self.stream.read()
             if chunk:

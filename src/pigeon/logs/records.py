@@ -14,8 +14,8 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | recipients  | Reception, Rejection          | envelope recipients of this message / the refused one    |
 | queue       | Reception                     | scheduled queue name, `campaign:tenant@domain`           |
 | size        | Reception                     | bytes stored, `Received:` header included                |
-| peer        | Reception, Rejection          | client address, `ip:port`                                |
-| helo        | Reception, Rejection          | EHLO/HELO name the client gave                           |
+| peer        | Reception, Rejection          | client address, `ip:port` (none for Pigeon's own DSNs)   |
+| helo        | Reception, Rejection          | EHLO/HELO name the client gave (none over HTTP)          |
 | protocol    | Reception                     | RFC 3848 keyword (ESMTP, ESMTPS, ESMTPSA, ...), HTTP for injections |
 | tls         | Reception, Rejection          | TLS version and cipher, when the connection used TLS     |
 | auth_user   | Reception, Rejection          | authenticated user (HTTP: the API token's name)          |
@@ -47,7 +47,7 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | next_attempt   | TransientFailure | when the next attempt is due                              |
 | reason, operator | AdminBounce    | the operator's reason and API token name (terminal too)    |
 | meta           | all four         | metadata given at injection, as in `Reception`            |
-| seq            | terminal ones    | unique and increasing per shard: a consumer can dedupe    |
+| seq            | terminal ones    | unique on the node, but not written in seq order: see below |
 
 Inbound handoffs write `InboundDelivery` (the target accepted) or `InboundFailure` (it did
 not; `permanent`, `next_attempt`, `action` say what next), with `source`, `target`,
@@ -67,7 +67,10 @@ node that saw it), `scope` (`cluster` when shared through Redis, else `node`), a
 limit `connection_limit` and `max_message_rate`.
 
 `Reception` carries a `seq` too: it and the terminal records are written exactly once,
-even across `kill -9` (see `pigeon.logs.outbox`).
+even across `kill -9` (see `pigeon.logs.outbox`). A `seq` is given as its record is sealed
+with the change it reports, before the commit, and the record is written once that commit has
+ended: commits end out of the order their records were sealed in (and records kept in the
+outbox are written later), so a consumer dedupes with a set of the seqs seen, not the highest.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class Record(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True)
     node: str = ""
 
 
-class Reception(Record, tag="Reception"):
+class Reception(Record, tag="Reception", kw_only=True):
     """A message was stored durably and the client was told 250."""
 
     id: str
@@ -103,8 +106,8 @@ class Reception(Record, tag="Reception"):
     recipients: list[str]
     queue: str
     size: int
-    peer: str
-    helo: str
+    peer: str = ""  # none for Pigeon's own DSNs (protocol LOCAL): left out
+    helo: str = ""  # none over HTTP: left out
     protocol: str
     response: Response
     tls: str | None = None

@@ -22,7 +22,9 @@ Segments are named `<UTC time>-<microseconds>-w<shard>.jsonl`, so names sort by 
 segment is closed (and gzipped in a background thread, `.jsonl.gz`, written beside it and
 renamed into place before the plain file is removed) only after an fsync covered all of it:
 a rotation hands the old segment to the next sync. Segments left plain by a crash are
-compressed at the next start.
+compressed at the next start. A closed segment holds whole lines only: the head of a record
+cut short at its end (the disk filled up mid-write, then a crash or a stop) is left out as it
+is closed, compressed or not, so `zcat segment | jq` reads every line of it.
 
 BUGS: after an fsync error Linux may have dropped the pages it could not write, and a later
 fsync cannot tell. So records written before a failed fsync are never counted durable by
@@ -51,6 +53,7 @@ from pigeon.logs.records import Record
 _log = logging.getLogger(__name__)
 _MAX_BUFFER: Final = 64 * 1024 * 1024  # past this, a log disk that keeps failing costs records, not memory
 _FLUSH_AT: Final = 1024 * 1024
+_COPY_CHUNK: Final = 1024 * 1024
 _FLUSH_GAP: Final = 0.005  # under load, at most one write per this many seconds
 _RETRY_AFTER: Final = 1.0  # seconds between attempts while writes fail
 _REPORT_EVERY: Final = 60.0  # seconds between "still failing" reports
@@ -525,6 +528,7 @@ class LogWriter:
 
     def _close_segment(self, path: Path) -> None:
         if not self._compress:
+            drop_cut_line(path)
             return
         self._compressors = [t for t in self._compressors if t.is_alive()]
         thread = threading.Thread(target=compress_segment, args=(path,), name="log-compress")
@@ -542,13 +546,15 @@ class LogWriter:
 
 
 def compress_segment(path: Path) -> None:
-    """gzip `path` to `path.gz`, atomically, then remove `path`."""
+    """gzip `path` to `path.gz`, atomically, then remove `path`. A record cut short at its
+    end is left out first (`drop_cut_line`)."""
     target = path.with_name(path.name + ".gz")
     partial = path.with_name(path.name + ".gz.tmp")
+    drop_cut_line(path)
     try:
         with open(path, "rb") as source, open(partial, "wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, filename=path.name) as sink:
-                shutil.copyfileobj(source, sink, 1024 * 1024)
+                shutil.copyfileobj(source, sink, _COPY_CHUNK)
             raw.flush()
             os.fsync(raw.fileno())  # the .gz is whole on disk before the plain copy goes
         os.replace(partial, target)
@@ -556,3 +562,31 @@ def compress_segment(path: Path) -> None:
     except OSError as error:
         partial.unlink(missing_ok=True)
         _log.error("cannot compress log segment %s: %s (left uncompressed)", path, error)
+
+
+def drop_cut_line(path: Path) -> None:
+    """Cut a closed plain segment after its last newline.
+
+    What follows it is the head of a record cut short, by a crash or by a disk that filled up
+    in the middle of a write: never a record (one the spool's outbox holds is logged again
+    whole), and a JSON-lines tool (`zcat segment | jq`) would fail on it."""
+    try:
+        with open(path, "r+b") as stream:
+            size = stream.seek(0, os.SEEK_END)
+            end = size
+            while end > 0:
+                start = max(0, end - 65536)
+                stream.seek(start)
+                newline = stream.read(end - start).rfind(b"\n")
+                if newline >= 0:
+                    end = start + newline + 1
+                    break
+                end = start
+            if end == size:
+                return
+            stream.truncate(end)
+    except OSError as error:
+        _log.error("cannot drop the record cut short at the end of log segment %s: %s", path, error)
+        return
+    _log.warning("log segment %s ended with %d bytes of a record cut short (a crash, or a full disk): "
+                 "left out", path.name, size - end)  # fmt: skip

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,28 +75,75 @@ def _row_key(row: dict[str, Any]) -> Any:
     return row.get("queue") or row.get("path") or row.get("operation")
 
 
-def merge_metrics(texts: list[str]) -> str:
-    """Sum the samples of several Prometheus text expositions (every Pigeon metric adds up).
+Labels = tuple[tuple[str, str], ...]
 
-    `_created` samples keep the earliest value rather than a sum.
-    """
-    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
-            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
-            for sample in family.samples:
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                if sample.name.endswith("_created"):
-                    samples[key] = min(samples.get(key, sample.value), sample.value)
+
+@dataclass
+class Family:
+    """One metric family of an exposition: its type, its help text and its samples."""
+
+    kind: str
+    doc: str
+    samples: dict[tuple[str, Labels], float] = field(default_factory=dict)
+
+
+Exposition = dict[str, Family]
+"""Metric families by name (as the parser names them: a counter without its "_total")."""
+
+_CUMULATIVE: Final = frozenset({"counter", "histogram", "summary"})
+# 0/1 gauges that say whether something is wrong anywhere: the node's value is the highest.
+_HIGHEST: Final = frozenset({"pigeon_log_failing"})
+
+
+def merge_metrics(texts: list[str]) -> str:
+    """Sum the samples of several Prometheus text expositions (see `merge_expositions`)."""
+    return render_exposition(merge_expositions([parse_exposition(text) for text in texts]))
+
+
+def parse_exposition(text: str) -> Exposition:
+    """A Prometheus text exposition's families (raises ValueError if it is not one)."""
+    families: Exposition = {}
+    for parsed in text_string_to_metric_families(text):
+        family = families.setdefault(parsed.name, Family(parsed.type, parsed.documentation))
+        for sample in parsed.samples:
+            family.samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return families
+
+
+def merge_expositions(parts: Iterable[Exposition]) -> Exposition:
+    """Add up several expositions sample by sample: every Pigeon metric adds up, but `_created`
+    samples keep the earliest value, and the `_HIGHEST` gauges (0/1) the highest."""
+    merged: Exposition = {}
+    for part in parts:
+        for name, family in part.items():
+            mine = merged.setdefault(name, Family(family.kind, family.doc))
+            samples = mine.samples
+            for key, value in family.samples.items():
+                if key not in samples:
+                    samples[key] = value
+                elif key[0].endswith("_created"):
+                    samples[key] = min(samples[key], value)
+                elif name in _HIGHEST:
+                    samples[key] = max(samples[key], value)
                 else:
-                    samples[key] = samples.get(key, 0.0) + sample.value
+                    samples[key] += value
+    return merged
+
+
+def cumulative(exposition: Exposition) -> Exposition:
+    """The families that only ever grow while a process runs (counters, histograms) of an
+    exposition: what a process that ended has counted, to carry into the node's totals."""
+    return {name: family for name, family in exposition.items() if family.kind in _CUMULATIVE}
+
+
+def render_exposition(families: Exposition) -> str:
     out = []
-    for name, (kind, doc, samples) in families.items():
+    for name, family in families.items():
         # The parser names a counter family without its "_total"; the exposition needs it back.
-        header = f"{name}_total" if kind == "counter" else name
-        out.append(f"# HELP {header} {doc}")
-        out.append(f"# TYPE {header} {kind}")
-        for (sample_name, labels), value in samples.items():
+        header = f"{name}_total" if family.kind == "counter" else name
+        out.append(f"# HELP {header} {family.doc}")
+        out.append(f"# TYPE {header} {family.kind}")
+        for (sample_name, labels), value in family.samples.items():
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
             out.append(f"{sample_name}{{{label_text}}} {value!r}" if label_text else f"{sample_name} {value!r}")
     return "\n".join(out) + "\n"

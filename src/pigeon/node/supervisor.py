@@ -55,7 +55,7 @@ from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATH
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
-from pigeon.node.answers import merge_answers, merge_metric_answers, merge_metrics
+from pigeon.node.answers import merge_answers, merge_metric_answers
 from pigeon.node.descriptors import open_files_limit, share
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound
@@ -69,6 +69,7 @@ from pigeon.node.standing import (
     say_run_out,
 )
 from pigeon.node.standing import encode as encode_standing
+from pigeon.node.tally import Tally
 from pigeon.queue.rules import Rule
 from pigeon.redaction import redact
 from pigeon.shaping.table import create_shared_table, shared_table_path
@@ -243,6 +244,7 @@ class Supervisor:
         self.config_path = config_path
         self.run_dir = config.spool.path / "run"
         self.workers = [Worker(i, self.run_dir / f"worker-{i}.sock") for i in range(workers)]
+        self._tally = Tally(workers)
         self._stopping = False
         self._runner: web.AppRunner | None = None
         self._watchers: list[asyncio.Task[None]] = []
@@ -477,6 +479,7 @@ class Supervisor:
             finally:
                 heartbeat.cancel()
                 await asyncio.gather(heartbeat, return_exceptions=True)
+            self._tally.ended(worker.index, process.pid)  # its counters stay in the node's
             if self._stopping:
                 return
             worker.restarts += 1
@@ -694,6 +697,26 @@ class Supervisor:
                 return None
 
         return await asyncio.gather(*(ask(w) for w in self.workers))
+
+    async def _workers_metrics(self) -> str:
+        """Every worker's metrics, added up with what its ended processes counted (`Tally`)."""
+
+        async def ask(worker: Worker) -> bool:
+            process = worker.process
+            try:
+                status, body = await worker.get("/metrics")
+            except (OSError, aiohttp.ClientError, TimeoutError):
+                return False
+            if status != 200 or process is None or worker.process is not process or process.returncode is not None:
+                return False  # (an answer of a process that has ended since: `_watch` carried its last)
+            try:
+                self._tally.answered(worker.index, process.pid, body.decode("utf-8"))
+            except ValueError:
+                return False
+            return True
+
+        answered = await asyncio.gather(*(ask(w) for w in self.workers))
+        return self._tally.exposition({w.index for w, ok in zip(self.workers, answered, strict=True) if ok})
 
     async def _healthz(self, request: web.Request) -> web.Response:
 
@@ -1008,10 +1031,7 @@ class Supervisor:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         async def workers() -> tuple[int, Any]:
-            answers = await self._ask_all("/metrics")
-            return 200, {
-                "text": merge_metrics([a[1].decode("utf-8") for a in answers if a is not None and a[0] == 200])
-            }
+            return 200, {"text": await self._workers_metrics()}
 
         if not cluster_wide(request) or self._cluster is None:
             _, answer = await workers()

@@ -5,6 +5,7 @@ reload, which keeps the running config), naming the file, the line and the key."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,16 @@ target = "hook"
 )
 def test_imap_credentials_that_cannot_be_sent_are_refused(tmp_path: Path, lines: str, expected: str) -> None:
     assert expected in error_of(tmp_path, MAILBOX + lines)
+
+
+def test_the_smallest_spool_max_size_is_the_one_the_readme_gives(tmp_path: Path) -> None:
+    # Found from outside: max_size = "600KiB" stopped the start with "must be at least 1MiB",
+    # while the README's row said only "more than 0".
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `[spool] max_size` |")]
+    match = re.search(r"\| at least `(\d+)(\w+)`", row)
+    assert match is not None, row
+    smallest = int(match.group(1)) * {"KiB": 1024, "MiB": 1024 * 1024}[match.group(2)]
+
+    assert load(write(tmp_path, f"[spool]\nmax_size = {smallest}\n")).spool.max_size == smallest
+    assert "[spool] max_size: must be at least" in error_of(tmp_path, f"[spool]\nmax_size = {smallest - 1}\n")

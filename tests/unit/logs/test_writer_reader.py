@@ -292,6 +292,30 @@ def test_partially_written_last_line_is_not_returned(tmp_path: Path) -> None:
     assert list(read_lines(tmp_path)) == whole
 
 
+def test_a_record_cut_short_at_the_end_of_a_segment_is_left_out_when_it_is_compressed(tmp_path: Path) -> None:
+    # Found from outside: a record cut short by a full disk (then kill -9) stayed in the
+    # gzipped segment, and `zcat segment | jq` failed on it. Closed segments hold whole lines.
+    segment = tmp_path / "20240101-000000-000000-w0.jsonl"
+    whole = b"".join(line + b"\n" for line in lines_of(1, 2))
+    segment.write_bytes(whole + b'{"type":"Quarantine","timest')
+
+    compress_segment(segment)
+
+    assert gzip.decompress((tmp_path / (segment.name + ".gz")).read_bytes()) == whole
+
+
+def test_a_record_cut_short_in_a_segment_left_plain_is_left_out_at_the_next_open(tmp_path: Path) -> None:
+    crashed = tmp_path / "20240101-000000-000000-w0.jsonl"
+    crashed.write_bytes(lines_of(1)[0] + b"\n" + b'{"type":"Quarantine","timest')
+
+    log = opened_writer(tmp_path, compress=False)  # the start after the crash
+    log.write(quarantine(2))
+    log.close()
+
+    assert crashed.read_bytes() == lines_of(1)[0] + b"\n"
+    assert ids(list(read_lines(tmp_path))) == [1, 2]
+
+
 def test_blank_lines_are_not_records(tmp_path: Path) -> None:
     segment = tmp_path / "20240101-000000-000000-w0.jsonl"
     whole = lines_of(1, 2)
@@ -399,6 +423,74 @@ def test_follow_yields_records_one_by_one_when_a_burst_ends_a_segment(
     log.close()
 
     assert lines == [msgspec.json.encode(quarantine(n)) for n in range(6)]
+
+
+def test_follow_keeps_a_writers_order_when_it_closed_two_segments_between_two_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rest of the segment being tailed comes before the segments closed after it.
+    log = opened_writer(tmp_path, compress=False)
+    for n in range(3):
+        log.write(quarantine(n))
+    listings = 0
+
+    def segments_after_two_rotations(directory: Path) -> list[Path]:
+        nonlocal listings
+        listings += 1
+        if listings == 2:
+            log.write(quarantine(3))
+            log.rotate()
+            log.write(quarantine(4))
+            log.rotate()
+            log.write(quarantine(5))
+        return segments(directory)
+
+    monkeypatch.setattr(reader_module, "segments", segments_after_two_rotations)
+    lines = []
+    for line in follow(tmp_path, poll=0.001, stop_after=0.5):
+        lines.append(line)
+        if len(lines) == 6:
+            break
+    log.close()
+
+    assert lines == lines_of(*range(6))
+
+
+def test_follow_goes_on_when_the_segment_it_listed_is_compressed_before_it_opens_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found from outside: `pigeon logs -f` with 8 KiB segments and steady traffic exited with
+    # FileNotFoundError when the newest segment it had listed was rotated and gzipped before
+    # it opened it. It is read from its .gz then, each record once, and the tail goes on.
+    log = opened_writer(tmp_path, compress=False)
+    for n in range(3):
+        log.write(quarantine(n))
+    listings = 0
+
+    def segments_then_the_writer_rotates_twice(directory: Path) -> list[Path]:
+        nonlocal listings
+        listings += 1
+        if listings != 2:
+            return segments(directory)
+        log.write(quarantine(3))
+        log.rotate()
+        log.write(quarantine(4))
+        listed = segments(directory)  # ends with the segment that holds 4
+        log.rotate()
+        log.write(quarantine(5))
+        compress_segment(listed[-1])  # as the writer's thread does, before follow() opens it
+        return listed
+
+    monkeypatch.setattr(reader_module, "segments", segments_then_the_writer_rotates_twice)
+    lines = []
+    for line in follow(tmp_path, poll=0.001, stop_after=0.5):
+        lines.append(line)
+        if len(lines) == 6:
+            break
+    log.close()
+
+    assert listings > 2
+    assert lines == lines_of(*range(6))
 
 
 def test_follow_reads_compressed_segments_and_stops_after_the_given_time(tmp_path: Path) -> None:
