@@ -106,6 +106,12 @@ class ConnectionLost(Exception):
         self.reply = reply
 
 
+def _with_note(reason: Reply) -> Reply:
+    """`reason`, saying the end of data went unanswered (the message may have been taken)."""
+    note = "no reply to the end of data: the message may be delivered twice"
+    return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
+
+
 _UNVERIFIED: Final = client_context(verify=False)
 _PRIVATE_CAS: dict[str, tuple[bytes, ssl.SSLContext]] = {}
 
@@ -429,7 +435,13 @@ class ClientConnection:
         if not isinstance(event, TransactionDone):
             self.broken = True
             raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
-        return event.result, time.monotonic() - started
+        result = event.result
+        if result.end_unanswered:
+            # A 421 before the reply to content that went out ahead of it: not a definite no
+            # (nor a reason to try the next host at once), as when the connection breaks there.
+            self.broken = True
+            raise ConnectionLost(_with_note(next((r for r in result.replies if r.code == 421), _CLOSED)))
+        return result, time.monotonic() - started
 
     def _unanswered_end(self, reason: Reply) -> Reply:
         """Why a transaction broke, saying so when it broke after the end of the content went
@@ -437,8 +449,7 @@ class ClientConnection:
         it, "while sending end of data -- message may be sent more than once")."""
         if not self._session.end_of_data_unanswered():
             return reason
-        note = "no reply to the end of data: the message may be delivered twice"
-        return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
+        return _with_note(reason)
 
     def alive(self) -> bool:
         """False if the connection broke or the server closed it while it sat idle."""
@@ -459,6 +470,9 @@ class ClientConnection:
                 await self._event(patience=5.0)
             except ConnectionLost:
                 pass
+            except BaseException:  # cancelled while waiting (a second stop): closed all the same
+                self.close()
+                raise
         self.close()
 
     def close(self) -> None:

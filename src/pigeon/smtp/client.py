@@ -229,6 +229,9 @@ class Result:
     mail_reply: Reply | None = None
     data_reply: Reply | None = None
     needs_reset: bool = False  # the server still holds the transaction (MAIL accepted, no end of data)
+    # A 421 ended it after the content had gone out ahead of its reply (PIPELINING with
+    # CHUNKING): the server may have taken the message, so the 421 is no definite no.
+    end_unanswered: bool = False
 
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
@@ -309,6 +312,7 @@ class Transaction:
         self._data_reply: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
         self._closing: Reply | None = None
+        self._end_unanswered = False  # see `Result.end_unanswered`
 
     @property
     def done(self) -> bool:
@@ -350,18 +354,23 @@ class Transaction:
         A 421, to any command, ends it at once (`closing`)."""
         if not self._pending:
             raise ClientProtocolError(f"unexpected reply: {reply}")
-        what, index = self._pending.pop(0)
+        what, index = self._pending[0]
         if reply.code < 400:
             low, high, verb = _GOES_ON[what]
             if not low <= reply.code <= high:
+                # Raised with the command still pending: a broken reply to the end of data
+                # leaves it unanswered (the session says the message may have been taken).
                 verb = "BDAT" if what == _CONTENT and self.chunking else verb
                 expected = "354" if low == high else "2xx"
                 raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
+        self._pending.pop(0)
+        content_out = any(pending == _CONTENT for pending, _ in self._pending)  # sent ahead of this reply
         out = self._take(what, index, reply)
         if reply.code == 421:
             # RFC 5321 3.8: the server is going away, in answer to whatever command. Nothing
             # more is said, nor waited for: what has no answer of its own gets this one.
             self._closing = reply
+            self._end_unanswered = content_out and what != _MAIL
             self._pending.clear()
             return b""
         return out
@@ -412,7 +421,13 @@ class Transaction:
                 replies.append(closing or no_end)
             else:
                 replies.append(self._data_reply)
-        return Result(replies, mail, self._data_reply, needs_reset=self._mail_ok() and not self._ended)
+        return Result(
+            replies,
+            mail,
+            self._data_reply,
+            needs_reset=self._mail_ok() and not self._ended,
+            end_unanswered=self._end_unanswered,
+        )
 
     # --- helpers -------------------------------------------------------------------------
     def _mail_ok(self) -> bool:

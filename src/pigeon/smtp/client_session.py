@@ -553,6 +553,7 @@ class ClientSession:
 
     def _broken(self) -> None:
         """The server broke the protocol: nothing more will be read or sent."""
+        self._closed_at_end_of_data = self.awaits_end_of_data()
         self.phase = Phase.CLOSED
         self._final = Closed(None)
         self._out.clear()

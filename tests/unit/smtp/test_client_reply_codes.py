@@ -156,6 +156,21 @@ def test_every_code_at_every_step_is_a_success_a_refusal_or_a_protocol_error(ste
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("step", STEPS)
+def test_a_421_after_the_content_went_out_ahead_of_its_reply_leaves_the_end_of_data_unanswered(
+    step: str, mode: str
+) -> None:
+    # With PIPELINING and CHUNKING, BDAT LAST and the message go with MAIL: a 421 to a command
+    # before it may come from a server that took the message. Anywhere else it is a definite no.
+    if step == "DATA" and not mode.endswith("data"):
+        return
+    outcome, _ = run({step: 421}, mode)
+    assert isinstance(outcome, Result)
+    ahead = mode == "pipelining+chunking" and step in ("RSET", "RCPT1", "RCPT2")
+    assert outcome.end_unanswered == ahead, (step, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
 @given(codes=st.fixed_dictionaries({}, optional={step: st.sampled_from(CODES) for step in STEPS}))
 def test_whatever_the_codes_a_recipient_succeeds_only_on_a_2xx_to_its_whole_content(
     mode: str, codes: dict[str, int]
@@ -247,3 +262,5 @@ def test_a_reply_its_command_cannot_have_ends_the_session_with_no_result(replies
     assert session.phase is Phase.CLOSED
     assert session.next_event() == Closed(None)  # no TransactionDone, ever
     assert session.data_to_send() == b""  # nothing more said: not QUIT as content, nor the content
+    # Broken at the reply to the end of data (the content went out): the message may be taken.
+    assert session.end_of_data_unanswered() == replies.endswith(b"354 more?\r\n")
