@@ -674,7 +674,8 @@ class Draft:
             # written before the commit, are logged without the flag).
             for record in records:
                 record.answered = False
-            sealed = [(seq, intake.log.encode(record)) for (seq, _), record in zip(sealed, records, strict=True)]
+            if sealed:  # (none without an outbox: the records are written as they are now)
+                sealed = [(seq, intake.log.encode(record)) for (seq, _), record in zip(sealed, records, strict=True)]
         if intake.outbox is not None:
             intake.outbox.committed(self._spool, sealed)
         else:
