@@ -364,7 +364,8 @@ class Transaction:
                 expected = "354" if low == high else "2xx"
                 raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
         self._pending.pop(0)
-        content_out = any(pending == _CONTENT for pending, _ in self._pending)  # sent ahead of this reply
+        # (Asked of a 421 only, before `_take` may send the content in lock-step.)
+        content_out = reply.code == 421 and any(pending == _CONTENT for pending, _ in self._pending)
         out = self._take(what, index, reply)
         if reply.code == 421:
             # RFC 5321 3.8: the server is going away, in answer to whatever command. Nothing
