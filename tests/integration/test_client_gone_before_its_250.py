@@ -1,10 +1,13 @@
 """A client that hangs up before its 250 can be given: a message still being checked (a slow
 policy hook) is not stored, since the client never heard it was taken and will send it again;
 one already being committed is kept, and its Reception record says the 250 was not given.
-Whatever was answered 250 is kept, whatever was kept is recorded."""
+Whatever was answered 250 is kept, whatever was kept is recorded. The same holds for an HTTP
+injection's client, recipient by recipient."""
 
 from __future__ import annotations
 
+import json
+import socket
 import sqlite3
 import textwrap
 import time
@@ -87,3 +90,73 @@ def test_a_message_whose_client_hangs_up_during_the_commit_is_kept_and_its_recep
         assert f"message {reception['id']} is stored and kept, but its 250 could not be given" in said
         assert [m["id"] for m in pigeon.spool_messages()] == [reception["id"]]
         assert [r for r in pigeon.records("Rejection") if r["command"] == verb] == []
+
+
+def _inject_and_hang_up(port: int, token: str, subjects: list[str], after: float) -> None:
+    """An injection request, one recipient per subject's message (the subject as the
+    recipient's substitution), then, `after` seconds on, a close without reading the answer."""
+    request = {
+        "envelope_sender": "sender@example.org",
+        "recipients": [{"email": f"rcpt{n}@example.net", "substitutions": {"s": s}} for n, s in enumerate(subjects)],
+        "content": {"from": {"email": "sender@example.org"}, "subject": "{{ s }}", "text": "Hello.\n"},
+    }
+    body = json.dumps(request).encode()
+    head = (
+        f"POST /api/v1/inject HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.sendall(head.encode() + body)
+        time.sleep(after)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_injection_whose_client_hangs_up_while_the_policy_checks_it_stores_only_what_was_committed_before(
+    tmp_path: Path, workers: int
+) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(SLOW))
+    policy = {"module": str(module), "timeout": "1s"}
+    with PigeonProcess(tmp_path / "node", policy=policy, node={"workers": workers}) as pigeon:
+        # The first recipient's message is checked at once and stored; the second's hook is
+        # slow, and the client is gone before it ends. With two workers, the client's
+        # connection is the supervisor's, which closes the worker's when it goes.
+        _inject_and_hang_up(pigeon.http_port, pigeon.local_token, ["fast", "slow"], after=0.3)
+        said = pigeon.wait_stderr("client gone before message")
+        assert "not stored (nothing was accepted: it never got an answer)" in said
+        (refused,) = pigeon.wait_records("Rejection")
+        assert refused["command"] == "inject" and refused["recipients"] == ["rcpt1@example.net"]
+        assert (refused["response"]["code"], refused["response"]["enhanced"]) == (451, "4.4.2")
+        assert refused["id"] in said
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["recipients"] == ["rcpt0@example.net"] and "answered" not in reception
+        assert [m["id"] for m in pigeon.spool_messages()] == [reception["id"]]
+        # A client that waits for its answer has both taken.
+        status, answer = pigeon.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "sender@example.org",
+                "recipients": [{"email": "late@example.net"}],
+                "content": {"from": {"email": "sender@example.org"}, "subject": "slow", "text": "Hello.\n"},
+            },
+            pigeon.local_token,
+        )
+        assert status == 200 and answer["accepted"] == 1, answer
+
+
+def test_an_injection_whose_client_hangs_up_during_the_commit_is_kept_and_its_reception_says_it_was_not_answered(
+    tmp_path: Path,
+) -> None:
+    with PigeonProcess(tmp_path / "node") as pigeon:
+        with closing(sqlite3.connect(pigeon.spool_path / "shard-0" / "spool.db", isolation_level=None)) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+            _inject_and_hang_up(pigeon.http_port, pigeon.local_token, ["committed"], after=0.3)
+            time.sleep(0.2)  # its close reaches the node while the commit waits
+            holder.execute("ROLLBACK")
+        said = pigeon.wait_stderr("client gone during the commit")
+        (reception,) = pigeon.wait_records("Reception")
+        assert reception["answered"] is False and reception["protocol"] == "HTTP"
+        assert f"message {reception['id']} is stored and kept, but its answer could not be given" in said
+        assert [m["id"] for m in pigeon.spool_messages()] == [reception["id"]]
+        assert pigeon.records("Rejection") == []

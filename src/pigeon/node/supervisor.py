@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -96,6 +97,8 @@ _OPEN_METHODS: Final = frozenset({"GET", "HEAD"})
 # Anonymous requests in hand at once: their own few places, apart from the authorised ones'
 # `[http] max_open_requests`, so that no number of anonymous clients can keep those busy.
 _MAX_OPEN_ANONYMOUS: Final = 8
+# How often an injection passed on to a worker looks whether its client is still there.
+_CLIENT_WATCH: Final = 0.05
 _RULE_LISTS: Final = ("/api/v1/admin/suspend", "/api/v1/admin/bounce")
 _BY_WORKER: Final = ("not_held", "added_on")  # members of a node's answer about its workers (`_merged`)
 
@@ -819,7 +822,10 @@ class Supervisor:
             worker = self.workers[self._next_worker % len(self.workers)]
             self._next_worker += 1
             try:
-                return await worker.forward(request, body, too_large_body=too_large_body)
+                forwarding = worker.forward(request, body, too_large_body=too_large_body)
+                if request.path == INJECT_PATH:
+                    return await _while_client_stays(request, forwarding)
+                return await forwarding
             except aiohttp.ClientConnectorError:
                 continue  # not listening (restarting): the request never reached it, try another
             except (OSError, aiohttp.ClientError, TimeoutError) as error:
@@ -1078,3 +1084,21 @@ def _closing(response: web.Response) -> web.Response:
     """`response`, after which the connection closes: an unread body is not drained."""
     response.force_close()
     return response
+
+
+async def _while_client_stays(request: web.Request, forwarding: Awaitable[web.Response]) -> web.Response:
+    """An injection's answer from the worker it was passed to. Should its client go first, the
+    connection to the worker is closed too: the worker then stores nothing more for it, as one
+    worker does for a client of its own (`pigeon.listener.http.inject`), since the client never
+    hears what was taken and will send the request again."""
+    task = asyncio.ensure_future(forwarding)
+    try:
+        while not (await asyncio.wait({task}, timeout=_CLIENT_WATCH))[0]:
+            if request.transport is None:
+                task.cancel()
+                await asyncio.wait({task})
+                if task.cancelled():  # (an answer that came meanwhile is given as any other)
+                    return web.Response(status=499, text="client gone")  # no one hears it
+    finally:
+        task.cancel()  # (this handler cancelled: a stop)
+    return task.result()

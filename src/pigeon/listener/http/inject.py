@@ -29,7 +29,9 @@ recipient is taken, the status says why: 422 if the policy refused them all for 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import logging
 import re
 import secrets
 import time
@@ -48,7 +50,7 @@ from pigeon.compose import (
     media_type_problem,
 )
 from pigeon.header_section import repeated_field_in
-from pigeon.intake import Arrival, Draft, Refused, Stored
+from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json
@@ -62,6 +64,7 @@ from pigeon.smtp.framing import check_message
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
+_log = logging.getLogger(__name__)
 _DECODER: Final = msgspec.json.Decoder(InjectRequest)
 # msgspec's path of what it refused; "`key` in" it when a mapping's key was the trouble.
 _FIELD: Final = re.compile(r" - at (`key` in )?`(\$[^`]*)`$")
@@ -326,13 +329,21 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             # queue): the same for every recipient.
             draft.discard()
             raise content_refused(unfit)
-        pending.append((result, draft, draft.commit()))
+        # A client gone by the time its recipient's checks are done (a slow policy hook, DKIM
+        # signing) never hears what was taken and will send the request again: as over SMTP,
+        # what is not stored yet is not stored, and a commit it left during is logged unanswered.
+        present = functools.partial(_present, request)
+        committed = functools.partial(_committed, request, session)
+        pending.append((result, draft, draft.commit(committed, present=present)))
     for result, draft, future in pending:
         try:
             stored = await future
         except (Refused, SpoolError) as error:
             # Logged as SMTP logs a refused DATA, with the id the policy's on_message saw (and
             # a PolicyFailure names): the response carries no id for a refused recipient.
+            if isinstance(error, ClientGone):
+                _log.warning("session %s: client gone before message %s was stored: not stored (nothing was "
+                             "accepted: it never got an answer)", session, format_id(draft.id))  # fmt: skip
             by_policy = isinstance(error, Refused) and error.by_policy
             refuse(result, error.reply, by_policy=by_policy, message_id=format_id(draft.id))
         else:
@@ -347,6 +358,21 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
     # them): the request itself is not allowed.
     everyone_refused = policy_refusals > 0 and policy_refusals + duplicates == len(results) and accepted == 0
     return _json(response, 422 if everyone_refused else 200)
+
+
+def _present(request: web.Request) -> bool:
+    """Whether the client of `request` can still be answered (its close, or its half-close,
+    closes the transport)."""
+    return request.transport is not None
+
+
+def _committed(request: web.Request, session: str, future: asyncio.Future[Stored]) -> None:
+    """A recipient's commit ended: with the client gone meanwhile, say what became of its
+    message, as the draft found it (its Reception says `answered: false`)."""
+    if not future.cancelled() and future.exception() is None and not _present(request):
+        ids = " ".join(format_id(spool_id) for spool_id in future.result().ids)
+        _log.warning("session %s: client gone during the commit: message %s is stored and kept, but its answer "
+                     "could not be given (the client may send it again)", session, ids)  # fmt: skip
 
 
 async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -> Refuse | HookFailed | None:
