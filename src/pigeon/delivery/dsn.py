@@ -30,7 +30,7 @@ import datetime
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import format_datetime
 from typing import Final, Protocol
@@ -121,7 +121,7 @@ def build_report(
         fields.append(f"Action: {failure.action}")
         fields.append(f"Status: {_status(failure.reply)}")
         if failure.remote_mta:
-            fields.append(f"Remote-MTA: dns; {failure.remote_mta}")
+            fields.append(f"Remote-MTA: dns; {_mta_name(failure.remote_mta)}")
         # RFC 3464 2.3.6: the server's reply as it gave it, its enhanced code too ("550 5.1.1 ...").
         fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(str(failure.reply))}")
         if failure.attempted is not None:
@@ -200,6 +200,16 @@ def _field(value: str) -> str:
     """A value safe inside a header field: no CR, LF or other controls (no injected fields),
     nor a C1 control (U+009B is a terminal's CSI) or a bidirectional override."""
     return value if value.isprintable() else "".join(c if c.isprintable() else " " for c in value)
+
+
+def _mta_name(peer: str) -> str:
+    """The Remote-MTA's name (RFC 3464 2.3.5: a host name for type "dns"): the MX host's name
+    when the peer was reached by one, else its address literal (RFC 5321 4.1.3), without the
+    port a peer is shown with ("[192.0.2.1]:2525" gives "[192.0.2.1]")."""
+    if not peer.startswith("["):
+        return _field(peer)
+    address = peer[1:].partition("]")[0]
+    return _field(f"[IPv6:{address}]" if ":" in address else f"[{address}]")
 
 
 def _status(reply: Reply) -> str:
@@ -299,11 +309,17 @@ class Notifier:
     """Stores the report for a message's failures as a new message to its sender (null
     sender, so it can never bounce back), in the same transaction as the outcome it reports
     (`settles`), in the failed message's shard: after a crash the sender has its one DSN
-    and the failures are settled, or neither happened and the attempt is made again."""
+    and the failures are settled, or neither happened and the attempt is made again.
 
-    def __init__(self, *, hostname: str, spools: Spools, submit: Submit) -> None:
+    `outgoing` gives a message's bytes as they leave Pigeon (the delivery's own
+    `OutgoingBody`): what the report returns of it (headers or all) is that, never the
+    spooled original, which still has the routing headers (`X-Tenant`, `X-Campaign`: for
+    Pigeon only) and lacks the policy's edits and a submission's Date and Message-ID."""
+
+    def __init__(self, *, hostname: str, spools: Spools, outgoing: Callable[[Message], bytes], submit: Submit) -> None:
         self._hostname = hostname
         self._spools = spools
+        self._outgoing = outgoing
         self._submit = submit
 
     def __call__(self, message: Message, failures: list[Failure], settles: Settling) -> asyncio.Future[object]:
@@ -315,7 +331,7 @@ class Notifier:
             queue_id=format_id(message.id),
             envelope=message.envelope,
             failures=failures,
-            original=self._spools.body(message),
+            original=self._outgoing(message),
             arrival=message.created,
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol=_OWN)

@@ -106,6 +106,8 @@ class Outbound:
             targets or {}, classifier, lambda target, verdict: inbound.labels("smtp", target, _OUTCOMES[verdict]).inc()
         )
         strip = (delivery.tenant_header.lower().encode(), delivery.campaign_header.lower().encode())
+        # One view of a message as it leaves, for its delivery and for what a DSN returns of it.
+        outgoing = OutgoingBody(spools, strip)
         engine = build_engine(
             spools=spools,
             primary=primary,
@@ -117,9 +119,9 @@ class Outbound:
             agents={Kind.SMTP: smtp_agents.open, Kind.TARGET: target_agents.open},
             shaping=shaping,
             owns_queue=shaping.owns_queue,
-            body=OutgoingBody(spools, strip),
+            body=outgoing,
             hooks=DeliveryHooks(policy, classifier.classify) if policy is not None else None,
-            notifier=Notifier(hostname=config.smtp.hostname, spools=spools, submit=intake.local),
+            notifier=Notifier(hostname=config.smtp.hostname, spools=spools, outgoing=outgoing, submit=intake.local),
             route_failures=intake.inbound_routes.failures if intake.inbound_routes else lambda address: None,
             source=delivery.source,
             egress=self.egress.choose,

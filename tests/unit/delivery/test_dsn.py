@@ -99,6 +99,20 @@ def test_the_delivery_status_has_the_per_message_and_per_recipient_fields() -> N
     assert per_recipient["Last-Attempt-Date"] == "Tue, 14 Nov 2023 22:15:00 +0000"
 
 
+@pytest.mark.parametrize(
+    ("peer", "named"),
+    [
+        ("mx.example.net", "mx.example.net"),  # the MX host's name, when it was reached by one
+        ("[192.0.2.1]:2525", "[192.0.2.1]"),  # an address literal (RFC 5321 4.1.3), no port
+        ("[2001:db8::1]:25", "[IPv6:2001:db8::1]"),
+    ],
+)
+def test_the_remote_mta_is_a_host_name_or_an_address_literal_without_a_port(peer: str, named: str) -> None:
+    env = envelope()
+    _, parsed = report(env, [Failure(env.recipients[0], USER_UNKNOWN, "failed", peer)])
+    assert status_blocks(parsed)[1]["Remote-MTA"] == f"dns; {named}"
+
+
 def test_fields_without_a_value_are_left_out() -> None:
     env = envelope()  # no ENVID, no ORCPT
     _, parsed = report(env, [Failure(env.recipients[0], USER_UNKNOWN, "failed")])  # no remote MTA
