@@ -3,7 +3,10 @@
 A request names the envelope sender, the recipients (each with a display name, template
 substitutions and metadata) and the content: either a raw RFC 5322 message or parts
 (subject, from, reply-to, headers, text, HTML, attachments) that Pigeon assembles into MIME.
-Either form is a Jinja2 template rendered per recipient, in a sandbox (no attribute access
+A raw message may also come as the base64 of its bytes (`content_encoding`), for mail that
+is not UTF-8 (a legacy charset's 8-bit text, which SMTP takes and a JSON string cannot hold):
+bytes are no template, and are sent as they are. Either text form is a Jinja2 template
+rendered per recipient, in a sandbox (no attribute access
 to Python internals, no I/O), with undefined variables as errors: a mail that says
 "Dear ," to a million people is worse than a refused recipient. A recipient's `name` is
 such a variable when it has none (none given, or blank): `{{ name }}` refuses it, while
@@ -23,7 +26,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -141,6 +144,15 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     ]
     content: str | Parts
     """A raw RFC 5322 message, or parts to build one from."""
+    content_encoding: Annotated[
+        Literal["base64"] | None,
+        msgspec.Meta(
+            description='"base64": `content` is the base64 of a raw message\'s bytes (RFC 4648, no line breaks),'
+            " for one that is not UTF-8 (8-bit text in a legacy charset, which SMTP takes and a JSON string cannot"
+            " hold). Raw content only; sent as it is, no template (`template` must be false). Its line breaks are"
+            " made CRLF and it meets the checks raw text meets, with the same replies"
+        ),
+    ] = None
     substitutions: dict[str, Any] = msgspec.field(default_factory=dict)
     """Template variables for every recipient (a recipient's own override them)."""
     template: bool = True
@@ -218,7 +230,9 @@ def check_request(
             )
         _no_nul(recipient.name, f"$.recipients[{index}].name")
     content = request.content
-    if isinstance(content, str):
+    if request.content_encoding is not None:
+        _check_encoded(request)
+    elif isinstance(content, str):
         _no_nul(content, "$.content")
     else:
         if content.text is None and content.html is None and not content.attachments:
@@ -338,9 +352,38 @@ def _fits(line: str, max_line_length: int, field: str) -> None:
         )
 
 
+_NUL_TEXT: Final = "must not contain a NUL (RFC 5322 allows none in a message)"
+
+
 def _no_nul(value: str | None, field: str) -> None:
     if value is not None and "\0" in value:
-        raise ComposeError("must not contain a NUL (RFC 5322 allows none in a message)", field)
+        raise ComposeError(_NUL_TEXT, field)
+
+
+def _check_encoded(request: InjectRequest) -> None:
+    """Raw content given as the base64 of its bytes: raw, not a template, base64, no NUL (as
+    raw text may hold none)."""
+    if not isinstance(request.content, str):
+        raise ComposeError(
+            "only raw content (a string) is given in base64: parts are text, and an attachment has its own `base64`",
+            "$.content_encoding",
+        )
+    if request.template:
+        raise ComposeError(
+            "content in base64 is bytes, sent as they are, not a Jinja2 template: set template to false", "$.template"
+        )
+    if b"\0" in encoded_content(request):
+        raise ComposeError(_NUL_TEXT, "$.content")
+
+
+def encoded_content(request: InjectRequest) -> bytes:
+    """The bytes of raw content given in base64 (`content_encoding`); ComposeError naming
+    `$.content` when it is not base64."""
+    assert isinstance(request.content, str)
+    try:
+        return base64.b64decode(request.content, validate=True)
+    except binascii.Error as error:
+        raise ComposeError(f"not base64: {error}", "$.content") from None
 
 
 class Composer:
@@ -369,6 +412,8 @@ class Composer:
         self._templates = _Templates(request) if request.template else None
         self._routing = [(tenant_header, request.tenant), (campaign_header, request.campaign)]
         self._encoded: tuple[list[mime.Part], list[mime.Part]] | None = None
+        # Raw content given as bytes (base64), its line breaks made CRLF, once for every recipient.
+        self._bytes = _crlf_bytes(encoded_content(request)) if request.content_encoding is not None else None
 
     def _variables(self, recipient: InjectRecipient) -> dict[str, Any]:
         variables = {**self._request.substitutions, **recipient.substitutions}
@@ -416,7 +461,7 @@ class Composer:
         and the request's value, written first, names the queue."""
         content = self._request.content
         if isinstance(content, str):
-            data = _crlf(content).encode("utf-8")
+            data = self._bytes if self._bytes is not None else _crlf(content).encode("utf-8")
             data, end = end_header_section(data)
             head = b"\r\n" + data[:end].lower()
         for (name, value), json_field in zip(self._routing, ("$.tenant", "$.campaign"), strict=True):
@@ -445,11 +490,12 @@ class Composer:
     def _compose(self, recipient: InjectRecipient, render: _Render) -> Composed:
         content = self._request.content
         if isinstance(content, str):
-            return self._raw(render("raw", content))
+            if self._bytes is not None:  # bytes: no template
+                return self._raw(self._bytes)
+            return self._raw(_crlf(render("raw", content)).encode("utf-8"))
         return self._built(content, recipient, render)
 
-    def _raw(self, text: str) -> Composed:
-        data = _crlf(text).encode("utf-8")
+    def _raw(self, data: bytes) -> Composed:
         if data and not data.endswith(b"\r\n"):
             data += b"\r\n"  # SMTP carries lines: the last one ends too
         # The header section ends at the empty line, or at the first line that neither starts
@@ -469,7 +515,9 @@ class Composer:
         extra += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
         data = "".join(extra).encode() + data
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
-        return Composed(data, smtputf8=not head.isascii())
+        # 8-bit text in another charset (raw bytes) is no UTF-8: 8BITMIME, as SMTP takes it
+        # from a client that asks for no SMTPUTF8.
+        return Composed(data, smtputf8=not head.isascii() and _is_utf8(head))
 
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
         # Address fields are written whole by `mime.address_header`, never through `mime.header`:
@@ -703,3 +751,16 @@ def _field_in(head: bytes, name: str) -> bool:
 def _crlf(text: str) -> str:
     """Line endings as CRLF, whatever the client sent (JSON strings usually carry bare LF)."""
     return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\r\n")
+
+
+def _crlf_bytes(data: bytes) -> bytes:
+    """`_crlf` for raw content's bytes (a file with LF line endings, base64-encoded)."""
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

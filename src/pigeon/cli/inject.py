@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import mimetypes
+import re
 import shlex
 import sys
 import time
@@ -28,6 +29,9 @@ Content is a Jinja2 template rendered per recipient (--no-template sends it as i
 variable it writes out that is not given refuses the recipient rather than sending "Hello ,":
 --to names no one, so `name` is given only by --var name=...; {{ name | default("there") }}
 (or {{ name or "there" }}) writes a fallback.
+A message file is sent as its bytes: one that is not UTF-8 (8-bit text in a legacy charset)
+goes with --no-template only, as it is. A first line "From sender date" (mbox's envelope line,
+what an MTA may pipe) is dropped, as sendmail drops it.
 Prints each recipient's spool id, or why it was refused.
 
 exit status (sysexits.h, as sendmail's):
@@ -151,9 +155,20 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     if building == (args.message is not None):
         raise ValueError("give either a message file (or -) or parts (--subject, --text, --html, --attach)")
     content: Any
+    encoding = None
     if args.message is not None:
         raw = sys.stdin.buffer.read() if args.message == "-" else Path(args.message).read_bytes()
-        content = raw.decode("utf-8")
+        raw = _without_envelope_line(raw)
+        try:
+            content = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            if not args.no_template:
+                raise ValueError(
+                    f"the message is not UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}), so it cannot"
+                    " be a template: send it as it is with --no-template"
+                ) from None
+            # Its bytes as they are: a JSON string holds text only, so they go in base64.
+            content, encoding = base64.b64encode(raw).decode("ascii"), "base64"
     else:
         content = {"from": {"email": args.sender}, "subject": args.subject or ""}
         if args.text is not None:
@@ -167,6 +182,7 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
         "envelope_sender": args.sender,
         "recipients": [{"email": address} for address in args.to],
         "content": content,
+        **({"content_encoding": encoding} if encoding else {}),
         "substitutions": dict(_pair(v, "--var") for v in args.var),
         "template": not args.no_template,
     }
@@ -175,6 +191,19 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     if args.campaign:
         request["campaign"] = args.campaign
     return request
+
+
+_OBSOLETE_FROM_FIELD = re.compile(rb"From[ \t]*:")
+
+
+def _without_envelope_line(raw: bytes) -> bytes:
+    """`raw` without a first line "From sender date" (mbox's envelope line, no header field:
+    it has no colon after its name), which an MTA may pipe and sendmail and Postfix drop.
+    ("From : ..." is a From field, in RFC 5322's obsolete syntax: kept.)"""
+    if raw.startswith(b"From ") and not _OBSOLETE_FROM_FIELD.match(raw):
+        end = raw.find(b"\n")
+        return b"" if end < 0 else raw[end + 1 :]
+    return raw
 
 
 def _pair(text: str, option: str) -> tuple[str, str]:

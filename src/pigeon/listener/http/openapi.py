@@ -64,6 +64,7 @@ def document() -> dict[str, Any]:
         schema_hook=_custom,
     )
     _tighten_admin_requests(components)
+    _tighten_inject_request(components)
     _spell_for_json_schema(components)
     return {
         "openapi": "3.1.0",
@@ -84,7 +85,9 @@ def document() -> dict[str, Any]:
                     "operationId": "inject",
                     "summary": "Inject mail: one message per recipient, answered once all are durable",
                     "description": "Needs the 'inject' scope. Content is raw RFC 5322 text or parts; "
-                    "either is a Jinja2 template rendered per recipient unless 'template' is false, and a "
+                    "a raw message that is not UTF-8 goes as the base64 of its bytes ('content_encoding' "
+                    "'base64', 'template' false), sent as it is. Text "
+                    "is a Jinja2 template rendered per recipient unless 'template' is false, and a "
                     "variable it writes out that is not given refuses that recipient (554 5.6.0), as does "
                     "'name' for a recipient without one (use {{ name | default(\"there\") }} for a fallback). "
                     "Addresses are checked as SMTP checks them (400 naming the field, with SMTP's text); "
@@ -131,6 +134,35 @@ def _spell_for_json_schema(schema: Any) -> None:
     elif isinstance(schema, list):
         for value in schema:
             _spell_for_json_schema(value)
+
+
+_NO_NUL: Final = "^[^\\u0000]*$"
+_NO_NUL_CR_LF: Final = "^[^\\u0000\\r\\n]*$"
+_BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+def _tighten_inject_request(components: dict[str, Any]) -> None:
+    """What an injection's checks (`compose.check_request`) refuse that its types do not say:
+    a NUL in any text (a CR or LF too in what goes into a header as it is), and raw content in
+    base64 (`content_encoding`) that is not base64, or is said to be a template."""
+    text = [("Parts", "subject"), ("Parts", "text"), ("Parts", "html"), ("Address", "name")]
+    text += [("InjectRecipient", "name"), ("InjectRequest", "content")]
+    as_is = [("Attachment", "file_name"), ("Attachment", "content_id")]
+    for pattern, members in ((_NO_NUL, text), (_NO_NUL_CR_LF, as_is)):
+        for name, member in members:
+            schema = components[name]["properties"][member]
+            strings = [s for s in schema.get("anyOf", [schema]) if s.get("type") == "string"]
+            assert len(strings) == 1, (name, member)
+            strings[0]["pattern"] = pattern
+    components["Parts"]["properties"]["headers"]["additionalProperties"]["pattern"] = _NO_NUL
+    components["InjectRequest"]["if"] = {
+        "properties": {"content_encoding": {"const": "base64"}},
+        "required": ["content_encoding"],
+    }
+    components["InjectRequest"]["then"] = {
+        "properties": {"content": {"type": "string", "pattern": _BASE64}, "template": {"const": False}},
+        "required": ["template"],
+    }
 
 
 def _tighten_admin_requests(components: dict[str, Any]) -> None:
