@@ -191,6 +191,10 @@ class Composed:
 
     data: bytes
     smtputf8: bool
+    own: int = 0
+    """Octets of `data` that Pigeon wrote on its own, not counted against max_message_size, as
+    SMTP counts none of what it adds: its Date and Message-ID, the request's `tenant` and
+    `campaign` fields, and in raw content the line end and empty line it put in."""
 
 
 def check_request(
@@ -496,6 +500,7 @@ class Composer:
         return self._built(content, recipient, render)
 
     def _raw(self, data: bytes) -> Composed:
+        given = len(data)  # what max_message_size counts: the client's message, as over SMTP
         if data and not data.endswith(b"\r\n"):
             data += b"\r\n"  # SMTP carries lines: the last one ends too
         # The header section ends at the empty line, or at the first line that neither starts
@@ -517,7 +522,7 @@ class Composer:
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
         # 8-bit text in another charset (raw bytes) is no UTF-8: 8BITMIME, as SMTP takes it
         # from a client that asks for no SMTPUTF8.
-        return Composed(data, smtputf8=not head.isascii() and _is_utf8(head))
+        return Composed(data, smtputf8=not head.isascii() and _is_utf8(head), own=len(data) - given)
 
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
         # Address fields are written whole by `mime.address_header`, never through `mime.header`:
@@ -532,10 +537,12 @@ class Composer:
             head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email, max_line))
         head.append(mime.header("Subject", render("subject", parts.subject)))
         given = {name.lower() for name in parts.headers} & _REPLACEABLE
+        own = []  # not counted against max_message_size (`Composed.own`)
         if "date" not in given:
-            head.append(f"Date: {_now()}\r\n")
+            own.append(f"Date: {_now()}\r\n")
         if "message-id" not in given:
-            head.append(mime.message_id_field(self._hostname, self._max_line))
+            own.append(mime.message_id_field(self._hostname, self._max_line))
+        head += own
         # The routing fields (the request's, or named in `headers`) go as they are, as in raw
         # content: the intake names the queue from their text, which it does not decode (the
         # RFC 2047 words a long or non-ASCII tenant was made named a queue "=?utf-8?q?...?=").
@@ -546,7 +553,8 @@ class Composer:
             for name, value in parts.headers.items()
             if name.lower() in routing_names
         ]
-        routing += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
+        requested = [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
+        routing += requested
         head += [
             mime.header(name, render(f"headers.{name}", value))
             for name, value in parts.headers.items()
@@ -562,7 +570,8 @@ class Composer:
         header = "".join(head)
         envelope = (self._request.envelope_sender, recipient.email)
         smtputf8 = not header.isascii() or not all(address.with_a_label(a).isascii() for a in envelope)
-        return Composed((header + "".join(routing)).encode("utf-8") + body.to_bytes(), smtputf8=smtputf8)
+        own_size = len("".join(own + requested).encode("utf-8"))
+        return Composed((header + "".join(routing)).encode("utf-8") + body.to_bytes(), smtputf8=smtputf8, own=own_size)
 
     def _body(self, parts: Parts, render: _Render) -> mime.Part:
         max_line = self._max_line

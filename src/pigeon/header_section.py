@@ -77,8 +77,17 @@ def single_fields(lowered: bytes, late: list[bytes] | None = None) -> set[str]:
 
 def repeated_field_in(message: bytes) -> str | None:
     """`repeated_field` of a whole message held in memory (CRLF line endings)."""
+    return repeated_field(_lowered_head(message))
+
+
+def single_fields_in(message: bytes) -> set[str]:
+    """`single_fields` of a whole message held in memory (CRLF line endings)."""
+    return single_fields(_lowered_head(message))
+
+
+def _lowered_head(message: bytes) -> bytes:
     end = message.find(b"\r\n\r\n")
-    return repeated_field(b"\n" + (message if end < 0 else message[: end + 2]).lower())
+    return b"\n" + (message if end < 0 else message[: end + 2]).lower()
 
 
 class RoutingNames:

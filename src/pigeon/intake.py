@@ -13,6 +13,8 @@ it arrives, and commits it at the end. The draft:
 * refuses a header section with a field RFC 5322 3.6 allows once there twice (two From:
   one would be signed and the other shown; RFC 6376 8.15), wherever in it they are, and a
   policy's change that would add one (Pigeon's own DSNs are not looked at);
+* refuses a submission (HTTP injection, SMTP after AUTH) without a From field, which its
+  completion (our Date and Message-ID) cannot supply;
 * refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3), counted over the
   whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
@@ -352,8 +354,9 @@ class Draft:
     def content_refusal(self) -> Reply | None:
         """The reply `commit()` would refuse the message written so far with for its header
         section alone (a loop, a tenant or campaign that cannot name a queue, a field given
-        twice), before any policy is asked; None if it has none of those. An injection asks
-        before committing its first recipient's message: that content fails for them all.
+        twice, a submission without From), before any policy is asked; None if it has none of
+        those. An injection asks before committing its first recipient's message: that content
+        fails for them all.
         Asked once all is written."""
         self._content_written()
         head = b"\n" + bytes(self._head.head)
@@ -370,7 +373,22 @@ class Draft:
             return refusal
         if self.arrival.listener != "local" and (repeated := repeated_field(lowered, self._head.late_single)):
             return replies.content_field_repeated(repeated)
+        if (
+            self._submitted()
+            and b"\nfrom:" not in lowered  # (the usual case: no regex pass)
+            and "From" not in single_fields(lowered, self._head.late_single)
+        ):
+            # Completed with our Date and Message-ID, but no one can say who wrote it: RFC 5322
+            # 3.6 requires a From, Gmail and others refuse mail without. (Relayed mail is left
+            # as it came.)
+            return replies.CONTENT_NO_FROM
         return None
+
+    def _submitted(self) -> bool:
+        """A submission, whose message Pigeon completes (`_complete_submission`): an HTTP
+        injection's, or one sent over SMTP after AUTH."""
+        arrival = self.arrival
+        return arrival.listener == "http" or (arrival.listener == "smtp" and arrival.auth_user is not None)
 
     def _commit(self) -> asyncio.Future[Stored]:
         intake = self._intake

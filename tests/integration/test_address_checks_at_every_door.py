@@ -65,7 +65,7 @@ def _inject(pigeon: PigeonProcess, *recipients: str, **extra: Any) -> tuple[int,
     request = {
         "envelope_sender": "app@example.org",
         "recipients": [{"email": r} for r in recipients],
-        "content": "Subject: x\n\nhi\n",
+        "content": "From: a@example.org\nSubject: x\n\nhi\n",
         **extra,
     }
     return pigeon.http_post("/api/v1/inject", request, TOKEN)
@@ -90,7 +90,7 @@ def test_a_bad_address_is_refused_alike_over_smtp_http_and_the_cli_and_the_good_
         "MAIL FROM:<app@example.org>",
         "RCPT TO:<smtp@example.net>",
         "DATA",
-        "Subject: x\r\n\r\nhi\r\n.",
+        "From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n.",
     )
     assert replies[1] == f"{code} 5.1.3 {text}"
     assert replies[3] == f"{code} 5.1.7 {text}"
@@ -147,7 +147,7 @@ def test_metadata_over_max_metadata_size_and_long_tenant_or_campaign_names_get_4
             {"email": "a@example.net", "metadata": {"user": "1"}},
             {"email": "b@example.net", "metadata": big},
         ],
-        "content": "Subject: x\n\nhi\n",
+        "content": "From: a@example.org\nSubject: x\n\nhi\n",
     }
     status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
     assert status == 400

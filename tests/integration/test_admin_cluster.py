@@ -65,7 +65,7 @@ def _defer(node: PigeonProcess, count: int, domain: str = "example.net") -> None
             "/api/v1/inject",
             {
                 "envelope_sender": "sender@example.org",
-                "content": f"Subject: {n}\r\n\r\nhello\r\n",
+                "content": f"From: a@example.org\r\nSubject: {n}\r\n\r\nhello\r\n",
                 "recipients": [{"email": f"tempfail@{domain}"}],
             },
             node.local_token,
@@ -165,7 +165,7 @@ def test_a_suspension_issued_on_either_node_holds_and_resumes_on_both(
             "/api/v1/inject",
             {
                 "envelope_sender": "sender@example.org",
-                "content": "X-Tenant: acme\r\nSubject: held\r\n\r\nhello\r\n",
+                "content": "From: a@example.org\r\nX-Tenant: acme\r\nSubject: held\r\n\r\nhello\r\n",
                 "recipients": [{"email": f"user@{node.config['node']['name']}.example"}],
             },
             node.local_token,
@@ -212,7 +212,7 @@ def test_identical_suspensions_issued_at_once_on_both_nodes_are_one_rule_that_on
             "/api/v1/inject",
             {
                 "envelope_sender": "sender@example.org",
-                "content": "X-Tenant: conc1\r\nSubject: held\r\n\r\nhello\r\n",
+                "content": "From: a@example.org\r\nX-Tenant: conc1\r\nSubject: held\r\n\r\nhello\r\n",
                 "recipients": [{"email": f"user@{node.config['node']['name']}.example"}],
             },
             node.local_token,

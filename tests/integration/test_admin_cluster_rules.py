@@ -61,7 +61,7 @@ def _send(node: PigeonProcess, *domains: str) -> None:
             "/api/v1/inject",
             {
                 "envelope_sender": "sender@example.org",
-                "content": f"Subject: to {domain}\r\n\r\nhello\r\n",
+                "content": f"From: a@example.org\r\nSubject: to {domain}\r\n\r\nhello\r\n",
                 "recipients": [{"email": f"user@{domain}"}],
             },
             node.local_token,

@@ -27,7 +27,9 @@ def test_logs_prints_every_record_from_plain_and_compressed_segments(tmp_path: P
     root = tmp_path / "node"
     for run in range(2):  # the first run's segment is compressed when it stops
         with PigeonProcess(root) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("a@example.org", [f"run{run}@example.net"], b"Subject: x\r\n\r\nbody\r\n")
+            client.sendmail(
+                "a@example.org", [f"run{run}@example.net"], b"From: a@example.org\r\nSubject: x\r\n\r\nbody\r\n"
+            )
             client.docmd("BOGUS")
     assert list((root / "log").glob("*.jsonl.gz"))
     result = pigeon_cli("logs", "-c", str(root / "pigeon.toml"))
@@ -135,7 +137,12 @@ def test_serve_with_no_config_runs_on_the_defaults(tmp_path: Path) -> None:
                 break
         with smtplib.SMTP("127.0.0.1", 2525) as client:
             # An address literal: delivery (on by default) goes to 127.0.0.1:25, no DNS.
-            assert client.sendmail("a@example.org", ["b@[127.0.0.1]"], b"Subject: defaults\r\n\r\nhi\r\n") == {}
+            assert (
+                client.sendmail(
+                    "a@example.org", ["b@[127.0.0.1]"], b"From: a@example.org\r\nSubject: defaults\r\n\r\nhi\r\n"
+                )
+                == {}
+            )
     finally:
         process.terminate()
         process.wait(30)
@@ -147,7 +154,7 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
     with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
         config = str(pigeon.config_path)
         message = tmp_path / "message.eml"
-        message.write_text("Subject: from a file\n\nHello {{ who }}.\n")
+        message.write_text("From: a@example.org\nSubject: from a file\n\nHello {{ who }}.\n")
         result = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "a@example.net",
                             "--var", "who=world", str(message))  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -184,7 +191,9 @@ def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) 
     ):
         config = ["-c", str(pigeon.config_path)]
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("a@example.org", ["tempfail@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+            client.sendmail(
+                "a@example.org", ["tempfail@example.net"], b"From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n"
+            )
         (message,) = pigeon.spool_messages()
         wait_until(lambda: pigeon.records("TransientFailure"))
         shown = pigeon_cli("inspect", *config, message["id"])
@@ -243,7 +252,7 @@ def test_inspect_shows_a_remote_reply_with_terminal_controls_escaped(tmp_path: P
     ):
         sink.rcpt_reply = lambda address: "451 4.7.1 later \x1b]0;pwned\x07\x1b[2J cleared"
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("a@example.org", ["b@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+            client.sendmail("a@example.org", ["b@example.net"], b"From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n")
         (message,) = pigeon.spool_messages()
         wait_until(lambda: pigeon.records("TransientFailure"))
         shown = pigeon_cli("inspect", "-c", str(pigeon.config_path), message["id"])
@@ -261,7 +270,9 @@ def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
     ):
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             for _ in range(3):
-                client.sendmail("a@example.org", ["tempfail@example.net"], b"X-Campaign: c1\r\n\r\nhi\r\n")
+                client.sendmail(
+                    "a@example.org", ["tempfail@example.net"], b"From: a@example.org\r\nX-Campaign: c1\r\n\r\nhi\r\n"
+                )
         wait_until(lambda: len(pigeon.records("TransientFailure")) == 3)
         result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
         assert result.returncode == 0, result.stderr
@@ -269,7 +280,11 @@ def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
         assert row.split()[1:4] == ["3", "0", "0"]  # messages, due, ready
         campaign = "spring-sale-2026-second-reminder-for-dormant-customers"
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("a@example.org", ["tempfail@example.net"], f"X-Campaign: {campaign}\r\n\r\nhi\r\n")
+            client.sendmail(
+                "a@example.org",
+                ["tempfail@example.net"],
+                f"From: a@example.org\r\nX-Campaign: {campaign}\r\n\r\nhi\r\n",
+            )
         wait_until(lambda: len(pigeon.records("TransientFailure")) == 4)
         result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
         lines = result.stdout.splitlines()
@@ -290,7 +305,9 @@ def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
         PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
     ):
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("a@example.org", ["tempfail@example.net"], b"Subject: x\r\n\r\nhi\r\n")
+            client.sendmail(
+                "a@example.org", ["tempfail@example.net"], b"From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n"
+            )
         wait_until(lambda: pigeon.records("TransientFailure"))
         frame = pigeon_cli("top", "-c", str(pigeon.config_path), "--once")
         assert frame.returncode == 0, frame.stderr
@@ -355,7 +372,7 @@ def test_queue_summary_names_who_suspended_a_queue_and_a_bad_duration_exits_2(tm
         suspended = pigeon_cli("suspend", *config, "--tenant", "acme", "--reason", "bad list", "--json")
         rule_id = json.loads(suspended.stdout)["rule"]["id"]
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail("a@example.org", ["ok@example.net"], b"X-Tenant: acme\r\n\r\nhi\r\n")
+            client.sendmail("a@example.org", ["ok@example.net"], b"From: a@example.org\r\nX-Tenant: acme\r\n\r\nhi\r\n")
             client.sendmail("a@example.org", ["tempfail@example.net"], b"\r\nhi\r\n")
         wait_until(lambda: pigeon.records("TransientFailure"))
         summary = pigeon_cli("queue", "summary", *config)

@@ -1,7 +1,8 @@
 """Content whose first line starts with white space (or is no header field at all) is body,
 after an empty line put in, over SMTP (DATA and BDAT, relayed or submitted) as over HTTP
-injection: left as it came, it would continue Pigeon's own Received field, a trace a client
-could write its own words into. Every check at intake reads the same split as is delivered."""
+injection (a submission that is all body has no From, and is refused): left as it came, it
+would continue Pigeon's own Received field, a trace a client could write its own words into.
+Every check at intake reads the same split as is delivered."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 CONTENT = b"\tby forged.example with ESMTP\r\nSubject: s\r\n\r\nbody\r\n"
 TOKEN = "inject-token-0123456789"
+NO_FROM = "Message has no From header field (RFC 5322 3.6 requires one): add From: with the author's address"
 PLAIN = "AGFwcABzZWNyZXQtcGFzc3dvcmQ="  # base64 of "\0app\0secret-password"
 
 
@@ -64,27 +66,27 @@ def _split(message: bytes) -> tuple[bytes, bytes]:
 def test_content_starting_with_white_space_is_body_not_part_of_our_received_field(
     pigeon: PigeonProcess, sink: ScriptedSink, verb: str, login: bool
 ) -> None:
-    code, _ = _send(pigeon, CONTENT, verb=verb, login=login)
+    code, text = _send(pigeon, CONTENT, verb=verb, login=login)
+    if login:
+        # All body, so no From: a submission without one is refused (its Subject is no field).
+        assert (code, text) == (554, [f"5.6.0 {NO_FROM}"])
+        return
     assert code == 250
     (received,) = sink.wait_for(1)
     head, body = _split(received.data)
     assert head.startswith(b"Received: from client.test") and b"forged" not in head, received.data
     assert body == CONTENT
     fields = [line.split(b":", 1)[0] for line in head.split(b"\r\n") if line and line[:1] not in b" \t"]
-    # A submission's Date and Message-ID are fields of its header section, as Pigeon's Received is.
-    assert fields == ([b"Received", b"Date", b"Message-ID"] if login else [b"Received"])
+    assert fields == [b"Received"]
 
 
-def test_smtp_and_http_injection_deliver_the_same_body_for_such_content(
-    pigeon: PigeonProcess, sink: ScriptedSink
-) -> None:
-    assert _send(pigeon, CONTENT, verb="DATA", login=True)[0] == 250
+def test_smtp_and_http_injection_read_such_content_alike(pigeon: PigeonProcess) -> None:
+    """All body at both submission doors, so with no From, refused with one text."""
+    assert _send(pigeon, CONTENT, verb="DATA", login=True) == (554, [f"5.6.0 {NO_FROM}"])
     request = {"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net"}]}
     request |= {"content": CONTENT.decode(), "template": False}
     status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
-    assert (status, answer["accepted"]) == (200, 1), answer
-    over_smtp, over_http = sink.wait_for(2)
-    assert _split(over_smtp.data)[1] == _split(over_http.data)[1] == CONTENT
+    assert (status, answer) == (400, {"error": f"554 5.6.0 {NO_FROM}", "field": "$.content"})
 
 
 def test_fields_after_a_line_that_is_no_field_are_body_to_every_check(

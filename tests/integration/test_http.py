@@ -29,7 +29,7 @@ def test_healthz_reports_the_node(pigeon: PigeonProcess) -> None:
 
 
 def test_metrics_count_what_happened(pigeon: PigeonProcess) -> None:
-    body = b"Subject: m\r\n\r\n" + (b"x" * 98 + b"\r\n") * 10
+    body = b"From: a@example.org\r\nSubject: m\r\n\r\n" + (b"x" * 98 + b"\r\n") * 10
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.sendmail("a@example.org", ["b@example.net", "c@other.test"], body)
         client.docmd("MAIL FROM:<bad address>")
@@ -75,7 +75,11 @@ def api_node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         with PigeonProcess(root, node={"workers": request.param}, http=http, **config) as pigeon:
             with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
                 for n in range(3):
-                    client.sendmail("a@example.org", ["tempfail@example.net"], f"Subject: {n}\r\n\r\nhi\r\n".encode())
+                    client.sendmail(
+                        "a@example.org",
+                        ["tempfail@example.net"],
+                        f"From: a@example.org\r\nSubject: {n}\r\n\r\nhi\r\n".encode(),
+                    )
             pigeon.wait_records("TransientFailure", 3)
             yield pigeon
 
@@ -241,7 +245,7 @@ def test_a_body_declared_json_with_a_utf8_charset_is_taken(api_node: PigeonProce
         (
             "/api/v1/inject",
             b'{"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net",'
-            b' "metadata": {"k": 1, "k": 2}}], "content": "Subject: x\\r\\n\\r\\nhi\\r\\n"}',
+            b' "metadata": {"k": 1, "k": 2}}], "content": "From: a@example.org\\r\\nSubject: x\\r\\n\\r\\nhi\\r\\n"}',
             "$.recipients[0].metadata.k",
         ),
     ],
@@ -264,5 +268,5 @@ def test_malformed_json_is_refused_naming_the_body_as_the_field(api_node: Pigeon
 _INJECTION = {
     "envelope_sender": "app@example.org",
     "recipients": [{"email": "tempfail@example.net"}],
-    "content": "Subject: x\r\n\r\nhi\r\n",
+    "content": "From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n",
 }

@@ -128,7 +128,7 @@ def _injection(padding: int) -> bytes:
     request = {
         "envelope_sender": "app@example.org",
         "recipients": [{"email": "ann@example.net"}],
-        "content": "Subject: paced\r\n\r\n" + "x" * padding + "\r\n",
+        "content": "From: a@example.org\r\nSubject: paced\r\n\r\n" + "x" * padding + "\r\n",
         "template": False,
     }
     return json.dumps(request).encode()
@@ -210,7 +210,7 @@ def test_smtp_takes_and_delivers_mail_while_idle_http_connections_take_all_they_
         time.sleep(0.5)
         for size in (1000, 300_000):
             with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
-                data = b"Subject: fd\r\n\r\n" + (b"x" * 98 + b"\r\n") * (size // 100)
+                data = b"From: a@example.org\r\nSubject: fd\r\n\r\n" + (b"x" * 98 + b"\r\n") * (size // 100)
                 assert client.sendmail("a@example.org", [f"r{size}@example.net"], data) == {}
         assert sorted(r.recipients[0] for r in sink.wait_for(2)) == ["r1000@example.net", "r300000@example.net"]
         assert _get(pigeon.http_port).startswith(b"HTTP/1.1 200")

@@ -287,7 +287,8 @@ def test_with_two_workers_injections_reach_the_workers_through_the_supervisor(
         ids = []
         for n in range(6):  # round robin: both workers get some
             request = {"envelope_sender": "a@example.org", "recipients": [{"email": f"r{n}@example.net"}],
-                       "content": "Subject: {{ n }}\n\nhi\n", "substitutions": {"n": n}}  # fmt: skip
+                       "content": "From: a@example.org\nSubject: {{ n }}\n\nhi\n",
+                       "substitutions": {"n": n}}  # fmt: skip
             status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
             assert status == 200, answer
             ids.append(answer["recipients"][0]["id"])

@@ -38,7 +38,9 @@ def _request(*emails: str, **overrides: Any) -> dict[str, Any]:
     return request
 
 
-def _cli(node: PigeonProcess, *args: str, stdin: str = "Subject: hi\n\nhello\n") -> subprocess.CompletedProcess[str]:
+def _cli(
+    node: PigeonProcess, *args: str, stdin: str = "From: a@example.org\nSubject: hi\n\nhello\n"
+) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--from", "app@example.org"]
     return subprocess.run([*command, *args, "-"], input=stdin, capture_output=True, text=True, timeout=60)
 
@@ -106,7 +108,7 @@ def test_a_refused_injection_is_logged_as_a_rejection_naming_the_token(node: Pig
     assert node.http_post("/api/v1/inject", nul, TOKEN)[0] == 400
     _rejection(node, "must not contain a NUL (RFC 5322 allows none in a message) ($.content.subject)")
     # Over [http] max_request_size by its Content-Length: refused before the body is read.
-    big = _request("ann@example.net", content="Subject: big\n\n" + "x" * 70_000)
+    big = _request("ann@example.net", content="From: a@example.org\nSubject: big\n\n" + "x" * 70_000)
     status, answer = node.http_post("/api/v1/inject", big, TOKEN)
     assert status == 413, answer
     record = _rejection(node, "request body is over [http] max_request_size (65536 bytes) ($)")
@@ -131,8 +133,11 @@ def test_a_tenant_over_255_characters_is_refused_at_every_door(node: PigeonProce
         smtp.expect(250, "MAIL FROM:<app@example.org>")
         smtp.expect(250, "RCPT TO:<ann@example.net>")
         smtp.expect(354, "DATA")
-        assert smtp.command(f"X-Tenant: {tenant}\r\nSubject: hi\r\n\r\nhello\r\n.") == (554, [text])
-    raw = _request("ann@example.net", content=f"X-Tenant: {tenant}\nSubject: hi\n\nhello\n")
+        assert smtp.command(f"From: a@example.org\r\nX-Tenant: {tenant}\r\nSubject: hi\r\n\r\nhello\r\n.") == (
+            554,
+            [text],
+        )
+    raw = _request("ann@example.net", content=f"From: a@example.org\nX-Tenant: {tenant}\nSubject: hi\n\nhello\n")
     status, answer = node.http_post("/api/v1/inject", raw, TOKEN)
     assert (status, answer) == (400, {"error": f"554 {text}", "field": "$.content"})
     status, answer = node.http_post("/api/v1/inject", _request("ann@example.net", tenant="t" * 256), TOKEN)
@@ -152,8 +157,11 @@ def test_a_tenant_with_white_space_colon_or_at_is_one_rule_at_every_door(node: P
         smtp.expect(250, "MAIL FROM:<app@example.org>")
         smtp.expect(250, "RCPT TO:<ann@example.net>")
         smtp.expect(354, "DATA")
-        smtp.expect(250, "X-Tenant: a b@c:d\r\nX-Campaign:  spring \t sale\r\nSubject: hi\r\n\r\nhello\r\n.")
-    raw = _request("bob@example.net", content="X-Tenant: a b@c:d\nSubject: hi\n\nhello\n")
+        smtp.expect(
+            250,
+            "From: a@example.org\r\nX-Tenant: a b@c:d\r\nX-Campaign:  spring \t sale\r\nSubject: hi\r\n\r\nhello\r\n.",
+        )
+    raw = _request("bob@example.net", content="From: a@example.org\nX-Tenant: a b@c:d\nSubject: hi\n\nhello\n")
     assert node.http_post("/api/v1/inject", raw, TOKEN)[0] == 200
     added = {m["queue"] for m in node.spool_messages()} - queues
     assert added == {"spring_sale:a_b_c_d@example.net", "a_b_c_d@example.net"}
@@ -177,18 +185,31 @@ def test_a_tenant_or_campaign_both_in_the_request_and_its_content_gets_400_namin
         status, answer = node.http_post("/api/v1/inject", request, TOKEN)
         error = f"{header} is set here and by $.{field}: give it in one place"
         assert (status, answer) == (400, {"error": error, "field": f"$.content.headers.{header}"})
-        raw = _request("ann@example.net", content=f"Subject: hi\n{header} : zz top\n\nhello\n", **{field: "a_b_c_d"})
+        raw = _request(
+            "ann@example.net",
+            content=f"From: a@example.org\nSubject: hi\n{header} : zz top\n\nhello\n",
+            **{field: "a_b_c_d"},
+        )
         status, answer = node.http_post("/api/v1/inject", raw, TOKEN)
         error = f"{header.title()} is set here and by $.{field}: give it in one place"
         assert (status, answer) == (400, {"error": error, "field": "$.content"})
-    done = _cli(node, "--to", "ann@example.net", "--tenant", "acme", stdin="X-Tenant: zz top\nSubject: hi\n\nhi\n")
+    done = _cli(
+        node,
+        "--to",
+        "ann@example.net",
+        "--tenant",
+        "acme",
+        stdin="From: a@example.org\nX-Tenant: zz top\nSubject: hi\n\nhi\n",
+    )
     assert done.returncode == 2, done
     assert "X-Tenant is set here and by $.tenant: give it in one place" in done.stderr
     assert node.spool_messages() == before
     # One place, either one: it names the queue.
     alone = _request("bob@example.net", content={**parts, "headers": {"X-Tenant": "zz top"}})
     assert node.http_post("/api/v1/inject", alone, TOKEN)[0] == 200
-    in_body = _request("cy@example.net", tenant="solo", content="Subject: hi\n\nX-Tenant: zz top\n")  # no header
+    in_body = _request(
+        "cy@example.net", tenant="solo", content="From: a@example.org\nSubject: hi\n\nX-Tenant: zz top\n"
+    )  # no header
     assert node.http_post("/api/v1/inject", in_body, TOKEN)[0] == 200
     added = {m["queue"] for m in node.spool_messages()} - {m["queue"] for m in before}
     assert added == {"zz_top@example.net", "solo@example.net"}
@@ -218,7 +239,7 @@ def test_a_from_after_a_line_that_is_no_field_is_body_at_every_door(node: Pigeon
     request = _request("http@example.net", content=message.decode(), template=template)
     assert node.http_post("/api/v1/inject", request, TOKEN)[0] == 200
     added = {m["recipients"][0]: m["data"] for m in node.spool_messages() if m["id"] not in before}
-    split = b"Subject: x\r\n\r\ngarbage line\r\nFrom: evil@example.com\r\n"
+    split = b"From: a@example.org\r\nSubject: x\r\n\r\ngarbage line\r\nFrom: evil@example.com\r\n"
     assert split in added["smtp@example.net"] and split in added["http@example.net"], added
 
 
@@ -247,7 +268,7 @@ def test_a_long_or_non_ascii_tenant_of_parts_names_its_queue_as_it_is_and_asks_f
     requests = [
         _request("given@example.net", content=parts, tenant=tenant),
         _request("header@example.net", content={**parts, "headers": {"x-tenant": f"{tenant}"}}),
-        _request("raw@example.net", content="Subject: hi\n\nhello\n", tenant=tenant),
+        _request("raw@example.net", content="From: a@example.org\nSubject: hi\n\nhello\n", tenant=tenant),
     ]
     for request in requests:
         status, answer = node.http_post("/api/v1/inject", request, TOKEN)

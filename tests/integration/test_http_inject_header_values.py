@@ -87,7 +87,7 @@ def test_line_breaks_in_body_values_arrive_and_the_cli_refuses_header_ones_with_
         status, answer = node.http_post("/api/v1/inject", request, node.local_token)
         assert status == 200, answer
         message = tmp_path / "message.eml"
-        message.write_text("Subject: Hello {{ first }}\n\n{{ body }}\n")
+        message.write_text("From: a@example.org\nSubject: Hello {{ first }}\n\n{{ body }}\n")
         config = str(node.config_path)
         cli = ["inject", "-c", config, "--from", "a@example.org", "--to", "c@example.net", str(message)]
         sent = pigeon_cli(*cli, "--var", "first=Carol", "--var", "body=one\ntwo")

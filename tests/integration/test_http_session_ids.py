@@ -16,7 +16,7 @@ def _request(email: str) -> dict[str, object]:
     return {
         "envelope_sender": "app@example.org",
         "recipients": [{"email": email}],
-        "content": "Subject: hi\n\nhello\n",
+        "content": "From: a@example.org\nSubject: hi\n\nhello\n",
         "template": False,
     }
 

@@ -44,7 +44,10 @@ def test_a_mailbox_named_by_both_forms_of_its_domain_gets_one_copy(pigeon: Pigeo
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.ehlo()
         refused = client.sendmail(
-            "s@sender.test", [U_LABEL, A_LABEL], b"Subject: idn\r\n\r\nhello\r\n", mail_options=["SMTPUTF8"]
+            "s@sender.test",
+            [U_LABEL, A_LABEL],
+            b"From: a@example.org\r\nSubject: idn\r\n\r\nhello\r\n",
+            mail_options=["SMTPUTF8"],
         )
         assert refused == {}
     (received,) = sink.wait_for(1)
@@ -65,7 +68,7 @@ def test_a_suspension_of_either_form_holds_mail_to_both(pigeon: PigeonProcess, s
             "/api/v1/inject",
             {
                 "envelope_sender": "s@sender.test",
-                "content": "Subject: x\r\n\r\nhi\r\n",
+                "content": "From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n",
                 "recipients": [{"email": recipient}],
             },
             pigeon.local_token,
@@ -90,7 +93,12 @@ def test_an_ascii_mailbox_at_a_u_label_domain_goes_as_its_a_label_to_a_server_wi
     ):
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.ehlo()
-            assert client.sendmail("s@bücher.test", [U_LABEL], b"Subject: idn\r\n\r\nhello\r\n", ["SMTPUTF8"]) == {}
+            assert (
+                client.sendmail(
+                    "s@bücher.test", [U_LABEL], b"From: a@example.org\r\nSubject: idn\r\n\r\nhello\r\n", ["SMTPUTF8"]
+                )
+                == {}
+            )
         (received,) = sink.wait_for(1)
         assert received.recipients == [A_LABEL]
         assert received.sender == "s@xn--bcher-kva.test"

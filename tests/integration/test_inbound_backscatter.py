@@ -136,7 +136,7 @@ def test_an_authenticated_sender_and_a_route_set_to_bounce_still_get_their_dsn(t
                 {
                     "envelope_sender": "app@example.org",
                     "recipients": [{"email": "support@app.example"}],
-                    "content": "Subject: from the app\r\n\r\nhello\r\n",
+                    "content": "From: a@example.org\r\nSubject: from the app\r\n\r\nhello\r\n",
                 },
                 node.local_token,
             )

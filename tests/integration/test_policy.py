@@ -124,8 +124,10 @@ def test_on_message_sets_tenant_campaign_and_queue_seen_in_the_log_and_the_queue
     """
     sections = delivery_config("127.0.0.1:9", retry_interval="1h")  # nothing answers: they stay queued
     with _node(tmp_path, source, **sections) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-        client.sendmail("a@example.org", ["x@example.net"], b"Subject: hi\r\nX-Kind: spring\r\n\r\nhi\r\n")
-        client.sendmail("a@example.org", ["y@example.net"], b"Subject: vip\r\n\r\nhi\r\n")
+        client.sendmail(
+            "a@example.org", ["x@example.net"], b"From: a@example.org\r\nSubject: hi\r\nX-Kind: spring\r\n\r\nhi\r\n"
+        )
+        client.sendmail("a@example.org", ["y@example.net"], b"From: a@example.org\r\nSubject: vip\r\n\r\nhi\r\n")
         receptions = pigeon.wait_records("Reception", 2)
         assert [r["queue"] for r in receptions] == ["spring:acme@example.net", "vip-lane"]
         wait_until(lambda: len(pigeon.records("TransientFailure")) == 2)
@@ -212,7 +214,7 @@ def test_on_message_applies_to_bdat_and_can_refuse_it(tmp_path: Path) -> None:
         for subject, answer in ((b"refuse me", 554), (b"take me", 250)):
             client.expect(250, "MAIL FROM:<a@example.org>")
             client.expect(250, "RCPT TO:<b@example.net>")
-            first, second = b"Subject: " + subject + b"\r\n", b"\r\nchunked body\r\n"
+            first, second = b"From: a@example.org\r\nSubject: " + subject + b"\r\n", b"\r\nchunked body\r\n"
             client.send(f"BDAT {len(first)}\r\n".encode() + first)
             client.expect(250)
             client.send(f"BDAT {len(second)} LAST\r\n".encode() + second)
@@ -354,11 +356,16 @@ def test_a_failing_hook_answers_451_logs_its_traceback_and_the_worker_goes_on(tm
         client.ehlo("client.test")
         client.mail("a@example.org")
         client.rcpt("b@example.net")
-        assert client.data(b"Subject: boom\r\n\r\nhi\r\n") == (451, b"4.3.0 policy error; try again later")
+        assert client.data(b"From: a@example.org\r\nSubject: boom\r\n\r\nhi\r\n") == (
+            451,
+            b"4.3.0 policy error; try again later",
+        )
         client.mail("a@example.org")
         assert client.rcpt("odd@example.net") == (451, b"4.3.0 policy error; try again later")
         assert client.rcpt("b@example.net")[0] == 250
-        assert client.data(b"Subject: fine\r\n\r\nhi\r\n")[0] == 250  # same connection, same worker
+        assert (
+            client.data(b"From: a@example.org\r\nSubject: fine\r\n\r\nhi\r\n")[0] == 250
+        )  # same connection, same worker
         failures = _failures(pigeon, 2)
         raised = next(f for f in failures if f["hook"] == "on_message")
         assert raised["error"] == "ZeroDivisionError: division by zero"
@@ -516,7 +523,11 @@ def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
 
         def inject(*emails: str) -> tuple[int, Any]:
             recipients = [{"email": e, "metadata": {"campaign": "april"}} for e in emails]
-            body = {"envelope_sender": "a@example.org", "recipients": recipients, "content": "Subject: x\r\n\r\nhi\r\n"}
+            body = {
+                "envelope_sender": "a@example.org",
+                "recipients": recipients,
+                "content": "From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n",
+            }
             return pigeon.http_post("/api/v1/inject", body, token)
 
         status, answer = inject("no@example.net")

@@ -51,7 +51,11 @@ def test_quarantine_lists_each_entry_with_its_reason_and_saves_what_can_be_sent_
     root = tmp_path / "node"
     big = b"Subject: big\r\n\r\n" + (b"x" * 76 + b"\r\n") * 400  # 31 KB: a body in a segment
     with PigeonProcess(root) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-        client.sendmail("sender@example.org", ["saved@example.net"], b"Subject: rescue me\r\n\r\nbody\r\n")
+        client.sendmail(
+            "sender@example.org",
+            ["saved@example.net"],
+            b"From: sender@example.org\r\nSubject: rescue me\r\n\r\nbody\r\n",
+        )
         client.sendmail("sender@example.org", ["lost@example.net"], big)
         client.sendmail("sender@example.org", ["kept@example.net"], b"Subject: fine\r\n\r\nbody\r\n")
     shard = root / "spool" / "shard-0"

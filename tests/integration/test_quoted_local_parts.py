@@ -40,7 +40,7 @@ def test_a_mailbox_named_bare_and_quoted_in_one_smtp_transaction_gets_one_copy(
         assert client.rcpt("dd@example.net")[0] == 250
         assert client.rcpt('"dd"@example.net')[0] == 250  # README: a repeated RCPT gets its 250
         assert client.rcpt('"d\\d"@example.net')[0] == 250  # a quoted pair is its character
-        assert client.data(b"Subject: twice\r\n\r\nhello\r\n")[0] == 250
+        assert client.data(b"From: a@example.org\r\nSubject: twice\r\n\r\nhello\r\n")[0] == 250
     (received,) = sink.wait_for(1)
     assert received.recipients == ["dd@example.net"]
     time.sleep(1)  # a second copy would have come by now
@@ -54,7 +54,7 @@ def test_a_mailbox_named_bare_and_quoted_in_one_injection_is_refused_as_a_duplic
     request = {
         "envelope_sender": "app@example.org",
         "recipients": [{"email": "dd@example.net"}, {"email": '"dd"@example.net'}],
-        "content": "Subject: x\n\nhi\n",
+        "content": "From: a@example.org\nSubject: x\n\nhi\n",
     }
     status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
     assert status == 200, answer

@@ -16,7 +16,7 @@ from pigeon.tls import server_context
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
-MESSAGE = b"Subject: reload\r\n\r\nhello\r\n"
+MESSAGE = b"From: a@example.org\r\nSubject: reload\r\n\r\nhello\r\n"
 
 
 def _any_certificate() -> ssl.SSLContext:

@@ -39,7 +39,7 @@ def _request_of(size: int) -> bytes:
     request = {
         "envelope_sender": "app@example.org",
         "recipients": [{"email": "big@example.net"}],
-        "content": "Subject: x\n\n" + ("x" * 75 + "\n") * (size // 76),
+        "content": "From: a@example.org\nSubject: x\n\n" + ("x" * 75 + "\n") * (size // 76),
         "template": False,
     }
     return json.dumps(request).encode()

@@ -46,7 +46,7 @@ def _raw(**fields: Any) -> dict[str, Any]:
     return {
         "envelope_sender": "app@example.org",
         "recipients": [{"email": "r@example.net"}],
-        "content": "Subject: hello\n\nbody\n",
+        "content": "From: a@example.org\nSubject: hello\n\nbody\n",
         **fields,
     }
 
@@ -98,7 +98,7 @@ def test_a_line_break_or_nul_in_a_header_value_gets_400_naming_the_field_and_not
 @pytest.mark.parametrize(
     ("request_body", "field"),
     [
-        (_raw(content="Subject: hi\n\nnul \0 here\n"), "$.content"),
+        (_raw(content="From: a@example.org\nSubject: hi\n\nnul \0 here\n"), "$.content"),
         (_raw(content={"from": {"email": "a@example.org", "name": "A\0"}, "text": "x"}), "$.content.from.name"),
         (_raw(content={"from": {"email": "a@example.org"}, "subject": "\0", "text": "x"}), "$.content.subject"),
         (_raw(content={"from": {"email": "a@example.org"}, "text": "a\0b"}), "$.content.text"),
@@ -120,7 +120,7 @@ def test_a_composed_message_meets_the_content_check_of_smtp_reception(pigeon: Pi
     # refused, with the reply SMTP reception gives the same content. (A NUL rendered into the
     # header section is the request's fault, refused whole: test_http_inject_header_values.)
     request = _raw(
-        content="Subject: {{ subject }}\n\n{{ text }}\n",
+        content="From: a@example.org\nSubject: {{ subject }}\n\n{{ text }}\n",
         recipients=[
             {"email": "bad@example.net", "substitutions": {"subject": "nul", "text": "a \0 b"}},
             {"email": "long@example.net", "substitutions": {"subject": "x" * 1200, "text": "hello"}},
@@ -141,11 +141,14 @@ def test_a_composed_message_meets_the_content_check_of_smtp_reception(pigeon: Pi
 def test_a_body_with_bare_line_endings_in_the_spool_leaves_with_crlf_and_smuggles_nothing(tmp_path: Path) -> None:
     root = tmp_path / "node"
     body = (
-        b"Subject: stored\r\n\r\nfirst\n.\r\nMAIL FROM:<ceo@bank.example>\r\nRCPT TO:<victim@example.net>\r\n"
+        b"From: a@example.org\r\nSubject: stored\r\n\r\nfirst\n.\r\n"
+        b"MAIL FROM:<ceo@bank.example>\r\nRCPT TO:<victim@example.net>\r\n"
         b"DATA\r\nSubject: pay now\r\n\r\nbare CR\r.\rlast\n.\nend"
     )
     with PigeonProcess(root) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-        client.sendmail("a@example.org", ["b@example.net"], b"Subject: stored\r\n\r\nplaceholder\r\n")
+        client.sendmail(
+            "a@example.org", ["b@example.net"], b"From: a@example.org\r\nSubject: stored\r\n\r\nplaceholder\r\n"
+        )
     # Behind Pigeon's back (an old spool, a bug, a disk editor): bare LF and CR in the body.
     conn = sqlite3.connect(root / "spool" / "shard-0" / "spool.db")
     (body_id, data) = conn.execute("SELECT id, data FROM body").fetchone()

@@ -50,7 +50,7 @@ def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, 
 
 def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: Path) -> None:
     root = tmp_path / "node"
-    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(root, spool={"max_size": "1MiB"}) as pigeon:
         accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body)
         assert (code, text[:5]) == (451, b"4.3.0")
@@ -70,7 +70,9 @@ def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: 
 
 
 def test_large_messages_that_would_pass_max_size_get_451_through_every_door_and_leave_no_file(tmp_path: Path) -> None:
-    body = b"Subject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 4000  # 312 KB: past inline_limit, in data/
+    body = (
+        b"From: a@example.org\r\nSubject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 4000
+    )  # 312 KB: past inline_limit, in data/
     token = "inject-token-0123456789"
     spool = {"max_size": "1MiB", "inline_limit": "64KiB"}
     tokens = [{"name": "app", "token": token, "scopes": ["inject"]}]
@@ -109,7 +111,7 @@ def test_a_capped_spool_stays_under_its_cap_on_disk_and_says_up_once_delivery_ma
     """The WAL counts against max_size, and a node whose spool filled is up again once mail has
     left, without a message arriving to prove it (a load balancer sends none to a node it took
     out), even under a cap far below the 16 MiB that means "room" on a disk."""
-    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with ScriptedSink() as sink:
         sink.rcpt_reply = lambda address: "451 4.3.0 not now"
         config = delivery_config(sink.endpoint, retry_interval="1s", max_retry_interval="1s")
@@ -118,7 +120,10 @@ def test_a_capped_spool_stays_under_its_cap_on_disk_and_says_up_once_delivery_ma
                 client.ehlo("client.test")
                 client.mail("sender@example.org")
                 client.rcpt("user@example.net")
-                assert client.data(b"Subject: huge\r\n\r\n" + (b"h" * 76 + b"\r\n") * 60_000)[0] == 451
+                assert (
+                    client.data(b"From: a@example.org\r\nSubject: huge\r\n\r\n" + (b"h" * 76 + b"\r\n") * 60_000)[0]
+                    == 451
+                )
             assert _health(pigeon)[0] == 200
             accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body, limit=2000)
             assert code == 451 and accepted > 100
@@ -148,7 +153,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 
 def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(tiny_disk: Path, tmp_path: Path) -> None:
     root = tmp_path / "node"
-    body = b"Subject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 3000  # ~230 KB: spilled to a file
+    body = b"From: a@example.org\r\nSubject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 3000  # ~230 KB: spilled to a file
     spool = {"path": str(tiny_disk / "spool"), "inline_limit": "64KiB"}
     with PigeonProcess(root, spool=spool) as pigeon:
         accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body, limit=100)
@@ -164,7 +169,7 @@ def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(t
 
 
 def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
-    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}, smtp={"max_errors": 3}) as pigeon:
         accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body)
         assert code == 451
@@ -182,7 +187,7 @@ def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
 
 
 def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path) -> None:
-    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}) as pigeon:
         accepted, _ = _send_until_refused(pigeon.smtp_port, body)
         for _ in range(3):  # the whole transaction at once, and gone before the answer
@@ -244,7 +249,12 @@ def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(e
     spool = {"path": str(ext4_disk / "spool")}
     with PigeonProcess(root, spool=spool) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         for n in range(5):
-            assert client.sendmail("sender@example.org", ["user@example.net"], f"Subject: {n}\r\n\r\nhi\r\n") == {}
+            assert (
+                client.sendmail(
+                    "sender@example.org", ["user@example.net"], f"From: a@example.org\r\nSubject: {n}\r\n\r\nhi\r\n"
+                )
+                == {}
+            )
     filler = _fill(ext4_disk)
     pigeon = PigeonProcess(root, spool=spool)
     pigeon.start(wait=False)
@@ -262,7 +272,12 @@ def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(e
         pigeon.wait_ready()
         assert len(pigeon.spool_messages()) == 5
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            assert client.sendmail("sender@example.org", ["user@example.net"], "Subject: 6\r\n\r\nhi\r\n") == {}
+            assert (
+                client.sendmail(
+                    "sender@example.org", ["user@example.net"], "From: a@example.org\r\nSubject: 6\r\n\r\nhi\r\n"
+                )
+                == {}
+            )
         assert len(pigeon.spool_messages()) == 6
     finally:
         pigeon.stop()
@@ -280,18 +295,23 @@ def test_healthz_says_the_spool_is_down_while_its_disk_is_full_and_up_once_there
             client.ehlo("client.test")
             client.mail("sender@example.org")
             client.rcpt("user@example.net")
-            assert client.data(b"Subject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 451
+            assert client.data(b"From: a@example.org\r\nSubject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 451
         status, health = _health(pigeon)
         assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
         filler.unlink()  # room again: up without waiting for mail to prove it
         status, health = _health(pigeon)
         assert (status, health["status"], health["spool"]) == (200, "ok", {"status": "ok", "messages": 0})
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            assert client.sendmail("sender@example.org", ["user@example.net"], "Subject: y\r\n\r\nhi\r\n") == {}
+            assert (
+                client.sendmail(
+                    "sender@example.org", ["user@example.net"], "From: a@example.org\r\nSubject: y\r\n\r\nhi\r\n"
+                )
+                == {}
+            )
 
 
 def test_with_several_workers_one_full_spool_makes_the_node_answer_503(tmp_path: Path) -> None:
-    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
+    body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", node={"workers": 2}, spool={"max_size": "1MiB"}) as pigeon:
         _send_until_refused(pigeon.smtp_port, body)  # one connection: one worker's shard fills up
         status, health = _health(pigeon)

@@ -23,7 +23,7 @@ def _request(content: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("content", "limit"),
     [
-        (f"Subject: hi\r\n\r\n{NESTED}\r\n", "loop steps"),
+        (f"From: a@example.org\r\nSubject: hi\r\n\r\n{NESTED}\r\n", "loop steps"),
         ({"from": {"email": "news@example.org"}, "subject": "hi", "text": "{{ 'x' * 100000000 }}"}, "output limit"),
         (
             {
@@ -102,7 +102,7 @@ def test_a_template_escaping_the_first_budgets_is_refused_with_400_within_2s_whi
         started = time.monotonic()
         post = threading.Thread(
             target=lambda: answers.append(
-                pigeon.http_post("/api/v1/inject", _request(f"Subject: t\n\n{template}\n"), TOKEN)
+                pigeon.http_post("/api/v1/inject", _request(f"From: a@example.org\nSubject: t\n\n{template}\n"), TOKEN)
             )
         )
         post.start()
@@ -122,12 +122,16 @@ def test_a_template_escaping_the_first_budgets_is_refused_with_400_within_2s_whi
         assert elapsed < 2, elapsed
         assert (health, health_after < 2) == (200, True), health_after
         assert not pigeon.spool_messages()
-        fine = {**_request("Subject: hi {{ name }}\n\n{% for i in range(3) %}{{ i ~ '.' }}{% endfor %}\n")}
+        fine = {
+            **_request(
+                "From: a@example.org\nSubject: hi {{ name }}\n\n{% for i in range(3) %}{{ i ~ '.' }}{% endfor %}\n"
+            )
+        }
         fine["recipients"] = [{"email": "ann@example.net", "name": "Ann"}]
         status, answer = pigeon.http_post("/api/v1/inject", fine, TOKEN)
         assert (status, answer["accepted"]) == (200, 1), answer
         [message] = pigeon.spool_messages()
-        assert b"Subject: hi Ann\r\n\r\n0.1.2.\r\n" in message["data"]
+        assert b"From: a@example.org\r\nSubject: hi Ann\r\n\r\n0.1.2.\r\n" in message["data"]
 
 
 def test_a_request_whose_renders_add_up_past_max_render_time_sends_the_rest_back_with_451(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_with_one_connection_allowed_an_idle_connection_makes_room_for_the_other
                     "/api/v1/inject",
                     {
                         "envelope_sender": "a@example.org",
-                        "content": f"Subject: {n}\r\n\r\nhello\r\n",
+                        "content": f"From: a@example.org\r\nSubject: {n}\r\n\r\nhello\r\n",
                         "recipients": [{"email": f"user{n}@example.net"}],
                     },
                     pigeon.local_token,

@@ -123,10 +123,13 @@ def crlf_lines(data: bytes) -> bytes:
     return _BARE_ENDING.sub(b"\r\n", data)
 
 
-def check_message(data: bytes, *, max_size: int, max_line_length: int) -> Reply | None:
+def check_message(data: bytes, *, max_size: int, max_line_length: int, uncounted: int = 0) -> Reply | None:
     """The reply refusing a whole message held in memory, as SMTP reception would refuse it
-    (bare LF or CR, NUL, over-long line, too big), or None when it may be stored."""
+    (bare LF or CR, NUL, over-long line, too big), or None when it may be stored. `uncounted`:
+    octets of `data` that Pigeon wrote itself (an injection's Date and Message-ID), which
+    `max_size` does not count, as SMTP counts none of the fields it adds."""
     checker = ContentChecker(max_size=max_size, max_line_length=max_line_length, bare_linefeeds=BareLinefeeds.REFUSE)
+    checker.size = -uncounted
     checker.feed(data)
     checker.finish()
     return checker.refusal()

@@ -219,6 +219,11 @@ RELAY_DENIED: Final = r(550, "5.7.1", "Relay access denied")
 UNKNOWN_RECIPIENT: Final = r(550, "5.1.1", "No such recipient here")
 CANNOT_SIGN: Final = r(451, "4.3.0", "Cannot sign the message now (DKIM); try again later")
 TOO_MANY_HOPS: Final = r(554, "5.4.6", "Too many hops: mail loop detected (RFC 5321 6.3)")
+# A submission (after AUTH, or HTTP injection) that names no author: Pigeon completes one with
+# its Date and Message-ID, but cannot know who wrote it, and Gmail and others refuse mail without.
+CONTENT_NO_FROM: Final = r(
+    554, "5.6.0", "Message has no From header field (RFC 5322 3.6 requires one): add From: with the author's address"
+)
 
 
 def syntax(text: str, enhanced: str = "5.5.2") -> Reply:

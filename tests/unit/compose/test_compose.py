@@ -381,3 +381,31 @@ def test_a_template_may_give_a_recipient_without_a_name_a_fallback(subject: str)
 def _fields(data: bytes) -> dict[bytes, bytes]:
     head = data[: data.index(b"\r\n\r\n") + 2]
     return {field.name: field.raw.rstrip(b"\r\n") for field in header_fields(head)}
+
+
+def _own_lines(data: bytes, names: tuple[bytes, ...]) -> int:
+    """The octets of the fields `names` in `data`'s header section (each on one line here)."""
+    head = data[: data.index(b"\r\n\r\n") + 2]
+    return sum(len(line) + 2 for line in head.split(b"\r\n") if line.lower().startswith(names))
+
+
+@pytest.mark.parametrize("tenant", [None, "acme"])
+def test_raw_content_counts_as_the_client_gave_it(tenant: str | None) -> None:
+    """max_message_size counts the client's octets: not Pigeon's Date and Message-ID, nor the
+    request's tenant field, nor the empty line it put in (`Composed.own`)."""
+    content = "From: a@example.org\r\nSubject: hi\r\nbody without an empty line before it\r\n"
+    request = _request(content, template=False, **({"tenant": tenant} if tenant else {}))
+    composed = Composer(request, "mx.test", "X-Tenant", "X-Campaign").compose(request.recipients[0])
+    assert len(composed.data) - composed.own == len(content)
+    own = _request("Date: Mon, 1 Jan 2024 00:00:00 +0000\r\nMessage-ID: <a@example.org>\r\n" + content, template=False)
+    assert Composer(own, "mx.test", "X-Tenant", "X-Campaign").compose(own.recipients[0]).own == 2  # the empty line
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_parts_count_the_composed_message_without_pigeons_date_and_message_id(given: bool) -> None:
+    headers = {"Date": "Mon, 1 Jan 2024 00:00:00 +0000", "Message-ID": "<a@example.org>"} if given else {}
+    parts = {"from": {"email": "a@example.org"}, "subject": "hi", "text": "body", "headers": headers}
+    request = _request(parts, tenant="acme")
+    composed = Composer(request, "mx.test", "X-Tenant", "X-Campaign").compose(request.recipients[0])
+    pigeons = (b"x-tenant:",) if given else (b"date:", b"message-id:", b"x-tenant:")
+    assert composed.own == _own_lines(composed.data, pigeons) > 0

@@ -8,11 +8,13 @@ template value that would put a line break into a raw message's header section. 
 refused whole (400, 413, 415) is logged as one `Rejection` of command `inject` naming the
 token, as SMTP logs a refused command; one without a known token (401, 403) is not. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
-NUL, over-long lines, a field RFC 5322 3.6 allows once there twice, over max_message_size, a
-loop's Received fields, an X-Tenant that cannot name a queue): one that fails is refused with
+NUL, over-long lines, a field RFC 5322 3.6 allows once there twice, no From, over
+max_message_size (counting none of what Pigeon wrote: its Date, Message-ID), a loop's
+Received fields, an X-Tenant that cannot name a queue): one that fails is refused with
 the reply SMTP would give (554 5.6.0, 552 5.3.4). Content that is not a template (`template`
 false) is every recipient's alike: failing the check, it refuses the request (400 naming
-`$.content`, with that reply), as a repeated field in the first recipient's message does.
+`$.content`, with that reply), as a repeated field (or no From) in the first recipient's
+message does.
 
 The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
@@ -49,7 +51,7 @@ from pigeon.compose import (
     check_request,
     media_type_problem,
 )
-from pigeon.header_section import repeated_field_in
+from pigeon.header_section import repeated_field_in, single_fields_in
 from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
 from pigeon.listener.http.context import NODE_KEY
@@ -297,7 +299,10 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         # would fail alike, so the request is refused whole (as is a second From), once.
         # The replies are SMTP reception's own (`replies`), word for word: one rule, one text.
         unfit = check_message(
-            composed.data, max_size=config.smtp.max_message_size, max_line_length=config.smtp.max_line_length
+            composed.data,
+            max_size=config.smtp.max_message_size,
+            max_line_length=config.smtp.max_line_length,
+            uncounted=composed.own,  # (what Pigeon wrote itself: SMTP does not count its own either)
         )
         if unfit is not None:
             if first_composed and not parsed.template:
@@ -324,9 +329,11 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         )
         draft = node.intake.draft(envelope, arrival)
         draft.write(composed.data)
-        if first_composed and not parsed.template and (unfit := draft.content_refusal()) is not None:
+        # (a template's first message without From is the content's fault too: refused whole)
+        whole = first_composed and (not parsed.template or "From" not in single_fields_in(composed.data))
+        if whole and (unfit := draft.content_refusal()) is not None:
             # Its header section (a loop's Received fields, an X-Tenant that cannot name a
-            # queue): the same for every recipient.
+            # queue, no From): the same for every recipient.
             draft.discard()
             raise content_refused(unfit)
         # A client gone by the time its recipient's checks are done (a slow policy hook, DKIM

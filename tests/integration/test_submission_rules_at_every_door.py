@@ -1,0 +1,188 @@
+"""A rule enforced at one door holds at every door (SMTP relay, SMTP after AUTH, HTTP
+injection, `pigeon inject`):
+
+* `[smtp] max_message_size` counts the message as the client gave it: the Date and
+  Message-ID Pigeon adds to a submission without them (and its Received field) are not the
+  client's octets. A message of exactly the limit is taken at every door with or without its
+  own Date and Message-ID; one octet more is refused at every door, with the limit named.
+  (HTTP counted Pigeon's ~105 octets against the client: 9895 taken, 9896 refused.)
+* A submission without a From field (RFC 5322 3.6 requires one) is refused at every door
+  that completes one (SMTP after AUTH, HTTP raw content, `pigeon inject`), with one text, and
+  logged as a Rejection; parts already required `from`. Relayed mail is left as it came."""
+
+from __future__ import annotations
+
+import smtplib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pigeon.listener.passwords import set_password
+from tests.support.process import PigeonProcess
+from tests.support.sinks import wait_until
+
+TOKEN = "doors-token-0123456789"
+LIMIT = 10000
+OWN = b"Date: Mon, 1 Jan 2024 00:00:00 +0000\r\nMessage-ID: <own@example.org>\r\n"
+TOO_BIG = f"552 5.3.4 Message size exceeds fixed maximum message size of {LIMIT} octets"
+NO_FROM = "554 5.6.0 Message has no From header field (RFC 5322 3.6 requires one): add From: with the author's address"
+DOORS = ["smtp-relay", "smtp-auth", "http", "cli"]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    root = tmp_path_factory.mktemp("doors")
+    users = root / "users"
+    set_password(users, "app", "secret-password")
+    smtp = {"max_message_size": LIMIT, "auth_users": str(users), "allow_plaintext_auth": True}
+    http = {"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]}
+    with PigeonProcess(root / "node", smtp=smtp, http=http) as running:
+        yield running
+
+
+def _message(size: int, own: bool) -> bytes:
+    """A message of exactly `size` octets (CRLF line endings, the last line ended)."""
+    head = (OWN if own else b"") + b"From: a@example.org\r\nTo: b@example.net\r\nSubject: size\r\n\r\n"
+    left = size - len(head)
+    lines = [b"x" * 76 + b"\r\n"] * (left // 78)
+    rest = left - 78 * len(lines)
+    if rest:
+        assert rest >= 2
+        lines.append(b"y" * (rest - 2) + b"\r\n")
+    message = head + b"".join(lines)
+    assert len(message) == size
+    return message
+
+
+def _smtp(node: PigeonProcess, message: bytes, *, login: bool) -> str:
+    """The reply to the message's end of data: "250" or the refusal. MAIL declares no SIZE:
+    the limit is checked on the data."""
+    with smtplib.SMTP("127.0.0.1", node.smtp_port, timeout=30) as client:
+        client.ehlo()
+        if login:
+            client.login("app", "secret-password")
+        assert client.mail("a@example.org")[0] == 250
+        assert client.rcpt("b@example.net")[0] == 250
+        code, text = client.data(message)
+    return "250" if code == 250 else f"{code} {text.decode()}"
+
+
+def _http(node: PigeonProcess, message: bytes, *, template: bool = True) -> tuple[int, Any]:
+    request = {
+        "envelope_sender": "a@example.org",
+        "recipients": [{"email": "b@example.net"}],
+        "content": message.decode(),
+        "template": template,
+    }
+    return node.http_post("/api/v1/inject", request, TOKEN)
+
+
+def _cli(node: PigeonProcess, message: bytes, *options: str) -> subprocess.CompletedProcess[bytes]:
+    command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN, *options]
+    command += ["--from", "a@example.org", "--to", "b@example.net", "-"]
+    return subprocess.run(command, input=message, capture_output=True, timeout=60, check=False)
+
+
+def _outcome(node: PigeonProcess, door: str, message: bytes) -> str:
+    """What the door answered: "250" when it took the message, else the refusal. Injected as
+    it is, not as a template (content rendered per recipient is refused per recipient)."""
+    if door.startswith("smtp"):
+        return _smtp(node, message, login=door == "smtp-auth")
+    if door == "http":
+        status, answer = _http(node, message, template=False)
+        if status == 200 and answer["accepted"] == 1:
+            return "250"
+        assert (status, answer.get("field")) == (400, "$.content"), answer
+        return str(answer["error"])
+    done = _cli(node, message, "--no-template")
+    if done.returncode == 0:
+        return "250"
+    assert done.returncode == 2, done
+    return done.stderr.decode().removeprefix("pigeon: 400: ").rstrip("\n").removesuffix(" ($.content)")
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["without-date-and-id", "with-own-date-and-id"])
+@pytest.mark.parametrize("door", DOORS)
+def test_the_size_limit_counts_the_message_as_the_client_gave_it(node: PigeonProcess, door: str, own: bool) -> None:
+    assert _outcome(node, door, _message(LIMIT, own)) == "250"
+    assert _outcome(node, door, _message(LIMIT + 1, own)) == TOO_BIG
+
+
+def test_an_injection_of_exactly_the_limit_is_stored_with_pigeons_date_and_message_id(node: PigeonProcess) -> None:
+    """Not counted is not left out: the stored message has them."""
+    before = {row["id"] for row in node.spool_messages()}
+    status, answer = _http(node, _message(LIMIT, own=False), template=False)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    (row,) = [row for row in node.spool_messages() if row["id"] not in before]
+    assert len(row["data"]) > LIMIT + 100  # with the Received, Date and Message-ID fields Pigeon wrote
+    assert b"\r\nDate: " in row["data"] and b"\r\nMessage-ID: <" in row["data"]
+
+
+NO_FROM_CONTENT = {"subject only": b"Subject: no from\r\n\r\nx\r\n", "empty": b""}
+
+
+def _rejections(node: PigeonProcess, command: str, code: int) -> int:
+    return sum(
+        1
+        for r in node.records("Rejection")
+        if r["command"] == command
+        and r["response"]["code"] == code
+        and NO_FROM.split(" ", 2)[2] in r["response"]["text"]
+    )
+
+
+@pytest.mark.parametrize("content", list(NO_FROM_CONTENT))
+def test_a_submission_without_from_is_refused_over_smtp_after_auth(node: PigeonProcess, content: str) -> None:
+    before = _rejections(node, "DATA", 554)
+    assert _smtp(node, NO_FROM_CONTENT[content], login=True) == NO_FROM
+    wait_until(lambda: _rejections(node, "DATA", 554) == before + 1)
+
+
+@pytest.mark.parametrize("template", [True, False], ids=["template", "as-it-is"])
+@pytest.mark.parametrize("content", list(NO_FROM_CONTENT))
+def test_an_injection_without_from_is_refused_whole(node: PigeonProcess, content: str, template: bool) -> None:
+    before, stored = _rejections(node, "inject", 400), len(node.spool_messages())
+    status, answer = _http(node, NO_FROM_CONTENT[content], template=template)
+    assert (status, answer) == (400, {"error": NO_FROM, "field": "$.content"})
+    wait_until(lambda: _rejections(node, "inject", 400) == before + 1)
+    assert len(node.spool_messages()) == stored
+
+
+@pytest.mark.parametrize("options", [["--no-template"], []], ids=["no-template", "template"])
+def test_pigeon_inject_of_a_message_without_from_exits_2_with_the_reply(
+    node: PigeonProcess, options: list[str]
+) -> None:
+    done = _cli(node, NO_FROM_CONTENT["subject only"], *options)
+    assert done.returncode == 2, done
+    assert f"pigeon: 400: {NO_FROM} ($.content)" in done.stderr.decode()
+
+
+def test_a_later_recipient_whose_template_leaves_out_from_is_refused_alone(node: PigeonProcess) -> None:
+    content = "{% if with_from %}From: a@example.org\n{% endif %}Subject: hi\n\nbody\n"
+    recipients = [
+        {"email": "ann@example.net", "substitutions": {"with_from": True}},
+        {"email": "bob@example.net", "substitutions": {"with_from": False}},
+    ]
+    request = {"envelope_sender": "a@example.org", "recipients": recipients, "content": content}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200, answer
+    assert (answer["accepted"], answer["recipients"][1]) == (1, {"email": "bob@example.net", "error": NO_FROM})
+
+
+def test_relayed_mail_without_from_is_left_as_it_came(node: PigeonProcess) -> None:
+    assert _smtp(node, NO_FROM_CONTENT["subject only"], login=False) == "250"
+
+
+def test_a_from_far_down_a_long_header_section_is_found(tmp_path: Path) -> None:
+    """Past the 64 KiB of the header section the intake keeps, the From is still seen."""
+    users = tmp_path / "users"
+    set_password(users, "app", "secret-password")
+    smtp = {"auth_users": str(users), "allow_plaintext_auth": True}
+    filler = b"".join(b"X-Filler-%05d: %s\r\n" % (n, b"f" * 60) for n in range(1200))
+    with PigeonProcess(tmp_path / "node", smtp=smtp) as node:
+        assert _smtp(node, filler + b"From: a@example.org\r\n\r\nbody\r\n", login=True) == "250"
+        assert _smtp(node, filler + b"Subject: none\r\n\r\nbody\r\n", login=True) == NO_FROM
