@@ -124,12 +124,12 @@ def _request(data: bytes, recipient: str, **more: Any) -> dict[str, Any]:
 
 
 def test_api_takes_base64_bytes_and_asks_smtputf8_for_a_utf8_header_only(node: PigeonProcess) -> None:
-    utf8 = "Subject: caf\u00e9\r\n\r\nh\u00e9llo\r\n".encode()
-    ascii_head = b"Subject: hi\r\n\r\nh\xe9llo\r\n"
+    utf8 = "From: a@example.org\r\nSubject: caf\u00e9\r\n\r\nh\u00e9llo\r\n".encode()
+    ascii_head = b"From: a@example.org\r\nSubject: hi\r\n\r\nh\xe9llo\r\n"
     for content, recipient, body, smtputf8 in [
         (utf8, "api-utf8@example.net", "8BITMIME", True),
         (ascii_head, "api-latin1@example.net", "8BITMIME", False),
-        (b"Subject: hi\r\n\r\nhello\r\n", "api-ascii@example.net", None, False),
+        (b"From: a@example.org\r\nSubject: hi\r\n\r\nhello\r\n", "api-ascii@example.net", None, False),
     ]:
         status, answer = node.http_post("/api/v1/inject", _request(content, recipient), TOKEN)
         assert (status, answer["accepted"]) == (200, 1), answer
@@ -139,11 +139,11 @@ def test_api_takes_base64_bytes_and_asks_smtputf8_for_a_utf8_header_only(node: P
 
 
 CHECKED = {
-    "long line": b"Subject: " + b"s" * 1000 + b"\r\n\r\nh\xe9llo\r\n",
+    "long line": b"From: a@example.org\r\nSubject: " + b"s" * 1000 + b"\r\n\r\nh\xe9llo\r\n",
     "two from": b"From: a@example.org\r\nFrom: b@example.org\r\n\r\nh\xe9llo\r\n",
-    "too big": b"Subject: hi\r\n\r\n" + (b"\xe9" * 70 + b"\r\n") * (MAX_SIZE // 72 + 10),
-    "bare cr": b"Subject: hi\r\n\r\nh\xe9llo\rthere\r\n",
-    "nul": b"Subject: hi\r\n\r\nh\xe9l\0lo\r\n",
+    "too big": b"From: a@example.org\r\nSubject: hi\r\n\r\n" + (b"\xe9" * 70 + b"\r\n") * (MAX_SIZE // 72 + 10),
+    "bare cr": b"From: a@example.org\r\nSubject: hi\r\n\r\nh\xe9llo\rthere\r\n",
+    "nul": b"From: a@example.org\r\nSubject: hi\r\n\r\nh\xe9l\0lo\r\n",
 }
 
 
