@@ -256,7 +256,7 @@ async def test_without_redis_a_node_keeps_to_its_share_and_says_so(
     # rates keep to the share of the nodes known before (2; the empty Redis has seen only a
     # since), while the others may still keep to theirs ...
     assert await a.connect("site:mx", 5) is None
-    assert a.nodes == 1
+    assert a.nodes == 2  # (b may not have beaten yet: the count known before holds for a lease)
     waits = [await a.admit("site:mx2", Rate(100.0), 1) for _ in range(5)]
     assert waits == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08], abs=0.01)
     await asyncio.sleep(SETTLE)
@@ -386,3 +386,43 @@ async def test_many_connections_asking_at_once_all_get_their_slots(make: Make) -
 
     await asyncio.wait_for(asyncio.gather(*(connection() for _ in range(50))), timeout=20)
     assert sent == 2000
+
+
+async def test_a_redis_back_for_a_moment_does_not_shrink_the_count_a_fallback_divides_by(
+    make: Make, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An outside tester saw 5 connections for a limit of 3, and 91 messages a second at 50/s,
+    # with 3 nodes and a Redis that came back empty and hung again 0.2 s later: the one
+    # heartbeat in between counted only the nodes an empty Redis had seen since (1, or 2), and
+    # each node fell back to a share of that: 1/1 of every limit, and 1/2 beside it.
+    nodes = [make(name, lease=1.0) for name in ("a", "b", "c")]
+    for node in (*nodes, nodes[0]):
+        await node._heartbeat()
+    a = nodes[0]
+    assert a.nodes == 3
+    redis_server.kill()
+    await a._heartbeat()
+    assert a.mode == FALLBACK
+    redis_server.start()
+    await a._heartbeat()  # back, the first node the empty Redis sees
+    assert a.mode == CLUSTER
+    assert "1 node has beaten since, of 3 seen before; a share counts 3 nodes" in caplog.text
+    assert redis_server.process is not None
+    redis_server.process.send_signal(19)  # SIGSTOP: it hangs again
+    try:
+        await a._heartbeat()
+        assert a.mode == FALLBACK and a.nodes == 3
+        assert "keeps to its share (1/3) of every limit" in caplog.text
+        await asyncio.sleep(SETTLE)
+        holds = [await a.connect("site:mx", 3) for _ in range(2)]
+        assert [hold is not None for hold in holds] == [True, False]  # 3 // 3, not 3 // 1
+        waits = [await a.admit("site:mx", Rate(60.0), 1) for _ in range(3)]
+        assert waits == pytest.approx([0.0, 0.05, 0.1], abs=0.01)  # 20/s, not 60/s
+    finally:
+        redis_server.process.send_signal(18)  # SIGCONT
+    await a._heartbeat()
+    assert a.mode == CLUSTER and a.nodes == 3
+    # b and c are gone for good: once they had a full lease to beat again, they count no more.
+    await asyncio.sleep(1.1)
+    await a._heartbeat()
+    assert a.nodes == 1

@@ -34,7 +34,10 @@ A worker that never saw an epoch (a first start) begins one at once: it holds no
 Fallback. The node heartbeat (a hash of node name -> expiry) also counts the nodes seen in the
 last `LEASE` seconds. When Redis cannot be reached (an error or a timeout of any call) the
 worker falls back: each limit is cut to this node's share (`limit // nodes`, at least one
-connection; `rate / nodes`), held across the node's workers by the node's own table. It says
+connection; `rate / nodes`), held across the node's workers by the node's own table. The count
+is never below the largest of the last `LEASE` seconds, nor, for `LEASE` seconds after Redis
+answers again, below the count known before (`_count`: one back empty, or after a hang, has
+seen only the nodes that beat since, and may hang again at once). It says
 so once in the log, and in /healthz and /metrics, until a heartbeat succeeds again. That
 heartbeat puts back the lease of every connection open meanwhile. For `SETTLE` seconds after
 either change no new connection opens, so every node has seen the change (and put its leases
@@ -279,6 +282,10 @@ class ClusterThrottles(Throttles):
         # Nodes with a live heartbeat, as last seen: by an earlier run of this node when it
         # starts while Redis is away, or a node restarted then would take the whole limit.
         self.nodes = _recall(remembered)
+        # (table's clock) until when `nodes` may not drop: a count Redis gives is only a floor
+        # once every live node has had a full lease to beat, since the largest count and since
+        # Redis answered again (one back empty, or after a hang, counts only those beaten since).
+        self._nodes_until = 0.0
         self._returning_nodes = 1  # the share rates keep to just after Redis answers again ...
         self._rates_settled_at = 0.0  # ... until then (table's clock): the same moment on every node
         self.calls = 0  # Redis round trips
@@ -305,6 +312,8 @@ class ClusterThrottles(Throttles):
     # --- life ------------------------------------------------------------------------------------
     async def start(self) -> None:
         """One heartbeat (to learn how many nodes share the limits), then one every `BEAT`."""
+        # (The count an earlier run saw holds for a lease: a Redis just back counts only some.)
+        self._nodes_until = self.table.now() + self._lease_ms / 1000
         await self._heartbeat()
         self._beating = asyncio.create_task(self._beat_forever(), name="throttle heartbeat")
 
@@ -344,6 +353,7 @@ class ClusterThrottles(Throttles):
         nodes, epoch, left, *lost = answer
         self._put_back(epoch.decode(), int(left), [member.decode() for member in lost])
         seen = max(1, int(nodes))
+        before = self.nodes
         if not self._shared:
             # Back from a fallback: until every node has seen Redis again (SETTLE), rates keep
             # to the share of the nodes known before, as the others may still keep to theirs
@@ -358,14 +368,37 @@ class ClusterThrottles(Throttles):
                 return
             self._rates_settled_at = self.table.now() + int(left) / 1000  # type: ignore[call-overload]
             self._returning_nodes = max(self.nodes, seen)
+        self._count(seen, returning=not self._shared)
+        if not self._shared:
+            if seen >= self.nodes:
+                known = f"{seen} node{'' if seen == 1 else 's'} seen"
+            else:  # (Redis back empty, or after a hang, has seen only those that beat since)
+                known = (f"{seen} node{' has' if seen == 1 else 's have'} beaten since, of {before} seen before; "
+                         f"a share counts {self.nodes} nodes until the others have had {self._lease_ms / 1000:g} s "
+                         "to beat")  # fmt: skip
+            _log.warning("Redis at %s answers again: limits are shared by the cluster again (%s)", self.where, known)
+            self._shared, self.error = True, ""
+            self._settled_at = self.table.now() + SETTLE
+
+    def _count(self, seen: int, *, returning: bool) -> None:
+        """`nodes`, the divisor of a share, from `seen`, the nodes whose heartbeat Redis has now:
+        never below the largest count of the last lease, nor below the count known before an
+        outage until a lease after Redis answers again. A node that hangs again (Redis back for
+        a moment) keeps to the share of every node that may still hold its own, not of those
+        an empty Redis has seen since: the sum of the shares stays within each limit."""
+        now = self.table.now()
+        lease = self._lease_ms / 1000
+        if returning:
+            self._nodes_until = max(self._nodes_until, now + lease)
+        if seen >= self.nodes:
+            self._nodes_until = max(self._nodes_until, now + lease)
+        elif now < self._nodes_until:
+            return  # fewer seen: the others may not have beaten yet
+        else:
+            self._nodes_until = now + lease
         if seen != self.nodes:
             _remember(self._remembered, seen)
         self.nodes = seen
-        if not self._shared:
-            _log.warning("Redis at %s answers again: limits are shared by the cluster again (%d node%s seen)",
-                         self.where, self.nodes, "" if self.nodes == 1 else "s")  # fmt: skip
-            self._shared, self.error = True, ""
-            self._settled_at = self.table.now() + SETTLE
 
     def _put_back(self, epoch: str, left: int, lost: list[str]) -> None:
         """After a heartbeat: the leases' epoch (another than this worker's: Redis lost every
