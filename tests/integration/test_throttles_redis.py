@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pigeon.shaping.cluster import _RESERVE, SETTLE, ClusterThrottles
+from pigeon.shaping.cluster import _RESERVE, SETTLE, ClusterThrottles, _Unavailable
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.table import MemoryTable
 from pigeon.shaping.throttles import CLUSTER, FALLBACK
@@ -426,3 +426,67 @@ async def test_a_redis_back_for_a_moment_does_not_shrink_the_count_a_fallback_di
     await asyncio.sleep(1.1)
     await a._heartbeat()
     assert a.nodes == 1
+
+
+async def test_lease_calls_given_up_on_while_redis_hung_take_no_lease_when_it_runs_them(
+    make: Make, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An outside tester stopped Redis (SIGSTOP) for 10 s: on SIGCONT it ran the lease calls it
+    # had read meanwhile, those the nodes had long given up on too. They took leases no
+    # connection held, and the nodes' heartbeats found no room for their open connections:
+    # every node ended them, and no mail went for 5 s, until those leases ran out.
+    a, b, c = make("a", lease=1.0), make("b", lease=1.0), make("c", lease=1.0)
+    for node in (a, b, c, a):
+        await node._heartbeat()
+    held_a, held_b = await a.connect("site:mx", 2), await b.connect("site:mx", 2)
+    assert held_a is not None and held_b is not None
+    assert redis_server.process is not None
+    redis_server.process.send_signal(19)  # SIGSTOP
+    try:
+        # A connection of a and one of c ask (the limit is full, but the leases run out while
+        # Redis hangs, on its clock too).
+        assert await asyncio.gather(a.connect("site:mx", 2), c.connect("site:mx", 2)) == [None, None]
+        assert a.mode == c.mode == FALLBACK
+        await asyncio.sleep(1.5)
+    finally:
+        redis_server.process.send_signal(18)  # SIGCONT
+    await asyncio.sleep(0.1)  # Redis runs what it had read
+    for node in (b, a, c):
+        await node._heartbeat()
+    assert "no room" not in caplog.text
+    assert b.keep(held_b, 2) and a.keep(held_a, 2)
+    client = redis_server.client()
+    try:
+        assert sorted(client.zrange("t:throttle:conn:site:mx", 0, -1)) == sorted(
+            [held_a.member.encode(), held_b.member.encode()]
+        )
+    finally:
+        client.close()
+
+
+async def test_a_lease_taken_by_a_call_given_up_on_is_swept_by_the_next_heartbeat(
+    make: Make, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call Redis runs just before its deadline, whose answer comes back after the worker gave
+    # up on it: the lease it took is this worker's, held by no connection.
+    a = make("a")
+    await a._heartbeat()
+    call = a._call
+
+    async def late(awaitable: object) -> object:
+        await call(awaitable)
+        a._gave_up += 1
+        raise _Unavailable("Timeout reading from socket")
+
+    monkeypatch.setattr(a, "_call", late)
+    assert await a.connect("site:mx", 2) is None
+    monkeypatch.undo()
+    client = redis_server.client()
+    try:
+        assert client.zcard("t:throttle:conn:site:mx") == 1  # the lease no connection holds
+        assert a.mode == FALLBACK
+        await a._heartbeat()
+        assert a.mode == CLUSTER
+        assert client.zcard("t:throttle:conn:site:mx") == 0
+    finally:
+        client.close()

@@ -53,6 +53,16 @@ restart from scratch either way: slots a worker booked in one mode are not given
 other (`_horizon`). No Redis call on the delivery path is made without a timeout, and no
 Redis error fails or holds up a delivery: the answer then comes from the node's share.
 
+Calls given up on. A Redis that hangs (stopped, not gone) runs, when it comes back, every call
+it had read meanwhile, those whose worker gave up on them long before too: they would take
+leases no connection holds, or put back those of connections closed since, and the limit would
+have no room for the connections open. So a lease call or heartbeat carries a deadline on
+Redis's clock (`_deadline`, learnt from Redis's answers) past which the script refuses it; and
+the first heartbeat after a call was given up on sweeps the leases of this worker that no
+connection of it holds (one run just before its deadline, whose answer came too late). A stale
+`_RESERVE` only books slots no one sends (the cluster keeps under its rate a moment); a stale
+release removes a lease already gone.
+
 Every node's connections are counted in its own table too (`pigeon.shaping.table`), against
 the whole limit while Redis answers: that count is what the share is checked against in a
 fallback.
@@ -61,12 +71,14 @@ fallback.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
 import math
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -120,22 +132,25 @@ end
 """
 
 # KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch.
-# ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms.
-# {1, epoch, 0} if the member now holds a lease; {0, epoch, ms left} while the epoch is not
-# ready, or the caller's own leases are not back in it (it has not beaten since); {0, epoch, 0}
-# if the limit is reached.
+# ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms,
+# the deadline (ms of Redis's clock, 0 none). {1, epoch, 0, now} if the member now holds a
+# lease; {0, epoch, ms left, now} while the epoch is not ready, or the caller's own leases are
+# not back in it (it has not beaten since); {0, epoch, 0, now} if the limit is reached;
+# {-1, '', 0, now} past the deadline (the caller gave up on it: see `_LATE`).
 _ACQUIRE: Final = (
     _EPOCH
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[7])
+if deadline > 0 and now > deadline then return {-1, '', 0, now} end
 local epoch, ready = epoch_of(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), now)
-if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now)} end
+if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now), now} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return {0, epoch, 0} end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return {0, epoch, 0, now} end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {1, epoch, 0}
+return {1, epoch, 0, now}
 """
 )
 
@@ -154,17 +169,34 @@ end
 return back + settle - now
 """
 
-# KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..] the lease
-# sets of the caller's connections. ARGV: node, lease ms, the caller's epoch ('' none yet), a
-# new epoch's id, SETTLE ms, then the member in each lease set and that set's limit. Renews
-# the node's heartbeat and every lease Redis has; puts back one it lost (or never had) only if
-# the limit has room: {nodes with a heartbeat that has not run out, the epoch, ms before leases
-# are taken in it, then each member not put back}.
+# KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..2+n] the
+# lease sets of the caller's n connections, then those to sweep. ARGV: node, lease ms, the
+# caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the deadline (ms of Redis's clock,
+# 0 none), the prefix of the caller's members ('' for no sweep), n, then the member in each
+# lease set and that set's limit, then members of lease calls on their way. First drops from
+# the sets to sweep every member of the caller's that is not one of those (what a call it gave
+# up on left behind). Renews the node's heartbeat and every lease Redis has; puts back one it
+# lost (or never had) only if the limit has room: {nodes with a heartbeat that has not run out,
+# the epoch, ms before leases are taken in it, now, then each member not put back};
+# {-1, '', 0, now} past the deadline.
 _BEAT: Final = (
     _EPOCH
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[6])
+if deadline > 0 and now > deadline then return {-1, '', 0, now} end
+local n, mine = tonumber(ARGV[8]), ARGV[7]
+if mine ~= '' then
+  local held = {}
+  for i = 1, n do held[ARGV[7 + 2 * i]] = true end
+  for i = 9 + 2 * n, #ARGV do held[ARGV[i]] = true end
+  for k = 3 + n, #KEYS do
+    for _, member in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
+      if string.sub(member, 1, #mine) == mine and not held[member] then redis.call('ZREM', KEYS[k], member) end
+    end
+  end
+end
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], now + ttl)
 redis.call('PEXPIRE', KEYS[1], 86400000)
@@ -174,9 +206,9 @@ for i = 1, #all, 2 do
   if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) else alive = alive + 1 end
 end
 local epoch, ready = epoch_of(KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
-local answer = {alive, epoch, math.max(0, ready - now)}
-for i = 3, #KEYS do
-  local member, limit = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
+local answer = {alive, epoch, math.max(0, ready - now), now}
+for i = 3, 2 + n do
+  local member, limit = ARGV[2 * i + 3], tonumber(ARGV[2 * i + 4])
   local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
   if not held then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
@@ -260,6 +292,7 @@ class ClusterThrottles(Throttles):
         super().__init__(table)
         self._remembered = remembered
         self._lease_ms = int(lease * 1000)
+        self._timeout = timeout
         self.where = redact_url(url)
         self._node = node
         self._me = f"{node}:{worker}:{secrets.token_hex(4)}"  # this process: a restart is someone else
@@ -304,6 +337,13 @@ class ClusterThrottles(Throttles):
         self._beating: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[Any]] = set()
         self._closing = False
+        # Redis's clock (s) less the local monotonic one, at least: the largest of what answers
+        # of the last minute said (each is behind by the time it took; None before the first).
+        self._offset: float | None = None
+        self._offsets: collections.deque[tuple[float, float]] = collections.deque()  # (when, offset)
+        self._acquiring: set[str] = set()  # members of lease calls on their way
+        self._gave_up = 0  # calls given up on (a timeout, an error, a cancel) ...
+        self._swept = 0  # ... of which a heartbeat has since swept what they may have left
 
     @property
     def mode(self) -> str:
@@ -340,17 +380,37 @@ class ClusterThrottles(Throttles):
                 _log.exception("throttle heartbeat to Redis at %s", self.where)
 
     async def _heartbeat(self) -> None:
-        holds = list(self._holds.values())
-        keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
-        args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
+        for _ in range(2):  # (once more if Redis's clock moved: see `_deadline`)
+            holds = list(self._holds.values())
+            gave_up = self._gave_up
+            # After a call given up on (it may still run, as Redis runs what it had read when it
+            # hung), sweep what it may have left: leases of this worker no connection holds.
+            sweep = sorted(self._limits) if self._swept < gave_up else []
+            keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
+            keys += [self._key("conn:" + key) for key in sweep]
+            args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
+            args += [self._deadline(), f"{self._me}:" if sweep else "", len(holds)]
+            for hold in holds:
+                args += [hold.member, self._limits.get(hold.key, 1)]
+            if sweep:
+                args += sorted(self._acquiring)  # (spared by the sweep, not renewed)
+            try:
+                answer: Any = await self._call(self._beat(keys=keys, args=args))
+            except _Unavailable as error:
+                self._fall_back(str(error))
+                return
+            if int(answer[0]) >= 0:
+                break
+            self._sync(answer[3], late=True)
+        else:
+            return  # (late twice: the next heartbeat tries again)
+        nodes, epoch, left, redis_now, *lost = answer
+        self._sync(redis_now)
+        self._swept = max(self._swept, gave_up)
         for hold in holds:
-            args += [hold.member, self._limits.get(hold.key, 1)]
-        try:
-            answer: Any = await self._call(self._beat(keys=keys, args=args))
-        except _Unavailable as error:
-            self._fall_back(str(error))
-            return
-        nodes, epoch, left, *lost = answer
+            if hold.member not in self._holds:
+                # Closed while the heartbeat was on its way (which put its lease back): release.
+                self._send_release(hold)
         self._put_back(epoch.decode(), int(left), [member.decode() for member in lost])
         seen = max(1, int(nodes))
         before = self.nodes
@@ -437,7 +497,37 @@ class ClusterThrottles(Throttles):
             return await call
         except (RedisError, OSError) as error:
             self.errors += 1
+            self._gave_up += 1
             raise _Unavailable(redact(str(error)) or type(error).__name__) from error
+
+    def _deadline(self) -> int:
+        """The moment (ms of Redis's clock) past which a lease or heartbeat call sent now is
+        refused: a Redis that hangs runs, when it comes back, every call it had read, those this
+        worker gave up on long before too, and they would take leases no connection holds (or
+        put back those of connections closed since). Three quarters of the timeout from now, so
+        that an answer is back before this worker gives up; 0 (none) before Redis's clock is known.
+        Redis's clock is learnt from its answers, so a clock that differs between the machines
+        does not matter; one that jumps ahead has a call refused once, and learnt again."""
+        if self._offset is None:
+            return 0
+        return int((time.monotonic() + self._offset + 0.75 * self._timeout) * 1000)
+
+    def _sync(self, redis_now: object, *, late: bool = False) -> None:
+        """Learn Redis's clock from an answer (its `now`, ms). The largest offset of the last
+        minute is the closest (each answer is behind by its way back; and the clocks drift); a
+        refusal for lateness says Redis's clock jumped ahead: it is taken as it is."""
+        local = time.monotonic()
+        offset = int(redis_now) / 1000 - local  # type: ignore[call-overload]
+        offsets = self._offsets
+        if late:
+            offsets.clear()
+        while offsets and (offsets[-1][1] <= offset or offsets[0][0] < local - 60):
+            if offsets[-1][1] <= offset:
+                offsets.pop()  # (never the largest again: a newer one is as large)
+            else:
+                offsets.popleft()
+        offsets.append((local, offset))
+        self._offset = offsets[0][1]
 
     def _key(self, name: str) -> str:
         return self._prefix + name
@@ -462,6 +552,8 @@ class ClusterThrottles(Throttles):
         keys = [self._key("conn:" + key), self._key("epoch")]
         # (The member names a new epoch, should Redis have none: it is unique.)
         args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
+        args.append(self._deadline())
+        self._acquiring.add(hold.member)
         try:
             answer: Any = await self._call(self._acquire(keys=keys, args=args))
         except _Unavailable as error:
@@ -470,10 +562,17 @@ class ClusterThrottles(Throttles):
             self._fall_back(str(error))
             self.table.release(key)
             return None
-        except BaseException:  # cancelled (a stop): a lease it may have got runs out by itself
+        except BaseException:  # cancelled (a stop): the next heartbeat sweeps a lease it may have got
+            self._gave_up += 1
             self.table.release(key)
             raise
-        leased, epoch, left = answer
+        finally:
+            self._acquiring.discard(hold.member)
+        leased, epoch, left, redis_now = answer
+        self._sync(redis_now, late=leased == -1)
+        if leased == -1:  # (Redis's clock moved: `_deadline`)
+            self.table.release(key)
+            return None
         if not self._epoch:
             self._epoch = epoch.decode()  # (no heartbeat yet: it holds no lease of an earlier epoch)
         if leased != 1:
@@ -518,7 +617,10 @@ class ClusterThrottles(Throttles):
             else:
                 self._ending.pop(hold.key, None)
         if self._holds.pop(hold.member, None) is None or not self._shared:
-            return  # (a lease Redis may still have runs out by itself)
+            return  # (a lease Redis may still have runs out by itself, or the heartbeat sweeps)
+        self._send_release(hold)
+
+    def _send_release(self, hold: Hold) -> None:
         task = asyncio.create_task(self._release(hold), name="throttle release")
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
