@@ -490,3 +490,23 @@ async def test_a_lease_taken_by_a_call_given_up_on_is_swept_by_the_next_heartbea
         assert client.zcard("t:throttle:conn:site:mx") == 0
     finally:
         client.close()
+
+
+async def test_an_idle_connection_makes_room_when_another_node_waits_for_the_full_limit(make: Make) -> None:
+    # An outside tester saw a node with a backlog held to 1 connection of 3 (31 messages a
+    # second at 50/s) for 10 s (`idle_timeout`) each time another node's queue drained: the
+    # other's idle connections kept their leases, as it did not know anyone waited.
+    a, b = make("a"), make("b")
+    for node in (a, b, a):
+        await node._heartbeat()
+    assert all([await a.connect("site:mx", 3), await a.connect("site:mx", 3), await b.connect("site:mx", 3)])
+    await a._heartbeat()
+    assert not a.crowded("site:mx", 3)  # a holds 2 of 3, and no one waits
+    assert await b.connect("site:mx", 3) is None  # b waits: the limit is full
+    assert not a.crowded("site:mx", 3)  # (a learns it at its next heartbeat)
+    await a._heartbeat()
+    assert a.crowded("site:mx", 3)  # an idle connection of a's closes
+    assert not a.crowded("site:other", 3)
+    await asyncio.sleep(1.6)  # b no longer asks: no one waits
+    await a._heartbeat()
+    assert not a.crowded("site:mx", 3)

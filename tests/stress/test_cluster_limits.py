@@ -70,9 +70,12 @@ def node(
     limit: int = LIMIT,
     rate: float = RATE,
     workers: int = 2,
+    idle_timeout: str = "2s",
     **sections: Any,
 ) -> PigeonProcess:
-    config = delivery_config(sink.endpoint, helo_name=f"node{n}.test", max_deliveries_per_connection=50)
+    config = delivery_config(
+        sink.endpoint, helo_name=f"node{n}.test", max_deliveries_per_connection=50, idle_timeout=idle_timeout
+    )
     return PigeonProcess(
         root / f"node{n}",
         node={"name": f"node{n}", "workers": workers},
@@ -292,6 +295,46 @@ def test_three_nodes_keep_to_the_limits_when_redis_comes_back_and_hangs_again_at
     after = sorted(t for t in times if woke <= t < woke + 6)
     gaps = [b - a for a, b in zip([woke, *after], after, strict=False)]
     assert after and max(gaps) < SETTLE + 1, f"nothing sent for {max(gaps, default=0):.1f} s after Redis woke"
+
+
+@pytest.mark.timeout(300)
+def test_idle_connections_of_one_node_make_room_for_another_nodes_mail(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """An outside tester saw a node with a backlog held to 1 connection of 3 for 10 s
+    (`idle_timeout`) each time another node's queue drained: the other's idle connections kept
+    their leases, not knowing anyone waited (a node makes room by itself only when it holds the
+    whole limit). Here both nodes send, node0 little: once it is done, node1 has the whole
+    limit within a couple of seconds."""
+    limit, rate, little, much = 3, 50.0, 60, 600
+    with ScriptedSink() as sink:
+        redis = {"url": redis_server.url, "timeout": "1s"}
+        nodes = [
+            node(tmp_path, n, sink, limit=limit, rate=rate, workers=1, idle_timeout="10s", redis=redis)
+            for n in range(2)
+        ]
+        try:
+            for pigeon in nodes:
+                pigeon.start(wait=False)
+            for pigeon in nodes:
+                pigeon.wait_ready(STARTUP)
+            sources = [inject(nodes[1], much), inject(nodes[0], little)]
+            wait_until(lambda: sum(1 for a in sink.arrivals if a.helo == "node0.test") == little, timeout=60)
+            sink.wait_for(little + much, timeout=120)
+            for source in sources:
+                source.wait(60)
+        finally:
+            for pigeon in nodes:
+                pigeon.stop()
+                pigeon.kill()
+
+    done = max(a.at for a in sink.arrivals if a.helo == "node0.test")
+    idle = [c for c in sink.connections if c.helo == "node0.test" and c.ended > done]
+    assert 0 < len(idle) < limit, "node0 did not hold part of the limit idle: nothing to show"
+    # Room is made within a heartbeat and a half and `_MAKE_ROOM` (not `idle_timeout`, 10 s).
+    held = max(c.ended for c in idle) - done
+    assert held < 4.0, f"node0 held an idle connection {held:.1f} s while node1 waited"
+    assert peak_connections(sink.connections, since=done + 4, until=done + 6, helo="node1.test") == limit
 
 
 @pytest.mark.timeout(300)

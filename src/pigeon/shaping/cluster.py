@@ -17,7 +17,9 @@ score: expiry, ms on Redis's clock). Opening a connection runs `_ACQUIRE`: drop 
 leases, count, add ours if below the limit, all in one step. A heartbeat every `BEAT` second
 renews every lease this worker holds (`_BEAT`) and says the node is alive; the leases of a
 node that dies expire `LEASE` seconds later. A connection's end removes its lease, without
-waiting for the answer.
+waiting for the answer. A connection refused for a full limit sets the limit's demand key
+(`want:`, for `WANTED` seconds), which the heartbeat reads for the limits its worker holds:
+an idle connection then makes room (`crowded`), as it does when its node holds the whole limit.
 
 Data loss. A Redis restarted without its data (or flushed) counts no lease, while every node's
 connections are still open: a connection waiting for a lease would take the whole limit at once,
@@ -101,6 +103,7 @@ LEASE: Final = 5.0  # seconds a lease (and a node's heartbeat) lasts unless rene
 BLOCK_TIME: Final = 0.05  # a block holds what this much time of the worker's demand needs
 STALE: Final = 0.05  # a booked slot not used within this many seconds is dropped
 SETTLE: Final = 2 * BEAT  # after a change of mode, seconds in which no new connection opens
+WANTED: Final = 1.5 * BEAT  # seconds a connection refused for a full limit counts as waiting
 
 # KEYS[1] the limit's TAT (µs, Redis's clock). ARGV: interval µs, burst, slots to book, µs from
 # now before which none may go. Books the slots; returns the first one's time as µs from now
@@ -131,9 +134,10 @@ local function epoch_of(key, known, new, settle, now)
 end
 """
 
-# KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch.
-# ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms,
-# the deadline (ms of Redis's clock, 0 none). {1, epoch, 0, now} if the member now holds a
+# KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch,
+# KEYS[3] the limit's demand (set while a caller finds it reached). ARGV: limit, member, lease
+# ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the deadline (ms of
+# Redis's clock, 0 none), ms a demand lasts. {1, epoch, 0, now} if the member now holds a
 # lease; {0, epoch, ms left, now} while the epoch is not ready, or the caller's own leases are
 # not back in it (it has not beaten since); {0, epoch, 0, now} if the limit is reached;
 # {-1, '', 0, now} past the deadline (the caller gave up on it: see `_LATE`).
@@ -147,7 +151,10 @@ if deadline > 0 and now > deadline then return {-1, '', 0, now} end
 local epoch, ready = epoch_of(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), now)
 if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now), now} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return {0, epoch, 0, now} end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8]))
+  return {0, epoch, 0, now}
+end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 return {1, epoch, 0, now}
@@ -170,14 +177,16 @@ return back + settle - now
 """
 
 # KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..2+n] the
-# lease sets of the caller's n connections, then those to sweep. ARGV: node, lease ms, the
-# caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the deadline (ms of Redis's clock,
-# 0 none), the prefix of the caller's members ('' for no sweep), n, then the member in each
-# lease set and that set's limit, then members of lease calls on their way. First drops from
+# lease sets of the caller's n connections, then w demand keys (of `_ACQUIRE`), then the lease
+# sets to sweep. ARGV: node, lease ms, the caller's epoch ('' none yet), a new epoch's id,
+# SETTLE ms, the deadline (ms of Redis's clock, 0 none), the prefix of the caller's members
+# ('' for no sweep), n, w, then the member in each lease set and that set's limit, then
+# members of lease calls on their way. First drops from
 # the sets to sweep every member of the caller's that is not one of those (what a call it gave
 # up on left behind). Renews the node's heartbeat and every lease Redis has; puts back one it
 # lost (or never had) only if the limit has room: {nodes with a heartbeat that has not run out,
-# the epoch, ms before leases are taken in it, now, then each member not put back};
+# the epoch, ms before leases are taken in it, now, {1 or 0: whether each demand key is set},
+# then each member not put back};
 # {-1, '', 0, now} past the deadline.
 _BEAT: Final = (
     _EPOCH
@@ -186,12 +195,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = tonumber(ARGV[6])
 if deadline > 0 and now > deadline then return {-1, '', 0, now} end
-local n, mine = tonumber(ARGV[8]), ARGV[7]
+local n, w, mine = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[7]
 if mine ~= '' then
   local held = {}
-  for i = 1, n do held[ARGV[7 + 2 * i]] = true end
-  for i = 9 + 2 * n, #ARGV do held[ARGV[i]] = true end
-  for k = 3 + n, #KEYS do
+  for i = 1, n do held[ARGV[8 + 2 * i]] = true end
+  for i = 10 + 2 * n, #ARGV do held[ARGV[i]] = true end
+  for k = 3 + n + w, #KEYS do
     for _, member in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
       if string.sub(member, 1, #mine) == mine and not held[member] then redis.call('ZREM', KEYS[k], member) end
     end
@@ -206,9 +215,11 @@ for i = 1, #all, 2 do
   if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) else alive = alive + 1 end
 end
 local epoch, ready = epoch_of(KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
-local answer = {alive, epoch, math.max(0, ready - now), now}
+local wanted = {}
+for k = 3 + n, 2 + n + w do wanted[#wanted + 1] = redis.call('EXISTS', KEYS[k]) end
+local answer = {alive, epoch, math.max(0, ready - now), now, wanted}
 for i = 3, 2 + n do
-  local member, limit = ARGV[2 * i + 3], tonumber(ARGV[2 * i + 4])
+  local member, limit = ARGV[2 * i + 4], tonumber(ARGV[2 * i + 5])
   local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
   if not held then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
@@ -342,6 +353,7 @@ class ClusterThrottles(Throttles):
         self._offset: float | None = None
         self._offsets: collections.deque[tuple[float, float]] = collections.deque()  # (when, offset)
         self._acquiring: set[str] = set()  # members of lease calls on their way
+        self._wanted: dict[str, float] = {}  # key: until when (table's clock) another waits for it
         self._gave_up = 0  # calls given up on (a timeout, an error, a cancel) ...
         self._swept = 0  # ... of which a heartbeat has since swept what they may have left
 
@@ -386,10 +398,12 @@ class ClusterThrottles(Throttles):
             # After a call given up on (it may still run, as Redis runs what it had read when it
             # hung), sweep what it may have left: leases of this worker no connection holds.
             sweep = sorted(self._limits) if self._swept < gave_up else []
+            wants = sorted({hold.key for hold in holds})  # (is another waiting for one of these limits?)
             keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
+            keys += [self._key("want:" + key) for key in wants]
             keys += [self._key("conn:" + key) for key in sweep]
             args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
-            args += [self._deadline(), f"{self._me}:" if sweep else "", len(holds)]
+            args += [self._deadline(), f"{self._me}:" if sweep else "", len(holds), len(wants)]
             for hold in holds:
                 args += [hold.member, self._limits.get(hold.key, 1)]
             if sweep:
@@ -404,8 +418,10 @@ class ClusterThrottles(Throttles):
             self._sync(answer[3], late=True)
         else:
             return  # (late twice: the next heartbeat tries again)
-        nodes, epoch, left, redis_now, *lost = answer
+        nodes, epoch, left, redis_now, wanted, *lost = answer
         self._sync(redis_now)
+        until = self.table.now() + WANTED
+        self._wanted = {key: until for key, flag in zip(wants, wanted, strict=True) if int(flag)}
         self._swept = max(self._swept, gave_up)
         for hold in holds:
             if hold.member not in self._holds:
@@ -549,10 +565,10 @@ class ClusterThrottles(Throttles):
         if not self.table.acquire(key, limit):
             return None
         hold = Hold(key, f"{self._me}:{next(self._numbers)}")
-        keys = [self._key("conn:" + key), self._key("epoch")]
+        keys = [self._key("conn:" + key), self._key("epoch"), self._key("want:" + key)]
         # (The member names a new epoch, should Redis have none: it is unique.)
         args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
-        args.append(self._deadline())
+        args += [self._deadline(), int(WANTED * 1000)]
         self._acquiring.add(hold.member)
         try:
             answer: Any = await self._call(self._acquire(keys=keys, args=args))
@@ -584,6 +600,15 @@ class ClusterThrottles(Throttles):
             return None
         self._holds[hold.member] = hold
         return hold
+
+    def crowded(self, key: str, limit: int) -> bool:
+        """Also when another worker or node was refused a connection for `key` since the last
+        heartbeat but one (`_ACQUIRE` notes it, the heartbeat reads it): the limit is full
+        cluster-wide, and an idle connection here makes room for it. While Redis is away, full
+        is at this node's share."""
+        if not self._shared:
+            return self.table.held(key) >= self.share(limit)
+        return self.table.held(key) >= limit or self._wanted.get(key, 0.0) > self.table.now()
 
     def _hold(self, key: str) -> Hold:
         hold = Hold(key, f"{self._me}:{next(self._numbers)}")
