@@ -21,6 +21,7 @@ The default run sends 3,000 messages (2,000 without Redis); `-m slow` sends 20,0
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -62,15 +63,25 @@ def allowed(rate: float, window: float, *, batched: bool, jitter: float = JITTER
 
 
 def node(
-    root: Path, n: int, sink: ScriptedSink, *, limit: int = LIMIT, workers: int = 2, **sections: Any
+    root: Path,
+    n: int,
+    sink: ScriptedSink,
+    *,
+    limit: int = LIMIT,
+    rate: float = RATE,
+    workers: int = 2,
+    idle_timeout: str = "2s",
+    **sections: Any,
 ) -> PigeonProcess:
-    config = delivery_config(sink.endpoint, helo_name=f"node{n}.test", max_deliveries_per_connection=50)
+    config = delivery_config(
+        sink.endpoint, helo_name=f"node{n}.test", max_deliveries_per_connection=50, idle_timeout=idle_timeout
+    )
     return PigeonProcess(
         root / f"node{n}",
         node={"name": f"node{n}", "workers": workers},
         smtp={"hostname": f"node{n}.pigeon.test"},
         log={"level": "info"},
-        shaping=[{"domain": "sink.test", "connection_limit": limit, "max_message_rate": f"{RATE:g}/s"}],
+        shaping=[{"domain": "sink.test", "connection_limit": limit, "max_message_rate": f"{rate:g}/s"}],
         **config,
         **sections,
     )
@@ -217,6 +228,113 @@ def test_two_nodes_keep_to_the_connection_limit_when_redis_loses_its_data_at_onc
     )
     assert any("lost the connection leases" in log for log in logs)
     assert peak_connections(sink.connections, since=lost + 2 * SETTLE) == limit  # the whole limit, shared again
+
+
+@pytest.mark.timeout(600)
+def test_three_nodes_keep_to_the_limits_when_redis_comes_back_and_hangs_again_at_once(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """An outside tester, 3 nodes (of 2 workers, 1 and 1), a limit of 3 connections and 50/s:
+    Redis stopped, started again empty 8 s later, and stopped (SIGSTOP) 0.2 s after every
+    worker said it answers again, for 10 s. The one heartbeat in between counted only the nodes
+    the empty Redis had seen since, and the nodes fell back to shares of 1/1 and 1/2: 5
+    connections, 91 messages a second. And on SIGCONT Redis ran the lease calls given up on
+    during the hang: leases no connection held, for which every node cut its connections, and
+    nothing went for 5 s."""
+    limit, rate, messages = 3, 50.0, 1500
+    with ScriptedSink() as sink:
+        redis = {"url": redis_server.url, "timeout": "1s"}
+        nodes = [
+            node(tmp_path, n, sink, limit=limit, rate=rate, workers=2 if n == 0 else 1, redis=redis) for n in range(3)
+        ]
+        try:
+            for pigeon in nodes:
+                pigeon.start(wait=False)
+            for pigeon in nodes:
+                pigeon.wait_ready(STARTUP)
+            sources = [inject(pigeon, messages // 3) for pigeon in nodes]
+            sink.wait_for(150, timeout=240)
+            redis_server.stop()
+            time.sleep(8)
+            redis_server.start()
+            wait_until(lambda: sum(n.stderr().count("answers again: limits") for n in nodes) >= 4, timeout=10)
+            time.sleep(0.2)
+            hung = time.monotonic()
+            assert redis_server.process is not None
+            redis_server.process.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(10)
+            finally:
+                redis_server.process.send_signal(signal.SIGCONT)
+            woke = time.monotonic()
+            sink.wait_for(messages, timeout=3 * messages / rate)
+            for source in sources:
+                source.wait(60)
+            wait_until(lambda: delivered(nodes) == messages, timeout=30)
+            logs = [n.stderr() for n in nodes]
+        finally:
+            for pigeon in nodes:
+                pigeon.stop()
+                pigeon.kill()
+
+    assert len(sink.received) == messages, "a message was lost or sent twice"
+    peak, when, at_peak = busiest_moment(sink.connections)
+    assert peak <= limit, f"{peak} connections at {when - hung:+.3f}s from Redis's hang: " + ", ".join(
+        f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak
+    )
+    times = [a.at for a in sink.arrivals]
+    busiest, at = busiest_window(times, 1.0)
+    assert busiest <= allowed(rate, 1.0, batched=True, jitter=LOADED_JITTER), (
+        f"{busiest} in the second from {at - hung:+.3f}s from Redis's hang"
+    )
+    for log in logs:
+        assert "share (1/3)" in log and "share (1/1)" not in log and "share (1/2)" not in log
+        assert "no room" not in log
+    # Back from the hang, mail goes on: no second without a message (the cut connections and
+    # the leases no one held stopped it for 5 s).
+    after = sorted(t for t in times if woke <= t < woke + 6)
+    gaps = [b - a for a, b in zip([woke, *after], after, strict=False)]
+    assert after and max(gaps) < SETTLE + 1, f"nothing sent for {max(gaps, default=0):.1f} s after Redis woke"
+
+
+@pytest.mark.timeout(300)
+def test_idle_connections_of_one_node_make_room_for_another_nodes_mail(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """An outside tester saw a node with a backlog held to 1 connection of 3 for 10 s
+    (`idle_timeout`) each time another node's queue drained: the other's idle connections kept
+    their leases, not knowing anyone waited (a node makes room by itself only when it holds the
+    whole limit). Here both nodes send, node0 little: once it is done, node1 has the whole
+    limit within a couple of seconds."""
+    limit, rate, little, much = 3, 50.0, 60, 600
+    with ScriptedSink() as sink:
+        redis = {"url": redis_server.url, "timeout": "1s"}
+        nodes = [
+            node(tmp_path, n, sink, limit=limit, rate=rate, workers=1, idle_timeout="10s", redis=redis)
+            for n in range(2)
+        ]
+        try:
+            for pigeon in nodes:
+                pigeon.start(wait=False)
+            for pigeon in nodes:
+                pigeon.wait_ready(STARTUP)
+            sources = [inject(nodes[1], much), inject(nodes[0], little)]
+            wait_until(lambda: sum(1 for a in sink.arrivals if a.helo == "node0.test") == little, timeout=60)
+            sink.wait_for(little + much, timeout=120)
+            for source in sources:
+                source.wait(60)
+        finally:
+            for pigeon in nodes:
+                pigeon.stop()
+                pigeon.kill()
+
+    done = max(a.at for a in sink.arrivals if a.helo == "node0.test")
+    idle = [c for c in sink.connections if c.helo == "node0.test" and c.ended > done]
+    assert 0 < len(idle) < limit, "node0 did not hold part of the limit idle: nothing to show"
+    # Room is made within a heartbeat and a half and `_MAKE_ROOM` (not `idle_timeout`, 10 s).
+    held = max(c.ended for c in idle) - done
+    assert held < 4.0, f"node0 held an idle connection {held:.1f} s while node1 waited"
+    assert peak_connections(sink.connections, since=done + 4, until=done + 6, helo="node1.test") == limit
 
 
 @pytest.mark.timeout(300)

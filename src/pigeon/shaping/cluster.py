@@ -17,7 +17,9 @@ score: expiry, ms on Redis's clock). Opening a connection runs `_ACQUIRE`: drop 
 leases, count, add ours if below the limit, all in one step. A heartbeat every `BEAT` second
 renews every lease this worker holds (`_BEAT`) and says the node is alive; the leases of a
 node that dies expire `LEASE` seconds later. A connection's end removes its lease, without
-waiting for the answer.
+waiting for the answer. A connection refused for a full limit sets the limit's demand key
+(`want:`, for `WANTED` seconds), which the heartbeat reads for the limits its worker holds:
+an idle connection then makes room (`crowded`), as it does when its node holds the whole limit.
 
 Data loss. A Redis restarted without its data (or flushed) counts no lease, while every node's
 connections are still open: a connection waiting for a lease would take the whole limit at once,
@@ -34,7 +36,10 @@ A worker that never saw an epoch (a first start) begins one at once: it holds no
 Fallback. The node heartbeat (a hash of node name -> expiry) also counts the nodes seen in the
 last `LEASE` seconds. When Redis cannot be reached (an error or a timeout of any call) the
 worker falls back: each limit is cut to this node's share (`limit // nodes`, at least one
-connection; `rate / nodes`), held across the node's workers by the node's own table. It says
+connection; `rate / nodes`), held across the node's workers by the node's own table. The count
+is never below the largest of the last `LEASE` seconds, nor, for `LEASE` seconds after Redis
+answers again, below the count known before (`_count`: one back empty, or after a hang, has
+seen only the nodes that beat since, and may hang again at once). It says
 so once in the log, and in /healthz and /metrics, until a heartbeat succeeds again. That
 heartbeat puts back the lease of every connection open meanwhile. For `SETTLE` seconds after
 either change no new connection opens, so every node has seen the change (and put its leases
@@ -50,6 +55,16 @@ restart from scratch either way: slots a worker booked in one mode are not given
 other (`_horizon`). No Redis call on the delivery path is made without a timeout, and no
 Redis error fails or holds up a delivery: the answer then comes from the node's share.
 
+Calls given up on. A Redis that hangs (stopped, not gone) runs, when it comes back, every call
+it had read meanwhile, those whose worker gave up on them long before too: they would take
+leases no connection holds, or put back those of connections closed since, and the limit would
+have no room for the connections open. So a lease call or heartbeat carries a deadline on
+Redis's clock (`_deadline`, learnt from Redis's answers) past which the script refuses it; and
+the first heartbeat after a call was given up on sweeps the leases of this worker that no
+connection of it holds (one run just before its deadline, whose answer came too late). A stale
+`_RESERVE` only books slots no one sends (the cluster keeps under its rate a moment); a stale
+release removes a lease already gone.
+
 Every node's connections are counted in its own table too (`pigeon.shaping.table`), against
 the whole limit while Redis answers: that count is what the share is checked against in a
 fallback.
@@ -58,12 +73,14 @@ fallback.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
 import math
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -86,6 +103,7 @@ LEASE: Final = 5.0  # seconds a lease (and a node's heartbeat) lasts unless rene
 BLOCK_TIME: Final = 0.05  # a block holds what this much time of the worker's demand needs
 STALE: Final = 0.05  # a booked slot not used within this many seconds is dropped
 SETTLE: Final = 2 * BEAT  # after a change of mode, seconds in which no new connection opens
+WANTED: Final = 1.5 * BEAT  # seconds a connection refused for a full limit counts as waiting
 
 # KEYS[1] the limit's TAT (µs, Redis's clock). ARGV: interval µs, burst, slots to book, µs from
 # now before which none may go. Books the slots; returns the first one's time as µs from now
@@ -116,23 +134,30 @@ local function epoch_of(key, known, new, settle, now)
 end
 """
 
-# KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch.
-# ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms.
-# {1, epoch, 0} if the member now holds a lease; {0, epoch, ms left} while the epoch is not
-# ready, or the caller's own leases are not back in it (it has not beaten since); {0, epoch, 0}
-# if the limit is reached.
+# KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch,
+# KEYS[3] the limit's demand (set while a caller finds it reached). ARGV: limit, member, lease
+# ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the deadline (ms of
+# Redis's clock, 0 none), ms a demand lasts. {1, epoch, 0, now} if the member now holds a
+# lease; {0, epoch, ms left, now} while the epoch is not ready, or the caller's own leases are
+# not back in it (it has not beaten since); {0, epoch, 0, now} if the limit is reached;
+# {-1, '', 0, now} past the deadline (the caller gave up on it: see `_LATE`).
 _ACQUIRE: Final = (
     _EPOCH
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[7])
+if deadline > 0 and now > deadline then return {-1, '', 0, now} end
 local epoch, ready = epoch_of(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), now)
-if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now)} end
+if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now), now} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return {0, epoch, 0} end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8]))
+  return {0, epoch, 0, now}
+end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {1, epoch, 0}
+return {1, epoch, 0, now}
 """
 )
 
@@ -151,17 +176,36 @@ end
 return back + settle - now
 """
 
-# KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..] the lease
-# sets of the caller's connections. ARGV: node, lease ms, the caller's epoch ('' none yet), a
-# new epoch's id, SETTLE ms, then the member in each lease set and that set's limit. Renews
-# the node's heartbeat and every lease Redis has; puts back one it lost (or never had) only if
-# the limit has room: {nodes with a heartbeat that has not run out, the epoch, ms before leases
-# are taken in it, then each member not put back}.
+# KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..2+n] the
+# lease sets of the caller's n connections, then w demand keys (of `_ACQUIRE`), then the lease
+# sets to sweep. ARGV: node, lease ms, the caller's epoch ('' none yet), a new epoch's id,
+# SETTLE ms, the deadline (ms of Redis's clock, 0 none), the prefix of the caller's members
+# ('' for no sweep), n, w, then the member in each lease set and that set's limit, then
+# members of lease calls on their way. First drops from
+# the sets to sweep every member of the caller's that is not one of those (what a call it gave
+# up on left behind). Renews the node's heartbeat and every lease Redis has; puts back one it
+# lost (or never had) only if the limit has room: {nodes with a heartbeat that has not run out,
+# the epoch, ms before leases are taken in it, now, {1 or 0: whether each demand key is set},
+# then each member not put back};
+# {-1, '', 0, now} past the deadline.
 _BEAT: Final = (
     _EPOCH
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[6])
+if deadline > 0 and now > deadline then return {-1, '', 0, now} end
+local n, w, mine = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[7]
+if mine ~= '' then
+  local held = {}
+  for i = 1, n do held[ARGV[8 + 2 * i]] = true end
+  for i = 10 + 2 * n, #ARGV do held[ARGV[i]] = true end
+  for k = 3 + n + w, #KEYS do
+    for _, member in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
+      if string.sub(member, 1, #mine) == mine and not held[member] then redis.call('ZREM', KEYS[k], member) end
+    end
+  end
+end
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], now + ttl)
 redis.call('PEXPIRE', KEYS[1], 86400000)
@@ -171,9 +215,11 @@ for i = 1, #all, 2 do
   if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i]) else alive = alive + 1 end
 end
 local epoch, ready = epoch_of(KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
-local answer = {alive, epoch, math.max(0, ready - now)}
-for i = 3, #KEYS do
-  local member, limit = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
+local wanted = {}
+for k = 3 + n, 2 + n + w do wanted[#wanted + 1] = redis.call('EXISTS', KEYS[k]) end
+local answer = {alive, epoch, math.max(0, ready - now), now, wanted}
+for i = 3, 2 + n do
+  local member, limit = ARGV[2 * i + 4], tonumber(ARGV[2 * i + 5])
   local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
   if not held then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
@@ -257,6 +303,7 @@ class ClusterThrottles(Throttles):
         super().__init__(table)
         self._remembered = remembered
         self._lease_ms = int(lease * 1000)
+        self._timeout = timeout
         self.where = redact_url(url)
         self._node = node
         self._me = f"{node}:{worker}:{secrets.token_hex(4)}"  # this process: a restart is someone else
@@ -279,6 +326,10 @@ class ClusterThrottles(Throttles):
         # Nodes with a live heartbeat, as last seen: by an earlier run of this node when it
         # starts while Redis is away, or a node restarted then would take the whole limit.
         self.nodes = _recall(remembered)
+        # (table's clock) until when `nodes` may not drop: a count Redis gives is only a floor
+        # once every live node has had a full lease to beat, since the largest count and since
+        # Redis answered again (one back empty, or after a hang, counts only those beaten since).
+        self._nodes_until = 0.0
         self._returning_nodes = 1  # the share rates keep to just after Redis answers again ...
         self._rates_settled_at = 0.0  # ... until then (table's clock): the same moment on every node
         self.calls = 0  # Redis round trips
@@ -297,6 +348,14 @@ class ClusterThrottles(Throttles):
         self._beating: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[Any]] = set()
         self._closing = False
+        # Redis's clock (s) less the local monotonic one, at least: the largest of what answers
+        # of the last minute said (each is behind by the time it took; None before the first).
+        self._offset: float | None = None
+        self._offsets: collections.deque[tuple[float, float]] = collections.deque()  # (when, offset)
+        self._acquiring: set[str] = set()  # members of lease calls on their way
+        self._wanted: dict[str, float] = {}  # key: until when (table's clock) another waits for it
+        self._gave_up = 0  # calls given up on (a timeout, an error, a cancel) ...
+        self._swept = 0  # ... of which a heartbeat has since swept what they may have left
 
     @property
     def mode(self) -> str:
@@ -305,6 +364,8 @@ class ClusterThrottles(Throttles):
     # --- life ------------------------------------------------------------------------------------
     async def start(self) -> None:
         """One heartbeat (to learn how many nodes share the limits), then one every `BEAT`."""
+        # (The count an earlier run saw holds for a lease: a Redis just back counts only some.)
+        self._nodes_until = self.table.now() + self._lease_ms / 1000
         await self._heartbeat()
         self._beating = asyncio.create_task(self._beat_forever(), name="throttle heartbeat")
 
@@ -331,19 +392,44 @@ class ClusterThrottles(Throttles):
                 _log.exception("throttle heartbeat to Redis at %s", self.where)
 
     async def _heartbeat(self) -> None:
-        holds = list(self._holds.values())
-        keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
-        args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
+        for _ in range(2):  # (once more if Redis's clock moved: see `_deadline`)
+            holds = list(self._holds.values())
+            gave_up = self._gave_up
+            # After a call given up on (it may still run, as Redis runs what it had read when it
+            # hung), sweep what it may have left: leases of this worker no connection holds.
+            sweep = sorted(self._limits) if self._swept < gave_up else []
+            wants = sorted({hold.key for hold in holds})  # (is another waiting for one of these limits?)
+            keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
+            keys += [self._key("want:" + key) for key in wants]
+            keys += [self._key("conn:" + key) for key in sweep]
+            args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
+            args += [self._deadline(), f"{self._me}:" if sweep else "", len(holds), len(wants)]
+            for hold in holds:
+                args += [hold.member, self._limits.get(hold.key, 1)]
+            if sweep:
+                args += sorted(self._acquiring)  # (spared by the sweep, not renewed)
+            try:
+                answer: Any = await self._call(self._beat(keys=keys, args=args))
+            except _Unavailable as error:
+                self._fall_back(str(error))
+                return
+            if int(answer[0]) >= 0:
+                break
+            self._sync(answer[3], late=True)
+        else:
+            return  # (late twice: the next heartbeat tries again)
+        nodes, epoch, left, redis_now, wanted, *lost = answer
+        self._sync(redis_now)
+        until = self.table.now() + WANTED
+        self._wanted = {key: until for key, flag in zip(wants, wanted, strict=True) if int(flag)}
+        self._swept = max(self._swept, gave_up)
         for hold in holds:
-            args += [hold.member, self._limits.get(hold.key, 1)]
-        try:
-            answer: Any = await self._call(self._beat(keys=keys, args=args))
-        except _Unavailable as error:
-            self._fall_back(str(error))
-            return
-        nodes, epoch, left, *lost = answer
+            if hold.member not in self._holds:
+                # Closed while the heartbeat was on its way (which put its lease back): release.
+                self._send_release(hold)
         self._put_back(epoch.decode(), int(left), [member.decode() for member in lost])
         seen = max(1, int(nodes))
+        before = self.nodes
         if not self._shared:
             # Back from a fallback: until every node has seen Redis again (SETTLE), rates keep
             # to the share of the nodes known before, as the others may still keep to theirs
@@ -358,14 +444,37 @@ class ClusterThrottles(Throttles):
                 return
             self._rates_settled_at = self.table.now() + int(left) / 1000  # type: ignore[call-overload]
             self._returning_nodes = max(self.nodes, seen)
+        self._count(seen, returning=not self._shared)
+        if not self._shared:
+            if seen >= self.nodes:
+                known = f"{seen} node{'' if seen == 1 else 's'} seen"
+            else:  # (Redis back empty, or after a hang, has seen only those that beat since)
+                known = (f"{seen} node{' has' if seen == 1 else 's have'} beaten since, of {before} seen before; "
+                         f"a share counts {self.nodes} nodes until the others have had {self._lease_ms / 1000:g} s "
+                         "to beat")  # fmt: skip
+            _log.warning("Redis at %s answers again: limits are shared by the cluster again (%s)", self.where, known)
+            self._shared, self.error = True, ""
+            self._settled_at = self.table.now() + SETTLE
+
+    def _count(self, seen: int, *, returning: bool) -> None:
+        """`nodes`, the divisor of a share, from `seen`, the nodes whose heartbeat Redis has now:
+        never below the largest count of the last lease, nor below the count known before an
+        outage until a lease after Redis answers again. A node that hangs again (Redis back for
+        a moment) keeps to the share of every node that may still hold its own, not of those
+        an empty Redis has seen since: the sum of the shares stays within each limit."""
+        now = self.table.now()
+        lease = self._lease_ms / 1000
+        if returning:
+            self._nodes_until = max(self._nodes_until, now + lease)
+        if seen >= self.nodes:
+            self._nodes_until = max(self._nodes_until, now + lease)
+        elif now < self._nodes_until:
+            return  # fewer seen: the others may not have beaten yet
+        else:
+            self._nodes_until = now + lease
         if seen != self.nodes:
             _remember(self._remembered, seen)
         self.nodes = seen
-        if not self._shared:
-            _log.warning("Redis at %s answers again: limits are shared by the cluster again (%d node%s seen)",
-                         self.where, self.nodes, "" if self.nodes == 1 else "s")  # fmt: skip
-            self._shared, self.error = True, ""
-            self._settled_at = self.table.now() + SETTLE
 
     def _put_back(self, epoch: str, left: int, lost: list[str]) -> None:
         """After a heartbeat: the leases' epoch (another than this worker's: Redis lost every
@@ -404,7 +513,37 @@ class ClusterThrottles(Throttles):
             return await call
         except (RedisError, OSError) as error:
             self.errors += 1
+            self._gave_up += 1
             raise _Unavailable(redact(str(error)) or type(error).__name__) from error
+
+    def _deadline(self) -> int:
+        """The moment (ms of Redis's clock) past which a lease or heartbeat call sent now is
+        refused: a Redis that hangs runs, when it comes back, every call it had read, those this
+        worker gave up on long before too, and they would take leases no connection holds (or
+        put back those of connections closed since). Three quarters of the timeout from now, so
+        that an answer is back before this worker gives up; 0 (none) before Redis's clock is known.
+        Redis's clock is learnt from its answers, so a clock that differs between the machines
+        does not matter; one that jumps ahead has a call refused once, and learnt again."""
+        if self._offset is None:
+            return 0
+        return int((time.monotonic() + self._offset + 0.75 * self._timeout) * 1000)
+
+    def _sync(self, redis_now: object, *, late: bool = False) -> None:
+        """Learn Redis's clock from an answer (its `now`, ms). The largest offset of the last
+        minute is the closest (each answer is behind by its way back; and the clocks drift); a
+        refusal for lateness says Redis's clock jumped ahead: it is taken as it is."""
+        local = time.monotonic()
+        offset = int(redis_now) / 1000 - local  # type: ignore[call-overload]
+        offsets = self._offsets
+        if late:
+            offsets.clear()
+        while offsets and (offsets[-1][1] <= offset or offsets[0][0] < local - 60):
+            if offsets[-1][1] <= offset:
+                offsets.pop()  # (never the largest again: a newer one is as large)
+            else:
+                offsets.popleft()
+        offsets.append((local, offset))
+        self._offset = offsets[0][1]
 
     def _key(self, name: str) -> str:
         return self._prefix + name
@@ -426,9 +565,11 @@ class ClusterThrottles(Throttles):
         if not self.table.acquire(key, limit):
             return None
         hold = Hold(key, f"{self._me}:{next(self._numbers)}")
-        keys = [self._key("conn:" + key), self._key("epoch")]
+        keys = [self._key("conn:" + key), self._key("epoch"), self._key("want:" + key)]
         # (The member names a new epoch, should Redis have none: it is unique.)
         args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
+        args += [self._deadline(), int(WANTED * 1000)]
+        self._acquiring.add(hold.member)
         try:
             answer: Any = await self._call(self._acquire(keys=keys, args=args))
         except _Unavailable as error:
@@ -437,10 +578,17 @@ class ClusterThrottles(Throttles):
             self._fall_back(str(error))
             self.table.release(key)
             return None
-        except BaseException:  # cancelled (a stop): a lease it may have got runs out by itself
+        except BaseException:  # cancelled (a stop): the next heartbeat sweeps a lease it may have got
+            self._gave_up += 1
             self.table.release(key)
             raise
-        leased, epoch, left = answer
+        finally:
+            self._acquiring.discard(hold.member)
+        leased, epoch, left, redis_now = answer
+        self._sync(redis_now, late=leased == -1)
+        if leased == -1:  # (Redis's clock moved: `_deadline`)
+            self.table.release(key)
+            return None
         if not self._epoch:
             self._epoch = epoch.decode()  # (no heartbeat yet: it holds no lease of an earlier epoch)
         if leased != 1:
@@ -452,6 +600,15 @@ class ClusterThrottles(Throttles):
             return None
         self._holds[hold.member] = hold
         return hold
+
+    def crowded(self, key: str, limit: int) -> bool:
+        """Also when another worker or node was refused a connection for `key` since the last
+        heartbeat but one (`_ACQUIRE` notes it, the heartbeat reads it): the limit is full
+        cluster-wide, and an idle connection here makes room for it. While Redis is away, full
+        is at this node's share."""
+        if not self._shared:
+            return self.table.held(key) >= self.share(limit)
+        return self.table.held(key) >= limit or self._wanted.get(key, 0.0) > self.table.now()
 
     def _hold(self, key: str) -> Hold:
         hold = Hold(key, f"{self._me}:{next(self._numbers)}")
@@ -485,7 +642,10 @@ class ClusterThrottles(Throttles):
             else:
                 self._ending.pop(hold.key, None)
         if self._holds.pop(hold.member, None) is None or not self._shared:
-            return  # (a lease Redis may still have runs out by itself)
+            return  # (a lease Redis may still have runs out by itself, or the heartbeat sweeps)
+        self._send_release(hold)
+
+    def _send_release(self, hold: Hold) -> None:
         task = asyncio.create_task(self._release(hold), name="throttle release")
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
