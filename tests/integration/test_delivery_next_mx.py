@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port
-from tests.support.sinks import ScriptedSink, SinkConnection, peak_connections
+from tests.support.sinks import ScriptedSink, SinkConnection, peak_connections, wait_until
 
 GREYLISTED = "451 4.7.1 greylisted, try again later"
 
@@ -267,6 +267,26 @@ def test_a_stop_while_the_next_mx_is_tried_keeps_what_the_first_took(tmp_path: P
         time.sleep(1.5)
         assert [m.recipients for m in site.mx[1].received] == [["ok@example.net"]]  # once
         assert [r["recipient"] for r in site.pigeon.records("Delivery")] == ["ok@example.net"]
+
+
+def test_a_stop_while_the_next_mx_holds_its_end_of_data_reply_says_the_message_may_come_twice(
+    tmp_path: Path,
+) -> None:
+    # mx1 took ok@ and deferred slowend-1@; mx2 has the content and holds its reply past the
+    # stop: slowend-1@ may be delivered twice, and its record and a WARNING say so.
+    with _site(tmp_path, sections={"node": {"shutdown_timeout": "1s"}}) as site:
+        site.mx[1].rcpt_reply = lambda address: GREYLISTED if address.startswith("slowend") else None
+        site.mx[2].slow = 5.0
+        _send(site.pigeon, "ok@example.net", "slowend-1@example.net")
+        wait_until(lambda: "slowend-1@example.net" in site.mx[2].rcpt_log)
+        time.sleep(0.5)  # the content on its way, its reply held
+        assert site.pigeon.stop() == 0
+        (delivery,) = site.pigeon.records("Delivery")
+        assert (delivery["recipient"], delivery["peer"]) == ("ok@example.net", site.peer(1))
+        (failure,) = site.pigeon.records("TransientFailure")
+        assert (failure["recipient"], failure["peer"], failure["attempt"]) == ("slowend-1@example.net", site.peer(2), 1)
+        assert failure["response"]["text"].endswith("no reply to the end of data: the message may be delivered twice")
+        assert "answered the end of data: slowend-1@example.net may be delivered twice" in site.pigeon.stderr()
 
 
 class _Busy:

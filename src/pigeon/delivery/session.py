@@ -451,6 +451,17 @@ class ClientConnection:
             return reason
         return _with_note(reason)
 
+    def cut_short(self) -> Reply | None:
+        """A stop cancelled `send` (`[node] shutdown_timeout` ran out): the connection is done
+        for, and this is the reply the cut transaction's recipients get if the end of its
+        content had gone out unanswered, as when the connection breaks there (the server may
+        have taken the message); None if it had not gone (nothing was taken: the message is
+        simply tried again)."""
+        self.broken = True
+        if not self._session.end_of_data_unanswered():
+            return None
+        return _with_note(Reply(451, "4.4.2", (f"{self.peer} did not answer before the node stopped",)))
+
     def alive(self) -> bool:
         """False if the connection broke or the server closed it while it sat idle."""
         wire = self._wire

@@ -31,7 +31,11 @@ has the connect timeout, not the reply timeout, to be connected and greet; when 
 connection, the site's next hosts are left alone for `NEXT_MX_PAUSE` (and a warning says so),
 rather than each deferred message waiting as long again. If the delivery is cancelled (a
 stop) while the next host is tried, the dispatcher reports what the first host answered
-(`final`): what it took is not sent again at the next start.
+(`final`): what it took is not sent again at the next start. A stop that cuts a transaction
+after the end of its content went out (the reply to it not come by `[node] shutdown_timeout`)
+is the same as a break there: the recipients' attempt is a `451 4.4.2 ... the message may be
+delivered twice` to report (`final`), counted and due for a retry, and a WARNING names the
+message and its recipients; cut before, the message is tried again as if never sent.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pigeon.delivery.egress import Source
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.message import format_id
 from pigeon.queue.attempt import Attempt, Via
 from pigeon.smtp import client
 from pigeon.smtp.client import refusal_before_sending
@@ -122,26 +127,56 @@ class SmtpAgent:
                 attempt = Attempt.same_for_all(refusal, count, classification, site, connection.peer)
                 attempts.append(attempt._replace(own=frozenset(range(count))))
                 continue
+            done: list[Reply] = []  # (what the transactions answered so far: see the stop below)
             try:
-                replies, duration = await _send_all(connection, envelope)
+                replies, duration = await _send_all(connection, envelope, done)
             except ConnectionLost as error:
                 # The message may have been taken: not sent again now, at another host.
                 attempt = Attempt.same_for_all(error.reply, count, "", site, connection.peer)
                 attempts.append(attempt._replace(tls=connection.tls))
                 continue
+            except asyncio.CancelledError:
+                # A stop, with the transaction on the wire (the dispatcher then reports `final`).
+                # No await here: this module is compiled (setup.py).
+                cut = self._cut_short(item, envelope, connection, done)
+                if cut is not None:
+                    attempts.append(cut)
+                raise
             classes = self._classifier.classify_all(replies)
             passed_on = "DSN" in connection.capabilities
             attempt = Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
             pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
             if pending and self._elsewhere is not None:
                 self._final.append(attempt)  # (until the next host answers: see `final`)
-                attempt = await self._next_host(envelope, attempt, pending)
+                attempt = await self._next_host(item, envelope, attempt, pending)
                 self._final.pop()
                 connection = self._connection
             attempts.append(attempt)
         return attempts
 
-    async def _next_host(self, envelope: client.Envelope, attempt: Attempt, pending: list[int]) -> Attempt:
+    def _cut_short(
+        self, item: Work, envelope: client.Envelope, connection: ClientConnection, done: list[Reply]
+    ) -> Attempt | None:
+        """The attempt to report for a message whose transaction a stop cut short, if any: if
+        the end of its content went out, the server may have the message, and the attempt says
+        so (with a WARNING naming it). Transactions before the cut one (the server's recipient
+        limit: `done` holds what they answered) stand: only what the cut one carried is cut.
+        None: nothing to report (nothing went, or nothing that can have been taken)."""
+        cut = connection.cut_short()
+        count = len(envelope.recipients)
+        carried = [i for i, reply in enumerate(done) if too_many_recipients(reply)] if done else list(range(count))
+        if cut is not None:
+            self._warn_cut(item, [envelope.recipients[i] for i in carried], connection)
+        site, peer, tls = self._site, connection.peer, connection.tls
+        if done:
+            replies = [cut if cut is not None and i in carried else reply for i, reply in enumerate(done)]
+            classes = self._classifier.classify_all(replies)
+            return Attempt(replies, classes, site, peer, tls, passed_on="DSN" in connection.capabilities)
+        if cut is not None:
+            return Attempt.same_for_all(cut, count, "", site, peer)._replace(tls=tls)
+        return None
+
+    async def _next_host(self, item: Work, envelope: client.Envelope, attempt: Attempt, pending: list[int]) -> Attempt:
         """`attempt` with its 4xx recipients (`pending`, by index) tried again at another host
         of the site; the attempt as it was if none took a connection or that host cannot take
         the message."""
@@ -157,6 +192,20 @@ class SmtpAgent:
             more, took = await _send_all(other, rest)
         except ConnectionLost as error:  # what happened last, and where, is what the records say
             more, took = [error.reply] * len(pending), 0.0
+        except asyncio.CancelledError:
+            # A stop: `final` holds what the first host answered; those sent on to this host
+            # with their content's end unanswered may be delivered twice, and it says so.
+            cut = other.cut_short()
+            if cut is not None and self._final:
+                self._warn_cut(item, rest.recipients, other)
+                self._final[-1] = self._merged(attempt, pending, [cut] * len(pending), 0.0, other)
+            raise
+        return self._merged(attempt, pending, more, took, other)
+
+    def _merged(
+        self, attempt: Attempt, pending: list[int], more: list[Reply], took: float, other: ClientConnection
+    ) -> Attempt:
+        """`attempt` with its `pending` recipients' replies the ones `other` gave (`more`)."""
         replies, classes = list(attempt.replies), list(attempt.classifications)
         classified = self._classifier.classify_all(more)
         via = Via(other.peer, other.tls, "DSN" in other.capabilities)
@@ -169,6 +218,15 @@ class SmtpAgent:
             duration=duration,
             via=dict.fromkeys(pending, via),
             passed_over=[attempt.replies[i] for i in pending],
+        )
+
+    @staticmethod
+    def _warn_cut(item: Work, recipients: Sequence[client.Recipient], connection: ClientConnection) -> None:
+        _log.warning(
+            "message %s: the node stopped before %s answered the end of data: %s may be delivered twice",
+            format_id(item.message.id),
+            connection.peer,
+            ", ".join(recipient.address for recipient in recipients),
         )
 
     async def close(self) -> None:
@@ -250,15 +308,20 @@ def too_many_recipients(reply: Reply) -> bool:
     return reply.code == 452 and reply.enhanced in (None, "4.5.3")
 
 
-async def _send_all(connection: ClientConnection, envelope: client.Envelope) -> tuple[list[Reply], float]:
+async def _send_all(
+    connection: ClientConnection, envelope: client.Envelope, done: list[Reply] | None = None
+) -> tuple[list[Reply], float]:
     """Every recipient's reply, over as many transactions as the server's recipient limit
     takes: those it refused as too many go again in the next transaction, while the last one
     delivered to somebody (a server that took none, or refused the data, would refuse them
     again: they keep their 452 and wait for the retry schedule). Raises ConnectionLost if
     the first transaction broke; a later break is the reply of that transaction's
-    recipients, the deliveries before it standing."""
+    recipients, the deliveries before it standing. `done`, if given, is the list of replies
+    (filled once the first transaction is answered, then kept up to date): a caller cancelled
+    meanwhile reads there what the transactions before the cut one answered."""
     result, duration = await connection.send(envelope)
-    replies = list(result.replies)
+    replies = done if done is not None else []
+    replies[:] = result.replies
     pending = [i for i, reply in enumerate(replies) if too_many_recipients(reply)]
     progress = any(reply.code < 300 for reply in replies)
     while pending and progress:
