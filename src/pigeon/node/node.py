@@ -512,11 +512,11 @@ class Node:
         if config.policy != self.config.policy:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
         assert self.smtp is not None  # started before any reload
-        hooks: list[str] | None = None
         if isinstance(read.policy, PolicyLoadError):
             _log.error("reload: the policy module stays as it was: %s", read.policy)
+            hooks, kept = self.policy.defined(), " (the module as it was)"  # the summary names what runs
         else:
-            hooks = self.policy.take(read.policy)
+            hooks, kept = self.policy.take(read.policy), ""
         self.smtp.tls_context = tls_context
         self.smtp.passwords = passwords
         self.smtp.session_config = replace(
@@ -566,7 +566,7 @@ class Node:
             _counted(len(config.route), "route"),  # every [[route]], whether or not this node delivers
             _counted(len(signers) if signers is not None else 0, "DKIM signer"),
             rules,
-            "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
+            "" if self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}{kept}",
         )
 
     @property
