@@ -104,6 +104,11 @@ def test_suspend_holds_mail_untried_until_resumed(tmp_path: Path, sink: Scripted
         status, answer = _api(pigeon, "POST", "/api/v1/admin/suspend", {"campaign": "spring"})
         assert status == 200, answer
         rule_id = answer["rule"]["id"]
+        # Found from outside: no reason given printed an empty "()" after the selector.
+        said = pigeon.wait_stderr("admin suspend by").split("admin suspend by", 1)[1].splitlines()[0]
+        assert said.endswith("of campaign=spring") and "()" not in said, said
+        assert _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "x.test", "reason": "why"})[0] == 200
+        pigeon.wait_stderr(" of domain=x.test (why)")  # a reason given is said
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.sendmail("a@example.org", ["ok@example.net"], b"X-Campaign: spring\r\nSubject: x\r\n\r\nhi\r\n")
             client.sendmail("a@example.org", ["ok@example.net"], b"X-Campaign: autumn\r\nSubject: y\r\n\r\nhi\r\n")

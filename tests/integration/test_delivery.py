@@ -303,3 +303,26 @@ def test_a_route_verifying_against_its_own_ca_file_delivers_over_tls_and_one_wit
             assert failure["recipient"] == "b@public.example"
             assert failure["response"]["enhanced"] == "4.7.5"
             assert sink.after(1.5) == [received]  # retried, still refused: never delivered
+
+
+def test_every_bounce_names_its_class_and_rfc_5321_standard_texts_have_one(tmp_path: Path) -> None:
+    # Found from outside: a Bounce of an unclassified reply had no "classification" at all (its
+    # default was left out of the record), and the standard "550 Requested action not taken:
+    # mailbox unavailable" matched no rule.
+    replies = {
+        "gone@example.net": "550 Requested action not taken: mailbox unavailable",
+        "syntax@example.net": "553 Requested action not taken: mailbox name not allowed",
+        "moved@example.net": "551 User not local; please try <moved@example.com>",
+        "odd@example.net": "554 Transaction failed",
+    }
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        sink.rcpt_reply = replies.get
+        _send(pigeon, list(replies), sender="")  # the null sender: no DSN to wait for
+        wait_until(lambda: len(pigeon.records("Bounce")) == len(replies))
+        classes = {r["recipient"]: r.get("classification") for r in pigeon.records("Bounce")}
+    assert classes == {
+        "gone@example.net": "InvalidRecipient",
+        "syntax@example.net": "InvalidRecipient",
+        "moved@example.net": "InvalidRecipient",
+        "odd@example.net": "Uncategorized",
+    }

@@ -672,8 +672,14 @@ def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_pat
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.ehlo("client.test")
             assert client.mail("a@example.org") == (550, b"5.7.1 v2")
+        assert _reloaded(pigeon)[-1].endswith(", policy hooks on_mail_from")
         module.write_text("def on_mail_from(mail) syntax error\n")
         _hangup(pigeon, "the policy module stays as it was")
+        # Found from outside: the summary after it named no hooks, though the old ones still run.
+        pigeon.wait_stderr("reloaded:", 2)
+        summaries = _reloaded(pigeon)
+        assert len(summaries) == 2, summaries
+        assert summaries[-1].endswith(", policy hooks on_mail_from (the module as it was)"), summaries
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.ehlo("client.test")
             assert client.mail("a@example.org") == (550, b"5.7.1 v2")
@@ -695,6 +701,11 @@ def test_misspelt_hook_names_are_warned_about_once_at_start_and_once_at_a_reload
             pigeon.wait_stderr("reloaded:", workers)  # every worker has started, and reloaded
             for warning in warnings:
                 assert pigeon.stderr().count(warning) == 2, pigeon.stderr()
+
+
+def _reloaded(pigeon: PigeonProcess) -> list[str]:
+    """The summaries of the reloads so far."""
+    return [line for line in pigeon.stderr().splitlines() if "reloaded:" in line]
 
 
 def _hangup(pigeon: PigeonProcess, outcome: str) -> None:

@@ -332,3 +332,68 @@ def test_mail_declaring_a_size_the_spool_has_no_room_for_gets_452_at_mail(tmp_pa
             smtp.expect(250, "RCPT TO:<user@example.net>")
         # The RCPT's 503 is a Rejection too, and may be written first.
         assert wait_until(lambda: any(r["response"]["code"] == 452 for r in pigeon.records("Rejection")), timeout=10)
+
+
+def test_a_spool_refusing_declared_sizes_at_mail_says_down_and_up_again_once_delivery_made_room(
+    tmp_path: Path,
+) -> None:
+    """A client that declares SIZE never reaches DATA on a full spool: its 452 4.3.1 at MAIL
+    is the only refusal, and /healthz must say the node cannot take mail all the same."""
+    body = b"Subject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 2500  # 195 KiB
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: "451 4.3.0 not now"
+        config = delivery_config(sink.endpoint, retry_interval="1s", max_retry_interval="1s")
+        with PigeonProcess(tmp_path / "node", spool={"max_size": "4MiB"}, **config) as pigeon:
+            assert _health(pigeon)[0] == 200
+            accepted = 0
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                client.ehlo("client.test")
+                for _ in range(40):
+                    code, text = client.mail("sender@example.org", [f"SIZE={len(body)}"])
+                    if code != 250:
+                        break
+                    client.rcpt("user@example.net")
+                    assert client.data(body)[0] == 250
+                    accepted += 1
+            assert (code, text[:5]) == (452, b"4.3.1") and accepted > 5, (accepted, code, text)
+            assert all(r["response"]["code"] != 451 for r in pigeon.records("Rejection"))  # none reached DATA
+            status, health = _health(pigeon)
+            assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down"), health
+            assert "452 4.3.1" in health["spool"]["error"] and health["spool"]["room"] < len(body)
+            sink.rcpt_reply = None  # the site takes mail again: the spool empties, and no mail arrives
+            sink.wait_for(accepted, timeout=60)
+            wait_until(lambda: _health(pigeon)[0] == 200, timeout=15)
+            assert _health(pigeon)[1]["spool"] == {"status": "ok", "messages": 0}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 12 MiB tmpfs: a disk smaller than the 16 MiB that means "room" on a large one."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_small_disk_that_filled_up_says_up_once_there_is_room_without_a_message_stored(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    with PigeonProcess(tmp_path / "node", spool={"path": str(small_disk / "spool")}) as pigeon:
+        assert _health(pigeon)[0] == 200
+        filler = _fill(small_disk)
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.ehlo("client.test")
+            client.mail("sender@example.org")
+            client.rcpt("user@example.net")
+            assert client.data(b"Subject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 451
+        assert _health(pigeon)[0] == 503
+        filler.unlink()  # the room a message needs is back, though less than 16 MiB: up, at once
+        status, health = _health(pigeon)
+        assert (status, health["status"], health["spool"]) == (200, "ok", {"status": "ok", "messages": 0})
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            assert client.sendmail("sender@example.org", ["user@example.net"], "Subject: y\r\n\r\nhi\r\n") == {}

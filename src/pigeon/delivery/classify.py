@@ -26,7 +26,11 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     ("InvalidRecipient", r"^5\d\d 5\.1\.(1|2|3|6|10)\b"),
     ("InvalidSender", r"^5\d\d 5\.1\.(7|8)\b"),
     ("InactiveMailbox", r"^5\d\d 5\.2\.1\b"),
-    ("QuotaIssues", r"^5\d\d 5\.2\.2\b|over ?quota|mailbox (is )?full|quota exceeded|insufficient storage"),
+    (
+        "QuotaIssues",
+        r"^5\d\d 5\.2\.2\b|over ?quota|mailbox (is )?full|quota exceeded|insufficient storage"
+        r"|exceeded storage allocation",  # (RFC 5321's standard text for 552)
+    ),
     ("MessageExpired", r"^5\d\d 5\.4\.7\b"),
     ("RoutingErrors", r"^5\d\d 5\.4\.(4|6)\b|mail loop|too many hops"),
     ("TooManyRecipients", r"^5\d\d 5\.5\.3\b|too many recipients"),
@@ -38,7 +42,10 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     ("SpamContent", r"spam|junk|unsolicited"),
     ("VirusRelated", r"virus|malware|infected"),
     ("PolicyRelated", r"^5\d\d 5\.7\.\d+\b|policy|rejected for policy reasons"),
+    # The wordings, and RFC 5321's standard texts for 550, 551 and 553 (a bare 554 "Transaction
+    # failed" says nothing of why: Uncategorized).
     ("InvalidRecipient", r"user unknown|no such user|unknown (user|recipient)|does not exist|recipient rejected"),
+    ("InvalidRecipient", r"^55[013] .*(mailbox (is )?unavailable|user not local|mailbox name not allowed)"),
     ("BadConfiguration", r"^5\d\d 5\.3\.\d+\b"),
     ("BadConnection", r"^5\d\d 5\.4\.(1|2)\b"),
 ]

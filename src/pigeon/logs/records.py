@@ -41,7 +41,8 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | tls            | all four         | TLS version and cipher of that connection                 |
 | created        | all four         | when the message was received                             |
 | duration       | all four         | seconds the transaction took                              |
-| classification | Bounce, Held     | bounce class from the rule table (InvalidRecipient, ...) |
+| classification | Bounce, Held     | bounce class from the rule table (InvalidRecipient, ...; |
+|                |                  | always in a Bounce: Uncategorized if no rule matched)     |
 | dsn            | Bounce, Expiration, Held | why no DSN went to the sender (an [[inbound]] route's `bounces`) |
 | cause          | Held             | `refused` (by the target, for good) or `expired`          |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
@@ -173,13 +174,20 @@ class TransientFailure(Attempt, tag="TransientFailure"):
 class Bounce(Attempt, tag="Bounce"):
     """The recipient will not get the message (5xx, or refused before sending). Terminal."""
 
-    classification: str = "Uncategorized"
+    classification: str = ""  # the bounce class: "Uncategorized" when no rule matched (never left out)
     dsn: str | None = None  # why no DSN was sent, when an [[inbound]] route's `bounces` kept it back
     said_by: str = "server"
     """Whose `response` it is: "server" (a server's reply), or "pigeon" when Pigeon refused the
     recipient itself (no mail server for the domain, a message the server cannot take: no
     8BITMIME, over its SIZE), even with a server on the line (`peer`)."""
     seq: int = 0
+
+    def __post_init__(self) -> None:
+        # Its default is "", which `omit_defaults` leaves out, and never written: the README
+        # lists `classification` as a Bounce field, and a reader looks for it in every one
+        # (an older record without it reads as "Uncategorized", as it was).
+        if not self.classification:
+            self.classification = "Uncategorized"
 
 
 class Expiration(Attempt, tag="Expiration"):

@@ -80,8 +80,9 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
-_ROOM_TO_RECOVER = 16 * 1024 * 1024  # bytes free after which a full spool is reported up again ...
-_ROOM_TO_RECOVER_SHARE = 8  # ... or this share of [spool] max_size, if less: a small cap must recover too
+_ROOM_FOR_MAIL = 1024 * 1024  # bytes free under which the spool is down, refusal or not ...
+_ROOM_TO_RECOVER = 16 * 1024 * 1024  # ... and after which one that refused for lack of room is up again ...
+_ROOM_SHARE = 8  # ... or this share of [spool] max_size or of the disk, if less: a small one must recover too
 
 
 class Node:
@@ -511,11 +512,11 @@ class Node:
         if config.policy != self.config.policy:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
         assert self.smtp is not None  # started before any reload
-        hooks: list[str] | None = None
         if isinstance(read.policy, PolicyLoadError):
             _log.error("reload: the policy module stays as it was: %s", read.policy)
+            hooks, kept = self.policy.defined(), " (the module as it was)"  # the summary names what runs
         else:
-            hooks = self.policy.take(read.policy)
+            hooks, kept = self.policy.take(read.policy), ""
         self.smtp.tls_context = tls_context
         self.smtp.passwords = passwords
         self.smtp.session_config = replace(
@@ -565,7 +566,7 @@ class Node:
             _counted(len(config.route), "route"),  # every [[route]], whether or not this node delivers
             _counted(len(signers) if signers is not None else 0, "DKIM signer"),
             rules,
-            "" if hooks is None or self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}",
+            "" if self.policy.spec is None else f", policy hooks {', '.join(hooks) or 'none'}{kept}",
         )
 
     @property
@@ -642,28 +643,35 @@ class Node:
         }
 
     def _spool_health(self) -> dict[str, Any]:
-        """Down from a reception refused for lack of room (or an I/O error) until one is
-        stored again; or, for lack of room, until there is plenty again (16 MiB, or an eighth
-        of `max_size` if less): a probe that takes a node out of service must see it come back
-        without mail arriving. One message too big for the room left, with plenty left for
-        others, does not take the node down."""
+        """Down after a reception refused for an I/O error, until one is stored again; and for
+        lack of room, looked at whenever asked (a probe that took a node out of service must
+        see it come back without mail arriving): while the room left is under what an ordinary
+        message needs (1 MiB; MAIL declaring a SIZE over the room gets 452 4.3.1 already), or,
+        after a message refused for lack of room, until there is plenty again (16 MiB). Each
+        is an eighth of `max_size` or of the disk if less: a small one must recover too. One
+        message too big for the room left, with plenty left for others, does not take the
+        node down."""
+        messages = self.spool.count + sum(s.count for s in self.adopted)
         refusing = self.intake.refusing
-        if refusing is None:
-            # Not asked for nothing: under a max_size, `room()` waits for the spool's body
-            # files to be counted after its open, and /healthz is what says the node is up.
-            return {"status": OK, "messages": self.spool.count + sum(s.count for s in self.adopted)}
-        room = self.spool.room()
-        cap = self.config.spool.max_size
-        plenty = _ROOM_TO_RECOVER if cap is None else min(_ROOM_TO_RECOVER, cap // _ROOM_TO_RECOVER_SHARE)
-        full = isinstance(refusing, SpoolFull) and not room >= plenty
-        health: dict[str, Any] = {
-            "status": DOWN if full or isinstance(refusing, SpoolWriteError) else OK,
-            "messages": self.spool.count + sum(s.count for s in self.adopted),
-        }
-        if health["status"] == DOWN:
-            health["error"] = f"new mail gets 451: {refusing}"
-            health["room"] = room
-        return health
+        if isinstance(refusing, SpoolWriteError):
+            return {"status": DOWN, "messages": messages, "error": f"new mail gets 451: {refusing}"}
+        # Not waiting: under a max_size, the room is unknown (None) until the spool's body files
+        # are counted after its open, and /healthz is what says the node is up meanwhile.
+        room = self.spool.room_now()
+        if room is None:
+            return {"status": OK, "messages": messages}
+        shares = [size // _ROOM_SHARE for size in (self.config.spool.max_size, self.spool.disk_size()) if size]
+        shares = [share for share in shares if share > 0]
+        if room < min(_ROOM_FOR_MAIL, *shares):
+            error = (
+                f"no room for mail: {room} bytes left; MAIL declaring a larger SIZE gets 452 4.3.1, "
+                "a message that does not fit 451 4.3.0"
+            )
+        elif isinstance(refusing, SpoolFull) and room < min(_ROOM_TO_RECOVER, *shares):
+            error = f"new mail gets 451: {refusing}"
+        else:
+            return {"status": OK, "messages": messages}
+        return {"status": DOWN, "messages": messages, "error": error, "room": room}
 
     def _log_state(self) -> LogState:
         outbox = self.outbox

@@ -259,10 +259,11 @@ class Admin:
             # What the spool alone holds is held too (when it falls due): `held` counts it, as
             # the queue summary's `suspended` and `pigeon resume`'s `made_due` do.
             held += await self._only_in_spool(selector, put_back)
+        said = f" ({reason})" if reason else ""  # (no reason given: no empty "()")
         if selector.site is not None:
-            _log.warning("admin suspend by %s of deliveries to %s (%s)", operator, selector.site, reason)
+            _log.warning("admin suspend by %s of deliveries to %s%s", operator, selector.site, said)
         else:
-            _log.warning("admin suspend by %s of %s (%s)", operator, selector.describe(), reason)
+            _log.warning("admin suspend by %s of %s%s", operator, selector.describe(), said)
         return {"held": held, "rule": _rule_view(rule), "already": already is not None}
 
     async def _enforce(self, rule: Rule, acted_on: set[SpoolId] | None = None) -> int:

@@ -79,6 +79,11 @@ class BodyFiles:
             self._counted.set()
 
     @property
+    def counted(self) -> bool:
+        """Whether the earlier runs' files are counted (`total` answers at once)."""
+        return self._counted.is_set()
+
+    @property
     def total(self) -> int:
         """Bytes of the body files, and of the room claimed for those being written. Just
         after the open, waits for the earlier runs' files to be counted."""

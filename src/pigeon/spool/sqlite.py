@@ -357,6 +357,23 @@ class SqliteSpool:
         left: int = self._max_size - (pages - unused) * page_size - wal - self._segments.bytes - files
         return left if free < 0 else min(free, left)
 
+    def room_now(self) -> int | None:
+        """`room()` (below 0 when the spool is past its `max_size`) without waiting: None while
+        it is unknown (the body files of earlier runs not counted yet, or the file system
+        cannot say)."""
+        if self._files is not None and not self._files.counted:
+            return None
+        room = self.room()
+        return None if room == -1 and self._max_size is None else room
+
+    def disk_size(self) -> int:
+        """Bytes of the spool's file system, free or not (-1 if it cannot say)."""
+        try:
+            stat = os.statvfs(self.directory)
+        except OSError:
+            return -1
+        return stat.f_blocks * stat.f_frsize
+
     def _free(self) -> int:
         """Bytes an unprivileged writer may still use on the spool's file system."""
         try:

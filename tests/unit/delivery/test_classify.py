@@ -20,6 +20,14 @@ def reply(code: int, enhanced: str | None, text: str) -> Reply:
         (reply(550, "5.1.1", "<bob@example.net>: Recipient address rejected: User unknown"), "InvalidRecipient"),
         (reply(550, "5.1.1", "user unknown"), "InvalidRecipient"),
         (reply(550, None, "No such user here"), "InvalidRecipient"),
+        # RFC 5321's standard texts (4.2.2), as servers send them, with or without 5.0.0
+        (reply(550, None, "Requested action not taken: mailbox unavailable"), "InvalidRecipient"),
+        (reply(550, "5.0.0", "Requested action not taken: mailbox unavailable"), "InvalidRecipient"),
+        (reply(553, None, "Requested action not taken: mailbox name not allowed"), "InvalidRecipient"),
+        (reply(551, None, "User not local; please try <x@example.com>"), "InvalidRecipient"),
+        (reply(552, None, "Requested mail action aborted: exceeded storage allocation"), "QuotaIssues"),
+        (reply(554, None, "Transaction failed"), "Uncategorized"),
+        (reply(550, "5.7.1", "Requested action not taken: mailbox unavailable (policy)"), "PolicyRelated"),
         (reply(552, "5.2.2", "Mailbox full"), "QuotaIssues"),
         (reply(452, "4.2.2", "The email account that you tried to reach is over quota"), "QuotaIssues"),
         (
