@@ -49,6 +49,11 @@ A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its hando
 may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
 recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the same dedupe key.
 
+A node never hands over again what it handed over itself and has not acknowledged at the source
+yet (`_unacked`): not when its session was lost before the acknowledgement, nor when Redis lost
+the done marks meanwhile. It acknowledges them first thing in its next session, and puts their
+done marks back, as its claims, when Redis lost its data (so other nodes leave them alone).
+
 Every handoff has its InboundDelivery record across kill -9: the record is in the log file
 (written: the kernel has it, whatever becomes of this process) before the message is
 acknowledged, and a message the node died before acknowledging is found by the node that
@@ -208,6 +213,12 @@ class MailboxWatcher:
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
         self._orphans: dict[str, Claim] = {}  # done marks taken from dead nodes, not yet recorded
+        # What this node handed over (or recovered for a dead node) and has not acknowledged at
+        # the source yet, by claim key: never handed over again, whatever Redis says (it may have
+        # lost the done marks) and across sessions (one lost before the acknowledgement). The
+        # first round of each session acknowledges them (`_retry_held`); a lapse of our
+        # heartbeat (Redis lost its data, say) puts their done marks back (`_renew_forever`).
+        self._unacked: dict[str, Claim] = {}
         self._known_sizes: dict[int, int] = {}  # UID: size, in `_sizes_session`'s folder
         self._sizes_session: ImapSession | None = None
         self._dones: GroupCommit[Claim] = GroupCommit(self._mark_done)  # marked as soon as accepted
@@ -618,6 +629,8 @@ class MailboxWatcher:
             await self._give_back([c for c in taken + claimed if self.held.get(c.key) is c])
             self._between_batches.set()
         if done:
+            # Our own handoffs that Redis forgot (claimed again just now): done marks again.
+            await self._mark_done([c for c in done if c.standing is Standing.CLAIMED])
             await self._acknowledge(session, [c.uid for c in done])
         if failed:
             await self._fail_at_source(session, [c.uid for c in failed])
@@ -631,6 +644,12 @@ class MailboxWatcher:
         taken: collections.Counter[str] = collections.Counter()
         for claim in answers:
             standing = claim.standing
+            if claim.key in self._unacked:
+                # Handed over by us and not acknowledged yet (its record written): whatever Redis
+                # says now (a claim: it lost the done mark), acknowledged, never handed over again.
+                # A claim is made a done mark again first (`_round`).
+                done.append(claim)
+                continue
             if standing is Standing.DONE and claim.key in self._orphans:
                 claim = self._orphans[claim.key]  # taken over earlier and not recorded yet
                 standing = claim.standing
@@ -970,6 +989,7 @@ class MailboxWatcher:
             self._target_cleared("target %s accepts messages again")
         for claim in claims:
             self.held.pop(claim.key, None)  # marked done: nothing left to renew
+            self._unacked[claim.key] = claim
         await self._dones.add(claims)
         await commits.add(accepted)
 
@@ -1000,6 +1020,7 @@ class MailboxWatcher:
         self._log.flush()  # in the file: what the death of this process cannot take back
         for accepted in group:
             self._orphans.pop(accepted.claim.key, None)
+            self._unacked[accepted.claim.key] = accepted.claim  # (a recovered one: ours now)
         await self._acknowledge(session, [a.claim.uid for a in group])
 
     def _warn_taken_over(self, claim: Claim, message: InboundMessage) -> None:
@@ -1128,7 +1149,12 @@ class MailboxWatcher:
             act = session.delete(uids, marks=_DONE_FLAG)
         else:
             act = session.flag(uids, "\\Seen")
-        if not await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG):
+        outcome = await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG)
+        if outcome != "refused":  # acknowledged, or flagged so that no search finds it again
+            prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
+            for uid in uids:
+                self._unacked.pop(f"{prefix}{uid}", None)
+        if outcome != "done":
             return False
         self._acknowledged = True
         self._answered()
@@ -1144,20 +1170,22 @@ class MailboxWatcher:
         as configured."""
         folder = self.config.failed_folder
         if not folder:
-            return await self._at_source(session, uids, "set aside", session.flag(uids, f"\\Seen {_FAILED_FLAG}"), None)
+            act = session.flag(uids, f"\\Seen {_FAILED_FLAG}")
+            return await self._at_source(session, uids, "set aside", act, None) == "done"
         marks = f"{_FAILED_FLAG} {_COPIED_FLAG}"  # (see `_acknowledge`)
         act = session.delete(uids, marks=marks) if copied else session.move(uids, folder, marks=marks)
-        return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}")
+        return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}") == "done"
 
     # --- acknowledgements the server refuses --------------------------------------------------
     async def _at_source(
         self, session: ImapSession, uids: Sequence[int], what: str, act: Awaitable[None], mark: str | None
-    ) -> bool:
+    ) -> str:
         """Do `act` at the source for `uids` (an acknowledgement, or setting aside). When the
         server refuses it (a full or read-only folder, a label that is missing), the messages
         are flagged `mark` instead, a keyword the search leaves out: whatever becomes of their
         done marks, they are not handed over again. The mailbox is degraded, and the act tried
-        again later (`_retry_held`). A lost session raises, as any command. True when done."""
+        again later (`_retry_held`). A lost session raises, as any command. "done" when done,
+        "flagged" when flagged `mark` instead, "refused" when neither."""
         try:
             await act
         except ImapError as error:
@@ -1166,6 +1194,7 @@ class MailboxWatcher:
             if mark is not None and isinstance(error, CopiedOnly):  # in its destination already: only removal is due
                 mark = f"{mark} {_COPIED_FLAG}"
             afterwards = "tried again next round"
+            flagged = False
             if mark is not None:
                 try:
                     await session.flag(uids, mark)
@@ -1176,14 +1205,15 @@ class MailboxWatcher:
                     # found in the folder: each claim that finds one makes it last.
                     afterwards = f"nor can they be flagged {mark} ({again}); tried again next round"
                 else:
+                    flagged = True
                     self._held_at_source = True
                     self._held_retry_at = time.monotonic() + _HELD_RETRY
                     every = f"{_HELD_RETRY:.0f}s"
                     afterwards = f"flagged {mark} instead, so as not to be handed over again; tried again every {every}"
             self._source_refused(what, uids, error, afterwards)
-            return False
+            return "flagged" if flagged else "refused"
         self._source_works()
-        return True
+        return "done"
 
     def _source_refused(self, what: str, uids: Sequence[int], error: ImapError, afterwards: str) -> None:
         """The server refused to acknowledge or set aside `uids`: said (a WARNING when the
@@ -1232,7 +1262,7 @@ class MailboxWatcher:
         if config.failed_folder:
             kinds.append((f"UNDELETED KEYWORD {_FAILED_FLAG} NOT KEYWORD {_COPIED_FLAG}", aside))
             kinds.append((f"KEYWORD {_FAILED_FLAG} KEYWORD {_COPIED_FLAG}", functools.partial(aside, copied=True)))
-        held, found = False, 0
+        held, found = not await self._acknowledge_unacked(session), 0
         for criteria, act in kinds:
             uids = await session.search(criteria)
             found += len(uids)
@@ -1249,6 +1279,23 @@ class MailboxWatcher:
         if not held:
             self._held_retry_at = time.monotonic() + _LEFTOVERS_EVERY
         self._source_works()
+
+    async def _acknowledge_unacked(self, session: ImapSession) -> bool:
+        """Acknowledge what this node handed over and could not acknowledge yet (its session
+        was lost in between, say): before anything is claimed, so that neither this node nor
+        another hands it over again, whatever Redis remembers. True when none is left."""
+        prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
+        stale = [key for key in self._unacked if not key.startswith(prefix)]
+        for key in stale:  # a new UIDVALIDITY: those UIDs name nothing any more
+            del self._unacked[key]
+        uids = sorted(claim.uid for claim in self._unacked.values())
+        if not uids:
+            return True
+        _log.info("mailbox %s: acknowledging %d messages handed over before at the source: UIDs %s",
+                  self.config.name, len(uids), uid_set(uids))  # fmt: skip
+        for chunk in _chunks(uids, self.config.batch):
+            await self._acknowledge(session, chunk)
+        return not self._unacked
 
     def _warn_plain_expunge(self, session: ImapSession) -> None:
         """Without UIDPLUS, removing a message takes a plain EXPUNGE, which also removes every
@@ -1312,19 +1359,30 @@ class MailboxWatcher:
     async def _renew_forever(self) -> None:
         """Every third of a lease, and at once when our heartbeat was found to have lapsed (a
         claim may have been taken over meanwhile, or lost with Redis's data: this puts it
-        back, or finds it `lost`)."""
+        back, or finds it `lost`). After a lapse, the done marks of what this node handed over
+        and has not acknowledged yet are put back too (`_unacked`): other nodes must not take
+        those for new mail once the pause after Redis's data loss ends."""
         interval = max(0.1, self.config.lease / 3)
         pause = interval
+        restore = False  # done marks to put back (a lapse was seen; not done yet)
         while True:
             lapse = self._arbiter.lapse_signal()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lapse.wait(), pause)
+            restore = restore or lapse.is_set()
             pause = interval
             claims = list(self.held.values())
-            if not claims:
+            dones = list(self._unacked.values()) if restore else []
+            if not claims and not dones:
+                restore = False
                 continue
             try:
-                await self._arbiter.renew(claims, self.config.lease)
+                if claims:
+                    await self._arbiter.renew(claims, self.config.lease)
+                if dones:
+                    await self._arbiter.restore_done(dones)
+                restore = False
             except ArbitrationUnavailable as error:
-                _log.warning("mailbox %s: cannot renew %d claims: %s", self.config.name, len(claims), error)
+                _log.warning("mailbox %s: cannot renew %d claims (%d done marks): %s", self.config.name, len(claims),
+                             len(dones), error)  # fmt: skip
                 pause = min(1.0, interval)  # again soon, not a third of a lease later
