@@ -132,6 +132,9 @@ class Claim:
     # Settled (done, say) after another node had taken it over, our heartbeat having run out
     # meanwhile: that node, as logs name it (its name with its token, or the token).
     taken_by: str = ""
+    # Marking it done (or failed, or in backoff) did not reach Redis: whether another node took
+    # it over meanwhile cannot be told from here.
+    unsettled: bool = False
 
     @property
     def previous_node(self) -> str:

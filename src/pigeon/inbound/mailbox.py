@@ -12,7 +12,8 @@ One round:
     part of the work unseen by the application (a Maildir's files in tmp/: `_prepare`);
     one batch handed over at a time;
  5. each accepted handoff has its claim marked done at once, and is committed with the
-    handoffs that completed meanwhile (`commit`): their InboundDelivery records written to
+    handoffs that completed meanwhile (`commit`), without waiting for the mark while the claim
+    is surely ours (`_settle_accepted`): their InboundDelivery records written to
     the log file, then the messages acknowledged at the source (\\Seen, move, or delete and
     expunge), one IMAP command per group; the log is fsynced once per batch, in the
     background. What the target refused for now is given back with a backoff every node
@@ -981,17 +982,47 @@ class MailboxWatcher:
         return list(await asyncio.gather(*(one(c, m) for c, m in ready)))
 
     async def _settle_accepted(self, accepted: list[Accepted], commits: Commits) -> None:
-        """Mark the claims done at once (the time between the target accepting and the claim
-        saying so is when a node's death alone makes a duplicate: one Redis round trip, shared
-        by what completed meanwhile), then commit the handoffs with whatever else completed."""
-        claims = [a.claim for a in accepted]
+        """Mark the claims done at once, and commit the handoffs (records, then acknowledgement
+        at the source) with whatever else completed meanwhile: the time between the target
+        accepting and the claim or the source saying so is when a node's death alone makes a
+        duplicate.
+
+        A handoff accepted while its claim is surely ours (`Arbiter.holds`: our heartbeat
+        cannot have run out, so no node can have taken it over) is committed without waiting
+        for its done mark: its acknowledgement never waits on a Redis slow to answer, or not
+        answering at all (cut off from it, a node would acknowledge only after its timeouts,
+        when another node may have taken the claim over and handed the message over again).
+
+        One accepted after our heartbeat may have run out is marked done first, which tells
+        whether another node took it over (`Claim.taken_by`), then committed; when Redis cannot
+        tell (it does not answer), it is said and recorded as possibly repeated all the same."""
         if accepted:
             self._target_cleared("target %s accepts messages again")
+        for item in accepted:
+            self.held.pop(item.claim.key, None)  # marked done: nothing left to renew
+            self._unacked[item.claim.key] = item.claim
+            item.lapsed = not self._arbiter.holds(item.claim)
+        sure = [a for a in accepted if not a.lapsed]
+        unsure = [a for a in accepted if a.lapsed]
+        steps: list[Awaitable[None]] = []
+        if sure:
+            steps += (self._dones.add([a.claim for a in sure]), commits.add(sure))
+        if unsure:
+            steps.append(self._settle_lapsed(unsure, commits))
+        await asyncio.gather(*steps)
+
+    async def _settle_lapsed(self, accepted: list[Accepted], commits: Commits) -> None:
+        """Handoffs accepted after our heartbeat may have run out (see `_settle_accepted`)."""
+        claims = [a.claim for a in accepted]
+        if self._arbiter.outage() is None:
+            await self._dones.add(claims)  # (sets `taken_by`, or `unsettled` when Redis went away)
+            await commits.add(accepted)
+            return
+        # Redis does not answer now: nothing would tell before its timeouts, and the message waits
+        # at the source meanwhile, where another node may find it.
         for claim in claims:
-            self.held.pop(claim.key, None)  # marked done: nothing left to renew
-            self._unacked[claim.key] = claim
-        await self._dones.add(claims)
-        await commits.add(accepted)
+            claim.unsettled = True
+        await asyncio.gather(self._dones.add(claims), commits.add(accepted))
 
     async def _commit(self, session: ImapSession, group: list[Accepted]) -> None:
         """Write a group of accepted handoffs' records to the log file, then acknowledge the
@@ -1003,8 +1034,11 @@ class MailboxWatcher:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
             recovered_from = claim.previous if claim.standing is Standing.ORPHANED else None
+            repeated = bool(claim.taken_by) or (accepted.lapsed and claim.unsettled)
             if claim.taken_by:
                 self._warn_taken_over(claim, message)
+            elif repeated:
+                self._warn_maybe_taken_over(claim, message)
             record = self._record(
                 InboundDelivery,
                 claim,
@@ -1013,7 +1047,7 @@ class MailboxWatcher:
                 duration=duration,
                 acknowledged=action,
                 recovered_from=recovered_from,
-                repeated_by_takeover=bool(claim.taken_by),
+                repeated_by_takeover=repeated,
             )
             self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
@@ -1033,6 +1067,15 @@ class MailboxWatcher:
                      message.message_id or "none", self.identity, self.target.name, claim.taken_by, BEAT_TTL,
                      message.dedupe_key)  # fmt: skip
 
+    def _warn_maybe_taken_over(self, claim: Claim, message: InboundMessage) -> None:
+        """The target accepted a message after this node's heartbeat may have run out, and Redis
+        did not answer to tell whether another node took its claim over meanwhile."""
+        _log.warning("mailbox %s: UID %d (Message-ID %s) of %s was accepted by %s after this node's heartbeat may have "
+                     "run out (Redis does not answer: this node cannot tell whether another took its claim over): it "
+                     "may have reached the application twice, with the same dedupe key %s", self.config.name,
+                     claim.uid, message.message_id or "none", self.identity, self.target.name,
+                     message.dedupe_key)  # fmt: skip
+
     async def _mark_done(self, claims: list[Claim]) -> None:
         if not claims:
             return
@@ -1041,6 +1084,8 @@ class MailboxWatcher:
         except ArbitrationUnavailable as error:
             # Delivered is delivered: acknowledge at the source regardless, which is what keeps
             # the message from being handed over again. Said once an outage, not at every batch.
+            for claim in claims:
+                claim.unsettled = True
             if not self._unmarked:
                 _log.warning("mailbox %s: could not mark handoffs done (they are acknowledged at the source all "
                              "the same): %s", self.config.name, error)  # fmt: skip
