@@ -1187,13 +1187,17 @@ class MailboxWatcher:
         # EXPUNGE (killed, or the server gone) leaves a message that says it was handed over,
         # and the next session (this node's or another's) finishes the job.
         copy_marks = f"{_DONE_FLAG} {_COPIED_FLAG}"
+        act: Callable[[Sequence[int]], Awaitable[None]]
         if config.after_delivery == "move" and config.move_to:
             folder = config.move_to
-            act = session.delete(uids, marks=copy_marks) if copied else session.move(uids, folder, marks=copy_marks)
+            if copied:
+                act = functools.partial(session.delete, marks=copy_marks)
+            else:
+                act = functools.partial(session.move, folder=folder, marks=copy_marks)
         elif config.after_delivery == "delete":
-            act = session.delete(uids, marks=_DONE_FLAG)
+            act = functools.partial(session.delete, marks=_DONE_FLAG)
         else:
-            act = session.flag(uids, "\\Seen")
+            act = functools.partial(session.flag, flags="\\Seen")
         outcome = await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG)
         if outcome != "refused":  # acknowledged, or flagged so that no search finds it again
             prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
@@ -1215,24 +1219,47 @@ class MailboxWatcher:
         as configured."""
         folder = self.config.failed_folder
         if not folder:
-            act = session.flag(uids, f"\\Seen {_FAILED_FLAG}")
+            act = functools.partial(session.flag, flags=f"\\Seen {_FAILED_FLAG}")
             return await self._at_source(session, uids, "set aside", act, None) == "done"
         marks = f"{_FAILED_FLAG} {_COPIED_FLAG}"  # (see `_acknowledge`)
-        act = session.delete(uids, marks=marks) if copied else session.move(uids, folder, marks=marks)
+        if copied:
+            act = functools.partial(session.delete, marks=marks)
+        else:
+            act = functools.partial(session.move, folder=folder, marks=marks)
         return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}") == "done"
 
     # --- acknowledgements the server refuses --------------------------------------------------
     async def _at_source(
-        self, session: ImapSession, uids: Sequence[int], what: str, act: Awaitable[None], mark: str | None
+        self,
+        session: ImapSession,
+        uids: Sequence[int],
+        what: str,
+        act: Callable[[Sequence[int]], Awaitable[None]],
+        mark: str | None,
     ) -> str:
         """Do `act` at the source for `uids` (an acknowledgement, or setting aside). When the
         server refuses it (a full or read-only folder, a label that is missing), the messages
         are flagged `mark` instead, a keyword the search leaves out: whatever becomes of their
         done marks, they are not handed over again. The mailbox is degraded, and the act tried
         again later (`_retry_held`). A lost session raises, as any command. "done" when done,
-        "flagged" when flagged `mark` instead, "refused" when neither."""
+        "flagged" when flagged `mark` instead, "refused" when neither.
+
+        A message gone from the folder (expunged by another client, or moved by a node that took
+        it over) needs nothing done: a refusal because some are (`NO [EXPUNGEISSUED]`) is no
+        refusal, and `act` is done again for the others, once."""
         try:
-            await act
+            try:
+                await act(uids)
+            except ImapError as error:
+                if session.lost or "EXPUNGEISSUED" not in str(error).upper():
+                    raise
+                present = await session.present(uids)
+                if len(present) == len(uids):
+                    raise
+                _log.info("mailbox %s: UIDs %s are gone from %s already: nothing to %s there", self.config.name,
+                          uid_set(set(uids) - set(present)), self.config.folder, what)  # fmt: skip
+                uids = present
+                await act(uids)
         except ImapError as error:
             if session.lost:
                 raise
