@@ -135,6 +135,9 @@ _HELD_RETRY: Final = 30.0  # seconds between tries of the acknowledgements the s
 # ... and between looks, when none is known to wait, for what another node left half done (see
 # `_acknowledge`): a node killed between flagging \Deleted and expunging may never come back.
 _LEFTOVERS_EVERY: Final = 300.0
+# What Dovecot adds to each tagged answer, "(0.001 + 0.000 secs)": left out where refusals are
+# compared, or each would be a new one.
+_SERVER_TIMING: Final = re.compile(r"\s*\(\d+\.\d+(?: \+ \d+\.\d+)* secs\)")
 
 
 def _chunks(uids: list[int], size: int) -> list[list[int]]:
@@ -246,6 +249,7 @@ class MailboxWatcher:
         # What the server said when it last refused to acknowledge or set aside messages at the
         # source; None again once that works for every message it refused.
         self.source_error: str | None = None
+        self._refusal_said_at = float("-inf")  # monotonic: when the refusal was last logged
         # Whether messages marked `_DONE_FLAG` or `_FAILED_FLAG` wait for their acknowledgement
         # (None: not known in this session yet, so looked for), and when to try them again.
         self._held_at_source: bool | None = None
@@ -1289,9 +1293,14 @@ class MailboxWatcher:
 
     def _source_refused(self, what: str, uids: Sequence[int], error: ImapError, afterwards: str) -> None:
         """The server refused to acknowledge or set aside `uids`: said (a WARNING when the
-        refusal is new), counted, and the mailbox degraded until it works."""
+        refusal is new; the same again, at INFO, once per `_HELD_RETRY`, however many groups of
+        handoffs it refuses meanwhile), counted, and the mailbox degraded until it works."""
         self._metrics.inbound_errors.labels(self.config.name).inc()
-        text = f"cannot {what} messages at the source: {redact(str(error))}"
+        text = f"cannot {what} messages at the source: {redact(_SERVER_TIMING.sub('', str(error)))}"
+        now = time.monotonic()
+        if text == self.source_error and now - self._refusal_said_at < _HELD_RETRY:
+            return
+        self._refusal_said_at = now
         if text != self.source_error:
             _log.warning("mailbox %s: cannot %s UIDs %s: %s; %s", self.config.name, what, uid_set(uids), error,
                          afterwards)  # fmt: skip
