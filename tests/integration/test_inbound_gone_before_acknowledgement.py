@@ -33,11 +33,10 @@ def test_messages_expunged_by_another_client_during_their_handoff_do_not_degrade
     tmp_path: Path, dovecot: Dovecot, gone: int
 ) -> None:
     box = imap_mailbox(dovecot, "hook", after_delivery="move", move_to="Processed", concurrency=4)
+    uids = dovecot.append("app", [customer_mail(i) for i in range(4)])  # all found by the first search
     with WebhookApp() as app:
         app.hold("")
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
-            wait_until(lambda: mailbox_health(node)["status"] == "ok", 20)
-            uids = dovecot.append("app", [customer_mail(i) for i in range(4)])
             wait_until(lambda: app.started == 4, 20)  # the four under way, held
             _expunge(dovecot, uids[:gone])  # another client removes some (or all) meanwhile
             app.release("")

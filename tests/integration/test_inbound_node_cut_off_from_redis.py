@@ -37,11 +37,11 @@ def _handoffs_in_flight_at_a_cut_off_node(
     """Node mx-a (through a proxy to Redis) with 4 handoffs held in the application, and mx-b."""
     redis_in_use_for_a_while(redis_server)
     app.hold("mx-a")
+    dovecot.append("app", [customer_mail(i) for i in range(_COUNT)])  # all found by mx-a's first search
     with (
         TcpProxy(redis_server.port) as proxy,
         _node(tmp_path, "mx-a", proxy.url, app, dovecot) as cut_off,
     ):
-        dovecot.append("app", [customer_mail(i) for i in range(_COUNT)])
         wait_until(lambda: app.started == 4, 20)
         with _node(tmp_path, "mx-b", redis_server.url, app, dovecot):
             try:

@@ -35,8 +35,10 @@ def _handed_over_while_dovecot_and_redis_were_away(
     once the pause after the loss is over. `others`: more nodes watching the mailbox."""
     redis_in_use_for_a_while(redis_server)
     app.hold("mx-a")
+    # Appended before the node starts: its first search finds them all (one that raced the
+    # appends could find three, and hand over only those).
+    dovecot.append("app", [customer_mail(i) for i in range(_COUNT)])
     with _node(tmp_path, "mx-a", redis_server, app, dovecot) as node, contextlib.ExitStack() as stack:
-        dovecot.append("app", [customer_mail(i) for i in range(_COUNT)])
         wait_until(lambda: app.started >= 4, 30)  # `concurrency` handoffs under way, held
         for n in range(others):  # (started now: mx-a took the first batch)
             stack.enter_context(_node(tmp_path, f"mx-{n}", redis_server, app, dovecot))
