@@ -17,7 +17,9 @@ HOST = "127.0.0.1"
 class TcpProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`server_port`. `cut()` closes every connection
     through it and refuses new ones (as a host cut off would: connection refused); `restore()`
-    accepts again on the same port."""
+    accepts again on the same port. `freeze()` drops whatever goes through, either way, while
+    every connection stays open and new ones are accepted (packets dropped, not refused: each
+    call waits out its timeout); `thaw()` forwards again."""
 
     def __init__(self, server_port: int) -> None:
         self.server_port = server_port
@@ -25,6 +27,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
+        self._frozen = False
 
     @property
     def url(self) -> str:
@@ -47,6 +50,12 @@ class TcpProxy:
         with self._lock:
             self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    def thaw(self) -> None:
+        self._frozen = False
 
     def cut(self) -> None:
         with self._lock:
@@ -81,7 +90,8 @@ class TcpProxy:
     def _pump(self, source: socket.socket, destination: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                destination.sendall(data)
+                if not self._frozen:
+                    destination.sendall(data)
         for sock in (source, destination):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

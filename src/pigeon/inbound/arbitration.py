@@ -13,7 +13,8 @@ Claiming is `SET key c:... NX PX lease` done in a script, so that a key in backo
 has come can be claimed in the same step and the attempt count survives. Renewing, marking
 done, failed or in backoff, and releasing all compare the value with the holder's own first
 (compare-and-set), so a holder whose lease expired can never overwrite a new owner. A renewal
-that finds the key gone (Redis restarted empty) puts the claim back. Each script takes a
+that finds the key gone (Redis restarted empty) puts the claim back; so does a holder's done mark
+on what it has not acknowledged at the source yet (`restore_done`). Each script takes a
 whole batch of keys and decides for each exactly as it would alone: one call per batch, not
 one per message, which was most of the CPU a node spent per message.
 
@@ -131,6 +132,9 @@ class Claim:
     # Settled (done, say) after another node had taken it over, our heartbeat having run out
     # meanwhile: that node, as logs name it (its name with its token, or the token).
     taken_by: str = ""
+    # Marking it done (or failed, or in backoff) did not reach Redis: whether another node took
+    # it over meanwhile cannot be told from here.
+    unsettled: bool = False
 
     @property
     def previous_node(self) -> str:
@@ -380,6 +384,11 @@ class Arbiter:
 
     async def release(self, claims: Sequence[Claim]) -> None:
         raise NotImplementedError
+
+    async def restore_done(self, claims: Sequence[Claim]) -> None:
+        """Put back this node's done marks on `claims` (handed over, not yet acknowledged at
+        the source) where the shared store lost them; one another node holds now is left to it.
+        Nothing to do in memory (`LocalArbiter`), which loses nothing this process does not."""
 
     async def close(self) -> None:
         pass
@@ -651,6 +660,14 @@ class RedisArbiter(Arbiter):
         # clocks agreeing to a second is all it needs.
         now = time.time()
         await self._settle_all([(c, f"b:{c.attempts + 1}:{int((now + delay) * 1000)}") for c, delay in claims])
+
+    async def restore_done(self, claims: Sequence[Claim]) -> None:
+        if not claims:
+            return
+        # The renewal script does it: a mark still ours lasts `DONE_TTL` again, a vanished one
+        # is put back, another node's is left alone.
+        args = [str(int(DONE_TTL * 1000)), *(f"d:{self.token}" for _ in claims)]
+        await self._run([(self._renew, [c.key for c in claims], args)])
 
     async def release(self, claims: Sequence[Claim]) -> None:
         if not claims:

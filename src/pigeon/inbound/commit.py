@@ -97,6 +97,9 @@ class Accepted:
     message: InboundMessage
     answer: Handoff
     duration: float | None = None
+    # Accepted when its claim may not have been ours any more (our heartbeat may have run out):
+    # another node may have taken it over, and handed the message over too.
+    lapsed: bool = False
 
 
 class Commits:

@@ -237,6 +237,16 @@ class ImapSession:
                 continue  # not a SEARCH line (an untagged EXISTS, say)
         return uids
 
+    async def present(self, uids: Sequence[int]) -> list[int]:
+        """Which of `uids` are still in the folder. A NOOP first: a message another session
+        expunged may linger in this session's view until the server tells it (and a command
+        on it is refused meanwhile: `NO [EXPUNGEISSUED]`)."""
+        if not uids:
+            return []
+        await self._run(self._client.protocol.simple_command("NOOP"), "NOOP")
+        wanted = set(uids)
+        return [uid for uid in await self.search(f"UID {uid_set(uids)}") if uid in wanted]
+
     async def sizes(self, uids: Sequence[int], *, unless: Sequence[str] = ()) -> dict[int, int]:
         """Sizes by UID of the messages still there and carrying none of the flags `unless`."""
         skip = {flag.lower() for flag in unless}

@@ -12,7 +12,8 @@ One round:
     part of the work unseen by the application (a Maildir's files in tmp/: `_prepare`);
     one batch handed over at a time;
  5. each accepted handoff has its claim marked done at once, and is committed with the
-    handoffs that completed meanwhile (`commit`): their InboundDelivery records written to
+    handoffs that completed meanwhile (`commit`), without waiting for the mark while the claim
+    is surely ours (`_settle_accepted`): their InboundDelivery records written to
     the log file, then the messages acknowledged at the source (\\Seen, move, or delete and
     expunge), one IMAP command per group; the log is fsynced once per batch, in the
     background. What the target refused for now is given back with a backoff every node
@@ -48,6 +49,11 @@ the node that takes over to acknowledge only); a node killed with Redis, at most
 A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its handoffs in flight
 may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
 recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the same dedupe key.
+
+A node never hands over again what it handed over itself and has not acknowledged at the source
+yet (`_unacked`): not when its session was lost before the acknowledgement, nor when Redis lost
+the done marks meanwhile. It acknowledges them first thing in its next session, and puts their
+done marks back, as its claims, when Redis lost its data (so other nodes leave them alone).
 
 Every handoff has its InboundDelivery record across kill -9: the record is in the log file
 (written: the kernel has it, whatever becomes of this process) before the message is
@@ -129,6 +135,9 @@ _HELD_RETRY: Final = 30.0  # seconds between tries of the acknowledgements the s
 # ... and between looks, when none is known to wait, for what another node left half done (see
 # `_acknowledge`): a node killed between flagging \Deleted and expunging may never come back.
 _LEFTOVERS_EVERY: Final = 300.0
+# What Dovecot adds to each tagged answer, "(0.001 + 0.000 secs)": left out where refusals are
+# compared, or each would be a new one.
+_SERVER_TIMING: Final = re.compile(r"\s*\(\d+\.\d+(?: \+ \d+\.\d+)* secs\)")
 
 
 def _chunks(uids: list[int], size: int) -> list[list[int]]:
@@ -208,6 +217,12 @@ class MailboxWatcher:
         self._elsewhere: dict[int, float] = {}  # UID: monotonic time to ask about it again
         self._settled_before: set[int] = set()  # UIDs found done/failed by another node once
         self._orphans: dict[str, Claim] = {}  # done marks taken from dead nodes, not yet recorded
+        # What this node handed over (or recovered for a dead node) and has not acknowledged at
+        # the source yet, by claim key: never handed over again, whatever Redis says (it may have
+        # lost the done marks) and across sessions (one lost before the acknowledgement). The
+        # first round of each session acknowledges them (`_retry_held`); a lapse of our
+        # heartbeat (Redis lost its data, say) puts their done marks back (`_renew_forever`).
+        self._unacked: dict[str, Claim] = {}
         self._known_sizes: dict[int, int] = {}  # UID: size, in `_sizes_session`'s folder
         self._sizes_session: ImapSession | None = None
         self._dones: GroupCommit[Claim] = GroupCommit(self._mark_done)  # marked as soon as accepted
@@ -234,6 +249,7 @@ class MailboxWatcher:
         # What the server said when it last refused to acknowledge or set aside messages at the
         # source; None again once that works for every message it refused.
         self.source_error: str | None = None
+        self._refusal_said_at = float("-inf")  # monotonic: when the refusal was last logged
         # Whether messages marked `_DONE_FLAG` or `_FAILED_FLAG` wait for their acknowledgement
         # (None: not known in this session yet, so looked for), and when to try them again.
         self._held_at_source: bool | None = None
@@ -618,6 +634,8 @@ class MailboxWatcher:
             await self._give_back([c for c in taken + claimed if self.held.get(c.key) is c])
             self._between_batches.set()
         if done:
+            # Our own handoffs that Redis forgot (claimed again just now): done marks again.
+            await self._mark_done([c for c in done if c.standing is Standing.CLAIMED])
             await self._acknowledge(session, [c.uid for c in done])
         if failed:
             await self._fail_at_source(session, [c.uid for c in failed])
@@ -631,6 +649,12 @@ class MailboxWatcher:
         taken: collections.Counter[str] = collections.Counter()
         for claim in answers:
             standing = claim.standing
+            if claim.key in self._unacked:
+                # Handed over by us and not acknowledged yet (its record written): whatever Redis
+                # says now (a claim: it lost the done mark), acknowledged, never handed over again.
+                # A claim is made a done mark again first (`_round`).
+                done.append(claim)
+                continue
             if standing is Standing.DONE and claim.key in self._orphans:
                 claim = self._orphans[claim.key]  # taken over earlier and not recorded yet
                 standing = claim.standing
@@ -962,16 +986,47 @@ class MailboxWatcher:
         return list(await asyncio.gather(*(one(c, m) for c, m in ready)))
 
     async def _settle_accepted(self, accepted: list[Accepted], commits: Commits) -> None:
-        """Mark the claims done at once (the time between the target accepting and the claim
-        saying so is when a node's death alone makes a duplicate: one Redis round trip, shared
-        by what completed meanwhile), then commit the handoffs with whatever else completed."""
-        claims = [a.claim for a in accepted]
+        """Mark the claims done at once, and commit the handoffs (records, then acknowledgement
+        at the source) with whatever else completed meanwhile: the time between the target
+        accepting and the claim or the source saying so is when a node's death alone makes a
+        duplicate.
+
+        A handoff accepted while its claim is surely ours (`Arbiter.holds`: our heartbeat
+        cannot have run out, so no node can have taken it over) is committed without waiting
+        for its done mark: its acknowledgement never waits on a Redis slow to answer, or not
+        answering at all (cut off from it, a node would acknowledge only after its timeouts,
+        when another node may have taken the claim over and handed the message over again).
+
+        One accepted after our heartbeat may have run out is marked done first, which tells
+        whether another node took it over (`Claim.taken_by`), then committed; when Redis cannot
+        tell (it does not answer), it is said and recorded as possibly repeated all the same."""
         if accepted:
             self._target_cleared("target %s accepts messages again")
+        for item in accepted:
+            self.held.pop(item.claim.key, None)  # marked done: nothing left to renew
+            self._unacked[item.claim.key] = item.claim
+            item.lapsed = not self._arbiter.holds(item.claim)
+        sure = [a for a in accepted if not a.lapsed]
+        unsure = [a for a in accepted if a.lapsed]
+        steps: list[Awaitable[None]] = []
+        if sure:
+            steps += (self._dones.add([a.claim for a in sure]), commits.add(sure))
+        if unsure:
+            steps.append(self._settle_lapsed(unsure, commits))
+        await asyncio.gather(*steps)
+
+    async def _settle_lapsed(self, accepted: list[Accepted], commits: Commits) -> None:
+        """Handoffs accepted after our heartbeat may have run out (see `_settle_accepted`)."""
+        claims = [a.claim for a in accepted]
+        if self._arbiter.outage() is None:
+            await self._dones.add(claims)  # (sets `taken_by`, or `unsettled` when Redis went away)
+            await commits.add(accepted)
+            return
+        # Redis does not answer now: nothing would tell before its timeouts, and the message waits
+        # at the source meanwhile, where another node may find it.
         for claim in claims:
-            self.held.pop(claim.key, None)  # marked done: nothing left to renew
-        await self._dones.add(claims)
-        await commits.add(accepted)
+            claim.unsettled = True
+        await asyncio.gather(self._dones.add(claims), commits.add(accepted))
 
     async def _commit(self, session: ImapSession, group: list[Accepted]) -> None:
         """Write a group of accepted handoffs' records to the log file, then acknowledge the
@@ -983,8 +1038,11 @@ class MailboxWatcher:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
             recovered_from = claim.previous if claim.standing is Standing.ORPHANED else None
+            repeated = bool(claim.taken_by) or (accepted.lapsed and claim.unsettled)
             if claim.taken_by:
                 self._warn_taken_over(claim, message)
+            elif repeated:
+                self._warn_maybe_taken_over(claim, message)
             record = self._record(
                 InboundDelivery,
                 claim,
@@ -993,13 +1051,14 @@ class MailboxWatcher:
                 duration=duration,
                 acknowledged=action,
                 recovered_from=recovered_from,
-                repeated_by_takeover=bool(claim.taken_by),
+                repeated_by_takeover=repeated,
             )
             self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
         self._log.flush()  # in the file: what the death of this process cannot take back
         for accepted in group:
             self._orphans.pop(accepted.claim.key, None)
+            self._unacked[accepted.claim.key] = accepted.claim  # (a recovered one: ours now)
         await self._acknowledge(session, [a.claim.uid for a in group])
 
     def _warn_taken_over(self, claim: Claim, message: InboundMessage) -> None:
@@ -1012,6 +1071,15 @@ class MailboxWatcher:
                      message.message_id or "none", self.identity, self.target.name, claim.taken_by, BEAT_TTL,
                      message.dedupe_key)  # fmt: skip
 
+    def _warn_maybe_taken_over(self, claim: Claim, message: InboundMessage) -> None:
+        """The target accepted a message after this node's heartbeat may have run out, and Redis
+        did not answer to tell whether another node took its claim over meanwhile."""
+        _log.warning("mailbox %s: UID %d (Message-ID %s) of %s was accepted by %s after this node's heartbeat may have "
+                     "run out (Redis does not answer: this node cannot tell whether another took its claim over): it "
+                     "may have reached the application twice, with the same dedupe key %s", self.config.name,
+                     claim.uid, message.message_id or "none", self.identity, self.target.name,
+                     message.dedupe_key)  # fmt: skip
+
     async def _mark_done(self, claims: list[Claim]) -> None:
         if not claims:
             return
@@ -1020,6 +1088,8 @@ class MailboxWatcher:
         except ArbitrationUnavailable as error:
             # Delivered is delivered: acknowledge at the source regardless, which is what keeps
             # the message from being handed over again. Said once an outage, not at every batch.
+            for claim in claims:
+                claim.unsettled = True
             if not self._unmarked:
                 _log.warning("mailbox %s: could not mark handoffs done (they are acknowledged at the source all "
                              "the same): %s", self.config.name, error)  # fmt: skip
@@ -1121,14 +1191,23 @@ class MailboxWatcher:
         # EXPUNGE (killed, or the server gone) leaves a message that says it was handed over,
         # and the next session (this node's or another's) finishes the job.
         copy_marks = f"{_DONE_FLAG} {_COPIED_FLAG}"
+        act: Callable[[Sequence[int]], Awaitable[None]]
         if config.after_delivery == "move" and config.move_to:
             folder = config.move_to
-            act = session.delete(uids, marks=copy_marks) if copied else session.move(uids, folder, marks=copy_marks)
+            if copied:
+                act = functools.partial(session.delete, marks=copy_marks)
+            else:
+                act = functools.partial(session.move, folder=folder, marks=copy_marks)
         elif config.after_delivery == "delete":
-            act = session.delete(uids, marks=_DONE_FLAG)
+            act = functools.partial(session.delete, marks=_DONE_FLAG)
         else:
-            act = session.flag(uids, "\\Seen")
-        if not await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG):
+            act = functools.partial(session.flag, flags="\\Seen")
+        outcome = await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG)
+        if outcome != "refused":  # acknowledged, or flagged so that no search finds it again
+            prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
+            for uid in uids:
+                self._unacked.pop(f"{prefix}{uid}", None)
+        if outcome != "done":
             return False
         self._acknowledged = True
         self._answered()
@@ -1144,28 +1223,54 @@ class MailboxWatcher:
         as configured."""
         folder = self.config.failed_folder
         if not folder:
-            return await self._at_source(session, uids, "set aside", session.flag(uids, f"\\Seen {_FAILED_FLAG}"), None)
+            act = functools.partial(session.flag, flags=f"\\Seen {_FAILED_FLAG}")
+            return await self._at_source(session, uids, "set aside", act, None) == "done"
         marks = f"{_FAILED_FLAG} {_COPIED_FLAG}"  # (see `_acknowledge`)
-        act = session.delete(uids, marks=marks) if copied else session.move(uids, folder, marks=marks)
-        return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}")
+        if copied:
+            act = functools.partial(session.delete, marks=marks)
+        else:
+            act = functools.partial(session.move, folder=folder, marks=marks)
+        return await self._at_source(session, uids, "set aside", act, f"\\Seen {_FAILED_FLAG}") == "done"
 
     # --- acknowledgements the server refuses --------------------------------------------------
     async def _at_source(
-        self, session: ImapSession, uids: Sequence[int], what: str, act: Awaitable[None], mark: str | None
-    ) -> bool:
+        self,
+        session: ImapSession,
+        uids: Sequence[int],
+        what: str,
+        act: Callable[[Sequence[int]], Awaitable[None]],
+        mark: str | None,
+    ) -> str:
         """Do `act` at the source for `uids` (an acknowledgement, or setting aside). When the
         server refuses it (a full or read-only folder, a label that is missing), the messages
         are flagged `mark` instead, a keyword the search leaves out: whatever becomes of their
         done marks, they are not handed over again. The mailbox is degraded, and the act tried
-        again later (`_retry_held`). A lost session raises, as any command. True when done."""
+        again later (`_retry_held`). A lost session raises, as any command. "done" when done,
+        "flagged" when flagged `mark` instead, "refused" when neither.
+
+        A message gone from the folder (expunged by another client, or moved by a node that took
+        it over) needs nothing done: a refusal because some are (`NO [EXPUNGEISSUED]`) is no
+        refusal, and `act` is done again for the others, once."""
         try:
-            await act
+            try:
+                await act(uids)
+            except ImapError as error:
+                if session.lost or "EXPUNGEISSUED" not in str(error).upper():
+                    raise
+                present = await session.present(uids)
+                if len(present) == len(uids):
+                    raise
+                _log.info("mailbox %s: UIDs %s are gone from %s already: nothing to %s there", self.config.name,
+                          uid_set(set(uids) - set(present)), self.config.folder, what)  # fmt: skip
+                uids = present
+                await act(uids)
         except ImapError as error:
             if session.lost:
                 raise
             if mark is not None and isinstance(error, CopiedOnly):  # in its destination already: only removal is due
                 mark = f"{mark} {_COPIED_FLAG}"
             afterwards = "tried again next round"
+            flagged = False
             if mark is not None:
                 try:
                     await session.flag(uids, mark)
@@ -1176,20 +1281,26 @@ class MailboxWatcher:
                     # found in the folder: each claim that finds one makes it last.
                     afterwards = f"nor can they be flagged {mark} ({again}); tried again next round"
                 else:
+                    flagged = True
                     self._held_at_source = True
                     self._held_retry_at = time.monotonic() + _HELD_RETRY
                     every = f"{_HELD_RETRY:.0f}s"
                     afterwards = f"flagged {mark} instead, so as not to be handed over again; tried again every {every}"
             self._source_refused(what, uids, error, afterwards)
-            return False
+            return "flagged" if flagged else "refused"
         self._source_works()
-        return True
+        return "done"
 
     def _source_refused(self, what: str, uids: Sequence[int], error: ImapError, afterwards: str) -> None:
         """The server refused to acknowledge or set aside `uids`: said (a WARNING when the
-        refusal is new), counted, and the mailbox degraded until it works."""
+        refusal is new; the same again, at INFO, once per `_HELD_RETRY`, however many groups of
+        handoffs it refuses meanwhile), counted, and the mailbox degraded until it works."""
         self._metrics.inbound_errors.labels(self.config.name).inc()
-        text = f"cannot {what} messages at the source: {redact(str(error))}"
+        text = f"cannot {what} messages at the source: {redact(_SERVER_TIMING.sub('', str(error)))}"
+        now = time.monotonic()
+        if text == self.source_error and now - self._refusal_said_at < _HELD_RETRY:
+            return
+        self._refusal_said_at = now
         if text != self.source_error:
             _log.warning("mailbox %s: cannot %s UIDs %s: %s; %s", self.config.name, what, uid_set(uids), error,
                          afterwards)  # fmt: skip
@@ -1232,7 +1343,7 @@ class MailboxWatcher:
         if config.failed_folder:
             kinds.append((f"UNDELETED KEYWORD {_FAILED_FLAG} NOT KEYWORD {_COPIED_FLAG}", aside))
             kinds.append((f"KEYWORD {_FAILED_FLAG} KEYWORD {_COPIED_FLAG}", functools.partial(aside, copied=True)))
-        held, found = False, 0
+        held, found = not await self._acknowledge_unacked(session), 0
         for criteria, act in kinds:
             uids = await session.search(criteria)
             found += len(uids)
@@ -1249,6 +1360,23 @@ class MailboxWatcher:
         if not held:
             self._held_retry_at = time.monotonic() + _LEFTOVERS_EVERY
         self._source_works()
+
+    async def _acknowledge_unacked(self, session: ImapSession) -> bool:
+        """Acknowledge what this node handed over and could not acknowledge yet (its session
+        was lost in between, say): before anything is claimed, so that neither this node nor
+        another hands it over again, whatever Redis remembers. True when none is left."""
+        prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
+        stale = [key for key in self._unacked if not key.startswith(prefix)]
+        for key in stale:  # a new UIDVALIDITY: those UIDs name nothing any more
+            del self._unacked[key]
+        uids = sorted(claim.uid for claim in self._unacked.values())
+        if not uids:
+            return True
+        _log.info("mailbox %s: acknowledging %d messages handed over before at the source: UIDs %s",
+                  self.config.name, len(uids), uid_set(uids))  # fmt: skip
+        for chunk in _chunks(uids, self.config.batch):
+            await self._acknowledge(session, chunk)
+        return not self._unacked
 
     def _warn_plain_expunge(self, session: ImapSession) -> None:
         """Without UIDPLUS, removing a message takes a plain EXPUNGE, which also removes every
@@ -1312,19 +1440,30 @@ class MailboxWatcher:
     async def _renew_forever(self) -> None:
         """Every third of a lease, and at once when our heartbeat was found to have lapsed (a
         claim may have been taken over meanwhile, or lost with Redis's data: this puts it
-        back, or finds it `lost`)."""
+        back, or finds it `lost`). After a lapse, the done marks of what this node handed over
+        and has not acknowledged yet are put back too (`_unacked`): other nodes must not take
+        those for new mail once the pause after Redis's data loss ends."""
         interval = max(0.1, self.config.lease / 3)
         pause = interval
+        restore = False  # done marks to put back (a lapse was seen; not done yet)
         while True:
             lapse = self._arbiter.lapse_signal()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lapse.wait(), pause)
+            restore = restore or lapse.is_set()
             pause = interval
             claims = list(self.held.values())
-            if not claims:
+            dones = list(self._unacked.values()) if restore else []
+            if not claims and not dones:
+                restore = False
                 continue
             try:
-                await self._arbiter.renew(claims, self.config.lease)
+                if claims:
+                    await self._arbiter.renew(claims, self.config.lease)
+                if dones:
+                    await self._arbiter.restore_done(dones)
+                restore = False
             except ArbitrationUnavailable as error:
-                _log.warning("mailbox %s: cannot renew %d claims: %s", self.config.name, len(claims), error)
+                _log.warning("mailbox %s: cannot renew %d claims (%d done marks): %s", self.config.name, len(claims),
+                             len(dones), error)  # fmt: skip
                 pause = min(1.0, interval)  # again soon, not a third of a lease later

@@ -255,6 +255,7 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
     # True when another node took the claim over while this node handed the message over (this
     # node's heartbeat ran out meanwhile: stopped or stalled): the other node may have handed it
     # over too, so the application may have got it twice (same dedupe key). Logged as a WARNING.
+    # Also when it may have been: the heartbeat may have run out, and Redis did not answer to tell.
     repeated_by_takeover: bool = False
 
 
