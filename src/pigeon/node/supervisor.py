@@ -1100,5 +1100,14 @@ async def _while_client_stays(request: web.Request, forwarding: Awaitable[web.Re
                 if task.cancelled():  # (an answer that came meanwhile is given as any other)
                     return web.Response(status=499, text="client gone")  # no one hears it
     finally:
-        task.cancel()  # (this handler cancelled: a stop)
+        if not task.done():  # this handler cancelled (a stop): the forward goes with it
+            task.cancel()
+            task.add_done_callback(_retrieved)
     return task.result()
+
+
+def _retrieved(task: asyncio.Future[web.Response]) -> None:
+    """Take a forward's ending that no one waits for any more (its error, if any, was the
+    stop's doing), so that asyncio does not report it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
