@@ -259,6 +259,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "under the same id is the same rule (200, already: true)",
         {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
     )
+    id_not_free = _response(
+        "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule. "
+        "An id names one thing: leave it out, or give one of your own that no rule has",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
+    )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
     rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
     made_due = _object(
@@ -480,6 +485,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     }
     for making in ("/api/v1/admin/bounce", "/api/v1/admin/suspend"):
         paths[making]["post"]["responses"]["409"] = id_taken
+    # A one-off (retry, rebind) under a live rule's id is refused too (`rules.refuse_operation_id`).
+    for one_off in ("/api/v1/admin/retry", "/api/v1/admin/rebind"):
+        paths[one_off]["post"]["responses"]["409"] = id_not_free
     return paths
 
 
