@@ -144,8 +144,8 @@ _BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)
 def _tighten_inject_request(components: dict[str, Any]) -> None:
     """What an injection's checks (`compose.check_request`) refuse that its types do not say:
     a NUL in any text (a CR or LF too in what goes into a header as it is), parts with nothing
-    to send, and raw content in base64 (`content_encoding`) that is not base64, or is said to be
-    a template."""
+    to send, an attachment's data in base64 that is not base64, and raw content in base64
+    (`content_encoding`) that is not base64, or is said to be a template."""
     text = [("Parts", "subject"), ("Parts", "text"), ("Parts", "html"), ("Address", "name")]
     text += [("InjectRecipient", "name"), ("InjectRequest", "content")]
     as_is = [("Attachment", "file_name"), ("Attachment", "content_id")]
@@ -156,6 +156,8 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
             assert len(strings) == 1, (name, member)
             strings[0]["pattern"] = pattern
     components["Parts"]["properties"]["headers"]["additionalProperties"]["pattern"] = _NO_NUL
+    components["Attachment"]["if"] = {"properties": {"base64": {"const": True}}, "required": ["base64"]}
+    components["Attachment"]["then"] = {"properties": {"data": {"type": "string", "pattern": _BASE64}}}
     # Something to send: a text, an html or an attachment ("parts need ..."; null is left out).
     components["Parts"]["anyOf"] = [
         {"required": ["text"], "properties": {"text": {"type": "string"}}},
