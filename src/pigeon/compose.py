@@ -19,7 +19,6 @@ document describes exactly what the server accepts.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime
 import email.utils
 import re
@@ -262,7 +261,7 @@ def check_request(
             if attachment.base64:
                 try:
                     base64.b64decode(attachment.data, validate=True)
-                except binascii.Error as error:
+                except ValueError as error:  # binascii.Error, or a character beyond ASCII
                     raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
             _check_parameters(attachment, f"{where}.content_type")
             # Folded between its parameters at worst: each must fit a line of its own.
@@ -386,7 +385,7 @@ def encoded_content(request: InjectRequest) -> bytes:
     assert isinstance(request.content, str)
     try:
         return base64.b64decode(request.content, validate=True)
-    except binascii.Error as error:
+    except ValueError as error:  # binascii.Error, or a character beyond ASCII
         raise ComposeError(f"not base64: {error}", "$.content") from None
 
 

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -20,13 +20,13 @@ from tests.support.sinks import ScriptedSink, delivery_config
 TOKEN = "conformance-token-0123456789"
 
 
-def _schemathesis(pigeon: PigeonProcess, *options: str) -> subprocess.CompletedProcess[str]:
+def _schemathesis(pigeon: PigeonProcess, seed: int, *options: str) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     assert binary, "schemathesis is a test dependency: ./scripts/test installs it"
     command = [
         binary, "run", f"http://127.0.0.1:{pigeon.http_port}/api/openapi.json",
         "--header", f"Authorization: Bearer {TOKEN}",
-        "--checks", "all", "--suppress-health-check", "all", "--seed", "7", "--no-color", *options,
+        "--checks", "all", "--suppress-health-check", "all", "--seed", str(seed), "--no-color", *options,
     ]  # fmt: skip
     # Each regex strategy built once per run, not once per operation (tests/support/schemathesis_hooks.py).
     environment = {
@@ -44,22 +44,33 @@ def _node(root: Path, sink: ScriptedSink) -> PigeonProcess:
     return PigeonProcess(root, http={"token": tokens}, log={"level": "warning"}, **delivery_config(sink.endpoint))
 
 
-# About 25 s of schemathesis's CPU (a minute and a half before its regex strategies were shared);
-# on a 2-core runner shared with 3 other test workers it once took 285 s: the usual 300 s would
-# fail it for the machine's load, not for Pigeon.
+# Each seed sends other requests: one seed passing said little (seed 7 passed with the admin
+# tenant and campaign globs documented as taking control characters, which seeds 1-6 and 8-10
+# each found). So a few seeds by default, and seeds 1-10 in the slow run.
+SEEDS: Final = (2, 7)
+MORE_SEEDS: Final = tuple(seed for seed in range(1, 11) if seed not in SEEDS)
+
+
+# About 12 s of schemathesis's CPU a seed (a minute and a half before its regex strategies were
+# shared); on a 2-core runner shared with 3 other test workers it once took 285 s: the usual
+# 300 s would fail it for the machine's load, not for Pigeon.
 @pytest.mark.timeout(900)
-def test_the_api_answers_as_its_openapi_document_says(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [*SEEDS, *(pytest.param(seed, marks=pytest.mark.slow) for seed in MORE_SEEDS)])
+def test_the_api_answers_as_its_openapi_document_says(tmp_path: Path, seed: int) -> None:
     with ScriptedSink() as sink, _node(tmp_path / "node", sink) as pigeon:
-        result = _schemathesis(pigeon, "--phases", "fuzzing", "--max-examples", "3")
+        result = _schemathesis(pigeon, seed, "--phases", "fuzzing", "--max-examples", "3")
     assert result.returncode == 0, result.stdout[-6000:]
     assert "Tested: 14" in result.stdout  # every operation of the document was exercised
 
 
+# About 6 minutes of CPU a seed: seed 7 found a 409 undocumented for a retry and a rebind, and
+# parts documented as taken with nothing to send.
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_the_api_answers_as_its_openapi_document_says_at_length(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [7, 1])
+def test_the_api_answers_as_its_openapi_document_says_at_length(tmp_path: Path, seed: int) -> None:
     with ScriptedSink() as sink, _node(tmp_path / "node", sink) as pigeon:
-        result = _schemathesis(pigeon, "--phases", "coverage,fuzzing,stateful", "--max-examples", "40")
+        result = _schemathesis(pigeon, seed, "--phases", "coverage,fuzzing,stateful", "--max-examples", "40")
     assert result.returncode == 0, result.stdout[-6000:]
 
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from pigeon.queue.names import PART_PATTERN, printable_beyond_ascii
+from pigeon.queue.names import PART_PATTERN, part_refused, printable_beyond_ascii
 from pigeon.smtp.address import a_label
 
 _METAS: Final = frozenset("*?")
@@ -64,8 +64,8 @@ def api_patterns() -> dict[str, str]:
     # fnmatch's `[...]` set: "]" first ("[]]", "[!]]") is a member; a "[" with no "]" is itself.
     closed_set = r"\[(?:!?\]|![^\]]|[^!\]])[^\]]*\]"
     name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
-    no_part = PART_PATTERN.removeprefix("[^").removesuffix("]*")  # what no tenant or campaign holds
-    white = no_part.removesuffix(":@")  # white space, as Python and ECMA-262 both see it
+    no_part = part_refused()  # what no tenant or campaign holds: control and format characters too
+    white = PART_PATTERN.removeprefix("[^").removesuffix(":@]*")  # white space, as Python and ECMA-262 both see it
     return {
         "domain": host,
         "site": rf"(?:{host}|{ipv6})(?:,(?:{host}|{ipv6}))*(?::{port})?",

@@ -3,12 +3,15 @@ with the document is not told a value is fine only for the server to refuse it."
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import Any, Final
 
+import msgspec
 import pytest
 
 from pigeon import mime
+from pigeon.compose import ComposeError, InjectRequest, check_request
 from pigeon.listener.http.openapi import document
 from pigeon.queue.names import queue_part_problem
 
@@ -52,3 +55,69 @@ def test_an_attachment_s_content_type_matches_the_documented_pattern_exactly_whe
         assert not taken
     else:
         assert taken
+
+
+_ATTACHMENT: Final = {"content_type": "text/plain", "data": "hi"}
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        {},
+        {"text": None, "html": None, "attachments": []},
+        {"subject": "only a subject", "headers": {"X-A": "b"}},
+        {"text": ""},
+        {"html": "<p>hi</p>"},
+        {"text": None, "attachments": [_ATTACHMENT]},
+    ],
+)
+def test_parts_are_documented_as_needing_a_text_an_html_or_an_attachment_as_the_server_refuses(
+    parts: dict[str, Any],
+) -> None:
+    # schemathesis's seed 7, at length, sent parts of a subject alone: schema-valid, and refused
+    # (400 "parts need a text, an html or an attachment").
+    import jsonschema_rs  # schemathesis's own validator, installed with it
+
+    content = {"from": {"email": "app@example.org"}, **parts}
+    body = {"envelope_sender": "app@example.org", "recipients": [{"email": "a@example.net"}], "content": content}
+    schemas = document()["components"]["schemas"]
+    validator = jsonschema_rs.validator_for({"components": {"schemas": schemas}, **schemas["InjectRequest"]})
+    try:
+        check_request(msgspec.json.decode(json.dumps(body), type=InjectRequest))
+    except ComposeError:
+        taken = False
+    else:
+        taken = True
+    assert validator.is_valid(body) == taken
+    assert taken == bool(parts.get("text") is not None or parts.get("html") is not None or parts.get("attachments"))
+
+
+@pytest.mark.parametrize("data", ["aGk=", "", "aGk", "a\u00e9Gk=", "\x0f\u00a9\U000dedbch", "a b="])
+def test_an_attachment_in_base64_is_taken_exactly_when_its_data_matches_the_documented_pattern(data: str) -> None:
+    # schemathesis's seed 7, at length, sent an attachment in base64 whose data was "\x0f©...":
+    # schema-valid, and a 500 (b64decode raises ValueError, not binascii.Error, beyond ASCII).
+    import jsonschema_rs
+
+    attachment = {"content_type": "text/plain", "data": data, "base64": True}
+    content = {"from": {"email": "app@example.org"}, "attachments": [attachment]}
+    body = {"envelope_sender": "", "recipients": [{"email": "a@example.net"}], "content": content}
+    schemas = document()["components"]["schemas"]
+    validator = jsonschema_rs.validator_for({"components": {"schemas": schemas}, **schemas["InjectRequest"]})
+    refusal = None
+    try:
+        check_request(msgspec.json.decode(json.dumps(body), type=InjectRequest))
+    except ComposeError as refused:
+        refusal = (refused.field, str(refused).startswith("not base64"))
+    assert refusal in (None, ("$.content.attachments[0].data", True)), refusal
+    assert validator.is_valid(body) == (refusal is None) == (data in ("aGk=", ""))
+
+
+@pytest.mark.parametrize("content", ["a\u00e9Gk=", "aGk"])
+def test_raw_content_in_base64_that_is_not_base64_is_refused_naming_it(content: str) -> None:
+    body = {"envelope_sender": "", "recipients": [{"email": "a@example.net"}], "content": content}
+    request = msgspec.json.decode(
+        json.dumps({**body, "content_encoding": "base64", "template": False}), type=InjectRequest
+    )
+    with pytest.raises(ComposeError, match=r"^not base64") as refused:
+        check_request(request)
+    assert refused.value.field == "$.content"

@@ -143,8 +143,9 @@ _BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)
 
 def _tighten_inject_request(components: dict[str, Any]) -> None:
     """What an injection's checks (`compose.check_request`) refuse that its types do not say:
-    a NUL in any text (a CR or LF too in what goes into a header as it is), and raw content in
-    base64 (`content_encoding`) that is not base64, or is said to be a template."""
+    a NUL in any text (a CR or LF too in what goes into a header as it is), parts with nothing
+    to send, an attachment's data in base64 that is not base64, and raw content in base64
+    (`content_encoding`) that is not base64, or is said to be a template."""
     text = [("Parts", "subject"), ("Parts", "text"), ("Parts", "html"), ("Address", "name")]
     text += [("InjectRecipient", "name"), ("InjectRequest", "content")]
     as_is = [("Attachment", "file_name"), ("Attachment", "content_id")]
@@ -155,6 +156,14 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
             assert len(strings) == 1, (name, member)
             strings[0]["pattern"] = pattern
     components["Parts"]["properties"]["headers"]["additionalProperties"]["pattern"] = _NO_NUL
+    components["Attachment"]["if"] = {"properties": {"base64": {"const": True}}, "required": ["base64"]}
+    components["Attachment"]["then"] = {"properties": {"data": {"type": "string", "pattern": _BASE64}}}
+    # Something to send: a text, an html or an attachment ("parts need ..."; null is left out).
+    components["Parts"]["anyOf"] = [
+        {"required": ["text"], "properties": {"text": {"type": "string"}}},
+        {"required": ["html"], "properties": {"html": {"type": "string"}}},
+        {"required": ["attachments"], "properties": {"attachments": {"minItems": 1}}},
+    ]
     components["InjectRequest"]["if"] = {
         "properties": {"content_encoding": {"const": "base64"}},
         "required": ["content_encoding"],
@@ -257,6 +266,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "The id names another live rule (another kind, selector or duration): nothing was done; `rule` is that "
         "rule. A client's id only lets a request be sent again safely: the same kind, selector and duration "
         "under the same id is the same rule (200, already: true)",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
+    )
+    id_not_free = _response(
+        "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule. "
+        "An id names one thing: leave it out, or give one of your own that no rule has",
         {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
     )
     cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
@@ -480,6 +494,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     }
     for making in ("/api/v1/admin/bounce", "/api/v1/admin/suspend"):
         paths[making]["post"]["responses"]["409"] = id_taken
+    # A one-off (retry, rebind) under a live rule's id is refused too (`rules.refuse_operation_id`).
+    for one_off in ("/api/v1/admin/retry", "/api/v1/admin/rebind"):
+        paths[one_off]["post"]["responses"]["409"] = id_not_free
     return paths
 
 
