@@ -12,6 +12,7 @@ import pytest
 
 from pigeon import mime
 from pigeon.compose import ComposeError, InjectRequest, check_request
+from pigeon.header_section import end_header_section, single_fields
 from pigeon.listener.http.openapi import document
 from pigeon.queue.names import queue_part_problem
 
@@ -121,3 +122,35 @@ def test_raw_content_in_base64_that_is_not_base64_is_refused_naming_it(content: 
     with pytest.raises(ComposeError, match=r"^not base64") as refused:
         check_request(request)
     assert refused.value.field == "$.content"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "From: a@example.org\r\n\r\nHello.\r\n",
+        "Subject: hi\r\nFROM : a@example.org\r\n\r\nHello.\r\n",
+        "Subject: folded\n\tmore\nfrom:a@example.org\n",
+        "From:\r\n\r\n",
+        "Subject: hi\r\n\r\nFrom: in the body\r\n",
+        "not a field\nFrom: a@example.org\n",
+        "Subject: hi\r\n\r\nHello.\r\n",
+        "",
+        "From: a@example.org\r\n\r\nA NUL \x00\r\n",
+    ],
+)
+def test_raw_content_matches_the_documented_pattern_only_when_the_server_finds_its_from(raw: str) -> None:
+    (string,) = [s for s in _property("InjectRequest", "content")["anyOf"] if s.get("type") == "string"]
+    documented = re.search(string["pattern"], raw) is not None
+    data, end = end_header_section(raw.replace("\r\n", "\n").replace("\n", "\r\n").encode())
+    has_from = "From" in single_fields(b"\r\n" + data[:end].lower())
+    # What the document takes, the server takes (it may take more: a From further down).
+    assert not documented or (has_from and "\x00" not in raw)
+    assert documented == (
+        raw
+        in {
+            "From: a@example.org\r\n\r\nHello.\r\n",
+            "Subject: hi\r\nFROM : a@example.org\r\n\r\nHello.\r\n",
+            "Subject: folded\n\tmore\nfrom:a@example.org\n",
+            "From:\r\n\r\n",
+        }
+    )

@@ -138,6 +138,12 @@ def _spell_for_json_schema(schema: Any) -> None:
 
 _NO_NUL: Final = "^[^\\u0000]*$"
 _NO_NUL_CR_LF: Final = "^[^\\u0000\\r\\n]*$"
+# Raw content as text: a header section holding a From field (a submission without one is
+# refused, RFC 5322 3.6), fields before it in one line or folded, no NUL anywhere. A From the
+# header section holds further down, after a field this does not spell, is taken too: the
+# document promises what is surely taken.
+_FIELD_LINE: Final = "[!-9;-~]+[\\t ]*:[^\\u0000\\r\\n]*(?:\\r?\\n[\\t ][^\\u0000\\r\\n]*)*\\r?\\n"
+_RAW_WITH_FROM: Final = f"^(?:{_FIELD_LINE})*[Ff][Rr][Oo][Mm][\\t ]*:[^\\u0000]*$"
 _BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
@@ -147,7 +153,7 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
     to send, an attachment's data in base64 that is not base64, and raw content in base64
     (`content_encoding`) that is not base64, or is said to be a template."""
     text = [("Parts", "subject"), ("Parts", "text"), ("Parts", "html"), ("Address", "name")]
-    text += [("InjectRecipient", "name"), ("InjectRequest", "content")]
+    text += [("InjectRecipient", "name")]
     as_is = [("Attachment", "file_name"), ("Attachment", "content_id")]
     for pattern, members in ((_NO_NUL, text), (_NO_NUL_CR_LF, as_is)):
         for name, member in members:
@@ -156,6 +162,9 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
             assert len(strings) == 1, (name, member)
             strings[0]["pattern"] = pattern
     components["Parts"]["properties"]["headers"]["additionalProperties"]["pattern"] = _NO_NUL
+    raw = [s for s in components["InjectRequest"]["properties"]["content"]["anyOf"] if s.get("type") == "string"]
+    assert len(raw) == 1
+    raw[0]["pattern"] = _RAW_WITH_FROM
     components["Attachment"]["if"] = {"properties": {"base64": {"const": True}}, "required": ["base64"]}
     components["Attachment"]["then"] = {"properties": {"data": {"type": "string", "pattern": _BASE64}}}
     # Something to send: a text, an html or an attachment ("parts need ..."; null is left out).
