@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -510,3 +511,59 @@ async def test_an_idle_connection_makes_room_when_another_node_waits_for_the_ful
     await asyncio.sleep(1.6)  # b no longer asks: no one waits
     await a._heartbeat()
     assert not a.crowded("site:mx", 3)
+
+
+async def test_a_sweep_spares_a_lease_taken_by_a_call_sent_after_the_heartbeat(
+    make: Make, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweep's list of leases held is built before the heartbeat is sent; a lease call sent
+    # after it goes out on another of the pool's connections and may run first (a heartbeat
+    # after a give-up waits for its connection to reconnect): its lease is no leftover.
+    a = make("a")
+    await a._heartbeat()
+    first = await a.connect("site:mx", 1)
+    assert first is not None
+    a.disconnect(first)
+    await asyncio.gather(*a._releases)
+    a._gave_up += 1  # (a call given up on: the next heartbeat sweeps)
+    beat = a._beat
+
+    def slow(**call: Any) -> Any:
+        async def run() -> Any:
+            await asyncio.sleep(0.05)
+            return await beat(**call)
+
+        return run()
+
+    monkeypatch.setattr(a, "_beat", slow)
+    heartbeat = asyncio.create_task(a._heartbeat())
+    await asyncio.sleep(0)  # (its arguments are built; it waits before Redis runs it)
+    held = await a.connect("site:mx", 1)
+    assert held is not None
+    await heartbeat
+    assert a._swept == a._gave_up  # (it did sweep)
+    client = redis_server.client()
+    try:
+        assert client.zscore("t:throttle:conn:site:mx", held.member) is not None
+        assert a.keep(held, 1)
+        await a._heartbeat()
+        assert a.keep(held, 1)
+    finally:
+        client.close()
+
+
+async def test_a_node_refused_for_running_a_lower_limit_does_not_make_the_others_close_idle_connections(
+    make: Make,
+) -> None:
+    # A node with a lower limit (a reaction's effect) is refused while the others hold more
+    # than its limit: one idle connection closing elsewhere would not let it in.
+    a, b = make("a"), make("b")
+    for node in (a, b, a):
+        await node._heartbeat()
+    assert all([await a.connect("site:mx", 3), await a.connect("site:mx", 3)])
+    assert await b.connect("site:mx", 1) is None  # 2 held, over b's limit of 1
+    await a._heartbeat()
+    assert not a.crowded("site:mx", 3)
+    assert await b.connect("site:mx", 2) is None  # 2 held, b's whole limit: one end lets it in
+    await a._heartbeat()
+    assert a.crowded("site:mx", 3)

@@ -20,6 +20,9 @@ node that dies expire `LEASE` seconds later. A connection's end removes its leas
 waiting for the answer. A connection refused for a full limit sets the limit's demand key
 (`want:`, for `WANTED` seconds), which the heartbeat reads for the limits its worker holds:
 an idle connection then makes room (`crowded`), as it does when its node holds the whole limit.
+Only a refusal one connection's end would let in sets it: a node running a lower limit than
+the holders' (a reaction's effect) finds more leases than its limit, and no idle connection
+elsewhere that closes would let it in.
 
 Data loss. A Redis restarted without its data (or flushed) counts no lease, while every node's
 connections are still open: a connection waiting for a lease would take the whole limit at once,
@@ -75,7 +78,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
 import math
 import os
@@ -135,7 +137,7 @@ end
 """
 
 # KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch,
-# KEYS[3] the limit's demand (set while a caller finds it reached). ARGV: limit, member, lease
+# KEYS[3] the limit's demand (set while a caller finds it reached, not past). ARGV: limit, member, lease
 # ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the deadline (ms of
 # Redis's clock, 0 none), ms a demand lasts. {1, epoch, 0, now} if the member now holds a
 # lease; {0, epoch, ms left, now} while the epoch is not ready, or the caller's own leases are
@@ -151,8 +153,9 @@ if deadline > 0 and now > deadline then return {-1, '', 0, now} end
 local epoch, ready = epoch_of(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), now)
 if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now), now} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8]))
+local count, limit = redis.call('ZCARD', KEYS[1]), tonumber(ARGV[1])
+if count >= limit then
+  if count == limit then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8])) end
   return {0, epoch, 0, now}
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
@@ -180,10 +183,12 @@ return back + settle - now
 # lease sets of the caller's n connections, then w demand keys (of `_ACQUIRE`), then the lease
 # sets to sweep. ARGV: node, lease ms, the caller's epoch ('' none yet), a new epoch's id,
 # SETTLE ms, the deadline (ms of Redis's clock, 0 none), the prefix of the caller's members
-# ('' for no sweep), n, w, then the member in each lease set and that set's limit, then
-# members of lease calls on their way. First drops from
-# the sets to sweep every member of the caller's that is not one of those (what a call it gave
-# up on left behind). Renews the node's heartbeat and every lease Redis has; puts back one it
+# ('' for no sweep), the highest number of a member the caller had named (its members are the
+# prefix and a number), n, w, then the member in each lease set and that set's limit, then
+# members of lease calls on their way. First drops from the sets to sweep every member of the
+# caller's numbered up to that highest that is not one of those (what a call it gave up on left
+# behind; one named since is a lease call that may have run before this one, on another
+# connection to Redis). Renews the node's heartbeat and every lease Redis has; puts back one it
 # lost (or never had) only if the limit has room: {nodes with a heartbeat that has not run out,
 # the epoch, ms before leases are taken in it, now, {1 or 0: whether each demand key is set},
 # then each member not put back};
@@ -195,14 +200,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = tonumber(ARGV[6])
 if deadline > 0 and now > deadline then return {-1, '', 0, now} end
-local n, w, mine = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[7]
+local n, w, mine, named = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[7], tonumber(ARGV[8])
 if mine ~= '' then
   local held = {}
-  for i = 1, n do held[ARGV[8 + 2 * i]] = true end
-  for i = 10 + 2 * n, #ARGV do held[ARGV[i]] = true end
+  for i = 1, n do held[ARGV[9 + 2 * i]] = true end
+  for i = 11 + 2 * n, #ARGV do held[ARGV[i]] = true end
   for k = 3 + n + w, #KEYS do
     for _, member in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
-      if string.sub(member, 1, #mine) == mine and not held[member] then redis.call('ZREM', KEYS[k], member) end
+      if string.sub(member, 1, #mine) == mine and not held[member]
+        and (tonumber(string.sub(member, #mine + 1)) or 0) <= named then
+        redis.call('ZREM', KEYS[k], member)
+      end
     end
   end
 end
@@ -219,7 +227,7 @@ local wanted = {}
 for k = 3 + n, 2 + n + w do wanted[#wanted + 1] = redis.call('EXISTS', KEYS[k]) end
 local answer = {alive, epoch, math.max(0, ready - now), now, wanted}
 for i = 3, 2 + n do
-  local member, limit = ARGV[2 * i + 4], tonumber(ARGV[2 * i + 5])
+  local member, limit = ARGV[2 * i + 5], tonumber(ARGV[2 * i + 6])
   local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
   if not held then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
@@ -334,7 +342,7 @@ class ClusterThrottles(Throttles):
         self._rates_settled_at = 0.0  # ... until then (table's clock): the same moment on every node
         self.calls = 0  # Redis round trips
         self.errors = 0  # of which failed
-        self._numbers = itertools.count(1)
+        self._named = 0  # the number of the last member named (members: `_me`, then the number)
         self._holds: dict[str, Hold] = {}  # member: every connection open, shared or not
         self._epoch = ""  # of the leases in Redis this worker's are in ("": none seen yet)
         self._limits: dict[str, int] = {}  # key: the connection limit last asked with
@@ -403,7 +411,9 @@ class ClusterThrottles(Throttles):
             keys += [self._key("want:" + key) for key in wants]
             keys += [self._key("conn:" + key) for key in sweep]
             args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
-            args += [self._deadline(), f"{self._me}:" if sweep else "", len(holds), len(wants)]
+            # A lease call sent after these are built may run first, on another of the pool's
+            # connections: the sweep spares members named after them.
+            args += [self._deadline(), f"{self._me}:" if sweep else "", self._named, len(holds), len(wants)]
             for hold in holds:
                 args += [hold.member, self._limits.get(hold.key, 1)]
             if sweep:
@@ -564,7 +574,7 @@ class ClusterThrottles(Throttles):
             return self._hold(key) if self.table.acquire(key, self.share(limit)) else None
         if not self.table.acquire(key, limit):
             return None
-        hold = Hold(key, f"{self._me}:{next(self._numbers)}")
+        hold = Hold(key, self._name())
         keys = [self._key("conn:" + key), self._key("epoch"), self._key("want:" + key)]
         # (The member names a new epoch, should Redis have none: it is unique.)
         args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
@@ -610,8 +620,12 @@ class ClusterThrottles(Throttles):
             return self.table.held(key) >= self.share(limit)
         return self.table.held(key) >= limit or self._wanted.get(key, 0.0) > self.table.now()
 
+    def _name(self) -> str:
+        self._named += 1
+        return f"{self._me}:{self._named}"
+
     def _hold(self, key: str) -> Hold:
-        hold = Hold(key, f"{self._me}:{next(self._numbers)}")
+        hold = Hold(key, self._name())
         self._holds[hold.member] = hold
         return hold
 
