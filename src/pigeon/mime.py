@@ -135,7 +135,9 @@ def multipart(subtype: str, parts: list[Part]) -> Part:
 def header(name: str, value: str) -> str:
     """`Name: value` with CRLF, as encoded words when the value is not plain short ASCII."""
     value = " ".join(value.split())  # no line breaks can be smuggled into a header
-    if _PLAIN.fullmatch(value) is None:
+    # Text with "=?" in it could read back as an encoded word (RFC 2047) and be decoded into
+    # something else: it is encoded itself, as any other text that is not plain.
+    if _PLAIN.fullmatch(value) is None or "=?" in value:
         encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
         return f"{name}: {encoded}\r\n"
     if len(name) + 2 + len(value) <= _FOLD_AT:

@@ -141,3 +141,9 @@ def test_a_long_non_ascii_file_name_is_folded_with_crlf_and_reads_back() -> None
     message = _parse("", mime.multipart("mixed", [mime.text_part("x", "plain"), part]))
     (attached,) = list(message.iter_attachments())
     assert attached.get_filename() == name
+
+
+@pytest.mark.parametrize("subject", ["=??Q??=", "=?utf-8?q?not_mine?=", "price =?", "a =?x?b?AAAA?= b"])
+def test_a_subject_that_looks_like_an_encoded_word_reads_back_as_written(subject: str) -> None:
+    message = _parse(mime.header("Subject", subject), mime.text_part("x", "plain"))
+    assert message["Subject"] == subject
