@@ -289,6 +289,49 @@ def test_a_stop_while_the_next_mx_holds_its_end_of_data_reply_says_the_message_m
         assert "answered the end of data: slowend-1@example.net may be delivered twice" in site.pigeon.stderr()
 
 
+def test_a_stop_in_a_later_transaction_at_the_next_mx_keeps_what_its_earlier_one_took(tmp_path: Path) -> None:
+    # mx1 defers both; mx2 takes one recipient a transaction: grey@ is stored (250), then
+    # slowend-1@'s end of data is held past the stop. grey@ is delivered (not sent again at
+    # restart); only slowend-1@ may come twice, and its record says so.
+    with _site(tmp_path, sections={"node": {"shutdown_timeout": "1s"}}) as site:
+        site.mx[1].rcpt_reply = lambda address: GREYLISTED if address.startswith(("grey", "slowend")) else None
+        site.mx[2].max_recipients = 1
+        site.mx[2].slow = 5.0
+        _send(site.pigeon, "grey@example.net", "slowend-1@example.net")
+        wait_until(lambda: bool(site.mx[2].received) and "slowend-1@example.net" in site.mx[2].rcpt_log[2:])
+        time.sleep(0.5)  # the second transaction's content on its way, its reply held
+        assert site.pigeon.stop() == 0
+        assert [m.recipients for m in site.mx[2].received] == [["grey@example.net"]]
+        (delivery,) = site.pigeon.records("Delivery")
+        assert (delivery["recipient"], delivery["peer"]) == ("grey@example.net", site.peer(2))
+        (failure,) = site.pigeon.records("TransientFailure")
+        assert (failure["recipient"], failure["peer"]) == ("slowend-1@example.net", site.peer(2))
+        assert failure["response"]["text"].endswith("the message may be delivered twice")
+        assert "answered the end of data: slowend-1@example.net may be delivered twice" in site.pigeon.stderr()
+
+
+def test_a_stop_before_a_later_transaction_s_content_at_the_next_mx_keeps_what_its_earlier_one_took(
+    tmp_path: Path,
+) -> None:
+    # As above, but mx2 holds its answer to the second transaction's RCPT: its content never
+    # went, so slow-1@ is simply deferred (no note), and grey@, which mx2 took, is delivered.
+    with _site(tmp_path, sections={"node": {"shutdown_timeout": "1s"}}) as site:
+        site.mx[1].rcpt_reply = lambda address: GREYLISTED if address.startswith(("grey", "slow")) else None
+        site.mx[2].max_recipients = 1
+        site.mx[2].slow = 5.0
+        _send(site.pigeon, "grey@example.net", "slow-1@example.net")
+        wait_until(lambda: bool(site.mx[2].received) and "slow-1@example.net" in site.mx[2].rcpt_log[2:])
+        time.sleep(0.5)  # its RCPT unanswered
+        assert site.pigeon.stop() == 0
+        assert [m.recipients for m in site.mx[2].received] == [["grey@example.net"]]
+        (delivery,) = site.pigeon.records("Delivery")
+        assert (delivery["recipient"], delivery["peer"]) == ("grey@example.net", site.peer(2))
+        (failure,) = site.pigeon.records("TransientFailure")
+        assert failure["recipient"] == "slow-1@example.net"
+        assert "delivered twice" not in failure["response"]["text"]
+        assert "may be delivered twice" not in site.pigeon.stderr()
+
+
 class _Busy:
     """A host that greets, then answers a RCPT for qq* with 421 and hangs up."""
 

@@ -276,6 +276,27 @@ async def test_a_send_cancelled_mid_transaction_leaves_a_connection_that_is_only
         assert peer.connections[0].closed
 
 
+@on_both_loops
+async def test_a_send_cancelled_with_its_answer_read_but_not_taken_still_has_that_answer() -> None:
+    """A stop that lands after the server's 250 was read off the wire, before the task woke to
+    take it: the answer stands (a restart must not send again what the server took)."""
+    async with server() as peer:
+        connection = await connect(peer)
+        wire = connection._wire
+        task = asyncio.create_task(connection.send(message()))
+        for _ in range(100_000):  # each turn runs ahead of the task's wake-up, queued behind it
+            if wire.events or task.done():
+                break
+            await asyncio.sleep(0)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert [reply.code for reply in connection.answered_before_cut() or []] == [250]
+        assert connection.cut_short() is None
+        assert not connection.alive()
+
+
 # --- hang-ups and broken servers -------------------------------------------------------------------
 @on_both_loops
 async def test_a_421_while_idle_makes_the_connection_not_alive() -> None:

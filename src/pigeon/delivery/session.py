@@ -462,6 +462,19 @@ class ClientConnection:
             return None
         return _with_note(Reply(451, "4.4.2", (f"{self.peer} did not answer before the node stopped",)))
 
+    def answered_before_cut(self) -> list[Reply] | None:
+        """A stop cancelled `send`: the replies of its transaction if they had all come (read
+        off the wire, the task not yet woken to take them), as `send` would have taken them;
+        they stand (a restart must not send again what the server took). None if not."""
+        for event in self._wire.events:
+            if isinstance(event, TransactionDone):
+                result = event.result
+                if result.end_unanswered:  # (as in `send`: no definite no)
+                    reply = _with_note(next((r for r in result.replies if r.code == 421), _CLOSED))
+                    return [reply] * len(result.replies)
+                return list(result.replies)
+        return None
+
     def alive(self) -> bool:
         """False if the connection broke or the server closed it while it sat idle."""
         wire = self._wire

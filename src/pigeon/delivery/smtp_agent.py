@@ -157,24 +157,41 @@ class SmtpAgent:
     def _cut_short(
         self, item: Work, envelope: client.Envelope, connection: ClientConnection, done: list[Reply]
     ) -> Attempt | None:
-        """The attempt to report for a message whose transaction a stop cut short, if any: if
-        the end of its content went out, the server may have the message, and the attempt says
-        so (with a WARNING naming it). Transactions before the cut one (the server's recipient
-        limit: `done` holds what they answered) stand: only what the cut one carried is cut.
+        """The attempt to report for a message whose transaction a stop cut short, if any (see
+        `_cut_replies`). None: nothing to report (nothing went, or nothing that can have been taken)."""
+        replies = self._cut_replies(item, envelope, connection, done)
+        if replies is None:
+            return None
+        classes = self._classifier.classify_all(replies)
+        passed_on = "DSN" in connection.capabilities
+        return Attempt(replies, classes, self._site, connection.peer, connection.tls, passed_on=passed_on)
+
+    def _cut_replies(
+        self, item: Work, envelope: client.Envelope, connection: ClientConnection, done: list[Reply]
+    ) -> list[Reply] | None:
+        """Each of `envelope`'s recipients' reply when a stop cut its transaction short: if the
+        end of its content went out, the server may have the message, and the reply says so
+        (with a WARNING naming it); if the server's answer had come already (read, not yet
+        taken), it stands. Transactions before the cut one (the server's recipient limit:
+        `done` holds what they answered) stand too: only what the cut one carried is cut.
         None: nothing to report (nothing went, or nothing that can have been taken)."""
+        answered = connection.answered_before_cut()
         cut = connection.cut_short()
         count = len(envelope.recipients)
         carried = [i for i, reply in enumerate(done) if too_many_recipients(reply)] if done else list(range(count))
-        if cut is not None:
+        if answered is not None:
+            got = answered
+        elif cut is not None:
             self._warn_cut(item, [envelope.recipients[i] for i in carried], connection)
-        site, peer, tls = self._site, connection.peer, connection.tls
-        if done:
-            replies = [cut if cut is not None and i in carried else reply for i, reply in enumerate(done)]
-            classes = self._classifier.classify_all(replies)
-            return Attempt(replies, classes, site, peer, tls, passed_on="DSN" in connection.capabilities)
-        if cut is not None:
-            return Attempt.same_for_all(cut, count, "", site, peer)._replace(tls=tls)
-        return None
+            got = [cut] * len(carried)
+        elif done:
+            return list(done)  # the cut transaction's content never went: they keep their 452
+        else:
+            return None
+        replies = list(done) if done else list(got)
+        for index, reply in zip(carried, got, strict=True):
+            replies[index] = reply
+        return replies
 
     async def _next_host(self, item: Work, envelope: client.Envelope, attempt: Attempt, pending: list[int]) -> Attempt:
         """`attempt` with its 4xx recipients (`pending`, by index) tried again at another host
@@ -188,17 +205,19 @@ class SmtpAgent:
         rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in pending])
         if refusal_before_sending(rest, other.capabilities) is not None:
             return attempt  # this host cannot take it (no SMTPUTF8, too big): the 4xx stand
+        done: list[Reply] = []  # (what this host's transactions answered so far: see the stop below)
         try:
-            more, took = await _send_all(other, rest)
+            more, took = await _send_all(other, rest, done)
         except ConnectionLost as error:  # what happened last, and where, is what the records say
             more, took = [error.reply] * len(pending), 0.0
         except asyncio.CancelledError:
-            # A stop: `final` holds what the first host answered; those sent on to this host
-            # with their content's end unanswered may be delivered twice, and it says so.
-            cut = other.cut_short()
+            # A stop: `final` holds what the first host answered. What this host answered
+            # before the cut stands (its recipient limit: a transaction it took is not sent
+            # again); those cut with their content's end unanswered may be delivered twice,
+            # and it says so. No await here: this module is compiled (setup.py).
+            cut = self._cut_replies(item, rest, other, done)
             if cut is not None and self._final:
-                self._warn_cut(item, rest.recipients, other)
-                self._final[-1] = self._merged(attempt, pending, [cut] * len(pending), 0.0, other)
+                self._final[-1] = self._merged(attempt, pending, cut, 0.0, other)
             raise
         return self._merged(attempt, pending, more, took, other)
 
