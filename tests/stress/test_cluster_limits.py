@@ -106,6 +106,22 @@ def delivered(nodes: list[PigeonProcess]) -> int:
     return sum(len(n.records("Delivery")) for n in nodes)
 
 
+def all_delivered(
+    sink: ScriptedSink,
+    sources: list[subprocess.Popen[bytes]],
+    nodes: list[PigeonProcess],
+    messages: int,
+    timeout: float,
+) -> list[str]:
+    """Wait until the sink has `messages`, the injectors ended and every node logged its
+    deliveries; returns each node's stderr."""
+    sink.wait_for(messages, timeout=timeout)
+    for source in sources:
+        source.wait(60)
+    wait_until(lambda: delivered(nodes) == messages, timeout=30)
+    return [n.stderr() for n in nodes]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("messages", [3000, pytest.param(20_000, marks=pytest.mark.slow)])
 def test_two_nodes_of_two_workers_keep_to_the_sites_limits_through_a_redis_outage(
@@ -211,11 +227,7 @@ def test_two_nodes_keep_to_the_connection_limit_when_redis_loses_its_data_at_onc
                 client = redis_server.client()
                 client.flushall()
                 client.close()
-            sink.wait_for(messages, timeout=max(240, 3 * messages / RATE))
-            for source in sources:
-                source.wait(60)
-            wait_until(lambda: delivered(nodes) == messages, timeout=30)
-            logs = [n.stderr() for n in nodes]
+            logs = all_delivered(sink, sources, nodes, messages, max(240, 3 * messages / RATE))
         finally:
             for pigeon in nodes:
                 pigeon.stop()
@@ -267,11 +279,7 @@ def test_three_nodes_keep_to_the_limits_when_redis_comes_back_and_hangs_again_at
             finally:
                 redis_server.process.send_signal(signal.SIGCONT)
             woke = time.monotonic()
-            sink.wait_for(messages, timeout=3 * messages / rate)
-            for source in sources:
-                source.wait(60)
-            wait_until(lambda: delivered(nodes) == messages, timeout=30)
-            logs = [n.stderr() for n in nodes]
+            logs = all_delivered(sink, sources, nodes, messages, 3 * messages / rate)
         finally:
             for pigeon in nodes:
                 pigeon.stop()

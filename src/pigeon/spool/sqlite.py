@@ -368,19 +368,20 @@ class SqliteSpool:
 
     def disk_size(self) -> int:
         """Bytes of the spool's file system, free or not (-1 if it cannot say)."""
-        try:
-            stat = os.statvfs(self.directory)
-        except OSError:
-            return -1
-        return stat.f_blocks * stat.f_frsize
+        stat = self._file_system()
+        return -1 if stat is None else stat.f_blocks * stat.f_frsize
 
     def _free(self) -> int:
-        """Bytes an unprivileged writer may still use on the spool's file system."""
+        """Bytes an unprivileged writer may still use on the spool's file system (-1 if it
+        cannot say)."""
+        stat = self._file_system()
+        return -1 if stat is None else stat.f_bavail * stat.f_frsize
+
+    def _file_system(self) -> os.statvfs_result | None:
         try:
-            stat = os.statvfs(self.directory)
+            return os.statvfs(self.directory)
         except OSError:
-            return -1
-        return stat.f_bavail * stat.f_frsize
+            return None
 
     def close(self) -> None:
         """Finish the writes already queued, then stop. Later writes fail with SpoolClosed."""
