@@ -12,6 +12,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -395,32 +396,47 @@ def test_follow_continues_across_rotations(tmp_path: Path) -> None:
     assert ids(lines) == list(range(30))
 
 
-def test_follow_yields_records_one_by_one_when_a_burst_ends_a_segment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _followed_while_the_writer_moves(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    second_look: Callable[[LogWriter, Path], list[Path]],
+    stop_after: float,
+) -> tuple[list[bytes], int]:
+    """The six records follow() yields from a writer of three, where follow()'s second look at
+    the directory is `second_look` (what the writer does meanwhile, and what the look finds);
+    and how many looks it took."""
     log = opened_writer(tmp_path, compress=False)
     for n in range(3):
         log.write(quarantine(n))
     listings = 0
 
-    def segments_while_the_writer_rotates(directory: Path) -> list[Path]:
-        # The writer appends two records and rotates while follow() lists the directory.
+    def listing(directory: Path) -> list[Path]:
         nonlocal listings
         listings += 1
-        if listings == 2:
-            log.write(quarantine(3))
-            log.write(quarantine(4))
-            log.rotate()
-            log.write(quarantine(5))
-        return segments(directory)
+        return second_look(log, directory) if listings == 2 else segments(directory)
 
-    monkeypatch.setattr(reader_module, "segments", segments_while_the_writer_rotates)
+    monkeypatch.setattr(reader_module, "segments", listing)
     lines = []
-    for line in follow(tmp_path, poll=0.001, stop_after=0.3):
+    for line in follow(tmp_path, poll=0.001, stop_after=stop_after):
         lines.append(line)
         if len(lines) == 6:
             break
     log.close()
+    return lines, listings
+
+
+def test_follow_yields_records_one_by_one_when_a_burst_ends_a_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def the_writer_rotates(log: LogWriter, directory: Path) -> list[Path]:
+        # The writer appends two records and rotates while follow() lists the directory.
+        log.write(quarantine(3))
+        log.write(quarantine(4))
+        log.rotate()
+        log.write(quarantine(5))
+        return segments(directory)
+
+    lines, _ = _followed_while_the_writer_moves(tmp_path, monkeypatch, the_writer_rotates, stop_after=0.3)
 
     assert lines == [msgspec.json.encode(quarantine(n)) for n in range(6)]
 
@@ -429,29 +445,15 @@ def test_follow_keeps_a_writers_order_when_it_closed_two_segments_between_two_lo
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The rest of the segment being tailed comes before the segments closed after it.
-    log = opened_writer(tmp_path, compress=False)
-    for n in range(3):
-        log.write(quarantine(n))
-    listings = 0
-
-    def segments_after_two_rotations(directory: Path) -> list[Path]:
-        nonlocal listings
-        listings += 1
-        if listings == 2:
-            log.write(quarantine(3))
-            log.rotate()
-            log.write(quarantine(4))
-            log.rotate()
-            log.write(quarantine(5))
+    def two_rotations(log: LogWriter, directory: Path) -> list[Path]:
+        log.write(quarantine(3))
+        log.rotate()
+        log.write(quarantine(4))
+        log.rotate()
+        log.write(quarantine(5))
         return segments(directory)
 
-    monkeypatch.setattr(reader_module, "segments", segments_after_two_rotations)
-    lines = []
-    for line in follow(tmp_path, poll=0.001, stop_after=0.5):
-        lines.append(line)
-        if len(lines) == 6:
-            break
-    log.close()
+    lines, _ = _followed_while_the_writer_moves(tmp_path, monkeypatch, two_rotations, stop_after=0.5)
 
     assert lines == lines_of(*range(6))
 
@@ -462,16 +464,7 @@ def test_follow_goes_on_when_the_segment_it_listed_is_compressed_before_it_opens
     # Found from outside: `pigeon logs -f` with 8 KiB segments and steady traffic exited with
     # FileNotFoundError when the newest segment it had listed was rotated and gzipped before
     # it opened it. It is read from its .gz then, each record once, and the tail goes on.
-    log = opened_writer(tmp_path, compress=False)
-    for n in range(3):
-        log.write(quarantine(n))
-    listings = 0
-
-    def segments_then_the_writer_rotates_twice(directory: Path) -> list[Path]:
-        nonlocal listings
-        listings += 1
-        if listings != 2:
-            return segments(directory)
+    def listed_then_rotated_twice(log: LogWriter, directory: Path) -> list[Path]:
         log.write(quarantine(3))
         log.rotate()
         log.write(quarantine(4))
@@ -481,13 +474,7 @@ def test_follow_goes_on_when_the_segment_it_listed_is_compressed_before_it_opens
         compress_segment(listed[-1])  # as the writer's thread does, before follow() opens it
         return listed
 
-    monkeypatch.setattr(reader_module, "segments", segments_then_the_writer_rotates_twice)
-    lines = []
-    for line in follow(tmp_path, poll=0.001, stop_after=0.5):
-        lines.append(line)
-        if len(lines) == 6:
-            break
-    log.close()
+    lines, listings = _followed_while_the_writer_moves(tmp_path, monkeypatch, listed_then_rotated_twice, stop_after=0.5)
 
     assert listings > 2
     assert lines == lines_of(*range(6))
