@@ -122,6 +122,15 @@ def all_delivered(
     return [n.stderr() for n in nodes]
 
 
+def assert_connections_within(sink: ScriptedSink, limit: int, origin: float, what: str) -> None:
+    """At most `limit` connections were ever open at once; if not, say when (from `origin`, the
+    moment of `what`) and which."""
+    peak, when, at_peak = busiest_moment(sink.connections)
+    assert peak <= limit, f"{peak} connections at {when - origin:+.3f}s from {what}: " + ", ".join(
+        f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak
+    )
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("messages", [3000, pytest.param(20_000, marks=pytest.mark.slow)])
 def test_two_nodes_of_two_workers_keep_to_the_sites_limits_through_a_redis_outage(
@@ -234,10 +243,7 @@ def test_two_nodes_keep_to_the_connection_limit_when_redis_loses_its_data_at_onc
                 pigeon.kill()
 
     assert len(sink.received) == messages, "a message was lost or sent twice"
-    peak, when, at_peak = busiest_moment(sink.connections)
-    assert peak <= limit, f"{peak} connections at {when - lost:+.3f}s from Redis's loss of its data: " + ", ".join(
-        f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak
-    )
+    assert_connections_within(sink, limit, lost, "Redis's loss of its data")
     assert any("lost the connection leases" in log for log in logs)
     assert peak_connections(sink.connections, since=lost + 2 * SETTLE) == limit  # the whole limit, shared again
 
@@ -286,10 +292,7 @@ def test_three_nodes_keep_to_the_limits_when_redis_comes_back_and_hangs_again_at
                 pigeon.kill()
 
     assert len(sink.received) == messages, "a message was lost or sent twice"
-    peak, when, at_peak = busiest_moment(sink.connections)
-    assert peak <= limit, f"{peak} connections at {when - hung:+.3f}s from Redis's hang: " + ", ".join(
-        f"{c.helo} {c.opened - when:+.3f}..{c.ended - when:+.3f}" for c in at_peak
-    )
+    assert_connections_within(sink, limit, hung, "Redis's hang")
     times = [a.at for a in sink.arrivals]
     busiest, at = busiest_window(times, 1.0)
     assert busiest <= allowed(rate, 1.0, batched=True, jitter=LOADED_JITTER), (
