@@ -9,7 +9,6 @@ import collections
 import errno
 import json
 import os
-import shutil
 import signal
 import smtplib
 import sqlite3
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from pigeon.logs.reader import read_records
+from tests.support.disks import tmpfs
 from tests.support.process import PigeonProcess
 from tests.support.sinks import SmtpSink, delivery_config, wait_until
 from tests.support.tools import smtp_source
@@ -33,15 +33,8 @@ BODY = b"Subject: log durability\r\n\r\n" + b"hello\r\n" * 20
 @pytest.fixture
 def log_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs for the log only (the spool stays on the real disk). Needs root."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "logdisk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], check=True)
-    try:
+    with tmpfs(tmp_path / "logdisk", "1m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(disk: Path) -> Path:

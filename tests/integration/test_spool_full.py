@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.disks import tmpfs
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
@@ -140,15 +141,8 @@ def test_a_capped_spool_stays_under_its_cap_on_disk_and_says_up_once_delivery_ma
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 3 MiB tmpfs: a disk that really fills up (needs root, as CI has)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "3m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(tiny_disk: Path, tmp_path: Path) -> None:
@@ -369,15 +363,8 @@ def test_a_spool_refusing_declared_sizes_at_mail_says_down_and_up_again_once_del
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 12 MiB tmpfs: a disk smaller than the 16 MiB that means "room" on a large one."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount_point)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "12m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_a_small_disk_that_filled_up_says_up_once_there_is_room_without_a_message_stored(
