@@ -21,6 +21,7 @@ grows, and stops being written (its file removed) once the spool has no room lef
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -328,7 +329,10 @@ class BodyWriter:
 
 def _remove(file: BinaryIO | None, path: Path | None) -> None:
     if file is not None:
-        file.close()
+        # Closing flushes the file's buffer, which may meet the full disk again: the file is
+        # closed all the same, and it is being thrown away.
+        with contextlib.suppress(OSError):
+            file.close()
     if path is not None:
         path.unlink(missing_ok=True)
 

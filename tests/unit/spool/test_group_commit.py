@@ -18,6 +18,7 @@ from typing import BinaryIO
 import pytest
 
 from pigeon.message import ENVELOPE_DECODER, Envelope, Recipient, SpoolId, format_id, id_time, parse_id
+from pigeon.spool import body as body_module
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.commit import LINGER_AFTER
 from pigeon.spool.spool import (
@@ -309,6 +310,27 @@ def test_body_that_cannot_be_spilled_fails_at_finish_with_a_spool_error(tmp_path
     assert (caught.value.reply.code, caught.value.reply.enhanced) == (451, "4.3.0")
     assert "no-such-directory" in str(caught.value)
     assert not (tmp_path / "no-such-directory").exists()
+
+
+def test_a_body_whose_spill_file_fills_the_disk_fails_at_finish_not_mid_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a flaky test on a full tmpfs: the spill file's buffer met ENOSPC, and closing the
+    # file (to drop it) flushed the buffer into ENOSPC again, out of write() and so out of the
+    # listener's data_received: the connection dropped with no answer. /dev/full is that disk.
+    def onto_a_full_disk(path: Path, mode: str, buffering: int) -> BinaryIO:
+        assert mode == "xb"  # (a spill file)
+        return open("/dev/full", "wb", buffering=buffering)
+
+    monkeypatch.setattr(body_module, "open", onto_a_full_disk, raising=False)
+    writer = BodyWriter(SpoolId(3), tmp_path, inline_limit=10)
+    writer.write(b"x" * 20)  # spilled: held in the file's buffer
+    writer.write(b"y" * 64 * 1024)  # past the buffer: the write meets the full disk
+    writer.write(b"z" * 8)  # later writes are ignored, not raised
+
+    with pytest.raises(SpoolError) as caught:
+        writer.finish()
+    assert (caught.value.reply.code, caught.value.reply.enhanced) == (451, "4.3.0")
 
 
 def test_discarded_body_leaves_no_file(tmp_path: Path) -> None:
