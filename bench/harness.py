@@ -119,7 +119,7 @@ class Pigeon(Mta):
         compare a change with the code before it in one invocation."""
         self.name = f"pigeon ({workers} worker{'s' if workers != 1 else ''})"
         self.process = PigeonProcess(
-            workdir, source=source, node={"workers": workers}, log={"level": "warning"}, **sections
+            workdir, source=source, reserve=None, node={"workers": workers}, log={"level": "warning"}, **sections
         )
         self.process.start(wait=wait)
         self.port = self.process.smtp_port

@@ -112,7 +112,7 @@ async def per_message(messages: int) -> float:
         module.write_text(module_source("noop") or "")
         policy = Policy(str(module))
         policy.load()
-        delivery = DeliveryHooks(policy, lambda reply: "")
+        delivery = DeliveryHooks(policy, lambda reply: "", lambda message: (None, None))
         envelope = Envelope("a@src.test", [Recipient("r@sink.test")])
         message = Message(SpoolId(1), "sink.test", envelope, time.time(), 5120, SpoolId(1))
         head = b"Received: from x\r\nFrom: <a@src.test>\r\nSubject: test\r\n"

@@ -10,7 +10,7 @@ from typing import Final
 import pytest
 from hypothesis import settings
 
-from tests.support.services import Dovecot, Postgres, RedisServer
+from tests.support.services import Dovecot, Postgres, RedisServer, reachable
 
 # No per-example deadline: on a machine whose cores are all busy (the suite's 4 workers on 2
 # cores, CI), an example that takes 2 ms alone takes 200 some day, and that says nothing of the
@@ -89,8 +89,12 @@ def dovecot(tmp_path: Path) -> Iterator[Dovecot]:
 
 @pytest.fixture(scope="session")
 def postgres_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One initdb per session (~0.5 s) that each test's cluster copies (~0.05 s)."""
-    return Postgres.initdb(tmp_path_factory.mktemp("postgres-template") / "data")
+    """One initdb per session (~0.5 s) that each test's cluster copies (~0.05 s). Made outside
+    pytest's tree (`reachable`), as the servers' own files are: a pytest session starting
+    meanwhile takes back the search permission the postgres user needs there."""
+    return Postgres.initdb(
+        reachable(tmp_path_factory.mktemp("postgres-template") / "cluster", "postgres-template") / "data"
+    )
 
 
 @pytest.fixture

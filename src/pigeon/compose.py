@@ -1,4 +1,5 @@
-"""Compose: the messages of an HTTP injection, one per recipient, from raw text or parts.
+"""Compose: the messages of an HTTP injection, one per recipient, from raw text or parts
+(raw content with nothing rendered per recipient: one for them all, `Composer.shared`).
 
 A request names the envelope sender, the recipients (each with a display name, template
 substitutions and metadata) and the content: either a raw RFC 5322 message or parts
@@ -31,7 +32,7 @@ import msgspec
 
 from pigeon import mime
 from pigeon.header_section import end_header_section
-from pigeon.queue.names import MAX_PART, queue_part_problem
+from pigeon.queue.names import MAX_PART, campaign_problem, queue_part_problem
 from pigeon.smtp import address
 
 if TYPE_CHECKING:
@@ -90,12 +91,14 @@ class Attachment(msgspec.Struct, forbid_unknown_fields=True):
         msgspec.Meta(
             pattern=mime.MEDIA_TYPE,
             description='A media type, with any parameters: "image/png", "text/plain; charset=utf-8" (RFC 2045 5.1).'
-            " Its name parameter is written from file_name: give it there",
+            " Its name parameter is written from file_name: give it there. Not a composite type (multipart/*,"
+            " message/*): an attachment is sent in base64, which RFC 2045 6.4 allows them not",
         ),
     ] = "application/octet-stream"
     file_name: str | None = None
     content_id: str | None = None
-    """Set it to make an inline part, referred to from the HTML as cid:<content_id>."""
+    """Set it to make an inline part, referred to from the HTML as cid:<content_id>. Printable
+    ASCII without white space, <, >, (, ), " or \\ (RFC 2392: logo.png@example.org), else 400."""
     base64: bool = False
 
 
@@ -103,7 +106,17 @@ class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}
     from_: Address
     subject: str = ""
     reply_to: Address | None = None
-    headers: dict[Annotated[str, msgspec.Meta(pattern=r"^[!-9;-~]+$")], str] = msgspec.field(default_factory=dict)
+    headers: Annotated[
+        dict[Annotated[str, msgspec.Meta(pattern=r"^[!-9;-~]+$")], str],
+        msgspec.Meta(
+            description="More header fields. Date and Message-ID replace Pigeon's. Refused (400): a field Pigeon"
+            " writes from the other parts (From, To, Reply-To, Subject, MIME-Version, Content-Type,"
+            " Content-Transfer-Encoding, Content-Disposition, Content-ID), a name twice in any case, and what a"
+            " submission must not carry: Return-Path (added at final delivery; see envelope_sender), Received"
+            " (a trace field), DKIM-Signature (Pigeon signs), Bcc (it would show the blind copy to every"
+            " recipient: list the address among the recipients)"
+        ),
+    ] = msgspec.field(default_factory=dict)
     text: str | None = None
     html: str | None = None
     attachments: list[Attachment] = msgspec.field(default_factory=list)
@@ -137,8 +150,9 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
         list[InjectRecipient],
         msgspec.Meta(
             min_length=1,
-            description="One message each. At most [http] max_recipients (10,000 unless configured): beyond,"
-            " 400 naming the setting, nothing stored",
+            description="One message each; content that is the same for all (raw, nothing rendered per recipient)"
+            " is one message for them all, stored once per [smtp] max_recipients of one metadata. At most [http]"
+            " max_recipients (10,000 unless configured): beyond, 400 naming the setting, nothing stored",
         ),
     ]
     content: str | Parts
@@ -217,7 +231,8 @@ def check_request(
         raise ComposeError(problem.text, "$.envelope_sender")
     for value, field in ((request.tenant, "$.tenant"), (request.campaign, "$.campaign")):
         _as_is_in_header(value, field)
-        if value is not None and (refused := queue_part_problem(value)) is not None:
+        check = campaign_problem if field == "$.campaign" else queue_part_problem
+        if value is not None and (refused := check(value)) is not None:
             raise ComposeError(f"{refused} (it names a queue)", field)
         if value:  # (one word: on a line of its own at worst)
             _fits(f" {value}", max_line_length, field)
@@ -266,10 +281,14 @@ def check_request(
             _check_parameters(attachment, f"{where}.content_type")
             # Folded between its parameters at worst: each must fit a line of its own.
             kind, parameters = mime.media_type(attachment.content_type)
+            if kind.partition("/")[0].lower() in COMPOSITE_TYPES:
+                raise ComposeError(_COMPOSITE_TEXT.format(kind=kind), f"{where}.content_type")
             _fits(f"Content-Type: {kind};", max_line_length, f"{where}.content_type")
             for name, value in parameters:
                 _fits(f" {name}={value};", max_line_length, f"{where}.content_type")
             if attachment.content_id is not None:
+                if not CONTENT_ID.fullmatch(attachment.content_id):
+                    raise ComposeError(_CONTENT_ID_TEXT, f"{where}.content_id")
                 _fits(f" <{attachment.content_id}>", max_line_length, f"{where}.content_id")
         seen: dict[str, str] = {}
         for name in content.headers:
@@ -278,10 +297,12 @@ def check_request(
             lowered = name.lower()
             if lowered in seen:
                 raise ComposeError(
-                    f"{name!r} is {seen[lowered]!r} again (names are case-insensitive)", "$.content.headers"
+                    f"{name!r} is {seen[lowered]!r} again (names are case-insensitive)", f"$.content.headers.{name}"
                 )
             seen[lowered] = name
             _fits(f"{name}: ", max_line_length, f"$.content.headers.{name}")
+            if (refusal := _NOT_SUBMITTED.get(lowered)) is not None:
+                raise ComposeError(f"{name!r} {refusal}", f"$.content.headers.{name}")
             if (made_by := _BUILT_FROM.get(lowered)) is not None or lowered in _MIME_FIELDS:
                 # A second From (or Subject, ...) breaks RFC 5322 5.6, and many receivers refuse it.
                 raise ComposeError(
@@ -307,6 +328,30 @@ Message-ID, which it writes too, a request's `headers` may set instead.)"""
 _MIME_FIELDS: Final = frozenset({"content-type", "content-transfer-encoding", "content-disposition", "content-id"})
 """What the message's top part carries, made from the parts."""
 _REPLACEABLE: Final = frozenset({"date", "message-id"})
+_NOT_SUBMITTED: Final = {
+    "return-path": "is added at final delivery (RFC 5321 4.4), from the envelope: give the bounce address as"
+    " $.envelope_sender",
+    "received": "is a trace field each hop adds of itself (RFC 5321 4.4); Pigeon writes its own",
+    "dkim-signature": "is written by Pigeon's [[dkim]] signing, over the message as it is stored",
+    "bcc": "would show the blind copy's address to every recipient: list the address in $.recipients instead",
+}
+"""Fields a submission in parts must not carry: trace fields, a signature that is Pigeon's
+to make, and a Bcc, which in the one message every recipient gets leaks the blind copy."""
+CONTENT_ID: Final = re.compile(r"[!#-'*-;=?-\[\]-~]+")
+"""An attachment's content id, the inside of its `Content-ID: <...>` (RFC 2392, RFC 5322
+3.6.4's id-left@id-right, loosely: `cid:logo` is common): printable ASCII without white space
+or what would end or break the angle brackets and comments of the field."""
+COMPOSITE_TYPES: Final = ("multipart", "message")
+"""The composite top-level media types (RFC 2046 5), which no attachment may declare."""
+_COMPOSITE_TEXT: Final = (
+    "{kind} is a composite media type (multipart/*, message/*), whose body may not be base64-encoded"
+    " (RFC 2045 6.4, RFC 2046 5.2.1) as every attachment is: give a discrete type, such as"
+    " application/octet-stream (a message to attach: with a file_name ending .eml)"
+)
+_CONTENT_ID_TEXT: Final = (
+    'not a content id: printable ASCII without white space, <, >, (, ), " or \\, such as'
+    " logo.png@example.org (RFC 2392); it is written as Content-ID: <content_id>"
+)
 
 
 def _as_is_in_header(value: str | None, field: str) -> None:
@@ -417,6 +462,14 @@ class Composer:
         self._encoded: tuple[list[mime.Part], list[mime.Part]] | None = None
         # Raw content given as bytes (base64), its line breaks made CRLF, once for every recipient.
         self._bytes = _crlf_bytes(encoded_content(request)) if request.content_encoding is not None else None
+
+    @property
+    def shared(self) -> bool:
+        """Whether every recipient's message is the same bytes: raw content with nothing rendered
+        per recipient (`template` false, bytes, or a template without a `{`). Such a message is
+        composed once, with one Date and Message-ID, and stored once for many recipients, as SMTP
+        stores one body for all the recipients of a transaction."""
+        return isinstance(self._request.content, str) and (self._templates is None or self._templates.empty)
 
     def _variables(self, recipient: InjectRecipient) -> dict[str, Any]:
         variables = {**self._request.substitutions, **recipient.substitutions}
@@ -637,6 +690,11 @@ class _Templates:
             self._add("text", content.text, "$.content.text", autoescape=False)
         if content.html is not None:
             self._add("html", content.html, "$.content.html", autoescape=True)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no text of the request is a template (none holds a `{`): nothing is rendered."""
+        return not self._compiled
 
     def _add(self, name: str, source: str, field: str, *, autoescape: bool) -> None:
         if "{" not in source:

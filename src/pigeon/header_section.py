@@ -15,6 +15,10 @@ Two questions are answered over the whole of it, however long:
   there twice (`repeated_field`): a second From put far down, where the signer does not look,
   is still a second From to every reader and verifier of the message.
 
+And, over its kept part, whether a submission's Date and Message-ID fields are of their RFC
+5322 syntax (`malformed_field`): pure functions of a field's value, `date_problem` and
+`message_id_problem`, say what is wrong with one. (A Date past `KEPT` is not read.)
+
 Past `KEPT` the bytes are scanned as they arrive, with C-speed bytes searches (a header
 section of a million short lines costs no Python loop), and dropped: the last bytes of each
 write are carried into the next scan, so that a field split between two writes is found
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import re
 from typing import Final, NamedTuple
+
+from pigeon.logs.peer_text import shown
 
 KEPT: Final = 64 * 1024
 """The bytes of the header section kept for policy and signing."""
@@ -307,3 +313,264 @@ def end_header_section(content: bytes) -> tuple[bytes, int]:
         return data, 0
     end = data.find(b"\r\n\r\n")
     return data, len(data) if end < 0 else end + 2
+
+
+# --- the Date and Message-ID a submission carries (RFC 5322 3.3, 3.6.4) -----------------------
+
+_WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_MONTHS: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTH_NAMES: Final = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+                       "October", "November", "December")  # fmt: skip
+# A date-time's tokens, read loosely (the obsolete syntax, 4.3, allows white space and comments
+# between nearly all of them, and a comma after the day of the week only): each is then checked
+# on its own, so that what is wrong can be said.
+# (Read from its first non-blank to its last: no two runs of blanks meet, which would make a
+# long run of them cost its square.)
+_DATE_TIME: Final = re.compile(
+    r"(?:(?P<weekday>[a-z]+)[ \t]*,[ \t]*)?(?P<day>[0-9]+)[ \t]*(?P<month>[a-z]+)[ \t]*(?P<year>[0-9]+)"
+    r"[ \t]+(?P<hour>[0-9]+)[ \t]*:[ \t]*(?P<minute>[0-9]+)(?:[ \t]*:[ \t]*(?P<second>[0-9]+))?"
+    r"(?:[ \t]*(?P<zone>[+-][0-9]+|[a-z]+))?",
+    re.ASCII | re.IGNORECASE,
+)
+DATE_FORM: Final = '"Mon, 1 Jan 2024 12:00:00 +0000"'
+"""A date-time as RFC 5322 3.3 writes one, for what is said of one that is not."""
+_ZONE_FORM: Final = "+hhmm or -hhmm, e.g. +0100, -0500"
+
+
+def date_problem(value: str) -> str | None:
+    """What is wrong with a Date field's value (unfolded) as an RFC 5322 3.3 date-time, said of
+    the value ("is not of the form ..."), or None if it is one.
+
+    The obsolete forms of 4.3 that mailers still write are dates: no day of the week, a two
+    or three digit year (00-49 is 2000-2049, else 1900 on), a named zone (UT, GMT, EST, ...,
+    a military letter but J, and, as 4.3 says such zones are seen, any other of 2 to 5
+    letters: UTC, CET), white space and comments between the parts, names in any case. Not
+    one: what has no date, no time or no zone, or a part out of range (day 30 of February,
+    hour 24, a year before 1900, a zone past +2359); a second of 60 is a leap second (3.3).
+    A day of the week that is not the date's is let through (readers show the date)."""
+    text = _without_comments(value)
+    if text is None or (found := _DATE_TIME.fullmatch(text.strip(" \t"))) is None:
+        return "is empty" if not value.strip(" \t") else f"is not of the form {DATE_FORM}"
+    weekday, month = found["weekday"], found["month"]
+    if weekday is not None and weekday.lower() not in _WEEKDAYS:
+        return f'has "{weekday[:20]}" for a day of the week (Mon to Sun)'
+    if month.lower() not in _MONTHS:
+        return f'has "{month[:20]}" for a month (Jan to Dec)'
+    year = _year(found["year"])
+    if year is None:
+        return f"has year {found['year'][:20]} (four digits, 1900 or later)"
+    day, number = found["day"], _MONTHS.index(month.lower()) + 1
+    days = _days_in(year, number)
+    if len(day) > 2 or not 1 <= int(day) <= days:
+        return f"has day {day[:20]} ({_MONTH_NAMES[number - 1]} {year} has {days} days)"
+    for name, digits, top in (
+        ("hour", found["hour"], 23),
+        ("minute", found["minute"], 59),
+        ("second", found["second"], 60),
+    ):
+        if digits is not None and (len(digits) != 2 or int(digits) > top):
+            return f"has {name} {digits[:20]} (two digits, 00 to {top})"
+    zone = found["zone"]
+    if zone is None:
+        return f"has no time zone ({_ZONE_FORM})"
+    if zone[0] in "+-" and (len(zone) != 5 or int(zone[1:3]) > 23 or int(zone[3:]) > 59):
+        return f"has time zone {zone[:20]} ({_ZONE_FORM})"
+    if zone[0] not in "+-" and (len(zone) > 5 or zone.lower() == "j"):
+        return f'has time zone "{zone[:20]}" ({_ZONE_FORM})'
+    return None
+
+
+def _year(digits: str) -> int | None:
+    """The year of 3.3 and 4.3, or None if there is none (one digit, before 1900, past 9999)."""
+    if len(digits) == 2:
+        return int(digits) + (2000 if int(digits) < 50 else 1900)
+    if len(digits) == 3:
+        return int(digits) + 1900
+    year = int(digits) if 4 <= len(digits) <= 5 else 0
+    return year if 1900 <= year <= 9999 else None
+
+
+def _days_in(year: int, month: int) -> int:
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def _without_comments(value: str) -> str | None:
+    """`value` with each comment (RFC 5322 3.2.2: nested parentheses, quoted pairs in them)
+    made a space; None if one is not closed, or a ")" closes none."""
+    if "(" not in value and ")" not in value:
+        return value
+    out: list[str] = []
+    depth = 0
+    escaped = False
+    for char in value:
+        if depth == 0:
+            if char == "(":
+                depth, char = 1, " "
+            elif char == ")":
+                return None
+            out.append(char)
+        elif escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+    return "".join(out) if depth == 0 else None
+
+
+MESSAGE_ID_FORM: Final = '"<1234.5678@example.org>"'
+"""A msg-id as RFC 5322 3.6.4 writes one, for what is said of one that is not."""
+# atext (3.2.3), and UTF-8 beyond ASCII (RFC 6532 3.2), with the dots of a dot-atom.
+_ID_TEXT: Final = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.\x80-\ud7ff\ue000-\U0010ffff-]+")
+_BLANKS_OR_NOTHING: Final = re.compile(r"[ \t]*")
+
+
+def message_id_problem(value: str) -> str | None:
+    """What is wrong with a Message-ID field's value (unfolded) as an RFC 5322 3.6.4 msg-id,
+    said of the value ("is not in angle brackets"), or None if it is one.
+
+    A msg-id is "<" id-left "@" id-right ">", with white space and comments around it. Each
+    side is lenient where mailers are: atext and dots in any order (the obsolete forms), a
+    quoted string in the left part, a domain literal ("[192.0.2.1]") for the right, UTF-8
+    (RFC 6532). Not one: what has no angle brackets, no "@", nothing on a side of it, white
+    space (or a comment) inside the brackets, a second "@", more than one msg-id."""
+    text = _without_comments(value)
+    if text is None:
+        return f"is not of the form {MESSAGE_ID_FORM}: a comment's parentheses do not match"
+    text = text.strip(" \t")
+    if not text:
+        return "is empty"
+    if not text.startswith("<"):
+        where = 'has text before its "<"' if "<" in text else "is not in angle brackets"
+        return f"{where} (the form is {MESSAGE_ID_FORM})"
+    at = 1
+    left, at = _id_part(text, at, quote='"')
+    if isinstance(left, str):
+        return left
+    if text.startswith(">", at) or at == len(text):
+        return f'has no "@" (the form is {MESSAGE_ID_FORM})'
+    if not text.startswith("@", at):
+        return _unexpected(text, at)
+    if not left:
+        return 'has nothing before its "@"'
+    right, at = _id_part(text, at + 1, quote="[")
+    if isinstance(right, str):
+        return right
+    if not right:
+        return 'has nothing after its "@"' if at == len(text) or text[at] == ">" else _unexpected(text, at)
+    if at == len(text):
+        return 'has no closing ">"'
+    if not text.startswith(">", at):
+        return _unexpected(text, at)
+    if at + 1 != len(text):
+        return 'has more after its ">" (one msg-id only)'
+    return None
+
+
+def _id_part(text: str, at: int, quote: str) -> tuple[int | str, int]:
+    """Read one side of a msg-id from `at`: its length (as an int) and where it ends, or the
+    problem (a str). `quote` opens what the side may hold: a quoted string on the left, a
+    domain literal on the right."""
+    start = at
+    while at < len(text):
+        if (found := _ID_TEXT.match(text, at)) is not None:
+            at = found.end()
+        elif text[at] == quote:
+            end = _quoted_end(text, at, '"' if quote == '"' else "]")
+            if end == _BLANK:
+                return "has white space inside its angle brackets", at
+            if end < 0:
+                what = "quoted string" if quote == '"' else "domain literal"
+                return f"has a {what} that does not end", at
+            at = end
+        else:
+            break
+    return at - start, at
+
+
+_BLANK: Final = -2
+
+
+def _quoted_end(text: str, at: int, close: str) -> int:
+    """Where the quoted string or domain literal opening at `at` ends (after `close`): -1 if
+    it does not (a "[" in a literal), `_BLANK` at white space in it; a backslash quotes the
+    next character."""
+    at += 1
+    while at < len(text):
+        char = text[at]
+        if char == close:
+            return at + 1
+        if char in " \t":
+            return _BLANK
+        if close == "]" and char == "[":
+            return -1
+        at += 2 if char == "\\" else 1
+    return -1
+
+
+def _unexpected(text: str, at: int) -> str:
+    char = text[at]
+    if char in " \t":
+        return "has white space inside its angle brackets"
+    if char == "@":
+        return 'has more than one "@"'
+    mark = "'" if char == '"' else '"'
+    return f"has {mark}{shown(char)}{mark} inside its angle brackets, where RFC 5322 3.6.4 allows none"
+
+
+class Malformed(NamedTuple):
+    """A Date or Message-ID field whose value is not of its RFC 5322 syntax."""
+
+    name: str
+    value: str
+    """Its value, unfolded, with its octets that are not UTF-8 as surrogate escapes."""
+    problem: str
+    """What is wrong with it (`date_problem`, `message_id_problem`)."""
+
+
+_CHECKED: Final = (
+    (b"\ndate", re.compile(rb"\ndate[ \t]*:"), "Date", date_problem),
+    (b"\nmessage-id", re.compile(rb"\nmessage-id[ \t]*:"), "Message-ID", message_id_problem),
+)
+
+
+def malformed_field(head: bytes, lowered: bytes, *, cut: bool = False) -> Malformed | None:
+    """The first of the header section's Date and Message-ID fields (`head` from a leading LF,
+    `lowered` the same lowered) that is not of its syntax, or None. Only the first field of
+    each name is read: a second is refused as such (`repeated_field`). `cut`: `head` is the
+    kept part of a longer header section, so a field that reaches its end may go on past it,
+    and is not judged (nor is one wholly past it)."""
+    for marker, pattern, name, problem_of in _CHECKED:
+        if marker not in lowered:  # the usual case, found with no regex
+            continue
+        field = pattern.search(lowered)
+        if field is None:
+            continue
+        end = _value_end(head, field.end())
+        if cut and (end < 0 or end + 2 >= len(head)):
+            continue
+        value = head[field.end() : end if end >= 0 else len(head)].replace(b"\r\n", b"")  # unfolded (2.2.3)
+        text = value.decode("utf-8", "surrogateescape")
+        if (problem := problem_of(text)) is not None:
+            return Malformed(name, text, problem)
+    return None
+
+
+def malformed_field_in(message: bytes) -> Malformed | None:
+    """`malformed_field` of a whole message held in memory (CRLF line endings)."""
+    end = message.find(b"\r\n\r\n")
+    head = b"\n" + (message if end < 0 else message[: end + 2])
+    return malformed_field(head, head.lower())
+
+
+def _value_end(head: bytes, start: int) -> int:
+    """Where the field whose value starts at `start` ends (at the CRLF that no white space
+    follows: RFC 5322 2.2.3), or -1 if it runs to the end of `head`."""
+    end = head.find(b"\r\n", start)
+    while end >= 0 and head[end + 2 : end + 3] in (b" ", b"\t"):
+        end = head.find(b"\r\n", end + 2)
+    return end

@@ -9,12 +9,19 @@ it arrives, and commits it at the end. The draft:
 * splits the recipients by domain: one spool message per destination domain, all sharing
   one body, so that every message belongs to exactly one scheduled queue;
 * names each message's queue `campaign:tenant@domain` from the `X-Tenant` and `X-Campaign`
-  headers, wherever they are in the header section;
+  headers, wherever they are in the header section, of the operator's mail (`Arrival.trusted`):
+  mail taken from anyone has neither, whatever its headers say;
+* refuses (550 5.7.1) a message whose tenant header names a tenant its credential (an SMTP
+  AUTH user, an API token) is not bound to (`Arrival.tenants`), and gives a credential's
+  one tenant to its mail that names none: the tenant picks `[[dkim]] tenant` keys and
+  `[[queue]]` policies, so a platform with a credential per customer must keep each in its
+  own. A policy's `Changes(tenant=...)` is the operator's code and is not held to it;
 * refuses a header section with a field RFC 5322 3.6 allows once there twice (two From:
   one would be signed and the other shown; RFC 6376 8.15), wherever in it they are, and a
   policy's change that would add one (Pigeon's own DSNs are not looked at);
 * refuses a submission (HTTP injection, SMTP after AUTH) without a From field, which its
-  completion (our Date and Message-ID) cannot supply;
+  completion (our Date and Message-ID) cannot supply, and one whose Date or Message-ID is
+  not of its RFC 5322 syntax (`pigeon.header_section.date_problem`, `message_id_problem`);
 * refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3), counted over the
   whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
@@ -22,7 +29,8 @@ it arrives, and commits it at the end. The draft:
   message, or change its queue, route, egress pool, DKIM signers and headers (kept in the
   envelope: the stored body is never rewritten, see `delivery.content`);
 * signs it (DKIM) when a `[[dkim]]` signer applies: once per reception, before the store,
-  so every copy and every retry sends the same signature (`pigeon.dkim.signing`);
+  so every copy and every retry sends the same signature (`pigeon.dkim.signing`); mail taken
+  from anyone only with the signers the policy names for it;
 * stores everything in one group commit, and only then writes the `Reception` records
   and lets the listener answer 250;
 * stores nothing for an SMTP client gone by the time the checks are done (`ClientGone`): it
@@ -47,17 +55,20 @@ import msgspec
 
 from pigeon.delivery.content import edited
 from pigeon.header_section import (
+    KEPT,
     SINGLE_FIELDS,
     HeaderEnd,
     HeaderSection,
     LateField,
     RoutingNames,
+    malformed_field,
     repeated_field,
     single_fields,
 )
 from pigeon.inbound.routes import PREFIX as INBOUND
 from pigeon.inbound.routes import InboundRoutes
 from pigeon.logs.outbox import Outbox
+from pigeon.logs.peer_text import shown
 from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
@@ -65,7 +76,13 @@ from pigeon.metrics import Metrics
 from pigeon.policy.answers import Changes, Refuse, folded_field
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import Headers, ReceivedMessage
-from pigeon.queue.names import queue_name, queue_part_from_header, queue_part_problem, scheduled_queue
+from pigeon.queue.names import (
+    campaign_problem,
+    queue_name,
+    queue_part_from_header,
+    queue_part_problem,
+    scheduled_queue,
+)
 from pigeon.smtp import replies
 from pigeon.smtp.address import a_label, ascii_name, same_mailbox_key, with_a_label
 from pigeon.smtp.replies import Reply
@@ -90,13 +107,11 @@ class Stored(NamedTuple):
 
 
 class Refused(Exception):
-    """Intake will not take this message. `reply` says why, for the client; `by_policy`:
-    the policy's `on_message` hook refused it (or failed)."""
+    """Intake will not take this message. `reply` says why, for the client."""
 
-    def __init__(self, reply: Reply, *, by_policy: bool = False) -> None:
+    def __init__(self, reply: Reply) -> None:
         super().__init__(str(reply))
         self.reply = reply
-        self.by_policy = by_policy
 
 
 class ClientGone(Refused):
@@ -120,14 +135,24 @@ class Arrival:
     protocol: str  # RFC 3848 keyword
     tls: str | None = None
     auth_user: str | None = None
+    trusted: bool = False
+    """Sent by a client Pigeon relays for (`[smtp] relay_networks`, SMTP AUTH, an HTTP API
+    token) or by Pigeon itself (a DSN). False: mail Pigeon takes from anyone (RFC 5321 4.5.1
+    postmaster, an `[[inbound]]` route), which its X-Tenant and X-Campaign headers do not
+    route (they would put it in a tenant's queues, under its policies) and which no
+    `[[dkim]]` block signs (an outsider would get any From it writes signed with our keys,
+    and so passing DMARC) unless the policy names signers for it."""
+    tenants: frozenset[str] | None = None
+    """The tenants the client's credential is bound to (the users file's `:tenants=`, a
+    `[[http.token]]`'s `tenants`): its mail may name no other, and with exactly one, mail
+    naming none is that one's. None: unbound, any tenant (relay_networks clients, DSNs,
+    credentials without a binding)."""
 
 
 def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
     """The Received field Pigeon prepends to a message it takes in (RFC 5321 4.4), folded so
     that no line passes 998 octets whatever the client named itself."""
-    helo = ascii_name(arrival.helo)
-    # HTTP has no HELO: the address alone says where the message came from.
-    lines = [f"Received: from {helo} ([{arrival.peer_ip}])" if helo else f"Received: from [{arrival.peer_ip}]"]
+    lines = [f"Received: from {_from_clause(ascii_name(arrival.helo), arrival.peer_ip)}"]
     if arrival.tls:
         lines.append(f"\t(using {arrival.tls})")
     lines.append(f"\tby {hostname} (Pigeon) with {arrival.protocol} id {format_id(spool_id)}")
@@ -138,6 +163,39 @@ def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival
         lines[-1] += ";"
         lines.append(f"\t{date}")
     return b"".join(_folded(line.encode("utf-8")) for line in lines)
+
+
+_HELO_DOMAIN: Final = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?")
+"""A name that reads as one domain in our Received field: LDH labels, and what real clients
+send beside them (underscores, one label like `localhost`, a trailing dot)."""
+_HELO_LITERAL: Final = re.compile(r"\[[A-Za-z0-9.:-]+\]")
+"""An address literal (RFC 5321 4.1.3) of the characters IPv4, IPv6 and a tag use."""
+_HELO_SHOWN: Final = 600
+"""The most octets of a name shown in our field's comment (the line stays under 998)."""
+
+
+def _from_clause(helo: str, peer_ip: str) -> str:
+    """The `from` clause of our Received field (RFC 5321 4.4's Extended-Domain): the client's
+    name and its address in a comment. A name that is no domain nor address literal (`(x`,
+    `a;b`, `<x>`) is not refused (RFC 5321 4.1.4 leaves the name to the client, and such
+    mail is no less mail), but never written bare, where its `(` would make the rest of the
+    field a comment, or its `;` the date's separator: the address literal then stands for
+    the client, and the name goes into the comment, each `(`, `)` and `\\` quoted
+    (RFC 5322 3.2.2), so the field parses whatever the client said."""
+    if not helo:  # HTTP has no HELO: the address alone says where the message came from.
+        return f"[{peer_ip}]"
+    if _HELO_DOMAIN.fullmatch(helo) or _HELO_LITERAL.fullmatch(helo):
+        return f"{helo} ([{peer_ip}])"
+    shown: list[str] = []
+    size = 0
+    for char in helo:
+        quoted = "\\" + char if char in "()\\" else char
+        if size + len(quoted) > _HELO_SHOWN:
+            shown.append("...")
+            break
+        shown.append(quoted)
+        size += len(quoted)
+    return f"[{peer_ip}] (helo={''.join(shown)})"
 
 
 class Intake:
@@ -195,13 +253,14 @@ class Intake:
         crash leaves both or neither), in `spool`, the shard of the message it reports on
         (this worker's own, or one it adopted)."""
         spool = self.spool if spool is None else spool
-        arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL")
+        arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL", trusted=True)
         envelope.recipients = _unique(envelope.recipients)
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, spool.body_writer(ids[0]), spool, settles)
         date = _rfc5322_date(int(self.clock()))
-        draft.trace(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])}; {date}\r\n".encode())
+        # Folded before the date: on one line, a long host name takes it past RFC 5322's 78 octets.
+        draft.trace(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])};\r\n\t{date}\r\n".encode())
         draft.write(data)
         return await draft.commit()
 
@@ -229,21 +288,51 @@ class Intake:
         a substring look first (most mail has none), the field's exact form only then."""
         return any(name in lowered for name in self._routing_bytes) and self._routing.field.search(lowered) is not None
 
-    def _routing_refusal(self, head: bytes, lowered: bytes, section: HeaderSection) -> Reply | None:
+    def _routing_refusal(self, head: bytes, lowered: bytes, section: HeaderSection, arrival: Arrival) -> Reply | None:
         """The reply refusing a message whose tenant or campaign header holds a control or
         format character (it would name its queue, and so be in every log record and admin
-        listing of it), naming the header; None when both are fine or absent."""
-        values = self._tenant_and_campaign(head, lowered, section)
-        for value, header in zip(values, self._routing_headers, strict=True):
-            if value is not None and (problem := queue_part_problem(value)) is not None:
+        listing of it), naming the header; None when both are fine or absent, or name
+        nothing (mail taken from anyone)."""
+        values = self._tenant_and_campaign(head, lowered, section, arrival)
+        checks = (queue_part_problem, campaign_problem)
+        for value, header, check in zip(values, self._routing_headers, checks, strict=True):
+            if value is not None and (problem := check(value)) is not None:
                 return replies.r(554, "5.6.0", f"{header} header {problem} (it names a queue)")
         return None
 
     def _tenant_and_campaign(
-        self, head: bytes, lowered: bytes, section: HeaderSection
+        self, head: bytes, lowered: bytes, section: HeaderSection, arrival: Arrival
     ) -> tuple[str | None, str | None]:
+        """The tenant and campaign of the message: those the routing headers name (none for
+        mail taken from anyone, `Arrival.trusted`, whose headers are the sender's word, not the
+        operator's), and, when they name no tenant, the one a credential is bound to alone."""
+        tenant, campaign = self._claimed(head, lowered, section, arrival)
+        bound = arrival.tenants
+        if tenant is None and bound is not None and len(bound) == 1:
+            tenant = next(iter(bound))
+        return tenant, campaign
+
+    def _claimed(
+        self, head: bytes, lowered: bytes, section: HeaderSection, arrival: Arrival
+    ) -> tuple[str | None, str | None]:
+        """The tenant and campaign the routing headers name, for mail of a trusted client."""
+        if not arrival.trusted:
+            return None, None
         late = section.late_fields
         return _routing_value(head, lowered, self._tenant, late), _routing_value(head, lowered, self._campaign, late)
+
+    def _binding_refusal(self, head: bytes, lowered: bytes, section: HeaderSection, arrival: Arrival) -> Reply | None:
+        """550 5.7.1 for a message whose tenant header names a tenant its client's credential
+        is not bound to (`Arrival.tenants`); None for an unbound one, or a tenant it may use."""
+        bound = arrival.tenants
+        if bound is None:
+            return None
+        tenant, _ = self._claimed(head, lowered, section, arrival)
+        if tenant is None or tenant in bound:
+            return None
+        who = _shown_value(arrival.auth_user or "the client")
+        header = self._routing_headers[0]
+        return replies.r(550, "5.7.1", f"{who} may not send as tenant {_shown_value(tenant)} ({header} header)")
 
 
 class Draft:
@@ -257,6 +346,7 @@ class Draft:
         "_head",
         "_ids",
         "_intake",
+        "_outbound_asked",
         "_present",
         "_resident",
         "_settles",
@@ -289,12 +379,19 @@ class Draft:
         self._end = HeaderEnd()
         self._done = False
         self._resident: bytes | None = None
+        self._outbound_asked: str | None = None  # on_message's Changes of outbound mail only (`_outbound_only`)
         self._then: Once | None = None
         self._present: Callable[[], bool] | None = None
 
     @property
     def id(self) -> SpoolId:
         return self._ids[0]
+
+    def ids_by_recipient(self) -> dict[str, SpoolId]:
+        """Each recipient's address, with the id of the spool message it is in once stored (one
+        per domain, or per `[[inbound]]` target): `Stored.ids` in the same order."""
+        groups = zip(self._ids, self._groups, strict=True)
+        return {recipient.address: spool_id for spool_id, (_, group) in groups for recipient in group}
 
     def trace(self, field: bytes) -> None:
         """Write our Received field: the message's first, before all that `write` is given."""
@@ -354,13 +451,22 @@ class Draft:
     def content_refusal(self) -> Reply | None:
         """The reply `commit()` would refuse the message written so far with for its header
         section alone (a loop, a tenant or campaign that cannot name a queue, a field given
-        twice, a submission without From), before any policy is asked; None if it has none of
-        those. An injection asks before committing its first recipient's message: that content
-        fails for them all.
+        twice, a submission without From or with a Date or Message-ID that is not one), before
+        any policy is asked; None if it has none of those. An injection asks before committing
+        its first recipient's message: that content fails for them all.
         Asked once all is written."""
         self._content_written()
         head = b"\n" + bytes(self._head.head)
         return self._content_refusal(head, head.lower())
+
+    def binding_refusal(self) -> Reply | None:
+        """The reply `commit()` would refuse the message written so far with for naming a
+        tenant its credential is not bound to (`Intake._binding_refusal`); None if it names
+        one it may. HTTP injection asks, to answer 403 naming the request's field. Asked once
+        all is written."""
+        self._content_written()
+        head = b"\n" + bytes(self._head.head)
+        return self._intake._binding_refusal(head, head.lower(), self._head, self.arrival)
 
     def _content_refusal(self, head: bytes, lowered: bytes) -> Reply | None:
         # Our own Received header is counted too: the message would leave with that many. So
@@ -368,7 +474,9 @@ class Draft:
         # add a DKIM signature on top would never be found (pigeon.header_section).
         if lowered.count(b"\nreceived:") + self._head.late_received > self._intake.max_hops:
             return replies.TOO_MANY_HOPS
-        refusal = self._intake._routing_refusal(head, lowered, self._head)
+        refusal = self._intake._routing_refusal(head, lowered, self._head, self.arrival)
+        if refusal is None:
+            refusal = self._intake._binding_refusal(head, lowered, self._head, self.arrival)
         if refusal is not None:
             return refusal
         if self.arrival.listener != "local" and (repeated := repeated_field(lowered, self._head.late_single)):
@@ -382,6 +490,12 @@ class Draft:
             # 3.6 requires a From, Gmail and others refuse mail without. (Relayed mail is left
             # as it came.)
             return replies.CONTENT_NO_FROM
+        cut = len(self._head.head) >= KEPT  # (a field running past the kept part is not read)
+        if self._submitted() and (malformed := malformed_field(head, lowered, cut=cut)) is not None:
+            # Its Date or Message-ID is not one (Pigeon adds them only where there are none):
+            # said now, not in a bounce from a receiver that refuses it (Gmail: "missing a
+            # valid Message-ID"). Relayed mail is left as it came, as above.
+            return replies.content_field_malformed(malformed.name, _shown_value(malformed.value), malformed.problem)
         return None
 
     def _submitted(self) -> bool:
@@ -403,7 +517,7 @@ class Draft:
             # (Pigeon's own DSNs are not the policy's to refuse: a refused one would be
             # stored again and again by the settlement waiting for it.)
             return self._accept(head, lowered, None)
-        tenant, campaign = intake._tenant_and_campaign(head, lowered, self._head)
+        tenant, campaign = intake._tenant_and_campaign(head, lowered, self._head, self.arrival)
         arrival, envelope = self.arrival, self.envelope
         verdict = hook(
             ReceivedMessage(
@@ -422,6 +536,7 @@ class Draft:
                 tenant=tenant,
                 campaign=campaign,
                 metadata=envelope.metadata or {},
+                trusted=arrival.trusted,
             ),
             session=arrival.session,
             message_id=format_id(self._ids[0]),
@@ -450,7 +565,7 @@ class Draft:
         self, verdict: Refuse | Changes | HookFailed | None, head: bytes, lowered: bytes
     ) -> asyncio.Future[Stored]:
         if isinstance(verdict, (Refuse, HookFailed)):
-            return self._refuse(Refused(refusal(verdict), by_policy=True))
+            return self._refuse(Refused(refusal(verdict)))
         if verdict is not None and verdict.dkim and (unknown := self._intake.unknown_signers(verdict.dkim)):
             # A signer name no [[dkim]] block has (a typo, a tenant without keys) would send
             # the mail unsigned, and DMARC would then fail it: a failed hook, and nothing sent.
@@ -507,9 +622,9 @@ class Draft:
         hook = self._intake.policy.on_message
         if hook is None:  # the policy was reloaded without the hook meanwhile
             _log.error("message %s refused: %s", format_id(self.id), error)
-            return Refused(POLICY_ERROR, by_policy=True)
+            return Refused(POLICY_ERROR)
         failed = hook.failed(error, self.arrival.session, format_id(self._ids[0]), show_traceback=False)
-        return Refused(refusal(failed), by_policy=True)
+        return Refused(refusal(failed))
 
     def _refuse(self, refusal: Refused) -> asyncio.Future[Stored]:
         self._body.discard()
@@ -531,11 +646,12 @@ class Draft:
         # its messages; the active set keeps at most its body budget of them (queue/state.py).
         self._resident = body.data
         now = intake.clock()
-        tenant, campaign = intake._tenant_and_campaign(head, lowered, self._head)
+        tenant, campaign = intake._tenant_and_campaign(head, lowered, self._head, self.arrival)
         queue: str | None = None
         envelope = self.envelope
         if changes is not None:
             tenant, campaign, queue = _apply(changes, envelope, tenant, campaign, intake._routing_names, head)
+            self._outbound_asked = _outbound_only(changes)
         arrival = self.arrival
         # (an injection is composed with both: only a policy's removal can take them away)
         injected_and_edited = arrival.listener == "http" and self.envelope.headers_removed
@@ -547,7 +663,10 @@ class Draft:
             # names nothing, but must not leave either.
             envelope.headers_removed = sorted({*(envelope.headers_removed or ()), *intake._routing_names})
         signing = intake.signing
-        if signing is not None and any(group.target is None for group, _ in self._groups):
+        # Mail taken from anyone is signed only by the signers a policy names for it: the
+        # default choice (by author domain) would sign any From an outsider writes.
+        chosen = arrival.trusted or envelope.dkim is not None
+        if signing is not None and chosen and any(group.target is None for group, _ in self._groups):
             message: bytes | Path = body.data if body.data is not None else _flushed(body)
             fields = head[1:]
             if envelope.headers_added or envelope.headers_removed:
@@ -699,6 +818,8 @@ class Draft:
         else:
             for record in records:
                 intake.log.write(record)
+        if self._outbound_asked is not None:
+            self._outbound_not_applied(messages)
         if intake.on_stored is not None:
             # Bodies ride along in memory, so the first attempt need not read them back.
             data = self._resident
@@ -714,6 +835,19 @@ class Draft:
         counts.receptions[arrival.listener] = counts.receptions.get(arrival.listener, 0) + 1
         result.set_result(outcome)
         self._told(result)
+
+    def _outbound_not_applied(self, messages: list[NewMessage]) -> None:
+        """Say, for each stored message of an `[[inbound]]` route, that what on_message's
+        `Changes` asked of outbound mail only (a route, a queue, an egress pool) was not applied
+        to it: it goes to its target from its own queue, as a before_delivery `Reroute` of it is
+        not carried out either (`policy.delivery`). Said rather than ignored quietly: the
+        policy's author would otherwise wait for the mail at the route's hosts, or in the queue."""
+        for message in messages:
+            target = message.envelope.target
+            if target is not None:
+                _log.warning("on_message answered Changes(%s) for message %s of the [[inbound]] route's queue %s "
+                             "(session %s): not applied; inbound mail keeps its target %s", self._outbound_asked,
+                             format_id(message.id), message.queue, self.arrival.session, target)  # fmt: skip
 
     def _told(self, result: asyncio.Future[Stored]) -> None:
         """Tell `commit`'s `then` now, with `result` done (the policy's path copies it to the
@@ -808,6 +942,13 @@ def _apply(
     return tenant, campaign, None if changes.queue is None else queue_name(changes.queue)
 
 
+def _outbound_only(changes: Changes) -> str | None:
+    """What `changes` asks that only outbound mail can take (`route=..., queue=...`), if any."""
+    asked = [f"{name}={value!r}" for name, value in (("route", changes.route), ("queue", changes.queue),
+             ("egress_pool", changes.egress_pool)) if value]  # fmt: skip
+    return ", ".join(asked) or None
+
+
 def _copy_result(source: asyncio.Future[Stored], target: asyncio.Future[Stored]) -> None:
     if target.done():
         return
@@ -891,6 +1032,13 @@ def _header_value(head: bytes, start: int) -> str | None:
     raw = head[start : end if end >= 0 else len(head)]
     # A queue name part must not carry white space nor the separators of the queue name itself.
     return queue_part_from_header(b" ".join(raw.split()).decode("utf-8", "replace")) or None
+
+
+def _shown_value(value: str) -> str:
+    """A header field's value as a reply shows it: one line, white space runs made one space,
+    escaped (`peer_text.shown`; beyond ASCII too: the client may not have said SMTPUTF8),
+    at most 80 characters."""
+    return shown(" ".join(value.split()), 80).encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _folded(line: bytes) -> bytes:

@@ -24,6 +24,7 @@ _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 # Every record type `Counts.outcome` is given (the README lists them): each is exposed from 0 on.
 _OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce", "Held")
 MAX_QUEUE_LABELS = 1000
+MAX_SITE_LABELS = 1000  # (outcome, site) label pairs; the rest count as site "_other"
 # Messages in memory by state; per site: (site, messages waiting, connections).
 DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]]]
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -48,15 +49,17 @@ class Counts:
         self.bytes_received = 0
         self.receptions: dict[str, int] = {}
         self.smtp_connections_accepted = 0
-        self.smtp_connections_evicted = 0  # idle ones closed to make room (listener.smtp)
+        self.smtp_connections_evicted = 0  # closed to make room (listener.smtp)
         self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration, ...
-        self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site)
+        self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site), at most MAX_SITE_LABELS sites
         self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
 
     def outcome(self, kind: str, queue: str, site: str, n: int = 1) -> None:
         """Count `n` recipient outcomes of one kind for a queue and a site."""
         self.outcomes[kind] = self.outcomes.get(kind, 0) + n
         key = (kind, site or "-")
+        if key not in self.by_site and len(self.by_site) >= MAX_SITE_LABELS:
+            key = (kind, "_other")  # a site per recipient domain (no MX, its own) is unbounded
         self.by_site[key] = self.by_site.get(key, 0) + n
         if (kind, queue) not in self.by_queue and len(self.by_queue) >= MAX_QUEUE_LABELS:
             queue = "_other"  # Prometheus does not take unbounded label values well
@@ -85,7 +88,8 @@ class _CountsCollector(Collector):
         )
         yield CounterMetricFamily(
             "pigeon_smtp_connections_evicted",
-            "Idle SMTP connections closed (421) to make room for a new one past max_connections",
+            "SMTP connections closed (421) to make room for a new one past max_connections: idle ones, or an "
+            "outsider's transaction open too long",
             value=c.smtp_connections_evicted,
         )
         outcomes = CounterMetricFamily(

@@ -148,3 +148,18 @@ def test_in_a_cluster_another_rule_under_a_rule_id_is_refused_on_every_node(
         status, answer = _api(b, "DELETE", f"/api/v1/admin/suspend/{rule['id']}")
         assert (status, answer["cancelled"]) == (200, True), answer
         sink.wait_for(1)
+
+
+def test_the_list_of_rules_aligns_its_columns_by_the_longest_id(tmp_path: Path, sink: ScriptedSink) -> None:
+    """A rule made through the API may have a short id of its own ("r1"): its selector, end and
+    operator stand in the same columns as those of the 12-character ids the node makes."""
+    node = PigeonProcess(tmp_path / "node", http={"token": TOKENS}, **delivery_config(sink.endpoint))
+    with node as pigeon:
+        assert (
+            _api(pigeon, "POST", "/api/v1/admin/suspend", {"domain": "a.test", "id": "r1", "duration": "1h"})[0] == 200
+        )
+        made = _cli(pigeon, "suspend", "--domain", "b.test").split("(rule ")[1].split(")")[0]
+        lines = _cli(pigeon, "suspend", "--list").splitlines()
+        assert sorted(line.split()[0] for line in lines) == sorted(["r1", made])
+        assert len({line.index("domain=") for line in lines}) == 1, lines
+        assert len({line.index(" by ") for line in lines}) == 1, lines

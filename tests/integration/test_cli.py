@@ -8,6 +8,7 @@ import smtplib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_a_webhook_url_that_is_not_http_stops_start_up_naming_the_file_line_and_
     result = pigeon_cli("serve", "-c", str(config))
     assert result.returncode == 2
     expected = 'expected an http:// or https:// URL with a host, like "https://app.example/inbound"'
-    message = f"{config}, line 9: [target] url: target 'hook': '{url}': {why}; {expected}"
+    message = f"{config}, line 9: [[target]] #2 url: target 'hook': '{url}': {why}; {expected}"
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     checked = pigeon_cli("shaping", "check", str(config))  # the command that checks a file
@@ -184,18 +185,46 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         assert wrong.returncode == 77 and "401: unknown token" in wrong.stderr  # EX_NOPERM
 
 
+def test_inject_reads_a_piped_message_without_a_dash_as_sendmail_does(tmp_path: Path) -> None:
+    """`... | pigeon inject --from A --to B`, as an MTA or a script pipes mail to sendmail; on
+    a terminal the same command is a usage error, not a wait for typed mail."""
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        command = [sys.executable, "-m", "pigeon", "inject", "-c", str(pigeon.config_path), "--from",
+                   "me@example.org", "--to", "a@example.net"]  # fmt: skip
+        piped = subprocess.run(command, input="From: me@example.org\nSubject: piped\n\nHello.\n",
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert piped.returncode == 0, piped.stderr
+        (received,) = sink.wait_for(1)
+        assert received.email["Subject"] == "piped"
+        terminal, other_end = os.openpty()
+        try:
+            typed = subprocess.run(command, stdin=terminal, capture_output=True, text=True, timeout=60)
+        finally:
+            os.close(terminal)
+            os.close(other_end)
+        assert typed.returncode == 2
+        assert typed.stderr == (
+            "pigeon inject: give either a message file (or -, or pipe it on stdin) or parts (--subject, --text, "
+            "--html, --attach)\n"
+        )
+
+
+def _deferred_once(pigeon: PigeonProcess) -> dict[str, Any]:
+    """One message, to an address the sink refuses for now, once its first attempt failed."""
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("a@example.org", ["tempfail@example.net"], b"From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n")
+    (message,) = pigeon.spool_messages()
+    wait_until(lambda: pigeon.records("TransientFailure"))
+    return message
+
+
 def test_admin_commands_bounce_suspend_resume_retry_and_inspect(tmp_path: Path) -> None:
     with (
         ScriptedSink() as sink,
         PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
     ):
         config = ["-c", str(pigeon.config_path)]
-        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-            client.sendmail(
-                "a@example.org", ["tempfail@example.net"], b"From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n"
-            )
-        (message,) = pigeon.spool_messages()
-        wait_until(lambda: pigeon.records("TransientFailure"))
+        message = _deferred_once(pigeon)
         shown = pigeon_cli("inspect", *config, message["id"])
         assert shown.returncode == 0, shown.stderr
         assert "attempts       1" in shown.stdout and "451 4.3.0" in shown.stdout
@@ -261,6 +290,29 @@ def test_inspect_shows_a_remote_reply_with_terminal_controls_escaped(tmp_path: P
         assert "last_response  451 4.7.1 later \\x1b]0;pwned\\x07\\x1b[2J cleared\n" in shown.stdout
         raw = json.loads(pigeon_cli("inspect", "-c", str(pigeon.config_path), message["id"], "--json").stdout)
         assert raw["last_response"] == "451 4.7.1 later \x1b]0;pwned\x07\x1b[2J cleared"  # as it was, for scripts
+
+
+def test_inspect_shows_the_routing_domain_a_rebind_gave_in_text_and_json(tmp_path: Path) -> None:
+    # Found from outside: delivery routed the mail as `--routing-domain`, but `pigeon inspect`
+    # (text and --json) did not show it.
+    with (
+        ScriptedSink() as sink,
+        PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint, retry_interval="1h")) as pigeon,
+    ):
+        config = ["-c", str(pigeon.config_path)]
+        message = _deferred_once(pigeon)
+        before = pigeon_cli("inspect", *config, message["id"])
+        assert before.returncode == 0 and "routing_domain" not in before.stdout, before.stdout + before.stderr
+        assert json.loads(pigeon_cli("inspect", *config, message["id"], "--json").stdout)["routing_domain"] is None
+        rebound = pigeon_cli("rebind", *config, "--domain", "example.net", "--routing-domain", "relay.example")
+        assert rebound.returncode == 0, rebound.stderr
+        wait_until(lambda: len(pigeon.records("TransientFailure")) == 2)  # tried again, routed as relay.example
+        shown = pigeon_cli("inspect", *config, message["id"])
+        assert shown.returncode == 0, shown.stderr
+        assert "routing_domain relay.example\n" in shown.stdout
+        assert "recipients     tempfail@example.net\n" in shown.stdout
+        raw = json.loads(pigeon_cli("inspect", *config, message["id"], "--json").stdout)
+        assert raw["routing_domain"] == "relay.example"
 
 
 def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
@@ -333,12 +385,15 @@ def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
 def test_top_of_a_node_with_redis_and_delivery_off_says_why_it_shows_no_queues(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """The queues' API answers 503 on a node that only receives: `top --cluster` says so, not
-    that the node has no [redis] url (it has one)."""
+    """The queues' API answers 503 for the cluster on a node that only receives (it is not in the
+    cluster's admin stream): `top --cluster` says so, not that the node has no [redis] url (it has one)."""
     with PigeonProcess(tmp_path / "node", redis={"url": redis_server.url}) as pigeon:
         top = pigeon_cli("top", "--once", "--cluster", "-c", str(pigeon.config_path), columns=200)
         assert top.returncode == 0, top.stderr
-        reason = "delivery is disabled on this node ([delivery] enabled = false)"
+        reason = (
+            "delivery is disabled on this node ([delivery] enabled = false): it answers for its own spool only, "
+            "not for the cluster (leave out ?cluster=1)"
+        )
         lines = top.stdout.splitlines()
         assert f"cluster: this node only: {reason}" in lines, top.stdout
         assert f"no queues: {reason}" in lines, top.stdout

@@ -19,6 +19,7 @@ import pytest
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
 
+README = Path(__file__).resolve().parents[2] / "README.md"
 MESSAGE = b"From: <sender@example.org>\r\nSubject: %s\r\n\r\nHello.\r\n"
 SLOW = """
     import asyncio
@@ -130,8 +131,13 @@ def test_an_injection_whose_client_hangs_up_while_the_policy_checks_it_stores_on
         assert (refused["response"]["code"], refused["response"]["enhanced"]) == (451, "4.4.2")
         assert refused["id"] in said
         (reception,) = pigeon.wait_records("Reception")
+        # Stored before the client left, so no `answered: false`, though it never got the answer:
+        # the README's event table must not let an operator read `answered` as "the client was told".
         assert reception["recipients"] == ["rcpt0@example.net"] and "answered" not in reception
         assert [m["id"] for m in pigeon.spool_messages()] == [reception["id"]]
+        row = next(line for line in README.read_text().splitlines() if line.startswith("| `Reception` |"))
+        assert "Over HTTP it never says that the client got the answer" in row
+        assert "a recipient committed before the client left has no `answered` either" in row
         # A client that waits for its answer has both taken.
         status, answer = pigeon.http_post(
             "/api/v1/inject",

@@ -15,6 +15,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port
 from tests.support.sinks import ScriptedSink, SinkConnection, peak_connections, wait_until
@@ -232,11 +234,14 @@ def test_the_delivery_outcome_hook_sees_which_host_answered_each_recipient(tmp_p
         ]
 
 
-def test_a_421_that_ends_the_session_at_rcpt_sends_the_message_to_the_next_mx(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunking", [False, True])
+def test_a_421_that_ends_the_session_at_rcpt_sends_the_message_to_the_next_mx(tmp_path: Path, chunking: bool) -> None:
     # A busy server's "421 try later, closing" at a RCPT: its own words, a definite no (no
-    # transaction was completed), so the next host may have the message at once.
+    # transaction was completed), so the next host may have the message at once. With
+    # CHUNKING too, though BDAT LAST went out with the RCPTs: the 421 came before its reply
+    # (RFC 2920 3.1), so the server took no message, and none "may be delivered twice".
     with _site(tmp_path, down=(1,), greylisting=()) as site:
-        busy = _Busy("127.0.0.2", site.port)
+        busy = _Busy("127.0.0.2", site.port, chunking=chunking)
         try:
             _send(site.pigeon, "a1@example.net", "qq2@example.net", "a3@example.net")
             delivered = _by_recipient(site.pigeon.wait_records("Delivery", 3))
@@ -245,6 +250,7 @@ def test_a_421_that_ends_the_session_at_rcpt_sends_the_message_to_the_next_mx(tm
         assert {record["peer"] for record in delivered.values()} == {site.peer(2)}
         assert [sorted(m.recipients) for m in site.mx[2].received] == [sorted(delivered)]
         assert busy.said_421 == 1
+        assert "delivered twice" not in site.pigeon.stderr()
 
 
 def test_a_stop_while_the_next_mx_is_tried_keeps_what_the_first_took(tmp_path: Path) -> None:
@@ -335,8 +341,9 @@ def test_a_stop_before_a_later_transaction_s_content_at_the_next_mx_keeps_what_i
 class _Busy:
     """A host that greets, then answers a RCPT for qq* with 421 and hangs up."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, chunking: bool = False) -> None:
         self.said_421 = 0
+        self.chunking = chunking  # offered with PIPELINING: BDAT LAST goes with the RCPTs
         self._server = socket.create_server((host, port))
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -352,7 +359,8 @@ class _Busy:
             for line in lines:
                 command = line.upper()
                 if command.startswith(b"EHLO"):
-                    connection.sendall(b"250-busy.example.net\r\n250 PIPELINING\r\n")
+                    chunking = b"250-CHUNKING\r\n" if self.chunking else b""
+                    connection.sendall(b"250-busy.example.net\r\n" + chunking + b"250 PIPELINING\r\n")
                 elif command.startswith(b"RCPT TO:<QQ"):
                     self.said_421 += 1
                     connection.sendall(b"421 4.3.2 too busy, closing\r\n")

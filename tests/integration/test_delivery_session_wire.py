@@ -342,6 +342,28 @@ async def test_a_server_saying_421_mid_transaction_ends_it_with_its_421_and_the_
 
 
 @on_both_loops
+@pytest.mark.parametrize("accepted", [0, 1])
+async def test_a_421_to_rcpt_after_bdat_last_went_out_is_the_servers_no_not_a_message_delivered_twice(
+    accepted: int,
+) -> None:
+    """With PIPELINING and CHUNKING, BDAT LAST and the message go with MAIL and every RCPT. A
+    421 to a RCPT (the first, or the second after a 250) comes before the reply to BDAT, and
+    the server closes: it never took the message. The transaction ends with the server's 421
+    for every recipient (which `try_next_mx` may take elsewhere at once), not ConnectionLost
+    saying the message may be delivered twice."""
+    busy = Reply(421, "4.3.2", ("going away",))
+    answers = {"RCPT": [*[Reply(250, "2.1.5", ("ok",))] * accepted, busy]}
+    async with server(answers=answers) as peer:
+        connection = await connect(peer)
+        result, _ = await connection.send(message("b@example.net", "c@example.net"))
+        assert result.replies == [busy, busy]
+        assert not connection.alive()
+        (session,) = peer.connections
+        assert b"BDAT" in session.received  # the content had gone out ahead of the 421
+        assert session.peer.message_ends() == []  # and the server never took it
+
+
+@on_both_loops
 async def test_quit_without_a_221_ends_when_the_server_hangs_up() -> None:
     async with server() as peer:
         connection = await connect(peer)

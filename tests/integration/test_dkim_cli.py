@@ -61,7 +61,7 @@ def test_serve_refuses_a_key_that_cannot_sign_naming_the_file(tmp_path: Path) ->
     config.write_text('[[dkim]]\ndomain = "example.com"\nselector = "s"\nprivate_key = "bad.pem"\n')
     result = pigeon_cli("serve", "-c", str(config), cwd=tmp_path)
     assert result.returncode != 0
-    assert "[dkim] private_key" in result.stderr and str(tmp_path / "bad.pem") in result.stderr
+    assert "[[dkim]] #1 private_key" in result.stderr and str(tmp_path / "bad.pem") in result.stderr
 
 
 def test_keygen_refuses_a_domain_or_selector_that_is_not_a_dns_name_and_writes_nothing(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_keygen_refuses_a_domain_or_selector_that_is_not_a_dns_name_and_writes_n
     (tmp_path / "k.pem").write_text("")
     (tmp_path / "pigeon.toml").write_text('[[dkim]]\ndomain = "example.com"\nselector = "x y"\nprivate_key = "k.pem"\n')
     result = pigeon_cli("serve", "-c", str(tmp_path / "pigeon.toml"), cwd=tmp_path)
-    assert result.returncode != 0 and "[dkim] selector" in result.stderr, result.stderr
+    assert result.returncode != 0 and "[[dkim]] #1 selector" in result.stderr, result.stderr
 
 
 def test_keygen_refuses_bits_for_an_ed25519_key_and_writes_nothing(tmp_path: Path) -> None:

@@ -136,6 +136,10 @@ def test_a_bounce_returns_the_message_as_it_left_over_smtp(pigeon: PigeonProcess
     assert b"Action: failed\r\n" in report.data
     # The peer as RFC 3464 names one: a host, here the address literal, without the port.
     assert b"\r\nRemote-MTA: dns; [127.0.0.1]\r\n" in report.data
+    # Every line Pigeon wrote (all but the returned message's) within RFC 5322's 78 octets.
+    _, returned = _returned(report)
+    own = report.data.replace(returned, b"")
+    assert max(len(line) for line in own.split(b"\r\n")) <= 78, own.decode()
 
 
 @pytest.mark.parametrize("ret", ["HDRS", "FULL"])

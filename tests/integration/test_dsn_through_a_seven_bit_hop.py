@@ -57,6 +57,7 @@ def test_the_report_on_an_smtputf8_message_reaches_its_sender_through_a_hop_with
     assert parsed.get_param("report-type") == "delivery-status"
     text, status, returned = parsed.get_payload()
     assert "Message needs SMTPUTF8" in text.get_content()
+    assert "Its headers (those in ASCII) are attached below;" in text.get_content()  # (what came back)
     assert status.get_content_type() == "message/delivery-status"
     assert "Final-Recipient: rfc822; b@example.net" in status.as_string()
     # Of the message, its header fields that are ASCII: the Subject in UTF-8 is left out.

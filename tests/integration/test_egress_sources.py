@@ -5,10 +5,14 @@ source's own `[[shaping]]` limits hold for its connections alone."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import smtplib
+import subprocess
+import sys
 import textwrap
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +37,9 @@ def _inject(pigeon: PigeonProcess, recipients: list[str], **request: Any) -> Non
     body = {
         "envelope_sender": "news@example.org",
         "recipients": [{"email": r} for r in recipients],
-        "content": "From: news@example.org\nSubject: pools\n\nHello.\n",
-        "template": False,
+        # A message of its own per recipient (raw content alike for all would be stored, and
+        # delivered, once per domain, as SMTP mail is).
+        "content": "From: news@example.org\nSubject: pools for {{ email }}\n\nHello.\n",
         **request,
     }
     status, answer = pigeon.http_post("/api/v1/inject", body, pigeon.local_token)
@@ -93,23 +98,29 @@ def _send(pigeon: PigeonProcess, recipient: str, tenant: str, pool: str | None =
         assert client.sendmail("a@example.org", [recipient], data) == {}
 
 
-def test_a_queue_pool_chooses_the_source_and_the_policy_hooks_pool_wins(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _pooled_node(tmp_path: Path, sink: ScriptedSink, policy: str) -> Iterator[PigeonProcess]:
+    """A node relaying to `sink` from pools two (ip-2, [delivery]'s) and three (ip-3, [[queue]]
+    `*acme@*`'s), with the policy module `policy`."""
     module = tmp_path / "policy.py"
-    module.write_text(textwrap.dedent(POLICY))
+    module.write_text(textwrap.dedent(policy))
     pools = [{"name": "two", "sources": ["ip-2"]}, {"name": "three", "sources": ["ip-3"]}]
-    config = delivery_config("", pool="two")
-    with ScriptedSink() as sink:
-        config["route"][0]["next_hop"] = sink.endpoint
-        tables = {"source": SOURCES, "pool": pools, "queue": [{"name": "*acme@*", "pool": "three"}]}
-        with PigeonProcess(tmp_path / "node", tables=tables, policy={"module": str(module)}, **config) as pigeon:
-            _send(pigeon, "default@example.net", "other")  # no pool of its own: [delivery] pool
-            _send(pigeon, "queue@example.net", "acme")  # its [[queue]]'s pool
-            _send(pigeon, "hook@example.net", "acme", pool="two")  # the hook's pool wins
-            _send(pigeon, "typo@example.net", "acme", pool="tow")  # no such pool: waits
-            sink.wait_for(3)
-            failure = pigeon.wait_records("TransientFailure")[0]
-            deliveries = pigeon.wait_records("Delivery", 3)
-            messages = pigeon.spool_messages()
+    config = delivery_config(sink.endpoint, pool="two")
+    tables = {"source": SOURCES, "pool": pools, "queue": [{"name": "*acme@*", "pool": "three"}]}
+    with PigeonProcess(tmp_path / "node", tables=tables, policy={"module": str(module)}, **config) as pigeon:
+        yield pigeon
+
+
+def test_a_queue_pool_chooses_the_source_and_the_policy_hooks_pool_wins(tmp_path: Path) -> None:
+    with ScriptedSink() as sink, _pooled_node(tmp_path, sink, POLICY) as pigeon:
+        _send(pigeon, "default@example.net", "other")  # no pool of its own: [delivery] pool
+        _send(pigeon, "queue@example.net", "acme")  # its [[queue]]'s pool
+        _send(pigeon, "hook@example.net", "acme", pool="two")  # the hook's pool wins
+        _send(pigeon, "typo@example.net", "acme", pool="tow")  # no such pool: waits
+        sink.wait_for(3)
+        failure = pigeon.wait_records("TransientFailure")[0]
+        deliveries = pigeon.wait_records("Delivery", 3)
+        messages = pigeon.spool_messages()
     peers = {
         a.recipients[0]: (arrival.peer, arrival.helo) for a, arrival in zip(sink.received, sink.arrivals, strict=True)
     }
@@ -133,6 +144,94 @@ def test_a_queue_pool_chooses_the_source_and_the_policy_hooks_pool_wins(tmp_path
     }
     assert "source" not in failure  # it never left
     assert [m["recipients"] for m in messages] == [["typo@example.net"]]  # kept, to be tried again
+
+
+def _inspect(pigeon: PigeonProcess, spool_id: str, *options: str) -> str:
+    shown = subprocess.run(
+        [sys.executable, "-m", "pigeon", "inspect", "-c", str(pigeon.config_path), spool_id, *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
+def test_inspect_shows_the_pool_a_message_leaves_from_and_what_named_it(tmp_path: Path) -> None:
+    """The README's example: a [[queue]] names the pool of tenant acme's mail. Its message, kept
+    for a retry by a site that is down, shows that pool, as one whose policy hook named a pool
+    shows that one, and one with neither shows none (the implicit source)."""
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(POLICY))
+    pools = [{"name": "outbound", "sources": ["ip-2", "ip-3"]}, {"name": "two", "sources": ["ip-2"]}]
+    config = delivery_config("", retry_interval="1h")
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: "421 4.3.2 down for maintenance"
+        config["route"][0]["next_hop"] = sink.endpoint
+        tables = {"source": SOURCES, "pool": pools, "queue": [{"name": "*acme@*", "pool": "outbound"}]}
+        with PigeonProcess(tmp_path / "node", tables=tables, policy={"module": str(module)}, **config) as pigeon:
+            _send(pigeon, "queue@example.net", "acme")
+            _send(pigeon, "hook@example.net", "acme", pool="two")
+            _send(pigeon, "none@example.net", "other")
+            pigeon.wait_records("TransientFailure", 3)
+            ids = {m["recipients"][0]: m["id"] for m in pigeon.spool_messages()}
+            shown = {recipient: _inspect(pigeon, spool_id) for recipient, spool_id in ids.items()}
+            answers = {
+                recipient: json.loads(_inspect(pigeon, spool_id, "--json")) for recipient, spool_id in ids.items()
+            }
+    pools_shown = {
+        r: [line for line in text.splitlines() if line.startswith("egress_pool")] for r, text in shown.items()
+    }
+    assert pools_shown == {
+        "queue@example.net": ["egress_pool    outbound (its [[queue]]'s pool)"],
+        "hook@example.net": ["egress_pool    two (named by the policy hook)"],
+        "none@example.net": [],
+    }, shown
+    assert {r: (a["egress_pool"], a["egress_pool_from"]) for r, a in answers.items()} == {
+        "queue@example.net": ("outbound", "queue"),
+        "hook@example.net": ("two", "policy"),
+        "none@example.net": (None, None),
+    }
+
+
+POOL_SEEN = """
+    from pigeon.policy import Changes
+
+    def on_message(message):
+        pool = message.headers.get("X-Egress-Pool")
+        return Changes(egress_pool=pool) if pool else None
+
+    def _note(hook, delivery):
+        with open(__file__ + ".seen", "a") as seen:
+            seen.write(f"{hook} {delivery.recipients[0]} {delivery.egress_pool} {delivery.egress_pool_from} "
+                       f"{delivery.source}\\n")
+
+    def before_delivery(delivery):
+        _note("before", delivery)
+
+    def on_delivery_outcome(outcome):
+        _note("outcome", outcome.delivery)
+"""
+
+
+def test_before_delivery_sees_the_pool_the_mail_leaves_from_whoever_named_it(tmp_path: Path) -> None:
+    """A hook is told the pool the scheduler chose and `pigeon inspect` shows, and what named
+    it: not only a pool `on_message` named, but its [[queue]]'s and [delivery] pool too."""
+    with ScriptedSink() as sink, _pooled_node(tmp_path, sink, POOL_SEEN) as pigeon:
+        _send(pigeon, "default@example.net", "other")  # [delivery] pool
+        _send(pigeon, "queue@example.net", "acme")  # its [[queue]]'s pool
+        _send(pigeon, "hook@example.net", "acme", pool="two")  # on_message's pool wins
+        sink.wait_for(3)
+        pigeon.wait_records("Delivery", 3)
+    seen = (tmp_path / "policy.py.seen").read_text().splitlines()
+    assert sorted(seen) == [
+        "before default@example.net two delivery ip-2",
+        "before hook@example.net two policy ip-2",
+        "before queue@example.net three queue ip-3",
+        "outcome default@example.net two delivery ip-2",
+        "outcome hook@example.net two policy ip-2",
+        "outcome queue@example.net three queue ip-3",
+    ]
 
 
 def test_a_sources_own_shaping_block_limits_its_connections_alone(tmp_path: Path) -> None:

@@ -265,6 +265,47 @@ def test_malformed_json_is_refused_naming_the_body_as_the_field(api_node: Pigeon
     assert answer["error"].startswith("malformed JSON")
 
 
+_RAW = b'"From: a@example.org\\r\\nSubject: \\ud800\\r\\n\\r\\nhi\\r\\n"'
+_ENVELOPE = b'"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net"}]'
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "what"),
+    [
+        ("/api/v1/inject", b"{" + _ENVELOPE + b', "template": false, "content": ' + _RAW + b"}", "$.content", None),
+        ("/api/v1/inject", b"{" + _ENVELOPE + b', "template": true, "content": ' + _RAW + b"}", "$.content", None),
+        (
+            "/api/v1/inject",
+            b"{" + _ENVELOPE + b', "content": {"from": {"email": "a@example.org"}, "subject": "\\ud800"}}',
+            "$.content.subject",
+            None,
+        ),
+        (  # a high half followed by no low half, but by another escape
+            "/api/v1/inject",
+            b"{" + _ENVELOPE + b', "substitutions": {"code": "\\ud800\\u0041"}, "content": ' + _RAW + b"}",
+            "$.substitutions.code",
+            None,
+        ),
+        (
+            "/api/v1/inject",
+            b'{"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net", "metadata":'
+            b' {"\\udc00": "x"}}], "content": ' + _RAW + b"}",
+            "$.recipients[0].metadata",
+            "a member name in $.recipients[0].metadata",
+        ),
+        ("/api/v1/admin/suspend", b'{"domain": "\\udc00x.example"}', "$.domain", None),
+    ],
+)
+def test_a_lone_surrogate_escape_is_refused_naming_its_path_not_as_truncated_json(
+    api_node: PigeonProcess, path: str, body: bytes, field: str, what: str | None
+) -> None:
+    status, answer = api_node.http_post(path, None, api_node.local_token, raw=body)
+    assert (status, answer["field"]) == (400, field), answer
+    assert answer["error"].startswith(f"{what or field} holds a lone surrogate"), answer
+    assert "not valid Unicode text" in answer["error"]
+    assert _ask(api_node, "GET", "/api/v1/admin/suspend")[1]["rules"] == []
+
+
 _INJECTION = {
     "envelope_sender": "app@example.org",
     "recipients": [{"email": "tempfail@example.net"}],

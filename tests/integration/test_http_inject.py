@@ -205,7 +205,20 @@ def test_a_request_without_a_valid_token_gets_401_or_403_and_stores_nothing(refu
         ({"recipients": [{"email": 7}]}, "$.recipients[0].email", "Expected `str`"),
         ({"recipients": [{"email": "not an address"}]}, "$.recipients[0].email", "Not a valid mailbox"),
         ({"envelope_sender": "bad@@example.org"}, "$.envelope_sender", "Not a valid mailbox"),
-        ({"colour": "blue"}, "$", "unknown field `colour`"),
+        ({"colour": "blue"}, "$.colour", "unknown field `colour`"),
+        ({"recipients": [{"email": "a@example.net", "colour": 1}]}, "$.recipients[0].colour", "unknown field"),
+        ({"recipients": [{"email": "a@example.net", "metadata": {"u": 1}}]}, "$.recipients[0].metadata.u", "`str`"),
+        (
+            {"recipients": [{"email": "a@example.net", "metadata": {"a": "1", "u v": {}}}]},
+            '$.recipients[0].metadata["u v"]',
+            "Expected `str`, got `object`",
+        ),
+        ({"recipients": [{"name": "Ann"}]}, "$.recipients[0].email", "missing required field `email`"),
+        (
+            {"content": {"from": {"email": "a@example.org"}, "text": "x", "headers": {"X-A": "1", "x-a": "2"}}},
+            "$.content.headers.x-a",
+            "'x-a' is 'X-A' again (names are case-insensitive)",
+        ),
         (
             {"content": {"from": {"email": "a@example.org"}, "subject": "{{ oops", "text": "x"}},
             "$.content.subject",
@@ -234,9 +247,37 @@ def test_a_malformed_request_gets_400_naming_the_field_and_stores_nothing(
     assert refusing.spool_messages() == []
 
 
+def test_a_missing_envelope_sender_gets_400_naming_it(refusing: PigeonProcess) -> None:
+    request = _parts_request()
+    del request["envelope_sender"]
+    status, answer = refusing.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer) == (
+        400,
+        {"error": "Object missing required field `envelope_sender`", "field": "$.envelope_sender"},
+    )
+
+
 def test_malformed_json_gets_400(refusing: PigeonProcess) -> None:
     status, answer = refusing.http_post("/api/v1/inject", None, TOKEN, raw=b'{"envelope_sender": ')
     assert status == 400 and answer["error"].startswith("malformed JSON")
+
+
+def test_a_request_whose_every_recipient_is_refused_for_good_gets_422_whatever_refused_them(
+    pigeon: PigeonProcess,
+) -> None:
+    # Not the policy here: a template that names a value no recipient has, and content over
+    # max_message_size. 200 would tell a client that checks the status that all went well.
+    request = _parts_request(substitutions={})
+    request["recipients"] = [{"email": "bob@example.com"}, {"email": "carl@example.com"}]
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 422, answer
+    assert (answer["accepted"], answer["failed"]) == (0, 2)
+    assert all("'code' is undefined" in r["error"] for r in answer["recipients"])
+    big = _parts_request(substitutions={"code": "x"})
+    big["content"]["text"] = "a long line of text\n" * 2_000_000  # 40 MB
+    status, answer = pigeon.http_post("/api/v1/inject", big, TOKEN)
+    assert status == 422, answer
+    assert all(r["error"].startswith("552 ") for r in answer["recipients"]), answer
 
 
 def test_an_undefined_variable_refuses_only_that_recipient(pigeon: PigeonProcess, sink: ScriptedSink) -> None:

@@ -20,6 +20,7 @@ from tests.support.apps import (
     WebhookApp,
     customer_mail,
     imap_mailbox,
+    mailbox_health,
     redis_in_use_for_a_while,
     webhook_target,
 )
@@ -149,3 +150,61 @@ def heartbeat_runs_out_in(redis_server: RedisServer, token: str, ms: int) -> Non
     client = redis_server.client()
     now, micros = client.time()
     client.hset("pigeon:inbound:nodes", token, int(now * 1000 + micros // 1000 + ms))
+
+
+def named_hook_node(
+    tmp_path: Path, name: str, redis_server: RedisServer, app: WebhookApp, dovecot: Dovecot
+) -> PigeonProcess:
+    """Node `name` watching the test mailbox, 2 handoffs at a time; its requests say who it is
+    (X-Test-Node), so the application can hold them."""
+    hook = webhook_target(app, headers={"X-Test-Node": name})
+    box = imap_mailbox(dovecot, "hook", concurrency=2)  # lease: the default 60 s
+    redis = {"url": redis_server.url}
+    return PigeonProcess(tmp_path / name, node={"name": name}, redis=redis, target=[hook], mailbox=[box])
+
+
+def test_what_a_node_killed_mid_batch_held_is_recorded_as_taken_over_from_it(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """A node killed while its batch is with the target may have handed any of it over: its
+    answers never came back to mark it done. The node that takes its claims over hands them
+    over again, and its records name the dead node (`taken_over_from`, its token, as
+    `recovered_from` does), so the application's possible second copies can be told from the
+    log; the INFO line of the takeover says so too. What it hands over that no dead node held
+    carries no such mark."""
+    held = [customer_mail(i) for i in range(4)]
+    fresh = [customer_mail(i, tag="fresh") for i in range(2)]
+    redis_in_use_for_a_while(redis_server)
+    with WebhookApp() as app:
+        app.hold("victim")  # its requests reach the application, whose answers wait
+        uids = dovecot.append("app", held)  # there before it starts: its first search finds them all
+        victim = named_hook_node(tmp_path, "victim", redis_server, app, dovecot).start()
+        survivor = named_hook_node(tmp_path, "survivor", redis_server, app, dovecot)
+        try:
+            # All four claimed in one batch, two of them on the wire (its concurrency).
+            wait_until(lambda: mailbox_health(victim)["claims"] == 4 and app.started == 2, 30, interval=0.01)
+            token = redis_server.client().get(claim_key(dovecot, uids[0])).decode().split(":")[1].split(".")[0]
+            survivor.start()  # finds them all held by a live node
+            victim.kill()
+            app.release("victim")  # the application takes the two it had: their answers go nowhere
+            wait_until(lambda: app.accepted_from("victim") == 2, 10)
+            dovecot.append("app", fresh)
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+            records = survivor.wait_records("InboundDelivery", 6)
+            said = f"took over 4 messages from node victim (token {token}), whose heartbeat stopped"
+            (line,) = [line for line in survivor.wait_stderr(said).splitlines() if said in line]
+        finally:
+            for node in (victim, survivor):
+                node.kill()
+    key = {raw: hashlib.sha256(raw).hexdigest() for raw in held + fresh}
+    by_key = {r["dedupe_key"]: r for r in records}
+    assert set(by_key) == set(key.values()) and len(records) == 6
+    assert sum(app.accepted.values()) == 8  # the two the victim had on the wire, twice
+    assert not victim.records("InboundDelivery")  # it died before any answer came
+    for raw in held:
+        record = by_key[key[raw]]
+        assert record["taken_over_from"] == token, record
+        assert record.get("recovered_from") is None and not record.get("repeated_by_takeover")
+    for raw in fresh:
+        assert "taken_over_from" not in by_key[key[raw]], by_key[key[raw]]
+    assert "taken_over_from" in line, line  # the operator is told where to look

@@ -17,6 +17,7 @@ from pigeon.dkim.keys import generate_key, write_key
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config
+from tests.support.tcp_proxy import TcpProxy
 
 TOKEN = "loops-token-0123456789"
 LOOP = "554 5.4.6 Too many hops: mail loop detected (RFC 5321 6.3)"
@@ -118,11 +119,14 @@ def test_a_node_that_signs_and_is_routed_to_itself_stops_the_loop_at_max_hops(tm
     key = tmp_path / "key.pem"
     write_key(key, generate_key("rsa-sha256"))
     dkim = [{"domain": "example.org", "selector": "s1", "private_key": key}]
-    with ScriptedSink() as sink:
-        # Mail for loop.test goes back to the node itself; anything else (the DSN) to the sink.
-        pigeon = PigeonProcess(tmp_path / "node", dkim=dkim, **delivery_config(sink.endpoint))
+    pigeon = PigeonProcess(tmp_path / "node", dkim=dkim)
+    # Mail for loop.test goes back to the node itself, through a TCP proxy (a loop through
+    # other hosts: a route straight to the node's own listener is refused at once, see
+    # test_delivery_loops); anything else (the DSN) to the sink.
+    with ScriptedSink() as sink, TcpProxy(pigeon.smtp_port) as proxy:
+        pigeon.config.update(delivery_config(sink.endpoint))
         pigeon.config["route"].insert(
-            0, {"domain": "loop.test", "next_hop": f"127.0.0.1:{pigeon.smtp_port}", "tls": "disabled"}
+            0, {"domain": "loop.test", "next_hop": f"127.0.0.1:{proxy.port}", "tls": "disabled"}
         )
         pigeon.config_path.write_text(to_toml(pigeon.config))
         with pigeon:

@@ -9,8 +9,6 @@ import asyncio
 import os
 import signal
 import smtplib
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,15 +38,6 @@ def _restart_with(pigeon: PigeonProcess, workers: int) -> None:
     pigeon.config["node"]["workers"] = workers
     pigeon.config_path.write_text(to_toml(pigeon.config))
     pigeon.start()
-
-
-def _cli(pigeon: PigeonProcess, *args: str) -> str:
-    shown = subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "-c", str(pigeon.config_path)],
-        capture_output=True, text=True, timeout=60, cwd=pigeon.root,
-    )  # fmt: skip
-    assert shown.returncode == 0, shown.stdout + shown.stderr
-    return shown.stdout
 
 
 def _to(sink: ScriptedSink, domain: str) -> list[object]:
@@ -89,15 +78,15 @@ def _every_one_bounced(pigeon: PigeonProcess, sink: ScriptedSink, workers: int) 
 
 def _listed_and_held_everywhere(pigeon: PigeonProcess, kind: str, domain: str) -> str:
     """The one rule of `kind` listed, for `domain`, held on every worker; its id."""
-    [line] = _cli(pigeon, kind, "--list").splitlines()
+    [line] = pigeon.cli(kind, "--list").splitlines()
     assert domain in line and "not held" not in line, line
     return line.split()[0]
 
 
 def test_rules_made_with_one_worker_hold_on_every_worker_once_the_node_has_two(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink, 1) as pigeon:
-        _cli(pigeon, "suspend", "--domain", HELD)
-        _cli(pigeon, "bounce", "--domain", BOUNCED, "--duration", "1h")
+        pigeon.cli("suspend", "--domain", HELD)
+        pigeon.cli("bounce", "--domain", BOUNCED, "--duration", "1h")
         _restart_with(pigeon, 2)
         suspension = _listed_and_held_everywhere(pigeon, "suspend", HELD)
         _listed_and_held_everywhere(pigeon, "bounce", BOUNCED)
@@ -106,7 +95,7 @@ def test_rules_made_with_one_worker_hold_on_every_worker_once_the_node_has_two(t
         pigeon.kill()  # and after a kill -9 of the whole node
         pigeon.start()
         _listed_and_held_everywhere(pigeon, "bounce", BOUNCED)
-        _cli(pigeon, "resume", suspension)
+        pigeon.cli("resume", suspension)
         sink.wait_for(held, timeout=30)
 
 
@@ -139,14 +128,14 @@ def test_rules_a_one_worker_node_kept_in_its_shard_alone_hold_on_every_worker_on
 
 def test_a_rule_ended_with_one_worker_stays_ended_once_the_node_has_two_again(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink, 2) as pigeon:
-        _cli(pigeon, "suspend", "--domain", HELD)
-        _cli(pigeon, "bounce", "--domain", BOUNCED, "--duration", "1h")
+        pigeon.cli("suspend", "--domain", HELD)
+        pigeon.cli("bounce", "--domain", BOUNCED, "--duration", "1h")
         _restart_with(pigeon, 1)
-        _cli(pigeon, "resume", _listed_and_held_everywhere(pigeon, "suspend", HELD))
-        _cli(pigeon, "bounce", "--cancel", _listed_and_held_everywhere(pigeon, "bounce", BOUNCED))
+        pigeon.cli("resume", _listed_and_held_everywhere(pigeon, "suspend", HELD))
+        pigeon.cli("bounce", "--cancel", _listed_and_held_everywhere(pigeon, "bounce", BOUNCED))
         _restart_with(pigeon, 2)
-        assert _cli(pigeon, "suspend", "--list").strip() == "none"
-        assert _cli(pigeon, "bounce", "--list").strip() == "none"
+        assert pigeon.cli("suspend", "--list").strip() == "none"
+        assert pigeon.cli("bounce", "--list").strip() == "none"
         sent = [*_send_to_every_worker(pigeon, HELD, 2), *_send_to_every_worker(pigeon, BOUNCED, 2)]
         sink.wait_for(len(sent), timeout=30)
         assert not pigeon.records("AdminBounce")
@@ -154,7 +143,7 @@ def test_a_rule_ended_with_one_worker_stays_ended_once_the_node_has_two_again(tm
 
 def test_a_resume_one_worker_missed_is_not_undone_when_the_node_goes_back_to_one_worker(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink, 2) as pigeon:
-        rule_id = _cli(pigeon, "suspend", "--domain", HELD).split("(rule ", 1)[1].split(")", 1)[0]
+        rule_id = pigeon.cli("suspend", "--domain", HELD).split("(rule ", 1)[1].split(")", 1)[0]
         held = _none_delivered_while_suspended(pigeon, sink, 2)
         # Worker 0 misses the resume (stopped), and the node is killed before it is handed it.
         os.kill(int((pigeon.spool_path / "shard-0" / "lock").read_text()), signal.SIGSTOP)
@@ -164,14 +153,14 @@ def test_a_resume_one_worker_missed_is_not_undone_when_the_node_goes_back_to_one
         pigeon.config["node"]["workers"] = 1
         pigeon.config_path.write_text(to_toml(pigeon.config))
         pigeon.start()
-        assert _cli(pigeon, "suspend", "--list").strip() == "none"
+        assert pigeon.cli("suspend", "--list").strip() == "none"
         sink.wait_for(held, timeout=30)  # shard 0's mail too, within a suspension's hold (60 s)
 
 
 def test_rules_made_with_two_workers_hold_on_every_worker_once_the_node_has_three(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink, 2) as pigeon:
-        _cli(pigeon, "suspend", "--domain", HELD)
-        _cli(pigeon, "bounce", "--domain", BOUNCED, "--duration", "1h")
+        pigeon.cli("suspend", "--domain", HELD)
+        pigeon.cli("bounce", "--domain", BOUNCED, "--duration", "1h")
         _restart_with(pigeon, 3)
         _listed_and_held_everywhere(pigeon, "suspend", HELD)
         _listed_and_held_everywhere(pigeon, "bounce", BOUNCED)
@@ -181,13 +170,13 @@ def test_rules_made_with_two_workers_hold_on_every_worker_once_the_node_has_thre
 
 def test_rules_that_ran_out_while_the_node_was_down_hold_nowhere_once_it_has_two_workers(tmp_path: Path) -> None:
     with ScriptedSink() as sink, _node(tmp_path, sink, 1) as pigeon:
-        _cli(pigeon, "suspend", "--domain", HELD, "--duration", "2s")
-        _cli(pigeon, "bounce", "--domain", BOUNCED, "--duration", "2s")
+        pigeon.cli("suspend", "--domain", HELD, "--duration", "2s")
+        pigeon.cli("bounce", "--domain", BOUNCED, "--duration", "2s")
         assert pigeon.stop() == 0
         time.sleep(2.5)
         _restart_with(pigeon, 2)
-        assert _cli(pigeon, "suspend", "--list").strip() == "none"
-        assert _cli(pigeon, "bounce", "--list").strip() == "none"
+        assert pigeon.cli("suspend", "--list").strip() == "none"
+        assert pigeon.cli("bounce", "--list").strip() == "none"
         sent = [*_send_to_every_worker(pigeon, HELD, 2), *_send_to_every_worker(pigeon, BOUNCED, 2)]
         sink.wait_for(len(sent), timeout=30)
         assert not pigeon.records("AdminBounce") and "lacked" not in pigeon.stderr()

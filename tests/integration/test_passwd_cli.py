@@ -64,8 +64,30 @@ def test_passwd_refuses_to_write_into_a_file_that_is_not_a_users_file(tmp_path: 
     config = tmp_path / "pigeon.toml"
     config.write_text('[smtp]\nauth_users = "users"\n')
     result = passwd("-c", str(config), "alice")
-    assert result.returncode == 1
+    assert result.returncode == 2  # a usage error, as the README's table of exit statuses says
     assert result.stderr == f"pigeon: {config}, line 1: not a users file (expected user:$scrypt$...); nothing changed\n"
+    assert config.read_text() == '[smtp]\nauth_users = "users"\n'
+
+
+def test_passwd_checks_the_file_before_asking_for_the_password(tmp_path: Path) -> None:
+    """A configuration given for `--file`, or a users file that cannot be read, was refused
+    only after the password had been typed twice, and with exit status 1 (refused), not 2."""
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nauth_users = "users"\n')
+    unreadable = tmp_path / "users"
+    unreadable.mkdir()  # (a directory: unreadable as a file, even by root)
+    for path, said in (
+        (config, f"pigeon: {config}, line 1: not a users file (expected user:$scrypt$...); nothing changed\n"),
+        (unreadable, f"pigeon: {unreadable}: cannot read the users file: [Errno 21] Is a directory: "
+                     f"'{unreadable}'; nothing changed\n"),
+    ):  # fmt: skip
+        for option in ("--file", "-c"):
+            # Not --stdin: the password is asked for, on stderr in a session without a terminal.
+            result = subprocess.run([sys.executable, "-m", "pigeon", "passwd", option, str(path), "bob"],
+                                    input="s\ns\n", capture_output=True, text=True, timeout=60,
+                                    start_new_session=True)  # fmt: skip
+            assert (result.returncode, result.stderr) == (2, said)
+            assert "Password" not in result.stdout
     assert config.read_text() == '[smtp]\nauth_users = "users"\n'
 
 
@@ -112,3 +134,18 @@ def test_passwd_says_a_running_node_takes_the_user_at_sighup_as_it_does(tmp_path
         pigeon.wait_stderr("reloaded:")
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
             assert client.login("bob", "bob-secret")[0] == 235
+
+
+def test_passwd_tenants_binds_the_user_and_a_new_password_keeps_the_binding(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    assert passwd("-c", str(users), "--tenants", "acme, globex", "alice").returncode == 0
+    assert users.read_text().rstrip("\n").endswith(":tenants=acme,globex")
+    assert passwd("--file", str(users), "alice", password="other").returncode == 0
+    assert PasswordFile.load(users).binding("alice") == frozenset({"acme", "globex"})
+    refused = passwd("--file", str(users), "--tenants", "a b", "alice")
+    assert refused.returncode == 2
+    assert (
+        refused.stderr
+        == "pigeon: --tenants: tenant 'a b' contains ' ': no white space, ':' or '@' allowed; nothing changed\n"
+    )
+    assert PasswordFile.load(users).check("alice", "other")

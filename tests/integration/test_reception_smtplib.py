@@ -116,6 +116,36 @@ def test_smtputf8_address_is_accepted_with_the_parameter(pigeon: PigeonProcess) 
     assert b" with UTF8SMTP id " in stored["data"]
 
 
+def test_esmtp_parameters_after_helo_are_refused_and_logged(pigeon: PigeonProcess) -> None:
+    """RFC 5321 4.1.1.1, RFC 6531 3.4: after HELO no extension applies. Found from outside:
+    `MAIL FROM:<a@b.c> SMTPUTF8` after HELO got 250. (smtplib leaves parameters out after
+    HELO, so they are sent with docmd.)"""
+    helo = b"the session began with HELO, which offers no extensions"
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        assert client.helo("client.test")[0] == 250
+        assert client.docmd("MAIL", "FROM:<ann@example.org> SMTPUTF8") == (
+            555,
+            b"5.5.4 SMTPUTF8 is not recognised: " + helo,
+        )
+        assert client.docmd("MAIL", "FROM:<a@example.org>") == (250, b"2.1.0 Sender ok")
+        assert client.docmd("RCPT", "TO:<b@example.net> NOTIFY=NEVER") == (
+            555,
+            b"5.5.4 NOTIFY is not recognised: " + helo,
+        )
+        assert client.docmd("RCPT", "TO:<b@example.net>")[0] == 250
+        client.send(b"BDAT 5 LAST\r\nhello")  # (the chunk is read and dropped)
+        code, text = client.getreply()
+        assert (code, text[:5]) == (502, b"5.5.1")
+        assert client.data(b"Subject: plain\r\n\r\nhi\r\n")[0] == 250
+        assert client.ehlo("client.test")[0] == 250  # after EHLO, as ever
+        assert client.docmd("MAIL", "FROM:<a@example.org> SIZE=100 BODY=8BITMIME")[0] == 250
+    rejections = pigeon.wait_records("Rejection", 3)
+    assert [(r["command"], r["response"]["code"]) for r in rejections] == [("MAIL", 555), ("RCPT", 555), ("BDAT", 502)]
+    assert (rejections[0]["sender"], rejections[1]["recipients"]) == ("ann@example.org", ["b@example.net"])
+    (stored,) = pigeon.spool_messages()
+    assert b" with SMTP id " in stored["data"]
+
+
 def test_oversized_message_is_refused_before_and_after_data(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with PigeonProcess(tmp_path / "node", smtp={"max_message_size": 2000}) as pigeon:
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:

@@ -1,4 +1,5 @@
-"""SIGHUP reloads the TLS certificate, the SMTP users and the routes without dropping a connection."""
+"""SIGHUP reloads the TLS certificate, the SMTP users and the routes without dropping a connection
+(a session authenticated as a user removed loses its authentication, not its connection)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def test_a_reload_that_cannot_read_the_certificate_keeps_the_running_one(tmp_pat
         assert "not valid TOML" in pigeon.stderr()
 
 
-def test_sighup_takes_new_smtp_users_and_an_authenticated_session_goes_on(tmp_path: Path) -> None:
+def test_sighup_takes_new_smtp_users_and_a_removed_user_s_open_session_loses_its_auth(tmp_path: Path) -> None:
     users = tmp_path / "users"
     set_password(users, "alice", "alice-secret")
     # Loopback is not a relay network here: sending needs AUTH.
@@ -114,8 +115,11 @@ def test_sighup_takes_new_smtp_users_and_an_authenticated_session_goes_on(tmp_pa
         ):
             client.login("alice", "alice-secret")
         assert refused.value.smtp_code == 535
-        assert alice.sendmail("alice@src.test", ["b@dst.test"], MESSAGE) == {}
-        alice.quit()
+        # The session she opened before is no longer authenticated either (see
+        # test_reload_withdraws_open_sessions_authorization.py).
+        with pytest.raises(smtplib.SMTPSenderRefused) as revoked:
+            alice.sendmail("alice@src.test", ["b@dst.test"], MESSAGE)
+        assert revoked.value.smtp_code == 421  # and the connection closed: she connects again
 
 
 def test_sighup_takes_new_routes_and_names_the_changes_that_need_a_restart(tmp_path: Path) -> None:
@@ -246,3 +250,33 @@ def test_a_reload_that_requires_tls_stops_mail_a_plaintext_connection_took_and_h
     plaintext = [r for r in received if not r.tls]
     assert len(plaintext) <= plaintext_by_then + 1, [(r.recipients, r.tls) for r in received]
     assert all(r.tls for r in received[len(plaintext) :])
+
+
+OLD_TOKEN, NEW_TOKEN = "old-admin-token-0123456789", "new-admin-token-0123456789"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sighup_takes_new_api_tokens_and_relay_networks_at_once(tmp_path: Path, workers: int) -> None:
+    """Found from outside: revoking a leaked API token, or taking a network out of
+    `relay_networks` (an open relay found), waited for a restart. (With two workers the
+    supervisor answers the API: its tokens are taken too.)"""
+    tokens = [{"name": "ops", "token": OLD_TOKEN, "scopes": ["read"]}]
+    pigeon = PigeonProcess(tmp_path / "node", node={"workers": workers}, http={"token": tokens})
+    with pigeon:
+        assert pigeon.http_call("GET", "/api/v1/queues", token=OLD_TOKEN)[0] == 200
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+            assert client.sendmail("a@src.test", ["b@dst.test"], MESSAGE) == {}  # loopback relays
+        pigeon.config["http"]["token"] = [{"name": "ops2", "token": NEW_TOKEN, "scopes": ["read"]}]
+        pigeon.config["smtp"]["relay_networks"] = ["192.0.2.0/24"]
+        pigeon.config_path.write_text(to_toml(pigeon.config))
+        _hangup(pigeon, "reloaded:", workers)
+        assert pigeon.http_call("GET", "/api/v1/queues", token=OLD_TOKEN)[0] == 401
+        assert pigeon.http_call("GET", "/api/v1/queues", token=NEW_TOKEN)[0] == 200
+        assert pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)[0] == 200  # the CLI's, kept
+        for _ in range(4):  # new connections, whichever worker takes each
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                client.ehlo("client.test")
+                client.mail("a@src.test")
+                code, text = client.rcpt("b@dst.test")
+                assert (code, b"relay" in text.lower()) == (550, True), (code, text)
+    assert "takes effect at the next restart" not in pigeon.stderr()

@@ -40,7 +40,7 @@ def _restart_with(pigeon: PigeonProcess, workers: int, restart: str) -> None:
 
 
 def _held_everywhere(pigeon: PigeonProcess, sink: ScriptedSink, workers: int) -> None:
-    [line] = counts._cli(pigeon, "suspend", "--list").splitlines()
+    [line] = pigeon.cli("suspend", "--list").splitlines()
     assert line.startswith("K ") and SUSPENDED in line and "not held" not in line, line
     sent = counts._send_to_every_worker(pigeon, SUSPENDED, workers)
     time.sleep(3)

@@ -231,6 +231,17 @@ def stranger() -> Iterator[pwd.struct_passwd]:
             subprocess.run(["userdel", name], check=False)
 
 
+def _refused_start(root: Path, *, workers: int, user: str) -> str:
+    """What a node that must refuse to start as `user` said: it exits 1."""
+    pigeon = PigeonProcess(root, node={"workers": workers, "user": user})
+    pigeon.start(wait=False)
+    try:
+        assert pigeon.wait_exit() == 1
+    finally:
+        pigeon.kill()
+    return pigeon.stderr()
+
+
 def test_workers_the_user_cannot_start_the_interpreter_of_are_refused_with_its_path(
     stranger: pwd.struct_passwd, shared_tmp: Path
 ) -> None:
@@ -238,14 +249,30 @@ def test_workers_the_user_cannot_start_the_interpreter_of_are_refused_with_its_p
     runs = subprocess.run(["runuser", "-u", stranger.pw_name, "--", str(interpreter), "-c", "0"], capture_output=True)
     if runs.returncode == 0:
         pytest.skip(f"{interpreter} is within reach of every user here")
-    pigeon = PigeonProcess(shared_tmp / "node", node={"workers": 2, "user": stranger.pw_name})
-    pigeon.start(wait=False)
-    try:
-        assert pigeon.wait_exit() == 1
-    finally:
-        pigeon.kill()
-    said = pigeon.stderr()
+    said = _refused_start(shared_tmp / "node", workers=2, user=stranger.pw_name)
     assert f"pigeon: cannot start: the workers' interpreter {interpreter}" in said, said
     assert f"out of reach of the [node] user {stranger.pw_name!r}" in said, said
     assert "must be able to read and execute it" in said, said
     assert "worker 0 started" not in said  # checked before any worker is started
+
+
+def test_a_single_process_node_the_user_cannot_load_python_from_is_refused_with_the_way_in(
+    stranger: pwd.struct_passwd, shared_tmp: Path
+) -> None:
+    """One process imports as it runs, as the user: a node of one worker is stopped with the
+    same plain reason as a node of several, not a traceback at its first import."""
+    stdlib = os.path.dirname(os.__file__)
+    runs = subprocess.run(["runuser", "-u", stranger.pw_name, "--", "ls", stdlib], capture_output=True)
+    if runs.returncode == 0:
+        pytest.skip(f"{stdlib} is within reach of every user here")
+    said = _refused_start(shared_tmp / "node", workers=1, user=stranger.pw_name)
+    assert "Traceback" not in said, said
+    assert f"pigeon: cannot start: the interpreter {sys.executable}" in said, said
+    assert f", or its standard library {stdlib}, is out of reach of the [node] user {stranger.pw_name!r}" in said, said
+    way = reversed(Path(os.path.realpath(stdlib)).parents)
+    closed = next((directory for directory in way if not directory.stat().st_mode & 0o001), None)
+    if closed is not None:
+        assert f"or let that user through: setfacl -m u:{stranger.pw_name}:x {closed})" in said, said
+    else:
+        assert f"(let that user read it: setfacl -m u:{stranger.pw_name}:rx {os.path.realpath(stdlib)})" in said, said
+    assert not (shared_tmp / "node" / "spool" / "shard-0").exists()  # stopped before the node began

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -153,7 +154,7 @@ def test_check_reports_a_shaping_block_for_an_unknown_source_as_a_problem(tmp_pa
     result = pigeon_cli("shaping", "check", "pigeon.toml", cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.splitlines() == [
-        "pigeon.toml, line 7: [shaping] source: [[shaping]] #1: no [[source]] called 'ip-9' (known: 'ip-2')"
+        "pigeon.toml, line 7: [[shaping]] #1 source: no [[source]] called 'ip-9' (known: 'ip-2')"
     ]
     assert "1 problem in pigeon.toml" in result.stderr
 
@@ -271,3 +272,82 @@ def test_each_shaping_action_s_help_shows_its_own_examples(tmp_path: Path) -> No
     assert "pigeon shaping end 3f9a0c1b2d4e" in end and "pigeon shaping explain" not in end
     group = pigeon_cli("shaping", "--help", cwd=tmp_path).stdout
     assert all(f"pigeon shaping {action}" in group for action in ("check", "explain", "status", "end"))
+
+
+def test_explain_writes_an_ipv6_next_hop_s_site_and_queue_with_brackets(tmp_path: Path) -> None:
+    # Found from outside: a route to "[::1]:44127" gave site and queue "default->::1:44127",
+    # where the port cannot be told from the address, while errors wrote "[::1]:44127".
+    text = '[dns]\nnameservers = ["127.0.0.1:9"]\n\n[[route]]\ndomain = "v6.example"\nnext_hop = "[::1]:44127"\n'
+    (tmp_path / "pigeon.toml").write_text(text)
+    result = pigeon_cli("shaping", "explain", "v6.example", "-c", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == "site      [::1]:44127"
+    assert lines[2] == "next hop  [::1]:44127"  # as the route gives it: in brackets, with its port
+    assert lines[4] == "rate key  site:[::1]:44127 (this site's own)"
+    assert lines[5].startswith("queue     default->[::1]:44127 ")
+
+
+def test_explain_says_a_queue_apart_for_a_tls_policy_is_shared_only_by_domains_with_that_policy(
+    tmp_path: Path,
+) -> None:
+    # Found from outside: a domain whose [[route]] set only tls = "required" was told its queue
+    # "(tls required)" was "shared by the site's domains that no [[shaping]] block names",
+    # while the site's other domains (sent opportunistically) have another.
+    with DnsServer(_zone()) as dns:
+        config = f'[dns]\nnameservers = ["{dns.endpoint}"]\n\n[[route]]\ndomain = "plain.test"\ntls = "required"\n'
+        (tmp_path / "pigeon.toml").write_text(config)
+        result = pigeon_cli("shaping", "explain", "plain.test", "-c", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[5] == (
+        "queue     default->mx.plain.test (tls required) (shared by the site's domains sent with the same TLS policy"
+        " that no [[shaping]] block names)"
+    )
+
+
+def test_explain_calls_a_route_s_next_hop_a_next_hop_and_mx_hosts_only_what_mx_records_gave(tmp_path: Path) -> None:
+    # Found from outside: a [[route]] to a smart host printed it as "MX hosts", though no MX
+    # lookup was made and the host is no domain's MX.
+    with DnsServer(_zone()) as dns:
+        config = f'[dns]\nnameservers = ["{dns.endpoint}"]\n\n[[route]]\ndomain = "relayed.test"\n'
+        config += 'next_hop = "smarthost.relay.test:2525"\n\n[[route]]\ndomain = "plain.test"\ntls = "required"\n'
+        (tmp_path / "pigeon.toml").write_text(config)
+        relayed = pigeon_cli("shaping", "explain", "relayed.test", "-c", "pigeon.toml", cwd=tmp_path)
+        as_json = pigeon_cli("shaping", "explain", "relayed.test", "-c", "pigeon.toml", "--json", cwd=tmp_path)
+        literal = pigeon_cli("shaping", "explain", "[127.0.0.1]", "-c", "pigeon.toml", cwd=tmp_path)
+        looked_up = pigeon_cli("shaping", "explain", "plain.test", "-c", "pigeon.toml", cwd=tmp_path)
+        looked_up_json = pigeon_cli("shaping", "explain", "plain.test", "-c", "pigeon.toml", "--json", cwd=tmp_path)
+    assert relayed.returncode == 0, relayed.stderr
+    assert relayed.stdout.splitlines()[1:4] == [
+        "site      smarthost.relay.test:2525",
+        # Found from outside: the port was left out ("next hop  smarthost.relay.test"), though
+        # the site and the route have it.
+        "next hop  smarthost.relay.test:2525",
+        "provider  none (no provider's MX suffixes cover the [[route]]'s next hop)",
+    ]
+    assert "MX host" not in relayed.stdout
+    answer = json.loads(as_json.stdout)
+    assert (answer["hosts_from"], answer["next_hop"]) == ("route", "smarthost.relay.test:2525")
+    assert answer["hosts"] == ["smarthost.relay.test"]  # (what a provider's MX suffixes are matched against)
+    assert literal.returncode == 0, literal.stderr
+    assert literal.stdout.splitlines()[2] == "host      127.0.0.1"
+    assert json.loads(looked_up_json.stdout)["next_hop"] is None
+    # A [[route]] that sets only a TLS policy still looks up the MX records: those are MX hosts.
+    assert looked_up.stdout.splitlines()[2:4] == [
+        "MX hosts  mx.plain.test",
+        "provider  none (no provider's MX suffixes cover every MX host)",
+    ]
+
+
+def test_explain_asks_the_second_nameserver_when_the_first_never_answers(tmp_path: Path) -> None:
+    # Found from outside: with a first [dns] nameserver that never answers, every lookup failed
+    # "451 4.4.3 DNS lookup of MX ... failed: LifetimeTimeout" and the second was never asked.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent, DnsServer(_zone()) as dns:
+        silent.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{silent.getsockname()[1]}"
+        config = f'[dns]\nnameservers = ["{dead}", "{dns.endpoint}"]\ntimeout = "2s"\n'
+        (tmp_path / "pigeon.toml").write_text(config)
+        result = pigeon_cli("shaping", "explain", "plain.test", "-c", "pigeon.toml", cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.splitlines()[1] == "site      mx.plain.test"
+        assert ("plain.test", "MX") in dns.zone.queries

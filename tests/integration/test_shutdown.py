@@ -62,3 +62,34 @@ def test_sigterm_closes_idle_outbound_connections_at_once(tmp_path: Path) -> Non
             assert pigeon.process.wait(15) == 0
             assert time.monotonic() - started < 3
         wait_until(lambda: all(c.ended < math.inf for c in idle), timeout=2)
+
+
+def test_sessions_still_open_when_shutdown_timeout_runs_out_are_told_421_before_the_close(tmp_path: Path) -> None:
+    # RFC 5321 3.8: a server that shuts down says 421 to every session it closes, a client
+    # stalled in the middle of its message's content too (whose partial message is not taken).
+    with PigeonProcess(tmp_path / "node", node={"shutdown_timeout": "1s"}) as pigeon:
+        with (
+            RawSmtp(pigeon.smtp_port) as in_data,
+            RawSmtp(pigeon.smtp_port) as in_envelope,
+            RawSmtp(pigeon.smtp_port) as idle,
+        ):
+            for client in (in_data, in_envelope, idle):
+                client.expect(220)
+                client.expect(250, "EHLO stalled.test")
+            for client in (in_data, in_envelope):
+                client.expect(250, "MAIL FROM:<a@example.org>")
+                client.expect(250, "RCPT TO:<b@example.net>")
+            in_data.expect(354, "DATA")
+            in_data.send(b"Subject: half\r\n\r\nthe first half, and then nothing\r\n")
+            time.sleep(0.2)
+            assert pigeon.process is not None
+            started = time.monotonic()
+            pigeon.process.send_signal(signal.SIGTERM)
+            assert idle.reply()[0] == 421  # idle: at once
+            for client in (in_envelope, in_data):  # in a transaction: once shutdown_timeout is over
+                code, text = client.reply()
+                assert (code, text[0].split(" ")[0]) == (421, "4.3.2"), (code, text)
+                assert client.closed_by_peer()
+            assert 0.9 < time.monotonic() - started < 5
+        assert pigeon.process.wait(15) == 0
+        assert pigeon.spool_messages() == []

@@ -8,7 +8,10 @@ injection, `pigeon inject`):
   (HTTP counted Pigeon's ~105 octets against the client: 9895 taken, 9896 refused.)
 * A submission without a From field (RFC 5322 3.6 requires one) is refused at every door
   that completes one (SMTP after AUTH, HTTP raw content, `pigeon inject`), with one text, and
-  logged as a Rejection; parts already required `from`. Relayed mail is left as it came."""
+  logged as a Rejection; parts already required `from`. Relayed mail is left as it came.
+* So is a submission whose Date is not an RFC 5322 date-time, or whose Message-ID is not a
+  msg-id: said at submission, naming the field and what is wrong, not in a bounce from a
+  receiver that wants "a valid Message-ID". Real mailers' forms (obsolete ones included) pass."""
 
 from __future__ import annotations
 
@@ -186,3 +189,138 @@ def test_a_from_far_down_a_long_header_section_is_found(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", smtp=smtp) as node:
         assert _smtp(node, filler + b"From: a@example.org\r\n\r\nbody\r\n", login=True) == "250"
         assert _smtp(node, filler + b"Subject: none\r\n\r\nbody\r\n", login=True) == NO_FROM
+
+
+BAD_DATE = (
+    '554 5.6.0 Message has a Date header field that is not an RFC 5322 date: "yesterday" is not of the form'
+    ' "Mon, 1 Jan 2024 12:00:00 +0000" (leave it out and Pigeon adds one)'
+)
+BAD_MESSAGE_ID = (
+    '554 5.6.0 Message has a Message-ID header field that is not an RFC 5322 msg-id: "<no-at-sign>" has no "@"'
+    ' (the form is "<1234.5678@example.org>") (leave it out and Pigeon adds one)'
+)
+BAD_FIELDS = {
+    "date": (b"Date: yesterday\r\n", BAD_DATE),
+    "message-id": (b"Message-ID:\r\n <no-at-sign>\r\n", BAD_MESSAGE_ID),  # folded: shown unfolded
+}
+REAL_WORLD = {
+    "rfc 5322": b"Date: Mon, 1 Jan 2024 12:00:00 +0100\r\nMessage-ID: <1234.5678@example.org>\r\n",
+    "obsolete": b'Date: 1 Jan 24 12:00 EST\r\nMessage-ID: <"quoted.left"@[192.0.2.1]>\r\n',
+    "comments": b"Date: Mon,  1 Jan 2024 12:00:00 +0000 (UTC)\r\nMessage-ID: (ours) <a.b@example.org>\r\n",
+    "named zone": b"Date: mon, 01 JAN 2024 12:00:00 GMT\r\nMessage-ID: <CAF=x+y_z@mail.gmail.com>\r\n",
+}
+
+
+def _with(fields: bytes) -> bytes:
+    return b"From: a@example.org\r\n" + fields + b"To: b@example.net\r\nSubject: fields\r\n\r\nbody\r\n"
+
+
+def _refused(node: PigeonProcess, command: str, code: int, reply: str) -> int:
+    """Rejection records of `command` with `code` that say `reply`'s text (a 400's says it
+    whole, code and field included)."""
+    text = reply.split(" ", 2)[2]
+    return sum(
+        1
+        for r in node.records("Rejection")
+        if r["command"] == command and r["response"]["code"] == code and text in r["response"]["text"]
+    )
+
+
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_a_submission_with_a_date_or_message_id_not_of_rfc_5322_is_refused_over_smtp_after_auth(
+    node: PigeonProcess, field: str
+) -> None:
+    fields, reply = BAD_FIELDS[field]
+    before, stored = _refused(node, "DATA", 554, reply), len(node.spool_messages())
+    assert _smtp(node, _with(fields), login=True) == reply
+    wait_until(lambda: _refused(node, "DATA", 554, reply) == before + 1)
+    assert len(node.spool_messages()) == stored
+
+
+@pytest.mark.parametrize("template", [True, False], ids=["template", "as-it-is"])
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_an_injection_with_a_date_or_message_id_not_of_rfc_5322_is_refused_whole(
+    node: PigeonProcess, field: str, template: bool
+) -> None:
+    fields, reply = BAD_FIELDS[field]
+    before, stored = _refused(node, "inject", 400, reply), len(node.spool_messages())
+    status, answer = _http(node, _with(fields), template=template)
+    assert (status, answer) == (400, {"error": reply, "field": "$.content"})
+    wait_until(lambda: _refused(node, "inject", 400, reply) == before + 1)
+    assert len(node.spool_messages()) == stored
+
+
+def test_an_injection_in_parts_with_a_bad_date_header_is_refused(node: PigeonProcess) -> None:
+    parts = {"from": {"email": "a@example.org"}, "subject": "s", "text": "t", "headers": {"Date": "yesterday"}}
+    request = {"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net"}], "content": parts}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer) == (400, {"error": BAD_DATE, "field": "$.content"})
+
+
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_a_later_recipient_whose_template_makes_a_bad_date_or_message_id_is_refused_alone(
+    node: PigeonProcess, field: str
+) -> None:
+    fields, reply = BAD_FIELDS[field]
+    content = "{% if bad %}" + fields.decode() + "{% endif %}From: a@example.org\nSubject: hi\n\nbody\n"
+    recipients = [
+        {"email": "ann@example.net", "substitutions": {"bad": False}},
+        {"email": "bob@example.net", "substitutions": {"bad": True}},
+    ]
+    before = _refused(node, "inject", 554, reply)
+    request = {"envelope_sender": "a@example.org", "recipients": recipients, "content": content}
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 200, answer
+    assert (answer["accepted"], answer["recipients"][1]) == (1, {"email": "bob@example.net", "error": reply})
+    wait_until(lambda: _refused(node, "inject", 554, reply) == before + 1)
+
+
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_pigeon_inject_of_a_message_with_a_bad_date_or_message_id_exits_2_with_the_reply(
+    node: PigeonProcess, field: str
+) -> None:
+    fields, reply = BAD_FIELDS[field]
+    for options in (["--no-template"], []):
+        done = _cli(node, _with(fields), *options)
+        assert done.returncode == 2, done
+        assert f"pigeon: 400: {reply} ($.content)" in done.stderr.decode()
+
+
+@pytest.mark.parametrize("door", ["smtp-auth", "http", "cli"])
+@pytest.mark.parametrize("form", list(REAL_WORLD))
+def test_dates_and_message_ids_as_real_mailers_write_them_are_taken_at_every_door(
+    node: PigeonProcess, door: str, form: str
+) -> None:
+    before = {row["id"] for row in node.spool_messages()}
+    assert _outcome(node, door, _with(REAL_WORLD[form])) == "250"
+    (row,) = [row for row in node.spool_messages() if row["id"] not in before]
+    assert REAL_WORLD[form] in row["data"]  # sent as they came: not replaced by Pigeon's
+
+
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_relayed_mail_with_a_bad_date_or_message_id_is_relayed_as_it_came(node: PigeonProcess, field: str) -> None:
+    fields, _ = BAD_FIELDS[field]
+    before = {row["id"] for row in node.spool_messages()}
+    assert _smtp(node, _with(fields), login=False) == "250"
+    (row,) = [row for row in node.spool_messages() if row["id"] not in before]
+    assert fields in row["data"]
+
+
+def test_a_good_date_that_runs_past_the_kept_part_of_a_long_header_section_is_taken(tmp_path: Path) -> None:
+    """The intake keeps the first 64 KiB of a header section: a Date field that the end of
+    that part cuts is not read as the date it would be cut to (an open comment)."""
+    users = tmp_path / "users"
+    set_password(users, "app", "secret-password")
+    smtp = {"auth_users": str(users), "allow_plaintext_auth": True}
+    filler = b"".join(b"X-Filler-%05d: %s\r\n" % (n, b"f" * 60) for n in range(800))  # 63,200 octets
+    comment = b"".join(b"\r\n %s" % (b"c" * 70) for _ in range(60))  # 4,380 octets, across 64 KiB
+    date = b"Date: Mon, 1 Jan 2024 12:00:00 +0000 (" + comment + b")\r\n"
+    message = filler + b"From: a@example.org\r\n" + date + b"Message-ID: <big@example.org>\r\n\r\nbody\r\n"
+    with PigeonProcess(tmp_path / "node", smtp=smtp) as node:
+        assert _smtp(node, message, login=True) == "250"
+        assert _smtp(node, message.replace(b"12:00:00", b"25:00:00"), login=True) == "250"  # (not read: not refused)
+        bad = b"Date: Mon, 1 Jan 2024 25:00:00 +0000\r\n" + filler + b"From: a@example.org\r\n\r\nbody\r\n"
+        assert _smtp(node, bad, login=True) == (
+            '554 5.6.0 Message has a Date header field that is not an RFC 5322 date: "Mon, 1 Jan 2024 25:00:00 +0000"'
+            " has hour 25 (two digits, 00 to 23) (leave it out and Pigeon adds one)"
+        )

@@ -165,3 +165,52 @@ def test_a_request_whose_renders_add_up_past_max_render_time_sends_the_rest_back
     assert 0 < answer["accepted"] < 1000 and answer["accepted"] + len(errors) == 1000, answer["accepted"]
     assert all(e.startswith("451 4.3.0") and "max_render_time" in e for e in errors), set(errors)
     assert took < budget + 4, f"{took:.1f}s"
+
+
+# Each kept every value under the output limit, yet made the worker allocate hundreds of
+# megabytes (an outside review): many small strings, and copies of a big one kept in a list.
+SPLIT = '{{ ("ab " * n).split()|length }}'
+MEMORY = [
+    pytest.param(SPLIT.replace("* n", "* 8000000"), id="split"),
+    pytest.param(
+        '{% set a = "x" * 20000000 %}{% set ns = namespace(l=[]) %}'
+        "{% for i in range(20) %}{% set ns.l = ns.l + [a.upper()] %}{% endfor %}",
+        id="copies-kept-in-a-namespace",
+    ),
+]
+
+
+@pytest.mark.parametrize("template", MEMORY)
+def test_a_template_making_hundreds_of_megabytes_is_refused_with_400_naming_the_memory_limit(
+    tmp_path: Path, template: str
+) -> None:
+    with PigeonProcess(
+        tmp_path / "node", http={"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]}
+    ) as pigeon:
+        status, answer = pigeon.http_post("/api/v1/inject", _request(f"From: a@example.org\n\n{template}\n"), TOKEN)
+        limit = f"more than {2 * 25 * 1024 * 1024} bytes of values made in one render (2 times the output limit"
+        assert (status, limit in answer["error"], answer["field"]) == (400, True, "$.content"), answer
+        (rejection,) = pigeon.wait_records("Rejection")
+        assert rejection["response"]["code"] == 400 and limit in rejection["response"]["text"]
+        assert pigeon.http_get("/healthz")[0] == 200
+        assert not pigeon.spool_messages()
+
+
+def test_a_recipient_whose_render_makes_too_much_is_refused_alone_and_the_others_are_kept(tmp_path: Path) -> None:
+    request = _request(f"From: a@example.org\n\n{SPLIT}\n")
+    request["recipients"] = [
+        {"email": "ann@example.net", "substitutions": {"n": 2}},
+        {"email": "bob@example.net", "substitutions": {"n": 8_000_000}},
+    ]
+    with PigeonProcess(
+        tmp_path / "node", http={"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]}
+    ) as pigeon:
+        status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+        assert (status, answer["accepted"]) == (200, 1), answer
+        ann, bob = answer["recipients"]
+        assert "error" not in ann
+        assert bob["error"].startswith("554 5.6.0 template raw: more than") and "bytes of values made" in bob["error"]
+        [message] = pigeon.spool_messages()
+        assert b"\r\n\r\n2\r\n" in message["data"]
+        (rejection,) = pigeon.wait_records("Rejection")
+        assert (rejection["recipients"], rejection["response"]["code"]) == (["bob@example.net"], 554)

@@ -19,6 +19,7 @@ from pigeon.shaping.gcra import Rate
 from pigeon.shaping.table import MemoryTable
 from pigeon.shaping.throttles import CLUSTER, FALLBACK
 from tests.support.services import RedisServer
+from tests.support.tcp_proxy import TcpProxy
 
 Make = Callable[..., ClusterThrottles]
 
@@ -567,3 +568,28 @@ async def test_a_node_refused_for_running_a_lower_limit_does_not_make_the_others
     assert await b.connect("site:mx", 2) is None  # 2 held, b's whole limit: one end lets it in
     await a._heartbeat()
     assert a.crowded("site:mx", 3)
+
+
+async def test_a_redis_too_slow_for_the_lease_deadline_is_left_for_the_share_not_waited_on_forever(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A reviewer found it: a way to Redis whose round trip is over 3/4 of [redis] timeout (but
+    # under it) had every lease call refused as late, and no connection ever opened, with no
+    # word of why. Such a Redis cannot share the limits safely: the node keeps to its share.
+    with TcpProxy(redis_server.port) as proxy:
+        proxy.delay = 0.42  # 0.84 s there and back: over 3/4 of the timeout, under the timeout
+        node = ClusterThrottles(proxy.url, table=MemoryTable(), node="a", prefix="t", timeout=1.0)
+        try:
+            await node._heartbeat()  # Redis's clock learnt (no deadline yet): behind by the way back
+            assert node.mode == CLUSTER
+            await node._heartbeat()  # late, the clock learnt again, late again
+            assert node.mode == FALLBACK
+            assert "too slow: its answers come later than 3/4 of [redis] timeout (0.75 s)" in caplog.text
+            await asyncio.sleep(SETTLE)
+            assert await node.connect("site:mx", 2) is not None  # its share (1/1), at once
+            proxy.delay = 0.0
+            await node._heartbeat()
+            assert node.mode == CLUSTER  # in time again: shared again
+            assert await node.connect("site:mx", 2) is None  # (settling, as after any change of mode)
+        finally:
+            await node.close()

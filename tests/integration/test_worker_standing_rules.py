@@ -6,14 +6,11 @@ it was added rather than "nothing added"."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
 import smtplib
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +21,7 @@ from pigeon.node.standing import Standing
 from pigeon.node.standing import encode as encode_standing
 from pigeon.queue.rules import Rule, Selector, standing_rule_id
 from tests.integration.test_worker_timeout import _fill
-from tests.support.process import PigeonProcess, to_toml
+from tests.support.process import PigeonProcess
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 MESSAGE = b"Subject: hi\r\n\r\nhello\r\n"
@@ -76,15 +73,6 @@ def _missed_while_stopped(pigeon: PigeonProcess, method: str, path: str, body: o
     assert status == 503 and answer["answered"] == [1], answer
 
 
-def _cli(pigeon: PigeonProcess, *args: str) -> str:
-    shown = subprocess.run(
-        [sys.executable, "-m", "pigeon", *args, "-c", str(pigeon.config_path)],
-        capture_output=True, text=True, timeout=60, cwd=pigeon.root,
-    )  # fmt: skip
-    assert shown.returncode == 0, shown.stdout + shown.stderr
-    return shown.stdout
-
-
 def _node(tmp_path: Path, sink: ScriptedSink) -> PigeonProcess:
     return PigeonProcess(
         tmp_path / "node", node={"workers": 2, "worker_timeout": "2s"}, **delivery_config(sink.endpoint)
@@ -101,15 +89,15 @@ def test_a_worker_that_missed_a_suspension_holds_it_once_started_again(tmp_path:
         status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
         assert status == 200 and [rule["selector"] for rule in listed["rules"]] == [{"domain": DOMAIN}], listed
         assert "not_held" not in listed  # held on both workers: nothing to mark
-        shown = _cli(pigeon, "suspend", "--list")
+        shown = pigeon.cli("suspend", "--list")
         assert DOMAIN in shown and "not held" not in shown, shown
         status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
         [row] = summary["scheduled"]
         assert row["suspended"] == sent, row
-        again = _cli(pigeon, "suspend", "--domain", DOMAIN)
+        again = pigeon.cli("suspend", "--domain", DOMAIN)
         assert again.startswith("already suspended until resumed by rule") and "nothing added" in again, again
         rule_id = listed["rules"][0]["id"]
-        _cli(pigeon, "resume", rule_id)
+        pigeon.cli("resume", rule_id)
         assert len(sink.wait_for(sent, timeout=30)) == sent
 
 
@@ -124,7 +112,7 @@ def test_a_worker_that_missed_a_suspension_holds_it_after_the_whole_node_is_kill
         assert sink.after(3) == []
         status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
         assert status == 200 and len(listed["rules"]) == 1 and "not_held" not in listed, listed
-        _cli(pigeon, "resume", listed["rules"][0]["id"])
+        pigeon.cli("resume", listed["rules"][0]["id"])
         assert len(sink.wait_for(sent, timeout=30)) == sent
 
 
@@ -157,8 +145,40 @@ def test_a_worker_that_could_not_be_asked_takes_a_suspension_as_soon_as_it_answe
         assert sink.after(3) == []
         status, body = pigeon.http_get("/healthz")
         assert json.loads(body)["workers"][0]["restarts"] == 0
-        _cli(pigeon, "resume", listed["rules"][0]["id"])
+        pigeon.cli("resume", listed["rules"][0]["id"])
         assert len(sink.wait_for(sent, timeout=30)) == sent
+
+
+def test_a_worker_that_missed_a_standing_bounce_bounces_the_mail_a_suspension_holds_once_started_again(
+    tmp_path: Path,
+) -> None:
+    # Both workers hold mail a suspension keeps in their shards; a standing bounce of it reaches
+    # worker 1 alone (worker 0 is stopped: the watchdog kills it), and worker 0 is handed it as it
+    # starts again. Its held mail is bounced then, as worker 1's was by the bounce itself: before,
+    # it met the bounce only when the suspension's hold ended (`HOLD`, a minute after it came).
+    with ScriptedSink() as sink, _node(tmp_path, sink) as pigeon:
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
+        assert status == 200, answer
+        sent = _send_to_every_shard(pigeon, sink)
+        ids = sorted(row["id"] for row in pigeon.spool_messages())
+        assert len(ids) == sent
+        asked = time.monotonic()
+        bounce = {"domain": DOMAIN, "duration": "1h", "reason": "list gone"}
+        _missed_while_stopped(pigeon, "POST", "/api/v1/admin/bounce", bounce)
+        _restarted(pigeon, 0, 1)
+
+        def ended() -> list[dict[str, Any]] | None:
+            ends = [r for r in pigeon.records() if r["type"] in ("Delivery", "Bounce", "Expiration", "AdminBounce")]
+            return ends if len(ends) >= sent else None
+
+        ends = wait_until(ended, 30, 0.1)
+        assert time.monotonic() - asked < 20, "bounced when the hold ended, not when the bounce was taken"
+        # One terminal record each, an operator's bounce, with its reason; nothing delivered.
+        assert sorted(r["id"] for r in ends) == ids
+        assert {(r["type"], r["recipient"], r["reason"]) for r in ends} == {("AdminBounce", f"b@{DOMAIN}", "list gone")}
+        assert pigeon.spool_messages() == []
+        assert sink.after(1) == []
+        assert "admin rules: standing bounce" in pigeon.stderr()
 
 
 def test_a_worker_that_missed_a_resume_releases_its_mail_once_started_again(tmp_path: Path) -> None:
@@ -171,7 +191,7 @@ def test_a_worker_that_missed_a_resume_releases_its_mail_once_started_again(tmp_
         _restarted(pigeon, 0, 1)
         # Worker 0's shard's mail too, within a suspension's hold (60 s) had it held on.
         assert len(sink.wait_for(sent, timeout=30)) == sent
-        assert _cli(pigeon, "suspend", "--list").strip() == "none"
+        assert pigeon.cli("suspend", "--list").strip() == "none"
 
 
 def _on_worker_1_only(pigeon: PigeonProcess) -> str:
@@ -180,7 +200,8 @@ def _on_worker_1_only(pigeon: PigeonProcess) -> str:
     selector = Selector(domain=DOMAIN)
     rule_id = standing_rule_id("suspend", selector)
     rule = Rule(rule_id, "suspend", selector, time.time(), operator="local", via="cli")
-    status, taken = _hand_over(pigeon, 1, encode_standing(Standing(in_force={rule_id: rule})))
+    handed = encode_standing(Standing(in_force={rule_id: rule}))
+    status, taken = pigeon.worker_call(1, "POST", "/internal/rules", handed)
     assert status == 200 and taken == {"added": 1, "ended": 0}, taken
     return rule_id
 
@@ -190,35 +211,17 @@ def test_a_rule_a_worker_lacks_is_marked_in_the_listing_and_suspending_again_add
         rule_id = _on_worker_1_only(pigeon)
         status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
         assert status == 200 and listed["not_held"] == {rule_id: [0]}, listed
-        [line] = _cli(pigeon, "suspend", "--list").splitlines()
+        [line] = pigeon.cli("suspend", "--list").splitlines()
         assert line.startswith(rule_id) and line.endswith("[not held on worker 0]"), line
-        again = _cli(pigeon, "suspend", "--domain", DOMAIN)
+        again = pigeon.cli("suspend", "--domain", DOMAIN)
         assert f"(rule {rule_id}) on worker(s) 0, which lacked it (the others held it already)" in again, again
         assert "nothing added" not in again
-        [line] = _cli(pigeon, "suspend", "--list").splitlines()
+        [line] = pigeon.cli("suspend", "--list").splitlines()
         assert line.startswith(rule_id) and "not held" not in line, line
         sent = _send_to_every_shard(pigeon, sink, at_least=1)
         assert sink.after(2) == []
-        _cli(pigeon, "resume", rule_id)
+        pigeon.cli("resume", rule_id)
         assert len(sink.wait_for(sent, timeout=30)) == sent
-
-
-def _hand_over(pigeon: PigeonProcess, index: int, body: bytes) -> tuple[int, Any]:
-    """POST /internal/rules on worker `index`'s control socket, as its supervisor hands it the node's rules."""
-
-    class Control(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(30)
-            self.sock.connect(str(pigeon.spool_path / "run" / f"worker-{index}.sock"))
-
-    connection = Control("worker")
-    try:
-        connection.request("POST", "/internal/rules", body)
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 def test_a_hand_over_that_an_end_of_the_rule_overtook_does_not_bounce_again(tmp_path: Path) -> None:
@@ -238,11 +241,11 @@ def test_a_hand_over_that_an_end_of_the_rule_overtook_does_not_bounce_again(tmp_
         assert status == 200, answer
         sent = _send_to_every_shard(pigeon, sink, at_least=1)
         # The hand-over arrives last. Before, worker 0 took the bounce again and bounced its mail.
-        status, taken = _hand_over(pigeon, 0, snapshot)
+        status, taken = pigeon.worker_call(0, "POST", "/internal/rules", snapshot)
         assert status == 200 and taken == {"added": 0, "ended": 0}, taken
         status, listed = pigeon.http_call("GET", "/api/v1/admin/bounce", token=pigeon.local_token)
         assert status == 200 and listed["rules"] == [], listed
-        _cli(pigeon, "resume", answer["rule"]["id"])
+        pigeon.cli("resume", answer["rule"]["id"])
         wait_until(lambda: len([m for m in sink.received if m.recipients == [f"b@{DOMAIN}"]]) == sent, 30)
         assert not [m for m in sink.received if m.recipients != [f"b@{DOMAIN}"]]  # no bounce report either
 
@@ -264,12 +267,12 @@ def test_the_queue_summary_marks_a_suspension_a_worker_lacks(tmp_path: Path) -> 
         assert [rule["id"] for rule in row["suspended_by"]] == [rule_id], row
         assert status == 200 and summary["not_held"] == {rule_id: [0]}, summary
         assert "suspensions_held" not in summary
-        [line] = [line for line in _cli(pigeon, "queue", "summary").splitlines() if f"(rule {rule_id})" in line]
+        [line] = [line for line in pigeon.cli("queue", "summary").splitlines() if f"(rule {rule_id})" in line]
         assert line.endswith(f"(rule {rule_id}) [not held on worker 0]"), line
-        _cli(pigeon, "suspend", "--domain", DOMAIN)  # added on worker 0: marked no more
+        pigeon.cli("suspend", "--domain", DOMAIN)  # added on worker 0: marked no more
         status, summary = pigeon.http_call("GET", "/api/v1/queues", token=pigeon.local_token)
         assert status == 200 and "not_held" not in summary, summary
-        assert "not held" not in _cli(pigeon, "queue", "summary")
+        assert "not held" not in pigeon.cli("queue", "summary")
 
 
 def test_a_hand_over_that_a_suspension_made_again_overtook_does_not_resume_it(tmp_path: Path) -> None:
@@ -277,18 +280,18 @@ def test_a_hand_over_that_a_suspension_made_again_overtook_does_not_resume_it(tm
         status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
         assert status == 200, answer
         rule_id = answer["rule"]["id"]
-        _cli(pigeon, "resume", rule_id)
+        pigeon.cli("resume", rule_id)
         snapshot = (pigeon.spool_path / "admin-rules.json").read_bytes()  # the resume's tombstone
         # Suspended again (the same rule id: named by what it holds), then the stale hand-over.
         status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, pigeon.local_token)
         assert status == 200 and answer["rule"]["id"] == rule_id, answer
-        status, taken = _hand_over(pigeon, 0, snapshot)
+        status, taken = pigeon.worker_call(0, "POST", "/internal/rules", snapshot)
         assert status == 200 and taken == {"added": 0, "ended": 0}, taken  # before: ended 1
         sent = _send_to_every_shard(pigeon, sink)
         assert sink.after(2) == []
         status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
         assert status == 200 and [r["id"] for r in listed["rules"]] == [rule_id] and "not_held" not in listed, listed
-        _cli(pigeon, "resume", rule_id)
+        pigeon.cli("resume", rule_id)
         assert len(sink.wait_for(sent, timeout=30)) == sent
 
 
@@ -303,11 +306,15 @@ def test_a_suspension_refused_by_every_worker_that_answered_is_not_taken_by_one_
             **delivery_config(sink.endpoint),
         ) as pigeon,
     ):
-        # The token leaves the config; worker 1, started again, reads that (the supervisor does not).
-        del pigeon.config["http"]["token"]
-        pigeon.config_path.write_text(to_toml(pigeon.config))
+        # The local token is made again while the node runs; worker 1, started again, reads the
+        # new one (the supervisor does not: it knows the old one). A config file edited instead
+        # would not do: a worker started again runs the node's configuration, tokens and all.
+        local = pigeon.spool_path / "api-token"
+        old = pigeon.local_token
+        local.write_text("a-new-local-token-0123456789\n")
         os.kill(_worker_pid(pigeon, 1), signal.SIGKILL)
         _restarted(pigeon, 1, 1)
+        local.write_text(old + "\n")  # (worker 0 starts again on it: only worker 1 refuses)
         # Worker 0 is starting again (a second from now) when the suspension comes.
         os.kill(_worker_pid(pigeon, 0), signal.SIGKILL)
         control = pigeon.spool_path / "run" / "worker-0.sock"
@@ -321,12 +328,12 @@ def test_a_suspension_refused_by_every_worker_that_answered_is_not_taken_by_one_
             return False
 
         wait_until(gone, 10, 0.01)
-        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, token)
+        status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": DOMAIN}, old)
         assert status == 503 and answer["answered"] == [1], answer
         assert "token" in answer["answers"]["error"], answer  # worker 1 refused it: 401
         _restarted(pigeon, 0, 1)
         # The operator was told it failed: no worker holds it (before: worker 0 took it as it started).
-        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=pigeon.local_token)
+        status, listed = pigeon.http_call("GET", "/api/v1/admin/suspend", token=token)
         assert status == 200 and listed["rules"] == [], listed
         kept = pigeon.spool_path / "admin-rules.json"
         assert not kept.exists() or DOMAIN.encode() not in kept.read_bytes()

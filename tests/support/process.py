@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import http.client
 import json
 import os
 import resource
@@ -66,11 +67,14 @@ class PigeonProcess:
         source: Path | None = None,
         tables: dict[str, Any] | None = None,
         open_files: int | None = None,
+        reserve: str | None = "2MiB",
         **sections: Any,
     ) -> None:
         """`source`: run the Pigeon in this source tree (a checkout's `src`) instead of this one's.
         `tables`: more sections, for names that keyword arguments cannot take (`[[source]]`).
-        `open_files`: the node's RLIMIT_NOFILE, soft and hard (it raises the soft one to the hard)."""
+        `open_files`: the node's RLIMIT_NOFILE, soft and hard (it raises the soft one to the hard).
+        `reserve`: its spool's `[spool] reserve`, less than the default 32 MiB (a suite starts
+        hundreds of nodes); None leaves the key out: the default (benchmarks, older sources)."""
         self.root = root
         self.source = source
         self.open_files = open_files
@@ -81,7 +85,7 @@ class PigeonProcess:
             "node": {"name": "test-node", "workers": 1, "shutdown_timeout": "10s"},
             "smtp": {"listen": [f"127.0.0.1:{self.smtp_port}"], "hostname": "mx.pigeon.test"},
             "http": {"listen": f"127.0.0.1:{self.http_port}"},
-            "spool": {"path": "spool"},
+            "spool": {"path": "spool"} | ({"reserve": reserve} if reserve is not None else {}),
             "log": {"path": "log", "level": "debug"},
             # Reception tests keep their mail; delivery tests turn this on with routes to
             # their own sinks. Nothing may ask the system resolver: a dead local port.
@@ -192,6 +196,15 @@ class PigeonProcess:
         finally:
             self.kill()
 
+    def cli(self, *args: str) -> str:
+        """`pigeon ARGS -c <this node's config>`'s output; it must exit 0."""
+        shown = subprocess.run(
+            [sys.executable, "-m", "pigeon", *args, "-c", str(self.config_path)],
+            capture_output=True, text=True, timeout=60, cwd=self.root,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        return shown.stdout
+
     # --- looking at it -----------------------------------------------------------------------
     def stderr(self) -> str:
         """What this run of the process wrote to stderr (earlier runs in the same root excluded)."""
@@ -242,6 +255,25 @@ class PigeonProcess:
             return status, json.loads(answer)
         except ValueError:
             return status, answer.decode(errors="replace")
+
+    def worker_call(self, index: int, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        """A request to worker `index` alone, over its control socket, as its supervisor makes
+        them (with the node's local token): the status and the decoded JSON answer."""
+        socket_path = str(self.spool_path / "run" / f"worker-{index}.sock")
+
+        class Control(http.client.HTTPConnection):
+            def connect(self) -> None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(30)
+                self.sock.connect(socket_path)
+
+        connection = Control("worker")
+        try:
+            connection.request(method, path, body, headers={"Authorization": f"Bearer {self.local_token}"})
+            response = connection.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            connection.close()
 
     @property
     def local_token(self) -> str:

@@ -42,6 +42,7 @@ from pigeon.metrics import Counts
 from pigeon.node.engine import build_engine
 from pigeon.queue.admin import Admin
 from pigeon.queue.attempt import Attempt, Unroutable
+from pigeon.queue.names import scheduled_queue
 from pigeon.queue.policy import QueuePolicies, QueuePolicy
 from pigeon.queue.retry import RetryPolicy
 from pigeon.queue.rules import Selector
@@ -510,16 +511,22 @@ class World:
         recipients: Sequence[str],
         *,
         campaign: str | None = None,
+        tenant: str | None = None,
         sender: str = "sender@origin.test",
         created: float | None = None,
         due: float | None = None,
         admit: bool = True,
+        target: str | None = None,
     ) -> SpoolId:
-        """A message as the intake stores it (one domain), then hands it to the scheduler
-        (`admit`; otherwise it waits in the spool until a tick reads it)."""
+        """A message as the intake stores it (one domain, or an `[[inbound]]` route's `target`:
+        routed here by its domain all the same), then hands it to the scheduler (`admit`;
+        otherwise it waits in the spool until a tick reads it)."""
         domain = recipients[0].rpartition("@")[2]
         queue = f"{campaign}:{domain}" if campaign else domain
-        envelope = Envelope(sender, [Recipient(r) for r in recipients], campaign=campaign)
+        if tenant:
+            queue = scheduled_queue(domain, tenant, campaign)
+        queue = f"inbound:{target}" if target is not None else queue
+        envelope = Envelope(sender, [Recipient(r) for r in recipients], campaign=campaign, tenant=tenant, target=target)
         spool_id = self.spool.new_ids(1)[0]
         created = self.clock() if created is None else created
         message = self.spool.put(spool_id, queue, envelope, created, b"Subject: x\r\n\r\nbody\r\n", due)

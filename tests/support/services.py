@@ -58,7 +58,7 @@ def _open_path_to(path: Path) -> None:
             directory.chmod(mode | stat.S_IXOTH)
 
 
-def _reachable(directory: Path, name: str) -> Path:
+def reachable(directory: Path, name: str) -> Path:
     """Where a server's files go: `directory` itself, unless it would be under pytest's tree
     as root. pytest keeps that tree 0700, and any pytest session starting meanwhile (a second
     test run on the machine) takes back the search permission `_open_path_to` granted, which
@@ -107,7 +107,7 @@ class _Server:
     stop_group = False
 
     def __init__(self, directory: Path) -> None:
-        self.directory = _reachable(Path(directory), self.name)
+        self.directory = reachable(Path(directory), self.name)
         self.process: subprocess.Popen[bytes] | None = None
 
     # --- to be provided by each server ------------------------------------------------------
@@ -775,4 +775,4 @@ def _hand_to_postgres(path: Path) -> None:
     path.chmod(0o700)
 
 
-__all__ = ["Dovecot", "Postgres", "RedisServer", "free_port"]
+__all__ = ["Dovecot", "Postgres", "RedisServer", "free_port", "reachable"]

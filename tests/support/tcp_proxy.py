@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import threading
+import time
 from types import TracebackType
 from typing import Self
 
@@ -19,7 +21,8 @@ class TcpProxy:
     through it and refuses new ones (as a host cut off would: connection refused); `restore()`
     accepts again on the same port. `freeze()` drops whatever goes through, either way, while
     every connection stays open and new ones are accepted (packets dropped, not refused: each
-    call waits out its timeout); `thaw()` forwards again."""
+    call waits out its timeout); `thaw()` forwards again. `delay`: seconds each chunk waits
+    before it is forwarded, either way (a slow way to the server; order is kept)."""
 
     def __init__(self, server_port: int) -> None:
         self.server_port = server_port
@@ -28,6 +31,7 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._frozen = False
+        self.delay = 0.0
 
     @property
     def url(self) -> str:
@@ -88,10 +92,25 @@ class TcpProxy:
                 threading.Thread(target=self._pump, args=(source, destination), daemon=True).start()
 
     def _pump(self, source: socket.socket, destination: socket.socket) -> None:
+        delayed: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+        sender = threading.Thread(target=self._send_delayed, args=(delayed, destination), daemon=True)
+        sender.start()
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
                 if not self._frozen:
-                    destination.sendall(data)
+                    delayed.put((time.monotonic() + self.delay, data))
+        delayed.put((0.0, b""))  # (the sender ends, once it has sent what came before)
+        sender.join()
         for sock in (source, destination):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+    @staticmethod
+    def _send_delayed(delayed: queue.SimpleQueue[tuple[float, bytes]], destination: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                due, data = delayed.get()
+                if not data:
+                    return
+                time.sleep(max(0.0, due - time.monotonic()))
+                destination.sendall(data)

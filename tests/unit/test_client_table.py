@@ -14,7 +14,7 @@ import pytest
 
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle, Lockout
 from pigeon.listener.client_table import BUCKETS, ClientTable, create_client_table
-from pigeon.listener.connection_limits import WORKER, Held, SharedConnections
+from pigeon.listener.connection_limits import WORKER, Held, LocalConnections, SharedConnections
 from pigeon.listener.shared_auth_throttle import SharedAuthThrottle
 
 WINDOW = 64.0  # buckets of 4 s
@@ -55,6 +55,32 @@ def test_a_client_gets_the_limit_from_the_node_whichever_worker_takes_its_connec
     first.close("192.0.2.1", held)
     assert _in_table(second.open("192.0.2.1", 3))
     assert second.open("192.0.2.1", 3) is None
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["one worker", "two workers"])
+def test_an_ipv6_client_is_its_64_for_the_connection_limit_and_a_mapped_ipv4_its_ipv4(
+    tmp_path: Path, shared: bool
+) -> None:
+    """One host usually holds a whole /64: six of its addresses are one client, as for the AUTH
+    lockouts; another /64 is another client; ::ffff:192.0.2.1 is 192.0.2.1."""
+    if shared:
+        first, second = (SharedConnections(t, 2) for t in _tables(tmp_path / "clients", 2, Clock()))
+        sides: list[LocalConnections | SharedConnections] = [first, second]
+    else:
+        sides = [LocalConnections()]
+    opened = [sides[n % len(sides)].open(f"2001:db8::{n + 1}", 2) for n in range(6)]
+    assert [held is not None for held in opened] == [True, True, False, False, False, False]
+    assert sides[0].count("2001:db8::ffff:1") == 2
+    assert sides[-1].open("2001:db8:0:1::1", 2) is not None  # the next /64
+
+    held = opened[0]
+    assert held is not None
+    sides[0].close("2001:db8::1", held)  # closed under its own address, counted under the /64
+    assert sides[-1].open("2001:db8::9", 2) is not None
+    assert sides[0].open("2001:db8::a", 2) is None
+
+    assert sides[0].open("192.0.2.1", 1) is not None
+    assert sides[-1].open("::ffff:192.0.2.1", 1) is None
 
 
 def test_a_restarted_worker_leaves_nothing_counted_of_its_dead_self(tmp_path: Path) -> None:

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from pigeon.message import ENVELOPE_DECODER, ENVELOPE_ENCODER, Envelope, IdGenerator, Recipient, shard_of
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from pigeon.message import (
+    ENVELOPE_DECODER,
+    ENVELOPE_ENCODER,
+    Envelope,
+    IdGenerator,
+    Recipient,
+    id_time,
+    node_start,
+    shard_of,
+)
+from pigeon.spool.sqlite import SqliteSpool
 
 
 def test_an_id_says_which_shard_made_it() -> None:
@@ -22,3 +38,38 @@ def test_a_rebound_envelope_keeps_its_routing_domain() -> None:
     envelope = Envelope("a@example.org", [Recipient("b@example.net")], routing_domain="relay.example")
     read = ENVELOPE_DECODER.decode(ENVELOPE_ENCODER.encode(envelope))
     assert (read.target, read.routing_domain) == (None, "relay.example")
+
+
+def test_two_nodes_receiving_in_the_same_millisecond_give_different_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node's shards count from 0 and know nothing of other nodes: in a cluster, two
+    nodes receiving in the same millisecond on the same shard number gave the same id to
+    different messages. Their names keep them apart, and each node's ids still increase."""
+    monkeypatch.setattr(time, "time", lambda: 1_796_000_000.0005)  # one millisecond, frozen
+    for shard in (0, 5):
+        one = IdGenerator(shard, start=node_start("mx1.example.net"))
+        other = IdGenerator(shard, start=node_start("mx2.example.net"))
+        ids_one = [one.next() for _ in range(50)]
+        ids_other = [other.next() for _ in range(50)]
+        assert not set(ids_one) & set(ids_other)
+        assert ids_one == sorted(set(ids_one)) and ids_other == sorted(set(ids_other))
+        assert {shard_of(i) for i in ids_one + ids_other} == {shard}
+        assert {int(id_time(i)) for i in ids_one + ids_other} == {1_796_000_000}
+
+
+def test_a_node_keeps_its_part_of_the_sequence_across_restarts() -> None:
+    assert node_start("mx1.example.net") == node_start("mx1.example.net") != node_start("mx2.example.net")
+
+
+async def test_spools_of_two_nodes_hand_out_different_ids_in_the_same_millisecond(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: 1_796_000_000.0005)
+    spools = [SqliteSpool(tmp_path / name / "shard-0", node=name) for name in ("a.example", "b.example")]
+    for spool in spools:
+        spool.open(asyncio.get_running_loop())
+    try:
+        first, second = (set(spool.new_ids(20)) for spool in spools)
+        assert len(first) == len(second) == 20 and not first & second
+    finally:
+        for spool in spools:
+            spool.close()

@@ -162,3 +162,51 @@ def test_set_password_refuses_names_the_file_cannot_hold(tmp_path: Path, name: s
     with pytest.raises(PasswordFileError, match="user name"):
         set_password(users, name, "pw")
     assert not users.exists()
+
+
+# --- tenant bindings ---------------------------------------------------------------------------
+def test_a_line_may_bind_its_user_to_tenants(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    stored = hash_password("pw", **FAST)
+    users.write_text(f"alice:{stored}:tenants=A,B\nbob:{stored}\ncarol:{stored}:tenants=\ndave:{stored}:tenants= C \n")
+    loaded = PasswordFile.load(users)
+
+    assert loaded.check("alice", "pw") is True  # the option is no part of the hash
+    assert loaded.binding("alice") == frozenset({"A", "B"})
+    assert loaded.binding("bob") is None  # unbound: any tenant
+    assert loaded.binding("carol") == frozenset()  # bound to none: may name no tenant
+    assert loaded.binding("dave") == frozenset({"C"})
+    assert loaded.binding("mallory") is None
+    assert "alice" in loaded and "mallory" not in loaded
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("tenant=A", "unknown option 'tenant'"),  # a typo must not leave the user unbound
+        ("tenants=A B", "tenants=: tenant 'A B' contains ' '"),
+        ("tenants=A,,B", "tenants=: a tenant name is empty"),
+        ("tenants=a\x1bb", "tenants=: tenant 'a\\x1bb' contains"),
+    ],
+)
+def test_a_binding_that_names_no_tenant_stops_the_file_from_loading(tmp_path: Path, option: str, said: str) -> None:
+    users = tmp_path / "users"
+    users.write_text(f"alice:{hash_password('pw', **FAST)}:{option}\n")
+    with pytest.raises(PasswordFileError) as caught:
+        PasswordFile.load(users)
+    assert str(caught.value).startswith(f"{users}, line 1: {said}"), caught.value
+
+
+def test_a_new_password_keeps_the_binding_unless_given_another(tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    set_password(users, "alice", "first", ["B", "A"])
+    assert users.read_text().rstrip("\n").endswith(":tenants=A,B")
+    set_password(users, "alice", "second")
+    loaded = PasswordFile.load(users)
+    assert loaded.check("alice", "second") is True
+    assert loaded.binding("alice") == frozenset({"A", "B"})
+    set_password(users, "alice", "third", ["C"])
+    assert PasswordFile.load(users).binding("alice") == frozenset({"C"})
+    with pytest.raises(PasswordFileError, match="contains ':'"):
+        set_password(users, "alice", "fourth", ["a:b"])
+    assert PasswordFile.load(users).check("alice", "third") is True  # nothing changed

@@ -45,6 +45,8 @@ QUEUE_EXAMPLES = """examples:
 REBIND_EXAMPLES = """examples:
   pigeon rebind --domain example.net --routing-domain smarthost.example   # route via another [[route]]
   pigeon rebind --campaign spring --to-queue parked                       # another queue and its policy
+  pigeon rebind --campaign ca --domain vip.example --to-queue cb:acme@vip.example
+                        # into campaign cb: `suspend --campaign cb` holds it, `bounce --campaign ca` not
 """
 INSPECT_EXAMPLES = """examples:
   pigeon inspect 0382610d06800000
@@ -92,7 +94,10 @@ def register(commands: Any) -> None:
 
     rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
     _selector_options(rebind)
-    rebind.add_argument("--to-queue", help="the scheduled queue to move it to (one name, not a glob)")
+    to_queue = (
+        "the scheduled queue to move it to (one name, not a glob; campaign:tenant@domain: selected by those parts)"
+    )
+    rebind.add_argument("--to-queue", help=to_queue)
     rebind.add_argument("--routing-domain", help='route it as if its recipients were in this domain ("" undoes)')
     rebind.set_defaults(run=_rebind)
 
@@ -198,7 +203,10 @@ def _cluster_without_list(command: str) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("DELETE", f"/api/v1/admin/suspend/{args.id}")
-    return _show(args, status, answer, "resumed: {made_due:count message} due now")
+    text = "resumed: {made_due:count message} due now"
+    if answer.get("bounced") if isinstance(answer, dict) else False:
+        text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
+    return _show(args, status, answer, text)
 
 
 def _retry(args: argparse.Namespace) -> int:
@@ -206,6 +214,8 @@ def _retry(args: argparse.Namespace) -> int:
     text = "{made_due:count message} due now"
     if answer.get("suspended") if isinstance(answer, dict) else False:
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
+    if answer.get("bounced") if isinstance(answer, dict) else False:
+        text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
     return _show(args, status, answer, text)
 
 
@@ -217,14 +227,23 @@ def _rebind(args: argparse.Namespace) -> int:
         body["routing_domain"] = args.routing_domain
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/rebind", body)
     text = "rebound {rebound:count message} ({after_attempt} once their attempt under way ends)"
+    if answer.get("inbound_left") if isinstance(answer, dict) else False:
+        text += "; {inbound_left:count message} of [[inbound]] routes left as they are: they go to their target"
     return _show(args, status, answer, text)
+
+
+_POOL_CHOOSERS = {"policy": "named by the policy hook", "queue": "its [[queue]]'s pool", "delivery": "[delivery] pool"}
 
 
 def _inspect(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("GET", f"/api/v1/messages/{args.id}")
     if status != 200 or args.json:
         return _show(args, status, answer, "")
-    for key, value in printable(answer).items():  # the last response is a remote server's words
+    answer = printable(answer)  # the last response is a remote server's words
+    chooser = _POOL_CHOOSERS.get(answer.pop("egress_pool_from", None) or "")
+    if answer.get("egress_pool") and chooser:
+        answer["egress_pool"] = f"{answer['egress_pool']} ({chooser})"
+    for key, value in answer.items():
         if key in ("created", "next_due", "held_until") and isinstance(value, int | float):
             value = f"{_when(value)} ({value:.0f})"
         elif isinstance(value, list):
@@ -388,6 +407,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
     cluster = answer.get("cluster") or {}
     held_by = cluster.get("held_by")
     answered = sorted(node for node, state in (cluster.get("nodes") or {}).items() if state == "done")
+    # Ids made here are 12 characters; one a client gave through the API may be shorter or longer.
+    id_width = max((len(rule["id"]) for rule in rules), default=0)
     for rule in rules:
         selector = " ".join(f"{k}={v}" for k, v in rule["selector"].items())
         # Without an end: a suspension lasts until `pigeon resume`, a standing bounce until `--cancel`.
@@ -399,7 +420,7 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         # And a node's list adds up its workers' rules: which workers that answered do not hold one.
         lacking += [f"worker {index}" for index in answer.get("not_held", {}).get(rule["id"], [])]
         missing = f"  [not held on {', '.join(lacking)}]" if lacking else ""
-        print(f"{rule['id']}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}{missing}")
+        print(f"{rule['id']:{id_width}}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}{missing}")
     _show_nodes(answer, args)
     return fail(status, whole) if status >= 400 else 0
 

@@ -37,7 +37,8 @@ UNREACHABLE = 3
 """The exit status of a command whose node cannot be reached (`pigeon inject`'s is 75)."""
 TEMPFAIL = 75
 """`EX_TEMPFAIL`: not every worker of the node answered (a partial 503), or a write went
-unanswered (the connection ended mid-request): the node may have carried out part of it."""
+unanswered (the connection ended mid-request): the node may have carried out part of it. Also
+a node that cannot do it now (429, 5xx: busy, failing, delivery disabled on it)."""
 _WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 
@@ -245,7 +246,9 @@ def is_partial(status: int, answer: Any) -> bool:
 
 def fail(status: int, answer: Any) -> int:
     """Print an error answer for people; the exit status for it: 75 (`EX_TEMPFAIL`) for a
-    partial answer, naming the workers that did not answer; else 2 (refused)."""
+    partial answer, naming the workers that did not answer, and for any other answer of a node
+    that cannot do it now, the command being right (429, 5xx: busy, no worker up, delivery
+    disabled on it); else 2 (refused: fix the command)."""
     answer = _said(answer)  # an error may quote what was asked for, or a remote's words
     if is_partial(status, answer):
         print(f"pigeon: {status}: the answer covers workers {answer.get('answered') or 'none'} only",
@@ -257,7 +260,7 @@ def fail(status: int, answer: Any) -> int:
     message = answer.get("error", answer) if isinstance(answer, dict) else answer
     where = f" ({answer['field']})" if isinstance(answer, dict) and answer.get("field") else ""
     print(f"pigeon: {status}: {message}{where}", file=sys.stderr)
-    return 2
+    return TEMPFAIL if status == 429 or status >= 500 else 2
 
 
 def _local_token_file() -> str:

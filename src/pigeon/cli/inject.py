@@ -20,6 +20,7 @@ from pigeon.logs.peer_text import shown
 EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net message.eml
   cat message.eml | pigeon inject --from me@example.org --to a@example.net --to b@example.net -
+  ... | pigeon inject --from me@example.org --to you@example.net   # as sendmail: stdin, when piped
   pigeon inject --from me@example.org --to you@example.net \\
       --subject 'Hello {{ name | default("there") }}' --text 'Your code is {{ code }}.' --var code=1234 \\
       --attach invoice.pdf
@@ -29,6 +30,8 @@ Content is a Jinja2 template rendered per recipient (--no-template sends it as i
 variable it writes out that is not given refuses the recipient rather than sending "Hello ,":
 --to names no one, so `name` is given only by --var name=...; {{ name | default("there") }}
 (or {{ name or "there" }}) writes a fallback.
+Without a message file and parts, the message is read from stdin when that is no terminal
+(piped, as an MTA or a script gives it to sendmail); an empty one is refused.
 A message file is sent as its bytes: one that is not UTF-8 (8-bit text in a legacy charset)
 goes with --no-template only, as it is. A first line "From sender date" (mbox's envelope line,
 what an MTA may pipe) is dropped, as sendmail drops it.
@@ -46,7 +49,8 @@ exit status (sysexits.h, as sendmail's):
   76  EX_PROTOCOL: no answer, after the request was sent (the node, or its worker, went away
       mid-request): some recipients may have been accepted, and running it again would send
       those twice; the node's Reception records say which (the command prints how to look)
-  77  EX_NOPERM: the node refused the token (401: none or unknown; 403: no "inject" scope)
+  77  EX_NOPERM: the node refused the token (401: none or unknown; 403: no "inject" scope,
+      or a tenant its [[http.token]] tenants does not list)
 """
 
 
@@ -54,12 +58,14 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "inject",
         help="send mail through the HTTP API",
-        description="Inject mail into a running Pigeon: a raw message (a file or -) or one built from parts.",
+        description="Inject mail into a running Pigeon: a raw message (a file, or stdin) or one built from parts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_api_options(parser)
-    parser.add_argument("message", nargs="?", help="raw RFC 5322 message file, or - for stdin")
+    parser.add_argument(
+        "message", nargs="?", help="raw RFC 5322 message file, or - for stdin (the default without parts when piped)"
+    )
     parser.add_argument("--from", dest="sender", required=True, metavar="ADDRESS", help="envelope sender ('' for <>)")
     parser.add_argument("--to", action="append", required=True, metavar="ADDRESS", help="a recipient; repeat")
     parser.add_argument("--subject", help="build the message: its subject")
@@ -152,12 +158,19 @@ def _outcome_unknown(sender: str, started: float, config: Path | None) -> Unansw
 
 def _request(args: argparse.Namespace) -> dict[str, Any]:
     building = any((args.subject, args.text, args.html, args.attach, args.header))
-    if building == (args.message is not None):
-        raise ValueError("give either a message file (or -) or parts (--subject, --text, --html, --attach)")
+    # Neither a file nor parts: the message comes on stdin, as to sendmail, from an MTA or a
+    # script piping it; on a terminal that is a usage error, not a wait for typed mail.
+    piped = not building and args.message is None and _stdin_is_piped()
+    if building == (args.message is not None or piped):
+        raise ValueError(
+            "give either a message file (or -, or pipe it on stdin) or parts (--subject, --text, --html, --attach)"
+        )
     content: Any
     encoding = None
-    if args.message is not None:
-        raw = sys.stdin.buffer.read() if args.message == "-" else Path(args.message).read_bytes()
+    if args.message is not None or piped:
+        raw = sys.stdin.buffer.read() if piped or args.message == "-" else Path(args.message).read_bytes()
+        if piped and not raw:
+            raise ValueError("no message: stdin was empty (give a message file, - for stdin, or parts)")
         raw = _without_envelope_line(raw)
         try:
             content = raw.decode("utf-8")
@@ -191,6 +204,14 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     if args.campaign:
         request["campaign"] = args.campaign
     return request
+
+
+def _stdin_is_piped() -> bool:
+    """True when stdin is open and no terminal (a pipe, a file, /dev/null)."""
+    try:
+        return sys.stdin is not None and not sys.stdin.isatty()
+    except (OSError, ValueError):  # (closed)
+        return False
 
 
 _OBSOLETE_FROM_FIELD = re.compile(rb"From[ \t]*:")

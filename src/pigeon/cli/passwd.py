@@ -14,18 +14,27 @@ from pathlib import Path
 from typing import Any
 
 from pigeon.cli.common import load_config
-from pigeon.listener.passwords import PasswordFileError, set_password, user_name_problem
+from pigeon.listener.passwords import (
+    PasswordFileError,
+    binding_problem,
+    read_users_file,
+    set_password,
+    user_name_problem,
+)
 
 EXAMPLES = """examples:
   pigeon passwd -c /etc/pigeon/users alice     # creates the file (0600) if missing; asks twice
   pigeon passwd --file /etc/pigeon/users bob   # adds to a file that exists
   echo 's3cret' | pigeon passwd --file /etc/pigeon/users carol --stdin   # for scripts
   pigeon passwd --config /etc/pigeon/pigeon.toml dave   # the file of [smtp] auth_users
+  pigeon passwd --file /etc/pigeon/users --tenants acme erin   # erin may send as tenant acme only
 Point [smtp] auth_users at the file to enable AUTH PLAIN and LOGIN. A running node reads
 the file again at SIGHUP (systemctl reload pigeon): until then a new or changed password
-gets 535.
+gets 535. A new password keeps the user's tenants (the `:tenants=` of its line) unless
+--tenants gives others; without a binding, the user may claim any tenant.
 Exits 0 when the password is set; 1 if it was refused (empty, the two differ, the file
-cannot be written); 2 for a usage error (no file, a missing one without -c).
+cannot be written); 2 for a usage error (no file, a missing one without -c, one that cannot
+be read or is no users file), said before the password is asked for.
 """
 
 
@@ -50,6 +59,12 @@ def register(commands: Any) -> None:
     where.add_argument("--file", type=Path, help="users file, which must exist (default: [smtp] auth_users)")
     parser.add_argument("user")
     parser.add_argument("--stdin", action="store_true", help="read the password from the first line of stdin")
+    parser.add_argument(
+        "--tenants",
+        metavar="A,B",
+        help="bind the user to these tenants (comma-separated; '' for none): its mail may claim no other, and "
+        "mail claiming none is the tenant's when there is one (default: keep the entry's binding)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -65,12 +80,23 @@ def run(args: argparse.Namespace) -> int:
     if (problem := user_name_problem(args.user)) is not None:
         print(f"pigeon: {args.user!r}: {problem}; nothing changed", file=sys.stderr)
         return 2
+    tenants = None if args.tenants is None else [t.strip() for t in args.tenants.split(",") if t.strip()]
+    if tenants is not None and (problem := binding_problem(tenants)) is not None:
+        print(f"pigeon: --tenants: {problem}; nothing changed", file=sys.stderr)
+        return 2
     if not path.parent.is_dir():
         print(f"pigeon: {path}: the directory {path.parent} does not exist; nothing changed", file=sys.stderr)
         return 2
     if args.create is None and not path.exists():
         print(f"pigeon: {path}: no such users file; to create it: pigeon passwd -c {path} {args.user}",
               file=sys.stderr)  # fmt: skip
+        return 2
+    # The file is read before the password is asked for (twice), not after: a configuration
+    # file given for the users file, or one that cannot be read, is a usage error (2).
+    try:
+        read_users_file(path)
+    except PasswordFileError as error:
+        print(f"pigeon: {error}", file=sys.stderr)
         return 2
     if args.stdin:
         password = sys.stdin.readline().rstrip("\r\n")
@@ -83,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         print("pigeon: empty password refused; nothing changed", file=sys.stderr)
         return 1
     try:
-        created = set_password(path, args.user, password)
+        created = set_password(path, args.user, password, tenants)
     except (PasswordFileError, OSError) as error:
         print(f"pigeon: {error}", file=sys.stderr)
         return 1

@@ -15,13 +15,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from pigeon.cli.common import add_config_option, load_config
-from pigeon.config.load import ConfigError, load
+from pigeon.cli.common import add_config_option
+from pigeon.config.load import ConfigError, load, load_text, read_text
+from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
-from pigeon.node import signals
+from pigeon.node import handed, signals
 from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
-from pigeon.node.privileges import PrivilegeError, drop, give_directories, plan
+from pigeon.node.privileges import PrivilegeError, drop, give_directories, interpreter_problem, plan
 from pigeon.node.scheduling import apply_scheduling
 from pigeon.node.sockets import Bound, ListenError, adopt, bind
 from pigeon.redaction import RedactingFormatter, redact
@@ -49,6 +50,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--control", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--smtp-fd", type=int, action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)  # its pid: stop when it dies
+    # The config's texts come on stdin (`pigeon.node.handed`); -c still names the file they are
+    # of (relative paths, messages, later SIGHUPs).
+    parser.add_argument("--config-stdin", action="store_true", help=argparse.SUPPRESS)
     parser.set_defaults(run=run)
 
 
@@ -66,14 +70,26 @@ def run(args: argparse.Namespace) -> int:
             follow_parent(args.supervisor)
         except (ParentGone, OSError) as error:
             return _cannot_start(args, str(error))
+    start_text: str | None = None  # the supervisor's: the file's text it read
+    reloaded_text: str | None = None  # a worker's: the text of the node's last reload, to take at once
     if args.worker is not None:
-        # Read again by each worker: the file may have changed since the supervisor read it.
+        # A worker runs the configuration the node runs, which its supervisor hands it: the file
+        # may have changed since the node started (`pigeon.node.handed`).
         try:
-            config = load(args.config)
+            if args.config_stdin:
+                if args.config is None:
+                    return _cannot_start(args, "--config-stdin needs -c, the file the texts are of")
+                texts = handed.read(sys.stdin.buffer)
+                config = load_text(texts.start, args.config)
+                reloaded_text = texts.reloaded
+            else:
+                config = load(args.config)
         except ConfigError as error:
             return _cannot_start(args, f"configuration error: {redact(str(error))}", status=2)
+        except (ValueError, OSError) as error:
+            return _cannot_start(args, f"the configuration its supervisor handed it cannot be read: {error}")
     else:
-        config = load_config(args)
+        config, start_text = _load_with_text(args)
     if args.worker is None and config.node.worker_count > 1:
         # Imported before the privileges are dropped: the user the node runs as may not reach
         # the interpreter's own library, which the supervisor checks and says in words.
@@ -135,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 control_socket=args.control,
                 config_path=args.config,
                 listening=inherited,
+                reloaded_text=reloaded_text,
             )
             main = worker.run()
         elif config.node.worker_count == 1:
@@ -144,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from pigeon.node.supervisor import Supervisor
 
-            main = Supervisor(config, args.config, config.node.worker_count, listening).run()
+            main = Supervisor(config, args.config, config.node.worker_count, listening, start_text).run()
         _run_loop(main)
     except signals.Stopped as stopped:  # during a worker's (or a lone node's) import of the policy
         return _stopped_starting(stopped, config.policy.module)
@@ -159,6 +176,19 @@ def run(args: argparse.Namespace) -> int:
         _tell_supervisor(args, f"unexpected error: {redact(repr(error))}")
         raise
     return 0
+
+
+def _load_with_text(args: argparse.Namespace) -> tuple[Config, str | None]:
+    """The configuration and the file's text it was loaded from (None: no file, the defaults),
+    or exit 2 with the loader's message, as `pigeon.cli.common.load_config` does."""
+    try:
+        if args.config is None:
+            return load(None), None
+        text = read_text(args.config)
+        return load_text(text, args.config), text
+    except ConfigError as error:
+        print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _stopped_starting(stopped: signals.Stopped, module: str | None) -> int:
@@ -224,6 +254,12 @@ def _claim(config: Config) -> tuple[int, Bound]:
         if run_as is not None:
             give_directories([config.spool.path, config.log.path], run_as)
             drop(run_as)
+            # Before anything else, as the user: what the node imports from here on (all of
+            # it, with one process) must be within its reach, or an import fails mid-start
+            # with a traceback instead of this.
+            problem = interpreter_problem(run_as.user, workers=config.node.worker_count > 1)
+            if problem is not None:
+                raise PrivilegeError(problem)
             lock = take_node_lock(config.spool.path)
     except BaseException:
         listening.close()
@@ -242,7 +278,7 @@ def _bind(key: str, host: str, port: int) -> list[socket.socket]:
             reason = "the port is in use (by another node, or another program)"
         else:
             reason = error.strerror or str(error)
-        raise ListenError(f"{key} {host}:{port}: cannot listen: {reason}") from None
+        raise ListenError(f"{key} {host_port(host, port)}: cannot listen: {reason}") from None
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

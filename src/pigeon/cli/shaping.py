@@ -19,11 +19,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, printable
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.config.load import problems
+from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
 from pigeon.smtp.address import a_label
 
@@ -168,10 +169,16 @@ def run_explain(args: argparse.Namespace) -> int:
     hosts = tuple(hop.host for hop in destination.hops)
     query = ShapingQuery(domain, destination.site, hosts, source, security=destination.security)
     explanation = rules.explain(query)
+    # A [[route]]'s next hop as the route gives it, its port with it (the site has it too):
+    # the host alone hides which of a relay's ports the mail goes to.
+    next_hop = None
+    if destination.hops_from == "route":
+        (hop,) = destination.hops
+        next_hop = host_port(hop.host, hop.port)
     if args.json:
-        print(json.dumps(explanation.as_dict(), indent=2))
+        print(json.dumps(explanation.as_dict() | {"hosts_from": destination.hops_from, "next_hop": next_hop}, indent=2))
     else:
-        _print(explanation)
+        _print(explanation, destination.hops_from, next_hop)
         if source is None and config.source:
             # Each source has its own limits: the implicit source's may not be what mail gets.
             pool = f"[delivery] pool = {config.delivery.pool!r}; " if config.delivery.pool else ""
@@ -192,17 +199,27 @@ async def _destination(config: Config, domain: str) -> Destination:
     return await router.destination(domain)
 
 
-def _print(explanation: Explanation) -> None:
+# What the hosts are called, by where they came from, and what "every one of them" is: a
+# [[route]]'s next hop (a smart host, a relay) is no MX host, and no MX lookup was made.
+_HOSTS: Final = {
+    "mx": ("MX hosts", "every MX host"),
+    "route": ("next hop", "the [[route]]'s next hop"),
+    "literal": ("host", "the address literal's host"),
+}
+
+
+def _print(explanation: Explanation, hops_from: str = "mx", next_hop: str | None = None) -> None:
     query, provider = explanation.query, explanation.provider
+    label, every = _HOSTS[hops_from]
     print(f"domain    {query.domain}")
     print(f"site      {query.site}")
-    print(f"MX hosts  {' '.join(query.hosts) or '-'}")
+    print(f"{label:10}{next_hop or ' '.join(query.hosts) or '-'}")
     if query.source is not None:
         print(f"source    {query.source}")
     if provider is not None:
         print(f"provider  {provider.name} (MX suffixes: {', '.join(provider.mx_suffixes)})")
     else:
-        print("provider  none (no provider's MX suffixes cover every MX host)")
+        print(f"provider  none (no provider's MX suffixes cover {every})")
     if "domain:" in explanation.key:
         shared = "this domain's own: its [[shaping]] block sets its own limits"
     elif "provider:" in explanation.key:
@@ -216,6 +233,10 @@ def _print(explanation: Explanation) -> None:
     print(f"rate key  {explanation.key} ({shared})")
     if explanation.own_queue:
         whose = "its own: a [[shaping]] block names this domain"
+    elif query.security:
+        # Only domains sent with this TLS policy share it: a [[route]]'s tls, tls_verify or
+        # ca_file gives a domain a queue apart from the site's others (Destination.security).
+        whose = "shared by the site's domains sent with the same TLS policy that no [[shaping]] block names"
     else:
         whose = "shared by the site's domains that no [[shaping]] block names"
     print(f"queue     {explanation.queue} ({whose})")

@@ -24,7 +24,8 @@ EXAMPLES = """examples:
   pigeon top --interval 60 >> top.log   # not a terminal: frames one after another, no escape codes
 
 Exits 0 (Ctrl-C, or after --once); 3 if the node cannot be reached (its address and why are
-printed: is `pigeon serve` running, is --url or [http] listen right?); 2 if it refuses the request.
+printed: is `pigeon serve` running, is --url or [http] listen right?); 2 if it refuses the request;
+75 if it cannot answer now (429, a 5xx).
 A worker that does not answer (restarting) leaves its queues out: the frame names it.
 """
 _RATES = (

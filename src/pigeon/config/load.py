@@ -38,6 +38,7 @@ from pigeon.config.schema import (
     decode_hook,
 )
 from pigeon.inbound.search import SearchError, excludes_seen
+from pigeon.listener.passwords import binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
@@ -49,10 +50,11 @@ from pigeon.smtp.client_session import greeting_name_problem
 from pigeon.tls import client_context
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_ENUM_VALUE: Final = re.compile(r"Invalid enum value '(?P<value>.*)'$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
 _MESSAGE_LINE: Final = re.compile(r", line (\d+): ")
-_BLOCK: Final = re.compile(r"^\.?(\w+)\[(\d+)\]")
+_BLOCK: Final = re.compile(r"^\.?(?P<section>\w+(?:\.\w+)?)\[(?P<index>\d+)\](?:\.(?P<key>\w+))?$")
 _DOMAIN: Final = re.compile(r"(?i)[a-z0-9_]([a-z0-9_-]*[a-z0-9])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9])?)*\.?")
 
 
@@ -68,13 +70,24 @@ def load(path: Path | None) -> Config:
     """Read and validate a config file; None gives the defaults."""
     if path is None:
         return _finish(Config(), None, "")
+    return load_text(read_text(path), path)
+
+
+def read_text(path: Path) -> str:
+    """The config file's text, for `load_text`; ConfigError if it cannot be read as UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from None
     except UnicodeDecodeError as error:
         line = path.read_bytes()[: error.start].count(b"\n") + 1
         raise ConfigError(f"{path}, line {line}: not UTF-8 text (TOML files are UTF-8)") from None
+
+
+def load_text(text: str, path: Path) -> Config:
+    """Validate `text` as if it had been read from the config file `path`: relative paths are
+    taken relative to its directory, and errors name it. A multi-worker node's supervisor hands
+    its workers the text it read (`pigeon.node.handed`), never a copy in a file."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -111,7 +124,7 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         else:
             line = _line_of(text, keys)
         where = f"{path}, line {line}: " if line else (f"{path}: " if path is not None else "")
-        return ConfigError(f"{where}{_key_name(keys)}: {reason}")
+        return ConfigError(f"{where}{_key_name(keys, block)}: {reason}")
 
     smtp, spool, log = config.smtp, config.spool, config.log
     if (smtp.tls_certificate is None) != (smtp.tls_private_key is None):
@@ -466,9 +479,9 @@ def _beside(module: str, base: Path) -> Path | None:
 
 def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
     names = [target.name for target in config.target]
-    for name in names:
-        if names.count(name) > 1:
-            raise fail(["target", "name"], f"two [[target]]s are called {name!r}")
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise fail(["target", "name"], f"two [[target]]s are called {name!r}", index)
     known = ", ".join(repr(n) for n in names) or "none is configured"
     for index, target in enumerate(config.target):
         if isinstance(target, PostgresqlTarget) and not target.dsn.startswith(("postgresql://", "postgres://")):
@@ -477,6 +490,8 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             scheme, colon_slashes, _ = target.dsn.partition("://")
             given = f"{scheme}:// is not PostgreSQL's" if colon_slashes else "not key=value"
             raise fail(["target", "dsn"], f"target {target.name!r}: give the DSN as a URL ({url}), {given}", index)
+        if isinstance(target, PostgresqlTarget) and (problem := _dsn_port_problem(target.dsn)) is not None:
+            raise fail(["target", "dsn"], f"target {target.name!r}: {problem}", index)
         redis_url = target.redis_url if isinstance(target, SidekiqTarget) else None
         if redis_url is not None and (problem := _redis_url_problem(redis_url)) is not None:
             raise fail(["target", "redis_url"], f"target {target.name!r}: {problem}", index)
@@ -494,24 +509,26 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
                 raise fail(["target", "headers"], reason, index)
     for index, mailbox in enumerate(config.mailbox):
         if mailbox.target not in names:
-            raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})")
+            raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})", index)
         if not mailbox.username or any(char.isspace() or not char.isprintable() for char in mailbox.username):
             # LOGIN sends it as an atom: white space would split it, a line break add a command.
             reason = (
                 f"mailbox {mailbox.name!r}: {mailbox.username!r} is empty or holds white space or a control character"
             )
-            raise fail(["mailbox", "username"], reason)
+            raise fail(["mailbox", "username"], reason, index)
         if mailbox.password is not None and any(char in mailbox.password for char in "\r\n\x00"):
             reason = f"mailbox {mailbox.name!r}: the password holds a line break or NUL, which IMAP cannot send"
-            raise fail(["mailbox", "password"], reason)
+            raise fail(["mailbox", "password"], reason, index)
         if mailbox.password is None and mailbox.password_file is None:
-            raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file")
+            raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file", index)
         if mailbox.password is not None and mailbox.password_file is not None:
             # One would be used and the other ignored: which one the operator meant, nobody knows.
             reason = f"mailbox {mailbox.name!r}: give password or password_file, not both"
             raise fail(["mailbox", "password_file"], reason, index)
         if mailbox.after_delivery == "move" and not mailbox.move_to:
-            raise fail(["mailbox", "after_delivery"], f'mailbox {mailbox.name!r}: "move" needs move_to = "<folder>"')
+            raise fail(
+                ["mailbox", "after_delivery"], f'mailbox {mailbox.name!r}: "move" needs move_to = "<folder>"', index
+            )
         if mailbox.after_delivery != "move" and mailbox.move_to:
             # The mail would not go where move_to says: deleted, or left in the folder, instead.
             done = "deleted" if mailbox.after_delivery == "delete" else "flagged \\Seen and left in the folder"
@@ -524,7 +541,9 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         for key in ("move_to", "failed_folder"):
             if getattr(mailbox, key) == mailbox.folder:
                 # Moved into the folder it came from, it would come back as new mail, forever.
-                raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})")
+                raise fail(
+                    ["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})", index
+                )
         if mailbox.after_delivery == "seen":
             # Acknowledged by \Seen, a message would still match and be looked at again, forever.
             # Decided by the search's meaning: NOT SEEN will do, OR UNSEEN FLAGGED will not.
@@ -532,13 +551,15 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             try:
                 if not excludes_seen(mailbox.search):
                     reason = f"{must}, and {mailbox.search!r} can match it: add UNSEEN (or NOT SEEN) outside any OR"
-                    raise fail(["mailbox", "search"], f'{reason}, or use "move" or "delete"')
+                    raise fail(["mailbox", "search"], f'{reason}, or use "move" or "delete"', index)
             except SearchError as error:
                 reason = f"{must}, and Pigeon cannot read {mailbox.search!r}: {error}"
-                raise fail(["mailbox", "search"], f'{reason}; fix the search, or use "move" or "delete"') from None
+                raise fail(
+                    ["mailbox", "search"], f'{reason}; fix the search, or use "move" or "delete"', index
+                ) from None
         for key in ("lease", "timeout", "poll_interval", "down_after"):
             if getattr(mailbox, key) < 1:
-                raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second")
+                raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second", index)
     watched = [(m.username, m.host.lower(), m.port, m.folder) for m in config.mailbox]
     for index, where in enumerate(watched):
         if (first := watched.index(where)) < index:
@@ -550,14 +571,15 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             )
             raise fail(["mailbox", "name"], reason, index)
     mailbox_names = [m.name for m in config.mailbox]
-    for name in mailbox_names:
-        if mailbox_names.count(name) > 1:
-            raise fail(["mailbox", "name"], f"two [[mailbox]]es are called {name!r}")
-    for route in config.inbound:
+    for index, name in enumerate(mailbox_names):
+        if name in mailbox_names[:index]:
+            raise fail(["mailbox", "name"], f"two [[mailbox]]es are called {name!r}", index)
+    for index, route in enumerate(config.inbound):
         if route.target not in names:
-            raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})")
+            raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})", index)
         if (route.recipient is None) == (route.domain is None):
-            raise fail(["inbound", "target"], "give each [[inbound]] route exactly one of recipient or domain")
+            reason = "give each [[inbound]] route exactly one of recipient or domain"
+            raise fail(["inbound", "target"], reason, index)
 
 
 def _redis_url_problem(url: str) -> str | None:
@@ -578,11 +600,22 @@ def _redis_url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "no host (e.g. redis://127.0.0.1:6379/0)"
     if port == 0:
-        return "port 0"
+        return "port 0 is no server's; a port to connect to is 1 to 65535"
     database = parts.path.strip("/")
     if database and not database.isdigit():
         return f"the path must be a database number (redis://host:6379/0), not /{database}"
     return None
+
+
+def _dsn_port_problem(dsn: str) -> str | None:
+    """What is wrong with a PostgreSQL URL's port (None: nothing, or none given: 5432): a port
+    to connect to is 1 to 65535, and 0, a listener's "any free port", is no server's. (The URL
+    is not shown: it may hold a password.)"""
+    try:
+        port = urllib.parse.urlsplit(dsn).port
+    except ValueError as error:
+        return f"not a URL ({str(error).split(':')[0]}); e.g. postgresql://user@host:5432/database"
+    return "port 0 is no server's; a port to connect to is 1 to 65535" if port == 0 else None
 
 
 def _webhook_url_problem(url: str) -> str | None:
@@ -590,7 +623,7 @@ def _webhook_url_problem(url: str) -> str | None:
     host, and a port, if any, from 1 to 65535. (The URL is shown with its secrets masked.)"""
     try:
         parts = urllib.parse.urlsplit(url)
-        why = "port 0" if parts.port == 0 else ""
+        why = "port 0 is no server's (a port to connect to is 1 to 65535)" if parts.port == 0 else ""
     except ValueError as error:
         why = f"not a URL ({error})"
     else:
@@ -661,7 +694,7 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["queue", "pool"], reason, index)
     for index, shaping in enumerate(config.shaping):
         if shaping.source is not None and shaping.source not in sources:
-            reason = f"[[shaping]] #{index + 1}: no [[source]] called {shaping.source!r} (known: {known})"
+            reason = f"no [[source]] called {shaping.source!r} (known: {known})"
             raise fail(["shaping", "source"], reason, index)
 
 
@@ -772,6 +805,8 @@ def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
             reason = f"[[http.token]] {token.name!r}: the secret must be printable ASCII without white space"
             reason += " (`openssl rand -hex 32` makes one)"
             raise fail(["http.token", "token"], reason, index)
+        if token.tenants is not None and (problem := binding_problem(token.tenants)) is not None:
+            raise fail(["http.token", "tenants"], f"[[http.token]] {token.name!r}: {problem}", index)
         first = holders.setdefault(token.token, index)
         if first != index:
             reason = (
@@ -883,18 +918,18 @@ def _check_backoffs(config: Config, fail: Callable[..., ConfigError]) -> None:
 
 def _check_files(config: Config, fail: Callable[..., ConfigError]) -> None:
     """Files the config names must be there now, not at the first connection that needs them."""
-    named: list[tuple[list[str], Path | None, str]] = [
-        (["smtp", "tls_certificate"], config.smtp.tls_certificate, "certificate"),
-        (["smtp", "tls_private_key"], config.smtp.tls_private_key, "private key"),
+    named: list[tuple[list[str], Path | None, str, int | None]] = [
+        (["smtp", "tls_certificate"], config.smtp.tls_certificate, "certificate", None),
+        (["smtp", "tls_private_key"], config.smtp.tls_private_key, "private key", None),
     ]
-    for mailbox in config.mailbox:
-        named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password"))
-        named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA"))
+    for i, mailbox in enumerate(config.mailbox):
+        named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password", i))
+        named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA", i))
     trust: list[tuple[list[str], Path | None, str, int | None]] = [
         (["delivery", "ca_file"], config.delivery.ca_file, "[delivery]", None)
     ]
     trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]
-    blocks: list[tuple[list[str], Path | None, str, int | None]] = [(k, f, w, None) for k, f, w in named]
+    blocks = list(named)
     blocks += [(keys, file, f"{what}: CA", index) for keys, file, what, index in trust]
     for keys, file, what, index in blocks:
         if file is not None and not file.is_file():
@@ -941,21 +976,32 @@ def _explain(message: str, path: Path, text: str) -> str:
             keys.append("kind")
             reason = "missing"
         reason += f"; choose one of {', '.join(repr(kind) for kind in _target_kinds())}"
+    elif keys == ["node", "workers"]:
+        # "auto" is the only string: msgspec's "Invalid enum value 'two'; choose one of 'auto'"
+        # would hide that a number is the other choice.
+        given = _ENUM_VALUE.match(reason)
+        reason = 'must be "auto" or a number of worker processes from 1 to 64'
+        if given is not None and given["value"].strip().isdigit():
+            number = given["value"].strip()
+            reason = f'{given["value"]!r} is a string: write the number without quotes (workers = {number}), or "auto"'
+        elif given is not None:
+            reason = f"{given['value']!r}: {reason}"
     elif reason.startswith("Invalid enum value"):
         choices = _choices(keys)
         if choices:
             reason += f"; choose one of {', '.join(repr(c) for c in choices)}"
-    elif keys == ["node", "workers"]:
-        reason = 'must be "auto" or a number of worker processes from 1 to 64'
+    elif keys == ["smtp", "listen"] and reason.startswith("Expected `array`"):
+        # One address may be given as a string (`_accept_shorthands`): say so, not "array".
+        got = reason.removeprefix("Expected `array`, ")
+        reason = f'takes a list of addresses or one string, like "127.0.0.1:2525"; {got}'
     line = _line_of(text, keys)
     name = _key_name(keys)
     block = _BLOCK.match(match.group("path") or "")
-    if block is not None and len(keys) == 2:
+    if block is not None:
         # An array of tables ([[dkim]], [[route]], ...): the line of the very block, not the first's.
-        index = int(block.group(2))
-        line = block_line(text, block.group(1), index, keys[1]) or line
-        if block.group(1) in ("shaping", "provider"):
-            name = f"[[{block.group(1)}]] #{index + 1} {keys[1]}"
+        index = int(block["index"])
+        line = block_line(text, block["section"], index, block["key"] or keys[-1]) or line
+        name = _key_name(keys, index)
     where = f"{path}, line {line}" if line else str(path)
     return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
 
@@ -992,12 +1038,34 @@ def _choices(keys: list[str]) -> list[str]:
     return found
 
 
-def _key_name(keys: list[str]) -> str:
+def _key_name(keys: list[str], block: int | None = None) -> str:
+    """A key as the file writes it: `[smtp] listen`; in an array of tables, `[[route]] #2
+    next_hop` (`block`: which table, from 0; None: not known, `[[route]] next_hop`), as the
+    README and `pigeon shaping check` name them."""
+    keys = [part for key in keys for part in key.split(".")]  # ["http.token", "name"]
     if not keys:
         return ""
     if len(keys) == 1:
-        return f"[{keys[0]}]" if keys[0] in Config.__struct_fields__ else keys[0]
-    return f"[{'.'.join(keys[:-1])}] {keys[-1]}"
+        if keys[0] in Config.__struct_fields__:
+            return f"[[{keys[0]}]]" if _is_array(keys) else f"[{keys[0]}]"
+        return keys[0]
+    section = ".".join(keys[:-1])
+    if not _is_array(keys[:-1]):
+        return f"[{section}] {keys[-1]}"
+    return f"[[{section}]] {keys[-1]}" if block is None else f"[[{section}]] #{block + 1} {keys[-1]}"
+
+
+def _is_array(section: list[str]) -> bool:
+    """Whether `section` (`["route"]`, `["http", "token"]`) is an array of tables."""
+    hints: Any = Config
+    for key in section:
+        kind = typing.get_type_hints(hints).get(key) if hasattr(hints, "__struct_fields__") else None
+        if kind is None:
+            return False
+        if typing.get_origin(kind) is list:
+            return section[-1] == key
+        hints = kind
+    return False
 
 
 def _line_of(text: str, keys: list[str]) -> int | None:

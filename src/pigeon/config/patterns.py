@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import ipaddress
 import re
 from collections.abc import Callable
 from typing import Final
@@ -118,13 +119,43 @@ def site_glob(pattern: str) -> str:
 
 
 _IPV6_LITERAL: Final = re.compile(r"\[([0-9a-f.]*:[0-9a-f:.]*)\]")
+_BARE_IPV6_HOP: Final = re.compile(r"(?P<before>^|site:|->)(?P<address>[0-9A-Fa-f]*:[0-9A-Fa-f:.]*):(?P<port>[0-9]+)$")
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` as Pigeon writes it everywhere (sites, queue names, log lines, the API), an
+    IPv6 address in brackets as in the configuration: "[::1]:2525", never the ambiguous
+    "::1:2525"."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def current_site(text: str) -> str:
+    """A site, or a key ending with one (`site:<site>`, `path:<source>-><site>`), as written
+    now: a next hop's IPv6 address in brackets. Before, a next hop `[::1]:2525` was written
+    `::1:2525`; what was kept in that form (a shaping effect in the run directory or Redis)
+    is read as the same site. (Only a next hop had such a site: an MX site is host names, an
+    address literal's was bracketed already.)"""
+    match = _BARE_IPV6_HOP.search(text)
+    if match is None:
+        return text
+    try:
+        ipaddress.IPv6Address(match["address"])
+    except ValueError:
+        return text
+    return f"{text[: match.start('address')]}[{match['address']}]:{match['port']}"
 
 
 def site_matches(site: str, pattern: str) -> bool:
     """Whether `site` is one the site glob `pattern` names, an IPv6 literal's brackets in it
     read as themselves: fnmatch would read `[::1]` as a set of ':' and '1', so a next hop
-    written `[::1]:2525` could never be named (a set never holds a colon in a host name)."""
-    return fnmatch.fnmatchcase(site, _IPV6_LITERAL.sub(r"[[]\1[]]", pattern))
+    written `[::1]:2525` could never be named (a set never holds a colon in a host name).
+    A glob written for the form such a site had before it was bracketed (`::1:2525`, a
+    `[[reaction]] site` or a standing rule) still names it."""
+    if fnmatch.fnmatchcase(site, _IPV6_LITERAL.sub(r"[[]\1[]]", pattern)):
+        return True
+    if "[" not in site:
+        return False
+    return fnmatch.fnmatchcase(_IPV6_LITERAL.sub(r"\1", site), pattern)
 
 
 def address_glob(pattern: str) -> str:
@@ -222,7 +253,7 @@ def _labels(text: str) -> list[str]:
             members = text[index + 1 : end].lstrip("!")
             for member in members:
                 if not (member.isalnum() or member in _NAME_PUNCTUATION or member == "."):
-                    raise PatternError(f"{member!r} cannot appear in a host name")
+                    raise PatternError(f"holds {member!r}, which no host name holds")
             label.append("\x00")
             index = end + 1
             continue
@@ -232,7 +263,7 @@ def _labels(text: str) -> list[str]:
         elif char.isalnum() or char in _NAME_PUNCTUATION or char in _METAS:
             label.append(char)
         else:
-            raise PatternError(f"{char!r} cannot appear in a host name")
+            raise PatternError(f"holds {char!r}, which no host name holds")
         index += 1
     out.append("".join(label))
     return out

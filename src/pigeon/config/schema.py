@@ -12,7 +12,7 @@ import ipaddress
 import re
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
 
@@ -84,6 +84,23 @@ class Endpoint(str):
         return split_endpoint(self)[1]
 
 
+class Peer(Endpoint):
+    """An address Pigeon connects to, "host:port" (a next hop, a resolver); IPv6 hosts in
+    brackets: "[::1]:53". Its port is 1 to 65535: port 0, which a listener takes to mean "any
+    free port", is no server's, and would only fail at the first connection."""
+
+    __slots__ = ()
+    usual_port: ClassVar[int] = 25
+    """The port an example in an error message gives."""
+
+
+class NameserverPeer(Peer):
+    """A `[dns] nameservers` entry: a Peer whose usual port is DNS's."""
+
+    __slots__ = ()
+    usual_port: ClassVar[int] = 53
+
+
 def split_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -92,6 +109,27 @@ def split_endpoint(text: str) -> tuple[str, int]:
         host = host[1:-1]
     if not host:
         raise ValueError(f"{text!r} has no host; use 0.0.0.0:{port} or [::]:{port} for every address")
+    return host, int(port)
+
+
+def split_peer(text: str, usual_port: int = 25) -> tuple[str, int]:
+    """`text` as a `Peer`'s host and port; raises ValueError saying what is wrong, for a person."""
+    host, sep, port = text.rpartition(":")
+    if text.startswith("[") and text.endswith("]"):
+        host, sep, port = text, "", ""
+    elif ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f'{text!r}: write an IPv6 address in brackets, then the port: "[2001:db8::1]:{usual_port}"')
+    if not sep or "]" in port:
+        raise ValueError(f"{text!r} is not host:port: name the server's port too, like '{text}:{usual_port}'")
+    if not port.isdigit():
+        raise ValueError(f"{text!r}: the port {port!r} is not a number from 1 to 65535")
+    if not 1 <= int(port) <= 65535:
+        # 0 is a listener's "any free port", which no server listens on.
+        raise ValueError(f"{text!r}: port {port} is no server's; a port to connect to is 1 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError(f"{text!r} has no host")
     return host, int(port)
 
 
@@ -125,6 +163,11 @@ def decode_hook(kind: type, value: Any) -> Any:
             else:
                 return Network(value)
         raise ValueError(f'{value!r} is not an IP network like "127.0.0.0/8" or "::1"')
+    if kind is Peer or kind is NameserverPeer:
+        if isinstance(value, str):
+            split_peer(value, kind.usual_port)
+            return kind(value)
+        raise ValueError(f'{value!r} is not an address like "192.0.2.1:25" or "[2001:db8::1]:53"')
     if kind is Endpoint:
         if isinstance(value, list):
             example = value[0] if value and isinstance(value[0], str) else "127.0.0.1:8025"
@@ -242,11 +285,13 @@ class SmtpConfig(_Section):
     max_connections: PositiveInt = 2000
     """Concurrent SMTP connections per worker (it bounds the worker's open files and memory, and a
     worker can only close its own). Past it a newcomer takes the place of the connection silent
-    the longest between transactions (which gets 421 4.7.0); with none idle, the newcomer gets
-    421 4.7.0."""
+    the longest between transactions (which gets 421 4.7.0); with none idle, the outsider (not in
+    `relay_networks`, not authenticated) whose envelope has been open longest, if for 10 seconds
+    or more (half `envelope_timeout` if less); with none such, the newcomer gets 421 4.7.0."""
     max_connections_per_client: PositiveInt = 50
     """Concurrent SMTP connections per node (all its workers) from one client address outside
-    `relay_networks`; further ones get 421 4.7.0 (Postfix's smtpd_client_connection_count_limit
+    `relay_networks` (an IPv6 address counts as its /64, as for the AUTH lockouts); further
+    ones get 421 4.7.0 (Postfix's smtpd_client_connection_count_limit
     is 50 too)."""
     max_hops: PositiveInt = 100
     """Received headers after which a message is refused as a loop (RFC 5321 6.3)."""
@@ -258,6 +303,11 @@ class SmtpConfig(_Section):
     """Close a connection (421 4.4.2) that takes longer than this to send one command line, from
     the reply to the previous one (RFC 5321 4.5.3.2.7), or to send a message's content (after
     354, or from the first BDAT to the end of the LAST chunk) beyond what `min_data_rate` allows."""
+    envelope_timeout: PositiveDuration = PositiveDuration(120)
+    """Close a connection (421 4.4.2) whose transaction's envelope (from MAIL to DATA or BDAT, or
+    RSET) takes longer than this in all, the policy hooks' time left out: each command within
+    `command_timeout` is not enough, or RCPTs dripped one at a time would hold the connection for
+    days. A real client sends an envelope of 1,000 recipients in well under a second."""
     min_data_rate: DataRate = DataRate(500)
     """Slowest a message's content may arrive: it must be done within `command_timeout` plus its
     size at this rate, and never stall for `command_timeout`. A client at least this fast is never
@@ -304,6 +354,11 @@ class ApiToken(_Section):
     `Authorization: Bearer <token>`; `openssl rand -hex 32` makes a good one)."""
     scopes: list[Literal["inject", "admin", "read"]]
     """What it may do (at least one): "inject" mail, "admin" operations (bounce, suspend, ...), "read" state."""
+    tenants: list[str] | None = None
+    """The tenants its injections may name (the request's `tenant`, or the content's tenant
+    header): another is refused, 403. With exactly one, mail naming none is that tenant's.
+    None (unset): any tenant, the token being the operator's. An "admin" token can still move
+    mail between queues: the binding is of what it injects."""
 
 
 LOCAL_TOKEN_NAME: Final = "local"
@@ -322,9 +377,14 @@ class HttpConfig(_Section):
     max_request_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Largest API request body: 413 beyond, with a JSON error naming this setting."""
     max_recipients: PositiveInt = 10_000
-    """Recipients of one injection request; beyond, 400 naming this setting, nothing stored. Each
-    recipient is a message of its own (one envelope recipient), so `[smtp] max_recipients`, a
-    bound on one message's envelope, holds already: this one bounds a request's work."""
+    """Recipients of one injection request; beyond, 400 naming this setting, nothing stored. A
+    message holds at most `[smtp] max_recipients` of them, as over SMTP: this one bounds a
+    request's work."""
+    max_stored_size: PositiveSize = PositiveSize(1024 * 1024 * 1024)
+    """Bytes of messages one injection request may have the spool store (each body as composed,
+    once per message it is stored for): beyond, 413 naming this setting, nothing stored. Raw
+    content sent as it is is stored once for all its recipients; each other recipient's message
+    is its own, so a request's size alone does not bound what it stores."""
     max_metadata_size: Size = Size(4 * 1024)
     """Largest `metadata` object of one injected recipient, in bytes of its JSON (400 beyond):
     it is written into every log record of the message."""
@@ -379,6 +439,10 @@ class SpoolConfig(_Section):
     max_size: PositiveSize | None = None
     """Cap on a shard's disk use (database, segments, files of large bodies); a message that
     would pass it gets 451 4.3.0."""
+    reserve: Size = Size(32 * 1024 * 1024)
+    """Without `max_size`: room each shard keeps allocated on its disk (a sixteenth of the disk
+    if that is less, at least 256 KiB), given up to delivery when the disk fills, so that the
+    spool goes on delivering (and so freeing room) while new mail gets 451. 0: none."""
 
 
 class LogConfig(_Section):
@@ -431,6 +495,16 @@ class DeliveryConfig(_Section):
     (with its STARTTLS, where offered); measured on the realistic relay bench, 1.22x the CPU
     and 0.80x the rate, for no earlier settling (single-MX domains set the tail). The first
     connection is closed before the next opens, so `connection_limit` holds."""
+    mx_address_limit: PositiveInt = 5
+    """Addresses of the site's hosts tried, in preference order, to open one connection (as
+    Postfix's smtp_mx_address_limit): an address named by several hosts is tried once, a host
+    that adds none (its lookup failed, its addresses tried already) counts as one, and hosts
+    past the limit are not looked up. Past it, the attempt is a temporary failure naming what
+    was tried; the next starts again from the most preferred host."""
+    mx_session_limit: PositiveInt = 2
+    """Sessions (hosts that greeted with 220) one attempt may use, as Postfix's
+    smtp_mx_session_limit: opening stops after this many greeted and would not do (EHLO
+    refused, TLS failed, ...); with `try_next_mx`, the move to the next host is one (1: none)."""
     connection_limit: PositiveInt = 32
     """Connections per site from each egress source (ready queue): for the node, whatever its
     workers; for the cluster with a [redis] url (each node's share while Redis does not answer)."""
@@ -477,15 +551,18 @@ class DeliveryConfig(_Section):
 
 
 class DnsConfig(_Section):
-    nameservers: list[Endpoint] = msgspec.field(default_factory=list)
-    """Resolvers to ask ("127.0.0.1:53"); empty: the system's (/etc/resolv.conf)."""
+    nameservers: list[NameserverPeer] = msgspec.field(default_factory=list)
+    """Resolvers to ask ("127.0.0.1:53"), in turn: one that does not answer within its share of
+    `timeout`, or fails the query (SERVFAIL, REFUSED), has the next asked. Empty: the system's
+    (/etc/resolv.conf, with its timeout:, attempts: and rotate options)."""
     timeout: PositiveDuration = PositiveDuration(5)
+    """A whole lookup, every nameserver asked (each of n has timeout / n at most)."""
 
 
 class RouteConfig(_Section):
     domain: str
     """Recipient domain (a glob: "*.example.net", "*" for every domain)."""
-    next_hop: Endpoint | None = None
+    next_hop: Peer | None = None
     """Send here instead of the domain's MX hosts: "host:port" (no MX lookup)."""
     tls: Literal["opportunistic", "required", "disabled"] | None = None
     tls_verify: bool | None = None

@@ -33,7 +33,9 @@ class Unreachable(Exception):
     `classification` its bounce class if it is a 5xx. `site_down`: no host of the
     destination took a connection at all, so the whole site is down (`pigeon.delivery.sites`).
     `peer` and `tls`: the host that answered and would not do (a 421, TLS it does not offer or
-    a certificate that does not verify), and its TLS if it was on TLS by then."""
+    a certificate that does not verify), and its TLS if it was on TLS by then. `reply_for`,
+    if given, is the reply as said of a message's domain (mail that loops back to this node:
+    the site names its hosts, the domain is what a reader looks for)."""
 
     def __init__(
         self,
@@ -43,6 +45,7 @@ class Unreachable(Exception):
         site_down: bool = False,
         peer: str | None = None,
         tls: str | None = None,
+        reply_for: Callable[[str], Reply] | None = None,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -50,6 +53,7 @@ class Unreachable(Exception):
         self.site_down = site_down
         self.peer = peer
         self.tls = tls
+        self.reply_for = reply_for
 
 
 class Agent(Protocol):

@@ -272,11 +272,16 @@ class Dispatcher:
             if len(lane.queue):
                 self._start(lane)
 
-    async def drain(self, grace: float) -> None:
-        """Stop starting transactions; let running ones finish for up to `grace` seconds."""
+    def halt(self) -> None:
+        """Stop starting transactions (the node stops): idle connections close, and what a
+        connection took and has not begun goes back to its queue."""
         self._stopping = True
         for lane in self._lanes.values():
             lane.queue.wake_all()
+
+    async def drain(self, grace: float) -> None:
+        """Stop starting transactions; let running ones finish for up to `grace` seconds."""
+        self.halt()
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=grace)
             for task in pending:
@@ -499,6 +504,9 @@ class Dispatcher:
             taken.append(lease)
             while len(taken) < agent.batch and (more := queue.take_nowait()) is not None:
                 taken.append(more)
+            if self._stopping:
+                self._give_back(queue, taken)  # the node stops: nothing new starts (`halt`)
+                break
             if not agent.usable():
                 # The server hung up while we were idle: a new connection, not a failure.
                 await agent.close()
@@ -511,8 +519,10 @@ class Dispatcher:
                     return
             if shaping.max_message_rate is not None:
                 await self._admit(lane, shaping.max_message_rate, len(taken))
-            if self._is_held(lane):
-                self._give_back(queue, taken)  # suspended (an operator, a reaction): it waits, untried
+            if self._is_held(lane) or self._stopping:
+                # Suspended (an operator, a reaction), or the node stops (it may have while this
+                # connection waited for its rate): it waits, untried.
+                self._give_back(queue, taken)
                 break
             if self._reactor is not None and (bouncing := self._reactor.bouncing(lane.reaction_keys)):
                 self._give_back(queue, taken)
@@ -708,7 +718,10 @@ class Dispatcher:
             if message is None:
                 continue
             count = len(message.envelope.recipients)
-            attempt = Attempt.same_for_all(error.reply, count, error.classification, queue.site, error.peer)
+            reply = error.reply
+            if error.reply_for is not None:
+                reply = error.reply_for(message.envelope.routing_domain or _domain(message))
+            attempt = Attempt.same_for_all(reply, count, error.classification, queue.site, error.peer)
             attempt = attempt._replace(tls=error.tls)
             if until_probe is not None:
                 attempt = attempt._replace(tried=False, retry_after=until_probe)

@@ -12,13 +12,21 @@ one (RFC 3461 5.2.2): "delivered" to an application's target, "relayed" to a ser
 not take the DSN parameters (one that did reports on its own). A success returns only the
 headers.
 
+Every line keeps to RFC 5322's 998 octets (2.1.1), and to 78 where the words allow: a next
+hop may refuse a longer line (Pigeon does, 554 5.6.0), and a report is refused unheard. A
+server's reply has no such limit once its lines are joined (RFC 5321 allows 512 octets a line,
+Pigeon's reader 4096, lines without number): the Diagnostic-Code is folded at its white space
+(unfolded, it is the reply again), the text wrapped, and a word longer than a line cut.
+
 A report is 8-bit when it reports on internationalised mail (RFC 6533: UTF-8 in the
 message/global-delivery-status part, message/global or message/global-headers returned) or
-returns an 8-bit message. The hop it goes back through may lack 8BITMIME, and a report
-refused there is lost (no one hears of a null sender's failure), so there it goes in a 7-bit
-form (`seven_bit`): the text quoted-printable; message/delivery-status, with the addresses
-in RFC 6533's utf-8-addr-xtext form (any other character that is not ASCII escaped alike);
-and of the message, only its header fields that are ASCII, as text/rfc822-headers. A DKIM
+returns an 8-bit message; each part holding 8-bit octets says so, `Content-Transfer-Encoding:
+8bit` (a part that does not is 7bit, RFC 2045 6.1). The hop it goes back through may lack
+8BITMIME, and a report refused there is lost (no one hears of a null sender's failure), so
+there it goes in a 7-bit form (`seven_bit`): the text quoted-printable; message/delivery-status,
+with the addresses in RFC 6533's utf-8-addr-xtext form (any other character that is not ASCII
+escaped alike); and of the message, only its header fields that are ASCII, as
+text/rfc822-headers (and the text says so, not that the message came back). A DKIM
 signature made over the 8-bit form is taken off: it would fail.
 """
 
@@ -42,6 +50,10 @@ from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Settling, Spool
 
+# What the text says comes back of the message (the 7-bit form's `seven_bit` says the third).
+_SAYS_WHOLE: Final = "It is attached below"
+_SAYS_HEADERS: Final = "Its headers are attached below"
+_SAYS_ASCII_HEADERS: Final = "Its headers (those in ASCII) are attached below"
 _OWN: Final = "LOCAL"  # the protocol of a report's envelope: written here, stored by `Intake.local`
 
 
@@ -92,9 +104,10 @@ def build_report(
     if failed:
         # A remote server's words, escaped as everywhere they are shown: an ESC in them must
         # not reach the sender's terminal (the Diagnostic-Code below is a header field's value).
-        reasons = "\r\n".join(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}" for f in failed)
+        # Wrapped: a next hop's reply may be 4096 octets a line, and lines, joined.
+        reasons = "\r\n".join(_wrapped(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}") for f in failed)
         # Say what comes back: without RET=FULL, only the header section does.
-        attached = "It is attached below" if full else "Its headers are attached below"
+        attached = _SAYS_WHOLE if full else _SAYS_HEADERS
         human += (
             "Your message could not be delivered to one or more recipients.\r\n"
             f"{attached}; the reasons are:\r\n\r\n{reasons}\r\n"
@@ -102,13 +115,13 @@ def build_report(
     if succeeded:
         # RFC 3461 5.2.2: "relayed" to a server that does not report on; "delivered" here.
         said = {"delivered": "delivered", "relayed": "relayed to a server that sends no further reports"}
-        done = "\r\n".join(f"<{f.recipient.address}>: {said[f.action]}" for f in succeeded)
+        done = "\r\n".join(_wrapped(f"<{f.recipient.address}>: {said[f.action]}") for f in succeeded)
         human += ("\r\n" if failed else "") + f"As you asked, a report of its delivery:\r\n\r\n{done}\r\n"
     per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
     if envelope.envid:
         per_message.append(f"Original-Envelope-Id: {_field(envelope.envid)}")
     per_message.append(f"Arrival-Date: {_date(arrival)}")
-    blocks = ["\r\n".join(per_message)]
+    blocks = ["\r\n".join(map(_folded, per_message))]
     for failure in failures:
         address = failure.recipient.address
         if address.isascii():
@@ -128,7 +141,7 @@ def build_report(
             fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")
         elif failure.diagnostic_type == "smtp":
             fields.append(f"Last-Attempt-Date: {date}")
-        blocks.append("\r\n".join(fields))
+        blocks.append("\r\n".join(map(_folded, fields)))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
     status = "\r\n\r\n".join(blocks)
@@ -156,17 +169,22 @@ def build_report(
     )
     parts = [
         f"--{boundary}\r\nContent-Description: Notification\r\n"
-        f"Content-Type: text/plain; charset=utf-8\r\n\r\n{human}\r\n",
-        f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n\r\n"
-        + status
-        + "\r\n\r\n",
+        f"Content-Type: text/plain; charset=utf-8\r\n{_encoding(human)}\r\n{human}\r\n",
+        f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n"
+        f"{_encoding(status)}\r\n{status}\r\n\r\n",
         f"--{boundary}\r\nContent-Description: {_description(bool(failed), full)}\r\n"
-        f"Content-Type: {returned_type}\r\n\r\n",
+        f"Content-Type: {returned_type}\r\n{_encoding(returned)}\r\n",
     ]
     text = (head + "".join(parts)).encode("utf-8")
     if not returned.endswith(b"\r\n"):
         returned += b"\r\n"
     return text + returned + f"\r\n--{boundary}--\r\n".encode()
+
+
+def _encoding(content: str | bytes) -> str:
+    """A part's Content-Transfer-Encoding field, for one whose `content` holds 8-bit octets:
+    a part without one is 7bit (RFC 2045 6.1), which a next hop may take at its word."""
+    return "" if content.isascii() else "Content-Transfer-Encoding: 8bit\r\n"
 
 
 def _description(failed: bool, full: bool) -> str:
@@ -202,6 +220,74 @@ def _field(value: str) -> str:
     return value if value.isprintable() else "".join(c if c.isprintable() else " " for c in value)
 
 
+_FOLD_AT: Final = 78  # RFC 5322 2.1.1: a line SHOULD be at most 78 octets...
+_LINE_LIMIT: Final = 998  # ...and MUST be at most 998, without its CRLF (a next hop may refuse it)
+_PIECE: Final = re.compile(r"[ \t]*[^ \t]+|[ \t]+")  # a word with the white space before it
+_INDENT: Final = "    "  # a wrapped reason's continuation lines, in the human-readable text
+
+
+def _folded(field: str) -> str:
+    """One field of the delivery-status part (`Name: value`) folded as RFC 5322 2.2.3 folds:
+    a CRLF put before white space the value has, so that unfolded it is the value again. Its
+    lines keep to 78 octets where its words allow, and to 998 always: a word longer than that
+    (a server's reply has no limit on its words) is cut, a space put in where it is cut.
+
+    Counted as the field's widest form, each character that is not ASCII as `\\x{HEX}`
+    (message/delivery-status, and the 7-bit form of message/global-delivery-status): never
+    shorter than its UTF-8, so no form has a longer line."""
+    return "\r\n".join(_lines(field, _escaped_width, fold=True))
+
+
+def _wrapped(line: str) -> str:
+    """One line of the human-readable text, wrapped at its white space to 78 octets where its
+    words allow (the continuation lines indented), and cut where a word passes 998 octets."""
+    return "\r\n".join(_lines(line, _utf8_width, fold=False))
+
+
+def _lines(line: str, width: Callable[[str], int], *, fold: bool) -> list[str]:
+    """`line` as lines of at most `_FOLD_AT` octets (counted by `width`) where its white space
+    allows, and of at most `_LINE_LIMIT` always. `fold`: a header field's fold, the white space
+    kept at the start of the next line; else text's wrap, the white space replaced by `_INDENT`."""
+    if width(line) <= _FOLD_AT:
+        return [line]  # the usual case
+    lead = " " if fold else _INDENT  # (what starts a line a word was cut to make)
+    lines: list[str] = []
+    current = ""
+    for piece in _PIECE.findall(line):
+        word = piece if fold else piece.lstrip()
+        if not word:
+            continue  # white space at the end of a line of text: nothing to show
+        if current.strip() and word.strip() and width(current + piece) > _FOLD_AT:
+            lines.append(current)  # a line is never only white space (RFC 5322 3.2.2)
+            current = word if fold else _INDENT + word
+        else:
+            current += piece
+        while width(current) > _LINE_LIMIT:
+            cut = _cut(current, width)
+            lines.append(current[:cut])
+            current = lead + current[cut:]
+    lines.append(current)
+    return lines
+
+
+def _cut(text: str, width: Callable[[str], int]) -> int:
+    """Where to cut `text` so that its first part is as long as a line may be."""
+    size = 0
+    for index, char in enumerate(text):
+        size += width(char)
+        if size > _LINE_LIMIT:
+            return index
+    return len(text)
+
+
+def _utf8_width(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _escaped_width(text: str) -> int:
+    return len(text) if text.isascii() else len(_escaped(text))
+
+
 def _mta_name(peer: str) -> str:
     """The Remote-MTA's name (RFC 3464 2.3.5: a host name for type "dns"): the MX host's name
     when the peer was reached by one, else its address literal (RFC 5321 4.1.3), without the
@@ -226,6 +312,7 @@ def _headers(message: bytes) -> bytes:
 _BOUNDARY: Final = re.compile(rb'boundary="([^"\r\n]+)"')
 _CONTENT_TYPE: Final = re.compile(rb"(?im)^content-type:[ \t]*([^;\s]+)")
 _CONTENT_TYPE_FIELD: Final = re.compile(rb"(?im)^content-type:[^\r\n]*")
+_ENCODING_FIELD: Final = re.compile(rb"(?im)^content-transfer-encoding:[^\r\n]*\r\n")
 _DESCRIPTION_FIELD: Final = re.compile(rb"(?im)^content-description:[^\r\n]*")
 _FIELD_BREAK: Final = re.compile(rb"\r\n(?![ \t])")  # a line end not followed by a continuation line
 _RETURNED: Final = frozenset({b"message/rfc822", b"message/global", b"message/global-headers"})
@@ -244,16 +331,22 @@ def seven_bit(report: bytes) -> bytes | None:
     preamble, *parts = report[head_end + 2 :].split(delimiter)
     if not parts or not parts[-1].startswith(b"--"):
         return None
-    written = [preamble]
+    read: list[tuple[bytes, bytes, bytes]] = []  # each part's type, fields and content
     for part in parts[:-1]:
         fields_end = part.find(b"\r\n\r\n")
-        kind = _CONTENT_TYPE.search(part, 0, fields_end) if fields_end >= 0 else None
-        if kind is None:
+        found = _CONTENT_TYPE.search(part, 0, fields_end) if fields_end >= 0 else None
+        if found is None:
             return None
-        fields, content = part[: fields_end + 2], part[fields_end + 4 :]
+        read.append((found.group(1).lower(), part[: fields_end + 2], part[fields_end + 4 :]))
+    # The message, or its headers, cannot come back as they are: only its ASCII header fields do.
+    cut = any(kind in _RETURNED and not content.isascii() for kind, _, content in read)
+    written = [preamble]
+    for kind, fields, content in read:
+        if kind == b"text/plain" and cut:
+            content = _says_ascii_headers(content)  # (the text was written before it was cut)
         if not content.isascii():
-            fields, content = _seven_bit_part(kind.group(1).lower(), fields, content)
-        elif kind.group(1).lower() == b"message/global-delivery-status":  # (all ASCII already)
+            fields, content = _seven_bit_part(kind, fields, content)
+        elif kind == b"message/global-delivery-status":  # (all ASCII already)
             fields = fields.replace(b"message/global-delivery-status", b"message/delivery-status")
         if not (fields + content).isascii():
             return None
@@ -264,6 +357,7 @@ def seven_bit(report: bytes) -> bytes | None:
 
 def _seven_bit_part(kind: bytes, fields: bytes, content: bytes) -> tuple[bytes, bytes]:
     """One part of a report, its 8-bit `content` made 7-bit (see `seven_bit`)."""
+    fields = _ENCODING_FIELD.sub(b"", fields)  # ("8bit" no longer: 7bit, or said again below)
     if kind == b"text/plain":
         return fields + b"Content-Transfer-Encoding: quoted-printable\r\n", binascii.b2a_qp(content, istext=True)
     if kind == b"message/global-delivery-status":
@@ -274,6 +368,18 @@ def _seven_bit_part(kind: bytes, fields: bytes, content: bytes) -> tuple[bytes, 
         fields = _DESCRIPTION_FIELD.sub(b"Content-Description: Message headers (those in ASCII)", fields)
         return fields, _ascii_fields(_headers(content))
     return fields, content  # (none other is written: refused by the caller)
+
+
+def _says_ascii_headers(text: bytes) -> bytes:
+    """The human-readable `text` of a report, saying that of the message only its header fields
+    in ASCII come back, where it said the message or its headers did (the README promises the
+    text says which came back). Our sentence comes before the reasons: a server's words, after
+    it, that happen to say the same are left as they are."""
+    for said in (_SAYS_WHOLE, _SAYS_HEADERS):
+        written = f"\r\n{said}; ".encode()
+        if written in text:
+            return text.replace(written, f"\r\n{_SAYS_ASCII_HEADERS}; ".encode(), 1)
+    return text
 
 
 def _ascii_fields(header_section: bytes) -> bytes:

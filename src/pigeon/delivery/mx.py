@@ -7,6 +7,10 @@ RFC 5321 5.1 and RFC 7505:
 * a null MX (`0 .`): the domain accepts no mail, a permanent failure;
 * NXDOMAIN: a permanent failure; a timeout or SERVFAIL: a transient one.
 
+Each nameserver is asked in turn (`Resolver._ask`): one that does not answer within its share
+of the lookup's timeout, or fails the query (SERVFAIL, REFUSED), has the next one asked; an
+answer (NXDOMAIN too) ends the lookup, as with libc and dnspython.
+
 Answers, including negative ones, are cached for their TTL (bounded below and above), so
 lookups happen per domain per TTL, not per message. Tests point the resolver at a DNS
 server of their own on loopback: Pigeon never needs the system resolver to be sane.
@@ -36,6 +40,7 @@ _MIN_TTL: Final = 5.0
 _MAX_TTL: Final = 3600.0
 _NEGATIVE_TTL: Final = 60.0
 _FAILURE_TTL: Final = 10.0  # a transient failure is remembered briefly, to not hammer a broken server
+_SLOW_FOR: Final = 60.0  # a nameserver that did not answer in time is asked last for this long
 
 
 _LOOPBACK: Final = ("127.0.0.1", "::1")
@@ -53,6 +58,40 @@ def _is_localhost(name: str) -> bool:
     """RFC 6761 6.3: "localhost" and the names under it are the loopback addresses, answered
     without asking a DNS server (which may say NXDOMAIN: a route to localhost:2525 would fail)."""
     return name == "localhost" or name.endswith(".localhost")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvConfOptions:
+    """What libc takes from resolv.conf's `options` for how long to wait: `timeout` seconds a
+    try (RES_TIMEOUT 5, at most RES_MAXRETRANS 30), `attempts` rounds of the servers (RES_DFLRETRY
+    2, at most RES_MAXRETRY 5). (`rotate` dnspython reads.)"""
+
+    timeout: float = 5.0
+    attempts: int = 2
+
+
+def _resolv_conf_options(path: str) -> ResolvConfOptions:
+    """resolv.conf's `timeout:` and `attempts:` options (the last of each wins, as in libc);
+    the defaults for a file that cannot be read or says nothing of them."""
+    timeout, attempts = 5.0, 2
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return ResolvConfOptions()
+    for line in lines:
+        words = line.split()
+        if not words or words[0] != "options":
+            continue
+        for option in words[1:]:
+            name, _, value = option.partition(":")
+            if name not in ("timeout", "attempts") or not value.isdigit():
+                continue
+            if name == "timeout":
+                timeout = float(min(max(int(value), 1), 30))
+            else:
+                attempts = min(max(int(value), 1), 5)
+    return ResolvConfOptions(timeout, attempts)
 
 
 class DnsFailure(Unroutable):
@@ -86,40 +125,68 @@ class Resolver:
         timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        resolv_conf: str = "/etc/resolv.conf",
     ) -> None:
+        # `timeout` bounds a whole lookup, every server asked (dnspython's lifetime). Each try
+        # has a share of it, so that a server that does not answer leaves time for the next.
+        # Servers of our own (`[dns] nameservers`): one round, each server `timeout / n`, the
+        # last what is left.
+        # resolv.conf's: libc's `timeout:` (default 5 s, at most 30) and `attempts:` (default 2,
+        # at most 5) rounds, each try also at most `timeout / n`; and its `rotate`.
+        attempts = 1
+        try_timeout = timeout
+        self._rest_to_last = bool(nameservers)
         if nameservers:
             self._resolver = dns.asyncresolver.Resolver(configure=False)
             self._resolver.nameservers = [dns.nameserver.Do53Nameserver(host, port) for host, port in nameservers]
         else:
-            self._resolver = dns.asyncresolver.Resolver()
+            self._resolver = dns.asyncresolver.Resolver(resolv_conf)
+            options = _resolv_conf_options(resolv_conf)
+            try_timeout, attempts = options.timeout, options.attempts
+        count = max(len(self._resolver.nameservers), 1)
+        self._try_timeout = min(try_timeout, timeout / count)
+        self._attempts = attempts
         self._resolver.lifetime = timeout
-        self._resolver.timeout = timeout
+        self._resolver.timeout = self._try_timeout
         self._timeout = timeout
-        # The first nameserver, asked directly for the plain cases (`dnswire`); dnspython
-        # asks for the rest, and for every case when it is not an address on port 53 (DoH...).
-        first = self._resolver.nameservers[0] if self._resolver.nameservers else None
-        self._server: tuple[str, int] | None = None
-        if isinstance(first, str) and _is_address(first):
-            self._server = (first, self._resolver.port)
-        elif isinstance(first, dns.nameserver.Do53Nameserver) and _is_address(first.address):
-            self._server = (first.address, first.port)
-        # A server that fails the query (SERVFAIL, REFUSED) has dnspython try the next one: when
-        # there is none, the failure is the answer.
-        self._alone = len(self._resolver.nameservers) == 1
+        # The nameservers, asked directly for the plain cases (`dnswire`); dnspython asks for
+        # the rest, and for every case when one is not an address on port 53 (DoH...).
+        servers: list[tuple[str, int]] = []
+        for server in self._resolver.nameservers:
+            if isinstance(server, str) and _is_address(server):
+                servers.append((server, self._resolver.port))
+            elif isinstance(server, dns.nameserver.Do53Nameserver) and _is_address(server.address):
+                servers.append((server.address, server.port))
+            else:
+                servers = []
+                break
+        self._servers = servers
+        self._rotate = bool(self._resolver.rotate)
+        # server -> until when it is asked last: it did not answer in time lately (as libc and
+        # unbound put a server that times out aside), so a dead first server does not cost
+        # every lookup its share of the timeout.
+        self._slow: dict[tuple[str, int], float] = {}
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._clock = clock
         self._rng = rng or random.Random()
 
     async def exchangers(self, domain: str) -> list[Exchanger]:
         """The hosts that take mail for `domain`, in the order to try them."""
+        return (await self.exchangers_for(domain))[0]
+
+    async def exchangers_for(self, domain: str) -> tuple[list[Exchanger], float]:
+        """`exchangers`, and for how many more seconds the records they come from are fresh
+        (their TTL, as cached: see `_remember`)."""
         domain = domain.lower().rstrip(".")
         if _is_localhost(domain):
-            return [Exchanger(0, domain)]  # no MX for it (RFC 6761 6.3): itself, on loopback
+            return [Exchanger(0, domain)], _MAX_TTL  # no MX for it (RFC 6761 6.3): itself, on loopback
         records = await self._lookup(domain, "MX")
+        fresh = self._fresh((domain, "MX"))
         if records is None:  # no MX: the domain itself, if it has an address (RFC 5321 5.1)
-            if await self._lookup(domain, "A") is None and await self._lookup(domain, "AAAA") is None:
-                raise DnsFailure(Reply(550, "5.1.2", (f"{domain} has no MX and no address record",)))
-            return [Exchanger(0, domain)]
+            for kind in ("A", "AAAA"):
+                if await self._lookup(domain, kind) is not None:
+                    return [Exchanger(0, domain)], min(fresh, self._fresh((domain, kind)))
+            raise DnsFailure(Reply(550, "5.1.2", (f"{domain} has no MX and no address record",)))
         exchangers = [Exchanger(int(pref), str(host)) for pref, host in records]
         if len(exchangers) == 1 and exchangers[0].host in ("", "."):
             raise DnsFailure(Reply(556, "5.1.10", (f"{domain} accepts no mail (null MX, RFC 7505)",)))
@@ -134,7 +201,11 @@ class Resolver:
         exchangers = usable
         self._rng.shuffle(exchangers)  # equal preferences end up in random order...
         exchangers.sort(key=lambda e: e.preference)  # ...because the sort is stable
-        return exchangers
+        return exchangers, fresh
+
+    def _fresh(self, key: tuple[str, str]) -> float:
+        cached = self._cache.get(key)
+        return max(cached.expires - self._clock(), 0.0) if cached is not None else 0.0
 
     async def addresses(self, host: str) -> list[str]:
         """IPv4 then IPv6 addresses of `host`."""
@@ -165,18 +236,17 @@ class Resolver:
             if isinstance(cached.value, DnsFailure):
                 raise cached.value
             return cast(list[Any] | None, cached.value)
-        if self._server is not None:
+        if self._servers:
             try:
-                async with asyncio.timeout(self._timeout):
-                    plain = await dnswire.ask(self._server, name, kind)
+                plain = await self._ask(name, kind)
             except TimeoutError:
                 failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: LifetimeTimeout",)))
                 self._remember(key, failure, _FAILURE_TTL)
                 raise failure from None
-            if plain is not None and (plain.rcode in (dnswire.NOERROR, dnswire.NXDOMAIN) or self._alone):
+            if plain is not None:
                 return self._plain(key, plain)
         try:
-            answer = await self._resolver.resolve(name, kind, raise_on_no_answer=False)
+            answer = await self._dnspython().resolve(name, kind, raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
             self._remember(key, failure, _NEGATIVE_TTL)
@@ -200,11 +270,71 @@ class Resolver:
         self._remember(key, value, float(rrset.ttl))
         return value
 
+    def _dnspython(self) -> dns.asyncresolver.Resolver:
+        """dnspython, for what `dnswire` does not read: its servers in `_order`'s order when one
+        timed out lately, lest it wait for that one first (a CNAME answer after a dead server)."""
+        if not self._slow or len(self._servers) < 2:
+            return self._resolver
+        ordered = dns.asyncresolver.Resolver(configure=False)
+        ordered.nameservers = [dns.nameserver.Do53Nameserver(host, port) for host, port in self._order()]
+        ordered.timeout, ordered.lifetime = self._resolver.timeout, self._resolver.lifetime
+        ordered.use_edns(self._resolver.edns, self._resolver.ednsflags, self._resolver.payload)
+        return ordered
+
+    def _order(self) -> list[tuple[str, int]]:
+        """The servers in the order to ask them: as listed (from a random one on, with
+        resolv.conf's `rotate`), those that timed out lately last."""
+        servers = self._servers
+        if self._rotate and len(servers) > 1:
+            start = self._rng.randrange(len(servers))
+            servers = servers[start:] + servers[:start]
+        if not self._slow:
+            return servers
+        now = self._clock()
+        for server, until in list(self._slow.items()):
+            if until <= now:
+                del self._slow[server]
+        return sorted(servers, key=lambda server: server in self._slow)  # (a stable sort)
+
+    async def _ask(self, name: str, kind: str) -> dnswire.Answer | None:
+        """The answer of the first server that gives one, by `dnswire`, within the lookup's
+        `timeout`; None: a case for dnspython. A server that does not answer within its try's
+        time, or fails the query (SERVFAIL, REFUSED...), has the next one asked, as libc and
+        dnspython do; one that fails it is not asked again. NXDOMAIN is an answer: no other server
+        is asked. When every server failed the query, the last failure is the answer; when none
+        answered in time, TimeoutError."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        servers = self._order()
+        failed: dnswire.Answer | None = None
+        for round_ in range(self._attempts):
+            for server in list(servers):
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError
+                last = round_ == self._attempts - 1 and server is servers[-1]
+                try:
+                    # The last server of our own has what is left (its elders may have failed
+                    # at once); resolv.conf's servers have no more than its `timeout:`.
+                    async with asyncio.timeout(left if last and self._rest_to_last else min(self._try_timeout, left)):
+                        answer = await dnswire.ask(server, name, kind)
+                except TimeoutError:
+                    self._slow[server] = self._clock() + _SLOW_FOR
+                    continue
+                self._slow.pop(server, None)
+                if answer is None or answer.rcode in (dnswire.NOERROR, dnswire.NXDOMAIN):
+                    return answer
+                failed = answer
+                servers.remove(server)
+            if not servers:
+                return failed
+        raise TimeoutError
+
     def _plain(self, key: tuple[str, str], answer: dnswire.Answer) -> list[Any] | None:
         """What `_lookup` makes of an answer read by `dnswire`, as of dnspython's."""
         name, kind = key
         if answer.rcode not in (dnswire.NOERROR, dnswire.NXDOMAIN):
-            # (as dnspython says it, once the only nameserver failed)
+            # (as dnspython says it, once every nameserver failed)
             failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: NoNameservers",)))
             self._remember(key, failure, _FAILURE_TTL)
             raise failure

@@ -16,12 +16,13 @@ import fnmatch
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
+from pigeon.config.patterns import host_port
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.smtp.replies import Reply
 
-_DESTINATION_TTL: Final = 30.0
+_DESTINATION_TTL: Final = 30.0  # at most: less when the MX records' TTL is shorter
 
 
 class TlsPolicy(enum.Enum):
@@ -64,6 +65,9 @@ class Destination:
     kind: Kind = Kind.SMTP
     target: str | None = None  # Kind.TARGET: the [[target]]'s name
     ca_file: str | None = None  # with tls_verify: the CAs to trust instead of the system's
+    # Where its hops came from: the domain's MX records, a [[route]]'s next_hop, or an address
+    # literal; what `pigeon shaping explain` calls them ("MX hosts" only for the first).
+    hops_from: Literal["mx", "route", "literal"] = "mx"
 
     @property
     def security(self) -> str:
@@ -119,6 +123,11 @@ class Router:
 
         return changed
 
+    @property
+    def routes(self) -> list[Route]:
+        """The static routes in force."""
+        return self._routes
+
     def verifies_with_system_cas(self) -> bool:
         """Whether some mail may be verified against the system's CAs: the default's, or a
         `[[route]]`'s, verification with no `ca_file` of its own."""
@@ -161,7 +170,7 @@ class Router:
         while True:
             routes = self._routes
             try:
-                destination = await self._resolve_under(routes, domain)
+                destination, fresh = await self._resolve_under(routes, domain)
             except DnsFailure:
                 if self._routes is routes:
                     raise
@@ -172,7 +181,9 @@ class Router:
             # new ones say (its TLS policy, say), never the old ones', cached or not.
         if len(self._cache) > 50_000:
             self._cache.clear()
-        self._cache[domain] = (self._clock() + _DESTINATION_TTL, destination)
+        # No longer than the records it comes from are fresh (their TTL, at least the
+        # resolver's floor): a TTL under 30 s is honoured.
+        self._cache[domain] = (self._clock() + min(_DESTINATION_TTL, fresh), destination)
         return destination
 
     def _settings(self, routes: list[Route], domain: str) -> tuple[Hop | None, TlsPolicy, bool, str | None]:
@@ -184,22 +195,25 @@ class Router:
         trusted = (route.ca_file if route and route.ca_file else self._ca_file) if verify else None
         return (route.next_hop if route else None), tls, verify, trusted
 
-    async def _resolve_under(self, routes: list[Route], domain: str) -> Destination:
+    async def _resolve_under(self, routes: list[Route], domain: str) -> tuple[Destination, float]:
+        """The destination, and for how many seconds it may be cached as far as DNS goes."""
         hop, tls, verify, trusted = self._settings(routes, domain)
         if hop is not None:
-            return Destination(f"{hop.host}:{hop.port}", (hop,), tls, verify, ca_file=trusted)
+            static = Destination(host_port(hop.host, hop.port), (hop,), tls, verify, ca_file=trusted, hops_from="route")
+            return static, _DESTINATION_TTL
         if domain.startswith("[") and domain.endswith("]"):
             # An address literal (RFC 5321 4.1.3): that host, no DNS.
             address = domain[1:-1]
             address = address[5:] if address[:5].lower() == "ipv6:" else address
             literal = Hop(address, self._port)
-            return Destination(f"[{address}]:{self._port}", (literal,), tls, verify, ca_file=trusted)
-        exchangers = await self._resolver.exchangers(domain)
+            site = f"[{address}]:{self._port}"
+            return Destination(site, (literal,), tls, verify, ca_file=trusted, hops_from="literal"), _DESTINATION_TTL
+        exchangers, fresh = await self._resolver.exchangers_for(domain)
         hops = tuple(Hop(e.host, self._port) for e in exchangers)
         site = ",".join(sorted({e.host for e in exchangers}))
         if self._port != 25:
             site += f":{self._port}"
-        return Destination(site, hops, tls, verify, ca_file=trusted)
+        return Destination(site, hops, tls, verify, ca_file=trusted), fresh
 
     def _route(self, domain: str, routes: list[Route]) -> Route | None:
         for route in routes:

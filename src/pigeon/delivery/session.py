@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
+from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.delivery.routes import Destination, Hop
 from pigeon.listener.tls import describe
@@ -49,6 +50,7 @@ from pigeon.smtp.client_session import (
     Phase,
     Quit,
     Ready,
+    Reason,
     StartTls,
     TlsPolicy,
     TransactionDone,
@@ -70,6 +72,8 @@ class ClientOptions:
     pipelining: bool = True
     chunking: bool = True
     try_next_mx: bool = False  # a recipient answered 4xx is tried at once at the site's next host (smtp_agent)
+    mx_address_limit: int = 5  # addresses tried per connection opened (ClientConnection.open)
+    mx_session_limit: int = 2  # sessions that got a greeting, per connection opened and its move (try_next_mx)
 
 
 class ConnectFailed(Exception):
@@ -77,16 +81,37 @@ class ConnectFailed(Exception):
     says that no host took a connection at all (each refused it or timed out), as opposed
     to a host that answered and would not do (a 421, a failed TLS handshake). `peer` is that
     host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
-    it was on TLS by then: a record of the failure names them as a delivery's would."""
+    it was on TLS by then: a record of the failure names them as a delivery's would.
+    `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`)."""
 
     def __init__(
-        self, reply: Reply, *, site_down: bool = False, peer: str | None = None, tls: str | None = None
+        self,
+        reply: Reply,
+        *,
+        site_down: bool = False,
+        peer: str | None = None,
+        tls: str | None = None,
+        greeted: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
         self.site_down = site_down
         self.peer = peer
         self.tls = tls
+        self.greeted = greeted
+
+
+class LoopsBack(ConnectFailed):
+    """Every host of the destination is this node itself (one of its SMTP listeners: see
+    `pigeon.delivery.loops`): connecting would hand the mail back to us. `reply` is a
+    permanent `554 5.4.6` naming the first such host; `reply_for(domain)` says it of a domain."""
+
+    def __init__(self, site: str, peer: str) -> None:
+        self.looped = peer  # the first host found to be us, as "host [address]:port"
+        super().__init__(self.reply_for(site))
+
+    def reply_for(self, domain: str) -> Reply:
+        return Reply(554, "5.4.6", (f"mail for {domain} loops back to myself ({self.looped} is this node)",))
 
 
 class _NoConnection(ConnectFailed):
@@ -288,20 +313,58 @@ class ClientConnection:
     # --- opening ---------------------------------------------------------------------------
     @classmethod
     async def open(
-        cls, destination: Destination, resolver: Resolver, options: ClientOptions, *, avoid: str | None = None
+        cls,
+        destination: Destination,
+        resolver: Resolver,
+        options: ClientOptions,
+        *,
+        avoid: str | None = None,
+        sessions: int = 0,
+        own: Listeners | None = None,
     ) -> ClientConnection:
         """The first hop that takes the connection, never at the address `avoid` (the host
-        that just answered 4xx: `smtp_agent` tries another). Raises ConnectFailed with the last
-        reason."""
+        that just answered 4xx: `smtp_agent` tries another, `sessions` being those it had),
+        nor a host one of whose addresses is one of this node's listeners (`own`): mail sent
+        there would loop. Raises ConnectFailed with the last reason; LoopsBack if every hop
+        is this node.
+
+        Within the limits, as Postfix's `smtp_mx_address_limit` and `smtp_mx_session_limit`:
+        at most `mx_address_limit` addresses are tried, each once (an address several hosts
+        name is one), a host that adds none (its lookup failed, its addresses were tried)
+        counting as one, so that hosts past the limit are not even looked up; and it stops
+        after `mx_session_limit` sessions that got a greeting (a 220) and would not do. Then
+        the failure is temporary, and names what was tried; the next attempt starts again
+        from the first hop."""
         last = ConnectFailed(Reply(451, "4.4.1", (f"no host to try for {destination.site}",)))
         policy = TlsPolicy(destination.tls.value)
         tried = connected = False  # whether any address was tried, and any took the connection
+        seen: set[tuple[str, int]] = set()  # the addresses tried
+        spent = 0  # of mx_address_limit: addresses tried, and hosts that added none
+        done: list[str] = []  # what was tried, for a failure that the limits cut short
+        cut = False
+        looped: str | None = None  # the first hop found to be this node, as a peer is named
+        elsewhere = False  # whether any hop may be another node's (or could not be told: no address)
         for hop in destination.hops:
+            if spent >= options.mx_address_limit or sessions >= options.mx_session_limit:
+                cut = True
+                break
             try:
                 addresses = [hop.host] if _is_ip(hop.host) else await resolver.addresses(hop.host)
             except DnsFailure as error:
                 last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
+                spent += 1
+                done.append(f"{hop.host} (no address)")
+                elsewhere = True
                 continue
+            if own is not None:
+                mine = next((a for a in addresses if own.is_self(a, hop.port)), None)
+                if mine is not None:
+                    # The whole host is passed over, not only that address: its others (::1
+                    # beside 127.0.0.1) would reach us too, or nothing.
+                    _log.debug("%s: %s is this node: not connected to", destination.site, _peer(hop, mine))
+                    looped = looped or _peer(hop, mine)
+                    continue
+            elsewhere = True
             if options.bind is not None:
                 # A socket bound to an IPv4 address cannot reach an IPv6 one, nor the reverse.
                 family = ipaddress.ip_address(options.bind).version
@@ -309,13 +372,25 @@ class ClientConnection:
                 if not usable:
                     reason = f"{hop.host} has no IPv{family} address to reach from {options.bind}"
                     last = ConnectFailed(Reply(451, "4.4.1", (reason,)))
+                    spent += 1
+                    done.append(f"{hop.host} (no IPv{family} address)")
                     continue
                 addresses = usable
             if avoid is not None:
                 addresses = [a for a in addresses if a != avoid]
-            for address in addresses:
+            fresh = [a for a in dict.fromkeys(addresses) if (a, hop.port) not in seen]
+            if not fresh:
+                spent += 1  # (its addresses were tried already, under another name)
+                continue
+            for address in fresh:
+                if spent >= options.mx_address_limit or sessions >= options.mx_session_limit:
+                    cut = True
+                    break
+                spent += 1
+                seen.add((address, hop.port))
+                done.append(_peer(hop, address))
                 tried = True
-                handshake_failed = False
+                handshake_failed = greeted = False
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _NoConnection as error:
@@ -324,8 +399,10 @@ class ClientConnection:
                 except ConnectFailed as error:
                     last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
+                    greeted = error.greeted
                 connected = True
                 if not handshake_failed:
+                    sessions += 1 if greeted else 0
                     continue
                 # The session said a new connection in the clear may do (opportunistic TLS). One
                 # that asked to verify tries TLS unverified first: a certificate that does not
@@ -333,6 +410,8 @@ class ClientConnection:
                 # above: compiled by mypyc, a handler that awaits sets sys.exc_info() back, once
                 # done, to what it was when it began, which may be an exception thrown into
                 # this task since handled: left behind, a later `finally` raises it again.)
+                # The address counts as one session, however many of these it takes.
+                sessions += 1
                 fallbacks = (
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
@@ -343,13 +422,29 @@ class ClientConnection:
                         return await cls._open_one(hop, address, fallback, options, tls)
                     except ConnectFailed as again:
                         last = again.with_traceback(None)
+            if cut:
+                break
+        if cut:
+            # Hosts were left untried: no verdict on the site's mail, whatever the last said.
+            reply = last.reply if 400 <= last.reply.code < 500 else Reply(451, "4.4.1", last.reply.lines)
+            note = (
+                f"not all hosts tried ([delivery] mx_address_limit {options.mx_address_limit}, "
+                f"mx_session_limit {options.mx_session_limit}); tried {', '.join(done)}"
+            )
+            last = ConnectFailed(
+                Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
+                peer=last.peer,
+                tls=last.tls,
+            )
+        if looped is not None and not elsewhere and not cut:
+            raise LoopsBack(destination.site, looped)
         raise ConnectFailed(last.reply, site_down=tried and not connected, peer=last.peer, tls=last.tls)
 
     @classmethod
     async def _open_one(
         cls, hop: Hop, address: str, destination: Destination, options: ClientOptions, policy: TlsPolicy
     ) -> ClientConnection:
-        peer = f"{hop.host} [{address}]:{hop.port}" if hop.host != address else f"[{address}]:{hop.port}"
+        peer = _peer(hop, address)
         loop = asyncio.get_running_loop()
         session = ClientSession(options.helo_name, tls=policy, pipelining=options.pipelining, chunking=options.chunking)
         wire = _Wire(loop, session)
@@ -369,7 +464,8 @@ class ClientConnection:
             await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
-            raise ConnectFailed(error.reply, peer=peer, tls=connection.tls) from None
+            greeted = session.replies_received > 0  # (a banner other than 220 is Unusable)
+            raise ConnectFailed(error.reply, peer=peer, tls=connection.tls, greeted=greeted) from None
         except BaseException:
             connection.close()
             raise
@@ -390,7 +486,8 @@ class ClientConnection:
                 await self._start_tls(server_name, verify, destination.ca_file)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
-                raise failure(event.explain(self.peer), peer=self.peer, tls=self.tls)
+                greeted = event.reason is not Reason.BANNER  # (turned away at the banner: no session)
+                raise failure(event.explain(self.peer), peer=self.peer, tls=self.tls, greeted=greeted)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
@@ -435,13 +532,7 @@ class ClientConnection:
         if not isinstance(event, TransactionDone):
             self.broken = True
             raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
-        result = event.result
-        if result.end_unanswered:
-            # A 421 before the reply to content that went out ahead of it: not a definite no
-            # (nor a reason to try the next host at once), as when the connection breaks there.
-            self.broken = True
-            raise ConnectionLost(_with_note(next((r for r in result.replies if r.code == 421), _CLOSED)))
-        return result, time.monotonic() - started
+        return event.result, time.monotonic() - started
 
     def _unanswered_end(self, reason: Reply) -> Reply:
         """Why a transaction broke, saying so when it broke after the end of the content went
@@ -468,11 +559,7 @@ class ClientConnection:
         they stand (a restart must not send again what the server took). None if not."""
         for event in self._wire.events:
             if isinstance(event, TransactionDone):
-                result = event.result
-                if result.end_unanswered:  # (as in `send`: no definite no)
-                    reply = _with_note(next((r for r in result.replies if r.code == 421), _CLOSED))
-                    return [reply] * len(result.replies)
-                return list(result.replies)
+                return list(event.result.replies)
         return None
 
     def alive(self) -> bool:
@@ -531,6 +618,11 @@ class ClientConnection:
         if reason is _TIMED_OUT:
             return Reply(451, "4.4.2", (f"timeout waiting for {self.peer}",))
         return Reply(reason.code, reason.enhanced, (f"{self.peer} {reason.text}",))
+
+
+def _peer(hop: Hop, address: str) -> str:
+    """How a log and a record name the host at an address: "mx.example.net [192.0.2.1]:25"."""
+    return f"{hop.host} [{address}]:{hop.port}" if hop.host != address else f"[{address}]:{hop.port}"
 
 
 def _is_ip(host: str) -> bool:

@@ -52,9 +52,10 @@ from pigeon.delivery.agent import Unreachable, Work
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.dsn import for_seven_bit_hop
 from pigeon.delivery.egress import Source
+from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination
-from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost, LoopsBack
 from pigeon.message import format_id
 from pigeon.queue.attempt import Attempt, Via
 from pigeon.smtp import client
@@ -254,11 +255,19 @@ class SmtpAgent:
 
 class SmtpAgents:
     """Opens an `SmtpAgent` for a destination of SMTP hops, from an egress source: its
-    connection binds to the source's address and gives its EHLO name."""
+    connection binds to the source's address and gives its EHLO name. A host that is this
+    node itself (one of `own`'s listeners) is never connected to: when every host is, the
+    mail would loop, and fails for good (`554 5.4.6`, as Postfix's "loops back to myself")."""
 
     def __init__(
-        self, resolver: Resolver, options: ClientOptions, classifier: Classifier, sources: Sequence[Source] = ()
+        self,
+        resolver: Resolver,
+        options: ClientOptions,
+        classifier: Classifier,
+        sources: Sequence[Source] = (),
+        own: Listeners | None = None,
     ) -> None:
+        self._own = own
         self._resolver = resolver
         self._options = options
         self._classifier = classifier
@@ -272,12 +281,15 @@ class SmtpAgents:
         if options is None:  # the ready queue outlived its source (cannot happen: sources change at restart)
             raise Unreachable(Reply(451, "4.3.5", (f"egress source {source!r} is not configured ([[source]])",)))
         try:
-            connection = await ClientConnection.open(destination, self._resolver, options)
+            connection = await ClientConnection.open(destination, self._resolver, options, own=self._own)
         except ConnectFailed as error:
             reply = error.reply
             classification = self._classifier.classify(reply) if reply.code >= 500 else ""
             site_down, peer, tls = error.site_down, error.peer, error.tls
-            raise Unreachable(reply, classification, site_down=site_down, peer=peer, tls=tls) from None
+            reply_for = error.reply_for if isinstance(error, LoopsBack) else None
+            raise Unreachable(
+                reply, classification, site_down=site_down, peer=peer, tls=tls, reply_for=reply_for
+            ) from None
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:
             elsewhere = functools.partial(self._elsewhere, destination, options, connection.host)
@@ -294,16 +306,23 @@ class SmtpAgents:
         start = hosts.index(first) if first in hosts else len(hosts)
         others = tuple(hop for hop in destination.hops[start:] if hop.host != current.host)
         site = destination.site
-        if not others or self._paused.get(site, 0.0) > time.monotonic():
-            return None
+        if not others or options.mx_session_limit < 2 or self._paused.get(site, 0.0) > time.monotonic():
+            return None  # (`current` is one session of the attempt: mx_session_limit 1 leaves no other)
         await current.quit()
         try:
             # The message has its answer already (a 4xx): a next host slow to greet is given
             # the connect timeout, not the reply timeout's minutes, for opening and greeting.
             async with asyncio.timeout(options.connect_timeout):
                 return await ClientConnection.open(
-                    dataclasses.replace(destination, hops=others), self._resolver, options, avoid=current.address
+                    dataclasses.replace(destination, hops=others),
+                    self._resolver,
+                    options,
+                    avoid=current.address,
+                    sessions=1,
+                    own=self._own,
                 )
+        except LoopsBack:
+            return None  # the site's other hosts are this node: none to go to, and none down
         except (ConnectFailed, TimeoutError) as error:
             reason = error.reply if isinstance(error, ConnectFailed) else f"no greeting in {options.connect_timeout:g}s"
             # Every message deferred there would wait as long again: for a while, none tries.

@@ -25,8 +25,9 @@ a claim whose holder's heartbeat ran out is taken over at once, in the same atom
 instead of waiting out the lease; a live holder, however slow, keeps its claim for the whole
 lease, as long as its heartbeat goes on. So a node killed with kill -9 gives its messages up
 within `BEAT_TTL` (5 s), and so does one stopped (SIGSTOP) or starved that long: it counts as
-dead, and what it had in flight may be handed over again (settling such a claim finds it taken
-over: `Claim.taken_by`, which the mailbox logs and records). A
+dead, and what it had in flight may be handed over again (the taker's records say
+`taken_over_from`: `Claim.previous`; the holder, if it was alive after all, finds it taken over
+when it settles the claim: `Claim.taken_by`, which the mailbox logs and records). A
 done mark whose node died is taken over the same way (`Standing.ORPHANED`): that node may
 have died between the handoff and the acknowledgement, so the taker acknowledges the message
 and records the handoff on its behalf. Tokens start with "h"; a value with another token
@@ -139,7 +140,8 @@ class Claim:
     @property
     def previous_node(self) -> str:
         """The dead node as logs name it: its name with its token (the name alone may be shared
-        by its restarts; the token is what the records' `recovered_from` says), or the token."""
+        by its restarts; the token is what the records' `recovered_from` and `taken_over_from` say), or
+        the token."""
         return f"{self.previous_name} (token {self.previous})" if self.previous_name else self.previous
 
 

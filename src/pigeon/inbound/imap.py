@@ -19,6 +19,7 @@ from typing import Final, TypeVar
 import aioimaplib
 from aioimaplib.aioimaplib import Command, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
+from pigeon.config.patterns import host_port
 from pigeon.inbound.folders import to_imap
 from pigeon.inbound.imap_responses import FetchData, MalformedResponse, ResponseReader
 from pigeon.tls import client_context
@@ -179,7 +180,7 @@ class ImapSession:
         client = _Client(host, port, timeout=timeout, conn_lost_cb=closed, ssl_context=context)
         link.client = client
         client.protocol.on_loss = link.lose
-        server = f"{host}:{port}"
+        server = host_port(host, port)  # "[::1]:993": an IPv6 address's port told from the address
         step = "connect and greeting"  # what a bare timeout is named by: which step the server left waiting
         try:
             await _hello(client, host, port, tls, timeout)
@@ -203,7 +204,7 @@ class ImapSession:
             await _close(client)
             if str(error):
                 raise
-            raise TimeoutError(f"{step}: no answer from {host}:{port} within {timeout:g}s") from None
+            raise TimeoutError(f"{step}: no answer from {server} within {timeout:g}s") from None
         except BaseException:
             await _close(client)
             raise
@@ -561,6 +562,7 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
     """Connect and wait for the greeting. A port that speaks the other way round (TLS from the
     first byte, or not) is the usual first mistake, and its symptom is cryptic: say which key
     to change."""
+    server = host_port(host, port)
     try:
         await asyncio.wait_for(_greeting(client), waited)
     except ssl.SSLError as error:
@@ -568,7 +570,7 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
         if tls != "implicit" or not plain_answer:
             raise
         raise ImapError(
-            f"TLS handshake with {host}:{port} failed ({error.reason or error}): the server answered in plain "
+            f"TLS handshake with {server} failed ({error.reason or error}): the server answered in plain "
             'text, so this port probably expects tls = "starttls" or "none" (143 is the usual such port) '
             'while [[mailbox]] tls is "implicit" (the default, for port 993): set tls = "starttls", or the '
             "server's implicit TLS port"
@@ -576,11 +578,11 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
     except TimeoutError:
         task = client._client_task
         if client.protocol.state != aioimaplib.aioimaplib.CONNECTED:  # greeted: it did not answer CAPABILITY
-            raise TimeoutError(f"{host}:{port} greeted, then gave no answer to CAPABILITY within {waited:g}s") from None
+            raise TimeoutError(f"{server} greeted, then gave no answer to CAPABILITY within {waited:g}s") from None
         if tls == "implicit" or not task.done() or task.cancelled() or task.exception() is not None:
             raise
         raise ImapError(
-            f"connected to {host}:{port}, but no IMAP greeting within {waited:g}s: if this is an implicit "
+            f"connected to {server}, but no IMAP greeting within {waited:g}s: if this is an implicit "
             'TLS port (993 is the usual one), set tls = "implicit" in [[mailbox]]'
         ) from None
 

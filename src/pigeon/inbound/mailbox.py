@@ -38,6 +38,10 @@ node's or another's) and every `_LEFTOVERS_EVERY` seconds, and it is expunged by
 someone else flagged \\Deleted carries no keyword, and is left alone (but by a server without
 UIDPLUS, whose plain EXPUNGE removes them all, as any removal there: `_warn_plain_expunge`).
 
+A stop (SIGTERM) starts no claim, fetch or handoff (`halt`): the handoffs on the wire finish
+and are recorded and acknowledged; the rest of the batch in hand is given back untried, for the
+next start or another node, which then hands each over once.
+
 A crash anywhere loses nothing: until the acknowledgement the message is still in the folder,
 and a dead node's claims are taken over within seconds (its heartbeat stops).
 
@@ -45,7 +49,9 @@ What a kill -9 can repeat: only handoffs in flight. A mailbox makes at most `con
 requests to its target at once, and starts none while twice `concurrency` handoffs are between
 their request and the server's answer to their acknowledgement (a batch target: one batch at
 a time). A node killed alone repeats, at most, those not yet marked done (the done mark tells
-the node that takes over to acknowledge only); a node killed with Redis, at most all of them.
+the node that takes over to acknowledge only): the node that takes their claims over cannot
+tell which of them the dead node handed over, and records each it hands over
+`taken_over_from` the dead node. A node killed with Redis repeats, at most, all of them.
 A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its handoffs in flight
 may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
 recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the same dedupe key.
@@ -63,8 +69,8 @@ its behalf: `recovered_from` names the dead node, and `detail` starts with "reco
 each dedupe key the application received has at least one record; it has two (the second
 with `recovered_from`) only when the node died in the instant between writing its record and
 acknowledging. A handoff repeated because its node died
-before marking it done is recorded by the node that repeated it (the first attempt, whose
-answer never arrived anywhere, has none). The log is fsynced once per batch, in the
+before marking it done is recorded by the node that repeated it, `taken_over_from` the dead node
+(the first attempt, whose answer never arrived anywhere, has none). The log is fsynced once per batch, in the
 background, and when the watcher stops: a crash of the whole machine (power loss) can lose
 the records of the handoffs acknowledged since the last fsync, about the last batch. If the
 log cannot be written or fsynced (a failing disk), acknowledging goes on, and the error is
@@ -89,6 +95,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from pigeon.config.patterns import host_port
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import BEAT_TTL, Arbiter, ArbitrationUnavailable, Claim, Standing
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
@@ -161,6 +168,11 @@ def _by_bytes(claims: list[Claim], sizes: dict[int, int], budget: int) -> list[l
 
 def _lower(flags: Iterable[str]) -> set[str]:
     return {flag.lower() for flag in flags}
+
+
+def _if_tried(answer: Handoff) -> Handoff | None:
+    """A target's answer; None for a handoff it did not start (halted: the node stops)."""
+    return answer if answer.tried else None
 
 
 def retry_delay(attempts: int, first: float, cap: float) -> float:
@@ -366,8 +378,14 @@ class MailboxWatcher:
             noting.cancel()
             await self._syncs.wait()  # the last batch's records, on disk before we go
 
+    def halt(self) -> None:
+        """The node stops: no claim, fetch or handoff starts from now on; those on the wire
+        finish (and are recorded and acknowledged), the rest of the batch in hand is given
+        back untried. `stop` then waits for them."""
+        self._stopping = True
+
     async def stop(self, grace: float) -> None:
-        """Finish the batch in hand (up to `grace` seconds); the caller then cancels `run`."""
+        """Finish the handoffs in flight (up to `grace` seconds; `halt`); the caller then cancels `run`."""
         self._stopping = True
         try:
             await asyncio.wait_for(self._between_batches.wait(), grace)
@@ -395,8 +413,8 @@ class MailboxWatcher:
         while (left := deadline - time.monotonic()) > 0 and not self._stopping:
             await asyncio.sleep(min(_KNOCK_EVERY, left))
             if self._refused and deadline - time.monotonic() > 0 and await self._knock():
-                _log.info("mailbox %s: %s:%d accepts connections again; reconnecting", self.config.name,
-                          self.config.host, self.port)  # fmt: skip
+                _log.info("mailbox %s: %s accepts connections again; reconnecting", self.config.name,
+                          host_port(self.config.host, self.port))  # fmt: skip
                 return
 
     async def _knock(self) -> bool:
@@ -646,7 +664,8 @@ class MailboxWatcher:
         config = self.config
         now = time.monotonic()
         waiting = False
-        taken: collections.Counter[str] = collections.Counter()
+        # Dead node as logs name it: (claims, done marks) taken over from it.
+        taken: collections.defaultdict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         for claim in answers:
             standing = claim.standing
             if claim.key in self._unacked:
@@ -662,13 +681,13 @@ class MailboxWatcher:
                 claimed.append(claim)
                 self.held[claim.key] = claim  # renewed from now on
                 if claim.previous:
-                    taken[claim.previous_node] += 1
+                    taken[claim.previous_node][0] += 1
             elif standing is Standing.ORPHANED:
                 # Handed over by a node that died before acknowledging it (maybe before
                 # recording it): fetched, recorded and acknowledged with the batch.
                 claimed.append(claim)
                 self._orphans[claim.key] = claim
-                taken[claim.previous_node] += 1
+                taken[claim.previous_node][1] += 1
             elif (
                 standing in (Standing.DONE, Standing.FAILED)
                 and claim.uid in self._settled_before
@@ -691,9 +710,15 @@ class MailboxWatcher:
                     if standing is not Standing.HELD:
                         self._settled_before.add(claim.uid)
                 self._elsewhere[claim.uid] = now + pause
-        for node, count in taken.items():
-            _log.info("mailbox %s: took over %d messages from node %s, whose heartbeat stopped", config.name, count,
-                      node)  # fmt: skip
+        for node, (claims, dones) in taken.items():
+            what = []
+            if claims:
+                what.append(f"{claims} it held and may have handed over already, to hand over again (their "
+                            f"records say taken_over_from)")  # fmt: skip
+            if dones:
+                what.append(f"{dones} it had handed over, to acknowledge and record for it (recovered_from)")
+            _log.info("mailbox %s: took over %d messages from node %s, whose heartbeat stopped: %s", config.name,
+                      claims + dones, node, "; ".join(what))  # fmt: skip
         return waiting
 
     def _due_again(self, searched: set[int]) -> list[int]:
@@ -951,14 +976,14 @@ class MailboxWatcher:
         holds = self._arbiter.holds
         if target.batches:
             prepared = await self._take_prepared(fetched)
-            ours = [holds(c) for c, _ in ready]
+            ours = [holds(c) and not self._stopping for c, _ in ready]
             handed = [m for (_, m), mine in zip(ready, ours, strict=True) if mine]
             started = time.monotonic()
             if not handed and prepared is not None:
                 await prepared.discard()
             answers = iter(await target.deliver_prepared(handed, prepared) if handed else [])
             duration = (time.monotonic() - started) / max(1, len(handed))
-            result = [next(answers) if mine else None for mine in ours]
+            result = [_if_tried(next(answers)) if mine else None for mine in ours]
             accepted = [
                 Accepted(c, m, a, duration) for (c, m), a in zip(ready, result, strict=True) if a and a.accepted
             ]
@@ -974,11 +999,14 @@ class MailboxWatcher:
             async with in_flight:
                 async with gate:
                     # Checked per message: the last of a batch may start long after the first,
-                    # and a lease that ran out meanwhile may be another node's claim by now.
-                    if not commits.usable or not holds(claim):
+                    # and a lease that ran out meanwhile may be another node's claim by now. A
+                    # stopping node starts none (`halt`): it finishes those on the wire.
+                    if not commits.usable or not holds(claim) or self._stopping:
                         return None
                     started = time.monotonic()
                     (answer,) = await target.deliver_many([message])
+                if not answer.tried:  # the target is halted (the node stops)
+                    return None
                 if answer.accepted:
                     await self._settle_accepted([Accepted(claim, message, answer, time.monotonic() - started)], commits)
             return answer
@@ -1038,6 +1066,8 @@ class MailboxWatcher:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
             recovered_from = claim.previous if claim.standing is Standing.ORPHANED else None
+            # Taken over from a dead node, which may have handed it over before it died.
+            taken_over_from = claim.previous if claim.standing is Standing.CLAIMED and claim.previous else None
             repeated = bool(claim.taken_by) or (accepted.lapsed and claim.unsettled)
             if claim.taken_by:
                 self._warn_taken_over(claim, message)
@@ -1052,6 +1082,7 @@ class MailboxWatcher:
                 acknowledged=action,
                 recovered_from=recovered_from,
                 repeated_by_takeover=repeated,
+                taken_over_from=taken_over_from,
             )
             self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
@@ -1389,9 +1420,9 @@ class MailboxWatcher:
         removes = config.after_delivery == "delete" or (moves and not session.has("MOVE"))
         if removes:
             self._expunge_warned = True
-            _log.warning("mailbox %s: %s:%d offers no UIDPLUS: removing the messages handed over (or set aside) takes "
+            _log.warning("mailbox %s: %s offers no UIDPLUS: removing the messages handed over (or set aside) takes "
                          "a plain EXPUNGE, which also removes every other message marked \\Deleted in %s and not "
-                         "expunged yet", config.name, config.host, self.port, config.folder)  # fmt: skip
+                         "expunged yet", config.name, host_port(config.host, self.port), config.folder)  # fmt: skip
 
     # --- notes -------------------------------------------------------------------------------
     def _problem(self, text: str) -> None:

@@ -1,4 +1,8 @@
-"""Concurrent connections per client address: `[smtp] max_connections_per_client`, per node.
+"""Concurrent connections per client: `[smtp] max_connections_per_client`, per node.
+
+A client is what the AUTH lockouts count as one (`auth_throttle.client_key`): its IPv4
+address, or the /64 of its IPv6 address (one host usually holds the whole /64, so counting
+each address would let it open the limit times 2**64); an IPv4-mapped IPv6 address is its IPv4.
 
 `LocalConnections` counts in the worker's memory: right when the node has one worker.
 `SharedConnections` counts in the node's client table (`client_table`), so that a client
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Final, Protocol
 
+from pigeon.listener.auth_throttle import client_key
 from pigeon.listener.client_table import ClientTable
 
 _log = logging.getLogger(__name__)
@@ -40,25 +45,27 @@ class LocalConnections:
     """Connections per client address in this worker's memory."""
 
     def __init__(self) -> None:
-        self._open: dict[str, int] = {}  # only addresses with open connections: bounded by them
+        self._open: dict[str, int] = {}  # only clients with open connections: bounded by them
 
     def open(self, ip: str, limit: int) -> Held | None:
-        count = self._open.get(ip, 0)
+        client = client_key(ip)
+        count = self._open.get(client, 0)
         if count >= limit:
             return None
-        self._open[ip] = count + 1
+        self._open[client] = count + 1
         return WORKER
 
     def close(self, ip: str, held: Held) -> None:
-        left = self._open.get(ip, 0) - 1
+        client = client_key(ip)
+        left = self._open.get(client, 0) - 1
         if left > 0:
-            self._open[ip] = left
+            self._open[client] = left
         else:
-            self._open.pop(ip, None)
+            self._open.pop(client, None)
 
     def count(self, ip: str) -> int:
-        """Connections open from `ip`."""
-        return self._open.get(ip, 0)
+        """Connections open from `ip`'s client (its /64 for IPv6)."""
+        return self._open.get(client_key(ip), 0)
 
 
 class SharedConnections:
@@ -74,7 +81,7 @@ class SharedConnections:
         table = self._table
         now = self._table.now()
         with table.locked():
-            slot = table.find("c:" + ip, now)
+            slot = table.find("c:" + client_key(ip), now)
             if slot is not None:
                 if table.held(slot) >= limit:
                     return None
@@ -82,7 +89,9 @@ class SharedConnections:
                 return slot
         if not self._warned:
             self._warned = True
-            _log.warning("client table full: connections from %s are counted per worker (its share of the limit)", ip)
+            _log.warning(
+                "client table full: connections from %s are counted per worker (its share of the limit)", client_key(ip)
+            )
         return self._overflow.open(ip, max(1, limit // self._workers))
 
     def close(self, ip: str, held: Held) -> None:
@@ -94,8 +103,8 @@ class SharedConnections:
             table.let_go(held)
 
     def count(self, ip: str) -> int:
-        """Connections open from `ip` on the node (as far as the table knows)."""
+        """Connections open from `ip`'s client (its /64 for IPv6) on the node (as far as the table knows)."""
         table = self._table
         with table.locked():
-            slot = table.find("c:" + ip, 0.0, create=False)
+            slot = table.find("c:" + client_key(ip), 0.0, create=False)
             return 0 if slot is None else table.held(slot)

@@ -12,7 +12,7 @@ The policy module's `on_connect`, `on_mail_from` and `on_rcpt_to` hooks, when it
 are asked here (`intake.policy`): a plain hook answers at once, an async one is waited for
 like any other decision. Without them nothing is asked and nothing is built.
 
-Connections are bounded twice. One client address outside `relay_networks` may hold
+Connections are bounded twice. One client address (IPv6: its /64) outside `relay_networks` may hold
 `max_connections_per_client` of them on the node (further ones get 421 at once), so one host
 cannot take the listener; with several workers the count is kept in a table they share
 (`connection_limits`), since the kernel spreads one client's connections over them. Past
@@ -20,8 +20,19 @@ cannot take the listener; with several workers the count is kept in a table they
 worker can close its own idle connections) a newcomer is still let in when some connection
 is idle between transactions (or stalled in a TLS handshake): the one that has been silent
 longest is told 421 (or, mid-handshake, just closed) to make room (Postfix's "stress" mode
-shortens timeouts for the same purpose). Many idle hosts then churn among themselves while a
-client that talks keeps its place. Either refusal is logged as a Rejection of the CONNECT.
+shortens timeouts for the same purpose). With none idle, an outsider (not in `relay_networks`,
+not authenticated) whose transaction's envelope has been open for long (`long_envelope`: a
+real client sends one in well under a second) is told 421 instead, the longest open first:
+clients that drip RCPTs to keep their place lose it to one that has mail. Many idle hosts then
+churn among themselves while a client that talks keeps its place. Either refusal is logged as
+a Rejection of the CONNECT.
+
+A client must wait for the greeting (RFC 5321 3.1, 4.3.1); spam software often does not (it
+pipelines its whole conversation at once, as Postfix's postscreen "pregreet" test knows). One
+outside `relay_networks` whose bytes are there before the greeting is written (looked for
+without reading them, when the connection is taken; or arrived while an async `on_connect` hook
+holds the greeting) gets 554 in its place (a greeting's, without an enhanced code) and is
+disconnected, logged as a Rejection of the CONNECT.
 """
 
 from __future__ import annotations
@@ -73,6 +84,7 @@ from pigeon.spool.spool import SpoolError
 
 _log = logging.getLogger(__name__)
 _NOT_STORED: Final = "message not stored"
+_GOODBYE: Final = 1.0  # seconds a session closed at the end of a stop has to take its 421 (`SmtpListener.drain`)
 _MAX_BUFFERED = 1024 * 1024  # bytes a client may send ahead while a command is being decided
 _SESSION_PREFIX = secrets.token_hex(4)  # session ids: unique per process run, cheap to make
 _session_numbers = itertools.count(1)
@@ -80,6 +92,32 @@ _session_numbers = itertools.count(1)
 
 def _next_session_id() -> str:
     return f"{_SESSION_PREFIX}{next(_session_numbers):06x}"
+
+
+class _SaidEvery:
+    """An ERROR a spool that cannot store (full, or failing) would repeat for every message, said
+    at most once per `every` seconds with how many more came meanwhile: a full disk under load
+    made 70,000 lines a minute, which journald drops, and other lines with them. (The client
+    gets its 451 and a Rejection record each time all the same.)"""
+
+    __slots__ = ("_said", "_unsaid", "every")
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._said = -every
+        self._unsaid = 0
+
+    def say(self, session: str, error: Exception) -> None:
+        now = time.monotonic()
+        if now - self._said < self.every:
+            self._unsaid += 1
+            return
+        more = f" ({self._unsaid} more messages not stored in the last {now - self._said:.0f}s)" if self._unsaid else ""
+        _log.error("session %s: message not stored: %s%s", session, error, more)
+        self._said, self._unsaid = now, 0
+
+
+_spool_refusals = _SaidEvery(10.0)
 
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -102,6 +140,7 @@ class SmtpListener:
         client_connections: ClientConnections | None = None,
         idle_timeout: float = 300.0,
         command_timeout: float = 300.0,
+        envelope_timeout: float = 120.0,
         min_data_rate: float = 500.0,
         max_connections: int = 2000,
         max_connections_per_client: int = 50,
@@ -118,6 +157,11 @@ class SmtpListener:
         self.auth_throttle = auth_throttle
         self.idle_timeout = idle_timeout
         self.command_timeout = command_timeout
+        self.envelope_timeout = envelope_timeout
+        """Longest a transaction's envelope may take, from MAIL to DATA or BDAT (or RSET), our own
+        decisions' time left out."""
+        self.long_envelope = min(10.0, envelope_timeout / 2)
+        """An envelope open longer than this (an outsider's) may make room for a newcomer."""
         self.min_data_rate = min_data_rate
         """Bytes a second a message's content must keep up beyond `command_timeout` (see `_data_received`)."""
         self.max_connections = max_connections
@@ -157,20 +201,35 @@ class SmtpListener:
         return [sock.getsockname()[:2] for sock in sockets]
 
     async def drain(self, grace: float) -> None:
-        """Stop accepting; let open transactions finish for up to `grace` seconds; close the rest."""
+        """Stop accepting; let open transactions finish for up to `grace` seconds; close the rest.
+
+        Every session closed is told `421 4.3.2` first (RFC 5321 3.8): an idle one at once, one
+        in a transaction when it ends, and one still in it after `grace` (a client stalled
+        mid-DATA, say: its partial message is not accepted) then. Only one in its TLS
+        handshake is closed without a word (there is no TLS yet to say it in), and one that
+        does not take the 421 within `_GOODBYE` seconds (it reads nothing) is cut."""
         self.draining = True
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
             connection.close_when_idle()
-        try:
-            await asyncio.wait_for(self._all_closed.wait(), grace)
-        except TimeoutError:
+        if not await self._all_closed_within(grace):
             for connection in list(self.connections):
-                connection.abort()
+                connection.shut_down()
+            if not await self._all_closed_within(_GOODBYE):
+                for connection in list(self.connections):
+                    connection.abort()
         for server in self._servers:
             await server.wait_closed()
         self.password_checker.close()
+
+    async def _all_closed_within(self, seconds: float) -> bool:
+        # (No await in an except block: mypyc compiles this module, see test_compiled_awaits.)
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     def admit(self, connection: SmtpConnection) -> Reply | None:
         """Take a new connection into account; the 421 to greet it with if it may not stay."""
@@ -184,11 +243,26 @@ class SmtpListener:
             connection._held = held
         if len(self.connections) >= self.max_connections:
             idle = next((c for c in self.connections if c.evictable()), None)
-            if idle is None:
+            if idle is not None:
+                self.intake.metrics.counts.smtp_connections_evicted += 1
+                idle.evict(replies.idle_evicted(hostname))
+                return None
+            slow = self._longest_envelope(connection._loop.time())
+            if slow is None:
                 return replies.too_many_connections(hostname)
             self.intake.metrics.counts.smtp_connections_evicted += 1
-            idle.evict()
+            slow.evict(replies.envelope_evicted(hostname))
         return None
+
+    def _longest_envelope(self, now: float) -> SmtpConnection | None:
+        """The outsider whose envelope has been open longest, if for `long_envelope` or more."""
+        oldest = None
+        oldest_since = now - self.long_envelope
+        for connection in self.connections:
+            since = connection.outsider_envelope_since()
+            if since is not None and since <= oldest_since:
+                oldest, oldest_since = connection, since
+        return oldest
 
     def _opened(self, connection: SmtpConnection) -> None:
         self.connections[connection] = None
@@ -206,6 +280,23 @@ class SmtpListener:
             connection._held = None
         if not self.connections:
             self._all_closed.set()
+
+    def set_passwords(self, passwords: PasswordFile | None) -> None:
+        """A reload's SMTP users (None: AUTH no more): new AUTHs are checked against them, and
+        an open session authenticated as a user they no longer hold, or hold with another
+        password, loses its authentication at once (`SmtpConnection.judge_again`)."""
+        self.passwords = passwords
+        for connection in list(self.connections):
+            connection.judge_again()
+
+    def set_relay_networks(self, networks: list[IpNetwork]) -> None:
+        """A reload's `relay_networks`: new connections are judged by them, and so are open ones,
+        from their next command (`SmtpConnection.judge_again`): a network taken out relays no
+        more, on connections opened before the reload too."""
+        self.relay_networks = networks
+        self._relay_cache.clear()
+        for connection in list(self.connections):
+            connection.judge_again()
 
     def relay_allowed(self, ip: str) -> bool:
         allowed = self._relay_cache.get(ip)
@@ -242,6 +333,8 @@ class SmtpConnection(asyncio.Protocol):
         self._last_bytes = 0.0
         self._last_progress = 0.0
         self._data_deadline: float | None = None  # while the client owes a message's content
+        self._envelope_deadline: float | None = None  # while a transaction is before its content
+        self._blocked_at = 0.0  # when the decision being waited for began
         self._tls: str | None = None
         self.id = _next_session_id()
         self.peer = ""
@@ -251,6 +344,15 @@ class SmtpConnection(asyncio.Protocol):
         self._paused = False
         self._tls_early: bytearray | None = None
         self._arrival: Arrival | None = None
+        self._auth_binding: frozenset[str] | None = None  # the tenants of the AUTH user, as its AUTH found them
+        self._talked_first = False  # an outsider sent bytes before its greeting
+        self._auth_entry: str | None = None  # the users file's entry the session authenticated with
+        self._revoked: str | None = None
+        """The user whose credentials a reload revoked while this session was authenticated as
+        it: its MAIL and RCPT get 530 until it authenticates again (see `judge_again`)."""
+        self._trust_lost: Reply | None = None
+        """What DATA, or the end of a message, gets in a transaction begun under an authorization
+        a reload withdrew since (AUTH, `relay_networks`). Cleared by the next MAIL."""
 
     # --- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -268,6 +370,9 @@ class SmtpConnection(asyncio.Protocol):
             self._log_rejection("CONNECT", refusal, sender=None)
         now = self._loop.time()
         self._last_bytes = self._last_progress = now
+        if refusal is None and not self._relay and _bytes_waiting(self._transport):
+            self._refuse_early_talker()
+            return
         hook = listener.intake.policy.on_connect
         if refusal is None and hook is not None:
             sockname = self._transport.get_extra_info("sockname")
@@ -291,8 +396,15 @@ class SmtpConnection(asyncio.Protocol):
         if self._closed:
             return
         self._last_bytes = self._last_progress = self._loop.time()  # the wait for the hook was ours
-        self._session.greet(self._policy_reply(_verdict(future), "CONNECT"))
+        refusal = self._policy_reply(_verdict(future), "CONNECT")
+        if refusal is None and self._talked_first:
+            self._refuse_early_talker()
+            return
+        self._session.greet(refusal)
         self._pump()
+
+    def _refuse_early_talker(self) -> None:
+        self._close_with(replies.talked_before_greeting(self._listener.session_config.hostname), "CONNECT")
 
     def _policy_reply(self, verdict: Refuse | HookFailed | None, command: str) -> Reply | None:
         """The reply to a policy hook's refusal (logged as a Rejection), or None to go on."""
@@ -316,6 +428,8 @@ class SmtpConnection(asyncio.Protocol):
             self._tls_early += data
             return
         session = self._session
+        if not session.greeted and not self._relay:
+            self._talked_first = True
         session.receive_data(data)
         if not self._blocked:
             self._pump()
@@ -349,6 +463,10 @@ class SmtpConnection(asyncio.Protocol):
             if event is NEED_DATA:
                 break
             _HANDLERS[type(event)](self, event)
+        phase = session.phase
+        in_envelope = phase is Phase.MAIL or phase is Phase.RCPT
+        if in_envelope != (self._envelope_deadline is not None):
+            self._envelope_changed(in_envelope)
         receiving_content = session.receiving_content
         if session.commands != commands or receiving_content != (self._data_deadline is not None):
             now = self._loop.time()
@@ -366,10 +484,18 @@ class SmtpConnection(asyncio.Protocol):
             self._transport.write(out)
 
     def _respond(
-        self, reply: Reply, command: str, message_id: str | None = None, *, recipient: str | None = None
+        self,
+        reply: Reply,
+        command: str,
+        message_id: str | None = None,
+        *,
+        recipient: str | None = None,
+        sender: str | None = None,
     ) -> None:
+        """`sender`: a refused MAIL's (no transaction is open to take it from)."""
         if reply.code >= 400:
-            self._log_rejection(command, reply, message_id, recipient=recipient, sender=self._open_sender())
+            sender = sender if sender is not None else self._open_sender()
+            self._log_rejection(command, reply, message_id, recipient=recipient, sender=sender)
         self._session.respond(reply)
 
     def _wait(
@@ -378,13 +504,17 @@ class SmtpConnection(asyncio.Protocol):
         """Handle no more commands until `future` is done, then call `then(future)` and carry on.
         `what` the future is, for the log if the client is gone by then and it failed."""
         self._blocked = True
+        self._blocked_at = self._loop.time()
         self._flush()
         future.add_done_callback(lambda f: self._resume(f, then, what))
 
     def _resume(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None], what: str) -> None:
         self._blocked = False
-        # The wait was ours: the client's time for its next command starts with our answer.
-        self._last_bytes = self._last_progress = self._loop.time()
+        # The wait was ours: the client's time for its next command starts with our answer,
+        # and the envelope's clock did not run meanwhile.
+        self._last_bytes = self._last_progress = now = self._loop.time()
+        if self._envelope_deadline is not None:
+            self._envelope_deadline += now - self._blocked_at
         if self._closed:
             # No one to answer, but a failure is still retrieved and said (asyncio would
             # otherwise print "Future exception was never retrieved" when it is collected).
@@ -409,13 +539,17 @@ class SmtpConnection(asyncio.Protocol):
 
     def _on_mail(self, event: MailFrom) -> None:
         self._recipients = []
+        self._trust_lost = None  # no transaction is open: this one is judged by what holds now
+        if self._revoked is not None:
+            self._close_with(replies.credentials_revoked(self._revoked), "MAIL", sender=event.sender)
+            return
         if event.size:
             # RFC 1870 6.1: a declared size under the maximum (larger ones got 552 5.3.4 from
             # the parser) that this worker's spool shard cannot store now gets 452 at once,
             # rather than a 452 after the client has sent it all.
             room = self._listener.intake.spool.room()
             if 0 <= room < event.size:
-                self._respond(replies.no_room_now(event.size), "MAIL")
+                self._respond(replies.no_room_now(event.size), "MAIL", sender=event.sender)
                 return
         hook = self._listener.intake.policy.on_mail_from
         if hook is not None:
@@ -434,27 +568,33 @@ class SmtpConnection(asyncio.Protocol):
                 session=self.id,
             )
             if isinstance(verdict, asyncio.Future):
-                self._wait(verdict, lambda done: self._decided(_verdict(done), "MAIL"))
+                self._wait(verdict, lambda done: self._decided(_verdict(done), "MAIL", given=event.sender))
                 return
             if verdict is not None:
-                self._decided(verdict, "MAIL")
+                self._decided(verdict, "MAIL", given=event.sender)
                 return
         self._session.accept()
 
     def _decided(
         self, verdict: Refuse | HookFailed | None, command: str, recipient: Recipient | None = None, given: str = ""
     ) -> None:
-        """Answer MAIL or RCPT as the policy decided: a RCPT taken adds `recipient`, a RCPT
-        refused is logged with the address as the client `given` it."""
+        """Answer MAIL or RCPT as the policy decided: a RCPT taken adds `recipient`, a MAIL or
+        RCPT refused is logged with the address as the client `given` it."""
         reply = self._policy_reply(verdict, command)
         if reply is not None:
-            self._respond(reply, command, recipient=given if command == "RCPT" else None)
+            if command == "MAIL":
+                self._respond(reply, command, sender=given)
+            else:
+                self._respond(reply, command, recipient=given)
             return
         if recipient is not None:
             self._recipients.append(recipient)
         self._session.accept()
 
     def _on_rcpt(self, event: RcptTo) -> None:
+        if self._revoked is not None:  # (in a transaction begun before the reload)
+            self._close_with(replies.credentials_revoked(self._revoked), "RCPT", recipient=event.recipient)
+            return
         address = event.recipient
         notify = sorted(n.value for n in event.notify) if event.notify is not None else None
         trusted = self._relay or self._session.authenticated is not None
@@ -512,6 +652,9 @@ class SmtpConnection(asyncio.Protocol):
         return bool(at) and quoted_or_not and domain.lower() == hostname.lower()
 
     def _on_data(self, event: Data) -> None:
+        if self._trust_lost is not None:
+            self._respond(self._trust_lost, "DATA")
+            return
         self._session.accept()
         self._draft = self._new_draft()
 
@@ -521,10 +664,21 @@ class SmtpConnection(asyncio.Protocol):
         self._draft.write(event.data)
 
     def _on_message_end(self, event: MessageEnd) -> None:
+        if self._trust_lost is not None:
+            # Begun under an authorization withdrawn since: a temporary refusal, so the client
+            # keeps the message and sends it again under what holds now. (A message whose end
+            # came before the reload is being stored, and gets its 250.)
+            if self._draft is not None:
+                self._draft.discard()
+                self._draft = None
+            self._respond(self._trust_lost, "BDAT" if event.chunked else "DATA")
+            self._recipients = []
+            return
         draft = self._draft or self._new_draft()
         self._draft = None
         # (`_wait`, with the 250 sent from the callback that completes the commit: commit's `then`)
         self._blocked = True
+        self._blocked_at = self._loop.time()
         self._flush()
         verb = "BDAT" if event.chunked else "DATA"
         # The draft asks `_present` before it stores the message (a client that hung up while a
@@ -575,7 +729,7 @@ class SmtpConnection(asyncio.Protocol):
             self._session.respond(future.result().reply)
         elif isinstance(error, (Refused, SpoolError)):
             if isinstance(error, SpoolError):
-                _log.error("session %s: message not stored: %s", self.id, error)
+                _spool_refusals.say(self.id, error)
             self._respond(error.reply, verb, format_id(message_id))
         else:
             _log.error("session %s: message not stored", self.id, exc_info=error)
@@ -610,6 +764,7 @@ class SmtpConnection(asyncio.Protocol):
             self.abort()
             return
         self._session.tls_established()
+        self._revoked = None  # the session starts over, unauthenticated, and knows it
         early, self._tls_early = self._tls_early, None
         if early:
             self._session.receive_data(bytes(early))
@@ -626,6 +781,7 @@ class SmtpConnection(asyncio.Protocol):
             # Refused before the check: a guesser learns nothing and costs us no hashing.
             self._respond(replies.AUTH_LOCKED_OUT, "AUTH")
             return
+        entry = passwords.entry(username)
         try:
             check = listener.password_checker.check(passwords, username, event.password)
         except CheckerBusy:
@@ -636,7 +792,7 @@ class SmtpConnection(asyncio.Protocol):
         # Counted when the check ends, whether or not the client is still there to hear it:
         # a guesser that hangs up after AUTH is counted all the same.
         check.add_done_callback(lambda future: self._count_auth(future, username))
-        self._wait(check, self._auth_checked)
+        self._wait(check, lambda done: self._auth_checked(done, username, entry))
 
     @staticmethod
     def _passed(future: asyncio.Future[Any]) -> bool:
@@ -652,11 +808,84 @@ class SmtpConnection(asyncio.Protocol):
         for lockout in throttle.failed(self.peer_ip, username, self._loop.time()):
             self._log_lockout(lockout, username)
 
-    def _auth_checked(self, future: asyncio.Future[Any]) -> None:
+    def _auth_checked(self, future: asyncio.Future[Any], username: str, entry: str | None) -> None:
+        """`entry`: the user's in the users file the password was checked against."""
         if self._passed(future):
+            passwords = self._listener.passwords
+            if passwords is None or passwords.entry(username) != entry:
+                # A reload removed the user, or changed its password, while the check ran.
+                _log.warning("session %s: AUTH as %r refused: the user's credentials were revoked by a reload "
+                             "during the check", self.id, username)  # fmt: skip
+                self._respond(replies.AUTH_FAILED, "AUTH")
+                return
+            self._auth_entry = entry
+            self._revoked = None
+            self._auth_binding = passwords.binding(username)  # (the file's now: the entry is the same)
             self._session.accept()
             return
         self._respond(replies.AUTH_FAILED, "AUTH")
+
+    def judge_again(self) -> None:
+        """A reload brought other SMTP users or `relay_networks`: what this session may do is
+        judged by them from now on. Authenticated as a user removed, or given another password,
+        it is unauthenticated: its next MAIL or RCPT gets `421 4.7.0` and the connection closes
+        (temporary: a client on a cached connection comes back on a new one and authenticates
+        with what it holds now, rather than bounce its mail), unless it relays from
+        `relay_networks` anyway.
+        From an address no longer in `relay_networks`, it is an outsider. Either way, a
+        transaction it has open, begun under what was withdrawn, is refused at DATA or at its
+        end with `451 4.7.0` (the client keeps the message); a message whose end came before
+        is stored and answered as ever."""
+        if self._closed:
+            return
+        listener = self._listener
+        session = self._session
+        user = session.authenticated
+        relay = listener.relay_allowed(self.peer_ip)
+        if user is not None:
+            passwords = listener.passwords
+            entry = passwords.entry(user) if passwords is not None else None
+            if entry is None or entry != self._auth_entry:
+                session.revoke_authentication()
+                self._auth_entry = None
+                self._arrival = None
+                how = "removed" if entry is None else "changed"
+                if relay and self._relay:
+                    # It needs no AUTH to relay: it goes on as the relay_networks client it is.
+                    _log.warning("session %s: authenticated as %r, whose credentials the reload %s: it goes on "
+                                 "unauthenticated, from relay_networks", self.id, user, how)  # fmt: skip
+                else:
+                    self._revoked = user
+                    shown_user = user.encode("ascii", "backslashreplace").decode("ascii")
+                    self._trust_lost = replies.authorization_lost(f"the credentials of {shown_user} were revoked")
+                    _log.warning(
+                        "session %s: authenticated as %r, whose credentials the reload %s: its next MAIL or RCPT "
+                        "is answered 421 4.7.0 and the connection closed, to authenticate again on a new one%s",
+                        self.id,
+                        user,
+                        how,
+                        ", and its open transaction is refused at its end (451 4.7.0)"
+                        if session.mail is not None
+                        else "",
+                    )
+        if relay == self._relay:
+            return
+        self._relay = relay
+        self._arrival = None  # (it says whether the mail is trusted)
+        if relay:
+            return
+        # An outsider now: its RCPTs to other domains get 550 5.7.1, as on a new connection.
+        trusted_still = session.authenticated is not None
+        if not trusted_still and self._trust_lost is None:
+            self._trust_lost = replies.authorization_lost("this client's permission to relay was withdrawn")
+        _log.warning(
+            "session %s: client %s is no longer in [smtp] relay_networks after the reload: it relays no more%s",
+            self.id,
+            self.peer_ip,
+            ", and its open transaction is refused at its end (451 4.7.0)"
+            if session.mail is not None and not trusted_still
+            else "",
+        )
 
     def _log_lockout(self, lockout: Lockout, username: str) -> None:
         seconds = lockout.until - self._loop.time()
@@ -719,8 +948,15 @@ class SmtpConnection(asyncio.Protocol):
             protocol=self._protocol_keyword(mail.smtputf8),
         )
         arrival = self._arrival
-        if arrival is None or arrival.helo != envelope.helo or arrival.protocol != envelope.protocol:
-            # Built once per connection and kept while HELO, TLS and AUTH stay the same.
+        tenants = self._binding(session.authenticated)
+        if (
+            arrival is None
+            or arrival.helo != envelope.helo
+            or arrival.protocol != envelope.protocol
+            or arrival.auth_user != session.authenticated
+            or arrival.tenants != tenants
+        ):
+            # Built once per connection and kept while HELO, TLS, AUTH and the user's tenants stay the same.
             arrival = self._arrival = Arrival(
                 listener="smtp",
                 session=self.id,
@@ -730,8 +966,22 @@ class SmtpConnection(asyncio.Protocol):
                 protocol=envelope.protocol,
                 tls=self._tls,
                 auth_user=session.authenticated,
+                # (else its recipients are all the postmaster's or [[inbound]] routes': _on_rcpt)
+                trusted=self._relay or session.authenticated is not None,
+                tenants=tenants,
             )
         return self._listener.intake.draft(envelope, arrival)
+
+    def _binding(self, user: str | None) -> frozenset[str] | None:
+        """The tenants the AUTH user may send as (None: any), as the users file read last says
+        (a SIGHUP's change holds from the next message on); as at its AUTH for a user no longer
+        in it (`judge_again` revokes such a session: this is the binding it must never lose)."""
+        if user is None:
+            return None
+        passwords = self._listener.passwords
+        if passwords is not None and user in passwords:
+            return passwords.binding(user)
+        return self._auth_binding
 
     def _protocol_keyword(self, smtputf8: bool) -> str:
         # RFC 3848 / RFC 6531 WITH keywords.
@@ -770,9 +1020,10 @@ class SmtpConnection(asyncio.Protocol):
                 session=self.id,
                 peer=self.peer,
                 command=command,
-                response=Response.of(reply),
+                # A refusal before the banner is the greeting, sent without its enhanced code.
+                response=Response.of(reply, enhanced=session.greeted),
                 helo=session.helo,
-                sender=sender,
+                sender=shown(sender) if sender is not None else None,  # a refused MAIL's: as given
                 recipients=recipients,
                 tls=self._tls,
                 auth_user=session.authenticated,
@@ -783,8 +1034,22 @@ class SmtpConnection(asyncio.Protocol):
     def close_when_idle(self) -> None:
         """Shutdown: close now if no transaction is open, else right after it ends."""
         self._close_when_idle = True
-        if not self._blocked and self._session.phase in (Phase.GREETED, Phase.READY, Phase.CLOSED):
+        if not self._blocked and self._session.phase in (Phase.GREETED, Phase.READY, Phase.AUTH, Phase.CLOSED):
             self._say_goodbye()
+
+    def shut_down(self) -> None:
+        """Shutdown, and the transaction did not end in time: `421 4.3.2` now, whatever the
+        session is doing (a message's content half received is dropped, never accepted), and
+        close. In the TLS handshake it cannot be said (see `evict`): closed all the same."""
+        if self._closed or self._transport is None:
+            return
+        if self._session.phase is Phase.TLS:
+            self._closed = True
+            self.abort()
+            return
+        phase = self._session.phase
+        command = "DATA" if phase is Phase.DATA else "BDAT" if phase is Phase.BDAT else ""
+        self._close_with(replies.shutting_down(self._listener.session_config.hostname), command)
 
     def _say_goodbye(self) -> None:
         if self._closed or self._transport is None:
@@ -805,9 +1070,17 @@ class SmtpConnection(asyncio.Protocol):
         phase = self._session.phase
         return phase is Phase.TLS or (not self._blocked and (phase is Phase.GREETED or phase is Phase.READY))
 
-    def evict(self) -> None:
-        """Close with 421 to make room for a newcomer (see `SmtpListener.admit`)."""
-        reply = replies.idle_evicted(self._listener.session_config.hostname)
+    def outsider_envelope_since(self) -> float | None:
+        """When the envelope of this outsider's open transaction began (our decisions' time left
+        out), if it may make room for a newcomer: not in `relay_networks`, not authenticated, and
+        nothing being decided for it. None otherwise."""
+        deadline = self._envelope_deadline
+        if deadline is None or self._closed or self._blocked or self._relay or self._session.authenticated is not None:
+            return None
+        return deadline - self._listener.envelope_timeout
+
+    def evict(self, reply: Reply) -> None:
+        """Close with `reply` (a 421) to make room for a newcomer (see `SmtpListener.admit`)."""
         if self._session.phase is Phase.TLS:
             # Mid-handshake a 421 cannot be said: there is no TLS yet to say it in, and in
             # plaintext it would be garbage to the client's TLS layer. Closed all the same,
@@ -819,9 +1092,14 @@ class SmtpConnection(asyncio.Protocol):
             self._close_with(reply)
         self._listener._closed(self)
 
-    def _close_with(self, reply: Reply, command: str = "") -> None:
-        """Say `reply` (logged as a rejection of `command`) after whatever is queued, and close."""
-        self._log_rejection(command, reply, sender=self._open_sender())
+    def _close_with(
+        self, reply: Reply, command: str = "", *, sender: str | None = None, recipient: str | None = None
+    ) -> None:
+        """Say `reply` (logged as a rejection of `command`, of `sender` or the open transaction's
+        and of `recipient`) after whatever is queued, and close."""
+        self._log_rejection(
+            command, reply, sender=self._open_sender() if sender is None else sender, recipient=recipient
+        )
         self._flush()
         if self._transport is not None:
             self._transport.write(reply.encode(enhanced=self._session.greeted))
@@ -833,7 +1111,7 @@ class SmtpConnection(asyncio.Protocol):
             self._transport.abort()
 
     # --- timeouts ------------------------------------------------------------------------
-    # Three clocks. `idle_timeout`: no bytes at all for that long. `command_timeout`: one
+    # Four clocks. `idle_timeout`: no bytes at all for that long. `command_timeout`: one
     # command line, from our last answer (or the previous command) to its CRLF, so a line
     # dribbled a byte at a time ends, while NOOPs answered at once do not (the session limits
     # those by number: `max_junk_commands`). A message's content (DATA's up to the final dot,
@@ -842,7 +1120,10 @@ class SmtpConnection(asyncio.Protocol):
     # that arrives, but never past `command_timeout` from now (Postfix's smtpd_min_data_rate).
     # A sender at least that fast never meets it, however large its message; a trickle of a
     # line or a byte a second (or of one-byte chunks) meets it about `command_timeout` after
-    # the content began.
+    # the content began. A transaction's envelope (from MAIL accepted to DATA's 354, the first
+    # BDAT, or RSET) has `envelope_timeout` in all, our own decisions' time (policy hooks) left
+    # out: RCPTs dripped each within `command_timeout` would otherwise hold the connection for
+    # `2 x max_recipients + max_junk_commands` command timeouts (a week, on the defaults).
 
     def _data_received(self, size: int, now: float) -> None:
         listener = self._listener
@@ -852,11 +1133,26 @@ class SmtpConnection(asyncio.Protocol):
             deadline += size / listener.min_data_rate
         self._data_deadline = min(deadline, now + listener.command_timeout)
 
+    def _envelope_changed(self, in_envelope: bool) -> None:
+        # Only an outsider's envelope is bounded: a trusted client that does not pipeline (Python's
+        # smtplib) takes a round trip a recipient, 150 s for 1,000 across an ocean, and holds a
+        # slot no stranger can take from it.
+        if not in_envelope or self._relay or self._session.authenticated is not None:
+            self._envelope_deadline = None
+            return
+        self._envelope_deadline = deadline = self._loop.time() + self._listener.envelope_timeout
+        timer = self._timer
+        if timer is not None and timer.when() > deadline:
+            timer.cancel()
+            self._arm_timer()
+
     def _arm_timer(self) -> None:
         listener = self._listener
         deadline = self._data_deadline
         if deadline is None:
             deadline = self._last_progress + listener.command_timeout
+        if self._envelope_deadline is not None:
+            deadline = min(deadline, self._envelope_deadline)
         self._timer = self._loop.call_at(min(self._last_bytes + listener.idle_timeout, deadline), self._check_timeouts)
 
     def _check_timeouts(self) -> None:
@@ -871,12 +1167,34 @@ class SmtpConnection(asyncio.Protocol):
             command = "DATA" if self._session.phase is Phase.DATA else "BDAT"
             self._close_with(replies.timeout(listener.session_config.hostname), command)
             return
+        elif self._envelope_deadline is not None and now >= self._envelope_deadline:
+            self._close_with(replies.envelope_timeout(listener.session_config.hostname, listener.envelope_timeout))
+            return
         elif now - self._last_bytes >= listener.idle_timeout or (
             self._data_deadline is None and now - self._last_progress >= listener.command_timeout
         ):
             self._close_with(replies.timeout(listener.session_config.hostname))
             return
         self._arm_timer()
+
+
+def _bytes_waiting(transport: asyncio.Transport) -> bool:
+    """Whether the client has sent something already (peeked at: left for the session to read)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    # The transport's socket is a wrapper that cannot peek: a socket object on the same
+    # descriptor can, and is detached before it could close it.
+    try:
+        peek = socket.socket(sock.family, sock.type, sock.proto, sock.fileno())
+    except OSError:
+        return False
+    try:
+        return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing there (EAGAIN), or the connection is gone already
+        return False
+    finally:
+        peek.detach()
 
 
 def _verdict(future: asyncio.Future[Refuse | HookFailed | None]) -> Refuse | HookFailed | None:

@@ -87,8 +87,10 @@ class Response(msgspec.Struct, omit_defaults=True):
     enhanced: str | None = None
 
     @classmethod
-    def of(cls, reply: Reply) -> Response:
-        return cls(reply.code, reply.text, reply.enhanced)
+    def of(cls, reply: Reply, *, enhanced: bool = True) -> Response:
+        """`enhanced=False`: the reply as a greeting sends it, without its enhanced code (RFC
+        2034 3), so that the record says what the client was told."""
+        return cls(reply.code, reply.text, reply.enhanced if enhanced else None)
 
 
 class Record(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
@@ -117,7 +119,8 @@ class Reception(Record, tag="Reception", kw_only=True):
     seq: int = 0
     # False: the client was gone when the commit ended (it hung up while the message was being
     # written): the message is stored and kept, but the 250 could not be given, so the client
-    # may send it again.
+    # may send it again. True over HTTP says only that the client was there when this recipient
+    # was stored, not that it got the injection's answer (given once every recipient is stored).
     answered: bool = True
 
 
@@ -257,6 +260,11 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
     # over too, so the application may have got it twice (same dedupe key). Logged as a WARNING.
     # Also when it may have been: the heartbeat may have run out, and Redis did not answer to tell.
     repeated_by_takeover: bool = False
+    # Set when this node handed over a message whose claim it took over from a node that died
+    # (its heartbeat ran out) before marking it done: that node (its arbitration token, as in
+    # `recovered_from`), which may have handed it over already, its answer lost with it. The
+    # application may have got it twice (same dedupe key): this may be the second copy.
+    taken_over_from: str | None = None
 
 
 class InboundFailure(Inbound, tag="InboundFailure"):

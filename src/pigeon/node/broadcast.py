@@ -199,17 +199,22 @@ class Broadcast:
         operator: str,
         local: Callable[[], Awaitable[tuple[int, Any]]],
         merge: Callable[[list[tuple[int, Any]]], tuple[int, Any]] = merge_answers,
+        *,
+        issued: float | None = None,
     ) -> tuple[int, Any]:
         """Run `local` (this node's part) while every other node runs its own; one answer,
         added up by `merge`, with `cluster.nodes` saying which nodes it holds.
 
-        The entry is appended first, so the other nodes work while this one does."""
+        The entry is appended first, so the other nodes work while this one does. `issued`: when
+        the request reached this node (None: now), the entry's `time`, from which every node
+        dates a standing rule it makes (`perform`), as `local` does: one `created` and `expires`
+        everywhere, those of the rule kept in Redis."""
         write = method != "GET"
         op = secrets.token_hex(8)
         expected: dict[str, int] = {}
+        now = time.time() if issued is None else issued
         try:
             expected = await self._present()
-            now = time.time()
             change = rule_change(method, path, body, operator, now) if write else None
             if write and (operation := operation_of(method, path, body)) is not None:
                 # An operation that makes no rule, under the id of one the cluster holds: refused.
@@ -228,7 +233,7 @@ class Broadcast:
             self._learn(change)  # (a node of one worker: before it reads its own entry back)
         except (RedisError, OSError) as error:
             status, answer = await local()
-            change = rule_change(method, path, body, operator, time.time()) if write else None
+            change = rule_change(method, path, body, operator, now) if write else None
             # A read changed nothing anywhere: it only shows less, and there is nothing to issue again.
             reach = "this node's answer only; the other nodes were not asked"
             if change is not None and status < 400:
@@ -345,6 +350,7 @@ class Broadcast:
                     # A rule that has run out frees its id: this one, made since, is a new rule.
                     send = (held is None or not held.live(time.time())) and not _ended_after(tombstone, unsent.at)
                 if send:
+                    sent = time.time()  # the entry's time, from which the others count what is left
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.xadd(
                         self._stream,
@@ -354,9 +360,9 @@ class Broadcast:
                             "node": self.node,
                             "method": unsent.method,
                             "path": unsent.path,
-                            "body": _what_is_left(unsent.body, change.rule),
+                            "body": _what_is_left(unsent.body, change.rule, sent),
                             "operator": unsent.operator,
-                            "time": repr(time.time()),  # sent now: not a late operation
+                            "time": repr(sent),  # sent now: not a late operation
                         },
                         maxlen=_STREAM_LENGTH,
                         approximate=True,
@@ -809,10 +815,11 @@ def _ended_after(tombstone: Any, when: float) -> bool:
     return False
 
 
-def _what_is_left(body: bytes, rule: Rule | None) -> bytes:
+def _what_is_left(body: bytes, rule: Rule | None, sent: float) -> bytes:
     """The request body of a rule made while Redis was away, its duration cut to what is left
-    of it: the other nodes count a duration from when they read it, and would otherwise hold
-    (or bounce) for the whole of it again, past the end Redis keeps for the rule."""
+    of it at `sent` (the entry's time): the other nodes count a duration from the entry's time,
+    and would otherwise hold (or bounce) for the whole of it again, past the end Redis keeps for
+    the rule. Not rounded: `sent` plus it is that end exactly, on every node."""
     if rule is None or rule.expires is None:
         return body
     try:
@@ -821,7 +828,7 @@ def _what_is_left(body: bytes, rule: Rule | None) -> bytes:
         return body
     if not isinstance(request, dict) or request.get("duration") is None:
         return body
-    request["duration"] = round(max(rule.expires - time.time(), 0.001), 3)
+    request["duration"] = max(rule.expires - sent, 0.001)
     return json.dumps(request).encode()
 
 

@@ -23,8 +23,9 @@ from pigeon.message import Message
 from pigeon.metrics import Counts
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.admin import Admin
-from pigeon.queue.policy import QueuePolicies
+from pigeon.queue.policy import QueuePolicies, QueuePolicy, egress_pool
 from pigeon.queue.ready import ReadyQueues
+from pigeon.queue.retry import RetryPolicy
 from pigeon.queue.rules import Rules
 from pigeon.queue.scheduler import Routes, Scheduler
 from pigeon.queue.settlement import Notifier, RecordLog, RecordOutbox, RouteFailures, Settlement
@@ -67,6 +68,7 @@ def build_engine(
     route_failures: RouteFailures = lambda address: None,
     source: str = "default",
     egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
+    default_pool: str | None = None,
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
     throttles: Throttles | None = None,
@@ -153,12 +155,54 @@ def build_engine(
         effects=dispatcher.effects_on,
         down=dispatcher.site_down,
         probe_down=dispatcher.probe_down_sites,
+        pool_of=lambda message: egress_pool(message.envelope, policies.for_queue(message.queue), default_pool),
         clock=clock,
         pause=pause,
     )
     if reactor is not None:
         reactor.board.on_end = functools.partial(_effect_ended, dispatcher, admin)
     return Engine(active, settlement, rules, dispatcher, ready, scheduler, admin)
+
+
+def build_reader(
+    *,
+    spools: Spools,
+    primary: Spool,
+    log: RecordLog,
+    outbox: RecordOutbox,
+    counts: Counts,
+    clock: Callable[[], float] = time.time,
+) -> Admin:
+    """The admin of a node that does not deliver (`[delivery] enabled = false`), for reads only:
+    the queues its spool holds, one message, the standing rules stored with it. No scheduler
+    takes mail from that spool, so nothing is in memory and no ready queue is open: what it
+    answers is the spool as it is. Its writes are refused before they reach it (a bounce or a
+    rebind claims messages for a scheduler that is not there): `pigeon.listener.http.admin`."""
+    active = ActiveSet(1)
+    # Never acts (writes are refused): the parts an Admin and its Rules are built with.
+    settlement = Settlement(
+        spools=spools,
+        active=active,
+        log=log,
+        outbox=outbox,
+        counts=counts,
+        policies=QueuePolicies(QueuePolicy(RetryPolicy())),
+        clock=clock,
+    )
+    rules = Rules(spools=spools, settlement=settlement, clock=clock)
+    ready = ReadyQueues(active, "default", lambda queue: None)
+    return Admin(
+        spools=spools,
+        primary=primary,
+        active=active,
+        settlement=settlement,
+        rules=rules,
+        ready=ready,
+        rewind=lambda due: None,
+        kick=lambda: None,
+        promote=lambda entry: None,
+        clock=clock,
+    )
 
 
 def _effect_ended(dispatcher: Dispatcher, admin: Admin, effect: Effect) -> None:

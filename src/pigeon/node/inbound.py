@@ -104,8 +104,19 @@ class Inbound:
         if not self._stopping:
             self._watch(watcher)
 
-    async def stop(self, grace: float) -> None:
+    def halt(self) -> None:
+        """The node stops: no handoff starts from now on, from a mailbox or from the spool (mail
+        of an `[[inbound]]` route); those in flight finish. Said first thing in a stop, before
+        the node waits for its SMTP sessions: nothing is handed over meanwhile that the next
+        start (or another node) would hand over too."""
         self._stopping = True
+        for target in self.targets.values():
+            target.halt()
+        for watcher in self.watchers:
+            watcher.halt()
+
+    async def stop(self, grace: float) -> None:
+        self.halt()
         await asyncio.gather(*(w.stop(grace) for w in self.watchers))
         tasks = list(self._tasks)
         for task in tasks:

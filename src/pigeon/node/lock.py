@@ -10,9 +10,14 @@ those guard a shard against any process, this one names the node that holds them
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 from pathlib import Path
 
 from pigeon.flock import LockHeld, take_pid_lock
+
+_log = logging.getLogger(__name__)
 
 
 class NodeLocked(Exception):
@@ -28,7 +33,7 @@ def take_node_lock(spool: Path) -> int:
     descriptor, to be kept open for as long as the node runs (closing it releases the lock).
     Raises `NodeLocked` when another node holds it, `OSError` when it cannot be opened."""
     path = node_lock_path(spool)
-    spool.mkdir(parents=True, exist_ok=True)
+    _make_private(spool)
     try:
         return take_pid_lock(path, 0o600)
     except LockHeld as held:
@@ -36,3 +41,21 @@ def take_node_lock(spool: Path) -> int:
             f"another node holds {path} (pid {held.holder}): one spool serves one node; "
             "stop that one, or give this one another [spool] path"
         ) from None
+
+
+def _make_private(spool: Path) -> None:
+    """Make the spool (mode 0700; missing parents as the umask says), or take other users'
+    bits off one that has them: it holds the mail, the API token and the workers' control
+    sockets. Taken first by the process that serves the spool, before any of that is made
+    (and before the umask 077 of `pigeon serve`, which must not apply to the parents: a
+    `[node] user` has to reach its spool through them)."""
+    spool.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(spool).st_mode)
+    if not mode & 0o077:
+        return
+    try:
+        os.chmod(spool, mode & 0o700)
+    except OSError as error:
+        _log.warning("%s: mode %04o lets other users in, and cannot be changed (%s)", spool, mode, error.strerror)
+    else:
+        _log.warning("%s: mode %04o let other users in; made it %04o (the spool is private)", spool, mode, mode & 0o700)

@@ -2,8 +2,9 @@
 
 Start: spool, logs, TLS and users, intake, SMTP and HTTP listeners, then the spool's check in
 the background (unreadable entries to quarantine, leftovers removed). Stop (SIGTERM, SIGINT):
-stop accepting, let open transactions finish within `shutdown_timeout`, then close the spool
-(its queued commits complete first) and the logs.
+start no delivery or handoff, stop accepting, let open transactions (and deliveries and
+handoffs in flight) finish within `shutdown_timeout`, then close the spool (its queued commits
+complete first) and the logs.
 Nothing a client was told 250 about is lost on the way down.
 """
 
@@ -21,14 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from pigeon.config.load import ConfigError, load
-from pigeon.config.schema import Config, InboundRouteConfig
+from pigeon.config.load import ConfigError, load, load_text
+from pigeon.config.patterns import host_port
+from pigeon.config.schema import Config, InboundRouteConfig, Network
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
@@ -51,6 +53,7 @@ from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
 from pigeon.node.descriptors import open_files_limit, share
+from pigeon.node.exposure import Exposure, warn_http_in_clear
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, say_run_out, take, take_node_rules
@@ -80,7 +83,7 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 _DISK_FULL_RETRY = 2.0  # seconds between attempts to open a spool whose disk is full
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
-_ROOM_FOR_MAIL = 1024 * 1024  # bytes free under which the spool is down, refusal or not ...
+_ROOM_FOR_MAIL = 1024 * 1024  # bytes free under which the spool is down, refusal or not (`_room_needed`) ...
 _ROOM_TO_RECOVER = 16 * 1024 * 1024  # ... and after which one that refused for lack of room is up again ...
 _ROOM_SHARE = 8  # ... or this share of [spool] max_size or of the disk, if less: a small one must recover too
 
@@ -98,11 +101,16 @@ class Node:
         config_path: Path | None = None,
         listening: Bound | None = None,
         clock: Callable[[], float] = time.time,
+        reloaded_text: str | None = None,
     ) -> None:
         """`config_path`: the file SIGHUP reads again. `listening`: sockets bound before a
-        privilege drop (or by the supervisor), served instead of binding the configured addresses."""
+        privilege drop (or by the supervisor), served instead of binding the configured addresses.
+        `reloaded_text`: a worker's supervisor reloaded the node since it started, and this is
+        the text of `config_path` it read then (`pigeon.node.handed`): taken as soon as the
+        node has started, through the reload a SIGHUP does, in place of reading the file."""
         self.config = config
         self.config_path = config_path
+        self._handed = reloaded_text
         self._listening = listening
         self._clock = clock  # what delivery takes for "now"; tests turn it forward
         self.worker = worker
@@ -126,6 +134,8 @@ class Node:
         self.http_address: tuple[str, int] | None = None
         self.outbound: Outbound | None = None
         self.outbox: Outbox | None = None
+        self._spools: Spools | None = None  # from start() on
+        self._reader: Admin | None = None  # a node that does not deliver: its spool's, once asked
         self.inbound: Inbound | None = None
         self.intake: Intake  # from start() on
         self.signing: Signing | None = None
@@ -140,6 +150,7 @@ class Node:
         self._step = ""  # what that thread is doing, for the log
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
+        self._exposure = Exposure()  # (worker 0's: files holding secrets that others may read)
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
         # With [redis]: admin operations other nodes were asked for reach this worker's shards.
         self.broadcast: Broadcast | None = None
@@ -157,7 +168,7 @@ class Node:
             await self._open_spool(spool, loop)
         unlogged = [recover_outbox_lines(spool, self.log.directory) for spool in opened]
         self.log.open(loop)
-        spools = Spools(opened)
+        self._spools = spools = Spools(opened)
         self.outbox = outbox = Outbox(self.log, spools)
         self.metrics.track_dropped_logs(lambda: self.log.dropped)
         self.metrics.track_log(self._log_state)
@@ -174,6 +185,8 @@ class Node:
             self.signing = Signing(_signers(config.dkim))
             if self.worker == 0:
                 _warn_shared_keys(config.dkim)
+        if self.worker == 0:
+            _warn_open_relay(config.smtp.relay_networks)
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
         with signals.stoppable():  # its import may take long: a stop meanwhile stops the node
             self.policy = Policy.from_config(
@@ -247,6 +260,9 @@ class Node:
                     self.broadcast.consume(self._apply, self.outbound.admin.adopt), name="admin stream"
                 )
         tls_context = _tls_context(config)
+        if self.worker == 0:  # (after the self-signed key and the local token are made, if they are)
+            self._exposure.warn_files(config, self.config_path)
+            warn_http_in_clear(config)
         passwords = PasswordFile.load(smtp.auth_users) if smtp.auth_users is not None else None
         auth_throttle, client_connections = _client_limits(config, self.worker, self._workers)
         # A worker's public HTTP listener is its supervisor's: it has only its control socket.
@@ -267,6 +283,7 @@ class Node:
             client_connections=client_connections,
             idle_timeout=smtp.idle_timeout,
             command_timeout=smtp.command_timeout,
+            envelope_timeout=smtp.envelope_timeout,
             min_data_rate=smtp.min_data_rate,
             max_connections=shares.smtp,
             max_connections_per_client=smtp.max_connections_per_client,
@@ -279,6 +296,8 @@ class Node:
                 self.smtp_addresses = await self.smtp.start([(e.host, e.port) for e in smtp.listen])
         except OSError as error:
             raise ListenError(f"[smtp] listen: cannot listen: {error.strerror or error}") from None
+        if self.outbound is not None:
+            self.outbound.listening(self.smtp_addresses)  # (what a port 0 bound, too)
         internal = {INTERNAL_PATH: self._take_rules} if self._control_socket is not None else None
         limits = ConnectionLimits.of(config.http, shares.http) if self._control_socket is None else None
         self.http = HttpListener(self, internal, limits)
@@ -286,7 +305,7 @@ class Node:
             await self.http.start_unix(self._control_socket)
         elif listening is not None and listening.http:
             self.http_address = await self.http.serve(listening.http)
-            _log.info("http listening on %s:%d", *self.http_address)
+            _log.info("http listening on %s", host_port(*self.http_address))
         else:
             try:
                 self.http_address = await self.http.start(config.http.listen.host, config.http.listen.port)
@@ -294,12 +313,12 @@ class Node:
                 raise ListenError(
                     f"[http] listen {config.http.listen}: cannot listen: {error.strerror or error}"
                 ) from None
-            _log.info("http listening on %s:%d", *self.http_address)
+            _log.info("http listening on %s", host_port(*self.http_address))
         self._started_at = time.time()
         self._check = asyncio.create_task(self._check_spools(opened), name="spool check")
         _tune_garbage_collector()
         for host, port in self.smtp_addresses:
-            _log.info("smtp listening on %s:%d", host, port)
+            _log.info("smtp listening on %s", host_port(host, port))
 
     async def _open_spool(self, spool: SqliteSpool, loop: asyncio.AbstractEventLoop) -> None:
         """Open a spool shard. On a full disk, wait for room and try again: the spool is
@@ -332,6 +351,12 @@ class Node:
         if self._reloading is not None:  # a reading in its thread runs on, and is dropped
             self._reloading.cancel()
         _log.info("stopping: finishing open transactions (up to %.0fs)", self.shutdown_timeout)
+        # Nothing new starts from here, while the SMTP sessions finish: no delivery, no handoff
+        # to a target, no mailbox claim. What is in flight finishes; the rest waits where it is.
+        if self.outbound is not None:
+            self.outbound.halt()
+        if self.inbound is not None:
+            self.inbound.halt()
         if self.smtp is not None:
             await self.smtp.drain(self.shutdown_timeout)
         if self._consuming is not None:  # before the queues stop: no operation half applied
@@ -381,7 +406,12 @@ class Node:
         try:
             await self.start()
             signals.started()  # a stop that came meanwhile is the loop's, as any later one
-            if self._reload_asked and not stop.is_set():
+            if self._handed is not None and not stop.is_set():
+                # The node's reloads before this worker started: it runs what the others run
+                # (a SIGHUP asked for meanwhile follows once this one is read: `_follow`).
+                _log.info("reload: taking the configuration the node reloaded before this worker started")
+                self.reload()
+            elif self._reload_asked and not stop.is_set():
                 self._reload_asked = False
                 _log.info("reload: asked for during start-up; reloading now")
                 self.reload()
@@ -401,9 +431,12 @@ class Node:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
         routes, DKIM signers (their keys read again), shaping limits and reaction rules, and
         import the policy module again.
-        New connections see the new ones; open ones keep what they have. If anything cannot
-        be used, nothing changes and the reason is logged. Asked for while the node starts, it
-        is done once it has started (`run`): the file may have changed since it was read.
+        New connections see the new ones; open ones keep what they have, but for the SMTP users
+        and `relay_networks`: a session authenticated as a user removed or given another
+        password, or from a network taken out, loses that authorization at once
+        (`SmtpConnection.judge_again`). If anything cannot be used, nothing changes and the
+        reason is logged. Asked for while the node starts, it is done once it has started
+        (`run`): the file may have changed since it was read.
 
         The files are read, and the policy module imported, in a thread of their own
         (`_read_for_reload`): an import may take long (a module that connects somewhere), and
@@ -420,7 +453,8 @@ class Node:
             _log.info("reload: still reading for the last SIGHUP (%s); this one follows once that ends", self._step)
             self._reload_asked = True
             return
-        self._reading = _in_thread(self._read_for_reload, f"reload w{self.worker}")
+        text, self._handed = self._handed, None  # the supervisor's text (`__init__`): read once, in place of the file
+        self._reading = _in_thread(lambda: self._read_for_reload(text), f"reload w{self.worker}")
         self._reading.add_done_callback(self._read)
         self._reloading = asyncio.create_task(self._reload(self._reading), name="reload")
 
@@ -477,11 +511,15 @@ class Node:
             self._reload_asked = False
             self.reload()
 
-    def _read_for_reload(self) -> _Reading:
+    def _read_for_reload(self, text: str | None = None) -> _Reading:
         """In a thread: every file a reload takes, read and checked (and the policy module
-        imported), touching nothing the loop uses. `self._step` says what it is doing."""
+        imported), touching nothing the loop uses. `self._step` says what it is doing.
+        `text`: the config file's text to take instead of reading the file (`__init__`)."""
         self._step = "reading the configuration file"
-        config = load(self.config_path) if self.config_path is not None else self.config
+        if text is not None and self.config_path is not None:
+            config = load_text(text, self.config_path)
+        else:
+            config = load(self.config_path) if self.config_path is not None else self.config
         self._step = "reading the TLS certificate and key"
         tls_context = _tls_context(config)
         self._step = "reading the SMTP users file"
@@ -518,7 +556,7 @@ class Node:
         else:
             hooks, kept = self.policy.take(read.policy), ""
         self.smtp.tls_context = tls_context
-        self.smtp.passwords = passwords
+        self.smtp.set_passwords(passwords)  # (open sessions whose user is gone or changed lose their AUTH)
         self.smtp.session_config = replace(
             self.smtp.session_config,
             tls_available=tls_context is not None,
@@ -541,10 +579,17 @@ class Node:
         running = self.config
         for key in _RELOADED_SMTP_KEYS:
             setattr(running.smtp, key, getattr(smtp, key))
+        # Narrowed at once: an open relay found, or a network no longer trusted, must not wait
+        # for a restart (nor widen then on one worker restarted before the others).
+        self.smtp.set_relay_networks([network.network for network in smtp.relay_networks])
+        self.tokens.take(config, running.spool.path)
+        running.http.token, running.http.local_token = config.http.token, config.http.local_token
         running.route = config.route
         running.dkim = config.dkim
         if self.worker == 0:
             _warn_shared_keys(config.dkim)
+            _warn_open_relay(config.smtp.relay_networks)
+            self._exposure.warn_files(config, self.config_path)
         if reactions_taken:
             running.reaction = config.reaction
             running.delivery.default_reactions = config.delivery.default_reactions
@@ -572,6 +617,26 @@ class Node:
     @property
     def admin(self) -> Admin | None:
         return self.outbound.admin if self.outbound is not None else None
+
+    @property
+    def reader(self) -> Admin | None:
+        """The admin that answers reads (queues, a message, operations, standing rules): the
+        outbound side's, or on a node that does not deliver one over its spool alone, made when
+        first asked (`pigeon.node.engine.build_reader`): such a node still shows what it holds."""
+        if self.outbound is not None:
+            return self.outbound.admin
+        if self._reader is None and self._spools is not None and self.outbox is not None:
+            from pigeon.node.engine import build_reader
+
+            self._reader = build_reader(
+                spools=self._spools,
+                primary=self.spool,
+                log=self.log,
+                outbox=self.outbox,
+                counts=self.metrics.counts,
+                clock=self._clock,
+            )
+        return self._reader
 
     @property
     def broadcast_front(self) -> Broadcast | None:
@@ -646,11 +711,9 @@ class Node:
         """Down after a reception refused for an I/O error, until one is stored again; and for
         lack of room, looked at whenever asked (a probe that took a node out of service must
         see it come back without mail arriving): while the room left is under what an ordinary
-        message needs (1 MiB; MAIL declaring a SIZE over the room gets 452 4.3.1 already), or,
-        after a message refused for lack of room, until there is plenty again (16 MiB). Each
-        is an eighth of `max_size` or of the disk if less: a small one must recover too. One
-        message too big for the room left, with plenty left for others, does not take the
-        node down."""
+        message needs, or, after a message refused for lack of room, until there is plenty
+        again (see `_room_needed`). One message too big for the room left, with plenty left for
+        others, does not take the node down."""
         messages = self.spool.count + sum(s.count for s in self.adopted)
         refusing = self.intake.refusing
         if isinstance(refusing, SpoolWriteError):
@@ -660,18 +723,43 @@ class Node:
         room = self.spool.room_now()
         if room is None:
             return {"status": OK, "messages": messages}
-        shares = [size // _ROOM_SHARE for size in (self.config.spool.max_size, self.spool.disk_size()) if size]
-        shares = [share for share in shares if share > 0]
-        if room < min(_ROOM_FOR_MAIL, *shares):
+        ordinary, plenty = self._room_needed()
+        # (Past the cap by what a commit's WAL pages took beyond it, the room is negative:
+        # said as none, not as "-632 bytes left".)
+        room = max(room, 0)
+        if room < ordinary:
             error = (
-                f"no room for mail: {room} bytes left; MAIL declaring a larger SIZE gets 452 4.3.1, "
-                "a message that does not fit 451 4.3.0"
+                f"no room for mail: {room} bytes left, under the {ordinary} an ordinary message needs; "
+                "MAIL declaring a larger SIZE gets 452 4.3.1, a message that does not fit 451 4.3.0"
             )
-        elif isinstance(refusing, SpoolFull) and room < min(_ROOM_TO_RECOVER, *shares):
+        elif isinstance(refusing, SpoolFull) and room < plenty:
             error = f"new mail gets 451: {refusing}"
         else:
             return {"status": OK, "messages": messages}
         return {"status": DOWN, "messages": messages, "error": error, "room": room}
+
+    def _room_needed(self) -> tuple[int, int]:
+        """The room an ordinary message needs, and the room after which a spool that refused
+        one for lack of room is up again ("plenty").
+
+        An ordinary message is 1 MiB, whatever `max_size` is, as long as the shard can have
+        that much room: with a cap of 2 MiB or more, the spool is down as soon as under 1 MiB
+        is left under it. A shard whose cap leaves it less than 2 MiB when empty (its database
+        and WAL take their part) could never take 1 MiB once it holds anything; there, half
+        its empty room is an ordinary message (`max_size = "1MiB"`: 368 KiB, so down once it
+        holds half of what it can). On a disk smaller than 8 MiB, an eighth of the disk, so
+        that a tiny disk can say up. Plenty is 16 MiB, or an eighth of `max_size` or of the
+        disk if less, and never less than an ordinary message."""
+        capacity = self.spool.capacity()
+        disk = self.spool.disk_size()
+        limits = [_ROOM_FOR_MAIL]
+        if capacity is not None:
+            limits.append(capacity // 2)
+        if disk > 0:
+            limits.append(disk // _ROOM_SHARE)
+        ordinary = min(limits)
+        shares = [size // _ROOM_SHARE for size in (self.config.spool.max_size, disk) if size is not None and size > 0]
+        return ordinary, max(ordinary, min(_ROOM_TO_RECOVER, *shares))
 
     def _log_state(self) -> LogState:
         outbox = self.outbox
@@ -695,8 +783,10 @@ class Node:
             commit_window=spool.commit_window,
             max_batch=spool.max_batch,
             max_size=spool.max_size,
+            reserve=spool.reserve,
             inline_total=spool.inline_total,
             observer=self.metrics.observe_commit,
+            node=self.config.node.name,
         )
 
     async def _check_spools(self, spools: tuple[SqliteSpool, ...]) -> None:
@@ -785,7 +875,7 @@ def _client_limits(config: Config, worker: int, workers: int) -> tuple[AuthLimit
     return shared, SharedConnections(table, workers)
 
 
-_RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users")
+_RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users", "relay_networks")
 # The [delivery] keys the shaping rules read (besides the [[shaping]] blocks themselves).
 _RELOADED_SHAPING_KEYS = (*SETTINGS, "connection_failures_before_delay")
 
@@ -855,6 +945,29 @@ def _warn_shared_keys(configs: list[DkimConfig]) -> None:
         _log.warning("%s", warning)
 
 
+_WIDE_RELAY_PREFIX: Final = {4: 8, 6: 16}
+"""A relay network with a shorter prefix than this that is not all private addresses
+(10.0.0.0/8 and fc00::/7 are not warned about) takes in a good part of the Internet."""
+
+
+def _warn_open_relay(networks: list[Network]) -> None:
+    """Warn about each `relay_networks` entry that lets much of the Internet relay: then
+    Pigeon is an open relay, unless a firewall keeps all but one's own clients from its
+    SMTP port (said, not refused: that may be how it runs). Said by worker 0 alone."""
+    for entry in networks:
+        network = entry.network
+        if network.prefixlen >= _WIDE_RELAY_PREFIX[network.version] or network.is_private:
+            continue
+        what = "the whole Internet" if network.prefixlen == 0 else f"{network.num_addresses:,} addresses"
+        _log.warning(
+            "[smtp] relay_networks entry %r covers %s: any client there may relay mail through Pigeon to "
+            "any domain without AUTH (an open relay); keep it only if a firewall lets none but your own "
+            "clients reach the SMTP port",
+            str(entry),
+            what,
+        )
+
+
 def _tls_context(config: Config) -> ssl.SSLContext | None:
     smtp = config.smtp
     if not smtp.starttls:
@@ -867,7 +980,7 @@ def _tls_context(config: Config) -> ssl.SSLContext | None:
 
 
 def _addresses(addresses: list[tuple[str, int]]) -> str:
-    return ", ".join(f"{host}:{port}" for host, port in addresses)
+    return ", ".join(host_port(host, port) for host, port in addresses)
 
 
 def _inbound_route(config: InboundRouteConfig) -> InboundRoute:

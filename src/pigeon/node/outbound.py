@@ -10,11 +10,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
 from pigeon.delivery.dsn import Notifier
 from pigeon.delivery.egress import Egress, Source
+from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
@@ -26,11 +28,12 @@ from pigeon.inbound.targets import Target, Verdict
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
+from pigeon.message import Message
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
-from pigeon.queue.policy import QueuePolicies, QueuePolicy, QueueRule
+from pigeon.queue.policy import PoolChooser, QueuePolicies, QueuePolicy, QueueRule, egress_pool
 from pigeon.queue.retry import RetryPolicy
 from pigeon.shaping.effects import Board
 from pigeon.shaping.reactions import Reactions, shipped_provider_of
@@ -85,9 +88,18 @@ class Outbound:
             classify=classifier.classify,
         )
         self._load_system_cas()
-        self.policies = _policies(config)
+        self.policies = policies = _policies(config)
+
+        def pool_of(message: Message) -> tuple[str | None, PoolChooser | None]:
+            # What `before_delivery` is told: the pool the scheduler picks, as `pigeon inspect` shows it.
+            return egress_pool(message.envelope, policies.for_queue(message.queue), delivery.pool)
+
         inbound = metrics.inbound_messages
         self.egress = Egress.from_config(config.pool, delivery.pool)
+        # This node's SMTP listeners, which no delivery connects to (mail would loop): as
+        # configured until they are bound (`listening`).
+        self.own = Listeners((e.host, e.port) for e in config.smtp.listen)
+        self._warns = worker == 0  # (said once for the node, not by each worker)
         smtp_agents = SmtpAgents(
             self.resolver,
             ClientOptions(
@@ -98,9 +110,12 @@ class Outbound:
                 pipelining=delivery.pipelining,
                 chunking=delivery.chunking,
                 try_next_mx=delivery.try_next_mx,
+                mx_address_limit=delivery.mx_address_limit,
+                mx_session_limit=delivery.mx_session_limit,
             ),
             classifier,
             [Source(s.name, s.bind, s.ehlo) for s in config.source],
+            self.own,
         )
         target_agents = TargetAgents(
             targets or {}, classifier, lambda target, verdict: inbound.labels("smtp", target, _OUTCOMES[verdict]).inc()
@@ -120,11 +135,12 @@ class Outbound:
             shaping=shaping,
             owns_queue=shaping.owns_queue,
             body=outgoing,
-            hooks=DeliveryHooks(policy, classifier.classify) if policy is not None else None,
+            hooks=DeliveryHooks(policy, classifier.classify, pool_of) if policy is not None else None,
             notifier=Notifier(hostname=config.smtp.hostname, spools=spools, outgoing=outgoing, submit=intake.local),
             route_failures=intake.inbound_routes.failures if intake.inbound_routes else lambda address: None,
             source=delivery.source,
             egress=self.egress.choose,
+            default_pool=delivery.pool,
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
@@ -152,10 +168,35 @@ class Outbound:
         changed (next hop, TLS settings: its ready queue) is routed again, so that none rides
         a connection opened under the old route (a route that now requires TLS, say)."""
         changed = self.router.replace(routes)
+        self._warn_routes_to_self(routes)
         self._load_system_cas()
         moved = self.scheduler.reroute(changed)
         if moved:
             _log.info("reload: %d waiting messages routed again by the new [[route]]s", moved)
+
+    def listening(self, addresses: list[tuple[str, int]]) -> None:
+        """The SMTP listeners are bound to `addresses` (host, port): no delivery connects there.
+        A `[[route]]` whose next hop is one of them is an operator's mistake, and a warning says so."""
+        self.own.replace(addresses)
+        self._warn_routes_to_self(self.router.routes)
+
+    def _warn_routes_to_self(self, routes: list[Route]) -> None:
+        """A WARNING for each route whose `next_hop` is this node (an address, or localhost:
+        a host name is only known to be this node once resolved, at delivery)."""
+        if not self._warns:
+            return
+        for route in routes:
+            hop = route.next_hop
+            if hop is None:
+                continue
+            hosts = ["127.0.0.1", "::1"] if hop.host.lower() == "localhost" else [hop.host]
+            if any(self.own.is_self(host, hop.port) for host in hosts):
+                _log.warning(
+                    "[[route]] for %s: next_hop %s is this node's own SMTP listener: its mail would loop back "
+                    "to this node, and bounces (554 5.4.6) instead",
+                    route.domain,
+                    host_port(hop.host, hop.port),
+                )
 
     def _load_system_cas(self) -> None:
         """The system's CAs read now, at start or reload, if some mail may be verified against
@@ -198,8 +239,15 @@ class Outbound:
         self._intake.on_stored = self.scheduler.admit
         self.scheduler.start()
 
-    async def stop(self, grace: float) -> None:
+    def halt(self) -> None:
+        """The node stops: no delivery starts from now on (those in flight finish, within
+        `stop`'s grace). Said first thing in a stop, before the node waits for its SMTP sessions:
+        what they store meanwhile waits in the spool for the next start."""
         self._intake.on_stored = None
+        self.dispatcher.halt()
+
+    async def stop(self, grace: float) -> None:
+        self.halt()
         await self.scheduler.stop()
         await self.dispatcher.drain(grace)
         await self.throttles.close()

@@ -19,6 +19,7 @@ import logging
 import os
 import pwd
 import stat
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,79 @@ def _chown_entries(directory_fd: int, shown: str, run_as: RunAs, depth: int) -> 
             _chown_entries(child_fd, f"{shown}/{name}", run_as, depth + 1)
         finally:
             os.close(child_fd)
+
+
+def interpreter_problem(user: str | None, *, workers: bool = True) -> str | None:
+    """Why this process cannot go on as the user it runs as, `[node] user` when given: the
+    interpreter, or a directory it imports modules from, out of that user's reach. Asked after
+    the drop, with the kernel's own rules (`os.access`: every directory on the way, ACLs).
+
+    With `workers`, for a supervisor about to start each worker again as that user: it must
+    also execute the interpreter (an execve that fails says only "Permission denied"). Without,
+    for a node of one process: it imports as it runs (the node itself, the Redis client, a
+    DKIM or TLS library, the standard library's codecs), each when first needed, and an import
+    that fails then would be a traceback instead of this.
+    """
+    who, that = (f"the [node] user {user!r}", "that user") if user is not None else (f"uid {os.getuid()}", "it")
+    interpreter = sys.executable
+    real = os.path.realpath(interpreter)
+    if real != interpreter:
+        interpreter += f" ({real})"
+    stdlib = os.path.dirname(os.__file__)
+    needed = [(sys.executable, os.X_OK)] if workers else []
+    for entry in _import_directories(stdlib):  # a zip file on the path is read, not entered
+        needed.append((entry, os.R_OK | os.X_OK if not entry.endswith((".zip", ".pyz")) else os.R_OK))
+    for path, mode in needed:
+        if os.access(path, mode):
+            continue
+        if path == sys.executable:
+            part = ""
+        elif path == stdlib:
+            part = f", or its standard library {path},"
+        else:
+            part = f", or its modules in {path},"
+        if workers:
+            what = f"the workers' interpreter {interpreter}{part} is out of reach of {who}: {that} must be able to "
+            what += "read and execute it"
+        else:
+            what = f"the interpreter {interpreter}{part} is out of reach of {who}: the node loads modules from "
+            what += f"it as it runs, so {that} must be able to read it"
+        name = user if user is not None else str(os.getuid())
+        blocked = _closed_on_the_way(path)
+        if blocked is not None:
+            fix = (
+                f"put Python, Pigeon and its virtualenv where {that} can: not under {blocked}; "
+                f"or let {that} through: setfacl -m u:{name}:x {blocked}"
+            )
+        else:
+            fix = f"let {that} read it: setfacl -m u:{name}:rx {os.path.realpath(path)}"
+        return f"{what}, and to enter every directory on its way ({fix})"
+    return None
+
+
+def _import_directories(stdlib: str) -> list[str]:
+    """The directories of `sys.path` this process imported modules from (the standard
+    library's first): where it, and a worker started with the same path, will import from."""
+    entries = sorted({os.path.abspath(entry or os.curdir) for entry in sys.path}, key=len, reverse=True)
+    used = {stdlib}
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if name == "__main__" or not isinstance(origin, str):
+            continue  # the script that started it (in the virtualenv's bin): not imported again
+        found = next((entry for entry in entries if origin.startswith(entry.rstrip(os.sep) + os.sep)), None)
+        if found is not None:
+            used.add(found)
+    in_order = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    return [stdlib, *(entry for entry in dict.fromkeys(in_order) if entry in used and entry != stdlib)]
+
+
+def _closed_on_the_way(path: str) -> str | None:
+    """The first directory on the way to `path` (symbolic links followed) that this process
+    may not enter, if any."""
+    for directory in reversed(Path(os.path.realpath(path)).parents):
+        if not os.access(directory, os.X_OK):
+            return str(directory)
+    return None
 
 
 def drop(run_as: RunAs) -> None:

@@ -3,9 +3,10 @@
 Python runs one thread of Python at a time, so a node uses one worker process per core. Each
 worker is a full `Node` (accepting SMTP on the listening sockets `pigeon serve` bound and
 handed down, its own spool shard, its own log segments) and serves its health and metrics on a
-private unix socket. The supervisor starts the workers, restarts one that dies (with a back-off
-that grows while it keeps dying soon after its start) or that has not answered its heartbeat
-for `[node] worker_timeout` (killed first, with SIGKILL), serves the public HTTP listener by
+private unix socket. The supervisor starts the workers (each, at every start, on the
+configuration the node runs, which it hands it: `pigeon.node.handed`), restarts one that dies
+(with a back-off that grows while it keeps dying soon after its start) or that has not answered
+its heartbeat for `[node] worker_timeout` (killed first, with SIGKILL), serves the public HTTP listener by
 asking every worker and merging the answers, forwards SIGHUP (reload) to the workers, and on
 SIGTERM stops the workers and waits for them to finish their open transactions. Under systemd
 it is the main process: it alone sends sd_notify. A supervisor that dies without stopping them
@@ -31,9 +32,12 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from pigeon.config.load import ConfigError, load_text, read_text
+from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
 from pigeon.listener.client_table import client_table_path, create_client_table
 from pigeon.listener.http.admin import (
+    ISSUED_HEADER,
     SUSPENSIONS_HELD,
     RuleChange,
     caller,
@@ -58,7 +62,10 @@ from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers
 from pigeon.node.descriptors import open_files_limit, share
+from pigeon.node.handed import HandedConfig
+from pigeon.node.handed import encode as encode_handed
 from pigeon.node.notify import sd_notify
+from pigeon.node.privileges import interpreter_problem
 from pigeon.node.sockets import Bound
 from pigeon.node.standing import (
     GENERATION_HEADER,
@@ -129,28 +136,6 @@ def exit_reason(worker: Worker, status: int, when: str = "") -> str:
     return f"{how}: {said}" if said else f"{how} (it said no more: see its messages above)"
 
 
-def interpreter_problem(user: str | None) -> str | None:
-    """Why this process could not start a worker: the interpreter (or the standard library it
-    loads) out of reach of the user it runs as, `[node] user` when given. Asked after the drop
-    to that user and before any worker starts, with the kernel's own rules (`os.access`: every
-    directory on the way, ACLs); an execve that fails says only "Permission denied"."""
-    who, that = (f"the [node] user {user!r}", "that user") if user is not None else (f"uid {os.getuid()}", "it")
-    interpreter = sys.executable
-    real = os.path.realpath(interpreter)
-    if real != interpreter:
-        interpreter += f" ({real})"
-    needed = [(sys.executable, os.X_OK), (os.path.dirname(os.__file__), os.R_OK | os.X_OK)]
-    for path, mode in needed:
-        if not os.access(path, mode):
-            part = "" if path == sys.executable else f", or its standard library {path},"
-            return (
-                f"the workers' interpreter {interpreter}{part} is out of reach of {who}: {that} must be able to read "
-                "and execute it, and to enter every directory on its way (put Python, or the virtualenv, where "
-                f"{that} can: not under /root)"
-            )
-    return None
-
-
 class Worker:
     """One worker process and how to reach it."""
 
@@ -202,11 +187,13 @@ class Worker:
         generation: int | None = None,
         *,
         too_large_body: bool = False,
+        issued: float | None = None,
     ) -> web.Response:
         """Pass an API request to this worker; its answer, as it is. `within`: seconds the
         whole exchange may take (None: no bound of its own; see `Supervisor._to_workers`);
         `generation`: the number of the change to the standing rules it is (`pigeon.node.standing`);
-        `too_large_body`: the request's body was over the limit, and `body` is empty."""
+        `too_large_body`: the request's body was over the limit, and `body` is empty; `issued`:
+        when an admin write reached this process (`ISSUED_HEADER`)."""
         if self._session is None or self._session.closed:
             # One session per worker: its connections are reused from request to request.
             connector = aiohttp.UnixConnector(path=str(self.control))
@@ -219,6 +206,8 @@ class Worker:
             headers[GENERATION_HEADER] = str(generation)
         if too_large_body:
             headers[TOO_LARGE_HEADER] = "1"
+        if issued is not None:
+            headers[ISSUED_HEADER] = repr(issued)
         async with self._session.request(
             request.method,
             f"http://worker{request.rel_url}",
@@ -240,11 +229,25 @@ class Worker:
 class Supervisor:
     """Runs `workers` worker processes until SIGTERM or SIGINT."""
 
-    def __init__(self, config: Config, config_path: Path | None, workers: int, listening: Bound | None = None) -> None:
-        """`listening`: sockets bound before a privilege drop; the workers inherit the SMTP ones."""
+    def __init__(
+        self,
+        config: Config,
+        config_path: Path | None,
+        workers: int,
+        listening: Bound | None = None,
+        start_text: str | None = None,
+    ) -> None:
+        """`listening`: sockets bound before a privilege drop; the workers inherit the SMTP ones.
+        `start_text`: the text of `config_path` that `config` was loaded from."""
         self.config = config
         self._listening = listening
         self.config_path = config_path
+        # What every worker is started on, the first time and every time after: the file's text
+        # as the node started, and as of its last reload whose text loaded (`pigeon.node.handed`).
+        # Without it a restarted worker would read the file as it is now, keys "for the next
+        # restart" and all, and the node would run two configurations at once.
+        self._start_text = start_text
+        self._reloaded_text: str | None = None
         self.run_dir = config.spool.path / "run"
         self.workers = [Worker(i, self.run_dir / f"worker-{i}.sock") for i in range(workers)]
         self._tally = Tally(workers)
@@ -333,9 +336,11 @@ class Supervisor:
 
         A worker still starting gets its SIGHUP once ready (`_now_ready`): until it has its
         handler, the signal's default action would kill it, and the file may have changed
-        since it read it. One that is not running reads the file when it is started again."""
+        since it read it. The text read here is kept for the workers started from now on
+        (`_keep_reloaded`), which take it as they start, as the others took it now."""
         if self._stopping:
             return
+        self._keep_reloaded()
         running = [w for w in self.workers if w.process is not None and w.process.returncode is None]
         starting = [w for w in running if not w.ready]
         for worker in starting:
@@ -351,6 +356,27 @@ class Supervisor:
         for worker in running:
             if worker.ready:
                 self._hang_up(worker)
+
+    def _keep_reloaded(self) -> None:
+        """The config file's text as of this reload, for the workers started from now on; kept
+        only if it loads: if it does not, the workers' reload fails too, and they keep running
+        what they ran (so does a worker started again)."""
+        if self.config_path is None or self._start_text is None:
+            return  # no file: the defaults, which no reload changes
+        try:
+            text = read_text(self.config_path)
+            config = load_text(text, self.config_path)
+        except ConfigError as error:
+            _log.info(
+                "reload: a worker started again from now on runs the configuration of the last reload that "
+                "loaded, as the others go on doing: %s",
+                error,
+            )
+            return
+        self._reloaded_text = text
+        # The API is answered here: its tokens are the supervisor's to take, as each worker
+        # takes its own `relay_networks` (a token removed is refused from the next request).
+        self._tokens.take(config, self.config.spool.path)
 
     def _now_ready(self, worker: Worker) -> None:
         """`worker` has answered since it was started: a reload asked for meanwhile is its now."""
@@ -422,8 +448,12 @@ class Supervisor:
             "--workers",
             str(len(self.workers)),
         ]
+        handed: bytes | None = None
         if self.config_path is not None:
-            args += ["-c", str(self.config_path)]
+            args += ["-c", str(self.config_path)]  # (relative paths and messages are the file's)
+            if self._start_text is not None:
+                args.append("--config-stdin")
+                handed = encode_handed(HandedConfig(self._start_text, self._reloaded_text))
         args += ["--control", str(worker.control), "--supervisor", str(os.getpid())]
         inherited = [sock.fileno() for sock in self._listening.smtp] if self._listening is not None else []
         for fd in inherited:
@@ -433,13 +463,24 @@ class Supervisor:
         worker.control.unlink(missing_ok=True)
         failure_path(worker.control).unlink(missing_ok=True)
         worker.hung = None
-        # It reads the config file itself, after any reload asked for before now.
+        # It is handed the texts as of any reload asked for before now.
         worker.ready = worker.reload_asked = False
         try:
-            worker.process = await asyncio.create_subprocess_exec(*args, pass_fds=inherited, env=environment)
+            worker.process = process = await asyncio.create_subprocess_exec(
+                *args,
+                pass_fds=inherited,
+                env=environment,
+                stdin=asyncio.subprocess.PIPE if handed is not None else None,
+            )
         except PermissionError as error:  # the interpreter out of reach since start-up
             raise RuntimeError(interpreter_problem(self.config.node.user) or f"{sys.executable}: {error}") from error
-        _log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
+        _log.info("worker %d started (pid %d)", worker.index, process.pid)
+        if handed is not None and process.stdin is not None:
+            process.stdin.write(handed)
+            # A worker that died before it read them says why itself (`_watch` reads it).
+            with contextlib.suppress(ConnectionError):
+                await process.stdin.drain()
+            process.stdin.close()
 
     async def _wait_ready(self, stop: asyncio.Event) -> bool:
         """True once every worker answers; False if asked to stop first (a worker that the
@@ -563,9 +604,9 @@ class Supervisor:
         finally:
             worker.handing = None
 
-    def _rule_change(self, request: web.Request, body: bytes) -> RuleChange | None:
-        """The standing rule an admin write makes or ends, if it makes or ends one and would be
-        carried out (a known token with the scope, a valid request)."""
+    def _rule_change(self, request: web.Request, body: bytes, issued: float) -> RuleChange | None:
+        """The standing rule an admin write `issued` then makes or ends, if it makes or ends one
+        and would be carried out (a known token with the scope, a valid request)."""
         if self._node_rules is None or request.method not in ("POST", "DELETE"):
             return None
         if not request.path.startswith("/api/v1/admin/"):
@@ -575,7 +616,7 @@ class Supervisor:
             validate(request.method, request.path_qs, body)
         except web.HTTPException:
             return None  # refused by every worker: nothing changes
-        return rule_change(request.method, request.path, body, operator, time.time())
+        return rule_change(request.method, request.path, body, operator, issued)
 
     def _intend(self, change: RuleChange) -> tuple[int, Ended | None]:
         """Number a write to the standing rules before the workers are asked (each is told the
@@ -690,7 +731,7 @@ class Supervisor:
                 await web.SockSite(self._runner, sock).start()
         else:
             await web.TCPSite(self._runner, listen.host, listen.port, reuse_address=True).start()
-        _log.info("http listening on %s:%d", listen.host, listen.port)
+        _log.info("http listening on %s", host_port(listen.host, listen.port))
 
     async def _ask_all(self, path: str) -> list[tuple[int, bytes] | None]:
         async def ask(worker: Worker) -> tuple[int, bytes] | None:
@@ -839,7 +880,12 @@ class Supervisor:
 
     async def _broadcast(self, request: web.Request, body: bytes) -> web.Response:
         """An admin request goes to every worker (each owns its shards); with [redis], a write
-        (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`)."""
+        (or a read given ?cluster=1) goes to every node too (`pigeon.node.broadcast`).
+
+        A write is stamped here, once (`issued`): every worker, and with [redis] every node (the
+        stream entry's `time`), makes the standing rule it makes with that `created` and ends it
+        its duration after, as the answer says, not each at the moment it reads the request."""
+        issued = time.time()
         if request.method == "POST" and body:
             body = with_id(body, caller(request))
             if self._node_rules is not None:
@@ -848,10 +894,10 @@ class Supervisor:
                 in_force = self._node_rules.standing.in_force
                 operation = operation_of(request.method, request.path, body)
                 try:
-                    if (change := self._rule_change(request, body)) is not None:
-                        refuse_taken_id(change, in_force.get(change.rule_id), time.time())
+                    if (change := self._rule_change(request, body, issued)) is not None:
+                        refuse_taken_id(change, in_force.get(change.rule_id), issued)
                     if operation is not None:
-                        refuse_taken_operation(operation, in_force.get(operation[0]), time.time())
+                        refuse_taken_operation(operation, in_force.get(operation[0]), issued)
                 except web.HTTPConflict as refusal:
                     return web.json_response(refusal_answer(refusal)[1], status=refusal.status)
         cluster = self._cluster
@@ -873,12 +919,12 @@ class Supervisor:
             here: dict[str, Any] = {}
 
             async def local() -> tuple[int, Any]:
-                status, answer = await self._to_workers_in_turn(request, body)
+                status, answer = await self._to_workers_in_turn(request, body, issued)
                 if isinstance(answer, dict):
                     here.update((key, answer[key]) for key in _BY_WORKER if key in answer)
                 return status, answer
 
-            status, merged = await cluster.around(request.method, request.path, body, operator, local)
+            status, merged = await cluster.around(request.method, request.path, body, operator, local, issued=issued)
             if isinstance(merged, dict):
                 # What this node's workers hold differently: theirs, numbered as this node numbers
                 # them (the other nodes' workers answer one by one, and say no such thing).
@@ -888,10 +934,12 @@ class Supervisor:
                 if "added_on" in here:
                     merged["already"] = False
         else:
-            status, merged = await self._to_workers_in_turn(request, body)
+            status, merged = await self._to_workers_in_turn(request, body, issued)
         return web.json_response(merged, status=status)
 
-    async def _to_workers_in_turn(self, request: web.Request, body: bytes) -> tuple[int, Any]:
+    async def _to_workers_in_turn(
+        self, request: web.Request, body: bytes, issued: float | None = None
+    ) -> tuple[int, Any]:
         """`_to_workers`; a suspension once every worker has answered the one before. Identical
         suspensions asked for at once would otherwise reach the workers in different orders:
         each worker makes the rule for another request, each request finds it `already` made
@@ -900,13 +948,14 @@ class Supervisor:
         holds what is in memory, so the next waits for moments, not for a walk of the spool."""
         if request.method == "POST" and request.path.startswith("/api/v1/admin/suspend"):
             async with self._suspending:
-                return await self._to_workers(request, body)
-        return await self._to_workers(request, body)
+                return await self._to_workers(request, body, issued)
+        return await self._to_workers(request, body, issued)
 
-    async def _to_workers(self, request: web.Request, body: bytes) -> tuple[int, Any]:
+    async def _to_workers(self, request: web.Request, body: bytes, issued: float | None = None) -> tuple[int, Any]:
         """Every worker asked at once. One that could not be reached, or went away before it
         answered, makes the answer 503 with `partial: true`: which workers answered, and what
-        they said together.
+        they said together. `issued`: when a write reached this process (None: now), which each
+        worker is told (`ISSUED_HEADER`) and stamps a standing rule it makes with.
 
         A read waits at most `[node] worker_timeout` for each worker: a stuck one does not hold
         up `pigeon top`. A write (a bulk bounce, retry, rebind: minutes on a large spool, its
@@ -915,12 +964,20 @@ class Supervisor:
         too, the watchdog kills it (`_heartbeat`), and the request to it then fails at once."""
         timeout = self.config.node.worker_timeout
         read = request.method in _OPEN_METHODS
-        change = None if read else self._rule_change(request, body)
+        if issued is None:
+            issued = time.time()  # (issued here and now: `_broadcast` stamps what a client asks)
+        change = None if read else self._rule_change(request, body, issued)
 
         async def ask(worker: Worker) -> tuple[int, Any] | str:
             try:
                 generation = intended[0] if intended is not None else None
-                response = await worker.forward(request, body, within=timeout if read else None, generation=generation)
+                response = await worker.forward(
+                    request,
+                    body,
+                    within=timeout if read else None,
+                    generation=generation,
+                    issued=None if read else issued,
+                )
             except TimeoutError:
                 return f"no answer within {timeout:g}s ([node] worker_timeout)"
             except aiohttp.ClientConnectorError as error:

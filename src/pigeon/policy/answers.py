@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from pigeon.queue.names import queue_name_problem, queue_part_problem
+from pigeon.queue.names import campaign_problem, queue_name_problem, queue_part_problem
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
@@ -145,7 +145,9 @@ class Changes:
     * `tenant`, `campaign`: the parts of its scheduled queue name (`campaign:tenant@domain`);
       "" clears one. The routing headers (X-Tenant, X-Campaign) still come off on the way out.
     * `queue`: the scheduled queue name itself, replacing `campaign:tenant@domain` (the
-      `[[queue]]` retry settings match it). Mail of an `[[inbound]]` route keeps its own.
+      `[[queue]]` retry settings match it, and admin selectors its parts: "cb:t@x.test" is
+      campaign cb's mail; `tenant` and `campaign` are left as they are). Mail of an
+      `[[inbound]]` route keeps its own.
       1 to 255 printable characters, no white space, no `->`, not starting `inbound:`;
       another is refused as it is made (the hook fails: 451 4.3.0 and a PolicyFailure).
     * `route`: route as if the recipients were in this domain ([[route]] tables and MX
@@ -176,9 +178,9 @@ class Changes:
     remove_headers: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for what in ("tenant", "campaign"):
+        for what, check in (("tenant", queue_part_problem), ("campaign", campaign_problem)):
             value = getattr(self, what)
-            if value is not None and (problem := queue_part_problem(value)) is not None:
+            if value is not None and (problem := check(value)) is not None:
                 raise ValueError(f"{what} {_shown(value)}: {problem} (it names a queue)")
         # A malformed queue name is refused here, as the hook answers: the message then gets
         # 451 4.3.0 and a PolicyFailure, rather than a name that breaks its queue or its logs.
@@ -242,7 +244,9 @@ class Fail:
 class Reroute:
     """`before_delivery`: do not send it there; route it as if its recipients were in
     `domain` ("" for their own domain again), at once, as an operator's rebind would: no
-    attempt is counted, nothing is logged. Rerouting to where it is already routed sends it."""
+    attempt is counted, nothing is logged. Rerouting to where it is already routed sends it.
+    Mail of an `[[inbound]]` route is not rerouted (a rebind leaves it alone too): it goes to
+    its target, and a warning says the answer was not carried out."""
 
     domain: str
 

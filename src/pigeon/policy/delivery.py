@@ -8,11 +8,16 @@ The dispatcher asks `before()` for each message it is about to hand to an agent,
 * `before_delivery` failing (raising, timing out) defers the message: a transient failure
   with `451 4.3.0`, retried with the queue's backoff;
 * `on_delivery_outcome` failing keeps the attempt as the agent reported it.
+
+A `Reroute` of mail of an `[[inbound]]` route is not carried out, and said (a WARNING): that
+mail goes to its application's target, as it keeps its own queue and target whatever
+`on_message` answers (`Changes(queue=, route=)`); rerouted, it would leave over SMTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 from pigeon.message import Message, format_id
@@ -20,17 +25,28 @@ from pigeon.policy.answers import Defer, Fail, Reclassify, Reroute
 from pigeon.policy.hooks import HookFailed, Policy
 from pigeon.policy.objects import Delivery, DeliveryOutcome, RecipientResult
 from pigeon.queue.attempt import Attempt
+from pigeon.queue.policy import PoolChooser
 from pigeon.smtp.address import a_label
 from pigeon.smtp.replies import Reply
+
+_log = logging.getLogger(__name__)
+
+PoolOf = Callable[[Message], tuple[str | None, PoolChooser | None]]
+"""A message's egress pool and what named it (`pigeon.queue.policy.egress_pool`)."""
 
 
 class DeliveryHooks:
     """`before_delivery` and `on_delivery_outcome` of a `Policy` (None-checked per call, so
-    a reload that adds or drops one takes effect at the next attempt)."""
+    a reload that adds or drops one takes effect at the next attempt).
 
-    def __init__(self, policy: Policy, classify: Callable[[Reply], str]) -> None:
+    `pool_of` gives a message's egress pool and what named it, as the scheduler chooses it
+    (`pigeon.queue.policy.egress_pool` with the node's `[[queue]]`s and `[delivery] pool`), so
+    a hook sees the pool the mail really leaves from, not only one a hook named."""
+
+    def __init__(self, policy: Policy, classify: Callable[[Reply], str], pool_of: PoolOf) -> None:
         self._policy = policy
         self._classify = classify
+        self._pool_of = pool_of
 
     @property
     def vets(self) -> bool:
@@ -44,12 +60,13 @@ class DeliveryHooks:
 
     async def before(self, message: Message, site: str, source: str | None = None) -> Attempt | Reroute | None:
         """None: send it. An `Attempt`: report that instead of sending (deferred or failed).
-        A `Reroute`: put it back to be routed anew. `source`: the egress `[[source]]` it would
-        leave from (None: the implicit source)."""
+        A `Reroute`: put it back to be routed anew (never for mail of an `[[inbound]]` route:
+        sent to its target). `source`: the egress `[[source]]` it would leave from (None: the
+        implicit source)."""
         hook = self._policy.before_delivery
         if hook is None:
             return None
-        delivery = _delivery(message, site, source)
+        delivery = _delivery(message, site, source, self._pool_of)
         verdict = hook(delivery, message_id=delivery.id)
         if isinstance(verdict, asyncio.Future):
             verdict = await verdict
@@ -64,6 +81,12 @@ class DeliveryHooks:
         if isinstance(verdict, Fail):
             reply = Reply(verdict.code, verdict.enhanced, (verdict.reason,))
             return Attempt.same_for_all(reply, count, self._classify(reply), site)
+        target = message.envelope.target
+        if target is not None:
+            _log.warning("before_delivery answered Reroute(%r) for message %s of the [[inbound]] route's queue %s: "
+                         "not carried out; it goes to its target %s", verdict.domain, format_id(message.id),
+                         message.queue, target)  # fmt: skip
+            return None
         current = message.envelope.routing_domain or message.envelope.recipients[0].domain
         domain = a_label(verdict.domain)  # as recipient domains are named: a U-label is its A-label
         if domain == a_label(current):
@@ -90,7 +113,7 @@ class DeliveryHooks:
                 zip(recipients, attempt.replies, attempt.classifications, strict=True)
             )
         )
-        delivery = _delivery(message, attempt.site, attempt.source)
+        delivery = _delivery(message, attempt.site, attempt.source, self._pool_of)
         verdict = hook(
             DeliveryOutcome(delivery, results, attempt.peer, attempt.tls, attempt.duration), message_id=delivery.id
         )
@@ -149,8 +172,9 @@ def _moved(reply: Reply, klass: int, kind: str) -> Reply:
     return Reply(code, enhanced, (f"policy made it {kind}: {reply.code} {reply.text}",))
 
 
-def _delivery(message: Message, site: str, source: str | None) -> Delivery:
+def _delivery(message: Message, site: str, source: str | None, pool_of: PoolOf) -> Delivery:
     envelope = message.envelope
+    pool, pool_from = pool_of(message)
     return Delivery(
         id=format_id(message.id),
         queue=message.queue,
@@ -162,8 +186,9 @@ def _delivery(message: Message, site: str, source: str | None) -> Delivery:
         attempt=message.attempts + 1,
         site=site,
         routing_domain=envelope.routing_domain,
-        egress_pool=envelope.egress_pool,
+        egress_pool=pool,
         created=message.created,
         last_response=envelope.last_response,
         source=source,
+        egress_pool_from=pool_from,
     )

@@ -162,10 +162,15 @@ class ReceivedMessage(msgspec.Struct, frozen=True):
     headers: Headers
     """Our own Received header comes first."""
     tenant: str | None
-    """From the tenant header (`[delivery] tenant_header`, X-Tenant), if there is one."""
+    """From the tenant header (`[delivery] tenant_header`, X-Tenant), if there is one and the
+    message is `trusted` (else None: its headers route nothing)."""
     campaign: str | None
     metadata: Mapping[str, str] = msgspec.field(default_factory=dict)
     """What the injecting application gave this recipient (HTTP), else empty."""
+    trusted: bool = True
+    """From a client Pigeon relays for: in `[smtp] relay_networks`, authenticated (SMTP AUTH,
+    an HTTP API token). False: mail Pigeon takes from anyone (to the postmaster, to an
+    `[[inbound]]` route), which is not DKIM-signed unless this hook names signers for it."""
 
 
 class Delivery(msgspec.Struct, frozen=True):
@@ -188,12 +193,19 @@ class Delivery(msgspec.Struct, frozen=True):
     """The domain it is routed as when a policy or an operator's rebind set one; None when it is
     routed by its recipients' own domain (the usual case: look at `recipients` then)."""
     egress_pool: str | None
+    """The `[[pool]]` it leaves from, as the scheduler chose it and `pigeon inspect` shows it:
+    the one `on_message` named (`Changes(egress_pool=...)`), else its `[[queue]]`'s `pool`, else
+    `[delivery] pool`. None: the implicit source (no pool applies), and for mail of an
+    `[[inbound]]` route, which goes to its target."""
     created: float
     """When it was received (Unix time)."""
     last_response: str | None
     """The reply of its last failed attempt, if any."""
     source: str | None = None
     """The `[[source]]` it leaves from (its address and EHLO name); None: the implicit source."""
+    egress_pool_from: Literal["policy", "queue", "delivery"] | None = None
+    """What named `egress_pool`: "policy" (`on_message`), "queue" (its `[[queue]]`), "delivery"
+    (`[delivery] pool`); None when `egress_pool` is None. As `pigeon inspect`'s field."""
 
 
 class RecipientResult(msgspec.Struct, frozen=True):

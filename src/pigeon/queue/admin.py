@@ -11,8 +11,12 @@ matching message it acts on what the message is *now*:
 | settling (an outcome being written)   | waits for the commit, then acts on the row it left, if any |||
 
 A held message (mail of an `[[inbound]]` route its target refused for good, or that expired,
-kept in the spool instead of bounced to its sender) is released by `retry` (and `rebind`): it
-is attempted again, with `max_age` counted afresh. Resuming a suspension does not release it.
+kept in the spool instead of bounced to its sender) is released by `retry`: it is attempted
+again, with `max_age` counted afresh. Resuming a suspension does not release it.
+
+A rebind leaves mail of an `[[inbound]]` route as it is (held or not; counted in its answer):
+that mail goes to its application's target, never to another queue or route, as it keeps its
+own queue and target whatever a policy hook answers (`Changes(queue=, route=)`, `Reroute`).
 
 "The rest": what that attempt does not deliver ends with `AdminBounce` instead of a retry, or is
 moved and due at once, when the attempt ends.
@@ -79,8 +83,9 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
     suspended_by: list[Rule] = msgspec.field(default_factory=list)
     """The live suspensions that hold this queue's mail: each with its id, the `operator` (the
     name of the API token that asked), the `reason` given and when it ends. Judged on one of
-    its messages: every message of a `campaign:tenant@domain` queue has the same domain,
-    tenant and campaign (a queue a policy hook named may mix them). Else the suspensions of
+    its messages: every message of a `campaign:tenant@domain` queue is matched by that name's
+    parts alike (`Selector.matches`; of a queue named without "@", by a policy or a rebind, by
+    each one's tenant, campaign and domain, which may differ). Else the suspensions of
     sites (`pigeon suspend --site`) whose ready queues hold some of its mail, as `suspended`
     counts it."""
 
@@ -145,6 +150,10 @@ class Admin:
         effects: Callable[[str], list[Effect]] = lambda path: [],
         down: Callable[[str], bool] = lambda site: False,
         probe_down: Callable[[], None] = lambda: None,
+        pool_of: Callable[[Message], tuple[str | None, str | None]] = lambda message: (
+            message.envelope.egress_pool,
+            "policy" if message.envelope.egress_pool else None,
+        ),
         clock: Callable[[], float] = time.time,
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -169,6 +178,8 @@ class Admin:
         """Whether a site is down (`pigeon.delivery.sites`): its mail waits for a probe."""
         self._probe_down = probe_down
         """Make the probe of every down site due now (an operator's retry)."""
+        self._pool_of = pool_of
+        """The egress pool a message leaves from, and what named it (`pigeon.queue.policy.egress_pool`)."""
         self._clock = clock
         self._pause = pause
         self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -181,6 +192,8 @@ class Admin:
         self._ended_at: OrderedDict[str, float] = OrderedDict()
         """Rule id -> when this worker last ended it: the cluster's copy of that rule, made before
         (an end issued while Redis was away, not yet sent), is not taken back (`adopt`)."""
+        self._handing_over: set[asyncio.Task[None]] = set()
+        """Walks of standing bounces handed over (`adopt`), running beside the node's work."""
         for rule in rules:
             self._release_later(rule)
 
@@ -201,15 +214,17 @@ class Admin:
         rule_id: str | None,
         via: str = "",
         accepted_before: float | None = None,
+        issued: float | None = None,
     ) -> dict[str, Any]:
         """Bounce every matching message now; with a duration, also new ones until it ends.
         `accepted_before`: only those accepted before then (`time.time()`), for a bounce
         another node was asked for seconds ago: what this node accepted since was not queued
-        when the operator asked, and its sender was told it is."""
+        when the operator asked, and its sender was told it is. `issued`: when the request was
+        issued, the rule's `created` (`_new_rule`)."""
         rule = already = None
         if duration:
             async with self._rules_changing:  # (one id, one rule: looked up and stored at once)
-                asked = self._new_rule("bounce", selector, reason, operator, duration, rule_id, via)
+                asked = self._new_rule("bounce", selector, reason, operator, duration, rule_id, via, issued)
                 already = self._held_as(asked, operator)
                 rule = already or await self._add_rule(asked)
         mark = AdminMark(reason, operator)
@@ -242,13 +257,15 @@ class Admin:
         duration: float | None,
         rule_id: str | None,
         via: str = "",
+        issued: float | None = None,
     ) -> dict[str, Any]:
         """Hold matching mail in the spool (untried) until resumed or `duration` is over. The
         same suspension asked for again (same selector, until resumed) is the one in force:
-        answered with it (`already`), not a second rule that would need its own resume."""
+        answered with it (`already`), not a second rule that would need its own resume.
+        `issued`: when the request was issued, the rule's `created` (`_new_rule`)."""
         async with self._rules_changing:
             already = self._rules.standing("suspend", selector) if duration is None else None
-            asked = self._new_rule("suspend", selector, reason, operator, duration, rule_id, via)
+            asked = self._new_rule("suspend", selector, reason, operator, duration, rule_id, via, issued)
             already = already or self._held_as(asked, operator)
             rule = already or await self._add_rule(asked)
         if already is not None:
@@ -268,8 +285,8 @@ class Admin:
 
     async def _enforce(self, rule: Rule, acted_on: set[SpoolId] | None = None) -> int:
         """Apply a rule just stored to what is in memory: how many messages it holds (or bounces),
-        their ids added to `acted_on`. What only the spool holds meets the rule when it falls due
-        (`Rules.intercept`)."""
+        their ids added to `acted_on`. What only the spool holds meets a suspension when it falls
+        due (`Rules.intercept`); a standing bounce walks the spool too (`_bounce_handed_over`)."""
         selector = rule.selector
         if selector.site is not None:
             self._release_later(rule)
@@ -289,6 +306,40 @@ class Admin:
                     acted_on.add(entry.id)
         await asyncio.gather(*acted)
         return len(acted)
+
+    async def _bounce_handed_over(self, rule: Rule, in_memory: int) -> None:
+        """A standing bounce this worker was handed (`adopt`), applied to what is in memory
+        (`in_memory` messages), bounces now what else it would bounce when it falls due: the
+        spool's mail, as the bounce's own walk does on the workers and nodes the write reached
+        (claimed, so neither the scheduler nor the dispatcher has it meanwhile). Else mail a
+        suspension holds in the spool, due again only after `HOLD`, would wait for up to a
+        minute. Left alone: mail due after the rule ends (it never meets the rule; held
+        `[[inbound]]` mail is such), and all of it once the rule is ended meanwhile (a cancel
+        while this walks)."""
+        mark = AdminMark(rule.reason, rule.operator)
+        ends = rule.expires if rule.expires is not None else float("inf")
+
+        def leave(message: Message) -> bool:
+            return self._rules.get(rule.id) is not rule or message.due >= ends
+
+        def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
+            if entry.state is State.IN_FLIGHT and entry.started:
+                entry.admin_bounce = mark
+                return _Done.MARKED, None
+            return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
+
+        bounced, after_attempt = await self._walk(rule.selector, act, "bounce", rule.id, claim=True, leave=leave)
+        if bounced or in_memory:
+            _log.warning("admin rules: standing bounce %s of %s, handed over: %d messages, %d of them once their "
+                         "attempt ends", rule.id, rule.selector.describe(), in_memory + bounced,
+                         after_attempt)  # fmt: skip
+
+    def _handed_over(self, walk: asyncio.Task[None]) -> None:
+        self._handing_over.discard(walk)
+        if not walk.cancelled() and (error := walk.exception()) is not None:
+            # Nothing lost: what it did not reach meets the rule when it falls due.
+            _log.error("admin rules: %s failed; the rest meets the bounce when it falls due", walk.get_name(),
+                       exc_info=error)  # fmt: skip
 
     async def _only_in_spool(self, selector: Selector, counted: set[SpoolId]) -> int:
         """The messages `selector` matches that only the spool holds (deferred: none in memory,
@@ -330,7 +381,8 @@ class Admin:
     ) -> tuple[list[Rule], list[Rule]]:
         """Take the cluster's standing rules as they are now (a node starting, or back from a
         Redis outage): every rule `in_force` this worker does not hold yet is stored and
-        applied to what is in memory, as the stream would have done; every rule it holds that
+        applied, as the stream would have done (a suspension to what is in memory; a standing
+        bounce to the spool's mail too, held mail included: `_bounce_handed_over`); every rule it holds that
         was `ended` (id -> kind) since is cancelled, releasing what it held. A rule this worker
         holds that the cluster never knew (made while Redis was away) is left alone, and a rule
         this worker ended after the cluster's copy was made is not taken back (an end issued
@@ -363,8 +415,16 @@ class Admin:
                 added.append(rule)
         for rule in added:
             # Not if a write to it came meanwhile (a cancel waiting for the lock): nothing bounced.
-            if self._rules.get(rule.id) is rule and not self._newer(rule.id, changed):
-                await self._enforce(rule)
+            if self._rules.get(rule.id) is not rule or self._newer(rule.id, changed):
+                continue
+            acted = await self._enforce(rule)  # (at once: the walk reaches what is in memory in its turn)
+            if rule.kind == "bounce":
+                # Not awaited: a walk of a large spool takes minutes, and adopt runs within
+                # limits (a worker's start-up, a node's join of the cluster) it must not spend.
+                # The rule is stored: what falls due meanwhile meets it all the same.
+                walk = asyncio.create_task(self._bounce_handed_over(rule, acted), name=f"bounce {rule.id} handed over")
+                self._handing_over.add(walk)
+                walk.add_done_callback(self._handed_over)
         gone: list[Rule] = []
         for rule_id, kind in ended.items():
             held = self._rules.get(rule_id)
@@ -395,7 +455,9 @@ class Admin:
             )
             self._kick()
         elif kind == "suspend":
-            made_due = (await self.retry(rule.selector, rule_id, release=False, kind="resume"))["made_due"]
+            released = await self.retry(rule.selector, rule_id, release=False, kind="resume")
+            # What a standing bounce covers goes out as a bounce, not an attempt: said apart.
+            return {"cancelled": True, "made_due": released["made_due"], "bounced": released["bounced"]}
         return {"cancelled": True, "made_due": made_due}
 
     async def rebind(
@@ -411,9 +473,21 @@ class Admin:
         """Move matching messages to another scheduled queue and/or route them as if their
         recipients were in `routing_domain` (its [[route]] or MX); they are due at once. Of a
         message being sent, what its attempt leaves is moved when the attempt ends.
-        `accepted_before`: as for `bounce`, only those accepted before then."""
+        `accepted_before`: as for `bounce`, only those accepted before then.
+
+        Mail of an `[[inbound]]` route (its envelope names a target) is left as it is, not even
+        claimed: it goes to its application's target from its own queue, and moving it would
+        send an application's mail out over SMTP. The answer counts it (`inbound_left`)."""
         now = self._clock()
         mark = RebindMark(queue, routing_domain)
+        inbound_left = 0
+
+        def inbound(message: Message) -> bool:
+            nonlocal inbound_left
+            if message.envelope.target is None:
+                return False
+            inbound_left += 1
+            return True
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if accepted_before is not None and entry.message.created > accepted_before:
@@ -424,27 +498,33 @@ class Admin:
             envelope = mark.envelope(entry.message.envelope)
             return _Done.ACTED, self._settlement.defer(entry, now, queue=queue, envelope=envelope)
 
-        rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True)
+        rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=inbound)
         self._rewind(now)
-        _log.warning("admin rebind by %s of %s: %d messages to queue=%s route=%s", operator, selector.describe(),
-                     rebound, queue, routing_domain)  # fmt: skip
-        return {"rebound": rebound, "after_attempt": after_attempt}
+        left = f"; {inbound_left} messages of [[inbound]] routes left as they are: they go to their target"
+        left = left if inbound_left else ""
+        _log.warning("admin rebind by %s of %s: %d messages to queue=%s route=%s%s", operator, selector.describe(),
+                     rebound, queue, routing_domain, left)  # fmt: skip
+        return {"rebound": rebound, "after_attempt": after_attempt, "inbound_left": inbound_left}
 
     async def retry(
         self, selector: Selector, operation: str | None = None, *, release: bool = True, kind: str = "retry"
     ) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
-        held ones too unless `release` is False. `kind`: the operation's name in its progress."""
+        held ones too unless `release` is False. `kind`: the operation's name in its progress.
+        Of those, the ones a live standing bounce covers are bounced as they come due, not
+        attempted: counted apart (`bounced`), not as `made_due`."""
         now = self._clock()
-        suspended = 0
+        suspended = bounced = 0
 
         def deferred(message: Message) -> bool:
-            nonlocal suspended
+            nonlocal suspended, bounced
             if message.due <= now or not (release or message.envelope.held is None):
                 return False
             if message.envelope.held is None and self._rules.suspension_of(message) is not None:
                 suspended += 1  # due now, it would only be held again: said, not claimed as done
                 return False
+            if self._rules.bounce_of(message) is not None:
+                bounced += 1  # (held by a suspension, and missed by the bounce's walk: cut short by a stop)
             return True  # (held [[inbound]] mail is released: the suspension then holds it, untried)
 
         # Mail of a down site made due would only be deferred again, untried, until its
@@ -454,7 +534,7 @@ class Admin:
         # is routed, so every down site's probe is due.)
         probe = self._probe_down if kind == "retry" else None
         made_due = await self._make_due(selector, deferred, kind, operation, before_commit=probe)
-        return {"made_due": made_due, "suspended": suspended}
+        return {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
         """Make due now the deferred messages due at `when` (within `margin` seconds): those a
@@ -613,6 +693,7 @@ class Admin:
             # Waiting in a site's ready queue: a suspension of that site holds it there (as the
             # queue summary counts it `suspended`, and names the rule in `suspended_by`).
             suspension = next(iter(self._rules.site_suspensions(entry.site)), None)
+        pool, pool_from = self._pool_of(message)
         return {
             "id": format_id(message.id),
             "queue": message.queue,
@@ -623,6 +704,9 @@ class Admin:
             "source": entry.source if entry is not None else None,
             "sender": envelope.sender,
             "recipients": [r.address for r in envelope.recipients],
+            # The domain it is routed as, instead of its recipients' (`pigeon rebind
+            # --routing-domain`, a policy's Reroute); None: theirs.
+            "routing_domain": envelope.routing_domain,
             "size": message.size,
             "created": message.created,
             "attempts": message.attempts,
@@ -634,7 +718,10 @@ class Admin:
             "tenant": envelope.tenant,
             "campaign": envelope.campaign,
             "metadata": envelope.metadata,
-            "egress_pool": envelope.egress_pool,  # the pool its policy hook named, if any
+            # The pool it leaves from (None: the implicit source), and what named it: "policy" (its
+            # policy hook), "queue" (its [[queue]]), "delivery" ([delivery] pool).
+            "egress_pool": pool,
+            "egress_pool_from": pool_from,
             # The operator's suspension that holds it (until `pigeon resume` or its end), if any,
             # its queue's or its site's: not one that came after its attempt began (the attempt goes on).
             "suspended_by": suspension.id if suspension is not None else None,
@@ -654,9 +741,10 @@ class Admin:
         *,
         claim: bool,
         spool_only: Callable[[Message], bool] | None = None,
+        leave: Callable[[Message], bool] | None = None,
     ) -> tuple[int, int]:
-        """Act on every matching message; (acted on, of which marked: acted on when their
-        attempt ends)."""
+        """Act on every matching message but those `leave` is true of (neither claimed nor
+        acted on); (acted on, of which marked: acted on when their attempt ends)."""
         acted = marked = seen = 0
         progress: dict[str, Any] = {
             "operation": operation or new_rule_id(),
@@ -675,7 +763,7 @@ class Admin:
 
         def one(message: Message, commits: list[asyncio.Future[None]], settling: list[_Settling]) -> None:
             nonlocal acted, marked
-            done, future = self._act(message, selector, act, claim, spool_only, settling)
+            done, future = self._act(message, selector, act, claim, spool_only, settling, leave)
             if future is not None:
                 commits.append(future)
             acted += done is not _Done.IGNORED
@@ -720,6 +808,7 @@ class Admin:
         claim: bool,
         spool_only: Callable[[Message], bool] | None,
         settling: list[_Settling],
+        leave: Callable[[Message], bool] | None = None,
     ) -> tuple[_Done, asyncio.Future[None] | None]:
         """Act on one message as it is now. `row` is its spool row, read just before (with no
         await since), so it is current unless the message is in memory."""
@@ -727,6 +816,8 @@ class Admin:
         if entry is None:
             if not selector.matches(row):
                 return _Done.IGNORED, None
+            if leave is not None and leave(row):
+                return _Done.IGNORED, None  # not claimed: the scheduler goes on with it as it would
             if spool_only is not None:
                 return (_Done.ACTED if spool_only(row) else _Done.IGNORED), None
             if not claim:
@@ -743,6 +834,8 @@ class Admin:
             return _Done.IGNORED, None
         if entry.state.terminal:
             return _Done.IGNORED, None
+        if leave is not None and leave(entry.message):
+            return _Done.IGNORED, None
         return act(entry)
 
     def _new_rule(
@@ -754,8 +847,15 @@ class Admin:
         duration: float | None,
         rule_id: str | None,
         via: str,
+        issued: float | None,
     ) -> Rule:
-        now = self._clock()
+        """The rule a request makes, `created` when it was `issued` (None: now) and ending
+        `duration` after. Stamped once where the request was issued (a node's supervisor, its
+        one worker, the origin node of a cluster), so every worker and node that makes it holds
+        the same times as the answer, not each the moment it read the request: else the workers
+        of one node end it at different moments, and mail goes out before the end the operator
+        was told."""
+        now = self._clock() if issued is None else issued
         return Rule(
             rule_id or new_rule_id(),
             kind,

@@ -12,6 +12,11 @@ A policy hook may name a queue outright, and an `[[inbound]]` route's mail is in
 
 A name an operator gives (`pigeon rebind --to-queue`) must be one queue, typed whole:
 `QUEUE_NAME_TEXT` says what that is, and the README and the OpenAPI document quote it.
+
+An admin selector's `tenant`, `campaign` and `domain` name the parts of the queue a message is
+in now (`queue_parts`), as KumoMTA's do: mail an operator or a policy moved to another
+`campaign:tenant@domain` is that queue's mail. A name without "@" may be a domain's queue or one
+named outright (`bulk`): its mail is matched by its envelope, as before it was moved.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sys
 from collections.abc import Iterator
 from typing import Final
 
-from pigeon.smtp.address import bmp_ranges, control_or_format_character
+from pigeon.smtp.address import a_label, bmp_ranges, control_or_format_character
 
 MAX_QUEUE_NAME: Final = 255
 """Longest queue name an operator or a policy may give: it is written into every log record,
@@ -61,6 +66,28 @@ def scheduled_queue(domain: str, tenant: str | None = None, campaign: str | None
     return name
 
 
+def queue_parts(name: str) -> tuple[str, str, str] | None:
+    """The (tenant, campaign, domain) of a queue name of a form `scheduled_queue` writes with
+    a domain part, "" for a part left out: `campaign:tenant@domain`, `tenant@domain` or
+    `campaign:@domain`. None for any other name, which says no more than itself: a domain's
+    queue (`example.net`) and one a policy or an operator named (`bulk`) look alike, and
+    `inbound:<target>`, `@x`, `a:b:c@x` or `a@b@x` are no `scheduled_queue` name. The domain
+    is an A-label (`a_label`), as a recipient's and a selector's are.
+
+    Asked per message and rule as mail falls due (`Rules.intercept`): string splits, no regex."""
+    local, at, domain = name.rpartition("@")
+    if not at or not domain or "@" in local or name.startswith(_INBOUND_PREFIX):
+        return None
+    campaign, colon, tenant = local.partition(":")
+    if not colon:
+        campaign, tenant = "", local
+    # What a part cannot hold (':'), or a separator with nothing before it (`:t@x`, `@x`),
+    # scheduled_queue never writes: such a name is one named outright.
+    if ":" in tenant or not (campaign if colon else tenant):
+        return None
+    return tenant, campaign, a_label(domain)  # (of an ASCII name, only `lower`: written so already)
+
+
 def queue_part_problem(value: str) -> str | None:
     """Why `value` cannot be a tenant or campaign (a part of a scheduled queue name, `PART_TEXT`):
     over `MAX_PART` characters; a control or format character would be written into every log
@@ -73,6 +100,25 @@ def queue_part_problem(value: str) -> str | None:
         return f"contains {named}: no control or format characters allowed"
     found = next((char for char in value if char.isspace() or char in ":@"), None)
     return None if found is None else f"contains {found!r}: no white space, ':' or '@' allowed"
+
+
+INBOUND_CAMPAIGN: Final = _INBOUND_PREFIX[:-1]
+"""The campaign no message may have, in any case: its queues (`inbound:tenant@domain`,
+`inbound:@domain`) would read as the `[[inbound]]` routes' own (`inbound:<target>`), and
+`pigeon retry --queue 'inbound:*'` or `bounce` would take them with those."""
+
+
+def campaign_problem(value: str) -> str | None:
+    """Why `value` cannot be a campaign, at every door (an injection's `campaign`, a routing
+    header, a policy's `Changes`): `queue_part_problem`'s reasons, and `INBOUND_CAMPAIGN`."""
+    if (problem := queue_part_problem(value)) is not None:
+        return problem
+    if value.lower() == INBOUND_CAMPAIGN:
+        return (
+            f"is {value!r}: its queues ({_INBOUND_PREFIX}...) would be taken for the [[inbound]] routes' own,"
+            " which are named so"
+        )
+    return None
 
 
 def queue_part_from_header(value: str) -> str:
@@ -172,9 +218,10 @@ def queue_name_problem(name: object) -> str | None:
 
 def queue_name(name: str) -> str:
     """A queue name as its messages carry it: its domain part (after the last "@") in lower
-    case and without a final dot, as `scheduled_queue` writes it and `[[queue]] name` reads it."""
+    case, without a final dot and as an A-label (`a_label`), as `scheduled_queue` writes it
+    and `[[queue]] name` reads it (`slow@bücher.example` is `slow@xn--bcher-kva.example`)."""
     local, at, domain = name.rpartition("@")
     if not at or not domain or ":" in domain:
         return name
     domain = domain.lower()
-    return f"{local}@{domain[:-1] if domain.endswith('.') and domain != '.' else domain}"
+    return f"{local}@{a_label(domain[:-1] if domain.endswith('.') and domain != '.' else domain)}"

@@ -52,6 +52,26 @@ class QueuePolicies:
         return policy
 
 
+PoolChooser = Literal["policy", "queue", "delivery"]
+
+
+def egress_pool(envelope: Envelope, policy: QueuePolicy, default: str | None) -> tuple[str | None, PoolChooser | None]:
+    """The egress pool a message leaves from, and what named it: its policy hook's
+    `egress_pool` ("policy"), else its `[[queue]]`'s `pool` ("queue"), else `[delivery] pool`
+    ("delivery"). (None, None): the implicit source, as for mail to an application's
+    `[[target]]`, which does not leave over SMTP. The order is the scheduler's (`_make_ready`)
+    and `Egress.choose`'s, which applies the default."""
+    if envelope.target is not None:
+        return None, None
+    if envelope.egress_pool:
+        return envelope.egress_pool, "policy"
+    if policy.pool:
+        return policy.pool, "queue"
+    if default:
+        return default, "delivery"
+    return None, None
+
+
 @dataclass(frozen=True, slots=True)
 class InboundFailures:
     """What an `[[inbound]]` route does with mail its target refused for good, or that expired."""

@@ -4,6 +4,11 @@ Rules are stored in the spool, so they outlive a restart, and checked whenever t
 makes a message ready (`intercept`): new mail matching them is bounced or held too, until
 they expire or are cancelled. A site suspension matches no message: the dispatcher asks
 `site_held` before it takes mail for a site.
+
+A live standing bounce that matches a message wins over every suspension that matches it,
+whatever the order the rules were made in (or are read back from a spool in): the bounce
+answered that nothing it covers is attempted, and holding that mail would only deliver it
+once the bounce ends and the suspension is resumed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import msgspec
 
 from pigeon.config.patterns import site_matches
 from pigeon.message import Message
+from pigeon.queue.names import queue_parts
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import AdminMark, Entry, State
 from pigeon.smtp.address import a_label
@@ -55,19 +61,30 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         return self.site is not None and not (self.domain or self.tenant or self.campaign or self.queue)
 
     def matches(self, message: Message) -> bool:
+        """Whether `message` is of the mail this selects. `tenant`, `campaign` and `domain` name
+        the parts of the queue it is in now (`queue_parts`), as KumoMTA's selectors do: mail
+        rebound (or put by a policy) from `ca:t@x` into `cb:t@x` is campaign cb's, to hold or
+        bounce, and no longer ca's. A queue name without a domain part (`example.net`, `bulk`)
+        says nothing of them: its mail's tenant, campaign and recipients' domain are matched.
+        Mail never moved is matched alike either way: its queue is made of those."""
         if self.site is not None:
             return False  # a site is where mail goes, not which mail: see Rules.site_held
-        envelope = message.envelope
         if self.queue is not None and not fnmatch.fnmatchcase(message.queue, self.queue):
             return False
-        if self.tenant is not None and not fnmatch.fnmatchcase(envelope.tenant or "", self.tenant):
-            return False
-        if self.campaign is not None and not fnmatch.fnmatchcase(envelope.campaign or "", self.campaign):
-            return False
-        if self.domain is not None:
+        if self.tenant is None and self.campaign is None and self.domain is None:
+            return True
+        parts = queue_parts(message.queue)
+        if parts is not None:
+            tenant, campaign, domain = parts
+        else:
+            envelope = message.envelope
+            tenant, campaign = envelope.tenant or "", envelope.campaign or ""
             domain = envelope.recipients[0].domain if envelope.recipients else ""
-            return fnmatch.fnmatchcase(domain, self.domain.lower())
-        return True
+        if self.tenant is not None and not fnmatch.fnmatchcase(tenant, self.tenant):
+            return False
+        if self.campaign is not None and not fnmatch.fnmatchcase(campaign, self.campaign):
+            return False
+        return self.domain is None or fnmatch.fnmatchcase(domain, self.domain.lower())
 
     def matches_site(self, site: str) -> bool:
         """Whether `site` (`hosts[:port]`, the port left out when it is 25) is one this selector's
@@ -286,21 +303,39 @@ class Rules:
                 return rule
         return None
 
-    def suspension_of(self, message: Message) -> Rule | None:
-        """The live suspension that holds `message` when it falls due, if any: the first live
-        rule that matches it, as `intercept` applies them (a standing bounce before it wins)."""
+    def _matching(self, message: Message, now: float) -> tuple[Rule | None, list[Rule]]:
+        """The live standing bounce that matches `message` (the first, if several do), and
+        every live suspension that matches it."""
+        bounce = None
+        suspensions = []
+        for rule in self._rules.values():
+            if not rule.live(now) or not rule.selector.matches(message):
+                continue  # (site suspensions match no message: the dispatcher holds those)
+            if rule.kind == "bounce":
+                bounce = bounce or rule
+            else:
+                suspensions.append(rule)
+        return bounce, suspensions
+
+    def bounce_of(self, message: Message) -> Rule | None:
+        """The live standing bounce that ends `message` when it falls due, if any."""
         if not self._rules:
             return None
-        now = self._clock()
-        for rule in self._rules.values():
-            if rule.live(now) and rule.selector.matches(message):
-                return rule if rule.kind == "suspend" else None
-        return None
+        return self._matching(message, self._clock())[0]
+
+    def suspension_of(self, message: Message) -> Rule | None:
+        """The live suspension that holds `message` when it falls due, if any: none if a live
+        standing bounce matches it (that bounces it, as `intercept` applies them)."""
+        if not self._rules:
+            return None
+        bounce, suspensions = self._matching(message, self._clock())
+        return suspensions[0] if bounce is None and suspensions else None
 
     def suspensions_of(self, message: Message) -> list[Rule]:
-        """Every live suspension that matches `message`: who holds its queue, and why."""
-        now = self._clock()
-        return [r for r in self._rules.values() if r.kind == "suspend" and r.live(now) and r.selector.matches(message)]
+        """Every live suspension that holds `message`: who holds its queue, and why (none if a
+        live standing bounce matches it: that mail is bounced, not held)."""
+        bounce, suspensions = self._matching(message, self._clock())
+        return suspensions if bounce is None else []
 
     def site_suspensions(self, site: str) -> list[Rule]:
         """Every live suspension of deliveries to `site`: who stopped its ready queues, and why."""
@@ -322,12 +357,11 @@ class Rules:
         now = self._clock()
         message = entry.message
         assert entry.state is State.SCHEDULED
-        for rule in self._rules.values():
-            if not rule.live(now) or not rule.selector.matches(message):
-                continue  # (site suspensions match no message: the dispatcher holds those)
-            if rule.kind == "bounce":
-                self._settlement.admin_bounce(entry, AdminMark(rule.reason, rule.operator))
-            else:
-                self._settlement.defer(entry, self.hold_until(rule, message, now))
+        bounce, suspensions = self._matching(message, now)
+        if bounce is not None:  # (before any suspension, whichever was made first)
+            self._settlement.admin_bounce(entry, AdminMark(bounce.reason, bounce.operator))
+            return True
+        if suspensions:
+            self._settlement.defer(entry, self.hold_until(suspensions[0], message, now))
             return True
         return False

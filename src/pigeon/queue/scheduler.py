@@ -23,7 +23,8 @@ changed, in a ready queue or taken and not begun: a ready queue is a site under 
 and its connections must not carry mail whose route now says otherwise.
 
 Each message made ready is given its egress source (`egress`, `pigeon.delivery.egress`):
-from its policy hook's `egress_pool`, else its `[[queue]]`'s `pool`. A pool that does not
+from its policy hook's `egress_pool`, else its `[[queue]]`'s `pool` (`pigeon.queue.policy.egress_pool`,
+what `pigeon inspect` shows too), else `[delivery] pool`. A pool that does not
 exist is a transient failure of that message, like a destination that cannot be resolved.
 
 A held message (mail of an `[[inbound]]` route kept for an operator, due at `HELD`) is loaded
@@ -44,7 +45,7 @@ import msgspec
 
 from pigeon.message import HELD, Message
 from pigeon.queue.attempt import Unroutable
-from pigeon.queue.policy import QueuePolicies
+from pigeon.queue.policy import QueuePolicies, egress_pool
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, Entry, Lease, State, transition
@@ -295,7 +296,8 @@ class Scheduler:
 
     def _make_ready(self, entry: Entry, destination: Any) -> None:
         message = entry.message
-        pool = message.envelope.egress_pool or self._policies.for_queue(message.queue).pool
+        # The pool `pigeon inspect` shows (`egress_pool`); `egress` applies [delivery] pool.
+        pool, _ = egress_pool(message.envelope, self._policies.for_queue(message.queue), None)
         try:
             source = self._egress(pool, destination)
         except Unroutable as failure:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import msgspec
 
 from pigeon.message import Envelope, Message, SpoolId, format_id
+from pigeon.queue.names import queue_parts
 
 if TYPE_CHECKING:
     from pigeon.queue.ready import ReadyQueue
@@ -111,15 +112,32 @@ class AdminMark:
 class RebindMark:
     """An operator rebound a message: to the scheduled queue `queue` and/or to be routed as
     `routing_domain` ("" routes it by its recipients' domain again); None leaves either as it is.
-    On a message whose attempt is on the wire, it applies to what that attempt leaves."""
+    On a message whose attempt is on the wire, it applies to what that attempt leaves.
+    Mail of an `[[inbound]]` route keeps its target, to which no route applies: a rebind
+    leaves such mail alone and a policy's `Reroute` of it is not carried out, so this is only
+    a guard behind them (what a mark does to it is said in `pigeon.queue.admin`)."""
 
     queue: str | None
     routing_domain: str | None
 
     def envelope(self, envelope: Envelope) -> Envelope:
-        if self.routing_domain is None:
+        """`envelope` as the rebind leaves it: routed as `routing_domain`, and, moved to a
+        `campaign:tenant@domain` queue, of that tenant and campaign (a part the name leaves out
+        is none), so that what `pigeon inspect` and the policy hooks say of it agree with its
+        queue, which admin selectors match (`Selector.matches`). A queue named without a domain
+        part (`parking`) says no tenant or campaign: they stay as they were. (Its DKIM
+        signatures, made at reception, stay too.)"""
+        if envelope.target is not None:
             return envelope
-        return msgspec.structs.replace(envelope, routing_domain=self.routing_domain or None, target=None)
+        changes: dict[str, str | None] = {}
+        if self.routing_domain is not None:
+            changes["routing_domain"] = self.routing_domain or None
+        parts = None if self.queue is None else queue_parts(self.queue)
+        if parts is not None:
+            # One of the two is always named (`queue_parts`): the routing headers, which come
+            # off on the way out while either is set (`delivery.content.edited`), still do.
+            changes["tenant"], changes["campaign"] = parts[0] or None, parts[1] or None
+        return msgspec.structs.replace(envelope, **changes) if changes else envelope
 
 
 class Entry:

@@ -427,7 +427,15 @@ class ClusterThrottles(Throttles):
                 break
             self._sync(answer[3], late=True)
         else:
-            return  # (late twice: the next heartbeat tries again)
+            # Late twice, the clock learnt again in between: not a clock that jumped but a way
+            # to Redis slower than the deadline allows, on which every lease call would be
+            # refused too (no connection could open). Counted as a Redis that does not answer:
+            # this node keeps to its share until a heartbeat comes back in time.
+            self._fall_back(
+                f"too slow: its answers come later than 3/4 of [redis] timeout ({0.75 * self._timeout:g} s), "
+                "when a lease call is refused; raise [redis] timeout"
+            )
+            return
         nodes, epoch, left, redis_now, wanted, *lost = answer
         self._sync(redis_now)
         until = self.table.now() + WANTED

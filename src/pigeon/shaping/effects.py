@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from pigeon.config.patterns import current_site
 from pigeon.flock import Flocked
 from pigeon.logs.records import Record, ShapingEffect
 from pigeon.redaction import redact, redact_url
@@ -535,7 +536,8 @@ class Board:
         if delay <= 0:
             return
         self._effects[effect.id] = effect
-        self._by_key.setdefault(effect.key, []).append(effect)
+        # (An effect kept before IPv6 next hops' sites were bracketed is found under the new form.)
+        self._by_key.setdefault(current_site(effect.key), []).append(effect)
         with contextlib.suppress(RuntimeError):  # (no loop: a test of the pure parts)
             loop = asyncio.get_running_loop()
             self._timers[effect.id] = loop.call_later(delay, self._end, effect.id)
@@ -550,11 +552,12 @@ class Board:
         timer = self._timers.pop(effect_id, None)
         if timer is not None:
             timer.cancel()
-        same = [e for e in self._by_key.get(effect.key, ()) if e.id != effect_id]
+        key = current_site(effect.key)
+        same = [e for e in self._by_key.get(key, ()) if e.id != effect_id]
         if same:
-            self._by_key[effect.key] = same
+            self._by_key[key] = same
         else:
-            self._by_key.pop(effect.key, None)
+            self._by_key.pop(key, None)
         return effect
 
     def _end(self, effect_id: str, *, ended: Effect | None = None) -> None:

@@ -100,7 +100,7 @@ def dot_string_and_domain(extra: Ranges, *, negated: bool = False, max_label: in
 
 def mailbox_pattern(extra: Ranges, *, negated: bool = False) -> str:
     """The regex source of a whole mailbox as `check` takes it, for a schema to admit what SMTP
-    admits: a dot-string of at most 64 characters or a quoted string, `@`, and a domain of
+    admits: a dot-string or a quoted string of at most 64 characters, `@`, and a domain of
     labels of at most 63 characters or an address literal whose inside is an IPv4 address or
     "IPv6:" and an IPv6 address (RFC 5321 4.1.2, 4.1.3; RFC 1035 2.3.4). Read alike by Python
     and JSON Schema (ECMA-262); `extra` and `negated` as for `dot_string_and_domain`. Lengths
@@ -108,6 +108,9 @@ def mailbox_pattern(extra: Ranges, *, negated: bool = False) -> str:
     can count: a U-label within 63 characters may still be refused)."""
     dot_string, domain = dot_string_and_domain(extra, negated=negated, max_label=MAX_LABEL)
     quoted = f'"(?:{char_class(_QTEXT, extra, negated=negated)}|\\\\[\\x20-\\x7e])*"'
+    # A quoted local part may hold "@": its length is up to the last one (the domain has none),
+    # so the pattern stands for a whole string.
+    quoted = f"(?=[\\s\\S]{{2,64}}@[^@]*$){quoted}"
     return f"(?:(?=[^@]{{1,64}}@){dot_string}|{quoted})@(?:{domain}|\\[(?:{_IPV4}|[Ii][Pp][Vv]6:{_IPV6})\\])"
 
 

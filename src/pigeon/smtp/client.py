@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pigeon.smtp.address import with_a_label
-from pigeon.smtp.extensions import encode_utf8_addr_xtext, encode_xtext
+from pigeon.smtp.extensions import encode_xtext
 from pigeon.smtp.framing import crlf_lines, find_line_dot
 from pigeon.smtp.replies import Reply
 
@@ -229,9 +229,6 @@ class Result:
     mail_reply: Reply | None = None
     data_reply: Reply | None = None
     needs_reset: bool = False  # the server still holds the transaction (MAIL accepted, no end of data)
-    # A 421 ended it after the content had gone out ahead of its reply (PIPELINING with
-    # CHUNKING): the server may have taken the message, so the 421 is no definite no.
-    end_unanswered: bool = False
 
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
@@ -312,7 +309,6 @@ class Transaction:
         self._data_reply: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
         self._closing: Reply | None = None
-        self._end_unanswered = False  # see `Result.end_unanswered`
 
     @property
     def done(self) -> bool:
@@ -325,6 +321,22 @@ class Transaction:
         that 10 minutes where other replies get 5. With PIPELINING and CHUNKING that is from
         the start: the content went with MAIL, and a server may hold every reply until it took it."""
         return any(what == _CONTENT for what, _ in self._pending)
+
+    @property
+    def end_in_doubt(self) -> bool:
+        """The end of the content went out, its reply has not come (`ending`), and the server
+        may have taken the message meanwhile: if the connection ends now, a try again may
+        deliver it twice. Not if what the server answered before rules it out: MAIL refused,
+        or every recipient refused. Replies come in the order of their commands (RFC 2920
+        3.1), so those came before any reply to the end, and a server with nobody to deliver
+        to takes no message. (Nor after a 421 ahead of the end's reply: it ends the
+        transaction, `on_reply`, with nothing left pending.)"""
+        if not self.ending:
+            return False
+        mail = self._mail_reply
+        if mail is not None and not mail.is_success:
+            return False
+        return any(reply is None or reply.is_success for reply in self._rcpt_replies)
 
     def start(self) -> bytes:
         out = []
@@ -364,14 +376,14 @@ class Transaction:
                 expected = "354" if low == high else "2xx"
                 raise ClientProtocolError(f"answered {verb} with {reply}, where only {expected} or an error may come")
         self._pending.pop(0)
-        # (Asked of a 421 only, before `_take` may send the content in lock-step.)
-        content_out = reply.code == 421 and any(pending == _CONTENT for pending, _ in self._pending)
         out = self._take(what, index, reply)
         if reply.code == 421:
             # RFC 5321 3.8: the server is going away, in answer to whatever command. Nothing
-            # more is said, nor waited for: what has no answer of its own gets this one.
+            # more is said, nor waited for: what has no answer of its own gets this one. It
+            # is a definite no, even where the content went out ahead of it (PIPELINING with
+            # CHUNKING: BDAT LAST rides with MAIL): replies come in order (RFC 2920 3.1), so
+            # the server went away before it answered the end, and took no message there.
             self._closing = reply
-            self._end_unanswered = content_out and what != _MAIL
             self._pending.clear()
             return b""
         return out
@@ -427,7 +439,6 @@ class Transaction:
             mail,
             self._data_reply,
             needs_reset=self._mail_ok() and not self._ended,
-            end_unanswered=self._end_unanswered,
         )
 
     # --- helpers -------------------------------------------------------------------------
@@ -489,8 +500,11 @@ class Transaction:
                 if addr_type.lower() == "utf-8":
                     # RFC 6533 3.3: UTF-8 as it is (utf-8-addr-unitext) may only travel in an
                     # SMTPUTF8 transaction; with its non-ASCII characters as \x{HEX} (the
-                    # utf-8-addr-xtext form), the same address can go to any server.
-                    params.append(f"ORCPT=utf-8;{encode_utf8_addr_xtext(address)}")
+                    # utf-8-addr-xtext form), the same address can go to any server. It is
+                    # kept as the client sent it (checked: no "+", "=", and each "\\" starts
+                    # an escape), so its escapes stand: only what is not ASCII is escaped.
+                    escaped = "".join(c if c.isascii() else f"\\x{{{ord(c):X}}}" for c in address)
+                    params.append(f"ORCPT=utf-8;{escaped}")
                 else:
                     params.append(f"ORCPT={addr_type};{encode_xtext(address)}")
         tail = (" " + " ".join(params)) if params else ""

@@ -318,7 +318,7 @@ class ClientSession:
         self._transaction: Transaction | None = None
         self._starttls_refusal: Reply | None = None
         self._final: Unusable | Closed | None = None
-        self._closed_at_end_of_data = False  # the session closed awaiting the reply to the end of data
+        self._closed_at_end_of_data = False  # it closed with the end of data in doubt (`end_of_data_unanswered`)
 
     # --- the three verbs ---------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -412,8 +412,13 @@ class ClientSession:
         """The end of a message's content went out, and its reply has not come: it still
         awaits it (a timeout, a reset the I/O layer saw), or the server closed the connection
         first. The server may have taken the message all the same (RFC 5321 6.1: it sends
-        the reply once the message is safe), so a try again may deliver it twice."""
-        return self._closed_at_end_of_data or self.awaits_end_of_data()
+        the reply once the message is safe), so a try again may deliver it twice. Not when
+        the replies before it say the server had nobody to deliver to (`Transaction.end_in_doubt`)."""
+        return self._closed_at_end_of_data or self._end_in_doubt()
+
+    def _end_in_doubt(self) -> bool:
+        transaction = self._transaction
+        return transaction is not None and transaction.end_in_doubt
 
     # --- replies -------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -545,7 +550,7 @@ class ClientSession:
             # RFC 5321 3.1 / 4.1.1.10: say goodbye even when turned away. The I/O layer writes
             # it and closes without waiting for the reply.
             self._out.append(b"QUIT\r\n")
-        self._closed_at_end_of_data = self.awaits_end_of_data()
+        self._closed_at_end_of_data = self._end_in_doubt()
         self.phase = Phase.CLOSED
         self._final = final
         self._events.append(final)
@@ -553,7 +558,7 @@ class ClientSession:
 
     def _broken(self) -> None:
         """The server broke the protocol: nothing more will be read or sent."""
-        self._closed_at_end_of_data = self.awaits_end_of_data()
+        self._closed_at_end_of_data = self._end_in_doubt()
         self.phase = Phase.CLOSED
         self._final = Closed(None)
         self._out.clear()

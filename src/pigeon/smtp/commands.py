@@ -144,13 +144,22 @@ def given_recipient(line: bytes | bytearray) -> str | None:
     command. For the log record of a refusal: the path between its angle brackets when it has
     both, else the argument's first word (after "TO:" when it is there). Bytes that are not
     UTF-8 come back as surrogate escapes."""
+    return _given(line, "RCPT", "TO:")
+
+
+def given_sender(line: bytes | bytearray) -> str | None:
+    """The sender a MAIL line names, as given, however malformed the line (`given_recipient`)."""
+    return _given(line, "MAIL", "FROM:")
+
+
+def _given(line: bytes | bytearray, verb: str, keyword: str) -> str | None:
     text = line.decode("utf-8", "surrogateescape")
-    verb, _, arg = text.partition(" ")
-    if verb.upper() != "RCPT":
+    given_verb, _, arg = text.partition(" ")
+    if given_verb.upper() != verb:
         return None
     arg = arg.strip(" ")
-    if arg[:3].upper() == "TO:":
-        arg = arg[3:].lstrip(" ")
+    if arg[: len(keyword)].upper() == keyword:
+        arg = arg[len(keyword) :].lstrip(" ")
     if arg.startswith("<"):
         end = _closing_bracket(arg)
         if end > 0:

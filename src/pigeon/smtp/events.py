@@ -162,9 +162,10 @@ class Rejected:
     angle brackets, or the argument's first word). Bytes that are not UTF-8 are kept as
     surrogate escapes: escape it before showing it (`pigeon.logs.peer_text`).
 
-    `sender`: the open transaction's sender when the command was refused (None: none was
-    open), taken then because a refused message (bare LF, a line or the whole too long)
-    ends the transaction before the event is read."""
+    `sender`: for a refused MAIL, the sender it gave (as `recipient`, as given, however
+    malformed the line); else the open transaction's sender when the command was refused
+    (None: none was open), taken then because a refused message (bare LF, a line or the
+    whole too long) ends the transaction before the event is read."""
 
     command: str
     reply: Reply

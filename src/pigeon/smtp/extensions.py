@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.smtp import replies
+from pigeon.smtp.address import control_or_format_character
 from pigeon.smtp.errors import SmtpProtocolError
 from pigeon.smtp.events import BodyType, Notify, Ret
 from pigeon.smtp.replies import Reply
@@ -27,6 +28,7 @@ from pigeon.smtp.replies import Reply
 # RFC 3461 4: xtext is printable ASCII except "+" and "=", with "+HH" for anything else.
 _XTEXT: Final = re.compile(r"(?:[\x21-\x2a\x2c-\x3c\x3e-\x7e]|\+[0-9A-F]{2})*")
 _XTEXT_ESCAPE: Final = re.compile(r"\+([0-9A-F]{2})")
+_UTF8_ESCAPE: Final = re.compile(r"\\x\{([0-9A-Fa-f]{1,6})\}")
 _ADDR_TYPE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?")
 _MAX_SIZE_DIGITS: Final = 20
 _MAX_ENVID: Final = 100  # RFC 3461 4.4
@@ -46,6 +48,9 @@ class Offer:
     enhanced_status_codes: bool = True
     starttls: bool = False
     auth_mechanisms: tuple[str, ...] = ()
+    extensions: bool = True
+    """False for a session that began with HELO: no service extension, and so no MAIL or RCPT
+    parameter, applies (RFC 5321 4.1.1.1, RFC 1869 4.5; RFC 6531 3.4 for SMTPUTF8)."""
 
     def ehlo_reply(self, hostname: str, client_domain: str) -> Reply:
         lines = [f"{hostname} greets {client_domain}"]
@@ -107,7 +112,9 @@ def parse_mail_parameters(text: str, offer: Offer) -> MailParameters:
     ret: Ret | None = None
     envid: str | None = None
     auth: str | None = None
-    for key, value in split_parameters(text).items():
+    parameters = split_parameters(text)
+    _refuse_without_ehlo(parameters, offer)
+    for key, value in parameters.items():
         if key == "SIZE":
             if value is None or not value.isdigit() or not value.isascii() or len(value) > _MAX_SIZE_DIGITS:
                 raise SmtpProtocolError(replies.syntax("SIZE needs a number of octets", "5.5.4"))
@@ -152,7 +159,9 @@ def parse_rcpt_parameters(text: str, offer: Offer) -> tuple[frozenset[Notify] | 
     """NOTIFY and ORCPT: the fields of `RcptTo` after its recipient, in order."""
     notify: frozenset[Notify] | None = None
     orcpt: str | None = None
-    for key, value in split_parameters(text).items():
+    parameters = split_parameters(text)
+    _refuse_without_ehlo(parameters, offer)
+    for key, value in parameters.items():
         if key == "NOTIFY":
             _require_dsn(offer, key)
             notify = _parse_notify(value)
@@ -162,6 +171,18 @@ def parse_rcpt_parameters(text: str, offer: Offer) -> tuple[frozenset[Notify] | 
         else:
             raise SmtpProtocolError(replies.bad_parameter(f"Unsupported RCPT parameter {key}"))
     return notify, orcpt
+
+
+def _refuse_without_ehlo(parameters: dict[str, str | None], offer: Offer) -> None:
+    """555 for the first of `parameters` when the session began with HELO: a HELO client was
+    offered no extension, so it may use none of their parameters (RFC 5321 4.1.1.1 and
+    4.1.1.11, RFC 1869 4.5, RFC 6531 3.4). Taken, SMTPUTF8 or BODY=8BITMIME would have the
+    message go on as though the client had asked for what no one offered it."""
+    if parameters and not offer.extensions:
+        key = next(iter(parameters))
+        raise SmtpProtocolError(
+            replies.bad_parameter(f"{key} is not recognised: the session began with HELO, which offers no extensions")
+        )
 
 
 def _require_dsn(offer: Offer, key: str) -> None:
@@ -193,8 +214,26 @@ def _parse_orcpt(value: str | None) -> str:
         # RFC 6533 utf-8-addr-xtext: printable UTF-8 with \x{HEX} escapes; kept as sent.
         if any(c in address for c in " +=") or not address.isprintable():
             raise SmtpProtocolError(replies.syntax("ORCPT utf-8 address is malformed", "5.5.4"))
+        _check_utf8_addr(address)
         return f"utf-8;{address}"
     return f"{addr_type.lower()};{decode_xtext(address, 'ORCPT')}"
+
+
+def _check_utf8_addr(address: str) -> None:
+    """Refuse a utf-8-addr-xtext/unitext (RFC 6533 3) whose `\\` starts no `\\x{HEX}`, or
+    whose escape names no Unicode scalar value (a surrogate, past U+10FFFF) or a control or
+    format character: it is copied into a DSN's Original-Recipient and relayed onwards."""
+    escapes = _UTF8_ESCAPE.split(address)
+    if any("\\" in text for text in escapes[::2]):
+        raise SmtpProtocolError(replies.syntax("ORCPT utf-8 address is malformed: \\ must start \\x{HEX}", "5.5.4"))
+    for hexpoint in escapes[1::2]:
+        point = int(hexpoint, 16)
+        if point > 0x10FFFF or 0xD800 <= point <= 0xDFFF:
+            raise SmtpProtocolError(
+                replies.syntax(f"ORCPT \\x{{{hexpoint}}} is no Unicode character (RFC 6533)", "5.5.4")
+            )
+        if control_or_format_character(chr(point)) is not None:
+            raise SmtpProtocolError(replies.syntax("ORCPT must not contain control characters", "5.5.4"))
 
 
 def decode_xtext(value: str | None, key: str) -> str:

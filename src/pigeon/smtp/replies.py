@@ -146,6 +146,14 @@ def timeout(hostname: str) -> Reply:
     return r(421, "4.4.2", f"{hostname} Error: timeout exceeded, closing connection")
 
 
+def envelope_timeout(hostname: str, limit: float) -> Reply:
+    return r(
+        421,
+        "4.4.2",
+        f"{hostname} Error: transaction envelope not done within {limit:g}s (MAIL to DATA), closing connection",
+    )
+
+
 def framing_lost(hostname: str, verb: str) -> Reply:
     """After a command whose data cannot be told from the commands that follow (a BDAT without
     a size): the session must end, and RFC 5321 3.8 has a server say so with 421 first."""
@@ -177,6 +185,19 @@ def idle_evicted(hostname: str) -> Reply:
     return r(421, "4.7.0", f"{hostname} too many connections: closing this idle one, reconnect when you have mail")
 
 
+def envelope_evicted(hostname: str) -> Reply:
+    return r(
+        421,
+        "4.7.0",
+        f"{hostname} too many connections: closing this one, whose transaction has been open too long; "
+        "reconnect when you have mail",
+    )
+
+
+def talked_before_greeting(hostname: str) -> Reply:
+    return r(554, "5.5.0", f"{hostname} Error: you sent before the greeting (RFC 5321 4.3.1), closing connection")
+
+
 def shutting_down(hostname: str) -> Reply:
     return r(421, "4.3.2", f"{hostname} {SERVER_SHUTTING_DOWN_TEXT}")
 
@@ -187,6 +208,9 @@ LINE_TOO_LONG: Final = r(500, "5.5.2", "Line too long (RFC 5321 4.5.3.1.4)")
 BARE_LF_IN_COMMAND: Final = r(500, "5.5.2", "Command line must end with <CR><LF> (RFC 5321 2.3.8)")
 COMMAND_NOT_UTF8: Final = r(500, "5.5.2", "Command contains bytes that are not UTF-8")
 NOT_IMPLEMENTED: Final = r(502, "5.5.1", "Command not implemented")
+BDAT_AFTER_HELO: Final = r(
+    502, "5.5.1", "BDAT is not offered: the session began with HELO, which offers no extensions; use DATA"
+)
 NEED_HELO: Final = r(503, "5.5.1", "Send EHLO or HELO first")
 NESTED_MAIL: Final = r(503, "5.5.1", "Sender already given: send RSET to start a new transaction")
 NEED_MAIL: Final = r(503, "5.5.1", "Send MAIL FROM first")
@@ -206,6 +230,24 @@ AUTH_FAILED: Final = r(535, "5.7.8", "Authentication credentials invalid")
 # RFC 4954 454 4.7.0: temporary. The lockout is not checked against the password at all.
 AUTH_LOCKED_OUT: Final = r(454, "4.7.0", "Too many failed authentication attempts, try again later")
 AUTH_BUSY: Final = r(454, "4.7.0", "Temporary authentication failure: too many checks waiting, try again later")
+
+
+def credentials_revoked(user: str) -> Reply:
+    """To MAIL or RCPT of a session whose user a reload removed or gave a new password, and
+    then the connection closes. Not RFC 4954's 530: a 5xx to MAIL or RCPT makes a client on a
+    cached connection bounce its mail, where a 421 makes it come back on a new connection and
+    authenticate with the credentials it holds now."""
+    shown = user.encode("ascii", "backslashreplace").decode("ascii")
+    return r(421, "4.7.0", f"the credentials of {shown} were revoked: connect and authenticate again")
+
+
+def authorization_lost(why: str) -> Reply:
+    """To DATA, or the end of a message, of a transaction begun under an authorization (AUTH,
+    `relay_networks`) that a reload withdrew meanwhile: temporary, so that the client keeps the
+    message and sends it again under what holds now (RFC 3463 X.7.0: security or policy)."""
+    return r(451, "4.7.0", f"Message not accepted: {why} during this transaction; send it again")
+
+
 BAD_ADDRESS_SYNTAX_SENDER: Final = r(501, "5.1.7", "Bad sender address syntax")
 BAD_ADDRESS_SYNTAX_RCPT: Final = r(501, "5.1.3", "Bad recipient address syntax")
 NON_ASCII_WITHOUT_SMTPUTF8: Final = r(553, "5.6.7", "Non-ASCII address requires MAIL FROM with SMTPUTF8")
@@ -244,6 +286,15 @@ def content_field_repeated(name: str) -> Reply:
     """A header section with a field RFC 5322 3.6 allows once there twice (two From: which one
     would DKIM and DMARC vouch for, which one would the reader see?)."""
     return r(554, "5.6.0", f"Message has more than one {name} header field (RFC 5322 3.6 allows one)")
+
+
+def content_field_malformed(name: str, shown: str, problem: str) -> Reply:
+    """A submission's Date or Message-ID field that is not of its RFC 5322 syntax (3.3, 3.6.4):
+    a receiver refuses mail "missing a valid Message-ID" later, as a bounce. `shown` is its
+    value made safe to show, `problem` what is wrong with it (`pigeon.header_section`)."""
+    kind = "date" if name == "Date" else "msg-id"
+    text = f'Message has a {name} header field that is not an RFC 5322 {kind}: "{shown}" {problem}'
+    return r(554, "5.6.0", f"{text} (leave it out and Pigeon adds one)")
 
 
 def no_room_now(size: int) -> Reply:

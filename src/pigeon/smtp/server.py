@@ -30,7 +30,19 @@ from typing import Final, cast
 
 from pigeon.smtp import replies
 from pigeon.smtp.address import ascii_name
-from pigeon.smtp.commands import Auth, Bdat, Command, Help, Noop, Quit, Rset, Vrfy, given_recipient, parse_command
+from pigeon.smtp.commands import (
+    Auth,
+    Bdat,
+    Command,
+    Help,
+    Noop,
+    Quit,
+    Rset,
+    Vrfy,
+    given_recipient,
+    given_sender,
+    parse_command,
+)
 from pigeon.smtp.errors import SmtpProtocolError, SmtpUsageError
 from pigeon.smtp.events import (
     NEED_DATA,
@@ -115,9 +127,23 @@ class ServerConfig:
     auth_requires_tls: bool = True
     offers: tuple[Offer, Offer] = field(init=False, repr=False, compare=False, hash=False)
     """What a session offers without TLS (offers[False]) and with it (offers[True])."""
+    helo_offer: Offer = field(init=False, repr=False, compare=False, hash=False)
+    """What a session that began with HELO may use: no extension (RFC 5321 4.1.1.1), so no
+    MAIL or RCPT parameter."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "offers", (self._offer(tls_active=False), self._offer(tls_active=True)))
+        nothing = Offer(
+            max_message_size=self.max_message_size,
+            pipelining=False,
+            chunking=False,
+            eight_bit_mime=False,
+            smtputf8=False,
+            dsn=False,
+            enhanced_status_codes=False,
+            extensions=False,
+        )
+        object.__setattr__(self, "helo_offer", nothing)
 
     def _offer(self, tls_active: bool) -> Offer:
         auth_ok = bool(self.auth_mechanisms) and (tls_active or not self.auth_requires_tls)
@@ -259,6 +285,12 @@ class ServerSession:
         self.helo = None
         self.authenticated = None
 
+    def revoke_authentication(self) -> None:
+        """The credentials the session authenticated with hold no more (a reload removed or
+        changed them): unauthenticated from now on, it may AUTH again (outside a transaction,
+        as ever). What it asks meanwhile is refused by the I/O layer, which knows why."""
+        self.authenticated = None
+
     def offer(self) -> Offer:
         """The extensions this session advertises right now."""
         return self.config.offers[self.tls_active]
@@ -304,11 +336,15 @@ class ServerSession:
         if self.phase is Phase.AUTH:
             self._sasl_response(line)
             return True
+        # MAIL and RCPT parameters are read against what the client was offered: after HELO,
+        # nothing (before any greeting, MAIL and RCPT get 503 whatever they carry).
+        offer = self.config.offers[self.tls_active] if self.esmtp or self.helo is None else self.config.helo_offer
         try:
-            command = parse_command(line, self.config.offers[self.tls_active])
+            command = parse_command(line, offer)
         except SmtpProtocolError as error:
             verb = _verb_of(line)
-            self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None)
+            sender = given_sender(line) if verb == "MAIL" else None
+            self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None, sender)
             if error.close and self._closing is None:  # (not closed already: too many errors)
                 # The command's own reply says what was wrong with it; the 421 says why the
                 # session ends with it, rather than the client finding the connection gone.
@@ -353,14 +389,15 @@ class ServerSession:
         allowed = _NEXT.get(self.phase, {})
         if kind not in allowed:
             recipient = command.recipient if isinstance(command, RcptTo) else None
-            self._reject(kind.verb, self._out_of_sequence(command), recipient)
+            sender = command.sender if isinstance(command, MailFrom) else None
+            self._reject(kind.verb, self._out_of_sequence(command), recipient, sender)
             if isinstance(command, Bdat):
                 self._discard_chunk(command)
             return
         if isinstance(command, MailFrom):
             if self.messages >= self.config.max_messages_per_connection:
                 reply = replies.too_many_messages(self.config.hostname)
-                self._reject(kind.verb, reply)
+                self._reject(kind.verb, reply, sender=command.sender)
                 self._close(reply)
                 return
         elif isinstance(command, RcptTo):
@@ -503,8 +540,10 @@ class ServerSession:
 
     # --- BDAT (RFC 3030) -------------------------------------------------------------------
     def _start_chunk(self, command: Bdat) -> None:
-        if not self.config.chunking:
-            self._reject(type(command).verb, replies.NOT_IMPLEMENTED)
+        if not self.config.chunking or not self.esmtp:
+            # After HELO, CHUNKING was not offered (RFC 3030 3: after EHLO only): its chunk is
+            # read and dropped, as ever, and the transaction stays open for DATA.
+            self._reject(type(command).verb, replies.NOT_IMPLEMENTED if self.esmtp else replies.BDAT_AFTER_HELO)
             self._discard_chunk(command)
             return
         if not self._chunked:
@@ -711,8 +750,10 @@ class ServerSession:
                 self._events.append(Rejected("", final))
                 self._close(final)
 
-    def _reject(self, verb: str, reply: Reply, recipient: str | None = None) -> None:
-        sender = self.mail.sender if self.mail is not None else None
+    def _reject(self, verb: str, reply: Reply, recipient: str | None = None, sender: str | None = None) -> None:
+        """`sender`: a refused MAIL's own (as given); else the open transaction's is taken."""
+        if sender is None and self.mail is not None:
+            sender = self.mail.sender
         self._events.append(Rejected(verb, reply, recipient, sender))
         self._queue(reply)
 

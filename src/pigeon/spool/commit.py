@@ -35,7 +35,9 @@ and the connection is only ever used by one thread at a time.
 
 If anything fails, the batch is rolled back and its operations are retried one per
 transaction in the commit thread, so one bad operation cannot take its neighbours down.
-A disk that is really full fails them all, each with a typed error. What runs after the
+A disk that is really full fails them all, each with a typed error, unless `no_room` makes room
+(an uncapped spool gives back its reserve, `pigeon.spool.reserve`): the write that met the full
+disk is then tried again, once. What runs after the
 COMMIT (removing freed body files) cannot fail the batch: it is committed, and applying its
 operations again would store a reception twice or settle a message that is gone. Such a
 failure is logged; a body file left behind is an orphan the next start removes.
@@ -91,6 +93,10 @@ BeforeCommit = Callable[[sqlite3.Connection, list[Operation]], Callable[[], None
 for work every operation would otherwise do alone (freeing bodies). Returns what to do once
 the commit is durable, if anything."""
 
+NoRoom = Callable[[sqlite3.Connection], bool]
+"""Called in the commit thread, outside any transaction, when a write failed for lack of room
+on the disk: True if it made room (gave back the spool's reserve), and the write is tried again."""
+
 BatchObserver = Callable[[int, float], None]
 """Called on the event loop with (operations in the batch, seconds the commit took)."""
 
@@ -115,10 +121,13 @@ class GroupCommitter:
         observer: BatchObserver | None = None,
         before_commit: BeforeCommit | None = None,
         flush: Flusher | None = None,
+        no_room: NoRoom | None = None,
     ) -> None:
         """`flush` runs in the commit thread after the operations' `prepare` and before the
-        COMMIT: what they wrote is made durable there once for the whole batch."""
+        COMMIT: what they wrote is made durable there once for the whole batch. `no_room`: see
+        `NoRoom`."""
         self._connect = connect
+        self._no_room = no_room
         self._before_commit = before_commit
         self._flush = flush
         self._window = window
@@ -314,7 +323,10 @@ class GroupCommitter:
             except Exception as error:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                results = [_spool_error(error)] if len(ops) == 1 else [self._one(conn, op) for op in ops]
+                if len(ops) == 1 and not self._made_room(conn, error):
+                    results = [_spool_error(error)]
+                else:
+                    results = [self._one(conn, op) for op in ops]
             else:
                 _after_commit(after)
                 results = applied
@@ -385,7 +397,7 @@ class GroupCommitter:
                 self._early_state[id(op)] = outcome
             self._early_changed.notify_all()
 
-    def _one(self, conn: sqlite3.Connection, op: Operation) -> Any:
+    def _one(self, conn: sqlite3.Connection, op: Operation, retried: bool = False) -> Any:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -401,9 +413,16 @@ class GroupCommitter:
                     conn.execute("ROLLBACK")
                 raise
         except Exception as error:
+            if not retried and self._made_room(conn, error):
+                return self._one(conn, op, retried=True)
             return _spool_error(error)
         _after_commit(after)
         return result
+
+    def _made_room(self, conn: sqlite3.Connection, error: Exception) -> bool:
+        """Whether `error` was a full disk and `no_room` made room, so that the write that met it
+        may be tried again (commit thread, after the ROLLBACK)."""
+        return self._no_room is not None and isinstance(_spool_error(error), SpoolFull) and self._no_room(conn)
 
 
 def _after_commit(after: Callable[[], None] | None) -> None:

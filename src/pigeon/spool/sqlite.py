@@ -5,6 +5,7 @@ Layout under the spool directory:
     spool.db        message (envelope, queue, schedule), body (inline data), quarantine
     segments/<id>   bodies from `segment_from` up to `inline_limit`, appended (`segments.py`)
     data/<id>       bodies larger than `inline_limit`
+    reserve         room kept for delivery on a disk that fills up, with no `max_size` (`reserve.py`)
 
 Message metadata and body bytes live in separate tables, so a retry that rewrites the
 attempt count and due time does not rewrite the body. Several messages of one reception
@@ -31,10 +32,11 @@ from typing import Final, NamedTuple, TypeVar
 
 from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.fsync import fsync_directory
-from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id
+from pigeon.message import ENVELOPE_ENCODER, Envelope, IdGenerator, Message, SpoolId, format_id, node_start
 from pigeon.spool import recovery
 from pigeon.spool.body import Body, BodyFiles, BodyWriter, Receiving
 from pigeon.spool.commit import BatchObserver, GroupCommitter, Operation
+from pigeon.spool.reserve import Reserve, remove_reserve
 from pigeon.spool.segments import COMPACT_BELOW, Segment, Segments
 from pigeon.spool.spool import (
     NewMessage,
@@ -167,13 +169,16 @@ class SqliteSpool:
         commit_window: float = 0.002,
         max_batch: int = 1024,
         max_size: int | None = None,
+        reserve: int = 0,
         inline_total: int | None = None,
         observer: BatchObserver | None = None,
+        node: str = "",
     ) -> None:
         self.directory = directory
         self.db_path = directory / "spool.db"
         self._wal_paths = (directory / "spool.db-wal", directory / "spool.db-shm")
         self._wal_allowance = 0  # set when the database is opened under a cap
+        self._empty_database = 0  # bytes of the database with no rows (its tables' and indexes' root pages)
         self.data_dir = directory / "data"
         self._shard = shard
         self._inline_limit = inline_limit
@@ -189,11 +194,20 @@ class SqliteSpool:
         self._compacting: set[int] = set()
         self._compactions: set[asyncio.Task[None]] = set()
         self._max_size = max_size
+        # With no cap, nothing else keeps room for the writes that settle delivered mail.
+        # (`reserve`: its largest size; 0, as in a spool opened by a tool or a test, keeps none.)
+        self._reserve = (
+            None if max_size is not None or reserve <= 0 else Reserve(directory / "reserve", self._free, reserve)
+        )
+        if self._reserve is None and directory.is_dir():
+            remove_reserve(directory / "reserve")  # one an earlier run kept
         self._files: BodyFiles | None = None  # under a max_size: the bytes in data/, counted
         self._files_counting: threading.Thread | None = None
         self._room_left = 0  # what `room()` said at `_room_asked`, minus inline bodies taken since
         self._room_asked = -_ROOM_FRESH
-        self._ids = IdGenerator(shard)
+        # Ids are unique on the node by its shards; its name keeps them apart from other nodes'.
+        self._id_start = node_start(node) if node else 0
+        self._ids = IdGenerator(shard, start=self._id_start)
         self._count = 0  # messages stored minus messages removed since the open ...
         self._counted: int | None = None  # ... plus these, counted in the background from the open
         self._counting: threading.Thread | None = None
@@ -216,6 +230,7 @@ class SqliteSpool:
             observer=observer,
             before_commit=self._before_commit,
             flush=self._segments,
+            no_room=None if self._reserve is None else self._give_back_reserve,
         )
 
     # --- life cycle ------------------------------------------------------------------------
@@ -233,6 +248,8 @@ class SqliteSpool:
             if error.errno not in _NO_ROOM:
                 raise
             raise self._disk_full(error.strerror or str(error)) from error
+        if self._reserve is not None:
+            self._reserve.open(self.disk_size())  # (its size sets the WAL's: before any connection)
         try:
             self._open_checked(loop)
         except BaseException:
@@ -255,6 +272,9 @@ class SqliteSpool:
                     " coalesce((SELECT max(id) FROM segment), 0))"
                 ).fetchone()[0]
                 segments = [segment_id for (segment_id,) in conn.execute("SELECT id FROM segment")]
+                # Empty, the database is its first page and a root page per table and index.
+                roots = conn.execute("SELECT count(*) FROM sqlite_master WHERE rootpage > 0").fetchone()[0]
+                self._empty_database = (1 + roots) * conn.execute("PRAGMA page_size").fetchone()[0]
             finally:
                 conn.close()
             # Counting a million rows takes 10 ms from the page cache, 0.5 s from the disk: in
@@ -267,7 +287,7 @@ class SqliteSpool:
             if counter is not None:
                 counter.close()
             raise self._open_error(error) from error
-        self._ids = IdGenerator(self._shard, last)
+        self._ids = IdGenerator(self._shard, last, self._id_start)
         # A run killed mid-reception leaves body files named by ids above `last` (their rows
         # never committed). Ids are time-ordered, so every id this run hands out comes after
         # this one: the files named below it are earlier runs', the others this run's.
@@ -340,6 +360,9 @@ class SqliteSpool:
         of the database (its WAL too), its segments and its body files if that is less (-1 if the file
         system cannot say). Just after the open, waits for the body files to be counted."""
         free = self._free()
+        if self._reserve is not None:
+            self._reserve.refusing()  # taken again if there is room for it now
+            return self._reserve.room(free)
         if self._max_size is None or (self._reader is None and not self.db_path.exists()):
             return free
         page_size, pages, unused = (
@@ -365,6 +388,13 @@ class SqliteSpool:
             return None
         room = self.room()
         return None if room == -1 and self._max_size is None else room
+
+    def capacity(self) -> int | None:
+        """The room an empty shard has under `max_size` (None without one): the cap less the
+        database with no rows and the WAL's allowance. What `room()` says with nothing stored."""
+        if self._max_size is None:
+            return None
+        return self._max_size - self._empty_database - self._wal_allowance
 
     def disk_size(self) -> int:
         """Bytes of the spool's file system, free or not (-1 if it cannot say)."""
@@ -441,10 +471,15 @@ class SqliteSpool:
         Under a `max_size`, a body for the database that does not fit fails with SpoolFull (a
         file or a segment claimed its room as it was written). A DSN is let through: it
         settles, and so frees, the message it reports on, and the database's own cap holds it."""
-        if settles is None and body.path is None and body.segment is None and not self._admits(body.size):
+        refusal = None
+        if settles is None and self._reserve is not None and self._reserve.refusing():
+            refusal = SpoolFull(_KEPT_FOR_DELIVERY)
+        elif settles is None and body.path is None and body.segment is None and not self._admits(body.size):
+            refusal = SpoolFull(f"spool full: a {body.size}-byte body does not fit under [spool] max_size")
+        if refusal is not None:
             body.discard()
             refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            refused.set_exception(SpoolFull(f"spool full: a {body.size}-byte body does not fit under [spool] max_size"))
+            refused.set_exception(refusal)
             if then is not None:
                 refused.add_done_callback(then)
             return refused
@@ -462,7 +497,7 @@ class SqliteSpool:
             if then is not None:
                 then(future)
 
-        return self._committer.submit(_StoreReception(body, rows, records, settle), then=stored)
+        return self._committer.submit(_StoreReception(body, rows, records, settle, self._reserve), then=stored)
 
     def _admits(self, size: int) -> bool:
         """Whether a body of `size` bytes for the database fits under `max_size`. `room()`
@@ -779,6 +814,23 @@ class SqliteSpool:
 
         return unlink
 
+    def _give_back_reserve(self, conn: sqlite3.Connection) -> bool:
+        """A write found the disk full (commit thread): give back the reserve, so that it is
+        tried again with that room, and cut the WAL back (a checkpoint that finds readers in
+        the way waits for them 0.1 s, not the writer's 10). Reception stops until it is taken
+        again (`Reserve.refusing`)."""
+        assert self._reserve is not None
+        if not self._reserve.give_back():
+            return False
+        try:
+            conn.execute("PRAGMA busy_timeout=100")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as error:
+            _log.warning("spool %s: cannot checkpoint its WAL on a full disk: %s", self.directory, error)
+        finally:
+            conn.execute("PRAGMA busy_timeout=10000")
+        return True
+
     def _closed_segment(self, segment_id: int) -> bool:
         """No body will ever be appended to this segment again (any thread: a segment stops
         being the active one once, and then takes no new writer)."""
@@ -819,6 +871,8 @@ class SqliteSpool:
     def _compact_soon(self, segment_id: int) -> None:
         if segment_id in self._compacting or self._committer.closed:
             return
+        if self._reserve is not None and self._reserve.given_back:
+            return  # a copy needs room before it frees any: not on a full disk
         self._compacting.add(segment_id)
         task = asyncio.get_running_loop().create_task(self._compact(segment_id))
         self._compactions.add(task)
@@ -887,6 +941,11 @@ class SqliteSpool:
             wal = 32 + (pages + 1) * (24 + page_size)  # its header, and its frames at a checkpoint
             conn.execute(f"PRAGMA journal_size_limit={wal}")
             self._wal_allowance = wal + _WAL_INDEX
+        elif self._reserve is not None:
+            # Checkpointed at half the reserve: on a full disk, the checkpoint may have to grow
+            # the database by every page in the WAL, and the reserve must cover it.
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            conn.execute(f"PRAGMA wal_autocheckpoint={self._reserve.wal_pages(page_size)}")
         return conn
 
     @staticmethod
@@ -902,10 +961,13 @@ class SqliteSpool:
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
+_KEPT_FOR_DELIVERY: Final = "spool full: its disk is full, and the room left is kept for delivering the mail it holds"
+
+
 class _StoreReception:
     """A reception, and maybe the outcome it reports (`settle`: a DSN's), in one transaction."""
 
-    __slots__ = ("body", "free", "records", "rows", "segment_changes", "settle")
+    __slots__ = ("body", "free", "records", "reserve", "rows", "segment_changes", "settle")
 
     def __init__(
         self,
@@ -913,13 +975,19 @@ class _StoreReception:
         rows: Sequence[tuple[object, ...]],
         records: Sequence[tuple[int, bytes]],
         settle: _Settle | None = None,
+        reserve: Reserve | None = None,
     ) -> None:
         self.body = body
         self.rows = rows
         self.records = records
         self.settle = settle
+        self.reserve = reserve
 
     def apply(self, conn: sqlite3.Connection) -> None:
+        if self.settle is None and self.reserve is not None and self.reserve.given_back:
+            # The disk filled while it waited for its commit (or in its commit, tried again
+            # now): what room is left goes to delivery. A DSN goes in: it settles a message.
+            raise SpoolFull(_KEPT_FOR_DELIVERY)
         body = self.body
         if body.segment is None:
             conn.execute(_INSERT_BODY, (body.id, body.size, body.data, None, None))

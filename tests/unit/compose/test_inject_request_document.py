@@ -14,7 +14,7 @@ from pigeon import mime
 from pigeon.compose import ComposeError, InjectRequest, check_request
 from pigeon.header_section import end_header_section, single_fields
 from pigeon.listener.http.openapi import document
-from pigeon.queue.names import queue_part_problem
+from pigeon.queue.names import campaign_problem, queue_part_problem
 
 
 def _property(schema: str, name: str) -> dict[str, Any]:
@@ -23,13 +23,16 @@ def _property(schema: str, name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("member", ["tenant", "campaign"])
-@pytest.mark.parametrize("value", ["acme", "ünïcode", "a-b_c.d", "a\x82b", "a\x1bb", "a\u200bb", "a\u202eb", "a b"])
+@pytest.mark.parametrize(
+    "value", ["acme", "ünïcode", "a-b_c.d", "a\x82b", "a\x1bb", "a\u200bb", "a\u202eb", "a b", "inbound", "INBOUND"]
+)
 def test_a_tenant_or_campaign_matches_the_documented_pattern_exactly_when_the_server_takes_it(
     member: str, value: str
 ) -> None:
     (string,) = [s for s in _property("InjectRequest", member)["anyOf"] if s.get("type") == "string"]
     documented = re.search(string["pattern"], value) is not None
-    assert documented == (queue_part_problem(value) is None)
+    check = campaign_problem if member == "campaign" else queue_part_problem  # (no campaign `inbound`)
+    assert documented == (check(value) is None)
 
 
 @pytest.mark.parametrize(
@@ -56,6 +59,22 @@ def test_an_attachment_s_content_type_matches_the_documented_pattern_exactly_whe
         assert not taken
     else:
         assert taken
+
+
+@pytest.mark.parametrize("value", ['multipart/mixed; boundary="x"', "Message/RFC822", "message/partial"])
+def test_an_attachment_of_a_composite_type_is_documented_as_refused_as_the_server_refuses_it(value: str) -> None:
+    assert re.search(_property("Attachment", "content_type")["pattern"], value) is None
+    request = msgspec.convert(
+        {
+            "envelope_sender": "",
+            "recipients": [{"email": "u@example.net"}],
+            "content": {"from": {"email": "a@example.org"}, "attachments": [{"content_type": value, "data": "hi"}]},
+        },
+        InjectRequest,
+    )
+    with pytest.raises(ComposeError) as refused:
+        check_request(request)
+    assert refused.value.field == "$.content.attachments[0].content_type"
 
 
 _ATTACHMENT: Final = {"content_type": "text/plain", "data": "hi"}

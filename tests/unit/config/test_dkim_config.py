@@ -36,13 +36,15 @@ def test_a_missing_key_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}, line ") and "[dkim] private_key" in message
+    assert message.startswith(f"{path}, line ") and "[[dkim]] #1 private_key" in message
     assert str(tmp_path / "keys" / "none.pem") in message and "cannot read" in message
 
 
 def test_a_key_of_the_wrong_type_is_named(tmp_path: Path) -> None:
     path = _config(tmp_path, 'private_key = "keys/k.pem"\nalgorithm = "ed25519-sha256"')
-    with pytest.raises(ConfigError, match=r"\[dkim\] private_key: .*k\.pem holds an RSA key, not the Ed25519 key"):
+    with pytest.raises(
+        ConfigError, match=r"\[\[dkim\]\] #1 private_key: .*k\.pem holds an RSA key, not the Ed25519 key"
+    ):
         load(path)
 
 
@@ -61,7 +63,7 @@ def test_signing_an_internal_header_is_refused(tmp_path: Path, block: str, extra
 
 
 def test_a_header_list_without_from_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"\[dkim\] headers: .*must include From"):
+    with pytest.raises(ConfigError, match=r"\[\[dkim\]\] #1 headers: .*must include From"):
         load(_config(tmp_path, 'private_key = "keys/k.pem"\nheaders = ["subject"]'))
 
 
@@ -77,7 +79,7 @@ def test_two_blocks_with_one_name_are_refused(tmp_path: Path) -> None:
 def test_a_bad_selector_is_refused(tmp_path: Path) -> None:
     path = _config(tmp_path, 'private_key = "keys/k.pem"')
     path.write_text(path.read_text().replace('selector = "s1"', 'selector = "s 1"'))
-    with pytest.raises(ConfigError, match=r"\[dkim\] selector"):
+    with pytest.raises(ConfigError, match=r"\[\[dkim\]\] #1 selector"):
         load(path)
 
 
@@ -100,18 +102,18 @@ private_key = "keys/nope.pem"
 def test_a_problem_in_a_later_block_names_that_blocks_line(tmp_path: Path) -> None:
     path = _config(tmp_path, 'private_key = "keys/k.pem"')
     path.write_text(SECOND_BLOCK)  # line 13: the second block's private_key, not the first's (line 8)
-    with pytest.raises(ConfigError, match=rf"^{path}, line 13: \[dkim\] private_key: .*nope\.pem"):
+    with pytest.raises(ConfigError, match=rf"^{path}, line 13: \[\[dkim\]\] #2 private_key: .*nope\.pem"):
         load(path)
     path.write_text(SECOND_BLOCK.replace('selector = "b"', 'selector = "b c"'))
     with pytest.raises(ConfigError) as caught:
         load(path)
     # In words, as `pigeon dkim keygen` says it, not as the regular expression it fails.
     assert str(caught.value) == (
-        f"{path}, line 12: [dkim] selector: selector 'b c' is not a DNS name "
+        f"{path}, line 12: [[dkim]] #2 selector: selector 'b c' is not a DNS name "
         "(letters, digits, hyphens, dot-separated labels)"
     )
     path.write_text(SECOND_BLOCK.replace('selector = "b"', "selector = 7"))
-    with pytest.raises(ConfigError, match=rf"^{path}, line 12: \[dkim\] selector: Expected `str`, got `int`"):
+    with pytest.raises(ConfigError, match=rf"^{path}, line 12: \[\[dkim\]\] #2 selector: Expected `str`, got `int`"):
         load(path)
 
 
@@ -140,7 +142,7 @@ def test_a_second_block_that_would_add_the_same_signature_again_is_refused_namin
     with pytest.raises(ConfigError) as caught:
         load(path)
     assert str(caught.value) == (
-        f"{path}, line 9: [dkim] domain: [[dkim]] 'again' (selector S1): signs the same mail with the same key, "
+        f"{path}, line 9: [[dkim]] #2 domain: [[dkim]] 'again' (selector S1): signs the same mail with the same key, "
         "domain and selector as the [[dkim]] block at line 2: every block that matches signs, so each message "
         "would carry that signature twice; remove one (another header list or canonicalization needs another "
         "selector)"
@@ -174,9 +176,9 @@ domain = "b.example"
 @pytest.mark.parametrize(
     ("line", "error"),
     [
-        ('tls = "always"', "line 10: [route] tls: Invalid enum value 'always'"),
-        ('tls_verify = true\nca_file = "none.pem"', "line 11: [route] ca_file: route 'b.example': CA file "),
-        ('tls_verify = true\nca_file = "bad.pem"', "line 11: [route] ca_file: route 'b.example': CA file "),
+        ('tls = "always"', "line 10: [[route]] #2 tls: Invalid enum value 'always'"),
+        ('tls_verify = true\nca_file = "none.pem"', "line 11: [[route]] #2 ca_file: route 'b.example': CA file "),
+        ('tls_verify = true\nca_file = "bad.pem"', "line 11: [[route]] #2 ca_file: route 'b.example': CA file "),
     ],
 )
 def test_a_problem_in_a_later_route_names_that_routes_line(tmp_path: Path, line: str, error: str) -> None:
@@ -197,5 +199,5 @@ def test_a_tenant_no_queue_could_have_is_refused_naming_its_line(tmp_path: Path,
     path = _config(tmp_path, f'private_key = "keys/k.pem"\ntenant = "{tenant}"')
     with pytest.raises(ConfigError) as caught:
         load(path)
-    assert str(caught.value).startswith(f"{path}, line 6: [dkim] tenant: [[dkim]] 'example.com' (selector s1): ")
+    assert str(caught.value).startswith(f"{path}, line 6: [[dkim]] #1 tenant: [[dkim]] 'example.com' (selector s1): ")
     assert str(caught.value).endswith(f"tenant {tenant!r} contains {culprit!r}: no white space, ':' or '@' allowed")

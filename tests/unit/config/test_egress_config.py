@@ -86,31 +86,52 @@ def _with(replace: str, by: str) -> str:
     [
         (
             _with('{source = "ip-3", weight = 1}', '{source = "ip-4", weight = 1}'),
-            "line 20: [pool] sources: pool 'bulk': no [[source]] called 'ip-4' (known: 'ip-2', 'ip-3', 'v6')",
+            "line 20: [[pool]] #1 sources: pool 'bulk': no [[source]] called 'ip-4' (known: 'ip-2', 'ip-3', 'v6')",
         ),
         (
             _with('["ip-3", "v6"]', '["ip-3", "ip-9"]'),
-            "line 24: [pool] sources: pool 'transactional': no [[source]] called 'ip-9'",
+            "line 24: [[pool]] #2 sources: pool 'transactional': no [[source]] called 'ip-9'",
         ),
         (
             _with("weight = 1}", "weight = 0}"),
-            "line 20: [pool] sources: pool 'bulk': source 'ip-3' has weight 0; weights are whole numbers from 1",
+            "line 20: [[pool]] #1 sources: pool 'bulk': source 'ip-3' has weight 0; weights are whole numbers from 1",
         ),
-        (_with('["ip-3", "v6"]', "[]"), "line 24: [pool] sources: pool 'transactional': name at least one [[source]]"),
-        (_with('["ip-3", "v6"]', '["v6", "v6"]'), "[pool] sources: pool 'transactional': source 'v6' is listed twice"),
-        (_with('name = "transactional"', 'name = "bulk"'), "line 23: [pool] name: two [[pool]]s are called 'bulk'"),
-        (_with('name = "ip-3"', 'name = "ip-2"'), "line 10: [source] name: two [[source]]s are called 'ip-2'"),
-        (_with('name = "ip-3"', 'name = "default"'), "[source] name: source 'default' is the name of the implicit"),
-        (_with('name = "ip-3"', 'name = "ip 3"'), "line 10: [source] name: source 'ip 3': letters, digits"),
+        (
+            _with('["ip-3", "v6"]', "[]"),
+            "line 24: [[pool]] #2 sources: pool 'transactional': name at least one [[source]]",
+        ),
+        (
+            _with('["ip-3", "v6"]', '["v6", "v6"]'),
+            "[[pool]] #2 sources: pool 'transactional': source 'v6' is listed twice",
+        ),
+        (
+            _with('name = "transactional"', 'name = "bulk"'),
+            "line 23: [[pool]] #2 name: two [[pool]]s are called 'bulk'",
+        ),
+        (_with('name = "ip-3"', 'name = "ip-2"'), "line 10: [[source]] #2 name: two [[source]]s are called 'ip-2'"),
+        (
+            _with('name = "ip-3"', 'name = "default"'),
+            "[[source]] #2 name: source 'default' is the name of the implicit",
+        ),
+        (_with('name = "ip-3"', 'name = "ip 3"'), "line 10: [[source]] #2 name: source 'ip 3': letters, digits"),
         (
             _with('bind = "127.0.0.3"', 'bind = "127.0.0.300"'),
-            "line 11: [source] bind: source 'ip-3': '127.0.0.300'",
+            "line 11: [[source]] #2 bind: source 'ip-3': '127.0.0.300'",
         ),
-        (_with('bind = "127.0.0.3"', 'bind = "192.0.2.77"'), "line 11: [source] bind: source 'ip-3': cannot bind to"),
-        (_with('ehlo = "ip3.example"', 'ehlo = "ip3 example"'), "line 12: [source] ehlo: source 'ip-3': 'ip3 example'"),
+        (
+            _with('bind = "127.0.0.3"', 'bind = "192.0.2.77"'),
+            "line 11: [[source]] #2 bind: source 'ip-3': cannot bind to",
+        ),
+        (
+            _with('ehlo = "ip3.example"', 'ehlo = "ip3 example"'),
+            "line 12: [[source]] #2 ehlo: source 'ip-3': 'ip3 example'",
+        ),
         (_with('pool = "bulk"', 'pool = "bluk"'), "line 2: [delivery] pool: no [[pool]] called 'bluk' (known: 'bulk',"),
-        (_with('pool = "transactional"', 'pool = "nope"'), "line 28: [queue] pool: queue '*:acme@*': no [[pool]]"),
-        (_with('source = "ip-3"\nconn', 'source = "ip-7"\nconn'), "line 32: [shaping] source: [[shaping]] #1: no"),
+        (_with('pool = "transactional"', 'pool = "nope"'), "line 28: [[queue]] #1 pool: queue '*:acme@*': no [[pool]]"),
+        (
+            _with('source = "ip-3"\nconn', 'source = "ip-7"\nconn'),
+            "line 32: [[shaping]] #1 source: no [[source]] called 'ip-7'",
+        ),
     ],
 )
 def test_egress_mistakes_name_the_key_and_its_line(tmp_path: Path, text: str, expected: str) -> None:

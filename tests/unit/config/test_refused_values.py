@@ -30,7 +30,7 @@ SOURCE = '[[source]]\nname = "ip-2"\nbind = "127.0.0.2"\nehlo = {}\n'
 NAME_SETTINGS = {
     "hostname": ("[smtp]\nhostname = {}\n", "line 2: [smtp] hostname: "),
     "helo_name": ("[delivery]\nhelo_name = {}\n", "line 2: [delivery] helo_name: "),
-    "source-ehlo": (SOURCE, "line 4: [source] ehlo: source 'ip-2': "),
+    "source-ehlo": (SOURCE, "line 4: [[source]] #1 ehlo: source 'ip-2': "),
 }
 BAD_NAMES = {
     "space": ('"bad host"', "holds white space or a control character"),
@@ -104,13 +104,11 @@ def test_domain_names_and_address_literals_load_as_names_on_the_wire(tmp_path: P
 @pytest.mark.parametrize("zero", ['"0s"', "0", '"0ms"'])
 def test_a_duration_of_zero_is_refused_naming_the_key(tmp_path: Path, setting: str, zero: str) -> None:
     text = setting.format(zero) + "\n"
-    section, key = text.splitlines()[0].strip("[]"), text.splitlines()[-1].split(" = ")[0]
+    section, key = text.splitlines()[0], text.splitlines()[-1].split(" = ")[0]  # "[[queue]]", "max_age"
+    name = f"{section} #1" if section.startswith("[[") else section  # an array of tables: its first
     line = len(text.splitlines())
     message = error_of(tmp_path, text)
-    assert (
-        message
-        == f'{tmp_path / "pigeon.toml"}, line {line}: [{section}] {key}: must be more than 0 (e.g. "2s", "250ms")'
-    )
+    assert message == f'{tmp_path / "pigeon.toml"}, line {line}: {name} {key}: must be more than 0 (e.g. "2s", "250ms")'
 
 
 def test_a_shaping_idle_timeout_of_zero_is_refused_naming_the_block(tmp_path: Path) -> None:
@@ -155,15 +153,16 @@ def test_a_zero_is_refused_by_pigeon_shaping_check_too(tmp_path: Path, setting: 
         ),
         (
             '[[target]]\nname = "t"\nkind = "log"\npath = "t.log"\nretry_interval = "1m"\nmax_retry_interval = "30s"\n',
-            "line 6: [target] max_retry_interval: 30s is below the retry_interval of target 't' (60s)",
+            "line 6: [[target]] #1 max_retry_interval: 30s is below the retry_interval of target 't' (60s)",
         ),
         (
             '[[queue]]\nname = "*"\nmax_retry_interval = "1m"\n',
-            "line 3: [queue] max_retry_interval: 60s is below the retry_interval of queue '*' (from [delivery]) (300s)",
+            "line 3: [[queue]] #1 max_retry_interval: 60s is below the retry_interval of queue '*'"
+            " (from [delivery]) (300s)",
         ),
         (
             '[[queue]]\nname = "*"\nretry_interval = "6h"\n',
-            "line 3: [queue] retry_interval: queue '*': 21600s is over [delivery] max_retry_interval (14400s)",
+            "line 3: [[queue]] #1 retry_interval: queue '*': 21600s is over [delivery] max_retry_interval (14400s)",
         ),
     ],
     ids=["delivery", "site", "target", "queue-ceiling", "queue-interval"],
@@ -191,22 +190,40 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
     [
         (
             token() + token(secret='"ffffffffffffffffffff"'),
-            "line 6: [http.token] name: two [[http.token]]s are called 'app'",
+            "line 6: [[http.token]] #2 name: two [[http.token]]s are called 'app'",
         ),
-        (token(name='""'), "line 2: [http.token] name: '' is not a name for the holder"),
-        (token(name='"app\\n"'), "line 2: [http.token] name: 'app\\n' is not a name for the holder"),
-        (token(name='"local"'), "line 2: [http.token] name: 'local' is the name of the `pigeon` commands' local token"),
-        (token(scopes="[]"), "line 4: [http.token] scopes: [[http.token]] 'app': name at least one scope"),
+        (token(name='""'), "line 2: [[http.token]] #1 name: '' is not a name for the holder"),
+        (token(name='"app\\n"'), "line 2: [[http.token]] #1 name: 'app\\n' is not a name for the holder"),
+        (
+            token(name='"local"'),
+            "line 2: [[http.token]] #1 name: 'local' is the name of the `pigeon` commands' local token",
+        ),
+        (token(scopes="[]"), "line 4: [[http.token]] #1 scopes: [[http.token]] 'app': name at least one scope"),
         (
             token(secret='"a0b1c2d3e4 f5a6b7c8d9"'),
-            "line 3: [http.token] token: [[http.token]] 'app': the secret must be",
+            "line 3: [[http.token]] #1 token: [[http.token]] 'app': the secret must be",
         ),
         (
             token(secret='"a0b1c2d3e4f5a6b7c8d9\\n"'),
-            "line 3: [http.token] token: [[http.token]] 'app': the secret must be",
+            "line 3: [[http.token]] #1 token: [[http.token]] 'app': the secret must be",
         ),
+        (
+            token() + 'tenants = ["acme", "a b"]\n',
+            "line 5: [[http.token]] #1 tenants: [[http.token]] 'app': tenant 'a b' contains ' '",
+        ),
+        (token() + 'tenants = [""]\n', "[[http.token]] #1 tenants: [[http.token]] 'app': a tenant name is empty"),
     ],
-    ids=["same-name", "empty-name", "control-in-name", "local", "no-scopes", "space-in-secret", "newline-in-secret"],
+    ids=[
+        "same-name",
+        "empty-name",
+        "control-in-name",
+        "local",
+        "no-scopes",
+        "space-in-secret",
+        "newline-in-secret",
+        "tenant-with-space",
+        "empty-tenant",
+    ],
 )
 def test_api_token_mistakes_are_refused_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:
     message = error_of(tmp_path, text)
@@ -236,12 +253,12 @@ def test_api_token_mistakes_are_refused_naming_the_key(tmp_path: Path, text: str
         ('[delivery]\ncampaign_header = "x-tenant"\n', "[delivery] campaign_header: 'x-tenant' is tenant_header too"),
         (
             '[[target]]\nname = "t"\nkind = "webhook"\nurl = "http://127.0.0.1:9/"\nheaders = {"X Key" = "1"}\n',
-            "line 5: [target] headers: target 't': 'X Key' is not an HTTP header field name",
+            "line 5: [[target]] #1 headers: target 't': 'X Key' is not an HTTP header field name",
         ),
         (
             '[[target]]\nname = "t"\nkind = "webhook"\nurl = "http://127.0.0.1:9/"\n'
             'headers = {Authorization = "Bearer s3cret\\r\\nX-Evil: 1"}\n',
-            "line 5: [target] headers: target 't': the value of 'Authorization' holds a line break",
+            "line 5: [[target]] #1 headers: target 't': the value of 'Authorization' holds a line break",
         ),
     ],
     ids=[
@@ -276,9 +293,15 @@ target = "hook"
 @pytest.mark.parametrize(
     ("lines", "expected"),
     [
-        ('username = "app user"\npassword = "pw"\n', "[mailbox] username: mailbox 'support': 'app user' is empty or"),
-        ('username = "app\\r\\nA1 DELETE INBOX"\npassword = "pw"\n', "[mailbox] username: mailbox 'support':"),
-        ('username = "app"\npassword = "pw\\n"\n', "[mailbox] password: mailbox 'support': the password holds a line"),
+        (
+            'username = "app user"\npassword = "pw"\n',
+            "[[mailbox]] #1 username: mailbox 'support': 'app user' is empty or",
+        ),
+        ('username = "app\\r\\nA1 DELETE INBOX"\npassword = "pw"\n', "[[mailbox]] #1 username: mailbox 'support':"),
+        (
+            'username = "app"\npassword = "pw\\n"\n',
+            "[[mailbox]] #1 password: mailbox 'support': the password holds a line",
+        ),
     ],
     ids=["space-in-user", "crlf-in-user", "newline-in-password"],
 )
@@ -297,3 +320,103 @@ def test_the_smallest_spool_max_size_is_the_one_the_readme_gives(tmp_path: Path)
 
     assert load(write(tmp_path, f"[spool]\nmax_size = {smallest}\n")).spool.max_size == smallest
     assert "[spool] max_size: must be at least" in error_of(tmp_path, f"[spool]\nmax_size = {smallest - 1}\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[[route]]\ndomain = "a.example"\nnext_hop = "127.0.0.1:0"\n',
+            "line 3: [[route]] #1 next_hop: '127.0.0.1:0': port 0 is no server's; a port to connect to is 1 to 65535",
+        ),
+        (
+            '[[route]]\ndomain = "a.example"\nnext_hop = "mx.example.net"\n',
+            "line 3: [[route]] #1 next_hop: 'mx.example.net' is not host:port: name the server's port too, "
+            "like 'mx.example.net:25'",
+        ),
+        (
+            '[[route]]\ndomain = "a.example"\nnext_hop = "::1:2525"\n',
+            "line 3: [[route]] #1 next_hop: '::1:2525': write an IPv6 address in brackets, then the port",
+        ),
+        (
+            '[dns]\nnameservers = ["127.0.0.1:0"]\n',
+            "line 2: [dns] nameservers: '127.0.0.1:0': port 0 is no server's; a port to connect to is 1 to 65535",
+        ),
+        (
+            '[dns]\nnameservers = ["127.0.0.1"]\n',
+            "line 2: [dns] nameservers: '127.0.0.1' is not host:port: name the server's port too, like '127.0.0.1:53'",
+        ),
+        (
+            '[[target]]\nkind = "postgresql"\nname = "rows"\ndsn = "postgresql://app@db.example:0/mail"\n',
+            "line 4: [[target]] #1 dsn: target 'rows': port 0 is no server's; a port to connect to is 1 to 65535",
+        ),
+        (
+            '[redis]\nurl = "redis://127.0.0.1:0/0"\n',
+            "line 2: [redis] url: port 0 is no server's; a port to connect to is 1 to 65535",
+        ),
+    ],
+    ids=[
+        "next-hop-port-0",
+        "next-hop-no-port",
+        "next-hop-bare-ipv6",
+        "nameserver-port-0",
+        "nameserver-no-port",
+        "postgresql-port-0",
+        "redis-port-0",
+    ],
+)
+def test_an_address_pigeon_connects_to_needs_a_port_from_1(tmp_path: Path, text: str, expected: str) -> None:
+    # Found from outside: next_hop = "127.0.0.1:0" passed `pigeon shaping check`, and a next hop
+    # with no port was told "port 0..65535; 0 picks a free port", a listener's rule.
+    said = error_of(tmp_path, text)
+    assert said.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}"), said
+
+
+def test_a_next_hop_and_nameserver_with_a_port_load(tmp_path: Path) -> None:
+    text = '[dns]\nnameservers = ["[::1]:53"]\n[[route]]\ndomain = "a.example"\nnext_hop = "[::1]:2525"\n'
+    config = load(write(tmp_path, text))
+    assert [(e.host, e.port) for e in config.dns.nameservers] == [("::1", 53)]
+    assert config.route[0].next_hop is not None and (config.route[0].next_hop.host, config.route[0].next_hop.port) == (
+        "::1",
+        2525,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[node]\nworkers = "two"\n',
+            "line 2: [node] workers: 'two': must be \"auto\" or a number of worker processes",
+        ),
+        (
+            '[node]\nworkers = "3"\n',
+            "line 2: [node] workers: '3' is a string: write the number without quotes (workers = 3)",
+        ),
+        (
+            "[smtp]\nlisten = 2525\n",
+            'line 2: [smtp] listen: takes a list of addresses or one string, like "127.0.0.1:2525"',
+        ),
+        (
+            '[[route]]\ndomain = "a.example"\n[[route]]\ndomain = "b.example"\ntls = "always"\n',
+            "line 5: [[route]] #2 tls: Invalid enum value 'always'; choose one of",
+        ),
+        (
+            '[[reaction]]\nid = "r"\nmatch = "x"\naction = "suspend"\nsite = "ex/ample"\n',
+            "line 5: [[reaction]] #1 site: 'ex/ample' holds '/', which no host name holds",
+        ),
+        (
+            '[[queue]]\nname = "a"\n[[queue]]\nname = "b"\npool = "nope"\n',
+            "line 5: [[queue]] #2 pool: queue 'b': no [[pool]] called 'nope'",
+        ),
+    ],
+    ids=["workers-word", "workers-quoted-number", "listen-number", "route-block", "glob-character", "queue-block"],
+)
+def test_config_errors_say_what_to_write_and_name_array_tables_as_the_readme_does(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    # Found from outside: "Invalid enum value 'two'; choose one of 'auto'", "Expected `array`,
+    # got `int`", "[route] tls" where the README writes "[[shaping]] #1 domain", and
+    # "'ex/ample' '/' cannot appear in a host name".
+    said = error_of(tmp_path, text)
+    assert said.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}"), said

@@ -168,6 +168,54 @@ def test_the_diagnostic_code_is_the_servers_reply_with_its_enhanced_code() -> No
     assert status_blocks(parsed)[1]["Diagnostic-Code"] == "smtp; 550 no such user"
 
 
+# RFC 5321 4.5.3.1.5 allows 512 octets a reply line (Pigeon's reader takes up to 4096), and
+# lines without number; RFC 5322 2.1.1 allows 998 octets a line of a message, and a DSN that a
+# next hop refuses for a longer one is lost (its null sender hears of nothing).
+THREE_LINES_OF_400 = tuple(" ".join(f"policy{i * 100 + j:03d}" for j in range(40)) for i in range(3))
+ONE_LINE_OF_2000 = (" ".join(f"reason{i:04d}" for i in range(182)),)
+
+
+def lines_of(data: bytes) -> list[bytes]:
+    return data.removesuffix(b"\r\n").split(b"\r\n")
+
+
+@pytest.mark.parametrize("lines", [THREE_LINES_OF_400, ONE_LINE_OF_2000], ids=["3x400", "1x2000"])
+@pytest.mark.parametrize("utf8", [False, True], ids=["delivery-status", "global-delivery-status"])
+def test_a_long_reply_is_folded_into_lines_a_next_hop_takes_and_unfolds_to_the_reply(
+    lines: tuple[str, ...], utf8: bool
+) -> None:
+    env = envelope(Recipient("renée@example.net" if utf8 else "bob@example.net"), smtputf8=utf8)
+    answer = Reply(550, "5.7.1", lines)
+    assert max(len(f"550-5.7.1 {line}") for line in lines) >= 400
+    data, parsed = report(env, [Failure(env.recipients[0], answer, "failed", "mx.example.net")])
+    # Folded at the reply's white space: every line within RFC 5322's 78 octets.
+    assert max(len(line) for line in lines_of(data)) <= 78
+    # The Diagnostic-Code unfolds (RFC 5322 2.2.3) to the server's reply, whole.
+    if utf8:  # (the stdlib reads message/global-delivery-status as one message: its blocks read alike)
+        body = data.index(b"\r\n\r\n", data.index(b"Content-Type: message/global-delivery-status")) + 4
+        content = data[body:].split(b"\r\n\r\n")[1]
+        status = email.message_from_bytes(content + b"\r\n", policy=email.policy.default)
+    else:
+        status = status_blocks(parsed)[1]
+    assert status["Diagnostic-Code"] == f"smtp; 550 5.7.1 {' '.join(lines)}"
+    assert status["Status"] == "5.7.1" and status["Action"] == "failed"
+    # The text, wrapped, says it all, each word once, in order.
+    text = parsed.get_payload()[0].get_content()
+    reason = text[text.index("<ren" if utf8 else "<bob") :].split()
+    assert reason[1:] == " ".join(lines).split()
+
+
+def test_a_reply_word_longer_than_a_line_is_cut_into_lines_of_998_octets() -> None:
+    env = envelope()
+    word = "x" * 2000  # nothing to fold at: cut, a space put in where it is cut
+    data, parsed = report(env, [Failure(env.recipients[0], Reply(550, "5.1.1", (word,)), "failed")])
+    assert max(len(line) for line in lines_of(data)) <= 998
+    diagnostic = status_blocks(parsed)[1]["Diagnostic-Code"]
+    assert diagnostic.startswith("smtp; 550 5.1.1 x") and diagnostic.replace(" ", "") == "smtp;5505.1.1" + word
+    text = parsed.get_payload()[0].get_content()
+    assert "".join(text[text.index("<bob") :].split()) == f"<bob@example.net>:{word}"
+
+
 def test_a_remote_reply_with_terminal_controls_is_escaped_in_the_human_readable_part() -> None:
     # A remote MX chose the text: an ESC or a C1 CSI must not reach the sender's terminal.
     env = envelope()
@@ -284,6 +332,26 @@ def test_utf8_headers_returned_under_ret_hdrs_go_as_message_global_headers() -> 
     assert "Subject: café".encode() in third.as_bytes()
     _, plain = report(envelope(ret="HDRS"))
     assert plain.get_payload()[2].get_content_type() == "text/rfc822-headers"
+
+
+@pytest.mark.parametrize("smtputf8", [False, True], ids=["delivery-status", "global-delivery-status"])
+def test_each_part_holding_8_bit_octets_is_labelled_8bit(smtputf8: bool) -> None:
+    # RFC 2045 6.1: a part without Content-Transfer-Encoding is 7bit; a next hop may take it at its word.
+    original = "From: alice@example.org\r\nSubject: s\r\n\r\nh\u00e9llo, 8-bit\r\n".encode()
+    env = envelope(Recipient("renée@example.net" if smtputf8 else "bob@example.net"), smtputf8=smtputf8, ret="FULL")
+    refused = Reply(550, "5.1.1", ("Benutzer unbekannt \u2013 \u00fcberpr\u00fcfen",))
+    data, parsed = report(env, [Failure(env.recipients[0], refused, "failed")], original=original)
+    text, status, returned = parsed.get_payload()
+    assert text["Content-Transfer-Encoding"] == "8bit"
+    assert "Benutzer unbekannt \u2013 \u00fcberpr\u00fcfen" in text.get_content()
+    # message/delivery-status is ASCII (the reply escaped); message/global-delivery-status is not.
+    assert status["Content-Transfer-Encoding"] == ("8bit" if smtputf8 else None)
+    assert returned.get_content_type() == ("message/global" if smtputf8 else "message/rfc822")
+    assert returned["Content-Transfer-Encoding"] == "8bit"
+    assert original in data
+    # A report all in ASCII says nothing of it: 7bit, as RFC 2045 6.1 reads a part that does not.
+    _, ascii_only = report(envelope(ret="FULL"))
+    assert all(part["Content-Transfer-Encoding"] is None for part in ascii_only.walk())
 
 
 def test_an_envid_or_orcpt_with_a_line_break_cannot_add_fields_to_the_report() -> None:

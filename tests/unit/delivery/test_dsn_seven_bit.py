@@ -60,8 +60,10 @@ def test_a_report_on_internationalised_mail_has_a_7_bit_form_that_says_as_much(r
     assert parsed.get_param("report-type") == "delivery-status"
     text, _, returned = parsed.get_payload()
     # The text, quoted-printable, reads as it did.
-    assert text["Content-Transfer-Encoding"] == "quoted-printable"
+    assert text.get_all("Content-Transfer-Encoding") == ["quoted-printable"]  # ("8bit" no longer)
+    assert all(part.get_all("Content-Transfer-Encoding") in (None, ["quoted-printable"]) for part in parsed.walk())
     assert "<rené@example.net>: Utilisateur inconnu: rené" in text.get_content()
+    assert "Its headers (those in ASCII) are attached below;" in text.get_content()  # (not all, nor all of them)
     # The addresses in RFC 6533's utf-8-addr-xtext; the server's words escaped alike.
     status = _status(parsed)
     assert "Final-Recipient: utf-8; ren\\x{E9}@example.net" in status
@@ -72,15 +74,51 @@ def test_a_report_on_internationalised_mail_has_a_7_bit_form_that_says_as_much(r
     assert returned.get_content() == "To: bob@example.net\r\nMessage-ID: <m1@example.org>\r\n"
 
 
-def test_an_8_bit_message_returned_whole_comes_back_as_its_header_fields() -> None:
+@pytest.mark.parametrize("reply", [REFUSED, Reply(550, "5.1.1", ("unknown",))], ids=["utf8-reply", "ascii-reply"])
+def test_an_8_bit_message_returned_whole_comes_back_as_its_header_fields_and_the_text_says_so(reply: Reply) -> None:
     # Not internationalised (no SMTPUTF8): 8-bit in its body only, which message/rfc822 cannot encode.
     original = b"From: a@example.org\r\nSubject: s\r\n\r\nna\xc3\xafve\r\n"
-    report = _report(Envelope("alice@example.org", [Recipient("bob@example.net")], ret="FULL"), original)
+    report = _report(Envelope("alice@example.org", [Recipient("bob@example.net")], ret="FULL"), original, reply)
     seven = seven_bit(report)
     assert seven is not None and seven.isascii()
-    returned = _parsed(seven).get_payload()[2]
+    text, _, returned = _parsed(seven).get_payload()
     assert returned.get_content_type() == "text/rfc822-headers"
     assert returned.get_content() == "From: a@example.org\r\nSubject: s\r\n"
+    # The text says what came back: not the message, written before it was cut to its headers.
+    said = text.get_content()
+    assert "Its headers (those in ASCII) are attached below; the reasons are:" in said
+    assert "It is attached" not in said
+    assert f"<bob@example.net>: {reply.text}" in said
+
+
+@pytest.mark.parametrize("smtputf8", [True, False], ids=["global-delivery-status", "delivery-status"])
+def test_a_long_utf8_reply_keeps_to_78_octets_a_line_in_every_form_of_the_report(smtputf8: bool) -> None:
+    # Three lines of 400 octets (RFC 5321 allows 512), each "é" 6 octets once escaped (\\x{E9}):
+    # folded where the escaped form is too long, so that neither form has a line over 78.
+    lines = tuple(" ".join(f"r\u00e9ponse{i}{j:02d}" for j in range(36)) for i in range(3))
+    envelope = Envelope("alice@example.org", [Recipient("rené@example.net")], smtputf8=smtputf8, ret="FULL")
+    report = _report(envelope, reply=Reply(550, "5.7.1", lines))
+    seven = seven_bit(report)
+    assert seven is not None and seven.isascii()
+    for form in (report, seven):
+        assert max(len(line) for line in form.removesuffix(b"\r\n").split(b"\r\n")[1:]) <= 78  # (after Received)
+    parsed = _parsed(seven)
+    status = _status(parsed)
+    diagnostic = status[status.index("Diagnostic-Code: ") :].split("\nLast-Attempt-Date:")[0]
+    escaped = " ".join(lines).replace("\u00e9", "\\x{E9}")
+    assert diagnostic.replace("\n", "") == f"Diagnostic-Code: smtp; 550 5.7.1 {escaped}"  # (unfolded)
+    text = parsed.get_payload()[0].get_content()
+    assert text[text.index("<ren") :].split()[1:] == " ".join(lines).split()
+
+
+def test_a_message_in_ascii_still_comes_back_whole_in_the_7_bit_form_and_the_text_says_so() -> None:
+    # Internationalised only in its recipient and the reply: the message, all ASCII, goes as it was.
+    envelope = Envelope("alice@example.org", [Recipient("rené@example.net")], smtputf8=True, ret="FULL")
+    seven = seven_bit(_report(envelope, b"From: a@example.org\r\nSubject: s\r\n\r\nplain\r\n"))
+    assert seven is not None and seven.isascii()
+    text, _, returned = _parsed(seven).get_payload()
+    assert returned.get_content_type() == "message/global"
+    assert "It is attached below; the reasons are:" in text.get_content()
 
 
 def test_a_report_that_is_ascii_already_is_left_as_it_is() -> None:

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from dnslib import AAAA, CNAME, MX, QTYPE, RCODE, RR, TXT, A, DNSRecord
 from dnslib.dns import DNSError
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
-from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
+from pigeon.delivery import dnswire
+from pigeon.delivery.mx import DnsFailure, Exchanger, ResolvConfOptions, Resolver, _resolv_conf_options
 from pigeon.delivery.routes import Destination, Hop, Route, Router, TlsPolicy
 
 TTL = 300
@@ -44,6 +48,7 @@ ZONE: dict[str, list[tuple[str, ...]]] = {
     "nothing.example": [("TXT", "v=spf1 -all")],
     "host.example": [("AAAA", "2001:db8::1"), ("A", "192.0.2.1"), ("A", "192.0.2.2")],
     "short-ttl.example": [("MX", "10", "mx.short-ttl.example")],
+    "tiny-ttl.example": [("MX", "10", "mx.tiny-ttl.example")],
     "flaky-v6.example": [("A", "192.0.2.7")],
     "alias.example": [("CNAME", "host.example")],  # answered with the chain and host.example's records
     "Mixed-Case.example": [("MX", "10", "Mail.Mixed-Case.example")],
@@ -89,7 +94,7 @@ class ZoneResolver(BaseResolver):  # type: ignore[misc]
         if records is None:
             reply.header.rcode = RCODE.NXDOMAIN
             return reply
-        ttl = 10 if name.startswith("short-ttl") else TTL
+        ttl = 10 if name.startswith("short-ttl") else 1 if name.startswith("tiny-ttl") else TTL
         owner = name
         if records and records[0][0] == "CNAME":
             reply.add_answer(RR(name + ".", QTYPE.CNAME, rdata=CNAME(records[0][1] + "."), ttl=ttl))
@@ -215,6 +220,224 @@ async def test_a_server_that_never_answers_is_a_transient_failure(dns: FakeDns) 
     assert not raised.value.permanent
     assert raised.value.reply.code == 451
     assert dns.asked("silent.example", "MX")
+
+
+# --- Resolver: several nameservers -----------------------------------------------------------------
+class _RcodeResolver(BaseResolver):  # type: ignore[misc]
+    """Answers every question with one rcode (SERVFAIL, REFUSED, NXDOMAIN), counting them."""
+
+    def __init__(self, rcode: int, delay: float = 0.0) -> None:
+        self.rcode = rcode
+        self.delay = delay
+        self.queries = 0
+
+    def resolve(self, request: DNSRecord, handler: object) -> DNSRecord:
+        self.queries += 1
+        time.sleep(self.delay)
+        reply = request.reply()
+        reply.header.rcode = self.rcode
+        if self.rcode == RCODE.NOERROR and request.q.qtype == QTYPE.A:
+            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A("192.0.2.99"), ttl=TTL))
+        return reply
+
+
+@pytest.fixture
+def rcode_server() -> Iterator[Callable[..., tuple[tuple[str, int], _RcodeResolver]]]:
+    servers: list[tuple[DNSServer, threading.Thread]] = []
+
+    def start(rcode: int, delay: float = 0.0) -> tuple[tuple[str, int], _RcodeResolver]:
+        answers = _RcodeResolver(rcode, delay)
+        server = DNSServer(answers, address="127.0.0.1", port=0, logger=DNSLogger(logf=lambda _: None))
+        thread = threading.Thread(target=server.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return ("127.0.0.1", server.server.server_address[1]), answers
+
+    yield start
+    for server, thread in servers:
+        server.stop()
+        server.server.server_close()
+        thread.join(timeout=5)
+
+
+class _Silent:
+    """A nameserver that never answers: a UDP socket that nobody reads (until `asked`)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.address: tuple[str, int] = self.sock.getsockname()
+        self.queries = 0
+
+    def asked(self) -> int:
+        while True:
+            try:
+                self.sock.recv(65535)
+            except BlockingIOError:
+                return self.queries
+            self.queries += 1
+
+
+@pytest.fixture
+def silent() -> Iterator[Callable[[], _Silent]]:
+    made: list[_Silent] = []
+
+    def make() -> _Silent:
+        made.append(_Silent())
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.sock.close()
+
+
+async def test_a_first_nameserver_that_never_answers_has_the_next_asked(
+    dns: FakeDns, silent: Callable[[], _Silent]
+) -> None:
+    """The lookup's timeout is shared by the servers: the first's half gone, the second answers."""
+    dead = silent()
+    mx = Resolver([dead.address, *dns.nameservers], timeout=1.0)
+    started = time.monotonic()
+    assert await mx.exchangers("single.example") == [Exchanger(10, "mail.single.example")]
+    assert 0.4 < time.monotonic() - started < 0.9
+    assert dead.asked() == 1
+    assert dns.asked("single.example", "MX")
+
+
+async def test_a_nameserver_that_timed_out_is_asked_last_for_a_while(
+    dns: FakeDns, silent: Callable[[], _Silent]
+) -> None:
+    dead = silent()
+    clock = Clock()
+    mx = Resolver([dead.address, *dns.nameservers], timeout=1.0, clock=clock)
+    await mx.exchangers("single.example")
+    started = time.monotonic()
+    assert await mx.addresses("host.example") == ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
+    assert time.monotonic() - started < 0.4  # no wait for the dead server
+    assert dead.asked() == 1
+    clock.now += 61  # then it has its turn first again
+    await mx.exchangers("mx.example")
+    assert dead.asked() == 2
+
+
+async def test_dnspython_too_asks_a_nameserver_that_timed_out_last(dns: FakeDns, silent: Callable[[], _Silent]) -> None:
+    """What `dnswire` does not read (a CNAME chain) goes to dnspython, in the same order."""
+    dead = silent()
+    mx = Resolver([dead.address, *dns.nameservers], timeout=1.0)
+    await mx.exchangers("single.example")
+    started = time.monotonic()
+    assert await mx.addresses("alias.example") == ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
+    assert time.monotonic() - started < 0.4
+    assert dead.asked() == 1
+
+
+async def test_nameservers_that_never_answer_fail_the_lookup_within_its_timeout(
+    silent: Callable[[], _Silent],
+) -> None:
+    first, second = silent(), silent()
+    mx = Resolver([first.address, second.address], timeout=0.6)
+    started = time.monotonic()
+    with pytest.raises(DnsFailure) as raised:
+        await mx.exchangers("single.example")
+    assert 0.5 < time.monotonic() - started < 0.9
+    assert raised.value.reply.code == 451
+    assert "LifetimeTimeout" in raised.value.reply.lines[0]
+    assert (first.asked(), second.asked()) == (1, 1)
+
+
+@pytest.mark.parametrize("rcode", [RCODE.SERVFAIL, RCODE.REFUSED])
+async def test_a_first_nameserver_that_fails_the_query_has_the_next_asked_at_once(
+    dns: FakeDns, rcode_server: Callable[..., tuple[tuple[str, int], _RcodeResolver]], rcode: int
+) -> None:
+    failing, answers = rcode_server(rcode)
+    mx = Resolver([failing, *dns.nameservers], timeout=5.0)
+    started = time.monotonic()
+    assert await mx.exchangers("single.example") == [Exchanger(10, "mail.single.example")]
+    assert time.monotonic() - started < 1.0
+    assert answers.queries == 1
+    assert len(dns.asked("single.example", "MX")) == 1
+
+
+async def test_the_last_nameserver_has_what_is_left_of_the_timeout(
+    rcode_server: Callable[..., tuple[tuple[str, int], _RcodeResolver]],
+) -> None:
+    """Its share is half the timeout; the first failing at once, it has nearly all of it."""
+    failing, _ = rcode_server(RCODE.SERVFAIL)
+    slow, _ = rcode_server(RCODE.NOERROR, 0.7)
+    assert await Resolver([failing, slow], timeout=1.0).addresses("slow.example") == ["192.0.2.99"]
+
+
+async def test_when_every_nameserver_fails_the_query_the_lookup_fails_transiently(
+    rcode_server: Callable[..., tuple[tuple[str, int], _RcodeResolver]],
+) -> None:
+    (first, first_answers), (second, second_answers) = rcode_server(RCODE.SERVFAIL), rcode_server(RCODE.REFUSED)
+    with pytest.raises(DnsFailure) as raised:
+        await Resolver([first, second], timeout=5.0).exchangers("single.example")
+    assert raised.value.reply.code == 451
+    assert (first_answers.queries, second_answers.queries) == (1, 1)  # once each: no round again
+
+
+async def test_nxdomain_from_the_first_nameserver_is_the_answer(
+    dns: FakeDns, rcode_server: Callable[..., tuple[tuple[str, int], _RcodeResolver]]
+) -> None:
+    """As libc and dnspython: a server that says the name does not exist is not second-guessed."""
+    nowhere, answers = rcode_server(RCODE.NXDOMAIN)
+    with pytest.raises(DnsFailure) as raised:
+        await Resolver([nowhere, *dns.nameservers], timeout=5.0).exchangers("single.example")
+    assert raised.value.permanent
+    assert answers.queries == 1
+    assert dns.asked() == []
+
+
+def test_resolv_conf_timeout_and_attempts_are_read_as_libc_does(tmp_path: Path) -> None:
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.2\noptions timeout:3 attempts:4 rotate\noptions attempts:3\n")
+    assert _resolv_conf_options(str(conf)) == ResolvConfOptions(3.0, 3)
+    conf.write_text("nameserver 127.0.0.2\noptions timeout:99 attempts:9 ndots:2\n")
+    assert _resolv_conf_options(str(conf)) == ResolvConfOptions(30.0, 5)  # libc's bounds
+    conf.write_text("nameserver 127.0.0.2\n")
+    assert _resolv_conf_options(str(conf)) == ResolvConfOptions(5.0, 2)  # libc's defaults
+    assert _resolv_conf_options(str(tmp_path / "none")) == ResolvConfOptions(5.0, 2)
+
+
+async def test_resolv_conf_s_nameservers_are_tried_in_rounds_of_its_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resolv.conf's servers (on port 53: no test server can be there) each get its `timeout:`
+    at most, their share of the lookup's timeout at most, in `attempts:` rounds."""
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.2\nnameserver 127.0.0.3\noptions timeout:1 attempts:3\n")
+    asked: list[str] = []
+
+    async def no_answer(server: tuple[str, int], name: str, kind: str) -> dnswire.Answer | None:
+        asked.append(server[0])
+        raise TimeoutError  # as when the try's time is out
+
+    monkeypatch.setattr(dnswire, "ask", no_answer)
+    mx = Resolver(timeout=10.0, resolv_conf=str(conf))
+    assert mx._try_timeout == 1.0
+    assert Resolver(timeout=1.0, resolv_conf=str(conf))._try_timeout == 0.5  # its share
+    with pytest.raises(DnsFailure):
+        await mx.exchangers("single.example")
+    assert asked == ["127.0.0.2", "127.0.0.3"] * 3
+
+
+async def test_resolv_conf_s_rotate_spreads_the_first_question(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.2\nnameserver 127.0.0.3\noptions rotate attempts:1\n")
+    first: list[str] = []
+
+    async def no_answer(server: tuple[str, int], name: str, kind: str) -> dnswire.Answer | None:
+        first.append(server[0])
+        return dnswire.Answer(dnswire.NXDOMAIN, [], 0)
+
+    monkeypatch.setattr(dnswire, "ask", no_answer)
+    mx = Resolver(timeout=1.0, resolv_conf=str(conf), rng=random.Random(1))
+    for n in range(20):
+        with pytest.raises(DnsFailure):
+            await mx.exchangers(f"d{n}.example")
+    assert set(first) == {"127.0.0.2", "127.0.0.3"}
 
 
 # --- Resolver: caching -------------------------------------------------------------------------
@@ -360,7 +583,11 @@ async def test_a_static_route_skips_dns(dns: FakeDns) -> None:
     router = Router([SMART_HOST], resolver(dns))
     destination = await router.destination("mail.internal.example")
     assert destination == Destination(
-        "relay.internal.example:2525", (Hop("relay.internal.example", 2525),), TlsPolicy.OPPORTUNISTIC, False
+        "relay.internal.example:2525",
+        (Hop("relay.internal.example", 2525),),
+        TlsPolicy.OPPORTUNISTIC,
+        False,
+        hops_from="route",
     )
     assert dns.asked() == []
 
@@ -500,6 +727,36 @@ async def test_destinations_are_cached_for_a_while(dns: FakeDns) -> None:
     assert router.cached("single.example") is None
 
 
+async def test_a_destination_is_cached_no_longer_than_its_mx_records_ttl(dns: FakeDns) -> None:
+    """30 seconds at most; less when the records' TTL is less, down to the resolver's floor (5 s)."""
+    clock = Clock()
+    router = Router([], resolver(dns, clock=clock), clock=clock)
+    await router.destination("short-ttl.example")  # TTL 10
+    await router.destination("tiny-ttl.example")  # TTL 1
+    clock.now += 4
+    assert router.cached("short-ttl.example") is not None
+    assert router.cached("tiny-ttl.example") is not None  # the floor
+    clock.now += 2
+    assert router.cached("tiny-ttl.example") is None
+    clock.now += 3
+    assert router.cached("short-ttl.example") is not None
+    clock.now += 2
+    assert router.cached("short-ttl.example") is None
+    await router.destination("short-ttl.example")
+    assert len(dns.asked("short-ttl.example", "MX")) == 2
+
+
+async def test_an_implicit_mx_destination_is_cached_no_longer_than_its_address_s_ttl(dns: FakeDns) -> None:
+    clock = Clock()
+    mx = resolver(dns, clock=clock)
+    router = Router([], mx, clock=clock)
+    await mx.exchangers("amx.example")  # (its A record cached 300 s, its missing MX 60 s)
+    clock.now += 50
+    await router.destination("amx.example")
+    clock.now += 11
+    assert router.cached("amx.example") is None  # the MX's NODATA expired
+
+
 async def test_a_dns_failure_reaches_the_caller_of_the_router(dns: FakeDns) -> None:
     router = Router([], resolver(dns))
     with pytest.raises(DnsFailure) as raised:
@@ -546,10 +803,10 @@ class _SlowResolver:
         self.answer = asyncio.Event()
         self.asked = 0
 
-    async def exchangers(self, domain: str) -> list[Exchanger]:
+    async def exchangers_for(self, domain: str) -> tuple[list[Exchanger], float]:
         self.asked += 1
         await self.answer.wait()
-        return [Exchanger(10, f"mx.{domain}")]
+        return [Exchanger(10, f"mx.{domain}")], 300.0
 
 
 async def test_a_lookup_that_spans_a_reload_gives_what_the_new_routes_say() -> None:

@@ -23,7 +23,7 @@ def test_a_name_ending_in_a_line_break_is_not_a_dns_name(tmp_path: Path, name: s
     # `$` matches before a final "\n": such a selector would put a bare LF into the
     # DKIM-Signature header (s=) and into the file name and TOML that keygen writes.
     assert name_problem("--selector", name) is not None
-    with pytest.raises(ConfigError, match=r"\[dkim\] selector"):
+    with pytest.raises(ConfigError, match=r"\[\[dkim\]\] #1 selector"):
         load(_config(tmp_path, name.replace("\r", "\\r").replace("\n", "\\n")))
 
 

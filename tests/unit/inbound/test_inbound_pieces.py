@@ -7,8 +7,10 @@ import hmac
 import json
 import re
 import time
+import urllib.parse
 from email.parser import Parser
 from email.policy import compat32
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -157,6 +159,20 @@ def test_a_raw_webhook_s_envelope_headers_stay_short_enough_for_any_server() -> 
     assert _envelope_headers("", ["b,c@x.example", "ü@x.example"])["X-Pigeon-Recipients"] == (
         "b%2Cc@x.example, %C3%BC@x.example"
     )
+
+
+def test_envelope_headers_encode_what_the_readme_says_and_decode_to_the_addresses() -> None:
+    """The README says which characters an address keeps in X-Pigeon-Recipients (it said "non-ASCII
+    percent-encoded", while a quoted local part's `"` is encoded too), and how to read the list."""
+    from pigeon.inbound.targets.webhook import HEADER_SAFE, _envelope_headers
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    said = re.search(r"percent-encoded as UTF-8 but for ASCII letters, digits and\s+``(.+?)``", readme)
+    assert said is not None and said.group(1) == HEADER_SAFE
+    recipients = ['"reply+q"@app.example.com', '"a, b%c"@x.example', "ü@x.example", "plain.o'k+1@x.example"]
+    listed = _envelope_headers("", recipients)["X-Pigeon-Recipients"]
+    assert listed.split(", ")[0] == "%22reply+q%22@app.example.com"  # the README's example
+    assert [urllib.parse.unquote(address) for address in listed.split(", ")] == recipients
 
 
 def test_retry_after_reads_seconds_and_http_dates_and_the_wait_is_capped() -> None:

@@ -53,7 +53,12 @@ class _Worker:
         self.hand_over_reached = asyncio.Event()
 
     async def forward(
-        self, request: web.Request, body: bytes, within: float | None = None, generation: int | None = None
+        self,
+        request: web.Request,
+        body: bytes,
+        within: float | None = None,
+        generation: int | None = None,
+        issued: float | None = None,
     ) -> web.Response:
         if self.before_answer is not None:
             self.before_answer()

@@ -24,7 +24,12 @@ class _Worker:
         self.made_by: bytes | None = None
 
     async def forward(
-        self, request: web.Request, body: bytes, within: float | None = None, generation: int | None = None
+        self,
+        request: web.Request,
+        body: bytes,
+        within: float | None = None,
+        generation: int | None = None,
+        issued: float | None = None,
     ) -> web.Response:
         if body == self.slow_for:
             await asyncio.sleep(0.05)  # its loop was busy: the other request got in first

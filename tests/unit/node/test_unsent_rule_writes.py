@@ -4,6 +4,7 @@ rule made again since, a rule made is not made again once ended since."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import msgspec
 import pytest
 
 from pigeon.config.load import load
+from pigeon.listener.http.admin import rule_change
 from pigeon.node.broadcast import Broadcast
 from pigeon.queue.rules import Rule, Selector
 from tests.support.services import RedisServer
@@ -155,6 +157,40 @@ async def test_a_standing_bounce_sent_late_lasts_only_what_is_left_of_it(
         sent = json.loads(fields[b"body"])
         assert 5390 <= sent["duration"] <= 5400, sent
         assert (sent["domain"], sent["id"]) == ("other.test", "b4")
+        client.close()
+    finally:
+        await broadcast.close()
+
+
+async def test_a_rule_sent_late_ends_on_the_other_nodes_exactly_when_it_ends_here(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The others make it from the entry's time plus the duration left (`rule_change`): that is
+    the end this node and Redis hold, to the last digit, not an end a rounding moved by up to half
+    a millisecond (nor one counted from another reading of the clock than the entry's time)."""
+    broadcast = _broadcast(tmp_path, redis_server)
+    try:
+        issued = 1796466730.7778733
+        body = json.dumps({"domain": "other.test", "duration": "2h", "id": "b5"}).encode()
+
+        async def local() -> tuple[int, Any]:
+            return 200, {}
+
+        redis_server.stop()
+        try:
+            await broadcast.around("POST", "/api/v1/admin/bounce", body, "ops", local, issued=issued)
+        finally:
+            redis_server.start()
+        readings = itertools.count()  # each reading of the clock 0.4 ms after the one before
+        monkeypatch.setattr(time, "time", lambda: issued + 1800.0123457 + next(readings) * 0.0004)
+        await broadcast.send_unsent()
+        client = redis_server.client()
+        ((_, entries),) = client.xread({STREAM: "0"})
+        ((_, fields),) = entries
+        made = rule_change("POST", "/api/v1/admin/bounce", fields[b"body"], "", float(fields[b"time"]))
+        kept = msgspec.json.decode(client.hget(RULES, "b5"), type=Rule)
+        assert made is not None and made.rule is not None and kept.expires is not None
+        assert (made.rule.expires, kept.expires) == (issued + 7200, issued + 7200)
         client.close()
     finally:
         await broadcast.close()

@@ -492,11 +492,11 @@ async def test_without_the_settling_state_an_admin_step_before_the_commit_is_fou
     monkeypatch.setattr(state, "_MOVES", moves)
     original = Admin._act
 
-    def act(self: Admin, row: Any, selector: Any, action: Any, claim: Any, spool_only: Any, settling: Any) -> Any:
+    def act(self: Admin, row: Any, selector: Any, action: Any, *rest: Any) -> Any:
         entry = self._active.get(row.id)
         if entry is not None and entry.state is state.State.SETTLING and selector.matches(entry.message):
             return action(entry)  # no waiting for the commit
-        return original(self, row, selector, action, claim, spool_only, settling)
+        return original(self, row, selector, action, *rest)
 
     monkeypatch.setattr(Admin, "_act", act)
     found = await _violations(_operation(operation), "partial")

@@ -54,7 +54,7 @@ async def test_a_rebind_during_the_mx_lookup_delivers_once_at_the_new_route(worl
 
     rebind = world.rebind(D1, routing_domain="elsewhere.test")
     await world.release_all(but="lookup")
-    assert rebind.result == {"rebound": 1, "after_attempt": 0}
+    assert rebind.result == {"rebound": 1, "after_attempt": 0, "inbound_left": 0}
     world.tick()  # the rebound message is due now: read again, its new route looked up
     await world.quiesce()
     assert [p.domain for p in world.of_kind("lookup")] == ["d1.test", "elsewhere.test"]
@@ -89,7 +89,7 @@ async def test_a_suspend_during_the_mx_lookup_holds_the_message_until_resumed(wo
 
     resume = world.resume("s")
     await world.release_all()
-    assert resume.result == {"cancelled": True, "made_due": 1}
+    assert resume.result == {"cancelled": True, "made_due": 1, "bounced": 0}
     await world.drain()
     assert len([a for a in world.attempted if a.message == spool_id]) == 2  # a1+a2, then a2
     assert terminal_of(world, spool_id) == {"a1@d1.test": ["Delivery"], "a2@d1.test": ["Delivery"]}
@@ -113,7 +113,7 @@ async def test_a_rebind_before_the_commit_moves_only_the_recipient_left(world: W
     await world.quiesce()
     assert rebind.answered is None, "the rebind waits for the commit"
     await world.release_all()
-    assert rebind.result == {"rebound": 1, "after_attempt": 0}
+    assert rebind.result == {"rebound": 1, "after_attempt": 0, "inbound_left": 0}
     row = world.spool.get(spool_id)
     assert row is not None
     assert (row.queue, [r.address for r in row.envelope.recipients], row.attempts) == ("moved", ["a2@d1.test"], 1)

@@ -205,13 +205,36 @@ async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(
     assert [a.message for a in world.attempted] == [spool_id]
 
 
+async def test_a_rebind_leaves_mail_of_an_inbound_route_as_it_is_on_the_wire_or_only_in_the_spool(
+    make_world: MakeWorld,
+) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [OK, LATER] if seen.site == "mx1.test" else [OK])
+    on_the_wire = world.inject(["a1@d1.test", "a2@d1.test"], target="app")
+    await world.quiesce()
+    in_the_spool = world.inject(["b@d1.test"], target="app", due=world.clock() + 600, admit=False)
+    rebind = world.rebind(D1, queue="moved", routing_domain="elsewhere.test")
+    await world.quiesce()
+    assert rebind.result == {"rebound": 0, "after_attempt": 0, "inbound_left": 2}
+    assert in_the_spool not in world.active  # not even claimed: its due time stands
+    await world.release_all()
+    for spool_id in (on_the_wire, in_the_spool):
+        row = world.spool.get(spool_id)
+        assert row is not None
+        assert (row.queue, row.envelope.routing_domain, row.envelope.target) == ("inbound:app", None, "app")
+    assert world.spool.rows[in_the_spool].due == world.clock() + 600
+    world.clock.now += 600
+    world.tick()
+    await world.release_all()
+    assert {a.site for a in world.attempted} == {"mx1.test"}  # (the test's stand-in for the target)
+
+
 async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(make_world: MakeWorld) -> None:
     world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [OK, LATER] if seen.site == "mx1.test" else [OK])
     spool_id = world.inject(["a1@d1.test", "a2@d1.test"])
     await world.quiesce()
     rebind = world.rebind(D1, queue="moved", routing_domain="elsewhere.test")
     await world.quiesce()
-    assert rebind.result == {"rebound": 1, "after_attempt": 1}
+    assert rebind.result == {"rebound": 1, "after_attempt": 1, "inbound_left": 0}
     await world.release_all()
     row = world.spool.get(spool_id)
     assert row is not None
@@ -227,3 +250,23 @@ async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(
         ("Delivery", "a2@d1.test"),
         ("TransientFailure", "a2@d1.test"),
     ]
+
+
+async def test_inspect_shows_the_routing_domain_a_rebind_gave(make_world: MakeWorld) -> None:
+    """Delivery routes it as the rebind's domain, but `pigeon inspect` did not say so."""
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [LATER])
+    spool_id = world.inject(["a@d1.test"])
+    await world.quiesce()
+    await world.release_all()
+    before = world.admin.inspect(spool_id)
+    assert before is not None and before["routing_domain"] is None
+    rebind = world.rebind(D1, routing_domain="elsewhere.test")
+    await world.quiesce()
+    await world.release_all()
+    assert rebind.result == {"rebound": 1, "after_attempt": 0, "inbound_left": 0}
+    world.tick()  # (due now)
+    await world.release_all()
+    assert [a.site for a in world.attempted] == ["mx1.test", "mx3.test"]  # (routed as elsewhere.test)
+    shown = world.admin.inspect(spool_id)
+    assert shown is not None and shown["routing_domain"] == "elsewhere.test"
+    assert shown["recipients"] == ["a@d1.test"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pigeon.config.load import ConfigError, load
@@ -146,19 +147,19 @@ def test_every_shipped_rule_compiles() -> None:
 @pytest.mark.parametrize(
     ("table", "named", "says"),
     [
-        ('id = "a"\nmatch = "("\naction = "suspend"', "[reaction] match", "not a regular expression"),
-        ('id = "a"\nmatch = "x"\naction = "limit"', "[reaction] action", "needs connection_limit"),
-        ('id = "a"\nmatch = "x"\naction = "limit"\nmax_message_rate = "fast"', "[reaction] max_message_rate",
+        ('id = "a"\nmatch = "("\naction = "suspend"', "[[reaction]] #1 match", "not a regular expression"),
+        ('id = "a"\nmatch = "x"\naction = "limit"', "[[reaction]] #1 action", "needs connection_limit"),
+        ('id = "a"\nmatch = "x"\naction = "limit"\nmax_message_rate = "fast"', "[[reaction]] #1 max_message_rate",
          "not a rate"),
-        ('id = "a"\nmatch = "x"\naction = "suspend"\nconnection_limit = 2', "[reaction] action", 'for "limit"'),
-        ('id = "a"\nmatch = "x"\naction = "suspend"\nscope = "provider"', "[reaction] scope", "needs provider"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nconnection_limit = 2', "[[reaction]] #1 action", 'for "limit"'),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nscope = "provider"', "[[reaction]] #1 scope", "needs provider"),
         ('id = "a"\nmatch = "x"\naction = "pause"', "action", "pause"),
-        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5"', "[reaction] threshold", "N/DURATION"),
-        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "0/1m"', "[reaction] threshold", "N/DURATION"),
-        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5/soon"', "[reaction] threshold", "N/DURATION"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5"', "[[reaction]] #1 threshold", "N/DURATION"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "0/1m"', "[[reaction]] #1 threshold", "N/DURATION"),
+        ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5/soon"', "[[reaction]] #1 threshold", "N/DURATION"),
         ('match = "x"\naction = "suspend"', "id", "required"),
-        ('id = "a"\naction = "suspend"', "[reaction] match", "missing"),
-        ('id = "a"\nmatch = "x"', "[reaction] action", "missing"),
+        ('id = "a"\naction = "suspend"', "[[reaction]] #1 match", "missing"),
+        ('id = "a"\nmatch = "x"', "[[reaction]] #1 action", "missing"),
     ],
 )  # fmt: skip
 def test_a_bad_reaction_is_refused_with_its_key(tmp_path: Path, table: str, named: str, says: str) -> None:
@@ -181,7 +182,7 @@ def test_a_shipped_rule_is_turned_off_by_its_id_and_enabled_false_alone(tmp_path
 def test_two_reactions_may_not_share_an_id(tmp_path: Path) -> None:
     path = tmp_path / "pigeon.toml"
     path.write_text('[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\n' * 2)
-    with pytest.raises(ConfigError, match=r"\[reaction\] id: two \[\[reaction\]\]s are called 'a'"):
+    with pytest.raises(ConfigError, match=r"\[\[reaction\]\] #2 id: two \[\[reaction\]\]s are called 'a'"):
         load(path)
 
 
@@ -189,10 +190,10 @@ def test_a_bad_reaction_is_refused_at_its_own_line_not_the_first_rules(tmp_path:
     path = tmp_path / "pigeon.toml"
     good = '[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\n\n'
     path.write_text(good + '[[reaction]]\nid = "b"\nmatch = "("\naction = "suspend"\n')
-    with pytest.raises(ConfigError, match=r"pigeon.toml, line 8: \[reaction\] match: b: "):
+    with pytest.raises(ConfigError, match=r"pigeon.toml, line 8: \[\[reaction\]\] #2 match: b: "):
         load(path)
     path.write_text(good + good)  # the second "a" is the one to rename
-    with pytest.raises(ConfigError, match=r"pigeon.toml, line 7: \[reaction\] id: two"):
+    with pytest.raises(ConfigError, match=r"pigeon.toml, line 7: \[\[reaction\]\] #2 id: two"):
         load(path)
 
 
@@ -200,7 +201,9 @@ def test_a_reaction_for_an_unknown_provider_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "pigeon.toml"
     rule = '[[reaction]]\nid = "a"\nmatch = "x"\naction = "suspend"\nprovider = {}\n'
     path.write_text(rule.format('"gmial"'))
-    with pytest.raises(ConfigError, match=r"line 5: \[reaction\] provider: a: no provider called 'gmial' \(did you"):
+    with pytest.raises(
+        ConfigError, match=r"line 5: \[\[reaction\]\] #1 provider: a: no provider called 'gmial' \(did you"
+    ):
         load(path)
     path.write_text(rule.format('["gmail", "corp"]') + '\n[[provider]]\nname = "corp"\nmx_suffixes = ["corp.test"]\n')
     assert load(path).reaction[0].provider == ["gmail", "corp"]  # a [[provider]] of the file counts
@@ -244,3 +247,29 @@ def test_a_rule_without_a_threshold_acts_at_the_first_match(tmp_path: Path) -> N
     reactions = Reactions.from_config([rule(match="rate limited")], defaults=False)
     reactor = Reactor(reactions, Board(tmp_path / "effects", node="n"))
     assert reactor.observe(f"default->{SINK}", SINK, "example.net", [reply(421, "4.7.0", "rate limited")])
+
+
+def test_an_effect_kept_for_an_ipv6_next_hop_before_its_site_was_bracketed_still_applies(tmp_path: Path) -> None:
+    # Sites of IPv6 next hops were written "::1:2525", now "[::1]:2525": an effect a node of
+    # the old version left in the run directory (or Redis) still holds the site it was for.
+    from pigeon.shaping.effects import Effect
+
+    now = 1000.0
+    old = Effect(id="e1", rule="r", key="site:::1:2525", action="suspend", created=now, expires_at=now + 600,
+                 reply="421 4.7.0 rate limited", node="old")  # fmt: skip
+    (tmp_path / "effects").mkdir()
+    (tmp_path / "effects" / "suspend.old.json").write_bytes(msgspec.json.encode(old))
+    board = Board(tmp_path / "effects", node="new", clock=lambda: now)
+    board._scan()
+    assert board.find(["site:[::1]:2525"], "suspend") == old
+    board._end("e1")
+    assert board.find(["site:[::1]:2525"], "suspend") is None
+
+
+def test_a_reaction_site_glob_names_an_ipv6_next_hop_bracketed_or_as_written_before() -> None:
+    reactions = Reactions.from_config([rule(match="rate limited", site="[::1]:2525")], defaults=False)
+    before = Reactions.from_config([rule(match="rate limited", site="::1:2525")], defaults=False)
+    limited = reply(421, "4.7.0", "rate limited")
+    assert reactions.match(limited, "[::1]:2525", "example.net")
+    assert before.match(limited, "[::1]:2525", "example.net")
+    assert not reactions.match(limited, "[::1]:2526", "example.net")

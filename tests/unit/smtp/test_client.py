@@ -949,3 +949,12 @@ def test_capabilities_of_a_helo_only_server() -> None:
 def test_pair_reads_the_auth_offer_of_the_server() -> None:
     config = ServerConfig(hostname=HOSTNAME, auth_mechanisms=("PLAIN", "LOGIN"), auth_requires_tls=False)
     assert Pair.connect(config).capabilities.auth == ("PLAIN", "LOGIN")
+
+
+def test_a_utf8_original_recipient_received_with_escapes_is_relayed_with_them_unchanged() -> None:
+    """An ORCPT taken over SMTP is kept as the client sent it, escapes and all: relayed, a
+    `\\x{E9}` stays one, not `\\x{5C}x{E9}` (an escaped backslash, another address)."""
+    pair = Pair.connect()
+    exchange = pair.run(envelope(Recipient("d@example.net", orcpt="utf-8;ren\\x{E9}\\x{2B}é@example.net")))
+    assert b"RCPT TO:<d@example.net> ORCPT=utf-8;ren\\x{E9}\\x{2B}\\x{E9}@example.net\r\n" in exchange.writes[0]
+    assert exchange.result.replies == [queued(1)]

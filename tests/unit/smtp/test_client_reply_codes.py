@@ -27,7 +27,17 @@ from pigeon.smtp.client import (
     Transaction,
     rcpt_reply_read,
 )
-from pigeon.smtp.client_session import ClientSession, Closed, Deliver, Phase, Ready, StartTls, TlsPolicy, Unusable
+from pigeon.smtp.client_session import (
+    ClientSession,
+    Closed,
+    Deliver,
+    Phase,
+    Ready,
+    StartTls,
+    TlsPolicy,
+    TransactionDone,
+    Unusable,
+)
 from pigeon.smtp.events import _NeedData
 from pigeon.smtp.replies import Reply
 
@@ -155,19 +165,93 @@ def test_every_code_at_every_step_is_a_success_a_refusal_or_a_protocol_error(ste
             assert server.content == BODY, code
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("step", STEPS)
-def test_a_421_after_the_content_went_out_ahead_of_its_reply_leaves_the_end_of_data_unanswered(
+def run_session(
+    codes: dict[str, int], mode: str, *, drop: str | None = None
+) -> tuple[list[object], ClientSession, Scripted]:
+    """The transaction of `run`, through a `ClientSession`: the server (`Scripted(codes)`)
+    closes the connection after each 421, and at `drop` without answering that step (nor
+    any after it). Returns the session's events, the session, and the server."""
+    server = Scripted(codes)
+    session = ClientSession("client.test", tls=TlsPolicy.DISABLED, **MODES[mode])
+    session.receive_data(BANNER)
+    events(session)
+    session.data_to_send()
+    session.receive_data(b"250-mx.test\r\n250-PIPELINING\r\n250 CHUNKING\r\n")
+    assert isinstance(events(session)[-1], Ready)
+    session.data_to_send()
+    envelope = Envelope("a@example.org", [Recipient("b@example.net"), Recipient("c@example.net")], BODY)
+    seen: list[object] = []
+    waiting = server.feed(session.send(Deliver(envelope)))
+    while waiting:
+        answer = waiting.pop(0)
+        server.read.append(answer)
+        if answer.text == drop:
+            session.receive_data(b"")  # hung up without answering it
+            return seen + events(session), session, server
+        session.receive_data(str(answer).encode() + b"\r\n")
+        if answer.code == 421:
+            session.receive_data(b"")  # RFC 5321 3.8: and closes
+        seen += events(session)
+        if session.phase is Phase.CLOSED:
+            break
+        waiting += server.feed(session.data_to_send())
+    return seen, session, server
+
+
+# Where a 421 comes, in a two-recipient transaction: "RCPT2" after RCPT1's 250.
+AT_421 = ("MAIL", "RCPT1", "RCPT2", "DATA", "END")
+
+
+@pytest.mark.parametrize(
+    ("step", "mode"), [(step, mode) for step in AT_421 for mode in MODES if step != "DATA" or mode.endswith("data")]
+)
+def test_a_421_before_the_reply_to_the_end_of_data_says_nothing_of_a_message_delivered_twice(
     step: str, mode: str
 ) -> None:
-    # With PIPELINING and CHUNKING, BDAT LAST and the message go with MAIL: a 421 to a command
-    # before it may come from a server that took the message. Anywhere else it is a definite no.
-    if step == "DATA" and not mode.endswith("data"):
+    # Replies come in order (RFC 2920 3.1): a 421 in place of any of them, even with BDAT LAST
+    # gone out with MAIL (PIPELINING with CHUNKING), is the server going away before it
+    # answered the end of data. It took no message: a definite no, in the server's words,
+    # which sends its recipients to the next MX at once rather than to a "may be delivered
+    # twice" and the retry schedule.
+    seen, session, _ = run_session({step: 421}, mode)
+    at = reply(step, 421)
+    (done,) = [event for event in seen if isinstance(event, TransactionDone)]
+    assert done.result.replies == [at, at], (step, mode)
+    # And nothing else: no mark that the end went unanswered, for the I/O layer to turn into
+    # a "may be delivered twice" (a Result compares as a whole, every field).
+    mail, data, reset = done.result.mail_reply, done.result.data_reply, done.result.needs_reset
+    assert done.result == Result([at, at], mail, data, needs_reset=reset), (step, mode)
+    assert seen[-1] == Closed(at)
+    assert not session.end_of_data_unanswered(), (step, mode)
+
+
+# Where the server hangs up without a word, the codes of the replies before, and whether the
+# end of the content had gone out to a server that may have taken it.
+DROPS = [
+    ("END", {}, True),  # every recipient accepted: the true case
+    ("END", {"RCPT2": 550}, True),  # one is enough
+    ("END", {"RCPT1": 550, "RCPT2": 550}, False),  # nobody to deliver to (with DATA: the empty data)
+    ("RCPT1", {"MAIL": 550}, False),  # MAIL refused: nobody at all
+    ("RCPT1", {}, True),  # with BDAT LAST out, the RCPT replies unknown: they may have been 250
+    ("DATA", {}, False),  # the content never went
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("drop", "codes", "doubt"), DROPS)
+def test_a_hang_up_says_the_message_may_be_delivered_twice_only_if_the_server_may_have_taken_it(
+    mode: str, drop: str, codes: dict[str, int], doubt: bool
+) -> None:
+    seen, session, server = run_session(codes, mode, drop=drop)
+    if drop not in [answer.text for answer in server.read]:
+        # This mode never got there: lock-step, every recipient refused (no DATA, no BDAT), or
+        # DATA asked of a BDAT session.
+        assert not session.end_of_data_unanswered(), (drop, codes, mode)
         return
-    outcome, _ = run({step: 421}, mode)
-    assert isinstance(outcome, Result)
-    ahead = mode == "pipelining+chunking" and step in ("RSET", "RCPT1", "RCPT2")
-    assert outcome.end_unanswered == ahead, (step, mode)
+    assert not any(isinstance(event, TransactionDone) for event in seen)
+    assert seen[-1] == Closed(None)
+    content_out = server.content is not None
+    assert session.end_of_data_unanswered() == (doubt and content_out), (drop, codes, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,6 +13,7 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from pigeon.inbound.message import InboundMessage
 from pigeon.redaction import redact
@@ -33,10 +34,17 @@ class Handoff:
     retry_after: float | None = None
     """TRANSIENT: seconds the target asked us to wait before trying again (a webhook's
     `Retry-After`); None: it did not say, and the usual backoff applies."""
+    tried: bool = True
+    """False: not handed over at all (the node stops: `Target.halt`), so nothing was tried and
+    nothing counts against the message."""
 
     @property
     def accepted(self) -> bool:
         return self.verdict is Verdict.ACCEPTED
+
+
+NOT_HANDED_OVER: Final = Handoff(Verdict.TRANSIENT, "not handed over: the node stopped first", tried=False)
+"""A handoff that never started: the node stopped before its turn came (`Target.halt`)."""
 
 
 def not_before(delay: float, answer: Handoff, cap: float) -> float:
@@ -72,9 +80,21 @@ class Target:
         # What is known to keep every handoff from working before one is tried (found when the
         # target first connects: a table missing, say), for /healthz; None once one works.
         self.problem: str | None = None
+        self.halted = False  # the node stops: no handoff starts (`halt`)
+
+    @property
+    def concurrency(self) -> int:
+        """How many handoffs it runs side by side (`deliver_many` of a target that does not
+        batch)."""
+        return self._concurrency
 
     async def start(self) -> None:
         """Connect, create tables: whatever must happen once before the first message."""
+
+    def halt(self) -> None:
+        """The node stops: the handoffs under way finish, and none starts from now on. One
+        waiting for its turn (`concurrency`) is answered `NOT_HANDED_OVER` (untried) instead."""
+        self.halted = True
 
     async def close(self) -> None:
         """Release connections."""
@@ -103,6 +123,8 @@ class Target:
 
         async def one(message: InboundMessage) -> Handoff:
             async with gate:
+                if self.halted:  # (its turn came after the stop: others were on the wire)
+                    return NOT_HANDED_OVER
                 try:
                     return await self.deliver(message)
                 except Exception as error:  # a target bug must not lose the message

@@ -5,8 +5,8 @@ message. `X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC-SHA256 over "<t>." + bo
 application check the request came from us and is fresh (refuse old `t` to stop replays);
 `X-Pigeon-Dedupe-Key` is the key to dedupe on. Raw mail received over SMTP also carries its
 envelope, which the message need not show (a Bcc): `X-Pigeon-Sender`, `X-Pigeon-Recipients` (a
-comma-separated list, non-ASCII characters percent-encoded as UTF-8, cut at 4,000 characters)
-and `X-Pigeon-Recipients-Count`. The signature covers the body only, not these headers.
+comma-separated list, each address percent-encoded as UTF-8 but for `HEADER_SAFE`, cut at 4,000
+characters) and `X-Pigeon-Recipients-Count`. The signature covers the body only, not these headers.
 
 The status line is the answer: a 2xx is accepted whatever becomes of its body. What follows it
 is read for a moment only (`_drain`), so a body that never ends (a `Content-Length` the server
@@ -130,10 +130,17 @@ def _envelope_headers(sender: str, recipients: Sequence[str]) -> dict[str, str]:
     }
 
 
+HEADER_SAFE: Final = "@!#$&'*+-/=?^_`{|}~."
+"""What an address keeps as it is in X-Pigeon-Sender and X-Pigeon-Recipients, besides ASCII
+letters and digits: the characters of a dot-atom local part (RFC 5321 4.1.2) and "@". All else
+is percent-encoded as UTF-8: non-ASCII (SMTPUTF8), and the characters of a quoted local part that
+would break the value or the list, or its decoding (`"`, space, ",", "%", controls). A consumer
+splits the list on ", " and percent-decodes each address (`urllib.parse.unquote`)."""
+
+
 def _header_address(address: str) -> str:
-    """An address as an HTTP header value: ASCII as it is, anything else (SMTPUTF8) and the
-    characters that would break the value or the list (",", "%", controls) percent-encoded."""
-    return urllib.parse.quote(address, safe="@!#$&'*+-/=?^_`{|}~.")
+    """An address as an HTTP header value: percent-encoded but for `HEADER_SAFE`."""
+    return urllib.parse.quote(address, safe=HEADER_SAFE)
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:

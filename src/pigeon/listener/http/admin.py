@@ -20,6 +20,9 @@ issued, against the node's rules and, with `[redis]`, the cluster's; each worker
 A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
 seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
 several workers the supervisor sends each request to all of them and adds up the answers.
+A rule with a duration is `created` when its request was issued (stamped once: by the node's
+supervisor as the request reaches it, by its one worker without one; in a cluster, the node asked)
+and `expires` that duration after, on every worker and node alike: as the answer says.
 
 Every refusal is a 400 before anything is done, with a `field`: the JSON path of the body's
 offending member (`$.duration`, `$.to_queue`, `$.foo` for a member no endpoint knows, `$` for
@@ -36,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import time
 from typing import Annotated, Any, Final, Literal, NamedTuple
@@ -48,7 +52,14 @@ from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domai
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.listener.http.inject import bad_request
-from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json, unique_members
+from pigeon.listener.http.json_body import (
+    lone_surrogate,
+    lone_surrogate_refusal,
+    repeated_member,
+    repeated_refusal,
+    require_json,
+    unique_members,
+)
 from pigeon.message import parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
@@ -122,7 +133,9 @@ class SuspendRequest(BounceRequest):
 class RebindRequest(AdminRequest):
     to_queue: str | None = None
     """The scheduled queue to move the messages to (its [[queue]] policy applies from then on):
-    one queue name, not a glob (`pigeon.queue.names.QUEUE_NAME_TEXT`)."""
+    one queue name, not a glob (`pigeon.queue.names.QUEUE_NAME_TEXT`). Selectors match them by
+    its parts from then on (`Selector.matches`), and `campaign:tenant@domain` gives them that
+    tenant and campaign (`RebindMark.envelope`)."""
     routing_domain: str | None = None
     """Route them as if their recipients were in this domain ("" routes them by their own again)."""
 
@@ -137,7 +150,7 @@ _DECODERS: Final = {action: msgspec.json.Decoder(kind, dec_hook=decode_hook) for
 
 
 async def inspect(request: web.Request) -> web.Response:
-    admin = _admin(request, "read")
+    admin = _admin(request, "read", reads=True)
     _known_query(request.query.keys(), ())
     try:
         spool_id = parse_id(request.match_info["id"])
@@ -147,6 +160,24 @@ async def inspect(request: web.Request) -> web.Response:
     if found is None:
         return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
     return web.json_response(found)
+
+
+ISSUED_HEADER: Final = "Pigeon-Issued"
+"""On an admin write the supervisor passes on: when it was issued (`time.time()` as the client's
+request reached the supervisor), which a standing rule it makes is stamped with on every worker
+(`perform`). Heeded on a worker's control socket only; the supervisor forwards no such header
+from a client."""
+
+
+def issued_by_supervisor(request: web.Request) -> float | None:
+    """When the supervisor says a write it passes on was issued (`ISSUED_HEADER`), if it does."""
+    if not from_supervisor(request):
+        return None
+    with contextlib.suppress(ValueError):
+        issued = float(request.headers.get(ISSUED_HEADER, ""))
+        if math.isfinite(issued):
+            return issued
+    return None
 
 
 CLI_AGENT: Final = "pigeon-cli/"
@@ -196,14 +227,24 @@ def _known_query(names: Any, action_or_known: str | tuple[str, ...]) -> None:
 
 
 async def perform(
-    admin: Admin, method: str, path: str, body: bytes, operator: str, *, issued: float | None = None
+    admin: Admin,
+    method: str,
+    path: str,
+    body: bytes,
+    operator: str,
+    *,
+    issued: float | None = None,
+    stamped: float | None = None,
 ) -> tuple[int, Any]:
     """One admin request applied to this worker's shards: its HTTP status and JSON answer.
 
     What the HTTP handlers run, and what every other node runs for a request issued on one
     node (`pigeon.node.broadcast`), `issued` then being when (`time.time()` on that node): a
-    bounce or a rebind of what is queued leaves alone what this node accepted since. Refusals
-    are raised as `web.HTTPException`."""
+    bounce or a rebind of what is queued leaves alone what this node accepted since. `stamped`:
+    when a request issued on this node was (its supervisor's clock as the client's request
+    reached it, `ISSUED_HEADER`, or this worker's with no supervisor). A standing rule it makes
+    is `created` then (`issued` for another node's), and ends its duration after: every worker
+    and node holds the times the answer gives. Refusals are raised as `web.HTTPException`."""
     action, rule_id = _route(method, path)
     if action == "queues":
         return 200, await admin.summary()
@@ -242,7 +283,7 @@ async def perform(
             # Named by what it holds, not by the request: identical ones issued at once reach
             # workers and nodes in different orders, and must still make one rule everywhere.
             new_rule = standing_rule_id("suspend", request.selector())
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"issued": issued if issued is not None else stamped}
         if action == "bounce" and duration is None and issued is not None:
             options["accepted_before"] = issued
         operation = admin.bounce if action == "bounce" else admin.suspend
@@ -387,6 +428,9 @@ def _decode(path: str, body: bytes) -> AdminRequest:
     except msgspec.ValidationError as error:
         raise _refusal(error, action) from None
     except msgspec.DecodeError as error:
+        if (surrogate := lone_surrogate(body)) is not None:  # msgspec says "truncated", naming no member
+            path, name = surrogate
+            raise bad_request(lone_surrogate_refusal(path, name=name), path) from None
         raise bad_request(f"malformed JSON: {error}", "$") from None
     except RecursionError:
         raise bad_request("JSON nested too deeply", "$") from None
@@ -505,6 +549,7 @@ async def write(request: web.Request) -> web.Response:
     admin = _admin(request, None)
     # Issued here unless the supervisor passed it on (having stamped it from the client's request).
     supervised = from_supervisor(request)
+    issued = issued_by_supervisor(request) if supervised else time.time()
     if request.method == "POST":
         require_json(request)
     body = await request.read() if request.method == "POST" else b""
@@ -514,11 +559,11 @@ async def write(request: web.Request) -> web.Response:
         body = with_id(body, None if supervised else caller(request))  # say what it came through
     if request.method == "POST" and not supervised:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
-        now = time.time()
-        change = rule_change(request.method, path, body, operator, now)
-        refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, now)
+        assert issued is not None
+        change = rule_change(request.method, path, body, operator, issued)
+        refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, issued)
         operation = operation_of(request.method, path, body)
-        refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, now)
+        refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, issued)
     generation = request.headers.get(GENERATION_HEADER, "") if supervised else ""
     if generation.isdigit():
         # Noted before it is carried out: a hand-over of the node's rules from before this write
@@ -526,7 +571,7 @@ async def write(request: web.Request) -> web.Response:
         change = rule_change(request.method, path, body, operator, 0.0)
         if change is not None:
             admin.written(change.rule_id, int(generation))
-    return _json(await _front(request, request.method, path, body, operator, admin))
+    return _json(await _front(request, request.method, path, body, operator, admin, issued))
 
 
 SUSPENSIONS_HELD: Final = "suspensions_held"
@@ -537,9 +582,13 @@ supervisor marks those some workers lack (`not_held`, as in the lists of rules),
 async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
     operator = request.app[NODE_KEY].tokens.holder(request, "read")
-    admin = _admin(request, None)
+    admin = _admin(request, None, reads=True)
     supervised = from_supervisor(request)
     validate("GET", request.path_qs, b"")
+    node = request.app[NODE_KEY]
+    if cluster_wide(request) and node.admin is None and node.config.redis.url:
+        # Not in the cluster's admin stream (it joins it with delivery): it cannot ask the others.
+        raise _unavailable(NOT_FOR_THE_CLUSTER)
     if not cluster_wide(request):
         status, answer = await perform(admin, "GET", request.path, b"", operator)
     else:
@@ -560,18 +609,30 @@ def cluster_wide(request: web.Request) -> bool:
 
 
 async def _front(
-    request: web.Request, method: str, path: str, body: bytes, operator: str, admin: Admin
+    request: web.Request,
+    method: str,
+    path: str,
+    body: bytes,
+    operator: str,
+    admin: Admin,
+    issued: float | None = None,
 ) -> tuple[int, Any]:
+    """`perform` here, and with [redis] on every node (this process being the one asked): a write
+    `issued` then (`perform`'s `stamped`), the time the stream entry carries to the other nodes."""
     broadcast = request.app[NODE_KEY].broadcast_front
     if broadcast is None:
-        return await perform(admin, method, path, body, operator)
-    return await broadcast.around(method, path, body, operator, lambda: _caught(admin, method, path, body, operator))
+        return await perform(admin, method, path, body, operator, stamped=issued)
+    return await broadcast.around(
+        method, path, body, operator, lambda: _caught(admin, method, path, body, operator, issued), issued=issued
+    )
 
 
-async def _caught(admin: Admin, method: str, path: str, body: bytes, operator: str) -> tuple[int, Any]:
+async def _caught(
+    admin: Admin, method: str, path: str, body: bytes, operator: str, issued: float | None = None
+) -> tuple[int, Any]:
     """`perform`, with a refusal as an answer rather than an exception (to be added up)."""
     try:
-        return await perform(admin, method, path, body, operator)
+        return await perform(admin, method, path, body, operator, stamped=issued)
     except web.HTTPException as refusal:
         return refusal_answer(refusal)
 
@@ -588,15 +649,29 @@ def _json(answer: tuple[int, Any]) -> web.Response:
     return web.json_response(answer[1], status=answer[0])
 
 
-def _admin(request: web.Request, scope: Any) -> Admin:
+DELIVERY_DISABLED: Final = "delivery is disabled on this node ([delivery] enabled = false)"
+NO_WRITES: Final = (
+    f"{DELIVERY_DISABLED}: it keeps its spool as it is, and takes no bounce, suspend, resume, retry or "
+    "rebind (reads answer: queues, messages, standing rules); to act on its mail, enable delivery and restart it"
+)
+NOT_FOR_THE_CLUSTER: Final = (
+    f"{DELIVERY_DISABLED}: it answers for its own spool only, not for the cluster (leave out ?cluster=1)"
+)
+
+
+def _unavailable(error: str) -> web.HTTPServiceUnavailable:
+    return web.HTTPServiceUnavailable(text=json.dumps({"error": error}), content_type="application/json")
+
+
+def _admin(request: web.Request, scope: Any, *, reads: bool = False) -> Admin:
     """This node's admin, once the token grants `scope` (None: the caller has checked it).
-    The token comes first: who may not ask learns 401 or 403, not whether the node delivers."""
+    The token comes first: who may not ask learns 401 or 403, not whether the node delivers.
+    `reads`: for a read, which a node that does not deliver answers too (from its spool);
+    a write there is refused, 503, saying so."""
     node = request.app[NODE_KEY]
     if scope is not None:
         node.tokens.holder(request, scope)
-    if node.admin is None:
-        raise web.HTTPServiceUnavailable(
-            text='{"error": "delivery is disabled on this node ([delivery] enabled = false)"}',
-            content_type="application/json",
-        )
-    return node.admin
+    admin = node.reader if reads else node.admin
+    if admin is None:
+        raise _unavailable(NO_WRITES if not reads else DELIVERY_DISABLED)
+    return admin

@@ -33,7 +33,9 @@ def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
             return too_large(max_size)
         try:
             return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
+        except web.HTTPRequestEntityTooLarge as refused:
+            if refused.content_type == "application/json":  # a handler's own, naming its limit
+                raise
             return too_large(max_size)
 
     return limit

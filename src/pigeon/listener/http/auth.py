@@ -40,15 +40,30 @@ class _Token:
 class Tokens:
     """The tokens a listener accepts."""
 
-    def __init__(self, tokens: Sequence[tuple[str, str, Sequence[str]]]) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[tuple[str, str, Sequence[str]]],
+        bindings: dict[str, frozenset[str]] | None = None,
+    ) -> None:
         self._tokens = [_Token(name, _digest(secret), frozenset(scopes)) for name, secret, scopes in tokens]
+        self._bindings = bindings or {}
 
     @classmethod
     def from_config(cls, config: Config) -> Tokens:
-        tokens = [(t.name, t.token, tuple(t.scopes)) for t in config.http.token]
-        if config.http.local_token:
-            tokens.append((LOCAL_TOKEN_NAME, ensure_local_token(config.spool.path), ALL_SCOPES))
-        return cls(tokens)
+        return cls(_configured(config, config.spool.path), _bindings(config))
+
+    def take(self, config: Config, spool_path: Path) -> None:
+        """A reload's `[[http.token]]`s (and `local_token`), in force for the next request: a
+        token removed (leaked, say) is refused from now on, one added is taken, without a
+        restart. `spool_path`: the running spool's, whose local token stays the node's."""
+        self._tokens = Tokens(_configured(config, spool_path))._tokens
+        self._bindings = _bindings(config)
+
+    def binding(self, holder: str) -> frozenset[str] | None:
+        """The tenants the token called `holder` may inject as (`[[http.token]] tenants`);
+        None: any (unbound, as the local token always is). Asked right after `holder`, on the
+        same loop turn, so a reload cannot come between the two."""
+        return self._bindings.get(holder)
 
     def holder(self, request: web.Request, scope: Scope) -> str:
         """The name of the token the request carries, if it grants `scope`.
@@ -84,6 +99,17 @@ class Tokens:
         if found is None:
             raise _error(web.HTTPUnauthorized, "unknown token")
         return found
+
+
+def _configured(config: Config, spool_path: Path) -> list[tuple[str, str, Sequence[str]]]:
+    tokens: list[tuple[str, str, Sequence[str]]] = [(t.name, t.token, tuple(t.scopes)) for t in config.http.token]
+    if config.http.local_token:
+        tokens.append((LOCAL_TOKEN_NAME, ensure_local_token(spool_path), ALL_SCOPES))
+    return tokens
+
+
+def _bindings(config: Config) -> dict[str, frozenset[str]]:
+    return {t.name: frozenset(t.tenants) for t in config.http.token if t.tenants is not None}
 
 
 def ensure_local_token(spool_path: Path) -> str:

@@ -27,6 +27,11 @@ class NodeView(Protocol):
     def admin(self) -> Admin | None: ...
 
     @property
+    def reader(self) -> Admin | None:
+        """The admin that answers reads: `admin`, or, delivery disabled, one over the spool alone."""
+        ...
+
+    @property
     def broadcast_front(self) -> Broadcast | None: ...
 
     @property

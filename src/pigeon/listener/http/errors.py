@@ -14,12 +14,19 @@ The same for a worker's listener and for the supervisor's (`pigeon.node.supervis
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_request import BaseRequest
 
+from pigeon.logs.peer_text import shown
+
+_log = logging.getLogger(__name__)
 _KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
 
 
@@ -95,9 +102,17 @@ class JsonErrorsHandler(web.RequestHandler):
     def handle_error(
         self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
-        # aiohttp's own logs the error (a traceback for a 500) and refuses if an answer was
-        # already begun; its text/plain answer is replaced.
-        super().handle_error(request, status, exc, message)
+        if status < HTTPStatus.INTERNAL_SERVER_ERROR and isinstance(exc, HttpProcessingError):
+            # The client's fault (a request aiohttp's parser refused): a line of WARNING, at
+            # most once a minute per kind, where aiohttp would log an ERROR with a traceback,
+            # which any client could repeat to flood the log.
+            _malformed.report(request.remote, message or str(exc))
+            if request.writer.output_size > 0:  # as aiohttp's: no second answer on a begun one
+                raise ConnectionError("an answer was begun; no error answer can follow")
+        else:
+            # aiohttp's own logs the error (a traceback for a 500) and refuses if an answer was
+            # already begun; its text/plain answer is replaced.
+            super().handle_error(request, status, exc, message)
         if status == HTTPStatus.INTERNAL_SERVER_ERROR:
             text = "internal error: the node's log says what went wrong"
         elif message:  # the parser's first line; what follows points into the request with a caret
@@ -107,6 +122,43 @@ class JsonErrorsHandler(web.RequestHandler):
         response = web.json_response({"error": text, "field": None}, status=status)
         response.force_close()  # as aiohttp's: what follows on this connection cannot be trusted
         return response
+
+
+class _MalformedRequests:
+    """A WARNING line for each kind of malformed request (what aiohttp's parser says first:
+    duplicate Content-Length, Content-Length with Transfer-Encoding, a bad header, ...), said
+    at most once per `every` seconds per kind, with how many more came meanwhile. The kinds
+    are bounded (`KINDS`; past them, one for all the rest): a message may quote the client."""
+
+    KINDS: Final = 32
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.every = every
+        self._said: dict[str, float] = {}
+        self._unsaid: dict[str, int] = {}
+
+    def report(self, peer: str | None, message: str) -> None:
+        now = time.monotonic()
+        first = message.strip().partition("\n")[0].rstrip(":")
+        kind = first[:80]
+        if kind not in self._said and len(self._said) >= self.KINDS:
+            kind = "other"
+        said = self._said.get(kind)
+        if said is not None and now - said < self.every:
+            self._unsaid[kind] = self._unsaid.get(kind, 0) + 1
+            return
+        unsaid = self._unsaid.pop(kind, 0)
+        more = f"; {unsaid} more like it in the last {now - said:.0f}s" if said is not None and unsaid else ""
+        _log.warning(
+            "http: malformed request from %s refused (400): %s%s (said at most once a minute per kind)",
+            shown(peer or "unknown", 60),
+            shown(first, 200),
+            more,
+        )
+        self._said[kind] = now
+
+
+_malformed = _MalformedRequests()
 
 
 def _phrase(status: int) -> str:

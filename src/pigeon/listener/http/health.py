@@ -4,9 +4,10 @@ Each component says "ok", "degraded" (it works, but an operator should look; not
 refused or lost meanwhile) or "down" (it cannot do its job). The node's status is the worst
 of them, or "stopping" during a graceful stop:
 
-* spool: down while its room is under what an ordinary message needs (MAIL declaring a larger
-  SIZE gets 452 4.3.1), from a reception refused for an I/O error until one is stored again,
-  and from one refused for lack of room until there is plenty (room is looked at when asked);
+* spool: down while its shard's room is under what an ordinary message needs (1 MiB, less
+  only under a very small cap or disk: `Node._room_needed`; MAIL declaring a larger SIZE gets
+  452 4.3.1), from a reception refused for an I/O error until one is stored again, and from
+  one refused for lack of room until there is plenty (room is looked at when asked);
 * log: degraded while the event log cannot be written (records wait in the spool's outbox);
 * each mailbox: degraded while it cannot connect, search or claim, down once that has lasted
   `down_after`; degraded too when another node was seen handing its messages over;

@@ -1,5 +1,11 @@
 """POST /api/v1/inject: mail from an application, one message per recipient.
 
+Content that is every recipient's alike (raw content with nothing rendered per recipient:
+`Composer.shared`) is one message for them all, as over SMTP: composed once and stored once
+for up to `[smtp] max_recipients` recipients of one metadata, one spool message per domain
+(`_shared_messages`). What a request has the spool store is at most `[http] max_stored_size`:
+413 beyond, nothing stored.
+
 The answer comes once every accepted recipient's message is durable in the spool (the same
 group commit as SMTP reception), and says, per recipient in request order, its spool id or
 why it was refused. A malformed request changes nothing and gets 400 naming the field; that
@@ -8,13 +14,13 @@ template value that would put a line break into a raw message's header section. 
 refused whole (400, 413, 415) is logged as one `Rejection` of command `inject` naming the
 token, as SMTP logs a refused command; one without a known token (401, 403) is not. Each
 recipient's composed message then meets the content check of SMTP reception (bare LF or CR,
-NUL, over-long lines, a field RFC 5322 3.6 allows once there twice, no From, over
-max_message_size (counting none of what Pigeon wrote: its Date, Message-ID), a loop's
-Received fields, an X-Tenant that cannot name a queue): one that fails is refused with
-the reply SMTP would give (554 5.6.0, 552 5.3.4). Content that is not a template (`template`
-false) is every recipient's alike: failing the check, it refuses the request (400 naming
-`$.content`, with that reply), as a repeated field (or no From) in the first recipient's
-message does.
+NUL, over-long lines, a field RFC 5322 3.6 allows once there twice, no From, a Date or
+Message-ID not of RFC 5322's syntax, over max_message_size (counting none of what Pigeon
+wrote: its Date, Message-ID), a loop's Received fields, an X-Tenant that cannot name a
+queue): one that fails is refused with the reply SMTP would give (554 5.6.0, 552 5.3.4).
+Content that is not a template (`template` false) is every recipient's alike: failing the
+check, it refuses the request (400 naming `$.content`, with that reply), as a repeated field
+(no From, a bad Date or Message-ID) in the first recipient's message does.
 
 The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
@@ -23,9 +29,15 @@ before anything is composed; then `on_message` about each recipient's message. T
 are filled as `on_message`'s are for HTTP: the request's `session` (`http-` and an id of the form SMTP's), the client's
 address, no HELO, no TLS, the API token's name as `auth_user`. A refused recipient is logged
 as a `Rejection` of command `inject` and counted in `pigeon_rejections_total`. When no
-recipient is taken, the status says why: 422 if the policy refused them all for good (5xx),
-503 if any refusal was temporary (a 4xx, the spool's, or a failing policy hook's
+recipient is taken, the status says why: 422 if they were all refused for good (5xx: by the
+policy, a template, the size...), 503 if any refusal was temporary (a 4xx, the spool's, or a failing policy hook's
 `451 4.3.0`); the body names each recipient's reply either way.
+
+A token bound to tenants (`[[http.token]] tenants`) may name no other: a request whose
+`tenant`, or whose content's tenant header, names another is refused whole, 403 naming that
+field (and logged as a `Rejection`), before any policy hook is asked about its `tenant`, or
+when its first recipient's message is composed; a later recipient whose own rendering names
+another gets `550 5.7.1`. With one tenant, a request naming none is that tenant's.
 """
 
 from __future__ import annotations
@@ -45,17 +57,24 @@ from aiohttp import web
 from pigeon.compose import (
     ComposeError,
     Composer,
+    InjectRecipient,
     InjectRequest,
     RenderTimeSpent,
     TemplateLimitError,
     check_request,
     media_type_problem,
 )
-from pigeon.header_section import repeated_field_in, single_fields_in
+from pigeon.header_section import malformed_field_in, repeated_field_in, single_fields_in
 from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
 from pigeon.listener.http.context import NODE_KEY
-from pigeon.listener.http.json_body import repeated_member, repeated_refusal, require_json
+from pigeon.listener.http.json_body import (
+    lone_surrogate,
+    lone_surrogate_refusal,
+    repeated_member,
+    repeated_refusal,
+    require_json,
+)
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
@@ -124,9 +143,10 @@ async def inject(request: web.Request) -> web.Response:
     # anyone could fill the log with those. SMTP logs a failed AUTH, which a throttle bounds
     # and which costs the client a password check; a token check costs it nothing.
     holder = node.tokens.holder(request, "inject")
+    tenants = node.tokens.binding(holder)  # (as the token is now: a reload may come during the request)
     session = f"http-{_SESSION_PREFIX}{next(_requests):06x}"
     try:
-        return await _inject(request, holder, session)
+        return await _inject(request, holder, session, tenants)
     except web.HTTPClientError as refused:
         # Refused whole for its content or envelope (400, 413, 415): logged as SMTP logs a
         # refused command, so that an operator finds why an application's mail never came.
@@ -136,18 +156,18 @@ async def inject(request: web.Request) -> web.Response:
 
 def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str, session: str) -> None:
     node = request.app[NODE_KEY]
-    if isinstance(refused, web.HTTPRequestEntityTooLarge):
-        text, field = too_large_text(node.config.http.max_request_size), "$"
-    else:
-        body = refused.body
-        try:
-            if not isinstance(body, bytes | bytearray):
-                raise TypeError("not a JSON error")
-            error = msgspec.json.decode(body, type=ErrorResponse)
-        except (msgspec.DecodeError, TypeError):
-            text, field = refused.reason, None
+    body = refused.body
+    try:
+        if not isinstance(body, bytes | bytearray):
+            raise TypeError("not a JSON error")
+        error = msgspec.json.decode(body, type=ErrorResponse)
+    except (msgspec.DecodeError, TypeError):
+        if isinstance(refused, web.HTTPRequestEntityTooLarge):  # (its body's size: aiohttp's text)
+            text, field = too_large_text(node.config.http.max_request_size), "$"
         else:
-            text, field = error.error, error.field
+            text, field = refused.reason, None
+    else:
+        text, field = error.error, error.field
     node.intake.metrics.rejections.labels("inject", str(refused.status)).inc()
     node.intake.log.write(
         Rejection(
@@ -161,7 +181,7 @@ def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str
     )
 
 
-async def _inject(request: web.Request, holder: str, session: str) -> web.Response:
+async def _inject(request: web.Request, holder: str, session: str, tenants: frozenset[str] | None) -> web.Response:
     node = request.app[NODE_KEY]
     config = node.config
     require_json(request)
@@ -185,8 +205,11 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
     except msgspec.ValidationError as error:
         if (refused := _value_refusal(body, str(error))) is not None:
             raise refused from None
-        raise bad_request(error, None if _FIELD.search(str(error)) else "$") from None
+        raise _member_refusal(body, str(error)) from None
     except msgspec.DecodeError as error:
+        if (surrogate := lone_surrogate(body)) is not None:  # msgspec says "truncated", naming no member
+            path, name = surrogate
+            raise bad_request(lone_surrogate_refusal(path, name=name), path) from None
         raise bad_request(f"malformed JSON: {error}", "$") from None
     except RecursionError:
         # msgspec builds `substitutions` and `metadata` values with one C stack frame per
@@ -208,19 +231,27 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         composer.check_routing()  # a tenant or campaign both in the request and its content: 400
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
+    if tenants is not None and parsed.tenant and parsed.tenant not in tenants:
+        # Said at once, before any policy hook is asked: no recipient of it could be taken.
+        reply = replies.r(550, "5.7.1", f"{holder} may not send as tenant {parsed.tenant}")
+        raise forbidden(str(reply), "$.tenant")
     peer_ip, peer = _peer(request)
-    arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder)
+    arrival = Arrival("http", session, peer, peer_ip, "", "HTTP", auth_user=holder, trusted=True, tenants=tenants)
     sender = parsed.envelope_sender
     results: list[RecipientResult] = []
-    pending: list[tuple[RecipientResult, Draft, asyncio.Future[Stored]]] = []
-    policy_refusals = 0
+    # Each message being stored, with the results of its recipients.
+    pending: list[tuple[list[RecipientResult], Draft, asyncio.Future[Stored]]] = []
+    # Raw content with nothing rendered per recipient is one message for them all: composed and
+    # stored once, after every recipient is asked about, as SMTP stores one body for the
+    # recipients of a transaction (not once per recipient: 25 MiB to 10,000 of them was 250 GB).
+    shared = composer.shared
+    sharing: list[tuple[RecipientResult, InjectRecipient]] = []
+    max_stored = config.http.max_stored_size
+    stored_size = 0  # the bytes of the messages this request has the spool store
 
-    def refuse(result: RecipientResult, reply: Reply, *, by_policy: bool, message_id: str | None = None) -> None:
+    def refuse(result: RecipientResult, reply: Reply, *, message_id: str | None = None) -> None:
         """Refuse one recipient: its error, its Rejection record, its count."""
-        nonlocal policy_refusals
         result.error = str(reply)
-        if by_policy and reply.code >= 500:
-            policy_refusals += 1
         node.intake.metrics.rejections.labels("inject", str(reply.code)).inc()
         node.intake.log.write(
             Rejection(
@@ -251,7 +282,6 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
     composing = False  # whether a recipient has been composed yet
     turn = time.monotonic()
     first_of: dict[str, int] = {}  # each mailbox's first index in the request
-    duplicates = 0
     for index, recipient in enumerate(parsed.recipients):
         result = RecipientResult(recipient.email)
         results.append(result)
@@ -263,34 +293,36 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         first = first_of.setdefault(address.same_mailbox_key(recipient.email), index)
         if first != index:
             result.duplicate_of = first
-            duplicates += 1
-            refuse(result, replies.r(550, "5.1.0", f"duplicate of recipient {first} of the request"), by_policy=False)
+            refuse(result, replies.r(550, "5.1.0", f"duplicate of recipient {first} of the request"))
             continue
         if everyone is not None:
-            refuse(result, everyone, by_policy=True)
+            refuse(result, everyone)
             continue
         if on_rcpt_to is not None:
             rcpt = objects.RcptTo(session, peer_ip, "", sender, recipient.email, tuple(taken), None, holder, "http")
             verdict = await _settled(on_rcpt_to(rcpt, session=session))
             if verdict is not None:
-                refuse(result, refusal(verdict), by_policy=True)
+                refuse(result, refusal(verdict))
                 continue
             taken.append(recipient.email)
+        if shared:
+            sharing.append((result, recipient))
+            continue
         first_composed, composing = not composing, True
         try:
             composed = composer.compose(recipient)
         except RenderTimeSpent as error:
-            refuse(result, replies.r(451, "4.3.0", f"{error}; send this recipient again"), by_policy=False)
+            refuse(result, replies.r(451, "4.3.0", f"{error}; send this recipient again"))
             continue
         except TemplateLimitError as error:
             if first_composed:  # nothing taken yet: refuse the request, naming the limit
                 raise bad_request(
                     str(error), f"$.content.{error.field}" if error.field != "raw" else "$.content"
                 ) from None
-            refuse(result, replies.r(554, "5.6.0", str(error)), by_policy=False)
+            refuse(result, replies.r(554, "5.6.0", str(error)))
             continue
         except ComposeError as error:
-            refuse(result, replies.r(554, "5.6.0", str(error)), by_policy=False)
+            refuse(result, replies.r(554, "5.6.0", str(error)))
             continue
         # What SMTP reception refuses, injection refuses too: the request was checked, but a
         # recipient's substitutions are only seen here, and the next hop must never get a
@@ -307,7 +339,7 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         if unfit is not None:
             if first_composed and not parsed.template:
                 raise content_refused(unfit)
-            refuse(result, unfit, by_policy=False)
+            refuse(result, unfit)
             continue
         if (repeated := repeated_field_in(composed.data)) is not None:
             # Two From (or Subject, ...) fields: the content's fault, whoever the recipient, so
@@ -315,8 +347,22 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             # would refuse each recipient's with 554 5.6.0 all the same).
             if first_composed:
                 raise content_refused(replies.content_field_repeated(repeated))
-            refuse(result, replies.content_field_repeated(repeated), by_policy=False)
+            refuse(result, replies.content_field_repeated(repeated))
             continue
+        # What the request has the spool store is bounded, whatever its own size: its first
+        # message's size times the recipients from it on refuses it whole (nothing stored); a
+        # later message its substitutions make larger is refused for now.
+        size = len(composed.data)
+        if first_composed and (total := size * (len(parsed.recipients) - index)) > max_stored:
+            raise _stored_too_large(
+                f"{len(parsed.recipients) - index} recipients' messages of {size} bytes would store {total} bytes",
+                total,
+                max_stored,
+            )
+        if stored_size + size > max_stored:
+            refuse(result, _over_stored_size(max_stored))
+            continue
+        stored_size += size
         envelope = Envelope(
             sender,
             [Recipient(recipient.email)],
@@ -329,11 +375,21 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         )
         draft = node.intake.draft(envelope, arrival)
         draft.write(composed.data)
-        # (a template's first message without From is the content's fault too: refused whole)
-        whole = first_composed and (not parsed.template or "From" not in single_fields_in(composed.data))
+        if first_composed and tenants is not None and (bound := draft.binding_refusal()) is not None:
+            # Its content names a tenant the token may not send as: nothing is taken yet, so
+            # the request is refused whole, naming where the tenant was given.
+            draft.discard()
+            raise forbidden(str(bound), _tenant_field(parsed, config.delivery.tenant_header))
+        # (a template's first message without From, or with a Date or Message-ID that is not
+        # one, is the content's fault too: refused whole)
+        whole = first_composed and (
+            not parsed.template
+            or "From" not in single_fields_in(composed.data)
+            or malformed_field_in(composed.data) is not None
+        )
         if whole and (unfit := draft.content_refusal()) is not None:
             # Its header section (a loop's Received fields, an X-Tenant that cannot name a
-            # queue, no From): the same for every recipient.
+            # queue, no From, a Date that is no date): the same for every recipient.
             draft.discard()
             raise content_refused(unfit)
         # A client gone by the time its recipient's checks are done (a slow policy hook, DKIM
@@ -341,8 +397,56 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
         # what is not stored yet is not stored, and a commit it left during is logged unanswered.
         present = functools.partial(_present, request)
         committed = functools.partial(_committed, request, session)
-        pending.append((result, draft, draft.commit(committed, present=present)))
-    for result, draft, future in pending:
+        pending.append(([result], draft, draft.commit(committed, present=present)))
+    if sharing:
+        composed = composer.compose(sharing[0][1])  # (nothing rendered: the same for every recipient)
+        unfit = check_message(
+            composed.data,
+            max_size=config.smtp.max_message_size,
+            max_line_length=config.smtp.max_line_length,
+            uncounted=composed.own,
+        )
+        if unfit is not None and not parsed.template:
+            raise content_refused(unfit)
+        if (repeated := repeated_field_in(composed.data)) is not None:
+            raise content_refused(replies.content_field_repeated(repeated))
+        # (a template without a `{` that fails the check: refused per recipient, as rendered ones are)
+        messages = _shared_messages(sharing, config.smtp.max_recipients) if unfit is None else []
+        if unfit is not None:
+            for result, _ in sharing:
+                refuse(result, unfit)
+        if (total := len(composed.data) * len(messages)) > max_stored:
+            text = f"{len(messages)} messages of {len(composed.data)} bytes would store {total} bytes"
+            raise _stored_too_large(text, total, max_stored)
+        for number, members in enumerate(messages):
+            envelope = Envelope(
+                sender,
+                [Recipient(recipient.email) for _, recipient in members],
+                smtputf8=composed.smtputf8,
+                body="8BITMIME" if not composed.data.isascii() else None,
+                peer=peer,
+                auth_user=holder,
+                protocol="HTTP",
+                metadata=members[0][1].metadata or None,
+            )
+            draft = node.intake.draft(envelope, arrival)
+            draft.write(composed.data)
+            if number == 0 and tenants is not None and (bound := draft.binding_refusal()) is not None:
+                # As for a composed first message: nothing is taken yet, the request is refused whole.
+                draft.discard()
+                raise forbidden(str(bound), _tenant_field(parsed, config.delivery.tenant_header))
+            whole = number == 0 and (
+                not parsed.template
+                or "From" not in single_fields_in(composed.data)
+                or malformed_field_in(composed.data) is not None
+            )
+            if whole and (unfit_head := draft.content_refusal()) is not None:
+                draft.discard()
+                raise content_refused(unfit_head)
+            present = functools.partial(_present, request)
+            committed = functools.partial(_committed, request, session)
+            pending.append(([result for result, _ in members], draft, draft.commit(committed, present=present)))
+    for results_of, draft, future in pending:
         try:
             stored = await future
         except (Refused, SpoolError) as error:
@@ -351,20 +455,49 @@ async def _inject(request: web.Request, holder: str, session: str) -> web.Respon
             if isinstance(error, ClientGone):
                 _log.warning("session %s: client gone before message %s was stored: not stored (nothing was "
                              "accepted: it never got an answer)", session, format_id(draft.id))  # fmt: skip
-            by_policy = isinstance(error, Refused) and error.by_policy
-            refuse(result, error.reply, by_policy=by_policy, message_id=format_id(draft.id))
+            for result in results_of:
+                refuse(result, error.reply, message_id=format_id(draft.id))
         else:
-            result.id = format_id(stored.ids[0])
+            # A recipient's id is that of its domain's message (one per domain, as over SMTP).
+            ids = draft.ids_by_recipient() if len(stored.ids) > 1 else {}
+            for result in results_of:
+                result.id = format_id(ids.get(result.email, stored.ids[0]))
     accepted = sum(1 for r in results if r.id is not None)
     response = InjectResponse(accepted, len(results) - accepted, results)
     # Nothing stored because the spool failed: the client should come back later.
     spool_trouble = accepted == 0 and any(r.error and r.error.startswith("4") for r in results)
     if spool_trouble:
         return _json(response, 503)
-    # Refused by the policy, every one of them, for good (the repeats of refused ones with
-    # them): the request itself is not allowed.
-    everyone_refused = policy_refusals > 0 and policy_refusals + duplicates == len(results) and accepted == 0
+    # Every one of them refused for good (by the policy, a template, the size...): the request
+    # itself cannot be carried out, and a client that looks only at the status must see it.
+    everyone_refused = accepted == 0 and bool(results)
     return _json(response, 422 if everyone_refused else 200)
+
+
+def _shared_messages(
+    sharing: list[tuple[RecipientResult, InjectRecipient]], per_message: int
+) -> list[list[tuple[RecipientResult, InjectRecipient]]]:
+    """The messages that shared content makes: one for the recipients with the same metadata
+    (it is the message's: its log records carry it), at most `per_message` (`[smtp]
+    max_recipients`) recipients each, as an SMTP transaction holds; the intake then stores
+    one spool message per domain of each, all sharing its body."""
+    alike: dict[tuple[tuple[str, str], ...], list[tuple[RecipientResult, InjectRecipient]]] = {}
+    for member in sharing:
+        alike.setdefault(tuple(sorted(member[1].metadata.items())), []).append(member)
+    return [group[at : at + per_message] for group in alike.values() for at in range(0, len(group), per_message)]
+
+
+def _stored_too_large(what: str, total: int, limit: int) -> web.HTTPRequestEntityTooLarge:
+    """413 for a request that would have the spool store more than `[http] max_stored_size`."""
+    text = f"{what}, over [http] max_stored_size ({limit} bytes): send the recipients in smaller requests"
+    body = msgspec.json.encode(ErrorResponse(text, "$.recipients"))
+    return web.HTTPRequestEntityTooLarge(limit, total, text=None, body=body, content_type="application/json")
+
+
+def _over_stored_size(limit: int) -> Reply:
+    """A recipient whose message would take the request past `[http] max_stored_size`."""
+    text = f"The request's messages would pass [http] max_stored_size ({limit} bytes): send this recipient again"
+    return replies.r(452, "4.3.1", text)
 
 
 def _present(request: web.Request) -> bool:
@@ -387,6 +520,24 @@ async def _settled(verdict: Verdict[Refuse] | asyncio.Future[Verdict[Refuse]]) -
     if isinstance(verdict, asyncio.Future):
         return await verdict
     return verdict
+
+
+def forbidden(error: str, field: str) -> web.HTTPForbidden:
+    """403 with a JSON body naming the field: what the token may not do."""
+    body = msgspec.json.encode(ErrorResponse(error, field))
+    return web.HTTPForbidden(body=body, content_type="application/json")
+
+
+def _tenant_field(parsed: InjectRequest, tenant_header: str) -> str:
+    """Where a request named its tenant: `$.tenant`, a part's header, or the raw content."""
+    if parsed.tenant:
+        return "$.tenant"
+    content = parsed.content
+    if not isinstance(content, str):
+        for name in content.headers:
+            if name.lower() == tenant_header.lower():
+                return f"$.content.headers.{name}"
+    return "$.content"
 
 
 def content_refused(reply: Reply) -> web.HTTPBadRequest:
@@ -417,6 +568,47 @@ _ADDRESS_FIELD: Final = re.compile(
 )
 _MEDIA_TYPE_FIELD: Final = re.compile(r"\$\.content\.attachments\[\d+\]\.content_type")
 _STEP: Final = re.compile(r"\.([a-z_]+)|\[(\d+)\]")
+
+
+_MEMBER: Final = re.compile(r"(Object (?:contains unknown|missing required) field `([^`]*)`)(?: - at `(\$[^`]*)`)?")
+_MAP_VALUE: Final = re.compile(r"(.*) - at `(\$[^`]*)\[\.\.\.\]`")
+_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _member_refusal(body: bytes, error: str) -> web.HTTPBadRequest:
+    """400 naming the member at fault by its JSON path, as the admin API does: an unknown or
+    missing member (`$.colour`, `$.envelope_sender`), a map's value that is no string by its
+    key (`$.recipients[0].metadata.u`), where msgspec says only the object it is in, or `[...]`."""
+    if (member := _MEMBER.fullmatch(error)) is not None:
+        text, name, at = member.groups()
+        return bad_request(text, _member_path(at or "$", name))
+    if (value := _MAP_VALUE.fullmatch(error)) is not None:
+        text, at = value.groups()
+        found = _located(body, at)
+        key = next((k for k, v in found.items() if not isinstance(v, str)), None) if isinstance(found, dict) else None
+        if key is not None:
+            return bad_request(text, _member_path(at, key))
+    return bad_request(error, None if _FIELD.search(error) else "$")
+
+
+def _member_path(at: str, name: str) -> str:
+    """The JSON path of member `name` of the object at `at`: `$.a.b`, or `$.a["b c"]` for a
+    name that is not letters, digits, "-" and "_"."""
+    return f"{at}.{name}" if _PLAIN_NAME.fullmatch(name) else f"{at}[{msgspec.json.encode(name[:64]).decode()}]"
+
+
+def _located(body: bytes, path: str) -> Any:
+    """The value at `path` (`$.a[0].b`) in the JSON `body`; None if there is none."""
+    try:
+        value: Any = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    for name, index in _STEP.findall(path):
+        try:
+            value = value[name] if name else value[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return value
 
 
 def _value_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:

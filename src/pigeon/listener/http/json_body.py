@@ -4,12 +4,15 @@ no member of an object named twice.
 A body sent as a form (`curl --data`'s default) or as text/plain was read as JSON all the
 same: a client that did not mean JSON learnt nothing. And `{"domain": "a", "domain": "b"}`
 took the last value without a word (RFC 8259 leaves it to the reader): which one a client
-meant is anyone's guess, so neither is taken.
+meant is anyone's guess, so neither is taken. And a string holding a lone surrogate escape
+(`"\\ud800"`) is no Unicode text: msgspec refused it as "Input data was truncated" or "invalid
+utf-16 surrogate pair", naming no member, so the path of the string is found and said.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, Final
 
 from aiohttp import web
@@ -48,28 +51,63 @@ class _Members(list[tuple[str, Any]]):
     """An object's members in their order, as `json.loads` gives them to `object_pairs_hook`."""
 
 
-def repeated_member(body: bytes) -> str | None:
-    """The JSON path (`$.recipients[0].email`) of the first member an object of `body` names
-    a second time, if any. A body that is no JSON has none: its decoder says what is wrong."""
+def _walk(body: bytes) -> Iterator[tuple[str, Any]]:
+    """Every value of `body` with its JSON path (`$.recipients[0].email`), in document order,
+    objects as `_Members`; nothing for a body that is no JSON (its decoder says what is wrong)."""
     try:
         tree = json.loads(body, object_pairs_hook=_Members)
     except (ValueError, RecursionError):
-        return None
+        return
     stack: list[tuple[str, Any]] = [("$", tree)]
     while stack:
         path, value = stack.pop()
+        yield path, value
+        if isinstance(value, _Members):
+            stack.extend((f"{path}.{key[:40]}", item) for key, item in reversed(value))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{index}]", item) for index, item in reversed(list(enumerate(value))))
+
+
+def repeated_member(body: bytes) -> str | None:
+    """The JSON path (`$.recipients[0].email`) of the first member an object of `body` names
+    a second time, if any."""
+    for path, value in _walk(body):
         if isinstance(value, _Members):
             seen: set[str] = set()
             for key, _ in value:
                 if key in seen:
                     return f"{path}.{key[:40]}"
                 seen.add(key)
-            stack.extend((f"{path}.{key[:40]}", item) for key, item in reversed(value))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{index}]", item) for index, item in reversed(list(enumerate(value))))
     return None
 
 
 def repeated_refusal(path: str) -> str:
     """What a 400 for a member named twice says."""
     return f"{path} is given twice: give each member once"
+
+
+def _lone_surrogate_in(text: str) -> bool:
+    # `json.loads` joins a valid pair into one character: what is left in the surrogate block is alone.
+    return any("\ud800" <= char <= "\udfff" for char in text)
+
+
+def lone_surrogate(body: bytes) -> tuple[str, bool] | None:
+    """Where the first string of `body` holding a lone surrogate escape is, if any: its JSON
+    path (`$.content.subject`), and whether it is a member's name (then the path is of the
+    object naming it) rather than a value."""
+    for path, value in _walk(body):
+        if isinstance(value, str) and _lone_surrogate_in(value):
+            return path, False
+        if isinstance(value, _Members) and any(_lone_surrogate_in(key) for key, _ in value):
+            return path, True
+    return None
+
+
+def lone_surrogate_refusal(path: str, *, name: bool) -> str:
+    """What a 400 for a string holding a lone surrogate says (`name`: a member's name in the
+    object at `path`, rather than the value at `path`)."""
+    what = f"a member name in {path}" if name else path
+    return (
+        f"{what} holds a lone surrogate escape (\\uD800-\\uDFFF without its pair), which is not valid "
+        "Unicode text: send the text as UTF-8, or a character beyond U+FFFF as both halves of its pair"
+    )

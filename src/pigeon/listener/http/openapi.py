@@ -12,7 +12,8 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from pigeon.compose import SCHEMA_PATTERNS, InjectRequest
+from pigeon import mime
+from pigeon.compose import COMPOSITE_TYPES, CONTENT_ID, SCHEMA_PATTERNS, InjectRequest
 from pigeon.config.patterns import api_patterns
 from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import (
@@ -25,7 +26,13 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.inject import ErrorResponse, InjectResponse
 from pigeon.queue.admin import QueueSummary
-from pigeon.queue.names import MAX_QUEUE_NAME, QUEUE_NAME_TEXT, part_value_pattern, queue_name_pattern
+from pigeon.queue.names import (
+    INBOUND_CAMPAIGN,
+    MAX_QUEUE_NAME,
+    QUEUE_NAME_TEXT,
+    part_value_pattern,
+    queue_name_pattern,
+)
 from pigeon.queue.rules import Rule
 from pigeon.shaping.effects import Effect
 
@@ -83,7 +90,7 @@ def document() -> dict[str, Any]:
             "/api/v1/inject": {
                 "post": {
                     "operationId": "inject",
-                    "summary": "Inject mail: one message per recipient, answered once all are durable",
+                    "summary": "Inject mail: a message per recipient (or one for all), answered once all are durable",
                     "description": "Needs the 'inject' scope. Content is raw RFC 5322 text or parts; "
                     "a raw message that is not UTF-8 goes as the base64 of its bytes ('content_encoding' "
                     "'base64', 'template' false), sent as it is. Text "
@@ -95,7 +102,11 @@ def document() -> dict[str, Any]:
                     "Content that fails SMTP reception's content check is refused per recipient with SMTP's "
                     "reply (554 5.6.0, 552 5.3.4); when it is every recipient's alike ('template' false, or "
                     "a field given twice in the first recipient's message) the request is refused: 400 "
-                    "naming $.content, with that reply.",
+                    "naming $.content, with that reply. Each message is a submission, as over SMTP after AUTH: "
+                    "one without a Date or Message-ID gets Pigeon's, and one without From, or whose Date "
+                    "or Message-ID is not of RFC 5322's syntax (3.3 date-time, obsolete forms included; "
+                    "3.6.4 <left@right>), is refused so (554 5.6.0 naming the field and what is wrong; "
+                    "400 naming $.content in the first recipient's message).",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
@@ -104,6 +115,12 @@ def document() -> dict[str, Any]:
                             "Nothing could be stored (spool trouble, a temporary policy refusal): retry later", response
                         ),
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+                        "413": _response(
+                            "The request body is over [http] max_request_size, or its messages would have the "
+                            "spool store more than [http] max_stored_size; the error names the setting; nothing "
+                            "was stored",
+                            _ref("ErrorResponse"),
+                        ),
                         "415": _response(_NOT_JSON[0], _ref(_NOT_JSON[1])),
                     },
                 }
@@ -154,7 +171,7 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
     (`content_encoding`) that is not base64, or is said to be a template."""
     text = [("Parts", "subject"), ("Parts", "text"), ("Parts", "html"), ("Address", "name")]
     text += [("InjectRecipient", "name")]
-    as_is = [("Attachment", "file_name"), ("Attachment", "content_id")]
+    as_is = [("Attachment", "file_name")]
     for pattern, members in ((_NO_NUL, text), (_NO_NUL_CR_LF, as_is)):
         for name, member in members:
             schema = components[name]["properties"][member]
@@ -162,6 +179,13 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
             assert len(strings) == 1, (name, member)
             strings[0]["pattern"] = pattern
     components["Parts"]["properties"]["headers"]["additionalProperties"]["pattern"] = _NO_NUL
+    # No composite type (`compose.COMPOSITE_TYPES`, in any case): an attachment is base64.
+    composite = "|".join("".join(f"[{c.upper()}{c}]" for c in kind) for kind in COMPOSITE_TYPES)
+    content_type = components["Attachment"]["properties"]["content_type"]
+    content_type["pattern"] = f"^(?!(?:{composite})/){mime.MEDIA_TYPE.removeprefix('^')}"
+    content_id = components["Attachment"]["properties"]["content_id"]["anyOf"]
+    [string] = [s for s in content_id if s.get("type") == "string"]
+    string["pattern"] = f"^{CONTENT_ID.pattern}$"
     raw = [s for s in components["InjectRequest"]["properties"]["content"]["anyOf"] if s.get("type") == "string"]
     assert len(raw) == 1
     raw[0]["pattern"] = _RAW_WITH_FROM
@@ -212,9 +236,16 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
         part = part_value_pattern() if name == "InjectRequest" else api_patterns()["part_glob"]
         for member in ("tenant", "campaign"):
             components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{part}$")
+    # An injection's campaign is no `inbound`, in any case (`names.campaign_problem`).
+    inbound = "".join(f"[{c.upper()}{c}]" for c in INBOUND_CAMPAIGN)
+    campaign = components["InjectRequest"]["properties"]["campaign"]["anyOf"][0]
+    campaign.update(pattern=f"^(?!{inbound}$){part_value_pattern()}$")
     to_queue = components["RebindRequest"]["properties"]["to_queue"]
     to_queue["anyOf"][0].update(pattern=f"^{queue_name_pattern()}$", maxLength=MAX_QUEUE_NAME)
-    to_queue["description"] = f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}"
+    to_queue["description"] = (
+        f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}. Moved to campaign:tenant@domain, "
+        "the mail takes that tenant and campaign, and selectors match it by those parts and that domain"
+    )
 
 
 def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[str, Any]:
@@ -241,8 +272,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "answered said together, as a whole answer would (absent when none did)",
     )
     errors["503"] = _response(
-        "Delivery is disabled on this node; or, with several workers, one did not answer within [node] worker_timeout "
-        "(partial: true)",
+        "Delivery is disabled on this node ([delivery] enabled = false): it takes no write (its reads answer from "
+        "its spool), nor, with [redis], a read with ?cluster=1; or, with several workers, one did not answer within "
+        "[node] worker_timeout (partial: true)",
         {"anyOf": [_ref("ErrorResponse"), partial]},
     )
     count = {"type": "integer", "minimum": 0}
@@ -282,12 +314,26 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "An id names one thing: leave it out, or give one of your own that no rule has",
         {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
     )
-    cancelled = _object({"cancelled": {"type": "boolean"}, "made_due": count}, "cancelled", doc="made_due: released")
-    rebound = _object({"rebound": count, "after_attempt": count, "operation": operation_id}, "rebound", "after_attempt")
+    cancelled = _object(
+        {"cancelled": {"type": "boolean"}, "made_due": count, "bounced": count},
+        "cancelled",
+        doc="made_due: released; bounced (a resume): of what it held, the messages a live standing bounce covers, "
+        "bounced as they come due instead",
+    )
+    rebound = _object(
+        {"rebound": count, "after_attempt": count, "inbound_left": count, "operation": operation_id},
+        "rebound",
+        "after_attempt",
+        "inbound_left",
+        doc="rebound: messages moved, due now; after_attempt: how many of them were being sent, moved as far as "
+        "that attempt leaves them; inbound_left: matching messages of [[inbound]] routes, left as they are: they "
+        "go to their target from their own queue",
+    )
     made_due = _object(
-        {"made_due": count, "suspended": count, "operation": operation_id},
+        {"made_due": count, "suspended": count, "bounced": count, "operation": operation_id},
         "made_due",
-        doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were",
+        doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were; "
+        "bounced: matching messages a live standing bounce covers, bounced as they come due now",
     )
     cluster_member = {"cluster": {"type": "object", "description": "With ?cluster=1: whose answers were added up"}}
     not_held = {
@@ -331,6 +377,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "source": text_or_none,
             "sender": {"type": "string"},
             "recipients": {"type": "array", "items": {"type": "string"}},
+            "routing_domain": {
+                "type": ["string", "null"],
+                "description": "The domain it is routed as (a rebind's routing_domain, a policy's Reroute); "
+                "null: its recipients' own",
+            },
             "size": count,
             "created": {"type": "number"},
             "attempts": count,
@@ -341,7 +392,15 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "tenant": text_or_none,
             "campaign": text_or_none,
             "metadata": {"type": ["object", "null"]},
-            "egress_pool": text_or_none,
+            "egress_pool": {
+                "type": ["string", "null"],
+                "description": "The [[pool]] it leaves from (null: the implicit source, or an application's target)",
+            },
+            "egress_pool_from": {
+                "type": ["string", "null"],
+                "enum": ["policy", "queue", "delivery", None],
+                "description": "What named that pool: the policy hook, its [[queue]], or [delivery] pool",
+            },
             "suspended_by": text_or_none,
         },
         "id",

@@ -1,0 +1,159 @@
+"""Warnings about secrets within reach of others: a file holding them that users other than
+Pigeon's may read, and an HTTP API listening beyond loopback in plain HTTP.
+
+The files: the config file when it holds secrets (`[[http.token]]`s, a webhook's `secret` or
+authorization header, a password in a Redis URL or a PostgreSQL DSN, a `[[mailbox]]` password),
+the SMTP users file, the TLS private key, the DKIM private keys, the `[[mailbox]]` password files
+and the local API token. One is warned about when other users may read it (mode `o+r`), or its
+group may and that group is none of the node's own (`chgrp pigeon` with mode 0640 is how a
+root-owned file is shared with the user the node runs as: README's set-up does so with the
+config file), as ssh does for a private key. Nothing is refused: the warning says what to do.
+
+Said by one process of a node (worker 0, as the other warnings of the config), at start and at
+each reload, once per file while it stays so: a file made private and then readable again is
+named again. The HTTP listener has no TLS of its own, so a `[http] listen` address other than
+loopback carries the API's bearer tokens in clear: said at start (a new address takes a
+restart).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import stat
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from pigeon.config.schema import Config, PostgresqlTarget, SidekiqTarget, WebhookTarget
+
+_log = logging.getLogger(__name__)
+
+_SECRET_HEADER_WORDS: Final = ("auth", "cookie", "token", "key", "secret", "password", "signature")
+"""A webhook header whose name holds one of these is taken to carry a secret (`Authorization`,
+`X-Api-Key`, ...); other headers (`X-Source`) are not."""
+
+
+class Exposure:
+    """What one process has said: each file once while it stays readable by others."""
+
+    def __init__(self) -> None:
+        self._said: set[Path] = set()
+
+    def warn_files(self, config: Config, config_path: Path | None) -> None:
+        """A WARNING for each file holding secrets that others may read, not said before."""
+        for path, holds in secret_files(config, config_path):
+            readers = readers_besides_us(path)
+            if readers is None:
+                self._said.discard(path)  # fixed: said again if it is ever readable again
+                continue
+            if path in self._said:
+                continue
+            self._said.add(path)
+            whom, mode = readers
+            _log.warning(
+                "%s is readable by %s (mode %04o), and it holds %s: chmod 600 %s (or 640 with a group that "
+                "only the user Pigeon runs as is in)",
+                path,
+                whom,
+                mode,
+                holds,
+                path,
+            )
+
+
+def warn_http_in_clear(config: Config) -> None:
+    """A WARNING when the API listens beyond loopback: it speaks plain HTTP only."""
+    listen = config.http.listen
+    if _is_loopback(listen.host):
+        return
+    _log.warning(
+        "[http] listen %s is not a loopback address, and the HTTP listener has no TLS: API bearer tokens "
+        "(and what the API answers) cross the network in clear; listen on loopback and put a TLS-terminating "
+        "proxy in front for other machines",
+        listen,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: it may be anything
+
+
+def secret_files(config: Config, config_path: Path | None) -> Iterator[tuple[Path, str]]:
+    """Each file the node reads that holds secrets, with what it holds."""
+    if config_path is not None and (held := config_secrets(config)):
+        yield config_path, ", ".join(held)
+    smtp = config.smtp
+    if smtp.auth_users is not None:
+        yield smtp.auth_users, "the SMTP users' password hashes ([smtp] auth_users)"
+    if smtp.starttls:
+        if smtp.tls_private_key is not None:
+            yield smtp.tls_private_key, "the TLS private key ([smtp] tls_private_key)"
+        else:
+            yield config.spool.path / "tls" / "selfsigned.key", "the self-signed TLS certificate's private key"
+    for dkim in config.dkim:
+        yield dkim.private_key, f"a DKIM private key ([[dkim]] {dkim.selector!r})"
+    for mailbox in config.mailbox:
+        if mailbox.password_file is not None:
+            yield mailbox.password_file, f"the password of [[mailbox]] {mailbox.name!r}"
+    if config.http.local_token:
+        yield config.spool.path / "api-token", "the local API token ([http] local_token)"
+
+
+def config_secrets(config: Config) -> list[str]:
+    """What secrets the config itself holds (none: an empty list)."""
+    held = []
+    if config.http.token:
+        held.append("[[http.token]] secrets")
+    if config.redis.url is not None and _has_password(config.redis.url):
+        held.append("the [redis] url's password")
+    for target in config.target:
+        if isinstance(target, WebhookTarget) and (
+            target.secret or any(word in name.lower() for name in target.headers for word in _SECRET_HEADER_WORDS)
+        ):
+            held.append(f"[[target]] {target.name!r}'s secrets")
+        elif isinstance(target, PostgresqlTarget) and _has_password(target.dsn):
+            held.append(f"[[target]] {target.name!r}'s PostgreSQL password")
+        elif isinstance(target, SidekiqTarget) and target.redis_url is not None and _has_password(target.redis_url):
+            held.append(f"[[target]] {target.name!r}'s Redis password")
+    held.extend(f"[[mailbox]] {m.name!r}'s password" for m in config.mailbox if m.password is not None)
+    return held
+
+
+def _has_password(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return bool(parts.password) or "password=" in parts.query.lower()
+    except ValueError:
+        return False
+
+
+def readers_besides_us(path: Path) -> tuple[str, int] | None:
+    """Who, besides the user the node runs as, may read `path` ("other users", "the members of
+    group 'staff'"), with the file's mode; None when none may, or the file is not there to say."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None  # (a file that must be there is refused when it is read, with its reason)
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & stat.S_IROTH:
+        return "other users", mode
+    if mode & stat.S_IRGRP and status.st_gid not in {os.getegid(), *os.getgroups()}:
+        return f"the members of group {_group_name(status.st_gid)}", mode
+    return None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        import grp
+
+        return f"{grp.getgrgid(gid).gr_name!r}"
+    except (KeyError, ImportError):
+        return str(gid)

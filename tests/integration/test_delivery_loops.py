@@ -1,0 +1,141 @@
+"""Mail whose MX (or next hop) is the node itself: not handed back to it a hundred times
+until `[smtp] max_hops` refuses it, but bounced at once, `554 5.4.6 ... loops back to myself`
+(Postfix's check), and a next MX host that is not the node still used."""
+
+from __future__ import annotations
+
+import smtplib
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.dns import DnsServer, Zone
+from tests.support.ports import free_port
+from tests.support.process import PigeonProcess
+from tests.support.sinks import ScriptedSink, wait_until
+
+
+def _node(tmp_path: Path, dns: DnsServer, port: int, **sections: Any) -> PigeonProcess:
+    """A node listening on 127.0.0.1:`port` whose MX hosts are on `port` too: an MX with the
+    address 127.0.0.1 is the node itself."""
+    delivery = {"enabled": True, "smtp_port": port, "retry_interval": "1s", "dsn": True, "tls": "disabled"}
+    pigeon = PigeonProcess(
+        tmp_path / "node",
+        smtp={"listen": [f"127.0.0.1:{port}"]},
+        delivery=delivery,
+        dns={"nameservers": [dns.endpoint], "timeout": "1s"},
+        **sections,
+    )
+    pigeon.smtp_port = port
+    return pigeon
+
+
+def _zone(more: dict[str, list[tuple[Any, ...]]] | None = None) -> Zone:
+    # The sender's domain, whose MX (a sink on 127.0.0.5) takes the DSNs.
+    return Zone({"example.org": [("MX", 10, "mx.example.org")], "mx.example.org": [("A", "127.0.0.5")], **(more or {})})
+
+
+def _send(pigeon: PigeonProcess, recipient: str) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("a@example.org", [recipient], b"Subject: loop\r\n\r\nhi\r\n")
+
+
+def _bounced_as_a_loop(pigeon: PigeonProcess, sink: ScriptedSink, domain: str, looped: str) -> None:
+    started = time.monotonic()
+    (bounce,) = wait_until(lambda: pigeon.records("Bounce"), timeout=10)
+    assert time.monotonic() - started < 10
+    assert bounce["response"]["code"] == 554
+    assert bounce["response"]["enhanced"] == "5.4.6"
+    text = f"mail for {domain} loops back to myself ({looped} is this node)"
+    assert text in bounce["response"]["text"], bounce
+    assert bounce["said_by"] == "pigeon"
+    (dsn,) = sink.wait_for(1)
+    assert dsn.recipients == ["a@example.org"]
+    assert b"5.4.6" in dsn.data
+    time.sleep(0.5)  # (nothing more comes)
+    # The one delivery is the DSN's, to the sender's MX: none "delivered" the message to the node itself.
+    (delivery,) = wait_until(lambda: pigeon.records("Delivery"))
+    assert (delivery["recipient"], delivery["sender"]) == ("a@example.org", "")
+    assert len(pigeon.records("Reception")) == 2  # the message and its DSN: the node never took it again
+    assert len(sink.received) == 1  # the DSN alone
+
+
+LOOP_ZONE = {"loop.test": [("MX", 10, "mx.loop.test")], "mx.loop.test": [("A", "127.0.0.1")]}
+
+
+@pytest.mark.parametrize(
+    ("recipient", "zone", "looped_host"),
+    [
+        (
+            "u@loop.test",
+            {"loop.test": [("MX", 10, "mx.loop.test")], "mx.loop.test": [("A", "127.0.0.1")]},
+            "mx.loop.test",
+        ),
+        # localhost is 127.0.0.1 and ::1 (RFC 6761): the node listens on the first; the host is passed over whole.
+        ("u@localhost", {}, "localhost"),
+    ],
+    ids=["mx-is-this-node", "localhost"],
+)
+def test_mail_whose_only_host_is_this_node_bounces_at_once_as_a_loop(
+    tmp_path: Path, recipient: str, zone: dict[str, list[tuple[Any, ...]]], looped_host: str
+) -> None:
+    port = free_port()
+    with (
+        DnsServer(_zone(zone)) as dns,
+        ScriptedSink(host="127.0.0.5", port=port) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, recipient)
+        _bounced_as_a_loop(pigeon, sink, recipient.partition("@")[2], f"{looped_host} [127.0.0.1]:{port}")
+
+
+def test_a_route_to_this_node_bounces_as_a_loop_and_is_warned_of(tmp_path: Path) -> None:
+    port = free_port()
+    route = [{"domain": "relay.test", "next_hop": f"127.0.0.1:{port}"}]
+    with (
+        DnsServer(_zone()) as dns,
+        ScriptedSink(host="127.0.0.5", port=port) as sink,
+        _node(tmp_path, dns, port, route=route) as pigeon,
+    ):
+        pigeon.wait_stderr(f"[[route]] for relay.test: next_hop 127.0.0.1:{port} is this node's own SMTP listener")
+        _send(pigeon, "u@relay.test")
+        _bounced_as_a_loop(pigeon, sink, "relay.test", f"[127.0.0.1]:{port}")
+
+
+def test_the_next_mx_host_takes_the_mail_when_the_first_is_this_node(tmp_path: Path) -> None:
+    port = free_port()
+    zone = _zone(
+        {
+            "loop.test": [("MX", 10, "mx1.loop.test"), ("MX", 20, "mx2.loop.test")],
+            "mx1.loop.test": [("A", "127.0.0.1")],  # this node
+            "mx2.loop.test": [("A", "127.0.0.6")],
+        }
+    )
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.6", port=port) as other,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, "u@loop.test")
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"), timeout=10)
+        assert delivery["peer"] == f"mx2.loop.test [127.0.0.6]:{port}"
+        assert len(other.received) == 1
+        assert len(pigeon.records("Reception")) == 1
+        assert not pigeon.records("Bounce")
+
+
+def test_another_node_on_the_same_port_at_another_loopback_address_is_no_loop(tmp_path: Path) -> None:
+    # Only this node's exact address and port count: 127.0.0.7 on the same port is someone else.
+    port = free_port()
+    zone = _zone({"other.test": [("MX", 10, "mx.other.test")], "mx.other.test": [("A", "127.0.0.7")]})
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.7", port=port) as other,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, "u@other.test")
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"), timeout=10)
+        assert delivery["peer"] == f"mx.other.test [127.0.0.7]:{port}"
+        assert len(other.received) == 1
