@@ -33,11 +33,6 @@ def _node(root: Path, **smtp: object) -> PigeonProcess:
     return PigeonProcess(root, node={"workers": 2}, smtp={**NOT_LOOPBACK, **smtp})
 
 
-def _worker_pids(pigeon: PigeonProcess) -> list[int]:
-    """Worker i's pid, by the lock of the spool shard it owns."""
-    return [int(p.read_text()) for p in sorted((pigeon.root / "spool").glob("shard-*/lock"))]
-
-
 def _worker_of(pids: list[int], server_port: int, client: socket.socket) -> int:
     """The index of the worker holding the server side of `client`'s connection."""
     client_port = client.getsockname()[1]
@@ -151,7 +146,7 @@ def test_one_client_gets_the_connection_limit_from_the_node_whichever_worker_acc
 
 def test_a_worker_killed_with_sigkill_leaves_no_phantom_connections_once_restarted(tmp_path: Path) -> None:
     with _node(tmp_path / "node", max_connections_per_client=LIMIT) as pigeon:
-        pids = _worker_pids(pigeon)
+        pids = pigeon.shard_owners()
         # Open the limit; kill a worker that holds some of them (try again until both do).
         while True:
             crowd = [_connect(pigeon.smtp_port) for _ in range(LIMIT)]
@@ -168,7 +163,7 @@ def test_a_worker_killed_with_sigkill_leaves_no_phantom_connections_once_restart
             os.kill(pids[1], signal.SIGKILL)
             survivors = holders.count(0)
             deadline = time.monotonic() + 20
-            while _worker_pids(pigeon)[1] == pids[1] or not _serving(pigeon):
+            while pigeon.shard_owners()[1] == pids[1] or not _serving(pigeon):
                 assert time.monotonic() < deadline, "worker 1 was not restarted"
                 time.sleep(0.1)
             # Worker 1's connections died with it; the client may open them again.
@@ -206,7 +201,7 @@ def test_auth_failures_spread_over_both_workers_lock_the_address_out_at_the_node
     set_password(users, "alice", PASSWORD)
     smtp = {"auth_users": str(users), "auth_failures_per_address": 3, "auth_failures_per_user": 100}
     with _node(tmp_path / "node", **smtp) as pigeon:
-        pids = _worker_pids(pigeon)
+        pids = pigeon.shard_owners()
         guesses = [_auth(pigeon.smtp_port, pids, f"guess-{i}") for i in range(3)]
         assert [reply for reply, _ in guesses] == [WRONG] * 3
 

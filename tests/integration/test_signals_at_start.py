@@ -151,7 +151,7 @@ def test_sighup_from_the_first_moment_kills_nothing_and_the_config_changed_meanw
 def test_sighup_while_a_worker_restarts_does_not_kill_it_again(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
         assert pigeon.process is not None
-        pids = [int(p.read_text()) for p in sorted(pigeon.spool_path.glob("shard-*/lock"))]
+        pids = pigeon.shard_owners()
         os.kill(pids[1], signal.SIGKILL)
         with _hanging_up(pigeon.process.pid, 0.2):
             deadline = time.monotonic() + _START

@@ -52,7 +52,7 @@ def test_two_workers_share_the_load_and_report_merged_metrics(tmp_path: Path) ->
 def test_a_killed_worker_is_restarted_and_its_mail_is_kept(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
         smtp_source(pigeon.smtp_port, "-s", "10", "-l", "1000", "-m", "100", "-f", "a@src.test", "-t", "r@x.test")
-        pids = [int(p.read_text()) for p in sorted((pigeon.root / "spool").glob("shard-*/lock"))]
+        pids = pigeon.shard_owners()
         os.kill(pids[1], signal.SIGKILL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -135,7 +135,7 @@ def test_workers_do_not_import_files_from_the_directory_pigeon_runs_in(tmp_path:
     with PigeonProcess(root, node={"workers": 2}) as pigeon:
         for shadow in ("dns.py", "struct.py", "msgspec.py"):
             (root / shadow).write_text("raise SystemExit('imported from the working directory')\n")
-        pids = [int(p.read_text()) for p in sorted((pigeon.root / "spool").glob("shard-*/lock"))]
+        pids = pigeon.shard_owners()
         os.kill(pids[1], signal.SIGKILL)  # its replacement starts with those files there
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

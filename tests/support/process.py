@@ -314,6 +314,18 @@ class PigeonProcess:
                 time.sleep(0.05)
         return list(_spool_rows(self.spool_path))
 
+    def shard_owners(self, timeout: float = 10.0) -> list[int]:
+        """Worker i's pid, by the lock of the spool shard i it owns. A worker starting writes its
+        pid there after emptying the file: an empty one is read again until it names a pid."""
+        deadline = time.monotonic() + timeout
+        while True:
+            texts = [p.read_text().strip() for p in sorted(self.spool_path.glob("shard-*/lock"))]
+            if texts and all(texts):
+                return [int(text) for text in texts]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the shards' locks name no pid in {timeout}s: {texts}")
+            time.sleep(0.01)
+
     @property
     def spool_path(self) -> Path:
         return self.root / self.config["spool"]["path"]  # an absolute path replaces root
