@@ -202,8 +202,14 @@ def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[
     status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", body, ADMIN)
     assert (status, answer["rule"]["via"], answer["rule"]["operator"]) == (200, "api", "ops"), answer
     assert pigeon.http_call("DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}", None, ADMIN)[0] == 200
-    answer = _refused(node, "POST", "/api/v1/admin/suspend", {"domain": "none.test", "via": "curl"})
-    assert answer["field"] == "$.via"
+    # Any other value is replaced too, not refused as if it were the client's to give ...
+    status, answer = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": "none.test", "via": "curl"}, ADMIN)
+    assert (status, answer["rule"]["via"]) == (200, "api"), answer
+    assert pigeon.http_call("DELETE", f"/api/v1/admin/suspend/{answer['rule']['id']}", None, ADMIN)[0] == 200
+    # ... and a refusal of an unknown member does not offer it as one the request takes.
+    answer = _refused(node, "POST", "/api/v1/admin/suspend", {"domain": "none.test", "colour": "red"})
+    assert answer["field"] == "$.colour"
+    assert "suspend takes domain, tenant, campaign, queue, id, reason, duration, site" in answer["error"], answer
 
 
 @pytest.mark.parametrize(

@@ -111,7 +111,8 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
     kind, selector and duration is that rule again (`already`), anything else is refused (409)."""
     via: Literal["cli", "api"] | None = None
     """What the request came through, kept with a rule it makes: set where it is issued ("cli":
-    the `pigeon` command, by its User-Agent; "api": anything else), whatever a client sent."""
+    a client whose User-Agent names it the `pigeon` command; "api": anything else), whatever a
+    client sent. A hint for the audit trail, not an identity: the token's name is that."""
 
     def selector(self) -> Selector:
         site = self.site if isinstance(self, SuspendRequest) else None
@@ -197,8 +198,8 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
         decoded = json.loads(body, object_pairs_hook=unique_members)
         if isinstance(decoded, dict) and ("id" not in decoded or via is not None):
             decoded.setdefault("id", new_rule_id())
-            if via is not None and decoded.get("via") in (None, "cli", "api"):  # else refused as malformed
-                decoded["via"] = via
+            if via is not None:
+                decoded["via"] = via  # (whatever a client sent: it is not the client's to say)
             return json.dumps(decoded).encode()
     return body
 
@@ -512,7 +513,8 @@ def _refusal(error: msgspec.ValidationError, action: str) -> web.HTTPBadRequest:
     message = str(error)
     if (unknown := _UNKNOWN_FIELD.match(message)) is not None:
         name = unknown.group(1)
-        known = ", ".join(field.name for field in msgspec.structs.fields(_REQUESTS[action]))
+        # (`via` is set where a request is issued: not a member for a client to send)
+        known = ", ".join(f.name for f in msgspec.structs.fields(_REQUESTS[action]) if f.name != "via")
         return bad_request(f"unknown member {name[:40]!r}: {action} takes {known}", f"$.{name[:40]}")
     if (too_long := _TOO_LONG.match(message)) is not None:
         limit, name = too_long.groups()
