@@ -44,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not with the module: every `pigeon` command (`pigeon serve` too) builds
     # the parser that registers this one, and `cryptography` would add some 20 ms to each.
     from pigeon.dkim.keys import dns_record, generate_key, name_problem, write_key
+    from pigeon.smtp.address import a_label
 
-    domain = args.domain.strip().rstrip(".").lower()
+    # An internationalised name is published, and given as d=, as its A-label (the form DNS
+    # knows it by), as a [[dkim]] block's domain is read.
+    domain = a_label(args.domain.strip().rstrip("."))
     for problem in (name_problem("--domain", domain), name_problem("--selector", args.selector)):
         if problem is not None:
             print(f"pigeon: {problem}", file=sys.stderr)
