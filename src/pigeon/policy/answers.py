@@ -178,6 +178,7 @@ class Changes:
     remove_headers: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        self._check_types()
         for what, check in (("tenant", queue_part_problem), ("campaign", campaign_problem)):
             value = getattr(self, what)
             if value is not None and (problem := check(value)) is not None:
@@ -208,6 +209,32 @@ class Changes:
                 "remove_headers takes From off and add_headers puts no From on: "
                 "a message must have one (RFC 5322 3.6), and DKIM signs it"
             )
+
+    def _check_types(self) -> None:
+        """A hook is plain Python: a value of the wrong type is refused naming the field, not
+        left to fail later in code the hook's author never saw (`object of type 'int' has no
+        len()`)."""
+        for what in ("tenant", "campaign", "queue", "route", "egress_pool"):
+            value = getattr(self, what)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{what} must be a str or None, not {type(value).__name__} {value!r:.80}")
+        if self.dkim is not None and not isinstance(self.dkim, str) and not _strs(self.dkim):
+            raise TypeError(f"dkim must be a list of signer names (str), not {self.dkim!r:.80}")
+        if not _sequence(self.add_headers) or not all(
+            _sequence(field) and len(field) == 2 and _strs(field) for field in self.add_headers
+        ):
+            raise TypeError(f"add_headers must be a list of (name, value) pairs of str, not {self.add_headers!r:.80}")
+        if not _strs(self.remove_headers):
+            raise TypeError(f"remove_headers must be a list of header names (str), not {self.remove_headers!r:.80}")
+
+
+def _sequence(value: object) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _strs(value: object) -> bool:
+    """A list or tuple of str."""
+    return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
 
 
 @dataclass(frozen=True, slots=True)

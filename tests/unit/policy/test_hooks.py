@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -229,6 +230,28 @@ def test_answers_refuse_what_cannot_be_said() -> None:
         Changes(dkim="example.org")
     with pytest.raises(ValueError, match='"all"'):
         Reclassify(transient="some")
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"tenant": 5}, "tenant must be a str or None, not int 5"),
+        ({"campaign": ["spring"]}, "campaign must be a str or None, not list"),
+        ({"route": b"relay"}, "route must be a str or None, not bytes"),
+        ({"dkim": ["example.org", 7]}, "dkim must be a list of signer names"),
+        ({"add_headers": [("X-A", 1)]}, "add_headers must be a list of (name, value) pairs of str"),
+        ({"add_headers": "X-A: 1"}, "add_headers must be a list"),
+        ({"remove_headers": "Received"}, "remove_headers must be a list of header names"),
+    ],
+)
+def test_changes_of_the_wrong_type_are_refused_naming_the_field(changes: dict[str, object], says: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(says)):
+        Changes(**changes)  # type: ignore[arg-type]
+
+
+def test_changes_take_lists_where_tuples_are_written() -> None:
+    changes = Changes(add_headers=[["X-A", "1"]], remove_headers=("X-B",), dkim=("example.org",))  # type: ignore[list-item]
+    assert list(changes.add_headers) == [["X-A", "1"]]
 
 
 @pytest.mark.parametrize("text", ["nön ascii", "bell\x07", "del\x7f", "x" * 2000, "short, then " + "y" * 501])
