@@ -95,6 +95,27 @@ def test_a_reload_that_cannot_read_the_certificate_keeps_the_running_one(tmp_pat
         assert "not valid TOML" in pigeon.stderr()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_reload_shows_in_healthz_until_a_reload_succeeds(tmp_path: Path, workers: int) -> None:
+    # A key rollover that failed must reach an operator's alerts, not only the log.
+    with PigeonProcess(tmp_path / "node", node={"workers": workers}) as pigeon:
+        status, health = pigeon.http_call("GET", "/healthz")
+        assert (status, health["status"], health["config"]) == (200, "ok", {"status": "ok"}), health
+        good = pigeon.config_path.read_text()
+        pigeon.config_path.write_text("[smtp\n")
+        _hangup(pigeon, "reload failed", workers)
+        status, health = pigeon.http_call("GET", "/healthz")
+        assert (status, health["status"], health["config"]["status"]) == (200, "degraded", "degraded"), health
+        assert "the last reload failed" in health["config"]["error"] and "not valid TOML" in health["config"]["error"]
+        if workers > 1:
+            assert all(worker["config"]["status"] == "degraded" for worker in health["workers"]), health
+        # Still serving what it ran before; a reload that succeeds clears it.
+        pigeon.config_path.write_text(good)
+        _hangup(pigeon, "reloaded:", workers)
+        status, health = pigeon.http_call("GET", "/healthz")
+        assert (status, health["status"], health["config"]) == (200, "ok", {"status": "ok"}), health
+
+
 def test_sighup_takes_new_smtp_users_and_a_removed_user_s_open_session_loses_its_auth(tmp_path: Path) -> None:
     users = tmp_path / "users"
     set_password(users, "alice", "alice-secret")

@@ -147,6 +147,9 @@ class Node:
         self._reading: asyncio.Future[_Reading] | None = None  # a reload's files, read in a thread
         self._reloading: asyncio.Task[None] | None = None
         self._abandoned: asyncio.Future[_Reading] | None = None  # a reading past reload_timeout, running on
+        # Why the last reload did not take everything it read (/healthz's `config`): a key
+        # rollover that failed must show where an operator's alerts look, not only in the log.
+        self._reload_problem: str | None = None
         self._step = ""  # what that thread is doing, for the log
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
@@ -472,6 +475,7 @@ class Node:
                     self._step,
                     timeout,
                 )
+                self._reload_problem = f"the last reload was abandoned: still {self._step} after {timeout:g}s"
                 return
             _log.error(
                 "reload abandoned: still %s after %gs ([node] reload_timeout); the running configuration stays "
@@ -479,6 +483,7 @@ class Node:
                 self._step,
                 timeout,
             )
+            self._reload_problem = f"the last reload was abandoned: still {self._step} after {timeout:g}s"
             # A module whose import never ends must not stop every later reload: the next
             # SIGHUP reads again, beside the one that runs on.
             self._abandoned, self._reading = reading, None
@@ -486,6 +491,7 @@ class Node:
             return
         except (ConfigError, PasswordFileError, OSError, ssl.SSLError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
+            self._reload_problem = f"the last reload failed, the configuration before it runs: {error}"
             return
         if not self._stopping:
             self._take(read)
@@ -546,6 +552,7 @@ class Node:
             reactions = self.outbound.reactions_of(config) if self.outbound is not None else None
         except (ConfigError, ReactionError) as error:
             _log.error("reload failed; the running configuration stays: %s", error)
+            self._reload_problem = f"the last reload failed, the configuration before it runs: {error}"
             return
         if config.policy != self.config.policy:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
@@ -553,8 +560,10 @@ class Node:
         if isinstance(read.policy, PolicyLoadError):
             _log.error("reload: the policy module stays as it was: %s", read.policy)
             hooks, kept = self.policy.defined(), " (the module as it was)"  # the summary names what runs
+            self._reload_problem = f"the last reload kept the policy module as it was: {read.policy}"
         else:
             hooks, kept = self.policy.take(read.policy), ""
+            self._reload_problem = None
         self.smtp.tls_context = tls_context
         self.smtp.set_passwords(passwords)  # (open sessions whose user is gone or changed lose their AUTH)
         self.smtp.session_config = replace(
@@ -685,7 +694,9 @@ class Node:
         spool = self._spool_health()
         inbound = self.inbound.health() if self.inbound is not None and self.inbound.watchers else {}
         shaping = self.outbound.throttles.health() if self.outbound is not None else None
+        config = {"status": OK} if self._reload_problem is None else {"status": DEGRADED, "error": self._reload_problem}
         components = [spool["status"], DEGRADED if log.failing else OK, *(m["status"] for m in inbound.values())]
+        components.append(config["status"])
         if shaping is not None:
             components.append(shaping["status"])
         return {
@@ -705,6 +716,7 @@ class Node:
             },
             **({"inbound": inbound} if inbound else {}),
             **({"shaping": shaping} if shaping is not None else {}),
+            "config": config,
         }
 
     def _spool_health(self) -> dict[str, Any]:

@@ -792,6 +792,9 @@ class Supervisor:
         inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
         if inbound:
             body["inbound"] = inbound
+        configs = [w["config"] for w in workers if "config" in w]
+        if configs:  # a reload that failed on any worker: the node runs what it ran before
+            body["config"] = next((c for c in configs if c.get("status") != OK), configs[0])
         shaping = [w["shaping"] for w in workers if "shaping" in w]
         if shaping:  # a worker that falls back keeps to the node's share: the node says so
             worst_one = max(shaping, key=lambda s: (s.get("status") != OK, s.get("mode") == "fallback"))
