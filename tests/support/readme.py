@@ -20,3 +20,10 @@ def readme_sql(starting: str) -> str:
     blocks = re.findall(r"```sql\n(.*?)```", README.read_text(), re.DOTALL)
     (block,) = [b for b in blocks if b.startswith(starting)]
     return block
+
+
+def readme_python(starting: str) -> str:
+    """The README's ```python block that starts with `starting`."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    (block,) = [b for b in blocks if b.startswith(starting)]
+    return block

@@ -862,9 +862,7 @@ class Supervisor:
     async def _pass_on(self, request: web.Request, body: bytes, *, too_large_body: bool = False) -> web.Response:
         if request.path.startswith(_BROADCAST_PATHS):
             return await self._broadcast(request, body)
-        for _ in range(len(self.workers)):
-            worker = self.workers[self._next_worker % len(self.workers)]
-            self._next_worker += 1
+        for worker in self._in_turn():
             try:
                 forwarding = worker.forward(request, body, too_large_body=too_large_body)
                 if request.path == INJECT_PATH:
@@ -880,6 +878,18 @@ class Supervisor:
                 )
                 return web.json_response({"error": message, "field": None, "outcome_unknown": True}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
+
+    def _in_turn(self) -> list[Worker]:
+        """The workers a request passed to one worker may try, each once, in this order: from the
+        next in the round (`_next_worker`, moved on by one for each request, not for each try) on,
+        those that seem up first, then those known down (their process has ended, or has not
+        answered since it was started), which a try may yet find up. The walk is the request's
+        own: requests forwarded meanwhile move the round on, and must not send this one's next
+        try back to the worker that just refused it, or past the one that is up."""
+        start = self._next_worker % len(self.workers)
+        self._next_worker += 1
+        walk = self.workers[start:] + self.workers[:start]
+        return sorted(walk, key=_known_down)  # (stable: each part keeps the round's order)
 
     async def _broadcast(self, request: web.Request, body: bytes) -> web.Response:
         """An admin request goes to every worker (each owns its shards); with [redis], a write
@@ -1116,6 +1126,13 @@ def _taken(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule | None:
             with contextlib.suppress(msgspec.ValidationError):
                 return msgspec.convert(rule, Rule)
     return None
+
+
+def _known_down(worker: Worker) -> bool:
+    """`worker` cannot take a request now, as far as the supervisor knows: its process has ended
+    (killed, crashed: restarting), or has not answered since it was started."""
+    process = worker.process
+    return process is None or process.returncode is not None or not worker.ready
 
 
 def _why_down(worker: Worker) -> str:
