@@ -151,8 +151,9 @@ def _bounce(args: argparse.Namespace) -> int:
         return _show(args, *answer, "cancelled standing bounce {cancel}", cancel=args.cancel)  # not "cancelled True"
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/bounce", body)
+    said = _said_by_workers(status, answer)
     text = "bounced {bounced:count message}"
-    if answer.get("after_attempt") if isinstance(answer, dict) else False:
+    if said.get("after_attempt"):
         text += " ({after_attempt} being sent now: bounced only if that attempt does not deliver them)"
     text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
     return _show(args, status, answer, text)
@@ -168,13 +169,14 @@ def _suspend(args: argparse.Namespace) -> int:
         return _show_rules(args, *client.request("GET", cluster_path(args, "/api/v1/admin/suspend")))
     body = {**_selector(args), "reason": args.reason, **({"duration": args.duration} if args.duration else {})}
     status, answer = client.request("POST", "/api/v1/admin/suspend", body)
-    if answer.get("already") if isinstance(answer, dict) else False:
+    said = _said_by_workers(status, answer)
+    if said.get("already"):
         return _show(args, status, answer, "already suspended until {until} by rule {rule_id}; nothing added")
-    if answer.get("added_on") if isinstance(answer, dict) else False:
+    if said.get("added_on"):
         # In force on some workers only: it is added where it lacked, which is not "nothing added".
         text = "suspended until {until} (rule {rule_id}) on worker(s) {workers}, which lacked it (the others held it "
         text += "already); {held:count message} held"
-        return _show(args, status, answer, text, workers=", ".join(map(str, answer["added_on"])))
+        return _show(args, status, answer, text, workers=", ".join(map(str, said["added_on"])))
     return _show(args, status, answer, "suspended until {until} (rule {rule_id}); {held:count message} held")
 
 
@@ -194,6 +196,14 @@ def _alone(args: argparse.Namespace, command: str, *actions: str) -> int | None:
     return 2
 
 
+def _said_by_workers(status: int, answer: Any) -> dict[str, Any]:
+    """What a write's text is made from, as `_show` formats it: the answer, or for a partial one
+    what the workers that answered said together (`answers`): its qualifiers ("6 being sent now")
+    are theirs, said as a whole answer's would be; {} for an answer that is no object."""
+    said = answer["answers"] if is_partial(status, answer) and "answers" in answer else answer
+    return said if isinstance(said, dict) else {}
+
+
 def _cluster_without_list(command: str) -> int:
     # Said rather than ignored: whoever typed it may believe that without it only this node acts.
     print(f"pigeon {command}: --cluster goes with --list; a {command} applies on every node sharing "
@@ -204,17 +214,18 @@ def _cluster_without_list(command: str) -> int:
 def _resume(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("DELETE", f"/api/v1/admin/suspend/{args.id}")
     text = "resumed: {made_due:count message} due now"
-    if answer.get("bounced") if isinstance(answer, dict) else False:
+    if _said_by_workers(status, answer).get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
     return _show(args, status, answer, text)
 
 
 def _retry(args: argparse.Namespace) -> int:
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/retry", _selector(args))
+    said = _said_by_workers(status, answer)
     text = "{made_due:count message} due now"
-    if answer.get("suspended") if isinstance(answer, dict) else False:
+    if said.get("suspended"):
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
-    if answer.get("bounced") if isinstance(answer, dict) else False:
+    if said.get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
     return _show(args, status, answer, text)
 
@@ -227,7 +238,7 @@ def _rebind(args: argparse.Namespace) -> int:
         body["routing_domain"] = args.routing_domain
     status, answer = ApiClient(args).request("POST", "/api/v1/admin/rebind", body)
     text = "rebound {rebound:count message} ({after_attempt} once their attempt under way ends)"
-    if answer.get("inbound_left") if isinstance(answer, dict) else False:
+    if _said_by_workers(status, answer).get("inbound_left"):
         text += "; {inbound_left:count message} of [[inbound]] routes left as they are: they go to their target"
     return _show(args, status, answer, text)
 
