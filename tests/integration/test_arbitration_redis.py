@@ -50,6 +50,24 @@ async def test_one_node_claims_a_message_and_the_other_sees_it_held(nodes: Nodes
     assert [c.standing for c in await two.claim(KEYS, 30)] == [Standing.HELD] * 2
 
 
+async def test_each_heartbeat_counts_the_live_nodes(nodes: Nodes, redis_server: RedisServer) -> None:
+    """What a mailbox shares a backlog among: nodes whose heartbeats run, not those that
+    stopped (their heartbeats ran out) or said they stop."""
+    one, two = nodes
+    assert one.live == 1  # before any heartbeat: as if alone
+    await one.ping()
+    assert one.live == 1
+    await two.ping()
+    await one.claim(KEYS[:1], 30)  # claims go with a heartbeat too
+    assert (one.live, two.live) == (2, 2)
+    heartbeat_runs_out(redis_server, "hdeadbeefdeadbeef")
+    await one.ping()
+    assert one.live == 2
+    await two.close()
+    await one.ping()
+    assert one.live == 1
+
+
 async def test_a_holder_whose_lease_ran_out_cannot_overwrite_the_new_owner(
     nodes: Nodes,
 ) -> None:

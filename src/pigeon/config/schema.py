@@ -811,11 +811,13 @@ class MailboxConfig(_Section, kw_only=True):
     taken over then."""
     batch: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1000
     """Messages claimed, fetched and handed over at a time (up to 64 MiB of them: past that, the
-    rest wait for the next batch). A target that takes a batch whole (Sidekiq, PostgreSQL, log,
-    Maildir) gets it in one step, and a node killed in the middle may repeat that step. Each
-    batch costs a few IMAP round trips whatever its size, so draining a backlog is faster in
-    big ones (bench/inbound.py: a log target at 0.91x the mail_room gem's rate with 200, 1.06x
-    with 1,000; three nodes sharing Redis 0.92x one node with 200, 1.08x with 1,000)."""
+    rest wait for the next batch); while other nodes share the Redis, no more than this node's
+    share of what nobody holds, ceil(unclaimed / live nodes), so that they share a backlog. A
+    target that takes a batch whole (Sidekiq, PostgreSQL, log, Maildir) gets it in one step,
+    and a node killed in the middle may repeat that step. Each batch costs a few IMAP round
+    trips whatever its size, so draining a backlog is faster in big ones (bench/inbound.py: a
+    log target at 0.91x the mail_room gem's rate with 200, 1.06x with 1,000; three nodes
+    sharing Redis 0.92x one node with 200, 1.08x with 1,000)."""
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 8
     """Messages handed to the target at once, for a target that takes them one by one (a
     webhook). A node killed mid-batch repeats at most twice this many such handoffs (those not

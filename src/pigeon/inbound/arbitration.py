@@ -156,9 +156,10 @@ return {tostring(born), tostring(now)}
 """
 
 # KEYS[1] the nodes hash, KEYS[2] the names hash; ARGV: token, ms the heartbeat lasts, the
-# node's name ('': none), ms the name is kept past the heartbeat. Returns 1 if the node's
-# previous heartbeat had run out (or Redis lost it): claims verified before may have been taken
-# over. The name is written with every heartbeat (no round trip of its own): "<keep until>:<name>".
+# node's name ('': none), ms the name is kept past the heartbeat. Returns two numbers: 1 if the
+# node's previous heartbeat had run out (or Redis lost it), claims verified before may have been
+# taken over (else 0); and how many nodes' heartbeats run (this one's included: `live`). The name
+# is written with every heartbeat (no round trip of its own): "<keep until>:<name>".
 _BEAT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -170,8 +171,12 @@ if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', runs_out + tonumber(ARGV[4])) .. ':' .. ARGV[3])
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + tonumber(ARGV[4]))
 end
-if last <= now then return 1 end
-return 0
+local live = 0
+local beats = redis.call('HVALS', KEYS[1])
+for i = 1, #beats do
+  if tonumber(beats[i]) > now then live = live + 1 end
+end
+return {last <= now and 1 or 0, live}
 """
 
 # KEYS[1] the nodes hash, KEYS[2] the names hash. Forgets the heartbeats that ran out (nodes
@@ -312,6 +317,9 @@ class Arbiter:
     """Claims and their outcomes; `RedisArbiter` for a cluster, `LocalArbiter` for one node."""
 
     shared = False  # whether other nodes see these claims
+    # Nodes whose heartbeats run (this one included), as the last heartbeat found them: what a
+    # mailbox shares a backlog among (`MailboxWatcher._share`). One without shared claims.
+    live = 1
 
     def __init__(self) -> None:
         # This process: a restarted node is someone else. "h": it keeps a heartbeat.
@@ -486,9 +494,11 @@ class RedisArbiter(Arbiter):
     def _beaten(self, answers: Sequence[object], sent: float) -> None:
         """A heartbeat sent at `sent` (monotonic) was answered (`answers`: those of `_beat_calls`)."""
         beat, epoch = answers
+        assert isinstance(beat, list)
+        lapsed, self.live = int(beat[0]), max(1, int(beat[1]))
         # Our first heartbeat finds none before it, and no claim was verified before it: not
         # a lapse (which would have every claim of the first batch renewed for nothing).
-        if beat == 1 and self._alive_until:
+        if lapsed and self._alive_until:
             self._lapses += 1
             self._lapsed()
         self._alive_until = max(self._alive_until, sent + BEAT_TTL * 0.9)

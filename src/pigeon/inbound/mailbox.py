@@ -2,7 +2,9 @@
 
 One round:
  1. `UID SEARCH` the configured criteria (default UNSEEN);
- 2. claim up to `batch` of the UIDs (see `arbitration`); a UID another node holds is left to
+ 2. claim up to `batch` of the UIDs (see `arbitration`), or, while other nodes' heartbeats run,
+    up to this node's share of what nobody holds (`_share`), the next batch likewise, so that
+    a backlog smaller than two batches is not one node's alone; a UID another node holds is left to
     it (and looked at again when its holder's heartbeat would run out, if it stops); one whose
     handoff is done is acknowledged again (its holder may have died just after the handoff),
     one refused for good gets the failure action;
@@ -587,11 +589,12 @@ class MailboxWatcher:
         waiting = len(candidates) < len(uids)
         # Nodes start at different places in the list, so they rarely reach for the same
         # messages; one node alone still takes the oldest first.
-        chunks = _chunks(candidates, config.batch)
-        if len(chunks) > 1 and self._arbiter.shared:
-            turn = random.randrange(len(chunks))
-            chunks = chunks[turn:] + chunks[:turn]
-        pending = collections.deque(chunks)
+        size = self._share(len(candidates))
+        if len(candidates) > size and self._arbiter.shared:
+            turn = random.randrange(-(-len(candidates) // size)) * size
+            candidates = candidates[turn:] + candidates[:turn]
+        pending = collections.deque(candidates)  # UIDs not asked about yet in this round
+        limit = size  # claims the batch being gathered takes at most
         claimed: list[Claim] = []
         done: list[Claim] = []
         failed: list[Claim] = []
@@ -608,7 +611,9 @@ class MailboxWatcher:
             while pending:
                 if self._stopping or session.lost:
                     break
-                chunk = pending.popleft()
+                if not claimed:  # a new batch: its share of what is left (see `_share`)
+                    limit = self._share(len(pending))
+                chunk = [pending.popleft() for _ in range(min(len(pending), limit - len(claimed)))]
                 keys = [(f"{self._arbiter_prefix}{session.uidvalidity}:{uid}", uid) for uid in chunk]
                 answers = await self._arbiter.claim(keys, config.lease)
                 self._works()
@@ -616,12 +621,12 @@ class MailboxWatcher:
                 if time.monotonic() < until:
                     # Held elsewhere a moment ago and worth another look now (its holder may
                     # have died): looked at within this round, not after the whole list.
-                    pending.extend(_chunks(self._due_again(searched), config.batch))
-                if claimed and (len(claimed) >= config.batch or not pending):
+                    pending.extend(self._due_again(searched))
+                if claimed and (len(claimed) >= limit or not pending):
                     self._between_batches.clear()
                     batch, claimed = claimed, []
                     taken += batch
-                    fetched = await self._fetch_batch(session, batch, itertools.chain.from_iterable(pending))
+                    fetched = await self._fetch_batch(session, batch, pending)
                     fetched.prepared = self._prepare(fetched)
                     if handing is not None:
                         previous, handing = handing, None
@@ -658,6 +663,18 @@ class MailboxWatcher:
         if failed:
             await self._fail_at_source(session, [c.uid for c in failed])
         return worked, waiting
+
+    def _share(self, unclaimed: int) -> int:
+        """How many of `unclaimed` messages (not known to be held elsewhere) the next batch
+        claims: `batch`, or, while other nodes' heartbeats run, no more than this node's share,
+        ceil(unclaimed / live nodes). One node taking a whole backlog smaller than two batches
+        (a batch, and the next claimed while it is handed over) would leave the others idle
+        with a slow target; the rest is claimed by whoever comes next, this node included."""
+        batch = self.config.batch
+        live = self._arbiter.live if self._arbiter.shared else 1
+        if live <= 1:
+            return batch
+        return max(1, min(batch, -(-unclaimed // live)))
 
     def _sort(self, answers: list[Claim], claimed: list[Claim], done: list[Claim], failed: list[Claim]) -> bool:
         """File each claim's answer where it belongs; True if another node holds some."""
