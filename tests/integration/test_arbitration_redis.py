@@ -224,6 +224,36 @@ async def test_backoff_is_respected_by_every_node_and_counts_attempts(nodes: Nod
     assert (retry.standing, retry.attempts) == (Standing.CLAIMED, 1)
 
 
+async def test_the_dead_node_a_claim_was_taken_from_stays_with_it_until_it_is_handed_over(
+    nodes: Nodes, redis_server: RedisServer
+) -> None:
+    """The dead node may have handed the message over before it died: whoever tries it next,
+    after a failed attempt's backoff or a claim given back untried (none attempted yet, too),
+    records `taken_over_from` it; only a takeover made now is a takeover to log (`carried`)."""
+    one, two = nodes
+    dead = "hdeadbeefdeadbeef"
+    client = redis_server.client()
+    for key, _ in KEYS:
+        client.set(f"pigeon:{key}", f"c:{dead}.7:0", px=60_000)  # its first attempts, when it died
+    failing, untried = await one.claim(KEYS, 60)
+    assert [(c.previous, c.carried, c.taken_over_from) for c in (failing, untried)] == [(dead, False, dead)] * 2
+    await one.backoff([(failing, 0.2)])  # the target refused it for now
+    await one.release([untried])  # given back before its turn came (the node stops, say)
+    assert (await two.claim(KEYS[:1], 60))[0].standing is Standing.WAITING
+    await asyncio.sleep(0.3)
+    retried, taken = await two.claim(KEYS, 60)
+    assert [(c.standing, c.attempts, c.previous, c.carried) for c in (retried, taken)] == [
+        (Standing.CLAIMED, 1, dead, True),
+        (Standing.CLAIMED, 0, dead, True),
+    ]
+    await two.backoff([(retried, 0)])  # failed again, on `two` this time: still the dead node's
+    (again,) = await one.claim(KEYS[:1], 60)
+    assert (again.attempts, again.taken_over_from, again.carried) == (2, dead, True)
+    await one.done([again])
+    await two.done([taken])
+    assert [c.standing for c in await two.claim(KEYS, 60)] == [Standing.DONE] * 2
+
+
 async def test_no_redis_means_no_claims_rather_than_a_guess(redis_server: RedisServer) -> None:
     arbiter = RedisArbiter(redis_server.url, timeout=0.5)
     try:

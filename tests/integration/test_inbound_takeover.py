@@ -208,3 +208,33 @@ def test_what_a_node_killed_mid_batch_held_is_recorded_as_taken_over_from_it(
     for raw in fresh:
         assert "taken_over_from" not in by_key[key[raw]], by_key[key[raw]]
     assert "taken_over_from" in line, line  # the operator is told where to look
+
+
+def test_a_taken_over_message_s_records_name_the_dead_node_through_its_retries(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """The node that takes over a dead node's claim may meet a target that refuses for now: the
+    message waits out its backoff, and may be tried again by any node. The dead node may have
+    handed it over already all the same, so every record of it until it is handed over says
+    `taken_over_from` (the failures too), and not only the first attempt's; the INFO line of the
+    takeover is said once, not at each retry."""
+    raw = customer_mail(0)
+    (uid,) = dovecot.append("app", [raw])
+    redis_in_use_for_a_while(redis_server)
+    # The dead node was on its first attempt, with the default 60 s lease, when it died.
+    redis_server.client().set(claim_key(dovecot, uid), f"c:{DEAD}.7:0", px=60_000)
+    with WebhookApp() as app:
+        app.answers = [(500, {}), (500, {})]  # then 202
+        hook = webhook_target(app, retry_interval="500ms", max_retry_interval="500ms")
+        box = imap_mailbox(dovecot, "hook")
+        with PigeonProcess(tmp_path / "p", redis={"url": redis_server.url}, target=[hook], mailbox=[box]) as node:
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+            (delivered,) = node.wait_records("InboundDelivery", 1)
+            failures = node.wait_records("InboundFailure", 2)
+            said = node.stderr()
+    assert sum(app.accepted.values()) == 1
+    assert [r["attempt"] for r in failures] == [1, 2] and delivered["attempt"] == 3
+    for record in [*failures, delivered]:
+        assert record["taken_over_from"] == DEAD, record
+        assert record["dedupe_key"] == hashlib.sha256(raw).hexdigest()
+    assert said.count(f"took over 1 messages from node {DEAD}") == 1, said

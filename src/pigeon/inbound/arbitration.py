@@ -6,6 +6,7 @@ mailboxes collided). Its value says where the message stands:
 
     c:<token>.<k>:<n>  claimed by the node <token>, whose attempt n+1 this is (lease: PX)
     b:<n>:<due ms>     n attempts failed; nobody may try again before <due> (Redis clock)
+    b:<n>:<due>:<tok>  ... of a message taken over from the dead node <tok> (see below)
     d:<token>          the target accepted it; only the source's acknowledgement may be missing
     f:<token>          the target refused it for good
 
@@ -27,7 +28,10 @@ lease, as long as its heartbeat goes on. So a node killed with kill -9 gives its
 within `BEAT_TTL` (5 s), and so does one stopped (SIGSTOP) or starved that long: it counts as
 dead, and what it had in flight may be handed over again (the taker's records say
 `taken_over_from`: `Claim.previous`; the holder, if it was alive after all, finds it taken over
-when it settles the claim: `Claim.taken_by`, which the mailbox logs and records). A
+when it settles the claim: `Claim.taken_by`, which the mailbox logs and records). The dead
+node's token stays with the message until it is handed over: a failed attempt's backoff, and
+a claim given back untried, keep it (`b:...:<tok>`), so whoever tries it next, this node or
+another, records `taken_over_from` too (`Claim.carried`: no new takeover to log). A
 done mark whose node died is taken over the same way (`Standing.ORPHANED`): that node may
 have died between the handoff and the acknowledgement, so the taker acknowledges the message
 and records the handoff on its behalf. Tokens start with "h"; a value with another token
@@ -127,6 +131,9 @@ class Claim:
     lost: bool = False
     retry_in: float = 0.0  # WAITING: seconds until its backoff ends; HELD, DONE: until its node's heartbeat does
     previous: str = ""  # CLAIMED, ORPHANED: the dead node whose claim or done mark this was
+    # CLAIMED: `previous` was taken over before, and came with the backoff of a failed attempt
+    # (or a claim given back untried) since: its records say so, its takeover was logged then.
+    carried: bool = False
     previous_name: str = ""  # ... its `[node] name` ("": it published none, as earlier versions did)
     holder: str = ""  # HELD, DONE: the live node holding or having settled it ("": one without heartbeat)
     lapses: int = 0  # the arbiter's lapse count when this claim was last verified (see `holds`)
@@ -136,6 +143,12 @@ class Claim:
     # Marking it done (or failed, or in backoff) did not reach Redis: whether another node took
     # it over meanwhile cannot be told from here.
     unsettled: bool = False
+
+    @property
+    def taken_over_from(self) -> str:
+        """CLAIMED: the dead node this claim was taken over from, now or before a backoff ("":
+        none), which may have handed the message over already; what its records say."""
+        return self.previous if self.standing is Standing.CLAIMED else ""
 
     @property
     def previous_node(self) -> str:
@@ -198,13 +211,16 @@ return 0
 # KEYS[1] epoch key, KEYS[2] nodes hash, KEYS[3] names hash, KEYS[4..] the claim keys; ARGV:
 # the caller's token, the number of its first claim here (the claim on KEYS[i] is
 # <token>.<number + i - 4>), lease ms, the epoch the caller knows ('' for none), ms a done mark
-# lasts. For each claim key, five values in a row: the standing, the attempt count, ms (until a
+# lasts. For each claim key, six values in a row: the standing, the attempt count, ms (until a
 # backoff ends, or until the holder's heartbeat runs out), a node: the dead one a claim or done
-# mark was taken from, or the live one holding or having settled it, and the dead one's name
-# ('' if it published none). A caller that knew another epoch is refused ("paused", for all of
-# them): Redis lost its claims, and holders must first have time to put theirs back. A claim or
-# done mark whose node's heartbeat ran out is taken over at once; only then is a name looked up.
-# A done or failed mark found (its message still searched for) lasts that long again.
+# mark was taken from (now, or before a backoff that kept its token), or the live one holding or
+# having settled it, the dead one's name ('' if it published none, or when the takeover was
+# before the backoff), and '1' when the dead one came with a backoff ('' otherwise). A caller
+# that knew another epoch is refused ("paused", for all of them): Redis lost its claims, and
+# holders must first have time to put theirs back. A claim or done mark whose node's heartbeat
+# ran out is taken over at once; only then is a name looked up. A done or failed mark found
+# (its message still searched for) lasts that long again. A backoff that names a dead node
+# (`b:<n>:<due>:<token>`) comes back claimed with that node, which the records name.
 _CLAIM: Final = """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[4] then return 'paused' end
 local t = redis.call('TIME')
@@ -221,12 +237,20 @@ local function claim(key, nonce)
   if v then
     local kind = string.sub(v, 1, 1)
     if kind == 'b' then
-      local n, due = string.match(v, '^b:(%d+):(%d+)$')
-      if now < tonumber(due) then return 'waiting', n, tostring(tonumber(due) - now), '', '' end
+      local n, due, was = string.match(v, '^b:(%d+):(%d+):(h%x+)$')
+      if not n then
+        n, due = string.match(v, '^b:(%d+):(%d+)$')
+        was = ''
+      end
+      if now < tonumber(due) then return 'waiting', n, tostring(tonumber(due) - now), '', '', '' end
       attempts = tonumber(n)
+      if was ~= '' then
+        redis.call('SET', key, 'c:' .. nonce .. ':' .. attempts, 'PX', ARGV[3])
+        return 'claimed', tostring(attempts), '', was, '', '1'
+      end
     elseif kind == 'f' then
       redis.call('PEXPIRE', key, ARGV[5])
-      return 'failed', '0', '', '', ''
+      return 'failed', '0', '', '', '', ''
     else
       local holder = string.match(v, '^[cd]:(h%x+)')
       local left = ''
@@ -235,7 +259,7 @@ local function claim(key, nonce)
         if left <= 0 then
           if kind == 'd' then
             redis.call('SET', key, 'd:' .. ARGV[1], 'PX', ARGV[5])
-            return 'orphaned', '0', '', holder, name_of(holder)
+            return 'orphaned', '0', '', holder, name_of(holder), ''
           end
           attempts = tonumber(string.match(v, ':(%d+)$')) or 0
           previous = holder
@@ -243,21 +267,23 @@ local function claim(key, nonce)
       end
       if previous == '' then
         if kind == 'd' then redis.call('PEXPIRE', key, ARGV[5]) end
-        return (kind == 'd' and 'done' or 'held'), '0', tostring(left), holder or '', ''
+        return (kind == 'd' and 'done' or 'held'), '0', tostring(left), holder or '', '', ''
       end
     end
   end
   redis.call('SET', key, 'c:' .. nonce .. ':' .. attempts, 'PX', ARGV[3])
-  return 'claimed', tostring(attempts), '', previous, previous ~= '' and name_of(previous) or ''
+  return 'claimed', tostring(attempts), '', previous, previous ~= '' and name_of(previous) or '', ''
 end
 local answers = {}
 for i = 4, #KEYS do
-  local standing, attempts, ms, node, name = claim(KEYS[i], ARGV[1] .. '.' .. string.format('%d', first + i - 4))
+  local nonce = ARGV[1] .. '.' .. string.format('%d', first + i - 4)
+  local standing, attempts, ms, node, name, carried = claim(KEYS[i], nonce)
   answers[#answers + 1] = standing
   answers[#answers + 1] = attempts
   answers[#answers + 1] = ms
   answers[#answers + 1] = node
   answers[#answers + 1] = name
+  answers[#answers + 1] = carried
 end
 return answers
 """
@@ -299,14 +325,16 @@ end
 return answers
 """
 
-# KEYS: claim keys; ARGV: for KEYS[i] our value and the attempts made. Gives the messages back
-# untried.
+# KEYS: claim keys; ARGV: for KEYS[i] our value, the attempts made, and the dead node it was
+# taken over from ('' for none). Gives the messages back untried, keeping the dead node's token
+# (the next to try one records it: see the module).
 _RELEASE: Final = """
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[2 * i - 1] then
-    local attempts = ARGV[2 * i]
-    if attempts == '0' then redis.call('DEL', key)
-    else redis.call('SET', key, 'b:' .. attempts .. ':0', 'PX', 86400000) end
+  if redis.call('GET', key) == ARGV[3 * i - 2] then
+    local attempts, was = ARGV[3 * i - 1], ARGV[3 * i]
+    if attempts == '0' and was == '' then redis.call('DEL', key)
+    elseif was == '' then redis.call('SET', key, 'b:' .. attempts .. ':0', 'PX', 86400000)
+    else redis.call('SET', key, 'b:' .. attempts .. ':0:' .. was, 'PX', 86400000) end
   end
 end
 return 0
@@ -606,12 +634,13 @@ class RedisArbiter(Arbiter):
         parts = [_text(part) for part in answer]
         claims = []
         for number, (key, uid) in enumerate(keys):
-            text, attempts, ms, previous, name = parts[5 * number : 5 * number + 5]
+            text, attempts, ms, previous, name, carried = parts[6 * number : 6 * number + 6]
             standing = Standing(text)
             if standing is Standing.CLAIMED:
                 nonce = f"{self.token}.{first + number}"
                 claim = self._claimed(key, uid, nonce, int(attempts), lease, started)
                 claim.previous, claim.previous_name, claim.lapses = previous, name, self._lapses
+                claim.carried = carried == "1"
             elif standing is Standing.ORPHANED:
                 claim = Claim(key, uid, standing, f"d:{self.token}", previous=previous, previous_name=name)
             else:
@@ -671,7 +700,7 @@ class RedisArbiter(Arbiter):
         # is computed there from our clock only as an offset. Close enough for a retry delay;
         # clocks agreeing to a second is all it needs.
         now = time.time()
-        await self._settle_all([(c, f"b:{c.attempts + 1}:{int((now + delay) * 1000)}") for c, delay in claims])
+        await self._settle_all([(c, _backoff(c, now + delay)) for c, delay in claims])
 
     async def restore_done(self, claims: Sequence[Claim]) -> None:
         if not claims:
@@ -686,7 +715,7 @@ class RedisArbiter(Arbiter):
             return
         args: list[str] = []
         for claim in claims:
-            args += (claim.value, str(claim.attempts))
+            args += (claim.value, str(claim.attempts), claim.taken_over_from)
         await self._run([(self._release, [c.key for c in claims], args)])
 
 
@@ -722,15 +751,17 @@ class LocalArbiter(Arbiter):
         for key, uid in keys:
             value = self._get(key)
             attempts = 0
+            previous = ""
             if value is not None:
                 kind = value[0]
                 if kind == "b":
-                    _, n, due = value.split(":")
+                    _, n, due, *was = value.split(":")
                     remaining = int(due) / 1000 - time.time()
                     if remaining > 0:
                         claims.append(Claim(key, uid, Standing.WAITING, attempts=int(n), retry_in=remaining))
                         continue
                     attempts = int(n)
+                    previous = was[0] if was else ""
                 else:
                     standing = {"c": Standing.HELD, "d": Standing.DONE}.get(kind, Standing.FAILED)
                     if standing is not Standing.HELD:  # still there: kept as long again (see `DONE_TTL`)
@@ -738,6 +769,7 @@ class LocalArbiter(Arbiter):
                     claims.append(Claim(key, uid, standing))
                     continue
             claim = self._claimed(key, uid, self.nonce(), attempts, lease, started)
+            claim.previous, claim.carried = previous, bool(previous)
             self._set(key, claim.value, lease)
             claims.append(claim)
         return claims
@@ -766,15 +798,23 @@ class LocalArbiter(Arbiter):
 
     async def backoff(self, claims: Sequence[tuple[Claim, float]]) -> None:
         for claim, delay in claims:
-            self._replace(claim, f"b:{claim.attempts + 1}:{int((time.time() + delay) * 1000)}", DONE_TTL)
+            self._replace(claim, _backoff(claim, time.time() + delay), DONE_TTL)
 
     async def release(self, claims: Sequence[Claim]) -> None:
         for claim in claims:
             if self._get(claim.key) == claim.value:
-                if claim.attempts:
-                    self._set(claim.key, f"b:{claim.attempts}:0", DONE_TTL)
+                if claim.attempts or claim.taken_over_from:
+                    was = f":{claim.taken_over_from}" if claim.taken_over_from else ""
+                    self._set(claim.key, f"b:{claim.attempts}:0{was}", DONE_TTL)
                 else:
                     del self._values[claim.key]
+
+
+def _backoff(claim: Claim, due: float) -> str:
+    """The value of `claim`'s key once its attempt failed: no try before `due` (time.time()),
+    with the dead node it was taken over from, if any, for the records of the tries to come."""
+    value = f"b:{claim.attempts + 1}:{int(due * 1000)}"
+    return f"{value}:{claim.taken_over_from}" if claim.taken_over_from else value
 
 
 def _text(value: object) -> str:

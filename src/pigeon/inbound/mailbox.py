@@ -53,7 +53,10 @@ their request and the server's answer to their acknowledgement (a batch target: 
 a time). A node killed alone repeats, at most, those not yet marked done (the done mark tells
 the node that takes over to acknowledge only): the node that takes their claims over cannot
 tell which of them the dead node handed over, and records each it hands over
-`taken_over_from` the dead node. A node killed with Redis repeats, at most, all of them.
+`taken_over_from` the dead node; so does every record of the message until it is handed over,
+a failed attempt's and those after its backoff, whichever node makes them (the dead node's
+token waits with the backoff: see `arbitration`). A node killed with Redis repeats, at most,
+all of them.
 A node stopped (SIGSTOP) or stalled past its heartbeat counts as dead: its handoffs in flight
 may be repeated likewise, and those it completes once it runs again are said (a WARNING) and
 recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the same dedupe key.
@@ -697,7 +700,7 @@ class MailboxWatcher:
             if standing is Standing.CLAIMED:
                 claimed.append(claim)
                 self.held[claim.key] = claim  # renewed from now on
-                if claim.previous:
+                if claim.previous and not claim.carried:  # (carried: logged when it was taken over)
                     taken[claim.previous_node][0] += 1
             elif standing is Standing.ORPHANED:
                 # Handed over by a node that died before acknowledging it (maybe before
@@ -1083,8 +1086,6 @@ class MailboxWatcher:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
             recovered_from = claim.previous if claim.standing is Standing.ORPHANED else None
-            # Taken over from a dead node, which may have handed it over before it died.
-            taken_over_from = claim.previous if claim.standing is Standing.CLAIMED and claim.previous else None
             repeated = bool(claim.taken_by) or (accepted.lapsed and claim.unsettled)
             if claim.taken_by:
                 self._warn_taken_over(claim, message)
@@ -1099,7 +1100,6 @@ class MailboxWatcher:
                 acknowledged=action,
                 recovered_from=recovered_from,
                 repeated_by_takeover=repeated,
-                taken_over_from=taken_over_from,
             )
             self._log.write(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
@@ -1206,7 +1206,9 @@ class MailboxWatcher:
         **extra: Any,
     ) -> _Record:
         """`size`: the server's, for a message whose body was not fetched (then `message` is
-        a stub, its dedupe key empty)."""
+        a stub, its dedupe key empty). Every attempt at a message taken over from a dead node,
+        which may have handed it over before it died, says so (`taken_over_from`): failures
+        too, whichever node makes it, until it is handed over."""
         return kind(
             timestamp=time.time(),
             source=self.source,
@@ -1219,6 +1221,7 @@ class MailboxWatcher:
             uid=claim.uid,
             attempt=claim.attempts + 1,
             detail=answer.detail,
+            taken_over_from=claim.taken_over_from or None,
             **extra,
         )
 

@@ -245,6 +245,13 @@ class Inbound(Record):
     attempt: int | None = None
     detail: str = ""  # the target's answer ("202 Accepted", "duplicate", ...)
     duration: float | None = None
+    # Set when this node tried a message whose claim was taken over from a node that died (its
+    # heartbeat ran out) before marking it done, by this node or by one whose attempt failed
+    # since: that node (its arbitration token, as in `recovered_from`), which may have handed it
+    # over already, its answer lost with it. The application may have got it twice (same dedupe
+    # key): on an InboundDelivery, this may be the second copy. Every record of the message
+    # says it until it is handed over (an InboundFailure: the attempt that failed).
+    taken_over_from: str | None = None
 
 
 class InboundDelivery(Inbound, tag="InboundDelivery"):
@@ -260,11 +267,6 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
     # over too, so the application may have got it twice (same dedupe key). Logged as a WARNING.
     # Also when it may have been: the heartbeat may have run out, and Redis did not answer to tell.
     repeated_by_takeover: bool = False
-    # Set when this node handed over a message whose claim it took over from a node that died
-    # (its heartbeat ran out) before marking it done: that node (its arbitration token, as in
-    # `recovered_from`), which may have handed it over already, its answer lost with it. The
-    # application may have got it twice (same dedupe key): this may be the second copy.
-    taken_over_from: str | None = None
 
 
 class InboundFailure(Inbound, tag="InboundFailure"):

@@ -59,3 +59,17 @@ async def test_a_done_or_failed_mark_lasts_as_long_again_each_time_a_claim_finds
         assert [c.standing for c in await arbiter.claim(keys, 30)] == [Standing.DONE, Standing.FAILED]
     await asyncio.sleep(0.4)  # no claim found it meanwhile: it lapses
     assert [c.standing for c in await arbiter.claim(keys, 30)] == [Standing.CLAIMED, Standing.CLAIMED]
+
+
+async def test_the_node_a_claim_was_taken_over_from_outlasts_its_backoff_and_release() -> None:
+    """One node takes nothing over from another (no shared store), but the states are the
+    Redis arbiter's: a dead node's token kept with a backoff, or a claim given back untried,
+    comes back with the next claim (see test_arbitration_redis)."""
+    arbiter = LocalArbiter()
+    failing, untried = await arbiter.claim([("k1", 1), ("k2", 2)], 30)
+    failing.previous = untried.previous = "hdead"
+    await arbiter.backoff([(failing, 0.05)])
+    await arbiter.release([untried])
+    await asyncio.sleep(0.1)
+    again = await arbiter.claim([("k1", 1), ("k2", 2)], 30)
+    assert [(c.attempts, c.taken_over_from, c.carried) for c in again] == [(1, "hdead", True), (0, "hdead", True)]

@@ -13,6 +13,13 @@ idle) fails the first batch that uses it, with whatever state asyncpg's protocol
 ("cannot switch to state 15; another operation (2) is in progress"): it is terminated, so the
 pool connects afresh for the next batch, and the handoff says plainly that the connection was
 lost (`ConnectionLost`).
+
+Nodes that start together on a new database each find the table missing, and each makes it
+(`_create_table`): one at a time, behind a transaction-scoped advisory lock, each looking again
+once it holds the lock; a creator that takes no such lock (an earlier version, the application)
+and wins the race is taken for what it is: the table is there. Two `CREATE TABLE IF NOT EXISTS`
+at once otherwise both find no table, and the second fails on the catalog's unique index
+(`pg_class_relname_nsp_index`), which would be said as an outage.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
@@ -99,6 +107,20 @@ _LOST: Final = (
     asyncpg.exceptions.InternalClientError,
     ConnectionError,
 )
+
+
+# What a CREATE TABLE fails with when another session made the table (or its sequence, or its
+# row type) between our look and our CREATE: `IF NOT EXISTS` looks before it locks anything.
+_MADE_MEANWHILE: Final = (
+    asyncpg.exceptions.UniqueViolationError,
+    asyncpg.exceptions.DuplicateTableError,
+    asyncpg.exceptions.DuplicateObjectError,
+)
+
+
+def _creation_lock(table: str) -> int:
+    """The advisory lock (a bigint, per database) that every node making `table` takes."""
+    return int.from_bytes(hashlib.sha256(f"pigeon create_table {table}".encode()).digest()[:8], "big", signed=True)
 
 
 def _closed(connection: asyncpg.Connection) -> bool:
@@ -226,11 +248,27 @@ class PostgresqlTarget(Target):
                 # when the table exists, which a role that may only insert into the
                 # application's table lacks (PostgreSQL 15+ default).
                 if await connection.fetchval("SELECT to_regclass($1)", config.table) is None:
-                    await connection.execute(create_table_sql(config.table))
+                    await self._create_table(connection)
                 self._prepared = True
             await self._learn_columns(connection)  # first: the columns inserted are those checked
             if not self._checked:
                 await self._check_table(connection)
+
+    async def _create_table(self, connection: asyncpg.Connection) -> None:
+        """Make the table, which was missing a moment ago: other nodes may be making it at the
+        same time (they started together on a new database). The advisory lock (which needs no
+        privilege) lets one make it at a time, and each looks again once it holds it; one that
+        made it without the lock, between our look and our CREATE, made it all the same."""
+        table = self._config.table
+        try:
+            async with connection.transaction():
+                await connection.execute("SELECT pg_advisory_xact_lock($1)", _creation_lock(table))
+                if await connection.fetchval("SELECT to_regclass($1)", table) is None:
+                    await connection.execute(create_table_sql(table))
+        except _MADE_MEANWHILE:
+            if await connection.fetchval("SELECT to_regclass($1)", table) is None:
+                raise
+            _log.debug("target %s: table %s was made by another node meanwhile", self.name, table)
 
     async def _check_table(self, connection: asyncpg.Connection) -> None:
         """Whether the table exists and we may insert into it, asked on the first connection
