@@ -21,6 +21,17 @@ the timeout becomes a `HookFailed`: the caller answers `451 4.3.0` (`421 4.3.0` 
 where a refusing greeting is 421 or 554; on delivery paths it defers the message or keeps
 the attempt's own outcome), and a `PolicyFailure` record, whose `action` is that reply, with
 the traceback goes to the event log. Nothing a hook does can stop the worker.
+
+"Raises" is any BaseException, not only an Exception: a hook's `sys.exit()`, a
+KeyboardInterrupt or GeneratorExit it raises, an `asyncio.CancelledError` of its own (a future
+it awaited was cancelled, or it raised one) would otherwise end the event loop's run (the
+first two: the worker exits, a message delivered but not yet recorded is sent again after the
+restart) or leave the caller waiting on a cancelled call (a message in flight for good, a
+client unanswered). They come from the hook: the node's SIGINT and SIGTERM are the loop's
+handlers', never raised in Python code while it serves. Not converted: the cancellation of
+the hook's task by Pigeon itself (a stop, the caller's own task cancelled; the timeout's is
+its own `TimeoutError`), and a threaded call `close()` dropped before a thread took it (the
+hook never ran): that cancellation goes on, as asked.
 """
 
 from __future__ import annotations
@@ -140,7 +151,7 @@ class Hook(Generic[A]):
             started = time.perf_counter()
             try:
                 answer = self.function(argument)
-            except Exception as error:
+            except BaseException as error:  # a plain call: no cancellation of ours can land in it
                 return self.failed(error, session, message_id)
             elapsed = time.perf_counter() - started
             if elapsed > self._runner.timeout:
@@ -158,7 +169,7 @@ class Hook(Generic[A]):
         if self.mode == "async":
             try:
                 awaitable = self.function(argument)
-            except Exception as error:
+            except BaseException as error:
                 return self.failed(error, session, message_id)
             return self._spawn(awaitable, session, message_id)
         loop = asyncio.get_running_loop()
@@ -174,6 +185,8 @@ class Hook(Generic[A]):
         return task
 
     async def _bounded(self, awaitable: Awaitable[Any], session: str | None, message_id: str | None) -> Verdict[A]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         try:
             async with asyncio.timeout(self._runner.timeout) as scope:
                 answer = await awaitable
@@ -181,7 +194,11 @@ class Hook(Generic[A]):
             if scope.expired():
                 return self.failed(None, session, message_id)
             return self.failed(error, session, message_id)
-        except Exception as error:
+        except BaseException as error:
+            if not _raised_by_hook(error, loop, task):
+                raise
+            if self.mode == "thread" and isinstance(awaitable, asyncio.Future) and awaitable.cancelled():
+                raise  # a call still queued for a thread when `close()` dropped it: the hook never ran
             return self.failed(error, session, message_id)
         return self._check(answer, session, message_id)
 
@@ -223,6 +240,20 @@ class Hook(Generic[A]):
                 )
             )
         return HookFailed(reply)
+
+
+def _raised_by_hook(error: BaseException, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> bool:
+    """Whether `error`, out of a hook call `task` awaited on `loop`, is the hook's failure, not an
+    end Pigeon asked of the task: a CancelledError while the task is being cancelled is that
+    cancellation (a stop, or the caller's task cancelled: asyncio cancels the task it awaits),
+    and a GeneratorExit thrown in from outside one of the task's steps is the task's coroutine
+    being closed (collected unfinished). Anything else the hook raised itself, a CancelledError
+    too (one of its own futures cancelled, or raised), or a thread's call handed back."""
+    if isinstance(error, asyncio.CancelledError):
+        return task is None or task.cancelling() == 0
+    if isinstance(error, GeneratorExit):
+        return task is not None and asyncio.current_task(loop) is task
+    return True
 
 
 class Policy:

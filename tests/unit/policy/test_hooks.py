@@ -11,9 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from pigeon.logs.records import PolicyFailure
 from pigeon.policy import Changes, Headers, Reclassify, Refuse
 from pigeon.policy.answers import folded_field
-from pigeon.policy.hooks import POLICY_ERROR, POLICY_TIMEOUT, HookFailed, Policy, PolicyLoadError, at_greeting, refusal
+from pigeon.policy.hooks import (
+    POLICY_ERROR,
+    POLICY_TIMEOUT,
+    HookFailed,
+    Policy,
+    PolicyLoadError,
+    _raised_by_hook,
+    at_greeting,
+    refusal,
+)
 
 
 def _policy(tmp_path: Path, source: str, **options: object) -> Policy:
@@ -320,3 +330,128 @@ def test_a_tenant_or_campaign_a_hook_sets_with_a_control_or_format_character_is_
         Changes(tenant=value)
     with pytest.raises(ValueError, match="control or format"):
         Changes(campaign=value)
+
+
+class _Log:
+    """The event log, as far as hooks write to it."""
+
+    def __init__(self) -> None:
+        self.records: list[PolicyFailure] = []
+
+    def write(self, record: PolicyFailure) -> None:
+        self.records.append(record)
+
+
+_RAISES = {
+    "SystemExit": "raise SystemExit('policy wants out')",
+    "KeyboardInterrupt": "raise KeyboardInterrupt",
+    "CancelledError": "raise asyncio.CancelledError('its own')",
+    "GeneratorExit": "raise GeneratorExit",
+    "BaseException": "raise BaseException('bare')",
+}
+
+
+@pytest.mark.parametrize("kind", list(_RAISES))
+@pytest.mark.parametrize("mode", ["inline", "async", "thread"])
+async def test_a_hook_raising_a_base_exception_fails_as_one_raising_an_exception_does(
+    tmp_path: Path, mode: str, kind: str
+) -> None:
+    """Not only Exceptions: a `sys.exit()`, a KeyboardInterrupt, a CancelledError of the hook's
+    own... out of a hook ended the worker's loop (or left its caller with a cancelled call)."""
+    source = f"""
+        import asyncio
+        {"async " if mode == "async" else ""}def on_mail_from(mail):
+            {_RAISES[kind]}
+    """
+    log = _Log()
+    policy = _policy(tmp_path, source, sync="thread" if mode == "thread" else "inline", log=log)
+    hook = policy.on_mail_from
+    assert hook is not None
+    try:
+        verdict = hook("a@example.org", session="s1")
+        if isinstance(verdict, asyncio.Future):
+            verdict = await asyncio.wait_for(verdict, 5)
+    except BaseException as error:  # (one out of a task's step ends the loop's run: the test's, then)
+        pytest.fail(f"the hook's {error!r} came out of the call")
+    finally:
+        policy.close()
+    assert verdict == HookFailed(POLICY_ERROR)
+    (failure,) = log.records
+    assert (failure.hook, failure.action, failure.session) == ("on_mail_from", "451 4.3.0", "s1")
+    assert failure.error.partition(":")[0].endswith(kind)
+    assert failure.traceback is not None and "on_mail_from" in failure.traceback
+
+
+@pytest.mark.parametrize("mode", ["async", "thread"])
+async def test_the_callers_cancellation_of_a_hook_call_goes_on_and_is_not_the_hooks_failure(
+    tmp_path: Path, mode: str
+) -> None:
+    """A stop cancels the task that awaits a hook (a delivery attempt's): asyncio cancels the
+    hook's task with it. That cancellation is Pigeon's, not the hook's: it is not answered as a
+    failure (a PolicyFailure, a deferral) and the caller ends cancelled, as it was asked to."""
+    source = f"""
+        import asyncio, time
+        {"async " if mode == "async" else ""}def before_delivery(delivery):
+            {"await asyncio.sleep(30)" if mode == "async" else "time.sleep(0.5)"}
+    """
+    log = _Log()
+    policy = _policy(tmp_path, source, timeout=60, sync="thread" if mode == "thread" else "inline", log=log)
+    hook = policy.before_delivery
+    assert hook is not None
+    call = hook("delivery", message_id="m1")
+    assert isinstance(call, asyncio.Future)
+
+    async def attempt() -> object:
+        return await call
+
+    caller = asyncio.ensure_future(attempt())
+    try:
+        await asyncio.sleep(0.1)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert call.cancelled()
+    finally:
+        policy.close()
+    assert log.records == []
+
+
+async def test_a_threaded_call_the_closing_pool_drops_is_not_the_hooks_failure(tmp_path: Path) -> None:
+    """`close()` (the node's last act) drops the calls still waiting for a thread: their hook
+    never ran, so it did not fail. (A CancelledError the hook raises in its thread comes back
+    as its exception, not as a cancelled call: that one is its failure.)"""
+    source = """
+        import time
+        def on_rcpt_to(seconds):
+            time.sleep(seconds)
+    """
+    log = _Log()
+    policy = _policy(tmp_path, source, timeout=5, sync="thread", threads=1, log=log)
+    hook = policy.on_rcpt_to
+    assert hook is not None
+    running, queued = hook(0.3), hook(0)
+    assert isinstance(running, asyncio.Future) and isinstance(queued, asyncio.Future)
+    await asyncio.sleep(0.05)
+    policy.close()
+    assert await running is None
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert log.records == []
+
+
+async def test_a_hook_tasks_coroutine_closed_from_outside_is_not_the_hooks_failure() -> None:
+    """A GeneratorExit thrown in from outside the task's steps (its coroutine closed, collected
+    unfinished) is not one the hook raised: answering it would be a coroutine ignoring it."""
+    loop = asyncio.get_running_loop()
+    running = asyncio.current_task()
+    assert _raised_by_hook(GeneratorExit(), loop, running)  # in a step of the task: the hook's
+    other = asyncio.ensure_future(asyncio.sleep(0))
+    assert not _raised_by_hook(GeneratorExit(), loop, other)
+    await other
+    assert _raised_by_hook(asyncio.CancelledError(), loop, running)  # the task is not being cancelled
+    cancelled = asyncio.ensure_future(asyncio.sleep(10))
+    cancelled.cancel()  # being cancelled: a CancelledError out of its hook call is that cancellation
+    assert not _raised_by_hook(asyncio.CancelledError(), loop, cancelled)
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert _raised_by_hook(SystemExit(), loop, running)
