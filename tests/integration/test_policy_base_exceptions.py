@@ -85,8 +85,25 @@ def _node(root: Path, mode: str, kind: str, **sections: Any) -> PigeonProcess:
     return PigeonProcess(root / "node", policy=policy, **sections)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode", ["inline", "async", "thread"])
+MODES = ["inline", "async", "thread"]
+# Every kind in every mode is the unit tests' (tests/unit/policy/test_hooks.py); through a node,
+# each kind once by default, every mode among them, the hook's own CancelledError where it is
+# hardest to tell from Pigeon's (async) (a node each: some 10 s); all of them in the slow run.
+_DEFAULT = {
+    ("SystemExit", "inline"),
+    ("KeyboardInterrupt", "thread"),
+    ("CancelledError", "async"),
+    ("GeneratorExit", "inline"),
+    ("BaseException", "async"),
+}
+CASES = [
+    pytest.param(mode, kind, marks=() if (kind, mode) in _DEFAULT else pytest.mark.slow)
+    for kind in KINDS
+    for mode in MODES
+]
+
+
+@pytest.mark.parametrize(("mode", "kind"), CASES)
 def test_a_hook_raising_a_base_exception_fails_as_any_hook_does_and_the_worker_serves_on(
     tmp_path: Path, mode: str, kind: str
 ) -> None:
