@@ -333,6 +333,7 @@ class Attempted:
 
 class FakeAgent:
     batch = 1
+    separately = False
 
     def __init__(self, world: World, site: str) -> None:
         self._world = world

@@ -4,7 +4,8 @@ An agent is one session with a destination: an SMTP connection (`smtp_agent`), o
 application's inbound target (`target_agent`); a destination's kind says which opens it.
 The dispatcher opens one per connection it runs for a ready queue, hands it leased
 messages (`Work`), `batch` at a time, and reports each `Attempt` back to the queue with the
-lease it came with. An agent never touches the queue's state, and classifies the replies it
+lease it came with (each as soon as it is made, for an agent that hands messages over
+`separately`). An agent never touches the queue's state, and classifies the replies it
 got, so the queue reads a bounce class and never the rule table.
 """
 
@@ -62,6 +63,13 @@ class Agent(Protocol):
     @property
     def batch(self) -> int:
         """How many messages `deliver` takes at once."""
+
+    @property
+    def separately(self) -> bool:
+        """Whether each message is handed over on its own (a webhook call each, run side by
+        side up to the target's concurrency): the dispatcher then calls `deliver` with one
+        message at a time, the batch's calls side by side, and reports each attempt as soon
+        as it is made, not once the slowest of the batch is."""
 
     def usable(self) -> bool:
         """False once the session cannot take another message (a broken connection)."""

@@ -74,6 +74,7 @@ _NO_WAY_BACK: Final = Reply(451, "4.4.1", ("no connection to the site's other ho
 
 class SmtpAgent:
     batch = 1
+    separately = False
 
     def __init__(
         self,

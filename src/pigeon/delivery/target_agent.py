@@ -1,12 +1,14 @@
 """The target agent: mail of an `[[inbound]]` route, handed to the application's `[[target]]`.
 
 Messages go to the target in batches (`Target.deliver_many`: one Redis MULTI, one SQL
-transaction, concurrent webhook calls). Its answers become replies the queue understands,
-so retries, `max_age`, bounces and admin operations work on this mail as on outbound mail:
-accepted is `250 2.0.0`, a permanent refusal `550 5.0.0`, anything else `451 4.3.0`. A target
-that asked for time (a webhook's `Retry-After`) is not tried again before it (`Attempt.not_before`).
-A handoff that never started because the node stops (`Target.halt`: its turn came after the
-SIGTERM) is `451 4.3.2`, untried (`Attempt.tried`): no attempt counted, due at the next start.
+transaction), or, to a target told of each message by a call of its own (a webhook), one
+per call, side by side, each outcome settled as soon as its call answers. Its answers become
+replies the queue understands, so retries, `max_age`, bounces and admin operations work on
+this mail as on outbound mail: accepted is `250 2.0.0`, a permanent refusal `550 5.0.0`,
+anything else `451 4.3.0`. A target that asked for time (a webhook's `Retry-After`) is not
+tried again before it (`Attempt.not_before`). A handoff that never started because the node
+stops (`Target.halt`: its turn came after the SIGTERM) is `451 4.3.2`, untried
+(`Attempt.tried`): no attempt counted, due at the next start.
 """
 
 from __future__ import annotations
@@ -33,15 +35,18 @@ Counted = Callable[[str, Verdict], None]
 
 class TargetAgent:
     batch = 64
+    separately = False
 
     def __init__(self, name: str, target: Target | None, site: str, classifier: Classifier, counted: Counted) -> None:
         if target is not None and not target.batches:
-            # A batch's outcomes are recorded once all of it is answered, so a kill -9 makes
-            # again every handoff of the batch it cut: of 64 webhook calls, most of them long
-            # answered (an outside test saw 64 to 110 repeats after `pigeon retry` released
-            # held mail at once). So a batch is what the target runs side by side, no more, and
-            # what a kill makes again is what was on the wire.
+            # A call per message (a webhook): each is handed over on its own, side by side, and
+            # its outcome recorded as soon as it answers (`Agent.separately`), not once the
+            # slowest call of its batch does: a kill -9 then makes again what was on the wire
+            # (the target's concurrency, shared by every connection), and what was answered
+            # within the spool's last group commit. A batch is what the target runs side by
+            # side: more would only wait for its turn, taken from the queue meanwhile.
             self.batch = max(1, min(self.batch, target.concurrency))
+            self.separately = True
         self._name = name
         self._target = target
         self._site = site

@@ -123,6 +123,7 @@ class _Hangs:
     """An agent whose connection is gone when it is next asked."""
 
     batch = 1
+    separately = False
 
     def __init__(self) -> None:
         self.sent = 0
@@ -222,6 +223,7 @@ async def test_the_queue_summary_counts_what_a_suspension_holds_as_suspended(mak
 
 class _Breaks:
     batch = 1
+    separately = False
 
     def usable(self) -> bool:
         return True

@@ -3,6 +3,7 @@ its answers turned into replies the queue settles like any other."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -39,9 +40,30 @@ TARGET = Destination("inbound:app", (), TlsPolicy.DISABLED, False, Kind.TARGET, 
 
 
 class OneByOne(App):
-    """An application told of each message by a call of its own (as a webhook is)."""
+    """An application told of each message by a call of its own (as a webhook is). A call for
+    a recipient in `holding` is answered once the test sets its event."""
 
     batches = False
+
+    def __init__(self, concurrency: int = 8) -> None:
+        super().__init__(concurrency)
+        self.holding: dict[str, asyncio.Event] = {}
+        self.running = 0
+        self.most = 0  # calls at once, at the most
+
+    async def deliver(self, message: InboundMessage) -> Handoff:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            held = self.holding.get(message.recipients[0])
+            await (held.wait() if held is not None else asyncio.sleep(0))
+            (answer,) = await super().deliver_many([message])
+        finally:
+            self.running -= 1
+        return answer
+
+    async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
+        return await Target.deliver_many(self, messages)  # a call each, `concurrency` at once
 
 
 @pytest.fixture
@@ -92,10 +114,9 @@ async def test_a_target_missing_from_the_configuration_defers_its_mail() -> None
 
 
 async def test_a_target_told_of_each_message_on_its_own_gets_no_more_at_once_than_it_runs_side_by_side() -> None:
-    """A batch's outcomes are recorded once all of it is answered, so a kill -9 makes every
-    handoff of the batch it cut again: found from outside, 64 to 110 webhook calls made again
-    after `pigeon retry` released held mail at once, most of them long answered. A webhook's
-    batch is what it runs side by side: what a kill makes again is what was on the wire."""
+    """A webhook is called once per message, no more calls at once than its concurrency,
+    however many connections the queue runs (each takes a batch of that many: more would only
+    wait for their turn)."""
     app = OneByOne(concurrency=4)
     agents = TargetAgents({"app": app}, Classifier(), lambda target, verdict: None)
     world = World(opener=agents.open).build({})
@@ -105,7 +126,33 @@ async def test_a_target_told_of_each_message_on_its_own_gets_no_more_at_once_tha
             world.inject([f"user{n}@app.test"])
         await world.release_all()
         assert sum(len(b) for b in app.handed) == 40
-        assert max(len(b) for b in app.handed) == 4
+        assert app.most == 4
         assert len(world.logged("Delivery")) == 40
+    finally:
+        await world.close()
+
+
+async def test_a_call_answered_is_recorded_at_once_whatever_the_calls_beside_it_wait_for() -> None:
+    """Found from outside: a webhook's batch was recorded once its slowest call answered, so
+    the answered calls of many batches waited unrecorded behind one slow call each, and a
+    kill -9 made them all again (66 to 102 repeated calls per kill, where 16 were ever on the
+    wire). Each call's outcome is settled as it answers: one call held keeps only itself."""
+    app = OneByOne(concurrency=4)
+    agents = TargetAgents({"app": app}, Classifier(), lambda target, verdict: None)
+    world = World(opener=agents.open).build({})
+    world.routes.cache["app.test"] = TARGET
+    held = app.holding["user0@app.test"] = asyncio.Event()
+    try:
+        for n in range(40):
+            world.inject([f"user{n}@app.test"])
+        await world.release_all()
+        assert app.running == 1  # the held call, on the wire
+        delivered = world.logged("Delivery")
+        assert sorted(d.recipient for d in delivered) == sorted(f"user{n}@app.test" for n in range(1, 40))
+        assert len(world.spool.rows) == 1  # the held one's
+        held.set()
+        await world.release_all()
+        assert len(world.logged("Delivery")) == 40
+        assert not world.spool.rows
     finally:
         await world.close()
