@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import textwrap
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -18,9 +19,13 @@ import pytest
 
 from tests.support.process import PigeonProcess
 from tests.support.rawsmtp import RawSmtp
+from tests.support.sinks import wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MESSAGE = b"From: <sender@example.org>\r\nSubject: %s\r\n\r\nHello.\r\n"
+# The second message's hook in the injection that its client leaves: the client waits until
+# the first is stored, then goes while this runs, however slow a loaded machine makes both.
+SLOWER = 3.0
 SLOW = """
     import asyncio
     async def on_message(message):
@@ -93,9 +98,12 @@ def test_a_message_whose_client_hangs_up_during_the_commit_is_kept_and_its_recep
         assert [r for r in pigeon.records("Rejection") if r["command"] == verb] == []
 
 
-def _inject_and_hang_up(port: int, token: str, subjects: list[str], after: float) -> None:
+def _inject_and_hang_up(
+    port: int, token: str, subjects: list[str], after: float = 0.0, until: Callable[[], object] | None = None
+) -> None:
     """An injection request, one recipient per subject's message (the subject as the
-    recipient's substitution), then, `after` seconds on, a close without reading the answer."""
+    recipient's substitution), then, `after` seconds on (or once `until` holds), a close
+    without reading the answer."""
     request = {
         "envelope_sender": "sender@example.org",
         "recipients": [{"email": f"rcpt{n}@example.net", "substitutions": {"s": s}} for n, s in enumerate(subjects)],
@@ -109,6 +117,8 @@ def _inject_and_hang_up(port: int, token: str, subjects: list[str], after: float
     with socket.create_connection(("127.0.0.1", port)) as client:
         client.sendall(head.encode() + body)
         time.sleep(after)
+        if until is not None:
+            wait_until(until, timeout=20, interval=0.01)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -117,13 +127,17 @@ def test_an_injection_whose_client_hangs_up_while_the_policy_checks_it_stores_on
 ) -> None:
     tmp_path.mkdir(exist_ok=True)
     module = tmp_path / "policy.py"
-    module.write_text(textwrap.dedent(SLOW))
-    policy = {"module": str(module), "timeout": "1s"}
+    module.write_text(textwrap.dedent(SLOW).replace("sleep(0.8)", f"sleep({SLOWER})"))
+    policy = {"module": str(module), "timeout": f"{SLOWER + 1:g}s"}
     with PigeonProcess(tmp_path / "node", policy=policy, node={"workers": workers}) as pigeon:
         # The first recipient's message is checked at once and stored; the second's hook is
         # slow, and the client is gone before it ends. With two workers, the client's
-        # connection is the supervisor's, which closes the worker's when it goes.
-        _inject_and_hang_up(pigeon.http_port, pigeon.local_token, ["fast", "slow"], after=0.3)
+        # connection is the supervisor's, which closes the worker's when it goes. (The client
+        # goes once the first's commit has ended, its Reception written: 0.3 s after the
+        # request was not always enough for that on a loaded machine.)
+        _inject_and_hang_up(
+            pigeon.http_port, pigeon.local_token, ["fast", "slow"], until=lambda: pigeon.records("Reception")
+        )
         said = pigeon.wait_stderr("client gone before message")
         assert "not stored (nothing was accepted: it never got an answer)" in said
         (refused,) = pigeon.wait_records("Rejection")

@@ -26,6 +26,12 @@ def _settled(app: WebhookApp, count: int) -> None:
     assert app.started == count
 
 
+def _stopping(node: PigeonProcess) -> None:
+    """Wait until the node has begun its stop (it says so as it halts its handoffs): a fixed
+    0.5 s after the SIGTERM may not be enough for a loaded machine to get there."""
+    node.wait_stderr("stopping: finishing open transactions", timeout=20)
+
+
 def test_a_stopping_node_starts_no_handoff_from_a_mailbox_backlog(tmp_path: Path, dovecot: Dovecot) -> None:
     backlog = 40
     with WebhookApp() as app:
@@ -36,7 +42,7 @@ def test_a_stopping_node_starts_no_handoff_from_a_mailbox_backlog(tmp_path: Path
             assert node.process is not None
             _settled(app, _MAILBOX_CONCURRENCY)
             node.process.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
+            _stopping(node)
             app.release("")  # the handoffs in flight end: the node must not start others
             assert node.process.wait(20) == 0
             started_while_stopping = app.started - _MAILBOX_CONCURRENCY
@@ -75,7 +81,7 @@ def test_a_stopping_node_starts_no_handoff_of_spooled_mail_while_smtp_sessions_f
                 open_transaction.expect(250, "EHLO slow.test")
                 open_transaction.expect(250, "MAIL FROM:<customer@example.com>")
                 node.process.send_signal(signal.SIGTERM)
-                time.sleep(0.5)
+                _stopping(node)
                 app.release("")  # the handoffs in flight end while the SMTP session holds the stop up
                 assert open_transaction.reply()[0] == 421  # at the end of shutdown_timeout
             assert node.process.wait(20) == 0
