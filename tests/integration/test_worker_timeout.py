@@ -151,7 +151,10 @@ def test_a_worker_stopped_during_a_bulk_bounce_is_reported_missing_and_the_cli_e
         assert "pigeon: worker 1 did not answer: went away before it answered" in err
         assert "it may have carried out part of the request (see `pigeon queue operations`)" in err
         assert f"worker 1 (pid {stopped}) has not answered the supervisor for 2s" in pigeon.stderr()
-        assert took < 40, took  # ended by the watchdog's kill, not by a request timeout
+        # Ended by the watchdog's kill: a write waits on its answer without a timeout, so the
+        # CLI would wait for good (past communicate's 60 s) otherwise. (A loaded CI machine took
+        # 43 s for this test whole: the bound leaves the load room, not the CLI.)
+        assert took < 55, took
 
 
 def _wait_until_both_workers_are_at_it(pigeon: PigeonProcess) -> None:
