@@ -214,7 +214,7 @@ class Changes:
         """A hook is plain Python: a value of the wrong type is refused naming the field, not
         left to fail later in code the hook's author never saw (`object of type 'int' has no
         len()`)."""
-        for what in ("tenant", "campaign", "queue", "route", "egress_pool"):
+        for what in ("tenant", "campaign", "route", "egress_pool"):  # (`queue`: queue_name_problem says)
             value = getattr(self, what)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{what} must be a str or None, not {type(value).__name__} {value!r:.80}")
