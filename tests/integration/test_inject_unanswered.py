@@ -110,7 +110,7 @@ def test_a_worker_killed_mid_injection_exits_76_with_the_supervisors_word(tmp_pa
     with _slow_node(tmp_path / "node", workers=2) as pigeon:
         cli = _inject_many(pigeon)
         shard = _first_stored(pigeon, cli)
-        os.kill(int((pigeon.spool_path / f"shard-{shard}" / "lock").read_text()), signal.SIGKILL)
+        os.kill(pigeon.shard_owner(shard), signal.SIGKILL)
         err = _assert_told_some_may_be_taken(cli)
         assert f"pigeon: 502: worker {shard} failed during the request" in err
         assert 0 < sum(_stored(pigeon).values()) < RECIPIENTS

@@ -37,7 +37,7 @@ def send(pigeon: PigeonProcess, messages: int) -> None:
 
 
 def worker_pid(pigeon: PigeonProcess, index: int) -> int:
-    return int((pigeon.spool_path / f"shard-{index}" / "lock").read_text())
+    return pigeon.shard_owner(index)
 
 
 def restarted(pigeon: PigeonProcess, index: int, times: int) -> bool:

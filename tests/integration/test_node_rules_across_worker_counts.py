@@ -146,7 +146,7 @@ def test_a_resume_one_worker_missed_is_not_undone_when_the_node_goes_back_to_one
         rule_id = pigeon.cli("suspend", "--domain", HELD).split("(rule ", 1)[1].split(")", 1)[0]
         held = _none_delivered_while_suspended(pigeon, sink, 2)
         # Worker 0 misses the resume (stopped), and the node is killed before it is handed it.
-        os.kill(int((pigeon.spool_path / "shard-0" / "lock").read_text()), signal.SIGSTOP)
+        os.kill(pigeon.shard_owner(0), signal.SIGSTOP)
         status, answer = pigeon.http_call("DELETE", f"/api/v1/admin/suspend/{rule_id}", token=pigeon.local_token)
         assert status == 503 and answer["answered"] == [1], answer
         pigeon.kill()

@@ -66,6 +66,6 @@ def test_a_worker_that_cannot_start_is_named_with_its_reason(tmp_path: Path) -> 
 
 def test_a_worker_killed_by_a_signal_is_named_with_the_signal_when_it_is_restarted(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
-        os.kill(int((pigeon.spool_path / "shard-0" / "lock").read_text()), signal.SIGKILL)
+        os.kill(pigeon.shard_owner(0), signal.SIGKILL)
         said = pigeon.wait_stderr("restarting in")
         assert "worker 0 was killed by SIGKILL (it said no more: see its messages above); restarting in 1s" in said

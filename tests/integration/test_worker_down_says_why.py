@@ -30,7 +30,7 @@ def test_a_worker_that_cannot_start_after_a_refused_reload_is_down_in_healthz_wi
         pigeon.process.send_signal(signal.SIGHUP)
         pigeon.wait_stderr("reload failed", count=2)
         # ...and a worker that dies now reads the files as they are at its start: it cannot.
-        pid = int((pigeon.spool_path / "shard-1" / "lock").read_text())
+        pid = pigeon.shard_owners()[1]
         os.kill(pid, signal.SIGKILL)
         pigeon.wait_stderr("worker 1: cannot start: configuration error", timeout=20)
         deadline = time.monotonic() + 10
@@ -45,4 +45,7 @@ def test_a_worker_that_cannot_start_after_a_refused_reload_is_down_in_healthz_wi
         assert (down["worker"], down["status"]) == (1, "down") and down["restarts"] >= 1
         # As the log says it, file and key included: what to fix.
         assert "configuration error: " in down["error"] and str(key) in down["error"], down
-        assert health["workers"][0]["status"] == "ok"
+        # Worker 0 serves on with the keys it had, and says its reload was refused.
+        up = health["workers"][0]
+        assert (up["status"], up["config"]["status"]) == ("degraded", "degraded"), up
+        assert "the last reload failed" in up["config"]["error"] and str(key) in up["config"]["error"], up

@@ -17,7 +17,7 @@ KILLED = "worker 0 was killed by SIGKILL (it said no more: see its messages abov
 
 
 def _kill_worker_0(pigeon: PigeonProcess) -> None:
-    os.kill(int((pigeon.spool_path / "shard-0" / "lock").read_text()), signal.SIGKILL)
+    os.kill(pigeon.shard_owner(0), signal.SIGKILL)
 
 
 def _wait_serving(pigeon: PigeonProcess, restarts: int) -> None:

@@ -43,8 +43,7 @@ def _edit(pigeon: PigeonProcess, section: str, **values: object) -> None:
 def _kill_worker_1(pigeon: PigeonProcess) -> None:
     """kill -9 worker 1, and wait until the supervisor has started it again and it answers,
     and for the reload a restarted worker does at once if it takes the node's last one."""
-    lock = pigeon.spool_path / "shard-1" / "lock"
-    killed = int(lock.read_text())
+    killed = pigeon.shard_owner(1)
     before = len(re.findall(r" w1 INFO \S+: reloaded:", pigeon.stderr()))
     os.kill(killed, signal.SIGKILL)
     deadline = time.monotonic() + 20

@@ -29,7 +29,7 @@ DOMAIN = "dst.test"
 
 
 def _worker_pid(pigeon: PigeonProcess, index: int) -> int:
-    return int((pigeon.spool_path / f"shard-{index}" / "lock").read_text())
+    return pigeon.shard_owner(index)
 
 
 def _send_to_every_shard(pigeon: PigeonProcess, sink: ScriptedSink, at_least: int = 2) -> int:

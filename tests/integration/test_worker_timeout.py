@@ -28,7 +28,7 @@ MESSAGE = b"Subject: hi\r\n\r\nhello\r\n"
 
 
 def _worker_pid(pigeon: PigeonProcess, index: int) -> int:
-    return int((pigeon.spool_path / f"shard-{index}" / "lock").read_text())
+    return pigeon.shard_owner(index)
 
 
 def _send(pigeon: PigeonProcess, count: int, recipient: str = "b@dst.test") -> None:

@@ -314,6 +314,17 @@ class PigeonProcess:
                 time.sleep(0.05)
         return list(_spool_rows(self.spool_path))
 
+    def shard_owner(self, index: int, timeout: float = 10.0) -> int:
+        """Worker `index`'s pid, by the lock of the spool shard it owns (read again while a
+        worker starting has emptied it and not yet written its pid)."""
+        lock = self.spool_path / f"shard-{index}" / "lock"
+        deadline = time.monotonic() + timeout
+        while not (text := lock.read_text().strip()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{lock} names no pid in {timeout}s")
+            time.sleep(0.01)
+        return int(text)
+
     def shard_owners(self, timeout: float = 10.0) -> list[int]:
         """Worker i's pid, by the lock of the spool shard i it owns. A worker starting writes its
         pid there after emptying the file: an empty one is read again until it names a pid."""
