@@ -109,6 +109,9 @@ LEGIT = [
 
 
 @pytest.mark.parametrize("source", LEGIT)
-def test_a_template_working_on_large_substitutions_still_renders(source: str) -> None:
+def test_a_template_working_on_large_substitutions_still_renders(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What is proved is that the memory budget lets these through; the time budget (1 s) is
+    # not, and a loaded machine took longer than that to group 20,000 rows.
+    monkeypatch.setattr(rendering, "MAX_RENDER_SECONDS", 30.0)
     template = rendering.environment(False).from_string(source)
     assert rendering.render(template, {"body": BODY, "rows": ROWS}, max_output=2_000_000)
