@@ -104,6 +104,21 @@ def test_a_route_to_this_node_bounces_as_a_loop_and_is_warned_of(tmp_path: Path)
         _bounced_as_a_loop(pigeon, sink, "relay.test", f"[127.0.0.1]:{port}")
 
 
+def _delivered_once(
+    tmp_path: Path, zone: Zone, port: int, sink_host: str, recipient: str
+) -> tuple[str, int, PigeonProcess]:
+    """Mail to `recipient` from a node listening on `port`, with a sink on `sink_host` at that
+    port too: the peer its Delivery names, what the sink received, and the node (stopped)."""
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host=sink_host, port=port) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon, recipient)
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"), timeout=10)
+        return delivery["peer"], len(sink.received), pigeon
+
+
 def test_the_next_mx_host_takes_the_mail_when_the_first_is_this_node(tmp_path: Path) -> None:
     port = free_port()
     zone = _zone(
@@ -113,29 +128,15 @@ def test_the_next_mx_host_takes_the_mail_when_the_first_is_this_node(tmp_path: P
             "mx2.loop.test": [("A", "127.0.0.6")],
         }
     )
-    with (
-        DnsServer(zone) as dns,
-        ScriptedSink(host="127.0.0.6", port=port) as other,
-        _node(tmp_path, dns, port) as pigeon,
-    ):
-        _send(pigeon, "u@loop.test")
-        (delivery,) = wait_until(lambda: pigeon.records("Delivery"), timeout=10)
-        assert delivery["peer"] == f"mx2.loop.test [127.0.0.6]:{port}"
-        assert len(other.received) == 1
-        assert len(pigeon.records("Reception")) == 1
-        assert not pigeon.records("Bounce")
+    peer, received, pigeon = _delivered_once(tmp_path, zone, port, "127.0.0.6", "u@loop.test")
+    assert (peer, received) == (f"mx2.loop.test [127.0.0.6]:{port}", 1)
+    assert len(pigeon.records("Reception")) == 1
+    assert not pigeon.records("Bounce")
 
 
 def test_another_node_on_the_same_port_at_another_loopback_address_is_no_loop(tmp_path: Path) -> None:
     # Only this node's exact address and port count: 127.0.0.7 on the same port is someone else.
     port = free_port()
     zone = _zone({"other.test": [("MX", 10, "mx.other.test")], "mx.other.test": [("A", "127.0.0.7")]})
-    with (
-        DnsServer(zone) as dns,
-        ScriptedSink(host="127.0.0.7", port=port) as other,
-        _node(tmp_path, dns, port) as pigeon,
-    ):
-        _send(pigeon, "u@other.test")
-        (delivery,) = wait_until(lambda: pigeon.records("Delivery"), timeout=10)
-        assert delivery["peer"] == f"mx.other.test [127.0.0.7]:{port}"
-        assert len(other.received) == 1
+    peer, received, _ = _delivered_once(tmp_path, zone, port, "127.0.0.7", "u@other.test")
+    assert (peer, received) == (f"mx.other.test [127.0.0.7]:{port}", 1)
