@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pigeon.delivery.routes import TlsPolicy
+from pigeon.delivery.routes import Destination, Hop, TlsPolicy
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
 from pigeon.smtp import replies
 from pigeon.smtp.client import Capabilities, Envelope, Recipient
@@ -385,3 +385,64 @@ async def test_quit_answered_closes_at_once() -> None:
         await settle()
         assert peer.connections[0].closed
         assert peer.connections[0].sent.endswith(replies.closing("mx.test").encode())
+
+
+# --- a server that stops reading mid-content -------------------------------------------------------
+class StopsReading:
+    """A raw server (no Pigeon code) that answers a lock-step transaction up to 354, then
+    reads nothing until `resume` is set; then everything until the connection ends."""
+
+    def __init__(self) -> None:
+        self.resume = asyncio.Event()
+        self.content = bytearray()
+        self.ended_by: str = ""
+        self.done = asyncio.Event()
+
+    async def __aenter__(self) -> StopsReading:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 mx.test\r\n")
+        while (line := await reader.readline()) and not line.upper().startswith(b"DATA"):
+            writer.write(b"250-mx.test\r\n250 SIZE 0\r\n" if line.upper().startswith(b"EHLO") else b"250 ok\r\n")
+        writer.write(b"354 go on\r\n")
+        await self.resume.wait()
+        try:
+            while chunk := await reader.read(1 << 20):
+                self.content += chunk
+            self.ended_by = "close"
+        except ConnectionResetError:
+            self.ended_by = "reset"
+        self.done.set()
+        writer.close()
+
+
+@on_both_loops
+async def test_a_server_that_stops_reading_mid_content_never_gets_the_end_after_we_give_up() -> None:
+    """A message larger than every buffer on the way, to a server that stops reading after
+    354: the transaction times out without "may be delivered twice" (its end never left),
+    and the connection is reset, not closed politely: a close would hold the socket and the
+    rest of the message until the server read again, for good if it never did, and a server
+    that did read again would get the whole message, end and all, after we had given it up
+    to try again (delivered twice)."""
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.5, data_done_timeout=0.5)
+    body = b"Subject: big\r\n\r\n" + (b"y" * 998 + b"\r\n") * 32_000  # 32 MB
+    async with StopsReading() as peer:
+        destination = Destination(
+            f"127.0.0.1:{peer.port}", (Hop("127.0.0.1", peer.port),), TlsPolicy.DISABLED, tls_verify=False
+        )
+        connection = await ClientConnection.open(destination, no_dns(), options)
+        with pytest.raises(ConnectionLost) as lost:
+            await connection.send(Envelope("a@example.org", [Recipient("b@example.net")], body))
+        assert str(lost.value.reply) == f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}"
+        await connection.quit()
+        peer.resume.set()
+        await asyncio.wait_for(peer.done.wait(), 10)
+        assert peer.ended_by == "reset"
+        assert not peer.content.endswith(b"\r\n.\r\n")
+        assert len(peer.content) < len(body)

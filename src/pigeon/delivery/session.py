@@ -26,10 +26,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import fcntl
 import functools
 import ipaddress
 import logging
+import socket
 import ssl
+import struct
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -172,6 +176,22 @@ def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
 _LOCAL_ERRORS: Final = frozenset({errno.EADDRNOTAVAIL, errno.EADDRINUSE})
 _TIMED_OUT: Final = Reply(451, "4.4.2", ("timed out",))
 _CLOSED: Final = Reply(451, "4.4.2", ("closed the connection",))
+# Linux's ioctl for the bytes of a socket's send queue that its kernel has not sent yet
+# (linux/sockios.h; Python names only SIOCOUTQ, which counts the sent but unacknowledged too).
+_SIOCOUTQNSD: Final = 0x894B
+_RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST, drops the queue
+
+
+def _unsent_in_kernel(transport: asyncio.BaseTransport) -> int:
+    """Bytes written to the socket that its kernel has not sent yet; 1 when that cannot be
+    told (not Linux, no socket), as what is not known to have left must not be said to have."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or not sys.platform.startswith("linux"):
+        return 1
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))[0])
+    except (OSError, ValueError):  # closed meanwhile
+        return 1
 
 
 class _Wire(asyncio.Protocol):
@@ -182,6 +202,7 @@ class _Wire(asyncio.Protocol):
         self.loop = loop
         self.session = session
         self.transport: asyncio.Transport | None = None
+        self.raw: asyncio.Transport | None = None  # the TCP transport, under TLS once started
         self.events: deque[Event] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.error: Reply | None = None  # why the connection cannot be used any more
@@ -193,7 +214,38 @@ class _Wire(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but are one.
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = self.raw = cast(asyncio.Transport, transport)
+
+    def holds_unsent(self) -> bool:
+        """Whether bytes written to the connection have not all left this host: some wait in
+        the transports' buffers, or in the socket's that the kernel has not sent (a server
+        that stopped reading closes its window). The last bytes written being a message's
+        end, the server cannot have it then."""
+        transport, raw = self.transport, self.raw
+        if transport is None or raw is None:
+            return False
+        if transport.get_write_buffer_size() or raw.get_write_buffer_size():
+            return True
+        return not raw.is_closing() and _unsent_in_kernel(raw) > 0
+
+    def reset(self) -> None:
+        """Close at once with a TCP reset, dropping whatever waits to be sent: the server
+        never gets the rest (above all not a message's end, after we gave the transaction
+        up: it would deliver a message we try again), and the socket and buffers are freed
+        now. A plain close would wait to send them first, for good if the server never
+        reads again."""
+        transport, raw = self.transport, self.raw
+        if transport is None or raw is None:
+            return
+        sock = raw.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            except OSError:
+                pass  # closed meanwhile: nothing left to drop
+        transport.abort()
+        if raw is not transport:
+            raw.abort()
 
     def data_received(self, data: bytes) -> None:
         session = self.session
@@ -231,8 +283,7 @@ class _Wire(asyncio.Protocol):
                 events.append(event)  # type: ignore[arg-type]
         except ClientProtocolError as error:
             self.fail(Reply(451, "4.5.0", (f"broke the protocol: {error}",)))
-            if self.transport is not None:
-                self.transport.abort()
+            self.reset()
             return
         out = session.data_to_send()
         transport = self.transport
@@ -508,7 +559,7 @@ class ClientConnection:
         if transport is None:
             session.tls_failed(failure)  # the connection is unusable now
         else:
-            wire.transport = transport
+            wire.transport = transport  # (wire.raw stays the TCP transport beneath)
             self.tls = describe(transport.get_extra_info("ssl_object"))
             session.tls_established()
         wire.pump()  # EHLO again, or the session's verdict on the failure
@@ -537,10 +588,16 @@ class ClientConnection:
     def _unanswered_end(self, reason: Reply) -> Reply:
         """Why a transaction broke, saying so when it broke after the end of the content went
         out and before its reply came: the server may have taken the message (as Postfix has
-        it, "while sending end of data -- message may be sent more than once")."""
-        if not self._session.end_of_data_unanswered():
+        it, "while sending end of data -- message may be sent more than once"). Written is
+        not gone: an end still in our buffers or the kernel's (a server that stopped reading
+        mid-content) never reached the server, and the connection is reset when closed, so
+        it never will."""
+        if not self._end_may_have_arrived():
             return reason
         return _with_note(reason)
+
+    def _end_may_have_arrived(self) -> bool:
+        return self._session.end_of_data_unanswered() and not self._wire.holds_unsent()
 
     def cut_short(self) -> Reply | None:
         """A stop cancelled `send` (`[node] shutdown_timeout` ran out): the connection is done
@@ -549,7 +606,7 @@ class ClientConnection:
         have taken the message); None if it had not gone (nothing was taken: the message is
         simply tried again)."""
         self.broken = True
-        if not self._session.end_of_data_unanswered():
+        if not self._end_may_have_arrived():
             return None
         return _with_note(Reply(451, "4.4.2", (f"{self.peer} did not answer before the node stopped",)))
 
@@ -587,9 +644,16 @@ class ClientConnection:
         self.close()
 
     def close(self) -> None:
+        """Close the connection; with a reset if some of what was written has not left (see
+        `_Wire.reset`), so that nothing of an abandoned transaction goes after it."""
         self.broken = True
-        if self._wire.transport is not None:
-            self._wire.transport.close()
+        wire = self._wire
+        if wire.transport is None:
+            return
+        if wire.holds_unsent():
+            wire.reset()
+        else:
+            wire.transport.close()
 
     # --- bytes -------------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:
