@@ -8,13 +8,16 @@ runs on asyncio's loop and on uvloop.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pigeon.delivery.routes import Destination, Hop, TlsPolicy
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost
+from pigeon.listener.tls import ensure_self_signed, server_context
 from pigeon.smtp import replies
 from pigeon.smtp.client import Capabilities, Envelope, Recipient
 from pigeon.smtp.replies import Reply
@@ -392,7 +395,8 @@ class StopsReading:
     """A raw server (no Pigeon code) that answers a lock-step transaction up to 354, then
     reads nothing until `resume` is set; then everything until the connection ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: ssl.SSLContext | None = None) -> None:
+        self.context = context  # offer STARTTLS with it
         self.resume = asyncio.Event()
         self.content = bytearray()
         self.ended_by: str = ""
@@ -409,7 +413,15 @@ class StopsReading:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"220 mx.test\r\n")
         while (line := await reader.readline()) and not line.upper().startswith(b"DATA"):
-            writer.write(b"250-mx.test\r\n250 SIZE 0\r\n" if line.upper().startswith(b"EHLO") else b"250 ok\r\n")
+            command = line.upper()
+            if command.startswith(b"STARTTLS") and self.context is not None:
+                writer.write(b"220 go ahead\r\n")
+                await writer.start_tls(self.context)
+                self.context = None  # (not offered again)
+            elif command.startswith(b"EHLO"):
+                writer.write(b"250-mx.test\r\n" + (b"250-STARTTLS\r\n" if self.context else b"") + b"250 SIZE 0\r\n")
+            else:
+                writer.write(b"250 ok\r\n")
         writer.write(b"354 go on\r\n")
         await self.resume.wait()
         try:
@@ -423,7 +435,10 @@ class StopsReading:
 
 
 @on_both_loops
-async def test_a_server_that_stops_reading_mid_content_never_gets_the_end_after_we_give_up() -> None:
+@pytest.mark.parametrize("tls", [False, True])
+async def test_a_server_that_stops_reading_mid_content_never_gets_the_end_after_we_give_up(
+    tls: bool, tmp_path: Path
+) -> None:
     """A message larger than every buffer on the way, to a server that stops reading after
     354: the transaction times out without "may be delivered twice" (its end never left),
     and the connection is reset, not closed politely: a close would hold the socket and the
@@ -432,14 +447,15 @@ async def test_a_server_that_stops_reading_mid_content_never_gets_the_end_after_
     to try again (delivered twice)."""
     options = ClientOptions(helo_name="client.test", reply_timeout=0.5, data_done_timeout=0.5)
     body = b"Subject: big\r\n\r\n" + (b"y" * 998 + b"\r\n") * 32_000  # 32 MB
-    async with StopsReading() as peer:
-        destination = Destination(
-            f"127.0.0.1:{peer.port}", (Hop("127.0.0.1", peer.port),), TlsPolicy.DISABLED, tls_verify=False
-        )
+    context = server_context(*ensure_self_signed(tmp_path, "mx.test")) if tls else None
+    async with StopsReading(context) as peer:
+        policy = TlsPolicy.REQUIRED if tls else TlsPolicy.DISABLED
+        destination = Destination(f"127.0.0.1:{peer.port}", (Hop("127.0.0.1", peer.port),), policy, tls_verify=False)
         connection = await ClientConnection.open(destination, no_dns(), options)
         with pytest.raises(ConnectionLost) as lost:
             await connection.send(Envelope("a@example.org", [Recipient("b@example.net")], body))
         assert str(lost.value.reply) == f"451 4.4.2 timeout waiting for [127.0.0.1]:{peer.port}"
+        assert (connection.tls is not None) is tls
         await connection.quit()
         peer.resume.set()
         await asyncio.wait_for(peer.done.wait(), 10)
