@@ -22,6 +22,10 @@ Content that is not a template (`template` false) is every recipient's alike: fa
 check, it refuses the request (400 naming `$.content`, with that reply), as a repeated field
 (no From, a bad Date or Message-ID) in the first recipient's message does.
 
+A recipient may be a bare `postmaster`, and `postmaster@<hostname>` in any case is it too:
+delivered to `[smtp] postmaster`, as `RCPT TO:<postmaster>` is (`address.is_postmaster`), and
+found as a repeat of another spelling of it.
+
 The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
 reply), `on_rcpt_to` for each recipient in request order (a refusal refuses that one), both
@@ -199,6 +203,12 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
                 f"{len(parsed.recipients)} recipients, over [http] max_recipients ({limit}): send them in more requests"
             )
             raise bad_request(text, "$.recipients")
+        given = [recipient.email for recipient in parsed.recipients]  # (what each result names)
+        for recipient in parsed.recipients:
+            # As `RCPT TO:<postmaster>` is: one function says what names the postmaster, so
+            # that every door delivers it alike, and a repeat of it is found as one.
+            if address.is_postmaster(recipient.email, config.smtp.hostname):
+                recipient.email = config.smtp.postmaster
         check_request(
             parsed, max_metadata_size=config.http.max_metadata_size, max_line_length=config.smtp.max_line_length
         )
@@ -283,7 +293,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
     turn = time.monotonic()
     first_of: dict[str, int] = {}  # each mailbox's first index in the request
     for index, recipient in enumerate(parsed.recipients):
-        result = RecipientResult(recipient.email)
+        result = RecipientResult(given[index])
         results.append(result)
         if time.monotonic() - turn > _YIELD_AFTER:
             await asyncio.sleep(0)
