@@ -53,7 +53,13 @@ MAILBOX_PATTERN = address.mailbox_pattern(_EXTRA)
 # server validates with, and what the OpenAPI document replaces with the JSON Schema one.
 _MAILBOX_RE = address.mailbox_pattern(_EXTRA, negated=True)
 _EMAIL_RE, _SENDER_RE = f"^{_MAILBOX_RE}$", f"^(?:{_MAILBOX_RE})?$"
-SCHEMA_PATTERNS: Final = {_EMAIL_RE: f"^{MAILBOX_PATTERN}$", _SENDER_RE: f"^(?:{MAILBOX_PATTERN})?$"}
+# A recipient may also be a bare postmaster, as `RCPT TO:<postmaster>` may (RFC 5321 4.5.1).
+_RECIPIENT_RE = f"^(?:{address.POSTMASTER_PATTERN}|{_MAILBOX_RE})$"
+SCHEMA_PATTERNS: Final = {
+    _EMAIL_RE: f"^{MAILBOX_PATTERN}$",
+    _SENDER_RE: f"^(?:{MAILBOX_PATTERN})?$",
+    _RECIPIENT_RE: f"^(?:{address.POSTMASTER_PATTERN}|{MAILBOX_PATTERN})$",
+}
 """The address patterns the request types validate with, each with what the OpenAPI document
 writes for it: the same addresses, as JSON Schema spells them."""
 _EMAIL_RULES: Final = (
@@ -63,6 +69,15 @@ _EMAIL_RULES: Final = (
 Email = Annotated[
     str,
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
+]
+RecipientEmail = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=address.MAX_ADDRESS,
+        pattern=_RECIPIENT_RE,
+        description=f"{_EMAIL_RULES}; or postmaster (no domain, any case), which is [smtp] postmaster, as SMTP's"
+        " RCPT TO:<postmaster> is (RFC 5321 4.5.1; so is postmaster at [smtp] hostname)",
+    ),
 ]
 _DATE_FIELD: Final = re.compile(rb"\r\ndate[ \t]*:")
 _MESSAGE_ID_FIELD: Final = re.compile(rb"\r\nmessage-id[ \t]*:")
@@ -123,7 +138,7 @@ class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}
 
 
 class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
-    email: Email
+    email: RecipientEmail
     name: Annotated[
         str | None,
         msgspec.Meta(

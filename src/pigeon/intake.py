@@ -288,16 +288,18 @@ class Intake:
         a substring look first (most mail has none), the field's exact form only then."""
         return any(name in lowered for name in self._routing_bytes) and self._routing.field.search(lowered) is not None
 
-    def _routing_refusal(self, head: bytes, lowered: bytes, section: HeaderSection, arrival: Arrival) -> Reply | None:
-        """The reply refusing a message whose tenant or campaign header holds a control or
-        format character (it would name its queue, and so be in every log record and admin
-        listing of it), naming the header; None when both are fine or absent, or name
-        nothing (mail taken from anyone)."""
+    def _routing_refusal(
+        self, head: bytes, lowered: bytes, section: HeaderSection, arrival: Arrival
+    ) -> tuple[str, Reply] | None:
+        """The header (as `[delivery]` names it) and the reply refusing a message whose tenant
+        or campaign header holds a control or format character (it would name its queue, and so
+        be in every log record and admin listing of it); None when both are fine or absent, or
+        name nothing (mail taken from anyone)."""
         values = self._tenant_and_campaign(head, lowered, section, arrival)
         checks = (queue_part_problem, campaign_problem)
         for value, header, check in zip(values, self._routing_headers, checks, strict=True):
             if value is not None and (problem := check(value)) is not None:
-                return replies.r(554, "5.6.0", f"{header} header {problem} (it names a queue)")
+                return header, replies.r(554, "5.6.0", f"{header} header {problem} (it names a queue)")
         return None
 
     def _tenant_and_campaign(
@@ -459,6 +461,15 @@ class Draft:
         head = b"\n" + bytes(self._head.head)
         return self._content_refusal(head, head.lower())
 
+    def routing_refusal(self) -> tuple[str, Reply] | None:
+        """The header and the reply `commit()` would refuse the message written so far with for
+        a tenant or campaign header that cannot name a queue (`Intake._routing_refusal`); None
+        if it has none. HTTP injection asks, to answer 400 naming the request's member, before
+        it asks `binding_refusal`, in the order `commit()` asks them. Asked once all is written."""
+        self._content_written()
+        head = b"\n" + bytes(self._head.head)
+        return self._intake._routing_refusal(head, head.lower(), self._head, self.arrival)
+
     def binding_refusal(self) -> Reply | None:
         """The reply `commit()` would refuse the message written so far with for naming a
         tenant its credential is not bound to (`Intake._binding_refusal`); None if it names
@@ -474,7 +485,9 @@ class Draft:
         # add a DKIM signature on top would never be found (pigeon.header_section).
         if lowered.count(b"\nreceived:") + self._head.late_received > self._intake.max_hops:
             return replies.TOO_MANY_HOPS
-        refusal = self._intake._routing_refusal(head, lowered, self._head, self.arrival)
+        # A tenant that cannot name a queue names none: said before whether it may be named.
+        routing = self._intake._routing_refusal(head, lowered, self._head, self.arrival)
+        refusal = routing[1] if routing is not None else None
         if refusal is None:
             refusal = self._intake._binding_refusal(head, lowered, self._head, self.arrival)
         if refusal is not None:

@@ -80,3 +80,25 @@ def test_postmaster_mail_from_anyone_that_fails_sends_no_dsn_to_the_sender_it_na
         time.sleep(2)  # a DSN would be stored with the bounce and sent at once
         assert not [r for r in sink.received if "victim@example.org" in r.recipients]
         assert not pigeon.spool_messages()
+
+
+def test_an_injection_and_pigeon_inject_take_postmaster_as_smtp_does_one_copy_per_mailbox(tmp_path: Path) -> None:
+    token = "postmaster-token-0123456789"
+    http = {"token": [{"name": "app", "token": token, "scopes": ["inject"]}]}
+    with PigeonProcess(tmp_path / "node", smtp={"postmaster": "ops@example.net"}, http=http) as pigeon:
+        given = ["postmaster", "PostMaster@MX.Pigeon.Test", "POSTMASTER", '"postmaster"@mx.pigeon.test']
+        request = {
+            "envelope_sender": "app@example.org",
+            "recipients": [{"email": address} for address in given],
+            "content": {"from": {"email": "app@example.org"}, "subject": "http", "text": "hello"},
+        }
+        status, answer = pigeon.http_post("/api/v1/inject", request, token)
+        assert (status, answer["accepted"]) == (200, 1), answer
+        results = answer["recipients"]
+        assert [r["email"] for r in results] == given  # each as the client named it
+        repeat = "550 5.1.0 duplicate of recipient 0 of the request"
+        assert [(r.get("error"), r.get("duplicate_of")) for r in results[1:]] == [(repeat, 0)] * 3
+        pigeon.cli("inject", "--token", token, "--from", "app@example.org", "--to", "postmaster", "--subject", "cli",
+                   "--text", "hello")  # fmt: skip
+        stored = pigeon.spool_messages()
+        assert [m["recipients"] for m in stored] == [["ops@example.net"]] * 2, stored

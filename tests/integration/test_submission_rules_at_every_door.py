@@ -254,7 +254,7 @@ def test_an_injection_in_parts_with_a_bad_date_header_is_refused(node: PigeonPro
     parts = {"from": {"email": "a@example.org"}, "subject": "s", "text": "t", "headers": {"Date": "yesterday"}}
     request = {"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net"}], "content": parts}
     status, answer = node.http_post("/api/v1/inject", request, TOKEN)
-    assert (status, answer) == (400, {"error": BAD_DATE, "field": "$.content"})
+    assert (status, answer) == (400, {"error": BAD_DATE, "field": "$.content.headers.Date"})
 
 
 @pytest.mark.parametrize("field", list(BAD_FIELDS))

@@ -225,6 +225,29 @@ def test_a_bound_token_may_not_inject_as_another_tenant(node: PigeonProcess, sin
     assert not [r for r in sink.received if b"Subject: tok " in r.data]
 
 
+def test_a_tenant_that_names_no_queue_is_refused_as_such_before_the_binding_at_every_door(
+    node: PigeonProcess,
+) -> None:
+    # `othe\u200br` is no tenant at all, so none alice may not name: SMTP says the first,
+    # and so must HTTP (it said 403, the binding, for the same content).
+    reply = "554 5.6.0 X-Tenant header contains U+200B ZERO WIDTH SPACE: no control or format characters allowed"
+    with RawSmtp(node.smtp_port) as smtp:
+        _login(smtp, "alice")
+        smtp.expect(250, "MAIL FROM:<sender@a.example> SMTPUTF8")
+        smtp.expect(250, "RCPT TO:<rcpt@sink.test>")
+        smtp.expect(354, "DATA")
+        smtp.send(_message("ceo@b.example", "othe\u200br", "zw smtp") + b".\r\n")
+        code, text = smtp.reply()
+    assert f"{code} {' '.join(text)}".startswith(reply), text
+    for content, field in [
+        (_raw("ceo@b.example", "zw raw", "othe\u200br"), "$.content"),
+        (_parts("ceo@b.example", "zw parts", {"X-Tenant": "othe\u200br"}), "$.content.headers.X-Tenant"),
+    ]:
+        status, answer = _inject(node, BOUND_TOKEN, content)
+        assert (status, answer["field"]) == (400, field), answer
+        assert answer["error"].startswith(reply), answer
+
+
 def test_a_bound_token_injects_as_its_tenant_signed_with_its_key(
     node: PigeonProcess, sink: ScriptedSink, dns: DnsServer
 ) -> None:

@@ -62,6 +62,7 @@ from pigeon.policy import objects
 from pigeon.policy.answers import Refuse
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, at_greeting, refusal
 from pigeon.smtp import replies
+from pigeon.smtp.address import is_postmaster
 from pigeon.smtp.events import (
     NEED_DATA,
     AuthCredentials,
@@ -644,12 +645,7 @@ class SmtpConnection(asyncio.Protocol):
     def _is_postmaster(self, address: str) -> bool:
         """<postmaster> (the parser lower-cases it without a domain), or postmaster at our own
         hostname, in any case."""
-        if address == "postmaster":
-            return True
-        local, at, domain = address.rpartition("@")
-        hostname = self._listener.session_config.hostname
-        quoted_or_not = local.lower() in ("postmaster", '"postmaster"')
-        return bool(at) and quoted_or_not and domain.lower() == hostname.lower()
+        return is_postmaster(address, self._listener.session_config.hostname)
 
     def _on_data(self, event: Data) -> None:
         if self._trust_lost is not None:

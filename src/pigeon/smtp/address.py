@@ -275,6 +275,23 @@ def bmp_ranges(allowed: Callable[[str], bool]) -> str:
     return _escaped(_merged(taken))
 
 
+_POSTMASTER_ANY_CASE: Final = "".join(f"[{c.upper()}{c}]" for c in "postmaster")
+POSTMASTER_PATTERN: Final = f'(?:{_POSTMASTER_ANY_CASE}|"{_POSTMASTER_ANY_CASE}")'
+"""A bare postmaster (`is_postmaster`), quoted or not, in any case, as a regex that Python
+and JSON Schema (ECMA-262, which has no case-insensitive flag) read alike."""
+
+
+def is_postmaster(address: str, hostname: str) -> bool:
+    """Whether `address` is RFC 5321 4.5.1's postmaster: `postmaster` with no domain, or at
+    our own `hostname`; its local part in any case (4.5.1 says so of it alone) and quoted or
+    not (4.1.2: quoting is only syntax). Every door delivers it to `[smtp] postmaster`, and
+    so a client naming it twice gets one copy."""
+    local, at, domain = address.rpartition("@")
+    if not at:
+        local, domain = address, hostname
+    return local.lower() in ("postmaster", '"postmaster"') and domain.lower() == hostname.lower()
+
+
 def same_mailbox_key(address: str) -> str:
     """What two addresses that name one mailbox have in common: the local part as it is (RFC
     5321 2.4: only the receiving host may fold its case), but written as `plain_local` writes

@@ -97,7 +97,9 @@ def test_the_utf8_mailbox_pattern_matches_what_the_listing_pattern_matched(text:
 @example("a\u00adb@example.net")
 @example("a@\U0001f600.example")
 @example("")
+@example("PostMaster")
+@example('"postmaster"')
 def test_the_inject_address_patterns_take_what_the_openapi_document_says(text: str) -> None:
-    assert len(compose.SCHEMA_PATTERNS) == 2
+    assert len(compose.SCHEMA_PATTERNS) == 3  # an address, a sender ("" too), a recipient (postmaster too)
     for validated, documented in compose.SCHEMA_PATTERNS.items():
         assert bool(re.search(validated, text)) == bool(re.search(documented, text))

@@ -20,7 +20,13 @@ wrote: its Date, Message-ID), a loop's Received fields, an X-Tenant that cannot 
 queue): one that fails is refused with the reply SMTP would give (554 5.6.0, 552 5.3.4).
 Content that is not a template (`template` false) is every recipient's alike: failing the
 check, it refuses the request (400 naming `$.content`, with that reply), as a repeated field
-(no From, a bad Date or Message-ID) in the first recipient's message does.
+(no From, a bad Date or Message-ID, an X-Tenant or X-Campaign that cannot name a queue) in
+the first recipient's message does; a field given among the parts' `headers` is named there
+(`$.content.headers.X-Campaign`), as a tenant the token may not name is (403).
+
+A recipient may be a bare `postmaster`, and `postmaster@<hostname>` in any case is it too:
+delivered to `[smtp] postmaster`, as `RCPT TO:<postmaster>` is (`address.is_postmaster`), and
+found as a repeat of another spelling of it.
 
 The policy's hooks are asked as for SMTP: what SMTP reception refuses, injection refuses too.
 `on_mail_from` once for the envelope sender (a refusal refuses every recipient with its
@@ -36,8 +42,10 @@ policy, a template, the size...), 503 if any refusal was temporary (a 4xx, the s
 A token bound to tenants (`[[http.token]] tenants`) may name no other: a request whose
 `tenant`, or whose content's tenant header, names another is refused whole, 403 naming that
 field (and logged as a `Rejection`), before any policy hook is asked about its `tenant`, or
-when its first recipient's message is composed; a later recipient whose own rendering names
-another gets `550 5.7.1`. With one tenant, a request naming none is that tenant's.
+when its first recipient's message is composed (after the checks of what can name a tenant
+at all, as SMTP reception asks them: a value that names none is 400 whoever the token); a
+later recipient whose own rendering names another gets `550 5.7.1`. With one tenant, a
+request naming none is that tenant's.
 """
 
 from __future__ import annotations
@@ -199,6 +207,12 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
                 f"{len(parsed.recipients)} recipients, over [http] max_recipients ({limit}): send them in more requests"
             )
             raise bad_request(text, "$.recipients")
+        given = [recipient.email for recipient in parsed.recipients]  # (what each result names)
+        for recipient in parsed.recipients:
+            # As `RCPT TO:<postmaster>` is: one function says what names the postmaster, so
+            # that every door delivers it alike, and a repeat of it is found as one.
+            if address.is_postmaster(recipient.email, config.smtp.hostname):
+                recipient.email = config.smtp.postmaster
         check_request(
             parsed, max_metadata_size=config.http.max_metadata_size, max_line_length=config.smtp.max_line_length
         )
@@ -217,6 +231,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
         raise bad_request("JSON nested too deeply (about 1000 levels at most)", "$") from None
     except ComposeError as error:
         raise bad_request(str(error), error.field) from None
+    tenant_header, bound = config.delivery.tenant_header, tenants is not None
     composer = Composer(
         parsed,
         config.smtp.hostname,
@@ -283,7 +298,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
     turn = time.monotonic()
     first_of: dict[str, int] = {}  # each mailbox's first index in the request
     for index, recipient in enumerate(parsed.recipients):
-        result = RecipientResult(recipient.email)
+        result = RecipientResult(given[index])
         results.append(result)
         if time.monotonic() - turn > _YIELD_AFTER:
             await asyncio.sleep(0)
@@ -375,23 +390,9 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
         )
         draft = node.intake.draft(envelope, arrival)
         draft.write(composed.data)
-        if first_composed and tenants is not None and (bound := draft.binding_refusal()) is not None:
-            # Its content names a tenant the token may not send as: nothing is taken yet, so
-            # the request is refused whole, naming where the tenant was given.
+        if first_composed and (whole := _refused_whole(draft, parsed, composed.data, bound, tenant_header)) is not None:
             draft.discard()
-            raise forbidden(str(bound), _tenant_field(parsed, config.delivery.tenant_header))
-        # (a template's first message without From, or with a Date or Message-ID that is not
-        # one, is the content's fault too: refused whole)
-        whole = first_composed and (
-            not parsed.template
-            or "From" not in single_fields_in(composed.data)
-            or malformed_field_in(composed.data) is not None
-        )
-        if whole and (unfit := draft.content_refusal()) is not None:
-            # Its header section (a loop's Received fields, an X-Tenant that cannot name a
-            # queue, no From, a Date that is no date): the same for every recipient.
-            draft.discard()
-            raise content_refused(unfit)
+            raise whole
         # A client gone by the time its recipient's checks are done (a slow policy hook, DKIM
         # signing) never hears what was taken and will send the request again: as over SMTP,
         # what is not stored yet is not stored, and a commit it left during is logged unanswered.
@@ -431,18 +432,12 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
             )
             draft = node.intake.draft(envelope, arrival)
             draft.write(composed.data)
-            if number == 0 and tenants is not None and (bound := draft.binding_refusal()) is not None:
-                # As for a composed first message: nothing is taken yet, the request is refused whole.
-                draft.discard()
-                raise forbidden(str(bound), _tenant_field(parsed, config.delivery.tenant_header))
-            whole = number == 0 and (
-                not parsed.template
-                or "From" not in single_fields_in(composed.data)
-                or malformed_field_in(composed.data) is not None
-            )
-            if whole and (unfit_head := draft.content_refusal()) is not None:
-                draft.discard()
-                raise content_refused(unfit_head)
+            if (
+                number == 0
+                and (whole := _refused_whole(draft, parsed, composed.data, bound, tenant_header)) is not None
+            ):
+                draft.discard()  # (as for a composed first message: nothing is taken yet)
+                raise whole
             present = functools.partial(_present, request)
             committed = functools.partial(_committed, request, session)
             pending.append(([result for result, _ in members], draft, draft.commit(committed, present=present)))
@@ -528,14 +523,39 @@ def forbidden(error: str, field: str) -> web.HTTPForbidden:
     return web.HTTPForbidden(body=body, content_type="application/json")
 
 
-def _tenant_field(parsed: InjectRequest, tenant_header: str) -> str:
-    """Where a request named its tenant: `$.tenant`, a part's header, or the raw content."""
-    if parsed.tenant:
-        return "$.tenant"
+def _refused_whole(
+    draft: Draft, parsed: InjectRequest, data: bytes, bound: bool, tenant_header: str
+) -> web.HTTPBadRequest | web.HTTPForbidden | None:
+    """What refuses the request whole for its first message (`draft`, of `data`): nothing is
+    taken yet, and the trouble is the request's, so it is said once, naming where in the
+    request it is (a part's header, as given, or `$.content`), not per recipient. Asked in the
+    order SMTP reception asks (`Draft.content_refusal`): a tenant or campaign header that
+    cannot name a queue (400: it names no tenant, so none the token may not name), then a
+    tenant the token (`bound`) may not name (403); then the rest of the content check when
+    the content is every recipient's alike, or has no From, or a Date or Message-ID that is
+    not one (a template's first message: the content's fault too)."""
+    if (routing := draft.routing_refusal()) is not None:
+        header, reply = routing
+        return bad_request(str(reply), _content_field(parsed, header))
+    if bound and (binding := draft.binding_refusal()) is not None:
+        return forbidden(str(binding), "$.tenant" if parsed.tenant else _content_field(parsed, tenant_header))
+    malformed = malformed_field_in(data)
+    whole = not parsed.template or "From" not in single_fields_in(data) or malformed is not None
+    if whole and (unfit := draft.content_refusal()) is not None:
+        # Its header section (a loop's Received fields, no From, a Date that is no date): the
+        # same for every recipient.
+        return bad_request(str(unfit), _content_field(parsed, malformed.name) if malformed else "$.content")
+    return None
+
+
+def _content_field(parsed: InjectRequest, header: str) -> str:
+    """Where in the request's content a header field was given: a part's `headers` member,
+    named as given (`$.content.headers.x-tenant`), or `$.content` (raw content, or a field
+    Pigeon wrote)."""
     content = parsed.content
     if not isinstance(content, str):
         for name in content.headers:
-            if name.lower() == tenant_header.lower():
+            if name.lower() == header.lower():
                 return f"$.content.headers.{name}"
     return "$.content"
 
