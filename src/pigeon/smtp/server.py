@@ -92,6 +92,9 @@ _NEXT: Final[dict[Phase, dict[type[Command], Phase]]] = {
     Phase.BDAT: {Bdat: Phase.BDAT},
 }
 _ANYTIME: Final = frozenset({Rset, Noop, Quit, Vrfy, Help})
+_SEQUENCED: Final[dict[str, type[Command]]] = {"MAIL": MailFrom, "RCPT": RcptTo, "DATA": Data, "BDAT": Bdat}
+"""The transaction's commands by verb: one out of sequence is refused as such (503) even when
+its line is malformed too."""
 _IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BDAT})
 
 _STANDARD_REPLIES: Final[dict[type, Reply]] = {
@@ -343,8 +346,15 @@ class ServerSession:
             command = parse_command(line, offer)
         except SmtpProtocolError as error:
             verb = _verb_of(line)
+            reply = error.reply
+            # A transaction command out of sequence gets its 503 whatever its argument, as
+            # from Postfix (RFC 5321 4.3.2): `RCPT TO:<bad@@x>` before MAIL is out of order
+            # first, and a client told of its syntax would fix that and still be refused.
+            kind = _SEQUENCED.get(verb)
+            if kind is not None and kind not in _NEXT.get(self.phase, {}):
+                reply = self._out_of_sequence(kind)
             sender = given_sender(line) if verb == "MAIL" else None
-            self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None, sender)
+            self._reject(verb, reply, given_recipient(line) if verb == "RCPT" else None, sender)
             if error.close and self._closing is None:  # (not closed already: too many errors)
                 # The command's own reply says what was wrong with it; the 421 says why the
                 # session ends with it, rather than the client finding the connection gone.
@@ -390,7 +400,7 @@ class ServerSession:
         if kind not in allowed:
             recipient = command.recipient if isinstance(command, RcptTo) else None
             sender = command.sender if isinstance(command, MailFrom) else None
-            self._reject(kind.verb, self._out_of_sequence(command), recipient, sender)
+            self._reject(kind.verb, self._out_of_sequence(kind), recipient, sender)
             if isinstance(command, Bdat):
                 self._discard_chunk(command)
             return
@@ -468,23 +478,24 @@ class ServerSession:
         self._close(reply)
         return True
 
-    def _out_of_sequence(self, command: Command) -> Reply:
+    def _out_of_sequence(self, kind: type[Command]) -> Reply:
+        """The refusal of a command of class `kind` that may not come in this phase."""
         phase = self.phase
         if phase is Phase.GREETED:
             return replies.NEED_HELO
         if phase is Phase.BDAT:
-            return replies.MIXED_DATA_BDAT if isinstance(command, Data) else replies.BDAT_IN_PROGRESS
-        if isinstance(command, MailFrom):
+            return replies.MIXED_DATA_BDAT if kind is Data else replies.BDAT_IN_PROGRESS
+        if kind is MailFrom:
             return replies.NESTED_MAIL
-        if isinstance(command, RcptTo):
+        if kind is RcptTo:
             return replies.NEED_MAIL
-        if isinstance(command, (Data, Bdat)):
+        if kind is Data or kind is Bdat:
             return replies.NEED_MAIL if phase is Phase.READY else replies.NO_VALID_RECIPIENTS
-        if isinstance(command, StartTls):
+        if kind is StartTls:
             return replies.TLS_IN_TRANSACTION
-        if isinstance(command, Auth):
+        if kind is Auth:
             return replies.AUTH_IN_TRANSACTION
-        return Reply(503, "5.5.1", (f"{type(command).verb} not allowed now",))
+        return Reply(503, "5.5.1", (f"{kind.verb} not allowed now",))
 
     def _check_recipient(self, command: RcptTo) -> Reply | None:
         if self.recipients >= self.config.max_recipients:
