@@ -97,6 +97,10 @@ _SEQUENCED: Final[dict[str, type[Command]]] = {"MAIL": MailFrom, "RCPT": RcptTo,
 its line is malformed too."""
 _IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BDAT})
 
+MAX_AUTH_LINE_LENGTH: Final = 12_288
+"""The longest AUTH command line or SASL response taken, in octets without the CRLF (RFC 4954 4);
+`ServerConfig.max_line_length` for every other command."""
+
 _STANDARD_REPLIES: Final[dict[type, Reply]] = {
     MailFrom: replies.SENDER_OK,
     RcptTo: replies.RECIPIENT_OK,
@@ -191,7 +195,7 @@ class ServerSession:
         self._pending: DecisionEvent | None = None
         self._awaiting = False  # the pending decision was handed out and is unanswered
         self._closing: Closing | None = None
-        self._line_overlong = False
+        self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
         self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
@@ -372,13 +376,22 @@ class ServerSession:
         limit = self._line_limit
         if end < 0:
             if len(buf) > limit:
-                self._line_overlong = True  # drop it now; answer when the line finally ends
-                buf.clear()
+                if self._line_overlong is None:  # (else `buf` holds the rest of a line being dropped)
+                    longest, reply = self._longest_line(buf)
+                    if len(buf) <= longest:
+                        return None
+                    self._line_overlong = reply
+                buf.clear()  # drop it now; answer when the line finally ends
             return None
-        if self._line_overlong or end >= limit:
-            self._line_overlong = False
+        overlong = self._line_overlong
+        if overlong is None and end >= limit:
+            longest, reply = self._longest_line(buf)
+            if end >= longest:
+                overlong = reply
+        if overlong is not None:
+            self._line_overlong = None
             del buf[: end + 1]
-            return replies.LINE_TOO_LONG
+            return overlong
         if end == 0 or buf[end - 1] != 13:  # 13 is CR
             del buf[: end + 1]
             return replies.BARE_LF_IN_COMMAND
@@ -387,6 +400,15 @@ class ServerSession:
         if b"\r" in line or b"\0" in line:
             return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
         return line
+
+    def _longest_line(self, buf: bytearray) -> tuple[int, Reply]:
+        """For the line at the start of `buf`, once past `max_line_length`: the most octets it
+        may have (with its CRLF) and the reply beyond them. An AUTH command and a SASL response
+        may have 12,288 (RFC 4954 4: a SASL response holding a long password, a Kerberos or
+        OAuth token, is longer than 998), and are refused with RFC 4954's 500 5.5.6."""
+        if self.phase is Phase.AUTH or buf[:5].upper() == b"AUTH ":
+            return MAX_AUTH_LINE_LENGTH + 2, replies.AUTH_LINE_TOO_LONG
+        return self._line_limit, replies.LINE_TOO_LONG
 
     def _dispatch(self, command: Command) -> None:
         # A command's verb is read from its class (`kind.verb`, `type(command).verb`): a class
