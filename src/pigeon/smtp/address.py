@@ -126,7 +126,7 @@ def _ipv6_pattern() -> str:
     return f"(?:{'|'.join(forms)})"
 
 
-_OCTET: Final = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # no leading zero, as ipaddress reads it
+_OCTET: Final = "(?:25[0-5]|2[0-4][0-9]|[01]?[0-9]?[0-9])"  # RFC 5321 4.1.3 Snum: 1*3DIGIT, at most 255
 _IPV4: Final = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
 _IPV6: Final = _ipv6_pattern()
 
@@ -243,17 +243,45 @@ def _longest_label(domain: str) -> int:
 
 def valid_literal(literal: str) -> bool:
     """Whether the inside of an address literal is an IPv4 address or "IPv6:" and an IPv6
-    address. A zone ("%eth0"), which Python's parser takes, is refused."""
-    if "%" in literal:
-        return False
+    address (`canonical_literal`)."""
+    return canonical_literal(f"[{literal}]") is not None
+
+
+def canonical_literal(domain: str) -> str | None:
+    """An address literal (RFC 5321 4.1.3) in the one form each way of writing it has, or None
+    when `domain` is none: `[127.000.0.1]` is `[127.0.0.1]` (4.1.3's Snum is 1*3DIGIT, decimal,
+    at most 255: leading zeros are allowed, and mean no octal), `[ipv6:0::1]` is `[IPv6:::1]`
+    (RFC 5952's compressed form). A zone ("%eth0"), which Python's parser takes, is refused."""
+    if len(domain) < 3 or domain[0] != "[" or domain[-1] != "]" or "%" in domain:
+        return None
+    inside = domain[1:-1]
+    if inside[:5].upper() != "IPV6:":
+        ipv4 = _canonical_ipv4(inside)
+        return f"[{ipv4}]" if ipv4 is not None else None
+    ipv6 = inside[5:]
+    if "." in ipv6:  # ends with an IPv4 address, whose Snums may have leading zeros too
+        head, _, tail = ipv6.rpartition(":")
+        ipv4 = _canonical_ipv4(tail)
+        if ipv4 is None:
+            return None
+        ipv6 = f"{head}:{ipv4}"
     try:
-        if literal[:5].upper() == "IPV6:":
-            ipaddress.IPv6Address(literal[5:])
-        else:
-            ipaddress.IPv4Address(literal)
+        address = ipaddress.IPv6Address(ipv6)
     except ValueError:
-        return False
-    return True
+        return None
+    mapped = address.ipv4_mapped  # written ::ffff:192.0.2.1 (RFC 5952 5), whatever Python's version
+    return f"[IPv6:::ffff:{mapped}]" if mapped is not None else f"[IPv6:{address.compressed}]"
+
+
+def _canonical_ipv4(text: str) -> str | None:
+    """Four Snums (1*3DIGIT, each at most 255) without their leading zeros, or None."""
+    snums = text.split(".")
+    if len(snums) != 4:
+        return None
+    for snum in snums:
+        if not (0 < len(snum) <= 3 and snum.isascii() and snum.isdigit()) or int(snum) > 255:
+            return None
+    return ".".join(str(int(snum)) for snum in snums)
 
 
 def json_schema_extra() -> list[tuple[int, int]]:
@@ -306,7 +334,11 @@ def a_label(domain: str) -> str:
     make one queue, one delivery and one suspension. A label IDNA refuses (or a glob's `*`
     within one) is kept as written. IDNA 2008 with UTS #46 mapping, as registries and
     browsers read names: `straße` is `xn--strae-oqa`, not IDNA 2003's `strasse` (which
-    still names a label IDNA 2008 refuses)."""
+    still names a label IDNA 2008 refuses). An address literal is in its one form
+    (`canonical_literal`, lower case): `[127.000.0.1]` is `[127.0.0.1]`, `[IPv6:0::1]` is
+    `[ipv6:::1]`, one host."""
+    if domain.endswith("]") and (literal := canonical_literal(domain)) is not None:
+        return literal.lower()  # one host, one form: [IPv6:0::1] is [ipv6:::1]
     domain = domain.lower()
     if domain.isascii():
         return domain
@@ -344,6 +376,13 @@ def with_a_label(address: str) -> str:
         local, at, domain = address.rpartition("@")
         if at:
             address = f"{plain_local(local)}@{domain}"
+    if address.endswith("]"):
+        # An address literal in its one form: `[127.000.0.010]` as `[127.0.0.10]`, the host
+        # we connect to (`a_label`). Written as given, a next hop that reads leading zeros as
+        # octal (inet_aton) or refuses them (Python's ipaddress) would not name that host.
+        local, at, domain = address.rpartition("@")
+        literal = canonical_literal(domain) if at else None
+        return f"{local}@{literal}" if literal is not None else address
     if address.isascii():
         return address
     local, at, domain = address.rpartition("@")
