@@ -84,7 +84,7 @@ from pigeon.queue.names import (
     scheduled_queue,
 )
 from pigeon.smtp import replies
-from pigeon.smtp.address import a_label, ascii_name, same_mailbox_key, with_a_label
+from pigeon.smtp.address import a_label, ascii_name, same_mailbox_key, valid_literal, with_a_label
 from pigeon.smtp.replies import Reply
 from pigeon.spool.body import Body, BodyWriter
 from pigeon.spool.spool import NewMessage, Once, Settling, Spool, SpoolError
@@ -169,14 +169,15 @@ _HELO_DOMAIN: Final = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?")
 """A name that reads as one domain in our Received field: LDH labels, and what real clients
 send beside them (underscores, one label like `localhost`, a trailing dot)."""
 _HELO_LITERAL: Final = re.compile(r"\[[A-Za-z0-9.:-]+\]")
-"""An address literal (RFC 5321 4.1.3) of the characters IPv4, IPv6 and a tag use."""
+"""What may be an address literal (RFC 5321 4.1.3): the characters IPv4, IPv6 and a tag use.
+Written bare only if it is one (`valid_literal`): `[999.1.1.1]` is no address."""
 _HELO_SHOWN: Final = 600
 """The most octets of a name shown in our field's comment (the line stays under 998)."""
 
 
 def _from_clause(helo: str, peer_ip: str) -> str:
     """The `from` clause of our Received field (RFC 5321 4.4's Extended-Domain): the client's
-    name and its address in a comment. A name that is no domain nor address literal (`(x`,
+    name and its address in a comment. A name that is no domain nor address literal (`(x`, `[999.1.1.1]`,
     `a;b`, `<x>`) is not refused (RFC 5321 4.1.4 leaves the name to the client, and such
     mail is no less mail), but never written bare, where its `(` would make the rest of the
     field a comment, or its `;` the date's separator: the address literal then stands for
@@ -184,7 +185,7 @@ def _from_clause(helo: str, peer_ip: str) -> str:
     (RFC 5322 3.2.2), so the field parses whatever the client said."""
     if not helo:  # HTTP has no HELO: the address alone says where the message came from.
         return f"[{peer_ip}]"
-    if _HELO_DOMAIN.fullmatch(helo) or _HELO_LITERAL.fullmatch(helo):
+    if _HELO_DOMAIN.fullmatch(helo) or (_HELO_LITERAL.fullmatch(helo) and valid_literal(helo[1:-1])):
         return f"{helo} ([{peer_ip}])"
     shown: list[str] = []
     size = 0

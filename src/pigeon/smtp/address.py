@@ -12,6 +12,9 @@ An address is `local@domain` (RFC 5321 4.1.2), with UTF-8 where the transaction 
   the next hop see), as config globs require too: no DNS name has a longer one;
 - an address literal is `[IPv4]` or `[IPv6:...]` (4.1.3), without an IPv6 zone (`%eth0`:
   it names an interface of the sender's machine, nothing the next hop could reach);
+- a domain that is not ASCII is valid IDNA2008 once in lower case and NFC, and an `xn--`
+  label a valid A-label (RFC 5891 5.3, 5.4): UTS #46 would map `Ⅳ.example` to `iv.example`,
+  another domain than the one written;
 - no control character (C0, DEL, C1), nor format character (Unicode category Cf: the bidi
   overrides and isolates U+202A-U+202E and U+2066-U+2069, zero-width characters, the BOM),
   line or paragraph separator, or surrogate, anywhere. Such characters make an address
@@ -61,11 +64,12 @@ class Kind(Enum):
     LENGTH = "length"  # over a limit: 501
     LITERAL = "literal"  # an address literal that is no IP address: 501
     CHARACTER = "character"  # a refused character, whatever the syntax: 553
+    IDNA = "idna"  # a domain that is no IDNA2008 name: 553
 
     @property
     def smtp_code(self) -> int:
         """501 (syntax error in parameters) or 553 (mailbox name not allowed, RFC 5321 4.2.3)."""
-        return 553 if self is Kind.CHARACTER else 501
+        return 553 if self is Kind.CHARACTER or self is Kind.IDNA else 501
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +130,7 @@ def _ipv6_pattern() -> str:
     return f"(?:{'|'.join(forms)})"
 
 
-_OCTET: Final = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # no leading zero, as ipaddress reads it
+_OCTET: Final = "(?:25[0-5]|2[0-4][0-9]|[01]?[0-9]?[0-9])"  # RFC 5321 4.1.3 Snum: 1*3DIGIT, at most 255
 _IPV4: Final = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
 _IPV6: Final = _ipv6_pattern()
 
@@ -231,7 +235,46 @@ def check(address: str, *, utf8: bool = True) -> Problem | None:
             return Problem(Kind.LITERAL, "Not a valid address literal: [IPv4] or [IPv6:...] (RFC 5321 4.1.3)")
     elif _longest_label(domain) > MAX_LABEL:
         return Problem(Kind.LENGTH, f"Domain has a label longer than {MAX_LABEL} octets (RFC 1035 2.3.4)")
+    elif ("--" in domain or not domain.isascii()) and (text := _idna_problem(domain)) is not None:
+        # (the usual domain, ASCII without an A-label, costs two scans at C speed)
+        return Problem(Kind.IDNA, text)
     return None
+
+
+U_LABEL_TEXT: Final = "Domain is not a valid internationalized domain name (IDNA2008, RFC 5891 5.4)"
+A_LABEL_TEXT: Final = "Domain has an xn-- label that is not a valid A-label (IDNA2008, RFC 5891 5.3)"
+
+
+@functools.lru_cache(maxsize=4096)  # an IDN costs some 20 us; a client names the same few
+def _idna_problem(domain: str) -> str | None:
+    """Why IDNA2008 refuses `domain`, or None. Each label that is not ASCII must be a U-label
+    once in lower case (each character's) and NFC (the only mapping taken: it changes no character for another),
+    so `Ⅳ.example` (U+2163) and `Ａ.example` (fullwidth) are refused, not delivered to
+    `iv.example` and `a.example` as UTS #46 would map them (RFC 5891 5.4: those characters
+    are DISALLOWED). Each `xn--` label must decode to a U-label that encodes back to it (5.3)."""
+    for label in domain.split("."):
+        if label.isascii():
+            if label[:4].lower() == "xn--" and not _valid_a_label(label.lower()):
+                return A_LABEL_TEXT
+        elif not _valid_u_label(unicodedata.normalize("NFC", "".join([char.lower() for char in label]))):
+            # (each character lowered alone, as UTS #46 maps case: "aΣ" is "aσ", not "aς")
+            return U_LABEL_TEXT
+    return None
+
+
+def _valid_a_label(label: str) -> bool:
+    try:
+        return idna.alabel(idna.ulabel(label)) == label.encode("ascii")
+    except (idna.IDNAError, UnicodeError):
+        return False
+
+
+def _valid_u_label(label: str) -> bool:
+    try:
+        idna.alabel(label)
+    except (idna.IDNAError, UnicodeError):
+        return False
+    return True
 
 
 def _longest_label(domain: str) -> int:
@@ -243,17 +286,45 @@ def _longest_label(domain: str) -> int:
 
 def valid_literal(literal: str) -> bool:
     """Whether the inside of an address literal is an IPv4 address or "IPv6:" and an IPv6
-    address. A zone ("%eth0"), which Python's parser takes, is refused."""
-    if "%" in literal:
-        return False
+    address (`canonical_literal`)."""
+    return canonical_literal(f"[{literal}]") is not None
+
+
+def canonical_literal(domain: str) -> str | None:
+    """An address literal (RFC 5321 4.1.3) in the one form each way of writing it has, or None
+    when `domain` is none: `[127.000.0.1]` is `[127.0.0.1]` (4.1.3's Snum is 1*3DIGIT, decimal,
+    at most 255: leading zeros are allowed, and mean no octal), `[ipv6:0::1]` is `[IPv6:::1]`
+    (RFC 5952's compressed form). A zone ("%eth0"), which Python's parser takes, is refused."""
+    if len(domain) < 3 or domain[0] != "[" or domain[-1] != "]" or "%" in domain:
+        return None
+    inside = domain[1:-1]
+    if inside[:5].upper() != "IPV6:":
+        ipv4 = _canonical_ipv4(inside)
+        return f"[{ipv4}]" if ipv4 is not None else None
+    ipv6 = inside[5:]
+    if "." in ipv6:  # ends with an IPv4 address, whose Snums may have leading zeros too
+        head, _, tail = ipv6.rpartition(":")
+        ipv4 = _canonical_ipv4(tail)
+        if ipv4 is None:
+            return None
+        ipv6 = f"{head}:{ipv4}"
     try:
-        if literal[:5].upper() == "IPV6:":
-            ipaddress.IPv6Address(literal[5:])
-        else:
-            ipaddress.IPv4Address(literal)
+        address = ipaddress.IPv6Address(ipv6)
     except ValueError:
-        return False
-    return True
+        return None
+    mapped = address.ipv4_mapped  # written ::ffff:192.0.2.1 (RFC 5952 5), whatever Python's version
+    return f"[IPv6:::ffff:{mapped}]" if mapped is not None else f"[IPv6:{address.compressed}]"
+
+
+def _canonical_ipv4(text: str) -> str | None:
+    """Four Snums (1*3DIGIT, each at most 255) without their leading zeros, or None."""
+    snums = text.split(".")
+    if len(snums) != 4:
+        return None
+    for snum in snums:
+        if not (0 < len(snum) <= 3 and snum.isascii() and snum.isdigit()) or int(snum) > 255:
+            return None
+    return ".".join(str(int(snum)) for snum in snums)
 
 
 def json_schema_extra() -> list[tuple[int, int]]:
@@ -323,7 +394,11 @@ def a_label(domain: str) -> str:
     make one queue, one delivery and one suspension. A label IDNA refuses (or a glob's `*`
     within one) is kept as written. IDNA 2008 with UTS #46 mapping, as registries and
     browsers read names: `straße` is `xn--strae-oqa`, not IDNA 2003's `strasse` (which
-    still names a label IDNA 2008 refuses)."""
+    still names a label IDNA 2008 refuses). An address literal is in its one form
+    (`canonical_literal`, lower case): `[127.000.0.1]` is `[127.0.0.1]`, `[IPv6:0::1]` is
+    `[ipv6:::1]`, one host."""
+    if domain.endswith("]") and (literal := canonical_literal(domain)) is not None:
+        return literal.lower()  # one host, one form: [IPv6:0::1] is [ipv6:::1]
     domain = domain.lower()
     if domain.isascii():
         return domain
@@ -361,6 +436,13 @@ def with_a_label(address: str) -> str:
         local, at, domain = address.rpartition("@")
         if at:
             address = f"{plain_local(local)}@{domain}"
+    if address.endswith("]"):
+        # An address literal in its one form: `[127.000.0.010]` as `[127.0.0.10]`, the host
+        # we connect to (`a_label`). Written as given, a next hop that reads leading zeros as
+        # octal (inet_aton) or refuses them (Python's ipaddress) would not name that host.
+        local, at, domain = address.rpartition("@")
+        literal = canonical_literal(domain) if at else None
+        return f"{local}@{literal}" if literal is not None else address
     if address.isascii():
         return address
     local, at, domain = address.rpartition("@")

@@ -205,6 +205,7 @@ def shutting_down(hostname: str) -> Reply:
 # --- 5xx: syntax and sequence ---------------------------------------------------------------
 UNRECOGNIZED: Final = r(500, "5.5.1", "Command unrecognized")
 LINE_TOO_LONG: Final = r(500, "5.5.2", "Line too long (RFC 5321 4.5.3.1.4)")
+AUTH_LINE_TOO_LONG: Final = r(500, "5.5.6", "Authentication Exchange line is too long (RFC 4954 4)")
 BARE_LF_IN_COMMAND: Final = r(500, "5.5.2", "Command line must end with <CR><LF> (RFC 5321 2.3.8)")
 COMMAND_NOT_UTF8: Final = r(500, "5.5.2", "Command contains bytes that are not UTF-8")
 NOT_IMPLEMENTED: Final = r(502, "5.5.1", "Command not implemented")

@@ -92,7 +92,14 @@ _NEXT: Final[dict[Phase, dict[type[Command], Phase]]] = {
     Phase.BDAT: {Bdat: Phase.BDAT},
 }
 _ANYTIME: Final = frozenset({Rset, Noop, Quit, Vrfy, Help})
+_SEQUENCED: Final[dict[str, type[Command]]] = {"MAIL": MailFrom, "RCPT": RcptTo, "DATA": Data, "BDAT": Bdat}
+"""The transaction's commands by verb: one out of sequence is refused as such (503) even when
+its line is malformed too."""
 _IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BDAT})
+
+MAX_AUTH_LINE_LENGTH: Final = 12_288
+"""The longest AUTH command line or SASL response taken, in octets without the CRLF (RFC 4954 4);
+`ServerConfig.max_line_length` for every other command."""
 
 _STANDARD_REPLIES: Final[dict[type, Reply]] = {
     MailFrom: replies.SENDER_OK,
@@ -188,7 +195,7 @@ class ServerSession:
         self._pending: DecisionEvent | None = None
         self._awaiting = False  # the pending decision was handed out and is unanswered
         self._closing: Closing | None = None
-        self._line_overlong = False
+        self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
         self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
@@ -343,8 +350,15 @@ class ServerSession:
             command = parse_command(line, offer)
         except SmtpProtocolError as error:
             verb = _verb_of(line)
+            reply = error.reply
+            # A transaction command out of sequence gets its 503 whatever its argument, as
+            # from Postfix (RFC 5321 4.3.2): `RCPT TO:<bad@@x>` before MAIL is out of order
+            # first, and a client told of its syntax would fix that and still be refused.
+            kind = _SEQUENCED.get(verb)
+            if kind is not None and kind not in _NEXT.get(self.phase, {}):
+                reply = self._out_of_sequence(kind)
             sender = given_sender(line) if verb == "MAIL" else None
-            self._reject(verb, error.reply, given_recipient(line) if verb == "RCPT" else None, sender)
+            self._reject(verb, reply, given_recipient(line) if verb == "RCPT" else None, sender)
             if error.close and self._closing is None:  # (not closed already: too many errors)
                 # The command's own reply says what was wrong with it; the 421 says why the
                 # session ends with it, rather than the client finding the connection gone.
@@ -362,13 +376,22 @@ class ServerSession:
         limit = self._line_limit
         if end < 0:
             if len(buf) > limit:
-                self._line_overlong = True  # drop it now; answer when the line finally ends
-                buf.clear()
+                if self._line_overlong is None:  # (else `buf` holds the rest of a line being dropped)
+                    longest, reply = self._longest_line(buf)
+                    if len(buf) <= longest:
+                        return None
+                    self._line_overlong = reply
+                buf.clear()  # drop it now; answer when the line finally ends
             return None
-        if self._line_overlong or end >= limit:
-            self._line_overlong = False
+        overlong = self._line_overlong
+        if overlong is None and end >= limit:
+            longest, reply = self._longest_line(buf)
+            if end >= longest:
+                overlong = reply
+        if overlong is not None:
+            self._line_overlong = None
             del buf[: end + 1]
-            return replies.LINE_TOO_LONG
+            return overlong
         if end == 0 or buf[end - 1] != 13:  # 13 is CR
             del buf[: end + 1]
             return replies.BARE_LF_IN_COMMAND
@@ -377,6 +400,15 @@ class ServerSession:
         if b"\r" in line or b"\0" in line:
             return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
         return line
+
+    def _longest_line(self, buf: bytearray) -> tuple[int, Reply]:
+        """For the line at the start of `buf`, once past `max_line_length`: the most octets it
+        may have (with its CRLF) and the reply beyond them. An AUTH command and a SASL response
+        may have 12,288 (RFC 4954 4: a SASL response holding a long password, a Kerberos or
+        OAuth token, is longer than 998), and are refused with RFC 4954's 500 5.5.6."""
+        if self.phase is Phase.AUTH or buf[:5].upper() == b"AUTH ":
+            return MAX_AUTH_LINE_LENGTH + 2, replies.AUTH_LINE_TOO_LONG
+        return self._line_limit, replies.LINE_TOO_LONG
 
     def _dispatch(self, command: Command) -> None:
         # A command's verb is read from its class (`kind.verb`, `type(command).verb`): a class
@@ -390,7 +422,7 @@ class ServerSession:
         if kind not in allowed:
             recipient = command.recipient if isinstance(command, RcptTo) else None
             sender = command.sender if isinstance(command, MailFrom) else None
-            self._reject(kind.verb, self._out_of_sequence(command), recipient, sender)
+            self._reject(kind.verb, self._out_of_sequence(kind), recipient, sender)
             if isinstance(command, Bdat):
                 self._discard_chunk(command)
             return
@@ -468,23 +500,24 @@ class ServerSession:
         self._close(reply)
         return True
 
-    def _out_of_sequence(self, command: Command) -> Reply:
+    def _out_of_sequence(self, kind: type[Command]) -> Reply:
+        """The refusal of a command of class `kind` that may not come in this phase."""
         phase = self.phase
         if phase is Phase.GREETED:
             return replies.NEED_HELO
         if phase is Phase.BDAT:
-            return replies.MIXED_DATA_BDAT if isinstance(command, Data) else replies.BDAT_IN_PROGRESS
-        if isinstance(command, MailFrom):
+            return replies.MIXED_DATA_BDAT if kind is Data else replies.BDAT_IN_PROGRESS
+        if kind is MailFrom:
             return replies.NESTED_MAIL
-        if isinstance(command, RcptTo):
+        if kind is RcptTo:
             return replies.NEED_MAIL
-        if isinstance(command, (Data, Bdat)):
+        if kind is Data or kind is Bdat:
             return replies.NEED_MAIL if phase is Phase.READY else replies.NO_VALID_RECIPIENTS
-        if isinstance(command, StartTls):
+        if kind is StartTls:
             return replies.TLS_IN_TRANSACTION
-        if isinstance(command, Auth):
+        if kind is Auth:
             return replies.AUTH_IN_TRANSACTION
-        return Reply(503, "5.5.1", (f"{type(command).verb} not allowed now",))
+        return Reply(503, "5.5.1", (f"{kind.verb} not allowed now",))
 
     def _check_recipient(self, command: RcptTo) -> Reply | None:
         if self.recipients >= self.config.max_recipients:

@@ -58,3 +58,22 @@ def test_a_greeting_name_over_255_octets_is_refused_with_501_5_5_2_and_255_is_ta
     assert [event.domain for event in peer.of_type(Ehlo if verb == "EHLO" else Helo)] == ["a" * 251 + ".tld"]
     # The same reply once a greeting was taken (it carried its enhanced code only then).
     assert peer.send(f"{verb} {'a' * 256}\r\n") == reply
+
+
+def _received_from(helo: str) -> bytes:
+    """The first line of our Received field for a client that named itself `helo`."""
+    arrival = Arrival("smtp", "s1", "192.0.2.1:25", "192.0.2.1", helo, "ESMTP")
+    field = received_field(
+        "mx.test", int(time.time()), Envelope("a@example.org", [Recipient("b@example.net")]), arrival, SpoolId(1)
+    )
+    return field.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("helo", ["[999.1.1.1]", "[1.2.3]", "[IPv6:1.2.3.4]", "[::1]", "[IPv6:zz::1]", "[a-b]"])
+def test_an_ehlo_name_that_looks_like_a_literal_but_is_none_goes_into_the_comment(helo: str) -> None:
+    assert _received_from(helo) == f"Received: from [192.0.2.1] (helo={helo})".encode()
+
+
+@pytest.mark.parametrize("helo", ["[192.0.2.7]", "[192.000.2.7]", "[IPv6:2001:db8::7]", "[ipv6:::1]"])
+def test_an_ehlo_address_literal_is_written_as_the_client_named_itself(helo: str) -> None:
+    assert _received_from(helo) == f"Received: from {helo} ([192.0.2.1])".encode()
