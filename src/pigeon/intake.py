@@ -22,8 +22,8 @@ it arrives, and commits it at the end. The draft:
 * refuses a submission (HTTP injection, SMTP after AUTH) without a From field, which its
   completion (our Date and Message-ID) cannot supply, and one whose Date or Message-ID is
   not of its RFC 5322 syntax (`pigeon.header_section.date_problem`, `message_id_problem`);
-* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3), counted over the
-  whole header section however long it is (`pigeon.header_section`: policy and signing see
+* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3, `Received :` too),
+  counted over the whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
 * asks the policy's `on_message` hook, if the policy module has one: it may refuse the
   message, or change its queue, route, egress pool, DKIM signers and headers (kept in the
@@ -62,6 +62,7 @@ from pigeon.header_section import (
     LateField,
     RoutingNames,
     malformed_field,
+    received_fields,
     repeated_field,
     single_fields,
 )
@@ -484,7 +485,7 @@ class Draft:
         # Our own Received header is counted too: the message would leave with that many. So
         # is every one past the kept part of the header section, or a loop whose hops each
         # add a DKIM signature on top would never be found (pigeon.header_section).
-        if lowered.count(b"\nreceived:") + self._head.late_received > self._intake.max_hops:
+        if received_fields(lowered) + self._head.late_received > self._intake.max_hops:
             return replies.TOO_MANY_HOPS
         # A tenant that cannot name a queue names none: said before whether it may be named.
         routing = self._intake._routing_refusal(head, lowered, self._head, self.arrival)

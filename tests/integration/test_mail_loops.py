@@ -26,9 +26,9 @@ LOOP = "554 5.4.6 Too many hops: mail loop detected (RFC 5321 6.3)"
 FILLER = b"".join(b"X-Filler-%03d: " % n + b"a" * 900 + b"\r\n" for n in range(80))
 
 
-def _message(received: int) -> bytes:
-    hops = b"".join(b"Received: from hop%d.test; Mon, 1 Jan 2024 00:00:00 +0000\r\n" % n for n in range(received))
-    return FILLER + hops + b"From: <app@example.org>\r\nSubject: loop\r\n\r\nbody\r\n"
+def _message(received: int, *, name: bytes = b"Received:", filler: bytes = FILLER) -> bytes:
+    hops = b"".join(name + b" from hop%d.test; Mon, 1 Jan 2024 00:00:00 +0000\r\n" % n for n in range(received))
+    return filler + hops + b"From: <app@example.org>\r\nSubject: loop\r\n\r\nbody\r\n"
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,30 @@ def test_a_loop_is_refused_at_every_door_with_its_received_fields_past_64_kib_of
     assert len(pigeon.spool_messages()) == before
     # 99 and ours: as many as allowed.
     assert send(_message(99)).startswith("250 ")
+    assert len(pigeon.spool_messages()) == before + 1
+
+
+@pytest.mark.parametrize("where", ["first", "past-64-kib"])
+@pytest.mark.parametrize("door", ["data", "bdat", "http", "cli"])
+def test_received_fields_with_white_space_before_the_colon_count_as_hops_at_every_door(
+    pigeon: PigeonProcess, door: str, where: str, tmp_path: Path
+) -> None:
+    """`Received : from ...` (RFC 5322 4.5's obsolete form) is a Received field to the next
+    hop that counts them, as `From :` is a From to the single-field check: 101 of them were
+    taken, and a loop of such hops would never end."""
+    send = {
+        "data": lambda m: _data(pigeon, m),
+        "bdat": lambda m: _bdat(pigeon, m),
+        "http": lambda m: _http(pigeon, m),
+        "cli": lambda m: _cli(pigeon, m, tmp_path),
+    }[door]
+    filler = FILLER if where == "past-64-kib" else b""
+    before = len(pigeon.spool_messages())
+    tabbed = b"".join(b"Received\t: from tab%d.test; Mon, 1 Jan 2024 00:00:00 +0000\r\n" % n for n in range(50))
+    assert send(_message(50, name=b"Received :", filler=filler + tabbed)) == LOOP  # 50 of each, and ours
+    assert send(_message(100, name=b"RECEIVED  :", filler=filler)) == LOOP
+    assert len(pigeon.spool_messages()) == before
+    assert send(_message(99, name=b"Received :", filler=filler)).startswith("250 ")
     assert len(pigeon.spool_messages()) == before + 1
 
 
