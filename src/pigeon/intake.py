@@ -1040,13 +1040,18 @@ def _find_field(lowered: bytes, marker: bytes) -> tuple[int, int]:
 
 
 def _header_value(head: bytes, start: int) -> str | None:
-    """The value of the field whose value starts at `start`, unfolded (None if empty)."""
+    """The value of the field whose value starts at `start`, unfolded and trimmed of the
+    header's own white space, SP and HTAB (None if empty)."""
     end = head.find(b"\r\n", start)
     while end >= 0 and head[end + 2 : end + 3] in (b" ", b"\t"):
         end = head.find(b"\r\n", end + 2)
-    raw = head[start : end if end >= 0 else len(head)]
+    # Unfolded (RFC 5322 2.2.3): the CRLFs out, HTAB made SP (a run of them is one "_"). Not
+    # `bytes.split()`, which takes VT and FF for white space too: they became "_" (or vanished
+    # at an end) rather than being refused as the control characters they are
+    # (`queue_part_problem`).
+    raw = head[start : end if end >= 0 else len(head)].replace(b"\r\n", b"").replace(b"\t", b" ").strip(b" ")
     # A queue name part must not carry white space nor the separators of the queue name itself.
-    return queue_part_from_header(b" ".join(raw.split()).decode("utf-8", "replace")) or None
+    return queue_part_from_header(raw.decode("utf-8", "replace")) or None
 
 
 def _shown_value(value: str) -> str:

@@ -183,12 +183,17 @@ def test_a_tenant_or_campaign_header_with_a_control_character_is_refused_naming_
     pigeon: PigeonProcess,
 ) -> None:
     # ESC, DEL, a C1 control and a bidi override would each be kept in the queue name, and so
-    # in every log line and admin listing of it.
+    # in every log line and admin listing of it. VT and FF too, wherever they are: only SP and
+    # HTAB, the header's own white space, are folded (they became "_", or went at an end).
     cases = [
         ("X-Tenant", "ac\x1bme"),
         ("X-Campaign", "c\x7fd"),
         ("X-Tenant", "ac\x9bme"),
         ("X-Campaign", "spring\u202e"),
+        ("X-Tenant", "ac\x0bme"),
+        ("X-Tenant", "acme\x0b"),
+        ("X-Campaign", "\x0cspring"),
+        ("X-Campaign", "spr\x0cing"),
     ]
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.ehlo("client.test")
