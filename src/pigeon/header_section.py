@@ -28,6 +28,7 @@ found there is kept, from its name to its end (as far as `KEPT`), so its value c
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Final, NamedTuple
 
@@ -331,6 +332,7 @@ def end_header_section(content: bytes) -> tuple[bytes, int]:
 
 _WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _MONTHS: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAY_NAMES: Final = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _MONTH_NAMES: Final = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
                        "October", "November", "December")  # fmt: skip
 # A date-time's tokens, read loosely (the obsolete syntax, 4.3, allows white space and comments
@@ -359,7 +361,8 @@ def date_problem(value: str) -> str | None:
     letters: UTC, CET), white space and comments between the parts, names in any case. Not
     one: what has no date, no time or no zone, or a part out of range (day 30 of February,
     hour 24, a year before 1900, a zone past +2359); a second of 60 is a leap second (3.3).
-    A day of the week that is not the date's is let through (readers show the date)."""
+    Nor is one whose day of the week is not the date's: 3.3 says it MUST be, and a reader
+    that shows "Mon" beside 5 Dec 2026 (a Saturday) shows a date no one can trust."""
     text = _without_comments(value)
     if text is None or (found := _DATE_TIME.fullmatch(text.strip(" \t"))) is None:
         return "is empty" if not value.strip(" \t") else f"is not of the form {DATE_FORM}"
@@ -389,6 +392,11 @@ def date_problem(value: str) -> str | None:
         return f"has time zone {zone[:20]} ({_ZONE_FORM})"
     if zone[0] not in "+-" and (len(zone) > 5 or zone.lower() == "j"):
         return f'has time zone "{zone[:20]}" ({_ZONE_FORM})'
+    if weekday is not None:
+        actual = datetime.date(year, number, int(day)).weekday()
+        if actual != _WEEKDAYS.index(weekday.lower()):
+            date = f"{int(day)} {month.title()} {year}"
+            return f'has "{weekday}" for the day of the week, but {date} is a {_DAY_NAMES[actual]}'
     return None
 
 
@@ -446,10 +454,12 @@ def message_id_problem(value: str) -> str | None:
     said of the value ("is not in angle brackets"), or None if it is one.
 
     A msg-id is "<" id-left "@" id-right ">", with white space and comments around it. Each
-    side is lenient where mailers are: atext and dots in any order (the obsolete forms), a
-    quoted string in the left part, a domain literal ("[192.0.2.1]") for the right, UTF-8
-    (RFC 6532). Not one: what has no angle brackets, no "@", nothing on a side of it, white
-    space (or a comment) inside the brackets, a second "@", more than one msg-id."""
+    side is lenient where mailers are: a quoted string in the left part (the obsolete forms),
+    a domain literal ("[192.0.2.1]") for the right, UTF-8 (RFC 6532). Not one: what has no
+    angle brackets, no "@", nothing on a side of it, white space (or a comment) inside the
+    brackets, a second "@", more than one msg-id, a dot that is not between two other
+    characters (`<a..b@c>`, `<a.@b>`, `<a@b.>`: each side is a dot-atom-text, or a quoted
+    string or domain literal, and not even the obsolete forms have an empty word)."""
     text = _without_comments(value)
     if text is None:
         return f"is not of the form {MESSAGE_ID_FORM}: a comment's parentheses do not match"
@@ -460,7 +470,7 @@ def message_id_problem(value: str) -> str | None:
         where = 'has text before its "<"' if "<" in text else "is not in angle brackets"
         return f"{where} (the form is {MESSAGE_ID_FORM})"
     at = 1
-    left, at = _id_part(text, at, quote='"')
+    left, at, left_dots = _id_part(text, at, quote='"')
     if isinstance(left, str):
         return left
     if text.startswith(">", at) or at == len(text):
@@ -469,7 +479,7 @@ def message_id_problem(value: str) -> str | None:
         return _unexpected(text, at)
     if not left:
         return 'has nothing before its "@"'
-    right, at = _id_part(text, at + 1, quote="[")
+    right, at, right_dots = _id_part(text, at + 1, quote="[")
     if isinstance(right, str):
         return right
     if not right:
@@ -480,28 +490,46 @@ def message_id_problem(value: str) -> str | None:
         return _unexpected(text, at)
     if at + 1 != len(text):
         return 'has more after its ">" (one msg-id only)'
+    if left_dots is not None:
+        return f"has {_LEFT_DOTS[left_dots]} {_DOTS}"
+    if right_dots is not None:
+        return f"has {_RIGHT_DOTS[right_dots]} {_DOTS}"
     return None
 
 
-def _id_part(text: str, at: int, quote: str) -> tuple[int | str, int]:
+# A dot out of place in a side of a msg-id (`_id_part`), and what is said of one on each side.
+_LEADING: Final = 0
+_TRAILING: Final = 1
+_DOUBLE: Final = 2
+_LEFT_DOTS: Final = ('"." just after its "<"', '"." just before its "@"', '".." before its "@"')
+_DOTS: Final = "(RFC 5322 3.6.4: a dot only between two other characters)"
+_RIGHT_DOTS: Final = ('"." just after its "@"', '"." just before its ">"', '".." after its "@"')
+
+
+def _id_part(text: str, at: int, quote: str) -> tuple[int | str, int, int | None]:
     """Read one side of a msg-id from `at`: its length (as an int) and where it ends, or the
-    problem (a str). `quote` opens what the side may hold: a quoted string on the left, a
-    domain literal on the right."""
+    problem (a str); and its first dot out of place (`_LEADING`, ...), if any. `quote` opens
+    what the side may hold: a quoted string on the left, a domain literal on the right."""
     start = at
+    dots: int | None = None
     while at < len(text):
         if (found := _ID_TEXT.match(text, at)) is not None:
+            if dots is None:  # (after a quoted string, a dot starts the next word: `"a".b`)
+                dots = _LEADING if at == start and text[at] == "." else _DOUBLE if ".." in found[0] else None
             at = found.end()
         elif text[at] == quote:
             end = _quoted_end(text, at, '"' if quote == '"' else "]")
             if end == _BLANK:
-                return "has white space inside its angle brackets", at
+                return "has white space inside its angle brackets", at, None
             if end < 0:
                 what = "quoted string" if quote == '"' else "domain literal"
-                return f"has a {what} that does not end", at
+                return f"has a {what} that does not end", at, None
             at = end
         else:
             break
-    return at - start, at
+    if dots is None and at > start and text[at - 1] == ".":
+        dots = _TRAILING
+    return at - start, at, dots
 
 
 _BLANK: Final = -2

@@ -9,9 +9,11 @@ injection, `pigeon inject`):
 * A submission without a From field (RFC 5322 3.6 requires one) is refused at every door
   that completes one (SMTP after AUTH, HTTP raw content, `pigeon inject`), with one text, and
   logged as a Rejection; parts already required `from`. Relayed mail is left as it came.
-* So is a submission whose Date is not an RFC 5322 date-time, or whose Message-ID is not a
-  msg-id: said at submission, naming the field and what is wrong, not in a bounce from a
-  receiver that wants "a valid Message-ID". Real mailers' forms (obsolete ones included) pass."""
+* So is a submission whose Date is not an RFC 5322 date-time (a day of the week not the
+  date's too), or whose Message-ID is not a msg-id (`<a..b@c>` neither): said at submission,
+  naming the field and what is wrong, not in a bounce from a receiver that wants "a valid
+  Message-ID". Real mailers' forms (obsolete ones included) pass; relayed mail is left as it
+  came."""
 
 from __future__ import annotations
 
@@ -199,9 +201,20 @@ BAD_MESSAGE_ID = (
     '554 5.6.0 Message has a Message-ID header field that is not an RFC 5322 msg-id: "<no-at-sign>" has no "@"'
     ' (the form is "<1234.5678@example.org>") (leave it out and Pigeon adds one)'
 )
+BAD_WEEKDAY = (
+    '554 5.6.0 Message has a Date header field that is not an RFC 5322 date: "Mon, 5 Dec 2026 10:00:00 +0000" has'
+    ' "Mon" for the day of the week, but 5 Dec 2026 is a Saturday (leave it out and Pigeon adds one)'
+)
+BAD_DOTS = (
+    '554 5.6.0 Message has a Message-ID header field that is not an RFC 5322 msg-id: "<a..b@example.org>" has ".."'
+    ' before its "@" (RFC 5322 3.6.4: a dot only between two other characters) (leave it out and Pigeon adds one)'
+)
 BAD_FIELDS = {
     "date": (b"Date: yesterday\r\n", BAD_DATE),
     "message-id": (b"Message-ID:\r\n <no-at-sign>\r\n", BAD_MESSAGE_ID),  # folded: shown unfolded
+    # RFC 5322 3.3: the day of the week MUST be the date's; 3.6.4: id-left is a dot-atom-text
+    "weekday": (b"Date: Mon, 5 Dec 2026 10:00:00 +0000\r\n", BAD_WEEKDAY),
+    "message-id-dots": (b"Message-ID: <a..b@example.org>\r\n", BAD_DOTS),
 }
 REAL_WORLD = {
     "rfc 5322": b"Date: Mon, 1 Jan 2024 12:00:00 +0100\r\nMessage-ID: <1234.5678@example.org>\r\n",

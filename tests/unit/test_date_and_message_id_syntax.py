@@ -32,7 +32,7 @@ GOOD_DATES = [
     "Tue, 29 Feb 2000 00:00:00 +0000",
     "Mon, 1 Jan 24 12:00:00 GMT",  # a two-digit year, a named zone (4.3)
     "Fri, 1 Jan 99 12:00:00 EST",
-    "Wed, 1 Jan 124 12:00:00 UT",  # a three-digit year: 2024
+    "Mon, 1 Jan 124 12:00:00 UT",  # a three-digit year: 2024
     "Mon, 1 Jan 2024 12:00:00 PDT",
     "Mon, 1 Jan 2024 12:00:00 Z",  # military
     "Mon, 1 Jan 2024 12:00:00 UTC",  # other alphabetic zones, seen in mail (4.3)
@@ -44,9 +44,8 @@ GOOD_DATES = [
     "mon, 1 JAN 2024 12:00:00 gmt",
     "(sent) Mon, 1 Jan 2024 12:00:00 +0000",
     "Mon, 1Jan2024 12:00:00 +0000",
-    "Tue, 1 Jan 2024 12:00:00 +0000",  # the wrong day of the week: the date is still plain
     "Mon, 1 Jan 2024 12:00:00 +1400",
-    "Mon, 1 Jan 9999 12:00:00 +0000",
+    "Fri, 1 Jan 9999 12:00:00 +0000",
     "Mon, 1 Jan 1900 00:00:00 +0000",
 ]
 
@@ -83,6 +82,10 @@ BAD_DATES = {
     "Monday, 1 Jan 2024 12:00:00 +0000": 'has "Monday" for a day of the week (Mon to Sun)',
     "Mon, 1 January 2024 12:00:00 +0000": 'has "January" for a month (Jan to Dec)',
     "Mon, 1 Jam 2024 12:00:00 +0000": 'has "Jam" for a month (Jan to Dec)',
+    # RFC 5322 3.3: the day of the week MUST be the date's (two-digit years read as 4.3 says)
+    "Tue, 1 Jan 2024 12:00:00 +0000": 'has "Tue" for the day of the week, but 1 Jan 2024 is a Monday',
+    "Mon, 5 Dec 2026 10:00:00 +0000": 'has "Mon" for the day of the week, but 5 Dec 2026 is a Saturday',
+    "sun, 05 DEC 26 10:00 GMT": 'has "sun" for the day of the week, but 5 Dec 2026 is a Saturday',
 }
 
 GOOD_IDS = [
@@ -90,8 +93,10 @@ GOOD_IDS = [
     "<CAF=xyz+ab/c_d-e{f}@mail.gmail.com>",
     "  <a@b>  ",
     "(our id) <a@b> (kept)",
-    "<a..b@example.org>",  # dots anywhere on the left (obsolete forms, and mailers write them)
     '<"quoted.left"@example.org>',
+    '<"a..b."@example.org>',  # any dots inside a quoted string
+    '<"quoted".word.x@example.org>',  # words of the obsolete local-part, a dot between each
+    "<a@[192..0.2.1.]>",  # a domain literal's text is its own
     '<"with \\" quote"@example.org>'.replace(" ", "_"),
     "<a@[192.0.2.1]>",  # a domain literal
     "<a@[IPv6:2001:db8::1]>",
@@ -101,6 +106,7 @@ GOOD_IDS = [
 ]
 
 FORM = '(the form is "<1234.5678@example.org>")'
+DOT = "(RFC 5322 3.6.4: a dot only between two other characters)"
 BAD_IDS = {
     "foo": f"is not in angle brackets {FORM}",
     "foo@example.org": f"is not in angle brackets {FORM}",
@@ -127,6 +133,15 @@ BAD_IDS = {
     "<a\udcff@b>": 'has "\\xff" inside its angle brackets, where RFC 5322 3.6.4 allows none',  # not UTF-8
     "": "is empty",
     "(only a comment)": "is empty",
+    # RFC 5322 3.6.4: each side is dot-atom-text (or a quoted string, a literal): no empty word
+    "<a..b@example.org>": f'has ".." before its "@" {DOT}',
+    "<a.@example.org>": f'has "." just before its "@" {DOT}',
+    "<.a@example.org>": f'has "." just after its "<" {DOT}',
+    '<"a".@example.org>': f'has "." just before its "@" {DOT}',
+    "<a@example.org.>": f'has "." just before its ">" {DOT}',
+    "<a@.example.org>": f'has "." just after its "@" {DOT}',
+    "<a@example..org>": f'has ".." after its "@" {DOT}',
+    "<a.,b@c>": 'has "," inside its angle brackets, where RFC 5322 3.6.4 allows none',  # said first
 }
 
 
@@ -165,6 +180,13 @@ def test_every_date_pythons_email_package_writes_passes(moment: datetime.datetim
     ]
     for value in written:
         assert date_problem(value) is None, value
+
+
+@given(st.dates(min_value=datetime.date(1900, 1, 1)), st.integers(0, 6))
+def test_a_day_of_the_week_is_refused_exactly_when_it_is_not_the_dates(date: datetime.date, weekday: int) -> None:
+    day = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[weekday]
+    value = f"{day}, {date.day} {calendar.month_abbr[date.month]} {date.year} 12:00 +0000"
+    assert (date_problem(value) is None) == (date.weekday() == weekday), value
 
 
 @given(st.integers(1900, 9999), st.integers(1, 12), st.integers(1, 99))
