@@ -19,9 +19,10 @@ it arrives, and commits it at the end. The draft:
 * refuses a header section with a field RFC 5322 3.6 allows once there twice (two From:
   one would be signed and the other shown; RFC 6376 8.15), wherever in it they are, and a
   policy's change that would add one (Pigeon's own DSNs are not looked at);
-* refuses a submission (HTTP injection, SMTP after AUTH) without a From field, which its
-  completion (our Date and Message-ID) cannot supply, and one whose Date or Message-ID is
-  not of its RFC 5322 syntax (`pigeon.header_section.date_problem`, `message_id_problem`);
+* refuses a submission (HTTP injection, SMTP after AUTH) without a From field (or with an
+  empty one), which its completion (our Date and Message-ID) cannot supply, and one whose
+  Date or Message-ID is not of its RFC 5322 syntax (`pigeon.header_section.date_problem`,
+  `message_id_problem`), wherever in the header section they are;
 * refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3, `Received :` too),
   counted over the whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
@@ -61,6 +62,7 @@ from pigeon.header_section import (
     HeaderSection,
     LateField,
     RoutingNames,
+    author_missing,
     malformed_field,
     received_fields,
     repeated_field,
@@ -496,17 +498,15 @@ class Draft:
             return refusal
         if self.arrival.listener != "local" and (repeated := repeated_field(lowered, self._head.late_single)):
             return replies.content_field_repeated(repeated)
-        if (
-            self._submitted()
-            and b"\nfrom:" not in lowered  # (the usual case: no regex pass)
-            and "From" not in single_fields(lowered, self._head.late_single)
-        ):
+        # The fields a submission is checked by are read wherever they are: in the kept part of
+        # the header section, or (`cut`: it is longer) past it, or across its end (`late_checked`).
+        cut, late = len(self._head.head) >= KEPT, self._head.late_checked
+        if self._submitted() and author_missing(head, lowered, cut=cut, late=late):
             # Completed with our Date and Message-ID, but no one can say who wrote it: RFC 5322
-            # 3.6 requires a From, Gmail and others refuse mail without. (Relayed mail is left
-            # as it came.)
+            # 3.6 requires a From, and 3.6.2 a mailbox in it (an empty one is none); Gmail and
+            # others refuse mail without. (Relayed mail is left as it came.)
             return replies.CONTENT_NO_FROM
-        cut = len(self._head.head) >= KEPT  # (a field running past the kept part is not read)
-        if self._submitted() and (malformed := malformed_field(head, lowered, cut=cut)) is not None:
+        if self._submitted() and (malformed := malformed_field(head, lowered, cut=cut, late=late)) is not None:
             # Its Date or Message-ID is not one (Pigeon adds them only where there are none):
             # said now, not in a bounce from a receiver that refuses it (Gmail: "missing a
             # valid Message-ID"). Relayed mail is left as it came, as above.

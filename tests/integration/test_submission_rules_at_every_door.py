@@ -127,7 +127,13 @@ def test_an_injection_of_exactly_the_limit_is_stored_with_pigeons_date_and_messa
     assert b"\r\nDate: " in row["data"] and b"\r\nMessage-ID: <" in row["data"]
 
 
-NO_FROM_CONTENT = {"subject only": b"Subject: no from\r\n\r\nx\r\n", "empty": b""}
+NO_FROM_CONTENT = {
+    "subject only": b"Subject: no from\r\n\r\nx\r\n",
+    "empty": b"",
+    # A From without a mailbox (RFC 5322 3.6.2 requires one) names no author either.
+    "empty from": b"From:\r\nSubject: empty from\r\n\r\nx\r\n",
+    "blank folded from": b"From : \t\r\n \r\nSubject: blank from\r\n\r\nx\r\n",
+}
 
 
 def _rejections(node: PigeonProcess, command: str, code: int) -> int:
@@ -178,8 +184,14 @@ def test_a_later_recipient_whose_template_leaves_out_from_is_refused_alone(node:
     assert (answer["accepted"], answer["recipients"][1]) == (1, {"email": "bob@example.net", "error": NO_FROM})
 
 
-def test_relayed_mail_without_from_is_left_as_it_came(node: PigeonProcess) -> None:
-    assert _smtp(node, NO_FROM_CONTENT["subject only"], login=False) == "250"
+@pytest.mark.parametrize("content", ["subject only", "empty from"])
+def test_relayed_mail_without_from_is_left_as_it_came(node: PigeonProcess, content: str) -> None:
+    assert _smtp(node, NO_FROM_CONTENT[content], login=False) == "250"
+
+
+@pytest.mark.parametrize("door", ["smtp-auth", "http", "cli"])
+def test_a_submission_with_an_empty_from_gets_the_reply_of_one_without(node: PigeonProcess, door: str) -> None:
+    assert _outcome(node, door, NO_FROM_CONTENT["empty from"]) == NO_FROM
 
 
 def test_a_from_far_down_a_long_header_section_is_found(tmp_path: Path) -> None:
@@ -191,6 +203,7 @@ def test_a_from_far_down_a_long_header_section_is_found(tmp_path: Path) -> None:
     with PigeonProcess(tmp_path / "node", smtp=smtp) as node:
         assert _smtp(node, filler + b"From: a@example.org\r\n\r\nbody\r\n", login=True) == "250"
         assert _smtp(node, filler + b"Subject: none\r\n\r\nbody\r\n", login=True) == NO_FROM
+        assert _smtp(node, filler + b"From:  \r\nSubject: empty\r\n\r\nbody\r\n", login=True) == NO_FROM
 
 
 BAD_DATE = (
@@ -319,9 +332,10 @@ def test_relayed_mail_with_a_bad_date_or_message_id_is_relayed_as_it_came(node: 
     assert fields in row["data"]
 
 
-def test_a_good_date_that_runs_past_the_kept_part_of_a_long_header_section_is_taken(tmp_path: Path) -> None:
+def test_a_date_that_runs_past_the_kept_part_of_a_long_header_section_is_read_whole(tmp_path: Path) -> None:
     """The intake keeps the first 64 KiB of a header section: a Date field that the end of
-    that part cuts is not read as the date it would be cut to (an open comment)."""
+    that part cuts is read whole, not as the date it would be cut to (an open comment), nor
+    let through unread."""
     users = tmp_path / "users"
     set_password(users, "app", "secret-password")
     smtp = {"auth_users": str(users), "allow_plaintext_auth": True}
@@ -331,9 +345,54 @@ def test_a_good_date_that_runs_past_the_kept_part_of_a_long_header_section_is_ta
     message = filler + b"From: a@example.org\r\n" + date + b"Message-ID: <big@example.org>\r\n\r\nbody\r\n"
     with PigeonProcess(tmp_path / "node", smtp=smtp) as node:
         assert _smtp(node, message, login=True) == "250"
-        assert _smtp(node, message.replace(b"12:00:00", b"25:00:00"), login=True) == "250"  # (not read: not refused)
+        assert _smtp(node, message.replace(b"12:00:00", b"25:00:00"), login=True) == (
+            '554 5.6.0 Message has a Date header field that is not an RFC 5322 date: "Mon, 1 Jan 2024 25:00:00 +0000 ( '
+            + "c" * 47
+            + '..." has hour 25 (two digits, 00 to 23) (leave it out and Pigeon adds one)'
+        )
         bad = b"Date: Mon, 1 Jan 2024 25:00:00 +0000\r\n" + filler + b"From: a@example.org\r\n\r\nbody\r\n"
         assert _smtp(node, bad, login=True) == (
             '554 5.6.0 Message has a Date header field that is not an RFC 5322 date: "Mon, 1 Jan 2024 25:00:00 +0000"'
             " has hour 25 (two digits, 00 to 23) (leave it out and Pigeon adds one)"
         )
+
+
+LATE = b"".join(b"X-Filler-%05d: %s\r\n" % (n, b"f" * 80) for n in range(900))  # 88 KB: past the kept 64 KiB
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    """A node as `node`, with room for a long header section (the default size limit)."""
+    root = tmp_path_factory.mktemp("roomy")
+    users = root / "users"
+    set_password(users, "app", "secret-password")
+    smtp = {"auth_users": str(users), "allow_plaintext_auth": True}
+    http = {"token": [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]}
+    with PigeonProcess(root / "node", smtp=smtp, http=http) as running:
+        yield running
+
+
+@pytest.mark.parametrize("door", ["smtp-auth", "http", "cli"])
+@pytest.mark.parametrize("field", list(BAD_FIELDS))
+def test_a_bad_date_or_message_id_past_64_kib_of_other_fields_is_refused_as_one_first(
+    roomy: PigeonProcess, door: str, field: str
+) -> None:
+    """Far down a long header section, where the intake keeps no more of it: Pigeon saw a Date
+    there, added none, and the message left with `Date: garbage`."""
+    fields, reply = BAD_FIELDS[field]
+    stored = len(roomy.spool_messages())
+    message = b"From: a@example.org\r\n" + LATE + fields + b"Subject: late\r\n\r\nbody\r\n"
+    assert _outcome(roomy, door, message) == reply
+    assert len(roomy.spool_messages()) == stored
+
+
+@pytest.mark.parametrize("door", ["smtp-auth", "http", "cli"])
+def test_a_good_date_and_message_id_past_64_kib_of_other_fields_are_kept_and_none_added(
+    roomy: PigeonProcess, door: str
+) -> None:
+    before = {row["id"] for row in roomy.spool_messages()}
+    fields = b"Date: Sat, 5 Dec 2026 10:00:00 +0000\r\nMessage-ID: <late.one@example.org>\r\n"
+    assert _outcome(roomy, door, b"From: a@example.org\r\n" + LATE + fields + b"Subject: late\r\n\r\nbody\r\n") == "250"
+    (row,) = [row for row in roomy.spool_messages() if row["id"] not in before]
+    data = row["data"]
+    assert fields in data and data.count(b"\r\nDate:") == 1 and data.lower().count(b"\r\nmessage-id:") == 1

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pigeon.header_section import KEPT, HeaderSection, RoutingNames, received_fields
+from pigeon.header_section import _first_value as _checked_value
 from pigeon.intake import _routing_value
 
 ROUTING = RoutingNames((b"x-tenant", b"x-campaign"))
@@ -25,6 +26,14 @@ FIELDS = [
     b"X-Campaign:\r\n spring\r\n  sale\r\n",
     b"Comments: folded\r\n received: a continuation, not a field\r\n",
     BIG,
+    b"X-Date: not one\r\n",
+]
+# What a submission is checked by, read wherever it is (a message with two of one is refused
+# for that first: the scan past the kept part may stop looking then).
+CHECKED = [
+    [b"Date: Mon, 1 Jan 2024 00:00:00 +0000\r\n", b"DATE :\r\n yesterday\r\n"],
+    [b"From: a@example.org\r\n", b"from:\r\n\t\r\n"],
+    [b"Message-Id\t:<x" + b"\r\n y" * 300 + b"@z>\r\n", b"Message-ID: <a@b>\r\n"],
 ]
 
 
@@ -52,6 +61,22 @@ def _count_fields(header_section: bytes, name: bytes) -> int:
     """How many fields called `name` the header section has: the slow, plain way."""
     starts = [line.partition(b":") for line in header_section.split(b"\r\n") if line[:1] not in (b" ", b"\t")]
     return sum(1 for key, colon, _ in starts if colon and key.rstrip(b" \t").lower() == name)
+
+
+def _first_raw_value(header_section: bytes, name: bytes) -> tuple[bytes, bool] | None:
+    """The value of the first field called `name`, unfolded (its CRLFs out), and True (whole):
+    the slow, plain way."""
+    lines = header_section.split(b"\r\n")
+    for number, line in enumerate(lines):
+        key, colon, value = line.partition(b":")
+        if line[:1] in (b" ", b"\t") or not colon or key.rstrip(b" \t").lower() != name:
+            continue
+        for more in lines[number + 1 :]:
+            if more[:1] not in (b" ", b"\t"):
+                break
+            value += more
+        return value, True
+    return None
 
 
 def _first_value(header_section: bytes, name: bytes) -> str | None:
@@ -128,3 +153,41 @@ def test_a_routing_field_the_kept_part_cuts_off_is_read_whole() -> None:
         message = filler + b"X-Tenant: acme\r\n corp\r\nX-Tenant: other\r\n\r\n"
         for cuts in ([], [KEPT + 7], list(range(KEPT - 5, KEPT + 40))):
             assert _value(_feed(message, cuts), b"\nx-tenant:") == "acme_corp", (before, cuts)
+
+
+def test_a_date_the_kept_part_cuts_off_is_read_whole_wherever_it_starts() -> None:
+    """The Date a submission is checked by, cut off by the kept part's end: its start in the
+    last bytes of the kept part or far before them (a long folded comment), or its name split."""
+    date = b"Date: Mon, 1 Jan 2024 12:00:00 +0000 (" + b"\r\n c" * 700 + b")\r\n"
+    for before in [*range(KEPT - 30, KEPT + 2), KEPT - 2000]:
+        filler = b"X-Big: " + b"b" * (before - 9) + b"\r\n"  # the Date starts at `before`
+        message = filler + date + b"Date: second\r\n\r\n"
+        for cuts in ([], [KEPT + 7], list(range(KEPT - 5, KEPT + 40))):
+            section = _feed(message, cuts)
+            kept = b"\n" + bytes(section.head)
+            found = _checked_value(kept, kept.lower(), b"date", True, section.late_checked)
+            assert found == (date[5:-2].replace(b"\r\n", b""), True), (before, cuts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.lists(st.sampled_from([field for field in FIELDS if not field.startswith(b"Subject")]), max_size=100),
+    big=st.integers(0, 150),
+    data=st.data(),
+)
+def test_the_first_from_date_and_message_id_are_read_whole_however_the_writes_split_the_section(
+    fields: list[bytes], big: int, data: st.DataObject
+) -> None:
+    fields = list(fields)
+    for forms in CHECKED:  # one of each, or none, anywhere
+        if (form := data.draw(st.sampled_from([None, *forms]))) is not None:
+            fields.insert(data.draw(st.integers(0, len(fields))), form)
+    message = b"Received: by us\r\n" + BIG * big + b"".join(fields) + b"\r\nDate: in the body\r\n"
+    step = data.draw(st.integers(5, 3000))
+    cuts = [*range(step, len(message), step), *data.draw(st.lists(st.integers(0, len(message)), max_size=10))]
+    section = _feed(message, cuts)
+    whole = _header_section(message)
+    kept = b"\n" + bytes(section.head)
+    for name in (b"from", b"date", b"message-id"):
+        found = _checked_value(kept, kept.lower(), name, len(section.head) >= KEPT, section.late_checked)
+        assert found == _first_raw_value(whole[1:], name), name

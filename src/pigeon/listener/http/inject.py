@@ -72,7 +72,7 @@ from pigeon.compose import (
     check_request,
     media_type_problem,
 )
-from pigeon.header_section import malformed_field_in, repeated_field_in, single_fields_in
+from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
 from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
 from pigeon.listener.http.body import declared_too_large, too_large_text
 from pigeon.listener.http.context import NODE_KEY
@@ -540,7 +540,7 @@ def _refused_whole(
     if bound and (binding := draft.binding_refusal()) is not None:
         return forbidden(str(binding), "$.tenant" if parsed.tenant else _content_field(parsed, tenant_header))
     malformed = malformed_field_in(data)
-    whole = not parsed.template or "From" not in single_fields_in(data) or malformed is not None
+    whole = not parsed.template or author_missing_in(data) or malformed is not None
     if whole and (unfit := draft.content_refusal()) is not None:
         # Its header section (a loop's Received fields, no From, a Date that is no date): the
         # same for every recipient.

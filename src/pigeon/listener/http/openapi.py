@@ -155,12 +155,13 @@ def _spell_for_json_schema(schema: Any) -> None:
 
 _NO_NUL: Final = "^[^\\u0000]*$"
 _NO_NUL_CR_LF: Final = "^[^\\u0000\\r\\n]*$"
-# Raw content as text: a header section holding a From field (a submission without one is
-# refused, RFC 5322 3.6), fields before it in one line or folded, no NUL anywhere. A From the
-# header section holds further down, after a field this does not spell, is taken too: the
+# Raw content as text: a header section holding a From field with something in its first line
+# (a submission without one, or with an empty one, is refused, RFC 5322 3.6, 3.6.2), fields
+# before it in one line or folded, no NUL anywhere. A From the header section holds further
+# down, after a field this does not spell, or folded before its address, is taken too: the
 # document promises what is surely taken.
 _FIELD_LINE: Final = "[!-9;-~]+[\\t ]*:[^\\u0000\\r\\n]*(?:\\r?\\n[\\t ][^\\u0000\\r\\n]*)*\\r?\\n"
-_RAW_WITH_FROM: Final = f"^(?:{_FIELD_LINE})*[Ff][Rr][Oo][Mm][\\t ]*:[^\\u0000]*$"
+_RAW_WITH_FROM: Final = f"^(?:{_FIELD_LINE})*[Ff][Rr][Oo][Mm][\\t ]*:[\\t ]*[^\\u0000\\t\\r\\n ][^\\u0000]*$"
 _BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
