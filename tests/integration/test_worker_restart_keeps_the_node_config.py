@@ -17,6 +17,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from pigeon.listener.tls import ensure_self_signed
 from tests.support.ports import free_port
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import ScriptedSink, delivery_config
@@ -40,23 +41,23 @@ def _edit(pigeon: PigeonProcess, section: str, **values: object) -> None:
     pigeon.config_path.write_text(to_toml(config))
 
 
-def _kill_worker_1(pigeon: PigeonProcess) -> None:
-    """kill -9 worker 1, and wait until the supervisor has started it again and it answers,
-    and for the reload a restarted worker does at once if it takes the node's last one."""
-    killed = pigeon.shard_owner(1)
-    before = len(re.findall(r" w1 INFO \S+: reloaded:", pigeon.stderr()))
+def _kill_worker_1(pigeon: PigeonProcess, index: int = 1) -> None:
+    """kill -9 worker 1 (or `index`), and wait until the supervisor has started it again and
+    it answers, and for the reload a restarted worker does at once if it takes the node's last one."""
+    killed = pigeon.shard_owner(index)
+    before = len(re.findall(rf" w{index} INFO \S+: reloaded:", pigeon.stderr()))
     os.kill(killed, signal.SIGKILL)
     deadline = time.monotonic() + 20
     while True:
         status, body = pigeon.http_get("/healthz")
-        worker = json.loads(body)["workers"][1]
+        worker = json.loads(body)["workers"][index]
         if status == 200 and worker["restarts"] == 1 and worker["status"] == "ok":
             break
         assert time.monotonic() < deadline, body
         time.sleep(0.2)
     # Not asserted here: the tests say what a user sees, whether or not that reload came.
     deadline = time.monotonic() + 5
-    while len(re.findall(r" w1 INFO \S+: reloaded:", pigeon.stderr())) == before and time.monotonic() < deadline:
+    while len(re.findall(rf" w{index} INFO \S+: reloaded:", pigeon.stderr())) == before and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -171,3 +172,75 @@ def test_a_restarted_worker_routes_as_the_last_reload_said_not_as_the_file_says_
         assert _received_by(pigeon, 1) > 0  # the restarted worker took some (and delivered them: its shard's)
     after_restart = said.split("worker 1 started", 2)[2]
     assert "w1 INFO pigeon.node.node: reload: taking the configuration the node reloaded" in after_restart
+
+
+def _worker_1_health(pigeon: PigeonProcess) -> dict[str, object]:
+    _, body = pigeon.http_get("/healthz")
+    worker: dict[str, object] = json.loads(body)["workers"][1]
+    return worker
+
+
+def test_a_restarted_worker_whose_reloaded_key_is_gone_cannot_start_and_nothing_goes_by_the_replaced_route(
+    tmp_path: Path,
+) -> None:
+    """A route and a TLS pair changed and reloaded, then the key moved away and a worker
+    killed: the restarted worker cannot start (it says why, /healthz says it is down), rather
+    than start on the configuration the node started with and deliver its shard's mail by the
+    route the reload replaced; the other worker goes on. Put back, the worker starts."""
+    certificate, key = ensure_self_signed(tmp_path / "tls", "mx.pigeon.test")
+    with ScriptedSink() as replaced, ScriptedSink() as reloaded:
+        config = delivery_config(replaced.endpoint)
+        with PigeonProcess(tmp_path / "node", node={"workers": 2}, **config) as pigeon:
+            assert _send(pigeon, 10) == [250] * 10  # mail in both shards, delivered by the first route
+            assert len(replaced.wait_for(10, timeout=30)) == 10
+            edited = json.loads(json.dumps(pigeon.config))
+            edited["route"][0]["next_hop"] = reloaded.endpoint
+            edited["smtp"].update(tls_certificate=str(certificate), tls_private_key=str(key))
+            pigeon.config_path.write_text(to_toml(edited))
+            _hangup(pigeon)
+            key.rename(key.with_suffix(".away"))
+            os.kill(pigeon.shard_owner(1), signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while "tls_private_key" not in str(_worker_1_health(pigeon).get("error", "")):
+                assert time.monotonic() < deadline, _worker_1_health(pigeon)
+                time.sleep(0.2)
+            assert _worker_1_health(pigeon)["status"] == "down"
+            assert "worker 1: cannot start: configuration error" in pigeon.stderr()
+            assert _send(pigeon, 10) == [250] * 10  # taken by worker 0
+            assert len(reloaded.wait_for(10, timeout=30)) == 10
+            time.sleep(1.0)  # a delivery by the replaced route would have come by now
+            assert len(replaced.received) == 10
+            key.with_suffix(".away").rename(key)
+            deadline = time.monotonic() + 40  # (its next try, after a growing wait)
+            while _worker_1_health(pigeon)["status"] != "ok":
+                assert time.monotonic() < deadline, _worker_1_health(pigeon)
+                time.sleep(0.2)
+            assert _send(pigeon, 10) == [250] * 10
+            assert len(reloaded.wait_for(20, timeout=30)) == 20
+            assert len(replaced.received) == 10
+        assert _received_by(pigeon, 1) > 0  # the worker started again took some
+
+
+def test_a_reload_that_did_not_load_is_still_reported_after_the_workers_restart(tmp_path: Path) -> None:
+    """A config file that no longer loads, reloaded: /healthz says `config` degraded, and
+    still does once every worker has been started again (they run the last text that
+    loaded and know nothing of this one); the node's next start would fail. Until a reload
+    loads again."""
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
+        _edit(pigeon, "spool", colour="red")
+        assert pigeon.process is not None
+        pigeon.process.send_signal(signal.SIGHUP)
+        pigeon.wait_stderr("reload failed", count=2)
+        _kill_worker_1(pigeon, 0)
+        _kill_worker_1(pigeon, 1)
+        status, body = pigeon.http_get("/healthz")
+        health = json.loads(body)
+        # The restarted workers know nothing of it:
+        assert [w["config"] for w in health["workers"]] == [{"status": "ok"}] * 2
+        assert health["config"]["status"] == "degraded", health
+        assert "colour" in health["config"]["error"]
+        assert (status, health["status"]) == (200, "degraded")
+        pigeon.config_path.write_text(to_toml(pigeon.config))  # fixed, and reloaded
+        _hangup(pigeon)
+        _, body = pigeon.http_get("/healthz")
+        assert json.loads(body)["config"] == {"status": "ok"}

@@ -106,8 +106,8 @@ class Node:
         """`config_path`: the file SIGHUP reads again. `listening`: sockets bound before a
         privilege drop (or by the supervisor), served instead of binding the configured addresses.
         `reloaded_text`: a worker's supervisor reloaded the node since it started, and this is
-        the text of `config_path` it read then (`pigeon.node.handed`): taken as soon as the
-        node has started, through the reload a SIGHUP does, in place of reading the file."""
+        the text of `config_path` it read then (`pigeon.node.handed`): taken before the node
+        starts (`_take_handed`), in place of reading the file."""
         self.config = config
         self.config_path = config_path
         self._handed = reloaded_text
@@ -407,14 +407,12 @@ class Node:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         held = signals.release()  # what was sent since the process started comes now
         try:
+            if self._handed is not None:
+                await self._take_handed(self._handed)
+                self._handed = None
             await self.start()
             signals.started()  # a stop that came meanwhile is the loop's, as any later one
-            if self._handed is not None and not stop.is_set():
-                # The node's reloads before this worker started: it runs what the others run
-                # (a SIGHUP asked for meanwhile follows once this one is read: `_follow`).
-                _log.info("reload: taking the configuration the node reloaded before this worker started")
-                self.reload()
-            elif self._reload_asked and not stop.is_set():
+            if self._reload_asked and not stop.is_set():
                 self._reload_asked = False
                 _log.info("reload: asked for during start-up; reloading now")
                 self.reload()
@@ -429,6 +427,28 @@ class Node:
                 signals.hold()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
+
+    async def _take_handed(self, text: str) -> None:
+        """A worker started again after the node reloaded: the reloaded configuration (its
+        supervisor's `text`) in force before the worker serves or delivers anything, so that
+        it runs what the other workers run from its first message: its routes, TLS pair, SMTP
+        users, tokens, DKIM keys, reaction and shaping rules. The files it names are read
+        here, and one that no longer loads stops the start (ConfigError: `worker N: cannot
+        start: configuration error: ...`, and its supervisor tries again with a growing wait):
+        starting on the configuration the node started with instead would deliver by routes
+        the reload replaced. What a reload does not take waits for the node's restart, as at
+        a SIGHUP (the same warnings)."""
+        _log.info("reload: taking the configuration the node reloaded before this worker started")
+        try:
+            read = await _in_thread(lambda: self._read_for_reload(text), f"reload w{self.worker}")
+            if self.config.delivery.enabled:
+                _routes(read.config)  # (as `_take` checks them)
+        except ssl.SSLError as error:
+            raise ConfigError(f"[smtp] tls_certificate: {error}") from None
+        _reloaded_into(self.config, read.config, reactions=True, shaping=True)
+        for key in changed_keys(self.config, read.config):
+            if not key.startswith("[policy]"):  # (the module is imported at start, as it is on disk)
+                _log.warning("reload: %s changed; it takes effect at the next restart", key)
 
     def reload(self) -> None:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
@@ -586,26 +606,15 @@ class Node:
             assert signers is not None  # read above whenever there is a signing
             self.signing.keys = signers
         running = self.config
-        for key in _RELOADED_SMTP_KEYS:
-            setattr(running.smtp, key, getattr(smtp, key))
+        _reloaded_into(running, config, reactions=reactions_taken, shaping=shaping_taken)
         # Narrowed at once: an open relay found, or a network no longer trusted, must not wait
         # for a restart (nor widen then on one worker restarted before the others).
         self.smtp.set_relay_networks([network.network for network in smtp.relay_networks])
         self.tokens.take(config, running.spool.path)
-        running.http.token, running.http.local_token = config.http.token, config.http.local_token
-        running.route = config.route
-        running.dkim = config.dkim
         if self.worker == 0:
             _warn_shared_keys(config.dkim)
             _warn_open_relay(config.smtp.relay_networks)
             self._exposure.warn_files(config, self.config_path)
-        if reactions_taken:
-            running.reaction = config.reaction
-            running.delivery.default_reactions = config.delivery.default_reactions
-        if shaping_taken:
-            running.shaping = config.shaping
-            for key in _RELOADED_SHAPING_KEYS:
-                setattr(running.delivery, key, getattr(config.delivery, key))
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
                 continue  # said above
@@ -890,6 +899,23 @@ def _client_limits(config: Config, worker: int, workers: int) -> tuple[AuthLimit
 _RELOADED_SMTP_KEYS = ("starttls", "tls_certificate", "tls_private_key", "auth_users", "relay_networks")
 # The [delivery] keys the shaping rules read (besides the [[shaping]] blocks themselves).
 _RELOADED_SHAPING_KEYS = (*SETTINGS, "connection_failures_before_delay")
+
+
+def _reloaded_into(running: Config, loaded: Config, *, reactions: bool, shaping: bool) -> None:
+    """Put into `running` what a reload takes of `loaded` (the reaction and shaping rules
+    only if taken: `reactions`, `shaping`); the rest waits for a restart (`changed_keys`)."""
+    for key in _RELOADED_SMTP_KEYS:
+        setattr(running.smtp, key, getattr(loaded.smtp, key))
+    running.http.token, running.http.local_token = loaded.http.token, loaded.http.local_token
+    running.route = loaded.route
+    running.dkim = loaded.dkim
+    if reactions:
+        running.reaction = loaded.reaction
+        running.delivery.default_reactions = loaded.delivery.default_reactions
+    if shaping:
+        running.shaping = loaded.shaping
+        for key in _RELOADED_SHAPING_KEYS:
+            setattr(running.delivery, key, getattr(loaded.delivery, key))
 
 
 def changed_keys(running: Config, loaded: Config) -> list[str]:

@@ -55,7 +55,7 @@ from pigeon.listener.http.auth import Tokens
 from pigeon.listener.http.body import TOO_LARGE_HEADER, declared_too_large, too_large
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.errors import json_errors
-from pigeon.listener.http.health import DOWN, OK, STOPPING, http_status, worst
+from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATH
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
@@ -248,6 +248,10 @@ class Supervisor:
         # restart" and all, and the node would run two configurations at once.
         self._start_text = start_text
         self._reloaded_text: str | None = None
+        # Why the config file's text as of the last SIGHUP did not load (None: it did), for
+        # /healthz: the workers report their own reloads, but one started again since runs
+        # the last text that loaded and knows nothing of the one that did not.
+        self._reload_problem: str | None = None
         self.run_dir = config.spool.path / "run"
         self.workers = [Worker(i, self.run_dir / f"worker-{i}.sock") for i in range(workers)]
         self._tally = Tally(workers)
@@ -372,8 +376,10 @@ class Supervisor:
                 "loaded, as the others go on doing: %s",
                 error,
             )
+            self._reload_problem = f"the last reload failed, the configuration before it runs: {error}"
             return
         self._reloaded_text = text
+        self._reload_problem = None
         # The API is answered here: its tokens are the supervisor's to take, as each worker
         # takes its own `relay_networks` (a token removed is refused from the next request).
         self._tokens.take(config, self.config.spool.path)
@@ -777,7 +783,8 @@ class Supervisor:
                 detail["status"] = DOWN
             detail["restarts"] = worker.restarts
             workers.append(detail)
-        status = STOPPING if self._stopping else worst(w["status"] for w in workers)
+        mine = [DEGRADED] if self._reload_problem is not None else []
+        status = STOPPING if self._stopping else worst([*(w["status"] for w in workers), *mine])
         spools = [w["spool"] for w in workers if "spool" in w]
         body = {
             "status": status,
@@ -793,6 +800,8 @@ class Supervisor:
         if inbound:
             body["inbound"] = inbound
         configs = [w["config"] for w in workers if "config" in w]
+        if self._reload_problem is not None:  # (the file did not load: every worker's reload failed)
+            configs.insert(0, {"status": DEGRADED, "error": self._reload_problem})
         if configs:  # a reload that failed on any worker: the node runs what it ran before
             body["config"] = next((c for c in configs if c.get("status") != OK), configs[0])
         shaping = [w["shaping"] for w in workers if "shaping" in w]
