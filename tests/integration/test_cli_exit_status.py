@@ -4,6 +4,7 @@ or an MTA calling them decides from the status alone whether to retry, fix or gi
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import pty
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 from tests.integration.test_cli import pigeon_cli
 from tests.support.ports import free_port
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, to_toml
 
 APP_TOKEN = "app-token-0123456789abcdef"
 READER_TOKEN = "reader-token-0123456789abcdef"
@@ -190,3 +191,34 @@ def test_top_on_a_terminal_refreshes_the_frame_in_place(node: PigeonProcess) -> 
         os.close(terminal)
         os.close(controller)
     assert b"\x1b[H\x1b[2Jpigeon top  http://" in output
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        {"spool": {"colour": "red"}},  # a key misspelt
+        {"smtp": {"tls_certificate": "gone.pem", "tls_private_key": "gone.key"}},  # files moved away
+    ],
+)
+def test_a_config_file_broken_while_the_node_runs_still_lets_the_operator_look(
+    tmp_path: Path, breakage: dict[str, dict[str, str]]
+) -> None:
+    """The node runs on the last configuration that loaded; the file on disk no longer does.
+    `pigeon logs`, `pigeon queue` and `pigeon top` still reach it, with the keys they need
+    taken from the file and a warning naming what is wrong, rather than exit 2; a command
+    that checks the whole file (`pigeon shaping check FILE`) still refuses it."""
+    with PigeonProcess(tmp_path / "node") as pigeon:
+        pigeon.wait_records("Reception", 0)
+        broken = json.loads(json.dumps(pigeon.config))
+        for section, values in breakage.items():
+            broken.setdefault(section, {}).update(values)
+        pigeon.config_path.write_text(to_toml(broken))
+        config = str(pigeon.config_path)
+        for command in (["logs"], ["queue", "summary"], ["top", "--once"]):
+            result = pigeon_cli(*command, "-c", config)
+            assert result.returncode == 0, (command, result.stderr)
+            warning = result.stderr.splitlines()[0]
+            assert warning.startswith("pigeon: warning: configuration error: "), result.stderr
+            assert next(iter(breakage["spool" if "spool" in breakage else "smtp"])) in warning
+        refused = pigeon_cli("shaping", "check", config)
+        assert refused.returncode != 0 and "problem" in refused.stderr, refused.stderr

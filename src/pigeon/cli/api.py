@@ -54,7 +54,7 @@ def _url_problem(url: str) -> bool:
 
 class ApiClient:
     def __init__(self, args: argparse.Namespace) -> None:
-        config = load_config(args)
+        config = load_config(args, enough=[("http", "listen"), ("spool", "path")])
         listen = config.http.listen
         host = "127.0.0.1" if listen.host in ("0.0.0.0", "") else ("[::1]" if listen.host == "::" else listen.host)
         if ":" in host and not host.startswith("["):

@@ -44,7 +44,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    directory = args.dir if args.dir is not None else load_config(args).log.path
+    directory = args.dir if args.dir is not None else load_config(args, enough=[("log", "path")]).log.path
     if not directory.is_dir():  # a usage error, as every other command's (exit 2)
         given = "--dir" if args.dir is not None else "[log] path"
         why = "is not a directory" if directory.exists() else "does not exist"

@@ -106,7 +106,7 @@ class Entry:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = args.spool if args.spool is not None else load_config(args).spool.path
+    root = args.spool if args.spool is not None else load_config(args, enough=[("spool", "path")]).spool.path
     if not root.is_dir():
         hint = "" if root.is_absolute() else f" (relative to {Path.cwd()}; give -c FILE or --spool)"
         print(f"pigeon: no spool directory at {root}{hint}", file=sys.stderr)

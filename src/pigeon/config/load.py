@@ -95,6 +95,28 @@ def load_text(text: str, path: Path) -> Config:
     return _load_data(data, path, text)
 
 
+def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
+    """The defaults with only `keys` (`("log", "path")`, ...) taken from the config file at
+    `path`, checked as `load` checks them (relative paths and all); None if the file is no
+    TOML or one of them is wrong too. For a command that needs a few keys of a file that no
+    longer loads as a whole (a key misspelt, a TLS key gone): the node runs on the last one
+    that did, and an operator looking into it must still reach it."""
+    try:
+        text = read_text(path)
+        data = tomllib.loads(text)
+    except (ConfigError, tomllib.TOMLDecodeError):
+        return None
+    taken: dict[str, Any] = {}
+    for section, key in keys:
+        table = data.get(section)
+        if isinstance(table, dict) and key in table:
+            taken.setdefault(section, {})[key] = table[key]
+    try:
+        return _load_data(taken, path, text)
+    except ConfigError:
+        return None
+
+
 def _load_data(data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = ()) -> Config:
     """`providers`: names of `[[provider]]`s left out of `data` that rules may still name."""
     _accept_shorthands(data)
