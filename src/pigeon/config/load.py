@@ -27,6 +27,7 @@ from pigeon.config.schema import (
     DKIM_OVER_SIGNED,
     LOCAL_TOKEN_NAME,
     Config,
+    Endpoint,
     LogTarget,
     MaildirTarget,
     PostgresqlTarget,
@@ -230,6 +231,8 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
     _check_files(config, fail)
+    _check_directories(config, fail)
+    _check_listen_addresses(config, text, fail)
     _check_dkim(config, path, text, fail)
     if smtp.auth_users is not None and not smtp.auth_users.is_file():
         users = smtp.auth_users
@@ -936,6 +939,46 @@ def _check_backoffs(config: Config, fail: Callable[..., ConfigError]) -> None:
                 f"({delivery.max_retry_interval:g}s), which caps it: give the queue a max_retry_interval of its own"
             )
             raise fail(["queue", "retry_interval"], reason, index)
+
+
+_WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
+
+
+def _check_listen_addresses(config: Config, text: str, fail: Callable[..., ConfigError]) -> None:
+    """No address listened on twice in the config itself (`[smtp] listen` and `[http] listen`
+    alike; a wildcard covers every address of its port): the start would fail with "the port
+    is in use (by another node, or another program)", blaming someone else."""
+    seen: list[tuple[str, Endpoint]] = []
+    for key, endpoint in [*(("[smtp] listen", e) for e in config.smtp.listen), ("[http] listen", config.http.listen)]:
+        host, port = endpoint.host, endpoint.port
+        for other_key, other in seen:
+            # (IPv6 sockets are bound IPV6_V6ONLY: "[::]:25" leaves "0.0.0.0:25" free, and the reverse)
+            wildcard = host in _WILDCARDS or other.host in _WILDCARDS
+            same = host == other.host or (wildcard and (":" in host) == (":" in other.host))
+            if port != 0 and port == other.port and same:
+                if endpoint == other:
+                    reason = f"{endpoint} is listed twice" if key == other_key else f"{endpoint} is also {other_key}"
+                else:  # a wildcard and an address on its port
+                    of = "" if key == other_key else f" ({other_key})"
+                    reason = f"{endpoint} and {other}{of} share a port, which a wildcard takes on every address"
+                section, name = key[1:].split("] ")
+                raise fail([section, name], f"{reason}: each address is listened on once")
+        seen.append((key, endpoint))
+
+
+def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """The spool's and the log's directories must be directories, or be creatable: a file in
+    their way would fail the start later with an errno and no key to fix."""
+    for keys, directory in ((["spool", "path"], config.spool.path), (["log", "path"], config.log.path)):
+        try:
+            existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+            if existing is None or existing.is_dir():
+                continue
+        except OSError:
+            continue  # (not ours to look into: the start says what it finds)
+        if existing == directory:
+            raise fail(keys, f"{directory} is a file, not a directory")
+        raise fail(keys, f"{directory} cannot be made: {existing} is a file, not a directory")
 
 
 def _check_files(config: Config, fail: Callable[..., ConfigError]) -> None:

@@ -9,6 +9,7 @@ node: SMTP on 127.0.0.1:2525, HTTP on 127.0.0.1:8025, data under ./var.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import socket
 from pathlib import Path
@@ -188,12 +189,13 @@ MORE_THAN_ZERO: Final = 'must be more than 0 (e.g. "2s", "250ms")'
 
 
 def _duration(value: Any) -> float:
+    seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    if isinstance(value, str):
-        match = DURATION_TEXT.fullmatch(value)
-        if match:
-            return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        seconds = float(value)
+    elif isinstance(value, str) and (match := DURATION_TEXT.fullmatch(value)):
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds is not None and math.isfinite(seconds):  # (TOML's inf, or 1e400: no time to wait)
+        return seconds
     raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')
 
 

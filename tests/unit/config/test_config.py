@@ -288,6 +288,10 @@ def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
     [
         ('[smtp]\nidle_timeout = "5 parsecs"\n', "line 2: [smtp] idle_timeout: '5 parsecs' is not a duration"),
         ("[smtp]\nidle_timeout = -5\n", "line 2: [smtp] idle_timeout: -5 is not a duration"),
+        # no finite time: named as the key it is, not as another key's comparison with it
+        ("[delivery]\nretry_interval = 1e400\n", "line 2: [delivery] retry_interval: inf is not a duration"),
+        ("[delivery]\nretry_interval = inf\n", "line 2: [delivery] retry_interval: inf is not a duration"),
+        ('[delivery]\nretry_interval = "1e400s"\n', "line 2: [delivery] retry_interval: '1e400s' is not a duration"),
         ('[spool]\nmax_size = "lots"\n', "line 2: [spool] max_size: 'lots' is not a size"),
         ('[smtp]\nmin_data_rate = "fast"\n', "line 2: [smtp] min_data_rate: 'fast' is not a data rate"),
         ("[smtp]\nmin_data_rate = -1\n", "line 2: [smtp] min_data_rate: -1 is not a data rate"),
@@ -311,6 +315,9 @@ def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
     ids=[
         "duration-unit",
         "negative-duration",
+        "duration-overflowing",
+        "duration-inf",
+        "duration-text-overflowing",
         "size-word",
         "size-unit",
         "size-bool",
@@ -408,6 +415,51 @@ def test_missing_tls_files_are_named_when_the_config_loads(tmp_path: Path, line:
     message = error_of(tmp_path, f"[smtp]\n{line}\n")
     assert f"{key}: " in message
     assert f"{tmp_path / what} does not exist" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[spool]\npath = "afile"\n', "line 2: [spool] path: {d}/afile is a file, not a directory"),
+        ('[log]\npath = "afile/sub"\n', "line 2: [log] path: {d}/afile/sub cannot be made: {d}/afile is a file"),
+    ],
+)
+def test_a_spool_or_log_path_a_file_stands_in_is_named_when_the_config_loads(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """Not `[Errno 17] File exists` from the start, naming no key (a new directory is fine)."""
+    (tmp_path / "afile").touch()
+    assert expected.format(d=tmp_path) in error_of(tmp_path, text)
+    assert load(write(tmp_path, '[log]\npath = "new/sub"\n')).log.path == tmp_path / "new" / "sub"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[smtp]\nlisten = ["127.0.0.1:2600", "127.0.0.1:2600"]\n',
+            "line 2: [smtp] listen: 127.0.0.1:2600 is listed twice: each address is listened on once",
+        ),
+        (
+            '[smtp]\nlisten = ["127.0.0.1:2600"]\n[http]\nlisten = "127.0.0.1:2600"\n',
+            "line 4: [http] listen: 127.0.0.1:2600 is also [smtp] listen: each address is listened on once",
+        ),
+        (
+            '[smtp]\nlisten = ["0.0.0.0:2600", "127.0.0.2:2600"]\n',
+            "line 2: [smtp] listen: 127.0.0.2:2600 and 0.0.0.0:2600 share a port, which a wildcard takes on every",
+        ),
+    ],
+)
+def test_an_address_the_config_listens_on_twice_is_named_when_it_loads(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """Not "the port is in use (by another node, or another program)" at the start."""
+    assert expected in error_of(tmp_path, text)
+
+
+def test_the_same_port_on_other_addresses_or_families_is_no_conflict(tmp_path: Path) -> None:
+    text = '[smtp]\nlisten = ["0.0.0.0:2600", "[::]:2600", "127.0.0.1:2601"]\n[http]\nlisten = "[::1]:2601"\n'
+    assert len(load(write(tmp_path, text)).smtp.listen) == 3
 
 
 TLS_PAIR = '[smtp]\ntls_certificate = "cert.pem"\ntls_private_key = "key.pem"\n'
