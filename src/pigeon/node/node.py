@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import gc
 import logging
 import signal
@@ -30,7 +31,7 @@ from prometheus_client import generate_latest
 
 from pigeon.config.load import ConfigError, load, load_text
 from pigeon.config.patterns import host_port
-from pigeon.config.schema import Config, InboundRouteConfig, Network
+from pigeon.config.schema import Config, InboundRouteConfig, Network, RouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.intake import Intake
 from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle
@@ -190,6 +191,7 @@ class Node:
                 _warn_shared_keys(config.dkim)
         if self.worker == 0:
             _warn_open_relay(config.smtp.relay_networks)
+            _warn_dead_routes(config.route)
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
         with signals.stoppable():  # its import may take long: a stop meanwhile stops the node
             self.policy = Policy.from_config(
@@ -614,6 +616,7 @@ class Node:
         if self.worker == 0:
             _warn_shared_keys(config.dkim)
             _warn_open_relay(config.smtp.relay_networks)
+            _warn_dead_routes(config.route)
             self._exposure.warn_files(config, self.config_path)
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
@@ -986,6 +989,27 @@ def _warn_shared_keys(configs: list[DkimConfig]) -> None:
 _WIDE_RELAY_PREFIX: Final = {4: 8, 6: 16}
 """A relay network with a shorter prefix than this that is not all private addresses
 (10.0.0.0/8 and fc00::/7 are not warned about) takes in a good part of the Internet."""
+
+
+def _warn_dead_routes(routes: list[RouteConfig]) -> None:
+    """Warn about each `[[route]]` an earlier one shadows: the first that matches a domain
+    wins, so a later one that matches nothing the earlier does not is never used (said, not
+    refused: the order may be a slip, or an edit in progress). Said by worker 0 alone."""
+    for later, route in enumerate(routes):
+        pattern = route.domain.lower()
+        for earlier, first in enumerate(routes[:later]):
+            # An earlier glob that matches the later pattern's own text matches every domain
+            # the later one does ("*.test" shadows "*.mx.test" and "a.test").
+            if fnmatch.fnmatchcase(pattern, first.domain.lower()):
+                _log.warning(
+                    "[[route]] #%d (domain %r) is never used: #%d (domain %r) comes first and matches every domain "
+                    "it does (the first route that matches wins): move it up, or remove it",
+                    later + 1,
+                    route.domain,
+                    earlier + 1,
+                    first.domain,
+                )
+                break
 
 
 def _warn_open_relay(networks: list[Network]) -> None:
