@@ -153,10 +153,14 @@ def _bounce(args: argparse.Namespace) -> int:
     status, answer = client.request("POST", "/api/v1/admin/bounce", body)
     said = _said_by_workers(status, answer)
     text = "bounced {bounced:count message}"
-    if said.get("after_attempt"):
-        text += " ({after_attempt} being sent now: bounced only if that attempt does not deliver them)"
+    sent = said.get("after_attempt") or 0
+    if sent:
+        # `bounced` counts them too: the headline says what is bounced now, and the rest apart
+        # (all 6 of "bounced 6 messages" were delivered by the attempt under way).
+        text = "bounced {now:count message} now; {after_attempt} being sent: "
+        text += "bounced only if that attempt does not deliver them"
     text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
-    return _show(args, status, answer, text)
+    return _show(args, status, answer, text, now=int(said.get("bounced") or 0) - int(sent))
 
 
 def _suspend(args: argparse.Namespace) -> int:
