@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 import threading
@@ -222,3 +223,25 @@ def test_a_config_file_broken_while_the_node_runs_still_lets_the_operator_look(
             assert next(iter(breakage["spool" if "spool" in breakage else "smtp"])) in warning
         refused = pigeon_cli("shaping", "check", config)
         assert refused.returncode != 0 and "problem" in refused.stderr, refused.stderr
+
+
+def test_after_the_http_address_was_edited_and_reloaded_the_cli_still_finds_the_node(tmp_path: Path) -> None:
+    """`[http] listen` changed and reloaded takes effect at the next restart: until then the
+    node listens where it started, and the `pigeon` command, reading the edited file, asks
+    there after a note, rather than exit 3 calling a running node unreachable."""
+    with PigeonProcess(tmp_path / "node") as pigeon:
+        edited = json.loads(json.dumps(pigeon.config))
+        elsewhere = f"127.0.0.1:{free_port()}"
+        edited["http"]["listen"] = elsewhere
+        pigeon.config_path.write_text(to_toml(edited))
+        assert pigeon.process is not None
+        pigeon.process.send_signal(signal.SIGHUP)
+        pigeon.wait_stderr("[http] listen changed; it takes effect at the next restart")
+        result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
+        assert result.returncode == 0, result.stderr
+        assert (
+            f"pigeon: note: http://{elsewhere} ([http] listen) cannot be reached ([Errno 111] Connection refused); "
+            f"the node on this spool listens on http://127.0.0.1:{pigeon.http_port}"
+        ) in result.stderr
+        given = pigeon_cli("queue", "summary", "--url", f"http://{elsewhere}")  # asked for there: only there
+        assert given.returncode == 3 and "is `pigeon serve` running?" in given.stderr

@@ -23,6 +23,7 @@ from typing import Any, Final
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
 from pigeon.logs.peer_text import escape_unprintable, shown
+from pigeon.node.sockets import recorded_http_address
 from pigeon.redaction import redact, redact_url
 
 
@@ -42,6 +43,12 @@ a node that cannot do it now (429, 5xx: busy, failing, delivery disabled on it).
 _WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 
+def _url_of(host: str, port: int) -> str:
+    """The URL to reach a listener bound to `host:port` from this machine (a wildcard: loopback)."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def _url_problem(url: str) -> bool:
     """Whether `url` is not an HTTP address with a host and, if given, a port in 1..65535."""
     try:
@@ -56,10 +63,14 @@ class ApiClient:
     def __init__(self, args: argparse.Namespace) -> None:
         config = load_config(args, enough=[("http", "listen"), ("spool", "path")])
         listen = config.http.listen
-        host = "127.0.0.1" if listen.host in ("0.0.0.0", "") else ("[::1]" if listen.host == "::" else listen.host)
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        self.url = (args.url or f"http://{host}:{listen.port}").rstrip("/")
+        self.url = (args.url or _url_of(listen.host, listen.port)).rstrip("/")
+        # Where the node on this spool bound its listener, if that is elsewhere: tried when the
+        # configured address cannot be reached (an [http] listen edited since the node started).
+        self._running: str | None = None
+        if not args.url and (recorded := recorded_http_address(config.spool.path)) is not None:
+            host, _, port = recorded.rpartition(":")
+            if port.isdigit() and (url := _url_of(host.strip("[]"), int(port))) != self.url:
+                self._running = url
         if _url_problem(self.url):  # "localhost:8025", "http://[::1", port 99999: a usage error
             print(f"pigeon: --url {redact_url(self.url)!r} is not an HTTP address (give http://HOST:PORT)",
                   file=sys.stderr)  # fmt: skip
@@ -143,6 +154,13 @@ class ApiClient:
                       "speaks plain HTTP unless a proxy in front of it does TLS: give http://HOST:PORT)",
                       file=sys.stderr)  # fmt: skip
                 raise SystemExit(2) from None
+            if self._running is not None:
+                configured, self.url, self._running = self.url, self._running, None
+                print(f"pigeon: note: {redact_url(configured)} ([http] listen) cannot be reached ({why}); the node on "
+                      f"this spool listens on {redact_url(self.url)} (a changed listen address takes effect at its "
+                      "restart): asking there", file=sys.stderr)  # fmt: skip
+                return self.fetch(path, method=method, data=data, token=token, timeout=timeout,
+                                  unreachable=unreachable, unanswered=unanswered)  # fmt: skip
             print(f"pigeon: cannot reach {redact_url(self.url)}: {why} (is `pigeon serve` running?)", file=sys.stderr)
             raise SystemExit(unreachable) from None
 

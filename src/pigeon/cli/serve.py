@@ -24,7 +24,7 @@ from pigeon.node.lock import NodeLocked, take_node_lock
 from pigeon.node.parent_death import ParentGone, follow_parent
 from pigeon.node.privileges import PrivilegeError, drop, give_directories, interpreter_problem, plan
 from pigeon.node.scheduling import apply_scheduling
-from pigeon.node.sockets import Bound, ListenError, adopt, bind
+from pigeon.node.sockets import Bound, ListenError, adopt, bind, record_http_address
 from pigeon.redaction import RedactingFormatter, redact
 
 EXAMPLES = """examples:
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.worker is None:
         try:
             _node_lock, listening = _claim(config)  # the lock stays open (held) until this process exits
+            record_http_address(config.spool.path, listening.http[0])  # (for the `pigeon` command)
         except (PrivilegeError, NodeLocked, OSError) as error:
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
             return 1

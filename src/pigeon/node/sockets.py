@@ -9,10 +9,38 @@ would bind too and take half the connections; without it, it fails with "address
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
 
 _BACKLOG = 4096
+
+
+HTTP_ADDRESS_FILE: Final = "http-address"
+"""In the spool directory: the address the running node's HTTP listener was bound to, for the
+`pigeon` command to find it when the config file names another ([http] listen edited and
+reloaded: it takes effect at the next restart) or a port 0 (picked by the kernel)."""
+
+
+def record_http_address(spool_path: Path, sock: socket.socket) -> None:
+    """Write where `sock` listens ("127.0.0.1:8025", "[::1]:8025") to `HTTP_ADDRESS_FILE`,
+    whole or not at all. Not a secret: readable as the spool directory lets it be."""
+    host, port = sock.getsockname()[:2]
+    text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    spool_path.mkdir(parents=True, exist_ok=True)
+    temporary = spool_path / f".{HTTP_ADDRESS_FILE}.tmp"
+    temporary.write_text(text + "\n")
+    os.replace(temporary, spool_path / HTTP_ADDRESS_FILE)
+
+
+def recorded_http_address(spool_path: Path) -> str | None:
+    """What `record_http_address` wrote last ("host:port"), or None."""
+    try:
+        return (spool_path / HTTP_ADDRESS_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 class ListenError(OSError):
