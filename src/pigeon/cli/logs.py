@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.logs.peer_text import shown
 from pigeon.logs.reader import follow, merged_lines
 from pigeon.logs.records import RECORD_TYPES
 
@@ -63,12 +64,16 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     try:
         for line in lines:
-            if wanted:
-                try:
-                    if decoder.decode(line).get("type") not in wanted:
-                        continue
-                except msgspec.DecodeError:
-                    continue
+            try:
+                record = decoder.decode(line)
+            except msgspec.DecodeError:
+                # Not a record (a segment damaged by hand or by the disk): said, and kept off
+                # stdout, where it would break whatever reads the records (jq).
+                text = shown(line.decode("utf-8", "replace"), 80)
+                print(f"pigeon: warning: a line of the log is no JSON record, left out: {text}", file=sys.stderr)
+                continue
+            if wanted and record.get("type") not in wanted:
+                continue
             out.write(_printable(line) + b"\n")
             if args.follow:
                 out.flush()

@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import heapq
 import itertools
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import BinaryIO, Final
 import msgspec
 
 from pigeon.logs.writer import COMPRESSED_SUFFIX, SEGMENT_SUFFIX
+
+_log = logging.getLogger(__name__)
 
 
 def segments(directory: Path) -> list[Path]:
@@ -220,8 +223,10 @@ def _lines_of(path: Path) -> Iterator[bytes]:
         twin = path.with_name(path.name + ".gz")
         if not path.name.endswith(COMPRESSED_SUFFIX) and twin.exists():
             yield from _lines_of(twin)
-    except (OSError, EOFError):
-        return  # a .gz cut short (the disk lost it): nothing more can be read from it
+    except (OSError, EOFError) as error:
+        # A .gz cut short or damaged (the disk lost it): nothing more can be read from it, and
+        # whoever reads must know that what follows in it is missing, not that there was none.
+        _log.warning("log segment %s is damaged (%s): its records past that point cannot be read", path, error)
 
 
 def _stem(path: Path) -> str:
