@@ -33,7 +33,7 @@ import msgspec
 from pigeon import mime
 from pigeon.header_section import end_header_section
 from pigeon.queue.names import MAX_PART, campaign_problem, queue_part_problem
-from pigeon.smtp import address
+from pigeon.smtp import address, replies
 
 if TYPE_CHECKING:
     import jinja2
@@ -415,7 +415,8 @@ def _fits(line: str, max_line_length: int, field: str) -> None:
         )
 
 
-_NUL_TEXT: Final = "must not contain a NUL (RFC 5322 allows none in a message)"
+# The text SMTP reception refuses such a message with (`replies.CONTENT_NUL`): every door says it alike.
+_NUL_TEXT: Final = replies.CONTENT_NUL.text
 
 
 def _no_nul(value: str | None, field: str) -> None:
