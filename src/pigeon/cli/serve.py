@@ -110,10 +110,13 @@ def run(args: argparse.Namespace) -> int:
     if args.worker is None:
         try:
             _node_lock, listening = _claim(config)  # the lock stays open (held) until this process exits
-            record_http_address(config.spool.path, listening.http[0])  # (for the `pigeon` command)
         except (PrivilegeError, NodeLocked, OSError) as error:
             print(f"pigeon: cannot start: {error}", file=sys.stderr)
             return 1
+        try:
+            record_http_address(config.spool.path, listening.http[0])  # (for the `pigeon` command)
+        except OSError:
+            pass  # a full disk: the node starts all the same, and the command reads the config
     # Spooled mail, logs and keys are nobody else's business: files private to this user.
     os.umask(0o077)
     if args.worker is None and config.redis.url is not None:

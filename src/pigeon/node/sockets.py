@@ -31,8 +31,12 @@ def record_http_address(spool_path: Path, sock: socket.socket) -> None:
     text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     spool_path.mkdir(parents=True, exist_ok=True)
     temporary = spool_path / f".{HTTP_ADDRESS_FILE}.tmp"
-    temporary.write_text(text + "\n")
-    os.replace(temporary, spool_path / HTTP_ADDRESS_FILE)
+    try:
+        temporary.write_text(text + "\n")
+        os.replace(temporary, spool_path / HTTP_ADDRESS_FILE)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def recorded_http_address(spool_path: Path) -> str | None:
