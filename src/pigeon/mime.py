@@ -162,12 +162,19 @@ def token_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     return f"{name}:\r\n {value}\r\n"
 
 
+_FIELD_WHITE_SPACE: Final = re.compile(r"[ \t\r\n]+")
+
+
 def plain_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     """`Name: value` with CRLF, the text as it is, never RFC 2047 words: for a field whose
     reader takes its text undecoded (a routing header, which names a queue). Folded between
     words before 76 octets where they allow, beside the name or on a line of its own after it
-    as `token_field` puts one word; line breaks in it are unfolded (none can be smuggled in)."""
-    words = value.split()
+    as `token_field` puts one word; line breaks in it are unfolded (none can be smuggled in).
+    Split at SP, HTAB and line breaks only, a header's own white space: not `str.split()`,
+    which takes VT, FF, U+0085 or U+2028 for white space too, so that the intake read
+    "ac<VT>me" as "ac me" (queue "ac_me") where SMTP refuses the control character."""
+    words = _FIELD_WHITE_SPACE.split(value.strip(" \t\r\n"))
+    words = [word for word in words if word]
     if not words:
         return f"{name}: \r\n"
     return _fold_onto(token_field(name, words[0], max_line).removesuffix("\r\n").split("\r\n"), words[1:])

@@ -32,7 +32,14 @@ UNFIT = {
         "X-Tenant header contains U+202E RIGHT-TO-LEFT OVERRIDE: no control or format characters allowed"
         " (it names a queue)",
     ),
-}
+    # White space to `str.split()`, control characters to SMTP: refused, not made "_"
+    "tenant-vt": ("X-Tenant", "ac\x0bme", "X-Tenant header contains U+000B: no control or format characters allowed"
+                  " (it names a queue)"),
+    "campaign-ff": ("X-Campaign", "sp\x0cring", "X-Campaign header contains U+000C: no control or format characters"
+                    " allowed (it names a queue)"),
+    "tenant-nel": ("X-Tenant", "ac\x85me", "X-Tenant header contains U+0085: no control or format characters allowed"
+                   " (it names a queue)"),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
