@@ -944,26 +944,39 @@ def _check_backoffs(config: Config, fail: Callable[..., ConfigError]) -> None:
 _WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
 
 
+def _one_spelling(host: str) -> str:
+    """An IP address as one text whatever its spelling ("[0:0::1]" is "::1", "127.000.0.1" is
+    "127.0.0.1"); a name as it is."""
+    parts = host.split(".")
+    if len(parts) == 4 and all(part.isdigit() and len(part) <= 3 for part in parts):
+        host = ".".join(str(int(part)) for part in parts)  # (ipaddress refuses leading zeros)
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
 def _check_listen_addresses(config: Config, text: str, fail: Callable[..., ConfigError]) -> None:
     """No address listened on twice in the config itself (`[smtp] listen` and `[http] listen`
     alike; a wildcard covers every address of its port): the start would fail with "the port
     is in use (by another node, or another program)", blaming someone else."""
-    seen: list[tuple[str, Endpoint]] = []
+    seen: list[tuple[str, Endpoint, str]] = []
     for key, endpoint in [*(("[smtp] listen", e) for e in config.smtp.listen), ("[http] listen", config.http.listen)]:
-        host, port = endpoint.host, endpoint.port
-        for other_key, other in seen:
+        host, port = _one_spelling(endpoint.host), endpoint.port
+        for other_key, other, other_host in seen:
             # (IPv6 sockets are bound IPV6_V6ONLY: "[::]:25" leaves "0.0.0.0:25" free, and the reverse)
-            wildcard = host in _WILDCARDS or other.host in _WILDCARDS
-            same = host == other.host or (wildcard and (":" in host) == (":" in other.host))
+            wildcard = host in _WILDCARDS or other_host in _WILDCARDS
+            same = host == other_host or (wildcard and (":" in host) == (":" in other_host))
             if port != 0 and port == other.port and same:
-                if endpoint == other:
-                    reason = f"{endpoint} is listed twice" if key == other_key else f"{endpoint} is also {other_key}"
+                if host == other_host:
+                    spelt = "" if endpoint == other else f" (as {other})"
+                    reason = f"{endpoint} is {'listed twice' if key == other_key else f'also {other_key}'}{spelt}"
                 else:  # a wildcard and an address on its port
                     of = "" if key == other_key else f" ({other_key})"
                     reason = f"{endpoint} and {other}{of} share a port, which a wildcard takes on every address"
                 section, name = key[1:].split("] ")
                 raise fail([section, name], f"{reason}: each address is listened on once")
-        seen.append((key, endpoint))
+        seen.append((key, endpoint, host))
 
 
 def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None:

@@ -445,6 +445,10 @@ def test_a_spool_or_log_path_a_file_stands_in_is_named_when_the_config_loads(
             "line 4: [http] listen: 127.0.0.1:2600 is also [smtp] listen: each address is listened on once",
         ),
         (
+            '[smtp]\nlisten = ["[::1]:2600", "[0:0::1]:2600"]\n',
+            "line 2: [smtp] listen: [0:0::1]:2600 is listed twice (as [::1]:2600): each address is listened on once",
+        ),
+        (
             '[smtp]\nlisten = ["0.0.0.0:2600", "127.0.0.2:2600"]\n',
             "line 2: [smtp] listen: 127.0.0.2:2600 and 0.0.0.0:2600 share a port, which a wildcard takes on every",
         ),
