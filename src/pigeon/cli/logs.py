@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"pigeon: no record type {kind!r}; the types are {', '.join(known.values())}", file=sys.stderr)
             return 2
         wanted.add(known[kind.lower()])
+    # The reader's warnings (a damaged segment) as the command's own, not as a daemon's log line.
+    said = logging.StreamHandler(sys.stderr)
+    said.setFormatter(logging.Formatter("pigeon: warning: %(message)s"))
+    reader_log = logging.getLogger("pigeon.logs.reader")
+    reader_log.addHandler(said)
+    reader_log.propagate = False
     lines = follow(directory) if args.follow else merged_lines(directory)
     decoder = msgspec.json.Decoder(dict[str, Any])
     out = sys.stdout.buffer

@@ -42,4 +42,4 @@ def test_a_compressed_segment_cut_short_is_read_up_to_the_cut_and_said_to_be_dam
     shown = [json.loads(line)["id"] for line in result.stdout.splitlines()]
     assert shown[-1] == f"{500:016x}"  # the segments after it are read
     assert 0 < len(shown) - 1 < 200
-    assert f"log segment {cut} is damaged" in result.stderr
+    assert f"pigeon: warning: log segment {cut} is damaged" in result.stderr
