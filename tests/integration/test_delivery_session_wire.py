@@ -8,6 +8,7 @@ runs on asyncio's loop and on uvloop.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -395,15 +396,22 @@ class StopsReading:
     """A raw server (no Pigeon code) that answers a lock-step transaction up to 354, then
     reads nothing until `resume` is set; then everything until the connection ends."""
 
-    def __init__(self, context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, context: ssl.SSLContext | None = None, *, chunk_every: float | None = None) -> None:
         self.context = context  # offer STARTTLS with it
+        self.chunk_every = chunk_every  # read a chunk this often, answering 250 at the end, instead
         self.resume = asyncio.Event()
         self.content = bytearray()
         self.ended_by: str = ""
         self.done = asyncio.Event()
 
     async def __aenter__(self) -> StopsReading:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        listening = socket.socket()
+        if self.chunk_every is not None:
+            # A small window, as far from the client's send buffer as a remote server is: what
+            # has left the client is read soon after, not megabytes of loopback buffer later.
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        listening.bind(("127.0.0.1", 0))
+        self.server = await asyncio.start_server(self._serve, sock=listening)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -423,6 +431,15 @@ class StopsReading:
             else:
                 writer.write(b"250 ok\r\n")
         writer.write(b"354 go on\r\n")
+        if self.chunk_every is not None:  # a slow but steady reader: 64 KiB a step
+            while not self.content.endswith(b"\r\n.\r\n"):
+                await asyncio.sleep(self.chunk_every)
+                self.content += await reader.read(1 << 16)
+            writer.write(b"250 2.0.0 taken\r\n")
+            await reader.read()  # (QUIT, or the end)
+            self.done.set()
+            writer.close()
+            return
         await self.resume.wait()
         try:
             while chunk := await reader.read(1 << 20):
@@ -462,3 +479,24 @@ async def test_a_server_that_stops_reading_mid_content_never_gets_the_end_after_
         assert peer.ended_by == "reset"
         assert not peer.content.endswith(b"\r\n.\r\n")
         assert len(peer.content) < len(body)
+
+
+@on_both_loops
+async def test_a_large_message_to_a_slow_but_steady_reader_is_delivered_past_data_done_timeout() -> None:
+    """RFC 5321 4.5.3.2.5 times each block of data: a server that keeps taking the content
+    makes progress, as a reply does. An 8 MB message read at 2.5 MB/s takes three times
+    `data_done_timeout` to go, and is delivered once, not timed out at every attempt."""
+    options = ClientOptions(helo_name="client.test", reply_timeout=0.5, data_done_timeout=1.0)
+    body = b"Subject: big\r\n\r\n" + (b"y" * 998 + b"\r\n") * 8_000
+    async with StopsReading(chunk_every=0.025) as peer:
+        destination = Destination(
+            f"127.0.0.1:{peer.port}", (Hop("127.0.0.1", peer.port),), TlsPolicy.DISABLED, tls_verify=False
+        )
+        connection = await ClientConnection.open(destination, no_dns(), options)
+        started = time.monotonic()
+        result, _ = await connection.send(Envelope("a@example.org", [Recipient("b@example.net")], body))
+        assert [str(reply) for reply in result.replies] == ["250 2.0.0 taken"]
+        assert time.monotonic() - started > 3.0  # (it did take that long)
+        await connection.quit()
+        await asyncio.wait_for(peer.done.wait(), 10)
+        assert len(peer.content) > len(body)  # all of it, dot-stuffed and ended

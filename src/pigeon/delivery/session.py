@@ -182,16 +182,17 @@ _SIOCOUTQNSD: Final = 0x894B
 _RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST, drops the queue
 
 
-def _unsent_in_kernel(transport: asyncio.BaseTransport) -> int:
-    """Bytes written to the socket that its kernel has not sent yet; 1 when that cannot be
-    told (not Linux, no socket), as what is not known to have left must not be said to have."""
+def _unsent_in_kernel(transport: asyncio.BaseTransport, unknown: int = 1) -> int:
+    """Bytes written to the socket that its kernel has not sent yet; `unknown` when that cannot
+    be told (not Linux, no socket): 1 by default, as what is not known to have left must not
+    be said to have."""
     sock = transport.get_extra_info("socket")
     if sock is None or not sys.platform.startswith("linux"):
-        return 1
+        return unknown
     try:
         return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))[0])
     except (OSError, ValueError):  # closed meanwhile
-        return 1
+        return unknown
 
 
 class _Wire(asyncio.Protocol):
@@ -211,10 +212,21 @@ class _Wire(asyncio.Protocol):
         self.patience = 0.0
         self.ending_patience = 0.0  # for the reply to the end of a message's content
         self.progress = 0.0  # loop time of the last reply (or of the start of the wait)
+        self.content_wait = False  # the wait is a transaction's, whose content may take long to go
+        self.unsent_seen = 0  # what `unsent` said when last looked at (progress of a long content)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport, but are one.
         self.transport = self.raw = cast(asyncio.Transport, transport)
+
+    def unsent(self) -> int:
+        """Bytes written that have not left this host yet (the transports' buffers, and the
+        socket's that its kernel has not sent), as far as can be told; 0 once all went."""
+        transport, raw = self.transport, self.raw
+        if transport is None or raw is None or raw.is_closing():
+            return 0
+        buffered = transport.get_write_buffer_size() + (raw.get_write_buffer_size() if raw is not transport else 0)
+        return buffered + _unsent_in_kernel(raw, unknown=0)
 
     def holds_unsent(self) -> bool:
         """Whether bytes written to the connection have not all left this host: some wait in
@@ -310,6 +322,8 @@ class _Wire(asyncio.Protocol):
         # for `patience` is never late, and _expire sets it again for what applies by then.
         self.ending_patience = patience if ending_patience is None else max(patience, ending_patience)
         self.progress = loop.time()
+        self.content_wait = ending_patience is not None
+        self.unsent_seen = self.unsent() if self.content_wait else 0
         self.timer = loop.call_at(self.progress + patience, self._expire)
         try:
             await self.waiter
@@ -320,9 +334,23 @@ class _Wire(asyncio.Protocol):
                 self.timer = None
 
     def _expire(self) -> None:
-        ending = self.session.awaits_end_of_data()
-        due = self.progress + (self.ending_patience if ending else self.patience)
-        if self.loop.time() < due:
+        now = self.loop.time()
+        unsent = self.unsent() if self.content_wait else 0
+        if unsent:
+            # Content still going out: the server reads it, or not. Each part it takes is
+            # progress, as each reply is, and a server that takes none for `patience` is
+            # timed out (RFC 5321 4.5.3.2.5 times each block of data, 3 minutes): the whole
+            # transfer is no more bound by the end's patience than by a reply's, or a large
+            # message to a slow but steady reader would fail at every attempt.
+            if unsent != self.unsent_seen:
+                self.unsent_seen, self.progress = unsent, now
+            due = self.progress + self.patience
+        else:
+            if self.unsent_seen:  # the last of it left since last looked: the end's wait starts
+                self.unsent_seen, self.progress = 0, now
+            ending = self.session.awaits_end_of_data()
+            due = self.progress + (self.ending_patience if ending else self.patience)
+        if now < due:
             self.timer = self.loop.call_at(due, self._expire)  # a reply came, or the end's is awaited
         else:
             self.timer = None
