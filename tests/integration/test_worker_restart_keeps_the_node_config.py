@@ -205,6 +205,8 @@ def test_a_restarted_worker_whose_reloaded_key_is_gone_cannot_start_and_nothing_
                 assert time.monotonic() < deadline, _worker_1_health(pigeon)
                 time.sleep(0.2)
             assert _worker_1_health(pigeon)["status"] == "down"
+            _, body = pigeon.http_get("/healthz")
+            assert json.loads(body)["spool"]["uncounted"] == [1]  # (its shard's mail is not in the sum)
             assert "worker 1: cannot start: configuration error" in pigeon.stderr()
             assert _send(pigeon, 10) == [250] * 10  # taken by worker 0
             assert len(reloaded.wait_for(10, timeout=30)) == 10
@@ -215,6 +217,8 @@ def test_a_restarted_worker_whose_reloaded_key_is_gone_cannot_start_and_nothing_
             while _worker_1_health(pigeon)["status"] != "ok":
                 assert time.monotonic() < deadline, _worker_1_health(pigeon)
                 time.sleep(0.2)
+            _, body = pigeon.http_get("/healthz")
+            assert "uncounted" not in json.loads(body)["spool"]
             assert _send(pigeon, 10) == [250] * 10
             assert len(reloaded.wait_for(20, timeout=30)) == 20
             assert len(replaced.received) == 10

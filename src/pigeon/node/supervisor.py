@@ -786,13 +786,17 @@ class Supervisor:
         mine = [DEGRADED] if self._reload_problem is not None else []
         status = STOPPING if self._stopping else worst([*(w["status"] for w in workers), *mine])
         spools = [w["spool"] for w in workers if "spool" in w]
+        spool: dict[str, Any] = {
+            "status": worst(s.get("status", OK) for s in spools),
+            "messages": sum(s.get("messages", 0) for s in spools),
+        }
+        uncounted = [w["worker"] for w in workers if "spool" not in w]
+        if uncounted:  # a worker down: its shard's mail is still there, only not counted here
+            spool["uncounted"] = uncounted
         body = {
             "status": status,
             "node": self.config.node.name,
-            "spool": {
-                "status": worst(s.get("status", OK) for s in spools),
-                "messages": sum(s.get("messages", 0) for s in spools),
-            },
+            "spool": spool,
             "smtp": {"connections": sum(w.get("smtp", {}).get("connections", 0) for w in workers)},
             "workers": workers,
         }
