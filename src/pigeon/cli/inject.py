@@ -169,8 +169,10 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     encoding = None
     if args.message is not None or piped:
         raw = sys.stdin.buffer.read() if piped or args.message == "-" else Path(args.message).read_bytes()
-        if piped and not raw:
+        if not raw and (piped or args.message == "-"):
             raise ValueError("no message: stdin was empty (give a message file, - for stdin, or parts)")
+        if not raw:
+            raise ValueError(f"no message: {args.message} is empty")
         raw = _without_envelope_line(raw)
         try:
             content = raw.decode("utf-8")

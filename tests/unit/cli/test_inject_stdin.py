@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,23 @@ def test_an_empty_piped_stdin_is_refused_not_sent_as_an_empty_message(monkeypatc
     monkeypatch.setattr("sys.stdin", _Stdin(b"", terminal=False))
     with pytest.raises(ValueError, match="no message: stdin was empty"):
         _request(_args())
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_an_empty_stdin_named_with_a_dash_is_refused_as_a_piped_one(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool
+) -> None:
+    """`-` says the same as a pipe: an empty one is no message, not one sent for the node to refuse."""
+    monkeypatch.setattr("sys.stdin", _Stdin(b"", terminal=terminal))
+    with pytest.raises(ValueError, match="no message: stdin was empty"):
+        _request(_args("-"))
+
+
+def test_an_empty_message_file_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.eml"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"no message: {empty} is empty"):
+        _request(_args(str(empty)))
 
 
 def test_parts_given_with_a_piped_stdin_leave_stdin_unread(monkeypatch: pytest.MonkeyPatch) -> None:
