@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,16 +94,21 @@ def _cli(pigeon: PigeonProcess, message: bytes, directory: Path) -> str:
     return result.get("error") or "250 " + result["id"]
 
 
-@pytest.mark.parametrize("door", ["data", "bdat", "http", "cli"])
-def test_a_loop_is_refused_at_every_door_with_its_received_fields_past_64_kib_of_other_fields(
-    pigeon: PigeonProcess, door: str, tmp_path: Path
-) -> None:
-    send = {
+def _door(pigeon: PigeonProcess, door: str, tmp_path: Path) -> Callable[[bytes], str]:
+    """How a message goes in through `door`: a function of the message, answering the reply."""
+    return {
         "data": lambda m: _data(pigeon, m),
         "bdat": lambda m: _bdat(pigeon, m),
         "http": lambda m: _http(pigeon, m),
         "cli": lambda m: _cli(pigeon, m, tmp_path),
     }[door]
+
+
+@pytest.mark.parametrize("door", ["data", "bdat", "http", "cli"])
+def test_a_loop_is_refused_at_every_door_with_its_received_fields_past_64_kib_of_other_fields(
+    pigeon: PigeonProcess, door: str, tmp_path: Path
+) -> None:
+    send = _door(pigeon, door, tmp_path)
     before = len(pigeon.spool_messages())
     # 100 Received fields and ours: one too many (max_hops = 100).
     assert send(_message(100)) == LOOP
@@ -121,12 +126,7 @@ def test_received_fields_with_white_space_before_the_colon_count_as_hops_at_ever
     """`Received : from ...` (RFC 5322 4.5's obsolete form) is a Received field to the next
     hop that counts them, as `From :` is a From to the single-field check: 101 of them were
     taken, and a loop of such hops would never end."""
-    send = {
-        "data": lambda m: _data(pigeon, m),
-        "bdat": lambda m: _bdat(pigeon, m),
-        "http": lambda m: _http(pigeon, m),
-        "cli": lambda m: _cli(pigeon, m, tmp_path),
-    }[door]
+    send = _door(pigeon, door, tmp_path)
     filler = FILLER if where == "past-64-kib" else b""
     before = len(pigeon.spool_messages())
     tabbed = b"".join(b"Received\t: from tab%d.test; Mon, 1 Jan 2024 00:00:00 +0000\r\n" % n for n in range(50))

@@ -63,36 +63,35 @@ def _count_fields(header_section: bytes, name: bytes) -> int:
     return sum(1 for key, colon, _ in starts if colon and key.rstrip(b" \t").lower() == name)
 
 
-def _first_raw_value(header_section: bytes, name: bytes) -> tuple[bytes, bool] | None:
-    """The value of the first field called `name`, unfolded (its CRLFs out), and True (whole):
+def _first_field(header_section: bytes, name: bytes) -> list[bytes] | None:
+    """The first field called `name`: its value's first line, then its continuation lines,
     the slow, plain way."""
     lines = header_section.split(b"\r\n")
     for number, line in enumerate(lines):
         key, colon, value = line.partition(b":")
         if line[:1] in (b" ", b"\t") or not colon or key.rstrip(b" \t").lower() != name:
             continue
-        for more in lines[number + 1 :]:
-            if more[:1] not in (b" ", b"\t"):
+        more = []
+        for following in lines[number + 1 :]:
+            if following[:1] not in (b" ", b"\t"):
                 break
-            value += more
-        return value, True
+            more.append(following)
+        return [value, *more]
     return None
+
+
+def _first_raw_value(header_section: bytes, name: bytes) -> tuple[bytes, bool] | None:
+    """The value of the first field called `name`, unfolded (its CRLFs out), and True (whole)."""
+    field = _first_field(header_section, name)
+    return (b"".join(field), True) if field is not None else None
 
 
 def _first_value(header_section: bytes, name: bytes) -> str | None:
-    """The value of the first field called `name`, unfolded, as a queue name part: the slow,
-    plain way."""
-    lines = header_section.split(b"\r\n")
-    for number, line in enumerate(lines):
-        key, colon, value = line.partition(b":")
-        if line[:1] in (b" ", b"\t") or not colon or key.rstrip(b" \t").lower() != name:
-            continue
-        for more in lines[number + 1 :]:
-            if more[:1] not in (b" ", b"\t"):
-                break
-            value += b" " + more
-        return "_".join(value.decode().split()).replace(":", "_").replace("@", "_") or None
-    return None
+    """The value of the first field called `name`, unfolded, as a queue name part."""
+    field = _first_field(header_section, name)
+    if field is None:
+        return None
+    return "_".join(b" ".join(field).decode().split()).replace(":", "_").replace("@", "_") or None
 
 
 @settings(max_examples=300, deadline=None)

@@ -250,3 +250,15 @@ def drive(server: ServerConfig, pieces: list[bytes], answers: list[Reply | None]
                         session.tls_established()
         out += session.data_to_send()
     return bytes(out)
+
+
+def http_problem(email: str) -> str | None:
+    """What HTTP injection's request check says of `email` as a recipient (None: taken): the
+    other door, for tests that hold the session's answer beside it."""
+    from pigeon.compose import ComposeError, InjectRecipient, InjectRequest, check_request
+
+    try:
+        check_request(InjectRequest("", [InjectRecipient(email)], "Subject: x\n\nhi\n", template=False))
+    except ComposeError as error:
+        return str(error)
+    return None

@@ -12,19 +12,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pigeon.compose import ComposeError, InjectRecipient, InjectRequest, check_request
 from pigeon.smtp import address
 from pigeon.smtp.address import Kind
 
-from .harness import Peer, open_transaction
-
-
-def _http_problem(email: str) -> str | None:
-    try:
-        check_request(InjectRequest("", [InjectRecipient(email)], "Subject: x\n\nhi\n", template=False))
-    except ComposeError as error:
-        return str(error)
-    return None
+from .harness import Peer, http_problem, open_transaction
 
 
 def _rcpt_reply(email: str) -> str:
@@ -48,7 +39,7 @@ def _rcpt_reply(email: str) -> str:
 def test_a_domain_that_is_no_idna2008_name_is_refused_at_every_door_with_553_or_400(email: str, text: str) -> None:
     assert address.check(email) == address.Problem(Kind.IDNA, text)
     assert _rcpt_reply(email) == f"553 5.1.3 {text}\r\n"
-    assert _http_problem(email) == text
+    assert http_problem(email) == text
     if email.isascii():
         peer = Peer.start()
         peer.send("EHLO client.test\r\n")
@@ -77,7 +68,7 @@ def test_a_domain_that_is_no_idna2008_name_is_refused_at_every_door_with_553_or_
 def test_a_valid_internationalized_or_ascii_domain_passes_at_every_door(email: str) -> None:
     assert address.check(email) is None
     assert _rcpt_reply(email) == "250 2.1.5 Recipient ok\r\n"
-    assert _http_problem(email) is None
+    assert http_problem(email) is None
 
 
 @given(st.text(st.characters(min_codepoint=0x41, max_codepoint=0x2FFFF), min_size=1, max_size=12))
