@@ -47,6 +47,7 @@ from pigeon.shaping.gcra import Rate
 from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
 from pigeon.smtp import address
+from pigeon.smtp.address import canonical_literal
 from pigeon.smtp.client_session import greeting_name_problem
 from pigeon.tls import client_context
 
@@ -945,15 +946,10 @@ _WILDCARDS: Final = frozenset({"0.0.0.0", "::"})
 
 
 def _one_spelling(host: str) -> str:
-    """An IP address as one text whatever its spelling ("[0:0::1]" is "::1", "127.000.0.1" is
-    "127.0.0.1"); a name as it is."""
-    parts = host.split(".")
-    if len(parts) == 4 and all(part.isdigit() and len(part) <= 3 for part in parts):
-        host = ".".join(str(int(part)) for part in parts)  # (ipaddress refuses leading zeros)
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host
+    """An IP address as one text whatever its spelling ("0:0::1" is "::1", "127.000.0.1" is
+    "127.0.0.1", as address literals are compared: `canonical_literal`); a name as it is."""
+    literal = canonical_literal(f"[IPv6:{host}]" if ":" in host else f"[{host}]")
+    return literal[1:-1].removeprefix("IPv6:") if literal is not None else host
 
 
 def _check_listen_addresses(config: Config, text: str, fail: Callable[..., ConfigError]) -> None:
