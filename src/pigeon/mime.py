@@ -173,8 +173,8 @@ def plain_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     Split at SP, HTAB and line breaks only, a header's own white space: not `str.split()`,
     which takes VT, FF, U+0085 or U+2028 for white space too, so that the intake read
     "ac<VT>me" as "ac me" (queue "ac_me") where SMTP refuses the control character."""
-    words = _FIELD_WHITE_SPACE.split(value.strip(" \t\r\n"))
-    words = [word for word in words if word]
+    stripped = value.strip(" \t\r\n")
+    words = _FIELD_WHITE_SPACE.split(stripped) if stripped else []
     if not words:
         return f"{name}: \r\n"
     return _fold_onto(token_field(name, words[0], max_line).removesuffix("\r\n").split("\r\n"), words[1:])

@@ -8,6 +8,7 @@ user who may read the spool may use.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any, Final
 
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.config.schema import split_endpoint
 from pigeon.logs.peer_text import escape_unprintable, shown
 from pigeon.node.sockets import recorded_http_address
 from pigeon.redaction import redact, redact_url
@@ -68,9 +70,9 @@ class ApiClient:
         # configured address cannot be reached (an [http] listen edited since the node started).
         self._running: str | None = None
         if not args.url and (recorded := recorded_http_address(config.spool.path)) is not None:
-            host, _, port = recorded.rpartition(":")
-            if port.isdigit() and (url := _url_of(host.strip("[]"), int(port))) != self.url:
-                self._running = url
+            with contextlib.suppress(ValueError):  # (a file no node wrote)
+                if (url := _url_of(*split_endpoint(recorded))) != self.url:
+                    self._running = url
         if _url_problem(self.url):  # "localhost:8025", "http://[::1", port 99999: a usage error
             print(f"pigeon: --url {redact_url(self.url)!r} is not an HTTP address (give http://HOST:PORT)",
                   file=sys.stderr)  # fmt: skip
