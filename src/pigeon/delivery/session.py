@@ -219,26 +219,24 @@ class _Wire(asyncio.Protocol):
         # uvloop's transports do not subclass asyncio.Transport, but are one.
         self.transport = self.raw = cast(asyncio.Transport, transport)
 
-    def unsent(self) -> int:
-        """Bytes written that have not left this host yet (the transports' buffers, and the
-        socket's that its kernel has not sent), as far as can be told; 0 once all went."""
-        transport, raw = self.transport, self.raw
-        if transport is None or raw is None or raw.is_closing():
-            return 0
-        buffered = transport.get_write_buffer_size() + (raw.get_write_buffer_size() if raw is not transport else 0)
-        return buffered + _unsent_in_kernel(raw, unknown=0)
-
-    def holds_unsent(self) -> bool:
-        """Whether bytes written to the connection have not all left this host: some wait in
-        the transports' buffers, or in the socket's that the kernel has not sent (a server
-        that stopped reading closes its window). The last bytes written being a message's
-        end, the server cannot have it then."""
+    def unsent(self, *, unknown: int = 0, kernel: bool = True) -> int:
+        """Bytes written that have not left this host: those in the transports' buffers and,
+        with `kernel`, those in the socket's that its kernel has not sent (a server that stopped
+        reading closes its window; `unknown` when that cannot be told). Both count: the
+        buffers may stay as they are while the kernel's queue drains."""
         transport, raw = self.transport, self.raw
         if transport is None or raw is None:
-            return False
-        if transport.get_write_buffer_size() or raw.get_write_buffer_size():
-            return True
-        return not raw.is_closing() and _unsent_in_kernel(raw) > 0
+            return 0
+        buffered = transport.get_write_buffer_size() + (raw.get_write_buffer_size() if raw is not transport else 0)
+        if not kernel or raw.is_closing():
+            return buffered
+        return buffered + _unsent_in_kernel(raw, unknown)
+
+    def holds_unsent(self) -> bool:
+        """Whether bytes written to the connection have not all left this host (if it cannot
+        be told, they have not). The last bytes written being a message's end, the server
+        cannot have it then."""
+        return self.unsent(unknown=1) > 0
 
     def reset(self) -> None:
         """Close at once with a TCP reset, dropping whatever waits to be sent: the server
@@ -323,7 +321,10 @@ class _Wire(asyncio.Protocol):
         self.ending_patience = patience if ending_patience is None else max(patience, ending_patience)
         self.progress = loop.time()
         self.content_wait = ending_patience is not None
-        self.unsent_seen = self.unsent() if self.content_wait else 0
+        # (The buffers alone, no system call for each message: a content that fits the kernel's
+        # is seen as progress once, at the first look, a server that reads none of it timed
+        # out a `patience` later.)
+        self.unsent_seen = self.unsent(kernel=False) if self.content_wait else 0
         self.timer = loop.call_at(self.progress + patience, self._expire)
         try:
             await self.waiter
