@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 
 from pigeon.delivery.routes import Destination
 from pigeon.message import Message
+from pigeon.policy.objects import Delivery
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.state import Lease
 from pigeon.smtp.replies import Reply
@@ -27,6 +28,8 @@ class Work(NamedTuple):
     lease: Lease
     message: Message
     body: bytes
+    delivery: Delivery | None = None
+    """What the policy's `before_delivery` hook was told of this attempt, if it was asked."""
 
 
 class Unreachable(Exception):

@@ -73,6 +73,7 @@ from pigeon.delivery.reactor import BOUNCE_CLASS, Reactor, bounce_reply
 from pigeon.delivery.routes import Destination, Kind
 from pigeon.delivery.sites import SiteHealth, not_tried
 from pigeon.message import Message, format_id
+from pigeon.policy.answers import Reroute
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.ready import ReadyQueue
@@ -648,14 +649,19 @@ class Dispatcher:
         return work
 
     async def _vetted(self, hooks: DeliveryHooks, begun: list[Work], lane: _Lane) -> list[Work]:
-        """What `before_delivery` lets through; the rest is reported (deferred, failed) or
-        rerouted here. Cancelled meanwhile (shutdown), nothing was sent: what was begun stays
-        in the spool as it is, as for any attempt cut short."""
+        """What `before_delivery` lets through, each with what the hook was told (the outcome
+        hook is told the same); the rest is reported (deferred, failed) or rerouted here.
+        Cancelled meanwhile (shutdown), nothing was sent: what was begun stays in the spool as
+        it is, as for any attempt cut short."""
         kept: list[Work] = []
+        site, source = lane.queue.site, lane.source
         for work in begun:
-            verdict = await hooks.before(work.message, lane.queue.site, lane.source)
+            delivery = hooks.delivery(work.message, site, source)
+            verdict = hooks.before(work.message, delivery)
+            if not (verdict is None or isinstance(verdict, (Attempt, Reroute))):
+                verdict = await verdict  # a hook that must be waited for (async, on a thread)
             if verdict is None:
-                kept.append(work)
+                kept.append(Work(work.lease, work.message, work.body, delivery))
             elif isinstance(verdict, Attempt):
                 self._report_from(lane, work.lease, verdict)
             else:
@@ -671,7 +677,10 @@ class Dispatcher:
         reviewed: list[Attempt] = []
         try:
             for work, attempt in zip(begun, attempts, strict=True):
-                reviewed.append(await hooks.after(work.message, attempt))
+                answer = hooks.after(work.message, attempt, work.delivery)
+                if not isinstance(answer, Attempt):
+                    answer = await answer  # a hook that must be waited for (async, on a thread)
+                reviewed.append(answer)
         except asyncio.CancelledError:
             for work, attempt in zip(begun, attempts, strict=True):
                 self._report_from(lane, work.lease, attempt)

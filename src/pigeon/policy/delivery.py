@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeAlias
 
 from pigeon.message import Message, format_id
 from pigeon.policy.answers import Defer, Fail, Reclassify, Reroute
-from pigeon.policy.hooks import HookFailed, Policy
+from pigeon.policy.hooks import HookFailed, Policy, Verdict
 from pigeon.policy.objects import Delivery, DeliveryOutcome, RecipientResult
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.policy import PoolChooser
@@ -30,6 +31,10 @@ from pigeon.smtp.address import a_label
 from pigeon.smtp.replies import Reply
 
 _log = logging.getLogger(__name__)
+
+BeforeAnswer: TypeAlias = Defer | Fail | Reroute
+Vetted: TypeAlias = Attempt | Reroute | None
+"""What `before_delivery` makes of an attempt: send it (None), report that instead, route anew."""
 
 PoolOf = Callable[[Message], tuple[str | None, PoolChooser | None]]
 """A message's egress pool and what named it (`pigeon.queue.policy.egress_pool`)."""
@@ -58,20 +63,34 @@ class DeliveryHooks:
         """Whether the module has an `on_delivery_outcome` hook."""
         return self._policy.on_delivery_outcome is not None
 
-    async def before(self, message: Message, site: str, source: str | None = None) -> Attempt | Reroute | None:
+    def delivery(self, message: Message, site: str, source: str | None = None) -> Delivery:
+        """What the hooks are told of an attempt at `message` (made once a message: both
+        hooks are told the same)."""
+        return _delivery(message, site, source, self._pool_of)
+
+    def before(self, message: Message, delivery: Delivery) -> Vetted | Coroutine[Any, Any, Vetted]:
         """None: send it. An `Attempt`: report that instead of sending (deferred or failed).
         A `Reroute`: put it back to be routed anew (never for mail of an `[[inbound]]` route:
-        sent to its target). `source`: the egress `[[source]]` it would leave from (None: the
-        implicit source)."""
+        sent to its target). Answered at once, except for a hook that must be waited for
+        (async, on a thread): then a coroutine of the answer, as a coroutine for every
+        message would cost a plain hook's mail more than the hook does."""
         hook = self._policy.before_delivery
         if hook is None:
             return None
-        delivery = _delivery(message, site, source, self._pool_of)
         verdict = hook(delivery, message_id=delivery.id)
         if isinstance(verdict, asyncio.Future):
-            verdict = await verdict
+            return self._vetted_later(message, delivery, verdict)
+        return self._vetted(message, delivery, verdict)
+
+    async def _vetted_later(
+        self, message: Message, delivery: Delivery, verdict: asyncio.Future[Verdict[BeforeAnswer]]
+    ) -> Vetted:
+        return self._vetted(message, delivery, await verdict)
+
+    def _vetted(self, message: Message, delivery: Delivery, verdict: Verdict[BeforeAnswer]) -> Vetted:
         if verdict is None:
             return None
+        site = delivery.site
         count = len(message.envelope.recipients)
         if isinstance(verdict, HookFailed):
             return Attempt.same_for_all(verdict.reply, count, "", site)
@@ -93,13 +112,18 @@ class DeliveryHooks:
             return None  # already routed so: a hook that reroutes every time must not loop
         return Reroute(domain)
 
-    async def after(self, message: Message, attempt: Attempt) -> Attempt:
-        """The attempt as the queue should take it."""
+    def after(
+        self, message: Message, attempt: Attempt, delivery: Delivery | None = None
+    ) -> Attempt | Coroutine[Any, Any, Attempt]:
+        """The attempt as the queue should take it: at once, or a coroutine of it for a hook
+        that must be waited for. `delivery`: what `before_delivery` was told of this attempt,
+        if it was (the outcome hook is told the same)."""
         hook = self._policy.on_delivery_outcome
         if hook is None:
             return attempt
         recipients = message.envelope.recipients
-        results = tuple(
+        peer_of = attempt.peer_of
+        results = tuple([
             RecipientResult(
                 recipient.address,
                 reply.code,
@@ -107,24 +131,37 @@ class DeliveryHooks:
                 reply.text,
                 "delivered" if reply.code < 400 else "permanent" if reply.code >= 500 else "transient",
                 classification,
-                attempt.peer_of(index)[0],
+                peer_of(index)[0],
             )
             for index, (recipient, reply, classification) in enumerate(
                 zip(recipients, attempt.replies, attempt.classifications, strict=True)
             )
-        )
-        delivery = _delivery(message, attempt.site, attempt.source, self._pool_of)
+        ])  # fmt: skip
+        if delivery is None or delivery.site != attempt.site or delivery.source != attempt.source:
+            delivery = _delivery(message, attempt.site, attempt.source, self._pool_of)
         verdict = hook(
             DeliveryOutcome(delivery, results, attempt.peer, attempt.tls, attempt.duration), message_id=delivery.id
         )
         if isinstance(verdict, asyncio.Future):
-            verdict = await verdict
+            return self._reviewed_later(message, attempt, delivery, verdict)
+        return self._reviewed(message, attempt, delivery, verdict)
+
+    async def _reviewed_later(
+        self, message: Message, attempt: Attempt, delivery: Delivery, verdict: asyncio.Future[Verdict[Reclassify]]
+    ) -> Attempt:
+        return self._reviewed(message, attempt, delivery, await verdict)
+
+    def _reviewed(
+        self, message: Message, attempt: Attempt, delivery: Delivery, verdict: Verdict[Reclassify]
+    ) -> Attempt:
         if verdict is None or isinstance(verdict, HookFailed):
             return attempt
         try:
             return self._reclassified(message, attempt, verdict)
         except ValueError as error:
-            hook.failed(error, None, delivery.id, show_traceback=False)
+            hook = self._policy.on_delivery_outcome
+            if hook is not None:
+                hook.failed(error, None, delivery.id, show_traceback=False)
             return attempt
 
     def _reclassified(self, message: Message, attempt: Attempt, verdict: Reclassify) -> Attempt:
