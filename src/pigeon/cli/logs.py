@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from pigeon.cli.common import add_config_option, load_config
+from pigeon.config.schema import DURATION_TEXT, DURATION_UNITS
 from pigeon.logs.peer_text import shown
 from pigeon.logs.reader import follow, merged_lines
 from pigeon.logs.records import RECORD_TYPES
@@ -19,9 +22,18 @@ EXAMPLES = """examples:
   pigeon logs                          # every record so far, oldest first (every worker's, by time)
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
+  pigeon logs --recipient bob@example.com --since 2h   # what became of mail to Bob lately
+  pigeon logs --id 0000018c2f0a1b2c    # one message's whole story: reception, attempts, outcome
+  pigeon logs --since 2026-12-05T09:00 --until 2026-12-05T10:00 --type Bounce
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
 
-Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type.
+Filters combine (a record must pass each); a repeated one matches any of its values.
+--since/--until take a time ago ("90s", "30m", "2h", "7d"), an ISO 8601 date or time
+(local time unless it names its offset: "2026-12-05", "2026-12-05T09:00", "...T09:00Z"), or
+a Unix timestamp. Addresses are compared without regard to case.
+
+Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type,
+a time it cannot read, --until with --follow.
 """
 
 
@@ -42,7 +54,74 @@ def register(commands: Any) -> None:
         metavar="TYPE",
         help="only records of this type (Reception, Rejection, ...); may be repeated",
     )
+    parser.add_argument("--id", action="append", metavar="ID", help="only records of this message id; may be repeated")
+    parser.add_argument(
+        "--recipient",
+        action="append",
+        metavar="ADDRESS",
+        help="only records about this recipient (its attempts, its message's reception); may be repeated",
+    )
+    parser.add_argument("--sender", action="append", metavar="ADDRESS", help="only records of this envelope sender")
+    parser.add_argument("--since", metavar="WHEN", help='only records from then on ("2h" ago, ISO 8601, Unix time)')
+    parser.add_argument("--until", metavar="WHEN", help="only records before then (as --since); not with --follow")
     parser.set_defaults(run=run)
+
+
+class _Filter:
+    """Which records `pigeon logs` prints: each given criterion must hold."""
+
+    def __init__(
+        self,
+        types: set[str],
+        ids: set[str],
+        recipients: set[str],
+        senders: set[str],
+        since: float | None,
+        until: float | None,
+    ) -> None:
+        self.types, self.ids, self.recipients, self.senders = types, ids, recipients, senders
+        self.since, self.until = since, until
+
+    def __call__(self, record: dict[str, Any]) -> bool:
+        if self.types and record.get("type") not in self.types:
+            return False
+        if self.since is not None or self.until is not None:
+            stamp = record.get("timestamp")
+            if not isinstance(stamp, int | float):
+                return False
+            if (self.since is not None and stamp < self.since) or (self.until is not None and stamp >= self.until):
+                return False
+        if self.ids and str(record.get("id") or "").lower() not in self.ids:
+            return False
+        if self.senders and str(record.get("sender") or "").lower() not in self.senders:
+            return False
+        if self.recipients:
+            named = record.get("recipients")
+            addresses = [*named] if isinstance(named, list) else []
+            if isinstance(one := record.get("recipient"), str):
+                addresses.append(one)
+            if not any(isinstance(a, str) and a.lower() in self.recipients for a in addresses):
+                return False
+        return True
+
+
+def _when(text: str, now: float) -> float:
+    """A moment given as time ago ("30m"), an ISO 8601 date or time, or a Unix timestamp."""
+    given = text.strip()
+    if (match := DURATION_TEXT.fullmatch(given)) is not None and match.group(2) is not None:
+        return now - float(match.group(1)) * DURATION_UNITS[match.group(2)]
+    try:
+        return float(given)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(given.replace("z", "Z"))
+    except ValueError:
+        raise ValueError(
+            f'{text!r} is no time: give a time ago ("30m", "2h", "7d"), an ISO 8601 date or time '
+            f'("2026-12-05", "2026-12-05T09:00", "2026-12-05T09:00Z") or a Unix timestamp'
+        ) from None
+    return moment.timestamp()  # a naive one is local time, as `date` shows it
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +139,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"pigeon: no record type {kind!r}; the types are {', '.join(known.values())}", file=sys.stderr)
             return 2
         wanted.add(known[kind.lower()])
+    if args.until is not None and args.follow:
+        print("pigeon: --until ends what --follow would keep printing: give one of them", file=sys.stderr)
+        return 2
+    now = time.time()
+    try:
+        since = _when(args.since, now) if args.since is not None else None
+        until = _when(args.until, now) if args.until is not None else None
+    except ValueError as error:
+        print(f"pigeon: {error}", file=sys.stderr)
+        return 2
+    wanted_record = _Filter(
+        wanted,
+        {value.strip().lower() for value in args.id or ()},
+        {value.strip().strip("<>").lower() for value in args.recipient or ()},
+        {value.strip().strip("<>").lower() for value in args.sender or ()},
+        since,
+        until,
+    )
     # The reader's warnings (a damaged segment) as the command's own, not as a daemon's log line.
     said = logging.StreamHandler(sys.stderr)
     said.setFormatter(logging.Formatter("pigeon: warning: %(message)s"))
@@ -79,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
                 text = shown(line.decode("utf-8", "replace"), 80)
                 print(f"pigeon: warning: a line of the log is no JSON record, left out: {text}", file=sys.stderr)
                 continue
-            if wanted and record.get("type") not in wanted:
+            if not wanted_record(record):
                 continue
             out.write(_printable(line) + b"\n")
             if args.follow:

@@ -21,7 +21,7 @@ from pigeon.node.cpus import auto_workers, available_cpus
 from pigeon.node.scheduling import Scheduling
 
 DURATION_TEXT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
-_DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _SIZE: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _SIZE_UNITS: Final = {
     "b": 1,
@@ -193,7 +193,7 @@ def _duration(value: Any) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         seconds = float(value)
     elif isinstance(value, str) and (match := DURATION_TEXT.fullmatch(value)):
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)]
     if seconds is not None and math.isfinite(seconds):  # (TOML's inf, or 1e400: no time to wait)
         return seconds
     raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')

@@ -1,0 +1,100 @@
+"""`pigeon logs` filters: an operator asking what became of one recipient, one message or one
+hour's bounces gets those records and no others, from every segment."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HOUR = 3600.0
+
+
+def _write(directory: Path, now: float) -> None:
+    records = [
+        {"type": "Reception", "id": "00000000000000a1", "timestamp": now - 3 * HOUR, "sender": "shop@src.test",
+         "recipients": ["Bob@Example.com", "carol@example.net"]},
+        {"type": "Delivery", "id": "00000000000000a1", "timestamp": now - 3 * HOUR + 1, "sender": "shop@src.test",
+         "recipient": "bob@example.com"},
+        {"type": "Bounce", "id": "00000000000000a1", "timestamp": now - 3 * HOUR + 2, "sender": "shop@src.test",
+         "recipient": "carol@example.net"},
+        {"type": "Reception", "id": "00000000000000b2", "timestamp": now - 60, "sender": "news@src.test",
+         "recipients": ["bob@example.com"]},
+        {"type": "TransientFailure", "id": "00000000000000b2", "timestamp": now - 30, "sender": "news@src.test",
+         "recipient": "bob@example.com"},
+        {"type": "Rejection", "timestamp": now - 20, "session": "s", "peer": "p", "command": "RCPT"},
+    ]  # fmt: skip
+    half = len(records) // 2
+    (directory / "20270115-000000-000000-w0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:half]))
+    (directory / "20270115-000000-000000-w1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[half:]))
+
+
+def _logs(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pigeon", "logs", "--dir", str(directory), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _shown(directory: Path, *args: str) -> list[tuple[str, str]]:
+    result = _logs(directory, *args)
+    assert result.returncode == 0, result.stderr
+    return [(record["type"], record.get("id", "")) for record in map(json.loads, result.stdout.splitlines())]
+
+
+def test_a_recipient_filter_shows_its_receptions_and_attempts_in_any_case(tmp_path: Path) -> None:
+    _write(tmp_path, time.time())
+    assert _shown(tmp_path, "--recipient", "BOB@example.com") == [
+        ("Reception", "00000000000000a1"),
+        ("Delivery", "00000000000000a1"),
+        ("Reception", "00000000000000b2"),
+        ("TransientFailure", "00000000000000b2"),
+    ]
+    assert _shown(tmp_path, "--recipient", "<carol@example.net>", "--type", "Bounce") == [
+        ("Bounce", "00000000000000a1")
+    ]
+
+
+def test_an_id_filter_tells_one_messages_story_and_repeated_ones_match_either(tmp_path: Path) -> None:
+    _write(tmp_path, time.time())
+    assert [kind for kind, _ in _shown(tmp_path, "--id", "00000000000000A1")] == ["Reception", "Delivery", "Bounce"]
+    assert len(_shown(tmp_path, "--id", "00000000000000a1", "--id", "00000000000000b2")) == 5
+    assert _shown(tmp_path, "--sender", "news@src.test") == [
+        ("Reception", "00000000000000b2"),
+        ("TransientFailure", "00000000000000b2"),
+    ]
+
+
+@pytest.mark.parametrize("since", ["5m", "300s", "@"])
+def test_since_takes_a_time_ago_an_iso_time_or_a_unix_timestamp(tmp_path: Path, since: str) -> None:
+    now = time.time()
+    _write(tmp_path, now)
+    if since == "@":
+        since = str(now - 300)
+    assert [kind for kind, _ in _shown(tmp_path, "--since", since)] == ["Reception", "TransientFailure", "Rejection"]
+    local = datetime.datetime.fromtimestamp(now - 2 * HOUR).isoformat(timespec="seconds")
+    assert len(_shown(tmp_path, "--since", local)) == 3
+    utc = datetime.datetime.fromtimestamp(now - 2 * HOUR, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert len(_shown(tmp_path, "--since", utc)) == 3
+    assert [kind for kind, _ in _shown(tmp_path, "--until", "1h")] == ["Reception", "Delivery", "Bounce"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--since", "yesterday-ish"], "'yesterday-ish' is no time"),
+        (["--until", "1h", "--follow"], "--until ends what --follow would keep printing"),
+    ],
+)
+def test_a_time_it_cannot_read_is_a_usage_error(tmp_path: Path, args: list[str], said: str) -> None:
+    _write(tmp_path, time.time())
+    result = _logs(tmp_path, *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert said in result.stderr
