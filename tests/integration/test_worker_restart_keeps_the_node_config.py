@@ -13,10 +13,13 @@ import re
 import signal
 import smtplib
 import sqlite3
+import ssl
 import time
 from contextlib import closing
 from pathlib import Path
 
+from pigeon.dkim.keys import generate_key, write_key
+from pigeon.listener.passwords import set_password
 from pigeon.listener.tls import ensure_self_signed
 from tests.support.ports import free_port
 from tests.support.process import PigeonProcess, to_toml
@@ -248,3 +251,44 @@ def test_a_reload_that_did_not_load_is_still_reported_after_the_workers_restart(
         _hangup(pigeon)
         _, body = pigeon.http_get("/healthz")
         assert json.loads(body)["config"] == {"status": "ok"}
+
+
+def test_a_restarted_worker_starts_on_the_reloaded_keys_once_the_old_ones_are_removed(tmp_path: Path) -> None:
+    """An operator reloads onto a new TLS pair, users file and DKIM key, then removes the old
+    ones (retired), and a worker is killed (a crash, the OOM killer, `worker_timeout`): it
+    starts again, without the files the reload stopped using, and serves with the new ones:
+    their certificate, their users, mail signed with the new key. Before, it read the
+    start-time text's files first, and crash-looped on the first one gone."""
+    old_pair = ensure_self_signed(tmp_path / "old-tls", "old.pigeon.test")
+    new_pair = ensure_self_signed(tmp_path / "new-tls", "new.pigeon.test")
+    old_users, new_users = tmp_path / "old-users", tmp_path / "new-users"
+    set_password(old_users, "alice", "old secret")
+    set_password(new_users, "alice", "new secret")
+    old_key, new_key = tmp_path / "old.pem", tmp_path / "new.pem"
+    write_key(old_key, generate_key("ed25519-sha256"))
+    write_key(new_key, generate_key("ed25519-sha256"))
+    smtp = {"tls_certificate": str(old_pair[0]), "tls_private_key": str(old_pair[1]), "auth_users": str(old_users)}
+    dkim = [{"domain": "example.org", "selector": "old", "private_key": str(old_key), "algorithm": "ed25519-sha256"}]
+    with ScriptedSink() as sink:
+        config = delivery_config(sink.endpoint)
+        with PigeonProcess(tmp_path / "node", node={"workers": 2}, smtp=smtp, dkim=dkim, **config) as pigeon:
+            edited = json.loads(json.dumps(pigeon.config))
+            edited["smtp"].update(tls_certificate=str(new_pair[0]), tls_private_key=str(new_pair[1]))
+            edited["smtp"]["auth_users"] = str(new_users)
+            edited["dkim"][0].update(selector="new", private_key=str(new_key))
+            pigeon.config_path.write_text(to_toml(edited))
+            _hangup(pigeon)
+            for retired in (*old_pair, old_users, old_key):
+                retired.unlink()
+            _kill_worker_1(pigeon)  # (it fails if the worker does not come back)
+            assert "worker 1: cannot start" not in pigeon.stderr()
+            for _ in range(12):  # new connections, whichever worker takes each: both serve the new files
+                with smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as client:
+                    client.starttls()
+                    certificate = client.sock.getpeercert(binary_form=True)  # type: ignore[union-attr]
+                    assert certificate == ssl.PEM_cert_to_DER_cert(new_pair[0].read_text())
+                    client.login("alice", "new secret")
+                    client.sendmail("alice@example.org", ["bob@dst.test"], MESSAGE)
+            received = sink.wait_for(12, timeout=30)
+        assert _received_by(pigeon, 1) > 0  # the worker started again took some
+    assert all(b"s=new;" in message.data for message in received), [m.data[:400] for m in received]

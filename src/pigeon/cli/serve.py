@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
                 if args.config is None:
                     return _cannot_start(args, "--config-stdin needs -c, the file the texts are of")
                 texts = handed.read(sys.stdin.buffer)
-                config = load_text(texts.start, args.config)
+                # The files a reload takes are read from the reloaded text (`Node._take_handed`),
+                # before the worker serves: the start-time text's may be gone by now.
+                config = load_text(texts.start, args.config, replaced_by_reload=texts.reloaded is not None)
                 reloaded_text = texts.reloaded
             else:
                 config = load(args.config)

@@ -86,15 +86,20 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"{path}, line {line}: not UTF-8 text (TOML files are UTF-8)") from None
 
 
-def load_text(text: str, path: Path) -> Config:
+def load_text(text: str, path: Path, *, replaced_by_reload: bool = False) -> Config:
     """Validate `text` as if it had been read from the config file `path`: relative paths are
     taken relative to its directory, and errors name it. A multi-worker node's supervisor hands
-    its workers the text it read (`pigeon.node.handed`), never a copy in a file."""
+    its workers the text it read (`pigeon.node.handed`), never a copy in a file.
+
+    `replaced_by_reload`: the text the node started with, of a worker started again after a
+    reload, which takes the reloaded text's files before it serves: the files a reload takes
+    (the TLS pair, the SMTP users, DKIM keys, routes' CA files) are not read from this one.
+    An operator who reloaded onto new keys may have removed the old ones since."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return _load_data(data, path, text)
+    return _load_data(data, path, text, replaced_by_reload=replaced_by_reload)
 
 
 def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
@@ -119,14 +124,17 @@ def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
         return None
 
 
-def _load_data(data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = ()) -> Config:
-    """`providers`: names of `[[provider]]`s left out of `data` that rules may still name."""
+def _load_data(
+    data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = (), *, replaced_by_reload: bool = False
+) -> Config:
+    """`providers`: names of `[[provider]]`s left out of `data` that rules may still name;
+    `replaced_by_reload`: as `load_text`'s."""
     _accept_shorthands(data)
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
-    return _finish(config, path, text, providers)
+    return _finish(config, path, text, providers, replaced_by_reload=replaced_by_reload)
 
 
 def _accept_shorthands(data: dict[str, Any]) -> None:
@@ -136,7 +144,9 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
         smtp["listen"] = [smtp["listen"]]
 
 
-def _finish(config: Config, path: Path | None, text: str, providers: Sequence[str] = ()) -> Config:
+def _finish(
+    config: Config, path: Path | None, text: str, providers: Sequence[str] = (), *, replaced_by_reload: bool = False
+) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
     def fail(keys: list[str], reason: str, block: int | None = None) -> ConfigError:
@@ -231,11 +241,11 @@ def _finish(config: Config, path: Path | None, text: str, providers: Sequence[st
         for route in config.route:
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
-    _check_files(config, fail)
+    _check_files(config, fail, reloadable=not replaced_by_reload)
     _check_directories(config, fail)
     _check_listen_addresses(config, text, fail)
-    _check_dkim(config, path, text, fail)
-    if smtp.auth_users is not None and not smtp.auth_users.is_file():
+    _check_dkim(config, path, text, fail, keys=not replaced_by_reload)
+    if not replaced_by_reload and smtp.auth_users is not None and not smtp.auth_users.is_file():
         users = smtp.auth_users
         raise fail(["smtp", "auth_users"], f"no users file at {users} (create it: pigeon passwd -c {users} USER)")
     module = config.policy.module
@@ -736,7 +746,9 @@ def _unbindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str |
     return None
 
 
-def _check_dkim(config: Config, path: Path | None, text: str, fail: Callable[..., ConfigError]) -> None:
+def _check_dkim(
+    config: Config, path: Path | None, text: str, fail: Callable[..., ConfigError], *, keys: bool = True
+) -> None:
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
     break the signature); and no two blocks that sign the same mail with the same key,
@@ -778,6 +790,8 @@ def _check_dkim(config: Config, path: Path | None, text: str, fail: Callable[...
             raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name", index)
         if path is not None:
             block.private_key = _resolve(block.private_key, path.parent)
+        if not keys:
+            continue  # (a worker's start-time text that a reload replaced: see `load_text`)
         try:
             private = load_key(block.private_key, block.algorithm)
         except KeyProblem as error:
@@ -990,19 +1004,23 @@ def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None
         raise fail(keys, f"{directory} cannot be made: {existing} is a file, not a directory")
 
 
-def _check_files(config: Config, fail: Callable[..., ConfigError]) -> None:
-    """Files the config names must be there now, not at the first connection that needs them."""
-    named: list[tuple[list[str], Path | None, str, int | None]] = [
-        (["smtp", "tls_certificate"], config.smtp.tls_certificate, "certificate", None),
-        (["smtp", "tls_private_key"], config.smtp.tls_private_key, "private key", None),
-    ]
+def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable: bool = True) -> None:
+    """Files the config names must be there now, not at the first connection that needs them.
+    `reloadable`: those a reload takes (the TLS pair, routes' CA files) too."""
+    named: list[tuple[list[str], Path | None, str, int | None]] = []
+    if reloadable:
+        named += [
+            (["smtp", "tls_certificate"], config.smtp.tls_certificate, "certificate", None),
+            (["smtp", "tls_private_key"], config.smtp.tls_private_key, "private key", None),
+        ]
     for i, mailbox in enumerate(config.mailbox):
         named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password", i))
         named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA", i))
     trust: list[tuple[list[str], Path | None, str, int | None]] = [
         (["delivery", "ca_file"], config.delivery.ca_file, "[delivery]", None)
     ]
-    trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]
+    if reloadable:
+        trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]
     blocks = list(named)
     blocks += [(keys, file, f"{what}: CA", index) for keys, file, what, index in trust]
     for keys, file, what, index in blocks:
@@ -1010,7 +1028,7 @@ def _check_files(config: Config, fail: Callable[..., ConfigError]) -> None:
             problem = "is a directory" if file.is_dir() else "does not exist"
             raise fail(keys, f"{what} file {file} {problem}", index)
     certificate, key = config.smtp.tls_certificate, config.smtp.tls_private_key
-    if certificate is not None and key is not None:
+    if reloadable and certificate is not None and key is not None:
         try:
             check_pair(certificate, key)
         except PairProblem as problem:
