@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pigeon.message import Message, format_id
 from pigeon.policy.answers import Defer, Fail, Reclassify, Reroute
@@ -35,6 +35,10 @@ _log = logging.getLogger(__name__)
 BeforeAnswer: TypeAlias = Defer | Fail | Reroute
 Vetted: TypeAlias = Attempt | Reroute | None
 """What `before_delivery` makes of an attempt: send it (None), report that instead, route anew."""
+
+_MAX_REROUTES: Final = 5
+"""Reroutes of one message in a row, without an attempt between, that a hook may ask for."""
+_REROUTES_KEPT: Final = 10_000  # messages whose reroutes in a row are counted, at most
 
 PoolOf = Callable[[Message], tuple[str | None, PoolChooser | None]]
 """A message's egress pool and what named it (`pigeon.queue.policy.egress_pool`)."""
@@ -52,6 +56,7 @@ class DeliveryHooks:
         self._policy = policy
         self._classify = classify
         self._pool_of = pool_of
+        self._reroutes: dict[int, int] = {}  # message id -> reroutes in a row, without an attempt
 
     @property
     def vets(self) -> bool:
@@ -88,6 +93,8 @@ class DeliveryHooks:
         return self._vetted(message, delivery, await verdict)
 
     def _vetted(self, message: Message, delivery: Delivery, verdict: Verdict[BeforeAnswer]) -> Vetted:
+        if self._reroutes and not isinstance(verdict, Reroute):
+            self._reroutes.pop(message.id, None)  # sent, or an attempt made: its reroutes in a row end
         if verdict is None:
             return None
         site = delivery.site
@@ -106,10 +113,23 @@ class DeliveryHooks:
                          "not carried out; it goes to its target %s", verdict.domain, format_id(message.id),
                          message.queue, target)  # fmt: skip
             return None
-        current = message.envelope.routing_domain or message.envelope.recipients[0].domain
-        domain = a_label(verdict.domain)  # as recipient domains are named: a U-label is its A-label
-        if domain == a_label(current):
+        routed = message.envelope.routing_domain  # None: as its recipients' own domains
+        # As recipient domains are named: a U-label is its A-label; "" is their own domains.
+        domain = a_label(verdict.domain) if verdict.domain else ""
+        if domain == (a_label(routed) if routed else ""):
+            self._reroutes.pop(message.id, None)
             return None  # already routed so: a hook that reroutes every time must not loop
+        # A hook that sends it back and forth (a.test, b.test, a.test...) must not loop either:
+        # past a few reroutes in a row without an attempt, it goes where it is routed now.
+        if len(self._reroutes) >= _REROUTES_KEPT:
+            self._reroutes.clear()  # (of messages gone meanwhile, bounced by an operator say)
+        count = self._reroutes[message.id] = self._reroutes.get(message.id, 0) + 1
+        if count > _MAX_REROUTES:
+            del self._reroutes[message.id]
+            _log.warning("before_delivery answered Reroute(%r) for message %s after rerouting it %d times in a row "
+                         "without an attempt: not carried out; it is sent as routed now (%s)", verdict.domain,
+                         format_id(message.id), _MAX_REROUTES, routed or "its recipients' domains")  # fmt: skip
+            return None
         return Reroute(domain)
 
     def after(
