@@ -752,8 +752,9 @@ def _check_dkim(
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
     break the signature); and no two blocks that sign the same mail with the same key,
-    domain and selector (every block that matches signs: the mail would carry that signature
-    twice)."""
+    domain and selector (a message carries such a signature once, the first block's: the
+    second would never sign). Blocks that only overlap (`domain = "*"` and `"example.com"`)
+    are not refused: each signs the mail the other does not match."""
     if not config.dkim:
         return
     # Imported here, not with the module: DKIM's keys need `cryptography`, some 20 ms that
@@ -810,8 +811,8 @@ def _check_dkim(
             where = f"line {block_line(text, 'dkim', first)}" if path is not None else f"#{first + 1}"
             reason = (
                 f"{which}: signs the same mail with the same key, domain and selector as the [[dkim]] block at "
-                f"{where}: every block that matches signs, so each message would carry that signature twice; "
-                "remove one (another header list or canonicalization needs another selector)"
+                f"{where}: a message carries that signature once, the first block's, so this one would never "
+                "sign; remove one (another header list or canonicalization needs another selector)"
             )
             raise fail(["dkim", "domain"], reason, index)
 

@@ -143,8 +143,8 @@ def test_a_second_block_that_would_add_the_same_signature_again_is_refused_namin
         load(path)
     assert str(caught.value) == (
         f"{path}, line 9: [[dkim]] #2 domain: [[dkim]] 'again' (selector S1): signs the same mail with the same key, "
-        "domain and selector as the [[dkim]] block at line 2: every block that matches signs, so each message "
-        "would carry that signature twice; remove one (another header list or canonicalization needs another "
+        "domain and selector as the [[dkim]] block at line 2: a message carries that signature once, the first "
+        "block's, so this one would never sign; remove one (another header list or canonicalization needs another "
         "selector)"
     )
 
