@@ -787,8 +787,15 @@ def _check_dkim(
         if block.tenant is not None and (problem := queue_part_problem(block.tenant)) is not None:
             # As at every door: such a tenant names no queue, and no message would be signed.
             raise fail(["dkim", "tenant"], f"{which}: tenant {block.tenant[:60]!r} {problem}", index)
-        if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
-            raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name", index)
+        if block.signing_domain is not None:
+            # Given as `domain` is (`patterns.domain_glob`): a U-label is signed as its A-label,
+            # the form DNS publishes the key under and d= must take (RFC 6376 3.5).
+            written = block.signing_domain
+            signing = address.a_label(written[:-1] if written.endswith(".") and written != "." else written)
+            labels = signing.split(".")
+            if not _DOMAIN.fullmatch(signing) or "" in labels or len(signing) > 253 or max(map(len, labels)) > 63:
+                raise fail(["dkim", "signing_domain"], f"{which}: {written!r} is not a domain name", index)
+            block.signing_domain = signing
         if path is not None:
             block.private_key = _resolve(block.private_key, path.parent)
         if not keys:
