@@ -455,6 +455,32 @@ def test_a_domain_glob_without_signing_domain_is_warned_about_at_start_and_at_ea
             assert "selector rsa2)" not in pigeon.stderr() and "selector rsa3)" not in pigeon.stderr()
 
 
+def test_overlapping_blocks_with_one_key_and_selector_put_one_signature_on_the_message(
+    tmp_path: Path, sink: ScriptedSink, dns: DnsServer, keys: Keys
+) -> None:
+    """Three blocks that all match a message of tenant acme From example.com, with one key
+    and selector: it leaves with that signature once, not three times."""
+    key = _key_file(tmp_path, "rsa", keys.rsa)
+    copy = _key_file(tmp_path, "copy", keys.rsa)  # the same key in another file is the same key
+    dkim = [
+        {"domain": "*", "selector": "rsa1", "private_key": key},
+        {"domain": "example.com", "selector": "rsa1", "private_key": copy},
+        {"domain": "example.com", "selector": "rsa1", "private_key": key, "tenant": "acme"},
+        {
+            "domain": "example.com",
+            "selector": "ed1",
+            "private_key": _key_file(tmp_path, "ed", keys.ed25519),
+            "algorithm": "ed25519-sha256",
+        },
+    ]
+    with PigeonProcess(tmp_path / "node", dkim=dkim, **delivery_config(sink.endpoint)) as pigeon:
+        data = b"X-Tenant: acme\r\nFrom: ann@example.com\r\nSubject: once\r\n" + DATE + b"\r\nhi\r\n"
+        _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], data)
+        (received,) = sink.wait_for(1)
+        signatures = _check(received, dns, tmp_path)
+        assert [(s["d"], s["s"]) for s in signatures] == [("example.com", "rsa1"), ("example.com", "ed1")]
+
+
 def test_a_body_spilled_to_a_spool_file_is_signed(
     tmp_path: Path, sink: ScriptedSink, dns: DnsServer, keys: Keys
 ) -> None:

@@ -752,8 +752,9 @@ def _check_dkim(
     """Each [[dkim]] block: a key that can sign with its algorithm, and a header list that
     covers From and leaves out Pigeon's own headers (taken off before delivery, they would
     break the signature); and no two blocks that sign the same mail with the same key,
-    domain and selector (every block that matches signs: the mail would carry that signature
-    twice)."""
+    domain and selector (a message carries such a signature once, the first block's: the
+    second would never sign). Blocks that only overlap (`domain = "*"` and `"example.com"`)
+    are not refused: each signs the mail the other does not match."""
     if not config.dkim:
         return
     # Imported here, not with the module: DKIM's keys need `cryptography`, some 20 ms that
@@ -786,8 +787,15 @@ def _check_dkim(
         if block.tenant is not None and (problem := queue_part_problem(block.tenant)) is not None:
             # As at every door: such a tenant names no queue, and no message would be signed.
             raise fail(["dkim", "tenant"], f"{which}: tenant {block.tenant[:60]!r} {problem}", index)
-        if block.signing_domain is not None and not _DOMAIN.fullmatch(block.signing_domain):
-            raise fail(["dkim", "signing_domain"], f"{which}: {block.signing_domain!r} is not a domain name", index)
+        if block.signing_domain is not None:
+            # Given as `domain` is (`patterns.domain_glob`): a U-label is signed as its A-label,
+            # the form DNS publishes the key under and d= must take (RFC 6376 3.5).
+            written = block.signing_domain
+            signing = address.a_label(written[:-1] if written.endswith(".") and written != "." else written)
+            labels = signing.split(".")
+            if not _DOMAIN.fullmatch(signing) or "" in labels or len(signing) > 253 or max(map(len, labels)) > 63:
+                raise fail(["dkim", "signing_domain"], f"{which}: {written!r} is not a domain name", index)
+            block.signing_domain = signing
         if path is not None:
             block.private_key = _resolve(block.private_key, path.parent)
         if not keys:
@@ -810,8 +818,8 @@ def _check_dkim(
             where = f"line {block_line(text, 'dkim', first)}" if path is not None else f"#{first + 1}"
             reason = (
                 f"{which}: signs the same mail with the same key, domain and selector as the [[dkim]] block at "
-                f"{where}: every block that matches signs, so each message would carry that signature twice; "
-                "remove one (another header list or canonicalization needs another selector)"
+                f"{where}: a message carries that signature once, the first block's, so this one would never "
+                "sign; remove one (another header list or canonicalization needs another selector)"
             )
             raise fail(["dkim", "domain"], reason, index)
 

@@ -907,7 +907,8 @@ class DkimConfig(_Section):
     SIGHUP, by the user Pigeon runs as."""
     algorithm: Literal["rsa-sha256", "ed25519-sha256"] = "rsa-sha256"
     signing_domain: str | None = None
-    """The d= of the signature. Default: the author domain the glob matched."""
+    """The d= of the signature. Default: the author domain the glob matched. An
+    internationalised name may be written as its U-label ("bücher.example"): d= is its A-label."""
     headers: list[str] = msgspec.field(default_factory=lambda: list(DKIM_HEADERS))
     """Header fields to sign, where the message has them. From is required."""
     over_sign: bool | list[str] = True

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
 from pigeon.config.schema import DKIM_OVER_SIGNED, DkimConfig
 from pigeon.dkim.canonical import Field, body_hash, relaxed_header
-from pigeon.dkim.keys import Algorithm, PrivateKey
+from pigeon.dkim.keys import Algorithm, PrivateKey, public_value
 from pigeon.smtp.address import a_label
 
 _FOLD: Final = 72  # h= is folded before it passes this many characters on a line
@@ -135,10 +135,17 @@ class Unsigned:
 class Signers:
     """Every configured signer, in configuration order."""
 
-    __slots__ = ("all",)
+    __slots__ = ("_keys", "all")
 
     def __init__(self, signers: Sequence[Signer]) -> None:
         self.all = tuple(signers)
+        # Each key by its public value, so that two files holding one key are one key (as the
+        # configuration finds them): keys read from one file are one object, valued once.
+        values: dict[int, str] = {}
+        for signer in self.all:
+            if id(signer.key) not in values:
+                values[id(signer.key)] = public_value(signer.key)
+        self._keys = values
 
     def __len__(self) -> int:
         return len(self.all)
@@ -149,12 +156,29 @@ class Signers:
         cannot: see `Signer.refusal`); None: by author domain and tenant."""
         author = author_domain(fields)
         if names is None:
-            return [s for s in self.all if s.applies(author, tenant)]
+            return self._distinct([s for s in self.all if s.applies(author, tenant)], author)
         chosen = [s for s in self.all if s.name is not None and s.name in names]
         for signer in chosen:
             if (reason := signer.refusal(author, tenant)) is not None:
                 raise SignerRefused(reason)
-        return chosen
+        return self._distinct(chosen, author)
+
+    def _distinct(self, signers: list[Signer], author: str | None) -> list[Signer]:
+        """`signers` less each that would sign as one before it does: the same d=, selector,
+        algorithm and key. Blocks that overlap (`domain = "*"` and `domain = "example.com"`,
+        or one for every tenant and one for a tenant) may share a key and selector, and each
+        that matches signs: the message would carry that one signature twice, which says
+        nothing more and looks broken. The first block's is kept."""
+        if len(signers) < 2:
+            return signers
+        seen: set[tuple[str | None, str, str, str]] = set()
+        kept = []
+        for signer in signers:
+            same = (signer.d(author), signer.selector.lower(), signer.algorithm, self._keys[id(signer.key)])
+            if same not in seen:
+                seen.add(same)
+                kept.append(signer)
+        return kept
 
     def prepare(
         self, fields: Sequence[Field], body: bytes, signers: Sequence[Signer], timestamp: int

@@ -43,7 +43,7 @@ def shared_key_warnings(configs: Sequence[DkimConfig]) -> list[str]:
     under every such domain (`domain = "*"` signs anyone's mail with the key of one)."""
     warnings = []
     for number, config in enumerate(configs, start=1):
-        if config.signing_domain is None and any(char in "*?[" for char in config.domain):
+        if config.signing_domain is None and matches_several(config.domain):
             which = f"[[dkim]] #{number} ({config.name or config.domain}, selector {config.selector})"
             warnings.append(
                 f"{which}: domain {config.domain!r} matches more than one domain and there is no signing_domain: "
@@ -52,6 +52,44 @@ def shared_key_warnings(configs: Sequence[DkimConfig]) -> list[str]:
                 "(else its signatures fail); or set signing_domain"
             )
     return warnings
+
+
+def matches_several(glob: str) -> bool:
+    """Whether a domain glob can match more than one domain: it has a `*` or a `?`, or a set
+    (`[...]`) of more than one character, a range or a negation. `example.co[m]` names
+    example.com alone; a `[` that no `]` closes is itself, as fnmatch reads it."""
+    at = 0
+    while at < len(glob):
+        char = glob[at]
+        at += 1
+        if char in "*?":
+            return True
+        if char != "[":
+            continue
+        # fnmatch's set: a "!" first negates, and a "]" first (after it) is a member.
+        start = at + (glob[at : at + 1] == "!")
+        end = glob.find("]", start + (glob[start : start + 1] == "]"))
+        if end < 0:
+            continue  # not a set: "[" stands for itself
+        members, at = glob[at:end], end + 1
+        if members.startswith("!"):
+            return True  # every character but some
+        found: set[str] = set()
+        index = 0
+        while index < len(members):
+            if members[index + 1 : index + 2] == "-" and index + 2 < len(members):
+                low, high = members[index], members[index + 2]
+                if low < high:
+                    return True
+                if low == high:
+                    found.add(low)
+                index += 3  # (a range backwards matches nothing)
+            else:
+                found.add(members[index])
+                index += 1
+        if len(found) > 1:
+            return True
+    return False
 
 
 def load_signers(configs: Sequence[DkimConfig]) -> Signers:

@@ -83,6 +83,31 @@ def test_a_bad_selector_is_refused(tmp_path: Path) -> None:
         load(path)
 
 
+@pytest.mark.parametrize(
+    ("written", "signed"),
+    [
+        ("bücher.example", "xn--bcher-kva.example"),
+        ("Mail.Bücher.Example.", "mail.xn--bcher-kva.example"),
+        ("straße.example", "xn--strae-oqa.example"),  # IDNA 2008, as every domain Pigeon reads
+        ("esp.example", "esp.example"),
+    ],
+)
+def test_a_signing_domain_is_taken_as_its_a_label(tmp_path: Path, written: str, signed: str) -> None:
+    (block,) = load(_config(tmp_path, f'private_key = "keys/k.pem"\nsigning_domain = "{written}"')).dkim
+    assert block.signing_domain == signed
+
+
+@pytest.mark.parametrize("written", ["bad domain.example", "a..example", "ü" * 64 + ".example", "x" * 64 + ".example"])
+def test_a_signing_domain_that_is_no_domain_name_is_refused_naming_it(tmp_path: Path, written: str) -> None:
+    path = _config(tmp_path, f'private_key = "keys/k.pem"\nsigning_domain = "{written}"')
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}, line 6: [[dkim]] #1 signing_domain: [[dkim]] 'example.com' (selector s1): "
+        f"{written!r} is not a domain name"
+    )
+
+
 SECOND_BLOCK = """
 [smtp]
 listen = ["127.0.0.1:2525"]
@@ -143,8 +168,8 @@ def test_a_second_block_that_would_add_the_same_signature_again_is_refused_namin
         load(path)
     assert str(caught.value) == (
         f"{path}, line 9: [[dkim]] #2 domain: [[dkim]] 'again' (selector S1): signs the same mail with the same key, "
-        "domain and selector as the [[dkim]] block at line 2: every block that matches signs, so each message "
-        "would carry that signature twice; remove one (another header list or canonicalization needs another "
+        "domain and selector as the [[dkim]] block at line 2: a message carries that signature once, the first "
+        "block's, so this one would never sign; remove one (another header list or canonicalization needs another "
         "selector)"
     )
 

@@ -19,9 +19,36 @@ from pigeon.dkim import key_process
 from pigeon.dkim.key_process import KeyProcess, KeyProcessFailed
 from pigeon.dkim.keys import Algorithm, generate_key, record_text, write_key
 from pigeon.dkim.signer import Signer
-from pigeon.dkim.signing import Signing, load_signers
+from pigeon.dkim.signing import Signing, load_signers, shared_key_warnings
 
 MESSAGE = b"From: a@example.com\r\nSubject: x\r\n\r\nbody\r\n"
+
+
+@pytest.mark.parametrize(
+    ("domain", "warned"),
+    [
+        ("example.co[m]", False),  # a set of one character names one domain
+        ("example.co[mm]", False),
+        ("example.co[m-m]", False),
+        ("example.co[m", False),  # a "[" no "]" closes is itself
+        ("example.com", False),
+        ("*", True),
+        ("*.example.com", True),
+        ("mx?.example.com", True),
+        ("example.co[mn]", True),
+        ("example.co[a-z]", True),
+        ("example.co[!m]", True),
+    ],
+)
+def test_only_a_domain_glob_that_can_match_several_domains_is_warned_about(domain: str, warned: bool) -> None:
+    config = DkimConfig(domain=domain, selector="s1", private_key=Path("k.pem"))
+    expected = (
+        f"[[dkim]] #1 ({domain}, selector s1): domain {domain!r} matches more than one domain and there is no "
+        "signing_domain: each author domain it matches is signed as d=<that domain> with this one key, so "
+        "s1._domainkey.<domain> must be published under every such domain (else its signatures fail); "
+        "or set signing_domain"
+    )
+    assert shared_key_warnings([config]) == ([expected] if warned else [])
 
 
 def _sign(

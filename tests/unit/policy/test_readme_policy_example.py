@@ -2,7 +2,9 @@
 every hook, and answers ordinary mail as it means to. Found from outside: its `on_message` named
 the AUTH user (`alice@example.com`, which `pigeon passwd` takes) and the X-Mailer-Campaign header
 (`Spring Sale`) as they came, and a tenant or campaign with '@' or white space fails the hook:
-every such message got `451 4.3.0`, which its client retries for days."""
+every such message got `451 4.3.0`, which its client retries for days. And it made every
+message's tenant of its AUTH user, so relayed mail naming its tenant (X-Tenant) left unsigned
+by that tenant's blocks, and it added a List-Unsubscribe to a message that had one."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def policy(tmp_path: Path) -> Policy:
     return loaded
 
 
-def _message(auth_user: str | None, headers: bytes) -> ReceivedMessage:
+def _message(auth_user: str | None, headers: bytes, tenant: str | None = None) -> ReceivedMessage:
     return ReceivedMessage(
         id="0000018c2f3a4b5c",
         listener="smtp",
@@ -40,7 +42,7 @@ def _message(auth_user: str | None, headers: bytes) -> ReceivedMessage:
         recipients=("bob@example.net",),
         size=100,
         headers=Headers(b"From: alice@example.com\r\n" + headers + b"Subject: hi\r\n\r\n"),
-        tenant=None,
+        tenant=tenant,
         campaign=None,
     )
 
@@ -84,6 +86,27 @@ def test_the_example_answers_any_user_and_campaign_with_names_a_queue_takes(
     answer = _on_message(policy, _message(auth_user, header))
     assert isinstance(answer, Changes), answer
     assert (answer.tenant, answer.campaign) == (tenant, made)
+
+
+def test_mail_naming_its_tenant_keeps_it_and_so_that_tenants_signers(policy: Policy) -> None:
+    """Relayed mail with `X-Tenant: acme` (no AUTH user) stays acme's, signed by acme's
+    blocks: not made "anonymous", which no [[dkim]] block signs."""
+    answer = _on_message(policy, _message(None, b"X-Tenant: acme\r\n", tenant="acme"))
+    assert isinstance(answer, Changes), answer
+    assert (answer.tenant, answer.dkim) == ("acme", ["acme-rsa", "acme-ed25519"])
+    answer = _on_message(policy, _message("globex", b"X-Tenant: initech\r\n", tenant="initech"))
+    assert isinstance(answer, Changes), answer
+    assert (answer.tenant, answer.dkim) == ("initech", None)  # initech's own blocks, by author domain
+
+
+def test_a_message_with_its_own_list_unsubscribe_gets_no_second_one(policy: Policy) -> None:
+    own = b"list-unsubscribe: <https://alice.example/u/1>\r\n"  # any case
+    answer = _on_message(policy, _message("alice", own))
+    assert isinstance(answer, Changes), answer
+    assert answer.add_headers == []
+    answer = _on_message(policy, _message("alice", b""))
+    assert isinstance(answer, Changes), answer
+    assert answer.add_headers == [("List-Unsubscribe", "<mailto:unsub@alice.example>")]
 
 
 def test_the_mail_from_example_refuses_the_blocked_domain_only(policy: Policy) -> None:
