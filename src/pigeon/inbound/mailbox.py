@@ -296,7 +296,8 @@ class MailboxWatcher:
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
         of a load balancer too. `error` names the target and what it last said, or what it
         found wrong when it first connected (`Target.problem`: a table missing, say), which
-        keeps the mailbox "degraded" until a handoff works."""
+        keeps the mailbox "degraded" until a handoff works. Until its first search, after the
+        node starts, it is "degraded" too, `error` saying so ("not connected yet ...")."""
         status = "ok"
         trouble, error = self._trouble_since, self.last_error
         outage = self._arbiter.outage()
@@ -306,6 +307,11 @@ class MailboxWatcher:
             since, why = outage
             trouble = since if trouble is None else min(trouble, since)
             error = error or why
+        if trouble is not None and error is None:
+            # It has not worked yet since the node started, and nothing failed yet either: say
+            # what it is at, not "degraded" with no reason.
+            connecting = f"not connected yet (connecting to {self.config.host}:{self.port})"
+            error = "connected; not searched yet" if self.connected else connecting
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
         elif any(e is not None for e in (self.conflict, self.target_error, self.source_error, self.target.problem)):
