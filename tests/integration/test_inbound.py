@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, mailbox_health, webhook_target
+from tests.support.apps import (
+    WebhookApp,
+    customer_mail,
+    imap_mailbox,
+    mailbox_failure,
+    mailbox_health,
+    webhook_target,
+)
 from tests.support.process import PigeonProcess, free_port
 from tests.support.services import Dovecot, Postgres, RedisServer
 from tests.support.sinks import wait_until
@@ -297,7 +304,7 @@ def test_a_server_certificate_pigeon_cannot_verify_is_refused_and_reported(tmp_p
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
 
             def reported() -> str:
-                return mailbox_health(node)["error"] or ""
+                return mailbox_failure(node) or ""
 
             assert "CERTIFICATE_VERIFY_FAILED" in wait_until(reported, 10)
             shown = subprocess.run([sys.executable, "-m", "pigeon", "top", "-c", str(node.config_path), "--once"],
@@ -384,7 +391,7 @@ def test_tls_that_does_not_match_the_port_names_the_key_to_set(
     with WebhookApp() as app:
         box = imap_mailbox(dovecot, "hook", tls=tls, port=getattr(dovecot, port), timeout="1s")
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
-            error = wait_until(lambda: mailbox_health(node)["error"], 10)
+            error = wait_until(lambda: mailbox_failure(node), 10)
             assert advice in error
             assert advice in node.stderr()
         assert not app.accepted

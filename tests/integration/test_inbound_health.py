@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -155,3 +156,25 @@ def test_two_nodes_on_one_mailbox_without_redis_notice_each_other(tmp_path: Path
             assert (status, body["status"]) == (200, "degraded")
             assert body["inbound"]["support"]["status"] == "degraded"
             assert f"node '{other}'" in body["inbound"]["support"]["conflict"]
+
+
+def test_a_mailbox_not_connected_yet_after_the_node_starts_says_so_in_healthz(tmp_path: Path) -> None:
+    """Its server accepts the connection and says nothing yet (a slow greeting): until the first
+    search the mailbox is "degraded", and `error` says why. Before, it was `null`."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        box = {
+            "name": "support",
+            "host": "127.0.0.1",
+            "port": port,
+            "tls": "none",
+            "username": "app",
+            "password": "secret",
+            "target": "hook",
+            "timeout": "30s",  # the greeting is waited for all along the test
+        }
+        with WebhookApp() as app, PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
+            status, body = health(node)
+            mailbox = body["inbound"]["support"]
+            assert (status, mailbox["status"], mailbox["connected"]) == (200, "degraded", False), body
+            assert mailbox["error"] == f"not connected yet (connecting to 127.0.0.1:{port})", body

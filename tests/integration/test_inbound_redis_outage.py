@@ -108,3 +108,41 @@ def test_redis_back_without_its_data_after_an_outage_says_claims_resumed_only_on
 
 def _logged_at(stamp: str) -> float:
     return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def test_a_busy_mailbox_says_claims_paused_at_once_and_its_failed_renewals_once_per_outage(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    """Handoffs to a slow target in flight when Redis dies: the mailbox said `claims paused` only
+    when the batch ended (7-9 s later), and `cannot renew N claims` at WARNING every second of
+    the outage. Now: paused within about a second, as an idle mailbox says it; the renewal
+    failure once, and that renewals work again once Redis is back."""
+    redis_in_use_for_a_while(redis_server)
+    dovecot.append("app", [customer_mail(i) for i in range(6)])
+    box = imap_mailbox(dovecot, "hook", concurrency=2, lease="3s")  # renewed every second
+    with WebhookApp() as app:
+        app.delay = 4.0  # the batch takes 12 s, 2 at a time
+        with PigeonProcess(tmp_path / "p", redis={"url": redis_server.url, "timeout": "500ms"},
+                           target=[webhook_target(app)], mailbox=[box]) as node:  # fmt: skip
+            wait_until(lambda: mailbox_health(node)["claims"] > 0, 20)
+            redis_server.stop()
+            stopped = time.monotonic()
+            node.wait_stderr("claims paused", timeout=10)
+            paused_after = time.monotonic() - stopped
+            # Renewals fail every second meanwhile. (Back before the heartbeat runs out: past
+            # that the rest of the batch would be given back, with nothing left to renew.)
+            time.sleep(max(0.0, stopped + 2.3 - time.monotonic()))
+            during = node.stderr()
+            assert paused_after < 2.0, f"claims paused {paused_after:.1f}s after Redis died:\n{during}"
+            assert during.count("cannot renew") == 1, during
+            redis_server.start()
+            redis_in_use_for_a_while(redis_server)
+            node.wait_stderr("claims renewed again", timeout=10)
+            node.wait_stderr("claims resumed", timeout=15)
+            assert app.wait_distinct(6, 30) == 6
+            logged = node.stderr()
+    assert logged.count("claims paused") == 1, logged
+    assert logged.count("claims resumed") == 1, logged
+    (renewed,) = [line for line in logged.splitlines() if "claims renewed again" in line]
+    assert re.search(r"WARNING .*mailbox support: claims renewed again, after \d+ failed attempts in \d+s$", renewed)
+    assert sum(app.accepted.values()) == 6  # each once

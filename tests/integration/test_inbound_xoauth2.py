@@ -16,6 +16,7 @@ from tests.support.apps import (
     WebhookApp,
     customer_mail,
     imap_mailbox,
+    mailbox_failure,
     mailbox_health,
     webhook_target,
 )
@@ -91,7 +92,7 @@ def test_a_refused_token_delivers_nothing_and_pigeon_keeps_running(tmp_path: Pat
         uids = dovecot.append("app", [customer_mail(i) for i in range(3)])
         box = xoauth2_mailbox(dovecot, "hook", password="bad-token", timeout=REFUSAL_TIMEOUT)
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
-            wait_until(lambda: mailbox_health(node)["error"] is not None, 15)
+            wait_until(lambda: mailbox_failure(node) is not None, 15)
             assert mailbox_health(node)["connected"] is False
             # It tries again: the token is checked a second time, or (should Dovecot's auth
             # penalty for the address hold that check back) a second XOAUTH2 session ends.
@@ -116,7 +117,7 @@ def test_a_refused_token_is_reported_as_a_refused_login(tmp_path: Path) -> None:
     ):
         box = xoauth2_mailbox(dovecot, "hook", password="bad-token", timeout=REFUSAL_TIMEOUT)
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
-            error = wait_until(lambda: mailbox_health(node)["error"], 15)
+            error = wait_until(lambda: mailbox_failure(node), 15)
     assert "login as app" in error and "AUTHENTICATIONFAILED" in error, error
 
 

@@ -190,6 +190,13 @@ def mailbox_health(node: PigeonProcess, name: str = "support") -> dict[str, Any]
     return health
 
 
+def mailbox_failure(node: PigeonProcess, name: str = "support") -> str | None:
+    """What went wrong with a mailbox, as its /healthz `error` says: None while nothing did, and
+    while it only has not worked yet since the node started ("not connected yet ...")."""
+    error: str | None = mailbox_health(node, name)["error"]
+    return None if error is None or error.startswith(("not connected yet", "connected; not searched yet")) else error
+
+
 def redis_in_use_for_a_while(redis: RedisServer, prefix: str = "pigeon", *, seconds: float = 3600) -> None:
     """Make a fresh test Redis look like one Pigeon has used for `seconds`: its inbound epoch
     set that long ago. Nodes then claim at once instead of pausing as they must after Redis

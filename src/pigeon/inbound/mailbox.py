@@ -142,6 +142,7 @@ _MARKED: Final = 32
 _KNOCK_EVERY: Final = 1.0  # seconds between TCP knocks at a server that refuses connections
 _UNREACHABLE: Final = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
 _NOTE_REFRESH: Final = 2.0  # seconds between reads of the mailbox's note (another node's, maybe)
+_RENEWAL_SAID_EVERY: Final = 60.0  # seconds between the lines saying claims still cannot be renewed
 _COMMIT_WINDOW: Final = 0.005  # seconds: under load, acknowledgements (IMAP commands) at most this often
 _HELD_RETRY: Final = 30.0  # seconds between tries of the acknowledgements the server refused
 # ... and between looks, when none is known to wait, for what another node left half done (see
@@ -296,7 +297,8 @@ class MailboxWatcher:
         (the messages wait at the source), while a 503 would take the node's SMTP listener out
         of a load balancer too. `error` names the target and what it last said, or what it
         found wrong when it first connected (`Target.problem`: a table missing, say), which
-        keeps the mailbox "degraded" until a handoff works."""
+        keeps the mailbox "degraded" until a handoff works. Until its first search, after the
+        node starts, it is "degraded" too, `error` saying so ("not connected yet ...")."""
         status = "ok"
         trouble, error = self._trouble_since, self.last_error
         outage = self._arbiter.outage()
@@ -306,6 +308,11 @@ class MailboxWatcher:
             since, why = outage
             trouble = since if trouble is None else min(trouble, since)
             error = error or why
+        if trouble is not None and error is None:
+            # It has not worked yet since the node started, and nothing failed yet either: say
+            # what it is at, not "degraded" with no reason.
+            connecting = f"not connected yet (connecting to {self.config.host}:{self.port})"
+            error = "connected; not searched yet" if self.connected else connecting
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
         elif any(e is not None for e in (self.conflict, self.target_error, self.source_error, self.target.problem)):
@@ -334,6 +341,7 @@ class MailboxWatcher:
         delay = 1.0
         renewer = asyncio.create_task(self._renew_forever(), name=f"renew {self.config.name}")
         noting = asyncio.create_task(self._notes_forever(), name=f"notes {self.config.name}")
+        outages = asyncio.create_task(self._outages_forever(), name=f"outages {self.config.name}")
         try:
             while not self._stopping:
                 try:
@@ -381,6 +389,7 @@ class MailboxWatcher:
             # Claims in hand were given back by the round that took them (see `_round`).
             renewer.cancel()
             noting.cancel()
+            outages.cancel()
             await self._syncs.wait()  # the last batch's records, on disk before we go
 
     def halt(self) -> None:
@@ -508,13 +517,7 @@ class MailboxWatcher:
             except ArbitrationUnavailable as error:
                 # No claims without Redis: nothing is handed over, nothing is lost. Keep the
                 # IMAP session and ask again shortly.
-                if self._trouble_since is None:
-                    self._trouble_since = time.monotonic()
-                if str(error) != self.last_error:
-                    _log.warning("mailbox %s: %s; claims paused", config.name, str(error).rstrip("."))
-                    self._problem(f"{str(error).rstrip('.')}; claims paused")
-                self.last_error = str(error)
-                self._claims_paused = True
+                self._pause_claims(str(error))
                 await asyncio.sleep(1.0)
                 continue
             self._works()
@@ -528,6 +531,29 @@ class MailboxWatcher:
             if self._claims_paused:  # a round when the pause ends says claims resumed
                 wait = max(0.2, min(wait, self._arbiter.paused_for() + 0.1))
             await self._idle(session, wait)
+
+    def _pause_claims(self, why: str) -> None:
+        """Redis does not answer (`why`): no claims until it does. Said once per outage, by
+        whichever notices first: a round's claim, or the heartbeat (`_outages_forever`)."""
+        if self._trouble_since is None:
+            self._trouble_since = time.monotonic()
+        # (Paused with no error: Redis answered, in the pause after it lost its data; it is away again.)
+        if not self._claims_paused or self.last_error is None:
+            _log.warning("mailbox %s: %s; claims paused", self.config.name, why.rstrip("."))
+            self._problem(f"{why.rstrip('.')}; claims paused")
+        self.last_error = why
+        self._claims_paused = True
+
+    async def _outages_forever(self) -> None:
+        """Pause claims as soon as the heartbeat finds Redis gone, busy or idle: a mailbox
+        handing a batch over to a slow target would otherwise say so only once the batch ends
+        and its next claim fails, seconds later. (The round after it asks Redis again, and
+        says claims resumed once it answers: `_watch`.)"""
+        while True:
+            await self._arbiter.outage_signal().wait()
+            outage = self._arbiter.outage()
+            if outage is not None:
+                self._pause_claims(outage[1])
 
     async def _idle(self, session: ImapSession, wait: float) -> None:
         """Wait for new mail (or `wait` seconds), or for Redis to stop answering: the round
@@ -1497,6 +1523,11 @@ class MailboxWatcher:
         interval = max(0.1, self.config.lease / 3)
         pause = interval
         restore = False  # done marks to put back (a lapse was seen; not done yet)
+        # While renewals fail (Redis away): since when (monotonic), how many, and when that was
+        # last said. Said once per outage, then every `_RENEWAL_SAID_EVERY` at most with a
+        # count, and when a renewal works again: not a WARNING every second of the outage.
+        failing_since: float | None = None
+        failures, said_at = 0, 0.0
         while True:
             lapse = self._arbiter.lapse_signal()
             with contextlib.suppress(TimeoutError):
@@ -1507,6 +1538,7 @@ class MailboxWatcher:
             dones = list(self._unacked.values()) if restore else []
             if not claims and not dones:
                 restore = False
+                failing_since = None  # nothing left to renew (the batch ended): nothing to say works again
                 continue
             try:
                 if claims:
@@ -1515,6 +1547,21 @@ class MailboxWatcher:
                     await self._arbiter.restore_done(dones)
                 restore = False
             except ArbitrationUnavailable as error:
-                _log.warning("mailbox %s: cannot renew %d claims (%d done marks): %s", self.config.name, len(claims),
-                             len(dones), error)  # fmt: skip
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since, failures, said_at = now, 1, now
+                    _log.warning("mailbox %s: cannot renew %d claims (%d done marks): %s; trying again every "
+                                 "second", self.config.name, len(claims), len(dones), error)  # fmt: skip
+                else:
+                    failures += 1
+                    if now - said_at >= _RENEWAL_SAID_EVERY:
+                        said_at = now
+                        _log.warning("mailbox %s: still cannot renew %d claims (%d done marks): %d attempts failed "
+                                     "in %.0fs: %s", self.config.name, len(claims), len(dones), failures,
+                                     now - failing_since, error)  # fmt: skip
                 pause = min(1.0, interval)  # again soon, not a third of a lease later
+                continue
+            if failing_since is not None:
+                _log.warning("mailbox %s: claims renewed again, after %d failed attempts in %.0fs", self.config.name,
+                             failures, time.monotonic() - failing_since)  # fmt: skip
+                failing_since = None

@@ -50,7 +50,7 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
         key = _row_key(row)
         mine = by_key.setdefault(key, {})
         for name, value in row.items():
-            if name in ("oldest", "started"):
+            if name in ("oldest", "started", "rule_created"):
                 mine[name] = min(mine.get(name, value), value)
             elif name == "finished":
                 mine[name] = max(mine.get(name, value), value)
@@ -72,7 +72,10 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
 
 
 def _row_key(row: dict[str, Any]) -> Any:
-    return row.get("queue") or row.get("path") or row.get("operation")
+    if "operation" in row:
+        # A resume is told from an earlier resume of the same rule id by the rule it ended.
+        return row["operation"], row.get("rule_created")
+    return row.get("queue") or row.get("path")
 
 
 Labels = tuple[tuple[str, str], ...]

@@ -182,7 +182,8 @@ class Admin:
         """The egress pool a message leaves from, and what named it (`pigeon.queue.policy.egress_pool`)."""
         self._clock = clock
         self._pause = pause
-        self._operations: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # By (id, `rule_created`): each resume of a rule id is a row of its own.
+        self._operations: OrderedDict[tuple[str, float | None], dict[str, Any]] = OrderedDict()
         self._rules_changing = asyncio.Lock()
         """Held from looking for a standing rule to storing (or dropping) one: a request that
         finds none must not let an identical one find none too while it stores its own."""
@@ -455,7 +456,10 @@ class Admin:
             )
             self._kick()
         elif kind == "suspend":
-            released = await self.retry(rule.selector, rule_id, release=False, kind="resume")
+            # Each resume of a rule id is its own row in the operations' progress, not the last
+            # one's: told apart by when the suspension it ended was made, which every worker and
+            # node holds alike (so their rows for one resume still add up to one).
+            released = await self.retry(rule.selector, rule_id, release=False, kind="resume", of_rule=rule.created)
             # What a standing bounce covers goes out as a bounce, not an attempt: said apart.
             return {"cancelled": True, "made_due": released["made_due"], "bounced": released["bounced"]}
         return {"cancelled": True, "made_due": made_due}
@@ -507,10 +511,17 @@ class Admin:
         return {"rebound": rebound, "after_attempt": after_attempt, "inbound_left": inbound_left}
 
     async def retry(
-        self, selector: Selector, operation: str | None = None, *, release: bool = True, kind: str = "retry"
+        self,
+        selector: Selector,
+        operation: str | None = None,
+        *,
+        release: bool = True,
+        kind: str = "retry",
+        of_rule: float | None = None,
     ) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
-        held ones too unless `release` is False. `kind`: the operation's name in its progress.
+        held ones too unless `release` is False. `kind`: the operation's name in its progress;
+        `of_rule`: a resume's, when the rule it ended was made (`rule_created` in its progress).
         Of those, the ones a live standing bounce covers are bounced as they come due, not
         attempted: counted apart (`bounced`), not as `made_due`."""
         now = self._clock()
@@ -533,7 +544,7 @@ class Admin:
         # lands, before this hears that it did. (A message does not know its site before it
         # is routed, so every down site's probe is due.)
         probe = self._probe_down if kind == "retry" else None
-        made_due = await self._make_due(selector, deferred, kind, operation, before_commit=probe)
+        made_due = await self._make_due(selector, deferred, kind, operation, before_commit=probe, of_rule=of_rule)
         return {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
@@ -556,6 +567,7 @@ class Admin:
         operation: str | None,
         *,
         before_commit: Callable[[], None] | None = None,
+        of_rule: float | None = None,
     ) -> int:
         """The spool rows matching `selector` and `wanted`, due now (in memory: due already,
         their owner sets their next due): how many. `before_commit` runs if there are any,
@@ -572,7 +584,9 @@ class Admin:
             by_shard.setdefault(shard_of(message.id), []).append(message.id)
             return True
 
-        made_due, _ = await self._walk(selector, act, kind, operation, claim=False, spool_only=spool_only)
+        made_due, _ = await self._walk(
+            selector, act, kind, operation, claim=False, spool_only=spool_only, of_rule=of_rule
+        )
         if made_due and before_commit is not None:
             before_commit()
         await asyncio.gather(*(self._spools[shard].make_due(ids, now) for shard, ids in by_shard.items()))
@@ -742,9 +756,11 @@ class Admin:
         claim: bool,
         spool_only: Callable[[Message], bool] | None = None,
         leave: Callable[[Message], bool] | None = None,
+        of_rule: float | None = None,
     ) -> tuple[int, int]:
         """Act on every matching message but those `leave` is true of (neither claimed nor
-        acted on); (acted on, of which marked: acted on when their attempt ends)."""
+        acted on); (acted on, of which marked: acted on when their attempt ends). `of_rule`:
+        when the rule `operation` names was made, for a walk that ends it (a resume)."""
         acted = marked = seen = 0
         progress: dict[str, Any] = {
             "operation": operation or new_rule_id(),
@@ -757,7 +773,9 @@ class Admin:
             "running": 1,  # added up over workers: how many are still at it
             "started": self._clock(),
         }
-        self._operations[progress["operation"]] = progress
+        if of_rule is not None:
+            progress["rule_created"] = of_rule
+        self._operations[progress["operation"], of_rule] = progress
         while len(self._operations) > _KEEP_OPERATIONS:
             self._operations.popitem(last=False)
 

@@ -358,6 +358,10 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "running": {"type": "integer", "minimum": 0, "description": "workers still at it (0: done)"},
             "started": {"type": "number"},
             "finished": {"type": "number"},
+            "rule_created": {
+                "type": "number",
+                "description": "A resume: when the suspension it ended was made (each resume of a rule id is a row)",
+            },
         },
         "operation",
         "kind",
