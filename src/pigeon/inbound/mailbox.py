@@ -308,17 +308,18 @@ class MailboxWatcher:
             since, why = outage
             trouble = since if trouble is None else min(trouble, since)
             error = error or why
-        if trouble is not None and error is None:
-            # It has not worked yet since the node started, and nothing failed yet either: say
-            # what it is at, not "degraded" with no reason.
-            connecting = f"not connected yet (connecting to {self.config.host}:{self.port})"
-            error = "connected; not searched yet" if self.connected else connecting
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
         elif any(e is not None for e in (self.conflict, self.target_error, self.source_error, self.target.problem)):
             status = "degraded"
         problem = f"target {self.target.name}: {self.target.problem}" if self.target.problem else None
         error = error or self.source_error or self.target_error or problem
+        if trouble is not None and error is None:
+            # It has not worked yet since the node started, and nothing failed yet either (a
+            # target's problem found at start is a reason, and said): what it is at, not
+            # "degraded" with no reason.
+            connecting = f"not connected yet (connecting to {self.config.host}:{self.port})"
+            error = "connected; not searched yet" if self.connected else connecting
         health: dict[str, Any] = {
             "status": status,
             "connected": self.connected,
