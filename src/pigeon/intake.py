@@ -938,7 +938,8 @@ def _apply(
     if changes.campaign is not None:
         campaign = changes.campaign or None
     if changes.route is not None:
-        envelope.routing_domain = a_label(changes.route) or None  # as recipient domains are named
+        # As recipient domains are named (an A-label), a final dot the same name (as a rebind takes it).
+        envelope.routing_domain = a_label(changes.route.removesuffix(".")) or None
     if changes.egress_pool is not None:
         envelope.egress_pool = changes.egress_pool or None
     if changes.dkim is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -111,9 +112,13 @@ def _when(text: str, now: float) -> float:
     if (match := DURATION_TEXT.fullmatch(given)) is not None and match.group(2) is not None:
         return now - float(match.group(1)) * DURATION_UNITS[match.group(2)]
     try:
-        return float(given)
+        number = float(given)
     except ValueError:
         pass
+    else:
+        if math.isfinite(number):
+            return number
+        raise ValueError(f"{text!r} is no time: give a time ago, an ISO 8601 date or time, or a Unix timestamp")
     try:
         moment = datetime.datetime.fromisoformat(given.replace("z", "Z"))
     except ValueError:

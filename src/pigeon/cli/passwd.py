@@ -71,7 +71,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     path: Path | None = args.create if args.create is not None else args.file
     if path is None:
-        path = load_config(args).smtp.auth_users
+        path = load_config(args, enough=[("smtp", "auth_users")]).smtp.auth_users
     if path is None:
         print("pigeon: no users file: give -c FILE (to create it) or --file FILE, or set [smtp] auth_users "
               "in the configuration (--config)", file=sys.stderr)  # fmt: skip

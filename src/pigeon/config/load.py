@@ -39,7 +39,7 @@ from pigeon.config.schema import (
     decode_hook,
 )
 from pigeon.inbound.search import SearchError, excludes_seen
-from pigeon.listener.passwords import binding_problem
+from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
@@ -99,7 +99,7 @@ def load_text(text: str, path: Path, *, replaced_by_reload: bool = False) -> Con
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return _load_data(data, path, text, replaced_by_reload=replaced_by_reload)
+    return _load_data(data, path, text, reloadable_files=not replaced_by_reload)
 
 
 def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
@@ -119,22 +119,25 @@ def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
         if isinstance(table, dict) and key in table:
             taken.setdefault(section, {})[key] = table[key]
     try:
-        return _load_data(taken, path, text)
+        # Only the keys: what the files a reload takes hold is no business of such a command
+        # (`pigeon passwd -c` mends the very users file that would stop it).
+        return _load_data(taken, path, text, reloadable_files=False)
     except ConfigError:
         return None
 
 
 def _load_data(
-    data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = (), *, replaced_by_reload: bool = False
+    data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = (), *, reloadable_files: bool = True
 ) -> Config:
     """`providers`: names of `[[provider]]`s left out of `data` that rules may still name;
-    `replaced_by_reload`: as `load_text`'s."""
+    `reloadable_files`: read and check the files a reload takes (the TLS pair, the SMTP users,
+    DKIM keys, routes' CA files), as a node's start must."""
     _accept_shorthands(data)
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
-    return _finish(config, path, text, providers, replaced_by_reload=replaced_by_reload)
+    return _finish(config, path, text, providers, reloadable_files=reloadable_files)
 
 
 def _accept_shorthands(data: dict[str, Any]) -> None:
@@ -145,7 +148,7 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
 
 
 def _finish(
-    config: Config, path: Path | None, text: str, providers: Sequence[str] = (), *, replaced_by_reload: bool = False
+    config: Config, path: Path | None, text: str, providers: Sequence[str] = (), *, reloadable_files: bool = True
 ) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
@@ -241,13 +244,20 @@ def _finish(
         for route in config.route:
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
-    _check_files(config, fail, reloadable=not replaced_by_reload)
+    _check_files(config, fail, reloadable=reloadable_files)
     _check_directories(config, fail)
     _check_listen_addresses(config, text, fail)
-    _check_dkim(config, path, text, fail, keys=not replaced_by_reload)
-    if not replaced_by_reload and smtp.auth_users is not None and not smtp.auth_users.is_file():
+    _check_dkim(config, path, text, fail, keys=reloadable_files)
+    if reloadable_files and smtp.auth_users is not None:
         users = smtp.auth_users
-        raise fail(["smtp", "auth_users"], f"no users file at {users} (create it: pigeon passwd -c {users} USER)")
+        if not users.is_file():
+            raise fail(["smtp", "auth_users"], f"no users file at {users} (create it: pigeon passwd -c {users} USER)")
+        # Read as DKIM keys are: a line no user can log in with stops the start (exit 2, naming
+        # the key) and a reload (its supervisor keeps saying so), not a worker's start after.
+        try:
+            PasswordFile.load(users)
+        except PasswordFileError as error:
+            raise fail(["smtp", "auth_users"], str(error)) from None
     module = config.policy.module
     if module is not None and (module.endswith(".py") or "/" in module) and not Path(module).is_file():
         raise fail(["policy", "module"], f"no policy module file at {module}")

@@ -115,7 +115,8 @@ class DeliveryHooks:
             return None
         routed = message.envelope.routing_domain  # None: as its recipients' own domains
         # As recipient domains are named: a U-label is its A-label; "" is their own domains.
-        domain = a_label(verdict.domain) if verdict.domain else ""
+        # (A final dot is the same name: `[[route]] domain = "a.test"` matches `a.test.` too.)
+        domain = a_label(verdict.domain.removesuffix(".")) if verdict.domain.removesuffix(".") else ""
         if domain == (a_label(routed) if routed else ""):
             self._reroutes.pop(message.id, None)
             return None  # already routed so: a hook that reroutes every time must not loop

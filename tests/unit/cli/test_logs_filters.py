@@ -90,6 +90,8 @@ def test_since_takes_a_time_ago_an_iso_time_or_a_unix_timestamp(tmp_path: Path, 
     ("args", "said"),
     [
         (["--since", "yesterday-ish"], "'yesterday-ish' is no time"),
+        (["--since", "nan"], "'nan' is no time"),
+        (["--until=-inf"], "'-inf' is no time"),
         (["--until", "1h", "--follow"], "--until ends what --follow would keep printing"),
     ],
 )

@@ -527,6 +527,16 @@ def test_auth_users_without_starttls_is_refused_naming_both_settings(tmp_path: P
     assert config.smtp.auth_users == tmp_path / "users" and not config.smtp.starttls
 
 
+def test_a_users_file_with_a_line_no_user_can_log_in_with_is_refused_at_load_naming_the_key(tmp_path: Path) -> None:
+    """As a DKIM key's: said when the node starts (exit 2) and when a reload reads it, naming
+    `[smtp] auth_users` and the file's line, not first when a worker starts (exit 1, no key)."""
+    (tmp_path / "users").write_text("# the node's users\njunk\n")
+    message = error_of(tmp_path, '[smtp]\nauth_users = "users"\n')
+    assert f"line 2: [smtp] auth_users: {tmp_path / 'users'}, line 2: expected user:$scrypt$..." in message
+    (tmp_path / "users").write_text("")
+    assert load(write(tmp_path, '[smtp]\nauth_users = "users"\n')).smtp.auth_users == tmp_path / "users"
+
+
 def test_two_api_tokens_with_the_same_secret_are_refused(tmp_path: Path) -> None:
     token = '[[http.token]]\nname = "{}"\ntoken = "{}"\nscopes = ["{}"]\n'
     same = "a" * 32
