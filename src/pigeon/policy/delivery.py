@@ -116,7 +116,8 @@ class DeliveryHooks:
         routed = message.envelope.routing_domain  # None: as its recipients' own domains
         # As recipient domains are named: a U-label is its A-label; "" is their own domains.
         # (A final dot is the same name: `[[route]] domain = "a.test"` matches `a.test.` too.)
-        domain = a_label(verdict.domain.removesuffix(".")) if verdict.domain.removesuffix(".") else ""
+        named = verdict.domain.removesuffix(".")
+        domain = a_label(named) if named else ""
         if domain == (a_label(routed) if routed else ""):
             self._reroutes.pop(message.id, None)
             return None  # already routed so: a hook that reroutes every time must not loop
@@ -124,8 +125,8 @@ class DeliveryHooks:
         # past a few reroutes in a row without an attempt, it goes where it is routed now.
         if len(self._reroutes) >= _REROUTES_KEPT:
             self._reroutes.clear()  # (of messages gone meanwhile, bounced by an operator say)
-        count = self._reroutes[message.id] = self._reroutes.get(message.id, 0) + 1
-        if count > _MAX_REROUTES:
+        reroutes = self._reroutes[message.id] = self._reroutes.get(message.id, 0) + 1
+        if reroutes > _MAX_REROUTES:
             del self._reroutes[message.id]
             _log.warning("before_delivery answered Reroute(%r) for message %s after rerouting it %d times in a row "
                          "without an attempt: not carried out; it is sent as routed now (%s)", verdict.domain,
