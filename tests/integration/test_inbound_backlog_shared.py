@@ -16,7 +16,14 @@ import imaplib
 import time
 from pathlib import Path
 
-from tests.support.apps import WebhookApp, customer_mail, imap_mailbox, redis_in_use_for_a_while, webhook_target
+from tests.support.apps import (
+    WebhookApp,
+    customer_mail,
+    imap_mailbox,
+    mailbox_health,
+    redis_in_use_for_a_while,
+    webhook_target,
+)
 from tests.support.process import PigeonProcess
 from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
@@ -67,6 +74,9 @@ def test_three_nodes_share_a_backlog_smaller_than_two_batches(
             client = redis_server.client()
             # Every node watches the (empty) inbox, its heartbeat in Redis: each knows of the others.
             wait_until(lambda: client.hlen("pigeon:inbound:nodes") == NODES, 30, interval=0.05)
+            # ... and has searched it, its session idle: on a busy machine (a full suite) one that
+            # was still connecting found the backlog gone when it first looked.
+            wait_until(lambda: all(mailbox_health(node)["status"] == "ok" for node in nodes), 30, interval=0.05)
             time.sleep(1.5)  # a heartbeat more each, having seen the others'
             _move_all_to_inbox(dovecot, "Staging")
             moved = time.monotonic()
