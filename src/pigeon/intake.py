@@ -783,6 +783,7 @@ class Draft:
                 tls=arrival.tls,
                 auth_user=arrival.auth_user,
                 meta=m.envelope.metadata,
+                trace_id=None if printed_id == printed[0] else printed[0],
             )
             for m, printed_id in zip(messages, printed, strict=True)
         ]

@@ -80,6 +80,13 @@ def test_reply_names_the_spool_ids_and_reception_records_match(pigeon: PigeonPro
         assert record["node"] == "test-node"
         assert record["size"] > 0
     assert {tuple(r["recipients"]) for r in records} == {("a@example.net",), ("c@other.test",)}
+    # One body, whose Received: field names the first id: the other message's record says so.
+    assert [(r["id"], r.get("trace_id")) for r in sorted(records, key=lambda r: ids.index(r["id"]))] == [
+        (ids[0], None),
+        (ids[1], ids[0]),
+    ]
+    stored = {m["id"]: m["data"] for m in pigeon.spool_messages()}
+    assert f"with ESMTP id {ids[0]}".encode() in stored[ids[1]].split(b"\r\n\r\n")[0].replace(b"\r\n\t", b" ")
 
 
 def test_dsn_parameters_are_stored_with_the_envelope(pigeon: PigeonProcess) -> None:

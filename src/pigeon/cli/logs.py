@@ -84,6 +84,11 @@ class _Filter:
         self.since, self.until = since, until
 
     def __call__(self, record: dict[str, Any]) -> bool:
+        if self.ids and isinstance(trace := record.get("trace_id"), str) and trace.lower() in self.ids:
+            # Received with a message asked for, in one body whose `Received:` field names that
+            # message (a reception for several domains): its story is told too, as a DSN about
+            # it shows the id asked for.
+            self.ids.add(str(record.get("id") or "").lower())
         if self.types and record.get("type") not in self.types:
             return False
         if self.since is not None or self.until is not None:
@@ -107,7 +112,8 @@ class _Filter:
 
 
 def _when(text: str, now: float) -> float:
-    """A moment given as time ago ("30m"), an ISO 8601 date or time, or a Unix timestamp."""
+    """A moment given as time ago ("30m"), an ISO 8601 date, time of day (today's) or both, or
+    a Unix timestamp."""
     given = text.strip()
     if (match := DURATION_TEXT.fullmatch(given)) is not None and match.group(2) is not None:
         return now - float(match.group(1)) * DURATION_UNITS[match.group(2)]
@@ -119,13 +125,19 @@ def _when(text: str, now: float) -> float:
         if math.isfinite(number):
             return number
         raise ValueError(f"{text!r} is no time: give a time ago, an ISO 8601 date or time, or a Unix timestamp")
+    iso = given.replace("z", "Z")
     try:
-        moment = datetime.datetime.fromisoformat(given.replace("z", "Z"))
+        moment = datetime.datetime.fromisoformat(iso)
     except ValueError:
-        raise ValueError(
-            f'{text!r} is no time: give a time ago ("30m", "2h", "7d"), an ISO 8601 date or time '
-            f'("2026-12-05", "2026-12-05T09:00", "2026-12-05T09:00Z") or a Unix timestamp'
-        ) from None
+        try:  # a time of day alone ("09:00", "T09:00:30"): today's, as `date -d` takes it
+            day = datetime.date.fromtimestamp(now)
+            moment = datetime.datetime.combine(day, datetime.time.fromisoformat(iso))
+        except ValueError:
+            raise ValueError(
+                f'{text!r} is no time: give a time ago ("30m", "2h", "7d"), an ISO 8601 date, time '
+                f'of day or both ("2026-12-05", "09:00", "2026-12-05T09:00", "2026-12-05T09:00Z") '
+                "or a Unix timestamp"
+            ) from None
     return moment.timestamp()  # a naive one is local time, as `date` shows it
 
 

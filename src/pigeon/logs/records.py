@@ -47,6 +47,8 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | cause          | Held             | `refused` (by the target, for good) or `expired`          |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
 | reason, operator | AdminBounce    | the operator's reason and API token name (terminal too)    |
+| attempt_response | AdminBounce    | bounced while an attempt was on the wire: what that attempt |
+|                |                  | was answered (then `site`, `peer`, `tls` are that attempt's) |
 | meta           | all four         | metadata given at injection, as in `Reception`            |
 | seq            | terminal ones    | unique on the node, but not written in seq order: see below |
 
@@ -116,6 +118,9 @@ class Reception(Record, tag="Reception", kw_only=True):
     tls: str | None = None
     auth_user: str | None = None
     meta: dict[str, str] | None = None
+    # The id our `Received:` field names, where it is another message's: a reception for several
+    # domains stores one body, whose field names the first of its messages.
+    trace_id: str | None = None
     seq: int = 0
     # False: the client was gone when the commit ended (it hung up while the message was being
     # written): the message is stored and kept, but the 250 could not be given, so the client
@@ -216,6 +221,7 @@ class AdminBounce(Attempt, tag="AdminBounce"):
 
     reason: str = ""
     operator: str = ""  # the API token's name
+    attempt_response: Response | None = None  # bounced while an attempt was on the wire: its reply
     seq: int = 0
 
 

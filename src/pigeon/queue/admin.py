@@ -240,8 +240,8 @@ class Admin:
 
         bounced, after_attempt = await self._walk(selector, act, "bounce", rule_id, claim=True)
         why = f" ({reason})" if reason else ""
-        _log.warning("admin bounce by %s of %s: %d messages, %d of them once their attempt ends%s",
-                     operator, selector.describe(), bounced, after_attempt, why)  # fmt: skip
+        _log.warning("admin bounce by %s of %s: %s, %d of them once their attempt ends%s",
+                     operator, selector.describe(), _messages(bounced), after_attempt, why)  # fmt: skip
         # A message being sent is bounced only as far as its attempt does not deliver it: said
         # apart, so "bounced 60" does not hide that 20 of them went out meanwhile.
         answer: dict[str, Any] = {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
@@ -331,8 +331,8 @@ class Admin:
 
         bounced, after_attempt = await self._walk(rule.selector, act, "bounce", rule.id, claim=True, leave=leave)
         if bounced or in_memory:
-            _log.warning("admin rules: standing bounce %s of %s, handed over: %d messages, %d of them once their "
-                         "attempt ends", rule.id, rule.selector.describe(), in_memory + bounced,
+            _log.warning("admin rules: standing bounce %s of %s, handed over: %s, %d of them once their "
+                         "attempt ends", rule.id, rule.selector.describe(), _messages(in_memory + bounced),
                          after_attempt)  # fmt: skip
 
     def _handed_over(self, walk: asyncio.Task[None]) -> None:
@@ -504,10 +504,10 @@ class Admin:
 
         rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=inbound)
         self._rewind(now)
-        left = f"; {inbound_left} messages of [[inbound]] routes left as they are: they go to their target"
+        left = f"; {_messages(inbound_left)} of [[inbound]] routes left as they are: they go to their target"
         left = left if inbound_left else ""
-        _log.warning("admin rebind by %s of %s: %d messages to queue=%s route=%s%s", operator, selector.describe(),
-                     rebound, queue, routing_domain, left)  # fmt: skip
+        _log.warning("admin rebind by %s of %s: %s to queue=%s route=%s%s", operator, selector.describe(),
+                     _messages(rebound), queue, routing_domain, left)  # fmt: skip
         return {"rebound": rebound, "after_attempt": after_attempt, "inbound_left": inbound_left}
 
     async def retry(
@@ -813,7 +813,7 @@ class Admin:
                 await asyncio.gather(*commits)
                 progress.update(looked_at=seen, acted_on=acted, after_attempt=marked)
                 if seen % _PROGRESS_EVERY < _BATCH:
-                    _log.info("admin %s: %d messages looked at, %d acted on", name, seen, acted)
+                    _log.info("admin %s: %s looked at, %d acted on", name, _messages(seen), acted)
                 await self._pause(time.perf_counter() - started)
         progress.update(looked_at=seen, acted_on=acted, after_attempt=marked, running=0, finished=self._clock())
         return acted, marked
@@ -913,3 +913,8 @@ class _Settling:
 
 def _rule_view(rule: Rule | None) -> dict[str, Any] | None:
     return msgspec.to_builtins(rule) if rule is not None else None
+
+
+def _messages(count: int) -> str:
+    """ "1 message", "2 messages": for the operator's log lines."""
+    return f"{count} message{'' if count == 1 else 's'}"

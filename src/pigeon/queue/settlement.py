@@ -293,12 +293,21 @@ class Settlement:
             else:
                 deferred.append((recipient, reply, index))
         mark = entry.admin_bounce
-        if (deferred or outcome.held) and mark is not None:
+        if mark is not None and (deferred or outcome.held):
             # An operator bounced it while this attempt was on the wire: what did not get
-            # through now ends here instead of being retried or held.
-            for recipient in [r for r, _, _ in deferred] + [r for r, _ in outcome.held]:
-                outcome.terminal.append(self._admin_bounce_record(message, recipient, attempts, mark))
+            # through now ends here instead of being retried or held. Each record keeps what
+            # the attempt met, which no other record would tell.
+            for recipient, reply, index in deferred:
+                said = Response.of(reply)
+                record = self._admin_bounce_record(message, recipient, attempts, mark, attempt, index, said)
+                outcome.terminal.append(record)
+            for recipient, held in outcome.held:
+                record = self._admin_bounce_record(message, recipient, attempts, mark, attempt, -1, held.response)
+                outcome.terminal.append(record)
             deferred, outcome.held = [], []
+        elif mark is not None:
+            _log.info("admin bounce by %s: message %s was settled by the attempt under way (its records say "
+                      "how), not bounced", mark.operator, format_id(message.id))  # fmt: skip
         if deferred:
             # Each recipient keeps the reply it got, which its expiry names (now, or from the
             # spool later). Not tried (its site is down): what each last met is the site's
@@ -385,13 +394,21 @@ class Settlement:
         outcome.due = HELD + (self._clock() + min(spans) if min(spans) > 0 else 0.0)
 
     def _admin_bounce_record(
-        self, message: Message, recipient: Recipient, attempts: int, mark: AdminMark
+        self,
+        message: Message,
+        recipient: Recipient,
+        attempts: int,
+        mark: AdminMark,
+        attempt: Attempt | None = None,
+        index: int = -1,
+        said: Response | None = None,
     ) -> AdminBounce:
+        """`attempt`: the one on the wire when the operator bounced the message, whose
+        recipient `index` was answered `said`."""
         reason = mark.reason
         reply = Reply(550, "5.7.1", (f"Administratively bounced: {reason}" if reason else "Administratively bounced",))
-        return AdminBounce(
-            **self._fields(message, recipient, reply, attempts, None), reason=reason, operator=mark.operator
-        )
+        fields = self._fields(message, recipient, reply, attempts, attempt, index)
+        return AdminBounce(**fields, reason=reason, operator=mark.operator, attempt_response=said)
 
     # --- writing -------------------------------------------------------------------------
     def _write(self, outcome: _Outcome, dsn: bool) -> None:

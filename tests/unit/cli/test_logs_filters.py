@@ -72,6 +72,28 @@ def test_an_id_filter_tells_one_messages_story_and_repeated_ones_match_either(tm
     ]
 
 
+def test_an_id_filter_tells_the_story_of_the_messages_its_received_field_was_written_for(tmp_path: Path) -> None:
+    # One reception for two domains: one body, whose Received: field (returned in a DSN about
+    # either message) names the first id. Asked for that id, the second's bounce is told too.
+    now = time.time()
+    records = [
+        {"type": "Reception", "id": "00000000000000c1", "timestamp": now - 9, "recipients": ["a@one.test"]},
+        {"type": "Reception", "id": "00000000000000c2", "timestamp": now - 9, "recipients": ["b@two.test"],
+         "trace_id": "00000000000000c1"},
+        {"type": "Reception", "id": "00000000000000d1", "timestamp": now - 8, "recipients": ["c@two.test"]},
+        {"type": "Delivery", "id": "00000000000000c1", "timestamp": now - 5, "recipient": "a@one.test"},
+        {"type": "Bounce", "id": "00000000000000c2", "timestamp": now - 4, "recipient": "b@two.test"},
+        {"type": "Bounce", "id": "00000000000000d1", "timestamp": now - 3, "recipient": "c@two.test"},
+    ]  # fmt: skip
+    (tmp_path / "20270115-000000-000000-w0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert _shown(tmp_path, "--id", "00000000000000C1", "--type", "Bounce") == [("Bounce", "00000000000000c2")]
+    assert [i for _, i in _shown(tmp_path, "--id", "00000000000000c1")] == ["00000000000000c1", "00000000000000c2"] * 2
+    assert _shown(tmp_path, "--id", "00000000000000c2") == [
+        ("Reception", "00000000000000c2"),
+        ("Bounce", "00000000000000c2"),
+    ]
+
+
 @pytest.mark.parametrize("since", ["5m", "300s", "@"])
 def test_since_takes_a_time_ago_an_iso_time_or_a_unix_timestamp(tmp_path: Path, since: str) -> None:
     now = time.time()
@@ -84,6 +106,14 @@ def test_since_takes_a_time_ago_an_iso_time_or_a_unix_timestamp(tmp_path: Path, 
     utc = datetime.datetime.fromtimestamp(now - 2 * HOUR, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert len(_shown(tmp_path, "--since", utc)) == 3
     assert [kind for kind, _ in _shown(tmp_path, "--until", "1h")] == ["Reception", "Delivery", "Bounce"]
+
+
+@pytest.mark.parametrize("since", ["10:30", "10:30:00", "T10:30"])
+def test_since_and_until_take_a_time_of_day_as_todays(tmp_path: Path, since: str) -> None:
+    noon = datetime.datetime.combine(datetime.date.today(), datetime.time(12)).timestamp()
+    _write(tmp_path, noon)  # receptions at 09:00 and 11:59 today, local time
+    assert [kind for kind, _ in _shown(tmp_path, "--since", since)] == ["Reception", "TransientFailure", "Rejection"]
+    assert [kind for kind, _ in _shown(tmp_path, "--until", since)] == ["Reception", "Delivery", "Bounce"]
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pigeon.logs.records import Response
 from pigeon.queue import settlement
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
@@ -203,6 +204,10 @@ async def test_an_attempt_on_the_wire_when_bounced_admin_bounces_what_it_leaves(
     assert sorted(kinds(world)) == [("AdminBounce", "a2@d1.test"), ("Delivery", "a1@d1.test")]
     assert world.notices == [] and spool_id not in world.spool.rows
     assert [a.message for a in world.attempted] == [spool_id]
+    # What the server said to the recipient the operator then bounced is not lost with it.
+    [bounced] = world.logged("AdminBounce")
+    assert (bounced.response.code, bounced.reason) == (550, "stop")
+    assert bounced.attempt_response == Response.of(LATER) and bounced.site == "mx1.test"
 
 
 async def test_a_rebind_leaves_mail_of_an_inbound_route_as_it_is_on_the_wire_or_only_in_the_spool(
