@@ -254,6 +254,43 @@ def test_an_operator_ends_a_suspension_early_and_the_mail_it_held_goes_at_once(t
     assert sorted(Counter(r.recipients[0].split("-")[0] for r in sink.received).items()) == [("first", 1), ("later", 3)]
 
 
+@pytest.mark.parametrize(("refused", "held"), [("dest.test", "own.test"), ("own.test", "dest.test")])
+def test_a_source_scoped_suspension_holds_every_queue_from_that_source_to_the_site(
+    tmp_path: Path, refused: str, held: str
+) -> None:
+    # own.test has a [[shaping]] block, so a ready queue of its own (default->own.test@site):
+    # a provider telling the sending address to stop is about that address, whichever of its
+    # queues to the site heard it; it used to hold only that one queue.
+    with ScriptedSink() as sink:
+        sink.rcpt_reply = lambda address: RATE_LIMITED if address.startswith("first") else None
+        rule = {
+            "id": "sink-says-so",
+            "match": r"^421 4\.7\.0 .*rate limited",
+            "duration": "1m",
+            "scope": "source",
+            "action": "suspend",
+        }
+        sections = delivery_config(sink.endpoint)
+        shaping = [{"domain": "own.test", "idle_timeout": "3s"}]
+        with PigeonProcess(
+            tmp_path / "node", log={"level": "info"}, reaction=[rule], shaping=shaping, **sections
+        ) as node:
+            with smtplib.SMTP("127.0.0.1", node.smtp_port, timeout=30) as client:
+                client.sendmail("a@origin.test", [f"first@{refused}"], b"Subject: first\r\n\r\nhi\r\n")
+                [record] = node.wait_records("ShapingEffect")
+                for i in range(3):
+                    client.sendmail("a@origin.test", [f"later-{i}@{held}"], b"Subject: later\r\n\r\nhi\r\n")
+            wait_until(lambda: len(node.records("Reception")) == 4)
+            time.sleep(1.5)
+            ready = json.loads(_cli(node, "queue", "summary", "--json").stdout)["ready"]
+    assert record["key"] == f"path:default->{sink.endpoint}", record
+    assert sink.received == []  # the 3 later messages wait with the first, on the other queue
+    waiting = {row["path"]: ([e["id"] for e in row["effects"]], row["queued"]) for row in ready}
+    # (the first waits for the effect's end on the retry schedule, not in a ready queue)
+    assert sorted(queued for _, queued in waiting.values()) == [0, 3], ready
+    assert all(effects == [record["effect"]] for effects, _ in waiting.values()), ready
+
+
 def test_a_bounce_reaction_bounces_the_sites_mail(tmp_path: Path) -> None:
     with ScriptedSink() as sink:
         sink.rcpt_reply = lambda address: RATE_LIMITED if address.startswith("first") else None

@@ -227,7 +227,7 @@ class Dispatcher:
         """`queue` has mail: make sure enough connections work on it."""
         lane = self._lanes.get(queue.path)
         if lane is None or lane.queue is not queue:  # (a queue forgotten, then opened again)
-            keys = self._reactor.keys(queue.path, queue.site) if self._reactor is not None else ()
+            keys = self._reactor.keys(queue.egress, queue.site) if self._reactor is not None else ()
             lane = self._lanes[queue.path] = _Lane(queue, self._shaping(shaping_query(queue)), keys)
         self._start(lane)
 
@@ -698,7 +698,7 @@ class Dispatcher:
             if all(reply.code < 400 for reply in replies):
                 reacted.append(attempt)
                 continue
-            effect = reactor.observe(queue.path, queue.site, _domain(work.message), replies)
+            effect = reactor.observe(queue.egress, queue.site, _domain(work.message), replies)
             reacted.append(reactor.apply(attempt, effect) if effect is not None else attempt)
         return reacted
 
@@ -730,7 +730,7 @@ class Dispatcher:
         lane.failures += 1
         effect = None
         if self._reactor is not None:  # (a 421 in the banner is a reply like any other)
-            effect = self._reactor.observe(queue.path, queue.site, queue.domain, (error.reply,))
+            effect = self._reactor.observe(queue.egress, queue.site, queue.domain, (error.reply,))
         victims: list[Lease | None] = []
         until_probe: float | None = None  # the site is down: what this costs is no attempt
         went_down = False

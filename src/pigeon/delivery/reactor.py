@@ -1,8 +1,8 @@
 """The reactor: what the dispatcher asks of shaping that reacts (`pigeon.shaping.reactions`
 and `pigeon.shaping.effects`), per ready queue and per attempt.
 
-* `keys(path, site)`: the keys a ready queue's effects may be on (its site, its path
-  `source->site`, its provider);
+* `keys(path, site)`: the keys a ready queue's effects may be on (its site, its source's path
+  `source->site`, whatever its domain or TLS policy, its provider);
 * `observe(path, site, domain, replies)`: the replies of an attempt (or of a failed connection);
   a reply that matches a rule starts its effect (at the rule's `threshold`-th match, if it has
   one), or meets the one that lives (a repeat);

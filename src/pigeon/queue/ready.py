@@ -40,6 +40,7 @@ class ReadyQueue:
         "_waiters",
         "destination",
         "domain",
+        "egress",
         "own",
         "path",
         "source",
@@ -55,10 +56,14 @@ class ReadyQueue:
         source: str | None = None,
         *,
         own: bool = False,
+        egress: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self.source = source  # the [[source]] its connections leave from; None: the implicit one
+        # Its source's path to the site, `source->site`, whatever the domain or TLS policy of the
+        # queue: what a provider's answer about the sending address holds (a reaction's `source`).
+        self.egress = egress or path
         # The delivery room's pigeon.delivery.routes.Destination: opaque here but for `site`.
         self.destination = destination
         # Its domain (own) or the domain whose mail opened it (shared: shaped by the catch-all).
@@ -236,11 +241,13 @@ class ReadyQueues:
         own = self._owns(domain)
         # The TLS policy is part of the queue (`Destination.security`): its connections are
         # opened under it, and mail that requires more must not ride on them.
-        path = ready_queue(source or self._source, destination.site, domain if own else None, destination.security)
+        source_name = source or self._source
+        path = ready_queue(source_name, destination.site, domain if own else None, destination.security)
         queue = self._queues.get(path)
         if queue is None:
+            egress = ready_queue(source_name, destination.site)
             queue = self._queues[path] = ReadyQueue(
-                path, destination, self._active, domain, source, own=own, clock=self._clock
+                path, destination, self._active, domain, source, own=own, egress=egress, clock=self._clock
             )
         return queue
 

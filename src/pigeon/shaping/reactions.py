@@ -15,7 +15,8 @@ and the dispatcher applies them. Only replies of 400 and above are looked at: a 
 reacts, and nothing is searched on the common path.
 
 Effects apply to a *key*, like the throttles' limit keys: `site:<site>`, `path:<source>-><site>`
-(scope "source": the ready queue's egress path, i.e. the sending address a provider judges) or
+(scope "source": the ready queue's source and site, whatever its domain or TLS policy: the
+sending address a provider judges, on every queue from it to that site) or
 `provider:<name>`. The dispatcher asks for a ready queue's three keys.
 
 Shipped rules are conservative (short durations, only replies whose meaning the provider
