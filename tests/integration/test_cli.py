@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import smtplib
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -329,7 +331,13 @@ def test_queue_summary_prints_a_table(tmp_path: Path) -> None:
         result = pigeon_cli("queue", "summary", "-c", str(pigeon.config_path))
         assert result.returncode == 0, result.stderr
         (row,) = [line for line in result.stdout.splitlines() if line.startswith("c1:@example.net")]
-        assert row.split()[1:4] == ["3", "0", "0"]  # messages, due, ready
+        messages, due, later, upcoming, held = row.split()[1:6]
+        # Each waits for its retry in about an hour (jittered): "later", the first one due "next".
+        assert (messages, due, later, held) == ("3", "0", "3", "0"), result.stdout
+        assert re.fullmatch(r"1\.[01]h|[45]\d\.\dm|60\.0m", upcoming), result.stdout
+        listed = json.loads(pigeon_cli("queue", "summary", "--json", "-c", str(pigeon.config_path)).stdout)
+        (counted,) = [q for q in listed["scheduled"] if q["queue"] == "c1:@example.net"]
+        assert counted["later"] == 3 and 2700 < counted["next_due"] - time.time() < 4500, counted
         campaign = "spring-sale-2026-second-reminder-for-dormant-customers"
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.sendmail(

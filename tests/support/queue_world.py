@@ -153,16 +153,22 @@ class MemorySpool:
     def scan(self, after: int, limit: int) -> list[Message]:
         return [self._message(i, self.rows[i]) for i in sorted(self.rows) if i > after][:limit]
 
-    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int, int, float | None]]:
         counts: dict[str, list[float]] = {}
+        nexts: dict[str, float] = {}
         for spool_id, row in self.rows.items():
-            entry = counts.setdefault(row.queue, [0, 0, 0, row.created, spool_id])
+            entry = counts.setdefault(row.queue, [0, 0, 0, row.created, spool_id, 0])
             entry[0] += 1
             entry[1] += row.due <= now
             entry[2] += row.due >= held
             entry[3] = min(entry[3], row.created)
             entry[4] = min(entry[4], spool_id)
-        return [(q, int(c[0]), int(c[1]), int(c[2]), c[3], int(c[4])) for q, c in counts.items()]
+            if now < row.due < held:
+                entry[5] += 1
+                nexts[row.queue] = min(nexts.get(row.queue, row.due), row.due)
+        return [
+            (q, int(c[0]), int(c[1]), int(c[2]), c[3], int(c[4]), int(c[5]), nexts.get(q)) for q, c in counts.items()
+        ]
 
     def rules(self) -> list[tuple[str, bytes]]:
         return list(self.saved_rules.items())

@@ -282,13 +282,16 @@ def _queue_summary(args: argparse.Namespace) -> int:
     width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
     # "held": [[inbound]] mail `pigeon retry` releases; "suspended": mail a suspension holds
     # (`pigeon resume`), as `pigeon suspend` counted it.
-    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'held':>6} {'suspended':>9} {'ready':>6} "
-          f"{'in flight':>9}  {'oldest':7} suspended by")  # fmt: skip
+    # "later": waiting for a time (a retry, a suspension's next look), the first one "next".
+    print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'later':>7} {'next':>7} {'held':>6} "
+          f"{'suspended':>9} {'ready':>6} {'in flight':>9}  {'oldest':7} suspended by")  # fmt: skip
     for row in answer["scheduled"]:
         age = _age(now - row["oldest"])
-        print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('held', 0):>6} "
-              f"{row.get('suspended', 0):>9} {row.get('ready', 0):>6} {row.get('in_flight', 0):>9}  {age:7} "
-              f"{_suspended_by(row, not_held)}")  # fmt: skip
+        following = row.get("next_due")
+        upcoming = "-" if following is None else "now" if following <= now else _age(following - now)
+        print(f"{row['queue']:{width}} {row['messages']:>9} {row['due']:>7} {row.get('later', 0):>7} "
+              f"{upcoming:>7} {row.get('held', 0):>6} {row.get('suspended', 0):>9} {row.get('ready', 0):>6} "
+              f"{row.get('in_flight', 0):>9}  {age:7} {_suspended_by(row, not_held)}")  # fmt: skip
     width = max([52, *(len(row["path"]) for row in answer["ready"])])
     print(f"\n{'ready queue':{width}} {'queued':>8} {'connections':>11}  {'provider':12} reactions' effects")
     for row in answer["ready"]:

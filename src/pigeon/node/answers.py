@@ -52,6 +52,9 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[
         for name, value in row.items():
             if name in ("oldest", "started", "rule_created"):
                 mine[name] = min(mine.get(name, value), value)
+            elif name == "next_due":  # (None: that worker has none due later)
+                times = [t for t in (mine.get(name), value) if t is not None]
+                mine[name] = min(times) if times else None
             elif name == "finished":
                 mine[name] = max(mine.get(name, value), value)
             elif isinstance(value, bool):  # a ready queue's "down": as any worker found it

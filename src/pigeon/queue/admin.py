@@ -80,6 +80,10 @@ class ScheduledQueue(msgspec.Struct, kw_only=True):
     in_flight: int  # being delivered
     settling: int  # its outcome being made durable
     oldest: float  # the oldest message's arrival (Unix time)
+    later: int = 0
+    """In the spool, due at a time to come: its next retry (after a deferral, or a site found
+    down), or when a suspension that holds it looks at it again."""
+    next_due: float | None = None  # when the first of those is due (Unix time)
     suspended_by: list[Rule] = msgspec.field(default_factory=list)
     """The live suspensions that hold this queue's mail: each with its id, the `operator` (the
     name of the API token that asked), the `reason` given and when it ends. Judged on one of
@@ -604,7 +608,7 @@ class Admin:
         scheduled: dict[str, ScheduledQueue] = {}
         one_of: dict[str, int] = {}  # a message of each queue: which suspensions hold it
         for rows in counts:
-            for queue, messages, due, held, oldest, spool_id in rows:
+            for queue, messages, due, held, oldest, spool_id, later, next_due in rows:
                 one_of.setdefault(queue, spool_id)
                 row = scheduled.get(queue)
                 if row is None:
@@ -624,6 +628,9 @@ class Admin:
                 row.due += due or 0
                 row.held += held or 0
                 row.oldest = min(row.oldest, oldest)
+                row.later += later or 0
+                if next_due is not None:
+                    row.next_due = next_due if row.next_due is None else min(row.next_due, next_due)
         for queue, spool_id in one_of.items():
             message = self._spools.of(spool_id).get(spool_id)
             if message is not None:

@@ -182,9 +182,10 @@ class Spool(Protocol):
     def make_due(self, ids: Sequence[int], due: float) -> asyncio.Future[None]:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
 
-    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int, int, float | None]]:
         """Per scheduled queue: messages, how many are due, how many held (due at `held` or
-        later), the oldest's creation, one of its messages' id (any thread)."""
+        later), the oldest's creation, one of its messages' id, how many are due later (not
+        held) and the first of those's due time (any thread)."""
 
     def rules(self) -> list[tuple[str, bytes]]: ...
 

@@ -699,10 +699,10 @@ class SqliteSpool:
         """Bring these messages' next attempt forward to `due` (later ones only)."""
         return self._committer.submit(_MakeDue(list(ids), due))
 
-    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int]]:
+    def queue_counts(self, now: float, held: float) -> list[tuple[str, int, int, int, float, int, int, float | None]]:
         """Per scheduled queue: messages, how many are due, how many are held (due at `held`
-        or later), the oldest's creation time, and the id of one of its messages (to tell
-        which rules hold the queue).
+        or later), the oldest's creation time, the id of one of its messages (to tell which
+        rules hold the queue), how many are due later (not held), and when the first of those is.
 
         Reads every row: call it from a thread (it opens its own connection, so it never
         holds up the loop's reader or the writer).
@@ -713,9 +713,10 @@ class SqliteSpool:
         conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
         try:
             return conn.execute(
-                "SELECT queue, count(*), sum(due <= ?), sum(due >= ?), min(created), min(id)"
+                "SELECT queue, count(*), sum(due <= ?), sum(due >= ?), min(created), min(id),"
+                " sum(due > ? AND due < ?), min(CASE WHEN due > ? AND due < ? THEN due END)"
                 " FROM message GROUP BY queue",
-                (now, held),
+                (now, held, now, held, now, held),
             ).fetchall()
         finally:
             conn.close()
