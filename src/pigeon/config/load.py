@@ -12,6 +12,7 @@ import re
 import socket
 import ssl
 import tomllib
+import types
 import typing
 import urllib.parse
 from collections.abc import Callable, Collection, Sequence
@@ -1123,8 +1124,10 @@ def _target_kinds() -> list[str]:
 def _section_type(keys: list[str]) -> Any:
     kind: Any = Config
     for key in keys:
-        hints = typing.get_type_hints(kind)
-        kind = hints.get(key)
+        # A section that is one of several structs (a [[target]] of any kind): the first that
+        # has the key (each kind's own keys are its own; those they share mean the same).
+        hints = (typing.get_type_hints(member) for member in _members(kind))
+        kind = next((hint[key] for hint in hints if key in hint), None)
         if kind is None:
             return None
         args = typing.get_args(kind)
@@ -1133,9 +1136,16 @@ def _section_type(keys: list[str]) -> Any:
     return kind
 
 
+def _members(kind: Any) -> list[type]:
+    """The structs a section's type may be: a union's (`TargetConfig`, `X | None`), or itself."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return [member for member in typing.get_args(kind) if isinstance(member, type)]
+    return [kind] if isinstance(kind, type) else []
+
+
 def _known_keys(section: list[str]) -> list[str]:
-    kind = _section_type(section)
-    return list(getattr(kind, "__struct_fields__", ()))
+    fields = (getattr(member, "__struct_fields__", ()) for member in _members(_section_type(section)))
+    return list(dict.fromkeys(field for each in fields for field in each))
 
 
 def _choices(keys: list[str]) -> list[str]:

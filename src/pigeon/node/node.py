@@ -515,6 +515,10 @@ class Node:
             _log.error("reload failed; the running configuration stays: %s", error)
             self._reload_problem = f"the last reload failed, the configuration before it runs: {error}"
             return
+        except Exception as error:  # Pigeon's own defect: said, not lost in a task nobody awaits
+            _log.exception("reload failed (a defect in Pigeon: please report it); the running configuration stays")
+            self._reload_problem = f"the last reload failed, the configuration before it runs: {error!r}"
+            return
         if not self._stopping:
             self._take(read)
 

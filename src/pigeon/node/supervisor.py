@@ -370,7 +370,9 @@ class Supervisor:
         try:
             text = read_text(self.config_path)
             config = load_text(text, self.config_path)
-        except ConfigError as error:
+        except Exception as error:  # (not only ConfigError: a defect must not end the SIGHUP's handling)
+            if not isinstance(error, ConfigError):
+                _log.exception("reload: reading the configuration failed (a defect in Pigeon: please report it)")
             _log.info(
                 "reload: a worker started again from now on runs the configuration of the last reload that "
                 "loaded, as the others go on doing: %s",

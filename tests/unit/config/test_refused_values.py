@@ -409,8 +409,31 @@ def test_a_next_hop_and_nameserver_with_a_port_load(tmp_path: Path) -> None:
             '[[queue]]\nname = "a"\n[[queue]]\nname = "b"\npool = "nope"\n',
             "line 5: [[queue]] #2 pool: queue 'b': no [[pool]] called 'nope'",
         ),
+        (
+            '[[target]]\nname = "a"\nkind = "webhook"\nurl = "http://127.0.0.1:1/"\nformat = "xml"\n',
+            "line 5: [[target]] #1 format: Invalid enum value 'xml'; choose one of 'raw', 'json'",
+        ),
+        (
+            '[[target]]\nname = "a"\nkind = "sidekiq"\nredis_url = "redis://127.0.0.1:1"\ntimestamps = "minutes"\n',
+            "line 5: [[target]] #1 timestamps: Invalid enum value 'minutes'; choose one of 'seconds', 'milliseconds'",
+        ),
+        (
+            '[[target]]\nname = "a"\nkind = "webhook"\nurl = "http://127.0.0.1:1/"\nformatt = "raw"\n',
+            "line 5: [[target]] #1 formatt: unknown key (did you mean 'format'?)",
+        ),
     ],
-    ids=["workers-word", "workers-quoted-number", "listen-number", "route-block", "glob-character", "queue-block"],
+    ids=[
+        "workers-word",
+        "workers-quoted-number",
+        "listen-number",
+        "route-block",
+        "glob-character",
+        "queue-block",
+        # A target's choices and keys are its kind's (a union of structs): these raised TypeError.
+        "target-choice",
+        "target-choice-sidekiq",
+        "target-unknown-key",
+    ],
 )
 def test_config_errors_say_what_to_write_and_name_array_tables_as_the_readme_does(
     tmp_path: Path, text: str, expected: str
