@@ -192,6 +192,7 @@ class Node:
         if self.worker == 0:
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            _warn_inbound_routes(config.inbound)
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
         with signals.stoppable():  # its import may take long: a stop meanwhile stops the node
             self.policy = Policy.from_config(
@@ -621,6 +622,7 @@ class Node:
             _warn_shared_keys(config.dkim)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            _warn_inbound_routes(config.inbound)
             self._exposure.warn_files(config, self.config_path)
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
@@ -1014,6 +1016,47 @@ def _warn_dead_routes(routes: list[RouteConfig]) -> None:
                     first.domain,
                 )
                 break
+
+
+def _warn_inbound_routes(routes: list[InboundRouteConfig]) -> None:
+    """Warn about an `[[inbound]]` route that takes every domain's mail (relayed mail too: it
+    goes to the target, not out), and about each an earlier one hides (the first that matches
+    wins, in the file's order). Said, not refused: a node that only receives may mean it."""
+    patterns = [_inbound_pattern(route) for route in routes]
+    for index, (route, pattern) in enumerate(zip(routes, patterns, strict=True)):
+        domain = pattern.rpartition("@")[2]
+        if domain.strip("*") == "":
+            _log.warning(
+                "[[inbound]] #%d (%s) takes mail for every domain: what clients of relay_networks or AUTH send "
+                "to any domain goes to target %r too, not out; name the application's domains if it should not",
+                index + 1,
+                _inbound_text(route),
+                route.target,
+            )
+        for earlier, first in enumerate(patterns[:index]):
+            # As for [[route]]s: an earlier glob that matches the later pattern's own text
+            # matches every address the later one does.
+            if fnmatch.fnmatchcase(pattern, first):
+                _log.warning(
+                    "[[inbound]] #%d (%s) is never used: #%d (%s) comes first and takes every address it does "
+                    "(the first route that matches wins): move it up, or remove it",
+                    index + 1,
+                    _inbound_text(route),
+                    earlier + 1,
+                    _inbound_text(routes[earlier]),
+                )
+                break
+
+
+def _inbound_pattern(route: InboundRouteConfig) -> str:
+    """A route's addresses as one glob over `local@domain`."""
+    if route.recipient is not None:
+        return route.recipient.lower() if "@" in route.recipient else f"{route.recipient.lower()}@*"
+    return f"*@{(route.domain or '').lower()}"
+
+
+def _inbound_text(route: InboundRouteConfig) -> str:
+    return f"recipient {route.recipient!r}" if route.recipient is not None else f"domain {route.domain!r}"
 
 
 def _warn_open_relay(networks: list[Network]) -> None:
