@@ -130,6 +130,11 @@ def test_an_authenticated_sender_and_a_route_set_to_bounce_still_get_their_dsn(t
             _send_from_anyone(node, "bounce@app.example")
             (dsn,) = sink.wait_for(1)
             assert dsn.recipients == [SENDER] and dsn.email.get_content_type() == "multipart/report"
+            # The application's answer, in a reply Pigeon wrote: no "smtp;" server said it, and the
+            # target's name is no mail host to name to an outside sender (Remote-MTA).
+            report = dsn.data.decode()
+            assert "Diagnostic-Code: X-Pigeon; 550 5.0.0 hook: " in report, report
+            assert "Remote-MTA" not in report, report
             # An application's own mail, injected with a token: its sender authenticated.
             status, answer = node.http_post(
                 "/api/v1/inject",

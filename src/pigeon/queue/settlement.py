@@ -284,11 +284,14 @@ class Settlement:
                 if withheld is None:
                     # "smtp;" in the DSN only for what a server answered; a peer that was there
                     # is named (Remote-MTA), as an expiry names its last one.
-                    if said_by == "server":
+                    # An application's target is no mail server: its answer comes in a reply
+                    # Pigeon wrote, and its name is no host (and the operator's, not the sender's).
+                    if said_by == "server" and message.envelope.target is None:
                         outcome.failures.append(Failure(recipient, reply, "failed", _host(peer)))
                     else:
                         attempted = now if peer else None  # (none without a peer: nothing was tried)
-                        failure = Failure(recipient, reply, "failed", _host(peer), "X-Pigeon", attempted)
+                        remote = _remote_mta(message, peer)
+                        failure = Failure(recipient, reply, "failed", remote, "X-Pigeon", attempted)
                         outcome.failures.append(failure)
             else:
                 deferred.append((recipient, reply, index))
@@ -358,7 +361,7 @@ class Settlement:
             return
         outcome.terminal.append(Expiration(**fields, dsn=withheld))
         if withheld is None:
-            peer = _host(fields["peer"])
+            peer = _remote_mta(message, fields["peer"])
             # Expired before an attempt: the last one was at its deferral (none: never tried).
             attempted = message.envelope.last_attempt if attempt is None else self._clock()
             outcome.failures.append(Failure(recipient, reply, "failed", peer, "X-Pigeon", attempted))
@@ -544,3 +547,9 @@ def _why(held: Held) -> str:
 
 def _host(peer: str | None) -> str | None:
     return peer.split(" ", 1)[0] if peer else None
+
+
+def _remote_mta(message: Message, peer: str | None) -> str | None:
+    """The DSN's Remote-MTA for what `peer` answered: none for an application's target (its
+    name is no host's)."""
+    return None if message.envelope.target is not None else _host(peer)

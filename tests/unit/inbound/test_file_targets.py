@@ -119,7 +119,7 @@ async def test_maildir_target_makes_the_files_durable_before_their_names_reach_n
     # One sync of the filesystem with the files in tmp/ and none in new/, then one with the
     # names in new/: a name in new/ (what the dedupe trusts) always has its bytes on disk.
     [(tmp_first, new_first), (tmp_then, new_then)] = seen
-    assert [name.rpartition(".")[0] for name in tmp_first] == names and new_first == []
+    assert [n.removesuffix(f".{maildir._HOST}.{os.getpid()}") for n in tmp_first] == names and new_first == []
     assert tmp_then == [] and new_then == names
 
 
@@ -343,3 +343,25 @@ def test_a_file_name_with_a_nul_is_refused_not_cut_short(tmp_path: Path, file_wo
         os.close(new)
         os.close(tmp)
     assert os.listdir(tmp_path / "new") == []
+
+
+async def test_files_a_killed_process_left_in_tmp_are_removed_at_start_and_no_others(tmp_path: Path) -> None:
+    # Found from outside: kill -9 between writing and linking left 200 files in tmp/ for good.
+    dead_pid = await asyncio.create_subprocess_exec("true")  # a process that has ended
+    await dead_pid.wait()
+    target = MaildirTarget("m", tmp_path / "Maildir")
+    await target.start()
+    tmp = tmp_path / "Maildir" / "tmp"
+    left = {
+        f"pigeon.{'a' * 64}.{maildir._HOST}.{dead_pid.pid}": True,  # this host's, its process gone
+        f"pigeon.{'b' * 64}.{maildir._HOST}.{os.getpid()}": False,  # a live process's: in progress
+        f"pigeon.{'c' * 64}.other-host.{dead_pid.pid}": False,  # another host's, recent: its own
+        f"pigeon.{'d' * 64}.other-host.7": True,  # another host's, 2 days old
+        "1733400000.M1P2.mua": False,  # another program's
+    }
+    for name in left:
+        (tmp / name).write_bytes(b"Subject: x\r\n\r\n")
+    old = time.time() - 48 * 3600
+    os.utime(tmp / f"pigeon.{'d' * 64}.other-host.7", (old, old))
+    await target.start()
+    assert sorted(os.listdir(tmp)) == sorted(name for name, removed in left.items() if not removed)

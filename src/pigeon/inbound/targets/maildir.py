@@ -24,7 +24,8 @@ durable: `deliver_prepared`) once it is: nothing in tmp/ is mail a reader sees, 
 can hand over twice is unchanged. Writing the files was most of a batch's time (2-5 times the
 linking), and the mailbox's acknowledgement of the batch before waited behind it. Sharp edges:
 two batches' files may be open at once (a descriptor each, until linked), and a kill -9 may
-leave two batches' files in tmp/ (one before), which no reader takes.
+leave two batches' files in tmp/ (one before), which no reader takes and the next start
+removes.
 
 The batch's file work (a stat, open, write and close of each file, then its link and unlink)
 runs in C (`_maildir.c`) where it was built, in one release of the GIL: from Python, each of
@@ -42,7 +43,9 @@ import errno
 import logging
 import os
 import re
+import socket
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,6 +96,32 @@ def _sync_filesystem(fd: int) -> None:
 
 
 _DUPLICATE: Final = Handoff(Verdict.ACCEPTED, "duplicate: already in the maildir")
+# Whose a file in tmp/ is: "pigeon.<dedupe key>.<host>.<pid>". A file of a process of this host
+# that is gone (kill -9 between writing and linking) is no mail anyone will link: removed at
+# start. Another host's (a Maildir shared over the network) is left alone until it is older
+# than the Maildir convention's 36 hours, as any program's left-overs there.
+_HOST: Final = re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "localhost"
+_STALE: Final = 36 * 3600.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (another user's: there)
+    return True
+
+
+def _left_over(name: str, mtime: float, now: float) -> bool:
+    """Whether a file of tmp/ is Pigeon's, and left by a process that will never link it."""
+    if not name.startswith("pigeon."):
+        return False  # another program's: its own to clean
+    host, _, pid = name.split(".", 2)[-1].rpartition(".")
+    if host == _HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        return True
+    return now - mtime > _STALE
 
 
 class _Written(Prepared):
@@ -221,12 +250,27 @@ class MaildirTarget(Target):
 
     async def start(self) -> None:
         await asyncio.to_thread(self._make_directories)
+        removed = await asyncio.to_thread(self._sweep)
+        if removed:
+            _log.info("maildir %s: removed %d files a stopped process left in tmp/ (never linked)", self.path, removed)
         kind = await asyncio.to_thread(filesystem_type, self.path)
         self._whole_filesystem = _syncfs is not None and kind in _SYNCFS_FILESYSTEMS
 
     async def close(self) -> None:
         if self._syncers is not None:
             self._syncers.shutdown(wait=False)
+
+    def _sweep(self) -> int:
+        """Files left in tmp/ by a process killed between writing and linking them (see
+        `_left_over`) removed: how many."""
+        removed, now = 0, time.time()
+        with os.scandir(self.path / "tmp") as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):  # (gone meanwhile: another node's sweep)
+                    if _left_over(entry.name, entry.stat(follow_symlinks=False).st_mtime, now):
+                        os.unlink(entry.path)
+                        removed += 1
+        return removed
 
     def _make_directories(self) -> None:
         for sub in ("tmp", "new", "cur"):
@@ -325,7 +369,7 @@ class MaildirTarget(Target):
             answers.append(None)
             todo.append(message)
         finals = [self._name(m) for m in todo]
-        temporaries = [f"{name}.{os.getpid()}" for name in finals]
+        temporaries = [f"{name}.{_HOST}.{os.getpid()}" for name in finals]
         with _directory(self.path / "new") as new, _directory(self.path / "tmp") as tmp:
             # The envelope on top (Return-Path, X-Original-To): the file is all the
             # application gets, and the header need not name the address it came to.
