@@ -1,6 +1,6 @@
 """What an application gets of a message with international headers, fetched from a real
-Dovecot: Subject, From and To decoded to text (UTF-8 and RFC 2047 encoded-words) in the JSON
-webhook and in the PostgreSQL row, the raw bytes as they were."""
+Dovecot: Subject, From and To decoded to text (UTF-8 and RFC 2047 encoded-words, a display name
+quoted where it needs to be) in the JSON webhook and in the PostgreSQL row, the raw bytes as they were."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.support.sinks import wait_until
 
 MAIL = (
     "From: =?utf-8?q?Zo=C3=AB?= Durand <zoe@example.fr>\r\n"
-    "To: =?iso-8859-1?q?Andr=E9?= <andre@app.example>\r\n"
+    "To: =?iso-8859-1?q?Andr=E9?= <andre@app.example>, =?utf-8?q?Doe=2C_J=C3=B6hn?= <j@app.example>\r\n"
     "Subject: =?utf-8?b?UsOpc2VydmF0aW9u?= pour thé\r\n"
     "Message-ID: <intl@example.fr>\r\n"
     "\r\nBonjour.\r\n"
@@ -32,7 +32,8 @@ def test_a_json_webhook_gets_subject_from_and_to_as_text(tmp_path: Path, dovecot
         (body,) = [json.loads(b) for b in app.bodies.values()]
     assert body["subject"] == "Réservation pour thé"
     assert body["from"] == "Zoë Durand <zoe@example.fr>"
-    assert body["to"] == "André <andre@app.example>"
+    # A display name with a "," quoted: one address, as sent (as plain text it read as two).
+    assert body["to"] == 'André <andre@app.example>, "Doe, Jöhn" <j@app.example>'
     assert ["Subject", "=?utf-8?b?UsOpc2VydmF0aW9u?= pour thé"] in body["headers"]
     assert body["raw"].encode() == MAIL
 
@@ -61,6 +62,7 @@ def test_a_postgresql_row_has_the_decoded_fields_and_an_older_table_still_takes_
         node.wait_records("InboundDelivery", 2, timeout=20)
         wait_until(lambda: not dovecot.unseen("app") and not dovecot.unseen("app", "Old"), 10)
     rows = postgres.query("SELECT subject, from_header, to_header, raw FROM inbound_emails")
-    decoded = ("Réservation pour thé", "Zoë Durand <zoe@example.fr>", "André <andre@app.example>")
+    to = 'André <andre@app.example>, "Doe, Jöhn" <j@app.example>'
+    decoded = ("Réservation pour thé", "Zoë Durand <zoe@example.fr>", to)
     assert [r[:3] for r in rows] == [decoded]
     assert postgres.query("SELECT message_id FROM old_emails") == [("<intl@example.fr>",)]

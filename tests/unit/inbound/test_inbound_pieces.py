@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -10,6 +11,7 @@ import time
 import urllib.parse
 from email.parser import Parser
 from email.policy import compat32
+from email.utils import getaddresses
 from pathlib import Path
 
 import pytest
@@ -219,10 +221,10 @@ def test_decoded_fields_are_none_when_missing_and_never_carry_control_characters
 
 
 @given(
-    st.sampled_from(["Subject", "From", "To"]),
+    st.sampled_from(["Subject", "Comments", "Keywords"]),
     st.text(st.sampled_from('ab =?\t\r\n"(),<>@\\:;é€日\ufffd\u00a0\u2028\u3000\x85\x01\x00\x7f'), max_size=40),
 )
-def test_decoded_values_are_what_the_email_package_reads(name: str, value: str) -> None:
+def test_decoded_text_values_are_what_the_email_package_reads(name: str, value: str) -> None:
     # Values without an encoded-word take a short cut past the email package: the same text.
     from email.headerregistry import HeaderRegistry, UnstructuredHeader
 
@@ -251,3 +253,69 @@ def test_a_long_broken_word_is_read_in_linear_time() -> None:
     for text in ("=?a?b?" + "!" * 200_000, "=?a?b?" * 50_000, "=?a?b?!?=" * 20_000):
         decode_value("Subject", text)
     assert time.process_time() - start < 2.0
+
+
+def _b_word(text: str) -> str:
+    return "=?utf-8?b?" + base64.b64encode(text.encode()).decode() + "?="
+
+
+@pytest.mark.parametrize(
+    ("value", "pairs"),
+    [
+        # The spoof: decoded as plain text this read as ceo@company.test first.
+        ("=?utf-8?q?=3Cceo=40company=2Etest=3E=2C?= <attacker@evil.test>",
+         [("<ceo@company.test>,", "attacker@evil.test")]),
+        ("=?utf-8?q?Doe=2C_J=C3=B6hn?= <j@x.test>", [("Doe, Jöhn", "j@x.test")]),
+        ("=?utf-8?q?a=5Cb=22c?= <a@x.test>, =?utf-8?q?J=2E_Doe=3A=3B?= <b@x.test>",
+         [('a\\b"c', "a@x.test"), ("J. Doe:;", "b@x.test")]),
+        ("Team=?utf-8?q?=2C?=: =?utf-8?q?x=40y?= <a@x.test>, b@x.test;", [("x@y", "a@x.test"), ("", "b@x.test")]),
+        # A comment stays one: its ")" escaped.
+        ("j@x.test (=?utf-8?q?=29_=3Cceo=40company.test=3E?=)", [(") <ceo@company.test>", "j@x.test")]),
+    ],
+)  # fmt: skip
+def test_a_display_name_with_specials_is_quoted_so_the_address_parses_as_sent(
+    value: str, pairs: list[tuple[str, str]]
+) -> None:
+    for name in ("From", "To", "Cc", "Reply-To"):
+        assert getaddresses([decode_value(name, value)]) == pairs
+    meta = InboundMessage.of(f"From: {value}\r\nTo: {value}\r\n\r\nbody\r\n".encode(), "smtp", 1.0).metadata()
+    assert getaddresses([meta["from"]]) == getaddresses([meta["to"]]) == pairs
+
+
+def test_plain_display_names_stay_as_they_are_and_the_subject_is_still_plain_text() -> None:
+    assert decode_value("From", "=?utf-8?q?Zo=C3=AB?= Durand <zoe@example.fr>") == "Zoë Durand <zoe@example.fr>"
+    assert decode_value("To", '"Doe, J" <j@x.test>, =?utf-8?q?A?= <a@x.test>') == '"Doe, J" <j@x.test>, A <a@x.test>'
+    assert decode_value("Subject", "=?utf-8?q?Doe=2C_J=C3=B6hn?= <j@x.test>") == "Doe, Jöhn <j@x.test>"
+
+
+def test_encoded_words_where_no_display_name_stands_are_left_as_written() -> None:
+    for value in ("=?utf-8?q?ceo?=@company.test", "=?utf-8?q?a?= b@x.test", "=?utf-8?q?Doe,_J?= <j@x.test>"):
+        assert decode_value("From", value) == value
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(st.sampled_from(' ab,<>@"\\:;()[].=?é日'), max_size=20),
+            st.sampled_from(["a@x.test", "b.c@y.test", '"q u"@x.test']),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_decoded_address_fields_parse_as_the_addresses_and_names_sent(pairs: list[tuple[str, str]]) -> None:
+    value = ",\r\n ".join(f"{_b_word(name)} <{address}>" for name, address in pairs)
+    assert getaddresses([decode_value("To", value)]) == [(name.strip(), address) for name, address in pairs]
+
+
+@given(
+    st.lists(
+        st.sampled_from(["=?utf-8?q?=3Cc=40d=3E=2C?=", "=?utf-8?q?=29=28?=", " ", "a", "@", "<", ">", ",", ";", ":",
+                         '"', "\\", "(", ")", "[", "]", ".", "é", "=?", "\t", "\r\n "]),
+        max_size=30,
+    ).map("".join),
+)  # fmt: skip
+def test_any_address_field_decodes_to_text_that_parses_as_the_same_addresses(value: str) -> None:
+    unfolded = re.sub(r"\r\n|\r|\n", "", value)
+    addresses = [address for _, address in getaddresses([decode_value("From", value)])]
+    assert addresses == [address for _, address in getaddresses([unfolded.strip()])]
