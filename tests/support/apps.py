@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -27,10 +29,12 @@ if TYPE_CHECKING:
 
 class ThreadedApp:
     """An aiohttp application on 127.0.0.1:<port> in a thread of its own. Subclasses add
-    their routes in `routes()`; `_lock` guards what they record."""
+    their routes in `routes()`; `_lock` guards what they record. `tls`: served over HTTPS
+    with this server context (`private_ca`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         self.port = free_port()
+        self.tls = tls
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -55,18 +59,19 @@ class ThreadedApp:
         self.routes(app)
         runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self.tls).start())
         self._ready.set()
         self._loop.run_forever()
         self._loop.run_until_complete(runner.cleanup())
 
 
 class WebhookApp(ThreadedApp):
-    """POSTs to http://127.0.0.1:<port>/inbound are recorded by their X-Pigeon-Dedupe-Key."""
+    """POSTs to http://127.0.0.1:<port>/inbound (https:// with `tls`) are recorded by their
+    X-Pigeon-Dedupe-Key."""
 
-    def __init__(self, *, status: int = 200) -> None:
-        super().__init__()
-        self.url = f"http://127.0.0.1:{self.port}/inbound"
+    def __init__(self, *, status: int = 200, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(tls=tls)
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}/inbound"
         self.status = status
         self.fail_until = 0.0  # answer 500 until this time.time()
         # Answer 500 for this many seconds from the first request: an outage the client must meet,
@@ -153,6 +158,20 @@ class WebhookApp(ThreadedApp):
             time.sleep(0.1)
         with self._lock:
             return len(self.accepted)
+
+
+def private_ca(directory: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA of the test's own, no system trusts: (its PEM file in `directory`, a server
+    context holding a certificate it issued for 127.0.0.1), for `ThreadedApp`'s `tls`."""
+    import trustme
+
+    ca = trustme.CA()
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_pem = directory / "private-ca.pem"
+    ca.cert_pem.write_to_path(str(ca_pem))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    return ca_pem, server
 
 
 def customer_mail(n: int, *, tag: str = "m") -> bytes:

@@ -235,6 +235,8 @@ def _finish(
         for target in config.target:
             if isinstance(target, (MaildirTarget, LogTarget)):
                 target.path = _resolve(target.path, path.parent)
+            if isinstance(target, WebhookTarget) and target.ca_file is not None:
+                target.ca_file = _resolve(target.ca_file, path.parent)
         for mailbox in config.mailbox:
             if mailbox.password_file is not None:
                 mailbox.password_file = _resolve(mailbox.password_file, path.parent)
@@ -1025,7 +1027,8 @@ def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None
 
 def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable: bool = True) -> None:
     """Files the config names must be there now, not at the first connection that needs them.
-    `reloadable`: those a reload takes (the TLS pair, routes' CA files) too."""
+    `reloadable`: those a reload takes (the TLS pair, routes' CA files) too. A CA file is read
+    as a certificate store, so one that holds no PEM certificate is named too."""
     named: list[tuple[list[str], Path | None, str, int | None]] = []
     if reloadable:
         named += [
@@ -1037,6 +1040,13 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
         named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA", i))
     trust: list[tuple[list[str], Path | None, str, int | None]] = [
         (["delivery", "ca_file"], config.delivery.ca_file, "[delivery]", None)
+    ]
+    # A webhook's, like a mailbox's, is read when its target starts: a reload leaves targets
+    # as they are (a restart takes a new one), so it is checked whatever `reloadable` says.
+    trust += [
+        (["target", "ca_file"], t.ca_file, f"target {t.name!r}", i)
+        for i, t in enumerate(config.target)
+        if isinstance(t, WebhookTarget)
     ]
     if reloadable:
         trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]

@@ -734,6 +734,12 @@ class WebhookTarget(_Target, tag="webhook", kw_only=True):
     timeout: PositiveDuration = PositiveDuration(30)
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra request headers (an Authorization header, say)."""
+    tls_verify: bool = True
+    """For an "https://" `url`: verify the receiver's certificate and name (as a mailbox's
+    `tls_verify`). False: any certificate is taken."""
+    ca_file: Path | None = None
+    """For an "https://" `url`: PEM file of the CAs to trust instead of the system's (a
+    receiver under a private CA), as a mailbox's `ca_file`. Read once, at start."""
     retry_statuses: list[Annotated[int, msgspec.Meta(ge=400, le=499)]] = msgspec.field(
         default_factory=lambda: [401, 403, 404, 408, 409, 423, 425, 429]
     )

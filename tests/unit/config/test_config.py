@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from pigeon.config.load import ConfigError, load
-from pigeon.config.schema import Config
+from pigeon.config.load import ConfigError, load, load_text
+from pigeon.config.schema import Config, WebhookTarget
 from pigeon.listener.tls import ensure_self_signed
 from pigeon.policy.hooks import Policy
 
@@ -564,6 +564,42 @@ def test_a_delivery_ca_file_is_read_beside_the_config_and_must_hold_certificates
     shutil.copy(certificate, tmp_path / "ca.pem")
     config = load(write(tmp_path, f"{section}\n"))
     assert tmp_path / "ca.pem" in (config.delivery.ca_file, *(route.ca_file for route in config.route))
+
+
+_WEBHOOK_UNDER_A_PRIVATE_CA = """\
+[[target]]
+name = "jobs"
+kind = "maildir"
+path = "Maildir"
+
+[[target]]
+name = "hook"
+kind = "webhook"
+url = "https://helpdesk.internal/inbound"
+ca_file = "ca.pem"
+"""
+
+
+def test_a_webhook_ca_file_is_read_beside_the_config_and_must_hold_certificates(tmp_path: Path) -> None:
+    message = error_of(tmp_path, _WEBHOOK_UNDER_A_PRIVATE_CA)
+    assert message.startswith(f"{tmp_path / 'pigeon.toml'}, line 10: [[target]] #2 ca_file: "), message
+    assert f"target 'hook': CA file {tmp_path / 'ca.pem'} does not exist" in message, message
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    message = error_of(tmp_path, _WEBHOOK_UNDER_A_PRIVATE_CA)
+    assert "line 10: [[target]] #2 ca_file: target 'hook': CA file" in message, message
+    assert "holds no PEM certificate" in message, message
+    certificate, _ = ensure_self_signed(tmp_path / "certs", "helpdesk.internal")
+    shutil.copy(certificate, tmp_path / "ca.pem")
+    (_, webhook) = load(write(tmp_path, _WEBHOOK_UNDER_A_PRIVATE_CA)).target
+    assert isinstance(webhook, WebhookTarget)
+    assert webhook.ca_file == tmp_path / "ca.pem" and webhook.tls_verify
+
+
+def test_a_webhook_ca_file_is_checked_by_a_worker_started_after_a_reload(tmp_path: Path) -> None:
+    # A reload does not take [[target]]s: the worker runs this file's, so its CA must be there.
+    path = write(tmp_path, _WEBHOOK_UNDER_A_PRIVATE_CA)
+    with pytest.raises(ConfigError, match=r"\[\[target\]\] #2 ca_file: target 'hook': CA file .* does not exist"):
+        load_text(path.read_text(), path, replaced_by_reload=True)
 
 
 def test_invalid_toml_names_the_file_and_the_line(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ from pigeon.inbound.headers import header_fields
 from pigeon.inbound.message import InboundMessage, header_block
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.redaction import redact, redact_url
+from pigeon.tls import client_context
 
 _encode = msgspec.json.Encoder().encode
 
@@ -196,6 +197,17 @@ def json_body(message: InboundMessage) -> bytes:
     return _encode(payload)
 
 
+def _tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
+    """The client context of an "https://" URL's connections, made once for the target (a
+    `ca_file` read here, not at each request): TLS 1.2 or newer, the certificate checked
+    against `ca_file` or the system's CAs unless `tls_verify` is false. None for "http://"."""
+    if urllib.parse.urlsplit(config.url).scheme.lower() != "https":
+        return None
+    context = client_context(verify=config.tls_verify, cafile=config.ca_file)
+    context.set_alpn_protocols(("http/1.1",))  # as aiohttp's own context says
+    return context
+
+
 class WebhookTarget(Target):
     kind = "webhook"
 
@@ -203,11 +215,16 @@ class WebhookTarget(Target):
         super().__init__(config.name, concurrency=concurrency)
         self._config = config
         self._session: aiohttp.ClientSession | None = None
+        self._tls: ssl.SSLContext | None = None
 
     async def start(self) -> None:
+        # Made once, for every request of the target. A `ca_file` that went since the config
+        # was checked fails the start, which the next handoff tries again (an answer "later").
+        if self._tls is None:
+            self._tls = _tls_context(self._config)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(),  # none of aiohttp's own: `_within` times each request
-            connector=aiohttp.TCPConnector(limit=64),
+            connector=aiohttp.TCPConnector(limit=64, ssl=self._tls if self._tls is not None else True),
         )
 
     async def close(self) -> None:
