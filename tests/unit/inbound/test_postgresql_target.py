@@ -37,7 +37,9 @@ class _Connection:
     async def fetchrow(self, *args: Any) -> tuple[list[str], list[str], list[str], str]:
         return [], [], [], "app"  # ... and ours to insert into: no privilege lacking
 
-    async def fetch(self, *args: Any) -> list[dict[str, str]]:
+    async def fetch(self, query: str, *args: Any) -> list[dict[str, str]]:
+        if "dedupe_key" in query:
+            return []  # none of the batch's dedupe keys is in the table yet
         return [{"attname": name} for name in ("subject", "from_header", "to_header")]
 
     @contextlib.asynccontextmanager

@@ -6,7 +6,11 @@ Besides the raw bytes, a row has the message's Subject, From and To decoded to t
 The unique dedupe key is the fence (Kleppmann's term): whatever arbitration let through twice,
 the table holds one row per message. A batch is one `executemany` in one transaction. Every
 database error is "later": a missing table or a failover must not send mail to the failed
-folder.
+folder. Except a row the database refuses for what it holds (class 22, a NUL byte in text) or for
+a constraint of the table's (class 23: a NOT NULL, a CHECK, a UNIQUE other than dedupe_key's, a
+foreign key, on a table the operator made): that batch goes in row by row, the others' rows are
+committed, and the refused one is a permanent failure for its message (said in one line, without
+PostgreSQL's `DETAIL: Failing row contains (...)`, the whole row, raw message and all).
 
 A pooled connection the server dropped (PostgreSQL restarted, while this node was stopped or
 idle) fails the first batch that uses it, with whatever state asyncpg's protocol was left in
@@ -30,7 +34,7 @@ import datetime
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Final
+from typing import Final, NoReturn
 
 import asyncpg
 
@@ -118,6 +122,35 @@ _MADE_MEANWHILE: Final = (
 )
 
 
+# What a row is refused with for good, whenever it is tried: its values (class 22) or a constraint
+# of the table's (class 23). A unique violation is one on another UNIQUE than dedupe_key's (ON
+# CONFLICT (dedupe_key) takes those): a different message with, say, the same Message-ID where
+# the operator made message_id unique. Its message is not the one in the table, so not "already
+# there": it is refused, and goes where refused mail goes (failed_folder), not silently dropped.
+# (A copy of the same message that another node commits meanwhile, and that trips that other
+# constraint first, is the row tried alone: ON CONFLICT finds it then, "already in".)
+_REFUSED_ROW: Final = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+
+# The longest a database error is said, in a handoff's detail (and so in /healthz).
+_SAID_AT_MOST: Final = 300
+
+
+def _said(error: BaseException) -> str:
+    """A database error in one line of bounded length: its message and SQLSTATE. Not its
+    DETAIL, which for a NOT NULL or CHECK is `Failing row contains (...)`: the whole row, the
+    raw message as hex, after a line break."""
+    if isinstance(error, asyncpg.PostgresError):
+        text = f"{error.message} (SQLSTATE {error.sqlstate})"
+    else:
+        text = str(error) or type(error).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= _SAID_AT_MOST else f"{text[: _SAID_AT_MOST - 3]}..."
+
+
+# What to do about a table that is missing, with create_table = false.
+_CREATE_IT: Final = "create it (its columns: see the PostgreSQL target in the README), or set create_table = true"
+
+
 def _creation_lock(table: str) -> int:
     """The advisory lock (a bigint, per database) that every node making `table` takes."""
     return int.from_bytes(hashlib.sha256(f"pigeon create_table {table}".encode()).digest()[:8], "big", signed=True)
@@ -144,6 +177,10 @@ class ConnectionLost(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__("the connection was lost (PostgreSQL restarted?); reconnecting")
         self.error = error
+
+
+class TableMissing(Exception):
+    """The table is not there, and the target may not make it (create_table = false); says what to do."""
 
 
 class NotPermitted(Exception):
@@ -280,10 +317,7 @@ class PostgresqlTarget(Target):
         exists = await connection.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
         self._checked = True
         if not exists:
-            self.problem = (
-                f"table {table} does not exist in PostgreSQL at {redact(self._config.dsn)} (create_table = false)"
-            )
-            fix = "create it (its columns: see the PostgreSQL target in the README), or set create_table = true"
+            self.problem, fix = self._no_table(), _CREATE_IT
         else:
             lacking = await self._lacking(connection)
             if lacking is None:
@@ -291,6 +325,11 @@ class PostgresqlTarget(Target):
             self.problem, fix = self._not_ours(*lacking)
         _log.error("target %s: %s: messages wait unacknowledged at their source until it can; %s", self.name,
                    self.problem, fix)  # fmt: skip
+
+    def _no_table(self) -> str:
+        """The target's `problem` when its table is missing and it may not make it."""
+        where = f"PostgreSQL at {redact(self._config.dsn)}"
+        return f"table {self._config.table} does not exist in {where} (create_table = false)"
 
     async def _lacking(self, connection: asyncpg.Connection) -> tuple[str, str, str] | None:
         """(the role, what it lacks to run the insert, the GRANTs that give it), or None when
@@ -330,7 +369,8 @@ class PostgresqlTarget(Target):
     def _failing(self, error: BaseException) -> str:
         """The error as a handoff's detail; the first of an outage is logged (each refused
         handoff has its InboundFailure record: a line for each would only repeat them)."""
-        detail = f"PostgreSQL at {redact(self._config.dsn)}: {redact(str(error)) or type(error).__name__}"
+        said = _said(error) if isinstance(error, asyncpg.PostgresError) else str(error)
+        detail = f"PostgreSQL at {redact(self._config.dsn)}: {redact(said) or type(error).__name__}"
         if self._outage is None:
             _log.warning("target %s: %s; messages wait unacknowledged at their source until their rows are "
                          "committed", self.name, detail)  # fmt: skip
@@ -351,27 +391,67 @@ class PostgresqlTarget(Target):
         return (await self.deliver_many([message]))[0]
 
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
-        done = Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
         try:
             async with self._connection() as connection:
                 await self._prepare(connection)
                 rows = [self._row(m) for m in messages]
                 try:
                     async with connection.transaction():
+                        there = await self._there(connection, rows)
                         await connection.executemany(self._insert, rows)
                 except asyncpg.InsufficientPrivilegeError as error:
                     await self._not_permitted(connection, error)
-                except asyncpg.DataError:
-                    # One row the database refuses (class 22) must not hold the others back:
-                    # row by row, the refused one is a permanent failure, the rest go in.
+                except asyncpg.UndefinedTableError as error:
+                    await self._missing(connection, error)
+                except _REFUSED_ROW:
+                    # One row the database refuses must not hold the others back: row by
+                    # row, the refused one is a permanent failure, the rest go in.
                     answers = [await self._insert_one(connection, row) for row in rows]
                 else:
-                    answers = [done] * len(messages)
+                    answers = self._answers(rows, there)
         except Exception as error:  # down, failing over, misconfigured: later, never lost
             return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
         self._answering()
         self.problem = None  # a batch went in: the table is there, and ours to insert into
         return answers
+
+    def _inserted(self) -> Handoff:
+        return Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
+
+    def _already(self) -> Handoff:
+        """A copy ON CONFLICT (dedupe_key) skipped: the same bytes were there (a duplicate)."""
+        return Handoff(Verdict.ACCEPTED, f"duplicate: already in {self._config.table} (same dedupe key)")
+
+    async def _there(self, connection: asyncpg.Connection, rows: Sequence[tuple[object, ...]]) -> set[str]:
+        """The batch's dedupe keys already in the table (reading dedupe_key only, which ON
+        CONFLICT needs the role to read anyway). Not RETURNING, which would say exactly which
+        rows went in, but needs a row-level security SELECT policy too. A copy another node
+        commits between this and the insert is said as inserted: the table holds one row all
+        the same."""
+        keys = [row[0] for row in rows]
+        found = await connection.fetch(
+            f"SELECT dedupe_key FROM {self._config.table} WHERE dedupe_key = ANY($1::text[])", keys
+        )
+        return {record["dedupe_key"] for record in found}
+
+    def _answers(self, rows: Sequence[tuple[object, ...]], there: set[str]) -> list[Handoff]:
+        """Each row's answer: inserted, or skipped as a duplicate (there before the batch, or
+        earlier in it: the same bytes twice)."""
+        answers, seen = [], set(there)
+        for row in rows:
+            answers.append(self._already() if row[0] in seen else self._inserted())
+            seen.add(str(row[0]))
+        return answers
+
+    async def _missing(self, connection: asyncpg.Connection, error: asyncpg.UndefinedTableError) -> NoReturn:
+        """Raise `TableMissing` when it is the table that is missing, with create_table = false:
+        with what to do, as said at start (the table dropped since, or mail already waiting
+        then); kept as the target's `problem` until a batch goes in."""
+        table = self._config.table
+        if self._config.create_table or await connection.fetchval("SELECT to_regclass($1)", table) is not None:
+            raise error  # another relation (a trigger's, say)
+        self.problem = self._no_table()
+        raise TableMissing(f"table {table} does not exist (create_table = false): {_CREATE_IT}") from error
 
     async def _not_permitted(self, connection: asyncpg.Connection, error: asyncpg.InsufficientPrivilegeError) -> None:
         """Raise `NotPermitted`: the database's refusal, with what the role lacks and the GRANTs
@@ -403,7 +483,7 @@ class PostgresqlTarget(Target):
 
     async def _insert_one(self, connection: asyncpg.Connection, row: tuple[object, ...]) -> Handoff:
         try:
-            await connection.execute(self._insert, *row)
-        except asyncpg.DataError as error:
-            return Handoff(Verdict.PERMANENT, f"PostgreSQL refused the row: {redact(str(error))}")
-        return Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
+            status = await connection.execute(self._insert, *row)
+        except _REFUSED_ROW as error:
+            return Handoff(Verdict.PERMANENT, f"PostgreSQL refused the row: {redact(_said(error))}")
+        return self._already() if status == "INSERT 0 0" else self._inserted()
