@@ -72,8 +72,8 @@ def test_a_rebind_leaves_the_mail_of_an_inbound_route_for_its_target_and_says_ho
         assert rebind.returncode == 0, rebind.stderr
         assert rebind.stdout.strip() == f"rebound 1 message (0 once their attempt under way ends); {LEFT}"
         assert [r.recipients for r in relay.wait_for(1)] == [["out@out.example"]]
-        logged = pigeon.wait_stderr("admin rebind by local of domain=*: 1 messages")
-        assert f"1 messages to queue=None route=zz.s2; {LEFT}" in logged
+        logged = pigeon.wait_stderr("admin rebind by local of domain=*: 1 message ")
+        assert f"1 message to queue=None route=zz.s2; {LEFT}" in logged
 
         # A rebind that names only inbound mail is no mistake: it rebinds none, and says why.
         body = {"queue": "inbound:*", "to_queue": "parked"}
