@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     reader_log = logging.getLogger("pigeon.logs.reader")
     reader_log.addHandler(said)
     reader_log.propagate = False
-    lines = follow(directory) if args.follow else merged_lines(directory)
+    lines = follow(directory, since=since) if args.follow else merged_lines(directory, since=since)
     decoder = msgspec.json.Decoder(dict[str, Any])
     out = sys.stdout.buffer
     try:

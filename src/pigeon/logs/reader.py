@@ -59,15 +59,30 @@ def _timestamp(line: bytes) -> float:
         return 0.0
 
 
-def merged_lines(directory: Path) -> Iterator[bytes]:
+def merged_lines(directory: Path, *, since: float | None = None) -> Iterator[bytes]:
     """Every complete record line, in time order across the writers (workers): each writer's
     records are in the order it wrote them, and the writers' streams are merged by `timestamp`.
-    (`read_lines` gives one writer's segment after another where their times overlap.)"""
+    (`read_lines` gives one writer's segment after another where their times overlap.)
+    `since`: the segments that hold only records from before then are not read (see `_from`)."""
     streams = [
-        itertools.chain.from_iterable(_lines_of(path) for path in found)
+        itertools.chain.from_iterable(_lines_of(path) for path in _from(found, since))
         for found in _by_writer(segments(directory)).values()
     ]
     return heapq.merge(*streams, key=_timestamp)
+
+
+def _from(found: list[Path], since: float | None) -> list[Path]:
+    """One writer's segments (oldest first) but those it closed before `since`: a record is
+    written before its writer starts its next segment, and stamped before it is written, so a
+    segment whose successor started before `since` holds nothing from `since` on. (Records
+    written late from the spool's outbox carry older times, in later segments: unaffected.)
+    Without this, `pigeon logs --since 2m` read a week of log to print two minutes of it."""
+    if since is None:
+        return found
+    first = 0
+    while first + 1 < len(found) and 0.0 < segment_started(found[first + 1]) <= since:
+        first += 1
+    return found[first:]
 
 
 def read_records(directory: Path) -> list[dict[str, object]]:
@@ -76,10 +91,13 @@ def read_records(directory: Path) -> list[dict[str, object]]:
     return [decoder.decode(line) for line in read_lines(directory)]
 
 
-def follow(directory: Path, *, poll: float = 0.25, stop_after: float | None = None) -> Iterator[bytes]:
+def follow(
+    directory: Path, *, poll: float = 0.25, stop_after: float | None = None, since: float | None = None
+) -> Iterator[bytes]:
     """Every record so far, then new ones as they are written, across rotations.
 
     Each writer (worker) has its own current segment; all of them are tailed at once.
+    `since`: the segments that hold only records from before then are not read (`_from`).
     """
     started = time.monotonic()
     tails: dict[str, _Tail] = {}
@@ -88,7 +106,7 @@ def follow(directory: Path, *, poll: float = 0.25, stop_after: float | None = No
             progressed = False
             for writer, found in _by_writer(segments(directory)).items():
                 tail = tails.setdefault(writer, _Tail())
-                yield from tail.step(found)
+                yield from tail.step(_from(found, since))
                 progressed |= tail.progressed
             if not progressed:
                 time.sleep(poll)

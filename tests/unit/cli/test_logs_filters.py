@@ -108,6 +108,25 @@ def test_since_takes_a_time_ago_an_iso_time_or_a_unix_timestamp(tmp_path: Path, 
     assert [kind for kind, _ in _shown(tmp_path, "--until", "1h")] == ["Reception", "Delivery", "Bounce"]
 
 
+def test_since_reads_no_segment_its_writer_closed_before_then(tmp_path: Path) -> None:
+    # Found from outside: `--since 2m` read every segment, 0.7 s with 10 MB of log, 4.5 s with
+    # 44 MB, growing with every day kept. A segment whose successor began before --since holds
+    # nothing newer (written before the next began): it is not read. This one, made up to tell,
+    # holds a record stamped later, which only a reading of it would print.
+    now = time.time()
+
+    def segment(started: float, *records: dict[str, object]) -> None:
+        name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(started)) + "-000000-w0.jsonl"
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    segment(now - 3 * HOUR, {"type": "Rejection", "timestamp": now - 10, "command": "RCPT"})
+    segment(now - 2 * HOUR, {"type": "Delivery", "id": "00000000000000a1", "timestamp": now - 80 * 60})
+    segment(now - HOUR, {"type": "Bounce", "id": "00000000000000a1", "timestamp": now - 300})
+    assert [kind for kind, _ in _shown(tmp_path, "--since", "90m")] == ["Delivery", "Bounce"]
+    assert [kind for kind, _ in _shown(tmp_path, "--since", "30m")] == ["Bounce"]
+    assert "Rejection" in [kind for kind, _ in _shown(tmp_path)]  # read when no --since says otherwise
+
+
 @pytest.mark.parametrize("since", ["10:30", "10:30:00", "T10:30"])
 def test_since_and_until_take_a_time_of_day_as_todays(tmp_path: Path, since: str) -> None:
     noon = datetime.datetime.combine(datetime.date.today(), datetime.time(12)).timestamp()
