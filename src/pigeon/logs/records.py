@@ -234,8 +234,8 @@ class Quarantine(Record, tag="Quarantine"):
 
 
 class Inbound(Record):
-    """A message handed (or not) to an application's target: from an IMAP mailbox, or from
-    the SMTP listener through an `[[inbound]]` route (then `id` is the spool id)."""
+    """A message of an IMAP mailbox handed (or not) to an application's target. (Mail an
+    `[[inbound]]` route took over SMTP is spooled, and its handoff is a `Delivery`.)"""
 
     source: str  # "imap:<mailbox name>" or "smtp"
     target: str
