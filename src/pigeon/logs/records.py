@@ -245,7 +245,6 @@ class Inbound(Record):
     mailbox: str | None = None  # "user@host:port/folder"
     uidvalidity: int | None = None
     uid: int | None = None
-    id: str | None = None
     # 1 for the first handoff. Always written (a default would be left out of the line, and
     # consumers would have to know it); None only when reading a record from before it was.
     attempt: int | None = None
