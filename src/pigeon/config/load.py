@@ -627,8 +627,10 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         if route.target not in names:
             raise fail(["inbound", "target"], f"no [[target]] called {route.target!r} (known: {known})", index)
         if (route.recipient is None) == (route.domain is None):
+            # Named by the key it has (or the route's first line), not by its target.
+            key = "recipient" if route.recipient is not None else "domain" if route.domain is not None else "target"
             reason = "give each [[inbound]] route exactly one of recipient or domain"
-            raise fail(["inbound", "target"], reason, index)
+            raise fail(["inbound", key], reason, index)
 
 
 def _redis_url_problem(url: str) -> str | None:

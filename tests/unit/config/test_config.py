@@ -647,6 +647,10 @@ def test_inbound_sections_parse_with_their_defaults(tmp_path: Path) -> None:
     [
         ('[[inbound]]\nrecipient = "a@b.example"\ntarget = "nope"\n', "no [[target]] called 'nope' (known: 'hook')"),
         ('[[inbound]]\ntarget = "hook"\n', "exactly one of recipient or domain"),
+        (
+            '[[inbound]]\ntarget = "hook"\nrecipient = "a@b.example"\ndomain = "b.example"\n',
+            "line 15: [[inbound]] #1 recipient: give each [[inbound]] route exactly one of recipient or domain",
+        ),
         ('[[target]]\nname = "hook"\nkind = "log"\npath = "x"\n', "two [[target]]s are called 'hook'"),
         (
             "[[mailbox]]" + INBOUND.split("[[mailbox]]")[1].replace("support", "other"),
