@@ -374,7 +374,7 @@ def test_top_shows_rates_queues_and_connections(tmp_path: Path) -> None:
         lines = frame.stdout.splitlines()
         assert lines[0].startswith("pigeon top  http://127.0.0.1:")
         assert "received " in lines[1] and "delivered " in lines[1]
-        assert lines[2].startswith("spool 1 messages")
+        assert lines[2].startswith("spool 1 message ")
         (row,) = [line for line in lines if line.startswith("example.net")]
         assert row.split()[1] == "1"
         # --json: the same frame, as one JSON document for a script.

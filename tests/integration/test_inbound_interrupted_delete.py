@@ -39,7 +39,10 @@ def test_a_message_left_flagged_deleted_by_a_killed_node_is_expunged_by_the_next
     second = PigeonProcess(tmp_path / "second", target=[webhook_target(again)], mailbox=[box])
     with again, second as node:
         wait_until(lambda: mine not in dovecot.uids("app"), 20)
-        node.wait_stderr("are done at the source now")
+        node.wait_stderr(
+            "1 message handed over (or set aside) earlier and flagged so, their acknowledgement refused or "
+            "cut short, is done at the source now"
+        )
     assert dovecot.uids("app") == [theirs]  # the person's \Deleted message is left alone
     assert "\\Deleted" in dovecot.flags("app", theirs)
     assert not again.accepted  # nothing handed over again

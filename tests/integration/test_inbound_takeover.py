@@ -241,4 +241,4 @@ def test_a_taken_over_message_s_records_name_the_dead_node_through_its_retries(
     for record in [*failures, delivered]:
         assert record["taken_over_from"] == DEAD, record
         assert record["dedupe_key"] == hashlib.sha256(raw).hexdigest()
-    assert said.count(f"took over 1 messages from node {DEAD}") == 1, said
+    assert said.count(f"took over 1 message from node {DEAD}") == 1, said

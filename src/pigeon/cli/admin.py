@@ -158,7 +158,7 @@ def _bounce(args: argparse.Namespace) -> int:
         # `bounced` counts them too: the headline says what is bounced now, and the rest apart
         # (all 6 of "bounced 6 messages" were delivered by the attempt under way).
         text = "bounced {now:count message} now; {after_attempt} being sent: "
-        text += "bounced only if that attempt does not deliver them"
+        text += "bounced only if that attempt does not deliver " + ("it" if sent == 1 else "them")
     text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
     return _show(args, status, answer, text, now=int(said.get("bounced") or 0) - int(sent))
 

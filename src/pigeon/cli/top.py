@@ -221,7 +221,10 @@ def _screen(shown: dict[str, Any]) -> str:
         error = cluster.get("error")
         lines.append(f"cluster: {states}" + (f"  ({error})" if states and error else error or ""))
     smtp = shown["smtp_connections"]
-    lines.append(f"spool {shown['spool_messages']:,} messages   smtp connections {smtp['in']} in, {smtp['out']} out")
+    stored = shown["spool_messages"]
+    lines.append(
+        f"spool {stored:,} message{'' if stored == 1 else 's'}   smtp connections {smtp['in']} in, {smtp['out']} out"
+    )
     queues = shown["queues"]
     # Sentences, not table rows: wrapped at a word (the rows are cut at the terminal's edge).
     if queues.get("error"):

@@ -1091,8 +1091,15 @@ def _explain(message: str, path: Path, text: str) -> str:
             reason = "unknown section" if f"[{keys[-1]}]" in text else "unknown key: keys go under a [section]"
         else:
             reason = "unknown key"
+        owners = [
+            str(typing.cast(Any, member).__struct_config__.tag)
+            for member in _members(_section_type(keys[:-1]))
+            if keys[-1] in getattr(member, "__struct_fields__", ())
+        ]
         close = difflib.get_close_matches(keys[-1], known, n=1)
-        if close:
+        if owners:  # a [[target]] key of another kind: "did you mean" would name the same key
+            reason = f"not a key of this kind (a key of kind {', '.join(map(repr, owners))})"
+        elif close:
             reason += f" (did you mean {close[0]!r}?)"
     elif keys[:1] == ["target"] and (reason.startswith("Invalid value") or "field `kind`" in reason):
         if "field `kind`" in reason:

@@ -819,8 +819,9 @@ class Dispatcher:
         if was_down is None:
             return
         down_for, probes = was_down
-        _log.warning("site %s is up again after %s down (%d probes failed); its mail goes now",
-                     site, _seconds(down_for), probes)  # fmt: skip
+        failed = "1 probe" if probes == 1 else f"{probes} probes"
+        _log.warning("site %s is up again after %s down (%s failed); its mail goes now",
+                     site, _seconds(down_for), failed)  # fmt: skip
         self._start_site(site)
 
     def _probe_given_up(self, lane: _Lane) -> None:

@@ -764,8 +764,9 @@ class MailboxWatcher:
                             f"records say taken_over_from)")  # fmt: skip
             if dones:
                 what.append(f"{dones} it had handed over, to acknowledge and record for it (recovered_from)")
-            _log.info("mailbox %s: took over %d messages from node %s, whose heartbeat stopped: %s", config.name,
-                      claims + dones, node, "; ".join(what))  # fmt: skip
+            count = claims + dones
+            _log.info("mailbox %s: took over %d message%s from node %s, whose heartbeat stopped: %s", config.name,
+                      count, "" if count == 1 else "s", node, "; ".join(what))  # fmt: skip
         return waiting
 
     def _due_again(self, searched: set[int]) -> list[int]:
@@ -1431,9 +1432,9 @@ class MailboxWatcher:
                     break
         if found and not held:
             # Refused before, or left half done (by a node stopped between \Deleted and EXPUNGE).
-            _log.warning("mailbox %s: %d messages handed over (or set aside) earlier and flagged so, their "
-                         "acknowledgement refused or cut short, are done at the source now", config.name,
-                         found)  # fmt: skip
+            _log.warning("mailbox %s: %d message%s handed over (or set aside) earlier and flagged so, their "
+                         "acknowledgement refused or cut short, %s done at the source now", config.name,
+                         found, "" if found == 1 else "s", "is" if found == 1 else "are")  # fmt: skip
         self._held_at_source = held
         if not held:
             self._held_retry_at = time.monotonic() + _LEFTOVERS_EVERY
@@ -1450,8 +1451,8 @@ class MailboxWatcher:
         uids = sorted(claim.uid for claim in self._unacked.values())
         if not uids:
             return True
-        _log.info("mailbox %s: acknowledging %d messages handed over before at the source: UIDs %s",
-                  self.config.name, len(uids), uid_set(uids))  # fmt: skip
+        _log.info("mailbox %s: acknowledging %d message%s handed over before at the source: UIDs %s",
+                  self.config.name, len(uids), "" if len(uids) == 1 else "s", uid_set(uids))  # fmt: skip
         for chunk in _chunks(uids, self.config.batch):
             await self._acknowledge(session, chunk)
         return not self._unacked

@@ -224,4 +224,7 @@ def _retried(task: asyncio.Future[int]) -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
         _log.error("making due what an ended suspension deferred failed: %s", error, exc_info=error)
     elif not task.cancelled() and task.result():
-        _log.info("%d messages a suspension deferred to its end are due now (it was ended early)", task.result())
+        made_due = task.result()
+        said = "1 message" if made_due == 1 else f"{made_due} messages"
+        _log.info("%s a suspension deferred to its end %s due now (it was ended early)", said,
+                  "is" if made_due == 1 else "are")  # fmt: skip

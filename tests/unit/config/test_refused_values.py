@@ -421,6 +421,10 @@ def test_a_next_hop_and_nameserver_with_a_port_load(tmp_path: Path) -> None:
             '[[target]]\nname = "a"\nkind = "webhook"\nurl = "http://127.0.0.1:1/"\nformatt = "raw"\n',
             "line 5: [[target]] #1 formatt: unknown key (did you mean 'format'?)",
         ),
+        (
+            '[[target]]\nname = "a"\nkind = "webhook"\nurl = "http://127.0.0.1:1/"\ntimestamps = "seconds"\n',
+            "line 5: [[target]] #1 timestamps: not a key of this kind (a key of kind 'sidekiq')",
+        ),
     ],
     ids=[
         "workers-word",
@@ -433,6 +437,7 @@ def test_a_next_hop_and_nameserver_with_a_port_load(tmp_path: Path) -> None:
         "target-choice",
         "target-choice-sidekiq",
         "target-unknown-key",
+        "target-key-of-another-kind",
     ],
 )
 def test_config_errors_say_what_to_write_and_name_array_tables_as_the_readme_does(

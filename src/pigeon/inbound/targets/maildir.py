@@ -252,7 +252,8 @@ class MaildirTarget(Target):
         await asyncio.to_thread(self._make_directories)
         removed = await asyncio.to_thread(self._sweep)
         if removed:
-            _log.info("maildir %s: removed %d files a stopped process left in tmp/ (never linked)", self.path, removed)
+            files = "1 file" if removed == 1 else f"{removed} files"
+            _log.info("maildir %s: removed %s a stopped process left in tmp/ (never linked)", self.path, files)
         kind = await asyncio.to_thread(filesystem_type, self.path)
         self._whole_filesystem = _syncfs is not None and kind in _SYNCFS_FILESYSTEMS
 
