@@ -21,7 +21,7 @@ from pigeon.delivery.agent import Work
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.routes import Destination
 from pigeon.inbound.message import InboundMessage
-from pigeon.inbound.targets.base import NOT_HANDED_OVER, Target, Verdict
+from pigeon.inbound.targets.base import NOT_HANDED_OVER, Handoff, Target, Verdict
 from pigeon.message import format_id
 from pigeon.queue.attempt import Attempt
 from pigeon.redaction import redact
@@ -82,9 +82,11 @@ class TargetAgent:
             answers = await target.deliver_many(messages)
         except Exception as error:  # targets answer rather than raise; a bug must not lose the batch
             _log.exception("handing over to target %s failed unexpectedly", name)
-            broken = Reply(451, "4.3.0", (f"{name}: {type(error).__name__}: {redact(str(error))}",))
+            target.failing = f"{type(error).__name__}: {redact(str(error))}"
+            broken = Reply(451, "4.3.0", (f"{name}: {target.failing}",))
             return [self._same(item, broken) for item in work]
         duration = (time.monotonic() - started) / len(messages)
+        self._note(target, answers)
         attempts = []
         for item, answer in zip(work, answers, strict=True):
             if not answer.tried:
@@ -104,6 +106,16 @@ class TargetAgent:
                 attempt = attempt._replace(not_before=answer.retry_after)  # the queue caps it
             attempts.append(attempt)
         return attempts
+
+    @staticmethod
+    def _note(target: Target, answers: Sequence[Handoff]) -> None:
+        """What /healthz says of the target: failing from a batch of which no message went in
+        for now, until one does. A permanent refusal is about its message, not the target."""
+        verdicts = {answer.verdict for answer in answers if answer.tried}
+        if Verdict.ACCEPTED in verdicts:
+            target.failing = None
+        elif Verdict.TRANSIENT in verdicts:
+            target.failing = next(a.detail for a in answers if a.tried and a.verdict is Verdict.TRANSIENT)
 
     def _same(self, item: Work, reply: Reply) -> Attempt:
         return Attempt.same_for_all(reply, len(item.message.envelope.recipients), "", self._site)

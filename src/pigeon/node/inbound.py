@@ -22,6 +22,7 @@ from pigeon.inbound.notes import Notes, RedisNotes
 from pigeon.inbound.targets import Target
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
+from pigeon.redaction import redact
 
 _log = logging.getLogger(__name__)
 
@@ -133,6 +134,22 @@ class Inbound:
 
     def health(self) -> dict[str, Any]:
         return {w.config.name: w.health() for w in self.watchers}
+
+    def routed_health(self) -> dict[str, Any]:
+        """/healthz's part for each target of an `[[inbound]]` route (mail received over SMTP):
+        "degraded" while it is known not to work (`Target.problem`, found when it first
+        connected) or while its last handoff failed for now (`Target.failing`), until one
+        works; never "down", as with mailboxes: the mail waits in the spool and is retried, and
+        a 503 would take the SMTP listener that receives it out of a load balancer."""
+        names = dict.fromkeys(route.target for route in self.config.inbound)
+        health: dict[str, Any] = {}
+        for name in names:
+            target = self.targets.get(name)
+            if target is None:  # (refused at load)
+                continue
+            error = target.failing or target.problem
+            health[name] = {"status": "degraded" if error else "ok", "error": redact(error) if error else None}
+        return health
 
 
 def _route_name(route: InboundRouteConfig) -> str:

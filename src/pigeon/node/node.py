@@ -711,9 +711,11 @@ class Node:
         log = self._log_state()
         spool = self._spool_health()
         inbound = self.inbound.health() if self.inbound is not None and self.inbound.watchers else {}
+        routed = self.inbound.routed_health() if self.inbound is not None else {}
         shaping = self.outbound.throttles.health() if self.outbound is not None else None
         config = {"status": OK} if self._reload_problem is None else {"status": DEGRADED, "error": self._reload_problem}
         components = [spool["status"], DEGRADED if log.failing else OK, *(m["status"] for m in inbound.values())]
+        components += [t["status"] for t in routed.values()]
         components.append(config["status"])
         if shaping is not None:
             components.append(shaping["status"])
@@ -733,6 +735,7 @@ class Node:
                 "lost": log.lost,
             },
             **({"inbound": inbound} if inbound else {}),
+            **({"targets": routed} if routed else {}),
             **({"shaping": shaping} if shaping is not None else {}),
             "config": config,
         }

@@ -805,6 +805,13 @@ class Supervisor:
         inbound = {name: state for w in workers for name, state in w.get("inbound", {}).items()}
         if inbound:
             body["inbound"] = inbound
+        targets: dict[str, Any] = {}
+        for w in workers:  # each worker hands over its own shard's mail: the worst says
+            for name, state in w.get("targets", {}).items():
+                if name not in targets or state.get("status") != OK:
+                    targets[name] = state
+        if targets:
+            body["targets"] = targets
         configs = [w["config"] for w in workers if "config" in w]
         if self._reload_problem is not None:  # (the file did not load: every worker's reload failed)
             configs.insert(0, {"status": DEGRADED, "error": self._reload_problem})

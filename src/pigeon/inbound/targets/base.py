@@ -80,6 +80,9 @@ class Target:
         # What is known to keep every handoff from working before one is tried (found when the
         # target first connects: a table missing, say), for /healthz; None once one works.
         self.problem: str | None = None
+        # Why the last handoff of SMTP-received mail (an `[[inbound]]` route) failed for now,
+        # until one is accepted: set by the delivery side's target agent, for /healthz.
+        self.failing: str | None = None
         self.halted = False  # the node stops: no handoff starts (`halt`)
 
     @property

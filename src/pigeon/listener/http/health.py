@@ -11,6 +11,9 @@ of them, or "stopping" during a graceful stop:
 * log: degraded while the event log cannot be written (records wait in the spool's outbox);
 * each mailbox: degraded while it cannot connect, search or claim, down once that has lasted
   `down_after`; degraded too when another node was seen handing its messages over;
+* each target of an `[[inbound]]` route (`targets`): degraded while it is known not to work
+  (a table missing) or its last handoff of SMTP-received mail failed for now, until one
+  works; never down (the mail waits in the spool and is retried);
 * each worker (a node of several): down while it does not answer (restarting).
 
 The answer is 200 for "ok" and "degraded", 503 for "down" and "stopping": a probe that only
