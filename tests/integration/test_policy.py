@@ -605,6 +605,39 @@ def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
         assert pigeon.metric('pigeon_rejections_total{code="451",command="inject"}') == 2
 
 
+@pytest.mark.parametrize("sync", ["inline", "thread"])
+def test_an_on_message_that_changes_the_metadata_fails_and_the_logs_keep_the_applications(
+    tmp_path: Path, sync: str
+) -> None:
+    """A hook's `message.metadata["user"] = "EVIL"` was kept: the Reception and Delivery records
+    said `meta: {"user": "EVIL"}`, past `[http] max_metadata_size` too."""
+    source = """
+        def on_message(message):
+            assert dict(message.metadata) == {"user": "42"}
+            if message.recipients[0].startswith("evil@"):
+                message.metadata["user"] = "EVIL"
+    """
+    with ScriptedSink() as sink, _node(tmp_path, source, sync=sync, **delivery_config(sink.endpoint)) as pigeon:
+
+        def inject(*emails: str) -> tuple[int, Any]:
+            body = {
+                "envelope_sender": "a@example.org",
+                "recipients": [{"email": email, "metadata": {"user": "42"}} for email in emails],
+                "content": "From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n",
+            }
+            return pigeon.http_post("/api/v1/inject", body, pigeon.local_token)
+
+        status, answer = inject("evil@example.net")
+        assert (status, answer["recipients"][0]["error"]) == (503, "451 4.3.0 policy error; try again later")
+        (failure,) = _failures(pigeon)
+        assert failure["error"] == "TypeError: 'mappingproxy' object does not support item assignment"
+        # Two messages of one metadata (content the same for all: one per domain) each get theirs.
+        assert inject("fine@example.net", "fine@example.com")[0] == 200
+        receptions = pigeon.wait_records("Reception", 2)
+        deliveries = pigeon.wait_records("Delivery", 2)
+        assert [r["meta"] for r in receptions + deliveries] == [{"user": "42"}] * 4
+
+
 def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(tmp_path: Path) -> None:
     source = """
         from pigeon.policy import Refuse
