@@ -628,6 +628,47 @@ def test_a_named_signer_that_cannot_sign_the_message_gets_451_not_a_signature_th
         assert sorted((s["d"], s["s"]) for (s,) in signed) == [("acme.test", "acme"), ("example.com", "rsa1")]
 
 
+def test_a_named_signer_for_mail_whose_from_names_no_domain_gets_451_at_both_doors_not_unsigned_mail(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys
+) -> None:
+    # Such mail was taken (250) and left unsigned: the signer was dropped without a word.
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa),
+             "name": "ex-rsa"}]  # fmt: skip
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(NAMED_SIGNER_POLICY))
+    config = delivery_config(sink.endpoint)
+    froms = [b"", b"From: undisclosed-recipients\r\n", b"From: \r\n", b"From: list:;\r\n"]
+    with PigeonProcess(tmp_path / "node", dkim=dkim, policy={"module": str(module)}, **config) as pigeon:
+        for from_field in froms:  # relayed over SMTP (relay_networks): left as it came
+            with RawSmtp(pigeon.smtp_port) as smtp:
+                smtp.expect(220)
+                smtp.expect(250, "EHLO client.test")
+                smtp.expect(250, "MAIL FROM:<news@example.com>")
+                smtp.expect(250, "RCPT TO:<bob@sink.test>")
+                smtp.expect(354, "DATA")
+                smtp.send(from_field + b"X-Signer: ex-rsa\r\n" + DATE + b"\r\nbody\r\n.\r\n")
+                assert smtp.expect(451)[0] == "4.3.0 policy error; try again later"
+        for from_field in froms[1::2]:  # (an injection without a From, or an empty one, is refused before)
+            status, answer = pigeon.http_post(
+                "/api/v1/inject",
+                {"envelope_sender": "news@example.com", "recipients": [{"email": "bob@sink.test"}],
+                 "content": (from_field + b"X-Signer: ex-rsa\r\n\r\nbody\r\n").decode()},
+                pigeon.local_token,
+            )  # fmt: skip
+            assert (status, answer["recipients"][0]["error"]) == (503, "451 4.3.0 policy error; try again later")
+        failures = pigeon.wait_records("PolicyFailure", 6)
+        assert [f["error"].partition(": ")[2] for f in failures] == [
+            "DKIM signer 'ex-rsa' cannot sign a message without a From field (RFC 6376 5.4: a signature covers From)",
+            *[
+                f"DKIM signer 'ex-rsa' (domain 'example.com', no signing_domain) cannot sign: the From field "
+                f"({shown!r}) names no author domain to sign as d="
+                for shown in ["undisclosed-recipients", "", "list:;", "undisclosed-recipients", "list:;"]
+            ],
+        ]
+        assert {(f["hook"], f["action"]) for f in failures} == {("on_message", "451 4.3.0")}
+        assert not pigeon.spool_messages() and not sink.received
+
+
 ADDED_HEADERS_POLICY = """
     from pigeon.policy import Changes
     def on_message(message):
