@@ -761,6 +761,45 @@ def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_pat
             assert client.mail("a@example.org") == (550, b"5.7.1 v2")
 
 
+def test_a_reload_of_a_broken_module_says_file_line_and_why_on_one_line_and_the_traceback_readable(
+    tmp_path: Path,
+) -> None:
+    """A SyntaxError was logged as `... line 4\\x0a    def broken(:\\x0a ...`, and an error raised at
+    import as `RuntimeError: import-time boom`, with no file or line."""
+    module = _policy(tmp_path, "def on_mail_from(mail):\n    return None\n")
+    with PigeonProcess(tmp_path / "node", policy={"module": str(module)}) as pigeon:
+        module.write_text("import os\n\n\ndef broken(:\n    pass\n")
+        _hangup(pigeon, "the policy module stays as it was")
+        (tmp_path / "helpers.py").write_text('import os\n\nraise RuntimeError("import-time boom")\n')
+        module.write_text("import helpers\n")
+        _hangup(pigeon, "cannot be loaded: ")
+        pigeon.wait_stderr("reloaded:", 2)
+        lines = pigeon.stderr().splitlines()
+        failed = [line.partition("reload: the policy module stays as it was: ")[2] for line in lines]
+        assert [line for line in failed if line] == [
+            f"policy module {module} cannot be loaded: {module}:4: SyntaxError: invalid syntax: def broken(:",
+            f"policy module {module} cannot be loaded: {tmp_path / 'helpers.py'}:3: RuntimeError: import-time boom",
+        ]
+        assert not any("\\x0a" in line for line in lines)
+        # Each with its traceback, line by line, from the module on (not Pigeon's import of it).
+        syntax = lines.index(next(line for line in lines if "SyntaxError: invalid" in line))
+        assert lines[syntax + 1 : syntax + 5] == [
+            f'  File "{module}", line 4',
+            "    def broken(:",
+            "               ^",
+            "SyntaxError: invalid syntax",
+        ]
+        raised = lines.index(next(line for line in lines if "RuntimeError: import-time" in line))
+        assert lines[raised + 1 : raised + 7] == [
+            "Traceback (most recent call last):",
+            f'  File "{module}", line 1, in <module>',
+            "    import helpers",
+            f'  File "{tmp_path / "helpers.py"}", line 3, in <module>',
+            '    raise RuntimeError("import-time boom")',
+            "RuntimeError: import-time boom",
+        ]
+
+
 def test_misspelt_hook_names_are_warned_about_once_at_start_and_once_at_a_reload(tmp_path: Path) -> None:
     source = """
         def on_mesage(message):
