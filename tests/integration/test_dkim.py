@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import signal
 import textwrap
@@ -719,3 +720,62 @@ def test_a_policys_long_and_utf8_headers_leave_folded_with_smtputf8_and_signed_a
         assert {"x-long", "x-greeting"} <= set(signature["h"].split(":"))
         (failure,) = pigeon.wait_records("PolicyFailure")
         assert "cannot be folded into lines of at most 998 octets" in failure["error"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_signing_process_holds_none_of_the_nodes_listening_sockets(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, workers: int
+) -> None:
+    """It held the SMTP and HTTP listeners (fds 4 and 5): still bound while it lived on, though
+    no code of its own would ever accept on them."""
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa)}]
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", dkim=dkim, node={"workers": workers}, **config) as pigeon:
+        assert pigeon.process is not None
+        for n in range(2 * workers):  # (connections are spread over the workers: each starts one)
+            _smtp(pigeon.smtp_port, "news@example.com", ["bob@sink.test"], b"From: news@example.com\r\n\r\n%d\r\n" % n)
+        sink.wait_for(2 * workers)
+        listening = _listening({pigeon.smtp_port, pigeon.http_port})
+        assert len(listening) == 2
+        signers = [pid for pid in _descendants(pigeon.process.pid) if b"pigeon.dkim.key_process" in _cmdline(pid)]
+        assert signers
+        for pid in signers:
+            held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            assert not held & {f"socket:[{inode}]" for inode in listening}, (pid, held)
+
+
+def _listening(ports: set[int]) -> set[str]:
+    """The inodes of the TCP sockets listening on these ports (/proc/net/tcp, tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            columns = line.split()
+            if columns[3] == "0A" and int(columns[1].rpartition(":")[2], 16) in ports:  # 0A: LISTEN
+                found.add(columns[9])
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root`, from each one's parent in /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rpartition(")")[2].split()[1])
+    below, found = {root}, []
+    while True:
+        more = [pid for pid, parent in parents.items() if parent in below and pid not in below]
+        if not more:
+            return found
+        below.update(more)
+        found += more
