@@ -30,8 +30,10 @@ Protocol (frames on the child's stdin and stdout: a 4-byte big-endian length, th
   put on top of it), or of error texts (str) for the messages that could not be signed.
 
 The child ends when its stdin closes (the worker closed it, or died: nothing outlives a
-worker). It ignores SIGINT, which a terminal sends to the whole process group; the worker
-stops it.
+worker), quietly too when it finds its stdout closed or a frame cut short (the worker died).
+It ignores SIGINT, which a terminal sends to the whole process group; the worker stops it. It
+holds no listening socket of the worker's: those are not inheritable (`pigeon.node.sockets`),
+since uvloop, which spawns it, does not do `close_fds`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import struct
 import subprocess
@@ -358,11 +361,16 @@ class _Pipes(asyncio.SubprocessProtocol):
 
 
 def _read_frame(stream: BinaryIO) -> Any:
+    """The next frame, or None at the end of the input: closed, or cut short (the worker died
+    writing it)."""
     head = stream.read(_LENGTH.size)
     if len(head) < _LENGTH.size:
         return None
     (length,) = _LENGTH.unpack(head)
-    return _DECODE.decode(stream.read(length))
+    payload = stream.read(length)
+    if len(payload) < length:
+        return None
+    return _DECODE.decode(payload)
 
 
 def _write_frame(stream: BinaryIO, value: Any) -> None:
@@ -407,6 +415,18 @@ def _signatures(signers: Signers, chosen: list[Signer], message: bytes, timestam
 
 
 def main() -> None:
+    """The child: sign what the worker asks until its input ends. A worker that went away (it
+    was killed, it died) is no error of the child's: it ends without a word, where a traceback
+    of the pipe it can no longer write to (BrokenPipeError) said nothing an operator can use."""
+    try:
+        _serve()
+    except (BrokenPipeError, ConnectionResetError):
+        # (Exit now, not through the interpreter's exit: it would flush stdout again, and say
+        # that this failed too.)
+        os._exit(0)
+
+
+def _serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     first = _read_frame(stdin)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import dkim
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from pigeon.config.schema import DkimConfig
 from pigeon.dkim import key_process
@@ -272,3 +275,34 @@ async def test_a_message_the_signing_process_cannot_sign_fails_alone_and_the_nex
     assert isinstance(answer, list) and isinstance(answer[0], bytes) and answer[0].startswith(b"DKIM-Signature:")
     assert process.alive
     await process.aclose()
+
+
+@pytest.mark.parametrize("gone", ["its output closed", "a frame cut short"])
+def test_a_signing_process_whose_worker_is_gone_ends_without_a_word(gone: str) -> None:
+    """A worker killed mid-request left a BrokenPipeError (or a msgspec DecodeError) traceback
+    of its signing process on the node's stderr."""
+    process = _process("ed25519-sha256")
+    pems = [key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()) for key in process.keys]
+    specs = [key_process._spec(signer, 0) for signer in process.signers]
+    child = subprocess.Popen(
+        [sys.executable, "-P", "-m", "pigeon.dkim.key_process"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    key_process._write_frame(child.stdin, [pems, specs])
+    assert key_process._read_frame(child.stdout) == 1  # ready: one key loaded
+    if gone == "its output closed":
+        child.stdout.close()  # (its answer to what follows has nowhere to go)
+        key_process._write_frame(child.stdin, [[[0], MESSAGE, 1]])
+    else:
+        frame = key_process._LENGTH.pack(1000) + b"\x91" * 10  # the worker died writing it
+        child.stdin.write(frame)
+    child.stdin.close()
+    assert child.stderr is not None
+    with child.stderr:
+        stderr = child.stderr.read()  # (until it ends)
+    assert (child.wait(30), stderr.decode()) == (0, "")
+    if not child.stdout.closed:
+        child.stdout.close()
