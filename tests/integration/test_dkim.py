@@ -57,6 +57,7 @@ def dns(keys: Keys) -> Iterator[DnsServer]:
         ("acme._domainkey.acme.test", keys.tenant),
         ("other._domainkey.acme.test", keys.other),
         ("idn._domainkey.xn--bcher-kva.example", keys.ed25519),
+        ("dsn._domainkey.mx.pigeon.test", keys.ed25519),  # PigeonProcess's [smtp] hostname
     ]:
         zone.records[name] = [("TXT", record_text(key))]
     server = key_server(zone)
@@ -291,6 +292,20 @@ def test_internal_headers_are_stripped_and_the_tenant_signs_with_its_own_key(
     # Without the tenant, nothing signs acme.test mail.
     _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"], data.replace(b"X-Tenant: acme\r\n", b""))
     assert _signatures(sink.wait_for(2)[1].data) == []
+
+
+@pytest.mark.parametrize("order", [("acme", "other"), ("other", "acme")])
+def test_of_two_tenant_fields_the_first_names_the_queue_and_the_signer_and_neither_leaves(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path, order: tuple[str, str]
+) -> None:
+    first, second = order
+    data = f"X-Tenant: {first}\r\nFrom: shop@acme.test\r\nX-Tenant: {second}\r\n".encode() + DATE + b"\r\nbuy\r\n"
+    _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"], data)
+    (received,) = sink.wait_for(1)
+    assert b"x-tenant" not in received.data.lower()
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [("acme.test", first)]
+    (reception,) = pigeon.wait_records("Reception")
+    assert reception["queue"] == f"{first}@sink.test"
 
 
 def test_a_glob_signs_for_the_author_subdomain_and_simple_canonicalization_verifies(
@@ -668,6 +683,31 @@ def test_a_named_signer_for_mail_whose_from_names_no_domain_gets_451_at_both_doo
         ]
         assert {(f["hook"], f["action"]) for f in failures} == {("on_message", "451 4.3.0")}
         assert not pigeon.spool_messages() and not sink.received
+
+
+@pytest.mark.parametrize("domain", ["pigeon.test", "*.pigeon.test"])
+def test_pigeons_own_dsns_are_signed_only_by_a_block_that_matches_its_hostname(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer, domain: str
+) -> None:
+    # A DSN is From: MAILER-DAEMON@<[smtp] hostname> (mx.pigeon.test here): its author domain is
+    # the hostname, which a block for the hostname's parent domain does not match.
+    dkim = [{"domain": domain, "selector": "dsn", "private_key": _key_file(tmp_path, "ed", keys.ed25519),
+             "algorithm": "ed25519-sha256"}]  # fmt: skip
+    with PigeonProcess(tmp_path / "node", dkim=dkim, **delivery_config(sink.endpoint)) as pigeon:
+        _smtp(
+            pigeon.smtp_port,
+            "ann@example.com",
+            ["permfail@sink.test"],
+            b"From: ann@example.com\r\n" + DATE + b"\r\nx\r\n",
+        )
+        (dsn,) = sink.wait_for(1)
+        assert dsn.recipients == ["ann@example.com"]
+        assert b"\r\nFrom: Mail Delivery System <MAILER-DAEMON@mx.pigeon.test>\r\n" in dsn.data
+        if domain == "pigeon.test":
+            assert _signatures(dsn.data) == []
+        else:
+            (signature,) = _check(dsn, dns, tmp_path)
+            assert (signature["d"], signature["s"]) == ("mx.pigeon.test", "dsn")
 
 
 ADDED_HEADERS_POLICY = """

@@ -141,6 +141,20 @@ def test_on_message_sets_tenant_campaign_and_queue_seen_in_the_log_and_the_queue
         }
 
 
+def test_of_two_tenant_and_campaign_fields_on_message_is_told_the_first(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_message(message):
+            return Refuse(550, f"tenant {message.tenant} campaign {message.campaign}")
+    """
+    message = b"X-Tenant: one\r\nX-Campaign: c1\r\nFrom: a@example.org\r\nX-Tenant: two\r\nX-Campaign: c2\r\n\r\nhi\r\n"
+    with _node(tmp_path, source) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        client.mail("a@example.org")
+        client.rcpt("x@example.net")
+        assert client.data(message) == (550, b"5.7.1 tenant one campaign c1")
+
+
 def _get(pigeon: PigeonProcess, path: str) -> tuple[int, Any]:
     request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}")
     request.add_header("Authorization", f"Bearer {pigeon.local_token}")
