@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from pigeon.dkim.canonical import header_fields, split_message
-from pigeon.dkim.keys import PrivateKey
+from pigeon.dkim.keys import PrivateKey, public_value
 from pigeon.dkim.signer import Signer, Signers
 
 _log = logging.getLogger(__name__)
@@ -112,6 +112,20 @@ class KeyProcess:
     def index(self, signer: Signer) -> int:
         """Where `signer` is in the list the child was given, as requests name it."""
         return self._index[id(signer)]
+
+    def serves(self, signers: Sequence[Signer]) -> bool:
+        """Whether this process signs as `signers` would, one by one: the same blocks in the
+        same order (all the child knows of each) with keys of the same value. A reload that
+        changed nothing of DKIM (a SIGHUP for a route, a user) keeps it: a new one takes a
+        fifth of a second to a second to start (an interpreter, `cryptography`, the keys
+        checked), and every message to sign waits for it."""
+        return len(signers) == len(self.signers) and all(
+            _view(new) == _view(old) for new, old in zip(signers, self.signers, strict=True)
+        )
+
+    def rebind(self, signers: Sequence[Signer]) -> None:
+        """Requests name `signers` from now on, each as the one at its place (`serves` them)."""
+        self._index = {id(signer): n for n, signer in enumerate(signers)}
 
     @property
     def alive(self) -> bool:
@@ -392,6 +406,11 @@ def _spec(signer: Signer, key: int) -> list[Any]:
         signer.relaxed_body,
         signer.signing_domain,
     ]
+
+
+def _view(signer: Signer) -> tuple[Any, ...]:
+    """What the child knows of `signer` (`_spec`), its key by value."""
+    return (*_spec(signer, 0)[1:], public_value(signer.key))
 
 
 def _signer(spec: list[Any], keys: list[PrivateKey]) -> Signer:
