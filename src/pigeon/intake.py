@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import msgspec
@@ -78,7 +79,7 @@ from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
 from pigeon.metrics import Metrics
 from pigeon.policy.answers import Changes, Refuse, folded_field
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
-from pigeon.policy.objects import Headers, ReceivedMessage
+from pigeon.policy.objects import NO_METADATA, Headers, ReceivedMessage
 from pigeon.queue.names import (
     campaign_problem,
     queue_name,
@@ -550,7 +551,11 @@ class Draft:
                 headers=Headers(head[1:]),
                 tenant=tenant,
                 campaign=campaign,
-                metadata=envelope.metadata or {},
+                # A view of a copy: a hook that assigns to it fails (TypeError, 451) rather
+                # than change what the log records and the spool keep of the application's
+                # metadata, past `[http] max_metadata_size`; the copy, because one request's
+                # messages of the same metadata share its dict.
+                metadata=MappingProxyType(dict(envelope.metadata)) if envelope.metadata else NO_METADATA,
                 trusted=arrival.trusted,
             ),
             session=arrival.session,

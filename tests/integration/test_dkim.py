@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import signal
 import textwrap
@@ -56,6 +57,7 @@ def dns(keys: Keys) -> Iterator[DnsServer]:
         ("acme._domainkey.acme.test", keys.tenant),
         ("other._domainkey.acme.test", keys.other),
         ("idn._domainkey.xn--bcher-kva.example", keys.ed25519),
+        ("dsn._domainkey.mx.pigeon.test", keys.ed25519),  # PigeonProcess's [smtp] hostname
     ]:
         zone.records[name] = [("TXT", record_text(key))]
     server = key_server(zone)
@@ -290,6 +292,20 @@ def test_internal_headers_are_stripped_and_the_tenant_signs_with_its_own_key(
     # Without the tenant, nothing signs acme.test mail.
     _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"], data.replace(b"X-Tenant: acme\r\n", b""))
     assert _signatures(sink.wait_for(2)[1].data) == []
+
+
+@pytest.mark.parametrize("order", [("acme", "other"), ("other", "acme")])
+def test_of_two_tenant_fields_the_first_names_the_queue_and_the_signer_and_neither_leaves(
+    pigeon: PigeonProcess, sink: ScriptedSink, dns: DnsServer, tmp_path: Path, order: tuple[str, str]
+) -> None:
+    first, second = order
+    data = f"X-Tenant: {first}\r\nFrom: shop@acme.test\r\nX-Tenant: {second}\r\n".encode() + DATE + b"\r\nbuy\r\n"
+    _smtp(pigeon.smtp_port, "shop@acme.test", ["bob@sink.test"], data)
+    (received,) = sink.wait_for(1)
+    assert b"x-tenant" not in received.data.lower()
+    assert [(s["d"], s["s"]) for s in _check(received, dns, tmp_path)] == [("acme.test", first)]
+    (reception,) = pigeon.wait_records("Reception")
+    assert reception["queue"] == f"{first}@sink.test"
 
 
 def test_a_glob_signs_for_the_author_subdomain_and_simple_canonicalization_verifies(
@@ -628,6 +644,72 @@ def test_a_named_signer_that_cannot_sign_the_message_gets_451_not_a_signature_th
         assert sorted((s["d"], s["s"]) for (s,) in signed) == [("acme.test", "acme"), ("example.com", "rsa1")]
 
 
+def test_a_named_signer_for_mail_whose_from_names_no_domain_gets_451_at_both_doors_not_unsigned_mail(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys
+) -> None:
+    # Such mail was taken (250) and left unsigned: the signer was dropped without a word.
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa),
+             "name": "ex-rsa"}]  # fmt: skip
+    module = tmp_path / "policy.py"
+    module.write_text(textwrap.dedent(NAMED_SIGNER_POLICY))
+    config = delivery_config(sink.endpoint)
+    froms = [b"", b"From: undisclosed-recipients\r\n", b"From: \r\n", b"From: list:;\r\n"]
+    with PigeonProcess(tmp_path / "node", dkim=dkim, policy={"module": str(module)}, **config) as pigeon:
+        for from_field in froms:  # relayed over SMTP (relay_networks): left as it came
+            with RawSmtp(pigeon.smtp_port) as smtp:
+                smtp.expect(220)
+                smtp.expect(250, "EHLO client.test")
+                smtp.expect(250, "MAIL FROM:<news@example.com>")
+                smtp.expect(250, "RCPT TO:<bob@sink.test>")
+                smtp.expect(354, "DATA")
+                smtp.send(from_field + b"X-Signer: ex-rsa\r\n" + DATE + b"\r\nbody\r\n.\r\n")
+                assert smtp.expect(451)[0] == "4.3.0 policy error; try again later"
+        for from_field in froms[1::2]:  # (an injection without a From, or an empty one, is refused before)
+            status, answer = pigeon.http_post(
+                "/api/v1/inject",
+                {"envelope_sender": "news@example.com", "recipients": [{"email": "bob@sink.test"}],
+                 "content": (from_field + b"X-Signer: ex-rsa\r\n\r\nbody\r\n").decode()},
+                pigeon.local_token,
+            )  # fmt: skip
+            assert (status, answer["recipients"][0]["error"]) == (503, "451 4.3.0 policy error; try again later")
+        failures = pigeon.wait_records("PolicyFailure", 6)
+        assert [f["error"].partition(": ")[2] for f in failures] == [
+            "DKIM signer 'ex-rsa' cannot sign a message without a From field (RFC 6376 5.4: a signature covers From)",
+            *[
+                f"DKIM signer 'ex-rsa' (domain 'example.com', no signing_domain) cannot sign: the From field "
+                f"({shown!r}) names no author domain to sign as d="
+                for shown in ["undisclosed-recipients", "", "list:;", "undisclosed-recipients", "list:;"]
+            ],
+        ]
+        assert {(f["hook"], f["action"]) for f in failures} == {("on_message", "451 4.3.0")}
+        assert not pigeon.spool_messages() and not sink.received
+
+
+@pytest.mark.parametrize("domain", ["pigeon.test", "*.pigeon.test"])
+def test_pigeons_own_dsns_are_signed_only_by_a_block_that_matches_its_hostname(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer, domain: str
+) -> None:
+    # A DSN is From: MAILER-DAEMON@<[smtp] hostname> (mx.pigeon.test here): its author domain is
+    # the hostname, which a block for the hostname's parent domain does not match.
+    dkim = [{"domain": domain, "selector": "dsn", "private_key": _key_file(tmp_path, "ed", keys.ed25519),
+             "algorithm": "ed25519-sha256"}]  # fmt: skip
+    with PigeonProcess(tmp_path / "node", dkim=dkim, **delivery_config(sink.endpoint)) as pigeon:
+        _smtp(
+            pigeon.smtp_port,
+            "ann@example.com",
+            ["permfail@sink.test"],
+            b"From: ann@example.com\r\n" + DATE + b"\r\nx\r\n",
+        )
+        (dsn,) = sink.wait_for(1)
+        assert dsn.recipients == ["ann@example.com"]
+        assert b"\r\nFrom: Mail Delivery System <MAILER-DAEMON@mx.pigeon.test>\r\n" in dsn.data
+        if domain == "pigeon.test":
+            assert _signatures(dsn.data) == []
+        else:
+            (signature,) = _check(dsn, dns, tmp_path)
+            assert (signature["d"], signature["s"]) == ("mx.pigeon.test", "dsn")
+
+
 ADDED_HEADERS_POLICY = """
     from pigeon.policy import Changes
     def on_message(message):
@@ -678,3 +760,62 @@ def test_a_policys_long_and_utf8_headers_leave_folded_with_smtputf8_and_signed_a
         assert {"x-long", "x-greeting"} <= set(signature["h"].split(":"))
         (failure,) = pigeon.wait_records("PolicyFailure")
         assert "cannot be folded into lines of at most 998 octets" in failure["error"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_signing_process_holds_none_of_the_nodes_listening_sockets(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, workers: int
+) -> None:
+    """It held the SMTP and HTTP listeners (fds 4 and 5): still bound while it lived on, though
+    no code of its own would ever accept on them."""
+    dkim = [{"domain": "example.com", "selector": "rsa1", "private_key": _key_file(tmp_path, "rsa", keys.rsa)}]
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", dkim=dkim, node={"workers": workers}, **config) as pigeon:
+        assert pigeon.process is not None
+        for n in range(2 * workers):  # (connections are spread over the workers: each starts one)
+            _smtp(pigeon.smtp_port, "news@example.com", ["bob@sink.test"], b"From: news@example.com\r\n\r\n%d\r\n" % n)
+        sink.wait_for(2 * workers)
+        listening = _listening({pigeon.smtp_port, pigeon.http_port})
+        assert len(listening) == 2
+        signers = [pid for pid in _descendants(pigeon.process.pid) if b"pigeon.dkim.key_process" in _cmdline(pid)]
+        assert signers
+        for pid in signers:
+            held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            assert not held & {f"socket:[{inode}]" for inode in listening}, (pid, held)
+
+
+def _listening(ports: set[int]) -> set[str]:
+    """The inodes of the TCP sockets listening on these ports (/proc/net/tcp, tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            columns = line.split()
+            if columns[3] == "0A" and int(columns[1].rpartition(":")[2], 16) in ports:  # 0A: LISTEN
+                found.add(columns[9])
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root`, from each one's parent in /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rpartition(")")[2].split()[1])
+    below, found = {root}, []
+    while True:
+        more = [pid for pid, parent in parents.items() if parent in below and pid not in below]
+        if not more:
+            return found
+        below.update(more)
+        found += more

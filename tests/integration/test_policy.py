@@ -141,6 +141,20 @@ def test_on_message_sets_tenant_campaign_and_queue_seen_in_the_log_and_the_queue
         }
 
 
+def test_of_two_tenant_and_campaign_fields_on_message_is_told_the_first(tmp_path: Path) -> None:
+    source = """
+        from pigeon.policy import Refuse
+        def on_message(message):
+            return Refuse(550, f"tenant {message.tenant} campaign {message.campaign}")
+    """
+    message = b"X-Tenant: one\r\nX-Campaign: c1\r\nFrom: a@example.org\r\nX-Tenant: two\r\nX-Campaign: c2\r\n\r\nhi\r\n"
+    with _node(tmp_path, source) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        client.mail("a@example.org")
+        client.rcpt("x@example.net")
+        assert client.data(message) == (550, b"5.7.1 tenant one campaign c1")
+
+
 def _get(pigeon: PigeonProcess, path: str) -> tuple[int, Any]:
     request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}{path}")
     request.add_header("Authorization", f"Bearer {pigeon.local_token}")
@@ -605,6 +619,39 @@ def test_http_injection_meets_the_same_on_message_hook(tmp_path: Path) -> None:
         assert pigeon.metric('pigeon_rejections_total{code="451",command="inject"}') == 2
 
 
+@pytest.mark.parametrize("sync", ["inline", "thread"])
+def test_an_on_message_that_changes_the_metadata_fails_and_the_logs_keep_the_applications(
+    tmp_path: Path, sync: str
+) -> None:
+    """A hook's `message.metadata["user"] = "EVIL"` was kept: the Reception and Delivery records
+    said `meta: {"user": "EVIL"}`, past `[http] max_metadata_size` too."""
+    source = """
+        def on_message(message):
+            assert dict(message.metadata) == {"user": "42"}
+            if message.recipients[0].startswith("evil@"):
+                message.metadata["user"] = "EVIL"
+    """
+    with ScriptedSink() as sink, _node(tmp_path, source, sync=sync, **delivery_config(sink.endpoint)) as pigeon:
+
+        def inject(*emails: str) -> tuple[int, Any]:
+            body = {
+                "envelope_sender": "a@example.org",
+                "recipients": [{"email": email, "metadata": {"user": "42"}} for email in emails],
+                "content": "From: a@example.org\r\nSubject: x\r\n\r\nhi\r\n",
+            }
+            return pigeon.http_post("/api/v1/inject", body, pigeon.local_token)
+
+        status, answer = inject("evil@example.net")
+        assert (status, answer["recipients"][0]["error"]) == (503, "451 4.3.0 policy error; try again later")
+        (failure,) = _failures(pigeon)
+        assert failure["error"] == "TypeError: 'mappingproxy' object does not support item assignment"
+        # Two messages of one metadata (content the same for all: one per domain) each get theirs.
+        assert inject("fine@example.net", "fine@example.com")[0] == 200
+        receptions = pigeon.wait_records("Reception", 2)
+        deliveries = pigeon.wait_records("Delivery", 2)
+        assert [r["meta"] for r in receptions + deliveries] == [{"user": "42"}] * 4
+
+
 def test_mail_from_and_rcpt_to_hooks_hold_for_http_injection_and_pigeon_inject(tmp_path: Path) -> None:
     source = """
         from pigeon.policy import Refuse
@@ -726,6 +773,45 @@ def test_sighup_reloads_the_policy_module_and_a_broken_one_keeps_the_old(tmp_pat
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.ehlo("client.test")
             assert client.mail("a@example.org") == (550, b"5.7.1 v2")
+
+
+def test_a_reload_of_a_broken_module_says_file_line_and_why_on_one_line_and_the_traceback_readable(
+    tmp_path: Path,
+) -> None:
+    """A SyntaxError was logged as `... line 4\\x0a    def broken(:\\x0a ...`, and an error raised at
+    import as `RuntimeError: import-time boom`, with no file or line."""
+    module = _policy(tmp_path, "def on_mail_from(mail):\n    return None\n")
+    with PigeonProcess(tmp_path / "node", policy={"module": str(module)}) as pigeon:
+        module.write_text("import os\n\n\ndef broken(:\n    pass\n")
+        _hangup(pigeon, "the policy module stays as it was")
+        (tmp_path / "helpers.py").write_text('import os\n\nraise RuntimeError("import-time boom")\n')
+        module.write_text("import helpers\n")
+        _hangup(pigeon, "cannot be loaded: ")
+        pigeon.wait_stderr("reloaded:", 2)
+        lines = pigeon.stderr().splitlines()
+        failed = [line.partition("reload: the policy module stays as it was: ")[2] for line in lines]
+        assert [line for line in failed if line] == [
+            f"policy module {module} cannot be loaded: {module}:4: SyntaxError: invalid syntax: def broken(:",
+            f"policy module {module} cannot be loaded: {tmp_path / 'helpers.py'}:3: RuntimeError: import-time boom",
+        ]
+        assert not any("\\x0a" in line for line in lines)
+        # Each with its traceback, line by line, from the module on (not Pigeon's import of it).
+        syntax = lines.index(next(line for line in lines if "SyntaxError: invalid" in line))
+        assert lines[syntax + 1 : syntax + 5] == [
+            f'  File "{module}", line 4',
+            "    def broken(:",
+            "               ^",
+            "SyntaxError: invalid syntax",
+        ]
+        raised = lines.index(next(line for line in lines if "RuntimeError: import-time" in line))
+        assert lines[raised + 1 : raised + 7] == [
+            "Traceback (most recent call last):",
+            f'  File "{module}", line 1, in <module>',
+            "    import helpers",
+            f'  File "{tmp_path / "helpers.py"}", line 3, in <module>',
+            '    raise RuntimeError("import-time boom")',
+            "RuntimeError: import-time boom",
+        ]
 
 
 def test_misspelt_hook_names_are_warned_about_once_at_start_and_once_at_a_reload(tmp_path: Path) -> None:

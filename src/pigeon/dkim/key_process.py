@@ -30,8 +30,10 @@ Protocol (frames on the child's stdin and stdout: a 4-byte big-endian length, th
   put on top of it), or of error texts (str) for the messages that could not be signed.
 
 The child ends when its stdin closes (the worker closed it, or died: nothing outlives a
-worker). It ignores SIGINT, which a terminal sends to the whole process group; the worker
-stops it.
+worker), quietly too when it finds its stdout closed or a frame cut short (the worker died).
+It ignores SIGINT, which a terminal sends to the whole process group; the worker stops it. It
+holds no listening socket of the worker's: those are not inheritable (`pigeon.node.sockets`),
+since uvloop, which spawns it, does not do `close_fds`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import struct
 import subprocess
@@ -52,7 +55,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from pigeon.dkim.canonical import header_fields, split_message
-from pigeon.dkim.keys import PrivateKey
+from pigeon.dkim.keys import PrivateKey, public_value
 from pigeon.dkim.signer import Signer, Signers
 
 _log = logging.getLogger(__name__)
@@ -109,6 +112,20 @@ class KeyProcess:
     def index(self, signer: Signer) -> int:
         """Where `signer` is in the list the child was given, as requests name it."""
         return self._index[id(signer)]
+
+    def serves(self, signers: Sequence[Signer]) -> bool:
+        """Whether this process signs as `signers` would, one by one: the same blocks in the
+        same order (all the child knows of each) with keys of the same value. A reload that
+        changed nothing of DKIM (a SIGHUP for a route, a user) keeps it: a new one takes a
+        fifth of a second to a second to start (an interpreter, `cryptography`, the keys
+        checked), and every message to sign waits for it."""
+        return len(signers) == len(self.signers) and all(
+            _view(new) == _view(old) for new, old in zip(signers, self.signers, strict=True)
+        )
+
+    def rebind(self, signers: Sequence[Signer]) -> None:
+        """Requests name `signers` from now on, each as the one at its place (`serves` them)."""
+        self._index = {id(signer): n for n, signer in enumerate(signers)}
 
     @property
     def alive(self) -> bool:
@@ -358,11 +375,16 @@ class _Pipes(asyncio.SubprocessProtocol):
 
 
 def _read_frame(stream: BinaryIO) -> Any:
+    """The next frame, or None at the end of the input: closed, or cut short (the worker died
+    writing it)."""
     head = stream.read(_LENGTH.size)
     if len(head) < _LENGTH.size:
         return None
     (length,) = _LENGTH.unpack(head)
-    return _DECODE.decode(stream.read(length))
+    payload = stream.read(length)
+    if len(payload) < length:
+        return None
+    return _DECODE.decode(payload)
 
 
 def _write_frame(stream: BinaryIO, value: Any) -> None:
@@ -386,6 +408,11 @@ def _spec(signer: Signer, key: int) -> list[Any]:
     ]
 
 
+def _view(signer: Signer) -> tuple[Any, ...]:
+    """What the child knows of `signer` (`_spec`), its key by value."""
+    return (*_spec(signer, 0)[1:], public_value(signer.key))
+
+
 def _signer(spec: list[Any], keys: list[PrivateKey]) -> Signer:
     key, domain, selector, algorithm, headers, over_signed, relaxed_header, relaxed_body, signing_domain = spec
     return Signer(
@@ -407,6 +434,18 @@ def _signatures(signers: Signers, chosen: list[Signer], message: bytes, timestam
 
 
 def main() -> None:
+    """The child: sign what the worker asks until its input ends. A worker that went away (it
+    was killed, it died) is no error of the child's: it ends without a word, where a traceback
+    of the pipe it can no longer write to (BrokenPipeError) said nothing an operator can use."""
+    try:
+        _serve()
+    except (BrokenPipeError, ConnectionResetError):
+        # (Exit now, not through the interpreter's exit: it would flush stdout again, and say
+        # that this failed too.)
+        os._exit(0)
+
+
+def _serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     first = _read_frame(stdin)

@@ -1,14 +1,17 @@
 """DKIM private keys: read from PEM files, checked against the algorithm, and made.
 
-A key is read once (`load_key`), when the node starts or reloads; signing never touches the
-file. `dns_record` prints what the domain publishes at `<selector>._domainkey.<domain>`.
+A key is read once (`load_key`), when the node starts or reloads (and parsed again only if
+its file changed); signing never touches the file. `dns_record` prints what the domain
+publishes at `<selector>._domainkey.<domain>`.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Final, Literal
 
@@ -44,11 +47,36 @@ def name_problem(what: str, name: str) -> str | None:
 
 
 def load_key(path: Path, algorithm: Algorithm) -> PrivateKey:
-    """Read a PEM private key (PKCS#8 or traditional) and check it suits `algorithm`."""
+    """Read a PEM private key (PKCS#8 or traditional) and check it suits `algorithm`.
+
+    The file is read every time; a key whose bytes were parsed before (at start, or by the
+    configuration's check a moment ago) is that key again, not parsed again: parsing an
+    RSA-2048 key checks it, 45 to 90 ms of CPU during which OpenSSL holds the GIL, so a
+    reload that read each key twice held a worker's event loop (and a policy's hook threads)
+    for that long, key after key, though no key had changed."""
     try:
         data = path.read_bytes()
     except OSError as error:
         raise KeyProblem(f"cannot read the key file {path}: {error.strerror or error}") from None
+    known = (algorithm, hashlib.sha256(data).digest())
+    with _PARSED_LOCK:
+        key = _PARSED.get(known)
+    if key is not None:
+        return key
+    key = _parse(path, data, algorithm)
+    with _PARSED_LOCK:
+        _PARSED[known] = key
+        while len(_PARSED) > _PARSED_KEPT:  # (keys rolled over long ago)
+            del _PARSED[next(iter(_PARSED))]
+    return key
+
+
+_PARSED: dict[tuple[Algorithm, bytes], PrivateKey] = {}  # (algorithm, SHA-256 of the file) -> key
+_PARSED_LOCK: Final = threading.Lock()  # (a reload reads in a thread of its own)
+_PARSED_KEPT: Final = 1024
+
+
+def _parse(path: Path, data: bytes, algorithm: Algorithm) -> PrivateKey:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:

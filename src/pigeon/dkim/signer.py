@@ -82,21 +82,31 @@ class Signer:
             return False
         return author_domain is not None and fnmatch.fnmatchcase(author_domain, self.domain)
 
-    def refusal(self, author_domain: str | None, tenant: str | None) -> str | None:
+    def refusal(self, author_domain: str | None, tenant: str | None, author: str | None) -> str | None:
         """Why this block, named by a policy, cannot sign this message (None: it can).
 
         A name chooses among the blocks; it never widens one. Without `signing_domain`, d= is
         the author domain, and a key published for the glob's domains does not verify for
-        another; and a `tenant` block's key is that tenant's alone."""
+        another, nor is there a d= at all where From names no domain (`undisclosed-recipients`,
+        a group `list:;`, an empty From); and a `tenant` block's key is that tenant's alone.
+        `author`: the From field's value as written, None when the message has none (RFC 6376
+        5.4: a signature covers From, so no block can sign it)."""
         which = f"DKIM signer {self.name!r}"
         if self.tenant is not None and self.tenant != tenant:
             whose = f"tenant {tenant!r}" if tenant is not None else "no tenant"
             return f"{which} signs only the mail of tenant {self.tenant!r}, not of {whose}"
-        if (
-            self.signing_domain is None
-            and author_domain is not None
-            and not fnmatch.fnmatchcase(author_domain, self.domain)
-        ):
+        if author is None:
+            return f"{which} cannot sign a message without a From field (RFC 6376 5.4: a signature covers From)"
+        if self.signing_domain is not None:
+            return None
+        if author_domain is None:
+            shown = " ".join(author.split())
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            return (
+                f"{which} (domain {self.domain!r}, no signing_domain) cannot sign: the From field "
+                f"({shown!r}) names no author domain to sign as d="
+            )
+        if not fnmatch.fnmatchcase(author_domain, self.domain):
             return (
                 f"{which} (domain {self.domain!r}, no signing_domain) cannot sign for the author domain "
                 f"{author_domain!r}: d={author_domain} would not verify with its key"
@@ -156,11 +166,14 @@ class Signers:
         cannot: see `Signer.refusal`); None: by author domain and tenant."""
         author = author_domain(fields)
         if names is None:
+            # (Mail whose From names no domain, or that has none, matches no block: unsigned.)
             return self._distinct([s for s in self.all if s.applies(author, tenant)], author)
         chosen = [s for s in self.all if s.name is not None and s.name in names]
-        for signer in chosen:
-            if (reason := signer.refusal(author, tenant)) is not None:
-                raise SignerRefused(reason)
+        if chosen:
+            written = author_field(fields)
+            for signer in chosen:
+                if (reason := signer.refusal(author, tenant, written)) is not None:
+                    raise SignerRefused(reason)
         return self._distinct(chosen, author)
 
     def _distinct(self, signers: list[Signer], author: str | None) -> list[Signer]:
@@ -219,6 +232,14 @@ def author_domain(fields: Sequence[Field]) -> str | None:
                 return domain
             alabel = a_label(domain)
             return alabel if alabel.isascii() else None
+    return None
+
+
+def author_field(fields: Sequence[Field]) -> str | None:
+    """The value of the first From: field as written (unfolded), or None if there is none."""
+    for field in fields:
+        if field.name == b"from":
+            return field.raw[field.raw.find(b":") + 1 :].decode("utf-8", "replace").strip()
     return None
 
 

@@ -12,7 +12,9 @@ hashed and signed in a thread (`_Worker`), which takes every job waiting when it
 wakes the loop once for as many results as are ready.
 
 `Signing.keys` is replaced whole on SIGHUP (`reload`): a message being signed keeps the
-signers it started with.
+signers it started with. The signing process is replaced only if the new signers sign
+otherwise (`KeyProcess.serves`): a new one takes a fifth of a second to a second to be ready,
+and every message to sign waits for it.
 """
 
 from __future__ import annotations
@@ -159,9 +161,14 @@ class Signing:
         return True
 
     def _key_process(self, keys: Signers) -> KeyProcess:
-        """The signing process for `keys`: a new one after a reload, or after one died."""
+        """The signing process for `keys`: a new one after a reload that changed them, or
+        after one died."""
         process = self._process
         if process is not None and self._process_keys is keys and process.alive:
+            return process
+        if process is not None and process.alive and process.serves(keys.all):
+            process.rebind(keys.all)  # (a reload that changed no signer, nor any key)
+            self._process_keys = keys
             return process
         if process is not None:
             process.close()  # it answers what it has, then ends

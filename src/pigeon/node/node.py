@@ -585,7 +585,8 @@ class Node:
             _log.warning("reload: [policy] changed; it takes effect at the next restart (the module is reloaded)")
         assert self.smtp is not None  # started before any reload
         if isinstance(read.policy, PolicyLoadError):
-            _log.error("reload: the policy module stays as it was: %s", read.policy)
+            # (with the traceback, if it raised: where in the module, and how it got there)
+            _log.error("reload: the policy module stays as it was: %s", read.policy, exc_info=read.policy.__cause__)
             hooks, kept = self.policy.defined(), " (the module as it was)"  # the summary names what runs
             self._reload_problem = f"the last reload kept the policy module as it was: {read.policy}"
         else:

@@ -77,7 +77,10 @@ def bind(host: str, port: int) -> list[socket.socket]:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
             sock.listen(_BACKLOG)
-            sock.set_inheritable(True)
+            # Not inheritable (Python's default), though workers inherit it: the supervisor
+            # names it in `pass_fds`, which hands it to that one child. Inheritable, every
+            # child would get it (uvloop's spawn does no `close_fds`): the workers the HTTP
+            # listener, a worker's DKIM signing process every listener.
     except OSError:
         for sock in made:
             sock.close()
@@ -86,5 +89,10 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 
 def adopt(fds: list[int]) -> list[socket.socket]:
-    """The sockets a parent process passed down by descriptor number."""
-    return [socket.socket(fileno=fd) for fd in fds]
+    """The sockets a parent process passed down by descriptor number, made not inheritable
+    again (`pass_fds` left them so): a child of this process, its DKIM signing process, must
+    not hold the node's listeners (see `bind`)."""
+    adopted = [socket.socket(fileno=fd) for fd in fds]
+    for sock in adopted:
+        sock.set_inheritable(False)
+    return adopted

@@ -79,7 +79,8 @@ A = TypeVar("A")
 
 
 class PolicyLoadError(RuntimeError):
-    """The policy module cannot be used; the message says why (with the traceback's last line)."""
+    """The policy module cannot be used; the message says why, on one line, with the file and line
+    that raised. Its `__cause__`, if any, is the error, with a traceback from the module on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,8 +466,40 @@ def _import(spec: str, directory: Path | None = None) -> ModuleType:
     except PolicyLoadError:
         raise
     except Exception as error:
-        last = "".join(traceback.format_exception_only(error)).strip()
-        raise PolicyLoadError(f"policy module {spec} cannot be loaded: {last}") from error
+        raise PolicyLoadError(f"policy module {spec} cannot be loaded: {_load_failure(error)}") from _from_module(error)
+
+
+def _load_failure(error: BaseException) -> str:
+    """Why the import failed, on one line and with where: `file:line: SyntaxError: invalid
+    syntax: def broken(:`, `file:line: RuntimeError: boom` (the deepest line of code of the
+    operator's, or a library's, that raised). A log line escapes line breaks (`\\x0a`), and
+    the last line of a traceback alone does not say where."""
+    if isinstance(error, SyntaxError):  # where it is, not where compile() was called (importlib)
+        where = f"{error.filename}:{error.lineno}: " if error.filename and error.lineno else ""
+        code = " ".join((error.text or "").split())
+        return f"{where}{type(error).__name__}: {error.msg}" + (f": {code}" if code else "")
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not _ours(frame.filename)]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return where + " ".join("".join(traceback.format_exception_only(error)).split())
+
+
+def _from_module(error: Exception) -> Exception | None:
+    """`error` with its traceback starting at the first frame that is not Pigeon's or importlib's
+    (the policy module's), for a log that shows it (`exc_info`): how `import` got there says
+    nothing. A SyntaxError keeps none: its own lines say where (file, line, a caret). None: no
+    code of the module ran (it was not found), and the one line says it all."""
+    tb = error.__traceback__
+    while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is None and not isinstance(error, SyntaxError):
+        return None
+    return error.with_traceback(tb)
+
+
+def _ours(filename: str) -> bool:
+    """Whether code of this file is Pigeon's loading of the module, not the module's: this file,
+    or importlib's (frozen: `<frozen importlib._bootstrap>`)."""
+    return filename == __file__ or filename.startswith("<frozen importlib")
 
 
 def _beside(spec: str, directory: Path | None) -> tuple[Path, Path | None] | None:

@@ -2,7 +2,7 @@
 
 A hook never sees Pigeon's internals (the spool's `Message`, a session, the spool): it gets
 one of these, made for the call, and changing it is impossible (frozen structs, tuples, a
-read-only `Headers`). What a hook may answer is in `pigeon.policy.answers`.
+read-only `Headers` and `metadata`). What a hook may answer is in `pigeon.policy.answers`.
 
 They are frozen `msgspec.Struct`s rather than frozen dataclasses: as immutable and as typed,
 with the same attribute access and repr, but made in a tenth of the time (a frozen dataclass
@@ -16,9 +16,13 @@ the client's address without a port.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Literal
+from types import MappingProxyType
+from typing import Final, Literal
 
 import msgspec
+
+NO_METADATA: Final[Mapping[str, str]] = MappingProxyType({})
+"""`ReceivedMessage.metadata` of a message without any: read-only, as every other is."""
 
 
 class Connection(msgspec.Struct, frozen=True):
@@ -165,8 +169,9 @@ class ReceivedMessage(msgspec.Struct, frozen=True):
     """From the tenant header (`[delivery] tenant_header`, X-Tenant), if there is one and the
     message is `trusted` (else None: its headers route nothing)."""
     campaign: str | None
-    metadata: Mapping[str, str] = msgspec.field(default_factory=dict)
-    """What the injecting application gave this recipient (HTTP), else empty."""
+    metadata: Mapping[str, str] = NO_METADATA
+    """What the injecting application gave this recipient (HTTP), else empty. Read-only, as
+    the rest: assigning to it raises TypeError (the hook fails)."""
     trusted: bool = True
     """From a client Pigeon relays for: in `[smtp] relay_networks`, authenticated (SMTP AUTH,
     an HTTP API token). False: mail Pigeon takes from anyone (to the postmaster, to an

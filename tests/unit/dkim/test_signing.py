@@ -8,16 +8,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import dkim
+import msgspec
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from pigeon.config.schema import DkimConfig
 from pigeon.dkim import key_process
 from pigeon.dkim.key_process import KeyProcess, KeyProcessFailed
-from pigeon.dkim.keys import Algorithm, generate_key, record_text, write_key
+from pigeon.dkim.keys import Algorithm, generate_key, load_key, record_text, write_key
 from pigeon.dkim.signer import Signer
 from pigeon.dkim.signing import Signing, load_signers, shared_key_warnings
 
@@ -163,6 +167,42 @@ async def test_after_a_reload_messages_are_signed_with_the_new_keys(tmp_path: Pa
     await signing.close()
 
 
+async def test_a_reload_that_changes_no_signer_keeps_the_signing_process_and_one_that_does_starts_another(
+    tmp_path: Path,
+) -> None:
+    # Each SIGHUP started a new process (0.2 to 1 s to be ready), and every message to sign
+    # waited for it, though nothing of DKIM had changed: 0.8 to 1 s for mail after a reload.
+    signing, record = _signing(tmp_path)
+    first = _sign(signing, MESSAGE)
+    assert first is not None and dkim.verify(await first + MESSAGE, dnsfunc=lambda name, timeout=5: record)
+    process = signing._process
+    assert process is not None and process.pid is not None
+    same = DkimConfig(domain="example.com", selector="s", private_key=tmp_path / "k.pem", algorithm="ed25519-sha256")
+    named = DkimConfig(**{**msgspec.structs.asdict(same), "name": "example"})  # (policies choose by name)
+    for config in (same, named):
+        signing.reload([config])
+        again = _sign(signing, MESSAGE)
+        assert again is not None and dkim.verify(await again + MESSAGE, dnsfunc=lambda name, timeout=5: record)
+        assert signing._process is process and process.alive
+    signing.reload([DkimConfig(**{**msgspec.structs.asdict(same), "selector": "t"})])
+    other = _sign(signing, MESSAGE)
+    assert other is not None and b"s=t;" in await other
+    assert signing._process is not process and signing._process is not None
+    assert signing._process.pid != process.pid
+    await signing.close()
+
+
+def test_a_key_file_read_again_is_parsed_again_only_if_it_changed(tmp_path: Path) -> None:
+    # An RSA key's parse checks it: 45 to 90 ms holding the GIL, twice a key at every reload.
+    path = tmp_path / "k.pem"
+    write_key(path, generate_key("rsa-sha256"))
+    key = load_key(path, "rsa-sha256")
+    assert load_key(path, "rsa-sha256") is key
+    path.unlink()
+    write_key(path, generate_key("rsa-sha256"))
+    assert load_key(path, "rsa-sha256") is not key
+
+
 async def test_an_answer_whose_taker_fails_is_logged_and_the_next_answer_still_arrives(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -272,3 +312,34 @@ async def test_a_message_the_signing_process_cannot_sign_fails_alone_and_the_nex
     assert isinstance(answer, list) and isinstance(answer[0], bytes) and answer[0].startswith(b"DKIM-Signature:")
     assert process.alive
     await process.aclose()
+
+
+@pytest.mark.parametrize("gone", ["its output closed", "a frame cut short"])
+def test_a_signing_process_whose_worker_is_gone_ends_without_a_word(gone: str) -> None:
+    """A worker killed mid-request left a BrokenPipeError (or a msgspec DecodeError) traceback
+    of its signing process on the node's stderr."""
+    process = _process("ed25519-sha256")
+    pems = [key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()) for key in process.keys]
+    specs = [key_process._spec(signer, 0) for signer in process.signers]
+    child = subprocess.Popen(
+        [sys.executable, "-P", "-m", "pigeon.dkim.key_process"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    key_process._write_frame(child.stdin, [pems, specs])
+    assert key_process._read_frame(child.stdout) == 1  # ready: one key loaded
+    if gone == "its output closed":
+        child.stdout.close()  # (its answer to what follows has nowhere to go)
+        key_process._write_frame(child.stdin, [[[0], MESSAGE, 1]])
+    else:
+        frame = key_process._LENGTH.pack(1000) + b"\x91" * 10  # the worker died writing it
+        child.stdin.write(frame)
+    child.stdin.close()
+    assert child.stderr is not None
+    with child.stderr:
+        stderr = child.stderr.read()  # (until it ends)
+    assert (child.wait(30), stderr.decode()) == (0, "")
+    if not child.stdout.closed:
+        child.stdout.close()
