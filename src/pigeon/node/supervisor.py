@@ -42,6 +42,8 @@ from pigeon.listener.http.admin import (
     RuleChange,
     caller,
     cluster_wide,
+    confine,
+    confined_answer,
     operation_of,
     refusal_answer,
     refuse_taken_id,
@@ -921,6 +923,13 @@ class Supervisor:
         stream entry's `time`), makes the standing rule it makes with that `created` and ends it
         its duration after, as the answer says, not each at the moment it reads the request."""
         issued = time.time()
+        holder = self._tokens.known(request)  # (known: `_api` asked before reading the body)
+        tenants = self._tokens.binding(holder)
+        try:
+            body = self._confined(request, body, holder, tenants)
+        except web.HTTPException as refusal:
+            status, answer = refusal_answer(refusal)
+            return web.json_response(answer, status=status)
         if request.method == "POST" and body:
             body = with_id(body, caller(request))
             if self._node_rules is not None:
@@ -934,7 +943,8 @@ class Supervisor:
                     if operation is not None:
                         refuse_taken_operation(operation, in_force.get(operation[0]), issued)
                 except web.HTTPConflict as refusal:
-                    return web.json_response(refusal_answer(refusal)[1], status=refusal.status)
+                    answer = confined_answer(request.method, request.path, refusal_answer(refusal)[1], tenants)
+                    return web.json_response(answer, status=refusal.status)
         cluster = self._cluster
         if (
             cluster is not None
@@ -970,7 +980,23 @@ class Supervisor:
                     merged["already"] = False
         else:
             status, merged = await self._to_workers_in_turn(request, body, issued)
-        return web.json_response(merged, status=status)
+        # (Each worker confined its own answer; the other nodes' are confined here.)
+        return web.json_response(confined_answer(request.method, request.path, merged, tenants), status=status)
+
+    def _confined(self, request: web.Request, body: bytes, holder: str, tenants: frozenset[str] | None) -> bytes:
+        """An admin write of a token bound to `tenants` confined to them (`admin.confine`), here,
+        before any worker or node is told, and before the rule it makes is named and numbered:
+        every worker and node then makes the same rule from the same body. What a worker would
+        refuse anyway (no scope, a malformed body) is passed on as it is, for each to refuse."""
+        if tenants is None or request.method not in ("POST", "DELETE") or not request.path.startswith("/api/v1/admin/"):
+            return body
+        try:
+            self._tokens.holder(request, "admin")
+            validate(request.method, request.path_qs, body)
+        except web.HTTPException:
+            return body
+        in_force = self._node_rules.standing.in_force if self._node_rules is not None else {}
+        return confine(request.method, request.path, body, holder, tenants, in_force.get)
 
     async def _to_workers_in_turn(
         self, request: web.Request, body: bytes, issued: float | None = None

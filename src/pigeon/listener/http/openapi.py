@@ -42,7 +42,13 @@ _RULE_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,64}$"
 _ERRORS: Final = {
     "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
     "401": ("No token, or an unknown one", "ErrorResponse"),
-    "403": ("The token lacks the scope", "ErrorResponse"),
+    "403": (
+        "The token lacks the scope (field: Authorization), or it is bound to tenants ([[http.token]] tenants) and "
+        "the request names another tenant's mail, or several and names none of them (field: $.tenant), or a "
+        "site or a queue of another tenant ($.site, $.to_queue), or what is no tenant's, the shaping effects "
+        "(Authorization); the error names the token and its tenants; nothing was done",
+        "ErrorResponse",
+    ),
     "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
 }
 _NOT_JSON: Final = ("The body is not declared 'Content-Type: application/json' (UTF-8)", "ErrorResponse")
@@ -78,7 +84,12 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "Pigeon",
             "version": "1",
-            "description": "Inject mail into Pigeon. Every operation needs 'Authorization: Bearer <token>'.",
+            "description": "Inject mail into Pigeon. Every operation needs 'Authorization: Bearer <token>'. "
+            "A token bound to tenants ([[http.token]] tenants) reaches their mail alone: its injections may name no "
+            "other tenant; an admin selector without a tenant is its one tenant's (403 when it has several); "
+            "another tenant, a site or another tenant's queue in a write is 403; another tenant's message or "
+            "rule is 404, as one that does not exist; reads list its tenants' scheduled queues, rules and "
+            "operations only, and no ready queue; the shaping effects are 403.",
         },
         "components": {
             "schemas": components,
@@ -115,6 +126,12 @@ def document() -> dict[str, Any]:
                             "Nothing could be stored (spool trouble, a temporary policy refusal): retry later", response
                         ),
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+                        "403": _response(
+                            "The token lacks the 'inject' scope (field: Authorization), or is bound to tenants "
+                            "([[http.token]] tenants) and the request names another (field: where it is named: "
+                            "$.tenant, $.content, $.content.headers.X-Tenant); nothing was stored",
+                            _ref("ErrorResponse"),
+                        ),
                         "413": _response(
                             "The request body is over [http] max_request_size, or its messages would have the "
                             "spool store more than [http] max_stored_size; the error names the setting; nothing "
@@ -306,14 +323,16 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     )
     id_taken = _response(
         "The id names another live rule (another kind, selector or duration): nothing was done; `rule` is that "
-        "rule. A client's id only lets a request be sent again safely: the same kind, selector and duration "
-        "under the same id is the same rule (200, already: true)",
-        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
+        "rule (absent when it is another tenant's, to a token bound to tenants). A client's id only lets a "
+        "request be sent again safely: the same kind, selector and duration under the same id is the same "
+        "rule (200, already: true)",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")})]},
     )
     id_not_free = _response(
-        "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule. "
-        "An id names one thing: leave it out, or give one of your own that no rule has",
-        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
+        "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule "
+        "(absent when it is another tenant's, to a token bound to tenants). An id names one thing: leave it "
+        "out, or give one of your own that no rule has",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")})]},
     )
     cancelled = _object(
         {"cancelled": {"type": "boolean"}, "made_due": count, "bounced": count},
@@ -445,7 +464,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         if "requestBody" in extra:
             responses["415"] = _response(_NOT_JSON[0], _ref(_NOT_JSON[1]))
         if "parameters" in extra:
-            responses["404"] = _response("No such rule, message or effect", _ref("ErrorResponse"))
+            responses["404"] = _response(
+                "No such rule, message or effect; or, to a token bound to tenants, another tenant's (answered "
+                "alike, word for word: its id tells nothing)",
+                _ref("ErrorResponse"),
+            )
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
             extra["parameters"] = cluster
         return {"operationId": op_id, "summary": f"{summary} (scope '{scope}')", "responses": responses, **extra}
