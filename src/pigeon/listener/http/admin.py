@@ -56,6 +56,7 @@ from aiohttp import web
 from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
 from pigeon.listener.http import tenancy
+from pigeon.listener.http.body import read_body
 from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.listener.http.inject import bad_request
 from pigeon.listener.http.json_body import (
@@ -611,7 +612,7 @@ async def write(request: web.Request) -> web.Response:
     issued = issued_by_supervisor(request) if supervised else time.time()
     if request.method == "POST":
         require_json(request)
-    body = await request.read() if request.method == "POST" else b""
+    body = await read_body(request) if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)
     # (Confined by the supervisor too, if it passed it on: the same body again, kept as it is.)

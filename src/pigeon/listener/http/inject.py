@@ -74,7 +74,7 @@ from pigeon.compose import (
 )
 from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
 from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
-from pigeon.listener.http.body import declared_too_large, too_large_text
+from pigeon.listener.http.body import declared_too_large, read_body, too_large_text
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.json_body import (
     lone_surrogate,
@@ -196,7 +196,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
     max_size = config.http.max_request_size
     if declared_too_large(request, max_size):  # (left to this handler by the app's body limit)
         raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=request.content_length or 0)
-    body = await request.read()
+    body = await read_body(request)  # (400 naming Content-Encoding for a body not coded as it says)
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     try:

@@ -17,14 +17,19 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from pigeon.listener.http.body import coding_refusal
+
 _UTF8: Final = frozenset({"utf-8", "utf8"})
 
 
 def require_json(request: web.Request) -> None:
     """415 (with a JSON error naming the header) unless the body is declared
-    `application/json`, in UTF-8 if a charset is named."""
+    `application/json`, in UTF-8 if a charset is named, and comes in a content coding that is
+    decoded here, if any (`body.CODINGS`)."""
     charset = (request.charset or "utf-8").lower()
     if request.content_type == "application/json" and charset in _UTF8:
+        if (refused := coding_refusal(request)) is not None:
+            raise refused
         return
     given = request.headers.get("Content-Type", "")
     message = "send the body as JSON with 'Content-Type: application/json' (UTF-8), not "

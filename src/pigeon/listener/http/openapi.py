@@ -40,7 +40,11 @@ _REF: Final = "#/components/schemas/{name}"
 _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
 _RULE_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,64}$"
 _ERRORS: Final = {
-    "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
+    "400": (
+        "The request is malformed (field: what in it), or its body is not coded as its Content-Encoding says "
+        "(field: Content-Encoding); nothing was stored",
+        "ErrorResponse",
+    ),
     "401": ("No token, or an unknown one", "ErrorResponse"),
     "403": (
         "The token lacks the scope (field: Authorization), or it is bound to tenants ([[http.token]] tenants) and "
@@ -51,7 +55,11 @@ _ERRORS: Final = {
     ),
     "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
 }
-_NOT_JSON: Final = ("The body is not declared 'Content-Type: application/json' (UTF-8)", "ErrorResponse")
+_NOT_JSON: Final = (
+    "The body is not declared 'Content-Type: application/json' (UTF-8; field: Content-Type), or comes in a "
+    "Content-Encoding other than gzip or deflate (field: Content-Encoding; Accept-Encoding says which are taken)",
+    "ErrorResponse",
+)
 """The answer of an operation that takes a body (`json_body.require_json`)."""
 
 
