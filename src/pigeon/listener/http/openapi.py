@@ -55,6 +55,25 @@ _ERRORS: Final = {
     ),
     "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
 }
+_SLOW: Final = (
+    "The request's headers took longer than [http] header_timeout, or its body came slower than [http] "
+    "min_body_rate beyond [http] body_timeout: answered by the listener itself (field null), and the connection "
+    "is closed; nothing was done"
+)
+_BUSY: Final = (
+    "the node is busy: [http] max_open_requests API requests in progress (several workers), or [http] "
+    "max_connections open with none idle, both with Retry-After: 1; or no worker is up"
+)
+_RETRY_AFTER: Final = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again (1), when the node is busy",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+_TRANSFER_CODING: Final = (
+    "The body's Transfer-Encoding has a coding other than chunked (RFC 9112 6.1; field: Transfer-Encoding); "
+    "the connection is closed"
+)
 _NOT_JSON: Final = (
     "The body is not declared 'Content-Type: application/json' (UTF-8; field: Content-Type), or comes in a "
     "Content-Encoding other than gzip or deflate (field: Content-Encoding; Accept-Encoding says which are taken)",
@@ -97,7 +116,10 @@ def document() -> dict[str, Any]:
             "other tenant; an admin selector without a tenant is its one tenant's (403 when it has several); "
             "another tenant, a site or another tenant's queue in a write is 403; another tenant's message or "
             "rule is 404, as one that does not exist; reads list its tenants' scheduled queues, rules and "
-            "operations only, and no ready queue; the shaping effects are 403.",
+            "operations only, and no ready queue; the shaping effects are 403. "
+            "Every error is an ErrorResponse ({error, field}, field null when no one part of the request is at "
+            "fault), whoever answers it: a method a path does not take gets 405 with Allow (before any token is "
+            "asked for), a path the API lacks 404, an internal error 500.",
         },
         "components": {
             "schemas": components,
@@ -129,10 +151,33 @@ def document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
-                        "422": _response("The policy refused every recipient for good (5xx)", response),
-                        "503": _response(
-                            "Nothing could be stored (spool trouble, a temporary policy refusal): retry later", response
+                        "422": _response(
+                            "Every recipient was refused for good (5xx; none accepted): by the policy, a template "
+                            "(a variable it writes out that is not given: 554 5.6.0), the content check, the "
+                            "size, a repeat; each recipient's error says why",
+                            response,
                         ),
+                        "503": _response(
+                            "Nothing was stored: an InjectResponse when no recipient was accepted and a refusal "
+                            "was temporary (spool trouble, a 4xx of the policy, [http] max_render_time spent): "
+                            f"send those again later; an ErrorResponse when the request was not taken at all: {_BUSY}",
+                            {"oneOf": [response, _ref("ErrorResponse")]},
+                            headers=_RETRY_AFTER,
+                        ),
+                        "502": _response(
+                            "With several workers: the worker the request was passed to went away before it answered. "
+                            "It stores each recipient's message as it goes, so some may have been taken "
+                            "(outcome_unknown: true): do not send it again as it is; the event log's Reception "
+                            "records say which were",
+                            {
+                                "allOf": [
+                                    _ref("ErrorResponse"),
+                                    _object({"outcome_unknown": {"const": True}}, "outcome_unknown"),
+                                ]
+                            },
+                        ),
+                        "408": _response(_SLOW, _ref("ErrorResponse")),
+                        "501": _response(_TRANSFER_CODING, _ref("ErrorResponse")),
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
                         "403": _response(
                             "The token lacks the 'inject' scope (field: Authorization), or is bound to tenants "
@@ -300,9 +345,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     errors["503"] = _response(
         "Delivery is disabled on this node ([delivery] enabled = false): it takes no write (its reads answer from "
         "its spool), nor, with [redis], a read with ?cluster=1; or, with several workers, one did not answer within "
-        "[node] worker_timeout (partial: true)",
+        f"[node] worker_timeout (partial: true); or {_BUSY}",
         {"anyOf": [_ref("ErrorResponse"), partial]},
+        headers=_RETRY_AFTER,
     )
+    errors["408"] = _response(_SLOW, _ref("ErrorResponse"))
     count = {"type": "integer", "minimum": 0}
     operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
@@ -471,6 +518,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         responses = {"200": _response(answered_with, answered), **errors}
         if "requestBody" in extra:
             responses["415"] = _response(_NOT_JSON[0], _ref(_NOT_JSON[1]))
+            responses["501"] = _response(_TRANSFER_CODING, _ref("ErrorResponse"))
         if "parameters" in extra:
             responses["404"] = _response(
                 "No such rule, message or effect; or, to a token bound to tenants, another tenant's (answered "
@@ -608,10 +656,13 @@ def _ref(name: str | None) -> dict[str, Any] | None:
     return {"$ref": _REF.format(name=name)} if name else None
 
 
-def _response(description: str, schema: dict[str, Any] | None) -> dict[str, Any]:
-    if schema is None:
-        return {"description": description}
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _response(description: str, schema: dict[str, Any] | None, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description}
+    if schema is not None:
+        answer["content"] = {"application/json": {"schema": schema}}
+    if headers:
+        answer["headers"] = headers
+    return answer
 
 
 def _object(properties: dict[str, Any], *required: str, doc: str | None = None) -> dict[str, Any]:
