@@ -212,8 +212,9 @@ def test_a_token_bound_to_a_tenant_reaches_that_tenants_mail_alone_on_every_node
     status, theirs = _api(b, "POST", "/api/v1/admin/suspend", {"domain": "zz.test"}, OPS)
     assert status == 200, theirs
     for asked in cluster:
-        listed = _api(asked, "GET", "/api/v1/admin/suspend?cluster=1")[1]["rules"]
-        assert [rule["id"] for rule in listed] == [own["rule"]["id"]], listed
+        status, listed = _api(asked, "GET", "/api/v1/admin/suspend?cluster=1")
+        assert [rule["id"] for rule in listed["rules"]] == [own["rule"]["id"]], listed
+        assert list(listed["cluster"]["held_by"]) == [own["rule"]["id"]], listed
         assert _api(asked, "DELETE", f"/api/v1/admin/suspend/{theirs['rule']['id']}")[0] == 404
     for node in cluster:
         ids = globex[node.config["node"]["name"]]

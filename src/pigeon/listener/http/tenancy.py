@@ -160,7 +160,12 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
         answer["rules"] = [
             rule for rule in answer["rules"] if isinstance(rule, dict) and owns_rule(tenants, rule.get("selector", {}))
         ]
-        _keep_not_held(answer, {rule.get("id") for rule in answer["rules"]})
+        shown = {rule.get("id") for rule in answer["rules"]}
+        _keep_not_held(answer, shown)
+        cluster = answer.get("cluster")
+        if isinstance(cluster, dict) and isinstance(cluster.get("held_by"), dict):
+            # (rule id -> the nodes that hold it: another tenant's ids are not told here either)
+            cluster["held_by"] = {rule_id: nodes for rule_id, nodes in cluster["held_by"].items() if rule_id in shown}
     return answer
 
 
