@@ -247,6 +247,32 @@ def test_a_malformed_request_gets_400_naming_the_field_and_stores_nothing(
     assert refusing.spool_messages() == []
 
 
+@pytest.mark.parametrize("depth", [1, 999, 5000])
+@pytest.mark.parametrize(
+    ("email", "field", "error"),
+    [
+        ("a@example.net", "$.recipients[0].metadata.a", "Expected `str`, got `object`"),
+        ("not an address", "$.recipients[0].email", "Not a valid mailbox"),
+    ],
+    ids=["metadata", "address-beside-it"],
+)
+def test_a_metadata_value_nested_however_deep_is_named_by_its_key(
+    refusing: PigeonProcess, depth: int, email: str, field: str, error: str
+) -> None:
+    """`{"a": {"a": ...}}` is named `$.recipients[0].metadata.a` at any depth: 5,000 levels got
+    `...metadata[...]` (finding the key decoded the whole body, past Python's recursion limit);
+    an address refused beside such metadata got a 500, the same decoding in its refusal."""
+    nested = '{"a": ' * depth + '"x"' + "}" * depth
+    raw = (
+        '{"envelope_sender": "app@example.org", "template": false, "content": "From: a@example.org\\r\\n\\r\\nx",'
+        f' "recipients": [{{"email": "{email}", "metadata": {{"b": "1", "a": {nested}}}}}]}}'
+    )
+    status, answer = refusing.http_post("/api/v1/inject", None, TOKEN, raw=raw.encode())
+    assert (status, answer["field"]) == (400, field), answer
+    assert error in answer["error"], answer
+    assert refusing.spool_messages() == []
+
+
 def test_a_missing_envelope_sender_gets_400_naming_it(refusing: PigeonProcess) -> None:
     request = _parts_request()
     del request["envelope_sender"]

@@ -357,10 +357,13 @@ class ApiToken(_Section):
     scopes: list[Literal["inject", "admin", "read"]]
     """What it may do (at least one): "inject" mail, "admin" operations (bounce, suspend, ...), "read" state."""
     tenants: list[str] | None = None
-    """The tenants its injections may name (the request's `tenant`, or the content's tenant
-    header): another is refused, 403. With exactly one, mail naming none is that tenant's.
-    None (unset): any tenant, the token being the operator's. An "admin" token can still move
-    mail between queues: the binding is of what it injects."""
+    """The tenants whose mail it may inject, see and act on (`pigeon.listener.http.tenancy`):
+    its injections may name no other (the request's `tenant`, or the content's tenant header:
+    403). With exactly one, mail naming none is that tenant's, and so is an admin selector
+    naming none. Its admin writes are confined to them (403 otherwise), another tenant's
+    message or rule is answered as absent (404), its reads show its tenants' alone, and what
+    has no tenant (a site suspension, the shaping effects) is 403. None (unset): any tenant,
+    the token being the operator's."""
 
 
 LOCAL_TOKEN_NAME: Final = "local"

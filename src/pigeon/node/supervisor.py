@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 import aiohttp
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from pigeon.config.load import ConfigError, load_text, read_text
 from pigeon.config.patterns import host_port
@@ -42,6 +43,8 @@ from pigeon.listener.http.admin import (
     RuleChange,
     caller,
     cluster_wide,
+    confine,
+    confined_answer,
     operation_of,
     refusal_answer,
     refuse_taken_id,
@@ -52,7 +55,17 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.app import add_api_routes
 from pigeon.listener.http.auth import Tokens
-from pigeon.listener.http.body import TOO_LARGE_HEADER, declared_too_large, too_large
+from pigeon.listener.http.body import (
+    CODING_HEADER,
+    TOO_LARGE_HEADER,
+    UNDECODABLE_HEADER,
+    coding_refusal,
+    declared_too_large,
+    not_decoded,
+    too_large,
+    transfer_codings,
+    undecodable,
+)
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.errors import json_errors
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, http_status, worst
@@ -88,7 +101,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
-_RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow"})
+_RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow", "Accept-Encoding"})
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
 # Restarting a worker that died: the wait doubles from the first to the last while it keeps
@@ -187,13 +200,16 @@ class Worker:
         generation: int | None = None,
         *,
         too_large_body: bool = False,
+        undecodable_body: bool = False,
         issued: float | None = None,
     ) -> web.Response:
         """Pass an API request to this worker; its answer, as it is. `within`: seconds the
         whole exchange may take (None: no bound of its own; see `Supervisor._to_workers`);
         `generation`: the number of the change to the standing rules it is (`pigeon.node.standing`);
-        `too_large_body`: the request's body was over the limit, and `body` is empty; `issued`:
-        when an admin write reached this process (`ISSUED_HEADER`)."""
+        `too_large_body`: the request's body was over the limit, and `body` is empty;
+        `undecodable_body`: it was not coded as its Content-Encoding says, and `body` is empty;
+        `issued`: when an admin write reached this process (`ISSUED_HEADER`). A body is passed on
+        decoded; the coding the client declared goes as `CODING_HEADER`, for what a refusal says."""
         if self._session is None or self._session.closed:
             # One session per worker: its connections are reused from request to request.
             connector = aiohttp.UnixConnector(path=str(self.control))
@@ -206,6 +222,10 @@ class Worker:
             headers[GENERATION_HEADER] = str(generation)
         if too_large_body:
             headers[TOO_LARGE_HEADER] = "1"
+        if undecodable_body:
+            headers[UNDECODABLE_HEADER] = "1"
+        if "Content-Encoding" in request.headers:
+            headers[CODING_HEADER] = request.headers["Content-Encoding"]
         if issued is not None:
             headers[ISSUED_HEADER] = repr(issued)
         async with self._session.request(
@@ -718,7 +738,9 @@ class Supervisor:
 
     # --- the public HTTP listener ------------------------------------------------------------
     async def _serve_http(self) -> None:
-        app = web.Application(client_max_size=self.config.http.max_request_size, middlewares=[json_errors])
+        app = web.Application(
+            client_max_size=self.config.http.max_request_size, middlewares=[json_errors, transfer_codings]
+        )
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         # The workers' routes: a path or method none of them has is answered here (404, 405
@@ -852,13 +874,37 @@ class Supervisor:
             return _closing(web.json_response({"error": message}, status=503, headers={"Retry-After": "1"}))
         self._open_requests += 1
         try:
+            if (refused := coding_refusal(request)) is not None:
+                # Not read: no decoder here. An injection's 415 is a worker's (it logs it), as a 413 is.
+                return await self._refused_body(request, refused)
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 return await self._too_large(request, max_size)
+            except (ContentEncodingError, web.RequestPayloadError) as error:
+                if not not_decoded(request, error):
+                    raise
+                coding = request.headers.get("Content-Encoding", "").strip().lower()
+                return await self._refused_body(request, undecodable(coding), undecodable_body=True)
             return await self._pass_on(request, body)
         finally:
             self._open_requests -= 1
+
+    async def _refused_body(
+        self, request: web.Request, refusal: web.HTTPException, *, undecodable_body: bool = False
+    ) -> web.Response:
+        """`refusal` of a body in a coding not taken (415) or not coded as it says (400), both
+        naming Content-Encoding. An injection's is a worker's to answer, as with one worker: it
+        logs the Rejection. It is told without the body (the coding goes as `CODING_HEADER`, and
+        `UNDECODABLE_HEADER` says it could not be decoded); if no worker can be asked, `refusal`
+        is answered here, unlogged. The connection is closed: the body is not read to its end."""
+        if request.path == INJECT_PATH:
+            answer = await self._pass_on(request, b"", undecodable_body=undecodable_body)
+            if answer.status < 500:
+                return _closing(answer)
+        headers = {name: refusal.headers[name] for name in ("Accept-Encoding",) if name in refusal.headers}
+        return _closing(web.Response(status=refusal.status, text=refusal.text, headers=headers,
+                                     content_type="application/json"))  # fmt: skip
 
     async def _too_large(self, request: web.Request, max_size: int) -> web.Response:
         """413 for a body over `max_size`. An injection's is a worker's to answer, as with one
@@ -881,12 +927,16 @@ class Supervisor:
         # A GET's body means nothing here and is not read: close rather than drain it.
         return _closing(response) if request.body_exists else response
 
-    async def _pass_on(self, request: web.Request, body: bytes, *, too_large_body: bool = False) -> web.Response:
+    async def _pass_on(
+        self, request: web.Request, body: bytes, *, too_large_body: bool = False, undecodable_body: bool = False
+    ) -> web.Response:
         if request.path.startswith(_BROADCAST_PATHS):
             return await self._broadcast(request, body)
         for worker in self._in_turn():
             try:
-                forwarding = worker.forward(request, body, too_large_body=too_large_body)
+                forwarding = worker.forward(
+                    request, body, too_large_body=too_large_body, undecodable_body=undecodable_body
+                )
                 if request.path == INJECT_PATH:
                     return await _while_client_stays(request, forwarding)
                 return await forwarding
@@ -921,6 +971,13 @@ class Supervisor:
         stream entry's `time`), makes the standing rule it makes with that `created` and ends it
         its duration after, as the answer says, not each at the moment it reads the request."""
         issued = time.time()
+        holder = self._tokens.known(request)  # (known: `_api` asked before reading the body)
+        tenants = self._tokens.binding(holder)
+        try:
+            body = self._confined(request, body, holder, tenants)
+        except web.HTTPException as refusal:
+            status, answer = refusal_answer(refusal)
+            return web.json_response(answer, status=status)
         if request.method == "POST" and body:
             body = with_id(body, caller(request))
             if self._node_rules is not None:
@@ -934,7 +991,8 @@ class Supervisor:
                     if operation is not None:
                         refuse_taken_operation(operation, in_force.get(operation[0]), issued)
                 except web.HTTPConflict as refusal:
-                    return web.json_response(refusal_answer(refusal)[1], status=refusal.status)
+                    answer = confined_answer(request.method, request.path, refusal_answer(refusal)[1], tenants)
+                    return web.json_response(answer, status=refusal.status)
         cluster = self._cluster
         if (
             cluster is not None
@@ -970,7 +1028,23 @@ class Supervisor:
                     merged["already"] = False
         else:
             status, merged = await self._to_workers_in_turn(request, body, issued)
-        return web.json_response(merged, status=status)
+        # (Each worker confined its own answer; the other nodes' are confined here.)
+        return web.json_response(confined_answer(request.method, request.path, merged, tenants), status=status)
+
+    def _confined(self, request: web.Request, body: bytes, holder: str, tenants: frozenset[str] | None) -> bytes:
+        """An admin write of a token bound to `tenants` confined to them (`admin.confine`), here,
+        before any worker or node is told, and before the rule it makes is named and numbered:
+        every worker and node then makes the same rule from the same body. What a worker would
+        refuse anyway (no scope, a malformed body) is passed on as it is, for each to refuse."""
+        if tenants is None or request.method not in ("POST", "DELETE") or not request.path.startswith("/api/v1/admin/"):
+            return body
+        try:
+            self._tokens.holder(request, "admin")
+            validate(request.method, request.path_qs, body)
+        except web.HTTPException:
+            return body
+        in_force = self._node_rules.standing.in_force if self._node_rules is not None else {}
+        return confine(request.method, request.path, body, holder, tenants, in_force.get)
 
     async def _to_workers_in_turn(
         self, request: web.Request, body: bytes, issued: float | None = None

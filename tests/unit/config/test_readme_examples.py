@@ -42,5 +42,6 @@ def test_the_routes_example_without_its_ca_file_says_the_file_must_be_there(tmp_
 
 def test_the_tenant_binding_example_loads_as_pasted(tmp_path: Path) -> None:
     (tmp_path / "pigeon.toml").write_text(readme_toml('[[http.token]]\nname = "acme-app"'))
-    (token,) = load(tmp_path / "pigeon.toml").http.token
-    assert (token.name, token.scopes, token.tenants) == ("acme-app", ["inject"], ["acme"])
+    app, admin = load(tmp_path / "pigeon.toml").http.token
+    assert (app.name, app.scopes, app.tenants) == ("acme-app", ["inject"], ["acme"])
+    assert (admin.name, admin.scopes, admin.tenants) == ("acme-admin", ["admin", "read"], ["acme"])

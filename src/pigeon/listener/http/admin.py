@@ -29,6 +29,10 @@ offending member (`$.duration`, `$.to_queue`, `$.foo` for a member no endpoint k
 the body as a whole), or the name of the query parameter. A misspelt member or parameter is
 refused rather than ignored: ignoring `"durration": "1h"` would suspend until resumed.
 
+A token bound to tenants (`[[http.token]] tenants`) reaches their mail alone: its writes are
+confined to them where they are issued (`confine`), another tenant's rule or message is answered
+as absent, and its reads show its tenants' alone (`confined_answer`; see `tenancy`).
+
 With `[redis]`, a write applies on every node of the cluster (`pigeon.node.broadcast`) and
 its answer adds up every node's, with `cluster.nodes` saying which answered; a read given
 `?cluster=1` (queues, operations, standing rules) does the same.
@@ -42,6 +46,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -50,6 +55,8 @@ from aiohttp import web
 
 from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
+from pigeon.listener.http import tenancy
+from pigeon.listener.http.body import read_body
 from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.listener.http.inject import bad_request
 from pigeon.listener.http.json_body import (
@@ -151,14 +158,17 @@ _DECODERS: Final = {action: msgspec.json.Decoder(kind, dec_hook=decode_hook) for
 
 
 async def inspect(request: web.Request) -> web.Response:
-    admin = _admin(request, "read", reads=True)
+    tokens = request.app[NODE_KEY].tokens
+    tenants = tokens.binding(tokens.holder(request, "read"))
+    admin = _admin(request, None, reads=True)
     _known_query(request.query.keys(), ())
     try:
         spool_id = parse_id(request.match_info["id"])
     except ValueError as error:
         raise bad_request(str(error), "id") from None
     found = admin.inspect(spool_id)
-    if found is None:
+    if found is None or (tenants is not None and not tenancy.owns_message(tenants, found)):
+        # Another tenant's message is answered as none, word for word: its id tells nothing.
         return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
     return web.json_response(found)
 
@@ -257,8 +267,7 @@ async def perform(
         kind = action.removeprefix("cancel-")
         result = await admin.cancel(rule_id, kind)
         if not result["cancelled"]:
-            what = "standing bounce" if kind == "bounce" else "suspension"
-            return 404, {"error": f"no {what} {rule_id}", "field": "id", "cancelled": False}
+            return no_rule(kind, rule_id)
         return 200, result
     request = _decode(path, body)
     try:
@@ -303,6 +312,53 @@ async def perform(
     if request.id is not None and action != "suspend":
         answer["operation"] = request.id  # its progress: GET /api/v1/admin/operations
     return 200, answer
+
+
+def no_rule(kind: str, rule_id: str) -> tuple[int, Any]:
+    """The 404 of a resume or cancel of a rule there is none of (or one a bound token may not see)."""
+    what = "standing bounce" if kind == "bounce" else "suspension"
+    return 404, {"error": f"no {what} {rule_id}", "field": "id", "cancelled": False}
+
+
+def confine(
+    method: str,
+    path: str,
+    body: bytes,
+    holder: str,
+    tenants: frozenset[str] | None,
+    rule_of: Callable[[str], Rule | None],
+) -> bytes:
+    """A write (checked already: `validate`) as a token bound to `tenants` may make it
+    (`tenancy`): its selector confined to them, the body as it is for an unbound token. A
+    resume or cancel of a rule `rule_of` (the rules where it is issued) says is not theirs is
+    answered as one of a rule there is none of (404); a selector they cannot confine, 403."""
+    if tenants is None:
+        return body
+    action, rule_id = _route(method, path)
+    if action in ("cancel-bounce", "cancel-suspend"):
+        kind = action.removeprefix("cancel-")
+        rule = rule_of(rule_id)
+        if rule is None or rule.kind != kind or not tenancy.owns_rule(tenants, rule.selector):
+            raise web.HTTPNotFound(text=json.dumps(no_rule(kind, rule_id)[1]), content_type="application/json")
+        return body
+    if action not in _WRITES:
+        return body
+    request = json.loads(body)
+    tenancy.confine_selector(request, action, holder, tenants)
+    return json.dumps(request).encode()
+
+
+def confined_answer(method: str, path: str, answer: Any, tenants: frozenset[str] | None) -> Any:
+    """An answer as a token bound to `tenants` sees it (`tenancy.confined_answer`): a read's
+    showing their queues, rules and operations alone, a write's 409 not naming the rule of
+    another tenant that holds the id it gave."""
+    if tenants is None:
+        return answer
+    try:
+        action, _ = _route(method, path)
+    except web.HTTPException:
+        return answer
+    return tenancy.confined_answer(action, answer, tenants)
 
 
 def id_taken(taken: RuleIdTaken) -> web.HTTPConflict:
@@ -547,25 +603,33 @@ def _rule_duration(value: float | str, action: str) -> float:
 async def write(request: web.Request) -> web.Response:
     """A write: applied here, and (with [redis], when this process is the one that was asked)
     on every other node of the cluster."""
-    operator = request.app[NODE_KEY].tokens.holder(request, "admin")
+    tokens = request.app[NODE_KEY].tokens
+    operator = tokens.holder(request, "admin")
+    tenants = tokens.binding(operator)
     admin = _admin(request, None)
     # Issued here unless the supervisor passed it on (having stamped it from the client's request).
     supervised = from_supervisor(request)
     issued = issued_by_supervisor(request) if supervised else time.time()
     if request.method == "POST":
         require_json(request)
-    body = await request.read() if request.method == "POST" else b""
+    body = await read_body(request) if request.method == "POST" else b""
     path = request.path
     validate(request.method, request.path_qs, body)
+    # (Confined by the supervisor too, if it passed it on: the same body again, kept as it is.)
+    body = confine(request.method, path, body, operator, tenants, admin.rule)
     if request.method == "POST":
         body = with_id(body, None if supervised else caller(request))  # say what it came through
     if request.method == "POST" and not supervised:
         # Asked here (one worker, no supervisor): a taken id is refused before the cluster is told.
         assert issued is not None
         change = rule_change(request.method, path, body, operator, issued)
-        refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, issued)
         operation = operation_of(request.method, path, body)
-        refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, issued)
+        try:
+            refuse_taken_id(change, admin.rule(change.rule_id) if change is not None else None, issued)
+            refuse_taken_operation(operation, admin.rule(operation[0]) if operation is not None else None, issued)
+        except web.HTTPConflict as refusal:
+            status, answer = refusal_answer(refusal)
+            return _json((status, confined_answer(request.method, path, answer, tenants)))
     generation = request.headers.get(GENERATION_HEADER, "") if supervised else ""
     if generation.isdigit():
         # Noted before it is carried out: a hand-over of the node's rules from before this write
@@ -573,7 +637,11 @@ async def write(request: web.Request) -> web.Response:
         change = rule_change(request.method, path, body, operator, 0.0)
         if change is not None:
             admin.written(change.rule_id, int(generation))
-    return _json(await _front(request, request.method, path, body, operator, admin, issued))
+    try:
+        status, answer = await _front(request, request.method, path, body, operator, admin, issued)
+    except web.HTTPConflict as refusal:  # (an id taken, found by `perform`)
+        status, answer = refusal_answer(refusal)
+    return _json((status, confined_answer(request.method, path, answer, tenants)))
 
 
 SUSPENSIONS_HELD: Final = "suspensions_held"
@@ -583,7 +651,9 @@ supervisor marks those some workers lack (`not_held`, as in the lists of rules),
 
 async def read(request: web.Request) -> web.Response:
     """A read: this worker's part; with `?cluster=1` every node's, added up."""
-    operator = request.app[NODE_KEY].tokens.holder(request, "read")
+    tokens = request.app[NODE_KEY].tokens
+    operator = tokens.holder(request, "read")
+    tenants = tokens.binding(operator)
     admin = _admin(request, None, reads=True)
     supervised = from_supervisor(request)
     validate("GET", request.path_qs, b"")
@@ -597,7 +667,7 @@ async def read(request: web.Request) -> web.Response:
         status, answer = await _front(request, "GET", request.path, b"", operator, admin)
     if supervised and status == 200 and isinstance(answer, dict) and request.path.rstrip("/") == "/api/v1/queues":
         answer[SUSPENSIONS_HELD] = admin.suspensions()
-    return _json((status, answer))
+    return _json((status, confined_answer("GET", request.path, answer, tenants)))
 
 
 def cluster_wide(request: web.Request) -> bool:

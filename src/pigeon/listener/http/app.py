@@ -10,7 +10,7 @@ from typing import Final
 from aiohttp import web
 
 from pigeon.listener.http import admin
-from pigeon.listener.http.body import declared_too_large, too_large
+from pigeon.listener.http.body import declared_too_large, too_large, transfer_codings
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
@@ -79,7 +79,7 @@ def build_app(node: NodeView, internal: Mapping[str, Handler] | None = None) -> 
     its supervisor asks (`pigeon.node.standing`): never on a listener anyone may reach."""
     max_size = node.config.http.max_request_size
     # The JSON errors outermost: the 413 answered within is JSON already.
-    app = web.Application(client_max_size=max_size, middlewares=[json_errors, _body_limit(max_size)])
+    app = web.Application(client_max_size=max_size, middlewares=[json_errors, transfer_codings, _body_limit(max_size)])
     app[NODE_KEY] = node
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

@@ -60,9 +60,10 @@ class Tokens:
         self._bindings = _bindings(config)
 
     def binding(self, holder: str) -> frozenset[str] | None:
-        """The tenants the token called `holder` may inject as (`[[http.token]] tenants`);
-        None: any (unbound, as the local token always is). Asked right after `holder`, on the
-        same loop turn, so a reload cannot come between the two."""
+        """The tenants whose mail the token called `holder` may inject, see and act on
+        (`[[http.token]] tenants`, `tenancy`); None: any (unbound, as the local token always
+        is). Asked right after `holder`, on the same loop turn, so a reload cannot come between
+        the two."""
         return self._bindings.get(holder)
 
     def holder(self, request: web.Request, scope: Scope) -> str:

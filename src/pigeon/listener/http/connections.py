@@ -333,7 +333,8 @@ class _GuardedHandler(JsonErrorsHandler):
         take an answer through aiohttp) and close the connection."""
         _log.debug("http: %d and closing a connection: %s", status, message)
         self._cut = True
-        body = json.dumps({"error": message}).encode()
+        # The API's one error shape (`errors`): nothing of the request is at fault, so `field` is null.
+        body = json.dumps({"error": message, "field": None}).encode()
         head = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\n{headers}Connection: close\r\n\r\n"

@@ -15,19 +15,23 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Final
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_request import BaseRequest
 
+from pigeon.listener.http.body import CODINGS, undecodable_text
 from pigeon.logs.peer_text import shown
 
 _log = logging.getLogger(__name__)
 _KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
+_UNSUPPORTED: Final = re.compile(r"^Can not decode content-encoding: \w+ \(")
+"""aiohttp's parser's words for a content coding it has no decoder for: `brotli (br)`, `zstandard (zstd)`."""
 
 
 @web.middleware
@@ -102,11 +106,24 @@ class JsonErrorsHandler(web.RequestHandler):
     def handle_error(
         self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
+        field, headers = None, None
+        if isinstance(exc, ContentEncodingError):
+            # The parser's own: a coding it has no decoder for (br, zstd), whose "400 ... Please
+            # install `Brotli`" is advice for a server's operator, not for the client, which is told
+            # what is taken instead, as for any other coding (`body.coding_refusal`); or a deflate
+            # body found cut short at its end ("deflate"), the client's as any undecodable body is.
+            said = exc.message.strip()
+            field = "Content-Encoding"
+            if _UNSUPPORTED.search(said):
+                status, headers = HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"Accept-Encoding": ", ".join(CODINGS)}
+                message = f"Content-Encoding is not taken: send the body as it is, or coded {' or '.join(CODINGS)}"
+            else:
+                message = undecodable_text(said.rpartition(" ")[2])
         if status < HTTPStatus.INTERNAL_SERVER_ERROR and isinstance(exc, HttpProcessingError):
             # The client's fault (a request aiohttp's parser refused): a line of WARNING, at
             # most once a minute per kind, where aiohttp would log an ERROR with a traceback,
             # which any client could repeat to flood the log.
-            _malformed.report(request.remote, message or str(exc))
+            _malformed.report(request.remote, message or str(exc), status)
             if request.writer.output_size > 0:  # as aiohttp's: no second answer on a begun one
                 raise ConnectionError("an answer was begun; no error answer can follow")
         else:
@@ -119,7 +136,7 @@ class JsonErrorsHandler(web.RequestHandler):
             text = message.strip().partition("\n")[0].rstrip(":")
         else:
             text = _phrase(status)
-        response = web.json_response({"error": text, "field": None}, status=status)
+        response = web.json_response({"error": text, "field": field}, status=status, headers=headers)
         response.force_close()  # as aiohttp's: what follows on this connection cannot be trusted
         return response
 
@@ -137,7 +154,7 @@ class _MalformedRequests:
         self._said: dict[str, float] = {}
         self._unsaid: dict[str, int] = {}
 
-    def report(self, peer: str | None, message: str) -> None:
+    def report(self, peer: str | None, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
         now = time.monotonic()
         first = message.strip().partition("\n")[0].rstrip(":")
         kind = first[:80]
@@ -150,8 +167,9 @@ class _MalformedRequests:
         unsaid = self._unsaid.pop(kind, 0)
         more = f"; {unsaid} more like it in the last {now - said:.0f}s" if said is not None and unsaid else ""
         _log.warning(
-            "http: malformed request from %s refused (400): %s%s (said at most once a minute per kind)",
+            "http: malformed request from %s refused (%d): %s%s (said at most once a minute per kind)",
             shown(peer or "unknown", 60),
+            status,
             shown(first, 200),
             more,
         )

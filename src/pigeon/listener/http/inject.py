@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import json
 import logging
 import re
 import secrets
@@ -74,14 +75,16 @@ from pigeon.compose import (
 )
 from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
 from pigeon.intake import Arrival, ClientGone, Draft, Refused, Stored
-from pigeon.listener.http.body import declared_too_large, too_large_text
+from pigeon.listener.http.body import declared_too_large, read_body, too_large_text
 from pigeon.listener.http.context import NODE_KEY
 from pigeon.listener.http.json_body import (
     lone_surrogate,
     lone_surrogate_refusal,
+    members,
     repeated_member,
     repeated_refusal,
     require_json,
+    span_at,
 )
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
@@ -196,7 +199,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
     max_size = config.http.max_request_size
     if declared_too_large(request, max_size):  # (left to this handler by the app's body limit)
         raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=request.content_length or 0)
-    body = await request.read()
+    body = await read_body(request)  # (400 naming Content-Encoding for a body not coded as it says)
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     try:
@@ -587,7 +590,6 @@ _ADDRESS_FIELD: Final = re.compile(
     r"\$\.(?:envelope_sender|recipients\[\d+\]\.email|content\.(?:from|reply_to)\.email)"
 )
 _MEDIA_TYPE_FIELD: Final = re.compile(r"\$\.content\.attachments\[\d+\]\.content_type")
-_STEP: Final = re.compile(r"\.([a-z_]+)|\[(\d+)\]")
 
 
 _MEMBER: Final = re.compile(r"(Object (?:contains unknown|missing required) field `([^`]*)`)(?: - at `(\$[^`]*)`)?")
@@ -604,31 +606,26 @@ def _member_refusal(body: bytes, error: str) -> web.HTTPBadRequest:
         return bad_request(text, _member_path(at or "$", name))
     if (value := _MAP_VALUE.fullmatch(error)) is not None:
         text, at = value.groups()
-        found = _located(body, at)
-        key = next((k for k, v in found.items() if not isinstance(v, str)), None) if isinstance(found, dict) else None
-        if key is not None:
+        if (key := _first_not_a_string(body, at)) is not None:
             return bad_request(text, _member_path(at, key))
     return bad_request(error, None if _FIELD.search(error) else "$")
+
+
+def _first_not_a_string(body: bytes, path: str) -> str | None:
+    """The name of the first member of the object at `path` in `body` whose value is no string."""
+    span = span_at(body, path)
+    if span is None:
+        return None
+    try:
+        return next((name for name, start, _ in members(body, span[0]) if body[start : start + 1] != b'"'), None)
+    except (ValueError, IndexError):
+        return None
 
 
 def _member_path(at: str, name: str) -> str:
     """The JSON path of member `name` of the object at `at`: `$.a.b`, or `$.a["b c"]` for a
     name that is not letters, digits, "-" and "_"."""
     return f"{at}.{name}" if _PLAIN_NAME.fullmatch(name) else f"{at}[{msgspec.json.encode(name[:64]).decode()}]"
-
-
-def _located(body: bytes, path: str) -> Any:
-    """The value at `path` (`$.a[0].b`) in the JSON `body`; None if there is none."""
-    try:
-        value: Any = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    for name, index in _STEP.findall(path):
-        try:
-            value = value[name] if name else value[int(index)]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return value
 
 
 def _value_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
@@ -643,14 +640,12 @@ def _value_refusal(body: bytes, error: str) -> web.HTTPBadRequest | None:
     media_type = _MEDIA_TYPE_FIELD.fullmatch(field) is not None
     if not media_type and not _ADDRESS_FIELD.fullmatch(field):
         return None
-    value: Any = msgspec.json.decode(body)
-    for name, index in _STEP.findall(field):
-        try:
-            value = value[name] if name else value[int(index)]
-        except (KeyError, IndexError, TypeError):
-            return None
-    if not isinstance(value, str):
+    # Found by scanning, not decoding the body: beside a value nested past Python's recursion
+    # limit (`metadata`), decoding raised RecursionError here, and the answer was a 500.
+    span = span_at(body, field)
+    if span is None or body[span[0] : span[0] + 1] != b'"':
         return None
+    value = json.loads(body[span[0] : span[1]])
     if media_type:
         return bad_request(media_type_problem(value), field)
     if field == "$.envelope_sender" and value == "":

@@ -12,19 +12,25 @@ utf-16 surrogate pair", naming no member, so the path of the string is found and
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, Final
 
 from aiohttp import web
+
+from pigeon.listener.http.body import coding_refusal
 
 _UTF8: Final = frozenset({"utf-8", "utf8"})
 
 
 def require_json(request: web.Request) -> None:
     """415 (with a JSON error naming the header) unless the body is declared
-    `application/json`, in UTF-8 if a charset is named."""
+    `application/json`, in UTF-8 if a charset is named, and comes in a content coding that is
+    decoded here, if any (`body.CODINGS`)."""
     charset = (request.charset or "utf-8").lower()
     if request.content_type == "application/json" and charset in _UTF8:
+        if (refused := coding_refusal(request)) is not None:
+            raise refused
         return
     given = request.headers.get("Content-Type", "")
     message = "send the body as JSON with 'Content-Type: application/json' (UTF-8), not "
@@ -111,3 +117,106 @@ def lone_surrogate_refusal(path: str, *, name: bool) -> str:
         f"{what} holds a lone surrogate escape (\\uD800-\\uDFFF without its pair), which is not valid "
         "Unicode text: send the text as UTF-8, or a character beyond U+FFFF as both halves of its pair"
     )
+
+
+# --- finding a value by its path, however deep what lies around it --------------------------
+_SPACE: Final = re.compile(rb"[ \t\r\n]*")
+_STRING: Final = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_SCALAR: Final = re.compile(rb"[^,}\]\s]+")
+_STRUCTURE: Final = re.compile(rb'["{}\[\]]')
+_STEP: Final = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]")
+
+
+def span_at(body: bytes, path: str) -> tuple[int, int] | None:
+    """Where the value at `path` (`$.recipients[0].metadata`, as msgspec names one) is in the
+    JSON `body`: its first byte and the one past its last; None if there is none, or the body
+    is not JSON that far. Read by scanning, not decoding: a value nested 5,000 levels deep
+    beside it is skipped over, where a decoder stops at Python's recursion limit."""
+    try:
+        at = _space(body, 0)
+        end = _end_of_value(body, at)
+        for name, index in _STEP.findall(path):
+            if name:
+                found = next(((s, e) for key, s, e in members(body, at) if key == name), None)
+            else:
+                found = next(((s, e) for n, (s, e) in enumerate(_elements(body, at)) if n == int(index)), None)
+            if found is None:
+                return None
+            at, end = found
+        return at, end
+    except (ValueError, IndexError):
+        return None
+
+
+def members(body: bytes, at: int) -> Iterator[tuple[str, int, int]]:
+    """The members of the JSON object starting at `at`: each name, and where its value is (as
+    `span_at` says). ValueError where `body` is no JSON object there."""
+    if body[at : at + 1] != b"{":
+        raise ValueError("not an object")
+    at = _space(body, at + 1)
+    if body[at : at + 1] == b"}":
+        return
+    while True:
+        name = _STRING.match(body, at)
+        if name is None:
+            raise ValueError("no member name")
+        at = _space(body, name.end())
+        if body[at : at + 1] != b":":
+            raise ValueError("no colon")
+        start = _space(body, at + 1)
+        end = _end_of_value(body, start)
+        yield json.loads(name.group()), start, end
+        at = _space(body, end)
+        if body[at : at + 1] != b",":
+            return
+        at = _space(body, at + 1)
+
+
+def _elements(body: bytes, at: int) -> Iterator[tuple[int, int]]:
+    if body[at : at + 1] != b"[":
+        raise ValueError("not an array")
+    at = _space(body, at + 1)
+    if body[at : at + 1] == b"]":
+        return
+    while True:
+        end = _end_of_value(body, at)
+        yield at, end
+        at = _space(body, end)
+        if body[at : at + 1] != b",":
+            return
+        at = _space(body, at + 1)
+
+
+def _space(body: bytes, at: int) -> int:
+    found = _SPACE.match(body, at)
+    return found.end() if found is not None else at
+
+
+def _end_of_value(body: bytes, at: int) -> int:
+    """One past the last byte of the JSON value starting at `at`: nesting counted, not recursed into."""
+    first = body[at : at + 1]
+    if first == b'"':
+        string = _STRING.match(body, at)
+        if string is None:
+            raise ValueError("unterminated string")
+        return string.end()
+    if first not in (b"{", b"["):
+        scalar = _SCALAR.match(body, at)
+        if scalar is None:
+            raise ValueError("no value")
+        return scalar.end()
+    depth = 0
+    while True:
+        found = _STRUCTURE.search(body, at)
+        if found is None:
+            raise ValueError("unterminated")
+        if found.group() == b'"':
+            string = _STRING.match(body, found.start())
+            if string is None:
+                raise ValueError("unterminated string")
+            at = string.end()
+            continue
+        depth += 1 if found.group() in (b"{", b"[") else -1
+        at = found.end()
+        if depth == 0:
+            return at

@@ -40,12 +40,45 @@ _REF: Final = "#/components/schemas/{name}"
 _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, which the API shares
 _RULE_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,64}$"
 _ERRORS: Final = {
-    "400": ("The request is malformed; nothing was stored", "ErrorResponse"),
+    "400": (
+        "The request is malformed (field: what in it), or its body is not coded as its Content-Encoding says "
+        "(field: Content-Encoding); nothing was stored",
+        "ErrorResponse",
+    ),
     "401": ("No token, or an unknown one", "ErrorResponse"),
-    "403": ("The token lacks the scope", "ErrorResponse"),
+    "403": (
+        "The token lacks the scope (field: Authorization), or it is bound to tenants ([[http.token]] tenants) and "
+        "the request names another tenant's mail, or several and names none of them (field: $.tenant), or a "
+        "site or a queue of another tenant ($.site, $.to_queue), or what is no tenant's, the shaping effects "
+        "(Authorization); the error names the token and its tenants; nothing was done",
+        "ErrorResponse",
+    ),
     "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
 }
-_NOT_JSON: Final = ("The body is not declared 'Content-Type: application/json' (UTF-8)", "ErrorResponse")
+_SLOW: Final = (
+    "The request's headers took longer than [http] header_timeout, or its body came slower than [http] "
+    "min_body_rate beyond [http] body_timeout: answered by the listener itself (field null), and the connection "
+    "is closed; nothing was done"
+)
+_BUSY: Final = (
+    "the node is busy: [http] max_open_requests API requests in progress (several workers), or [http] "
+    "max_connections open with none idle, both with Retry-After: 1; or no worker is up"
+)
+_RETRY_AFTER: Final = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again (1), when the node is busy",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+_TRANSFER_CODING: Final = (
+    "The body's Transfer-Encoding has a coding other than chunked (RFC 9112 6.1; field: Transfer-Encoding); "
+    "the connection is closed"
+)
+_NOT_JSON: Final = (
+    "The body is not declared 'Content-Type: application/json' (UTF-8; field: Content-Type), or comes in a "
+    "Content-Encoding other than gzip or deflate (field: Content-Encoding; Accept-Encoding says which are taken)",
+    "ErrorResponse",
+)
 """The answer of an operation that takes a body (`json_body.require_json`)."""
 
 
@@ -78,7 +111,15 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "Pigeon",
             "version": "1",
-            "description": "Inject mail into Pigeon. Every operation needs 'Authorization: Bearer <token>'.",
+            "description": "Inject mail into Pigeon. Every operation needs 'Authorization: Bearer <token>'. "
+            "A token bound to tenants ([[http.token]] tenants) reaches their mail alone: its injections may name no "
+            "other tenant; an admin selector without a tenant is its one tenant's (403 when it has several); "
+            "another tenant, a site or another tenant's queue in a write is 403; another tenant's message or "
+            "rule is 404, as one that does not exist; reads list its tenants' scheduled queues, rules and "
+            "operations only, and no ready queue; the shaping effects are 403. "
+            "Every error is an ErrorResponse ({error, field}, field null when no one part of the request is at "
+            "fault), whoever answers it: a method a path does not take gets 405 with Allow (before any token is "
+            "asked for), a path the API lacks 404, an internal error 500.",
         },
         "components": {
             "schemas": components,
@@ -110,11 +151,40 @@ def document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     "responses": {
                         "200": _response("Per recipient: its spool id, or why it was refused", response),
-                        "422": _response("The policy refused every recipient for good (5xx)", response),
-                        "503": _response(
-                            "Nothing could be stored (spool trouble, a temporary policy refusal): retry later", response
+                        "422": _response(
+                            "Every recipient was refused for good (5xx; none accepted): by the policy, a template "
+                            "(a variable it writes out that is not given: 554 5.6.0), the content check, the "
+                            "size, a repeat; each recipient's error says why",
+                            response,
                         ),
+                        "503": _response(
+                            "Nothing was stored: an InjectResponse when no recipient was accepted and a refusal "
+                            "was temporary (spool trouble, a 4xx of the policy, [http] max_render_time spent): "
+                            f"send those again later; an ErrorResponse when the request was not taken at all: {_BUSY}",
+                            {"oneOf": [response, _ref("ErrorResponse")]},
+                            headers=_RETRY_AFTER,
+                        ),
+                        "502": _response(
+                            "With several workers: the worker the request was passed to went away before it answered. "
+                            "It stores each recipient's message as it goes, so some may have been taken "
+                            "(outcome_unknown: true): do not send it again as it is; the event log's Reception "
+                            "records say which were",
+                            {
+                                "allOf": [
+                                    _ref("ErrorResponse"),
+                                    _object({"outcome_unknown": {"const": True}}, "outcome_unknown"),
+                                ]
+                            },
+                        ),
+                        "408": _response(_SLOW, _ref("ErrorResponse")),
+                        "501": _response(_TRANSFER_CODING, _ref("ErrorResponse")),
                         **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+                        "403": _response(
+                            "The token lacks the 'inject' scope (field: Authorization), or is bound to tenants "
+                            "([[http.token]] tenants) and the request names another (field: where it is named: "
+                            "$.tenant, $.content, $.content.headers.X-Tenant); nothing was stored",
+                            _ref("ErrorResponse"),
+                        ),
                         "413": _response(
                             "The request body is over [http] max_request_size, or its messages would have the "
                             "spool store more than [http] max_stored_size; the error names the setting; nothing "
@@ -275,9 +345,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     errors["503"] = _response(
         "Delivery is disabled on this node ([delivery] enabled = false): it takes no write (its reads answer from "
         "its spool), nor, with [redis], a read with ?cluster=1; or, with several workers, one did not answer within "
-        "[node] worker_timeout (partial: true)",
+        f"[node] worker_timeout (partial: true); or {_BUSY}",
         {"anyOf": [_ref("ErrorResponse"), partial]},
+        headers=_RETRY_AFTER,
     )
+    errors["408"] = _response(_SLOW, _ref("ErrorResponse"))
     count = {"type": "integer", "minimum": 0}
     operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
@@ -306,14 +378,16 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     )
     id_taken = _response(
         "The id names another live rule (another kind, selector or duration): nothing was done; `rule` is that "
-        "rule. A client's id only lets a request be sent again safely: the same kind, selector and duration "
-        "under the same id is the same rule (200, already: true)",
-        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
+        "rule (absent when it is another tenant's, to a token bound to tenants). A client's id only lets a "
+        "request be sent again safely: the same kind, selector and duration under the same id is the same "
+        "rule (200, already: true)",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")})]},
     )
     id_not_free = _response(
-        "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule. "
-        "An id names one thing: leave it out, or give one of your own that no rule has",
-        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")}, "rule")]},
+        "The id names a live rule (a standing bounce or a suspension): nothing was done; `rule` is that rule "
+        "(absent when it is another tenant's, to a token bound to tenants). An id names one thing: leave it "
+        "out, or give one of your own that no rule has",
+        {"allOf": [_ref("ErrorResponse"), _object({"rule": _ref("Rule")})]},
     )
     cancelled = _object(
         {"cancelled": {"type": "boolean"}, "made_due": count, "bounced": count},
@@ -444,8 +518,13 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         responses = {"200": _response(answered_with, answered), **errors}
         if "requestBody" in extra:
             responses["415"] = _response(_NOT_JSON[0], _ref(_NOT_JSON[1]))
+            responses["501"] = _response(_TRANSFER_CODING, _ref("ErrorResponse"))
         if "parameters" in extra:
-            responses["404"] = _response("No such rule, message or effect", _ref("ErrorResponse"))
+            responses["404"] = _response(
+                "No such rule, message or effect; or, to a token bound to tenants, another tenant's (answered "
+                "alike, word for word: its id tells nothing)",
+                _ref("ErrorResponse"),
+            )
         elif op_id in ("listBounces", "listSuspensions", "operations", "queues"):
             extra["parameters"] = cluster
         return {"operationId": op_id, "summary": f"{summary} (scope '{scope}')", "responses": responses, **extra}
@@ -577,10 +656,13 @@ def _ref(name: str | None) -> dict[str, Any] | None:
     return {"$ref": _REF.format(name=name)} if name else None
 
 
-def _response(description: str, schema: dict[str, Any] | None) -> dict[str, Any]:
-    if schema is None:
-        return {"description": description}
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _response(description: str, schema: dict[str, Any] | None, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description}
+    if schema is not None:
+        answer["content"] = {"application/json": {"schema": schema}}
+    if headers:
+        answer["headers"] = headers
+    return answer
 
 
 def _object(properties: dict[str, Any], *required: str, doc: str | None = None) -> dict[str, Any]:
