@@ -758,6 +758,12 @@ class MailboxWatcher:
                         self._settled_before.add(claim.uid)
                 self._elsewhere[claim.uid] = now + pause
         for node, (claims, dones) in taken.items():
+            if not self._arbiter.shared:  # (done marks only: an earlier run of this node left them)
+                _log.info("mailbox %s: %d message%s handed over by an earlier run of this node, %s, which stopped "
+                          "before the source took their acknowledgement: acknowledging them now, without handing them "
+                          "over again, and recording them (recovered_from)", config.name, dones,
+                          "" if dones == 1 else "s", node)  # fmt: skip
+                continue
             what = []
             if claims:
                 what.append(f"{claims} it held and may have handed over already, to hand over again (their "
@@ -1284,8 +1290,10 @@ class MailboxWatcher:
         outcome = await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG)
         if outcome != "refused":  # acknowledged, or flagged so that no search finds it again
             prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
-            for uid in uids:
-                self._unacked.pop(f"{prefix}{uid}", None)
+            keys = [f"{prefix}{uid}" for uid in uids]
+            for key in keys:
+                self._unacked.pop(key, None)
+            self._arbiter.acknowledged(keys)
         if outcome != "done":
             return False
         self._acknowledged = True
