@@ -64,7 +64,10 @@ recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the sa
 A node never hands over again what it handed over itself and has not acknowledged at the source
 yet (`_unacked`): not when its session was lost before the acknowledgement, nor when Redis lost
 the done marks meanwhile. It acknowledges them first thing in its next session, and puts their
-done marks back, as its claims, when Redis lost its data (so other nodes leave them alone).
+done marks back, as its claims, when Redis lost its data (so other nodes leave them alone). Nor
+does its next start: their done marks outlive the process (in Redis, or in the spool without it:
+`marks`), and the start (or node) that finds them acknowledges and records them as ORPHANED. A
+stop that leaves such messages says so (`_warn_unacknowledged`).
 
 Every handoff has its InboundDelivery record across kill -9: the record is in the log file
 (written: the kernel has it, whatever becomes of this process) before the message is
@@ -391,7 +394,25 @@ class MailboxWatcher:
             renewer.cancel()
             noting.cancel()
             outages.cancel()
+            self._warn_unacknowledged()
             await self._syncs.wait()  # the last batch's records, on disk before we go
+
+    def _warn_unacknowledged(self) -> None:
+        """The node stops with messages handed over and not acknowledged at the source (its
+        server went away in between, say): said, with what becomes of them. Their done marks
+        keep them from the target (in Redis, or in the spool: `marks`) unless they were lost."""
+        if not self._unacked or not self._stopping:  # (a watcher started again keeps them)
+            return
+        count = len(self._unacked)
+        uids = uid_set(sorted(claim.uid for claim in self._unacked.values()))
+        lost = self._arbiter.marks_lost()
+        if lost is None:
+            who = "the next start" if not self._arbiter.shared else "the next start (or another node)"
+            then = f"{who} acknowledges them without handing them over again"
+        else:
+            then = f"their done marks do not outlive this process ({lost}): the next start hands them over again"
+        _log.warning("mailbox %s: %d message%s handed over and not acknowledged at the source (UIDs %s): %s",
+                     self.config.name, count, "" if count == 1 else "s", uids, then)  # fmt: skip
 
     def halt(self) -> None:
         """The node stops: no claim, fetch or handoff starts from now on; those on the wire
