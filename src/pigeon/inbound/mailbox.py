@@ -1152,7 +1152,7 @@ class MailboxWatcher:
                 message,
                 answer,
                 duration=duration,
-                acknowledged=action,
+                acknowledgement=action,
                 recovered_from=recovered_from,
                 repeated_by_takeover=repeated,
             )
