@@ -756,7 +756,7 @@ class LocalArbiter(Arbiter):
                            "was handed over and not acknowledged at the source", self._lost)  # fmt: skip
             else:
                 self._lost = None
-                self._values = {key: (mark.value, mark.until) for key, mark in self._file.marks.items()}
+                self._values = {key: (value, until) for key, (value, until, _) in self._file.marks.items()}
 
     def marks_lost(self) -> str | None:
         if self._file is not None and self._file.error is not None:
@@ -814,7 +814,7 @@ class LocalArbiter(Arbiter):
                     ours = f"d:{self.token}"
                     kept.append((key, ours, self._set(key, ours, DONE_TTL)))
                     claims.append(Claim(key, uid, Standing.ORPHANED, ours, previous=value[2:],
-                                        previous_name=mark.node if mark is not None else ""))  # fmt: skip
+                                        previous_name=mark[2] if mark is not None else ""))  # fmt: skip
                     continue
                 else:
                     standing = {"c": Standing.HELD, "d": Standing.DONE}.get(kind, Standing.FAILED)

@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
 import msgspec
 
@@ -50,10 +50,10 @@ def marks_path(spool: Path) -> Path:
     return spool / MARKS_FILE
 
 
-class Mark(NamedTuple):
-    value: str  # as `LocalArbiter` holds it: "d:<token>", "f:<token>"
-    until: float  # time.time() it is forgotten at
-    node: str  # the `[node] name` of the process that made it ("": none)
+# A mark: its value as `LocalArbiter` holds it ("d:<token>", "f:<token>"), the time.time() it is
+# forgotten at, and the `[node] name` of the process that made it ("": none). A plain tuple: one
+# is made for each message handed over.
+Mark = tuple[str, float, str]
 
 
 class MarkFile:
@@ -83,28 +83,29 @@ class MarkFile:
                 if not value or until / 1000 <= now:
                     marks.pop(key, None)
                 else:
-                    marks[key] = Mark(value, until / 1000, name)
+                    marks[key] = (value, until / 1000, name)
         fd = _rewrite(path, marks, durable=True)
         return cls(path, node, marks, fd)
 
     def put(self, changes: Iterable[tuple[str, str, float]]) -> None:
         """Keep each (key, value, until) given, in one write."""
+        node, marks, encode = self.node, self.marks, _ENCODER.encode  # (per message: kept short)
         lines = []
         for key, value, until in changes:
-            self.marks[key] = Mark(value, until, self.node)
-            lines.append(_line(key, value, until, self.node))
+            marks[key] = (value, until, node)
+            lines.append(encode((key, value, int(until * 1000), node)))
         self._append(lines)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Forget the marks of `keys` (those kept), in one write."""
-        lines = [_line(key, "", 0.0, "") for key in keys if self.marks.pop(key, None) is not None]
-        self._append(lines)
+        marks, encode = self.marks, _ENCODER.encode
+        self._append([encode((key, "", 0, "")) for key in keys if marks.pop(key, None) is not None])
 
     def close(self) -> None:
         """Written anew with the marks that hold, fsynced, and closed: what the next start finds."""
         try:
             now = time.time()
-            fd = _rewrite(self.path, {k: m for k, m in self.marks.items() if m.until > now}, durable=True)
+            fd = _rewrite(self.path, {k: m for k, m in self.marks.items() if m[1] > now}, durable=True)
         except OSError as error:
             _log.error("inbound: cannot write %s as the node stops: %s; what it keeps from the next start may be lost",
                        self.path, error)  # fmt: skip
@@ -115,9 +116,10 @@ class MarkFile:
         os.close(self._fd)
 
     def _append(self, lines: list[bytes]) -> None:
+        """Lines (without their newlines) at the end of the file, in one write."""
         if not lines:
             return
-        data = b"".join(lines)
+        data = b"\n".join(lines) + b"\n"
         if self._cut:
             data = b"\n" + data
         try:
@@ -144,7 +146,7 @@ class MarkFile:
 
     def _compact(self) -> None:
         now = time.time()
-        self.marks = {key: mark for key, mark in self.marks.items() if mark.until > now}
+        self.marks = {key: mark for key, mark in self.marks.items() if mark[1] > now}
         try:
             fd = _rewrite(self.path, self.marks, durable=False)
         except OSError as error:
@@ -156,10 +158,6 @@ class MarkFile:
         self._lines = len(self.marks)
 
 
-def _line(key: str, value: str, until: float, node: str) -> bytes:
-    return _ENCODER.encode((key, value, int(until * 1000), node)) + b"\n"
-
-
 def _rewrite(path: Path, marks: dict[str, Mark], *, durable: bool) -> int:
     """`path` replaced by a file of `marks` alone (written beside it, then renamed: a crash
     leaves the old one or the new one); the new one's descriptor, to append to. `durable`:
@@ -167,7 +165,8 @@ def _rewrite(path: Path, marks: dict[str, Mark], *, durable: bool) -> int:
     temporary = path.with_name(path.name + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
-        data = b"".join(_line(key, mark.value, mark.until, mark.node) for key, mark in marks.items())
+        data = b"".join(_ENCODER.encode((key, value, int(until * 1000), node)) + b"\n"
+                        for key, (value, until, node) in marks.items())  # fmt: skip
         written = 0
         while written < len(data):
             written += os.write(fd, data[written:])
