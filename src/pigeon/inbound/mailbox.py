@@ -406,11 +406,16 @@ class MailboxWatcher:
         count = len(self._unacked)
         uids = uid_set(sorted(claim.uid for claim in self._unacked.values()))
         lost = self._arbiter.marks_lost()
-        if lost is None:
-            who = "the next start" if not self._arbiter.shared else "the next start (or another node)"
-            then = f"{who} acknowledges them without handing them over again"
-        else:
+        # (Marking them done failed while Redis did not answer: no mark keeps those.)
+        unmarked = sum(1 for claim in self._unacked.values() if claim.unsettled)
+        who = "the next start" if not self._arbiter.shared else "the next start (or another node)"
+        if lost is not None:
             then = f"their done marks do not outlive this process ({lost}): the next start hands them over again"
+        elif unmarked:
+            then = (f"{who} acknowledges them without handing them over again, but for {unmarked} that could not be "
+                    "marked done (Redis did not answer), which may be handed over again")  # fmt: skip
+        else:
+            then = f"{who} acknowledges them without handing them over again"
         _log.warning("mailbox %s: %d message%s handed over and not acknowledged at the source (UIDs %s): %s",
                      self.config.name, count, "" if count == 1 else "s", uids, then)  # fmt: skip
 
