@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.apps import customer_mail, imap_mailbox
+from tests.support.apps import customer_mail, imap_mailbox, redis_in_use_for_a_while
 from tests.support.process import PigeonProcess
-from tests.support.services import Dovecot
+from tests.support.services import Dovecot, RedisServer
 from tests.support.sinks import wait_until
 from tests.support.tcp_proxy import TcpProxy
 
@@ -34,12 +34,15 @@ def _handed_over(path: Path) -> list[str]:
     return [json.loads(line)["dedupe_key"] for line in path.read_bytes().splitlines()]
 
 
-def _node(tmp_path: Path, dovecot: Dovecot, proxy: TcpProxy, after_delivery: str) -> PigeonProcess:
+def _node(
+    tmp_path: Path, dovecot: Dovecot, proxy: TcpProxy, after_delivery: str, redis: RedisServer | None = None
+) -> PigeonProcess:
     moved = {"move_to": "Processed"} if after_delivery == "move" else {}
     box = imap_mailbox(dovecot, "audit", port=proxy.port, tls="none", poll_interval="1s",
                        after_delivery=after_delivery, **moved)  # fmt: skip
     target = {"name": "audit", "kind": "log", "path": str(tmp_path / "handed.jsonl")}
-    return PigeonProcess(tmp_path / "node", target=[target], mailbox=[box])
+    shared = {"redis": {"url": redis.url}} if redis is not None else {}
+    return PigeonProcess(tmp_path / "node", target=[target], mailbox=[box], **shared)
 
 
 def _acknowledged(dovecot: Dovecot, after_delivery: str) -> bool:
@@ -131,3 +134,29 @@ def test_a_node_killed_before_its_server_took_the_acknowledgement_acknowledges_a
         finally:
             node.kill()
     _each_recorded_as_handed_over_then_as_recovered(records, first, "seen")
+
+
+def test_with_redis_a_stop_before_the_server_took_the_acknowledgement_says_the_next_start_acknowledges(
+    tmp_path: Path, dovecot: Dovecot, redis_server: RedisServer
+) -> None:
+    redis_in_use_for_a_while(redis_server)
+    dovecot.append("app", [customer_mail(i) for i in range(_COUNT)])
+    with TcpProxy(dovecot.port, cut_at=_ACKNOWLEDGEMENT["seen"]) as proxy:
+        node = _node(tmp_path, dovecot, proxy, "seen", redis_server)
+        try:
+            node.start()
+            first = _handed_over_and_cut_off(tmp_path, node, proxy, dovecot)
+            assert node.stop() == 0
+            stopped = node.stderr()
+            assert (
+                f"mailbox support: {_COUNT} messages handed over and not acknowledged at the source (UIDs 1:{_COUNT}): "
+                "the next start (or another node) acknowledges them without handing them over again"
+            ) in stopped, stopped
+            proxy.cut_at = None
+            proxy.restore()
+            node.start()
+            wait_until(lambda: not dovecot.unseen("app"), 30)
+            node.wait_records("InboundDelivery", 2 * _COUNT, timeout=10)
+        finally:
+            node.kill()
+    assert sorted(_handed_over(tmp_path / "handed.jsonl")) == sorted(first)
