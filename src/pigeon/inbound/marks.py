@@ -65,8 +65,7 @@ class MarkFile:
         self.marks = marks
         self._fd = fd
         self._lines = len(marks)  # lines in the file
-        self._cut = False  # a write failed part way: the next one starts on a line of its own
-        self.error: str | None = None  # why the last write failed, until one works
+        self.error: str | None = None  # why the last write failed, until the file is whole again
 
     @classmethod
     def open(cls, path: Path, node: str) -> MarkFile:
@@ -119,43 +118,50 @@ class MarkFile:
         """Lines (without their newlines) at the end of the file, in one write."""
         if not lines:
             return
+        if self.error is not None:
+            # What failed to be written is missing from the file (and it may end with half a
+            # line): it is written anew, whole, instead.
+            self._compact()
+            return
         data = b"\n".join(lines) + b"\n"
-        if self._cut:
-            data = b"\n" + data
         try:
             written = 0
             while written < len(data):
                 written += os.write(self._fd, data[written:])
         except OSError as error:
-            # (Said once: a full disk would say it at every batch.) The marks stay in memory,
-            # and the next write puts them on a line of their own.
-            self._cut = True
-            if self.error is None:
-                _log.error("inbound: cannot keep done marks in %s: %s; until it can, a restart would hand over "
-                           "again what is handed over and not acknowledged at the source", self.path,
-                           error)  # fmt: skip
-            self.error = str(error)
+            self._failed(error)
             return
-        if self.error is not None:
-            _log.warning("inbound: done marks are kept in %s again", self.path)
-            self.error = None
-        self._cut = False
         self._lines += len(lines)
         if self._lines > _COMPACT_AT + 2 * len(self.marks):
             self._compact()
 
     def _compact(self) -> None:
+        """The file written anew with the marks that hold."""
         now = time.time()
         self.marks = {key: mark for key, mark in self.marks.items() if mark[1] > now}
         try:
             fd = _rewrite(self.path, self.marks, durable=False)
         except OSError as error:
-            _log.warning("inbound: cannot write %s anew: %s; it goes on growing", self.path, error)
-            self._lines = 0  # (tried again as many lines later)
+            if self.error is not None:
+                self._failed(error)
+            else:  # (the file has every mark: it only grows on, and is tried again as many lines later)
+                _log.warning("inbound: cannot write %s anew: %s; it goes on growing", self.path, error)
+                self._lines = 0
             return
         os.close(self._fd)
         self._fd = fd
         self._lines = len(self.marks)
+        if self.error is not None:
+            _log.warning("inbound: done marks are kept in %s again", self.path)
+            self.error = None
+
+    def _failed(self, error: OSError) -> None:
+        """A write failed: the marks stay in memory, the file lacks some until it is written
+        anew. Said once (a full disk would say it at every batch), and when it works again."""
+        if self.error is None:
+            _log.error("inbound: cannot keep done marks in %s: %s; until it can, a restart would hand over again "
+                       "what is handed over and not acknowledged at the source", self.path, error)  # fmt: skip
+        self.error = str(error)
 
 
 def _rewrite(path: Path, marks: dict[str, Mark], *, durable: bool) -> int:

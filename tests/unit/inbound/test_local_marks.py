@@ -4,6 +4,8 @@ run of the node finds there, whether the last one stopped or was killed, and wha
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,28 @@ async def test_a_file_that_cannot_be_written_is_said_and_the_marks_stay_in_memor
     await arbiter.done([claim])
     assert (await arbiter.claim(_KEYS[:1], 30))[0].standing is Standing.DONE
     assert LocalArbiter().marks_lost() == "they are kept in memory only"
+
+
+async def test_marks_a_full_disk_kept_from_the_file_are_in_it_once_it_has_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "inbound-marks"
+    arbiter = LocalArbiter(path)
+    first, second, third = await arbiter.claim(_KEYS, 30)
+    write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        write(fd, data[:5])  # half a line, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    await arbiter.done([first])
+    await arbiter.done([second])
+    assert "No space left on device" in (arbiter.marks_lost() or "")
+    assert "cannot keep done marks" in caplog.text
+    monkeypatch.setattr(os, "write", write)
+    await arbiter.done([third])
+    assert arbiter.marks_lost() is None
+    assert "done marks are kept in" in caplog.text
+    claims = await LocalArbiter(path).claim(_KEYS, 30)
+    assert [c.standing for c in claims] == [Standing.ORPHANED] * 3
