@@ -23,8 +23,13 @@ from tests.support.sinks import wait_until
 from tests.support.tcp_proxy import TcpProxy
 
 _COUNT = 10
-# The command that acknowledges a batch, as the node sends it: \Seen, or a move.
-_ACKNOWLEDGEMENT = {"seen": rb" UID STORE \S+ \+FLAGS\.SILENT \(\\Seen\)", "move": rb" UID MOVE "}
+# The command that acknowledges a batch, as the node sends it: \Seen, a move, or the first of a
+# deletion's two (\Deleted, then EXPUNGE).
+_ACKNOWLEDGEMENT = {
+    "seen": rb" UID STORE \S+ \+FLAGS\.SILENT \(\\Seen\)",
+    "move": rb" UID MOVE ",
+    "delete": rb" UID STORE \S+ \+FLAGS\.SILENT \(\\Deleted ",
+}
 
 
 def _handed_over(path: Path) -> list[str]:
@@ -48,6 +53,8 @@ def _node(
 def _acknowledged(dovecot: Dovecot, after_delivery: str) -> bool:
     if after_delivery == "move":
         return dovecot.count("app") == 0 and dovecot.count("app", "Processed") == _COUNT
+    if after_delivery == "delete":
+        return dovecot.count("app") == 0
     return not dovecot.unseen("app")
 
 
@@ -89,12 +96,12 @@ def _each_recorded_as_handed_over_then_as_recovered(
     assert sorted(r["dedupe_key"] for r in handoffs) == sorted(first)
     assert sorted(r["dedupe_key"] for r in recovered) == sorted(first)
     assert not [r for r in records if "acknowledged" in r]
-    wanted = "moved to Processed" if after_delivery == "move" else "seen"
+    wanted = {"move": "moved to Processed", "delete": "deleted"}.get(after_delivery, "seen")
     assert {r["acknowledgement"] for r in records} == {wanted}
     assert all(r["detail"].startswith("recovered: handed over by node test-node") for r in recovered)
 
 
-@pytest.mark.parametrize("after_delivery", ["seen", "move"])
+@pytest.mark.parametrize("after_delivery", ["seen", "move", "delete"])
 def test_a_node_stopped_before_its_server_took_the_acknowledgement_acknowledges_at_its_next_start(
     tmp_path: Path, dovecot: Dovecot, after_delivery: str
 ) -> None:
