@@ -264,10 +264,9 @@ class InboundDelivery(Inbound, tag="InboundDelivery"):
 
     # What the node asks of the source for the message once this record is written: "seen",
     # "moved to X", "deleted". Written first, so that no handoff goes unrecorded whenever the
-    # node dies, the record cannot say whether that went through (it was said `acknowledged`,
-    # which a stop before the server took it made untrue): the node's log says when it did not.
-    # One a node stopped or died before acknowledging is acknowledged by the start (or node) that
-    # finds its done mark, and recorded again then (`recovered_from`).
+    # node dies, the record cannot say whether that went through: the node's log says when it
+    # did not. One a node stopped or died before acknowledging is acknowledged by the start (or
+    # node) that finds its done mark, and recorded again then (`recovered_from`).
     acknowledgement: str = ""
     # Set when this node writes the record on behalf of another: the node (its arbitration
     # token) that handed the message over and died before acknowledging it. Such a record
