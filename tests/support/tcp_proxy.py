@@ -1,10 +1,12 @@
 """A TCP proxy on loopback that a test can cut and restore: one node's way to a shared server
-(Redis) goes away while the server, and every other node's way to it, stays up."""
+(Redis) goes away while the server, and every other node's way to it, stays up; or a node's way
+to its IMAP server goes away at the very command a test is about (`cut_at`)."""
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import socket
 import threading
 import time
@@ -22,10 +24,15 @@ class TcpProxy:
     accepts again on the same port. `freeze()` drops whatever goes through, either way, while
     every connection stays open and new ones are accepted (packets dropped, not refused: each
     call waits out its timeout); `thaw()` forwards again. `delay`: seconds each chunk waits
-    before it is forwarded, either way (a slow way to the server; order is kept)."""
+    before it is forwarded, either way (a slow way to the server; order is kept). `cut_at`: a
+    pattern of what the client sends; the first time it shows, the proxy cuts (as `cut()`)
+    before forwarding it, so the server never gets that command, and sets `was_cut`. Set
+    `cut_at` to None before `restore()` for the way to stay open."""
 
-    def __init__(self, server_port: int) -> None:
+    def __init__(self, server_port: int, *, cut_at: bytes | None = None) -> None:
         self.server_port = server_port
+        self.cut_at = re.compile(cut_at) if cut_at is not None else None
+        self.was_cut = threading.Event()
         self.port = free_port()
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
@@ -88,15 +95,24 @@ class TcpProxy:
                     server.close()
                     return
                 self._sockets |= {client, server}
-            for source, destination in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, destination), daemon=True).start()
+            for source, destination, watched in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(source, destination, watched), daemon=True).start()
 
-    def _pump(self, source: socket.socket, destination: socket.socket) -> None:
+    def _pump(self, source: socket.socket, destination: socket.socket, watched: bool) -> None:
+        """`watched`: the client's side, where `cut_at` is looked for."""
         delayed: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
         sender = threading.Thread(target=self._send_delayed, args=(delayed, destination), daemon=True)
         sender.start()
+        tail = b""  # the end of what came before: a command may come in two pieces
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                pattern = self.cut_at if watched else None
+                if pattern is not None:
+                    if pattern.search(tail + data):
+                        self.was_cut.set()
+                        self.cut()
+                        break
+                    tail = (tail + data)[-1024:]
                 if not self._frozen:
                     delayed.put((time.monotonic() + self.delay, data))
         delayed.put((0.0, b""))  # (the sender ends, once it has sent what came before)

@@ -76,7 +76,10 @@ Exactly-once as the application sees it also needs the dedupe key (see `message`
 lease survives a Redis that loses its data while a handoff is under way.
 
 With no Redis configured, `LocalArbiter` keeps the same states in memory: correct for one
-node, and documented as single-node mode.
+node, and documented as single-node mode. Its done and failed marks are kept in a file of the
+spool too (`pigeon.inbound.marks`), so that they outlive the process as Redis's do: a done mark
+an earlier run of the node left (it stopped, or was killed, between the handoff and the source's
+acknowledgement) is taken over as `Standing.ORPHANED`, as a dead node's is from Redis.
 """
 
 from __future__ import annotations
@@ -89,8 +92,10 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from pigeon.inbound.marks import MarkFile
 from pigeon.redaction import redact, redact_url
 
 if TYPE_CHECKING:
@@ -428,6 +433,16 @@ class Arbiter:
         the source) where the shared store lost them; one another node holds now is left to it.
         Nothing to do in memory (`LocalArbiter`), which loses nothing this process does not."""
 
+    def acknowledged(self, keys: Sequence[str]) -> None:
+        """The source has the acknowledgement of the messages of `keys` (or a keyword that keeps
+        every search from them): their done marks need not outlive this process any more. (In
+        Redis they serve the other nodes, whose searches may be older, until they expire.)"""
+
+    def marks_lost(self) -> str | None:
+        """Why this node's done marks would not outlive its process, so that the next start
+        would hand over again what it handed over and did not acknowledge; None when they do."""
+        return None
+
     async def close(self) -> None:
         pass
 
@@ -720,12 +735,33 @@ class RedisArbiter(Arbiter):
 
 
 class LocalArbiter(Arbiter):
-    """Single-node mode: the same states, in this process's memory."""
+    """Single-node mode: the same states, in this process's memory. With `marks` (a file of
+    the spool: `pigeon.inbound.marks`), done and failed marks are kept there too, and those an
+    earlier run of this node left are found there: a done mark of such a run is taken over as
+    `Standing.ORPHANED`, since that run handed the message over and stopped before the source
+    took its acknowledgement (the mailbox acknowledges and records it, and hands nothing over)."""
 
-    def __init__(self) -> None:
+    def __init__(self, marks: Path | None = None, *, node: str = "") -> None:
         super().__init__()
         self._values: dict[str, tuple[str, float]] = {}  # key: (value, expires, time.time())
         self._next_sweep = 0.0
+        self._file: MarkFile | None = None
+        self._lost: str | None = "they are kept in memory only"  # see `marks_lost`
+        if marks is not None:
+            try:
+                self._file = MarkFile.open(marks, node)
+            except OSError as error:
+                self._lost = f"{marks} cannot be read or written: {error}"
+                _log.error("inbound: %s; done marks are kept in memory only: a restart would hand over again what "
+                           "was handed over and not acknowledged at the source", self._lost)  # fmt: skip
+            else:
+                self._lost = None
+                self._values = {key: (value, until) for key, (value, until, _) in self._file.marks.items()}
+
+    def marks_lost(self) -> str | None:
+        if self._file is not None and self._file.error is not None:
+            return f"{self._file.path} cannot be written: {self._file.error}"
+        return self._lost
 
     def _get(self, key: str) -> str | None:
         hit = self._values.get(key)
@@ -736,7 +772,8 @@ class LocalArbiter(Arbiter):
             return None
         return hit[0]
 
-    def _set(self, key: str, value: str, ttl: float) -> None:
+    def _set(self, key: str, value: str, ttl: float) -> float:
+        """Set `key` for `ttl` seconds; returns when it expires (time.time())."""
         now = time.time()
         # Expired entries are swept once a minute, not on every write: a day of done marks
         # can be a million entries.
@@ -744,10 +781,17 @@ class LocalArbiter(Arbiter):
             self._values = {k: v for k, v in self._values.items() if v[1] > now}
             self._next_sweep = now + 60
         self._values[key] = (value, now + ttl)
+        return now + ttl
+
+    def _keep(self, changes: list[tuple[str, str, float]]) -> None:
+        """Done and failed marks set (key, value, expiry), in the file too: one write."""
+        if self._file is not None and changes:
+            self._file.put(changes)
 
     async def claim(self, keys: Sequence[tuple[str, int]], lease: float) -> list[Claim]:
         started = time.monotonic()
         claims = []
+        kept: list[tuple[str, str, float]] = []
         for key, uid in keys:
             value = self._get(key)
             attempts = 0
@@ -762,16 +806,29 @@ class LocalArbiter(Arbiter):
                         continue
                     attempts = int(n)
                     previous = was[0] if was else ""
+                elif kind == "d" and value != f"d:{self.token}":
+                    # Left by an earlier run of this node (in the file), which handed the message
+                    # over and stopped before the source took the acknowledgement: ours now, to
+                    # acknowledge and record, as a dead node's from Redis.
+                    mark = self._file.marks.get(key) if self._file is not None else None
+                    ours = f"d:{self.token}"
+                    kept.append((key, ours, self._set(key, ours, DONE_TTL)))
+                    claims.append(Claim(key, uid, Standing.ORPHANED, ours, previous=value[2:],
+                                        previous_name=mark[2] if mark is not None else ""))  # fmt: skip
+                    continue
                 else:
                     standing = {"c": Standing.HELD, "d": Standing.DONE}.get(kind, Standing.FAILED)
                     if standing is not Standing.HELD:  # still there: kept as long again (see `DONE_TTL`)
-                        self._set(key, value, DONE_TTL)
+                        until = self._set(key, value, DONE_TTL)
+                        if self._file is not None and key in self._file.marks:
+                            kept.append((key, value, until))
                     claims.append(Claim(key, uid, standing))
                     continue
             claim = self._claimed(key, uid, self.nonce(), attempts, lease, started)
             claim.previous, claim.carried = previous, bool(previous)
             self._set(key, claim.value, lease)
             claims.append(claim)
+        self._keep(kept)
         return claims
 
     async def renew(self, claims: Sequence[Claim], lease: float) -> None:
@@ -784,17 +841,25 @@ class LocalArbiter(Arbiter):
             else:
                 claim.lost = True
 
-    def _replace(self, claim: Claim, value: str, ttl: float) -> None:
+    def _replace(self, claim: Claim, value: str, ttl: float) -> float | None:
+        """`claim`'s key set to `value` if it is still ours (or gone); when it expires, if set."""
         if self._get(claim.key) in (None, claim.value):
-            self._set(claim.key, value, ttl)
+            return self._set(claim.key, value, ttl)
+        return None
+
+    def _mark(self, claims: Sequence[Claim], value: str) -> None:
+        kept = []
+        for claim in claims:
+            until = self._replace(claim, value, DONE_TTL)
+            if until is not None:
+                kept.append((claim.key, value, until))
+        self._keep(kept)
 
     async def done(self, claims: Sequence[Claim]) -> None:
-        for claim in claims:
-            self._replace(claim, f"d:{self.token}", DONE_TTL)
+        self._mark(claims, f"d:{self.token}")
 
     async def failed(self, claims: Sequence[Claim]) -> None:
-        for claim in claims:
-            self._replace(claim, f"f:{self.token}", DONE_TTL)
+        self._mark(claims, f"f:{self.token}")
 
     async def backoff(self, claims: Sequence[tuple[Claim, float]]) -> None:
         for claim, delay in claims:
@@ -808,6 +873,17 @@ class LocalArbiter(Arbiter):
                     self._set(claim.key, f"b:{claim.attempts}:0{was}", DONE_TTL)
                 else:
                     del self._values[claim.key]
+
+    def acknowledged(self, keys: Sequence[str]) -> None:
+        # In memory the marks stay (a search from before the acknowledgement may still list
+        # the message); the file, which only the next start reads, need not keep them.
+        if self._file is not None:
+            self._file.forget(keys)
+
+    async def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def _backoff(claim: Claim, due: float) -> str:

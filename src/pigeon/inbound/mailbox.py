@@ -64,7 +64,10 @@ recorded `repeated_by_takeover` (`_warn_taken_over`). Each repeat carries the sa
 A node never hands over again what it handed over itself and has not acknowledged at the source
 yet (`_unacked`): not when its session was lost before the acknowledgement, nor when Redis lost
 the done marks meanwhile. It acknowledges them first thing in its next session, and puts their
-done marks back, as its claims, when Redis lost its data (so other nodes leave them alone).
+done marks back, as its claims, when Redis lost its data (so other nodes leave them alone). Nor
+does its next start: their done marks outlive the process (in Redis, or in the spool without it:
+`marks`), and the start (or node) that finds them acknowledges and records them as ORPHANED. A
+stop that leaves such messages says so (`_warn_unacknowledged`).
 
 Every handoff has its InboundDelivery record across kill -9: the record is in the log file
 (written: the kernel has it, whatever becomes of this process) before the message is
@@ -391,7 +394,30 @@ class MailboxWatcher:
             renewer.cancel()
             noting.cancel()
             outages.cancel()
+            self._warn_unacknowledged()
             await self._syncs.wait()  # the last batch's records, on disk before we go
+
+    def _warn_unacknowledged(self) -> None:
+        """The node stops with messages handed over and not acknowledged at the source (its
+        server went away in between, say): said, with what becomes of them. Their done marks
+        keep them from the target (in Redis, or in the spool: `marks`) unless they were lost."""
+        if not self._unacked or not self._stopping:  # (a watcher started again keeps them)
+            return
+        count = len(self._unacked)
+        uids = uid_set(sorted(claim.uid for claim in self._unacked.values()))
+        lost = self._arbiter.marks_lost()
+        # (Marking them done failed while Redis did not answer: no mark keeps those.)
+        unmarked = sum(1 for claim in self._unacked.values() if claim.unsettled)
+        who = "the next start" if not self._arbiter.shared else "the next start (or another node)"
+        if lost is not None:
+            then = f"their done marks do not outlive this process ({lost}): the next start hands them over again"
+        elif unmarked:
+            then = (f"{who} acknowledges them without handing them over again, but for {unmarked} that could not be "
+                    "marked done (Redis did not answer), which may be handed over again")  # fmt: skip
+        else:
+            then = f"{who} acknowledges them without handing them over again"
+        _log.warning("mailbox %s: %d message%s handed over and not acknowledged at the source (UIDs %s): %s",
+                     self.config.name, count, "" if count == 1 else "s", uids, then)  # fmt: skip
 
     def halt(self) -> None:
         """The node stops: no claim, fetch or handoff starts from now on; those on the wire
@@ -758,6 +784,12 @@ class MailboxWatcher:
                         self._settled_before.add(claim.uid)
                 self._elsewhere[claim.uid] = now + pause
         for node, (claims, dones) in taken.items():
+            if not self._arbiter.shared:  # (done marks only: an earlier run of this node left them)
+                _log.info("mailbox %s: %d message%s handed over by an earlier run of this node, %s, which stopped "
+                          "before the source took their acknowledgement: acknowledging them now, without handing them "
+                          "over again, and recording them (recovered_from)", config.name, dones,
+                          "" if dones == 1 else "s", node)  # fmt: skip
+                continue
             what = []
             if claims:
                 what.append(f"{claims} it held and may have handed over already, to hand over again (their "
@@ -1125,7 +1157,7 @@ class MailboxWatcher:
                 message,
                 answer,
                 duration=duration,
-                acknowledged=action,
+                acknowledgement=action,
                 recovered_from=recovered_from,
                 repeated_by_takeover=repeated,
             )
@@ -1284,8 +1316,10 @@ class MailboxWatcher:
         outcome = await self._at_source(session, uids, "acknowledge", act, _DONE_FLAG)
         if outcome != "refused":  # acknowledged, or flagged so that no search finds it again
             prefix = f"{self._arbiter_prefix}{session.uidvalidity}:"
-            for uid in uids:
-                self._unacked.pop(f"{prefix}{uid}", None)
+            keys = [f"{prefix}{uid}" for uid in uids]
+            for key in keys:
+                self._unacked.pop(key, None)
+            self._arbiter.acknowledged(keys)
         if outcome != "done":
             return False
         self._acknowledged = True

@@ -18,6 +18,7 @@ from pigeon.config.schema import Config, InboundRouteConfig
 from pigeon.inbound import targets
 from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
 from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
+from pigeon.inbound.marks import marks_path
 from pigeon.inbound.notes import Notes, RedisNotes
 from pigeon.inbound.targets import Target
 from pigeon.logs.writer import LogWriter
@@ -32,11 +33,18 @@ class Inbound:
         self.config = config
         redis_url = config.redis.url
         self.targets: dict[str, Target] = {t.name: targets.build(t, redis_url) for t in config.target}
-        self.arbiter: Arbiter = (
-            RedisArbiter(redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout, node=config.node.name)
-            if redis_url is not None
-            else LocalArbiter()
-        )
+        self.arbiter: Arbiter
+        if redis_url is not None:
+            self.arbiter = RedisArbiter(
+                redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout, node=config.node.name
+            )
+        elif watch and config.mailbox:
+            # Done marks outlive the process in the spool, as they would in Redis: the next
+            # start acknowledges what this one handed over and could not acknowledge. One
+            # writer: only this worker watches mailboxes.
+            self.arbiter = LocalArbiter(marks_path(config.spool.path), node=config.node.name)
+        else:
+            self.arbiter = LocalArbiter()
         self.notes: Notes = (
             RedisNotes(redis_url, prefix=config.redis.key_prefix, timeout=config.redis.timeout)
             if redis_url is not None and watch and config.mailbox
