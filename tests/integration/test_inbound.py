@@ -63,7 +63,7 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
     stamp, mac = (part.split("=", 1)[1] for part in headers["X-Pigeon-Signature"].split(","))
     assert mac == hmac.new(b"k3y", f"{stamp}.".encode() + app.bodies[key], hashlib.sha256).hexdigest()
     record = next(r for r in records if r["dedupe_key"] == key)
-    assert record["acknowledgement"] == "seen"
+    assert record["acknowledged"] == "seen"
     assert {r["attempt"] for r in records} == {1}  # written on a first attempt too, as documented
     assert record["mailbox"].startswith("app@127.0.0.1:")
     assert record["uid"] >= 1 and record["uidvalidity"] > 0

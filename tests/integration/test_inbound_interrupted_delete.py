@@ -30,7 +30,7 @@ def test_a_message_left_flagged_deleted_by_a_killed_node_is_expunged_by_the_next
             assert relay.held.wait(20), first.stderr()  # flagged \Deleted; its EXPUNGE kept from the server
             first.kill()
             (record,) = first.records("InboundDelivery")
-        assert record["acknowledgement"] == "deleted" and record["uid"] == mine
+        assert record["acknowledged"] == "deleted" and record["uid"] == mine
         assert "\\Deleted" in dovecot.flags("app", mine)  # what the tester found, there for good
         assert app.wait_distinct(1, 5) == 1
 

@@ -97,7 +97,7 @@ def _each_recorded_as_handed_over_then_as_recovered(
     assert sorted(r["dedupe_key"] for r in recovered) == sorted(first)
     assert not [r for r in records if "acknowledged" in r]
     wanted = {"move": "moved to Processed", "delete": "deleted"}.get(after_delivery, "seen")
-    assert {r["acknowledgement"] for r in records} == {wanted}
+    assert {r["acknowledged"] for r in records} == {wanted}
     assert all(r["detail"].startswith("recovered: handed over by node test-node") for r in recovered)
 
 

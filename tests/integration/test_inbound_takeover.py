@@ -71,7 +71,7 @@ def test_a_dead_node_s_claim_is_taken_over_at_once_and_its_done_mark_acknowledge
     recovered = by_key[key[handed]]
     assert recovered["detail"].startswith(f"recovered: handed over by node {DEAD}")
     assert recovered["recovered_from"] == DEAD
-    assert (recovered["uid"], recovered["acknowledgement"]) == (uids[1], "seen")
+    assert (recovered["uid"], recovered["acknowledged"]) == (uids[1], "seen")
     assert not by_key[key[fresh]]["detail"].startswith("recovered")
     assert by_key[key[fresh]].get("recovered_from") is None
     assert client.get(claim_key(dovecot, uids[1])).decode().startswith("d:h")  # done, by the live node now

@@ -29,5 +29,5 @@ def test_a_folder_configured_as_entree_recus_is_the_one_selected_and_moved_from(
     assert dovecot.count("app", _DONE) == 3
     assert dovecot.count("app") == 1  # INBOX untouched
     assert _DONE in dovecot.folders("app")  # created under its encoded name, not as UTF-8 bytes
-    assert {r["acknowledgement"] for r in records} == {"moved to Traités"}
+    assert {r["acknowledged"] for r in records} == {"moved to Traités"}
     assert all(r["mailbox"].endswith("/Entrée/Reçus") for r in records)

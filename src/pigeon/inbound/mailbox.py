@@ -1157,7 +1157,7 @@ class MailboxWatcher:
                 message,
                 answer,
                 duration=duration,
-                acknowledgement=action,
+                acknowledged=action,
                 recovered_from=recovered_from,
                 repeated_by_takeover=repeated,
             )

@@ -262,12 +262,12 @@ class Inbound(Record):
 class InboundDelivery(Inbound, tag="InboundDelivery"):
     """The target accepted the message."""
 
-    # What the node asks of the source for the message once this record is written: "seen",
-    # "moved to X", "deleted". Written first, so that no handoff goes unrecorded whenever the
-    # node dies, the record cannot say whether that went through: the node's log says when it
-    # did not. One a node stopped or died before acknowledging is acknowledged by the start (or
-    # node) that finds its done mark, and recorded again then (`recovered_from`).
-    acknowledgement: str = ""
+    # The acknowledgement at the source ("seen", "moved to X", "deleted"), asked for once this
+    # record is written: written first, so that no handoff goes unrecorded whenever the node
+    # dies. One the server did not take (a stop, a lost connection) is done by the start (or
+    # node) that finds the done mark, and recorded again then (`recovered_from`); the node's
+    # log says when it did not go through.
+    acknowledged: str = ""
     # Set when this node writes the record on behalf of another: the node (its arbitration
     # token) that handed the message over and died before acknowledging it. Such a record
     # can be the second for its dedupe key; the application got the message once.
