@@ -119,6 +119,8 @@ def test_a_refused_token_is_reported_as_a_refused_login(tmp_path: Path) -> None:
         with PigeonProcess(tmp_path / "p", target=[webhook_target(app)], mailbox=[box]) as node:
             error = wait_until(lambda: mailbox_failure(node), 15)
     assert "login as app" in error and "AUTHENTICATIONFAILED" in error, error
+    # What Dovecot's challenge said: the token was refused, not a password.
+    assert 'auth = "xoauth2": the server refused the token (status 401, scope mail); refresh the token' in error, error
 
 
 def _sessions(dovecot: Dovecot, *words: str) -> list[str]:

@@ -39,6 +39,7 @@ from pigeon.config.schema import (
     WebhookTarget,
     decode_hook,
 )
+from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.search import SearchError, excludes_seen
 from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
@@ -570,6 +571,10 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["mailbox", "password"], reason, index)
         if mailbox.password is None and mailbox.password_file is None:
             raise fail(["mailbox", "username"], f"mailbox {mailbox.name!r} needs password or password_file", index)
+        if mailbox.auth == "xoauth2" and mailbox.password is not None and (bad := token_problem(mailbox.password)):
+            # Sent, an empty token is refused as any wrong one; one not ASCII cannot be sent.
+            reason = f'mailbox {mailbox.name!r}: auth = "xoauth2" takes an OAuth2 access token as password, and {bad}'
+            raise fail(["mailbox", "password"], reason, index)
         if mailbox.password is not None and mailbox.password_file is not None:
             # One would be used and the other ignored: which one the operator meant, nobody knows.
             reason = f"mailbox {mailbox.name!r}: give password or password_file, not both"
@@ -1027,6 +1032,23 @@ def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None
         raise fail(keys, f"{directory} cannot be made: {existing} is a file, not a directory")
 
 
+def _check_token_file(name: str, file: Path, fail: Callable[..., ConfigError], index: int) -> None:
+    """An XOAUTH2 mailbox's password_file must hold a token that can be sent (its first line,
+    as each login reads it): an empty one would be sent as a token, one not ASCII cannot be.
+    Whatever keeps it current may change it later; each login checks it again."""
+    try:
+        lines = file.read_text().splitlines()
+    except UnicodeDecodeError:
+        bad: str | None = "the token holds bytes that are not UTF-8 text"
+    except OSError:
+        return  # (the mailbox's login says what it cannot read)
+    else:
+        bad = token_problem(lines[0].strip() if lines else "")
+    if bad is not None:
+        reason = f'mailbox {name!r}: auth = "xoauth2": password_file {file} holds the access token, and {bad}'
+        raise fail(["mailbox", "password_file"], reason, index)
+
+
 def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable: bool = True) -> None:
     """Files the config names must be there now, not at the first connection that needs them.
     `reloadable`: those a reload takes (the TLS pair, routes' CA files) too. A CA file is read
@@ -1058,6 +1080,9 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
         if file is not None and not file.is_file():
             problem = "is a directory" if file.is_dir() else "does not exist"
             raise fail(keys, f"{what} file {file} {problem}", index)
+    for index, mailbox in enumerate(config.mailbox):
+        if mailbox.auth == "xoauth2" and mailbox.password_file is not None:
+            _check_token_file(mailbox.name, mailbox.password_file, fail, index)
     certificate, key = config.smtp.tls_certificate, config.smtp.tls_private_key
     if reloadable and certificate is not None and key is not None:
         try:

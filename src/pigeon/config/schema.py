@@ -837,7 +837,10 @@ class MailboxConfig(_Section, kw_only=True):
     max_message_size: PositiveSize = PositiveSize(50 * 1024 * 1024)
     """Larger messages are treated as permanent failures (not fetched)."""
     timeout: Duration = Duration(60)
-    """Connect and per-command timeout."""
+    """How long the server may stay silent (connecting, in the TLS handshake, or while a command
+    waits for its answer) before the session is given up and opened again. Silence, not the
+    command's length: any byte from the server starts it again, so a FETCH that takes minutes
+    to come over a slow link is waited for while its bytes keep coming."""
     down_after: Duration = Duration(120)
     """/healthz reports the mailbox "down" (and answers 503) once it has been unable to connect,
     search or claim for this long; "degraded" before that."""

@@ -2,32 +2,56 @@
 
 aioimaplib speaks the protocol (and IDLE); this adds implicit TLS or STARTTLS (which
 aioimaplib lists but does not implement), LOGIN or XOAUTH2, UIDVALIDITY from SELECT, parsing
-of UID SEARCH answers, UID FETCH answers read by `imap_responses` (not by aioimaplib),
-acknowledgement by flag, move or delete, and a timeout on every command, so a server that
-stops answering costs one reconnect, not a hung watcher.
+of UID SEARCH answers (ESEARCH too, as IMAP4rev2 servers give them), UID FETCH answers read by
+`imap_responses` (not by aioimaplib), acknowledgement by flag, move or delete, and a timeout on
+every command, so a server that stops answering costs one reconnect, not a hung watcher.
+
+Servers may spell names in any case ("* 1 fetch", "a1 ok", "* capability imap4rev1 idle"):
+responses get their names in capitals (`imap_responses.canonical`) before anything reads them,
+and capabilities are compared in capitals. A server of IMAP4rev2 alone (RFC 9051) is spoken to
+as one of IMAP4rev1 is: the commands Pigeon sends are the same there, its UID SEARCH answers
+come as ESEARCH, and it has IDLE, MOVE and UIDPLUS whether it lists them or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import aioimaplib
 from aioimaplib.aioimaplib import Command, IMAP4ClientProtocol, IncompleteRead, literal_data_re
 
 from pigeon.config.patterns import host_port
 from pigeon.inbound.folders import to_imap
-from pigeon.inbound.imap_responses import FetchData, MalformedResponse, ResponseReader
+from pigeon.inbound.imap_responses import (
+    FetchData,
+    MalformedResponse,
+    ResponseReader,
+    canonical,
+    capability_names,
+    esearch_uids,
+)
+from pigeon.inbound.sasl import refusal, token_problem
 from pigeon.tls import client_context
 
 _log = logging.getLogger(__name__)
 
-_UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]")
-_PUSH: Final = re.compile(rb"\d+ (EXISTS|RECENT)\b")
+_UIDVALIDITY: Final = re.compile(rb"\[UIDVALIDITY (\d+)\]", re.IGNORECASE)
+_PUSH: Final = re.compile(rb"\d+ (EXISTS|RECENT)\b", re.IGNORECASE)
+_VERSIONS: Final = frozenset({"IMAP4REV1", "IMAP4REV2", "IMAP4"})  # aioimaplib's, and RFC 9051's
+# What IMAP4rev2 includes (RFC 9051 E.1), listed or not by a server of IMAP4rev2 alone. Of them
+# Pigeon uses IDLE, MOVE and UIDPLUS (UID EXPUNGE); ESEARCH is how its UID SEARCH is answered.
+_IN_IMAP4REV2: Final = frozenset({
+    "NAMESPACE", "UNSELECT", "UIDPLUS", "ESEARCH", "SEARCHRES", "ENABLE", "IDLE", "SASL-IR", "LIST-EXTENDED",
+    "LIST-STATUS", "MOVE", "LITERAL-", "BINARY", "SPECIAL-USE", "STATUS=SIZE",
+})  # fmt: skip
+# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH: the certificate is for another name
+_NAME_MISMATCH: Final = frozenset({62, 64})
 _BYE: Final = re.compile(rb"\* BYE\b ?", re.IGNORECASE)
 _T = TypeVar("_T")
 
@@ -39,6 +63,20 @@ class ImapError(Exception):
 class CopiedOnly(ImapError):
     """A move without MOVE got as far as the copy: the messages are in the destination, and
     removing them from the folder was refused. Moving them again would copy them again."""
+
+
+class FetchUnusable(ImapError):
+    """The server answered a FETCH, but with nothing Pigeon can use for messages that are in the
+    folder (FETCH responses without a UID, say): fetching them again would get the same."""
+
+
+class ConnectFailed(OSError):
+    """Connecting to the server, or TLS with it, failed: the text names the server, and what to
+    change where a setting can fix it. `errno` is the cause's (a refused connection's
+    ECONNREFUSED: the mailbox knocks for the server's return)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def uid_set(uids: Iterable[int]) -> str:
@@ -69,6 +107,15 @@ class _Link:
         self.gone = gone if gone is not None else asyncio.Event()
         self._reason = ""
         self.client: aioimaplib.IMAP4 | None = None
+        self.server = ""  # "host:port", for errors
+
+    def heard(self) -> tuple[float, int]:
+        """When the server last sent bytes (the loop's clock), and how many it sent in all; -inf
+        and 0 without a connection to tell."""
+        protocol = getattr(self.client, "protocol", None)
+        if not isinstance(protocol, _Protocol):
+            return float("-inf"), 0
+        return protocol.heard, protocol.received
 
     @property
     def reason(self) -> str:
@@ -89,16 +136,32 @@ class _Link:
 
 
 async def _until_lost(waited: Awaitable[_T], link: _Link, limit: float, what: str, server: str = "") -> _T:
-    """What `waited` gives, unless the connection is lost first (ImapError, at once) or
-    `limit` seconds pass (TimeoutError, naming `server` if given). `waited` is cancelled if it
-    does not end."""
+    """What `waited` gives, unless the connection is lost first (ImapError, at once) or the
+    server sends nothing for `limit` seconds (TimeoutError, naming `server`, or the link's).
+    `waited` is cancelled if it does not end.
+
+    `limit` bounds the server's silence, not the command: any byte from the server starts it
+    again. A FETCH of a 20 MB message over a slow link takes minutes, and so does the answer to
+    a STORE sent while it streams (the server answers in order): cut at `limit` in all, such a
+    FETCH was tried again and again, the mailbox stalled for good. A server that stops sending,
+    mid-answer or before it, is still timed out `limit` after its last byte."""
     task = asyncio.ensure_future(waited)
     if link.gone.is_set():
         task.cancel()
         raise ImapError(f"{what}: {link.reason}")
     gone = asyncio.ensure_future(link.gone.wait())
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    _, before = link.heard()
+    done: set[asyncio.Future[Any]] = set()
     try:
-        done, _ = await asyncio.wait({task, gone}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        while not done:
+            heard, _ = link.heard()
+            left = max(sent, heard) + limit - loop.time()
+            if left <= 0:
+                break
+            waits: set[asyncio.Future[Any]] = {task, gone}
+            done, _ = await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not task.done():
@@ -107,7 +170,46 @@ async def _until_lost(waited: Awaitable[_T], link: _Link, limit: float, what: st
         return task.result()
     if link.gone.is_set():
         raise ImapError(f"{what}: {link.reason}")
-    raise TimeoutError(f"{what}: no answer{f' from {server}' if server else ''} within {limit:g}s")
+    server = server or link.server
+    named = f" from {server}" if server else ""
+    _, after = link.heard()
+    if after == before:
+        raise TimeoutError(f"{what}: no answer{named} within {limit:g}s")
+    raise TimeoutError(f"{what}: nothing more{named} for {limit:g}s ({after - before} bytes came since it was sent)")
+
+
+def _carries(item: FetchData, wanted: str) -> bool:
+    """Whether a FETCH response carries `wanted` ("RFC822.SIZE" or "BODY[]")."""
+    return (item.size if wanted == "RFC822.SIZE" else item.body) is not None
+
+
+def _unusable(what: str, uids: Sequence[int], folder: str, collected: Sequence[FetchData], wanted: str) -> str:
+    """Why a FETCH gave nothing of use for `uids`, which are in `folder`: what its responses
+    lacked."""
+    asked = set(uids)
+    without_uid = sum(1 for item in collected if item.uid is None and _carries(item, wanted))
+    without_item = sum(1 for item in collected if item.uid in asked and not _carries(item, wanted))
+    if without_uid:
+        how = f"{without_uid} of its FETCH responses carried {wanted} but no UID, which a UID FETCH must"
+    elif without_item:
+        how = f"{without_item} of its FETCH responses for them carried no {wanted}"
+    else:
+        how = "it sent no FETCH response for them"
+    return (
+        f"{what}: the server answered, but with nothing of use for UIDs {uid_set(uids)}, which are in {folder}: "
+        f"{how}; this server's answers cannot be read"
+    )
+
+
+def _token_refused(step: str, answer: aioimaplib.Response, challenge: bytes | None) -> str:
+    """A refused XOAUTH2 login, said as what it is: the token was refused (it has expired, or
+    lacks the scope), not a password."""
+    said = b" ".join(bytes(line) for line in answer.lines[-1:]).decode("utf-8", "replace")
+    details = refusal(challenge)
+    return (
+        f'{step}: auth = "xoauth2": the server refused the token{f" ({details})" if details else ""}; refresh '
+        f"the token in password_file (the server said: {answer.result} {said})"
+    ).strip()
 
 
 def _check(response: aioimaplib.Response, what: str) -> aioimaplib.Response:
@@ -136,6 +238,8 @@ class ImapSession:
         self.uidvalidity = uidvalidity
         self._timeout = timeout
         self._link = link if link is not None else _Link(gone)
+        if self._link.client is None:
+            self._link.client = client  # (its protocol tells when the server last sent anything)
         self._gone = gone
         self._woken = asyncio.Event()  # set by `wake` while `wait_for_mail` waits
         self._waiting = False
@@ -171,6 +275,9 @@ class ImapSession:
     ) -> ImapSession:
         """Connect, secure, log in, select. Raises `ImapError` or `OSError`/`TimeoutError`."""
         timeout = command_timeout
+        if auth == "xoauth2" and (problem := token_problem(secret)) is not None:
+            # Sent, an empty token would be refused as any wrong one; one not ASCII cannot be sent.
+            raise ImapError(f'login as {username}: auth = "xoauth2": {problem}')
         link = _Link()
 
         def closed(_error: Exception | None) -> None:
@@ -181,6 +288,7 @@ class ImapSession:
         link.client = client
         client.protocol.on_loss = link.lose
         server = host_port(host, port)  # "[::1]:993": an IPv6 address's port told from the address
+        link.server = server
         step = "connect and greeting"  # what a bare timeout is named by: which step the server left waiting
         try:
             await _hello(client, host, port, tls, timeout)
@@ -193,7 +301,10 @@ class ImapSession:
                 login = client.protocol.xoauth2(username, secret)
             else:
                 login = client.protocol.login(username, secret)
-            _check(await _until_lost(login, link, timeout, step, server), step)
+            answer = await _until_lost(login, link, timeout, step, server)
+            if auth == "xoauth2" and answer.result != "OK":
+                raise ImapError(_token_refused(step, answer, client.protocol.challenge))
+            _check(answer, step)
             # Servers may offer more once logged in (Gmail: MOVE, UIDPLUS).
             step = "CAPABILITY"
             await _until_lost(client.protocol.capability(), link, timeout, step, server)
@@ -215,7 +326,9 @@ class ImapSession:
         return cls(client, folder, int(validity.group(1)), timeout, link.gone, link)
 
     def has(self, capability: str) -> bool:
-        return bool(self._client.has_capability(capability))
+        """Whether the server offers `capability` (in any case: "idle" is IDLE). A server of
+        IMAP4rev2 offers what that includes (`_IN_IMAP4REV2`), listed or not."""
+        return capability.upper() in self._client.protocol.capabilities
 
     async def _run(self, command: Awaitable[aioimaplib.Response], what: str) -> aioimaplib.Response:
         """One command: its answer, checked; or ImapError when the connection goes away (or
@@ -223,13 +336,23 @@ class ImapSession:
         return _check(await _until_lost(command, self._link, self._timeout, what), what)
 
     async def search(self, criteria: str) -> list[int]:
-        response = await self._run(self._client.protocol.search(*criteria.split(), charset=None, by_uid=True),
-                                   f"search {criteria}")  # fmt: skip
+        """The UIDs of the messages that match `criteria` (UID SEARCH), from a SEARCH response
+        or, from a server of IMAP4rev2, an ESEARCH one."""
+        protocol = self._client.protocol
+        command = Command("SEARCH", protocol.new_tag(), *criteria.split(), prefix="UID", loop=protocol.loop)
+        response = await self._run(protocol.execute(command), f"search {criteria}")
         uids: list[int] = []
         # aioimaplib hands over "* SEARCH 1 2 3" as b"1 2 3" (or as it came, in some versions);
         # the last line is the tagged completion text.
         for line in response.lines[:-1]:
             words = bytes(line).split()
+            if words and words[0].upper() == b"ESEARCH":
+                try:
+                    found = esearch_uids(bytes(line), command.tag)
+                except MalformedResponse as error:
+                    raise ImapError(f"search {criteria}: {error}") from None
+                uids += found or []
+                continue
             if words and words[0].upper() == b"SEARCH":
                 words = words[1:]
             try:
@@ -257,7 +380,7 @@ class ImapSession:
     async def describe(self, uids: Sequence[int]) -> dict[int, tuple[int, tuple[str, ...]]]:
         """(size, flags) by UID of the messages still there: one FETCH."""
         found: dict[int, tuple[int, tuple[str, ...]]] = {}
-        for item in await self._fetch(uids, "(UID RFC822.SIZE FLAGS)", "fetch sizes"):
+        for item in await self._fetch(uids, "(UID RFC822.SIZE FLAGS)", "fetch sizes", "RFC822.SIZE"):
             if item.uid is not None and item.size is not None:
                 found[item.uid] = (item.size, item.flags or ())
         return found
@@ -267,17 +390,31 @@ class ImapSession:
         so nothing is marked \\Seen. The flags are those at the fetch: what another session
         did to a message before it shows."""
         found: dict[int, tuple[tuple[str, ...], bytes]] = {}
-        for item in await self._fetch(uids, "(UID FLAGS BODY.PEEK[])", "fetch"):
+        for item in await self._fetch(uids, "(UID FLAGS BODY.PEEK[])", "fetch", "BODY[]"):
             if item.uid is not None and item.body is not None:
                 found[item.uid] = (item.flags or (), item.body)
         return found
 
-    async def _fetch(self, uids: Sequence[int], items: str, what: str) -> list[FetchData]:
-        """A UID FETCH's answers, read by `imap_responses` as they come (see `_Protocol`)."""
+    async def _fetch(self, uids: Sequence[int], items: str, what: str, wanted: str) -> list[FetchData]:
+        """A UID FETCH's answers, read by `imap_responses` as they come (see `_Protocol`).
+
+        A message it gave no `wanted` item for ("RFC822.SIZE", "BODY[]") with its UID is looked
+        for: gone from the folder (expunged by another client since the search), it is not
+        there to fetch; still there, the server's answer was of no use (FETCH responses without
+        a UID, say), and `FetchUnusable` says how, rather than the caller finding nothing to
+        hand over, again at every round, and saying nothing."""
         protocol = self._client.protocol
         command = _Fetch(protocol.new_tag(), uid_set(uids), items, loop=protocol.loop)
         await self._run(protocol.execute(command), what)
-        return command.collected
+        collected: list[FetchData] = command.collected
+        asked = set(uids)
+        usable = {item.uid for item in collected if item.uid in asked and _carries(item, wanted)}
+        missing = [uid for uid in uids if uid not in usable]
+        if missing:
+            there = await self.present(missing)
+            if there:
+                raise FetchUnusable(_unusable(what, there, self.folder, collected, wanted))
+        return collected
 
     def _store(self, uids: Sequence[int], flags: str, name: str) -> asyncio.Future[aioimaplib.Response]:
         """UID STORE +FLAGS.SILENT, sent now. aioimaplib holds a command back while another
@@ -445,6 +582,11 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         self._responses = ResponseReader()
         # Told why the connection is over before it closes: a BYE, a broken protocol.
         self.on_loss: Callable[[str], None] | None = None
+        # When the server last sent bytes (the loop's clock), and how many in all: a command
+        # times out when the server has been silent too long, not when it takes long.
+        self.heard = loop.time()
+        self.received = 0
+        self.challenge: bytes | None = None  # the server's XOAUTH2 error challenge, if it sent one
         # Done when the greeting and the CAPABILITY that follows it were answered; failed
         # when the server refused, or went away first. See `_hello`.
         self.greeted: asyncio.Future[None] = loop.create_future()
@@ -479,6 +621,8 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         """Whole responses (`imap_responses`): the FETCH answers to Pigeon's own FETCH
         commands read into the command (`_Fetch.collected`), every other response handed to
         aioimaplib, in order (a tagged answer ends its command before the next is read)."""
+        self.heard = self.loop.time()
+        self.received += len(data)
         reader = self._responses
         try:
             reader.receive_data(data)
@@ -510,7 +654,9 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         """A whole response handled by aioimaplib (its bookkeeping of commands and IDLE). A
         BYE after the greeting (RFC 3501 7.1.5: the server is closing the connection) ends
         the session's waits at once: aioimaplib would pass it to whatever command is under
-        way, or drop it, and nothing more will be answered."""
+        way, or drop it, and nothing more will be answered. Its names come in capitals
+        (`canonical`): aioimaplib matches them so."""
+        response = canonical(response)
         bye = _BYE.match(response)
         if bye is not None and self.state != aioimaplib.aioimaplib.CONNECTED:
             said = response[bye.end() :].rstrip(b"\r\n").decode("utf-8", "replace")
@@ -522,6 +668,35 @@ class _Protocol(IMAP4ClientProtocol):  # type: ignore[misc]
         except IncompleteRead as incomplete_read:  # a response aioimaplib takes for unfinished
             self.current_command = incomplete_read.cmd
             self.incomplete_line = incomplete_read.data
+
+    async def capability(self) -> None:
+        """aioimaplib's CAPABILITY, which took the capabilities as their case came ("idle" was
+        no IDLE) and refused a server of IMAP4rev2 alone ("server not IMAP4 compliant"). In
+        capitals here, with what IMAP4rev2 includes when the server has it."""
+        response = await self.execute(Command("CAPABILITY", self.new_tag(), loop=self.loop))
+        lines = [bytes(line) for line in response.lines]
+        # aioimaplib hands over "* CAPABILITY IMAP4rev1 IDLE" as b"IMAP4rev1 IDLE" (as it came,
+        # in some versions); the last line is the tagged completion text.
+        listed = capability_names(lines[0].removeprefix(b"CAPABILITY")) if len(lines) > 1 else None
+        if not listed:
+            said = lines[-1].decode("utf-8", "replace") if lines else ""
+            raise ImapError(f"CAPABILITY: the server listed none ({response.result} {said})".strip())
+        versions = listed & _VERSIONS
+        if not versions:
+            shown = " ".join(sorted(listed))
+            raise ImapError(f"the server speaks neither IMAP4rev1 nor IMAP4rev2: its capabilities are {shown:.300}")
+        self.capabilities = set(listed | _IN_IMAP4REV2 if "IMAP4REV2" in listed else listed)
+        self.imap_version = "IMAP4REV1" if "IMAP4REV1" in versions else min(versions)
+
+    def _untagged_response(self, line: bytes) -> Command | None:
+        """aioimaplib's, and an ESEARCH response goes to the SEARCH under way (an IMAP4rev2
+        server's answer to it), where aioimaplib gave it to no command."""
+        if line.startswith(b"* ESEARCH") and line[9:10] in (b"", b" ") and self.pending_sync_command is None:
+            search = self.pending_async_commands.get("SEARCH")
+            if search is not None:
+                search.append_to_resp(line[2:])
+                return search
+        return super()._untagged_response(line)
 
     def _handle_responses(
         self, data: bytes, line_handler: Callable[[bytes, Command | None], Command | None],
@@ -568,7 +743,7 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
     except ssl.SSLError as error:
         plain_answer = "WRONG_VERSION_NUMBER" in str(error) or "record layer" in str(error)
         if tls != "implicit" or not plain_answer:
-            raise
+            raise _tls_failed(error, server, tls) from error
         raise ImapError(
             f"TLS handshake with {server} failed ({error.reason or error}): the server answered in plain "
             'text, so this port probably expects tls = "starttls" or "none" (143 is the usual such port) '
@@ -585,6 +760,33 @@ async def _hello(client: aioimaplib.IMAP4, host: str, port: int, tls: str, waite
             f"connected to {server}, but no IMAP greeting within {waited:g}s: if this is an implicit "
             'TLS port (993 is the usual one), set tls = "implicit" in [[mailbox]]'
         ) from None
+    except OSError as error:  # refused, unreachable, a name that does not resolve
+        raise _cannot_connect(error, server) from error
+
+
+def _cannot_connect(error: OSError, server: str) -> ConnectFailed:
+    """`cannot connect to host:port: why`, as a webhook target says it: Python's own text
+    ("[Errno 111] Connect call failed ('127.0.0.1', 993)") names neither the setting nor,
+    for a name's addresses, the name."""
+    if error.errno is not None and error.errno > 0:
+        why = os.strerror(error.errno)  # "Connection refused"
+    else:  # a resolver's error (a negative errno), or each address's ("Multiple exceptions: ...")
+        why = error.strerror or str(error) or type(error).__name__
+    return ConnectFailed(error.errno, f"cannot connect to {server}: {why}")
+
+
+def _tls_failed(error: ssl.SSLError, server: str, tls: str) -> ConnectFailed:
+    """A failed TLS handshake, naming the server and, where a setting can fix it, which."""
+    where = f"TLS to {server} ({tls})"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        said = error.verify_message or error.reason or str(error)
+        if error.verify_code in _NAME_MISMATCH:
+            fix = "set host to a name the certificate is for (or tls_verify = false)"
+        else:
+            fix = "set ca_file to the PEM file of the CA that issued it (or tls_verify = false)"
+        return ConnectFailed(None, f"{where}: certificate not trusted: {said}; {fix}")
+    reason = error.reason.replace("_", " ").lower() if error.reason else str(error)  # "wrong version number"
+    return ConnectFailed(None, f"{where}: handshake failed: {reason}")
 
 
 async def _greeting(client: aioimaplib.IMAP4) -> None:
@@ -626,13 +828,14 @@ def _answer_sasl_errors(client: aioimaplib.IMAP4) -> None:
     """A refused XOAUTH2 token comes back as a `+ <base64 JSON>` challenge, and the server
     says NO only after the client's empty answer (RFC 7628 3.2.3). aioimaplib never sends
     it, so the login would hang until the command timeout and report a timeout, not the
-    refusal. Answer it."""
+    refusal. Answer it, and keep the challenge: it says why (`_token_refused`)."""
     protocol = client.protocol
     original = protocol._continuation
 
     def continuation(line: bytes) -> None:
         pending = protocol.pending_sync_command
         if pending is not None and pending.name == "AUTHENTICATE":
+            protocol.challenge = line  # what the refusal was (`sasl.refusal`): said with the NO
             protocol.transport.write(b"\r\n")
             return
         original(line)
@@ -650,10 +853,13 @@ async def _starttls(
     command = Command("STARTTLS", protocol.new_tag(), loop=protocol.loop)
     _check(await _until_lost(protocol.execute(command), link, timeout, "STARTTLS", server), "starttls")
     loop = asyncio.get_running_loop()
-    transport = await asyncio.wait_for(
-        loop.start_tls(protocol.transport, protocol, context or client_context(verify=True), server_hostname=host),
-        timeout,
-    )
+    try:
+        transport = await asyncio.wait_for(
+            loop.start_tls(protocol.transport, protocol, context or client_context(verify=True), server_hostname=host),
+            timeout,
+        )
+    except ssl.SSLError as error:
+        raise _tls_failed(error, server, "starttls") from error
     protocol.transport = transport
     await _until_lost(protocol.capability(), link, timeout, "CAPABILITY after STARTTLS", server)  # RFC 3501 6.2.1
 

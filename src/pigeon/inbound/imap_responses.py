@@ -6,6 +6,10 @@ the line (RFC 3501 4.3 and 7). Bytes go in with `receive_data` as the socket cut
 `next_response` hands out each response once it is whole (None: more bytes are needed), its
 literals as they came: nothing is escaped or scanned inside them.
 
+`canonical` puts a response's names in capitals (servers may send them in any case),
+`capability_names` reads a CAPABILITY response, and `esearch_uids` the ESEARCH response an
+IMAP4rev2 server answers UID SEARCH with.
+
 `fetch_data` reads a "* n FETCH (...)" response's data items: UID, FLAGS, RFC822.SIZE and the
 body (BODY[], BODY.PEEK[]'s answer, or RFC822), each None when the server did not send it.
 Other items (MODSEQ, Gmail's X-GM-LABELS, ENVELOPE...) are read and left out.
@@ -23,13 +27,16 @@ be one) raises `MalformedResponse`: the caller closes the connection, as on any 
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Final, NamedTuple
 
 _CRLF: Final = b"\r\n"
 _MAX_LITERAL_DIGITS: Final = 18  # "{n}" with more digits is no literal any server sends (an exabyte)
-_FETCH: Final = re.compile(rb"\* (\d+) FETCH \(")
-_FETCH_NAME: Final = re.compile(rb"\* \d+ FETCH\b")  # what aioimaplib would take for one (then give us)
+# Response names, item names and other atoms are case-insensitive (RFC 3501 9, RFC 9051 9):
+# "* 1 fetch (uid 1 ...)" is a FETCH response, and was dropped unread as none.
+_FETCH: Final = re.compile(rb"\* (\d+) FETCH \(", re.IGNORECASE)
+_FETCH_NAME: Final = re.compile(rb"\* \d+ FETCH\b", re.IGNORECASE)  # what aioimaplib would take for one (then give us)
 # One token of a FETCH response's item list, after any spaces: an atom (a number, NIL, a flag
 # such as "\Seen" or "\*", or an item name, whose [section] may hold spaces and parentheses:
 # "BODY[HEADER.FIELDS (FROM)]<0>"), a parenthesis, a quoted string, or a literal's "{n}" (or a
@@ -41,9 +48,9 @@ _TOKEN: Final = re.compile(
 # The usual FETCH response, read by two regular expressions: items whose values are numbers
 # or lists of flags, then the list's end or the body's literal (`_values` reads any other).
 _FLAT_ITEMS: Final = rb"\* (\d+) FETCH \(((?:[A-Z0-9.]+ (?:\d+|\([^()\"{}\[\]\r\n]*\)) ?)*)"
-_FLAT: Final = re.compile(_FLAT_ITEMS + rb"(?:(BODY\[\]|RFC822) \{\d{1,18}\}|\))$")
-_FLAT_AT: Final = re.compile(_FLAT_ITEMS + rb"(?:(BODY\[\]|RFC822) \{(\d{1,18})\}\r\n|\)\r\n)")
-_PAIR: Final = re.compile(rb"([A-Z0-9.]+) (\d+|\([^)]*\))")
+_FLAT: Final = re.compile(_FLAT_ITEMS + rb"(?:(BODY\[\]|RFC822) \{\d{1,18}\}|\))$", re.IGNORECASE)
+_FLAT_AT: Final = re.compile(_FLAT_ITEMS + rb"(?:(BODY\[\]|RFC822) \{(\d{1,18})\}\r\n|\)\r\n)", re.IGNORECASE)
+_PAIR: Final = re.compile(rb"([A-Z0-9.]+) (\d+|\([^)]*\))", re.IGNORECASE)
 _PARTIAL: Final = re.compile(rb"<\d+>$")  # "BODY[]<0>" answers for "BODY[]"
 _ESCAPE: Final = re.compile(rb"\\(.)")
 _BODY_NAMES: Final = frozenset({b"BODY[]", b"BINARY[]", b"RFC822"})  # BODY.PEEK[] is answered as BODY[]
@@ -170,6 +177,106 @@ class ResponseReader:
             return response
 
 
+# The names at the start of a response: a tagged status ("a1 ok"), an untagged response's name
+# ("* ok", "* capability", "* 3 exists"), and after a status its response code's ("[uidvalidity").
+_NAMES: Final = re.compile(rb"(?:\* (?:\d+ )?|[^ \r\n*+]+ )([A-Za-z][A-Za-z0-9.-]*)(?: \[([A-Za-z][A-Za-z0-9.-]*))?")
+_STATUSES: Final = frozenset({b"OK", b"NO", b"BAD", b"BYE", b"PREAUTH"})
+_SEQUENCE_SET: Final = re.compile(rb"[1-9]\d{0,9}(?::[1-9]\d{0,9})?(?:,[1-9]\d{0,9}(?::[1-9]\d{0,9})?)*")
+_ESEARCH_TOKEN: Final = re.compile(rb" *(?:\((?P<list>[^()]*)\)|(?P<atom>[^ ()]+))")
+_CORRELATOR: Final = re.compile(rb'TAG "((?:[^"\\]|\\.)*)"', re.IGNORECASE)
+MAX_SEARCH_UIDS: Final = 10_000_000
+"""UIDs an ESEARCH answer may list (its ranges expanded): a server's "1:4294967295" for a folder of
+five messages is refused rather than made into a list of four billion numbers."""
+
+
+def canonical(response: bytes) -> bytes:
+    """`response` with its names in capitals, the same length: its tagged status or untagged
+    name ("a1 ok done" is "a1 OK done", "* 3 exists" is "* 3 EXISTS"), a status's response code
+    ("* ok [uidvalidity 7]" has "[UIDVALIDITY 7]"), and the capabilities a CAPABILITY response or
+    response code lists. Text, flags and data are left as they came.
+
+    Names are case-insensitive (RFC 3501 9, RFC 9051 9), and aioimaplib (and Pigeon's own
+    matching) compare them in capitals: a server that answered in lower case had its tagged
+    "ok" taken for no answer, and its capabilities for none."""
+    match = _NAMES.match(response)
+    if match is None:
+        return response
+    name = match.group(1).upper()
+    spans = [match.span(1)]
+    line_end = response.find(_CRLF)
+    line_end = len(response) if line_end < 0 else line_end
+    if name == b"CAPABILITY":
+        spans.append((match.end(1), line_end))
+    elif name in _STATUSES and match.group(2) is not None:
+        code = match.group(2).upper()
+        if code == b"CAPABILITY":
+            closing = response.find(b"]", match.end(2), line_end)
+            spans.append((match.start(2), closing if closing >= 0 else line_end))
+        else:
+            spans.append(match.span(2))
+    out = bytearray(response)
+    for start, end in spans:
+        out[start:end] = response[start:end].upper()
+    return bytes(out)
+
+
+def capability_names(words: bytes) -> frozenset[str]:
+    """The capabilities a CAPABILITY response lists (`words`: what follows its name), in capitals:
+    they are case-insensitive ("idle" is IDLE)."""
+    return frozenset(word.upper() for word in words.decode("ascii", "replace").split())
+
+
+def esearch_uids(response: bytes, tag: str) -> list[int] | None:
+    """The UIDs an ESEARCH response lists, sorted (`response` without its "* ": "ESEARCH (TAG
+    "A1") UID ALL 2,10:11" is [2, 10, 11]; one without ALL found none). None when its tag
+    correlator names another command than `tag`. IMAP4rev2 servers answer every SEARCH so
+    (RFC 9051 7.1, RFC 4731). Raises `MalformedResponse`."""
+    words = response.split(b" ", 1)
+    if words[0].upper() != b"ESEARCH":
+        raise MalformedResponse(f"not an ESEARCH response: {response[:80]!r}")
+    rest = words[1] if len(words) > 1 else b""
+    tokens: list[tuple[str, bytes]] = []
+    position = 0
+    while position < len(rest.rstrip(b" ")):
+        token = _ESEARCH_TOKEN.match(rest, position)
+        if token is None or token.end() == position:
+            raise MalformedResponse(f"cannot read an ESEARCH response at {rest[position:][:40]!r}")
+        position = token.end()
+        kind = token.lastgroup or "atom"
+        tokens.append((kind, token.group(kind)))
+    if tokens and tokens[0][0] == "list":
+        correlator = _CORRELATOR.search(tokens.pop(0)[1])
+        if correlator is not None and correlator.group(1).decode("ascii", "replace") != tag:
+            return None
+    if tokens and tokens[0][0] == "atom" and tokens[0][1].upper() == b"UID":
+        tokens.pop(0)
+    if len(tokens) % 2:
+        raise MalformedResponse(f"an ESEARCH result without its value: {response[:80]!r}")
+    found: list[int] = []
+    for (_, name), (kind, value) in zip(tokens[0::2], tokens[1::2], strict=True):
+        if name.upper() != b"ALL":
+            continue  # MIN, MAX, COUNT (asked for with RETURN, which Pigeon does not)
+        if kind != "atom" or not _SEQUENCE_SET.fullmatch(value):
+            raise MalformedResponse(f"an ESEARCH ALL that is no set of UIDs: {value[:40]!r}")
+        found = _expand(value)
+    return found
+
+
+def _expand(sequence_set: bytes) -> list[int]:
+    """ "2,10:11" as [2, 10, 11] (sorted, once each): at most `MAX_SEARCH_UIDS`."""
+    uids: list[int] = []
+    for part in sequence_set.split(b","):
+        low, _, high = part.partition(b":")
+        first, last = sorted((int(low), int(high or low)))
+        if len(uids) + last - first + 1 > MAX_SEARCH_UIDS:
+            raise MalformedResponse(f"an ESEARCH answer of more than {MAX_SEARCH_UIDS} UIDs")
+        uids += range(first, last + 1)
+    # Servers list them in order; a set is made only for one that does not.
+    if any(a >= b for a, b in itertools.pairwise(uids)):
+        uids = sorted(set(uids))
+    return uids
+
+
 def _literal_size(part: bytes) -> int:
     """n when the line part ends with "{n}" (a literal follows), else -1."""
     if not part.endswith(b"}"):
@@ -215,6 +322,7 @@ def _flat_items(number: int, items: bytes, body_name: bytes | None, body: bytes 
     flags: tuple[str, ...] | None = None
     size: int | None = None
     for name, value in _PAIR.findall(items):
+        name = name.upper()
         if name == b"FLAGS":
             flags = tuple(value[1:-1].decode("utf-8", "replace").split())
         elif name == b"UID":

@@ -107,9 +107,10 @@ from pigeon.config.patterns import host_port
 from pigeon.config.schema import MailboxConfig
 from pigeon.inbound.arbitration import BEAT_TTL, Arbiter, ArbitrationUnavailable, Claim, Standing
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
-from pigeon.inbound.imap import CopiedOnly, ImapError, ImapSession, uid_set
+from pigeon.inbound.imap import ConnectFailed, CopiedOnly, ImapError, ImapSession, uid_set
 from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.notes import Note, Notes, NotesUnavailable
+from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.targets.base import Handoff, Prepared, Target, Verdict, not_before
 from pigeon.logs.records import InboundDelivery, InboundFailure
 from pigeon.logs.writer import LogWriter
@@ -271,6 +272,11 @@ class MailboxWatcher:
         # source; None again once that works for every message it refused.
         self.source_error: str | None = None
         self._refusal_said_at = float("-inf")  # monotonic: when the refusal was last logged
+        # Why the last fetch of a batch failed (the server stalled mid-answer, or answered what
+        # cannot be read), and how many in a row did; None again once one works. A session that
+        # searches and claims works, so without it /healthz said "ok" between the failures.
+        self.fetch_error: str | None = None
+        self._fetch_failures = 0
         # Whether messages marked `_DONE_FLAG` or `_FAILED_FLAG` wait for their acknowledgement
         # (None: not known in this session yet, so looked for), and when to try them again.
         self._held_at_source: bool | None = None
@@ -313,10 +319,13 @@ class MailboxWatcher:
             error = error or why
         if trouble is not None:
             status = "down" if time.monotonic() - trouble >= self.config.down_after else "degraded"
-        elif any(e is not None for e in (self.conflict, self.target_error, self.source_error, self.target.problem)):
+        elif any(
+            e is not None
+            for e in (self.conflict, self.fetch_error, self.target_error, self.source_error, self.target.problem)
+        ):
             status = "degraded"
         problem = f"target {self.target.name}: {self.target.problem}" if self.target.problem else None
-        error = error or self.source_error or self.target_error or problem
+        error = error or self.fetch_error or self.source_error or self.target_error or problem
         if trouble is not None and error is None:
             # It has not worked yet since the node started, and nothing failed yet either (a
             # target's problem found at start is a reason, and said): what it is at, not
@@ -488,11 +497,13 @@ class MailboxWatcher:
         # Refused or unreachable: the server (or its host) is down, and its return shows as a
         # port that accepts again (`_pause`).
         self._refused = isinstance(error, OSError) and (
-            error.errno in _UNREACHABLE or str(error).startswith("Multiple exceptions")  # each address of a name
+            error.errno in _UNREACHABLE or "Multiple exceptions" in str(error)  # each address of a name
         )
         if self._trouble_since is None:
             self._trouble_since = time.monotonic()
         text = f"{type(error).__name__}: {redact(str(error))}" if str(error) else type(error).__name__
+        if isinstance(error, ConnectFailed):  # it names the server, and the setting to change
+            text = redact(str(error))
         if text != self.last_error:
             self._problem(text)
             _log.warning("mailbox %s (%s): %s; %s", self.config.name, self.identity, text, then)
@@ -509,6 +520,9 @@ class MailboxWatcher:
         if config.password_file is not None:
             lines = (await asyncio.to_thread(config.password_file.read_text)).splitlines()
             secret = lines[0].strip() if lines else ""
+        if config.auth == "xoauth2" and (problem := token_problem(secret or "")) is not None:
+            where = f"password_file {config.password_file}" if config.password_file is not None else "password"
+            raise ImapError(f'auth = "xoauth2": {problem} ({where}): nothing sent to the server')
         session = await ImapSession.open(
             config.host,
             self.port,
@@ -682,7 +696,7 @@ class MailboxWatcher:
                     self._between_batches.clear()
                     batch, claimed = claimed, []
                     taken += batch
-                    fetched = await self._fetch_batch(session, batch, pending)
+                    fetched = await self._fetching(session, self._fetch_batch(session, batch, pending), batch)
                     fetched.prepared = self._prepare(fetched)
                     if handing is not None:
                         previous, handing = handing, None
@@ -719,6 +733,26 @@ class MailboxWatcher:
         if failed:
             await self._fail_at_source(session, [c.uid for c in failed])
         return worked, waiting
+
+    async def _fetching(self, session: ImapSession, fetch: Awaitable[_Fetched], batch: list[Claim]) -> _Fetched:
+        """`fetch`, whose failure (but by the connection's loss, said as such) keeps the mailbox
+        "degraded", its `error` saying why, until a fetch works: the session's searches and
+        claims work between the failures, and /healthz said "ok" while nothing was fetched."""
+        try:
+            fetched = await fetch
+        except Exception as error:
+            if not session.lost:
+                self._fetch_failures += 1
+                times = f" ({self._fetch_failures} fetches failed in a row)" if self._fetch_failures > 1 else ""
+                uids = uid_set(c.uid for c in batch)
+                self.fetch_error = redact(f"cannot fetch UIDs {uids}: {type(error).__name__}: {error}{times}")
+            raise
+        if self.fetch_error is not None:
+            _log.warning("mailbox %s: fetching works again", self.config.name)
+            self.fetch_error = None
+            self._maybe_resolved()
+        self._fetch_failures = 0
+        return fetched
 
     def _share(self, unclaimed: int) -> int:
         """How many of `unclaimed` messages (not known to be held elsewhere) the next batch
@@ -1518,7 +1552,8 @@ class MailboxWatcher:
     def _maybe_resolved(self) -> None:
         """The mailbox works again from here: the note this node wrote says so, unless
         another node's note replaced it."""
-        if self._noted is None or any(e is not None for e in (self.last_error, self.target_error, self.source_error)):
+        problems = (self.last_error, self.fetch_error, self.target_error, self.source_error)
+        if self._noted is None or any(e is not None for e in problems):
             return
         note, self._noted = self._noted, None
         if self._note_pending == ("write", note):  # never written (Redis away): written resolved

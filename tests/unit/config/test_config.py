@@ -721,6 +721,48 @@ def test_a_missing_password_file_is_named(tmp_path: Path) -> None:
     assert "[[mailbox]] #1 password_file: mailbox 'support': password file" in error_of(tmp_path, text)
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"", "the token is empty"),
+        (b"\nthe first line is the token\n", "the token is empty"),
+        ("ya29.tökén\n".encode(), "the token holds a character that is not ASCII (at position 7 of 10)"),
+        (b"ya29.\xff\n", "the token holds bytes that are not UTF-8 text"),
+    ],
+    ids=["empty", "empty-first-line", "not-ascii", "not-utf-8"],
+)
+def test_an_xoauth2_token_file_whose_token_cannot_be_sent_is_refused_at_load(
+    tmp_path: Path, content: bytes, said: str
+) -> None:
+    # Found from outside: an empty token file was sent as an empty token (refused as a wrong
+    # one), and a token with a character that is not ASCII raised a bare UnicodeEncodeError.
+    (tmp_path / "token").write_bytes(content)
+    text = INBOUND.replace('password = "secret"', 'auth = "xoauth2"\npassword_file = "token"')
+    expected = (
+        f"[[mailbox]] #1 password_file: mailbox 'support': auth = \"xoauth2\": password_file {tmp_path / 'token'} "
+        f"holds the access token, and {said}"
+    )
+    assert expected in error_of(tmp_path, text)
+    (tmp_path / "token").write_bytes(content)
+    assert load(
+        write(tmp_path, text.replace('auth = "xoauth2"', 'auth = "login"'))
+    ).mailbox  # a password may be anything
+
+
+@pytest.mark.parametrize(
+    ("password", "said"),
+    [("", "the token is empty"), ("tök", "the token holds a character that is not ASCII (at position 2 of 3)")],
+)
+def test_an_xoauth2_token_in_password_that_cannot_be_sent_is_refused_at_load(
+    tmp_path: Path, password: str, said: str
+) -> None:
+    text = INBOUND.replace('password = "secret"', f'auth = "xoauth2"\npassword = "{password}"')
+    said_first = (
+        "[[mailbox]] #1 password: mailbox 'support': auth = \"xoauth2\" takes an OAuth2 access token as password"
+    )
+    assert f"{said_first}, and {said}" in error_of(tmp_path, text)
+
+
 # A second mailbox, so that the line named is that of the mailbox at fault, not the first one's.
 OTHER = "\n[[mailbox]]" + INBOUND.split("[[mailbox]]")[1].replace("support", "other").replace("app", "app2")
 

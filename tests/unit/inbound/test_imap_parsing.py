@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import TypeVar
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.inbound.imap import ImapSession, _Protocol
+from pigeon.inbound.imap import FetchUnusable, ImapSession, _Protocol
 
 T = TypeVar("T")
 
@@ -34,13 +36,36 @@ class _Transport:
         return False
 
 
-def _session() -> tuple[ImapSession, _Protocol, _Transport]:
+def _session(timeout: float = 5.0) -> tuple[ImapSession, _Protocol, _Transport]:
     protocol = _Protocol(asyncio.get_running_loop(), None)
     transport = _Transport()
     protocol.connection_made(transport)
     protocol.state = "SELECTED"
     client = SimpleNamespace(protocol=protocol)
-    return ImapSession(client, "INBOX", 1, 5.0, asyncio.Event()), protocol, transport
+    return ImapSession(client, "INBOX", 1, timeout, asyncio.Event()), protocol, transport
+
+
+async def _sent(transport: _Transport, count: int) -> list[bytes]:
+    """The command lines sent, once there are `count` of them."""
+    while len(transport.sent) < count:
+        transport.wrote.clear()
+        await transport.wrote.wait()
+    return transport.sent
+
+
+async def _converse(command: Callable[[ImapSession], Awaitable[T]], replies: Sequence[Callable[[str], bytes]]) -> T:
+    """Run `command` on a fresh session; the server answers each command it sends in turn with
+    `replies[i](tag)`."""
+    session, protocol, transport = _session()
+    task = asyncio.ensure_future(command(session))
+    for count, reply in enumerate(replies, start=1):
+        sent = await asyncio.wait_for(_sent(transport, count), 5)
+        protocol.data_received(reply(sent[count - 1].split(b" ", 1)[0].decode()))
+    return await asyncio.wait_for(task, 5)
+
+
+def _ok(tag: str) -> bytes:
+    return f"{tag} OK done\r\n".encode()
 
 
 async def _answer(
@@ -93,14 +118,16 @@ def _fetch_reply(bodies: dict[int, bytes], changes: int) -> Callable[[str], byte
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 12), st.integers(0, 5), st.lists(st.integers(1, 4000), max_size=40))
+@given(st.integers(1, 12), st.integers(0, 5), st.lists(st.integers(1, 4000), max_size=40))
 def test_fetched_bodies_and_flags_are_the_same_however_the_socket_cuts_the_answer(
     count: int, changes: int, cuts: list[int]
 ) -> None:
+    # (A fetch that finds nothing looks whether the messages are there: a conversation of its
+    # own, below.)
     bodies = _bodies(count)
 
     async def run() -> dict[int, tuple[tuple[str, ...], bytes]]:
-        return await _answer(lambda session: session.fetch(list(bodies) or [1]), _fetch_reply(bodies, changes), cuts)
+        return await _answer(lambda session: session.fetch(list(bodies)), _fetch_reply(bodies, changes), cuts)
 
     flags = [("\\Seen", "$Label") if n % 2 else () for n in range(1, len(bodies) + 1)]
     assert asyncio.run(run()) == {uid: (flag, body) for (uid, body), flag in zip(bodies.items(), flags, strict=True)}
@@ -140,3 +167,124 @@ async def test_an_untagged_response_whose_name_is_not_text_closes_the_connection
     protocol.data_received(b"* \x83\xff 1\r\n")
     assert closed == [True]
     task.cancel()
+
+
+async def test_a_server_that_answers_in_lower_case_is_understood() -> None:
+    # Found from outside: "* 1 fetch (UID 1 RFC822.SIZE 123 FLAGS ())" was dropped unread, so
+    # nothing was ever fetched, and the mailbox searched, asked for sizes and idled for ever,
+    # saying nothing. Names are case-insensitive (RFC 3501 9).
+    found = await _answer(
+        lambda session: session.search("UNSEEN"), lambda tag: f"* search 3 4\r\n{tag} ok done\r\n".encode()
+    )
+    assert found == [3, 4]
+
+    def sizes(tag: str) -> bytes:
+        first = b"* 1 fetch (uid 3 rfc822.size 10 flags ())\r\n"
+        return first + f"* 2 Fetch (Uid 4 Rfc822.Size 20 Flags ($Label))\r\n{tag} ok done\r\n".encode()
+
+    assert await _answer(lambda session: session.describe([3, 4]), sizes) == {3: (10, ()), 4: (20, ("$Label",))}
+
+    def bodies(tag: str) -> bytes:
+        return f"* 1 fetch (uid 3 flags (\\Seen) body[] {{5}}\r\nhello)\r\n{tag} ok done\r\n".encode()
+
+    assert await _answer(lambda session: session.fetch([3]), bodies) == {3: (("\\Seen",), b"hello")}
+
+
+async def test_an_imap4rev2_search_answer_comes_as_esearch() -> None:
+    def reply(tag: str) -> bytes:
+        other = b'* ESEARCH (TAG "X9") UID ALL 100\r\n'  # another command's, were there one
+        return other + f'* ESEARCH (TAG "{tag}") UID ALL 3:5,9\r\n{tag} OK done\r\n'.encode()
+
+    assert await _answer(lambda session: session.search("UNSEEN"), reply) == [3, 4, 5, 9]
+    nothing = await _answer(
+        lambda session: session.search("UNSEEN"),
+        lambda tag: f'* esearch (tag "{tag}") uid\r\n{tag} OK done\r\n'.encode(),
+    )
+    assert nothing == []
+
+
+async def test_a_fetch_answer_without_uids_for_messages_still_there_says_so() -> None:
+    # A body FETCH response without its UID cannot be told apart from another session's flag
+    # change: dropped, it left the mailbox claiming and fetching the same messages for ever.
+    def bodies(tag: str) -> bytes:
+        return f"* 1 FETCH (FLAGS () BODY[] {{5}}\r\nhello)\r\n{tag} OK done\r\n".encode()
+
+    def still_there(tag: str) -> bytes:
+        return f"* SEARCH 3\r\n{tag} OK done\r\n".encode()
+
+    with pytest.raises(FetchUnusable) as raised:
+        await _converse(lambda session: session.fetch([3]), [bodies, _ok, still_there])
+    assert str(raised.value) == (
+        "fetch: the server answered, but with nothing of use for UIDs 3, which are in INBOX: 1 of its FETCH "
+        "responses carried BODY[] but no UID, which a UID FETCH must; this server's answers cannot be read"
+    )
+    with pytest.raises(FetchUnusable, match="UIDs 3:4, which are in INBOX: it sent no FETCH response for them"):
+        await _converse(
+            lambda session: session.describe([3, 4]),
+            [_ok, _ok, lambda tag: f"* SEARCH 3 4\r\n{tag} OK done\r\n".encode()],
+        )
+
+
+async def test_a_fetch_of_messages_gone_meanwhile_finds_nothing_and_says_nothing() -> None:
+    # Expunged by another client since the search: looked for (NOOP, then UID SEARCH), not there.
+    def one_of_two(tag: str) -> bytes:
+        return f"* 1 FETCH (UID 3 FLAGS () BODY[] {{2}}\r\nhi)\r\n{tag} OK done\r\n".encode()
+
+    assert await _converse(lambda session: session.fetch([3, 4]), [one_of_two, _ok, _ok]) == {3: ((), b"hi")}
+    assert await _converse(lambda session: session.fetch([4]), [_ok, _ok, _ok]) == {}
+
+
+async def _trickled(
+    command: Callable[[ImapSession], Awaitable[T]], pieces: Sequence[bytes | Callable[[str], bytes]], pause: float
+) -> T:
+    """Run `command` on a session with a 0.3 s timeout; the server sends `pieces` (a callable is
+    given the command's tag), `pause` seconds apart."""
+    session, protocol, transport = _session(timeout=0.3)
+    task = asyncio.ensure_future(command(session))
+    sent = await asyncio.wait_for(_sent(transport, 1), 5)
+    tag = sent[0].split(b" ", 1)[0].decode()
+    for piece in pieces:
+        await asyncio.sleep(pause)
+        protocol.data_received(piece(tag) if callable(piece) else piece)
+    return await asyncio.wait_for(task, 10)
+
+
+async def test_an_answer_still_coming_is_waited_for_however_long_it_takes() -> None:
+    # Found from outside: the timeout bounded the whole FETCH, so a 20 MB message over a slow
+    # link (longer than `timeout` to come) was cut off at every try: never fetched, and the
+    # mailbox stalled. Bytes that keep coming are an answer under way.
+    body = bytes(range(256)) * 40
+    head = b"* 1 FETCH (UID 3 FLAGS () BODY[] {%d}\r\n" % len(body)
+    pieces: list[bytes | Callable[[str], bytes]] = [head] + [body[i : i + 512] for i in range(0, len(body), 512)]
+    started = time.monotonic()
+    fetched = await _trickled(lambda session: session.fetch([3]), [*pieces, b")\r\n", _ok], 0.1)
+    assert fetched == {3: ((), body)}
+    assert time.monotonic() - started > 2  # ... well past the 0.3 s timeout
+
+
+async def test_an_answer_that_stops_coming_times_out_after_the_timeout_of_silence() -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^fetch: nothing more for 0\.3s \(\d+ bytes came since it was sent\)$"):
+        await _trickled(lambda session: session.fetch([3]), [b"* 1 FETCH (UID 3 BODY[] {99}\r\nhal"] * 4, 0.1)
+    assert 0.6 < time.monotonic() - started < 2
+    with pytest.raises(TimeoutError, match=r"^fetch: no answer within 0\.3s$"):
+        await _trickled(lambda session: session.fetch([3]), [], 0)
+
+
+async def test_a_store_answered_after_a_long_fetch_is_not_timed_out() -> None:
+    # An acknowledgement (STORE) sent while the next batch's FETCH streams is answered after it,
+    # in order: its wait is the FETCH's, however long.
+    session, protocol, transport = _session(timeout=0.3)
+    fetching = asyncio.ensure_future(session.fetch([3]))
+    flagging = asyncio.ensure_future(session.flag([2], "\\Seen"))
+    fetch_line, store_line = await asyncio.wait_for(_sent(transport, 2), 5)
+    assert b"UID STORE" in store_line
+    fetch_tag, store_tag = (line.split(b" ", 1)[0] for line in (fetch_line, store_line))
+    body = b"x" * 2000
+    protocol.data_received(b"* 1 FETCH (UID 3 FLAGS () BODY[] {%d}\r\n" % len(body))
+    for start in range(0, len(body), 200):
+        await asyncio.sleep(0.1)
+        protocol.data_received(body[start : start + 200])
+    protocol.data_received(b")\r\n" + fetch_tag + b" OK done\r\n" + store_tag + b" OK done\r\n")
+    assert await asyncio.wait_for(fetching, 5) == {3: ((), body)}
+    await asyncio.wait_for(flagging, 5)

@@ -4,12 +4,22 @@ cuts them; and a server's broken FETCH is `MalformedResponse`, never another exc
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.inbound.imap_responses import FetchData, MalformedResponse, Response, ResponseReader, fetch_data
+from pigeon.inbound.imap_responses import (
+    MAX_SEARCH_UIDS,
+    FetchData,
+    MalformedResponse,
+    Response,
+    ResponseReader,
+    canonical,
+    esearch_uids,
+    fetch_data,
+)
 
 # A server's answers as Dovecot, Gmail and others shape them: the usual ones, items in another
 # order, extra items (MODSEQ, labels with quoted strings and literals), sections and partials.
@@ -96,6 +106,128 @@ def test_any_order_of_the_items_reads_the_same(
     data = b"* 9 FETCH (" + b" ".join(parts[name] for name in order) + b")\r\n"
     decoded = tuple(flag.decode() for flag in flags)
     assert _read(data, cuts) == [FetchData(9, uid, decoded, size, body)]
+
+
+_CASES = st.sampled_from([bytes.lower, bytes.upper, bytes.title, bytes.swapcase])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 10**9),
+    st.lists(_FLAG, max_size=4),
+    st.integers(0, 10**7),
+    st.binary(max_size=300),
+    _ITEMS,
+    st.lists(st.integers(1, 400), max_size=6),
+    st.lists(_CASES, min_size=6, max_size=6),
+)
+def test_a_fetch_response_reads_the_same_whatever_the_case_of_its_names(
+    uid: int, flags: list[bytes], size: int, body: bytes, order: list[str], cuts: list[int], cases: list[Any]
+) -> None:
+    # Found from outside: "* 1 fetch (UID 1 RFC822.SIZE 123 FLAGS ())" was dropped unread, and
+    # the mailbox went round for ever (search, sizes, nothing to fetch). Names are
+    # case-insensitive (RFC 3501 9); flags and the body keep theirs.
+    fetch, uid_name, flags_name, size_name, body_name, modseq = (
+        case(name)
+        for case, name in zip(cases, (b"FETCH", b"UID", b"FLAGS", b"RFC822.SIZE", b"BODY[]", b"MODSEQ"), strict=True)
+    )
+    parts = {
+        "uid": uid_name + b" %d" % uid,
+        "flags": flags_name + b" (" + b" ".join(flags) + b")",
+        "size": size_name + b" %d" % size,
+        "body": body_name + b" {%d}\r\n" % len(body) + body,
+        "modseq": modseq + b" (12)",
+    }
+    data = b"* 9 " + fetch + b" (" + b" ".join(parts[name] for name in order) + b")\r\n"
+    decoded = tuple(flag.decode() for flag in flags)
+    assert _read(data, cuts) == [FetchData(9, uid, decoded, size, body)]
+    assert _read(b"* 9 " + fetch + b" (" + uid_name + b" %d)\r\n" % uid, cuts) == [FetchData(9, uid)]
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [
+        (b"a1 ok [read-write] Select completed", b"a1 OK [READ-WRITE] Select completed"),
+        (b"a2 no [authenticationfailed] Bad", b"a2 NO [AUTHENTICATIONFAILED] Bad"),
+        (b"a3 Bad unknown", b"a3 BAD unknown"),
+        (b"* ok [uidvalidity 7] UIDs valid", b"* OK [UIDVALIDITY 7] UIDs valid"),
+        (b"* 3 exists", b"* 3 EXISTS"),
+        (b"* 2 Expunge", b"* 2 EXPUNGE"),
+        (b"* 1 fetch (flags (\\Seen $Label))", b"* 1 FETCH (flags (\\Seen $Label))"),
+        (b"* search 1 2", b"* SEARCH 1 2"),
+        (b'* esearch (tag "a1") uid all 1:2', b'* ESEARCH (tag "a1") uid all 1:2'),
+        (b"* capability imap4rev1 idle auth=xoauth2", b"* CAPABILITY IMAP4REV1 IDLE AUTH=XOAUTH2"),
+        (b"a4 ok [capability imap4rev1 move] Logged in", b"a4 OK [CAPABILITY IMAP4REV1 MOVE] Logged in"),
+        (b"* preauth ready", b"* PREAUTH ready"),
+        (b"* bye closing", b"* BYE closing"),
+        (b"+ idling", b"+ idling"),
+        (b"* flags (\\Answered $Label)", b"* FLAGS (\\Answered $Label)"),
+    ],
+)
+def test_a_response_gets_its_names_in_capitals_and_keeps_its_text(sent: bytes, read: bytes) -> None:
+    # aioimaplib compares them in capitals: a server's "a1 ok" answered nothing it could tell,
+    # its "* capability idle" listed no IDLE.
+    assert canonical(sent + b"\r\n") == read + b"\r\n"
+    assert canonical(sent + b" {3}\r\nabc)\r\n").endswith(b" {3}\r\nabc)\r\n")  # a literal after: untouched
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=120))
+def test_canonical_changes_nothing_but_case_and_says_it_once(response: bytes) -> None:
+    for data in (response, b"* " + response, b"* 1 " + response, b"A1 " + response):
+        read = canonical(data)
+        assert read.lower() == data.lower() and len(read) == len(data)
+        assert canonical(read) == read
+
+
+_RUN = st.tuples(st.integers(1, 2**32 - 1), st.integers(0, 4), st.booleans())  # first UID, more UIDs, "b:a"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_RUN, min_size=1, max_size=30),
+    st.randoms(use_true_random=False),
+    st.sampled_from([b'ESEARCH (TAG "A1") UID', b'esearch (tag "A1") uid', b"ESEARCH UID", b"ESEARCH"]),
+    st.sampled_from([b" ALL ", b" all ", b" MIN 1 ALL ", b" COUNT 9 ALL "]),
+)
+def test_an_esearch_answer_lists_its_uids_however_its_set_is_written(
+    runs: list[tuple[int, int, bool]], shuffle: Any, opening: bytes, result: bytes
+) -> None:
+    # IMAP4rev2 answers UID SEARCH so (RFC 9051 7.3.4): "* ESEARCH (TAG "A1") UID ALL 2,10:11",
+    # its runs in any order, each either way round, overlapping or not.
+    parts, expected = [], set()
+    for first, more, backwards in runs:
+        last = min(first + more, 2**32 - 1)
+        expected |= set(range(first, last + 1))
+        ends = (last, first) if backwards else (first, last)
+        parts.append(b"%d" % first if first == last else b"%d:%d" % ends)
+    shuffle.shuffle(parts)
+    assert esearch_uids(opening + result + b",".join(parts), "A1") == sorted(expected)
+
+
+def test_an_esearch_answer_that_found_nothing_or_is_another_commands() -> None:
+    assert esearch_uids(b'ESEARCH (TAG "A1") UID', "A1") == []
+    assert esearch_uids(b"ESEARCH", "A1") == []
+    assert esearch_uids(b'ESEARCH (TAG "A1") UID COUNT 0', "A1") == []
+    assert esearch_uids(b'ESEARCH (TAG "B7") UID ALL 1:3', "A1") is None
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        b'ESEARCH (TAG "A1") UID ALL',  # ALL without its set
+        b'ESEARCH (TAG "A1") UID ALL 0',  # no UID is 0
+        b'ESEARCH (TAG "A1") UID ALL 1:*',
+        b'ESEARCH (TAG "A1") UID ALL 1,,2',
+        b'ESEARCH (TAG "A1") UID ALL (1)',
+        b'ESEARCH (TAG "A1" UID ALL 1',
+        b"ESEARCH UID ALL 1:%d" % (MAX_SEARCH_UIDS + 1),  # four billion numbers, made of a few bytes
+        b"SEARCH 1 2",
+    ],
+)
+def test_a_broken_esearch_answer_is_malformed(response: bytes) -> None:
+    with pytest.raises(MalformedResponse):
+        esearch_uids(response, "A1")
 
 
 @pytest.mark.parametrize(
