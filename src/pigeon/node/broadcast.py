@@ -13,7 +13,10 @@ pushes its answer to the entry's answer list. The origin knows whom to wait for 
 presence hash (`<prefix>:admin:nodes`: node name, spool id, workers and expiry) every worker
 renews (one name, one node: `pigeon.node.presence`); a node that has not answered by the
 deadline is reported as `pending` (it applies the operation when it gets to it, and its
-progress shows in `GET /api/v1/admin/operations?cluster=1`).
+progress shows in `GET /api/v1/admin/operations?cluster=1`). Right after Redis lost
+its data, the presence hash holds only the nodes that have renewed since: an operation issued
+then waits until every live node has had the time to (`_settled`), and each worker 0 gives back
+the other nodes' presence as it last saw it, so a node killed a moment before is named too.
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
@@ -108,6 +111,26 @@ _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it 
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
 _WATCH_TRIES: Final = 10  # a write's look at the rules in Redis, changed meanwhile by another: again
+# Seconds after Redis lost its data within which every live worker has said it is there again:
+# it renews every `_RENEW` s, between reads that block up to `_BLOCK_MS`, and a margin for a
+# reconnection and a busy machine. An operation issued sooner waits for them (`_settled`).
+_SETTLE: Final = _RENEW + _BLOCK_MS / 1000 + 2.0
+
+# KEYS[1] the admin keys' epoch (a hash: `born`, ms of Redis's clock when a worker or origin first
+# found it missing: this Redis's first use by the cluster, or its first use since it lost its
+# data; `lost`, "1" once one that knew another epoch has asked, so the data was lost). ARGV[1]
+# the epoch the caller knew ('' none). Returns {born, now (ms of Redis's clock), lost}.
+_EPOCH: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local born = redis.call('HGET', KEYS[1], 'born')
+if not born then
+  born = tostring(now)
+  redis.call('HSET', KEYS[1], 'born', born)
+end
+if ARGV[1] ~= '' and ARGV[1] ~= born then redis.call('HSET', KEYS[1], 'lost', '1') end
+return {born, tostring(now), redis.call('HGET', KEYS[1], 'lost') or '0'}
+"""
 
 # apply(method, path, body, operator, issued) -> (HTTP status, JSON answer): one worker's
 # part; `issued` is when the origin appended it (time.time() there).
@@ -149,6 +172,7 @@ class Broadcast:
         self._rules = f"{prefix}:admin:rules"
         self._ended = f"{prefix}:admin:rules:ended"
         self._kept = f"{prefix}:admin:rules:kept"
+        self._epoch_key = f"{prefix}:admin:epoch"
         self._held = held
         self._spool = spool_identity(config.spool.path)
         # Worker 0 watches for another live node of our name (see `pigeon.node.presence`).
@@ -179,6 +203,14 @@ class Broadcast:
             socket_connect_timeout=timeout,
             retry=_reconnect_once(),
         )
+        self._epoch_script = self._redis.register_script(_EPOCH)
+        self._epoch: str | None = None
+        """The admin keys' epoch as this worker found it at its last renewal (None: not yet): another
+        one means Redis lost its data since, presence hash included (`_renew`)."""
+        self._asked_epoch: str | None = None
+        """... and as this process found it when it last issued an operation (`_settled`)."""
+        self._others_present: dict[Any, Any] = {}
+        """Worker 0: the presence hash as it was at its last renewal, given back should Redis lose it."""
         self._down_since: float | None = None
         self._cursor: str | None = None  # where `consume` starts (`join` may have found it)
         self._synced = False  # whether the rules were taken from Redis since it last failed
@@ -215,6 +247,8 @@ class Broadcast:
         now = time.time() if issued is None else issued
         try:
             expected = await self._present()
+            if not write:
+                now = time.time()  # (after any wait for the nodes: a read older than a few seconds is dropped)
             change = rule_change(method, path, body, operator, now) if write else None
             if write and (operation := operation_of(method, path, body)) is not None:
                 # An operation that makes no rule, under the id of one the cluster holds: refused.
@@ -409,10 +443,11 @@ class Broadcast:
         return None
 
     async def _present(self) -> dict[str, int]:
-        """The other nodes present: node -> its workers (each answers for itself)."""
+        """The other nodes present: node -> its workers (each answers for itself). Right after
+        Redis lost its data, once they have all had the time to say so again (`_settled`)."""
+        nodes: dict[Any, Any] = await self._settled()
         now = time.time()
         present: dict[str, int] = {}
-        nodes: dict[Any, Any] = await self._redis.hgetall(self._nodes)
         for origin, value in nodes.items():
             if origin.decode() == self.origin:
                 continue
@@ -423,6 +458,32 @@ class Broadcast:
                     # Redis was away): every answer is waited for and counted.
                     present[seen["node"]] = present.get(seen["node"], 0) + int(seen["workers"])
         return present
+
+    async def _settled(self) -> dict[Any, Any]:
+        """The presence hash, once it holds every node present: after Redis lost its data it
+        holds only those whose workers have renewed since, and an operation issued then would
+        wait for those alone, leaving the others out of its answer without a word. So until
+        `_SETTLE` after the loss (the admin keys' epoch), an operation waits for every live worker
+        to renew (each worker 0 also gives back the others it saw: `_give_presence_back`).
+
+        Lost, not new: a Redis first used by the cluster looks the same, but every worker that
+        knew the epoch before says the new one is a loss (`lost`), and so does this node's own
+        presence missing (its workers have not renewed since, or it has just started)."""
+        known = self._epoch if self._epoch is not None else self._asked_epoch
+        born, now, lost = await self._epoch_script(keys=[self._epoch_key], args=[known or ""])
+        self._asked_epoch = born = born.decode()
+        nodes: dict[Any, Any] = await self._redis.hgetall(self._nodes)
+        left = (int(born) - int(now)) / 1000 + _SETTLE
+        if left > 0 and (lost == b"1" or self.origin.encode() not in nodes):
+            _log.info(
+                "admin: the nodes' presence in Redis is %.1fs old (Redis lost its data, or the cluster has just "
+                "started): waiting %.1fs for every node to say it is there",
+                _SETTLE - left,
+                left,
+            )
+            await asyncio.sleep(left)
+            nodes = await self._redis.hgetall(self._nodes)
+        return nodes
 
     async def _gather(
         self, op: str, expected: dict[str, int], wait: float
@@ -713,6 +774,10 @@ class Broadcast:
             self._known.discard(change.rule_id)
 
     async def _renew(self) -> None:
+        born, _, _ = await self._epoch_script(keys=[self._epoch_key], args=[self._epoch or ""])
+        if self._epoch is not None and born.decode() != self._epoch:
+            await self._give_presence_back()
+        self._epoch = born.decode()
         presence = {
             "node": self.node,
             "spool": self._spool,
@@ -722,7 +787,8 @@ class Broadcast:
         await self._redis.hset(self._nodes, self.origin, json.dumps(presence))
         if self._namesakes is None:
             return
-        renewed = self._namesakes.look(await self._redis.hgetall(self._nodes), time.time())
+        self._others_present = await self._redis.hgetall(self._nodes)
+        renewed = self._namesakes.look(self._others_present, time.time())
         said = self._namesake_said
         if renewed and (said is None or time.monotonic() - said >= _NAMESAKE_EVERY):
             self._namesake_said = time.monotonic()
@@ -733,6 +799,25 @@ class Broadcast:
                 self.node,
                 renewed[0],
             )
+
+    async def _give_presence_back(self) -> None:
+        """Redis lost its data since this worker last renewed: write back the other nodes' presence
+        as it was then, each until it would have run out anyway. An operation issued meanwhile
+        then waits for the nodes that were there, and names those that do not answer, rather than
+        leaving out a node that was killed a moment before the loss (its workers say nothing more)."""
+        now = time.time()
+        back = {}
+        for origin, value in self._others_present.items():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                if origin != self.origin.encode() and float(json.loads(value)["expires"]) > now:
+                    back[origin] = value
+        if not back:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for origin, value in back.items():
+                pipe.hsetnx(self._nodes, origin, value)  # (one that renewed meanwhile says more)
+            await pipe.execute()
+        _log.info("admin stream: Redis lost its data: the presence of %d other node(s) given back", len(back))
 
     def _saved_cursor(self) -> str | None:
         with contextlib.suppress(OSError):

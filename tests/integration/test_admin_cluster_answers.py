@@ -1,0 +1,97 @@
+"""What a cluster operation's answer says to the operator: every node it covers, and those it does not.
+
+Node a runs one worker (its own API is the front), node b two behind a supervisor, as in
+`test_admin_cluster`: each test asks one of them, as `pigeon` does, and reads the answer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.process import PigeonProcess
+from tests.support.services import RedisServer
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+
+ADMIN = "admin-token-0123456789"
+TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
+
+
+@pytest.fixture
+def sink() -> Iterator[ScriptedSink]:
+    with ScriptedSink() as running:
+        yield running
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> Iterator[tuple[PigeonProcess, ...]]:
+    with ExitStack() as stack:
+        nodes = []
+        for name, workers in (("a", 1), ("b", 2)):
+            node = PigeonProcess(
+                tmp_path / name,
+                node={"name": name, "workers": workers},
+                http={"token": TOKENS},
+                redis={"url": redis_server.url, "timeout": "1s"},
+                **delivery_config(sink.endpoint, retry_interval="1h"),
+            )
+            nodes.append(stack.enter_context(node))
+        yield tuple(nodes)
+
+
+def _api(node: PigeonProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    return node.http_call(method, path, body, ADMIN)
+
+
+def _defer(node: PigeonProcess, count: int, domain: str = "example.net") -> None:
+    """`count` messages the sink defers (retried in an hour): they stay queued on `node`."""
+    before = len({r["id"] for r in node.records("TransientFailure")})
+    for n in range(count):
+        status, answer = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "sender@example.org",
+                "content": f"From: a@example.org\r\nSubject: {n}\r\n\r\nhello\r\n",
+                "recipients": [{"email": f"tempfail@{domain}"}],
+            },
+            node.local_token,
+        )
+        assert status == 200, answer
+    wait_until(lambda: len({r["id"] for r in node.records("TransientFailure")}) >= before + count, 30)
+
+
+def _pigeon(node: PigeonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pigeon", *args, "--url", f"http://127.0.0.1:{node.http_port}", "--token", ADMIN],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("asked", ["a", "b"])
+def test_an_operation_right_after_redis_lost_its_data_covers_every_node_not_only_those_back_first(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer, asked: str
+) -> None:
+    # An outside tester: 0.5 s after Redis came back empty, a retry said "nodes: c (done)" and
+    # 30 messages of 90, exit 0: the nodes had not said they were there yet, and were left out.
+    a, b = cluster
+    _defer(a, 2)
+    _defer(b, 3)
+    node = a if asked == "a" else b
+    redis_server.kill()  # kill -9, no persistence: every key is gone
+    redis_server.start()
+    status, answer = _api(node, "POST", "/api/v1/admin/retry", {"domain": "example.net"})
+    assert (status, answer["made_due"]) == (200, 5), answer
+    assert answer["cluster"] == {"nodes": {"a": "done", "b": "done"}}, answer
+    # (Tried again, and deferred again: queued as before.)
+    wait_until(lambda: len(a.records("TransientFailure")) >= 4 and len(b.records("TransientFailure")) >= 6, 30)
+    redis_server.kill()
+    redis_server.start()
+    status, answer = _api(node, "GET", "/api/v1/queues?cluster=1")
+    assert status == 200, answer
+    assert answer["cluster"]["nodes"] == {"a": "done", "b": "done"}, answer
+    assert sum(row["messages"] for row in answer["scheduled"]) == 5, answer
