@@ -5,6 +5,7 @@ Node a runs one worker (its own API is the front), node b two behind a superviso
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -95,3 +96,57 @@ def test_an_operation_right_after_redis_lost_its_data_covers_every_node_not_only
     assert status == 200, answer
     assert answer["cluster"]["nodes"] == {"a": "done", "b": "done"}, answer
     assert sum(row["messages"] for row in answer["scheduled"]) == 5, answer
+
+
+def _kill_just_after_it_renewed(node: PigeonProcess, redis_server: RedisServer) -> None:
+    """kill -9 `node` (every process of it) just after its workers said it is there: the others
+    count it as present for 10 s more, which the tests below need, whatever the machine's pace."""
+    client = redis_server.client()
+
+    def expires() -> float:
+        for value in client.hvals("pigeon:admin:nodes"):
+            seen = json.loads(value)
+            if seen["node"] == node.root.name:
+                return float(seen["expires"])
+        return 0.0
+
+    try:
+        before = wait_until(expires, 15)
+        wait_until(lambda: expires() > before, 15, interval=0.01)
+    finally:
+        client.close()
+    node.kill()
+
+
+def test_an_answer_that_leaves_out_a_node_says_so_and_exits_75(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    # An outside tester: with node c killed, `pigeon bounce` waited 30 s, said "c (pending)" and
+    # exited 0, as for a whole answer; a script could not tell. A read has nothing applied later.
+    a, b = cluster
+    _defer(a, 2)
+    _defer(b, 3)
+    _kill_just_after_it_renewed(b, redis_server)
+    shown = _pigeon(a, "suspend", "--list", "--cluster")
+    assert shown.returncode == 75, shown.stdout + shown.stderr
+    assert "nodes: a (done), b (missing)" in shown.stdout, shown.stdout
+    assert "node b did not answer in time" in shown.stdout and "ask again once it is back" in shown.stdout
+    shown = _pigeon(a, "bounce", "--domain", "example.net")
+    assert shown.returncode == 75, shown.stdout + shown.stderr
+    assert "bounced 2 messages" in shown.stdout and "nodes: a (done), b (pending)" in shown.stdout, shown.stdout
+    assert "a pending node applies it when it comes back" in shown.stdout, shown.stdout
+    b.start()  # and so it does
+    assert len(b.wait_records("AdminBounce", 3, timeout=30)) == 3
+
+
+def test_a_node_killed_just_before_redis_lost_its_data_is_named_missing_not_left_out(
+    cluster: tuple[PigeonProcess, PigeonProcess], redis_server: RedisServer
+) -> None:
+    a, b = cluster
+    _defer(a, 2)
+    _kill_just_after_it_renewed(b, redis_server)
+    redis_server.kill()  # kill -9, no persistence: b's presence is gone with the rest
+    redis_server.start()
+    shown = _pigeon(a, "queue", "summary", "--cluster", "--json")
+    assert shown.returncode == 75, shown.stdout + shown.stderr
+    assert json.loads(shown.stdout)["cluster"]["nodes"] == {"a": "done", "b": "missing"}, shown.stdout

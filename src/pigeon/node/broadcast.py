@@ -11,9 +11,10 @@ Every worker of every node reads the stream (`consume`) and applies each entry a
 appended, through the same code the HTTP API runs (`pigeon.listener.http.admin.perform`), then
 pushes its answer to the entry's answer list. The origin knows whom to wait for from a
 presence hash (`<prefix>:admin:nodes`: node name, spool id, workers and expiry) every worker
-renews (one name, one node: `pigeon.node.presence`); a node that has not answered by the
+renews (one name, one node: `pigeon.node.presence`); a node that has not answered a write by the
 deadline is reported as `pending` (it applies the operation when it gets to it, and its
-progress shows in `GET /api/v1/admin/operations?cluster=1`). Right after Redis lost
+progress shows in `GET /api/v1/admin/operations?cluster=1`), one that has not answered a read as
+`missing` (nothing of it is applied later: its part is not in the answer). Right after Redis lost
 its data, the presence hash holds only the nodes that have renewed since: an operation issued
 then waits until every live node has had the time to (`_settled`), and each worker 0 gives back
 the other nodes' presence as it last saw it, so a node killed a moment before is named too.
@@ -294,7 +295,8 @@ class Broadcast:
             answers += replies
             nodes[node] = "done"
         for node in pending:
-            nodes[node] = "pending"
+            # A write is applied there when the node gets to it; a read's part of it is lost.
+            nodes[node] = "pending" if write else "missing"
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
             merged["cluster"] = {"nodes": nodes}
