@@ -6,6 +6,8 @@ Node a runs one worker (its own API is the front), node b two behind a superviso
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,7 +38,8 @@ def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> It
         for name, workers in (("a", 1), ("b", 2)):
             node = PigeonProcess(
                 tmp_path / name,
-                node={"name": name, "workers": workers},
+                # A worker stopped is killed, and started again, after 3 s without an answer.
+                node={"name": name, "workers": workers, "worker_timeout": "3s"},
                 http={"token": TOKENS},
                 redis={"url": redis_server.url, "timeout": "1s"},
                 **delivery_config(sink.endpoint, retry_interval="1h"),
@@ -150,3 +153,27 @@ def test_a_node_killed_just_before_redis_lost_its_data_is_named_missing_not_left
     shown = _pigeon(a, "queue", "summary", "--cluster", "--json")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert json.loads(shown.stdout)["cluster"]["nodes"] == {"a": "done", "b": "missing"}, shown.stdout
+
+
+def test_a_suspension_made_while_a_worker_of_another_node_restarts_says_it_was_made_and_holds_every_nodes_mail(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    # An outside tester: node a's worker 1 stopped (kill -STOP), `pigeon suspend` on b said
+    # "already suspended until resumed by rule ...; nothing added", though the suspension was
+    # new: a's worker, restarted meanwhile, took it from its node's rules before it read the
+    # request, and answered that it held it already.
+    a, b = cluster
+    _defer(a, 2, "d4.test")
+    _defer(b, 4, "d4.test")
+    stopped = b.shard_owner(1)
+    os.kill(stopped, signal.SIGSTOP)
+    shown = _pigeon(a, "suspend", "--domain", "d4.test", "--reason", "x")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"worker 1 (pid {stopped}) has not answered the supervisor" in b.stderr()
+    first = shown.stdout.splitlines()[0]
+    assert first.startswith("suspended until resumed (rule ") and first.endswith("6 messages held"), shown.stdout
+    assert "nodes: a (done), b (done)" in shown.stdout, shown.stdout
+    # Asked again, every worker of every node holds it already: that is "nothing added".
+    shown = _pigeon(b, "suspend", "--domain", "d4.test", "--reason", "x")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert shown.stdout.startswith("already suspended until resumed by rule "), shown.stdout

@@ -299,6 +299,8 @@ class Broadcast:
             nodes[node] = "pending" if write else "missing"
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
+            if write and "already" in merged:
+                merged["already"] = _already_everywhere(answers)
             merged["cluster"] = {"nodes": nodes}
             if method == "GET" and path.rstrip("/") in _LISTS:
                 merged["cluster"]["held_by"] = _holders({self.node: [(status, answer)], **remote})
@@ -924,6 +926,19 @@ def _end_of(blob: Any) -> float | None:
     with contextlib.suppress(msgspec.DecodeError, TypeError):
         return _RULE.decode(blob).expires if blob is not None else None
     return None
+
+
+def _already_everywhere(answers: list[tuple[int, Any]]) -> bool:
+    """Whether a rule write found its rule in force on every worker of every node that answered
+    (`already`: nothing added anywhere). Not whether one worker did: a worker that took the rule
+    from its node's rules, or from the cluster's, before it read the request (it was restarting,
+    or back from a Redis outage) holds it already, though this very request made it."""
+    said = [
+        answer["already"]
+        for status, answer in answers
+        if status < 400 and isinstance(answer, dict) and "already" in answer
+    ]
+    return bool(said) and all(said)
 
 
 def _holders(answers: dict[str, list[tuple[int, Any]]]) -> dict[str, list[str]]:
