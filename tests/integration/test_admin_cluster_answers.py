@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from tests.support.process import PigeonProcess
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
+from tests.support.tcp_proxy import TcpProxy
 
 ADMIN = "admin-token-0123456789"
 TOKENS = [{"name": "ops", "token": ADMIN, "scopes": ["admin", "read"]}]
@@ -177,3 +179,52 @@ def test_a_suspension_made_while_a_worker_of_another_node_restarts_says_it_was_m
     shown = _pigeon(b, "suspend", "--domain", "d4.test", "--reason", "x")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert shown.stdout.startswith("already suspended until resumed by rule "), shown.stdout
+
+
+def test_a_rule_made_while_redis_was_away_reaches_the_other_nodes_as_that_very_rule_without_an_error(
+    tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer
+) -> None:
+    # An outside tester: a 15 s bounce made on b while Redis was killed, Redis back 5 s later,
+    # and every worker of the other nodes logged an ERROR: they had taken the rule from the
+    # cluster's copy (15 s), then refused b's stream entry of it, its duration cut to what was
+    # left (9 s), as another rule under its id. Here node b reaches Redis through a proxy, back
+    # only once a has sent the rule: b's workers take the cluster's copy, then read the entry.
+    with ExitStack() as stack:
+        proxy = stack.enter_context(TcpProxy(redis_server.port))
+        a, b = (
+            stack.enter_context(
+                PigeonProcess(
+                    tmp_path / name,
+                    node={"name": name, "workers": workers},
+                    http={"token": TOKENS},
+                    redis={"url": url, "timeout": "1s"},
+                    **delivery_config(sink.endpoint, retry_interval="1h"),
+                )
+            )
+            for name, workers, url in (("a", 1, redis_server.url), ("b", 2, proxy.url))
+        )
+        redis_server.kill()
+        shown = _pigeon(a, "bounce", "--domain", "d1.test", "--duration", "15s")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert "applied on this node only for now" in shown.stdout, shown.stdout
+        time.sleep(3)  # what is left of it is 12 s, not 15
+        proxy.cut()
+        redis_server.start()
+        a.wait_stderr("made here while Redis was away, sent to the other nodes now")
+        proxy.restore()
+        b.wait_stderr("admin bounce by ops of domain=d1.test", count=2)  # each worker read the entry
+        rules = []
+        for node in (a, b):
+            status, listed = _api(node, "GET", "/api/v1/admin/bounce")
+            assert status == 200 and len(listed["rules"]) == 1, listed
+            rules.append({key: listed["rules"][0][key] for key in ("id", "created", "expires")})
+        assert rules[0] == rules[1], rules  # one rule: the same start and end everywhere
+        ran_out = [
+            line.split("admin rules: ", 1)[1]
+            for node in (a, b)
+            for line in node.wait_stderr(" ran out at ", timeout=20).splitlines()
+            if " ran out at " in line
+        ]
+        assert len(ran_out) == 2 and ran_out[0] == ran_out[1], ran_out
+        for node in (a, b):
+            assert "refused here" not in node.stderr() and " ERROR " not in node.stderr(), node.root.name

@@ -388,7 +388,7 @@ class Broadcast:
                     # A rule that has run out frees its id: this one, made since, is a new rule.
                     send = (held is None or not held.live(time.time())) and not _ended_after(tombstone, unsent.at)
                 if send:
-                    sent = time.time()  # the entry's time, from which the others count what is left
+                    sent = time.time()
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.xadd(
                         self._stream,
@@ -398,9 +398,15 @@ class Broadcast:
                             "node": self.node,
                             "method": unsent.method,
                             "path": unsent.path,
-                            "body": _what_is_left(unsent.body, change.rule, sent),
+                            "body": unsent.body,
                             "operator": unsent.operator,
-                            "time": repr(sent),  # sent now: not a late operation
+                            # A rule's entry is dated when the rule was made: every node makes it
+                            # from the entry (`rule_change`), and so makes this very rule, its
+                            # start and its end, the one Redis keeps and a node that took that
+                            # copy first holds already, not another under its id (a duration
+                            # counted from now would end it late). An end is dated now.
+                            "time": repr(change.rule.created if change.rule is not None else sent),
+                            "sent": repr(sent),  # sent now: not a late operation
                         },
                         maxlen=_STREAM_LENGTH,
                         approximate=True,
@@ -684,7 +690,12 @@ class Broadcast:
         self._learn(change)
         if origin == self.origin:
             return  # the origin applied it to its workers itself
-        age = time.time() - issued
+        # How late it comes: since it was sent (a rule made while its node was cut off from
+        # Redis is dated when it was made, and sent once Redis answered: `send_unsent`).
+        sent = issued
+        with contextlib.suppress(KeyError, ValueError):
+            sent = float(fields["sent"])
+        age = time.time() - sent
         if age > (_READ_REPLAY if method == "GET" else self._late):
             if method == "GET":
                 return
@@ -902,23 +913,6 @@ def _ended_after(tombstone: Any, when: float) -> bool:
         at = json.loads(tombstone).get("at") if tombstone is not None else None
         return at is not None and float(at) > when
     return False
-
-
-def _what_is_left(body: bytes, rule: Rule | None, sent: float) -> bytes:
-    """The request body of a rule made while Redis was away, its duration cut to what is left
-    of it at `sent` (the entry's time): the other nodes count a duration from the entry's time,
-    and would otherwise hold (or bounce) for the whole of it again, past the end Redis keeps for
-    the rule. Not rounded: `sent` plus it is that end exactly, on every node."""
-    if rule is None or rule.expires is None:
-        return body
-    try:
-        request = json.loads(body)
-    except ValueError:
-        return body
-    if not isinstance(request, dict) or request.get("duration") is None:
-        return body
-    request["duration"] = max(rule.expires - sent, 0.001)
-    return json.dumps(request).encode()
 
 
 def _end_of(blob: Any) -> float | None:
