@@ -47,7 +47,10 @@ A marker key (`<prefix>:admin:rules:kept`, a token), looked at with every presen
 tells: the first worker to find it gone sets it again, with a token of its own, and every
 worker that finds it gone or changed gives back the rules it holds that the cluster held (when
 the worker last looked, or made there since: their stream entries say so, read at once, where
-looks come every 2 s), then takes the cluster's again at its sync. Every worker, not the first
+looks come every 2 s), and the ends it knows of (the tombstones Redis kept when it last took the
+rules, and the ends it read in the stream since: a node stopped before a resume, started after
+the loss, ends its copy rather than hold the suspension again alone; of one rule, the later of
+its making and its end stands), then takes the cluster's again at its sync. Every worker, not the first
 only: a rule made a moment before the loss may be known to some workers and not yet to others,
 and what is given back is all that any of them knew. Only a worker that looked less than
 `_FRESH` ago gives back: one that was away longer (or has just started) may hold a rule ended
@@ -76,6 +79,7 @@ import logging
 import os
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, NamedTuple
 
@@ -112,6 +116,7 @@ _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it 
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
 _WATCH_TRIES: Final = 10  # a write's look at the rules in Redis, changed meanwhile by another: again
+_ENDED_KNOWN: Final = 10_000  # rules ended a worker remembers, to give back (the latest)
 # Seconds after Redis lost its data within which every live worker has said it is there again:
 # it renews every `_RENEW` s, between reads that block up to `_BLOCK_MS`, and a margin for a
 # reconnection and a busy machine. An operation issued sooner waits for them (`_settled`).
@@ -184,6 +189,10 @@ class Broadcast:
         there since, as the stream told it) ..."""
         self._known_at: float | None = None
         """... and when it looked (monotonic): None, never in this process."""
+        self._ended_known: OrderedDict[str, str] = OrderedDict()
+        """The rules ended that Redis kept (id -> its tombstone) when this worker last took them
+        (`sync`), and those ended since, as the stream told it: given back with the rules, so a
+        node that was stopped meanwhile ends its copy of one when it comes back."""
         self._marker: Any = None
         """The marker's value when this worker last looked (None: never): another value means
         Redis lost its data since, and another worker set the marker again."""
@@ -265,7 +274,7 @@ class Broadcast:
             refused = await self._append(op, method, path, body, operator, now, change, ending)
             if refused is not None:
                 return refused
-            self._learn(change)  # (a node of one worker: before it reads its own entry back)
+            self._learn(change, now)  # (a node of one worker: before it reads its own entry back)
         except (RedisError, OSError) as error:
             status, answer = await local()
             change = rule_change(method, path, body, operator, now) if write else None
@@ -422,7 +431,7 @@ class Broadcast:
                         await pipe.execute()
                     except WatchError:
                         continue  # changed meanwhile: looked at again
-                    self._learn(change)
+                    self._learn(change, unsent.at)
             self._unsent.pop(0)
             if send:
                 outcome = "sent to the other nodes now"
@@ -549,9 +558,10 @@ class Broadcast:
         else:
             self._marker = kept
         rules: dict[Any, Any] = await self._redis.hgetall(self._rules)
+        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
         if given:  # (else what this worker knew is kept, for its next look to give back)
             self._remember(rules)
-        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
+            self._ended_known = OrderedDict((rule_id.decode(), value.decode()) for rule_id, value in ended.items())
         now = time.time()
         in_force: list[Rule] = []
         endings: dict[str, str] = {}
@@ -606,17 +616,39 @@ class Broadcast:
         # What it knows may be stale: only a worker that looked lately gives rules back.
         fresh = self._known_at is not None and time.monotonic() - self._known_at <= _FRESH
         async with self._redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(self._ended)  # an end written meanwhile makes this try again
+            # A rule or an end written meanwhile (by another worker giving back) makes this try again.
+            await pipe.watch(self._ended, self._rules)
             ended: dict[Any, Any] = await pipe.hgetall(self._ended)
+            in_redis: dict[Any, Any] = await pipe.hgetall(self._rules)
             now = time.time()
             rules = [
                 rule
                 for rule in (self._held() if fresh else [])
                 if rule.live(now) and rule.id in self._known and rule.id.encode() not in ended
             ]
+            # The ends too: a node stopped before a resume, and started once Redis had forgotten
+            # it, would hold the suspension again, alone. Of one rule, the later word stands: an
+            # end after the rule another worker gave back (it had not read the end) ends it; a
+            # rule made again after the end is left as it is.
+            giving = {rule.id for rule in rules}
+            ends: dict[str, str] = {}
+            superseded: list[str] = []
+            for rule_id, tombstone in self._ended_known.items() if fresh else ():
+                if rule_id.encode() in ended or rule_id in giving or not _ends_later(tombstone, now):
+                    continue
+                back = _decoded(in_redis.get(rule_id.encode()))
+                if back is not None and not _ended_after(tombstone, back.created):
+                    continue
+                if back is not None:
+                    superseded.append(rule_id)
+                ends[rule_id] = tombstone
             pipe.multi()  # type: ignore[no-untyped-call]
             for rule in rules:
                 pipe.hsetnx(self._rules, rule.id, msgspec.json.encode(rule))
+            for rule_id, tombstone in ends.items():
+                pipe.hsetnx(self._ended, rule_id, tombstone)
+            if superseded:
+                pipe.hdel(self._rules, *superseded)
             # Not the first worker back only: each gives back what it knew (one may have read
             # the stream entry of a rule that another had not yet seen), so each finds the
             # marker changed and gives back in turn; HSETNX takes each rule once.
@@ -627,12 +659,19 @@ class Broadcast:
             except WatchError:
                 return False  # the next look tries again
         self._marker = written[-1]
-        given = sum(1 for done in written[:-2] if done)
+        given = sum(1 for done in written[: len(rules)] if done)
         if given:
             _log.warning(
                 "admin rules: Redis held none of the cluster's standing rules (restarted without its data?): "
                 "%d held here given back",
                 given,
+            )
+        ended_back = sum(1 for done in written[len(rules) : len(rules) + len(ends)] if done)
+        if ended_back:
+            _log.warning(
+                "admin rules: Redis had forgotten the rules ended lately: %d ends known here given back "
+                "(a node that comes back ends its copy)",
+                ended_back,
             )
         return True
 
@@ -687,7 +726,7 @@ class Broadcast:
         change = rule_change(method, path, fields.get("body", b""), "", issued) if method != "GET" else None
         # Whichever node made it, and however old: a rule Redis holds is known at once, not
         # at this worker's next look, which a loss of Redis's data may come before.
-        self._learn(change)
+        self._learn(change, issued)
         if origin == self.origin:
             return  # the origin applied it to its workers itself
         # How late it comes: since it was sent (a rule made while its node was cut off from
@@ -778,15 +817,22 @@ class Broadcast:
         self._known = {rule_id.decode() for rule_id in rules}
         self._known_at = time.monotonic()
 
-    def _learn(self, change: RuleChange | None) -> None:
-        """A change to the cluster's rules that Redis took (the stream holds it): a rule made
-        there is one to give back should Redis lose it before this worker next looks."""
+    def _learn(self, change: RuleChange | None, at: float) -> None:
+        """A change to the cluster's rules that Redis took (the stream holds it), made `at`: a
+        rule made there, or ended, is one to give back should Redis lose it before this worker
+        next looks (an end with the tombstone Redis keeps for it, near enough)."""
         if change is None:
             return
+        self._ended_known.pop(change.rule_id, None)
         if change.rule is not None:
             self._known.add(change.rule_id)
-        else:
-            self._known.discard(change.rule_id)
+            return
+        self._known.discard(change.rule_id)
+        # Until the rule would have ended anyway, as far as this worker knows it (it holds it still).
+        until = next((rule.expires for rule in self._held() if rule.id == change.rule_id), None)
+        self._ended_known[change.rule_id] = json.dumps({"kind": change.kind, "until": until, "at": at})
+        while len(self._ended_known) > _ENDED_KNOWN:
+            self._ended_known.popitem(last=False)
 
     async def _renew(self) -> None:
         born, _, _ = await self._epoch_script(keys=[self._epoch_key], args=[self._epoch or ""])
@@ -912,6 +958,14 @@ def _ended_after(tombstone: Any, when: float) -> bool:
     with contextlib.suppress(ValueError, TypeError, AttributeError):
         at = json.loads(tombstone).get("at") if tombstone is not None else None
         return at is not None and float(at) > when
+    return False
+
+
+def _ends_later(tombstone: Any, now: float) -> bool:
+    """Whether a tombstone still says something at `now`: its rule would not have ended by itself."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        until = json.loads(tombstone).get("until")
+        return until is None or float(until) > now
     return False
 
 
