@@ -114,6 +114,35 @@ def test_a_rule_ended_through_another_node_stays_ended_when_its_node_restarts_af
 
 
 @pytest.mark.parametrize("workers", [2, 1])
+def test_a_suspension_resumed_while_its_node_was_stopped_stays_resumed_there_after_redis_lost_its_data(
+    make_node: MakeNode, sink: ScriptedSink, redis_server: RedisServer, workers: int
+) -> None:
+    # An outside tester: node c stopped, a suspension resumed through a, Redis restarted empty,
+    # then c started: c held the suspension again, alone, its mail stuck (`[not held on a, b]`).
+    b = make_node("b", workers)
+    a = make_node("a")
+    rule_id = _make(a, "suspend")
+    _send(b, "other.test", 2)
+    time.sleep(1.0)
+    assert not sink.received, "mail the suspension holds went out"
+    b.stop()
+    status, resumed = _api(a, "DELETE", f"/api/v1/admin/suspend/{rule_id}")
+    assert status == 200 and resumed["cluster"]["nodes"] == {"a": "done"}, resumed
+    redis_server.kill()  # kill -9, no persistence: the resume's tombstone is gone with the rest
+    redis_server.start()
+    client = redis_server.client()
+    try:  # a finds the rules lost, and gives back what it knows (at once, with the marker)
+        wait_until(lambda: client.exists("pigeon:admin:rules:kept"), 15)
+    finally:
+        client.close()
+    b.start()
+    status, listed = _api(b, "GET", "/api/v1/admin/suspend")
+    assert status == 200 and listed["rules"] == [], listed
+    sink.wait_for(2)  # what it held on b goes out
+    assert "admin rules: Redis had forgotten the rules ended lately: 1 ends known here given back" in a.stderr()
+
+
+@pytest.mark.parametrize("workers", [2, 1])
 def test_a_resume_issued_while_redis_was_away_is_sent_to_the_cluster_once_it_answers(
     make_node: MakeNode, sink: ScriptedSink, redis_server: RedisServer, workers: int
 ) -> None:

@@ -13,7 +13,7 @@ import string
 import sys
 from typing import Any, Final
 
-from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, is_partial, printable
+from pigeon.cli.api import TEMPFAIL, ApiClient, add_api_options, fail, identifier, is_partial, printable
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
@@ -303,8 +303,8 @@ def _queue_summary(args: argparse.Namespace) -> int:
         provider = row.get("provider") or "-"
         print(f"{row['path']:{width}} {row['queued']:>8} {row['connections']:>11}  {provider:12} "
               f"{', '.join(effects) or '-'}")  # fmt: skip
-    _show_nodes(answer, args)
-    return fail(status, whole) if status >= 400 else 0
+    left_out = _show_nodes(answer, args)
+    return fail(status, whole) if status >= 400 else _complete(left_out)
 
 
 def _suspended_by(row: dict[str, Any], not_held: dict[str, list[int]]) -> str:
@@ -346,8 +346,8 @@ def _operations(args: argparse.Namespace) -> int:
         counts = f"{row['looked_at']:>10,} {row['acted_on']:>10,} {row.get('after_attempt', 0):>14,}"
         counts += f" {row.get('waited', 0):>7,}"
         print(f"{row['operation']:14} {row['kind']:8} {counts}  {state}")
-    _show_nodes(answer, args)
-    return fail(status, whole) if status >= 400 else 0
+    left_out = _show_nodes(answer, args)
+    return fail(status, whole) if status >= 400 else _complete(left_out)
 
 
 def _age(seconds: float) -> str:
@@ -383,31 +383,61 @@ def _show(args: argparse.Namespace, status: int, answer: Any, text: str, **more:
         return fail(status, answer)
     if args.json:
         print(json.dumps(answer, indent=2))
-        return 0
+        return _complete(_left_out(answer))
     answer = printable(answer)
     rule = answer.get("rule") or {}
     expires = rule.get("expires")
     until = _when(expires) if expires else "resumed"
     print(_COUNTED.format(text, **answer, rule_id=rule.get("id"), until=until, **more))
-    _show_nodes(answer)
-    return 0
+    return _complete(_show_nodes(answer))
 
 
 NOT_A_CLUSTER = "this node only: it has no [redis] url, so there is no cluster to ask"
 
 
-def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> None:
+def _show_nodes(answer: Any, args: argparse.Namespace | None = None) -> dict[str, list[str]]:
     """Which nodes the answer adds up (a cluster's), and what could not be told; for a read
-    asked of the cluster (`args.cluster`), that a node without Redis answered for itself."""
+    asked of the cluster (`args.cluster`), that a node without Redis answered for itself. The
+    nodes it leaves out (`_left_out`), each said with what that means for the operator."""
     cluster = answer.get("cluster") if isinstance(answer, dict) else None
     if not cluster:
         if args is not None and getattr(args, "cluster", False):
             print(f"note: {NOT_A_CLUSTER}")
-        return
+        return {}
     nodes = ", ".join(f"{node} ({state})" for node, state in sorted(cluster.get("nodes", {}).items()))
     print(f"nodes: {nodes}")
     if cluster.get("error"):
         print(f"warning: {cluster['error']}")
+    left_out = _left_out(answer)
+    if left_out.get("pending"):
+        print(f"warning: {_names(left_out['pending'])} did not answer in time, and not counted above: a pending node "
+              "applies it when it comes back (a bounce of what is queued, a retry or a rebind only within [redis] "
+              "late_operations of now; see `pigeon queue operations --cluster`)")  # fmt: skip
+    if left_out.get("missing"):
+        print(f"warning: {_names(left_out['missing'])} did not answer in time (down, or cut off from Redis), and "
+              "not counted above: ask again once it is back")  # fmt: skip
+    return left_out
+
+
+def _left_out(answer: Any) -> dict[str, list[str]]:
+    """The nodes a cluster's answer does not cover, by why: "pending" (a write: they apply it
+    later) and "missing" (a read: their part is not in it)."""
+    cluster = answer.get("cluster") if isinstance(answer, dict) else None
+    left_out: dict[str, list[str]] = {}
+    for node, state in sorted(((cluster or {}).get("nodes") or {}).items()):
+        if state in ("pending", "missing"):
+            left_out.setdefault(state, []).append(node)
+    return left_out
+
+
+def _names(nodes: list[str]) -> str:
+    return ("node " if len(nodes) == 1 else "nodes ") + ", ".join(nodes)
+
+
+def _complete(left_out: dict[str, list[str]]) -> int:
+    """The exit status of an answer shown: 75 (`EX_TEMPFAIL`, as for a node whose workers did not
+    all answer) if it leaves out a node of the cluster, so a script can tell; else 0."""
+    return TEMPFAIL if left_out else 0
 
 
 def _partly(args: argparse.Namespace, status: int, answer: Any) -> bool:
@@ -439,8 +469,8 @@ def _show_rules(args: argparse.Namespace, status: int, answer: Any) -> int:
         lacking += [f"worker {index}" for index in answer.get("not_held", {}).get(rule["id"], [])]
         missing = f"  [not held on {', '.join(lacking)}]" if lacking else ""
         print(f"{rule['id']:{id_width}}  {selector:40} {until:25} by {rule.get('operator', '?')}{via}{reason}{missing}")
-    _show_nodes(answer, args)
-    return fail(status, whole) if status >= 400 else 0
+    left_out = _show_nodes(answer, args)
+    return fail(status, whole) if status >= 400 else _complete(left_out)
 
 
 _UNTIL_ENDED: Final = {"suspend": "until resumed", "bounce": "until cancelled"}

@@ -41,7 +41,8 @@ UNREACHABLE = 3
 TEMPFAIL = 75
 """`EX_TEMPFAIL`: not every worker of the node answered (a partial 503), or a write went
 unanswered (the connection ended mid-request): the node may have carried out part of it. Also
-a node that cannot do it now (429, 5xx: busy, failing, delivery disabled on it)."""
+a node that cannot do it now (429, 5xx: busy, failing, delivery disabled on it), and a cluster's
+answer that leaves out a node (`pending`, `missing`: `pigeon.cli.admin`)."""
 _WRITES_WAIT_ON: Final = ("/api/v1/admin/", "/api/v1/shaping/")
 
 

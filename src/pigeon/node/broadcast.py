@@ -11,9 +11,13 @@ Every worker of every node reads the stream (`consume`) and applies each entry a
 appended, through the same code the HTTP API runs (`pigeon.listener.http.admin.perform`), then
 pushes its answer to the entry's answer list. The origin knows whom to wait for from a
 presence hash (`<prefix>:admin:nodes`: node name, spool id, workers and expiry) every worker
-renews (one name, one node: `pigeon.node.presence`); a node that has not answered by the
+renews (one name, one node: `pigeon.node.presence`); a node that has not answered a write by the
 deadline is reported as `pending` (it applies the operation when it gets to it, and its
-progress shows in `GET /api/v1/admin/operations?cluster=1`).
+progress shows in `GET /api/v1/admin/operations?cluster=1`), one that has not answered a read as
+`missing` (nothing of it is applied later: its part is not in the answer). Right after Redis lost
+its data, the presence hash holds only the nodes that have renewed since: an operation issued
+then waits until every live node has had the time to (`_settled`), and each worker 0 gives back
+the other nodes' presence as it last saw it, so a node killed a moment before is named too.
 
 Why a stream and not pub/sub: a worker that restarts, or loses Redis for a while, reads on
 from where it stopped (its cursor is kept in a file next to its spool), so an operation issued
@@ -43,7 +47,10 @@ A marker key (`<prefix>:admin:rules:kept`, a token), looked at with every presen
 tells: the first worker to find it gone sets it again, with a token of its own, and every
 worker that finds it gone or changed gives back the rules it holds that the cluster held (when
 the worker last looked, or made there since: their stream entries say so, read at once, where
-looks come every 2 s), then takes the cluster's again at its sync. Every worker, not the first
+looks come every 2 s), and the ends it knows of (the tombstones Redis kept when it last took the
+rules, and the ends it read in the stream since: a node stopped before a resume, started after
+the loss, ends its copy rather than hold the suspension again alone; of one rule, the later of
+its making and its end stands), then takes the cluster's again at its sync. Every worker, not the first
 only: a rule made a moment before the loss may be known to some workers and not yet to others,
 and what is given back is all that any of them knew. Only a worker that looked less than
 `_FRESH` ago gives back: one that was away longer (or has just started) may hold a rule ended
@@ -72,6 +79,7 @@ import logging
 import os
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, NamedTuple
 
@@ -108,6 +116,27 @@ _ANSWERS_KEPT: Final = 600  # seconds an answer list lives (the origin reads it 
 _STREAM_LENGTH: Final = 10_000  # entries kept (approximately) in the stream
 _BLOCK_MS: Final = 1000
 _WATCH_TRIES: Final = 10  # a write's look at the rules in Redis, changed meanwhile by another: again
+_ENDED_KNOWN: Final = 10_000  # rules ended a worker remembers, to give back (the latest)
+# Seconds after Redis lost its data within which every live worker has said it is there again:
+# it renews every `_RENEW` s, between reads that block up to `_BLOCK_MS`, and a margin for a
+# reconnection and a busy machine. An operation issued sooner waits for them (`_settled`).
+_SETTLE: Final = _RENEW + _BLOCK_MS / 1000 + 2.0
+
+# KEYS[1] the admin keys' epoch (a hash: `born`, ms of Redis's clock when a worker or origin first
+# found it missing: this Redis's first use by the cluster, or its first use since it lost its
+# data; `lost`, "1" once one that knew another epoch has asked, so the data was lost). ARGV[1]
+# the epoch the caller knew ('' none). Returns {born, now (ms of Redis's clock), lost}.
+_EPOCH: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local born = redis.call('HGET', KEYS[1], 'born')
+if not born then
+  born = tostring(now)
+  redis.call('HSET', KEYS[1], 'born', born)
+end
+if ARGV[1] ~= '' and ARGV[1] ~= born then redis.call('HSET', KEYS[1], 'lost', '1') end
+return {born, tostring(now), redis.call('HGET', KEYS[1], 'lost') or '0'}
+"""
 
 # apply(method, path, body, operator, issued) -> (HTTP status, JSON answer): one worker's
 # part; `issued` is when the origin appended it (time.time() there).
@@ -149,6 +178,7 @@ class Broadcast:
         self._rules = f"{prefix}:admin:rules"
         self._ended = f"{prefix}:admin:rules:ended"
         self._kept = f"{prefix}:admin:rules:kept"
+        self._epoch_key = f"{prefix}:admin:epoch"
         self._held = held
         self._spool = spool_identity(config.spool.path)
         # Worker 0 watches for another live node of our name (see `pigeon.node.presence`).
@@ -159,6 +189,10 @@ class Broadcast:
         there since, as the stream told it) ..."""
         self._known_at: float | None = None
         """... and when it looked (monotonic): None, never in this process."""
+        self._ended_known: OrderedDict[str, str] = OrderedDict()
+        """The rules ended that Redis kept (id -> its tombstone) when this worker last took them
+        (`sync`), and those ended since, as the stream told it: given back with the rules, so a
+        node that was stopped meanwhile ends its copy of one when it comes back."""
         self._marker: Any = None
         """The marker's value when this worker last looked (None: never): another value means
         Redis lost its data since, and another worker set the marker again."""
@@ -179,6 +213,14 @@ class Broadcast:
             socket_connect_timeout=timeout,
             retry=_reconnect_once(),
         )
+        self._epoch_script = self._redis.register_script(_EPOCH)
+        self._epoch: str | None = None
+        """The admin keys' epoch as this worker found it at its last renewal (None: not yet): another
+        one means Redis lost its data since, presence hash included (`_renew`)."""
+        self._asked_epoch: str | None = None
+        """... and as this process found it when it last issued an operation (`_settled`)."""
+        self._others_present: dict[Any, Any] = {}
+        """Worker 0: the presence hash as it was at its last renewal, given back should Redis lose it."""
         self._down_since: float | None = None
         self._cursor: str | None = None  # where `consume` starts (`join` may have found it)
         self._synced = False  # whether the rules were taken from Redis since it last failed
@@ -215,6 +257,8 @@ class Broadcast:
         now = time.time() if issued is None else issued
         try:
             expected = await self._present()
+            if not write:
+                now = time.time()  # (after any wait for the nodes: a read older than a few seconds is dropped)
             change = rule_change(method, path, body, operator, now) if write else None
             if write and (operation := operation_of(method, path, body)) is not None:
                 # An operation that makes no rule, under the id of one the cluster holds: refused.
@@ -230,7 +274,7 @@ class Broadcast:
             refused = await self._append(op, method, path, body, operator, now, change, ending)
             if refused is not None:
                 return refused
-            self._learn(change)  # (a node of one worker: before it reads its own entry back)
+            self._learn(change, now)  # (a node of one worker: before it reads its own entry back)
         except (RedisError, OSError) as error:
             status, answer = await local()
             change = rule_change(method, path, body, operator, now) if write else None
@@ -260,9 +304,12 @@ class Broadcast:
             answers += replies
             nodes[node] = "done"
         for node in pending:
-            nodes[node] = "pending"
+            # A write is applied there when the node gets to it; a read's part of it is lost.
+            nodes[node] = "pending" if write else "missing"
         merged_status, merged = merge(answers)
         if isinstance(merged, dict):
+            if write and "already" in merged:
+                merged["already"] = _already_everywhere(answers)
             merged["cluster"] = {"nodes": nodes}
             if method == "GET" and path.rstrip("/") in _LISTS:
                 merged["cluster"]["held_by"] = _holders({self.node: [(status, answer)], **remote})
@@ -350,7 +397,7 @@ class Broadcast:
                     # A rule that has run out frees its id: this one, made since, is a new rule.
                     send = (held is None or not held.live(time.time())) and not _ended_after(tombstone, unsent.at)
                 if send:
-                    sent = time.time()  # the entry's time, from which the others count what is left
+                    sent = time.time()
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.xadd(
                         self._stream,
@@ -360,9 +407,15 @@ class Broadcast:
                             "node": self.node,
                             "method": unsent.method,
                             "path": unsent.path,
-                            "body": _what_is_left(unsent.body, change.rule, sent),
+                            "body": unsent.body,
                             "operator": unsent.operator,
-                            "time": repr(sent),  # sent now: not a late operation
+                            # A rule's entry is dated when the rule was made: every node makes it
+                            # from the entry (`rule_change`), and so makes this very rule, its
+                            # start and its end, the one Redis keeps and a node that took that
+                            # copy first holds already, not another under its id (a duration
+                            # counted from now would end it late). An end is dated now.
+                            "time": repr(change.rule.created if change.rule is not None else sent),
+                            "sent": repr(sent),  # sent now: not a late operation
                         },
                         maxlen=_STREAM_LENGTH,
                         approximate=True,
@@ -378,7 +431,7 @@ class Broadcast:
                         await pipe.execute()
                     except WatchError:
                         continue  # changed meanwhile: looked at again
-                    self._learn(change)
+                    self._learn(change, unsent.at)
             self._unsent.pop(0)
             if send:
                 outcome = "sent to the other nodes now"
@@ -409,10 +462,11 @@ class Broadcast:
         return None
 
     async def _present(self) -> dict[str, int]:
-        """The other nodes present: node -> its workers (each answers for itself)."""
+        """The other nodes present: node -> its workers (each answers for itself). Right after
+        Redis lost its data, once they have all had the time to say so again (`_settled`)."""
+        nodes: dict[Any, Any] = await self._settled()
         now = time.time()
         present: dict[str, int] = {}
-        nodes: dict[Any, Any] = await self._redis.hgetall(self._nodes)
         for origin, value in nodes.items():
             if origin.decode() == self.origin:
                 continue
@@ -423,6 +477,32 @@ class Broadcast:
                     # Redis was away): every answer is waited for and counted.
                     present[seen["node"]] = present.get(seen["node"], 0) + int(seen["workers"])
         return present
+
+    async def _settled(self) -> dict[Any, Any]:
+        """The presence hash, once it holds every node present: after Redis lost its data it
+        holds only those whose workers have renewed since, and an operation issued then would
+        wait for those alone, leaving the others out of its answer without a word. So until
+        `_SETTLE` after the loss (the admin keys' epoch), an operation waits for every live worker
+        to renew (each worker 0 also gives back the others it saw: `_give_presence_back`).
+
+        Lost, not new: a Redis first used by the cluster looks the same, but every worker that
+        knew the epoch before says the new one is a loss (`lost`), and so does this node's own
+        presence missing (its workers have not renewed since, or it has just started)."""
+        known = self._epoch if self._epoch is not None else self._asked_epoch
+        born, now, lost = await self._epoch_script(keys=[self._epoch_key], args=[known or ""])
+        self._asked_epoch = born = born.decode()
+        nodes: dict[Any, Any] = await self._redis.hgetall(self._nodes)
+        left = (int(born) - int(now)) / 1000 + _SETTLE
+        if left > 0 and (lost == b"1" or self.origin.encode() not in nodes):
+            _log.info(
+                "admin: the nodes' presence in Redis is %.1fs old (Redis lost its data, or the cluster has just "
+                "started): waiting %.1fs for every node to say it is there",
+                _SETTLE - left,
+                left,
+            )
+            await asyncio.sleep(left)
+            nodes = await self._redis.hgetall(self._nodes)
+        return nodes
 
     async def _gather(
         self, op: str, expected: dict[str, int], wait: float
@@ -478,9 +558,10 @@ class Broadcast:
         else:
             self._marker = kept
         rules: dict[Any, Any] = await self._redis.hgetall(self._rules)
+        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
         if given:  # (else what this worker knew is kept, for its next look to give back)
             self._remember(rules)
-        ended: dict[Any, Any] = await self._redis.hgetall(self._ended)
+            self._ended_known = OrderedDict((rule_id.decode(), value.decode()) for rule_id, value in ended.items())
         now = time.time()
         in_force: list[Rule] = []
         endings: dict[str, str] = {}
@@ -535,17 +616,39 @@ class Broadcast:
         # What it knows may be stale: only a worker that looked lately gives rules back.
         fresh = self._known_at is not None and time.monotonic() - self._known_at <= _FRESH
         async with self._redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(self._ended)  # an end written meanwhile makes this try again
+            # A rule or an end written meanwhile (by another worker giving back) makes this try again.
+            await pipe.watch(self._ended, self._rules)
             ended: dict[Any, Any] = await pipe.hgetall(self._ended)
+            in_redis: dict[Any, Any] = await pipe.hgetall(self._rules)
             now = time.time()
             rules = [
                 rule
                 for rule in (self._held() if fresh else [])
                 if rule.live(now) and rule.id in self._known and rule.id.encode() not in ended
             ]
+            # The ends too: a node stopped before a resume, and started once Redis had forgotten
+            # it, would hold the suspension again, alone. Of one rule, the later word stands: an
+            # end after the rule another worker gave back (it had not read the end) ends it; a
+            # rule made again after the end is left as it is.
+            giving = {rule.id for rule in rules}
+            ends: dict[str, str] = {}
+            superseded: list[str] = []
+            for rule_id, tombstone in self._ended_known.items() if fresh else ():
+                if rule_id.encode() in ended or rule_id in giving or not _ends_later(tombstone, now):
+                    continue
+                back = _decoded(in_redis.get(rule_id.encode()))
+                if back is not None and not _ended_after(tombstone, back.created):
+                    continue
+                if back is not None:
+                    superseded.append(rule_id)
+                ends[rule_id] = tombstone
             pipe.multi()  # type: ignore[no-untyped-call]
             for rule in rules:
                 pipe.hsetnx(self._rules, rule.id, msgspec.json.encode(rule))
+            for rule_id, tombstone in ends.items():
+                pipe.hsetnx(self._ended, rule_id, tombstone)
+            if superseded:
+                pipe.hdel(self._rules, *superseded)
             # Not the first worker back only: each gives back what it knew (one may have read
             # the stream entry of a rule that another had not yet seen), so each finds the
             # marker changed and gives back in turn; HSETNX takes each rule once.
@@ -556,12 +659,19 @@ class Broadcast:
             except WatchError:
                 return False  # the next look tries again
         self._marker = written[-1]
-        given = sum(1 for done in written[:-2] if done)
+        given = sum(1 for done in written[: len(rules)] if done)
         if given:
             _log.warning(
                 "admin rules: Redis held none of the cluster's standing rules (restarted without its data?): "
                 "%d held here given back",
                 given,
+            )
+        ended_back = sum(1 for done in written[len(rules) : len(rules) + len(ends)] if done)
+        if ended_back:
+            _log.warning(
+                "admin rules: Redis had forgotten the rules ended lately: %d ends known here given back "
+                "(a node that comes back ends its copy)",
+                ended_back,
             )
         return True
 
@@ -616,10 +726,15 @@ class Broadcast:
         change = rule_change(method, path, fields.get("body", b""), "", issued) if method != "GET" else None
         # Whichever node made it, and however old: a rule Redis holds is known at once, not
         # at this worker's next look, which a loss of Redis's data may come before.
-        self._learn(change)
+        self._learn(change, issued)
         if origin == self.origin:
             return  # the origin applied it to its workers itself
-        age = time.time() - issued
+        # How late it comes: since it was sent (a rule made while its node was cut off from
+        # Redis is dated when it was made, and sent once Redis answered: `send_unsent`).
+        sent = issued
+        with contextlib.suppress(KeyError, ValueError):
+            sent = float(fields["sent"])
+        age = time.time() - sent
         if age > (_READ_REPLAY if method == "GET" else self._late):
             if method == "GET":
                 return
@@ -702,17 +817,28 @@ class Broadcast:
         self._known = {rule_id.decode() for rule_id in rules}
         self._known_at = time.monotonic()
 
-    def _learn(self, change: RuleChange | None) -> None:
-        """A change to the cluster's rules that Redis took (the stream holds it): a rule made
-        there is one to give back should Redis lose it before this worker next looks."""
+    def _learn(self, change: RuleChange | None, at: float) -> None:
+        """A change to the cluster's rules that Redis took (the stream holds it), made `at`: a
+        rule made there, or ended, is one to give back should Redis lose it before this worker
+        next looks (an end with the tombstone Redis keeps for it, near enough)."""
         if change is None:
             return
+        self._ended_known.pop(change.rule_id, None)
         if change.rule is not None:
             self._known.add(change.rule_id)
-        else:
-            self._known.discard(change.rule_id)
+            return
+        self._known.discard(change.rule_id)
+        # Until the rule would have ended anyway, as far as this worker knows it (it holds it still).
+        until = next((rule.expires for rule in self._held() if rule.id == change.rule_id), None)
+        self._ended_known[change.rule_id] = json.dumps({"kind": change.kind, "until": until, "at": at})
+        while len(self._ended_known) > _ENDED_KNOWN:
+            self._ended_known.popitem(last=False)
 
     async def _renew(self) -> None:
+        born, _, _ = await self._epoch_script(keys=[self._epoch_key], args=[self._epoch or ""])
+        if self._epoch is not None and born.decode() != self._epoch:
+            await self._give_presence_back()
+        self._epoch = born.decode()
         presence = {
             "node": self.node,
             "spool": self._spool,
@@ -722,7 +848,8 @@ class Broadcast:
         await self._redis.hset(self._nodes, self.origin, json.dumps(presence))
         if self._namesakes is None:
             return
-        renewed = self._namesakes.look(await self._redis.hgetall(self._nodes), time.time())
+        self._others_present = await self._redis.hgetall(self._nodes)
+        renewed = self._namesakes.look(self._others_present, time.time())
         said = self._namesake_said
         if renewed and (said is None or time.monotonic() - said >= _NAMESAKE_EVERY):
             self._namesake_said = time.monotonic()
@@ -733,6 +860,25 @@ class Broadcast:
                 self.node,
                 renewed[0],
             )
+
+    async def _give_presence_back(self) -> None:
+        """Redis lost its data since this worker last renewed: write back the other nodes' presence
+        as it was then, each until it would have run out anyway. An operation issued meanwhile
+        then waits for the nodes that were there, and names those that do not answer, rather than
+        leaving out a node that was killed a moment before the loss (its workers say nothing more)."""
+        now = time.time()
+        back = {}
+        for origin, value in self._others_present.items():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                if origin != self.origin.encode() and float(json.loads(value)["expires"]) > now:
+                    back[origin] = value
+        if not back:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for origin, value in back.items():
+                pipe.hsetnx(self._nodes, origin, value)  # (one that renewed meanwhile says more)
+            await pipe.execute()
+        _log.info("admin stream: Redis lost its data: the presence of %d other node(s) given back", len(back))
 
     def _saved_cursor(self) -> str | None:
         with contextlib.suppress(OSError):
@@ -815,21 +961,12 @@ def _ended_after(tombstone: Any, when: float) -> bool:
     return False
 
 
-def _what_is_left(body: bytes, rule: Rule | None, sent: float) -> bytes:
-    """The request body of a rule made while Redis was away, its duration cut to what is left
-    of it at `sent` (the entry's time): the other nodes count a duration from the entry's time,
-    and would otherwise hold (or bounce) for the whole of it again, past the end Redis keeps for
-    the rule. Not rounded: `sent` plus it is that end exactly, on every node."""
-    if rule is None or rule.expires is None:
-        return body
-    try:
-        request = json.loads(body)
-    except ValueError:
-        return body
-    if not isinstance(request, dict) or request.get("duration") is None:
-        return body
-    request["duration"] = max(rule.expires - sent, 0.001)
-    return json.dumps(request).encode()
+def _ends_later(tombstone: Any, now: float) -> bool:
+    """Whether a tombstone still says something at `now`: its rule would not have ended by itself."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        until = json.loads(tombstone).get("until")
+        return until is None or float(until) > now
+    return False
 
 
 def _end_of(blob: Any) -> float | None:
@@ -837,6 +974,19 @@ def _end_of(blob: Any) -> float | None:
     with contextlib.suppress(msgspec.DecodeError, TypeError):
         return _RULE.decode(blob).expires if blob is not None else None
     return None
+
+
+def _already_everywhere(answers: list[tuple[int, Any]]) -> bool:
+    """Whether a rule write found its rule in force on every worker of every node that answered
+    (`already`: nothing added anywhere). Not whether one worker did: a worker that took the rule
+    from its node's rules, or from the cluster's, before it read the request (it was restarting,
+    or back from a Redis outage) holds it already, though this very request made it."""
+    said = [
+        answer["already"]
+        for status, answer in answers
+        if status < 400 and isinstance(answer, dict) and "already" in answer
+    ]
+    return bool(said) and all(said)
 
 
 def _holders(answers: dict[str, list[tuple[int, Any]]]) -> dict[str, list[str]]:

@@ -159,18 +159,22 @@ def standing_rule_id(kind: str, selector: Selector) -> str:
 
 
 SAME_DURATION: Final = 1.0
-"""Seconds two durations may differ by and be one: each worker and node counts a rule's end from
+"""Seconds two durations (or two ends) may differ by and be one: each worker and node counts a rule's end from
 its own clock (`created` plus the duration), which rounds the difference."""
 
 
 def same_rule(held: Rule, asked: Rule) -> bool:
     """Whether `asked`, a rule a request makes under `held`'s id, is `held` asked for again: the
-    same kind, the same selector, and both until cancelled or both for the same duration. A
-    client's id is a key for asking again safely, not a name to take from another rule."""
+    same kind, the same selector, and both until cancelled or both for the same duration, or
+    ending at the same moment (a rule sent on by a node of an earlier Pigeon that was cut off
+    from Redis when it was made says what was left of it). A client's id is a key for asking
+    again safely, not a name to take from another rule."""
     if held.kind != asked.kind or held.selector != asked.selector:
         return False
     if held.expires is None or asked.expires is None:
         return held.expires is None and asked.expires is None
+    if abs(held.expires - asked.expires) < SAME_DURATION:
+        return True
     return abs((held.expires - held.created) - (asked.expires - asked.created)) < SAME_DURATION
 
 

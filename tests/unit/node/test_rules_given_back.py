@@ -4,12 +4,15 @@ every rule any worker knew Redis had, not only those the first worker to notice 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from pigeon.config.load import load
+from pigeon.listener.http.admin import RuleChange
 from pigeon.node.broadcast import Broadcast
 from pigeon.queue.rules import Rule, Selector
 from tests.support.services import RedisServer
@@ -56,3 +59,32 @@ async def test_every_worker_gives_back_what_it_knew_not_only_the_first_to_find_t
         client.close()
         await first.close()
         await second.close()
+
+
+@pytest.mark.parametrize("first_back", ["holder", "ender"])
+async def test_a_rule_ended_just_before_the_loss_stays_ended_whichever_worker_gives_back_first(
+    tmp_path: Path, redis_server: RedisServer, first_back: str
+) -> None:
+    """One worker had read the resume of a suspension, another not yet, when Redis lost its data:
+    the end is the later word, whichever of the two gives back first. (Before, only rules were
+    given back: the end was forgotten, and a node stopped before it held the suspension again.)"""
+    rule = _rule("gone")
+    client = redis_server.client()
+    holder = _worker(tmp_path, redis_server, 0, [rule])
+    ender = _worker(tmp_path, redis_server, 1, [])
+    try:
+        client.hset(RULES, rule.id, msgspec.json.encode(rule))
+        client.set(RULES + ":kept", b"1")
+        assert await holder._look() and await ender._look()
+        ender._learn(RuleChange(rule.id, "suspend", None), time.time())  # it read the resume
+        redis_server.kill()
+        redis_server.start()
+        for worker in (holder, ender) if first_back == "holder" else (ender, holder):
+            assert not await worker._look()
+        assert not client.hexists(RULES, rule.id)
+        tombstone = json.loads(client.hget(RULES + ":ended", rule.id) or b"{}")
+        assert tombstone["kind"] == "suspend" and tombstone["at"] > rule.created, tombstone
+    finally:
+        client.close()
+        await holder.close()
+        await ender.close()

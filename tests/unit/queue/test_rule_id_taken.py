@@ -13,7 +13,7 @@ from aiohttp import web
 
 from pigeon.listener.http.admin import perform, refusal_answer
 from pigeon.queue.admin import Admin
-from pigeon.queue.rules import Rule, Selector
+from pigeon.queue.rules import Rule, Selector, same_rule
 from tests.support.queue_world import World
 from tests.unit.conftest import MakeWorld
 
@@ -65,3 +65,12 @@ async def test_a_rule_of_the_cluster_under_a_held_rule_id_is_not_taken_and_is_sa
 async def _added(adopting: Any) -> dict[str, Any]:
     added, _ = await adopting
     return {"added": added}
+
+
+def test_a_rule_that_ends_when_the_rule_held_ends_is_that_rule_whatever_duration_it_says() -> None:
+    # A node of an earlier Pigeon sends a rule made while it was cut off from Redis with what was
+    # left of its duration: every worker that took the cluster's copy first refused it, with an error.
+    held = Rule("x1", "bounce", Selector(domain="e.test"), 1000.0, expires=1900.0)
+    assert same_rule(held, Rule("x1", "bounce", Selector(domain="e.test"), 1300.0, expires=1900.5))
+    assert same_rule(held, Rule("x1", "bounce", Selector(domain="e.test"), 1300.0, expires=2200.0))  # 900 s
+    assert not same_rule(held, Rule("x1", "bounce", Selector(domain="e.test"), 1300.0, expires=2000.0))
