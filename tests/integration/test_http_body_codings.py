@@ -9,6 +9,7 @@ aiohttp dropped) is 501 (RFC 9112 6.1). Through a node's one worker and a superv
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import socket
 import zlib
@@ -112,3 +113,25 @@ def test_a_transfer_coding_other_than_chunked_is_501_and_nothing_is_taken(node: 
     status, _, answer = _post(node, "/api/v1/inject", body, "Transfer-Encoding: chunked")
     assert (status, answer["accepted"]) == (200, 1), answer
     assert len(wait_until(lambda: node.records("Reception"))) == 1
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_a_client_that_sent_a_body_not_coded_as_it_says_gets_its_next_request_answered(
+    node: PigeonProcess, coding: str
+) -> None:
+    # The parser stopped at the bad coding, so the rest of that connection cannot be framed:
+    # the 400 closes it, and a keep-alive client's next request goes on a new one (it waited
+    # for header_timeout, then got a 408, and the injection was lost).
+    connection = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=5)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    connection.request(
+        "POST", "/api/v1/inject", json.dumps(INJECTION).encode(), {**headers, "Content-Encoding": coding}
+    )
+    refused = connection.getresponse()
+    assert refused.status == 400 and json.loads(refused.read())["field"] == "Content-Encoding"
+    connection.request("POST", "/api/v1/inject", json.dumps(INJECTION).encode(), headers)
+    taken = connection.getresponse()
+    assert taken.status == 200, taken.read()
+    assert json.loads(taken.read())["accepted"] == 1
+    connection.close()
+    wait_until(lambda: len(node.records("Reception")) == 1, timeout=10)

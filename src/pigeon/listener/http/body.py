@@ -113,7 +113,11 @@ async def read_body(request: web.Request) -> bytes:
     except (ContentEncodingError, web.RequestPayloadError) as error:
         if not not_decoded(request, error):
             raise
-        raise undecodable(content_coding(request)) from None
+        refusal = undecodable(content_coding(request))
+        # The parser stopped in the middle of the body: what follows on this connection cannot
+        # be framed, and a keep-alive client's next request would wait for header_timeout.
+        refusal.force_close()
+        raise refusal from None
 
 
 def not_decoded(request: web.Request, error: BaseException) -> bool:
