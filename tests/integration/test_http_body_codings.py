@@ -12,6 +12,7 @@ import gzip
 import http.client
 import json
 import socket
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,18 @@ def test_a_client_that_sent_a_body_not_coded_as_it_says_gets_its_next_request_an
     assert json.loads(taken.read())["accepted"] == 1
     connection.close()
     wait_until(lambda: len(node.records("Reception")) == 1, timeout=10)
+
+
+def test_a_client_gone_before_the_end_of_its_body_leaves_no_error_in_the_log(node: PigeonProcess) -> None:
+    head = (
+        "POST /api/v1/inject HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{{"
+    )
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", node.http_port), timeout=5) as connection:
+            connection.sendall(head.encode())
+    status, _, answer = _post(node, "/api/v1/inject", json.dumps(INJECTION).encode())
+    assert status == 200 and answer["accepted"] == 1  # the node serves on
+    time.sleep(0.5)
+    assert "Error handling request" not in node.stderr()
+    assert "ConnectionResetError" not in node.stderr()

@@ -61,6 +61,7 @@ from pigeon.listener.http.body import (
     UNDECODABLE_HEADER,
     coding_refusal,
     declared_too_large,
+    gone,
     not_decoded,
     too_large,
     transfer_codings,
@@ -881,6 +882,8 @@ class Supervisor:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 return await self._too_large(request, max_size)
+            except ConnectionResetError:  # the client went before the end of its body: nobody to answer
+                return gone()
             except (ContentEncodingError, web.RequestPayloadError) as error:
                 if not not_decoded(request, error):
                     raise

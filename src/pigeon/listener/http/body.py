@@ -110,6 +110,8 @@ async def read_body(request: web.Request) -> bytes:
         raise undecodable(content_coding(request))
     try:
         return await request.read()
+    except ConnectionResetError:
+        raise gone() from None
     except (ContentEncodingError, web.RequestPayloadError) as error:
         if not not_decoded(request, error):
             raise
@@ -118,6 +120,18 @@ async def read_body(request: web.Request) -> bytes:
         # be framed, and a keep-alive client's next request would wait for header_timeout.
         refusal.force_close()
         raise refusal from None
+
+
+def gone() -> web.HTTPBadRequest:
+    """The answer to a request whose client closed its connection before the end of its body:
+    nobody reads it, but answered (not raised as the bare error) it is not an ERROR with a
+    traceback in the log, which any client could cause at will."""
+    refusal = web.HTTPBadRequest(
+        text=json.dumps({"error": "the connection closed before the end of the body", "field": None}),
+        content_type="application/json",
+    )
+    refusal.force_close()
+    return refusal
 
 
 def not_decoded(request: web.Request, error: BaseException) -> bool:
