@@ -174,6 +174,9 @@ class Worker:
         """It missed a change to the node's standing rules: it is handed them once it answers, as
         they are once the supervisor has counted this many changes, or later (0: it lacks none)."""
         self.handing: asyncio.Task[None] | None = None
+        self.try_again = asyncio.Event()
+        """A SIGHUP came while its process was down: it ends the wait before its next start
+        (`Supervisor._wait_to_restart`). Cleared as it is started."""
         self._session: aiohttp.ClientSession | None = None
 
     async def get(self, path: str, within: float = 5.0) -> tuple[int, bytes]:
@@ -381,6 +384,13 @@ class Supervisor:
         for worker in running:
             if worker.ready:
                 self._hang_up(worker)
+        # A reload is the operator saying "try again": a worker waiting to be started again (it
+        # could not start on a file that did not load, such as a broken policy module, which is
+        # maybe fixed now) starts at once rather than when its growing wait runs out.
+        waiting = [w for w in self.workers if w.process is not None and w.process.returncode is not None]
+        for worker in waiting:
+            _log.info("reload: starting worker %d again now, not at the end of its wait", worker.index)
+            worker.try_again.set()
 
     def _keep_reloaded(self) -> None:
         """The config file's text as of this reload, for the workers started from now on; kept
@@ -492,8 +502,10 @@ class Supervisor:
         worker.control.unlink(missing_ok=True)
         failure_path(worker.control).unlink(missing_ok=True)
         worker.hung = None
-        # It is handed the texts as of any reload asked for before now.
+        # It is handed the texts as of any reload asked for before now, and reads the files they
+        # name as they are now: a SIGHUP from here on no longer shortens a wait of its.
         worker.ready = worker.reload_asked = False
+        worker.try_again.clear()
         try:
             worker.process = process = await asyncio.create_subprocess_exec(
                 *args,
@@ -561,7 +573,7 @@ class Supervisor:
             # Read now: the next start removes what the worker wrote (`failure_path`).
             worker.ended = exit_reason(worker, status)
             _log.error("worker %d %s; restarting in %.0fs", worker.index, worker.ended, backoff)
-            await asyncio.sleep(backoff)
+            await self._wait_to_restart(worker, backoff)
             backoff = min(backoff * 2, _LAST_BACKOFF)
             while True:
                 try:
@@ -569,8 +581,15 @@ class Supervisor:
                     break
                 except RuntimeError as error:  # its interpreter out of reach since start-up
                     _log.error("worker %d cannot be started: %s; trying again in %.0fs", worker.index, error, backoff)
-                    await asyncio.sleep(backoff)
+                    await self._wait_to_restart(worker, backoff)
                     backoff = min(backoff * 2, _LAST_BACKOFF)
+
+    @staticmethod
+    async def _wait_to_restart(worker: Worker, backoff: float) -> None:
+        """Wait `backoff` seconds before starting `worker` again, or less: until a SIGHUP
+        (`reload`), which may have fixed what it could not start on."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(worker.try_again.wait(), backoff)
 
     async def _heartbeat(self, worker: Worker, process: asyncio.subprocess.Process) -> None:
         """Ask the worker for /healthz over and over; once it has answered (it has started:
