@@ -28,7 +28,12 @@ RATE = "421 4.7.0 rate limited"
 async def make(tmp_path: Path) -> AsyncIterator[MakeBoard]:
     made: list[Board] = []
 
-    def make(node: str = "a", redis: RedisServer | None = None, records: list[Record] | None = None) -> Board:
+    def make(
+        node: str = "a",
+        redis: RedisServer | None = None,
+        records: list[Record] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Board:
         sink: list[Record] = records if records is not None else []
         board = Board(
             tmp_path / node / "run" / "effects",
@@ -37,6 +42,7 @@ async def make(tmp_path: Path) -> AsyncIterator[MakeBoard]:
             redis_url=redis.url if redis is not None else None,
             prefix="t",
             timeout=0.5,
+            clock=clock,
         )
         made.append(board)
         return board
@@ -109,6 +115,24 @@ async def test_a_nodes_effect_reaches_every_node_through_redis(make: MakeBoard, 
     assert b.find(["site:mx"], "suspend") == effect and a.mode == CLUSTER
     await until(lambda: records)
     assert [(r.event, r.scope) for r in records if isinstance(r, ShapingEffect)] == [("created", CLUSTER)]
+
+
+async def test_an_effect_that_ran_out_here_before_redis_dropped_it_is_not_learned_again(
+    make: MakeBoard, redis_server: RedisServer
+) -> None:
+    # b's clock runs ahead of Redis's (by as much as a loaded machine's poll can come late):
+    # the effect ends at b while Redis still lists it, and b's next polls must not take it as new.
+    b_records: list[Record] = []
+    a, b = make("a", redis_server), make("b", redis_server, b_records, clock=lambda: time.time() + 0.6)
+    await a.start()
+    await b.start()
+    effect = suspend(a, duration=1.5)
+    await until(lambda: b.find(["site:mx"], "suspend"))
+    await until(lambda: not b.live(), within=2.0)
+    await asyncio.sleep(0.6 + 2 * POLL)  # polls while Redis still lists it
+    events = [(r.event, r.effect) for r in b_records if isinstance(r, ShapingEffect)]
+    assert events == [("learned", effect.id), ("expired", effect.id)]
+    assert not b.live()
 
 
 async def test_nodes_that_see_the_reply_together_make_one_effect(make: MakeBoard, redis_server: RedisServer) -> None:

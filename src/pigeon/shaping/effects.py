@@ -498,6 +498,10 @@ class Board:
                 continue
             if effect.id in self._ended:
                 continue  # ended here while Redis did not answer: its end is on its way there
+            if effect.expires_at <= self._clock():
+                # Ran out here already, while Redis (its clock, or a poll answered late) still
+                # lists it: taken again, it would be "learned" a second time after its "expired".
+                continue
             if effect.id not in self._effects and effect.node != self._node and self._adopt_file(effect):
                 # The first of this node's workers to learn of another node's effect records
                 # it (and its end): this node's log says why its deliveries there stopped.
