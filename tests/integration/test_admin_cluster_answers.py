@@ -103,9 +103,11 @@ def test_an_operation_right_after_redis_lost_its_data_covers_every_node_not_only
     assert sum(row["messages"] for row in answer["scheduled"]) == 5, answer
 
 
-def _kill_just_after_it_renewed(node: PigeonProcess, redis_server: RedisServer) -> None:
+def _kill_just_after_it_renewed(node: PigeonProcess, redis_server: RedisServer, hung: float = 0.0) -> None:
     """kill -9 `node` (every process of it) just after its workers said it is there: the others
-    count it as present for 10 s more, which the tests below need, whatever the machine's pace."""
+    count it as present for 10 s more, which the tests below need, whatever the machine's pace.
+    With `hung`, it is stopped (SIGSTOP) then, and killed `hung` s later: they count it as
+    present for that much less after the kill, as exactly as the machine's pace allows."""
     client = redis_server.client()
 
     def expires() -> float:
@@ -120,6 +122,10 @@ def _kill_just_after_it_renewed(node: PigeonProcess, redis_server: RedisServer) 
         wait_until(lambda: expires() > before, 15, interval=0.01)
     finally:
         client.close()
+    if hung:
+        assert node.process is not None
+        os.killpg(node.process.pid, signal.SIGSTOP)
+        time.sleep(hung)
     node.kill()
 
 
@@ -155,6 +161,43 @@ def test_a_node_killed_just_before_redis_lost_its_data_is_named_missing_not_left
     shown = _pigeon(a, "queue", "summary", "--cluster", "--json")
     assert shown.returncode == 75, shown.stdout + shown.stderr
     assert json.loads(shown.stdout)["cluster"]["nodes"] == {"a": "done", "b": "missing"}, shown.stdout
+
+
+@pytest.mark.timeout(180)  # c pending: the retry waits 30 s for it, on a busy machine after slow starts
+@pytest.mark.parametrize("asked", ["a", "b"])
+def test_a_node_killed_2s_before_redis_lost_its_data_is_named_pending_though_the_wait_after_the_loss_outlasts_it(
+    tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer, asked: str
+) -> None:
+    # An outside tester, nodes a (1 worker), b (2) and c (1): kill -9 c, 2 s later kill -9
+    # Redis and start it empty, 0.5 s later `pigeon retry`: "nodes: a (done), b (done)", exit 0.
+    # c's presence, given back as last seen, ran out during the 5 s the retry waited after the loss.
+    with ExitStack() as stack:
+        a, b, c = (
+            stack.enter_context(
+                PigeonProcess(
+                    tmp_path / name,
+                    node={"name": name, "workers": workers},
+                    http={"token": TOKENS},
+                    redis={"url": redis_server.url, "timeout": "1s"},
+                    **delivery_config(sink.endpoint, retry_interval="1h"),
+                )
+            )
+            for name, workers in (("a", 1), ("b", 2), ("c", 1))
+        )
+        _defer(a, 2)
+        _defer(b, 3)
+        # What the others last saw of c when it was killed is up to 6 s old (it renews every 2 to
+        # 3 s, and they look as often): here 3.5 s, so that it runs out 6.5 s after the kill,
+        # within the 5 s the retry waits after the loss, whatever the phase of their looks.
+        _kill_just_after_it_renewed(c, redis_server, hung=3.5)
+        time.sleep(2.0)
+        redis_server.kill()
+        redis_server.start()
+        time.sleep(0.5)
+        shown = _pigeon(a if asked == "a" else b, "retry", "--domain", "example.net")
+        assert shown.returncode == 75, shown.stdout + shown.stderr
+        assert "5 messages due now" in shown.stdout, shown.stdout
+        assert "nodes: a (done), b (done), c (pending)" in shown.stdout, shown.stdout
 
 
 def test_a_suspension_made_while_a_worker_of_another_node_restarts_says_it_was_made_and_holds_every_nodes_mail(

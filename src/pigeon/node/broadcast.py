@@ -835,9 +835,9 @@ class Broadcast:
             self._ended_known.popitem(last=False)
 
     async def _renew(self) -> None:
-        born, _, _ = await self._epoch_script(keys=[self._epoch_key], args=[self._epoch or ""])
+        born, redis_now, _ = await self._epoch_script(keys=[self._epoch_key], args=[self._epoch or ""])
         if self._epoch is not None and born.decode() != self._epoch:
-            await self._give_presence_back()
+            await self._give_presence_back((int(redis_now) - int(born)) / 1000)
         self._epoch = born.decode()
         presence = {
             "node": self.node,
@@ -861,17 +861,30 @@ class Broadcast:
                 renewed[0],
             )
 
-    async def _give_presence_back(self) -> None:
-        """Redis lost its data since this worker last renewed: write back the other nodes' presence
-        as it was then, each until it would have run out anyway. An operation issued meanwhile
-        then waits for the nodes that were there, and names those that do not answer, rather than
-        leaving out a node that was killed a moment before the loss (its workers say nothing more)."""
+    async def _give_presence_back(self, since: float) -> None:
+        """Redis lost its data since this worker last renewed (its epoch was born `since` s ago, by
+        Redis's clock): write back the other nodes' presence as it was then, each until it would
+        have run out anyway, or the wait after the loss is over if later. An operation issued
+        meanwhile then waits for the nodes that were there, and names those that do not answer,
+        rather than leaving out a node that was killed a moment before the loss (its workers say
+        nothing more)."""
         now = time.time()
+        lost = now - since  # (this node's clock: presence is dated by the nodes, not by Redis)
+        # What this worker last saw of a node killed just before the loss is up to two renewals
+        # old, and could run out during the wait (`_SETTLE`) of an operation issued right after
+        # it, which would then leave the node out without a word. So it lasts until that wait is
+        # over, plus a renewal's time for the issuer's read of presence just after it (a busy
+        # machine); no longer, so a node killed is named only as long as it would have been.
+        settled = lost + _SETTLE + _RENEW
         back = {}
         for origin, value in self._others_present.items():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                if origin != self.origin.encode() and float(json.loads(value)["expires"]) > now:
-                    back[origin] = value
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                seen = json.loads(value)
+                expires = float(seen["expires"])
+                if origin == self.origin.encode() or expires <= lost or max(expires, settled) <= now:
+                    continue  # ran out before the loss (gone then), or since and the wait is over
+                seen["expires"] = max(expires, settled)
+                back[origin] = json.dumps(seen)
         if not back:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
