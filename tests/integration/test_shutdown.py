@@ -44,6 +44,37 @@ def test_sigterm_lets_an_open_transaction_finish_then_says_421(pigeon: PigeonPro
     assert stored["data"].endswith(b"first half\r\nsecond half\r\n")
 
 
+def test_with_two_workers_new_clients_are_refused_at_once_while_a_transaction_finishes(tmp_path: Path) -> None:
+    # Every worker closes its copy of the listening socket at SIGTERM; the supervisor's copy
+    # (kept to restart workers on it) must go too, or the kernel goes on completing handshakes
+    # that nobody will ever greet: the client hangs until the node exits, then is reset.
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
+        with RawSmtp(pigeon.smtp_port) as busy:
+            busy.expect(220)
+            busy.expect(250, "EHLO busy.test")
+            busy.expect(250, "MAIL FROM:<a@example.org>")
+            busy.expect(250, "RCPT TO:<b@example.net>")
+            busy.expect(354, "DATA")
+            busy.send(b"Subject: in flight\r\n\r\nfirst half\r\n")
+            assert pigeon.process is not None
+            pigeon.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            started = time.monotonic()
+            try:
+                with socket.create_connection(("127.0.0.1", pigeon.smtp_port), timeout=5) as late:
+                    late.settimeout(5)
+                    greeting = late.recv(512)  # b"": closed; a 421 would do too; a hang would not
+            except OSError:
+                greeting = b""
+            assert greeting == b"" or greeting.startswith(b"421"), greeting
+            assert time.monotonic() - started < 1
+            busy.send(b"second half\r\n.\r\n")
+            assert busy.expect(250)[0].startswith("2.0.0 Ok: queued as")
+        assert pigeon.process.wait(15) == 0
+        (stored,) = pigeon.spool_messages()
+        assert stored["data"].endswith(b"first half\r\nsecond half\r\n")
+
+
 def test_sigterm_closes_idle_outbound_connections_at_once(tmp_path: Path) -> None:
     # An outbound connection waits `idle_timeout` (10 s by default) for more mail; a graceful
     # stop must not wait for it, but say QUIT and go.

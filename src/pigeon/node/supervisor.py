@@ -448,6 +448,12 @@ class Supervisor:
         for worker in self.workers:
             if worker.process is not None and worker.process.returncode is None:
                 worker.process.send_signal(signal.SIGTERM)
+        if self._listening is not None:
+            # Each worker closes its copy at SIGTERM; while ours stayed open the kernel would
+            # go on completing handshakes that no one greets, until the last worker had drained.
+            # Closed, new clients are refused at once and try another MX, as with one worker.
+            for sock in self._listening.smtp:
+                sock.close()
         deadline = self.config.node.shutdown_timeout + 10
         for worker in self.workers:
             process = worker.process
