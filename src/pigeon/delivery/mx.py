@@ -29,6 +29,7 @@ from typing import Any, Final, cast
 import dns.asyncresolver
 import dns.exception
 import dns.nameserver
+import dns.rcode
 import dns.rdatatype
 import dns.resolver
 
@@ -300,17 +301,20 @@ class Resolver:
         """The answer of the first server that gives one, by `dnswire`, within the lookup's
         `timeout`; None: a case for dnspython. A server that does not answer within its try's
         time, or fails the query (SERVFAIL, REFUSED...), has the next one asked, as libc and
-        dnspython do; one that fails it is not asked again. NXDOMAIN is an answer: no other server
-        is asked. When every server failed the query, the last failure is the answer; when none
-        answered in time, TimeoutError."""
+        dnspython do; one that fails it is not asked again for this question (only: a SERVFAIL
+        is about one name, a lame delegation or broken DNSSEC, not the server). NXDOMAIN is an
+        answer: no other server is asked. When a server failed the query and no other answered,
+        the last failure is the answer; when none answered at all in time, TimeoutError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
-        servers = self._order()
+        servers = list(self._order())  # (a copy: `_order` may give `self._servers` itself)
         failed: dnswire.Answer | None = None
         for round_ in range(self._attempts):
             for server in list(servers):
                 left = deadline - loop.time()
                 if left <= 0:
+                    if failed is not None:
+                        return failed
                     raise TimeoutError
                 last = round_ == self._attempts - 1 and server is servers[-1]
                 try:
@@ -328,6 +332,8 @@ class Resolver:
                 servers.remove(server)
             if not servers:
                 return failed
+        if failed is not None:
+            return failed
         raise TimeoutError
 
     def _plain(self, key: tuple[str, str], answer: dnswire.Answer) -> list[Any] | None:
@@ -335,7 +341,8 @@ class Resolver:
         name, kind = key
         if answer.rcode not in (dnswire.NOERROR, dnswire.NXDOMAIN):
             # (as dnspython says it, once every nameserver failed)
-            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: NoNameservers",)))
+            said = dns.rcode.to_text(dns.rcode.Rcode.make(answer.rcode))
+            failure = DnsFailure(Reply(451, "4.4.3", (f"DNS lookup of {kind} {name} failed: NoNameservers ({said})",)))
             self._remember(key, failure, _FAILURE_TTL)
             raise failure
         if answer.rcode == dnswire.NXDOMAIN:

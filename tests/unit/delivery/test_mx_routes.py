@@ -378,6 +378,25 @@ async def test_when_every_nameserver_fails_the_query_the_lookup_fails_transientl
     assert (first_answers.queries, second_answers.queries) == (1, 1)  # once each: no round again
 
 
+async def test_a_servfail_for_one_domain_leaves_its_nameserver_asked_for_the_others(
+    dns: FakeDns, silent: Callable[[], _Silent]
+) -> None:
+    """One broken domain (a lame delegation, bad DNSSEC) fails only its own lookups: the server
+    that said SERVFAIL still answers for every other domain, not the dead one listed after it."""
+    dead = silent()
+    mx = Resolver([*dns.nameservers, dead.address], timeout=0.6)
+    assert await mx.exchangers("single.example") == [Exchanger(10, "mail.single.example")]
+    with pytest.raises(DnsFailure) as raised:
+        await mx.exchangers("servfail.example")
+    assert raised.value.reply.code == 451
+    assert "LifetimeTimeout" not in raised.value.reply.lines[0]  # the server did answer: it failed the query
+    started = time.monotonic()
+    assert await mx.exchangers("mx.example") != []
+    assert await mx.addresses("host.example") == ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
+    assert time.monotonic() - started < 0.3  # asked of the working server, first
+    assert dns.asked("mx.example", "MX")
+
+
 async def test_nxdomain_from_the_first_nameserver_is_the_answer(
     dns: FakeDns, rcode_server: Callable[..., tuple[tuple[str, int], _RcodeResolver]]
 ) -> None:
