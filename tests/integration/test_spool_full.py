@@ -269,6 +269,12 @@ def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(e
         said = pigeon.stderr()
         assert "disk is full" in said and "do not move it" in said
         assert "move it aside" not in said
+        # Meanwhile its ports are not open: a sender is refused at once and tries another MX,
+        # rather than waiting minutes for a greeting that would never come; a probe of
+        # /healthz is refused too, rather than left hanging.
+        for port in (pigeon.smtp_port, pigeon.http_port):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
         time.sleep(2.5)  # it tries again, and still waits
         assert pigeon.process is not None and pigeon.process.poll() is None, pigeon.stderr()
         filler.unlink()  # the operator made room: it starts by itself, with everything it held

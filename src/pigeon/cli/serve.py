@@ -255,8 +255,9 @@ def _claim(config: Config) -> tuple[int, Bound]:
         if run_as is None:
             lock = take_node_lock(config.spool.path)
         for endpoint in config.smtp.listen:
-            listening.smtp += _bind("[smtp] listen", endpoint.host, endpoint.port)
-        listening.http += _bind("[http] listen", config.http.listen.host, config.http.listen.port)
+            # Listened on once served: not while the node waits for room on its spool's disk.
+            listening.smtp += _bind("[smtp] listen", endpoint.host, endpoint.port, listen=False)
+        listening.http += _bind("[http] listen", config.http.listen.host, config.http.listen.port, listen=False)
         if run_as is not None:
             give_directories([config.spool.path, config.log.path], run_as)
             drop(run_as)
@@ -276,9 +277,9 @@ def _claim(config: Config) -> tuple[int, Bound]:
     return lock, listening
 
 
-def _bind(key: str, host: str, port: int) -> list[socket.socket]:
+def _bind(key: str, host: str, port: int, *, listen: bool = True) -> list[socket.socket]:
     try:
-        return bind(host, port)
+        return bind(host, port, listen=listen)
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
             reason = "the port is in use (by another node, or another program)"

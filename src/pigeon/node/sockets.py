@@ -63,9 +63,15 @@ class Bound:
             sock.close()
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
+def bind(host: str, port: int, *, listen: bool = True) -> list[socket.socket]:
     """Listening TCP sockets for `host:port` (a name may give IPv4 and IPv6), as asyncio's
-    `create_server` binds them. Raises `OSError`, with every socket made so far closed."""
+    `create_server` binds them. Raises `OSError`, with every socket made so far closed.
+
+    `listen=False`: bound only; whoever serves them listens (`create_server(sock=...)` does).
+    Until then a client is refused at once, where a listening socket nobody accepts on would
+    complete its handshake and leave it waiting for a greeting (a node waiting for room on a
+    full spool disk may wait hours). Another node listening on the port still makes the bind
+    fail: SO_REUSEADDR does not reach past a listening socket."""
     made: list[socket.socket] = []
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -76,7 +82,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
-            sock.listen(_BACKLOG)
+            if listen:
+                sock.listen(_BACKLOG)
             # Not inheritable (Python's default), though workers inherit it: the supervisor
             # names it in `pass_fds`, which hands it to that one child. Inheritable, every
             # child would get it (uvloop's spawn does no `close_fds`): the workers the HTTP

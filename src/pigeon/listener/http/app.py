@@ -114,7 +114,7 @@ class HttpListener:
         return sockets[0].getsockname()[:2] if sockets else (host, port)
 
     async def serve(self, sockets: list[socket.socket]) -> tuple[str, int]:
-        """Serve on listening sockets bound before a privilege drop."""
+        """Serve on sockets bound before a privilege drop (listening on them from now)."""
         await self._runner.setup()
         for sock in sockets:
             await web.SockSite(self._runner, sock).start()
