@@ -6,7 +6,9 @@ working through a pipelined group are written with one `write()` when the group 
 
 A decision that takes time (storing a message, checking a password, the TLS handshake)
 pauses reading from the socket and resumes when its future is done, so a client that
-pipelines cannot make us buffer without bound, and replies stay in command order.
+pipelines cannot make us buffer without bound, and replies stay in command order. An AUTH
+whose address's (or user's) allowance is held by checks in progress waits so too, for one of
+them to be counted (`auth_turns`), before its own check begins.
 
 The policy module's `on_connect`, `on_mail_from` and `on_rcpt_to` hooks, when it has them,
 are asked here (`intake.policy`): a plain hook answers at once, an async one is waited for
