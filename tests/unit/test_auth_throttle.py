@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pigeon.listener.auth_throttle import AuthThrottle, Lockout
+from pigeon.listener.auth_throttle import AuthThrottle, InFlight, Lockout
 
 
 def _throttle(*, per_address: int = 3, per_user: int = 5, max_tracked: int = 10_000) -> AuthThrottle:
@@ -58,11 +58,31 @@ def test_quiet_keys_are_forgotten_once_their_window_has_passed() -> None:
     assert throttle.tracked == 2
 
 
-def test_checks_in_progress_count_against_the_allowance() -> None:
+def test_a_check_waits_while_checks_in_progress_could_take_the_allowance() -> None:
     throttle = AuthThrottle(per_address=3, per_user=100, window=60, cooldown=60)
     assert [throttle.begin("192.0.2.1", "alice", 0) for _ in range(3)] == [None] * 3
-    refused = throttle.begin("192.0.2.1", "alice", 0)
-    assert refused is not None and refused.kind == "address"
+    assert throttle.begin("192.0.2.1", "alice", 0) == InFlight("address", "192.0.2.1")
     throttle.succeeded("192.0.2.1", "alice", 1)  # one was right: the address is forgiven
     assert throttle.begin("192.0.2.1", "alice", 1) is None
     throttle.abandoned("192.0.2.1", "alice")
+
+
+def test_only_failures_lock_out_a_check_that_waited() -> None:
+    throttle = AuthThrottle(per_address=3, per_user=100, window=60, cooldown=60)
+    for _ in range(3):
+        throttle.begin("192.0.2.1", "alice", 0)
+    throttle.failed("192.0.2.1", "alice", 1)
+    throttle.failed("192.0.2.1", "alice", 1)
+    assert throttle.begin("192.0.2.1", "alice", 1) == InFlight("address", "192.0.2.1")  # two failures, one pending
+    assert throttle.failed("192.0.2.1", "alice", 2) == [Lockout("address", "192.0.2.1", 62)]
+    assert throttle.begin("192.0.2.1", "alice", 2) == Lockout("address", "192.0.2.1", 62)
+
+
+def test_a_user_s_checks_in_progress_make_others_wait_but_not_its_known_clients() -> None:
+    throttle = AuthThrottle(per_address=100, per_user=2, window=60, cooldown=60)
+    assert throttle.begin("192.0.2.1", "alice", 0) is None
+    throttle.succeeded("192.0.2.1", "alice", 0)  # alice's own client
+    assert throttle.begin("192.0.2.2", "alice", 1) is None
+    assert throttle.begin("192.0.2.3", "alice", 1) is None
+    assert throttle.begin("192.0.2.4", "alice", 1) == InFlight("user", "alice")
+    assert throttle.begin("192.0.2.1", "alice", 1) is None

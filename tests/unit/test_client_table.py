@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle, Lockout
+from pigeon.listener.auth_throttle import AuthLimits, AuthThrottle, InFlight, Lockout
 from pigeon.listener.client_table import BUCKETS, ClientTable, create_client_table
 from pigeon.listener.connection_limits import WORKER, Held, LocalConnections, SharedConnections
 from pigeon.listener.shared_auth_throttle import SharedAuthThrottle
@@ -182,15 +182,25 @@ def test_the_lockout_ends_after_the_cooldown_with_a_fresh_allowance(make: Make) 
     assert second.failed("192.0.2.1", "a", clock.t) == []
 
 
-def test_checks_in_progress_on_one_worker_count_on_the_other(make: Make) -> None:
+def test_checks_in_progress_on_one_worker_make_a_check_on_the_other_wait(make: Make) -> None:
     first, second, clock = make(3, 100)
     assert first.begin("192.0.2.1", "alice", clock.t) is None
     assert second.begin("192.0.2.1", "alice", clock.t) is None
     assert first.begin("192.0.2.1", "alice", clock.t) is None
-    refused = second.begin("192.0.2.1", "alice", clock.t)
-    assert refused is not None and refused.kind == "address"
+    assert second.begin("192.0.2.1", "alice", clock.t) == InFlight("address", "192.0.2.1")
     second.abandoned("192.0.2.1", "alice")  # (second's one check never ran)
     assert second.begin("192.0.2.1", "alice", clock.t) is None
+
+
+def test_right_passwords_in_progress_on_both_workers_never_lock_out(make: Make) -> None:
+    first, second, clock = make(3, 100)
+    sides = [first, second, first]
+    for side in sides:
+        assert side.begin("192.0.2.1", "alice", clock.t) is None
+    assert second.begin("192.0.2.1", "alice", clock.t) == InFlight("address", "192.0.2.1")
+    for side in sides:
+        side.succeeded("192.0.2.1", "alice", clock.t)
+    assert [side.begin("192.0.2.1", "alice", clock.t) for side in sides] == [None] * 3
 
 
 def test_an_ipv6_client_is_counted_by_its_slash_64_on_every_worker(make: Make) -> None:
@@ -246,4 +256,4 @@ def test_a_checks_user_key_never_takes_the_slot_its_address_key_just_found(tmp_p
     (throttle,) = _throttles(_tables(tmp_path / "clients", 1, clock, slots=1), per_address=3, per_user=100)
     for _ in range(3):
         assert throttle.begin("192.0.2.1", "alice", clock.t) is None
-    assert throttle.begin("192.0.2.1", "alice", clock.t) == Lockout("address", "192.0.2.1", clock.t)
+    assert throttle.begin("192.0.2.1", "alice", clock.t) == InFlight("address", "192.0.2.1")

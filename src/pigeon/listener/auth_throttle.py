@@ -12,6 +12,13 @@ guesses every time the real user's client logs in). An address that authenticate
 user lately is exempt from that user's lockout: it has shown it knows the password, and an
 attacker must not be able to lock the user's own clients out.
 
+Checks in progress are held against the allowance: once failures plus checks in progress
+reach a limit, a new check is not begun (`InFlight`) until one of them has been counted, so
+guesses sent at once on parallel connections never get more checks than the allowance. That
+is a wait, not a refusal: the listener asks again when a check ends, and only failures
+themselves lock out, so right passwords sent at once (a relay's or an application's pool of
+connections) are all checked, a few at a time.
+
 Pure bookkeeping: no I/O, the caller passes the time. Memory is bounded: each table keeps at
 most `max_tracked` keys and forgets the one quiet longest; expired keys go as time passes.
 State is per process: right for a node of one worker. With several, the listener is given a
@@ -45,11 +52,21 @@ class Lockout:
     until: float
 
 
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """Why an AUTH attempt must wait before its check: failures and checks in progress of a key
+    together reach its limit, and a check in progress may yet fail. Ask again when one ends."""
+
+    kind: str  # "address" or "user"
+    key: str
+
+
 class AuthLimits(Protocol):
     """What the listener asks of an AUTH throttle, kept in one worker or shared by a node's."""
 
-    def begin(self, address: str, user: str, now: float) -> Lockout | None:
-        """Before a password check: the lockout that refuses it unchecked, or None (then pending)."""
+    def begin(self, address: str, user: str, now: float) -> Lockout | InFlight | None:
+        """Before a password check: the lockout that refuses it unchecked, the checks in
+        progress it must wait for, or None (then it is pending)."""
         ...
 
     def abandoned(self, address: str, user: str) -> None:
@@ -144,8 +161,9 @@ class AuthThrottle:
         self._known_good: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._max_tracked = max_tracked
         # Checks begun and not yet counted, per client and per user: each may turn out a
-        # failure, so they count against the allowance (many guesses sent at once, on
-        # parallel connections, would otherwise all be checked before the first is counted).
+        # failure, so a new check waits while they would take the allowance (many guesses sent
+        # at once, on parallel connections, would otherwise all be checked before the first
+        # is counted).
         self._pending_clients: Counter[str] = Counter()
         self._pending_users: Counter[str] = Counter()
 
@@ -167,24 +185,30 @@ class AuthThrottle:
                 return Lockout("user", user, until)
         return None
 
-    def begin(self, address: str, user: str, now: float) -> Lockout | None:
-        """Before a password check: the lockout that refuses it unchecked, or None, and then
-        the check is pending until `failed`, `succeeded` or `abandoned` counts it. Checks in
-        progress count as failures against the allowance."""
+    def begin(self, address: str, user: str, now: float) -> Lockout | InFlight | None:
+        """Before a password check: the lockout that refuses it unchecked; or `InFlight` when
+        failures and checks in progress together reach a limit (each of those may yet fail:
+        checked now, it could be one failure too many), to ask again when one has been counted;
+        or None, and then the check is pending until `failed`, `succeeded` or `abandoned`
+        counts it."""
         lockout = self.refusal(address, user, now)
         if lockout is not None:
             return lockout
         client = client_key(address)
         table = self._addresses
-        if table.limit and table.recent(client, now) + self._pending_clients[client] >= table.limit:
-            return Lockout("address", client, now)
+        if table.limit:
+            failures = table.recent(client, now)
+            if failures >= table.limit:
+                return Lockout("address", client, now)
+            if failures + self._pending_clients[client] >= table.limit:
+                return InFlight("address", client)
         table = self._users
-        if (
-            table.limit
-            and table.recent(user, now) + self._pending_users[user] >= table.limit
-            and not self._is_known_good(user, client, now)
-        ):
-            return Lockout("user", user, now)
+        if table.limit and not self._is_known_good(user, client, now):
+            failures = table.recent(user, now)
+            if failures >= table.limit:
+                return Lockout("user", user, now)
+            if failures + self._pending_users[user] >= table.limit:
+                return InFlight("user", user)
         self._pending_clients[client] += 1
         self._pending_users[user] += 1
         return None

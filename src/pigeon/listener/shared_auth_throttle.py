@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from pigeon.listener.auth_throttle import KNOWN_GOOD_FOR, Lockout, client_key
+from pigeon.listener.auth_throttle import KNOWN_GOOD_FOR, InFlight, Lockout, client_key
 from pigeon.listener.client_table import ClientTable
 
 _log = logging.getLogger(__name__)
@@ -44,10 +44,11 @@ class SharedAuthThrottle:
         with self._table.locked():
             return self._refusal(client, user, now, self._table.now())
 
-    def begin(self, address: str, user: str, now: float) -> Lockout | None:
-        """Before a password check: the lockout that refuses it unchecked, or None, and then
-        the check is pending until `failed`, `succeeded` or `abandoned` counts it. Checks in
-        progress on any worker count as failures against the allowance."""
+    def begin(self, address: str, user: str, now: float) -> Lockout | InFlight | None:
+        """Before a password check: the lockout that refuses it unchecked; or `InFlight` when
+        failures and checks in progress on any worker together reach a limit, to ask again
+        later; or None, and then the check is pending until `failed`, `succeeded` or
+        `abandoned` counts it."""
         client = client_key(address)
         table = self._table
         t = self._table.now()
@@ -56,15 +57,19 @@ class SharedAuthThrottle:
             if lockout is not None:
                 return lockout
             by_address = self._slot("a:" + client, self._per_address, t)
-            if by_address is not None and table.failures(by_address, t) + table.held(by_address) >= self._per_address:
-                return Lockout("address", client, now)
+            if by_address is not None:
+                failures = table.failures(by_address, t)
+                if failures >= self._per_address:
+                    return Lockout("address", client, now)
+                if failures + table.held(by_address) >= self._per_address:
+                    return InFlight("address", client)
             by_user = self._slot("u:" + user, self._per_user, t)
-            if (
-                by_user is not None
-                and table.failures(by_user, t) + table.held(by_user) >= self._per_user
-                and not self._is_known_good(user, client, t)
-            ):
-                return Lockout("user", user, now)
+            if by_user is not None and not self._is_known_good(user, client, t):
+                failures = table.failures(by_user, t)
+                if failures >= self._per_user:
+                    return Lockout("user", user, now)
+                if failures + table.held(by_user) >= self._per_user:
+                    return InFlight("user", user)
             for slot in (by_address, by_user):
                 if slot is not None:
                     table.hold(slot, t)

@@ -6,7 +6,9 @@ working through a pipelined group are written with one `write()` when the group 
 
 A decision that takes time (storing a message, checking a password, the TLS handshake)
 pauses reading from the socket and resumes when its future is done, so a client that
-pipelines cannot make us buffer without bound, and replies stay in command order.
+pipelines cannot make us buffer without bound, and replies stay in command order. An AUTH
+whose address's (or user's) allowance is held by checks in progress waits so too, for one of
+them to be counted (`auth_turns`), before its own check begins.
 
 The policy module's `on_connect`, `on_mail_from` and `on_rcpt_to` hooks, when it has them,
 are asked here (`intake.policy`): a plain hook answers at once, an async one is waited for
@@ -50,7 +52,8 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from pigeon.intake import Arrival, ClientGone, Draft, Intake, Refused
-from pigeon.listener.auth_throttle import AuthLimits, Lockout
+from pigeon.listener.auth_throttle import AuthLimits, InFlight, Lockout
+from pigeon.listener.auth_turns import AuthTurns
 from pigeon.listener.connection_limits import ClientConnections, Held, LocalConnections
 from pigeon.listener.password_checker import CheckerBusy, PasswordChecker
 from pigeon.listener.passwords import PasswordFile
@@ -87,6 +90,10 @@ _log = logging.getLogger(__name__)
 _NOT_STORED: Final = "message not stored"
 _GOODBYE: Final = 1.0  # seconds a session closed at the end of a stop has to take its 421 (`SmtpListener.drain`)
 _MAX_BUFFERED = 1024 * 1024  # bytes a client may send ahead while a command is being decided
+AUTH_WAIT: Final = 10.0
+"""Longest an AUTH waits for other checks in progress from its address (or for its user) to be
+counted before its own may begin (`AuthThrottle.begin`); past it, 454 4.7.0 (`AUTH_BUSY`)."""
+_AUTH_LOOK_AGAIN: Final = 0.05  # seconds: a check that ends on another worker is not signalled here
 _SESSION_PREFIX = secrets.token_hex(4)  # session ids: unique per process run, cheap to make
 _session_numbers = itertools.count(1)
 
@@ -156,6 +163,9 @@ class SmtpListener:
         self.password_checker = password_checker or PasswordChecker()
         """Checks AUTH passwords on threads of its own; closed when the listener has drained."""
         self.auth_throttle = auth_throttle
+        self.auth_wait = AUTH_WAIT
+        self.auth_turns = AuthTurns()
+        """Where an AUTH waits for checks in progress to be counted (`AuthLimits.begin`: `InFlight`)."""
         self.idle_timeout = idle_timeout
         self.command_timeout = command_timeout
         self.envelope_timeout = envelope_timeout
@@ -765,7 +775,8 @@ class SmtpConnection(asyncio.Protocol):
         if early:
             self._session.receive_data(bytes(early))
 
-    def _on_auth(self, event: AuthCredentials) -> None:
+    def _on_auth(self, event: AuthCredentials, deadline: float | None = None) -> None:
+        """`deadline`: set when this AUTH has been waiting for checks in progress (loop time)."""
         listener = self._listener
         passwords = listener.passwords
         if passwords is None:
@@ -773,16 +784,33 @@ class SmtpConnection(asyncio.Protocol):
             return
         throttle = listener.auth_throttle
         username = event.username
-        if throttle is not None and throttle.begin(self.peer_ip, username, self._loop.time()) is not None:
-            # Refused before the check: a guesser learns nothing and costs us no hashing.
-            self._respond(replies.AUTH_LOCKED_OUT, "AUTH")
-            return
+        if throttle is not None:
+            now = self._loop.time()
+            verdict = throttle.begin(self.peer_ip, username, now)
+            if isinstance(verdict, InFlight):
+                # Checks in progress could take the rest of the allowance: wait until one has
+                # been counted rather than refuse a password that may well be right (parallel
+                # logins of one client). Nothing is held meanwhile, so a client that leaves
+                # costs nothing.
+                if deadline is None:
+                    deadline = now + listener.auth_wait
+                if now >= deadline:
+                    self._respond(replies.AUTH_BUSY, "AUTH")
+                    return
+                turn = listener.auth_turns.turn(min(deadline, now + _AUTH_LOOK_AGAIN))
+                self._wait(turn, lambda _: self._on_auth(event, deadline))
+                return
+            if verdict is not None:
+                # Refused before the check: a guesser learns nothing and costs us no hashing.
+                self._respond(replies.AUTH_LOCKED_OUT, "AUTH")
+                return
         entry = passwords.entry(username)
         try:
             check = listener.password_checker.check(passwords, username, event.password)
         except CheckerBusy:
             if throttle is not None:
                 throttle.abandoned(self.peer_ip, username)
+                listener.auth_turns.counted()
             self._respond(replies.AUTH_BUSY, "AUTH")
             return
         # Counted when the check ends, whether or not the client is still there to hear it:
@@ -800,9 +828,10 @@ class SmtpConnection(asyncio.Protocol):
             return
         if self._passed(future):
             throttle.succeeded(self.peer_ip, username, self._loop.time())
-            return
-        for lockout in throttle.failed(self.peer_ip, username, self._loop.time()):
-            self._log_lockout(lockout, username)
+        else:
+            for lockout in throttle.failed(self.peer_ip, username, self._loop.time()):
+                self._log_lockout(lockout, username)
+        self._listener.auth_turns.counted()
 
     def _auth_checked(self, future: asyncio.Future[Any], username: str, entry: str | None) -> None:
         """`entry`: the user's in the users file the password was checked against."""
