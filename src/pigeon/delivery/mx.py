@@ -168,6 +168,7 @@ class Resolver:
         # every lookup its share of the timeout.
         self._slow: dict[tuple[str, int], float] = {}
         self._cache: dict[tuple[str, str], _Cached] = {}
+        self._asking: dict[tuple[str, str], asyncio.Future[list[Any] | None]] = {}
         self._clock = clock
         self._rng = rng or random.Random()
 
@@ -229,7 +230,9 @@ class Resolver:
         return found
 
     async def _lookup(self, name: str, kind: str) -> list[Any] | None:
-        """Cached records of one type: None when the name exists but has none."""
+        """Cached records of one type: None when the name exists but has none. A question
+        already on its way is not asked again: when a retry or a resume makes thousands of
+        messages for one domain due at once, they all wait for the one answer."""
         key = (name, kind)
         now = self._clock()
         cached = self._cache.get(key)
@@ -237,6 +240,22 @@ class Resolver:
             if isinstance(cached.value, DnsFailure):
                 raise cached.value
             return cast(list[Any] | None, cached.value)
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._resolve(name, kind))
+            asking.add_done_callback(lambda done: self._answered(key, done))
+        # Shielded: one waiter cancelled (its delivery stopped) cancels no one else's answer.
+        return await asyncio.shield(asking)
+
+    def _answered(self, key: tuple[str, str], done: asyncio.Future[list[Any] | None]) -> None:
+        if self._asking.get(key) is done:
+            del self._asking[key]
+        if not done.cancelled():
+            done.exception()  # (seen: every waiter may have gone)
+
+    async def _resolve(self, name: str, kind: str) -> list[Any] | None:
+        """`_lookup`'s question, asked: the answer is cached (a failure too, for a while)."""
+        key = (name, kind)
         if self._servers:
             try:
                 plain = await self._ask(name, kind)

@@ -397,6 +397,26 @@ async def test_a_servfail_for_one_domain_leaves_its_nameserver_asked_for_the_oth
     assert dns.asked("mx.example", "MX")
 
 
+async def test_lookups_of_one_name_made_at_once_ask_the_nameserver_once(dns: FakeDns) -> None:
+    """A retry or resume makes thousands of messages for one domain due at once: one question
+    each for its MX and its hosts' addresses, whoever asks, and a waiter that is cancelled
+    takes no one else's answer with it."""
+    mx = resolver(dns)
+    gone = asyncio.ensure_future(mx.exchangers("mx.example"))
+    asking = [mx.exchangers("mx.example") for _ in range(50)]
+    addresses = [mx.addresses("host.example") for _ in range(50)]
+    await asyncio.sleep(0)
+    gone.cancel()
+    answers = await asyncio.gather(*asking, *addresses)
+    assert answers[0] and all(set(answer) == set(answers[0]) for answer in answers[:50])  # (equal preferences shuffled)
+    assert all(answer == ["192.0.2.1", "192.0.2.2", "2001:db8::1"] for answer in answers[50:])
+    assert len(dns.asked("mx.example", "MX")) == 1
+    assert (len(dns.asked("host.example", "A")), len(dns.asked("host.example", "AAAA"))) == (1, 1)
+    with pytest.raises(DnsFailure):  # a failure, too, is everyone's
+        await asyncio.gather(*(mx.exchangers("servfail.example") for _ in range(10)))
+    assert len(dns.asked("servfail.example", "MX")) == 1
+
+
 async def test_nxdomain_from_the_first_nameserver_is_the_answer(
     dns: FakeDns, rcode_server: Callable[..., tuple[tuple[str, int], _RcodeResolver]]
 ) -> None:
