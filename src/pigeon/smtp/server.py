@@ -195,6 +195,7 @@ class ServerSession:
         self._pending: DecisionEvent | None = None
         self._awaiting = False  # the pending decision was handed out and is unanswered
         self._closing: Closing | None = None
+        self._eof = False  # the peer sends no more: close once what it sent is worked through
         self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
         self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
@@ -216,14 +217,18 @@ class ServerSession:
             self._close(reply)
 
     def receive_data(self, data: bytes) -> None:
-        """Feed bytes from the peer; b"" means it closed its side."""
+        """Feed bytes from the peer; b"" means it will send no more (its EOF).
+
+        An EOF is not the peer gone: a client that half-closes its side once it has sent a
+        whole transaction (`nc -N`, monitoring probes) still reads. So what came before it is
+        worked through and answered as ever (the end of a message still waits for its decision)
+        and only then does the session close (`Closing(None)`), dropping a transaction left
+        open: a message whose end never came is not one. A peer that is really gone is the
+        I/O layer's to see (its writes fail), not the session's."""
         if self.phase is Phase.CLOSED:
             return
         if not data:
-            if self.phase in _IN_TRANSACTION:
-                self._events.append(TransactionReset())
-            self.phase = Phase.CLOSED
-            self._closing = Closing(None)
+            self._eof = True
             return
         if self.phase is Phase.TLS:
             return  # RFC 3207 4.2: plaintext after STARTTLS is an injection; drop it
@@ -237,7 +242,9 @@ class ServerSession:
             if self._closing is not None:
                 return self._closing
             if not self._buf or not self._step():  # with nothing buffered no step can progress
-                return NEED_DATA
+                if not self._eof:
+                    return NEED_DATA
+                self._close(None)  # all the peer sent before its EOF is answered: the end
         event = self._events.popleft()
         if event is self._pending:
             self._awaiting = True
@@ -790,7 +797,8 @@ class ServerSession:
         self._events.append(Rejected(verb, reply, recipient, sender))
         self._queue(reply)
 
-    def _close(self, reply: Reply) -> None:
+    def _close(self, reply: Reply | None) -> None:
+        """End the session with `reply` (already queued), or None: the peer's EOF."""
         if self._closing is not None:
             return  # already closing: the first goodbye stands
         if self.phase in _IN_TRANSACTION:
