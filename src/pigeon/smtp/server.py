@@ -197,6 +197,7 @@ class ServerSession:
         self._closing: Closing | None = None
         self._eof = False  # the peer sends no more: close once what it sent is worked through
         self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
+        self._dropped_cr = False  # the part of that line dropped last ended in CR
         self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
@@ -346,6 +347,8 @@ class ServerSession:
                 self._sasl = None  # a broken response line ends the SASL exchange too
                 self.phase = Phase.READY
             self._reject("", line)
+            if line.code == 421:  # a bare LF (see `_read_line`): the session ends with its reply
+                self._close(line)
             return True
         if self.phase is Phase.AUTH:
             self._sasl_response(line)
@@ -377,7 +380,13 @@ class ServerSession:
         return True
 
     def _read_line(self) -> bytearray | Reply | None:
-        """The next command line without its CRLF, a Reply saying why it is refused, or None."""
+        """The next command line without its CRLF, a Reply saying why it is refused, or None.
+
+        A line ended by a bare LF gets a 421 that ends the session, and what follows it is
+        dropped unread: a proxy in front that frames commands by CRLF (as RFC 5321 2.3.8 has
+        it) would take that for the rest of the same line, and a command it never saw must not
+        run here (the command-line twin of SMTP smuggling). Postfix's
+        `smtpd_forbid_bare_newline` does the same."""
         buf = self._buf
         end = buf.find(b"\n")
         limit = self._line_limit
@@ -388,8 +397,17 @@ class ServerSession:
                     if len(buf) <= longest:
                         return None
                     self._line_overlong = reply
+                self._dropped_cr = buf[-1] == 13  # its LF, in the next bytes, would end the line properly
                 buf.clear()  # drop it now; answer when the line finally ends
             return None
+        if end:
+            bare = buf[end - 1] != 13  # 13 is CR
+        else:  # the LF opens `buf`: only the last part dropped of an overlong line could hold its CR
+            bare = self._line_overlong is None or not self._dropped_cr
+        if bare:
+            buf.clear()
+            self._line_overlong = None
+            return replies.bare_lf_in_command(self.config.hostname)
         overlong = self._line_overlong
         if overlong is None and end >= limit:
             longest, reply = self._longest_line(buf)
@@ -399,9 +417,6 @@ class ServerSession:
             self._line_overlong = None
             del buf[: end + 1]
             return overlong
-        if end == 0 or buf[end - 1] != 13:  # 13 is CR
-            del buf[: end + 1]
-            return replies.BARE_LF_IN_COMMAND
         line = buf[: end - 1]
         del buf[: end + 1]
         if b"\r" in line or b"\0" in line:
