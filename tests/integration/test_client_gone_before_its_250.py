@@ -1,14 +1,16 @@
-"""A client that hangs up before its 250 can be given: a message still being checked (a slow
-policy hook) is not stored, since the client never heard it was taken and will send it again;
-one already being committed is kept, and its Reception record says the 250 was not given.
-Whatever was answered 250 is kept, whatever was kept is recorded. The same holds for an HTTP
-injection's client, recipient by recipient."""
+"""A client that hangs up (its connection reset: a FIN alone is a half-close, answered as ever)
+before its 250 can be given: a message still being checked (a slow policy hook) is not stored,
+since the client never heard it was taken and will send it again; one already being committed is
+kept, and its Reception record says the 250 was not given. Whatever was answered 250 is kept,
+whatever was kept is recorded. The same holds for an HTTP injection's client, recipient by
+recipient."""
 
 from __future__ import annotations
 
 import json
 import socket
 import sqlite3
+import struct
 import textwrap
 import time
 from collections.abc import Callable
@@ -35,9 +37,12 @@ SLOW = """
 
 
 def _send_and_hang_up(port: int, verb: str, subject: bytes, after: float) -> None:
-    """A whole transaction, then, `after` seconds past the end of its content, a close (FIN:
-    every reply read so far, none left unread) without waiting for the answer."""
+    """A whole transaction, then, `after` seconds past the end of its content, gone without
+    waiting for the answer: a reset (RST), as from a client whose host or network failed. (A
+    close that sends FIN only says the client sends no more: a half-close, answered all the
+    same, see test_half_closed_client_gets_its_replies.py.)"""
     with RawSmtp(port) as client:
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: RST
         client.expect(220)
         client.expect(250, "EHLO client.test")
         client.expect(250, "MAIL FROM:<sender@example.org>")
@@ -88,7 +93,7 @@ def test_a_message_whose_client_hangs_up_during_the_commit_is_kept_and_its_recep
         with closing(sqlite3.connect(pigeon.spool_path / "shard-0" / "spool.db", isolation_level=None)) as holder:
             holder.execute("BEGIN IMMEDIATE")
             _send_and_hang_up(pigeon.smtp_port, verb, b"committed", after=0.3)
-            time.sleep(0.2)  # its close reaches the node while the commit waits
+            time.sleep(0.2)  # its reset reaches the node while the commit waits
             holder.execute("ROLLBACK")
         said = pigeon.wait_stderr("client gone during the commit")
         (reception,) = pigeon.wait_records("Reception")

@@ -64,3 +64,26 @@ def test_bdat_chunk_containing_a_terminator_is_content(pigeon: PigeonProcess) ->
         client.expect(221, "QUIT")
     (stored,) = pigeon.spool_messages()
     assert stored["data"].endswith(body)
+
+
+def test_a_bare_lf_in_a_command_line_gets_one_421_and_nothing_after_it_runs(pigeon: PigeonProcess) -> None:
+    # A proxy that frames commands by CRLF would see `RCPT TO:<a@r.test>\nRCPT TO:<b@r.test>` as one
+    # line: the second recipient must not be taken here either.
+    with RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        client.expect(250, "EHLO client.test")
+        client.send(b"MAIL FROM:<s@example.org>\r\nRCPT TO:<a@example.net>\nRCPT TO:<b@example.net>\r\nNOOP\r\n")
+        client.expect(250)
+        code, text = client.reply()
+        assert code == 421 and text == [
+            "4.5.2 mx.pigeon.test Error: bare <LF> received; command lines must end with <CR><LF> (RFC 5321 "
+            "2.3.8), closing connection"
+        ]
+        assert client.closed_by_peer()  # no reply to the NOOP: closed
+    with RawSmtp(pigeon.smtp_port) as client:
+        client.expect(220)
+        client.send(b"NOOP\nNOOP\r\n")
+        assert client.reply()[0] == 421
+        assert client.closed_by_peer()
+    pigeon.stop()
+    assert [(r["command"], r["response"]["code"]) for r in pigeon.records("Rejection")] == [("", 421), ("", 421)]

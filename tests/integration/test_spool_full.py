@@ -200,8 +200,9 @@ def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path
                     b"EHLO client.test\r\nMAIL FROM:<sender@example.org>\r\nRCPT TO:<user@example.net>\r\n"
                     b"DATA\r\n" + body * 12 + b".\r\n"
                 )
-                # Gone by a half-close, read to the end: a close with the greeting unread sends
-                # a reset, and a reset may discard what Pigeon had not yet read, the final dot too.
+                # A half-close, read to the end (a close with the greeting unread sends a reset,
+                # and a reset may discard what Pigeon had not yet read, the final dot too): it
+                # hears its 451, and no failed commit's error goes unretrieved either way.
                 raw.shutdown(socket.SHUT_WR)
                 while raw.recv(65536):
                     pass

@@ -451,10 +451,22 @@ class SmtpConnection(asyncio.Protocol):
             self._paused = True
 
     def eof_received(self) -> bool:
+        """The client sends no more. Over plain TCP that may be a half-close (`nc -N`, probes,
+        libraries that shut down their side once the transaction is sent): the transport is kept
+        open for writing, and the session answers all the client sent (the end of a message
+        once it is stored) and then closes. A client that is really gone shows itself when a
+        write fails (RST), which closes the connection as ever (`connection_lost`)."""
+        if self._tls is not None or self._tls_early is not None:
+            # asyncio's TLS layer shuts the connection down after the client's EOF whatever
+            # this returns, so nothing more could be answered: the client is gone, as ever.
+            self._closed = True
+            if self._transport is not None:
+                self._transport.close()
+            return False
         self._session.receive_data(b"")
         if not self._blocked:
             self._pump()
-        return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -693,8 +705,9 @@ class SmtpConnection(asyncio.Protocol):
         draft.commit(then=lambda stored: self._committed(stored, draft.id, verb), present=self._present)
 
     def _present(self) -> bool:
-        """Whether the client can still be answered: not closed, by it (its EOF closes the
-        transport) or by us."""
+        """Whether the client can still be answered: the connection not closed, by us, by a
+        write that failed (it is gone) or over TLS by its EOF (a half-close over plain TCP
+        leaves it open: see `eof_received`)."""
         transport = self._transport
         return not self._closed and transport is not None and not transport.is_closing()
 

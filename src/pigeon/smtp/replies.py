@@ -160,6 +160,19 @@ def framing_lost(hostname: str, verb: str) -> Reply:
     return r(421, "4.5.0", f"{hostname} Error: cannot tell where the data of that {verb} ends, closing connection")
 
 
+def bare_lf_in_command(hostname: str) -> Reply:
+    """A command line ended by a bare LF. Where the commands after it begin is then in doubt (a
+    proxy that frames by CRLF reads them as the same line), so none is run: the session ends,
+    and RFC 5321 3.8 has a server say so with 421. (Postfix's `smtpd_forbid_bare_newline`
+    disconnects too.)"""
+    return r(
+        421,
+        "4.5.2",
+        f"{hostname} Error: bare <LF> received; command lines must end with <CR><LF> (RFC 5321 2.3.8), "
+        "closing connection",
+    )
+
+
 def too_many_errors(hostname: str) -> Reply:
     return r(421, "4.7.0", f"{hostname} Error: too many errors, closing connection")
 
@@ -206,7 +219,6 @@ def shutting_down(hostname: str) -> Reply:
 UNRECOGNIZED: Final = r(500, "5.5.1", "Command unrecognized")
 LINE_TOO_LONG: Final = r(500, "5.5.2", "Line too long (RFC 5321 4.5.3.1.4)")
 AUTH_LINE_TOO_LONG: Final = r(500, "5.5.6", "Authentication Exchange line is too long (RFC 4954 4)")
-BARE_LF_IN_COMMAND: Final = r(500, "5.5.2", "Command line must end with <CR><LF> (RFC 5321 2.3.8)")
 COMMAND_NOT_UTF8: Final = r(500, "5.5.2", "Command contains bytes that are not UTF-8")
 NOT_IMPLEMENTED: Final = r(502, "5.5.1", "Command not implemented")
 BDAT_AFTER_HELO: Final = r(

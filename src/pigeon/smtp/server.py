@@ -195,7 +195,9 @@ class ServerSession:
         self._pending: DecisionEvent | None = None
         self._awaiting = False  # the pending decision was handed out and is unanswered
         self._closing: Closing | None = None
+        self._eof = False  # the peer sends no more: close once what it sent is worked through
         self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
+        self._dropped_cr = False  # the part of that line dropped last ended in CR
         self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
@@ -216,14 +218,18 @@ class ServerSession:
             self._close(reply)
 
     def receive_data(self, data: bytes) -> None:
-        """Feed bytes from the peer; b"" means it closed its side."""
+        """Feed bytes from the peer; b"" means it will send no more (its EOF).
+
+        An EOF is not the peer gone: a client that half-closes its side once it has sent a
+        whole transaction (`nc -N`, monitoring probes) still reads. So what came before it is
+        worked through and answered as ever (the end of a message still waits for its decision)
+        and only then does the session close (`Closing(None)`), dropping a transaction left
+        open: a message whose end never came is not one. A peer that is really gone is the
+        I/O layer's to see (its writes fail), not the session's."""
         if self.phase is Phase.CLOSED:
             return
         if not data:
-            if self.phase in _IN_TRANSACTION:
-                self._events.append(TransactionReset())
-            self.phase = Phase.CLOSED
-            self._closing = Closing(None)
+            self._eof = True
             return
         if self.phase is Phase.TLS:
             return  # RFC 3207 4.2: plaintext after STARTTLS is an injection; drop it
@@ -237,7 +243,9 @@ class ServerSession:
             if self._closing is not None:
                 return self._closing
             if not self._buf or not self._step():  # with nothing buffered no step can progress
-                return NEED_DATA
+                if not self._eof:
+                    return NEED_DATA
+                self._close(None)  # all the peer sent before its EOF is answered: the end
         event = self._events.popleft()
         if event is self._pending:
             self._awaiting = True
@@ -339,6 +347,8 @@ class ServerSession:
                 self._sasl = None  # a broken response line ends the SASL exchange too
                 self.phase = Phase.READY
             self._reject("", line)
+            if line.code == 421:  # a bare LF (see `_read_line`): the session ends with its reply
+                self._close(line)
             return True
         if self.phase is Phase.AUTH:
             self._sasl_response(line)
@@ -370,7 +380,13 @@ class ServerSession:
         return True
 
     def _read_line(self) -> bytearray | Reply | None:
-        """The next command line without its CRLF, a Reply saying why it is refused, or None."""
+        """The next command line without its CRLF, a Reply saying why it is refused, or None.
+
+        A line ended by a bare LF gets a 421 that ends the session, and what follows it is
+        dropped unread: a proxy in front that frames commands by CRLF (as RFC 5321 2.3.8 has
+        it) would take that for the rest of the same line, and a command it never saw must not
+        run here (the command-line twin of SMTP smuggling). Postfix's
+        `smtpd_forbid_bare_newline` does the same."""
         buf = self._buf
         end = buf.find(b"\n")
         limit = self._line_limit
@@ -381,8 +397,17 @@ class ServerSession:
                     if len(buf) <= longest:
                         return None
                     self._line_overlong = reply
+                self._dropped_cr = buf[-1] == 13  # its LF, in the next bytes, would end the line properly
                 buf.clear()  # drop it now; answer when the line finally ends
             return None
+        if end:
+            bare = buf[end - 1] != 13  # 13 is CR
+        else:  # the LF opens `buf`: only the last part dropped of an overlong line could hold its CR
+            bare = self._line_overlong is None or not self._dropped_cr
+        if bare:
+            buf.clear()
+            self._line_overlong = None
+            return replies.bare_lf_in_command(self.config.hostname)
         overlong = self._line_overlong
         if overlong is None and end >= limit:
             longest, reply = self._longest_line(buf)
@@ -392,9 +417,6 @@ class ServerSession:
             self._line_overlong = None
             del buf[: end + 1]
             return overlong
-        if end == 0 or buf[end - 1] != 13:  # 13 is CR
-            del buf[: end + 1]
-            return replies.BARE_LF_IN_COMMAND
         line = buf[: end - 1]
         del buf[: end + 1]
         if b"\r" in line or b"\0" in line:
@@ -790,7 +812,8 @@ class ServerSession:
         self._events.append(Rejected(verb, reply, recipient, sender))
         self._queue(reply)
 
-    def _close(self, reply: Reply) -> None:
+    def _close(self, reply: Reply | None) -> None:
+        """End the session with `reply` (already queued), or None: the peer's EOF."""
         if self._closing is not None:
             return  # already closing: the first goodbye stands
         if self.phase in _IN_TRANSACTION:

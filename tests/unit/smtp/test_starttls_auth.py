@@ -279,9 +279,16 @@ def test_auth_login_with_bad_base64_is_refused() -> None:
 def test_framing_error_during_a_sasl_exchange_ends_it() -> None:
     peer = authenticated_ready()
     assert peer.send("AUTH LOGIN\r\n") == USERNAME_CHALLENGE
-    assert peer.send(b64("carol") + "\n") == "500 5.5.2 Command line must end with <CR><LF> (RFC 5321 2.3.8)\r\n"
+    assert peer.send(b64("carol") + "\r\0\r\n") == "501 5.5.2 Command contains a bare <CR> or a NUL\r\n"
     # The client saw a final 5xx reply, so AUTH is over; its next line is a command.
     assert peer.send("MAIL FROM:<a@example.org>\r\n") == "250 2.1.0 Sender ok\r\n"
+
+
+def test_a_sasl_response_ended_by_a_bare_lf_ends_the_session() -> None:
+    peer = authenticated_ready()
+    assert peer.send("AUTH LOGIN\r\n") == USERNAME_CHALLENGE
+    assert peer.send(b64("carol") + "\nMAIL FROM:<a@example.org>\r\n").startswith("421 4.5.2 ")
+    assert credentials(peer) == [] and peer.closing() is not None
 
 
 # --- AUTH outcomes and sequence -------------------------------------------------------------
