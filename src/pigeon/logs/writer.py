@@ -145,6 +145,10 @@ class LogWriter:
         """Records in memory, not yet (entirely) in the file."""
         return len(self._unwritten)
 
+    def written(self, ticket: int) -> bool:
+        """The record's whole line is in the file (or it was dropped from memory)."""
+        return ticket <= self._written
+
     def settled(self, ticket: int) -> bool | None:
         """True: the record is durable. False: it never will be from this run (dropped from
         memory, or its fsync failed). None: not known yet (no sync has covered it)."""
