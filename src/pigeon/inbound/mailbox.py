@@ -71,18 +71,20 @@ stop that leaves such messages says so (`_warn_unacknowledged`).
 
 Every handoff has its InboundDelivery record across kill -9: the record is in the log file
 (written: the kernel has it, whatever becomes of this process) before the message is
-acknowledged, and a message the node died before acknowledging is found by the node that
-takes over its done mark (`Standing.ORPHANED`), which acknowledges it and writes the record on
-its behalf: `recovered_from` names the dead node, and `detail` starts with "recovered:". So
-each dedupe key the application received has at least one record; it has two (the second
-with `recovered_from`) only when the node died in the instant between writing its record and
-acknowledging. A handoff repeated because its node died
+acknowledged, or, when the log cannot take it (a full disk), in the spool's outbox (committed:
+`Outbox.keep_unwritten`), which the next start logs from; and a message the node died before
+acknowledging is found by the node that takes over its done mark (`Standing.ORPHANED`), which
+acknowledges it and writes the record on its behalf: `recovered_from` names the dead node, and
+`detail` starts with "recovered:". So each dedupe key the application received has at least one
+record; it has two (the second with `recovered_from`) only when the node died in the instant
+between writing its record and acknowledging. A handoff repeated because its node died
 before marking it done is recorded by the node that repeated it, `taken_over_from` the dead node
 (the first attempt, whose answer never arrived anywhere, has none). The log is fsynced once per batch, in the
 background, and when the watcher stops: a crash of the whole machine (power loss) can lose
 the records of the handoffs acknowledged since the last fsync, about the last batch. If the
 log cannot be written or fsynced (a failing disk), acknowledging goes on, and the error is
-logged.
+logged; only if the spool cannot keep the records either are they in memory alone, which that
+ERROR says (a kill -9 then loses them).
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.notes import Note, Notes, NotesUnavailable
 from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.targets.base import Handoff, Prepared, Target, Verdict, not_before
-from pigeon.logs.records import InboundDelivery, InboundFailure
+from pigeon.logs.outbox import Outbox
+from pigeon.logs.records import InboundDelivery, InboundFailure, Record
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
 from pigeon.redaction import redact
@@ -220,11 +223,14 @@ class MailboxWatcher:
         max_retry_interval: float,
         node: str = "",
         notes: Notes | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.config = config
         self.target = target
         self._arbiter = arbiter
         self._log = log
+        self._outbox = outbox  # keeps the records the log cannot take, before the acknowledgement
+        self._unkept = 0  # records acknowledged while in memory alone (neither log nor spool took them)
         self._metrics = metrics
         self._retry = (retry_interval, max_retry_interval)
         port = config.port or (993 if config.tls == "implicit" else 143)
@@ -1176,6 +1182,7 @@ class MailboxWatcher:
         record, or a done mark whose taker writes the record (or a claim whose taker hands the
         message over again, and records that). The fsync comes once per batch (`_hand_over`)."""
         action = self._ack_action()
+        records: list[Record] = []
         for accepted in group:
             duration = None if accepted.duration is None else round(accepted.duration, 6)
             claim, message, answer = accepted.claim, accepted.message, accepted.answer
@@ -1195,9 +1202,9 @@ class MailboxWatcher:
                 recovered_from=recovered_from,
                 repeated_by_takeover=repeated,
             )
-            self._log.write(record)
+            records.append(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "delivered").inc(len(group))
-        self._log.flush()  # in the file: what the death of this process cannot take back
+        await self._write_kept(records)  # in the file, or the spool: what a kill -9 cannot take back
         for accepted in group:
             self._orphans.pop(accepted.claim.key, None)
             self._unacked[accepted.claim.key] = accepted.claim  # (a recovered one: ours now)
@@ -1242,6 +1249,30 @@ class MailboxWatcher:
                          self.config.name, self._unmarked)  # fmt: skip
             self._unmarked = 0
 
+    async def _write_kept(self, records: list[Record]) -> None:
+        """Write `records` to the log file now; those it cannot take (a full disk) are kept in
+        the spool's outbox before this returns, so that what follows (an acknowledgement at the
+        source) never leaves a handoff whose record only this process's memory holds."""
+        if self._outbox is None:
+            for record in records:
+                self._log.write(record)
+            self._log.flush()
+            return
+        written = self._outbox.write_numbered(records)
+        self._log.flush()
+        try:
+            kept = await self._outbox.keep_unwritten(written)
+        except OSError as error:
+            unkept = sum(1 for ticket, _, _ in written if not self._log.written(ticket))
+            self._unkept += unkept
+            _log.error("mailbox %s: %d inbound records are in memory only, acknowledging anyway: the log cannot "
+                       "take them (%s) and the spool cannot keep them (%s); a kill -9 would lose them",
+                       self.config.name, unkept, self._log.error, error)  # fmt: skip
+            return
+        if kept and not self._unkept:
+            _log.debug("mailbox %s: %d inbound records kept in the spool's outbox until the log takes them",
+                       self.config.name, kept)  # fmt: skip
+
     async def _sync_log(self) -> None:
         try:
             await self._log.sync()
@@ -1276,15 +1307,18 @@ class MailboxWatcher:
         for claim, _, _ in never:
             self.held.pop(claim.key, None)
         action = self._failure_action()
+        failures: list[Record] = []
         for claim, message, answer in never:
             _log.warning("mailbox %s: UID %d refused for good by %s: %s", self.config.name, claim.uid,
                          self.target.name, answer.detail)  # fmt: skip
             record = self._record(
                 InboundFailure, claim, message, answer, size=sizes.get(claim.key), permanent=True, action=action
             )
-            self._log.write(record)
+            failures.append(record)
         self._metrics.inbound_messages.labels(self.source, self.target.name, "failed").inc(len(never))
-        self._log.flush()  # in the file before the failed mark, which lets others set it aside
+        await self._write_kept(
+            failures
+        )  # in the file (or spool) before the failed mark, which lets others set it aside
         with contextlib.suppress(ArbitrationUnavailable):
             await asyncio.gather(self._arbiter.failed([c for c, _, _ in never]), self._sync_log())
         await self._fail_at_source(session, [c.uid for c, _, _ in never])

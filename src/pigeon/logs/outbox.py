@@ -23,6 +23,12 @@ the log is opened) and only the missing records are written (`finish_outbox`). A
 records may be in the log of any worker that ever owned or adopted it, so all of those
 are searched. The warning then says whether they were left by a crash or by the last stop.
 
+A record that reports no spool change (an IMAP handoff's `InboundDelivery`, whose source is
+acknowledged on the strength of it) is written with a `seq` of its own (`write_numbered`) and
+flushed; the ones the file does not hold then (the log disk is full) get their outbox rows
+before the caller goes on (`keep_unwritten`), so a `kill -9` with the log failing loses none of
+them: the next start writes those the log lacks, as it does the spool's.
+
 BUGS: a record written before an fsync that failed is not written again in this run (that
 could log it twice): its row waits for the next start, which writes it if the log lacks it.
 """
@@ -95,6 +101,36 @@ class Outbox:
         for seq, line in sealed:
             pending.append((write(line), shard, seq))
         self._arm()
+
+    def write_numbered(self, records: Sequence[Record]) -> list[tuple[int, int, bytes]]:
+        """Write records that report no spool change, each with a `seq` of its own (so the log
+        and an outbox row can be matched at the next start). Returns (ticket, seq, line)."""
+        spool = next(iter(self._spools.values()), None)
+        lines = [self._log.encode(record) for record in records]
+        if spool is None:  # (no spool to keep them in: plain records)
+            return [(self._log.write_raw(line), 0, line) for line in lines]
+        written: list[tuple[int, int, bytes]] = []
+        for seq, line in zip(spool.new_ids(len(lines)), lines, strict=True):
+            line = _with_seq(line, seq)
+            written.append((self._log.write_raw(line), seq, line))
+        return written
+
+    async def keep_unwritten(self, written: Sequence[tuple[int, int, bytes]]) -> int:
+        """After a flush: give the records of `written` the file does not hold yet an outbox row,
+        and return once it is committed (raises OSError if it cannot be); they are forgotten
+        once logged, as committed ones are. Returns how many needed one."""
+        spool = next(iter(self._spools.values()), None)
+        missing = [(ticket, seq, line) for ticket, seq, line in written if seq and not self._log.written(ticket)]
+        if not missing or spool is None:
+            return 0
+        # Tracked first: if the writer drops them from memory meanwhile, they are ours (their
+        # rows are coming), not records to save again under other seqs. A row forgotten before
+        # it is added stays, and the next start finds its seq in the log and forgets it then.
+        shard = spool.shard
+        self._pending.extend((ticket, shard, seq) for ticket, seq, _ in missing)
+        await spool.outbox_add([(seq, line) for _, seq, line in missing])
+        self._arm()
+        return len(missing)
 
     async def close(self) -> None:
         """At stop: log and forget what can be. What cannot be stays in the outbox for the next

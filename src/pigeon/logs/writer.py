@@ -10,8 +10,11 @@ Every record gets a ticket, its number in this writer's stream (`write()` return
 `settled(ticket)` says what became of it: durable, never going to be (it was dropped from
 memory, or written before an fsync that failed), or not known yet. A record counts as
 written only when its whole line, newline included, is in the file: a partial write does
-not count, and the rest of that line is written next, before anything else, so a segment
-never holds two halves of different records.
+not count. Its head is taken back out of the file at once (ftruncate to the last whole
+line), and the whole line stays in memory until it is written whole; should the truncation
+fail too, the rest of that line is written next, before anything else, so a segment never
+holds two halves of different records. Either way a record given up on (`abandon`, `on_drop`)
+is handed back whole, never as the part the file lacks.
 
 When the log disk fails (ENOSPC, EIO), records stay in memory, writes are retried every
 second, and `error` says what is wrong until a write and a sync succeed again. Past
@@ -101,8 +104,8 @@ class LogWriter:
         self._encoder = msgspec.json.Encoder()
         self._buf = bytearray()
         self._queued = 0  # tickets handed out: the last record's
-        self._unwritten: deque[int] = deque()  # tickets of the records in _buf, oldest first
-        self._partial = 0  # bytes of the first record in _buf already in the file
+        self._unwritten: deque[int] = deque()  # tickets of the records in _buf (whole lines), oldest first
+        self._partial = 0  # bytes of the first line in _buf already in the file (its head)
         self._synced = 0  # every ticket up to this one is settled: durable, unless in _lost
         self._lost: list[tuple[int, int]] = []  # ticket ranges (inclusive) never durable
         self._segment: _Segment | None = None
@@ -141,6 +144,10 @@ class LogWriter:
     def pending(self) -> int:
         """Records in memory, not yet (entirely) in the file."""
         return len(self._unwritten)
+
+    def written(self, ticket: int) -> bool:
+        """The record's whole line is in the file (or it was dropped from memory)."""
+        return ticket <= self._written
 
     def settled(self, ticket: int) -> bool | None:
         """True: the record is durable. False: it never will be from this run (dropped from
@@ -254,7 +261,8 @@ class LogWriter:
         segment = self._segment
         if not self._buf or segment is None or segment.fd is None:
             return
-        written, failure = 0, None
+        start = self._partial  # the head of a line cut short earlier is in the file already
+        written, failure = start, None
         try:
             with memoryview(self._buf) as view:
                 while written < len(view):
@@ -262,9 +270,10 @@ class LogWriter:
                         written += os.write(segment.fd, rest)
         except OSError as error:
             failure = error
-        if written:
-            self._advance(written)
+        if written > start:
+            self._advance(written - start)
         if failure is not None:
+            self._take_back_partial(segment)
             self._write_failed(segment.path, failure)
             return
         if self._write_error is not None:
@@ -329,21 +338,39 @@ class LogWriter:
         return self._unwritten[0] - 1 if self._unwritten else self._queued
 
     def _advance(self, written: int) -> None:
-        """`written` bytes from the start of the buffer are in the file."""
+        """`written` more bytes of the buffer, after the `_partial` ones, are in the file. Whole
+        lines leave the buffer; the head of one cut short stays, with the rest of its line."""
         self._size += written
-        if written == len(self._buf):
+        upto = self._partial + written
+        if upto == len(self._buf):
             self._buf.clear()
             self._unwritten.clear()
             self._partial = 0
             return
-        complete = self._buf.count(b"\n", 0, written)
+        complete = self._buf.count(b"\n", self._partial, upto)
         if complete:
-            self._partial = written - (self._buf.rfind(b"\n", 0, written) + 1)
+            end = self._buf.rfind(b"\n", 0, upto) + 1
             for _ in range(complete):
                 self._unwritten.popleft()
+            del self._buf[:end]
+            self._partial = upto - end
         else:
-            self._partial += written
-        del self._buf[:written]
+            self._partial = upto
+
+    def _take_back_partial(self, segment: _Segment) -> None:
+        """A write failed with the head of a line in the file: cut the file back to its last
+        whole line, so that no crash or stop can leave the head there. (A disk that is full
+        still lets a file shrink.) If it cannot be cut, the rest of the line goes next."""
+        if not self._partial or segment.fd is None:
+            return
+        try:
+            os.ftruncate(segment.fd, self._size - self._partial)
+        except OSError as error:
+            _log.error("log: cannot take back the %d bytes of a record cut short at the end of %s: %s; "
+                       "the rest of it is written there first", self._partial, segment.path.name, error)  # fmt: skip
+            return
+        self._size -= self._partial
+        self._partial = 0
 
     def _drop_soon(self) -> None:
         # Not in the middle of a caller's write(): `on_drop` must see every ticket handed out.
@@ -381,16 +408,15 @@ class LogWriter:
     def _abandon(self) -> list[tuple[int, bytes]]:
         if not self._unwritten:
             return []
-        first = self._buf.index(b"\n") + 1 if self._partial else 0
-        head = [bytes(self._buf[self._partial : first - 1])] if self._partial else []
-        lines = head + bytes(self._buf[first:]).split(b"\n")[:-1]
+        lines = bytes(self._buf).split(b"\n")[:-1]  # whole lines, the one cut short too
         tickets = list(self._unwritten)
         self._mark_lost(tickets[0], tickets[-1])
         self.dropped += len(tickets)
         self._buf.clear()
         self._unwritten.clear()
         if self._partial and self._segment is not None and self._segment.fd is not None:
-            # That record's head ends the segment, cut short (readers skip it): start another.
+            # That record's head ends the segment (it could not be cut off): readers skip it, the
+            # segment is cut after its last newline as it closes, and the next record goes to another.
             self._partial = 0
             self._segment.last = self._written
             self._retiring.append(self._segment)

@@ -21,6 +21,7 @@ from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
 from pigeon.inbound.marks import marks_path
 from pigeon.inbound.notes import Notes, RedisNotes
 from pigeon.inbound.targets import Target
+from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
 from pigeon.metrics import Metrics
 from pigeon.redaction import redact
@@ -29,7 +30,9 @@ _log = logging.getLogger(__name__)
 
 
 class Inbound:
-    def __init__(self, config: Config, log: LogWriter, metrics: Metrics, *, watch: bool) -> None:
+    def __init__(
+        self, config: Config, log: LogWriter, metrics: Metrics, *, watch: bool, outbox: Outbox | None = None
+    ) -> None:
         self.config = config
         redis_url = config.redis.url
         self.targets: dict[str, Target] = {t.name: targets.build(t, redis_url) for t in config.target}
@@ -62,6 +65,7 @@ class Inbound:
                 max_retry_interval=configs[mailbox.target].max_retry_interval,
                 node=config.node.name,
                 notes=self.notes,
+                outbox=outbox,
             )
             for mailbox in (config.mailbox if watch else [])
         ]

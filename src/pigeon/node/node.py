@@ -220,7 +220,7 @@ class Node:
         if config.target:
             from pigeon.node.inbound import Inbound
 
-            self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0)
+            self.inbound = Inbound(config, self.log, self.metrics, watch=self.worker == 0, outbox=self.outbox)
             await self.inbound.start()
         if config.delivery.enabled:
             from pigeon.node.outbound import Outbound

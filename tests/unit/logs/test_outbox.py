@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import gzip
 import json
 import os
 import sqlite3
@@ -63,6 +64,22 @@ def outbox_rows(spool: SqliteSpool) -> list[int]:
         conn.close()
 
 
+def segment_lines(directory: Path) -> list[dict[str, object]]:
+    """Every line of every segment, plain or gzipped, as a JSON tool reads it (`zcat | jq`):
+    fails on one that is no JSON record."""
+    lines: list[dict[str, object]] = []
+    for path in sorted(directory.iterdir()):
+        if path.name.endswith(".jsonl.gz"):
+            data = gzip.decompress(path.read_bytes())
+        elif path.name.endswith(".jsonl"):
+            data = path.read_bytes()
+        else:
+            continue
+        assert not data or data.endswith(b"\n"), f"{path.name} ends with part of a line"
+        lines += [json.loads(raw) for raw in data.splitlines()]
+    return lines
+
+
 def logged(directory: Path, kind: str | None = None) -> list[dict[str, object]]:
     return [r for r in read_records(directory) if kind is None or r["type"] == kind]
 
@@ -87,6 +104,7 @@ class Disk:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.full = False
+        self.write_limit: int | None = None  # bytes the next write may take before the disk fills
         self.fsync_allowed = threading.Event()
         self.fsync_allowed.set()
         self.events: list[str] = []
@@ -95,6 +113,10 @@ class Disk:
         monkeypatch.setattr(os, "fsync", self.fsync)
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.write_limit is not None:
+            take, self.write_limit = self.write_limit, None
+            self.full = True
+            return self._write(fd, data[:take]) if take else 0
         if self.full:
             raise OSError(errno.ENOSPC, "No space left on device")
         return self._write(fd, data)
@@ -285,6 +307,57 @@ async def test_stop_with_the_log_disk_full_says_how_many_records_wait_in_the_out
     }
     assert sorted(r["session"] for r in records if r["type"] == "Rejection") == [f"s{n}" for n in range(10, 14)]
     assert {r["seq"] for r in records if r["type"] == "Delivery"} >= set(seqs)
+
+
+@pytest.mark.parametrize("truncate", [True, False], ids=["taken-back", "cannot-be-taken-back"])
+async def test_a_record_cut_short_by_a_full_log_disk_is_logged_whole_once_after_a_stop_and_no_line_is_a_fragment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, truncate: bool
+) -> None:
+    # Records without an outbox row of their own (InboundDelivery, Rejection): the disk fills up in
+    # the middle of one of them, the node stops, and the next start has room again. The head of
+    # the one cut short is taken back out of the file at once, or (where that fails too) left
+    # out as its segment closes; either way the record is kept whole and logged whole.
+    disk = Disk(monkeypatch)
+    if not truncate:
+        truncate_file = os.ftruncate
+
+        def cannot_truncate(fd: int, length: int) -> None:  # a log segment (the spool's lock file can)
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl"):
+                raise OSError(errno.EIO, "Input/output error")
+            truncate_file(fd, length)
+
+        monkeypatch.setattr(os, "ftruncate", cannot_truncate)
+    loop = asyncio.get_running_loop()
+    spool = SqliteSpool(tmp_path / "spool" / "shard-0")
+    spool.open(loop)
+    log = writer(tmp_path)
+    outbox = Outbox(log, {0: spool}, forget_after=QUICK)
+    first = log.encode(rejection(0))
+    disk.write_limit = 2 * (len(first) + 1) + 30  # two records whole, 30 bytes of the third
+    for n in range(20):
+        log.write(rejection(n))
+    await asyncio.sleep(0)  # the end of this loop turn writes them
+    assert log.error is not None
+
+    await outbox.close()
+    spool.close()
+    log.close()
+    assert "18 records could not be written before stopping" in caplog.text
+
+    disk.full = False
+    spool = SqliteSpool(tmp_path / "spool" / "shard-0")
+    spool.open(loop)
+    found = recover_outbox_lines(spool, tmp_path / "log")
+    log = writer(tmp_path)
+    outbox = Outbox(log, {0: spool}, forget_after=QUICK)
+    finish_outbox(outbox, found)
+    await until(lambda: not outbox_rows(spool))
+    await outbox.close()
+    spool.close()
+    log.close()
+    lines = segment_lines(tmp_path / "log")  # every line is a JSON record
+    assert collections.Counter(r["session"] for r in lines) == {f"s{n}": 1 for n in range(20)}
+    assert ("cut short" in caplog.text) is not truncate  # only a head that stayed is left out
 
 
 async def test_a_failed_fsync_keeps_the_rows_for_the_next_start_which_writes_only_what_the_log_lacks(

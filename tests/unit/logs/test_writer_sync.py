@@ -57,6 +57,12 @@ class Disk:
         self.fsynced.append((fd, Path(f"/proc/self/fd/{fd}").read_bytes()))
 
 
+def cannot_truncate(fd: int, length: int) -> None:
+    """Stands in for `os.ftruncate` where a log segment cannot be cut back (an I/O error)."""
+    assert os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl")
+    raise OSError(errno.EIO, "Input/output error")
+
+
 def plain_segments(directory: Path) -> list[Path]:
     return list(directory.glob("*.jsonl"))
 
@@ -113,10 +119,11 @@ async def test_write_error_keeps_records_in_memory_and_sync_raises_until_the_dis
     assert numbers(tmp_path) == list(range(5))  # each once, in order
 
 
-async def test_a_write_cut_short_counts_only_the_whole_lines_and_finishes_the_cut_one_first(
+async def test_a_write_cut_short_that_cannot_be_taken_back_counts_only_the_whole_lines_and_finishes_the_cut_one_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     disk = Disk(monkeypatch)
+    monkeypatch.setattr(os, "ftruncate", cannot_truncate)
     log = opened(tmp_path)
     first, second, third = line(1), line(2), line(3)
     disk.write_limit = len(first) + 1 + 7  # the first record whole, 7 bytes of the second
@@ -135,6 +142,25 @@ async def test_a_write_cut_short_counts_only_the_whole_lines_and_finishes_the_cu
     assert [log.settled(t) for t in tickets] == [True, True, True]
     log.close()
     assert numbers(tmp_path) == [1, 2, 3]
+
+
+async def test_a_write_cut_short_by_a_full_disk_leaves_only_whole_lines_in_the_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = Disk(monkeypatch)
+    log = opened(tmp_path)
+    first, second = line(1), line(2)
+    disk.write_limit = len(first) + 1 + 7  # the first record whole, 7 bytes of the second
+    tickets = [log.write_raw(first), log.write_raw(second)]
+    log.flush()
+
+    segment = log.current_segment
+    assert segment is not None
+    assert segment.read_bytes() == first + b"\n"  # the 7 bytes are taken back
+    left = log.abandon()  # a stop with the disk still full: the record is handed back whole
+    assert left == [(tickets[1], second)]
+    log.close()
+    assert numbers(tmp_path) == [1]
 
 
 async def test_a_failed_fsync_never_counts_the_records_it_covered_even_after_a_later_success(
@@ -176,10 +202,11 @@ async def test_sync_raises_for_records_lost_before_it_was_called_even_if_another
     log.close()
 
 
-async def test_past_the_memory_bound_records_are_dropped_but_the_one_half_written_is_finished(
+async def test_past_the_memory_bound_records_are_dropped_but_the_one_half_written_that_cannot_be_taken_back_is_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     disk = Disk(monkeypatch)
+    monkeypatch.setattr(os, "ftruncate", cannot_truncate)
     log = opened(tmp_path, max_buffer=2000)
     told: list[tuple[int, bytes]] = []
     log.on_drop = told.extend
