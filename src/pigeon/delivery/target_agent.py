@@ -1,6 +1,6 @@
 """The target agent: mail of an `[[inbound]]` route, handed to the application's `[[target]]`.
 
-Messages go to the target in batches (`Target.deliver_many`: one Redis MULTI, one SQL
+Messages go to the target in batches (`Target.deliver_many`: one Redis script, one SQL
 transaction), or, to a target told of each message by a call of its own (a webhook), one
 per call, side by side, each outcome settled as soon as its call answers. Its answers become
 replies the queue understands, so retries, `max_age`, bounces and admin operations work on

@@ -10,6 +10,7 @@ worker says at start.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import functools
 import logging
 from typing import Any
@@ -20,6 +21,7 @@ from pigeon.inbound.arbitration import Arbiter, LocalArbiter, RedisArbiter
 from pigeon.inbound.mailbox import SINGLE_NODE_RISK, MailboxWatcher
 from pigeon.inbound.marks import marks_path
 from pigeon.inbound.notes import Notes, RedisNotes
+from pigeon.inbound.routes import PREFIX
 from pigeon.inbound.targets import Target
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
@@ -29,13 +31,23 @@ from pigeon.redaction import redact
 _log = logging.getLogger(__name__)
 
 
+def inbound_max_age(config: Config, target: str) -> float:
+    """The `max_age` of a target's SMTP-received mail: that of the first `[[queue]]` whose name
+    matches its queue, `inbound:<target>`, as the queue's own policy picks it, else `[delivery]`'s."""
+    name = PREFIX + target
+    queue = next((q for q in config.queue if fnmatch.fnmatchcase(name, q.name)), None)
+    return float(queue.max_age if queue is not None and queue.max_age is not None else config.delivery.max_age)
+
+
 class Inbound:
     def __init__(
         self, config: Config, log: LogWriter, metrics: Metrics, *, watch: bool, outbox: Outbox | None = None
     ) -> None:
         self.config = config
         redis_url = config.redis.url
-        self.targets: dict[str, Target] = {t.name: targets.build(t, redis_url) for t in config.target}
+        self.targets: dict[str, Target] = {
+            t.name: targets.build(t, redis_url, max_age=inbound_max_age(config, t.name)) for t in config.target
+        }
         self.arbiter: Arbiter
         if redis_url is not None:
             self.arbiter = RedisArbiter(

@@ -319,3 +319,28 @@ def test_any_address_field_decodes_to_text_that_parses_as_the_same_addresses(val
     unfolded = re.sub(r"\r\n|\r|\n", "", value)
     addresses = [address for _, address in getaddresses([decode_value("From", value)])]
     assert addresses == [address for _, address in getaddresses([unfolded.strip()])]
+
+
+def test_a_sidekiq_push_marker_outlives_the_max_age_of_the_target_s_smtp_mail(tmp_path: Path) -> None:
+    from pigeon.config.load import load_text
+    from pigeon.inbound import targets
+    from pigeon.node.inbound import inbound_max_age
+
+    text = """
+[[target]]
+name = "jobs"
+kind = "sidekiq"
+
+[[target]]
+name = "slow"
+kind = "sidekiq"
+
+[[queue]]
+name = "inbound:slow"
+max_age = "20d"
+"""
+    config = load_text(text, tmp_path / "pigeon.toml")
+    built = {t.name: targets.build(t, None, max_age=inbound_max_age(config, t.name)) for t in config.target}
+    assert isinstance(built["jobs"], SidekiqTarget) and isinstance(built["slow"], SidekiqTarget)
+    assert built["jobs"].marker_ttl == 7 * 86400  # the default max_age (5 days) and room
+    assert built["slow"].marker_ttl == 21 * 86400  # its queue's max_age and a day

@@ -15,12 +15,14 @@ __all__ = ["Handoff", "Target", "Verdict", "build"]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def build(config: schema.TargetConfig, redis_url: str | None) -> Target:
-    """The target a `[[target]]` table describes."""
+def build(config: schema.TargetConfig, redis_url: str | None, *, max_age: float | None = None) -> Target:
+    """The target a `[[target]]` table describes. `max_age`: how long its SMTP-received mail
+    may be retried (its `inbound:<name>` queue's), which a Sidekiq target's push markers outlive."""
     if isinstance(config, schema.SidekiqTarget):
-        from pigeon.inbound.targets.sidekiq import SidekiqTarget
+        from pigeon.inbound.targets.sidekiq import SidekiqTarget, marker_ttl
 
-        return SidekiqTarget(config, config.redis_url or redis_url or DEFAULT_REDIS_URL)
+        url = config.redis_url or redis_url or DEFAULT_REDIS_URL
+        return SidekiqTarget(config, url, marker_ttl=marker_ttl(max_age))
     if isinstance(config, schema.WebhookTarget):
         from pigeon.inbound.targets.webhook import WebhookTarget
 

@@ -167,6 +167,34 @@ def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
     return f"cannot connect to {host}:{error.port}: {redact(why)}"
 
 
+_SAID_AT_MOST: Final = 200  # characters of a broken answer said back in a handoff's detail
+
+
+def _failed(error: aiohttp.ClientError | OSError) -> str:
+    """A request's failure in plain words, on one line. A connection closed part way through the answer's
+    head is a `ServerDisconnectedError` whose `message` is what aiohttp's parser made of the
+    part that came (a `RawResponseMessage`), which its text gives as a repr
+    ("<RawResponseMessage(version=HttpVersion(major=1, minor=1), code=2, ...)>"): said as the
+    status line it read instead."""
+    if isinstance(error, aiohttp.ClientResponseError):  # (raised by the parser: we raise no status)
+        # "Bad status line:\n  Invalid response status:\n\n  b'HTTP/1.1 2000 OK'\n      ^", without
+        # the caret line and the request's URL, which its text adds ("400, message=..., url=...").
+        words = " ".join(line for line in error.message.splitlines() if line.strip(" ^~")).split()
+        return _at_most(f"bad HTTP response: {redact(' '.join(words))}")
+    if not isinstance(error, aiohttp.ServerDisconnectedError) or isinstance(error.message, str | None):
+        return redact(str(error)) or type(error).__name__  # ("Server disconnected": nothing came)
+    partial = error.message
+    line = f"HTTP/{partial.version.major}.{partial.version.minor} {partial.code} {partial.reason or ''}".strip()
+    fields = len(partial.headers)
+    after = f" and {fields} header field{'s' if fields != 1 else ''}" if fields else ""
+    return f'bad HTTP response: cut off after "{redact(_at_most(line))}"{after}'
+
+
+def _at_most(text: str) -> str:
+    """`text`, cut to `_SAID_AT_MOST` characters: what a server sent, said back in a detail."""
+    return text if len(text) <= _SAID_AT_MOST else f"{text[: _SAID_AT_MOST - 3]}..."
+
+
 async def _drain(response: aiohttp.ClientResponse) -> None:
     """Read the rest of an answer (its body), for a moment at most: read whole, its connection
     goes back to the pool for the next request. A body that does not end within
@@ -263,7 +291,7 @@ class WebhookTarget(Target):
         except aiohttp.ClientConnectorError as error:
             return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_cannot_connect(error)}")
         except (aiohttp.ClientError, OSError) as error:
-            return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {redact(str(error)) or type(error).__name__}")
+            return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_failed(error)}")
         except ValueError as error:  # a header aiohttp will not send: the message's own fault
             return Handoff(Verdict.PERMANENT, f"cannot make the request: {redact(str(error))}")
         detail = f"{status} {reason}".strip()
