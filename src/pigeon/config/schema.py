@@ -761,7 +761,8 @@ class PostgresqlTarget(_Target, tag="postgresql", kw_only=True):
         "inbound_emails"
     )
     create_table: bool = True
-    """Create the table (and its unique dedupe_key index) at start if it does not exist."""
+    """Create the table (and its unique dedupe_key index) at start if it does not exist, and
+    again whenever it turns out gone (dropped while the node runs)."""
     pool_size: PositiveInt = 4
 
 
