@@ -196,6 +196,21 @@ class ConnectionLost(Exception):
         self.error = error
 
 
+class TimedOut(Exception):
+    """Connecting, or a statement, took longer than the target's `timeout`: says which, and
+    what most often holds an insert that long."""
+
+    def __init__(self, config: PostgresqlConfig, *, connected: bool) -> None:
+        limit = f"timeout = {config.timeout:g}s of target {config.name}"
+        if connected:
+            super().__init__(
+                f"a statement got no answer within {limit}: a lock on table {config.table} may be holding it "
+                "(a transaction that holds one, LOCK TABLE, ALTER TABLE: see pg_locks)"
+            )
+        else:
+            super().__init__(f"no connection within {limit}")
+
+
 class TableMissing(Exception):
     """The table is not there, and the target may not make it (create_table = false); says what to do."""
 
@@ -216,10 +231,9 @@ class PostgresqlTarget(Target):
     kind = "postgresql"
     batches = True
 
-    def __init__(self, config: PostgresqlConfig, *, timeout: float = 10.0) -> None:
+    def __init__(self, config: PostgresqlConfig) -> None:
         super().__init__(config.name)
         self._config = config
-        self._timeout = timeout
         self._pool: asyncpg.Pool | None = None
         self._connecting = asyncio.Lock()
         self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
@@ -269,8 +283,8 @@ class PostgresqlTarget(Target):
                     config.dsn,
                     min_size=0,
                     max_size=config.pool_size,
-                    timeout=self._timeout,
-                    command_timeout=self._timeout,
+                    timeout=config.timeout,
+                    command_timeout=config.timeout,
                 )
             return self._pool
 
@@ -279,16 +293,21 @@ class PostgresqlTarget(Target):
         """A connection from the pool; one that turns out dead is terminated, so that the pool
         does not hand it out again, and `ConnectionLost` raised."""
         pool = await self._connect()
-        async with pool.acquire() as connection:
-            try:
-                yield connection
-            except Exception as error:
-                if not _lost(connection, error):
-                    raise
-                if not _closed(connection):  # (a closed one went back to the pool, to be replaced)
-                    connection.terminate()
-                _log.debug("target %s: connection to PostgreSQL discarded: %r", self.name, error)
-                raise ConnectionLost(error) from error
+        connected = False
+        try:
+            async with pool.acquire() as connection:
+                connected = True
+                try:
+                    yield connection
+                except Exception as error:
+                    if not _lost(connection, error):
+                        raise
+                    if not _closed(connection):  # (a closed one went back to the pool, to be replaced)
+                        connection.terminate()
+                    _log.debug("target %s: connection to PostgreSQL discarded: %r", self.name, error)
+                    raise ConnectionLost(error) from error
+        except TimeoutError as error:
+            raise TimedOut(self._config, connected=connected) from error
 
     async def _prepare(self, connection: asyncpg.Connection) -> None:
         """The table made if missing (and allowed), its columns learnt: on the first
