@@ -12,15 +12,21 @@ that drops the table), so that the two tables together show each message exactly
 from __future__ import annotations
 
 import json
+import logging
 import smtplib
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from pigeon.inbound.targets.postgresql import create_table_sql
+from pigeon.config.schema import PostgresqlTarget as PostgresqlConfig
+from pigeon.config.schema import decode_hook
+from pigeon.inbound.message import InboundMessage
+from pigeon.inbound.targets.base import Verdict
+from pigeon.inbound.targets.postgresql import PostgresqlTarget, create_table_sql
 from tests.support.apps import customer_mail
 from tests.support.process import PigeonProcess
 from tests.support.services import Postgres
@@ -143,3 +149,23 @@ def test_a_table_dropped_with_create_table_false_says_how_to_make_it_and_mail_go
         node.wait_records("Delivery", MESSAGES, timeout=30)
         wait_until(lambda: _health(node)["targets"]["pg"]["status"] == "ok", 10)
     _each_message_once(postgres)
+
+
+async def test_a_table_that_lacks_a_column_the_insert_needs_is_said_changed_once_not_at_every_try(
+    postgres: Postgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Learning the table again does not mend this one: every try fails the same way.
+    postgres.execute(create_table_sql(TABLE).replace("sender      text,", ""))
+    config = {"name": "pg", "kind": "postgresql", "dsn": postgres.dsn, "create_table": False}
+    target = PostgresqlTarget(msgspec.convert(config, PostgresqlConfig, dec_hook=decode_hook))
+    caplog.set_level(logging.INFO, logger="pigeon.inbound.targets.postgresql")
+    try:
+        await target.start()
+        message = InboundMessage.of(customer_mail(1), "smtp", time.time())
+        tries = [await target.deliver(message) for _ in range(4)]
+    finally:
+        await target.close()
+    assert {t.verdict for t in tries} == {Verdict.TRANSIENT}
+    assert 'column "sender" of relation "inbound_emails" does not exist (SQLSTATE 42703)' in tries[-1].detail
+    said = [r.getMessage() for r in caplog.records if "changed under the insert" in r.getMessage()]
+    assert len(said) == 1, said

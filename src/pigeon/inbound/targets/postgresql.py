@@ -241,6 +241,7 @@ class PostgresqlTarget(Target):
         self._checked = False  # whether the table was checked for (and our right to insert into it)
         self._preparing = asyncio.Lock()
         self._outage: str | None = None  # what the database last failed with, while it fails
+        self._changed: str | None = None  # the change to the table last said, until a batch goes in
         self._insert = self._insert_sql(decoded=False)
 
     def _columns(self) -> tuple[str, ...]:
@@ -446,6 +447,7 @@ class PostgresqlTarget(Target):
             return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
         self._answering()
         self.problem = None  # a batch went in: the table is there, and ours to insert into
+        self._changed = None
         return answers
 
     async def _insert_batch(self, connection: asyncpg.Connection, messages: Sequence[InboundMessage]) -> list[Handoff]:
@@ -470,11 +472,14 @@ class PostgresqlTarget(Target):
     def _forget(self, error: asyncpg.PostgresError) -> None:
         """Forget what was learnt of the table, which changed since (dropped, made again with
         other columns): the next `_prepare` makes it if missing and learns its columns again.
-        Said once per change (a batch that finds it forgotten already says nothing)."""
-        if self._decoded is not None:
+        Said once per change: not by a batch that finds it forgotten already, nor again for a
+        change that learning does not mend (a column the insert needs missing, failing every try)."""
+        said = redact(_said(error))
+        if self._decoded is not None and said != self._changed:
             again = "making it if missing and learning its columns" if self._config.create_table else "learning it"
             _log.warning("target %s: table %s changed under the insert (%s): %s again", self.name,
-                         self._config.table, redact(_said(error)), again)  # fmt: skip
+                         self._config.table, said, again)  # fmt: skip
+        self._changed = said
         self._prepared = False
         self._decoded = None
         self._insert = self._insert_sql(decoded=False)
