@@ -761,8 +761,12 @@ class PostgresqlTarget(_Target, tag="postgresql", kw_only=True):
         "inbound_emails"
     )
     create_table: bool = True
-    """Create the table (and its unique dedupe_key index) at start if it does not exist."""
+    """Create the table (and its unique dedupe_key index) at start if it does not exist, and
+    again whenever it turns out gone (dropped while the node runs)."""
     pool_size: PositiveInt = 4
+    timeout: PositiveDuration = PositiveDuration(10)
+    """How long connecting, and each statement (the insert, the table's check), may take; then
+    the batch is refused for now and tried again (a lock held on the table, most often)."""
 
 
 class MaildirTarget(_Target, tag="maildir", kw_only=True):

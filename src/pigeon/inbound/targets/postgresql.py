@@ -24,6 +24,12 @@ once it holds the lock; a creator that takes no such lock (an earlier version, t
 and wins the race is taken for what it is: the table is there. Two `CREATE TABLE IF NOT EXISTS`
 at once otherwise both find no table, and the second fails on the catalog's unique index
 (`pg_class_relname_nsp_index`), which would be said as an outage.
+
+What was learnt of the table (made, its columns) holds until the table changes under the node:
+dropped (`42P01`), or replaced by one of other columns, an older Pigeon's without the decoded
+header columns (`42703`). Such a batch forgets it all and tries once more (`_forget`): the table
+is made again (create_table = true) or said missing with what to do (false), its columns learnt
+again, and the waiting mail goes in without a restart.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from typing import Final, NoReturn
 import asyncpg
 
 from pigeon.config.schema import PostgresqlTarget as PostgresqlConfig
-from pigeon.inbound.headers import decoded, header_fields
+from pigeon.inbound.headers import decoded as decoded_fields
+from pigeon.inbound.headers import header_fields
 from pigeon.inbound.message import InboundMessage, header_block
 from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.redaction import redact
@@ -122,6 +129,16 @@ _MADE_MEANWHILE: Final = (
 )
 
 
+# What an insert fails with when the table changed since it was learnt: dropped (42P01), made
+# again with other columns (42703), or with another type for a column a statement reads
+# (asyncpg's cached statement then no longer fits: 0A000). Learning it again may mend all three.
+_CHANGED: Final = (
+    asyncpg.exceptions.UndefinedTableError,
+    asyncpg.exceptions.UndefinedColumnError,
+    asyncpg.exceptions.InvalidCachedStatementError,
+)
+
+
 # What a row is refused with for good, whenever it is tried: its values (class 22) or a constraint
 # of the table's (class 23). A unique violation is one on another UNIQUE than dedupe_key's (ON
 # CONFLICT (dedupe_key) takes those): a different message with, say, the same Message-ID where
@@ -179,6 +196,21 @@ class ConnectionLost(Exception):
         self.error = error
 
 
+class TimedOut(Exception):
+    """Connecting, or a statement, took longer than the target's `timeout`: says which, and
+    what most often holds an insert that long."""
+
+    def __init__(self, config: PostgresqlConfig, *, connected: bool) -> None:
+        limit = f"timeout = {config.timeout:g}s of target {config.name}"
+        if connected:
+            super().__init__(
+                f"a statement got no answer within {limit}: a lock on table {config.table} may be holding it "
+                "(a transaction that holds one, LOCK TABLE, ALTER TABLE: see pg_locks)"
+            )
+        else:
+            super().__init__(f"no connection within {limit}")
+
+
 class TableMissing(Exception):
     """The table is not there, and the target may not make it (create_table = false); says what to do."""
 
@@ -199,10 +231,9 @@ class PostgresqlTarget(Target):
     kind = "postgresql"
     batches = True
 
-    def __init__(self, config: PostgresqlConfig, *, timeout: float = 10.0) -> None:
+    def __init__(self, config: PostgresqlConfig) -> None:
         super().__init__(config.name)
         self._config = config
-        self._timeout = timeout
         self._pool: asyncpg.Pool | None = None
         self._connecting = asyncio.Lock()
         self._decoded: bool | None = None  # whether the table has the decoded header columns (None: not known yet)
@@ -210,6 +241,7 @@ class PostgresqlTarget(Target):
         self._checked = False  # whether the table was checked for (and our right to insert into it)
         self._preparing = asyncio.Lock()
         self._outage: str | None = None  # what the database last failed with, while it fails
+        self._changed: str | None = None  # the change to the table last said, until a batch goes in
         self._insert = self._insert_sql(decoded=False)
 
     def _columns(self) -> tuple[str, ...]:
@@ -252,8 +284,8 @@ class PostgresqlTarget(Target):
                     config.dsn,
                     min_size=0,
                     max_size=config.pool_size,
-                    timeout=self._timeout,
-                    command_timeout=self._timeout,
+                    timeout=config.timeout,
+                    command_timeout=config.timeout,
                 )
             return self._pool
 
@@ -262,16 +294,21 @@ class PostgresqlTarget(Target):
         """A connection from the pool; one that turns out dead is terminated, so that the pool
         does not hand it out again, and `ConnectionLost` raised."""
         pool = await self._connect()
-        async with pool.acquire() as connection:
-            try:
-                yield connection
-            except Exception as error:
-                if not _lost(connection, error):
-                    raise
-                if not _closed(connection):  # (a closed one went back to the pool, to be replaced)
-                    connection.terminate()
-                _log.debug("target %s: connection to PostgreSQL discarded: %r", self.name, error)
-                raise ConnectionLost(error) from error
+        connected = False
+        try:
+            async with pool.acquire() as connection:
+                connected = True
+                try:
+                    yield connection
+                except Exception as error:
+                    if not _lost(connection, error):
+                        raise
+                    if not _closed(connection):  # (a closed one went back to the pool, to be replaced)
+                        connection.terminate()
+                    _log.debug("target %s: connection to PostgreSQL discarded: %r", self.name, error)
+                    raise ConnectionLost(error) from error
+        except TimeoutError as error:
+            raise TimedOut(self._config, connected=connected) from error
 
     async def _prepare(self, connection: asyncpg.Connection) -> None:
         """The table made if missing (and allowed), its columns learnt: on the first
@@ -393,27 +430,59 @@ class PostgresqlTarget(Target):
     async def deliver_many(self, messages: Sequence[InboundMessage]) -> list[Handoff]:
         try:
             async with self._connection() as connection:
-                await self._prepare(connection)
-                rows = [self._row(m) for m in messages]
                 try:
-                    async with connection.transaction():
-                        there = await self._there(connection, rows)
-                        await connection.executemany(self._insert, rows)
-                except asyncpg.InsufficientPrivilegeError as error:
-                    await self._not_permitted(connection, error)
-                except asyncpg.UndefinedTableError as error:
-                    await self._missing(connection, error)
-                except _REFUSED_ROW:
-                    # One row the database refuses must not hold the others back: row by
-                    # row, the refused one is a permanent failure, the rest go in.
-                    answers = [await self._insert_one(connection, row) for row in rows]
-                else:
-                    answers = self._answers(rows, there)
+                    answers = await self._insert_batch(connection, messages)
+                except _CHANGED as error:
+                    # The table changed under what was learnt of it: learn it again, and try
+                    # once more (nothing of the batch was committed: its transaction failed).
+                    self._forget(error)
+                    try:
+                        answers = await self._insert_batch(connection, messages)
+                    except _CHANGED as again:
+                        self._forget(again)  # (a change still going on: learnt again next time)
+                        if isinstance(again, asyncpg.UndefinedTableError):
+                            await self._missing(connection, again)
+                        raise
         except Exception as error:  # down, failing over, misconfigured: later, never lost
             return [Handoff(Verdict.TRANSIENT, self._failing(error))] * len(messages)
         self._answering()
         self.problem = None  # a batch went in: the table is there, and ours to insert into
+        self._changed = None
         return answers
+
+    async def _insert_batch(self, connection: asyncpg.Connection, messages: Sequence[InboundMessage]) -> list[Handoff]:
+        """The batch in one transaction, each message's answer; the table made and learnt first."""
+        await self._prepare(connection)
+        # The statement and its rows from one look at what is known of the table: another
+        # batch may learn it again while this one runs.
+        insert, decoded = self._insert, bool(self._decoded)
+        rows = [self._row(m, decoded=decoded) for m in messages]
+        try:
+            async with connection.transaction():
+                there = await self._there(connection, rows)
+                await connection.executemany(insert, rows)
+        except asyncpg.InsufficientPrivilegeError as error:
+            await self._not_permitted(connection, error)
+        except _REFUSED_ROW:
+            # One row the database refuses must not hold the others back: row by row, the
+            # refused one is a permanent failure, the rest go in.
+            return [await self._insert_one(connection, insert, row) for row in rows]
+        return self._answers(rows, there)
+
+    def _forget(self, error: asyncpg.PostgresError) -> None:
+        """Forget what was learnt of the table, which changed since (dropped, made again with
+        other columns): the next `_prepare` makes it if missing and learns its columns again.
+        Said once per change: not by a batch that finds it forgotten already, nor again for a
+        change that learning does not mend (a column the insert needs missing, failing every try)."""
+        said = redact(_said(error))
+        if self._decoded is not None and said != self._changed:
+            again = "making it if missing and learning its columns" if self._config.create_table else "learning it"
+            _log.warning("target %s: table %s changed under the insert (%s): %s again", self.name,
+                         self._config.table, said, again)  # fmt: skip
+        self._changed = said
+        self._prepared = False
+        self._decoded = None
+        self._insert = self._insert_sql(decoded=False)
 
     def _inserted(self) -> Handoff:
         return Handoff(Verdict.ACCEPTED, f"inserted into {self._config.table}")
@@ -464,7 +533,7 @@ class PostgresqlTarget(Target):
         self.problem, fix = self._not_ours(role, lacks, statements)
         raise NotPermitted(f"{error}: role {role} lacks {lacks}; {fix}") from error
 
-    def _row(self, message: InboundMessage) -> tuple[object, ...]:
+    def _row(self, message: InboundMessage, *, decoded: bool) -> tuple[object, ...]:
         row: tuple[object, ...] = (
             message.dedupe_key,
             message.message_id,
@@ -476,14 +545,14 @@ class PostgresqlTarget(Target):
             message.raw,
             datetime.datetime.fromtimestamp(message.received_at, datetime.UTC),
         )
-        if self._decoded:
-            fields = decoded(header_fields(header_block(message.raw)))
+        if decoded:
+            fields = decoded_fields(header_fields(header_block(message.raw)))
             row += tuple(fields[name] for name in _DECODED_COLUMNS)
         return row
 
-    async def _insert_one(self, connection: asyncpg.Connection, row: tuple[object, ...]) -> Handoff:
+    async def _insert_one(self, connection: asyncpg.Connection, insert: str, row: tuple[object, ...]) -> Handoff:
         try:
-            status = await connection.execute(self._insert, *row)
+            status = await connection.execute(insert, *row)
         except _REFUSED_ROW as error:
             return Handoff(Verdict.PERMANENT, f"PostgreSQL refused the row: {redact(_said(error))}")
         return self._already() if status == "INSERT 0 0" else self._inserted()
