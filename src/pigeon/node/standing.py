@@ -127,10 +127,12 @@ class NodeRules:
     def __init__(self, path: Path) -> None:
         self._path = path
         self.standing = Standing()
+        self.found = True
+        """Whether `path` was there: a Pigeon before 2026-12-04 kept no such file."""
         try:
             self.standing = decode(path.read_bytes())
         except FileNotFoundError:
-            pass  # none made through here yet
+            self.found = False  # none made through here yet, or kept by an older Pigeon
         except (OSError, msgspec.DecodeError) as error:
             _log.error("admin rules: %s cannot be read (%s): workers take only what is written from now on",
                        path, error)  # fmt: skip
@@ -354,17 +356,22 @@ def shard_rules(root: Path) -> list[tuple[int, Rule]]:
 def gather_shard_rules(rules: NodeRules, root: Path, now: float) -> None:
     """At a supervisor's start, before any worker: the rules in force that the shards under `root`
     hold and the node's rules lack, taken into them (`NodeRules.gather`), and kept."""
-    taken = rules.gather(shard_rules(root), now)
-    for shard, rule in taken:
-        _log.warning(
-            "admin rules: %s %s of %s (by %s) was kept by shard %d only, not in the node's rules (made while the "
-            "node ran with one worker?): every worker takes it",
-            "suspension" if rule.kind == "suspend" else "standing bounce",
-            rule.id,
-            rule.selector.describe(),
-            rule.operator,
-            shard,
-        )
+    held = shard_rules(root)
+    shards: dict[str, list[int]] = {}
+    for shard, rule in held:
+        shards.setdefault(rule.id, []).append(shard)
+    taken = rules.gather(held, now)
+    for _, rule in taken:
+        kind = "suspension" if rule.kind == "suspend" else "standing bounce"
+        named = f"{kind} {rule.id} of {rule.selector.describe()} (by {rule.operator})"
+        holders = shards[rule.id]
+        where = f"shard {holders[0]} only" if len(holders) == 1 else "shards " + ", ".join(map(str, holders))
+        if not rules.found:  # an upgrade: the node's rules file is newer than the rule
+            _log.info("admin rules: %s, kept by %s (a Pigeon before this one kept no %s): every worker takes it",
+                      named, where, RULES_FILE)  # fmt: skip
+        else:
+            _log.warning("admin rules: %s was kept by %s, not in the node's rules (made while the node ran with "
+                         "one worker?): every worker takes it", named, where)  # fmt: skip
     if taken:
         rules.save(now)
 

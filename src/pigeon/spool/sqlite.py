@@ -261,7 +261,7 @@ class SqliteSpool:
         try:
             conn = self._connect()
             try:
-                self._migrate(conn)
+                self._migrate(conn, self.db_path)
                 # Outbox seqs come from the same generator, and rows may stay there across a
                 # restart (a log that could not be written): a new id must not meet one of them.
                 last = conn.execute(
@@ -950,10 +950,14 @@ class SqliteSpool:
         return conn
 
     @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
+    def _migrate(conn: sqlite3.Connection, path: Path) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise SpoolCorrupt(f"spool schema version {version} is newer than this Pigeon ({SCHEMA_VERSION})")
+            raise SpoolCorrupt(
+                f"spool {path} has schema version {version}, written by a newer Pigeon (this one reads up "
+                f"to {SCHEMA_VERSION}); nothing was changed: start the newer Pigeon again (a spool a newer Pigeon "
+                "migrated cannot go back; do not move it aside, it holds the mail)"
+            )
         if version == 0:
             conn.executescript(_SCHEMA)
         else:
