@@ -12,7 +12,9 @@ and what a reply means is here, testable without a socket:
   LAST`, RFC 3030: one round trip per message); without, it goes command by command. It
   records one reply per recipient: the RCPT refusal, or the end-of-data reply. Success is a
   2xx, and only DATA may have a 354; any other positive reply (a 250 to DATA, a 354 to the
-  end of data or to RCPT) is a `ClientProtocolError`, never a delivery.
+  end of data or to RCPT) is a `ClientProtocolError`, never a delivery. A BDAT answered as a
+  command the server does not know (`BDAT_NOT_UNDERSTOOD`) is no verdict on the message: its
+  recipients get a 4xx, and `Result.bdat_not_understood` says to send it again with DATA.
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
 offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
@@ -286,6 +288,10 @@ class Result:
     mail_reply: Reply | None = None
     data_reply: Reply | None = None
     needs_reset: bool = False  # the server still holds the transaction (MAIL accepted, no end of data)
+    bdat_not_understood: Reply | None = None
+    """The server's reply to BDAT when it did not know the command (`BDAT_NOT_UNDERSTOOD`,
+    though it offers CHUNKING): the message was not taken, its accepted recipients have
+    `data_reply` (`bdat_not_understood()`, a 4xx), and it may go again with DATA."""
 
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
@@ -318,6 +324,21 @@ def rcpt_reply_read(reply: Reply) -> Reply:
     enhanced = None if reply.enhanced is None else "4" + reply.enhanced[1:]
     note = "(552 to RCPT read as 452, RFC 5321 4.5.3.1.10)"
     return Reply(452, enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} {note}"))
+
+
+BDAT_NOT_UNDERSTOOD: Final = frozenset({500, 502, 504})
+"""Replies to BDAT that say the command itself is not known (RFC 5321 4.2.4: unrecognised, not
+implemented, a parameter not implemented), though the server offered CHUNKING: a broken
+implementation, or a middlebox that mangles it. That says nothing of the message, which DATA
+may deliver, unlike a content refusal after BDAT LAST (a 552 or 554), which stands."""
+
+
+def bdat_not_understood(reply: Reply) -> Reply:
+    """What the accepted recipients of a message whose BDAT was not understood get: a 4xx in
+    the server's words (its enhanced class made 4), saying what happened and what comes next."""
+    enhanced = "4.5.1" if reply.enhanced is None else "4" + reply.enhanced[1:]
+    text = f"answered BDAT with {reply} (not understood, though CHUNKING is offered): to go again with DATA"
+    return Reply(451, enhanced, (text,))
 
 
 # What a pending reply answers.
@@ -364,6 +385,7 @@ class Transaction:
         self._rcpt_replies: list[Reply | None] = [None] * len(envelope.recipients)
         self._mail_reply: Reply | None = None
         self._data_reply: Reply | None = None
+        self._bdat_not_understood: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
         self._closing: Reply | None = None
 
@@ -466,6 +488,9 @@ class Transaction:
         if what == _CONTENT:
             if self._mail_ok() and self._accepted_any():
                 self._data_reply = reply
+                if self.chunking and reply.code in BDAT_NOT_UNDERSTOOD:
+                    self._bdat_not_understood = reply
+                    self._data_reply = bdat_not_understood(reply)
                 # RFC 5321 4.1.1.4: whatever the reply to the end of data, the server has
                 # cleared the transaction, so no RSET is needed. RFC 3030 says no such thing of
                 # a refused BDAT: reset after one, to be sure.
@@ -496,6 +521,7 @@ class Transaction:
             mail,
             self._data_reply,
             needs_reset=self._mail_ok() and not self._ended,
+            bdat_not_understood=self._bdat_not_understood,
         )
 
     # --- helpers -------------------------------------------------------------------------
