@@ -12,7 +12,9 @@ understands: the server's own 4xx when it turned us away with one (a 421 banner,
 EHLO: what the reactions read), `451 4.4.1` for a host that would not talk otherwise,
 `451 4.4.2` for a timeout or a dropped connection, `451 4.5.0` for a server that broke the
 protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its handshake failed).
-The caller decides what they mean for the message.
+The caller decides what they mean for the message. A server that offers CHUNKING and
+answers BDAT as a command it does not know gets the message again at once, with DATA, on a new
+connection (`ClientConnection._again_with_data`), and DATA for `NO_CHUNKING_FOR` after.
 
 The glue is an `asyncio.Protocol`, not streams: bytes go to the session as they arrive, and
 what it answers (the next command of a lock-step transaction, the content after 354) is
@@ -133,6 +135,30 @@ class ConnectionLost(Exception):
     def __init__(self, reply: Reply) -> None:
         super().__init__(str(reply))
         self.reply = reply
+
+
+NO_CHUNKING_FOR: Final = 3600.0
+"""Seconds a server that answered BDAT as a command it does not know is sent DATA instead,
+CHUNKING offered or not: one such answer costs a connection, not one a message."""
+_NO_CHUNKING: dict[tuple[str, int], float] = {}  # (address, port) -> until when (monotonic)
+
+
+def _chunking_broken(address: str, port: int) -> bool:
+    """Whether the server at `address` did not understand BDAT within `NO_CHUNKING_FOR`."""
+    until = _NO_CHUNKING.get((address, port))
+    return until is not None and until > time.monotonic()
+
+
+def _remember_chunking_broken(address: str, port: int) -> None:
+    now = time.monotonic()
+    for key in [key for key, until in _NO_CHUNKING.items() if until <= now]:
+        del _NO_CHUNKING[key]  # (only servers that failed within the hour are kept)
+    _NO_CHUNKING[(address, port)] = now + NO_CHUNKING_FOR
+
+
+def _noted(reply: Reply, note: str) -> Reply:
+    """`reply` with `note` after the text of its last line."""
+    return Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} {note}"))
 
 
 def _with_note(reason: Reply) -> Reply:
@@ -375,6 +401,8 @@ class ClientConnection:
         self.tls: str | None = None  # the TLS version and cipher, once on TLS
         self.options = options
         self.broken = False
+        self.opened_with: tuple[Hop, Destination, TlsPolicy] | None = None  # to connect again (`_again_with_data`)
+        self._carried: tuple[list[Reply], list[int]] | None = None  # see `_again_with_data`
 
     @property
     def capabilities(self) -> Capabilities:
@@ -526,7 +554,8 @@ class ClientConnection:
     ) -> ClientConnection:
         peer = _peer(hop, address)
         loop = asyncio.get_running_loop()
-        session = ClientSession(options.helo_name, tls=policy, pipelining=options.pipelining, chunking=options.chunking)
+        chunking = options.chunking and not _chunking_broken(address, hop.port)
+        session = ClientSession(options.helo_name, tls=policy, pipelining=options.pipelining, chunking=chunking)
         wire = _Wire(loop, session)
         try:
             async with asyncio.timeout(options.connect_timeout):
@@ -540,6 +569,7 @@ class ClientConnection:
                 raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
             raise _NoConnection(reply) from None
         connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
+        connection.opened_with = (hop, destination, policy)
         try:
             await connection._greet(hop, destination)
         except ConnectionLost as error:
@@ -612,7 +642,54 @@ class ClientConnection:
         if not isinstance(event, TransactionDone):
             self.broken = True
             raise ConnectionLost(self._unanswered_end(self._lost(self._wire.error or _CLOSED)))
-        return event.result, time.monotonic() - started
+        result = event.result
+        if result.bdat_not_understood is not None:
+            result = await self._again_with_data(envelope, result)
+        return result, time.monotonic() - started
+
+    async def _again_with_data(self, envelope: Envelope, result: Result) -> Result:
+        """`result`, of a transaction whose BDAT the server did not understand (its session has
+        closed the connection: see `ClientSession`), with the recipients it had accepted sent
+        again with DATA on a new connection to the same address, under the same TLS policy:
+        the server took no message, so each gets it once. The address gets DATA for
+        `NO_CHUNKING_FOR` (`_open_one`). If no new connection is to be had, they keep their
+        4xx (`client.bdat_not_understood`), which says why, and the connection is broken."""
+        refused = result.bdat_not_understood
+        assert refused is not None and self.opened_with is not None
+        hop, destination, policy = self.opened_with
+        _remember_chunking_broken(self.address, hop.port)
+        again = [i for i, reply in enumerate(result.replies) if reply == result.data_reply]
+        _log.warning(
+            "%s: %s answered BDAT with %s, though it offers CHUNKING: the message goes again with DATA on a new "
+            "connection, and DATA it gets for the next %gs",
+            destination.site,
+            self.peer,
+            refused,
+            NO_CHUNKING_FOR,
+        )
+        self.close()
+        try:
+            other = await ClientConnection._open_one(hop, self.address, destination, self.options, policy)
+        except ConnectFailed as error:
+            replies = list(result.replies)
+            for index in again:
+                replies[index] = _noted(replies[index], f"; connecting again failed: {error.reply}")
+            return Result(replies, result.mail_reply, result.data_reply)
+        self._wire, self._session, self.tls, self.broken = other._wire, other._session, other.tls, False
+        replies = list(result.replies)
+        self._carried = (replies, again)  # (should a stop cut what follows: `answered_before_cut`)
+        rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in again])
+        try:
+            more, _ = await self.send(rest)
+        except ConnectionLost as error:
+            self._carried = None
+            for index in again:
+                replies[index] = error.reply
+            return Result(replies, result.mail_reply, result.data_reply)
+        self._carried = None  # (left set if a stop cancels the send: `answered_before_cut` reads it)
+        for index, reply in zip(again, more.replies, strict=True):
+            replies[index] = _noted(reply, "(sent with DATA: BDAT not understood)")
+        return Result(replies, more.mail_reply, more.data_reply, needs_reset=more.needs_reset)
 
     def _unanswered_end(self, reason: Reply) -> Reply:
         """Why a transaction broke, saying so when it broke after the end of the content went
@@ -645,7 +722,15 @@ class ClientConnection:
         they stand (a restart must not send again what the server took). None if not."""
         for event in self._wire.events:
             if isinstance(event, TransactionDone):
-                return list(event.result.replies)
+                if self._carried is None:
+                    return list(event.result.replies)
+                # The answers of a transaction sent again with DATA, to some of the recipients
+                # of the one cut: the others keep what the first said.
+                replies, again = self._carried
+                replies = list(replies)
+                for index, reply in zip(again, event.result.replies, strict=True):
+                    replies[index] = reply
+                return replies
         return None
 
     def alive(self) -> bool:

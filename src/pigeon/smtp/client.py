@@ -3,14 +3,18 @@
 The asyncio driver (`pigeon.delivery.session`) moves bytes; everything about what to send
 and what a reply means is here, testable without a socket:
 
-* `ReplyReader` turns server bytes into `Reply` values (multi-line, enhanced codes);
+* `ReplyReader` turns server bytes into `Reply` values (multi-line, enhanced codes). A line
+  longer than `_MAX_REPLY_LINE` is cut, not refused (Postfix's `line_length_limit`); a reply
+  bigger than `_MAX_REPLY_BYTES` is a `ClientProtocolError`;
 * `Capabilities` is what an EHLO reply offers;
 * `Transaction` sends one message to its recipients. With PIPELINING it writes MAIL, every
   RCPT and DATA in one go (RFC 2920), with CHUNKING as well the content itself (`BDAT n
   LAST`, RFC 3030: one round trip per message); without, it goes command by command. It
   records one reply per recipient: the RCPT refusal, or the end-of-data reply. Success is a
   2xx, and only DATA may have a 354; any other positive reply (a 250 to DATA, a 354 to the
-  end of data or to RCPT) is a `ClientProtocolError`, never a delivery.
+  end of data or to RCPT) is a `ClientProtocolError`, never a delivery. A BDAT answered as a
+  command the server does not know (`BDAT_NOT_UNDERSTOOD`) is no verdict on the message: its
+  recipients get a 4xx, and `Result.bdat_not_understood` says to send it again with DATA.
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
 offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
@@ -32,11 +36,19 @@ from pigeon.smtp.framing import crlf_lines, find_line_dot
 from pigeon.smtp.replies import Reply
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
-_MAX_REPLY_LINE: Final = 4096  # RFC 5321 says 512; be generous, but not unbounded
+_MAX_REPLY_LINE: Final = 4096
+"""The longest reply line kept, without its CRLF (RFC 5321 4.5.3.1.5 says 512; be generous). A
+longer one is read to its end and cut there, as Postfix cuts at `line_length_limit`: a server
+that sends one long line (an EHLO keyword with a long argument) is still a server to talk to."""
+_MAX_REPLY_BYTES: Final = 1 << 20
+"""Bytes in one reply, every line counted whole (the cut parts of long lines too). Past it the
+reply is a protocol error: a server that sends a line or "250-" lines without end would
+otherwise keep us reading (and, without the cut, buffering) for as long as it kept the
+connection. An EHLO reply has a few hundred bytes."""
 _MAX_REPLY_LINES: Final = 1000
-"""Lines in one reply. An EHLO reply has a dozen; a server that sends "250-" lines without end
-would otherwise grow the reply in memory for as long as it kept the connection."""
+"""Lines in one reply. An EHLO reply has a dozen."""
 _CACHED_LINE: Final = 512  # RFC 5321 4.5.3.1.5: longer lines are odd, and not worth keeping
+_LONGEST_EHLO_LINE: Final = 512  # RFC 5321 4.5.3.1.5 again: no extension we use needs more
 
 
 class ClientProtocolError(Exception):
@@ -45,26 +57,46 @@ class ClientProtocolError(Exception):
 
 
 class ReplyReader:
-    """Accumulates server bytes and returns complete replies."""
+    """Accumulates server bytes and returns complete replies.
 
-    __slots__ = ("_buf", "_lines")
+    Memory stays bounded whatever the server sends: a line longer than `_MAX_REPLY_LINE` keeps
+    its first `_MAX_REPLY_LINE` bytes (one more while it is read: that byte may be its CR) and
+    the rest is dropped as it comes, up to the line's LF; a reply is at most
+    `_MAX_REPLY_BYTES` received and `_MAX_REPLY_LINES` lines."""
+
+    __slots__ = ("_buf", "_lines", "_partial", "_reply_bytes", "_skipping")
 
     def __init__(self) -> None:
-        self._buf = bytearray()
-        self._lines: list[str] = []
+        self._buf = bytearray()  # the start of a line whose LF has not come (at most _MAX_REPLY_LINE + 1 bytes)
+        self._lines: list[str] = []  # the lines so far of a multi-line reply
+        self._partial = 0  # bytes received of that unfinished line, the dropped ones included
+        self._reply_bytes = 0  # bytes received of the reply's earlier lines (`_lines`)
+        self._skipping = False  # the unfinished line is too long: what comes up to its LF is dropped
 
     def feed(self, data: bytes) -> list[Reply]:
+        replies: list[Reply] = []
         buf = self._buf
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                self._partial += len(data)
+                self._check_size()
+                return replies
+            size = self._partial + end
+            self._skipping, self._partial = False, 0
+            kept = bytes(buf)
+            buf.clear()
+            reply = self._line(kept, size)
+            if reply is not None:
+                replies.append(reply)
+            data = data[end + 1 :]
+            if not data:
+                return replies
         if buf:
             buf += data
             data = bytes(buf)
             buf.clear()
         *complete, rest = data.split(b"\n")
-        if rest:
-            if len(rest) > _MAX_REPLY_LINE:
-                raise ClientProtocolError("reply line too long")
-            buf += rest
-        replies: list[Reply] = []
         for raw in complete:
             if not self._lines:
                 # Servers say the same few things over and over ("250 2.1.0 Ok"): a line seen
@@ -73,16 +105,37 @@ class ReplyReader:
                 if seen is not None:
                     replies.append(seen)
                     continue
-            reply = self._line(raw)
+            reply = self._line(raw, len(raw))
             if reply is not None:
                 replies.append(reply)
+        if rest:
+            self._partial = len(rest)
+            if len(rest) > _MAX_REPLY_LINE + 1:
+                # Too long whatever comes: keep what the cut keeps (and the byte after it, as a
+                # complete line would have it) and drop the rest as it arrives.
+                self._skipping = True
+                buf += rest[: _MAX_REPLY_LINE + 1]
+                self._check_size()
+            else:
+                buf += rest
+        else:
+            self._partial = 0
         return replies
 
-    def _line(self, raw: bytes) -> Reply | None:
-        """Check one line (without its LF); the reply if it is the last line of one."""
-        if len(raw) > _MAX_REPLY_LINE:
-            raise ClientProtocolError("reply line too long")
-        line = (raw[:-1] if raw.endswith(b"\r") else raw).decode("utf-8", "replace")
+    def _check_size(self) -> None:
+        if self._reply_bytes + self._partial > _MAX_REPLY_BYTES:
+            raise ClientProtocolError(f"a reply of more than {_MAX_REPLY_BYTES} bytes")
+
+    def _line(self, raw: bytes, size: int) -> Reply | None:
+        """Check one line (without its LF; `size` bytes long as received, before any cut); the
+        reply if it is the last line of one."""
+        self._reply_bytes += size + 1
+        if self._reply_bytes > _MAX_REPLY_BYTES:
+            raise ClientProtocolError(f"a reply of more than {_MAX_REPLY_BYTES} bytes")
+        text = raw[:-1] if raw.endswith(b"\r") else raw
+        if len(text) > _MAX_REPLY_LINE:
+            text = text[:_MAX_REPLY_LINE]  # cut: what follows is dropped unread, as Postfix does
+        line = text.decode("utf-8", "replace")
         code = line[:3]
         if len(code) < 3 or not (code.isascii() and code.isdigit()) or (len(line) > 3 and line[3] not in " -"):
             raise ClientProtocolError(f"malformed reply line {line[:80]!r}")
@@ -97,17 +150,18 @@ class ReplyReader:
                 raise ClientProtocolError(f"a reply of more than {_MAX_REPLY_LINES} lines")
             return None
         self._lines = []
+        self._reply_bytes = 0
         reply = _parse_reply(lines)
-        if len(lines) == 1 and len(raw) <= _CACHED_LINE:
+        if len(lines) == 1 and size <= _CACHED_LINE:
             if len(_SEEN) > 4096:
                 _SEEN.clear()
-            _SEEN[raw] = reply
+            _SEEN[raw] = reply  # (as received: never a cut line, `_CACHED_LINE` is shorter)
         return reply
 
     @property
     def buffered(self) -> bool:
         """Part of a reply has arrived and waits for the rest."""
-        return bool(self._buf or self._lines)
+        return bool(self._buf or self._lines or self._skipping)
 
 
 _SEEN: dict[bytes, Reply] = {}  # single-line replies by their line as received
@@ -148,6 +202,11 @@ class Capabilities:
         size: int | None = None
         auth: tuple[str, ...] = ()
         for line in reply.lines[1:]:
+            if len(line) > _LONGEST_EHLO_LINE:
+                # Longer than RFC 5321 allows, perhaps cut (`ReplyReader`): its parameters may
+                # not be whole (a SIZE cut short, an AUTH mechanism cut in two), so it is not
+                # used, and the keywords beside it are.
+                continue
             parts = line.split()
             if not parts:
                 continue
@@ -229,6 +288,10 @@ class Result:
     mail_reply: Reply | None = None
     data_reply: Reply | None = None
     needs_reset: bool = False  # the server still holds the transaction (MAIL accepted, no end of data)
+    bdat_not_understood: Reply | None = None
+    """The server's reply to BDAT when it did not know the command (`BDAT_NOT_UNDERSTOOD`,
+    though it offers CHUNKING): the message was not taken, its accepted recipients have
+    `data_reply` (`bdat_not_understood()`, a 4xx), and it may go again with DATA."""
 
 
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
@@ -261,6 +324,21 @@ def rcpt_reply_read(reply: Reply) -> Reply:
     enhanced = None if reply.enhanced is None else "4" + reply.enhanced[1:]
     note = "(552 to RCPT read as 452, RFC 5321 4.5.3.1.10)"
     return Reply(452, enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} {note}"))
+
+
+BDAT_NOT_UNDERSTOOD: Final = frozenset({500, 502, 504})
+"""Replies to BDAT that say the command itself is not known (RFC 5321 4.2.4: unrecognised, not
+implemented, a parameter not implemented), though the server offered CHUNKING: a broken
+implementation, or a middlebox that mangles it. That says nothing of the message, which DATA
+may deliver, unlike a content refusal after BDAT LAST (a 552 or 554), which stands."""
+
+
+def bdat_not_understood(reply: Reply) -> Reply:
+    """What the accepted recipients of a message whose BDAT was not understood get: a 4xx in
+    the server's words (its enhanced class made 4), saying what happened and what comes next."""
+    enhanced = "4.5.1" if reply.enhanced is None else "4" + reply.enhanced[1:]
+    text = f"answered BDAT with {reply} (not understood, though CHUNKING is offered): to go again with DATA"
+    return Reply(451, enhanced, (text,))
 
 
 # What a pending reply answers.
@@ -307,6 +385,7 @@ class Transaction:
         self._rcpt_replies: list[Reply | None] = [None] * len(envelope.recipients)
         self._mail_reply: Reply | None = None
         self._data_reply: Reply | None = None
+        self._bdat_not_understood: Reply | None = None
         self._ended = False  # the server answered the end of the content: its transaction is over
         self._closing: Reply | None = None
 
@@ -409,6 +488,9 @@ class Transaction:
         if what == _CONTENT:
             if self._mail_ok() and self._accepted_any():
                 self._data_reply = reply
+                if self.chunking and reply.code in BDAT_NOT_UNDERSTOOD:
+                    self._bdat_not_understood = reply
+                    self._data_reply = bdat_not_understood(reply)
                 # RFC 5321 4.1.1.4: whatever the reply to the end of data, the server has
                 # cleared the transaction, so no RSET is needed. RFC 3030 says no such thing of
                 # a refused BDAT: reset after one, to be sure.
@@ -439,6 +521,7 @@ class Transaction:
             mail,
             self._data_reply,
             needs_reset=self._mail_ok() and not self._ended,
+            bdat_not_understood=self._bdat_not_understood,
         )
 
     # --- helpers -------------------------------------------------------------------------

@@ -187,7 +187,9 @@ class Closed:
 
     `reply` is the server's last word: its answer to QUIT, a 421 it sent while idle (RFC 5321
     3.8), or a 421 that ended a transaction (right after its `TransactionDone`, whose
-    recipients without an answer of their own got it). None when it closed without one.
+    recipients without an answer of their own got it). None when it closed without one, or
+    when the session ended it: after a transaction whose BDAT the server did not understand
+    (`Result.bdat_not_understood`), QUIT is written and no reply awaited.
     """
 
     reply: Reply | None
@@ -459,6 +461,13 @@ class ClientSession:
                     # RFC 5321 3.8: after a 421 the server closes the connection, and the
                     # client does not wait to see it (nor says QUIT into what it left behind).
                     self._close(Closed(transaction.closing))
+                elif result.bdat_not_understood is not None:
+                    # A server that does not know BDAT may have read the chunk's octets as
+                    # commands, and be answering them: no reply it sends on this connection can
+                    # be matched to a command of ours any more. Goodbye, without waiting for
+                    # an answer; DATA goes on a new connection (`pigeon.delivery.session`).
+                    self._out.append(b"QUIT\r\n")
+                    self._close(Closed(None))
                 return
 
     def _on_reply(self, reply: Reply) -> None:
