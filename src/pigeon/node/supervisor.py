@@ -41,6 +41,7 @@ from pigeon.listener.http.admin import (
     ISSUED_HEADER,
     SUSPENSIONS_HELD,
     RuleChange,
+    body_too_large,
     caller,
     cluster_wide,
     confine,
@@ -1001,6 +1002,9 @@ class Supervisor:
         issued = time.time()
         holder = self._tokens.known(request)  # (known: `_api` asked before reading the body)
         tenants = self._tokens.binding(holder)
+        if (refused := body_too_large(body)) is not None:  # before anything here decodes it
+            status, answer = refusal_answer(refused)
+            return web.json_response(answer, status=status)
         try:
             body = self._confined(request, body, holder, tenants)
         except web.HTTPException as refusal:

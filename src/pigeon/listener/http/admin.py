@@ -214,12 +214,30 @@ def with_id(body: bytes, via: Literal["cli", "api"] | None = None) -> bytes:
     return body
 
 
+MAX_BODY: Final = 64 * 1024
+"""Bytes of an admin request's body. One names a few globs, a reason and a duration (a few
+hundred bytes); decoding what `[http] max_request_size` allows (64 MiB of `{},` is 21 million
+objects, 61 KB of gzip) would hold the supervisor's loop for minutes and take gigabytes."""
+
+
+def body_too_large(body: bytes) -> web.HTTPRequestEntityTooLarge | None:
+    """413 for an admin body over `MAX_BODY`, before anything decodes it; None if it is not."""
+    if len(body) <= MAX_BODY:
+        return None
+    text = json.dumps({"error": f"an admin request's body is at most {MAX_BODY} bytes", "field": "$"})
+    return web.HTTPRequestEntityTooLarge(
+        max_size=MAX_BODY, actual_size=len(body), text=text, content_type="application/json"
+    )
+
+
 def validate(method: str, path: str, body: bytes) -> None:
     """Refuse (400, 404, 405) what `perform` would refuse before doing anything: checked where a
     request is issued, so a bad one is not sent to every worker and node first. `path` may
     carry a query string: a parameter the endpoint does not know is refused too."""
     action, _ = _route(method, path)
     _known_query((name for name, _ in parse_qsl(path.partition("?")[2], keep_blank_values=True)), action)
+    if (refused := body_too_large(body)) is not None:
+        raise refused
     if method == "POST":
         _decode(path, body)
 

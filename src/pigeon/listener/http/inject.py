@@ -85,6 +85,7 @@ from pigeon.listener.http.json_body import (
     repeated_refusal,
     require_json,
     span_at,
+    too_many_values,
 )
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
@@ -200,6 +201,8 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
     if declared_too_large(request, max_size):  # (left to this handler by the app's body limit)
         raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=request.content_length or 0)
     body = await read_body(request)  # (400 naming Content-Encoding for a body not coded as it says)
+    if (crowded := too_many_values(body)) is not None:  # before anything decodes it
+        raise bad_request(crowded, "$")
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     try:

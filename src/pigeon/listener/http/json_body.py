@@ -53,6 +53,34 @@ def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return members
 
 
+MAX_VALUES: Final = 1_000_000
+"""JSON values (objects, arrays, strings, numbers...) one request body may hold. Decoding and
+checking a value costs the event loop time and the worker memory whatever the body's bytes:
+64 MiB of `{},` are 21 million objects, and 61 KB of gzip make them. A request of
+`[http] max_recipients` recipients, each with its metadata and substitutions, has a few dozen
+values each: ten thousand recipients are far below this."""
+_SMALL: Final = 256 * 1024
+"""Bytes of body under which a refusal's JSON path is found by walking the decoded body (which
+builds a path for every value); past it, a repeated member is named by its key alone (`$..key`)."""
+_SKIPPED_STRING: Final = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_LONE_SURROGATE_ESCAPE: Final = re.compile(rb"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def too_many_values(body: bytes) -> str | None:
+    """What a 400 says of a body holding more than `MAX_VALUES` JSON values, or None. Counted
+    by the bytes that start or separate values, outside strings, at the speed of `bytes.count`
+    (the strings are taken out only when the rough count, strings included, is over)."""
+
+    def rough(text: bytes) -> int:
+        return text.count(b",") + text.count(b"{") + text.count(b"[") + 1
+
+    if rough(body) <= MAX_VALUES:
+        return None
+    if rough(_SKIPPED_STRING.sub(b'""', body)) <= MAX_VALUES:
+        return None
+    return f"more than {MAX_VALUES} JSON values in one request: send them in more requests"
+
+
 class _Members(list[tuple[str, Any]]):
     """An object's members in their order, as `json.loads` gives them to `object_pairs_hook`."""
 
@@ -76,7 +104,28 @@ def _walk(body: bytes) -> Iterator[tuple[str, Any]]:
 
 def repeated_member(body: bytes) -> str | None:
     """The JSON path (`$.recipients[0].email`) of the first member an object of `body` names
-    a second time, if any."""
+    a second time, if any. Found at the speed of `json.loads`: only a body that has one is
+    walked for its path (a small one: a large one's is `$..key`)."""
+    repeated: list[str] = []
+
+    def check(pairs: list[tuple[str, Any]]) -> None:
+        # None: the tree is not kept, only checked. (`dict` finds a repeat at C speed.)
+        if len(pairs) > 1 and not repeated and len(dict(pairs)) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    repeated.append(key)
+                    return
+                seen.add(key)
+
+    try:
+        json.loads(body, object_pairs_hook=check)
+    except (ValueError, RecursionError):
+        return None
+    if not repeated:
+        return None
+    if len(body) > _SMALL:
+        return f"$..{repeated[0][:40]}"
     for path, value in _walk(body):
         if isinstance(value, _Members):
             seen: set[str] = set()
@@ -100,7 +149,18 @@ def _lone_surrogate_in(text: str) -> bool:
 def lone_surrogate(body: bytes) -> tuple[str, bool] | None:
     """Where the first string of `body` holding a lone surrogate escape is, if any: its JSON
     path (`$.content.subject`), and whether it is a member's name (then the path is of the
-    object naming it) rather than a value."""
+    object naming it) rather than a value. Only a body with such an escape is decoded (and a
+    large one is not walked for the path: `$`)."""
+    if _LONE_SURROGATE_ESCAPE.search(body) is None:
+        return None
+    if len(body) > _SMALL:
+        try:  # a lone surrogate, decoded, cannot be encoded as UTF-8: found at C speed
+            json.dumps(json.loads(body), ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return "$", False
+        except (ValueError, RecursionError):
+            return None
+        return None
     for path, value in _walk(body):
         if isinstance(value, str) and _lone_surrogate_in(value):
             return path, False

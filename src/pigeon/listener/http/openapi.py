@@ -41,8 +41,8 @@ _DURATION_PATTERN: Final = f"^{DURATION_TEXT.pattern}$"  # the config's syntax, 
 _RULE_ID_PATTERN: Final = "^[A-Za-z0-9_-]{1,64}$"
 _ERRORS: Final = {
     "400": (
-        "The request is malformed (field: what in it), or its body is not coded as its Content-Encoding says "
-        "(field: Content-Encoding); nothing was stored",
+        "The request is malformed (field: what in it), holds more than 1,000,000 JSON values (field: $), or its "
+        "body is not coded as its Content-Encoding says (field: Content-Encoding); nothing was stored",
         "ErrorResponse",
     ),
     "401": ("No token, or an unknown one", "ErrorResponse"),
@@ -53,7 +53,11 @@ _ERRORS: Final = {
         "(Authorization); the error names the token and its tenants; nothing was done",
         "ErrorResponse",
     ),
-    "413": ("The request body is over [http] max_request_size; the error names the setting", "ErrorResponse"),
+    "413": (
+        "The request body is over [http] max_request_size (the error names the setting), or an admin request's "
+        "over 64 KiB (field: $)",
+        "ErrorResponse",
+    ),
 }
 _SLOW: Final = (
     "The request's headers took longer than [http] header_timeout, or its body came slower than [http] "
