@@ -9,7 +9,7 @@ what failed (scheme, user name, host, port, path) and replace the secret with `*
 - URL userinfo: `redis://:pw@host` becomes `redis://:***@host`, `postgresql://app:pw@db/x`
   becomes `postgresql://app:***@db/x`; a userinfo without a colon is usually a token
   (`https://TOKEN@host`) and goes whole: `https://***@host`;
-- query or fragment parameters whose name ends in a word that says secret (token, key,
+- query or fragment parameters whose name ends in a word that says secret (token, key, code,
   secret, password, sig, auth, credential, ...): `?token=abc&page=2` becomes
   `?token=***&page=2`, `?api_key=x` `?api_key=***`;
 - path segments that look like a token (16 characters or more, letters and digits mixed,
@@ -38,7 +38,7 @@ MASK: Final = "***"
 # access_token, key, api_key, X-Amz-Signature, client_secret, sslpassword, ...
 _SECRET_PARAMETER: Final = re.compile(
     r"[A-Za-z0-9_.\-]*(?:pass|passwd|password|pwd|secret|token|key|apikey|sig|signature|auth"
-    r"|authorization|credential|credentials)",
+    r"|authorization|credential|credentials|code)",  # code: Azure Functions' function key
     re.IGNORECASE,
 )
 # In free text only names that can mean nothing else (a "dedupe_key=" in a log line is no secret).
@@ -88,7 +88,10 @@ def redact_url(url: str) -> str:
         userinfo, host = authority.rsplit("@", 1)
         user, colon, _ = userinfo.partition(":")
         authority = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
-    return f"{scheme}://{authority}{_PARAMETER.sub(_mask_parameter, tail)}"
+    before, hash_, fragment = tail.partition("#")
+    if fragment and "=" not in fragment:
+        fragment = MASK  # a bare fragment is never sent to the server: if it is there, it is a key
+    return f"{scheme}://{authority}{_PARAMETER.sub(_mask_parameter, before + hash_ + fragment)}"
 
 
 def redact(text: str) -> str:

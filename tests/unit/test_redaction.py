@@ -26,6 +26,11 @@ from pigeon.redaction import RedactingFormatter, redact, redact_url
         ),
         ("https://ghp_0123456789@hooks.example/in", "https://***@hooks.example/in"),
         ("https://hooks.example/in?page=2", "https://hooks.example/in?page=2"),
+        (  # Azure Functions' function key
+            "https://app.azurewebsites.example/api/fn?code=aZ3kq9XwPl0m&name=x",
+            "https://app.azurewebsites.example/api/fn?code=***&name=x",
+        ),
+        ("https://hooks.example/in#aZ3kq9XwPl0mN7vB", "https://hooks.example/in#***"),  # a bare fragment
         (
             "https://hooks.slack.example/services/T0A1B2C3D/B0A1B2C3D/aZ3kq9XwPl0mN7vB2cD4eF6g",
             "https://hooks.slack.example/services/T0A1B2C3D/B0A1B2C3D/***",
