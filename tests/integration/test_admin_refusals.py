@@ -224,6 +224,8 @@ def test_what_a_rule_came_through_is_set_by_the_node_not_the_client(node: tuple[
         ("/api/v1/admin/suspend", {"site": "[::1]:65536"}, "$.site", "port 65536 is out of range"),
         ("/api/v1/admin/suspend", {"site": "mx.example:025"}, "$.site", "leading zero: write 25"),
         ("/api/v1/admin/retry", {"queue": "c[12:t4@*"}, "$.queue", "'[' set that is not closed"),
+        ("/api/v1/admin/suspend", {"queue": "zz\x1b]0;x\x07"}, "$.queue", "no control or format character"),
+        ("/api/v1/admin/bounce", {"queue": "c:t@x\u200e.test"}, "$.queue", "no control or format character"),
         ("/api/v1/admin/bounce", {"tenant": "t[!]"}, "$.tenant", "'[' set that is not closed"),
         ("/api/v1/admin/suspend", {"campaign": "spring["}, "$.campaign", "'[' set that is not closed"),
         ("/api/v1/admin/suspend", {"domain": "a..b"}, "$.domain", "empty label"),

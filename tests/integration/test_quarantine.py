@@ -87,6 +87,7 @@ def test_quarantine_lists_each_entry_with_its_reason_and_saves_what_can_be_sent_
         assert sorted(p.name for p in rescued.iterdir()) == [f"{saved_id:016x}.eml", f"{saved_id:016x}.json"]
         assert "not saved" in saving.stdout
         command = next(line for line in saving.stdout.splitlines() if line.strip().startswith("pigeon inject"))
+        assert " --to=saved@example.net " in command  # (one word: an address may start with "-")
         sent = _cli(*shlex.split(command)[1:])  # as printed: it names the node's config
         assert sent.returncode == 0, sent.stderr
         delivered = {m.recipients[0]: m.email for m in sink.wait_for(2)}

@@ -283,9 +283,11 @@ def _save(entry: Entry, directory: Path, config: Path | None, *, quiet: bool) ->
         print(f"  not saved:  {error.filename}: {error.strerror}", file=out)
         return
     command = ["pigeon", "inject", *(["-c", str(config)] if config is not None else [])]
-    command += ["--no-template", "--from", envelope.sender]
+    # `--from=...`: an address may start with "-" (`-c/tmp/x.toml@evil.test`), which as a word of
+    # its own the command would read as an option of its own.
+    command += ["--no-template", f"--from={envelope.sender}"]
     for recipient in envelope.recipients:
-        command += ["--to", recipient.address]
+        command.append(f"--to={recipient.address}")
     if envelope.tenant:
         command += ["--tenant", envelope.tenant]
     if envelope.campaign:
