@@ -248,10 +248,14 @@ def _fill(disk: Path) -> Path:
 
 
 @pytest.mark.root
-def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(ext4_disk: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(
+    ext4_disk: Path, tmp_path: Path, workers: int
+) -> None:
     root = tmp_path / "node"
     spool = {"path": str(ext4_disk / "spool")}
-    with PigeonProcess(root, spool=spool) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+    node = {"workers": workers}
+    with PigeonProcess(root, spool=spool, node=node) as pigeon, smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         for n in range(5):
             assert (
                 client.sendmail(
@@ -260,7 +264,7 @@ def test_start_on_a_full_disk_waits_for_room_without_calling_the_spool_corrupt(e
                 == {}
             )
     filler = _fill(ext4_disk)
-    pigeon = PigeonProcess(root, spool=spool)
+    pigeon = PigeonProcess(root, spool=spool, node=node)
     pigeon.start(wait=False)
     try:
         deadline = time.monotonic() + 15

@@ -1278,7 +1278,13 @@ class MailboxWatcher:
             await self._log.sync()
         except OSError as error:
             # The application has the messages: holding their acknowledgement back until the
-            # log disk is fixed would hand them over again and again. Said loudly instead.
+            # log disk is fixed would hand them over again and again. Said instead: loudly when
+            # only this process's memory holds records the file could not take.
+            if self._outbox is not None and not self._unkept:
+                _log.warning("mailbox %s: the event log cannot be written or fsynced (%s): the records it could not "
+                             "take are kept in the spool's outbox until it can; acknowledging",
+                             self.config.name, error)  # fmt: skip
+                return
             _log.error("mailbox %s: inbound records may not be durable, acknowledging anyway: %s",
                        self.config.name, error)  # fmt: skip
 

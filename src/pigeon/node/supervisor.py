@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -106,6 +107,8 @@ _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow", "Accept-Encoding"})
 _BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
+_DISK_FULL_RETRY = 2.0  # seconds between tries to make the shared tables on a full disk (as a worker's spool)
+_DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
 # Restarting a worker that died: the wait doubles from the first to the last while it keeps
 # dying soon after its start (a crash loop), and is the first again for one that had answered
 # for `_STEADY` seconds since it started (it ran fine: its shard should not wait long).
@@ -330,14 +333,41 @@ class Supervisor:
             if held:  # stopped: a late signal must not end the exit (status 129 for a SIGHUP)
                 signals.hold()
 
+    async def _make_shared_tables(self, stop: asyncio.Event) -> bool:
+        """Make the workers' shared tables afresh: their limits start empty, as nothing a worker
+        of an earlier run held is open. On a full disk, say so and try again every
+        `_DISK_FULL_RETRY` seconds, as each worker waits for room for its spool (listening on
+        nothing meanwhile); False if told to stop first."""
+        spool = self.config.spool.path
+        said = -_DISK_FULL_REMINDER
+        while True:
+            try:
+                create_shared_table(shared_table_path(spool))
+                create_client_table(client_table_path(spool))  # and so do the SMTP clients'
+                return True
+            except OSError as error:
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if time.monotonic() - said >= _DISK_FULL_REMINDER:
+                    said = time.monotonic()
+                    _log.warning("cannot start yet: spool %s: its disk is full (%s, making %s): the spool is intact, "
+                                 "do not move it; free some space on that file system; trying again every %.0fs",
+                                 spool, error.strerror, error.filename, _DISK_FULL_RETRY)  # fmt: skip
+                sd_notify(f"STATUS=waiting for room on the disk of {spool}",
+                          f"EXTEND_TIMEOUT_USEC={int(_DISK_FULL_REMINDER * 1_000_000)}")  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _DISK_FULL_RETRY)
+            if stop.is_set():
+                _log.info("stopping while waiting for room on the disk of %s", spool)
+                return False
+
     async def _run(self, stop: asyncio.Event) -> None:
         problem = interpreter_problem(self.config.node.user)
         if problem is not None:
             raise RuntimeError(problem)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        # The workers' shared limits start empty: nothing a worker of an earlier run held is open.
-        create_shared_table(shared_table_path(self.config.spool.path))
-        create_client_table(client_table_path(self.config.spool.path))  # and so do the SMTP clients'
+        if not await self._make_shared_tables(stop):
+            return  # SIGTERM or SIGINT while waiting for room: a stop like any other
         if self._node_rules is not None:
             # What the shards hold that the node's rules lack (a run with one worker, of a Pigeon
             # that kept no file then): in the file before any worker starts and takes it.

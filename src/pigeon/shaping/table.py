@@ -121,9 +121,15 @@ def create_shared_table(path: Path) -> None:
     """A fresh, empty table for a node's workers (the supervisor, before it starts them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".new")
-    with open(temporary, "wb") as file:
-        file.write(_HEADER.pack(_MAGIC, SLOTS, _SLOT_SIZE))
-        file.truncate(_FIRST_SLOT + SLOTS * _SLOT_SIZE)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(_HEADER.pack(_MAGIC, SLOTS, _SLOT_SIZE))
+            # Its blocks allocated now: a sparse file on a full disk would kill the worker that
+            # first touches a page of it (SIGBUS), where this raises ENOSPC to be said and waited out.
+            os.posix_fallocate(file.fileno(), 0, _FIRST_SLOT + SLOTS * _SLOT_SIZE)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)  # a worker that opens it meanwhile sees the old one or this, whole
 
 
