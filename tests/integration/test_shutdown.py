@@ -14,16 +14,21 @@ from tests.support.rawsmtp import RawSmtp
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 
+def _half_a_message(busy: RawSmtp) -> None:
+    """A transaction open in the middle of its message's content, as a SIGTERM may find one."""
+    busy.expect(220)
+    busy.expect(250, "EHLO busy.test")
+    busy.expect(250, "MAIL FROM:<a@example.org>")
+    busy.expect(250, "RCPT TO:<b@example.net>")
+    busy.expect(354, "DATA")
+    busy.send(b"Subject: in flight\r\n\r\nfirst half\r\n")
+
+
 def test_sigterm_lets_an_open_transaction_finish_then_says_421(pigeon: PigeonProcess) -> None:
     with RawSmtp(pigeon.smtp_port) as busy, RawSmtp(pigeon.smtp_port) as idle:
-        busy.expect(220)
         idle.expect(220)
         idle.expect(250, "EHLO idle.test")
-        busy.expect(250, "EHLO busy.test")
-        busy.expect(250, "MAIL FROM:<a@example.org>")
-        busy.expect(250, "RCPT TO:<b@example.net>")
-        busy.expect(354, "DATA")
-        busy.send(b"Subject: in flight\r\n\r\nfirst half\r\n")
+        _half_a_message(busy)
         assert pigeon.process is not None
         pigeon.process.send_signal(signal.SIGTERM)
         code, _ = idle.reply()  # the idle connection is closed at once
@@ -50,12 +55,7 @@ def test_with_two_workers_new_clients_are_refused_at_once_while_a_transaction_fi
     # that nobody will ever greet: the client hangs until the node exits, then is reset.
     with PigeonProcess(tmp_path / "node", node={"workers": 2}) as pigeon:
         with RawSmtp(pigeon.smtp_port) as busy:
-            busy.expect(220)
-            busy.expect(250, "EHLO busy.test")
-            busy.expect(250, "MAIL FROM:<a@example.org>")
-            busy.expect(250, "RCPT TO:<b@example.net>")
-            busy.expect(354, "DATA")
-            busy.send(b"Subject: in flight\r\n\r\nfirst half\r\n")
+            _half_a_message(busy)
             assert pigeon.process is not None
             pigeon.process.send_signal(signal.SIGTERM)
             time.sleep(0.5)
