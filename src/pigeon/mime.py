@@ -26,7 +26,6 @@ import email.utils
 import re
 import secrets
 from dataclasses import dataclass
-from email.header import Header
 from typing import Final
 
 from pigeon.smtp import address
@@ -132,24 +131,56 @@ def multipart(subtype: str, parts: list[Part]) -> Part:
     return Part(f"{field}\r\n".encode(), body)
 
 
+# What reads as the end of a line (`str.splitlines`: CR, LF, VT, FF, FS, GS, RS, NEL, LS, PS):
+# each becomes a space, so that no line break can be smuggled into a header. Nothing else of
+# the text is touched: U+3000, U+00A0, a tab or two spaces are the text's own.
+_LINE_BREAK: Final = re.compile("\r\n|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+_WSP: Final = re.compile(r"[ \t]+")
+
+
+def one_line(value: str) -> str:
+    """`value` with each line break (`_LINE_BREAK`) made a space, and nothing else changed."""
+    return _LINE_BREAK.sub(" ", value)
+
+
 def header(name: str, value: str) -> str:
-    """`Name: value` with CRLF, as encoded words when the value is not plain short ASCII."""
-    value = " ".join(value.split())  # no line breaks can be smuggled into a header
+    """`Name: value` with CRLF, for an unstructured field (Subject, Comments, an optional field
+    such as `X-...`, RFC 5322 3.6.5 and 3.6.8): the text as it is, folded before white space,
+    when it is printable ASCII whose words fit a line; else RFC 2047 words (RFC 2047 5(1)).
+
+    The text is kept as given but for its line breaks: its spaces, tabs, runs of them, and
+    white space beyond ASCII (U+3000, U+00A0). Folding only inserts CRLF before white space
+    that is there, so unfolding gives the text back. White space at either end would be
+    trimmed by readers (and by relaxed DKIM canonicalization): such a value is encoded, the
+    white space inside the words."""
+    value = one_line(value)
     # Text with "=?" in it could read back as an encoded word (RFC 2047) and be decoded into
     # something else: it is encoded itself, as any other text that is not plain.
-    if _PLAIN.fullmatch(value) is None or "=?" in value:
-        encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
-        return f"{name}: {encoded}\r\n"
-    if len(name) + 2 + len(value) <= _FOLD_AT:
-        return f"{name}: {value}\r\n"
-    words = value.split(" ")
-    # Folding only happens between words: one that cannot fit on a line of its own (or the
-    # first, beside the name) would start the value with a fold, which readers take as a space.
-    if len(name) + 2 + len(words[0]) > _FOLD_AT or max(map(len, words)) >= _FOLD_AT:
-        encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
-        return f"{name}: {encoded}\r\n"
-    encoded = Header(value, "us-ascii", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
-    return f"{name}: {encoded}\r\n"
+    plain = _PLAIN_FIELD.fullmatch(value) is not None and "=?" not in value and value == value.strip(" \t")
+    if plain and value:
+        words = _WSP.split(value)
+        # Folding only happens before white space: a word that cannot fit on a line of its own
+        # (or the first, beside the name) would start the value with a fold, read as a space.
+        if len(name) + 2 + len(words[0]) <= _FOLD_AT and max(map(len, words)) < _FOLD_AT:
+            return _fold_text(f"{name}: ", value)
+    if not value:
+        return f"{name}: \r\n"
+    return _folded(name, _encoded_words(value, _FOLD_AT - len(name) - 2))
+
+
+_PLAIN_FIELD: Final = re.compile(r"[\x20-\x7e\t]*")
+
+
+def _fold_text(start: str, value: str) -> str:
+    """`start` and `value` (printable ASCII, no white space at either end), folded with CRLF
+    before a run of white space where the line would pass 76 columns: nothing added or lost."""
+    lines = [start]
+    for gap, word in re.findall(r"([ \t]*)([^ \t]+)", value):
+        if gap and len(lines[-1]) + len(gap) + len(word) > _FOLD_AT:
+            lines.append(gap + word)
+        else:
+            lines[-1] += gap + word
+    return "\r\n".join(lines) + "\r\n"
 
 
 def token_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
@@ -215,8 +246,8 @@ def address_header(name: str, display_name: str, addr: str, max_line: int = MAX_
     for it; a local part that is not ASCII has no such form, and is
     written in UTF-8 as RFC 6532 allows (the caller marks the message as needing SMTPUTF8)."""
     addr = address.with_a_label(addr)
-    display_name = " ".join(display_name.split())  # no line breaks can be smuggled in
-    if not display_name:
+    display_name = one_line(display_name)  # no line breaks can be smuggled in
+    if not display_name.strip():
         # A bare addr-spec is the plainest mailbox; a UTF-8 one in angle brackets, which
         # readers of RFC 6532 mail parse more reliably.
         return token_field(name, addr if addr.isascii() else f"<{addr}>", max_line)
