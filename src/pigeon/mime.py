@@ -165,7 +165,10 @@ def header(name: str, value: str) -> str:
             return _fold_text(f"{name}: ", value)
     if not value:
         return f"{name}: \r\n"
-    return _folded(name, _encoded_words(value, _FOLD_AT - len(name) - 2))
+    words = _encoded_words(value, _FOLD_AT - len(name) - 2)
+    if len(name) + 2 + len(words[0]) > _FOLD_AT:  # a long name leaves no room for one character's word
+        return _fold_onto([f"{name}:"], _encoded_words(value, _MAX_WORD))
+    return _folded(name, words)
 
 
 _PLAIN_FIELD: Final = re.compile(r"[\x20-\x7e\t]*")
@@ -362,3 +365,105 @@ def _with_parameter(field: str, name: str, value: str, max_line: int) -> str:
     start = f' {name}="'
     words = _encoded_words(value, _MAX_WORD + 1 - len(start))  # the first beside it, within 76
     return f"{field};\r\n{start}" + "\r\n ".join(words) + '"'
+
+
+# --- structured fields given by a request (`content.headers`) ---------------------------------
+ADDRESS_FIELDS: Final = frozenset(
+    {
+        "from", "to", "cc", "bcc", "sender", "reply-to",
+        "resent-from", "resent-to", "resent-cc", "resent-bcc", "resent-sender",
+        "disposition-notification-to", "return-receipt-to", "errors-to", "mail-followup-to", "mail-reply-to",
+    }
+)  # fmt: skip
+"""Fields whose value is an address list (RFC 5322 3.6.2, 3.6.3, 3.6.6; RFC 8098 2.1)."""
+ID_FIELDS: Final = frozenset({"message-id", "in-reply-to", "references", "resent-message-id"})
+"""Fields of msg-ids (RFC 5322 3.6.4, 3.6.6)."""
+URL_FIELDS: Final = frozenset(
+    {
+        "list-unsubscribe",
+        "list-unsubscribe-post",
+        "list-help",
+        "list-post",
+        "list-subscribe",
+        "list-owner",
+        "list-archive",
+    }
+)
+"""Fields of URLs in angle brackets (RFC 2369, RFC 8058)."""
+_PRINTABLE: Final = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+_LIST_ID: Final = re.compile(r"(.*?)[ \t]*<([\x21-\x3b\x3d\x3f-\x7e]+)>")
+
+
+def field(name: str, value: str, max_line: int = MAX_LINE) -> str:
+    """`Name: value` with CRLF, for a field a request gives by name: an unstructured one as
+    `header` writes it, a structured one never made an encoded word whole (RFC 2047 5: none in
+    an addr-spec, a msg-id or a URL, where no reader decodes one). An address list is read and
+    written again mailbox by mailbox, each display name encoded where it must be (as
+    `address_header`); msg-ids and URLs must be ASCII, folded at their white space (a URL
+    list after its commas too), a token longer than a line on a line of its own, up to
+    `max_line`; a List-Id's phrase is encoded as a display name, its `<list-id>` kept.
+    ValueError saying why for a value that cannot be written so."""
+    lowered = name.lower()
+    value = one_line(value)
+    if lowered in ADDRESS_FIELDS:
+        return _address_list(name, value, max_line)
+    if lowered in ID_FIELDS or lowered in URL_FIELDS:
+        value = value.strip(" \t")
+        if not _PRINTABLE.fullmatch(value):
+            what = "msg-ids" if lowered in ID_FIELDS else "URLs (write one that is not ASCII percent-encoded)"
+            raise ValueError(
+                f"must be printable ASCII: a field of {what} is never RFC 2047-encoded (RFC 2047 5), where"
+                " a reader would not find them"
+            )
+        split = r"[ \t]+" if lowered in ID_FIELDS else r"[ \t]+|(?<=,)(?=[^ \t])"
+        return _tokens(name, re.split(split, value), max_line)
+    if lowered == "list-id":
+        found = _LIST_ID.fullmatch(value.strip(" \t"))
+        if found is None:
+            raise ValueError('must be a list-id in angle brackets, after an optional phrase: "Name <list.example.org>"')
+        phrase, list_id = found.groups()
+        phrase = email.utils.unquote(phrase) if phrase.startswith('"') else phrase
+        words = _phrase(phrase, len(name) + 2, max_line) if phrase.strip() else []
+        return _checked(
+            _folded(name, [*words, f"<{list_id}>"]) if words else token_field(name, f"<{list_id}>"), max_line
+        )
+    return header(name, value)
+
+
+def _address_list(name: str, value: str, max_line: int) -> str:
+    mailboxes = email.utils.getaddresses([value])
+    if not mailboxes or not value.strip(" \t"):
+        raise ValueError("must be one or more addresses")
+    words: list[str] = []
+    for index, (display_name, addr) in enumerate(mailboxes):
+        if not addr or (problem := address.check(addr)) is not None:
+            raise ValueError(f"address {index + 1} ({addr!r}): {problem.text if addr and problem else 'none found'}")
+        addr = address.with_a_label(addr)
+        column = len(name) + 2 if not words else 1
+        if display_name.strip():
+            mailbox = [*_phrase(display_name, column, max_line), f"<{addr}>"]
+        else:
+            mailbox = [addr if addr.isascii() else f"<{addr}>"]
+        if index < len(mailboxes) - 1:
+            mailbox[-1] += ","
+        words += mailbox
+    first, *rest = words
+    return _checked(_fold_onto(token_field(name, first, max_line).removesuffix("\r\n").split("\r\n"), rest), max_line)
+
+
+def _tokens(name: str, tokens: list[str], max_line: int) -> str:
+    """Tokens that cannot be folded inside (msg-ids, URLs): one space between, folded before
+    one that would take its line past 76 columns (the first on a line of its own after the
+    name when beside it the line would pass `max_line`)."""
+    first, *rest = tokens
+    return _checked(_fold_onto(token_field(name, first, max_line).removesuffix("\r\n").split("\r\n"), rest), max_line)
+
+
+def _checked(field: str, max_line: int) -> str:
+    longest = max(len(line.encode("utf-8", "surrogatepass")) for line in field.split("\r\n"))
+    if longest > max_line:
+        raise ValueError(
+            f"holds a word of {longest} octets on its line, which cannot be folded: over [smtp] max_line_length"
+            f" ({max_line}), which the message would be refused for"
+        )
+    return field
