@@ -324,6 +324,9 @@ def check_request(
                     f"{name!r} is written by Pigeon from {made_by or _PARTS}: set it there",
                     f"$.content.headers.{name}",
                 )
+            value = content.headers[name]
+            if not (request.template and "{" in value):  # (a template's is checked as it is rendered)
+                _given_field(name, value, max_line_length)
     if request.template:
         _Templates(request)  # compiles every template: syntax errors are the request's
 
@@ -367,6 +370,15 @@ _CONTENT_ID_TEXT: Final = (
     'not a content id: printable ASCII without white space, <, >, (, ), " or \\, such as'
     " logo.png@example.org (RFC 2392); it is written as Content-ID: <content_id>"
 )
+
+
+def _given_field(name: str, value: str, max_line_length: int) -> str:
+    """A field of the request's `headers`, as `mime.field` writes it; ComposeError naming it
+    when it cannot be (a msg-id or URL that is not ASCII, an address list that is not one)."""
+    try:
+        return mime.field(name, value, max_line_length)
+    except ValueError as error:
+        raise ComposeError(f"{name} {error}", f"$.content.headers.{name}") from None
 
 
 def _as_is_in_header(value: str | None, field: str) -> None:
@@ -624,7 +636,7 @@ class Composer:
         requested = [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
         routing += requested
         head += [
-            mime.header(name, render(f"headers.{name}", value))
+            _given_field(name, render(f"headers.{name}", value), max_line)
             for name, value in parts.headers.items()
             if name.lower() not in routing_names
         ]

@@ -26,7 +26,6 @@ import email.utils
 import re
 import secrets
 from dataclasses import dataclass
-from email.header import Header
 from typing import Final
 
 from pigeon.smtp import address
@@ -132,24 +131,59 @@ def multipart(subtype: str, parts: list[Part]) -> Part:
     return Part(f"{field}\r\n".encode(), body)
 
 
+# What reads as the end of a line (`str.splitlines`: CR, LF, VT, FF, FS, GS, RS, NEL, LS, PS):
+# each becomes a space, so that no line break can be smuggled into a header. Nothing else of
+# the text is touched: U+3000, U+00A0, a tab or two spaces are the text's own.
+_LINE_BREAK: Final = re.compile("\r\n|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+_WSP: Final = re.compile(r"[ \t]+")
+
+
+def one_line(value: str) -> str:
+    """`value` with each line break (`_LINE_BREAK`) made a space, and nothing else changed."""
+    return _LINE_BREAK.sub(" ", value)
+
+
 def header(name: str, value: str) -> str:
-    """`Name: value` with CRLF, as encoded words when the value is not plain short ASCII."""
-    value = " ".join(value.split())  # no line breaks can be smuggled into a header
+    """`Name: value` with CRLF, for an unstructured field (Subject, Comments, an optional field
+    such as `X-...`, RFC 5322 3.6.5 and 3.6.8): the text as it is, folded before white space,
+    when it is printable ASCII whose words fit a line; else RFC 2047 words (RFC 2047 5(1)).
+
+    The text is kept as given but for its line breaks: its spaces, tabs, runs of them, and
+    white space beyond ASCII (U+3000, U+00A0). Folding only inserts CRLF before white space
+    that is there, so unfolding gives the text back. White space at either end would be
+    trimmed by readers (and by relaxed DKIM canonicalization): such a value is encoded, the
+    white space inside the words."""
+    value = one_line(value)
     # Text with "=?" in it could read back as an encoded word (RFC 2047) and be decoded into
     # something else: it is encoded itself, as any other text that is not plain.
-    if _PLAIN.fullmatch(value) is None or "=?" in value:
-        encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
-        return f"{name}: {encoded}\r\n"
-    if len(name) + 2 + len(value) <= _FOLD_AT:
-        return f"{name}: {value}\r\n"
-    words = value.split(" ")
-    # Folding only happens between words: one that cannot fit on a line of its own (or the
-    # first, beside the name) would start the value with a fold, which readers take as a space.
-    if len(name) + 2 + len(words[0]) > _FOLD_AT or max(map(len, words)) >= _FOLD_AT:
-        encoded = Header(value, "utf-8", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
-        return f"{name}: {encoded}\r\n"
-    encoded = Header(value, "us-ascii", header_name=name).encode(linesep="\r\n", maxlinelen=_FOLD_AT)
-    return f"{name}: {encoded}\r\n"
+    plain = _PLAIN_FIELD.fullmatch(value) is not None and "=?" not in value and value == value.strip(" \t")
+    if plain and value:
+        words = _WSP.split(value)
+        # Folding only happens before white space: a word that cannot fit on a line of its own
+        # (or the first, beside the name) would start the value with a fold, read as a space.
+        if len(name) + 2 + len(words[0]) <= _FOLD_AT and max(map(len, words)) < _FOLD_AT:
+            return _fold_text(f"{name}: ", value)
+    if not value:
+        return f"{name}: \r\n"
+    words = _encoded_words(value, _FOLD_AT - len(name) - 2)
+    if len(name) + 2 + len(words[0]) > _FOLD_AT:  # a long name leaves no room for one character's word
+        return _fold_onto([f"{name}:"], _encoded_words(value, _MAX_WORD))
+    return _folded(name, words)
+
+
+_PLAIN_FIELD: Final = re.compile(r"[\x20-\x7e\t]*")
+
+
+def _fold_text(start: str, value: str) -> str:
+    """`start` and `value` (printable ASCII, no white space at either end), folded with CRLF
+    before a run of white space where the line would pass 76 columns: nothing added or lost."""
+    lines = [start]
+    for gap, word in re.findall(r"([ \t]*)([^ \t]+)", value):
+        if gap and len(lines[-1]) + len(gap) + len(word) > _FOLD_AT:
+            lines.append(gap + word)
+        else:
+            lines[-1] += gap + word
+    return "\r\n".join(lines) + "\r\n"
 
 
 def token_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
@@ -215,8 +249,8 @@ def address_header(name: str, display_name: str, addr: str, max_line: int = MAX_
     for it; a local part that is not ASCII has no such form, and is
     written in UTF-8 as RFC 6532 allows (the caller marks the message as needing SMTPUTF8)."""
     addr = address.with_a_label(addr)
-    display_name = " ".join(display_name.split())  # no line breaks can be smuggled in
-    if not display_name:
+    display_name = one_line(display_name)  # no line breaks can be smuggled in
+    if not display_name.strip():
         # A bare addr-spec is the plainest mailbox; a UTF-8 one in angle brackets, which
         # readers of RFC 6532 mail parse more reliably.
         return token_field(name, addr if addr.isascii() else f"<{addr}>", max_line)
@@ -331,3 +365,105 @@ def _with_parameter(field: str, name: str, value: str, max_line: int) -> str:
     start = f' {name}="'
     words = _encoded_words(value, _MAX_WORD + 1 - len(start))  # the first beside it, within 76
     return f"{field};\r\n{start}" + "\r\n ".join(words) + '"'
+
+
+# --- structured fields given by a request (`content.headers`) ---------------------------------
+ADDRESS_FIELDS: Final = frozenset(
+    {
+        "from", "to", "cc", "bcc", "sender", "reply-to",
+        "resent-from", "resent-to", "resent-cc", "resent-bcc", "resent-sender",
+        "disposition-notification-to", "return-receipt-to", "errors-to", "mail-followup-to", "mail-reply-to",
+    }
+)  # fmt: skip
+"""Fields whose value is an address list (RFC 5322 3.6.2, 3.6.3, 3.6.6; RFC 8098 2.1)."""
+ID_FIELDS: Final = frozenset({"message-id", "in-reply-to", "references", "resent-message-id"})
+"""Fields of msg-ids (RFC 5322 3.6.4, 3.6.6)."""
+URL_FIELDS: Final = frozenset(
+    {
+        "list-unsubscribe",
+        "list-unsubscribe-post",
+        "list-help",
+        "list-post",
+        "list-subscribe",
+        "list-owner",
+        "list-archive",
+    }
+)
+"""Fields of URLs in angle brackets (RFC 2369, RFC 8058)."""
+_PRINTABLE: Final = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+_LIST_ID: Final = re.compile(r"(.*?)[ \t]*<([\x21-\x3b\x3d\x3f-\x7e]+)>")
+
+
+def field(name: str, value: str, max_line: int = MAX_LINE) -> str:
+    """`Name: value` with CRLF, for a field a request gives by name: an unstructured one as
+    `header` writes it, a structured one never made an encoded word whole (RFC 2047 5: none in
+    an addr-spec, a msg-id or a URL, where no reader decodes one). An address list is read and
+    written again mailbox by mailbox, each display name encoded where it must be (as
+    `address_header`); msg-ids and URLs must be ASCII, folded at their white space (a URL
+    list after its commas too), a token longer than a line on a line of its own, up to
+    `max_line`; a List-Id's phrase is encoded as a display name, its `<list-id>` kept.
+    ValueError saying why for a value that cannot be written so."""
+    lowered = name.lower()
+    value = one_line(value)
+    if lowered in ADDRESS_FIELDS:
+        return _address_list(name, value, max_line)
+    if lowered in ID_FIELDS or lowered in URL_FIELDS:
+        value = value.strip(" \t")
+        if not _PRINTABLE.fullmatch(value):
+            what = "msg-ids" if lowered in ID_FIELDS else "URLs (write one that is not ASCII percent-encoded)"
+            raise ValueError(
+                f"must be printable ASCII: a field of {what} is never RFC 2047-encoded (RFC 2047 5), where"
+                " a reader would not find them"
+            )
+        split = r"[ \t]+" if lowered in ID_FIELDS else r"[ \t]+|(?<=,)(?=[^ \t])"
+        return _tokens(name, re.split(split, value), max_line)
+    if lowered == "list-id":
+        found = _LIST_ID.fullmatch(value.strip(" \t"))
+        if found is None:
+            raise ValueError('must be a list-id in angle brackets, after an optional phrase: "Name <list.example.org>"')
+        phrase, list_id = found.groups()
+        phrase = email.utils.unquote(phrase) if phrase.startswith('"') else phrase
+        words = _phrase(phrase, len(name) + 2, max_line) if phrase.strip() else []
+        return _checked(
+            _folded(name, [*words, f"<{list_id}>"]) if words else token_field(name, f"<{list_id}>"), max_line
+        )
+    return header(name, value)
+
+
+def _address_list(name: str, value: str, max_line: int) -> str:
+    mailboxes = email.utils.getaddresses([value])
+    if not mailboxes or not value.strip(" \t"):
+        raise ValueError("must be one or more addresses")
+    words: list[str] = []
+    for index, (display_name, addr) in enumerate(mailboxes):
+        if not addr or (problem := address.check(addr)) is not None:
+            raise ValueError(f"address {index + 1} ({addr!r}): {problem.text if addr and problem else 'none found'}")
+        addr = address.with_a_label(addr)
+        column = len(name) + 2 if not words else 1
+        if display_name.strip():
+            mailbox = [*_phrase(display_name, column, max_line), f"<{addr}>"]
+        else:
+            mailbox = [addr if addr.isascii() else f"<{addr}>"]
+        if index < len(mailboxes) - 1:
+            mailbox[-1] += ","
+        words += mailbox
+    first, *rest = words
+    return _checked(_fold_onto(token_field(name, first, max_line).removesuffix("\r\n").split("\r\n"), rest), max_line)
+
+
+def _tokens(name: str, tokens: list[str], max_line: int) -> str:
+    """Tokens that cannot be folded inside (msg-ids, URLs): one space between, folded before
+    one that would take its line past 76 columns (the first on a line of its own after the
+    name when beside it the line would pass `max_line`)."""
+    first, *rest = tokens
+    return _checked(_fold_onto(token_field(name, first, max_line).removesuffix("\r\n").split("\r\n"), rest), max_line)
+
+
+def _checked(field: str, max_line: int) -> str:
+    longest = max(len(line.encode("utf-8", "surrogatepass")) for line in field.split("\r\n"))
+    if longest > max_line:
+        raise ValueError(
+            f"holds a word of {longest} octets on its line, which cannot be folded: over [smtp] max_line_length"
+            f" ({max_line}), which the message would be refused for"
+        )
+    return field

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import email
+import email.policy
 import json
 import os
 import stat
@@ -378,3 +380,40 @@ def test_a_tenant_or_campaign_with_a_control_or_format_character_gets_400_naming
     assert answer["field"] == f"$.{field}"
     assert "control or format" in answer["error"]
     assert refusing.spool_messages() == []
+
+
+def test_structured_headers_and_a_subject_s_own_white_space_reach_the_sink_as_given(
+    pigeon: PigeonProcess, sink: ScriptedSink
+) -> None:
+    """An outside tester's report: List-Unsubscribe, Cc and a long In-Reply-To arrived as one
+    RFC 2047 word each (unreadable where no reader decodes one), and a Subject lost its
+    U+3000, U+00A0 and double spaces."""
+    unsubscribe = "<https://example.com/unsubscribe?t=0123456789abcdef0123456789ab>, <mailto:u@example.com>"
+    long_id = "<" + "r" * 90 + "@example.org>"
+    message_id = "<" + "m" * 100 + "@example.org>"
+    subject = "件名\u3000テスト\u00a0ok  two  spaces"
+    content = {
+        "from": {"email": "news@example.org"},
+        "subject": subject,
+        "text": "x",
+        "headers": {
+            "List-Unsubscribe": unsubscribe,
+            "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
+            "Cc": 'Zoë Ünïcode <zoe@example.net>, "Doe, J" <j@example.net>',
+            "In-Reply-To": long_id,
+            "References": f"<a@example.org> {long_id}",
+            "Message-ID": message_id,
+        },
+    }
+    request = {"envelope_sender": "news@example.org", "recipients": [{"email": "r@example.net"}], "content": content}
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 1), answer
+    (received,) = sink.wait_for(1)
+    message = email.message_from_bytes(received.data, policy=email.policy.strict)
+    assert message["List-Unsubscribe"] == unsubscribe
+    assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    cc = [(a.display_name, a.addr_spec) for a in message["Cc"].addresses]
+    assert cc == [("Zoë Ünïcode", "zoe@example.net"), ("Doe, J", "j@example.net")]
+    assert message["In-Reply-To"] == long_id and message["References"] == f"<a@example.org> {long_id}"
+    assert message["Message-ID"] == message_id
+    assert message["Subject"] == subject

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import email.policy
 import email.utils
 from email.header import decode_header, make_header
 from email.message import EmailMessage
@@ -409,3 +410,62 @@ def test_parts_count_the_composed_message_without_pigeons_date_and_message_id(gi
     composed = Composer(request, "mx.test", "X-Tenant", "X-Campaign").compose(request.recipients[0])
     pigeons = (b"x-tenant:",) if given else (b"date:", b"message-id:", b"x-tenant:")
     assert composed.own == _own_lines(composed.data, pigeons) > 0
+
+
+_UNSUBSCRIBE = "<https://example.com/unsubscribe?t=0123456789abcdef0123456789ab>, <mailto:u@example.com>"
+_LONG_ID = "<" + "r" * 90 + "@example.org>"
+
+
+def test_structured_headers_of_parts_keep_their_addresses_msg_ids_and_urls_readable() -> None:
+    """An outside tester's report: every value not plain short ASCII was made one RFC 2047
+    word, a List-Unsubscribe URL, a Cc's addresses and a long In-Reply-To with it (RFC 2047 5
+    allows none there): one-click unsubscribe and threading broke, the Cc read as garbage."""
+    message_id = "<" + "m" * 100 + "@example.org>"
+    parts = {
+        "from": {"email": "a@example.org"},
+        "subject": "件名\u3000テスト\u00a0ok  two  spaces",
+        "text": "t",
+        "headers": {
+            "List-Unsubscribe": _UNSUBSCRIBE,
+            "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
+            "Cc": 'Zoë Ünïcode <zoe@example.net>, "Doe, J" <j@example.net>',
+            "Sender": "Zoë Ünïcode <zoe@example.net>",
+            "List-Id": "Zoë's list <list.example.net>",
+            "In-Reply-To": _LONG_ID,
+            "References": f"<a@example.org> {_LONG_ID}",
+            "Message-ID": message_id,
+            "X-Note": "Zoë",
+        },
+    }
+    data = _compose(_request(parts))
+    assert check_message(data, max_size=len(data), max_line_length=998) is None  # as SMTP reception would
+    message = email.message_from_bytes(data, policy=email.policy.strict)
+    assert message["List-Unsubscribe"] == _UNSUBSCRIBE
+    assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    cc = [(a.display_name, a.addr_spec) for a in message["Cc"].addresses]
+    assert cc == [("Zoë Ünïcode", "zoe@example.net"), ("Doe, J", "j@example.net")]
+    assert [(a.display_name, a.addr_spec) for a in message["Sender"].addresses] == [("Zoë Ünïcode", "zoe@example.net")]
+    assert message["List-Id"] == "Zoë's list <list.example.net>" and "<list.example.net>" in data.decode()
+    assert message["In-Reply-To"] == _LONG_ID and message["References"] == f"<a@example.org> {_LONG_ID}"
+    assert message.get_all("Message-ID") == [message_id]
+    assert message["X-Note"] == "Zoë"
+    assert message["Subject"] == "件名\u3000テスト\u00a0ok  two  spaces"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("In-Reply-To", "<ü@example.org>", "must be printable ASCII"),
+        ("List-Unsubscribe", "<https://bücher.example/u>", "must be printable ASCII"),
+        ("Cc", "nobody", "Not a valid mailbox"),
+        ("References", "<" + "x" * 1000 + "@example.org>", "max_line_length"),
+        ("List-Id", "no brackets", "angle brackets"),
+    ],
+)
+def test_a_structured_header_that_cannot_be_written_unencoded_is_refused_naming_it(
+    name: str, value: str, why: str
+) -> None:
+    parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {name: value}}
+    with pytest.raises(ComposeError, match=why) as refused:
+        check_request(_request(parts))
+    assert refused.value.field == f"$.content.headers.{name}"
