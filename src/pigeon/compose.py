@@ -100,7 +100,8 @@ class Address(msgspec.Struct, forbid_unknown_fields=True):
 
 class Attachment(msgspec.Struct, forbid_unknown_fields=True):
     data: str
-    """The content: text, or base64 when `base64` is true."""
+    """The content: text (encoded in the charset `content_type` names; a text/* type naming none
+    gets charset=utf-8), or base64 of bytes sent as they are when `base64` is true."""
     content_type: Annotated[
         str,
         msgspec.Meta(
@@ -111,6 +112,8 @@ class Attachment(msgspec.Struct, forbid_unknown_fields=True):
         ),
     ] = "application/octet-stream"
     file_name: str | None = None
+    """Any text but control characters (400): written quoted, or in RFC 2231's form when it is not
+    short printable ASCII (`mime.binary_part`)."""
     content_id: str | None = None
     """Set it to make an inline part, referred to from the HTML as cid:<content_id>. Printable
     ASCII without white space, <, >, (, ), " or \\ (RFC 2392: logo.png@example.org), else 400."""

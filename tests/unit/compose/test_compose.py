@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import email
-import re
 import email.utils
+import re
 from email.header import decode_header, make_header
 from email.message import EmailMessage
 from email.policy import default
