@@ -100,7 +100,8 @@ class Address(msgspec.Struct, forbid_unknown_fields=True):
 
 class Attachment(msgspec.Struct, forbid_unknown_fields=True):
     data: str
-    """The content: text, or base64 when `base64` is true."""
+    """The content: text (encoded in the charset `content_type` names; a text/* type naming none
+    gets charset=utf-8), or base64 of bytes sent as they are when `base64` is true."""
     content_type: Annotated[
         str,
         msgspec.Meta(
@@ -111,6 +112,8 @@ class Attachment(msgspec.Struct, forbid_unknown_fields=True):
         ),
     ] = "application/octet-stream"
     file_name: str | None = None
+    """Any text but control characters (400): written quoted, or in RFC 2231's form when it is not
+    short printable ASCII (`mime.binary_part`)."""
     content_id: str | None = None
     """Set it to make an inline part, referred to from the HTML as cid:<content_id>. Printable
     ASCII without white space, <, >, (, ), " or \\ (RFC 2392: logo.png@example.org), else 400."""
@@ -283,10 +286,15 @@ def check_request(
         _no_nul(content.html, "$.content.html")
         for name, value in content.headers.items():
             _no_nul(value, f"$.content.headers.{name}")
+        content_ids: dict[str, int] = {}  # each with the index of its attachment
         for index, attachment in enumerate(content.attachments):
             where = f"$.content.attachments[{index}]"
             _as_is_in_header(attachment.content_type, f"{where}.content_type")
             _as_is_in_header(attachment.file_name, f"{where}.file_name")
+            if attachment.file_name is not None and (found := _CONTROL.search(attachment.file_name)):
+                raise ComposeError(
+                    _CONTROL_TEXT.format(code=ord(found.group()), at=found.start()), f"{where}.file_name"
+                )
             _as_is_in_header(attachment.content_id, f"{where}.content_id")
             if attachment.base64:
                 try:
@@ -294,6 +302,7 @@ def check_request(
                 except ValueError as error:  # binascii.Error, or a character beyond ASCII
                     raise ComposeError(f"not base64: {error}", f"$.content.attachments[{index}].data") from None
             _check_parameters(attachment, f"{where}.content_type")
+            attachment_content(attachment, where)  # text in a charset that can hold it
             # Folded between its parameters at worst: each must fit a line of its own.
             kind, parameters = mime.media_type(attachment.content_type)
             if kind.partition("/")[0].lower() in COMPOSITE_TYPES:
@@ -305,6 +314,13 @@ def check_request(
                 if not CONTENT_ID.fullmatch(attachment.content_id):
                     raise ComposeError(_CONTENT_ID_TEXT, f"{where}.content_id")
                 _fits(f" <{attachment.content_id}>", max_line_length, f"{where}.content_id")
+                if attachment.content_id in content_ids:
+                    raise ComposeError(
+                        f"is the content id of $.content.attachments[{content_ids[attachment.content_id]}] too:"
+                        " each part's must be its own (RFC 2045 7), or cid: finds either",
+                        f"{where}.content_id",
+                    )
+                content_ids[attachment.content_id] = index
         seen: dict[str, str] = {}
         for name in content.headers:
             if not name or any(c in name for c in ":\r\n ") or not name.isascii():
@@ -385,6 +401,46 @@ def _as_is_in_header(value: str | None, field: str) -> None:
     for char, name in _FORBIDDEN:
         if value is not None and char in value:
             raise ComposeError(_AS_IS_TEXT.format(name=name), field)
+
+
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_TEXT: Final = (
+    "must not contain a control character (U+{code:04X} at {at}): a file name is a header parameter, where"
+    " one is no text, and readers show or save it differently"
+)
+
+
+def attachment_content(attachment: Attachment, where: str = "$.content.attachments[]") -> tuple[bytes, str]:
+    """An attachment's bytes and the content type to send them with.
+
+    Base64 data is bytes, sent as they are with the type as given (a text/* type without a
+    charset then says nothing of theirs: the client knows it, Pigeon does not). Text is
+    encoded in the charset the type names, and a text/* type that names none gets
+    `charset=utf-8` with the UTF-8 bytes: without one, readers take text/* for US-ASCII
+    (RFC 2045 5.2) and show UTF-8 as mojibake. ComposeError (naming the field under `where`)
+    when the charset is unknown or cannot hold the text."""
+    if attachment.base64:
+        return base64.b64decode(attachment.data), attachment.content_type
+    kind, parameters = mime.media_type(attachment.content_type)
+    charset = next((value.strip('"') for name, value in parameters if name.lower() == "charset"), None)
+    if charset is None:
+        text_type = kind.partition("/")[0].lower() == "text"
+        content_type = (
+            f"{attachment.content_type.rstrip(' ' + chr(9))}; charset=utf-8" if text_type else attachment.content_type
+        )
+        return attachment.data.encode("utf-8"), content_type
+    try:
+        return attachment.data.encode(charset), attachment.content_type
+    except LookupError:
+        raise ComposeError(
+            f"names the charset {charset!r}, which Pigeon does not know", f"{where}.content_type"
+        ) from None
+    except UnicodeEncodeError as error:
+        raise ComposeError(
+            f"cannot be written in the charset its content type names ({charset}): {error.object[error.start]!r} at"
+            f" {error.start}; give a charset that holds it (utf-8), or the bytes in base64",
+            f"{where}.data",
+        ) from None
 
 
 def _check_parameters(attachment: Attachment, field: str) -> None:
@@ -663,7 +719,8 @@ class Composer:
         else:
             body = text or html or mime.text_part("", "plain")
         if inline and html is not None:
-            body = mime.multipart("related", [body, *inline])
+            root = "multipart/alternative" if text is not None else "text/html"
+            body = mime.multipart("related", [body, *inline], root_type=root)
         else:
             attached = inline + attached
         return mime.multipart("mixed", [body, *attached]) if attached else body
@@ -674,10 +731,10 @@ class Composer:
             inline: list[mime.Part] = []
             attached: list[mime.Part] = []
             for attachment in parts.attachments:
-                data = base64.b64decode(attachment.data) if attachment.base64 else attachment.data.encode("utf-8")
+                data, content_type = attachment_content(attachment)
                 part = mime.binary_part(
                     data,
-                    attachment.content_type,
+                    content_type,
                     file_name=attachment.file_name,
                     content_id=attachment.content_id,
                     max_line=self._max_line,

@@ -25,6 +25,7 @@ import binascii
 import email.utils
 import re
 import secrets
+import urllib.parse
 from dataclasses import dataclass
 from typing import Final
 
@@ -108,12 +109,12 @@ def binary_part(
         else:
             field[-1] += f"; {item}"
     if file_name:
-        field[-1] = _with_parameter(field[-1], "name", file_name, max_line)
+        field[-1] = _with_file_name(field[-1], "name", file_name, max_line)
     lines = ["\r\n".join(field)]
     disposition = "inline" if content_id else "attachment"
     lines.append(f"Content-Disposition: {disposition}")
     if file_name:
-        lines[-1] = _with_parameter(lines[-1], "filename", file_name, max_line)
+        lines[-1] = _with_file_name(lines[-1], "filename", file_name, max_line)
     if content_id:
         lines.append(token_field("Content-ID", f"<{content_id}>", max_line).removesuffix("\r\n"))
     lines.append("Content-Transfer-Encoding: base64")
@@ -121,13 +122,22 @@ def binary_part(
     return Part(("\r\n".join(lines) + "\r\n").encode("utf-8"), body)
 
 
-def multipart(subtype: str, parts: list[Part]) -> Part:
+def multipart(subtype: str, parts: list[Part], *, root_type: str | None = None) -> Part:
+    """multipart/<subtype> of `parts`. `root_type`: the `type` parameter multipart/related
+    must have (RFC 2387 3.1), the media type of its first part.
+
+    Each part keeps its last line break: the CRLF before a boundary delimiter belongs to the
+    delimiter (RFC 2046 5.1.1), so another is written after the part's own (without it a text
+    that ends with a line break lost it, as a single-part message does not)."""
     boundary = f"=_pigeon_{secrets.token_hex(12)}"
-    body = b"".join(b"--" + boundary.encode() + b"\r\n" + part.to_bytes() for part in parts)
+    body = b"".join(b"--" + boundary.encode() + b"\r\n" + part.to_bytes() + b"\r\n" for part in parts)
     body += b"--" + boundary.encode() + b"--\r\n"
+    field = f"Content-Type: multipart/{subtype}"
+    if root_type is not None:
+        field = _with_parameter(field, "type", root_type, MAX_LINE)
     # Folded before the boundary when the line would pass 76 columns (alternative's does):
     # 81 octets, over the 78 a node may hold lines to.
-    field = _with_parameter(f"Content-Type: multipart/{subtype}", "boundary", boundary, MAX_LINE)
+    field = _with_parameter(field, "boundary", boundary, MAX_LINE)
     return Part(f"{field}\r\n".encode(), body)
 
 
@@ -352,19 +362,53 @@ def _fold_onto(lines: list[str], words: list[str]) -> str:
 
 
 def _with_parameter(field: str, name: str, value: str, max_line: int) -> str:
-    """`field` (one line, without CRLF) with `; name="value"` added: beside it when that line
-    stays within 76 columns, else on a line of its own (folding between parameters, as RFC
-    2045 allows); non-ASCII, or ASCII too long for a line of `max_line`, as RFC 2047 words in
-    the quotes (what mail clients read), folded between them with CRLF, never a bare LF."""
-    if value.isascii():
+    """`field` (one line, without CRLF) with `; name="value"` added, for a value of Pigeon's
+    own (a boundary, a media type: short printable ASCII): beside it when that line stays
+    within 76 columns, else on a line of its own (folding between parameters, as RFC 2045
+    allows). A file name, which may be anything, goes through `_with_file_name`."""
+    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if len(field) + 2 + len(name) + 1 + len(quoted) <= min(_FOLD_AT, max_line):
+        return f"{field}; {name}={quoted}"
+    return f"{field};\r\n {name}={quoted}"
+
+
+# RFC 2231 7 attribute-char: a token's characters but "*", "'" and "%"; the rest of a value
+# is percent-encoded.
+_ATTRIBUTE_SAFE: Final = "!#$&+^`{|}"  # (with letters, digits and "_.-~", which `quote` keeps)
+_QUOTABLE_NAME: Final = re.compile(r"[\x20-\x7e]*")
+
+
+def _with_file_name(field: str, name: str, value: str, max_line: int) -> str:
+    """`field` (one line, without CRLF) with a file name parameter: `; name="value"` when the
+    value is printable ASCII that fits a line of 76 columns and cannot be read as an RFC 2047
+    word; else in RFC 2231's form, `name*=utf-8''<percent-encoded UTF-8>`, continued over
+    `name*0*=`, `name*1*=`... lines within 76 columns as need be (never splitting a character).
+
+    Never an encoded word in the quotes: RFC 2047 5 forbids them there, and strict readers
+    show them raw; a name that looks like one (`=?utf-8?b?ZXZpbC5leGU=?=`) goes in RFC 2231's
+    form too, so no reader decodes it into another. No ASCII `name=` beside the RFC 2231 one:
+    a reader takes one of the two (Python's email the plain one, or the first, with a
+    "duplicate parameter" defect), so a fallback would be what many read instead of the name."""
+    if _QUOTABLE_NAME.fullmatch(value) and "=?" not in value:
         quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
         if len(field) + 2 + len(name) + 1 + len(quoted) <= _FOLD_AT:
             return f"{field}; {name}={quoted}"
-        if 1 + len(name) + 1 + len(quoted) <= max_line:
+        if 1 + len(name) + 1 + len(quoted) <= _FOLD_AT:
             return f"{field};\r\n {name}={quoted}"
-    start = f' {name}="'
-    words = _encoded_words(value, _MAX_WORD + 1 - len(start))  # the first beside it, within 76
-    return f"{field};\r\n{start}" + "\r\n ".join(words) + '"'
+    encoded = [urllib.parse.quote(char, safe=_ATTRIBUTE_SAFE) for char in value]
+    whole = f"{name}*=utf-8''" + "".join(encoded)
+    if len(field) + 2 + len(whole) <= _FOLD_AT:
+        return f"{field}; {whole}"
+    if 1 + len(whole) <= _FOLD_AT:
+        return f"{field};\r\n {whole}"
+    room = min(_FOLD_AT, max_line) - 1  # each section on a line of its own, a ";" after it
+    sections, empty = [f" {name}*0*=utf-8''"], True
+    for char in encoded:
+        if len(sections[-1]) + len(char) > room and not empty:
+            sections.append(f" {name}*{len(sections)}*=")
+        sections[-1] += char
+        empty = False
+    return f"{field};\r\n" + ";\r\n".join(sections)
 
 
 # --- structured fields given by a request (`content.headers`) ---------------------------------

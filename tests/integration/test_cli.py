@@ -163,7 +163,7 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         assert result.returncode == 0, result.stderr
         spool_id = result.stdout.split()[1]
         attachment = tmp_path / "notes.txt"
-        attachment.write_text("attached text")
+        attachment.write_text("attached text: café\n")  # UTF-8: sent with charset=utf-8, not mojibake
         result = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "b@example.net",
                             "--subject", "built", "--text", "body", "--attach", str(attachment), "--json")  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -174,7 +174,13 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         assert received["a@example.net"].get_content().strip() == "Hello world."
         assert "by mx.pigeon.test (Pigeon) with HTTP id " + spool_id in received["a@example.net"]["Received"]
         (part,) = list(received["b@example.net"].iter_attachments())
-        assert (part.get_filename(), part.get_content()) == ("notes.txt", "attached text")
+        assert (part.get_filename(), part.get_content()) == ("notes.txt", "attached text: café\n")
+        assert part.get_param("charset") == "utf-8"
+        controlled = tmp_path / "a\tb.txt"  # a control character in a file name: the request's 400
+        controlled.write_text("x")
+        refused = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "b@example.net",
+                             "--text", "body", "--attach", str(controlled))  # fmt: skip
+        assert refused.returncode == 2 and "$.content.attachments[0].file_name" in refused.stderr, refused.stderr
         refused = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "bad address", str(message))
         assert refused.returncode == 2
         assert "recipients[0].email" in refused.stderr

@@ -237,6 +237,21 @@ def _pair(text: str, option: str) -> tuple[str, str]:
 
 
 def _attachment(path: Path) -> dict[str, Any]:
+    """A file as an attachment: its bytes in base64, sent as they are. A text file's type
+    gets `charset=utf-8` when the bytes are UTF-8 (as most text files are): sent as bytes,
+    it would get none, and readers take text/* without one for US-ASCII (mojibake). One in
+    another charset is sent without, the charset unknown here."""
     content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    data = base64.b64encode(path.read_bytes()).decode()
+    raw = path.read_bytes()
+    if content_type.startswith("text/") and _is_utf8(raw):
+        content_type += "; charset=utf-8"
+    data = base64.b64encode(raw).decode()
     return {"data": data, "base64": True, "content_type": content_type, "file_name": path.name}
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import email
 import email.policy
 import email.utils
+import re
 from email.header import decode_header, make_header
 from email.message import EmailMessage
 from email.policy import default
@@ -247,7 +248,8 @@ _ADDRESSES = st.sampled_from(["a@example.org", "jörg@bücher.example", "x" * 30
     names=st.tuples(_TEXT, _TEXT, _TEXT),
     addresses=st.tuples(_ADDRESSES, _ADDRESSES, _ADDRESSES),
     header_value=_TEXT,
-    file_name=_TEXT.filter(lambda name: name.strip() and not {"\r", "\n"} & set(name)),
+    # (A control character in a file name is refused: test_a_file_name_with_a_control_character_is_refused.)
+    file_name=_TEXT.filter(lambda name: name.strip() and not re.search("[\x00-\x1f\x7f-\x9f]", name)),
     tenant=st.from_regex(r"[a-zü]{1,255}", fullmatch=True),
 )
 # The outside tester's: max_line_length 200 and a text (or HTML) of one 250-character line,
@@ -296,11 +298,11 @@ def test_what_the_composer_writes_passes_the_content_check_at_any_max_line_lengt
     message = email.message_from_bytes(data, policy=default)
     assert isinstance(message, EmailMessage)
     plain = message.get_body(("plain",))
-    # (Its last line break is the boundary's, RFC 2046 5.1.1, as a reader may take it.)
-    written = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n")
-    assert plain is not None and plain.get_content().replace("\r\n", "\n").removesuffix("\n") == written
+    # (A text that does not end with a line break gets one: SMTP carries lines.)
+    written = text.replace("\r\n", "\n").replace("\r", "\n").removesuffix("\n") + "\n"
+    assert plain is not None and plain.get_content().replace("\r\n", "\n") == written
     (attached,) = list(message.iter_attachments())
-    assert " ".join(str(attached.get_filename()).split()) == " ".join((file_name or "f").split())
+    assert attached.get_filename() == (file_name or "f")
 
 
 LONG_ADDRESS = "a" * 64 + "@" + "b" * 63 + "." + "c" * 63 + ".example"  # 200 octets

@@ -144,8 +144,8 @@ def test_attachments_and_inline_parts_keep_their_bytes_names_and_ids() -> None:
 
 
 def test_a_long_non_ascii_file_name_is_folded_with_crlf_and_reads_back() -> None:
-    """Encoded words fold past 76 characters: the fold must be CRLF, as everywhere in a message
-    (a bare LF there had the content check refuse every long non-ASCII attachment name)."""
+    """RFC 2231 sections fold past 76 characters: the fold must be CRLF, as everywhere in a
+    message (a bare LF there had the content check refuse every long non-ASCII attachment name)."""
     name = "Rechnung_für_Übersetzungsdienstleistungen_2026_März.pdf"
     part = mime.binary_part(b"%PDF", "application/pdf", file_name=name, content_id=None)
     raw = part.to_bytes()
@@ -153,6 +153,7 @@ def test_a_long_non_ascii_file_name_is_folded_with_crlf_and_reads_back() -> None
     message = _parse("", mime.multipart("mixed", [mime.text_part("x", "plain"), part]))
     (attached,) = list(message.iter_attachments())
     assert attached.get_filename() == name
+    assert b"=?" not in raw and max(map(len, raw.split(b"\r\n"))) <= 76
 
 
 @pytest.mark.parametrize("subject", ["=??Q??=", "=?utf-8?q?not_mine?=", "price =?", "a =?x?b?AAAA?= b"])
