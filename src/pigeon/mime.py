@@ -459,7 +459,9 @@ def field(name: str, value: str, max_line: int = MAX_LINE) -> str:
                 f"must be printable ASCII: a field of {what} is never RFC 2047-encoded (RFC 2047 5), where"
                 " a reader would not find them"
             )
-        split = r"[ \t]+" if lowered in ID_FIELDS else r"[ \t]+|(?<=,)(?=[^ \t])"
+        # A URL list folds after the comma between two URLs, never inside one's angle brackets,
+        # where a comma is the URL's own (`?a=1,2`, `mailto:a@x,b@x`).
+        split = r"[ \t]+" if lowered in ID_FIELDS else r"[ \t]+|(?<=>,)(?=[^ \t])"
         return _tokens(name, re.split(split, value), max_line)
     if lowered == "list-id":
         found = _LIST_ID.fullmatch(value.strip(" \t"))

@@ -414,7 +414,9 @@ def test_parts_count_the_composed_message_without_pigeons_date_and_message_id(gi
     assert composed.own == _own_lines(composed.data, pigeons) > 0
 
 
-_UNSUBSCRIBE = "<https://example.com/unsubscribe?t=0123456789abcdef0123456789ab>, <mailto:u@example.com>"
+_UNSUBSCRIBE = (  # (a comma in a URL is the URL's)
+    "<https://example.com/unsubscribe?t=0123456789abcdef0123456789ab&l=1,2,3>, <mailto:u@example.com,v@example.com>"
+)
 _LONG_ID = "<" + "r" * 90 + "@example.org>"
 
 
