@@ -420,6 +420,7 @@ ADDRESS_FIELDS: Final = frozenset(
     }
 )  # fmt: skip
 """Fields whose value is an address list (RFC 5322 3.6.2, 3.6.3, 3.6.6; RFC 8098 2.1)."""
+_ONE_MAILBOX: Final = frozenset({"sender", "resent-sender"})  # one mailbox, not a list (RFC 5322 3.6.2)
 ID_FIELDS: Final = frozenset({"message-id", "in-reply-to", "references", "resent-message-id"})
 """Fields of msg-ids (RFC 5322 3.6.4, 3.6.6)."""
 URL_FIELDS: Final = frozenset(
@@ -459,6 +460,11 @@ def field(name: str, value: str, max_line: int = MAX_LINE) -> str:
                 f"must be printable ASCII: a field of {what} is never RFC 2047-encoded (RFC 2047 5), where"
                 " a reader would not find them"
             )
+        # RFC 2369 2: a reader takes the URLs in angle brackets and ignores a field without one
+        # (List-Post's "NO" aside): one-click unsubscribe would silently not work.
+        bare = lowered in URL_FIELDS and lowered != "list-unsubscribe-post" and "<" not in value
+        if bare and not (lowered == "list-post" and value.upper().startswith("NO")):
+            raise ValueError("must be URLs in angle brackets (<https://...>, <mailto:...>), as RFC 2369 2 has them")
         # A URL list folds after the comma between two URLs, never inside one's angle brackets,
         # where a comma is the URL's own (`?a=1,2`, `mailto:a@x,b@x`).
         split = r"[ \t]+" if lowered in ID_FIELDS else r"[ \t]+|(?<=>,)(?=[^ \t])"
@@ -480,6 +486,8 @@ def _address_list(name: str, value: str, max_line: int) -> str:
     mailboxes = email.utils.getaddresses([value])
     if not mailboxes or not value.strip(" \t"):
         raise ValueError("must be one or more addresses")
+    if name.lower() in _ONE_MAILBOX and len(mailboxes) > 1:
+        raise ValueError(f"must be one address, not {len(mailboxes)} (RFC 5322 3.6.2)")
     words: list[str] = []
     for index, (display_name, addr) in enumerate(mailboxes):
         if not addr or (problem := address.check(addr)) is not None:

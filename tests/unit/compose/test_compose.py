@@ -464,6 +464,8 @@ def test_structured_headers_of_parts_keep_their_addresses_msg_ids_and_urls_reada
         ("Cc", "nobody", "Not a valid mailbox"),
         ("References", "<" + "x" * 1000 + "@example.org>", "max_line_length"),
         ("List-Id", "no brackets", "angle brackets"),
+        ("List-Unsubscribe", "https://example.org/u", "URLs in angle brackets"),
+        ("Sender", "a@example.net, b@example.net", "must be one address, not 2"),
     ],
 )
 def test_a_structured_header_that_cannot_be_written_unencoded_is_refused_naming_it(
