@@ -501,8 +501,7 @@ def _address_list(name: str, value: str, max_line: int) -> str:
         if index < len(mailboxes) - 1:
             mailbox[-1] += ","
         words += mailbox
-    first, *rest = words
-    return _checked(_fold_onto(token_field(name, first, max_line).removesuffix("\r\n").split("\r\n"), rest), max_line)
+    return _tokens(name, words, max_line)  # (a display name's words and an address fold alike)
 
 
 def _tokens(name: str, tokens: list[str], max_line: int) -> str:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Final
 
 from pigeon.flock import Flocked
+from pigeon.mapped_file import create_mapped_file
 
 _log = logging.getLogger(__name__)
 
@@ -76,18 +77,9 @@ def client_table_path(spool: Path) -> Path:
 
 def create_client_table(path: Path, slots: int = SLOTS) -> None:
     """A fresh, empty table (the supervisor, before it starts the workers; tests make small ones)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".new")
-    try:
-        with open(temporary, "wb") as file:
-            file.write(_HEADER.pack(_MAGIC, slots, _SLOT_SIZE, BUCKETS, os.urandom(16)))
-            # Its blocks allocated now: a sparse file on a full disk would kill the worker that
-            # first touches a page of it (SIGBUS), where this raises ENOSPC to be said and waited out.
-            os.posix_fallocate(file.fileno(), 0, _FIRST_SLOT + slots * _SLOT_SIZE)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
-    os.replace(temporary, path)  # a worker that opens it meanwhile sees the old one or this, whole
+    create_mapped_file(
+        path, _HEADER.pack(_MAGIC, slots, _SLOT_SIZE, BUCKETS, os.urandom(16)), _FIRST_SLOT + slots * _SLOT_SIZE
+    )
 
 
 class ClientTable:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import mmap
-import os
 import struct
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from pigeon.flock import Flocked
+from pigeon.mapped_file import create_mapped_file
 from pigeon.shaping.gcra import Rate, take
 
 _log = logging.getLogger(__name__)
@@ -119,18 +119,7 @@ def shared_table_path(spool: Path) -> Path:
 
 def create_shared_table(path: Path) -> None:
     """A fresh, empty table for a node's workers (the supervisor, before it starts them)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".new")
-    try:
-        with open(temporary, "wb") as file:
-            file.write(_HEADER.pack(_MAGIC, SLOTS, _SLOT_SIZE))
-            # Its blocks allocated now: a sparse file on a full disk would kill the worker that
-            # first touches a page of it (SIGBUS), where this raises ENOSPC to be said and waited out.
-            os.posix_fallocate(file.fileno(), 0, _FIRST_SLOT + SLOTS * _SLOT_SIZE)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
-    os.replace(temporary, path)  # a worker that opens it meanwhile sees the old one or this, whole
+    create_mapped_file(path, _HEADER.pack(_MAGIC, SLOTS, _SLOT_SIZE), _FIRST_SLOT + SLOTS * _SLOT_SIZE)
 
 
 class SharedTable:
