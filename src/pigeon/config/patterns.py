@@ -150,12 +150,23 @@ def site_matches(site: str, pattern: str) -> bool:
     read as themselves: fnmatch would read `[::1]` as a set of ':' and '1', so a next hop
     written `[::1]:2525` could never be named (a set never holds a colon in a host name).
     A glob written for the form such a site had before it was bracketed (`::1:2525`, a
-    `[[reaction]] site` or a standing rule) still names it."""
+    `[[reaction]] site` or a standing rule) still names it.
+
+    A glob that names one host of a site of several MX hosts names that site too: an operator
+    who writes `mx2.example.net*` means every connection to that host, and the site string
+    `mx1.example.net,mx2.example.net` begins with another (a glob against the whole string
+    would hold only the domains that have mx2 alone, while those that list it second kept
+    connecting to it)."""
     if fnmatch.fnmatchcase(site, _IPV6_LITERAL.sub(r"[[]\1[]]", pattern)):
         return True
-    if "[" not in site:
+    if "[" in site:
+        return fnmatch.fnmatchcase(_IPV6_LITERAL.sub(r"\1", site), pattern)
+    if "," not in site or "," in pattern:
         return False
-    return fnmatch.fnmatchcase(_IPV6_LITERAL.sub(r"\1", site), pattern)
+    hosts, colon, port = site.rpartition(":")
+    if not colon or not port.isdigit():
+        hosts, colon, port = site, "", ""
+    return any(fnmatch.fnmatchcase(host + colon + port, pattern) for host in hosts.split(","))
 
 
 def address_glob(pattern: str) -> str:

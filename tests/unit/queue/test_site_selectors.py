@@ -20,6 +20,13 @@ from pigeon.queue.rules import Selector
         ("mx1.test:25", "mx1.test", True),  # a site on port 25 is written without it
         ("mx1.test:25", "mx1.test:2525", False),
         ("127.0.0.1:*", "127.0.0.1:2525", True),
+        # One host of a site of several names it: no more connections to that host.
+        ("mx2.test*", "mx1.test,mx2.test:28025", True),
+        ("mx2.test", "mx1.test,mx2.test", True),
+        ("mx2.test:28025", "mx1.test,mx2.test:28025", True),
+        ("mx2.test:2525", "mx1.test,mx2.test:28025", False),
+        ("mx3.test", "mx1.test,mx2.test", False),
+        ("mx1.test,mx3.test", "mx1.test,mx2.test,mx3.test", False),  # a list names that list
     ],
 )
 def test_a_site_selector_names_hosts_on_any_port_unless_it_names_one(pattern: str, site: str, held: bool) -> None:
