@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import smtplib
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.process import PigeonProcess
+from tests.support.process import PigeonProcess, to_toml
 from tests.support.services import RedisServer
 from tests.support.sinks import ScriptedSink, TurnAwaySink, delivery_config, peak_connections, wait_until
 
@@ -364,3 +365,25 @@ def test_a_421_as_the_greeting_or_to_ehlo_is_the_logged_response_and_starts_a_re
     [row] = [row for row in queues["ready"] if row["site"] == sink.endpoint]
     assert not row.get("down"), row
     assert not [line for line in sink.received if line.upper().startswith("HELO")]  # no HELO after the 421
+
+
+def test_a_connection_limit_lowered_by_a_reload_holds_across_the_workers(tmp_path: Path) -> None:
+    """Found from outside: lowered from 4 to 1 by a reload (or a `limit` reaction) on a node of
+    two workers, each worker ended only what was over the limit in itself: one connection of
+    each went on until its mail ran out. The node's workers share the count of those ending."""
+    with ScriptedSink(slow=0.3) as sink:  # (each RCPT takes 0.3 s)
+        sections = delivery_config(sink.endpoint, connection_limit=4, idle_timeout="5s")
+        node = PigeonProcess(tmp_path / "node", node={"workers": 2}, log={"level": "info"}, **sections)
+        with node:
+            _inject(node, "slow", 48, connections=8)  # (both workers take some: 8 client connections)
+            wait_until(lambda: peak_connections(sink.connections) >= 3, timeout=30)
+            node.config["delivery"]["connection_limit"] = 1
+            node.config_path.write_text(to_toml(node.config))
+            assert node.process is not None
+            node.process.send_signal(signal.SIGHUP)
+            wait_until(lambda: node.stderr().count("reloaded:") >= 2, timeout=10)
+            since = time.monotonic() + 1.0  # (a message under way finishes: 0.3 s)
+            sink.wait_for(48, timeout=60)
+            delivered = node.wait_records("Delivery", 48, timeout=30)
+    assert len({d["recipient"] for d in delivered}) == 48
+    assert peak_connections(sink.connections, since=since) == 1  # (not 0: mail was still going out)

@@ -304,7 +304,7 @@ async def test_a_node_over_its_share_ends_connections_until_it_is_within_it(
     # Its share is 2: of its 4 connections, 2 end after their message, 2 go on.
     kept = [a.keep(hold, 5) for hold in holds if hold is not None]
     assert kept == [False, False, True, True]
-    assert [a.keep(hold, 5) for hold in holds if hold is not None] == [True] * 4  # (asked again)
+    assert [a.keep(hold, 5) for hold in holds if hold is not None] == kept  # (asked again: the same)
     await asyncio.sleep(SETTLE)
     assert await a.connect("site:mx", 5) is None  # the two ending still count until closed
     for hold in holds[:2]:
@@ -317,6 +317,32 @@ async def test_a_node_over_its_share_ends_connections_until_it_is_within_it(
         a.disconnect(hold)
     assert a.table.held("site:mx") == 0
     assert await a.connect("site:mx", 5) is not None
+
+
+async def test_a_limit_lowered_under_the_connections_open_across_nodes_ends_just_the_excess(make: Make) -> None:
+    """An outside tester's `limit` reaction lowered a site's connection_limit to 1 on two nodes
+    sharing Redis: each node ended only what was over the limit in itself, and one connection
+    of each went on for the whole effect. The heartbeat ranks the leases alike on every node."""
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    holds = [(t, await t.connect("site:mx", 4)) for t in (a, b, a, b)]
+    assert all(hold for _, hold in holds)
+    assert all(t.keep(hold, 1) for t, hold in holds if hold)  # (lowered: told at the next heartbeat)
+    await a._heartbeat()
+    await b._heartbeat()
+    kept = [t.keep(hold, 1) for t, hold in holds if hold]
+    assert kept.count(True) == 1
+    assert await b.connect("site:mx", 1) is None
+    for (t, hold), goes_on in zip(holds, kept, strict=True):
+        if not goes_on and hold is not None:
+            t.disconnect(hold)
+    await asyncio.sleep(0.1)  # the releases are sent without waiting for them
+    await a._heartbeat()
+    await b._heartbeat()
+    assert [t.keep(hold, 1) for (t, hold), goes_on in zip(holds, kept, strict=True) if goes_on and hold] == [True]
+    assert await a.connect("site:mx", 1) is None  # the one left is the limit
+    assert await a.connect("site:mx", 2) is not None  # raised again: room
 
 
 async def test_back_from_a_fallback_no_node_keeps_to_its_share_while_another_takes_the_rate_from_redis(

@@ -488,16 +488,15 @@ class Dispatcher:
         lane.failures = 0
         self._site_up(lane)
         deliveries = 0
-        limit = shaping.connection_limit
-        while (
-            deliveries < shaping.max_deliveries_per_connection
-            and not self._stopping
-            and self._throttles.keep(hold, limit)  # (a node over its share after Redis went away)
-        ):
+        while deliveries < shaping.max_deliveries_per_connection and not self._stopping:
             # (a limit effect may have begun or ended, or a reload changed the limits)
             shaping = self._shaping_of(lane)
-            if lane.connections > shaping.connection_limit:
-                break  # lowered under what is open: this one ends
+            limit = shaping.connection_limit
+            if lane.connections > limit or not self._throttles.keep(hold, limit):
+                # Lowered under what is open, in this worker or across the node's workers
+                # and the cluster's nodes (or a node over its share after Redis went away):
+                # this one ends.
+                break
             lease = await self._next(queue, lane.key, shaping)
             if lease is None:
                 break

@@ -225,7 +225,8 @@ end
 local epoch, ready = epoch_of(KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
 local wanted = {}
 for k = 3 + n, 2 + n + w do wanted[#wanted + 1] = redis.call('EXISTS', KEYS[k]) end
-local answer = {alive, epoch, math.max(0, ready - now), now, wanted}
+local over = {}
+local answer = {alive, epoch, math.max(0, ready - now), now, wanted, over}
 for i = 3, 2 + n do
   local member, limit = ARGV[2 * i + 5], tonumber(ARGV[2 * i + 6])
   local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
@@ -236,6 +237,18 @@ for i = 3, 2 + n do
   if held then
     redis.call('ZADD', KEYS[i], now + ttl, member)
     redis.call('PEXPIRE', KEYS[i], ttl)
+    -- A limit lowered under the leases open (a reaction, a reload): the members beyond it,
+    -- in the order of their names, end. Every node ranks alike, so just the excess ends.
+    if redis.call('ZCARD', KEYS[i]) > limit then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+      local members = redis.call('ZRANGE', KEYS[i], 0, -1)
+      if #members > limit then
+        table.sort(members)
+        for rank = limit + 1, #members do
+          if members[rank] == member then over[#over + 1] = member end
+        end
+      end
+    end
   else
     answer[#answer + 1] = member
   end
@@ -352,7 +365,7 @@ class ClusterThrottles(Throttles):
         # key: (since when, slots taken since, slots a second in the window before)
         self._demand: dict[str, tuple[float, int, float]] = {}
         self._horizon: dict[str, float] = {}  # key: the last slot handed out (table's clock)
-        self._ending: dict[str, int] = {}  # key: connections told to end for being over the share
+        self._over: set[str] = set()  # members the last heartbeat found over a lowered limit
         self._beating: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -436,11 +449,12 @@ class ClusterThrottles(Throttles):
                 "when a lease call is refused; raise [redis] timeout"
             )
             return
-        nodes, epoch, left, redis_now, wanted, *lost = answer
+        nodes, epoch, left, redis_now, wanted, over, *lost = answer
         self._sync(redis_now)
         until = self.table.now() + WANTED
         self._wanted = {key: until for key, flag in zip(wants, wanted, strict=True) if int(flag)}
         self._swept = max(self._swept, gave_up)
+        self._over = {member.decode() for member in over}
         for hold in holds:
             if hold.member not in self._holds:
                 # Closed while the heartbeat was on its way (which put its lease back): release.
@@ -638,31 +652,21 @@ class ClusterThrottles(Throttles):
         return hold
 
     def keep(self, hold: Hold, limit: int) -> bool:
+        """Also false for a connection the heartbeat found over a limit lowered cluster-wide
+        (`_BEAT` names the members beyond it, the same ones whichever node asks), and, while
+        Redis does not answer, for one over this node's share."""
         self._limits[hold.key] = limit
         if hold.member in self._unleased:
             return False  # its lease was lost, and others hold the whole limit now (`_put_back`)
-        if self._shared or hold.released:
-            return True
-        ending = self._ending.get(hold.key, 0)
-        if self.table.held(hold.key) - ending <= self.share(limit):
-            return True
-        # Fallen back with more connections than this node's share: this one ends after its
-        # message. It counts until it is closed (no new one opens meanwhile), but not against
-        # the others' right to go on. (Another worker of the node may decide alike at the same
-        # moment: the node may end more than it must, never fewer.)
-        hold.released = True
-        self._ending[hold.key] = ending + 1
-        return False
+        if self._shared:
+            return hold.member not in self._over
+        # Fallen back with more connections than this node's share: as many as it must end
+        # after their message (they count until closed: no new one opens meanwhile).
+        return self._within(hold, self.share(limit))
 
     def disconnect(self, hold: Hold) -> None:
-        self.table.release(hold.key)
+        super().disconnect(hold)
         self._unleased.discard(hold.member)
-        if hold.released:
-            left = self._ending.get(hold.key, 1) - 1
-            if left > 0:
-                self._ending[hold.key] = left
-            else:
-                self._ending.pop(hold.key, None)
         if self._holds.pop(hold.member, None) is None or not self._shared:
             return  # (a lease Redis may still have runs out by itself, or the heartbeat sweeps)
         self._send_release(hold)

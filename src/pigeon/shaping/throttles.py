@@ -35,7 +35,12 @@ class Hold:
     def __init__(self, key: str, member: str) -> None:
         self.key = key
         self.member = member
-        self.released = False  # told to end (`keep`): over the node's share
+        self.released = False  # told to end (`keep`): over the limit, or the node's share
+
+
+def _ending_key(key: str) -> str:
+    """The table's count of `key`'s connections told to end (`Throttles.keep`)."""
+    return "ending:" + key
 
 
 class Throttles:
@@ -63,8 +68,26 @@ class Throttles:
         return Hold(key, str(next(self._numbers)))
 
     def keep(self, hold: Hold, limit: int) -> bool:
-        """Whether the connection of `hold` may go on to its next message."""
-        return True
+        """Whether the connection of `hold` may go on to its next message, `limit` being the
+        key's connection limit now: a limit lowered (a `limit` reaction, a reload) under what
+        the node's workers have open ends as many of them as it must, each after its batch,
+        whichever worker holds them."""
+        return self._within(hold, limit)
+
+    def _within(self, hold: Hold, room: int) -> bool:
+        """Whether `hold` may go on while the node keeps to `room` connections of its key. Those
+        told to end are counted under the key's ending key in the same table, taken only while
+        fewer than the excess: of the workers that see the excess at the same moment, just
+        enough end (not every one of them, which would empty the site for a moment)."""
+        if hold.released:
+            return False
+        ending = _ending_key(hold.key)
+        if self.table.held(hold.key) - self.table.held(ending) <= room:
+            return True
+        if not self.table.acquire(ending, self.table.held(hold.key) - room):
+            return True  # others are ending already: enough of them
+        hold.released = True
+        return False
 
     def crowded(self, key: str, limit: int) -> bool:
         """Whether every connection `limit` allows for `key` is open, as far as this node can
@@ -75,6 +98,8 @@ class Throttles:
     def disconnect(self, hold: Hold) -> None:
         """The connection `hold` was for has ended."""
         self.table.release(hold.key)
+        if hold.released:
+            self.table.release(_ending_key(hold.key))
 
     async def admit(self, key: str, rate: Rate, count: int) -> float:
         """Book `count` messages of `key` at `rate`; the seconds to wait before sending them."""

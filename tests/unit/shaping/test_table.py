@@ -111,3 +111,29 @@ def test_a_decision_in_the_shared_table_costs_microseconds(tmp_path: Path) -> No
         first.reserve("site:mx.test", rate, 1)
     per_decision = (time.perf_counter() - started) / 10_000
     assert per_decision < 100e-6  # measured about 2-3 µs; the bound survives a loaded machine
+
+
+async def test_a_limit_lowered_under_what_the_workers_hold_ends_just_the_excess_whichever_holds_it(
+    tmp_path: Path,
+) -> None:
+    """An outside tester lowered a site's connection_limit from 4 to 1 (a `limit` reaction, a
+    reload) on a 2-worker node: each worker ended only what was over the limit in itself, so
+    2 connections (one a worker) went on for the whole effect."""
+    from pigeon.shaping.throttles import Throttles
+
+    first, second = (Throttles(table) for table in workers(tmp_path / "throttles", 2))
+    holds = [await throttles.connect("site:mx", 4) for throttles in (first, second, first, second)]
+    assert all(holds)
+    asked = [(throttles, hold) for throttles, hold in zip((first, second, first, second), holds, strict=True)]
+    kept = [throttles.keep(hold, 1) for throttles, hold in asked if hold is not None]
+    assert kept.count(True) == 1  # three end, after their batch; not all four
+    assert [throttles.keep(hold, 1) for throttles, hold in asked if hold is not None] == kept  # (asked again)
+    assert await first.connect("site:mx", 1) is None  # those ending count until they are closed
+    for (throttles, hold), goes_on in zip(asked, kept, strict=True):
+        if not goes_on and hold is not None:
+            throttles.disconnect(hold)
+    assert first.table.held("site:mx") == 1
+    assert all(
+        throttles.keep(hold, 1) for (throttles, hold), goes_on in zip(asked, kept, strict=True) if goes_on and hold
+    )
+    assert await second.connect("site:mx", 2) is not None  # raised again: room for another
