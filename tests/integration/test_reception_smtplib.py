@@ -106,6 +106,35 @@ def test_dsn_parameters_are_stored_with_the_envelope(pigeon: PigeonProcess) -> N
     assert recipient.orcpt == "rfc822;orig+x@example.net"
 
 
+def test_an_envid_or_orcpt_that_would_come_back_altered_is_refused_and_nothing_stored(pigeon: PigeonProcess) -> None:
+    # RFC 3461 4.4 and 4.2: once decoded, printable ASCII. Taken, U+202E and é came back in
+    # a DSN's Original-Envelope-Id as "a b\x{E9}", not what the client gave.
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        code, text = client.mail("x10@snd.test", ["ENVID=a+E2+80+AEb+C3+A9"])
+        assert (code, text.decode()) == (
+            501,
+            "5.5.4 ENVID must be printable ASCII once decoded (RFC 3461 4.4): it holds U+202E RIGHT-TO-LEFT OVERRIDE",
+        )
+        assert client.mail("x10@snd.test", ["ENVID=a+20b"])[0] == 250
+        code, text = client.rcpt("a@example.net", ["ORCPT=rfc822;ren+C3+A9@example.net"])
+        assert code == 501
+        assert text.decode().endswith("give a UTF-8 one as ORCPT=utf-8;... (RFC 6533)")
+    assert pigeon.spool_messages() == []
+
+
+def test_a_utf8_orcpt_is_stored_as_sent_under_smtputf8(pigeon: PigeonProcess) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.mail("sender@example.org", ["SMTPUTF8", "ENVID=batch+207"])[0] == 250
+        assert client.rcpt("a@example.net", ["ORCPT=utf-8;ren\u00e9\\x{1F600}@example.net"])[0] == 250
+        code, _ = client.data(b"Subject: dsn\r\n\r\nbody\r\n")
+    assert code == 250
+    (stored,) = pigeon.spool_messages()
+    assert stored["envelope"].envid == "batch 7"
+    assert stored["envelope"].recipients[0].orcpt == "utf-8;ren\u00e9\\x{1F600}@example.net"
+
+
 def test_smtputf8_address_is_accepted_with_the_parameter(pigeon: PigeonProcess) -> None:
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.ehlo("client.test")

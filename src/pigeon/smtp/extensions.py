@@ -16,6 +16,7 @@ an extension we did not advertise (RFC 5321 4.1.1.11: answer 555).
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Final
 
@@ -147,6 +148,9 @@ def parse_mail_parameters(text: str, offer: Offer) -> MailParameters:
             envid = decode_xtext(value, key)
             if len(value or "") > _MAX_ENVID:
                 raise SmtpProtocolError(replies.syntax("ENVID is longer than 100 characters", "5.5.4"))
+            # RFC 3461 4.4 (RFC 6531 and 6533 leave ENVID as it was): taken, anything else
+            # came back in a DSN's Original-Envelope-Id otherwise than the client gave it.
+            _require_printable_ascii(envid, "ENVID must be printable ASCII once decoded (RFC 3461 4.4)")
         elif key == "AUTH":
             # RFC 4954 5: accepted and kept for the record; we never trust it for relaying.
             auth = decode_xtext(value, key)
@@ -216,7 +220,26 @@ def _parse_orcpt(value: str | None) -> str:
             raise SmtpProtocolError(replies.syntax("ORCPT utf-8 address is malformed", "5.5.4"))
         _check_utf8_addr(address)
         return f"utf-8;{address}"
-    return f"{addr_type.lower()};{decode_xtext(address, 'ORCPT')}"
+    decoded = decode_xtext(address, "ORCPT")
+    # RFC 3461 4.2: an xtext address decodes to printable ASCII; a UTF-8 one is RFC 6533's
+    # utf-8 type, above, which keeps it as the client gave it (and refuses what the DSN
+    # could not show, as ENVID does).
+    _require_printable_ascii(
+        decoded,
+        f"ORCPT {addr_type.lower()} address must be printable ASCII once decoded (RFC 3461 4.2)",
+        "; give a UTF-8 one as ORCPT=utf-8;... (RFC 6533)",
+    )
+    return f"{addr_type.lower()};{decoded}"
+
+
+def _require_printable_ascii(decoded: str, must: str, advice: str = "") -> None:
+    """Refuse (501 5.5.4) a decoded DSN parameter with anything but printable ASCII (space
+    included), naming its first other character as "U+202E RIGHT-TO-LEFT OVERRIDE"."""
+    for char in decoded:
+        if not " " <= char <= "~":
+            name = unicodedata.name(char, "")  # controls have none
+            held = f"U+{ord(char):04X} {name}" if name else f"U+{ord(char):04X}"
+            raise SmtpProtocolError(replies.syntax(f"{must}: it holds {held}{advice}", "5.5.4"))
 
 
 def _check_utf8_addr(address: str) -> None:

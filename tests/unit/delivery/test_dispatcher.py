@@ -35,6 +35,14 @@ def test_connections_follow_the_queue_up_to_the_limit() -> None:
     assert ideal_connections(5, 1) == 1
 
 
+def test_the_connection_ramp_is_what_the_readme_says_of_connection_limit() -> None:
+    # README, [delivery] connection_limit: "10 messages waiting open 7 connections, 50 open 22,
+    # 100 open 29, and all 32 only from 151 waiting (connection_limit = 10: 10 waiting open 3,
+    # 100 open 9)".
+    assert [ideal_connections(n, 32) for n in (10, 50, 100, 150, 151)] == [7, 22, 29, 31, 32]
+    assert [ideal_connections(n, 10) for n in (10, 100)] == [3, 9]
+
+
 async def test_a_backlog_opens_up_to_the_connection_limit_and_no_more(make_world: MakeWorld) -> None:
     world = make_world(SITES, ["d1.test"], connection_limit=3)
     for n in range(200):

@@ -128,6 +128,21 @@ async def test_each_recipient_expiring_at_the_end_of_an_attempt_names_its_own_re
     assert {f.recipient.address: f.reply.text for f in world.reported} == said
 
 
+async def test_an_attempt_under_way_at_max_age_is_finished_and_its_250_is_a_delivery(make_world: MakeWorld) -> None:
+    # As the README says of max_age: mail on the wire is not expired; the attempt ends first.
+    world = make_world(SITES, ["d1.test"], max_age=100.0)
+    spool_id = world.inject(["a@d1.test"])
+    await world.release_all("lookup")
+    assert [p.kind for p in world.pending] == ["attempt"]
+    assert world.active.get(spool_id).state.value == "in_flight"  # type: ignore[union-attr]
+    world.clock.now += 101.0
+    world.scheduler.sweep()
+    world.tick()
+    await world.release_all()
+    assert kinds(world) == [("Delivery", "a@d1.test")]
+    assert world.notices == [] and not world.spool.rows
+
+
 @pytest.mark.parametrize(
     ("max_age", "said"),
     [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pigeon.smtp.events import MailFrom, RcptTo
+
 from .harness import Peer
 
 
@@ -48,3 +50,57 @@ def test_a_utf8_orcpt_with_escapes_of_characters_is_taken() -> None:
     peer = Peer.start()
     peer.send("EHLO client.test\r\nMAIL FROM:<a@example.org>\r\n")
     assert peer.send("RCPT TO:<b@example.net> ORCPT=utf-8;ren\\x{E9}\\x{1F600}\\x{2B}@y.test\r\n").startswith("250 ")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "named"),
+    [
+        # U+202E then é, as xtext: what the DSN's Original-Envelope-Id could not give back as sent.
+        ("ENVID=a+E2+80+AEb+C3+A9", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+        ("ENVID=caf+C3+A9", "U+00E9 LATIN SMALL LETTER E WITH ACUTE"),
+        # SMTPUTF8 extends addresses (RFC 6531), not ENVID: still printable ASCII.
+        ("SMTPUTF8 ENVID=caf+C3+A9", "U+00E9 LATIN SMALL LETTER E WITH ACUTE"),
+    ],
+)
+def test_an_envid_that_is_not_printable_ascii_once_decoded_is_refused_at_mail(parameters: str, named: str) -> None:
+    peer = Peer.start()
+    peer.send("EHLO client.test\r\n")
+    reply = peer.send(f"MAIL FROM:<a@example.org> {parameters}\r\n")
+    assert reply == f"501 5.5.4 ENVID must be printable ASCII once decoded (RFC 3461 4.4): it holds {named}\r\n"
+
+
+def test_an_envid_of_printable_ascii_with_spaces_is_taken() -> None:
+    # RFC 3461 4.4: graphic characters and white space; "+", "=" and space go as +HH.
+    peer = Peer.start()
+    peer.send("EHLO client.test\r\n")
+    assert peer.send("MAIL FROM:<a@example.org> ENVID=batch+207+2Bx+3Dy~\r\n").startswith("250 ")
+    (mail,) = peer.of_type(MailFrom)
+    assert mail.envid == "batch 7+x=y~"
+
+
+@pytest.mark.parametrize("smtputf8", ["", " SMTPUTF8"])
+def test_an_rfc822_orcpt_that_is_not_ascii_once_decoded_is_refused_naming_the_utf8_form(smtputf8: str) -> None:
+    peer = Peer.start()
+    peer.send(f"EHLO client.test\r\nMAIL FROM:<a@example.org>{smtputf8}\r\n")
+    reply = peer.send("RCPT TO:<b@example.net> ORCPT=rfc822;ren+C3+A9@y.test\r\n")
+    assert reply == (
+        "501 5.5.4 ORCPT rfc822 address must be printable ASCII once decoded (RFC 3461 4.2): it holds"
+        " U+00E9 LATIN SMALL LETTER E WITH ACUTE; give a UTF-8 one as ORCPT=utf-8;... (RFC 6533)\r\n"
+    )
+
+
+def test_an_rfc822_orcpt_with_a_bidi_override_is_refused() -> None:
+    peer = Peer.start()
+    peer.send("EHLO client.test\r\nMAIL FROM:<a@example.org>\r\n")
+    reply = peer.send("RCPT TO:<b@example.net> ORCPT=rfc822;a+E2+80+AEb@y.test\r\n")
+    assert reply.startswith("501 5.5.4 ORCPT rfc822 address must be printable ASCII once decoded (RFC 3461 4.2): ")
+    assert "U+202E RIGHT-TO-LEFT OVERRIDE" in reply
+
+
+def test_a_utf8_orcpt_as_utf8_under_smtputf8_is_taken_as_sent() -> None:
+    # RFC 6533 3: utf-8-addr-unitext in an SMTPUTF8 transaction, utf-8-addr-xtext in any.
+    peer = Peer.start()
+    peer.send("EHLO client.test\r\nMAIL FROM:<a@example.org> SMTPUTF8\r\n")
+    assert peer.send("RCPT TO:<b@example.net> ORCPT=utf-8;ren\u00e9\\x{1F600}@y.test\r\n").startswith("250 ")
+    (rcpt,) = peer.of_type(RcptTo)
+    assert rcpt.orcpt == "utf-8;ren\u00e9\\x{1F600}@y.test"
