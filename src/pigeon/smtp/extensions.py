@@ -221,14 +221,17 @@ def _parse_orcpt(value: str | None) -> str:
         _check_utf8_addr(address)
         return f"utf-8;{address}"
     decoded = decode_xtext(address, "ORCPT")
-    # RFC 3461 4.2: an xtext address decodes to printable ASCII; a UTF-8 one is RFC 6533's
-    # utf-8 type, above, which keeps it as the client gave it (and refuses what the DSN
-    # could not show, as ENVID does).
-    _require_printable_ascii(
-        decoded,
-        f"ORCPT {addr_type.lower()} address must be printable ASCII once decoded (RFC 3461 4.2)",
-        "; give a UTF-8 one as ORCPT=utf-8;... (RFC 6533)",
-    )
+    # RFC 3461 4.2 wants printable ASCII here (UTF-8 is RFC 6533's utf-8 type, above), but
+    # relays that predate RFC 6533 send an internationalised recipient as rfc822 xtext of its
+    # UTF-8: refusing it would refuse the recipient, so its letters are taken (a DSN gives
+    # them in the utf-8 form). What a DSN could not show as it was given is refused.
+    for char in decoded:
+        if not char.isascii() and unicodedata.category(char)[0] in "CZ":
+            _require_printable_ascii(
+                char,
+                f"ORCPT {addr_type.lower()} address must hold no invisible or format characters once decoded",
+                "; give a UTF-8 one as ORCPT=utf-8;... (RFC 6533)",
+            )
     return f"{addr_type.lower()};{decoded}"
 
 
