@@ -735,6 +735,14 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError], *, first_sta
             address = ipaddress.ip_address(source.bind)
         except ValueError:
             raise fail(["source", "bind"], f"{which}: {source.bind!r} is not an IP address", index) from None
+        if address.is_unspecified:
+            # The OS would pick the address, as for the implicit source, under this source's
+            # EHLO name and limits: a name that need not match the address's PTR.
+            reason = (
+                f"{which}: {source.bind} is the unspecified address (any address of the machine): "
+                "give the one address its mail leaves from"
+            )
+            raise fail(["source", "bind"], reason, index)
         # Only at the node's first start: later (a reload, a worker started again) an address
         # gone from the machine for a while must not stop the rest of the node's mail.
         if first_start and (problem := _unbindable(address)) is not None:

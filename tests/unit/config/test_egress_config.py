@@ -119,6 +119,15 @@ def _with(replace: str, by: str) -> str:
             "line 11: [[source]] #2 bind: source 'ip-3': '127.0.0.300'",
         ),
         (
+            _with('bind = "127.0.0.3"', 'bind = "0.0.0.0"'),
+            "line 11: [[source]] #2 bind: source 'ip-3': 0.0.0.0 is the unspecified address (any address of the "
+            "machine): give the one address its mail leaves from",
+        ),
+        (
+            _with('bind = "::1"', 'bind = "::"'),
+            "line 16: [[source]] #3 bind: source 'v6': :: is the unspecified address",
+        ),
+        (
             _with('ehlo = "ip3.example"', 'ehlo = "ip3 example"'),
             "line 12: [[source]] #2 ehlo: source 'ip-3': 'ip3 example'",
         ),
