@@ -165,7 +165,7 @@ def run_explain(args: argparse.Namespace) -> int:
     source: str | None = args.source
     if source is not None and source not in (names := [s.name for s in config.source]):
         print(f"pigeon: no [[source]] called {source!r} (known: {', '.join(names) or 'none'})", file=sys.stderr)
-        return 1
+        return 2  # a usage error: a bad option value
     try:
         destination = asyncio.run(_destination(config, domain))
     except DnsFailure as failure:
