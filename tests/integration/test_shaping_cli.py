@@ -244,7 +244,7 @@ def test_explain_from_a_source_shows_its_own_blocks_and_key(tmp_path: Path) -> N
     settings = {line.split()[0]: line.split(None, 2)[1:] for line in lines[8:]}
     assert settings["connection_limit"] == ["1", "pigeon.toml [[shaping]] #3 line 28"]
     assert settings["idle_timeout"] == ["2s", "pigeon.toml [[shaping]] #1 line 15"]  # for every source
-    assert unknown.returncode == 1 and "no [[source]] called 'ip-9' (known: ip-3)" in unknown.stderr
+    assert unknown.returncode == 2 and "no [[source]] called 'ip-9' (known: ip-3)" in unknown.stderr  # usage
     answer = json.loads(as_json.stdout)
     assert (answer["source"], answer["key"]) == ("ip-3", "ip-3->provider:gmail")
 

@@ -191,7 +191,8 @@ def _load_with_text(args: argparse.Namespace) -> tuple[Config, str | None]:
         if args.config is None:
             return load(None), None
         text = read_text(args.config)
-        return load_text(text, args.config), text
+        # The node's own start (never a worker's): a [[source]] address it cannot bind stops it.
+        return load_text(text, args.config, first_start=True), text
     except ConfigError as error:
         print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
         raise SystemExit(2) from None

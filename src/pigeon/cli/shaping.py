@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, printable
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.config.load import problems
+from pigeon.config.load import problems, unbindable_sources
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
 from pigeon.smtp.address import a_label
@@ -118,6 +118,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"pigeon: {len(found)} problem{'s' if len(found) > 1 else ''} in {path}", file=sys.stderr)
         return 1
     config = load_config(argparse.Namespace(config=path))
+    _warn_unbindable_sources(config)
     rules = ShapingRules.from_config(config, path, path.read_text(encoding="utf-8"))
     by_domain = sum(1 for block in config.shaping if block.domain is not None)
     shipped = "on" if config.delivery.provider_defaults else "off ([delivery] provider_defaults = false)"
@@ -147,16 +148,24 @@ def _reactions_summary(config: Config) -> str:
     return f"[[reaction]] blocks: {len(mine)} ({', '.join(parts)}); rules in force: {len(in_force)} ({whose})"
 
 
+def _warn_unbindable_sources(config: Config) -> None:
+    """Each `[[source]]` this machine cannot bind now: said, not refused, as by the running
+    node (only the node's own start stops on one): the rest of the file can still be read."""
+    for warning in unbindable_sources(config):
+        print(f"pigeon: warning: {warning}", file=sys.stderr)
+
+
 def run_explain(args: argparse.Namespace) -> int:
     from pigeon.delivery.mx import DnsFailure
     from pigeon.shaping.rules import ShapingQuery, ShapingRules
 
     config = load_config(args)
+    _warn_unbindable_sources(config)
     domain = a_label(args.domain.strip().rstrip("."))  # as the node names a recipient's domain
     source: str | None = args.source
     if source is not None and source not in (names := [s.name for s in config.source]):
         print(f"pigeon: no [[source]] called {source!r} (known: {', '.join(names) or 'none'})", file=sys.stderr)
-        return 1
+        return 2  # a usage error: a bad option value
     try:
         destination = asyncio.run(_destination(config, domain))
     except DnsFailure as failure:

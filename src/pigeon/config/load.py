@@ -70,11 +70,11 @@ class ConfigError(Exception):
     """The configuration cannot be used. The message names the file, line and key."""
 
 
-def load(path: Path | None) -> Config:
-    """Read and validate a config file; None gives the defaults."""
+def load(path: Path | None, *, first_start: bool = False) -> Config:
+    """Read and validate a config file; None gives the defaults. `first_start`: see `load_text`."""
     if path is None:
         return _finish(Config(), None, "")
-    return load_text(read_text(path), path)
+    return load_text(read_text(path), path, first_start=first_start)
 
 
 def read_text(path: Path) -> str:
@@ -88,7 +88,7 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"{path}, line {line}: not UTF-8 text (TOML files are UTF-8)") from None
 
 
-def load_text(text: str, path: Path, *, replaced_by_reload: bool = False) -> Config:
+def load_text(text: str, path: Path, *, replaced_by_reload: bool = False, first_start: bool = False) -> Config:
     """Validate `text` as if it had been read from the config file `path`: relative paths are
     taken relative to its directory, and errors name it. A multi-worker node's supervisor hands
     its workers the text it read (`pigeon.node.handed`), never a copy in a file.
@@ -96,12 +96,17 @@ def load_text(text: str, path: Path, *, replaced_by_reload: bool = False) -> Con
     `replaced_by_reload`: the text the node started with, of a worker started again after a
     reload, which takes the reloaded text's files before it serves: the files a reload takes
     (the TLS pair, the SMTP users, DKIM keys, routes' CA files) are not read from this one.
-    An operator who reloaded onto new keys may have removed the old ones since."""
+    An operator who reloaded onto new keys may have removed the old ones since.
+
+    `first_start`: the node's own start (not a reload, a worker's restart or a command that
+    reads the file), which a `[[source]] bind` this machine cannot bind stops: a typo. Later
+    the address may have gone from the machine for a while; the node runs on, its mail
+    waiting (`unbindable_sources` says which)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return _load_data(data, path, text, reloadable_files=not replaced_by_reload)
+    return _load_data(data, path, text, reloadable_files=not replaced_by_reload, first_start=first_start)
 
 
 def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
@@ -129,7 +134,13 @@ def load_keys(path: Path, keys: Sequence[tuple[str, str]]) -> Config | None:
 
 
 def _load_data(
-    data: dict[str, Any], path: Path, text: str, providers: Sequence[str] = (), *, reloadable_files: bool = True
+    data: dict[str, Any],
+    path: Path,
+    text: str,
+    providers: Sequence[str] = (),
+    *,
+    reloadable_files: bool = True,
+    first_start: bool = False,
 ) -> Config:
     """`providers`: names of `[[provider]]`s left out of `data` that rules may still name;
     `reloadable_files`: read and check the files a reload takes (the TLS pair, the SMTP users,
@@ -139,7 +150,7 @@ def _load_data(
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
         raise ConfigError(_explain(str(error), path, text)) from None
-    return _finish(config, path, text, providers, reloadable_files=reloadable_files)
+    return _finish(config, path, text, providers, reloadable_files=reloadable_files, first_start=first_start)
 
 
 def _accept_shorthands(data: dict[str, Any]) -> None:
@@ -150,7 +161,13 @@ def _accept_shorthands(data: dict[str, Any]) -> None:
 
 
 def _finish(
-    config: Config, path: Path | None, text: str, providers: Sequence[str] = (), *, reloadable_files: bool = True
+    config: Config,
+    path: Path | None,
+    text: str,
+    providers: Sequence[str] = (),
+    *,
+    reloadable_files: bool = True,
+    first_start: bool = False,
 ) -> Config:
     """Checks across keys, and relative paths made relative to the file."""
 
@@ -231,7 +248,7 @@ def _finish(
         elif module is not None and (beside := _beside(module, base)) is not None:
             config.policy.module = str(beside)
     _check_inbound(config, fail)
-    _check_egress(config, fail)
+    _check_egress(config, fail, first_start=first_start)
     if path is not None:
         for target in config.target:
             if isinstance(target, (MaildirTarget, LogTarget)):
@@ -697,9 +714,10 @@ def _webhook_url_problem(url: str) -> str | None:
 _SOURCE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
-    """`[[source]]`s with usable local addresses, `[[pool]]`s of known sources with positive
-    weights, and every pool or source named elsewhere defined."""
+def _check_egress(config: Config, fail: Callable[..., ConfigError], *, first_start: bool = False) -> None:
+    """`[[source]]`s with usable local addresses (bound, at the node's `first_start`),
+    `[[pool]]`s of known sources with positive weights, and every pool or source named
+    elsewhere defined."""
     implicit = config.delivery.source
     sources = [source.name for source in config.source]
     for index, source in enumerate(config.source):
@@ -717,8 +735,17 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
             address = ipaddress.ip_address(source.bind)
         except ValueError:
             raise fail(["source", "bind"], f"{which}: {source.bind!r} is not an IP address", index) from None
-        problem = _unbindable(address)
-        if problem is not None:
+        if address.is_unspecified:
+            # The OS would pick the address, as for the implicit source, under this source's
+            # EHLO name and limits: a name that need not match the address's PTR.
+            reason = (
+                f"{which}: {source.bind} is the unspecified address (any address of the machine): "
+                "give the one address its mail leaves from"
+            )
+            raise fail(["source", "bind"], reason, index)
+        # Only at the node's first start: later (a reload, a worker started again) an address
+        # gone from the machine for a while must not stop the rest of the node's mail.
+        if first_start and (problem := _unbindable(address)) is not None:
             raise fail(["source", "bind"], f"{which}: cannot bind to {source.bind}: {problem}", index)
         if source.ehlo and (problem := _greeting_name_problem(source.ehlo)) is not None:
             raise fail(["source", "ehlo"], f"{which}: {source.ehlo!r} {problem}", index)
@@ -752,6 +779,20 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
         if shaping.source is not None and shaping.source not in sources:
             reason = f"no [[source]] called {shaping.source!r} (known: {known})"
             raise fail(["shaping", "source"], reason, index)
+
+
+def unbindable_sources(config: Config) -> list[str]:
+    """A warning for each `[[source]]` whose address this machine cannot bind now (gone since
+    the node started, or not yet back): its mail waits (`451 4.4.1`) until it can."""
+    found = []
+    for index, source in enumerate(config.source):
+        address = ipaddress.ip_address(source.bind)  # (checked at load)
+        if (problem := _unbindable(address)) is not None:
+            found.append(
+                f"{_key_name(['source', 'bind'], index)}: source {source.name!r}: cannot bind to {source.bind}: "
+                f"{problem}: mail from it waits (451 4.4.1) until the address is back; a start of the node stops on it"
+            )
+    return found
 
 
 def _unbindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:

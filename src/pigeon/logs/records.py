@@ -35,7 +35,8 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | attempt        | all four         | attempts so far, this one included                        |
 | response       | all four         | the remote server's reply, or Pigeon's own (`4.4.1` ...)  |
 | site           | all four         | the ready queue's site: MX host set or static next hop   |
-| source         | all four         | the egress `[[source]]` the attempt left from (absent: the implicit source) |
+| source         | all four         | the egress `[[source]]` the attempt left from (absent: the |
+|                |                  | implicit source; an Expiration no attempt ended: none)    |
 | peer           | all four         | `host [ip]:port` of the server that answered, if any (of a |
 |                |                  | refusal before sending: the one lacking what it needs)    |
 | tls            | all four         | TLS version and cipher of that connection                 |

@@ -29,7 +29,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from pigeon.config.load import ConfigError, load, load_text
+from pigeon.config.load import ConfigError, load, load_text, unbindable_sources
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config, InboundRouteConfig, Network, RouteConfig
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
@@ -193,6 +193,9 @@ class Node:
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
             _warn_inbound_routes(config.inbound)
+        # Said by each worker: one started again (its sources are the node's start's) may be
+        # the only one to find an address gone since.
+        _warn_unbindable_sources(config)
         # Every worker loads the module; one warns about misspelt hook names (`load()`).
         with signals.stoppable():  # its import may take long: a stop meanwhile stops the node
             self.policy = Policy.from_config(
@@ -624,6 +627,7 @@ class Node:
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
             _warn_inbound_routes(config.inbound)
+            _warn_unbindable_sources(config)
             self._exposure.warn_files(config, self.config_path)
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
@@ -999,6 +1003,14 @@ def _warn_shared_keys(configs: list[DkimConfig]) -> None:
 _WIDE_RELAY_PREFIX: Final = {4: 8, 6: 16}
 """A relay network with a shorter prefix than this that is not all private addresses
 (10.0.0.0/8 and fc00::/7 are not warned about) takes in a good part of the Internet."""
+
+
+def _warn_unbindable_sources(config: Config) -> None:
+    """Warn about each `[[source]]` whose address cannot be bound now. Only the node's first
+    start refuses one (a typo); afterwards an address may be gone for a while, and the rest
+    of the node's mail must go on: the source's mail waits with `451 4.4.1`."""
+    for warning in unbindable_sources(config):
+        _log.warning("%s", warning)
 
 
 def _warn_dead_routes(routes: list[RouteConfig]) -> None:

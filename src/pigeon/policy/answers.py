@@ -152,7 +152,8 @@ class Changes:
       another is refused as it is made (the hook fails: 451 4.3.0 and a PolicyFailure).
     * `route`: route as if the recipients were in this domain ([[route]] tables and MX
       lookup apply to it); "" routes by the recipients' domain.
-    * `egress_pool`: the egress pool to send from (kept with the message).
+    * `egress_pool`: the egress pool to send from (kept with the message); "" names none:
+      its `[[queue]]`'s pool, else `[delivery] pool`, as for None.
     * `dkim`: names of the `[[dkim]]` signers to sign with; an empty list: do not sign.
     * `add_headers`: (name, value) fields put on top of the message (below its trace fields:
       Received, Return-Path), in this order. A value

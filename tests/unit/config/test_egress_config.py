@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pigeon.config.load import ConfigError, load
+from pigeon.config.load import ConfigError, load, unbindable_sources
 from pigeon.config.schema import PoolMember
 
 EGRESS = """\
@@ -119,8 +119,13 @@ def _with(replace: str, by: str) -> str:
             "line 11: [[source]] #2 bind: source 'ip-3': '127.0.0.300'",
         ),
         (
-            _with('bind = "127.0.0.3"', 'bind = "192.0.2.77"'),
-            "line 11: [[source]] #2 bind: source 'ip-3': cannot bind to",
+            _with('bind = "127.0.0.3"', 'bind = "0.0.0.0"'),
+            "line 11: [[source]] #2 bind: source 'ip-3': 0.0.0.0 is the unspecified address (any address of the "
+            "machine): give the one address its mail leaves from",
+        ),
+        (
+            _with('bind = "::1"', 'bind = "::"'),
+            "line 16: [[source]] #3 bind: source 'v6': :: is the unspecified address",
         ),
         (
             _with('ehlo = "ip3.example"', 'ehlo = "ip3 example"'),
@@ -136,3 +141,28 @@ def _with(replace: str, by: str) -> str:
 )
 def test_egress_mistakes_name_the_key_and_its_line(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
+
+
+UNBINDABLE = _with('bind = "127.0.0.3"', 'bind = "192.0.2.77"')  # TEST-NET-1: on no interface
+
+
+def test_a_source_address_that_cannot_be_bound_stops_the_nodes_first_start(tmp_path: Path) -> None:
+    path = tmp_path / "pigeon.toml"
+    path.write_text(UNBINDABLE, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load(path, first_start=True)
+    assert f"{path}, line 11: [[source]] #2 bind: source 'ip-3': cannot bind to 192.0.2.77: " in str(caught.value)
+
+
+def test_later_a_source_address_that_cannot_be_bound_loads_and_is_named_in_a_warning(tmp_path: Path) -> None:
+    # A reload, a worker started again, a command reading the file: the address may be gone
+    # for a while, and the rest of the node's mail must go on.
+    path = tmp_path / "pigeon.toml"
+    path.write_text(UNBINDABLE, encoding="utf-8")
+    config = load(path)
+    assert [source.bind for source in config.source] == ["127.0.0.2", "192.0.2.77", "::1"]
+    (warning,) = unbindable_sources(config)
+    assert warning.startswith("[[source]] #2 bind: source 'ip-3': cannot bind to 192.0.2.77: ")
+    assert "mail from it waits (451 4.4.1) until the address is back" in warning
+    path.write_text(EGRESS, encoding="utf-8")
+    assert unbindable_sources(load(path)) == []
