@@ -35,6 +35,9 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | attempt        | all four         | attempts so far, this one included                        |
 | response       | all four         | the remote server's reply, or Pigeon's own (`4.4.1` ...)  |
 | site           | all four         | the ready queue's site: MX host set or static next hop   |
+|                |                  | (this and source, peer, tls, duration: none in a record no |
+|                |                  | attempt made: a failed route lookup, an expiry or operator's |
+|                |                  | bounce between attempts; metrics count it as site "-")    |
 | source         | all four         | the egress `[[source]]` the attempt left from (absent: the implicit source) |
 | peer           | all four         | `host [ip]:port` of the server that answered, if any (of a |
 |                |                  | refusal before sending: the one lacking what it needs)    |
