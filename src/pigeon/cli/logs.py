@@ -22,13 +22,19 @@ from pigeon.logs.records import RECORD_TYPES
 from pigeon.smtp.address import same_mailbox_key
 
 EXAMPLES = """examples:
-  pigeon logs                          # every record so far, oldest first (every worker's, by time)
+  pigeon logs                          # every record so far, in the order written (see below)
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
   pigeon logs --recipient bob@example.com --since 2h   # what became of mail to Bob lately
   pigeon logs --id 0000018c2f0a1b2c    # one message's whole story: reception, attempts, outcome
   pigeon logs --since 2026-12-05T09:00 --until 2026-12-05T10:00 --type Bounce
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
+
+Records come as each worker wrote them: when its change was committed, which is mostly but not
+strictly the order of their timestamps (they may step back by a fraction of a second, and more
+for records written late from the spool's outbox), the workers' streams merged by timestamp;
+with --follow, each worker's as it writes them. Nothing is sorted: the output streams. Sort by
+.timestamp afterwards where strict time order matters.
 
 Filters combine (a record must pass each); a repeated one matches any of its values.
 --since/--until take a time ago ("90s", "30m", "2h", "7d"), an ISO 8601 date or time

@@ -60,8 +60,8 @@ def _timestamp(line: bytes) -> float:
 
 
 def merged_lines(directory: Path, *, since: float | None = None) -> Iterator[bytes]:
-    """Every complete record line, in time order across the writers (workers): each writer's
-    records are in the order it wrote them, and the writers' streams are merged by `timestamp`.
+    """Every complete record line: each writer's (worker's) records in the order it wrote them
+    (commit order, not strictly by `timestamp`), the writers' streams merged by `timestamp`.
     (`read_lines` gives one writer's segment after another where their times overlap.)
     `since`: the segments that hold only records from before then are not read (see `_from`)."""
     streams = [

@@ -208,3 +208,15 @@ def test_the_null_sender_filter_matches_only_records_whose_sender_is_the_null_se
     )  # fmt: skip
     assert _shown(tmp_path, "--sender", "") == [("Reception", "00000000000000e1"), ("Bounce", "00000000000000e1")]
     assert _shown(tmp_path, "--sender", "<>") == _shown(tmp_path, "--sender", "")
+
+
+def test_the_help_and_the_readme_say_records_come_in_the_order_written_not_sorted_by_time() -> None:
+    # Found from outside: the help said "oldest first ... by time", but a worker writes its
+    # records in commit order, whose timestamps step back by up to ~0.2 s.
+    from pigeon.cli.logs import EXAMPLES
+
+    assert "oldest first" not in EXAMPLES and "in the order written" in EXAMPLES
+    assert "Nothing is sorted" in EXAMPLES
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert "prints all of them in\norder" not in readme
+    assert "`timestamp` may step back by a fraction of a second" in readme
