@@ -23,8 +23,11 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # Every record type `Counts.outcome` is given (the README lists them): each is exposed from 0 on.
 _OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce", "Held")
+# Queues and sites given a label value of their own (each with any outcome); the others count as
+# "_other". Each worker keeps to it, and so does the node's sum (`pigeon.node.answers.cap_labels`),
+# which the workers' own caps alone did not bound (each sees other queues).
 MAX_QUEUE_LABELS = 1000
-MAX_SITE_LABELS = 1000  # (outcome, site) label pairs; the rest count as site "_other"
+MAX_SITE_LABELS = 1000
 # Messages in memory by state; per site: (site, messages waiting, connections).
 DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]]]
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -37,6 +40,8 @@ class Counts:
         "by_queue",
         "by_site",
         "bytes_received",
+        "labelled_queues",
+        "labelled_sites",
         "messages_received",
         "outcomes",
         "receptions",
@@ -53,18 +58,28 @@ class Counts:
         self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration, ...
         self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site), at most MAX_SITE_LABELS sites
         self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
+        self.labelled_sites: set[str] = set()  # the sites with a label of their own
+        self.labelled_queues: set[str] = set()
 
     def outcome(self, kind: str, queue: str, site: str, n: int = 1) -> None:
         """Count `n` recipient outcomes of one kind for a queue and a site."""
         self.outcomes[kind] = self.outcomes.get(kind, 0) + n
-        key = (kind, site or "-")
-        if key not in self.by_site and len(self.by_site) >= MAX_SITE_LABELS:
-            key = (kind, "_other")  # a site per recipient domain (no MX, its own) is unbounded
-        self.by_site[key] = self.by_site.get(key, 0) + n
-        if (kind, queue) not in self.by_queue and len(self.by_queue) >= MAX_QUEUE_LABELS:
-            queue = "_other"  # Prometheus does not take unbounded label values well
-        key = (kind, queue)
-        self.by_queue[key] = self.by_queue.get(key, 0) + n
+        # A site per recipient domain (no MX: its own) is unbounded, and Prometheus does not
+        # take unbounded label values well. ("-": no attempt, so no site; see the README.)
+        site = _labelled(site or "-", self.labelled_sites, MAX_SITE_LABELS)
+        self.by_site[kind, site] = self.by_site.get((kind, site), 0) + n
+        queue = _labelled(queue, self.labelled_queues, MAX_QUEUE_LABELS)
+        self.by_queue[kind, queue] = self.by_queue.get((kind, queue), 0) + n
+
+
+def _labelled(value: str, labelled: set[str], most: int) -> str:
+    """`value` if it has (or may still get) a label of its own, else "_other"."""
+    if value in labelled:
+        return value
+    if len(labelled) >= most:
+        return "_other"
+    labelled.add(value)
+    return value
 
 
 class _CountsCollector(Collector):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import smtplib
 import threading
@@ -45,7 +46,7 @@ def test_message_is_relayed_with_its_routing_headers_removed(tmp_path: Path) -> 
             assert record["site"] == sink.endpoint
             assert record["attempt"] == 1
             assert record["response"]["code"] == 250
-            assert isinstance(record["seq"], int)
+            assert re.fullmatch("[0-9a-f]{16}", record["seq"])  # as `id`: exact in jq and JavaScript
         wait_until(lambda: pigeon.spool_messages() == [])
         assert pigeon.metric("pigeon_spool_messages") == 0
 

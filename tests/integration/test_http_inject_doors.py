@@ -123,6 +123,28 @@ def test_a_refused_injection_is_logged_as_a_rejection_naming_the_token(node: Pig
     assert all(r.get("auth_user") for r in node.records("Rejection") if r["command"] == "inject")
 
 
+def test_a_request_refused_whole_is_logged_with_the_sender_and_recipients_it_named(node: PigeonProcess) -> None:
+    # Found from outside: a 400 was logged without them, so `pigeon logs --sender` and
+    # `--recipient` did not find it, and `--sender ''` (the null sender) did.
+    request = _request("x@example.net", "Y@Example.net", envelope_sender="real.sender@b.test", tenant="a b")
+    status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 400, answer
+    record = _rejection(node, f"{answer['error']} ({answer['field']})")
+    assert (record["sender"], record["recipients"]) == ("real.sender@b.test", ["x@example.net", "Y@Example.net"])
+    # The null sender is named as such; past [smtp] max_recipients (5 here), the first ones only.
+    too_many = [f"many{n}@example.net" for n in range(LIMIT + 2)]  # (7: another text than the test above)
+    status, answer = node.http_post("/api/v1/inject", _request(*too_many, envelope_sender=""), TOKEN)
+    assert status == 400, answer
+    record = _rejection(node, f"{answer['error']} ({answer['field']})")
+    assert (record["sender"], record["recipients"]) == ("", too_many[:LIMIT])
+    # A body that is no JSON names nobody: neither field is written.
+    cut = b'{"envelope_sender": "a@b.test", "recipients": ['
+    status, answer = node.http_post("/api/v1/inject", None, TOKEN, raw=cut)
+    assert status == 400, answer
+    record = _rejection(node, f"{answer['error']} ({answer['field']})")
+    assert "sender" not in record and "recipients" not in record
+
+
 def test_a_tenant_over_255_characters_is_refused_at_every_door(node: PigeonProcess) -> None:
     before = len(node.spool_messages())
     tenant = "t" * 300

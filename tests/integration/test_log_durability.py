@@ -283,7 +283,7 @@ def test_kill_9_after_a_run_that_adopted_a_shard_logs_none_of_its_records_twice(
                 wait_until(lambda: any(int(r["id"], 16) & 63 == 1 for r in pigeon.records("Delivery")), timeout=60)
                 assert pigeon.process is not None
                 os.kill(pigeon.process.pid, signal.SIGSTOP)
-                logged = {r["seq"] for r in pigeon.records("Delivery")}
+                logged = {int(r["seq"], 16) for r in pigeon.records("Delivery")}
                 if _shard_1_outbox(root) & logged:
                     break
                 os.kill(pigeon.process.pid, signal.SIGCONT)

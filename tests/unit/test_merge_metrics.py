@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.metrics import LogState, Metrics
+from pigeon.metrics import MAX_QUEUE_LABELS, LogState, Metrics
 from pigeon.node.answers import merge_metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -137,3 +137,19 @@ def test_log_failing_is_0_or_1_for_the_node_however_many_workers_fail() -> None:
         merged = samples(merge_metrics([worker(failing) for failing in states]))
         assert merged[("pigeon_log_failing", ())] == expected
         assert merged[("pigeon_log_write_errors_total", ())] == 2  # counters still add up
+
+
+def test_a_cluster_wide_sum_shows_at_most_max_queue_labels_queues() -> None:
+    nodes = []
+    for index in range(2):
+        metrics = Metrics()
+        for n in range(index * 600, index * 600 + 600):
+            metrics.counts.outcome("Delivery", f"t{n:04d}@example.com", "mx.example.com")
+        nodes.append(exposition(metrics))
+    queues: dict[str, float] = {}
+    for (name, labels), value in samples(merge_metrics(nodes)).items():
+        if name == "pigeon_queue_recipients_total":
+            queues[dict(labels)["queue"]] = value
+    assert len(queues) == MAX_QUEUE_LABELS + 1
+    assert queues["_other"] == 200 and sum(queues.values()) == 1200
+    assert "t0999@example.com" in queues and "t1000@example.com" not in queues  # the first in sorted order

@@ -14,15 +14,17 @@ def test_sites_past_the_cap_are_counted_as_other() -> None:
     for n in range(MAX_SITE_LABELS + 500):
         metrics.counts.outcome("Delivery", "q", f"mx.domain{n}.test")
     metrics.counts.outcome("Delivery", "q", "mx.domain0.test")  # a site already known keeps its label
-    metrics.counts.outcome("Bounce", "q", "mx.domain1.test")  # a new (outcome, site) pair past the cap: _other
+    metrics.counts.outcome("Bounce", "q", "mx.domain1.test")  # with any outcome
+    metrics.counts.outcome("Bounce", "q", "mx.domain-new.test")  # a new site past the cap: _other
     (family,) = (
         f
         for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
         if f.name == "pigeon_site_recipients"
     )
     values = {(s.labels["outcome"], s.labels["site"]): s.value for s in family.samples if s.name.endswith("_total")}
-    assert len(values) == MAX_SITE_LABELS + 2
+    assert len({site for _, site in values}) == MAX_SITE_LABELS + 1  # sites, not (outcome, site) pairs
     assert values[("Delivery", "_other")] == 500
     assert values[("Bounce", "_other")] == 1
+    assert values[("Bounce", "mx.domain1.test")] == 1
     assert values[("Delivery", "mx.domain0.test")] == 2
-    assert sum(values.values()) == MAX_SITE_LABELS + 502
+    assert sum(values.values()) == MAX_SITE_LABELS + 503

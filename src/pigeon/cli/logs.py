@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import logging
 import math
 import sys
@@ -18,9 +19,10 @@ from pigeon.config.schema import DURATION_TEXT, DURATION_UNITS
 from pigeon.logs.peer_text import shown
 from pigeon.logs.reader import follow, merged_lines
 from pigeon.logs.records import RECORD_TYPES
+from pigeon.smtp.address import same_mailbox_key
 
 EXAMPLES = """examples:
-  pigeon logs                          # every record so far, oldest first (every worker's, by time)
+  pigeon logs                          # every record so far, in the order written (see below)
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
   pigeon logs --recipient bob@example.com --since 2h   # what became of mail to Bob lately
@@ -28,10 +30,18 @@ EXAMPLES = """examples:
   pigeon logs --since 2026-12-05T09:00 --until 2026-12-05T10:00 --type Bounce
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
 
+Records come as each worker wrote them: when its change was committed, which is mostly but not
+strictly the order of their timestamps (they may step back by a fraction of a second, and more
+for records written late from the spool's outbox), the workers' streams merged by timestamp;
+with --follow, each worker's as it writes them. Nothing is sorted: the output streams. Sort by
+.timestamp afterwards where strict time order matters.
+
 Filters combine (a record must pass each); a repeated one matches any of its values.
 --since/--until take a time ago ("90s", "30m", "2h", "7d"), an ISO 8601 date or time
 (local time unless it names its offset: "2026-12-05", "2026-12-05T09:00", "...T09:00Z"), or
-a Unix timestamp. Addresses are compared without regard to case.
+a Unix timestamp. Addresses are compared without regard to case, and a domain written as its
+U-label (bücher.example) or its A-label (xn--bcher-kva.example) is one domain. --sender ''
+(or '<>') finds the null sender's records, not those that name no sender.
 
 Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type,
 a time it cannot read, --until with --follow.
@@ -99,16 +109,29 @@ class _Filter:
                 return False
         if self.ids and str(record.get("id") or "").lower() not in self.ids:
             return False
-        if self.senders and str(record.get("sender") or "").lower() not in self.senders:
-            return False
+        if self.senders:
+            # A record without a sender (a command refused before MAIL, a request refused
+            # whole) is nobody's: not the null sender's, whom `--sender ''` asks for.
+            sender = record.get("sender")
+            if not isinstance(sender, str) or address_key(sender) not in self.senders:
+                return False
         if self.recipients:
             named = record.get("recipients")
             addresses = [*named] if isinstance(named, list) else []
             if isinstance(one := record.get("recipient"), str):
                 addresses.append(one)
-            if not any(isinstance(a, str) and a.lower() in self.recipients for a in addresses):
+            if not any(isinstance(a, str) and address_key(a) in self.recipients for a in addresses):
                 return False
         return True
+
+
+@functools.lru_cache(maxsize=4096)
+def address_key(address: str) -> str:
+    """What an address given to a filter and one in a record have in common when they name one
+    mailbox: any case, and a domain as its A-label, whichever form it was written in
+    (`bob@bücher.example` is `bob@xn--bcher-kva.example`), as every other door takes them.
+    (Cached: a log names the same few addresses over and over, and IDNA is slow.)"""
+    return same_mailbox_key(address.strip().strip("<>")).lower()
 
 
 def _when(text: str, now: float) -> float:
@@ -169,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
     wanted_record = _Filter(
         wanted,
         {value.strip().lower() for value in args.id or ()},
-        {value.strip().strip("<>").lower() for value in args.recipient or ()},
-        {value.strip().strip("<>").lower() for value in args.sender or ()},
+        {address_key(value) for value in args.recipient or ()},
+        {address_key(value) for value in args.sender or ()},
         since,
         until,
     )

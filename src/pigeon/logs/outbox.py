@@ -51,7 +51,7 @@ from pigeon.fsync import fsync_directory
 from pigeon.logs.reader import find_seqs
 from pigeon.logs.records import Record
 from pigeon.logs.writer import LogWriter
-from pigeon.message import id_time
+from pigeon.message import format_id, id_time
 from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class Outbox:
         """Give each record its `seq` and encode it, ready to store with the change."""
         sealed: list[tuple[int, bytes]] = []
         for record, seq in zip(records, spool.new_ids(len(records)), strict=True):
-            record.seq = seq  # type: ignore[attr-defined]
+            record.seq = format_id(seq)  # type: ignore[attr-defined]
             sealed.append((seq, self._log.encode(record)))
         return sealed
 
@@ -294,8 +294,9 @@ def _forgotten(future: asyncio.Future[None]) -> None:
 
 
 def _with_seq(line: bytes, seq: int) -> bytes:
-    """A record without a `seq` of its own gets its outbox row's, so a consumer can dedupe it."""
-    return line[:-1] + b',"seq":%d}' % seq if line.endswith(b"}") and b'"seq":' not in line else line
+    """A record without a `seq` of its own gets its outbox row's, so a consumer can dedupe it
+    (a string, as in every record: see `pigeon.logs.records`)."""
+    return line[:-1] + b',"seq":"%016x"}' % seq if line.endswith(b"}") and b'"seq":' not in line else line
 
 
 # --- start-up --------------------------------------------------------------------------------

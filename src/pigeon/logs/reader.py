@@ -60,8 +60,8 @@ def _timestamp(line: bytes) -> float:
 
 
 def merged_lines(directory: Path, *, since: float | None = None) -> Iterator[bytes]:
-    """Every complete record line, in time order across the writers (workers): each writer's
-    records are in the order it wrote them, and the writers' streams are merged by `timestamp`.
+    """Every complete record line: each writer's (worker's) records in the order it wrote them
+    (commit order, not strictly by `timestamp`), the writers' streams merged by `timestamp`.
     (`read_lines` gives one writer's segment after another where their times overlap.)
     `since`: the segments that hold only records from before then are not read (see `_from`)."""
     streams = [
@@ -216,13 +216,25 @@ def find_seqs(
             first -= 1
         for path in mine[first:]:
             for line in _lines_of(path):
-                at = line.rfind(b'"seq":')  # the last field of every record that has one
-                if at < 0:
-                    continue
-                digits = line[at + 6 :].split(b",", 1)[0].split(b"}", 1)[0]
-                if digits.isdigit() and int(digits) in wanted:
-                    found[int(digits)] = path
+                seq = _seq_of(line)
+                if seq is not None and seq in wanted:
+                    found[seq] = path
     return found
+
+
+def _seq_of(line: bytes) -> int | None:
+    """A record line's "seq": 16 hex digits in a string, or (in a log written before seqs were
+    strings, which a start after an upgrade reads) a JSON number. None if it has none."""
+    at = line.rfind(b'"seq":')  # the last field of every record that has one (but `answered`)
+    if at < 0:
+        return None
+    value = line[at + 6 :].split(b",", 1)[0].split(b"}", 1)[0]
+    if len(value) == 18 and value[:1] == b'"' == value[-1:]:
+        try:
+            return int(value[1:-1], 16)
+        except ValueError:
+            return None
+    return int(value) if value.isdigit() else None
 
 
 def _lines_of(path: Path) -> Iterator[bytes]:

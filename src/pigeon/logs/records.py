@@ -35,8 +35,11 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | attempt        | all four         | attempts so far, this one included                        |
 | response       | all four         | the remote server's reply, or Pigeon's own (`4.4.1` ...)  |
 | site           | all four         | the ready queue's site: MX host set or static next hop   |
+|                |                  | (this and source, peer, tls, duration: none in a record no |
+|                |                  | attempt made: a failed route lookup, an expiry or operator's |
+|                |                  | bounce between attempts; metrics count it as site "-")    |
 | source         | all four         | the egress `[[source]]` the attempt left from (absent: the |
-|                |                  | implicit source; an Expiration no attempt ended: none)    |
+|                |                  | implicit source, or no attempt)                           |
 | peer           | all four         | `host [ip]:port` of the server that answered, if any (of a |
 |                |                  | refusal before sending: the one lacking what it needs)    |
 | tls            | all four         | TLS version and cipher of that connection                 |
@@ -75,6 +78,11 @@ even across `kill -9` (see `pigeon.logs.outbox`). A `seq` is given as its record
 with the change it reports, before the commit, and the record is written once that commit has
 ended: commits end out of the order their records were sealed in (and records kept in the
 outbox are written later), so a consumer dedupes with a set of the seqs seen, not the highest.
+
+A `seq` is a JSON string of 16 hex digits, in the form of `id` (it is drawn from the same
+63-bit space): as a JSON number it was past 2^53, which jq and JavaScript read as a double,
+so that two seqs in a row read as one (RFC 8259 6) and a dedupe dropped real records. Logs
+written before were numbers: `pigeon.logs.reader.find_seqs` reads both.
 """
 
 from __future__ import annotations
@@ -122,7 +130,7 @@ class Reception(Record, tag="Reception", kw_only=True):
     # The id our `Received:` field names, where it is another message's: a reception for several
     # domains stores one body, whose field names the first of its messages.
     trace_id: str | None = None
-    seq: int = 0
+    seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
     # False: the client was gone when the commit ended (it hung up while the message was being
     # written): the message is stored and kept, but the 250 could not be given, so the client
     # may send it again. True over HTTP says only that the client was there when this recipient
@@ -171,7 +179,7 @@ class Attempt(Record):
 class Delivery(Attempt, tag="Delivery"):
     """The recipient's server took the message (2xx). Terminal."""
 
-    seq: int = 0
+    seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
 
 
 class TransientFailure(Attempt, tag="TransientFailure"):
@@ -189,7 +197,7 @@ class Bounce(Attempt, tag="Bounce"):
     """Whose `response` it is: "server" (a server's reply), or "pigeon" when Pigeon refused the
     recipient itself (no mail server for the domain, a message the server cannot take: no
     8BITMIME, over its SIZE), even with a server on the line (`peer`)."""
-    seq: int = 0
+    seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
 
     def __post_init__(self) -> None:
         # Its default is "", which `omit_defaults` leaves out, and never written: the README
@@ -203,7 +211,7 @@ class Expiration(Attempt, tag="Expiration"):
     """The message was not delivered within max_age. Terminal."""
 
     dsn: str | None = None  # as in Bounce
-    seq: int = 0
+    seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
 
 
 class Held(Attempt, tag="Held"):
@@ -214,7 +222,7 @@ class Held(Attempt, tag="Held"):
     classification: str = ""  # the refusal's bounce class ("" for an expiry)
     cause: str = ""  # "refused" or "expired"
     dsn: str = ""  # why no DSN was sent
-    seq: int = 0
+    seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
 
 
 class AdminBounce(Attempt, tag="AdminBounce"):
@@ -223,7 +231,7 @@ class AdminBounce(Attempt, tag="AdminBounce"):
     reason: str = ""
     operator: str = ""  # the API token's name
     attempt_response: Response | None = None  # bounced while an attempt was on the wire: its reply
-    seq: int = 0
+    seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
 
 
 class Quarantine(Record, tag="Quarantine"):

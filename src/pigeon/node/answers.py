@@ -8,6 +8,8 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pigeon.metrics import MAX_QUEUE_LABELS, MAX_SITE_LABELS
+
 
 def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
     """One answer from every worker's: the first refusal (4xx/5xx but 404) as it is; else
@@ -101,9 +103,49 @@ _CUMULATIVE: Final = frozenset({"counter", "histogram", "summary"})
 _HIGHEST: Final = frozenset({"pigeon_log_failing"})
 
 
+# Families with a label value per queue or site, and how many values they show (`pigeon.metrics`).
+CAPPED: Final = {
+    "pigeon_queue_recipients": ("queue", MAX_QUEUE_LABELS),
+    "pigeon_site_recipients": ("site", MAX_SITE_LABELS),
+}
+OTHER: Final = "_other"
+
+
 def merge_metrics(texts: list[str]) -> str:
-    """Sum the samples of several Prometheus text expositions (see `merge_expositions`)."""
-    return render_exposition(merge_expositions([parse_exposition(text) for text in texts]))
+    """Sum the samples of several Prometheus text expositions (see `merge_expositions`), the
+    queues and sites beyond the cap as `_other` (`cap_labels`)."""
+    return render_exposition(cap_labels(merge_expositions([parse_exposition(text) for text in texts])))
+
+
+def cap_labels(exposition: Exposition, labelled: dict[str, set[str]] | None = None) -> Exposition:
+    """The `CAPPED` families with at most their cap of queue (site) values, the samples of the
+    others added to `_other`'s. Each worker keeps to the cap, but each sees other queues: their
+    sum did not (1,200 tenants showed 1,422 queues). `labelled`: the values given their own
+    series by earlier calls, kept (and added to) so that a queue keeps its series from one scrape
+    to the next; the first values in sorted order get the room left. Changes `exposition`."""
+    labelled = {} if labelled is None else labelled
+    for name, (label, most) in CAPPED.items():
+        family = exposition.get(name)
+        if family is None:
+            continue
+        mine = labelled.setdefault(name, set())
+        values = {value for _, labels in family.samples for key, value in labels if key == label}
+        for value in sorted(values - mine - {OTHER})[: max(0, most - len(mine))]:
+            mine.add(value)
+        if values <= mine | {OTHER}:
+            continue
+        samples: dict[tuple[str, Labels], float] = {}
+        for (sample, labels), number in family.samples.items():
+            folded = tuple((key, OTHER if key == label and value not in mine else value) for key, value in labels)
+            key = (sample, folded)
+            if key not in samples:
+                samples[key] = number
+            elif sample.endswith("_created"):
+                samples[key] = min(samples[key], number)
+            else:
+                samples[key] += number
+        family.samples = samples
+    return exposition
 
 
 def parse_exposition(text: str) -> Exposition:

@@ -18,7 +18,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from pigeon.node.answers import Exposition, Family, cumulative, merge_expositions, parse_exposition, render_exposition
+from pigeon.node.answers import (
+    Exposition,
+    Family,
+    cap_labels,
+    cumulative,
+    merge_expositions,
+    parse_exposition,
+    render_exposition,
+)
 
 
 @dataclass
@@ -34,6 +42,7 @@ class Tally:
         self._workers = workers
         self._last: list[_Reading | None] = [None] * workers
         self._carried: list[Exposition] = [{} for _ in range(workers)]
+        self._labelled: dict[str, set[str]] = {}  # queues and sites with a series of their own (`cap_labels`)
 
     def answered(self, worker: int, pid: int, text: str) -> None:
         """Worker `worker`'s process `pid` answered /metrics with `text` (raises ValueError if it
@@ -60,7 +69,7 @@ class Tally:
             if last is not None:
                 parts.append(last.exposition if worker in answering else cumulative(last.exposition))
             parts.append(self._carried[worker])
-        merged = merge_expositions(parts)
+        merged = cap_labels(merge_expositions(parts), self._labelled)
         _gauge(merged, "pigeon_workers", "Worker processes of the node ([node] workers)", self._workers)
         _gauge(
             merged,

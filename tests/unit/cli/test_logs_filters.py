@@ -149,3 +149,74 @@ def test_a_time_it_cannot_read_is_a_usage_error(tmp_path: Path, args: list[str],
     result = _logs(tmp_path, *args)
     assert result.returncode == 2 and result.stdout == ""
     assert said in result.stderr
+
+
+def _write_records(directory: Path, records: list[dict[str, object]]) -> None:
+    (directory / "20270115-000000-000000-w0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_an_address_filter_finds_a_domain_logged_as_its_a_label_or_its_u_label_whichever_is_given(
+    tmp_path: Path,
+) -> None:
+    # Found from outside: `--recipient idnq1@bücher.example` did not find mail logged for
+    # idnq1@xn--bcher-kva.example, nor the other way round, though they are one domain.
+    now = time.time()
+    _write_records(
+        tmp_path,
+        [
+            {"type": "Reception", "id": "00000000000000d1", "timestamp": now - 9, "sender": "Jörg@Bücher.example",
+             "recipients": ["idnq1@xn--bcher-kva.example"]},
+            {"type": "Delivery", "id": "00000000000000d1", "timestamp": now - 8, "sender": "Jörg@Bücher.example",
+             "recipient": "idnq1@xn--bcher-kva.example"},
+            {"type": "Reception", "id": "00000000000000d2", "timestamp": now - 7, "sender": "j@xn--bcher-kva.example",
+             "recipients": ["IDNQ2@BÜCHER.example"]},
+            {"type": "Reception", "id": "00000000000000d3", "timestamp": now - 6, "sender": "j@other.example",
+             "recipients": ["idnq1@other.example"]},
+        ],
+    )  # fmt: skip
+    assert _shown(tmp_path, "--recipient", "idnq1@bücher.example") == [
+        ("Reception", "00000000000000d1"),
+        ("Delivery", "00000000000000d1"),
+    ]
+    assert _shown(tmp_path, "--recipient", "idnq2@xn--bcher-kva.example") == [("Reception", "00000000000000d2")]
+    assert _shown(tmp_path, "--recipient", "IDNQ1@XN--BCHER-KVA.EXAMPLE") == _shown(
+        tmp_path, "--recipient", "idnq1@bücher.example"
+    )
+    assert _shown(tmp_path, "--sender", "jörg@xn--bcher-kva.example") == [
+        ("Reception", "00000000000000d1"),
+        ("Delivery", "00000000000000d1"),
+    ]
+    assert _shown(tmp_path, "--sender", "J@bücher.example") == [("Reception", "00000000000000d2")]
+
+
+def test_the_null_sender_filter_matches_only_records_whose_sender_is_the_null_sender(tmp_path: Path) -> None:
+    # Found from outside: `--sender ''` matched every record without a sender (a request refused
+    # whole, a connection refused before MAIL), which are not the null sender's.
+    now = time.time()
+    _write_records(
+        tmp_path,
+        [
+            {"type": "Reception", "id": "00000000000000e1", "timestamp": now - 9, "sender": "",
+             "recipients": ["a@example.com"]},
+            {"type": "Bounce", "id": "00000000000000e1", "timestamp": now - 8, "sender": "",
+             "recipient": "a@example.com"},
+            {"type": "Rejection", "timestamp": now - 7, "session": "s1", "peer": "p", "command": "inject"},
+            {"type": "Rejection", "timestamp": now - 6, "session": "s2", "peer": "p", "command": "EHLO"},
+            {"type": "Reception", "id": "00000000000000e2", "timestamp": now - 5, "sender": "b@example.com",
+             "recipients": ["a@example.com"]},
+        ],
+    )  # fmt: skip
+    assert _shown(tmp_path, "--sender", "") == [("Reception", "00000000000000e1"), ("Bounce", "00000000000000e1")]
+    assert _shown(tmp_path, "--sender", "<>") == _shown(tmp_path, "--sender", "")
+
+
+def test_the_help_and_the_readme_say_records_come_in_the_order_written_not_sorted_by_time() -> None:
+    # Found from outside: the help said "oldest first ... by time", but a worker writes its
+    # records in commit order, whose timestamps step back by up to ~0.2 s.
+    from pigeon.cli.logs import EXAMPLES
+
+    assert "oldest first" not in EXAMPLES and "in the order written" in EXAMPLES
+    assert "Nothing is sorted" in EXAMPLES
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert "prints all of them in\norder" not in readme
+    assert "`timestamp` may step back by a fraction of a second" in readme

@@ -222,7 +222,9 @@ async def test_write_errors_keep_the_rows_and_each_record_is_logged_once_when_th
     await outbox.close()
     log.close()
     records = logged(tmp_path / "log")
-    assert collections.Counter(r.get("seq") for r in records if r["type"] == "Delivery") == {s: 1 for s in seqs}
+    assert collections.Counter(r.get("seq") for r in records if r["type"] == "Delivery") == {
+        f"{s:016x}": 1 for s in seqs
+    }
     assert len(logged(tmp_path / "log", "Rejection")) == 1
 
 
@@ -306,7 +308,7 @@ async def test_stop_with_the_log_disk_full_says_how_many_records_wait_in_the_out
         f"{n:016x}": 1 for n in range(10)
     }
     assert sorted(r["session"] for r in records if r["type"] == "Rejection") == [f"s{n}" for n in range(10, 14)]
-    assert {r["seq"] for r in records if r["type"] == "Delivery"} >= set(seqs)
+    assert {r["seq"] for r in records if r["type"] == "Delivery"} >= {f"{s:016x}" for s in seqs}
 
 
 @pytest.mark.parametrize("truncate", [True, False], ids=["taken-back", "cannot-be-taken-back"])
@@ -409,7 +411,7 @@ def sealed_lines(spool: SqliteSpool, numbers: range) -> list[tuple[int, bytes]]:
     sealed = []
     for n, seq in zip(numbers, spool.new_ids(len(numbers)), strict=True):
         record = delivery(n)
-        record.seq = seq
+        record.seq = f"{seq:016x}"
         sealed.append((seq, encoder.encode(record)))
     return sealed
 
@@ -474,3 +476,55 @@ def test_clean_stop_marker_is_read_once(tmp_path: Path) -> None:
     assert take_clean_stop(tmp_path) is None
     mark_clean_stop(tmp_path, None)
     assert take_clean_stop(tmp_path) == ""
+
+
+# --- seq as a JSON reader sees it ----------------------------------------------------------------
+async def test_seqs_are_exact_and_unique_to_a_json_reader_whose_numbers_are_doubles(
+    tmp_path: Path, spool: SqliteSpool
+) -> None:
+    # Found from outside: seqs are ids (about 2.55e17, past 2^53), which jq and JavaScript read as
+    # doubles: two seqs in a row read the same, and a dedupe by (node, seq) dropped real records.
+    log = writer(tmp_path)
+    outbox = Outbox(log, {0: spool}, forget_after=QUICK)
+    seqs = await commit(outbox, spool, range(50))
+    log.write(rejection(1))
+    await outbox.close()
+    log.close()
+    as_js = [json.loads(json.dumps(r), parse_int=float) for r in logged(tmp_path / "log", "Delivery")]
+    assert [r["seq"] for r in as_js] == [f"{seq:016x}" for seq in seqs]  # the form `id` has
+    assert len({r["seq"] for r in as_js}) == 50
+
+
+async def test_a_saved_record_without_a_seq_gets_its_rows_seq_in_the_form_id_has(
+    tmp_path: Path, spool: SqliteSpool
+) -> None:
+    log = writer(tmp_path)
+    outbox = Outbox(log, {0: spool}, forget_after=QUICK)
+    ((_, seq, line),) = outbox.write_numbered([rejection(1)])
+    await outbox.close()
+    log.close()
+    assert json.loads(line)["seq"] == f"{seq:016x}"
+    (record,) = logged(tmp_path / "log", "Rejection")
+    assert record["seq"] == f"{seq:016x}"
+
+
+async def test_after_an_upgrade_an_outbox_row_whose_line_has_a_numeric_seq_is_found_in_the_log(
+    tmp_path: Path,
+) -> None:
+    # The previous version wrote seqs as JSON numbers, in the log and in the outbox's lines: a
+    # start after the upgrade must find those already logged, or it would log them twice.
+    spool = SqliteSpool(tmp_path / "spool" / "shard-0")
+    spool.open(asyncio.get_running_loop())
+    encoder = msgspec.json.Encoder()
+    old: list[tuple[int, bytes]] = []
+    for n, seq in zip(range(4), spool.new_ids(4), strict=True):
+        line = encoder.encode(delivery(n))
+        old.append((seq, line[:-1] + b',"seq":%d}' % seq))  # as the previous version wrote it
+    new = sealed_lines(spool, range(4, 6))
+    await spool.outbox_add(old + new)
+    write_segment(tmp_path / "log", "20240101-000000-000000-w0.jsonl", [old[0][1], old[1][1], new[0][1]])
+
+    found = recover_outbox_lines(spool, tmp_path / "log")
+    spool.close()
+    assert found.present == [old[0][0], old[1][0], new[0][0]]
+    assert found.missing == [old[2], old[3], new[1]]

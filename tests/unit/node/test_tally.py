@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.metrics import Metrics
+from pigeon.metrics import MAX_QUEUE_LABELS, MAX_SITE_LABELS, Metrics
 from pigeon.node.tally import Tally
 
 
@@ -88,3 +88,51 @@ def test_counters_never_go_back_whatever_the_workers_do() -> None:
         now = value(tally.exposition(answering), "pigeon_messages_received_total")
         assert now is not None and now >= shown
         shown = now
+
+
+def _by_queue(text: str, family_name: str = "pigeon_queue_recipients", label: str = "queue") -> dict[str, float]:
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == family_name:
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    values[sample.labels[label]] = values.get(sample.labels[label], 0.0) + sample.value
+    return values
+
+
+def test_the_node_shows_at_most_max_queue_labels_queues_and_sites_however_many_workers_saw() -> None:
+    # Found from outside: the cap was each worker's, on (outcome, queue) pairs, and the node
+    # showed their sum: 1,200 tenants gave 1,422 queue values and no `_other`.
+    tally = Tally(2)
+    for index in range(2):
+        metrics = Metrics()
+        for n in range(index * 300, index * 300 + 900):  # 900 each, 1,200 in all
+            metrics.counts.outcome("Delivery", f"t{n}@example.com", f"mx{n}.example.com")
+        tally.answered(index, 100 + index, generate_latest(metrics.registry).decode())
+    first = tally.exposition({0, 1})
+    for family, label, cap in (
+        ("pigeon_queue_recipients", "queue", MAX_QUEUE_LABELS),
+        ("pigeon_site_recipients", "site", MAX_SITE_LABELS),
+    ):
+        shown = _by_queue(first, family, label)
+        assert len(shown) == cap + 1 and "_other" in shown
+        assert sum(shown.values()) == 2 * 900  # nothing lost: the rest counted as `_other`
+
+    # A queue keeps its own series from one scrape to the next, whatever workers count later.
+    metrics = Metrics()
+    metrics.counts.outcome("Delivery", "a-new-queue-that-sorts-first", "mx.example.com")
+    tally.answered(0, 102, generate_latest(metrics.registry).decode())  # worker 0 restarted
+    second = _by_queue(tally.exposition({0, 1}))
+    assert "a-new-queue-that-sorts-first" not in second
+    assert second.keys() == _by_queue(first).keys()
+    assert second["_other"] == _by_queue(first)["_other"] + 1
+
+
+def test_a_worker_keeps_max_queue_labels_queues_whatever_their_outcomes() -> None:
+    metrics = Metrics()
+    for n in range(MAX_QUEUE_LABELS):
+        for outcome in ("Delivery", "TransientFailure", "Bounce"):
+            metrics.counts.outcome(outcome, f"t{n}@example.com", "mx.example.com")
+    metrics.counts.outcome("Delivery", "one-too-many@example.com", "mx.example.com")
+    shown = _by_queue(generate_latest(metrics.registry).decode())
+    assert len(shown) == MAX_QUEUE_LABELS + 1 and shown["_other"] == 1

@@ -87,6 +87,7 @@ from pigeon.listener.http.json_body import (
     span_at,
     too_many_values,
 )
+from pigeon.logs.peer_text import shown
 from pigeon.logs.records import Rejection, Response
 from pigeon.message import Envelope, Recipient, format_id
 from pigeon.policy import objects
@@ -111,6 +112,8 @@ _SESSION_PREFIX: Final = secrets.token_hex(4)
 _requests = itertools.count(1)
 FORWARDED_PEER: Final = "X-Pigeon-Peer"
 INJECT_PATH: Final = "/api/v1/inject"
+# The request's body, once it is known to be of a size and shape that can be decoded.
+_BODY: Final = web.RequestKey("pigeon_inject_body", bytes)
 
 
 class InjectResponse(msgspec.Struct):
@@ -181,6 +184,8 @@ def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str
     else:
         text, field = error.error, error.field
     node.intake.metrics.rejections.labels("inject", str(refused.status)).inc()
+    body = request.get(_BODY)
+    sender, recipients = _named(body, node.config.smtp.max_recipients) if body is not None else (None, None)
     node.intake.log.write(
         Rejection(
             timestamp=time.time(),
@@ -188,9 +193,38 @@ def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str
             peer=_peer(request)[1],
             command="inject",
             response=Response(refused.status, f"{text} ({field})" if field else text),
+            sender=sender,
+            recipients=recipients,
             auth_user=holder,
         )
     )
+
+
+class _Named(msgspec.Struct):
+    """The envelope a request refused whole names, read whatever else is wrong with it."""
+
+    envelope_sender: Any = None
+    recipients: Any = None
+
+
+def _named(body: bytes, most: int) -> tuple[str | None, list[str] | None]:
+    """The sender and (the first `most`: `[smtp] max_recipients`, as a refused DATA's record names
+    at most) recipients a refused request's body names, escaped as SMTP's records escape them,
+    so that `pigeon logs --sender` and `--recipient` find why an application's mail never came.
+    None for what it does not name (a body that is no JSON names nothing)."""
+    try:
+        named = msgspec.json.decode(body, type=_Named)
+    except (msgspec.DecodeError, RecursionError):  # (a ValidationError is a DecodeError)
+        return None, None
+    sender = shown(named.envelope_sender) if isinstance(named.envelope_sender, str) else None
+    recipients: list[str] = []
+    if isinstance(named.recipients, list):
+        for recipient in named.recipients:
+            if len(recipients) >= most:
+                break
+            if isinstance(recipient, dict) and isinstance(email := recipient.get("email"), str):
+                recipients.append(shown(email))
+    return sender, recipients or None
 
 
 async def _inject(request: web.Request, holder: str, session: str, tenants: frozenset[str] | None) -> web.Response:
@@ -205,6 +239,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
         raise bad_request(crowded, "$")
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
+    request[_BODY] = body  # what a refusal's record reads the envelope from (`_named`)
     try:
         parsed = _DECODER.decode(body)
         if len(parsed.recipients) > (limit := config.http.max_recipients):
