@@ -228,8 +228,9 @@ class NodeConfig(_Section):
     woken worker does not preempt what is running, and finds more work when it runs; fewer
     context switches and less CPU per message under load) or "normal" (SCHED_OTHER, the
     default of every process). See `pigeon.node.scheduling` and the README's "Workers"."""
-    shutdown_timeout: Duration = Duration(30)
-    """On SIGTERM, how long open SMTP transactions may take to finish."""
+    shutdown_timeout: PositiveDuration = PositiveDuration(30)
+    """On SIGTERM, how long open SMTP transactions may take to finish (more than 0: 0 would cut
+    every open transaction and delivery off at any stop)."""
     worker_timeout: Duration = Duration(30)
     """With several workers: a worker that has not answered the supervisor's heartbeat for this
     long (its loop blocked, or the process stopped) is killed (SIGKILL) and started again, and
@@ -392,7 +393,8 @@ class HttpConfig(_Section):
     is its own, so a request's size alone does not bound what it stores."""
     max_metadata_size: Size = Size(4 * 1024)
     """Largest `metadata` object of one injected recipient, in bytes of its JSON (400 beyond):
-    it is written into every log record of the message."""
+    it is written into every log record of the message. 0: no metadata (a recipient with any
+    gets 400)."""
     max_open_requests: PositiveInt = 64
     """API requests a node with several workers reads and forwards at once; beyond, 503 and the
     connection closed. With `max_request_size` it bounds the bodies held in memory. A request
@@ -426,7 +428,8 @@ class SpoolConfig(_Section):
     """Directory of the spool database and large bodies."""
     inline_limit: Size = Size(256 * 1024)
     """Bodies up to this size are kept in memory for their first delivery and stored in the
-    database or a segment; larger ones in files of their own."""
+    database or a segment; larger ones in files of their own. 0: every body (but an empty one)
+    in a file of its own."""
     inline_total: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Bodies being received (each up to `inline_limit`) are held in memory until their end, up
     to this many bytes in all per worker; past it, the body whose bytes pass it goes to a file
@@ -434,7 +437,8 @@ class SpoolConfig(_Section):
     segment_from: Size = Size(16 * 1024)
     """Bodies from this size up to `inline_limit` are appended to segment files (written once,
     one fsync per commit) rather than stored in the database (written twice, WAL then
-    checkpoint). Above `inline_limit` to turn segments off."""
+    checkpoint). Above `inline_limit` to turn segments off; 0: every body up to `inline_limit`
+    in a segment, none in the database."""
     segment_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """A segment file takes bodies until it is this big; then a new one starts."""
     commit_window: Duration = Duration(0.002)

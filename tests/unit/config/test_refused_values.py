@@ -448,3 +448,40 @@ def test_config_errors_say_what_to_write_and_name_array_tables_as_the_readme_doe
     # "'ex/ample' '/' cannot appear in a host name".
     said = error_of(tmp_path, text)
     assert said.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}"), said
+
+
+def _zeroable_keys() -> list[str]:
+    """`[section] key` of every key whose type takes 0: a plain duration, size, data rate or
+    count from 0 (the `Positive*` types refuse it at load)."""
+    import typing
+
+    from pigeon.config import schema
+
+    keys = []
+    for section, kind in typing.get_type_hints(schema.Config).items():
+        if typing.get_origin(kind) is list:
+            continue  # arrays of tables: their rows are in their own sections' tables
+        for key, hint in typing.get_type_hints(kind, include_extras=True).items():
+            options = [hint, *typing.get_args(hint)]
+            if any(option in (schema.Duration, schema.Size, schema.DataRate) for option in options) or "ge=0" in repr(
+                hint
+            ):
+                keys.append(f"[{section}] {key}")
+    return keys
+
+
+@pytest.mark.parametrize("key", _zeroable_keys())
+def test_every_key_that_takes_0_says_in_its_readme_row_what_0_means(key: str) -> None:
+    # The README: "must be more than 0 unless its row says what `0` means". [node]
+    # shutdown_timeout, [http] max_metadata_size, [spool] inline_limit and segment_from took 0
+    # and no row said what it did.
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{key}` |"))
+    meaning = row.split(" | ", 2)[2]
+    assert re.search(r'`"?0(ms|s)?"?`|[Aa]t least `?\d', meaning), f"{key}: its row does not say what 0 means"
+
+
+def test_a_shutdown_timeout_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
+    # 0 would cut every open transaction and delivery at once (421 mid-DATA) on any stop.
+    message = error_of(tmp_path, "[node]\nshutdown_timeout = 0\n")
+    assert message.endswith('line 2: [node] shutdown_timeout: must be more than 0 (e.g. "2s", "250ms")')
