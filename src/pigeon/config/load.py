@@ -701,6 +701,9 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError]) -> None:
     """`[[source]]`s with usable local addresses, `[[pool]]`s of known sources with positive
     weights, and every pool or source named elsewhere defined."""
     implicit = config.delivery.source
+    if not _SOURCE_NAME.fullmatch(implicit):
+        reason = "letters, digits, '.', '_' and '-' only (it is part of ready queue names, <source>-><site>)"
+        raise fail(["delivery", "source"], f"{implicit!r}: {reason}")
     sources = [source.name for source in config.source]
     for index, source in enumerate(config.source):
         which = f"source {source.name!r}"
@@ -907,6 +910,13 @@ def _greeting_name_problem(name: str) -> str | None:
         if version != (6 if ipv6 else 4):
             return "is not an address literal like [192.0.2.1] or [IPv6:2001:db8::1]"
         return None
+    try:
+        bare = ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:  # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address is a literal, in brackets
+        literal = f"[IPv6:{bare}]" if bare.version == 6 else f"[{bare}]"
+        return f'is an IP address: write it as an address literal, "{literal}"'
     if len(name) > 255:
         return "is longer than a domain name may be (255 characters, RFC 5321 4.5.3.1.2)"
     if not _DOMAIN.fullmatch(name):
@@ -929,6 +939,14 @@ def _check_names(config: Config, text: str, fail: Callable[..., ConfigError]) ->
     node whose every delivery fails (`[delivery] helo_name`), or whose banner breaks every
     connection (a line break in `[smtp] hostname`)."""
     smtp, delivery = config.smtp, config.delivery
+    name = config.node.name
+    if not name or any(char.isspace() or not char.isprintable() for char in name):
+        # It is in every log record, seeds the message ids and names the node to the cluster:
+        # a space would make records and presence entries ambiguous, a control character garble them.
+        written = key_line(text, ["node", "name"]) is not None
+        default = "" if written else " (the machine's host name, the default: set [node] name)"
+        reason = f"{name!r}{default}: a node's name is not empty, without white space or control characters"
+        raise fail(["node", "name"], f"{reason}; it is written into every log record and seeds message ids")
     if (problem := _greeting_name_problem(smtp.hostname)) is not None:
         written = key_line(text, ["smtp", "hostname"]) is not None
         default = "" if written else " (the machine's host name, the default: set [smtp] hostname)"

@@ -216,7 +216,8 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class NodeConfig(_Section):
     name: str = msgspec.field(default_factory=socket.gethostname)
-    """Node name written into every log record. Default: the host name."""
+    """Node name written into every log record, and the seed of its message ids: not empty,
+    without white space or control characters (checked at load). Default: the host name."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
     """Worker processes, each with its own spool shard, accepting on the listening sockets the
     main process bound (no SO_REUSEPORT: a second node on the port fails to start).
@@ -260,7 +261,7 @@ class SmtpConfig(_Section):
     """Addresses the SMTP listener binds to: a list, or one address as a string."""
     hostname: str = msgspec.field(default_factory=socket.gethostname)
     """Name in the banner, EHLO reply and Received headers: a domain name or an address literal
-    ("[192.0.2.1]", "[IPv6:2001:db8::1]"), checked at load as the SMTP client checks a name to
+    ("[192.0.2.1]", "[IPv6:2001:db8::1]"; a bare address is refused), checked at load as the SMTP client checks a name to
     greet with (`config.load`)."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
     """Clients in these networks may send to any domain. Others must authenticate."""
@@ -473,7 +474,8 @@ class DeliveryConfig(_Section):
     """Name in outbound EHLO, checked as [smtp] hostname is. Default: [smtp] hostname."""
     source: str = "default"
     """Name of the implicit egress source: the one mail leaves from when it has no pool (its
-    address is the one the OS picks, its EHLO name `helo_name`). Ready queues are "source->site"."""
+    address is the one the OS picks, its EHLO name `helo_name`). Ready queues are "source->site",
+    so it is made as a `[[source]]`'s name is: letters, digits, ".", "_" and "-"."""
     pool: str | None = None
     """The `[[pool]]` mail leaves from when neither its `[[queue]]` nor the policy hook names
     one. None: such mail leaves from the implicit source."""

@@ -41,6 +41,9 @@ BAD_NAMES = {
     "bad-literal": ('"[mx.example.org]"', "is not an address literal"),
     "v6-literal-without-tag": ('"[2001:db8::1]"', "is not an address literal"),
     "too-long": (f'"{"a" * 63}.{"b" * 63}.{"c" * 63}.{"d" * 63}.example"', "longer than a domain name may be"),
+    # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address goes in brackets.
+    "bare-ipv4": ('"192.0.2.1"', 'is an IP address: write it as an address literal, "[192.0.2.1]"'),
+    "bare-ipv6": ('"2001:db8::1"', 'is an IP address: write it as an address literal, "[IPv6:2001:db8::1]"'),
 }
 
 
@@ -485,3 +488,26 @@ def test_a_shutdown_timeout_of_zero_is_refused_naming_the_key(tmp_path: Path) ->
     # 0 would cut every open transaction and delivery at once (421 mid-DATA) on any stop.
     message = error_of(tmp_path, "[node]\nshutdown_timeout = 0\n")
     assert message.endswith('line 2: [node] shutdown_timeout: must be more than 0 (e.g. "2s", "250ms")')
+
+
+@pytest.mark.parametrize("name", ['""', '"a b"', '"a b\\u0007"', '"node\\u0000"', '" node"'])
+def test_a_node_name_that_is_empty_or_holds_white_space_or_a_control_character_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    # It is in every log record and seeds message ids: "a b" loaded, and so did "".
+    message = error_of(tmp_path, f"[node]\nname = {name}\n")
+    assert "line 2: [node] name: " in message
+    assert "not empty, without white space or control characters" in message
+
+
+@pytest.mark.parametrize("name", ['"a b"', '"x->y"', '""', '"-x"'])
+def test_an_implicit_source_name_that_cannot_be_part_of_a_ready_queue_name_is_refused(tmp_path: Path, name: str) -> None:
+    message = error_of(tmp_path, f"[delivery]\nsource = {name}\n")
+    assert "line 2: [delivery] source: " in message
+    assert "letters, digits, '.', '_' and '-' only" in message
+
+
+def test_node_and_source_names_pigeon_accepts_load(tmp_path: Path) -> None:
+    config = load(write(tmp_path, '[node]\nname = "mx-1.example_a"\n[delivery]\nsource = "ip-1.a_b"\n'))
+    assert (config.node.name, config.delivery.source) == ("mx-1.example_a", "ip-1.a_b")
+    assert load(None).node.name and load(None).delivery.source == "default"  # the defaults load
