@@ -876,6 +876,12 @@ def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
             reason = f"[[http.token]] {token.name!r}: the secret must be printable ASCII without white space"
             reason += " (`openssl rand -hex 32` makes one)"
             raise fail(["http.token", "token"], reason, index)
+        if token.tenants == []:
+            reason = (
+                f"[[http.token]] {token.name!r}: an empty list binds the token to no tenant, so it could do nothing: "
+                "name its tenants, or leave tenants out for a token of the operator's (any tenant)"
+            )
+            raise fail(["http.token", "tenants"], reason, index)
         if token.tenants is not None and (problem := binding_problem(token.tenants)) is not None:
             raise fail(["http.token", "tenants"], f"[[http.token]] {token.name!r}: {problem}", index)
         first = holders.setdefault(token.token, index)

@@ -365,7 +365,8 @@ class ApiToken(_Section):
     naming none. Its admin writes are confined to them (403 otherwise), another tenant's
     message or rule is answered as absent (404), its reads show its tenants' alone, and what
     has no tenant (a site suspension, the shaping effects) is 403. None (unset): any tenant,
-    the token being the operator's."""
+    the token being the operator's. An empty list is refused at load (a token that could do
+    nothing)."""
 
 
 LOCAL_TOKEN_NAME: Final = "local"

@@ -215,6 +215,12 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
             "line 5: [[http.token]] #1 tenants: [[http.token]] 'app': tenant 'a b' contains ' '",
         ),
         (token() + 'tenants = [""]\n', "[[http.token]] #1 tenants: [[http.token]] 'app': a tenant name is empty"),
+        (
+            # It used to load, a token that could do nothing, its 403s saying "bound to tenants none".
+            token() + "tenants = []\n",
+            "line 5: [[http.token]] #1 tenants: [[http.token]] 'app': an empty list binds the token to no tenant, "
+            "so it could do nothing: name its tenants, or leave tenants out for a token of the operator's (any tenant)",
+        ),
     ],
     ids=[
         "same-name",
@@ -226,6 +232,7 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
         "newline-in-secret",
         "tenant-with-space",
         "empty-tenant",
+        "no-tenants",
     ],
 )
 def test_api_token_mistakes_are_refused_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:
