@@ -168,7 +168,8 @@ def decode_hook(kind: type, value: Any) -> Any:
         if isinstance(value, str):
             split_peer(value, kind.usual_port)
             return kind(value)
-        raise ValueError(f'{value!r} is not an address like "192.0.2.1:25" or "[2001:db8::1]:53"')
+        port = kind.usual_port  # (a resolver's example on 53, a next hop's on 25)
+        raise ValueError(f'{value!r} is not an address like "192.0.2.1:{port}" or "[2001:db8::1]:{port}"')
     if kind is Endpoint:
         if isinstance(value, list):
             example = value[0] if value and isinstance(value[0], str) else "127.0.0.1:8025"
@@ -261,10 +262,11 @@ class SmtpConfig(_Section):
     """Addresses the SMTP listener binds to: a list, or one address as a string."""
     hostname: str = msgspec.field(default_factory=socket.gethostname)
     """Name in the banner, EHLO reply and Received headers: a domain name or an address literal
-    ("[192.0.2.1]", "[IPv6:2001:db8::1]"; a bare address is refused), checked at load as the SMTP client checks a name to
-    greet with (`config.load`)."""
+    ("[192.0.2.1]", "[IPv6:2001:db8::1]"; a bare address is refused), checked at load as the SMTP
+    client checks a name to greet with (`config.load`)."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
-    """Clients in these networks may send to any domain. Others must authenticate."""
+    """Clients in these networks may send to any domain. Others must authenticate. A list, or one
+    network as a string."""
     postmaster: str = ""
     """Where mail for <postmaster> (no domain) goes; anyone may send it (RFC 5321 4.5.1).
     Default: postmaster@<hostname>."""
@@ -564,7 +566,7 @@ class DeliveryConfig(_Section):
 
 class DnsConfig(_Section):
     nameservers: list[NameserverPeer] = msgspec.field(default_factory=list)
-    """Resolvers to ask ("127.0.0.1:53"), in turn: one that does not answer within its share of
+    """Resolvers to ask (["127.0.0.1:53"], or one as a string), in turn: one that does not answer within its share of
     `timeout`, or fails the query (SERVFAIL, REFUSED), has the next asked. Empty: the system's
     (/etc/resolv.conf, with its timeout:, attempts: and rotate options)."""
     timeout: PositiveDuration = PositiveDuration(5)
