@@ -43,6 +43,7 @@ from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.search import SearchError, excludes_seen
 from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
+from pigeon.node.privileges import IdentityError, identity
 from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
@@ -184,6 +185,12 @@ def _finish(
         )
         raise fail(["smtp", "auth_users"], reason)
     _check_tokens(config, fail)
+    try:
+        # Looked up at load, not at the start's privilege drop: a user or group the system does
+        # not have is a mistake in the file (exit 2, its line), as a misspelt key is.
+        identity(config.node)
+    except IdentityError as error:
+        raise fail(["node", error.key], error.reason) from None
     _check_names(config, text, fail)
     _check_backoffs(config, fail)
     if spool.max_size is not None and spool.max_size < MIN_SPOOL_SIZE:

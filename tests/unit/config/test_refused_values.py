@@ -610,3 +610,22 @@ def test_a_rate_may_have_white_space_around_its_burst_and_any_unit_the_readme_li
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `[delivery] max_message_rate` |"))
     assert '`"3000/m"`' in row and '`"1000/d"`' in row and '", burst=N"' in row
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[node]\nworkers = 1\nuser = "no-such-pigeon-user"\n',
+            "line 3: [node] user: no user called 'no-such-pigeon-user' on this system (create one: useradd --system",
+        ),
+        (
+            '[node]\nuser = "root"\ngroup = "no-such-pigeon-group"\n',
+            "line 3: [node] group: no group called 'no-such-pigeon-group' on this system",
+        ),
+        ('[node]\ngroup = "root"\n', "line 2: [node] group: set [node] user as well (group alone changes nothing)"),
+    ],
+)
+def test_a_user_or_group_the_system_does_not_have_is_a_config_error(tmp_path: Path, text: str, expected: str) -> None:
+    # It used to pass the load and stop the start later, exit 1, with no file nor line.
+    assert error_of(tmp_path, text).startswith(f"{tmp_path / 'pigeon.toml'}, {expected}")
