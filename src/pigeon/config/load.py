@@ -1274,6 +1274,8 @@ def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
     kind = _EXPECTED_OF_KEY.get(keys[-1] if keys else "") or _kind_in_words(found["kind"])
     shown = "" if value is _NO_VALUE else _shown(value)
     if found["got"] is not None:
+        if found["got"] == "bool" and shown:
+            return f"expected {kind}, got {shown}"  # ("got true", not "got true or false true")
         got = _kind_in_words(found["got"])
         return f"expected {kind}, got {got}{f' {shown}' if shown else ''}"
     if found["op"] is not None:

@@ -534,6 +534,7 @@ def test_node_and_source_names_pigeon_accepts_load(tmp_path: Path) -> None:
         ),
         ('[smtp]\nstarttls = "yes"\n', 'line 2: [smtp] starttls: expected true or false, got a string "yes"'),
         ("[smtp]\nhostname = 5\n", "line 2: [smtp] hostname: expected a string, got a whole number 5"),
+        ("[smtp]\nmax_errors = true\n", "line 2: [smtp] max_errors: expected a whole number, got true"),
         (
             '[[mailbox]]\nname = "m"\nhost = "h"\nusername = "u"\npassword = "p"\ntarget = "t"\nbatch = 2000\n',
             "line 7: [[mailbox]] #1 batch: must be a whole number of at most 1000, got 2000",
