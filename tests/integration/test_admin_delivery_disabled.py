@@ -106,3 +106,11 @@ def test_a_read_for_the_cluster_of_a_node_without_redis_is_its_own(node: PigeonP
     status, answer = node.http_call("GET", "/api/v1/queues?cluster=1", None, READER)
     assert status == 200, answer
     assert "cluster" not in answer
+
+
+def test_the_node_says_at_start_that_it_does_not_deliver(node: PigeonProcess) -> None:
+    # It said nothing: a node started with delivery off looked like one that delivers.
+    said = node.wait_stderr("delivery is off ([delivery] enabled = false)")
+    lines = [line for line in said.splitlines() if "delivery is off" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0], lines  # once for the node, whatever its workers
+    assert "accepted and spooled, and none delivered" in lines[0]

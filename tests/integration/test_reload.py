@@ -301,3 +301,29 @@ def test_sighup_takes_new_api_tokens_and_relay_networks_at_once(tmp_path: Path, 
                 code, text = client.rcpt("b@dst.test")
                 assert (code, b"relay" in text.lower()) == (550, True), (code, text)
     assert "takes effect at the next restart" not in pigeon.stderr()
+
+
+def test_sighup_takes_a_users_file_a_running_node_had_none_of_as_the_quick_start_does(tmp_path: Path) -> None:
+    """The README's Quick start adds `auth_users` and `relay_networks` to the file of a node that
+    runs without them and reloads it (a second start would fail on the node lock): AUTH is
+    offered from then on, and loopback no longer relays without it."""
+    with PigeonProcess(tmp_path / "node") as pigeon:
+        client, _ = _starttls(pigeon.smtp_port)
+        with client:
+            assert not client.has_extn("auth")
+        set_password(tmp_path / "node" / "users", "alice", "alice-secret")
+        pigeon.config["smtp"].update(auth_users="users", relay_networks=["192.0.2.0/24"])
+        pigeon.config_path.write_text(to_toml(pigeon.config))
+        _hangup(pigeon, "reloaded:")
+        assert ", 1 SMTP user, " in pigeon.stderr()
+        client, _ = _starttls(pigeon.smtp_port)
+        with client:
+            assert client.has_extn("auth")
+            assert client.login("alice", "alice-secret")[0] == 235
+            assert client.sendmail("alice@src.test", ["b@dst.test"], MESSAGE) == {}
+        with (
+            smtplib.SMTP("127.0.0.1", pigeon.smtp_port, timeout=10) as anonymous,
+            pytest.raises(smtplib.SMTPRecipientsRefused) as refused,
+        ):
+            anonymous.sendmail("a@src.test", ["b@dst.test"], MESSAGE)
+        assert refused.value.recipients["b@dst.test"][0] == 550

@@ -192,7 +192,8 @@ def _serve(config: Path, *, user: str | None = None) -> subprocess.CompletedProc
 def test_an_unknown_user_stops_start_up_with_how_to_create_it(tmp_path: Path) -> None:
     pigeon = PigeonProcess(tmp_path, node={"user": "no-such-pigeon-user"})
     result = _serve(pigeon.config_path)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a configuration error, naming the file and line
+    assert f"configuration error: {pigeon.config_path}, line " in result.stderr
     assert "[node] user: no user called 'no-such-pigeon-user'" in result.stderr
     assert "useradd --system" in result.stderr
     assert not (tmp_path / "spool").exists()

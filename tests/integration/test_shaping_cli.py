@@ -95,7 +95,9 @@ def test_check_lists_every_problem_with_its_key_and_line_and_fails(tmp_path: Pat
     lines = result.stdout.splitlines()
     assert len(lines) == 4, result.stdout
     assert lines[0].startswith("pigeon.toml, line 2: [[shaping]] #1 provider: no provider called 'gmial'")
-    assert lines[1].startswith("pigeon.toml, line 6: [[shaping]] #2 connection_limit: Expected `int | null`")
+    assert lines[1].startswith(
+        'pigeon.toml, line 6: [[shaping]] #2 connection_limit: expected a whole number, got a string "many"'
+    )
     assert lines[2].startswith("pigeon.toml, line 10: [[provider]] #1 mx_suffixes: 'not a host' is not")
     assert lines[3].startswith("pigeon.toml, line 13: [smtp] listen_on: unknown key")  # the rest of the file too
     assert "4 problems in pigeon.toml" in result.stderr

@@ -67,6 +67,8 @@ class ApiClient:
         config = load_config(args, enough=[("http", "listen"), ("spool", "path")])
         listen = config.http.listen
         self.url = (args.url or _url_of(listen.host, listen.port)).rstrip("/")
+        # Told neither: the default address, which is the node's only when it runs on its defaults.
+        self._defaulted = args.config is None and not args.url
         # Where the node on this spool bound its listener, if that is elsewhere: tried when the
         # configured address cannot be reached (an [http] listen edited since the node started).
         self._running: str | None = None
@@ -164,7 +166,13 @@ class ApiClient:
                       "restart): asking there", file=sys.stderr)  # fmt: skip
                 return self.fetch(path, method=method, data=data, token=token, timeout=timeout,
                                   unreachable=unreachable, unanswered=unanswered)  # fmt: skip
-            print(f"pigeon: cannot reach {redact_url(self.url)}: {why} (is `pigeon serve` running?)", file=sys.stderr)
+            hint = "is `pigeon serve` running?"
+            if self._defaulted:
+                hint += (
+                    " This asked the default address: give the node's configuration (-c FILE, as given to"
+                    " `pigeon serve`) or its API address (--url http://HOST:PORT)"
+                )
+            print(f"pigeon: cannot reach {redact_url(self.url)}: {why} ({hint})", file=sys.stderr)
             raise SystemExit(unreachable) from None
 
 

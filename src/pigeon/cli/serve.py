@@ -30,6 +30,7 @@ from pigeon.redaction import RedactingFormatter, redact
 EXAMPLES = """examples:
   pigeon serve                      # defaults: SMTP 127.0.0.1:2525, HTTP 127.0.0.1:8025, data in ./var
   pigeon serve -c /etc/pigeon.toml
+  pigeon serve --check -c /etc/pigeon.toml   # check the file (and policy module), start nothing
 """
 
 
@@ -44,6 +45,12 @@ def register(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_option(parser)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="load and check the configuration (and import the policy module) as a start would, print "
+        '"ok" or the error, exit 0 or 2; start nothing',
+    )
     # Used by the supervisor to start its workers; not for people.
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
@@ -64,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from pigeon.policy.hooks import Policy, PolicyLoadError
     from pigeon.spool.spool import SpoolError
 
+    if args.check:
+        return _check(args)
     # SIGHUP, SIGTERM and SIGINT are held (`main`) until the loop handles them: see `pigeon.node.signals`.
     if args.supervisor is not None:
         try:
@@ -181,6 +190,24 @@ def run(args: argparse.Namespace) -> int:
         # A bug: the traceback follows, and the supervisor says at least what it was.
         _tell_supervisor(args, f"unexpected error: {redact(repr(error))}")
         raise
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """`--check`: what a start checks before it takes anything (the whole configuration, the
+    files it names, the policy module's import), said, and nothing started: no lock, no
+    listener, no spool. Exit 0, or 2 with the error, as a start refused for it would."""
+    from pigeon.policy.hooks import Policy, PolicyLoadError
+
+    signals.started()  # (ending of its own accord: no start-up to bound)
+    config, _ = _load_with_text(args)
+    if config.policy.module is not None:
+        try:
+            Policy.from_config(config.policy, config_path=args.config).close()
+        except PolicyLoadError as error:
+            print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
+            return 2
+    print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")
     return 0
 
 

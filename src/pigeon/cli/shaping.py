@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pigeon.cli.api import ApiClient, add_api_options, fail, identifier, printable
 from pigeon.cli.common import add_config_option, load_config
-from pigeon.config.load import problems, unbindable_sources
+from pigeon.config.load import ConfigError, problems, read_text, unbindable_sources
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
+from pigeon.redaction import redact
 from pigeon.smtp.address import a_label
 
 _EXAMPLES = {
@@ -111,6 +112,11 @@ def run_check(args: argparse.Namespace) -> int:
     from pigeon.shaping.rules import ShapingRules  # (here: the other commands start faster without it)
 
     path: Path = args.file
+    try:
+        read_text(path)
+    except ConfigError as error:  # no file to check (missing, unreadable): exit 2, as every command
+        print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
+        return 2
     found = problems(path)
     for problem in found:
         print(problem)

@@ -43,6 +43,7 @@ from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.search import SearchError, excludes_seen
 from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
+from pigeon.node.privileges import IdentityError, identity
 from pigeon.queue.names import queue_part_problem
 from pigeon.redaction import redact_url
 from pigeon.shaping.gcra import Rate
@@ -58,7 +59,7 @@ _ENUM_VALUE: Final = re.compile(r"Invalid enum value '(?P<value>.*)'$", re.DOTAL
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
 _MESSAGE_LINE: Final = re.compile(r", line (\d+): ")
-_BLOCK: Final = re.compile(r"^\.?(?P<section>\w+(?:\.\w+)?)\[(?P<index>\d+)\](?:\.(?P<key>\w+))?$")
+_BLOCK: Final = re.compile(r"^\.?(?P<section>\w+(?:\.\w+)?)\[(?P<index>\d+)\](?:\.(?P<key>\w+))?(?:\[\d+\])?$")
 _DOMAIN: Final = re.compile(r"(?i)[a-z0-9_]([a-z0-9_-]*[a-z0-9])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9])?)*\.?")
 
 
@@ -149,15 +150,21 @@ def _load_data(
     try:
         config = msgspec.convert(data, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as error:
-        raise ConfigError(_explain(str(error), path, text)) from None
+        raise ConfigError(_explain(str(error), path, text, data)) from None
     return _finish(config, path, text, providers, reloadable_files=reloadable_files, first_start=first_start)
 
 
+_ONE_OR_MORE: Final = (("smtp", "listen"), ("smtp", "relay_networks"), ("dns", "nameservers"))
+"""Keys that take a list of addresses or networks, where one may be written as a string."""
+
+
 def _accept_shorthands(data: dict[str, Any]) -> None:
-    """Forms people write that mean one thing: `[smtp] listen = "0.0.0.0:25"` is a list of one."""
-    smtp = data.get("smtp")
-    if isinstance(smtp, dict) and isinstance(smtp.get("listen"), str):
-        smtp["listen"] = [smtp["listen"]]
+    """Forms people write that mean one thing: `[smtp] listen = "0.0.0.0:25"` is a list of one,
+    and so is `relay_networks = "10.0.0.0/8"` or `nameservers = "127.0.0.1:53"`."""
+    for section, key in _ONE_OR_MORE:
+        table = data.get(section)
+        if isinstance(table, dict) and isinstance(table.get(key), str):
+            table[key] = [table[key]]
 
 
 def _finish(
@@ -195,6 +202,12 @@ def _finish(
         )
         raise fail(["smtp", "auth_users"], reason)
     _check_tokens(config, fail)
+    try:
+        # Looked up at load, not at the start's privilege drop: a user or group the system does
+        # not have is a mistake in the file (exit 2, its line), as a misspelt key is.
+        identity(config.node)
+    except IdentityError as error:
+        raise fail(["node", error.key], error.reason) from None
     _check_names(config, text, fail)
     _check_backoffs(config, fail)
     if spool.max_size is not None and spool.max_size < MIN_SPOOL_SIZE:
@@ -322,7 +335,7 @@ def problems(path: Path) -> list[str]:
                 wrong, messages = _each_key_problem(block, kind)
                 for message in messages or [str(error)]:
                     message = message.replace(" - at `$", at, 1) if " - at `$" in message else f"{message}{at}`"
-                    found.append(_explain(message, path, text))
+                    found.append(_explain(message, path, text, data))
                 # The keys that are right on their own still get the checks across keys (an
                 # unknown provider, a bad rate or suffix): one misspelt key hides nothing else.
                 reported |= {(section, index, key) for key in wrong}
@@ -719,6 +732,9 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError], *, first_sta
     `[[pool]]`s of known sources with positive weights, and every pool or source named
     elsewhere defined."""
     implicit = config.delivery.source
+    if not _SOURCE_NAME.fullmatch(implicit):
+        reason = "letters, digits, '.', '_' and '-' only (it is part of ready queue names, <source>-><site>)"
+        raise fail(["delivery", "source"], f"{implicit!r}: {reason}")
     sources = [source.name for source in config.source]
     for index, source in enumerate(config.source):
         which = f"source {source.name!r}"
@@ -914,6 +930,12 @@ def _check_tokens(config: Config, fail: Callable[..., ConfigError]) -> None:
             reason = f"[[http.token]] {token.name!r}: the secret must be printable ASCII without white space"
             reason += " (`openssl rand -hex 32` makes one)"
             raise fail(["http.token", "token"], reason, index)
+        if token.tenants == []:
+            reason = (
+                f"[[http.token]] {token.name!r}: an empty list binds the token to no tenant, so it could do nothing: "
+                "name its tenants, or leave tenants out for a token of the operator's (any tenant)"
+            )
+            raise fail(["http.token", "tenants"], reason, index)
         if token.tenants is not None and (problem := binding_problem(token.tenants)) is not None:
             raise fail(["http.token", "tenants"], f"[[http.token]] {token.name!r}: {problem}", index)
         first = holders.setdefault(token.token, index)
@@ -948,6 +970,13 @@ def _greeting_name_problem(name: str) -> str | None:
         if version != (6 if ipv6 else 4):
             return "is not an address literal like [192.0.2.1] or [IPv6:2001:db8::1]"
         return None
+    try:
+        bare = ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:  # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address is a literal, in brackets
+        literal = f"[IPv6:{bare}]" if bare.version == 6 else f"[{bare}]"
+        return f'is an IP address: write it as an address literal, "{literal}"'
     if len(name) > 255:
         return "is longer than a domain name may be (255 characters, RFC 5321 4.5.3.1.2)"
     if not _DOMAIN.fullmatch(name):
@@ -970,6 +999,14 @@ def _check_names(config: Config, text: str, fail: Callable[..., ConfigError]) ->
     node whose every delivery fails (`[delivery] helo_name`), or whose banner breaks every
     connection (a line break in `[smtp] hostname`)."""
     smtp, delivery = config.smtp, config.delivery
+    name = config.node.name
+    if not name or any(char.isspace() or not char.isprintable() for char in name):
+        # It is in every log record, seeds the message ids and names the node to the cluster:
+        # a space would make records and presence entries ambiguous, a control character garble them.
+        written = key_line(text, ["node", "name"]) is not None
+        default = "" if written else " (the machine's host name, the default: set [node] name)"
+        reason = f"{name!r}{default}: a node's name is not empty, without white space or control characters"
+        raise fail(["node", "name"], f"{reason}; it is written into every log record and seeds message ids")
     if (problem := _greeting_name_problem(smtp.hostname)) is not None:
         written = key_line(text, ["smtp", "hostname"]) is not None
         default = "" if written else " (the machine's host name, the default: set [smtp] hostname)"
@@ -1104,7 +1141,7 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
         named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password", i))
         named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA", i))
     trust: list[tuple[list[str], Path | None, str, int | None]] = [
-        (["delivery", "ca_file"], config.delivery.ca_file, "[delivery]", None)
+        (["delivery", "ca_file"], config.delivery.ca_file, "", None)  # (the key names it already)
     ]
     # A webhook's, like a mailbox's, is read when its target starts: a reload leaves targets
     # as they are (a restart takes a new one), so it is checked whatever `reloadable` says.
@@ -1116,7 +1153,7 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
     if reloadable:
         trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]
     blocks = list(named)
-    blocks += [(keys, file, f"{what}: CA", index) for keys, file, what, index in trust]
+    blocks += [(keys, file, f"{what}: CA" if what else "CA", index) for keys, file, what, index in trust]
     for keys, file, what, index in blocks:
         if file is not None and not file.is_file():
             problem = "is a directory" if file.is_dir() else "does not exist"
@@ -1137,20 +1174,30 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
         try:
             client_context(verify=True, cafile=file)
         except (OSError, ssl.SSLError) as error:
-            raise fail(keys, f"{what}: CA file {file} holds no PEM certificate to trust ({error})", index) from None
+            whose = f"{what}: " if what else ""
+            raise fail(keys, f"{whose}CA file {file} holds no PEM certificate to trust ({error})", index) from None
 
 
 def _resolve(path: Path, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def _explain(message: str, path: Path, text: str) -> str:
+def _explain(message: str, path: Path, text: str, data: Any = None) -> str:
+    """msgspec's `message` about the file `path` as Pigeon says it: the file, line and key (an
+    array of tables' by its number), and what was expected in words (`data`: what the file
+    decoded to, for the value it holds there)."""
     match = _AT.match(message)
     assert match is not None
     reason = match.group("message")
     keys = [k for k in re.split(r"\.|\[\d+\]", match.group("path") or "") if k]
     unknown = _UNKNOWN.match(reason)
-    if unknown:
+    missing = _MISSING.match(reason)
+    if missing and not (keys[:1] == ["target"] and missing["field"] == "kind"):  # (a kind: below)
+        # At the table that lacks it (`$.http.token[0]`): named as the key itself, in its block.
+        table = f"[[{'.'.join(keys)}]]" if _is_array(keys) else f"[{'.'.join(keys)}]"
+        keys.append(missing["field"])
+        reason = f"missing (every {table} needs one)"
+    elif unknown:
         keys.append(unknown.group("field"))
         known = _known_keys(keys[:-1])
         if not keys[:-1]:
@@ -1186,10 +1233,8 @@ def _explain(message: str, path: Path, text: str) -> str:
         choices = _choices(keys)
         if choices:
             reason += f"; choose one of {', '.join(repr(c) for c in choices)}"
-    elif keys == ["smtp", "listen"] and reason.startswith("Expected `array`"):
-        # One address may be given as a string (`_accept_shorthands`): say so, not "array".
-        got = reason.removeprefix("Expected `array`, ")
-        reason = f'takes a list of addresses or one string, like "127.0.0.1:2525"; {got}'
+    elif reason.startswith("Expected `"):
+        reason = _expected_in_words(reason, keys, _value_at(data, match.group("path") or ""))
     line = _line_of(text, keys)
     name = _key_name(keys)
     block = _BLOCK.match(match.group("path") or "")
@@ -1200,6 +1245,88 @@ def _explain(message: str, path: Path, text: str) -> str:
         name = _key_name(keys, index)
     where = f"{path}, line {line}" if line else str(path)
     return f"{where}: {name}: {reason}" if name else f"{where}: {reason}"
+
+
+_MISSING: Final = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
+_EXPECTED: Final = re.compile(
+    r"^Expected `(?P<kind>[^`]+)`(?:, got `(?P<got>[^`]+)`| (?P<op>>=|<=|>|<) (?P<bound>\S+)"
+    r"| of length (?P<length_op>>=|<=) (?P<length>\d+)| matching regex (?P<regex>.*))?$",
+    re.DOTALL,
+)
+_KIND_WORDS: Final = {
+    "int": "a whole number",
+    "float": "a number",
+    "str": "a string",
+    "bool": "true or false",
+    "array": "a list",
+    "object": "a table",
+    "datetime": "a date and time",
+    "date": "a date",
+    "time": "a time",
+}
+_BOUND_WORDS: Final = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}
+_EXPECTED_OF_KEY: Final = {
+    "max_message_rate": 'a rate as a string, such as "100/s", "3000/min" or "100/s,burst=10"',
+    "threshold": 'a count over a duration as a string, such as "5/10m"',
+    "listen": 'a list, e.g. ["127.0.0.1:2525"], or one string',
+    "relay_networks": 'a list, e.g. ["10.0.0.0/8", "::1/128"], or one string',
+    "nameservers": 'a list, e.g. ["127.0.0.1:53"], or one string',
+}
+"""What a key takes, where its type's name would not tell (a rate is a string)."""
+_NO_VALUE: Final = object()
+
+
+def _kind_in_words(kind: str) -> str:
+    """`int | null` as "a whole number" (TOML has no null: a key left out is the default)."""
+    words = [_KIND_WORDS.get(part, f"`{part}`") for part in kind.split(" | ") if part != "null"]
+    return " or ".join(dict.fromkeys(words))
+
+
+def _value_at(data: Any, at: str) -> Any:
+    """The value at msgspec's path (`.route[1].domain`) in what the file decoded to."""
+    value = data
+    for name, index in re.findall(r"\.(\w+)|\[(\d+)\]", at):
+        if name and isinstance(value, dict) and name in value:
+            value = value[name]
+        elif index and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return _NO_VALUE
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as the file writes it, for a message; lists and tables (often long) not shown."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return msgspec.json.encode(value[:80]).decode()
+    if isinstance(value, (int, float)):
+        return str(value)
+    return ""
+
+
+def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
+    """msgspec's "Expected `int`, got `str`" as "expected a whole number, got a string "x"",
+    and its "Expected `int` >= 1" as "must be a whole number of at least 1, got 0"."""
+    found = _EXPECTED.match(reason)
+    if found is None:
+        return reason
+    kind = _EXPECTED_OF_KEY.get(keys[-1] if keys else "") or _kind_in_words(found["kind"])
+    shown = "" if value is _NO_VALUE else _shown(value)
+    if found["got"] is not None:
+        if found["got"] == "bool" and shown:
+            return f"expected {kind}, got {shown}"  # ("got true", not "got true or false true")
+        got = _kind_in_words(found["got"])
+        return f"expected {kind}, got {got}{f' {shown}' if shown else ''}"
+    if found["op"] is not None:
+        return f"must be {kind} of {_BOUND_WORDS[found['op']]} {found['bound']}{f', got {shown}' if shown else ''}"
+    if found["length_op"] is not None:  # (the value is not shown: an API token's secret is one)
+        unit = "items" if found["kind"] == "array" else "characters"
+        return f"must be {kind} of {_BOUND_WORDS[found['length_op']]} {found['length']} {unit}"
+    if found["regex"] is not None:
+        return f"must be {kind} matching {found['regex']}{f', got {shown}' if shown else ''}"
+    return f"expected {kind}"
 
 
 def _target_kinds() -> list[str]:

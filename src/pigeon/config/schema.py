@@ -168,7 +168,8 @@ def decode_hook(kind: type, value: Any) -> Any:
         if isinstance(value, str):
             split_peer(value, kind.usual_port)
             return kind(value)
-        raise ValueError(f'{value!r} is not an address like "192.0.2.1:25" or "[2001:db8::1]:53"')
+        port = kind.usual_port  # (a resolver's example on 53, a next hop's on 25)
+        raise ValueError(f'{value!r} is not an address like "192.0.2.1:{port}" or "[2001:db8::1]:{port}"')
     if kind is Endpoint:
         if isinstance(value, list):
             example = value[0] if value and isinstance(value[0], str) else "127.0.0.1:8025"
@@ -216,7 +217,8 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class NodeConfig(_Section):
     name: str = msgspec.field(default_factory=socket.gethostname)
-    """Node name written into every log record. Default: the host name."""
+    """Node name written into every log record, and the seed of its message ids: not empty,
+    without white space or control characters (checked at load). Default: the host name."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = "auto"
     """Worker processes, each with its own spool shard, accepting on the listening sockets the
     main process bound (no SO_REUSEPORT: a second node on the port fails to start).
@@ -228,8 +230,9 @@ class NodeConfig(_Section):
     woken worker does not preempt what is running, and finds more work when it runs; fewer
     context switches and less CPU per message under load) or "normal" (SCHED_OTHER, the
     default of every process). See `pigeon.node.scheduling` and the README's "Workers"."""
-    shutdown_timeout: Duration = Duration(30)
-    """On SIGTERM, how long open SMTP transactions may take to finish."""
+    shutdown_timeout: PositiveDuration = PositiveDuration(30)
+    """On SIGTERM, how long open SMTP transactions may take to finish (more than 0: 0 would cut
+    every open transaction and delivery off at any stop)."""
     worker_timeout: Duration = Duration(30)
     """With several workers: a worker that has not answered the supervisor's heartbeat for this
     long (its loop blocked, or the process stopped) is killed (SIGKILL) and started again, and
@@ -259,10 +262,11 @@ class SmtpConfig(_Section):
     """Addresses the SMTP listener binds to: a list, or one address as a string."""
     hostname: str = msgspec.field(default_factory=socket.gethostname)
     """Name in the banner, EHLO reply and Received headers: a domain name or an address literal
-    ("[192.0.2.1]", "[IPv6:2001:db8::1]"), checked at load as the SMTP client checks a name to
-    greet with (`config.load`)."""
+    ("[192.0.2.1]", "[IPv6:2001:db8::1]"; a bare address is refused), checked at load as the SMTP
+    client checks a name to greet with (`config.load`)."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
-    """Clients in these networks may send to any domain. Others must authenticate."""
+    """Clients in these networks may send to any domain. Others must authenticate. A list, or one
+    network as a string."""
     postmaster: str = ""
     """Where mail for <postmaster> (no domain) goes; anyone may send it (RFC 5321 4.5.1).
     Default: postmaster@<hostname>."""
@@ -363,7 +367,8 @@ class ApiToken(_Section):
     naming none. Its admin writes are confined to them (403 otherwise), another tenant's
     message or rule is answered as absent (404), its reads show its tenants' alone, and what
     has no tenant (a site suspension, the shaping effects) is 403. None (unset): any tenant,
-    the token being the operator's."""
+    the token being the operator's. An empty list is refused at load (a token that could do
+    nothing)."""
 
 
 LOCAL_TOKEN_NAME: Final = "local"
@@ -392,7 +397,8 @@ class HttpConfig(_Section):
     is its own, so a request's size alone does not bound what it stores."""
     max_metadata_size: Size = Size(4 * 1024)
     """Largest `metadata` object of one injected recipient, in bytes of its JSON (400 beyond):
-    it is written into every log record of the message."""
+    it is written into every log record of the message. 0: no metadata (a recipient with any
+    gets 400)."""
     max_open_requests: PositiveInt = 64
     """API requests a node with several workers reads and forwards at once; beyond, 503 and the
     connection closed. With `max_request_size` it bounds the bodies held in memory. A request
@@ -426,7 +432,8 @@ class SpoolConfig(_Section):
     """Directory of the spool database and large bodies."""
     inline_limit: Size = Size(256 * 1024)
     """Bodies up to this size are kept in memory for their first delivery and stored in the
-    database or a segment; larger ones in files of their own."""
+    database or a segment; larger ones in files of their own. 0: every body (but an empty one)
+    in a file of its own."""
     inline_total: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """Bodies being received (each up to `inline_limit`) are held in memory until their end, up
     to this many bytes in all per worker; past it, the body whose bytes pass it goes to a file
@@ -434,7 +441,8 @@ class SpoolConfig(_Section):
     segment_from: Size = Size(16 * 1024)
     """Bodies from this size up to `inline_limit` are appended to segment files (written once,
     one fsync per commit) rather than stored in the database (written twice, WAL then
-    checkpoint). Above `inline_limit` to turn segments off."""
+    checkpoint). Above `inline_limit` to turn segments off; 0: every body up to `inline_limit`
+    in a segment, none in the database."""
     segment_size: PositiveSize = PositiveSize(64 * 1024 * 1024)
     """A segment file takes bodies until it is this big; then a new one starts."""
     commit_window: Duration = Duration(0.002)
@@ -469,7 +477,8 @@ class DeliveryConfig(_Section):
     """Name in outbound EHLO, checked as [smtp] hostname is. Default: [smtp] hostname."""
     source: str = "default"
     """Name of the implicit egress source: the one mail leaves from when it has no pool (its
-    address is the one the OS picks, its EHLO name `helo_name`). Ready queues are "source->site"."""
+    address is the one the OS picks, its EHLO name `helo_name`). Ready queues are "source->site",
+    so it is made as a `[[source]]`'s name is: letters, digits, ".", "_" and "-"."""
     pool: str | None = None
     """The `[[pool]]` mail leaves from when neither its `[[queue]]` nor the policy hook names
     one. None: such mail leaves from the implicit source."""
@@ -557,7 +566,7 @@ class DeliveryConfig(_Section):
 
 class DnsConfig(_Section):
     nameservers: list[NameserverPeer] = msgspec.field(default_factory=list)
-    """Resolvers to ask ("127.0.0.1:53"), in turn: one that does not answer within its share of
+    """Resolvers to ask (["127.0.0.1:53"], or one as a string), in turn: one that does not answer within its share of
     `timeout`, or fails the query (SERVFAIL, REFUSED), has the next asked. Empty: the system's
     (/etc/resolv.conf, with its timeout:, attempts: and rotate options)."""
     timeout: PositiveDuration = PositiveDuration(5)

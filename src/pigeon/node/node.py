@@ -193,6 +193,13 @@ class Node:
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
             _warn_inbound_routes(config.inbound)
+            if not config.delivery.enabled:
+                # Said once for the node: nothing else tells a node that only accepts from one
+                # that delivers, until mail is found waiting.
+                _log.warning(
+                    "delivery is off ([delivery] enabled = false): mail is accepted and spooled, and none delivered "
+                    "until it is enabled and the node restarted"
+                )
         # Said by each worker: one started again (its sources are the node's start's) may be
         # the only one to find an address gone since.
         _warn_unbindable_sources(config)

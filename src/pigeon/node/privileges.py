@@ -34,6 +34,16 @@ class PrivilegeError(Exception):
     """Pigeon cannot run as the configured user; the message says what to change."""
 
 
+class IdentityError(PrivilegeError):
+    """`[node] user` or `group` names no one on this system: a configuration error, found at
+    load (`config.load`), naming the key (`key`) with `reason`."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"[node] {key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class RunAs:
     """The identity to take: a user's name, uid and gid, and its home."""
@@ -48,21 +58,22 @@ def identity(node: NodeConfig) -> RunAs | None:
     """The user and group `[node]` names, looked up in the system's databases."""
     if node.user is None:
         if node.group is not None:
-            raise PrivilegeError("[node] group: set [node] user as well (group alone changes nothing)")
+            raise IdentityError("group", "set [node] user as well (group alone changes nothing)")
         return None
     try:
         entry = pwd.getpwnam(node.user)
     except KeyError:
-        raise PrivilegeError(
-            f"[node] user: no user called {node.user!r} on this system "
-            f"(create one: useradd --system --home-dir /var/lib/pigeon --shell /usr/sbin/nologin {node.user})"
+        raise IdentityError(
+            "user",
+            f"no user called {node.user!r} on this system "
+            f"(create one: useradd --system --home-dir /var/lib/pigeon --shell /usr/sbin/nologin {node.user})",
         ) from None
     gid = entry.pw_gid
     if node.group is not None:
         try:
             gid = grp.getgrnam(node.group).gr_gid
         except KeyError:
-            raise PrivilegeError(f"[node] group: no group called {node.group!r} on this system") from None
+            raise IdentityError("group", f"no group called {node.group!r} on this system") from None
     return RunAs(node.user, entry.pw_uid, gid, entry.pw_dir)
 
 

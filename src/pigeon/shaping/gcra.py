@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 _RATE: Final = re.compile(r"\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour|d|day)\s*")
+_BURST: Final = re.compile(r"\s*,\s*burst\s*=")
 _PERIOD: Final = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
                   "d": 86400, "day": 86400}  # fmt: skip
 
@@ -25,8 +26,11 @@ class Rate:
 
     @classmethod
     def parse(cls, text: str) -> Rate:
-        """ "100/s", "6,000/min", "1000/h", "50/d"; optionally ",burst=10"."""
-        spec, has_burst, extra = text.partition(",burst=")
+        """ "100/s", "6,000/min", "3000/m", "1000/h", "50/d" (the unit s, m, h or d, or sec, second, min,
+        minute, hour, day); optionally ",burst=10", with white space around it or not."""
+        # White space around the burst is no mistake: "100/s, burst=10" means "100/s,burst=10".
+        spec, *burst_part = _BURST.split(text, maxsplit=1)
+        has_burst, extra = bool(burst_part), "".join(burst_part)
         match = _RATE.fullmatch(spec)
         if match is None:
             raise ValueError(f'{text!r} is not a rate like "100/s", "6000/min" or "500/h"')

@@ -272,8 +272,8 @@ def test_wrong_type_names_the_key_and_the_expected_type(tmp_path: Path) -> None:
     message = error_of(tmp_path, "[smtp]\nhostname = 'mx'\nlisten = 5\n")
     # Found from outside: "Expected `array`", while one address may be given as a string.
     assert message == (
-        f"{tmp_path / 'pigeon.toml'}, line 3: [smtp] listen: takes a list of addresses or one string, "
-        'like "127.0.0.1:2525"; got `int`'
+        f'{tmp_path / "pigeon.toml"}, line 3: [smtp] listen: expected a list, e.g. ["127.0.0.1:2525"], '
+        "or one string, got a whole number 5"
     )
 
 
@@ -310,7 +310,7 @@ def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
             '[node]\nworkers = "many"\n',
             "line 2: [node] workers: 'many': must be \"auto\" or a number of worker processes from 1 to 64",
         ),
-        ("[smtp]\nmax_recipients = 0\n", "line 2: [smtp] max_recipients: Expected `int` >= 1"),
+        ("[smtp]\nmax_recipients = 0\n", "line 2: [smtp] max_recipients: must be a whole number of at least 1, got 0"),
     ],
     ids=[
         "duration-unit",

@@ -138,7 +138,9 @@ def test_a_problem_in_a_later_block_names_that_blocks_line(tmp_path: Path) -> No
         "(letters, digits, hyphens, dot-separated labels)"
     )
     path.write_text(SECOND_BLOCK.replace('selector = "b"', "selector = 7"))
-    with pytest.raises(ConfigError, match=rf"^{path}, line 12: \[\[dkim\]\] #2 selector: Expected `str`, got `int`"):
+    with pytest.raises(
+        ConfigError, match=rf"^{path}, line 12: \[\[dkim\]\] #2 selector: expected a string, got a whole number"
+    ):
         load(path)
 
 

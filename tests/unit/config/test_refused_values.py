@@ -41,6 +41,9 @@ BAD_NAMES = {
     "bad-literal": ('"[mx.example.org]"', "is not an address literal"),
     "v6-literal-without-tag": ('"[2001:db8::1]"', "is not an address literal"),
     "too-long": (f'"{"a" * 63}.{"b" * 63}.{"c" * 63}.{"d" * 63}.example"', "longer than a domain name may be"),
+    # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address goes in brackets.
+    "bare-ipv4": ('"192.0.2.1"', 'is an IP address: write it as an address literal, "[192.0.2.1]"'),
+    "bare-ipv6": ('"2001:db8::1"', 'is an IP address: write it as an address literal, "[IPv6:2001:db8::1]"'),
 }
 
 
@@ -212,6 +215,12 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
             "line 5: [[http.token]] #1 tenants: [[http.token]] 'app': tenant 'a b' contains ' '",
         ),
         (token() + 'tenants = [""]\n', "[[http.token]] #1 tenants: [[http.token]] 'app': a tenant name is empty"),
+        (
+            # It used to load, a token that could do nothing, its 403s saying "bound to tenants none".
+            token() + "tenants = []\n",
+            "line 5: [[http.token]] #1 tenants: [[http.token]] 'app': an empty list binds the token to no tenant, "
+            "so it could do nothing: name its tenants, or leave tenants out for a token of the operator's (any tenant)",
+        ),
     ],
     ids=[
         "same-name",
@@ -223,6 +232,7 @@ def token(name: str = '"app"', secret: str = '"a0b1c2d3e4f5a6b7c8d9"', scopes: s
         "newline-in-secret",
         "tenant-with-space",
         "empty-tenant",
+        "no-tenants",
     ],
 )
 def test_api_token_mistakes_are_refused_naming_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -395,7 +405,7 @@ def test_a_next_hop_and_nameserver_with_a_port_load(tmp_path: Path) -> None:
         ),
         (
             "[smtp]\nlisten = 2525\n",
-            'line 2: [smtp] listen: takes a list of addresses or one string, like "127.0.0.1:2525"',
+            'line 2: [smtp] listen: expected a list, e.g. ["127.0.0.1:2525"], or one string, got a whole number 2525',
         ),
         (
             '[[route]]\ndomain = "a.example"\n[[route]]\ndomain = "b.example"\ntls = "always"\n',
@@ -448,3 +458,175 @@ def test_config_errors_say_what_to_write_and_name_array_tables_as_the_readme_doe
     # "'ex/ample' '/' cannot appear in a host name".
     said = error_of(tmp_path, text)
     assert said.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}"), said
+
+
+def _zeroable_keys() -> list[str]:
+    """`[section] key` of every key whose type takes 0: a plain duration, size, data rate or
+    count from 0 (the `Positive*` types refuse it at load)."""
+    import typing
+
+    from pigeon.config import schema
+
+    keys = []
+    for section, kind in typing.get_type_hints(schema.Config).items():
+        if typing.get_origin(kind) is list:
+            continue  # arrays of tables: their rows are in their own sections' tables
+        for key, hint in typing.get_type_hints(kind, include_extras=True).items():
+            options = [hint, *typing.get_args(hint)]
+            if any(option in (schema.Duration, schema.Size, schema.DataRate) for option in options) or "ge=0" in repr(
+                hint
+            ):
+                keys.append(f"[{section}] {key}")
+    return keys
+
+
+@pytest.mark.parametrize("key", _zeroable_keys())
+def test_every_key_that_takes_0_says_in_its_readme_row_what_0_means(key: str) -> None:
+    # The README: "must be more than 0 unless its row says what `0` means". [node]
+    # shutdown_timeout, [http] max_metadata_size, [spool] inline_limit and segment_from took 0
+    # and no row said what it did.
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{key}` |"))
+    meaning = row.split(" | ", 2)[2]
+    assert re.search(r'`"?0(ms|s)?"?`|[Aa]t least `?\d', meaning), f"{key}: its row does not say what 0 means"
+
+
+def test_a_shutdown_timeout_of_zero_is_refused_naming_the_key(tmp_path: Path) -> None:
+    # 0 would cut every open transaction and delivery at once (421 mid-DATA) on any stop.
+    message = error_of(tmp_path, "[node]\nshutdown_timeout = 0\n")
+    assert message.endswith('line 2: [node] shutdown_timeout: must be more than 0 (e.g. "2s", "250ms")')
+
+
+@pytest.mark.parametrize("name", ['""', '"a b"', '"a b\\u0007"', '"node\\u0000"', '" node"'])
+def test_a_node_name_that_is_empty_or_holds_white_space_or_a_control_character_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    # It is in every log record and seeds message ids: "a b" loaded, and so did "".
+    message = error_of(tmp_path, f"[node]\nname = {name}\n")
+    assert "line 2: [node] name: " in message
+    assert "not empty, without white space or control characters" in message
+
+
+@pytest.mark.parametrize("name", ['"a b"', '"x->y"', '""', '"-x"'])
+def test_an_implicit_source_name_that_cannot_be_part_of_a_ready_queue_name_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    message = error_of(tmp_path, f"[delivery]\nsource = {name}\n")
+    assert "line 2: [delivery] source: " in message
+    assert "letters, digits, '.', '_' and '-' only" in message
+
+
+def test_node_and_source_names_pigeon_accepts_load(tmp_path: Path) -> None:
+    config = load(write(tmp_path, '[node]\nname = "mx-1.example_a"\n[delivery]\nsource = "ip-1.a_b"\n'))
+    assert (config.node.name, config.delivery.source) == ("mx-1.example_a", "ip-1.a_b")
+    assert load(None).node.name and load(None).delivery.source == "default"  # the defaults load
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[smtp]\nmax_recipients = "x"\n', 'line 2: [smtp] max_recipients: expected a whole number, got a string "x"'),
+        ("[smtp]\nmax_recipients = 1.5\n", "line 2: [smtp] max_recipients: expected a whole number, got a number 1.5"),
+        ("[smtp]\nmax_recipients = 0\n", "line 2: [smtp] max_recipients: must be a whole number of at least 1, got 0"),
+        (
+            "[smtp]\nmax_junk_commands = -1\n",
+            "line 2: [smtp] max_junk_commands: must be a whole number of at least 0, got -1",
+        ),
+        ('[smtp]\nstarttls = "yes"\n', 'line 2: [smtp] starttls: expected true or false, got a string "yes"'),
+        ("[smtp]\nhostname = 5\n", "line 2: [smtp] hostname: expected a string, got a whole number 5"),
+        ("[smtp]\nmax_errors = true\n", "line 2: [smtp] max_errors: expected a whole number, got true"),
+        (
+            '[[mailbox]]\nname = "m"\nhost = "h"\nusername = "u"\npassword = "p"\ntarget = "t"\nbatch = 2000\n',
+            "line 7: [[mailbox]] #1 batch: must be a whole number of at most 1000, got 2000",
+        ),
+        (
+            '[[http.token]]\ntoken = "a0b1c2d3e4f5a6b7c8d9"\nscopes = ["read"]\n',
+            "line 1: [[http.token]] #1 name: missing (every [[http.token]] needs one)",
+        ),
+        (
+            '[[route]]\ndomain = "*"\n[[route]]\ntls = "disabled"\n',
+            "line 3: [[route]] #2 domain: missing (every [[route]] needs one)",
+        ),
+        (
+            '[[http.token]]\nname = "a"\ntoken = "a0b1c2d3e4f5a6b7c8d9"\nscopes = ["reed"]\n',
+            "line 4: [[http.token]] #1 scopes: Invalid enum value 'reed'; choose one of 'inject', 'admin', 'read'",
+        ),
+        (
+            '[delivery]\nca_file = "/nonexistent/ca.pem"\n',
+            "line 2: [delivery] ca_file: CA file /nonexistent/ca.pem does not exist",
+        ),
+        (
+            "[dns]\nnameservers = [1]\n",
+            'line 2: [dns] nameservers: 1 is not an address like "192.0.2.1:53" or "[2001:db8::1]:53"',
+        ),
+        (
+            "[delivery]\nmax_message_rate = 100\n",
+            'line 2: [delivery] max_message_rate: expected a rate as a string, such as "100/s", "3000/min" or '
+            '"100/s,burst=10", got a whole number 100',
+        ),
+        (
+            "[smtp]\nrelay_networks = 10\n",
+            'line 2: [smtp] relay_networks: expected a list, e.g. ["10.0.0.0/8", "::1/128"], or one string, '
+            "got a whole number 10",
+        ),
+        (
+            "[dns]\nnameservers = 53\n",
+            'line 2: [dns] nameservers: expected a list, e.g. ["127.0.0.1:53"], or one string, got a whole number 53',
+        ),
+    ],
+)
+def test_config_errors_read_as_pigeons_own_naming_the_block(tmp_path: Path, text: str, expected: str) -> None:
+    # Found from outside: msgspec's own "Expected `int`, got `str`", "Object missing required
+    # field `name`" under "[http] token", "[delivery] ca_file: [delivery]: CA file", a DNS
+    # server's example on port 25, and no word that max_message_rate is a string like "100/s".
+    said = error_of(tmp_path, text)
+    assert said == f"{tmp_path / 'pigeon.toml'}, {expected}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[smtp]\nrelay_networks = "10.0.0.0/8"\n', ["10.0.0.0/8"]),
+        ('[dns]\nnameservers = "127.0.0.1:53"\n', ["127.0.0.1:53"]),
+    ],
+)
+def test_a_list_of_addresses_may_be_one_string_as_smtp_listen_may(
+    tmp_path: Path, text: str, expected: list[str]
+) -> None:
+    config = load(write(tmp_path, text))
+    assert [*config.smtp.relay_networks, *config.dns.nameservers][-1:] == expected
+
+
+@pytest.mark.parametrize(
+    ("rate", "per_second", "burst"),
+    [("100/s, burst=10", 100, 10), ("100/s ,burst = 10", 100, 10), ("3000/m", 50, 1), ("86400/d", 1, 1)],
+)
+def test_a_rate_may_have_white_space_around_its_burst_and_any_unit_the_readme_lists(
+    tmp_path: Path, rate: str, per_second: float, burst: int
+) -> None:
+    from pigeon.shaping.gcra import Rate
+
+    config = load(write(tmp_path, f'[delivery]\nmax_message_rate = "{rate}"\n'))
+    assert Rate.parse(config.delivery.max_message_rate or "") == Rate(per_second, burst)
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `[delivery] max_message_rate` |"))
+    assert '`"3000/m"`' in row and '`"1000/d"`' in row and '", burst=N"' in row
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[node]\nworkers = 1\nuser = "no-such-pigeon-user"\n',
+            "line 3: [node] user: no user called 'no-such-pigeon-user' on this system (create one: useradd --system",
+        ),
+        (
+            '[node]\nuser = "root"\ngroup = "no-such-pigeon-group"\n',
+            "line 3: [node] group: no group called 'no-such-pigeon-group' on this system",
+        ),
+        ('[node]\ngroup = "root"\n', "line 2: [node] group: set [node] user as well (group alone changes nothing)"),
+    ],
+)
+def test_a_user_or_group_the_system_does_not_have_is_a_config_error(tmp_path: Path, text: str, expected: str) -> None:
+    # It used to pass the load and stop the start later, exit 1, with no file nor line.
+    assert error_of(tmp_path, text).startswith(f"{tmp_path / 'pigeon.toml'}, {expected}")

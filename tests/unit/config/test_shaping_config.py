@@ -48,7 +48,7 @@ def _load(tmp_path: Path, text: str) -> None:
         (
             '[[shaping]]\nprovider = "gmail"\nconnection_limit = 4\n\n'
             '[[shaping]]\nprovider = "yahoo"\nconnection_limit = "five"\n',
-            "line 7: [[shaping]] #2 connection_limit: Expected `int | null`, got `str`",
+            'line 7: [[shaping]] #2 connection_limit: expected a whole number, got a string "five"',
         ),
         (
             '[[shaping]]\nprovider = "gmail"\nmax_message_rate = "fast"\n',

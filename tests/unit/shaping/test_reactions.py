@@ -157,7 +157,7 @@ def test_every_shipped_rule_compiles() -> None:
         ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5"', "[[reaction]] #1 threshold", "N/DURATION"),
         ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "0/1m"', "[[reaction]] #1 threshold", "N/DURATION"),
         ('id = "a"\nmatch = "x"\naction = "suspend"\nthreshold = "5/soon"', "[[reaction]] #1 threshold", "N/DURATION"),
-        ('match = "x"\naction = "suspend"', "id", "required"),
+        ('match = "x"\naction = "suspend"', "id", "missing"),
         ('id = "a"\naction = "suspend"', "[[reaction]] #1 match", "missing"),
         ('id = "a"\nmatch = "x"', "[[reaction]] #1 action", "missing"),
     ],

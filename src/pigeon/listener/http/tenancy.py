@@ -95,7 +95,8 @@ def confine_selector(request: dict[str, Any], action: str, holder: str, tenants:
     if tenant is None:
         if len(tenants) != 1:
             names = ", ".join(repr(t) for t in sorted(tenants))
-            raise forbidden(f"{bound}: name one of them in tenant ({names}): a selector names one", "$.tenant")
+            reason = f"{bound}: name one of them in tenant ({names}): a write acts on the mail of one tenant at a time"
+            raise forbidden(reason, "$.tenant")
         request["tenant"] = tenant_glob(next(iter(tenants)))
     elif not owns(tenants, tenant):
         raise forbidden(
@@ -108,9 +109,14 @@ def confine_selector(request: dict[str, Any], action: str, holder: str, tenants:
         moved_to = queue_tenant(queue_name(to_queue))
         if queue_parts(queue_name(to_queue)) is not None and (moved_to is None or moved_to not in tenants):
             whose = "no tenant's" if moved_to is None else f"tenant {moved_to!r}'s"
+            # What it may write, with its own tenant in the examples: `x:@example.net` has a
+            # tenant part (an empty one), so "a name without a tenant part" would not tell.
+            own = sorted(tenants)[0] if tenants else "tenant"
             raise forbidden(
-                f"{bound}: to_queue {to_queue[:60]!r} would make the mail {whose}; move it to a queue of its own "
-                "tenant (campaign:tenant@domain) or to one named without a tenant part",
+                f"{bound}: to_queue {to_queue[:60]!r} would make the mail {whose}; move it to a queue of its "
+                f"tenant, written with it ('campaign:{own}@domain' or '{own}@domain'), or to a queue whose name has "
+                "no tenant part at all, not of the form [campaign:]tenant@domain ('example.net', 'bulk'), where the "
+                "mail keeps its tenant",
                 "$.to_queue",
             )
 

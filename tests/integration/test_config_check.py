@@ -1,0 +1,47 @@
+"""`pigeon serve --check`: the configuration checked as `pigeon serve` would check it, nothing
+started; and `pigeon shaping check` on a file it cannot read exits as other commands do."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from tests.integration.test_cli import pigeon_cli
+from tests.support.ports import free_port
+
+
+def test_serve_check_says_ok_for_a_config_that_loads_and_starts_nothing(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "pigeon.toml"
+    config.write_text(f'[smtp]\nlisten = "127.0.0.1:{port}"\n[spool]\npath = "spool"\n[log]\npath = "log"\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"{config}: ok\n", "")
+    assert not (tmp_path / "spool").exists() and not (tmp_path / "log").exists()
+    with socket.create_server(("127.0.0.1", port)):  # nothing listens there: it is free
+        pass
+
+
+def test_serve_check_prints_the_error_with_its_file_and_line_and_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[spool]\npath = "spool"\n[node]\nuser = "no-such-pigeon-user"\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"pigeon: configuration error: {config}, line 4: [node] user: no user called 'no-such-pigeon-user'"
+    )
+    assert result.stdout == "" and not (tmp_path / "spool").exists()
+
+
+def test_serve_check_loads_the_policy_module_as_serve_does(tmp_path: Path) -> None:
+    (tmp_path / "mypolicy.py").write_text("raise RuntimeError('broken on purpose')\n")
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[spool]\npath = "spool"\n[policy]\nmodule = "mypolicy"\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert result.returncode == 2, result.stderr
+    assert "broken on purpose" in result.stderr and result.stdout == ""
+
+
+def test_shaping_check_of_a_missing_file_exits_2_as_other_commands_do(tmp_path: Path) -> None:
+    result = pigeon_cli("shaping", "check", str(tmp_path / "nope.toml"))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"pigeon: configuration error: {tmp_path / 'nope.toml'}: cannot read")
