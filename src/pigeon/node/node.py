@@ -207,6 +207,7 @@ class Node:
             outbox=outbox,
             inbound_routes=InboundRoutes([_inbound_route(r) for r in config.inbound]) if config.inbound else None,
             hostname=smtp.hostname,
+            max_line=smtp.max_line_length,
             max_hops=smtp.max_hops,
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
