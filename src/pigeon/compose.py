@@ -748,6 +748,14 @@ class Composer:
 _Render = Callable[[str, str], str]
 
 
+RAW_TEMPLATE = (
+    ' (raw content is rendered as a Jinja2 template: "template": false, or pigeon inject without --template,'
+    " sends it as it is)"
+)
+"""Said after a raw message's template error: a whole message that was meant to go as it is
+(a `{{` or `{#` in its text) is refused, or would lose text, only for being read as a template."""
+
+
 def _as_is(name: str, source: str) -> str:
     return source
 
@@ -791,7 +799,8 @@ class _Templates:
         try:
             self._compiled[name] = rendering.environment(autoescape).from_string(source)
         except jinja2.TemplateSyntaxError as error:
-            raise ComposeError(f"template syntax error, line {error.lineno}: {error.message}", field) from None
+            why = f"template syntax error, line {error.lineno}: {error.message}"
+            raise ComposeError(why + (RAW_TEMPLATE if name == "raw" else ""), field) from None
         except RecursionError:
             raise ComposeError("template nested too deeply to compile", field) from None
 
@@ -836,9 +845,10 @@ class _Templates:
             except rendering.RenderLimit as error:
                 raise TemplateLimitError(f"template {name}: {error}", name) from None
             except jinja2.TemplateError as error:
-                raise ComposeError(f"template {name}: {error}", name) from None
+                raise ComposeError(f"template {name}: {error}{RAW_TEMPLATE if name == 'raw' else ''}", name) from None
             except Exception as error:  # whatever a template makes Python raise is the template's
-                raise ComposeError(f"template {name}: {type(error).__name__}: {error}", name) from None
+                why = f"template {name}: {type(error).__name__}: {error}"
+                raise ComposeError(why + (RAW_TEMPLATE if name == "raw" else ""), name) from None
 
         return render
 

@@ -42,7 +42,6 @@ it arrives, and commits it at the end. The draft:
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
 import logging
 import re
@@ -77,6 +76,7 @@ from pigeon.logs.records import Reception, Response
 from pigeon.logs.writer import LogWriter
 from pigeon.message import Envelope, Message, Recipient, SpoolId, format_id
 from pigeon.metrics import Metrics
+from pigeon.mime import message_id_field
 from pigeon.policy.answers import Changes, Refuse, folded_field
 from pigeon.policy.hooks import POLICY_ERROR, HookFailed, Policy, refusal
 from pigeon.policy.objects import NO_METADATA, Headers, ReceivedMessage
@@ -153,9 +153,12 @@ class Arrival:
     credentials without a binding)."""
 
 
-def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival, spool_id: SpoolId) -> bytes:
+def received_field(
+    hostname: str, now: int, envelope: Envelope, arrival: Arrival, spool_id: SpoolId, max_line: int = _LINE_LIMIT
+) -> bytes:
     """The Received field Pigeon prepends to a message it takes in (RFC 5321 4.4), folded so
-    that no line passes 998 octets whatever the client named itself."""
+    that no line passes `max_line` octets (`[smtp] max_line_length`: a next hop with the same
+    setting refuses a longer one) whatever the client named itself."""
     lines = [f"Received: from {_from_clause(ascii_name(arrival.helo), arrival.peer_ip)}"]
     if arrival.tls:
         lines.append(f"\t(using {arrival.tls})")
@@ -166,7 +169,7 @@ def received_field(hostname: str, now: int, envelope: Envelope, arrival: Arrival
     else:
         lines[-1] += ";"
         lines.append(f"\t{date}")
-    return b"".join(_folded(line.encode("utf-8")) for line in lines)
+    return b"".join(_folded(line.encode("utf-8"), max_line) for line in lines)
 
 
 _HELO_DOMAIN: Final = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?")
@@ -215,6 +218,7 @@ class Intake:
         outbox: Outbox | None = None,
         inbound_routes: InboundRoutes | None = None,
         hostname: str,
+        max_line: int = _LINE_LIMIT,
         max_hops: int = 100,
         tenant_header: str = "X-Tenant",
         campaign_header: str = "X-Campaign",
@@ -227,6 +231,8 @@ class Intake:
         self.log = log
         self.metrics = metrics
         self.hostname = hostname
+        self.max_line = max_line
+        """`[smtp] max_line_length`: no line of a field Pigeon adds is longer."""
         self.max_hops = max_hops
         self._tenant = b"\n" + tenant_header.lower().encode() + b":"
         self._campaign = b"\n" + campaign_header.lower().encode() + b":"
@@ -265,7 +271,8 @@ class Intake:
         draft = Draft(self, envelope, arrival, groups, ids, spool.body_writer(ids[0]), spool, settles)
         date = _rfc5322_date(int(self.clock()))
         # Folded before the date: on one line, a long host name takes it past RFC 5322's 78 octets.
-        draft.trace(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])};\r\n\t{date}\r\n".encode())
+        by = _folded(f"Received: by {self.hostname} (Pigeon) id {format_id(ids[0])};".encode(), self.max_line)
+        draft.trace(by + f"\t{date}\r\n".encode())
         draft.write(data)
         return await draft.commit()
 
@@ -275,7 +282,7 @@ class Intake:
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = self.spool.new_ids(len(groups))
         draft = Draft(self, envelope, arrival, groups, ids, self.spool.body_writer(ids[0]), self.spool)
-        draft.trace(received_field(self.hostname, int(self.clock()), envelope, arrival, ids[0]))
+        draft.trace(received_field(self.hostname, int(self.clock()), envelope, arrival, ids[0], self.max_line))
         return draft
 
     def signer_names(self) -> list[str]:
@@ -619,7 +626,9 @@ class Draft:
         if "date" not in present:
             added.append(f"Date: {_rfc5322_date(int(now))}")
         if "message-id" not in present:
-            added.append(f"Message-ID: {email.utils.make_msgid(domain=self._intake.hostname)}")
+            # Injected mail's form, folded within [smtp] max_line_length (a field of
+            # `headers_added` is written with one CRLF after it: the fold's stays inside).
+            added.append(message_id_field(self._intake.hostname, self._intake.max_line).removesuffix("\r\n"))
         if added:
             envelope.headers_added = [*(envelope.headers_added or ()), *added]
 
@@ -1068,19 +1077,20 @@ def _shown_value(value: str) -> str:
     return shown(" ".join(value.split()), 80).encode("ascii", "backslashreplace").decode("ascii")
 
 
-def _folded(line: bytes) -> bytes:
+def _folded(line: bytes, limit: int) -> bytes:
     """One line of our Received field, with its CRLF, folded (RFC 5322 2.2.3: a CRLF before
-    white space it has) where it would be over 998 octets (2.1.1: a next hop may refuse such
-    a message, as Pigeon does, 554 5.6.0), whatever the client named; a word that is longer
-    still (it has no white space to fold at) is cut, with "..." to say so: the field is a
-    trace, and a message that no next hop takes traces nothing."""
-    if len(line) <= _LINE_LIMIT:
+    white space it has) where it would be over `limit` octets (`[smtp] max_line_length`, at
+    most 998, RFC 5322 2.1.1: a next hop may refuse such a message, as Pigeon does, 554
+    5.6.0), whatever the client named; a word that is longer still (it has no white space to
+    fold at) is cut, with "..." to say so: the field is a trace, and a message that no next
+    hop takes traces nothing."""
+    if len(line) <= limit:
         return line + b"\r\n"
     folded: list[bytes] = []
     for word in line.split(b" "):
-        if len(word) > _LINE_LIMIT - 1:  # (after the tab that starts a continuation line)
-            word = word[: _LINE_LIMIT - 4] + b"..."
-        if folded and len(folded[-1]) + 1 + len(word) <= _LINE_LIMIT - 1:  # (a tab may start it)
+        if len(word) > limit - 1:  # (after the tab that starts a continuation line)
+            word = word[: limit - 4] + b"..."
+        if folded and len(folded[-1]) + 1 + len(word) <= limit - 1:  # (a tab may start it)
             folded[-1] += b" " + word
         else:
             folded.append(word)

@@ -226,17 +226,15 @@ def plain_field(name: str, value: str, max_line: int = MAX_LINE) -> str:
 
 _SHORT_ID: Final = 22  # hex characters: 88 random bits, no less unique than make_msgid's
 SHORT_MESSAGE_ID_FRAME: Final = len(" <@>") + _SHORT_ID
-"""The octets of `message_id_field`'s shortest line beside the host name: `max_line` must
+"""The octets of `message_id_field`'s line beside the host name when folded: `max_line` must
 allow for them (`pigeon.config.load` checks `[smtp] hostname` against `max_line_length`)."""
 
 
 def message_id_field(hostname: str, max_line: int = MAX_LINE) -> str:
-    """A Message-ID field of Pigeon's, with CRLF, within `max_line`: folded before the msg-id
-    when need be, which is then made shorter (random characters before the host name) if it
-    is still too long."""
-    field = token_field("Message-ID", email.utils.make_msgid(domain=hostname), max_line)
-    if max(len(line) for line in field.encode().split(b"\r\n")) <= max_line:
-        return field
+    """A Message-ID field of Pigeon's, `<22 random hex characters@hostname>`, with CRLF, within
+    `max_line`: folded before the msg-id when need be. Not `email.utils.make_msgid`'s, whose
+    38 characters before the host name (the time, the worker's pid) took a line past a lowered
+    `max_line` and told every reader the pid."""
     return token_field("Message-ID", f"<{secrets.token_hex(_SHORT_ID // 2)}@{hostname}>", max_line)
 
 

@@ -159,7 +159,7 @@ def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path
         message = tmp_path / "message.eml"
         message.write_text("From: a@example.org\nSubject: from a file\n\nHello {{ who }}.\n")
         result = pigeon_cli("inject", "-c", config, "--from", "me@example.org", "--to", "a@example.net",
-                            "--var", "who=world", str(message))  # fmt: skip
+                            "--template", "--var", "who=world", str(message))  # fmt: skip
         assert result.returncode == 0, result.stderr
         spool_id = result.stdout.split()[1]
         attachment = tmp_path / "notes.txt"

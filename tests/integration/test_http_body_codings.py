@@ -57,6 +57,7 @@ def _post(node: PigeonProcess, path: str, body: bytes, *headers: str) -> tuple[i
     head, _, content = answer.partition(b"\r\n\r\n")
     status_line, *fields = head.decode().split("\r\n")
     found = {name.strip().lower(): value.strip() for name, _, value in (f.partition(":") for f in fields)}
+    found[":version"] = status_line.split()[0]  # (no header has that name)
     return int(status_line.split()[1]), found, json.loads(content)
 
 
@@ -100,6 +101,12 @@ def test_a_content_coding_not_taken_is_a_415_saying_which_are(node: PigeonProces
     assert (status, answer["field"]) == (415, "Content-Encoding"), answer
     assert headers["accept-encoding"] == "gzip, deflate"
     assert "send the body as it is, or coded gzip or deflate" in answer["error"], answer
+    # Every such coding alike: br and zstd were refused by aiohttp's parser before any handler
+    # (an HTTP/1.0 answer, "malformed request" in the log, no Rejection).
+    assert headers[":version"] == "HTTP/1.1"
+    (rejection,) = node.wait_records("Rejection")
+    assert (rejection["command"], rejection["auth_user"], rejection["response"]["code"]) == ("inject", "app", 415)
+    assert "malformed request" not in node.stderr()
     assert not node.records("Reception")  # not read as the wrong bytes
     stderr = node.stderr()
     assert "Traceback" not in stderr and " ERROR " not in stderr, stderr
@@ -151,3 +158,13 @@ def test_a_client_gone_before_the_end_of_its_body_leaves_no_error_in_the_log(nod
     time.sleep(0.5)
     assert "Error handling request" not in node.stderr()
     assert "ConnectionResetError" not in node.stderr()
+
+
+def test_a_coded_body_is_bounded_decoded_by_max_request_size(node: PigeonProcess) -> None:
+    """Decoded by Pigeon (no longer by aiohttp's parser), the limit still bounds what it decodes to:
+    64 MiB and one octet of zeros, 65 KB of gzip, is refused with a 413 as a plain body of that size is."""
+    bomb = gzip.compress(b"\0" * ((64 << 20) + 1))
+    for path in ("/api/v1/inject", "/api/v1/admin/retry"):
+        status, _, answer = _post(node, path, bomb, "Content-Encoding: gzip")
+        assert (status, answer["field"]) == (413, "$"), answer
+        assert "[http] max_request_size" in answer["error"], answer

@@ -89,7 +89,7 @@ def test_line_breaks_in_body_values_arrive_and_the_cli_refuses_header_ones_with_
         message = tmp_path / "message.eml"
         message.write_text("From: a@example.org\nSubject: Hello {{ first }}\n\n{{ body }}\n")
         config = str(node.config_path)
-        cli = ["inject", "-c", config, "--from", "a@example.org", "--to", "c@example.net", str(message)]
+        cli = ["inject", "-c", config, "--from", "a@example.org", "--to", "c@example.net", "--template", str(message)]
         sent = pigeon_cli(*cli, "--var", "first=Carol", "--var", "body=one\ntwo")
         assert sent.returncode == 0, sent.stderr
         (bob, carol) = sorted(sink.wait_for(2), key=lambda m: m.recipients[0])

@@ -1,6 +1,6 @@
 """Mail that is not UTF-8 goes in by HTTP as SMTP takes it: raw content as the base64 of its
 bytes (`"content_encoding": "base64"`), sent as it is, with the checks and replies raw text
-gets. `pigeon inject --no-template` sends a message file (or stdin) that is not UTF-8 that way
+gets. `pigeon inject` sends a message file (or stdin) that is not UTF-8 that way
 (it exited 2 with only "'utf-8' codec can't decode byte 0xe9"), and drops a first line
 `From sender date` (mbox's envelope line, which an MTA pipes), as sendmail and Postfix do: it
 made all the message body, its From and Subject included (README, "Injection")."""
@@ -70,18 +70,18 @@ def test_pigeon_inject_no_template_sends_latin1_bytes_as_they_are(
 
 def test_pigeon_inject_of_latin1_as_a_template_exits_2_saying_what_to_do(node: PigeonProcess) -> None:
     before = len(node.spool_messages())
-    done = _inject(node, "--to", "template@example.net", "-", stdin=LATIN1)
+    done = _inject(node, "--to", "template@example.net", "--template", "-", stdin=LATIN1)
     assert done.returncode == 2, done
     assert done.stderr.decode() == (
         "pigeon inject: the message is not UTF-8 (byte 0xe9 at offset 32), so it cannot be a template: send it as"
-        " it is with --no-template\n"
+        " it is, without --template\n"
     )
     assert len(node.spool_messages()) == before
 
 
 def test_pigeon_inject_utf8_stays_a_template(node: PigeonProcess) -> None:
     message = "From: a@example.org\nSubject: caf\u00e9 {{ code }}\n\nh\u00e9llo\n".encode()
-    done = _inject(node, "--to", "utf8@example.net", "--var", "code=7", "-", stdin=message)
+    done = _inject(node, "--to", "utf8@example.net", "--template", "--var", "code=7", "-", stdin=message)
     assert done.returncode == 0, done
     stored = _stored(node, "utf8@example.net")
     assert stored["data"].endswith(_crlf(message.replace(b"{{ code }}", b"7")))
@@ -93,9 +93,7 @@ def test_pigeon_inject_drops_an_mbox_envelope_line(node: PigeonProcess, template
     recipient = f"mbox-{template}@example.net".lower()
     message = b"From: a@example.org\nSubject: hi\n\nhello\nFrom the start\n"
     envelope_line = b"From sender@example.org Sat Dec  5 10:00:00 2025\n"
-    done = _inject(
-        node, "--to", recipient, *([] if template else ["--no-template"]), "-", stdin=envelope_line + message
-    )
+    done = _inject(node, "--to", recipient, *(["--template"] if template else []), "-", stdin=envelope_line + message)
     assert done.returncode == 0, done
     data = _stored(node, recipient)["data"]
     assert b"sender@example.org" not in data

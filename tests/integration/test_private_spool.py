@@ -30,3 +30,23 @@ def test_a_spool_left_open_to_other_users_is_made_private_and_said(tmp_path: Pat
     with PigeonProcess(tmp_path / "node") as pigeon:
         assert _mode(spool) == 0o700
         assert "spool: mode 0755 let other users in; made it 0700 (the spool is private)" in pigeon.stderr()
+
+
+def test_every_file_a_node_writes_in_its_spool_and_log_is_private(tmp_path: Path) -> None:
+    """README: files Pigeon writes are private to its user (umask 077). `http-address` was
+    written before the umask was set, 0644."""
+    http = {"token": [{"name": "app", "token": "private-token-0123456789", "scopes": ["inject"]}]}
+    with PigeonProcess(tmp_path / "node", node={"workers": 2}, http=http) as pigeon:
+        request = {"envelope_sender": "a@example.org", "recipients": [{"email": "b@example.net"}]}
+        request["content"] = "From: a@example.org\r\nSubject: hi\r\n\r\nhello\r\n"
+        status, answer = pigeon.http_post("/api/v1/inject", request, "private-token-0123456789")
+        assert status == 200, answer
+        pigeon.wait_records("Reception")
+        files = [
+            path
+            for directory in (pigeon.spool_path, tmp_path / "node" / "log")
+            for path in directory.rglob("*")
+            if path.is_file() and not path.is_symlink()
+        ]
+        assert pigeon.spool_path / "http-address" in files
+        assert {str(path): oct(_mode(path)) for path in files if _mode(path) & 0o077} == {}

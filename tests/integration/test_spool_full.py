@@ -1,4 +1,4 @@
-"""A full spool answers 451 4.3.0, stores nothing half-way, and takes mail again once there is room."""
+"""A full spool answers 452 4.3.1, stores nothing half-way, and takes mail again once there is room."""
 
 from __future__ import annotations
 
@@ -50,19 +50,19 @@ def _send_until_refused(port: int, body: bytes, limit: int = 500) -> tuple[int, 
     raise AssertionError(f"the spool never filled up after {limit} messages")
 
 
-def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: Path) -> None:
+def test_spool_size_limit_refuses_with_452_and_keeps_what_it_accepted(tmp_path: Path) -> None:
     root = tmp_path / "node"
     body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(root, spool={"max_size": "1MiB"}) as pigeon:
         accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body)
-        assert (code, text[:5]) == (451, b"4.3.0")
+        assert (code, text[:5]) == (452, b"4.3.1")
         assert accepted > 10
         assert len(pigeon.spool_messages()) == accepted
         rejections = pigeon.wait_records("Rejection")
-        assert rejections[-1]["response"]["code"] == 451
-        status, health = _health(pigeon)  # every message gets 451: the node cannot take mail
+        assert rejections[-1]["response"]["code"] == 452
+        status, health = _health(pigeon)  # every message gets 452: the node cannot take mail
         assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
-        assert "451" in health["spool"]["error"]
+        assert "452" in health["spool"]["error"]
     with PigeonProcess(root, spool={"max_size": "4MiB"}) as pigeon:  # the operator made room
         pigeon.wait_stderr(" 0 quarantined")  # the spool's check after the start found nothing wrong
         assert len(pigeon.spool_messages()) == accepted
@@ -71,7 +71,7 @@ def test_spool_size_limit_refuses_with_451_and_keeps_what_it_accepted(tmp_path: 
         assert len(pigeon.spool_messages()) == accepted + 1
 
 
-def test_large_messages_that_would_pass_max_size_get_451_through_every_door_and_leave_no_file(tmp_path: Path) -> None:
+def test_large_messages_that_would_pass_max_size_get_452_through_every_door_and_leave_no_file(tmp_path: Path) -> None:
     body = (
         b"From: a@example.org\r\nSubject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 4000
     )  # 312 KB: past inline_limit, in data/
@@ -80,7 +80,7 @@ def test_large_messages_that_would_pass_max_size_get_451_through_every_door_and_
     tokens = [{"name": "app", "token": token, "scopes": ["inject"]}]
     with PigeonProcess(tmp_path / "node", spool=spool, http={"token": tokens}) as pigeon:
         accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body)
-        assert (code, text[:5]) == (451, b"4.3.0")
+        assert (code, text[:5]) == (452, b"4.3.1")
         assert accepted == 2  # the empty database takes 176 KiB of the MiB
         with RawSmtp(pigeon.smtp_port) as smtp:  # BDAT: refused at its LAST chunk
             smtp.expect(220)
@@ -90,12 +90,12 @@ def test_large_messages_that_would_pass_max_size_get_451_through_every_door_and_
             smtp.send(b"BDAT %d\r\n" % (len(body) // 2) + body[: len(body) // 2])
             smtp.expect(250)
             smtp.send(b"BDAT %d LAST\r\n" % (len(body) - len(body) // 2) + body[len(body) // 2 :])
-            assert smtp.reply()[0] == 451
+            assert smtp.reply()[0] == 452
         request = {"envelope_sender": "app@example.org", "recipients": [{"email": "ann@example.net"}]}
         status, answer = pigeon.http_post(
             "/api/v1/inject", {**request, "content": body.decode(), "template": False}, token
         )
-        assert status == 503 and answer["recipients"][0]["error"].startswith("451 4.3.0")
+        assert status == 503 and answer["recipients"][0]["error"].startswith("452 4.3.1")
         stored = pigeon.spool_messages()
         assert len(stored) == accepted and all(m["data"].endswith(body) for m in stored)
         data_files = list((pigeon.spool_path / "shard-0" / "data").iterdir())
@@ -124,11 +124,11 @@ def test_a_capped_spool_stays_under_its_cap_on_disk_and_says_up_once_delivery_ma
                 client.rcpt("user@example.net")
                 assert (
                     client.data(b"From: a@example.org\r\nSubject: huge\r\n\r\n" + (b"h" * 76 + b"\r\n") * 60_000)[0]
-                    == 451
+                    == 452
                 )
             assert _health(pigeon)[0] == 200
             accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body, limit=2000)
-            assert code == 451 and accepted > 100
+            assert code == 452 and accepted > 100
             # The last commit's WAL frames land after the check that let its message in, and a
             # delivery attempt reading meanwhile (every second here) can hold the checkpoint
             # that cuts the WAL back for one more or two (seen under load: 48 KiB over the first;
@@ -147,13 +147,13 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
 
 
-def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(tiny_disk: Path, tmp_path: Path) -> None:
+def test_full_disk_refuses_large_messages_with_452_and_leaves_no_partial_files(tiny_disk: Path, tmp_path: Path) -> None:
     root = tmp_path / "node"
     body = b"From: a@example.org\r\nSubject: large\r\n\r\n" + (b"z" * 76 + b"\r\n") * 3000  # ~230 KB: spilled to a file
     spool = {"path": str(tiny_disk / "spool"), "inline_limit": "64KiB"}
     with PigeonProcess(root, spool=spool) as pigeon:
         accepted, (code, text) = _send_until_refused(pigeon.smtp_port, body, limit=100)
-        assert (code, text[:5]) == (451, b"4.3.0")
+        assert (code, text[:5]) == (452, b"4.3.1")
         data_files = sorted((tiny_disk / "spool" / "shard-0" / "data").iterdir())
         stored = pigeon.spool_messages()
         assert len(stored) == accepted
@@ -171,11 +171,11 @@ def test_full_disk_refuses_large_messages_with_451_and_leaves_no_partial_files(t
         pigeon.kill()
 
 
-def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
+def test_server_side_452s_do_not_count_as_client_errors(tmp_path: Path) -> None:
     body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}, smtp={"max_errors": 3}) as pigeon:
         accepted, (code, _) = _send_until_refused(pigeon.smtp_port, body)
-        assert code == 451
+        assert code == 452
         with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
             client.ehlo("client.test")
             answers = []
@@ -184,12 +184,12 @@ def test_server_side_451s_do_not_count_as_client_errors(tmp_path: Path) -> None:
                 client.rcpt("user@example.net")
                 # Bigger than the first: a checkpoint that cuts the WAL back may free a page or two.
                 answers.append(client.data(body * 12)[0])
-            assert answers == [451] * 10
+            assert answers == [452] * 10
             assert client.noop()[0] == 250  # still open: no "421 too many errors"
         assert len(pigeon.spool_messages()) == accepted
 
 
-def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path) -> None:
+def test_a_client_gone_before_its_452_leaves_no_unretrieved_error(tmp_path: Path) -> None:
     body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}) as pigeon:
         accepted, _ = _send_until_refused(pigeon.smtp_port, body)
@@ -202,12 +202,12 @@ def test_a_client_gone_before_its_451_leaves_no_unretrieved_error(tmp_path: Path
                 )
                 # A half-close, read to the end (a close with the greeting unread sends a reset,
                 # and a reset may discard what Pigeon had not yet read, the final dot too): it
-                # hears its 451, and no failed commit's error goes unretrieved either way.
+                # hears its 452, and no failed commit's error goes unretrieved either way.
                 raw.shutdown(socket.SHUT_WR)
                 while raw.recv(65536):
                     pass
         # Their commits fail meanwhile: waited for, as a loaded machine may take its time (a
-        # Rejection each: the last 451 of the first client, and these three).
+        # Rejection each: the last 452 of the first client, and these three).
         assert len(pigeon.wait_records("Rejection", 4, timeout=60)) == 4
         time.sleep(0.2)  # anything more it would say
         pigeon.stop()
@@ -309,7 +309,7 @@ def test_healthz_says_the_spool_is_down_while_its_disk_is_full_and_up_once_there
             client.ehlo("client.test")
             client.mail("sender@example.org")
             client.rcpt("user@example.net")
-            assert client.data(b"From: a@example.org\r\nSubject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 451
+            assert client.data(b"From: a@example.org\r\nSubject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 452
         status, health = _health(pigeon)
         assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down")
         filler.unlink()  # room again: up without waiting for mail to prove it
@@ -334,7 +334,7 @@ def test_with_several_workers_one_full_spool_makes_the_node_answer_503(tmp_path:
 
 
 def test_mail_declaring_a_size_the_spool_has_no_room_for_gets_452_at_mail(tmp_path: Path) -> None:
-    # RFC 1870 6.1: the client learns at MAIL, before sending megabytes that get 451 at the end.
+    # RFC 1870 6.1: the client learns at MAIL, before sending megabytes that get 452 at the end.
     with PigeonProcess(tmp_path / "node", spool={"max_size": "3MiB"}) as pigeon:
         with RawSmtp(pigeon.smtp_port) as smtp:
             smtp.expect(220)
@@ -370,7 +370,7 @@ def test_a_spool_refusing_declared_sizes_at_mail_says_down_and_up_again_once_del
                     assert client.data(body)[0] == 250
                     accepted += 1
             assert (code, text[:5]) == (452, b"4.3.1") and accepted > 5, (accepted, code, text)
-            assert all(r["response"]["code"] != 451 for r in pigeon.records("Rejection"))  # none reached DATA
+            assert all(r["command"] != "DATA" for r in pigeon.records("Rejection"))  # none reached DATA
             status, health = _health(pigeon)
             assert (status, health["status"], health["spool"]["status"]) == (503, "down", "down"), health
             assert "452 4.3.1" in health["spool"]["error"] and health["spool"]["room"] < len(body)
@@ -397,7 +397,7 @@ def test_a_small_disk_that_filled_up_says_up_once_there_is_room_without_a_messag
             client.ehlo("client.test")
             client.mail("sender@example.org")
             client.rcpt("user@example.net")
-            assert client.data(b"Subject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 451
+            assert client.data(b"Subject: x\r\n\r\n" + (b"x" * 76 + b"\r\n") * 3000)[0] == 452
         assert _health(pigeon)[0] == 503
         filler.unlink()  # the room a message needs is back, though less than 16 MiB: up, at once
         status, health = _health(pigeon)
@@ -461,13 +461,13 @@ def test_a_spool_capped_under_2mib_of_room_says_down_once_half_its_room_is_taken
             replies.append((code, text[:5]))
             status, health = _health(pigeon)
             statuses.append((status, health["status"], health["spool"]["status"]))
-        assert replies == [(250, b"2.0.0"), (250, b"2.0.0"), (451, b"4.3.0")], replies
+        assert replies == [(250, b"2.0.0"), (250, b"2.0.0"), (452, b"4.3.1")], replies
         assert statuses == [(200, "ok", "ok"), (503, "down", "down"), (503, "down", "down")], statuses
 
 
 def test_a_full_spool_says_message_not_stored_once_in_a_while_not_for_every_message(tmp_path: Path) -> None:
     """Found from outside: a full disk under load wrote an ERROR line per refused message,
-    70,000 a minute, which journald drops (with other lines). Each client still gets its 451
+    70,000 a minute, which journald drops (with other lines). Each client still gets its 452
     and each refusal its Rejection record."""
     body = b"From: a@example.org\r\nSubject: filler\r\n\r\n" + (b"y" * 76 + b"\r\n") * 100
     with PigeonProcess(tmp_path / "node", spool={"max_size": "1MiB"}) as pigeon:
@@ -477,12 +477,12 @@ def test_a_full_spool_says_message_not_stored_once_in_a_while_not_for_every_mess
             for _ in range(30):
                 client.mail("sender@example.org")
                 client.rcpt("user@example.net")
-                assert client.data(body * 12)[0] == 451
+                assert client.data(body * 12)[0] == 452
         rejections = pigeon.wait_records("Rejection", 31)
         said = [line for line in pigeon.stderr().splitlines() if "message not stored" in line]
         _, health = _health(pigeon)
     assert health["spool"].get("room", 0) >= 0 and " -" not in health["spool"].get("error", ""), health
-    assert all(r["response"]["code"] == 451 for r in rejections)
+    assert all(r["response"]["code"] == 452 for r in rejections)
     assert 1 <= len(said) <= 2, said  # the first, and one more if the run crossed 10 s
     assert all("ERROR" in line and "spool" in line for line in said), said
 
@@ -504,7 +504,7 @@ def _fill_but(disk: Path, left: int, name: str = "others") -> Path:
 def test_a_spool_whose_disk_filled_without_a_cap_delivers_everything_it_took_and_takes_mail_again(
     ext4_disk: Path, tmp_path: Path
 ) -> None:
-    """Found from outside: with no max_size, a disk that filled up refused new mail (451) but then
+    """Found from outside: with no max_size, a disk that filled up refused new mail (452) but then
     delivered almost nothing, since settling a delivered message writes (its row, the WAL, the
     segment's count) and every write failed: only an operator freeing space by hand could make
     the spool drain. Now the spool stops taking mail while the disk still has room for its
@@ -530,7 +530,7 @@ def test_a_spool_whose_disk_filled_without_a_cap_delivers_everything_it_took_and
                 if code == 250:
                     accepted.append(f"m{n}")
                     continue
-                assert (code, text[:5]) == (451, b"4.3.0"), (code, text)
+                assert (code, text[:5]) == (452, b"4.3.1"), (code, text)
                 refusals += 1
                 if refusals == 20:  # refused for a while, not only once
                     break

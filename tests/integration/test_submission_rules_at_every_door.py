@@ -163,7 +163,7 @@ def test_an_injection_without_from_is_refused_whole(node: PigeonProcess, content
     assert len(node.spool_messages()) == stored
 
 
-@pytest.mark.parametrize("options", [["--no-template"], []], ids=["no-template", "template"])
+@pytest.mark.parametrize("options", [[], ["--template"]], ids=["as-it-is", "template"])
 def test_pigeon_inject_of_a_message_without_from_exits_2_with_the_reply(
     node: PigeonProcess, options: list[str]
 ) -> None:
@@ -306,7 +306,7 @@ def test_pigeon_inject_of_a_message_with_a_bad_date_or_message_id_exits_2_with_t
     node: PigeonProcess, field: str
 ) -> None:
     fields, reply = BAD_FIELDS[field]
-    for options in (["--no-template"], []):
+    for options in ([], ["--template"]):
         done = _cli(node, _with(fields), *options)
         assert done.returncode == 2, done
         assert f"pigeon: 400: {reply} ($.content)" in done.stderr.decode()

@@ -21,19 +21,22 @@ EXAMPLES = """examples:
   pigeon inject --from me@example.org --to you@example.net message.eml
   cat message.eml | pigeon inject --from me@example.org --to a@example.net --to b@example.net -
   ... | pigeon inject --from me@example.org --to you@example.net   # as sendmail: stdin, when piped
+  pigeon inject --from me@example.org --to you@example.net --template --var code=1234 message.eml
   pigeon inject --from me@example.org --to you@example.net \\
       --subject 'Hello {{ name | default("there") }}' --text 'Your code is {{ code }}.' --var code=1234 \\
       --attach invoice.pdf
   pigeon inject --from me@example.org --to you@example.net --tenant acme --campaign spring --json message.eml
 
-Content is a Jinja2 template rendered per recipient (--no-template sends it as it is). A
-variable it writes out that is not given refuses the recipient rather than sending "Hello ,":
+A message file (or stdin) is sent as it is, as sendmail sends it: --template renders it as a
+Jinja2 template per recipient. Parts (--subject, --text, --html) are templates (--no-template
+sends them as they are). A
+variable a template writes out that is not given refuses the recipient rather than sending "Hello ,":
 --to names no one, so `name` is given only by --var name=...; {{ name | default("there") }}
 (or {{ name or "there" }}) writes a fallback.
 Without a message file and parts, the message is read from stdin when that is no terminal
 (piped, as an MTA or a script gives it to sendmail); an empty one is refused.
 A message file is sent as its bytes: one that is not UTF-8 (8-bit text in a legacy charset)
-goes with --no-template only, as it is. A first line "From sender date" (mbox's envelope line,
+cannot be a template (--template). A first line "From sender date" (mbox's envelope line,
 what an MTA may pipe) is dropped, as sendmail drops it.
 Prints each recipient's spool id, or why it was refused.
 
@@ -74,7 +77,15 @@ def register(commands: Any) -> None:
     parser.add_argument("--attach", action="append", type=Path, default=[], metavar="FILE", help="attach a file")
     parser.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="add a header")
     parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a template variable")
-    parser.add_argument("--no-template", action="store_true", help="send the content as it is")
+    template = parser.add_mutually_exclusive_group()
+    template.add_argument(
+        "--template",
+        action="store_true",
+        help="render a message file (or stdin) as a Jinja2 template per recipient (by default it goes as it is)",
+    )
+    template.add_argument(
+        "--no-template", action="store_true", help="send parts as they are (a message file or stdin always is)"
+    )
     parser.add_argument("--tenant")
     parser.add_argument("--campaign")
     parser.set_defaults(run=run)
@@ -167,6 +178,15 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
         )
     content: Any
     encoding = None
+    # A whole message goes as it is, as sendmail sends what it is given: rendered as a Jinja2
+    # template it lost its `{# ... #}` and `{% raw %}` text, or was refused for a `{{ code }}`.
+    # Rendering it is asked for (--template); parts are templates, as the API's are.
+    template = bool(args.template) if args.message is not None or piped else not args.no_template
+    if args.var and not template:
+        raise ValueError(
+            "--var sets a template variable, but a message file (or stdin) is sent as it is:"
+            " add --template to render it as a Jinja2 template"
+        )
     if args.message is not None or piped:
         raw = sys.stdin.buffer.read() if piped or args.message == "-" else Path(args.message).read_bytes()
         if not raw and (piped or args.message == "-"):
@@ -177,10 +197,10 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
         try:
             content = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            if not args.no_template:
+            if template:
                 raise ValueError(
                     f"the message is not UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}), so it cannot"
-                    " be a template: send it as it is with --no-template"
+                    " be a template: send it as it is, without --template"
                 ) from None
             # Its bytes as they are: a JSON string holds text only, so they go in base64.
             content, encoding = base64.b64encode(raw).decode("ascii"), "base64"
@@ -199,7 +219,7 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
         "content": content,
         **({"content_encoding": encoding} if encoding else {}),
         "substitutions": dict(_pair(v, "--var") for v in args.var),
-        "template": not args.no_template,
+        "template": template,
     }
     if args.tenant:
         request["tenant"] = args.tenant

@@ -45,6 +45,7 @@ from typing import Final, Protocol
 
 from pigeon.logs.peer_text import shown
 from pigeon.message import Envelope, Message, Recipient, format_id
+from pigeon.mime import address_header, message_id_field
 from pigeon.smtp.extensions import encode_utf8_addr_xtext
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
@@ -82,6 +83,10 @@ def wants_failure_notice(recipient: Recipient) -> bool:
     return recipient.notify is None or "FAILURE" in recipient.notify
 
 
+_FOLD_AT: Final = 78  # RFC 5322 2.1.1: a line SHOULD be at most 78 octets...
+_LINE_LIMIT: Final = 998  # ...and MUST be at most 998, without its CRLF (a next hop may refuse it)
+
+
 def build_report(
     *,
     hostname: str,
@@ -91,21 +96,28 @@ def build_report(
     original: bytes,
     arrival: float,
     now: float | None = None,
+    max_line: int = _LINE_LIMIT,
 ) -> bytes:
-    """The complete DSN message, CRLF line endings, ready to store and send to the sender."""
+    """The complete DSN message, CRLF line endings, ready to store and send to the sender.
+    No line Pigeon writes in it is longer than `max_line` (`[smtp] max_line_length`: a next hop
+    with the same setting refuses a longer one), whatever `[smtp] hostname` is."""
     now = time.time() if now is None else now
-    boundary = f"{queue_id}.{secrets.token_hex(8)}/{hostname}"
+    # No host name in it: with a long one the boundary passed RFC 2046's 70 characters and
+    # its line `max_line`. The queue id and 64 random bits are unique enough.
+    boundary = f"{queue_id}.{secrets.token_hex(8)}"
     date = _date(now)
     utf8 = envelope.smtputf8 or not envelope.sender.isascii()
     failed = [f for f in failures if f.action == "failed"]
     succeeded = [f for f in failures if f.action != "failed"]
     full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
-    human = f"This is the mail system at host {hostname}.\r\n\r\n"
+    human = _wrapped(f"This is the mail system at host {hostname}.", max_line) + "\r\n\r\n"
     if failed:
         # A remote server's words, escaped as everywhere they are shown: an ESC in them must
         # not reach the sender's terminal (the Diagnostic-Code below is a header field's value).
         # Wrapped: a next hop's reply may be 4096 octets a line, and lines, joined.
-        reasons = "\r\n".join(_wrapped(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}") for f in failed)
+        reasons = "\r\n".join(
+            _wrapped(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}", max_line) for f in failed
+        )
         # Say what comes back: without RET=FULL, only the header section does.
         attached = _SAYS_WHOLE if full else _SAYS_HEADERS
         human += (
@@ -115,13 +127,13 @@ def build_report(
     if succeeded:
         # RFC 3461 5.2.2: "relayed" to a server that does not report on; "delivered" here.
         said = {"delivered": "delivered", "relayed": "relayed to a server that sends no further reports"}
-        done = "\r\n".join(_wrapped(f"<{f.recipient.address}>: {said[f.action]}") for f in succeeded)
+        done = "\r\n".join(_wrapped(f"<{f.recipient.address}>: {said[f.action]}", max_line) for f in succeeded)
         human += ("\r\n" if failed else "") + f"As you asked, a report of its delivery:\r\n\r\n{done}\r\n"
     per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
     if envelope.envid:
         per_message.append(f"Original-Envelope-Id: {_field(envelope.envid)}")
     per_message.append(f"Arrival-Date: {_date(arrival)}")
-    blocks = ["\r\n".join(map(_folded, per_message))]
+    blocks = ["\r\n".join(_folded(field, max_line) for field in per_message)]
     for failure in failures:
         address = failure.recipient.address
         if address.isascii():
@@ -141,7 +153,7 @@ def build_report(
             fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")
         elif failure.diagnostic_type == "smtp":
             fields.append(f"Last-Attempt-Date: {date}")
-        blocks.append("\r\n".join(map(_folded, fields)))
+        blocks.append("\r\n".join(_folded(field, max_line) for field in fields))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
     status = "\r\n\r\n".join(blocks)
@@ -156,12 +168,10 @@ def build_report(
         # RFC 6533 6.4: headers that may hold UTF-8 go as message/global-headers.
         returned_type = "message/global-headers" if utf8 or not returned.isascii() else "text/rfc822-headers"
     head = (
-        f"From: Mail Delivery System <MAILER-DAEMON@{hostname}>\r\n"
-        f"To: <{envelope.sender}>\r\n"
+        address_header("From", "Mail Delivery System", f"MAILER-DAEMON@{hostname}", max_line)
+        + f"To: <{envelope.sender}>\r\n"
         f"Subject: {'Undelivered Mail Returned to Sender' if failed else 'Successful Mail Delivery Report'}\r\n"
-        f"Date: {date}\r\n"
-        f"Message-ID: <{queue_id}.{secrets.token_hex(6)}@{hostname}>\r\n"
-        "Auto-Submitted: auto-replied\r\n"
+        f"Date: {date}\r\n" + message_id_field(hostname, max_line) + "Auto-Submitted: auto-replied\r\n"
         "MIME-Version: 1.0\r\n"
         f'Content-Type: multipart/report; report-type={status_type.partition("/")[2]};\r\n\tboundary="{boundary}"\r\n'
         "\r\n"
@@ -220,33 +230,32 @@ def _field(value: str) -> str:
     return value if value.isprintable() else "".join(c if c.isprintable() else " " for c in value)
 
 
-_FOLD_AT: Final = 78  # RFC 5322 2.1.1: a line SHOULD be at most 78 octets...
-_LINE_LIMIT: Final = 998  # ...and MUST be at most 998, without its CRLF (a next hop may refuse it)
 _PIECE: Final = re.compile(r"[ \t]*[^ \t]+|[ \t]+")  # a word with the white space before it
 _INDENT: Final = "    "  # a wrapped reason's continuation lines, in the human-readable text
 
 
-def _folded(field: str) -> str:
+def _folded(field: str, limit: int = _LINE_LIMIT) -> str:
     """One field of the delivery-status part (`Name: value`) folded as RFC 5322 2.2.3 folds:
     a CRLF put before white space the value has, so that unfolded it is the value again. Its
-    lines keep to 78 octets where its words allow, and to 998 always: a word longer than that
-    (a server's reply has no limit on its words) is cut, a space put in where it is cut.
+    lines keep to 78 octets where its words allow, and to `limit` (`[smtp] max_line_length`)
+    always: a word longer than that (a server's reply has no limit on its words) is cut, a
+    space put in where it is cut.
 
     Counted as the field's widest form, each character that is not ASCII as `\\x{HEX}`
     (message/delivery-status, and the 7-bit form of message/global-delivery-status): never
     shorter than its UTF-8, so no form has a longer line."""
-    return "\r\n".join(_lines(field, _escaped_width, fold=True))
+    return "\r\n".join(_lines(field, _escaped_width, limit, fold=True))
 
 
-def _wrapped(line: str) -> str:
+def _wrapped(line: str, limit: int = _LINE_LIMIT) -> str:
     """One line of the human-readable text, wrapped at its white space to 78 octets where its
-    words allow (the continuation lines indented), and cut where a word passes 998 octets."""
-    return "\r\n".join(_lines(line, _utf8_width, fold=False))
+    words allow (the continuation lines indented), and cut where a word passes `limit` octets."""
+    return "\r\n".join(_lines(line, _utf8_width, limit, fold=False))
 
 
-def _lines(line: str, width: Callable[[str], int], *, fold: bool) -> list[str]:
+def _lines(line: str, width: Callable[[str], int], limit: int, *, fold: bool) -> list[str]:
     """`line` as lines of at most `_FOLD_AT` octets (counted by `width`) where its white space
-    allows, and of at most `_LINE_LIMIT` always. `fold`: a header field's fold, the white space
+    allows, and of at most `limit` always. `fold`: a header field's fold, the white space
     kept at the start of the next line; else text's wrap, the white space replaced by `_INDENT`."""
     if width(line) <= _FOLD_AT:
         return [line]  # the usual case
@@ -262,20 +271,20 @@ def _lines(line: str, width: Callable[[str], int], *, fold: bool) -> list[str]:
             current = word if fold else _INDENT + word
         else:
             current += piece
-        while width(current) > _LINE_LIMIT:
-            cut = _cut(current, width)
+        while width(current) > limit:
+            cut = _cut(current, width, limit)
             lines.append(current[:cut])
             current = lead + current[cut:]
     lines.append(current)
     return lines
 
 
-def _cut(text: str, width: Callable[[str], int]) -> int:
+def _cut(text: str, width: Callable[[str], int], limit: int) -> int:
     """Where to cut `text` so that its first part is as long as a line may be."""
     size = 0
     for index, char in enumerate(text):
         size += width(char)
-        if size > _LINE_LIMIT:
+        if size > limit:
             return index
     return len(text)
 
@@ -422,8 +431,17 @@ class Notifier:
     spooled original, which still has the routing headers (`X-Tenant`, `X-Campaign`: for
     Pigeon only) and lacks the policy's edits and a submission's Date and Message-ID."""
 
-    def __init__(self, *, hostname: str, spools: Spools, outgoing: Callable[[Message], bytes], submit: Submit) -> None:
+    def __init__(
+        self,
+        *,
+        hostname: str,
+        spools: Spools,
+        outgoing: Callable[[Message], bytes],
+        submit: Submit,
+        max_line: int = _LINE_LIMIT,
+    ) -> None:
         self._hostname = hostname
+        self._max_line = max_line
         self._spools = spools
         self._outgoing = outgoing
         self._submit = submit
@@ -439,6 +457,7 @@ class Notifier:
             failures=failures,
             original=self._outgoing(message),
             arrival=message.created,
+            max_line=self._max_line,
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol=_OWN)
         return await self._submit(envelope, report, spool=self._spools.of(message.id), settles=settles)

@@ -217,6 +217,7 @@ class Node:
             outbox=outbox,
             inbound_routes=InboundRoutes([_inbound_route(r) for r in config.inbound]) if config.inbound else None,
             hostname=smtp.hostname,
+            max_line=smtp.max_line_length,
             max_hops=smtp.max_hops,
             tenant_header=config.delivery.tenant_header,
             campaign_header=config.delivery.campaign_header,
@@ -775,10 +776,10 @@ class Node:
         if room < ordinary:
             error = (
                 f"no room for mail: {room} bytes left, under the {ordinary} an ordinary message needs; "
-                "MAIL declaring a larger SIZE gets 452 4.3.1, a message that does not fit 451 4.3.0"
+                "MAIL declaring a larger SIZE, or a message that does not fit, gets 452 4.3.1"
             )
         elif isinstance(refusing, SpoolFull) and room < plenty:
-            error = f"new mail gets 451: {refusing}"
+            error = f"new mail gets 452: {refusing}"
         else:
             return {"status": OK, "messages": messages}
         return {"status": DOWN, "messages": messages, "error": error, "room": room}

@@ -26,13 +26,17 @@ reloaded: it takes effect at the next restart) or a port 0 (picked by the kernel
 
 def record_http_address(spool_path: Path, sock: socket.socket) -> None:
     """Write where `sock` listens ("127.0.0.1:8025", "[::1]:8025") to `HTTP_ADDRESS_FILE`,
-    whole or not at all. Not a secret: readable as the spool directory lets it be."""
+    whole or not at all. Mode 0600, as every file Pigeon writes (README): it is written before
+    `pigeon serve` sets its umask 077 (which must not apply to the spool's parents it makes)."""
     host, port = sock.getsockname()[:2]
     text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     spool_path.mkdir(parents=True, exist_ok=True)
     temporary = spool_path / f".{HTTP_ADDRESS_FILE}.tmp"
     try:
-        temporary.write_text(text + "\n")
+        temporary.unlink(missing_ok=True)  # (one a crash left, of another mode)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(text + "\n")
         os.replace(temporary, spool_path / HTTP_ADDRESS_FILE)
     except OSError:
         temporary.unlink(missing_ok=True)

@@ -65,6 +65,7 @@ from pigeon.listener.http.body import (
     declared_too_large,
     gone,
     not_decoded,
+    read_coded,
     too_large,
     transfer_codings,
     undecodable,
@@ -935,7 +936,7 @@ class Supervisor:
                 # Not read: no decoder here. An injection's 415 is a worker's (it logs it), as a 413 is.
                 return await self._refused_body(request, refused)
             try:
-                body = await request.read()
+                body = await read_coded(request)
             except web.HTTPRequestEntityTooLarge:
                 return await self._too_large(request, max_size)
             except ConnectionResetError:  # the client went before the end of its body: nobody to answer

@@ -135,6 +135,12 @@ def queued(ids: list[str]) -> Reply:
 TOO_MANY_RECIPIENTS: Final = r(452, "4.5.3", "Too many recipients for this message; send the rest in a new transaction")
 TLS_UNAVAILABLE: Final = r(454, "4.7.0", "TLS not available")
 SPOOL_ERROR: Final = r(451, "4.3.0", "Local error in processing: message not stored, try again later")
+# RFC 3463 X.3.1 and RFC 5321 4.3.2 (452 after the data): what MAIL ... SIZE= over the room
+# gets (`no_room_now`), said at the end of the data too, rather than a "local error" that tells
+# the client and the operator reading the Rejection record nothing of why.
+SPOOL_FULL: Final = r(
+    452, "4.3.1", "Insufficient system storage: the spool has no room for this message now, try again later"
+)
 # Never sent: what the Rejection record of a message says when its client hung up while the
 # message was being checked (a policy hook, DKIM signing), before it was stored. RFC 3463 X.4.2:
 # bad connection.

@@ -198,6 +198,7 @@ class ServerSession:
         self._eof = False  # the peer sends no more: close once what it sent is worked through
         self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
         self._dropped_cr = False  # the part of that line dropped last ended in CR
+        self._refused_verb = ""  # the verb of the line `_read_line` last refused, for its Rejection
         self._line_limit = config.max_line_length + 2  # with CRLF
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
@@ -346,7 +347,8 @@ class ServerSession:
             if self.phase is Phase.AUTH:
                 self._sasl = None  # a broken response line ends the SASL exchange too
                 self.phase = Phase.READY
-            self._reject("", line)
+            self._reject(self._refused_verb, line)  # ("" for an overlong line: not kept to be read)
+            self._refused_verb = ""
             if line.code == 421:  # a bare LF (see `_read_line`): the session ends with its reply
                 self._close(line)
             return True
@@ -405,6 +407,8 @@ class ServerSession:
         else:  # the LF opens `buf`: only the last part dropped of an overlong line could hold its CR
             bare = self._line_overlong is None or not self._dropped_cr
         if bare:
+            # (Not the rest of a line dropped for its length: that has no verb of its own.)
+            self._refused_verb = _verb_of(buf[:end]) if self._line_overlong is None else ""
             buf.clear()
             self._line_overlong = None
             return replies.bare_lf_in_command(self.config.hostname)
@@ -420,6 +424,7 @@ class ServerSession:
         line = buf[: end - 1]
         del buf[: end + 1]
         if b"\r" in line or b"\0" in line:
+            self._refused_verb = _verb_of(line)
             return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
         return line
 

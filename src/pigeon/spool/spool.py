@@ -34,6 +34,8 @@ class SpoolWriteError(SpoolError):
 class SpoolFull(SpoolError):
     """The disk, or the configured spool size limit, is full."""
 
+    reply = replies.SPOOL_FULL
+
 
 class SpoolClosed(SpoolError):
     """The spool is shutting down and takes no more writes."""

@@ -24,7 +24,8 @@ class _Stdin(io.TextIOWrapper):
 def _args(*message: str, **parts: object) -> argparse.Namespace:
     given: dict[str, object] = {"subject": None, "text": None, "html": None, "attach": [], "header": [], **parts}
     return argparse.Namespace(message=message[0] if message else None, sender="a@example.org", to=["b@example.net"],
-                              var=[], no_template=False, tenant=None, campaign=None, **given)  # fmt: skip
+                              var=[], template=False, no_template=False, tenant=None, campaign=None,
+                              **given)  # fmt: skip
 
 
 MESSAGE = b"From: a@example.org\nSubject: piped\n\nHello.\n"

@@ -330,7 +330,7 @@ def test_a_body_whose_spill_file_fills_the_disk_fails_at_finish_not_mid_stream(
 
     with pytest.raises(SpoolError) as caught:
         writer.finish()
-    assert (caught.value.reply.code, caught.value.reply.enhanced) == (451, "4.3.0")
+    assert (caught.value.reply.code, caught.value.reply.enhanced) == (452, "4.3.1")
 
 
 def test_discarded_body_leaves_no_file(tmp_path: Path) -> None:
@@ -416,7 +416,7 @@ async def test_a_store_s_then_hears_a_refusal_once(tmp_path: Path) -> None:
 
 
 # --- full, busy ----------------------------------------------------------------------------
-async def test_full_spool_refuses_with_451_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+async def test_full_spool_refuses_with_452_and_leaves_nothing_half_written(tmp_path: Path) -> None:
     # An empty spool's database takes 176 KiB (11 pages of 16 KiB), its WAL's allowance 112 KiB:
     # this leaves about 224 KiB.
     spool = SqliteSpool(tmp_path, max_size=512 * 1024, inline_limit=1024)
@@ -436,7 +436,7 @@ async def test_full_spool_refuses_with_451_and_leaves_nothing_half_written(tmp_p
         else:
             pytest.fail("a 512 KiB spool accepted 500 receptions")
 
-        assert (error.reply.code, error.reply.enhanced) == (451, "4.3.0")
+        assert (error.reply.code, error.reply.enhanced) == (452, "4.3.1")
         assert len(stored) > 5
         assert spool.count == len(stored)
         assert rows(spool.db_path, "SELECT count(*) FROM message") == [(len(stored),)]

@@ -1,5 +1,5 @@
 """`[spool] max_size` caps the whole shard: its database, its segments and the files of bodies
-over `inline_limit`. A body that does not fit is refused (SpoolFull, 451) and leaves nothing
+over `inline_limit`. A body that does not fit is refused (SpoolFull, 452 4.3.1) and leaves nothing
 behind; the files already there count from the start; freed files give their room back."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ async def test_a_body_over_inline_limit_that_would_pass_max_size_is_refused_and_
     with opened(spool):
         stored, refused = await fill(spool)
         assert len(stored) == 2  # 176 KiB + 2 x 300 KB fit in 1 MiB, a third does not
-        assert "max_size" in str(refused) and (refused.reply.code, refused.reply.enhanced) == (451, "4.3.0")
+        assert "max_size" in str(refused) and (refused.reply.code, refused.reply.enhanced) == (452, "4.3.1")
         assert data_files(spool) == {format_id(m.body_id) for m in stored}
         assert used(spool) <= CAP
         assert [spool.body(m.body_id) for m in stored] == [large(0), large(1)]

@@ -12,17 +12,20 @@ several workers the supervisor finds the body too big, and it keeps no log: it p
 request on without its body, marked `TOO_LARGE_HEADER`, and the worker refuses it as though it
 had found the body too big itself (after the token, as it would).
 
-A body may come gzip- or deflate-coded (`CODINGS`): aiohttp decodes it as it is read, and the
-size limit bounds the decoded body. Another content coding is 415 (`coding_refusal`), a body not
-coded as it says 400 (`read_body`), both naming `Content-Encoding`; on a node with several
-workers the supervisor, which reads the body, passes an injection's on without it, as for a body
-too big, so that the worker logs its Rejection. A transfer coding other than chunked is 501
-(`transfer_codings`).
+A body may come gzip- or deflate-coded (`CODINGS`): decoded here as it is read (`read_coded`), and
+the size limit bounds the decoded body. Not by aiohttp (`auto_decompress` off, `errors.
+JsonErrorsRunner`): its parser refused `br` and `zstd` (no decoder installed) before any handler,
+unlogged, where the handler refuses every other coding. Another content coding is 415
+(`coding_refusal`), a body not coded as it says 400 (`read_body`), both naming
+`Content-Encoding`; on a node with several workers the supervisor, which reads the body, passes
+an injection's on without it, as for a body too big, so that the worker logs its Rejection. A
+transfer coding other than chunked is 501 (`transfer_codings`).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -109,7 +112,7 @@ async def read_body(request: web.Request) -> bytes:
     if UNDECODABLE_HEADER in request.headers and from_supervisor(request):
         raise undecodable(content_coding(request))
     try:
-        return await request.read()
+        return await read_coded(request)
     except ConnectionResetError:
         raise gone() from None
     except (ContentEncodingError, web.RequestPayloadError) as error:
@@ -120,6 +123,41 @@ async def read_body(request: web.Request) -> bytes:
         # be framed, and a keep-alive client's next request would wait for header_timeout.
         refusal.force_close()
         raise refusal from None
+
+
+async def read_coded(request: web.Request) -> bytes:
+    """The request's body, decoded as its `Content-Encoding` (gzip, deflate) says, within the
+    application's `client_max_size` (`[http] max_request_size`) decoded: `HTTPRequestEntityTooLarge`
+    past it, as `request.read` raises; `ContentEncodingError` for a body not coded as it says.
+    A body the supervisor passed on is decoded already. The caller has refused other codings."""
+    coding = "" if from_supervisor(request) else content_coding(request)
+    if coding not in CODINGS:
+        return await request.read()
+    max_size = request.client_max_size
+    decoder: zlib._Decompress | None = None
+    decoded = bytearray()
+    read = 0
+    try:
+        async for chunk in request.content.iter_any():
+            read += len(chunk)
+            if decoder is None:
+                # As aiohttp's: "deflate" is zlib data (RFC 9110 8.4.1.2), or raw deflate as
+                # some clients send it (its first byte is no zlib header's).
+                raw = coding == "deflate" and chunk[0] & 0xF != 8
+                decoder = zlib.decompressobj(
+                    16 + zlib.MAX_WBITS if coding == "gzip" else -zlib.MAX_WBITS if raw else zlib.MAX_WBITS
+                )
+            # At most one octet past the limit: a small body that decodes to gigabytes is not.
+            decoded += decoder.decompress(chunk, max_size + 1 - len(decoded))
+            if len(decoded) > max_size or read > 2 * max_size:  # (empty blocks decode to nothing)
+                raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=max(len(decoded), read))
+            if decoder.unused_data:
+                raise ContentEncodingError(coding)
+    except zlib.error:
+        raise ContentEncodingError(coding) from None
+    if decoder is not None and not decoder.eof:  # cut short
+        raise ContentEncodingError(coding)
+    return bytes(decoded)
 
 
 def gone() -> web.HTTPBadRequest:

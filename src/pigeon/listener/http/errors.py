@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
@@ -81,7 +81,15 @@ def _message(request: web.Request, refusal: web.HTTPError) -> str:
 
 class JsonErrorsRunner(web.AppRunner):
     """An `AppRunner` whose connections answer the errors found before any handler runs (the
-    request could not be parsed) and the exceptions nothing caught (500) in JSON too."""
+    request could not be parsed) and the exceptions nothing caught (500) in JSON too.
+
+    Its parser decodes no body (`auto_decompress` off): `body.read_coded` does, after the
+    handler has looked at the request. aiohttp's refused `br` and `zstd` itself (no decoder
+    installed), before any handler: an HTTP/1.0 answer logged as a malformed request, where the
+    handler's 415 of every other coding is an injection's `Rejection`."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        super().__init__(app, auto_decompress=False, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
