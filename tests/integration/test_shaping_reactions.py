@@ -10,6 +10,7 @@ bounces the site's mail, and a `limit` one holds the site to its lowered connect
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -387,3 +388,29 @@ def test_a_connection_limit_lowered_by_a_reload_holds_across_the_workers(tmp_pat
             delivered = node.wait_records("Delivery", 48, timeout=30)
     assert len({d["recipient"] for d in delivered}) == 48
     assert peak_connections(sink.connections, since=since) == 1  # (not 0: mail was still going out)
+
+
+@pytest.mark.timeout(150)
+def test_with_a_limit_of_one_two_workers_backlogs_take_turns(tmp_path: Path) -> None:
+    """Found from outside: with connection_limit = 1 on a node of two workers, one worker's
+    mail made no delivery until the other's shard drained (under steady traffic, never). A
+    connection that has had its turn (`TURN`, 10 s) while the other worker waits makes room."""
+    from pigeon.shaping.throttles import TURN
+
+    with ScriptedSink(slow=0.1) as sink:  # (each RCPT takes 0.1 s: 360 messages, 36 s or more)
+        sections = delivery_config(sink.endpoint, connection_limit=1)
+        node = PigeonProcess(tmp_path / "node", node={"workers": 2}, log={"level": "info"}, **sections)
+        with node:
+            # Over 36 client connections, so that each worker takes a backlog of over TURN.
+            _inject(node, "slow", 360, connections=36)
+            delivered = node.wait_records("Delivery", 360, timeout=120)
+    assert peak_connections(sink.connections) == 1
+    ordered = sorted(delivered, key=lambda r: r["timestamp"])
+    shards = [int(record["id"], 16) & 63 for record in ordered]
+    assert len(set(shards)) == 2, shards
+    start = ordered[0]["timestamp"]
+    waited = {shard: next(r["timestamp"] for r, s in zip(ordered, shards, strict=True) if s == shard) - start
+              for shard in set(shards)}  # fmt: skip
+    assert max(waited.values()) < TURN + 4, f"a worker's mail waited for the other's turn to end: {waited}"
+    runs = 1 + sum(1 for before, after in itertools.pairwise(shards) if before != after)
+    assert runs >= 3, f"each worker's mail went in one run ({runs} runs): no turns were taken"

@@ -345,6 +345,30 @@ async def test_a_limit_lowered_under_the_connections_open_across_nodes_ends_just
     assert await a.connect("site:mx", 2) is not None  # raised again: room
 
 
+async def test_a_connection_that_had_its_turn_makes_room_for_a_node_waiting_for_the_full_limit(make: Make) -> None:
+    """Found from outside: two nodes on one Redis, a cluster limit of 4: one node held all 4
+    connections while the other's 486 messages waited over a minute."""
+    from pigeon.shaping.throttles import TURN
+
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    holds = [await a.connect("site:mx", 2) for _ in range(2)]
+    assert all(holds)
+    assert await b.connect("site:mx", 2) is None  # refused: Redis notes that b waits
+    await a._heartbeat()  # (which tells a)
+    assert all(a.keep(hold, 2) for hold in holds if hold)  # their turn has not passed
+    for hold in holds:
+        assert hold is not None
+        hold.since -= TURN + 1
+    assert [a.keep(hold, 2) for hold in holds if hold] == [False, True]  # one makes room
+    first = holds[0]
+    assert first is not None
+    a.disconnect(first)
+    await asyncio.sleep(0.1)  # the release is sent without waiting for it
+    assert await b.connect("site:mx", 2) is not None
+
+
 async def test_back_from_a_fallback_no_node_keeps_to_its_share_while_another_takes_the_rate_from_redis(
     make: Make, redis_server: RedisServer
 ) -> None:

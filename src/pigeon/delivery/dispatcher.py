@@ -91,6 +91,7 @@ _AFTER_A_CRASH: Final = 1.0  # seconds before a connection task that failed unex
 # Seconds before a lane whose site had no connection slot free asks again (a slot other
 # workers or nodes hold frees without telling us).
 _REFUSED_RETRY: Final = 0.1
+_AFTER_YIELDING: Final = 1.0  # a lane whose connection made room for another waits this long to ask again
 # Seconds an idle connection keeps its slot when every slot of its path is taken (see `_next`).
 _MAKE_ROOM: Final = 0.5
 _MESSAGES_PER_CONNECTION: Final = 5.0  # a second, to a remote MX: what one connection is counted to carry
@@ -494,8 +495,8 @@ class Dispatcher:
             limit = shaping.connection_limit
             if lane.connections > limit or not self._throttles.keep(hold, limit):
                 # Lowered under what is open, in this worker or across the node's workers
-                # and the cluster's nodes (or a node over its share after Redis went away):
-                # this one ends.
+                # and the cluster's nodes (or a node over its share after Redis went away),
+                # or its turn is over while another lane, worker or node waits: this one ends.
                 break
             lease = await self._next(queue, lane.key, shaping)
             if lease is None:
@@ -614,6 +615,10 @@ class Dispatcher:
         if len(queue) and not self._stopping:
             if connection.crashed:  # a bug, not the peer: try again, but not in a tight loop
                 asyncio.get_running_loop().call_later(_AFTER_A_CRASH, self._start, lane)
+            elif connection.hold.yielding and lane.refused is None:
+                # It made room for a lane that waits (asking every `_REFUSED_RETRY`): asked
+                # at once, this lane would take the slot back before it.
+                lane.refused = asyncio.get_running_loop().call_later(_AFTER_YIELDING, self._retry_start, lane)
             else:
                 self._start(lane)
 

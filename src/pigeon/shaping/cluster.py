@@ -593,10 +593,14 @@ class ClusterThrottles(Throttles):
             return None
         self._limits[key] = limit
         if not self._shared:
-            return self._hold(key) if self.table.acquire(key, self.share(limit)) else None
-        if not self.table.acquire(key, limit):
+            if self.table.acquire(key, self.share(limit)):
+                return self._hold(key)
+            self._refused(key)
             return None
-        hold = Hold(key, self._name())
+        if not self.table.acquire(key, limit):
+            self._refused(key)  # (the node holds the whole limit: Redis is not asked)
+            return None
+        hold = Hold(key, self._name(), self.table.now())
         keys = [self._key("conn:" + key), self._key("epoch"), self._key("want:" + key)]
         # (The member names a new epoch, should Redis have none: it is unique.)
         args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
@@ -647,7 +651,7 @@ class ClusterThrottles(Throttles):
         return f"{self._me}:{self._named}"
 
     def _hold(self, key: str) -> Hold:
-        hold = Hold(key, self._name())
+        hold = Hold(key, self._name(), self.table.now())
         self._holds[hold.member] = hold
         return hold
 
@@ -659,10 +663,15 @@ class ClusterThrottles(Throttles):
         if hold.member in self._unleased:
             return False  # its lease was lost, and others hold the whole limit now (`_put_back`)
         if self._shared:
-            return hold.member not in self._over
+            if hold.member in self._over:
+                return False
+            # Another worker or node was refused for the full limit (Redis says, at the
+            # heartbeat), or a lane of this node was.
+            wanted = self._wanted.get(hold.key, 0.0) > self.table.now() or self._wanted_here(hold.key)
+            return not self._yields(hold, wanted)
         # Fallen back with more connections than this node's share: as many as it must end
         # after their message (they count until closed: no new one opens meanwhile).
-        return self._within(hold, self.share(limit))
+        return self._within(hold, self.share(limit)) and not self._yields(hold, self._wanted_here(hold.key))
 
     def disconnect(self, hold: Hold) -> None:
         super().disconnect(hold)

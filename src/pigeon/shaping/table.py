@@ -72,6 +72,14 @@ class Table(Protocol):
         """Connections of `key` the node holds."""
         ...
 
+    def mark(self, key: str, until: float) -> None:
+        """Note, for every worker, that `key` holds until `until` (`now()`'s clock)."""
+        ...
+
+    def marked(self, key: str) -> bool:
+        """Whether a mark of `key` holds now."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -107,6 +115,12 @@ class MemoryTable:
 
     def held(self, key: str) -> int:
         return self._connections.get(key, 0)
+
+    def mark(self, key: str, until: float) -> None:
+        self._tat[key] = max(self._tat.get(key, 0.0), until)
+
+    def marked(self, key: str) -> bool:
+        return self._tat.get(key, 0.0) > self._clock()
 
     def close(self) -> None:
         pass
@@ -205,6 +219,29 @@ class SharedTable:
                 return 0
             total: int = _HEAD.unpack_from(self._map, _FIRST_SLOT + slot * _SLOT_SIZE)[2]
             return total
+
+    def mark(self, key: str, until: float) -> None:
+        if key in self._overflowed:
+            self._overflow.mark(key, until)
+            return
+        with self._locked():
+            slot = self._slot(key)
+            if slot is None:
+                self._overflow.mark(key, until)
+                return
+            head = _FIRST_SLOT + slot * _SLOT_SIZE
+            digest, tat, total = _HEAD.unpack_from(self._map, head)
+            _HEAD.pack_into(self._map, head, digest, max(tat, until), total)
+
+    def marked(self, key: str) -> bool:
+        if key in self._overflowed:
+            return self._overflow.marked(key)
+        with self._locked():
+            slot = self._slot(key, create=False)
+            if slot is None:
+                return False
+            tat: float = _HEAD.unpack_from(self._map, _FIRST_SLOT + slot * _SLOT_SIZE)[1]
+            return tat > time.monotonic()
 
     def now(self) -> float:
         return time.monotonic()

@@ -27,20 +27,42 @@ CLUSTER: Final = "cluster"  # limits hold for the cluster (Redis answers)
 FALLBACK: Final = "fallback"  # Redis does not answer: this node keeps to its share
 
 
+TURN: Final = 10.0
+"""Seconds a connection keeps a full limit's slot while another lane, worker or node waits for
+one, before it makes room (`Throttles.keep`): long enough that a connection's set-up (TLS
+included) is paid for, short enough that mail in another worker's or node's queue is not held
+back until this one's queue drains (a limit of 1 on two workers delayed one shard's mail for
+as long as the other had any)."""
+WANTED: Final = 1.5
+"""Seconds a refused connection counts as waiting (its lane asks again every 0.1 s)."""
+
+
 class Hold:
     """One connection counted against a key's limit (locally, and in Redis as `member`)."""
 
-    __slots__ = ("key", "member", "released")
+    __slots__ = ("key", "member", "released", "since", "yielding")
 
-    def __init__(self, key: str, member: str) -> None:
+    def __init__(self, key: str, member: str, since: float = 0.0) -> None:
         self.key = key
         self.member = member
+        self.since = since  # when it was opened (the table's clock)
         self.released = False  # told to end (`keep`): over the limit, or the node's share
+        self.yielding = False  # told to end (`keep`): its turn is over and another waits
 
 
 def _ending_key(key: str) -> str:
     """The table's count of `key`'s connections told to end (`Throttles.keep`)."""
     return "ending:" + key
+
+
+def _yielding_key(key: str) -> str:
+    """The table's count of `key`'s connections making room for one waiting (one at a time)."""
+    return "yielding:" + key
+
+
+def _wanted_key(key: str) -> str:
+    """The table's mark of a connection for `key` refused for a full limit (`WANTED`)."""
+    return "wanted:" + key
 
 
 class Throttles:
@@ -64,15 +86,36 @@ class Throttles:
     async def connect(self, key: str, limit: int) -> Hold | None:
         """A connection for `key` if fewer than `limit` are open, else None (try again later)."""
         if not self.table.acquire(key, limit):
+            self._refused(key)
             return None
-        return Hold(key, str(next(self._numbers)))
+        return Hold(key, str(next(self._numbers)), self.table.now())
+
+    def _refused(self, key: str) -> None:
+        """Note for every worker that a connection for `key` waits for a slot."""
+        self.table.mark(_wanted_key(key), self.table.now() + WANTED)
 
     def keep(self, hold: Hold, limit: int) -> bool:
         """Whether the connection of `hold` may go on to its next message, `limit` being the
         key's connection limit now: a limit lowered (a `limit` reaction, a reload) under what
         the node's workers have open ends as many of them as it must, each after its batch,
-        whichever worker holds them."""
-        return self._within(hold, limit)
+        whichever worker holds them. And one that has had its `TURN` while another waits for
+        a slot makes room (`Hold.yielding`)."""
+        return self._within(hold, limit) and not self._yields(hold, self._wanted_here(hold.key))
+
+    def _wanted_here(self, key: str) -> bool:
+        """Whether a lane of this node was refused a connection for `key` of late."""
+        return self.table.marked(_wanted_key(key))
+
+    def _yields(self, hold: Hold, wanted: bool) -> bool:
+        """Whether `hold`'s connection makes room now: another waits (`wanted`), it has had its
+        turn, and no other connection of the node is making room for one already (one at a
+        time: the waiter needs one slot, not every connection of its turn closed at once)."""
+        if not wanted or self.table.now() - hold.since < TURN:
+            return False
+        if not self.table.acquire(_yielding_key(hold.key), 1):
+            return False
+        hold.yielding = True
+        return True
 
     def _within(self, hold: Hold, room: int) -> bool:
         """Whether `hold` may go on while the node keeps to `room` connections of its key. Those
@@ -100,6 +143,8 @@ class Throttles:
         self.table.release(hold.key)
         if hold.released:
             self.table.release(_ending_key(hold.key))
+        if hold.yielding:
+            self.table.release(_yielding_key(hold.key))
 
     async def admit(self, key: str, rate: Rate, count: int) -> float:
         """Book `count` messages of `key` at `rate`; the seconds to wait before sending them."""

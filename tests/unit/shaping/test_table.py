@@ -137,3 +137,42 @@ async def test_a_limit_lowered_under_what_the_workers_hold_ends_just_the_excess_
         throttles.keep(hold, 1) for (throttles, hold), goes_on in zip(asked, kept, strict=True) if goes_on and hold
     )
     assert await second.connect("site:mx", 2) is not None  # raised again: room for another
+
+
+async def test_a_connection_that_had_its_turn_makes_room_for_another_worker_waiting_for_a_full_limit() -> None:
+    """Found from outside: with connection_limit = 1 on two workers (or two nodes), the one
+    holding the slot kept it for as long as its queue had mail: the other's mail waited (past
+    a minute with a backlog, to max_age under steady traffic). Now one that has had its
+    `TURN` while another waits makes room, one at a time."""
+    from pigeon.shaping.throttles import TURN, Throttles
+
+    now = [100.0]
+    table = MemoryTable(clock=lambda: now[0])  # (one table, two workers' throttles: as a shared one)
+    first, second = Throttles(table), Throttles(table)
+    hold = await first.connect("site:mx", 1)
+    assert hold is not None
+    assert first.keep(hold, 1)  # nobody waits: it goes on, turn or not
+    now[0] += TURN + 1
+    assert first.keep(hold, 1)
+    assert await second.connect("site:mx", 1) is None  # refused: it waits, and says so
+    now[0] += 0.1
+    assert first.keep(hold, 1) is False and hold.yielding  # its turn is over: it makes room
+    assert await second.connect("site:mx", 1) is None  # (until it is closed)
+    first.disconnect(hold)
+    other = await second.connect("site:mx", 1)
+    assert other is not None and second.keep(other, 1)  # the waiter's turn begins
+    assert await first.connect("site:mx", 1) is None
+    assert second.keep(other, 1)  # the first waits now, but the second's turn has just begun
+
+
+async def test_of_several_connections_one_makes_room_at_a_time() -> None:
+    from pigeon.shaping.throttles import TURN, Throttles
+
+    now = [100.0]
+    table = MemoryTable(clock=lambda: now[0])
+    first, second = Throttles(table), Throttles(table)
+    holds = [await first.connect("site:mx", 3) for _ in range(3)]
+    now[0] += TURN + 1
+    assert await second.connect("site:mx", 3) is None
+    kept = [first.keep(hold, 3) for hold in holds if hold is not None]
+    assert kept == [False, True, True]
