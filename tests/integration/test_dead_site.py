@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.dns import DnsServer, Zone
 from tests.support.process import PigeonProcess, free_port
 from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
@@ -103,3 +104,30 @@ def test_a_dead_site_is_backed_off_as_a_whole_and_its_mail_flows_once_it_is_back
                 deliveries = pigeon.wait_records("Delivery", 4)
                 assert {d["attempt"] for d in deliveries if d["site"] == dead} == {1}
                 assert wait_until(lambda: pigeon.spool_messages() == [])
+
+
+def test_a_site_one_source_cannot_reach_is_down_for_that_source_alone(tmp_path: Path) -> None:
+    """Found from outside: with an IPv4 and an IPv6 `[[source]]`, the IPv6 one's refused
+    connections took the site down for both, and the IPv4 source's mail, which it had just
+    delivered there, waited for probes made with the IPv6 source's mail (`not tried: ... is
+    down`), each failing, towards `max_site_retry_interval`."""
+    port = free_port()
+    zone = Zone({"mx.dual.test": [("A", "127.0.0.1"), ("AAAA", "::1")]})  # (nothing listens on ::1)
+    sources = [{"name": "v4", "bind": "127.0.0.2"}, {"name": "v6", "bind": "::1"}]
+    pools = [{"name": "p4", "sources": ["v4"]}, {"name": "p6", "sources": ["v6"]}]
+    queues = [{"name": "a4-*", "pool": "p4"}, {"name": "a6-*", "pool": "p6"}]
+    with DnsServer(zone) as dns, ScriptedSink(port=port) as sink:
+        probes = {"site_retry_interval": "30s", "max_site_retry_interval": "30s"}
+        config = delivery_config(f"mx.dual.test:{port}", retry_interval="1h", **probes)
+        config["route"][0]["domain"] = "*-dual.test"
+        tables = {"source": sources, "pool": pools, "queue": queues}
+        with PigeonProcess(tmp_path / "node", dns={"nameservers": [dns.endpoint]}, tables=tables, **config) as pigeon:
+            _send(pigeon, "x@a6-dual.test")
+            [failure] = pigeon.wait_records("TransientFailure", 1)
+            assert failure["response"]["text"].startswith("cannot connect to mx.dual.test [::1]"), failure
+            pigeon.wait_stderr("is down")
+            _send(pigeon, "y@a4-dual.test")
+            (received,) = sink.wait_for(1, timeout=10)
+            failures = pigeon.records("TransientFailure")
+    assert received.recipients == ["y@a4-dual.test"]
+    assert [f["recipient"] for f in failures] == ["x@a6-dual.test"]

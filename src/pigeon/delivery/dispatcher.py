@@ -253,7 +253,7 @@ class Dispatcher:
         again, or a shaping effect on it (the API's row is where that effect shows); and
         None while its site is down or an operator's site suspension holds it, for the same
         reason: its row (`down`, `suspended_by`) is listed even with nothing queued."""
-        if self.health.is_down(queue.site) or self._held(queue.site):
+        if self.health.is_down(_health_key(queue)) or self._held(queue.site):
             return None
         lane = self._lanes.get(queue.path)
         if lane is None or lane.queue is not queue:
@@ -312,8 +312,13 @@ class Dispatcher:
         return self._reactor.board.of(lane.reaction_keys)
 
     def site_down(self, site: str) -> bool:
-        """Whether this worker found `site` down (its mail waits for a probe)."""
+        """Whether this worker found `site` down from the implicit source (its mail waits for a
+        probe); `source->site` for a `[[source]]`'s path to it."""
         return self.health.is_down(site)
+
+    def queue_down(self, queue: ReadyQueue) -> bool:
+        """Whether this worker found `queue`'s site down from its source."""
+        return self.health.is_down(_health_key(queue))
 
     def probe_down_sites(self) -> None:
         """An operator retried mail: every site this worker finds down probes at once (one
@@ -339,11 +344,11 @@ class Dispatcher:
             # (not from within the queue's put, which called this)
             asyncio.get_running_loop().call_soon(self._bounce_waiting, lane, bouncing)
             return
-        health = self.health
-        if health.is_down(queue.site):
-            if health.probe(queue.site):
+        health, key = self.health, _health_key(queue)
+        if health.is_down(key):
+            if health.probe(key):
                 self._launch(lane, probe=True)  # one connection for the whole site: the probe
-            elif not health.probing(queue.site) and not lane.deferring:
+            elif not health.probing(key) and not lane.deferring:
                 # Not from within the queue's put, which called this; once for a burst of mail.
                 lane.deferring = True
                 asyncio.get_running_loop().call_soon(self._defer_waiting, lane)
@@ -740,12 +745,12 @@ class Dispatcher:
         went_down = False
         if error.site_down:
             lane.failures = 0
-            went_down = self.health.failed(queue.site, error.reply, probe=probe)
+            went_down = self.health.failed(_health_key(queue), error.reply, probe=probe)
             if went_down or probe:
                 # The message this connection was opened for gets what it met (a failed probe's
                 # too: its record says why the site is still down, not just that it is).
                 victims.append(queue.take_nowait())
-                until_probe = self.health.until_probe(queue.site)
+                until_probe = self.health.until_probe(_health_key(queue))
         else:
             victims.append(queue.take_nowait())
             if lane.failures >= lane.shaping.connection_failures_before_delay:
@@ -772,10 +777,11 @@ class Dispatcher:
             self._report_from(lane, lease, attempt)
         if error.site_down:
             deferred = sum(1 for lease in victims if lease is not None)
+            site = _health_key(queue)
             for other in list(self._lanes.values()):
-                if other.queue.site == queue.site:
+                if _health_key(other.queue) == site:
                     deferred += self._defer_waiting(other)
-            site, wait = queue.site, _seconds(self.health.until_probe(queue.site))
+            wait = _seconds(self.health.until_probe(site))
             messages = f"{deferred} message{'' if deferred == 1 else 's'}"
             if went_down:
                 _log.warning("site %s is down (%s): %s deferred to a probe in %s, no attempt counted",
@@ -795,14 +801,14 @@ class Dispatcher:
         is due, or the site came up meanwhile, the lane starts as usual instead."""
         lane.deferring = False
         queue, health = lane.queue, self.health
-        site = queue.site
+        site = _health_key(queue)
         if health.probing(site) or not len(queue):
             return 0  # what waits, waits for the probe's verdict
         wait = health.until_probe(site)
         if not health.is_down(site) or wait <= 0 or self._is_held(lane) or self._stopping:
             self._start(lane)  # (up, or the probe is due; a suspension or a stop: it waits)
             return 0
-        reply = not_tried(site)
+        reply = not_tried(queue.site)
         cause = health.reason(site)  # the connection error that took it down, or the last probe's
         deferred = 0
         while (lease := queue.take_nowait()) is not None:
@@ -810,7 +816,8 @@ class Dispatcher:
             if message is None:
                 continue  # an operator took it meanwhile (counted as a stale result)
             count = len(message.envelope.recipients)
-            attempt = Attempt.same_for_all(reply, count, "", site)._replace(tried=False, retry_after=wait, cause=cause)
+            attempt = Attempt.same_for_all(reply, count, "", queue.site)
+            attempt = attempt._replace(tried=False, retry_after=wait, cause=cause)
             self._report_from(lane, lease, attempt)
             deferred += 1
         return deferred
@@ -818,7 +825,7 @@ class Dispatcher:
     def _site_up(self, lane: _Lane) -> None:
         """A connection to the lane's site opened: if the site was down, it is up, and the mail
         waiting in all its ready queues goes now."""
-        site = lane.queue.site
+        site = _health_key(lane.queue)
         was_down = self.health.connected(site)
         if was_down is None:
             return
@@ -834,15 +841,24 @@ class Dispatcher:
         ready queues with mail held back for its verdict (`_start`), and nothing else would
         start them until new mail came: they ask now, and one of them probes. (The lane's
         own restart is its caller's.)"""
-        site = lane.queue.site
+        site = _health_key(lane.queue)
         self.health.abandoned(site)
         self._start_site(site, but=lane)
 
     def _start_site(self, site: str, *, but: _Lane | None = None) -> None:
-        """Start every ready queue of `site` (but `but`) with mail waiting."""
+        """Start every ready queue of `site` (a `_health_key`; but `but`) with mail waiting."""
         for other in list(self._lanes.values()):
-            if other is not but and other.queue.site == site and len(other.queue):
+            if other is not but and _health_key(other.queue) == site and len(other.queue):
                 self._start(other)
+
+
+def _health_key(queue: ReadyQueue) -> str:
+    """What a site's health (down, probed) is kept under for `queue`: its site from the
+    implicit source, its source's path to the site (`source->site`) from a `[[source]]`. One
+    source that cannot reach a site (its address family, a firewall refusing that address)
+    says nothing of another's: kept by site alone, an IPv6 source's refused connections held
+    an IPv4 source's mail for a probe that the IPv6 source's mail kept failing."""
+    return queue.site if queue.source is None else queue.egress
 
 
 def _seconds(wait: float) -> str:

@@ -153,7 +153,7 @@ def build_engine(
         connections=dispatcher.connections_to,
         provider=dispatcher.provider_of,
         effects=dispatcher.effects_on,
-        down=dispatcher.site_down,
+        down=dispatcher.queue_down,
         probe_down=dispatcher.probe_down_sites,
         pool_of=lambda message: egress_pool(message.envelope, policies.for_queue(message.queue), default_pool),
         clock=clock,

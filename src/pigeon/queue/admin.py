@@ -44,7 +44,7 @@ from typing import Any, Final
 import msgspec
 
 from pigeon.message import HELD, Message, SpoolId, format_id, shard_of
-from pigeon.queue.ready import ReadyQueues
+from pigeon.queue.ready import ReadyQueue, ReadyQueues
 from pigeon.queue.rules import Rule, RuleIdTaken, Rules, Selector, describe_rule, new_rule_id, taken_by
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, RebindMark, State
@@ -152,7 +152,7 @@ class Admin:
         connections: Callable[[str], int] = lambda path: 0,
         provider: Callable[[str], str | None] = lambda path: None,
         effects: Callable[[str], list[Effect]] = lambda path: [],
-        down: Callable[[str], bool] = lambda site: False,
+        down: Callable[[ReadyQueue], bool] = lambda queue: False,
         probe_down: Callable[[], None] = lambda: None,
         pool_of: Callable[[Message], tuple[str | None, str | None]] = lambda message: (
             message.envelope.egress_pool,
@@ -179,7 +179,8 @@ class Admin:
         self._effects = effects
         """The reactions' effects on a ready queue (by its path): why it waits or is slowed."""
         self._down = down
-        """Whether a site is down (`pigeon.delivery.sites`): its mail waits for a probe."""
+        """Whether a ready queue's site is down from its source (`pigeon.delivery.sites`): its
+        mail waits for a probe."""
         self._probe_down = probe_down
         """Make the probe of every down site due now (an operator's retry)."""
         self._pool_of = pool_of
@@ -660,7 +661,7 @@ class Admin:
             # suspension waits in its scheduled queue, and this row is where it says why.
             effects = self._effects(q.path)
             # A site that is down is listed too: its mail waits in the scheduled queues, untried.
-            down = self._down(q.site)
+            down = self._down(q)
             suspended_by = self._rules.site_suspensions(q.site)
             if len(q) or connections or effects or down or suspended_by:
                 source = q.path.partition("->")[0]  # the implicit source too, by its name
