@@ -751,7 +751,16 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError], *, first_sta
             address = ipaddress.ip_address(source.bind)
         except ValueError:
             raise fail(["source", "bind"], f"{which}: {source.bind!r} is not an IP address", index) from None
-        if address.is_unspecified:
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        if mapped is not None and not mapped.is_unspecified:
+            # An IPv6 socket bound to it: delivery would try the MX's IPv6 addresses only,
+            # which an IPv4 address cannot reach, and the mail would wait until max_age.
+            reason = (
+                f"{which}: {source.bind} is an IPv4-mapped IPv6 address, from which no MX can be reached: "
+                f'give its IPv4 form, bind = "{mapped}"'
+            )
+            raise fail(["source", "bind"], reason, index)
+        if address.is_unspecified or (mapped is not None and mapped.is_unspecified):
             # The OS would pick the address, as for the implicit source, under this source's
             # EHLO name and limits: a name that need not match the address's PTR.
             reason = (
