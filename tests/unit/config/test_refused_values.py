@@ -586,6 +586,36 @@ def test_config_errors_read_as_pigeons_own_naming_the_block(tmp_path: Path, text
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
+        (
+            "[delivery]\nretry_interval = true\n",
+            'line 2: [delivery] retry_interval: expected a duration such as "30s", got true',
+        ),
+        ("[smtp]\nidle_timeout = false\n", 'line 2: [smtp] idle_timeout: expected a duration such as "30s", got false'),
+        (
+            "[smtp]\nmax_message_size = true\n",
+            'line 2: [smtp] max_message_size: expected a size such as "25MiB", got true',
+        ),
+        ("[spool]\nmax_size = true\n", 'line 2: [spool] max_size: expected a size such as "25MiB", got true'),
+        (
+            "[smtp]\nmin_data_rate = false\n",
+            'line 2: [smtp] min_data_rate: expected a data rate such as "2KiB/s", got false',
+        ),
+        (
+            "[smtp]\nrelay_networks = [true]\n",
+            'line 2: [smtp] relay_networks: expected an IP network such as "127.0.0.0/8", got true',
+        ),
+    ],
+)
+def test_a_boolean_where_a_duration_size_or_network_goes_is_spelt_as_toml_writes_it(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    # As an integer key's "got true": not Python's "True is not a duration".
+    assert error_of(tmp_path, text) == f"{tmp_path / 'pigeon.toml'}, {expected}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
         ('[smtp]\nrelay_networks = "10.0.0.0/8"\n', ["10.0.0.0/8"]),
         ('[dns]\nnameservers = "127.0.0.1:53"\n', ["127.0.0.1:53"]),
     ],
