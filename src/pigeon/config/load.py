@@ -986,6 +986,19 @@ def _greeting_name_problem(name: str) -> str | None:
     else:  # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address is a literal, in brackets
         literal = f"[IPv6:{bare}]" if bare.version == 6 else f"[{bare}]"
         return f'is an IP address: write it as an address literal, "{literal}"'
+    # A host name's last label is never all digits (RFC 1123 2.1, RFC 3696 2): "192.0.2.1.",
+    # "1.2.3", "0x7f.1" are read as addresses, or as nothing, by whoever checks the name.
+    rootless = name.removesuffix(".")
+    last = rootless.rpartition(".")[2]
+    if last.isascii() and last.isdigit():
+        try:
+            address = ipaddress.IPv4Address(rootless)
+        except ValueError:
+            return (
+                f'is not a host name: its last label, "{last}", is all digits, as only an IP address\'s is'
+                ' (RFC 1123 2.1): write an address as an address literal, like "[192.0.2.1]"'
+            )
+        return f'is an IP address: write it as an address literal, "[{address}]"'
     if len(name) > 255:
         return "is longer than a domain name may be (255 characters, RFC 5321 4.5.3.1.2)"
     if not _DOMAIN.fullmatch(name):

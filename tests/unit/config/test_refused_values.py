@@ -44,6 +44,15 @@ BAD_NAMES = {
     # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address goes in brackets.
     "bare-ipv4": ('"192.0.2.1"', 'is an IP address: write it as an address literal, "[192.0.2.1]"'),
     "bare-ipv6": ('"2001:db8::1"', 'is an IP address: write it as an address literal, "[IPv6:2001:db8::1]"'),
+    # A host name's last label is never all digits (RFC 1123 2.1, RFC 3696 2): those read as addresses.
+    "bare-ipv4-rooted": ('"192.0.2.1."', 'is an IP address: write it as an address literal, "[192.0.2.1]"'),
+    "all-numeric-last-label": (
+        '"1.2.3"',
+        'is not a host name: its last label, "3", is all digits, as only an IP address\'s is (RFC 1123 2.1):'
+        ' write an address as an address literal, like "[192.0.2.1]"',
+    ),
+    "hex-and-numeric": ('"0x7f.1"', 'is not a host name: its last label, "1", is all digits'),
+    "all-numeric-rooted": ('"mx.example.123."', 'is not a host name: its last label, "123", is all digits'),
 }
 
 
@@ -63,7 +72,9 @@ def test_an_empty_hostname_is_refused_at_load(tmp_path: Path) -> None:
     assert "line 2: [smtp] hostname: '' is empty" in error_of(tmp_path, '[smtp]\nhostname = ""\n')
 
 
-@pytest.mark.parametrize("name", ["mx.example.org", "mx.example.org.", "mail_1.example", "[192.0.2.1]", "[IPv6:::1]"])
+@pytest.mark.parametrize(
+    "name", ["mx.example.org", "mx.example.org.", "mail_1.example", "123.example", "mx.1a", "[192.0.2.1]", "[IPv6:::1]"]
+)
 def test_domain_names_and_address_literals_load_as_names_on_the_wire(tmp_path: Path, name: str) -> None:
     config = load(
         write(tmp_path, f'[smtp]\nhostname = "{name}"\n[delivery]\nhelo_name = "{name}"\n' + SOURCE.format(f'"{name}"'))
