@@ -123,6 +123,23 @@ def test_an_envid_or_orcpt_that_would_come_back_altered_is_refused_and_nothing_s
     assert pigeon.spool_messages() == []
 
 
+def test_an_orcpt_with_a_format_or_space_character_is_refused_naming_it_in_either_form(pigeon: PigeonProcess) -> None:
+    # The utf-8 form (escaped or as it is) follows the rfc822 form's rule: no way round it.
+    refused = "5.5.4 ORCPT {} address must hold no invisible or format characters once decoded: it holds {}"
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.ehlo("client.test")
+        assert client.mail("x11@snd.test", ["SMTPUTF8"])[0] == 250
+        for orcpt, addr_type, named in [
+            ("utf-8;x\\x{202E}@example.net", "utf-8", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+            ("utf-8;x\u202e@example.net", "utf-8", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+            ("utf-8;x\\x{A0}@example.net", "utf-8", "U+00A0 NO-BREAK SPACE"),
+            ("rfc822;x+C2+A0@example.net", "rfc822", "U+00A0 NO-BREAK SPACE"),
+        ]:
+            code, text = client.rcpt("a@example.net", [f"ORCPT={orcpt}"])
+            assert (code, text.decode()) == (501, refused.format(addr_type, named))
+    assert pigeon.spool_messages() == []
+
+
 def test_a_utf8_orcpt_is_stored_as_sent_under_smtputf8(pigeon: PigeonProcess) -> None:
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         client.ehlo("client.test")

@@ -751,7 +751,16 @@ def _check_egress(config: Config, fail: Callable[..., ConfigError], *, first_sta
             address = ipaddress.ip_address(source.bind)
         except ValueError:
             raise fail(["source", "bind"], f"{which}: {source.bind!r} is not an IP address", index) from None
-        if address.is_unspecified:
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        if mapped is not None and not mapped.is_unspecified:
+            # An IPv6 socket bound to it: delivery would try the MX's IPv6 addresses only,
+            # which an IPv4 address cannot reach, and the mail would wait until max_age.
+            reason = (
+                f"{which}: {source.bind} is an IPv4-mapped IPv6 address, from which no MX can be reached: "
+                f'give its IPv4 form, bind = "{mapped}"'
+            )
+            raise fail(["source", "bind"], reason, index)
+        if address.is_unspecified or (mapped is not None and mapped.is_unspecified):
             # The OS would pick the address, as for the implicit source, under this source's
             # EHLO name and limits: a name that need not match the address's PTR.
             reason = (
@@ -977,6 +986,19 @@ def _greeting_name_problem(name: str) -> str | None:
     else:  # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address is a literal, in brackets
         literal = f"[IPv6:{bare}]" if bare.version == 6 else f"[{bare}]"
         return f'is an IP address: write it as an address literal, "{literal}"'
+    # A host name's last label is never all digits (RFC 1123 2.1, RFC 3696 2): "192.0.2.1.",
+    # "1.2.3", "0x7f.1" are read as addresses, or as nothing, by whoever checks the name.
+    rootless = name.removesuffix(".")
+    last = rootless.rpartition(".")[2]
+    if last.isascii() and last.isdigit():
+        try:
+            address = ipaddress.IPv4Address(rootless)
+        except ValueError:
+            return (
+                f'is not a host name: its last label, "{last}", is all digits, as only an IP address\'s is'
+                ' (RFC 1123 2.1): write an address as an address literal, like "[192.0.2.1]"'
+            )
+        return f'is an IP address: write it as an address literal, "[{address}]"'
     if len(name) > 255:
         return "is longer than a domain name may be (255 characters, RFC 5321 4.5.3.1.2)"
     if not _DOMAIN.fullmatch(name):

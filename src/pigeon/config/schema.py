@@ -134,8 +134,28 @@ def split_peer(text: str, usual_port: int = 25) -> tuple[str, int]:
     return host, int(port)
 
 
+def _expected(kind: type) -> str:
+    """What a value of `kind` looks like, for "expected ..., got true"."""
+    if issubclass(kind, Duration):
+        return 'a duration such as "30s"'
+    if issubclass(kind, Size):
+        return 'a size such as "25MiB"'
+    if kind is DataRate:
+        return 'a data rate such as "2KiB/s"'
+    if kind is Network:
+        return 'an IP network such as "127.0.0.0/8"'
+    if issubclass(kind, Peer):
+        return f'an address such as "192.0.2.1:{kind.usual_port}"'
+    if kind is Endpoint:
+        return 'a listen address such as "127.0.0.1:2525"'
+    return "a path"
+
+
 def decode_hook(kind: type, value: Any) -> Any:
     """msgspec hook turning TOML values into the custom types above, with clear errors."""
+    if isinstance(value, bool) and kind in _HOOKED:
+        # Spelt as the file has it ("got true", as an integer key says), not Python's True.
+        raise ValueError(f"expected {_expected(kind)}, got {'true' if value else 'false'}")
     if kind is Duration or kind is PositiveDuration:
         seconds = _duration(value)
         if kind is PositiveDuration and seconds <= 0:
@@ -183,6 +203,21 @@ def decode_hook(kind: type, value: Any) -> Any:
             return Path(value)
         raise ValueError(f"{value!r} is not a path")
     raise NotImplementedError(kind)
+
+
+_HOOKED: Final = (
+    Duration,
+    PositiveDuration,
+    Size,
+    PositiveSize,
+    DataRate,
+    Network,
+    Peer,
+    NameserverPeer,
+    Endpoint,
+    Path,
+)
+"""The kinds `decode_hook` reads."""
 
 
 MORE_THAN_ZERO: Final = 'must be more than 0 (e.g. "2s", "250ms")'

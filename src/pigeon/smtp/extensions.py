@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.smtp import replies
-from pigeon.smtp.address import control_or_format_character
 from pigeon.smtp.errors import SmtpProtocolError
 from pigeon.smtp.events import BodyType, Notify, Ret
 from pigeon.smtp.replies import Reply
@@ -214,52 +213,65 @@ def _parse_orcpt(value: str | None) -> str:
     addr_type, semi, address = (value or "").partition(";")
     if not semi or not _ADDR_TYPE.fullmatch(addr_type) or not address:
         raise SmtpProtocolError(replies.syntax("ORCPT must be addr-type;xtext, e.g. rfc822;user@example.com", "5.5.4"))
-    if addr_type.lower() == "utf-8":
+    addr_type = addr_type.lower()
+    if addr_type == "utf-8":
         # RFC 6533 utf-8-addr-xtext: printable UTF-8 with \x{HEX} escapes; kept as sent.
-        if any(c in address for c in " +=") or not address.isprintable():
+        if any(c in address for c in " +="):
             raise SmtpProtocolError(replies.syntax("ORCPT utf-8 address is malformed", "5.5.4"))
-        _check_utf8_addr(address)
-        return f"utf-8;{address}"
-    decoded = decode_xtext(address, "ORCPT")
-    # RFC 3461 4.2 wants printable ASCII here (UTF-8 is RFC 6533's utf-8 type, above), but
-    # relays that predate RFC 6533 send an internationalised recipient as rfc822 xtext of its
-    # UTF-8: refusing it would refuse the recipient, so its letters are taken (a DSN gives
-    # them in the utf-8 form). What a DSN could not show as it was given is refused.
+        decoded = _decode_utf8_addr(address)
+        if any(ord(c) < 32 or ord(c) == 127 for c in decoded):
+            # As decode_xtext refuses them in the rfc822 form: one rule, one reply, for both.
+            raise SmtpProtocolError(replies.syntax("ORCPT must not contain control characters", "5.5.4"))
+    else:
+        # RFC 3461 4.2 wants printable ASCII here (UTF-8 is RFC 6533's utf-8 type, above), but
+        # relays that predate RFC 6533 send an internationalised recipient as rfc822 xtext of its
+        # UTF-8: refusing it would refuse the recipient, so its letters are taken (a DSN gives
+        # them in the utf-8 form).
+        decoded = decode_xtext(address, "ORCPT")
+    # What a DSN could not show as it was given, in either form: the utf-8 form is no way
+    # round it, so the reply names the character and offers no other form.
     for char in decoded:
         if not char.isascii() and unicodedata.category(char)[0] in "CZ":
-            _require_printable_ascii(
-                char,
-                f"ORCPT {addr_type.lower()} address must hold no invisible or format characters once decoded",
-                "; give a UTF-8 one as ORCPT=utf-8;... (RFC 6533)",
+            raise SmtpProtocolError(
+                replies.syntax(
+                    f"ORCPT {addr_type} address must hold no invisible or format characters once decoded:"
+                    f" it holds {_named(char)}",
+                    "5.5.4",
+                )
             )
-    return f"{addr_type.lower()};{decoded}"
+    return f"utf-8;{address}" if addr_type == "utf-8" else f"{addr_type};{decoded}"
 
 
-def _require_printable_ascii(decoded: str, must: str, advice: str = "") -> None:
+def _named(char: str) -> str:
+    """`char` as "U+202E RIGHT-TO-LEFT OVERRIDE" (as "U+0085" if it has no name, as controls)."""
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X} {name}" if name else f"U+{ord(char):04X}"
+
+
+def _require_printable_ascii(decoded: str, must: str) -> None:
     """Refuse (501 5.5.4) a decoded DSN parameter with anything but printable ASCII (space
     included), naming its first other character as "U+202E RIGHT-TO-LEFT OVERRIDE"."""
     for char in decoded:
         if not " " <= char <= "~":
-            name = unicodedata.name(char, "")  # controls have none
-            held = f"U+{ord(char):04X} {name}" if name else f"U+{ord(char):04X}"
-            raise SmtpProtocolError(replies.syntax(f"{must}: it holds {held}{advice}", "5.5.4"))
+            raise SmtpProtocolError(replies.syntax(f"{must}: it holds {_named(char)}", "5.5.4"))
 
 
-def _check_utf8_addr(address: str) -> None:
-    """Refuse a utf-8-addr-xtext/unitext (RFC 6533 3) whose `\\` starts no `\\x{HEX}`, or
-    whose escape names no Unicode scalar value (a surrogate, past U+10FFFF) or a control or
-    format character: it is copied into a DSN's Original-Recipient and relayed onwards."""
+def _decode_utf8_addr(address: str) -> str:
+    """A utf-8-addr-xtext/unitext (RFC 6533 3) with its `\\x{HEX}` escapes decoded; refused if
+    a `\\` starts no `\\x{HEX}` or an escape names no Unicode scalar value (a surrogate, past
+    U+10FFFF): it is copied into a DSN's Original-Recipient and relayed onwards."""
     escapes = _UTF8_ESCAPE.split(address)
     if any("\\" in text for text in escapes[::2]):
         raise SmtpProtocolError(replies.syntax("ORCPT utf-8 address is malformed: \\ must start \\x{HEX}", "5.5.4"))
-    for hexpoint in escapes[1::2]:
+    for index in range(1, len(escapes), 2):
+        hexpoint = escapes[index]
         point = int(hexpoint, 16)
         if point > 0x10FFFF or 0xD800 <= point <= 0xDFFF:
             raise SmtpProtocolError(
                 replies.syntax(f"ORCPT \\x{{{hexpoint}}} is no Unicode character (RFC 6533)", "5.5.4")
             )
-        if control_or_format_character(chr(point)) is not None:
-            raise SmtpProtocolError(replies.syntax("ORCPT must not contain control characters", "5.5.4"))
+        escapes[index] = chr(point)
+    return "".join(escapes)
 
 
 def decode_xtext(value: str | None, key: str) -> str:

@@ -296,7 +296,7 @@ def test_wrong_type_for_a_single_address(tmp_path: Path) -> None:
         ('[smtp]\nmin_data_rate = "fast"\n', "line 2: [smtp] min_data_rate: 'fast' is not a data rate"),
         ("[smtp]\nmin_data_rate = -1\n", "line 2: [smtp] min_data_rate: -1 is not a data rate"),
         ('[spool]\nmax_size = "10 XB"\n', "line 2: [spool] max_size: '10 XB' is not a size"),
-        ("[spool]\nmax_size = true\n", "line 2: [spool] max_size: True is not a size"),
+        ("[spool]\nmax_size = true\n", 'line 2: [spool] max_size: expected a size such as "25MiB", got true'),
         (
             '[smtp]\nrelay_networks = ["10.0.0.0/8", "bogus"]\n',
             "line 2: [smtp] relay_networks: 'bogus' is not an IP network",

@@ -128,6 +128,16 @@ def _with(replace: str, by: str) -> str:
             "line 16: [[source]] #3 bind: source 'v6': :: is the unspecified address",
         ),
         (
+            # IPv4-mapped: delivery would try IPv6 MXs only, from an IPv4 address that reaches none.
+            _with('bind = "::1"', 'bind = "::ffff:127.0.0.1"'),
+            "line 16: [[source]] #3 bind: source 'v6': ::ffff:127.0.0.1 is an IPv4-mapped IPv6 address, "
+            'from which no MX can be reached: give its IPv4 form, bind = "127.0.0.1"',
+        ),
+        (
+            _with('bind = "::1"', 'bind = "::FFFF:0.0.0.0"'),
+            "line 16: [[source]] #3 bind: source 'v6': ::FFFF:0.0.0.0 is the unspecified address",
+        ),
+        (
             _with('ehlo = "ip3.example"', 'ehlo = "ip3 example"'),
             "line 12: [[source]] #2 ehlo: source 'ip-3': 'ip3 example'",
         ),

@@ -44,6 +44,15 @@ BAD_NAMES = {
     # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address goes in brackets.
     "bare-ipv4": ('"192.0.2.1"', 'is an IP address: write it as an address literal, "[192.0.2.1]"'),
     "bare-ipv6": ('"2001:db8::1"', 'is an IP address: write it as an address literal, "[IPv6:2001:db8::1]"'),
+    # A host name's last label is never all digits (RFC 1123 2.1, RFC 3696 2): those read as addresses.
+    "bare-ipv4-rooted": ('"192.0.2.1."', 'is an IP address: write it as an address literal, "[192.0.2.1]"'),
+    "all-numeric-last-label": (
+        '"1.2.3"',
+        'is not a host name: its last label, "3", is all digits, as only an IP address\'s is (RFC 1123 2.1):'
+        ' write an address as an address literal, like "[192.0.2.1]"',
+    ),
+    "hex-and-numeric": ('"0x7f.1"', 'is not a host name: its last label, "1", is all digits'),
+    "all-numeric-rooted": ('"mx.example.123."', 'is not a host name: its last label, "123", is all digits'),
 }
 
 
@@ -63,7 +72,9 @@ def test_an_empty_hostname_is_refused_at_load(tmp_path: Path) -> None:
     assert "line 2: [smtp] hostname: '' is empty" in error_of(tmp_path, '[smtp]\nhostname = ""\n')
 
 
-@pytest.mark.parametrize("name", ["mx.example.org", "mx.example.org.", "mail_1.example", "[192.0.2.1]", "[IPv6:::1]"])
+@pytest.mark.parametrize(
+    "name", ["mx.example.org", "mx.example.org.", "mail_1.example", "123.example", "mx.1a", "[192.0.2.1]", "[IPv6:::1]"]
+)
 def test_domain_names_and_address_literals_load_as_names_on_the_wire(tmp_path: Path, name: str) -> None:
     config = load(
         write(tmp_path, f'[smtp]\nhostname = "{name}"\n[delivery]\nhelo_name = "{name}"\n' + SOURCE.format(f'"{name}"'))
@@ -581,6 +592,36 @@ def test_config_errors_read_as_pigeons_own_naming_the_block(tmp_path: Path, text
     # server's example on port 25, and no word that max_message_rate is a string like "100/s".
     said = error_of(tmp_path, text)
     assert said == f"{tmp_path / 'pigeon.toml'}, {expected}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "[delivery]\nretry_interval = true\n",
+            'line 2: [delivery] retry_interval: expected a duration such as "30s", got true',
+        ),
+        ("[smtp]\nidle_timeout = false\n", 'line 2: [smtp] idle_timeout: expected a duration such as "30s", got false'),
+        (
+            "[smtp]\nmax_message_size = true\n",
+            'line 2: [smtp] max_message_size: expected a size such as "25MiB", got true',
+        ),
+        ("[spool]\nmax_size = true\n", 'line 2: [spool] max_size: expected a size such as "25MiB", got true'),
+        (
+            "[smtp]\nmin_data_rate = false\n",
+            'line 2: [smtp] min_data_rate: expected a data rate such as "2KiB/s", got false',
+        ),
+        (
+            "[smtp]\nrelay_networks = [true]\n",
+            'line 2: [smtp] relay_networks: expected an IP network such as "127.0.0.0/8", got true',
+        ),
+    ],
+)
+def test_a_boolean_where_a_duration_size_or_network_goes_is_spelt_as_toml_writes_it(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    # As an integer key's "got true": not Python's "True is not a duration".
+    assert error_of(tmp_path, text) == f"{tmp_path / 'pigeon.toml'}, {expected}"
 
 
 @pytest.mark.parametrize(
