@@ -40,7 +40,7 @@ from pigeon.config.schema import (
     decode_hook,
 )
 from pigeon.inbound.sasl import token_problem
-from pigeon.inbound.search import SearchError, excludes_seen
+from pigeon.inbound.search import SearchError, excludes_seen, recent_key
 from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.node.privileges import IdentityError, identity
@@ -628,6 +628,15 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
                 raise fail(
                     ["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})", index
                 )
+        if (recent := recent_key(mailbox.search)) is not None:
+            # \Recent goes to one session only: mail left waiting would never match again.
+            reason = (
+                f"mailbox {mailbox.name!r}: {mailbox.search!r} depends on \\Recent ({recent}), which the server gives "
+                "a message in one session only and drops when it ends: a message still waiting then (refused for "
+                "now, at a stop or a reconnect) would never match NEW or RECENT again; use UNSEEN instead (NEW is "
+                "RECENT UNSEEN)"
+            )
+            raise fail(["mailbox", "search"], reason, index)
         if mailbox.after_delivery == "seen":
             # Acknowledged by \Seen, a message would still match and be looked at again, forever.
             # Decided by the search's meaning: NOT SEEN will do, OR UNSEEN FLAGGED will not.
