@@ -55,6 +55,7 @@ from pigeon.smtp.client_session import greeting_name_problem
 from pigeon.tls import client_context
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_LONGEST_IDLE: Final = 29 * 60  # seconds an IDLE may last (RFC 2177 3: re-issue at least every 29 minutes)
 _ENUM_VALUE: Final = re.compile(r"Invalid enum value '(?P<value>.*)'$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
@@ -653,6 +654,14 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         for key in ("lease", "timeout", "poll_interval", "down_after"):
             if getattr(mailbox, key) < 1:
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second", index)
+        if mailbox.idle and mailbox.poll_interval > _LONGEST_IDLE:
+            # An IDLE lasts poll_interval; servers may log a client off after 30 minutes of it.
+            reason = (
+                f"mailbox {mailbox.name!r}: with idle = true, poll_interval is also how long an IDLE lasts before "
+                "it is started again, and RFC 2177 asks for that at least every 29 minutes (a server may log an "
+                'idle client off after 30): set at most "29m", or idle = false to poll this seldom'
+            )
+            raise fail(["mailbox", "poll_interval"], reason, index)
     watched = [(m.username, m.host.lower(), m.port, m.folder) for m in config.mailbox]
     for index, where in enumerate(watched):
         if (first := watched.index(where)) < index:

@@ -817,7 +817,8 @@ class MailboxConfig(_Section, kw_only=True):
     idle: bool = True
     """Wait with IDLE when the server offers it; poll otherwise."""
     poll_interval: Duration = Duration(60)
-    """Poll this often when not idling, and re-IDLE at least this often."""
+    """Poll this often when not idling, and re-IDLE at least this often: at most 29 minutes
+    with `idle` (RFC 2177), refused at load above that."""
     after_delivery: Literal["seen", "move", "delete"] = "seen"
     """Once the target accepted a message: flag it \\Seen, move it to `move_to`, or delete and
     expunge it (UID EXPUNGE where the server offers UIDPLUS)."""

@@ -859,6 +859,15 @@ def test_a_search_that_depends_on_recent_is_refused_at_load_saying_to_use_unseen
     assert said.endswith("use UNSEEN instead (NEW is RECENT UNSEEN)"), said
 
 
+def test_an_idle_longer_than_29_minutes_is_refused_at_load(tmp_path: Path) -> None:
+    # Found from outside: "2h" loaded silently; RFC 2177 asks to re-IDLE at least every 29 minutes.
+    said = error_of(tmp_path, INBOUND + 'poll_interval = "2h"\n')
+    assert "[[mailbox]] #1 poll_interval: mailbox 'support': with idle = true, poll_interval is also" in said, said
+    assert said.endswith('set at most "29m", or idle = false to poll this seldom'), said
+    assert load(write(tmp_path, INBOUND + 'poll_interval = "29m"\n')).mailbox[0].poll_interval == 29 * 60
+    assert load(write(tmp_path, INBOUND + 'idle = false\npoll_interval = "2h"\n')).mailbox[0].poll_interval == 7200
+
+
 def test_postmaster_defaults_to_postmaster_at_the_hostname_and_must_be_a_mailbox(tmp_path: Path) -> None:
     assert load(write(tmp_path, '[smtp]\nhostname = "mx.example.org"\n')).smtp.postmaster == "postmaster@mx.example.org"
     given = load(write(tmp_path, '[smtp]\npostmaster = "ops@example.org"\n'))
