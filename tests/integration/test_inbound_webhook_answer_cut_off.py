@@ -21,7 +21,7 @@ from pigeon.inbound.message import InboundMessage
 from pigeon.inbound.targets.base import Verdict
 from pigeon.inbound.targets.webhook import WebhookTarget
 from tests.support.apps import customer_mail, imap_mailbox
-from tests.support.process import PigeonProcess
+from tests.support.process import ROOT, PigeonProcess
 from tests.support.services import Dovecot
 from tests.support.sinks import wait_until
 
@@ -32,6 +32,7 @@ class _CutOffApp:
     def __init__(self, answer: bytes) -> None:
         self.answer = answer
         self.requests = 0
+        self.heads: list[bytes] = []  # each request's head
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/inbound"
 
@@ -62,6 +63,7 @@ class _CutOffApp:
             while len(body) < length and (chunk := connection.recv(65536)):
                 body += chunk
             self.requests += 1
+            self.heads.append(head)
             connection.sendall(self.answer)
 
 
@@ -134,3 +136,23 @@ def test_a_2xx_cut_off_after_its_status_line_is_handed_over_once_at_both_doors(
     assert received["detail"].endswith("(the connection closed after its status line)"), received
     assert delivered["response"]["text"].startswith("hook: 2"), delivered
     assert app.requests == 2
+
+
+async def test_the_dedupe_headers_a_webhook_gets_are_those_the_readme_tells_applications_to_use() -> None:
+    with _CutOffApp(b"HTTP/1.1 204 No Content\r\n\r\n") as app:
+        target = _webhook(app.url)
+        message = InboundMessage.of(customer_mail(1), "imap:support", time.time())
+        try:
+            assert (await target.deliver(message)).accepted
+        finally:
+            await target.close()
+    fields = dict(line.split(b": ", 1) for line in app.heads[0].split(b"\r\n")[1:])
+    readme = (ROOT / "README.md").read_text()
+    inbound = readme[readme.index("## Inbound routing") : readme.index("## Event log")]
+    twice = next(p for p in inbound.split("\n- ") if "longer than the target's `timeout`" in p)
+    for name, value in [
+        ("X-Pigeon-Dedupe-Key", message.dedupe_key),
+        ("X-Pigeon-Message-Id", message.message_id),
+        ("X-Pigeon-Source", "imap:support"),
+    ]:
+        assert fields[name.encode()].decode() == value and f"`{name}`" in twice, name
