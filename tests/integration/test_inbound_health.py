@@ -97,7 +97,8 @@ def test_a_dead_target_shows_in_healthz_and_top_until_it_accepts_again(tmp_path:
                 wait_until(lambda: client.llen("queue:default") == 3, 20)
             mailbox = wait_until(lambda: (m := health(node)[1]["inbound"]["support"])["status"] == "ok" and m, 10)
             assert mailbox["error"] is None
-            assert "mailbox support: target jobs accepts messages again" in node.stderr()
+            # A recovery, said at INFO: a WARNING would page someone for good news.
+            assert "INFO pigeon.inbound.mailbox: mailbox support: target jobs accepts messages again" in node.stderr()
     finally:
         sidekiq.stop()
 

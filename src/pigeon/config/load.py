@@ -40,7 +40,7 @@ from pigeon.config.schema import (
     decode_hook,
 )
 from pigeon.inbound.sasl import token_problem
-from pigeon.inbound.search import SearchError, excludes_seen
+from pigeon.inbound.search import SearchError, excludes_seen, recent_key
 from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
 from pigeon.listener.tls import PairProblem, check_pair
 from pigeon.node.privileges import IdentityError, identity
@@ -55,6 +55,7 @@ from pigeon.smtp.client_session import greeting_name_problem
 from pigeon.tls import client_context
 
 _AT: Final = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_LONGEST_IDLE: Final = 29 * 60  # seconds an IDLE may last (RFC 2177 3: re-issue at least every 29 minutes)
 _ENUM_VALUE: Final = re.compile(r"Invalid enum value '(?P<value>.*)'$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<field>[^`]+)`")
 _TOML_LINE: Final = re.compile(r"\(at line (\d+), column \d+\)")
@@ -628,6 +629,15 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
                 raise fail(
                     ["mailbox", key], f"mailbox {mailbox.name!r}: must differ from folder ({mailbox.folder!r})", index
                 )
+        if (recent := recent_key(mailbox.search)) is not None:
+            # \Recent goes to one session only: mail left waiting would never match again.
+            reason = (
+                f"mailbox {mailbox.name!r}: {mailbox.search!r} depends on \\Recent ({recent}), which the server gives "
+                "a message in one session only and drops when it ends: a message still waiting then (refused for "
+                "now, at a stop or a reconnect) would never match NEW or RECENT again; use UNSEEN instead (NEW is "
+                "RECENT UNSEEN)"
+            )
+            raise fail(["mailbox", "search"], reason, index)
         if mailbox.after_delivery == "seen":
             # Acknowledged by \Seen, a message would still match and be looked at again, forever.
             # Decided by the search's meaning: NOT SEEN will do, OR UNSEEN FLAGGED will not.
@@ -644,6 +654,14 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         for key in ("lease", "timeout", "poll_interval", "down_after"):
             if getattr(mailbox, key) < 1:
                 raise fail(["mailbox", key], f"mailbox {mailbox.name!r}: must be at least 1 second", index)
+        if mailbox.idle and mailbox.poll_interval > _LONGEST_IDLE:
+            # An IDLE lasts poll_interval; servers may log a client off after 30 minutes of it.
+            reason = (
+                f"mailbox {mailbox.name!r}: with idle = true, poll_interval is also how long an IDLE lasts before "
+                "it is started again, and RFC 2177 asks for that at least every 29 minutes (a server may log an "
+                'idle client off after 30): set at most "29m", or idle = false to poll this seldom'
+            )
+            raise fail(["mailbox", "poll_interval"], reason, index)
     watched = [(m.username, m.host.lower(), m.port, m.folder) for m in config.mailbox]
     for index, where in enumerate(watched):
         if (first := watched.index(where)) < index:

@@ -761,6 +761,12 @@ class SidekiqTarget(_Target, tag="sidekiq", kw_only=True):
     job_class: str = "InboundEmailJob"
     """The worker class Sidekiq runs; args are [raw message, {dedupe_key, message_id, ...}]. A raw
     message that is not UTF-8 is base64, and args[1] has "raw_encoding": "base64"."""
+    arguments: Literal["raw_and_meta", "raw"] = "raw_and_meta"
+    """"raw_and_meta": args are [raw message, metadata] (above). "raw": args are [raw message]
+    only, mail_room's job shape, for a worker written for it (`def perform(raw)`); a message that
+    is not UTF-8 then goes as its bytes read as Latin-1 (each byte the character of that
+    number: nothing lost, `raw.encode("ISO-8859-1")` gives the bytes back), as no metadata can
+    say base64, and the node logs that it did so."""
     retry: bool | int = True
     """The job's own Sidekiq `retry` option."""
     timestamps: Literal["seconds", "milliseconds"] = "seconds"
@@ -852,7 +858,8 @@ class MailboxConfig(_Section, kw_only=True):
     idle: bool = True
     """Wait with IDLE when the server offers it; poll otherwise."""
     poll_interval: Duration = Duration(60)
-    """Poll this often when not idling, and re-IDLE at least this often."""
+    """Poll this often when not idling, and re-IDLE at least this often: at most 29 minutes
+    with `idle` (RFC 2177), refused at load above that."""
     after_delivery: Literal["seen", "move", "delete"] = "seen"
     """Once the target accepted a message: flag it \\Seen, move it to `move_to`, or delete and
     expunge it (UID EXPUNGE where the server offers UIDPLUS)."""

@@ -2,9 +2,12 @@
 
 `header_fields` gives every field as [name, value], the value as written (folded, any RFC 2047
 encoded-words left alone), but as text: UTF-8 in a header (RFC 6532, common in mail from
-SMTPUTF8 senders and from many mail clients anyway) reads as the characters it spells; bytes
-that are not UTF-8 (8-bit mail in another charset) show as U+FFFD, and the raw message, which
-travels with it, keeps them.
+SMTPUTF8 senders and from many mail clients anyway) reads as the characters it spells. A line
+that is not UTF-8 (8-bit mail in another charset, against RFC 5322 but sent all the same) is
+read in the charset the message's Content-Type declares, when Python knows it and it reads
+ASCII as ASCII; else as Windows-1252, the charset such mail is most often in (else Latin-1,
+which reads any byte): `caf\xe9` is "café", not "caf\ufffd". The raw message, which travels with
+it, keeps the bytes as they came.
 
 `decoded` gives Subject, From and To as a person reads them: unfolded, with the encoded-words
 (`=?utf-8?q?Caf=C3=A9?=`, `=?iso-8859-1?b?...?=`) decoded. A value with a "B" encoded-word whose
@@ -22,6 +25,7 @@ would read as two addresses, the first of them ceo@company.test.
 
 from __future__ import annotations
 
+import codecs
 import re
 from email.headerregistry import HeaderRegistry, UnstructuredHeader
 from email.parser import Parser
@@ -31,6 +35,11 @@ from typing import Final
 
 _FIELD: Final = re.compile(r"[\x21-\x39\x3b-\x7e]+:")  # a field name (printable ASCII but ":") and its colon
 _FOLD: Final = re.compile(r"\r\n|\r|\n")
+# The charset parameter of the Content-Type field (folded or not) of a header block.
+_CHARSET: Final = re.compile(
+    rb'(?im)^content-type:(?:[^\r\n]|\r?\n[ \t])*?charset[ \t]*=[ \t]*"?([A-Za-z0-9!#$%&\'+\-.^_`{}~]+)'
+)
+_ASCII_PROBE: Final = bytes(range(0x20, 0x7F)) + b"\r\n\t"
 # NUL and other controls have no place in a header's text, and PostgreSQL's text refuses NUL
 # (a row refused for good): dropped from decoded values. Tabs are kept.
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -58,13 +67,57 @@ _ATOMS: Final = re.compile(r'[^ \t"()<>,:;@.\[\]\\]+(?: [^ \t"()<>,:;@.\[\]\\]+)
 
 def header_fields(block: bytes) -> list[list[str]]:
     """[name, value] for each field of a header block, as the email package's compat32
-    parser gives them from the block read as UTF-8 (a folded value keeps its line breaks)."""
-    text = block.decode("utf-8", "replace")
+    parser gives them from the block read as text (`header_text`; a folded value keeps its
+    line breaks)."""
+    text = header_text(block)
     fields = _plain_fields(text)
     if fields is None:
         headers = Parser(policy=compat32).parsestr(text + "\r\n\r\n", headersonly=True)
         fields = [[name, str(value)] for name, value in headers.items()]
     return fields
+
+
+def header_text(block: bytes) -> str:
+    """A header block as text: UTF-8, but for the lines that are not, read in the declared
+    charset, else Windows-1252, else Latin-1 (see the module's docstring)."""
+    try:
+        return block.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    fallback = _declared_charset(block)
+    lines = []
+    for line in block.split(b"\n"):  # line by line: a UTF-8 field stays UTF-8 beside a Latin-1 one
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            for charset in (fallback, "cp1252", "latin-1"):
+                if charset is not None:
+                    try:
+                        lines.append(line.decode(charset))
+                        break
+                    except UnicodeDecodeError:
+                        continue
+    return "\n".join(lines)
+
+
+def _declared_charset(block: bytes) -> str | None:
+    """The charset the Content-Type field declares, when Python knows it and it reads ASCII as
+    ASCII (not UTF-16, say); None otherwise, or when it is UTF-8 or ASCII (which did not read)."""
+    match = _CHARSET.search(block)
+    if match is None:
+        return None
+    name = match.group(1).decode("ascii")
+    try:
+        codec = codecs.lookup(name).name
+    except LookupError:
+        return None
+    if codec in ("utf-8", "ascii"):
+        return None
+    try:
+        ascii_as_ascii = _ASCII_PROBE.decode(codec) == _ASCII_PROBE.decode("ascii")
+    except (UnicodeDecodeError, LookupError, TypeError, ValueError):
+        return None
+    return codec if ascii_as_ascii else None
 
 
 def _plain_fields(text: str) -> list[list[str]] | None:

@@ -958,10 +958,11 @@ class MailboxWatcher:
         self._target_cleared("nothing left for target %s; its last refusal no longer counts")
 
     def _target_cleared(self, why: str) -> None:
-        """The target's error, if any, is over; `why` (with the target's name for %s) is logged."""
+        """The target's error, if any, is over; `why` (with the target's name for %s) is logged,
+        at INFO: the trouble was a WARNING, its end is good news."""
         if self.target_error is not None:
             self.target_error = None
-            _log.warning("mailbox %s: " + why, self.config.name, self.target.name)
+            _log.info("mailbox %s: " + why, self.config.name, self.target.name)
             self._maybe_resolved()
 
     def _target_failing(self, detail: str) -> None:

@@ -16,6 +16,11 @@ this does not prove safe is refused, never one it proves wrongly):
 A row excludes if any of its keys does, and covers if all do; OR excludes if both branches
 do, and covers if either does.
 
+A search that names \\Recent (NEW is RECENT UNSEEN; OLD is NOT RECENT) is refused whatever
+`after_delivery` (`recent_key`): a server gives \\Recent to one session only, and the next one
+(after a stop, a reconnect, or in another node) sees the message without it, so a message left
+waiting (refused for now, or still there when the session ended) would never match again.
+
 Sharp edge: a key this module does not know has no known arity, so nothing after it can be
 read with certainty: `SearchError`, naming the key. A literal ({n}) cannot be written in a
 configuration value anyway.
@@ -73,11 +78,29 @@ def excludes_seen(criteria: str) -> bool:
     return _Reader(criteria).read().excludes
 
 
+_RECENT: Final = frozenset({"NEW", "RECENT", "OLD"})  # the keys whose meaning is \\Recent's
+
+
+def recent_key(criteria: str) -> str | None:
+    """The first key of the criteria that depends on \\Recent (NEW, RECENT, OLD), or None. Keys
+    read before criteria that cannot be read count; after, none can be told from arguments."""
+    try:
+        reader = _Reader(criteria)
+    except SearchError:
+        return None  # (no tokens: the server would refuse the search anyway)
+    try:
+        reader.read()
+    except SearchError:
+        pass
+    return reader.recent
+
+
 class _Reader:
     def __init__(self, criteria: str) -> None:
         self._tokens = _tokens(criteria)
         self._at = 0
         self._depth = 0  # keys being read, one inside the other
+        self.recent: str | None = None  # the first key read that depends on \\Recent
 
     def read(self) -> _Meaning:
         if self._peek() == "CHARSET":  # SEARCH [CHARSET astring] keys: before the first key only
@@ -132,6 +155,8 @@ class _Reader:
         arguments = _ARGUMENTS.get(token)
         if arguments is None:
             raise SearchError(f"{token!r} is not a search key Pigeon knows (RFC 3501 6.4.4)")
+        if token in _RECENT and self.recent is None:
+            self.recent = token
         for _ in range(arguments):
             if self._peek() in (None, "(", ")"):
                 raise SearchError(f"{token} needs {arguments} argument{'s' if arguments > 1 else ''}")

@@ -805,7 +805,7 @@ def test_contradictory_mailbox_settings_are_refused_at_their_line(
         "UNSEEN",
         "NOT SEEN",
         "FLAGGED NOT SEEN",
-        "OR (UNSEEN FLAGGED) NEW",
+        "OR (UNSEEN FLAGGED) (UNSEEN DRAFT)",
         "NOT OR SEEN DRAFT",
         'HEADER X-Ticket "a b" UNSEEN',
         'X-GM-RAW "in:inbox" unseen',
@@ -836,6 +836,36 @@ def test_a_search_that_can_match_seen_mail_is_refused_with_after_delivery_seen(
     assert ", line 13: [[mailbox]] #1 search: mailbox 'support': with after_delivery = \"seen\" the search must" in said
     assert expected in said, said
     assert said.endswith('"move" or "delete"'), said
+
+
+@pytest.mark.parametrize(
+    ("search", "key", "after_delivery"),
+    [
+        ("NEW", "NEW", "seen"),
+        ("new", "NEW", "delete"),
+        ("RECENT UNSEEN", "RECENT", "seen"),
+        ("OR (UNSEEN FLAGGED) NEW", "NEW", "seen"),
+        ("OLD", "OLD", "delete"),
+        ("NOT RECENT", "RECENT", "delete"),
+    ],
+)
+def test_a_search_that_depends_on_recent_is_refused_at_load_saying_to_use_unseen(
+    tmp_path: Path, search: str, key: str, after_delivery: str
+) -> None:
+    # Found from outside (mail_room's README suggests NEW): a message refused for now and still
+    # waiting at a stop or reconnect loses \Recent, and NEW never found it again.
+    said = error_of(tmp_path, INBOUND + f'after_delivery = "{after_delivery}"\nsearch = "{search}"\n')
+    assert f"[[mailbox]] #1 search: mailbox 'support': '{search}' depends on \\Recent ({key})" in said, said
+    assert said.endswith("use UNSEEN instead (NEW is RECENT UNSEEN)"), said
+
+
+def test_an_idle_longer_than_29_minutes_is_refused_at_load(tmp_path: Path) -> None:
+    # Found from outside: "2h" loaded silently; RFC 2177 asks to re-IDLE at least every 29 minutes.
+    said = error_of(tmp_path, INBOUND + 'poll_interval = "2h"\n')
+    assert "[[mailbox]] #1 poll_interval: mailbox 'support': with idle = true, poll_interval is also" in said, said
+    assert said.endswith('set at most "29m", or idle = false to poll this seldom'), said
+    assert load(write(tmp_path, INBOUND + 'poll_interval = "29m"\n')).mailbox[0].poll_interval == 29 * 60
+    assert load(write(tmp_path, INBOUND + 'idle = false\npoll_interval = "2h"\n')).mailbox[0].poll_interval == 7200
 
 
 def test_postmaster_defaults_to_postmaster_at_the_hostname_and_must_be_a_mailbox(tmp_path: Path) -> None:

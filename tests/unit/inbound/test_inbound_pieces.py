@@ -214,6 +214,30 @@ def test_json_targets_get_subject_from_and_to_decoded_and_utf8_headers_as_text()
     assert (job["args"][1]["subject"], job["args"][1]["from"]) == ("Café et thé", "Zoë Durand <zoe@example.fr>")
 
 
+@pytest.mark.parametrize(
+    ("raw", "subject"),
+    [
+        (b"Subject: caf\xe9 pm\r\n\r\nbody\r\n", "caf\u00e9 pm"),  # no charset declared: Windows-1252
+        (b"Subject: \x93quoted\x94\r\n\r\n", "\u201cquoted\u201d"),  # Windows-1252's own quotes
+        (b"Content-Type: text/plain;\r\n charset=koi8-r\r\nSubject: \xf0\xd2\xc9\xd7\xc5\xd4\r\n\r\n", "Привет"),
+        (b'Content-Type: text/plain; charset="utf-16"\r\nSubject: caf\xe9\r\n\r\n', "caf\u00e9"),  # not ASCII's
+        (b"Content-Type: text/plain; charset=x-unknown\r\nSubject: caf\xe9\r\n\r\n", "caf\u00e9"),
+        (b"Subject: Zo\xc3\xab\r\nX-Other: caf\xe9\r\n\r\n", "Zo\u00eb"),  # UTF-8 beside Latin-1
+    ],
+    ids=["latin-1", "cp1252", "declared", "not-ascii-compatible", "unknown", "utf-8-beside"],
+)
+def test_8bit_header_bytes_that_are_not_utf8_read_as_their_charset_not_replacement_characters(
+    raw: bytes, subject: str
+) -> None:
+    # Found from outside: a Latin-1 `Subject: caf\xe9 pm` reached Sidekiq and PostgreSQL as
+    # "caf\ufffd pm".
+    message = InboundMessage.of(raw, "imap:support", 1.0)
+    assert message.metadata()["subject"] == subject
+    body = json.loads(json_body(message))
+    assert body["subject"] == subject and "\ufffd" not in json.dumps(body["headers"], ensure_ascii=False)
+    assert base64.b64decode(body["raw"]) == raw or body["raw"].encode() == raw  # the bytes untouched
+
+
 def test_decoded_fields_are_none_when_missing_and_never_carry_control_characters() -> None:
     meta = InboundMessage.of(b"Subject: a\x00b =?x-unknown?q?z?=\r\n\r\n", "smtp", 1.0).metadata()
     assert (meta["from"], meta["to"]) == (None, None)

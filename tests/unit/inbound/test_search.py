@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pigeon.inbound.search import SearchError, excludes_seen
+from pigeon.inbound.search import SearchError, excludes_seen, recent_key
 
 _WORDS = ["UNSEEN", "SEEN", "NEW", "ALL", "FLAGGED", "NOT", "OR", "(", ")", "SUBJECT", '"a b"', "1:*", "{3}", '"']
 
@@ -44,3 +44,20 @@ def test_any_criteria_give_an_answer_or_a_search_error_nothing_else(criteria: st
 def test_criteria_nested_beyond_reason_are_a_search_error_not_a_crash(criteria: str) -> None:
     with pytest.raises(SearchError, match="nested more than 100 deep"):
         excludes_seen(criteria)
+
+
+@pytest.mark.parametrize(
+    ("criteria", "key"),
+    [
+        ("NEW", "NEW"),
+        ("OR UNSEEN (FLAGGED recent)", "RECENT"),
+        ("NOT OLD", "OLD"),
+        ("UNSEEN", None),
+        ("SUBJECT NEW UNSEEN", None),  # an argument, not a key
+        ('HEADER X-Tag "recent" UNSEEN', None),
+        ("NEW FOO", "NEW"),  # read before what cannot be
+        ("(UNSEEN", None),
+    ],
+)
+def test_a_search_that_depends_on_recent_is_told_by_its_keys_not_its_words(criteria: str, key: str | None) -> None:
+    assert recent_key(criteria) == key

@@ -4,7 +4,11 @@
 carrying class, queue, args, jid, retry, created_at and enqueued_at. args are `[raw message,
 metadata]`: the raw message as a string (UTF-8; when the bytes are not UTF-8, base64, and
 metadata says so with `raw_encoding`), metadata with the dedupe key, the Message-ID and where the
-message came from.
+message came from. With `arguments = "raw"` they are `[raw message]` only, as mail_room pushed
+them, for a worker written for it (`def perform(raw)`, which two arguments would fail): with no
+metadata to say base64, bytes that are not UTF-8 go as Latin-1 characters instead (each byte
+the character of its number; nothing is lost, and `raw.encode("ISO-8859-1")` gives the bytes
+back), which keeps such a worker working, and each is logged (INFO).
 
 A push is idempotent: a batch is one script (`_PUSH`, EVALSHA: one round trip) that first sets
 a marker per job, `SET pigeon:pushed:<queue>:<class>:<dedupe key> <jid> NX EX <ttl>`, and
@@ -24,6 +28,7 @@ then failed to go in would make its retry a "duplicate", the mail lost. Not for 
 from __future__ import annotations
 
 import base64
+import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -39,6 +44,7 @@ from pigeon.inbound.targets.base import Handoff, Target, Verdict
 from pigeon.redaction import redact, redact_url
 
 _encode = msgspec.json.Encoder().encode
+_log = logging.getLogger(__name__)
 
 DAY: Final = 86400.0
 MARKER_TTL: Final = 7 * DAY
@@ -85,6 +91,22 @@ return pushed
 """
 
 
+def _raw_as_text(message: InboundMessage, target: str) -> str:
+    """The raw message as the one argument of `arguments = "raw"`: UTF-8, else its bytes as
+    Latin-1 characters (lossless; base64 would reach a `perform(raw)` worker as gibberish it
+    has no way to tell from mail), said in the log."""
+    try:
+        return message.raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        _log.info(
+            'target %s: message %s (dedupe key %s) is not UTF-8 (byte 0x%02x at offset %d): arguments = "raw" '
+            "pushes its bytes as Latin-1 characters (raw.encode('ISO-8859-1') gives them back)",
+            target, message.message_id or "without Message-ID", message.dedupe_key,
+            message.raw[error.start], error.start,
+        )  # fmt: skip
+        return message.raw.decode("latin-1")
+
+
 class SidekiqTarget(Target):
     kind = "sidekiq"
     batches = True
@@ -108,17 +130,22 @@ class SidekiqTarget(Target):
 
     def _job(self, message: InboundMessage, now: float, jid: str) -> bytes:
         config = self._config
-        meta = message.metadata()
-        try:
-            raw = message.raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raw = base64.b64encode(message.raw).decode("ascii")
-            meta["raw_encoding"] = "base64"
+        args: list[Any]
+        if config.arguments == "raw":
+            args = [_raw_as_text(message, config.name)]
+        else:
+            meta = message.metadata()
+            try:
+                raw = message.raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raw = base64.b64encode(message.raw).decode("ascii")
+                meta["raw_encoding"] = "base64"
+            args = [raw, meta]
         stamp: float | int = int(now * 1000) if config.timestamps == "milliseconds" else now
         job: dict[str, Any] = {
             "class": config.job_class,
             "queue": config.queue,
-            "args": [raw, meta],
+            "args": args,
             "jid": jid,
             "retry": config.retry,
             "created_at": stamp,

@@ -11,7 +11,10 @@ characters) and `X-Pigeon-Recipients-Count`. The signature covers the body only,
 The status line is the answer: a 2xx is accepted whatever becomes of its body. What follows it
 is read for a moment only (`_drain`), so a body that never ends (a `Content-Length` the server
 does not fulfil, a connection left open) cannot turn an accepted handoff into "no answer", and
-the message would be handed over again and again.
+the message would be handed over again and again. So is a status line that came whole (its
+line end too) on a connection then closed before the headers end (`_Recorder`): aiohttp calls
+that a `ServerDisconnectedError` whose partial answer cannot tell a whole status line from one
+cut short (both have the code), so the bytes that came are kept to tell.
 
 A 429 or 503 with `Retry-After` (seconds, or an HTTP-date: RFC 9110 10.2.3) is retried no
 sooner than it asks, and no later than the retry schedule's longest wait (`Handoff.retry_after`).
@@ -29,6 +32,7 @@ import asyncio
 import base64
 import datetime
 import email.utils
+import functools
 import hashlib
 import hmac
 import os
@@ -36,10 +40,11 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Coroutine, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import aiohttp
 import msgspec
+from aiohttp.client_proto import ResponseHandler
 
 from pigeon.config.schema import WebhookTarget as WebhookConfig
 from pigeon.inbound.headers import header_fields
@@ -56,6 +61,8 @@ _ASKS_TO_WAIT: Final = frozenset({429, 503})  # the answers whose Retry-After we
 _DRAIN_SECONDS: Final = 1.0  # what an answer's body may take once its status line came ...
 _DRAIN_BYTES: Final = 64 * 1024  # ... and how much of it is read (an application says little)
 _STALLED: Final = 0.5  # seconds a timer fires late by when the node was not running meanwhile
+_HEAD_KEPT: Final = 8 * 1024  # bytes of an answer kept to find its status line (aiohttp's longest line)
+_CLOSED_AFTER_STATUS: Final = "(the connection closed after its status line)"
 
 _T = TypeVar("_T")
 
@@ -167,6 +174,60 @@ def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
     return f"cannot connect to {host}:{error.port}: {redact(why)}"
 
 
+class _CutOff(aiohttp.ServerDisconnectedError):
+    """The connection closed before the answer's head ended. `status_line`: the answer's status
+    line (no line end) when it came whole, else None; `came`: what came of the answer's head."""
+
+    def __init__(self, message: Any, status_line: bytes | None, came: bytes) -> None:
+        super().__init__(message)
+        self.status_line = status_line
+        self.came = came
+
+
+class _Recorder(ResponseHandler):
+    """aiohttp's protocol of a connection, keeping the first bytes of each answer (reset as a
+    request starts: aiohttp sends one request at a time on a connection), so that a close
+    before the head's end says whether its status line had come whole (`_CutOff`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head = bytearray()
+
+    def set_response_params(self, *args: Any, **kwargs: Any) -> None:
+        self._head.clear()  # (called for each request, before it is sent)
+        super().set_response_params(*args, **kwargs)
+
+    def data_received(self, data: bytes) -> None:
+        if len(self._head) < _HEAD_KEPT:
+            self._head += data[: _HEAD_KEPT - len(self._head)]
+        super().data_received(data)
+
+    def set_exception(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
+        if type(exc) is aiohttp.ServerDisconnectedError:
+            exc = _CutOff(exc.message, *_status_line(bytes(self._head)))
+        super().set_exception(exc, *args, **kwargs)
+
+
+def _status_line(head: bytes) -> tuple[bytes | None, bytes]:
+    """(the status line of the answer `head` begins, when its line end came, else None; what
+    came of the line). The last line that starts "HTTP/" is the answer's (an interim 1xx answer
+    may come before it); a header line cannot start so ("/" is not in a field name)."""
+    *whole, rest = head.split(b"\n")
+    if rest.startswith(b"HTTP/") or not whole:
+        return None, rest
+    lines = [line.rstrip(b"\r") for line in whole if line.startswith(b"HTTP/")]
+    return (lines[-1], lines[-1]) if lines else (None, rest)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """A connector whose connections keep the start of each answer (`_Recorder`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # (aiohttp's own attribute, the protocol of every new connection: a `_Recorder` is one)
+        self._factory = cast("functools.partial[ResponseHandler]", functools.partial(_Recorder, loop=self._loop))
+
+
 _SAID_AT_MOST: Final = 200  # characters of a broken answer said back in a handoff's detail
 
 
@@ -181,6 +242,9 @@ def _failed(error: aiohttp.ClientError | OSError) -> str:
         # the caret line and the request's URL, which its text adds ("400, message=..., url=...").
         words = " ".join(line for line in error.message.splitlines() if line.strip(" ^~")).split()
         return _at_most(f"bad HTTP response: {redact(' '.join(words))}")
+    if isinstance(error, _CutOff) and error.came:  # (a status line cut short: a whole one is an answer)
+        came = error.came.rstrip(b"\r").decode("latin-1")
+        return f'bad HTTP response: cut off after "{redact(_at_most(came))}"'
     if not isinstance(error, aiohttp.ServerDisconnectedError) or isinstance(error.message, str | None):
         return redact(str(error)) or type(error).__name__  # ("Server disconnected": nothing came)
     partial = error.message
@@ -252,7 +316,7 @@ class WebhookTarget(Target):
             self._tls = _tls_context(self._config)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(),  # none of aiohttp's own: `_within` times each request
-            connector=aiohttp.TCPConnector(limit=64, ssl=self._tls if self._tls is not None else True),
+            connector=_Connector(limit=64, ssl=self._tls if self._tls is not None else True),
         )
 
     async def close(self) -> None:
@@ -306,9 +370,35 @@ class WebhookTarget(Target):
     async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None]:
         """(status, reason, seconds a Retry-After asks for) of one POST."""
         assert self._session is not None
-        async with self._session.post(self._config.url, data=body, headers=headers, allow_redirects=False) as response:
-            status = response.status
-            asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
-            wait = retry_after(asked, time.time())
-            await _drain(response)
+        try:
+            async with self._session.post(
+                self._config.url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                status = response.status
+                asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
+                wait = retry_after(asked, time.time())
+                await _drain(response)
+        except _CutOff as error:
+            answer = _cut_off_answer(error)
+            if answer is None:
+                raise
+            return answer
         return status, response.reason or "", wait
+
+
+def _cut_off_answer(error: _CutOff) -> tuple[int, str, float | None] | None:
+    """The answer of a status line that came whole before the connection closed (a server that
+    says 204 and hangs up has answered: taken for "no answer", a 2xx would be handed over again
+    at every retry); None when it did not come whole, or is no status line."""
+    if error.status_line is None:
+        return None
+    code, _, reason = error.status_line.partition(b" ")[2].partition(b" ")  # (after "HTTP/1.1 ")
+    if not (code.isdigit() and len(code) == 3 and 100 <= int(code) <= 599):
+        return None  # (aiohttp's parser has not refused it: it stopped at the close first)
+    status = int(code)
+    said = reason.decode("latin-1").strip()
+    wait = None
+    partial = error.message
+    if status in _ASKS_TO_WAIT and not isinstance(partial, str | None):
+        wait = retry_after(partial.headers.get("Retry-After"), time.time())
+    return status, f"{said} {_CLOSED_AFTER_STATUS}".lstrip(), wait
