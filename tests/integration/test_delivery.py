@@ -306,6 +306,38 @@ def test_a_route_verifying_against_its_own_ca_file_delivers_over_tls_and_one_wit
             assert sink.after(1.5) == [received]  # retried, still refused: never delivered
 
 
+def test_a_delivery_record_says_whether_the_servers_certificate_was_verified(tmp_path: Path) -> None:
+    # Found from outside: a delivery on the unverified fallback (opportunistic TLS whose
+    # certificate does not verify) logged the same `tls` text as a verified one.
+    certificate, key = ensure_self_signed(tmp_path / "smarthost", "127.0.0.1")
+    node = tmp_path / "node"
+    node.mkdir()
+    shutil.copy(certificate, node / "smarthost-ca.pem")
+    with ScriptedSink(tls=server_context(certificate, key)) as sink:
+        routes = [
+            {
+                "domain": "private.example",
+                "next_hop": sink.endpoint,
+                "tls": "required",
+                "tls_verify": True,
+                "ca_file": "smarthost-ca.pem",
+            },
+            {"domain": "public.example", "next_hop": sink.endpoint, "tls": "opportunistic", "tls_verify": True},
+        ]
+        with PigeonProcess(node, delivery={"enabled": True, "retry_interval": "1s"}, route=routes) as pigeon:
+            _send(pigeon, ["a@private.example", "b@public.example"])
+            sink.wait_for(2)
+            records = wait_until(lambda: len(_terminal(pigeon)) == 2 and _terminal(pigeon))
+            tls = {r["recipient"]: r["tls"] for r in records}
+            assert re.fullmatch(
+                r"TLSv1\.[23] with cipher \S+ \(\d+/\d+ bits\), certificate verified", tls["a@private.example"]
+            )
+            assert re.fullmatch(
+                r"TLSv1\.[23] with cipher \S+ \(\d+/\d+ bits\), certificate not verified", tls["b@public.example"]
+            )
+            assert "trying again on TLS without verifying the certificate" in pigeon.stderr()
+
+
 def test_every_bounce_names_its_class_and_rfc_5321_standard_texts_have_one(tmp_path: Path) -> None:
     # Found from outside: a Bounce of an unclassified reply had no "classification" at all (its
     # default was left out of the record), and the standard "550 Requested action not taken:

@@ -398,7 +398,7 @@ class ClientConnection:
         self.peer = peer
         self.host = host  # the hop's host (a name, or an address)
         self.address = address  # the address connected to
-        self.tls: str | None = None  # the TLS version and cipher, once on TLS
+        self.tls: str | None = None  # the TLS version, cipher and verification, once on TLS
         self.options = options
         self.broken = False
         self.opened_with: tuple[Hop, Destination, TlsPolicy] | None = None  # to connect again (`_again_with_data`)
@@ -619,7 +619,12 @@ class ClientConnection:
             session.tls_failed(failure)  # the connection is unusable now
         else:
             wire.transport = transport  # (wire.raw stays the TCP transport beneath)
-            self.tls = describe(transport.get_extra_info("ssl_object"))
+            # Said in the text every record of the attempt carries: a session on the unverified
+            # fallback (a certificate that expired, an unknown CA) is otherwise the same words
+            # as a verified one, and an auditor could not tell them apart.
+            described = describe(transport.get_extra_info("ssl_object"))
+            checked = "certificate verified" if verify else "certificate not verified"
+            self.tls = f"{described}, {checked}" if described is not None else None
             session.tls_established()
         wire.pump()  # EHLO again, or the session's verdict on the failure
 

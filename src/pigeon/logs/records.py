@@ -42,7 +42,10 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 |                |                  | implicit source, or no attempt)                           |
 | peer           | all four         | `host [ip]:port` of the server that answered, if any (of a |
 |                |                  | refusal before sending: the one lacking what it needs)    |
-| tls            | all four         | TLS version and cipher of that connection                 |
+| tls            | all four         | TLS version and cipher of that connection, and whether the |
+|                |                  | server's certificate was checked: `..., certificate       |
+|                |                  | verified` / `..., certificate not verified` (`tls_verify` |
+|                |                  | off, or its unverified fallback)                          |
 | created        | all four         | when the message was received                             |
 | duration       | all four         | seconds the transaction took                              |
 | classification | Bounce, Held     | bounce class from the rule table (InvalidRecipient, ...; |
