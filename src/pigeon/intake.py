@@ -190,10 +190,12 @@ def _from_clause(helo: str, peer_ip: str) -> str:
     field a comment, or its `;` the date's separator: the address literal then stands for
     the client, and the name goes into the comment, each `(`, `)` and `\\` quoted
     (RFC 5322 3.2.2), so the field parses whatever the client said."""
+    # An IPv6 address literal carries its tag (RFC 5321 4.1.3): "[::1]" is no address literal.
+    literal = f"[IPv6:{peer_ip}]" if ":" in peer_ip else f"[{peer_ip}]"
     if not helo:  # HTTP has no HELO: the address alone says where the message came from.
-        return f"[{peer_ip}]"
+        return literal
     if _HELO_DOMAIN.fullmatch(helo) or (_HELO_LITERAL.fullmatch(helo) and valid_literal(helo[1:-1])):
-        return f"{helo} ([{peer_ip}])"
+        return f"{helo} ({literal})"
     shown: list[str] = []
     size = 0
     for char in helo:
@@ -203,7 +205,7 @@ def _from_clause(helo: str, peer_ip: str) -> str:
             break
         shown.append(quoted)
         size += len(quoted)
-    return f"[{peer_ip}] (helo={''.join(shown)})"
+    return f"{literal} (helo={''.join(shown)})"
 
 
 class Intake:
