@@ -49,7 +49,7 @@ def test_connections_stalled_in_the_tls_handshake_make_room_for_newcomers(tmp_pa
                 newcomers.append(newcomer)
                 newcomer.expect(220)
             # The three silent longest, one with half a ClientHello, went; long before the
-            # handshake timeout (30 s), and the others are still there.
+            # handshake timeout (`command_timeout`, 5 min), and the others are still there.
             assert [_closed(client, within=5.0) for client in stalled[:3]] == [True] * 3
             assert time.monotonic() - started < 10
             assert not _closed(stalled[3], within=0.5)

@@ -763,23 +763,52 @@ class SmtpConnection(asyncio.Protocol):
         self._flush()
         self._wait(asyncio.ensure_future(self._start_tls()), self._tls_done, what="TLS handshake failed")
 
-    async def _start_tls(self) -> None:
+    async def _start_tls(self) -> bool:
+        """Whether the handshake succeeded; a failure is logged here, naming the client and
+        which side gave up (a failed handshake closes the connection, so `_tls_done` is not
+        called for it: see `_resume`)."""
         transport = self._transport
         context = self._listener.tls_context
         assert transport is not None and context is not None
         # From here on the transport hands its bytes to the TLS layer, so whatever reaches
         # data_received() is decrypted. Plaintext that came before was dropped by the session.
         self._tls_early = bytearray()
-        new = await self._loop.start_tls(transport, self, context, server_side=True, ssl_handshake_timeout=30.0)
+        # The handshake is the rest of the STARTTLS command: it gets `command_timeout`, the
+        # documented bound, not asyncio's own (60 s, given here only as a backstop).
+        limit = self._listener.command_timeout
+        new: asyncio.Transport | None = None
+        try:
+            async with asyncio.timeout(limit):
+                new = await self._loop.start_tls(
+                    transport, self, context, server_side=True, ssl_handshake_timeout=limit + 1.0
+                )
+        except TimeoutError:
+            why = f"TLS handshake failed: not done within {limit:g}s ([smtp] command_timeout)"
+        except ssl.SSLEOFError as error:
+            why = f"TLS handshake failed: the client closed the connection ({error})"
+        except ssl.SSLError as error:
+            # An alert is the client's refusal (our certificate, say); any other error is ours
+            # (a protocol version or cipher we do not take, bytes that are no TLS).
+            if "ALERT" in (error.reason or ""):
+                why = f"TLS handshake failed: the client refused it ({error})"
+            else:
+                why = f"TLS handshake refused: {error}"
+        except OSError as error:
+            why = f"TLS handshake failed: the client closed the connection ({error.strerror or type(error).__name__})"
+        else:
+            why = "TLS handshake failed: the client closed the connection"
         if new is None:
-            raise ConnectionError("connection closed during the TLS handshake")
+            _log.info("session %s from %s: %s", self.id, self.peer, why)
+            return False
         self._transport = new
         self._tls = describe(new.get_extra_info("ssl_object"))
+        return True
 
     def _tls_done(self, future: asyncio.Future[Any]) -> None:
         error = future.exception()
         if error is not None:
-            _log.info("session %s: TLS handshake with %s failed: %s", self.id, self.peer, error)
+            _log.info("session %s from %s: TLS handshake failed: %s", self.id, self.peer, error)
+        if error is not None or not future.result():
             self.abort()
             return
         self._session.tls_established()
