@@ -12,12 +12,14 @@ import asyncio
 import dataclasses
 import logging
 import shutil
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pigeon.delivery.routes import TlsPolicy
+from pigeon.delivery.routes import Destination, Hop, TlsPolicy
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed
 from pigeon.smtp import replies
 from pigeon.smtp.client import Envelope, Recipient
@@ -252,3 +254,41 @@ async def test_a_route_ca_file_trusts_a_private_ca_and_is_read_again_when_it_cha
             await ClientConnection.open(private, no_dns(), OPTIONS)
         assert failed.value.reply.enhanced == "4.7.5"
         assert "trusted.pem" in failed.value.reply.text, failed.value.reply.text
+
+
+@pytest.mark.parametrize(
+    ("after_220", "said"),
+    [("hang", "timed out after 1s ([delivery] reply_timeout)"), ("reset", "connection reset by the server")],
+)
+@on_both_loops
+async def test_a_handshake_the_server_never_finishes_fails_required_tls_in_words(after_220: str, said: str) -> None:
+    """Found from outside: `TLS handshake with ... failed: TimeoutError` (a server that
+    answered 220 to STARTTLS, then nothing) and `... failed: ConnectionResetError`."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 mx.test\r\n")
+        await reader.readline()
+        writer.write(b"250-mx.test\r\n250 STARTTLS\r\n")
+        await reader.readline()
+        writer.write(b"220 go ahead\r\n")
+        await writer.drain()
+        await reader.read(1)  # the start of the client's hello
+        if after_220 == "reset":
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        else:
+            await asyncio.sleep(5)
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    destination = Destination(f"127.0.0.1:{port}", (Hop("127.0.0.1", port),), TlsPolicy.REQUIRED, tls_verify=False)
+    try:
+        with pytest.raises(ConnectFailed) as failed:
+            await ClientConnection.open(destination, no_dns(), dataclasses.replace(OPTIONS, reply_timeout=1.0))
+    finally:
+        server.close()
+    reply = failed.value.reply
+    assert (reply.code, reply.enhanced) == (451, "4.7.5")
+    assert reply.text == f"TLS handshake with [127.0.0.1]:{port} failed: {said}"

@@ -611,7 +611,11 @@ class ClientConnection:
                 transport = await wire.loop.start_tls(
                     wire.transport, wire, _context(verify, ca_file), server_hostname=server_name
                 )
-        except (ssl.SSLError, OSError, TimeoutError) as error:
+        except TimeoutError:
+            failure = f"timed out after {self.options.reply_timeout:g}s ([delivery] reply_timeout)"
+        except ConnectionResetError:
+            failure = "connection reset by the server"
+        except (ssl.SSLError, OSError) as error:
             failure = str(error) or type(error).__name__
         if session.phase is not Phase.HANDSHAKE:
             return  # the session gave up meanwhile (plaintext after the 220: see _Wire.pump)
