@@ -106,10 +106,25 @@ def split_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"{text!r} is not host:port (port 0..65535; 0 picks a free port)")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        # "::1:2525" could as well be the address ::1:2525 with no port.
+        raise ValueError(f'{text!r}: write an IPv6 address in brackets, then the port: "[{host}]:{port}"')
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host:
         raise ValueError(f"{text!r} has no host; use 0.0.0.0:{port} or [::]:{port} for every address")
+    if ":" in host:
+        try:
+            mapped = ipaddress.IPv6Address(host).ipv4_mapped
+        except ValueError:
+            mapped = None
+        if mapped is not None:
+            # Pigeon's IPv6 sockets are IPv6-only (IPV6_V6ONLY), and Linux binds none of them
+            # to an IPv4-mapped address: the start would fail with "Invalid argument".
+            raise ValueError(
+                f"{text!r} is an IPv4-mapped IPv6 address, which no IPv6 socket can listen on: "
+                f'write the IPv4 address, "{mapped}:{port}"'
+            )
     return host, int(port)
 
 

@@ -338,6 +338,43 @@ def test_bad_value_names_the_file_line_key_and_what_is_expected(tmp_path: Path, 
     assert message.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}")
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[smtp]\nlisten = ["[::ffff:127.0.0.1]:34516"]\n',
+            "line 2: [smtp] listen: '[::ffff:127.0.0.1]:34516' is an IPv4-mapped IPv6 address, which no IPv6 "
+            'socket can listen on: write the IPv4 address, "127.0.0.1:34516"',
+        ),
+        (
+            '[http]\nlisten = "[::ffff:7f00:1]:8025"\n',
+            "line 2: [http] listen: '[::ffff:7f00:1]:8025' is an IPv4-mapped IPv6 address, which no IPv6 socket "
+            'can listen on: write the IPv4 address, "127.0.0.1:8025"',
+        ),
+        (
+            '[smtp]\nlisten = ["::1:34516"]\n',
+            "line 2: [smtp] listen: '::1:34516': write an IPv6 address in brackets, then the port: \"[::1]:34516\"",
+        ),
+        (
+            '[http]\nlisten = "::1:8025"\n',
+            "line 2: [http] listen: '::1:8025': write an IPv6 address in brackets, then the port: \"[::1]:8025\"",
+        ),
+    ],
+    ids=["smtp-mapped", "http-mapped", "smtp-unbracketed", "http-unbracketed"],
+)
+def test_a_listen_address_no_socket_could_bind_is_refused_at_load_naming_the_key(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    # Found from outside: `serve --check` passed these, then the start failed with "cannot
+    # listen: Invalid argument" (an IPv4-mapped address), or took "::1:34516" unbracketed.
+    assert error_of(tmp_path, text) == f"{tmp_path / 'pigeon.toml'}, {expected}"
+
+
+def test_an_ipv6_listen_address_in_brackets_is_taken(tmp_path: Path) -> None:
+    config = load(write(tmp_path, '[smtp]\nlisten = ["[::1]:34516", "[::]:34517"]\n'))
+    assert [(e.host, e.port) for e in config.smtp.listen] == [("::1", 34516), ("::", 34517)]
+
+
 def test_certificate_without_private_key_is_refused(tmp_path: Path) -> None:
     message = error_of(tmp_path, '[smtp]\ntls_certificate = "cert.pem"\n')
     assert "tls_certificate and tls_private_key must be given together" in message
