@@ -207,6 +207,12 @@ def _check(args: argparse.Namespace) -> int:
         except PolicyLoadError as error:
             print(f"pigeon: configuration error: {redact(str(error))}", file=sys.stderr)
             return 2
+    if config.smtp.tls_certificate is not None:
+        from pigeon.listener.tls import expiry_warning
+
+        # Said, not refused: the node starts with it too (a renewal may be on its way).
+        if (warning := expiry_warning(config.smtp.tls_certificate)) is not None:
+            print(f"pigeon: warning: {warning}", file=sys.stderr)
     print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")
     return 0
 

@@ -17,10 +17,14 @@ import ipaddress
 import os
 import ssl
 from pathlib import Path
+from typing import Final
 
 from pigeon.tls import server_context
 
-__all__ = ["PairProblem", "check_pair", "describe", "ensure_self_signed", "server_context"]
+__all__ = ["PairProblem", "check_pair", "describe", "ensure_self_signed", "expiry_warning", "server_context"]
+
+EXPIRY_NOTICE: Final = datetime.timedelta(days=14)
+"""How long before a listener certificate's end `expiry_warning` starts saying so."""
 
 
 class PairProblem(Exception):
@@ -65,6 +69,32 @@ def check_pair(certificate: Path, private_key: Path) -> None:
         server_context(certificate, private_key)
     except (OSError, ssl.SSLError) as error:
         raise PairProblem("certificate", f"{certificate} with {private_key}: TLS cannot use them ({error})") from None
+
+
+def expiry_warning(certificate: Path, now: datetime.datetime | None = None) -> str | None:
+    """A warning if the first certificate in `certificate` (the one the listener presents)
+    has expired, or expires within `EXPIRY_NOTICE`; None otherwise, or if the file cannot be
+    read as one (`check_pair` says why). An expired certificate still serves STARTTLS, but
+    every client that verifies it refuses the handshake, which the node never hears of."""
+    from cryptography import x509
+
+    try:
+        chain = x509.load_pem_x509_certificates(certificate.read_bytes())
+    except (OSError, ValueError):
+        return None
+    now = now or datetime.datetime.now(datetime.UTC)
+    ends = chain[0].not_valid_after_utc
+    when = ends.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if ends <= now:
+        return (
+            f"[smtp] tls_certificate: {certificate} expired on {when}: clients that verify it refuse STARTTLS; "
+            "renew it (a reload reads it again)"
+        )
+    if ends - now <= EXPIRY_NOTICE:
+        days = (ends - now).days
+        left = "less than a day" if days < 1 else f"{days} day{'s' if days != 1 else ''}"
+        return f"[smtp] tls_certificate: {certificate} expires on {when}, in {left}: renew it (a reload reads it again)"
+    return None
 
 
 def _read(path: Path, which: str) -> bytes:

@@ -190,6 +190,7 @@ class Node:
             if self.worker == 0:
                 _warn_shared_keys(config.dkim)
         if self.worker == 0:
+            _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
             _warn_inbound_routes(config.inbound)
@@ -632,6 +633,7 @@ class Node:
         self.tokens.take(config, running.spool.path)
         if self.worker == 0:
             _warn_shared_keys(config.dkim)
+            _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
             _warn_inbound_routes(config.inbound)
@@ -1011,6 +1013,17 @@ def _warn_shared_keys(configs: list[DkimConfig]) -> None:
 _WIDE_RELAY_PREFIX: Final = {4: 8, 6: 16}
 """A relay network with a shorter prefix than this that is not all private addresses
 (10.0.0.0/8 and fc00::/7 are not warned about) takes in a good part of the Internet."""
+
+
+def _warn_certificate_expiry(config: Config) -> None:
+    """Warn when the listener's configured certificate has expired or soon will (worker 0
+    alone: every worker presents the same one). The self-signed one Pigeon makes is left
+    out: no client verifies it anyway."""
+    from pigeon.listener.tls import expiry_warning
+
+    certificate = config.smtp.tls_certificate
+    if certificate is not None and (warning := expiry_warning(certificate)) is not None:
+        _log.warning("%s", warning)
 
 
 def _warn_unbindable_sources(config: Config) -> None:
