@@ -29,8 +29,9 @@ from tests.support.sinks import wait_until
 class _CutOffApp:
     """Reads each request whole, sends `answer`, and closes the connection."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: bytes, stall: float = 0.0) -> None:
         self.answer = answer
+        self.stall = stall  # seconds it says nothing more before it closes
         self.requests = 0
         self.heads: list[bytes] = []  # each request's head
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -65,6 +66,7 @@ class _CutOffApp:
             self.requests += 1
             self.heads.append(head)
             connection.sendall(self.answer)
+            time.sleep(self.stall)
 
 
 def _webhook(url: str) -> WebhookTarget:
@@ -156,3 +158,33 @@ async def test_the_dedupe_headers_a_webhook_gets_are_those_the_readme_tells_appl
         ("X-Pigeon-Source", "imap:support"),
     ]:
         assert fields[name.encode()].decode() == value and f"`{name}`" in twice, name
+
+
+@pytest.mark.parametrize(
+    ("answer", "verdict", "detail"),
+    [
+        (
+            b"HTTP/1.1 204 No Content\r\n",
+            Verdict.ACCEPTED,
+            "204 No Content (the connection stalled after its status line)",
+        ),
+        (b"HTTP/1.1 200 OK\r\nX-A: 1\r\n", Verdict.ACCEPTED, "200 OK (the connection stalled after its status line)"),
+        (b"HTTP/1.1 410 Gone\r\n", Verdict.PERMANENT, "410 Gone (the connection stalled after its status line)"),
+        (b"HTTP/1.1 204 No Content", Verdict.TRANSIENT, "no answer from {url} within 3s"),
+        (b"HTTP/1.1 100 Continue\r\n\r\n", Verdict.TRANSIENT, "no answer from {url} within 3s"),
+    ],
+    ids=["status-only", "mid-headers", "410", "status-line-cut", "interim-only"],
+)
+async def test_a_webhook_answer_is_its_status_line_whatever_stalls_after_it(
+    answer: bytes, verdict: Verdict, detail: str
+) -> None:
+    """Found from outside: a 204 status line, then silence past the target's timeout, was "no
+    answer" and the message was handed over again at every retry."""
+    with _CutOffApp(answer, stall=4.0) as app:
+        target = _webhook(app.url)
+        try:
+            handoff = await target.deliver(InboundMessage.of(customer_mail(1), "imap:support", time.time()))
+        finally:
+            await target.close()
+    assert (handoff.verdict, handoff.detail) == (verdict, detail.format(url=app.url))
+    assert app.requests == 1

@@ -39,6 +39,7 @@ import os
 import ssl
 import time
 import urllib.parse
+import weakref
 from collections.abc import Coroutine, Sequence
 from typing import Any, Final, TypeVar, cast
 
@@ -62,18 +63,24 @@ _DRAIN_SECONDS: Final = 1.0  # what an answer's body may take once its status li
 _DRAIN_BYTES: Final = 64 * 1024  # ... and how much of it is read (an application says little)
 _STALLED: Final = 0.5  # seconds a timer fires late by when the node was not running meanwhile
 _HEAD_KEPT: Final = 8 * 1024  # bytes of an answer kept to find its status line (aiohttp's longest line)
-_CLOSED_AFTER_STATUS: Final = "(the connection closed after its status line)"
 
 _T = TypeVar("_T")
 
 
 class _NoAnswer(TimeoutError):
     """The request had its time and got no answer; `stalled`: seconds of that time, given
-    back, that the node itself was not running."""
+    back, that the node itself was not running; `head`: the start of the answer that came on
+    its connection, if any (`_Recorder`)."""
 
-    def __init__(self, stalled: float) -> None:
+    def __init__(self, stalled: float, recorder: _Recorder | None = None) -> None:
         super().__init__()
         self.stalled = stalled
+        self.head = bytes(recorder.head) if recorder is not None else b""
+
+
+# The connection protocol of each request under way, by the task that sends it: a request that
+# runs out of time after its status line came whole has had its answer (`_NoAnswer.head`).
+_heads: weakref.WeakKeyDictionary[asyncio.Task[Any], _Recorder] = weakref.WeakKeyDictionary()
 
 
 async def _within(seconds: float, request: Coroutine[Any, Any, _T]) -> _T:
@@ -92,7 +99,7 @@ async def _within(seconds: float, request: Coroutine[Any, Any, _T]) -> _T:
                 return task.result()
             late = loop.time() - deadline
             if late < _STALLED:
-                raise _NoAnswer(stalled)
+                raise _NoAnswer(stalled, _heads.get(task))
             # Woken this late, the node was not running: an answer that came meanwhile waits
             # unread in the socket. The request gets the time back.
             stalled += late
@@ -193,8 +200,16 @@ class _Recorder(ResponseHandler):
         super().__init__(*args, **kwargs)
         self._head = bytearray()
 
+    @property
+    def head(self) -> bytearray:
+        """What came of the current answer's start."""
+        return self._head
+
     def set_response_params(self, *args: Any, **kwargs: Any) -> None:
-        self._head.clear()  # (called for each request, before it is sent)
+        self._head.clear()  # (called for each request, before it is sent, by its task)
+        task = asyncio.current_task()
+        if task is not None:
+            _heads[task] = self
         super().set_response_params(*args, **kwargs)
 
     def data_received(self, data: bytes) -> None:
@@ -348,6 +363,12 @@ class WebhookTarget(Target):
         try:
             status, reason, wait = await _within(config.timeout, self._post(body, headers))
         except TimeoutError as error:  # `_NoAnswer`, or a timeout of the connection's own
+            status_line = _status_line(error.head)[0] if isinstance(error, _NoAnswer) else None
+            if status_line is not None and (answer := _status_answer(status_line, "stalled")) is not None:
+                # A status line that came whole is the answer, whatever stalled after it (a 2xx
+                # taken for "no answer" would be handed over again at every retry).
+                status, reason, wait = answer
+                return self._verdict(status, reason, wait)
             detail = f"no answer from {redact_url(config.url)} within {config.timeout:g}s"
             if isinstance(error, _NoAnswer) and error.stalled:
                 detail += f" (not counting {error.stalled:.1f}s this node was not running)"
@@ -358,10 +379,14 @@ class WebhookTarget(Target):
             return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_failed(error)}")
         except ValueError as error:  # a header aiohttp will not send: the message's own fault
             return Handoff(Verdict.PERMANENT, f"cannot make the request: {redact(str(error))}")
+        return self._verdict(status, reason, wait)
+
+    def _verdict(self, status: int, reason: str, wait: float | None) -> Handoff:
+        """What an answer's status says of the handoff."""
         detail = f"{status} {reason}".strip()
         if 200 <= status < 300:
             return Handoff(Verdict.ACCEPTED, detail)
-        if 400 <= status < 500 and status not in config.retry_statuses:
+        if 400 <= status < 500 and status not in self._config.retry_statuses:
             return Handoff(Verdict.PERMANENT, detail)
         if wait is not None:
             return Handoff(Verdict.TRANSIENT, f"{detail} (Retry-After: {min(wait, 1e9):.0f}s)", wait)
@@ -392,13 +417,21 @@ def _cut_off_answer(error: _CutOff) -> tuple[int, str, float | None] | None:
     at every retry); None when it did not come whole, or is no status line."""
     if error.status_line is None:
         return None
-    code, _, reason = error.status_line.partition(b" ")[2].partition(b" ")  # (after "HTTP/1.1 ")
-    if not (code.isdigit() and len(code) == 3 and 100 <= int(code) <= 599):
-        return None  # (aiohttp's parser has not refused it: it stopped at the close first)
-    status = int(code)
-    said = reason.decode("latin-1").strip()
-    wait = None
+    answer = _status_answer(error.status_line, "closed")
+    if answer is None:
+        return None
+    status, reason, _ = answer
     partial = error.message
     if status in _ASKS_TO_WAIT and not isinstance(partial, str | None):
-        wait = retry_after(partial.headers.get("Retry-After"), time.time())
-    return status, f"{said} {_CLOSED_AFTER_STATUS}".lstrip(), wait
+        return status, reason, retry_after(partial.headers.get("Retry-After"), time.time())
+    return answer
+
+
+def _status_answer(status_line: bytes, then: str) -> tuple[int, str, float | None] | None:
+    """(status, reason) of a whole `status_line` after which the connection `then` ("closed",
+    "stalled"); None when it is no final answer's status line (a 1xx is interim)."""
+    code, _, reason = status_line.partition(b" ")[2].partition(b" ")  # (after "HTTP/1.1 ")
+    if not (code.isdigit() and len(code) == 3 and 200 <= int(code) <= 599):
+        return None  # (aiohttp's parser has not refused it: it stopped at the close first)
+    said = reason.decode("latin-1").strip()
+    return int(code), f"{said} (the connection {then} after its status line)".lstrip(), None
