@@ -131,3 +131,27 @@ def test_a_site_one_source_cannot_reach_is_down_for_that_source_alone(tmp_path: 
             failures = pigeon.records("TransientFailure")
     assert received.recipients == ["y@a4-dual.test"]
     assert [f["recipient"] for f in failures] == ["x@a6-dual.test"]
+
+
+def test_pool_mail_is_given_a_source_that_finds_the_site_up_while_another_finds_it_down(tmp_path: Path) -> None:
+    """Found from outside: in a pool of an IPv6 and an IPv4 source, mail given the IPv6 one
+    (down for it) waited for that path's probes, and was given it again at each probe, while
+    the IPv4 source delivered at once."""
+    port = free_port()
+    zone = Zone({"mx.dual.test": [("A", "127.0.0.1"), ("AAAA", "::1")]})  # (nothing listens on ::1)
+    sources = [{"name": "v6", "bind": "::1"}, {"name": "v4", "bind": "127.0.0.2"}]
+    tables = {"source": sources, "pool": [{"name": "both", "sources": ["v6", "v4"]}]}
+    with DnsServer(zone) as dns, ScriptedSink(port=port) as sink:
+        probes = {"site_retry_interval": "30s", "max_site_retry_interval": "30s"}
+        config = delivery_config(f"mx.dual.test:{port}", retry_interval="1h", pool="both", **probes)
+        with PigeonProcess(tmp_path / "node", dns={"nameservers": [dns.endpoint]}, tables=tables, **config) as pigeon:
+            _send(pigeon, "first@one.test")  # (the pool's first pick: v6, refused)
+            [failure] = pigeon.wait_records("TransientFailure", 1)
+            assert failure["source"] == "v6", failure
+            pigeon.wait_stderr("is down")
+            for n in range(6):
+                _send(pigeon, f"r{n}@one.test")
+            received = sink.wait_for(6, timeout=10)
+            failures = pigeon.records("TransientFailure")
+    assert sorted(r for m in received for r in m.recipients) == [f"r{n}@one.test" for n in range(6)]
+    assert [f["recipient"] for f in failures] == ["first@one.test"]  # none given v6 and deferred

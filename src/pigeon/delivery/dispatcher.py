@@ -808,7 +808,7 @@ class Dispatcher:
         if not health.is_down(site) or wait <= 0 or self._is_held(lane) or self._stopping:
             self._start(lane)  # (up, or the probe is due; a suspension or a stop: it waits)
             return 0
-        reply = not_tried(queue.site)
+        reply = not_tried(queue.site, queue.source)
         cause = health.reason(site)  # the connection error that took it down, or the last probe's
         deferred = 0
         while (lease := queue.take_nowait()) is not None:

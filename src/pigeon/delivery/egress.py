@@ -26,7 +26,7 @@ weights' proportions.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,11 @@ class WeightedRoundRobin:
         self._current = [0] * len(members)
         self._total = sum(self._weights)
 
+    @property
+    def size(self) -> int:
+        """How many members it has."""
+        return len(self._names)
+
     def next(self) -> str:
         """The next member: over every `total weight` picks, each member exactly `weight` times."""
         current, weights = self._current, self._weights
@@ -87,10 +92,12 @@ class Egress:
             members[pool.name] = [(m, 1) if isinstance(m, str) else (m.source, m.weight) for m in pool.sources]
         return cls(members, default_pool)
 
-    def choose(self, pool: str | None, destination: Any) -> str | None:
+    def choose(self, pool: str | None, destination: Any, down: Callable[[str], bool] | None = None) -> str | None:
         """The source for one message of `pool` (None: the default pool) going to
         `destination`; None means the implicit source. Raises `Unroutable` (a 4xx) for a pool
-        that is not configured."""
+        that is not configured. `down(source)`: whether that source finds the destination's
+        site down; the pool's next member that does not is taken instead (its mail would
+        wait for a probe of a path another source reaches now), none skipped if all do."""
         if destination.kind is not Kind.SMTP:
             return None  # an application's target: no SMTP connection to bind
         name = pool or self._default
@@ -102,4 +109,11 @@ class Egress:
                 self._warned.add(name)
                 _log.warning("mail names the egress pool %r, which is not configured: it waits in the spool", name)
             raise Unroutable(Reply(451, "4.3.5", (f"egress pool {name!r} is not configured ([[pool]])",)))
-        return chooser.next()
+        chosen = chooser.next()
+        if down is None or not down(chosen):
+            return chosen
+        for _ in range(chooser.size - 1):
+            other = chooser.next()
+            if not down(other):
+                return other
+        return chosen

@@ -143,6 +143,7 @@ class SiteHealth:
         return list(self._down)
 
 
-def not_tried(site: str) -> Reply:
-    """What mail for a down site is deferred with."""
-    return Reply(451, "4.4.1", (f"not tried: {site} is down",))
+def not_tried(site: str, source: str | None = None) -> Reply:
+    """What mail for a down site is deferred with (from `source`, a `[[source]]`, when it is
+    down for that source alone)."""
+    return Reply(451, "4.4.1", (f"not tried: {site} is down" + (f" from source {source}" if source else ""),))

@@ -23,6 +23,7 @@ from pigeon.message import Message
 from pigeon.metrics import Counts
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.admin import Admin
+from pigeon.queue.names import ready_queue
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, egress_pool
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.retry import RetryPolicy
@@ -37,6 +38,9 @@ from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
 _log = logging.getLogger(__name__)
+
+ChooseSource = Callable[[str | None, Any, Callable[[str], bool] | None], str | None]
+"""A message's source from its pool (`pigeon.delivery.egress.Egress.choose`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,7 @@ def build_engine(
     hooks: DeliveryHooks | None = None,
     route_failures: RouteFailures = lambda address: None,
     source: str = "default",
-    egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
+    egress: ChooseSource = lambda pool, destination, down: None,
     default_pool: str | None = None,
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
@@ -123,6 +127,12 @@ def build_engine(
         idle_timeout=dispatcher.idle_timeout_of,
         on_forget=dispatcher.forget,
     )
+
+    def choose_source(pool: str | None, destination: Any) -> str | None:
+        # A pool's source that finds the site down is passed over for one that does not.
+        site = getattr(destination, "site", "")
+        return egress(pool, destination, lambda source: dispatcher.health.is_down(ready_queue(source, site)))
+
     scheduler = Scheduler(
         spools=list(spools.values()),
         active=active,
@@ -131,7 +141,7 @@ def build_engine(
         settlement=settlement,
         policies=policies,
         intercept=rules.intercept,
-        egress=egress,
+        egress=choose_source,
         observe_lag=observe_lag,
         clock=clock,
     )
