@@ -658,7 +658,7 @@ class Composer:
         # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
         # 8-bit text in another charset (raw bytes) is no UTF-8: 8BITMIME, as SMTP takes it
         # from a client that asks for no SMTPUTF8.
-        return Composed(data, smtputf8=not head.isascii() and _is_utf8(head), own=len(data) - given)
+        return Composed(data, smtputf8=not head.isascii() and mime.is_utf8(head), own=len(data) - given)
 
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
         # Address fields are written whole by `mime.address_header`, never through `mime.header`:
@@ -917,11 +917,3 @@ def _crlf(text: str) -> str:
 def _crlf_bytes(data: bytes) -> bytes:
     """`_crlf` for raw content's bytes (a file with LF line endings, base64-encoded)."""
     return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True

@@ -518,3 +518,12 @@ def _checked(field: str, max_line: int) -> str:
             f" ({max_line}), which the message would be refused for"
         )
     return field
+
+
+def is_utf8(data: bytes) -> bool:
+    """Whether `data` is UTF-8 (ASCII is)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

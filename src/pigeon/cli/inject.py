@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pigeon import mime
 from pigeon.cli.api import ApiClient, Unanswered, add_api_options, fail, printable
 from pigeon.logs.peer_text import shown
 
@@ -263,15 +264,7 @@ def _attachment(path: Path) -> dict[str, Any]:
     another charset is sent without, the charset unknown here."""
     content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     raw = path.read_bytes()
-    if content_type.startswith("text/") and _is_utf8(raw):
+    if content_type.startswith("text/") and mime.is_utf8(raw):
         content_type += "; charset=utf-8"
     data = base64.b64encode(raw).decode()
     return {"data": data, "base64": True, "content_type": content_type, "file_name": path.name}
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True

@@ -666,12 +666,11 @@ class ClusterThrottles(Throttles):
             if hold.member in self._over:
                 return False
             # Another worker or node was refused for the full limit (Redis says, at the
-            # heartbeat), or a lane of this node was.
-            wanted = self._wanted.get(hold.key, 0.0) > self.table.now() or self._wanted_here(hold.key)
-            return not self._yields(hold, wanted)
+            # heartbeat), or a lane of this node was (`_yields` asks the table).
+            return not self._yields(hold, self._wanted.get(hold.key, 0.0) > self.table.now())
         # Fallen back with more connections than this node's share: as many as it must end
         # after their message (they count until closed: no new one opens meanwhile).
-        return self._within(hold, self.share(limit)) and not self._yields(hold, self._wanted_here(hold.key))
+        return self._within(hold, self.share(limit)) and not self._yields(hold)
 
     def disconnect(self, hold: Hold) -> None:
         super().disconnect(hold)

@@ -100,17 +100,21 @@ class Throttles:
         the node's workers have open ends as many of them as it must, each after its batch,
         whichever worker holds them. And one that has had its `TURN` while another waits for
         a slot makes room (`Hold.yielding`)."""
-        return self._within(hold, limit) and not self._yields(hold, self._wanted_here(hold.key))
+        return self._within(hold, limit) and not self._yields(hold)
 
     def _wanted_here(self, key: str) -> bool:
         """Whether a lane of this node was refused a connection for `key` of late."""
         return self.table.marked(_wanted_key(key))
 
-    def _yields(self, hold: Hold, wanted: bool) -> bool:
-        """Whether `hold`'s connection makes room now: another waits (`wanted`), it has had its
-        turn, and no other connection of the node is making room for one already (one at a
-        time: the waiter needs one slot, not every connection of its turn closed at once)."""
-        if not wanted or self.table.now() - hold.since < TURN:
+    def _yields(self, hold: Hold, wanted_elsewhere: bool = False) -> bool:
+        """Whether `hold`'s connection makes room now: it has had its turn, another waits (a
+        lane of this node, or one elsewhere: `wanted_elsewhere`), and no other connection of
+        the node is making room for one already (one at a time: the waiter needs one slot,
+        not every connection of its turn closed at once). The turn is looked at first: it
+        costs no look-up in the table, which each batch of a connection asks."""
+        if self.table.now() - hold.since < TURN:
+            return False
+        if not (wanted_elsewhere or self._wanted_here(hold.key)):
             return False
         if not self.table.acquire(_yielding_key(hold.key), 1):
             return False
@@ -124,10 +128,13 @@ class Throttles:
         enough end (not every one of them, which would empty the site for a moment)."""
         if hold.released:
             return False
+        held = self.table.held(hold.key)
+        if held <= room:
+            return True  # (the usual case: no need to count those ending)
         ending = _ending_key(hold.key)
-        if self.table.held(hold.key) - self.table.held(ending) <= room:
+        if held - self.table.held(ending) <= room:
             return True
-        if not self.table.acquire(ending, self.table.held(hold.key) - room):
+        if not self.table.acquire(ending, held - room):
             return True  # others are ending already: enough of them
         hold.released = True
         return False
