@@ -49,3 +49,22 @@ def test_a_reply_with_no_valid_code_defers_and_never_bounces(tmp_path: Path) -> 
             wait_until(lambda sink=sink: sink.drops == 1)
             assert sink.quits == 0 and sink.contents == [], name  # dropped, nothing more said
         assert pigeon.records("Bounce") == [] and pigeon.records("Delivery") == []
+
+
+def test_a_refusal_whose_lines_disagree_on_the_code_within_its_class_bounces_with_the_last_lines_code(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: `550-5.1.1 .../551 5.1.1 ...` to RCPT was "broke the protocol" at
+    every attempt, and the recipient, refused for good, was retried until it expired."""
+    with ExitStack() as stack:
+        sink = stack.enter_context(AnswerSink({"RCPT": "550-5.1.1 no such user\r\n551 5.1.1 try elsewhere"}))
+        config = delivery_config("unused", retry_interval="1h")
+        config["route"] = [{"domain": "odd.example", "next_hop": sink.endpoint, "tls": "disabled"}]
+        pigeon = stack.enter_context(PigeonProcess(tmp_path / "node", **config))
+        with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+            client.sendmail("<>", ["a@odd.example"], MESSAGE)
+        (bounce,) = wait_until(lambda: pigeon.records("Bounce"))
+        response = bounce["response"]
+        assert (response["code"], response["enhanced"]) == (551, "5.1.1"), response
+        assert response["text"] == "no such user try elsewhere", response
+        assert pigeon.records("TransientFailure") == [] and sink.contents == []

@@ -142,8 +142,9 @@ class ReplyReader:
         if "\r" in line or "\0" in line:
             raise ClientProtocolError(f"reply line with a bare CR or NUL: {line[:80]!r}")
         lines = self._lines
-        if lines and lines[0][:3] != code:
-            raise ClientProtocolError("reply code changed inside a multi-line reply")
+        if lines and lines[0][0] != code[0]:
+            # 250-... then 550: did the server take the command or not? No reading is safe.
+            raise ClientProtocolError("reply class changed inside a multi-line reply")
         lines.append(line)
         if len(line) > 3 and line[3] == "-":
             if len(lines) >= _MAX_REPLY_LINES:
@@ -168,7 +169,10 @@ _SEEN: dict[bytes, Reply] = {}  # single-line replies by their line as received
 
 
 def _parse_reply(lines: list[str]) -> Reply:
-    code = int(lines[0][:3])
+    # The last line's code, as Postfix reads it: a server whose lines disagree within one class
+    # (550-... then 551) said clearly enough whether it took the command, and refusing to read
+    # it held every recipient of the transaction until it expired (found from outside).
+    code = int(lines[-1][:3])
     if not 200 <= code <= 599:
         # RFC 5321 4.2: the first digit is 2 to 5. Another is no reply a client can act on: no
         # class says whether the command was done, and whatever Pigeon made of it would put

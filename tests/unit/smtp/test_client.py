@@ -869,9 +869,18 @@ def test_a_malformed_reply_line_is_a_protocol_error(line: bytes) -> None:
         ReplyReader().feed(line)
 
 
-def test_a_code_change_inside_a_multi_line_reply_is_a_protocol_error() -> None:
-    with pytest.raises(ClientProtocolError):
-        ReplyReader().feed(b"250-first\r\n550 second\r\n")
+@pytest.mark.parametrize("data", [b"250-first\r\n550 second\r\n", b"550-first\r\n450 second\r\n"])
+def test_a_class_change_inside_a_multi_line_reply_is_a_protocol_error(data: bytes) -> None:
+    with pytest.raises(ClientProtocolError, match="class changed"):
+        ReplyReader().feed(data)
+
+
+def test_a_code_change_within_its_class_inside_a_multi_line_reply_is_read_with_the_last_lines_code() -> None:
+    """Found from outside: `550-5.1.1 ... / 551 5.1.1 ...` to one RCPT was a protocol error, and
+    every recipient of the message, those already accepted or refused included, was deferred
+    until it expired. Postfix reads the last line's code."""
+    got = ReplyReader().feed(b"550-5.1.1 first line\r\n551 5.1.1 second line\r\n250 2.0.0 ok\r\n")
+    assert got == [Reply(551, "5.1.1", ("first line", "second line")), Reply(250, "2.0.0", ("ok",))]
 
 
 def test_a_reply_that_never_ends_is_a_protocol_error_before_it_fills_memory() -> None:
