@@ -414,3 +414,40 @@ def test_with_a_limit_of_one_two_workers_backlogs_take_turns(tmp_path: Path) -> 
     assert max(waited.values()) < TURN + 4, f"a worker's mail waited for the other's turn to end: {waited}"
     runs = 1 + sum(1 for before, after in itertools.pairwise(shards) if before != after)
     assert runs >= 3, f"each worker's mail went in one run ({runs} runs): no turns were taken"
+
+
+@pytest.mark.timeout(240)
+def test_under_a_cluster_limit_of_one_a_slot_made_room_for_goes_to_a_waiter_not_the_yielders_sibling(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Found from outside: two nodes under a cluster limit of 1, each worker with a backlog: a
+    slot a connection made room for (its turn over while another node waited) usually went to
+    the other worker of the same node, which had not waited, asking at once, before the other
+    node's waiter (asking every 0.1 s): one worker's mail waited 54 s while the turn is 10 s.
+    Here node A has two workers and node B one, three backlogs in turn: none waits more than
+    the other two's turns (and the changes between them)."""
+    from pigeon.shaping.throttles import TURN
+
+    with ScriptedSink(slow=0.2) as sink:  # (each RCPT takes 0.2 s: about 5 messages a second)
+        sections = delivery_config(sink.endpoint, connection_limit=1)
+        shared: dict[str, Any] = {"redis": {"url": redis_server.url, "timeout": "1s"}, "log": {"level": "info"}}
+        a = PigeonProcess(tmp_path / "a", node={"name": "a", "workers": 2}, **shared, **sections)
+        b = PigeonProcess(tmp_path / "b", node={"name": "b", "workers": 1}, **shared, **sections)
+        with a, b:
+            # Over 3 turns of mail for each of the three workers (A's over many client
+            # connections, so that both of its workers take some).
+            injecting = threading.Thread(target=_inject, args=(a, "slow-a", 320), kwargs={"connections": 32})
+            injecting.start()
+            _inject(b, "slow-b", 160, connections=4)
+            injecting.join()
+            delivered = {name: node.wait_records("Delivery", count, timeout=200)
+                         for name, node, count in (("a", a, 320), ("b", b, 160))}  # fmt: skip
+    assert peak_connections(sink.connections) == 1
+    times: dict[tuple[str, int], list[float]] = {}
+    for name, records in delivered.items():
+        for record in records:
+            times.setdefault((name, int(record["id"], 16) & 63), []).append(record["timestamp"])
+    assert len(times) == 3, sorted(times)
+    start = min(min(each) for each in times.values())
+    waits = {party: max(b - a for a, b in itertools.pairwise([start, *sorted(each)])) for party, each in times.items()}
+    assert max(waits.values()) < 2 * TURN + 6, f"a worker's mail waited past the other two's turns: {waits}"

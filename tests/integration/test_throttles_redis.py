@@ -28,10 +28,10 @@ Make = Callable[..., ClusterThrottles]
 async def make(redis_server: RedisServer) -> AsyncIterator[Make]:
     made: list[ClusterThrottles] = []
 
-    def make(node: str = "a", **options: object) -> ClusterThrottles:
-        throttles = ClusterThrottles(
-            redis_server.url, table=MemoryTable(), node=node, prefix="t", timeout=0.5, **options
-        )  # type: ignore[arg-type]
+    def make(node: str = "a", table: MemoryTable | None = None, **options: object) -> ClusterThrottles:
+        """A worker of `node`; those given one `table` are workers of one node."""
+        shared = table if table is not None else MemoryTable()
+        throttles = ClusterThrottles(redis_server.url, table=shared, node=node, prefix="t", timeout=0.5, **options)  # type: ignore[arg-type]
         made.append(throttles)
         return throttles
 
@@ -367,6 +367,67 @@ async def test_a_connection_that_had_its_turn_makes_room_for_a_node_waiting_for_
     a.disconnect(first)
     await asyncio.sleep(0.1)  # the release is sent without waiting for it
     assert await b.connect("site:mx", 2) is not None
+
+
+async def test_a_slot_made_room_for_goes_to_the_node_that_waited_not_to_the_yielders_sibling(make: Make) -> None:
+    """Found from outside: two nodes of two workers under a cluster limit of 1. A connection
+    made room for the other node's waiter (its turn over), and the other worker of its own
+    node, which its node's table had refused and Redis had never seen wait, took the slot
+    first: one worker's mail waited 54 s with a turn of 10 s. A free slot now goes to the
+    workers Redis saw wait first, in the order they came."""
+    from pigeon.shaping.throttles import TURN
+
+    node_a = MemoryTable()
+    a1, a2, b = make("a", node_a, worker=0), make("a", node_a, worker=1), make("b")
+    for worker in (a1, a2, b):
+        await worker.start()
+    hold = await a1.connect("site:mx", 1)
+    assert hold is not None
+    assert await a2.connect("site:mx", 1) is None  # (its node's table: Redis is not asked)
+    assert await b.connect("site:mx", 1) is None  # refused by Redis: b waits in the line
+    await a1._heartbeat()
+    hold.since -= TURN + 1
+    assert a1.keep(hold, 1) is False and hold.yielding  # a1 makes room for b
+    a1.disconnect(hold)
+    await asyncio.sleep(0.1)  # the release is sent without waiting for it
+    assert await a2.connect("site:mx", 1) is None  # the sibling asks first: b waited before it
+    held = await b.connect("site:mx", 1)
+    assert held is not None
+    assert await a1.connect("site:mx", 1) is None  # (behind a2, which waits now)
+    b.disconnect(held)
+    await asyncio.sleep(0.1)
+    assert await a1.connect("site:mx", 1) is None
+    assert await a2.connect("site:mx", 1) is not None
+
+
+async def test_a_worker_its_own_node_refuses_keeps_its_place_in_the_line(make: Make) -> None:
+    """A worker in the line whose sibling took the slot is refused by its node's table, not by
+    Redis, for the whole turn: its heartbeat keeps its place (past `TICKET`), and a node that
+    came later is not let in before it."""
+    from pigeon.shaping.cluster import TICKET
+
+    node_a = MemoryTable()
+    a1, a2, b = make("a", node_a, worker=0), make("a", node_a, worker=1), make("b")
+    for worker in (a1, a2, b):
+        await worker.start()
+    held = await b.connect("site:mx", 1)
+    assert held is not None
+    assert await a2.connect("site:mx", 1) is None
+    assert await a1.connect("site:mx", 1) is None  # the line: a2, a1
+    b.disconnect(held)
+    await asyncio.sleep(0.1)
+    turn = await a2.connect("site:mx", 1)
+    assert turn is not None
+    assert await b.connect("site:mx", 1) is None  # the line: a1, b
+    deadline = time.monotonic() + TICKET + 1.5  # (a1's and b's heartbeats run meanwhile)
+    while time.monotonic() < deadline:
+        assert await a1.connect("site:mx", 1) is None  # its node's table: Redis is not asked
+        assert await b.connect("site:mx", 1) is None
+        await asyncio.sleep(0.1)
+    a2.disconnect(turn)
+    await asyncio.sleep(0.1)
+    assert await b.connect("site:mx", 1) is None
+    assert await a1.connect("site:mx", 1) is not None
 
 
 async def test_back_from_a_fallback_no_node_keeps_to_its_share_while_another_takes_the_rate_from_redis(

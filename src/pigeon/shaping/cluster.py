@@ -24,6 +24,17 @@ Only a refusal one connection's end would let in sets it: a node running a lower
 the holders' (a reaction's effect) finds more leases than its limit, and no idle connection
 elsewhere that closes would let it in.
 
+Such a refusal also puts the worker in the limit's line (`line:`, worker -> when it joined),
+and a slot that frees goes to the workers in it, first come first: `_ACQUIRE` lets in a worker
+only if fewer stand ahead of it than there are free slots. Else a connection that made room for
+another node's waiter (its turn over, `Throttles.keep`) freed a slot that the other worker of
+its own node, which its node's table had refused without asking Redis, took first, asking the
+moment the table said so: a backlog on another node waited turn after turn. A place lasts
+`TICKET` seconds (`ticket:`) unless the worker asks again or its heartbeat says it still waits
+(refused since, by Redis or by its node's table), so one that stopped waiting, or died, holds
+back a free slot for no longer. Nothing of this costs a round trip: a limit that is not full
+has an empty line, read in the lease call.
+
 Data loss. A Redis restarted without its data (or flushed) counts no lease, while every node's
 connections are still open: a connection waiting for a lease would take the whole limit at once,
 and the heartbeats put back the others' leases on top. So the leases live in an epoch (`_EPOCH`,
@@ -106,6 +117,10 @@ BLOCK_TIME: Final = 0.05  # a block holds what this much time of the worker's de
 STALE: Final = 0.05  # a booked slot not used within this many seconds is dropped
 SETTLE: Final = 2 * BEAT  # after a change of mode, seconds in which no new connection opens
 WANTED: Final = 1.5 * BEAT  # seconds a connection refused for a full limit counts as waiting
+# Seconds a worker keeps its place in a full limit's line (`_ACQUIRE`) unless it asks again or
+# its heartbeat says it still waits: two heartbeats, so a waiter does not lose its place
+# between them, and a worker that stopped waiting (or died) holds back no free slot for long.
+TICKET: Final = 2 * BEAT
 
 # KEYS[1] the limit's TAT (µs, Redis's clock). ARGV: interval µs, burst, slots to book, µs from
 # now before which none may go. Books the slots; returns the first one's time as µs from now
@@ -137,11 +152,14 @@ end
 """
 
 # KEYS[1] the limit's leases (member -> expiry, ms of Redis's clock), KEYS[2] their epoch,
-# KEYS[3] the limit's demand (set while a caller finds it reached, not past). ARGV: limit, member, lease
-# ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the deadline (ms of
-# Redis's clock, 0 none), ms a demand lasts. {1, epoch, 0, now} if the member now holds a
-# lease; {0, epoch, ms left, now} while the epoch is not ready, or the caller's own leases are
-# not back in it (it has not beaten since); {0, epoch, 0, now} if the limit is reached;
+# KEYS[3] the limit's demand (set while a caller finds it reached, not past), KEYS[4] its line
+# of waiting workers (worker -> ms it joined), KEYS[5] their tickets (worker -> expiry ms).
+# ARGV: limit, member, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms,
+# the deadline (ms of Redis's clock, 0 none), ms a demand lasts, the caller's worker, ms a
+# ticket lasts. {1, epoch, 0, now} if the member now holds a lease; {0, epoch, ms left, now}
+# while the epoch is not ready, or the caller's own leases are not back in it (it has not
+# beaten since); {0, epoch, 0, now} if the limit is reached, or the room left is for workers
+# ahead of the caller in the line (which it joins, if one connection's end would let it in);
 # {-1, '', 0, now} past the deadline (the caller gave up on it: see `_LATE`).
 _ACQUIRE: Final = (
     _EPOCH
@@ -153,14 +171,37 @@ if deadline > 0 and now > deadline then return {-1, '', 0, now} end
 local epoch, ready = epoch_of(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]), now)
 if (ARGV[4] ~= '' and ARGV[4] ~= epoch) or ready > now then return {0, epoch, math.max(1, ready - now), now} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local count, limit = redis.call('ZCARD', KEYS[1]), tonumber(ARGV[1])
-if count >= limit then
-  if count == limit then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8])) end
-  return {0, epoch, 0, now}
+local count, limit, worker = redis.call('ZCARD', KEYS[1]), tonumber(ARGV[1]), ARGV[9]
+-- Workers whose ticket ran out (they stopped asking, or died) leave the line.
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do redis.call('ZREM', KEYS[4], gone) end
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+if count < limit then
+  -- A free slot goes to the workers that waited for it first (none, unless the limit is full).
+  local joined = redis.call('ZSCORE', KEYS[4], worker)
+  local ahead = redis.call('ZCARD', KEYS[4])
+  if joined then ahead = redis.call('ZCOUNT', KEYS[4], '-inf', '(' .. joined) end
+  if ahead < limit - count then
+    redis.call('ZREM', KEYS[4], worker)
+    redis.call('ZREM', KEYS[5], worker)
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
+    return {1, epoch, 0, now}
+  end
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {1, epoch, 0, now}
+if count <= limit then
+  if count == limit then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[8])) end
+  local ticket = tonumber(ARGV[10])
+  redis.call('ZADD', KEYS[4], 'NX', now, worker)
+  redis.call('ZADD', KEYS[5], now + ticket, worker)
+  redis.call('PEXPIRE', KEYS[4], ticket)
+  redis.call('PEXPIRE', KEYS[5], ticket)
+else
+  -- Past its limit (a lower one than the holders': a reaction's), it would stand first in
+  -- a line it cannot leave, and hold back workers that one end lets in.
+  redis.call('ZREM', KEYS[4], worker)
+  redis.call('ZREM', KEYS[5], worker)
+end
+return {0, epoch, 0, now}
 """
 )
 
@@ -180,18 +221,20 @@ return back + settle - now
 """
 
 # KEYS[1] the nodes hash (node -> expiry ms), KEYS[2] the leases' epoch, KEYS[3..2+n] the
-# lease sets of the caller's n connections, then w demand keys (of `_ACQUIRE`), then the lease
-# sets to sweep. ARGV: node, lease ms, the caller's epoch ('' none yet), a new epoch's id,
-# SETTLE ms, the deadline (ms of Redis's clock, 0 none), the prefix of the caller's members
-# ('' for no sweep), the highest number of a member the caller had named (its members are the
-# prefix and a number), n, w, then the member in each lease set and that set's limit, then
-# members of lease calls on their way. First drops from the sets to sweep every member of the
-# caller's numbered up to that highest that is not one of those (what a call it gave up on left
-# behind; one named since is a lease call that may have run before this one, on another
-# connection to Redis). Renews the node's heartbeat and every lease Redis has; puts back one it
-# lost (or never had) only if the limit has room: {nodes with a heartbeat that has not run out,
-# the epoch, ms before leases are taken in it, now, {1 or 0: whether each demand key is set},
-# then each member not put back};
+# lease sets of the caller's n connections, then w demand keys (of `_ACQUIRE`), then q pairs of
+# a line and its tickets (of `_ACQUIRE`) the caller waits in, then the lease sets to sweep.
+# ARGV: node, lease ms, the caller's epoch ('' none yet), a new epoch's id, SETTLE ms, the
+# deadline (ms of Redis's clock, 0 none), the prefix of the caller's members ('' for no sweep),
+# the highest number of a member the caller had named (its members are the prefix and a
+# number), n, w, q, the caller's worker (in the lines), ms a ticket lasts, then the member in
+# each lease set and that set's limit, then members of lease calls on their way. First drops
+# from the sets to sweep every member of the caller's numbered up to that highest that is not
+# one of those (what a call it gave up on left behind; one named since is a lease call that may
+# have run before this one, on another connection to Redis). Renews the node's heartbeat, the
+# caller's tickets that have not run out, and every lease Redis has; puts back one it lost (or
+# never had) only if the limit has room: {nodes with a heartbeat that has not run out, the
+# epoch, ms before leases are taken in it, now, {1 or 0: whether each demand key is set}, then
+# each member not put back};
 # {-1, '', 0, now} past the deadline.
 _BEAT: Final = (
     _EPOCH
@@ -200,12 +243,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = tonumber(ARGV[6])
 if deadline > 0 and now > deadline then return {-1, '', 0, now} end
-local n, w, mine, named = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[7], tonumber(ARGV[8])
+local n, w, q, mine, named = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[7], tonumber(ARGV[8])
 if mine ~= '' then
   local held = {}
-  for i = 1, n do held[ARGV[9 + 2 * i]] = true end
-  for i = 11 + 2 * n, #ARGV do held[ARGV[i]] = true end
-  for k = 3 + n + w, #KEYS do
+  for i = 1, n do held[ARGV[12 + 2 * i]] = true end
+  for i = 14 + 2 * n, #ARGV do held[ARGV[i]] = true end
+  for k = 3 + n + w + 2 * q, #KEYS do
     for _, member in ipairs(redis.call('ZRANGE', KEYS[k], 0, -1)) do
       if string.sub(member, 1, #mine) == mine and not held[member]
         and (tonumber(string.sub(member, #mine + 1)) or 0) <= named then
@@ -225,10 +268,19 @@ end
 local epoch, ready = epoch_of(KEYS[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), now)
 local wanted = {}
 for k = 3 + n, 2 + n + w do wanted[#wanted + 1] = redis.call('EXISTS', KEYS[k]) end
+-- The caller still waits in these lines (refused of late): its tickets hold another while.
+local worker, ticket = ARGV[12], tonumber(ARGV[13])
+for k = 3 + n + w, 2 + n + w + 2 * q, 2 do
+  if tonumber(redis.call('ZSCORE', KEYS[k + 1], worker) or '0') > now and redis.call('ZSCORE', KEYS[k], worker) then
+    redis.call('ZADD', KEYS[k + 1], now + ticket, worker)
+    redis.call('PEXPIRE', KEYS[k], ticket)
+    redis.call('PEXPIRE', KEYS[k + 1], ticket)
+  end
+end
 local over = {}
 local answer = {alive, epoch, math.max(0, ready - now), now, wanted, over}
 for i = 3, 2 + n do
-  local member, limit = ARGV[2 * i + 5], tonumber(ARGV[2 * i + 6])
+  local member, limit = ARGV[2 * i + 8], tonumber(ARGV[2 * i + 9])
   local held = tonumber(redis.call('ZSCORE', KEYS[i], member) or '0') > now
   if not held then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
@@ -375,6 +427,7 @@ class ClusterThrottles(Throttles):
         self._offsets: collections.deque[tuple[float, float]] = collections.deque()  # (when, offset)
         self._acquiring: set[str] = set()  # members of lease calls on their way
         self._wanted: dict[str, float] = {}  # key: until when (table's clock) another waits for it
+        self._waiting: dict[str, float] = {}  # key: until when (table's clock) this worker waits for it
         self._gave_up = 0  # calls given up on (a timeout, an error, a cancel) ...
         self._swept = 0  # ... of which a heartbeat has since swept what they may have left
 
@@ -420,13 +473,19 @@ class ClusterThrottles(Throttles):
             # hung), sweep what it may have left: leases of this worker no connection holds.
             sweep = sorted(self._limits) if self._swept < gave_up else []
             wants = sorted({hold.key for hold in holds})  # (is another waiting for one of these limits?)
+            now = self.table.now()
+            waiting = sorted(key for key, until in self._waiting.items() if until > now)  # (a place in their line)
+            self._waiting = {key: self._waiting[key] for key in waiting}
             keys = [self._key("nodes"), self._key("epoch"), *(self._key("conn:" + hold.key) for hold in holds)]
             keys += [self._key("want:" + key) for key in wants]
+            for key in waiting:
+                keys += [self._key("line:" + key), self._key("ticket:" + key)]
             keys += [self._key("conn:" + key) for key in sweep]
             args: list[str | int] = [self._node, self._lease_ms, self._epoch, secrets.token_hex(8), int(SETTLE * 1000)]
             # A lease call sent after these are built may run first, on another of the pool's
             # connections: the sweep spares members named after them.
             args += [self._deadline(), f"{self._me}:" if sweep else "", self._named, len(holds), len(wants)]
+            args += [len(waiting), self._me, int(TICKET * 1000)]
             for hold in holds:
                 args += [hold.member, self._limits.get(hold.key, 1)]
             if sweep:
@@ -602,9 +661,10 @@ class ClusterThrottles(Throttles):
             return None
         hold = Hold(key, self._name(), self.table.now())
         keys = [self._key("conn:" + key), self._key("epoch"), self._key("want:" + key)]
+        keys += [self._key("line:" + key), self._key("ticket:" + key)]
         # (The member names a new epoch, should Redis have none: it is unique.)
         args: list[str | int] = [limit, hold.member, self._lease_ms, self._epoch, hold.member, int(SETTLE * 1000)]
-        args += [self._deadline(), int(WANTED * 1000)]
+        args += [self._deadline(), int(WANTED * 1000), self._me, int(TICKET * 1000)]
         self._acquiring.add(hold.member)
         try:
             answer: Any = await self._call(self._acquire(keys=keys, args=args))
@@ -633,9 +693,20 @@ class ClusterThrottles(Throttles):
                 # Redis lost the leases: none is taken until every node has put its own back
                 # (this worker's heartbeat puts back its own, and says the epoch's ready time).
                 self._settled_at = max(self._settled_at, self.table.now() + int(left) / 1000)
+            else:
+                self._waiting[key] = self.table.now() + WANTED  # (in the limit's line: `_heartbeat`)
             return None
+        self._waiting.pop(key, None)  # (Redis took it out of the line)
         self._holds[hold.member] = hold
         return hold
+
+    def _refused(self, key: str) -> None:
+        """Also: this worker still waits, and keeps its place in the key's line in Redis (the
+        heartbeat renews its ticket) while the node's own connections hold the whole limit
+        and Redis is not asked: a worker refused by its node's table keeps the place it took
+        when Redis refused it, and is let in before those that came after."""
+        super()._refused(key)
+        self._waiting[key] = self.table.now() + WANTED
 
     def crowded(self, key: str, limit: int) -> bool:
         """Also when another worker or node was refused a connection for `key` since the last
