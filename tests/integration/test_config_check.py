@@ -45,3 +45,15 @@ def test_shaping_check_of_a_missing_file_exits_2_as_other_commands_do(tmp_path: 
     result = pigeon_cli("shaping", "check", str(tmp_path / "nope.toml"))
     assert result.returncode == 2
     assert result.stderr.startswith(f"pigeon: configuration error: {tmp_path / 'nope.toml'}: cannot read")
+
+
+def test_serve_check_refuses_a_next_hop_of_numbers_that_is_no_ipv4_address(tmp_path: Path) -> None:
+    # Found from outside: next_hop = "1.2.3:25" passed --check (inet_aton reads it as 1.2.0.3).
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[spool]\npath = "spool"\n[[route]]\ndomain = "a.example"\nnext_hop = "1.2.3:25"\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(
+        f"pigeon: configuration error: {config}, line 5: [[route]] #1 next_hop: '1.2.3:25': '1.2.3' is not a host"
+        ' name: its last label, "3", is all digits'
+    ), result.stderr

@@ -102,6 +102,33 @@ class NameserverPeer(Peer):
     usual_port: ClassVar[int] = 53
 
 
+def numeric_name_problem(name: str) -> str | None:
+    """Why `name`, which is no IP address, is no host name either (None: nothing of this): its
+    last label is all digits (RFC 1123 2.1, RFC 3696 2), as only an IPv4 address's is. Such a
+    name ("1.2.3", "999.1.1.1", "1.2.3.4.5", "192.0.2.1.") is read as an address, or as nothing,
+    by whoever takes it: `inet_aton`, under every resolver, reads "1.2.3" as 1.2.0.3."""
+    last = name.removesuffix(".").rpartition(".")[2]
+    if last.isascii() and last.isdigit():
+        return (
+            f'is not a host name: its last label, "{last}", is all digits, as only an IP address\'s is (RFC 1123 2.1)'
+        )
+    return None
+
+
+def host_problem(host: str, port: int | str | None = None) -> str | None:
+    """Why the host of a setting Pigeon connects to or listens on is neither an IP address nor a
+    host name (None: it is one), said with what to write instead (`port`: the example's, for a
+    "host:port" setting)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        problem = numeric_name_problem(host)
+        if problem is not None:
+            example = "192.0.2.1" if port is None else f"192.0.2.1:{port}"
+            return f"{host!r} {problem}; an IPv4 address is four numbers from 0 to 255, like {example}"
+    return None
+
+
 def split_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -113,6 +140,8 @@ def split_endpoint(text: str) -> tuple[str, int]:
         host = host[1:-1]
     if not host:
         raise ValueError(f"{text!r} has no host; use 0.0.0.0:{port} or [::]:{port} for every address")
+    if (problem := host_problem(host, port)) is not None:  # ("127.1" would bind 127.0.0.1)
+        raise ValueError(f"{text!r}: {problem}")
     if ":" in host:
         try:
             mapped = ipaddress.IPv6Address(host).ipv4_mapped
@@ -146,6 +175,8 @@ def split_peer(text: str, usual_port: int = 25) -> tuple[str, int]:
         host = host[1:-1]
     if not host:
         raise ValueError(f"{text!r} has no host")
+    if (problem := host_problem(host, port)) is not None:
+        raise ValueError(f"{text!r}: {problem}")
     return host, int(port)
 
 
