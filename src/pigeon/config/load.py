@@ -40,6 +40,7 @@ from pigeon.config.schema import (
     decode_hook,
     host_problem,
     numeric_name_problem,
+    toml_spelling,
 )
 from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.search import SearchError, excludes_seen, recent_key
@@ -1333,14 +1334,13 @@ def _value_at(data: Any, at: str) -> Any:
 
 
 def _shown(value: Any) -> str:
-    """A value as the file writes it, for a message; lists and tables (often long) not shown."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    """A value as the file writes it (`toml_spelling`), for a message: a string cut at 80
+    characters; lists and tables (often long, and may hold a secret) not shown."""
     if isinstance(value, str):
-        return msgspec.json.encode(value[:80]).decode()
-    if isinstance(value, (int, float)):
-        return str(value)
-    return ""
+        return toml_spelling(value[:80])
+    if isinstance(value, list | dict):
+        return ""
+    return toml_spelling(value)
 
 
 def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:
