@@ -127,8 +127,10 @@ class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}
     headers: Annotated[
         dict[Annotated[str, msgspec.Meta(pattern=r"^[!-9;-~]+$")], str],
         msgspec.Meta(
-            description="More header fields. Date and Message-ID replace Pigeon's. Refused (400): a field Pigeon"
-            " writes from the other parts (From, To, Reply-To, Subject, MIME-Version, Content-Type,"
+            description="More header fields. Date and Message-ID replace Pigeon's, and To the recipient's own"
+            " (such as undisclosed-recipients:;, a group: the envelope recipients stay the recipients')."
+            " Refused (400): a field Pigeon writes from the other parts (From, Reply-To, Subject, MIME-Version,"
+            " Content-Type,"
             " Content-Transfer-Encoding, Content-Disposition, Content-ID), a name twice in any case, and what a"
             " submission must not carry: Return-Path (added at final delivery; see envelope_sender), Received"
             " (a trace field), DKIM-Signature (Pigeon signs), Bcc (it would show the blind copy to every"
@@ -352,16 +354,18 @@ _AS_IS_TEXT: Final = "must not contain a {name}: the value is written into a hea
 _PARTS: Final = "the parts (text, html, attachments)"
 _BUILT_FROM: Final = {
     "from": "$.content.from",
-    "to": "$.recipients[].email and name",
     "reply-to": "$.content.reply_to",
     "subject": "$.content.subject",
     "mime-version": _PARTS,
 }
-"""Fields Pigeon writes in a message made of parts, and where a request sets them. (Date and
-Message-ID, which it writes too, a request's `headers` may set instead.)"""
+"""Fields Pigeon writes in a message made of parts, and where a request sets them. (To, Date
+and Message-ID, which it writes too, a request's `headers` may set instead.)"""
 _MIME_FIELDS: Final = frozenset({"content-type", "content-transfer-encoding", "content-disposition", "content-id"})
 """What the message's top part carries, made from the parts."""
-_REPLACEABLE: Final = frozenset({"date", "message-id"})
+_REPLACEABLE: Final = frozenset({"to", "date", "message-id"})
+"""Fields Pigeon writes in a message made of parts unless its `headers` give them: a To given
+replaces the recipient's own (`undisclosed-recipients:;` for bulk mail), the envelope
+recipients staying those of `$.recipients`."""
 _NOT_SUBMITTED: Final = {
     "return-path": "is added at final delivery (RFC 5321 4.4), from the envelope: give the bounce address as"
     " $.envelope_sender",
@@ -664,15 +668,14 @@ class Composer:
         # Address fields are written whole by `mime.address_header`, never through `mime.header`:
         # that one is for unstructured text, and made the address part of an encoded word.
         max_line = self._max_line
-        head = [
-            mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email, max_line),
-            mime.address_header("To", recipient.name or "", recipient.email, max_line),
-        ]
+        given = {name.lower() for name in parts.headers} & _REPLACEABLE
+        head = [mime.address_header("From", render("from", parts.from_.name or ""), parts.from_.email, max_line)]
+        if "to" not in given:
+            head.append(mime.address_header("To", recipient.name or "", recipient.email, max_line))
         if parts.reply_to is not None:
             reply_to = render("reply_to", parts.reply_to.name or "")
             head.append(mime.address_header("Reply-To", reply_to, parts.reply_to.email, max_line))
         head.append(mime.header("Subject", render("subject", parts.subject)))
-        given = {name.lower() for name in parts.headers} & _REPLACEABLE
         own = []  # not counted against max_message_size (`Composed.own`)
         if "date" not in given:
             own.append(f"Date: {_now()}\r\n")

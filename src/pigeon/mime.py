@@ -480,26 +480,106 @@ def field(name: str, value: str, max_line: int = MAX_LINE) -> str:
     return header(name, value)
 
 
+_MAILBOX_LISTS: Final = frozenset({"from", "sender", "resent-from", "resent-sender", "disposition-notification-to"})
+"""Address fields that list mailboxes only, no group (RFC 5322 3.6.2, 3.6.6; RFC 8098 2.1)."""
+
+
 def _address_list(name: str, value: str, max_line: int) -> str:
-    mailboxes = email.utils.getaddresses([value])
-    if not mailboxes or not value.strip(" \t"):
+    """An address list read and written again: each mailbox as `address_header` writes one,
+    each group (RFC 5322 3.4, `undisclosed-recipients:;`, `Team: a@example.com, b@example.com;`)
+    as its name, a colon, its mailboxes and a semicolon, so that a reader finds the group still."""
+    items = _address_items(value)
+    if not items or not value.strip(" \t"):
         raise ValueError("must be one or more addresses")
-    if name.lower() in _ONE_MAILBOX and len(mailboxes) > 1:
+    lowered = name.lower()
+    if lowered in _MAILBOX_LISTS and (group := next((i for i in items if i[0] is not None), None)) is not None:
+        raise ValueError(
+            f"must be mailboxes, not a group ({group[0]!r}): a group (Name: a@example.com;) goes in an address"
+            " list, such as To or Cc (RFC 5322 3.6.2)"
+        )
+    mailboxes = [mailbox for _, members in items for mailbox in members]
+    if lowered in _ONE_MAILBOX and len(mailboxes) > 1:
         raise ValueError(f"must be one address, not {len(mailboxes)} (RFC 5322 3.6.2)")
     words: list[str] = []
-    for index, (display_name, addr) in enumerate(mailboxes):
-        if not addr or (problem := address.check(addr)) is not None:
-            raise ValueError(f"address {index + 1} ({addr!r}): {problem.text if addr and problem else 'none found'}")
-        addr = address.with_a_label(addr)
-        column = len(name) + 2 if not words else 1
-        if display_name.strip():
-            mailbox = [*_phrase(display_name, column, max_line), f"<{addr}>"]
-        else:
-            mailbox = [addr if addr.isascii() else f"<{addr}>"]
-        if index < len(mailboxes) - 1:
-            mailbox[-1] += ","
-        words += mailbox
+    count = 0
+    for place, (group_name, members) in enumerate(items):
+        if group_name is not None:
+            column = len(name) + 2 if not words else 1
+            words += _phrase(group_name, column, max_line)
+            words[-1] += ":"
+        for index, (display_name, addr) in enumerate(members):
+            count += 1
+            if not addr or (problem := address.check(addr)) is not None:
+                raise ValueError(f"address {count} ({addr!r}): {problem.text if addr and problem else 'none found'}")
+            addr = address.with_a_label(addr)
+            column = len(name) + 2 if not words else 1
+            if display_name.strip():
+                words += [*_phrase(display_name, column, max_line), f"<{addr}>"]
+            else:
+                words.append(addr if addr.isascii() else f"<{addr}>")
+            if index < len(members) - 1:
+                words[-1] += ","
+        if group_name is not None:
+            words[-1] += ";"
+        if place < len(items) - 1:
+            words[-1] += ","
     return _tokens(name, words, max_line)  # (a display name's words and an address fold alike)
+
+
+def _address_items(value: str) -> list[tuple[str | None, list[tuple[str, str]]]]:
+    """The items of an address list, in order: (None, the mailboxes of a run of them), or (a
+    group's display name, its mailboxes, maybe none). A group is a phrase, ":" outside quotes,
+    comments, angle brackets and domain literals, then mailboxes up to ";" (RFC 5322 3.4).
+    ValueError for a group left open or one within another."""
+    items: list[tuple[str | None, list[tuple[str, str]]]] = []
+    group: str | None = None  # the display name of the group being read
+    start = 0
+    quoted = escaped = False
+    depth = 0  # of comments
+    closer = ""  # ">" inside an angle-addr, "]" inside a domain literal
+
+    def run(text: str) -> list[tuple[str, str]]:
+        text = text.strip(" \t,")
+        return email.utils.getaddresses([text]) if text else []
+
+    for at, char in enumerate(value):
+        if escaped:
+            escaped = False
+        elif char == "\\" and (quoted or depth):
+            escaped = True
+        elif quoted:
+            quoted = char != '"'
+        elif char == "(":
+            depth += 1
+        elif depth:
+            depth -= char == ")"
+        elif closer:
+            closer = "" if char == closer else closer
+        elif char == '"':
+            quoted = True
+        elif char in "<[":
+            closer = ">" if char == "<" else "]"
+        elif char == ":":
+            if group is not None:
+                raise ValueError(f"group {group!r} holds another group: a group's members are mailboxes (RFC 5322 3.4)")
+            before, _, phrase = value[start:at].rpartition(",")
+            if mailboxes := run(before):
+                items.append((None, mailboxes))
+            (phrase_name, _), *_ = email.utils.getaddresses([f"{phrase} <x@x>"]) or [("", "")]
+            group, start = phrase_name.strip() or phrase.strip(), at + 1
+            if not group or any(char in group for char in "@<>"):  # ("a@example.com Team:;": a comma left out)
+                raise ValueError(
+                    f"a group needs a name before its colon, not {group!r} (RFC 5322 3.4: Team: a@example.com;):"
+                    " separate addresses with commas"
+                )
+        elif char == ";" and group is not None:
+            items.append((group, run(value[start:at])))
+            group, start = None, at + 1
+    if group is not None:
+        raise ValueError(f'group {group!r} is not closed: end it with ";" (RFC 5322 3.4: {group}: a@example.com;)')
+    if (mailboxes := run(value[start:])) or not items:
+        items.append((None, mailboxes))
+    return [item for item in items if item[0] is not None or item[1]]
 
 
 def _tokens(name: str, tokens: list[str], max_line: int) -> str:

@@ -153,6 +153,18 @@ def test_serve_with_no_config_runs_on_the_defaults(tmp_path: Path) -> None:
     assert list((tmp_path / "var" / "log").iterdir())
 
 
+def test_inject_header_to_may_be_a_group_and_the_envelope_stays_the_to_options(tmp_path: Path) -> None:
+    # Found from outside: --header "To=undisclosed-recipients:;" was refused (400, exit 2).
+    with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
+        result = pigeon_cli("inject", "-c", str(pigeon.config_path), "--from", "me@example.org",
+                            "--to", "a@example.net", "--to", "b@example.net", "--subject", "bulk", "--text", "hi",
+                            "--header", "To=undisclosed-recipients:;")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        received = sink.wait_for(2)
+    assert sorted(r for m in received for r in m.recipients) == ["a@example.net", "b@example.net"]
+    assert all(b"\r\nTo: undisclosed-recipients:;\r\n" in m.data for m in received)
+
+
 def test_inject_sends_a_file_and_built_parts_with_the_local_token(tmp_path: Path) -> None:
     with ScriptedSink() as sink, PigeonProcess(tmp_path / "node", **delivery_config(sink.endpoint)) as pigeon:
         config = str(pigeon.config_path)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.integration.test_cli import pigeon_cli
 from tests.support.ports import free_port
 
@@ -45,3 +47,65 @@ def test_shaping_check_of_a_missing_file_exits_2_as_other_commands_do(tmp_path: 
     result = pigeon_cli("shaping", "check", str(tmp_path / "nope.toml"))
     assert result.returncode == 2
     assert result.stderr.startswith(f"pigeon: configuration error: {tmp_path / 'nope.toml'}: cannot read")
+
+
+def test_serve_check_refuses_a_next_hop_of_numbers_that_is_no_ipv4_address(tmp_path: Path) -> None:
+    # Found from outside: next_hop = "1.2.3:25" passed --check (inet_aton reads it as 1.2.0.3).
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[spool]\npath = "spool"\n[[route]]\ndomain = "a.example"\nnext_hop = "1.2.3:25"\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(
+        f"pigeon: configuration error: {config}, line 5: [[route]] #1 next_hop: '1.2.3:25': '1.2.3' is not a host"
+        ' name: its last label, "3", is all digits'
+    ), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            "[smtp]\nrelay_networks = [[true]]",
+            'line 2: [smtp] relay_networks: [true] is not an IP network like "127.0.0.0/8"',
+        ),
+        ("[spool]\nmax_size = [true, 1]", "line 2: [spool] max_size: [true, 1] is not a size"),
+        ("[delivery]\nconnect_timeout = -inf", "line 2: [delivery] connect_timeout: -inf is not a duration"),
+        ("[delivery]\nconnect_timeout = nan", "line 2: [delivery] connect_timeout: nan is not a duration"),
+        (
+            "[delivery]\nconnect_timeout = 2024-01-01T00:00:00",
+            "line 2: [delivery] connect_timeout: 2024-01-01T00:00:00 is not a duration",
+        ),
+        ("[dns]\nnameservers = [2024-01-01]", "line 2: [dns] nameservers: 2024-01-01 is not an address like"),
+        ('[[route]]\ndomain = "a"\nnext_hop = 07:32:00', "line 3: [[route]] #1 next_hop: 07:32:00 is not an address"),
+        ("[spool]\nmax_size = { a = true }", "line 2: [spool] max_size: { a = true } is not a size"),
+        ("[smtp]\nmax_recipients = -inf", "line 2: [smtp] max_recipients: expected a whole number, got a number -inf"),
+        (
+            "[smtp]\nmax_recipients = 2024-01-01",
+            "line 2: [smtp] max_recipients: expected a whole number, got a date 2024-01-01",
+        ),
+        (
+            "[smtp]\nstarttls = 1979-05-27T07:32:00Z",
+            "line 2: [smtp] starttls: expected true or false, got a date and time 1979-05-27T07:32:00Z",
+        ),
+    ],
+    ids=[
+        "list-of-bools",
+        "list",
+        "minus-inf",
+        "nan",
+        "datetime",
+        "date-in-list",
+        "time",
+        "inline-table",
+        "minus-inf-int",
+        "date-int",
+        "datetime-bool",
+    ],
+)
+def test_serve_check_names_a_refused_value_as_the_file_writes_it(tmp_path: Path, line: str, said: str) -> None:
+    # Found from outside: `[True]`, `datetime.date(2024, 1, 1)` in messages about a TOML file.
+    config = tmp_path / "pigeon.toml"
+    config.write_text(f"{line}\n")
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stdout) == (2, ""), result
+    assert result.stderr.startswith(f"pigeon: configuration error: {config}, {said}"), result.stderr

@@ -417,3 +417,32 @@ def test_structured_headers_and_a_subject_s_own_white_space_reach_the_sink_as_gi
     assert message["In-Reply-To"] == long_id and message["References"] == f"<a@example.org> {long_id}"
     assert message["Message-ID"] == message_id
     assert message["Subject"] == subject
+
+
+def test_a_group_in_to_and_cc_reaches_the_sink_a_group_and_the_envelope_is_the_recipients(
+    pigeon: PigeonProcess, sink: ScriptedSink
+) -> None:
+    """Found from outside: `To: undisclosed-recipients:;` (RFC 5322 3.4, common in bulk mail)
+    was refused in `headers`, and a Cc's `Team: a@example.com, b@example.com;` lost its group."""
+    content = {
+        "from": {"email": "news@example.org"},
+        "subject": "s",
+        "text": "x",
+        "headers": {"To": "undisclosed-recipients:;", "Cc": "Team: a@example.com, b@example.com;"},
+    }
+    recipients = [{"email": "ann@example.net", "name": "Ann"}, {"email": "bob@example.com"}]
+    request = {"envelope_sender": "news@example.org", "recipients": recipients, "content": content}
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert (status, answer["accepted"]) == (200, 2), answer
+    received = sink.wait_for(2)
+    assert sorted(r for m in received for r in m.recipients) == ["ann@example.net", "bob@example.com"]
+    for message in received:
+        assert b"\r\nTo: undisclosed-recipients:;\r\n" in message.data, message.data
+        assert b"\r\nCc: Team: a@example.com, b@example.com;\r\n" in message.data, message.data
+        parsed = email.message_from_bytes(message.data, policy=email.policy.strict)
+        assert parsed.get_all("To") == ["undisclosed-recipients:;"]
+        (team,) = parsed["Cc"].groups
+        assert (team.display_name, [a.addr_spec for a in team.addresses]) == (
+            "Team",
+            ["a@example.com", "b@example.com"],
+        )

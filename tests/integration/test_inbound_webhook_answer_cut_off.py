@@ -8,10 +8,14 @@ from __future__ import annotations
 import contextlib
 import smtplib
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
 
+import aiohttp
+import aiohttp.client_proto
+import aiohttp.http_parser
 import msgspec
 import pytest
 
@@ -29,9 +33,10 @@ from tests.support.sinks import wait_until
 class _CutOffApp:
     """Reads each request whole, sends `answer`, and closes the connection."""
 
-    def __init__(self, answer: bytes, stall: float = 0.0) -> None:
+    def __init__(self, answer: bytes, stall: float = 0.0, *, reset: bool = False) -> None:
         self.answer = answer
         self.stall = stall  # seconds it says nothing more before it closes
+        self.reset = reset  # closes with a TCP RST (SO_LINGER 0), not a FIN
         self.requests = 0
         self.heads: list[bytes] = []  # each request's head
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -67,6 +72,19 @@ class _CutOffApp:
             self.heads.append(head)
             connection.sendall(self.answer)
             time.sleep(self.stall)
+            if self.reset:
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.fixture(params=["C", "pure-Python"])
+def aiohttp_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """aiohttp's response parser: its C one (when built) or its pure-Python one, which tell
+    the part of a head that came apart differently."""
+    if request.param == "pure-Python":
+        monkeypatch.setattr(aiohttp.client_proto, "HttpResponseParser", aiohttp.http_parser.HttpResponseParserPy)
+    elif aiohttp.client_proto.HttpResponseParser is aiohttp.http_parser.HttpResponseParserPy:
+        pytest.skip("aiohttp's C parser is not built here")
+    return str(request.param)
 
 
 def _webhook(url: str) -> WebhookTarget:
@@ -101,7 +119,7 @@ def _webhook(url: str) -> WebhookTarget:
     ids=["status-only", "mid-headers", "no-reason", "mid-body", "410", "503", "status-line-cut", "code-only"],
 )
 async def test_a_webhook_answer_is_its_status_line_once_that_came_whole(
-    answer: bytes, verdict: Verdict, detail: str
+    aiohttp_parser: str, answer: bytes, verdict: Verdict, detail: str
 ) -> None:
     with _CutOffApp(answer) as app:
         target = _webhook(app.url)
@@ -114,11 +132,12 @@ async def test_a_webhook_answer_is_its_status_line_once_that_came_whole(
 
 
 @pytest.mark.parametrize("answer", [b"HTTP/1.1 204 No Content\r\n", b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"])
+@pytest.mark.parametrize("then", ["closed", "was reset"])
 def test_a_2xx_cut_off_after_its_status_line_is_handed_over_once_at_both_doors(
-    tmp_path: Path, dovecot: Dovecot, answer: bytes
+    tmp_path: Path, dovecot: Dovecot, answer: bytes, then: str
 ) -> None:
     dovecot.append("app", [customer_mail(0)])
-    with _CutOffApp(answer) as app:
+    with _CutOffApp(answer, reset=then == "was reset") as app:
         target = {"name": "hook", "kind": "webhook", "url": app.url, "timeout": "2s", "retry_interval": "200ms"}
         node = PigeonProcess(
             tmp_path / "p",
@@ -135,7 +154,7 @@ def test_a_2xx_cut_off_after_its_status_line_is_handed_over_once_at_both_doors(
             time.sleep(3)  # a retry, had either been called a failure, would have come by now
             failures = node.records("InboundFailure") + node.records("TransientFailure")
     assert not failures, failures
-    assert received["detail"].endswith("(the connection closed after its status line)"), received
+    assert received["detail"].endswith(f"(the connection {then} after its status line)"), received
     assert delivered["response"]["text"].startswith("hook: 2"), delivered
     assert app.requests == 2
 
@@ -181,6 +200,48 @@ async def test_a_webhook_answer_is_its_status_line_whatever_stalls_after_it(
     """Found from outside: a 204 status line, then silence past the target's timeout, was "no
     answer" and the message was handed over again at every retry."""
     with _CutOffApp(answer, stall=4.0) as app:
+        target = _webhook(app.url)
+        try:
+            handoff = await target.deliver(InboundMessage.of(customer_mail(1), "imap:support", time.time()))
+        finally:
+            await target.close()
+    assert (handoff.verdict, handoff.detail) == (verdict, detail.format(url=app.url))
+    assert app.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "verdict", "detail"),
+    [
+        (
+            b"HTTP/1.1 204 No Content\r\n",
+            Verdict.ACCEPTED,
+            "204 No Content (the connection was reset after its status line)",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n",
+            Verdict.ACCEPTED,
+            "200 OK (the connection was reset after its status line)",
+        ),
+        (b"HTTP/1.1 410 Gone\r\n", Verdict.PERMANENT, "410 Gone (the connection was reset after its status line)"),
+        (
+            b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\n",
+            Verdict.TRANSIENT,
+            "503 Busy (the connection was reset after its status line) (Retry-After: 7s)",
+        ),
+        (
+            b"HTTP/1.1 204 No Content",
+            Verdict.TRANSIENT,
+            '{url}: bad HTTP response: cut off after "HTTP/1.1 204 No Content" (the connection was reset)',
+        ),
+    ],
+    ids=["status-only", "mid-headers", "410", "503", "status-line-cut"],
+)
+async def test_a_webhook_answer_is_its_status_line_when_the_connection_is_then_reset(
+    aiohttp_parser: str, answer: bytes, verdict: Verdict, detail: str
+) -> None:
+    """Found from outside: a 204 status line, then a TCP reset (SO_LINGER 0) rather than a clean
+    close, was "no answer" and the message was handed over again at every retry."""
+    with _CutOffApp(answer, reset=True) as app:
         target = _webhook(app.url)
         try:
             handoff = await target.deliver(InboundMessage.of(customer_mail(1), "imap:support", time.time()))

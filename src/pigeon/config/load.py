@@ -38,6 +38,9 @@ from pigeon.config.schema import (
     TargetConfig,
     WebhookTarget,
     decode_hook,
+    host_problem,
+    numeric_name_problem,
+    toml_spelling,
 )
 from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.search import SearchError, excludes_seen, recent_key
@@ -591,6 +594,8 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
     for index, mailbox in enumerate(config.mailbox):
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})", index)
+        if (problem := host_problem(mailbox.host)) is not None:
+            raise fail(["mailbox", "host"], f"mailbox {mailbox.name!r}: {problem}", index)
         if not mailbox.username or any(char.isspace() or not char.isprintable() for char in mailbox.username):
             # LOGIN sends it as an atom: white space would split it, a line break add a command.
             reason = (
@@ -1004,18 +1009,11 @@ def _greeting_name_problem(name: str) -> str | None:
     else:  # `EHLO 192.0.2.1` is no RFC 5321 greeting: an address is a literal, in brackets
         literal = f"[IPv6:{bare}]" if bare.version == 6 else f"[{bare}]"
         return f'is an IP address: write it as an address literal, "{literal}"'
-    # A host name's last label is never all digits (RFC 1123 2.1, RFC 3696 2): "192.0.2.1.",
-    # "1.2.3", "0x7f.1" are read as addresses, or as nothing, by whoever checks the name.
-    rootless = name.removesuffix(".")
-    last = rootless.rpartition(".")[2]
-    if last.isascii() and last.isdigit():
+    if (problem := numeric_name_problem(name)) is not None:
         try:
-            address = ipaddress.IPv4Address(rootless)
+            address = ipaddress.IPv4Address(name.removesuffix("."))  # "192.0.2.1."
         except ValueError:
-            return (
-                f'is not a host name: its last label, "{last}", is all digits, as only an IP address\'s is'
-                ' (RFC 1123 2.1): write an address as an address literal, like "[192.0.2.1]"'
-            )
+            return f'{problem}: write an address as an address literal, like "[192.0.2.1]"'
         return f'is an IP address: write it as an address literal, "[{address}]"'
     if len(name) > 255:
         return "is longer than a domain name may be (255 characters, RFC 5321 4.5.3.1.2)"
@@ -1336,14 +1334,13 @@ def _value_at(data: Any, at: str) -> Any:
 
 
 def _shown(value: Any) -> str:
-    """A value as the file writes it, for a message; lists and tables (often long) not shown."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    """A value as the file writes it (`toml_spelling`), for a message: a string cut at 80
+    characters; lists and tables (often long, and may hold a secret) not shown."""
     if isinstance(value, str):
-        return msgspec.json.encode(value[:80]).decode()
-    if isinstance(value, (int, float)):
-        return str(value)
-    return ""
+        return toml_spelling(value[:80])
+    if isinstance(value, list | dict):
+        return ""
+    return toml_spelling(value)
 
 
 def _expected_in_words(reason: str, keys: list[str], value: Any) -> str:

@@ -8,6 +8,7 @@ node: SMTP on 127.0.0.1:2525, HTTP on 127.0.0.1:8025, data under ./var.
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import math
 import re
@@ -102,6 +103,33 @@ class NameserverPeer(Peer):
     usual_port: ClassVar[int] = 53
 
 
+def numeric_name_problem(name: str) -> str | None:
+    """Why `name`, which is no IP address, is no host name either (None: nothing of this): its
+    last label is all digits (RFC 1123 2.1, RFC 3696 2), as only an IPv4 address's is. Such a
+    name ("1.2.3", "999.1.1.1", "1.2.3.4.5", "192.0.2.1.") is read as an address, or as nothing,
+    by whoever takes it: `inet_aton`, under every resolver, reads "1.2.3" as 1.2.0.3."""
+    last = name.removesuffix(".").rpartition(".")[2]
+    if last.isascii() and last.isdigit():
+        return (
+            f'is not a host name: its last label, "{last}", is all digits, as only an IP address\'s is (RFC 1123 2.1)'
+        )
+    return None
+
+
+def host_problem(host: str, port: int | str | None = None) -> str | None:
+    """Why the host of a setting Pigeon connects to or listens on is neither an IP address nor a
+    host name (None: it is one), said with what to write instead (`port`: the example's, for a
+    "host:port" setting)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        problem = numeric_name_problem(host)
+        if problem is not None:
+            example = "192.0.2.1" if port is None else f"192.0.2.1:{port}"
+            return f"{host!r} {problem}; an IPv4 address is four numbers from 0 to 255, like {example}"
+    return None
+
+
 def split_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -113,6 +141,8 @@ def split_endpoint(text: str) -> tuple[str, int]:
         host = host[1:-1]
     if not host:
         raise ValueError(f"{text!r} has no host; use 0.0.0.0:{port} or [::]:{port} for every address")
+    if (problem := host_problem(host, port)) is not None:  # ("127.1" would bind 127.0.0.1)
+        raise ValueError(f"{text!r}: {problem}")
     if ":" in host:
         try:
             mapped = ipaddress.IPv6Address(host).ipv4_mapped
@@ -146,6 +176,8 @@ def split_peer(text: str, usual_port: int = 25) -> tuple[str, int]:
         host = host[1:-1]
     if not host:
         raise ValueError(f"{text!r} has no host")
+    if (problem := host_problem(host, port)) is not None:
+        raise ValueError(f"{text!r}: {problem}")
     return host, int(port)
 
 
@@ -170,7 +202,7 @@ def decode_hook(kind: type, value: Any) -> Any:
     """msgspec hook turning TOML values into the custom types above, with clear errors."""
     if isinstance(value, bool) and kind in _HOOKED:
         # Spelt as the file has it ("got true", as an integer key says), not Python's True.
-        raise ValueError(f"expected {_expected(kind)}, got {'true' if value else 'false'}")
+        raise ValueError(f"expected {_expected(kind)}, got {toml_spelling(value)}")
     if kind is Duration or kind is PositiveDuration:
         seconds = _duration(value)
         if kind is PositiveDuration and seconds <= 0:
@@ -189,7 +221,7 @@ def decode_hook(kind: type, value: Any) -> Any:
             if match:
                 unit = (match.group(2) or "b").lower()
                 return DataRate(int(float(match.group(1)) * _SIZE_UNITS[unit]))
-        raise ValueError(f'{value!r} is not a data rate: use bytes a second or a string like "500B/s", "2KiB/s"')
+        raise ValueError(f'{_given(value)} is not a data rate: use bytes a second or a string like "500B/s", "2KiB/s"')
     if kind is Network:
         if isinstance(value, str):
             try:
@@ -198,13 +230,13 @@ def decode_hook(kind: type, value: Any) -> Any:
                 pass
             else:
                 return Network(value)
-        raise ValueError(f'{value!r} is not an IP network like "127.0.0.0/8" or "::1"')
+        raise ValueError(f'{_given(value)} is not an IP network like "127.0.0.0/8" or "::1"')
     if kind is Peer or kind is NameserverPeer:
         if isinstance(value, str):
             split_peer(value, kind.usual_port)
             return kind(value)
         port = kind.usual_port  # (a resolver's example on 53, a next hop's on 25)
-        raise ValueError(f'{value!r} is not an address like "192.0.2.1:{port}" or "[2001:db8::1]:{port}"')
+        raise ValueError(f'{_given(value)} is not an address like "192.0.2.1:{port}" or "[2001:db8::1]:{port}"')
     if kind is Endpoint:
         if isinstance(value, list):
             example = value[0] if value and isinstance(value[0], str) else "127.0.0.1:8025"
@@ -212,11 +244,11 @@ def decode_hook(kind: type, value: Any) -> Any:
         if isinstance(value, str):
             split_endpoint(value)
             return Endpoint(value)
-        raise ValueError(f'{value!r} is not a listen address like "127.0.0.1:2525"')
+        raise ValueError(f'{_given(value)} is not a listen address like "127.0.0.1:2525"')
     if kind is Path:
         if isinstance(value, str) and value:
             return Path(value)
-        raise ValueError(f"{value!r} is not a path")
+        raise ValueError(f"{_given(value)} is not a path")
     raise NotImplementedError(kind)
 
 
@@ -239,6 +271,55 @@ MORE_THAN_ZERO: Final = 'must be more than 0 (e.g. "2s", "250ms")'
 """What a `PositiveDuration` of 0 is told."""
 
 
+_BARE_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml_spelling(value: Any) -> str:
+    """A value read from a TOML file as TOML writes it, for a message that says what the file
+    gave: `true`, not Python's `True`; `[true, 1]`, not `[True, 1]`; `2024-01-01`, not
+    `datetime.date(2024, 1, 1)`; `-inf`, `nan`; a string as a basic string, `"x"`; a table as
+    an inline table, `{ a = 1 }`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # ("1.5", "1e+300", "1e-05": each a TOML float)
+    if isinstance(value, str):
+        # (TOML's escapes are JSON's, \uXXXX included; what needs none is written as it is)
+        return msgspec.json.encode(value).decode()
+    if isinstance(value, datetime.datetime):  # (before date: a datetime is a date)
+        if value.tzinfo is not None and value.utcoffset() == datetime.timedelta(0):
+            return _seconds_cut(value.replace(tzinfo=None).isoformat()) + "Z"
+        return _seconds_cut(value.isoformat())  # (an offset "+02:00", or a local date-time)
+    if isinstance(value, datetime.date | datetime.time):
+        return _seconds_cut(value.isoformat())
+    if isinstance(value, list):
+        return f"[{', '.join(toml_spelling(item) for item in value)}]"
+    if isinstance(value, dict):
+        keys = (key if _BARE_KEY.fullmatch(key) else toml_spelling(key) for key in value)
+        pairs = ", ".join(f"{key} = {toml_spelling(item)}" for key, item in zip(keys, value.values(), strict=True))
+        return f"{{ {pairs} }}" if pairs else "{}"
+    return repr(value)  # (no TOML value: a default's, never read from the file)
+
+
+def _seconds_cut(iso: str) -> str:
+    """An ISO 8601 time's fraction of a second without its trailing zeros ("07:32:00.5", not
+    Python's "07:32:00.500000"), as a TOML file writes it."""
+    return re.sub(r"\.(\d+)", lambda fraction: f".{fraction[1].rstrip('0')}".rstrip("."), iso)
+
+
+def _given(value: Any) -> str:
+    """A value `decode_hook` refuses, for its message: a string quoted as Pigeon's messages quote
+    what was given (`'forever'`, as TOML writes a literal string), anything else as TOML writes
+    it (`toml_spelling`)."""
+    return repr(value) if isinstance(value, str) else toml_spelling(value)
+
+
 def _duration(value: Any) -> float:
     seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
@@ -247,7 +328,7 @@ def _duration(value: Any) -> float:
         seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)]
     if seconds is not None and math.isfinite(seconds):  # (TOML's inf, or 1e400: no time to wait)
         return seconds
-    raise ValueError(f'{value!r} is not a duration: use seconds or a string like "30s", "5m", "250ms"')
+    raise ValueError(f'{_given(value)} is not a duration: use seconds or a string like "30s", "5m", "250ms"')
 
 
 def _size(value: Any) -> int:
@@ -258,7 +339,7 @@ def _size(value: Any) -> int:
         if match:
             unit = (match.group(2) or "b").lower()
             return int(float(match.group(1)) * _SIZE_UNITS[unit])
-    raise ValueError(f'{value!r} is not a size: use bytes or a string like "64KiB", "25MiB", "10MB"')
+    raise ValueError(f'{_given(value)} is not a size: use bytes or a string like "64KiB", "25MiB", "10MB"')
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

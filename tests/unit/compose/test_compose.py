@@ -138,7 +138,6 @@ def test_parts_headers_set_the_date_and_message_id_once() -> None:
     [
         ("From", "content.from"),
         ("subject", "content.subject"),
-        ("To", "recipients"),
         ("Reply-To", "content.reply_to"),
         ("MIME-Version", "the parts"),
         ("Content-Type", "the parts"),
@@ -151,6 +150,64 @@ def test_parts_headers_may_not_write_a_field_pigeon_writes(name: str, where: str
     parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {name: "evil@other.test"}}
     with pytest.raises(ComposeError, match=f"written by Pigeon from .*{where}") as refused:
         _compose(_request(parts))
+    assert refused.value.field == f"$.content.headers.{name}"
+
+
+_TEAM = ("Team", ["a@example.com", "b@example.com"])
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "written", "groups"),
+    [
+        ("To", "undisclosed-recipients:;", "undisclosed-recipients:;", [("undisclosed-recipients", [])]),
+        ("To", "Team: a@example.com, b@example.com;", "Team: a@example.com, b@example.com;", [_TEAM]),
+        ("Cc", "undisclosed-recipients:;", "undisclosed-recipients:;", [("undisclosed-recipients", [])]),
+        (
+            "Cc",
+            'Ann <ann@example.net>, Team: a@example.com, "Doe, J" <j@example.net>;, Other:;',
+            'Ann <ann@example.net>, Team: a@example.com, "Doe, J" <j@example.net>;, Other:;',
+            [(None, ["ann@example.net"]), ("Team", ["a@example.com", "j@example.net"]), ("Other", [])],
+        ),
+        (
+            "Resent-To",
+            "Équipe: a@example.com;",
+            "=?utf-8?q?=C3=89quipe?=: a@example.com;",
+            [("Équipe", ["a@example.com"])],
+        ),
+    ],
+    ids=["to-undisclosed", "to-team", "cc-undisclosed", "cc-mixed", "resent-to-encoded-name"],
+)
+def test_a_group_in_an_address_field_of_parts_is_written_a_group(
+    name: str, given: str, written: str, groups: list[tuple[str | None, list[str]]]
+) -> None:
+    """Found from outside: `To: undisclosed-recipients:;` (RFC 5322 3.4 group syntax, common in
+    bulk mail) was refused, and `Team: a@example.com, b@example.com;` lost its group."""
+    parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {name: given}}
+    data = _compose(_request(parts))
+    assert check_message(data, max_size=len(data), max_line_length=998) is None  # as SMTP reception would
+    assert f"\r\n{name}: {written}\r\n".encode() in data.replace(b"\r\n ", b" ")  # (unfolded)
+    message = email.message_from_bytes(data, policy=email.policy.strict)
+    assert message.get_all(name) == [message[name]]  # one: a To given replaces the recipient's
+    read = [(group.display_name, [m.addr_spec for m in group.addresses]) for group in message[name].groups]
+    assert read == groups
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("Sender", "undisclosed-recipients:;", "must be mailboxes, not a group"),
+        ("Resent-From", "Team: a@example.com;", "must be mailboxes, not a group"),
+        ("To", "Team: a@example.com, b@example.com", 'is not closed: end it with ";"'),
+        ("Cc", "A: B: c@example.com;;", "holds another group"),
+        ("Cc", "a@example.com Team:;", "a group needs a name before its colon"),
+        ("Cc", "Team: nobody;", "address 1 \\('nobody'\\)"),
+    ],
+    ids=["sender", "resent-from", "unclosed", "nested", "no-comma", "bad-member"],
+)
+def test_a_group_where_none_may_be_or_a_broken_one_is_refused_naming_the_field(name: str, value: str, why: str) -> None:
+    parts = {"from": {"email": "a@example.org"}, "text": "t", "headers": {name: value}}
+    with pytest.raises(ComposeError, match=why) as refused:
+        check_request(_request(parts))
     assert refused.value.field == f"$.content.headers.{name}"
 
 

@@ -393,6 +393,71 @@ def test_an_address_pigeon_connects_to_needs_a_port_from_1(tmp_path: Path, text:
     assert said.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}"), said
 
 
+_ALL_DIGIT = "is all digits, as only an IP address's is (RFC 1123 2.1); an IPv4 address is four numbers from 0 to 255"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[[route]]\ndomain = "a.example"\nnext_hop = "1.2.3:25"\n',
+            "line 3: [[route]] #1 next_hop: '1.2.3:25': '1.2.3' is not a host name: its last label, "
+            f'"3", {_ALL_DIGIT}, like 192.0.2.1:25',
+        ),
+        (
+            '[[route]]\ndomain = "a.example"\nnext_hop = "192.0.2.1:25"\n'
+            '[[route]]\ndomain = "b.example"\nnext_hop = "999.1.1.1:2525"\n',
+            "line 6: [[route]] #2 next_hop: '999.1.1.1:2525': '999.1.1.1' is not a host name: its last label, "
+            f'"1", {_ALL_DIGIT}, like 192.0.2.1:2525',
+        ),
+        (
+            '[[route]]\ndomain = "a.example"\nnext_hop = "1.2.3.4.5:25"\n',
+            f"line 3: [[route]] #1 next_hop: '1.2.3.4.5:25': '1.2.3.4.5' is not a host name: its last label, \"5\", "
+            f"{_ALL_DIGIT}",
+        ),
+        (
+            '[dns]\nnameservers = ["127.1:53"]\n',
+            f"line 2: [dns] nameservers: '127.1:53': '127.1' is not a host name: its last label, \"1\", {_ALL_DIGIT}",
+        ),
+        (
+            '[smtp]\nlisten = ["127.1:2525"]\n',
+            f"line 2: [smtp] listen: '127.1:2525': '127.1' is not a host name: its last label, \"1\", {_ALL_DIGIT}",
+        ),
+        (
+            '[http]\nlisten = "1.2.3:8025"\n',
+            f"line 2: [http] listen: '1.2.3:8025': '1.2.3' is not a host name: its last label, \"3\", {_ALL_DIGIT}",
+        ),
+        (
+            MAILBOX.replace('host = "imap.example.com"', 'host = "10.0.0"') + 'username = "app"\npassword = "pw"\n',
+            "line 8: [[mailbox]] #1 host: mailbox 'support': '10.0.0' is not a host name: its last label, \"0\", "
+            f"{_ALL_DIGIT}, like 192.0.2.1",
+        ),
+    ],
+    ids=[
+        "next-hop-three-numbers",
+        "next-hop-octet-over-255",
+        "next-hop-five-numbers",
+        "nameserver",
+        "smtp-listen",
+        "http-listen",
+        "mailbox-host",
+    ],
+)
+def test_a_host_of_numbers_that_is_no_ipv4_address_is_refused_at_load(tmp_path: Path, text: str, expected: str) -> None:
+    # Found from outside: next_hop = "1.2.3:25" passed `pigeon serve --check`; a host name's last
+    # label is never all digits, as for [smtp] hostname, and inet_aton reads "1.2.3" as 1.2.0.3.
+    said = error_of(tmp_path, text)
+    assert said.startswith(f"{tmp_path / 'pigeon.toml'}, {expected}"), said
+
+
+@pytest.mark.parametrize(
+    "hop", ["192.0.2.1:25", "[2001:db8::1]:25", "mx.example.net:25", "mx1.example.net.:25", "1a.example:25"]
+)
+def test_a_next_hop_that_is_an_ipv4_address_or_a_host_name_loads(tmp_path: Path, hop: str) -> None:
+    config = load(write(tmp_path, f'[[route]]\ndomain = "a.example"\nnext_hop = "{hop}"\n'))
+    assert config.route[0].next_hop == hop
+
+
 def test_a_next_hop_and_nameserver_with_a_port_load(tmp_path: Path) -> None:
     text = '[dns]\nnameservers = ["[::1]:53"]\n[[route]]\ndomain = "a.example"\nnext_hop = "[::1]:2525"\n'
     config = load(write(tmp_path, text))

@@ -12,9 +12,10 @@ The status line is the answer: a 2xx is accepted whatever becomes of its body. W
 is read for a moment only (`_drain`), so a body that never ends (a `Content-Length` the server
 does not fulfil, a connection left open) cannot turn an accepted handoff into "no answer", and
 the message would be handed over again and again. So is a status line that came whole (its
-line end too) on a connection then closed before the headers end (`_Recorder`): aiohttp calls
-that a `ServerDisconnectedError` whose partial answer cannot tell a whole status line from one
-cut short (both have the code), so the bytes that came are kept to tell.
+line end too) on a connection then closed, or reset (a TCP RST), before the headers end
+(`_Recorder`): aiohttp calls the one a `ServerDisconnectedError` whose partial answer cannot
+tell a whole status line from one cut short (both have the code), and the other a
+`ClientOSError` that keeps nothing of it, so the bytes that came are kept to tell.
 
 A 429 or 503 with `Retry-After` (seconds, or an HTTP-date: RFC 9110 10.2.3) is retried no
 sooner than it asks, and no later than the retry schedule's longest wait (`Handoff.retry_after`).
@@ -182,13 +183,15 @@ def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
 
 
 class _CutOff(aiohttp.ServerDisconnectedError):
-    """The connection closed before the answer's head ended. `status_line`: the answer's status
-    line (no line end) when it came whole, else None; `came`: what came of the answer's head."""
+    """The connection closed (`then`: "closed", or "was reset" by a TCP RST) before the
+    answer's head ended. `status_line`: the answer's status line (no line end) when it came
+    whole, else None; `came`: what came of the answer's head; `head`: the bytes that came."""
 
-    def __init__(self, message: Any, status_line: bytes | None, came: bytes) -> None:
+    def __init__(self, message: Any, head: bytes, then: str) -> None:
         super().__init__(message)
-        self.status_line = status_line
-        self.came = came
+        self.status_line, self.came = _status_line(head)
+        self.head = head
+        self.then = then
 
 
 class _Recorder(ResponseHandler):
@@ -219,8 +222,19 @@ class _Recorder(ResponseHandler):
 
     def set_exception(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
         if type(exc) is aiohttp.ServerDisconnectedError:
-            exc = _CutOff(exc.message, *_status_line(bytes(self._head)))
+            exc = _CutOff(exc.message, bytes(self._head), "closed")
+        elif (
+            type(exc) is aiohttp.ClientOSError and self._head and isinstance(_cause(args, kwargs), ConnectionResetError)
+        ):
+            # A reset (an RST: a server closing with SO_LINGER 0) is a close too: what came
+            # before it says as much as what came before a clean close.
+            exc = _CutOff(None, bytes(self._head), "was reset")
         super().set_exception(exc, *args, **kwargs)
+
+
+def _cause(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+    """The underlying error aiohttp gives `set_exception` with its own (`exc_cause`)."""
+    return args[0] if args else kwargs.get("exc_cause")
 
 
 def _status_line(head: bytes) -> tuple[bytes | None, bytes]:
@@ -259,7 +273,8 @@ def _failed(error: aiohttp.ClientError | OSError) -> str:
         return _at_most(f"bad HTTP response: {redact(' '.join(words))}")
     if isinstance(error, _CutOff) and error.came:  # (a status line cut short: a whole one is an answer)
         came = error.came.rstrip(b"\r").decode("latin-1")
-        return f'bad HTTP response: cut off after "{redact(_at_most(came))}"'
+        reset = " (the connection was reset)" if error.then == "was reset" else ""
+        return f'bad HTTP response: cut off after "{redact(_at_most(came))}"{reset}'
     if not isinstance(error, aiohttp.ServerDisconnectedError) or isinstance(error.message, str | None):
         return redact(str(error)) or type(error).__name__  # ("Server disconnected": nothing came)
     partial = error.message
@@ -412,24 +427,36 @@ class WebhookTarget(Target):
 
 
 def _cut_off_answer(error: _CutOff) -> tuple[int, str, float | None] | None:
-    """The answer of a status line that came whole before the connection closed (a server that
-    says 204 and hangs up has answered: taken for "no answer", a 2xx would be handed over again
-    at every retry); None when it did not come whole, or is no status line."""
+    """The answer of a status line that came whole before the connection closed or was reset (a
+    server that says 204 and hangs up has answered: taken for "no answer", a 2xx would be
+    handed over again at every retry); None when it did not come whole, or is no status line."""
     if error.status_line is None:
         return None
-    answer = _status_answer(error.status_line, "closed")
+    answer = _status_answer(error.status_line, error.then)
     if answer is None:
         return None
     status, reason, _ = answer
-    partial = error.message
-    if status in _ASKS_TO_WAIT and not isinstance(partial, str | None):
-        return status, reason, retry_after(partial.headers.get("Retry-After"), time.time())
+    if status in _ASKS_TO_WAIT:
+        return status, reason, retry_after(_head_field(error.head, b"retry-after"), time.time())
     return answer
+
+
+def _head_field(head: bytes, name: bytes) -> str | None:
+    """The value of header field `name` (lower case) among the whole lines of the last answer
+    `head` begins (after its status line), or None. Read from the bytes that came, not from
+    aiohttp's parser: a reset leaves nothing of what it parsed."""
+    lines = head.split(b"\n")[:-1]  # (the last is cut short, or empty)
+    starts = [i for i, line in enumerate(lines) if line.startswith(b"HTTP/")]
+    for line in lines[starts[-1] + 1 :] if starts else []:
+        field, colon, value = line.rstrip(b"\r").partition(b":")
+        if colon and field.lower() == name:
+            return value.strip(b" \t").decode("latin-1")
+    return None
 
 
 def _status_answer(status_line: bytes, then: str) -> tuple[int, str, float | None] | None:
     """(status, reason) of a whole `status_line` after which the connection `then` ("closed",
-    "stalled"); None when it is no final answer's status line (a 1xx is interim)."""
+    "was reset", "stalled"); None when it is no final answer's status line (a 1xx is interim)."""
     code, _, reason = status_line.partition(b" ")[2].partition(b" ")  # (after "HTTP/1.1 ")
     if not (code.isdigit() and len(code) == 3 and 200 <= int(code) <= 599):
         return None  # (aiohttp's parser has not refused it: it stopped at the close first)
