@@ -416,6 +416,7 @@ def test_with_a_limit_of_one_two_workers_backlogs_take_turns(tmp_path: Path) -> 
     assert runs >= 3, f"each worker's mail went in one run ({runs} runs): no turns were taken"
 
 
+@pytest.mark.slow  # (about 110 s; tests/integration/test_throttles_redis.py has the line's rules)
 @pytest.mark.timeout(240)
 def test_under_a_cluster_limit_of_one_a_slot_made_room_for_goes_to_a_waiter_not_the_yielders_sibling(
     tmp_path: Path, redis_server: RedisServer
