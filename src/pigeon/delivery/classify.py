@@ -34,7 +34,8 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     ("MessageExpired", r"^5\d\d 5\.4\.7\b"),
     ("RoutingErrors", r"^5\d\d 5\.4\.(4|6)\b|mail loop|too many hops"),
     ("TooManyRecipients", r"^5\d\d 5\.5\.3\b|too many recipients"),
-    ("ProtocolErrors", r"^5\d\d 5\.5\.[0-9]\b"),
+    # (5.5.0 says only "a protocol status": it comes after the wordings, below.)
+    ("ProtocolErrors", r"^5\d\d 5\.5\.[1-9]\b"),
     ("ContentRelated", r"^5\d\d 5\.6\.\d+\b|^5\d\d 5\.3\.4\b|message (is )?too (big|large)|size limit"),
     ("AuthenticationFailed", r"^5\d\d 5\.7\.(8|25|26|27)\b|dmarc|dkim|spf"),
     ("RelayDenied", r"^5\d\d 5\.7\.1\b.*relay|relay(ing)? (access )?denied|not permitted to relay"),
@@ -46,6 +47,9 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     # failed" says nothing of why: Uncategorized).
     ("InvalidRecipient", r"user unknown|no such user|unknown (user|recipient)|does not exist|recipient rejected"),
     ("InvalidRecipient", r"^55[013] .*(mailbox (is )?unavailable|user not local|mailbox name not allowed)"),
+    # Microsoft's mailboxes refuse an unknown user with "550 5.5.0 Requested action not taken:
+    # mailbox unavailable": the wording says why, the 5.5.0 only that it is no success.
+    ("ProtocolErrors", r"^5\d\d 5\.5\.0\b"),
     ("BadConfiguration", r"^5\d\d 5\.3\.\d+\b"),
     ("BadConnection", r"^5\d\d 5\.4\.(1|2)\b"),
 ]

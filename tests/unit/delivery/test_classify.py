@@ -24,6 +24,10 @@ def reply(code: int, enhanced: str | None, text: str) -> Reply:
         (reply(550, None, "Requested action not taken: mailbox unavailable"), "InvalidRecipient"),
         (reply(550, "5.0.0", "Requested action not taken: mailbox unavailable"), "InvalidRecipient"),
         (reply(553, None, "Requested action not taken: mailbox name not allowed"), "InvalidRecipient"),
+        # Outlook's and Hotmail's unknown user (found from outside: it was ProtocolErrors)
+        (reply(550, "5.5.0", "Requested action not taken: mailbox unavailable (S2017062302)"), "InvalidRecipient"),
+        (reply(550, "5.5.0", "Invalid command sequence"), "ProtocolErrors"),
+        (reply(501, "5.5.4", "Syntax error in parameters"), "ProtocolErrors"),
         (reply(551, None, "User not local; please try <x@example.com>"), "InvalidRecipient"),
         (reply(552, None, "Requested mail action aborted: exceeded storage allocation"), "QuotaIssues"),
         (reply(554, None, "Transaction failed"), "Uncategorized"),
