@@ -99,6 +99,10 @@ class Recipient(msgspec.Struct, array_like=True, omit_defaults=True):
     # The reply this recipient's last failed attempt got: its expiry and its DSN name it. Kept
     # per recipient, for the recipients of one attempt get different replies (451, 452 ...).
     last_response: str | None = None
+    # The host whose reply `last_response` is ("mx.example.net", "[192.0.2.1]"), when a server
+    # gave it; None when Pigeon wrote it (a DNS failure, a refused connection, "not tried").
+    # An expiry's DSN then reports that reply as the server's (`Remote-MTA`, `smtp;`).
+    last_peer: str | None = None
 
     @property
     def domain(self) -> str:
@@ -140,6 +144,10 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     dkim: list[str] | None = None  # names of the [[dkim]] signers to sign with (None: the config decides)
     headers_added: list[str] | None = None  # whole fields, "Name: value", put on top of the message
     headers_removed: list[str] | None = None  # lower-case names of fields taken off
+    # What held it when it was last deferred, if a shaping reaction's suspension did (`Attempt.held_by`):
+    # "shaping reaction <rule> (suspend <key> until <time>) after <reply>". `pigeon inspect` shows it
+    # and an expiry names it; the next attempt's outcome clears it.
+    held_by: str | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

@@ -28,6 +28,9 @@ _OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounc
 # which the workers' own caps alone did not bound (each sees other queues).
 MAX_QUEUE_LABELS = 1000
 MAX_SITE_LABELS = 1000
+# Bounce classes given a label value of their own: the built-in table's and the user's rule
+# files' (`[delivery] bounce_rules`), so few, but a rule file may name as many as it likes.
+MAX_CLASSIFICATION_LABELS = 100
 # Messages in memory by state; per site: (site, messages waiting, connections).
 DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]]]
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -37,9 +40,11 @@ class Counts:
     """Hot-path counters: plain integers."""
 
     __slots__ = (
+        "by_classification",
         "by_queue",
         "by_site",
         "bytes_received",
+        "labelled_classifications",
         "labelled_queues",
         "labelled_sites",
         "messages_received",
@@ -60,6 +65,8 @@ class Counts:
         self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
         self.labelled_sites: set[str] = set()  # the sites with a label of their own
         self.labelled_queues: set[str] = set()
+        self.by_classification: dict[tuple[str, str], int] = {}  # (outcome, classification): Bounce, TransientFailure
+        self.labelled_classifications: set[str] = set()
 
     def outcome(self, kind: str, queue: str, site: str, n: int = 1) -> None:
         """Count `n` recipient outcomes of one kind for a queue and a site."""
@@ -70,6 +77,11 @@ class Counts:
         self.by_site[kind, site] = self.by_site.get((kind, site), 0) + n
         queue = _labelled(queue, self.labelled_queues, MAX_QUEUE_LABELS)
         self.by_queue[kind, queue] = self.by_queue.get((kind, queue), 0) + n
+
+    def classified(self, kind: str, classification: str) -> None:
+        """Count one recipient outcome (a Bounce, a TransientFailure) of this bounce class."""
+        label = _labelled(classification, self.labelled_classifications, MAX_CLASSIFICATION_LABELS)
+        self.by_classification[kind, label] = self.by_classification.get((kind, label), 0) + 1
 
 
 def _labelled(value: str, labelled: set[str], most: int) -> str:
@@ -125,6 +137,14 @@ class _CountsCollector(Collector):
         for (outcome, queue), value in sorted(c.by_queue.items()):
             by_queue.add_metric([outcome, queue], value)
         yield by_queue
+        classified = CounterMetricFamily(
+            "pigeon_classified_recipients",
+            "Bounces and deferrals by bounce class (the rule table's, as their records name it)",
+            labels=["outcome", "classification"],
+        )
+        for (outcome, classification), value in sorted(c.by_classification.items()):
+            classified.add_metric([outcome, classification], value)
+        yield classified
 
 
 class _DeliveryCollector(Collector):

@@ -131,7 +131,8 @@ def test_each_recipient_gets_its_own_outcome(tmp_path: Path) -> None:
 def test_each_expired_recipient_and_its_dsn_name_its_own_last_reply_across_a_restart(tmp_path: Path) -> None:
     """Two recipients of one message, deferred with different replies, expire at a start of
     the node after their attempt: each `Expiration` and each DSN block names the reply that
-    recipient got (kept in the spool), not the one the last recipient got."""
+    recipient got (kept in the spool, with the server that gave it), not the one the last
+    recipient got."""
     replies = {"t451x@example.net": "451 4.2.1 try later", "q452x@example.net": "452 4.2.2 mailbox full"}
     with ScriptedSink() as sink:
         sink.rcpt_reply = replies.get
@@ -149,7 +150,9 @@ def test_each_expired_recipient_and_its_dsn_name_its_own_last_reply_across_a_res
             (dsn,) = sink.wait_for(1)
             blocks = dsn.email.get_payload()[1].get_payload()[1:]  # (the first is the per-message one)
             diagnostics = {block["Final-Recipient"].split("; ")[1]: block["Diagnostic-Code"] for block in blocks}
-            assert diagnostics == {address: f"X-Pigeon; 554 5.4.7 {said[address]}" for address in replies}
+            assert diagnostics == {address: f"smtp; {reply}" for address, reply in replies.items()}
+            assert {block["Remote-MTA"] for block in blocks} == {"dns; [127.0.0.1]"}
+            assert {block["Status"] for block in blocks} == {"5.4.7"}
 
 
 def test_bounce_sends_a_dsn_to_the_sender_and_never_to_the_null_sender(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   pigeon logs --recipient bob@example.com --since 2h   # what became of mail to Bob lately
   pigeon logs --id 0000018c2f0a1b2c    # one message's whole story: reception, attempts, outcome
   pigeon logs --since 2026-12-05T09:00 --until 2026-12-05T10:00 --type Bounce
+  pigeon logs --classification QuotaIssues --since 1d   # bounces and deferrals for full mailboxes
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
 
 Records come as each worker wrote them: when its change was committed, which is mostly but not
@@ -39,9 +40,11 @@ with --follow, each worker's as it writes them. Nothing is sorted: the output st
 Filters combine (a record must pass each); a repeated one matches any of its values.
 --since/--until take a time ago ("90s", "30m", "2h", "7d"), an ISO 8601 date or time
 (local time unless it names its offset: "2026-12-05", "2026-12-05T09:00", "...T09:00Z"), or
-a Unix timestamp. Addresses are compared without regard to case, and a domain written as its
-U-label (bücher.example) or its A-label (xn--bcher-kva.example) is one domain. --sender ''
-(or '<>') finds the null sender's records, not those that name no sender.
+a Unix timestamp. --classification matches a record's bounce class (Bounce, TransientFailure,
+Held) without regard to case, as --type does its type. Addresses are compared without regard
+to case, and a domain written as its U-label (bücher.example) or its A-label
+(xn--bcher-kva.example) is one domain. --sender '' (or '<>') finds the null sender's records,
+not those that name no sender.
 
 Exits 0; 2 for a usage error: no log directory where --dir or [log] path says, an unknown --type,
 a time it cannot read, --until with --follow.
@@ -64,6 +67,13 @@ def register(commands: Any) -> None:
         action="append",
         metavar="TYPE",
         help="only records of this type (Reception, Rejection, ...); may be repeated",
+    )
+    parser.add_argument(
+        "--classification",
+        action="append",
+        metavar="CLASS",
+        help="only records of this bounce class (QuotaIssues, PolicyRelated, ...: a Bounce's, a "
+        "TransientFailure's, a Held's), in any case; may be repeated",
     )
     parser.add_argument("--id", action="append", metavar="ID", help="only records of this message id; may be repeated")
     parser.add_argument(
@@ -89,9 +99,11 @@ class _Filter:
         senders: set[str],
         since: float | None,
         until: float | None,
+        classifications: set[str] | None = None,
     ) -> None:
         self.types, self.ids, self.recipients, self.senders = types, ids, recipients, senders
         self.since, self.until = since, until
+        self.classifications = classifications or set()  # lower case
 
     def __call__(self, record: dict[str, Any]) -> bool:
         if self.ids and isinstance(trace := record.get("trace_id"), str) and trace.lower() in self.ids:
@@ -101,6 +113,10 @@ class _Filter:
             self.ids.add(str(record.get("id") or "").lower())
         if self.types and record.get("type") not in self.types:
             return False
+        if self.classifications:
+            classification = record.get("classification")
+            if not isinstance(classification, str) or classification.lower() not in self.classifications:
+                return False
         if self.since is not None or self.until is not None:
             stamp = record.get("timestamp")
             if not isinstance(stamp, int | float):
@@ -196,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         {address_key(value) for value in args.sender or ()},
         since,
         until,
+        {value.strip().lower() for value in args.classification or ()},
     )
     # The reader's warnings (a damaged segment) as the command's own, not as a daemon's log line.
     said = logging.StreamHandler(sys.stderr)

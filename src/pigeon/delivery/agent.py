@@ -37,7 +37,8 @@ class Unreachable(Exception):
     `classification` its bounce class if it is a 5xx. `site_down`: no host of the
     destination took a connection at all, so the whole site is down (`pigeon.delivery.sites`).
     `peer` and `tls`: the host that answered and would not do (a 421, TLS it does not offer or
-    a certificate that does not verify), and its TLS if it was on TLS by then. `reply_for`,
+    a certificate that does not verify), and its TLS if it was on TLS by then; `server`: `reply`
+    is that host's own (its 421), not Pigeon's words about it. `reply_for`,
     if given, is the reply as said of a message's domain (mail that loops back to this node:
     the site names its hosts, the domain is what a reader looks for)."""
 
@@ -50,6 +51,7 @@ class Unreachable(Exception):
         peer: str | None = None,
         tls: str | None = None,
         reply_for: Callable[[str], Reply] | None = None,
+        server: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -58,6 +60,7 @@ class Unreachable(Exception):
         self.peer = peer
         self.tls = tls
         self.reply_for = reply_for
+        self.server = server
 
 
 class Agent(Protocol):

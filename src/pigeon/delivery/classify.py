@@ -5,6 +5,11 @@ Rules are regular expressions matched against the reply as one line,
 RFC 3463 enhanced codes and the common wordings of large providers; user rule files
 (TOML, `[[rule]] class = "..." pattern = "..."`) are tried first, in the order given.
 Classes follow KumoMTA's names so existing tooling reads them.
+
+A deferral (4xx) is classified by the same table: its `TransientFailure` record says why
+(`QuotaIssues` for a full mailbox, `PolicyRelated` for a provider's rate limit or block,
+`BadConnection` for a host that did not answer) as a bounce's does. Where an enhanced code
+means the same in class 4 as in class 5 (X.2.2, X.4.1, X.4.3 ...), its rule reads both.
 """
 
 from __future__ import annotations
@@ -21,21 +26,26 @@ from pigeon.smtp.replies import Reply
 _BUILT_IN: Final[list[tuple[str, str]]] = [
     # Pigeon's own answers when DNS says a domain takes no mail (NXDOMAIN, no MX and no
     # address, a null MX) carry 5.1.2 or 5.1.10: a broken domain, not a dead mailbox.
-    ("DNSFailure", r"^5\d\d 5\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX"),
+    ("DNSFailure", r"^[45]\d\d [45]\.4\.3\b|\bNXDOMAIN\b|no MX and no address|null MX"),
+    # A provider slowing a sender down (Gmail's 4.7.28 "unusual rate of unsolicited mail ...
+    # rate limited", Yahoo's 4.7.0 [TSS04], Microsoft's 4.7.500 "server busy"): its words
+    # ("unsolicited", "spam") would read as content, but a deferral of class 4.7 is about the
+    # sender's rate or standing, not this message.
+    ("PolicyRelated", r"^4\d\d 4\.7\.\d+\b|^4\d\d .*\brate.limit"),
     # Then enhanced status codes: they are the server saying what it means.
     ("InvalidRecipient", r"^5\d\d 5\.1\.(1|2|3|6|10)\b"),
     ("InvalidSender", r"^5\d\d 5\.1\.(7|8)\b"),
     ("InactiveMailbox", r"^5\d\d 5\.2\.1\b"),
     (
         "QuotaIssues",
-        r"^5\d\d 5\.2\.2\b|over ?quota|mailbox (is )?full|quota exceeded|insufficient storage"
+        r"^[45]\d\d [45]\.2\.2\b|over ?quota|mailbox (is )?full|quota exceeded|insufficient storage"
         r"|exceeded storage allocation",  # (RFC 5321's standard text for 552)
     ),
     ("MessageExpired", r"^5\d\d 5\.4\.7\b"),
-    ("RoutingErrors", r"^5\d\d 5\.4\.(4|6)\b|mail loop|too many hops"),
-    ("TooManyRecipients", r"^5\d\d 5\.5\.3\b|too many recipients"),
-    # (5.5.0 says only "a protocol status": it comes after the wordings, below.)
-    ("ProtocolErrors", r"^5\d\d 5\.5\.[1-9]\b"),
+    ("RoutingErrors", r"^[45]\d\d [45]\.4\.(4|6)\b|mail loop|too many hops"),
+    ("TooManyRecipients", r"^[45]\d\d [45]\.5\.3\b|too many recipients"),
+    # (x.5.0 says only "a protocol status": it comes after the wordings, below.)
+    ("ProtocolErrors", r"^[45]\d\d [45]\.5\.[1-9]\b"),
     ("ContentRelated", r"^5\d\d 5\.6\.\d+\b|^5\d\d 5\.3\.4\b|message (is )?too (big|large)|size limit"),
     ("AuthenticationFailed", r"^5\d\d 5\.7\.(8|25|26|27)\b|dmarc|dkim|spf"),
     ("RelayDenied", r"^5\d\d 5\.7\.1\b.*relay|relay(ing)? (access )?denied|not permitted to relay"),
@@ -49,9 +59,9 @@ _BUILT_IN: Final[list[tuple[str, str]]] = [
     ("InvalidRecipient", r"^55[013] .*(mailbox (is )?unavailable|user not local|mailbox name not allowed)"),
     # Microsoft's mailboxes refuse an unknown user with "550 5.5.0 Requested action not taken:
     # mailbox unavailable": the wording says why, the 5.5.0 only that it is no success.
-    ("ProtocolErrors", r"^5\d\d 5\.5\.0\b"),
+    ("ProtocolErrors", r"^[45]\d\d [45]\.5\.0\b"),
     ("BadConfiguration", r"^5\d\d 5\.3\.\d+\b"),
-    ("BadConnection", r"^5\d\d 5\.4\.(1|2)\b"),
+    ("BadConnection", r"^[45]\d\d [45]\.4\.(1|2)\b"),
 ]
 
 

@@ -69,7 +69,7 @@ from dataclasses import replace
 from typing import Final
 
 from pigeon.delivery.agent import Agent, Opener, Unreachable, Work
-from pigeon.delivery.reactor import BOUNCE_CLASS, Reactor, bounce_reply
+from pigeon.delivery.reactor import BOUNCE_CLASS, Reactor, bounce_reply, held_text
 from pigeon.delivery.routes import Destination, Kind
 from pigeon.delivery.sites import SiteHealth, not_tried
 from pigeon.message import Message, format_id
@@ -310,6 +310,16 @@ class Dispatcher:
         if lane is None or self._reactor is None:
             return []
         return self._reactor.board.of(lane.reaction_keys)
+
+    def holding(self, queue: ReadyQueue) -> str | None:
+        """What holds the mail waiting in `queue`, if a reaction's suspension does
+        (`reactor.held_text`): what an expiry there names, and `pigeon inspect` shows. Asked
+        only of a message that expires or is inspected, never on the delivery path."""
+        lane = self._lanes.get(queue.path)
+        if lane is None or lane.queue is not queue or self._reactor is None:
+            return None
+        effect = self._reactor.suspension(lane.reaction_keys)
+        return held_text(effect) if effect is not None else None
 
     def site_down(self, site: str) -> bool:
         """Whether this worker found `site` down from the implicit source (its mail waits for a
@@ -770,6 +780,10 @@ class Dispatcher:
                 reply = error.reply_for(message.envelope.routing_domain or _domain(message))
             attempt = Attempt.same_for_all(reply, count, error.classification, queue.site, error.peer)
             attempt = attempt._replace(tls=error.tls)
+            if error.peer is not None and not error.server:
+                # Pigeon's words about a host that would not do (TLS, a broken greeting): no
+                # server's reply, whatever host is named with it.
+                attempt = attempt._replace(own=frozenset(range(count)))
             if until_probe is not None:
                 attempt = attempt._replace(tried=False, retry_after=until_probe)
             if self._reactor is not None and effect is not None:

@@ -71,6 +71,10 @@ class Failure:
     # the report does not claim a server said it.
     diagnostic_type: str = "smtp"
     attempted: float | None = None  # when the last attempt was, if not the report's own time
+    # The Diagnostic-Code's reply when it is not `reply`: an expiry whose last failure was a
+    # server's reply reports that reply (`smtp;`, with its `remote_mta`), `reply` (5.4.7) giving
+    # the Status and the text, which say the message expired.
+    diagnostic: str | None = None
 
 
 def wants_success_notice(recipient: Recipient) -> bool:
@@ -148,7 +152,8 @@ def build_report(
         if failure.remote_mta:
             fields.append(f"Remote-MTA: dns; {_mta_name(failure.remote_mta)}")
         # RFC 3464 2.3.6: the server's reply as it gave it, its enhanced code too ("550 5.1.1 ...").
-        fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(str(failure.reply))}")
+        diagnostic = str(failure.reply) if failure.diagnostic is None else failure.diagnostic
+        fields.append(f"Diagnostic-Code: {failure.diagnostic_type}; {_field(diagnostic)}")
         if failure.attempted is not None:
             fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")
         elif failure.diagnostic_type == "smtp":

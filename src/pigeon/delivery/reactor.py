@@ -12,13 +12,15 @@ and `pigeon.shaping.effects`), per ready queue and per attempt.
 * `suspended(keys)`, `bouncing(keys)`, `limits(keys)`: what lives on a queue's keys.
 
 Suspended mail waits in its ready queue, untried and without an attempt counted (as under an
-operator's site suspension); `max_age` still holds there. When the effect ends, the
-dispatcher starts whatever waits (`Board.on_end`).
+operator's site suspension); `max_age` still holds there, and an expiry there names the
+suspension (`held_text`), as one of a message deferred under it does (`Attempt.held_by`).
+When the effect ends, the dispatcher starts whatever waits (`Board.on_end`).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable, Sequence
 
 from pigeon.queue.attempt import Attempt
@@ -38,6 +40,14 @@ def _rate(text: str) -> Rate:
 def bounce_reply(effect: Effect) -> Reply:
     """What a message bounced by a reaction's effect is told."""
     return Reply(554, "5.7.0", (f"bounced by shaping reaction {effect.rule} ({effect.key}) after: {effect.reply}",))
+
+
+def held_text(effect: Effect) -> str:
+    """What holds mail under `effect` (a suspension), as a message keeps it (`Envelope.held_by`),
+    `pigeon inspect` shows it and an expiry names it: the rule, what it holds until when (UTC),
+    and the reply that started it, whose words say why the provider wanted less mail."""
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(effect.expires_at))
+    return f"shaping reaction {effect.rule} ({effect.action} {effect.key} until {until}) after {effect.reply}"
 
 
 class Reactor:
@@ -87,7 +97,7 @@ class Reactor:
         if not any(transient):
             return attempt
         if effect.action == "suspend":
-            return attempt._replace(retry_after=effect.remaining(self.board.now()))
+            return attempt._replace(retry_after=effect.remaining(self.board.now()), held_by=held_text(effect))
         if effect.action == "bounce":
             bounced = bounce_reply(effect)
             replies: Sequence[Reply] = [bounced if t else r for t, r in zip(transient, attempt.replies, strict=True)]
@@ -99,6 +109,10 @@ class Reactor:
     # --- what lives on a queue's keys -------------------------------------------------------------
     def suspended(self, keys: tuple[str, ...]) -> bool:
         return self.board.find(keys, "suspend") is not None
+
+    def suspension(self, keys: tuple[str, ...]) -> Effect | None:
+        """The suspension that lives on a queue's keys, if any."""
+        return self.board.find(keys, "suspend")
 
     def bouncing(self, keys: tuple[str, ...]) -> Effect | None:
         return self.board.find(keys, "bounce")

@@ -88,7 +88,9 @@ class ConnectFailed(Exception):
     to a host that answered and would not do (a 421, a failed TLS handshake). `peer` is that
     host, when one answered (as `ClientConnection.peer` names it), and `tls` its TLS, when
     it was on TLS by then: a record of the failure names them as a delivery's would.
-    `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`)."""
+    `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`).
+    `server`: `reply` is that host's own (its 421, as sent), not Pigeon's words (a TLS failure,
+    a broken connection): an expiry's DSN reports it as the server's."""
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class ConnectFailed(Exception):
         peer: str | None = None,
         tls: str | None = None,
         greeted: bool = False,
+        server: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -105,6 +108,7 @@ class ConnectFailed(Exception):
         self.peer = peer
         self.tls = tls
         self.greeted = greeted
+        self.server = server
 
 
 class LoopsBack(ConnectFailed):
@@ -543,10 +547,13 @@ class ClientConnection:
                 Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]}; {note}")),
                 peer=last.peer,
                 tls=last.tls,
+                server=last.server,
             )
         if looped is not None and not elsewhere and not cut:
             raise LoopsBack(destination.site, looped)
-        raise ConnectFailed(last.reply, site_down=tried and not connected, peer=last.peer, tls=last.tls)
+        raise ConnectFailed(
+            last.reply, site_down=tried and not connected, peer=last.peer, tls=last.tls, server=last.server
+        )
 
     @classmethod
     async def _open_one(
@@ -597,7 +604,8 @@ class ClientConnection:
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
                 greeted = event.reason is not Reason.BANNER  # (turned away at the banner: no session)
-                raise failure(event.explain(self.peer), peer=self.peer, tls=self.tls, greeted=greeted)
+                reply, server = event.explain(self.peer), event.said_by_server
+                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 

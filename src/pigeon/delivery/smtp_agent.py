@@ -133,9 +133,10 @@ class SmtpAgent:
             try:
                 replies, duration = await _send_all(connection, envelope, done)
             except ConnectionLost as error:
-                # The message may have been taken: not sent again now, at another host.
+                # The message may have been taken: not sent again now, at another host. The
+                # reply is Pigeon's words (a timeout, a closed connection), not the server's.
                 attempt = Attempt.same_for_all(error.reply, count, "", site, connection.peer)
-                attempts.append(attempt._replace(tls=connection.tls))
+                attempts.append(attempt._replace(tls=connection.tls, own=frozenset(range(count))))
                 continue
             except asyncio.CancelledError:
                 # A stop, with the transaction on the wire (the dispatcher then reports `final`).
@@ -211,7 +212,8 @@ class SmtpAgent:
         try:
             more, took = await _send_all(other, rest, done)
         except ConnectionLost as error:  # what happened last, and where, is what the records say
-            more, took = [error.reply] * len(pending), 0.0
+            merged = self._merged(attempt, pending, [error.reply] * len(pending), 0.0, other)
+            return merged._replace(own=merged.own | frozenset(pending))  # (Pigeon's words, not the server's)
         except asyncio.CancelledError:
             # A stop: `final` holds what the first host answered. What this host answered
             # before the cut stands (its recipient limit: a transaction it took is not sent
@@ -286,10 +288,10 @@ class SmtpAgents:
         except ConnectFailed as error:
             reply = error.reply
             classification = self._classifier.classify(reply) if reply.code >= 500 else ""
-            site_down, peer, tls = error.site_down, error.peer, error.tls
+            site_down, peer, tls, server = error.site_down, error.peer, error.tls, error.server
             reply_for = error.reply_for if isinstance(error, LoopsBack) else None
             raise Unreachable(
-                reply, classification, site_down=site_down, peer=peer, tls=tls, reply_for=reply_for
+                reply, classification, site_down=site_down, peer=peer, tls=tls, reply_for=reply_for, server=server
             ) from None
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:

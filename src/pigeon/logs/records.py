@@ -48,8 +48,9 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 |                |                  | off, or its unverified fallback)                          |
 | created        | all four         | when the message was received                             |
 | duration       | all four         | seconds the transaction took                              |
-| classification | Bounce, Held     | bounce class from the rule table (InvalidRecipient, ...; |
-|                |                  | always in a Bounce: Uncategorized if no rule matched)     |
+| classification | Bounce, Held,    | bounce class from the rule table (InvalidRecipient, ...; |
+|                | TransientFailure | always in a Bounce and a TransientFailure: Uncategorized |
+|                |                  | if no rule matched; a deferral's 4xx by the same table)   |
 | dsn            | Bounce, Expiration, Held | why no DSN went to the sender (an [[inbound]] route's `bounces`) |
 | cause          | Held             | `refused` (by the target, for good) or `expired`          |
 | next_attempt   | TransientFailure | when the next attempt is due                              |
@@ -189,6 +190,10 @@ class TransientFailure(Attempt, tag="TransientFailure"):
     """This attempt failed, another will follow (4xx, timeout, connection error)."""
 
     next_attempt: float = 0.0  # when
+    # The reply's class from the bounce rule table, as a Bounce's (QuotaIssues, PolicyRelated,
+    # BadConnection ...; Uncategorized when no rule matched): why it was deferred, without
+    # reading the text. Absent only in records written before deferrals were classified.
+    classification: str = ""
 
 
 class Bounce(Attempt, tag="Bounce"):

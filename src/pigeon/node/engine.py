@@ -34,6 +34,7 @@ from pigeon.queue.state import ActiveSet, Lease
 from pigeon.shaping.effects import Effect
 from pigeon.shaping.rules import Shaping, ShapingQuery
 from pigeon.shaping.throttles import Throttles
+from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -68,6 +69,7 @@ def build_engine(
     owns_queue: Callable[[str], bool] = lambda domain: False,
     body: Callable[[Message], bytes],
     notifier: Notifier | None = None,
+    classify: Callable[[Reply], str] | None = None,
     hooks: DeliveryHooks | None = None,
     route_failures: RouteFailures = lambda address: None,
     source: str = "default",
@@ -92,6 +94,7 @@ def build_engine(
         policies=policies,
         notifier=notifier,
         route_failures=route_failures,
+        classify=classify if classify is not None else _unclassified,
         clock=clock,
     )
     rules = Rules(
@@ -143,6 +146,7 @@ def build_engine(
         intercept=rules.intercept,
         egress=choose_source,
         observe_lag=observe_lag,
+        holding=lambda entry: dispatcher.holding(entry.ready) if entry.ready is not None else None,
         clock=clock,
     )
 
@@ -163,6 +167,7 @@ def build_engine(
         connections=dispatcher.connections_to,
         provider=dispatcher.provider_of,
         effects=dispatcher.effects_on,
+        holding=dispatcher.holding,
         down=dispatcher.queue_down,
         probe_down=dispatcher.probe_down_sites,
         pool_of=lambda message: egress_pool(message.envelope, policies.for_queue(message.queue), default_pool),
@@ -213,6 +218,11 @@ def build_reader(
         promote=lambda entry: None,
         clock=clock,
     )
+
+
+def _unclassified(reply: Reply) -> str:
+    """No rule table given (a test's engine): a deferral's record names no class."""
+    return ""
 
 
 def _effect_ended(dispatcher: Dispatcher, admin: Admin, effect: Effect) -> None:

@@ -136,6 +136,7 @@ class Outbound:
             owns_queue=shaping.owns_queue,
             body=outgoing,
             hooks=DeliveryHooks(policy, classifier.classify, pool_of) if policy is not None else None,
+            classify=classifier.classify,
             notifier=Notifier(
                 hostname=config.smtp.hostname,
                 spools=spools,

@@ -152,6 +152,7 @@ class Admin:
         connections: Callable[[str], int] = lambda path: 0,
         provider: Callable[[str], str | None] = lambda path: None,
         effects: Callable[[str], list[Effect]] = lambda path: [],
+        holding: Callable[[ReadyQueue], str | None] = lambda queue: None,
         down: Callable[[ReadyQueue], bool] = lambda queue: False,
         probe_down: Callable[[], None] = lambda: None,
         pool_of: Callable[[Message], tuple[str | None, str | None]] = lambda message: (
@@ -178,6 +179,8 @@ class Admin:
         """The provider whose limits a ready queue is delivered under (by its path), if any."""
         self._effects = effects
         """The reactions' effects on a ready queue (by its path): why it waits or is slowed."""
+        self._holding = holding
+        """What holds a ready queue's mail, if a reaction's suspension does (`Dispatcher.holding`)."""
         self._down = down
         """Whether a ready queue's site is down from its source (`pigeon.delivery.sites`): its
         mail waits for a probe."""
@@ -716,6 +719,11 @@ class Admin:
             # queue summary counts it `suspended`, and names the rule in `suspended_by`).
             suspension = next(iter(self._rules.site_suspensions(entry.site)), None)
         pool, pool_from = self._pool_of(message)
+        # A reaction's suspension holding it: the one on its ready queue now, else the one its
+        # last deferral was made under (it waits for its end), as its expiry would name it.
+        held_by = envelope.held_by
+        if entry is not None and entry.state is State.READY and entry.ready is not None:
+            held_by = self._holding(entry.ready) or held_by
         return {
             "id": format_id(message.id),
             "queue": message.queue,
@@ -747,6 +755,9 @@ class Admin:
             # The operator's suspension that holds it (until `pigeon resume` or its end), if any,
             # its queue's or its site's: not one that came after its attempt began (the attempt goes on).
             "suspended_by": suspension.id if suspension is not None else None,
+            # The shaping reaction's suspension that holds it (or held it when it was last
+            # deferred): "shaping reaction <rule> (suspend <key> until <time>) after <reply>".
+            "held_by_effect": held_by,
         }
 
     def operations(self) -> list[dict[str, Any]]:

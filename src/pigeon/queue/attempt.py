@@ -26,7 +26,8 @@ class Via(NamedTuple):
 
 class Attempt(NamedTuple):
     """One attempt at a message: `replies[i]` is what happened to its recipient `i`, and
-    `classifications[i]` the bounce class of that reply when it is a 5xx ("" otherwise).
+    `classifications[i]` the bounce class of that reply when it is a 5xx ("" otherwise: the
+    queue classifies a 4xx for its `TransientFailure` record, `Settlement`'s `classify`).
     (A named tuple: one is made for every attempt, and it is immutable.)"""
 
     replies: Sequence[Reply]
@@ -66,8 +67,13 @@ class Attempt(NamedTuple):
     own: frozenset[int] = frozenset()
     """Recipients (by index) whose reply Pigeon decided on its own side of the wire although a
     peer was there: the peer lacked what the message needs (SMTPUTF8, 8BITMIME, a SIZE big
-    enough), or a shaping reaction bounced what it deferred. Their DSN says `X-Pigeon;`, not
-    `smtp;`: no server gave that reply."""
+    enough), a shaping reaction bounced what it deferred, or a 4xx of Pigeon's words about the
+    peer (the connection broke or timed out, its TLS failed). Their DSN (a bounce's, or an
+    expiry's naming that last failure) says `X-Pigeon;`, not `smtp;`: no server gave that reply."""
+    held_by: str | None = None
+    """What holds what failed for now after this attempt, when a shaping reaction's suspension
+    does (`pigeon.delivery.reactor.held_text`): the message keeps it (`Envelope.held_by`), which
+    `pigeon inspect` shows and an expiry names. None: nothing holds it (the common case)."""
 
     def peer_of(self, index: int) -> tuple[str | None, str | None, bool]:
         """The peer, TLS and `passed_on` that recipient `index`'s reply came with."""

@@ -16,7 +16,7 @@ still current are made ready. One an operator rebound or suspended meanwhile has
 (its result is dropped and counted as stale); that is normal, not an error.
 
 The same tick expires what has waited past `max_age` anywhere: at load time, and in the
-ready queues.
+ready queues (one a reaction's suspension holds there names it: `holding`).
 
 A reload that changes the routes (`reroute`) routes again what waits for a route that
 changed, in a ready queue or taken and not begun: a ready queue is a site under a TLS policy,
@@ -79,6 +79,7 @@ class Scheduler:
         intercept: Callable[[Entry], bool] = lambda entry: False,
         egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
         observe_lag: Callable[[float], None] = lambda seconds: None,
+        holding: Callable[[Entry], str | None] = lambda entry: None,
         clock: Callable[[], float] = time.time,
         tick: float = 0.25,
         batch: int = 1000,
@@ -96,6 +97,9 @@ class Scheduler:
         None is the implicit source. Raises `Unroutable` for a pool that does not exist."""
         self._observe_lag = observe_lag
         """Told, for each message made ready, how long after its due time that was."""
+        self._holding = holding
+        """What holds a READY message in its ready queue (a reaction's suspension), asked of
+        one that expires there: its expiry names it (None: nothing does)."""
         self._clock = clock
         self._tick = tick
         self._batch = batch
@@ -197,7 +201,8 @@ class Scheduler:
             return now >= self._policies.for_queue(message.queue).retry.expires(message.age_from)
 
         for entry in self._ready.expired(expired):
-            self._settlement.expire(entry)
+            # Held there by a suspension, it expires saying so, as one a site down kept does.
+            self._settlement.expire(entry, held_by=self._holding(entry))
         # (also here, once a second: per-domain queues must not pile up once their mail is gone)
         self._ready.forget_idle()
 

@@ -86,10 +86,14 @@ class RecordOutbox(Protocol):
     def committed(self, spool: Spool, sealed: Sequence[tuple[int, bytes]]) -> None: ...
 
 
-def expired_reply(last: str | None, max_age: float) -> Reply:
+def expired_reply(last: str | None, max_age: float, held_by: str | None = None) -> Reply:
     """The reply of an expiry, which a DSN gives its sender to read: how long the message was
-    tried (not the name of the setting), and what its last attempt met."""
+    tried (not the name of the setting), what last held it back if a shaping reaction's
+    suspension did (`Envelope.held_by`: its rule and the provider's reply behind it), and what
+    its last attempt met."""
     text = f"Message expired: not delivered within {_span(max_age)}"
+    if held_by:
+        text = f"{text}; last held by {held_by}"
     # 554: the transaction failed for good (551 would say "user not local", RFC 5321 3.4).
     return Reply(554, "5.4.7", (f"{text}; last attempt: {last}" if last else text,))
 
@@ -128,6 +132,11 @@ def _no_route(address: str) -> InboundFailures | None:
     return None
 
 
+def _unclassified(reply: Reply) -> str:
+    """No rule table (the default): a deferral's record names no class."""
+    return ""
+
+
 class Settlement:
     def __init__(
         self,
@@ -140,6 +149,7 @@ class Settlement:
         policies: QueuePolicies,
         notifier: Notifier | None = None,
         route_failures: RouteFailures = _no_route,
+        classify: Callable[[Reply], str] = _unclassified,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
@@ -151,6 +161,9 @@ class Settlement:
         self._policies = policies
         self._notifier = notifier
         self._route_failures = route_failures
+        self._classify = classify
+        """The bounce class of a 4xx, for its `TransientFailure` record (the rule table's
+        `Classifier.classify`: cached by reply, so a deferral costs a dict lookup)."""
         self._clock = clock
         self._rng = rng or random.Random()
 
@@ -189,15 +202,19 @@ class Settlement:
         return self.defer(entry, self._clock(), envelope=envelope)
 
     # --- the queue's own decisions (synchronous: the caller holds the entry now) --------------
-    def expire(self, entry: Entry) -> None:
-        """A message found past its max_age before an attempt: expire every recipient."""
+    def expire(self, entry: Entry, *, held_by: str | None = None) -> None:
+        """A message found past its max_age before an attempt: expire every recipient.
+        `held_by`: what holds it in its ready queue now (a reaction's suspension), else what
+        held it when it was last deferred, if anything did, is what its expiry names."""
         message = entry.message
         max_age = self._policies.for_queue(message.queue).retry.max_age
         outcome = self._begin(entry, message.attempts, self._clock())
+        held = held_by or message.envelope.held_by
         for recipient in message.envelope.recipients:
             # (A row stored before recipients kept their own has the message's alone.)
             last = recipient.last_response or message.envelope.last_response
-            self._expired(outcome, recipient, expired_reply(last, max_age), None)
+            said = (recipient.last_peer, last) if recipient.last_peer and last else None
+            self._expired(outcome, recipient, expired_reply(last, max_age, held), None, said=said)
         self._keep_held(outcome)
         self._write(outcome, self._policies.for_queue(message.queue).dsn)
 
@@ -317,6 +334,9 @@ class Settlement:
             # failure, not "not tried", or an expiry would tell the sender only that.
             cause = attempt.cause if attempt.cause is not None and not attempt.tried else None
             lasts = [str(reply if cause is None else cause) for _, reply, _ in deferred]
+            # Whose words each last reply is: a server's (its host, for an expiry's DSN to
+            # name as `Remote-MTA` with its reply as `smtp;`), or Pigeon's own (None).
+            peers = [None if cause is not None else _said_by_server(message, attempt, i) for _, _, i in deferred]
             due = policy.retry.next_due(message.age_from, attempts, now, self._rng)
             if due is not None and attempt.retry_after is not None:
                 due = min(now + attempt.retry_after, policy.retry.expires(message.age_from))
@@ -328,31 +348,49 @@ class Settlement:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.
                 due, outcome.queue = now, rebind.queue
             if due is None:
-                for (recipient, _, index), last in zip(deferred, lasts, strict=True):
-                    self._expired(outcome, recipient, expired_reply(last, policy.retry.max_age), attempt, index)
+                max_age = policy.retry.max_age
+                for (recipient, _, index), last, peer in zip(deferred, lasts, peers, strict=True):
+                    reply = expired_reply(last, max_age, attempt.held_by)
+                    self._expired(outcome, recipient, reply, attempt, index, said=(peer, last) if peer else None)
             else:
                 outcome.due = due
                 kept = [
-                    msgspec.structs.replace(recipient, last_response=last)
-                    for (recipient, _, _), last in zip(deferred, lasts, strict=True)
+                    msgspec.structs.replace(recipient, last_response=last, last_peer=peer)
+                    for (recipient, _, _), last, peer in zip(deferred, lasts, peers, strict=True)
                 ]
                 outcome.remaining = msgspec.structs.replace(
-                    message.envelope, recipients=kept, last_response=lasts[-1], last_attempt=now
+                    message.envelope,
+                    recipients=kept,
+                    last_response=lasts[-1],
+                    last_attempt=now,
+                    held_by=attempt.held_by,
                 )
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
                 for recipient, reply, index in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt, index)
-                    outcome.transient.append(TransientFailure(**fields, next_attempt=due))
+                    # Classified as a bounce is (KumoMTA classifies every record): a deferral
+                    # for a full mailbox is told from one for a provider's rate limit.
+                    classification = attempt.classifications[index] or self._classify(reply)
+                    transient = TransientFailure(**fields, next_attempt=due, classification=classification)
+                    outcome.transient.append(transient)
         self._keep_held(outcome)
         self._write(outcome, policy.dsn)
         return outcome
 
     def _expired(
-        self, outcome: _Outcome, recipient: Recipient, reply: Reply, attempt: Attempt | None, index: int = -1
+        self,
+        outcome: _Outcome,
+        recipient: Recipient,
+        reply: Reply,
+        attempt: Attempt | None,
+        index: int = -1,
+        *,
+        said: tuple[str, str] | None = None,
     ) -> None:
         """`recipient` (the attempt's recipient `index`) expired: an `Expiration` (with a DSN
-        if it may have one), or held."""
+        if it may have one), or held. `said`: the host and the reply of a server that gave
+        the recipient's last failure, which its DSN reports (None: Pigeon's own words were)."""
         message = outcome.entry.message
         fields = self._fields(message, recipient, reply, outcome.attempts, attempt, index)
         withheld, hold = self._withheld(message, recipient)
@@ -361,10 +399,17 @@ class Settlement:
             return
         outcome.terminal.append(Expiration(**fields, dsn=withheld))
         if withheld is None:
-            peer = _remote_mta(message, fields["peer"])
             # Expired before an attempt: the last one was at its deferral (none: never tried).
             attempted = message.envelope.last_attempt if attempt is None else self._clock()
-            outcome.failures.append(Failure(recipient, reply, "failed", peer, "X-Pigeon", attempted))
+            if said is not None:
+                # A server's reply was the last failure: reported as its (`Remote-MTA`, `smtp;`),
+                # as Postfix reports mail that expires after deferrals, so that a parser gets the
+                # remote status; the Status stays the expiry's 5.4.7, and the text says it expired.
+                host, last = said
+                outcome.failures.append(Failure(recipient, reply, "failed", host, "smtp", attempted, last))
+            else:
+                peer = _remote_mta(message, fields["peer"])
+                outcome.failures.append(Failure(recipient, reply, "failed", peer, "X-Pigeon", attempted))
 
     def _withheld(self, message: Message, recipient: Recipient) -> tuple[str | None, bool]:
         """For a failed recipient: why its sender gets no DSN (None: it may get one), and
@@ -382,7 +427,10 @@ class Settlement:
         if not outcome.held:
             return
         # Each recipient keeps why it is held as its last reply, as one retried keeps its own.
-        kept = [msgspec.structs.replace(recipient, last_response=_why(held)) for recipient, held in outcome.held]
+        kept = [
+            msgspec.structs.replace(recipient, last_response=_why(held), last_peer=None)
+            for recipient, held in outcome.held
+        ]
         if outcome.remaining is not None:
             outcome.remaining = msgspec.structs.replace(
                 outcome.remaining, recipients=[*outcome.remaining.recipients, *kept]
@@ -486,11 +534,15 @@ class Settlement:
         self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
             counts.outcome(type(record).__name__, record.queue, record.site)
+            if isinstance(record, Bounce):
+                counts.classified("Bounce", record.classification)
         for _, held in outcome.held:
             counts.outcome("Held", held.queue, held.site)
         for transient in outcome.transient:
             self._log.write(transient)
             counts.outcome("TransientFailure", transient.queue, transient.site)
+            if transient.classification:
+                counts.classified("TransientFailure", transient.classification)
         if outcome.remaining is not None:
             self._active.finish(entry, State.SCHEDULED, outcome.due, self._clock())
         else:
@@ -547,6 +599,15 @@ def _why(held: Held) -> str:
 
 def _host(peer: str | None) -> str | None:
     return peer.split(" ", 1)[0] if peer else None
+
+
+def _said_by_server(message: Message, attempt: Attempt, index: int) -> str | None:
+    """The host whose reply recipient `index` of `attempt` got, when a server gave it (as
+    `said_by` of a bounce tells): None for Pigeon's own (no peer, a reply it wrote with a peer
+    there: `Attempt.own`) and for an application's target (no mail server)."""
+    if not attempt.tried or index in attempt.own or message.envelope.target is not None:
+        return None
+    return _host(attempt.peer_of(index)[0])
 
 
 def _remote_mta(message: Message, peer: str | None) -> str | None:

@@ -168,6 +168,13 @@ class Unusable:
         if self.retry_in_clear and self.reason is not Reason.TLS_FAILED:
             raise ValueError("only a failed TLS handshake may be retried in the clear")
 
+    @property
+    def said_by_server(self) -> bool:
+        """Whether `explain` gives the server's own reply (a 4xx that alone turned us away),
+        not Pigeon's words about it."""
+        reply = self.reply
+        return self.reason in _OWN_WORDS and reply is not None and reply.is_transient
+
     def explain(self, peer: str) -> Reply:
         """The transient reply a delivery attempt records: the server's own 4xx when it alone
         decided (`421 4.7.0 Try again later, closing connection. (greeting of mx [192.0.2.1]:25)`),

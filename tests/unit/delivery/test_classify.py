@@ -162,3 +162,36 @@ def test_a_rule_key_of_the_wrong_shape_is_a_rule_file_error(tmp_path: Path, text
     path = write(tmp_path, text)
     with pytest.raises(RuleFileError, match=str(path)):
         load_rules(path)
+
+
+@pytest.mark.parametrize(
+    ("answer", "label"),
+    [
+        (reply(452, "4.2.2", "mailbox full"), "QuotaIssues"),
+        (reply(452, "4.2.2", "The email account that you tried to reach is over quota."), "QuotaIssues"),
+        # Gmail's rate limit speaks of "unsolicited mail" and "spam": about the sender's rate, not this content.
+        (
+            reply(
+                421,
+                "4.7.28",
+                "Our system has detected an unusual rate of unsolicited mail originating from "
+                "your IP address. To protect our users from spam, mail sent from your IP address has been "
+                "temporarily rate limited.",
+            ),
+            "PolicyRelated",
+        ),
+        (
+            reply(421, "4.7.0", "[TSS04] Messages from 192.0.2.1 temporarily deferred due to user complaints"),
+            "PolicyRelated",
+        ),
+        (reply(451, "4.7.500", "Server busy. Please try again later from [192.0.2.1]. (S775)"), "PolicyRelated"),
+        (reply(451, "4.4.1", "cannot connect to [192.0.2.1]:25: Connection refused"), "BadConnection"),
+        (reply(451, "4.4.1", "not tried: mx.example.net is down"), "BadConnection"),
+        (reply(451, "4.4.2", "mx.example.net [192.0.2.1]:25 closed the connection"), "BadConnection"),
+        (reply(451, "4.4.3", "DNS lookup of MX example.net failed: LifetimeTimeout"), "DNSFailure"),
+        (reply(452, "4.5.3", "Too many recipients"), "TooManyRecipients"),
+        (reply(451, "4.3.0", "try again later"), "Uncategorized"),
+    ],
+)
+def test_a_deferrals_4xx_is_classified_by_what_it_says(answer: Reply, label: str) -> None:
+    assert Classifier().classify(answer) == label

@@ -485,6 +485,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                 "description": "What named that pool: the policy hook, its [[queue]], or [delivery] pool",
             },
             "suspended_by": text_or_none,
+            "held_by_effect": {
+                "type": ["string", "null"],
+                "description": "The shaping reaction's suspension that holds it (or held it when it was last "
+                "deferred): 'shaping reaction <rule> (suspend <key> until <time>) after <reply>'",
+            },
         },
         "id",
         "queue",
