@@ -120,23 +120,27 @@ class Attachment(msgspec.Struct, forbid_unknown_fields=True):
     base64: bool = False
 
 
+HeaderFields = Annotated[
+    dict[Annotated[str, msgspec.Meta(pattern=r"^[!-9;-~]+$")], str],
+    msgspec.Meta(
+        description="More header fields. Date and Message-ID replace Pigeon's, and To the recipient's own"
+        " (such as undisclosed-recipients:;, a group: the envelope recipients stay the recipients')."
+        " Refused (400): a field Pigeon writes from the other parts (From, Reply-To, Subject, MIME-Version,"
+        " Content-Type,"
+        " Content-Transfer-Encoding, Content-Disposition, Content-ID), a name twice in any case, and what a"
+        " submission must not carry: Return-Path (added at final delivery; see envelope_sender), Received"
+        " (a trace field), DKIM-Signature (Pigeon signs), Bcc (it would show the blind copy to every"
+        " recipient: list the address among the recipients)"
+    ),
+]
+"""The more header fields of parts (`Parts.headers`; KumoMTA's `content.headers` too)."""
+
+
 class Parts(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
     from_: Address
     subject: str = ""
     reply_to: Address | None = None
-    headers: Annotated[
-        dict[Annotated[str, msgspec.Meta(pattern=r"^[!-9;-~]+$")], str],
-        msgspec.Meta(
-            description="More header fields. Date and Message-ID replace Pigeon's, and To the recipient's own"
-            " (such as undisclosed-recipients:;, a group: the envelope recipients stay the recipients')."
-            " Refused (400): a field Pigeon writes from the other parts (From, Reply-To, Subject, MIME-Version,"
-            " Content-Type,"
-            " Content-Transfer-Encoding, Content-Disposition, Content-ID), a name twice in any case, and what a"
-            " submission must not carry: Return-Path (added at final delivery; see envelope_sender), Received"
-            " (a trace field), DKIM-Signature (Pigeon signs), Bcc (it would show the blind copy to every"
-            " recipient: list the address among the recipients)"
-        ),
-    ] = msgspec.field(default_factory=dict)
+    headers: HeaderFields = msgspec.field(default_factory=dict)
     text: str | None = None
     html: str | None = None
     attachments: list[Attachment] = msgspec.field(default_factory=list)
@@ -162,10 +166,11 @@ class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
     ] = msgspec.field(default_factory=dict)
 
 
+SenderEmail = Annotated[str, msgspec.Meta(max_length=256, pattern=_SENDER_RE, description='"" for the null sender')]
+
+
 class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
-    envelope_sender: Annotated[
-        str, msgspec.Meta(max_length=256, pattern=_SENDER_RE, description='"" for the null sender')
-    ]
+    envelope_sender: SenderEmail
     recipients: Annotated[
         list[InjectRecipient],
         msgspec.Meta(
@@ -192,6 +197,17 @@ class InjectRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Render the content as a Jinja2 template per recipient."""
     tenant: Name | None = None
     campaign: Name | None = None
+
+
+def to_header(name: str | None, email: str) -> str:
+    """The recipient's mailbox as the value of a To field, the template variable `to_header`
+    (KumoMTA's predefined substitution of that name): `"John Smith" <john@example.net>`
+    style, as Pigeon writes the To of parts (`mime.address_header`: the name quoted or
+    RFC 2047-encoded as it needs, the domain as its A-label), or the bare address without a
+    name. On one line: unfolded, so that a raw message's `To: {{ to_header }}` holds no line
+    break (which a template value may not put into a header section)."""
+    field = mime.address_header("To", name or "", email, mime.MAX_LINE)
+    return field.removeprefix("To: ").replace("\r\n", "").rstrip()
 
 
 class ComposeError(Exception):
@@ -562,6 +578,7 @@ class Composer:
     def _variables(self, recipient: InjectRecipient) -> dict[str, Any]:
         variables = {**self._request.substitutions, **recipient.substitutions}
         variables.setdefault("email", recipient.email)
+        variables.setdefault("to_header", to_header(recipient.name, recipient.email))
         if recipient.name and not recipient.name.isspace():
             variables.setdefault("name", recipient.name)
         elif "name" not in variables:

@@ -73,7 +73,7 @@ from pigeon.listener.http.body import (
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.errors import json_errors
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, http_status, worst
-from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATH
+from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATHS
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
@@ -958,7 +958,7 @@ class Supervisor:
         logs the Rejection. It is told without the body (the coding goes as `CODING_HEADER`, and
         `UNDECODABLE_HEADER` says it could not be decoded); if no worker can be asked, `refusal`
         is answered here, unlogged. The connection is closed: the body is not read to its end."""
-        if request.path == INJECT_PATH:
+        if request.path in INJECT_PATHS:
             answer = await self._pass_on(request, b"", undecodable_body=undecodable_body)
             if answer.status < 500:
                 return _closing(answer)
@@ -970,7 +970,7 @@ class Supervisor:
         """413 for a body over `max_size`. An injection's is a worker's to answer, as with one
         worker: it logs the Rejection (this process keeps no log). It is told without the body
         (`body.TOO_LARGE_HEADER`); if no worker can be asked, the 413 is answered here, unlogged."""
-        if request.path != INJECT_PATH:
+        if request.path not in INJECT_PATHS:
             return too_large(max_size)
         answer = await self._pass_on(request, b"", too_large_body=True)
         return too_large(max_size) if answer.status >= 500 else answer
@@ -997,7 +997,7 @@ class Supervisor:
                 forwarding = worker.forward(
                     request, body, too_large_body=too_large_body, undecodable_body=undecodable_body
                 )
-                if request.path == INJECT_PATH:
+                if request.path in INJECT_PATHS:
                     return await _while_client_stays(request, forwarding)
                 return await forwarding
             except aiohttp.ClientConnectorError:

@@ -15,7 +15,8 @@ from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
 from pigeon.listener.http.errors import JsonErrorsRunner, json_errors
 from pigeon.listener.http.health import healthz
-from pigeon.listener.http.inject import INJECT_PATH, inject
+from pigeon.listener.http.inject import INJECT_PATH, KUMO_INJECT_PATH, inject
+from pigeon.listener.http.kumo import inject_kumo
 from pigeon.listener.http.metrics import metrics
 from pigeon.listener.http.openapi import openapi
 from pigeon.listener.http.shaping import effects, end_effect
@@ -29,7 +30,7 @@ def _body_limit(max_size: int) -> Callable[..., Awaitable[web.StreamResponse]]:
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         # An injection's is refused by its handler, after its token (and logged there).
-        if declared_too_large(request, max_size) and request.match_info.handler is not inject:
+        if declared_too_large(request, max_size) and request.match_info.handler not in (inject, inject_kumo):
             return too_large(max_size)
         try:
             return await handler(request)
@@ -45,6 +46,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("GET", "/api/openapi.json", openapi),
     ("POST", INJECT_PATH, inject),
+    ("POST", KUMO_INJECT_PATH, inject_kumo),
     ("POST", "/api/v1/admin/bounce", admin.write),
     ("GET", "/api/v1/admin/bounce", admin.read),
     ("DELETE", "/api/v1/admin/bounce/{id}", admin.write),

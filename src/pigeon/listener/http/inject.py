@@ -58,6 +58,8 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -112,6 +114,11 @@ _SESSION_PREFIX: Final = secrets.token_hex(4)
 _requests = itertools.count(1)
 FORWARDED_PEER: Final = "X-Pigeon-Peer"
 INJECT_PATH: Final = "/api/v1/inject"
+KUMO_INJECT_PATH: Final = "/api/inject/v1"
+"""KumoMTA's injection API (`kumo`), onto this one."""
+INJECT_PATHS: Final = (INJECT_PATH, KUMO_INJECT_PATH)
+"""The paths that inject: what the supervisor hands a worker as an injection (its 413 and 415
+the worker's to log, its client watched)."""
 # The request's body, once it is known to be of a size and shape that can be decoded.
 _BODY: Final = web.RequestKey("pigeon_inject_body", bytes)
 
@@ -152,7 +159,34 @@ class ErrorResponse(msgspec.Struct):
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class Door:
+    """An API that injects through this module: how it reads a request into Pigeon's own
+    (`InjectRequest`), names its members in a refusal, and answers. Pigeon's own
+    (`POST /api/v1/inject`) and KumoMTA's (`kumo`): one pipeline behind both, so that the
+    tokens, tenants, limits, hooks, checks and logging are the same at either."""
+
+    decode: Callable[[bytes], InjectRequest]
+    """The request, or msgspec's ValidationError or DecodeError, or ComposeError naming a field."""
+    field: Callable[[str], str]
+    """The request's name of a member named as Pigeon's (`$.content.text`)."""
+    answer: Callable[[InjectResponse, int], web.Response]
+    """The answer to a request carried out, given Pigeon's and its status (200, 422, 503)."""
+
+
+def _pigeon_answer(response: InjectResponse, status: int) -> web.Response:
+    return _json(response, status)
+
+
+PIGEON_DOOR: Final = Door(_DECODER.decode, lambda field: field, _pigeon_answer)
+
+
 async def inject(request: web.Request) -> web.Response:
+    return await inject_through(request, PIGEON_DOOR)
+
+
+async def inject_through(request: web.Request, door: Door) -> web.Response:
+    """Carry out an injection request that came through `door`."""
     node = request.app[NODE_KEY]
     # A request without a known token is refused (401, 403) from its headers and not logged:
     # anyone could fill the log with those. SMTP logs a failed AUTH, which a throttle bounds
@@ -161,12 +195,28 @@ async def inject(request: web.Request) -> web.Response:
     tenants = node.tokens.binding(holder)  # (as the token is now: a reload may come during the request)
     session = f"http-{_SESSION_PREFIX}{next(_requests):06x}"
     try:
-        return await _inject(request, holder, session, tenants)
+        return await _inject(request, holder, session, tenants, door)
     except web.HTTPClientError as refused:
         # Refused whole for its content or envelope (400, 413, 415): logged as SMTP logs a
         # refused command, so that an operator finds why an application's mail never came.
+        refused = _renamed(refused, door)
         _log_refusal(request, refused, holder, session)
-        raise
+        raise refused from None
+
+
+def _renamed(refused: web.HTTPClientError, door: Door) -> web.HTTPClientError:
+    """`refused`, its field named as the door's request names it (a 400 of `check_request`
+    names Pigeon's `$.content.text`, which KumoMTA's request calls `$.content.text_body`)."""
+    if not isinstance(refused, web.HTTPBadRequest) or not isinstance(refused.body, bytes):
+        return refused
+    try:
+        error = msgspec.json.decode(refused.body, type=ErrorResponse)
+    except msgspec.DecodeError:
+        return refused
+    if error.field is None or (field := door.field(error.field)) == error.field:
+        return refused
+    body = msgspec.json.encode(ErrorResponse(error.error, field))
+    return web.HTTPBadRequest(body=body, content_type="application/json")
 
 
 def _log_refusal(request: web.Request, refused: web.HTTPClientError, holder: str, session: str) -> None:
@@ -227,7 +277,9 @@ def _named(body: bytes, most: int) -> tuple[str | None, list[str] | None]:
     return sender, recipients or None
 
 
-async def _inject(request: web.Request, holder: str, session: str, tenants: frozenset[str] | None) -> web.Response:
+async def _inject(
+    request: web.Request, holder: str, session: str, tenants: frozenset[str] | None, door: Door
+) -> web.Response:
     node = request.app[NODE_KEY]
     config = node.config
     require_json(request)
@@ -241,7 +293,7 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
         raise bad_request(repeated_refusal(repeated), repeated)
     request[_BODY] = body  # what a refusal's record reads the envelope from (`_named`)
     try:
-        parsed = _DECODER.decode(body)
+        parsed = door.decode(body)
         if len(parsed.recipients) > (limit := config.http.max_recipients):
             # One message per recipient: the request's work grows with them, not one envelope.
             text = (
@@ -503,11 +555,11 @@ async def _inject(request: web.Request, holder: str, session: str, tenants: froz
     # Nothing stored because the spool failed: the client should come back later.
     spool_trouble = accepted == 0 and any(r.error and r.error.startswith("4") for r in results)
     if spool_trouble:
-        return _json(response, 503)
+        return door.answer(response, 503)
     # Every one of them refused for good (by the policy, a template, the size...): the request
     # itself cannot be carried out, and a client that looks only at the status must see it.
     everyone_refused = accepted == 0 and bool(results)
-    return _json(response, 422 if everyone_refused else 200)
+    return door.answer(response, 422 if everyone_refused else 200)
 
 
 def _shared_messages(

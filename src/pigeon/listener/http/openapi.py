@@ -24,7 +24,8 @@ from pigeon.listener.http.admin import (
     RebindRequest,
     SuspendRequest,
 )
-from pigeon.listener.http.inject import ErrorResponse, InjectResponse
+from pigeon.listener.http.inject import KUMO_INJECT_PATH, ErrorResponse, InjectResponse
+from pigeon.listener.http.kumo import KumoInjectRequest, KumoInjectResponse
 from pigeon.queue.admin import QueueSummary
 from pigeon.queue.names import (
     INBOUND_CAMPAIGN,
@@ -91,24 +92,29 @@ _WORKERS: Final = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 
 @functools.cache
 def document() -> dict[str, Any]:
-    (request, response, _, *admin_requests, queues, _, _), components = msgspec.json.schema_components(
-        [
-            InjectRequest,
-            InjectResponse,
-            ErrorResponse,
-            AdminRequest,
-            BounceRequest,
-            SuspendRequest,
-            RebindRequest,
-            QueueSummary,
-            Rule,
-            Effect,
-        ],
-        ref_template=_REF,
-        schema_hook=_custom,
+    (request, response, _, *admin_requests, queues, _, _, kumo_request, kumo_response), components = (
+        msgspec.json.schema_components(
+            [
+                InjectRequest,
+                InjectResponse,
+                ErrorResponse,
+                AdminRequest,
+                BounceRequest,
+                SuspendRequest,
+                RebindRequest,
+                QueueSummary,
+                Rule,
+                Effect,
+                KumoInjectRequest,
+                KumoInjectResponse,
+            ],
+            ref_template=_REF,
+            schema_hook=_custom,
+        )
     )
     _tighten_admin_requests(components)
     _tighten_inject_request(components)
+    _tighten_kumo_request(components)
     _spell_for_json_schema(components)
     return {
         "openapi": "3.1.0",
@@ -199,6 +205,51 @@ def document() -> dict[str, Any]:
                     },
                 }
             },
+            KUMO_INJECT_PATH: {"post": _kumo_operation(kumo_request, kumo_response)},
+        },
+    }
+
+
+def _kumo_operation(request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """KumoMTA's injection API (`kumo`): /api/v1/inject's pipeline, KumoMTA's request and answer."""
+    return {
+        "operationId": "injectKumoMTA",
+        "summary": "Inject mail as KumoMTA's POST /api/inject/v1 does: the same pipeline as /api/v1/inject",
+        "description": "Needs the 'inject' scope. KumoMTA's request (content as raw RFC 5322 text or a builder "
+        "object: text_body, html_body, from, subject, reply_to, headers, attachments), read as /api/v1/inject's "
+        "and carried out by it: the same tokens, tenant bindings (the tenant and campaign from the content's "
+        "X-Tenant and X-Campaign), limits, policy hooks, checks and records. Templates are Jinja2 (template_dialect"
+        " 'Jinja', the default) or none ('Static'); the variables email, name and to_header are predefined. "
+        "deferred_generation, deferred_spool and trace_headers are taken, to no effect: the answer comes once "
+        "every message taken is durable in the spool.",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {
+            "200": _response(
+                "The request was carried out (KumoMTA's answer): how many recipients were taken and which were "
+                "not, with why; every one may have been refused (a 4xx error may be sent again later)",
+                response,
+            ),
+            "503": _response(f"The request was not taken: {_BUSY}", _ref("ErrorResponse"), headers=_RETRY_AFTER),
+            "502": _response(
+                "With several workers: the worker the request was passed to went away before it answered; some "
+                "recipients may have been taken (outcome_unknown: true): do not send it again as it is",
+                {"allOf": [_ref("ErrorResponse"), _object({"outcome_unknown": {"const": True}}, "outcome_unknown")]},
+            ),
+            "408": _response(_SLOW, _ref("ErrorResponse")),
+            "501": _response(_TRANSFER_CODING, _ref("ErrorResponse")),
+            **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+            "403": _response(
+                "The token lacks the 'inject' scope (field: Authorization), or is bound to tenants ([[http.token]] "
+                "tenants) and the request names another (field: where: $.content, $.content.headers.X-Tenant); "
+                "nothing was stored",
+                _ref("ErrorResponse"),
+            ),
+            "413": _response(
+                "The request body is over [http] max_request_size, or its messages would have the spool store more "
+                "than [http] max_stored_size; the error names the setting; nothing was stored",
+                _ref("ErrorResponse"),
+            ),
+            "415": _response(_NOT_JSON[0], _ref(_NOT_JSON[1])),
         },
     }
 
@@ -280,6 +331,34 @@ def _tighten_inject_request(components: dict[str, Any]) -> None:
         "properties": {"content": {"type": "string", "pattern": _BASE64}, "template": {"const": False}},
         "required": ["template"],
     }
+
+
+def _tighten_kumo_request(components: dict[str, Any]) -> None:
+    """KumoMTA's request as Pigeon takes it: `_tighten_inject_request`'s rules by KumoMTA's names
+    (its Address and Attachment are Pigeon's), and what Pigeon does not do refused: a builder
+    without From, an AMP part, a template dialect other than Jinja or Static."""
+    content = components["KumoContent"]
+    for member in ("subject", "text_body", "html_body"):
+        [string] = [s for s in content["properties"][member]["anyOf"] if s.get("type") == "string"]
+        string["pattern"] = _NO_NUL
+    [headers] = [s for s in content["properties"]["headers"]["anyOf"] if s.get("type") == "object"]
+    headers["additionalProperties"]["pattern"] = _NO_NUL
+    [name] = [s for s in components["KumoRecipient"]["properties"]["name"]["anyOf"] if s.get("type") == "string"]
+    name["pattern"] = _NO_NUL
+    amp = content["properties"]["amp_html_body"]
+    content["properties"]["amp_html_body"] = {"type": "null", "description": amp.get("description", "")}
+    content["properties"]["from"] = {"$ref": _REF.format(name="Address"), "description": "A message needs a From"}
+    content["required"] = ["from"]
+    content["anyOf"] = [
+        {"required": ["text_body"], "properties": {"text_body": {"type": "string"}}},
+        {"required": ["html_body"], "properties": {"html_body": {"type": "string"}}},
+        {"required": ["attachments"], "properties": {"attachments": {"type": "array", "minItems": 1}}},
+    ]
+    properties = components["KumoInjectRequest"]["properties"]
+    [raw] = [s for s in properties["content"]["anyOf"] if s.get("type") == "string"]
+    raw["pattern"] = _RAW_WITH_FROM
+    dialect = properties["template_dialect"]
+    properties["template_dialect"] = {"enum": ["Jinja", "Static", None], "description": dialect["description"]}
 
 
 def _tighten_admin_requests(components: dict[str, Any]) -> None:
