@@ -251,6 +251,27 @@ def test_explain_from_a_source_shows_its_own_blocks_and_key(tmp_path: Path) -> N
     assert (answer["source"], answer["key"]) == ("ip-3", "ip-3->provider:gmail")
 
 
+def test_explain_with_a_queue_shows_its_own_rate_and_the_queue_block_it_came_from(tmp_path: Path) -> None:
+    queues = '\n[[queue]]\nname = "vip:*"\ndsn = false\n\n[[queue]]\nname = "*:acme@*"\nmax_message_rate = "10/s"\n'
+    explain = ("shaping", "explain", "eu.customer.test", "-c", "pigeon.toml", "--queue")
+    with DnsServer(_zone()) as dns:
+        (tmp_path / "pigeon.toml").write_text(GOOD.format(dns=dns.endpoint) + queues)
+        line = len((tmp_path / "pigeon.toml").read_text().splitlines())
+        paced = pigeon_cli(*explain, "news:acme@eu.customer.test", cwd=tmp_path)
+        unpaced = pigeon_cli(*explain, "vip:acme@eu.customer.test", "--json", cwd=tmp_path)
+    assert paced.returncode == 0, paced.stderr
+    assert (
+        "scheduled queue news:acme@eu.customer.test: max_message_rate 10/s  "
+        f"pigeon.toml [[queue]] #2 line {line} (name '*:acme@*')"
+    ) in paced.stdout.splitlines()
+    answer = json.loads(unpaced.stdout)
+    assert answer["scheduled_queue"] == {
+        "name": "vip:acme@eu.customer.test",
+        "max_message_rate": None,  # the first matching block is its, and sets none
+        "from": f"pigeon.toml [[queue]] #1 line {line - 6} (name 'vip:*')",
+    }
+
+
 def test_explain_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
     """`pigeon shaping explain D | head -1`: no BrokenPipeError traceback, exit status 0."""
     config = tmp_path / "pigeon.toml"

@@ -84,6 +84,11 @@ def register(commands: Any) -> None:
     add_config_option(explain)
     explain.add_argument("--json", action="store_true", help="print the answer as JSON")
     explain.add_argument("--source", metavar="NAME", help="as sent from this [[source]] (default: the implicit source)")
+    explain.add_argument(
+        "--queue",
+        metavar="NAME",
+        help="and the rate of this scheduled queue (campaign:tenant@domain), from its [[queue]] block",
+    )
     explain.set_defaults(run=run_explain)
     status = actions.add_parser(
         "status",
@@ -190,16 +195,39 @@ def run_explain(args: argparse.Namespace) -> int:
     if destination.hops_from == "route":
         (hop,) = destination.hops
         next_hop = host_port(hop.host, hop.port)
+    queue = _queue_rate(config, args.config, text, args.queue) if args.queue is not None else None
     if args.json:
-        print(json.dumps(explanation.as_dict() | {"hosts_from": destination.hops_from, "next_hop": next_hop}, indent=2))
+        extra = {"hosts_from": destination.hops_from, "next_hop": next_hop} | (
+            {"scheduled_queue": queue} if queue else {}
+        )
+        print(json.dumps(explanation.as_dict() | extra, indent=2))
     else:
         _print(explanation, destination.hops_from, next_hop)
+        if queue is not None:
+            rate = queue["max_message_rate"] or "none"
+            print(f"\nscheduled queue {queue['name']}: max_message_rate {rate}  {queue['from']}")
         if source is None and config.source:
             # Each source has its own limits: the implicit source's may not be what mail gets.
             pool = f"[delivery] pool = {config.delivery.pool!r}; " if config.delivery.pool else ""
             sources = ", ".join(s.name for s in config.source)
             print(f"\n(as sent from the implicit source; {pool}--source NAME shows one of: {sources})")
     return 0
+
+
+def _queue_rate(config: Config, path: Path | None, text: str, name: str) -> dict[str, Any]:
+    """The rate of the scheduled queue `name` (its own, whatever its destination: the first
+    matching `[[queue]]` block's `max_message_rate`), and the block it came from."""
+    from fnmatch import fnmatchcase
+
+    from pigeon.config.load import block_line
+
+    for index, block in enumerate(config.queue):
+        if fnmatchcase(name, block.name):
+            where = f"{path.name} [[queue]] #{index + 1}" if path is not None else f"[[queue]] #{index + 1}"
+            line = block_line(text, "queue", index, "max_message_rate") if text else None
+            origin = f"{where} line {line}" if line else where
+            return {"name": name, "max_message_rate": block.max_message_rate, "from": f"{origin} (name {block.name!r})"}
+    return {"name": name, "max_message_rate": None, "from": "no [[queue]] block matches it"}
 
 
 async def _destination(config: Config, domain: str) -> Destination:

@@ -244,6 +244,12 @@ def _finish(
             Rate.parse(config.delivery.max_message_rate)
         except ValueError as error:
             raise fail(["delivery", "max_message_rate"], str(error)) from None
+    for index, queue in enumerate(config.queue):
+        if queue.max_message_rate is not None:
+            try:
+                Rate.parse(queue.max_message_rate)
+            except ValueError as error:
+                raise fail(["queue", "max_message_rate"], f"queue {queue.name!r}: {error}", index) from None
     problems = shaping_problems(config, path, text)
     if problems:
         raise ConfigError(problems[0])

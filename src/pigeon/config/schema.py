@@ -728,6 +728,12 @@ class QueueConfig(_Section):
     pool: str | None = None
     """The `[[pool]]` this queue's mail leaves from (a policy hook's `egress_pool` wins).
     None: `[delivery] pool`."""
+    max_message_rate: str | None = None
+    """Messages a second each scheduled queue this block matches may send, whatever their
+    destination: "10/s", "6000/h", "10/s,burst=5" (GCRA, as `[delivery] max_message_rate`; none:
+    no limit). Each matching queue has a rate of its own (KumoMTA's queue `max_message_rate`),
+    for the node, or the cluster with a [redis] url. Mail over it waits in its queue, untried;
+    a retry counts as a message. A reload applies a changed rate."""
 
 
 class SourceConfig(_Section):

@@ -24,6 +24,7 @@ from pigeon.metrics import Counts
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.queue.admin import Admin
 from pigeon.queue.names import ready_queue
+from pigeon.queue.pacing import QueueRates
 from pigeon.queue.policy import QueuePolicies, QueuePolicy, egress_pool
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.retry import RetryPolicy
@@ -78,6 +79,7 @@ def build_engine(
     max_active: int = 10_000,
     observe_lag: Callable[[float], None] = lambda seconds: None,
     throttles: Throttles | None = None,
+    queue_rates: QueueRates | None = None,
     reactor: Reactor | None = None,
     sites: SiteHealth | None = None,
     clock: Callable[[], float] = time.time,
@@ -85,6 +87,8 @@ def build_engine(
 ) -> Engine:
     """Build the engine (inside the running loop: rules arm their timers)."""
     active = ActiveSet(max_active)
+    # One set of limits for the ready queues' sites and the scheduled queues' rates.
+    throttles = throttles if throttles is not None else Throttles()
     settlement = Settlement(
         spools=spools,
         active=active,
@@ -147,6 +151,8 @@ def build_engine(
         egress=choose_source,
         observe_lag=observe_lag,
         holding=lambda entry: dispatcher.holding(entry.ready) if entry.ready is not None else None,
+        rates=queue_rates,
+        throttles=throttles,
         clock=clock,
     )
 

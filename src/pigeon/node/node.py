@@ -618,6 +618,7 @@ class Node:
             if reactions is not None:
                 reactions_taken = self.outbound.take_reactions(reactions)
             shaping_taken = self.outbound.take_shaping(config, self.config)
+            self.outbound.take_queue_rates(config)
         if self.signing is None and signers is not None and len(signers):
             from pigeon.dkim.signing import Signing
 
@@ -642,6 +643,10 @@ class Node:
         for key in changed_keys(running, config):
             if key.startswith("[policy]"):
                 continue  # said above
+            if key == "[[queue]]" and self.outbound is not None:
+                _log.warning("reload: [[queue]] changed; its max_message_rates are in force, the rest takes effect "
+                             "at the next restart")  # fmt: skip
+                continue
             _log.warning("reload: %s changed; it takes effect at the next restart", key)
         rules = f", {_counted(len(config.shaping), '[[shaping]] block')}" if shaping_taken else ""
         if reactions_taken and reactions is not None:
@@ -936,6 +941,10 @@ def _reloaded_into(running: Config, loaded: Config, *, reactions: bool, shaping:
     running.http.token, running.http.local_token = loaded.http.token, loaded.http.local_token
     running.route = loaded.route
     running.dkim = loaded.dkim
+    if [q.name for q in running.queue] == [q.name for q in loaded.queue]:
+        # The rates are in force (`take_queue_rates`); the blocks' other keys wait for a restart.
+        for now, then in zip(running.queue, loaded.queue, strict=True):
+            now.max_message_rate = then.max_message_rate
     if reactions:
         running.reaction = loaded.reaction
         running.delivery.default_reactions = loaded.delivery.default_reactions

@@ -33,9 +33,11 @@ from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
+from pigeon.queue.pacing import QueueRates
 from pigeon.queue.policy import PoolChooser, QueuePolicies, QueuePolicy, QueueRule, egress_pool
 from pigeon.queue.retry import RetryPolicy
 from pigeon.shaping.effects import Board
+from pigeon.shaping.gcra import Rate
 from pigeon.shaping.reactions import Reactions, shipped_provider_of
 from pigeon.shaping.rules import ShapingRules
 from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_path
@@ -151,6 +153,7 @@ class Outbound:
             max_active=delivery.max_active,
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
+            queue_rates=queue_rates(config),
             reactor=self.reactor,
             sites=SiteHealth(delivery.site_retry_interval, delivery.max_site_retry_interval),
             clock=clock,
@@ -230,6 +233,12 @@ class Outbound:
         if moved:
             _log.info("reload: %d waiting messages moved to the ready queues the new [[shaping]] blocks give", moved)
         return True
+
+    def take_queue_rates(self, config: Config) -> None:
+        """The `[[queue]]` blocks' `max_message_rate`s of `config`, from now on (a reload): each
+        paced queue's next booking takes its new rate; mail of a queue whose rate is gone goes
+        on at once."""
+        self.scheduler.pacer.rates = queue_rates(config)
 
     def take_reactions(self, reactions: Reactions) -> bool:
         """Replies are matched against `reactions` from now on (a reload); live effects stay
@@ -325,6 +334,13 @@ def routes_from(config: Config) -> list[Route]:
         )
         for r in config.route
     ]
+
+
+def queue_rates(config: Config) -> QueueRates:
+    """The `[[queue]]` blocks' rates (checked when the config was loaded)."""
+    return QueueRates(
+        [(q.name, Rate.parse(q.max_message_rate) if q.max_message_rate is not None else None) for q in config.queue]
+    )
 
 
 def _policies(config: Config) -> QueuePolicies:

@@ -31,6 +31,11 @@ A held message (mail of an `[[inbound]]` route kept for an operator, due at `HEL
 only once an operator made it due: that releases it, and its `max_age` counts from then. Its
 due time says when it expires unreleased (`HELD + t`, t from its route's `held_for`; `HELD`
 alone: never); the sweep ends those past t, without a DSN.
+
+Mail of a scheduled queue with a rate (`[[queue]] max_message_rate`) is made ready at that
+rate: after the standing rules and before its route, it waits its turn in the `Pacer`
+(`pigeon.queue.pacing`), then goes on as any other. What a reload routes again is not paced
+twice.
 """
 
 from __future__ import annotations
@@ -45,10 +50,12 @@ import msgspec
 
 from pigeon.message import HELD, Message
 from pigeon.queue.attempt import Unroutable
+from pigeon.queue.pacing import Pacer, QueueRates
 from pigeon.queue.policy import QueuePolicies, egress_pool
 from pigeon.queue.ready import ReadyQueues
 from pigeon.queue.settlement import Settlement
 from pigeon.queue.state import ActiveSet, Entry, Lease, State, transition
+from pigeon.shaping.throttles import Throttles
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import Spool
 
@@ -80,6 +87,8 @@ class Scheduler:
         egress: Callable[[str | None, Any], str | None] = lambda pool, destination: None,
         observe_lag: Callable[[float], None] = lambda seconds: None,
         holding: Callable[[Entry], str | None] = lambda entry: None,
+        rates: QueueRates | None = None,
+        throttles: Throttles | None = None,
         clock: Callable[[], float] = time.time,
         tick: float = 0.25,
         batch: int = 1000,
@@ -100,6 +109,13 @@ class Scheduler:
         self._holding = holding
         """What holds a READY message in its ready queue (a reaction's suspension), asked of
         one that expires there: its expiry names it (None: nothing does)."""
+        self.pacer = Pacer(
+            rates if rates is not None else QueueRates(),
+            throttles if throttles is not None else Throttles(),
+            self._paced,
+            self._live,
+        )
+        """Mail of the queues with a rate, waiting for its slot (`pigeon.queue.pacing`)."""
         self._clock = clock
         self._tick = tick
         self._batch = batch
@@ -120,6 +136,7 @@ class Scheduler:
         self._wake.set()
         if self._task is not None:
             await self._task
+        await self.pacer.stop()
 
     def wake(self) -> None:
         self._wake.set()
@@ -244,14 +261,16 @@ class Scheduler:
             transition(entry, entry.state, entry.generation, State.SCHEDULED)
             entry.site = entry.source = None
         for entry in moved:
-            self._promote(entry)
+            self._promote(entry, paced=True)  # (its slot of a queue rate was taken when it first came)
         return len(moved)
 
     def promote(self, entry: Entry) -> None:
         """Route a SCHEDULED message (an operator claimed it, then left it to the queue)."""
         self._promote(entry)
 
-    def _promote(self, entry: Entry) -> None:
+    def _promote(self, entry: Entry, *, paced: bool = False) -> None:
+        """Route `entry`'s message and make it ready, unless a standing rule takes it, it has
+        expired, or its queue's rate makes it wait first (`paced`: it has had its slot)."""
         message = entry.message
         if message.envelope.held is not None:
             # Only an operator makes a held row due (retry, rebind): it is released. The new
@@ -264,6 +283,10 @@ class Scheduler:
             self._settlement.expire(entry)
             return
         if self._intercept(entry):
+            return
+        rates = self.pacer.rates
+        if not paced and rates.any and rates.of(message.queue) is not None:
+            self.pacer.hold(message.queue, ActiveSet.lease(entry))
             return
         key = _route_key(entry)
         destination = self._routes.cached(*key)
@@ -278,6 +301,17 @@ class Scheduler:
         task = asyncio.create_task(self._resolve(key), name=f"resolve {key[0]}")
         self._tasks.add(task)  # a reference, so the task is not collected mid-flight
         task.add_done_callback(self._tasks.discard)
+
+    def _live(self, lease: Lease) -> bool:
+        """Whether `lease` still holds (nobody moved its message meanwhile)."""
+        entry = self._active.get(lease.id)
+        return entry is not None and entry.generation == lease.generation and entry.state is State.SCHEDULED
+
+    def _paced(self, lease: Lease) -> None:
+        """A paced message's slot has come: it goes on to its route, if still where it was."""
+        entry = self._active.current(lease, "pace")
+        if entry is not None and entry.state is State.SCHEDULED:
+            self._promote(entry, paced=True)
 
     async def _resolve(self, key: tuple[str, str | None]) -> None:
         try:

@@ -736,3 +736,39 @@ def test_a_rate_may_have_white_space_around_its_burst_and_any_unit_the_readme_li
 def test_a_user_or_group_the_system_does_not_have_is_a_config_error(tmp_path: Path, text: str, expected: str) -> None:
     # It used to pass the load and stop the start later, exit 1, with no file nor line.
     assert error_of(tmp_path, text).startswith(f"{tmp_path / 'pigeon.toml'}, {expected}")
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [
+        ('"ten a second"', 'queue \'x\': \'ten a second\' is not a rate like "100/s", "6000/min" or "500/h"'),
+        ('"0/s"', "queue 'x': '0/s': the rate must be above zero"),
+        ('"5/s,burst=0"', "queue 'x': '5/s,burst=0': burst must be at least 1"),
+        (
+            "10",
+            'expected a rate as a string, such as "100/s", "3000/min" or "100/s,burst=10", got a whole number 10',
+        ),
+    ],
+)
+def test_a_queue_rate_that_is_no_rate_is_refused_naming_its_block_and_line(
+    tmp_path: Path, rate: str, expected: str
+) -> None:
+    text = f'[[queue]]\nname = "a:*"\n\n[[queue]]\nname = "x"\nmax_message_rate = {rate}\n'
+    assert error_of(tmp_path, text) == f"{tmp_path / 'pigeon.toml'}, line 6: [[queue]] #2 max_message_rate: {expected}"
+
+
+def test_a_queue_rate_is_the_first_matching_blocks_and_none_for_a_block_without_one(tmp_path: Path) -> None:
+    from pigeon.node.outbound import queue_rates
+    from pigeon.shaping.gcra import Rate
+
+    text = (
+        '[[queue]]\nname = "vip:acme@*"\nretry_interval = "1m"\n\n'
+        '[[queue]]\nname = "*:acme@*"\nmax_message_rate = "5/s, burst=3"\n\n'
+        '[[queue]]\nname = "*"\nmax_message_rate = "6000/min"\n'
+    )
+    rates = queue_rates(load(write(tmp_path, text)))
+    assert rates.any
+    assert rates.of("vip:acme@example.net") is None  # its block sets no rate: not paced
+    assert rates.of("news:acme@example.net") == Rate(5.0, 3)
+    assert rates.of("example.net") == Rate(100.0, 1)
+    assert not queue_rates(load(write(tmp_path, '[[queue]]\nname = "*"\nmax_age = "1d"\n'))).any
