@@ -12,6 +12,15 @@ route lookup does: it holds a `Lease`, and one an operator moved meanwhile (boun
 suspended, rebound) is dropped when its turn comes. Mail of other queues, to the same site
 or not, never waits behind it: the pace is kept before the ready queues, not in a connection.
 
+Only a few seconds of a queue's rate wait in memory (`_KEPT`), and no more than `budget`
+messages of all paced queues together (half the worker's active set, `[delivery] max_active`,
+but one per queue): a paced campaign of 100,000 messages, or a thousand paced campaigns, would
+otherwise fill the active set, and every other tenant's mail would wait in the spool behind
+them, at their pace. The rest goes back to
+the spool, untried and unrecorded (`Settlement.defer`), due when its slot would come: each
+queue's put-back messages are spread one slot apart after what already waits, so each is
+written back once and comes back in its turn, not all together.
+
 A queue with no rate costs nothing: the scheduler asks `QueueRates.of` only when some block
 sets a rate (`QueueRates.any`), and then one cached dictionary look-up per message.
 """
@@ -21,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
@@ -36,6 +46,11 @@ _GRAIN: Final = 0.1
 hundred (each booking is a table or Redis round trip; the messages of a booking go together
 when the last of them may)."""
 _AFTER_A_FAILURE: Final = 1.0  # seconds before a queue whose booking failed unexpectedly books again
+_KEPT: Final = 10.0
+"""Seconds of a queue's rate that wait in memory for their slots (at least `_KEPT_MIN`
+messages, at most `_KEPT_MAX`); more go back to the spool until their slot."""
+_KEPT_MIN: Final = 100
+_KEPT_MAX: Final = 1000
 
 
 def queue_key(queue: str) -> str:
@@ -75,6 +90,9 @@ class Pacer:
         throttles: Throttles,
         release: Callable[[Lease], None],
         live: Callable[[Lease], bool] = lambda lease: True,
+        put_back: Callable[[Lease, float], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        budget: int = 5000,
     ) -> None:
         self.rates = rates
         """Replaced by a reload: the next booking of each queue takes its new rate."""
@@ -83,15 +101,39 @@ class Pacer:
         """The scheduler: route this message now (if its lease still holds)."""
         self._live = live
         """Whether a lease still holds: one an operator moved meanwhile takes no slot."""
+        self._put_back = put_back
+        """The scheduler: this message goes back to the spool, untried, due then (None: all
+        wait in memory)."""
+        self._clock = clock
+        self._budget = budget
+        """Messages of all paced queues that may wait in memory together (one per queue at least)."""
+        self._held = 0  # messages waiting in memory, all queues together
         self._waiting: dict[str, deque[Lease]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._horizon: dict[str, float] = {}
+        """Per queue: the slot promised to the last message put back (wall clock)."""
 
     def hold(self, queue: str, lease: Lease) -> None:
-        """`lease`'s message, of the paced queue `queue`, waits for its slot."""
+        """`lease`'s message, of the paced queue `queue`, waits for its slot: in memory, or,
+        past a few seconds' worth of the rate, in the spool until about its slot."""
         waiting = self._waiting.get(queue)
         if waiting is None:
             waiting = self._waiting[queue] = deque()
+        rate = self.rates.of(queue)
+        if self._put_back is not None and rate is not None:
+            kept = min(_KEPT_MAX, max(_KEPT_MIN, int(rate.per_second * _KEPT)))
+            if len(waiting) >= kept or (waiting and self._held >= self._budget):
+                now = self._clock()
+                # After what waits here and what was put back before it, one slot apart.
+                due = max(self._horizon.get(queue, 0.0), now + len(waiting) / rate.per_second)
+                due += 1 / rate.per_second
+                self._horizon[queue] = due
+                if len(self._horizon) > 100_000:
+                    self._horizon = {q: t for q, t in self._horizon.items() if t > now}
+                self._put_back(lease, due)
+                return
         waiting.append(lease)
+        self._held += 1
         if queue not in self._tasks:
             self._tasks[queue] = asyncio.create_task(self._pace(queue, waiting), name=f"pace {queue}")
 
@@ -107,12 +149,15 @@ class Pacer:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         self._waiting.clear()
+        self._horizon.clear()
+        self._held = 0
 
     async def _pace(self, queue: str, waiting: deque[Lease]) -> None:
         try:
             while waiting:
                 if not self._live(waiting[0]):
                     waiting.popleft()  # (bounced, suspended, rebound while it waited: it takes no slot)
+                    self._held -= 1
                     continue
                 rate = self.rates.of(queue)
                 if rate is None:  # a reload took the rate away: what waits goes now
@@ -128,9 +173,11 @@ class Pacer:
                     if wait > 0:
                         await asyncio.sleep(wait)
                 for _ in range(min(count, len(waiting))):
+                    self._held -= 1
                     self._release(waiting.popleft())
         finally:
             if self._tasks.get(queue) is asyncio.current_task():
                 del self._tasks[queue]
                 if self._waiting.get(queue) is waiting:
                     del self._waiting[queue]
+                    self._held -= len(waiting)  # (none, unless releasing one failed)

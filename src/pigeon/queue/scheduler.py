@@ -114,6 +114,9 @@ class Scheduler:
             throttles if throttles is not None else Throttles(),
             self._paced,
             self._live,
+            self._put_back,
+            clock,
+            budget=max(1, active.limit // 2),
         )
         """Mail of the queues with a rate, waiting for its slot (`pigeon.queue.pacing`)."""
         self._clock = clock
@@ -306,6 +309,13 @@ class Scheduler:
         """Whether `lease` still holds (nobody moved its message meanwhile)."""
         entry = self._active.get(lease.id)
         return entry is not None and entry.generation == lease.generation and entry.state is State.SCHEDULED
+
+    def _put_back(self, lease: Lease, until: float) -> None:
+        """A paced message with many before it goes back to the spool, untried, until about
+        its slot (`Pacer.hold`): it does not fill the active set meanwhile."""
+        entry = self._active.current(lease, "pace")
+        if entry is not None and entry.state is State.SCHEDULED:
+            self._settlement.defer(entry, until)
 
     def _paced(self, lease: Lease) -> None:
         """A paced message's slot has come: it goes on to its route, if still where it was."""
