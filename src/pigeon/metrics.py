@@ -212,6 +212,51 @@ class _LogCollector(Collector):
         )
 
 
+class HookState(Protocol):
+    """What a log hook tells /metrics (`pigeon.logs.hook.HookState`)."""
+
+    name: str
+    sent: int
+    batches: int
+    failures: dict[str, int]
+    failing: bool
+
+    def lag(self) -> float: ...
+
+
+class _LogHookCollector(Collector):
+    def __init__(self, hooks: Sequence[HookState]) -> None:
+        self._hooks = hooks
+
+    def collect(self) -> Iterator[Metric]:
+        sent = CounterMetricFamily(
+            "pigeon_log_hook_records_sent", "Log records a log hook's receiver took (a 2xx)", labels=["hook"]
+        )
+        batches = CounterMetricFamily(
+            "pigeon_log_hook_batches_sent", "Batches a log hook's receiver took (a 2xx)", labels=["hook"]
+        )
+        failures = CounterMetricFamily(
+            "pigeon_log_hook_failures",
+            "POSTs of a log hook that failed: refused (a 4xx but 408, 429) or unavailable (5xx, 408, 429, no "
+            "answer); the batch is sent again",
+            labels=["hook", "kind"],
+        )
+        failing = GaugeMetricFamily("pigeon_log_hook_failing", "1 while a log hook's last POST failed", labels=["hook"])
+        lag = GaugeMetricFamily(
+            "pigeon_log_hook_lag_seconds",
+            "Age of the oldest log record a log hook has read and its receiver not yet taken (0: caught up)",
+            labels=["hook"],
+        )
+        for hook in self._hooks:
+            sent.add_metric([hook.name], hook.sent)
+            batches.add_metric([hook.name], hook.batches)
+            for kind, count in hook.failures.items():
+                failures.add_metric([hook.name, kind], count)
+            failing.add_metric([hook.name], int(hook.failing))
+            lag.add_metric([hook.name], hook.lag())
+        yield from (sent, batches, failures, failing, lag)
+
+
 class _StaleCollector(Collector):
     def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
         self._counts = counts
@@ -416,6 +461,10 @@ class Metrics:
     def track_sites(self, states: Callable[[], Iterable[tuple[str, bool]]], worker: int) -> None:
         """Sites found down (`pigeon.delivery.sites`), per worker: each finds them by itself."""
         self.registry.register(_SitesCollector(states, worker))
+
+    def track_log_hooks(self, hooks: Sequence[HookState]) -> None:
+        """The node's log hooks (one worker runs them)."""
+        self.registry.register(_LogHookCollector(hooks))
 
     def track_stale_results(self, counts: Callable[[], dict[str, int]]) -> None:
         """Results of work whose lease went stale (an operator moved the message meanwhile)."""

@@ -271,6 +271,7 @@ def _finish(
         elif module is not None and (beside := _beside(module, base)) is not None:
             config.policy.module = str(beside)
     _check_inbound(config, fail)
+    _check_log_hooks(config, fail)
     _check_egress(config, fail, first_start=first_start)
     if path is not None:
         for target in config.target:
@@ -278,6 +279,9 @@ def _finish(
                 target.path = _resolve(target.path, path.parent)
             if isinstance(target, WebhookTarget) and target.ca_file is not None:
                 target.ca_file = _resolve(target.ca_file, path.parent)
+        for hook in config.log_hook:
+            if hook.ca_file is not None:
+                hook.ca_file = _resolve(hook.ca_file, path.parent)
         for mailbox in config.mailbox:
             if mailbox.password_file is not None:
                 mailbox.password_file = _resolve(mailbox.password_file, path.parent)
@@ -695,6 +699,39 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
             key = "recipient" if route.recipient is not None else "domain" if route.domain is not None else "target"
             reason = "give each [[inbound]] route exactly one of recipient or domain"
             raise fail(["inbound", key], reason, index)
+
+
+def _check_log_hooks(config: Config, fail: Callable[..., ConfigError]) -> None:
+    """Each `[[log_hook]]` named once, with a URL it can POST to, headers aiohttp sends and
+    record types the log has: loaded wrong, it would fail every batch, for ever (a hook never
+    skips one), or send nothing."""
+    from pigeon.logs.records import record_types  # (not at import: the config alone is read by `pigeon check`)
+
+    known = record_types()
+    names = [hook.name for hook in config.log_hook]
+    for index, hook in enumerate(config.log_hook):
+        if hook.name in names[:index]:
+            raise fail(["log_hook", "name"], f"two [[log_hook]]s are called {hook.name!r}", index)
+        if (problem := _webhook_url_problem(hook.url)) is not None:
+            raise fail(["log_hook", "url"], f"log hook {hook.name!r}: {problem}", index)
+        for name, value in hook.headers.items():
+            if not _HTTP_TOKEN.fullmatch(name):
+                reason = f"log hook {hook.name!r}: {name!r} is not an HTTP header field name (RFC 9110 5.6.2)"
+                raise fail(["log_hook", "headers"], reason, index)
+            if any((char < " " and char != "\t") or char == "\x7f" for char in value):
+                # The value is not shown: it is often a secret (Authorization).
+                reason = f"log hook {hook.name!r}: the value of {name!r} holds a line break or control character"
+                raise fail(["log_hook", "headers"], reason, index)
+        if not hook.types:
+            raise fail(["log_hook", "types"], f'log hook {hook.name!r}: name at least one record type, or ["*"]', index)
+        for kind in hook.types:
+            if kind != "*" and kind not in known:
+                close = difflib.get_close_matches(kind, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+                raise fail(["log_hook", "types"], f"log hook {hook.name!r}: no record type {kind!r}{hint}", index)
+        if hook.max_retry_interval < hook.retry_interval:
+            reason = f"log hook {hook.name!r}: must be at least its retry_interval ({hook.retry_interval:g}s)"
+            raise fail(["log_hook", "max_retry_interval"], reason, index)
 
 
 def _redis_url_problem(url: str) -> str | None:
@@ -1194,6 +1231,7 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
         for i, t in enumerate(config.target)
         if isinstance(t, WebhookTarget)
     ]
+    trust += [(["log_hook", "ca_file"], h.ca_file, f"log hook {h.name!r}", i) for i, h in enumerate(config.log_hook)]
     if reloadable:
         trust += [(["route", "ca_file"], r.ca_file, f"route {r.domain!r}", i) for i, r in enumerate(config.route)]
     blocks = list(named)

@@ -1025,6 +1025,41 @@ class InboundRouteConfig(_Section, kw_only=True):
     0: held until the operator acts."""
 
 
+LOG_HOOK_TYPES: Final = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce", "Held")
+"""The record types a `[[log_hook]]` sends by default: the outcomes of outbound mail."""
+
+
+class LogHookConfig(_Section, kw_only=True):
+    """Event log records POSTed in batches to an HTTP endpoint, read back from the log files
+    (`pigeon.logs.hook`): at least once, in order, from a durable cursor in the spool."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    """Names its cursor (`<spool>/log-hooks/<name>.json`) and its metrics. Renamed, a hook starts afresh."""
+    url: str
+    """"http://" or "https://" with a host (anything else is refused at load)."""
+    types: list[str] = msgspec.field(default_factory=lambda: list(LOG_HOOK_TYPES))
+    """Record types to send (`type`); ["*"]: every record. Default: the outbound outcomes."""
+    batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+    """Records per POST, at most."""
+    linger: PositiveDuration = PositiveDuration(1)
+    """How long a record may wait for others to fill its batch before the batch goes as it is."""
+    timeout: PositiveDuration = PositiveDuration(30)
+    """How long one POST may take; no answer by then is a failure (and the batch is sent again)."""
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    """Extra request headers (an Authorization header, say)."""
+    secret: str | None = None
+    """HMAC-SHA256 key: X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC of "<t>." + body>, as a
+    webhook target's."""
+    tls_verify: bool = True
+    """For an "https://" `url`: verify the receiver's certificate and name. False: any is taken."""
+    ca_file: Path | None = None
+    """For an "https://" `url`: PEM file of the CAs to trust instead of the system's."""
+    retry_interval: PositiveDuration = PositiveDuration(1)
+    """First wait after a failed POST (any answer but 2xx, or none) ..."""
+    max_retry_interval: PositiveDuration = PositiveDuration(60)
+    """... doubling up to this. A batch is never skipped: it is sent until a 2xx takes it."""
+
+
 DKIM_HEADERS: Final = (
     "from",
     "sender",
@@ -1132,3 +1167,4 @@ class Config(_Section):
     inbound: list[InboundRouteConfig] = msgspec.field(default_factory=list)
     dkim: list[DkimConfig] = msgspec.field(default_factory=list)
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    log_hook: list[LogHookConfig] = msgspec.field(default_factory=list)

@@ -371,3 +371,18 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     ShapingEffect,
 )
 TERMINAL_TYPES: tuple[type[Record], ...] = (Delivery, Bounce, Expiration, AdminBounce)
+
+
+def record_types() -> frozenset[str]:
+    """Every record type (`type`) the log may hold: the tags of the leaf classes (`Attempt`,
+    `Inbound` are the fields their kinds share, never written as they are)."""
+    found: set[str] = set()
+    waiting: list[type[Record]] = [Record]
+    while waiting:
+        kind = waiting.pop()
+        below = kind.__subclasses__()
+        waiting.extend(below)
+        tag = kind.__struct_config__.tag
+        if not below and isinstance(tag, str):
+            found.add(tag)
+    return frozenset(found)

@@ -124,6 +124,11 @@ def config_secrets(config: Config) -> list[str]:
         elif isinstance(target, SidekiqTarget) and target.redis_url is not None and _has_password(target.redis_url):
             held.append(f"[[target]] {target.name!r}'s Redis password")
     held.extend(f"[[mailbox]] {m.name!r}'s password" for m in config.mailbox if m.password is not None)
+    held.extend(
+        f"[[log_hook]] {hook.name!r}'s secrets"
+        for hook in config.log_hook
+        if hook.secret or any(word in name.lower() for name in hook.headers for word in _SECRET_HEADER_WORDS)
+    )
     return held
 
 

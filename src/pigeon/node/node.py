@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from pigeon.delivery.routes import Route
     from pigeon.dkim.signer import Signers
     from pigeon.dkim.signing import Signing
+    from pigeon.logs.hook import LogHooks
     from pigeon.node.broadcast import Broadcast
     from pigeon.node.inbound import Inbound
     from pigeon.node.outbound import Outbound
@@ -154,6 +155,7 @@ class Node:
         self._step = ""  # what that thread is doing, for the log
         self._started_at = 0.0
         self._check: asyncio.Task[None] | None = None
+        self.log_hooks: LogHooks | None = None  # worker 0's ([[log_hook]])
         self._exposure = Exposure()  # (worker 0's: files holding secrets that others may read)
         self.policy = Policy()  # the [policy] module's hooks, loaded by start()
         # With [redis]: admin operations other nodes were asked for reach this worker's shards.
@@ -334,6 +336,15 @@ class Node:
             _log.info("http listening on %s", host_port(*self.http_address))
         self._started_at = time.time()
         self._check = asyncio.create_task(self._check_spools(opened), name="spool check")
+        if config.log_hook and self.worker == 0:
+            # One process of the node sends each record: worker 0 reads every worker's segments.
+            from pigeon.logs.hook import LogHooks
+
+            self.log_hooks = LogHooks(
+                config.log_hook, log_directory=config.log.path, spool=config.spool.path, node=config.node.name
+            )
+            self.metrics.track_log_hooks([hook.state for hook in self.log_hooks.hooks])
+            self.log_hooks.start()
         _tune_garbage_collector()
         for host, port in self.smtp_addresses:
             _log.info("smtp listening on %s", host_port(host, port))
@@ -393,6 +404,8 @@ class Node:
             await self.inbound.stop(self.shutdown_timeout)
         if self.http is not None:
             await self.http.stop()
+        if self.log_hooks is not None:
+            await self.log_hooks.stop()
         if self._check is not None:
             self._check.cancel()
             await asyncio.gather(self._check, return_exceptions=True)

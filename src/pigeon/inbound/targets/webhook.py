@@ -42,6 +42,7 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
 import aiohttp
@@ -320,14 +321,79 @@ def json_body(message: InboundMessage) -> bytes:
 
 
 def _tls_context(config: WebhookConfig) -> ssl.SSLContext | None:
+    return tls_context(config.url, verify=config.tls_verify, ca_file=config.ca_file)
+
+
+def tls_context(url: str, *, verify: bool, ca_file: Path | None) -> ssl.SSLContext | None:
     """The client context of an "https://" URL's connections, made once for the target (a
     `ca_file` read here, not at each request): TLS 1.2 or newer, the certificate checked
-    against `ca_file` or the system's CAs unless `tls_verify` is false. None for "http://"."""
-    if urllib.parse.urlsplit(config.url).scheme.lower() != "https":
+    against `ca_file` or the system's CAs unless `verify` is false. None for "http://"."""
+    if urllib.parse.urlsplit(url).scheme.lower() != "https":
         return None
-    context = client_context(verify=config.tls_verify, cafile=config.ca_file)
+    context = client_context(verify=verify, cafile=ca_file)
     context.set_alpn_protocols(("http/1.1",))  # as aiohttp's own context says
     return context
+
+
+def http_session(tls: ssl.SSLContext | None) -> aiohttp.ClientSession:
+    """A session for `exchange`: no timeout of aiohttp's own (`_within` times each request),
+    connections that keep the start of each answer (`_Recorder`)."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(),
+        connector=_Connector(limit=64, ssl=tls if tls is not None else True),
+    )
+
+
+class Unanswered(Exception):
+    """A POST got no answer to go by: no connection, no answer in time, a broken one. `detail`
+    says which, with the URL (its secrets masked)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+async def exchange(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str], within: float
+) -> tuple[int, str, float | None]:
+    """POST `body`, taking at most `within` seconds of this node's running time: (status,
+    reason, seconds a Retry-After asks for) of its answer, a status line that came whole
+    counting as one. Raises `Unanswered` when there is none to go by, and ValueError for a
+    header aiohttp will not send."""
+    try:
+        return await _within(within, _post(session, url, body, headers))
+    except TimeoutError as error:  # `_NoAnswer`, or a timeout of the connection's own
+        status_line = _status_line(error.head)[0] if isinstance(error, _NoAnswer) else None
+        if status_line is not None and (answer := _status_answer(status_line, "stalled")) is not None:
+            # A status line that came whole is the answer, whatever stalled after it (a 2xx
+            # taken for "no answer" would be sent again at every retry).
+            return answer
+        detail = f"no answer from {redact_url(url)} within {within:g}s"
+        if isinstance(error, _NoAnswer) and error.stalled:
+            detail += f" (not counting {error.stalled:.1f}s this node was not running)"
+        raise Unanswered(detail) from None
+    except aiohttp.ClientConnectorError as error:
+        raise Unanswered(f"{redact_url(url)}: {_cannot_connect(error)}") from None
+    except (aiohttp.ClientError, OSError) as error:
+        raise Unanswered(f"{redact_url(url)}: {_failed(error)}") from None
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, str, float | None]:
+    """(status, reason, seconds a Retry-After asks for) of one POST."""
+    try:
+        async with session.post(url, data=body, headers=headers, allow_redirects=False) as response:
+            status = response.status
+            asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
+            wait = retry_after(asked, time.time())
+            await _drain(response)
+    except _CutOff as error:
+        answer = _cut_off_answer(error)
+        if answer is None:
+            raise
+        return answer
+    return status, response.reason or "", wait
 
 
 class WebhookTarget(Target):
@@ -344,10 +410,7 @@ class WebhookTarget(Target):
         # was checked fails the start, which the next handoff tries again (an answer "later").
         if self._tls is None:
             self._tls = _tls_context(self._config)
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(),  # none of aiohttp's own: `_within` times each request
-            connector=_Connector(limit=64, ssl=self._tls if self._tls is not None else True),
-        )
+        self._session = http_session(self._tls)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -376,22 +439,9 @@ class WebhookTarget(Target):
         if config.secret:
             headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
         try:
-            status, reason, wait = await _within(config.timeout, self._post(body, headers))
-        except TimeoutError as error:  # `_NoAnswer`, or a timeout of the connection's own
-            status_line = _status_line(error.head)[0] if isinstance(error, _NoAnswer) else None
-            if status_line is not None and (answer := _status_answer(status_line, "stalled")) is not None:
-                # A status line that came whole is the answer, whatever stalled after it (a 2xx
-                # taken for "no answer" would be handed over again at every retry).
-                status, reason, wait = answer
-                return self._verdict(status, reason, wait)
-            detail = f"no answer from {redact_url(config.url)} within {config.timeout:g}s"
-            if isinstance(error, _NoAnswer) and error.stalled:
-                detail += f" (not counting {error.stalled:.1f}s this node was not running)"
-            return Handoff(Verdict.TRANSIENT, detail)
-        except aiohttp.ClientConnectorError as error:
-            return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_cannot_connect(error)}")
-        except (aiohttp.ClientError, OSError) as error:
-            return Handoff(Verdict.TRANSIENT, f"{redact_url(config.url)}: {_failed(error)}")
+            status, reason, wait = await exchange(self._session, config.url, body, headers, config.timeout)
+        except Unanswered as failure:
+            return Handoff(Verdict.TRANSIENT, failure.detail)
         except ValueError as error:  # a header aiohttp will not send: the message's own fault
             return Handoff(Verdict.PERMANENT, f"cannot make the request: {redact(str(error))}")
         return self._verdict(status, reason, wait)
@@ -406,24 +456,6 @@ class WebhookTarget(Target):
         if wait is not None:
             return Handoff(Verdict.TRANSIENT, f"{detail} (Retry-After: {min(wait, 1e9):.0f}s)", wait)
         return Handoff(Verdict.TRANSIENT, detail)
-
-    async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None]:
-        """(status, reason, seconds a Retry-After asks for) of one POST."""
-        assert self._session is not None
-        try:
-            async with self._session.post(
-                self._config.url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                status = response.status
-                asked = response.headers.get("Retry-After") if status in _ASKS_TO_WAIT else None
-                wait = retry_after(asked, time.time())
-                await _drain(response)
-        except _CutOff as error:
-            answer = _cut_off_answer(error)
-            if answer is None:
-                raise
-            return answer
-        return status, response.reason or "", wait
 
 
 def _cut_off_answer(error: _CutOff) -> tuple[int, str, float | None] | None:
