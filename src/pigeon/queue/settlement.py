@@ -485,12 +485,12 @@ class Settlement:
         counts = self._counts
         self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
-            counts.outcome(type(record).__name__, record.queue, record.site)
+            counts.outcome(type(record).__name__, record.queue, record.site, source=record.source)
         for _, held in outcome.held:
-            counts.outcome("Held", held.queue, held.site)
+            counts.outcome("Held", held.queue, held.site, source=held.source)
         for transient in outcome.transient:
             self._log.write(transient)
-            counts.outcome("TransientFailure", transient.queue, transient.site)
+            counts.outcome("TransientFailure", transient.queue, transient.site, source=transient.source)
         if outcome.remaining is not None:
             self._active.finish(entry, State.SCHEDULED, outcome.due, self._clock())
         else:
