@@ -151,6 +151,8 @@ class Arrival:
     `[[http.token]]`'s `tenants`): its mail may name no other, and with exactly one, mail
     naming none is that one's. None: unbound, any tenant (relay_networks clients, DSNs,
     credentials without a binding)."""
+    reports_on: str | None = None
+    """A DSN: the id of the message it reports on (its `Reception` names it)."""
 
 
 def received_field(
@@ -258,15 +260,24 @@ class Intake:
         subscribes when it starts, and leaves when it stops)."""
 
     async def local(
-        self, envelope: Envelope, data: bytes, *, spool: Spool | None = None, settles: Settling | None = None
+        self,
+        envelope: Envelope,
+        data: bytes,
+        *,
+        spool: Spool | None = None,
+        settles: Settling | None = None,
+        reports_on: str | None = None,
     ) -> Stored:
         """Store a message Pigeon wrote itself (a DSN): no client, a `by`-only Received header.
 
         `settles`: the outcome the message reports, committed in the same transaction (a
         crash leaves both or neither), in `spool`, the shard of the message it reports on
-        (this worker's own, or one it adopted)."""
+        (this worker's own, or one it adopted). `reports_on`: that message's id, which its
+        `Reception` record names."""
         spool = self.spool if spool is None else spool
-        arrival = Arrival("local", "local", "", "127.0.0.1", self.hostname, "LOCAL", trusted=True)
+        arrival = Arrival(
+            "local", "local", "", "127.0.0.1", self.hostname, "LOCAL", trusted=True, reports_on=reports_on
+        )
         envelope.recipients = _unique(envelope.recipients)
         groups = _group_by_domain(envelope.recipients, self.inbound_routes)
         ids = spool.new_ids(len(groups))
@@ -791,6 +802,8 @@ class Draft:
                 sender=m.envelope.sender,
                 recipients=[r.address for r in m.envelope.recipients],
                 queue=m.queue,
+                tenant=m.envelope.tenant,
+                campaign=m.envelope.campaign,
                 size=body.size,
                 peer=arrival.peer,
                 helo=arrival.helo,
@@ -800,6 +813,7 @@ class Draft:
                 auth_user=arrival.auth_user,
                 meta=m.envelope.metadata,
                 trace_id=None if printed_id == printed[0] else printed[0],
+                reports_on=arrival.reports_on,
             )
             for m, printed_id in zip(messages, printed, strict=True)
         ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -31,8 +31,13 @@ MAX_SITE_LABELS = 1000
 # Bounce classes given a label value of their own: the built-in table's and the user's rule
 # files' (`[delivery] bounce_rules`), so few, but a rule file may name as many as it likes.
 MAX_CLASSIFICATION_LABELS = 100
-# Messages in memory by state; per site: (site, messages waiting, connections).
-DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]]]
+# Egress sources come from the configuration (bounded), but reloads may rename them while the
+# node runs: held to a cap all the same, as sites and queues are.
+MAX_SOURCE_LABELS = 1000
+NO_ATTEMPT: Final = "-"  # the site and source of an outcome no attempt made (see the README)
+# Messages in memory by state; per site: (site, messages waiting, connections); per egress
+# source (its name, the implicit one's too): (source, messages waiting, connections).
+DeliveryState = tuple[dict[str, int], list[tuple[str, int, int]], list[tuple[str, int, int]]]
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -43,10 +48,13 @@ class Counts:
         "by_classification",
         "by_queue",
         "by_site",
+        "by_source",
         "bytes_received",
+        "implicit_source",
         "labelled_classifications",
         "labelled_queues",
         "labelled_sites",
+        "labelled_sources",
         "messages_received",
         "outcomes",
         "receptions",
@@ -63,17 +71,28 @@ class Counts:
         self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration, ...
         self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site), at most MAX_SITE_LABELS sites
         self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
+        self.by_source: dict[tuple[str, str], int] = {}  # (outcome, source), at most MAX_SOURCE_LABELS
         self.labelled_sites: set[str] = set()  # the sites with a label of their own
         self.labelled_queues: set[str] = set()
         self.by_classification: dict[tuple[str, str], int] = {}  # (outcome, classification): Bounce, TransientFailure
         self.labelled_classifications: set[str] = set()
+        self.labelled_sources: set[str] = set()
+        # What an attempt from the implicit source is counted under (its records name no source):
+        # `[delivery] source`, as its ready queues are named (`default->site`). Set by the node.
+        self.implicit_source = "default"
 
-    def outcome(self, kind: str, queue: str, site: str, n: int = 1) -> None:
-        """Count `n` recipient outcomes of one kind for a queue and a site."""
+    def outcome(self, kind: str, queue: str, site: str, n: int = 1, *, source: str | None = None) -> None:
+        """Count `n` recipient outcomes of one kind for a queue, a site and the egress source
+        the attempt left from (None: the implicit one, or no attempt when there is no site)."""
         self.outcomes[kind] = self.outcomes.get(kind, 0) + n
         # A site per recipient domain (no MX: its own) is unbounded, and Prometheus does not
         # take unbounded label values well. ("-": no attempt, so no site; see the README.)
-        site = _labelled(site or "-", self.labelled_sites, MAX_SITE_LABELS)
+        if site:
+            source = _labelled(source or self.implicit_source, self.labelled_sources, MAX_SOURCE_LABELS)
+        else:
+            site = source = NO_ATTEMPT
+        self.by_source[kind, source] = self.by_source.get((kind, source), 0) + n
+        site = _labelled(site, self.labelled_sites, MAX_SITE_LABELS)
         self.by_site[kind, site] = self.by_site.get((kind, site), 0) + n
         queue = _labelled(queue, self.labelled_queues, MAX_QUEUE_LABELS)
         self.by_queue[kind, queue] = self.by_queue.get((kind, queue), 0) + n
@@ -131,6 +150,15 @@ class _CountsCollector(Collector):
         for (outcome, site), value in sorted(c.by_site.items()):
             by_site.add_metric([outcome, site], value)
         yield by_site
+        by_source = CounterMetricFamily(
+            "pigeon_source_recipients",
+            "Recipient outcomes by the egress source the attempt left from ([[source]] name, or the implicit "
+            "source's; '-': no attempt)",
+            labels=["outcome", "source"],
+        )
+        for (outcome, source), value in sorted(c.by_source.items()):
+            by_source.add_metric([outcome, source], value)
+        yield by_source
         by_queue = CounterMetricFamily(
             "pigeon_queue_recipients", "Recipient outcomes by scheduled queue", labels=["outcome", "queue"]
         )
@@ -154,7 +182,7 @@ class _DeliveryCollector(Collector):
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
-        active, sites = self._state()
+        active, sites, sources = self._state()
         gauge = GaugeMetricFamily("pigeon_active_messages", "Messages in memory, by state", labels=["state"])
         for state, value in sorted(active.items()):
             gauge.add_metric([state], value)
@@ -166,6 +194,21 @@ class _DeliveryCollector(Collector):
             connections.add_metric([site], open_connections)
         yield depth
         yield connections
+        # The same by egress source, summed over its sites: a source's share of the traffic
+        # (an address being warmed up) without a series per source and site.
+        source_depth = GaugeMetricFamily(
+            "pigeon_source_ready_queue_messages",
+            "Messages waiting in a ready queue, by egress source",
+            labels=["source"],
+        )
+        source_connections = GaugeMetricFamily(
+            "pigeon_source_outbound_connections", "Open delivery connections, by egress source", labels=["source"]
+        )
+        for source, waiting, open_connections in sorted(sources):
+            source_depth.add_metric([source], waiting)
+            source_connections.add_metric([source], open_connections)
+        yield source_depth
+        yield source_connections
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +398,7 @@ class _EffectsCollector(Collector):
 
 
 class _SitesCollector(Collector):
-    def __init__(self, states: Callable[[], Iterable[tuple[str, bool]]], worker: int) -> None:
+    def __init__(self, states: Callable[[], Iterable[tuple[str, str, bool]]], worker: int) -> None:
         self._states = states
         self._worker = str(worker)
 
@@ -363,11 +406,11 @@ class _SitesCollector(Collector):
         family = GaugeMetricFamily(
             "pigeon_site_down",
             "1 while no host of a site takes a connection and its mail waits for a probe, as this worker "
-            "found it; 0 once it is up again",
-            labels=["site", "worker"],
+            "found it from that egress source; 0 once it is up again",
+            labels=["site", "source", "worker"],
         )
-        for site, down in self._states():
-            family.add_metric([site, self._worker], int(down))
+        for site, source, down in self._states():
+            family.add_metric([site, source, self._worker], int(down))
         yield family
 
 
@@ -458,8 +501,9 @@ class Metrics:
         """The live effects of shaping reactions (per worker: each knows them all)."""
         self.registry.register(_EffectsCollector(board, worker))
 
-    def track_sites(self, states: Callable[[], Iterable[tuple[str, bool]]], worker: int) -> None:
-        """Sites found down (`pigeon.delivery.sites`), per worker: each finds them by itself."""
+    def track_sites(self, states: Callable[[], Iterable[tuple[str, str, bool]]], worker: int) -> None:
+        """Sites found down (`pigeon.delivery.sites`): (site, source, down), per worker: each
+        finds them by itself."""
         self.registry.register(_SitesCollector(states, worker))
 
     def track_log_hooks(self, hooks: Sequence[HookState]) -> None:

@@ -339,10 +339,11 @@ class Dispatcher:
             _log.info("site %s is down: an operator's retry makes its probe due now", site)
             self._start_site(site)  # (mail already waiting in its ready queues asks for it now)
 
-    def sites(self) -> Iterator[tuple[str, int, int]]:
-        """(site, messages waiting, connections) of every ready queue."""
+    def sites(self) -> Iterator[tuple[str, str | None, int, int]]:
+        """(site, source, messages waiting, connections) of every ready queue (source None: the
+        implicit one)."""
         for lane in self._lanes.values():
-            yield lane.queue.site, len(lane.queue), lane.connections
+            yield lane.queue.site, lane.queue.source, len(lane.queue), lane.connections
 
     # --- connections -----------------------------------------------------------------------
     def _start(self, lane: _Lane) -> None:

@@ -422,7 +422,9 @@ def for_seven_bit_hop(message: Message, body: bytes) -> bytes | None:
 class Submit(Protocol):
     """The intake's local submission (`Intake.local`): durable when it returns."""
 
-    def __call__(self, envelope: Envelope, data: bytes, *, spool: Spool, settles: Settling) -> Awaitable[object]: ...
+    def __call__(
+        self, envelope: Envelope, data: bytes, *, spool: Spool, settles: Settling, reports_on: str | None = None
+    ) -> Awaitable[object]: ...
 
 
 class Notifier:
@@ -465,7 +467,8 @@ class Notifier:
             max_line=self._max_line,
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol=_OWN)
-        return await self._submit(envelope, report, spool=self._spools.of(message.id), settles=settles)
+        spool = self._spools.of(message.id)
+        return await self._submit(envelope, report, spool=spool, settles=settles, reports_on=format_id(message.id))
 
 
 def _date(when: float) -> str:

@@ -13,16 +13,21 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | sender      | Reception, Rejection          | envelope sender ("" for the null sender)                 |
 | recipients  | Reception, Rejection          | envelope recipients of this message / the refused one    |
 | queue       | Reception                     | scheduled queue name, `campaign:tenant@domain`           |
+| tenant, campaign | Reception, Rejection, Rebind | the message's tenant and campaign, when it has them (not |
+|             |                               | to be parsed out of `queue`); Rejection: an injected one's |
+| reports_on  | Reception                     | a DSN's: the id of the message it reports on             |
 | size        | Reception                     | bytes stored, `Received:` header included                |
 | peer        | Reception, Rejection          | client address, `ip:port` (none for Pigeon's own DSNs)   |
 | helo        | Reception, Rejection          | EHLO/HELO name the client gave (none over HTTP)          |
 | protocol    | Reception                     | RFC 3848 keyword (ESMTP, ESMTPS, ESMTPSA, ...), HTTP for injections |
 | tls         | Reception, Rejection          | TLS version and cipher, when the connection used TLS     |
 | auth_user   | Reception, Rejection          | authenticated user (HTTP: the API token's name)          |
-| meta        | Reception                     | metadata the injecting application gave the recipient    |
+| meta        | Reception, Rejection          | metadata the injecting application gave the recipient    |
 | command     | Rejection                     | the SMTP verb that was refused (MAIL, RCPT, DATA, ...)   |
 | response    | Reception, Rejection          | `{code, enhanced, text}` of the reply Pigeon sent        |
 | reason      | Quarantine                    | why a spool entry could not be read                      |
+| from_queue, route, operator, operation | Rebind | an operator's rebind of a message: the queue it left, the |
+|             |                               | domain it is routed as now, who asked, in which operation |
 
 Delivery attempts write one record per recipient: `Delivery`, `Bounce` and `Expiration` are
 terminal (exactly one per recipient), `TransientFailure` is not (one per failed attempt), nor
@@ -58,6 +63,7 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 | attempt_response | AdminBounce    | bounced while an attempt was on the wire: what that attempt |
 |                |                  | was answered (then `site`, `peer`, `tls` are that attempt's) |
 | meta           | all four         | metadata given at injection, as in `Reception`            |
+| tenant, campaign | all four       | the message's, as in `Reception` (left out when none)     |
 | seq            | terminal ones    | unique on the node, but not written in seq order: see below |
 
 Inbound handoffs write `InboundDelivery` (the target accepted) or `InboundFailure` (it did
@@ -123,6 +129,11 @@ class Reception(Record, tag="Reception", kw_only=True):
     sender: str
     recipients: list[str]
     queue: str
+    # The message's tenant and campaign (its routing headers, its credential's one tenant, or a
+    # policy's), which its queue name is made of: said apart, not to be parsed out of `queue`
+    # (a queue a policy named, `bulk`, has none of them). Left out when it has none.
+    tenant: str | None = None
+    campaign: str | None = None
     size: int
     peer: str = ""  # none for Pigeon's own DSNs (protocol LOCAL): left out
     helo: str = ""  # none over HTTP: left out
@@ -134,6 +145,8 @@ class Reception(Record, tag="Reception", kw_only=True):
     # The id our `Received:` field names, where it is another message's: a reception for several
     # domains stores one body, whose field names the first of its messages.
     trace_id: str | None = None
+    # A DSN's (`protocol` LOCAL): the id of the message whose failure (or delivery) it reports.
+    reports_on: str | None = None
     seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
     # False: the client was gone when the commit ended (it hung up while the message was being
     # written): the message is stored and kept, but the 250 could not be given, so the client
@@ -159,6 +172,12 @@ class Rejection(Record, tag="Rejection"):
     # spool): the id it was given, which on_message saw and a PolicyFailure names. Nothing is
     # stored under it; it is here so that grepping for it finds the refusal.
     id: str | None = None
+    # An injected recipient refused (`command` "inject"): the tenant and campaign the request
+    # named (or its token's one tenant), and the recipient's metadata, as its Reception would
+    # have given them. (No queue: a policy hook may name it, and it is not asked of a refusal.)
+    tenant: str | None = None
+    campaign: str | None = None
+    meta: dict[str, str] | None = None
 
 
 class Attempt(Record):
@@ -178,6 +197,8 @@ class Attempt(Record):
     created: float = 0.0  # when the message was received
     duration: float | None = None  # seconds this attempt took, connection excluded
     meta: dict[str, str] | None = None  # metadata given at injection
+    tenant: str | None = None  # as in Reception (a rebind into `campaign:tenant@domain` changes them)
+    campaign: str | None = None
 
 
 class Delivery(Attempt, tag="Delivery"):
@@ -240,6 +261,24 @@ class AdminBounce(Attempt, tag="AdminBounce"):
     operator: str = ""  # the API token's name
     attempt_response: Response | None = None  # bounced while an attempt was on the wire: its reply
     seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
+
+
+class Rebind(Record, tag="Rebind"):
+    """An operator rebound a message (`pigeon rebind`): it moved to another scheduled queue,
+    or is routed as another domain, or both, and is due at once. One per message, written once
+    the move is committed (of a message whose attempt was on the wire: what that attempt left,
+    when it ended), so that a `Delivery` through another site than its domain's says why.
+    Not exactly once: as a `TransientFailure`, a crash between the commit and the write loses it."""
+
+    id: str
+    queue: str  # the scheduled queue it is in now
+    recipients: list[str]  # those moved (of a message being sent: those its attempt left)
+    from_queue: str | None = None  # the queue it left; absent: it stayed in its queue
+    route: str | None = None  # the domain it is routed as now ("": its recipients' own again); absent: as before
+    operator: str = ""  # the API token's name
+    operation: str | None = None  # the bulk operation's id (`GET /api/v1/admin/operations`)
+    tenant: str | None = None  # as in Reception: the message's now (a queue `campaign:tenant@domain` names them)
+    campaign: str | None = None
 
 
 class Quarantine(Record, tag="Quarantine"):
@@ -349,6 +388,7 @@ AnyRecord = (
     | Expiration
     | AdminBounce
     | Held
+    | Rebind
     | Quarantine
     | InboundDelivery
     | InboundFailure
@@ -364,6 +404,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Expiration,
     AdminBounce,
     Held,
+    Rebind,
     Quarantine,
     InboundDelivery,
     InboundFailure,

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.metrics import MAX_CLASSIFICATION_LABELS, MAX_QUEUE_LABELS, MAX_SITE_LABELS
+from pigeon.metrics import MAX_CLASSIFICATION_LABELS, MAX_QUEUE_LABELS, MAX_SITE_LABELS, MAX_SOURCE_LABELS
 
 
 def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
@@ -108,6 +108,7 @@ CAPPED: Final = {
     "pigeon_queue_recipients": ("queue", MAX_QUEUE_LABELS),
     "pigeon_site_recipients": ("site", MAX_SITE_LABELS),
     "pigeon_classified_recipients": ("classification", MAX_CLASSIFICATION_LABELS),
+    "pigeon_source_recipients": ("source", MAX_SOURCE_LABELS),
 }
 OTHER: Final = "_other"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import Config
@@ -165,7 +165,8 @@ class Outbound:
         self.admin = engine.admin
         self.rules = engine.rules
         metrics.track_stale_results(lambda: self.active.stale_results)
-        metrics.track_sites(self.dispatcher.health.states, worker)
+        self._implicit_source = metrics.counts.implicit_source = delivery.source
+        metrics.track_sites(self._site_states, worker)
 
     def reactions_of(self, config: Config) -> Reactions:
         """The `[[reaction]]` rules in force under `config` (raises `ReactionError`)."""
@@ -276,10 +277,27 @@ class Outbound:
         for entry in self.active:
             active[entry.state.value] = active.get(entry.state.value, 0) + 1
         sites: dict[str, tuple[int, int]] = {}
-        for site, queued, connections in self.dispatcher.sites():
+        sources: dict[str, tuple[int, int]] = {}
+        for site, source, queued, connections in self.dispatcher.sites():
             waiting, open_connections = sites.get(site, (0, 0))
             sites[site] = (waiting + queued, open_connections + connections)
-        return active, [(site, waiting, connections) for site, (waiting, connections) in sites.items()]
+            source = source or self._implicit_source
+            waiting, open_connections = sources.get(source, (0, 0))
+            sources[source] = (waiting + queued, open_connections + connections)
+        return (
+            active,
+            [(site, waiting, connections) for site, (waiting, connections) in sites.items()],
+            [(source, waiting, connections) for source, (waiting, connections) in sources.items()],
+        )
+
+    def _site_states(self) -> Iterator[tuple[str, str, bool]]:
+        """For /metrics: (site, source, down) of every site found down. Health is kept per path
+        (`source->site`) for a `[[source]]`, per site for the implicit source (`_health_key`):
+        told apart here, so that `site` is always a site, as in the other metrics. (A source's
+        name has no "->": `[[source]] name` is letters, digits, '.', '_' and '-'.)"""
+        for key, down in self.dispatcher.health.states():
+            source, arrow, site = key.partition("->")
+            yield (site, source, down) if arrow else (key, self._implicit_source, down)
 
 
 def build_throttles(config: Config, worker: int, workers: int) -> Throttles:

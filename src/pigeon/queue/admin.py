@@ -491,7 +491,7 @@ class Admin:
         claimed: it goes to its application's target from its own queue, and moving it would
         send an application's mail out over SMTP. The answer counts it (`inbound_left`)."""
         now = self._clock()
-        mark = RebindMark(queue, routing_domain)
+        mark = RebindMark(queue, routing_domain, operator, operation)
         inbound_left = 0
 
         def inbound(message: Message) -> bool:
@@ -508,7 +508,7 @@ class Admin:
                 entry.rebind = mark
                 return _Done.MARKED, None
             envelope = mark.envelope(entry.message.envelope)
-            return _Done.ACTED, self._settlement.defer(entry, now, queue=queue, envelope=envelope)
+            return _Done.ACTED, self._settlement.defer(entry, now, queue=queue, envelope=envelope, rebind=mark)
 
         rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=inbound)
         self._rewind(now)

@@ -48,7 +48,17 @@ from typing import Any, Protocol
 import msgspec
 
 from pigeon.delivery.dsn import Failure, wants_failure_notice, wants_success_notice
-from pigeon.logs.records import AdminBounce, Bounce, Delivery, Expiration, Held, Record, Response, TransientFailure
+from pigeon.logs.records import (
+    AdminBounce,
+    Bounce,
+    Delivery,
+    Expiration,
+    Held,
+    Rebind,
+    Record,
+    Response,
+    TransientFailure,
+)
 from pigeon.message import HELD, Envelope, Message, Recipient, format_id
 from pigeon.metrics import Counts
 from pigeon.queue.attempt import Attempt, Unroutable
@@ -123,6 +133,7 @@ class _Outcome:
     failures: list[Failure] = field(default_factory=list)
     encoded: list[tuple[int, bytes]] = field(default_factory=list)
     queue: str | None = None  # a new scheduled queue (rebind)
+    notes: list[Record] = field(default_factory=list)  # logged once committed, as transient ones (Rebind)
     held: list[tuple[Recipient, Held]] = field(default_factory=list)  # kept for an operator, no DSN
     written: asyncio.Future[None] | None = None  # set once the outcome is durable, if someone waits
 
@@ -242,15 +253,24 @@ class Settlement:
         return self._active.settled(entry)
 
     def defer(
-        self, entry: Entry, until: float, *, queue: str | None = None, envelope: Envelope | None = None
+        self,
+        entry: Entry,
+        until: float,
+        *,
+        queue: str | None = None,
+        envelope: Envelope | None = None,
+        rebind: RebindMark | None = None,
     ) -> asyncio.Future[None]:
         """Put a message nobody is sending back in the spool until `until`, untried (its queue
         is suspended, or it is rebound to another `queue` or route in `envelope`): no attempt
-        is counted and nothing is logged. The future resolves once that is durable."""
+        is counted, and nothing is logged but the operator's `rebind`, once it is durable. The
+        future resolves once that is durable."""
         message = entry.message
         outcome = self._begin(entry, message.attempts, until)
         outcome.remaining = envelope or message.envelope
         outcome.queue = queue
+        if rebind is not None:
+            outcome.notes.append(self._rebind_record(message, outcome.remaining, rebind))
         self._commit(outcome)
         return self._active.settled(entry)
 
@@ -367,6 +387,7 @@ class Settlement:
                 )
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
+                    outcome.notes.append(self._rebind_record(message, outcome.remaining, rebind))
                 for recipient, reply, index in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt, index)
                     # Classified as a bounce is (KumoMTA classifies every record): a deferral
@@ -533,22 +554,40 @@ class Settlement:
         counts = self._counts
         self._outbox.committed(spool, outcome.encoded)
         for record in outcome.terminal:
-            counts.outcome(type(record).__name__, record.queue, record.site)
+            counts.outcome(type(record).__name__, record.queue, record.site, source=record.source)
             if isinstance(record, Bounce):
                 counts.classified("Bounce", record.classification)
         for _, held in outcome.held:
-            counts.outcome("Held", held.queue, held.site)
+            counts.outcome("Held", held.queue, held.site, source=held.source)
         for transient in outcome.transient:
             self._log.write(transient)
-            counts.outcome("TransientFailure", transient.queue, transient.site)
+            counts.outcome("TransientFailure", transient.queue, transient.site, source=transient.source)
             if transient.classification:
                 counts.classified("TransientFailure", transient.classification)
+        for note in outcome.notes:
+            self._log.write(note)
         if outcome.remaining is not None:
             self._active.finish(entry, State.SCHEDULED, outcome.due, self._clock())
         else:
             self._active.finish(entry, _terminal_state(outcome.terminal))
 
     # --- helpers -----------------------------------------------------------------------
+    def _rebind_record(self, message: Message, moved: Envelope, mark: RebindMark) -> Rebind:
+        """The record of an operator's rebind of `message`, `moved` being its envelope after it."""
+        queue = mark.queue if mark.queue is not None else message.queue
+        return Rebind(
+            timestamp=self._clock(),
+            id=format_id(message.id),
+            queue=queue,
+            recipients=[recipient.address for recipient in moved.recipients],
+            from_queue=message.queue if queue != message.queue else None,
+            route=mark.routing_domain,
+            operator=mark.operator,
+            operation=mark.operation,
+            tenant=moved.tenant,
+            campaign=moved.campaign,
+        )
+
     def _fields(
         self,
         message: Message,
@@ -579,6 +618,8 @@ class Settlement:
             "created": message.created,
             "duration": attempt.duration if attempt else None,
             "meta": message.envelope.metadata,
+            "tenant": message.envelope.tenant,
+            "campaign": message.envelope.campaign,
         }
 
 

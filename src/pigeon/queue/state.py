@@ -119,6 +119,8 @@ class RebindMark:
 
     queue: str | None
     routing_domain: str | None
+    operator: str = ""  # who asked (the API token's name), and in which operation: for its records
+    operation: str | None = None
 
     def envelope(self, envelope: Envelope) -> Envelope:
         """`envelope` as the rebind leaves it: routed as `routing_domain`, and, moved to a

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pigeon.metrics import MAX_QUEUE_LABELS, MAX_SITE_LABELS, Metrics
+from pigeon.metrics import MAX_QUEUE_LABELS, MAX_SITE_LABELS, MAX_SOURCE_LABELS, Metrics
 from pigeon.node.tally import Tally
 
 
@@ -100,19 +100,20 @@ def _by_queue(text: str, family_name: str = "pigeon_queue_recipients", label: st
     return values
 
 
-def test_the_node_shows_at_most_max_queue_labels_queues_and_sites_however_many_workers_saw() -> None:
+def test_the_node_shows_at_most_max_queue_labels_queues_sites_and_sources_however_many_workers_saw() -> None:
     # Found from outside: the cap was each worker's, on (outcome, queue) pairs, and the node
     # showed their sum: 1,200 tenants gave 1,422 queue values and no `_other`.
     tally = Tally(2)
     for index in range(2):
         metrics = Metrics()
         for n in range(index * 300, index * 300 + 900):  # 900 each, 1,200 in all
-            metrics.counts.outcome("Delivery", f"t{n}@example.com", f"mx{n}.example.com")
+            metrics.counts.outcome("Delivery", f"t{n}@example.com", f"mx{n}.example.com", source=f"ip-{n}")
         tally.answered(index, 100 + index, generate_latest(metrics.registry).decode())
     first = tally.exposition({0, 1})
     for family, label, cap in (
         ("pigeon_queue_recipients", "queue", MAX_QUEUE_LABELS),
         ("pigeon_site_recipients", "site", MAX_SITE_LABELS),
+        ("pigeon_source_recipients", "source", MAX_SOURCE_LABELS),  # (sources renamed by reloads)
     ):
         shown = _by_queue(first, family, label)
         assert len(shown) == cap + 1 and "_other" in shown

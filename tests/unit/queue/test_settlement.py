@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pigeon.logs.records import Response
+from pigeon.logs.records import Rebind, Response
 from pigeon.queue import settlement
 from pigeon.queue.attempt import Attempt
 from pigeon.queue.rules import Selector
@@ -18,7 +18,8 @@ D1 = Selector(domain="d1.test")
 
 
 def kinds(world: World) -> list[tuple[str, str]]:
-    return [(type(r).__name__, r.recipient) for r in world.records.log]  # type: ignore[attr-defined]
+    # (a Rebind names the recipients it moved)
+    return [(type(r).__name__, getattr(r, "recipient", None) or ",".join(r.recipients)) for r in world.records.log]  # type: ignore[attr-defined]
 
 
 async def test_each_recipient_gets_the_record_its_reply_calls_for(make_world: MakeWorld) -> None:
@@ -268,8 +269,11 @@ async def test_an_attempt_on_the_wire_when_rebound_moves_what_it_leaves_due_now(
     assert sorted(kinds(world)) == [
         ("Delivery", "a1@d1.test"),
         ("Delivery", "a2@d1.test"),
+        ("Rebind", "a2@d1.test"),  # what the attempt left, moved when it ended
         ("TransientFailure", "a2@d1.test"),
     ]
+    (moved,) = [r for r in world.records.log if isinstance(r, Rebind)]
+    assert (moved.queue, moved.from_queue, moved.route) == ("moved", "d1.test", "elsewhere.test")
 
 
 async def test_inspect_shows_the_routing_domain_a_rebind_gave(make_world: MakeWorld) -> None:

@@ -357,6 +357,14 @@ async def _inject(
     max_stored = config.http.max_stored_size
     stored_size = 0  # the bytes of the messages this request has the spool store
 
+    # What a refused recipient's Rejection can say of its message, known before any is composed:
+    # the request's tenant (or its token's one tenant, which mail naming none is given) and
+    # campaign, and the recipient's metadata (by `id` of its result: looked up, not searched).
+    # A tenant or campaign its content's headers name is only known once rendered: not said.
+    tenant = parsed.tenant or (next(iter(tenants)) if tenants is not None and len(tenants) == 1 else None)
+    campaign = parsed.campaign or None
+    metadata_of: dict[int, dict[str, str]] = {}
+
     def refuse(result: RecipientResult, reply: Reply, *, message_id: str | None = None) -> None:
         """Refuse one recipient: its error, its Rejection record, its count."""
         result.error = str(reply)
@@ -372,6 +380,9 @@ async def _inject(
                 recipients=[result.email],
                 auth_user=holder,
                 id=message_id,
+                tenant=tenant,
+                campaign=campaign,
+                meta=metadata_of.get(id(result)),
             )
         )
 
@@ -393,6 +404,8 @@ async def _inject(
     for index, recipient in enumerate(parsed.recipients):
         result = RecipientResult(given[index])
         results.append(result)
+        if recipient.metadata:
+            metadata_of[id(result)] = recipient.metadata
         if time.monotonic() - turn > _YIELD_AFTER:
             await asyncio.sleep(0)
             turn = time.monotonic()
