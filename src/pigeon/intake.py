@@ -966,8 +966,8 @@ def _apply(
         # would be refused by a receiving server (RFC 5322 2.1.1: 998 octets at most).
         envelope.headers_added = [folded_field(name, value) for name, value in changes.add_headers]
         if not all(field.isascii() for field in envelope.headers_added):
-            # RFC 6532 3: UTF-8 in a header field needs SMTPUTF8 along the way. Asked for as
-            # if the client had: a server without it gets no such message (554 5.6.7).
+            # RFC 6532 3: UTF-8 in a header field asks for SMTPUTF8 along the way, as if the
+            # client had: sent with it where offered, as 8-bit data (8BITMIME) where not.
             envelope.smtputf8 = True
     if removed:
         envelope.headers_removed = sorted(set(removed))
