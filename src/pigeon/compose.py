@@ -487,8 +487,9 @@ def _fits(line: str, max_line_length: int, field: str) -> None:
         )
 
 
-# The text SMTP reception refuses such a message with (`replies.CONTENT_NUL`): every door says it alike.
-_NUL_TEXT: Final = replies.CONTENT_NUL.text
+# The reply SMTP reception refuses such a message with (`replies.CONTENT_NUL`), its code too,
+# as every other content error over HTTP carries it: every door says it alike.
+_NUL_TEXT: Final = str(replies.CONTENT_NUL)
 
 
 def _no_nul(value: str | None, field: str) -> None:
