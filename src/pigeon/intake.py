@@ -23,7 +23,8 @@ it arrives, and commits it at the end. The draft:
   empty one), which its completion (our Date and Message-ID) cannot supply, and one whose
   Date or Message-ID is not of its RFC 5322 syntax (`pigeon.header_section.date_problem`,
   `message_id_problem`), wherever in the header section they are;
-* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3, `Received :` too),
+* refuses mail loops (more than `max_hops` Received headers with ours, that is `max_hops`
+  or more as it came, as Postfix counts `hopcount_limit`; RFC 5321 6.3, `Received :` too),
   counted over the whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
 * asks the policy's `on_message` hook, if the policy module has one: it may refuse the
