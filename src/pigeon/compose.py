@@ -503,8 +503,9 @@ def _fits(line: str, max_line_length: int, field: str) -> None:
         )
 
 
-# The text SMTP reception refuses such a message with (`replies.CONTENT_NUL`): every door says it alike.
-_NUL_TEXT: Final = replies.CONTENT_NUL.text
+# The reply SMTP reception refuses such a message with (`replies.CONTENT_NUL`), its code too,
+# as every other content error over HTTP carries it: every door says it alike.
+_NUL_TEXT: Final = str(replies.CONTENT_NUL)
 
 
 def _no_nul(value: str | None, field: str) -> None:
@@ -676,9 +677,10 @@ class Composer:
             extra.append(mime.message_id_field(self._hostname, self._max_line))
         extra += [mime.plain_field(name, value, self._max_line) for name, value in self._routing if value]
         data = "".join(extra).encode() + data
-        # UTF-8 in the header needs SMTPUTF8; in the body only 8BITMIME (the envelope says so).
-        # 8-bit text in another charset (raw bytes) is no UTF-8: 8BITMIME, as SMTP takes it
-        # from a client that asks for no SMTPUTF8.
+        # UTF-8 in the header asks for SMTPUTF8; in the body only 8BITMIME (the envelope says
+        # so). 8-bit text in another charset (raw bytes) is no UTF-8: 8BITMIME, as SMTP takes it
+        # from a client that asks for no SMTPUTF8. Asked for is not needed: delivery sends such
+        # a header with SMTPUTF8 where offered, with BODY=8BITMIME where not, whatever the door.
         return Composed(data, smtputf8=not head.isascii() and mime.is_utf8(head), own=len(data) - given)
 
     def _built(self, parts: Parts, recipient: InjectRecipient, render: _Render) -> Composed:
@@ -720,9 +722,9 @@ class Composer:
         body = self._body(parts, render)
         # Names, subjects and text are encoded to 7-bit, and an address is written with its
         # A-label where it has one: what is left in UTF-8 is a local part that is not ASCII
-        # (From, To or Reply-To), which needs SMTPUTF8 (RFC 6532 3). Asked for too when the
-        # envelope needs it as it goes on the wire (`smtp.client.needs_smtputf8`); an A-label
-        # alone asks for nothing, so such mail goes to any server.
+        # (From, To or Reply-To), which asks for SMTPUTF8 (RFC 6532 3; delivery sends it as
+        # 8-bit data to a server without it). Asked for too when the envelope needs it as it
+        # goes on the wire (`smtp.client.needs_smtputf8`); an A-label alone asks for nothing.
         header = "".join(head)
         envelope = (self._request.envelope_sender, recipient.email)
         smtputf8 = not header.isascii() or not all(address.with_a_label(a).isascii() for a in envelope)

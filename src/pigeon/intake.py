@@ -23,7 +23,8 @@ it arrives, and commits it at the end. The draft:
   empty one), which its completion (our Date and Message-ID) cannot supply, and one whose
   Date or Message-ID is not of its RFC 5322 syntax (`pigeon.header_section.date_problem`,
   `message_id_problem`), wherever in the header section they are;
-* refuses mail loops (more than `max_hops` Received headers, RFC 5321 6.3, `Received :` too),
+* refuses mail loops (more than `max_hops` Received headers with ours, that is `max_hops`
+  or more as it came, as Postfix counts `hopcount_limit`; RFC 5321 6.3, `Received :` too),
   counted over the whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
 * asks the policy's `on_message` hook, if the policy module has one: it may refuse the
@@ -980,8 +981,8 @@ def _apply(
         # would be refused by a receiving server (RFC 5322 2.1.1: 998 octets at most).
         envelope.headers_added = [folded_field(name, value) for name, value in changes.add_headers]
         if not all(field.isascii() for field in envelope.headers_added):
-            # RFC 6532 3: UTF-8 in a header field needs SMTPUTF8 along the way. Asked for as
-            # if the client had: a server without it gets no such message (554 5.6.7).
+            # RFC 6532 3: UTF-8 in a header field asks for SMTPUTF8 along the way, as if the
+            # client had: sent with it where offered, as 8-bit data (8BITMIME) where not.
             envelope.smtputf8 = True
     if removed:
         envelope.headers_removed = sorted(set(removed))

@@ -819,3 +819,38 @@ def _descendants(root: int) -> list[int]:
             return found
         below.update(more)
         found += more
+
+
+@pytest.mark.parametrize("canonicalization", ["relaxed/relaxed", "simple/simple"])
+def test_every_line_of_a_dkim_signature_keeps_within_a_lowered_max_line_length_and_verifies(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer, canonicalization: str
+) -> None:
+    # With max_line_length = 100, every signed message left with a 347-octet "\tb=..." line
+    # (RSA-2048), which a next hop with the same limit refused. The field is folded between
+    # tags and in h= before it is signed, and b= after (FWS in it is not signed, RFC 6376 3.5).
+    keydir = tmp_path / "keys"
+    keydir.mkdir()
+    rsa, ed = _key_file(keydir, "rsa", keys.rsa), _key_file(keydir, "ed", keys.ed25519)
+    dkim = [
+        {"domain": "example.com", "selector": "rsa1", "private_key": rsa, "canonicalization": canonicalization},
+        {
+            "domain": "example.com",
+            "selector": "ed1",
+            "private_key": ed,
+            "algorithm": "ed25519-sha256",
+            "canonicalization": canonicalization,
+        },
+    ]
+    config = delivery_config(sink.endpoint)
+    with PigeonProcess(tmp_path / "node", smtp={"max_line_length": 100}, dkim=dkim, **config) as pigeon:
+        message = MESSY.replace(b"x" * 990, b"x" * 90)
+        _smtp(pigeon.smtp_port, "ann@example.com", ["bob@sink.test"], message)
+        (received,) = sink.wait_for(1)
+    signatures = _check(received, dns, tmp_path)
+    assert [s["a"] for s in signatures] == ["rsa-sha256", "ed25519-sha256"]
+    assert {s["c"] for s in signatures} == {canonicalization}
+    fields = re.findall(rb"(?im)^dkim-signature:[^\r\n]*(?:\r\n[ \t][^\r\n]*)*\r\n", received.data)
+    assert len(fields) == 2
+    for field in fields:
+        assert max(len(line) for line in field.split(b"\r\n")) <= 78, field
+    assert max(len(line) for line in received.data.split(b"\r\n")) <= 100

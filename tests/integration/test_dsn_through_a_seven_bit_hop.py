@@ -49,14 +49,15 @@ def test_the_report_on_an_smtputf8_message_reaches_its_sender_through_a_hop_with
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
         options = ["SMTPUTF8", "BODY=8BITMIME", f"RET={ret}"]
         assert client.sendmail("a@example.org", ["b@example.net"], UTF8_MESSAGE.encode(), mail_options=options) == {}
-    # The message cannot go (that hop lacks SMTPUTF8): its report to a@example.org goes the same way.
+    # The message cannot go (that hop lacks 8BITMIME, which its UTF-8 Subject needs at least):
+    # its report to a@example.org goes the same way.
     report, parsed = _report(sink)
     assert report.recipients == ["a@example.org"]
     assert report.data.isascii() and "BODY=8BITMIME" not in report.mail_options
     assert parsed.get_content_type() == "multipart/report"
     assert parsed.get_param("report-type") == "delivery-status"
     text, status, returned = parsed.get_payload()
-    assert "Message needs SMTPUTF8" in text.get_content()
+    assert "Message has 8-bit data and the receiving server does not" in text.get_content()
     assert "Its headers (those in ASCII) are attached below;" in text.get_content()  # (what came back)
     assert status.get_content_type() == "message/delivery-status"
     assert "Final-Recipient: rfc822; b@example.net" in status.as_string()

@@ -106,7 +106,7 @@ def test_a_refused_injection_is_logged_as_a_rejection_naming_the_token(node: Pig
     assert record["session"].startswith("http-") and record["peer"].startswith("127.0.0.1:")
     nul = _request("ann@example.net", content={"from": {"email": "app@example.org"}, "subject": "a\x00b", "text": "t"})
     assert node.http_post("/api/v1/inject", nul, TOKEN)[0] == 400
-    _rejection(node, "Message contains a NUL octet (RFC 5322 2.3, RFC 6152 2) ($.content.subject)")
+    _rejection(node, "554 5.6.0 Message contains a NUL octet (RFC 5322 2.3, RFC 6152 2) ($.content.subject)")
     # Over [http] max_request_size by its Content-Length: refused before the body is read.
     big = _request("ann@example.net", content="From: a@example.org\nSubject: big\n\n" + "x" * 70_000)
     status, answer = node.http_post("/api/v1/inject", big, TOKEN)

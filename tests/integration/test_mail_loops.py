@@ -1,7 +1,8 @@
-"""Mail loops (RFC 5321 6.3): a message with more than `[smtp] max_hops` Received fields is
-refused with 554 5.4.6 at every door (SMTP DATA and BDAT, POST /api/v1/inject, `pigeon
-inject`), however far down its header section they are; and a node that signs with DKIM
-and is routed to itself stops the loop after max_hops receptions."""
+"""Mail loops (RFC 5321 6.3): a message that would leave with more than `[smtp] max_hops`
+Received fields, Pigeon's own included (it came with `max_hops` or more), is refused with
+554 5.4.6 at every door (SMTP DATA and BDAT, POST /api/v1/inject, `pigeon inject`), however
+far down its header section they are; and a node that signs with DKIM and is routed to
+itself stops the loop after max_hops receptions."""
 
 from __future__ import annotations
 
@@ -168,3 +169,19 @@ def test_a_node_that_signs_and_is_routed_to_itself_stops_the_loop_at_max_hops(tm
             assert dsn.recipients == ["app@example.org"]
             receptions = [r for r in pigeon.records("Reception") if r["recipients"] == ["user@loop.test"]]
             assert len(receptions) == 100  # the first, from the client, and 99 from itself
+
+
+def test_a_template_with_too_many_received_fields_is_refused_per_recipient_with_422_not_400(
+    pigeon: PigeonProcess,
+) -> None:
+    """README lists the template faults answered 400 and those answered per recipient: the
+    loop check is one of the latter (each recipient's message is checked as rendered)."""
+    message = _message(100, filler=b"").replace(b"Subject: loop", b"Subject: {{ name }}")
+    request = {
+        "envelope_sender": "app@example.org",
+        "recipients": [{"email": "t1@example.net", "name": "one"}, {"email": "t2@example.net", "name": "two"}],
+        "content": message.decode(),
+    }
+    status, answer = pigeon.http_post("/api/v1/inject", request, TOKEN)
+    assert status == 422, answer
+    assert [r["error"] for r in answer["recipients"]] == [LOOP, LOOP]

@@ -1,17 +1,22 @@
-"""SMTPUTF8 on the way out: what needs it is UTF-8 in an address or a header field, not the
-flag the mail came with (RFC 6531). Pure-ASCII mail sent with SMTPUTF8 goes to a next hop
-that lacks it; mail that needs it is refused there, 5.6.7. Both doors: SMTP and HTTP."""
+"""SMTPUTF8 on the way out, one rule at every door (SMTP with or without SMTPUTF8, HTTP
+injection, `pigeon inject`): only an envelope address that is not ASCII needs it (RFC 6531),
+and is refused, 5.6.7, by a next hop without it. UTF-8 in a header field asks for SMTPUTF8
+where the next hop offers it and otherwise goes with BODY=8BITMIME; to a hop with neither it
+is refused for want of 8BITMIME, 5.6.3. Pure-ASCII mail sent with SMTPUTF8 goes to a next
+hop that lacks it."""
 
 from __future__ import annotations
 
 import smtplib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.process import PigeonProcess
-from tests.support.sinks import ScriptedSink, delivery_config
+from tests.support.sinks import ScriptedSink, delivery_config, wait_until
 
 TOKEN = "inject-token-0123456789"
 ASCII_MESSAGE = b"From: <s@sender.test>\r\nTo: <user@d15.test>\r\nSubject: plain\r\n\r\nHello.\r\n"
@@ -57,16 +62,17 @@ def test_smtputf8_mail_with_ascii_addresses_and_header_goes_to_a_next_hop_withou
     assert pigeon.records("Bounce") == []
 
 
-def test_smtputf8_mail_with_a_utf8_header_field_is_refused_by_a_next_hop_without_smtputf8(
+def test_smtputf8_mail_to_an_address_that_is_not_ascii_is_refused_by_a_next_hop_without_smtputf8(
     pigeon: PigeonProcess, sink: ScriptedSink
 ) -> None:
-    data = ASCII_MESSAGE.replace(b"Subject: plain", "Subject: Grüße".encode())
-    _sendmail(pigeon, data, ["SMTPUTF8", "BODY=8BITMIME"])
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("s@sender.test", ["renée@d15.test"], ASCII_MESSAGE, mail_options=["SMTPUTF8"])
     (bounce,) = pigeon.wait_records("Bounce")
-    assert bounce["recipient"] == "user@d15.test"
+    assert bounce["recipient"] == "renée@d15.test"
     assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.7")
+    assert "internationalised addresses" in bounce["response"]["text"]
     assert bounce["said_by"] == "pigeon"  # the server never saw the message
-    assert [r for r in sink.received if r.recipients == ["user@d15.test"]] == []
+    assert [r for r in sink.received if r.recipients == ["renée@d15.test"]] == []
 
 
 def test_the_dsn_of_a_refusal_for_want_of_smtputf8_says_pigeon_refused_not_the_server(
@@ -74,8 +80,8 @@ def test_the_dsn_of_a_refusal_for_want_of_smtputf8_says_pigeon_refused_not_the_s
 ) -> None:
     # The server never saw the message: it only lacked SMTPUTF8, and Pigeon refused to send.
     # "smtp;" would tell the sender the server answered 554 5.6.7 (RFC 3464 2.3.6).
-    data = ASCII_MESSAGE.replace(b"Subject: plain", "Subject: Grüße".encode())
-    _sendmail(pigeon, data, ["SMTPUTF8", "BODY=8BITMIME"])
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("s@sender.test", ["renée@d15.test"], ASCII_MESSAGE, mail_options=["SMTPUTF8"])
     (dsn,) = sink.wait_for(1)
     assert dsn.recipients == ["s@sender.test"]
     assert b"Diagnostic-Code: X-Pigeon; 554 5.6.7 Message needs SMTPUTF8" in dsn.data
@@ -97,3 +103,82 @@ def test_an_injected_ascii_message_goes_to_a_next_hop_without_smtputf8(
     assert received.recipients == ["user@d15.test"]
     assert "SMTPUTF8" not in received.mail_options
     assert pigeon.records("Bounce") == []
+
+
+# --- UTF-8 in a header field: the same fate at every door ---------------------------------------
+UTF8_SUBJECT = "From: a@example.org\r\nTo: b@hop.test\r\nSubject: café M\r\n\r\nb\r\n".encode()
+DOORS = ["smtp", "smtp-smtputf8", "http", "cli"]
+HOPS = {"no8": {"smtputf8": False}, "u8": {"smtputf8": True}, "none": {"smtputf8": False, "eight_bit_mime": False}}
+
+
+@pytest.fixture(scope="module")
+def hops() -> Iterator[dict[str, ScriptedSink]]:
+    sinks = {name: ScriptedSink(**options) for name, options in HOPS.items()}  # type: ignore[arg-type]
+    try:
+        yield sinks
+    finally:
+        for running in sinks.values():
+            running.stop()
+
+
+@pytest.fixture(scope="module")
+def doors_node(tmp_path_factory: pytest.TempPathFactory, hops: dict[str, ScriptedSink]) -> Iterator[PigeonProcess]:
+    config = delivery_config(hops["u8"].endpoint)  # the DSNs (to example.org) go to u8
+    config["route"] = [
+        {"domain": f"{name}.test", "next_hop": sink.endpoint, "tls": "disabled"} for name, sink in hops.items()
+    ] + config["route"]
+    tokens = [{"name": "app", "token": TOKEN, "scopes": ["inject"]}]
+    root = tmp_path_factory.mktemp("utf8-doors")
+    with PigeonProcess(root / "node", http={"token": tokens}, **config) as process:
+        yield process
+
+
+def _through(node: PigeonProcess, door: str, recipient: str, data: bytes) -> None:
+    if door.startswith("smtp"):
+        options = ["SMTPUTF8", "BODY=8BITMIME"] if door == "smtp-smtputf8" else ["BODY=8BITMIME"]
+        with smtplib.SMTP("127.0.0.1", node.smtp_port) as client:
+            assert client.sendmail("a@example.org", [recipient], data, mail_options=options) == {}
+    elif door == "http":
+        request = {"envelope_sender": "a@example.org", "recipients": [{"email": recipient}], "content": data.decode()}
+        status, answer = node.http_post("/api/v1/inject", request, TOKEN)
+        assert (status, answer["accepted"]) == (200, 1), answer
+    else:
+        command = [sys.executable, "-m", "pigeon", "inject", "-c", str(node.config_path), "--token", TOKEN]
+        command += ["--no-template", "--from", "a@example.org", "--to", recipient, "-"]
+        done = subprocess.run(command, input=data, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_utf8_only_in_a_header_field_goes_with_8bitmime_to_a_next_hop_without_smtputf8_at_every_door(
+    doors_node: PigeonProcess, hops: dict[str, ScriptedSink], door: str
+) -> None:
+    recipient = f"{door}@no8.test"
+    _through(doors_node, door, recipient, UTF8_SUBJECT)
+    received = wait_until(lambda: [r for r in hops["no8"].received if r.recipients == [recipient]])
+    assert "BODY=8BITMIME" in received[0].mail_options
+    assert "SMTPUTF8" not in received[0].mail_options
+    assert "Subject: café M".encode() in received[0].data
+    assert [b for b in doors_node.records("Bounce") if b["recipient"] == recipient] == []
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_utf8_in_a_header_field_asks_for_smtputf8_where_the_next_hop_offers_it_at_every_door(
+    doors_node: PigeonProcess, hops: dict[str, ScriptedSink], door: str
+) -> None:
+    recipient = f"{door}@u8.test"
+    _through(doors_node, door, recipient, UTF8_SUBJECT)
+    received = wait_until(lambda: [r for r in hops["u8"].received if r.recipients == [recipient]])
+    assert "SMTPUTF8" in received[0].mail_options
+    assert "BODY=8BITMIME" in received[0].mail_options
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_utf8_in_a_header_field_to_a_next_hop_with_neither_extension_bounces_for_want_of_8bitmime_at_every_door(
+    doors_node: PigeonProcess, hops: dict[str, ScriptedSink], door: str
+) -> None:
+    recipient = f"{door}@none.test"
+    _through(doors_node, door, recipient, UTF8_SUBJECT)
+    bounce = wait_until(lambda: [b for b in doors_node.records("Bounce") if b["recipient"] == recipient])[0]
+    assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.3")
+    assert [r for r in hops["none"].received if r.recipients == [recipient]] == []

@@ -31,7 +31,11 @@ from pigeon.dkim.canonical import Field, body_hash, relaxed_header
 from pigeon.dkim.keys import Algorithm, PrivateKey, public_value
 from pigeon.smtp.address import a_label
 
-_FOLD: Final = 72  # h= is folded before it passes this many characters on a line
+_LINE: Final = 78
+"""The longest line of a DKIM-Signature field, without its CRLF (RFC 5322 2.1.1's "SHOULD"):
+`[smtp] max_line_length` is at least this, so a next hop with the same limit takes it."""
+_B_FIRST: Final = _LINE - len("\tb=")  # of the signature's characters, on b='s own line
+
 _PREHASHED: Final = Prehashed(hashes.SHA256())
 _PKCS1: Final = padding.PKCS1v15()
 
@@ -139,7 +143,13 @@ class Unsigned:
             signature = key.sign(self.digest)  # RFC 8463 3: Ed25519 signs the SHA-256 hash
         else:
             signature = key.sign(self.digest, _PKCS1, _PREHASHED)
-        return self.header + base64.b64encode(signature) + b"\r\n"
+        # Folded after signing: a verifier takes out b='s value with its FWS (RFC 6376 3.5,
+        # 3.7), so the lines it is folded into are not signed. RSA-2048's 344 characters on
+        # one "\tb=" line passed every `max_line_length` under 348.
+        value = base64.b64encode(signature)
+        lines = [value[:_B_FIRST]]
+        lines += [b"\t" + value[at : at + _LINE - 1] for at in range(_B_FIRST, len(value), _LINE - 1)]
+        return self.header + b"\r\n".join(lines) + b"\r\n"
 
 
 class Signers:
@@ -320,19 +330,14 @@ def _unsigned(signer: Signer, by_name: dict[bytes, list[Field]], d: str, bh: str
         signed += [canon(f) for f in reversed(present)]
     if b"from" not in by_name:
         return None  # RFC 6376 5.4: a signature must cover From; a message without one is not signed
-    # h= folded at colons (FWS is allowed around them), to keep lines short.
-    h = b":".join(names).decode("ascii") + ";"
-    folded = []
-    while len(h) > _FOLD:
-        cut = h.rfind(":", 0, _FOLD) + 1 or len(h)
-        folded.append(h[:cut])
-        h = h[cut:]
-    folded.append(h)
-    h = "\r\n\t".join(folded)
-    text = (
-        f"DKIM-Signature: v=1; a={signer.algorithm}; c={signer.c}; d={d}; s={signer.selector};\r\n"
-        f"\tt={timestamp}; h={h}\r\n\tbh={bh};\r\n\tb="
-    )
+    # Folded as it is signed, into lines of at most `_LINE` octets (`[smtp] max_line_length`
+    # is never less): between tags, and in h= at its colons (RFC 6376 3.5 allows FWS around
+    # both). Only a single tag longer than a line (a d= of a 200-character domain) is left
+    # whole: a value has no FWS of its own to fold at.
+    h = "h=" + b":".join(names).decode("ascii") + ";"
+    tags = ["v=1;", f"a={signer.algorithm};", f"c={signer.c};", f"d={d};", f"s={signer.selector};"]
+    tags += [f"t={timestamp};", h, f"bh={bh};"]
+    text = _folded("DKIM-Signature:", tags) + "\r\n\tb="  # b= on a line of its own (`Unsigned.sign`)
     header = text.encode("ascii")
     if signer.relaxed_header:
         own = relaxed_header(Field(b"dkim-signature", header))[:-2]  # without its CRLF (RFC 6376 3.7)
@@ -340,6 +345,30 @@ def _unsigned(signer: Signer, by_name: dict[bytes, list[Field]], d: str, bh: str
         own = header
     signed.append(own)
     return Unsigned(header, hashlib.sha256(b"".join(signed)).digest(), signer.key)
+
+
+def _folded(line: str, tags: list[str]) -> str:
+    """`line` and then each tag, after a space on the same line while it fits in `_LINE`
+    octets, else on a line of its own ("\r\n\t"). A tag too long for any line is cut after
+    a colon (the h= list, where FWS may follow one) where it has one."""
+    out = [line]
+    length = len(line)
+    for tag in tags:
+        if length + 1 + len(tag) <= _LINE:
+            out += (" ", tag)
+            length += 1 + len(tag)
+            continue
+        room, sep = _LINE - length - 1, " "
+        while len(tag) > room:
+            if cut := tag.rfind(":", 0, room) + 1:
+                out += (sep, tag[:cut])
+                tag = tag[cut:]
+            elif sep != " ":
+                break  # no colon to cut at on a line of its own: whole, however long
+            room, sep = _LINE - 1, "\r\n\t"
+        out += (sep, tag)
+        length = (length + 1 if sep == " " else 1) + len(tag)
+    return "".join(out)
 
 
 def _simple(field: Field) -> bytes:

@@ -18,10 +18,13 @@ and what a reply means is here, testable without a socket:
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
 offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
-permanent, explained bounce rather than a protocol violation at the next hop. Like 8-bit
-data, the need for SMTPUTF8 is read from the message, not from the flag it came with: a
-sender may ask for SMTPUTF8 and send nothing but ASCII, and such mail goes to a server
-without it (RFC 6531: what needs it is UTF-8 in an address or a header field).
+permanent, explained bounce rather than a protocol violation at the next hop. One rule, by
+the message and not by the door it came in at: only an envelope address that is not ASCII
+truly needs SMTPUTF8 (it has no other form on the wire). UTF-8 in a header field asks for
+SMTPUTF8 where the next hop offers it, and otherwise goes as 8-bit data with BODY=8BITMIME
+(as a legacy client's raw Subject always has: Postfix's smtputf8_autodetect_classes keeps
+such mail deliverable, KumoMTA refuses only an 8-bit envelope); with neither extension
+offered it is refused for want of 8BITMIME (5.6.3).
 """
 
 from __future__ import annotations
@@ -250,6 +253,9 @@ class Envelope:
     envid: str | None = None
     needs_smtputf8: bool = field(init=False, default=False)
     """Whether the message cannot go without SMTPUTF8 (`needs_smtputf8()`): set from the rest."""
+    wants_smtputf8: bool = field(init=False, default=False)
+    """Whether MAIL says SMTPUTF8 where the peer offers it: asked for, needed, or UTF-8 in a
+    header field (`utf8_header()`). Set from the rest."""
 
     def __post_init__(self) -> None:
         # Whatever the spool holds, no bare LF or CR goes out: a next hop that takes one for
@@ -263,22 +269,25 @@ class Envelope:
             # signature (which hashes the body as if the CRLF were there) holds either way.
             body += b"\r\n"
         self.body = body
-        self.needs_smtputf8 = needs_smtputf8(self.sender, self.recipients, body, requested=self.smtputf8)
+        self.needs_smtputf8 = needs_smtputf8(self.sender, self.recipients)
+        self.wants_smtputf8 = self.smtputf8 or self.needs_smtputf8 or utf8_header(body)
 
 
-def needs_smtputf8(sender: str, recipients: list[Recipient], body: bytes, *, requested: bool) -> bool:
-    """Whether a message must go with SMTPUTF8 (RFC 6531, RFC 6532): an envelope address
-    that is not ASCII cannot go without it, asked for or not. UTF-8 in a header field counts
-    only if SMTPUTF8 was asked for: a legacy client's raw 8-bit Subject came without it, went
-    on without it before, and still does (as in Postfix, smtputf8_autodetect_classes). The
-    body is no header: 8BITMIME covers it.
-
-    Only the header section is read (the body may be large; it is no header)."""
+def needs_smtputf8(sender: str, recipients: list[Recipient]) -> bool:
+    """Whether a message must go with SMTPUTF8 (RFC 6531): an envelope address that is not
+    ASCII (after its domain's A-label) has no other form in MAIL or RCPT, asked for or not.
+    Nothing else does, whichever door the mail came in at: UTF-8 in a header field asks for
+    SMTPUTF8 where it is offered (`Envelope.wants_smtputf8`) and otherwise goes as 8-bit data,
+    with BODY=8BITMIME, as a legacy client's raw Subject always has."""
     if not with_a_label(sender).isascii():
         return True
-    if not all(with_a_label(recipient.address).isascii() for recipient in recipients):
-        return True
-    if not requested or body.startswith(b"\r\n"):  # the latter: no header section at all
+    return not all(with_a_label(recipient.address).isascii() for recipient in recipients)
+
+
+def utf8_header(body: bytes) -> bool:
+    """Whether the header section of `body` (CRLF lines) holds octets beyond ASCII. Only
+    the header section is read (the body may be large; it is no header)."""
+    if body.startswith(b"\r\n"):  # no header section at all
         return False
     end = body.find(b"\r\n\r\n")
     return not (body if end < 0 else body[: end + 2]).isascii()
@@ -301,13 +310,10 @@ class Result:
 def refusal_before_sending(envelope: Envelope, peer: Capabilities) -> Reply | None:
     """A permanent reason this message cannot be sent to this peer at all, or None."""
     if envelope.needs_smtputf8 and "SMTPUTF8" not in peer:
-        # Say which: a sender told "internationalised addresses" of mail to ASCII ones looks
-        # for what is not there, when it is UTF-8 in a header field (a Subject) that needs it.
-        addresses = not with_a_label(envelope.sender).isascii() or not all(
-            with_a_label(r.address).isascii() for r in envelope.recipients
-        )
-        what = "internationalised addresses" if addresses else "UTF-8 in its header fields"
-        return Reply(554, "5.6.7", (f"Message needs SMTPUTF8 ({what}); the receiving server lacks it",))
+        # Only an address needs it (`needs_smtputf8`): UTF-8 in a header field goes as 8-bit
+        # data, and without 8BITMIME it is that refusal (5.6.3) below, at every door alike.
+        text = "Message needs SMTPUTF8 (internationalised addresses); the receiving server lacks it"
+        return Reply(554, "5.6.7", (text,))
     if peer.size and len(envelope.body) > peer.size:
         text = f"Message of {len(envelope.body)} octets exceeds the receiving server's SIZE limit of {peer.size}"
         return Reply(552, "5.3.4", (text,))
@@ -565,9 +571,10 @@ class Transaction:
             params.append(f"SIZE={len(env.body)}")
         if env.eight_bit and "8BITMIME" in peer:
             params.append("BODY=8BITMIME")
-        # Asked for, it goes on to a server that offers it (harmless, and the next hop knows
-        # the sender's wish, for a DSN say); needed, it was asked for or the message is refused.
-        if (env.smtputf8 or env.needs_smtputf8) and "SMTPUTF8" in peer:
+        # Asked for, or UTF-8 in a header field, it goes on to a server that offers it
+        # (RFC 6532 3: such a header is SMTPUTF8 mail; harmless, and the next hop knows the
+        # sender's wish, for a DSN say); needed, it is offered or the message was refused.
+        if env.wants_smtputf8 and "SMTPUTF8" in peer:
             params.append("SMTPUTF8")
         if "DSN" in peer:
             if env.ret:

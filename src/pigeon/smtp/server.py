@@ -97,9 +97,19 @@ _SEQUENCED: Final[dict[str, type[Command]]] = {"MAIL": MailFrom, "RCPT": RcptTo,
 its line is malformed too."""
 _IN_TRANSACTION: Final = frozenset({Phase.MAIL, Phase.RCPT, Phase.DATA, Phase.BDAT})
 
+MIN_COMMAND_LINE_LENGTH: Final = 998
+"""The shortest command line limit, in octets without the CRLF, however low `max_line_length`
+is set. That setting is about message lines (RFC 5322 2.1.1); a command has RFC 5321's own
+limit, 512 octets with its CRLF (4.5.3.1.4), raised by the extensions offered (RFC 3461 4:
+500 more for RCPT's NOTIFY and ORCPT, RFC 4954 5: AUTH= on MAIL). Lowered to 100, it refused a
+valid 254-octet address's `RCPT TO:<...>` line that HTTP and `pigeon inject` take."""
+_OVERLONG_HEAD: Final = 1024
+"""How much of a line refused for its length is kept to name its command and address in the
+Rejection record (an address is cut at 256 characters there)."""
+
 MAX_AUTH_LINE_LENGTH: Final = 12_288
 """The longest AUTH command line or SASL response taken, in octets without the CRLF (RFC 4954 4);
-`ServerConfig.max_line_length` for every other command."""
+`max(ServerConfig.max_line_length, MIN_COMMAND_LINE_LENGTH)` for every other command."""
 
 _STANDARD_REPLIES: Final[dict[type, Reply]] = {
     MailFrom: replies.SENDER_OK,
@@ -199,7 +209,8 @@ class ServerSession:
         self._line_overlong: Reply | None = None  # the reply to the line being dropped for its length
         self._dropped_cr = False  # the part of that line dropped last ended in CR
         self._refused_verb = ""  # the verb of the line `_read_line` last refused, for its Rejection
-        self._line_limit = config.max_line_length + 2  # with CRLF
+        self._line_limit = max(config.max_line_length, MIN_COMMAND_LINE_LENGTH) + 2  # with CRLF
+        self._overlong_head = b""  # the start of the line being dropped for its length (its Rejection)
         self._checker: ContentChecker | None = None
         self._dot: DotReader | None = None
         self._chunk_left = 0
@@ -347,7 +358,19 @@ class ServerSession:
             if self.phase is Phase.AUTH:
                 self._sasl = None  # a broken response line ends the SASL exchange too
                 self.phase = Phase.READY
-            self._reject(self._refused_verb, line)  # ("" for an overlong line: not kept to be read)
+            head, self._overlong_head = self._overlong_head, b""
+            if head:
+                # An overlong line names its command and address as any refused one does.
+                verb = _verb_of(head)
+                sender = given_sender(head) if verb == "MAIL" else None
+                if sender is not None and sender.startswith("<"):
+                    sender = sender[1:]
+                recipient = given_recipient(head) if verb == "RCPT" else None
+                if recipient is not None and recipient.startswith("<"):
+                    recipient = recipient[1:]  # its ">" was past the head kept, or never came
+                self._reject(verb, line, recipient, sender)
+            else:
+                self._reject(self._refused_verb, line)
             self._refused_verb = ""
             if line.code == 421:  # a bare LF (see `_read_line`): the session ends with its reply
                 self._close(line)
@@ -399,6 +422,7 @@ class ServerSession:
                     if len(buf) <= longest:
                         return None
                     self._line_overlong = reply
+                    self._overlong_head = self._head_of(buf, len(buf))
                 self._dropped_cr = buf[-1] == 13  # its LF, in the next bytes, would end the line properly
                 buf.clear()  # drop it now; answer when the line finally ends
             return None
@@ -409,6 +433,7 @@ class ServerSession:
         if bare:
             # (Not the rest of a line dropped for its length: that has no verb of its own.)
             self._refused_verb = _verb_of(buf[:end]) if self._line_overlong is None else ""
+            self._overlong_head = b""
             buf.clear()
             self._line_overlong = None
             return replies.bare_lf_in_command(self.config.hostname)
@@ -417,6 +442,7 @@ class ServerSession:
             longest, reply = self._longest_line(buf)
             if end >= longest:
                 overlong = reply
+                self._overlong_head = self._head_of(buf, end)
         if overlong is not None:
             self._line_overlong = None
             del buf[: end + 1]
@@ -427,6 +453,13 @@ class ServerSession:
             self._refused_verb = _verb_of(line)
             return replies.syntax("Command contains a bare <CR> or a NUL", "5.5.2")
         return line
+
+    def _head_of(self, buf: bytearray, end: int) -> bytes:
+        """The start of an overlong line (`end`: its LF, or what there is of it), for its
+        Rejection: none of a SASL response, whose start would be a credential's."""
+        if self.phase is Phase.AUTH:
+            return b""
+        return bytes(buf[: min(end, _OVERLONG_HEAD)]).rstrip(b"\r")
 
     def _longest_line(self, buf: bytearray) -> tuple[int, Reply]:
         """For the line at the start of `buf`, once past `max_line_length`: the most octets it

@@ -262,7 +262,7 @@ def test_an_ascii_local_part_goes_with_the_a_label_and_the_message_needs_no_smtp
     # finds no need of it: the mail goes to any server.
     assert not composed.smtputf8
     recipients = [Recipient("bob@bücher.example")]
-    assert not needs_smtputf8("bounce@example.org", recipients, composed.data, requested=composed.smtputf8)
+    assert not needs_smtputf8("bounce@example.org", recipients)
 
 
 def test_a_unicode_reply_to_asks_for_smtputf8_too() -> None:

@@ -190,6 +190,25 @@ def test_every_canonicalization_and_algorithm_verifies(canonicalization: str, ke
     assert _verify(signed, key)
 
 
+@pytest.mark.parametrize("canonicalization", ["relaxed/relaxed", "simple/simple"])
+@pytest.mark.parametrize("key", [RSA, ED], ids=["rsa", "ed25519"])
+@pytest.mark.parametrize("selector", ["s", "selector-of-forty-characters-or-so-12345"])
+def test_a_dkim_signature_is_folded_into_lines_of_at_most_78_octets_and_verifies(
+    canonicalization: str, key: PrivateKey, selector: str
+) -> None:
+    # RSA-2048's b= left on one 347-octet line, past any lowered [smtp] max_line_length;
+    # the first line and t=/h= could pass 78 too. Folded between tags and in h= before signing,
+    # b= after: each verifies, relaxed or simple.
+    headers = ["from", "to", "cc", "subject", "date", "message-id", "reply-to", "in-reply-to", "references"]
+    signers = Signers([_signer(key, canonicalization=canonicalization, selector=selector, headers=headers)])
+    message = b"From: a@example.com\r\nTo: b@example.net\r\nSubject: s\r\nReferences: <r@x>\r\n\r\nbody\r\n"
+    signed = _sign(signers, message)
+    field = signed[: signed.index(b"From: ")]
+    assert max(len(line) for line in field.split(b"\r\n")) <= 78, field.decode()
+    assert field.count(b"\r\n") >= 3
+    assert _verify(signed, key)
+
+
 def test_the_dns_record_is_split_into_strings_of_255_bytes() -> None:
     record = dns_record("example.com.", "s1", RSA)
     assert record.startswith('s1._domainkey.example.com. IN TXT "v=DKIM1; k=rsa; p=')
