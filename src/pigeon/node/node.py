@@ -476,7 +476,10 @@ class Node:
         _reloaded_into(self.config, read.config, reactions=True, shaping=True)
         for key in changed_keys(self.config, read.config):
             if not key.startswith("[policy]"):  # (the module is imported at start, as it is on disk)
-                _log.warning("reload: %s changed; it takes effect at the next restart", key)
+                # (Found from outside: "takes effect at the next restart", said by a worker that
+                # had just restarted, left it unclear which value that worker runs.)
+                _log.warning("reload: %s changed; this worker, started again, keeps the value the node started "
+                             "with, as the other workers do; it takes effect when the node restarts", key)  # fmt: skip
 
     def reload(self) -> None:
         """SIGHUP: read the config file again and take its TLS certificate, SMTP users,
