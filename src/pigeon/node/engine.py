@@ -157,6 +157,8 @@ def build_engine(
     )
 
     def rewind(due: float) -> None:
+        # (An operator made mail due now: a paced queue's put-back mail is spread again.)
+        scheduler.pacer.forget()
         scheduler.rewind(due)
         scheduler.wake()
 

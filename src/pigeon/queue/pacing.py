@@ -94,8 +94,7 @@ class Pacer:
         clock: Callable[[], float] = time.time,
         budget: int = 5000,
     ) -> None:
-        self.rates = rates
-        """Replaced by a reload: the next booking of each queue takes its new rate."""
+        self._rates = rates
         self._throttles = throttles
         self._release = release
         """The scheduler: route this message now (if its lease still holds)."""
@@ -112,6 +111,25 @@ class Pacer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._horizon: dict[str, float] = {}
         """Per queue: the slot promised to the last message put back (wall clock)."""
+
+    @property
+    def rates(self) -> QueueRates:
+        """The queues' rates. Replaced by a reload: the next booking of each queue takes its
+        new rate, and what was put back is spread again at it as it comes back (`forget`)."""
+        return self._rates
+
+    @rates.setter
+    def rates(self, rates: QueueRates) -> None:
+        self._rates = rates
+        self.forget()
+
+    def forget(self) -> None:
+        """Forget the slots promised to messages put back in the spool: an operator made them
+        due now (`pigeon retry`, a rebind), or a reload changed the rates. Each comes back as
+        it is due and, if it must wait again, is spread after what waits then, at the rate in
+        force; a promise kept would set it behind slots of the old rate, or its own old slot
+        (found from outside: a retry after a rate was raised sent the rest two minutes later)."""
+        self._horizon.clear()
 
     def hold(self, queue: str, lease: Lease) -> None:
         """`lease`'s message, of the paced queue `queue`, waits for its slot: in memory, or,

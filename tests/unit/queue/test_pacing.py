@@ -84,3 +84,31 @@ async def test_paced_queues_together_keep_no_more_than_their_budget_in_memory_bu
         assert pacer.waiting("new:t@example.com") == 1  # one per queue, whatever the budget
     finally:
         await pacer.stop()
+
+
+async def test_mail_made_due_again_or_a_new_rate_is_spread_afresh_not_behind_the_old_promises() -> None:
+    """Found from outside: after a rate was raised and `pigeon retry --queue` made the paced
+    mail due, what had to wait again was set behind the slots promised at the old rate (and
+    its own old ones), two minutes away, though the new rate allowed it in seconds."""
+    put_back: list[tuple[Lease, float]] = []
+    now = 1000.0
+    pacer = Pacer(
+        QueueRates([("*", Rate.parse("10/s"))]),
+        Throttles(),
+        lambda lease: None,
+        put_back=lambda lease, until: put_back.append((lease, until)),
+        clock=lambda: now,
+    )
+    try:
+        for n in range(250):
+            pacer.hold("q@example.com", Lease(SpoolId(n), 1))
+        assert abs(put_back[-1][1] - (now + 100 / 10 + 150 / 10)) < 1e-6  # the last promise: 25 s away
+        pacer.forget()  # (an operator's retry)
+        pacer.hold("q@example.com", Lease(SpoolId(1000), 1))
+        assert abs(put_back[-1][1] - (now + 100 / 10 + 0.1)) < 1e-6  # after what waits, not after 25 s
+        pacer.rates = QueueRates([("*", Rate.parse("20/s"))])  # (a reload: forgets too)
+        for n in range(2000, 2101):  # (200 wait at 20/s: the 201st goes back)
+            pacer.hold("q@example.com", Lease(SpoolId(n), 1))
+        assert abs(put_back[-1][1] - (now + 200 / 20 + 1 / 20)) < 1e-6
+    finally:
+        await pacer.stop()
