@@ -70,6 +70,14 @@ Email = Annotated[
     str,
     msgspec.Meta(max_length=address.MAX_ADDRESS, pattern=_EMAIL_RE, description=_EMAIL_RULES),
 ]
+_RECIPIENT: Final = re.compile(_RECIPIENT_RE)
+
+
+def is_recipient_email(email: str) -> bool:
+    """Whether `email` is a recipient the injection API takes (what `RecipientEmail` checks)."""
+    return len(email) <= address.MAX_ADDRESS and _RECIPIENT.search(email) is not None
+
+
 RecipientEmail = Annotated[
     str,
     msgspec.Meta(

@@ -73,6 +73,7 @@ from pigeon.compose import (
     RenderTimeSpent,
     TemplateLimitError,
     check_request,
+    is_recipient_email,
     media_type_problem,
 )
 from pigeon.header_section import author_missing_in, malformed_field_in, repeated_field_in
@@ -172,6 +173,9 @@ class Door:
     """The request's name of a member named as Pigeon's (`$.content.text`)."""
     answer: Callable[[InjectResponse, int], web.Response]
     """The answer to a request carried out, given Pigeon's and its status (200, 422, 503)."""
+    addresses_alone: bool = False
+    """A recipient whose `email` is no address is refused alone (`501 5.1.3`), and the others
+    are injected, as KumoMTA does; else (Pigeon's API) the whole request is refused (400)."""
 
 
 def _pigeon_answer(response: InjectResponse, status: int) -> web.Response:
@@ -292,13 +296,17 @@ async def _inject(
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     request[_BODY] = body  # what a refusal's record reads the envelope from (`_named`)
+    not_addresses: list[str] = []  # (a door that refuses them alone: those its request named)
     try:
         parsed = door.decode(body)
-        if len(parsed.recipients) > (limit := config.http.max_recipients):
+        if door.addresses_alone:
+            not_addresses = [r.email for r in parsed.recipients if not is_recipient_email(r.email)]
+            if not_addresses:
+                parsed.recipients = [r for r in parsed.recipients if is_recipient_email(r.email)]
+        if len(parsed.recipients) + len(not_addresses) > (limit := config.http.max_recipients):
             # One message per recipient: the request's work grows with them, not one envelope.
-            text = (
-                f"{len(parsed.recipients)} recipients, over [http] max_recipients ({limit}): send them in more requests"
-            )
+            count = len(parsed.recipients) + len(not_addresses)
+            text = f"{count} recipients, over [http] max_recipients ({limit}): send them in more requests"
             raise bad_request(text, "$.recipients")
         given = [recipient.email for recipient in parsed.recipients]  # (what each result names)
         for recipient in parsed.recipients:
@@ -397,6 +405,10 @@ async def _inject(
         verdict = await _settled(on_mail_from(mail, session=session))
         if verdict is not None:
             everyone = refusal(verdict)
+    for email in not_addresses:
+        result = RecipientResult(email)
+        results.append(result)
+        refuse(result, replies.r(501, "5.1.3", address.SYNTAX_TEXT))
     taken: list[str] = []  # the recipients on_rcpt_to let through so far
     composing = False  # whether a recipient has been composed yet
     turn = time.monotonic()

@@ -47,14 +47,22 @@ from pigeon.compose import (
     InjectRecipient,
     InjectRequest,
     Parts,
-    RecipientEmail,
     SenderEmail,
 )
 from pigeon.listener.http.inject import Door, InjectResponse, inject_through
 
 
 class KumoRecipient(msgspec.Struct, forbid_unknown_fields=True):
-    email: RecipientEmail
+    # Checked per recipient, as KumoMTA does: one that is no address is refused alone
+    # (`501 5.1.3`, in `failed_recipients`), the others injected (`Door.addresses_alone`).
+    email: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=4096,
+            description="A recipient address, as /api/v1/inject's; one that is none is refused alone (501 5.1.3,"
+            " in failed_recipients), and the others are injected, as KumoMTA does",
+        ),
+    ]
     name: Annotated[
         str | None,
         msgspec.Meta(
@@ -227,7 +235,7 @@ def _answer(response: InjectResponse, status: int) -> web.Response:
     return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
 
-KUMO_DOOR: Final = Door(_decode, _field, _answer)
+KUMO_DOOR: Final = Door(_decode, _field, _answer, addresses_alone=True)
 
 
 async def inject_kumo(request: web.Request) -> web.Response:
