@@ -217,3 +217,40 @@ def test_records_reach_the_receiver_once_each_while_two_workers_rotate_and_compr
         for kind, ident in order:
             if kind == "Delivery":
                 assert order.index(("Reception", ident)) < order.index((kind, ident))
+
+
+def test_a_refusal_after_other_failures_is_said_at_once_as_an_error(tmp_path: Path) -> None:
+    """Found from outside: a 400 after a streak of 500s was never logged, as the once-a-minute
+    reminder was not due yet; the README promises an ERROR for a refusal."""
+    with ScriptedSink() as sink, Receiver() as receiver, _node(tmp_path / "node", sink, receiver) as pigeon:
+        receiver.status = 500
+        _send(pigeon, ["ok1@example.net"])
+        wait_until(lambda: len(receiver.requests) >= 2)
+        pigeon.wait_stderr("not taken")
+        receiver.status = 400
+        pigeon.wait_stderr("refused: ", timeout=10)  # (well before a minute's reminder)
+        receiver.status = 200
+        wait_until(lambda: _all_sent(pigeon, receiver, 1), timeout=30)
+
+
+def test_a_worker_that_logged_nothing_before_a_restart_is_no_lost_segment(tmp_path: Path) -> None:
+    """Found from outside: with two workers and all mail on one of them, a restart logged an
+    ERROR that the other's segment "is gone before all of it was sent": it was empty, and the
+    log writer removes a segment it closes empty. Nothing was lost, and nothing is said."""
+    with ScriptedSink() as sink, Receiver() as receiver:
+        sections = delivery_config(sink.endpoint)
+        hook = {"name": "app", "url": receiver.url, "batch": 5, "linger": "0.1s"}
+        with PigeonProcess(tmp_path / "node", node={"workers": 2}, tables={"log_hook": [hook]},
+                           **sections) as pigeon:  # fmt: skip
+            _send(pigeon, [f"ok{n}@example.net" for n in range(4)])  # (one connection: one worker)
+            wait_until(lambda: _all_sent(pigeon, receiver, 4), timeout=30)
+            time.sleep(1.0)  # (the hook saves its cursor with every writer it knows)
+            pigeon.stop()
+            pigeon.start()
+            _send(pigeon, [f"more{n}@example.net" for n in range(3)])
+            wait_until(lambda: _all_sent(pigeon, receiver, 7), timeout=30)
+            time.sleep(0.5)
+            logged = _logged(pigeon)
+            said = pigeon.stderr()
+        assert "is gone before all of it was sent" not in said
+        assert receiver.taken() == logged and len(logged) == 7

@@ -96,9 +96,22 @@ class _Writer:
         self.offset = at[1] if at is not None else 0
         self.stream: IO[bytes] | None = None
         self.queue: deque[_Line] = deque()
+        self.read_to: Position | None = None
+        """The end of the segment read before this one, while nothing of this one is read."""
+        self.placed = at is not None
+        """Whether the cursor named a position of this writer's (else its segments since the
+        hook's first start are read, `since`: what one never read is found again so)."""
 
     @property
     def position(self) -> Position | None:
+        """Where reading goes on from. Not in a segment of which nothing is read yet: the
+        writer removes a segment it closes empty (at a stop), and a cursor left in it would
+        find it gone at the next start, and say the segment was lost (found from outside: an
+        ERROR at a restart, though nothing was missing)."""
+        if self.offset == 0 and self.read_to is not None:
+            return self.read_to
+        if self.offset == 0 and not self.placed:
+            return None
         return (self.stem, self.offset) if self.stem is not None else None
 
     def close(self) -> None:
@@ -137,6 +150,8 @@ class _Writer:
             # The writer moved on before this look: the segment is whole (a head cut short at
             # its end was a record the writer writes again whole: `drop_cut_line`).
             self.close()
+            if self.offset > 0:  # (an empty one is no place to go on from either)
+                self.read_to = (self.stem, self.offset)
             self.stem = min(_stem(path) for path in found if _stem(path) > self.stem)
             self.offset = 0
             progressed = True
@@ -433,7 +448,7 @@ class LogHook:
             body = b"[" + b",".join(batch.lines) + b"]"
             wait: float = config.retry_interval
             failing_since: float | None = None
-            said_at = 0.0
+            said_at, said_kind = 0.0, ""
             while True:
                 headers = {
                     "Content-Type": "application/json",
@@ -464,8 +479,10 @@ class LogHook:
                 now = time.monotonic()
                 if failing_since is None:
                     failing_since = now
-                if said_at == 0.0 or now - said_at >= _REMIND_EVERY:
-                    said_at = now
+                # Said at once when the kind of failure changes (found from outside: a 400
+                # after a minute of 500s was never said, as a reminder was not due yet).
+                if kind != said_kind or now - said_at >= _REMIND_EVERY:
+                    said_at, said_kind = now, kind
                     self._say(kind, problem, batch, now - failing_since)
                 delay = wait if asked is None else min(asked, config.max_retry_interval)
                 await asyncio.sleep(delay)
