@@ -55,8 +55,8 @@ from pigeon.config.schema import LogHookConfig
 from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.fsync import fsync_directory
 from pigeon.inbound.targets.webhook import Unanswered, exchange, http_session, signature, tls_context
-from pigeon.logs.reader import segment_started, segments
-from pigeon.logs.writer import COMPRESSED_SUFFIX, SEGMENT_SUFFIX
+from pigeon.logs.reader import segment_started, segment_stem, segments
+from pigeon.logs.writer import COMPRESSED_SUFFIX
 from pigeon.redaction import redact, redact_url
 
 _log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class _Writer:
                     self.queue.append(kept)
                     room -= 1
                 continue
-            if not any(_stem(path) > self.stem for path in found):
+            if not any(segment_stem(path) > self.stem for path in found):
                 # The newest segment: a line without its newline is still being written. Read
                 # again from its start at the next look.
                 if line:
@@ -152,7 +152,7 @@ class _Writer:
             self.close()
             if self.offset > 0:  # (an empty one is no place to go on from either)
                 self.read_to = (self.stem, self.offset)
-            self.stem = min(_stem(path) for path in found if _stem(path) > self.stem)
+            self.stem = min(segment_stem(path) for path in found if segment_stem(path) > self.stem)
             self.offset = 0
             progressed = True
         return progressed
@@ -175,8 +175,8 @@ class _Writer:
             first = [path for path in found if segment_started(path) >= since]
             if not first:
                 return False
-            self.stem, self.offset = _stem(first[0]), 0
-        by_stem = {_stem(path): path for path in found}
+            self.stem, self.offset = segment_stem(first[0]), 0
+        by_stem = {segment_stem(path): path for path in found}
         path = by_stem.get(self.stem)
         if path is None:
             later = sorted(stem for stem in by_stem if stem > self.stem)
@@ -204,14 +204,6 @@ class _Writer:
             self.stream = stream
             return True
         return False
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (COMPRESSED_SUFFIX, SEGMENT_SUFFIX):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 def _writer_of(stem: str) -> str:
@@ -349,7 +341,7 @@ class LogHook:
         """Read what the log holds past each writer's position (in a thread)."""
         by_writer: dict[str, list[Path]] = {}
         for path in segments(self._log_directory):
-            by_writer.setdefault(_writer_of(_stem(path)), []).append(path)
+            by_writer.setdefault(_writer_of(segment_stem(path)), []).append(path)
         progressed = False
         for name in sorted(by_writer):
             writer = self._writers.get(name)

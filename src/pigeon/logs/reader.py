@@ -137,7 +137,7 @@ class _Tail:
     def step(self, found: list[Path]) -> Iterator[bytes]:
         self.progressed = False
         newest = found[-1] if found else None
-        if newest is not None and self.tailing is not None and _stem(newest) != self.tailing:
+        if newest is not None and self.tailing is not None and segment_stem(newest) != self.tailing:
             # The writer has moved on: the rest of the tailed segment comes before any later one.
             self.progressed = True
             if self.stream is not None:
@@ -149,15 +149,15 @@ class _Tail:
             self.tailing = None
             self.pending = b""
         for path in found[:-1]:
-            stem = _stem(path)
+            stem = segment_stem(path)
             if stem in self.done or stem == self.tailing:
                 continue
             self.done.add(stem)
             self.progressed = True
             yield from _lines_of(path)
-        if newest is not None and _stem(newest) != self.tailing and _stem(newest) not in self.done:
+        if newest is not None and segment_stem(newest) != self.tailing and segment_stem(newest) not in self.done:
             self.progressed = True
-            self.tailing = _stem(newest)
+            self.tailing = segment_stem(newest)
             if not newest.name.endswith(COMPRESSED_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
                     self.stream = open(newest, "rb")  # noqa: SIM115 - closed on rotation or exit
@@ -185,14 +185,14 @@ def _by_writer(found: list[Path]) -> dict[str, list[Path]]:
     """Segments grouped by the writer that made them (the "-w<n>" at the end of the name)."""
     groups: dict[str, list[Path]] = {}
     for path in found:
-        groups.setdefault(_stem(path).rsplit("-", 1)[-1], []).append(path)
+        groups.setdefault(segment_stem(path).rsplit("-", 1)[-1], []).append(path)
     return groups
 
 
 def segment_started(path: Path) -> float:
     """When a segment was started (Unix time), from its name; 0.0 if the name does not say."""
     try:
-        day, clock, micros = _stem(path).split("-")[:3]
+        day, clock, micros = segment_stem(path).split("-")[:3]
         return calendar.timegm(time.strptime(day + clock, "%Y%m%d%H%M%S")) + int(micros) / 1e6
     except ValueError:
         return 0.0
@@ -259,7 +259,8 @@ def _lines_of(path: Path) -> Iterator[bytes]:
         _log.warning("log segment %s is damaged (%s): its records past that point cannot be read", path, error)
 
 
-def _stem(path: Path) -> str:
+def segment_stem(path: Path) -> str:
+    """A segment's name without its suffix (`20261206-093745-319504-w1`), compressed or not."""
     name = path.name
     for suffix in (COMPRESSED_SUFFIX, SEGMENT_SUFFIX):
         if name.endswith(suffix):
