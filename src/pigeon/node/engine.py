@@ -80,6 +80,7 @@ def build_engine(
     observe_lag: Callable[[float], None] = lambda seconds: None,
     throttles: Throttles | None = None,
     queue_rates: QueueRates | None = None,
+    rate_share: int = 1,
     reactor: Reactor | None = None,
     sites: SiteHealth | None = None,
     clock: Callable[[], float] = time.time,
@@ -153,6 +154,7 @@ def build_engine(
         holding=lambda entry: dispatcher.holding(entry.ready) if entry.ready is not None else None,
         rates=queue_rates,
         throttles=throttles,
+        rate_share=rate_share,
         clock=clock,
     )
 

@@ -154,6 +154,7 @@ class Outbound:
             observe_lag=metrics.scheduler_lag.observe,
             throttles=self.throttles,
             queue_rates=queue_rates(config),
+            rate_share=workers,
             reactor=self.reactor,
             sites=SiteHealth(delivery.site_retry_interval, delivery.max_site_retry_interval),
             clock=clock,

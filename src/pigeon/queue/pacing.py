@@ -93,6 +93,7 @@ class Pacer:
         put_back: Callable[[Lease, float], None] | None = None,
         clock: Callable[[], float] = time.time,
         budget: int = 5000,
+        share: int = 1,
     ) -> None:
         self._rates = rates
         self._throttles = throttles
@@ -105,6 +106,10 @@ class Pacer:
         wait in memory)."""
         self._clock = clock
         self._budget = budget
+        self._share = max(1, share)
+        """How many of the node's workers book slots of a queue's rate: each gets about this
+        share of them, so what it puts back is spaced so many slots apart (else it came back
+        early, to be put back again)."""
         """Messages of all paced queues that may wait in memory together (one per queue at least)."""
         self._held = 0  # messages waiting in memory, all queues together
         self._waiting: dict[str, deque[Lease]] = {}
@@ -143,8 +148,9 @@ class Pacer:
             if len(waiting) >= kept or (waiting and self._held >= self._budget):
                 now = self._clock()
                 # After what waits here and what was put back before it, one slot apart.
-                due = max(self._horizon.get(queue, 0.0), now + len(waiting) / rate.per_second)
-                due += 1 / rate.per_second
+                per_second = rate.per_second / self._share  # (this worker's part of the rate)
+                due = max(self._horizon.get(queue, 0.0), now + len(waiting) / per_second)
+                due += 1 / per_second
                 self._horizon[queue] = due
                 if len(self._horizon) > 100_000:
                     self._horizon = {q: t for q, t in self._horizon.items() if t > now}

@@ -89,6 +89,7 @@ class Scheduler:
         holding: Callable[[Entry], str | None] = lambda entry: None,
         rates: QueueRates | None = None,
         throttles: Throttles | None = None,
+        rate_share: int = 1,
         clock: Callable[[], float] = time.time,
         tick: float = 0.25,
         batch: int = 1000,
@@ -117,6 +118,7 @@ class Scheduler:
             self._put_back,
             clock,
             budget=max(1, active.limit // 2),
+            share=rate_share,
         )
         """Mail of the queues with a rate, waiting for its slot (`pigeon.queue.pacing`)."""
         self._clock = clock

@@ -112,3 +112,25 @@ async def test_mail_made_due_again_or_a_new_rate_is_spread_afresh_not_behind_the
         assert abs(put_back[-1][1] - (now + 200 / 20 + 1 / 20)) < 1e-6
     finally:
         await pacer.stop()
+
+
+async def test_a_worker_spaces_what_it_puts_back_by_its_share_of_the_rate() -> None:
+    """Found from outside: with two workers each spaced its put-back mail at the node's whole
+    rate, so it came back twice as early as its slots, to be put back again."""
+    put_back: list[tuple[Lease, float]] = []
+    now = 1000.0
+    pacer = Pacer(
+        QueueRates([("*", Rate.parse("10/s"))]),
+        Throttles(),
+        lambda lease: None,
+        put_back=lambda lease, until: put_back.append((lease, until)),
+        clock=lambda: now,
+        share=2,
+    )
+    try:
+        for n in range(102):
+            pacer.hold("q@example.com", Lease(SpoolId(n), 1))
+        # 100 wait here, a worker's half of 10/s is 5/s: 20 s of them, then 0.2 s apart.
+        assert [round(until - now, 6) for _, until in put_back] == [20.2, 20.4]
+    finally:
+        await pacer.stop()
