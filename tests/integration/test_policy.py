@@ -359,6 +359,7 @@ def test_delivery_outcome_is_reclassified_both_ways(tmp_path: Path) -> None:
             assert transient["recipient"] == "permfail@example.net"
             assert transient["response"]["code"] == 450 and transient["response"]["enhanced"] == "4.1.1"
             assert transient["response"]["text"] == "policy made it transient: 550 no such user here"
+            assert transient["classification"] == "InvalidRecipient"  # the server's reply's, not "policy"'s
             assert bounces["permfail@example.net"]["attempt"] == 2  # tried again, then bounced as it said
             assert bounces["permfail@example.net"]["response"]["code"] == 550
             made = bounces["tempfail@example.org"]

@@ -192,7 +192,10 @@ class DeliveryHooks:
         for index in _chosen(verdict.transient, addresses, replies, permanent=True):
             reply = replies[index]
             replies[index] = _moved(reply, 4, "transient")
-            classes[index] = ""
+            # The server's reply's class, for its TransientFailure records (found from outside:
+            # read from Pigeon's words, "policy made it transient: ...", every one was
+            # PolicyRelated).
+            classes[index] = classes[index] or self._classify(reply)
         for index in _chosen(verdict.permanent, addresses, replies, permanent=False):
             replies[index] = reply = _moved(replies[index], 5, "permanent")
             classes[index] = verdict.classification or self._classify(reply)

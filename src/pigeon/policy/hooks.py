@@ -62,6 +62,19 @@ from pigeon.smtp.replies import Reply
 _log = logging.getLogger(__name__)
 
 HOOKS: Final = ("on_connect", "on_mail_from", "on_rcpt_to", "on_message", "before_delivery", "on_delivery_outcome")
+# Names a hook's author may well have meant another by, which spelling alone does not find
+# (found from outside: on_delivery_attempt was taken for on_delivery_outcome).
+_MEANT: Final = {
+    "on_delivery_attempt": "before_delivery",
+    "before_delivery_attempt": "before_delivery",
+    "on_delivery": "before_delivery",
+    "on_attempt": "before_delivery",
+    "after_delivery": "on_delivery_outcome",
+    "on_outcome": "on_delivery_outcome",
+    "on_data": "on_message",
+    "on_ehlo": "on_connect",
+    "on_helo": "on_connect",
+}
 _ANSWERS: Final[dict[str, tuple[type, ...]]] = {
     "on_connect": (Refuse,),
     "on_mail_from": (Refuse,),
@@ -344,7 +357,7 @@ class Policy:
             hooks[name] = Hook(name, function, mode, self._runner)
         for name in dir(module) if warn else ():
             if name.startswith(("on_", "before_", "after_")) and name not in HOOKS and callable(getattr(module, name)):
-                close = difflib.get_close_matches(name, HOOKS, n=1)
+                close = [_MEANT[name]] if name in _MEANT else difflib.get_close_matches(name, HOOKS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 _log.warning(
                     "policy %s: %s is not a hook name and is never called%s; the hooks are %s",

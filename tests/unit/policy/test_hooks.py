@@ -455,3 +455,13 @@ async def test_a_hook_tasks_coroutine_closed_from_outside_is_not_the_hooks_failu
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     assert _raised_by_hook(SystemExit(), loop, running)
+
+
+def test_a_hook_named_for_what_another_does_is_pointed_at_that_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found from outside: on_delivery_attempt was pointed at on_delivery_outcome, the nearest
+    spelling, where the hook called before each attempt is before_delivery."""
+    with caplog.at_level(logging.WARNING):
+        _policy(tmp_path, "def on_delivery_attempt(delivery):\n    pass\n")
+    assert "on_delivery_attempt is not a hook name and is never called (did you mean before_delivery?)" in caplog.text
