@@ -510,6 +510,10 @@ def test_a_slow_async_hook_times_out_with_451(tmp_path: Path) -> None:
         assert client.mail("quick@example.org")[0] == 250
         (failure,) = _failures(pigeon)
         assert failure["hook"] == "on_mail_from" and failure["error"] == "timed out after 0.3s ([policy] timeout)"
+        # Where it waited (found from outside: a timeout named no line of the hook's).
+        trace = failure["traceback"]
+        assert trace.startswith("The hook was waiting here") and "await asyncio.sleep(30)" in trace, trace
+        assert "in on_mail_from" in trace, trace
 
 
 def test_a_slow_plain_hook_on_threads_times_out_without_holding_up_the_worker(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 from pigeon.config.schema import PolicyConfig
@@ -201,12 +201,29 @@ class Hook(Generic[A]):
     async def _bounded(self, awaitable: Awaitable[Any], session: str | None, message_id: str | None) -> Verdict[A]:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
+        # Where the hook waits when its time is up, taken just before the timeout cancels it
+        # (found from outside: a PolicyFailure of "timed out" named no line, so an operator
+        # could not tell which await of the hook hung, a Redis call or another).
+        waiting: list[str] = []
+        timeout = self._runner.timeout
+
+        def look() -> None:
+            # The chain of coroutines the hook awaits, outermost first (a task's own stack
+            # shows only the frame it is suspended in, this one's).
+            frames: list[tuple[FrameType, int]] = []
+            awaited: object = awaitable
+            while (frame := getattr(awaited, "cr_frame", None)) is not None and len(frames) < 50:
+                frames.append((frame, frame.f_lineno))
+                awaited = getattr(awaited, "cr_await", None)
+            waiting.extend(traceback.format_list(traceback.StackSummary.extract(iter(frames))))
+
+        look_at = loop.call_later(max(0.0, timeout - 0.002), look)
         try:
-            async with asyncio.timeout(self._runner.timeout) as scope:
+            async with asyncio.timeout(timeout) as scope:
                 answer = await awaitable
         except TimeoutError as error:
             if scope.expired():
-                return self.failed(None, session, message_id)
+                return self.failed(None, session, message_id, waiting="".join(waiting) or None)
             return self.failed(error, session, message_id)
         except BaseException as error:
             if not _raised_by_hook(error, loop, task):
@@ -214,6 +231,8 @@ class Hook(Generic[A]):
             if self.mode == "thread" and isinstance(awaitable, asyncio.Future) and awaitable.cancelled():
                 raise  # a call still queued for a thread when `close()` dropped it: the hook never ran
             return self.failed(error, session, message_id)
+        finally:
+            look_at.cancel()
         return self._check(answer, session, message_id)
 
     def _check(self, answer: object, session: str | None, message_id: str | None) -> Verdict[A]:
@@ -224,15 +243,23 @@ class Hook(Generic[A]):
         return self.failed(error, session, message_id, show_traceback=False)
 
     def failed(
-        self, error: BaseException | None, session: str | None, message_id: str | None, *, show_traceback: bool = True
+        self,
+        error: BaseException | None,
+        session: str | None,
+        message_id: str | None,
+        *,
+        show_traceback: bool = True,
+        waiting: str | None = None,
     ) -> HookFailed:
-        """Log the failure (`error` None: a timeout) and say what the client gets."""
+        """Log the failure (`error` None: a timeout; `waiting`: where the hook waited then, as
+        a traceback's lines) and say what the client gets."""
         reply = POLICY_TIMEOUT if error is None else POLICY_ERROR
         if self.name == "on_connect":
             reply = at_greeting(reply)
         action = _ACTIONS.get(self.name, f"{reply.code} {reply.enhanced}")
         if error is None:
-            text, trace = f"timed out after {self._runner.timeout:g}s ([policy] timeout)", None
+            text = f"timed out after {self._runner.timeout:g}s ([policy] timeout)"
+            trace = f"The hook was waiting here (most recent call last):\n{waiting}" if waiting else None
         else:
             text = "".join(traceback.format_exception_only(error)).strip()
             trace = "".join(traceback.format_exception(error)) if show_traceback else None
