@@ -592,15 +592,10 @@ def _check_inbound(config: Config, fail: Callable[..., ConfigError]) -> None:
         if isinstance(target, WebhookTarget) and (problem := _webhook_url_problem(target.url)) is not None:
             # Loaded, it would fail every handoff "for now", and be retried until max_age.
             raise fail(["target", "url"], f"target {target.name!r}: {problem}", index)
-        for name, value in target.headers.items() if isinstance(target, WebhookTarget) else ():
-            # Sent with every handoff: one aiohttp refuses would fail them all, "for now", until max_age.
-            if not _HTTP_TOKEN.fullmatch(name):
-                reason = f"target {target.name!r}: {name!r} is not an HTTP header field name (RFC 9110 5.6.2)"
-                raise fail(["target", "headers"], reason, index)
-            if any((char < " " and char != "\t") or char == "\x7f" for char in value):
-                # The value is not shown: it is often a secret (Authorization).
-                reason = f"target {target.name!r}: the value of {name!r} holds a line break or control character"
-                raise fail(["target", "headers"], reason, index)
+        # Sent with every handoff: one aiohttp refuses would fail them all, "for now", until max_age.
+        headers = target.headers if isinstance(target, WebhookTarget) else {}
+        if (problem := _header_problem(headers)) is not None:
+            raise fail(["target", "headers"], f"target {target.name!r}: {problem}", index)
     for index, mailbox in enumerate(config.mailbox):
         if mailbox.target not in names:
             raise fail(["mailbox", "target"], f"no [[target]] called {mailbox.target!r} (known: {known})", index)
@@ -714,14 +709,8 @@ def _check_log_hooks(config: Config, fail: Callable[..., ConfigError]) -> None:
             raise fail(["log_hook", "name"], f"two [[log_hook]]s are called {hook.name!r}", index)
         if (problem := _webhook_url_problem(hook.url)) is not None:
             raise fail(["log_hook", "url"], f"log hook {hook.name!r}: {problem}", index)
-        for name, value in hook.headers.items():
-            if not _HTTP_TOKEN.fullmatch(name):
-                reason = f"log hook {hook.name!r}: {name!r} is not an HTTP header field name (RFC 9110 5.6.2)"
-                raise fail(["log_hook", "headers"], reason, index)
-            if any((char < " " and char != "\t") or char == "\x7f" for char in value):
-                # The value is not shown: it is often a secret (Authorization).
-                reason = f"log hook {hook.name!r}: the value of {name!r} holds a line break or control character"
-                raise fail(["log_hook", "headers"], reason, index)
+        if (problem := _header_problem(hook.headers)) is not None:
+            raise fail(["log_hook", "headers"], f"log hook {hook.name!r}: {problem}", index)
         if not hook.types:
             raise fail(["log_hook", "types"], f'log hook {hook.name!r}: name at least one record type, or ["*"]', index)
         for kind in hook.types:
@@ -768,6 +757,17 @@ def _dsn_port_problem(dsn: str) -> str | None:
     except ValueError as error:
         return f"not a URL ({str(error).split(':')[0]}); e.g. postgresql://user@host:5432/database"
     return "port 0 is no server's; a port to connect to is 1 to 65535" if port == 0 else None
+
+
+def _header_problem(headers: dict[str, str]) -> str | None:
+    """What makes one of `headers` (sent with every request) unsendable, or None."""
+    for name, value in headers.items():
+        if not _HTTP_TOKEN.fullmatch(name):
+            return f"{name!r} is not an HTTP header field name (RFC 9110 5.6.2)"
+        if any((char < " " and char != "\t") or char == "\x7f" for char in value):
+            # The value is not shown: it is often a secret (Authorization).
+            return f"the value of {name!r} holds a line break or control character"
+    return None
 
 
 def _webhook_url_problem(url: str) -> str | None:
