@@ -159,7 +159,8 @@ class InjectRecipient(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[
         str | None,
         msgspec.Meta(
-            description="The display name in To, and the template variable `name`. Without one (or blank), `name` is"
+            description="The display name in To, and the template variables `name` and `to_header`. Without one"
+            " (or blank), `name` is"
             " undefined: a template that writes it out refuses this recipient (554 5.6.0) rather than sending"
             ' "Hello ,"; `{{ name | default("there") }}` or `{{ name or "there" }}` give a fallback'
         ),

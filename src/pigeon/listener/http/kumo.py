@@ -52,10 +52,12 @@ from pigeon.compose import (
 from pigeon.listener.http.inject import Door, InjectResponse, inject_through
 
 
-class KumoRecipient(msgspec.Struct, forbid_unknown_fields=True):
-    # Checked per recipient, as KumoMTA does: one that is no address is refused alone
-    # (`501 5.1.3`, in `failed_recipients`), the others injected (`Door.addresses_alone`).
-    email: Annotated[
+class KumoRecipient(InjectRecipient, forbid_unknown_fields=True):
+    """Pigeon's recipient (`compose.InjectRecipient`), its address checked per recipient, as
+    KumoMTA does: one that is no address is refused alone (`501 5.1.3`, in
+    `failed_recipients`), the others injected (`Door.addresses_alone`)."""
+
+    email: Annotated[  # (a wider type than Pigeon's: checked per recipient, later)
         str,
         msgspec.Meta(
             max_length=4096,
@@ -63,21 +65,6 @@ class KumoRecipient(msgspec.Struct, forbid_unknown_fields=True):
             " in failed_recipients), and the others are injected, as KumoMTA does",
         ),
     ]
-    name: Annotated[
-        str | None,
-        msgspec.Meta(
-            description="The display name in To, and the template variables `name` and `to_header`; without one"
-            " (or blank), `name` is undefined, and a template that writes it out refuses this recipient (554 5.6.0)"
-        ),
-    ] = None
-    substitutions: dict[str, Any] = msgspec.field(default_factory=dict)
-    metadata: Annotated[
-        dict[str, str],
-        msgspec.Meta(
-            description="Carried with the message into its log records (strings only): at most [http]"
-            " max_metadata_size bytes (4 KiB unless configured) as JSON"
-        ),
-    ] = msgspec.field(default_factory=dict)
 
 
 class KumoContent(msgspec.Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
@@ -181,9 +168,7 @@ def _decode(body: bytes) -> InjectRequest:
             ' which reads as KumoMTA\'s MiniJinja for common use) or none ("Static")',
             "$.template_dialect",
         )
-    recipients = [
-        InjectRecipient(r.email, r.name, substitutions=r.substitutions, metadata=r.metadata) for r in kumo.recipients
-    ]
+    recipients: list[InjectRecipient] = list(kumo.recipients)
     content: str | Parts
     if isinstance(kumo.content, str):
         content = kumo.content
