@@ -186,22 +186,13 @@ def document() -> dict[str, Any]:
                                 ]
                             },
                         ),
-                        "408": _response(_SLOW, _ref("ErrorResponse")),
-                        "501": _response(_TRANSFER_CODING, _ref("ErrorResponse")),
-                        **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+                        **_injection_refusals(),
                         "403": _response(
                             "The token lacks the 'inject' scope (field: Authorization), or is bound to tenants "
                             "([[http.token]] tenants) and the request names another (field: where it is named: "
                             "$.tenant, $.content, $.content.headers.X-Tenant); nothing was stored",
                             _ref("ErrorResponse"),
                         ),
-                        "413": _response(
-                            "The request body is over [http] max_request_size, or its messages would have the "
-                            "spool store more than [http] max_stored_size; the error names the setting; nothing "
-                            "was stored",
-                            _ref("ErrorResponse"),
-                        ),
-                        "415": _response(_NOT_JSON[0], _ref(_NOT_JSON[1])),
                     },
                 }
             },
@@ -235,22 +226,29 @@ def _kumo_operation(request: dict[str, Any], response: dict[str, Any]) -> dict[s
                 "recipients may have been taken (outcome_unknown: true): do not send it again as it is",
                 {"allOf": [_ref("ErrorResponse"), _object({"outcome_unknown": {"const": True}}, "outcome_unknown")]},
             ),
-            "408": _response(_SLOW, _ref("ErrorResponse")),
-            "501": _response(_TRANSFER_CODING, _ref("ErrorResponse")),
-            **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+            **_injection_refusals(),
             "403": _response(
                 "The token lacks the 'inject' scope (field: Authorization), or is bound to tenants ([[http.token]] "
                 "tenants) and the request names another (field: where: $.content, $.content.headers.X-Tenant); "
                 "nothing was stored",
                 _ref("ErrorResponse"),
             ),
-            "413": _response(
-                "The request body is over [http] max_request_size, or its messages would have the spool store more "
-                "than [http] max_stored_size; the error names the setting; nothing was stored",
-                _ref("ErrorResponse"),
-            ),
-            "415": _response(_NOT_JSON[0], _ref(_NOT_JSON[1])),
         },
+    }
+
+
+def _injection_refusals() -> dict[str, Any]:
+    """The refusals both injection APIs answer alike (one pipeline behind them: `inject`)."""
+    return {
+        "408": _response(_SLOW, _ref("ErrorResponse")),
+        "501": _response(_TRANSFER_CODING, _ref("ErrorResponse")),
+        **{code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()},
+        "413": _response(
+            "The request body is over [http] max_request_size, or its messages would have the spool store more "
+            "than [http] max_stored_size; the error names the setting; nothing was stored",
+            _ref("ErrorResponse"),
+        ),
+        "415": _response(_NOT_JSON[0], _ref(_NOT_JSON[1])),
     }
 
 
