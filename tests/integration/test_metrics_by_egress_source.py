@@ -46,13 +46,18 @@ def test_outcomes_connections_and_dead_sites_are_shown_per_egress_source(tmp_pat
         config["route"].insert(0, {"domain": "dead.test", "next_hop": dead, "tls": "disabled"})
         tables = {"source": SOURCES, "pool": POOLS, "queue": QUEUES}
         with PigeonProcess(tmp_path / "node", tables=tables, **config) as pigeon:
+            # Each message that shares a source with the one before goes once that one is
+            # settled, so it takes the idle connection: a message sent while the last was still
+            # on its way would open a second one, and the gauge's count would be timing's.
             _send(pigeon, "ok@live.test", "acme")  # from ip-3
+            pigeon.wait_records("Delivery", 1)
             _send(pigeon, "permfail@live.test", "acme")  # bounced, from ip-3
-            _send(pigeon, "ok@live.test", "beta")  # from ip-2
-            _send(pigeon, "ok@live.test", "other")  # no pool: the implicit source
-            _send(pigeon, "r@dead.test", "acme")  # its site down from ip-3
-            pigeon.wait_records("Delivery", 4)  # and the bounce's DSN to a@example.org
             pigeon.wait_records("Bounce", 1)
+            pigeon.wait_records("Delivery", 2)  # the bounce's DSN to a@example.org
+            _send(pigeon, "ok@live.test", "beta")  # from ip-2
+            _send(pigeon, "ok@live.test", "other")  # no pool: the implicit source, as the DSN
+            _send(pigeon, "r@dead.test", "acme")  # its site down from ip-3
+            pigeon.wait_records("Delivery", 4)
             pigeon.wait_records("TransientFailure", 1)
 
             outcomes = wait_until(lambda: _samples(pigeon, "pigeon_source_recipients_total"))
