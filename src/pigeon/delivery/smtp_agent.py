@@ -119,7 +119,8 @@ class SmtpAgent:
                 envelope, refusal = await self._seven_bit_form(item, original, connection)
                 converted = envelope is not original
             count = len(envelope.recipients)
-            refusal = refusal or refusal_before_sending(envelope, connection.capabilities)
+            if refusal is None:
+                refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None and self._elsewhere is not None and connection.host != self._first:
                 # This host, one a 4xx moved the agent to, lacks what the message needs
                 # (SMTPUTF8, a SIZE, 8BITMIME): the host the agent came from may well have it.
@@ -132,7 +133,8 @@ class SmtpAgent:
                 if envelope.eight_bit and "8BITMIME" not in connection.capabilities:
                     envelope, refusal = await self._seven_bit_form(item, original, connection)
                     converted = envelope is not original
-                refusal = refusal or refusal_before_sending(envelope, connection.capabilities)
+                if refusal is None:
+                    refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None:
                 classification = self._classifier.classify(refusal) if refusal.code >= 500 else ""
                 attempt = Attempt.same_for_all(refusal, count, classification, site, connection.peer)
