@@ -633,6 +633,11 @@ class DeliveryConfig(_Section):
     pipelining: bool = True
     chunking: bool = True
     """Use BDAT when the server offers CHUNKING."""
+    eight_bit_conversion: bool = True
+    """8-bit mail to a server without 8BITMIME goes in a 7-bit form (its 8-bit MIME parts
+    quoted-printable, as Postfix's `disable_mime_output_conversion = no`), signed again where
+    Pigeon signed it (DKIM); false: it bounces, `554 5.6.3` (a report of Pigeon's own goes
+    7-bit all the same). Mail with 8-bit header fields has no 7-bit form, and bounces either way."""
     try_next_mx: bool = False
     """A recipient a host answers 4xx (greylisting, a busy server) is tried at once at the
     site's next host in MX preference order, in the same attempt, as Postfix does; false (the

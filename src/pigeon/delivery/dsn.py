@@ -27,7 +27,8 @@ there it goes in a 7-bit form (`seven_bit`): the text quoted-printable; message/
 with the addresses in RFC 6533's utf-8-addr-xtext form (any other character that is not ASCII
 escaped alike); and of the message, only its header fields that are ASCII, as
 text/rfc822-headers (and the text says so, not that the message came back). A DKIM
-signature made over the 8-bit form is taken off: it would fail.
+signature made over the 8-bit form is taken off: it would fail (the delivery signs the 7-bit
+form again, `seven_bit.SevenBitHop`).
 """
 
 from __future__ import annotations
@@ -408,8 +409,8 @@ def _ascii_fields(header_section: bytes) -> bytes:
 def for_seven_bit_hop(message: Message, body: bytes) -> bytes | None:
     """The bytes to send for `message` (`body`: as it would leave) to a hop without
     8BITMIME, when it is a report of Pigeon's own (null sender, written here): `seven_bit`,
-    without the DKIM signatures made over the 8-bit form. None for any other message (it is
-    refused there: 554 5.6.3), or a report that cannot be made 7-bit."""
+    without the DKIM signatures made over the 8-bit form. None for any other message (the
+    delivery makes it 7-bit otherwise, `seven_bit`), or a report that cannot be made 7-bit."""
     envelope = message.envelope
     if envelope.sender or envelope.protocol != _OWN:
         return None

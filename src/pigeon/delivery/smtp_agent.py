@@ -4,9 +4,12 @@ One message per transaction; the connection is reused for the next. A server tha
 only so many recipients per transaction answers the rest `452 4.5.3` (RFC 5321 4.5.3.1.10);
 they go in another transaction on the same connection at once, as many times as it takes,
 rather than waiting for the retry schedule. What the peer cannot take at all (SMTPUTF8 it
-lacks, over its SIZE, 8-bit data without 8BITMIME) is a permanent, explained refusal rather
-than a protocol violation at the next hop; but a report of Pigeon's own (a DSN) goes to a hop
-without 8BITMIME in a 7-bit form (`dsn.seven_bit`), since no one would hear of its refusal.
+lacks, over its SIZE) is a permanent, explained refusal rather than a protocol violation at
+the next hop. 8-bit data goes to a hop without 8BITMIME in a 7-bit form (`seven_bit.SevenBitHop`:
+its 8-bit parts quoted-printable, signed again where Pigeon signed it, and a report of Pigeon's
+own as `dsn.seven_bit` writes it), and is refused only when it has none (UTF-8 in a header
+field) or `[delivery] eight_bit_conversion` is off (a report of Pigeon's own goes 7-bit all the
+same: no one would hear of its refusal). The conversion is only looked at for such a hop.
 A connection that breaks mid-transaction is a transient failure for every recipient of that
 message, and the agent is no longer usable.
 
@@ -50,12 +53,12 @@ from typing import Final
 
 from pigeon.delivery.agent import Unreachable, Work
 from pigeon.delivery.classify import Classifier
-from pigeon.delivery.dsn import for_seven_bit_hop
 from pigeon.delivery.egress import Source
 from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.routes import Destination
 from pigeon.delivery.session import ClientConnection, ClientOptions, ConnectFailed, ConnectionLost, LoopsBack
+from pigeon.delivery.seven_bit import SevenBitHop
 from pigeon.message import format_id
 from pigeon.queue.attempt import Attempt, Via
 from pigeon.smtp import client
@@ -82,8 +85,10 @@ class SmtpAgent:
         site: str,
         classifier: Classifier,
         elsewhere: Callable[[ClientConnection], Awaitable[ClientConnection | None]] | None = None,
+        seven_bit: SevenBitHop | None = None,
     ) -> None:
         self._connection = connection
+        self._seven_bit = seven_bit or SevenBitHop(convert=False)
         self._site = site
         self._classifier = classifier
         self._first = connection.host  # the host the agent reached when it opened
@@ -107,25 +112,31 @@ class SmtpAgent:
         attempts: list[Attempt] = []
         self._final = attempts  # (the same list: `final` reads what is done so far)
         for item in work:  # one transaction each (batch is 1: a loop only to keep the interface)
-            envelope = _client_envelope(item)
+            envelope = original = _client_envelope(item)
+            converted = False
+            refusal = None
             if envelope.eight_bit and "8BITMIME" not in connection.capabilities:
-                # A report of ours goes 7-bit rather than refused: no one would hear it was lost.
-                seven_bit = for_seven_bit_hop(item.message, envelope.body)
-                if seven_bit is not None:
-                    envelope = dataclasses.replace(envelope, body=seven_bit, eight_bit=not seven_bit.isascii())
+                envelope, refusal = await self._seven_bit_form(item, original, connection)
+                converted = envelope is not original
             count = len(envelope.recipients)
-            refusal = refusal_before_sending(envelope, connection.capabilities)
+            if refusal is None:
+                refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None and self._elsewhere is not None and connection.host != self._first:
                 # This host, one a 4xx moved the agent to, lacks what the message needs
-                # (SMTPUTF8, a SIZE): the host the agent came from may well have it.
+                # (SMTPUTF8, a SIZE, 8BITMIME): the host the agent came from may well have it.
                 other = await self._elsewhere(connection)
                 if other is None:
                     attempts.append(Attempt.same_for_all(_NO_WAY_BACK, count, "", site, connection.peer))
                     continue
                 self._connection = connection = other
-                refusal = refusal_before_sending(envelope, connection.capabilities)
+                envelope, converted, refusal = original, False, None
+                if envelope.eight_bit and "8BITMIME" not in connection.capabilities:
+                    envelope, refusal = await self._seven_bit_form(item, original, connection)
+                    converted = envelope is not original
+                if refusal is None:
+                    refusal = refusal_before_sending(envelope, connection.capabilities)
             if refusal is not None:
-                classification = self._classifier.classify(refusal)
+                classification = self._classifier.classify(refusal) if refusal.code >= 500 else ""
                 attempt = Attempt.same_for_all(refusal, count, classification, site, connection.peer)
                 attempts.append(attempt._replace(own=frozenset(range(count))))
                 continue
@@ -148,6 +159,8 @@ class SmtpAgent:
             classes = self._classifier.classify_all(replies)
             passed_on = "DSN" in connection.capabilities
             attempt = Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
+            if converted:
+                attempt = attempt._replace(converted="7bit")
             pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]
             if pending and self._elsewhere is not None:
                 self._final.append(attempt)  # (until the next host answers: see `final`)
@@ -156,6 +169,20 @@ class SmtpAgent:
                 connection = self._connection
             attempts.append(attempt)
         return attempts
+
+    async def _seven_bit_form(
+        self, item: Work, envelope: client.Envelope, connection: ClientConnection
+    ) -> tuple[client.Envelope, Reply | None]:
+        """`envelope` (8-bit) as it goes to `connection`, which lacks 8BITMIME: in its 7-bit
+        form (a new envelope) where it has one, else as it is (then refused, 5.6.3); with a
+        reply when that form could not be signed (a 451: deferred). A message that needs
+        SMTPUTF8 the host lacks is refused for that whatever its body (5.6.7): not converted."""
+        if envelope.needs_smtputf8 and "SMTPUTF8" not in connection.capabilities:
+            return envelope, None
+        body, failed = await self._seven_bit(item.message, envelope.body)
+        if body is None:
+            return envelope, failed
+        return dataclasses.replace(envelope, body=body, eight_bit=not body.isascii()), None
 
     def _cut_short(
         self, item: Work, envelope: client.Envelope, connection: ClientConnection, done: list[Reply]
@@ -269,8 +296,10 @@ class SmtpAgents:
         classifier: Classifier,
         sources: Sequence[Source] = (),
         own: Listeners | None = None,
+        seven_bit: SevenBitHop | None = None,
     ) -> None:
         self._own = own
+        self._seven_bit = seven_bit
         self._resolver = resolver
         self._options = options
         self._classifier = classifier
@@ -296,7 +325,7 @@ class SmtpAgents:
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:
             elsewhere = functools.partial(self._elsewhere, destination, options, connection.host)
-        return SmtpAgent(connection, destination.site, self._classifier, elsewhere)
+        return SmtpAgent(connection, destination.site, self._classifier, elsewhere, self._seven_bit)
 
     async def _elsewhere(
         self, destination: Destination, options: ClientOptions, first: str, current: ClientConnection

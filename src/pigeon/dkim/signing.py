@@ -160,6 +160,26 @@ class Signing:
         process.sign([[[process.index(s) for s in signers], message, timestamp]], lambda answer: _fields(answer, then))
         return True
 
+    async def sign_bytes(
+        self, message: bytes, tenant: str | None, timestamp: int, names: Sequence[str] | None = None
+    ) -> bytes | None:
+        """`sign`, awaited: the DKIM-Signature fields for `message`, or None when no signer
+        applies. Raises `Refused` or the key operation's error. For a message signed again on
+        its way out (its 7-bit form, `pigeon.delivery.seven_bit`): rare, and not in a hurry."""
+        done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def then(signed: bytes | BaseException) -> None:
+            if done.done():
+                return
+            if isinstance(signed, BaseException):
+                done.set_exception(signed)
+            else:
+                done.set_result(signed)
+
+        if not self.sign(message, b"", tenant, timestamp, names, then=then):
+            return None
+        return await done
+
     def _key_process(self, keys: Signers) -> KeyProcess:
         """The signing process for `keys`: a new one after a reload that changed them, or
         after one died."""

@@ -205,6 +205,9 @@ class Delivery(Attempt, tag="Delivery"):
     """The recipient's server took the message (2xx). Terminal."""
 
     seq: str = ""  # 16 hex digits, as `id`: see the module's docstring
+    # "7bit": it went in a 7-bit form made for a server without 8BITMIME (8-bit parts
+    # quoted-printable, `pigeon.delivery.seven_bit`); absent: as it was.
+    converted: str | None = None
 
 
 class TransientFailure(Attempt, tag="TransientFailure"):

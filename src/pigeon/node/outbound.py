@@ -6,6 +6,7 @@ and stops it as one piece. Wiring only: every decision lives in the rooms it bui
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +22,7 @@ from pigeon.delivery.mx import Resolver
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
 from pigeon.delivery.session import ClientOptions, system_cas
+from pigeon.delivery.seven_bit import SevenBitHop
 from pigeon.delivery.sites import SiteHealth
 from pigeon.delivery.smtp_agent import SmtpAgents
 from pigeon.delivery.target_agent import TargetAgents
@@ -118,6 +120,7 @@ class Outbound:
             classifier,
             [Source(s.name, s.bind, s.ehlo) for s in config.source],
             self.own,
+            SevenBitHop(convert=delivery.eight_bit_conversion, sign=functools.partial(_sign_again, intake)),
         )
         target_agents = TargetAgents(
             targets or {}, classifier, lambda target, verdict: inbound.labels("smtp", target, _OUTCOMES[verdict]).inc()
@@ -385,3 +388,15 @@ def _policies(config: Config) -> QueuePolicies:
         for q in config.queue
     ]
     return QueuePolicies(default, rules)
+
+
+async def _sign_again(intake: Intake, message: Message, data: bytes) -> bytes | None:
+    """`data` (a message's 7-bit form, `SevenBitHop`) signed by the signers in force that
+    apply to it, as `message` was at reception: its tenant, and the signers a policy named.
+    None: there are none now (a reload took them away). The intake's signing, looked up now:
+    a reload may have started one, or replaced its signers."""
+    signing = intake.signing
+    if signing is None:
+        return None
+    envelope = message.envelope
+    return await signing.sign_bytes(data, envelope.tenant, int(time.time()), envelope.dkim)

@@ -75,6 +75,10 @@ class Attempt(NamedTuple):
     does (`pigeon.delivery.reactor.held_text`): the message keeps it (`Envelope.held_by`), which
     `pigeon inspect` shows and an expiry names. None: nothing holds it (the common case)."""
 
+    converted: str | None = None
+    """"7bit": the message went in a 7-bit form made for a peer without 8BITMIME
+    (`pigeon.delivery.seven_bit`), which its `Delivery` records say. None: as it was."""
+
     def peer_of(self, index: int) -> tuple[str | None, str | None, bool]:
         """The peer, TLS and `passed_on` that recipient `index`'s reply came with."""
         via = self.via.get(index) if self.via else None

@@ -294,7 +294,8 @@ class Settlement:
         for index, recipient in enumerate(recipients):
             reply = replies[index]
             if reply.code < 400:
-                outcome.terminal.append(Delivery(**self._fields(message, recipient, reply, attempts, attempt, index)))
+                fields = self._fields(message, recipient, reply, attempts, attempt, index)
+                outcome.terminal.append(Delivery(**fields, converted=attempt.converted))
                 if wants_success_notice(recipient) and not (via := attempt.peer_of(index))[2]:
                     # NOTIFY=SUCCESS and nobody further on will report it: an application's
                     # target is the end ("delivered"), held back as its route holds back a

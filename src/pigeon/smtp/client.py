@@ -18,13 +18,14 @@ and what a reply means is here, testable without a socket:
 
 `refusal_before_sending()` says when a message cannot go to this peer at all (SMTPUTF8 not
 offered to a message that needs it, too big for its SIZE, 8-bit data without 8BITMIME): a
-permanent, explained bounce rather than a protocol violation at the next hop. One rule, by
+permanent, explained bounce rather than a protocol violation at the next hop. (8-bit data is
+first made 7-bit for such a peer where it can be, by the delivery: `delivery.seven_bit`.) One rule, by
 the message and not by the door it came in at: only an envelope address that is not ASCII
 truly needs SMTPUTF8 (it has no other form on the wire). UTF-8 in a header field asks for
 SMTPUTF8 where the next hop offers it, and otherwise goes as 8-bit data with BODY=8BITMIME
 (as a legacy client's raw Subject always has: Postfix's smtputf8_autodetect_classes keeps
 such mail deliverable, KumoMTA refuses only an 8-bit envelope); with neither extension
-offered it is refused for want of 8BITMIME (5.6.3).
+offered it is refused for want of 8BITMIME (5.6.3): a header field has no 7-bit form.
 """
 
 from __future__ import annotations
