@@ -196,7 +196,7 @@ class PolicyStore:
         try:
             text = await self._download(domain)
             policy = parse_policy(text)
-        except (PolicyError, aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError, ssl.SSLError) as error:
+        except (PolicyError, aiohttp.ClientError, OSError, TimeoutError, ValueError, ssl.SSLError) as error:
             why = str(error) or type(error).__name__
             if isinstance(error, TimeoutError):
                 why = f"no answer within {self._timeout:g}s ([mta_sts] fetch_timeout)"
