@@ -289,6 +289,8 @@ def _finish(
                 mailbox.ca_file = _resolve(mailbox.ca_file, path.parent)
         if config.delivery.ca_file is not None:
             config.delivery.ca_file = _resolve(config.delivery.ca_file, path.parent)
+        if config.mta_sts.ca_file is not None:
+            config.mta_sts.ca_file = _resolve(config.mta_sts.ca_file, path.parent)
         for route in config.route:
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
@@ -1222,7 +1224,8 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
         named.append((["mailbox", "password_file"], mailbox.password_file, f"mailbox {mailbox.name!r}: password", i))
         named.append((["mailbox", "ca_file"], mailbox.ca_file, f"mailbox {mailbox.name!r}: CA", i))
     trust: list[tuple[list[str], Path | None, str, int | None]] = [
-        (["delivery", "ca_file"], config.delivery.ca_file, "", None)  # (the key names it already)
+        (["delivery", "ca_file"], config.delivery.ca_file, "", None),  # (the key names it already)
+        (["mta_sts", "ca_file"], config.mta_sts.ca_file, "", None),
     ]
     # A webhook's, like a mailbox's, is read when its target starts: a reload leaves targets
     # as they are (a restart takes a new one), so it is checked whatever `reloadable` says.

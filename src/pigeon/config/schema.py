@@ -709,6 +709,19 @@ class DnsConfig(_Section):
     """A whole lookup, every nameserver asked (each of n has timeout / n at most)."""
 
 
+class MtaStsConfig(_Section):
+    enabled: bool = True
+    """Apply recipient domains' MTA-STS policies (RFC 8461) to mail delivered by MX lookup, as
+    KumoMTA does by default (see "MTA-STS" in the README). false: none is looked up."""
+    ca_file: Path | None = None
+    """PEM file of the CAs to trust, instead of the system's, for the policy host's HTTPS
+    certificate and the MX hosts' certificates under a policy."""
+    fetch_timeout: PositiveDuration = PositiveDuration(10)
+    """A policy fetch, connection to the last byte."""
+    https_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 443
+    """Port of the policy hosts (`https://mta-sts.<domain>/`). For tests: RFC 8461 says 443."""
+
+
 class RouteConfig(_Section):
     domain: str
     """Recipient domain (a glob: "*.example.net", "*" for every domain)."""
@@ -1159,6 +1172,7 @@ class Config(_Section):
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     delivery: DeliveryConfig = msgspec.field(default_factory=DeliveryConfig)
     dns: DnsConfig = msgspec.field(default_factory=DnsConfig)
+    mta_sts: MtaStsConfig = msgspec.field(default_factory=MtaStsConfig)
     route: list[RouteConfig] = msgspec.field(default_factory=list)
     queue: list[QueueConfig] = msgspec.field(default_factory=list)
     shaping: list[ShapingConfig] = msgspec.field(default_factory=list)

@@ -26,9 +26,10 @@ from typing import Final, NamedTuple
 A: Final = 1
 CNAME: Final = 5
 MX: Final = 15
+TXT: Final = 16
 AAAA: Final = 28
 DNAME: Final = 39
-TYPES: Final = {"A": A, "MX": MX, "AAAA": AAAA}
+TYPES: Final = {"A": A, "MX": MX, "TXT": TXT, "AAAA": AAAA}
 NOERROR: Final = 0
 NXDOMAIN: Final = 3
 YXDOMAIN: Final = 6
@@ -38,7 +39,8 @@ _PLAIN: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ
 class Answer(NamedTuple):
     """`rcode` the server's (NOERROR, NXDOMAIN, or a failure such as SERVFAIL); `records` the
     answer's records of the type asked (empty: NODATA), as `mx.Resolver` keeps them:
-    (preference, host) for MX, an address otherwise; `ttl` the lowest of theirs."""
+    (preference, host) for MX, the text (its strings joined) for TXT, an address otherwise;
+    `ttl` the lowest of theirs."""
 
     rcode: int
     records: list[object]
@@ -147,6 +149,8 @@ def _records(packet: bytes, sent: bytes, rcode: int) -> Answer | None:
             record = socket.inet_ntop(socket.AF_INET, packet[start:at])
         elif rtype == AAAA and length == 16:
             record = socket.inet_ntop(socket.AF_INET6, packet[start:at])
+        elif rtype == TXT:
+            record = _text(packet[start:at])
         else:
             raise ValueError("a record of the wrong length")
         if record not in records:  # a record set holds each record once
@@ -155,6 +159,22 @@ def _records(packet: bytes, sent: bytes, rcode: int) -> Answer | None:
     if rcode == NXDOMAIN and records:
         return None  # an answer for a name that does not exist: dnspython refuses it
     return Answer(rcode, records, ttl if records else 0)
+
+
+def _text(rdata: bytes) -> str:
+    """A TXT record's character-strings (RFC 1035 3.3.14), joined as one text (RFC 7208 3.3,
+    RFC 8461 3.1: a record longer than 255 octets comes in several); bytes that are not UTF-8
+    are replaced, so such a record never parses as what it is not."""
+    parts: list[bytes] = []
+    at = 0
+    while at < len(rdata):
+        length = rdata[at]
+        part = rdata[at + 1 : at + 1 + length]
+        if len(part) != length:
+            raise ValueError("a TXT string past the end of its record")
+        parts.append(part)
+        at += 1 + length
+    return b"".join(parts).decode("utf-8", "replace")
 
 
 async def ask(server: tuple[str, int], name: str, kind: str) -> Answer | None:

@@ -117,7 +117,7 @@ class _Cached:
 
 
 class Resolver:
-    """Async MX/A/AAAA lookups (the plain cases by `dnswire`, the rest by dnspython), cached by TTL."""
+    """Async MX/A/AAAA/TXT lookups (the plain cases by `dnswire`, the rest by dnspython), cached by TTL."""
 
     def __init__(
         self,
@@ -229,6 +229,12 @@ class Resolver:
             raise DnsFailure(Reply(450, "4.4.4", (f"{host} has no address record",)))
         return found
 
+    async def texts(self, name: str) -> list[str] | None:
+        """The TXT records of `name`, each one text (its strings joined); None when the name
+        exists but has none. Raises `DnsFailure`: NXDOMAIN (permanent) or a failure."""
+        records = await self._lookup(name.lower().rstrip("."), "TXT")
+        return None if records is None else [str(r) for r in records]
+
     async def _lookup(self, name: str, kind: str) -> list[Any] | None:
         """Cached records of one type: None when the name exists but has none. A question
         already on its way is not asked again: when a retry or a resume makes thousands of
@@ -285,6 +291,8 @@ class Resolver:
             return None
         if kind == "MX":
             value: list[Any] = [(r.preference, r.exchange.to_text(omit_final_dot=True).lower()) for r in rrset]
+        elif kind == "TXT":
+            value = [b"".join(r.strings).decode("utf-8", "replace") for r in rrset]
         else:
             value = [r.address for r in rrset]
         self._remember(key, value, float(rrset.ttl))

@@ -11,16 +11,24 @@ A destination has a kind: SMTP hops, or an application's `[[target]]` (mail of a
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import fnmatch
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from pigeon.config.patterns import host_port
-from pigeon.delivery.mx import DnsFailure, Resolver
+from pigeon.delivery.mta_sts import WARNINGS, Applied, Mode
+from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
 from pigeon.smtp.replies import Reply
+
+if TYPE_CHECKING:
+    from pigeon.delivery.mta_sts_store import PolicyStore
+
+_log = logging.getLogger(__name__)
 
 _DESTINATION_TTL: Final = 30.0  # at most: less when the MX records' TTL is shorter
 
@@ -68,6 +76,10 @@ class Destination:
     # Where its hops came from: the domain's MX records, a [[route]]'s next_hop, or an address
     # literal; what `pigeon shaping explain` calls them ("MX hosts" only for the first).
     hops_from: Literal["mx", "route", "literal"] = "mx"
+    # The domain's MTA-STS policy (RFC 8461), when one applies (mode enforce or testing; only
+    # to hops from MX records): enforce leaves only the hosts it allows in `hops`, and makes
+    # `tls` required and verified; testing changes nothing but what is checked and warned of.
+    mta_sts: Applied | None = None
 
     @property
     def security(self) -> str:
@@ -76,11 +88,13 @@ class Destination:
         queue and its connections, so a domain that requires (verified) TLS must not share
         them with one that does not: a connection opened in plaintext for one would carry the
         other's mail. Nor may connections verified against a private CA carry mail meant to be
-        verified against the system's CAs, or the reverse."""
+        verified against the system's CAs, or the reverse. A connection opened under an MTA-STS
+        policy says so in its records, so it carries only mail under one (in the same mode)."""
         if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify):
             return ""
         verified = (f", verified by {self.ca_file}" if self.ca_file else ", verified") if self.tls_verify else ""
-        return f" (tls {self.tls.value}{verified})"
+        sts = f", MTA-STS {self.mta_sts.policy.mode.value}" if self.mta_sts is not None else ""
+        return f" (tls {self.tls.value}{verified}{sts})"
 
 
 class Router:
@@ -97,8 +111,10 @@ class Router:
         smtp_port: int = 25,
         classify: Callable[[Reply], str] = lambda reply: "",
         clock: Callable[[], float] = time.monotonic,
+        mta_sts: PolicyStore | None = None,
     ) -> None:
         self._routes = routes
+        self._sts = mta_sts
         self._classify = classify
         self._resolver = resolver
         self._tls = tls
@@ -208,12 +224,61 @@ class Router:
             literal = Hop(address, self._port)
             site = f"[{address}]:{self._port}"
             return Destination(site, (literal,), tls, verify, ca_file=trusted, hops_from="literal"), _DESTINATION_TTL
-        exchangers, fresh = await self._resolver.exchangers_for(domain)
+        if self._sts is None:
+            exchangers, fresh = await self._resolver.exchangers_for(domain)
+            return self._by_mx(exchangers, tls, verify, trusted), fresh
+        # The MTA-STS TXT lookup goes beside the MX lookup, not after it: a domain without a
+        # record costs no more time than before (the policy's store never raises).
+        (exchangers, fresh), applied = await asyncio.gather(
+            self._resolver.exchangers_for(domain), self._sts.policy(domain)
+        )
+        if applied is None or applied.policy.mode is Mode.NONE:
+            return self._by_mx(exchangers, tls, verify, trusted), fresh
+        return self._under_policy(domain, exchangers, applied, tls, verify, trusted), fresh
+
+    def _by_mx(
+        self, exchangers: list[Exchanger], tls: TlsPolicy, verify: bool, trusted: str | None, sts: Applied | None = None
+    ) -> Destination:
         hops = tuple(Hop(e.host, self._port) for e in exchangers)
         site = ",".join(sorted({e.host for e in exchangers}))
         if self._port != 25:
             site += f":{self._port}"
-        return Destination(site, hops, tls, verify, ca_file=trusted), fresh
+        return Destination(site, hops, tls, verify, ca_file=trusted, mta_sts=sts)
+
+    def _under_policy(
+        self,
+        domain: str,
+        exchangers: list[Exchanger],
+        applied: Applied,
+        tls: TlsPolicy,
+        verify: bool,
+        trusted: str | None,
+    ) -> Destination:
+        """The destination of mail for `domain` by its MX hosts under its MTA-STS policy (RFC
+        8461 4, 5). Enforce: only the hosts the policy allows, over STARTTLS verified for the MX
+        host's name against the system's CAs or `[mta_sts] ca_file`, whatever `tls` and
+        `tls_verify` say; none allowed is a transient failure. Testing: every host, as without
+        the policy, but the certificate is checked (an unverified fallback, then the clear, as
+        opportunistic TLS has them, still deliver) so that what enforcing would refuse is warned of."""
+        assert self._sts is not None
+        sts_cas = str(self._sts.ca_file) if self._sts.ca_file is not None else None
+        allowed = [e for e in exchangers if applied.policy.allows(e.host)]
+        if applied.enforced:
+            if not allowed:
+                hosts = ", ".join(e.host for e in exchangers)
+                text = f"MTA-STS: no MX host of {domain} ({hosts}) is allowed by {applied.describe()}"
+                if WARNINGS.due(f"{domain}\0no mx"):
+                    _log.warning("%s: mail deferred: %s", domain, text)
+                raise DnsFailure(Reply(451, "4.7.0", (text,)))
+            return self._by_mx(allowed, TlsPolicy.REQUIRED, True, sts_cas, applied)
+        if len(allowed) < len(exchangers) and WARNINGS.due(f"{domain}\0testing mx"):
+            refused = ", ".join(e.host for e in exchangers if e not in allowed)
+            _log.warning(
+                "%s: MTA-STS testing: enforcing %s would leave out its MX hosts %s", domain, applied.describe(), refused
+            )
+        if tls is TlsPolicy.DISABLED or verify:
+            return self._by_mx(exchangers, tls, verify, trusted, applied)
+        return self._by_mx(exchangers, tls, True, sts_cas, applied)
 
     def _route(self, domain: str, routes: list[Route]) -> Route | None:
         for route in routes:

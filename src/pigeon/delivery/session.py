@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Final, cast
 
 from pigeon.delivery.loops import Listeners
+from pigeon.delivery.mta_sts import WARNINGS, Applied
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.delivery.routes import Destination, Hop
 from pigeon.listener.tls import describe
@@ -201,6 +202,8 @@ def _context(verify: bool, ca_file: str | None) -> ssl.SSLContext:
     _PRIVATE_CAS[ca_file] = (content, context)
     return context
 
+
+_TLS_REASONS: Final = frozenset({Reason.TLS_NOT_OFFERED, Reason.TLS_REFUSED, Reason.TLS_FAILED})
 
 # Errors of our own side (the source address cannot be bound), not of the peer.
 _LOCAL_ERRORS: Final = frozenset({errno.EADDRNOTAVAIL, errno.EADDRINUSE})
@@ -586,6 +589,9 @@ class ClientConnection:
         except BaseException:
             connection.close()
             raise
+        sts = destination.mta_sts
+        if sts is not None and not sts.enforced:
+            _warn_testing(sts, hop.host, peer, connection.tls is not None and destination.tls_verify)
         return connection
 
     async def _greet(self, hop: Hop, destination: Destination) -> None:
@@ -601,10 +607,17 @@ class ClientConnection:
                 verify = destination.tls_verify
                 server_name = hop.host if verify or not _is_ip(hop.host) else None
                 await self._start_tls(server_name, verify, destination.ca_file)
+                sts = destination.mta_sts
+                if sts is not None and self.tls is not None:
+                    self.tls += f", MTA-STS {sts.policy.mode.value}"  # (what the records say: see `tls`)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
                 greeted = event.reason is not Reason.BANNER  # (turned away at the banner: no session)
                 reply, server = event.explain(self.peer), event.said_by_server
+                sts = destination.mta_sts
+                if sts is not None and sts.enforced and event.reason in _TLS_REASONS:
+                    # (a host that turned us away otherwise is not the policy's doing: its reply stands)
+                    reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
                 raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
@@ -813,6 +826,16 @@ class ClientConnection:
         if reason is _TIMED_OUT:
             return Reply(451, "4.4.2", (f"timeout waiting for {self.peer}",))
         return Reply(reason.code, reason.enhanced, (f"{self.peer} {reason.text}",))
+
+
+def _warn_testing(sts: Applied, host: str, peer: str, verified: bool) -> None:
+    """A WARNING (once in a while per domain) when a connection made under a `testing` MTA-STS
+    policy is one that enforcing it would have refused (RFC 8461 5: the mail goes all the same)."""
+    why = sts.would_fail(host, verified)
+    if why is not None and WARNINGS.due(f"{sts.domain}\0testing\0{host}"):
+        _log.warning(
+            "%s: MTA-STS testing: delivering to %s, which %s would refuse: %s", sts.domain, peer, sts.describe(), why
+        )
 
 
 def _peer(hop: Hop, address: str) -> str:

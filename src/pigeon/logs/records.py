@@ -51,6 +51,8 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 |                |                  | server's certificate was checked: `..., certificate       |
 |                |                  | verified` / `..., certificate not verified` (`tls_verify` |
 |                |                  | off, or its unverified fallback)                          |
+|                |                  | and, under a recipient domain's MTA-STS policy, its mode: |
+|                |                  | `..., certificate verified, MTA-STS enforce`              |
 | created        | all four         | when the message was received                             |
 | duration       | all four         | seconds the transaction took                              |
 | classification | Bounce, Held,    | bounce class from the rule table (InvalidRecipient, ...; |

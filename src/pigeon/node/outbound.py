@@ -18,6 +18,7 @@ from pigeon.delivery.content import OutgoingBody
 from pigeon.delivery.dsn import Notifier
 from pigeon.delivery.egress import Egress, Source
 from pigeon.delivery.loops import Listeners
+from pigeon.delivery.mta_sts_store import PolicyStore
 from pigeon.delivery.mx import Resolver
 from pigeon.delivery.reactor import Reactor
 from pigeon.delivery.routes import Hop, Kind, Route, Router, TlsPolicy
@@ -82,6 +83,19 @@ class Outbound:
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
         self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
+        sts = config.mta_sts
+        self.mta_sts = (
+            PolicyStore(
+                self.resolver,
+                ca_file=sts.ca_file,
+                https_port=sts.https_port,
+                fetch_timeout=sts.fetch_timeout,
+                directory=config.spool.path,
+                worker=worker,
+            )
+            if sts.enabled
+            else None
+        )
         self.router = Router(
             routes_from(config),
             self.resolver,
@@ -90,6 +104,7 @@ class Outbound:
             ca_file=str(delivery.ca_file) if delivery.ca_file else None,
             smtp_port=delivery.smtp_port,
             classify=classifier.classify,
+            mta_sts=self.mta_sts,
         )
         self._load_system_cas()
         self.policies = policies = _policies(config)

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from dnslib import QTYPE, RR, A, DNSRecord
+from dnslib import QTYPE, RR, TXT, A, DNSRecord
 
 from pigeon.delivery import dnswire
 
@@ -93,3 +93,18 @@ def test_a_name_that_is_not_plain_is_left_to_dnspython() -> None:
     assert dnswire.question("h\\.ost.example", dnswire.A) is None
     assert dnswire.question("hôte.example", dnswire.A) is None
     assert dnswire.question("a..example", dnswire.A) is None
+
+
+async def test_a_txt_record_in_several_strings_is_one_text(server: Server) -> None:
+    """RFC 8461 3.1 (as RFC 7208 3.3): a TXT record longer than 255 octets comes in strings, joined."""
+
+    def answering(query: DNSRecord) -> list[bytes]:
+        reply = query.reply()
+        reply.add_answer(RR(query.q.qname, QTYPE.TXT, rdata=TXT([b"v=STSv1; ", b"id=2024;"]), ttl=300))
+        reply.add_answer(RR(query.q.qname, QTYPE.TXT, rdata=TXT([b"v=spf1 -all"]), ttl=60))
+        return [bytes(reply.pack())]
+
+    answer = await dnswire.ask(server(answering), "_mta-sts.example.net", "TXT")
+    assert answer is not None
+    assert answer.records == ["v=STSv1; id=2024;", "v=spf1 -all"]
+    assert answer.ttl == 60

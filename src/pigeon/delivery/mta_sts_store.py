@@ -1,0 +1,314 @@
+"""MTA-STS policies of recipient domains: discovered, fetched, cached, kept across restarts.
+
+`PolicyStore.policy(domain)` is what the router asks, beside the MX lookup (RFC 8461 3.3, 5):
+
+* the `_mta-sts.<domain>` TXT record through Pigeon's own resolver (`[dns] nameservers`),
+  cached for its TTL by the resolver; a lookup that fails (a timeout, a SERVFAIL) is
+  remembered here for `TXT_FAILURE_TTL`, so a DNS server that never answers TXT costs a
+  domain's routing at most the resolver's timeout once in a while, not every time;
+* with a record whose `id` is not the cached policy's (or no cached policy, or one whose
+  `max_age` ran out), the policy from `https://mta-sts.<domain>/.well-known/mta-sts.txt`:
+  the host resolved by the same resolver, its certificate verified against the system's CAs
+  or `[mta_sts] ca_file`, no redirect followed, `text/plain`, at most 64 KiB, within
+  `[mta_sts] fetch_timeout`; one fetch per domain at a time, however many messages wait;
+* a policy fetched is kept until its `max_age` runs out, in memory and in
+  `<spool path>/mta-sts-<worker>.json` (written to a new file, fsynced, renamed over the
+  old): a restart keeps enforcing it (RFC 8461 5, downgrade resistance), every worker
+  reading every worker's file. A TXT record gone, a lookup that fails, a fetch that fails:
+  the cached policy stands while it has not expired (RFC 8461 5.1); without one, there is
+  no policy, and mail goes as it would without MTA-STS (RFC 8461 5: a policy that cannot be
+  had never holds mail up). A fetch that fails is tried again after `FETCH_FAILURE_TTL`.
+
+A record or policy that is not valid is no policy, and a WARNING names the domain and why,
+once in a while (`mta_sts.WARNINGS`). `policy()` never raises.
+
+BUGS: no proactive refresh of policies about to expire (RFC 8461 5.1's SHOULD); a policy is
+fetched again when a message for its domain finds its `max_age` run out. Each worker fetches
+for itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from pigeon.delivery.mta_sts import (
+    MAX_POLICY_SIZE,
+    WARNINGS,
+    Applied,
+    NoRecord,
+    PolicyError,
+    media_type_is_text,
+    parse_policy,
+    parse_record,
+)
+from pigeon.delivery.mx import DnsFailure, Resolver
+from pigeon.fsync import fsync_directory
+from pigeon.tls import client_context
+
+_log = logging.getLogger(__name__)
+
+TXT_FAILURE_TTL: Final = 120.0
+"""Seconds a failed `_mta-sts` TXT lookup (a timeout, a SERVFAIL) is taken as "no record"
+before it is asked again (the cached policy, if any, standing meanwhile)."""
+FETCH_FAILURE_TTL: Final = 300.0
+"""Seconds a policy that could not be fetched (or was not valid) is not fetched again for the same id."""
+_FILE_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    applied: Applied
+    text: str  # the policy as fetched, what the file keeps
+    fetched: float  # wall clock
+    expires: float  # wall clock: fetched + max_age
+
+
+class _Resolve(AbstractResolver):
+    """aiohttp's resolver: Pigeon's, never the system's."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self._resolver = resolver
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        try:
+            addresses = await self._resolver.addresses(host)
+        except DnsFailure as failure:
+            raise OSError(f"cannot resolve {host}: {failure.reply.text}") from None
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+            for address in addresses
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+class PolicyStore:
+    def __init__(
+        self,
+        resolver: Resolver,
+        *,
+        ca_file: Path | None = None,
+        https_port: int = 443,
+        fetch_timeout: float = 10.0,
+        directory: Path | None = None,
+        worker: int = 0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._resolver = resolver
+        self.ca_file = ca_file
+        self._port = https_port
+        self._timeout = fetch_timeout
+        self._directory = directory
+        self._path = directory / f"mta-sts-{worker}.json" if directory is not None else None
+        self._clock = clock
+        self._monotonic = monotonic
+        self._cache: dict[str, _Cached] = {}
+        self._txt_failed: dict[str, float] = {}  # domain -> until when (monotonic) no TXT is asked
+        self._fetch_failed: dict[tuple[str, str], float] = {}  # (domain, id) -> until when (monotonic)
+        self._fetching: dict[str, asyncio.Future[_Cached | None]] = {}
+        self._writing = asyncio.Lock()
+        self._context: ssl.SSLContext | None = None
+        self._load()
+
+    # --- the question ------------------------------------------------------------------------
+    async def policy(self, domain: str) -> Applied | None:
+        """The policy in force for `domain` (any mode), or None. Never raises."""
+        domain = domain.lower().rstrip(".")
+        cached = self._cache.get(domain)
+        if cached is not None and cached.expires <= self._clock():
+            del self._cache[domain]
+            cached = None
+        policy_id = await self._record(domain)
+        if policy_id is None or (cached is not None and cached.applied.policy_id == policy_id):
+            return cached.applied if cached is not None else None
+        failed = self._fetch_failed.get((domain, policy_id))
+        if failed is not None and failed > self._monotonic():
+            return cached.applied if cached is not None else None
+        fetched = await self._fetch_once(domain, policy_id)
+        if fetched is None:
+            return cached.applied if cached is not None else None
+        return fetched.applied
+
+    async def _record(self, domain: str) -> str | None:
+        """The id of the domain's TXT record; None: no (valid) record, or the lookup failed."""
+        until = self._txt_failed.get(domain)
+        if until is not None:
+            if until > self._monotonic():
+                return None
+            del self._txt_failed[domain]
+        try:
+            texts = await self._resolver.texts(f"_mta-sts.{domain}")
+        except DnsFailure as failure:
+            if not failure.permanent:  # (NXDOMAIN: no record, the common case, cached by the resolver)
+                if len(self._txt_failed) > 10_000:
+                    self._txt_failed.clear()
+                self._txt_failed[domain] = self._monotonic() + TXT_FAILURE_TTL
+                _log.debug("%s: MTA-STS TXT lookup failed (%s)", domain, failure.reply.text)
+            return None
+        try:
+            return parse_record(texts or ())
+        except NoRecord:
+            return None
+        except PolicyError as error:
+            self._warn(domain, f"its _mta-sts TXT record is not valid: {error}")
+            return None
+
+    async def _fetch_once(self, domain: str, policy_id: str) -> _Cached | None:
+        """One fetch per domain at a time: the others wait for its result (shielded: one
+        waiter cancelled cancels no one else's)."""
+        fetching = self._fetching.get(domain)
+        if fetching is None:
+            fetching = self._fetching[domain] = asyncio.ensure_future(self._fetch(domain, policy_id))
+            fetching.add_done_callback(lambda done: self._fetched(domain, done))
+        return await asyncio.shield(fetching)
+
+    def _fetched(self, domain: str, done: asyncio.Future[_Cached | None]) -> None:
+        if self._fetching.get(domain) is done:
+            del self._fetching[domain]
+        if not done.cancelled():
+            done.exception()  # (seen: every waiter may have gone)
+
+    async def _fetch(self, domain: str, policy_id: str) -> _Cached | None:
+        try:
+            text = await self._download(domain)
+            policy = parse_policy(text)
+        except (PolicyError, aiohttp.ClientError, OSError, TimeoutError, ValueError, ssl.SSLError) as error:
+            why = str(error) or type(error).__name__
+            if isinstance(error, TimeoutError):
+                why = f"no answer within {self._timeout:g}s ([mta_sts] fetch_timeout)"
+            if len(self._fetch_failed) > 10_000:
+                self._fetch_failed.clear()
+            self._fetch_failed[(domain, policy_id)] = self._monotonic() + FETCH_FAILURE_TTL
+            self._warn(domain, f"its MTA-STS policy (id {policy_id}) could not be had: {why}")
+            return None
+        now = self._clock()
+        cached = _Cached(Applied(domain, policy, policy_id), text, now, now + policy.max_age)
+        self._cache[domain] = cached
+        _log.info(
+            "%s: MTA-STS policy id %s fetched: %s, max_age %ds", domain, policy_id, policy.describe(), policy.max_age
+        )
+        await self._save()
+        return cached
+
+    async def _download(self, domain: str) -> str:
+        """The policy's text. Raises PolicyError (what came is no policy), aiohttp's errors,
+        OSError or TimeoutError."""
+        host = f"mta-sts.{domain}"
+        port = "" if self._port == 443 else f":{self._port}"
+        url = f"https://{host}{port}/.well-known/mta-sts.txt"
+        if self._context is None:
+            self._context = client_context(verify=True, cafile=self.ca_file)
+        connector = aiohttp.TCPConnector(resolver=_Resolve(self._resolver), ssl=self._context, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session,
+            session.get(url, allow_redirects=False, headers={"Accept-Encoding": "identity"}) as response,
+        ):
+            if response.status != 200:
+                raise PolicyError(f"{url} answered HTTP {response.status} (redirects are not followed)")
+            if not media_type_is_text(response.headers.get("Content-Type")):
+                raise PolicyError(f"{url} is {response.headers.get('Content-Type')!r}, not text/plain")
+            if (response.content_length or 0) > MAX_POLICY_SIZE:
+                raise PolicyError(f"{url} is {response.content_length} bytes, over {MAX_POLICY_SIZE}")
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(8192):
+                body += chunk
+                if len(body) > MAX_POLICY_SIZE:
+                    raise PolicyError(f"{url} is over {MAX_POLICY_SIZE} bytes")
+        return body.decode("utf-8")
+
+    @staticmethod
+    def _warn(domain: str, why: str) -> None:
+        if WARNINGS.due(f"{domain}\0policy\0{why}"):
+            _log.warning("%s: no MTA-STS policy applied: %s", domain, why)
+
+    # --- the file ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        """The unexpired policies of every worker's file (the freshest of each domain): a policy
+        fetched before a restart, by whichever worker, is enforced from the first message."""
+        if self._directory is None:
+            return
+        now = self._clock()
+        for path in sorted(self._directory.glob("mta-sts-*.json")):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                entries = data["policies"] if data.get("version") == _FILE_VERSION else {}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+                _log.warning("%s: MTA-STS policy cache not read (%s): policies are fetched afresh", path, error)
+                continue
+            for domain, entry in entries.items():
+                try:
+                    cached = self._entry(str(domain), entry)
+                except (PolicyError, KeyError, TypeError, ValueError):
+                    continue
+                if cached.expires <= now:
+                    continue
+                known = self._cache.get(cached.applied.domain)
+                if known is None or known.fetched < cached.fetched:
+                    self._cache[cached.applied.domain] = cached
+
+    @staticmethod
+    def _entry(domain: str, entry: Any) -> _Cached:
+        text = str(entry["policy"])
+        policy = parse_policy(text)
+        fetched = float(entry["fetched"])
+        return _Cached(Applied(domain, policy, str(entry["id"])), text, fetched, fetched + policy.max_age)
+
+    async def _save(self) -> None:
+        """This worker's file, written anew (in a thread: fsyncs) with what it holds unexpired."""
+        path = self._path
+        if path is None:
+            return
+        async with self._writing:
+            now = self._clock()
+            data = {
+                "version": _FILE_VERSION,
+                "policies": {
+                    domain: {"id": c.applied.policy_id, "fetched": c.fetched, "policy": c.text}
+                    for domain, c in self._cache.items()
+                    if c.expires > now
+                },
+            }
+            try:
+                await asyncio.to_thread(_write_durably, path, json.dumps(data, indent=1, sort_keys=True))
+            except OSError as error:
+                _log.warning(
+                    "%s: MTA-STS policy cache not written (%s): a restart fetches policies afresh", path, error
+                )
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """`path` replaced by `text` as a whole or not at all, durably: a new file, fsynced, renamed
+    over the old one, the directory fsynced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".new")
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)

@@ -1,0 +1,204 @@
+"""MTA-STS (RFC 8461) on delivery by MX: a DNS server, an HTTPS policy server and SMTP sinks of
+the test's own, on loopback, under a CA of the test's own (`[mta_sts] ca_file`)."""
+
+from __future__ import annotations
+
+import smtplib
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.dns import DnsServer, Zone
+from tests.support.mta_sts import PolicyServer, TestCa
+from tests.support.process import PigeonProcess, free_port
+from tests.support.sinks import ScriptedSink, wait_until
+
+_ENFORCE = "version: STSv1\nmode: enforce\nmx: mx1.example.net\nmx: *.mail.example.net\nmax_age: 86400\n"
+
+
+def _zone(*mx: tuple[int, str, str], record: str | None = "v=STSv1; id=1;") -> Zone:
+    """example.net with its MX hosts (preference, name, address), its policy host on 127.0.0.1
+    and, unless None, its `_mta-sts` TXT record."""
+    records: dict[str, list[tuple[Any, ...]]] = {
+        "example.net": [("MX", preference, name) for preference, name, _ in mx],
+        "mta-sts.example.net": [("A", "127.0.0.1")],
+    }
+    for _, name, address in mx:
+        records[name] = [("A", address)]
+    if record is not None:
+        records["_mta-sts.example.net"] = [("TXT", record)]
+    return Zone(records)
+
+
+def _node(tmp_path: Path, dns: DnsServer, port: int, ca: TestCa, policies: PolicyServer | None,
+          delivery: dict[str, Any] | None = None, **mta_sts: Any) -> PigeonProcess:  # fmt: skip
+    settings = {"enabled": True, "smtp_port": port, "retry_interval": "1h", "dsn": False, **(delivery or {})}
+    https = {"https_port": policies.port} if policies is not None else {}
+    return PigeonProcess(
+        tmp_path / "node",
+        delivery=settings,
+        dns={"nameservers": [dns.endpoint], "timeout": "1s"},
+        mta_sts={"ca_file": str(ca.path), **https, **mta_sts},
+    )
+
+
+def _send(pigeon: PigeonProcess, recipient: str = "ok@example.net") -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("a@example.org", [recipient], b"Subject: sts\r\n\r\nhi\r\n")
+
+
+def test_an_enforced_policy_delivers_over_tls_verified_for_the_mx_host(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    with (
+        DnsServer(_zone((10, "mx1.example.net", "127.0.0.2"))) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")) as sink,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert "certificate verified" in record["tls"] and record["tls"].endswith("MTA-STS enforce")
+        assert len(sink.received) == 1
+        assert policies.requests == ["mta-sts.example.net"]
+        assert ("_mta-sts.example.net", "TXT") in dns.zone.queries
+
+
+def test_an_enforced_policy_allowing_no_mx_host_defers_and_never_delivers_there(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    with (
+        DnsServer(_zone((10, "mx.elsewhere.example", "127.0.0.2"))) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx.elsewhere.example")) as sink,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert failure["response"]["code"] == 451 and failure["response"]["enhanced"] == "4.7.0"
+        text = failure["response"]["text"]
+        assert "no MX host of example.net (mx.elsewhere.example) is allowed" in text
+        assert "example.net's MTA-STS policy (id 1, mode enforce, mx mx1.example.net, *.mail.example.net)" in text
+        assert not sink.received and not sink.rcpt_log
+        assert "WARNING" in pigeon.stderr() and "example.net: mail deferred: MTA-STS" in pigeon.stderr()
+
+
+def test_an_enforced_policy_skips_hosts_without_starttls_or_a_valid_certificate(tmp_path: Path) -> None:
+    # mx1 has a certificate for another name, a.mail offers no STARTTLS, b.mail is right: all
+    # three are allowed by the policy, and only b.mail may have the mail, whatever [delivery] tls
+    # says (opportunistic, unverified: the default). other.example's only MX is a.mail: its
+    # mail waits, and says why.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone(
+        (10, "mx1.example.net", "127.0.0.2"),
+        (20, "a.mail.example.net", "127.0.0.3"),
+        (30, "b.mail.example.net", "127.0.0.4"),
+    )
+    zone.records["other.example"] = [("MX", 10, "a.mail.example.net")]
+    zone.records["_mta-sts.other.example"] = [("TXT", "v=STSv1; id=7;")]
+    zone.records["mta-sts.other.example"] = [("A", "127.0.0.1")]
+    served = {"mta-sts.example.net": _ENFORCE, "mta-sts.other.example": _ENFORCE}
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net", "mta-sts.other.example"), served) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
+        ScriptedSink(host="127.0.0.3", port=port) as plaintext,
+        ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("b.mail.example.net")) as right,
+        # (two hosts that greet and will not do are all an attempt tries by default)
+        _node(tmp_path, dns, port, ca, policies, {"mx_session_limit": 3}) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert record["peer"] == f"b.mail.example.net [127.0.0.4]:{port}"
+        assert len(right.received) == 1
+        assert not wrong_name.received and not plaintext.received
+        _send(pigeon, "ok@other.example")
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"), timeout=60)
+        assert failure["response"]["enhanced"] == "4.7.4"
+        assert "required by other.example's MTA-STS policy (id 7" in failure["response"]["text"]
+        assert not plaintext.received
+
+
+def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    testing = _ENFORCE.replace("enforce", "testing")
+    with (
+        DnsServer(_zone((10, "mx1.example.net", "127.0.0.2"))) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": testing}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("wrong.example.net")) as sink,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert len(sink.received) == 1
+        assert "certificate not verified" in record["tls"] and record["tls"].endswith("MTA-STS testing")
+        stderr = pigeon.stderr()
+        assert "example.net: MTA-STS testing: delivering to mx1.example.net [127.0.0.2]" in stderr
+        assert "gave no TLS with a certificate valid for its name" in stderr
+
+
+def test_a_policy_fetched_before_a_restart_is_enforced_while_its_server_is_down(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    with (
+        DnsServer(_zone((10, "mx1.example.net", "127.0.0.2"))) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")) as allowed,
+        ScriptedSink(host="127.0.0.3", port=port, tls=ca.server_context("mx.elsewhere.example")) as other,
+    ):
+        policies = PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE})
+        with policies, _node(tmp_path, dns, port, ca, policies) as pigeon:
+            _send(pigeon)
+            wait_until(lambda: pigeon.records("Delivery"))
+        # The policy server is gone, the MX now names a host the policy does not allow, and the
+        # record a new id: the policy cannot be fetched again, and the one kept stands.
+        dns.zone.records["example.net"] = [("MX", 10, "mx.elsewhere.example")]
+        dns.zone.records["mx.elsewhere.example"] = [("A", "127.0.0.3")]
+        dns.zone.records["_mta-sts.example.net"] = [("TXT", "v=STSv1; id=2;")]
+        with pigeon:
+            _send(pigeon)
+            (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+            assert failure["response"]["enhanced"] == "4.7.0"
+            assert "(id 1, mode enforce" in failure["response"]["text"]
+            assert "its MTA-STS policy (id 2) could not be had" in pigeon.stderr()
+        assert len(allowed.received) == 1 and not other.received
+
+
+def test_a_domain_without_a_record_is_delivered_as_before_without_fetching(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    with (
+        DnsServer(_zone((10, "mx1.example.net", "127.0.0.2"), record=None)) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port) as sink,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        started = time.monotonic()
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert time.monotonic() - started < 5
+        assert "tls" not in record  # the sink offers no STARTTLS: plaintext, as without MTA-STS
+        assert len(sink.received) == 1
+        assert ("_mta-sts.example.net", "TXT") in dns.zone.queries  # asked, NXDOMAIN...
+        assert policies.requests == []  # ... so nothing fetched
+
+
+def test_a_dns_server_that_never_answers_txt_does_not_hold_delivery_past_its_timeout(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone((10, "mx1.example.net", "127.0.0.2"))
+    zone.delays["_mta-sts.example.net"] = (30.0, 30.0)  # the TXT question is never answered in time
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port) as sink,
+        _node(tmp_path, dns, port, ca, None) as pigeon,
+    ):
+        started = time.monotonic()
+        _send(pigeon)
+        wait_until(lambda: pigeon.records("Delivery"), timeout=20)
+        assert time.monotonic() - started < 10  # [dns] timeout 1s, not the 30 s the server takes
+        _send(pigeon)
+        wait_until(lambda: len(pigeon.records("Delivery")) == 2, timeout=20)
+        assert len(sink.received) == 2
+        assert dns.zone.queries.count(("_mta-sts.example.net", "TXT")) == 1  # the failure is remembered

@@ -1,0 +1,75 @@
+"""Fetching MTA-STS policies (`PolicyStore`) against a DNS server and an HTTPS server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from pigeon.delivery.mta_sts import Mode
+from pigeon.delivery.mta_sts_store import PolicyStore
+from pigeon.delivery.mx import Resolver
+from tests.support.dns import DnsServer, Zone
+from tests.support.mta_sts import PolicyServer, TestCa
+
+_ENFORCE = "version: STSv1\nmode: enforce\nmx: mx1.example.net\nmax_age: 86400\n"
+
+
+def _zone() -> Zone:
+    return Zone({"_mta-sts.example.net": [("TXT", "v=STSv1; id=1;")], "mta-sts.example.net": [("A", "127.0.0.1")]})
+
+
+async def test_many_messages_for_one_domain_cause_one_fetch_and_the_policy_is_kept_on_disk(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    with (
+        DnsServer(_zone()) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as server,
+    ):
+        resolver = Resolver([(dns.address, dns.port)], timeout=1.0)
+        store = PolicyStore(resolver, ca_file=ca.path, https_port=server.port, directory=tmp_path / "spool")
+        applied = await asyncio.gather(*(store.policy("example.net") for _ in range(50)))
+        assert {a.policy.mode if a else None for a in applied} == {Mode.ENFORCE}
+        assert server.requests == ["mta-sts.example.net"]
+    kept = json.loads((tmp_path / "spool" / "mta-sts-0.json").read_text())
+    assert kept["policies"]["example.net"]["id"] == "1"
+    assert kept["policies"]["example.net"]["policy"] == _ENFORCE
+
+
+@pytest.mark.parametrize(
+    ("served", "why"),
+    [
+        ("version: STSv1\nmode: enforce\nmax_age: 86400\n", "mode enforce and no mx"),
+        (None, "answered HTTP 404"),
+    ],
+)
+async def test_a_bad_policy_is_no_policy_and_a_warning_names_the_domain(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, served: str | None, why: str
+) -> None:
+    ca = TestCa(tmp_path / "ca")
+    policies = {"mta-sts.example.net": served} if served is not None else {}
+    with (
+        DnsServer(_zone()) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), policies) as server,
+        caplog.at_level(logging.WARNING),
+    ):
+        resolver = Resolver([(dns.address, dns.port)], timeout=1.0)
+        store = PolicyStore(resolver, ca_file=ca.path, https_port=server.port)
+        assert await store.policy("example.net") is None
+        assert await store.policy("example.net") is None  # (not fetched again at once)
+        assert len(server.requests) == 1
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("example.net: no MTA-STS policy applied: ") and why in warning
+
+
+async def test_a_policy_host_whose_certificate_does_not_verify_gives_no_policy(tmp_path: Path) -> None:
+    ca, stranger = TestCa(tmp_path / "ca"), TestCa(tmp_path / "other", "Another CA")
+    with (
+        DnsServer(_zone()) as dns,
+        PolicyServer(stranger.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as server,
+    ):
+        resolver = Resolver([(dns.address, dns.port)], timeout=1.0)
+        store = PolicyStore(resolver, ca_file=ca.path, https_port=server.port)
+        assert await store.policy("example.net") is None
