@@ -30,6 +30,11 @@ rates and egress sources as the receiving end saw them.
 
 `WireSink` is the other kind of next hop: a lenient, line-at-LF server that records every
 byte it receives, to show what a smuggled end of data would do at an MTA that takes one.
+With `users` (name -> password) it takes SMTP AUTH (PLAIN and LOGIN, once on TLS: after STARTTLS,
+or from the first byte with `implicit_tls`, a port 465); a wrong password gets `535 5.7.8`.
+`auth_attempts` records each (mechanism, user, whether it was taken), and a message's
+`Received.auth_user` the user its connection authenticated as.
+
 `TurnAwaySink` turns every client away, with a reply of its choosing as its greeting or as
 its answer to EHLO (a provider's "421 4.7.0 Try again later, closing connection"), then
 closes.
@@ -54,7 +59,7 @@ from email.policy import default as default_policy
 from typing import Any, Self
 
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import SMTP, Envelope, Session
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 from tests.support.process import free_port
 from tests.support.tools import require
@@ -98,7 +103,8 @@ class Received:
     mail_options: list[str] = field(default_factory=list)
     rcpt_options: list[list[str]] = field(default_factory=list)
     dropped: bool = False  # chaos@: stored, but the connection was dropped before the 250
-    tls: bool = False  # it came over STARTTLS
+    tls: bool = False  # it came over STARTTLS (or implicit TLS)
+    auth_user: str | None = None  # the user its connection authenticated as
 
     @property
     def email(self) -> EmailMessage:
@@ -206,7 +212,8 @@ class _Handler:
             data,
             list(envelope.mail_options),
             [list(o) for o in envelope.rcpt_options],
-            tls=session.ssl is not None,
+            tls=session.ssl is not None or self.sink.implicit,
+            auth_user=session.login_data.decode() if isinstance(session.login_data, bytes) else None,
         )
         self.sink.received.append(received)
         peer = session.peer[0] if isinstance(session.peer, tuple) else str(session.peer or "")
@@ -281,11 +288,15 @@ class ScriptedSink:
         max_recipients: int | None = None,
         too_many: str = "452 4.5.3 too many recipients",
         eight_bit_mime: bool = True,
+        users: dict[str, str] | None = None,
+        implicit_tls: ssl.SSLContext | None = None,
     ) -> None:
         """`smtputf8`: offer SMTPUTF8 (internationalised mail), which aiosmtpd leaves off by
         default. `tls`: offer STARTTLS with this server context. `max_recipients`: recipients
         a transaction takes (the rest get `too_many`); None: any number. `eight_bit_mime`:
-        offer 8BITMIME (aiosmtpd does, unless told not to here)."""
+        offer 8BITMIME (aiosmtpd does, unless told not to here). `users`: take AUTH with these
+        (name -> password), on TLS only. `implicit_tls`: TLS from the first byte, with this
+        server context (a port 465)."""
         self.host = host
         self.random = random.Random(seed)
         self.port = port or free_port()
@@ -298,11 +309,34 @@ class ScriptedSink:
         self.connections: list[SinkConnection] = []
         self.arrivals: list[Arrival] = []
         self.rcpt_reply: Callable[[str], str | None] | None = None
+        self.users = users
+        self.implicit = implicit_tls is not None
+        self.auth_attempts: list[tuple[str, str, bool]] = []
         handler = _Handler(self) if eight_bit_mime else _SevenBitHandler(self)
+        auth: dict[str, Any] = {}
+        if users is not None:
+            # On implicit TLS aiosmtpd sees no STARTTLS: the connection is on TLS all the same.
+            auth = {"authenticator": self._authenticate, "auth_require_tls": implicit_tls is None}
         self._controller = _Controller(
-            handler, hostname=host, port=self.port, ready_timeout=10, enable_SMTPUTF8=smtputf8, tls_context=tls
+            handler,
+            hostname=host,
+            port=self.port,
+            ready_timeout=10,
+            enable_SMTPUTF8=smtputf8,
+            tls_context=tls,
+            ssl_context=implicit_tls,
+            **auth,
         )
         self._controller.start()
+
+    def _authenticate(
+        self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, data: Any
+    ) -> AuthResult:
+        assert self.users is not None and isinstance(data, LoginPassword)
+        user, password = data.login.decode(), data.password.decode()
+        taken = self.users.get(user) == password
+        self.auth_attempts.append((mechanism, user, taken))
+        return AuthResult(success=taken, handled=False, auth_data=data)
 
     @property
     def endpoint(self) -> str:

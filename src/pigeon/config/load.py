@@ -42,6 +42,7 @@ from pigeon.config.schema import (
     numeric_name_problem,
     toml_spelling,
 )
+from pigeon.config.secret_file import first_line
 from pigeon.inbound.sasl import token_problem
 from pigeon.inbound.search import SearchError, excludes_seen, recent_key
 from pigeon.listener.passwords import PasswordFile, PasswordFileError, binding_problem
@@ -54,6 +55,7 @@ from pigeon.shaping.providers import check_name, normalise_suffix, shipped
 from pigeon.shaping.reactions import ReactionError, compile_rule
 from pigeon.smtp import address
 from pigeon.smtp.address import canonical_literal
+from pigeon.smtp.client_auth import MECHANISMS, credentials_problem
 from pigeon.smtp.client_session import greeting_name_problem
 from pigeon.tls import client_context
 
@@ -294,7 +296,10 @@ def _finish(
         for route in config.route:
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
+            if route.auth_password_file is not None:
+                route.auth_password_file = _resolve(route.auth_password_file, path.parent)
     _check_files(config, fail, reloadable=reloadable_files)
+    _check_route_auth(config, fail, reloadable=reloadable_files)
     _check_directories(config, fail)
     _check_listen_addresses(config, text, fail)
     _check_dkim(config, path, text, fail, keys=reloadable_files)
@@ -1191,6 +1196,73 @@ def _check_directories(config: Config, fail: Callable[..., ConfigError]) -> None
         if existing == directory:
             raise fail(keys, f"{directory} is a file, not a directory")
         raise fail(keys, f"{directory} cannot be made: {existing} is a file, not a directory")
+
+
+def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloadable: bool = True) -> None:
+    """A `[[route]]` that authenticates (`auth_username`) does so to its smart host alone, on
+    TLS unless it says otherwise, with one password and mechanisms Pigeon speaks. With
+    `reloadable`, its password file is read now (as each start and reload reads it), so that a
+    file that is missing, empty or unusable is named at load, not at the first delivery. No
+    message here shows the password."""
+    for index, route in enumerate(config.route):
+        name = f"route {route.domain!r}"
+        if route.tls == "implicit" and route.next_hop is None:
+            reason = f'{name}: tls = "implicit" is for a smart host (next_hop, on its port 465): MX hosts take STARTTLS'
+            raise fail(["route", "tls"], reason, index)
+        if route.auth_username is None:
+            for key in ("auth_password", "auth_password_file", "auth_mechanisms"):
+                if getattr(route, key) is not None:
+                    raise fail(["route", key], f"{name}: {key} is for a route with auth_username", index)
+            if route.allow_plaintext_auth:
+                reason = f"{name}: allow_plaintext_auth is for a route with auth_username"
+                raise fail(["route", "allow_plaintext_auth"], reason, index)
+            continue
+        if route.next_hop is None:
+            # Never to a host an MX lookup found: whoever controls the domain's DNS would get it.
+            reason = (
+                f"{name}: AUTH is sent only to a smart host: give next_hop (the password never goes to "
+                "the MX hosts of a recipient's domain)"
+            )
+            raise fail(["route", "auth_username"], reason, index)
+        if route.auth_password is None and route.auth_password_file is None:
+            raise fail(["route", "auth_username"], f"{name} needs auth_password or auth_password_file", index)
+        if route.auth_password is not None and route.auth_password_file is not None:
+            reason = f"{name}: give auth_password or auth_password_file, not both"
+            raise fail(["route", "auth_password_file"], reason, index)
+        if route.tls == "disabled" and not route.allow_plaintext_auth:
+            # As [smtp] allow_plaintext_auth says of the listener's side.
+            reason = (
+                f'{name}: auth_username with tls = "disabled": the password would cross the network in clear. '
+                'Use tls = "required" (or "implicit"), or set allow_plaintext_auth = true on the route to send '
+                "AUTH without TLS"
+            )
+            raise fail(["route", "auth_username"], reason, index)
+        if route.auth_mechanisms is not None:
+            mechanisms = [mechanism.upper() for mechanism in route.auth_mechanisms]
+            unknown = [m for m in route.auth_mechanisms if m.upper() not in MECHANISMS]
+            if unknown or not mechanisms:
+                what = f"{', '.join(map(repr, unknown))} unknown" if unknown else "empty"
+                reason = f"{name}: {what}: Pigeon authenticates with {', '.join(map(repr, MECHANISMS))}"
+                raise fail(["route", "auth_mechanisms"], reason, index)
+            route.auth_mechanisms = list(dict.fromkeys(mechanisms))
+        password, key, where = route.auth_password, "auth_password", "the password"
+        file = route.auth_password_file
+        if file is not None:
+            if not reloadable:
+                password = "-"  # (read, and checked, by the start or reload that takes it)
+            else:
+                key, where = "auth_password_file", f"auth_password_file {file}"
+                try:
+                    password = first_line(file)
+                except UnicodeDecodeError:
+                    raise fail(["route", key], f"{name}: {where} is not UTF-8 text", index) from None
+                except OSError as error:
+                    raise fail(["route", key], f"{name}: {where} cannot be read: {error.strerror}", index) from None
+        problem = credentials_problem(route.auth_username, password or "")
+        if problem is not None:
+            subject = "auth_username" if "user name" in problem else key
+            where = "" if subject == "auth_username" else f" ({where})"
+            raise fail(["route", subject], f"{name}: {problem}{where}", index)
 
 
 def _check_token_file(name: str, file: Path, fail: Callable[..., ConfigError], index: int) -> None:

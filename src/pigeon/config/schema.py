@@ -727,11 +727,27 @@ class RouteConfig(_Section):
     """Recipient domain (a glob: "*.example.net", "*" for every domain)."""
     next_hop: Peer | None = None
     """Send here instead of the domain's MX hosts: "host:port" (no MX lookup)."""
-    tls: Literal["opportunistic", "required", "disabled"] | None = None
+    tls: Literal["opportunistic", "required", "disabled", "implicit"] | None = None
+    """As `[delivery] tls`; "implicit" (with `next_hop` only): TLS from the first byte, no
+    STARTTLS (RFC 8314, a submission port 465)."""
     tls_verify: bool | None = None
     ca_file: Path | None = None
     """PEM file of the CAs to trust, instead of the system's, when this route verifies the
     certificate (`tls_verify`): a smart host or partner under a private CA."""
+    auth_username: str | None = None
+    """Authenticate to the smart host (`next_hop`, and only it) as this user, with SMTP AUTH
+    (RFC 4954), once per connection, before its first message. A failure defers the mail (never
+    a bounce) and logs a WARNING."""
+    auth_password: str | None = None
+    auth_password_file: Path | None = None
+    """Read the password from this file (its first line) at start and at each reload, rather
+    than keep it in the config. Not with `auth_password`."""
+    auth_mechanisms: list[str] | None = None
+    """The SASL mechanisms to use, in order of preference: "PLAIN", "LOGIN". Default: both,
+    PLAIN first (the first the server offers is used)."""
+    allow_plaintext_auth: bool = False
+    """Allow AUTH with `tls = "disabled"`: the password crosses the network in clear. (Under
+    "opportunistic", AUTH goes only once TLS is up, whatever this says.)"""
 
 
 class QueueConfig(_Section):

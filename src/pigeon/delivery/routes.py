@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from pigeon.config.patterns import host_port
 from pigeon.delivery.mta_sts import WARNINGS, Applied, Mode
 from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
+from pigeon.smtp.client_auth import Credentials
 from pigeon.smtp.replies import Reply
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class TlsPolicy(enum.Enum):
     OPPORTUNISTIC = "opportunistic"  # STARTTLS when offered; plaintext otherwise or if it fails
     REQUIRED = "required"  # STARTTLS or no delivery (transient failure)
     DISABLED = "disabled"  # never STARTTLS
+    IMPLICIT = "implicit"  # TLS from the first byte (RFC 8314: port 465), a [[route]]'s next hop only
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,7 @@ class Route:
     tls: TlsPolicy | None = None
     tls_verify: bool | None = None
     ca_file: str | None = None  # CAs to verify against instead of the system's
+    auth: Credentials | None = None  # who to authenticate to `next_hop` as (SMTP AUTH); None: no AUTH
 
     def matches(self, domain: str) -> bool:
         return self.domain == "*" or fnmatch.fnmatchcase(domain, self.domain)
@@ -80,6 +83,7 @@ class Destination:
     # to hops from MX records): enforce leaves only the hosts it allows in `hops`, and makes
     # `tls` required and verified; testing changes nothing but what is checked and warned of.
     mta_sts: Applied | None = None
+    auth: Credentials | None = None  # a [[route]]'s smart host: authenticate as (its `repr` hides the password)
 
     @property
     def security(self) -> str:
@@ -89,12 +93,15 @@ class Destination:
         them with one that does not: a connection opened in plaintext for one would carry the
         other's mail. Nor may connections verified against a private CA carry mail meant to be
         verified against the system's CAs, or the reverse. A connection opened under an MTA-STS
-        policy says so in its records, so it carries only mail under one (in the same mode)."""
+        policy says so in its records, so it carries only mail under one (in the same mode).
+        (Nor may a connection authenticated as one user carry mail a route sends as another.)"""
+        auth = self.auth
         if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify):
-            return ""
+            return f" (auth {auth.username})" if auth is not None and self.kind is Kind.SMTP else ""
         verified = (f", verified by {self.ca_file}" if self.ca_file else ", verified") if self.tls_verify else ""
         sts = f", MTA-STS {self.mta_sts.policy.mode.value}" if self.mta_sts is not None else ""
-        return f" (tls {self.tls.value}{verified}{sts})"
+        as_user = f", auth {auth.username}" if auth is not None else ""
+        return f" (tls {self.tls.value}{verified}{sts}{as_user})"
 
 
 class Router:
@@ -202,20 +209,25 @@ class Router:
         self._cache[domain] = (self._clock() + min(_DESTINATION_TTL, fresh), destination)
         return destination
 
-    def _settings(self, routes: list[Route], domain: str) -> tuple[Hop | None, TlsPolicy, bool, str | None]:
+    def _settings(
+        self, routes: list[Route], domain: str
+    ) -> tuple[Hop | None, TlsPolicy, bool, str | None, Credentials | None]:
         """What `routes` say of mail for `domain`: next hop (None: its MX hosts), TLS policy,
-        verification, and the CAs to verify against."""
+        verification, the CAs to verify against, and who to authenticate as (to a next hop only)."""
         route = self._route(domain, routes)
         tls = route.tls if route and route.tls else self._tls
         verify = route.tls_verify if route and route.tls_verify is not None else self._verify
         trusted = (route.ca_file if route and route.ca_file else self._ca_file) if verify else None
-        return (route.next_hop if route else None), tls, verify, trusted
+        hop = route.next_hop if route else None
+        auth = route.auth if route is not None and hop is not None else None
+        return hop, tls, verify, trusted, auth
 
     async def _resolve_under(self, routes: list[Route], domain: str) -> tuple[Destination, float]:
         """The destination, and for how many seconds it may be cached as far as DNS goes."""
-        hop, tls, verify, trusted = self._settings(routes, domain)
+        hop, tls, verify, trusted, auth = self._settings(routes, domain)
         if hop is not None:
-            static = Destination(host_port(hop.host, hop.port), (hop,), tls, verify, ca_file=trusted, hops_from="route")
+            site = host_port(hop.host, hop.port)
+            static = Destination(site, (hop,), tls, verify, ca_file=trusted, hops_from="route", auth=auth)
             return static, _DESTINATION_TTL
         if domain.startswith("[") and domain.endswith("]"):
             # An address literal (RFC 5321 4.1.3): that host, no DNS.

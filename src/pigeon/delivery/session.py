@@ -11,8 +11,11 @@ session says so, enforces the timeouts, and turns failures into replies a log re
 understands: the server's own 4xx when it turned us away with one (a 421 banner, a 421 to
 EHLO: what the reactions read), `451 4.4.1` for a host that would not talk otherwise,
 `451 4.4.2` for a timeout or a dropped connection, `451 4.5.0` for a server that broke the
-protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its handshake failed).
-The caller decides what they mean for the message. A server that offers CHUNKING and
+protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its handshake failed),
+`451 4.7.x authentication as USER failed: ...` when a smart host's AUTH did not work (the
+operator's business: a WARNING says so, and the mail is deferred, never bounced). A route with
+`tls = "implicit"` has its TLS handshake right after the TCP connection, before the banner
+(RFC 8314). The caller decides what they mean for the message. A server that offers CHUNKING and
 answers BDAT as a command it does not know gets the message again at once, with DATA, on a new
 connection (`ClientConnection._again_with_data`), and DATA for `NO_CHUNKING_FOR` after.
 
@@ -417,6 +420,11 @@ class ClientConnection:
         return self._session.capabilities
 
     @property
+    def auth_user(self) -> str | None:
+        """Who the server took us for (SMTP AUTH), or None: the connection did not authenticate."""
+        return self._session.auth_user
+
+    @property
     def deliveries(self) -> int:
         """Transactions completed on this connection."""
         return self._session.transactions
@@ -530,7 +538,10 @@ class ClientConnection:
                 fallbacks = (
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
-                for fallback, tls in [*fallbacks, (destination, TlsPolicy.DISABLED)]:
+                auth = destination.auth
+                if auth is None or auth.plaintext:  # (never a password in the clear: no AUTH, no mail)
+                    fallbacks.append((destination, TlsPolicy.DISABLED))
+                for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
                     _log.warning("%s: %s; trying again %s", destination.site, last.reply, how)
                     try:
@@ -565,7 +576,13 @@ class ClientConnection:
         peer = _peer(hop, address)
         loop = asyncio.get_running_loop()
         chunking = options.chunking and not _chunking_broken(address, hop.port)
-        session = ClientSession(options.helo_name, tls=policy, pipelining=options.pipelining, chunking=chunking)
+        session = ClientSession(
+            options.helo_name,
+            tls=policy,
+            pipelining=options.pipelining,
+            chunking=chunking,
+            credentials=destination.auth,
+        )
         wire = _Wire(loop, session)
         try:
             async with asyncio.timeout(options.connect_timeout):
@@ -581,6 +598,8 @@ class ClientConnection:
         connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
         connection.opened_with = (hop, destination, policy)
         try:
+            if policy is TlsPolicy.IMPLICIT:
+                await connection._implicit_tls(hop, destination)
             await connection._greet(hop, destination)
         except ConnectionLost as error:
             connection.close()
@@ -618,14 +637,46 @@ class ClientConnection:
                 if sts is not None and sts.enforced and event.reason in _TLS_REASONS:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
                     reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
+                if event.authentication:
+                    # The operator's to fix (a password, a route's TLS), not the recipients':
+                    # deferred, and said where it is read. (The reply names the user, never the password.)
+                    route = destination.auth.route if destination.auth is not None else "?"
+                    _log.warning("[[route]] %r: %s; mail for %s deferred", route, reply, destination.site)
                 raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
     async def _start_tls(self, server_name: str | None, verify: bool, ca_file: str | None) -> None:
         wire, session = self._wire, self._session
+        transport, failure = await self._handshake(server_name, verify, ca_file)
+        if session.phase is not Phase.HANDSHAKE:
+            return  # the session gave up meanwhile (plaintext after the 220: see _Wire.pump)
+        if transport is None:
+            session.tls_failed(failure)  # the connection is unusable now
+        else:
+            self._on_tls(transport, verify)
+            session.tls_established()
+        wire.pump()  # EHLO again, or the session's verdict on the failure
+
+    async def _implicit_tls(self, hop: Hop, destination: Destination) -> None:
+        """TLS from the first byte (RFC 8314 3: a submission port 465), before the banner, which
+        then comes over TLS. The certificate is checked as the route says, as after STARTTLS.
+        A handshake that fails is the host's failure (4.7.5), not the site's: it took the connection."""
+        verify = destination.tls_verify
+        server_name = hop.host if verify or not _is_ip(hop.host) else None
+        transport, failure = await self._handshake(server_name, verify, destination.ca_file)
+        if transport is None:
+            reply = Reply(451, "4.7.5", (f"TLS handshake with {self.peer} failed: {failure} (implicit TLS)",))
+            raise ConnectFailed(reply, peer=self.peer)
+        self._on_tls(transport, verify)
+        self._wire.pump()  # a banner that came with the handshake's last bytes
+
+    async def _handshake(
+        self, server_name: str | None, verify: bool, ca_file: str | None
+    ) -> tuple[asyncio.Transport | None, str]:
+        """The TLS transport over the connection, or None and why not."""
+        wire = self._wire
         assert wire.transport is not None
-        transport: asyncio.Transport | None = None
         failure = "the connection closed during the handshake"
         try:
             async with asyncio.timeout(self.options.reply_timeout):
@@ -638,20 +689,19 @@ class ClientConnection:
             failure = "connection reset by the server"
         except (ssl.SSLError, OSError) as error:
             failure = str(error) or type(error).__name__
-        if session.phase is not Phase.HANDSHAKE:
-            return  # the session gave up meanwhile (plaintext after the 220: see _Wire.pump)
-        if transport is None:
-            session.tls_failed(failure)  # the connection is unusable now
         else:
-            wire.transport = transport  # (wire.raw stays the TCP transport beneath)
-            # Said in the text every record of the attempt carries: a session on the unverified
-            # fallback (a certificate that expired, an unknown CA) is otherwise the same words
-            # as a verified one, and an auditor could not tell them apart.
-            described = describe(transport.get_extra_info("ssl_object"))
-            checked = "certificate verified" if verify else "certificate not verified"
-            self.tls = f"{described}, {checked}" if described is not None else None
-            session.tls_established()
-        wire.pump()  # EHLO again, or the session's verdict on the failure
+            if transport is not None:
+                return transport, ""
+        return None, failure
+
+    def _on_tls(self, transport: asyncio.Transport, verify: bool) -> None:
+        self._wire.transport = transport  # (wire.raw stays the TCP transport beneath)
+        # Said in the text every record of the attempt carries: a session on the unverified
+        # fallback (a certificate that expired, an unknown CA) is otherwise the same words
+        # as a verified one, and an auditor could not tell them apart.
+        described = describe(transport.get_extra_info("ssl_object"))
+        checked = "certificate verified" if verify else "certificate not verified"
+        self.tls = f"{described}, {checked}" if described is not None else None
 
     # --- sending ---------------------------------------------------------------------------
     async def send(self, envelope: Envelope) -> tuple[Result, float]:

@@ -147,7 +147,8 @@ class SmtpAgent:
                 # The message may have been taken: not sent again now, at another host. The
                 # reply is Pigeon's words (a timeout, a closed connection), not the server's.
                 attempt = Attempt.same_for_all(error.reply, count, "", site, connection.peer)
-                attempts.append(attempt._replace(tls=connection.tls, own=frozenset(range(count))))
+                own = frozenset(range(count))
+                attempts.append(attempt._replace(tls=connection.tls, own=own, auth_user=connection.auth_user))
                 continue
             except asyncio.CancelledError:
                 # A stop, with the transaction on the wire (the dispatcher then reports `final`).
@@ -158,7 +159,16 @@ class SmtpAgent:
                 raise
             classes = self._classifier.classify_all(replies)
             passed_on = "DSN" in connection.capabilities
-            attempt = Attempt(replies, classes, site, connection.peer, connection.tls, duration, passed_on=passed_on)
+            attempt = Attempt(
+                replies,
+                classes,
+                site,
+                connection.peer,
+                connection.tls,
+                duration,
+                passed_on=passed_on,
+                auth_user=connection.auth_user,
+            )
             if converted:
                 attempt = attempt._replace(converted="7bit")
             pending = [i for i, reply in enumerate(attempt.replies) if 400 <= reply.code < 500]

@@ -107,6 +107,7 @@ from typing import Any, Final, TypeVar
 
 from pigeon.config.patterns import host_port
 from pigeon.config.schema import MailboxConfig
+from pigeon.config.secret_file import first_line
 from pigeon.inbound.arbitration import BEAT_TTL, Arbiter, ArbitrationUnavailable, Claim, Standing
 from pigeon.inbound.commit import Accepted, BackgroundSync, Commits, GroupCommit
 from pigeon.inbound.imap import ConnectFailed, CopiedOnly, ImapError, ImapSession, uid_set
@@ -524,8 +525,7 @@ class MailboxWatcher:
             self._tls_context = client_context(verify=config.tls_verify, cafile=config.ca_file)
         secret = config.password
         if config.password_file is not None:
-            lines = (await asyncio.to_thread(config.password_file.read_text)).splitlines()
-            secret = lines[0].strip() if lines else ""
+            secret = await asyncio.to_thread(first_line, config.password_file)
         if config.auth == "xoauth2" and (problem := token_problem(secret or "")) is not None:
             where = f"password_file {config.password_file}" if config.password_file is not None else "password"
             raise ImapError(f'auth = "xoauth2": {problem} ({where}): nothing sent to the server')

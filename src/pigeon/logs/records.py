@@ -53,6 +53,8 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 |                |                  | off, or its unverified fallback)                          |
 |                |                  | and, under a recipient domain's MTA-STS policy, its mode: |
 |                |                  | `..., certificate verified, MTA-STS enforce`              |
+| auth_user      | all four         | the user that connection authenticated as (a `[[route]]`'s |
+|                |                  | `auth_username`, SMTP AUTH to its smart host); absent: none |
 | created        | all four         | when the message was received                             |
 | duration       | all four         | seconds the transaction took                              |
 | classification | Bounce, Held,    | bounce class from the rule table (InvalidRecipient, ...; |
@@ -196,6 +198,7 @@ class Attempt(Record):
     source: str | None = None  # the egress [[source]] it left from; None: the implicit source
     peer: str | None = None  # "mx.example.net [192.0.2.1]:25"
     tls: str | None = None
+    auth_user: str | None = None  # who the connection authenticated as (a smart host's AUTH), as Reception's
     created: float = 0.0  # when the message was received
     duration: float | None = None  # seconds this attempt took, connection excluded
     meta: dict[str, str] | None = None  # metadata given at injection

@@ -103,6 +103,9 @@ def secret_files(config: Config, config_path: Path | None) -> Iterator[tuple[Pat
     for mailbox in config.mailbox:
         if mailbox.password_file is not None:
             yield mailbox.password_file, f"the password of [[mailbox]] {mailbox.name!r}"
+    for route in config.route:
+        if route.auth_password_file is not None:
+            yield route.auth_password_file, f"the smart host's password of [[route]] {route.domain!r}"
     if config.http.local_token:
         yield config.spool.path / "api-token", "the local API token ([http] local_token)"
 
@@ -124,6 +127,7 @@ def config_secrets(config: Config) -> list[str]:
         elif isinstance(target, SidekiqTarget) and target.redis_url is not None and _has_password(target.redis_url):
             held.append(f"[[target]] {target.name!r}'s Redis password")
     held.extend(f"[[mailbox]] {m.name!r}'s password" for m in config.mailbox if m.password is not None)
+    held.extend(f"[[route]] {r.domain!r}'s auth_password" for r in config.route if r.auth_password is not None)
     held.extend(
         f"[[log_hook]] {hook.name!r}'s secrets"
         for hook in config.log_hook

@@ -11,8 +11,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from pigeon.config.load import ConfigError
 from pigeon.config.patterns import host_port
-from pigeon.config.schema import Config
+from pigeon.config.schema import Config, RouteConfig
+from pigeon.config.secret_file import first_line
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
 from pigeon.delivery.dsn import Notifier
@@ -45,6 +47,7 @@ from pigeon.shaping.reactions import Reactions, shipped_provider_of
 from pigeon.shaping.rules import ShapingRules
 from pigeon.shaping.table import MemoryTable, SharedTable, Table, shared_table_path
 from pigeon.shaping.throttles import Throttles
+from pigeon.smtp.client_auth import MECHANISMS, Credentials
 from pigeon.spool.shards import Spools
 from pigeon.spool.spool import Spool
 
@@ -360,7 +363,9 @@ def build_board(config: Config, log: LogWriter) -> Board:
 
 
 def routes_from(config: Config) -> list[Route]:
-    """The `[[route]]` tables as the router takes them."""
+    """The `[[route]]` tables as the router takes them. A route's `auth_password_file` is read
+    here, at start and at each reload: ConfigError (naming the route and the file, never the
+    password) if it cannot be, and the reload keeps the routes it had."""
     return [
         Route(
             r.domain.lower(),
@@ -368,9 +373,36 @@ def routes_from(config: Config) -> list[Route]:
             TlsPolicy(r.tls) if r.tls else None,
             r.tls_verify,
             str(r.ca_file) if r.ca_file else None,
+            _credentials(r),
         )
         for r in config.route
     ]
+
+
+def _credentials(route: RouteConfig) -> Credentials | None:
+    """Who `route` authenticates to its next hop as (checked at load: `_check_route_auth`)."""
+    if route.auth_username is None:
+        return None
+    password = route.auth_password
+    file = route.auth_password_file
+    where = f"[[route]] {route.domain!r}: auth_password_file {file}"
+    if file is not None:
+        try:
+            password = first_line(file)
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+            raise ConfigError(f"{where} cannot be read: {reason}") from None
+    mechanisms = tuple(m.upper() for m in route.auth_mechanisms) if route.auth_mechanisms else MECHANISMS
+    try:
+        return Credentials(
+            route.auth_username,
+            password or "",
+            mechanisms,
+            plaintext=route.allow_plaintext_auth,
+            route=route.domain,
+        )
+    except ValueError as error:  # (the file changed since it was checked; the text names no password)
+        raise ConfigError(f"{where if file is not None else f'[[route]] {route.domain!r}'}: {error}") from None
 
 
 def queue_rates(config: Config) -> QueueRates:

@@ -74,7 +74,8 @@ class Attempt(NamedTuple):
     """What holds what failed for now after this attempt, when a shaping reaction's suspension
     does (`pigeon.delivery.reactor.held_text`): the message keeps it (`Envelope.held_by`), which
     `pigeon inspect` shows and an expiry names. None: nothing holds it (the common case)."""
-
+    auth_user: str | None = None
+    """Who the connection authenticated as (SMTP AUTH to a route's smart host), or None."""
     converted: str | None = None
     """"7bit": the message went in a 7-bit form made for a peer without 8BITMIME
     (`pigeon.delivery.seven_bit`), which its `Delivery` records say. None: as it was."""

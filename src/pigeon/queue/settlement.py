@@ -616,6 +616,7 @@ class Settlement:
             "source": attempt.source if attempt else None,
             "peer": peer,
             "tls": tls,
+            "auth_user": attempt.auth_user if attempt else None,
             "created": message.created,
             "duration": attempt.duration if attempt else None,
             "meta": message.envelope.metadata,

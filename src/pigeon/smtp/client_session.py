@@ -9,8 +9,10 @@ Three verbs, as in h11 and `pigeon.smtp.server`:
 
 Between the application's commands the session speaks for itself: EHLO after a 220 banner,
 HELO when EHLO is refused (not when it is answered 421: the server is closing), STARTTLS
-when the TLS policy wants it and the server offers it, EHLO again once TLS is up, the next
-command of a lock-step transaction, the content after 354. The application writes what it
+when the TLS policy wants it and the server offers it, EHLO again once TLS is up, AUTH when
+the route authenticates (`pigeon.smtp.client_auth`: once per connection, after the EHLO on
+TLS, before the first transaction, never pipelined), the next command of a lock-step
+transaction, the content after 354. The application writes what it
 is given, upgrades the transport on `StartTls` (then calls `tls_established()` or
 `tls_failed()`), sends a message on `Ready` or `TransactionDone`, and closes the connection
 on `Unusable` or `Closed`.
@@ -27,9 +29,10 @@ are not SMTP, answer no command, or follow its 220 to STARTTLS in plaintext (RFC
 an injection). `SmtpUsageError` (from `send()`, `tls_established()`, `tls_failed()`): Pigeon
 asked for something out of order, which is a bug in Pigeon. After either, the session is
 closed. A server that legitimately turns us away (a 554 banner, EHLO and HELO refused, a 421
-before the session is ready, no TLS where TLS is required) is not an error but an `Unusable`
-event. When the server's own reply decided, and it is a 4xx, that reply is what the attempt
-records (`Unusable.explain`), so the log and the `[[reaction]]` rules read the server's words.
+before the session is ready, no TLS where TLS is required, AUTH refused or not to be had) is
+not an error but an `Unusable` event. When the server's own reply decided, and it is a 4xx,
+that reply is what the attempt records (`Unusable.explain`), so the log and the
+`[[reaction]]` rules read the server's words.
 
 This module never imports asyncio; `pigeon.delivery.session` is its I/O layer.
 """
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, ReplyReader, Result, Transaction
+from pigeon.smtp.client_auth import Credentials, Exchange
 from pigeon.smtp.errors import SmtpUsageError
 from pigeon.smtp.events import NEED_DATA, _NeedData
 from pigeon.smtp.replies import Reply
@@ -71,6 +75,7 @@ class TlsPolicy(enum.Enum):
     OPPORTUNISTIC = "opportunistic"  # when offered; in the clear if not offered, refused or failing
     REQUIRED = "required"  # STARTTLS or no mail on this connection
     DISABLED = "disabled"  # never
+    IMPLICIT = "implicit"  # on TLS from the first byte (RFC 8314, port 465): the I/O layer's handshake, no STARTTLS
 
 
 # --- what the application tells the session ---------------------------------------------------
@@ -120,10 +125,15 @@ class Reason(enum.Enum):
     TLS_NOT_OFFERED = "tls-not-offered"  # TLS is required and STARTTLS is not in its EHLO reply
     TLS_REFUSED = "tls-refused"  # TLS is required and it refused STARTTLS
     TLS_FAILED = "tls-failed"  # it accepted STARTTLS but the handshake failed
+    AUTH_FAILED = "auth-failed"  # it refused our AUTH (535 bad credentials, 454, 504 ...)
+    AUTH_NOT_OFFERED = "auth-not-offered"  # the route authenticates, and AUTH is not in its EHLO reply
+    AUTH_NO_MECHANISM = "auth-no-mechanism"  # it offers AUTH, but none of the route's mechanisms
+    AUTH_NEEDS_TLS = "auth-needs-tls"  # the route authenticates, and the connection is not on TLS
 
 
 # How each reason reads in a log record: the enhanced code, and the text ({peer} is the server,
-# {detail} the command a CLOSING answered).
+# {detail} the command a CLOSING answered, or the AUTH mechanism; {user} who the route
+# authenticates as).
 _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.BANNER: ("4.4.1", "{peer} greeted with: {reply}"),
     Reason.GREETING: ("4.4.1", "{peer} refused EHLO and HELO: {reply}"),
@@ -133,8 +143,23 @@ _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.TLS_NOT_OFFERED: ("4.7.4", "TLS required, but {peer} does not offer STARTTLS"),
     Reason.TLS_REFUSED: ("4.7.4", "TLS required, {peer} refused STARTTLS: {reply}"),
     Reason.TLS_FAILED: ("4.7.5", "TLS handshake with {peer} failed: {detail}"),
+    # Authentication is the operator's business, never the recipients': whatever the server's
+    # code (535 5.7.8 bad credentials), the attempt's reply is a 4xx, so no mail bounces for a
+    # wrong password, and it says what Pigeon was doing. (AUTH_FAILED's enhanced code is the
+    # server's, made transient: `Unusable.explain`.) RFC 4954 6: X.7.11 "encryption required".
+    Reason.AUTH_FAILED: ("4.7.0", "authentication as {user} failed: {peer} answered AUTH {detail} with: {reply}"),
+    Reason.AUTH_NOT_OFFERED: ("4.7.0", "authentication as {user} failed: {peer} does not offer AUTH"),
+    Reason.AUTH_NO_MECHANISM: ("4.7.0", "authentication as {user} failed: {peer} {detail}"),
+    Reason.AUTH_NEEDS_TLS: (
+        "4.7.11",
+        "authentication as {user} not attempted: the connection to {peer} is not on TLS, and the route does not "
+        "allow AUTH without it (allow_plaintext_auth)",
+    ),
 }
-_WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.CLOSING, Reason.TLS_REFUSED})
+_WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.CLOSING, Reason.TLS_REFUSED, Reason.AUTH_FAILED})
+_AUTH_REASONS: Final = frozenset(
+    {Reason.AUTH_FAILED, Reason.AUTH_NOT_OFFERED, Reason.AUTH_NO_MECHANISM, Reason.AUTH_NEEDS_TLS}
+)
 
 # Where the server's reply alone turned us away, a 4xx of its own is the attempt's reply, with
 # where it came from after its text: the reactions and the log then read "421 4.7.0 ..." as the
@@ -151,9 +176,11 @@ _OWN_WORDS: Final[dict[Reason, str]] = {
 class Unusable:
     """The server turned us away, or cannot be used under the TLS policy: close the connection.
 
-    `reply` is the server's reply that decided it (for BANNER, GREETING, CLOSING and
-    TLS_REFUSED); `detail` what the TLS handshake said (TLS_FAILED), or the command that a
-    CLOSING answered ("EHLO", "HELO", "STARTTLS"). `retry_in_clear` says that a new
+    `reply` is the server's reply that decided it (for BANNER, GREETING, CLOSING,
+    TLS_REFUSED and AUTH_FAILED); `detail` what the TLS handshake said (TLS_FAILED), the
+    command that a CLOSING answered ("EHLO", "HELO", "STARTTLS", "AUTH"), the mechanism an
+    AUTH_FAILED used, or what the server offers (AUTH_NO_MECHANISM). `user`: who the route
+    authenticates as (the AUTH reasons; never a password). `retry_in_clear` says that a new
     connection without TLS may work (a failed handshake under opportunistic TLS).
     """
 
@@ -161,12 +188,21 @@ class Unusable:
     reply: Reply | None = None
     detail: str = ""
     retry_in_clear: bool = False
+    user: str = ""
 
     def __post_init__(self) -> None:
         if (self.reply is not None) != (self.reason in _WITH_REPLY):
             raise ValueError(f"{self.reason.name} {'needs' if self.reply is None else 'takes no'} server reply")
         if self.retry_in_clear and self.reason is not Reason.TLS_FAILED:
             raise ValueError("only a failed TLS handshake may be retried in the clear")
+        if bool(self.user) != (self.reason in _AUTH_REASONS):
+            raise ValueError(f"{self.reason.name} {'takes no' if self.user else 'needs the'} user")
+
+    @property
+    def authentication(self) -> bool:
+        """Whether authentication is what failed (the route's credentials, or a server without
+        what they need): the operator's business, which a WARNING names."""
+        return self.reason in _AUTH_REASONS
 
     @property
     def said_by_server(self) -> bool:
@@ -185,7 +221,9 @@ class Unusable:
             note = own.format(peer=peer, detail=self.detail)
             return Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} ({note})"))
         enhanced, text = _EXPLAIN[self.reason]
-        return Reply(451, enhanced, (text.format(peer=peer, reply=self.reply, detail=self.detail),))
+        if self.reason is Reason.AUTH_FAILED and reply is not None and reply.enhanced is not None:
+            enhanced = "4" + reply.enhanced[1:]  # 535 5.7.8 -> 4.7.8: the server's class of trouble, transient
+        return Reply(451, enhanced, (text.format(peer=peer, reply=reply, detail=self.detail, user=self.user),))
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +251,7 @@ class Phase(enum.Enum):
     GREETED = "greeted"  # EHLO or HELO accepted: the TLS policy decides (no I/O, never seen outside)
     STARTTLS = "starttls"  # STARTTLS sent
     HANDSHAKE = "handshake"  # 220 to STARTTLS: the I/O layer negotiates TLS
+    AUTH = "auth"  # AUTH sent: 334 challenges answered until 235 (or a refusal)
     READY = "ready"  # idle: a message may go
     MAIL = "mail"  # a transaction is under way
     QUIT = "quit"  # QUIT sent
@@ -230,6 +269,8 @@ class Step(enum.Enum):
     STARTTLS = "starttls"  # the policy wants TLS and the server offers it
     CLEAR = "clear"  # go on without TLS (not wanted, already up, or opportunistic and unavailable)
     NO_TLS = "no-tls"  # TLS is required and unavailable
+    AUTH = "auth"  # the TLS policy is satisfied, and the route authenticates: AUTH now
+    NO_AUTH = "no-auth"  # the route authenticates, and it cannot be done here (no TLS, nothing offered)
     TLS_UP = "tls-up"  # tls_established()
     TLS_FAILED = "tls-failed"  # tls_failed()
     MAIL = "mail"  # send(Deliver(...))
@@ -243,9 +284,16 @@ _NEXT: Final[dict[Phase, dict[Step, Phase]]] = {
     Phase.BANNER: {Step.ACCEPTED: Phase.EHLO, Step.REFUSED: Phase.CLOSED},
     Phase.EHLO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.HELO, Step.CLOSING: Phase.CLOSED},
     Phase.HELO: {Step.ACCEPTED: Phase.GREETED, Step.REFUSED: Phase.CLOSED, Step.CLOSING: Phase.CLOSED},
-    Phase.GREETED: {Step.STARTTLS: Phase.STARTTLS, Step.CLEAR: Phase.READY, Step.NO_TLS: Phase.CLOSED},
+    Phase.GREETED: {
+        Step.STARTTLS: Phase.STARTTLS,
+        Step.CLEAR: Phase.READY,
+        Step.NO_TLS: Phase.CLOSED,
+        Step.AUTH: Phase.AUTH,
+        Step.NO_AUTH: Phase.CLOSED,
+    },
     Phase.STARTTLS: {Step.ACCEPTED: Phase.HANDSHAKE, Step.REFUSED: Phase.GREETED, Step.CLOSING: Phase.CLOSED},
     Phase.HANDSHAKE: {Step.TLS_UP: Phase.EHLO, Step.TLS_FAILED: Phase.CLOSED},
+    Phase.AUTH: {Step.ACCEPTED: Phase.READY, Step.REFUSED: Phase.CLOSED, Step.CLOSING: Phase.CLOSED},
     Phase.READY: {Step.MAIL: Phase.MAIL, Step.QUIT: Phase.QUIT},
     Phase.MAIL: {Step.DONE: Phase.READY},
     Phase.QUIT: {Step.ACCEPTED: Phase.CLOSED, Step.REFUSED: Phase.CLOSED},
@@ -257,6 +305,7 @@ _EXPECTS: Final[dict[Phase, int]] = {
     Phase.EHLO: 250,  # RFC 5321 4.1.4: refused EHLO, try HELO (but a 421 closes: _OPENING)
     Phase.HELO: 250,
     Phase.STARTTLS: 220,  # RFC 3207 4: 454 or 501 means no TLS on this connection
+    Phase.AUTH: 235,  # RFC 4954 4 and 6: 334 asks for more (handled apart), any error ends it
     Phase.QUIT: 221,  # whatever it says, the session ends
 }
 """The phases that wait for the reply to one command, and the code that answers it positively."""
@@ -271,7 +320,7 @@ _EXPECTS: Final[dict[Phase, int]] = {
 #   it is a broken protocol, and nothing more is said on the connection.
 # (Whatever the banner, a host that does not greet with 220 is turned from with QUIT; whatever
 # QUIT is answered, the session ends.)
-_OPENING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS"}
+_OPENING: Final = {Phase.EHLO: "EHLO", Phase.HELO: "HELO", Phase.STARTTLS: "STARTTLS", Phase.AUTH: "AUTH"}
 
 _APPLICATION_STEPS: Final = frozenset({Step.MAIL, Step.QUIT, Step.TLS_UP, Step.TLS_FAILED})
 
@@ -300,6 +349,7 @@ class ClientSession:
         tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC,
         pipelining: bool = True,
         chunking: bool = True,
+        credentials: Credentials | None = None,
     ) -> None:
         if greeting_name_problem(helo_name) is not None:
             raise ValueError(f"not a name to greet with: {helo_name!r}")
@@ -307,9 +357,12 @@ class ClientSession:
         self.tls_policy = tls
         self.pipelining = pipelining  # used when the server offers PIPELINING
         self.chunking = chunking  # used when the server offers CHUNKING
+        self.credentials = credentials  # AUTH once greeted (on TLS, unless they allow the clear)
+        self.auth_user: str | None = None  # who the server took us for (235), once it did
         self.phase = Phase.BANNER
         self.capabilities = Capabilities()
-        self.tls_active = False
+        # IMPLICIT: the I/O layer made the connection on TLS before the banner (RFC 8314 3).
+        self.tls_active = tls is TlsPolicy.IMPLICIT
         self.transactions = 0  # completed: every reply arrived
         self.needs_reset = False  # the server holds an unfinished transaction: RSET first
         self.replies_received = 0  # a progress counter for the I/O layer's reply timeout
@@ -326,6 +379,7 @@ class ClientSession:
         self._out: list[bytes] = []
         self._transaction: Transaction | None = None
         self._starttls_refusal: Reply | None = None
+        self._exchange: Exchange | None = None
         self._final: Unusable | Closed | None = None
         self._closed_at_end_of_data = False  # it closed with the end of data in doubt (`end_of_data_unanswered`)
 
@@ -478,11 +532,20 @@ class ClientSession:
                 return
 
     def _on_reply(self, reply: Reply) -> None:
-        """A reply outside a transaction: to the banner, EHLO, HELO, STARTTLS or QUIT."""
+        """A reply outside a transaction: to the banner, EHLO, HELO, STARTTLS, AUTH or QUIT."""
         phase = self.phase
         expected = _EXPECTS.get(phase)
         if expected is None:
             self._unasked(reply)
+            return
+        if phase is Phase.AUTH and reply.code == 334:
+            exchange = self._exchange
+            assert exchange is not None
+            try:
+                self._out.append(exchange.answer(reply))  # the next response, alone (RFC 4954 4: no pipelining)
+            except ClientProtocolError:
+                self._broken()
+                raise
             return
         step = Step.ACCEPTED if reply.code == expected else Step.REFUSED
         if step is Step.REFUSED and reply.code < 400 and phase in _OPENING:
@@ -501,6 +564,16 @@ class ClientSession:
             if step is Step.ACCEPTED:
                 self.capabilities = Capabilities.helo_only()
             self._move(step, Unusable(Reason.GREETING, reply) if step is Step.REFUSED else None)
+        elif phase is Phase.AUTH:
+            credentials, exchange = self.credentials, self._exchange
+            assert credentials is not None and exchange is not None
+            self._exchange = None
+            if step is Step.ACCEPTED:
+                self.auth_user = credentials.username
+                self._move(step)
+            else:
+                refused = Unusable(Reason.AUTH_FAILED, reply, detail=exchange.mechanism, user=credentials.username)
+                self._move(step, refused)
         elif phase is Phase.STARTTLS:
             if step is Step.ACCEPTED and (self._replies or self._received or self._reader.buffered):
                 # RFC 3207 4.2: nothing may follow the 220 before the handshake. What did is
@@ -544,6 +617,10 @@ class ClientSession:
             self._events.append(Ready(self.capabilities, self.tls_active))
         elif phase is Phase.HANDSHAKE:
             self._events.append(StartTls())
+        elif phase is Phase.AUTH:
+            exchange = self._exchange
+            assert exchange is not None
+            self._out.append(exchange.start())
         elif phase is Phase.CLOSED:
             assert final is not None
             self._close(final)
@@ -551,15 +628,41 @@ class ClientSession:
     def _move_by_tls_policy(self) -> None:
         policy = self.tls_policy
         if self.tls_active or policy is TlsPolicy.DISABLED:
-            self._move(Step.CLEAR)
+            self._go_on()
         elif "STARTTLS" in self.capabilities and self._starttls_refusal is None:
             self._move(Step.STARTTLS)
         elif policy is TlsPolicy.OPPORTUNISTIC:
-            self._move(Step.CLEAR)
+            self._go_on()
         elif self._starttls_refusal is not None:
             self._move(Step.NO_TLS, Unusable(Reason.TLS_REFUSED, self._starttls_refusal))
         else:
             self._move(Step.NO_TLS, Unusable(Reason.TLS_NOT_OFFERED))
+
+    def _go_on(self) -> None:
+        """TLS is settled: ready, or AUTH first if the route authenticates and it may be done here."""
+        credentials = self.credentials
+        if credentials is None:
+            self._move(Step.CLEAR)
+            return
+        user = credentials.username
+        if not self.tls_active and not credentials.plaintext:
+            # Never the password in clear: an opportunistic route whose TLS was not to be had
+            # (not offered, refused, the handshake failed) does not authenticate, and the
+            # session ends here, the mail deferred.
+            self._move(Step.NO_AUTH, Unusable(Reason.AUTH_NEEDS_TLS, user=user))
+            return
+        offered = self.capabilities.auth
+        if "AUTH" not in self.capabilities:
+            self._move(Step.NO_AUTH, Unusable(Reason.AUTH_NOT_OFFERED, user=user))
+            return
+        mechanism = credentials.choose(offered)
+        if mechanism is None:
+            ours = ", ".join(credentials.mechanisms)
+            what = f"offers AUTH {' '.join(offered) or 'without a mechanism'}, none of {ours}"
+            self._move(Step.NO_AUTH, Unusable(Reason.AUTH_NO_MECHANISM, detail=what, user=user))
+            return
+        self._exchange = Exchange(credentials, mechanism)
+        self._move(Step.AUTH)
 
     def _close(self, final: Unusable | Closed) -> None:
         if isinstance(final, Unusable) and final.reason is not Reason.TLS_FAILED:

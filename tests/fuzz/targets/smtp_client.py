@@ -14,6 +14,7 @@ from pigeon.smtp.client_session import (
     ClientSession,
     Closed,
     Deliver,
+    Phase,
     Quit,
     Ready,
     StartTls,
@@ -42,7 +43,8 @@ def check(data: bytes) -> None:
     policy = fdp.PickValueInList(list(TlsPolicy))
     session = ClientSession("client.test", tls=policy)
     written: list[bytes] = []
-    tls_up = mail_in_the_clear = False
+    mail_in_the_clear = False
+    tls_up = policy is TlsPolicy.IMPLICIT  # (the I/O layer's handshake came before the banner)
     for _ in range(40):
         if fdp.remaining_bytes() == 0:
             piece = b""  # EOF
@@ -70,6 +72,8 @@ def check(data: bytes) -> None:
                 elif isinstance(event, Ready | TransactionDone):
                     if isinstance(event, Ready) and policy is TlsPolicy.REQUIRED:
                         assert tls_up, "ready in the clear although TLS is required"
+                    if session.phase is Phase.CLOSED:  # a 421 ended the transaction: Closed comes next
+                        continue
                     out = session.send(Deliver(ENVELOPE) if fdp.ConsumeBool() else Quit())
                     if b"MAIL FROM:" in out and not tls_up:
                         mail_in_the_clear = True

@@ -178,7 +178,9 @@ def run_session(
     closes the connection after each 421, and at `drop` without answering that step (nor
     any after it). Returns the session's events, the session, and the server."""
     server = Scripted(codes)
-    session = ClientSession("client.test", tls=TlsPolicy.DISABLED, **MODES[mode])
+    mode_options = MODES[mode]
+    pipelining, chunking = mode_options.get("pipelining", True), mode_options.get("chunking", True)
+    session = ClientSession("client.test", tls=TlsPolicy.DISABLED, pipelining=pipelining, chunking=chunking)
     session.receive_data(BANNER)
     events(session)
     session.data_to_send()

@@ -57,8 +57,10 @@ class Script:
     events: list[Event] = field(default_factory=list)
 
     @classmethod
-    def start(cls, tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC, **options: bool) -> Script:
-        return cls(ClientSession("client.test", tls=tls, **options))
+    def start(
+        cls, tls: TlsPolicy = TlsPolicy.OPPORTUNISTIC, *, pipelining: bool = True, chunking: bool = True
+    ) -> Script:
+        return cls(ClientSession("client.test", tls=tls, pipelining=pipelining, chunking=chunking))
 
     def server(self, data: bytes) -> list[Event]:
         """The server sends `data` (b"" closes); returns the new events, records the writes."""

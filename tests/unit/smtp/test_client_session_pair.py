@@ -248,7 +248,7 @@ def transactions(draw: st.DrawFn) -> tuple[Envelope, Reply | None, list[Reply | 
     server_chunking=st.booleans(),
     client_pipelining=st.booleans(),
     client_chunking=st.booleans(),
-    tls=st.sampled_from(TlsPolicy),
+    tls=st.sampled_from([policy for policy in TlsPolicy if policy is not TlsPolicy.IMPLICIT]),  # (no TLS link)
     server_tls=st.booleans(),
 )
 def test_any_sequence_of_transactions_keeps_both_sides_in_step(

@@ -1,0 +1,168 @@
+"""Relaying through a smart host that requires SMTP AUTH: a `[[route]]` with `next_hop` and
+`auth_username`, on port 587 (STARTTLS, then AUTH) or 465 (implicit TLS), against a real server
+(aiosmtpd with AUTH, or a scripted one) on loopback.
+
+What a user sees is asserted: what the smart host received and who it authenticated, the
+records (`auth_user`, a `TransientFailure` that says why, never a `Bounce`), the WARNING, and
+that the password is nowhere in the node's output, its log records or `pigeon serve --check`.
+"""
+
+from __future__ import annotations
+
+import smtplib
+import ssl
+from pathlib import Path
+from typing import Any
+
+from pigeon.listener.tls import ensure_self_signed
+from pigeon.tls import server_context
+from tests.integration.test_cli import pigeon_cli
+from tests.integration.test_reload import _hangup
+from tests.support.process import PigeonProcess
+from tests.support.sinks import AnswerSink, ScriptedSink, delivery_config
+
+PASSWORD = "c0rrect-h0rse-Battery"
+WRONG = "wr0ng-Passw0rd-Staple"
+MESSAGE = b"From: <sender@example.org>\r\nSubject: via the smart host\r\n\r\nHello.\r\n"
+
+
+def _context(directory: Path) -> ssl.SSLContext:
+    certificate, key = ensure_self_signed(directory, "relay.test")
+    return server_context(certificate, key)
+
+
+def _node(tmp_path: Path, sink: Any, **route: Any) -> PigeonProcess:
+    (tmp_path / "relay-password").write_text(route.pop("password", PASSWORD) + "\n")
+    config = delivery_config(sink.endpoint)
+    config["route"] = [
+        {
+            "domain": "*",
+            "next_hop": sink.endpoint,
+            "tls": "required",
+            "auth_username": "alice",
+            "auth_password_file": str(tmp_path / "relay-password"),
+        }
+        | route
+    ]
+    return PigeonProcess(tmp_path / "node", **config)
+
+
+def _peer(sink: Any) -> str:
+    return f"[{sink.host}]:{sink.port}"  # as records name a next hop given as an address
+
+
+def _send(pigeon: PigeonProcess, *recipients: str) -> None:
+    with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+        client.sendmail("sender@example.org", list(recipients or ["bob@example.net"]), MESSAGE)
+
+
+def _everything_written(pigeon: PigeonProcess) -> str:
+    """The node's output and every log file it wrote (records, as they are on disk)."""
+    files = [p for p in (pigeon.root / "log").rglob("*") if p.is_file() and not p.name.endswith(".gz")]
+    return pigeon.stderr() + "".join(p.read_text(errors="replace") for p in files)
+
+
+def test_starttls_then_auth_plain_delivers_and_the_records_name_the_user(tmp_path: Path) -> None:
+    with (
+        ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink) as pigeon,
+    ):
+        for n in range(3):
+            _send(pigeon, f"bob{n}@example.net")
+        deliveries = pigeon.wait_records("Delivery", 3)
+        written = _everything_written(pigeon)
+    assert [(r.auth_user, r.tls) for r in sink.received] == [("alice", True)] * 3
+    assert all(mechanism == "PLAIN" and taken for mechanism, _, taken in sink.auth_attempts)
+    carried_mail = [c for c in sink.connections if c.helo]  # (not the sink's own readiness probe)
+    assert len(sink.auth_attempts) == len(carried_mail)  # AUTH once a connection, not once a message
+    assert all(record["auth_user"] == "alice" and record["tls"] for record in deliveries)
+    assert PASSWORD not in written
+
+
+def test_auth_login_is_used_when_the_route_asks_for_it(tmp_path: Path) -> None:
+    with (
+        ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink, auth_mechanisms=["LOGIN"]) as pigeon,
+    ):
+        _send(pigeon)
+        (delivery,) = pigeon.wait_records("Delivery")
+    assert sink.auth_attempts == [("LOGIN", "alice", True)]
+    assert delivery["auth_user"] == "alice" and sink.received[0].auth_user == "alice"
+
+
+def test_implicit_tls_on_465_then_auth_delivers(tmp_path: Path) -> None:
+    with (
+        ScriptedSink(implicit_tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink, tls="implicit") as pigeon,
+    ):
+        _send(pigeon)
+        (delivery,) = pigeon.wait_records("Delivery")
+    assert sink.auth_attempts == [("PLAIN", "alice", True)]
+    assert delivery["auth_user"] == "alice"
+    assert "TLSv1" in delivery["tls"] and delivery["tls"].endswith("certificate not verified")
+
+
+def test_a_wrong_password_defers_never_bounces_and_a_fixed_file_and_sighup_deliver(tmp_path: Path) -> None:
+    with (
+        ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink, password=WRONG) as pigeon,
+    ):
+        _send(pigeon)
+        failure, *_ = pigeon.wait_records("TransientFailure")
+        response = failure["response"]
+        assert (response["code"], response["enhanced"]) == (451, "4.7.8")
+        assert response["text"].startswith(f"authentication as alice failed: {_peer(sink)} answered")
+        assert response["text"].endswith("answered AUTH PLAIN with: 535 5.7.8 Authentication credentials invalid")
+        assert "auth_user" not in failure  # the connection did not authenticate
+        assert not pigeon.records("Bounce") and not sink.received
+        warning = pigeon.wait_stderr("authentication as alice failed")
+        assert "WARNING" in warning and "[[route]] '*'" in warning and _peer(sink) in warning
+
+        (tmp_path / "relay-password").write_text(PASSWORD + "\n")
+        _hangup(pigeon, "reloaded:")
+        (delivery,) = pigeon.wait_records("Delivery", timeout=20)
+        written = _everything_written(pigeon)
+    assert delivery["auth_user"] == "alice" and [r.auth_user for r in sink.received] == ["alice"]
+    assert WRONG not in written and PASSWORD not in written
+    assert (False in [taken for *_, taken in sink.auth_attempts]) and sink.auth_attempts[-1][2]
+
+
+def test_a_server_that_does_not_offer_auth_defers_saying_so(tmp_path: Path) -> None:
+    with (
+        AnswerSink(extensions=("PIPELINING",)) as sink,
+        _node(tmp_path, sink, tls="disabled", allow_plaintext_auth=True) as pigeon,
+    ):
+        _send(pigeon)
+        failure, *_ = pigeon.wait_records("TransientFailure")
+        assert not pigeon.records("Bounce")
+    assert failure["response"]["text"] == f"authentication as alice failed: {_peer(sink)} does not offer AUTH"
+    assert not any(command.startswith(("AUTH", "MAIL")) for command in sink.commands)
+
+
+def test_an_opportunistic_route_whose_starttls_fails_sends_no_auth_in_the_clear(tmp_path: Path) -> None:
+    with (
+        AnswerSink(extensions=("PIPELINING", "STARTTLS", "AUTH PLAIN LOGIN")) as sink,
+        _node(tmp_path, sink, tls="opportunistic") as pigeon,
+    ):
+        _send(pigeon)
+        failure, *_ = pigeon.wait_records("TransientFailure")
+        assert not pigeon.records("Bounce")
+        written = _everything_written(pigeon)
+    assert failure["response"]["text"].startswith(f"TLS handshake with {_peer(sink)} failed")
+    assert not any(command.startswith(("AUTH", "MAIL")) for command in sink.commands), sink.commands
+    assert PASSWORD not in written
+
+
+def test_serve_check_names_a_route_auth_mistake_without_the_password(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    config.write_text(
+        '[spool]\npath = "spool"\n[[route]]\ndomain = "*"\nnext_hop = "relay.test:587"\ntls = "disabled"\n'
+        f'auth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+    )
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"pigeon: configuration error: {config}, line 7: [[route]] #1 auth_username: route '*': auth_username with "
+        'tls = "disabled": the password would cross the network in clear'
+    )
+    assert PASSWORD not in result.stderr + result.stdout

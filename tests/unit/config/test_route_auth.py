@@ -1,0 +1,120 @@
+"""A `[[route]]` that authenticates to its smart host (`auth_username`): what loads, and what is
+refused at load with an error that names the file, the line, the key and the route, never the
+password."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pigeon.config.load import ConfigError, load
+from pigeon.node.outbound import routes_from
+from pigeon.smtp.client_auth import Credentials
+
+PASSWORD = "Hunter2-not-in-errors"
+ROUTE = '[[route]]\ndomain = "*"\nnext_hop = "smtp.relay.example:587"\n'
+
+
+def load_route(tmp_path: Path, keys: str) -> Path:
+    path = tmp_path / "pigeon.toml"
+    path.write_text(ROUTE + keys)
+    return path
+
+
+def error_of(tmp_path: Path, keys: str, route: str = ROUTE) -> str:
+    path = tmp_path / "pigeon.toml"
+    path.write_text(route + keys)
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    said = str(caught.value)
+    assert PASSWORD not in said
+    return said
+
+
+def test_a_password_file_is_read_beside_the_config_its_line_end_dropped(tmp_path: Path) -> None:
+    (tmp_path / "relay-password").write_text(PASSWORD + "\n")
+    config = load(load_route(tmp_path, 'auth_username = "alice"\nauth_password_file = "relay-password"\n'))
+    (route,) = routes_from(config)
+    assert route.auth == Credentials("alice", PASSWORD, ("PLAIN", "LOGIN"), route="*")
+    assert PASSWORD not in repr(route)
+
+
+def test_mechanisms_are_taken_in_the_order_given_whatever_their_case(tmp_path: Path) -> None:
+    config = load(
+        load_route(tmp_path, f'auth_username = "a"\nauth_password = "{PASSWORD}"\nauth_mechanisms = ["login"]\n')
+    )
+    (route,) = routes_from(config)
+    assert route.auth is not None and route.auth.mechanisms == ("LOGIN",)
+
+
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [
+        (
+            f'auth_username = "a"\nauth_password = "{PASSWORD}"\nauth_mechanisms = ["CRAM-MD5"]\n',
+            "line 6: [[route]] #1 auth_mechanisms: route '*': 'CRAM-MD5' unknown: "
+            "Pigeon authenticates with 'PLAIN', 'LOGIN'",
+        ),
+        (
+            'auth_username = "a"\n',
+            "line 4: [[route]] #1 auth_username: route '*' needs auth_password or auth_password_file",
+        ),
+        (
+            f'auth_username = "a"\nauth_password = "{PASSWORD}"\nauth_password_file = "p"\n',
+            "[[route]] #1 auth_password_file: route '*': give auth_password or auth_password_file, not both",
+        ),
+        (
+            f'auth_password = "{PASSWORD}"\n',
+            "[[route]] #1 auth_password: route '*': auth_password is for a route with auth_username",
+        ),
+        (
+            f'auth_username = "a"\nauth_password = "{PASSWORD}"\ntls = "disabled"\n',
+            "[[route]] #1 auth_username: route '*': auth_username with tls = \"disabled\": the password would cross "
+            "the network in clear",
+        ),
+        ('auth_username = "a"\nauth_password = ""\n', "[[route]] #1 auth_password: route '*': the password is empty"),
+        (
+            'auth_username = "a"\nauth_password_file = "missing"\n',
+            "[[route]] #1 auth_password_file: route '*': auth_password_file ",
+        ),
+        (
+            'auth_username = "a\\nb"\nauth_password = "x"\n',
+            "[[route]] #1 auth_username: route '*': the user name holds a control character",
+        ),
+    ],
+    ids=[
+        "unknown-mechanism",
+        "no-password",
+        "both",
+        "password-without-user",
+        "plaintext",
+        "empty",
+        "no-file",
+        "control",
+    ],
+)
+def test_route_auth_mistakes_are_refused_at_load_naming_the_route(tmp_path: Path, keys: str, said: str) -> None:
+    assert said in error_of(tmp_path, keys)
+
+
+def test_auth_is_refused_on_a_route_without_next_hop(tmp_path: Path) -> None:
+    said = error_of(tmp_path, f'auth_username = "a"\nauth_password = "{PASSWORD}"\n', route='[[route]]\ndomain = "*"\n')
+    assert "[[route]] #1 auth_username: route '*': AUTH is sent only to a smart host: give next_hop" in said
+
+
+def test_implicit_tls_is_refused_on_a_route_without_next_hop(tmp_path: Path) -> None:
+    said = error_of(tmp_path, 'tls = "implicit"\n', route='[[route]]\ndomain = "*"\n')
+    assert "[[route]] #1 tls: route '*': tls = \"implicit\" is for a smart host (next_hop" in said
+
+
+def test_plaintext_auth_loads_when_the_route_allows_it(tmp_path: Path) -> None:
+    keys = f'auth_username = "a"\nauth_password = "{PASSWORD}"\ntls = "disabled"\nallow_plaintext_auth = true\n'
+    (route,) = routes_from(load(load_route(tmp_path, keys)))
+    assert route.auth is not None and route.auth.plaintext
+
+
+def test_an_empty_password_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "p").write_text("\n")
+    said = error_of(tmp_path, 'auth_username = "a"\nauth_password_file = "p"\n')
+    assert f"route '*': the password is empty (auth_password_file {tmp_path / 'p'})" in said
