@@ -105,8 +105,7 @@ def test_an_enforced_policy_skips_hosts_without_starttls_or_a_valid_certificate(
         ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
         ScriptedSink(host="127.0.0.3", port=port) as plaintext,
         ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("b.mail.example.net")) as right,
-        # (two hosts that greet and will not do are all an attempt tries by default)
-        _node(tmp_path, dns, port, ca, policies, {"mx_session_limit": 3}) as pigeon,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
     ):
         _send(pigeon)
         (record,) = wait_until(lambda: pigeon.records("Delivery"))
@@ -118,6 +117,34 @@ def test_an_enforced_policy_skips_hosts_without_starttls_or_a_valid_certificate(
         assert failure["response"]["enhanced"] == "4.7.4"
         assert "required by other.example's MTA-STS policy (id 7" in failure["response"]["text"]
         assert not plaintext.received
+
+
+def test_hosts_refused_for_the_policys_tls_use_none_of_the_session_limit(tmp_path: Path) -> None:
+    # RFC 8461 5: a host refused for the policy's TLS "MUST NOT be used; mail delivery SHOULD
+    # proceed to the next candidate". With the default mx_session_limit (2), MX 10 (no STARTTLS)
+    # and MX 20 (a certificate for another name) must not end the attempt before MX 30.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone(
+        (10, "a.mail.example.net", "127.0.0.3"),
+        (20, "mx1.example.net", "127.0.0.2"),
+        (30, "b.mail.example.net", "127.0.0.4"),
+    )
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.3", port=port) as plaintext,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
+        ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("b.mail.example.net")) as right,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert record["peer"] == f"b.mail.example.net [127.0.0.4]:{port}"
+        assert "certificate verified" in record["tls"]
+        assert len(right.received) == 1
+        assert not wrong_name.received and not plaintext.received
+        assert not pigeon.records("TransientFailure")
 
 
 def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> None:

@@ -94,7 +94,9 @@ class ConnectFailed(Exception):
     it was on TLS by then: a record of the failure names them as a delivery's would.
     `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`).
     `server`: `reply` is that host's own (its 421, as sent), not Pigeon's words (a TLS failure,
-    a broken connection): an expiry's DSN reports it as the server's."""
+    a broken connection): an expiry's DSN reports it as the server's. `by_policy`: the host was
+    refused for an enforced MTA-STS policy's TLS (no STARTTLS, a certificate not verified for its
+    name): RFC 8461 5 has the next host tried, so it is no session of `mx_session_limit`."""
 
     def __init__(
         self,
@@ -105,6 +107,7 @@ class ConnectFailed(Exception):
         tls: str | None = None,
         greeted: bool = False,
         server: bool = False,
+        by_policy: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -113,6 +116,7 @@ class ConnectFailed(Exception):
         self.tls = tls
         self.greeted = greeted
         self.server = server
+        self.by_policy = by_policy
 
 
 class LoopsBack(ConnectFailed):
@@ -455,7 +459,8 @@ class ClientConnection:
         at most `mx_address_limit` addresses are tried, each once (an address several hosts
         name is one), a host that adds none (its lookup failed, its addresses were tried)
         counting as one, so that hosts past the limit are not even looked up; and it stops
-        after `mx_session_limit` sessions that got a greeting (a 220) and would not do. Then
+        after `mx_session_limit` sessions that got a greeting (a 220) and would not do (a host
+        an enforced MTA-STS policy's TLS refused is none: RFC 8461 5 moves on to the next). Then
         the failure is temporary, and names what was tried; the next attempt starts again
         from the first hop."""
         last = ConnectFailed(Reply(451, "4.4.1", (f"no host to try for {destination.site}",)))
@@ -522,7 +527,10 @@ class ClientConnection:
                 except ConnectFailed as error:
                     last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
-                    greeted = error.greeted
+                    # A host the policy's TLS refused uses none of the sessions (RFC 8461 5: "MUST NOT
+                    # be used; mail delivery SHOULD proceed to the next candidate"); the addresses
+                    # tried stay bound by mx_address_limit.
+                    greeted = error.greeted and not error.by_policy
                 connected = True
                 if not handshake_failed:
                     sessions += 1 if greeted else 0
@@ -634,15 +642,19 @@ class ClientConnection:
                 greeted = event.reason is not Reason.BANNER  # (turned away at the banner: no session)
                 reply, server = event.explain(self.peer), event.said_by_server
                 sts = destination.mta_sts
+                by_policy = False
                 if sts is not None and sts.enforced and event.reason in _TLS_REASONS:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
+                    by_policy = True
                     reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
                 if event.authentication:
                     # The operator's to fix (a password, a route's TLS), not the recipients':
                     # deferred, and said where it is read. (The reply names the user, never the password.)
                     route = destination.auth.route if destination.auth is not None else "?"
                     _log.warning("[[route]] %r: %s; mail for %s deferred", route, reply, destination.site)
-                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server)
+                raise failure(
+                    reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server, by_policy=by_policy
+                )
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
