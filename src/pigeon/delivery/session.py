@@ -652,9 +652,7 @@ class ClientConnection:
                     # deferred, and said where it is read. (The reply names the user, never the password.)
                     route = destination.auth.route if destination.auth is not None else "?"
                     _log.warning("[[route]] %r: %s; mail for %s deferred", route, reply, destination.site)
-                raise failure(
-                    reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server, by_policy=by_policy
-                )
+                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server, by_policy=by_policy)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
