@@ -166,6 +166,27 @@ def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> No
         assert "gave no TLS with a certificate valid for its name" in stderr
 
 
+def test_a_testing_policy_warns_of_the_unverified_fallback_once_not_at_each_connection(tmp_path: Path) -> None:
+    # Found from outside: each new connection to an MX whose certificate does not verify logged
+    # "...; trying again on TLS without verifying the certificate" as a WARNING.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    testing = _ENFORCE.replace("enforce", "testing")
+    with (
+        DnsServer(_zone((10, "mx1.example.net", "127.0.0.2"))) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": testing}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("wrong.example.net")) as sink,
+        _node(tmp_path, dns, port, ca, policies, {"max_deliveries_per_connection": 1}) as pigeon,
+    ):
+        for sent in range(1, 4):  # one after the other: each on a connection of its own
+            _send(pigeon)
+            wait_until(lambda n=sent: len(sink.received) == n)
+        assert len(pigeon.records("Delivery")) == 3
+        said = [line for line in pigeon.stderr().splitlines() if "trying again on TLS without verifying" in line]
+        assert len(said) == 3  # one a connection ...
+        assert [" WARNING " in line for line in said] == [True, False, False]  # ... a WARNING once
+
+
 def test_a_policy_fetched_before_a_restart_is_enforced_while_its_server_is_down(tmp_path: Path) -> None:
     ca = TestCa(tmp_path / "ca")
     port = free_port()

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Final, cast
 
 from pigeon.delivery.loops import Listeners
-from pigeon.delivery.mta_sts import WARNINGS, Applied
+from pigeon.delivery.mta_sts import WARNINGS, Applied, Warnings
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.delivery.routes import Destination, Hop
 from pigeon.listener.tls import describe
@@ -178,6 +178,10 @@ def _with_note(reason: Reply) -> Reply:
     note = "no reply to the end of data: the message may be delivered twice"
     return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
 
+
+_FALLBACK_WARNINGS: Final = Warnings()
+"""A step down from verified TLS, or from TLS, is a WARNING once in 10 minutes per site, host
+and step (DEBUG otherwise): connections to a host whose certificate never verifies are many."""
 
 _UNVERIFIED: Final = client_context(verify=False)
 _PRIVATE_CAS: dict[str, tuple[bytes, ssl.SSLContext]] = {}
@@ -551,7 +555,17 @@ class ClientConnection:
                     fallbacks.append((destination, TlsPolicy.DISABLED))
                 for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
-                    _log.warning("%s: %s; trying again %s", destination.site, last.reply, how)
+                    # Once in a while per site, host and step: a host whose certificate never
+                    # verifies (under a `testing` MTA-STS policy, or a route's `tls_verify`) would
+                    # otherwise have a WARNING for each connection opened to it.
+                    due = _FALLBACK_WARNINGS.due(f"{destination.site}\0{_peer(hop, address)}\0{how}")
+                    _log.log(
+                        logging.WARNING if due else logging.DEBUG,
+                        "%s: %s; trying again %s",
+                        destination.site,
+                        last.reply,
+                        how,
+                    )
                     try:
                         return await cls._open_one(hop, address, fallback, options, tls)
                     except ConnectFailed as again:
