@@ -241,9 +241,18 @@ class PolicyStore:
                     raise PolicyError(f"{url} is over {MAX_POLICY_SIZE} bytes")
         return body.decode("utf-8")
 
-    @staticmethod
-    def _warn(domain: str, why: str) -> None:
-        if WARNINGS.due(f"{domain}\0policy\0{why}"):
+    def _warn(self, domain: str, why: str) -> None:
+        """A WARNING (once in a while) that `why`, saying what applies: the policy kept from
+        before, when one is (RFC 8461 5.1), or none."""
+        if not WARNINGS.due(f"{domain}\0policy\0{why}"):
+            return
+        kept = self._cache.get(domain)
+        if kept is not None and kept.expires > self._clock():
+            policy = kept.applied.policy
+            until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(kept.expires))
+            what = f"keeping its cached policy (id {kept.applied.policy_id}, mode {policy.mode.value}, until {until})"
+            _log.warning("%s: %s; %s", domain, why, what)
+        else:
             _log.warning("%s: no MTA-STS policy applied: %s", domain, why)
 
     # --- the file ------------------------------------------------------------------------------
