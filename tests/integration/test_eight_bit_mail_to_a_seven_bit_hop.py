@@ -132,11 +132,18 @@ def test_with_eight_bit_conversion_off_8bit_mail_bounces_for_want_of_8bitmime(
         assert bounce["said_by"] == "pigeon"
 
 
-def test_mail_with_an_8bit_header_field_still_bounces_5_6_3(tmp_path: Path, sink: ScriptedSink) -> None:
+def test_mail_with_an_8bit_header_field_still_bounces_5_6_3_saying_why_it_was_not_converted(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    # Found from outside: the reply was the same as with eight_bit_conversion = false.
     with _node(tmp_path, sink) as pigeon:
         _send(pigeon, UTF8_SUBJECT)
         bounce = _bounced(pigeon, sink)
         assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.3")
+        why = "8-bit data in its header section, which has no 7-bit form"
+        assert bounce["response"]["text"].endswith(f"does not offer 8BITMIME; not made 7-bit: {why}")
+        (report,) = wait_until(lambda: [r for r in sink.received if r.sender == "<>"])
+        assert why in re.sub(r"\r\n[ \t]+", " ", report.data.decode("ascii"))  # (its fields unfolded)
 
 
 # --- DKIM ------------------------------------------------------------------------------------
