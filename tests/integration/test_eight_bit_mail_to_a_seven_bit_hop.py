@@ -122,6 +122,22 @@ def _bounced(pigeon: PigeonProcess, sink: ScriptedSink) -> dict[str, Any]:
     return bounce
 
 
+def test_a_full_report_through_a_7bit_hop_returns_the_message_whole_in_its_7bit_form(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    # Found from outside: RET=FULL came back as the message's ASCII header fields only.
+    with _node(tmp_path, sink) as pigeon:
+        _send(pigeon, PLAIN, recipient="permfail@example.net", RET="FULL")
+        (report,) = wait_until(lambda: [r for r in sink.received if r.sender == "<>"])
+        _seven_bit_on_the_wire(report)
+        text, _, returned = _parsed(report.data).get_payload()
+        assert returned.get_content_type() == "message/rfc822"
+        (message,) = returned.get_payload()
+        assert message["Message-ID"] == "<plain@example.com>"
+        assert message.get_payload(decode=True) == TEXT.encode()
+        assert "It is attached below" in text.get_content()
+
+
 def test_with_eight_bit_conversion_off_8bit_mail_bounces_for_want_of_8bitmime(
     tmp_path: Path, sink: ScriptedSink
 ) -> None:

@@ -258,7 +258,7 @@ class SevenBitHop:
         deferred: better later than unsigned, as at reception)."""
         signatures = message.envelope.dkim_signatures
         ours = bool(signatures) and body.startswith(signatures or b"")  # Pigeon's, on top of what leaves
-        converted = for_seven_bit_hop(message, body)  # (without them)
+        converted = for_seven_bit_hop(message, body, seven_bit)  # (without them)
         if converted is None and self._convert:
             try:
                 converted = convert(body[len(signatures or b"") :] if ours else body)
