@@ -62,6 +62,8 @@ def test_an_enforced_policy_delivers_over_tls_verified_for_the_mx_host(tmp_path:
         assert len(sink.received) == 1
         assert policies.requests == ["mta-sts.example.net"]
         assert ("_mta-sts.example.net", "TXT") in dns.zone.queries
+        assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="fetched"}') == 1
+        assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="failed"}') == 0
 
 
 def test_an_enforced_policy_allowing_no_mx_host_defers_and_never_delivers_there(tmp_path: Path) -> None:
@@ -210,6 +212,8 @@ def test_a_policy_fetched_before_a_restart_is_enforced_while_its_server_is_down(
             assert failure["response"]["enhanced"] == "4.7.0"
             assert "(id 1, mode enforce" in failure["response"]["text"]
             assert "its MTA-STS policy (id 2) could not be had" in pigeon.stderr()
+            assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="kept"}') == 1
+            assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="failed"}') == 0
         assert len(allowed.received) == 1 and not other.received
 
 

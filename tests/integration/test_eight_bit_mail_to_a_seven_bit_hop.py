@@ -92,6 +92,7 @@ def test_an_8bit_plain_message_reaches_a_hop_without_8bitmime_quoted_printable_a
         (delivery,) = pigeon.wait_records("Delivery")
         assert delivery["converted"] == "7bit"
         assert pigeon.records("Bounce") == []
+        assert pigeon.metric("pigeon_converted_messages_total") == 1
 
 
 def test_a_multipart_with_8bit_text_and_a_base64_attachment_decodes_to_what_was_sent(
@@ -114,6 +115,7 @@ def test_ascii_mail_and_mail_to_a_hop_with_8bitmime_go_as_they_are(tmp_path: Pat
         received = _delivered(eight_bit)
         assert received.data.endswith(PLAIN) and "BODY=8BITMIME" in received.mail_options
         assert "converted" not in pigeon.wait_records("Delivery")[0]
+        assert pigeon.metric("pigeon_converted_messages_total") == 0
 
 
 def _bounced(pigeon: PigeonProcess, sink: ScriptedSink) -> dict[str, Any]:
