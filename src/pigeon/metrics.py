@@ -23,6 +23,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # Every record type `Counts.outcome` is given (the README lists them): each is exposed from 0 on.
 _OUTCOMES = ("Delivery", "TransientFailure", "Bounce", "Expiration", "AdminBounce", "Held")
+# What became of an MTA-STS policy fetch (`mta_sts_store`): each is exposed from 0 on.
+MTA_STS_OUTCOMES: Final = ("fetched", "failed", "kept")
 # Queues and sites given a label value of their own (each with any outcome); the others count as
 # "_other". Each worker keeps to it, and so does the node's sum (`pigeon.node.answers.cap_labels`),
 # which the workers' own caps alone did not bound (each sees other queues).
@@ -50,12 +52,14 @@ class Counts:
         "by_site",
         "by_source",
         "bytes_received",
+        "converted_messages",
         "implicit_source",
         "labelled_classifications",
         "labelled_queues",
         "labelled_sites",
         "labelled_sources",
         "messages_received",
+        "mta_sts_policies",
         "outcomes",
         "receptions",
         "smtp_connections_accepted",
@@ -68,6 +72,8 @@ class Counts:
         self.receptions: dict[str, int] = {}
         self.smtp_connections_accepted = 0
         self.smtp_connections_evicted = 0  # closed to make room (listener.smtp)
+        self.converted_messages = 0  # attempts that delivered a message in its 7-bit form (queue.settlement)
+        self.mta_sts_policies: dict[str, int] = {}  # policy fetches by outcome (MTA_STS_OUTCOMES)
         self.outcomes: dict[str, int] = {}  # per recipient: Delivery, TransientFailure, Bounce, Expiration, ...
         self.by_site: dict[tuple[str, str], int] = {}  # (outcome, site), at most MAX_SITE_LABELS sites
         self.by_queue: dict[tuple[str, str], int] = {}  # (outcome, queue), at most MAX_QUEUE_LABELS queues
@@ -96,6 +102,10 @@ class Counts:
         self.by_site[kind, site] = self.by_site.get((kind, site), 0) + n
         queue = _labelled(queue, self.labelled_queues, MAX_QUEUE_LABELS)
         self.by_queue[kind, queue] = self.by_queue.get((kind, queue), 0) + n
+
+    def mta_sts(self, outcome: str) -> None:
+        """Count one MTA-STS policy fetch's outcome (one of `MTA_STS_OUTCOMES`)."""
+        self.mta_sts_policies[outcome] = self.mta_sts_policies.get(outcome, 0) + 1
 
     def classified(self, kind: str, classification: str) -> None:
         """Count one recipient outcome (a Bounce, a TransientFailure) of this bounce class."""
@@ -173,6 +183,20 @@ class _CountsCollector(Collector):
         for (outcome, classification), value in sorted(c.by_classification.items()):
             classified.add_metric([outcome, classification], value)
         yield classified
+        yield CounterMetricFamily(
+            "pigeon_converted_messages",
+            "Messages delivered in their 7-bit form to a server without 8BITMIME (once per attempt that delivered)",
+            value=c.converted_messages,
+        )
+        policies = CounterMetricFamily(
+            "pigeon_mta_sts_policies",
+            "MTA-STS policy fetches by outcome: fetched, failed (no policy applies), kept (failed, the cached "
+            "policy stands)",
+            labels=["outcome"],
+        )
+        for outcome in MTA_STS_OUTCOMES:
+            policies.add_metric([outcome], c.mta_sts_policies.get(outcome, 0))
+        yield policies
 
 
 class _DeliveryCollector(Collector):

@@ -62,6 +62,8 @@ def test_an_enforced_policy_delivers_over_tls_verified_for_the_mx_host(tmp_path:
         assert len(sink.received) == 1
         assert policies.requests == ["mta-sts.example.net"]
         assert ("_mta-sts.example.net", "TXT") in dns.zone.queries
+        assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="fetched"}') == 1
+        assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="failed"}') == 0
 
 
 def test_an_enforced_policy_allowing_no_mx_host_defers_and_never_delivers_there(tmp_path: Path) -> None:
@@ -105,8 +107,7 @@ def test_an_enforced_policy_skips_hosts_without_starttls_or_a_valid_certificate(
         ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
         ScriptedSink(host="127.0.0.3", port=port) as plaintext,
         ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("b.mail.example.net")) as right,
-        # (two hosts that greet and will not do are all an attempt tries by default)
-        _node(tmp_path, dns, port, ca, policies, {"mx_session_limit": 3}) as pigeon,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
     ):
         _send(pigeon)
         (record,) = wait_until(lambda: pigeon.records("Delivery"))
@@ -118,6 +119,34 @@ def test_an_enforced_policy_skips_hosts_without_starttls_or_a_valid_certificate(
         assert failure["response"]["enhanced"] == "4.7.4"
         assert "required by other.example's MTA-STS policy (id 7" in failure["response"]["text"]
         assert not plaintext.received
+
+
+def test_hosts_refused_for_the_policys_tls_use_none_of_the_session_limit(tmp_path: Path) -> None:
+    # RFC 8461 5: a host refused for the policy's TLS "MUST NOT be used; mail delivery SHOULD
+    # proceed to the next candidate". With the default mx_session_limit (2), MX 10 (no STARTTLS)
+    # and MX 20 (a certificate for another name) must not end the attempt before MX 30.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone(
+        (10, "a.mail.example.net", "127.0.0.3"),
+        (20, "mx1.example.net", "127.0.0.2"),
+        (30, "b.mail.example.net", "127.0.0.4"),
+    )
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.3", port=port) as plaintext,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("not-mx1.example.net")) as wrong_name,
+        ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("b.mail.example.net")) as right,
+        _node(tmp_path, dns, port, ca, policies) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert record["peer"] == f"b.mail.example.net [127.0.0.4]:{port}"
+        assert "certificate verified" in record["tls"]
+        assert len(right.received) == 1
+        assert not wrong_name.received and not plaintext.received
+        assert not pigeon.records("TransientFailure")
 
 
 def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> None:
@@ -137,6 +166,27 @@ def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> No
         stderr = pigeon.stderr()
         assert "example.net: MTA-STS testing: delivering to mx1.example.net [127.0.0.2]" in stderr
         assert "gave no TLS with a certificate valid for its name" in stderr
+
+
+def test_a_testing_policy_warns_of_the_unverified_fallback_once_not_at_each_connection(tmp_path: Path) -> None:
+    # Found from outside: each new connection to an MX whose certificate does not verify logged
+    # "...; trying again on TLS without verifying the certificate" as a WARNING.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    testing = _ENFORCE.replace("enforce", "testing")
+    with (
+        DnsServer(_zone((10, "mx1.example.net", "127.0.0.2"))) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": testing}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("wrong.example.net")) as sink,
+        _node(tmp_path, dns, port, ca, policies, {"max_deliveries_per_connection": 1}) as pigeon,
+    ):
+        for sent in range(1, 4):  # one after the other: each on a connection of its own
+            _send(pigeon)
+            wait_until(lambda n=sent: len(sink.received) == n)
+        assert len(pigeon.records("Delivery")) == 3
+        said = [line for line in pigeon.stderr().splitlines() if "trying again on TLS without verifying" in line]
+        assert len(said) == 3  # one a connection ...
+        assert [" WARNING " in line for line in said] == [True, False, False]  # ... a WARNING once
 
 
 def test_a_policy_fetched_before_a_restart_is_enforced_while_its_server_is_down(tmp_path: Path) -> None:
@@ -162,6 +212,8 @@ def test_a_policy_fetched_before_a_restart_is_enforced_while_its_server_is_down(
             assert failure["response"]["enhanced"] == "4.7.0"
             assert "(id 1, mode enforce" in failure["response"]["text"]
             assert "its MTA-STS policy (id 2) could not be had" in pigeon.stderr()
+            assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="kept"}') == 1
+            assert pigeon.metric('pigeon_mta_sts_policies_total{outcome="failed"}') == 0
         assert len(allowed.received) == 1 and not other.received
 
 

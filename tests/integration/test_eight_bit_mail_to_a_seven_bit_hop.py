@@ -92,6 +92,7 @@ def test_an_8bit_plain_message_reaches_a_hop_without_8bitmime_quoted_printable_a
         (delivery,) = pigeon.wait_records("Delivery")
         assert delivery["converted"] == "7bit"
         assert pigeon.records("Bounce") == []
+        assert pigeon.metric("pigeon_converted_messages_total") == 1
 
 
 def test_a_multipart_with_8bit_text_and_a_base64_attachment_decodes_to_what_was_sent(
@@ -114,12 +115,29 @@ def test_ascii_mail_and_mail_to_a_hop_with_8bitmime_go_as_they_are(tmp_path: Pat
         received = _delivered(eight_bit)
         assert received.data.endswith(PLAIN) and "BODY=8BITMIME" in received.mail_options
         assert "converted" not in pigeon.wait_records("Delivery")[0]
+        assert pigeon.metric("pigeon_converted_messages_total") == 0
 
 
 def _bounced(pigeon: PigeonProcess, sink: ScriptedSink) -> dict[str, Any]:
     bounce = wait_until(lambda: pigeon.records("Bounce"))[0]
     assert [r for r in sink.received if r.sender != "<>"] == []
     return bounce
+
+
+def test_a_full_report_through_a_7bit_hop_returns_the_message_whole_in_its_7bit_form(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    # Found from outside: RET=FULL came back as the message's ASCII header fields only.
+    with _node(tmp_path, sink) as pigeon:
+        _send(pigeon, PLAIN, recipient="permfail@example.net", RET="FULL")
+        (report,) = wait_until(lambda: [r for r in sink.received if r.sender == "<>"])
+        _seven_bit_on_the_wire(report)
+        text, _, returned = _parsed(report.data).get_payload()
+        assert returned.get_content_type() == "message/rfc822"
+        (message,) = returned.get_payload()
+        assert message["Message-ID"] == "<plain@example.com>"
+        assert message.get_payload(decode=True) == TEXT.encode()
+        assert "It is attached below" in text.get_content()
 
 
 def test_with_eight_bit_conversion_off_8bit_mail_bounces_for_want_of_8bitmime(
@@ -132,11 +150,18 @@ def test_with_eight_bit_conversion_off_8bit_mail_bounces_for_want_of_8bitmime(
         assert bounce["said_by"] == "pigeon"
 
 
-def test_mail_with_an_8bit_header_field_still_bounces_5_6_3(tmp_path: Path, sink: ScriptedSink) -> None:
+def test_mail_with_an_8bit_header_field_still_bounces_5_6_3_saying_why_it_was_not_converted(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    # Found from outside: the reply was the same as with eight_bit_conversion = false.
     with _node(tmp_path, sink) as pigeon:
         _send(pigeon, UTF8_SUBJECT)
         bounce = _bounced(pigeon, sink)
         assert (bounce["response"]["code"], bounce["response"]["enhanced"]) == (554, "5.6.3")
+        why = "8-bit data in its header section, which has no 7-bit form"
+        assert bounce["response"]["text"].endswith(f"does not offer 8BITMIME; not made 7-bit: {why}")
+        (report,) = wait_until(lambda: [r for r in sink.received if r.sender == "<>"])
+        assert why in re.sub(r"\r\n[ \t]+", " ", report.data.decode("ascii"))  # (its fields unfolded)
 
 
 # --- DKIM ------------------------------------------------------------------------------------

@@ -64,6 +64,31 @@ async def test_a_bad_policy_is_no_policy_and_a_warning_names_the_domain(
     assert warning.startswith("example.net: no MTA-STS policy applied: ") and why in warning
 
 
+async def test_a_new_id_that_cannot_be_fetched_warns_that_the_cached_policy_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found from outside: the WARNING said "no MTA-STS policy applied" while the policy kept
+    # (id 1) was, rightly, still enforced.
+    ca = TestCa(tmp_path / "ca")
+    served = {"mta-sts.example.net": _ENFORCE}
+    with DnsServer(_zone()) as dns, PolicyServer(ca.server_context("mta-sts.example.net"), served) as server:
+        first = PolicyStore(Resolver([(dns.address, dns.port)], timeout=1.0), ca_file=ca.path,
+                            https_port=server.port, directory=tmp_path / "spool")  # fmt: skip
+        assert (await first.policy("example.net")) is not None
+        dns.zone.records["_mta-sts.example.net"] = [("TXT", "v=STSv1; id=2;")]
+        served.clear()  # id 2 is answered 404
+        again = PolicyStore(Resolver([(dns.address, dns.port)], timeout=1.0), ca_file=ca.path,
+                            https_port=server.port, directory=tmp_path / "spool")  # fmt: skip
+        with caplog.at_level(logging.WARNING):
+            applied = await again.policy("example.net")
+    assert applied is not None and applied.policy_id == "1"
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("example.net: its MTA-STS policy (id 2) could not be had: ")
+    assert "answered HTTP 404" in warning
+    assert "; keeping its cached policy (id 1, mode enforce, until 20" in warning
+    assert "no MTA-STS policy applied" not in warning
+
+
 async def test_a_policy_host_whose_certificate_does_not_verify_gives_no_policy(tmp_path: Path) -> None:
     ca, stranger = TestCa(tmp_path / "ca"), TestCa(tmp_path / "other", "Another CA")
     with (

@@ -25,8 +25,10 @@ returns an 8-bit message; each part holding 8-bit octets says so, `Content-Trans
 8BITMIME, and a report refused there is lost (no one hears of a null sender's failure), so
 there it goes in a 7-bit form (`seven_bit`): the text quoted-printable; message/delivery-status,
 with the addresses in RFC 6533's utf-8-addr-xtext form (any other character that is not ASCII
-escaped alike); and of the message, only its header fields that are ASCII, as
-text/rfc822-headers (and the text says so, not that the message came back). A DKIM
+escaped alike); the message returned whole (message/rfc822, or message/global) in its own 7-bit
+form, as message/rfc822, where it has one (its header section ASCII: the converter the caller
+gives, `seven_bit.seven_bit`); else, and of headers returned, only its header fields that are
+ASCII, as text/rfc822-headers (and the text says so, not that the message came back). A DKIM
 signature made over the 8-bit form is taken off: it would fail (the delivery signs the 7-bit
 form again, `seven_bit.SevenBitHop`).
 """
@@ -331,12 +333,17 @@ _ENCODING_FIELD: Final = re.compile(rb"(?im)^content-transfer-encoding:[^\r\n]*\
 _DESCRIPTION_FIELD: Final = re.compile(rb"(?im)^content-description:[^\r\n]*")
 _FIELD_BREAK: Final = re.compile(rb"\r\n(?![ \t])")  # a line end not followed by a continuation line
 _RETURNED: Final = frozenset({b"message/rfc822", b"message/global", b"message/global-headers"})
+_WHOLE: Final = frozenset({b"message/rfc822", b"message/global"})
+
+Convert = Callable[[bytes], bytes | None]
+"""A message (CRLF lines) in its 7-bit form, or None when it has none (`seven_bit.seven_bit`)."""
 
 
-def seven_bit(report: bytes) -> bytes | None:
+def seven_bit(report: bytes, convert: Convert | None = None) -> bytes | None:
     """`report` (a report `build_report` made, as stored: Pigeon's Received field on top) in
     the 7-bit form the module docstring describes, for a hop without 8BITMIME; None when it is
-    no such report, or has 8-bit content where none is expected."""
+    no such report, or has 8-bit content where none is expected. A message returned whole goes
+    as `convert` makes it, when it does (None: always its ASCII header fields only)."""
     head_end = report.find(b"\r\n\r\n")
     boundary = _BOUNDARY.search(report, 0, head_end)
     if head_end < 0 or boundary is None or not report[:head_end].isascii():
@@ -353,13 +360,26 @@ def seven_bit(report: bytes) -> bytes | None:
         if found is None:
             return None
         read.append((found.group(1).lower(), part[: fields_end + 2], part[fields_end + 4 :]))
-    # The message, or its headers, cannot come back as they are: only its ASCII header fields do.
-    cut = any(kind in _RETURNED and not content.isascii() for kind, _, content in read)
+    # The message returned whole, in its 7-bit form where it has one (message/rfc822: a
+    # message/global whose header section is ASCII is one).
+    whole: dict[int, bytes] = {}
+    for index, (kind, _, content) in enumerate(read):
+        if kind in _WHOLE and not content.isascii() and convert is not None:
+            converted = convert(content)
+            if converted is not None and converted.isascii():
+                whole[index] = converted
+    # Else the message, or its headers, cannot come back as they are: only its ASCII header fields do.
+    cut = any(
+        kind in _RETURNED and not content.isascii() and i not in whole for i, (kind, _, content) in enumerate(read)
+    )
     written = [preamble]
-    for kind, fields, content in read:
+    for index, (kind, fields, content) in enumerate(read):
         if kind == b"text/plain" and cut:
             content = _says_ascii_headers(content)  # (the text was written before it was cut)
-        if not content.isascii():
+        if index in whole:
+            fields = _CONTENT_TYPE_FIELD.sub(b"Content-Type: message/rfc822", _ENCODING_FIELD.sub(b"", fields))
+            content = whole[index]
+        elif not content.isascii():
             fields, content = _seven_bit_part(kind, fields, content)
         elif kind == b"message/global-delivery-status":  # (all ASCII already)
             fields = fields.replace(b"message/global-delivery-status", b"message/delivery-status")
@@ -406,18 +426,19 @@ def _ascii_fields(header_section: bytes) -> bytes:
     return b"".join(kept)
 
 
-def for_seven_bit_hop(message: Message, body: bytes) -> bytes | None:
+def for_seven_bit_hop(message: Message, body: bytes, convert: Convert | None = None) -> bytes | None:
     """The bytes to send for `message` (`body`: as it would leave) to a hop without
-    8BITMIME, when it is a report of Pigeon's own (null sender, written here): `seven_bit`,
-    without the DKIM signatures made over the 8-bit form. None for any other message (the
-    delivery makes it 7-bit otherwise, `seven_bit`), or a report that cannot be made 7-bit."""
+    8BITMIME, when it is a report of Pigeon's own (null sender, written here): `seven_bit`
+    (the message it returns made 7-bit by `convert`), without the DKIM signatures made over
+    the 8-bit form. None for any other message (the delivery makes it 7-bit otherwise,
+    `seven_bit.seven_bit`), or a report that cannot be made 7-bit."""
     envelope = message.envelope
     if envelope.sender or envelope.protocol != _OWN:
         return None
     signatures = envelope.dkim_signatures
     if signatures and body.startswith(signatures):
         body = body[len(signatures) :]
-    return seven_bit(body)
+    return seven_bit(body, convert)
 
 
 class Submit(Protocol):

@@ -117,6 +117,7 @@ class PolicyStore:
         worker: int = 0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        count: Callable[[str], None] | None = None,
     ) -> None:
         self._resolver = resolver
         self.ca_file = ca_file
@@ -126,6 +127,7 @@ class PolicyStore:
         self._path = directory / f"mta-sts-{worker}.json" if directory is not None else None
         self._clock = clock
         self._monotonic = monotonic
+        self._count = count or (lambda outcome: None)  # each fetch's outcome: fetched, failed, kept (metrics)
         self._cache: dict[str, _Cached] = {}
         self._txt_failed: dict[str, float] = {}  # domain -> until when (monotonic) no TXT is asked
         self._fetch_failed: dict[tuple[str, str], float] = {}  # (domain, id) -> until when (monotonic)
@@ -203,11 +205,13 @@ class PolicyStore:
             if len(self._fetch_failed) > 10_000:
                 self._fetch_failed.clear()
             self._fetch_failed[(domain, policy_id)] = self._monotonic() + FETCH_FAILURE_TTL
+            self._count("kept" if self._kept(domain) is not None else "failed")
             self._warn(domain, f"its MTA-STS policy (id {policy_id}) could not be had: {why}")
             return None
         now = self._clock()
         cached = _Cached(Applied(domain, policy, policy_id), text, now, now + policy.max_age)
         self._cache[domain] = cached
+        self._count("fetched")
         _log.info(
             "%s: MTA-STS policy id %s fetched: %s, max_age %ds", domain, policy_id, policy.describe(), policy.max_age
         )
@@ -241,10 +245,24 @@ class PolicyStore:
                     raise PolicyError(f"{url} is over {MAX_POLICY_SIZE} bytes")
         return body.decode("utf-8")
 
-    @staticmethod
-    def _warn(domain: str, why: str) -> None:
-        if WARNINGS.due(f"{domain}\0policy\0{why}"):
+    def _warn(self, domain: str, why: str) -> None:
+        """A WARNING (once in a while) that `why`, saying what applies: the policy kept from
+        before, when one is (RFC 8461 5.1), or none."""
+        if not WARNINGS.due(f"{domain}\0policy\0{why}"):
+            return
+        kept = self._kept(domain)
+        if kept is not None:
+            policy = kept.applied.policy
+            until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(kept.expires))
+            what = f"keeping its cached policy (id {kept.applied.policy_id}, mode {policy.mode.value}, until {until})"
+            _log.warning("%s: %s; %s", domain, why, what)
+        else:
             _log.warning("%s: no MTA-STS policy applied: %s", domain, why)
+
+    def _kept(self, domain: str) -> _Cached | None:
+        """The domain's cached policy, if it has one that has not expired."""
+        kept = self._cache.get(domain)
+        return kept if kept is not None and kept.expires > self._clock() else None
 
     # --- the file ------------------------------------------------------------------------------
     def _load(self) -> None:

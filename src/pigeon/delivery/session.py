@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Final, cast
 
 from pigeon.delivery.loops import Listeners
-from pigeon.delivery.mta_sts import WARNINGS, Applied
+from pigeon.delivery.mta_sts import WARNINGS, Applied, Warnings
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.delivery.routes import Destination, Hop
 from pigeon.listener.tls import describe
@@ -94,7 +94,9 @@ class ConnectFailed(Exception):
     it was on TLS by then: a record of the failure names them as a delivery's would.
     `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`).
     `server`: `reply` is that host's own (its 421, as sent), not Pigeon's words (a TLS failure,
-    a broken connection): an expiry's DSN reports it as the server's."""
+    a broken connection): an expiry's DSN reports it as the server's. `by_policy`: the host was
+    refused for an enforced MTA-STS policy's TLS (no STARTTLS, a certificate not verified for its
+    name): RFC 8461 5 has the next host tried, so it is no session of `mx_session_limit`."""
 
     def __init__(
         self,
@@ -105,6 +107,7 @@ class ConnectFailed(Exception):
         tls: str | None = None,
         greeted: bool = False,
         server: bool = False,
+        by_policy: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -113,6 +116,7 @@ class ConnectFailed(Exception):
         self.tls = tls
         self.greeted = greeted
         self.server = server
+        self.by_policy = by_policy
 
 
 class LoopsBack(ConnectFailed):
@@ -174,6 +178,10 @@ def _with_note(reason: Reply) -> Reply:
     note = "no reply to the end of data: the message may be delivered twice"
     return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
 
+
+_FALLBACK_WARNINGS: Final = Warnings()
+"""A step down from verified TLS, or from TLS, is a WARNING once in 10 minutes per site, host
+and step (DEBUG otherwise): connections to a host whose certificate never verifies are many."""
 
 _UNVERIFIED: Final = client_context(verify=False)
 _PRIVATE_CAS: dict[str, tuple[bytes, ssl.SSLContext]] = {}
@@ -455,7 +463,8 @@ class ClientConnection:
         at most `mx_address_limit` addresses are tried, each once (an address several hosts
         name is one), a host that adds none (its lookup failed, its addresses were tried)
         counting as one, so that hosts past the limit are not even looked up; and it stops
-        after `mx_session_limit` sessions that got a greeting (a 220) and would not do. Then
+        after `mx_session_limit` sessions that got a greeting (a 220) and would not do (a host
+        an enforced MTA-STS policy's TLS refused is none: RFC 8461 5 moves on to the next). Then
         the failure is temporary, and names what was tried; the next attempt starts again
         from the first hop."""
         last = ConnectFailed(Reply(451, "4.4.1", (f"no host to try for {destination.site}",)))
@@ -522,7 +531,10 @@ class ClientConnection:
                 except ConnectFailed as error:
                     last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
-                    greeted = error.greeted
+                    # A host the policy's TLS refused uses none of the sessions (RFC 8461 5: "MUST NOT
+                    # be used; mail delivery SHOULD proceed to the next candidate"); the addresses
+                    # tried stay bound by mx_address_limit.
+                    greeted = error.greeted and not error.by_policy
                 connected = True
                 if not handshake_failed:
                     sessions += 1 if greeted else 0
@@ -543,7 +555,17 @@ class ClientConnection:
                     fallbacks.append((destination, TlsPolicy.DISABLED))
                 for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
-                    _log.warning("%s: %s; trying again %s", destination.site, last.reply, how)
+                    # Once in a while per site, host and step: a host whose certificate never
+                    # verifies (under a `testing` MTA-STS policy, or a route's `tls_verify`) would
+                    # otherwise have a WARNING for each connection opened to it.
+                    due = _FALLBACK_WARNINGS.due(f"{destination.site}\0{_peer(hop, address)}\0{how}")
+                    _log.log(
+                        logging.WARNING if due else logging.DEBUG,
+                        "%s: %s; trying again %s",
+                        destination.site,
+                        last.reply,
+                        how,
+                    )
                     try:
                         return await cls._open_one(hop, address, fallback, options, tls)
                     except ConnectFailed as again:
@@ -634,15 +656,17 @@ class ClientConnection:
                 greeted = event.reason is not Reason.BANNER  # (turned away at the banner: no session)
                 reply, server = event.explain(self.peer), event.said_by_server
                 sts = destination.mta_sts
+                by_policy = False
                 if sts is not None and sts.enforced and event.reason in _TLS_REASONS:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
+                    by_policy = True
                     reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
                 if event.authentication:
                     # The operator's to fix (a password, a route's TLS), not the recipients':
                     # deferred, and said where it is read. (The reply names the user, never the password.)
                     route = destination.auth.route if destination.auth is not None else "?"
                     _log.warning("[[route]] %r: %s; mail for %s deferred", route, reply, destination.site)
-                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server)
+                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server, by_policy=by_policy)
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 

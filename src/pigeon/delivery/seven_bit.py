@@ -18,7 +18,8 @@ form out, or None when it has none. It walks the MIME structure (RFC 2045, 2046)
   charset=utf-8` (`charset=unknown-8bit` when its body is not UTF-8, RFC 1428) and the
   encoding; a MIME message without MIME-Version gets that field when a field of its own changes.
 
-None (the message is refused there as before, `554 5.6.3`): 8-bit octets in a header section
+None (`convert`: NoSevenBitForm, saying why; the message is refused there as before, `554 5.6.3`,
+the reply ending with that reason): 8-bit octets in a header section
 (a raw UTF-8 Subject, a part's file name: no 7-bit form keeps them as the reader saw them, RFC
 2047 words would be a guess at where the words are), 8-bit octets in a body that says it is
 quoted-printable or base64 already (broken, and read differently by each reader), in a part of
@@ -51,20 +52,36 @@ _ENCODING: Final = re.compile(rb"[ \t\r\n]*([!-~]*)")
 _MIME_FIELDS: Final = frozenset({b"mime-version", b"content-type", b"content-transfer-encoding"})
 
 
+class NoSevenBitForm(ValueError):
+    """The message has no 7-bit form; the text says why, as a refusal's reply ends with it
+    ("8-bit data in its header section, which has no 7-bit form")."""
+
+
+_IN_HEADER: Final = "8-bit data in its header section, which has no 7-bit form"
+
+
 def seven_bit(message: bytes) -> bytes | None:
     """`message` (CRLF lines) in 7-bit form, as the module docstring says; `message` itself when
-    it is ASCII already; None when it has no 7-bit form. A bare CR or LF is made a CRLF first,
-    as the SMTP client makes every one that leaves (`smtp.framing.crlf_lines`)."""
+    it is ASCII already; None when it has no 7-bit form (`convert` says why)."""
+    try:
+        return convert(message)
+    except NoSevenBitForm:
+        return None
+
+
+def convert(message: bytes) -> bytes:
+    """As `seven_bit`, raising NoSevenBitForm rather than giving None. A bare CR or LF is made
+    a CRLF first, as the SMTP client makes every one that leaves (`smtp.framing.crlf_lines`)."""
     if message.isascii():
         return message
     return _message(crlf_lines(message), 0)
 
 
-def _message(message: bytes, depth: int) -> bytes | None:
+def _message(message: bytes, depth: int) -> bytes:
     """A message (the top one, or one inside a message/rfc822 part) made 7-bit."""
     head, body = split_message(message)
     if not head.isascii():
-        return None
+        raise NoSevenBitForm(_IN_HEADER if depth == 0 else "8-bit data in the header section of a message it holds")
     names = {field.name for field in header_fields(head)}
     if not names & _MIME_FIELDS:
         # No MIME at all (RFC 2045 4: without MIME-Version it is plain US-ASCII text, which
@@ -75,43 +92,47 @@ def _message(message: bytes, depth: int) -> bytes | None:
             b"Content-Transfer-Encoding: quoted-printable\r\n"
         )
         return _with_blank(head) + fields + b"\r\n" + _quoted_printable(body)
-    entity = _entity(head, body, "text/plain", depth)
-    if entity is None:
-        return None
-    new_head, new_body = entity
+    new_head, new_body = _entity(head, body, "text/plain", depth)
     if new_head != head and b"mime-version" not in names:
         new_head += b"MIME-Version: 1.0\r\n"
     return _joined(new_head, new_body, message)
 
 
-def _entity(head: bytes, body: bytes, default_type: str, depth: int) -> tuple[bytes, bytes] | None:
+def _entity(head: bytes, body: bytes, default_type: str, depth: int) -> tuple[bytes, bytes]:
     """An entity's header section (ASCII, the CRLF of its last field included) and body, made
-    7-bit; None when it has no 7-bit form. `default_type`: its type when it names none
+    7-bit; NoSevenBitForm when it has none. `default_type`: its type when it names none
     (RFC 2046 5.1.5: message/rfc822 in a multipart/digest)."""
     if body.isascii():
         return head, body
     if depth >= _DEEPEST:
-        return None
+        raise NoSevenBitForm(f"8-bit data in a MIME structure nested over {_DEEPEST} levels deep")
     content_type, boundary, encoding = _read(head, default_type)
     kind = content_type.partition("/")[0]
     if kind == "multipart" or content_type == "message/rfc822":
         if encoding not in _PASSED_ON and encoding != b"binary":
-            return None  # (RFC 2045 6.4: a composite is never encoded; this one says it is)
+            # (RFC 2045 6.4: a composite is never encoded; this one says it is)
+            raise NoSevenBitForm(f"8-bit data in a {content_type} part that says it is {_said(encoding)}")
         if kind == "multipart":
+            if not boundary:
+                raise NoSevenBitForm(f"8-bit data in a {content_type} part without a boundary")
             inner = "message/rfc822" if content_type == "multipart/digest" else "text/plain"
-            converted = _multipart(body, boundary, inner, depth + 1) if boundary else None
+            converted = _multipart(body, boundary, inner, depth + 1)
         else:
             converted = _message(body, depth + 1)
-        if converted is None:
-            return None
         return (_encoded_as(head, b"7bit") if encoding in (b"8bit", b"binary") else head), converted
     if content_type in ("message/partial", "message/external-body"):
-        return None  # RFC 2046 5.2.2, 5.2.3: 7bit only
+        raise NoSevenBitForm(f"8-bit data in a {content_type} part, which is 7bit only")  # RFC 2046 5.2.2, 5.2.3
     if encoding == b"binary":
         return _encoded_as(head, b"base64"), base64.encodebytes(body).replace(b"\n", b"\r\n")
     if encoding not in _PASSED_ON:
-        return None  # quoted-printable or base64 with 8-bit octets in it, or an encoding unknown
+        # quoted-printable or base64 with 8-bit octets in it, or an encoding unknown
+        raise NoSevenBitForm(f"8-bit data in a part that says it is {_said(encoding)}")
     return _encoded_as(head, b"quoted-printable"), _quoted_printable(body)
+
+
+def _said(encoding: bytes) -> str:
+    """A Content-Transfer-Encoding, as a reason names it (printable, short)."""
+    return repr(encoding[:40].decode("ascii", "replace"))
 
 
 def _read(head: bytes, default_type: str) -> tuple[str, str | None, bytes]:
@@ -132,7 +153,7 @@ def _read(head: bytes, default_type: str) -> tuple[str, str | None, bytes]:
     return parsed.get_content_type(), parsed.get_boundary(), encoding
 
 
-def _multipart(body: bytes, boundary: str, default_type: str, depth: int) -> bytes | None:
+def _multipart(body: bytes, boundary: str, default_type: str, depth: int) -> bytes:
     """A multipart's body with each of its parts made 7-bit. A delimiter is a line of "--",
     the boundary, and maybe white space (RFC 2046 5.1.1: the CRLF before it is the
     delimiter's); the close delimiter has "--" after the boundary. The preamble and the
@@ -140,7 +161,7 @@ def _multipart(body: bytes, boundary: str, default_type: str, depth: int) -> byt
     marker = re.escape(boundary.encode("ascii", "replace"))
     found = list(re.finditer(rb"(?m)^--" + marker + rb"(--)?[ \t]*(?:\r\n|\Z)", body))
     if not found:
-        return None
+        raise NoSevenBitForm("8-bit data in a multipart with no line of its boundary")
     cut = max(found[0].start() - 2, 0)
     out = [_ascii(body[:cut]), body[cut : found[0].end()]]
     for at, line in enumerate(found):
@@ -153,11 +174,8 @@ def _multipart(body: bytes, boundary: str, default_type: str, depth: int) -> byt
         part = body[start:end]
         head, part_body = split_message(part)
         if not head.isascii():
-            return None
-        entity = _entity(head, part_body, default_type, depth)
-        if entity is None:
-            return None
-        out.append(_joined(*entity, part))
+            raise NoSevenBitForm("8-bit data in the header section of a MIME part, which has no 7-bit form")
+        out.append(_joined(*_entity(head, part_body, default_type, depth), part))
         if following is not None:
             out.append(body[end : following.end()])
     return b"".join(out)  # (no close delimiter: the last part ran to the end, as readers take it)
@@ -213,6 +231,7 @@ Sign = Callable[[Message, bytes], Awaitable[bytes | None]]
 reception: its DKIM-Signature fields, or None when no signer applies to it any more (a reload
 took it away). Raises what the signing raised."""
 
+NOT_CONVERTED: Final = "Message has 8-bit data and the receiving server does not offer 8BITMIME; not made 7-bit"
 CANNOT_SIGN: Final = "the 7-bit form of the message for this server could not be signed (DKIM)"
 
 
@@ -233,14 +252,18 @@ class SevenBitHop:
         self._sign = sign
 
     async def __call__(self, message: Message, body: bytes) -> tuple[bytes | None, Reply | None]:
-        """(the bytes to send, None), (None, None) when the message has no 7-bit form here (it is
-        refused, 554 5.6.3, as ever), or (None, a 451) when its signatures could not be made
-        again (the attempt is deferred: better later than unsigned, as at reception)."""
+        """(the bytes to send, None); (None, None) when the message is not to be converted
+        (it is refused, 554 5.6.3, as ever); (None, a 554 5.6.3 saying why) when it has no 7-bit
+        form; or (None, a 451) when its signatures could not be made again (the attempt is
+        deferred: better later than unsigned, as at reception)."""
         signatures = message.envelope.dkim_signatures
         ours = bool(signatures) and body.startswith(signatures or b"")  # Pigeon's, on top of what leaves
-        converted = for_seven_bit_hop(message, body)  # (without them)
+        converted = for_seven_bit_hop(message, body, seven_bit)  # (without them)
         if converted is None and self._convert:
-            converted = seven_bit(body[len(signatures or b"") :] if ours else body)
+            try:
+                converted = convert(body[len(signatures or b"") :] if ours else body)
+            except NoSevenBitForm as why:
+                return None, Reply(554, "5.6.3", (f"{NOT_CONVERTED}: {why}",))
         if converted is None or not ours or self._sign is None:
             return converted, None
         try:

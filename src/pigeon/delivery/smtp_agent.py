@@ -185,7 +185,8 @@ class SmtpAgent:
     ) -> tuple[client.Envelope, Reply | None]:
         """`envelope` (8-bit) as it goes to `connection`, which lacks 8BITMIME: in its 7-bit
         form (a new envelope) where it has one, else as it is (then refused, 5.6.3); with a
-        reply when that form could not be signed (a 451: deferred). A message that needs
+        reply when it has none (a 554 5.6.3 saying why) or that form could not be signed (a
+        451: deferred). A message that needs
         SMTPUTF8 the host lacks is refused for that whatever its body (5.6.7): not converted."""
         if envelope.needs_smtputf8 and "SMTPUTF8" not in connection.capabilities:
             return envelope, None

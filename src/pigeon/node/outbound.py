@@ -95,6 +95,7 @@ class Outbound:
                 fetch_timeout=sts.fetch_timeout,
                 directory=config.spool.path,
                 worker=worker,
+                count=metrics.counts.mta_sts,
             )
             if sts.enabled
             else None

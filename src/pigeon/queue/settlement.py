@@ -558,6 +558,8 @@ class Settlement:
             counts.outcome(type(record).__name__, record.queue, record.site, source=record.source)
             if isinstance(record, Bounce):
                 counts.classified("Bounce", record.classification)
+        if any(isinstance(record, Delivery) and record.converted for record in outcome.terminal):
+            counts.converted_messages += 1  # (the message, once, however many recipients it went to)
         for _, held in outcome.held:
             counts.outcome("Held", held.queue, held.site, source=held.source)
         for transient in outcome.transient:

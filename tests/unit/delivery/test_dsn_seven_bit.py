@@ -9,6 +9,7 @@ from email.message import EmailMessage
 
 import pytest
 
+from pigeon.delivery import seven_bit as converter
 from pigeon.delivery.dsn import Failure, build_report, for_seven_bit_hop, seven_bit
 from pigeon.message import Envelope, Message, Recipient, SpoolId
 from pigeon.smtp.replies import Reply
@@ -89,6 +90,34 @@ def test_an_8_bit_message_returned_whole_comes_back_as_its_header_fields_and_the
     assert "Its headers (those in ASCII) are attached below; the reasons are:" in said
     assert "It is attached" not in said
     assert f"<bob@example.net>: {reply.text}" in said
+
+
+@pytest.mark.parametrize("smtputf8", [False, True], ids=["message/rfc822", "message/global"])
+def test_an_8_bit_message_returned_whole_comes_back_whole_in_its_7_bit_form_when_it_has_one(smtputf8: bool) -> None:
+    # Found from outside: RET=FULL through a hop without 8BITMIME returned only the header
+    # fields, though the message (8-bit in its body only) has a 7-bit form.
+    original = b"From: a@example.org\r\nSubject: s\r\nMIME-Version: 1.0\r\n\r\nna\xc3\xafve\r\n"
+    envelope = Envelope("alice@example.org", [Recipient("bob@example.net")], smtputf8=smtputf8, ret="FULL")
+    report = _report(envelope, original, Reply(550, "5.1.1", ("unknown",)))
+    seven = seven_bit(report, converter.seven_bit)
+    assert seven is not None and seven.isascii()
+    text, _, returned = _parsed(seven).get_payload()
+    assert returned.get_content_type() == "message/rfc822"
+    assert returned.get_all("Content-Transfer-Encoding") is None  # (7bit)
+    (inner,) = returned.get_payload()
+    assert inner["Subject"] == "s" and inner.get_all("Content-Transfer-Encoding") == ["quoted-printable"]
+    assert inner.get_payload(decode=True) == "naïve\r\n".encode()
+    assert "It is attached below; the reasons are:" in text.get_content()
+
+
+def test_a_message_returned_whole_with_8_bit_header_fields_still_comes_back_as_its_ascii_fields() -> None:
+    envelope = Envelope("alice@example.org", [Recipient("bob@example.net")], smtputf8=True, ret="FULL")
+    seven = seven_bit(_report(envelope), converter.seven_bit)
+    assert seven is not None and seven.isascii()
+    text, _, returned = _parsed(seven).get_payload()
+    assert returned.get_content_type() == "text/rfc822-headers"
+    assert returned.get_content() == "To: bob@example.net\r\nMessage-ID: <m1@example.org>\r\n"
+    assert "Its headers (those in ASCII) are attached below;" in text.get_content()
 
 
 @pytest.mark.parametrize("smtputf8", [True, False], ids=["global-delivery-status", "delivery-status"])

@@ -12,10 +12,11 @@ import email.policy
 import re
 from email.message import EmailMessage
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.delivery.seven_bit import SevenBitHop, seven_bit
+from pigeon.delivery.seven_bit import NoSevenBitForm, SevenBitHop, convert, seven_bit
 from pigeon.message import Envelope, Message, Recipient
 
 HEAD = b"From: a@example.org\r\nTo: b@example.net\r\nSubject: hi\r\n"
@@ -190,6 +191,17 @@ def test_8bit_header_fields_have_no_7bit_form() -> None:
     # A part's own header section, too (a raw UTF-8 file name).
     part_field = MULTIPART.replace(b'filename="x.bin"', 'filename="é.bin"'.encode())
     assert seven_bit(part_field) is None
+
+
+def test_convert_says_why_a_message_has_no_7bit_form() -> None:
+    with pytest.raises(NoSevenBitForm, match=r"^8-bit data in its header section, which has no 7-bit form$"):
+        convert(HEAD + "Subject: café\r\n\r\nplain\r\n".encode())
+    part_field = MULTIPART.replace(b'filename="x.bin"', 'filename="é.bin"'.encode())
+    with pytest.raises(NoSevenBitForm, match="header section of a MIME part"):
+        convert(part_field)
+    single = HEAD + b"MIME-Version: 1.0\r\nContent-Type: text/plain\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+    with pytest.raises(NoSevenBitForm, match="a part that says it is 'base64'"):
+        convert(single + UTF8)
 
 
 def test_bodies_that_cannot_be_reencoded_have_no_7bit_form() -> None:
