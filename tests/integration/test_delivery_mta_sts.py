@@ -182,8 +182,8 @@ def test_a_testing_policy_warns_of_the_unverified_fallback_once_not_at_each_conn
     ):
         for sent in range(1, 4):  # one after the other: each on a connection of its own
             _send(pigeon)
-            wait_until(lambda n=sent: len(sink.received) == n)
-        assert len(pigeon.records("Delivery")) == 3
+            pigeon.wait_records("Delivery", sent)  # (written a moment after the sink's 250)
+        assert len(sink.received) == 3
         said = [line for line in pigeon.stderr().splitlines() if "trying again on TLS without verifying" in line]
         assert len(said) == 3  # one a connection ...
         assert [" WARNING " in line for line in said] == [True, False, False]  # ... a WARNING once
