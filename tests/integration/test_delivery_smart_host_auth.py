@@ -168,3 +168,21 @@ def test_serve_check_names_a_route_auth_mistake_without_the_password(tmp_path: P
         'tls = "disabled": the password would cross the network in clear'
     )
     assert PASSWORD not in result.stderr + result.stdout
+
+
+def test_a_certificate_that_does_not_verify_gets_no_auth_on_the_unverified_fallback(tmp_path: Path) -> None:
+    # Opportunistic TLS would try again without verifying (mail without AUTH still does): not
+    # with the password, which goes only to the certificate the route asked to verify.
+    with (
+        ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink, tls="opportunistic", tls_verify=True) as pigeon,
+    ):
+        _send(pigeon)
+        failure, *_ = pigeon.wait_records("TransientFailure")
+        assert sink.after(1.0) == [] and not pigeon.records("Delivery")
+        written = _everything_written(pigeon)
+    assert sink.auth_attempts == []
+    response = failure["response"]
+    assert (response["code"], response["enhanced"]) == (451, "4.7.5")
+    assert "certificate verify failed" in response["text"]
+    assert "without verifying" not in written and PASSWORD not in written

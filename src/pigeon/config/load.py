@@ -1237,6 +1237,16 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
                 "AUTH without TLS"
             )
             raise fail(["route", "auth_username"], reason, index)
+        if route.allow_plaintext_auth and route.tls != "disabled":
+            # An opportunistic route would send it in clear whenever STARTTLS is not to be had,
+            # which whoever is on the path can arrange (STARTTLS stripping); a route that asks
+            # for TLS never falls back to the clear when it authenticates.
+            reason = (
+                f"{name}: allow_plaintext_auth is only for tls = \"disabled\" (a route that may use TLS never "
+                "sends the password without it: a STARTTLS that fails, or is stripped, would give it away). "
+                'Use tls = "required" or "implicit", or tls = "disabled" to send AUTH in clear on purpose'
+            )
+            raise fail(["route", "allow_plaintext_auth"], reason, index)
         if route.auth_mechanisms is not None:
             mechanisms = [mechanism.upper() for mechanism in route.auth_mechanisms]
             unknown = [m for m in route.auth_mechanisms if m.upper() not in MECHANISMS]

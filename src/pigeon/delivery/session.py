@@ -533,14 +533,16 @@ class ClientConnection:
                 # above: compiled by mypyc, a handler that awaits sets sys.exc_info() back, once
                 # done, to what it was when it began, which may be an exception thrown into
                 # this task since handled: left behind, a later `finally` raises it again.)
-                # The address counts as one session, however many of these it takes.
+                # The address counts as one session, however many of these it takes. A route
+                # that authenticates takes neither (its session never says the clear may do):
+                # the password goes only on the TLS the route asked for, verified if it asked.
                 sessions += 1
                 fallbacks = (
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
-                auth = destination.auth
-                if auth is None or auth.plaintext:  # (never a password in the clear: no AUTH, no mail)
-                    fallbacks.append((destination, TlsPolicy.DISABLED))
+                fallbacks.append((destination, TlsPolicy.DISABLED))
+                if destination.auth is not None:
+                    fallbacks = []  # (`_HandshakeFailed` is never raised for one: said twice, as it matters)
                 for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
                     _log.warning("%s: %s; trying again %s", destination.site, last.reply, how)

@@ -118,3 +118,10 @@ def test_an_empty_password_file_is_refused_naming_the_file(tmp_path: Path) -> No
     (tmp_path / "p").write_text("\n")
     said = error_of(tmp_path, 'auth_username = "a"\nauth_password_file = "p"\n')
     assert f"route '*': the password is empty (auth_password_file {tmp_path / 'p'})" in said
+
+
+@pytest.mark.parametrize("tls", ["", 'tls = "opportunistic"\n', 'tls = "required"\n', 'tls = "implicit"\n'])
+def test_plaintext_auth_is_refused_on_a_route_that_may_use_tls(tmp_path: Path, tls: str) -> None:
+    # Opportunistic would send the password in clear whenever STARTTLS fails or is stripped.
+    said = error_of(tmp_path, f'auth_username = "a"\nauth_password = "{PASSWORD}"\n{tls}allow_plaintext_auth = true\n')
+    assert "[[route]] #1 allow_plaintext_auth: route '*': allow_plaintext_auth is only for tls = \"disabled\"" in said
