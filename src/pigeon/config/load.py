@@ -1242,7 +1242,7 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
             # which whoever is on the path can arrange (STARTTLS stripping); a route that asks
             # for TLS never falls back to the clear when it authenticates.
             reason = (
-                f"{name}: allow_plaintext_auth is only for tls = \"disabled\" (a route that may use TLS never "
+                f'{name}: allow_plaintext_auth is only for tls = "disabled" (a route that may use TLS never '
                 "sends the password without it: a STARTTLS that fails, or is stripped, would give it away). "
                 'Use tls = "required" or "implicit", or tls = "disabled" to send AUTH in clear on purpose'
             )

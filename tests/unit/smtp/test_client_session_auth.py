@@ -175,7 +175,9 @@ def test_without_tls_auth_is_never_sent_unless_the_route_allows_the_clear(ehlo: 
     assert allowed.last_write() == PLAIN
 
 
-@pytest.mark.parametrize("ehlo", [b"250-relay.test\r\n250 AUTH PLAIN\r\n", b"250-relay.test\r\n250-STARTTLS\r\n250 AUTH PLAIN\r\n"])
+@pytest.mark.parametrize(
+    "ehlo", [b"250-relay.test\r\n250 AUTH PLAIN\r\n", b"250-relay.test\r\n250-STARTTLS\r\n250 AUTH PLAIN\r\n"]
+)
 def test_credentials_allowing_the_clear_still_never_send_it_on_an_opportunistic_session(ehlo: bytes) -> None:
     # (The config allows the clear with tls = "disabled" only; the session holds to it too.)
     script = Script(ClientSession("client.test", tls=TlsPolicy.OPPORTUNISTIC, credentials=credentials(plaintext=True)))
