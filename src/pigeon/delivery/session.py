@@ -94,7 +94,11 @@ class ConnectFailed(Exception):
     it was on TLS by then: a record of the failure names them as a delivery's would.
     `greeted`: that host greeted with 220 (a session began; `[delivery] mx_session_limit`).
     `server`: `reply` is that host's own (its 421, as sent), not Pigeon's words (a TLS failure,
-    a broken connection): an expiry's DSN reports it as the server's."""
+    a broken connection): an expiry's DSN reports it as the server's. `authentication`: the
+    route's credentials were refused, or cannot be used there (`Unusable.authentication`): the
+    operator's to fix, and the dispatcher holds the route's mail meanwhile. `final`: the failure
+    is the route's, not the address's (its AUTH, the TLS it must have to authenticate), so no
+    other address is tried: it is the attempt's reply."""
 
     def __init__(
         self,
@@ -105,6 +109,8 @@ class ConnectFailed(Exception):
         tls: str | None = None,
         greeted: bool = False,
         server: bool = False,
+        authentication: bool = False,
+        final: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -113,6 +119,8 @@ class ConnectFailed(Exception):
         self.tls = tls
         self.greeted = greeted
         self.server = server
+        self.authentication = authentication
+        self.final = final
 
 
 class LoopsBack(ConnectFailed):
@@ -520,6 +528,8 @@ class ClientConnection:
                     last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
                 except ConnectFailed as error:
+                    if error.final:
+                        raise  # (the route's trouble, whatever the address: the attempt's reply)
                     last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
                     greeted = error.greeted
@@ -639,12 +649,20 @@ class ClientConnection:
                 if sts is not None and sts.enforced and event.reason in _TLS_REASONS:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
                     reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
-                if event.authentication:
-                    # The operator's to fix (a password, a route's TLS), not the recipients':
-                    # deferred, and said where it is read. (The reply names the user, never the password.)
-                    route = destination.auth.route if destination.auth is not None else "?"
-                    _log.warning("[[route]] %r: %s; mail for %s deferred", route, reply, destination.site)
-                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server)
+                # The operator's to fix (a password, a route's TLS), not the recipients', nor the
+                # address's: the attempt ends with it, and the dispatcher holds the route's mail
+                # and says so (a WARNING once, not one a connection).
+                authentication = event.authentication
+                final = authentication or (destination.auth is not None and event.reason in _TLS_REASONS)
+                raise failure(
+                    reply,
+                    peer=self.peer,
+                    tls=self.tls,
+                    greeted=greeted,
+                    server=server,
+                    authentication=authentication,
+                    final=final,
+                )
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
@@ -669,7 +687,7 @@ class ClientConnection:
         transport, failure = await self._handshake(server_name, verify, destination.ca_file)
         if transport is None:
             reply = Reply(451, "4.7.5", (f"TLS handshake with {self.peer} failed: {failure} (implicit TLS)",))
-            raise ConnectFailed(reply, peer=self.peer)
+            raise ConnectFailed(reply, peer=self.peer, final=destination.auth is not None)
         self._on_tls(transport, verify)
         self._wire.pump()  # a banner that came with the handshake's last bytes
 
