@@ -14,6 +14,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pigeon.listener.tls import ensure_self_signed
 from pigeon.tls import server_context
 from tests.integration.test_cli import pigeon_cli
@@ -231,3 +233,43 @@ def test_a_wrong_password_is_tried_once_a_wave_not_once_a_message_and_a_reload_t
     refused = [attempt for attempt in sink.auth_attempts if not attempt[2]]
     assert 1 <= len(refused) <= 2
     assert WRONG not in written and PASSWORD not in written
+
+
+@pytest.mark.parametrize(
+    ("route", "said"),
+    [
+        ({"password": WRONG}, "authentication as alice failed: localhost [127.0.0.1]:{port} answered AUTH PLAIN"),
+        (
+            {"tls": "implicit", "tls_verify": True},
+            "TLS handshake with localhost [127.0.0.1]:{port} failed: [SSL: CERTIFICATE_VERIFY_FAILED]",
+        ),
+    ],
+    ids=["wrong-password", "implicit-tls-unverified"],
+)
+def test_the_routes_failure_at_the_first_address_ends_the_attempt_and_is_what_it_records(
+    tmp_path: Path, route: dict[str, Any], said: str
+) -> None:
+    # localhost is 127.0.0.1 then ::1: the second refuses the connection, which said nothing
+    # of why the first would not do, and was the only reply recorded; each attempt also sent
+    # the password again at the next address.
+    implicit = route.get("tls") == "implicit"
+    context = _context(tmp_path / "tls")
+    sink_tls = {"implicit_tls": context} if implicit else {"tls": context}
+    with ScriptedSink(users={"alice": PASSWORD}, **sink_tls) as sink:  # type: ignore[arg-type]
+        (tmp_path / "relay-password").write_text(route.pop("password", PASSWORD) + "\n")
+        config = delivery_config(sink.endpoint)
+        config["route"] = [
+            {
+                "domain": "*",
+                "next_hop": f"localhost:{sink.port}",
+                "tls": "required",
+                "auth_username": "alice",
+                "auth_password_file": str(tmp_path / "relay-password"),
+            }
+            | route
+        ]
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon)
+            failure, *_ = pigeon.wait_records("TransientFailure")
+    assert failure["response"]["text"].startswith(said.format(port=sink.port)), failure["response"]
+    assert "Connection refused" not in failure["response"]["text"]

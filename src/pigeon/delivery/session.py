@@ -525,7 +525,8 @@ class ClientConnection:
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _NoConnection as error:
-                    last = error.with_traceback(None)  # (kept without the frames it came through)
+                    if not connected:  # (a host that answered said more than one that would not connect)
+                        last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
                 except ConnectFailed as error:
                     if error.final:
