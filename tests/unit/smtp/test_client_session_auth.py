@@ -244,3 +244,15 @@ def test_credentials_that_auth_cannot_carry_are_refused_without_showing_the_pass
 def test_credentials_refuse_a_mechanism_pigeon_does_not_speak() -> None:
     with pytest.raises(ValueError, match="CRAM-MD5"):
         Credentials("alice", "x", mechanisms=("CRAM-MD5",))
+
+
+@pytest.mark.parametrize(
+    "ehlo",
+    [
+        b"250-relay.test\r\n250 AUTH=PLAIN LOGIN\r\n",
+        b"250-relay.test\r\n250-AUTH=LOGIN PLAIN\r\n250 AUTH PLAIN LOGIN\r\n",
+    ],
+)
+def test_the_old_auth_equals_form_of_the_ehlo_reply_is_taken_as_auth(ehlo: bytes) -> None:
+    # Old servers say "AUTH=PLAIN LOGIN" (RFC 2554's drafts), some beside "AUTH ...": Postfix takes both.
+    assert on_tls(ehlo).last_write() == PLAIN
