@@ -130,7 +130,10 @@ def test_plaintext_auth_is_refused_on_a_route_that_may_use_tls(tmp_path: Path, t
 def test_two_routes_as_one_user_to_one_smart_host_with_different_passwords_are_refused(tmp_path: Path) -> None:
     # They would share a ready queue and its connections (the queue is per user): mail of one
     # route would go authenticated with the other's password.
-    first = f'[[route]]\ndomain = "a.test"\nnext_hop = "smtp.relay.example:587"\nauth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+    first = (
+        '[[route]]\ndomain = "a.test"\nnext_hop = "smtp.relay.example:587"\n'
+        f'auth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+    )
     second = (
         'domain = "b.test"\nnext_hop = "smtp.relay.example:587"\nauth_username = "alice"\nauth_password = "other-one"\n'
     )
