@@ -207,3 +207,20 @@ def test_a_node_tries_five_of_eight_dead_mx_hosts_per_attempt_and_logs_a_tempora
         stop.set()
         for thread in threads:
             thread.join()
+
+
+async def test_a_hosts_reply_is_what_fails_the_attempt_rather_than_a_later_address_refusing_the_connection() -> None:
+    # mx0 answers 421 at its banner, mx1 (where nothing listens) refuses the connection: the
+    # 421 says why; "Connection refused" said only that the last address tried was empty.
+    hosts = Hosts()
+    zone = Zone({"mx0.test": [("A", "127.0.0.40")], "mx1.test": [("A", "127.0.0.41")]})
+    with DnsServer(zone) as dns:
+        await hosts.serve("127.0.0.40", "busy")
+        try:
+            with pytest.raises(ConnectFailed) as raised:
+                await ClientConnection.open(_destination(hosts, ["mx0.test", "mx1.test"]), _resolver(dns), OPTIONS)
+        finally:
+            hosts.close()
+    failure = raised.value
+    assert str(failure.reply).startswith("421 4.3.2 busy"), failure.reply
+    assert not failure.site_down and failure.peer == f"mx0.test [127.0.0.40]:{hosts.port}"

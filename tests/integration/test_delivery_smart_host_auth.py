@@ -14,6 +14,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pigeon.listener.tls import ensure_self_signed
 from pigeon.tls import server_context
 from tests.integration.test_cli import pigeon_cli
@@ -168,3 +170,106 @@ def test_serve_check_names_a_route_auth_mistake_without_the_password(tmp_path: P
         'tls = "disabled": the password would cross the network in clear'
     )
     assert PASSWORD not in result.stderr + result.stdout
+
+
+def test_a_certificate_that_does_not_verify_gets_no_auth_on_the_unverified_fallback(tmp_path: Path) -> None:
+    # Opportunistic TLS would try again without verifying (mail without AUTH still does): not
+    # with the password, which goes only to the certificate the route asked to verify.
+    with (
+        ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink, tls="opportunistic", tls_verify=True) as pigeon,
+    ):
+        _send(pigeon)
+        failure, *_ = pigeon.wait_records("TransientFailure")
+        assert sink.after(1.0) == [] and not pigeon.records("Delivery")
+        written = _everything_written(pigeon)
+    assert sink.auth_attempts == []
+    response = failure["response"]
+    assert (response["code"], response["enhanced"]) == (451, "4.7.5")
+    assert "certificate verify failed" in response["text"]
+    assert "without verifying" not in written and PASSWORD not in written
+
+
+def test_a_wrong_password_is_tried_once_a_wave_not_once_a_message_and_a_reload_that_fixes_it_lifts_the_hold(
+    tmp_path: Path,
+) -> None:
+    # A provider counts each failed AUTH (and locks the account after some): a backlog of 30
+    # must not open 30 connections that each send the wrong password again.
+    admin = "admin-token-0123456789"
+    (tmp_path / "relay-password").write_text(WRONG + "\n")
+    with ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink:
+        config = delivery_config(sink.endpoint, site_retry_interval="30s", max_site_retry_interval="30s")
+        config["route"] = [
+            {
+                "domain": "*",
+                "next_hop": sink.endpoint,
+                "tls": "required",
+                "auth_username": "alice",
+                "auth_password_file": str(tmp_path / "relay-password"),
+            }
+        ]
+        config["http"] = {"token": [{"name": "ops", "token": admin, "scopes": ["admin", "read"]}]}
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
+                for n in range(30):
+                    client.sendmail("sender@example.org", [f"bob{n}@example.net"], MESSAGE)
+            pigeon.wait_records("TransientFailure", 30)
+            sink.after(3.0)
+            assert 1 <= len(sink.auth_attempts) <= 2, sink.auth_attempts
+            assert not pigeon.records("Bounce")
+            warnings = [line for line in pigeon.stderr().splitlines() if "authentication as alice failed" in line]
+            assert len([line for line in warnings if "WARNING" in line]) == 1, warnings
+            assert "held, no attempt counted: AUTH to" in warnings[0] and "[[route]] '*'" in warnings[0]
+
+            (tmp_path / "relay-password").write_text(PASSWORD + "\n")
+            _hangup(pigeon, "reloaded:")
+            _send(pigeon, "carol@example.net")  # new mail goes at once: the hold is lifted
+            (first,) = pigeon.wait_records("Delivery", 1, timeout=10)
+            assert first["recipient"] == "carol@example.net"
+            status, answer = pigeon.http_post("/api/v1/admin/retry", {"domain": "example.net"}, admin)
+            assert status == 200, answer
+            pigeon.wait_records("Delivery", 31, timeout=20)
+            written = _everything_written(pigeon)
+    refused = [attempt for attempt in sink.auth_attempts if not attempt[2]]
+    assert 1 <= len(refused) <= 2
+    assert WRONG not in written and PASSWORD not in written
+
+
+@pytest.mark.parametrize(
+    ("route", "said"),
+    [
+        ({"password": WRONG}, "authentication as alice failed: localhost [127.0.0.1]:{port} answered AUTH PLAIN"),
+        (
+            {"tls": "implicit", "tls_verify": True},
+            "TLS handshake with localhost [127.0.0.1]:{port} failed: [SSL: CERTIFICATE_VERIFY_FAILED]",
+        ),
+    ],
+    ids=["wrong-password", "implicit-tls-unverified"],
+)
+def test_the_routes_failure_at_the_first_address_ends_the_attempt_and_is_what_it_records(
+    tmp_path: Path, route: dict[str, Any], said: str
+) -> None:
+    # localhost is 127.0.0.1 then ::1: the second refuses the connection, which said nothing
+    # of why the first would not do, and was the only reply recorded; each attempt also sent
+    # the password again at the next address.
+    implicit = route.get("tls") == "implicit"
+    context = _context(tmp_path / "tls")
+    sink_tls = {"implicit_tls": context} if implicit else {"tls": context}
+    with ScriptedSink(users={"alice": PASSWORD}, **sink_tls) as sink:  # type: ignore[arg-type]
+        (tmp_path / "relay-password").write_text(route.pop("password", PASSWORD) + "\n")
+        config = delivery_config(sink.endpoint)
+        config["route"] = [
+            {
+                "domain": "*",
+                "next_hop": f"localhost:{sink.port}",
+                "tls": "required",
+                "auth_username": "alice",
+                "auth_password_file": str(tmp_path / "relay-password"),
+            }
+            | route
+        ]
+        with PigeonProcess(tmp_path / "node", **config) as pigeon:
+            _send(pigeon)
+            failure, *_ = pigeon.wait_records("TransientFailure")
+    assert failure["response"]["text"].startswith(said.format(port=sink.port)), failure["response"]
+    assert "Connection refused" not in failure["response"]["text"]

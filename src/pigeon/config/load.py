@@ -1204,6 +1204,12 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
     `reloadable`, its password file is read now (as each start and reload reads it), so that a
     file that is missing, empty or unusable is named at load, not at the first delivery. No
     message here shows the password."""
+    # (next hop, user) -> (password, route): one password per user at a smart host. Its ready
+    # queue (`Destination.security`) and its hold after a refused AUTH are per user: two
+    # passwords for one user would share connections, one's refusal would hold the other's
+    # mail. (Telling them apart by a hash of the password in the queue's name would put what
+    # a guess can be checked against in /metrics, the API and operators' suspensions.)
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
     for index, route in enumerate(config.route):
         name = f"route {route.domain!r}"
         if route.tls == "implicit" and route.next_hop is None:
@@ -1237,6 +1243,16 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
                 "AUTH without TLS"
             )
             raise fail(["route", "auth_username"], reason, index)
+        if route.allow_plaintext_auth and route.tls != "disabled":
+            # An opportunistic route would send it in clear whenever STARTTLS is not to be had,
+            # which whoever is on the path can arrange (STARTTLS stripping); a route that asks
+            # for TLS never falls back to the clear when it authenticates.
+            reason = (
+                f'{name}: allow_plaintext_auth is only for tls = "disabled" (a route that may use TLS never '
+                "sends the password without it: a STARTTLS that fails, or is stripped, would give it away). "
+                'Use tls = "required" or "implicit", or tls = "disabled" to send AUTH in clear on purpose'
+            )
+            raise fail(["route", "allow_plaintext_auth"], reason, index)
         if route.auth_mechanisms is not None:
             mechanisms = [mechanism.upper() for mechanism in route.auth_mechanisms]
             unknown = [m for m in route.auth_mechanisms if m.upper() not in MECHANISMS]
@@ -1263,6 +1279,16 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
             subject = "auth_username" if "user name" in problem else key
             where = "" if subject == "auth_username" else f" ({where})"
             raise fail(["route", subject], f"{name}: {problem}{where}", index)
+        if file is not None and not reloadable:
+            continue  # (not read here: compared by the start or reload that reads it)
+        hop = str(route.next_hop).lower()
+        other = seen.setdefault((hop, route.auth_username), (password or "", name))
+        if other[0] != (password or ""):
+            reason = (
+                f"{name}: authenticates to {route.next_hop} as {route.auth_username!r} with another password than "
+                f"{other[1]}: one user has one password at a smart host (give both routes the same one)"
+            )
+            raise fail(["route", key], reason, index)
 
 
 def _check_token_file(name: str, file: Path, fail: Callable[..., ConfigError], index: int) -> None:

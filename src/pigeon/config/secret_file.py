@@ -14,5 +14,8 @@ from pathlib import Path
 def first_line(path: Path) -> str:
     """The secret in `path` (raises OSError when it cannot be read, UnicodeDecodeError when it
     is not UTF-8 text)."""
-    lines = path.read_text().splitlines()
-    return lines[0].strip() if lines else ""
+    # Lines end at LF (or CRLF) alone: not str.splitlines(), which also ends one at \v, \f,
+    # \x1c-\x1e, \x85, U+2028 and U+2029, and so cut a password holding one of them short.
+    # Likewise only spaces and tabs around it are dropped.
+    line = path.read_text().split("\n", 1)[0].removesuffix("\r")
+    return line.strip(" \t")

@@ -38,7 +38,9 @@ class Unreachable(Exception):
     destination took a connection at all, so the whole site is down (`pigeon.delivery.sites`).
     `peer` and `tls`: the host that answered and would not do (a 421, TLS it does not offer or
     a certificate that does not verify), and its TLS if it was on TLS by then; `server`: `reply`
-    is that host's own (its 421), not Pigeon's words about it. `reply_for`,
+    is that host's own (its 421), not Pigeon's words about it. `authentication`: a route's
+    smart host refused its credentials (or cannot take them): its mail is held as a down
+    site's, under the route's user (`pigeon.delivery.sites`). `reply_for`,
     if given, is the reply as said of a message's domain (mail that loops back to this node:
     the site names its hosts, the domain is what a reader looks for)."""
 
@@ -52,8 +54,10 @@ class Unreachable(Exception):
         tls: str | None = None,
         reply_for: Callable[[str], Reply] | None = None,
         server: bool = False,
+        authentication: bool = False,
     ) -> None:
         super().__init__(str(reply))
+        self.authentication = authentication
         self.reply = reply
         self.classification = classification
         self.site_down = site_down

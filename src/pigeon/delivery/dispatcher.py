@@ -57,6 +57,15 @@ next probe, twice as far off. Each message deferred "not tried" keeps the site's
 connection error as its `last_response` (`Attempt.cause`): what `pigeon inspect` and an
 expiry's DSN name is why the site is down, not only that it is. An operator's retry
 makes every down site's probe due now (`probe_down_sites`): the host may be back.
+
+A smart host that refuses a route's credentials (`Unreachable.authentication`: a wrong
+password, AUTH it does not offer) is held the same way, under the site and the route's user
+(`_health_key`): its mail waits, no attempt counted, for a probe (one connection, one AUTH)
+rather than each connection trying the password again, which a provider counts towards
+locking the account. One WARNING says so when the hold begins. Until a connection has
+authenticated, a route that authenticates opens one connection at a time, so that a backlog
+does not send a burst of AUTHs with a wrong password. A reload that changes the route's
+credentials lifts the hold at once (`credentials_changed`).
 """
 
 from __future__ import annotations
@@ -219,6 +228,9 @@ class Dispatcher:
         self._reroute = reroute
         """The queue: route this leased message again, as this domain (a policy's Reroute)."""
         self._lanes: dict[str, _Lane] = {}
+        # Health keys of routes that authenticate whose credentials a connection got through
+        # with: until one has, their lanes open one connection at a time (`_start`).
+        self._authenticated: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.in_flight = 0
@@ -339,6 +351,18 @@ class Dispatcher:
             _log.info("site %s is down: an operator's retry makes its probe due now", site)
             self._start_site(site)  # (mail already waiting in its ready queues asks for it now)
 
+    def credentials_changed(self, site: str) -> None:
+        """A reload changed the credentials of a route to `site` (its smart host, `host:port`):
+        a hold for a refused AUTH there is lifted (the new password is tried at once, by the
+        mail that comes ready: `pigeon retry` for what was held), and the new credentials are
+        not yet known to work (one connection first)."""
+        for key in [*self.health.down_sites(), *self._authenticated]:
+            if _auth_site(key) == site:
+                self._authenticated.discard(key)
+                if self.health.connected(key) is not None:
+                    _log.info("site %s: a reload changed the route's credentials: its mail goes again", key)
+                    self._start_site(key)
+
     def sites(self) -> Iterator[tuple[str, str | None, int, int]]:
         """(site, source, messages waiting, connections) of every ready queue (source None: the
         implicit one)."""
@@ -366,6 +390,8 @@ class Dispatcher:
             return  # (while a probe is under way, the mail waits for its verdict)
         shaping = self._shaping_of(lane)
         limit = shaping.connection_limit
+        if queue.destination.auth is not None and key not in self._authenticated:
+            limit = 1  # (credentials not yet known to work: one AUTH at a time, not a burst of them)
         want = ideal_connections(len(queue), limit)
         if shaping.max_message_rate is not None:
             want = min(want, rate_connections(shaping.max_message_rate))
@@ -504,6 +530,9 @@ class Dispatcher:
         connection.probe = False
         lane.failures = 0
         self._site_up(lane)
+        if destination.auth is not None and (key := _health_key(queue)) not in self._authenticated:
+            self._authenticated.add(key)
+            self._start(lane)  # (the one connection got through: as many as the queue wants now)
         deliveries = 0
         while deliveries < shaping.max_deliveries_per_connection and not self._stopping:
             # (a limit effect may have begun or ended, or a reload changed the limits)
@@ -754,7 +783,12 @@ class Dispatcher:
         victims: list[Lease | None] = []
         until_probe: float | None = None  # the site is down: what this costs is no attempt
         went_down = False
-        if error.site_down:
+        # A refused AUTH holds the route's mail as a dead site's: trying each message would
+        # send the password again at each connection, and a provider locks the account.
+        down = error.site_down or error.authentication
+        if error.authentication:
+            self._authenticated.discard(_health_key(queue))
+        if down:
             lane.failures = 0
             went_down = self.health.failed(_health_key(queue), error.reply, probe=probe)
             if went_down or probe:
@@ -790,7 +824,7 @@ class Dispatcher:
             if self._reactor is not None and effect is not None:
                 attempt = self._reactor.apply(attempt, effect)
             self._report_from(lane, lease, attempt)
-        if error.site_down:
+        if down:
             deferred = sum(1 for lease in victims if lease is not None)
             site = _health_key(queue)
             for other in list(self._lanes.values()):
@@ -798,7 +832,14 @@ class Dispatcher:
                     deferred += self._defer_waiting(other)
             wait = _seconds(self.health.until_probe(site))
             messages = f"{deferred} message{'' if deferred == 1 else 's'}"
-            if went_down:
+            auth = queue.destination.auth
+            if error.authentication and auth is not None:
+                # The operator's to fix (the reply names the user, never the password).
+                log = _log.warning if went_down else _log.info
+                log("[[route]] %r: %s; %s held, no attempt counted: AUTH to %s is tried again in %s (at once after "
+                    "a reload that changes the password, and `pigeon retry`)",
+                    auth.route, error.reply, messages, queue.site, wait)  # fmt: skip
+            elif went_down:
                 _log.warning("site %s is down (%s): %s deferred to a probe in %s, no attempt counted",
                              site, error.reply, messages, wait)  # fmt: skip
             elif probe:
@@ -823,7 +864,8 @@ class Dispatcher:
         if not health.is_down(site) or wait <= 0 or self._is_held(lane) or self._stopping:
             self._start(lane)  # (up, or the probe is due; a suspension or a stop: it waits)
             return 0
-        reply = not_tried(queue.site, queue.source)
+        auth = queue.destination.auth
+        reply = not_tried(queue.site, queue.source, auth.username if auth is not None else None)
         cause = health.reason(site)  # the connection error that took it down, or the last probe's
         deferred = 0
         while (lease := queue.take_nowait()) is not None:
@@ -872,8 +914,22 @@ def _health_key(queue: ReadyQueue) -> str:
     implicit source, its source's path to the site (`source->site`) from a `[[source]]`. One
     source that cannot reach a site (its address family, a firewall refusing that address)
     says nothing of another's: kept by site alone, an IPv6 source's refused connections held
-    an IPv4 source's mail for a probe that the IPv6 source's mail kept failing."""
-    return queue.site if queue.source is None else queue.egress
+    an IPv4 source's mail for a probe that the IPv6 source's mail kept failing. A route that
+    authenticates adds its user (`site (auth USER)`): a smart host that refuses one user's
+    password holds that route's mail, not another's. (Two routes to one host as one user have
+    one password: `pigeon.config.load` refuses two.)"""
+    key = queue.site if queue.source is None else queue.egress
+    auth = queue.destination.auth
+    return key if auth is None else f"{key}{_AUTH_MARK}{auth.username})"
+
+
+_AUTH_MARK: Final = " (auth "
+
+
+def _auth_site(key: str) -> str | None:
+    """The site of a health key of a route that authenticates (None: not one)."""
+    base, mark, _ = key.partition(_AUTH_MARK)
+    return base.partition("->")[2] or base if mark else None
 
 
 def _seconds(wait: float) -> str:

@@ -96,7 +96,11 @@ class ConnectFailed(Exception):
     `server`: `reply` is that host's own (its 421, as sent), not Pigeon's words (a TLS failure,
     a broken connection): an expiry's DSN reports it as the server's. `by_policy`: the host was
     refused for an enforced MTA-STS policy's TLS (no STARTTLS, a certificate not verified for its
-    name): RFC 8461 5 has the next host tried, so it is no session of `mx_session_limit`."""
+    name): RFC 8461 5 has the next host tried, so it is no session of `mx_session_limit`.
+    `authentication`: the route's credentials were refused, or cannot be used there
+    (`Unusable.authentication`): the operator's to fix, and the dispatcher holds the route's mail
+    meanwhile. `final`: the failure is the route's, not the address's (its AUTH, the TLS it must
+    have to authenticate), so no other address is tried: it is the attempt's reply."""
 
     def __init__(
         self,
@@ -108,6 +112,8 @@ class ConnectFailed(Exception):
         greeted: bool = False,
         server: bool = False,
         by_policy: bool = False,
+        authentication: bool = False,
+        final: bool = False,
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -117,6 +123,8 @@ class ConnectFailed(Exception):
         self.greeted = greeted
         self.server = server
         self.by_policy = by_policy
+        self.authentication = authentication
+        self.final = final
 
 
 class LoopsBack(ConnectFailed):
@@ -526,9 +534,12 @@ class ClientConnection:
                 try:
                     return await cls._open_one(hop, address, destination, options, policy)
                 except _NoConnection as error:
-                    last = error.with_traceback(None)  # (kept without the frames it came through)
+                    if not connected:  # (a host that answered said more than one that would not connect)
+                        last = error.with_traceback(None)  # (kept without the frames it came through)
                     continue
                 except ConnectFailed as error:
+                    if error.final:
+                        raise  # (the route's trouble, whatever the address: the attempt's reply)
                     last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
                     # A host the policy's TLS refused uses none of the sessions (RFC 8461 5: "MUST NOT
@@ -545,14 +556,16 @@ class ClientConnection:
                 # above: compiled by mypyc, a handler that awaits sets sys.exc_info() back, once
                 # done, to what it was when it began, which may be an exception thrown into
                 # this task since handled: left behind, a later `finally` raises it again.)
-                # The address counts as one session, however many of these it takes.
+                # The address counts as one session, however many of these it takes. A route
+                # that authenticates takes neither (its session never says the clear may do):
+                # the password goes only on the TLS the route asked for, verified if it asked.
                 sessions += 1
                 fallbacks = (
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
-                auth = destination.auth
-                if auth is None or auth.plaintext:  # (never a password in the clear: no AUTH, no mail)
-                    fallbacks.append((destination, TlsPolicy.DISABLED))
+                fallbacks.append((destination, TlsPolicy.DISABLED))
+                if destination.auth is not None:
+                    fallbacks = []  # (`_HandshakeFailed` is never raised for one: said twice, as it matters)
                 for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
                     # Once in a while per site, host and step: a host whose certificate never
@@ -661,12 +674,21 @@ class ClientConnection:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
                     by_policy = True
                     reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
-                if event.authentication:
-                    # The operator's to fix (a password, a route's TLS), not the recipients':
-                    # deferred, and said where it is read. (The reply names the user, never the password.)
-                    route = destination.auth.route if destination.auth is not None else "?"
-                    _log.warning("[[route]] %r: %s; mail for %s deferred", route, reply, destination.site)
-                raise failure(reply, peer=self.peer, tls=self.tls, greeted=greeted, server=server, by_policy=by_policy)
+                # The operator's to fix (a password, a route's TLS), not the recipients', nor the
+                # address's: the attempt ends with it, and the dispatcher holds the route's mail
+                # and says so (a WARNING once, not one a connection).
+                authentication = event.authentication
+                final = authentication or (destination.auth is not None and event.reason in _TLS_REASONS)
+                raise failure(
+                    reply,
+                    peer=self.peer,
+                    tls=self.tls,
+                    greeted=greeted,
+                    server=server,
+                    authentication=authentication,
+                    final=final,
+                    by_policy=by_policy,
+                )
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))
 
@@ -691,7 +713,7 @@ class ClientConnection:
         transport, failure = await self._handshake(server_name, verify, destination.ca_file)
         if transport is None:
             reply = Reply(451, "4.7.5", (f"TLS handshake with {self.peer} failed: {failure} (implicit TLS)",))
-            raise ConnectFailed(reply, peer=self.peer)
+            raise ConnectFailed(reply, peer=self.peer, final=destination.auth is not None)
         self._on_tls(transport, verify)
         self._wire.pump()  # a banner that came with the handshake's last bytes
 

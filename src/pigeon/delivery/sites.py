@@ -143,7 +143,11 @@ class SiteHealth:
         return list(self._down)
 
 
-def not_tried(site: str, source: str | None = None) -> Reply:
+def not_tried(site: str, source: str | None = None, user: str | None = None) -> Reply:
     """What mail for a down site is deferred with (from `source`, a `[[source]]`, when it is
-    down for that source alone)."""
-    return Reply(451, "4.4.1", (f"not tried: {site} is down" + (f" from source {source}" if source else ""),))
+    down for that source alone); for a route that authenticates as `user`, the site may as
+    well have refused the credentials (the cause, kept beside it, says which)."""
+    origin = f" from source {source}" if source else ""
+    if user is not None:
+        return Reply(451, "4.4.1", (f"not tried: {site} is down or refused authentication as {user}{origin}",))
+    return Reply(451, "4.4.1", (f"not tried: {site} is down{origin}",))

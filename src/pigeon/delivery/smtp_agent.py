@@ -331,7 +331,14 @@ class SmtpAgents:
             site_down, peer, tls, server = error.site_down, error.peer, error.tls, error.server
             reply_for = error.reply_for if isinstance(error, LoopsBack) else None
             raise Unreachable(
-                reply, classification, site_down=site_down, peer=peer, tls=tls, reply_for=reply_for, server=server
+                reply,
+                classification,
+                site_down=site_down,
+                peer=peer,
+                tls=tls,
+                reply_for=reply_for,
+                server=server,
+                authentication=error.authentication,
             ) from None
         elsewhere = None
         if options.try_next_mx and len(destination.hops) > 1:

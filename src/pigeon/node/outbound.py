@@ -201,7 +201,13 @@ class Outbound:
         """The `[[route]]`s of a reload, from now on. Mail already waiting for a route that
         changed (next hop, TLS settings: its ready queue) is routed again, so that none rides
         a connection opened under the old route (a route that now requires TLS, say)."""
+        before = {(r.next_hop, r.auth.username): r.auth for r in self.router.routes if r.auth and r.next_hop}
         changed = self.router.replace(routes)
+        for route in routes:
+            # A smart host held for refusing the old password gets the new one at once.
+            auth, hop = route.auth, route.next_hop
+            if auth is not None and hop is not None and before.get((hop, auth.username), auth) != auth:
+                self.dispatcher.credentials_changed(host_port(hop.host, hop.port))
         self._warn_routes_to_self(routes)
         self._load_system_cas()
         moved = self.scheduler.reroute(changed)

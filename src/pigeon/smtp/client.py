@@ -219,11 +219,15 @@ class Capabilities:
             if not parts:
                 continue
             keyword = parts[0].upper()
+            if keyword.startswith("AUTH=") and not auth:
+                # The form of RFC 2554's drafts ("250-AUTH=PLAIN LOGIN"), which old servers still
+                # send, some beside "AUTH ...": taken as AUTH, as Postfix does, unless that came.
+                keyword, parts = "AUTH", [keyword[:4], keyword[5:], *parts[1:]]
             keywords.add(keyword)
             if keyword == "SIZE":
                 size = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
             elif keyword == "AUTH":
-                auth = tuple(p.upper() for p in parts[1:])
+                auth = tuple(p.upper() for p in parts[1:] if p)
         return cls(frozenset(keywords), size, auth)
 
     @classmethod

@@ -38,6 +38,8 @@ def credentials_problem(username: str, password: str) -> str | None:
         return "the user name is empty"
     if any(not char.isprintable() for char in username):
         return "the user name holds a control character"
+    if username != username.strip():
+        return "the user name has white space before or after it"
     if not password:
         return "the password is empty"
     if "\0" in password or "\r" in password or "\n" in password:

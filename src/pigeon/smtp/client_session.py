@@ -457,7 +457,10 @@ class ClientSession:
 
     def tls_failed(self, detail: str) -> None:
         """The handshake after `StartTls` failed: the connection is unusable (`Unusable`)."""
-        retry = self.tls_policy is TlsPolicy.OPPORTUNISTIC
+        # Opportunistic TLS may go on in the clear, but never a route that authenticates: a
+        # server (or whoever is on the path) that says 220 to STARTTLS and breaks the handshake
+        # would get the password otherwise (STARTTLS stripping).
+        retry = self.tls_policy is TlsPolicy.OPPORTUNISTIC and self.credentials is None
         self._move(Step.TLS_FAILED, Unusable(Reason.TLS_FAILED, detail=detail, retry_in_clear=retry))
 
     # --- questions -----------------------------------------------------------------------------
@@ -645,10 +648,11 @@ class ClientSession:
             self._move(Step.CLEAR)
             return
         user = credentials.username
-        if not self.tls_active and not credentials.plaintext:
-            # Never the password in clear: an opportunistic route whose TLS was not to be had
-            # (not offered, refused, the handshake failed) does not authenticate, and the
-            # session ends here, the mail deferred.
+        if not self.tls_active and not (credentials.plaintext and self.tls_policy is TlsPolicy.DISABLED):
+            # Never the password in clear but where the route asked for no TLS at all
+            # (`allow_plaintext_auth` with tls = "disabled"): an opportunistic route whose TLS
+            # was not to be had (not offered, refused, the handshake failed) does not
+            # authenticate, and the session ends here, the mail deferred.
             self._move(Step.NO_AUTH, Unusable(Reason.AUTH_NEEDS_TLS, user=user))
             return
         offered = self.capabilities.auth

@@ -118,3 +118,36 @@ def test_an_empty_password_file_is_refused_naming_the_file(tmp_path: Path) -> No
     (tmp_path / "p").write_text("\n")
     said = error_of(tmp_path, 'auth_username = "a"\nauth_password_file = "p"\n')
     assert f"route '*': the password is empty (auth_password_file {tmp_path / 'p'})" in said
+
+
+@pytest.mark.parametrize("tls", ["", 'tls = "opportunistic"\n', 'tls = "required"\n', 'tls = "implicit"\n'])
+def test_plaintext_auth_is_refused_on_a_route_that_may_use_tls(tmp_path: Path, tls: str) -> None:
+    # Opportunistic would send the password in clear whenever STARTTLS fails or is stripped.
+    said = error_of(tmp_path, f'auth_username = "a"\nauth_password = "{PASSWORD}"\n{tls}allow_plaintext_auth = true\n')
+    assert "[[route]] #1 allow_plaintext_auth: route '*': allow_plaintext_auth is only for tls = \"disabled\"" in said
+
+
+def test_two_routes_as_one_user_to_one_smart_host_with_different_passwords_are_refused(tmp_path: Path) -> None:
+    # They would share a ready queue and its connections (the queue is per user): mail of one
+    # route would go authenticated with the other's password.
+    first = (
+        '[[route]]\ndomain = "a.test"\nnext_hop = "smtp.relay.example:587"\n'
+        f'auth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+    )
+    second = (
+        'domain = "b.test"\nnext_hop = "smtp.relay.example:587"\nauth_username = "alice"\nauth_password = "other-one"\n'
+    )
+    said = error_of(tmp_path, second, route=first + "[[route]]\n")
+    assert (
+        "route 'b.test': authenticates to smtp.relay.example:587 as 'alice' with another password than route 'a.test'"
+        in said
+    )
+    same = second.replace("other-one", PASSWORD)
+    (tmp_path / "pigeon.toml").write_text(first + "[[route]]\n" + same)
+    assert len(routes_from(load(tmp_path / "pigeon.toml"))) == 2  # the same password: one queue, as it should
+
+
+@pytest.mark.parametrize("username", [" alice", "alice ", "al\\tice", "alice\\u0085"])  # (as TOML writes them)
+def test_a_user_name_with_blanks_around_it_or_a_control_character_is_refused(tmp_path: Path, username: str) -> None:
+    said = error_of(tmp_path, f'auth_username = "{username}"\nauth_password = "{PASSWORD}"\n')
+    assert "[[route]] #1 auth_username: route '*': the user name " in said

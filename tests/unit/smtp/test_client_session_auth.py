@@ -175,6 +175,44 @@ def test_without_tls_auth_is_never_sent_unless_the_route_allows_the_clear(ehlo: 
     assert allowed.last_write() == PLAIN
 
 
+@pytest.mark.parametrize(
+    "ehlo", [b"250-relay.test\r\n250 AUTH PLAIN\r\n", b"250-relay.test\r\n250-STARTTLS\r\n250 AUTH PLAIN\r\n"]
+)
+def test_credentials_allowing_the_clear_still_never_send_it_on_an_opportunistic_session(ehlo: bytes) -> None:
+    # (The config allows the clear with tls = "disabled" only; the session holds to it too.)
+    script = Script(ClientSession("client.test", tls=TlsPolicy.OPPORTUNISTIC, credentials=credentials(plaintext=True)))
+    script.server(BANNER)
+    script.server(ehlo)
+    if script.session.phase is Phase.STARTTLS:
+        script.server(b"454 4.7.0 TLS not available\r\n")
+    assert not any(b"AUTH" in write for write in script.writes)
+    (event,) = [e for e in script.events if isinstance(e, Unusable)]
+    assert event.reason is Reason.AUTH_NEEDS_TLS
+
+
+def test_a_failed_handshake_of_a_session_that_authenticates_is_not_to_be_retried_in_the_clear() -> None:
+    # STARTTLS stripping: a 220 to STARTTLS, then a handshake that breaks.
+    for plaintext in (False, True):
+        script = Script(
+            ClientSession("client.test", tls=TlsPolicy.OPPORTUNISTIC, credentials=credentials(plaintext=plaintext))
+        )
+        script.server(BANNER)
+        script.server(EHLO_STARTTLS)
+        assert script.server(b"220 2.0.0 go ahead\r\n") == [StartTls()]
+        script.session.tls_failed("connection reset by the server")
+        script.pump()
+        (event,) = [e for e in script.events if isinstance(e, Unusable)]
+        assert event.reason is Reason.TLS_FAILED and not event.retry_in_clear
+    anonymous = Script(ClientSession("client.test", tls=TlsPolicy.OPPORTUNISTIC))
+    anonymous.server(BANNER)
+    anonymous.server(EHLO_STARTTLS)
+    anonymous.server(b"220 2.0.0 go ahead\r\n")
+    anonymous.session.tls_failed("connection reset by the server")
+    anonymous.pump()
+    (event,) = [e for e in anonymous.events if isinstance(e, Unusable)]
+    assert event.retry_in_clear  # (mail without AUTH may still go in the clear: opportunistic TLS)
+
+
 def test_implicit_tls_is_on_tls_from_the_banner_and_authenticates_after_the_first_ehlo() -> None:
     script = Script(ClientSession("client.test", tls=TlsPolicy.IMPLICIT, credentials=credentials()))
     script.server(BANNER)
@@ -206,3 +244,15 @@ def test_credentials_that_auth_cannot_carry_are_refused_without_showing_the_pass
 def test_credentials_refuse_a_mechanism_pigeon_does_not_speak() -> None:
     with pytest.raises(ValueError, match="CRAM-MD5"):
         Credentials("alice", "x", mechanisms=("CRAM-MD5",))
+
+
+@pytest.mark.parametrize(
+    "ehlo",
+    [
+        b"250-relay.test\r\n250 AUTH=PLAIN LOGIN\r\n",
+        b"250-relay.test\r\n250-AUTH=LOGIN PLAIN\r\n250 AUTH PLAIN LOGIN\r\n",
+    ],
+)
+def test_the_old_auth_equals_form_of_the_ehlo_reply_is_taken_as_auth(ehlo: bytes) -> None:
+    # Old servers say "AUTH=PLAIN LOGIN" (RFC 2554's drafts), some beside "AUTH ...": Postfix takes both.
+    assert on_tls(ehlo).last_write() == PLAIN
