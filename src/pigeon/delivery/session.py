@@ -920,6 +920,11 @@ class ClientConnection:
     def _lost(self, reason: Reply) -> Reply:
         """The reason, naming the peer: "451 4.4.2 mx.example.net [192.0.2.1]:25 closed the connection"."""
         if reason is _TIMED_OUT:
+            if self._session.phase is Phase.BANNER and self.tls is None:
+                # A server that speaks first on TLS (port 465) sends nothing in the clear: the
+                # usual cause of a greeting that never comes, and the fix is the route's.
+                hint = '; a port that starts with TLS (465) needs the route\'s tls = "implicit"'
+                return Reply(451, "4.4.2", (f"timeout waiting for the greeting of {self.peer}{hint}",))
             return Reply(451, "4.4.2", (f"timeout waiting for {self.peer}",))
         return Reply(reason.code, reason.enhanced, (f"{self.peer} {reason.text}",))
 
