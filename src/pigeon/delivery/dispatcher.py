@@ -351,17 +351,22 @@ class Dispatcher:
             _log.info("site %s is down: an operator's retry makes its probe due now", site)
             self._start_site(site)  # (mail already waiting in its ready queues asks for it now)
 
-    def credentials_changed(self, site: str) -> None:
+    def credentials_changed(self, site: str) -> list[float]:
         """A reload changed the credentials of a route to `site` (its smart host, `host:port`):
         a hold for a refused AUTH there is lifted (the new password is tried at once, by the
-        mail that comes ready: `pigeon retry` for what was held), and the new credentials are
-        not yet known to work (one connection first)."""
+        mail that comes ready), and the new credentials are not yet known to work (one
+        connection first). The seconds until each lifted hold's probe: its held mail was
+        deferred to then, and the caller makes it due now (`Admin.retry_deferred_to`)."""
+        lifted = []
         for key in [*self.health.down_sites(), *self._authenticated]:
             if _auth_site(key) == site:
                 self._authenticated.discard(key)
+                wait = self.health.until_probe(key)
                 if self.health.connected(key) is not None:
                     _log.info("site %s: a reload changed the route's credentials: its mail goes again", key)
+                    lifted.append(wait)
                     self._start_site(key)
+        return lifted
 
     def sites(self) -> Iterator[tuple[str, str | None, int, int]]:
         """(site, source, messages waiting, connections) of every ready queue (source None: the
@@ -837,7 +842,7 @@ class Dispatcher:
                 # The operator's to fix (the reply names the user, never the password).
                 log = _log.warning if went_down else _log.info
                 log("[[route]] %r: %s; %s held, no attempt counted: AUTH to %s is tried again in %s (at once after "
-                    "a reload that changes the password, and `pigeon retry`)",
+                    "a reload that changes the password, or `pigeon retry`)",
                     auth.route, error.reply, messages, queue.site, wait)  # fmt: skip
             elif went_down:
                 _log.warning("site %s is down (%s): %s deferred to a probe in %s, no attempt counted",
