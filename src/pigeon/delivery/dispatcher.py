@@ -65,7 +65,8 @@ rather than each connection trying the password again, which a provider counts t
 locking the account. One WARNING says so when the hold begins. Until a connection has
 authenticated, a route that authenticates opens one connection at a time, so that a backlog
 does not send a burst of AUTHs with a wrong password. A reload that changes the route's
-credentials lifts the hold at once (`credentials_changed`).
+credentials lifts the hold at once (`credentials_changed`). Like a dead site, the hold is
+this worker's own: with N workers, up to N AUTHs per wave (README, smart hosts).
 """
 
 from __future__ import annotations
