@@ -1296,13 +1296,13 @@ def _check_token_file(name: str, file: Path, fail: Callable[..., ConfigError], i
     as each login reads it): an empty one would be sent as a token, one not ASCII cannot be.
     Whatever keeps it current may change it later; each login checks it again."""
     try:
-        lines = file.read_text().splitlines()
+        token = first_line(file)
     except UnicodeDecodeError:
         bad: str | None = "the token holds bytes that are not UTF-8 text"
     except OSError:
         return  # (the mailbox's login says what it cannot read)
     else:
-        bad = token_problem(lines[0].strip() if lines else "")
+        bad = token_problem(token)
     if bad is not None:
         reason = f'mailbox {name!r}: auth = "xoauth2": password_file {file} holds the access token, and {bad}'
         raise fail(["mailbox", "password_file"], reason, index)
