@@ -37,6 +37,7 @@ from pigeon.config.schema import (
     SidekiqTarget,
     TargetConfig,
     WebhookTarget,
+    canonical_host,
     decode_hook,
     host_problem,
     numeric_name_problem,
@@ -1281,7 +1282,7 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
             raise fail(["route", subject], f"{name}: {problem}{where}", index)
         if file is not None and not reloadable:
             continue  # (not read here: compared by the start or reload that reads it)
-        hop = str(route.next_hop).lower()
+        hop = f"{canonical_host(route.next_hop.host)}:{route.next_hop.port}"  # (one host, however spelt)
         other = seen.setdefault((hop, route.auth_username), (password or "", name))
         if other[0] != (password or ""):
             reason = (

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from pigeon.config.load import ConfigError
 from pigeon.config.patterns import host_port
-from pigeon.config.schema import Config, RouteConfig
+from pigeon.config.schema import Config, RouteConfig, canonical_host
 from pigeon.config.secret_file import first_line
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
@@ -395,7 +395,7 @@ def routes_from(config: Config) -> list[Route]:
     return [
         Route(
             r.domain.lower(),
-            Hop(r.next_hop.host, r.next_hop.port) if r.next_hop else None,
+            Hop(canonical_host(r.next_hop.host), r.next_hop.port) if r.next_hop else None,
             TlsPolicy(r.tls) if r.tls else None,
             r.tls_verify,
             str(r.ca_file) if r.ca_file else None,

@@ -147,6 +147,30 @@ def test_two_routes_as_one_user_to_one_smart_host_with_different_passwords_are_r
     assert len(routes_from(load(tmp_path / "pigeon.toml"))) == 2  # the same password: one queue, as it should
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("localhost.:587", "localhost:587"), ("[::1]:587", "[0:0:0:0:0:0:0:1]:587"), ("Relay.Test:587", "relay.test:587")],
+)
+def test_two_spellings_of_one_smart_host_are_one_host_to_the_password_check(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    routes = (
+        f'[[route]]\ndomain = "a.test"\nnext_hop = "{first}"\nauth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+        f'[[route]]\ndomain = "b.test"\nnext_hop = "{second}"\nauth_username = "alice"\nauth_password = "other-one"\n'
+    )
+    said = error_of(tmp_path, "", route=routes)
+    assert "with another password than route 'a.test'" in said
+
+
+def test_a_next_hop_is_taken_in_one_spelling_whatever_it_was_written_as(tmp_path: Path) -> None:
+    # Two spellings of one host would be two sites: two connection limits, two holds.
+    hops = ["Relay.Test.:587", "[0:0:0:0:0:0:0:1]:25", "127.0.0.1:2525", "localhost:25"]
+    path = tmp_path / "pigeon.toml"
+    path.write_text("".join(f'[[route]]\ndomain = "d{n}.test"\nnext_hop = "{hop}"\n' for n, hop in enumerate(hops)))
+    taken = [(route.next_hop.host, route.next_hop.port) for route in routes_from(load(path)) if route.next_hop]
+    assert taken == [("relay.test", 587), ("::1", 25), ("127.0.0.1", 2525), ("localhost", 25)]
+
+
 @pytest.mark.parametrize("username", [" alice", "alice ", "al\\tice", "alice\\u0085"])  # (as TOML writes them)
 def test_a_user_name_with_blanks_around_it_or_a_control_character_is_refused(tmp_path: Path, username: str) -> None:
     said = error_of(tmp_path, f'auth_username = "{username}"\nauth_password = "{PASSWORD}"\n')

@@ -36,4 +36,3 @@ def test_a_lone_carriage_return_is_part_of_the_password_not_its_end(tmp_path: Pa
 def test_a_utf8_byte_order_mark_an_editor_put_first_is_not_part_of_the_password(tmp_path: Path) -> None:
     (tmp_path / "secret").write_bytes("\ufeffs3cr\u00e9t\n".encode())
     assert first_line(tmp_path / "secret") == "s3cr\u00e9t"
-
