@@ -1236,22 +1236,26 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
         if route.auth_password is not None and route.auth_password_file is not None:
             reason = f"{name}: give auth_password or auth_password_file, not both"
             raise fail(["route", "auth_password_file"], reason, index)
-        if route.tls == "disabled" and not route.allow_plaintext_auth:
+        # What its connections use: the route's tls, else [delivery] tls.
+        tls = route.tls or config.delivery.tls
+        inherited = " (from [delivery] tls)" if route.tls is None else ""
+        if tls == "disabled" and not route.allow_plaintext_auth:
             # As [smtp] allow_plaintext_auth says of the listener's side.
             reason = (
-                f'{name}: auth_username with tls = "disabled": the password would cross the network in clear. '
-                'Use tls = "required" (or "implicit"), or set allow_plaintext_auth = true on the route to send '
-                "AUTH without TLS"
+                f'{name}: auth_username with tls = "disabled"{inherited}: the password would cross the network in '
+                'clear. Use tls = "required" (or "implicit"), or set allow_plaintext_auth = true on the route to '
+                "send AUTH without TLS"
             )
             raise fail(["route", "auth_username"], reason, index)
-        if route.allow_plaintext_auth and route.tls != "disabled":
+        if route.allow_plaintext_auth and tls != "disabled":
             # An opportunistic route would send it in clear whenever STARTTLS is not to be had,
             # which whoever is on the path can arrange (STARTTLS stripping); a route that asks
             # for TLS never falls back to the clear when it authenticates.
             reason = (
-                f'{name}: allow_plaintext_auth is only for tls = "disabled" (a route that may use TLS never '
-                "sends the password without it: a STARTTLS that fails, or is stripped, would give it away). "
-                'Use tls = "required" or "implicit", or tls = "disabled" to send AUTH in clear on purpose'
+                f'{name}: allow_plaintext_auth is only for tls = "disabled" (this route\'s is {tls!r}{inherited}; '
+                "a route that may use TLS never sends the password without it: a STARTTLS that fails, or is "
+                'stripped, would give it away). Use tls = "required" or "implicit", or tls = "disabled" to send '
+                "AUTH in clear on purpose"
             )
             raise fail(["route", "allow_plaintext_auth"], reason, index)
         if route.auth_mechanisms is not None:

@@ -127,6 +127,17 @@ def test_plaintext_auth_is_refused_on_a_route_that_may_use_tls(tmp_path: Path, t
     assert "[[route]] #1 allow_plaintext_auth: route '*': allow_plaintext_auth is only for tls = \"disabled\"" in said
 
 
+def test_a_route_that_takes_delivery_tls_disabled_is_judged_by_it(tmp_path: Path) -> None:
+    # No tls of its own: its connections use [delivery] tls, "disabled" here.
+    path = tmp_path / "pigeon.toml"
+    keys = f'auth_username = "a"\nauth_password = "{PASSWORD}"\n'
+    path.write_text('[delivery]\ntls = "disabled"\n' + ROUTE + keys + "allow_plaintext_auth = true\n")
+    (route,) = routes_from(load(path))
+    assert route.auth is not None and route.auth.plaintext
+    said = error_of(tmp_path, keys, route='[delivery]\ntls = "disabled"\n' + ROUTE)
+    assert "route '*': auth_username with tls = \"disabled\" (from [delivery] tls): the password would cross" in said
+
+
 def test_two_routes_as_one_user_to_one_smart_host_with_different_passwords_are_refused(tmp_path: Path) -> None:
     # They would share a ready queue and its connections (the queue is per user): mail of one
     # route would go authenticated with the other's password.
