@@ -157,6 +157,23 @@ def test_an_opportunistic_route_whose_starttls_fails_sends_no_auth_in_the_clear(
     assert PASSWORD not in written
 
 
+def test_an_opportunistic_route_to_a_server_without_starttls_says_so_and_not_to_change_the_password(
+    tmp_path: Path,
+) -> None:
+    with (
+        AnswerSink(extensions=("PIPELINING", "AUTH PLAIN LOGIN")) as sink,
+        _node(tmp_path, sink, tls="opportunistic") as pigeon,
+    ):
+        _send(pigeon)
+        failure, *_ = pigeon.wait_records("TransientFailure")
+        warning = pigeon.wait_stderr("held, no attempt counted")
+    text = failure["response"]["text"]
+    assert text.startswith(f"authentication as alice not attempted: {_peer(sink)} does not offer STARTTLS")
+    assert "allow_plaintext_auth" not in text and 'tls = "implicit"' in text
+    assert "WARNING" in warning and "password" not in warning.partition("held, no attempt counted")[2]
+    assert not any(command.startswith(("AUTH", "MAIL")) for command in sink.commands)
+
+
 def test_serve_check_names_a_route_auth_mistake_without_the_password(tmp_path: Path) -> None:
     config = tmp_path / "pigeon.toml"
     config.write_text(

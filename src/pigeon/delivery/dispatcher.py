@@ -92,6 +92,7 @@ from pigeon.shaping.effects import Effect
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.rules import Shaping, ShapingQuery, site_key, source_key
 from pigeon.shaping.throttles import Hold, Throttles
+from pigeon.smtp.client_session import AUTH_NEEDS_TLS_CODE
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
@@ -842,9 +843,14 @@ class Dispatcher:
             if error.authentication and auth is not None:
                 # The operator's to fix (the reply names the user, never the password).
                 log = _log.warning if went_down else _log.info
-                log("[[route]] %r: %s; %s held, no attempt counted: AUTH to %s is tried again in %s (at once after "
-                    "a reload that changes the password, or `pigeon retry`)",
-                    auth.route, error.reply, messages, queue.site, wait)  # fmt: skip
+                # A TLS the server did not give is no password's fault: a new one cures nothing.
+                cure = (
+                    "`pigeon retry`, once the server's TLS (or the route's tls) is fixed"
+                    if error.reply.enhanced == AUTH_NEEDS_TLS_CODE
+                    else "a reload that changes the password, or `pigeon retry`"
+                )
+                log("[[route]] %r: %s; %s held, no attempt counted: AUTH to %s is tried again in %s (at once after %s)",
+                    auth.route, error.reply, messages, queue.site, wait, cure)  # fmt: skip
             elif went_down:
                 _log.warning("site %s is down (%s): %s deferred to a probe in %s, no attempt counted",
                              site, error.reply, messages, wait)  # fmt: skip
