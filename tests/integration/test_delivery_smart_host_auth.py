@@ -189,6 +189,29 @@ def test_serve_check_names_a_route_auth_mistake_without_the_password(tmp_path: P
     assert PASSWORD not in result.stderr + result.stdout
 
 
+def test_a_route_that_authenticates_without_tls_verify_is_warned_about_at_check_and_start(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    route = (
+        '[spool]\npath = "spool"\n[[route]]\ndomain = "*"\nnext_hop = "relay.test:587"\ntls = "required"\n'
+        f'auth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+    )
+    config.write_text(route)
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    said = (
+        "[[route]] #1 (domain '*') authenticates to relay.test:587 as 'alice' without tls_verify = true: its "
+        "password goes to whoever presents any certificate there"
+    )
+    assert result.returncode == 0 and f"pigeon: warning: {said}" in result.stderr
+    config.write_text(route + "tls_verify = true\n")
+    assert "tls_verify" not in pigeon_cli("serve", "--check", "-c", str(config)).stderr
+    with (
+        ScriptedSink(tls=_context(tmp_path / "tls"), users={"alice": PASSWORD}) as sink,
+        _node(tmp_path, sink) as pigeon,
+    ):
+        warning = pigeon.wait_stderr("without tls_verify = true")
+    assert "WARNING" in warning and PASSWORD not in pigeon.stderr() + result.stderr
+
+
 def test_a_certificate_that_does_not_verify_gets_no_auth_on_the_unverified_fallback(tmp_path: Path) -> None:
     # Opportunistic TLS would try again without verifying (mail without AUTH still does): not
     # with the password, which goes only to the certificate the route asked to verify.
