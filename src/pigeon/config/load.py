@@ -37,6 +37,7 @@ from pigeon.config.schema import (
     SidekiqTarget,
     TargetConfig,
     WebhookTarget,
+    canonical_host,
     decode_hook,
     host_problem,
     numeric_name_problem,
@@ -1235,22 +1236,26 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
         if route.auth_password is not None and route.auth_password_file is not None:
             reason = f"{name}: give auth_password or auth_password_file, not both"
             raise fail(["route", "auth_password_file"], reason, index)
-        if route.tls == "disabled" and not route.allow_plaintext_auth:
+        # What its connections use: the route's tls, else [delivery] tls.
+        tls = route.tls or config.delivery.tls
+        inherited = " (from [delivery] tls)" if route.tls is None else ""
+        if tls == "disabled" and not route.allow_plaintext_auth:
             # As [smtp] allow_plaintext_auth says of the listener's side.
             reason = (
-                f'{name}: auth_username with tls = "disabled": the password would cross the network in clear. '
-                'Use tls = "required" (or "implicit"), or set allow_plaintext_auth = true on the route to send '
-                "AUTH without TLS"
+                f'{name}: auth_username with tls = "disabled"{inherited}: the password would cross the network in '
+                'clear. Use tls = "required" (or "implicit"), or set allow_plaintext_auth = true on the route to '
+                "send AUTH without TLS"
             )
             raise fail(["route", "auth_username"], reason, index)
-        if route.allow_plaintext_auth and route.tls != "disabled":
+        if route.allow_plaintext_auth and tls != "disabled":
             # An opportunistic route would send it in clear whenever STARTTLS is not to be had,
             # which whoever is on the path can arrange (STARTTLS stripping); a route that asks
             # for TLS never falls back to the clear when it authenticates.
             reason = (
-                f'{name}: allow_plaintext_auth is only for tls = "disabled" (a route that may use TLS never '
-                "sends the password without it: a STARTTLS that fails, or is stripped, would give it away). "
-                'Use tls = "required" or "implicit", or tls = "disabled" to send AUTH in clear on purpose'
+                f'{name}: allow_plaintext_auth is only for tls = "disabled" (this route\'s is {tls!r}{inherited}; '
+                "a route that may use TLS never sends the password without it: a STARTTLS that fails, or is "
+                'stripped, would give it away). Use tls = "required" or "implicit", or tls = "disabled" to send '
+                "AUTH in clear on purpose"
             )
             raise fail(["route", "allow_plaintext_auth"], reason, index)
         if route.auth_mechanisms is not None:
@@ -1281,7 +1286,7 @@ def _check_route_auth(config: Config, fail: Callable[..., ConfigError], *, reloa
             raise fail(["route", subject], f"{name}: {problem}{where}", index)
         if file is not None and not reloadable:
             continue  # (not read here: compared by the start or reload that reads it)
-        hop = str(route.next_hop).lower()
+        hop = f"{canonical_host(route.next_hop.host)}:{route.next_hop.port}"  # (one host, however spelt)
         other = seen.setdefault((hop, route.auth_username), (password or "", name))
         if other[0] != (password or ""):
             reason = (
@@ -1296,13 +1301,13 @@ def _check_token_file(name: str, file: Path, fail: Callable[..., ConfigError], i
     as each login reads it): an empty one would be sent as a token, one not ASCII cannot be.
     Whatever keeps it current may change it later; each login checks it again."""
     try:
-        lines = file.read_text().splitlines()
+        token = first_line(file)
     except UnicodeDecodeError:
         bad: str | None = "the token holds bytes that are not UTF-8 text"
     except OSError:
         return  # (the mailbox's login says what it cannot read)
     else:
-        bad = token_problem(lines[0].strip() if lines else "")
+        bad = token_problem(token)
     if bad is not None:
         reason = f'mailbox {name!r}: auth = "xoauth2": password_file {file} holds the access token, and {bad}'
         raise fail(["mailbox", "password_file"], reason, index)

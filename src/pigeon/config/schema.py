@@ -130,6 +130,18 @@ def host_problem(host: str, port: int | str | None = None) -> str | None:
     return None
 
 
+def canonical_host(host: str) -> str:
+    """One spelling of a host Pigeon connects to (a `Peer`'s, without brackets): a name in
+    lower case without its trailing dot, an IP address as `ipaddress` writes it ("::1", not
+    "0:0:0:0:0:0:0:1"). Two spellings of one next hop are then one site (one connection limit,
+    one hold) and one smart host to the load's checks. Names are not resolved: "localhost" and
+    "127.0.0.1" stay two."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower().removesuffix(".")
+
+
 def split_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:

@@ -65,7 +65,8 @@ rather than each connection trying the password again, which a provider counts t
 locking the account. One WARNING says so when the hold begins. Until a connection has
 authenticated, a route that authenticates opens one connection at a time, so that a backlog
 does not send a burst of AUTHs with a wrong password. A reload that changes the route's
-credentials lifts the hold at once (`credentials_changed`).
+credentials lifts the hold at once (`credentials_changed`). Like a dead site, the hold is
+this worker's own: with N workers, up to N AUTHs per wave (README, smart hosts).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ from pigeon.shaping.effects import Effect
 from pigeon.shaping.gcra import Rate
 from pigeon.shaping.rules import Shaping, ShapingQuery, site_key, source_key
 from pigeon.shaping.throttles import Hold, Throttles
+from pigeon.smtp.client_session import AUTH_NEEDS_TLS_CODE
 from pigeon.smtp.replies import Reply
 from pigeon.spool.spool import SpoolError
 
@@ -351,17 +353,22 @@ class Dispatcher:
             _log.info("site %s is down: an operator's retry makes its probe due now", site)
             self._start_site(site)  # (mail already waiting in its ready queues asks for it now)
 
-    def credentials_changed(self, site: str) -> None:
+    def credentials_changed(self, site: str) -> list[float]:
         """A reload changed the credentials of a route to `site` (its smart host, `host:port`):
         a hold for a refused AUTH there is lifted (the new password is tried at once, by the
-        mail that comes ready: `pigeon retry` for what was held), and the new credentials are
-        not yet known to work (one connection first)."""
+        mail that comes ready), and the new credentials are not yet known to work (one
+        connection first). The seconds until each lifted hold's probe: its held mail was
+        deferred to then, and the caller makes it due now (`Admin.retry_deferred_to`)."""
+        lifted = []
         for key in [*self.health.down_sites(), *self._authenticated]:
             if _auth_site(key) == site:
                 self._authenticated.discard(key)
+                wait = self.health.until_probe(key)
                 if self.health.connected(key) is not None:
                     _log.info("site %s: a reload changed the route's credentials: its mail goes again", key)
+                    lifted.append(wait)
                     self._start_site(key)
+        return lifted
 
     def sites(self) -> Iterator[tuple[str, str | None, int, int]]:
         """(site, source, messages waiting, connections) of every ready queue (source None: the
@@ -836,9 +843,14 @@ class Dispatcher:
             if error.authentication and auth is not None:
                 # The operator's to fix (the reply names the user, never the password).
                 log = _log.warning if went_down else _log.info
-                log("[[route]] %r: %s; %s held, no attempt counted: AUTH to %s is tried again in %s (at once after "
-                    "a reload that changes the password, and `pigeon retry`)",
-                    auth.route, error.reply, messages, queue.site, wait)  # fmt: skip
+                # A TLS the server did not give is no password's fault: a new one cures nothing.
+                cure = (
+                    "`pigeon retry`, once the server's TLS (or the route's tls) is fixed"
+                    if error.reply.enhanced == AUTH_NEEDS_TLS_CODE
+                    else "a reload that changes the password, or `pigeon retry`"
+                )
+                log("[[route]] %r: %s; %s held, no attempt counted: AUTH to %s is tried again in %s (at once after %s)",
+                    auth.route, error.reply, messages, queue.site, wait, cure)  # fmt: skip
             elif went_down:
                 _log.warning("site %s is down (%s): %s deferred to a probe in %s, no attempt counted",
                              site, error.reply, messages, wait)  # fmt: skip

@@ -64,6 +64,32 @@ class Exposure:
             )
 
 
+def unverified_smart_hosts(config: Config) -> Iterator[str]:
+    """What to say of each `[[route]]` that authenticates over TLS without verifying its smart
+    host's certificate (its `tls_verify`, else `[delivery] tls_verify`, not true): its password
+    goes to whoever presents any certificate there, which an attacker on the path can. Said,
+    not refused: a smart host on a private network may have no certificate that verifies. At
+    start, each reload (worker 0) and `pigeon serve --check`; never the password."""
+    for number, route in enumerate(config.route, 1):
+        if route.auth_username is None or route.next_hop is None:
+            continue
+        verify = route.tls_verify if route.tls_verify is not None else config.delivery.tls_verify
+        if verify or (route.tls or config.delivery.tls) == "disabled":
+            continue  # (in clear on purpose, allow_plaintext_auth: no certificate to verify)
+        yield (
+            f"[[route]] #{number} (domain {route.domain!r}) authenticates to {route.next_hop} as "
+            f"{route.auth_username!r} without tls_verify = true: its password goes to whoever presents any "
+            "certificate there (an attacker on the path can): set tls_verify = true on the route (and ca_file "
+            "for a private CA)"
+        )
+
+
+def warn_unverified_smart_hosts(config: Config) -> None:
+    """A WARNING for each route `unverified_smart_hosts` names."""
+    for warning in unverified_smart_hosts(config):
+        _log.warning("%s", warning)
+
+
 def warn_http_in_clear(config: Config) -> None:
     """A WARNING when the API listens beyond loopback: it speaks plain HTTP only."""
     listen = config.http.listen

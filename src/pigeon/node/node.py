@@ -54,7 +54,7 @@ from pigeon.message import format_id
 from pigeon.metrics import LogState, Metrics
 from pigeon.node import collector, signals
 from pigeon.node.descriptors import open_files_limit, share
-from pigeon.node.exposure import Exposure, warn_http_in_clear
+from pigeon.node.exposure import Exposure, warn_http_in_clear, warn_unverified_smart_hosts
 from pigeon.node.notify import sd_notify
 from pigeon.node.sockets import Bound, ListenError
 from pigeon.node.standing import INTERNAL_PATH, keep_node_rules, say_run_out, take, take_node_rules
@@ -195,6 +195,7 @@ class Node:
             _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
             if not config.delivery.enabled:
                 # Said once for the node: nothing else tells a node that only accepts from one
@@ -653,6 +654,7 @@ class Node:
             _warn_certificate_expiry(config)
             _warn_open_relay(config.smtp.relay_networks)
             _warn_dead_routes(config.route)
+            warn_unverified_smart_hosts(config)
             _warn_inbound_routes(config.inbound)
             _warn_unbindable_sources(config)
             self._exposure.warn_files(config, self.config_path)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from pigeon.config.load import ConfigError
 from pigeon.config.patterns import host_port
-from pigeon.config.schema import Config, RouteConfig
+from pigeon.config.schema import Config, RouteConfig, canonical_host
 from pigeon.config.secret_file import first_line
 from pigeon.delivery.classify import Classifier
 from pigeon.delivery.content import OutgoingBody
@@ -74,6 +74,8 @@ class Outbound:
         clock: Callable[[], float] = time.time,
     ) -> None:
         delivery = config.delivery
+        self._clock = clock
+        self._background: set[asyncio.Future[int]] = set()  # (making held mail due: `_make_due_held`)
         self.throttles = build_throttles(config, worker, workers)
         metrics.track_shaping(self.throttles, worker)
         self.effects = build_board(config, log)
@@ -207,12 +209,29 @@ class Outbound:
             # A smart host held for refusing the old password gets the new one at once.
             auth, hop = route.auth, route.next_hop
             if auth is not None and hop is not None and before.get((hop, auth.username), auth) != auth:
-                self.dispatcher.credentials_changed(host_port(hop.host, hop.port))
+                for wait in self.dispatcher.credentials_changed(host_port(hop.host, hop.port)):
+                    # Its held mail was deferred to the probe: due now, not at the probe.
+                    self._make_due_held(self._clock() + wait)
         self._warn_routes_to_self(routes)
         self._load_system_cas()
         moved = self.scheduler.reroute(changed)
         if moved:
             _log.info("reload: %d waiting messages routed again by the new [[route]]s", moved)
+
+    def _make_due_held(self, when: float) -> None:
+        """The mail a lifted hold deferred to its probe (due at `when`) is due now."""
+        task = asyncio.ensure_future(self.admin.retry_deferred_to(when, untried=True))
+        self._background.add(task)
+        task.add_done_callback(self._held_made_due)
+
+    def _held_made_due(self, task: asyncio.Future[int]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            _log.error("making due the mail a refused AUTH held failed: %s", error, exc_info=error)
+        elif not task.cancelled() and task.result():
+            made_due = task.result()
+            said = "1 message" if made_due == 1 else f"{made_due} messages"
+            _log.info("%s held for a refused AUTH made due now (a reload changed the credentials)", said)
 
     def listening(self, addresses: list[tuple[str, int]]) -> None:
         """The SMTP listeners are bound to `addresses` (host, port): no delivery connects there.
@@ -376,7 +395,7 @@ def routes_from(config: Config) -> list[Route]:
     return [
         Route(
             r.domain.lower(),
-            Hop(r.next_hop.host, r.next_hop.port) if r.next_hop else None,
+            Hop(canonical_host(r.next_hop.host), r.next_hop.port) if r.next_hop else None,
             TlsPolicy(r.tls) if r.tls else None,
             r.tls_verify,
             str(r.ca_file) if r.ca_file else None,

@@ -555,17 +555,21 @@ class Admin:
         made_due = await self._make_due(selector, deferred, kind, operation, before_commit=probe, of_rule=of_rule)
         return {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
 
-    async def retry_deferred_to(self, when: float, *, margin: float = 1.0) -> int:
+    async def retry_deferred_to(self, when: float, *, margin: float = 1.0, untried: bool = False) -> int:
         """Make due now the deferred messages due at `when` (within `margin` seconds): those a
-        suspension deferred to its end, when an operator ended it early. (A message whose own
-        backoff happens to end in the same instant goes early too: one attempt sooner.)"""
+        suspension deferred to its end, when an operator ended it early; with `untried`, those
+        a hold deferred to its probe, none of them tried (a smart host's refused AUTH, lifted
+        by a reload that changed the password). (A message whose own backoff happens to end in
+        the same instant goes early too: one attempt sooner.)"""
         if when - margin <= self._clock():
             return 0  # due then anyway
 
         def deferred_then(message: Message) -> bool:
-            return bool(message.attempts) and abs(message.due - when) <= margin and message.envelope.held is None
+            tried = untried or bool(message.attempts)
+            return tried and abs(message.due - when) <= margin and message.envelope.held is None
 
-        return await self._make_due(Selector(), deferred_then, "retry after a suspension ended", None)
+        kind = "retry after a hold was lifted" if untried else "retry after a suspension ended"
+        return await self._make_due(Selector(), deferred_then, kind, None)
 
     async def _make_due(
         self,

@@ -134,6 +134,10 @@ class Reason(enum.Enum):
 # How each reason reads in a log record: the enhanced code, and the text ({peer} is the server,
 # {detail} the command a CLOSING answered, or the AUTH mechanism; {user} who the route
 # authenticates as).
+AUTH_NEEDS_TLS_CODE: Final = "4.7.11"
+"""The enhanced code of AUTH not attempted for want of TLS (RFC 4954 6: encryption required):
+how the dispatcher tells a TLS problem from a refused password in what it logs."""
+
 _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.BANNER: ("4.4.1", "{peer} greeted with: {reply}"),
     Reason.GREETING: ("4.4.1", "{peer} refused EHLO and HELO: {reply}"),
@@ -150,10 +154,14 @@ _EXPLAIN: Final[dict[Reason, tuple[str, str]]] = {
     Reason.AUTH_FAILED: ("4.7.0", "authentication as {user} failed: {peer} answered AUTH {detail} with: {reply}"),
     Reason.AUTH_NOT_OFFERED: ("4.7.0", "authentication as {user} failed: {peer} does not offer AUTH"),
     Reason.AUTH_NO_MECHANISM: ("4.7.0", "authentication as {user} failed: {peer} {detail}"),
+    # An opportunistic route whose TLS was not to be had ({detail}: STARTTLS not offered, or
+    # refused). Not the password's fault, and `allow_plaintext_auth` is no cure (refused at load
+    # but with tls = "disabled"): the server's TLS is, or implicit TLS on a port that starts with it.
     Reason.AUTH_NEEDS_TLS: (
-        "4.7.11",
-        "authentication as {user} not attempted: the connection to {peer} is not on TLS, and the route does not "
-        "allow AUTH without it (allow_plaintext_auth)",
+        AUTH_NEEDS_TLS_CODE,
+        "authentication as {user} not attempted: {peer} {detail}, and a route that authenticates sends its "
+        'password only over TLS: fix the server\'s STARTTLS, or give the route tls = "implicit" if its port '
+        "starts with TLS (465)",
     ),
 }
 _WITH_REPLY: Final = frozenset({Reason.BANNER, Reason.GREETING, Reason.CLOSING, Reason.TLS_REFUSED, Reason.AUTH_FAILED})
@@ -653,7 +661,14 @@ class ClientSession:
             # (`allow_plaintext_auth` with tls = "disabled"): an opportunistic route whose TLS
             # was not to be had (not offered, refused, the handshake failed) does not
             # authenticate, and the session ends here, the mail deferred.
-            self._move(Step.NO_AUTH, Unusable(Reason.AUTH_NEEDS_TLS, user=user))
+            refusal = self._starttls_refusal
+            if refusal is not None:
+                detail = f"refused STARTTLS ({refusal})"
+            elif "STARTTLS" not in self.capabilities and self.tls_policy is not TlsPolicy.DISABLED:
+                detail = "does not offer STARTTLS"
+            else:
+                detail = "is not reached over TLS"  # (tls = "disabled" without allow_plaintext_auth: refused at load)
+            self._move(Step.NO_AUTH, Unusable(Reason.AUTH_NEEDS_TLS, detail=detail, user=user))
             return
         offered = self.capabilities.auth
         if "AUTH" not in self.capabilities:

@@ -127,6 +127,17 @@ def test_plaintext_auth_is_refused_on_a_route_that_may_use_tls(tmp_path: Path, t
     assert "[[route]] #1 allow_plaintext_auth: route '*': allow_plaintext_auth is only for tls = \"disabled\"" in said
 
 
+def test_a_route_that_takes_delivery_tls_disabled_is_judged_by_it(tmp_path: Path) -> None:
+    # No tls of its own: its connections use [delivery] tls, "disabled" here.
+    path = tmp_path / "pigeon.toml"
+    keys = f'auth_username = "a"\nauth_password = "{PASSWORD}"\n'
+    path.write_text('[delivery]\ntls = "disabled"\n' + ROUTE + keys + "allow_plaintext_auth = true\n")
+    (route,) = routes_from(load(path))
+    assert route.auth is not None and route.auth.plaintext
+    said = error_of(tmp_path, keys, route='[delivery]\ntls = "disabled"\n' + ROUTE)
+    assert "route '*': auth_username with tls = \"disabled\" (from [delivery] tls): the password would cross" in said
+
+
 def test_two_routes_as_one_user_to_one_smart_host_with_different_passwords_are_refused(tmp_path: Path) -> None:
     # They would share a ready queue and its connections (the queue is per user): mail of one
     # route would go authenticated with the other's password.
@@ -145,6 +156,30 @@ def test_two_routes_as_one_user_to_one_smart_host_with_different_passwords_are_r
     same = second.replace("other-one", PASSWORD)
     (tmp_path / "pigeon.toml").write_text(first + "[[route]]\n" + same)
     assert len(routes_from(load(tmp_path / "pigeon.toml"))) == 2  # the same password: one queue, as it should
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("localhost.:587", "localhost:587"), ("[::1]:587", "[0:0:0:0:0:0:0:1]:587"), ("Relay.Test:587", "relay.test:587")],
+)
+def test_two_spellings_of_one_smart_host_are_one_host_to_the_password_check(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    routes = (
+        f'[[route]]\ndomain = "a.test"\nnext_hop = "{first}"\nauth_username = "alice"\nauth_password = "{PASSWORD}"\n'
+        f'[[route]]\ndomain = "b.test"\nnext_hop = "{second}"\nauth_username = "alice"\nauth_password = "other-one"\n'
+    )
+    said = error_of(tmp_path, "", route=routes)
+    assert "with another password than route 'a.test'" in said
+
+
+def test_a_next_hop_is_taken_in_one_spelling_whatever_it_was_written_as(tmp_path: Path) -> None:
+    # Two spellings of one host would be two sites: two connection limits, two holds.
+    hops = ["Relay.Test.:587", "[0:0:0:0:0:0:0:1]:25", "127.0.0.1:2525", "localhost:25"]
+    path = tmp_path / "pigeon.toml"
+    path.write_text("".join(f'[[route]]\ndomain = "d{n}.test"\nnext_hop = "{hop}"\n' for n, hop in enumerate(hops)))
+    taken = [(route.next_hop.host, route.next_hop.port) for route in routes_from(load(path)) if route.next_hop]
+    assert taken == [("relay.test", 587), ("::1", 25), ("127.0.0.1", 2525), ("localhost", 25)]
 
 
 @pytest.mark.parametrize("username", [" alice", "alice ", "al\\tice", "alice\\u0085"])  # (as TOML writes them)

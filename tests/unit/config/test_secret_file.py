@@ -26,3 +26,13 @@ def test_the_first_line_is_taken_without_its_line_end_or_the_blanks_around_it(tm
 def test_an_empty_file_is_an_empty_password(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("")
     assert first_line(tmp_path / "secret") == ""
+
+
+def test_a_lone_carriage_return_is_part_of_the_password_not_its_end(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes(b"pass\rword\r\nsecond line\n")
+    assert first_line(tmp_path / "secret") == "pass\rword"
+
+
+def test_a_utf8_byte_order_mark_an_editor_put_first_is_not_part_of_the_password(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes("\ufeffs3cr\u00e9t\n".encode())
+    assert first_line(tmp_path / "secret") == "s3cr\u00e9t"

@@ -256,3 +256,29 @@ def test_credentials_refuse_a_mechanism_pigeon_does_not_speak() -> None:
 def test_the_old_auth_equals_form_of_the_ehlo_reply_is_taken_as_auth(ehlo: bytes) -> None:
     # Old servers say "AUTH=PLAIN LOGIN" (RFC 2554's drafts), some beside "AUTH ...": Postfix takes both.
     assert on_tls(ehlo).last_write() == PLAIN
+
+
+@pytest.mark.parametrize(
+    ("ehlo", "refusal", "said"),
+    [
+        (b"250-relay.test\r\n250 AUTH PLAIN\r\n", None, f"{PEER} does not offer STARTTLS, and"),
+        (
+            b"250-relay.test\r\n250-STARTTLS\r\n250 AUTH PLAIN\r\n",
+            b"454 4.7.0 TLS not available\r\n",
+            f"{PEER} refused STARTTLS (454 4.7.0 TLS not available), and",
+        ),
+    ],
+    ids=["not-offered", "refused"],
+)
+def test_an_opportunistic_session_without_tls_says_what_the_server_did_and_what_cures_it(
+    ehlo: bytes, refusal: bytes | None, said: str
+) -> None:
+    # Not allow_plaintext_auth, which an opportunistic route is refused at load.
+    script = Script(ClientSession("client.test", tls=TlsPolicy.OPPORTUNISTIC, credentials=credentials()))
+    script.server(BANNER)
+    script.server(ehlo)
+    if refusal is not None:
+        script.server(refusal)
+    text = explained(script)
+    assert text.startswith(f"451 4.7.11 authentication as alice not attempted: {said}")
+    assert 'tls = "implicit"' in text and "allow_plaintext_auth" not in text
