@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import enum
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
+
+from pigeon.delivery.warning_pace import WarningPace
 
 MAX_AGE_CAP: Final = 31_557_600
 """RFC 8461 3.2: a `max_age` over a year is taken as a year."""
@@ -184,25 +185,5 @@ class Applied:
         return None
 
 
-class Warnings:
-    """At most one warning per key (a domain, what about it) every `every` seconds: a policy
-    that fails each message of a busy domain says so once in a while, not for every message."""
-
-    def __init__(self, every: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self._every = every
-        self._clock = clock
-        self._last: dict[str, float] = {}
-
-    def due(self, key: str) -> bool:
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self._every:
-            return False
-        if len(self._last) > 10_000:
-            self._last.clear()
-        self._last[key] = now
-        return True
-
-
-WARNINGS: Final = Warnings()
+WARNINGS: Final = WarningPace()
 """The process's: a warning about a domain's policy is given by whichever room meets it."""

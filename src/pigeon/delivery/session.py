@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import Final, cast
 
 from pigeon.delivery.loops import Listeners
-from pigeon.delivery.mta_sts import WARNINGS, Applied, Warnings
+from pigeon.delivery.mta_sts import WARNINGS, Applied
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.delivery.routes import Destination, Hop
+from pigeon.delivery.warning_pace import WarningPace
 from pigeon.listener.tls import describe
 from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, Result
 from pigeon.smtp.client_session import (
@@ -187,7 +188,7 @@ def _with_note(reason: Reply) -> Reply:
     return Reply(reason.code, reason.enhanced, (*reason.lines[:-1], f"{reason.lines[-1]}; {note}"))
 
 
-_FALLBACK_WARNINGS: Final = Warnings()
+_FALLBACK_WARNINGS: Final = WarningPace()
 """A step down from verified TLS, or from TLS, is a WARNING once in 10 minutes per site, host
 and step (DEBUG otherwise): connections to a host whose certificate never verifies are many."""
 
