@@ -60,8 +60,12 @@ def test_mailbox_messages_reach_the_webhook_signed_once_each_and_are_marked_seen
     key = headers["X-Pigeon-Dedupe-Key"]
     assert hashlib.sha256(app.bodies[key]).hexdigest() == key
     assert headers["Content-Type"] == "message/rfc822"
-    stamp, mac = (part.split("=", 1)[1] for part in headers["X-Pigeon-Signature"].split(","))
-    assert mac == hmac.new(b"k3y", f"{stamp}.".encode() + app.bodies[key], hashlib.sha256).hexdigest()
+    signed = dict(part.split("=", 1) for part in headers["X-Pigeon-Signature"].split(","))
+    assert signed["v1"] == hmac.new(b"k3y", f"{signed['t']}.".encode() + app.bodies[key], hashlib.sha256).hexdigest()
+    # Mail from a mailbox has no envelope headers: v2 binds the dedupe key and the body.
+    assert "X-Pigeon-Recipients" not in headers and "X-Pigeon-Sender" not in headers
+    v2 = f"{signed['t']}\nx-pigeon-dedupe-key:{key}\n\n".encode() + app.bodies[key]
+    assert signed["v2"] == hmac.new(b"k3y", v2, hashlib.sha256).hexdigest()
     record = next(r for r in records if r["dedupe_key"] == key)
     assert record["acknowledged"] == "seen"
     assert {r["attempt"] for r in records} == {1}  # written on a first attempt too, as documented

@@ -931,7 +931,8 @@ class WebhookTarget(_Target, tag="webhook", kw_only=True):
     """"raw": the message as message/rfc822. "json": {dedupe_key, message_id, headers, raw, ...},
     where `raw` is base64 with "raw_encoding": "base64" beside it when the message is not UTF-8."""
     secret: str | None = None
-    """HMAC-SHA256 key: X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC of "<t>." + body>."""
+    """HMAC-SHA256 key: X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC of "<t>." + body>,v2=<hex
+    HMAC of t, the dedupe key, the envelope headers and the body> (`pigeon.inbound.targets.webhook`)."""
     timeout: PositiveDuration = PositiveDuration(30)
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     """Extra request headers (an Authorization header, say)."""

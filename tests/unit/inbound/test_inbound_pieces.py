@@ -26,7 +26,7 @@ from pigeon.inbound.message import InboundMessage, dedupe_key, message_id
 from pigeon.inbound.routes import InboundRoute, InboundRoutes
 from pigeon.inbound.targets.base import Handoff, Verdict, not_before
 from pigeon.inbound.targets.sidekiq import SidekiqTarget
-from pigeon.inbound.targets.webhook import json_body, retry_after, signature
+from pigeon.inbound.targets.webhook import json_body, retry_after, signature, signed_string
 
 RAW = b"From: a@example.com\r\nMessage-ID:\r\n <x1@example.com>\r\nSubject: hi\r\n\r\nbody\r\n"
 
@@ -112,6 +112,31 @@ def test_webhook_signature_is_hmac_sha256_over_timestamp_and_body() -> None:
     value = signature("s3cret", 1700000000, b"body")
     expected = hmac.new(b"s3cret", b"1700000000.body", hashlib.sha256).hexdigest()
     assert value == f"t=1700000000,v1={expected}"
+
+
+def test_webhook_signature_v2_is_hmac_sha256_over_timestamp_signed_headers_and_body() -> None:
+    headers = {"Content-Type": "message/rfc822", "X-Pigeon-Recipients": "a@x.example", "X-Pigeon-Dedupe-Key": "k"}
+    value = signature("s3cret", 1700000000, b"body", headers)
+    signed = b"1700000000\nx-pigeon-dedupe-key:k\nx-pigeon-recipients:a@x.example\n\nbody"
+    assert signed_string(1700000000, headers, b"body") == signed  # in SIGNED_HEADERS' order, others left out
+    v1 = hmac.new(b"s3cret", b"1700000000.body", hashlib.sha256).hexdigest()
+    assert value == f"t=1700000000,v1={v1},v2={hmac.new(b's3cret', signed, hashlib.sha256).hexdigest()}"
+
+
+def test_no_two_header_sets_give_the_same_v2_string() -> None:
+    """An absent header is not an empty one, nor one moved into the body or out of it."""
+    key = {"X-Pigeon-Dedupe-Key": "k"}
+    variants = [
+        signed_string(1, key, b"x-pigeon-sender:\n\nbody"),
+        signed_string(1, {**key, "X-Pigeon-Sender": ""}, b"body"),
+        signed_string(1, {**key, "X-Pigeon-Sender": ""}, b"\nbody"),
+        signed_string(1, {**key, "X-Pigeon-Recipients": ""}, b"body"),
+        signed_string(1, {**key, "X-Pigeon-Recipients-Count": "0"}, b"body"),
+        signed_string(1, key, b"body"),
+        signed_string(1, {}, b"x-pigeon-dedupe-key:k\n\nbody"),
+        signed_string(11, key, b"body"),
+    ]
+    assert len(set(variants)) == len(variants)
 
 
 def test_webhook_json_carries_headers_and_the_raw_message() -> None:

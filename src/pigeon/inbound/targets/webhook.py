@@ -1,12 +1,42 @@
 """HTTP webhook: one POST per message; 2xx accepted, configured 4xx permanent, the rest later.
 
 The body is the raw message (`message/rfc822`) or JSON with the parsed headers and the raw
-message. `X-Pigeon-Signature: t=<unix time>,v1=<hex HMAC-SHA256 over "<t>." + body>` lets the
-application check the request came from us and is fresh (refuse old `t` to stop replays);
-`X-Pigeon-Dedupe-Key` is the key to dedupe on. Raw mail received over SMTP also carries its
-envelope, which the message need not show (a Bcc): `X-Pigeon-Sender`, `X-Pigeon-Recipients` (a
-comma-separated list, each address percent-encoded as UTF-8 but for `HEADER_SAFE`, cut at 4,000
-characters) and `X-Pigeon-Recipients-Count`. The signature covers the body only, not these headers.
+message. `X-Pigeon-Dedupe-Key` is the key to dedupe on. Raw mail received over SMTP also carries
+its envelope, which the message need not show (a Bcc): `X-Pigeon-Sender`, `X-Pigeon-Recipients`
+(a comma-separated list, each address percent-encoded as UTF-8 but for `HEADER_SAFE`, cut at
+4,000 characters) and `X-Pigeon-Recipients-Count`; mail fetched from a mailbox, and a JSON body
+(which holds the envelope itself), go without them.
+
+With a secret, `X-Pigeon-Signature: t=<unix time>,v1=<hex>,v2=<hex>` lets the application check
+the request came from us and is fresh (refuse an old `t`: a replay), both HMAC-SHA256 with the
+secret, in lower-case hex:
+
+- `v1` over `"<t>." + body`: the body only. Anyone who saw one request (a log, a proxy) can send
+  it again within the freshness window with other `X-Pigeon-Recipients` (filed to another
+  mailbox by an application that routes by recipient) or another `X-Pigeon-Dedupe-Key` (past the
+  application's dedupe). Kept for the verifiers written for it.
+- `v2` over `signed_string`: `<t>` and a line feed; then, for each of `SIGNED_HEADERS` in that
+  order that the request has, its name in lower case, ":", its value as sent (no white space
+  added around the ":") and a line feed, an absent one leaving no line; then a line feed (an
+  empty line); then the body. For raw mail over SMTP, these lines (each ending in a line feed,
+  the empty one too) and the body:
+
+      1700000000
+      x-pigeon-dedupe-key:3a7b...
+      x-pigeon-sender:ann@example.com
+      x-pigeon-recipients:a1@hook.example, a2@hook.example
+      x-pigeon-recipients-count:2
+
+  and for mail from a mailbox, or a JSON body, the first two and the empty one. No two header
+  sets (or bodies) give the same string: `<t>` is digits; each header line starts with its own
+  name, in a fixed order, and no value holds a line break (Pigeon's are ASCII without
+  controls: hex, digits, addresses percent-encoded but for `HEADER_SAFE`); the headers' part
+  ends at the first empty line, which no header line is. So an added, dropped or altered signed
+  header breaks `v2`, as an altered body or `t` does (an empty X-Pigeon-Sender, mail from `<>`,
+  is a line "x-pigeon-sender:", not an absent one). `X-Pigeon-Source` and `X-Pigeon-Message-Id`
+  are not signed. `v1`'s string has "." after `<t>` where `v2`'s has a line feed, so neither
+  MAC stands for the other. A verifier checks `v2` (one that checks `v1` alone can be fooled as
+  above) and reads the headers as the application will (README: "Verifying a webhook request").
 
 The status line is the answer: a 2xx is accepted whatever becomes of its body. What follows it
 is read for a moment only (`_drain`), so a body that never ends (a `Content-Length` the server
@@ -160,10 +190,34 @@ def _header_address(address: str) -> str:
     return urllib.parse.quote(address, safe=HEADER_SAFE)
 
 
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """The X-Pigeon-Signature value for a body sent at `timestamp`."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={mac}"
+SIGNED_HEADERS: Final = ("X-Pigeon-Dedupe-Key", "X-Pigeon-Sender", "X-Pigeon-Recipients", "X-Pigeon-Recipients-Count")
+"""The request headers `v2` of X-Pigeon-Signature covers, in the order `signed_string` takes them."""
+
+
+def signed_head(timestamp: int, headers: dict[str, str]) -> bytes:
+    """What `v2` signs before the body (`signed_string` without it): `<t>`, a line per
+    `SIGNED_HEADERS` name in `headers` ("<name in lower case>:<value>"), an empty line."""
+    lines = [f"{name.lower()}:{headers[name]}\n" for name in SIGNED_HEADERS if name in headers]
+    return f"{timestamp}\n{''.join(lines)}\n".encode()
+
+
+def signed_string(timestamp: int, headers: dict[str, str], body: bytes) -> bytes:
+    """What `v2` of X-Pigeon-Signature is the HMAC of (the module's docstring says it whole)."""
+    return signed_head(timestamp, headers) + body
+
+
+def signature(secret: str, timestamp: int, body: bytes, headers: dict[str, str] | None = None) -> str:
+    """The X-Pigeon-Signature value for a body sent at `timestamp`: `v1` (the body's), and with
+    the request's `headers` `v2` too (theirs in `SIGNED_HEADERS` and the body's)."""
+    key = secret.encode()
+    # (update() with the body, not a concatenation: no copy of a message of megabytes)
+    v1 = hmac.new(key, f"{timestamp}.".encode(), hashlib.sha256)
+    v1.update(body)
+    if headers is None:
+        return f"t={timestamp},v1={v1.hexdigest()}"
+    v2 = hmac.new(key, signed_head(timestamp, headers), hashlib.sha256)
+    v2.update(body)
+    return f"t={timestamp},v1={v1.hexdigest()},v2={v2.hexdigest()}"
 
 
 def _cannot_connect(error: aiohttp.ClientConnectorError) -> str:
@@ -437,7 +491,8 @@ class WebhookTarget(Target):
         if config.format != "json" and message.sender is not None:  # SMTP mail: its envelope (JSON has it)
             headers.update(_envelope_headers(message.sender, message.recipients))
         if config.secret:
-            headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body)
+            # (signed as they go: a `headers` entry of the config may have set the dedupe key's)
+            headers["X-Pigeon-Signature"] = signature(config.secret, int(time.time()), body, headers)
         try:
             status, reason, wait = await exchange(self._session, config.url, body, headers, config.timeout)
         except Unanswered as failure:
