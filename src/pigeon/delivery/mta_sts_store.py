@@ -140,8 +140,13 @@ class PolicyStore:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         count: Callable[[str], None] | None = None,
+        cached_only: bool = False,
     ) -> None:
+        """`cached_only`: `policy()` answers from the policies cached (those of every worker's
+        file in `directory`), and nothing is looked up, fetched or written: what `pigeon
+        shaping explain` shows beside a running node."""
         self._resolver = resolver
+        self._cached_only = cached_only
         self.ca_file = ca_file
         self._port = https_port
         self._timeout = fetch_timeout
@@ -162,6 +167,9 @@ class PolicyStore:
     async def policy(self, domain: str) -> Applied | None:
         """The policy in force for `domain` (any mode), or None. Never raises."""
         domain = domain.lower().rstrip(".")
+        if self._cached_only:
+            kept = self._kept(domain)
+            return kept.applied if kept is not None else None
         cached = self._cache.get(domain)
         if cached is not None and cached.expires <= self._clock():
             del self._cache[domain]
@@ -301,6 +309,11 @@ class PolicyStore:
         else:
             _log.warning("%s: no MTA-STS policy applied: %s", domain, why)
 
+    def expires(self, domain: str) -> float | None:
+        """When (wall clock) the domain's cached policy runs out; None: it has none."""
+        kept = self._kept(domain.lower().rstrip("."))
+        return kept.expires if kept is not None else None
+
     def _kept(self, domain: str) -> _Cached | None:
         """The domain's cached policy, if it has one that has not expired."""
         kept = self._cache.get(domain)
@@ -313,7 +326,12 @@ class PolicyStore:
         if self._directory is None:
             return
         now = self._clock()
-        for path in sorted(self._directory.glob("mta-sts-*.json")):
+        try:
+            paths = sorted(self._directory.glob("mta-sts-*.json"))
+        except OSError as error:  # (a spool this user may not read: `pigeon shaping explain`)
+            _log.warning("%s: MTA-STS policy caches not read (%s)", self._directory, error)
+            return
+        for path in paths:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 entries = data["policies"] if data.get("version") == _FILE_VERSION else {}
