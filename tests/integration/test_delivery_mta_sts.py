@@ -3,6 +3,7 @@ the test's own, on loopback, under a CA of the test's own (`[mta_sts] ca_file`).
 
 from __future__ import annotations
 
+import contextlib
 import smtplib
 import time
 from pathlib import Path
@@ -147,6 +148,34 @@ def test_hosts_refused_for_the_policys_tls_use_none_of_the_session_limit(tmp_pat
         assert len(right.received) == 1
         assert not wrong_name.received and not plaintext.received
         assert not pigeon.records("TransientFailure")
+
+
+def test_hosts_refused_for_the_policys_tls_are_tried_after_the_others_at_the_next_attempt(tmp_path: Path) -> None:
+    # Six MX hosts the policy allows offer no STARTTLS, and the seventh is right. Each attempt
+    # tries at most mx_address_limit (5) addresses: walking the same refused hosts first at
+    # every retry, the mail was never delivered. The second attempt begins with the hosts not
+    # refused (the sixth, then the seventh), and the refused ones are each connected to once.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    bad = [(10 * n, f"h{n}.mail.example.net", f"127.0.0.{n + 1}") for n in range(1, 7)]
+    zone = _zone(*bad, (70, "good.mail.example.net", "127.0.0.9"))
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        contextlib.ExitStack() as sinks,
+        ScriptedSink(host="127.0.0.9", port=port, tls=ca.server_context("good.mail.example.net")) as good,
+        _node(tmp_path, dns, port, ca, policies, {"retry_interval": "2s", "max_retry_interval": "2s"}) as pigeon,
+    ):
+        refused = [sinks.enter_context(ScriptedSink(host=address, port=port)) for _, _, address in bad]
+        before = [len(sink.connections) for sink in refused]  # (the sink's own, as it starts)
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert "not all hosts tried ([delivery] mx_address_limit 5" in failure["response"]["text"]
+        (record,) = wait_until(lambda: pigeon.records("Delivery"), timeout=30)
+        assert record["peer"] == f"good.mail.example.net [127.0.0.9]:{port}"
+        assert len(good.received) == 1
+        assert [len(sink.connections) - n for sink, n in zip(refused, before, strict=True)] == [1] * 6
+        assert not any(sink.received for sink in refused)
 
 
 def test_a_testing_policy_delivers_as_without_it_and_warns(tmp_path: Path) -> None:

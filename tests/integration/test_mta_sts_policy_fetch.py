@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,68 @@ async def test_a_policy_host_whose_certificate_does_not_verify_gives_no_policy(t
         resolver = Resolver([(dns.address, dns.port)], timeout=1.0)
         store = PolicyStore(resolver, ca_file=ca.path, https_port=server.port)
         assert await store.policy("example.net") is None
+
+
+async def _until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"condition not met within {within}s")
+
+
+async def test_a_policy_in_use_is_refreshed_in_the_background_and_outlives_its_server_going_down(
+    tmp_path: Path,
+) -> None:
+    # RFC 8461 10.2: a policy fetched only once it had expired left a domain without one when its
+    # policy server was down just then (a downgrade window), and a policy that a message used
+    # the day before its expiry was not renewed.
+    ca = TestCa(tmp_path / "ca")
+    now = [1_000_000.0]
+    served = {"mta-sts.example.net": _ENFORCE}  # max_age 86400: refreshed once 12 hours old
+    with DnsServer(_zone()) as dns, PolicyServer(ca.server_context("mta-sts.example.net"), served) as server:
+        store = PolicyStore(Resolver([(dns.address, dns.port)], timeout=1.0), ca_file=ca.path,
+                            https_port=server.port, directory=tmp_path / "spool", clock=lambda: now[0])  # fmt: skip
+        assert (await store.policy("example.net")) is not None
+        now[0] += 11 * 3600
+        assert (await store.policy("example.net")) is not None
+        assert server.requests == ["mta-sts.example.net"]  # (not yet due)
+        now[0] += 2 * 3600
+        server.delay = 2.0
+        started = time.monotonic()
+        applied = await asyncio.gather(*(store.policy("example.net") for _ in range(20)))
+        assert time.monotonic() - started < 1.0  # the cached policy, at once: the refresh is not waited for
+        assert {a.policy_id if a else None for a in applied} == {"1"}
+        await _until(lambda: len(server.requests) == 2)  # one refresh, however many messages
+        kept = tmp_path / "spool" / "mta-sts-0.json"
+        await _until(lambda: json.loads(kept.read_text())["policies"]["example.net"]["fetched"] == now[0])  # on disk
+        # The policy server goes down; the policy as fetched first would have expired by now.
+        served.clear()
+        now[0] += 12 * 3600
+        applied_late = await store.policy("example.net")
+        assert applied_late is not None and applied_late.enforced and applied_late.policy_id == "1"
+
+
+async def test_a_refresh_that_fails_keeps_the_cached_policy_until_it_expires(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = TestCa(tmp_path / "ca")
+    now = [1_000_000.0]
+    served = {"mta-sts.example.net": _ENFORCE}
+    with DnsServer(_zone()) as dns, PolicyServer(ca.server_context("mta-sts.example.net"), served) as server:
+        store = PolicyStore(Resolver([(dns.address, dns.port)], timeout=1.0), ca_file=ca.path,
+                            https_port=server.port, clock=lambda: now[0])  # fmt: skip
+        assert (await store.policy("example.net")) is not None
+        served.clear()  # answered 404 from now on
+        now[0] += 20 * 3600
+        with caplog.at_level(logging.WARNING):
+            assert (await store.policy("example.net")) is not None
+            await _until(lambda: any(r.levelno == logging.WARNING for r in caplog.records))
+            assert (await store.policy("example.net")) is not None
+        assert len(server.requests) == 2  # (a failed refresh is not tried again at once)
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warning.startswith("example.net: its MTA-STS policy (id 1) could not be had: ")
+        assert "; keeping its cached policy (id 1, mode enforce, until " in warning
+        now[0] += 4 * 3600 + 1  # past its max_age: fetched while waiting, which fails: no policy
+        assert (await store.policy("example.net")) is None

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.dns import DnsServer, Zone
@@ -374,3 +375,48 @@ def test_explain_asks_the_second_nameserver_when_the_first_never_answers(tmp_pat
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.splitlines()[1] == "site      mx.plain.test"
         assert ("plain.test", "MX") in dns.zone.queries
+
+
+def test_explain_says_the_mta_sts_policy_the_node_cached_and_which_mx_hosts_it_allows(tmp_path: Path) -> None:
+    # `explain` showed a domain under an enforced policy as routed to all its MX hosts, in the
+    # queue of mail without one: the node sends it only to the hosts the policy allows, over TLS
+    # verified, in a queue of its own. It reads the node's cached policies (no lookup, no fetch).
+    zone = Zone(
+        {
+            "sts.test": [("MX", 10, "mx1.sts.test"), ("MX", 20, "backup.elsewhere.test")],
+            "plain.test": [("MX", 10, "mx.plain.test")],
+        }
+    )
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    fetched = time.time() - 3600
+    policy = "version: STSv1\nmode: enforce\nmx: *.sts.test\nmax_age: 86400\n"
+    cached = {"version": 1, "policies": {"sts.test": {"id": "20240101", "fetched": fetched, "policy": policy}}}
+    (spool / "mta-sts-1.json").write_text(json.dumps(cached))  # (worker 1's: every worker's file is read)
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(fetched + 86400))
+    with DnsServer(zone) as dns:
+        (tmp_path / "pigeon.toml").write_text(GOOD.format(dns=dns.endpoint) + '\n[spool]\npath = "spool"\n')
+        result = pigeon_cli("shaping", "explain", "sts.test", "-c", "pigeon.toml", cwd=tmp_path)
+        as_json = pigeon_cli("shaping", "explain", "sts.test", "-c", "pigeon.toml", "--json", cwd=tmp_path)
+        plain = pigeon_cli("shaping", "explain", "plain.test", "-c", "pigeon.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1:4] == [
+        "site      mx1.sts.test",
+        "MX hosts  mx1.sts.test",
+        f"mta-sts   mode enforce (id 20240101, cached until {until}, mx *.sts.test): allows mx1.sts.test; "
+        "refuses backup.elsewhere.test; only over TLS verified for the host's name",
+    ]
+    assert "queue     default->mx1.sts.test (tls required, verified, MTA-STS enforce) (" in result.stdout
+    answer = json.loads(as_json.stdout)
+    assert answer["mta_sts"] == {
+        "mode": "enforce",
+        "id": "20240101",
+        "mx": ["*.sts.test"],
+        "until": until,
+        "allowed_hosts": ["mx1.sts.test"],
+        "refused_hosts": ["backup.elsewhere.test"],
+    }
+    assert plain.returncode == 0, plain.stderr
+    assert "mta-sts" not in plain.stdout  # (none cached: no line)
+    assert not [q for q in dns.zone.queries if q[0].startswith("_mta-sts.")]  # nothing looked up

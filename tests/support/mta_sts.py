@@ -82,11 +82,12 @@ class TestCa:
 class PolicyServer:
     """HTTPS on `host:port` (port: a free one), answering `/.well-known/mta-sts.txt` with
     `policies[<Host without port>]` as text/plain (404 for a host it has none of). `requests`
-    lists the hosts asked."""
+    lists the hosts asked; each answer waits `delay` seconds (settable at any time)."""
 
     def __init__(self, context: ssl.SSLContext, policies: dict[str, str], *, host: str = "127.0.0.1") -> None:
         self.policies = policies
         self.requests: list[str] = []
+        self.delay = 0.0
         self.host = host
         self.port = free_port()
         self._context = context
@@ -99,6 +100,7 @@ class PolicyServer:
     async def _policy(self, request: web.Request) -> web.Response:
         host = request.host.rsplit(":", 1)[0].lower()
         self.requests.append(host)
+        await asyncio.sleep(self.delay)
         text = self.policies.get(host)
         if text is None:
             return web.Response(status=404, text="no policy")

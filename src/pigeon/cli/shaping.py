@@ -178,7 +178,7 @@ def run_explain(args: argparse.Namespace) -> int:
         print(f"pigeon: no [[source]] called {source!r} (known: {', '.join(names) or 'none'})", file=sys.stderr)
         return 2  # a usage error: a bad option value
     try:
-        destination = asyncio.run(_destination(config, domain))
+        destination, sts = asyncio.run(_destination(config, domain))
     except DnsFailure as failure:
         reply = failure.reply
         text = printable(f"{domain}: {reply.text}")  # a DNS error's words may carry names it found
@@ -200,9 +200,11 @@ def run_explain(args: argparse.Namespace) -> int:
         extra = {"hosts_from": destination.hops_from, "next_hop": next_hop} | (
             {"scheduled_queue": queue} if queue else {}
         )
+        if sts is not None:
+            extra["mta_sts"] = sts or None
         print(json.dumps(explanation.as_dict() | extra, indent=2))
     else:
-        _print(explanation, destination.hops_from, next_hop)
+        _print(explanation, destination.hops_from, next_hop, sts)
         if queue is not None:
             rate = queue["max_message_rate"] or "none"
             print(f"\nscheduled queue {queue['name']}: max_message_rate {rate}  {queue['from']}")
@@ -230,7 +232,12 @@ def _queue_rate(config: Config, path: Path | None, text: str, name: str) -> dict
     return {"name": name, "max_message_rate": None, "from": "no [[queue]] block matches it"}
 
 
-async def _destination(config: Config, domain: str) -> Destination:
+async def _destination(config: Config, domain: str) -> tuple[Destination, dict[str, Any] | None]:
+    """The destination, as the node works it out under the MTA-STS policy the node has cached
+    for the domain (none is looked up or fetched here), and what that policy says of its MX
+    hosts: {} when none is cached, None when no policy applies (`[mta_sts] enabled = false`,
+    or a route's next hop or an address literal, where the operator chose the host)."""
+    from pigeon.delivery.mta_sts_store import PolicyStore
     from pigeon.delivery.mx import Resolver
     from pigeon.delivery.routes import Router, TlsPolicy
     from pigeon.node.outbound import routes_from
@@ -238,8 +245,31 @@ async def _destination(config: Config, domain: str) -> Destination:
     nameservers = [(e.host, e.port) for e in config.dns.nameservers]
     resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
     delivery = config.delivery
-    router = Router(routes_from(config), resolver, tls=TlsPolicy(delivery.tls), smtp_port=delivery.smtp_port)
-    return await router.destination(domain)
+    store = (
+        PolicyStore(resolver, ca_file=config.mta_sts.ca_file, directory=config.spool.path, cached_only=True)
+        if config.mta_sts.enabled
+        else None
+    )
+    router = Router(
+        routes_from(config), resolver, tls=TlsPolicy(delivery.tls), smtp_port=delivery.smtp_port, mta_sts=store
+    )
+    destination = await router.destination(domain)
+    if store is None or destination.hops_from != "mx":
+        return destination, None
+    applied = await store.policy(domain)
+    if applied is None:
+        return destination, {}
+    exchangers, _ = await resolver.exchangers_for(domain)  # (every MX host, those it refuses too)
+    policy = applied.policy
+    expires = store.expires(domain) or 0.0
+    return destination, {
+        "mode": policy.mode.value,
+        "id": applied.policy_id,
+        "mx": list(policy.mx),
+        "until": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires)),
+        "allowed_hosts": [e.host for e in exchangers if policy.allows(e.host)],
+        "refused_hosts": [e.host for e in exchangers if not policy.allows(e.host)],
+    }
 
 
 # What the hosts are called, by where they came from, and what "every one of them" is: a
@@ -251,12 +281,16 @@ _HOSTS: Final = {
 }
 
 
-def _print(explanation: Explanation, hops_from: str = "mx", next_hop: str | None = None) -> None:
+def _print(
+    explanation: Explanation, hops_from: str = "mx", next_hop: str | None = None, sts: dict[str, Any] | None = None
+) -> None:
     query, provider = explanation.query, explanation.provider
     label, every = _HOSTS[hops_from]
     print(f"domain    {query.domain}")
     print(f"site      {query.site}")
     print(f"{label:10}{next_hop or ' '.join(query.hosts) or '-'}")
+    if sts:  # (no line without a policy cached: the common case reads as before)
+        print(f"mta-sts   {_describe_policy(sts)}")
     if query.source is not None:
         print(f"source    {query.source}")
     if provider is not None:
@@ -289,6 +323,19 @@ def _print(explanation: Explanation, hops_from: str = "mx", next_hop: str | None
     print(f"{'setting':{width}}  {'value':{values}}  from")
     for setting in explanation.settings:
         print(f"{setting.name:{width}}  {setting.text:{values}}  {setting.origin}")
+
+
+def _describe_policy(sts: dict[str, Any]) -> str:
+    """The MTA-STS line of `explain`: the cached policy's mode and the MX hosts it allows."""
+    allowed = " ".join(sts["allowed_hosts"]) or "none"
+    text = f"mode {sts['mode']} (id {sts['id']}, cached until {sts['until']}, mx {', '.join(sts['mx']) or '(none)'})"
+    if sts["mode"] == "none":
+        return f"{text}: no policy applies"
+    refused = sts["refused_hosts"]
+    enforced = sts["mode"] == "enforce"
+    verb = "would refuse" if not enforced else "refuses"
+    text += f": allows {allowed}" + (f"; {verb} {' '.join(refused)}" if refused else "")
+    return text + ("; only over TLS verified for the host's name" if enforced else "")
 
 
 def _left(seconds: float) -> str:

@@ -22,9 +22,12 @@
 A record or policy that is not valid is no policy, and a WARNING names the domain and why,
 once in a while (`mta_sts.WARNINGS`). `policy()` never raises.
 
-BUGS: no proactive refresh of policies about to expire (RFC 8461 5.1's SHOULD); a policy is
-fetched again when a message for its domain finds its `max_age` run out. Each worker fetches
-for itself.
+A policy in use is refreshed before it expires (RFC 8461 10.2): asked for once it is a day
+old (half its `max_age`, when that is shorter), it is answered at once and fetched again in
+the background, whatever the TXT record says (`_refresh_after`); a refresh that fails leaves
+the cached policy standing until its `max_age` runs out, as any fetch that fails does.
+
+BUGS: each worker fetches for itself.
 """
 
 from __future__ import annotations
@@ -66,6 +69,25 @@ before it is asked again (the cached policy, if any, standing meanwhile)."""
 FETCH_FAILURE_TTL: Final = 300.0
 """Seconds a policy that could not be fetched (or was not valid) is not fetched again for the same id."""
 _FILE_VERSION: Final = 1
+REFRESH_AFTER: Final = 86_400.0
+"""Seconds after its fetch a policy in use is fetched again, in the background (a policy whose
+`max_age` is under twice this: after half its `max_age`). See `_refresh_after`."""
+
+
+def _refresh_after(max_age: int) -> float:
+    """How old a cached policy is when mail that uses it has it fetched again, in the background.
+
+    Measured from the fetch, not back from the expiry: a day (as RFC 8461 10.2's example, a
+    daily background refresh), or half the `max_age` when that is shorter. A year's policy is
+    then fetched at most once a day per domain (a small GET, never in a message's way), and a
+    domain that mail reaches once a month still has its policy renewed at each message, long
+    before it could run out; a window counted back from the expiry (its last day, say) would
+    miss such a domain, whose next message would find the policy expired and fetch it while
+    waiting, exposed to a policy server down at that moment. Half of a short `max_age` (an hour:
+    30 minutes) leaves as much time again for a refresh that fails to be tried again
+    (`FETCH_FAILURE_TTL`). Refreshed on use, not by a timer walking every cached policy: a
+    domain no mail goes to needs no policy, and one mail reaches has it refreshed then."""
+    return min(REFRESH_AFTER, max_age / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +140,13 @@ class PolicyStore:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         count: Callable[[str], None] | None = None,
+        cached_only: bool = False,
     ) -> None:
+        """`cached_only`: `policy()` answers from the policies cached (those of every worker's
+        file in `directory`), and nothing is looked up, fetched or written: what `pigeon
+        shaping explain` shows beside a running node."""
         self._resolver = resolver
+        self._cached_only = cached_only
         self.ca_file = ca_file
         self._port = https_port
         self._timeout = fetch_timeout
@@ -140,13 +167,20 @@ class PolicyStore:
     async def policy(self, domain: str) -> Applied | None:
         """The policy in force for `domain` (any mode), or None. Never raises."""
         domain = domain.lower().rstrip(".")
+        if self._cached_only:
+            kept = self._kept(domain)
+            return kept.applied if kept is not None else None
         cached = self._cache.get(domain)
         if cached is not None and cached.expires <= self._clock():
             del self._cache[domain]
             cached = None
         policy_id = await self._record(domain)
         if policy_id is None or (cached is not None and cached.applied.policy_id == policy_id):
-            return cached.applied if cached is not None else None
+            if cached is None:
+                return None
+            if cached.fetched + _refresh_after(cached.applied.policy.max_age) <= self._clock():
+                self._refresh(domain, policy_id or cached.applied.policy_id)
+            return cached.applied
         failed = self._fetch_failed.get((domain, policy_id))
         if failed is not None and failed > self._monotonic():
             return cached.applied if cached is not None else None
@@ -187,6 +221,22 @@ class PolicyStore:
             fetching = self._fetching[domain] = asyncio.ensure_future(self._fetch(domain, policy_id))
             fetching.add_done_callback(lambda done: self._fetched(domain, done))
         return await asyncio.shield(fetching)
+
+    def _refresh(self, domain: str, policy_id: str) -> None:
+        """A fetch of the domain's policy in the background (RFC 8461 10.2: refresh before it
+        expires, "regardless of the state of the _mta-sts TXT record", so that a policy server
+        down for a while, or a TXT record suppressed, when the policy runs out does not leave
+        the domain without one), unless one is under way or failed lately. `policy_id`: the
+        record's, or the cached policy's when the record is gone or its lookup failed. Its
+        failure keeps the cached policy until it expires, as any fetch's does."""
+        if domain in self._fetching:
+            return
+        failed = self._fetch_failed.get((domain, policy_id))
+        if failed is not None and failed > self._monotonic():
+            return
+        _log.debug("%s: refreshing its MTA-STS policy (id %s) before it expires", domain, policy_id)
+        fetching = self._fetching[domain] = asyncio.ensure_future(self._fetch(domain, policy_id))
+        fetching.add_done_callback(lambda done: self._fetched(domain, done))
 
     def _fetched(self, domain: str, done: asyncio.Future[_Cached | None]) -> None:
         if self._fetching.get(domain) is done:
@@ -259,6 +309,11 @@ class PolicyStore:
         else:
             _log.warning("%s: no MTA-STS policy applied: %s", domain, why)
 
+    def expires(self, domain: str) -> float | None:
+        """When (wall clock) the domain's cached policy runs out; None: it has none."""
+        kept = self._kept(domain.lower().rstrip("."))
+        return kept.expires if kept is not None else None
+
     def _kept(self, domain: str) -> _Cached | None:
         """The domain's cached policy, if it has one that has not expired."""
         kept = self._cache.get(domain)
@@ -271,7 +326,12 @@ class PolicyStore:
         if self._directory is None:
             return
         now = self._clock()
-        for path in sorted(self._directory.glob("mta-sts-*.json")):
+        try:
+            paths = sorted(self._directory.glob("mta-sts-*.json"))
+        except OSError as error:  # (a spool this user may not read: `pigeon shaping explain`)
+            _log.warning("%s: MTA-STS policy caches not read (%s)", self._directory, error)
+            return
+        for path in paths:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 entries = data["policies"] if data.get("version") == _FILE_VERSION else {}

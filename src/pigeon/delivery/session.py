@@ -177,6 +177,37 @@ def _remember_chunking_broken(address: str, port: int) -> None:
     _NO_CHUNKING[(address, port)] = now + NO_CHUNKING_FOR
 
 
+REFUSED_BY_POLICY_FOR: Final = 86_400.0
+"""Seconds an MX host refused for an enforced MTA-STS policy's TLS (no STARTTLS, a certificate
+not verified for its name) is tried after the domain's other hosts, while the policy's id is the
+same. Otherwise every attempt would walk the same refused hosts first: with more of them than
+`[delivery] mx_address_limit` before a good one, the domain's mail would never be delivered. A
+day, longer than the retries of a deferred message are apart (`max_retry_interval`, 4 hours by
+default): a shorter memory could forget between two retries and begin again with the refused
+hosts. Cheap to get wrong the other way: such a host is still tried, after the others (it may
+have been fixed), and forgotten as soon as it passes."""
+_REFUSED_BY_POLICY: dict[tuple[str, str, str], float] = {}  # (domain, policy id, MX host) -> until (monotonic)
+
+
+def _refused_last(sts: Applied, hops: tuple[Hop, ...]) -> tuple[Hop, ...]:
+    """`hops`, those refused lately for `sts`'s TLS moved after the others (both in their order)."""
+    now = time.monotonic()
+    refused = {hop.host for hop in hops if _REFUSED_BY_POLICY.get((sts.domain, sts.policy_id, hop.host), 0.0) > now}
+    if not refused:
+        return hops
+    return (*(hop for hop in hops if hop.host not in refused), *(hop for hop in hops if hop.host in refused))
+
+
+def _remember_refused(sts: Applied, host: str) -> None:
+    now = time.monotonic()
+    if len(_REFUSED_BY_POLICY) > 1000:
+        for key in [key for key, until in _REFUSED_BY_POLICY.items() if until <= now]:
+            del _REFUSED_BY_POLICY[key]
+        if len(_REFUSED_BY_POLICY) > 10_000:
+            _REFUSED_BY_POLICY.clear()
+    _REFUSED_BY_POLICY[(sts.domain, sts.policy_id, host)] = now + REFUSED_BY_POLICY_FOR
+
+
 def _noted(reply: Reply, note: str) -> Reply:
     """`reply` with `note` after the text of its last line."""
     return Reply(reply.code, reply.enhanced, (*reply.lines[:-1], f"{reply.lines[-1]} {note}"))
@@ -475,7 +506,8 @@ class ClientConnection:
         after `mx_session_limit` sessions that got a greeting (a 220) and would not do (a host
         an enforced MTA-STS policy's TLS refused is none: RFC 8461 5 moves on to the next). Then
         the failure is temporary, and names what was tried; the next attempt starts again
-        from the first hop."""
+        from the first hop, but that hosts an enforced MTA-STS policy's TLS refused lately come
+        after the others (`REFUSED_BY_POLICY_FOR`)."""
         last = ConnectFailed(Reply(451, "4.4.1", (f"no host to try for {destination.site}",)))
         policy = TlsPolicy(destination.tls.value)
         tried = connected = False  # whether any address was tried, and any took the connection
@@ -485,7 +517,11 @@ class ClientConnection:
         cut = False
         looped: str | None = None  # the first hop found to be this node, as a peer is named
         elsewhere = False  # whether any hop may be another node's (or could not be told: no address)
-        for hop in destination.hops:
+        hops = destination.hops
+        sts = destination.mta_sts
+        if sts is not None and _REFUSED_BY_POLICY and sts.enforced:
+            hops = _refused_last(sts, hops)
+        for hop in hops:
             if spent >= options.mx_address_limit or sessions >= options.mx_session_limit:
                 cut = True
                 break
@@ -533,7 +569,10 @@ class ClientConnection:
                 tried = True
                 handshake_failed = greeted = False
                 try:
-                    return await cls._open_one(hop, address, destination, options, policy)
+                    connection = await cls._open_one(hop, address, destination, options, policy)
+                    if sts is not None and _REFUSED_BY_POLICY:
+                        _REFUSED_BY_POLICY.pop((sts.domain, sts.policy_id, hop.host), None)  # (fixed)
+                    return connection
                 except _NoConnection as error:
                     if not connected:  # (a host that answered said more than one that would not connect)
                         last = error.with_traceback(None)  # (kept without the frames it came through)
@@ -547,6 +586,8 @@ class ClientConnection:
                     # be used; mail delivery SHOULD proceed to the next candidate"); the addresses
                     # tried stay bound by mx_address_limit.
                     greeted = error.greeted and not error.by_policy
+                    if error.by_policy and sts is not None:
+                        _remember_refused(sts, hop.host)  # (tried after the others next time)
                 connected = True
                 if not handshake_failed:
                     sessions += 1 if greeted else 0
