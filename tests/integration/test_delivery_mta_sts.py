@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pigeon.message import parse_id, shard_of
 from tests.support.dns import DnsServer, Zone
 from tests.support.mta_sts import PolicyServer, TestCa
 from tests.support.process import PigeonProcess, free_port
@@ -32,20 +33,42 @@ def _zone(*mx: tuple[int, str, str], record: str | None = "v=STSv1; id=1;") -> Z
 
 
 def _node(tmp_path: Path, dns: DnsServer, port: int, ca: TestCa, policies: PolicyServer | None,
-          delivery: dict[str, Any] | None = None, **mta_sts: Any) -> PigeonProcess:  # fmt: skip
+          delivery: dict[str, Any] | None = None, workers: int = 1, **mta_sts: Any) -> PigeonProcess:  # fmt: skip
     settings = {"enabled": True, "smtp_port": port, "retry_interval": "1h", "dsn": False, **(delivery or {})}
     https = {"https_port": policies.port} if policies is not None else {}
+    node = {"node": {"workers": workers}} if workers != 1 else {}
     return PigeonProcess(
         tmp_path / "node",
         delivery=settings,
         dns={"nameservers": [dns.endpoint], "timeout": "1s"},
         mta_sts={"ca_file": str(ca.path), **https, **mta_sts},
+        **node,
     )
 
 
-def _send(pigeon: PigeonProcess, recipient: str = "ok@example.net") -> None:
+def _send(pigeon: PigeonProcess, recipient: str = "ok@example.net") -> str:
+    """The message sent; its spool id."""
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-        client.sendmail("a@example.org", [recipient], b"Subject: sts\r\n\r\nhi\r\n")
+        client.ehlo()
+        client.mail("a@example.org")
+        client.rcpt(recipient)
+        code, reply = client.data(b"Subject: sts\r\n\r\nhi\r\n")
+    assert code == 250, reply
+    return reply.decode().rsplit(" ", 1)[-1]
+
+
+def _worker_of(spool_id: str) -> int:
+    return shard_of(parse_id(spool_id))
+
+
+def _send_until_each_worker_took(pigeon: PigeonProcess, least: dict[int, int]) -> list[str]:
+    """Mail sent until worker n has taken at least `least[n]` of it (the workers share one
+    listening socket: which takes a connection is the kernel's choice). Their ids."""
+    ids: list[str] = []
+    while any([_worker_of(i) for i in ids].count(n) < count for n, count in least.items()):
+        assert len(ids) < 80, f"workers of the mail sent: {[_worker_of(i) for i in ids]}"
+        ids.append(_send(pigeon))
+    return ids
 
 
 def test_an_enforced_policy_delivers_over_tls_verified_for_the_mx_host(tmp_path: Path) -> None:
@@ -283,3 +306,70 @@ def test_a_dns_server_that_never_answers_txt_does_not_hold_delivery_past_its_tim
         wait_until(lambda: len(pigeon.records("Delivery")) == 2, timeout=20)
         assert len(sink.received) == 2
         assert dns.zone.queries.count(("_mta-sts.example.net", "TXT")) == 1  # the failure is remembered
+
+
+def test_a_policy_one_worker_fetched_is_enforced_by_the_other_when_the_record_is_stripped(tmp_path: Path) -> None:
+    # Found from outside ([node] workers = 2, HIGH): once the _mta-sts TXT record was stripped
+    # (an attacker on the DNS path, who also named an MX of its own), the worker that had never
+    # fetched the policy took the domain as having none and sent its share of the mail to the
+    # attacker's host, although its sibling held the enforced policy in memory and in its file.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    zone = _zone((10, "mx1.example.net", "127.0.0.2"))
+    zone.ttl = 1  # (the resolver keeps answers 5 s at least)
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")) as allowed,
+        ScriptedSink(host="127.0.0.3", port=port, tls=ca.server_context("mx.attacker.example")) as attacker,
+        _node(tmp_path, dns, port, ca, policies, workers=2) as pigeon,
+    ):
+        fetcher = _worker_of(_send(pigeon))
+        wait_until(lambda: pigeon.records("Delivery"))
+        assert policies.requests == ["mta-sts.example.net"]  # one worker fetched it; the other has seen no mail
+        del dns.zone.records["_mta-sts.example.net"]
+        dns.zone.records["example.net"] = [("MX", 5, "mx.attacker.example"), ("MX", 10, "mx1.example.net")]
+        dns.zone.records["mx.attacker.example"] = [("A", "127.0.0.3")]
+        sent = 1 + len(_send_until_each_worker_took(pigeon, {1 - fetcher: 3}))
+        delivered = pigeon.wait_records("Delivery", sent, timeout=30)
+        assert {r["peer"] for r in delivered} == {f"mx1.example.net [127.0.0.2]:{port}"}
+        assert {_worker_of(r["id"]) for r in delivered} == {0, 1}
+        assert len(allowed.received) == sent and not attacker.received and not attacker.rcpt_log
+        assert policies.requests == ["mta-sts.example.net"]
+
+
+def test_a_new_policy_one_worker_fetched_is_enforced_by_the_other_while_its_server_is_down(tmp_path: Path) -> None:
+    # Found from outside ([node] workers = 2, MEDIUM): one worker fetched the domain's new
+    # policy (id 2), which drops mx1; the other kept id 1 and, the policy server down, went on
+    # sending to mx1, which the domain's policy no longer allows.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    both = "version: STSv1\nmode: enforce\nmx: mx1.example.net\nmx: mx2.example.net\nmax_age: 86400\n"
+    mx2_only = "version: STSv1\nmode: enforce\nmx: mx2.example.net\nmax_age: 86400\n"
+    zone = _zone((10, "mx1.example.net", "127.0.0.2"), (20, "mx2.example.net", "127.0.0.4"))
+    zone.ttl = 1  # (the resolver keeps answers 5 s at least)
+    served = {"mta-sts.example.net": both}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")) as mx1,
+        ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("mx2.example.net")) as mx2,
+    ):
+        policies = PolicyServer(ca.server_context("mta-sts.example.net"), served)
+        with policies, _node(tmp_path, dns, port, ca, policies, workers=2) as pigeon:
+            first = _send_until_each_worker_took(pigeon, {0: 1, 1: 1})  # both hold id 1
+            pigeon.wait_records("Delivery", len(first), timeout=30)
+            assert len(mx1.received) == len(first) and not mx2.received
+            dns.zone.records["_mta-sts.example.net"] = [("TXT", "v=STSv1; id=2;")]
+            served["mta-sts.example.net"] = mx2_only
+            time.sleep(6)  # (the record as both workers' resolvers had it runs out)
+            fetcher = _worker_of(_send(pigeon))  # this one fetches id 2 ...
+            pigeon.wait_records("Delivery", len(first) + 1, timeout=30)
+            assert len(mx2.received) == 1
+            policies.stop()  # ... and the policy server goes down
+            later = _send_until_each_worker_took(pigeon, {1 - fetcher: 3})
+            delivered = pigeon.wait_records("Delivery", len(first) + 1 + len(later), timeout=30)
+            peers = {r["peer"] for r in delivered if parse_id(r["id"]) not in {parse_id(i) for i in first}}
+            assert peers == {f"mx2.example.net [127.0.0.4]:{port}"}
+            assert len(mx1.received) == len(first) and len(mx2.received) == 1 + len(later)
+            assert not pigeon.records("TransientFailure")
+            assert "could not be had" not in pigeon.stderr()  # the other worker took id 2 from its sibling

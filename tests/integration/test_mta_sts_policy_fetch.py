@@ -165,3 +165,31 @@ async def test_a_refresh_that_fails_keeps_the_cached_policy_until_it_expires(
         assert "; keeping its cached policy (id 1, mode enforce, until " in warning
         now[0] += 4 * 3600 + 1  # past its max_age: fetched while waiting, which fails: no policy
         assert (await store.policy("example.net")) is None
+
+
+async def test_a_worker_takes_in_what_its_sibling_fetched_at_its_next_look_once_a_second(tmp_path: Path) -> None:
+    # Two workers' stores on one spool: the policy one fetched is the other's once it looks at
+    # its sibling's file again (SIBLINGS_EVERY), not at every message, and the record stripped
+    # for the other (which never asked) does not leave it without the policy.
+    ca = TestCa(tmp_path / "ca")
+    monotonic = [100.0]
+    with (
+        DnsServer(_zone()) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as server,
+    ):
+
+        def store(worker: int) -> PolicyStore:
+            return PolicyStore(Resolver([(dns.address, dns.port)], timeout=1.0), ca_file=ca.path,
+                               https_port=server.port, directory=tmp_path / "spool", worker=worker, workers=2,
+                               monotonic=lambda: monotonic[0])  # fmt: skip
+
+        first, second = store(0), store(1)
+        assert await second.policy("example.org") is None  # (a look: no sibling has a file yet)
+        fetched = await first.policy("example.net")
+        assert fetched is not None and fetched.policy_id == "1"
+        del dns.zone.records["_mta-sts.example.net"]  # stripped, as `second` asks for it
+        assert await second.policy("example.net") is None  # within a second of its last look
+        monotonic[0] += 1.0
+        applied = await second.policy("example.net")
+        assert applied is not None and applied.enforced and applied.policy_id == "1"
+        assert server.requests == ["mta-sts.example.net"]

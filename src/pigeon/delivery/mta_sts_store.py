@@ -17,7 +17,14 @@
   reading every worker's file. A TXT record gone, a lookup that fails, a fetch that fails:
   the cached policy stands while it has not expired (RFC 8461 5.1); without one, there is
   no policy, and mail goes as it would without MTA-STS (RFC 8461 5: a policy that cannot be
-  had never holds mail up). A fetch that fails is tried again after `FETCH_FAILURE_TTL`.
+  had never holds mail up). A fetch that fails is tried again after `FETCH_FAILURE_TTL`;
+* the node's policy, not the worker's: while running, a worker takes in what its siblings
+  fetched before it answers (`_look_at_siblings`: their files stat'ed at most once every
+  `SIBLINGS_EVERY`, one that changed read), the newest fetch of each domain winning, as at
+  start. A worker that never fetched a domain's policy enforces the one a sibling holds when
+  the TXT record is stripped (an attacker on the DNS path) or its lookup fails, and a new
+  policy one worker fetched replaces the old one in the others, whether or not they can
+  fetch it themselves.
 
 A record or policy that is not valid is no policy, and a WARNING names the domain and why,
 once in a while (`mta_sts.WARNINGS`). `policy()` never raises.
@@ -27,7 +34,11 @@ old (half its `max_age`, when that is shorter), it is answered at once and fetch
 the background, whatever the TXT record says (`_refresh_after`); a refresh that fails leaves
 the cached policy standing until its `max_age` runs out, as any fetch that fails does.
 
-BUGS: each worker fetches for itself.
+BUGS: what a sibling fetched is seen up to `SIBLINGS_EVERY` later (and once its file is
+written): a worker answering within that second after a sibling's first fetch of a domain,
+with the TXT record stripped for it, still finds no policy. Two workers asked for a domain
+none has fetched yet may each fetch it. Failures (a TXT lookup's, a fetch's) are each
+worker's own: a sibling may try again what one found failing.
 """
 
 from __future__ import annotations
@@ -69,6 +80,8 @@ before it is asked again (the cached policy, if any, standing meanwhile)."""
 FETCH_FAILURE_TTL: Final = 300.0
 """Seconds a policy that could not be fetched (or was not valid) is not fetched again for the same id."""
 _FILE_VERSION: Final = 1
+SIBLINGS_EVERY: Final = 1.0
+"""Seconds between two looks at the sibling workers' files (`PolicyStore._look_at_siblings`)."""
 REFRESH_AFTER: Final = 86_400.0
 """Seconds after its fetch a policy in use is fetched again, in the background (a policy whose
 `max_age` is under twice this: after half its `max_age`). See `_refresh_after`."""
@@ -137,12 +150,15 @@ class PolicyStore:
         fetch_timeout: float = 10.0,
         directory: Path | None = None,
         worker: int = 0,
+        workers: int = 1,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         count: Callable[[str], None] | None = None,
         cached_only: bool = False,
     ) -> None:
-        """`cached_only`: `policy()` answers from the policies cached (those of every worker's
+        """`worker` of `workers`: whose file this store writes, and which files are its
+        siblings' (`mta-sts-<n>.json`, n < workers), taken in while it runs.
+        `cached_only`: `policy()` answers from the policies cached (those of every worker's
         file in `directory`), and nothing is looked up, fetched or written: what `pigeon
         shaping explain` shows beside a running node."""
         self._resolver = resolver
@@ -161,6 +177,15 @@ class PolicyStore:
         self._fetching: dict[str, asyncio.Future[_Cached | None]] = {}
         self._writing = asyncio.Lock()
         self._context: ssl.SSLContext | None = None
+        # The files of the node's other workers (not those of workers a former `[node]
+        # workers` had: nothing writes them any more, and they were read at start).
+        self._siblings: list[Path] = (
+            [directory / f"mta-sts-{n}.json" for n in range(workers) if n != worker]
+            if directory is not None and not cached_only
+            else []
+        )
+        self._read: dict[Path, tuple[int, int, int]] = {}  # file -> (inode, mtime ns, size) as last read
+        self._next_look = 0.0  # (monotonic) when the siblings' files are next stat'ed
         self._load()
 
     # --- the question ------------------------------------------------------------------------
@@ -170,6 +195,8 @@ class PolicyStore:
         if self._cached_only:
             kept = self._kept(domain)
             return kept.applied if kept is not None else None
+        if self._siblings and self._next_look <= self._monotonic():
+            self._look_at_siblings()
         cached = self._cache.get(domain)
         if cached is not None and cached.expires <= self._clock():
             del self._cache[domain]
@@ -325,29 +352,67 @@ class PolicyStore:
         fetched before a restart, by whichever worker, is enforced from the first message."""
         if self._directory is None:
             return
-        now = self._clock()
         try:
             paths = sorted(self._directory.glob("mta-sts-*.json"))
         except OSError as error:  # (a spool this user may not read: `pigeon shaping explain`)
             _log.warning("%s: MTA-STS policy caches not read (%s)", self._directory, error)
             return
         for path in paths:
+            self._take_in(path)
+
+    def _look_at_siblings(self) -> None:
+        """The sibling workers' files that changed since this worker last read them, taken in.
+
+        Why: a policy is the node's, not the worker's. A worker that never fetched a domain's
+        policy, or fetched the one since replaced, must not answer with less than what a
+        sibling holds: the record stripped by an attacker on the DNS path (or a lookup that
+        fails) would otherwise send its share of the mail to hosts the policy forbids, and a
+        policy server down would leave workers enforcing different ids for one domain.
+        Why files, not messages between workers: each worker writes its file at every fetch
+        already (for restarts), renamed into place, so a file is only ever seen whole, and
+        a worker restarted takes part as it is. Cheap: at most once every `SIBLINGS_EVERY`
+        (a message between two looks costs a clock read), a stat of each sibling's file; only
+        one whose inode, mtime or size changed (a rename is a new inode: no change is missed
+        within one mtime tick) is read, synchronously, so that the answer that follows has it:
+        a page-cache read of what the sibling just wrote, as big as the sibling's `_save`
+        wrote it, and no more often than it fetches."""
+        self._next_look = self._monotonic() + SIBLINGS_EVERY
+        for path in self._siblings:
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                entries = data["policies"] if data.get("version") == _FILE_VERSION else {}
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-                _log.warning("%s: MTA-STS policy cache not read (%s): policies are fetched afresh", path, error)
+                status = os.stat(path)
+            except OSError:  # (a sibling that has fetched nothing yet has no file)
                 continue
-            for domain, entry in entries.items():
-                try:
-                    cached = self._entry(str(domain), entry)
-                except (PolicyError, KeyError, TypeError, ValueError):
+            if self._read.get(path) != (status.st_ino, status.st_mtime_ns, status.st_size):
+                self._take_in(path)
+
+    def _take_in(self, path: Path) -> None:
+        """The unexpired policies of `path` that are newer (fetched later) than this worker's
+        of the same domain, taken in; the file's identity remembered, so that only a new
+        version of it is read again (one that cannot be read is warned of once a version)."""
+        now = self._clock()
+        try:
+            with open(path, "rb") as file:
+                status = os.fstat(file.fileno())  # (of what is read: the file may be replaced meanwhile)
+                self._read[path] = (status.st_ino, status.st_mtime_ns, status.st_size)
+                data = json.loads(file.read().decode("utf-8"))
+            entries = data["policies"] if data.get("version") == _FILE_VERSION else {}
+            items = list(entries.items())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            _log.warning("%s: MTA-STS policy cache not read (%s): policies are fetched afresh", path, error)
+            return
+        for domain, entry in items:
+            try:
+                known = self._cache.get(str(domain))
+                # (the fetch time first: parsing each policy of a file read again is not needed)
+                if known is not None and known.fetched >= float(entry["fetched"]):
                     continue
-                if cached.expires <= now:
-                    continue
-                known = self._cache.get(cached.applied.domain)
-                if known is None or known.fetched < cached.fetched:
-                    self._cache[cached.applied.domain] = cached
+                cached = self._entry(str(domain), entry)
+            except (PolicyError, KeyError, TypeError, ValueError):
+                continue
+            if cached.expires > now:
+                self._cache[cached.applied.domain] = cached
 
     @staticmethod
     def _entry(domain: str, entry: Any) -> _Cached:

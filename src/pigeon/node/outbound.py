@@ -97,6 +97,7 @@ class Outbound:
                 fetch_timeout=sts.fetch_timeout,
                 directory=config.spool.path,
                 worker=worker,
+                workers=workers,  # (whose files it takes in while it runs: the siblings')
                 count=metrics.counts.mta_sts,
             )
             if sts.enabled
