@@ -28,8 +28,8 @@ it arrives, and commits it at the end. The draft:
   counted over the whole header section however long it is (`pigeon.header_section`: policy and signing see
   only its first 64 KiB);
 * asks the policy's `on_message` hook, if the policy module has one: it may refuse the
-  message, or change its queue, route, egress pool, DKIM signers and headers (kept in the
-  envelope: the stored body is never rewritten, see `delivery.content`);
+  message, or change its envelope sender, queue, route, egress pool, DKIM signers and
+  headers (kept in the envelope: the stored body is never rewritten, see `delivery.content`);
 * signs it (DKIM) when a `[[dkim]]` signer applies: once per reception, before the store,
   so every copy and every retry sends the same signature (`pigeon.dkim.signing`); mail taken
   from anyone only with the signers the policy names for it;
@@ -801,6 +801,7 @@ class Draft:
                 id=printed_id,
                 session=arrival.session,
                 sender=m.envelope.sender,
+                original_sender=m.envelope.original_sender,
                 recipients=[r.address for r in m.envelope.recipients],
                 queue=m.queue,
                 tenant=m.envelope.tenant,
@@ -974,6 +975,14 @@ def _apply(
         envelope.routing_domain = a_label(changes.route.removesuffix(".")) or None
     if changes.egress_pool is not None:
         envelope.egress_pool = changes.egress_pool or None
+    if changes.sender is not None and changes.sender != envelope.sender:
+        # Stored as the sender (Postfix's sender_canonical_maps): its DSNs go there, and every
+        # record names it; the one it came with is kept for its Reception and `pigeon inspect`.
+        envelope.original_sender = envelope.sender
+        envelope.sender = changes.sender
+        if not changes.sender.isascii():
+            # As an SMTPUTF8 MAIL FROM (RFC 6531): sent with SMTPUTF8, or not at all.
+            envelope.smtputf8 = True
     if changes.dkim is not None:
         envelope.dkim = list(changes.dkim)
     if changes.add_headers:
@@ -1030,6 +1039,7 @@ def _copy_envelope(
         dkim=envelope.dkim,
         headers_added=envelope.headers_added,
         headers_removed=envelope.headers_removed,
+        original_sender=envelope.original_sender,
     )
 
 

@@ -148,6 +148,9 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     # "shaping reaction <rule> (suspend <key> until <time>) after <reply>". `pigeon inspect` shows it
     # and an expiry names it; the next attempt's outcome clears it.
     held_by: str | None = None
+    # The sender the message came with, where the policy's on_message changed it (`sender` is the
+    # one it is stored and sent with, and its DSNs go to): its Reception and `pigeon inspect` say it.
+    original_sender: str | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

@@ -150,7 +150,9 @@ def _outcome_unknown(sender: str, started: float, config: Path | None) -> Unansw
     stores each recipient's message as it goes, so any number of them may be in its spool, to
     be delivered. "Run it again later" (75) would send those twice; the node's log says which."""
     since = math.floor(started) - 1  # (the node's clock and ours: a second's leeway)
-    program = f'select(.protocol == "HTTP" and .sender == {json.dumps(sender)} and .timestamp >= {since})'
+    # (`original_sender`: the one given here, where the policy changed the message's sender)
+    given = json.dumps(sender)
+    program = f'select(.protocol == "HTTP" and (.original_sender // .sender) == {given} and .timestamp >= {since})'
     program += " | {id, recipients}"
     logs = f"pigeon logs{f' -c {shlex.quote(str(config))}' if config is not None else ''} --type Reception"
 

@@ -128,8 +128,10 @@ class _Filter:
         if self.senders:
             # A record without a sender (a command refused before MAIL, a request refused
             # whole) is nobody's: not the null sender's, whom `--sender ''` asks for.
-            sender = record.get("sender")
-            if not isinstance(sender, str) or address_key(sender) not in self.senders:
+            # A sender the policy changed (a Reception's `original_sender`) finds it too: the
+            # client's own records (a Rejection) name that one.
+            senders = [record.get("sender"), record.get("original_sender")]
+            if not any(isinstance(sender, str) and address_key(sender) in self.senders for sender in senders):
                 return False
         if self.recipients:
             named = record.get("recipients")

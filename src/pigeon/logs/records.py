@@ -11,6 +11,7 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | id          | Reception, Quarantine         | spool id, 16 hex digits                                  |
 | session     | Reception, Rejection          | SMTP connection (or HTTP request) id, shared by its records |
 | sender      | Reception, Rejection          | envelope sender ("" for the null sender)                 |
+| original_sender | Reception                 | the sender it came with, where a policy changed `sender` |
 | recipients  | Reception, Rejection          | envelope recipients of this message / the refused one    |
 | queue       | Reception                     | scheduled queue name, `campaign:tenant@domain`           |
 | tenant, campaign | Reception, Rejection, Rebind | the message's tenant and campaign, when it has them (not |
@@ -131,6 +132,9 @@ class Reception(Record, tag="Reception", kw_only=True):
     id: str
     session: str
     sender: str
+    # The sender the client gave, where the policy's on_message changed it (`Changes(sender=...)`):
+    # `sender` is the one the message is stored and sent with, and its DSNs go to.
+    original_sender: str | None = None
     recipients: list[str]
     queue: str
     # The message's tenant and campaign (its routing headers, its credential's one tenant, or a

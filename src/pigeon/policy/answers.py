@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from pigeon.queue.names import campaign_problem, queue_name_problem, queue_part_problem
+from pigeon.smtp import address
 
 _ENHANCED: Final = re.compile(r"[245]\.\d{1,3}\.\d{1,3}")
 _HEADER_NAME: Final = re.compile(r"[!-9;-~]+")  # RFC 5322 2.2: printable ASCII but the colon
@@ -165,6 +166,15 @@ class Changes:
       but for Pigeon's own Received field (the first: a next hop's loop detection and hop
       count rely on it). From only with a From in `add_headers` (a message must have one).
 
+    * `sender`: the envelope sender (MAIL FROM) the message is stored and sent with, as
+      Postfix's `sender_canonical_maps` rewrites it: its bounces and DSNs go there, and
+      its records say it (a Reception's `original_sender` says the one it came with).
+      "" is the null sender `<>` (no DSN is ever sent for it). Checked as MAIL FROM is
+      at the SMTP door (`pigeon.smtp.address.check`); one that is not a mailbox is
+      refused as it is made (the hook fails: 451 4.3.0 and a PolicyFailure). One that is
+      not ASCII makes the message need SMTPUTF8, as an SMTPUTF8 MAIL FROM does. The From
+      header is not changed (`add_headers` and `remove_headers` do that).
+
     Header edits are made on the way out; the stored message is not rewritten, and DKIM
     signs the edited message.
     """
@@ -177,9 +187,14 @@ class Changes:
     dkim: Sequence[str] | None = None
     add_headers: Sequence[tuple[str, str]] = ()
     remove_headers: Sequence[str] = ()
+    sender: str | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
+        # As MAIL FROM is checked at the SMTP door (SMTPUTF8 allowed: it makes the message
+        # need it): a sender no next hop takes would only come back as a bounce to nobody.
+        if self.sender and (refused := address.check(self.sender)) is not None:
+            raise ValueError(f"sender {_shown(self.sender)}: {refused.text}")
         for what, check in (("tenant", queue_part_problem), ("campaign", campaign_problem)):
             value = getattr(self, what)
             if value is not None and (problem := check(value)) is not None:
@@ -215,7 +230,7 @@ class Changes:
         """A hook is plain Python: a value of the wrong type is refused naming the field, not
         left to fail later in code the hook's author never saw (`object of type 'int' has no
         len()`)."""
-        for what in ("tenant", "campaign", "route", "egress_pool"):  # (`queue`: queue_name_problem says)
+        for what in ("tenant", "campaign", "route", "egress_pool", "sender"):  # (`queue`: queue_name_problem says)
             value = getattr(self, what)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{what} must be a str or None, not {type(value).__name__} {value!r:.80}")

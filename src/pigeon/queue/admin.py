@@ -737,6 +737,8 @@ class Admin:
             # The egress [[source]] of its ready queue, once it is in one (None: the implicit source).
             "source": entry.source if entry is not None else None,
             "sender": envelope.sender,
+            # The sender it came with, where the policy's on_message changed it (None: it did not).
+            "original_sender": envelope.original_sender,
             "recipients": [r.address for r in envelope.recipients],
             # The domain it is routed as, instead of its recipients' (`pigeon rebind
             # --routing-domain`, a policy's Reroute); None: theirs.

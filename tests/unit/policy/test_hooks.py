@@ -252,11 +252,33 @@ def test_answers_refuse_what_cannot_be_said() -> None:
         ({"add_headers": [("X-A", 1)]}, "add_headers must be a list of (name, value) pairs of str"),
         ({"add_headers": "X-A: 1"}, "add_headers must be a list"),
         ({"remove_headers": "Received"}, "remove_headers must be a list of header names"),
+        ({"sender": b"a@example.org"}, "sender must be a str or None, not bytes"),
     ],
 )
 def test_changes_of_the_wrong_type_are_refused_naming_the_field(changes: dict[str, object], says: str) -> None:
     with pytest.raises(TypeError, match=re.escape(says)):
         Changes(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("sender", "says"),
+    [
+        ("not an address", "Not a valid mailbox address"),
+        ("<a@example.org>", "Not a valid mailbox address"),
+        ("a@example.org\r\nRCPT TO:<x@example.net>", "no control or format characters"),
+        ("a\u202e@example.org", "U+202E"),
+        ("x" * 65 + "@example.org", "Local part is longer than 64 octets"),
+        ("a@[999.1.1.1]", "Not a valid address literal"),
+    ],
+)
+def test_a_sender_that_mail_from_would_refuse_is_refused_as_it_is_made(sender: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Changes(sender=sender)
+
+
+@pytest.mark.parametrize("sender", ["", "newuser@corp.test", "jörg@bücher.example", '"a b"@[IPv6:::1]'])
+def test_a_sender_mail_from_takes_is_taken_and_the_empty_one_is_the_null_sender(sender: str) -> None:
+    assert Changes(sender=sender).sender == sender
 
 
 def test_changes_take_lists_where_tuples_are_written() -> None:

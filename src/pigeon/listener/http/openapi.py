@@ -536,6 +536,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "site": text_or_none,
             "source": text_or_none,
             "sender": {"type": "string"},
+            "original_sender": {
+                "type": ["string", "null"],
+                "description": "The sender it came with, where the policy's on_message changed it "
+                "(Changes(sender=...)); null: it did not",
+            },
             "recipients": {"type": "array", "items": {"type": "string"}},
             "routing_domain": {
                 "type": ["string", "null"],
