@@ -634,6 +634,12 @@ class DeliveryConfig(_Section):
     """Give up (Expiration, and a DSN) when a message has not been delivered by this age."""
     dsn: bool = True
     """Send delivery status notifications for bounces and expirations (never to <>)."""
+    dsn_from: str = ""
+    """The address in a DSN's From field, e.g. "MAILER-DAEMON@example.com" (Postfix's
+    MAILER-DAEMON@$myorigin): a smart host that takes only verified From domains refuses a DSN
+    from the host's name, and the notice is lost. Its envelope sender stays <>, its Message-ID
+    and Reporting-MTA name [smtp] hostname. An ASCII mailbox (a domain may be a U-label: it is
+    written as its A-label), checked at load. Default: MAILER-DAEMON@<[smtp] hostname>."""
     tls: Literal["opportunistic", "required", "disabled"] = "opportunistic"
     tls_verify: bool = False
     """Verify the server's certificate (system CAs; the MX host's name, or a next_hop's address).
