@@ -407,6 +407,11 @@ class SmtpConfig(_Section):
     """Name in the banner, EHLO reply and Received headers: a domain name or an address literal
     ("[192.0.2.1]", "[IPv6:2001:db8::1]"; a bare address is refused), checked at load as the SMTP
     client checks a name to greet with (`config.load`)."""
+    banner: str = "ESMTP Pigeon"
+    """The banner's text after the hostname, which comes first as RFC 5321 4.3.1 asks:
+    `220 <hostname> <banner>` (Postfix's smtpd_banner without its $myhostname). Printable ASCII
+    and spaces, no line break or control character (checked at load); keep "ESMTP" in it, which
+    some old clients look for before they send EHLO. "": the hostname alone."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
     """Clients in these networks may send to any domain. Others must authenticate. A list, or one
     network as a string."""

@@ -24,6 +24,35 @@ def error_of(tmp_path: Path, text: str) -> str:
     return str(caught.value)
 
 
+BAD_BANNERS = {
+    "crlf": ('"ESMTP\\r\\n250 fake"', "holds a line break, a control character"),
+    "lf": ('"ESMTP\\nnext"', "holds a line break, a control character"),
+    "tab": ('"ESMTP\\tPigeon"', "holds a line break, a control character"),
+    "nul": ('"ESMTP\\u0000"', "holds a line break, a control character"),
+    "non-ascii": ('"ESMTP Pigeön"', "not ASCII"),
+    "leading-space": ('" ESMTP"', "starts or ends with a space"),
+    "too-long": (f'"{"x" * 500}"', "RFC 5321 4.5.3.1.5 allows 512"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_BANNERS, ids=list(BAD_BANNERS))
+def test_a_banner_that_would_break_the_greeting_is_refused_at_load(tmp_path: Path, bad: str) -> None:
+    value, why = BAD_BANNERS[bad]
+    message = error_of(tmp_path, f'[smtp]\nhostname = "mx.example.org"\nbanner = {value}\n')
+    assert message.startswith(f"{tmp_path / 'pigeon.toml'}, line 3: [smtp] banner: ")
+    assert why in message
+
+
+@pytest.mark.parametrize("banner", ["ESMTP", "ESMTP ready", "", "Welcome; no UCE (see https://example.org/policy)"])
+def test_a_printable_banner_loads(tmp_path: Path, banner: str) -> None:
+    config = load_text(tmp_path, f'[smtp]\nbanner = "{banner}"\n')
+    assert config.smtp.banner == banner
+
+
+def test_the_banner_defaults_to_esmtp_pigeon(tmp_path: Path) -> None:
+    assert load_text(tmp_path, "").smtp.banner == "ESMTP Pigeon"
+
+
 BAD_DSN_FROM = {
     "no-domain": ('"MAILER-DAEMON"', "is not a mailbox"),
     "display-name": ('"Mail Delivery <MAILER-DAEMON@example.com>"', "is not a mailbox"),
