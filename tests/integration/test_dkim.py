@@ -710,6 +710,28 @@ def test_pigeons_own_dsns_are_signed_only_by_a_block_that_matches_its_hostname(
             assert (signature["d"], signature["s"]) == ("mx.pigeon.test", "dsn")
 
 
+def test_a_dsn_is_signed_by_the_block_of_the_dsn_from_domain(
+    tmp_path: Path, sink: ScriptedSink, keys: Keys, dns: DnsServer
+) -> None:
+    # `[delivery] dsn_from` in a domain a smart host verified: the DSN's author domain is that
+    # one, and its block signs it (DMARC aligned), not only a block for the hostname.
+    dkim = [{"domain": "example.com", "selector": "ed1", "private_key": _key_file(tmp_path, "ed", keys.ed25519),
+             "algorithm": "ed25519-sha256"}]  # fmt: skip
+    sections = delivery_config(sink.endpoint, dsn_from="MAILER-DAEMON@example.com")
+    with PigeonProcess(tmp_path / "node", dkim=dkim, **sections) as pigeon:
+        _smtp(
+            pigeon.smtp_port,
+            "ann@example.org",
+            ["permfail@sink.test"],
+            b"From: ann@example.org\r\n" + DATE + b"\r\nx\r\n",
+        )
+        (dsn,) = sink.wait_for(1)
+        assert dsn.recipients == ["ann@example.org"]  # (its message unsigned: no block for example.org)
+        assert b"\r\nFrom: Mail Delivery System <MAILER-DAEMON@example.com>\r\n" in dsn.data
+        (signature,) = _check(dsn, dns, tmp_path)
+        assert (signature["d"], signature["s"]) == ("example.com", "ed1")
+
+
 ADDED_HEADERS_POLICY = """
     from pigeon.policy import Changes
     def on_message(message):

@@ -26,7 +26,8 @@ EXAMPLES = """examples:
   pigeon logs --follow                 # then keep printing new ones
   pigeon logs --type Rejection         # only refusals
   pigeon logs --recipient bob@example.com --since 2h   # what became of mail to Bob lately
-  pigeon logs --id 0000018c2f0a1b2c    # one message's whole story: reception, attempts, outcome
+  pigeon logs --id 0000018c2f0a1b2c    # one message's whole story: reception, attempts, outcome,
+                                       # and the DSN Pigeon wrote about it (its reception, delivery)
   pigeon logs --since 2026-12-05T09:00 --until 2026-12-05T10:00 --type Bounce
   pigeon logs --classification QuotaIssues --since 1d   # bounces and deferrals for full mailboxes
   pigeon logs -c /etc/pigeon.toml | jq 'select(.type == "Reception") | .id'
@@ -75,7 +76,12 @@ def register(commands: Any) -> None:
         help="only records of this bounce class (QuotaIssues, PolicyRelated, ...: a Bounce's, a "
         "TransientFailure's, a Held's), in any case; may be repeated",
     )
-    parser.add_argument("--id", action="append", metavar="ID", help="only records of this message id; may be repeated")
+    parser.add_argument(
+        "--id",
+        action="append",
+        metavar="ID",
+        help="only records of this message id, and of the DSN Pigeon wrote about it; may be repeated",
+    )
     parser.add_argument(
         "--recipient",
         action="append",
@@ -110,6 +116,10 @@ class _Filter:
             # Received with a message asked for, in one body whose `Received:` field names that
             # message (a reception for several domains): its story is told too, as a DSN about
             # it shows the id asked for.
+            self.ids.add(str(record.get("id") or "").lower())
+        if self.ids and isinstance(reported := record.get("reports_on"), str) and reported.lower() in self.ids:
+            # The DSN Pigeon wrote about a message asked for (its `Reception` names it): its
+            # story is part of that message's, as the sender heard of the failure or did not.
             self.ids.add(str(record.get("id") or "").lower())
         if self.types and record.get("type") not in self.types:
             return False

@@ -1035,6 +1035,41 @@ _MESSAGE_FIELDS: Final = frozenset({*DKIM_HEADERS, "received", "return-path", "b
 _HTTP_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 5.6.2: a field name
 
 
+_REPLY_LINE: Final = 512
+"""RFC 5321 4.5.3.1.5: the longest reply line, its CRLF included."""
+
+
+def _banner_problem(banner: str, hostname: str) -> str | None:
+    """Why `banner` cannot follow the hostname in the 220 greeting (None: it can). A line break
+    would end the greeting early and make the rest a reply the client never asked for; RFC
+    5321 4.2's textstring is printable ASCII and spaces (a tab aside, refused as any control)."""
+    if any(not " " <= char <= "~" for char in banner):
+        return "holds a line break, a control character or a character that is not ASCII: the banner is printable ASCII"
+    if banner != banner.strip(" "):
+        return "starts or ends with a space (the one after the hostname is Pigeon's)"
+    line = len(f"220 {hostname} {banner}\r\n")
+    if line > _REPLY_LINE:
+        return (
+            f"makes the greeting line {line} octets long with [smtp] hostname; RFC 5321 4.5.3.1.5 allows {_REPLY_LINE}"
+        )
+    return None
+
+
+def _dsn_from_problem(sender: str, max_line: int) -> str | None:
+    """Why `sender` cannot be the From address of a DSN (None: it can): a mailbox (an addr-spec,
+    RFC 5322 3.4.1) that is ASCII once its domain is an A-label, since a DSN goes in a 7-bit
+    form where the next hop lacks 8BITMIME and its header section must stay ASCII for that, and
+    short enough for the field's own line (an address cannot be folded, `mime.address_header`)."""
+    if (problem := address.check(sender)) is not None:
+        return f"is not a mailbox: {problem.text}"
+    written = address.with_a_label(sender)
+    if not written.isascii():
+        return "has a local part that is not ASCII: a DSN's header section must be ASCII (it may go 7-bit)"
+    if len(f" <{written}>") > max_line:
+        return f"does not fit on a line of [smtp] max_line_length ({max_line}) octets"
+    return None
+
+
 def _greeting_name_problem(name: str) -> str | None:
     """Why `name` cannot be a name Pigeon gives on the wire (EHLO, its banner, Received headers)
     (None: it can). First the very check the SMTP client makes before it greets with a name, so
@@ -1105,6 +1140,12 @@ def _check_names(config: Config, text: str, fail: Callable[..., ConfigError]) ->
         raise fail(["smtp", "hostname"], reason)
     if delivery.helo_name and (problem := _greeting_name_problem(delivery.helo_name)) is not None:
         raise fail(["delivery", "helo_name"], f"{delivery.helo_name!r} {problem}; it is the name Pigeon gives in EHLO")
+    if (problem := _banner_problem(smtp.banner, smtp.hostname)) is not None:
+        raise fail(["smtp", "banner"], f"{smtp.banner!r} {problem}")
+    if delivery.dsn_from and (problem := _dsn_from_problem(delivery.dsn_from, smtp.max_line_length)) is not None:
+        raise fail(
+            ["delivery", "dsn_from"], f"{delivery.dsn_from!r} {problem}; it is the From address of Pigeon's DSNs"
+        )
     headers = (("tenant_header", delivery.tenant_header), ("campaign_header", delivery.campaign_header))
     for key, name in headers:
         if (problem := _field_name_problem(name)) is not None:

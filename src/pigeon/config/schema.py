@@ -407,6 +407,11 @@ class SmtpConfig(_Section):
     """Name in the banner, EHLO reply and Received headers: a domain name or an address literal
     ("[192.0.2.1]", "[IPv6:2001:db8::1]"; a bare address is refused), checked at load as the SMTP
     client checks a name to greet with (`config.load`)."""
+    banner: str = "ESMTP Pigeon"
+    """The banner's text after the hostname, which comes first as RFC 5321 4.3.1 asks:
+    `220 <hostname> <banner>` (Postfix's smtpd_banner without its $myhostname). Printable ASCII
+    and spaces, no line break or control character (checked at load); keep "ESMTP" in it, which
+    some old clients look for before they send EHLO. "": the hostname alone."""
     relay_networks: list[Network] = msgspec.field(default_factory=lambda: [Network("127.0.0.0/8"), Network("::1/128")])
     """Clients in these networks may send to any domain. Others must authenticate. A list, or one
     network as a string."""
@@ -634,6 +639,12 @@ class DeliveryConfig(_Section):
     """Give up (Expiration, and a DSN) when a message has not been delivered by this age."""
     dsn: bool = True
     """Send delivery status notifications for bounces and expirations (never to <>)."""
+    dsn_from: str = ""
+    """The address in a DSN's From field, e.g. "MAILER-DAEMON@example.com" (Postfix's
+    MAILER-DAEMON@$myorigin): a smart host that takes only verified From domains refuses a DSN
+    from the host's name, and the notice is lost. Its envelope sender stays <>, its Message-ID
+    and Reporting-MTA name [smtp] hostname. An ASCII mailbox (a domain may be a U-label: it is
+    written as its A-label), checked at load. Default: MAILER-DAEMON@<[smtp] hostname>."""
     tls: Literal["opportunistic", "required", "disabled"] = "opportunistic"
     tls_verify: bool = False
     """Verify the server's certificate (system CAs; the MX host's name, or a next_hop's address).

@@ -104,10 +104,15 @@ def build_report(
     arrival: float,
     now: float | None = None,
     max_line: int = _LINE_LIMIT,
+    from_address: str | None = None,
 ) -> bytes:
     """The complete DSN message, CRLF line endings, ready to store and send to the sender.
     No line Pigeon writes in it is longer than `max_line` (`[smtp] max_line_length`: a next hop
-    with the same setting refuses a longer one), whatever `[smtp] hostname` is."""
+    with the same setting refuses a longer one), whatever `[smtp] hostname` is.
+
+    `from_address`: its From (`[delivery] dsn_from`; None: MAILER-DAEMON@`hostname`). Only the
+    From: the Message-ID's domain and the Reporting-MTA stay `hostname`, the host that wrote the
+    report (RFC 5322 3.6.4 makes an id unique by its host; RFC 3464 2.2.2 names the MTA)."""
     now = time.time() if now is None else now
     # No host name in it: with a long one the boundary passed RFC 2046's 70 characters and
     # its line `max_line`. The queue id and 64 random bits are unique enough.
@@ -176,7 +181,7 @@ def build_report(
         # RFC 6533 6.4: headers that may hold UTF-8 go as message/global-headers.
         returned_type = "message/global-headers" if utf8 or not returned.isascii() else "text/rfc822-headers"
     head = (
-        address_header("From", "Mail Delivery System", f"MAILER-DAEMON@{hostname}", max_line)
+        address_header("From", "Mail Delivery System", from_address or f"MAILER-DAEMON@{hostname}", max_line)
         + f"To: <{envelope.sender}>\r\n"
         f"Subject: {'Undelivered Mail Returned to Sender' if failed else 'Successful Mail Delivery Report'}\r\n"
         f"Date: {date}\r\n" + message_id_field(hostname, max_line) + "Auto-Submitted: auto-replied\r\n"
@@ -468,8 +473,10 @@ class Notifier:
         outgoing: Callable[[Message], bytes],
         submit: Submit,
         max_line: int = _LINE_LIMIT,
+        from_address: str | None = None,
     ) -> None:
         self._hostname = hostname
+        self._from_address = from_address
         self._max_line = max_line
         self._spools = spools
         self._outgoing = outgoing
@@ -487,6 +494,7 @@ class Notifier:
             original=self._outgoing(message),
             arrival=message.created,
             max_line=self._max_line,
+            from_address=self._from_address,
         )
         envelope = Envelope(sender="", recipients=[Recipient(message.envelope.sender)], protocol=_OWN)
         spool = self._spools.of(message.id)

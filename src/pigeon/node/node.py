@@ -989,6 +989,7 @@ def _session_config(config: Config, tls: ssl.SSLContext | None, passwords: Passw
     smtp = config.smtp
     return ServerConfig(
         hostname=smtp.hostname,
+        banner=smtp.banner,
         max_message_size=smtp.max_message_size,
         max_recipients=smtp.max_recipients,
         max_messages_per_connection=smtp.max_messages_per_connection,

@@ -170,6 +170,7 @@ class Outbound:
                 outgoing=outgoing,
                 submit=intake.local,
                 max_line=config.smtp.max_line_length,
+                from_address=delivery.dsn_from or None,
             ),
             route_failures=intake.inbound_routes.failures if intake.inbound_routes else lambda address: None,
             source=delivery.source,

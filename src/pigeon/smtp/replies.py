@@ -119,8 +119,9 @@ def closing(hostname: str) -> Reply:
 
 
 @functools.lru_cache(maxsize=16)
-def greeting(hostname: str) -> Reply:
-    return r(220, None, f"{hostname} ESMTP Pigeon")
+def greeting(hostname: str, banner: str = "ESMTP Pigeon") -> Reply:
+    """The 220 banner: the hostname first (RFC 5321 4.3.1), then `[smtp] banner`, if any."""
+    return r(220, None, f"{hostname} {banner}" if banner else hostname)
 
 
 def chunk_received(size: int) -> Reply:

@@ -142,6 +142,7 @@ class ServerConfig:
     tls_available: bool = False
     auth_mechanisms: tuple[str, ...] = ()
     auth_requires_tls: bool = True
+    banner: str = "ESMTP Pigeon"  # the greeting's text after the hostname ([smtp] banner)
     offers: tuple[Offer, Offer] = field(init=False, repr=False, compare=False, hash=False)
     """What a session offers without TLS (offers[False]) and with it (offers[True])."""
     helo_offer: Offer = field(init=False, repr=False, compare=False, hash=False)
@@ -223,7 +224,7 @@ class ServerSession:
     # --- the three verbs ---------------------------------------------------------------
     def greet(self, reply: Reply | None = None) -> None:
         """Queue the banner. A 421/554 banner refuses the connection."""
-        reply = reply or replies.greeting(self.config.hostname)
+        reply = reply or replies.greeting(self.config.hostname, self.config.banner)
         self._queue(reply, enhanced=False)
         self.greeted = True
         if reply.code >= 400:

@@ -94,6 +94,32 @@ def test_an_id_filter_tells_the_story_of_the_messages_its_received_field_was_wri
     ]
 
 
+def test_an_id_filter_tells_the_story_of_the_dsn_pigeon_wrote_about_that_message(tmp_path: Path) -> None:
+    # The DSN's own Reception names the message it reports on (`reports_on`): asked for the
+    # bounced message, its DSN's reception and delivery are told too; asked for the DSN, only its own.
+    now = time.time()
+    records = [
+        {"type": "Reception", "id": "00000000000000e1", "timestamp": now - 9, "recipients": ["gone@two.test"]},
+        {"type": "Reception", "id": "00000000000000f1", "timestamp": now - 8, "recipients": ["x@two.test"]},
+        {"type": "Bounce", "id": "00000000000000e1", "timestamp": now - 5, "recipient": "gone@two.test"},
+        {"type": "Reception", "id": "00000000000000e2", "timestamp": now - 5, "sender": "",
+         "recipients": ["ann@one.test"], "protocol": "LOCAL", "reports_on": "00000000000000e1"},
+        {"type": "Delivery", "id": "00000000000000f1", "timestamp": now - 4, "recipient": "x@two.test"},
+        {"type": "Delivery", "id": "00000000000000e2", "timestamp": now - 3, "recipient": "ann@one.test"},
+    ]  # fmt: skip
+    (tmp_path / "20270115-000000-000000-w0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert _shown(tmp_path, "--id", "00000000000000E1") == [
+        ("Reception", "00000000000000e1"),
+        ("Bounce", "00000000000000e1"),
+        ("Reception", "00000000000000e2"),
+        ("Delivery", "00000000000000e2"),
+    ]
+    assert _shown(tmp_path, "--id", "00000000000000e2") == [
+        ("Reception", "00000000000000e2"),
+        ("Delivery", "00000000000000e2"),
+    ]
+
+
 @pytest.mark.parametrize("since", ["5m", "300s", "@"])
 def test_since_takes_a_time_ago_an_iso_time_or_a_unix_timestamp(tmp_path: Path, since: str) -> None:
     now = time.time()
