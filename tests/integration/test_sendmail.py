@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pigeon.cli.sendmail import UsageError, parse
+from pigeon.cli import sendmail as sendmail_command
+from pigeon.cli.sendmail import Options, UsageError, parse
+from pigeon.config.load import ConfigError
 from tests.support.ports import free_port
 from tests.support.process import PigeonProcess, to_toml
 from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
@@ -168,3 +170,29 @@ def test_options_as_callers_write_them() -> None:
     for refused in (["-bs"], ["-bp"], ["-q"], ["-f"]):
         with pytest.raises(UsageError):
             parse(refused)
+
+
+def test_a_user_who_may_not_read_the_default_config_submits_to_loopback_port_25(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The README's systemd set-up makes /etc/pigeon/pigeon.toml 0640 (it may hold token
+    # secrets): a cron job of another user must still find the node. (The tests run as root,
+    # who reads any file: the refusal is the one `read_text` gives for EACCES.)
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nlisten = ["127.0.0.1:2600"]\nhostname = "mx.pigeon.test"\n')
+    monkeypatch.delenv("PIGEON_CONFIG", raising=False)
+    monkeypatch.setattr(sendmail_command, "DEFAULT_CONFIG", config)
+    readable = sendmail_command.find_node(Options())
+    assert (readable.host, readable.port, readable.domain) == ("127.0.0.1", 2600, "mx.pigeon.test")
+
+    def unreadable(path: Path) -> str:
+        try:
+            raise PermissionError(13, "Permission denied")
+        except PermissionError as error:
+            raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from None
+
+    monkeypatch.setattr(sendmail_command, "read_text", unreadable)
+    node = sendmail_command.find_node(Options())
+    assert (node.host, node.port) == ("127.0.0.1", 25)
+    with pytest.raises(ConfigError, match="Permission denied"):  # named with -C: said so (78)
+        sendmail_command.find_node(Options(config=config))
