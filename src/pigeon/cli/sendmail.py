@@ -201,7 +201,7 @@ def find_node(options: Options) -> Node:
     if port == 0:
         raise ConfigError(f"{path}: [smtp] listen {config.smtp.listen[0]!r} has port 0: no port to submit to")
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return Node(host, port, config.smtp.hostname.removeprefix("[").removesuffix("]"))
+    return Node(host, port, config.smtp.hostname)  # ("[192.0.2.1]" too: user@[192.0.2.1] is an address)
 
 
 def _loopback_or_wildcard(host: str) -> bool:
