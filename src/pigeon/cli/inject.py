@@ -40,6 +40,8 @@ A message file is sent as its bytes: one that is not UTF-8 (8-bit text in a lega
 cannot be a template (--template). A first line "From sender date" (mbox's envelope line,
 what an MTA may pipe) is dropped, as sendmail drops it.
 Prints each recipient's spool id, or why it was refused.
+For a drop-in for sendmail(1) itself (cron, PHP's mail(): -t, -f, -i, no token), see
+`pigeon sendmail --help`.
 
 exit status (sysexits.h, as sendmail's):
    0  every recipient was accepted

@@ -39,11 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (serve, logs, passwd, inject, admin, top, dkim, shaping, quarantine):
         module.register(commands)
+    # Listed only: `main` hands its command line to `pigeon.cli.sendmail` whole, as sendmail's
+    # own options (-t, -oi, -fme@x) are no argparse's.
+    commands.add_parser("sendmail", help="the sendmail(1) command line: a message on stdin, over SMTP", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
+    # Invoked as sendmail (a link /usr/sbin/sendmail -> pigeon), it is that command.
+    if argv is None and os.path.basename(sys.argv[0]) == "sendmail":
+        from pigeon.cli import sendmail
+
+        return sendmail.run(arguments)
+    if arguments[:1] == ["sendmail"]:
+        from pigeon.cli import sendmail
+
+        return sendmail.run(arguments[1:])
     if arguments[:1] == ["serve"]:
         # First, before the imports and the config: a reload or a stop asked for meanwhile
         # must not kill the node; it waits until the node can act on it, and a stop no longer

@@ -1,0 +1,198 @@
+"""`pigeon sendmail`, the sendmail(1) command line cron, PHP's mail() and logwatch call: what
+they pipe reaches the recipients they name (or the message names, with -t) through the node's
+SMTP listener, and the exit status says what sysexits.h says sendmail's does."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pigeon.cli import sendmail as sendmail_command
+from pigeon.cli.sendmail import Options, UsageError, parse
+from pigeon.config.load import ConfigError
+from tests.support.ports import free_port
+from tests.support.process import PigeonProcess, to_toml
+from tests.support.sinks import Received, ScriptedSink, delivery_config, wait_until
+
+_POLICY = """
+from pigeon.policy import Refuse
+
+def on_rcpt_to(rcpt):
+    if rcpt.recipient.startswith("no@"):
+        return Refuse(550, "no such user here")
+    if rcpt.recipient.startswith("later@"):
+        return Refuse(451, "not now")
+    return None
+"""
+
+
+@pytest.fixture(scope="module")
+def sink() -> Iterator[ScriptedSink]:
+    with ScriptedSink() as sink:
+        yield sink
+
+
+@pytest.fixture(scope="module")
+def node(sink: ScriptedSink, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PigeonProcess]:
+    root = tmp_path_factory.mktemp("node")
+    (root / "sendmail_policy.py").write_text(_POLICY)
+    with PigeonProcess(root, policy={"module": "sendmail_policy"}, **delivery_config(sink.endpoint)) as pigeon:
+        yield pigeon
+
+
+def sendmail(
+    config: Path, *args: str, message: bytes, program: list[str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    command = program or [sys.executable, "-m", "pigeon", "sendmail"]
+    env = {**os.environ, "PIGEON_CONFIG": str(config)}
+    return subprocess.run([*command, *args], input=message, capture_output=True, timeout=60, env=env)
+
+
+def arrived(sink: ScriptedSink, marker: bytes) -> Received:
+    """The message the sink took whose content holds `marker` (each test's own)."""
+    return wait_until(lambda: next((m for m in sink.received if marker in m.data), None))
+
+
+def test_t_sends_to_to_cc_and_bcc_and_what_arrives_has_no_bcc_field(node: PigeonProcess, sink: ScriptedSink) -> None:
+    message = (
+        b"From: cron@example.org\n"
+        b"To: Ann <to@example.net>\n"
+        b"Cc: cc@example.net,\n    other-cc@example.net\n"
+        b"Bcc: hidden@example.net\n"
+        b"Subject: nightly\n"
+        b"\n"
+        b"marker-t\n"
+    )
+    result = sendmail(node.config_path, "-t", "-oi", "-odi", "-oem", message=message)
+    assert result.returncode == 0, result.stderr
+    got = arrived(sink, b"marker-t")
+    assert sorted(got.recipients) == ["cc@example.net", "hidden@example.net", "other-cc@example.net", "to@example.net"]
+    headers = got.data.split(b"\r\n\r\n", 1)[0]
+    assert b"Bcc" not in headers and b"hidden@" not in headers
+    assert got.email["To"] == "Ann <to@example.net>" and got.email["Subject"] == "nightly"
+    # A message without them leaves with a Date and a Message-ID (the node adds them to an
+    # AUTH submission only), as Postfix's cleanup adds them.
+    assert got.email["Date"] and got.email["Message-ID"].endswith("@mx.pigeon.test>")
+
+
+def test_f_sets_the_envelope_sender_and_f_capital_the_from_it_adds(node: PigeonProcess, sink: ScriptedSink) -> None:
+    result = sendmail(node.config_path, "-f", "bounces@example.org", "-FBackup Job", "to@example.net",
+                      message=b"Subject: backup\n\nmarker-f\n")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    got = arrived(sink, b"marker-f")
+    assert got.sender == "bounces@example.org" and got.recipients == ["to@example.net"]
+    assert got.email["From"] == "Backup Job <bounces@example.org>"
+
+
+def test_without_f_the_sender_is_the_invoking_user_at_the_configured_hostname(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    result = sendmail(node.config_path, "to@example.net", message=b"Subject: who\n\nmarker-user\n")
+    assert result.returncode == 0, result.stderr
+    user = pwd.getpwuid(os.getuid()).pw_name
+    assert arrived(sink, b"marker-user").sender == f"{user}@mx.pigeon.test"
+
+
+def test_i_keeps_a_line_with_a_lone_dot_and_without_it_the_dot_ends_the_message(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    message = b"Subject: dots\n\nmarker-%s\n.\nafter the dot\n"
+    assert sendmail(node.config_path, "-i", "to@example.net", message=message % b"i").returncode == 0
+    assert arrived(sink, b"marker-i").data.endswith(b"marker-i\r\n.\r\nafter the dot\r\n")
+    assert sendmail(node.config_path, "to@example.net", message=message % b"dot").returncode == 0
+    got = arrived(sink, b"marker-dot")
+    assert got.data.endswith(b"marker-dot\r\n") and b"after the dot" not in got.data
+
+
+def test_a_recipient_the_node_refuses_exits_67_and_the_others_still_get_it(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    result = sendmail(node.config_path, "no@example.net", "ok@example.net", message=b"Subject: x\n\nmarker-67\n")
+    assert result.returncode == 67, result.stderr
+    assert b"<no@example.net>: 550 5.7.1 no such user here" in result.stderr
+    assert arrived(sink, b"marker-67").recipients == ["ok@example.net"]
+
+
+def test_a_recipient_refused_for_now_exits_75_and_sends_to_no_one(node: PigeonProcess, sink: ScriptedSink) -> None:
+    result = sendmail(node.config_path, "later@example.net", "ok@example.net", message=b"Subject: x\n\nmarker-451\n")
+    assert result.returncode == 75, result.stderr
+    assert b"<later@example.net>: 451 4.7.1 not now" in result.stderr and b"nothing sent" in result.stderr
+    # One sent after it arrives; it never does (refused before DATA: never in the spool).
+    assert sendmail(node.config_path, "ok@example.net", message=b"Subject: x\n\nmarker-after\n").returncode == 0
+    arrived(sink, b"marker-after")
+    assert not any(b"marker-451" in m.data for m in sink.received)
+
+
+def test_the_node_down_exits_75_ex_tempfail_saying_so(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    config = tmp_path / "pigeon.toml"
+    config.write_text(to_toml({"smtp": {"listen": [f"127.0.0.1:{port}"], "hostname": "mx.pigeon.test"}}))
+    result = sendmail(config, "-t", message=b"To: to@example.net\n\nhi\n")
+    assert result.returncode == 75
+    assert f"cannot reach the Pigeon node at 127.0.0.1:{port}".encode() in result.stderr
+    assert b"try again later" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_invoked_as_sendmail_through_a_link_it_is_the_sendmail_command(
+    node: PigeonProcess, sink: ScriptedSink, tmp_path: Path
+) -> None:
+    # What `ln -s "$(command -v pigeon)" /usr/sbin/sendmail` runs: the `pigeon` script, as
+    # `sendmail`.
+    script = tmp_path / "pigeon"
+    script.write_text("import sys\nfrom pigeon.cli.main import main\nsys.exit(main())\n")
+    (tmp_path / "sendmail").symlink_to(script)
+    program = [sys.executable, str(tmp_path / "sendmail")]
+    result = sendmail(node.config_path, "-t", "-i", message=b"To: link@example.net\n\nmarker-link\n", program=program)
+    assert result.returncode == 0, result.stderr
+    assert arrived(sink, b"marker-link").recipients == ["link@example.net"]
+
+
+def test_an_unknown_option_is_refused_with_exit_64_naming_it(tmp_path: Path) -> None:
+    result = sendmail(tmp_path / "none.toml", "-Z", "to@example.net", message=b"")
+    assert result.returncode == 64
+    assert b"unknown option -Z" in result.stderr
+    assert sendmail(tmp_path / "none.toml", message=b"").returncode == 64  # no recipient
+
+
+def test_options_as_callers_write_them() -> None:
+    assert parse(["-t", "-i"]).extract and not parse(["-t", "-i"]).dots
+    assert not parse(["-oi", "a@x"]).dots and parse(["-odi", "-oem", "-om", "a@x"]).dots
+    assert parse(["-fme@example.org", "a@x"]).sender == "me@example.org"
+    assert parse(["-r", "<>", "a@x"]).sender == ""
+    assert parse(["-F", "Cron Daemon", "a@x"]).full_name == "Cron Daemon"
+    assert parse(["--", "-odd@x", "b@x, c@x"]).recipients == ["-odd@x", "b@x", "c@x"]
+    for refused in (["-bs"], ["-bp"], ["-q"], ["-f"]):
+        with pytest.raises(UsageError):
+            parse(refused)
+
+
+def test_a_user_who_may_not_read_the_default_config_submits_to_loopback_port_25(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The README's systemd set-up makes /etc/pigeon/pigeon.toml 0640 (it may hold token
+    # secrets): a cron job of another user must still find the node. (The tests run as root,
+    # who reads any file: the refusal is the one `read_text` gives for EACCES.)
+    config = tmp_path / "pigeon.toml"
+    config.write_text('[smtp]\nlisten = ["127.0.0.1:2600"]\nhostname = "mx.pigeon.test"\n')
+    monkeypatch.delenv("PIGEON_CONFIG", raising=False)
+    monkeypatch.setattr(sendmail_command, "DEFAULT_CONFIG", config)
+    readable = sendmail_command.find_node(Options())
+    assert (readable.host, readable.port, readable.domain) == ("127.0.0.1", 2600, "mx.pigeon.test")
+
+    def unreadable(path: Path) -> str:
+        try:
+            raise PermissionError(13, "Permission denied")
+        except PermissionError as error:
+            raise ConfigError(f"{path}: cannot read the configuration file: {error.strerror}") from None
+
+    monkeypatch.setattr(sendmail_command, "read_text", unreadable)
+    node = sendmail_command.find_node(Options())
+    assert (node.host, node.port) == ("127.0.0.1", 25)
+    with pytest.raises(ConfigError, match="Permission denied"):  # named with -C: said so (78)
+        sendmail_command.find_node(Options(config=config))
