@@ -28,6 +28,8 @@ from pigeon.queue import listing
 PATH: Final = "/api/v1/messages"
 _SELECTORS: Final = ("domain", "tenant", "campaign", "queue")
 PARAMETERS: Final = (*_SELECTORS, "state", "limit", "after")
+SELECTOR_LENGTH: Final = MAX_SELECTOR
+"""The longest selector glob taken, as in the admin writes' bodies."""
 
 
 class ListRequest:
