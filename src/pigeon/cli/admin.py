@@ -11,6 +11,7 @@ import datetime
 import json
 import string
 import sys
+import urllib.parse
 from typing import Any, Final
 
 from pigeon.cli.api import TEMPFAIL, ApiClient, add_api_options, fail, identifier, is_partial, printable
@@ -91,6 +92,7 @@ def register(commands: Any) -> None:
     operations = _parser(actions, "operations", "recent bulk operations and how far they got", QUEUE_EXAMPLES)
     _cluster_option(operations, "every node's progress, added up")
     operations.set_defaults(run=_operations)
+    _register_queue_list(actions)
 
     rebind = _parser(commands, "rebind", "move matching mail to another queue or route; due now", REBIND_EXAMPLES)
     _selector_options(rebind)
@@ -305,6 +307,93 @@ def _queue_summary(args: argparse.Namespace) -> int:
               f"{', '.join(effects) or '-'}")  # fmt: skip
     left_out = _show_nodes(answer, args)
     return fail(status, whole) if status >= 400 else _complete(left_out)
+
+
+QUEUE_LIST_EXAMPLES = """examples:
+  pigeon queue list                             # every queued message, oldest first (Postfix's mailq)
+  pigeon queue list --state deferred --domain example.net
+  pigeon queue list --limit 50 --after 0382610d06800000       # the next 50 after the last one shown
+  pigeon queue list --json | jq -r '.messages[] | select(.attempts > 3) | .id'
+"""
+_LIST_PAGE = 1000  # the most a request asks for (`pigeon.queue.listing.MAX_LIMIT`)
+_LIST_RECIPIENTS = 3  # addresses a message's text names; the rest are counted
+
+
+def _register_queue_list(actions: Any) -> None:
+    listing = _parser(
+        actions, "list", "the queued messages, oldest first, and why they wait (Postfix's mailq)", QUEUE_LIST_EXAMPLES
+    )
+    group = listing.add_argument_group("selector", "which messages (globs allowed; none: all)")
+    for name in ("domain", "tenant", "campaign", "queue"):
+        group.add_argument(f"--{name}")
+    states = "deferred, suspended, held, due, scheduled, ready, in_flight, settling"
+    listing.add_argument("--state", help=f"only these states, comma-separated: {states}")
+    listing.add_argument("--limit", type=_positive, default=1000, help="show at most this many (default 1000)")
+    listing.add_argument("--after", metavar="ID", type=identifier, help="start after this message (paging on)")
+    listing.set_defaults(run=_queue_list)
+
+
+def _positive(text: str) -> int:
+    if not text.isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def _queue_list(args: argparse.Namespace) -> int:
+    client = ApiClient(args)
+    shown: list[dict[str, Any]] = []
+    after: str | None = args.after
+    while True:
+        query = {**_selector(args), "limit": str(min(_LIST_PAGE, args.limit - len(shown)))}
+        if args.state:
+            query["state"] = args.state
+        if after:
+            query["after"] = after
+        status, answer = client.request("GET", "/api/v1/messages?" + urllib.parse.urlencode(query))
+        if status >= 400:
+            return _show(args, status, answer, "")
+        shown += answer["messages"]
+        after = answer.get("next")
+        if after is None or len(shown) >= args.limit:
+            break
+    if args.json:
+        print(json.dumps({"messages": shown, "next": after}, indent=2))
+        return 0
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    for message in printable(shown):
+        print(_listed(message, now))
+    more = f"; more after it: pigeon queue list --after {after}" if after else ""
+    size = sum(message["size"] for message in shown)
+    print(f"-- {_COUNTED.format('{0:count message}', len(shown))}, {_size(size)}{more}")
+    return 0
+
+
+def _listed(message: dict[str, Any], now: float) -> str:
+    """A message as `pigeon queue list` prints it: like mailq's, its id, size, arrival and sender,
+    then why it waits (its state, queue, attempts, next try and last reply), then its recipients."""
+    created = message["created"]
+    arrival = f"{_when(created)} ({_age(now - created)})"
+    head = f"{message['id']}  {message['state']:9} {_size(message['size']):>7}  {arrival}"
+    lines = [f"{head}  {message['sender'] or '<>'}"]
+    due = message.get("next_due")
+    following = "-" if due is None else "now" if due <= now else f"in {_age(due - now)}"
+    why = f"queue {message['queue']}, {_COUNTED.format('{0:count attempt}', message['attempts'])}, next {following}"
+    if message.get("suspended_by"):
+        why += f", suspended by rule {message['suspended_by']}"
+    lines.append(f"    {why}")
+    if message.get("last_response"):
+        lines.append(f"    ({message['last_response']})")
+    recipients = message["recipients"][:_LIST_RECIPIENTS]
+    rest = message["recipient_count"] - len(recipients)
+    lines.append("    " + ", ".join(recipients) + (f" (+{rest} more)" if rest else ""))
+    return "\n".join(lines)
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f}{unit}"
+    return f"{size}B"
 
 
 def _suspended_by(row: dict[str, Any], not_held: dict[str, list[int]]) -> str:

@@ -75,6 +75,7 @@ from pigeon.listener.http.errors import json_errors
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATHS
 from pigeon.listener.http.json_body import require_json
+from pigeon.listener.http.listing import PATH as LIST_PATH
 from pigeon.listener.http.metrics import cluster_comment, exposition
 from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers
@@ -95,6 +96,7 @@ from pigeon.node.standing import (
 )
 from pigeon.node.standing import encode as encode_standing
 from pigeon.node.tally import Tally
+from pigeon.queue.listing import merge_page_answers, page_limit
 from pigeon.queue.rules import Rule
 from pigeon.redaction import redact
 from pigeon.shaping.table import create_shared_table, shared_table_path
@@ -106,7 +108,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 _FORWARDED_HEADERS: Final = frozenset({"Authorization", "Content-Type", "Accept"})
 _RETURNED_HEADERS: Final = frozenset({"Content-Type", "WWW-Authenticate", "Allow", "Accept-Encoding"})
-_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages/", "/api/v1/queues", "/api/v1/shaping/")
+_BROADCAST_PATHS: Final = ("/api/v1/admin/", "/api/v1/messages", "/api/v1/queues", "/api/v1/shaping/")
 _READY_TIMEOUT = 60.0
 _DISK_FULL_RETRY = 2.0  # seconds between tries to make the shared tables on a full disk (as a worker's spool)
 _DISK_FULL_REMINDER = 60.0  # seconds between warnings while it stays full
@@ -1211,8 +1213,11 @@ class Supervisor:
             for worker, result in zip(self.workers, results, strict=True)
             if not isinstance(result, str)
         }
-        status, merged = merge_answers(list(by_worker.values()))
         path = request.path.rstrip("/")
+        if request.method == "GET" and path == LIST_PATH:
+            # Pages, not counts: merged on their cursors, oldest first (`pigeon.queue.listing`).
+            return merge_page_answers(list(by_worker.values()), page_limit(request.query))
+        status, merged = merge_answers(list(by_worker.values()))
         suspensions = {
             index: set(answer.get(SUSPENSIONS_HELD, ()))
             for index, (code, answer) in by_worker.items()

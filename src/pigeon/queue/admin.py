@@ -44,6 +44,7 @@ from typing import Any, Final
 import msgspec
 
 from pigeon.message import HELD, Message, SpoolId, format_id, shard_of
+from pigeon.queue import listing
 from pigeon.queue.ready import ReadyQueue, ReadyQueues
 from pigeon.queue.rules import Rule, RuleIdTaken, Rules, Selector, describe_rule, new_rule_id, taken_by
 from pigeon.queue.settlement import Settlement
@@ -765,6 +766,57 @@ class Admin:
             # deferred): "shaping reaction <rule> (suspend <key> until <time>) after <reply>".
             "held_by_effect": held_by,
         }
+
+    async def list_messages(
+        self,
+        selector: Selector,
+        *,
+        states: frozenset[str] | None = None,
+        tenants: frozenset[str] | None = None,
+        after: int = 0,
+        limit: int = listing.DEFAULT_LIMIT,
+    ) -> dict[str, Any]:
+        """A page of the queued messages `selector` matches, oldest first, after id `after`: each
+        with its state (`listing.STATES`; those of `states` only, None: all), of `tenants`' mail
+        only (None: anyone's). See `pigeon.queue.listing`."""
+        now = self._clock()
+        site_held: dict[str, Rule | None] = {}
+
+        def entry_of(row: Message) -> dict[str, Any] | None:
+            entry = self._active.get(row.id)
+            message = row if entry is None else entry.message
+            if entry is not None and entry.state.terminal:
+                return None  # gone: its row is about to be removed
+            if not selector.matches(message):
+                return None
+            if tenants is not None and listing.tenant_of(message) not in tenants:
+                return None
+            started = entry is not None and entry.state is State.IN_FLIGHT and entry.started
+            unsent = entry is None or (entry.state in _UNSENT and not started)
+            suspension = self._rules.suspension_of(message) if unsent and message.envelope.held is None else None
+            if suspension is None and entry is not None and entry.state is State.READY and entry.site is not None:
+                if entry.site not in site_held:  # (asked once a site: many messages share a few)
+                    site_held[entry.site] = next(iter(self._rules.site_suspensions(entry.site)), None)
+                suspension = site_held[entry.site]
+            if entry is not None and entry.state is not State.READY:
+                state = listing.IN_MEMORY_STATES[entry.state]
+            elif suspension is not None:
+                state = "suspended"
+            elif entry is not None:
+                state = "ready"
+            elif message.envelope.held is not None:
+                state = "held"
+            else:
+                state = "due" if message.due <= now else "deferred"
+            if states is not None and state not in states:
+                return None
+            return listing.listed(message, state, suspension.id if suspension is not None else None)
+
+        pages = [
+            await listing.shard_page(spool, after, limit, entry_of, self._pause)
+            for spool in list(self._spools.values())
+        ]
+        return listing.merge_pages(pages, limit)
 
     def operations(self) -> list[dict[str, Any]]:
         """Recent bulk operations, running or done, with how far they got."""

@@ -9,7 +9,7 @@ from typing import Final
 
 from aiohttp import web
 
-from pigeon.listener.http import admin
+from pigeon.listener.http import admin, listing
 from pigeon.listener.http.body import declared_too_large, too_large, transfer_codings
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
@@ -56,6 +56,7 @@ API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("POST", "/api/v1/admin/retry", admin.write),
     ("POST", "/api/v1/admin/rebind", admin.write),
     ("GET", "/api/v1/messages/{id}", admin.inspect),
+    ("GET", listing.PATH, listing.list_messages),
     ("GET", "/api/v1/queues", admin.read),
     ("GET", "/api/v1/admin/operations", admin.read),
     ("GET", "/api/v1/shaping/effects", effects),

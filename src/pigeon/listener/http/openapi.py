@@ -26,6 +26,9 @@ from pigeon.listener.http.admin import (
 )
 from pigeon.listener.http.inject import KUMO_INJECT_PATH, ErrorResponse, InjectResponse
 from pigeon.listener.http.kumo import KumoInjectRequest, KumoInjectResponse
+from pigeon.listener.http.listing import PATH as LIST_PATH
+from pigeon.listener.http.listing import SELECTOR_LENGTH
+from pigeon.queue import listing
 from pigeon.queue.admin import QueueSummary
 from pigeon.queue.names import (
     INBOUND_CAMPAIGN,
@@ -735,12 +738,113 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             ),
         },
     }
+    listed = operation(
+        "listMessages",
+        "The queued messages, oldest first, with why they wait (Postfix's mailq), a page at a time",
+        "read",
+        _message_page(),
+        "A page: its messages, and where the next starts",
+        parameters=_list_parameters(),
+    )
+    del listed["responses"]["404"]  # (a filter that matches nothing is an empty page)
+    paths[LIST_PATH] = {"get": listed}
     for making in ("/api/v1/admin/bounce", "/api/v1/admin/suspend"):
         paths[making]["post"]["responses"]["409"] = id_taken
     # A one-off (retry, rebind) under a live rule's id is refused too (`rules.refuse_operation_id`).
     for one_off in ("/api/v1/admin/retry", "/api/v1/admin/rebind"):
         paths[one_off]["post"]["responses"]["409"] = id_not_free
     return paths
+
+
+def _list_parameters() -> list[dict[str, Any]]:
+    """GET /api/v1/messages's query: the admin selectors (globs, as the writes take them), state, limit, after."""
+
+    def glob(name: str, kind: str, what: str) -> dict[str, Any]:
+        pattern = f"^{api_patterns()[kind]}$"
+        schema = {"type": "string", "minLength": 1, "maxLength": SELECTOR_LENGTH, "pattern": pattern}
+        return {"name": name, "in": "query", "required": False, "description": what, "schema": schema}
+
+    one_state = f"(?:{'|'.join(listing.STATES)})"
+    return [
+        glob("domain", "domain", "Mail to domains this glob matches, as the admin writes' domain"),
+        glob("tenant", "part_glob", "Mail of tenants this glob matches"),
+        glob("campaign", "part_glob", "Mail of campaigns this glob matches"),
+        glob("queue", "queue_glob", "Mail of scheduled queues this glob matches"),
+        {
+            "name": "state",
+            "in": "query",
+            "required": False,
+            "description": "Only messages in these states, comma-separated: "
+            + "; ".join(f"{state}: {what}" for state, what in listing.STATES.items()),
+            "schema": {"type": "string", "pattern": f"^{one_state}(?:,{one_state})*$"},
+        },
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "description": f"The most messages the page holds (default {listing.DEFAULT_LIMIT})",
+            "schema": {"type": "integer", "minimum": 1, "maximum": listing.MAX_LIMIT},
+        },
+        {
+            "name": "after",
+            "in": "query",
+            "required": False,
+            "description": "The `next` of the page before: this page starts after that message",
+            "schema": {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"},
+        },
+    ]
+
+
+def _message_page() -> dict[str, Any]:
+    """GET /api/v1/messages's answer."""
+    text_or_none = {"type": ["string", "null"]}
+    number_or_none = {"type": ["number", "null"]}
+    count = {"type": "integer", "minimum": 0}
+    message = _object(
+        {
+            "id": {"type": "string"},
+            "queue": {"type": "string"},
+            "state": {"type": "string", "enum": list(listing.STATES)},
+            "created": {"type": "number", "description": "Its arrival (Unix time)"},
+            "size": count,
+            "sender": {"type": "string"},
+            "recipients": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": f"The recipients still to do (the first {listing.MAX_RECIPIENTS})",
+            },
+            "recipient_count": count,
+            "attempts": count,
+            "last_response": {**text_or_none, "description": "The last failed attempt's reply, as inspect shows it"},
+            "last_attempt": number_or_none,
+            "next_due": {**number_or_none, "description": "When it is tried next (null: held for an operator)"},
+            "suspended_by": {**text_or_none, "description": "The id of the operator's suspension that holds it"},
+            "tenant": text_or_none,
+            "campaign": text_or_none,
+        },
+        "id",
+        "queue",
+        "state",
+        "created",
+        "size",
+        "sender",
+        "recipients",
+        "recipient_count",
+        "attempts",
+        "next_due",
+    )
+    return _object(
+        {
+            "messages": {"type": "array", "items": message},
+            "next": {
+                "type": ["string", "null"],
+                "description": "Give it as `after` for the next page; null: no more. A page may be short (even "
+                "empty) and have one: a worker reads a bounded part of its spool for each page",
+            },
+        },
+        "messages",
+        "next",
+    )
 
 
 def _ref(name: str | None) -> dict[str, Any] | None:
