@@ -75,9 +75,7 @@ def _one_outcome_each(pigeon: PigeonProcess) -> None:
     assert len(set(terminal)) == len(terminal), terminal
 
 
-def test_a_bounce_by_id_ends_that_message_alone_and_makes_no_standing_rule(
-    tmp_path: Path, sink: DeferringSink
-) -> None:
+def test_a_bounce_by_id_ends_that_message_alone_and_makes_no_standing_rule(tmp_path: Path, sink: DeferringSink) -> None:
     with _node(tmp_path / "node", sink) as pigeon:
         ids = _send(pigeon, ["ok@example.net", "ok2@example.net"], count=3)
         _deferred(pigeon, ids)
@@ -177,9 +175,10 @@ def test_with_two_workers_an_id_is_found_on_whichever_worker_holds_it(tmp_path: 
 
 def test_a_message_being_sent_when_its_id_is_bounced_ends_once(tmp_path: Path) -> None:
     # slow@ answers RCPT 2 s late: the message is on the wire when the bounce comes.
-    with ScriptedSink(slow=2.0) as sink, PigeonProcess(
-        tmp_path / "node", http={"token": TOKENS}, **delivery_config(sink.endpoint)
-    ) as pigeon:
+    with (
+        ScriptedSink(slow=2.0) as sink,
+        PigeonProcess(tmp_path / "node", http={"token": TOKENS}, **delivery_config(sink.endpoint)) as pigeon,
+    ):
         (sending,) = _send(pigeon, ["slow@example.net"])
         wait_until(lambda: len(sink.rcpt_log) >= 1)
         status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"messages": [sending], "reason": "stop"})
