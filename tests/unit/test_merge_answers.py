@@ -48,7 +48,9 @@ def test_an_id_one_worker_found_reads_as_that_workers_word_whichever_answered_fi
     found = [{"id": "a", "result": "bounced", "recipients": 2}, {"id": "b", "result": "not_found"}]
     other = [{"id": "a", "result": "not_found"}, {"id": "b", "result": "not_found"}]
     for answers in ([found, other], [other, found]):
-        status, merged = merge_answers([(200, {"bounced": n, "messages": rows}) for n, rows in zip((1, 0), answers)])
+        status, merged = merge_answers(
+            [(200, {"bounced": n, "messages": rows}) for n, rows in zip((1, 0), answers, strict=True)]
+        )
         assert status == 200
         assert merged["messages"] == [
             {"id": "a", "result": "bounced", "recipients": 2},
