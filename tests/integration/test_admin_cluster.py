@@ -101,6 +101,36 @@ def test_a_bulk_bounce_issued_on_one_node_reaches_mail_queued_on_the_other(
     assert row["acted_on"] == 8 and row["running"] == 0
 
 
+def test_a_bounce_and_a_retry_by_id_find_the_message_on_the_node_that_holds_it(
+    cluster: tuple[PigeonProcess, PigeonProcess],
+) -> None:
+    a, b = cluster
+    _defer(a, 1)
+    _defer(b, 3)
+    (on_a,) = {r["id"] for r in a.records("TransientFailure")}
+    on_b = sorted({r["id"] for r in b.records("TransientFailure")})
+    # Issued on a, for one of b's messages (on whichever of b's workers holds it), and one of a's.
+    body = {"messages": [on_b[0], on_a, "00000000000000ff"], "reason": "stuck"}
+    status, answer = _api(a, "POST", "/api/v1/admin/bounce", body)
+    assert status == 200, answer
+    assert answer["messages"] == [
+        {"id": on_b[0], "result": "bounced", "recipients": 1},
+        {"id": on_a, "result": "bounced", "recipients": 1},
+        {"id": "00000000000000ff", "result": "not_found"},
+    ]
+    assert (answer["bounced"], answer["cluster"]["nodes"]) == (2, {"a": "done", "b": "done"})
+    assert [r["id"] for r in wait_until(lambda: b.records("AdminBounce"))] == [on_b[0]]
+    assert [r["id"] for r in a.records("AdminBounce")] == [on_a]
+    assert _api(b, "GET", "/api/v1/admin/bounce?cluster=1")[1]["rules"] == []  # no standing rule anywhere
+    # Issued on b (its supervisor), for another of its own: only that one is due now.
+    status, answer = _api(b, "POST", "/api/v1/admin/retry", {"messages": [on_b[1]]})
+    assert status == 200, answer
+    assert answer["messages"] == [{"id": on_b[1], "result": "made_due"}] and answer["made_due"] == 1
+    wait_until(lambda: [r["id"] for r in b.records("TransientFailure")].count(on_b[1]) == 2)  # tried again
+    assert [r["id"] for r in b.records("TransientFailure")].count(on_b[2]) == 1  # not
+    assert _queued(b) == 2
+
+
 @pytest.mark.parametrize(
     ("action", "body"),
     [("bounce", {"domain": "example.net"}), ("rebind", {"domain": "example.net", "to_queue": "moved"})],

@@ -116,6 +116,11 @@ def test_the_admin_answers_to_real_requests_match_the_documented_schemas(tmp_pat
         rule = held["rule"]["id"]
         assert checked("DELETE", "/api/v1/admin/suspend/{id}", f"/api/v1/admin/suspend/{rule}")["cancelled"]
         assert "made_due" in checked("POST", "/api/v1/admin/retry", "/api/v1/admin/retry", {"domain": "held.test"})
+        # By id: an answer for each, the unknown one's too.
+        by_id = {"messages": [spool_id, "00000000000000ff"]}
+        retried = checked("POST", "/api/v1/admin/retry", "/api/v1/admin/retry", by_id)
+        assert retried["messages"][0]["result"] in ("already_due", "made_due")  # (tried again meanwhile, or not)
+        assert retried["messages"][1] == {"id": "00000000000000ff", "result": "not_found"}
         rebind = {"domain": "held.test", "to_queue": "other@held.test"}
         assert "rebound" in checked("POST", "/api/v1/admin/rebind", "/api/v1/admin/rebind", rebind)
         assert checked("GET", "/api/v1/admin/operations", "/api/v1/admin/operations")["operations"]
@@ -126,8 +131,12 @@ def test_the_admin_answers_to_real_requests_match_the_documented_schemas(tmp_pat
         assert [m["id"] for m in listed["messages"]] == [spool_id] and listed["next"] is not None
         checked("GET", "/api/v1/shaping/effects", "/api/v1/shaping/effects")
         bounce = {"domain": "held.test", "duration": "1h", "reason": "closed"}
+        second = injected["recipients"][1]["id"]
+        by_id = {"messages": [second, "00000000000000ff"], "reason": "stuck"}
+        bounced = checked("POST", "/api/v1/admin/bounce", "/api/v1/admin/bounce", by_id)
+        assert [row["result"] for row in bounced["messages"]] == ["bounced", "not_found"]
         bounced = checked("POST", "/api/v1/admin/bounce", "/api/v1/admin/bounce", bounce)
-        assert bounced["bounced"] == 2 and bounced["rule"]["kind"] == "bounce"
+        assert bounced["bounced"] == 1 and bounced["rule"]["kind"] == "bounce"
         assert checked("GET", "/api/v1/admin/bounce", "/api/v1/admin/bounce")["rules"]
         rule = bounced["rule"]["id"]
         assert checked("DELETE", "/api/v1/admin/bounce/{id}", f"/api/v1/admin/bounce/{rule}")["cancelled"]

@@ -41,3 +41,18 @@ def test_a_site_one_worker_found_down_reads_down_for_the_node() -> None:
         _, merged = merge_answers([(200, answer) for answer in answers])
         [row] = merged["ready"]
         assert row["down"] is True
+
+
+def test_an_id_one_worker_found_reads_as_that_workers_word_whichever_answered_first() -> None:
+    # Every worker says of every id it was asked: not_found of those another worker holds.
+    found = [{"id": "a", "result": "bounced", "recipients": 2}, {"id": "b", "result": "not_found"}]
+    other = [{"id": "a", "result": "not_found"}, {"id": "b", "result": "not_found"}]
+    for answers in ([found, other], [other, found]):
+        status, merged = merge_answers(
+            [(200, {"bounced": n, "messages": rows}) for n, rows in zip((1, 0), answers, strict=True)]
+        )
+        assert status == 200
+        assert merged["messages"] == [
+            {"id": "a", "result": "bounced", "recipients": 2},
+            {"id": "b", "result": "not_found"},
+        ]

@@ -15,11 +15,13 @@ import urllib.parse
 from typing import Any, Final
 
 from pigeon.cli.api import TEMPFAIL, ApiClient, add_api_options, fail, identifier, is_partial, printable
+from pigeon.message import format_id, parse_id
 
 _SELECTOR_HELP = "which messages: at least one of --domain, --tenant, --campaign, --queue (globs allowed)"
 
 BOUNCE_EXAMPLES = """examples:
   pigeon bounce --domain example.net --reason 'list cleaning'      # everything queued for it, now
+  pigeon bounce --id 0382610d06800000 --reason 'stuck'             # one message (postsuper -d), now
   pigeon bounce --campaign spring --duration 2h                    # and new spring mail for 2 hours
   pigeon bounce --list                                             # standing bounces
   pigeon bounce --cancel 3f9a1c2b7d4e                              # end one
@@ -35,6 +37,7 @@ RESUME_EXAMPLES = """examples:
 """
 RETRY_EXAMPLES = """examples:
   pigeon retry --domain example.net                                # deferred mail for it is due now
+  pigeon retry --id 0382610d06800000 --id 0382610d06840001         # these messages only (postqueue -i)
   pigeon retry --queue 'spring:*'
 """
 QUEUE_EXAMPLES = """examples:
@@ -57,7 +60,7 @@ INSPECT_EXAMPLES = """examples:
 
 def register(commands: Any) -> None:
     bounce = _parser(commands, "bounce", "bounce queued mail (and, with --duration, new mail)", BOUNCE_EXAMPLES)
-    _selector_options(bounce)
+    _selector_options(bounce, by_id="bounced now; no --duration: an id bounce makes no standing rule")
     bounce.add_argument("--reason", default="", help="written into each AdminBounce record")
     bounce.add_argument(
         "--duration", help='also bounce new matching mail for this long ("2h", "30m", "7d", seconds; at most 365d)'
@@ -81,7 +84,7 @@ def register(commands: Any) -> None:
     resume.set_defaults(run=_resume)
 
     retry = _parser(commands, "retry", "make matching deferred mail due now", RETRY_EXAMPLES)
-    _selector_options(retry)
+    _selector_options(retry, by_id="made due now")
     retry.set_defaults(run=_retry)
 
     queue = commands.add_parser("queue", help="look at the queues", description="Look at the queues.")
@@ -129,14 +132,37 @@ def cluster_path(args: argparse.Namespace, path: str) -> str:
     return path + "?cluster=1" if getattr(args, "cluster", False) else path
 
 
-def _selector_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("selector", _SELECTOR_HELP)
+def _selector_options(parser: argparse.ArgumentParser, by_id: str | None = None) -> None:
+    """The selector's options; with `by_id` (what becomes of them), `--id` too."""
+    if by_id is None:
+        group = parser.add_argument_group("selector", _SELECTOR_HELP)
+    else:
+        text = "which messages: --id, or at least one of --domain, --tenant, --campaign, --queue (globs allowed); "
+        group = parser.add_argument_group("selector", text + "with both, those of the ids they select")
     for name in ("domain", "tenant", "campaign", "queue"):
         group.add_argument(f"--{name}")
+    if by_id is not None:
+        group.add_argument(
+            "--id",
+            dest="messages",
+            action="append",
+            metavar="ID",
+            type=message_id,
+            help=f"a message's id (16 hex digits, as the 250 reply, `pigeon logs` and `pigeon inspect` show it), "
+            f"on whichever worker or node holds it; may be repeated: {by_id}",
+        )
+
+
+def message_id(value: str) -> str:
+    """An argparse type for a message's spool id, as Pigeon prints it (16 hex digits)."""
+    try:
+        return format_id(parse_id(value))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _selector(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("domain", "tenant", "campaign", "queue", "site")
+    names = ("domain", "tenant", "campaign", "queue", "site", "messages")
     return {k: getattr(args, k) for k in names if getattr(args, k, None)}
 
 
@@ -162,7 +188,36 @@ def _bounce(args: argparse.Namespace) -> int:
         text = "bounced {now:count message} now; {after_attempt} being sent: "
         text += "bounced only if that attempt does not deliver " + ("it" if sent == 1 else "them")
     text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
+    text += _each_message(said, _BOUNCE_RESULTS)
     return _show(args, status, answer, text, now=int(said.get("bounced") or 0) - int(sent))
+
+
+_BOUNCE_RESULTS: Final = {
+    "bounced": "bounced ({recipients})",
+    "after_attempt": "being sent: bounced as far as that attempt does not deliver it ({recipients})",
+}
+_RETRY_RESULTS: Final = {
+    "made_due": "due now",
+    "already_due": "due already: waiting for a connection, or being sent",
+    "suspended": "left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)",
+    "bounced": "bounced instead (a standing bounce covers it: `pigeon bounce --list`)",
+}
+_NOT_FOUND: Final = "not found: delivered, bounced or expired already, or no such message"
+
+
+def _each_message(said: dict[str, Any], results: dict[str, str]) -> str:
+    """What became of each message named by id (`--id`), a line each, after the headline; ""
+    when none was. (Part of a format string: its braces doubled.)"""
+    rows = said.get("messages")
+    if not isinstance(rows, list):
+        return ""
+    lines = []
+    for row in printable(rows):  # (an id as a node answered it: its words, not ours)
+        result = str(row.get("result"))
+        recipients = _COUNTED.format("{0:count recipient}", row.get("recipients") or 0)
+        text = results.get(result, _NOT_FOUND if result == "not_found" else result).format(recipients=recipients)
+        lines.append(f"\n  {row.get('id')}  {text}")
+    return "".join(lines).replace("{", "{{").replace("}", "}}")
 
 
 def _suspend(args: argparse.Namespace) -> int:
@@ -193,13 +248,17 @@ def _alone(args: argparse.Namespace, command: str, *actions: str) -> int | None:
     given = [action for action in actions if getattr(args, action)]
     if not given:
         return None
-    making = ("domain", "tenant", "campaign", "queue", "site", "reason", "duration")
-    others = [f"--{name}" for name in (*making, *actions) if name != given[0] and getattr(args, name, None)]
+    making = ("domain", "tenant", "campaign", "queue", "site", "messages", "reason", "duration")
+    others = [_option(name) for name in (*making, *actions) if name != given[0] and getattr(args, name, None)]
     if not others:
         return None
     hint = " (it shows every rule: filter its --json output for some)" if given[0] == "list" else ""
     print(f"pigeon {command}: --{given[0]} takes no {', '.join(others)}{hint}", file=sys.stderr)
     return 2
+
+
+def _option(name: str) -> str:
+    return "--id" if name == "messages" else f"--{name}"
 
 
 def _said_by_workers(status: int, answer: Any) -> dict[str, Any]:
@@ -233,6 +292,7 @@ def _retry(args: argparse.Namespace) -> int:
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
     if said.get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
+    text += _each_message(said, _RETRY_RESULTS)
     return _show(args, status, answer, text)
 
 

@@ -9,6 +9,7 @@ from typing import Any, Final
 from prometheus_client.parser import text_string_to_metric_families
 
 from pigeon.metrics import MAX_CLASSIFICATION_LABELS, MAX_QUEUE_LABELS, MAX_SITE_LABELS, MAX_SOURCE_LABELS
+from pigeon.queue.admin import NOT_FOUND
 
 
 def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
@@ -28,6 +29,8 @@ def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
                 merged[key] = merged.get(key, False) or value
             elif isinstance(value, int | float) and key not in ("created", "next_due", "size", "attempts"):
                 merged[key] = merged.get(key, 0) + value
+            elif key == "messages" and isinstance(value, list):
+                merged[key] = _merge_by_id(merged.get(key, []), value)
             elif (
                 isinstance(value, list)
                 and value
@@ -43,6 +46,22 @@ def merge_answers(answers: list[tuple[int, Any]]) -> tuple[int, Any]:
             elif merged.get(key) is None:
                 merged[key] = value
     return 200, merged
+
+
+def _merge_by_id(rows: list[Any], more: list[Any]) -> list[Any]:
+    """What became of each message a bounce or retry named by id, as several workers (or nodes)
+    said it: every one says it of every id, `not_found` of those it does not hold, so the word
+    of the one that found it stands, in the order asked. (One id found by two nodes, whose ids
+    collided: the first found.)"""
+    merged = list(rows)
+    at = {row.get("id"): index for index, row in enumerate(merged) if isinstance(row, dict)}
+    for row in more:
+        if not isinstance(row, dict) or row.get("id") not in at:
+            at[row.get("id") if isinstance(row, dict) else None] = len(merged)
+            merged.append(row)
+        elif merged[at[row["id"]]].get("result") == NOT_FOUND and row.get("result") != NOT_FOUND:
+            merged[at[row["id"]]] = row
+    return merged
 
 
 def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ import enum
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -225,12 +225,18 @@ class Admin:
         via: str = "",
         accepted_before: float | None = None,
         issued: float | None = None,
+        messages: Sequence[SpoolId] | None = None,
     ) -> dict[str, Any]:
         """Bounce every matching message now; with a duration, also new ones until it ends.
         `accepted_before`: only those accepted before then (`time.time()`), for a bounce
         another node was asked for seconds ago: what this node accepted since was not queued
         when the operator asked, and its sender was told it is. `issued`: when the request was
-        issued, the rule's `created` (`_new_rule`)."""
+        issued, the rule's `created` (`_new_rule`).
+
+        `messages`: only these (`postsuper -d`), those `selector` matches too, and no rule
+        (the request refuses a duration with them). The answer then says of each what became
+        of it (`messages`: `_by_id`): the same walk, so a message being sent ends as a bulk
+        bounce leaves it, with one terminal record per recipient."""
         rule = already = None
         if duration:
             async with self._rules_changing:  # (one id, one rule: looked up and stored at once)
@@ -238,24 +244,30 @@ class Admin:
                 already = self._held_as(asked, operator)
                 rule = already or await self._add_rule(asked)
         mark = AdminMark(reason, operator)
+        became: dict[SpoolId, tuple[str, int]] = {}  # of each message acted on: what, how many recipients
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if accepted_before is not None and entry.message.created > accepted_before:
                 return _Done.IGNORED, None
+            recipients = len(entry.message.envelope.recipients)
             if entry.state is State.IN_FLIGHT and entry.started:
                 entry.admin_bounce = mark
+                became[entry.id] = ("after_attempt", recipients)
                 return _Done.MARKED, None
+            became[entry.id] = ("bounced", recipients)
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
-        bounced, after_attempt = await self._walk(selector, act, "bounce", rule_id, claim=True)
+        bounced, after_attempt = await self._walk(selector, act, "bounce", rule_id, claim=True, ids=messages)
         why = f" ({reason})" if reason else ""
-        _log.warning("admin bounce by %s of %s: %s, %d of them once their attempt ends%s",
-                     operator, selector.describe(), _messages(bounced), after_attempt, why)  # fmt: skip
+        _log.warning("admin bounce by %s of %s: %s, %d of them once their attempt ends%s", operator,
+                     _described(selector, messages), _messages(bounced), after_attempt, why)  # fmt: skip
         # A message being sent is bounced only as far as its attempt does not deliver it: said
         # apart, so "bounced 60" does not hide that 20 of them went out meanwhile.
         answer: dict[str, Any] = {"bounced": bounced, "after_attempt": after_attempt, "rule": _rule_view(rule)}
         if rule is not None:
             answer["already"] = already is not None  # asked again under its id: it stands as it was
+        if messages is not None:
+            answer["messages"] = _by_id(messages, became)
         return answer
 
     async def suspend(
@@ -527,25 +539,36 @@ class Admin:
         release: bool = True,
         kind: str = "retry",
         of_rule: float | None = None,
+        messages: Sequence[SpoolId] | None = None,
     ) -> dict[str, Any]:
         """Make matching deferred messages due now (a settling one: once its outcome is written),
         held ones too unless `release` is False. `kind`: the operation's name in its progress;
         `of_rule`: a resume's, when the rule it ended was made (`rule_created` in its progress).
         Of those, the ones a live standing bounce covers are bounced as they come due, not
-        attempted: counted apart (`bounced`), not as `made_due`."""
+        attempted: counted apart (`bounced`), not as `made_due`. `messages`: only these
+        (`postqueue -i`), of those `selector` matches; the answer says of each what became of it."""
         now = self._clock()
         suspended = bounced = 0
+        became: dict[SpoolId, tuple[str, int]] = {}
 
         def deferred(message: Message) -> bool:
             nonlocal suspended, bounced
             if message.due <= now or not (release or message.envelope.held is None):
+                became[message.id] = ("already_due", 0)
                 return False
             if message.envelope.held is None and self._rules.suspension_of(message) is not None:
                 suspended += 1  # due now, it would only be held again: said, not claimed as done
+                became[message.id] = ("suspended", 0)
                 return False
             if self._rules.bounce_of(message) is not None:
                 bounced += 1  # (held by a suspension, and missed by the bounce's walk: cut short by a stop)
+                became[message.id] = ("bounced", 0)
+                return True
+            became[message.id] = ("made_due", 0)
             return True  # (held [[inbound]] mail is released: the suspension then holds it, untried)
+
+        def in_memory(entry: Entry) -> None:
+            became[entry.id] = ("already_due", 0)  # routed, waiting for a connection, or being sent
 
         # Mail of a down site made due would only be deferred again, untried, until its
         # scheduled probe: the operator may know the host is back, so it probes now. Before
@@ -553,8 +576,13 @@ class Admin:
         # lands, before this hears that it did. (A message does not know its site before it
         # is routed, so every down site's probe is due.)
         probe = self._probe_down if kind == "retry" else None
-        made_due = await self._make_due(selector, deferred, kind, operation, before_commit=probe, of_rule=of_rule)
-        return {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
+        made_due = await self._make_due(
+            selector, deferred, kind, operation, before_commit=probe, of_rule=of_rule, ids=messages, in_memory=in_memory
+        )
+        answer: dict[str, Any] = {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
+        if messages is not None:
+            answer["messages"] = _by_id(messages, became)
+        return answer
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0, untried: bool = False) -> int:
         """Make due now the deferred messages due at `when` (within `margin` seconds): those a
@@ -581,14 +609,18 @@ class Admin:
         *,
         before_commit: Callable[[], None] | None = None,
         of_rule: float | None = None,
+        ids: Sequence[SpoolId] | None = None,
+        in_memory: Callable[[Entry], None] | None = None,
     ) -> int:
         """The spool rows matching `selector` and `wanted`, due now (in memory: due already,
-        their owner sets their next due): how many. `before_commit` runs if there are any,
-        before they are written."""
+        their owner sets their next due; `in_memory` is told of each): how many. `before_commit`
+        runs if there are any, before they are written. `ids`: of these messages only."""
         now = self._clock()
         by_shard: dict[int, list[int]] = {}
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
+            if in_memory is not None:
+                in_memory(entry)
             return _Done.IGNORED, None
 
         def spool_only(message: Message) -> bool:
@@ -598,7 +630,7 @@ class Admin:
             return True
 
         made_due, _ = await self._walk(
-            selector, act, kind, operation, claim=False, spool_only=spool_only, of_rule=of_rule
+            selector, act, kind, operation, claim=False, spool_only=spool_only, of_rule=of_rule, ids=ids
         )
         if made_due and before_commit is not None:
             before_commit()
@@ -834,15 +866,20 @@ class Admin:
         spool_only: Callable[[Message], bool] | None = None,
         leave: Callable[[Message], bool] | None = None,
         of_rule: float | None = None,
+        ids: Sequence[SpoolId] | None = None,
     ) -> tuple[int, int]:
         """Act on every matching message but those `leave` is true of (neither claimed nor
         acted on); (acted on, of which marked: acted on when their attempt ends). `of_rule`:
-        when the rule `operation` names was made, for a walk that ends it (a resume)."""
+        when the rule `operation` names was made, for a walk that ends it (a resume). `ids`:
+        of these messages only, read by id rather than by a walk of the whole spool."""
         acted = marked = seen = 0
+        shown = msgspec.to_builtins(selector)
+        if ids is not None:  # (not "{}": an operation on named messages is not one on everything)
+            shown["messages"] = [format_id(spool_id) for spool_id in ids]
         progress: dict[str, Any] = {
             "operation": operation or new_rule_id(),
             "kind": name,
-            "selector": msgspec.to_builtins(selector),
+            "selector": shown,
             "looked_at": 0,
             "acted_on": 0,
             "waited": 0,  # messages it found settling and acted on once their outcome was written
@@ -864,36 +901,54 @@ class Admin:
             acted += done is not _Done.IGNORED
             marked += done is _Done.MARKED
 
-        for spool in list(self._spools.values()):
-            after = 0
-            while batch := spool.scan(after, _BATCH):
-                started = time.perf_counter()
-                after = batch[-1].id
-                commits: list[asyncio.Future[None]] = []
-                settling: list[_Settling] = []
-                for message in batch:
-                    one(message, commits, settling)
-                seen += len(batch)
-                # Settling messages: once their outcome is written, act on the row it left.
-                for _ in range(_MAX_WAITS):
-                    if not settling:
-                        break
-                    progress["waited"] += len(settling)
-                    await asyncio.gather(*(s.settled for s in settling))
-                    again, settling = settling, []
-                    for waited in again:
-                        row = self._spools.of(waited.id).get(waited.id)
-                        if row is not None:
-                            one(row, commits, settling)
-                for waited in settling:
-                    _log.warning("admin %s: message %s kept settling; left alone", name, format_id(waited.id))
-                await asyncio.gather(*commits)
-                progress.update(looked_at=seen, acted_on=acted, after_attempt=marked)
-                if seen % _PROGRESS_EVERY < _BATCH:
-                    _log.info("admin %s: %s looked at, %d acted on", name, _messages(seen), acted)
-                await self._pause(time.perf_counter() - started)
+        for batch in self._batches(ids):
+            started = time.perf_counter()
+            commits: list[asyncio.Future[None]] = []
+            settling: list[_Settling] = []
+            for message in batch:
+                one(message, commits, settling)
+            seen += len(batch)
+            # Settling messages: once their outcome is written, act on the row it left.
+            for _ in range(_MAX_WAITS):
+                if not settling:
+                    break
+                progress["waited"] += len(settling)
+                await asyncio.gather(*(s.settled for s in settling))
+                again, settling = settling, []
+                for waited in again:
+                    row = self._spools.of(waited.id).get(waited.id)
+                    if row is not None:
+                        one(row, commits, settling)
+            for waited in settling:
+                _log.warning("admin %s: message %s kept settling; left alone", name, format_id(waited.id))
+            await asyncio.gather(*commits)
+            progress.update(looked_at=seen, acted_on=acted, after_attempt=marked)
+            if seen % _PROGRESS_EVERY < _BATCH:
+                _log.info("admin %s: %s looked at, %d acted on", name, _messages(seen), acted)
+            await self._pause(time.perf_counter() - started)
         progress.update(looked_at=seen, acted_on=acted, after_attempt=marked, running=0, finished=self._clock())
         return acted, marked
+
+    def _batches(self, ids: Sequence[SpoolId] | None) -> Iterator[list[Message]]:
+        """The spool rows a walk looks at, a batch at a time, each batch read as the walk comes
+        to it (after the previous one's commits and rest): every row, in id order; or the rows
+        of `ids` that this worker's shards hold (none of another worker's or node's)."""
+        if ids is None:
+            for spool in list(self._spools.values()):
+                after = 0
+                while batch := spool.scan(after, _BATCH):
+                    after = batch[-1].id
+                    yield batch
+            return
+        for start in range(0, len(ids), _BATCH):
+            rows = []
+            for spool_id in ids[start : start + _BATCH]:
+                shard = self._spools.get(shard_of(spool_id))  # (None: another worker's, or another node's)
+                row = shard.get(spool_id) if shard is not None else None
+                if row is not None:
+                    rows.append(row)
+            if rows:
+                yield rows
 
     def _act(
         self,
@@ -986,6 +1041,34 @@ class _Settling:
     def __init__(self, spool_id: SpoolId, settled: asyncio.Future[None]) -> None:
         self.id = spool_id
         self.settled = settled
+
+
+NOT_FOUND: Final = "not_found"
+"""A message asked for by id that the worker does not hold (delivered, bounced or expired
+already, or never its, or another tenant's to a token bound to tenants)."""
+
+
+def _by_id(ids: Sequence[SpoolId], became: Mapping[SpoolId, tuple[str, int]]) -> list[dict[str, Any]]:
+    """What became of each message asked for by id, in the order asked: `result`, and for a
+    bounce how many `recipients` it ended (or ends as far as its attempt under way leaves them).
+    Every worker and node says it of every id, `not_found` of those it does not hold; their
+    answers are added up by id (`pigeon.node.answers`), the one that found it winning."""
+    rows: list[dict[str, Any]] = []
+    for spool_id in ids:
+        result, recipients = became.get(spool_id, (NOT_FOUND, 0))
+        row: dict[str, Any] = {"id": format_id(spool_id), "result": result}
+        if result in ("bounced", "after_attempt") and recipients:
+            row["recipients"] = recipients
+        rows.append(row)
+    return rows
+
+
+def _described(selector: Selector, ids: Sequence[SpoolId] | None) -> str:
+    """What an operation acts on, for the log: its selector, or the messages it names."""
+    if ids is None:
+        return selector.describe()
+    named = ", ".join(format_id(spool_id) for spool_id in ids[:10]) + (", ..." if len(ids) > 10 else "")
+    return f"messages {named}" + ("" if selector.empty() else f" ({selector.describe()})")
 
 
 def _rule_view(rule: Rule | None) -> dict[str, Any] | None:

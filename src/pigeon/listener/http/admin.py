@@ -1,12 +1,12 @@
 """The admin API: bounce, suspend (and resume), retry now, inspect one message.
 
-    POST   /api/v1/admin/bounce           {selector..., reason, duration?}   admin
+    POST   /api/v1/admin/bounce           {selector... | messages, reason, duration?}  admin
     GET    /api/v1/admin/bounce           standing bounces                  read
     DELETE /api/v1/admin/bounce/{id}      cancel one                        admin
     POST   /api/v1/admin/suspend          {selector..., reason, duration?}   admin
     GET    /api/v1/admin/suspend          suspensions                       read
     DELETE /api/v1/admin/suspend/{id}     resume                            admin
-    POST   /api/v1/admin/retry            {selector...}                     admin
+    POST   /api/v1/admin/retry            {selector... | messages}          admin
     POST   /api/v1/admin/rebind           {selector..., to_queue?, routing_domain?}  admin
     GET    /api/v1/messages/{id}          one message                       read
     GET    /api/v1/queues                 scheduled and ready queues        read
@@ -17,7 +17,12 @@ under the id of another live rule (another kind, selector or duration) the reque
 409 naming that rule, and nothing is done (`pigeon.queue.rules.same_rule`). Checked where it is
 issued, against the node's rules and, with `[redis]`, the cluster's; each worker checks too.
 
-A selector names at least one of domain, tenant, campaign, queue (globs). Durations are
+A selector names at least one of domain, tenant, campaign, queue (globs). A bounce or a retry
+may name messages by id instead (`messages`: `postsuper -d`, `postqueue -i`), or as well (then
+only those of them it selects); it acts on them wherever they are, each worker and node on those
+it holds, and its answer says of each id what became of it (`result`: bounced, after_attempt,
+made_due, already_due, suspended, not_found). A bounce of messages makes no standing rule: a
+duration with them is refused. Durations are
 seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
 several workers the supervisor sends each request to all of them and adds up the answers.
 A rule with a duration is `created` when its request was issued (stamped once: by the node's
@@ -67,7 +72,7 @@ from pigeon.listener.http.json_body import (
     require_json,
     unique_members,
 )
-from pigeon.message import parse_id
+from pigeon.message import SpoolId, parse_id
 from pigeon.node.standing import GENERATION_HEADER
 from pigeon.queue.admin import Admin, new_rule_id
 from pigeon.queue.names import queue_name, queue_name_problem, queue_part_problem
@@ -103,8 +108,13 @@ _UNKNOWN_FIELD: Final = re.compile(r"^Object contains unknown field `([^`]*)`")
 _TOO_LONG: Final = re.compile(r"^Expected `str` of length <= (\d+) - at `\$\.(\w+)`$")
 
 
-class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """Which messages (POST /api/v1/admin/retry takes just this). Each operation's body is its
+MAX_MESSAGES: Final = 1000
+"""The most message ids one bounce or retry names: a stuck message or a few (`postsuper -d`),
+not a list to walk; the walk by selector is for many."""
+
+
+class Selecting(msgspec.Struct, forbid_unknown_fields=True):
+    """Which messages: the members every admin write's body has. Each operation's body is its
     own type, so a member it would ignore is refused, and the OpenAPI document says so."""
 
     domain: _Glob | None = None
@@ -126,19 +136,43 @@ class AdminRequest(msgspec.Struct, forbid_unknown_fields=True):
         return Selector(domain=self.domain, tenant=self.tenant, campaign=self.campaign, queue=self.queue, site=site)
 
 
-class BounceRequest(AdminRequest):
+MESSAGES_TEXT: Final = (
+    "Message ids as Pigeon prints them (16 hex digits: the 250 reply's 'queued as', pigeon logs, pigeon "
+    f"inspect), at most {MAX_MESSAGES}: only these messages, on whichever worker and node holds them, and of "
+    "them only those the other members select, if any are given. Instead of a selector, or with one; the "
+    "answer says of each what became of it (messages)"
+)
+
+
+class AdminRequest(Selecting):
+    """Which messages to make due now (POST /api/v1/admin/retry)."""
+
+    messages: list[str] | None = None
+    """`MESSAGES_TEXT`. Read into spool ids by `message_ids`."""
+
+
+class RuleRequest(Selecting):
+    """What a bounce and a suspension take: why, and for how long the rule they make stands."""
+
     reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON)] = ""
     duration: float | str | None = None
     """How long the rule stands (bounce: also new mail; suspend: until then, else until resumed):
     more than 0, at most 365 days."""
 
 
-class SuspendRequest(BounceRequest):
+class BounceRequest(RuleRequest):
+    """Which messages to bounce, why, and whether new mail too (a duration)."""
+
+    messages: list[str] | None = None
+    """`MESSAGES_TEXT`: bounced now, never with a duration (which would make a standing rule)."""
+
+
+class SuspendRequest(RuleRequest):
     site: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SITE)] | None = None
     """Deliveries to this site (ready queue) stop; nothing else may be named with it."""
 
 
-class RebindRequest(AdminRequest):
+class RebindRequest(Selecting):
     to_queue: str | None = None
     """The scheduled queue to move the messages to (its [[queue]] policy applies from then on):
     one queue name, not a glob (`pigeon.queue.names.QUEUE_NAME_TEXT`). Selectors match them by
@@ -148,7 +182,7 @@ class RebindRequest(AdminRequest):
     """Route them as if their recipients were in this domain ("" routes them by their own again)."""
 
 
-_REQUESTS: Final[dict[str, type[AdminRequest]]] = {
+_REQUESTS: Final[dict[str, type[Selecting]]] = {
     "bounce": BounceRequest,
     "suspend": SuspendRequest,
     "retry": AdminRequest,
@@ -302,9 +336,10 @@ async def perform(
             operation=request.id,
             accepted_before=issued,  # (None: issued here, now)
         )
-    elif not isinstance(request, BounceRequest):
-        answer = await admin.retry(request.selector(), request.id)
+    elif isinstance(request, AdminRequest):
+        answer = await admin.retry(request.selector(), request.id, messages=message_ids(request))
     else:
+        assert isinstance(request, RuleRequest)
         duration = float(request.duration) if request.duration else None
         new_rule = request.id
         if action == "suspend" and duration is None:
@@ -314,6 +349,8 @@ async def perform(
         options: dict[str, Any] = {"issued": issued if issued is not None else stamped}
         if action == "bounce" and duration is None and issued is not None:
             options["accepted_before"] = issued
+        if isinstance(request, BounceRequest) and request.messages is not None:
+            options["messages"] = message_ids(request)
         operation = admin.bounce if action == "bounce" else admin.suspend
         try:
             answer = await operation(
@@ -416,10 +453,12 @@ def operation_of(method: str, path: str, body: bytes) -> tuple[str, str] | None:
         request = _decode(path, body)
     except web.HTTPException:
         return None
-    if request.id is None or (isinstance(request, BounceRequest) and request.duration):
+    if request.id is None or (isinstance(request, RuleRequest) and request.duration):
         return None
     what = "bounce now" if action == "bounce" else action
-    return request.id, f"{what} of {request.selector().describe()} (an operation, not a rule)"
+    ids = message_ids(request)
+    of = request.selector().describe() if ids is None else f"{len(ids)} message(s) by id"
+    return request.id, f"{what} of {of} (an operation, not a rule)"
 
 
 class RuleChange(NamedTuple):
@@ -444,7 +483,7 @@ def rule_change(method: str, path: str, body: bytes, operator: str, now: float) 
         request = _decode(path, body)
     except web.HTTPException:
         return None
-    assert isinstance(request, BounceRequest)
+    assert isinstance(request, RuleRequest)
     duration = float(request.duration) if request.duration else None
     if action == "bounce" and duration is None:
         return None  # acts on what is queued now, and is over
@@ -494,12 +533,21 @@ def _route(method: str, path: str) -> tuple[str, str]:
     raise web.HTTPNotFound(text=json.dumps({"error": f"no admin operation at {path}"}), content_type="application/json")
 
 
-def _decode(path: str, body: bytes) -> AdminRequest:
+def message_ids(request: Selecting) -> list[SpoolId] | None:
+    """The spool ids a bounce or retry names (`messages`, checked by `_decode`), each once, in
+    the order given; None when it names none (it acts on what its selector matches)."""
+    given = request.messages if isinstance(request, AdminRequest | BounceRequest) else None
+    if given is None:
+        return None
+    return list(dict.fromkeys(parse_id(text) for text in given))
+
+
+def _decode(path: str, body: bytes) -> Selecting:
     action, _ = _route("POST", path)
     if (repeated := repeated_member(body)) is not None:
         raise bad_request(repeated_refusal(repeated), repeated)
     try:
-        request: AdminRequest = _DECODERS[action].decode(body)
+        request: Selecting = _DECODERS[action].decode(body)
     except msgspec.ValidationError as error:
         raise _refusal(error, action) from None
     except msgspec.DecodeError as error:
@@ -509,13 +557,25 @@ def _decode(path: str, body: bytes) -> AdminRequest:
         raise bad_request(f"malformed JSON: {error}", "$") from None
     except RecursionError:
         raise bad_request("JSON nested too deeply", "$") from None
-    if isinstance(request, BounceRequest) and request.duration is not None:
+    if isinstance(request, RuleRequest) and request.duration is not None:
         request.duration = _rule_duration(request.duration, action)
     if request.id is not None and not _RULE_ID.fullmatch(request.id):
         raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
     _normalise_globs(request)
+    if isinstance(request, AdminRequest | BounceRequest) and request.messages is not None:
+        _check_messages(request.messages)
+        if isinstance(request, BounceRequest) and request.duration is not None:
+            # A duration makes a standing rule, which would bounce new mail by its selector: the
+            # ids name messages queued now, and an id bounce is over once they are bounced.
+            raise bad_request(
+                "messages are bounced now, and make no standing rule: leave duration out (to bounce new mail "
+                "too, bounce by domain, tenant, campaign or queue with a duration)",
+                "$.duration",
+            )
+        return request
     if request.selector().empty():
         site = " (or site, to stop deliveries to a site)" if action == "suspend" else ""
+        site = " (or messages: their ids)" if action in ("bounce", "retry") else site
         raise bad_request(f"name at least one of domain, tenant, campaign, queue{site}", "$")
     if isinstance(request, SuspendRequest) and request.site is not None and not request.selector().site_only():
         raise bad_request("site names a ready queue to suspend, on its own", "$.site")
@@ -529,7 +589,22 @@ def _decode(path: str, body: bytes) -> AdminRequest:
     return request
 
 
-def _normalise_globs(request: AdminRequest) -> None:
+def _check_messages(given: list[str]) -> None:
+    """400 naming the first id of `messages` that is none (`MESSAGES_TEXT`), or an empty list."""
+    if not given:
+        raise bad_request("messages names at least one message id (or leave it out, and select by domain, ...)",
+                          "$.messages")  # fmt: skip
+    if len(given) > MAX_MESSAGES:
+        raise bad_request(f"messages names at most {MAX_MESSAGES} ids: bounce or retry more by a selector",
+                          "$.messages")  # fmt: skip
+    for index, text in enumerate(given):
+        try:
+            parse_id(text)
+        except ValueError as error:
+            raise bad_request(f"messages[{index}]: {error}", f"$.messages[{index}]") from None
+
+
+def _normalise_globs(request: Selecting) -> None:
     """Read the selector's globs as the config reads the same globs (`config.patterns`): a
     domain or site in lower case and without a final dot, as the names they are matched
     against are written. One no domain or site could match ("@", white space, an empty label,

@@ -18,6 +18,8 @@ from pigeon.config.patterns import api_patterns
 from pigeon.config.schema import DURATION_TEXT, Duration
 from pigeon.listener.http.admin import (
     MAX_DURATION,
+    MAX_MESSAGES,
+    MESSAGES_TEXT,
     RULE_DURATION,
     AdminRequest,
     BounceRequest,
@@ -91,6 +93,7 @@ _NOT_JSON: Final = (
 
 
 _WORKERS: Final = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_SPOOL_ID: Final = {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"}  # 63-bit
 
 
 @functools.cache
@@ -380,6 +383,13 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
                 "as a string (30m, 2h, 7d). "
                 "Left out: a suspension lasts until resumed, a bounce acts on what is queued now only.",
             }
+    for name in ("AdminRequest", "BounceRequest"):  # a bounce's or retry's messages, by id
+        ids = {"type": "array", "items": _SPOOL_ID, "minItems": 1, "maxItems": MAX_MESSAGES}
+        components[name]["properties"]["messages"] = {
+            "anyOf": [ids, {"type": "null"}],
+            "default": None,
+            "description": MESSAGES_TEXT,
+        }
     hosts = [(name, "domain") for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest")]
     for name, member in [*hosts, ("SuspendRequest", "site"), ("RebindRequest", "routing_domain")]:
         components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{api_patterns()[member]}$")
@@ -437,6 +447,20 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     count = {"type": "integer", "minimum": 0}
     operation_id = {"type": "string", "description": "The bulk operation's id: GET /api/v1/admin/operations"}
     rule_or_none = {"anyOf": [_ref("Rule"), {"type": "null"}]}
+
+    def by_id(results: dict[str, str], recipients: bool = False) -> dict[str, Any]:
+        said = "; ".join(f"{result}: {meaning}" for result, meaning in results.items())
+        members: dict[str, Any] = {"id": {"type": "string"}, "result": {"enum": list(results)}}
+        if recipients:
+            members["recipients"] = {**count, "description": "Of bounced and after_attempt: its recipients"}
+        row = _object(members, "id", "result", doc=said)
+        return {
+            "type": "array",
+            "items": row,
+            "description": "With messages (ids): what became of each, in the order asked, each once",
+        }
+
+    not_found = "no worker or node that answered holds it: delivered, bounced or expired already, or no such message"
     bounced = _object(
         {
             "bounced": count,
@@ -444,6 +468,14 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "rule": rule_or_none,
             "already": {"type": "boolean"},
             "operation": operation_id,
+            "messages": by_id(
+                {
+                    "bounced": "bounced now, every recipient (AdminBounce records, no DSN)",
+                    "after_attempt": "being sent: what that attempt does not deliver is bounced when it ends",
+                    "not_found": not_found,
+                },
+                recipients=True,
+            ),
         },
         "bounced",
         "after_attempt",
@@ -488,8 +520,17 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "that attempt leaves them; inbound_left: matching messages of [[inbound]] routes, left as they are: they "
         "go to their target from their own queue",
     )
+    retried = by_id(
+        {
+            "made_due": "deferred (or held), due now",
+            "already_due": "due already: waiting for its turn or a connection, or being sent",
+            "suspended": "a suspension holds it: left as it was",
+            "bounced": "a live standing bounce covers it: bounced as it comes due now",
+            "not_found": not_found,
+        }
+    )
     made_due = _object(
-        {"made_due": count, "suspended": count, "bounced": count, "operation": operation_id},
+        {"made_due": count, "suspended": count, "bounced": count, "operation": operation_id, "messages": retried},
         "made_due",
         doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were; "
         "bounced: matching messages a live standing bounce covers, bounced as they come due now",
@@ -588,7 +629,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     effects = _object({"effects": {"type": "array", "items": _ref("Effect")}, "mode": mode}, "effects", "mode")
     ended = _object({"ended": _ref("Effect"), "mode": mode}, "ended", "mode")
     rule_id = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
-    id_schema = {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"}  # 63-bit
+    id_schema = _SPOOL_ID
     spool_id = [{"name": "id", "in": "path", "required": True, "schema": id_schema}]
 
     cluster = [
@@ -644,13 +685,23 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     }
     posted_rebind = posted_with({"allOf": [messages, where_to]}, rebind_body)
 
-    posted_bounce = posted_with(messages, bounce_body)
-    posted_retry = posted_with(messages, retry_body)
+    # Or messages by id instead (a bounce's with no duration: it would make a standing rule).
+    ids = {"required": ["messages"], "properties": {"messages": {"type": "array"}}}
+    by_id_or_selected = {"anyOf": [*messages["anyOf"], ids]}
+    posted_bounce = posted_with(
+        {"allOf": [by_id_or_selected, {"if": ids, "then": {"properties": {"duration": {"type": "null"}}}}]},
+        bounce_body,
+    )
+    posted_retry = posted_with(by_id_or_selected, retry_body)
     posted_suspend = posted_with({"anyOf": [{"allOf": [messages, site_null]}, site_only]}, suspend_body)
     paths = {
         "/api/v1/admin/bounce": {
             "post": operation(
-                "bounce", "Bounce matching queued mail; with a duration new mail too", "admin", bounced, **posted_bounce
+                "bounce",
+                "Bounce matching queued mail, or messages by id; with a duration new mail too",
+                "admin",
+                bounced,
+                **posted_bounce,
             ),
             "get": operation("listBounces", "Standing bounces", "read", rules, "The standing bounces"),
         },
@@ -678,7 +729,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             ),
         },
         "/api/v1/admin/retry": {
-            "post": operation("retry", "Make matching deferred mail due now", "admin", made_due, **posted_retry),
+            "post": operation(
+                "retry", "Make matching deferred mail, or messages by id, due now", "admin", made_due, **posted_retry
+            ),
         },
         "/api/v1/admin/operations": {
             "get": operation(
