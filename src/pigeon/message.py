@@ -151,6 +151,10 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     # The sender the message came with, where the policy's on_message changed it (`sender` is the
     # one it is stored and sent with, and its DSNs go to): its Reception and `pigeon inspect` say it.
     original_sender: str | None = None
+    # When its sender was told it is still being retried (a delay DSN, `[delivery] delay_warning`):
+    # committed with that DSN, so that no restart, retry, rebind or move warns again. Last, with a
+    # default: a Pigeon from before it reads the envelope, this element ignored.
+    delay_warned: float | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.

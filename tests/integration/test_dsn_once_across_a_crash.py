@@ -1,5 +1,7 @@
 """A bounce's DSN and the bounce itself are one commit: a crash just after the DSN is stored
-cannot bring the recipient back to be tried, bounced and reported again.
+cannot bring the recipient back to be tried, bounced and reported again. Likewise a delay
+warning's DSN and the mark that the sender was warned: the retries after such a crash warn
+nobody again.
 
 The node runs in this process on real sockets, spool and logs. The crash is made where it
 hurts: every spool connection goes through `_Disk`, which lets the transaction that stores
@@ -94,14 +96,14 @@ async def sink() -> AsyncIterator[ScriptedSink]:
     sink.stop()
 
 
-def _config(root: Path, sink: ScriptedSink) -> Path:
+def _config(root: Path, sink: ScriptedSink, **delivery: str) -> Path:
     config = {
         "node": {"name": "crash", "workers": 1},
         "smtp": {"listen": [f"127.0.0.1:{free_port()}"], "hostname": "mx.pigeon.test"},
         "http": {"listen": f"127.0.0.1:{free_port()}"},
         "spool": {"path": "spool"},
         "log": {"path": "log"},
-        "delivery": {"enabled": True, "idle_timeout": "1s"},
+        "delivery": {"enabled": True, "idle_timeout": "1s", **delivery},
         "dns": {"nameservers": ["127.0.0.1:9"], "timeout": "1s"},
         "route": [{"domain": "*", "next_hop": sink.endpoint, "tls": "disabled"}],
     }
@@ -110,8 +112,9 @@ def _config(root: Path, sink: ScriptedSink) -> Path:
     return root / "pigeon.toml"
 
 
-async def _spool_message(directory: Path, shard: int, recipients: list[str]) -> None:
-    """A message waiting in shard `shard` (as a run with more workers would have left it)."""
+async def _spool_message(directory: Path, shard: int, recipients: list[str], age: float = 0.0) -> None:
+    """A message waiting in shard `shard` (as a run with more workers would have left it),
+    which arrived `age` seconds ago."""
     spool = SqliteSpool(directory, shard=shard)
     spool.open(asyncio.get_running_loop())
     try:
@@ -120,7 +123,7 @@ async def _spool_message(directory: Path, shard: int, recipients: list[str]) -> 
         writer.write(MESSAGE)
         envelope = Envelope("sender@example.org", [Recipient(r) for r in recipients])
         now = time.time()
-        await spool.store(writer.finish(), [NewMessage(message_id, "d1.test", envelope, now, now)])
+        await spool.store(writer.finish(), [NewMessage(message_id, "d1.test", envelope, now - age, now)])
     finally:
         spool.close()
 
@@ -170,3 +173,35 @@ async def test_a_crash_just_after_a_dsn_is_stored_leaves_the_sender_one_dsn_and_
     ends = ("Delivery", "Bounce", "Expiration", "AdminBounce")
     terminal = [(r["type"], r["recipient"]) for r in records if r["type"] in ends and r["recipient"] in recipients]
     assert sorted(terminal) == [("Bounce", address) for address in recipients]
+
+
+async def test_a_crash_just_after_a_delay_warning_is_stored_leaves_the_sender_that_one_warning(
+    tmp_path: Path, sink: ScriptedSink, disk: _Disk
+) -> None:
+    # Past `delay_warning` from its first deferral: the first warns, and is the crash.
+    await _spool_message(shard_directory(tmp_path / "spool", 0), 0, ["tempfail@d1.test"], age=10.0)
+    path = _config(tmp_path, sink, delay_warning="2s", retry_interval="1s", max_retry_interval="1s")
+    disk.armed = True
+    node = Node(load(path))
+    await node.start()
+    try:
+        await _until(lambda: disk.dead)
+        await asyncio.sleep(1.5)  # what the node would do next, had it lived (none of it lands)
+    finally:
+        await node.stop()
+
+    disk.armed = disk.dead = False
+    node = Node(load(path))
+    await node.start()
+    try:
+        await _until(lambda: any(r.sender in ("", "<>") for r in sink.received))
+        deferrals = lambda: [r for r in read_records(tmp_path / "log") if r["type"] == "TransientFailure"]  # noqa: E731
+        await _until(lambda: len(deferrals()) >= 3, within=30)  # retried, again and again
+    finally:
+        await node.stop()
+
+    dsns = {m.group(1) for r in sink.received if r.sender in ("", "<>") and (m := DSN_ID.search(r.data))}
+    assert len(dsns) == 1, f"the sender was warned {len(dsns)} times: {sorted(dsns)}"
+    assert all(b"Action: delayed" in r.data for r in sink.received if r.sender in ("", "<>"))
+    # The deferral the warning went with was committed (and logged) before the crash; none since warned.
+    assert len([r for r in deferrals() if r.get("delay_notified")]) == 1

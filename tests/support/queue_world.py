@@ -393,6 +393,7 @@ class World:
     dsn: bool = True
     retry_interval: float = 300.0
     max_age: float = 86_400.0
+    delay_warning: float = 0.0
     connection_limit: int = 2
     max_active: int = 10_000
     shaping: Shaping | None = None
@@ -429,7 +430,8 @@ class World:
         self.spool = MemorySpool(self)
         self.records = Records(self)
         self.routes = FakeRoutes(self, {})
-        policy = QueuePolicy(RetryPolicy(self.retry_interval, self.retry_interval * 4, self.max_age, 0.0), self.dsn)
+        retry = RetryPolicy(self.retry_interval, self.retry_interval * 4, self.max_age, 0.0)
+        policy = QueuePolicy(retry, self.dsn, delay_warning=self.delay_warning)
         self.policies = QueuePolicies(policy)
         self.spools = Spools([self.spool])
 

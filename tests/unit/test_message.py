@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import typing
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pigeon.message import (
@@ -73,3 +75,23 @@ async def test_spools_of_two_nodes_hand_out_different_ids_in_the_same_millisecon
     finally:
         for spool in spools:
             spool.close()
+
+
+def test_an_envelope_marked_delay_warned_is_read_by_the_layout_before_the_mark() -> None:
+    """Going back to the Pigeon before `delay_warned`: it reads a row a newer one marked (the
+    mark is the last element, which it ignores), and a row without the mark reads as unwarned."""
+    hints = typing.get_type_hints(Envelope)
+    fields = [(f, hints[f], getattr(Envelope(sender="", recipients=[]), f))
+              for f in Envelope.__struct_fields__ if f not in ("sender", "recipients", "delay_warned")]  # fmt: skip
+    before = msgspec.defstruct(
+        "Before",
+        [("sender", str), ("recipients", list[Recipient]), *fields],
+        array_like=True,
+        omit_defaults=True,
+    )
+    marked = Envelope("a@example.org", [Recipient("b@example.net")], original_sender="c@example.org", delay_warned=5.0)
+    read = msgspec.msgpack.decode(ENVELOPE_ENCODER.encode(marked), type=before)
+    assert (read.sender, read.original_sender) == ("a@example.org", "c@example.org")  # type: ignore[attr-defined]
+    unmarked = msgspec.msgpack.encode(before("a@example.org", [Recipient("b@example.net")]))
+    assert ENVELOPE_DECODER.decode(unmarked).delay_warned is None
+    assert ENVELOPE_DECODER.decode(ENVELOPE_ENCODER.encode(marked)).delay_warned == 5.0

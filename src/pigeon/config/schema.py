@@ -639,6 +639,11 @@ class DeliveryConfig(_Section):
     """Give up (Expiration, and a DSN) when a message has not been delivered by this age."""
     dsn: bool = True
     """Send delivery status notifications for bounces and expirations (never to <>)."""
+    delay_warning: Duration = Duration(0)
+    """Tell the sender once, with a "delayed" DSN (RFC 3464 `Action: delayed`), that a message
+    still being retried has waited this long since it arrived (Postfix's `delay_warning_time`,
+    often "4h"), unless its recipients' NOTIFY leaves out DELAY. 0 (the default): never, even
+    to a sender that asked for NOTIFY=DELAY. Not with `dsn = false`."""
     dsn_from: str = ""
     """The address in a DSN's From field, e.g. "MAILER-DAEMON@example.com" (Postfix's
     MAILER-DAEMON@$myorigin): a smart host that takes only verified From domains refuses a DSN
@@ -782,6 +787,8 @@ class QueueConfig(_Section):
     max_retry_interval: PositiveDuration | None = None
     max_age: PositiveDuration | None = None
     dsn: bool | None = None
+    delay_warning: Duration | None = None
+    """`[delivery] delay_warning` for this queue ("0": none here)."""
     pool: str | None = None
     """The `[[pool]]` this queue's mail leaves from (a policy hook's `egress_pool` wins).
     None: `[delivery] pool`."""

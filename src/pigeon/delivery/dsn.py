@@ -10,7 +10,9 @@ that failed (bounced or expired) unless its NOTIFY excludes FAILURE (NOTIFY abse
 A recipient whose NOTIFY has SUCCESS gets a report of it when nobody further on will send
 one (RFC 3461 5.2.2): "delivered" to an application's target, "relayed" to a server that did
 not take the DSN parameters (one that did reports on its own). A success returns only the
-headers.
+headers. A recipient still being retried past `[delivery] delay_warning` is reported once as
+"delayed" (unless its NOTIFY leaves out DELAY), with the deferral's 4.x.y status and until when
+it will be tried (`Will-Retry-Until`); only the headers come back (RET is for failures).
 
 Every line keeps to RFC 5322's 998 octets (2.1.1), and to 78 where the words allow: a next
 hop may refuse a longer line (Pigeon does, 554 5.6.0), and a report is refused unheard. A
@@ -78,6 +80,15 @@ class Failure:
     # server's reply reports that reply (`smtp;`, with its `remote_mta`), `reply` (5.4.7) giving
     # the Status and the text, which say the message expired.
     diagnostic: str | None = None
+    # Of a "delayed" report: until when the message will be tried (RFC 3464 2.3.9 Will-Retry-Until).
+    retry_until: float | None = None
+
+
+def wants_delay_notice(recipient: Recipient) -> bool:
+    """RFC 3461 4.1: NOTIFY=DELAY asks for a delay notice, NOTIFY without it (NEVER, FAILURE
+    alone) refuses one, and no NOTIFY leaves it to the MTA (`[delivery] delay_warning`, which
+    the caller checks for either)."""
+    return recipient.notify is None or "DELAY" in recipient.notify
 
 
 def wants_success_notice(recipient: Recipient) -> bool:
@@ -120,7 +131,8 @@ def build_report(
     date = _date(now)
     utf8 = envelope.smtputf8 or not envelope.sender.isascii()
     failed = [f for f in failures if f.action == "failed"]
-    succeeded = [f for f in failures if f.action != "failed"]
+    delayed = [f for f in failures if f.action == "delayed"]
+    succeeded = [f for f in failures if f.action in ("relayed", "delivered")]
     full = envelope.ret == "FULL" and bool(failed)  # a success returns the headers only (RFC 3461 4.3)
     human = _wrapped(f"This is the mail system at host {hostname}.", max_line) + "\r\n\r\n"
     if failed:
@@ -136,11 +148,26 @@ def build_report(
             "Your message could not be delivered to one or more recipients.\r\n"
             f"{attached}; the reasons are:\r\n\r\n{reasons}\r\n"
         )
+    if delayed:
+        # Postfix's words, near enough: a sender who reads no further must not send it again.
+        until = max(f.retry_until or now for f in delayed)
+        waiting = "\r\n".join(
+            _wrapped(f"<{f.recipient.address}>: {shown(f.reply.text, limit=None)}", max_line) for f in delayed
+        )
+        # What came back is said once (a failure's text said it), as the 7-bit form looks for it.
+        heading = "The reasons it is still waiting are" if failed else f"{_SAYS_HEADERS}; the reasons are"
+        human += ("\r\n" if failed else "") + (
+            "THIS IS A WARNING ONLY. YOU DO NOT NEED TO SEND YOUR MESSAGE AGAIN.\r\n\r\n"
+            "Your message has not yet been delivered to one or more recipients.\r\n"
+            f"It will be tried again until {_date(until)},\r\n"
+            "and you will be told if it cannot be delivered by then.\r\n"
+            f"{heading}:\r\n\r\n{waiting}\r\n"
+        )
     if succeeded:
         # RFC 3461 5.2.2: "relayed" to a server that does not report on; "delivered" here.
         said = {"delivered": "delivered", "relayed": "relayed to a server that sends no further reports"}
         done = "\r\n".join(_wrapped(f"<{f.recipient.address}>: {said[f.action]}", max_line) for f in succeeded)
-        human += ("\r\n" if failed else "") + f"As you asked, a report of its delivery:\r\n\r\n{done}\r\n"
+        human += ("\r\n" if failed or delayed else "") + f"As you asked, a report of its delivery:\r\n\r\n{done}\r\n"
     per_message = [f"Reporting-MTA: dns; {hostname}", f"X-Pigeon-Queue-ID: {queue_id}"]
     if envelope.envid:
         per_message.append(f"Original-Envelope-Id: {_field(envelope.envid)}")
@@ -166,6 +193,8 @@ def build_report(
             fields.append(f"Last-Attempt-Date: {_date(failure.attempted)}")
         elif failure.diagnostic_type == "smtp":
             fields.append(f"Last-Attempt-Date: {date}")
+        if failure.retry_until is not None:
+            fields.append(f"Will-Retry-Until: {_date(failure.retry_until)}")
         blocks.append("\r\n".join(_folded(field, max_line) for field in fields))
     # RFC 6522 3: the multipart/report's report-type is this part's subtype.
     status_type = "message/global-delivery-status" if utf8 else "message/delivery-status"
@@ -183,7 +212,7 @@ def build_report(
     head = (
         address_header("From", "Mail Delivery System", from_address or f"MAILER-DAEMON@{hostname}", max_line)
         + f"To: <{envelope.sender}>\r\n"
-        f"Subject: {'Undelivered Mail Returned to Sender' if failed else 'Successful Mail Delivery Report'}\r\n"
+        f"Subject: {_subject(bool(failed), bool(delayed))}\r\n"
         f"Date: {date}\r\n" + message_id_field(hostname, max_line) + "Auto-Submitted: auto-replied\r\n"
         "MIME-Version: 1.0\r\n"
         f'Content-Type: multipart/report; report-type={status_type.partition("/")[2]};\r\n\tboundary="{boundary}"\r\n'
@@ -195,7 +224,7 @@ def build_report(
         f"Content-Type: text/plain; charset=utf-8\r\n{_encoding(human)}\r\n{human}\r\n",
         f"--{boundary}\r\nContent-Description: Delivery report\r\nContent-Type: {status_type}\r\n"
         f"{_encoding(status)}\r\n{status}\r\n\r\n",
-        f"--{boundary}\r\nContent-Description: {_description(bool(failed), full)}\r\n"
+        f"--{boundary}\r\nContent-Description: {_description(bool(failed), full, bool(delayed))}\r\n"
         f"Content-Type: {returned_type}\r\n{_encoding(returned)}\r\n",
     ]
     text = (head + "".join(parts)).encode("utf-8")
@@ -210,11 +239,20 @@ def _encoding(content: str | bytes) -> str:
     return "" if content.isascii() else "Content-Transfer-Encoding: 8bit\r\n"
 
 
-def _description(failed: bool, full: bool) -> str:
+def _subject(failed: bool, delayed: bool) -> str:
+    """The report's Subject, as Postfix words it: a failure's first, then a delay's."""
+    if failed:
+        return "Undelivered Mail Returned to Sender"
+    return "Delayed Mail (still being retried)" if delayed else "Successful Mail Delivery Report"
+
+
+def _description(failed: bool, full: bool, delayed: bool = False) -> str:
     """The returned part's Content-Description: what it is, of which message."""
     if full:
         return "Undelivered message"
-    return "Undelivered message headers" if failed else "Message headers"
+    if failed:
+        return "Undelivered message headers"
+    return "Delayed message headers" if delayed else "Message headers"
 
 
 def _original_recipient(orcpt: str, utf8: bool) -> str:

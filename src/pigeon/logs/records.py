@@ -227,6 +227,9 @@ class TransientFailure(Attempt, tag="TransientFailure"):
     # BadConnection ...; Uncategorized when no rule matched): why it was deferred, without
     # reading the text. Absent only in records written before deferrals were classified.
     classification: str = ""
+    # True when this deferral's sender was told, with a "delayed" DSN committed with it, that the
+    # message is still being retried (`[delivery] delay_warning`): once a message. Absent: not.
+    delay_notified: bool = False
 
 
 class Bounce(Attempt, tag="Bounce"):

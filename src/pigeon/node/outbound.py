@@ -450,7 +450,7 @@ def _policies(config: Config) -> QueuePolicies:
             max_age=age if age is not None else delivery.max_age,
         )
 
-    default = QueuePolicy(retry(None, None, None), delivery.dsn)
+    default = QueuePolicy(retry(None, None, None), delivery.dsn, delay_warning=delivery.delay_warning)
     rules = [
         QueueRule(
             q.name,
@@ -458,6 +458,7 @@ def _policies(config: Config) -> QueuePolicies:
                 retry(q.retry_interval, q.max_retry_interval, q.max_age),
                 delivery.dsn if q.dsn is None else q.dsn,
                 q.pool,
+                delivery.delay_warning if q.delay_warning is None else q.delay_warning,
             ),
         )
         for q in config.queue

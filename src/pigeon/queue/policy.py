@@ -28,6 +28,7 @@ class QueuePolicy:
     retry: RetryPolicy
     dsn: bool = True
     pool: str | None = None  # the egress pool its mail leaves from (None: [delivery] pool)
+    delay_warning: float = 0.0  # seconds deferred mail waits before its sender is told once (0: never)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,13 @@ worker's own, or one adopted): after `kill -9` there is one DSN and the outcome,
 and the attempt is made again. A DSN that cannot be stored leaves the outcome unwritten too,
 and both are tried again.
 
+A deferral past `[delivery] delay_warning` tells the sender once that the message is still
+being retried (a "delayed" DSN, for the deferred recipients whose NOTIFY allows it): the mark
+that it was told (`Envelope.delay_warned`) is in the row the deferral leaves, committed with
+that DSN as a failure's is with its outcome, so a crash leaves both or neither (and the next
+deferral tells), and nothing that keeps the row (a restart, a retry, a rebind, an adoption)
+tells again.
+
 Mail of an `[[inbound]]` route is taken from anyone, so its DSN would go to any sender an
 attacker wrote. Its route says who gets one (`InboundFailures`); for anyone else the failure
 is not terminal: the message is *held*, its row kept in the spool due at `HELD` (never by
@@ -47,7 +54,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from pigeon.delivery.dsn import Failure, wants_failure_notice, wants_success_notice
+from pigeon.delivery.dsn import Failure, wants_delay_notice, wants_failure_notice, wants_success_notice
 from pigeon.logs.records import (
     AdminBounce,
     Bounce,
@@ -62,7 +69,7 @@ from pigeon.logs.records import (
 from pigeon.message import HELD, Envelope, Message, Recipient, format_id
 from pigeon.metrics import Counts
 from pigeon.queue.attempt import Attempt, Unroutable
-from pigeon.queue.policy import InboundFailures, QueuePolicies
+from pigeon.queue.policy import InboundFailures, QueuePolicies, QueuePolicy
 from pigeon.queue.state import ActiveSet, AdminMark, Entry, Lease, RebindMark, State, transition
 from pigeon.smtp.replies import Reply
 from pigeon.spool.shards import Spools
@@ -386,6 +393,10 @@ class Settlement:
                     last_attempt=now,
                     held_by=attempt.held_by,
                 )
+                warned = self._warn_delayed(outcome, policy, deferred, peers, attempt, now)
+                if warned:
+                    # The mark goes into the row the delay DSN commits with: both, or neither.
+                    outcome.remaining = msgspec.structs.replace(outcome.remaining, delay_warned=now)
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
                     outcome.notes.append(self._rebind_record(message, outcome.remaining, rebind))
@@ -394,11 +405,53 @@ class Settlement:
                     # Classified as a bounce is (KumoMTA classifies every record): a deferral
                     # for a full mailbox is told from one for a provider's rate limit.
                     classification = attempt.classifications[index] or self._classify(reply)
-                    transient = TransientFailure(**fields, next_attempt=due, classification=classification)
+                    transient = TransientFailure(
+                        **fields, next_attempt=due, classification=classification, delay_notified=index in warned
+                    )
                     outcome.transient.append(transient)
         self._keep_held(outcome)
         self._write(outcome, policy.dsn)
         return outcome
+
+    def _warn_delayed(
+        self,
+        outcome: _Outcome,
+        policy: QueuePolicy,
+        deferred: list[tuple[Recipient, Reply, int]],
+        peers: list[str | None],
+        attempt: Attempt,
+        now: float,
+    ) -> set[int]:
+        """The deferred recipients (the attempt's indexes) whose sender is told now, once, that
+        the message is still being retried (`[delivery] delay_warning`, Postfix's
+        `delay_warning_time`): their "delayed" reports go into `outcome.failures`, to be
+        committed with the outcome. None when it is off, was done before (`delay_warned`), the
+        message is younger than that, its sender is <> or gets no DSN from this queue; nor for
+        a recipient whose NOTIFY leaves out DELAY, or whose route withholds its DSNs."""
+        message = outcome.entry.message
+        envelope = message.envelope
+        warning = policy.delay_warning
+        if warning <= 0 or envelope.delay_warned is not None or now - message.created < warning:
+            return set()
+        if not policy.dsn or not envelope.sender or self._notifier is None:
+            return set()
+        warned: set[int] = set()
+        until = policy.retry.expires(message.age_from)
+        for (recipient, reply, index), peer in zip(deferred, peers, strict=True):
+            if not wants_delay_notice(recipient) or self._withheld(message, recipient)[0] is not None:
+                continue
+            if peer is not None:
+                # A server's 4xx: its words and its host, as a failure's DSN reports them.
+                report = Failure(recipient, reply, "delayed", peer, "smtp", now, retry_until=until)
+            else:
+                # Pigeon's own (a refused connection, a DNS failure, "not tried": its site is down).
+                said = attempt.cause if attempt.cause is not None and not attempt.tried else reply
+                attempted = now if attempt.tried else envelope.last_attempt
+                peer_name = _remote_mta(message, attempt.peer_of(index)[0] if attempt.tried else None)
+                report = Failure(recipient, said, "delayed", peer_name, "X-Pigeon", attempted, retry_until=until)
+            outcome.failures.append(report)
+            warned.add(index)
+        return warned
 
     def _expired(
         self,

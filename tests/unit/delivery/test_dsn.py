@@ -377,3 +377,39 @@ def test_an_envid_or_orcpt_with_a_line_break_cannot_add_fields_to_the_report() -
 )
 def test_wants_failure_notice_follows_notify(notify: list[str] | None, wanted: bool) -> None:
     assert wants_failure_notice(Recipient("bob@example.net", notify=notify)) is wanted
+
+
+GREYLISTED = Reply(451, "4.7.1", ("greylisted, try again later",))
+RETRY_UNTIL = ARRIVAL + 5 * 86400
+
+
+def test_a_delay_report_says_it_is_a_warning_until_when_it_is_retried_and_returns_the_headers() -> None:
+    delayed = [Failure(Recipient("bob@example.net"), GREYLISTED, "delayed", "mx.example.net", retry_until=RETRY_UNTIL)]
+    data, parsed = report(envelope(ret="FULL"), delayed)  # (RET is for failures: headers all the same)
+    assert parsed["Subject"] == "Delayed Mail (still being retried)"
+    [_, block] = status_blocks(parsed)
+    assert (block["Action"], block["Status"]) == ("delayed", "4.7.1")
+    assert block["Diagnostic-Code"] == "smtp; 451 4.7.1 greylisted, try again later"
+    assert block["Will-Retry-Until"] == "Sun, 19 Nov 2023 22:13:20 +0000"
+    text = parsed.get_payload()[0].get_content()
+    assert text.startswith(f"This is the mail system at host {HOSTNAME}.\r\n\r\nTHIS IS A WARNING ONLY.")
+    assert "It will be tried again until Sun, 19 Nov 2023 22:13:20 +0000," in text
+    assert "Its headers are attached below;" in text
+    assert "<bob@example.net>: greylisted, try again later" in text
+    assert parsed.get_payload()[2].get_content_type() == "text/rfc822-headers"
+    assert b"first body line" not in data
+
+
+def test_failures_and_delays_of_one_settlement_are_one_report_that_says_both() -> None:
+    failures = [
+        Failure(Recipient("gone@example.net"), USER_UNKNOWN, "failed", "mx.example.net"),
+        Failure(Recipient("late@example.net"), GREYLISTED, "delayed", "mx.example.net", retry_until=RETRY_UNTIL),
+    ]
+    _, parsed = report(envelope(), failures)
+    assert parsed["Subject"] == "Undelivered Mail Returned to Sender"
+    assert [(b["Action"], b["Will-Retry-Until"]) for b in status_blocks(parsed)[1:]] == [
+        ("failed", None),
+        ("delayed", "Sun, 19 Nov 2023 22:13:20 +0000"),
+    ]
+    text = parsed.get_payload()[0].get_content()
+    assert text.count("attached below") == 1 and "The reasons it is still waiting are:" in text

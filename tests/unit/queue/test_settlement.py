@@ -67,6 +67,29 @@ async def test_a_dsn_and_the_failure_it_reports_are_committed_together(make_worl
     assert kinds(world) == [("Bounce", "a@d1.test")]
 
 
+async def test_a_delay_warning_and_its_mark_are_committed_together_and_made_once(make_world: MakeWorld) -> None:
+    world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [LATER], delay_warning=600.0)
+    spool_id = world.inject(["a@d1.test"], created=world.clock() - 900.0)
+    await world.release_all("attempt")
+    assert [p.kind for p in world.pending] == ["dsn"], "no commit before the warning is written"
+    await world.release_all("dsn")
+    assert [p.kind for p in world.pending] == ["land"], "one commit for the warning and its mark"
+    assert world.notices == [] and world.spool.get(spool_id).envelope.delay_warned is None  # type: ignore[union-attr]
+    await world.release_all("land")
+    assert world.notices == [(spool_id, "a@d1.test")]
+    assert world.spool.get(spool_id).envelope.delay_warned == world.clock()  # type: ignore[union-attr]
+    [report] = world.reported
+    assert (report.action, report.retry_until) == ("delayed", pytest.approx(world.clock() - 900.0 + world.max_age))
+    await world.release_all()
+    for _ in range(3):  # retried, deferred again: no second warning
+        world.clock.now += 1300.0
+        world.tick()
+        await world.release_all()
+    assert [p.kind for p in world.pending] == [] and len(world.notices) == 1
+    transients = world.logged("TransientFailure")
+    assert len(transients) == 4 and [t.delay_notified for t in transients] == [True, False, False, False]
+
+
 async def test_no_dsn_for_a_recipient_that_asked_for_none_or_a_null_sender(make_world: MakeWorld) -> None:
     world = make_world(SITES, ["d1.test"], answer=lambda world, seen: [NO])
     world.inject(["a@d1.test"], sender="")
