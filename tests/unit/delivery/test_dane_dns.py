@@ -13,6 +13,7 @@ import pytest
 from dnslib import CNAME, MX, QTYPE, RCODE, RR, TLSA, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
+from pigeon.delivery.dane import HostPolicy, LookupFailed, Record, host_policy
 from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
 
 DIGEST = bytes(range(32))
@@ -25,6 +26,8 @@ ZONE: dict[str, list[tuple[str, object]]] = {
     "mx.insecure.example": [("A", "192.0.2.2")],
     "_25._tcp.mx.insecure.example": [("TLSA", (3, 1, 1, DIGEST))],
     "nodata.secure.example": [("A", "192.0.2.3")],
+    "_25._tcp.pkix.secure.example": [("TLSA", (1, 1, 1, DIGEST)), ("TLSA", (3, 1, 9, DIGEST))],
+    "_2525._tcp.mx.secure.example": [("TLSA", (3, 0, 1, DIGEST))],
 }
 SECURE = ("secure.example",)  # names at or under these are answered with AD (when asked with DO)
 SERVFAIL = {"_25._tcp.bogus.secure.example"}
@@ -140,3 +143,39 @@ async def test_an_answer_read_by_dnspython_keeps_its_ad_bit(dns: Dns) -> None:
     # A CNAME in the answer is dnspython's to follow: it asks with DO too, and reads AD.
     assert await _resolver(dns).addresses_secure("alias.secure.example") == (["192.0.2.1"], True)
     assert all(do for _, _, do in dns.queries)
+
+
+async def test_a_host_with_secure_usable_tlsa_records_must_match_them(dns: Dns) -> None:
+    policy = await host_policy(_resolver(dns), "mx.secure.example", 25, True)
+    assert policy == HostPolicy(
+        "mx.secure.example", "_25._tcp.mx.secure.example", (Record(3, 1, 1, DIGEST), Record(2, 0, 1, DIGEST))
+    )
+
+
+async def test_the_tlsa_name_is_that_of_the_port_connected_to(dns: Dns) -> None:
+    policy = await host_policy(_resolver(dns), "mx.secure.example", 2525, True)
+    assert policy is not None and policy.records == (Record(3, 0, 1, DIGEST),)
+
+
+async def test_secure_tlsa_records_none_usable_mean_tls_without_authentication(dns: Dns) -> None:
+    policy = await host_policy(_resolver(dns), "pkix.secure.example", 25, True)
+    assert policy == HostPolicy("pkix.secure.example", "_25._tcp.pkix.secure.example", ())
+
+
+async def test_insecure_or_missing_tlsa_records_mean_no_dane(dns: Dns) -> None:
+    resolver = _resolver(dns)
+    assert await host_policy(resolver, "mx.insecure.example", 25, True) is None
+    assert await host_policy(resolver, "nowhere.secure.example", 25, True) is None  # NXDOMAIN
+    assert await host_policy(resolver, "nodata.secure.example", 25, True) is None
+
+
+async def test_a_host_whose_addresses_are_insecure_has_no_tlsa_lookup(dns: Dns) -> None:
+    assert await host_policy(_resolver(dns), "mx.secure.example", 25, False) is None
+    assert not dns.asked("TLSA")
+
+
+async def test_a_failed_tlsa_lookup_leaves_the_host_unused_and_says_why(dns: Dns) -> None:
+    with pytest.raises(LookupFailed) as failed:
+        await host_policy(_resolver(dns), "bogus.secure.example", 25, True)
+    assert failed.value.reply.code == 451 and failed.value.reply.enhanced == "4.7.5"
+    assert "DANE: TLSA lookup of _25._tcp.bogus.secure.example failed" in failed.value.reply.text
