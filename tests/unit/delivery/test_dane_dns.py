@@ -15,6 +15,7 @@ from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from pigeon.delivery.dane import HostPolicy, LookupFailed, Record, host_policy
 from pigeon.delivery.mx import DnsFailure, Exchanger, Resolver
+from pigeon.delivery.routes import Router
 
 DIGEST = bytes(range(32))
 ZONE: dict[str, list[tuple[str, object]]] = {
@@ -179,3 +180,20 @@ async def test_a_failed_tlsa_lookup_leaves_the_host_unused_and_says_why(dns: Dns
         await host_policy(_resolver(dns), "bogus.secure.example", 25, True)
     assert failed.value.reply.code == 451 and failed.value.reply.enhanced == "4.7.5"
     assert "DANE: TLSA lookup of _25._tcp.bogus.secure.example failed" in failed.value.reply.text
+
+
+async def test_mail_under_dane_has_a_ready_queue_apart_from_the_same_hosts_mail_without(dns: Dns) -> None:
+    # A connection opened without looking at TLSA records must not carry mail DANE protects.
+    # (insecure.example's MX is mx.secure.example too, but its own MX records are not validated.)
+    ZONE["shared.example"] = [("MX", "mx.secure.example")]
+    try:
+        router = Router([], _resolver(dns), dane=True)
+        secure = await router.destination("secure.example")
+        shared = await router.destination("shared.example")
+    finally:
+        del ZONE["shared.example"]
+    assert secure.dane and secure.security == " (tls opportunistic, DANE)"
+    assert not shared.dane and shared.security == ""
+    assert secure.site == shared.site == "mx.secure.example"
+    off = await Router([], _resolver(dns, dnssec=False)).destination("secure.example")
+    assert not off.dane and off.security == ""
