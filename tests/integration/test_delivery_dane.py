@@ -124,7 +124,7 @@ def test_dane_ta_takes_a_leaf_of_the_anchor_naming_the_mx_host_and_refuses_one_f
     with (
         DnsServer(zone) as dns,
         ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, ca.issue("mx1.example.net"), ca)) as right,
-        ScriptedSink(host="127.0.0.3", port=port, tls=_context(tmp_path, ca.issue("mx.elsewhere.example"), ca)) as wrong,
+        ScriptedSink(host="127.0.0.3", port=port, tls=_context(tmp_path, ca.issue("mx.other.example"), ca)) as wrong,
         _node(tmp_path, dns, port) as pigeon,
     ):
         _send(pigeon)
@@ -139,11 +139,12 @@ def test_dane_ta_takes_a_leaf_of_the_anchor_naming_the_mx_host_and_refuses_one_f
 
 
 def test_mail_for_a_domain_whose_mx_is_insecure_goes_as_before_whatever_its_tlsa_records(tmp_path: Path) -> None:
+    # The MX host's own zone is validated, with a TLSA record its certificate does not match:
+    # the domain's MX records are not, so DANE does not apply (RFC 7672 2.2.1).
     port = free_port()
-    presented = self_signed("mx1.example.net")
-    zone = _zone(
-        port, (10, "mx1.example.net", "127.0.0.2", [self_signed("x.example").tlsa(3, 1, 1)]), secure=False
-    )
+    presented = self_signed("mx1.hosts.example")
+    zone = _zone(port, (10, "mx1.hosts.example", "127.0.0.2", [self_signed("x.example").tlsa(3, 1, 1)]), secure=False)
+    zone.secure.add("hosts.example")
     with (
         DnsServer(zone) as dns,
         ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, presented)) as sink,
@@ -218,3 +219,29 @@ def test_dane_takes_precedence_over_an_enforced_mta_sts_policy_for_a_host_with_t
         assert "certificate verified by DANE (DANE-EE 3 1 1)" in record["tls"] and "MTA-STS" not in record["tls"]
         assert policies.requests == ["mta-sts.example.net"]
         assert len(sink.received) == 1
+
+
+def test_tlsa_records_none_usable_make_tls_mandatory_without_authentication(tmp_path: Path) -> None:
+    # PKIX-EE (1) is not for SMTP (RFC 7672 3.1.3): TLS is still a must, any certificate will do.
+    port = free_port()
+    record = self_signed("elsewhere.example").tlsa(1, 1, 1)
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [record]))
+    zone.records["example.org"] = [("MX", 10, "mx2.example.net")]
+    zone.records["mx2.example.net"] = [("A", "127.0.0.3")]
+    zone.records[f"_{port}._tcp.mx2.example.net"] = [("TLSA", *record)]
+    zone.secure.add("example.org")
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as tls,
+        ScriptedSink(host="127.0.0.3", port=port) as plaintext,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"))
+        unauthenticated = f"certificate not verified, DANE (TLSA _{port}._tcp.mx1.example.net, none usable)"
+        assert delivery["tls"].endswith(unauthenticated)
+        assert len(tls.received) == 1
+        _send(pigeon, "ok@example.org")
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert failure["response"]["enhanced"] == "4.7.4" and "TLS required by DANE" in failure["response"]["text"]
+        assert not plaintext.received
