@@ -7,17 +7,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dnslib import AAAA, MX, QTYPE, RCODE, RR, TXT, A, DNSRecord
+from dnslib import AAAA, MX, QTYPE, RCODE, RR, TLSA, TXT, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 
 @dataclass
 class Zone:
-    """name -> records: ("MX", preference, host) | ("A", ip) | ("AAAA", ip) | ("TXT", text);
-    names without a trailing dot. A TXT text longer than 255 bytes goes as several strings."""
+    """name -> records: ("MX", preference, host) | ("A", ip) | ("AAAA", ip) | ("TXT", text) |
+    ("TLSA", usage, selector, matching type, data); names without a trailing dot. A TXT text
+    longer than 255 bytes goes as several strings. Answers for names at or under one of
+    `secure` have the AD bit when the question has DO (as a validating resolver's, RFC 4035)."""
 
     records: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
     servfail: set[str] = field(default_factory=set)
+    secure: set[str] = field(default_factory=set)
     ttl: int = 60
     queries: list[tuple[str, str]] = field(default_factory=list)
     delays: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -41,6 +44,9 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
         if name in self.zone.servfail:
             reply.header.rcode = RCODE.SERVFAIL
             return reply
+        do = any(rr.rtype == QTYPE.OPT and rr.ttl & 0x8000 for rr in request.ar)
+        if do and any(name == zone or name.endswith("." + zone) for zone in self.zone.secure):
+            reply.header.ad = 1
         records = self.zone.records.get(name)
         if records is None:
             reply.header.rcode = RCODE.NXDOMAIN
@@ -55,6 +61,8 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
             elif kind == "TXT":
                 text = record[1].encode()
                 rdata = TXT([text[i : i + 255] for i in range(0, len(text), 255)])
+            elif kind == "TLSA":
+                rdata = TLSA(*record[1:])
             else:
                 rdata = AAAA(record[1])
             reply.add_answer(RR(name + ".", QTYPE.reverse[kind], rdata=rdata, ttl=self.zone.ttl))

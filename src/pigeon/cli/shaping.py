@@ -243,7 +243,8 @@ async def _destination(config: Config, domain: str) -> tuple[Destination, dict[s
     from pigeon.node.outbound import routes_from
 
     nameservers = [(e.host, e.port) for e in config.dns.nameservers]
-    resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
+    dane = config.dane.enabled  # (its ready queues' names say DANE, as the node's do)
+    resolver = Resolver(nameservers or None, timeout=config.dns.timeout, dnssec=dane)
     delivery = config.delivery
     store = (
         PolicyStore(resolver, ca_file=config.mta_sts.ca_file, directory=config.spool.path, cached_only=True)
@@ -251,7 +252,12 @@ async def _destination(config: Config, domain: str) -> tuple[Destination, dict[s
         else None
     )
     router = Router(
-        routes_from(config), resolver, tls=TlsPolicy(delivery.tls), smtp_port=delivery.smtp_port, mta_sts=store
+        routes_from(config),
+        resolver,
+        tls=TlsPolicy(delivery.tls),
+        smtp_port=delivery.smtp_port,
+        mta_sts=store,
+        dane=dane,
     )
     destination = await router.destination(domain)
     if store is None or destination.hops_from != "mx":

@@ -750,6 +750,14 @@ class MtaStsConfig(_Section):
     """Port of the policy hosts (`https://mta-sts.<domain>/`). For tests: RFC 8461 says 443."""
 
 
+class DaneConfig(_Section):
+    enabled: bool = False
+    """Apply DANE (RFC 7672) to mail delivered by MX lookup, as KumoMTA's `enable_dane` and
+    Postfix's `smtp_tls_security_level = dane`: the DNS questions carry the DO bit and the AD bit
+    of the answers is trusted, so `[dns] nameservers` must be a validating resolver on this host
+    (unbound on 127.0.0.1): see "DANE" in the README."""
+
+
 class RouteConfig(_Section):
     domain: str
     """Recipient domain (a glob: "*.example.net", "*" for every domain)."""
@@ -1220,6 +1228,7 @@ class Config(_Section):
     delivery: DeliveryConfig = msgspec.field(default_factory=DeliveryConfig)
     dns: DnsConfig = msgspec.field(default_factory=DnsConfig)
     mta_sts: MtaStsConfig = msgspec.field(default_factory=MtaStsConfig)
+    dane: DaneConfig = msgspec.field(default_factory=DaneConfig)
     route: list[RouteConfig] = msgspec.field(default_factory=list)
     queue: list[QueueConfig] = msgspec.field(default_factory=list)
     shaping: list[ShapingConfig] = msgspec.field(default_factory=list)

@@ -12,7 +12,9 @@ It answers only the plain cases, and says so (`None`) for everything else, which
 caller hands to dnspython as before: a truncated answer (TCP), a CNAME or DNAME in the
 answer (a chain to follow), YXDOMAIN, a name that is not plain letters, digits, "-" and "_" (dnspython's text
 escapes), a malformed packet, or a socket error (an ICMP port unreachable). Like dnspython
-as Pigeon configures it, it sends no EDNS and asks for recursion; an answer that does not
+as Pigeon configures it, it asks for recursion and sends no EDNS, but with `dnssec` (`[dane]
+enabled`): then an EDNS0 OPT record with the DO bit (RFC 3225), so that a validating resolver
+says in the AD bit whether it validated the answer (RFC 4035 3.2.3). An answer that does not
 echo the question (id, flags, name, type, class) is ignored and the wait goes on.
 """
 
@@ -29,27 +31,36 @@ MX: Final = 15
 TXT: Final = 16
 AAAA: Final = 28
 DNAME: Final = 39
-TYPES: Final = {"A": A, "MX": MX, "TXT": TXT, "AAAA": AAAA}
+TLSA: Final = 52
+TYPES: Final = {"A": A, "MX": MX, "TXT": TXT, "AAAA": AAAA, "TLSA": TLSA}
 NOERROR: Final = 0
 NXDOMAIN: Final = 3
 YXDOMAIN: Final = 6
 _PLAIN: Final = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+# The OPT pseudo-record (RFC 6891 6.1.2): the root name, type 41, a UDP payload of 1232 octets
+# (the DNS flag day 2020's size, under any path's MTU), no extended rcode, version 0, DO set.
+_OPT_DO: Final = b"\x00" + (41).to_bytes(2, "big") + (1232).to_bytes(2, "big") + b"\x00\x00\x80\x00\x00\x00"
+_AD: Final = 0x20  # the header's AD bit (RFC 4035 3.2.3), in its fourth octet
 
 
 class Answer(NamedTuple):
     """`rcode` the server's (NOERROR, NXDOMAIN, or a failure such as SERVFAIL); `records` the
     answer's records of the type asked (empty: NODATA), as `mx.Resolver` keeps them:
-    (preference, host) for MX, the text (its strings joined) for TXT, an address otherwise;
-    `ttl` the lowest of theirs."""
+    (preference, host) for MX, the text (its strings joined) for TXT, (usage, selector,
+    matching type, data) for TLSA, an address otherwise; `ttl` the lowest of theirs. `secure`:
+    the server set the AD bit (it validated the answer with DNSSEC; worth something only from a
+    validating resolver on this host, see `[dane]`)."""
 
     rcode: int
     records: list[object]
     ttl: int
+    secure: bool = False
 
 
-def question(name: str, kind: int) -> tuple[int, bytes] | None:
+def question(name: str, kind: int, *, dnssec: bool = False) -> tuple[int, bytes] | None:
     """(query id, packet) asking `kind` records of `name` (no final dot), with recursion
-    desired; None for a name that is not plain (see the module docstring)."""
+    desired (and, with `dnssec`, an OPT record with the DO bit after the question); None for a
+    name that is not plain (see the module docstring)."""
     wire = bytearray()
     for label in name.encode("ascii", "replace").split(b"."):
         if not label or len(label) > 63 or not _PLAIN.issuperset(label):
@@ -60,8 +71,10 @@ def question(name: str, kind: int) -> tuple[int, bytes] | None:
     if len(wire) > 255:
         return None
     ident = secrets.randbits(16)
-    header = ident.to_bytes(2, "big") + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
-    return ident, header + bytes(wire) + kind.to_bytes(2, "big") + b"\x00\x01"
+    additional = b"\x00\x01" if dnssec else b"\x00\x00"
+    header = ident.to_bytes(2, "big") + b"\x01\x00\x00\x01\x00\x00\x00\x00" + additional
+    packet = header + bytes(wire) + kind.to_bytes(2, "big") + b"\x00\x01"
+    return ident, packet + _OPT_DO if dnssec else packet
 
 
 def _name(packet: bytes, at: int) -> tuple[bytes, int]:
@@ -98,8 +111,11 @@ class NotOurs(ValueError):
 
 
 def parse(packet: bytes, ident: int, sent: bytes) -> Answer | None:
-    """The answer in `packet` to the question `sent` (with id `ident`); None when it is not
-    a plain one (the caller asks dnspython); NotOurs when it answers something else."""
+    """The answer in `packet` to the question `sent` (with id `ident`; its OPT record, if any,
+    is not echoed: see `_question_end`); None when it is not a plain one (the caller asks
+    dnspython); NotOurs when it answers something else."""
+    if sent[11]:  # (an OPT record after the question)
+        sent = sent[: _question_end(sent)]
     question_end = len(sent)
     if len(packet) < question_end or int.from_bytes(packet[:2], "big") != ident:
         raise NotOurs("not our id")
@@ -116,12 +132,20 @@ def parse(packet: bytes, ident: int, sent: bytes) -> Answer | None:
     if rcode not in (NOERROR, NXDOMAIN):
         return Answer(rcode, [], 0)  # the server failed (SERVFAIL, REFUSED...): the caller says what next
     try:
-        return _records(packet, sent, rcode)
+        return _records(packet, sent, rcode, secure=bool(packet[3] & _AD))
     except (ValueError, IndexError):
         return None  # malformed: dnspython says how
 
 
-def _records(packet: bytes, sent: bytes, rcode: int) -> Answer | None:
+def _question_end(sent: bytes) -> int:
+    """Where the question of a packet made by `question` ends (the OPT record follows it)."""
+    at = 12
+    while sent[at]:
+        at += 1 + sent[at]
+    return at + 5
+
+
+def _records(packet: bytes, sent: bytes, rcode: int, *, secure: bool) -> Answer | None:
     question_end = len(sent)
     qname, _ = _name(sent, 12)
     kind = int.from_bytes(sent[question_end - 4 : question_end - 2], "big")
@@ -151,6 +175,8 @@ def _records(packet: bytes, sent: bytes, rcode: int) -> Answer | None:
             record = socket.inet_ntop(socket.AF_INET6, packet[start:at])
         elif rtype == TXT:
             record = _text(packet[start:at])
+        elif rtype == TLSA and length >= 3:
+            record = (packet[start], packet[start + 1], packet[start + 2], bytes(packet[start + 3 : at]))
         else:
             raise ValueError("a record of the wrong length")
         if record not in records:  # a record set holds each record once
@@ -158,7 +184,7 @@ def _records(packet: bytes, sent: bytes, rcode: int) -> Answer | None:
         ttl = min(ttl, 0 if rttl & 0x80000000 else rttl)  # RFC 2181 8: the top bit set means 0
     if rcode == NXDOMAIN and records:
         return None  # an answer for a name that does not exist: dnspython refuses it
-    return Answer(rcode, records, ttl if records else 0)
+    return Answer(rcode, records, ttl if records else 0, secure)
 
 
 def _text(rdata: bytes) -> str:
@@ -177,10 +203,10 @@ def _text(rdata: bytes) -> str:
     return b"".join(parts).decode("utf-8", "replace")
 
 
-async def ask(server: tuple[str, int], name: str, kind: str) -> Answer | None:
-    """Ask `server` for `kind` records of `name`; None: not a plain case (see the module
-    docstring), ask dnspython. Waits for ever: the caller bounds the wait."""
-    built = question(name, TYPES[kind])
+async def ask(server: tuple[str, int], name: str, kind: str, *, dnssec: bool = False) -> Answer | None:
+    """Ask `server` for `kind` records of `name` (with `dnssec`, the DO bit set); None: not a
+    plain case (see the module docstring), ask dnspython. Waits for ever: the caller bounds the wait."""
+    built = question(name, TYPES[kind], dnssec=dnssec)
     if built is None:
         return None
     ident, packet = built

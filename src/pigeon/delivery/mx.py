@@ -14,6 +14,10 @@ answer (NXDOMAIN too) ends the lookup, as with libc and dnspython.
 Answers, including negative ones, are cached for their TTL (bounded below and above), so
 lookups happen per domain per TTL, not per message. Tests point the resolver at a DNS
 server of their own on loopback: Pigeon never needs the system resolver to be sane.
+
+With `dnssec` (`[dane] enabled`), every question carries the DO bit, and each answer is
+remembered with whether the nameserver set the AD bit (validated it): what DANE (RFC 7672)
+asks of the MX, address and TLSA records (`exchangers_secure`, `addresses_secure`, `tlsa`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Final, cast
 
 import dns.asyncresolver
 import dns.exception
+import dns.flags
 import dns.nameserver
 import dns.rcode
 import dns.rdatatype
@@ -114,6 +119,13 @@ class Exchanger:
 class _Cached:
     expires: float
     value: object
+    secure: bool = False  # the answer had the AD bit (asked with DO: `dnssec`)
+
+
+Tlsa = tuple[int, int, int, bytes]
+"""A TLSA record as the resolver gives it: (usage, selector, matching type, data)."""
+
+_Found = tuple[list[Any] | None, bool]  # a lookup's records (None: NODATA), and whether they are secure
 
 
 class Resolver:
@@ -127,6 +139,7 @@ class Resolver:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         resolv_conf: str = "/etc/resolv.conf",
+        dnssec: bool = False,
     ) -> None:
         # `timeout` bounds a whole lookup, every server asked (dnspython's lifetime). Each try
         # has a share of it, so that a server that does not answer leaves time for the next.
@@ -150,6 +163,11 @@ class Resolver:
         self._resolver.lifetime = timeout
         self._resolver.timeout = self._try_timeout
         self._timeout = timeout
+        # DO asks a validating resolver to say (AD) whether it validated the answer (RFC 3225,
+        # 4035 3.2.3): DANE's question. Without it no answer is taken as secure, AD or not.
+        self._dnssec = dnssec
+        if dnssec:
+            self._resolver.use_edns(0, dns.flags.DO, 1232)
         # The nameservers, asked directly for the plain cases (`dnswire`); dnspython asks for
         # the rest, and for every case when one is not an address on port 53 (DoH...).
         servers: list[tuple[str, int]] = []
@@ -168,7 +186,7 @@ class Resolver:
         # every lookup its share of the timeout.
         self._slow: dict[tuple[str, int], float] = {}
         self._cache: dict[tuple[str, str], _Cached] = {}
-        self._asking: dict[tuple[str, str], asyncio.Future[list[Any] | None]] = {}
+        self._asking: dict[tuple[str, str], asyncio.Future[_Found]] = {}
         self._clock = clock
         self._rng = rng or random.Random()
 
@@ -179,15 +197,21 @@ class Resolver:
     async def exchangers_for(self, domain: str) -> tuple[list[Exchanger], float]:
         """`exchangers`, and for how many more seconds the records they come from are fresh
         (their TTL, as cached: see `_remember`)."""
+        exchangers, fresh, _ = await self.exchangers_secure(domain)
+        return exchangers, fresh
+
+    async def exchangers_secure(self, domain: str) -> tuple[list[Exchanger], float, bool]:
+        """`exchangers_for`, and whether the MX records (or their secure absence, for the domain
+        itself as its exchanger) were validated by the nameserver (RFC 7672 2.2.1)."""
         domain = domain.lower().rstrip(".")
         if _is_localhost(domain):
-            return [Exchanger(0, domain)], _MAX_TTL  # no MX for it (RFC 6761 6.3): itself, on loopback
-        records = await self._lookup(domain, "MX")
+            return [Exchanger(0, domain)], _MAX_TTL, False  # no MX for it (RFC 6761 6.3): itself, on loopback
+        records, secure = await self._lookup_secure(domain, "MX")
         fresh = self._fresh((domain, "MX"))
         if records is None:  # no MX: the domain itself, if it has an address (RFC 5321 5.1)
             for kind in ("A", "AAAA"):
                 if await self._lookup(domain, kind) is not None:
-                    return [Exchanger(0, domain)], min(fresh, self._fresh((domain, kind)))
+                    return [Exchanger(0, domain)], min(fresh, self._fresh((domain, kind))), secure
             raise DnsFailure(Reply(550, "5.1.2", (f"{domain} has no MX and no address record",)))
         exchangers = [Exchanger(int(pref), str(host)) for pref, host in records]
         if len(exchangers) == 1 and exchangers[0].host in ("", "."):
@@ -203,7 +227,7 @@ class Resolver:
         exchangers = usable
         self._rng.shuffle(exchangers)  # equal preferences end up in random order...
         exchangers.sort(key=lambda e: e.preference)  # ...because the sort is stable
-        return exchangers, fresh
+        return exchangers, fresh, secure
 
     def _fresh(self, key: tuple[str, str]) -> float:
         cached = self._cache.get(key)
@@ -211,23 +235,38 @@ class Resolver:
 
     async def addresses(self, host: str) -> list[str]:
         """IPv4 then IPv6 addresses of `host`."""
+        return (await self.addresses_secure(host))[0]
+
+    async def addresses_secure(self, host: str) -> tuple[list[str], bool]:
+        """`addresses`, and whether every lookup that gave an answer (A, AAAA: records or none)
+        was validated: a host whose addresses may be forged has no TLSA records worth looking
+        up (RFC 7672 2.2.2). (A lookup that failed gave no address to connect to.)"""
         host = host.lower().rstrip(".")
         if _is_localhost(host):
-            return list(_LOOPBACK)
+            return list(_LOOPBACK), False
         found: list[str] = []
         failure: DnsFailure | None = None
+        secure = True
         for kind in ("A", "AAAA"):
             try:
-                records = await self._lookup(host, kind)
+                records, validated = await self._lookup_secure(host, kind)
             except DnsFailure as error:
                 failure = error
                 continue
+            secure = secure and validated
             found += [str(r) for r in records or ()]
         if not found:
             if failure is not None:
                 raise failure
             raise DnsFailure(Reply(450, "4.4.4", (f"{host} has no address record",)))
-        return found
+        return found, secure
+
+    async def tlsa(self, name: str) -> tuple[list[Tlsa] | None, bool]:
+        """The TLSA records of `name` ("_25._tcp.mx.example.net"), None when it has none, and
+        whether the answer was validated. Raises `DnsFailure`: NXDOMAIN (permanent: no records)
+        or a failure (SERVFAIL, a timeout: with a validating resolver, possibly a bogus answer)."""
+        records, secure = await self._lookup_secure(name.lower().rstrip("."), "TLSA")
+        return (None if records is None else [cast(Tlsa, r) for r in records]), secure
 
     async def texts(self, name: str) -> list[str] | None:
         """The TXT records of `name`, each one text (its strings joined); None when the name
@@ -239,13 +278,17 @@ class Resolver:
         """Cached records of one type: None when the name exists but has none. A question
         already on its way is not asked again: when a retry or a resume makes thousands of
         messages for one domain due at once, they all wait for the one answer."""
+        return (await self._lookup_secure(name, kind))[0]
+
+    async def _lookup_secure(self, name: str, kind: str) -> _Found:
+        """`_lookup`, and whether the answer was validated (see `dnssec`)."""
         key = (name, kind)
         now = self._clock()
         cached = self._cache.get(key)
         if cached is not None and cached.expires > now:
             if isinstance(cached.value, DnsFailure):
                 raise cached.value
-            return cast(list[Any] | None, cached.value)
+            return cast(list[Any] | None, cached.value), cached.secure
         asking = self._asking.get(key)
         if asking is None:
             asking = self._asking[key] = asyncio.ensure_future(self._resolve(name, kind))
@@ -253,13 +296,13 @@ class Resolver:
         # Shielded: one waiter cancelled (its delivery stopped) cancels no one else's answer.
         return await asyncio.shield(asking)
 
-    def _answered(self, key: tuple[str, str], done: asyncio.Future[list[Any] | None]) -> None:
+    def _answered(self, key: tuple[str, str], done: asyncio.Future[_Found]) -> None:
         if self._asking.get(key) is done:
             del self._asking[key]
         if not done.cancelled():
             done.exception()  # (seen: every waiter may have gone)
 
-    async def _resolve(self, name: str, kind: str) -> list[Any] | None:
+    async def _resolve(self, name: str, kind: str) -> _Found:
         """`_lookup`'s question, asked: the answer is cached (a failure too, for a while)."""
         key = (name, kind)
         if self._servers:
@@ -286,17 +329,20 @@ class Resolver:
             self._remember(key, failure, _FAILURE_TTL)
             raise failure from None
         rrset = answer.rrset
+        secure = self._dnssec and bool(answer.response.flags & dns.flags.AD)
         if rrset is None:
-            self._remember(key, None, _NEGATIVE_TTL)
-            return None
+            self._remember(key, None, _NEGATIVE_TTL, secure)
+            return None, secure
         if kind == "MX":
             value: list[Any] = [(r.preference, r.exchange.to_text(omit_final_dot=True).lower()) for r in rrset]
         elif kind == "TXT":
             value = [b"".join(r.strings).decode("utf-8", "replace") for r in rrset]
+        elif kind == "TLSA":
+            value = [(r.usage, r.selector, r.mtype, bytes(r.cert)) for r in rrset]
         else:
             value = [r.address for r in rrset]
-        self._remember(key, value, float(rrset.ttl))
-        return value
+        self._remember(key, value, float(rrset.ttl), secure)
+        return value, secure
 
     def _dnspython(self) -> dns.asyncresolver.Resolver:
         """dnspython, for what `dnswire` does not read: its servers in `_order`'s order when one
@@ -348,7 +394,7 @@ class Resolver:
                     # The last server of our own has what is left (its elders may have failed
                     # at once); resolv.conf's servers have no more than its `timeout:`.
                     async with asyncio.timeout(left if last and self._rest_to_last else min(self._try_timeout, left)):
-                        answer = await dnswire.ask(server, name, kind)
+                        answer = await dnswire.ask(server, name, kind, dnssec=self._dnssec)
                 except TimeoutError:
                     self._slow[server] = self._clock() + _SLOW_FOR
                     continue
@@ -363,7 +409,7 @@ class Resolver:
             return failed
         raise TimeoutError
 
-    def _plain(self, key: tuple[str, str], answer: dnswire.Answer) -> list[Any] | None:
+    def _plain(self, key: tuple[str, str], answer: dnswire.Answer) -> _Found:
         """What `_lookup` makes of an answer read by `dnswire`, as of dnspython's."""
         name, kind = key
         if answer.rcode not in (dnswire.NOERROR, dnswire.NXDOMAIN):
@@ -376,14 +422,15 @@ class Resolver:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
             self._remember(key, failure, _NEGATIVE_TTL)
             raise failure
+        secure = self._dnssec and answer.secure
         if not answer.records:
-            self._remember(key, None, _NEGATIVE_TTL)
-            return None
-        self._remember(key, answer.records, float(answer.ttl))
-        return answer.records
+            self._remember(key, None, _NEGATIVE_TTL, secure)
+            return None, secure
+        self._remember(key, answer.records, float(answer.ttl), secure)
+        return answer.records, secure
 
-    def _remember(self, key: tuple[str, str], value: object, ttl: float) -> None:
+    def _remember(self, key: tuple[str, str], value: object, ttl: float, secure: bool = False) -> None:
         ttl = min(max(ttl, _MIN_TTL), _MAX_TTL)
         if len(self._cache) > 100_000:
             self._cache.clear()  # a crude bound; a node that sees more domains than this re-resolves
-        self._cache[key] = _Cached(self._clock() + ttl, value)
+        self._cache[key] = _Cached(self._clock() + ttl, value, secure)

@@ -84,6 +84,10 @@ class Destination:
     # `tls` required and verified; testing changes nothing but what is checked and warned of.
     mta_sts: Applied | None = None
     auth: Credentials | None = None  # a [[route]]'s smart host: authenticate as (its `repr` hides the password)
+    # DANE (RFC 7672) applies: `[dane] enabled` and the domain's MX records are secure (only to
+    # hops from MX records). Each host's TLSA records are then looked up as it is connected to
+    # (`pigeon.delivery.dane`): a host with usable ones must match them, over STARTTLS.
+    dane: bool = False
 
     @property
     def security(self) -> str:
@@ -94,14 +98,17 @@ class Destination:
         other's mail. Nor may connections verified against a private CA carry mail meant to be
         verified against the system's CAs, or the reverse. A connection opened under an MTA-STS
         policy says so in its records, so it carries only mail under one (in the same mode).
+        Nor may a connection opened without looking at TLSA records (a domain whose MX records
+        are insecure) carry mail that DANE protects, and the reverse (DANE's hosts may refuse it).
         (Nor may a connection authenticated as one user carry mail a route sends as another.)"""
         auth = self.auth
-        if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify):
+        dane = self.dane and self.kind is Kind.SMTP
+        if self.kind is not Kind.SMTP or (self.tls is TlsPolicy.OPPORTUNISTIC and not self.tls_verify and not dane):
             return f" (auth {auth.username})" if auth is not None and self.kind is Kind.SMTP else ""
         verified = (f", verified by {self.ca_file}" if self.ca_file else ", verified") if self.tls_verify else ""
         sts = f", MTA-STS {self.mta_sts.policy.mode.value}" if self.mta_sts is not None else ""
         as_user = f", auth {auth.username}" if auth is not None else ""
-        return f" (tls {self.tls.value}{verified}{sts}{as_user})"
+        return f" (tls {self.tls.value}{verified}{sts}{', DANE' if dane else ''}{as_user})"
 
 
 class Router:
@@ -119,8 +126,10 @@ class Router:
         classify: Callable[[Reply], str] = lambda reply: "",
         clock: Callable[[], float] = time.monotonic,
         mta_sts: PolicyStore | None = None,
+        dane: bool = False,
     ) -> None:
         self._routes = routes
+        self._dane = dane  # `[dane] enabled`: the resolver asks with DO (`Resolver(dnssec=True)`)
         self._sts = mta_sts
         self._classify = classify
         self._resolver = resolver
@@ -237,25 +246,38 @@ class Router:
             site = f"[{address}]:{self._port}"
             return Destination(site, (literal,), tls, verify, ca_file=trusted, hops_from="literal"), _DESTINATION_TTL
         if self._sts is None:
-            exchangers, fresh = await self._resolver.exchangers_for(domain)
-            return self._by_mx(exchangers, tls, verify, trusted), fresh
+            exchangers, fresh, dane = await self._exchangers(domain)
+            return self._by_mx(exchangers, tls, verify, trusted, dane=dane), fresh
         # The MTA-STS TXT lookup goes beside the MX lookup, not after it: a domain without a
         # record costs no more time than before (the policy's store never raises).
-        (exchangers, fresh), applied = await asyncio.gather(
-            self._resolver.exchangers_for(domain), self._sts.policy(domain)
-        )
+        (exchangers, fresh, dane), applied = await asyncio.gather(self._exchangers(domain), self._sts.policy(domain))
         if applied is None or applied.policy.mode is Mode.NONE:
-            return self._by_mx(exchangers, tls, verify, trusted), fresh
-        return self._under_policy(domain, exchangers, applied, tls, verify, trusted), fresh
+            return self._by_mx(exchangers, tls, verify, trusted, dane=dane), fresh
+        return self._under_policy(domain, exchangers, applied, tls, verify, trusted, dane), fresh
+
+    async def _exchangers(self, domain: str) -> tuple[list[Exchanger], float, bool]:
+        """The domain's MX hosts, how long they are fresh, and whether DANE applies to them
+        (`[dane] enabled` and the MX records are secure: RFC 7672 2.2.1)."""
+        if not self._dane:
+            exchangers, fresh = await self._resolver.exchangers_for(domain)
+            return exchangers, fresh, False
+        return await self._resolver.exchangers_secure(domain)
 
     def _by_mx(
-        self, exchangers: list[Exchanger], tls: TlsPolicy, verify: bool, trusted: str | None, sts: Applied | None = None
+        self,
+        exchangers: list[Exchanger],
+        tls: TlsPolicy,
+        verify: bool,
+        trusted: str | None,
+        sts: Applied | None = None,
+        *,
+        dane: bool = False,
     ) -> Destination:
         hops = tuple(Hop(e.host, self._port) for e in exchangers)
         site = ",".join(sorted({e.host for e in exchangers}))
         if self._port != 25:
             site += f":{self._port}"
-        return Destination(site, hops, tls, verify, ca_file=trusted, mta_sts=sts)
+        return Destination(site, hops, tls, verify, ca_file=trusted, mta_sts=sts, dane=dane)
 
     def _under_policy(
         self,
@@ -265,6 +287,7 @@ class Router:
         tls: TlsPolicy,
         verify: bool,
         trusted: str | None,
+        dane: bool = False,
     ) -> Destination:
         """The destination of mail for `domain` by its MX hosts under its MTA-STS policy (RFC
         8461 4, 5). Enforce: only the hosts the policy allows, over STARTTLS verified for the MX
@@ -282,15 +305,15 @@ class Router:
                 if WARNINGS.due(f"{domain}\0no mx"):
                     _log.warning("%s: mail deferred: %s", domain, text)
                 raise DnsFailure(Reply(451, "4.7.0", (text,)))
-            return self._by_mx(allowed, TlsPolicy.REQUIRED, True, sts_cas, applied)
+            return self._by_mx(allowed, TlsPolicy.REQUIRED, True, sts_cas, applied, dane=dane)
         if len(allowed) < len(exchangers) and WARNINGS.due(f"{domain}\0testing mx"):
             refused = ", ".join(e.host for e in exchangers if e not in allowed)
             _log.warning(
                 "%s: MTA-STS testing: enforcing %s would leave out its MX hosts %s", domain, applied.describe(), refused
             )
         if tls is TlsPolicy.DISABLED or verify:
-            return self._by_mx(exchangers, tls, verify, trusted, applied)
-        return self._by_mx(exchangers, tls, True, sts_cas, applied)
+            return self._by_mx(exchangers, tls, verify, trusted, applied, dane=dane)
+        return self._by_mx(exchangers, tls, True, sts_cas, applied, dane=dane)
 
     def _route(self, domain: str, routes: list[Route]) -> Route | None:
         for route in routes:

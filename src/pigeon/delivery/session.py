@@ -15,7 +15,10 @@ protocol, `451 4.7.4` when TLS is required and not to be had (`4.7.5`: its hands
 `451 4.7.x authentication as USER failed: ...` when a smart host's AUTH did not work (the
 operator's business: a WARNING says so, and the mail is deferred, never bounced). A route with
 `tls = "implicit"` has its TLS handshake right after the TCP connection, before the banner
-(RFC 8314). The caller decides what they mean for the message. A server that offers CHUNKING and
+(RFC 8314). The caller decides what they mean for the message. Under DANE (`Destination.dane`:
+see `pigeon.delivery.dane`), a host with usable TLSA records must do STARTTLS, and its
+certificate is matched against them after a handshake that verified nothing itself; one that
+fails is passed over as an MTA-STS-refused host is, never tried in the clear. A server that offers CHUNKING and
 answers BDAT as a command it does not know gets the message again at once, with DATA, on a new
 connection (`ClientConnection._again_with_data`), and DATA for `NO_CHUNKING_FOR` after.
 
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
+from pigeon.delivery.dane import HostPolicy, LookupFailed, Mismatch, Record, check, host_policy, presented_chain
 from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mta_sts import WARNINGS, Applied
 from pigeon.delivery.mx import DnsFailure, Resolver
@@ -459,7 +463,9 @@ class ClientConnection:
         self.tls: str | None = None  # the TLS version, cipher and verification, once on TLS
         self.options = options
         self.broken = False
-        self.opened_with: tuple[Hop, Destination, TlsPolicy] | None = None  # to connect again (`_again_with_data`)
+        self.opened_with: tuple[Hop, Destination, TlsPolicy, HostPolicy | None] | None = None  # (`_again_with_data`)
+        self.dane: HostPolicy | None = None  # what DANE asks of the host (its TLSA records), if anything
+        self.dane_match: Record | None = None  # the TLSA record the certificate matched
         self._carried: tuple[list[Reply], list[int]] | None = None  # see `_again_with_data`
 
     @property
@@ -525,8 +531,14 @@ class ClientConnection:
             if spent >= options.mx_address_limit or sessions >= options.mx_session_limit:
                 cut = True
                 break
+            secure = False  # (the addresses were validated: DANE's TLSA lookup follows)
             try:
-                addresses = [hop.host] if _is_ip(hop.host) else await resolver.addresses(hop.host)
+                if _is_ip(hop.host):
+                    addresses = [hop.host]
+                elif destination.dane:
+                    addresses, secure = await resolver.addresses_secure(hop.host)
+                else:
+                    addresses = await resolver.addresses(hop.host)
             except DnsFailure as error:
                 last = ConnectFailed(Reply(451, "4.4.3", (f"{hop.host}: {error.reply.text}",)))
                 spent += 1
@@ -542,6 +554,17 @@ class ClientConnection:
                     looped = looped or _peer(hop, mine)
                     continue
             elsewhere = True
+            dane: HostPolicy | None = None
+            if destination.dane:
+                try:
+                    dane = await host_policy(resolver, hop.host, hop.port, secure)
+                except LookupFailed as failed:
+                    # RFC 7672 2.2: a TLSA lookup that failed (perhaps a bogus answer) makes the
+                    # host unusable for now, never one to reach without DANE.
+                    last = ConnectFailed(failed.reply)
+                    spent += 1
+                    done.append(f"{hop.host} (TLSA lookup failed)")
+                    continue
             if options.bind is not None:
                 # A socket bound to an IPv4 address cannot reach an IPv6 one, nor the reverse.
                 family = ipaddress.ip_address(options.bind).version
@@ -569,7 +592,7 @@ class ClientConnection:
                 tried = True
                 handshake_failed = greeted = False
                 try:
-                    connection = await cls._open_one(hop, address, destination, options, policy)
+                    connection = await cls._open_one(hop, address, destination, options, policy, dane)
                     if sts is not None and _REFUSED_BY_POLICY:
                         _REFUSED_BY_POLICY.pop((sts.domain, sts.policy_id, hop.host), None)  # (fixed)
                     return connection
@@ -586,7 +609,7 @@ class ClientConnection:
                     # be used; mail delivery SHOULD proceed to the next candidate"); the addresses
                     # tried stay bound by mx_address_limit.
                     greeted = error.greeted and not error.by_policy
-                    if error.by_policy and sts is not None:
+                    if error.by_policy and sts is not None and dane is None:
                         _remember_refused(sts, hop.host)  # (tried after the others next time)
                 connected = True
                 if not handshake_failed:
@@ -606,8 +629,8 @@ class ClientConnection:
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
                 fallbacks.append((destination, TlsPolicy.DISABLED))
-                if destination.auth is not None:
-                    fallbacks = []  # (`_HandshakeFailed` is never raised for one: said twice, as it matters)
+                if destination.auth is not None or dane is not None:
+                    fallbacks = []  # (`_HandshakeFailed` is never raised for them: said twice, as it matters)
                 for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
                     # Once in a while per site, host and step: a host whose certificate never
@@ -648,9 +671,17 @@ class ClientConnection:
 
     @classmethod
     async def _open_one(
-        cls, hop: Hop, address: str, destination: Destination, options: ClientOptions, policy: TlsPolicy
+        cls,
+        hop: Hop,
+        address: str,
+        destination: Destination,
+        options: ClientOptions,
+        policy: TlsPolicy,
+        dane: HostPolicy | None = None,
     ) -> ClientConnection:
         peer = _peer(hop, address)
+        if dane is not None:
+            policy = TlsPolicy.REQUIRED  # (RFC 7672 2.2: with TLSA records, TLS or no mail, whatever the route says)
         loop = asyncio.get_running_loop()
         chunking = options.chunking and not _chunking_broken(address, hop.port)
         session = ClientSession(
@@ -673,7 +704,8 @@ class ClientConnection:
                 raise ConnectFailed(reply) from None  # our side's fault: says nothing of the site
             raise _NoConnection(reply) from None
         connection = cls(wire, peer=peer, options=options, host=hop.host, address=address)
-        connection.opened_with = (hop, destination, policy)
+        connection.opened_with = (hop, destination, policy, dane)
+        connection.dane = dane
         try:
             if policy is TlsPolicy.IMPLICIT:
                 await connection._implicit_tls(hop, destination)
@@ -686,7 +718,7 @@ class ClientConnection:
             connection.close()
             raise
         sts = destination.mta_sts
-        if sts is not None and not sts.enforced:
+        if sts is not None and not sts.enforced and connection.dane_match is None:
             _warn_testing(sts, hop.host, peer, connection.tls is not None and destination.tls_verify)
         return connection
 
@@ -702,9 +734,16 @@ class ClientConnection:
                 # certificate's IP addresses and sends no SNI for one.
                 verify = destination.tls_verify
                 server_name = hop.host if verify or not _is_ip(hop.host) else None
-                await self._start_tls(server_name, verify, destination.ca_file)
                 sts = destination.mta_sts
-                if sts is not None and self.tls is not None:
+                dane = self.dane
+                if dane is not None:
+                    # TLSA records to match: they, not PKIX, say whether the certificate will do
+                    # (checked after the handshake), and MTA-STS gives way (RFC 8461 2). None
+                    # usable: TLS without authentication, but what an enforced MTA-STS asks.
+                    verify = not dane.records and sts is not None and sts.enforced and destination.tls_verify
+                    server_name = hop.host
+                await self._start_tls(server_name, verify, destination.ca_file)
+                if sts is not None and self.tls is not None and self.dane_match is None:
                     self.tls += f", MTA-STS {sts.policy.mode.value}"  # (what the records say: see `tls`)
             elif isinstance(event, Unusable):
                 failure = _HandshakeFailed if event.retry_in_clear else ConnectFailed
@@ -712,7 +751,11 @@ class ClientConnection:
                 reply, server = event.explain(self.peer), event.said_by_server
                 sts = destination.mta_sts
                 by_policy = False
-                if sts is not None and sts.enforced and event.reason in _TLS_REASONS:
+                if self.dane is not None and event.reason in _TLS_REASONS:
+                    # (RFC 7672 2.2: the next MX host is tried, as for a host MTA-STS refuses)
+                    by_policy = True
+                    reply = _noted(reply, self.dane.describe())
+                elif sts is not None and sts.enforced and event.reason in _TLS_REASONS:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
                     by_policy = True
                     reply = _noted(reply, f"(TLS verified for {hop.host} required by {sts.describe()})")
@@ -742,9 +785,26 @@ class ClientConnection:
         if transport is None:
             session.tls_failed(failure)  # the connection is unusable now
         else:
-            self._on_tls(transport, verify)
-            session.tls_established()
+            mismatch = self._dane_mismatch(transport)
+            if mismatch is None:
+                self._on_tls(transport, verify)
+                session.tls_established()
+            else:
+                wire.transport = transport  # (closed with the connection, before any MAIL)
+                session.tls_failed(mismatch)
         wire.pump()  # EHLO again, or the session's verdict on the failure
+
+    def _dane_mismatch(self, transport: asyncio.Transport) -> str | None:
+        """Why the certificate presented fails the host's TLSA records, or None (`dane_match`
+        then says which record it met; nothing to match when it has none usable)."""
+        dane = self.dane
+        if dane is None or not dane.records:
+            return None
+        try:
+            self.dane_match = check(dane, presented_chain(transport.get_extra_info("ssl_object")))
+        except Mismatch as error:
+            return f"DANE: {error}"
+        return None
 
     async def _implicit_tls(self, hop: Hop, destination: Destination) -> None:
         """TLS from the first byte (RFC 8314 3: a submission port 465), before the banner, which
@@ -789,6 +849,10 @@ class ClientConnection:
         # as a verified one, and an auditor could not tell them apart.
         described = describe(transport.get_extra_info("ssl_object"))
         checked = "certificate verified" if verify else "certificate not verified"
+        if self.dane_match is not None:
+            checked = f"certificate verified by DANE ({self.dane_match.describe()})"
+        elif self.dane is not None:
+            checked += f", DANE (TLSA {self.dane.name}, none usable)"
         self.tls = f"{described}, {checked}" if described is not None else None
 
     # --- sending ---------------------------------------------------------------------------
@@ -824,7 +888,7 @@ class ClientConnection:
         4xx (`client.bdat_not_understood`), which says why, and the connection is broken."""
         refused = result.bdat_not_understood
         assert refused is not None and self.opened_with is not None
-        hop, destination, policy = self.opened_with
+        hop, destination, policy, dane = self.opened_with
         _remember_chunking_broken(self.address, hop.port)
         again = [i for i, reply in enumerate(result.replies) if reply == result.data_reply]
         _log.warning(
@@ -837,13 +901,14 @@ class ClientConnection:
         )
         self.close()
         try:
-            other = await ClientConnection._open_one(hop, self.address, destination, self.options, policy)
+            other = await ClientConnection._open_one(hop, self.address, destination, self.options, policy, dane)
         except ConnectFailed as error:
             replies = list(result.replies)
             for index in again:
                 replies[index] = _noted(replies[index], f"; connecting again failed: {error.reply}")
             return Result(replies, result.mail_reply, result.data_reply)
         self._wire, self._session, self.tls, self.broken = other._wire, other._session, other.tls, False
+        self.dane_match = other.dane_match
         replies = list(result.replies)
         self._carried = (replies, again)  # (should a stop cut what follows: `answered_before_cut`)
         rest = dataclasses.replace(envelope, recipients=[envelope.recipients[i] for i in again])

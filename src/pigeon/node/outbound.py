@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -87,7 +88,14 @@ class Outbound:
         self._intake = intake
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
-        self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout)
+        self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout, dnssec=config.dane.enabled)
+        if config.dane.enabled and worker == 0 and not all(_is_loopback(host) for host, _ in nameservers or [("", 0)]):
+            # The AD bit is worth what the path to the resolver is: an attacker on it sets it at will.
+            _log.warning(
+                "[dane] enabled trusts the AD bit of [dns] nameservers' answers, and %s is not on this host's "
+                "loopback: run a validating resolver (unbound) on 127.0.0.1 and name it there",
+                ", ".join(host for host, _ in nameservers) or "/etc/resolv.conf's",
+            )
         sts = config.mta_sts
         self.mta_sts = (
             PolicyStore(
@@ -112,6 +120,7 @@ class Outbound:
             smtp_port=delivery.smtp_port,
             classify=classifier.classify,
             mta_sts=self.mta_sts,
+            dane=config.dane.enabled,
         )
         self._load_system_cas()
         self.policies = policies = _policies(config)
@@ -405,6 +414,14 @@ def routes_from(config: Config) -> list[Route]:
         )
         for r in config.route
     ]
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether a nameserver's host is this host's loopback (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _credentials(route: RouteConfig) -> Credentials | None:

@@ -449,7 +449,7 @@ async def test_resolv_conf_s_nameservers_are_tried_in_rounds_of_its_attempts(
     conf.write_text("nameserver 127.0.0.2\nnameserver 127.0.0.3\noptions timeout:1 attempts:3\n")
     asked: list[str] = []
 
-    async def no_answer(server: tuple[str, int], name: str, kind: str) -> dnswire.Answer | None:
+    async def no_answer(server: tuple[str, int], name: str, kind: str, dnssec: bool = False) -> dnswire.Answer | None:
         asked.append(server[0])
         raise TimeoutError  # as when the try's time is out
 
@@ -467,7 +467,7 @@ async def test_resolv_conf_s_rotate_spreads_the_first_question(tmp_path: Path, m
     conf.write_text("nameserver 127.0.0.2\nnameserver 127.0.0.3\noptions rotate attempts:1\n")
     first: list[str] = []
 
-    async def no_answer(server: tuple[str, int], name: str, kind: str) -> dnswire.Answer | None:
+    async def no_answer(server: tuple[str, int], name: str, kind: str, dnssec: bool = False) -> dnswire.Answer | None:
         first.append(server[0])
         return dnswire.Answer(dnswire.NXDOMAIN, [], 0)
 
