@@ -3,11 +3,11 @@ Subject in `pigeon inspect`: a running node, a real SMTP client, the real comman
 
 from __future__ import annotations
 
+import http.client
 import os
 import smtplib
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -97,16 +97,27 @@ def test_a_token_bound_to_a_tenant_reads_that_tenants_messages_alone(tmp_path: P
         )
 
 
-def test_the_content_endpoint_answers_message_rfc822_with_its_length(tmp_path: Path) -> None:
-    with PigeonProcess(tmp_path / "node", node={"workers": 2}, spool={"inline_limit": "64KiB"}) as pigeon:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_content_endpoint_answers_message_rfc822_with_its_length_and_a_head_without_a_body(
+    tmp_path: Path, workers: int
+) -> None:
+    with PigeonProcess(tmp_path / "node", node={"workers": workers}, spool={"inline_limit": "64KiB"}) as pigeon:
         _send(pigeon, _message(200_000))
         (row,) = pigeon.spool_messages()
-        request = urllib.request.Request(f"http://127.0.0.1:{pigeon.http_port}/api/v1/messages/{row['id']}/content")
-        request.add_header("Authorization", f"Bearer {pigeon.local_token}")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.headers["Content-Type"] == "message/rfc822"
-            assert int(response.headers["Content-Length"]) == len(row["data"])
-            assert response.read() == row["data"]
+        auth = {"Authorization": f"Bearer {pigeon.local_token}"}
+        connection = http.client.HTTPConnection("127.0.0.1", pigeon.http_port, timeout=30)
+        for method in ("HEAD", "GET", "HEAD", "GET"):  # one connection: a HEAD's answer ends where it should
+            for part in ("content", "headers"):
+                connection.request(method, f"/api/v1/messages/{row['id']}/{part}", headers=auth)
+                response = connection.getresponse()
+                body = response.read()
+                assert response.status == 200, body
+                if part == "content":
+                    assert response.headers["Content-Type"] == "message/rfc822"
+                    assert int(response.headers["Content-Length"]) == len(row["data"])
+                expected = row["data"] if part == "content" else row["data"].partition(b"\r\n\r\n")[0] + b"\r\n"
+                assert body == (b"" if method == "HEAD" else expected)
+        connection.close()
         missing = _cli("inspect", "-c", str(pigeon.config_path), "0" * 16, "--content")
         assert missing.returncode == 2 and b"404: no message 0000000000000000 here" in missing.stderr
 

@@ -918,7 +918,8 @@ class Supervisor:
 
         A HEAD is asked of the workers as a GET: the answer has the headers the GET's has (its
         Content-Length too), and aiohttp leaves its body out."""
-        if request.method == "HEAD":
+        head = request.method == "HEAD"
+        if head:
             request = request.clone(method="GET")
         if request.path in _OPEN_WITHOUT_TOKEN and request.method in _OPEN_METHODS:
             return await self._pass_on_anonymous(request)
@@ -949,7 +950,7 @@ class Supervisor:
                 coding = request.headers.get("Content-Encoding", "").strip().lower()
                 return await self._refused_body(request, undecodable(coding), undecodable_body=True)
             if _stored_message(request):
-                return await self._from_holder(request)
+                return await self._from_holder(request, head=head)
             return await self._pass_on(request, body)
         finally:
             self._open_requests -= 1
@@ -1015,12 +1016,14 @@ class Supervisor:
                 return web.json_response({"error": message, "field": None, "outcome_unknown": True}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
 
-    async def _from_holder(self, request: web.Request) -> web.StreamResponse:
+    async def _from_holder(self, request: web.Request, *, head: bool = False) -> web.StreamResponse:
         """A message's stored bytes (`pigeon.listener.http.content`), passed on as the worker that
         holds it sends them, piece by piece: a message of gigabytes is never held here. Asked of
         the worker whose shard made the id first (it holds it, unless another adopted its
         shard), then of the others, until one has it: as `pigeon inspect` finds it on any worker.
-        None has it and one could not be asked: 503, partial, as the inspect's answer would be."""
+        None has it and one could not be asked: 503, partial, as the inspect's answer would be.
+        `head`: the client asked HEAD (passed on as a GET): the headers alone, no byte of the body
+        (the request, cloned as a GET, no longer tells aiohttp to leave it out)."""
         try:
             shard = shard_of(parse_id(request.match_info.get("id", "")))
         except ValueError:
@@ -1048,9 +1051,12 @@ class Supervisor:
                         absent = said
                         continue
                     started = web.StreamResponse(headers=kept)
-                    if answer.content_length is not None:
-                        started.content_length = answer.content_length
+                    if answer.content_length is not None or head:
+                        started.content_length = answer.content_length or 0
                     await started.prepare(request)
+                    if head:
+                        await started.write_eof()
+                        return started
                     async for piece in answer.content.iter_chunked(64 * 1024):
                         await started.write(piece)
                     await started.write_eof()

@@ -82,7 +82,8 @@ async def _stored(request: web.Request, *, headers_only: bool) -> web.StreamResp
         if not headers_only:
             response.content_length = os.fstat(source.fileno()).st_size
         await response.prepare(request)
-        await (_send_header_section if headers_only else _send)(source, response)
+        if request.method != "HEAD":  # (aiohttp leaves out a Response's body, not what is written)
+            await (_send_header_section if headers_only else _send)(source, response)
         await response.write_eof()
         return response
     finally:
