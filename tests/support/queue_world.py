@@ -150,6 +150,9 @@ class MemorySpool:
     def body(self, body_id: int) -> bytes:
         return self.bodies[body_id]
 
+    def stored_body(self, body_id: int) -> bytes:
+        return self.bodies[body_id]
+
     def scan(self, after: int, limit: int) -> list[Message]:
         return [self._message(i, self.rows[i]) for i in sorted(self.rows) if i > after][:limit]
 

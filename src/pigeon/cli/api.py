@@ -13,13 +13,14 @@ import http.client
 import json
 import os
 import re
+import shutil
 import ssl
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from pigeon import __version__
 from pigeon.cli.common import add_config_option, load_config
@@ -119,6 +120,7 @@ class ApiClient:
         timeout: float | None = 600,
         unreachable: int = UNREACHABLE,
         unanswered: Unanswered | None = None,
+        sink: BinaryIO | None = None,
     ) -> tuple[int, bytes]:
         """The status and raw body of one request (an HTTP error status is an answer, not an
         exception). A node that cannot be reached (refused, timed out, no route) prints why
@@ -128,7 +130,10 @@ class ApiClient:
         proxy's timeout) is another thing: the request went out, so the node may have carried
         it out, in part, before it went. `unanswered`, given what happened, says so as the
         command's user needs to hear it and gives the exit status; without it (a read: it
-        changed nothing), it is said as the node not answering, with `unreachable`."""
+        changed nothing), it is said as the node not answering, with `unreachable`.
+
+        `sink`: a successful answer's body is written there as it comes, in pieces, and b""
+        returned in its place (a message of gigabytes: `pigeon inspect --content`)."""
         request = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -140,10 +145,15 @@ class ApiClient:
         try:
             try:
                 with urllib.request.build_opener(plain, tls).open(request, timeout=timeout) as response:
+                    if sink is not None:
+                        shutil.copyfileobj(response, sink, 64 * 1024)
+                        return response.status, b""
                     return response.status, response.read()
             except urllib.error.HTTPError as error:
                 with error:
                     return error.code, error.read()
+        except BrokenPipeError:
+            raise  # the sink's reader went away (`| head`): no fault of the node's (`pigeon.cli.main`)
         except (OSError, http.client.HTTPException) as error:
             reason = getattr(error, "reason", error)
             why = redact(str(reason) or type(reason).__name__)  # IncompleteRead and timeouts can say ""
@@ -165,7 +175,7 @@ class ApiClient:
                       f"this spool listens on {redact_url(self.url)} (a changed listen address takes effect at its "
                       "restart): asking there", file=sys.stderr)  # fmt: skip
                 return self.fetch(path, method=method, data=data, token=token, timeout=timeout,
-                                  unreachable=unreachable, unanswered=unanswered)  # fmt: skip
+                                  unreachable=unreachable, unanswered=unanswered, sink=sink)  # fmt: skip
             hint = "is `pigeon serve` running?"
             if self._defaulted:
                 hint += (

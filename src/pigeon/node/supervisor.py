@@ -71,12 +71,14 @@ from pigeon.listener.http.body import (
     undecodable,
 )
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
+from pigeon.listener.http.content import CONTENT_PATH, HEADERS_PATH
 from pigeon.listener.http.errors import json_errors
 from pigeon.listener.http.health import DEGRADED, DOWN, OK, STOPPING, http_status, worst
 from pigeon.listener.http.inject import FORWARDED_PEER, INJECT_PATHS
 from pigeon.listener.http.json_body import require_json
 from pigeon.listener.http.listing import PATH as LIST_PATH
 from pigeon.listener.http.metrics import cluster_comment, exposition
+from pigeon.message import parse_id, shard_of
 from pigeon.node import collector, signals
 from pigeon.node.answers import merge_answers, merge_metric_answers
 from pigeon.node.descriptors import open_files_limit, share
@@ -905,7 +907,7 @@ class Supervisor:
             body["shaping"] = worst_one
         return web.json_response(body, status=http_status(status))
 
-    async def _api(self, request: web.Request) -> web.Response:
+    async def _api(self, request: web.Request) -> web.StreamResponse:
         """An API request goes to one worker, the next one each time; a worker that is down
         (restarting) is skipped. Admin requests concern every worker's shards: they go to all
         of them (see `_broadcast`).
@@ -918,7 +920,8 @@ class Supervisor:
 
         A HEAD is asked of the workers as a GET: the answer has the headers the GET's has (its
         Content-Length too), and aiohttp leaves its body out."""
-        if request.method == "HEAD":
+        head = request.method == "HEAD"
+        if head:
             request = request.clone(method="GET")
         if request.path in _OPEN_WITHOUT_TOKEN and request.method in _OPEN_METHODS:
             return await self._pass_on_anonymous(request)
@@ -948,6 +951,8 @@ class Supervisor:
                     raise
                 coding = request.headers.get("Content-Encoding", "").strip().lower()
                 return await self._refused_body(request, undecodable(coding), undecodable_body=True)
+            if _stored_message(request):
+                return await self._from_holder(request, head=head)
             return await self._pass_on(request, body)
         finally:
             self._open_requests -= 1
@@ -1012,6 +1017,69 @@ class Supervisor:
                 )
                 return web.json_response({"error": message, "field": None, "outcome_unknown": True}, status=502)
         return web.json_response({"error": "no worker is up; try again shortly"}, status=503)
+
+    async def _from_holder(self, request: web.Request, *, head: bool = False) -> web.StreamResponse:
+        """A message's stored bytes (`pigeon.listener.http.content`), passed on as the worker that
+        holds it sends them, piece by piece: a message of gigabytes is never held here. Asked of
+        the worker whose shard made the id first (it holds it, unless another adopted its
+        shard), then of the others, until one has it: as `pigeon inspect` finds it on any worker.
+        None has it and one could not be asked: 503, partial, as the inspect's answer would be.
+        `head`: the client asked HEAD (passed on as a GET): the headers alone, no byte of the body
+        (the request, cloned as a GET, no longer tells aiohttp to leave it out)."""
+        try:
+            shard = shard_of(parse_id(request.match_info.get("id", "")))
+        except ValueError:
+            shard = 0  # (any worker refuses it, 400)
+        timeout = self.config.node.worker_timeout
+        headers = {name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers}
+        missing: dict[int, str] = {}
+        absent: web.Response | None = None
+        started: web.StreamResponse | None = None
+        for worker in sorted(self.workers, key=lambda w: w.index != shard):
+            connector = aiohttp.UnixConnector(path=str(worker.control))
+            # A bound on each wait (the answer's start, each piece), none on the whole: a large
+            # message takes as long as the client takes to read it.
+            within = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+            try:
+                async with (
+                    aiohttp.ClientSession(connector=connector, timeout=within) as http,
+                    http.get(f"http://worker{request.rel_url}", headers=headers) as answer,
+                ):
+                    kept = {name: answer.headers[name] for name in _RETURNED_HEADERS if name in answer.headers}
+                    if answer.status != 200:
+                        said = web.Response(body=await answer.read(), status=answer.status, headers=kept)
+                        if answer.status != 404:
+                            return said  # a refusal (the token, the id): every worker's alike
+                        absent = said
+                        continue
+                    started = web.StreamResponse(headers=kept)
+                    if answer.content_length is not None or head:
+                        started.content_length = answer.content_length or 0
+                    await started.prepare(request)
+                    if head:
+                        await started.write_eof()
+                        return started
+                    async for piece in answer.content.iter_chunked(64 * 1024):
+                        await started.write(piece)
+                    await started.write_eof()
+                    return started
+            except (OSError, aiohttp.ClientError, TimeoutError) as error:
+                if started is not None and started.prepared:
+                    # Cut mid-message: the client sees it end short of its Content-Length, or of
+                    # its last chunk, not a whole message; another worker has no other copy.
+                    raise
+                missing[worker.index] = f"could not be asked: {_in_words(error)}; it may be restarting"
+        if not missing:
+            return absent or web.json_response({"error": "no worker is up; try again shortly"}, status=503)
+        answered = [worker.index for worker in self.workers if worker.index not in missing]
+        told = "; ".join(f"worker {index}: {why}" for index, why in missing.items())
+        partial = {
+            "error": f"not every worker answered ({told}): the message may be on one that did not",
+            "partial": True,
+            "answered": answered,
+            "missing": [{"worker": index, "error": why} for index, why in missing.items()],
+        }
+        return web.json_response(partial, status=503)
 
     def _in_turn(self) -> list[Worker]:
         """The workers a request passed to one worker may try, each once, in this order: from the
@@ -1290,6 +1358,12 @@ def _taken(change: RuleChange, answers: list[tuple[int, Any]]) -> Rule | None:
             with contextlib.suppress(msgspec.ValidationError):
                 return msgspec.convert(rule, Rule)
     return None
+
+
+def _stored_message(request: web.Request) -> bool:
+    """Whether `request` asks for a message's stored bytes (`Supervisor._from_holder`)."""
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical in (CONTENT_PATH, HEADERS_PATH)
 
 
 def _known_down(worker: Worker) -> bool:

@@ -39,7 +39,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import msgspec
 
@@ -1029,6 +1029,19 @@ class Admin:
     async def _add_rule(self, rule: Rule) -> Rule:
         await self._rules.add(rule, self._primary)
         return rule
+
+    def stored_content(self, spool_id: int) -> bytes | BinaryIO | None:
+        """A message's stored bytes, as `inspect` finds it (`pigeon inspect --content`): the
+        copy delivery holds in memory, else its shard's (`Spool.stored_body`: a large body's
+        file, open); None if it is not here. Raises SpoolError if its body cannot be read."""
+        entry = self._active.get(spool_id)
+        message = entry.message if entry is not None else None
+        spool = self._spools.get(shard_of(spool_id))
+        if message is None and spool is not None:
+            message = spool.get(spool_id)
+        if message is not None and message.data is not None:
+            return message.data
+        return None if message is None or spool is None else spool.stored_body(message.body_id)
 
 
 _KEEP_WRITTEN: Final = 10_000  # rule writes remembered (`Admin.written`)

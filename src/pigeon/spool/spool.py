@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from pigeon.message import Envelope, Message, SpoolId
 from pigeon.smtp import replies
@@ -164,6 +164,10 @@ class Spool(Protocol):
 
     def body(self, body_id: int) -> bytes:
         """A stored body's bytes. Raises SpoolError if it cannot be read."""
+
+    def stored_body(self, body_id: int) -> bytes | BinaryIO:
+        """A stored body for an operator to read: its bytes, or its file open to be read in
+        pieces (a large one). Raises SpoolError if it cannot be read."""
 
     def settle(
         self,

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, NamedTuple, TypeVar
+from typing import BinaryIO, Final, NamedTuple, TypeVar
 
 from pigeon.flock import LockHeld, take_pid_lock
 from pigeon.fsync import fsync_directory
@@ -547,6 +547,20 @@ class SqliteSpool:
             return self._segments.read(row[1], row[2], row[3])
         try:
             return (self.data_dir / format_id(body_id)).read_bytes()
+        except OSError as error:
+            raise SpoolWriteError(f"body file data/{format_id(body_id)} cannot be read: {error.strerror}") from error
+
+    def stored_body(self, body_id: int) -> bytes | BinaryIO:
+        """A stored body to be read by an operator (`pigeon inspect --content`): its bytes when
+        it is in the database or a segment (at most `inline_limit`, which delivery reads whole
+        too), else its file, open, to be read in pieces: a body of gigabytes is not held. An
+        open file reads on if the message is delivered (and its file removed) meanwhile.
+        Raises SpoolError if it cannot be read."""
+        row = self._read().execute("SELECT data, segment FROM body WHERE id = ?", (body_id,)).fetchone()
+        if row is None or row[0] is not None or row[1] is not None:
+            return self.body(body_id)
+        try:
+            return (self.data_dir / format_id(body_id)).open("rb")
         except OSError as error:
             raise SpoolWriteError(f"body file data/{format_id(body_id)} cannot be read: {error.strerror}") from error
 

@@ -60,7 +60,7 @@ from aiohttp import web
 
 from pigeon.config.patterns import PatternError, api_pattern, closed_sets, domain_glob, queue_glob, site_glob
 from pigeon.config.schema import Duration, decode_hook
-from pigeon.listener.http import tenancy
+from pigeon.listener.http import content, tenancy
 from pigeon.listener.http.body import read_body
 from pigeon.listener.http.context import NODE_KEY, from_supervisor
 from pigeon.listener.http.inject import bad_request
@@ -204,6 +204,7 @@ async def inspect(request: web.Request) -> web.Response:
     if found is None or (tenants is not None and not tenancy.owns_message(tenants, found)):
         # Another tenant's message is answered as none, word for word: its id tells nothing.
         return web.json_response({"error": f"no message {request.match_info['id']} here", "field": "id"}, status=404)
+    found["subject"] = content.subject(admin, spool_id)
     return web.json_response(found)
 
 

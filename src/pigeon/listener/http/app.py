@@ -9,7 +9,7 @@ from typing import Final
 
 from aiohttp import web
 
-from pigeon.listener.http import admin, listing
+from pigeon.listener.http import admin, content, listing
 from pigeon.listener.http.body import declared_too_large, too_large, transfer_codings
 from pigeon.listener.http.connections import ConnectionLimits, GuardedRunner
 from pigeon.listener.http.context import NODE_KEY, NodeView
@@ -61,6 +61,8 @@ API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("GET", "/api/v1/admin/operations", admin.read),
     ("GET", "/api/v1/shaping/effects", effects),
     ("DELETE", "/api/v1/shaping/effects/{id}", end_effect),
+    ("GET", content.CONTENT_PATH, content.content),
+    ("GET", content.HEADERS_PATH, content.headers),
 )
 """The API's paths and methods, each with its handler here."""
 

@@ -144,6 +144,7 @@ def document() -> dict[str, Any]:
         "security": [{"bearer": []}],
         "paths": {
             **_admin_paths(admin_requests, queues),
+            **_stored_message_paths(),
             "/api/v1/inject": {
                 "post": {
                     "operationId": "inject",
@@ -611,6 +612,10 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                 "description": "What named that pool: the policy hook, its [[queue]], or [delivery] pool",
             },
             "suspended_by": text_or_none,
+            "subject": {
+                "type": ["string", "null"],
+                "description": "Its Subject, decoded (RFC 2047); null: none in its first 64 KiB",
+            },
             "held_by_effect": {
                 "type": ["string", "null"],
                 "description": "The shaping reaction's suspension that holds it (or held it when it was last "
@@ -898,6 +903,62 @@ def _message_page() -> dict[str, Any]:
         "messages",
         "next",
     )
+
+
+def _stored_message_paths() -> dict[str, Any]:
+    """GET /api/v1/messages/{id}/content and /headers (`pigeon.listener.http.content`)."""
+    spool_id = [
+        {
+            "name": "id",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^[0-7][0-9a-fA-F]{15}$"},
+        }
+    ]
+    as_stored = (
+        "as stored: the bytes that leave, before the edits made as they leave (the tenant and campaign headers "
+        "taken off, the policy's header edits, a submission's added Date and Message-ID, the DKIM signatures on top)"
+    )
+
+    def operation(op_id: str, summary: str, kind: str, what: str) -> dict[str, Any]:
+        errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items() if code != "413"}
+        return {
+            "operationId": op_id,
+            "summary": f"{summary} (scope 'read')",
+            "description": f"{what}, {as_stored}. A large message is sent as it is read (chunked for the header "
+            "section).",
+            "parameters": spool_id,
+            "responses": {
+                "200": {"description": what, "content": {kind: {"schema": {"type": "string", "format": "binary"}}}},
+                **errors,
+                "404": _response(
+                    "No such message here; or, to a token bound to tenants, another tenant's (answered alike, word "
+                    "for word: its id tells nothing)",
+                    _ref("ErrorResponse"),
+                ),
+                "408": _response(_SLOW, _ref("ErrorResponse")),
+                "503": _response(
+                    "With several workers: none that answered holds it, and one did not answer (partial: true); "
+                    f"or {_BUSY}",
+                    _ref("ErrorResponse"),
+                    headers=_RETRY_AFTER,
+                ),
+            },
+        }
+
+    return {
+        "/api/v1/messages/{id}/content": {
+            "get": operation("messageContent", "One message's stored bytes", "message/rfc822", "The whole message"),
+        },
+        "/api/v1/messages/{id}/headers": {
+            "get": operation(
+                "messageHeaders",
+                "One message's stored header section",
+                "text/rfc822-headers",
+                "Its header fields, each ending CRLF, without the empty line after them",
+            ),
+        },
+    }
 
 
 def _ref(name: str | None) -> dict[str, Any] | None:
