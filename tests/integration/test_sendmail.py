@@ -34,7 +34,7 @@ def on_rcpt_to(rcpt):
 
 @pytest.fixture(scope="module")
 def sink() -> Iterator[ScriptedSink]:
-    with ScriptedSink() as sink:
+    with ScriptedSink(smtputf8=True) as sink:  # (for a non-ASCII -f)
         yield sink
 
 
@@ -167,7 +167,10 @@ def test_options_as_callers_write_them() -> None:
     assert parse(["-r", "<>", "a@x"]).sender == ""
     assert parse(["-F", "Cron Daemon", "a@x"]).full_name == "Cron Daemon"
     assert parse(["--", "-odd@x", "b@x, c@x"]).recipients == ["-odd@x", "b@x", "c@x"]
-    for refused in (["-bs"], ["-bp"], ["-q"], ["-f"]):
+    assert parse(["-f", " Boss <ceo@corp.test> ", "a@x"]).sender == "ceo@corp.test"
+    assert parse(["-f", "root (Cron Daemon)", "a@x"]).sender == "root"
+    assert [parse([f"-b{m}"]).mode for m in "msip"] == ["mail", "smtp", "aliases", "queue"]
+    for refused in (["-bd"], ["-q"], ["-f"]):
         with pytest.raises(UsageError):
             parse(refused)
 
@@ -196,3 +199,155 @@ def test_a_user_who_may_not_read_the_default_config_submits_to_loopback_port_25(
     assert (node.host, node.port) == ("127.0.0.1", 25)
     with pytest.raises(ConfigError, match="Permission denied"):  # named with -C: said so (78)
         sendmail_command.find_node(Options(config=config))
+
+
+def headers_of(got: Received) -> bytes:
+    return got.data.split(b"\r\n\r\n", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["-F", "Evil\r\nBcc: x@example.net"], ["-f", "a@example.org\r\nRSET"], ["-N", "never\r\nRSET"],
+     ["-R", "full\nX"], ["-V", "id\r\nRSET"], ["to@example.net\r\nRSET"]],
+)  # fmt: skip
+def test_a_control_character_in_an_option_is_refused_as_usage_and_nothing_sent(
+    node: PigeonProcess, sink: ScriptedSink, option: list[str]
+) -> None:
+    # A CR LF in -F would end the From field it fills: what follows would be a field of the
+    # caller's choosing; in -f, -N, -R, -V one would end the SMTP command.
+    result = sendmail(node.config_path, *option, "to@example.net", message=b"Subject: x\n\nmarker-ctl\n")
+    assert result.returncode == 64, result.stderr
+    assert b"U+000D" in result.stderr or b"U+000A" in result.stderr
+    assert b"internal error" not in result.stderr
+    assert not any(b"marker-ctl" in m.data for m in sink.received)
+
+
+def test_cron_output_with_long_lines_bare_crs_and_nuls_arrives_readable(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    long_line = b"x" * 1200
+    message = (
+        b"Subject: backup " + b"y" * 1100 + b"\n\n"
+        b"marker-cron\n"
+        b" 10%\r 50%\r100%\n"
+        b"nul\0here\n" + long_line + b"\n" + "é".encode() * 700 + b"\n"
+    )
+    result = sendmail(node.config_path, "to@example.net", message=message)
+    assert result.returncode == 0, result.stderr
+    got = arrived(sink, b"marker-cron")
+    assert all(len(line) <= 998 for line in got.data.split(b"\r\n"))
+    assert b"\0" not in got.data and b"\r" not in got.data.replace(b"\r\n", b"")
+    body = got.data.split(b"\r\n\r\n", 1)[1]
+    # A bare CR ends a line; a long line goes on on the next; a NUL is gone.
+    assert b"marker-cron\r\n 10%\r\n 50%\r\n100%\r\nnulhere\r\n" + b"x" * 998 + b"\r\n" + b"x" * 202 + b"\r\n" in body
+    assert "é" * 700 in body.replace(b"\r\n", b"").decode()  # never broken inside a character
+    # In the header section, the field is folded (a space put in where it has none).
+    assert got.email["Subject"].replace(" ", "") == "backup" + "y" * 1100
+
+
+def test_the_message_names_the_local_user_who_submitted_it_in_a_received_field(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    result = sendmail(node.config_path, "-f", "ceo@corp.test", "to@example.net", message=b"Subject: x\n\nmarker-uid\n")
+    assert result.returncode == 0, result.stderr
+    received = arrived(sink, b"marker-uid").email.get_all("Received")
+    # The node's own first, then the one sendmail added, as Postfix's "(Postfix, from userid N)".
+    assert len(received) == 2 and "(Pigeon)" in received[0]
+    assert received[1].startswith(f"by mx.pigeon.test (Pigeon sendmail, from userid {os.getuid()});")
+
+
+def test_a_bare_or_named_f_address_is_taken_as_postfix_takes_it(node: PigeonProcess, sink: ScriptedSink) -> None:
+    for sender, marker in (("www-data", b"marker-bare"), (" Boss <ceo@corp.test> ", b"marker-named")):
+        result = sendmail(node.config_path, "-f", sender, "to@example.net", message=b"Subject: x\n\n%s\n" % marker)
+        assert result.returncode == 0, result.stderr
+    assert arrived(sink, b"marker-bare").sender == "www-data@mx.pigeon.test"
+    assert arrived(sink, b"marker-named").sender == "ceo@corp.test"
+
+
+def test_an_f_that_is_no_one_address_is_refused_and_adds_no_esmtp_parameter(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    for sender in ("a@b.example> ENVID=zz", "a@b.example, c@d.example", "two words@example.org"):
+        result = sendmail(node.config_path, "-f", sender, "to@example.net", message=b"Subject: x\n\nmarker-nf\n")
+        assert result.returncode == 64, (sender, result.stderr)
+        assert b"not an address" in result.stderr
+    assert not any(b"marker-nf" in m.data for m in sink.received)
+
+
+def test_a_non_ascii_f_is_sent_with_smtputf8(node: PigeonProcess, sink: ScriptedSink) -> None:
+    result = sendmail(node.config_path, "-f", "jörg@corp.test", "-F", "Jörg", "to@example.net",
+                      message=b"Subject: x\n\nmarker-utf8\n")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    got = arrived(sink, b"marker-utf8")
+    assert got.sender == "jörg@corp.test"
+    assert got.email["From"] == "Jörg <jörg@corp.test>"
+
+
+def test_bare_addresses_in_the_header_get_the_domain_and_keep_their_names(
+    node: PigeonProcess, sink: ScriptedSink
+) -> None:
+    message = (
+        b"From: root (Cron Daemon)\n"
+        b"To: pfvuser, Ann <ann>, b@example.net\n"
+        b"Reply-To: undisclosed-recipients:;\n"
+        b"Resent-To: =?utf-8?q?J=C3=B6rg?= <jorg>\n"
+        b"Resent-Bcc: secret@example.net\n"
+        b"Subject: =?utf-8?q?caf=C3=A9?= root\n"
+        b"\n"
+        b"marker-qualify\n"
+    )
+    result = sendmail(node.config_path, "-t", message=message)
+    assert result.returncode == 0, result.stderr
+    got = arrived(sink, b"marker-qualify")
+    headers = headers_of(got)
+    assert b"\r\nFrom: root@mx.pigeon.test (Cron Daemon)\r\n" in headers
+    assert b"\r\nTo: pfvuser@mx.pigeon.test, Ann <ann@mx.pigeon.test>, b@example.net\r\n" in headers
+    assert b"\r\nReply-To: undisclosed-recipients:;\r\n" in headers
+    assert b"\r\nResent-To: =?utf-8?q?J=C3=B6rg?= <jorg@mx.pigeon.test>\r\n" in headers
+    assert b"\r\nSubject: =?utf-8?q?caf=C3=A9?= root\r\n" in headers  # (not an address field: as it was)
+    assert b"Resent-Bcc" not in headers and b"secret@" not in headers  # removed, as Bcc is
+    # (-t takes them qualified too: those @mx.pigeon.test leave in a transaction of their own)
+    assert got.recipients == ["b@example.net"]
+
+
+@pytest.mark.parametrize("notify", ["bogus", "never,success"])
+def test_a_wrong_n_is_refused_before_anything_is_sent(tmp_path: Path, notify: str) -> None:
+    result = sendmail(tmp_path / "none.toml", "-N", notify, "to@example.net", message=b"Subject: x\n\nx\n")
+    assert result.returncode == 64 and b"-N" in result.stderr
+
+
+def test_bs_relays_an_smtp_session_and_the_message_names_the_user(node: PigeonProcess, sink: ScriptedSink) -> None:
+    # What Symfony Mailer and Laravel run: `sendmail -bs -i`, then SMTP on its stdin/stdout.
+    session = (
+        b"EHLO app.example\r\n"
+        b"MAIL FROM:<app@example.org>\r\n"
+        b"RCPT TO:<to@example.net>\r\n"
+        b"DATA\r\n"
+        b"From: app@example.org\r\nSubject: x\r\n\r\nmarker-bs\r\n.\r\n"
+        b"QUIT\r\n"
+    )
+    result = sendmail(node.config_path, "-bs", "-i", message=session)
+    assert result.returncode == 0, result.stderr
+    replies = [line[:3] for line in result.stdout.split(b"\r\n") if line[3:4] == b" "]
+    assert replies == [b"220", b"250", b"250", b"250", b"354", b"250", b"221"], result.stdout
+    got = arrived(sink, b"marker-bs")
+    assert got.sender == "app@example.org" and got.recipients == ["to@example.net"]
+    received = got.email.get_all("Received")
+    assert received[1].startswith(f"by mx.pigeon.test (Pigeon sendmail, from userid {os.getuid()});")
+
+
+def test_newaliases_is_a_no_op_and_mailq_points_to_pigeon_queue_list(tmp_path: Path) -> None:
+    script = tmp_path / "pigeon"
+    script.write_text("import sys\nfrom pigeon.cli.main import main\nsys.exit(main())\n")
+    for name in ("newaliases", "mailq"):
+        (tmp_path / name).symlink_to(script)
+    newaliases = sendmail(tmp_path / "none.toml", message=b"", program=[sys.executable, str(tmp_path / "newaliases")])
+    assert newaliases.returncode == 0 and newaliases.stderr == b""
+    mailq = sendmail(tmp_path / "none.toml", message=b"", program=[sys.executable, str(tmp_path / "mailq")])
+    assert mailq.returncode == 64 and b"pigeon queue list" in mailq.stderr
+
+
+def test_a_gecos_ampersand_is_the_capitalised_login() -> None:
+    user = pwd.struct_passwd(("ann", "x", 1000, 1000, "& Smith,,,", "/home/ann", "/bin/sh"))
+    assert sendmail_command._full_name(Options(), user) == "Ann Smith"
+    assert sendmail_command._full_name(Options(full_name="Given"), user) == "Given"

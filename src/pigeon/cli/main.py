@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Final
 
 from pigeon import __version__
 from pigeon.node import collector, signals
@@ -45,13 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SENDMAIL_NAMES: Final = {"sendmail": [], "newaliases": ["-bi"], "mailq": ["-bp"]}
+"""The names a link to `pigeon` may have that make it `pigeon sendmail`, with the option each means."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
-    # Invoked as sendmail (a link /usr/sbin/sendmail -> pigeon), it is that command.
-    if argv is None and os.path.basename(sys.argv[0]) == "sendmail":
+    # Invoked as sendmail (a link /usr/sbin/sendmail -> pigeon), it is that command; as
+    # newaliases or mailq, sendmail's -bi and -bp (the links Postfix installs too).
+    invoked_as = os.path.basename(sys.argv[0]) if argv is None else ""
+    if invoked_as in _SENDMAIL_NAMES:
         from pigeon.cli import sendmail
 
-        return sendmail.run(arguments)
+        return sendmail.run([*_SENDMAIL_NAMES[invoked_as], *arguments])
     if arguments[:1] == ["sendmail"]:
         from pigeon.cli import sendmail
 

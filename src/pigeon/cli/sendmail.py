@@ -12,11 +12,13 @@ the node cannot take the message now, the caller hears so (75, EX_TEMPFAIL).
 from __future__ import annotations
 
 import contextlib
+import email.header
 import email.utils
 import os
 import pwd
 import re
 import secrets
+import select
 import smtplib
 import socket
 import sys
@@ -28,6 +30,7 @@ from typing import Final
 from pigeon.config.load import ConfigError, load_keys, read_text
 from pigeon.config.schema import split_endpoint
 from pigeon.logs.peer_text import shown
+from pigeon.smtp.address import check, control_or_format_character
 
 # sysexits.h, as sendmail and Postfix's sendmail exit.
 OK: Final = 0
@@ -55,8 +58,8 @@ usage: pigeon sendmail [options] [--] [recipient ...] < message
 
 The sendmail(1) interface: the message on stdin, submitted over SMTP to the node's own listener.
   -t            recipients also from the message's To, Cc and Bcc (the Bcc field is removed)
-  -f ADDRESS    envelope sender (-r too; "<>" or "" for the null sender);
-                default: the invoking user @ [smtp] hostname
+  -f ADDRESS    envelope sender (-r too; "<>" or "" for the null sender; of "Name <addr>"
+                the address; "user" is user@[smtp] hostname); default: the invoking user
   -F NAME       the full name for the From field added to a message without one
   -i, -oi       a line with a lone "." is text, not the end of the message
   -C FILE       Pigeon's configuration file (-c too; default: $PIGEON_CONFIG, else
@@ -64,6 +67,8 @@ The sendmail(1) interface: the message on stdin, submitted over SMTP to the node
   -N DSN        NOTIFY= for each recipient (never, or success,delay,failure)
   -R RET        RET= for the message (full or hdrs); -V ENVID: ENVID=
   -v            show the SMTP dialogue on stderr
+  -bs           speak SMTP on stdin and stdout (relayed to the node's listener)
+  -bi           newaliases: nothing to do (no aliases here); -bp (mailq): see `pigeon queue list`
   ignored, as Postfix's sendmail ignores them: -bm, -m, -n, -U, -G, -oXXX (but -oi),
                 and with an argument -B, -L, -h, -O, -X
 exit status (sysexits.h): 0 sent, 64 usage, 65 sender or message refused, 67 a recipient
@@ -76,8 +81,10 @@ _FLAGS: Final = frozenset("timnUG")
 """Options without an argument (-i and -t mean something; the others are ignored)."""
 _WITH_ARGUMENT: Final = frozenset("frFCcNRVBLhOXo")
 """Options that take an argument, attached (-fme@x) or as the next word (-f me@x)."""
+_MODES: Final = {"m": "mail", "s": "smtp", "i": "aliases", "p": "queue"}
+"""-bm (the default), -bs, -bi (newaliases) and -bp (mailq)."""
 _UNSUPPORTED: Final = {
-    "b": "only -bm (deliver mail, the default) is supported: no daemon, queue listing or aliases here",
+    "b": "only -bm (deliver mail, the default), -bs, -bi and -bp are supported: no daemon here",
     "q": "there is no queue to run here: the node delivers on its own (see `pigeon queue`)",
     "I": "there are no aliases here (newaliases)",
 }
@@ -99,6 +106,7 @@ class Options:
     ret: str | None = None
     envid: str | None = None
     verbose: bool = False
+    mode: str = "mail"  # -bs: "smtp", -bi: "aliases", -bp: "queue"
 
 
 def parse(argv: Sequence[str]) -> Options:
@@ -131,34 +139,72 @@ def parse(argv: Sequence[str]) -> Options:
                     options.extract = True
                 elif letter == "i":
                     options.dots = False
-            elif letter == "b" and letters == "m":
-                letters = ""  # -bm: deliver mail, what this command does anyway
+            elif letter == "b" and letters in _MODES:
+                options.mode, letters = _MODES[letters], ""
             elif letter == "v":
                 options.verbose = True
             elif letter in _UNSUPPORTED:
                 raise UsageError(f"-{letter}{letters}: {_UNSUPPORTED[letter]}")
             else:
                 raise UsageError(f"unknown option -{letter}")
+    for word in words[index:]:
+        _no_control(word, "a recipient")
     options.recipients = [address for word in words[index:] for address in _split_list(word)]
     return options
 
 
+_NOTIFY: Final = re.compile(r"NEVER|(?:SUCCESS|DELAY|FAILURE)(?:,(?:SUCCESS|DELAY|FAILURE))*")
+"""RFC 3461 4.1: NEVER alone, or a list of SUCCESS, DELAY and FAILURE."""
+
+
 def _take(options: Options, letter: str, value: str) -> None:
+    if letter not in "Cc":  # (a file name is the system's business)
+        # A CR or LF would end the SMTP command it goes into, or the field it fills (-F):
+        # what follows would be a command or a header field of the caller's choosing.
+        _no_control(value, f"-{letter}")
     if letter in "fr":
-        options.sender = "" if value in ("<>", "") else value.removeprefix("<").removesuffix(">")
+        options.sender = envelope_sender(value)
     elif letter == "F":
         options.full_name = value
     elif letter in "Cc":
         options.config = Path(value)
     elif letter == "N":
-        options.notify = value.upper()
+        if not _NOTIFY.fullmatch(value.upper().replace(" ", "")):
+            raise UsageError(f"-N {value!r}: give never, or one or more of success,delay,failure")
+        options.notify = value.upper().replace(" ", "")
     elif letter == "R":
+        if value.upper() not in ("FULL", "HDRS"):
+            raise UsageError(f"-R {value!r}: give full or hdrs")
         options.ret = value.upper()
     elif letter == "V":
+        if not value.isascii():
+            raise UsageError("-V: an envelope id is printable ASCII (RFC 3461 4.4)")
         options.envid = value
     elif letter == "o" and value == "i":
         options.dots = False  # -oi; every other -o option is ignored, as Postfix ignores them
     # -B (body type: told by the message's bytes), -L, -h, -O, -X: ignored
+
+
+def _no_control(value: str, what: str) -> None:
+    named = control_or_format_character(value)
+    if named is not None:
+        raise UsageError(f"{what} {shown(value)!r} holds {named}: no control characters allowed")
+
+
+def envelope_sender(value: str) -> str:
+    """The address of -f's argument, as Postfix's sendmail takes it: "<>" or nothing is the
+    null sender; of "Name <addr>" or "addr (comment)" the address; blanks around are no part
+    of it. Anything else than one address is refused (an "a@b> ENVID=x" would otherwise add
+    a parameter of its own to MAIL FROM). Returned unqualified: `run` adds the domain."""
+    value = value.strip()
+    if value in ("", "<>"):
+        return ""
+    found = email.utils.getaddresses([value])
+    address = found[0][1] if len(found) == 1 else ""
+    # (A local part alone is checked with a domain: `check` wants a mailbox.)
+    if not address or check(address if "@" in address else f"{address}@example.org") is not None:
+        raise UsageError(f"-f {value!r}: not an address (give one: user@example.org, or Name <user@example.org>)")
+    return address
 
 
 def _split_list(word: str) -> list[str]:
@@ -173,6 +219,8 @@ class Node:
     host: str
     port: int
     domain: str
+    max_line: int = 998
+    """`[smtp] max_line_length`: the longest line the node takes (RFC 5322 2.1.1's 998)."""
 
 
 def find_node(options: Options) -> Node:
@@ -192,7 +240,7 @@ def find_node(options: Options) -> Node:
         # The README's config is 0640 (it holds secrets): a cron job's user may not read it.
         host, port = split_endpoint(UNREADABLE_CONFIG_ADDRESS)
         return Node(host, port, hostname)
-    config = load_keys(path, [("smtp", "listen"), ("smtp", "hostname")])
+    config = load_keys(path, [("smtp", "listen"), ("smtp", "hostname"), ("smtp", "max_line_length")])
     if config is None:
         raise ConfigError(f"{path}: [smtp] listen or [smtp] hostname does not load: see `pigeon serve --check`")
     endpoints = [(e.host, e.port) for e in config.smtp.listen]
@@ -201,7 +249,8 @@ def find_node(options: Options) -> Node:
     if port == 0:
         raise ConfigError(f"{path}: [smtp] listen {config.smtp.listen[0]!r} has port 0: no port to submit to")
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return Node(host, port, config.smtp.hostname)  # ("[192.0.2.1]" too: user@[192.0.2.1] is an address)
+    # ("[192.0.2.1]" too: user@[192.0.2.1] is an address)
+    return Node(host, port, config.smtp.hostname, config.smtp.max_line_length)
 
 
 def _loopback_or_wildcard(host: str) -> bool:
@@ -232,51 +281,181 @@ class Message:
         wanted = name.lower().encode()
         self.fields = [line for line in self.fields if line.split(b":", 1)[0].strip().lower() != wanted]
 
-    def content(self) -> bytes:
-        return b"".join(self.fields) + b"\r\n" + self.body
+    def content(self, max_line: int = 998) -> bytes:
+        """The message as submitted: a line over `max_line` octets is broken (see `_fitted`)."""
+        fields = b"".join(_fitted(line, max_line, b" ") for lines in self.fields for line in lines.split(b"\r\n")[:-1])
+        body = b"".join(_fitted(line, max_line, b"") for line in self.body.split(b"\r\n")[:-1])
+        return fields + b"\r\n" + body
+
+
+def _fitted(line: bytes, limit: int, continuation: bytes) -> bytes:
+    """`line` (without its CRLF) with its CRLF, broken into lines of at most `limit` octets,
+    which the node refuses longer (554 5.6.0, RFC 5322 2.1.1), as Postfix's smtp client breaks
+    them (`smtp_line_length_limit`). In the header section (`continuation` b" ") a field is
+    folded, at its last white space that fits, else anywhere with a space put in; in the body
+    the line goes on on the next one. Never inside a UTF-8 character."""
+    lines: list[bytes] = []
+    while len(line) > limit:
+        cut = limit
+        if continuation:
+            cut = max(line.rfind(b" ", 1, limit + 1), line.rfind(b"\t", 1, limit + 1))
+            if cut <= 0 or not line[cut:].strip():  # (no continuation line of white space only)
+                cut = limit
+        while cut > 1 and 0x80 <= line[cut] < 0xC0:  # a UTF-8 continuation octet
+            cut -= 1
+        lines.append(line[:cut])
+        line = line[cut:] if line[cut : cut + 1] in (b" ", b"\t") else continuation + line[cut:]
+    lines.append(line)
+    return b"".join(line + b"\r\n" for line in lines)
 
 
 def read_message(stream: Iterable[bytes], dots: bool) -> Message:
     """The message from its lines; with `dots`, a line with a lone "." ends it (what follows is
     not read, as sendmail reads it). Line ends become CRLF, as SMTP sends them; a first line
-    "From sender date" (mbox's envelope line) is dropped, as sendmail drops it."""
-    lines: list[bytes] = []
+    "From sender date" (mbox's envelope line) is dropped, as sendmail drops it.
+
+    What the node refuses (554 5.6.0), and sendmail's callers write (cron mails a job's output
+    whatever it is), is made valid here: a bare CR ends a line as a LF does (a progress bar's
+    " 10%\r 50%\r100%" is three lines, where a terminal showed the last over the others; in
+    a header field it folds the field), and a NUL is dropped. Long lines are broken by
+    `Message.content`."""
+    lines: list[list[bytes]] = []  # each line read, split at its bare CRs
     for number, raw in enumerate(stream):
         line = raw.removesuffix(b"\n").removesuffix(b"\r")
         if dots and line == b".":
             break
         if number == 0 and line.startswith(b"From ") and not _FIELD_NAME.match(line):
             continue
-        lines.append(line + b"\r\n")
+        lines.append(line.replace(b"\0", b"").split(b"\r"))
     fields: list[bytes] = []
     at = 0
     while at < len(lines):
-        line = lines[at]
-        if fields and line[:1] in (b" ", b"\t"):
-            fields[-1] += line
-        elif _FIELD_NAME.match(line):
-            fields.append(line)
+        first, *more = lines[at]
+        if fields and first[:1] in (b" ", b"\t"):
+            fields[-1] += _header_lines(first, more)
+        elif _FIELD_NAME.match(first):
+            fields.append(_header_lines(first, more))
         else:
             break
         at += 1
-    if at < len(lines) and lines[at] == b"\r\n":
+    if at < len(lines) and lines[at] == [b""]:
         at += 1  # the blank line that ends the header section (added back by `content`)
-    return Message(fields, b"".join(lines[at:]))
+    return Message(fields, b"".join(b"\r\n".join(pieces) + b"\r\n" for pieces in lines[at:]))
+
+
+def _header_lines(first: bytes, more: list[bytes]) -> bytes:
+    """A header line split at bare CRs, as folded lines: each one after the first starts with
+    white space (RFC 5322 2.2.3), and none is white space only."""
+    folded = [piece if piece[:1] in (b" ", b"\t") else b" " + piece for piece in more if piece.strip()]
+    return b"".join(line + b"\r\n" for line in [first, *folded])
 
 
 def complete(message: Message, sender: str, full_name: str, domain: str) -> None:
     """Add the From, Date and Message-ID a message lacks (Pigeon adds a Date and a Message-ID
-    only to mail submitted with AUTH, and refuses one without From); remove its Bcc."""
+    only to mail submitted with AUTH, and refuses one without From); remove its Bcc and
+    Resent-Bcc (RFC 5322 3.6.6: "Resent-Bcc" as "Bcc")."""
     message.without("bcc")
+    message.without("resent-bcc")
     added: list[bytes] = []
     if not message.named("from"):
-        author = email.utils.formataddr((full_name, sender)) if full_name else sender
+        author = f"{_display_name(full_name)} <{sender}>" if full_name else sender
         added.append(f"From: {author}\r\n".encode())
     if not message.named("date"):
         added.append(f"Date: {email.utils.formatdate(localtime=True)}\r\n".encode())
     if not message.named("message-id"):
         added.append(f"Message-ID: <{secrets.token_hex(11)}@{domain}>\r\n".encode())
     message.fields += added
+
+
+def _display_name(name: str) -> str:
+    """`name` as a display name: an RFC 2047 encoded word if it is not ASCII, quoted if it
+    holds specials (what `email.utils.formataddr` does, which cannot take a non-ASCII
+    address: SMTPUTF8 sends one, RFC 6532)."""
+    if not name.isascii():
+        return email.header.Header(name, "utf-8").encode()
+    if re.search(r'[][\\()<>@,:;".]', name):
+        return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return name
+
+
+def trace_field(hostname: str, uid: int) -> bytes:
+    """The Received field that says which local user submitted the message (any user may give
+    any -f), as Postfix's "(Postfix, from userid 33)", in the form of the node's own for mail
+    it makes itself (RFC 5322 3.6.7); the node adds its own above it."""
+    date = email.utils.formatdate(localtime=True)
+    return f"Received: by {hostname} (Pigeon sendmail, from userid {uid});\r\n\t{date}\r\n".encode()
+
+
+_ADDRESS_FIELD_NAMES: Final = ("from", "sender", "reply-to", "to", "cc")
+_ADDRESS_FIELDS: Final = frozenset([*_ADDRESS_FIELD_NAMES, *(f"resent-{name}" for name in _ADDRESS_FIELD_NAMES)])
+
+
+def qualify_fields(message: Message, domain: str) -> None:
+    """Add @domain to the bare addresses ("root", cron's `From: root (Cron Daemon)`) of the
+    message's address fields, as Postfix's cleanup does for local submissions
+    (`append_at_myorigin`): a next hop may refuse such a field (RFC 5322 3.4.1 wants a domain).
+    Only the addresses change: names, comments and the rest of the field stay as they are."""
+    if not domain:
+        return
+    for index, line in enumerate(message.fields):
+        name, _, value = line.partition(b":")
+        if name.strip().lower().decode("ascii", "replace") not in _ADDRESS_FIELDS:
+            continue
+        text = value.decode("utf-8", "surrogateescape")
+        qualified = _qualified_list(text, domain)
+        if qualified != text:
+            message.fields[index] = name + b":" + qualified.encode("utf-8", "surrogateescape")
+
+
+def _qualified_list(text: str, domain: str) -> str:
+    """An address list (RFC 5322 3.4) with "@domain" after each address that has no "@".
+    Each mailbox's address is what is in its angle brackets, else its text outside comments;
+    quoted strings and comments are skipped over, a group's name too."""
+    at_ends: list[int] = []  # where "@domain" goes
+
+    class Part:  # the address of a mailbox, or its display name until a "<"
+        def __init__(self) -> None:
+            self.text: list[str] = []
+            self.end = 0  # after its last character that is no white space
+
+    part, in_angle, after_angle = Part(), False, False
+    depth, quoted, escaped = 0, False, False
+
+    def mailbox_ends() -> None:
+        address = "".join(part.text).strip()
+        if address and "@" not in address and not any(c.isspace() for c in address):
+            at_ends.append(part.end)
+
+    for at, char in enumerate(text):
+        if escaped or quoted or depth:
+            if depth:
+                depth += {"(": 1, ")": -1}.get(char, 0) if not escaped else 0
+            elif not after_angle:
+                part.text.append(char)
+                part.end = at + 1
+                quoted = quoted and (escaped or char != '"')
+            escaped = not escaped and char == "\\"
+            continue
+        if char == "(":
+            depth = 1
+        elif char in ",;":
+            mailbox_ends()
+            part, in_angle, after_angle = Part(), False, False
+        elif char == ":" and not in_angle:
+            part = Part()  # what came before was a group's name
+        elif char == "<" and not in_angle and not after_angle:
+            part, in_angle = Part(), True  # what came before was the display name
+        elif char == ">" and in_angle:
+            in_angle, after_angle = False, True
+        elif not after_angle:
+            part.text.append(char)
+            if not char.isspace():
+                part.end = at + 1
+            quoted = char == '"'
+    mailbox_ends()
+    for end in reversed(at_ends):
+        text = f"{text[:end]}@{domain}{text[end:]}"
+    return text
 
 
 def header_recipients(message: Message) -> list[str]:
@@ -432,11 +611,21 @@ def _run(argv: Sequence[str]) -> int:
         print(USAGE_TEXT, end="")
         return OK
     options = parse(argv)
-    if not options.extract and not options.recipients:
+    if options.mode == "aliases":
+        return OK  # newaliases: there are no aliases to rebuild (nor does a script care)
+    if options.mode == "queue":
+        raise UsageError(
+            "there is no local queue: `pigeon queue list` lists the node's (with a token that may read it)"
+        )
+    if options.mode == "mail" and not options.extract and not options.recipients:
         raise UsageError("no recipients: name them, or give -t to take them from the message")
     node = find_node(options)
     user = pwd.getpwuid(os.getuid())
-    sender = options.sender if options.sender is not None else _qualified(user.pw_name, node.domain)
+    if options.mode == "smtp":
+        return relay_smtp(node, trace_field(node.domain, user.pw_uid))
+    sender = _qualified(options.sender if options.sender is not None else user.pw_name, node.domain)
+    if sender and (problem := check(sender)) is not None:
+        raise UsageError(f"-f {shown(sender)!r}: {problem.text}")
     message = read_message(sys.stdin.buffer, options.dots)
     recipients = list(options.recipients)
     if options.extract:
@@ -444,10 +633,147 @@ def _run(argv: Sequence[str]) -> int:
     recipients = list(dict.fromkeys(_qualified(r, node.domain) for r in recipients))
     if not recipients:
         raise UsageError("no recipients: the message has no To, Cc or Bcc address")
-    full_name = options.full_name if options.full_name is not None else user.pw_gecos.split(",")[0]
-    complete(message, sender or _qualified(user.pw_name, node.domain), full_name, node.domain)
-    refused = submit(node, sender, recipients, options, message.content())
+    complete(message, sender or _qualified(user.pw_name, node.domain), _full_name(options, user), node.domain)
+    qualify_fields(message, node.domain)
+    message.fields.insert(0, trace_field(node.domain, user.pw_uid))
+    refused = submit(node, sender, recipients, options, message.content(node.max_line))
     if refused:
         print(f"sendmail: {'; '.join(refused)}: sent to the other recipients", file=sys.stderr)
         return NOUSER
     return OK
+
+
+def _full_name(options: Options, user: pwd.struct_passwd) -> str:
+    """-F's name, else the GECOS one, "&" in it the login capitalised (as finger and Postfix
+    read it); a GECOS name with a control character is none (-F's is refused by `parse`)."""
+    if options.full_name is not None:
+        return options.full_name
+    name = user.pw_gecos.split(",")[0].replace("&", user.pw_name.capitalize())
+    return "" if control_or_format_character(name) else name
+
+
+class SmtpRelay:
+    """-bs: the caller speaks SMTP (Symfony Mailer's and Laravel's default `sendmail -bs -i`),
+    the node answers, and this passes the bytes between them, reading just enough of them to
+    put the Received field that names the user (`trace_field`) before each message's content:
+    after the 354 that answers DATA, or with the first BDAT chunk of a transaction (its size
+    grown by the field's). After STARTTLS it passes bytes only (nothing to read then).
+    Sans-IO: `client` and `server` take what each side sent and return what goes to the node."""
+
+    def __init__(self, trace: bytes) -> None:
+        self.trace = trace
+        self.held = b""  # the caller's bytes not passed on yet
+        self.replies_due = 1  # the greeting's
+        self.reply_text = b""  # the node's unfinished reply line
+        self.last_code = b""
+        self.waiting_on = b""  # DATA or STARTTLS: the caller's bytes wait for its reply
+        self.in_data = False  # passing a message's content, up to the lone "."
+        self.chunk_left = 0  # octets of a BDAT chunk still to pass
+        self.new_content = False  # a MAIL went; the content of its message has not begun
+        self.raw = False  # after STARTTLS
+
+    def client(self, data: bytes) -> bytes:
+        """The caller sent `data`: what goes to the node now."""
+        self.held += data
+        return self._forward()
+
+    def server(self, data: bytes) -> bytes:
+        """The node sent `data` (passed to the caller as it is): the caller's bytes it lets go."""
+        if self.raw:
+            return b""
+        self.reply_text += data
+        while b"\n" in self.reply_text:
+            line, self.reply_text = self.reply_text.split(b"\n", 1)
+            if line[3:4] != b"-":  # the last line of a reply
+                self.replies_due -= 1
+                self.last_code = line[:3]
+        return self._forward()
+
+    def _forward(self) -> bytes:
+        out: list[bytes] = []
+        while not self.raw:
+            if self.waiting_on:
+                if self.replies_due > 0:
+                    break
+                if self.waiting_on == b"DATA" and self.last_code == b"354":
+                    self.in_data = True
+                    if self.new_content:
+                        out.append(self.trace)
+                        self.new_content = False
+                self.raw = self.waiting_on == b"STARTTLS" and self.last_code == b"220"
+                self.waiting_on = b""
+                continue
+            if self.chunk_left:
+                piece, self.held = self.held[: self.chunk_left], self.held[self.chunk_left :]
+                self.chunk_left -= len(piece)
+                out.append(piece)
+                if self.chunk_left:
+                    break
+                continue
+            end = self.held.find(b"\n")
+            if end < 0:
+                break
+            line, self.held = self.held[: end + 1], self.held[end + 1 :]
+            if self.in_data:
+                self.in_data = line.rstrip(b"\r\n") != b"."
+                self.replies_due += not self.in_data
+                out.append(line)
+                continue
+            self.replies_due += 1
+            words = line.split()
+            verb = words[0].upper() if words else b""
+            if verb == b"MAIL":
+                self.new_content = True
+            elif verb in (b"RSET", b"EHLO", b"HELO"):
+                self.new_content = False
+            elif verb in (b"DATA", b"STARTTLS"):
+                self.waiting_on = verb
+            elif verb == b"BDAT" and len(words) > 1 and words[1].isdigit():
+                self.chunk_left = int(words[1])
+                if self.new_content:
+                    line = b" ".join([b"BDAT", b"%d" % (self.chunk_left + len(self.trace)), *words[2:]]) + b"\r\n"
+                    line += self.trace
+                    self.new_content = False
+            out.append(line)
+        if self.raw:
+            out.append(self.held)
+            self.held = b""
+        return b"".join(out)
+
+
+def relay_smtp(node: Node, trace: bytes) -> int:
+    """-bs: relay the SMTP session on stdin and stdout to the node (see `SmtpRelay`)."""
+    where = f"[{node.host}]:{node.port}" if ":" in node.host else f"{node.host}:{node.port}"
+    try:
+        connection = socket.create_connection((node.host, node.port), timeout=TIMEOUT)
+    except OSError as error:
+        raise Refused(TEMPFAIL, f"cannot reach the Pigeon node at {where} ({_why(error)})") from None
+    relay = SmtpRelay(trace)
+    stdin, stdout = sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()
+    reading, shut = True, False
+    with connection:
+        try:
+            while True:
+                ready, _, _ = select.select([connection, *([stdin] if reading else [])], [], [], TIMEOUT)
+                if not ready:
+                    raise Refused(TEMPFAIL, f"the SMTP session with {where} was silent for {TIMEOUT:.0f} seconds")
+                if connection in ready:
+                    data = connection.recv(65536)
+                    if not data:
+                        return OK  # (what became of each message, the caller heard from the node)
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(stdout, view) :]
+                    if to_node := relay.server(data):
+                        connection.sendall(to_node)
+                if reading and stdin in ready:
+                    data = os.read(stdin, 65536)
+                    if to_node := relay.client(data):
+                        connection.sendall(to_node)
+                    reading = bool(data)
+                # The caller's end, once what waited on a reply has gone too.
+                if not reading and not relay.held and not shut:
+                    connection.shutdown(socket.SHUT_WR)
+                    shut = True
+        except OSError as error:  # (the node went, or the caller stopped reading)
+            raise Refused(TEMPFAIL, f"the SMTP session with {where} broke off ({_why(error)})") from None
