@@ -501,9 +501,14 @@ def _listed(message: dict[str, Any], now: float) -> str:
     lines = [f"{head}  {message['sender'] or '<>'}"]
     due = message.get("next_due")
     following = "-" if due is None else "now" if due <= now else f"in {_age(due - now)}"
-    why = f"queue {message['queue']}, {_COUNTED.format('{0:count attempt}', message['attempts'])}, next {following}"
-    if message.get("suspended_by"):
-        why += f", suspended by rule {message['suspended_by']}"
+    why = f"queue {message['queue']}, {_COUNTED.format('{0:count attempt}', message['attempts'])}, "
+    if message["state"] == "suspended" and message.get("suspended_by"):
+        # Held: when a suspension looks at it again is no next try; it goes at its end, or a resume.
+        why += f"suspended ({message['suspended_by']})" + (" until resumed" if due is None else f", next {following}")
+    else:
+        why += f"next {following}"
+        if message.get("suspended_by"):
+            why += f", suspended by rule {message['suspended_by']}"
     lines.append(f"    {why}")
     if message.get("last_response"):
         lines.append(f"    ({message['last_response']})")

@@ -856,7 +856,7 @@ class Admin:
                 state = "due" if message.due <= now else "deferred"
             if states is not None and state not in states:
                 return None
-            return listing.listed(message, state, suspension.id if suspension is not None else None)
+            return listing.listed(message, state, suspension)
 
         pages = [
             await listing.shard_page(spool, after, limit, entry_of, self._pause)

@@ -889,7 +889,12 @@ def _message_page() -> dict[str, Any]:
             "attempts": count,
             "last_response": {**text_or_none, "description": "The last failed attempt's reply, as inspect shows it"},
             "last_attempt": number_or_none,
-            "next_due": {**number_or_none, "description": "When it is tried next (null: held for an operator)"},
+            "next_due": {
+                **number_or_none,
+                "description": "When it is tried next (null: held for an operator: held [[inbound]] mail, or mail a "
+                "suspension holds until resumed; of mail a suspension with an end holds, that end, or its own retry "
+                "if later)",
+            },
             "suspended_by": {**text_or_none, "description": "The id of the operator's suspension that holds it"},
             "tenant": text_or_none,
             "campaign": text_or_none,
