@@ -220,3 +220,29 @@ def test_pigeon_bounce_and_retry_by_id_say_what_became_of_each(tmp_path: Path, s
         listed = _cli(pigeon, "bounce", "--list", "--id", ids[2])
         assert listed.returncode == 2 and "--list takes no --id" in listed.stderr
         assert {m["id"] for m in pigeon.spool_messages()} == {ids[2]}
+
+
+def test_an_id_the_selector_given_with_it_does_not_select_is_said_to_be_queued_not_missing(
+    tmp_path: Path, sink: DeferringSink
+) -> None:
+    with _node(tmp_path / "node", sink, retry_interval="1h") as pigeon:
+        (queued,) = _send(pigeon, ["ok@example.net"])
+        _deferred(pigeon, [queued])
+        status, answer = _api(pigeon, "POST", "/api/v1/admin/bounce", {"messages": [queued], "domain": "other.example"})
+        assert status == 200, answer
+        assert (answer["bounced"], answer["messages"]) == (
+            0,
+            [{"id": queued, "result": "not_selected", "unmatched": ["domain"]}],
+        )
+        done = _cli(pigeon, "bounce", "--id", queued, "--domain", "other.example", "--campaign", "x")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "bounced 0 messages",
+            f"  {queued}  queued, but not selected by --campaign x --domain other.example: left as it is",
+        ]
+        done = _cli(pigeon, "retry", "--id", queued, "--tenant", "acme")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[1:] == [f"  {queued}  queued, but not selected by --tenant acme: left as it is"]
+        # Left as it was: queued, never bounced.
+        assert pigeon.records("AdminBounce") == []
+        assert [m["id"] for m in pigeon.spool_messages()] == [queued]

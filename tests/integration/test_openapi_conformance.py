@@ -121,6 +121,12 @@ def test_the_admin_answers_to_real_requests_match_the_documented_schemas(tmp_pat
         retried = checked("POST", "/api/v1/admin/retry", "/api/v1/admin/retry", by_id)
         assert retried["messages"][0]["result"] in ("already_due", "made_due")  # (tried again meanwhile, or not)
         assert retried["messages"][1] == {"id": "00000000000000ff", "result": "not_found"}
+        # Queued, but not selected by the selector given with it: said so, not "not found".
+        by_id = {"messages": [spool_id], "domain": "other.test"}
+        bounced = checked("POST", "/api/v1/admin/bounce", "/api/v1/admin/bounce", by_id)
+        assert bounced["messages"] == [{"id": spool_id, "result": "not_selected", "unmatched": ["domain"]}]
+        retried = checked("POST", "/api/v1/admin/retry", "/api/v1/admin/retry", by_id)
+        assert retried["messages"] == [{"id": spool_id, "result": "not_selected", "unmatched": ["domain"]}]
         rebind = {"domain": "held.test", "to_queue": "other@held.test"}
         assert "rebound" in checked("POST", "/api/v1/admin/rebind", "/api/v1/admin/rebind", rebind)
         assert checked("GET", "/api/v1/admin/operations", "/api/v1/admin/operations")["operations"]

@@ -54,9 +54,22 @@ def test_a_sender_the_policy_maps_leaves_as_the_new_sender_and_its_bounce_goes_t
         assert kept["sender"] == "someone@corp.test" and "original_sender" not in kept
         (bounce,) = pigeon.wait_records("Bounce")
         assert bounce["sender"] == "newuser@corp.test"
-        # `pigeon logs --sender` finds the mail by the sender its client gave too.
+        # `pigeon logs --sender` finds the mail by the sender its client gave too: its reception,
+        # and its later records, which name the new sender alone (someone's mail not at all).
+        wait_until(lambda: any(r["id"] == rewritten["id"] for r in pigeon.records("Delivery")))
         found = [json.loads(line) for line in pigeon.cli("logs", "--sender", "olduser@corp.test").splitlines()]
-        assert [r["id"] for r in found if r["type"] == "Reception"] == [rewritten["id"]]
+        assert found[0]["type"] == "Reception", found
+        assert sorted((r["type"], r["id"], r.get("recipient")) for r in found[1:]) == [
+            ("Bounce", rewritten["id"], "permfail@example.net"),
+            ("Delivery", rewritten["id"], "ok@example.net"),
+        ], found
+        assert all(r["sender"] == "newuser@corp.test" for r in found)
+        # Followed whatever else is asked: its delivery alone.
+        found = [
+            json.loads(line)
+            for line in pigeon.cli("logs", "--sender", "OldUser@corp.test", "--type", "delivery").splitlines()
+        ]
+        assert [(r["type"], r["id"]) for r in found] == [("Delivery", rewritten["id"])], found
 
 
 def test_inspect_shows_the_new_sender_and_the_original(tmp_path: Path) -> None:

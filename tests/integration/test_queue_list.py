@@ -127,7 +127,7 @@ def test_queue_list_filters_and_pages_in_arrival_order(tmp_path: Path, sink: Scr
         shown = _cli(pigeon, "--limit", "2", "--tenant", "acme")
         assert shown.returncode == 0, shown.stderr
         assert f"more after it: pigeon queue list --after {other[1]}" not in shown.stdout  # its last: no more
-        assert "suspended by rule " + rule in shown.stdout
+        assert f"suspended ({rule}) until resumed" in shown.stdout
         shown = _cli(pigeon, "--limit", "1", "--domain", "a.test")
         assert f"more after it: pigeon queue list --after {first[0]}" in shown.stdout
         # Refusals name the parameter, as the writes' name the member.
@@ -136,6 +136,32 @@ def test_queue_list_filters_and_pages_in_arrival_order(tmp_path: Path, sink: Scr
         assert _list(pigeon, "?limit=0")[1]["field"] == "limit"
         assert _list(pigeon, "?after=xyz")[1]["field"] == "after"
         assert _list(pigeon, "?cluster=1")[0] == 400
+
+
+def test_queue_list_shows_mail_a_suspension_holds_as_due_at_its_end_not_in_a_minute(
+    tmp_path: Path, sink: ScriptedSink
+) -> None:
+    with _node(tmp_path / "node", sink) as pigeon:
+        ops = {"reason": "maintenance"}
+        held = pigeon.http_call("POST", "/api/v1/admin/suspend", {"domain": "s.example", **ops}, ADMIN)[1]["rule"]
+        ends = {"domain": "t.example", "duration": "2h", **ops}
+        timed = pigeon.http_call("POST", "/api/v1/admin/suspend", ends, ADMIN)[1]["rule"]
+        # Sent after: each is held as it comes due, untried, looked at again a minute on.
+        (until_resumed,) = _send(pigeon, "ok@s.example")
+        (until_its_end,) = _send(pigeon, "ok@t.example")
+        wait_until(lambda: len(_list(pigeon, "?state=suspended")[1]["messages"]) == 2)
+        status, page = _list(pigeon)
+        assert status == 200, page
+        assert [(m["id"], m["state"], m["suspended_by"], m["next_due"]) for m in page["messages"]] == [
+            (until_resumed, "suspended", held["id"], None),
+            (until_its_end, "suspended", timed["id"], timed["expires"]),
+        ]
+        shown = _cli(pigeon)
+        assert shown.returncode == 0, shown.stderr
+        assert f"queue s.example, 0 attempts, suspended ({held['id']}) until resumed\n" in shown.stdout
+        assert f"queue t.example, 0 attempts, suspended ({timed['id']}), next in 2.0h\n" in shown.stdout
+        assert shown.stdout.count("next in") == 1  # not when the suspension looks at it again, a minute on
+        assert sink.received == []
 
 
 def test_queue_list_merges_both_workers_messages_in_order(tmp_path: Path, sink: ScriptedSink) -> None:

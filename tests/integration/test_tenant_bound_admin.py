@@ -179,6 +179,29 @@ def test_a_token_bound_to_a_tenant_gets_the_same_refusals_through_the_pigeon_com
         assert globex not in _bounced(node)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_token_bound_to_a_tenant_finds_another_tenants_message_named_by_id_as_none(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
+        (globex,) = _inject(node, "globex")
+        (acme,) = _inject(node, "acme")
+        for action in ("bounce", "retry"):
+            # Its own message, not selected by the domain given with it: said so.
+            status, answer = _api(node, "POST", f"/api/v1/admin/{action}", {"messages": [acme], "domain": "zz.test"})
+            assert status == 200, answer
+            assert answer["messages"] == [{"id": acme, "result": "not_selected", "unmatched": ["domain"]}]
+            # Another tenant's, whatever else misses it too: as an id nothing has, word for word.
+            for selector in ({}, {"domain": "zz.test"}):
+                status, answer = _api(node, "POST", f"/api/v1/admin/{action}", {"messages": [globex], **selector})
+                assert status == 200, answer
+                assert answer["messages"] == [{"id": globex, "result": "not_found"}]
+        # The operator is told why: its tenant is not the one given.
+        status, answer = _api(node, "POST", "/api/v1/admin/bounce", {"messages": [globex], "tenant": "acme"}, OPS)
+        assert answer["messages"] == [{"id": globex, "result": "not_selected", "unmatched": ["tenant"]}]
+        assert _bounced(node) == set()
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, sink: ScriptedSink, redis_server: RedisServer) -> Iterator[tuple[PigeonProcess, ...]]:
     with ExitStack() as stack:

@@ -195,7 +195,7 @@ def _bounce(args: argparse.Namespace) -> int:
         text = "bounced {now:count message} now; {after_attempt} being sent: "
         text += "bounced only if that attempt does not deliver " + ("it" if sent == 1 else "them")
     text += "; new mail too until {until} (rule {rule_id})" if args.duration else ""
-    text += _each_message(said, _BOUNCE_RESULTS)
+    text += _each_message(said, _BOUNCE_RESULTS, args)
     return _show(args, status, answer, text, now=int(said.get("bounced") or 0) - int(sent))
 
 
@@ -212,7 +212,15 @@ _RETRY_RESULTS: Final = {
 _NOT_FOUND: Final = "not found: delivered, bounced or expired already, or no such message"
 
 
-def _each_message(said: dict[str, Any], results: dict[str, str]) -> str:
+def _not_selected(unmatched: Any, args: argparse.Namespace) -> str:
+    """ "queued, but not selected by --domain other.example": the options given with the ids
+    that miss it (not "not found": it is queued, and left as it is)."""
+    names = [str(name) for name in unmatched] if isinstance(unmatched, list) else []
+    given = [f"--{name} {getattr(args, name)}" if getattr(args, name, None) else f"--{name}" for name in names]
+    return "queued, but not selected by " + (" ".join(given) or "the selector given") + ": left as it is"
+
+
+def _each_message(said: dict[str, Any], results: dict[str, str], args: argparse.Namespace) -> str:
     """What became of each message named by id (`--id`), a line each, after the headline; ""
     when none was. (Part of a format string: its braces doubled.)"""
     rows = said.get("messages")
@@ -223,6 +231,8 @@ def _each_message(said: dict[str, Any], results: dict[str, str]) -> str:
         result = str(row.get("result"))
         recipients = _COUNTED.format("{0:count recipient}", row.get("recipients") or 0)
         text = results.get(result, _NOT_FOUND if result == "not_found" else result).format(recipients=recipients)
+        if result == "not_selected":
+            text = _not_selected(row.get("unmatched"), args)
         lines.append(f"\n  {row.get('id')}  {text}")
     return "".join(lines).replace("{", "{{").replace("}", "}}")
 
@@ -299,7 +309,7 @@ def _retry(args: argparse.Namespace) -> int:
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
     if said.get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
-    text += _each_message(said, _RETRY_RESULTS)
+    text += _each_message(said, _RETRY_RESULTS, args)
     return _show(args, status, answer, text)
 
 
@@ -491,9 +501,14 @@ def _listed(message: dict[str, Any], now: float) -> str:
     lines = [f"{head}  {message['sender'] or '<>'}"]
     due = message.get("next_due")
     following = "-" if due is None else "now" if due <= now else f"in {_age(due - now)}"
-    why = f"queue {message['queue']}, {_COUNTED.format('{0:count attempt}', message['attempts'])}, next {following}"
-    if message.get("suspended_by"):
-        why += f", suspended by rule {message['suspended_by']}"
+    why = f"queue {message['queue']}, {_COUNTED.format('{0:count attempt}', message['attempts'])}, "
+    if message["state"] == "suspended" and message.get("suspended_by"):
+        # Held: when a suspension looks at it again is no next try; it goes at its end, or a resume.
+        why += f"suspended ({message['suspended_by']})" + (" until resumed" if due is None else f", next {following}")
+    else:
+        why += f"next {following}"
+        if message.get("suspended_by"):
+            why += f", suspended by rule {message['suspended_by']}"
     lines.append(f"    {why}")
     if message.get("last_response"):
         lines.append(f"    ({message['last_response']})")

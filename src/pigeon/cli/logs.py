@@ -88,7 +88,13 @@ def register(commands: Any) -> None:
         metavar="ADDRESS",
         help="only records about this recipient (its attempts, its message's reception); may be repeated",
     )
-    parser.add_argument("--sender", action="append", metavar="ADDRESS", help="only records of this envelope sender")
+    parser.add_argument(
+        "--sender",
+        action="append",
+        metavar="ADDRESS",
+        help="only records of this envelope sender (or of mail a policy took from it to another, by its id); "
+        "may be repeated",
+    )
     parser.add_argument("--since", metavar="WHEN", help='only records from then on ("2h" ago, ISO 8601, Unix time)')
     parser.add_argument("--until", metavar="WHEN", help="only records before then (as --since); not with --follow")
     parser.set_defaults(run=run)
@@ -110,6 +116,9 @@ class _Filter:
         self.types, self.ids, self.recipients, self.senders = types, ids, recipients, senders
         self.since, self.until = since, until
         self.classifications = classifications or set()  # lower case
+        self.rewritten: set[str] = set()
+        """Ids of messages a policy took from a sender asked for (`original_sender`) to another:
+        their later records name the new sender alone, and are that mail's all the same."""
 
     def __call__(self, record: dict[str, Any]) -> bool:
         if self.ids and isinstance(trace := record.get("trace_id"), str) and trace.lower() in self.ids:
@@ -121,6 +130,10 @@ class _Filter:
             # The DSN Pigeon wrote about a message asked for (its `Reception` names it): its
             # story is part of that message's, as the sender heard of the failure or did not.
             self.ids.add(str(record.get("id") or "").lower())
+        original = record.get("original_sender") if self.senders else None
+        if isinstance(original, str) and address_key(original) in self.senders and record.get("id"):
+            # Before the other filters, as for the ids: `--type Delivery` still follows it.
+            self.rewritten.add(str(record["id"]).lower())
         if self.types and record.get("type") not in self.types:
             return False
         if self.classifications:
@@ -139,9 +152,12 @@ class _Filter:
             # A record without a sender (a command refused before MAIL, a request refused
             # whole) is nobody's: not the null sender's, whom `--sender ''` asks for.
             # A sender the policy changed (a Reception's `original_sender`) finds it too: the
-            # client's own records (a Rejection) name that one.
+            # client's own records (a Rejection) name that one, and the message's later records
+            # (its attempts, its outcome) are found by its id, as its Reception gave it.
             senders = [record.get("sender"), record.get("original_sender")]
-            if not any(isinstance(sender, str) and address_key(sender) in self.senders for sender in senders):
+            if not any(isinstance(sender, str) and address_key(sender) in self.senders for sender in senders) and (
+                not self.rewritten or str(record.get("id") or "").lower() not in self.rewritten
+            ):
                 return False
         if self.recipients:
             named = record.get("recipients")

@@ -245,6 +245,7 @@ class Admin:
                 rule = already or await self._add_rule(asked)
         mark = AdminMark(reason, operator)
         became: dict[SpoolId, tuple[str, int]] = {}  # of each message acted on: what, how many recipients
+        missed: dict[SpoolId, list[str]] = {}  # named, not selected: the selector's members that miss it
 
         def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
             if accepted_before is not None and entry.message.created > accepted_before:
@@ -257,7 +258,9 @@ class Admin:
             became[entry.id] = ("bounced", recipients)
             return _Done.ACTED, self._settlement.admin_bounce(entry, mark)
 
-        bounced, after_attempt = await self._walk(selector, act, "bounce", rule_id, claim=True, ids=messages)
+        bounced, after_attempt = await self._walk(
+            selector, act, "bounce", rule_id, claim=True, ids=messages, missed=missed
+        )
         why = f" ({reason})" if reason else ""
         _log.warning("admin bounce by %s of %s: %s, %d of them once their attempt ends%s", operator,
                      _described(selector, messages), _messages(bounced), after_attempt, why)  # fmt: skip
@@ -267,7 +270,7 @@ class Admin:
         if rule is not None:
             answer["already"] = already is not None  # asked again under its id: it stands as it was
         if messages is not None:
-            answer["messages"] = _by_id(messages, became)
+            answer["messages"] = _by_id(messages, became, missed)
         return answer
 
     async def suspend(
@@ -550,6 +553,7 @@ class Admin:
         now = self._clock()
         suspended = bounced = 0
         became: dict[SpoolId, tuple[str, int]] = {}
+        missed: dict[SpoolId, list[str]] = {}
 
         def deferred(message: Message) -> bool:
             nonlocal suspended, bounced
@@ -577,11 +581,19 @@ class Admin:
         # is routed, so every down site's probe is due.)
         probe = self._probe_down if kind == "retry" else None
         made_due = await self._make_due(
-            selector, deferred, kind, operation, before_commit=probe, of_rule=of_rule, ids=messages, in_memory=in_memory
+            selector,
+            deferred,
+            kind,
+            operation,
+            before_commit=probe,
+            of_rule=of_rule,
+            ids=messages,
+            in_memory=in_memory,
+            missed=missed,
         )
         answer: dict[str, Any] = {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
         if messages is not None:
-            answer["messages"] = _by_id(messages, became)
+            answer["messages"] = _by_id(messages, became, missed)
         return answer
 
     async def retry_deferred_to(self, when: float, *, margin: float = 1.0, untried: bool = False) -> int:
@@ -611,10 +623,12 @@ class Admin:
         of_rule: float | None = None,
         ids: Sequence[SpoolId] | None = None,
         in_memory: Callable[[Entry], None] | None = None,
+        missed: dict[SpoolId, list[str]] | None = None,
     ) -> int:
         """The spool rows matching `selector` and `wanted`, due now (in memory: due already,
         their owner sets their next due; `in_memory` is told of each): how many. `before_commit`
-        runs if there are any, before they are written. `ids`: of these messages only."""
+        runs if there are any, before they are written. `ids`: of these messages only (`missed`
+        as `_walk` fills it)."""
         now = self._clock()
         by_shard: dict[int, list[int]] = {}
 
@@ -630,7 +644,7 @@ class Admin:
             return True
 
         made_due, _ = await self._walk(
-            selector, act, kind, operation, claim=False, spool_only=spool_only, of_rule=of_rule, ids=ids
+            selector, act, kind, operation, claim=False, spool_only=spool_only, of_rule=of_rule, ids=ids, missed=missed
         )
         if made_due and before_commit is not None:
             before_commit()
@@ -842,7 +856,7 @@ class Admin:
                 state = "due" if message.due <= now else "deferred"
             if states is not None and state not in states:
                 return None
-            return listing.listed(message, state, suspension.id if suspension is not None else None)
+            return listing.listed(message, state, suspension)
 
         pages = [
             await listing.shard_page(spool, after, limit, entry_of, self._pause)
@@ -867,11 +881,14 @@ class Admin:
         leave: Callable[[Message], bool] | None = None,
         of_rule: float | None = None,
         ids: Sequence[SpoolId] | None = None,
+        missed: dict[SpoolId, list[str]] | None = None,
     ) -> tuple[int, int]:
         """Act on every matching message but those `leave` is true of (neither claimed nor
         acted on); (acted on, of which marked: acted on when their attempt ends). `of_rule`:
         when the rule `operation` names was made, for a walk that ends it (a resume). `ids`:
-        of these messages only, read by id rather than by a walk of the whole spool."""
+        of these messages only, read by id rather than by a walk of the whole spool; `missed`
+        filled with those of them found here that `selector` does not match, by id: the
+        selector's members that miss it (`Selector.unmatched`)."""
         acted = marked = seen = 0
         shown = msgspec.to_builtins(selector)
         if ids is not None:  # (not "{}": an operation on named messages is not one on everything)
@@ -895,7 +912,7 @@ class Admin:
 
         def one(message: Message, commits: list[asyncio.Future[None]], settling: list[_Settling]) -> None:
             nonlocal acted, marked
-            done, future = self._act(message, selector, act, claim, spool_only, settling, leave)
+            done, future = self._act(message, selector, act, claim, spool_only, settling, leave, missed)
             if future is not None:
                 commits.append(future)
             acted += done is not _Done.IGNORED
@@ -959,12 +976,16 @@ class Admin:
         spool_only: Callable[[Message], bool] | None,
         settling: list[_Settling],
         leave: Callable[[Message], bool] | None = None,
+        missed: dict[SpoolId, list[str]] | None = None,
     ) -> tuple[_Done, asyncio.Future[None] | None]:
         """Act on one message as it is now. `row` is its spool row, read just before (with no
-        await since), so it is current unless the message is in memory."""
+        await since), so it is current unless the message is in memory. One `selector` does
+        not match goes into `missed` (if given), with the members that miss it."""
         entry = self._active.get(row.id)
         if entry is None:
             if not selector.matches(row):
+                if missed is not None:
+                    missed[row.id] = selector.unmatched(row)
                 return _Done.IGNORED, None
             if leave is not None and leave(row):
                 return _Done.IGNORED, None  # not claimed: the scheduler goes on with it as it would
@@ -978,6 +999,8 @@ class Admin:
                 self._promote(entry)  # not acted on after all: the scheduler's again
             return done, future
         elif not selector.matches(entry.message):
+            if missed is not None and not entry.state.terminal:
+                missed[row.id] = selector.unmatched(entry.message)
             return _Done.IGNORED, None
         if entry.state is State.SETTLING:
             settling.append(_Settling(entry.id, self._active.settled(entry)))
@@ -1059,17 +1082,27 @@ class _Settling:
 NOT_FOUND: Final = "not_found"
 """A message asked for by id that the worker does not hold (delivered, bounced or expired
 already, or never its, or another tenant's to a token bound to tenants)."""
+NOT_SELECTED: Final = "not_selected"
+"""A message asked for by id that is queued here, but that the selector given with the ids
+(`--id X --domain other.example`) does not match: left alone. Its row's `unmatched` names the
+selector's members that miss it; to a token bound to tenants, one `tenant` misses is another
+tenant's, answered as `not_found` (`pigeon.listener.http.tenancy.confined_answer`)."""
 
 
-def _by_id(ids: Sequence[SpoolId], became: Mapping[SpoolId, tuple[str, int]]) -> list[dict[str, Any]]:
+def _by_id(
+    ids: Sequence[SpoolId], became: Mapping[SpoolId, tuple[str, int]], missed: Mapping[SpoolId, list[str]]
+) -> list[dict[str, Any]]:
     """What became of each message asked for by id, in the order asked: `result`, and for a
-    bounce how many `recipients` it ended (or ends as far as its attempt under way leaves them).
+    bounce how many `recipients` it ended (or ends as far as its attempt under way leaves them);
+    of one the selector does not match, `not_selected` and the selector's members that miss it.
     Every worker and node says it of every id, `not_found` of those it does not hold; their
     answers are added up by id (`pigeon.node.answers`), the one that found it winning."""
     rows: list[dict[str, Any]] = []
     for spool_id in ids:
         result, recipients = became.get(spool_id, (NOT_FOUND, 0))
         row: dict[str, Any] = {"id": format_id(spool_id), "result": result}
+        if result == NOT_FOUND and spool_id in missed:
+            row.update(result=NOT_SELECTED, unmatched=missed[spool_id])
         if result in ("bounced", "after_attempt") and recipients:
             row["recipients"] = recipients
         rows.append(row)

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from pigeon.message import Message, format_id, parse_id
 from pigeon.queue.names import queue_parts
+from pigeon.queue.rules import Rule
 from pigeon.queue.state import State
 from pigeon.spool.spool import Spool
 
@@ -57,10 +58,22 @@ def tenant_of(message: Message) -> str | None:
     return message.envelope.tenant
 
 
+def next_due(message: Message, state: str, suspension: Rule | None) -> float | None:
+    """When a listed message is next tried: None while an operator holds it (held `[[inbound]]`
+    mail; mail a suspension until resumed holds); of mail a suspension with an end holds, that
+    end, or its own next retry if that is later. Not the time the suspension looks at it again
+    (`HOLD`, a minute on), which is no try and would creep forward every minute."""
+    if message.envelope.held is not None:
+        return None
+    if state != "suspended" or suspension is None:
+        return message.due
+    return None if suspension.expires is None else max(message.due, suspension.expires)
+
+
 def listed(
     message: Message,
     state: str,
-    suspended_by: str | None,
+    suspension: Rule | None,
 ) -> dict[str, Any]:
     """One message's entry in a page: what `pigeon inspect` says of it, in brief."""
     envelope = message.envelope
@@ -77,8 +90,8 @@ def listed(
         "attempts": message.attempts,
         "last_response": envelope.last_response,
         "last_attempt": envelope.last_attempt,
-        "next_due": None if envelope.held is not None else message.due,
-        "suspended_by": suspended_by,
+        "next_due": next_due(message, state, suspension),
+        "suspended_by": suspension.id if suspension is not None else None,
         "tenant": envelope.tenant,
         "campaign": envelope.campaign,
     }

@@ -86,6 +86,31 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             return False
         return self.domain is None or fnmatch.fnmatchcase(domain, self.domain.lower())
 
+    def unmatched(self, message: Message) -> list[str]:
+        """The members of this selector that do not match `message` (`queue`, `tenant`,
+        `campaign`, `domain`), each as `matches` judges it; [] if it matches. Every one, not
+        the first: an answer to a token bound to tenants hides a message that `tenant` misses,
+        whatever else misses it too."""
+        if self.site is not None:
+            return ["site"]
+        missed = []
+        if self.queue is not None and not fnmatch.fnmatchcase(message.queue, self.queue):
+            missed.append("queue")
+        parts = queue_parts(message.queue)
+        if parts is not None:
+            tenant, campaign, domain = parts
+        else:
+            envelope = message.envelope
+            tenant, campaign = envelope.tenant or "", envelope.campaign or ""
+            domain = envelope.recipients[0].domain if envelope.recipients else ""
+        if self.tenant is not None and not fnmatch.fnmatchcase(tenant, self.tenant):
+            missed.append("tenant")
+        if self.campaign is not None and not fnmatch.fnmatchcase(campaign, self.campaign):
+            missed.append("campaign")
+        if self.domain is not None and not fnmatch.fnmatchcase(domain, self.domain.lower()):
+            missed.append("domain")
+        return missed
+
     def matches_site(self, site: str) -> bool:
         """Whether `site` (`hosts[:port]`, the port left out when it is 25) is one this selector's
         site glob names. A glob without a port names its hosts on any port, as people write

@@ -21,7 +21,8 @@ A selector names at least one of domain, tenant, campaign, queue (globs). A boun
 may name messages by id instead (`messages`: `postsuper -d`, `postqueue -i`), or as well (then
 only those of them it selects); it acts on them wherever they are, each worker and node on those
 it holds, and its answer says of each id what became of it (`result`: bounced, after_attempt,
-made_due, already_due, suspended, not_found). A bounce of messages makes no standing rule: a
+made_due, already_due, suspended, not_selected: queued but not selected by the selector given
+with the ids, whose members that miss it `unmatched` names; not_found). A bounce of messages makes no standing rule: a
 duration with them is refused. Durations are
 seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
 several workers the supervisor sends each request to all of them and adds up the answers.

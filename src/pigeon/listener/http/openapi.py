@@ -452,6 +452,11 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     def by_id(results: dict[str, str], recipients: bool = False) -> dict[str, Any]:
         said = "; ".join(f"{result}: {meaning}" for result, meaning in results.items())
         members: dict[str, Any] = {"id": {"type": "string"}, "result": {"enum": list(results)}}
+        members["unmatched"] = {
+            "type": "array",
+            "items": {"enum": ["queue", "tenant", "campaign", "domain"]},
+            "description": "Of not_selected: the selector's members that do not match it",
+        }
         if recipients:
             members["recipients"] = {**count, "description": "Of bounced and after_attempt: its recipients"}
         row = _object(members, "id", "result", doc=said)
@@ -461,7 +466,14 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "description": "With messages (ids): what became of each, in the order asked, each once",
         }
 
-    not_found = "no worker or node that answered holds it: delivered, bounced or expired already, or no such message"
+    not_found = (
+        "no worker or node that answered holds it: delivered, bounced or expired already, or no such message "
+        "(or, to a token bound to tenants, another tenant's)"
+    )
+    not_selected = (
+        "queued, but the selector given with the ids does not match it (`unmatched` says which of its members "
+        "miss it): left as it was"
+    )
     bounced = _object(
         {
             "bounced": count,
@@ -473,6 +485,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
                 {
                     "bounced": "bounced now, every recipient (AdminBounce records, no DSN)",
                     "after_attempt": "being sent: what that attempt does not deliver is bounced when it ends",
+                    "not_selected": not_selected,
                     "not_found": not_found,
                 },
                 recipients=True,
@@ -527,6 +540,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "already_due": "due already: waiting for its turn or a connection, or being sent",
             "suspended": "a suspension holds it: left as it was",
             "bounced": "a live standing bounce covers it: bounced as it comes due now",
+            "not_selected": not_selected,
             "not_found": not_found,
         }
     )
@@ -875,7 +889,12 @@ def _message_page() -> dict[str, Any]:
             "attempts": count,
             "last_response": {**text_or_none, "description": "The last failed attempt's reply, as inspect shows it"},
             "last_attempt": number_or_none,
-            "next_due": {**number_or_none, "description": "When it is tried next (null: held for an operator)"},
+            "next_due": {
+                **number_or_none,
+                "description": "When it is tried next (null: held for an operator: held [[inbound]] mail, or mail a "
+                "suspension holds until resumed; of mail a suspension with an end holds, that end, or its own retry "
+                "if later)",
+            },
             "suspended_by": {**text_or_none, "description": "The id of the operator's suspension that holds it"},
             "tenant": text_or_none,
             "campaign": text_or_none,

@@ -11,7 +11,8 @@ endpoint such a token reaches:
   names one tenant. A site suspension, which holds every tenant's mail to the site, is 403;
   so is a rebind to a queue of another tenant (the mail would take that tenant);
 - a rule or message of another tenant is answered as absent (404, the same answer as for an
-  id nothing has), so that ids cannot be probed: resume, cancel, inspect;
+  id nothing has), so that ids cannot be probed: resume, cancel, inspect; of the messages a
+  bounce or retry names by id, `not_found` (not `not_selected`, queued but not selected);
 - reads show its tenants' scheduled queues, rules and bulk operations only; the ready queues
   (the sites, which every tenant's mail shares) not at all;
 - what has no tenant (the shaping effects, of sites) is 403.
@@ -149,6 +150,8 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
             answer["error"] = (
                 f"id {str(held.get('id'))[:64]!r} names a rule already: leave id out (one is made), or give another"
             )
+    if action in ("bounce", "retry") and isinstance(answer.get("messages"), list):
+        answer["messages"] = [_message_row(row) for row in answer["messages"]]
     if action == "queues":
         if "scheduled" in answer:
             answer["scheduled"] = [
@@ -173,6 +176,15 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
             # (rule id -> the nodes that hold it: another tenant's ids are not told here either)
             cluster["held_by"] = {rule_id: nodes for rule_id, nodes in cluster["held_by"].items() if rule_id in shown}
     return answer
+
+
+def _message_row(row: Any) -> Any:
+    """A write's row for a message named by id, as a token bound to tenants sees it: one its
+    selector's `tenant` (one of the token's tenants: `confine_selector`) does not match is
+    another tenant's mail, answered as one nothing holds, not as queued but not selected."""
+    if isinstance(row, dict) and row.get("result") == "not_selected" and "tenant" in row.get("unmatched", ()):
+        return {"id": row.get("id"), "result": "not_found"}
+    return row
 
 
 def _queue_of(row: Mapping[str, Any], tenants: Collection[str]) -> bool:
