@@ -11,6 +11,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+
 from tests.support.dane import DaneCa, Issued, self_signed
 from tests.support.dns import DnsServer, Zone
 from tests.support.mta_sts import PolicyServer, TestCa
@@ -245,3 +247,100 @@ def test_tlsa_records_none_usable_make_tls_mandatory_without_authentication(tmp_
         (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
         assert failure["response"]["enhanced"] == "4.7.4" and "TLS required by DANE" in failure["response"]["text"]
         assert not plaintext.received
+
+
+def _ca_file(tmp_path: Path, ca: DaneCa) -> str:
+    path = tmp_path / "route-ca.pem"
+    path.write_bytes(ca.certificate.public_bytes(serialization.Encoding.PEM))
+    return str(path)
+
+
+def test_tlsa_records_none_usable_leave_a_route_s_tls_verify_as_it_is(tmp_path: Path) -> None:
+    # RFC 7672: only usable TLSA records replace PKIX. None usable make TLS mandatory and take
+    # nothing away: a route that verifies still verifies (a certificate of its CA goes through,
+    # a self-signed one is deferred as without DANE), and says so in the record.
+    port = free_port()
+    ca = DaneCa()
+    record = self_signed("elsewhere.example").tlsa(1, 1, 1)
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [record]))
+    zone.records["example.org"] = [("MX", 10, "mx2.example.org")]
+    zone.records["mx2.example.org"] = [("A", "127.0.0.3")]
+    zone.records[f"_{port}._tcp.mx2.example.org"] = [("TLSA", *record)]
+    zone.secure.add("example.org")
+    route = {"tls": "required", "tls_verify": True, "ca_file": _ca_file(tmp_path, ca)}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, ca.issue("mx1.example.net"), ca)) as good,
+        ScriptedSink(host="127.0.0.3", port=port, tls=_context(tmp_path, self_signed("mx2.example.org"))) as bad,
+        _node(tmp_path, dns, port, route=[{"domain": d} | route for d in ("example.net", "example.org")]) as pigeon,
+    ):
+        _send(pigeon)
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert delivery["tls"].endswith(f"certificate verified, DANE (TLSA _{port}._tcp.mx1.example.net, none usable)")
+        assert len(good.received) == 1
+        _send(pigeon, "ok@example.org")
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert failure["response"]["enhanced"] == "4.7.5"
+        assert "CERTIFICATE_VERIFY_FAILED" in failure["response"]["text"]
+        assert "DANE" not in failure["response"]["text"]  # (the route's check failed, not DANE's)
+        assert not bad.received and not bad.rcpt_log
+
+
+def test_delivery_tls_verify_holds_for_a_host_of_a_secure_domain_without_tlsa_records(tmp_path: Path) -> None:
+    port = free_port()
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", []))
+    delivery = {"tls": "required", "tls_verify": True, "ca_file": _ca_file(tmp_path, DaneCa())}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as sink,
+        _node(tmp_path, dns, port, delivery=delivery) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert "CERTIFICATE_VERIFY_FAILED" in failure["response"]["text"]
+        assert not sink.received and not sink.rcpt_log
+
+
+def test_tlsa_records_none_usable_with_opportunistic_tls_verify_fall_back_to_unverified_tls_never_the_clear(
+    tmp_path: Path,
+) -> None:
+    # As without DANE, a route that asks to verify but not for TLS takes TLS unverified when the
+    # certificate does not verify; DANE's TLSA records keep it from the clear.
+    port = free_port()
+    record = self_signed("elsewhere.example").tlsa(0, 0, 1)
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [record]))
+    delivery = {"tls_verify": True, "ca_file": _ca_file(tmp_path, DaneCa())}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as sink,
+        _node(tmp_path, dns, port, delivery=delivery) as pigeon,
+    ):
+        _send(pigeon)
+        (record_,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert record_["tls"].endswith(
+            f"certificate not verified, DANE (TLSA _{port}._tcp.mx1.example.net, none usable)"
+        )
+        assert len(sink.received) == 1
+
+
+def test_under_mta_sts_and_tlsa_records_none_usable_a_certificate_that_does_not_verify_is_mta_sts_s_refusal(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    ca = TestCa(tmp_path / "ca")
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [self_signed("x.example").tlsa(1, 1, 1)]))
+    zone.records["mta-sts.example.net"] = [("A", "127.0.0.1")]
+    zone.records["_mta-sts.example.net"] = [("TXT", "v=STSv1; id=1;")]
+    policy = "version: STSv1\nmode: enforce\nmx: mx1.example.net\nmax_age: 86400\n"
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": policy}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as sink,
+        _node(tmp_path, dns, port, mta_sts={"ca_file": str(ca.path), "https_port": policies.port}) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        text = failure["response"]["text"]
+        assert "CERTIFICATE_VERIFY_FAILED" in text and "required by example.net's MTA-STS policy" in text
+        assert "TLS required by DANE" not in text
+        assert not sink.received
