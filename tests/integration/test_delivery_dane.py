@@ -344,3 +344,82 @@ def test_under_mta_sts_and_tlsa_records_none_usable_a_certificate_that_does_not_
         assert "CERTIFICATE_VERIFY_FAILED" in text and "required by example.net's MTA-STS policy" in text
         assert "TLS required by DANE" not in text
         assert not sink.received
+
+
+def _cname_zone(port: int, tlsa: dict[str, list[tuple[int, int, int, bytes]]]) -> Zone:
+    """example.net's MX mx.example.net, a CNAME to host.hosting.example (both zones secure),
+    with TLSA records at the names `tlsa` says (original or target)."""
+    zone = Zone(
+        {
+            "example.net": [("MX", 10, "mx.example.net")],
+            "mx.example.net": [("CNAME", "host.hosting.example")],
+            "host.hosting.example": [("A", "127.0.0.2")],
+        },
+        secure={"example.net", "hosting.example"},
+    )
+    for name, records in tlsa.items():
+        zone.records[f"_{port}._tcp.{name}"] = [("TLSA", *record) for record in records]
+    return zone
+
+
+def _sni(context: ssl.SSLContext) -> list[str | None]:
+    said: list[str | None] = []
+    context.sni_callback = lambda _obj, name, _ctx: said.append(name)  # type: ignore[assignment,misc,func-returns-value]
+    return said
+
+
+def test_an_mx_host_that_is_a_cname_has_the_tlsa_records_of_its_target_first_and_names_it_in_sni(
+    tmp_path: Path,
+) -> None:
+    # RFC 7672 2.2.2: the TLSA base domain is the end of the (secure) CNAME chain; SNI says it
+    # (8.1). A record at the original name, which the target's hide, would not match.
+    port = free_port()
+    leaf = self_signed("host.hosting.example")
+    tlsa = {"host.hosting.example": [leaf.tlsa(3, 1, 1)], "mx.example.net": [self_signed("x.example").tlsa(3, 1, 1)]}
+    context = _context(tmp_path, leaf)
+    sni = _sni(context)
+    with (
+        DnsServer(_cname_zone(port, tlsa)) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=context) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert "certificate verified by DANE (DANE-EE 3 1 1)" in record["tls"]
+        assert len(sink.received) == 1
+        assert sni == ["host.hosting.example"]
+
+
+def test_a_cname_target_without_tlsa_records_has_those_of_the_mx_host_name_and_dane_ta_takes_either_name(
+    tmp_path: Path,
+) -> None:
+    # A secure NXDOMAIN at the target: the original name's records (RFC 7672 2.2.2). DANE-TA's
+    # reference identifiers are both names (3.2.2): a leaf naming only the target will do.
+    port = free_port()
+    ca = DaneCa()
+    with (
+        DnsServer(_cname_zone(port, {"mx.example.net": [ca.tlsa(2, 0, 1)]})) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, ca.issue("host.hosting.example"), ca)) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert "certificate verified by DANE (DANE-TA 2 0 1)" in record["tls"]
+        assert len(sink.received) == 1
+        assert (f"_{port}._tcp.host.hosting.example", "TLSA") in dns.zone.queries
+
+
+def test_an_mx_host_that_is_a_cname_whose_certificate_matches_no_record_of_its_target_is_refused(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    tlsa = {"host.hosting.example": [self_signed("host.hosting.example").tlsa(3, 1, 1)]}
+    with (
+        DnsServer(_cname_zone(port, tlsa)) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx.example.net"))) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert f"no TLSA record of _{port}._tcp.host.hosting.example matches" in failure["response"]["text"]
+        assert not sink.received and not sink.rcpt_log

@@ -533,11 +533,12 @@ class ClientConnection:
                 cut = True
                 break
             secure = False  # (the addresses were validated: DANE's TLSA lookup follows)
+            expanded: str | None = None  # (the end of the CNAME chain they came through)
             try:
                 if _is_ip(hop.host):
                     addresses = [hop.host]
                 elif destination.dane:
-                    addresses, secure = await resolver.addresses_secure(hop.host)
+                    addresses, secure, expanded = await resolver.addresses_canonical(hop.host)
                 else:
                     addresses = await resolver.addresses(hop.host)
             except DnsFailure as error:
@@ -558,7 +559,7 @@ class ClientConnection:
             dane: HostPolicy | None = None
             if destination.dane:
                 try:
-                    dane = await host_policy(resolver, hop.host, hop.port, secure)
+                    dane = await host_policy(resolver, hop.host, hop.port, secure, expanded)
                 except LookupFailed as failed:
                     # RFC 7672 2.2: a TLSA lookup that failed (perhaps a bogus answer) makes the
                     # host unusable for now, never one to reach without DANE.
@@ -744,11 +745,12 @@ class ClientConnection:
                 dane = self.dane
                 if dane is not None and dane.records:
                     # TLSA records to match: they, not PKIX, say whether the certificate will do
-                    # (checked after the handshake), and MTA-STS gives way (RFC 8461 2). None usable: TLS
+                    # (checked after the handshake), and MTA-STS gives way (RFC 8461 2); the
+                    # server is named by the TLSA base domain (RFC 7672 8.1). None usable: TLS
                     # is mandatory, and nothing else changes: the certificate is verified if the
                     # route or an enforced MTA-STS policy asks (`tls_verify`), as without DANE.
                     verify = False
-                    server_name = hop.host
+                    server_name = dane.base
                 await self._start_tls(server_name, verify, destination.ca_file)
                 if sts is not None and self.tls is not None and self.dane_match is None:
                     self.tls += f", MTA-STS {sts.policy.mode.value}"  # (what the records say: see `tls`)
