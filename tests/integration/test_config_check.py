@@ -109,3 +109,18 @@ def test_serve_check_names_a_refused_value_as_the_file_writes_it(tmp_path: Path,
     result = pigeon_cli("serve", "--check", "-c", str(config))
     assert (result.returncode, result.stdout) == (2, ""), result
     assert result.stderr.startswith(f"pigeon: configuration error: {config}, {said}"), result.stderr
+
+
+def test_serve_check_warns_of_dane_trusting_a_nameserver_beyond_loopback_and_not_of_localhost(tmp_path: Path) -> None:
+    config = tmp_path / "pigeon.toml"
+    base = '[spool]\npath = "spool"\n[dane]\nenabled = true\n[dns]\n'
+    config.write_text(base + 'nameservers = ["192.0.2.53:53"]\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith(
+        "pigeon: warning: [dane] enabled trusts the AD bit of its nameservers' answers, and [dns] nameservers names "
+        "192.0.2.53, not on this host's loopback"
+    )
+    config.write_text(base + 'nameservers = ["localhost:5389"]\n')
+    result = pigeon_cli("serve", "--check", "-c", str(config))
+    assert (result.returncode, result.stderr) == (0, "")

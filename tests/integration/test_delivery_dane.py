@@ -11,6 +11,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+
 from tests.support.dane import DaneCa, Issued, self_signed
 from tests.support.dns import DnsServer, Zone
 from tests.support.mta_sts import PolicyServer, TestCa
@@ -245,3 +247,179 @@ def test_tlsa_records_none_usable_make_tls_mandatory_without_authentication(tmp_
         (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
         assert failure["response"]["enhanced"] == "4.7.4" and "TLS required by DANE" in failure["response"]["text"]
         assert not plaintext.received
+
+
+def _ca_file(tmp_path: Path, ca: DaneCa) -> str:
+    path = tmp_path / "route-ca.pem"
+    path.write_bytes(ca.certificate.public_bytes(serialization.Encoding.PEM))
+    return str(path)
+
+
+def test_tlsa_records_none_usable_leave_a_route_s_tls_verify_as_it_is(tmp_path: Path) -> None:
+    # RFC 7672: only usable TLSA records replace PKIX. None usable make TLS mandatory and take
+    # nothing away: a route that verifies still verifies (a certificate of its CA goes through,
+    # a self-signed one is deferred as without DANE), and says so in the record.
+    port = free_port()
+    ca = DaneCa()
+    record = self_signed("elsewhere.example").tlsa(1, 1, 1)
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [record]))
+    zone.records["example.org"] = [("MX", 10, "mx2.example.org")]
+    zone.records["mx2.example.org"] = [("A", "127.0.0.3")]
+    zone.records[f"_{port}._tcp.mx2.example.org"] = [("TLSA", *record)]
+    zone.secure.add("example.org")
+    route = {"tls": "required", "tls_verify": True, "ca_file": _ca_file(tmp_path, ca)}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, ca.issue("mx1.example.net"), ca)) as good,
+        ScriptedSink(host="127.0.0.3", port=port, tls=_context(tmp_path, self_signed("mx2.example.org"))) as bad,
+        _node(tmp_path, dns, port, route=[{"domain": d} | route for d in ("example.net", "example.org")]) as pigeon,
+    ):
+        _send(pigeon)
+        (delivery,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert delivery["tls"].endswith(f"certificate verified, DANE (TLSA _{port}._tcp.mx1.example.net, none usable)")
+        assert len(good.received) == 1
+        _send(pigeon, "ok@example.org")
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert failure["response"]["enhanced"] == "4.7.5"
+        assert "CERTIFICATE_VERIFY_FAILED" in failure["response"]["text"]
+        assert "DANE" not in failure["response"]["text"]  # (the route's check failed, not DANE's)
+        assert not bad.received and not bad.rcpt_log
+
+
+def test_delivery_tls_verify_holds_for_a_host_of_a_secure_domain_without_tlsa_records(tmp_path: Path) -> None:
+    port = free_port()
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", []))
+    delivery = {"tls": "required", "tls_verify": True, "ca_file": _ca_file(tmp_path, DaneCa())}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as sink,
+        _node(tmp_path, dns, port, delivery=delivery) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert "CERTIFICATE_VERIFY_FAILED" in failure["response"]["text"]
+        assert not sink.received and not sink.rcpt_log
+
+
+def test_tlsa_records_none_usable_with_opportunistic_tls_verify_fall_back_to_unverified_tls_never_the_clear(
+    tmp_path: Path,
+) -> None:
+    # As without DANE, a route that asks to verify but not for TLS takes TLS unverified when the
+    # certificate does not verify; DANE's TLSA records keep it from the clear.
+    port = free_port()
+    record = self_signed("elsewhere.example").tlsa(0, 0, 1)
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [record]))
+    delivery = {"tls_verify": True, "ca_file": _ca_file(tmp_path, DaneCa())}
+    with (
+        DnsServer(zone) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as sink,
+        _node(tmp_path, dns, port, delivery=delivery) as pigeon,
+    ):
+        _send(pigeon)
+        (record_,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert record_["tls"].endswith(
+            f"certificate not verified, DANE (TLSA _{port}._tcp.mx1.example.net, none usable)"
+        )
+        assert len(sink.received) == 1
+
+
+def test_under_mta_sts_and_tlsa_records_none_usable_a_certificate_that_does_not_verify_is_mta_sts_s_refusal(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    ca = TestCa(tmp_path / "ca")
+    zone = _zone(port, (10, "mx1.example.net", "127.0.0.2", [self_signed("x.example").tlsa(1, 1, 1)]))
+    zone.records["mta-sts.example.net"] = [("A", "127.0.0.1")]
+    zone.records["_mta-sts.example.net"] = [("TXT", "v=STSv1; id=1;")]
+    policy = "version: STSv1\nmode: enforce\nmx: mx1.example.net\nmax_age: 86400\n"
+    with (
+        DnsServer(zone) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": policy}) as policies,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx1.example.net"))) as sink,
+        _node(tmp_path, dns, port, mta_sts={"ca_file": str(ca.path), "https_port": policies.port}) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        text = failure["response"]["text"]
+        assert "CERTIFICATE_VERIFY_FAILED" in text and "required by example.net's MTA-STS policy" in text
+        assert "TLS required by DANE" not in text
+        assert not sink.received
+
+
+def _cname_zone(port: int, tlsa: dict[str, list[tuple[int, int, int, bytes]]]) -> Zone:
+    """example.net's MX mx.example.net, a CNAME to host.hosting.example (both zones secure),
+    with TLSA records at the names `tlsa` says (original or target)."""
+    zone = Zone(
+        {
+            "example.net": [("MX", 10, "mx.example.net")],
+            "mx.example.net": [("CNAME", "host.hosting.example")],
+            "host.hosting.example": [("A", "127.0.0.2")],
+        },
+        secure={"example.net", "hosting.example"},
+    )
+    for name, records in tlsa.items():
+        zone.records[f"_{port}._tcp.{name}"] = [("TLSA", *record) for record in records]
+    return zone
+
+
+def _sni(context: ssl.SSLContext) -> list[str | None]:
+    said: list[str | None] = []
+    context.sni_callback = lambda _obj, name, _ctx: said.append(name)  # type: ignore[assignment,misc,func-returns-value]
+    return said
+
+
+def test_an_mx_host_that_is_a_cname_has_the_tlsa_records_of_its_target_first_and_names_it_in_sni(
+    tmp_path: Path,
+) -> None:
+    # RFC 7672 2.2.2: the TLSA base domain is the end of the (secure) CNAME chain; SNI says it
+    # (8.1). A record at the original name, which the target's hide, would not match.
+    port = free_port()
+    leaf = self_signed("host.hosting.example")
+    tlsa = {"host.hosting.example": [leaf.tlsa(3, 1, 1)], "mx.example.net": [self_signed("x.example").tlsa(3, 1, 1)]}
+    context = _context(tmp_path, leaf)
+    sni = _sni(context)
+    with (
+        DnsServer(_cname_zone(port, tlsa)) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=context) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert "certificate verified by DANE (DANE-EE 3 1 1)" in record["tls"]
+        assert len(sink.received) == 1
+        assert sni == ["host.hosting.example"]
+
+
+def test_a_cname_target_without_tlsa_records_has_those_of_the_mx_host_name_and_dane_ta_takes_either_name(
+    tmp_path: Path,
+) -> None:
+    # A secure NXDOMAIN at the target: the original name's records (RFC 7672 2.2.2). DANE-TA's
+    # reference identifiers are both names (3.2.2): a leaf naming only the target will do.
+    port = free_port()
+    ca = DaneCa()
+    with (
+        DnsServer(_cname_zone(port, {"mx.example.net": [ca.tlsa(2, 0, 1)]})) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, ca.issue("host.hosting.example"), ca)) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (record,) = wait_until(lambda: pigeon.records("Delivery"))
+        assert "certificate verified by DANE (DANE-TA 2 0 1)" in record["tls"]
+        assert len(sink.received) == 1
+        assert (f"_{port}._tcp.host.hosting.example", "TLSA") in dns.zone.queries
+
+
+def test_an_mx_host_that_is_a_cname_whose_certificate_matches_no_record_of_its_target_is_refused(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    tlsa = {"host.hosting.example": [self_signed("host.hosting.example").tlsa(3, 1, 1)]}
+    with (
+        DnsServer(_cname_zone(port, tlsa)) as dns,
+        ScriptedSink(host="127.0.0.2", port=port, tls=_context(tmp_path, self_signed("mx.example.net"))) as sink,
+        _node(tmp_path, dns, port) as pigeon,
+    ):
+        _send(pigeon)
+        (failure,) = wait_until(lambda: pigeon.records("TransientFailure"))
+        assert f"no TLSA record of _{port}._tcp.host.hosting.example matches" in failure["response"]["text"]
+        assert not sink.received and not sink.rcpt_log

@@ -7,16 +7,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dnslib import AAAA, MX, QTYPE, RCODE, RR, TLSA, TXT, A, DNSRecord
+from dnslib import AAAA, CNAME, MX, QTYPE, RCODE, RR, TLSA, TXT, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 
 @dataclass
 class Zone:
     """name -> records: ("MX", preference, host) | ("A", ip) | ("AAAA", ip) | ("TXT", text) |
-    ("TLSA", usage, selector, matching type, data); names without a trailing dot. A TXT text
-    longer than 255 bytes goes as several strings. Answers for names at or under one of
-    `secure` have the AD bit when the question has DO (as a validating resolver's, RFC 4035)."""
+    ("TLSA", usage, selector, matching type, data) | ("CNAME", target); names without a trailing
+    dot. A TXT text longer than 255 bytes goes as several strings. A name with a CNAME is
+    answered as a recursive resolver does: the CNAME, then the target's answer (its records,
+    NXDOMAIN). Answers for names at or under one of `secure` (every name of a CNAME chain)
+    have the AD bit when the question has DO (as a validating resolver's, RFC 4035)."""
 
     records: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
     servfail: set[str] = field(default_factory=set)
@@ -45,9 +47,17 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
             reply.header.rcode = RCODE.SERVFAIL
             return reply
         do = any(rr.rtype == QTYPE.OPT and rr.ttl & 0x8000 for rr in request.ar)
-        if do and any(name == zone or name.endswith("." + zone) for zone in self.zone.secure):
-            reply.header.ad = 1
+        chain = [name]
         records = self.zone.records.get(name)
+        while records and records[0][0] == "CNAME" and kind != "CNAME" and len(chain) < 8:
+            target = records[0][1]
+            reply.add_answer(RR(name + ".", QTYPE.CNAME, rdata=CNAME(target + "."), ttl=self.zone.ttl))
+            name = target
+            chain.append(name)
+            records = self.zone.records.get(name)
+        secure = (any(n == zone or n.endswith("." + zone) for zone in self.zone.secure) for n in chain)
+        if do and all(secure):
+            reply.header.ad = 1
         if records is None:
             reply.header.rcode = RCODE.NXDOMAIN
             return reply
@@ -63,6 +73,8 @@ class _Resolver(BaseResolver):  # type: ignore[misc]
                 rdata = TXT([text[i : i + 255] for i in range(0, len(text), 255)])
             elif kind == "TLSA":
                 rdata = TLSA(*record[1:])
+            elif kind == "CNAME":
+                rdata = CNAME(record[1] + ".")
             else:
                 rdata = AAAA(record[1])
             reply.add_answer(RR(name + ".", QTYPE.reverse[kind], rdata=rdata, ttl=self.zone.ttl))

@@ -213,10 +213,12 @@ def _check(args: argparse.Namespace) -> int:
         # Said, not refused: the node starts with it too (a renewal may be on its way).
         if (warning := expiry_warning(config.smtp.tls_certificate)) is not None:
             print(f"pigeon: warning: {warning}", file=sys.stderr)
-    from pigeon.node.exposure import unverified_smart_hosts
+    from pigeon.node.exposure import untrusted_dane_resolvers, unverified_smart_hosts
 
     for warning in unverified_smart_hosts(config):  # (said at start and at each reload too)
         print(f"pigeon: warning: {warning}", file=sys.stderr)
+    if (untrusted := untrusted_dane_resolvers(config)) is not None:  # (said at start too)
+        print(f"pigeon: warning: {untrusted}", file=sys.stderr)
     print(f"{args.config if args.config is not None else 'the defaults (no -c)'}: ok")
     return 0
 

@@ -3,14 +3,16 @@ make of a connection to an MX host.
 
 With `[dane] enabled` and a validating resolver, mail for a domain whose MX records are secure
 (the nameserver set AD: `Resolver.exchangers_secure`) has each MX host's TLSA records looked up
-at `_<port>._tcp.<host>` once its addresses are known to be secure too (RFC 7672 2.2). Then
-(`host_policy`):
+at `_<port>._tcp.<host>` once its addresses are known to be secure too (RFC 7672 2.2); when they
+came through a CNAME chain, at `_<port>._tcp.<the chain's end>` first, and at the MX host name
+only if that has none, securely (RFC 7672 2.2.2). Then (`host_policy`):
 
 * secure TLSA records, some usable (usage DANE-TA 2 or DANE-EE 3; selector 0 or 1; matching
   type 0, 1 or 2): the host must do STARTTLS and its certificate must match one of them
   (`check`), or it is not delivered to;
 * secure TLSA records, none usable (PKIX-TA 0 and PKIX-EE 1 are not for SMTP, RFC 7672 3.1.3;
-  unknown parameters): TLS is mandatory, without authentication (RFC 7672 2.2);
+  unknown parameters): TLS is mandatory (RFC 7672 2.2), and the certificate is checked as
+  without DANE (PKIX, if the route or MTA-STS asks): only usable records replace that;
 * no records (NXDOMAIN, NODATA), or an insecure answer: no DANE for the host;
 * the lookup failed (SERVFAIL, a timeout: with a validating resolver, perhaps a bogus answer):
   the host is not used for this attempt (RFC 7672 2.2: as if unreachable), `LookupFailed`.
@@ -18,7 +20,8 @@ at `_<port>._tcp.<host>` once its addresses are known to be secure too (RFC 7672
 The match (`check`), after a handshake that verified nothing itself (PKIX has no say): a
 DANE-EE record matches the leaf certificate, and that is all (no name, no expiry: RFC 7672
 3.1.1); a DANE-TA record matches a certificate of the chain the server presented, to which the
-leaf must chain, valid now, and which must name the MX host (RFC 7672 3.1.2, 3.2.2), checked by
+leaf must chain, valid now, and which must name the MX host or the end of its CNAME chain
+(RFC 7672 3.1.2, 3.2.2), checked by
 `cryptography`'s verifier. Python's `ssl` gives the presented chain only through a private
 method (`_sslobj.get_unverified_chain()`, public from 3.13): without it, a DANE-TA record
 matches nothing, and only DANE-EE records can be met (`presented_chain`).
@@ -138,11 +141,26 @@ def subject_public_key_info(certificate: bytes) -> bytes:
 @dataclass(frozen=True, slots=True)
 class HostPolicy:
     """DANE for one MX host: TLS is mandatory. `records` its usable TLSA records, which the
-    certificate must match; none: TLS without authentication (RFC 7672 2.2)."""
+    certificate must match; none: TLS without DANE's authentication (RFC 7672 2.2), the
+    certificate checked as the route or MTA-STS asks (PKIX), as it would be without DANE.
+    `expanded`: the end of the CNAME chain the host's addresses came through, if any."""
 
     host: str
-    name: str  # where the records are: "_25._tcp.mx.example.net"
+    name: str  # where the records are: "_25._tcp.mx.example.net", or at the expanded name
     records: tuple[Record, ...]
+    expanded: str | None = None
+
+    @property
+    def base(self) -> str:
+        """The TLSA base domain (RFC 7672 2.2.2): the name whose records these are, what SNI
+        says (RFC 7672 8.1)."""
+        return self.name.split(".", 2)[2]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The reference identifiers a DANE-TA leaf may name (RFC 7672 3.2.2): the MX host
+        name, and the name its CNAME chain ends at."""
+        return (self.host,) if self.expanded is None else (self.expanded, self.host)
 
     def describe(self) -> str:
         """What a reply adds: why TLS (authenticated) was required of the host."""
@@ -163,24 +181,50 @@ class Mismatch(Exception):
     """The server's certificate matches none of its host's usable TLSA records (the text says why)."""
 
 
-async def host_policy(resolver: Resolver, host: str, port: int, addresses_secure: bool) -> HostPolicy | None:
+async def host_policy(
+    resolver: Resolver, host: str, port: int, addresses_secure: bool, expanded: str | None = None
+) -> HostPolicy | None:
     """What DANE asks of `host` (an MX host of a domain whose MX records are secure) on `port`,
     the one connected to: None when DANE does not apply to it (its addresses or its TLSA
-    records are insecure, or it has none). Raises `LookupFailed` when the lookup failed."""
+    records are insecure, or it has none). Raises `LookupFailed` when the lookup failed.
+
+    `expanded`: the name at the end of the CNAME chain `host`'s addresses came through (secure,
+    as `addresses_secure` says of the whole answer). Its TLSA records are looked up first, and
+    only if it has none, securely (NXDOMAIN, NODATA), those of `host` (RFC 7672 2.2.2)."""
     if not addresses_secure:
         return None  # (no TLSA lookup for it: RFC 7672 2.2.2)
+    expanded = expanded if expanded is not None and expanded != host else None
+    if expanded is not None:
+        found = await _records(resolver, host, f"_{port}._tcp.{expanded}")
+        if found is None:
+            return None  # (an insecure answer: no DANE, RFC 7672 2.2.2)
+        if found:
+            return HostPolicy(host, f"_{port}._tcp.{expanded}", _usable(found[0]), expanded)
     name = f"_{port}._tcp.{host}"
+    found = await _records(resolver, host, name)
+    if not found:
+        return None
+    return HostPolicy(host, name, _usable(found[0]), expanded)
+
+
+async def _records(resolver: Resolver, host: str, name: str) -> tuple[list[tuple[int, int, int, bytes]], ...] | None:
+    """The secure TLSA records of `name` as a 1-tuple; () for a secure denial of existence
+    (NXDOMAIN, NODATA); None for an insecure answer. Raises `LookupFailed` when it failed."""
     try:
         found, secure = await resolver.tlsa(name)
     except DnsFailure as failure:
         if failure.permanent:
-            return None  # NXDOMAIN: no records
+            return () if failure.secure else None  # NXDOMAIN: no records
         text = f"DANE: TLSA lookup of {name} failed ({failure.reply.text}): {host} not used (RFC 7672 2.2)"
         raise LookupFailed(Reply(451, "4.7.5", (text,))) from None
-    if found is None or not secure:
+    if not secure:
         return None
+    return () if found is None else (found,)
+
+
+def _usable(found: list[tuple[int, int, int, bytes]]) -> tuple[Record, ...]:
     records = (Record(*record) for record in found)
-    return HostPolicy(host, name, tuple(record for record in records if record.usable))
+    return tuple(record for record in records if record.usable)
 
 
 def presented_chain(ssl_object: Any) -> list[bytes]:
@@ -214,7 +258,7 @@ def check(policy: HostPolicy, chain: Sequence[bytes], now: datetime.datetime | N
     """The record of `policy` that the presented `chain` (DER, the server's own first) meets;
     Mismatch when none does. DANE-EE: the leaf matches. DANE-TA: a certificate of the chain
     other than the leaf matches, and the leaf chains to it through the certificates between,
-    valid at `now` (default: the present), for the MX host's name."""
+    valid at `now` (default: the present), for one of `policy.names`."""
     if not chain:
         raise Mismatch("the server presented no certificate")
     leaf = chain[0]
@@ -229,12 +273,13 @@ def check(policy: HostPolicy, chain: Sequence[bytes], now: datetime.datetime | N
         for record in anchors:
             if not record.matches(certificate):
                 continue
-            try:
-                _verify(leaf, chain[1:index], certificate, policy.host, now)
-            except (VerificationError, ValueError) as error:
-                why = f"the certificate does not chain to the trust anchor of {record.describe()}: {error}"
-                continue
-            return record
+            for name in policy.names:
+                try:
+                    _verify(leaf, chain[1:index], certificate, name, now)
+                except (VerificationError, ValueError) as error:
+                    why = f"the certificate does not chain to the trust anchor of {record.describe()}: {error}"
+                    continue
+                return record
     raise Mismatch(why)
 
 

@@ -102,7 +102,11 @@ def _resolv_conf_options(path: str) -> ResolvConfOptions:
 
 class DnsFailure(Unroutable):
     """A lookup failed. `reply` says how, `permanent` whether retrying can help. To the queue
-    it is a destination that cannot be resolved (the router adds the bounce class)."""
+    it is a destination that cannot be resolved (the router adds the bounce class). `secure`:
+    an NXDOMAIN the nameserver validated (asked with DO: a secure denial of existence, which
+    DANE tells from an insecure one: RFC 7672 2.2.2)."""
+
+    secure: bool = False
 
     @property
     def permanent(self) -> bool:
@@ -120,6 +124,7 @@ class _Cached:
     expires: float
     value: object
     secure: bool = False  # the answer had the AD bit (asked with DO: `dnssec`)
+    canonical: str | None = None  # the end of the CNAME chain the answer followed, if it followed one
 
 
 Tlsa = tuple[int, int, int, bytes]
@@ -261,10 +266,23 @@ class Resolver:
             raise DnsFailure(Reply(450, "4.4.4", (f"{host} has no address record",)))
         return found, secure
 
+    async def addresses_canonical(self, host: str) -> tuple[list[str], bool, str]:
+        """`addresses_secure`, and the name the addresses are of: the end of the CNAME chain
+        the answers followed (RFC 7672 2.2.2's "expanded name"), `host` itself when there was
+        none. (Only worth anything when secure: the AD bit covers the whole answer, chain and all.)"""
+        host = host.lower().rstrip(".")
+        found, secure = await self.addresses_secure(host)
+        for kind in ("A", "AAAA"):
+            cached = self._cache.get((host, kind))
+            if cached is not None and cached.canonical is not None:
+                return found, secure, cached.canonical
+        return found, secure, host
+
     async def tlsa(self, name: str) -> tuple[list[Tlsa] | None, bool]:
         """The TLSA records of `name` ("_25._tcp.mx.example.net"), None when it has none, and
-        whether the answer was validated. Raises `DnsFailure`: NXDOMAIN (permanent: no records)
-        or a failure (SERVFAIL, a timeout: with a validating resolver, possibly a bogus answer)."""
+        whether the answer was validated. Raises `DnsFailure`: NXDOMAIN (permanent: no records;
+        its `secure` whether validated) or a failure (SERVFAIL, a timeout: with a validating
+        resolver, possibly a bogus answer)."""
         records, secure = await self._lookup_secure(name.lower().rstrip("."), "TLSA")
         return (None if records is None else [cast(Tlsa, r) for r in records]), secure
 
@@ -316,8 +334,10 @@ class Resolver:
                 return self._plain(key, plain)
         try:
             answer = await self._dnspython().resolve(name, kind, raise_on_no_answer=False)
-        except dns.resolver.NXDOMAIN:
+        except dns.resolver.NXDOMAIN as error:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
+            responses = cast(dict[Any, Any], error.responses()).values()  # type: ignore[no-untyped-call]
+            failure.secure = self._dnssec and any(bool(r.flags & dns.flags.AD) for r in responses)
             self._remember(key, failure, _NEGATIVE_TTL)
             raise failure from None
         except (dns.exception.Timeout, dns.resolver.NoNameservers, dns.resolver.LifetimeTimeout) as error:
@@ -330,8 +350,10 @@ class Resolver:
             raise failure from None
         rrset = answer.rrset
         secure = self._dnssec and bool(answer.response.flags & dns.flags.AD)
+        canonical = answer.canonical_name.to_text(omit_final_dot=True).lower()
+        expanded = canonical if canonical != name else None  # (a CNAME chain was followed: DANE's question)
         if rrset is None:
-            self._remember(key, None, _NEGATIVE_TTL, secure)
+            self._remember(key, None, _NEGATIVE_TTL, secure, expanded)
             return None, secure
         if kind == "MX":
             value: list[Any] = [(r.preference, r.exchange.to_text(omit_final_dot=True).lower()) for r in rrset]
@@ -341,7 +363,7 @@ class Resolver:
             value = [(r.usage, r.selector, r.mtype, bytes(r.cert)) for r in rrset]
         else:
             value = [r.address for r in rrset]
-        self._remember(key, value, float(rrset.ttl), secure)
+        self._remember(key, value, float(rrset.ttl), secure, expanded)
         return value, secure
 
     def _dnspython(self) -> dns.asyncresolver.Resolver:
@@ -420,6 +442,7 @@ class Resolver:
             raise failure
         if answer.rcode == dnswire.NXDOMAIN:
             failure = DnsFailure(Reply(550, "5.1.2", (f"domain {name} does not exist (NXDOMAIN)",)))
+            failure.secure = self._dnssec and answer.secure
             self._remember(key, failure, _NEGATIVE_TTL)
             raise failure
         secure = self._dnssec and answer.secure
@@ -429,8 +452,10 @@ class Resolver:
         self._remember(key, answer.records, float(answer.ttl), secure)
         return answer.records, secure
 
-    def _remember(self, key: tuple[str, str], value: object, ttl: float, secure: bool = False) -> None:
+    def _remember(
+        self, key: tuple[str, str], value: object, ttl: float, secure: bool = False, canonical: str | None = None
+    ) -> None:
         ttl = min(max(ttl, _MIN_TTL), _MAX_TTL)
         if len(self._cache) > 100_000:
             self._cache.clear()  # a crude bound; a node that sees more domains than this re-resolves
-        self._cache[key] = _Cached(self._clock() + ttl, value, secure)
+        self._cache[key] = _Cached(self._clock() + ttl, value, secure, canonical)

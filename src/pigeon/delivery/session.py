@@ -466,6 +466,7 @@ class ClientConnection:
         self.opened_with: tuple[Hop, Destination, TlsPolicy, HostPolicy | None] | None = None  # (`_again_with_data`)
         self.dane: HostPolicy | None = None  # what DANE asks of the host (its TLSA records), if anything
         self.dane_match: Record | None = None  # the TLSA record the certificate matched
+        self._unverified = False  # the last handshake failed verifying the certificate (PKIX)
         self._carried: tuple[list[Reply], list[int]] | None = None  # see `_again_with_data`
 
     @property
@@ -532,11 +533,12 @@ class ClientConnection:
                 cut = True
                 break
             secure = False  # (the addresses were validated: DANE's TLSA lookup follows)
+            expanded: str | None = None  # (the end of the CNAME chain they came through)
             try:
                 if _is_ip(hop.host):
                     addresses = [hop.host]
                 elif destination.dane:
-                    addresses, secure = await resolver.addresses_secure(hop.host)
+                    addresses, secure, expanded = await resolver.addresses_canonical(hop.host)
                 else:
                     addresses = await resolver.addresses(hop.host)
             except DnsFailure as error:
@@ -557,7 +559,7 @@ class ClientConnection:
             dane: HostPolicy | None = None
             if destination.dane:
                 try:
-                    dane = await host_policy(resolver, hop.host, hop.port, secure)
+                    dane = await host_policy(resolver, hop.host, hop.port, secure, expanded)
                 except LookupFailed as failed:
                     # RFC 7672 2.2: a TLSA lookup that failed (perhaps a bogus answer) makes the
                     # host unusable for now, never one to reach without DANE.
@@ -629,7 +631,12 @@ class ClientConnection:
                     [(dataclasses.replace(destination, tls_verify=False), policy)] if destination.tls_verify else []
                 )
                 fallbacks.append((destination, TlsPolicy.DISABLED))
-                if destination.auth is not None or dane is not None:
+                if dane is not None:
+                    # TLSA records none usable, and a certificate that did not verify for a route
+                    # that asks to but does not require TLS: unverified TLS, as without DANE, but
+                    # never the clear (`_open_one` keeps TLS required under DANE).
+                    fallbacks = fallbacks[:1] if destination.tls_verify else []
+                if destination.auth is not None:
                     fallbacks = []  # (`_HandshakeFailed` is never raised for them: said twice, as it matters)
                 for fallback, tls in fallbacks:
                     how = "in the clear" if tls is TlsPolicy.DISABLED else "on TLS without verifying the certificate"
@@ -645,7 +652,7 @@ class ClientConnection:
                         how,
                     )
                     try:
-                        return await cls._open_one(hop, address, fallback, options, tls)
+                        return await cls._open_one(hop, address, fallback, options, tls, dane)
                     except ConnectFailed as again:
                         last = again.with_traceback(None)
             if cut:
@@ -736,12 +743,14 @@ class ClientConnection:
                 server_name = hop.host if verify or not _is_ip(hop.host) else None
                 sts = destination.mta_sts
                 dane = self.dane
-                if dane is not None:
+                if dane is not None and dane.records:
                     # TLSA records to match: they, not PKIX, say whether the certificate will do
-                    # (checked after the handshake), and MTA-STS gives way (RFC 8461 2). None
-                    # usable: TLS without authentication, but what an enforced MTA-STS asks.
-                    verify = not dane.records and sts is not None and sts.enforced and destination.tls_verify
-                    server_name = hop.host
+                    # (checked after the handshake), and MTA-STS gives way (RFC 8461 2); the
+                    # server is named by the TLSA base domain (RFC 7672 8.1). None usable: TLS
+                    # is mandatory, and nothing else changes: the certificate is verified if the
+                    # route or an enforced MTA-STS policy asks (`tls_verify`), as without DANE.
+                    verify = False
+                    server_name = dane.base
                 await self._start_tls(server_name, verify, destination.ca_file)
                 if sts is not None and self.tls is not None and self.dane_match is None:
                     self.tls += f", MTA-STS {sts.policy.mode.value}"  # (what the records say: see `tls`)
@@ -751,10 +760,19 @@ class ClientConnection:
                 reply, server = event.explain(self.peer), event.said_by_server
                 sts = destination.mta_sts
                 by_policy = False
-                if self.dane is not None and event.reason in _TLS_REASONS:
+                # A certificate that did not verify, with TLSA records none usable: the check that
+                # failed is the route's or MTA-STS's (DANE asked only for TLS), and so says the reply.
+                pkix = self.dane is not None and not self.dane.records and self._unverified
+                pkix = pkix and event.reason is Reason.TLS_FAILED
+                if self.dane is not None and event.reason in _TLS_REASONS and not pkix:
                     # (RFC 7672 2.2: the next MX host is tried, as for a host MTA-STS refuses)
                     by_policy = True
                     reply = _noted(reply, self.dane.describe())
+                elif pkix and (sts is None or not sts.enforced):
+                    # The route's tls_verify: as without DANE, opportunistic TLS may try again
+                    # unverified (`open`), but TLS it stays.
+                    if TlsPolicy(destination.tls.value) is not TlsPolicy.REQUIRED and destination.auth is None:
+                        failure = _HandshakeFailed
                 elif sts is not None and sts.enforced and event.reason in _TLS_REASONS:
                     # (a host that turned us away otherwise is not the policy's doing: its reply stands)
                     by_policy = True
@@ -826,6 +844,7 @@ class ClientConnection:
         wire = self._wire
         assert wire.transport is not None
         failure = "the connection closed during the handshake"
+        self._unverified = False
         try:
             async with asyncio.timeout(self.options.reply_timeout):
                 transport = await wire.loop.start_tls(
@@ -835,6 +854,9 @@ class ClientConnection:
             failure = f"timed out after {self.options.reply_timeout:g}s ([delivery] reply_timeout)"
         except ConnectionResetError:
             failure = "connection reset by the server"
+        except ssl.SSLCertVerificationError as error:
+            self._unverified = verify
+            failure = str(error) or type(error).__name__
         except (ssl.SSLError, OSError) as error:
             failure = str(error) or type(error).__name__
         else:

@@ -90,6 +90,50 @@ def warn_unverified_smart_hosts(config: Config) -> None:
         _log.warning("%s", warning)
 
 
+def untrusted_dane_resolvers(config: Config, resolv_conf: str = "/etc/resolv.conf") -> str | None:
+    """What to say when `[dane] enabled` trusts the AD bit of nameservers beyond this host's
+    loopback (an attacker on the path sets it at will): those of `[dns] nameservers`, or with
+    none named, those `resolv_conf` names (the system's, which the resolver asks then), each
+    said. None: DANE is off, or every nameserver is on loopback ("localhost" is). At start
+    (worker 0) and `pigeon serve --check`: `[dane] enabled` takes a restart."""
+    if not config.dane.enabled:
+        return None
+    named = [entry.host for entry in config.dns.nameservers]
+    where = "[dns] nameservers"
+    if not named:
+        named = _resolv_conf_nameservers(resolv_conf)
+        where = f"{resolv_conf} (no [dns] nameservers)"
+        if not named:
+            return (
+                f"[dane] enabled trusts the AD bit of its nameservers' answers, and {where} names none that "
+                "Pigeon could read: run a validating resolver (unbound) on 127.0.0.1 and name it in [dns] nameservers"
+            )
+    remote = [host for host in named if not _is_loopback(host)]
+    if not remote:
+        return None
+    return (
+        f"[dane] enabled trusts the AD bit of its nameservers' answers, and {where} names "
+        f"{', '.join(remote)}, not on this host's loopback (an attacker on the path sets AD at will): run a "
+        "validating resolver (unbound) on 127.0.0.1 and name it in [dns] nameservers"
+    )
+
+
+def _resolv_conf_nameservers(path: str) -> list[str]:
+    """The addresses of resolv.conf's `nameserver` lines (a scope, "%eth0", taken off); none
+    for a file that cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            found.append(words[1].partition("%")[0])
+    return found
+
+
 def warn_http_in_clear(config: Config) -> None:
     """A WARNING when the API listens beyond loopback: it speaks plain HTTP only."""
     listen = config.http.listen
@@ -104,7 +148,7 @@ def warn_http_in_clear(config: Config) -> None:
 
 
 def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
+    if host.lower().rstrip(".") == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +36,7 @@ from pigeon.logs.writer import LogWriter
 from pigeon.message import Message
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
+from pigeon.node.exposure import untrusted_dane_resolvers
 from pigeon.policy.delivery import DeliveryHooks
 from pigeon.policy.hooks import Policy
 from pigeon.queue.pacing import QueueRates
@@ -89,13 +89,9 @@ class Outbound:
         classifier = Classifier.from_files(delivery.bounce_rules)
         nameservers = [(e.host, e.port) for e in config.dns.nameservers]
         self.resolver = Resolver(nameservers or None, timeout=config.dns.timeout, dnssec=config.dane.enabled)
-        if config.dane.enabled and worker == 0 and not all(_is_loopback(host) for host, _ in nameservers or [("", 0)]):
+        if worker == 0 and (untrusted := untrusted_dane_resolvers(config)) is not None:
             # The AD bit is worth what the path to the resolver is: an attacker on it sets it at will.
-            _log.warning(
-                "[dane] enabled trusts the AD bit of [dns] nameservers' answers, and %s is not on this host's "
-                "loopback: run a validating resolver (unbound) on 127.0.0.1 and name it there",
-                ", ".join(host for host, _ in nameservers) or "/etc/resolv.conf's",
-            )
+            _log.warning("%s", untrusted)
         sts = config.mta_sts
         self.mta_sts = (
             PolicyStore(
@@ -414,14 +410,6 @@ def routes_from(config: Config) -> list[Route]:
         )
         for r in config.route
     ]
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether a nameserver's host is this host's loopback (127.0.0.0/8, ::1)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _credentials(route: RouteConfig) -> Credentials | None:

@@ -197,3 +197,29 @@ async def test_mail_under_dane_has_a_ready_queue_apart_from_the_same_hosts_mail_
     assert secure.site == shared.site == "mx.secure.example"
     off = await Router([], _resolver(dns, dnssec=False)).destination("secure.example")
     assert not off.dane and off.security == ""
+
+
+async def test_the_addresses_of_a_cname_say_the_name_its_chain_ends_at(dns: Dns) -> None:
+    resolver = _resolver(dns)
+    assert await resolver.addresses_canonical("alias.secure.example") == (["192.0.2.1"], True, "mx.secure.example")
+    assert await resolver.addresses_canonical("mx.secure.example") == (["192.0.2.1"], True, "mx.secure.example")
+
+
+async def test_an_nxdomain_says_whether_it_was_validated(dns: Dns) -> None:
+    resolver = _resolver(dns)
+    with pytest.raises(DnsFailure) as secure:
+        await resolver.tlsa("_25._tcp.nowhere.secure.example")
+    with pytest.raises(DnsFailure) as insecure:
+        await resolver.tlsa("_25._tcp.nowhere.insecure.example")
+    assert secure.value.secure and not insecure.value.secure
+
+
+async def test_a_cname_s_target_s_tlsa_records_come_first(dns: Dns) -> None:
+    policy = await host_policy(_resolver(dns), "alias.secure.example", 25, True, "mx.secure.example")
+    assert policy is not None and policy.name == "_25._tcp.mx.secure.example"
+    assert policy.base == "mx.secure.example" and policy.names == ("mx.secure.example", "alias.secure.example")
+    # None at the target (a secure NXDOMAIN): the original name's (RFC 7672 2.2.2).
+    policy = await host_policy(_resolver(dns), "pkix.secure.example", 25, True, "nowhere.secure.example")
+    assert policy is not None and policy.name == "_25._tcp.pkix.secure.example"
+    # An insecure answer at the target: no DANE, whatever the original name has.
+    assert await host_policy(_resolver(dns), "mx.secure.example", 25, True, "mx.insecure.example") is None

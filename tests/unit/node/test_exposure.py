@@ -10,8 +10,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from pigeon.config.load import load_text
 from pigeon.config.schema import Config, Endpoint
-from pigeon.node.exposure import Exposure, config_secrets, readers_besides_us, warn_http_in_clear
+from pigeon.node.exposure import (
+    Exposure,
+    config_secrets,
+    readers_besides_us,
+    untrusted_dane_resolvers,
+    warn_http_in_clear,
+)
 
 
 def _config(**sections: object) -> Config:
@@ -98,3 +105,28 @@ def test_an_api_beyond_loopback_is_said_to_carry_its_tokens_in_clear(
         ]
     else:
         assert said == []
+
+
+def test_dane_trusting_nameservers_beyond_loopback_is_said_naming_them_and_localhost_is_loopback(
+    tmp_path: Path,
+) -> None:
+    def said(*nameservers: str, dane: bool = True) -> str | None:
+        named = ", ".join(f'"{n}"' for n in nameservers)
+        text = f"[dane]\nenabled = {str(dane).lower()}\n[dns]\nnameservers = [{named}]\n"
+        config = load_text(text, tmp_path / "p.toml")
+        return untrusted_dane_resolvers(config, str(tmp_path / "resolv.conf"))
+
+    assert said("localhost:5389") is None
+    assert said("127.0.0.1:53", "[::1]:53") is None
+    remote = said("127.0.0.1:53", "192.0.2.53:53")
+    assert remote is not None and "[dns] nameservers names 192.0.2.53, not on this host's loopback" in remote
+    assert said("192.0.2.53:53", dane=False) is None
+    # None named: the system's resolv.conf, whose nameservers are named.
+    (tmp_path / "resolv.conf").write_text("search example\nnameserver 10.0.0.2\nnameserver 127.0.0.53\n")
+    system = said()
+    assert system is not None and f"{tmp_path / 'resolv.conf'} (no [dns] nameservers) names 10.0.0.2, not" in system
+    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+    assert said() is None
+    (tmp_path / "resolv.conf").unlink()
+    unread = said()
+    assert unread is not None and "names none that Pigeon could read" in unread
