@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cryptography import x509
@@ -143,6 +143,9 @@ class HostPolicy:
     host: str
     name: str  # where the records are: "_25._tcp.mx.example.net"
     records: tuple[Record, ...]
+    # Every record found, usable or not: what a TLS report (RFC 8460) names as the policy
+    # when none is usable (`tlsa-invalid`).
+    published: tuple[Record, ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         """What a reply adds: why TLS (authenticated) was required of the host."""
@@ -179,8 +182,8 @@ async def host_policy(resolver: Resolver, host: str, port: int, addresses_secure
         raise LookupFailed(Reply(451, "4.7.5", (text,))) from None
     if found is None or not secure:
         return None
-    records = (Record(*record) for record in found)
-    return HostPolicy(host, name, tuple(record for record in records if record.usable))
+    records = tuple(Record(*record) for record in found)
+    return HostPolicy(host, name, tuple(record for record in records if record.usable), records)
 
 
 def presented_chain(ssl_object: Any) -> list[bytes]:

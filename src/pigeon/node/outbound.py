@@ -30,11 +30,13 @@ from pigeon.delivery.seven_bit import SevenBitHop
 from pigeon.delivery.sites import SiteHealth
 from pigeon.delivery.smtp_agent import SmtpAgents
 from pigeon.delivery.target_agent import TargetAgents
+from pigeon.delivery.tls_report import Counts
+from pigeon.delivery.tls_reporter import TlsReporter
 from pigeon.inbound.targets import Target, Verdict
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
-from pigeon.message import Message
+from pigeon.message import Envelope, Message, Recipient
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
 from pigeon.policy.delivery import DeliveryHooks
@@ -96,6 +98,31 @@ class Outbound:
                 "loopback: run a validating resolver (unbound) on 127.0.0.1 and name it there",
                 ", ".join(host for host, _ in nameservers) or "/etc/resolv.conf's",
             )
+        # SMTP TLS reporting (RFC 8460): sessions under a policy counted in memory, reported by
+        # worker 0 at each interval's end (`pigeon.delivery.tls_reporter`).
+        rpt = config.tls_rpt
+        self.tls_counts = Counts() if rpt.enabled else None
+        self.tls_reporter = (
+            TlsReporter(
+                self.tls_counts,
+                directory=config.spool.path / "tls-rpt",
+                worker=worker,
+                workers=workers,
+                interval=rpt.interval,
+                resolver=self.resolver,
+                node=config.node.name,
+                hostname=config.smtp.hostname,
+                organization=rpt.organization_name,
+                contact=rpt.contact_info,
+                sender=rpt.report_sender,
+                ca_file=rpt.ca_file,
+                timeout=rpt.timeout,
+                submit=functools.partial(_submit_report, intake),
+                clock=clock,
+            )
+            if self.tls_counts is not None
+            else None
+        )
         sts = config.mta_sts
         self.mta_sts = (
             PolicyStore(
@@ -107,6 +134,7 @@ class Outbound:
                 worker=worker,
                 workers=workers,  # (whose files it takes in while it runs: the siblings')
                 count=metrics.counts.mta_sts,
+                tls_report=self.tls_counts,
             )
             if sts.enabled
             else None
@@ -147,6 +175,7 @@ class Outbound:
                 try_next_mx=delivery.try_next_mx,
                 mx_address_limit=delivery.mx_address_limit,
                 mx_session_limit=delivery.mx_session_limit,
+                tls_report=self.tls_counts,
             ),
             classifier,
             [Source(s.name, s.bind, s.ehlo) for s in config.source],
@@ -314,6 +343,8 @@ class Outbound:
         await self.effects.start()
         self._intake.on_stored = self.scheduler.admit
         self.scheduler.start()
+        if self.tls_reporter is not None:
+            await self.tls_reporter.start()
 
     def halt(self) -> None:
         """The node stops: no delivery starts from now on (those in flight finish, within
@@ -326,6 +357,8 @@ class Outbound:
         self.halt()
         await self.scheduler.stop()
         await self.dispatcher.drain(grace)
+        if self.tls_reporter is not None:
+            await self.tls_reporter.stop()  # (after the deliveries: what they counted is written)
         await self.throttles.close()
         await self.effects.close()
         await asyncio.sleep(0.1)  # let the last settlements' commits come back
@@ -493,3 +526,19 @@ async def _sign_again(intake: Intake, message: Message, data: bytes) -> bytes | 
         return None
     envelope = message.envelope
     return await signing.sign_bytes(data, envelope.tenant, int(time.time()), envelope.dkim)
+
+
+async def _submit_report(intake: Intake, sender: str, recipients: list[str], data: bytes) -> None:
+    """A TLS report (RFC 8460 5.3) put in the queue, from `sender` (`[tls_rpt] report_sender`):
+    DKIM signed first when a `[[dkim]]` signer applies to it (its From's domain), as RFC 8460 5.3
+    asks ("SHOULD"); unsigned, with a WARNING, when signing fails."""
+    signing = intake.signing
+    if signing is not None:
+        try:
+            fields = await signing.sign_bytes(data, None, int(time.time()))
+        except Exception as error:
+            _log.warning("TLS report from %s not DKIM signed: %r", sender, error)
+        else:
+            data = (fields or b"") + data
+    envelope = Envelope(sender=sender, recipients=[Recipient(address) for address in recipients], protocol="LOCAL")
+    await intake.local(envelope, data)
