@@ -16,6 +16,10 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+from pigeon.dkim.keys import generate_key, record_text, write_key
+from pigeon.message import parse_id, shard_of
+from tests.support.dane import self_signed
+from tests.support.dkim import dkimpy_verify
 from tests.support.dns import DnsServer, Zone
 from tests.support.mta_sts import PolicyServer, ReportServer, TestCa
 from tests.support.process import PigeonProcess, free_port
@@ -49,13 +53,15 @@ def _zone(rua: str) -> Zone:
     )
 
 
-def _node(tmp_path: Path, dns: DnsServer, port: int, ca: TestCa, policies: PolicyServer) -> PigeonProcess:
+def _node(
+    tmp_path: Path, dns: DnsServer, port: int, ca: TestCa, policies: PolicyServer | None, **more: Any
+) -> PigeonProcess:
     return PigeonProcess(
         tmp_path / "node",
-        node={"name": "n1"},
+        node={"name": "n1", **more.pop("node", {})},
         delivery={"enabled": True, "smtp_port": port, "retry_interval": "1h", "dsn": False},
         dns={"nameservers": [dns.endpoint], "timeout": "1s"},
-        mta_sts={"ca_file": str(ca.path), "https_port": policies.port},
+        mta_sts={"ca_file": str(ca.path), "https_port": policies.port} if policies else {"enabled": False},
         tls_rpt={
             "enabled": True,
             "interval": "2s",
@@ -64,13 +70,19 @@ def _node(tmp_path: Path, dns: DnsServer, port: int, ca: TestCa, policies: Polic
             "report_sender": "tlsrpt@sender.example",
             "ca_file": str(ca.path),
         },
+        **more,
     )
 
 
-def _send(pigeon: PigeonProcess) -> None:
+def _send(pigeon: PigeonProcess) -> str:
+    """The message sent; its spool id."""
     with smtplib.SMTP("127.0.0.1", pigeon.smtp_port) as client:
-        refused = client.sendmail("a@example.org", ["ok@example.net"], b"Subject: rpt\r\n\r\nhi\r\n")
-    assert not refused
+        client.ehlo()
+        client.mail("a@example.org")
+        client.rcpt("ok@example.net")
+        code, reply = client.data(b"Subject: rpt\r\n\r\nhi\r\n")
+    assert code == 250, reply
+    return reply.decode().rsplit(" ", 1)[-1]
 
 
 def _totals(reports: list[dict[str, Any]]) -> tuple[int, dict[tuple[str, str, str], int]]:
@@ -142,14 +154,20 @@ def test_sessions_under_a_policy_are_reported_by_https_post_once_per_interval(tm
 def test_a_mailto_report_is_queued_as_a_multipart_report_and_delivered(tmp_path: Path) -> None:
     ca = TestCa(tmp_path / "ca")
     port = free_port()
+    key = generate_key("ed25519-sha256")
+    write_key(tmp_path / "key.pem", key)
+    dkim = {"domain": "sender.example", "selector": "rpt", "private_key": str(tmp_path / "key.pem"),
+            "algorithm": "ed25519-sha256"}  # fmt: skip
+    zone = _zone("mailto:ok@reports.example")
+    zone.records["rpt._domainkey.sender.example"] = [("TXT", record_text(key))]
     with (
-        DnsServer(_zone("mailto:ok@reports.example")) as dns,
+        DnsServer(zone) as dns,
         PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
         ScriptedSink(host="127.0.0.3", port=port),
         ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("not-b.mail.example.net")),
         ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")),
         ScriptedSink(host="127.0.0.5", port=port) as reports_sink,
-        _node(tmp_path, dns, port, ca, policies) as pigeon,
+        _node(tmp_path, dns, port, ca, policies, dkim=[dkim]) as pigeon,
     ):
         _send(pigeon)
 
@@ -174,6 +192,9 @@ def test_a_mailto_report_is_queued_as_a_multipart_report_and_delivered(tmp_path:
         assert attachment.get_content_type() == "application/tlsrpt+gzip"
         filename = attachment.get_filename()
         assert filename.startswith("sender.example!example.net!") and filename.endswith("!n1.json.gz")
+        signature = message["DKIM-Signature"]
+        assert signature is not None and "d=sender.example" in signature and "s=rpt" in signature
+        assert dkimpy_verify(first.data, dns) == [True]
         time.sleep(4.5)
         assert len({r["report-id"] for r in reports()}) == len(reports_sink.received)  # (none twice)
 
@@ -185,3 +206,85 @@ def _attachment(data: bytes) -> tuple[str, bytes]:
         if part.get_content_type() == "application/tlsrpt+gzip":
             return part.get_content_type(), base64.b64decode(part.get_payload())
     raise AssertionError("no application/tlsrpt+gzip part")
+
+
+def test_each_interval_is_one_report_per_domain_whichever_worker_delivered(tmp_path: Path) -> None:
+    # Two workers each deliver some of the mail (each opening its own sessions): their counts
+    # are summed into one report per interval, never one per worker.
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    with (
+        ReportServer(ca.server_context("tlsrpt.example.net")) as endpoint,
+        DnsServer(_zone(f"https://tlsrpt.example.net:{endpoint.port}/")) as dns,
+        PolicyServer(ca.server_context("mta-sts.example.net"), {"mta-sts.example.net": _ENFORCE}) as policies,
+        ScriptedSink(host="127.0.0.3", port=port),
+        ScriptedSink(host="127.0.0.4", port=port, tls=ca.server_context("not-b.mail.example.net")),
+        ScriptedSink(host="127.0.0.2", port=port, tls=ca.server_context("mx1.example.net")) as right,
+        _node(tmp_path, dns, port, ca, policies, node={"workers": 2}) as pigeon,
+    ):
+        workers: set[int] = set()
+        sent = 0
+        while workers != {0, 1}:
+            assert sent < 40
+            sent += 1
+            workers.add(shard_of(parse_id(_send(pigeon))))
+        wait_until(lambda: len(right.received) == sent == len(pigeon.records("Delivery")))
+
+        def reports() -> list[dict[str, Any]]:
+            return [json.loads(gzip.decompress(body)) for _, _, body in endpoint.reports]
+
+        delivered = len(pigeon.records("Delivery"))
+        wait_until(lambda: _totals(reports())[0] >= delivered, timeout=20)
+        time.sleep(4.5)
+        received = reports()
+        ids = [r["report-id"] for r in received]
+        assert len(ids) == len(set(ids))
+        starts = [r["date-range"]["start-datetime"] for r in received]
+        assert len(starts) == len(set(starts))  # (one report per interval, not one per worker)
+        successes, failures = _totals(received)
+        assert successes == delivered  # (a session per message: each worker's first, or none reused)
+        assert sum(failures.values()) >= 2
+
+
+def test_dane_sessions_are_reported_under_the_tlsa_records_of_each_mx_host(tmp_path: Path) -> None:
+    ca = TestCa(tmp_path / "ca")
+    port = free_port()
+    good, bad = self_signed("mx2.example.net"), self_signed("mx1.example.net")
+    published = self_signed("mx1.example.net").tlsa(3, 1, 1)
+    with ReportServer(ca.server_context("tlsrpt.example.net")) as endpoint:
+        zone = Zone(
+            {
+                "example.net": [("MX", 10, "mx1.example.net"), ("MX", 20, "mx2.example.net")],
+                "mx1.example.net": [("A", "127.0.0.2")],
+                "mx2.example.net": [("A", "127.0.0.3")],
+                f"_{port}._tcp.mx1.example.net": [("TLSA", *published)],
+                f"_{port}._tcp.mx2.example.net": [("TLSA", *good.tlsa(3, 1, 1))],
+                "_smtp._tls.example.net": [("TXT", f"v=TLSRPTv1;rua=https://tlsrpt.example.net:{endpoint.port}/")],
+                "tlsrpt.example.net": [("A", "127.0.0.1")],
+            },
+            secure={"example.net"},
+        )
+        with (
+            DnsServer(zone) as dns,
+            ScriptedSink(host="127.0.0.2", port=port, tls=bad.context(tmp_path / "certs")),
+            ScriptedSink(host="127.0.0.3", port=port, tls=good.context(tmp_path / "certs")) as matching,
+            _node(tmp_path, dns, port, ca, None, dane={"enabled": True}) as pigeon,
+        ):
+            _send(pigeon)
+            wait_until(lambda: len(matching.received) == 1)
+
+            def reports() -> list[dict[str, Any]]:
+                return [json.loads(gzip.decompress(body)) for _, _, body in endpoint.reports]
+
+            expected = {("certificate-not-trusted", "mx1.example.net", "127.0.0.2"): 1}
+            wait_until(lambda: _totals(reports()) == (1, expected), timeout=20)
+            policies = {
+                (p["policy"]["policy-type"], tuple(p["policy"]["policy-string"]), p["policy"]["policy-domain"])
+                for r in reports()
+                for p in r["policies"]
+            }
+            assert policies == {
+                ("tlsa", (f"3 1 1 {published[3].hex().upper()}",), "example.net"),
+                ("tlsa", (f"3 1 1 {good.tlsa(3, 1, 1)[3].hex().upper()}",), "example.net"),
+            }
+            assert all("mx-host" not in p["policy"] for r in reports() for p in r["policies"])

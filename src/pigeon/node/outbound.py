@@ -529,16 +529,8 @@ async def _sign_again(intake: Intake, message: Message, data: bytes) -> bytes | 
 
 
 async def _submit_report(intake: Intake, sender: str, recipients: list[str], data: bytes) -> None:
-    """A TLS report (RFC 8460 5.3) put in the queue, from `sender` (`[tls_rpt] report_sender`):
-    DKIM signed first when a `[[dkim]]` signer applies to it (its From's domain), as RFC 8460 5.3
-    asks ("SHOULD"); unsigned, with a WARNING, when signing fails."""
-    signing = intake.signing
-    if signing is not None:
-        try:
-            fields = await signing.sign_bytes(data, None, int(time.time()))
-        except Exception as error:
-            _log.warning("TLS report from %s not DKIM signed: %r", sender, error)
-        else:
-            data = (fields or b"") + data
+    """A TLS report (RFC 8460 5.3) put in the queue, from `sender` (`[tls_rpt] report_sender`).
+    Stored as Pigeon's own mail is (`Intake.local`: trusted), so that a `[[dkim]]` signer of its
+    From's domain signs it, as RFC 8460 5.3 asks ("SHOULD")."""
     envelope = Envelope(sender=sender, recipients=[Recipient(address) for address in recipients], protocol="LOCAL")
     await intake.local(envelope, data)
