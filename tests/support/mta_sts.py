@@ -125,3 +125,44 @@ class PolicyServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ReportServer:
+    """HTTPS on `host:port` (port: a free one), taking TLS reports (RFC 8460 5.4) POSTed to any
+    path: `reports` holds each as (path, Content-Type, body as sent); each is answered `status`."""
+
+    def __init__(self, context: ssl.SSLContext, *, host: str = "127.0.0.1") -> None:
+        self.reports: list[tuple[str, str, bytes]] = []
+        self.status = 201
+        self.host = host
+        self.port = free_port()
+        self._context = context
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _take(self, request: web.Request) -> web.Response:
+        self.reports.append((request.path, request.headers.get("Content-Type", ""), await request.read()))
+        return web.Response(status=self.status)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._take)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self._context).start()
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            self._runner = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> ReportServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -294,6 +294,8 @@ def _finish(
             config.delivery.ca_file = _resolve(config.delivery.ca_file, path.parent)
         if config.mta_sts.ca_file is not None:
             config.mta_sts.ca_file = _resolve(config.mta_sts.ca_file, path.parent)
+        if config.tls_rpt.ca_file is not None:
+            config.tls_rpt.ca_file = _resolve(config.tls_rpt.ca_file, path.parent)
         for route in config.route:
             if route.ca_file is not None:
                 route.ca_file = _resolve(route.ca_file, path.parent)
@@ -1146,6 +1148,11 @@ def _check_names(config: Config, text: str, fail: Callable[..., ConfigError]) ->
         raise fail(
             ["delivery", "dsn_from"], f"{delivery.dsn_from!r} {problem}; it is the From address of Pigeon's DSNs"
         )
+    rpt = config.tls_rpt
+    if rpt.report_sender and (problem := _dsn_from_problem(rpt.report_sender, smtp.max_line_length)) is not None:
+        raise fail(["tls_rpt", "report_sender"], f"{rpt.report_sender!r} {problem}; it is the From of TLS reports")
+    if rpt.interval < 1:
+        raise fail(["tls_rpt", "interval"], f"{rpt.interval:g}s is under 1s: a report covers at least a second")
     headers = (("tenant_header", delivery.tenant_header), ("campaign_header", delivery.campaign_header))
     for key, name in headers:
         if (problem := _field_name_problem(name)) is not None:
@@ -1370,6 +1377,7 @@ def _check_files(config: Config, fail: Callable[..., ConfigError], *, reloadable
     trust: list[tuple[list[str], Path | None, str, int | None]] = [
         (["delivery", "ca_file"], config.delivery.ca_file, "", None),  # (the key names it already)
         (["mta_sts", "ca_file"], config.mta_sts.ca_file, "", None),
+        (["tls_rpt", "ca_file"], config.tls_rpt.ca_file, "", None),
     ]
     # A webhook's, like a mailbox's, is read when its target starts: a reload leaves targets
     # as they are (a restart takes a new one), so it is checked whatever `reloadable` says.

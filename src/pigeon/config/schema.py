@@ -758,6 +758,28 @@ class DaneConfig(_Section):
     (unbound on 127.0.0.1): see "DANE" in the README."""
 
 
+class TlsRptConfig(_Section):
+    enabled: bool = False
+    """Send SMTP TLS reports (RFC 8460) to the recipient domains that publish an `_smtp._tls`
+    TXT record, about the sessions to their MX hosts under an MTA-STS policy or DANE: see "TLS
+    reporting" in the README."""
+    organization_name: str = ""
+    """Who the reports are from (`organization-name`). Default: `[smtp] hostname`."""
+    contact_info: str = ""
+    """How to reach the operator about them (`contact-info`): an address, a URL. Default: `report_sender`."""
+    report_sender: str = ""
+    """The address reports sent by mail (a `mailto:` URI) are from: one of the operator's, which
+    bounces come back to (and a `[[dkim]]` signer of its domain signs them). Empty: reports go
+    only to `https:` URIs."""
+    interval: PositiveDuration = PositiveDuration(86_400)
+    """What a report covers, from one multiple of it (since the epoch, UTC) to the next: a day
+    by default, 00:00 to 24:00 UTC (RFC 8460 4.1). At least 1s."""
+    ca_file: Path | None = None
+    """PEM file of the CAs to trust, instead of the system's, for the `https:` URIs' certificates."""
+    timeout: PositiveDuration = PositiveDuration(30)
+    """An `https:` report's POST, connection to the answer."""
+
+
 class RouteConfig(_Section):
     domain: str
     """Recipient domain (a glob: "*.example.net", "*" for every domain)."""
@@ -1229,6 +1251,7 @@ class Config(_Section):
     dns: DnsConfig = msgspec.field(default_factory=DnsConfig)
     mta_sts: MtaStsConfig = msgspec.field(default_factory=MtaStsConfig)
     dane: DaneConfig = msgspec.field(default_factory=DaneConfig)
+    tls_rpt: TlsRptConfig = msgspec.field(default_factory=TlsRptConfig)
     route: list[RouteConfig] = msgspec.field(default_factory=list)
     queue: list[QueueConfig] = msgspec.field(default_factory=list)
     shaping: list[ShapingConfig] = msgspec.field(default_factory=list)

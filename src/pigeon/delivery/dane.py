@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cryptography import x509
@@ -149,6 +149,9 @@ class HostPolicy:
     name: str  # where the records are: "_25._tcp.mx.example.net", or at the expanded name
     records: tuple[Record, ...]
     expanded: str | None = None
+    # Every record found, usable or not: what a TLS report (RFC 8460) names as the policy
+    # when none is usable (`tlsa-invalid`).
+    published: tuple[Record, ...] = field(default=(), compare=False)
 
     @property
     def base(self) -> str:
@@ -199,12 +202,12 @@ async def host_policy(
         if found is None:
             return None  # (an insecure answer: no DANE, RFC 7672 2.2.2)
         if found:
-            return HostPolicy(host, f"_{port}._tcp.{expanded}", _usable(found[0]), expanded)
+            return _policy(host, f"_{port}._tcp.{expanded}", found[0], expanded)
     name = f"_{port}._tcp.{host}"
     found = await _records(resolver, host, name)
     if not found:
         return None
-    return HostPolicy(host, name, _usable(found[0]), expanded)
+    return _policy(host, name, found[0], expanded)
 
 
 async def _records(resolver: Resolver, host: str, name: str) -> tuple[list[tuple[int, int, int, bytes]], ...] | None:
@@ -222,9 +225,9 @@ async def _records(resolver: Resolver, host: str, name: str) -> tuple[list[tuple
     return () if found is None else (found,)
 
 
-def _usable(found: list[tuple[int, int, int, bytes]]) -> tuple[Record, ...]:
-    records = (Record(*record) for record in found)
-    return tuple(record for record in records if record.usable)
+def _policy(host: str, name: str, found: list[tuple[int, int, int, bytes]], expanded: str | None) -> HostPolicy:
+    records = tuple(Record(*record) for record in found)
+    return HostPolicy(host, name, tuple(record for record in records if record.usable), expanded, records)
 
 
 def presented_chain(ssl_object: Any) -> list[bytes]:

@@ -69,6 +69,7 @@ from pigeon.delivery.mta_sts import (
     parse_record,
 )
 from pigeon.delivery.mx import DnsFailure, Resolver
+from pigeon.delivery.tls_report import NO_POLICY, Counts, classify_fetch, sts_policy
 from pigeon.fsync import fsync_directory
 from pigeon.tls import client_context
 
@@ -111,7 +112,7 @@ class _Cached:
     expires: float  # wall clock: fetched + max_age
 
 
-class _Resolve(AbstractResolver):
+class OwnResolver(AbstractResolver):
     """aiohttp's resolver: Pigeon's, never the system's."""
 
     def __init__(self, resolver: Resolver) -> None:
@@ -155,6 +156,7 @@ class PolicyStore:
         monotonic: Callable[[], float] = time.monotonic,
         count: Callable[[str], None] | None = None,
         cached_only: bool = False,
+        tls_report: Counts | None = None,
     ) -> None:
         """`worker` of `workers`: whose file this store writes, and which files are its
         siblings' (`mta-sts-<n>.json`, n < workers), taken in while it runs.
@@ -171,6 +173,7 @@ class PolicyStore:
         self._clock = clock
         self._monotonic = monotonic
         self._count = count or (lambda outcome: None)  # each fetch's outcome: fetched, failed, kept (metrics)
+        self._tls_report = tls_report  # `[tls_rpt] enabled`: a fetch that failed is counted there (RFC 8460)
         self._cache: dict[str, _Cached] = {}
         self._txt_failed: dict[str, float] = {}  # domain -> until when (monotonic) no TXT is asked
         self._fetch_failed: dict[tuple[str, str], float] = {}  # (domain, id) -> until when (monotonic)
@@ -282,7 +285,11 @@ class PolicyStore:
             if len(self._fetch_failed) > 10_000:
                 self._fetch_failed.clear()
             self._fetch_failed[(domain, policy_id)] = self._monotonic() + FETCH_FAILURE_TTL
-            self._count("kept" if self._kept(domain) is not None else "failed")
+            kept = self._kept(domain)
+            self._count("kept" if kept is not None else "failed")
+            if self._tls_report is not None:
+                reported = sts_policy(kept.applied) if kept is not None else NO_POLICY
+                self._tls_report.failure(domain, reported, classify_fetch(error), reason=why)
             self._warn(domain, f"its MTA-STS policy (id {policy_id}) could not be had: {why}")
             return None
         now = self._clock()
@@ -303,7 +310,7 @@ class PolicyStore:
         url = f"https://{host}{port}/.well-known/mta-sts.txt"
         if self._context is None:
             self._context = client_context(verify=True, cafile=self.ca_file)
-        connector = aiohttp.TCPConnector(resolver=_Resolve(self._resolver), ssl=self._context, force_close=True)
+        connector = aiohttp.TCPConnector(resolver=OwnResolver(self._resolver), ssl=self._context, force_close=True)
         timeout = aiohttp.ClientTimeout(total=self._timeout)
         async with (
             aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session,

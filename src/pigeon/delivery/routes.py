@@ -17,7 +17,7 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 from pigeon.config.patterns import host_port
@@ -88,6 +88,9 @@ class Destination:
     # hops from MX records). Each host's TLSA records are then looked up as it is connected to
     # (`pigeon.delivery.dane`): a host with usable ones must match them, over STARTTLS.
     dane: bool = False
+    # The recipient domain whose MX records the hops are (None: a route's or an address
+    # literal's): the policy domain a TLS report (RFC 8460) counts the sessions of under DANE.
+    domain: str | None = field(default=None, compare=False)
 
     @property
     def security(self) -> str:
@@ -247,12 +250,12 @@ class Router:
             return Destination(site, (literal,), tls, verify, ca_file=trusted, hops_from="literal"), _DESTINATION_TTL
         if self._sts is None:
             exchangers, fresh, dane = await self._exchangers(domain)
-            return self._by_mx(exchangers, tls, verify, trusted, dane=dane), fresh
+            return self._by_mx(exchangers, tls, verify, trusted, dane=dane, domain=domain), fresh
         # The MTA-STS TXT lookup goes beside the MX lookup, not after it: a domain without a
         # record costs no more time than before (the policy's store never raises).
         (exchangers, fresh, dane), applied = await asyncio.gather(self._exchangers(domain), self._sts.policy(domain))
         if applied is None or applied.policy.mode is Mode.NONE:
-            return self._by_mx(exchangers, tls, verify, trusted, dane=dane), fresh
+            return self._by_mx(exchangers, tls, verify, trusted, dane=dane, domain=domain), fresh
         return self._under_policy(domain, exchangers, applied, tls, verify, trusted, dane), fresh
 
     async def _exchangers(self, domain: str) -> tuple[list[Exchanger], float, bool]:
@@ -272,12 +275,13 @@ class Router:
         sts: Applied | None = None,
         *,
         dane: bool = False,
+        domain: str | None = None,
     ) -> Destination:
         hops = tuple(Hop(e.host, self._port) for e in exchangers)
         site = ",".join(sorted({e.host for e in exchangers}))
         if self._port != 25:
             site += f":{self._port}"
-        return Destination(site, hops, tls, verify, ca_file=trusted, mta_sts=sts, dane=dane)
+        return Destination(site, hops, tls, verify, ca_file=trusted, mta_sts=sts, dane=dane, domain=domain)
 
     def _under_policy(
         self,
@@ -305,15 +309,15 @@ class Router:
                 if WARNINGS.due(f"{domain}\0no mx"):
                     _log.warning("%s: mail deferred: %s", domain, text)
                 raise DnsFailure(Reply(451, "4.7.0", (text,)))
-            return self._by_mx(allowed, TlsPolicy.REQUIRED, True, sts_cas, applied, dane=dane)
+            return self._by_mx(allowed, TlsPolicy.REQUIRED, True, sts_cas, applied, dane=dane, domain=domain)
         if len(allowed) < len(exchangers) and WARNINGS.due(f"{domain}\0testing mx"):
             refused = ", ".join(e.host for e in exchangers if e not in allowed)
             _log.warning(
                 "%s: MTA-STS testing: enforcing %s would leave out its MX hosts %s", domain, applied.describe(), refused
             )
         if tls is TlsPolicy.DISABLED or verify:
-            return self._by_mx(exchangers, tls, verify, trusted, applied, dane=dane)
-        return self._by_mx(exchangers, tls, True, sts_cas, applied, dane=dane)
+            return self._by_mx(exchangers, tls, verify, trusted, applied, dane=dane, domain=domain)
+        return self._by_mx(exchangers, tls, True, sts_cas, applied, dane=dane, domain=domain)
 
     def _route(self, domain: str, routes: list[Route]) -> Route | None:
         for route in routes:

@@ -53,6 +53,7 @@ from pigeon.delivery.loops import Listeners
 from pigeon.delivery.mta_sts import WARNINGS, Applied
 from pigeon.delivery.mx import DnsFailure, Resolver
 from pigeon.delivery.routes import Destination, Hop
+from pigeon.delivery.tls_report import Counts, classify, note_lookup_failed, note_opened, note_refused
 from pigeon.delivery.warning_pace import WarningPace
 from pigeon.listener.tls import describe
 from pigeon.smtp.client import Capabilities, ClientProtocolError, Envelope, Result
@@ -89,6 +90,7 @@ class ClientOptions:
     try_next_mx: bool = False  # a recipient answered 4xx is tried at once at the site's next host (smtp_agent)
     mx_address_limit: int = 5  # addresses tried per connection opened (ClientConnection.open)
     mx_session_limit: int = 2  # sessions that got a greeting, per connection opened and its move (try_next_mx)
+    tls_report: Counts | None = None  # `[tls_rpt] enabled`: sessions under a policy counted there (RFC 8460)
 
 
 class ConnectFailed(Exception):
@@ -105,7 +107,9 @@ class ConnectFailed(Exception):
     `authentication`: the route's credentials were refused, or cannot be used there
     (`Unusable.authentication`): the operator's to fix, and the dispatcher holds the route's mail
     meanwhile. `final`: the failure is the route's, not the address's (its AUTH, the TLS it must
-    have to authenticate), so no other address is tried: it is the attempt's reply."""
+    have to authenticate), so no other address is tried: it is the attempt's reply.
+    `tls_failure`: the host failed an MTA-STS policy's or DANE's TLS, as a TLS report (RFC 8460
+    4.3) says it (its result type, and what the handshake said); `local` our address then."""
 
     def __init__(
         self,
@@ -119,6 +123,8 @@ class ConnectFailed(Exception):
         by_policy: bool = False,
         authentication: bool = False,
         final: bool = False,
+        tls_failure: tuple[str, str] | None = None,
+        local: str = "",
     ) -> None:
         super().__init__(str(reply))
         self.reply = reply
@@ -130,6 +136,8 @@ class ConnectFailed(Exception):
         self.by_policy = by_policy
         self.authentication = authentication
         self.final = final
+        self.tls_failure = tls_failure
+        self.local = local
 
 
 class LoopsBack(ConnectFailed):
@@ -469,6 +477,12 @@ class ClientConnection:
         self._unverified = False  # the last handshake failed verifying the certificate (PKIX)
         self._carried: tuple[list[Reply], list[int]] | None = None  # see `_again_with_data`
 
+    def local_ip(self) -> str:
+        """The address this connection is from ("": not known)."""
+        raw = self._wire.raw
+        name = raw.get_extra_info("sockname") if raw is not None else None
+        return str(name[0]) if name else ""
+
     @property
     def capabilities(self) -> Capabilities:
         """What the server's last EHLO offered."""
@@ -526,6 +540,10 @@ class ClientConnection:
         elsewhere = False  # whether any hop may be another node's (or could not be told: no address)
         hops = destination.hops
         sts = destination.mta_sts
+        counts = options.tls_report
+        if policy is TlsPolicy.DISABLED:
+            counts = None  # (the operator's choice: no TLS to report on)
+        report_domain = sts.domain if sts is not None else destination.domain
         if sts is not None and _REFUSED_BY_POLICY and sts.enforced:
             hops = _refused_last(sts, hops)
         for hop in hops:
@@ -566,6 +584,8 @@ class ClientConnection:
                     last = ConnectFailed(failed.reply)
                     spent += 1
                     done.append(f"{hop.host} (TLSA lookup failed)")
+                    if counts is not None:
+                        note_lookup_failed(counts, report_domain, hop.host, failed.reply.text)
                     continue
             if options.bind is not None:
                 # A socket bound to an IPv4 address cannot reach an IPv6 one, nor the reverse.
@@ -595,6 +615,10 @@ class ClientConnection:
                 handshake_failed = greeted = False
                 try:
                     connection = await cls._open_one(hop, address, destination, options, policy, dane)
+                    if counts is not None and (sts is not None or dane is not None):
+                        on_tls = connection.tls is not None
+                        local = connection.local_ip()
+                        note_opened(counts, report_domain, sts, dane, hop.host, address, local, on_tls=on_tls)
                     if sts is not None and _REFUSED_BY_POLICY:
                         _REFUSED_BY_POLICY.pop((sts.domain, sts.policy_id, hop.host), None)  # (fixed)
                     return connection
@@ -605,6 +629,9 @@ class ClientConnection:
                 except ConnectFailed as error:
                     if error.final:
                         raise  # (the route's trouble, whatever the address: the attempt's reply)
+                    if counts is not None and error.tls_failure is not None:
+                        failure = error.tls_failure
+                        note_refused(counts, report_domain, sts, dane, hop.host, address, error.local, failure)
                     last = error.with_traceback(None)
                     handshake_failed = isinstance(error, _HandshakeFailed)
                     # A host the policy's TLS refused uses none of the sessions (RFC 8461 5: "MUST NOT
@@ -782,6 +809,11 @@ class ClientConnection:
                 # and says so (a WARNING once, not one a connection).
                 authentication = event.authentication
                 final = authentication or (destination.auth is not None and event.reason in _TLS_REASONS)
+                tls_failure: tuple[str, str] | None = None
+                if event.reason in _TLS_REASONS and (self.dane is not None or sts is not None):
+                    detail = event.detail or (str(event.reply) if event.reply is not None else "STARTTLS not offered")
+                    matched = self.dane is not None and bool(self.dane.records)
+                    tls_failure = (classify(event.reason.value, detail, dane=matched), detail)
                 raise failure(
                     reply,
                     peer=self.peer,
@@ -791,6 +823,8 @@ class ClientConnection:
                     authentication=authentication,
                     final=final,
                     by_policy=by_policy,
+                    tls_failure=tls_failure,
+                    local=self.local_ip(),
                 )
             else:
                 raise ConnectionLost(self._lost(self._wire.error or _CLOSED))

@@ -29,11 +29,13 @@ from pigeon.delivery.seven_bit import SevenBitHop
 from pigeon.delivery.sites import SiteHealth
 from pigeon.delivery.smtp_agent import SmtpAgents
 from pigeon.delivery.target_agent import TargetAgents
+from pigeon.delivery.tls_report import Counts
+from pigeon.delivery.tls_reporter import TlsReporter
 from pigeon.inbound.targets import Target, Verdict
 from pigeon.intake import Intake
 from pigeon.logs.outbox import Outbox
 from pigeon.logs.writer import LogWriter
-from pigeon.message import Message
+from pigeon.message import Envelope, Message, Recipient
 from pigeon.metrics import DeliveryState, Metrics
 from pigeon.node.engine import build_engine
 from pigeon.node.exposure import untrusted_dane_resolvers
@@ -92,6 +94,31 @@ class Outbound:
         if worker == 0 and (untrusted := untrusted_dane_resolvers(config)) is not None:
             # The AD bit is worth what the path to the resolver is: an attacker on it sets it at will.
             _log.warning("%s", untrusted)
+        # SMTP TLS reporting (RFC 8460): sessions under a policy counted in memory, reported by
+        # worker 0 at each interval's end (`pigeon.delivery.tls_reporter`).
+        rpt = config.tls_rpt
+        self.tls_counts = Counts() if rpt.enabled else None
+        self.tls_reporter = (
+            TlsReporter(
+                self.tls_counts,
+                directory=config.spool.path / "tls-rpt",
+                worker=worker,
+                workers=workers,
+                interval=rpt.interval,
+                resolver=self.resolver,
+                node=config.node.name,
+                hostname=config.smtp.hostname,
+                organization=rpt.organization_name,
+                contact=rpt.contact_info,
+                sender=rpt.report_sender,
+                ca_file=rpt.ca_file,
+                timeout=rpt.timeout,
+                submit=functools.partial(_submit_report, intake),
+                clock=clock,
+            )
+            if self.tls_counts is not None
+            else None
+        )
         sts = config.mta_sts
         self.mta_sts = (
             PolicyStore(
@@ -103,6 +130,7 @@ class Outbound:
                 worker=worker,
                 workers=workers,  # (whose files it takes in while it runs: the siblings')
                 count=metrics.counts.mta_sts,
+                tls_report=self.tls_counts,
             )
             if sts.enabled
             else None
@@ -143,6 +171,7 @@ class Outbound:
                 try_next_mx=delivery.try_next_mx,
                 mx_address_limit=delivery.mx_address_limit,
                 mx_session_limit=delivery.mx_session_limit,
+                tls_report=self.tls_counts,
             ),
             classifier,
             [Source(s.name, s.bind, s.ehlo) for s in config.source],
@@ -310,6 +339,8 @@ class Outbound:
         await self.effects.start()
         self._intake.on_stored = self.scheduler.admit
         self.scheduler.start()
+        if self.tls_reporter is not None:
+            await self.tls_reporter.start()
 
     def halt(self) -> None:
         """The node stops: no delivery starts from now on (those in flight finish, within
@@ -322,6 +353,8 @@ class Outbound:
         self.halt()
         await self.scheduler.stop()
         await self.dispatcher.drain(grace)
+        if self.tls_reporter is not None:
+            await self.tls_reporter.stop()  # (after the deliveries: what they counted is written)
         await self.throttles.close()
         await self.effects.close()
         await asyncio.sleep(0.1)  # let the last settlements' commits come back
@@ -481,3 +514,11 @@ async def _sign_again(intake: Intake, message: Message, data: bytes) -> bytes | 
         return None
     envelope = message.envelope
     return await signing.sign_bytes(data, envelope.tenant, int(time.time()), envelope.dkim)
+
+
+async def _submit_report(intake: Intake, sender: str, recipients: list[str], data: bytes) -> None:
+    """A TLS report (RFC 8460 5.3) put in the queue, from `sender` (`[tls_rpt] report_sender`).
+    Stored as Pigeon's own mail is (`Intake.local`: trusted), so that a `[[dkim]]` signer of its
+    From's domain signs it, as RFC 8460 5.3 asks ("SHOULD")."""
+    envelope = Envelope(sender=sender, recipients=[Recipient(address) for address in recipients], protocol="LOCAL")
+    await intake.local(envelope, data)
