@@ -218,6 +218,7 @@ def test_a_control_character_in_an_option_is_refused_as_usage_and_nothing_sent(
     result = sendmail(node.config_path, *option, "to@example.net", message=b"Subject: x\n\nmarker-ctl\n")
     assert result.returncode == 64, result.stderr
     assert b"U+000D" in result.stderr or b"U+000A" in result.stderr
+    assert b"\\\\x0" not in result.stderr  # (the value shown escaped once: "Evil\x0d\x0aBcc")
     assert b"internal error" not in result.stderr
     assert not any(b"marker-ctl" in m.data for m in sink.received)
 

@@ -188,7 +188,7 @@ def _take(options: Options, letter: str, value: str) -> None:
 def _no_control(value: str, what: str) -> None:
     named = control_or_format_character(value)
     if named is not None:
-        raise UsageError(f"{what} {shown(value)!r} holds {named}: no control characters allowed")
+        raise UsageError(f"{what} '{shown(value)}' holds {named}: no control characters allowed")
 
 
 def envelope_sender(value: str) -> str:

@@ -95,6 +95,14 @@ class Peer(Endpoint):
     usual_port: ClassVar[int] = 25
     """The port an example in an error message gives."""
 
+    @property
+    def host(self) -> str:
+        return split_peer(self, self.usual_port)[0]
+
+    @property
+    def port(self) -> int:
+        return split_peer(self, self.usual_port)[1]
+
 
 class NameserverPeer(Peer):
     """A `[dns] nameservers` entry: a Peer whose usual port is DNS's."""
@@ -190,7 +198,18 @@ def split_peer(text: str, usual_port: int = 25) -> tuple[str, int]:
         raise ValueError(f"{text!r} has no host")
     if (problem := host_problem(host, port)) is not None:
         raise ValueError(f"{text!r}: {problem}")
+    if ":" in host and (mapped := _ipv4_mapped(host)) is not None:
+        # The same server as its IPv4 address, which every check of an address (loopback, a
+        # listener's own) reads as it is: one spelling, as a listen address has.
+        raise ValueError(f'{text!r} is an IPv4-mapped IPv6 address: write the IPv4 address, "{mapped}:{port}"')
     return host, int(port)
+
+
+def _ipv4_mapped(host: str) -> ipaddress.IPv4Address | None:
+    try:
+        return ipaddress.IPv6Address(host).ipv4_mapped
+    except ValueError:
+        return None
 
 
 def _expected(kind: type) -> str:

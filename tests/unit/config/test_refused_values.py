@@ -368,6 +368,13 @@ def test_the_smallest_spool_max_size_is_the_one_the_readme_gives(tmp_path: Path)
             "line 2: [dns] nameservers: '127.0.0.1' is not host:port: name the server's port too, like '127.0.0.1:53'",
         ),
         (
+            # Found from outside: it passed `serve --check` with [dane] off, and the start (or,
+            # with [dane] on, `--check` itself) failed with a traceback from the listener rule.
+            '[dns]\nnameservers = ["[::ffff:127.0.0.1]:53"]\n',
+            "line 2: [dns] nameservers: '[::ffff:127.0.0.1]:53' is an IPv4-mapped IPv6 address: write the IPv4 "
+            'address, "127.0.0.1:53"',
+        ),
+        (
             '[[target]]\nkind = "postgresql"\nname = "rows"\ndsn = "postgresql://app@db.example:0/mail"\n',
             "line 4: [[target]] #1 dsn: target 'rows': port 0 is no server's; a port to connect to is 1 to 65535",
         ),
@@ -382,6 +389,7 @@ def test_the_smallest_spool_max_size_is_the_one_the_readme_gives(tmp_path: Path)
         "next-hop-bare-ipv6",
         "nameserver-port-0",
         "nameserver-no-port",
+        "nameserver-ipv4-mapped",
         "postgresql-port-0",
         "redis-port-0",
     ],
