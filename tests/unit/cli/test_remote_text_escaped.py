@@ -46,7 +46,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> type[_Api]:
 
 
 def _args(**more: Any) -> argparse.Namespace:
-    return argparse.Namespace(**{"json": False, "cluster": False, **more})
+    return argparse.Namespace(**{"json": False, "cluster": False, "headers": False, "content": False, **more})
 
 
 def _rule(reason: str) -> dict[str, Any]:
