@@ -153,9 +153,13 @@ def test_held_mail_does_not_expire_while_held_and_expires_with_a_dsn_once_releas
         assert not pigeon.records("Expiration")
         assert [m["id"] for m in pigeon.spool_messages()] == [held]
         # Released, it is as old as it is: it expires at its next turn, with the usual DSN.
+        tried = len([r for r in pigeon.records("TransientFailure") if r["id"] == held])
         assert _api(pigeon, "POST", "/api/v1/admin/retry", {"messages": [held]})[1]["made_due"] == 1
         (expired,) = pigeon.wait_records("Expiration")
         assert expired["id"] == held and expired["response"]["enhanced"] == "5.4.7"
+        # Before another attempt (not tried again for a max_age counted afresh from the release).
+        deferrals = [r for r in pigeon.records("TransientFailure") if r["id"] == held]
+        assert (expired["attempt"], len(deferrals)) == (tried, tried)
         dsn = wait_until(lambda: [r for r in pigeon.records("Reception") if r.get("reports_on") == held])
         assert dsn[0]["recipients"] == ["sender@example.org"]
 
