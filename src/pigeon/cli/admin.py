@@ -451,8 +451,8 @@ def _queue_summary(args: argparse.Namespace) -> int:
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
     width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
-    # "held": [[inbound]] mail `pigeon retry` releases; "suspended": mail a suspension holds
-    # (`pigeon resume`), as `pigeon suspend` counted it.
+    # "held": mail an operator releases (`pigeon retry`: held [[inbound]] mail, `pigeon hold`'s);
+    # "suspended": mail a suspension holds (`pigeon resume`), as `pigeon suspend` counted it.
     # "later": waiting for a time (a retry, a suspension's next look), the first one "next".
     print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'later':>7} {'next':>7} {'held':>6} "
           f"{'suspended':>9} {'ready':>6} {'in flight':>9}  {'oldest':7} suspended by")  # fmt: skip
