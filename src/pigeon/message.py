@@ -155,6 +155,11 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
     # committed with that DSN, so that no restart, retry, rebind or move warns again. Last, with a
     # default: a Pigeon from before it reads the envelope, this element ignored.
     delay_warned: float | None = None
+    # The operator (the API token's name) who held it (`pigeon hold`), with `held` their reason.
+    # Its release (`pigeon retry --id`) does not count `max_age` afresh, as the release of held
+    # `[[inbound]]` mail does: held mail does not expire while held, and once released it is as
+    # old as it is (past `max_age`, it expires at its next turn, with the usual DSN).
+    hold_operator: str | None = None
 
     def __post_init__(self) -> None:
         # Spools written before `target` existed said "inbound:<target>" as the routing domain.
@@ -165,7 +170,9 @@ class Envelope(msgspec.Struct, array_like=True, omit_defaults=True):
 HELD: Final = 1e15
 """The due time of a held message: time never brings it (the year 31 million); only an
 operator does, by making it due (`pigeon retry`), which releases it. A held message that
-expires unreleased at Unix time t is due at `HELD + t` (floats are exact to 1/8 s there)."""
+expires unreleased at Unix time t is due at `HELD + t` (floats are exact to 1/8 s there):
+held `[[inbound]]` mail past its route's `held_for`; mail an operator held (`pigeon hold`)
+is due at `HELD` itself, and waits for ever."""
 
 ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()
 ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
@@ -187,6 +194,7 @@ class Message:
 
     @property
     def age_from(self) -> float:
-        """Where `max_age` counts from: its arrival, or its release from hold by an operator."""
+        """Where `max_age` counts from: its arrival, or its release from an `[[inbound]]` route's
+        hold by an operator (not from an operator's own hold: `Envelope.hold_operator`)."""
         released = self.envelope.released
         return self.created if released is None else released

@@ -186,7 +186,7 @@ def test_a_token_bound_to_a_tenant_finds_another_tenants_message_named_by_id_as_
     with _node(tmp_path / "node", sink, node={"workers": workers}) as node:
         (globex,) = _inject(node, "globex")
         (acme,) = _inject(node, "acme")
-        for action in ("bounce", "retry"):
+        for action in ("bounce", "retry", "hold"):
             # Its own message, not selected by the domain given with it: said so.
             status, answer = _api(node, "POST", f"/api/v1/admin/{action}", {"messages": [acme], "domain": "zz.test"})
             assert status == 200, answer

@@ -1,4 +1,4 @@
-"""`pigeon bounce | suspend | resume | retry | inspect`: operate on a running node's queues.
+"""`pigeon bounce | suspend | resume | retry | hold | inspect`: operate on a running node's queues.
 
 Each mirrors an admin API call (see `pigeon.listener.http.admin`); tables for people,
 `--json` for scripts.
@@ -39,6 +39,15 @@ RETRY_EXAMPLES = """examples:
   pigeon retry --domain example.net                                # deferred mail for it is due now
   pigeon retry --id 0382610d06800000 --id 0382610d06840001         # these messages only (postqueue -i)
   pigeon retry --queue 'spring:*'
+"""
+HOLD_EXAMPLES = """examples:
+  pigeon hold --id 0382610d06800000 --reason 'looks like a loop'   # one message (postsuper -h), untried
+  pigeon retry --id 0382610d06800000                               # release it (postsuper -H)
+  pigeon queue list --state held                                   # what is held, and why
+
+Held mail does not expire while held; released, it is as old as it is: past its queue's max_age, it
+expires at its next turn, with the usual DSN to its sender. Only a retry of its id releases it
+(`pigeon retry --domain ...` leaves it held); `pigeon bounce --id` ends it.
 """
 QUEUE_EXAMPLES = """examples:
   pigeon queue summary                  # per scheduled queue: messages, due, held, suspended, oldest; ready queues
@@ -93,6 +102,11 @@ def register(commands: Any) -> None:
     _selector_options(retry, by_id="made due now")
     retry.set_defaults(run=_retry)
 
+    hold = _parser(commands, "hold", "hold queued messages by id, untried, until released", HOLD_EXAMPLES)
+    _selector_options(hold, by_id="held until `pigeon retry --id` releases it", ids_only=True)
+    hold.add_argument("--reason", default="", help="kept with each message (pigeon inspect), and its AdminHold record")
+    hold.set_defaults(run=_hold)
+
     queue = commands.add_parser("queue", help="look at the queues", description="Look at the queues.")
     actions = queue.add_subparsers(dest="action", required=True, metavar="ACTION")
     summary = _parser(actions, "summary", "scheduled and ready queues, with counts", QUEUE_EXAMPLES)
@@ -139,10 +153,14 @@ def cluster_path(args: argparse.Namespace, path: str) -> str:
     return path + "?cluster=1" if getattr(args, "cluster", False) else path
 
 
-def _selector_options(parser: argparse.ArgumentParser, by_id: str | None = None) -> None:
-    """The selector's options; with `by_id` (what becomes of them), `--id` too."""
+def _selector_options(parser: argparse.ArgumentParser, by_id: str | None = None, *, ids_only: bool = False) -> None:
+    """The selector's options; with `by_id` (what becomes of them), `--id` too (`ids_only`: it
+    is required, and the others only narrow what it names)."""
     if by_id is None:
         group = parser.add_argument_group("selector", _SELECTOR_HELP)
+    elif ids_only:
+        text = "which messages: --id, at least one; with --domain, --tenant, --campaign or --queue too, those of "
+        group = parser.add_argument_group("selector", text + "the ids they select")
     else:
         text = "which messages: --id, or at least one of --domain, --tenant, --campaign, --queue (globs allowed); "
         group = parser.add_argument_group("selector", text + "with both, those of the ids they select")
@@ -309,8 +327,35 @@ def _retry(args: argparse.Namespace) -> int:
         text += "; {suspended} left held by a suspension (`pigeon suspend --list`, then `pigeon resume ID`)"
     if said.get("bounced"):
         text += "; {bounced:count message} bounced instead (a standing bounce covers them: `pigeon bounce --list`)"
+    if said.get("on_hold"):
+        text += "; {on_hold:count message} left held by an operator (`pigeon hold`: release each by its --id)"
     text += _each_message(said, _RETRY_RESULTS, args)
     return _show(args, status, answer, text)
+
+
+_HOLD_RESULTS: Final = {
+    "held": "held ({recipients}): `pigeon retry --id` releases it",
+    "after_attempt": "being sent: held as far as that attempt does not deliver it ({recipients})",
+    "already_held": "held already: left as it is (`pigeon inspect` says why)",
+}
+
+
+def _hold(args: argparse.Namespace) -> int:
+    if not args.messages:
+        # Said rather than guessed: holding what a selector matches is a suspension's work.
+        print("pigeon hold: name the messages with --id (to hold mail by domain, tenant, campaign or queue: "
+              "pigeon suspend)", file=sys.stderr)  # fmt: skip
+        return 2
+    body = {**_selector(args), "reason": args.reason}
+    status, answer = ApiClient(args).request("POST", "/api/v1/admin/hold", body)
+    said = _said_by_workers(status, answer)
+    text = "held {held:count message}"
+    sent = said.get("after_attempt") or 0
+    if sent:
+        text = "held {now:count message} now; {after_attempt} being sent: "
+        text += "held only if that attempt does not deliver " + ("it" if sent == 1 else "them")
+    text += _each_message(said, _HOLD_RESULTS, args)
+    return _show(args, status, answer, text, now=int(said.get("held") or 0) - int(sent))
 
 
 def _rebind(args: argparse.Namespace) -> int:
@@ -406,8 +451,8 @@ def _queue_summary(args: argparse.Namespace) -> int:
     # Names whole, however long (a campaign, a Gmail site): a cut one cannot be told from its
     # neighbours nor pasted into --queue or --site.
     width = max([44, *(len(row["queue"]) for row in answer["scheduled"])])
-    # "held": [[inbound]] mail `pigeon retry` releases; "suspended": mail a suspension holds
-    # (`pigeon resume`), as `pigeon suspend` counted it.
+    # "held": mail an operator releases (`pigeon retry`: held [[inbound]] mail, `pigeon hold`'s);
+    # "suspended": mail a suspension holds (`pigeon resume`), as `pigeon suspend` counted it.
     # "later": waiting for a time (a retry, a suspension's next look), the first one "next".
     print(f"{'scheduled queue':{width}} {'messages':>9} {'due':>7} {'later':>7} {'next':>7} {'held':>6} "
           f"{'suspended':>9} {'ready':>6} {'in flight':>9}  {'oldest':7} suspended by")  # fmt: skip
@@ -510,6 +555,10 @@ def _listed(message: dict[str, Any], now: float) -> str:
         if message.get("suspended_by"):
             why += f", suspended by rule {message['suspended_by']}"
     lines.append(f"    {why}")
+    held = message.get("held")
+    if held and held != message.get("last_response"):
+        # Why it waits for an operator: their hold and reason (an [[inbound]] refusal is its last reply).
+        lines.append(f"    {held}; `pigeon retry --id {message['id']}` releases it")
     if message.get("last_response"):
         lines.append(f"    ({message['last_response']})")
     recipients = message["recipients"][:_LIST_RECIPIENTS]

@@ -208,6 +208,7 @@ def _may_have_acted(path: str) -> Unanswered:
 _SHOWN_BY: Final = (
     ("/api/v1/admin/bounce", "`pigeon bounce --list`, and `pigeon logs --type AdminBounce` for what it bounced"),
     ("/api/v1/admin/suspend", "`pigeon suspend --list`"),
+    ("/api/v1/admin/hold", "`pigeon queue list --state held`, and `pigeon logs --type AdminHold` for what it held"),
     ("/api/v1/shaping/", "`pigeon shaping status`"),
 )
 """What shows, once the node was started again, what a write to these paths did."""

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from pigeon.queue.names import PART_PATTERN, part_refused, printable_beyond_ascii
+from pigeon.queue.names import PART_PATTERN, part_refused, printable_beyond_ascii, queue_glob_refused
 from pigeon.smtp.address import a_label
 
 _METAS: Final = frozenset("*?")
@@ -46,7 +46,8 @@ def api_patterns() -> dict[str, str]:
     alike, so the server's check and the OpenAPI document's pattern are one string:
     `domain` (a domain glob), `site` (a site glob), `routing_domain` (a domain name, or
     empty), `glob` (any text whose sets are closed), `queue_glob` (an admin request's queue glob:
-    the same without white space, which no queue name made at any door holds) and `part_glob` (a tenant or
+    the same without white space, control or format characters, which no queue name made at any
+    door holds) and `part_glob` (a tenant or
     campaign glob: the same, of the characters a tenant or campaign may hold). A
     finer flaw they let through (a label over 63 characters) is the glob functions' to find."""
     beyond = printable_beyond_ascii()
@@ -67,12 +68,14 @@ def api_patterns() -> dict[str, str]:
     name_label = rf"[A-Za-z0-9_\-{beyond}]{{1,63}}"
     no_part = part_refused()  # what no tenant or campaign holds: control and format characters too
     white = PART_PATTERN.removeprefix("[^").removesuffix(":@]*")  # white space, as Python and ECMA-262 both see it
+    # What no queue name holds (`queue_glob_refused`: the server refuses it), white space as both see it too.
+    no_queue = queue_glob_refused() + white
     return {
         "domain": host,
         "site": rf"(?:{host}|{ipv6})(?:,(?:{host}|{ipv6}))*(?::{port})?",
         "routing_domain": rf"(?:{name_label}(?:\.{name_label})*\.?)?",
         "glob": rf"(?:[^\[]|{closed_set})*",
-        "queue_glob": rf"(?:[^\[{white}]|\[(?:!?\]|![^\]{white}]|[^!\]{white}])[^\]{white}]*\])*",
+        "queue_glob": rf"(?:[^\[{no_queue}]|\[(?:!?\]|![^\]{no_queue}]|[^!\]{no_queue}])[^\]{no_queue}]*\])*",
         "part_glob": rf"(?:[^{no_part}\[]|\[(?:!?\]|![^{no_part}\]]|[^{no_part}!\]])[^{no_part}\]]*\])*",
     }
 

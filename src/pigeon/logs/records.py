@@ -14,8 +14,8 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | original_sender | Reception                 | the sender it came with, where a policy changed `sender` |
 | recipients  | Reception, Rejection          | envelope recipients of this message / the refused one    |
 | queue       | Reception                     | scheduled queue name, `campaign:tenant@domain`           |
-| tenant, campaign | Reception, Rejection, Rebind | the message's tenant and campaign, when it has them (not |
-|             |                               | to be parsed out of `queue`); Rejection: an injected one's |
+| tenant, campaign | Reception, Rejection, Rebind, | the message's tenant and campaign, when it has them (not |
+|             | AdminHold                     | to be parsed out of `queue`); Rejection: an injected one's |
 | reports_on  | Reception                     | a DSN's: the id of the message it reports on             |
 | size        | Reception                     | bytes stored, `Received:` header included                |
 | peer        | Reception, Rejection          | client address, `ip:port` (none for Pigeon's own DSNs)   |
@@ -29,6 +29,8 @@ fields depend on the type; absent optional fields are omitted, never written as 
 | reason      | Quarantine                    | why a spool entry could not be read                      |
 | from_queue, route, operator, operation | Rebind | an operator's rebind of a message: the queue it left, the |
 |             |                               | domain it is routed as now, who asked, in which operation |
+| recipients, reason, operator | AdminHold | an operator held the message (`pigeon hold`): its recipients |
+|             |                               | held, the operator's reason and API token name            |
 
 Delivery attempts write one record per recipient: `Delivery`, `Bounce` and `Expiration` are
 terminal (exactly one per recipient), `TransientFailure` is not (one per failed attempt), nor
@@ -63,7 +65,8 @@ is `Held` (mail of an [[inbound]] route kept for an operator instead of bounced)
 |                |                  | if no rule matched; a deferral's 4xx by the same table)   |
 | dsn            | Bounce, Expiration, Held | why no DSN went to the sender (an [[inbound]] route's `bounces`) |
 | cause          | Held             | `refused` (by the target, for good) or `expired`          |
-| next_attempt   | TransientFailure | when the next attempt is due                              |
+| next_attempt   | TransientFailure | when the next attempt is due (0: none, an operator held the |
+|                |                  | message while that attempt was on the wire: `AdminHold`)  |
 | reason, operator | AdminBounce    | the operator's reason and API token name (terminal too)    |
 | attempt_response | AdminBounce    | bounced while an attempt was on the wire: what that attempt |
 |                |                  | was answered (then `site`, `peer`, `tls` are that attempt's) |
@@ -222,7 +225,7 @@ class Delivery(Attempt, tag="Delivery"):
 class TransientFailure(Attempt, tag="TransientFailure"):
     """This attempt failed, another will follow (4xx, timeout, connection error)."""
 
-    next_attempt: float = 0.0  # when
+    next_attempt: float = 0.0  # when (0: not by itself: an operator held it, `AdminHold`)
     # The reply's class from the bounce rule table, as a Bounce's (QuotaIssues, PolicyRelated,
     # BadConnection ...; Uncategorized when no rule matched): why it was deferred, without
     # reading the text. Absent only in records written before deferrals were classified.
@@ -293,6 +296,22 @@ class Rebind(Record, tag="Rebind"):
     operator: str = ""  # the API token's name
     operation: str | None = None  # the bulk operation's id (`GET /api/v1/admin/operations`)
     tenant: str | None = None  # as in Reception: the message's now (a queue `campaign:tenant@domain` names them)
+    campaign: str | None = None
+
+
+class AdminHold(Record, tag="AdminHold"):
+    """An operator held a message (`pigeon hold`, Postfix's `postsuper -h`): kept in the spool,
+    untried and never expiring, until an operator releases it (`pigeon retry --id`) or bounces
+    it. One per message, written once the hold is committed (of a message whose attempt was on
+    the wire: what that attempt left, when it ended). Not terminal, and not exactly once: as a
+    `Rebind`, a crash between the commit and the write loses it (the message stays held)."""
+
+    id: str
+    queue: str
+    recipients: list[str]  # those held (of a message being sent: those its attempt left)
+    reason: str = ""
+    operator: str = ""  # the API token's name
+    tenant: str | None = None  # as in Reception
     campaign: str | None = None
 
 
@@ -404,6 +423,7 @@ AnyRecord = (
     | AdminBounce
     | Held
     | Rebind
+    | AdminHold
     | Quarantine
     | InboundDelivery
     | InboundFailure
@@ -420,6 +440,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     AdminBounce,
     Held,
     Rebind,
+    AdminHold,
     Quarantine,
     InboundDelivery,
     InboundFailure,

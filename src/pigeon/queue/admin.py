@@ -14,6 +14,13 @@ A held message (mail of an `[[inbound]]` route its target refused for good, or t
 kept in the spool instead of bounced to its sender) is released by `retry`: it is attempted
 again, with `max_age` counted afresh. Resuming a suspension does not release it.
 
+`hold` holds messages by id (`postsuper -h`), as a bounce by id finds them: claimed and put
+back due at `HELD` with the operator's reason (`AdminHold`); one being sent, as far as its
+attempt leaves it, when the attempt ends. Released by `retry` of its id only (a retry by
+selector leaves it, `on_hold`), with `max_age` still counted from its arrival: held mail does
+not expire while held, and released past `max_age` it expires at its next turn, with the usual
+DSN. A rebind moves it and leaves it held.
+
 A rebind leaves mail of an `[[inbound]]` route as it is (held or not; counted in its answer):
 that mail goes to its application's target, never to another queue or route, as it keeps its
 own queue and target whatever a policy hook answers (`Changes(queue=, route=)`, `Reroute`).
@@ -273,6 +280,49 @@ class Admin:
             answer["messages"] = _by_id(messages, became, missed)
         return answer
 
+    async def hold(
+        self,
+        selector: Selector,
+        *,
+        messages: Sequence[SpoolId],
+        reason: str,
+        operator: str,
+        operation: str | None = None,
+    ) -> dict[str, Any]:
+        """Hold these messages (`postsuper -h`), of those `selector` matches too: each goes back
+        to the spool untried, due at `HELD` (never by itself, and it does not expire while held),
+        with the operator's reason and an `AdminHold` record, until an operator releases it
+        (`pigeon retry --id`: its `max_age` still counts from its arrival) or bounces it. One
+        being sent is held when its attempt ends, as far as that attempt leaves it (the same walk
+        as a bounce by id). One held already (by an operator, or an `[[inbound]]` route's) is
+        left as it is: neither claimed nor released. Makes no rule: ids only, never new mail."""
+        mark = AdminMark(reason, operator)
+        became: dict[SpoolId, tuple[str, int]] = {}
+        missed: dict[SpoolId, list[str]] = {}
+
+        def held_already(message: Message) -> bool:
+            if message.envelope.held is None:
+                return False
+            became[message.id] = ("already_held", 0)
+            return True  # (not claimed: claimed and left, the scheduler would release it)
+
+        def act(entry: Entry) -> tuple[_Done, asyncio.Future[None] | None]:
+            recipients = len(entry.message.envelope.recipients)
+            if entry.state is State.IN_FLIGHT and entry.started:
+                entry.admin_hold = mark
+                became[entry.id] = ("after_attempt", recipients)
+                return _Done.MARKED, None
+            became[entry.id] = ("held", recipients)
+            return _Done.ACTED, self._settlement.hold(entry, mark)
+
+        held, after_attempt = await self._walk(
+            selector, act, "hold", operation, claim=True, leave=held_already, ids=messages, missed=missed
+        )
+        why = f" ({reason})" if reason else ""
+        _log.warning("admin hold by %s of %s: %s, %d of them once their attempt ends%s", operator,
+                     _described(selector, messages), _messages(held), after_attempt, why)  # fmt: skip
+        return {"held": held, "after_attempt": after_attempt, "messages": _by_id(messages, became, missed)}
+
     async def suspend(
         self,
         selector: Selector,
@@ -524,7 +574,9 @@ class Admin:
                 entry.rebind = mark
                 return _Done.MARKED, None
             envelope = mark.envelope(entry.message.envelope)
-            return _Done.ACTED, self._settlement.defer(entry, now, queue=queue, envelope=envelope, rebind=mark)
+            # Mail an operator held moves, and stays held (due at `HELD`): only a release lets it go.
+            until = entry.message.due if envelope.hold_operator is not None else now
+            return _Done.ACTED, self._settlement.defer(entry, until, queue=queue, envelope=envelope, rebind=mark)
 
         rebound, after_attempt = await self._walk(selector, act, "rebind", operation, claim=True, leave=inbound)
         self._rewind(now)
@@ -549,16 +601,23 @@ class Admin:
         `of_rule`: a resume's, when the rule it ended was made (`rule_created` in its progress).
         Of those, the ones a live standing bounce covers are bounced as they come due, not
         attempted: counted apart (`bounced`), not as `made_due`. `messages`: only these
-        (`postqueue -i`), of those `selector` matches; the answer says of each what became of it."""
+        (`postqueue -i`), of those `selector` matches; the answer says of each what became of it.
+        Mail an operator held (`hold`) is released by its id alone: a retry by selector leaves
+        it held, counted in `on_hold`."""
         now = self._clock()
-        suspended = bounced = 0
+        suspended = bounced = on_hold = 0
         became: dict[SpoolId, tuple[str, int]] = {}
         missed: dict[SpoolId, list[str]] = {}
 
         def deferred(message: Message) -> bool:
-            nonlocal suspended, bounced
+            nonlocal suspended, bounced, on_hold
             if message.due <= now or not (release or message.envelope.held is None):
                 became[message.id] = ("already_due", 0)
+                return False
+            if messages is None and message.envelope.hold_operator is not None:
+                # An operator held it, one message at a time (`pigeon hold`): only a release of
+                # it by its id lets it go, not a retry of its queue or domain (`postqueue -f`).
+                on_hold += 1
                 return False
             if message.envelope.held is None and self._rules.suspension_of(message) is not None:
                 suspended += 1  # due now, it would only be held again: said, not claimed as done
@@ -592,6 +651,8 @@ class Admin:
             missed=missed,
         )
         answer: dict[str, Any] = {"made_due": made_due - bounced, "suspended": suspended, "bounced": bounced}
+        if on_hold:
+            answer["on_hold"] = on_hold
         if messages is not None:
             answer["messages"] = _by_id(messages, became, missed)
         return answer
@@ -795,6 +856,8 @@ class Admin:
             "attempts": message.attempts,
             "next_due": None if envelope.held is not None else message.due,
             "held": envelope.held,
+            # The operator (API token) who held it (`pigeon hold`); None: no operator's hold.
+            "hold_operator": envelope.hold_operator,
             # When held mail ends unreleased ([[inbound]] held_for); None: it waits for ever.
             "held_until": message.due - HELD if envelope.held is not None and message.due > HELD else None,
             "last_response": envelope.last_response,
@@ -1093,8 +1156,9 @@ def _by_id(
     ids: Sequence[SpoolId], became: Mapping[SpoolId, tuple[str, int]], missed: Mapping[SpoolId, list[str]]
 ) -> list[dict[str, Any]]:
     """What became of each message asked for by id, in the order asked: `result`, and for a
-    bounce how many `recipients` it ended (or ends as far as its attempt under way leaves them);
-    of one the selector does not match, `not_selected` and the selector's members that miss it.
+    bounce how many `recipients` it ended (or ends as far as its attempt under way leaves them),
+    for a hold how many it held; of one the selector does not match, `not_selected` and the
+    selector's members that miss it.
     Every worker and node says it of every id, `not_found` of those it does not hold; their
     answers are added up by id (`pigeon.node.answers`), the one that found it winning."""
     rows: list[dict[str, Any]] = []
@@ -1103,7 +1167,7 @@ def _by_id(
         row: dict[str, Any] = {"id": format_id(spool_id), "result": result}
         if result == NOT_FOUND and spool_id in missed:
             row.update(result=NOT_SELECTED, unmatched=missed[spool_id])
-        if result in ("bounced", "after_attempt") and recipients:
+        if result in ("bounced", "after_attempt", "held") and recipients:
             row["recipients"] = recipients
         rows.append(row)
     return rows

@@ -39,7 +39,8 @@ STATES: Final[dict[str, str]] = {
     "deferred": "in the spool, waiting for its next try (after a temporary failure, a site found down, its queue's "
     "rate)",
     "suspended": "held by an operator's suspension (`pigeon resume`), of its queue or of its site",
-    "held": "[[inbound]] mail held for an operator (`pigeon retry` releases it)",
+    "held": "held for an operator: by an operator (`pigeon hold`), or [[inbound]] mail its target refused "
+    "(`pigeon retry --id` releases it)",
     "due": "in the spool and due now: the scheduler takes it next",
     "scheduled": "in memory, its route being looked up (or its queue's rate slot waited for)",
     "ready": "in a ready queue, waiting for a connection",
@@ -92,6 +93,8 @@ def listed(
         "last_attempt": envelope.last_attempt,
         "next_due": next_due(message, state, suspension),
         "suspended_by": suspension.id if suspension is not None else None,
+        # Why it is held (state "held"): the operator's hold and reason, or the [[inbound]] refusal.
+        "held": envelope.held,
         "tenant": envelope.tenant,
         "campaign": envelope.campaign,
     }

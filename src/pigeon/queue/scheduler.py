@@ -30,7 +30,9 @@ exist is a transient failure of that message, like a destination that cannot be 
 A held message (mail of an `[[inbound]]` route kept for an operator, due at `HELD`) is loaded
 only once an operator made it due: that releases it, and its `max_age` counts from then. Its
 due time says when it expires unreleased (`HELD + t`, t from its route's `held_for`; `HELD`
-alone: never); the sweep ends those past t, without a DSN.
+alone: never); the sweep ends those past t, without a DSN. Mail an operator held (`pigeon
+hold`: due at `HELD`, never expiring while held) is released the same way, but its `max_age`
+still counts from its arrival: past it, it expires as it is loaded, with the usual DSN.
 
 Mail of a scheduled queue with a rate (`[[queue]] max_message_rate`) is made ready at that
 rate: after the standing rules and before its route, it waits its turn in the `Pacer`
@@ -280,8 +282,10 @@ class Scheduler:
         if message.envelope.held is not None:
             # Only an operator makes a held row due (retry, rebind): it is released. The new
             # envelope is written with the message's next settlement; a crash before that
-            # leaves it held and due, and it is released again.
-            envelope = msgspec.structs.replace(message.envelope, held=None, released=self._clock())
+            # leaves it held and due, and it is released again. Released from an operator's own
+            # hold (`pigeon hold`), it is as old as it is: past max_age, it expires just below.
+            released = message.envelope.released if message.envelope.hold_operator else self._clock()
+            envelope = msgspec.structs.replace(message.envelope, held=None, hold_operator=None, released=released)
             message.envelope = envelope
         policy = self._policies.for_queue(message.queue)
         if self._clock() >= policy.retry.expires(message.age_from):

@@ -57,6 +57,7 @@ import msgspec
 from pigeon.delivery.dsn import Failure, wants_delay_notice, wants_failure_notice, wants_success_notice
 from pigeon.logs.records import (
     AdminBounce,
+    AdminHold,
     Bounce,
     Delivery,
     Expiration,
@@ -143,6 +144,13 @@ class _Outcome:
     notes: list[Record] = field(default_factory=list)  # logged once committed, as transient ones (Rebind)
     held: list[tuple[Recipient, Held]] = field(default_factory=list)  # kept for an operator, no DSN
     written: asyncio.Future[None] | None = None  # set once the outcome is durable, if someone waits
+
+
+def held_envelope(envelope: Envelope, mark: AdminMark) -> Envelope:
+    """`envelope` as an operator's hold leaves it: held (`Envelope.held`: who held it and why,
+    as `pigeon inspect` and `pigeon queue list` show it), by that operator (`hold_operator`)."""
+    why = f"held by operator {mark.operator!r}" + (f": {mark.reason}" if mark.reason else "")
+    return msgspec.structs.replace(envelope, held=why, hold_operator=mark.operator)
 
 
 def _no_route(address: str) -> InboundFailures | None:
@@ -259,6 +267,17 @@ class Settlement:
         self._commit(outcome)
         return self._active.settled(entry)
 
+    def hold(self, entry: Entry, mark: AdminMark) -> asyncio.Future[None]:
+        """An operator held a message nobody is sending (`pigeon hold`): back in the spool, due
+        at `HELD` (never by itself, and it does not expire meanwhile), untried, with an
+        `AdminHold` record once that is durable. The future resolves then."""
+        message = entry.message
+        outcome = self._begin(entry, message.attempts, HELD)
+        outcome.remaining = held_envelope(message.envelope, mark)
+        outcome.notes.append(self._hold_record(message, outcome.remaining, mark))
+        self._commit(outcome)
+        return self._active.settled(entry)
+
     def defer(
         self,
         entry: Entry,
@@ -356,6 +375,10 @@ class Settlement:
         elif mark is not None:
             _log.info("admin bounce by %s: message %s was settled by the attempt under way (its records say "
                       "how), not bounced", mark.operator, format_id(message.id))  # fmt: skip
+        on_hold = entry.admin_hold if mark is None else None  # (a bounce asked too ends it: nothing to hold)
+        if on_hold is not None and not deferred:
+            _log.info("admin hold by %s: message %s was settled by the attempt under way (its records say "
+                      "how), not held", on_hold.operator, format_id(message.id))  # fmt: skip
         if deferred:
             # Each recipient keeps the reply it got, which its expiry names (now, or from the
             # spool later). Not tried (its site is down): what each last met is the site's
@@ -375,6 +398,10 @@ class Settlement:
             if rebind is not None and due is not None:
                 # Rebound while this attempt was on the wire: what is left moves now, due at once.
                 due, outcome.queue = now, rebind.queue
+            if on_hold is not None:
+                # Held while this attempt was on the wire: what is left waits for the operator,
+                # and does not expire meanwhile (past max_age, it does once released).
+                due = HELD
             if due is None:
                 max_age = policy.retry.max_age
                 for (recipient, _, index), last, peer in zip(deferred, lasts, peers, strict=True):
@@ -393,20 +420,29 @@ class Settlement:
                     last_attempt=now,
                     held_by=attempt.held_by,
                 )
-                warned = self._warn_delayed(outcome, policy, deferred, peers, attempt, now)
+                # (Held: no "still being retried until ..." to its sender; it is not, for now.)
+                warned: set[int] = set()
+                if on_hold is None:
+                    warned = self._warn_delayed(outcome, policy, deferred, peers, attempt, now)
                 if warned:
                     # The mark goes into the row the delay DSN commits with: both, or neither.
                     outcome.remaining = msgspec.structs.replace(outcome.remaining, delay_warned=now)
                 if rebind is not None:
                     outcome.remaining = rebind.envelope(outcome.remaining)
                     outcome.notes.append(self._rebind_record(message, outcome.remaining, rebind))
+                if on_hold is not None:
+                    outcome.remaining = held_envelope(outcome.remaining, on_hold)
+                    outcome.notes.append(self._hold_record(message, outcome.remaining, on_hold))
                 for recipient, reply, index in deferred:
                     fields = self._fields(message, recipient, reply, attempts, attempt, index)
                     # Classified as a bounce is (KumoMTA classifies every record): a deferral
                     # for a full mailbox is told from one for a provider's rate limit.
                     classification = attempt.classifications[index] or self._classify(reply)
                     transient = TransientFailure(
-                        **fields, next_attempt=due, classification=classification, delay_notified=index in warned
+                        **fields,
+                        next_attempt=0.0 if on_hold is not None else due,  # (held: none, said 0)
+                        classification=classification,
+                        delay_notified=index in warned,
                     )
                     outcome.transient.append(transient)
         self._keep_held(outcome)
@@ -642,6 +678,19 @@ class Settlement:
             operation=mark.operation,
             tenant=moved.tenant,
             campaign=moved.campaign,
+        )
+
+    def _hold_record(self, message: Message, held: Envelope, mark: AdminMark) -> AdminHold:
+        """The record of an operator's hold of `message`, `held` being its envelope after it."""
+        return AdminHold(
+            timestamp=self._clock(),
+            id=format_id(message.id),
+            queue=message.queue,
+            recipients=[recipient.address for recipient in held.recipients],
+            reason=mark.reason,
+            operator=mark.operator,
+            tenant=held.tenant,
+            campaign=held.campaign,
         )
 
     def _fields(

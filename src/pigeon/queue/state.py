@@ -101,8 +101,10 @@ class Lease(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class AdminMark:
-    """An operator bounced a message while its attempt was on the wire: what that attempt does
-    not deliver ends with `AdminBounce` instead of being retried."""
+    """An operator bounced (or held) a message while its attempt was on the wire: what that
+    attempt does not deliver ends with `AdminBounce` instead of being retried (or is held, with
+    `AdminHold`: `Entry.admin_hold`). Also what an operator's hold of a message not being sent
+    is made with (`Settlement.hold`)."""
 
     reason: str
     operator: str
@@ -149,6 +151,7 @@ class Entry:
         "_waiters",
         "active",
         "admin_bounce",
+        "admin_hold",
         "generation",
         "message",
         "ready",
@@ -168,6 +171,7 @@ class Entry:
         self.ready: ReadyQueue | None = None  # the ready queue holding it while READY
         self.started = False  # IN_FLIGHT: the agent has begun sending it (no admin step can take it back)
         self.admin_bounce: AdminMark | None = None
+        self.admin_hold: AdminMark | None = None  # held while on the wire: what the attempt leaves is held
         self.rebind: RebindMark | None = None
         self.active = True  # False once it left memory (settled)
         self._waiters: list[asyncio.Future[None]] | None = None

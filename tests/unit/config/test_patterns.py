@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pigeon.config.load import ConfigError, load
-from pigeon.config.patterns import PatternError, address_glob, domain_glob, queue_glob, site_glob
+from pigeon.config.patterns import PatternError, address_glob, api_pattern, domain_glob, queue_glob, site_glob
 
 
 @pytest.mark.parametrize(
@@ -142,3 +142,12 @@ def test_a_site_glob_naming_an_ipv6_literal_matches_that_site_and_no_other() -> 
     assert Selector(site="[::1]").matches_site("[::1]:2525")  # no port: any port
     assert not Selector(site=pattern).matches_site("[::1]")  # port 25
     assert Selector(site="mx[12].example.net").matches_site("mx2.example.net")  # sets stay sets
+
+
+def test_the_documented_queue_glob_pattern_takes_no_control_or_format_character_as_the_server_refuses() -> None:
+    # The OpenAPI document said a queue glob with "\x12" in a set was valid; the server refused it (400).
+    pattern = api_pattern("queue_glob")
+    for refused in ("a\x12b", "[]\x12S]", "[!\x00]x", "x\u200by", "a b"):
+        assert not pattern.fullmatch(refused), refused
+    for taken in ("spring:acme@example.net", "c[12]:t4@*", "[]]x", "é:ü@*"):
+        assert pattern.fullmatch(taken), taken

@@ -7,6 +7,7 @@
     GET    /api/v1/admin/suspend          suspensions                       read
     DELETE /api/v1/admin/suspend/{id}     resume                            admin
     POST   /api/v1/admin/retry            {selector... | messages}          admin
+    POST   /api/v1/admin/hold             {messages, selector..., reason}   admin
     POST   /api/v1/admin/rebind           {selector..., to_queue?, routing_domain?}  admin
     GET    /api/v1/messages/{id}          one message                       read
     GET    /api/v1/queues                 scheduled and ready queues        read
@@ -23,7 +24,9 @@ only those of them it selects); it acts on them wherever they are, each worker a
 it holds, and its answer says of each id what became of it (`result`: bounced, after_attempt,
 made_due, already_due, suspended, not_selected: queued but not selected by the selector given
 with the ids, whose members that miss it `unmatched` names; not_found). A bounce of messages makes no standing rule: a
-duration with them is refused. Durations are
+duration with them is refused. A hold (`postsuper -h`) names messages by id always (a selector
+as well only narrows them: holding what a selector matches is a suspension's work); its rows
+say held, after_attempt, already_held, not_selected or not_found. Durations are
 seconds or strings ("30m", "2h"), as in the config, more than 0 and at most 365 days. With
 several workers the supervisor sends each request to all of them and adds up the answers.
 A rule with a duration is `created` when its request was issued (stamped once: by the node's
@@ -168,6 +171,16 @@ class BounceRequest(RuleRequest):
     """`MESSAGES_TEXT`: bounced now, never with a duration (which would make a standing rule)."""
 
 
+class HoldRequest(Selecting):
+    """Which messages to hold (POST /api/v1/admin/hold), and why."""
+
+    messages: list[str] | None = None
+    """`MESSAGES_TEXT`: held now, until released by id (`pigeon retry --id`). Required."""
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON)] = ""
+    """Why: kept with each message (`held` in `pigeon inspect` and `pigeon queue list`) and
+    written into its `AdminHold` record."""
+
+
 class SuspendRequest(RuleRequest):
     site: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SITE)] | None = None
     """Deliveries to this site (ready queue) stop; nothing else may be named with it."""
@@ -188,6 +201,7 @@ _REQUESTS: Final[dict[str, type[Selecting]]] = {
     "suspend": SuspendRequest,
     "retry": AdminRequest,
     "rebind": RebindRequest,
+    "hold": HoldRequest,
 }
 _DECODERS: Final = {action: msgspec.json.Decoder(kind, dec_hook=decode_hook) for action, kind in _REQUESTS.items()}
 
@@ -340,6 +354,11 @@ async def perform(
         )
     elif isinstance(request, AdminRequest):
         answer = await admin.retry(request.selector(), request.id, messages=message_ids(request))
+    elif isinstance(request, HoldRequest):
+        held = message_ids(request) or []  # (`_decode` made sure there are some)
+        answer = await admin.hold(
+            request.selector(), messages=held, reason=request.reason, operator=operator, operation=request.id
+        )
     else:
         assert isinstance(request, RuleRequest)
         duration = float(request.duration) if request.duration else None
@@ -450,7 +469,7 @@ def operation_of(method: str, path: str, body: bytes) -> tuple[str, str] | None:
     `perform` would refuse."""
     try:
         action, _ = _route(method, path)
-        if action not in ("bounce", "retry", "rebind"):
+        if action not in ("bounce", "retry", "rebind", "hold"):
             return None
         request = _decode(path, body)
     except web.HTTPException:
@@ -507,7 +526,7 @@ def rule_change(method: str, path: str, body: bytes, operator: str, now: float) 
     return RuleChange(new_rule, rule.kind, rule)
 
 
-_WRITES: Final = {"bounce", "suspend", "retry", "rebind"}
+_WRITES: Final = {"bounce", "suspend", "retry", "rebind", "hold"}
 _READS: Final = {"queues": "/api/v1/queues", "operations": "/api/v1/admin/operations"}
 
 
@@ -538,7 +557,7 @@ def _route(method: str, path: str) -> tuple[str, str]:
 def message_ids(request: Selecting) -> list[SpoolId] | None:
     """The spool ids a bounce or retry names (`messages`, checked by `_decode`), each once, in
     the order given; None when it names none (it acts on what its selector matches)."""
-    given = request.messages if isinstance(request, AdminRequest | BounceRequest) else None
+    given = request.messages if isinstance(request, AdminRequest | BounceRequest | HoldRequest) else None
     if given is None:
         return None
     return list(dict.fromkeys(parse_id(text) for text in given))
@@ -564,7 +583,13 @@ def _decode(path: str, body: bytes) -> Selecting:
     if request.id is not None and not _RULE_ID.fullmatch(request.id):
         raise bad_request("id is letters, digits, '-' and '_', at most 64 (or leave it out: one is made)", "$.id")
     _normalise_globs(request)
-    if isinstance(request, AdminRequest | BounceRequest) and request.messages is not None:
+    if isinstance(request, HoldRequest) and request.messages is None:
+        raise bad_request(
+            "messages names the messages to hold, by id (to hold what a selector matches, suspend it: "
+            "POST /api/v1/admin/suspend)",
+            "$.messages",
+        )
+    if isinstance(request, AdminRequest | BounceRequest | HoldRequest) and request.messages is not None:
         _check_messages(request.messages)
         if isinstance(request, BounceRequest) and request.duration is not None:
             # A duration makes a standing rule, which would bounce new mail by its selector: the
@@ -597,8 +622,8 @@ def _check_messages(given: list[str]) -> None:
         raise bad_request("messages names at least one message id (or leave it out, and select by domain, ...)",
                           "$.messages")  # fmt: skip
     if len(given) > MAX_MESSAGES:
-        raise bad_request(f"messages names at most {MAX_MESSAGES} ids: bounce or retry more by a selector",
-                          "$.messages")  # fmt: skip
+        raise bad_request(f"messages names at most {MAX_MESSAGES} ids: bounce or retry more by a selector "
+                          "(hold more: suspend)", "$.messages")  # fmt: skip
     for index, text in enumerate(given):
         try:
             parse_id(text)
@@ -641,17 +666,20 @@ def _normalise_globs(request: Selecting) -> None:
         part: str | None = getattr(request, member)
         if part is not None and (refused := queue_part_problem(part)) is not None:
             raise bad_request(f"{member} {part[:60]!r} {refused} (no queue name has it)", f"$.{member}")
+    if request.queue is not None:
+        # A control or format character neither: no queue name made at any door holds one, and a
+        # rule holding one would stand for nothing (and carry it into logs and listings). Asked
+        # first: the pattern refuses them too (as the OpenAPI document says), but says white space.
+        odd = next((c for c in request.queue if not c.isspace() and c not in ":@" and queue_part_problem(c)), None)
+        if odd is not None:
+            text = f"queue {request.queue[:60]!r} contains {odd!r}: no control or format character allowed"
+            raise bad_request(f"{text} (no queue name has it)", "$.queue")
     if request.queue is not None and not api_pattern("queue_glob").fullmatch(request.queue):
         space = next((char for char in request.queue if char.isspace() or char == "\ufeff"), " ")
         raise bad_request(
             f"queue {request.queue[:60]!r} contains {space!r}: no white space allowed (no queue name has it)", "$.queue"
         )
     if request.queue is not None:
-        # A control or format character neither: no queue name made at any door holds one, and a
-        # rule holding one would stand for nothing (and carry it into logs and listings).
-        if (odd := next((c for c in request.queue if c not in ":@" and queue_part_problem(c)), None)) is not None:
-            text = f"queue {request.queue[:60]!r} contains {odd!r}: no control or format character allowed"
-            raise bad_request(f"{text} (no queue name has it)", "$.queue")
         with contextlib.suppress(PatternError):  # a glob on queue names: any text may be one
             request.queue = queue_glob(request.queue)
     if isinstance(request, RebindRequest) and request.routing_domain is not None:

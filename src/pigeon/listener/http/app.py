@@ -55,6 +55,7 @@ API_ROUTES: Final[tuple[tuple[str, str, Handler], ...]] = (
     ("DELETE", "/api/v1/admin/suspend/{id}", admin.write),
     ("POST", "/api/v1/admin/retry", admin.write),
     ("POST", "/api/v1/admin/rebind", admin.write),
+    ("POST", "/api/v1/admin/hold", admin.write),
     ("GET", "/api/v1/messages/{id}", admin.inspect),
     ("GET", listing.PATH, listing.list_messages),
     ("GET", "/api/v1/queues", admin.read),

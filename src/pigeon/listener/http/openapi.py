@@ -23,6 +23,7 @@ from pigeon.listener.http.admin import (
     RULE_DURATION,
     AdminRequest,
     BounceRequest,
+    HoldRequest,
     RebindRequest,
     SuspendRequest,
 )
@@ -108,6 +109,7 @@ def document() -> dict[str, Any]:
                 BounceRequest,
                 SuspendRequest,
                 RebindRequest,
+                HoldRequest,
                 QueueSummary,
                 Rule,
                 Effect,
@@ -371,7 +373,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
     (more than 0, at most 365 days), a rule id's alphabet, a selector's domain, site, tenant and
     campaign (an injection's too), its other globs' `[...]` sets (closed), a rebind's queue name. Kept out of
     the types so that the server's refusals say what to do rather than quote a pattern."""
-    for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
+    for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest", "HoldRequest"):
         properties = components[name]["properties"]
         properties["id"]["anyOf"][0].update(pattern=_RULE_ID_PATTERN)
         if "duration" in properties:
@@ -391,14 +393,25 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
             "default": None,
             "description": MESSAGES_TEXT,
         }
-    hosts = [(name, "domain") for name in ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest")]
+    # A hold's messages are required: it holds messages by id, never what a selector matches alone.
+    hold = components["HoldRequest"]
+    hold["properties"]["messages"] = {
+        "type": "array",
+        "items": _SPOOL_ID,
+        "minItems": 1,
+        "maxItems": MAX_MESSAGES,
+        "description": f"{MESSAGES_TEXT}. Held until released by id (POST /api/v1/admin/retry with messages)",
+    }
+    hold["required"] = ["messages"]
+    admin_bodies = ("AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest", "HoldRequest")
+    hosts = [(name, "domain") for name in admin_bodies]
     for name, member in [*hosts, ("SuspendRequest", "site"), ("RebindRequest", "routing_domain")]:
         components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{api_patterns()[member]}$")
     for name, _ in hosts:
         components[name]["properties"]["queue"]["anyOf"][0].update(pattern=f"^{api_patterns()['queue_glob']}$")
     # A tenant or campaign names a queue, at every door: its globs can hold no more than it does,
     # and a selector's have their sets closed too.
-    for name in ("InjectRequest", "AdminRequest", "BounceRequest", "SuspendRequest", "RebindRequest"):
+    for name in ("InjectRequest", *admin_bodies):
         part = part_value_pattern() if name == "InjectRequest" else api_patterns()["part_glob"]
         for member in ("tenant", "campaign"):
             components[name]["properties"][member]["anyOf"][0].update(pattern=f"^{part}$")
@@ -415,7 +428,7 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
 
 
 def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[str, Any]:
-    retry_body, bounce_body, suspend_body, rebind_body = bodies
+    retry_body, bounce_body, suspend_body, rebind_body, hold_body = bodies
     errors = {code: _response(text, _ref(name)) for code, (text, name) in _ERRORS.items()}
     workers = _WORKERS
     missing = {
@@ -550,6 +563,35 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         doc="made_due: messages due now; suspended: matching messages a suspension holds, left as they were; "
         "bounced: matching messages a live standing bounce covers, bounced as they come due now",
     )
+    on_hold = {
+        **count,
+        "description": "Without messages: matching messages an operator held (POST /api/v1/admin/hold), left "
+        "held: only a retry of their ids releases them (absent: none)",
+    }
+    made_due["properties"]["on_hold"] = on_hold
+    held_by_id = _object(
+        {
+            "held": count,
+            "after_attempt": count,
+            "operation": operation_id,
+            "messages": by_id(
+                {
+                    "held": "held now, untried, until released by id (an AdminHold record)",
+                    "after_attempt": "being sent: what that attempt does not deliver is held when it ends",
+                    "already_held": "held already (by an operator, or an [[inbound]] route's hold): left as it was",
+                    "not_selected": not_selected,
+                    "not_found": not_found,
+                },
+                recipients=True,
+            ),
+        },
+        "held",
+        "after_attempt",
+        "messages",
+        doc="held: messages held; after_attempt: how many of them were being sent, held only as far as that "
+        "attempt does not deliver them. Held mail does not expire while held; released (POST /api/v1/admin/retry "
+        "with its id), it is as old as it is: past its queue's max_age, it expires at its next turn, with a DSN",
+    )
     cluster_member = {"cluster": {"type": "object", "description": "With ?cluster=1: whose answers were added up"}}
     not_held = {
         "type": "object",
@@ -610,7 +652,12 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
             "created": {"type": "number"},
             "attempts": count,
             "next_due": number_or_none,
-            "held": text_or_none,
+            "held": {
+                **text_or_none,
+                "description": "Why an operator must release it (null: not held): an operator's hold ('held by "
+                "operator <token>: <reason>', POST /api/v1/admin/hold) or an [[inbound]] target's refusal or expiry",
+            },
+            "hold_operator": {**text_or_none, "description": "Who held it (POST /api/v1/admin/hold); null: no one"},
             "held_until": number_or_none,
             "last_response": text_or_none,
             "tenant": text_or_none,
@@ -712,6 +759,9 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         bounce_body,
     )
     posted_retry = posted_with(by_id_or_selected, retry_body)
+    posted_hold: dict[str, Any] = {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": hold_body}}}
+    }
     posted_suspend = posted_with({"anyOf": [{"allOf": [messages, site_null]}, site_only]}, suspend_body)
     paths = {
         "/api/v1/admin/bounce": {
@@ -750,6 +800,15 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
         "/api/v1/admin/retry": {
             "post": operation(
                 "retry", "Make matching deferred mail, or messages by id, due now", "admin", made_due, **posted_retry
+            ),
+        },
+        "/api/v1/admin/hold": {
+            "post": operation(
+                "hold",
+                "Hold messages by id, untried, until released by id (Postfix's postsuper -h)",
+                "admin",
+                held_by_id,
+                **posted_hold,
             ),
         },
         "/api/v1/admin/operations": {
@@ -823,7 +882,7 @@ def _admin_paths(bodies: list[dict[str, Any]], queues: dict[str, Any]) -> dict[s
     for making in ("/api/v1/admin/bounce", "/api/v1/admin/suspend"):
         paths[making]["post"]["responses"]["409"] = id_taken
     # A one-off (retry, rebind) under a live rule's id is refused too (`rules.refuse_operation_id`).
-    for one_off in ("/api/v1/admin/retry", "/api/v1/admin/rebind"):
+    for one_off in ("/api/v1/admin/retry", "/api/v1/admin/rebind", "/api/v1/admin/hold"):
         paths[one_off]["post"]["responses"]["409"] = id_not_free
     return paths
 
@@ -896,6 +955,10 @@ def _message_page() -> dict[str, Any]:
                 "if later)",
             },
             "suspended_by": {**text_or_none, "description": "The id of the operator's suspension that holds it"},
+            "held": {
+                **text_or_none,
+                "description": "State held: why (an operator's hold and reason, or an [[inbound]] target's refusal)",
+            },
             "tenant": text_or_none,
             "campaign": text_or_none,
         },

@@ -4,7 +4,7 @@ The binding was first of what a token injects (`inject`); an `admin` or `read` t
 `acme` could still list globex's queues, inspect its messages and bounce them all. So, at every
 endpoint such a token reaches:
 
-- a write (bounce, suspend, retry, rebind) acts on its tenants' mail only: its selector's
+- a write (bounce, suspend, retry, rebind, hold) acts on its tenants' mail only: its selector's
   `tenant` must be one of them, written as it is (a glob that could match another, `acm*`,
   is refused); left out, it is filled in when the token has one tenant (`{"domain": "*"}` is
   that tenant's mail in every domain), and refused (403) when it has several, since a selector
@@ -12,7 +12,7 @@ endpoint such a token reaches:
   so is a rebind to a queue of another tenant (the mail would take that tenant);
 - a rule or message of another tenant is answered as absent (404, the same answer as for an
   id nothing has), so that ids cannot be probed: resume, cancel, inspect; of the messages a
-  bounce or retry names by id, `not_found` (not `not_selected`, queued but not selected);
+  bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected);
 - reads show its tenants' scheduled queues, rules and bulk operations only; the ready queues
   (the sites, which every tenant's mail shares) not at all;
 - what has no tenant (the shaping effects, of sites) is 403.
@@ -150,7 +150,7 @@ def confined_answer(action: str, answer: Any, tenants: Collection[str]) -> Any:
             answer["error"] = (
                 f"id {str(held.get('id'))[:64]!r} names a rule already: leave id out (one is made), or give another"
             )
-    if action in ("bounce", "retry") and isinstance(answer.get("messages"), list):
+    if action in ("bounce", "retry", "hold") and isinstance(answer.get("messages"), list):
         answer["messages"] = [_message_row(row) for row in answer["messages"]]
     if action == "queues":
         if "scheduled" in answer:
