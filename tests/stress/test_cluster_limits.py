@@ -341,7 +341,9 @@ def test_idle_connections_of_one_node_make_room_for_another_nodes_mail(
 
     done = max(a.at for a in sink.arrivals if a.helo == "node0.test")
     idle = [c for c in sink.connections if c.helo == "node0.test" and c.ended > done]
-    assert 0 < len(idle) < limit, "node0 did not hold part of the limit idle: nothing to show"
+    # (All of it, too, when node1's injection started late: in a loaded full suite node0 once
+    # took the 3 connections before node1 had mail waiting. What counts is how soon they go.)
+    assert 0 < len(idle) <= limit, "node0 did not hold part of the limit idle: nothing to show"
     # Room is made within a heartbeat and a half and `_MAKE_ROOM` (not `idle_timeout`, 10 s).
     held = max(c.ended for c in idle) - done
     assert held < 4.0, f"node0 held an idle connection {held:.1f} s while node1 waited"
