@@ -73,13 +73,7 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             return False
         if self.tenant is None and self.campaign is None and self.domain is None:
             return True
-        parts = queue_parts(message.queue)
-        if parts is not None:
-            tenant, campaign, domain = parts
-        else:
-            envelope = message.envelope
-            tenant, campaign = envelope.tenant or "", envelope.campaign or ""
-            domain = envelope.recipients[0].domain if envelope.recipients else ""
+        tenant, campaign, domain = _parts(message)
         if self.tenant is not None and not fnmatch.fnmatchcase(tenant, self.tenant):
             return False
         if self.campaign is not None and not fnmatch.fnmatchcase(campaign, self.campaign):
@@ -96,13 +90,7 @@ class Selector(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         missed = []
         if self.queue is not None and not fnmatch.fnmatchcase(message.queue, self.queue):
             missed.append("queue")
-        parts = queue_parts(message.queue)
-        if parts is not None:
-            tenant, campaign, domain = parts
-        else:
-            envelope = message.envelope
-            tenant, campaign = envelope.tenant or "", envelope.campaign or ""
-            domain = envelope.recipients[0].domain if envelope.recipients else ""
+        tenant, campaign, domain = _parts(message)
         if self.tenant is not None and not fnmatch.fnmatchcase(tenant, self.tenant):
             missed.append("tenant")
         if self.campaign is not None and not fnmatch.fnmatchcase(campaign, self.campaign):
@@ -394,3 +382,14 @@ class Rules:
             self._settlement.defer(entry, self.hold_until(suspensions[0], message, now))
             return True
         return False
+
+
+def _parts(message: Message) -> tuple[str, str, str]:
+    """The tenant, campaign and domain a selector matches `message` by: its queue name's, or
+    (a queue a policy hook named, such as "bulk") its envelope's."""
+    parts = queue_parts(message.queue)
+    if parts is not None:
+        return parts
+    envelope = message.envelope
+    domain = envelope.recipients[0].domain if envelope.recipients else ""
+    return envelope.tenant or "", envelope.campaign or "", domain
