@@ -168,6 +168,10 @@ def test_a_token_bound_to_a_tenant_gets_the_same_refusals_through_the_pigeon_com
         assert done.returncode == 2, done
         assert "pigeon: 403: token 'acme-admin' is bound to tenant acme: " in done.stderr
         assert done.stderr.rstrip().endswith("($.tenant)"), done.stderr
+        done = pigeon("rebind", "--domain", "tb.test", "--to-queue", "vip")
+        assert done.returncode == 2, done
+        assert "pigeon: 403: token 'acme-admin' is bound to tenant acme: to_queue 'vip' " in done.stderr
+        assert done.stderr.rstrip().endswith("($.to_queue)"), done.stderr
         done = pigeon("inspect", globex)
         assert (done.returncode, done.stderr) == (2, f"pigeon: 404: no message {globex} here (id)\n"), done
         done = pigeon("queue", "summary", "--json")
@@ -177,6 +181,89 @@ def test_a_token_bound_to_a_tenant_gets_the_same_refusals_through_the_pigeon_com
         assert done.returncode == 0, done
         wait_until(lambda: acme in _bounced(node))
         assert globex not in _bounced(node)
+
+
+# Acme's mail leaves from 127.0.0.2 at most once a minute; globex has 127.0.0.3 to itself, for
+# its queues and for `vip` (no rate). A bound token's rebind must not reach either block.
+POOLED = {
+    "source": [{"name": "acme-ip", "bind": "127.0.0.2"}, {"name": "globex-ip", "bind": "127.0.0.3"}],
+    "pool": [{"name": "acme-pool", "sources": ["acme-ip"]}, {"name": "globex-pool", "sources": ["globex-ip"]}],
+    "queue": [
+        {"name": "*:globex@*", "pool": "globex-pool"},
+        {"name": "globex@*", "pool": "globex-pool"},
+        {"name": "vip", "pool": "globex-pool"},
+        {"name": "*acme@*", "pool": "acme-pool", "max_message_rate": "1/m"},
+    ],
+}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_token_bound_to_a_tenant_cannot_rebind_its_mail_into_another_tenants_egress_pool(
+    tmp_path: Path, sink: ScriptedSink, workers: int
+) -> None:
+    config = delivery_config(sink.endpoint, retry_interval="1h", pool="acme-pool")
+    before = len(sink.connections)  # the sink's own check that it listens
+    node = PigeonProcess(tmp_path / "node", http={"token": TOKENS}, node={"workers": workers}, tables=POOLED, **config)
+    with node:
+        status, answer = node.http_post(
+            "/api/v1/inject",
+            {
+                "envelope_sender": "app@example.org",
+                "tenant": "acme",
+                "campaign": "pooltest",
+                "template": False,
+                "content": "From: app@example.org\r\nSubject: pooled\r\n\r\nhello\r\n",
+                "recipients": [{"email": "tempfail@pool.test"}],
+            },
+            node.local_token,
+        )
+        assert (status, answer["accepted"]) == (200, 1), answer
+        spool_id = answer["recipients"][0]["id"]
+
+        def attempts() -> list[tuple[str, str]]:
+            return [(r["queue"], r["source"]) for r in node.records("TransientFailure") if r["id"] == spool_id]
+
+        wait_until(lambda: len(attempts()) == 1, 30)
+        assert attempts() == [("pooltest:acme@pool.test", "acme-ip")]
+
+        # Names `*:globex@*` or `vip` govern, and no part reading sees as globex's (or as any
+        # tenant's): refused, 403 naming to_queue; nothing moved.
+        refused_names = [
+            "a:b:globex@pool.test",
+            ":globex@pool.test",
+            "globex@x@pool.test",
+            "@pool.test",
+            "vip",
+            "globex",
+            "globex@pool.test",
+        ]
+        for to_queue in refused_names:
+            rebind = {"queue": "pooltest:acme@pool.test", "to_queue": to_queue}
+            status, refused = _api(node, "POST", "/api/v1/admin/rebind", rebind)
+            assert (status, refused.get("field")) == (403, "$.to_queue"), (to_queue, refused)
+            assert refused["error"].startswith(f"token 'acme-admin' is bound to tenant acme: to_queue {to_queue!r} ")
+            assert "move it to a queue of its tenant" in refused["error"], refused
+        status, refused = _api(node, "POST", "/api/v1/admin/rebind", {"domain": "*", "to_queue": "acme@x_y"})
+        assert (status, refused["field"]) == (400, "$.to_queue"), refused
+        status, message = _api(node, "GET", f"/api/v1/messages/{spool_id}")
+        assert (status, message["queue"], message["attempts"]) == (200, "pooltest:acme@pool.test", 1), message
+
+        # A queue of its own tenant is taken: the mail still leaves from acme's address.
+        rebind = {"queue": "pooltest:acme@pool.test", "to_queue": "moved:acme@pool.test"}
+        status, rebound = _api(node, "POST", "/api/v1/admin/rebind", rebind)
+        assert (status, rebound["rebound"]) == (200, 1), rebound
+        wait_until(lambda: len(attempts()) == 2, 30)
+        assert attempts()[1] == ("moved:acme@pool.test", "acme-ip")
+
+        # The operator (a token bound to no tenant) may still move it anywhere, and the config
+        # does send such a name from globex's address: what the refusals above kept it from.
+        rebind = {"queue": "moved:acme@pool.test", "to_queue": "a:b:globex@pool.test"}
+        status, rebound = _api(node, "POST", "/api/v1/admin/rebind", rebind, OPS)
+        assert (status, rebound["rebound"]) == (200, 1), rebound
+        wait_until(lambda: len(attempts()) == 3, 30)
+        assert attempts()[2] == ("a:b:globex@pool.test", "globex-ip")
+        peers = {connection.peer for connection in sink.connections[before:]}
+        assert peers == {"127.0.0.2", "127.0.0.3"}, peers
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -225,6 +312,10 @@ def test_a_token_bound_to_a_tenant_reaches_that_tenants_mail_alone_on_every_node
         assert [(row["queue"], row["messages"]) for row in queues["scheduled"]] == [("acme@tb.test", 1)]
         status, refused = _api(asked, "POST", "/api/v1/admin/bounce", {"tenant": "globex"})
         assert (status, refused["field"]) == (403, "$.tenant"), refused
+        # Into a queue a [[queue]] block for globex's names would govern: refused where asked,
+        # before any node is told.
+        status, refused = _api(asked, "POST", "/api/v1/admin/rebind", {"domain": "*", "to_queue": "a:b:globex@tb.test"})
+        assert (status, refused.get("field")) == (403, "$.to_queue"), refused
     # Issued on b (its supervisor), confined there: a bounces acme's mail alone.
     status, bounced = _api(b, "POST", "/api/v1/admin/bounce", {"domain": "*", "reason": "acme's"})
     assert (status, bounced["bounced"]) == (200, 1), bounced
@@ -243,3 +334,4 @@ def test_a_token_bound_to_a_tenant_reaches_that_tenants_mail_alone_on_every_node
         ids = globex[node.config["node"]["name"]]
         assert not _bounced(node) & set(ids)
         assert set(ids) <= {row["id"] for row in node.spool_messages()}
+    assert not [record for node in cluster for record in node.records("Rebind")]

@@ -19,16 +19,53 @@ def refusal(request: dict[str, Any], action: str, tenants: list[str]) -> dict[st
     return body
 
 
+INSTEAD = (
+    "move it to a queue of its tenant, written with it ('campaign:acme@domain' or 'acme@domain'): a [[queue]] "
+    "block written for another tenant's queues, or for names without a tenant, could govern mail in any other "
+    "(its pool, its rate)"
+)
+
+
 def test_a_rebind_to_a_queue_of_no_tenant_says_which_queues_it_may_move_mail_to() -> None:
     # It used to end "or to one named without a tenant part": `x:@example.net` is one such.
     body = refusal({"tenant": "acme", "to_queue": "x:@example.net"}, "rebind", ["acme"])
     assert body["field"] == "$.to_queue"
     assert body["error"] == (
-        "token 'acme-admin' is bound to tenant acme: to_queue 'x:@example.net' would make the mail no tenant's; "
-        "move it to a queue of its tenant, written with it ('campaign:acme@domain' or 'acme@domain'), or to a "
-        "queue whose name has no tenant part at all, not of the form [campaign:]tenant@domain ('example.net', "
-        "'bulk'), where the mail keeps its tenant"
+        f"token 'acme-admin' is bound to tenant acme: to_queue 'x:@example.net' would make the mail no tenant's; "
+        f"{INSTEAD}"
     )
+
+
+@pytest.mark.parametrize(
+    ("to_queue", "why"),
+    [
+        # `[[queue]] name = "*:globex@*"` matches these, though no part reading sees globex in them.
+        ("a:b:globex@pool.test", "more than one ':' before its '@'"),
+        (":globex@dest.test", "nothing before its ':'"),
+        ("globex@x@dest.test", "more than one '@'"),
+        ("@dest.test", "no tenant before its '@'"),
+        # Named outright: `[[queue]] name = "vip"` (another tenant's pool, no rate) governs it.
+        ("vip", "no '@domain' in it: a queue named outright, or a domain's, which names no tenant"),
+        ("globex", "no '@domain' in it: a queue named outright, or a domain's, which names no tenant"),
+        ("example.net", "no '@domain' in it: a queue named outright, or a domain's, which names no tenant"),
+    ],
+)
+def test_a_rebind_to_a_name_of_no_tenants_queue_is_refused_saying_why(to_queue: str, why: str) -> None:
+    body = refusal({"tenant": "acme", "to_queue": to_queue}, "rebind", ["acme"])
+    assert body == {
+        "error": f"token 'acme-admin' is bound to tenant acme: to_queue {to_queue!r} is no name of the form "
+        f"[campaign:]tenant@domain ({why}); {INSTEAD}",
+        "field": "$.to_queue",
+    }
+
+
+def test_a_rebind_to_a_queue_of_its_tenant_whose_domain_is_none_is_malformed() -> None:
+    for to_queue in ("acme@x_y", "c:acme@a..b", "acme@[1.2.3]", "acme@x:globex"):
+        with pytest.raises(web.HTTPBadRequest) as caught:
+            confine_selector({"tenant": "acme", "to_queue": to_queue}, "rebind", "acme-admin", ["acme"])
+        body = json.loads(caught.value.text or "")
+        assert body["field"] == "$.to_queue", body
+        assert body["error"].startswith(f"to_queue {to_queue!r}: its domain part "), body
 
 
 def test_a_selector_without_a_tenant_from_a_token_of_several_says_to_name_one() -> None:
@@ -40,7 +77,8 @@ def test_a_selector_without_a_tenant_from_a_token_of_several_says_to_name_one() 
     }
 
 
-def test_a_rebind_within_its_tenant_or_to_a_queue_named_outright_is_allowed() -> None:
-    for to_queue in ("news:acme@example.net", "acme@example.net", "example.net", "bulk"):
+def test_a_rebind_within_its_tenants_queues_is_allowed() -> None:
+    # The names its tenants' own mail is in: whatever [[queue]] block governs them governs that.
+    for to_queue in ("news:acme@example.net", "acme@example.net", "acme@Bücher.example.", "c:beta@[IPv6:0::1]"):
         request = {"tenant": "acme", "to_queue": to_queue}
-        confine_selector(request, "rebind", "acme-admin", ["acme"])
+        confine_selector(request, "rebind", "acme-admin", ["acme", "beta"])

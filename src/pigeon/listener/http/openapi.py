@@ -56,7 +56,8 @@ _ERRORS: Final = {
     "403": (
         "The token lacks the scope (field: Authorization), or it is bound to tenants ([[http.token]] tenants) and "
         "the request names another tenant's mail, or several and names none of them (field: $.tenant), or a "
-        "site or a queue of another tenant ($.site, $.to_queue), or what is no tenant's, the shaping effects "
+        "site ($.site), or is a rebind to any queue but one of its tenants', campaign:tenant@domain or "
+        "tenant@domain ($.to_queue), or asks for what is no tenant's, the shaping effects "
         "(Authorization); the error names the token and its tenants; nothing was done",
         "ErrorResponse",
     ),
@@ -423,7 +424,10 @@ def _tighten_admin_requests(components: dict[str, Any]) -> None:
     to_queue["anyOf"][0].update(pattern=f"^{queue_name_pattern()}$", maxLength=MAX_QUEUE_NAME)
     to_queue["description"] = (
         f"One queue to move the mail to (not a glob): {QUEUE_NAME_TEXT}. Moved to campaign:tenant@domain, "
-        "the mail takes that tenant and campaign, and selectors match it by those parts and that domain"
+        "the mail takes that tenant and campaign, and selectors match it by those parts and that domain. From a "
+        "token bound to tenants, only campaign:tenant@domain or tenant@domain with one of them (403 otherwise: a "
+        "[[queue]] block for another tenant's names, or for names without a tenant, could govern the mail), its "
+        "domain part a domain name or an address literal (400 otherwise)"
     )
 
 

@@ -9,7 +9,9 @@ endpoint such a token reaches:
   is refused); left out, it is filled in when the token has one tenant (`{"domain": "*"}` is
   that tenant's mail in every domain), and refused (403) when it has several, since a selector
   names one tenant. A site suspension, which holds every tenant's mail to the site, is 403;
-  so is a rebind to a queue of another tenant (the mail would take that tenant);
+  so is a rebind to any queue but one of its tenants', `campaign:tenant@domain` or
+  `tenant@domain` (`confine_rebind`: a `[[queue]]` block written for another tenant's or no
+  tenant's names would take the mail, with its pool and rate);
 - a rule or message of another tenant is answered as absent (404, the same answer as for an
   id nothing has), so that ids cannot be probed: resume, cancel, inspect; of the messages a
   bounce, retry or hold names by id, `not_found` (not `not_selected`, queued but not selected);
@@ -37,7 +39,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from pigeon.queue.names import queue_name, queue_parts
+from pigeon.queue.names import campaign_problem, queue_name, queue_parts
+from pigeon.smtp.address import check as address_problem
 
 _GLOB_CHARACTER: Final = re.compile(r"([*?\[])")
 _REFUSED_FIELD: Final = "Authorization"
@@ -75,6 +78,11 @@ def forbidden(text: str, field: str) -> web.HTTPForbidden:
     return web.HTTPForbidden(text=json.dumps({"error": text, "field": field}), content_type="application/json")
 
 
+def malformed(text: str, field: str) -> web.HTTPBadRequest:
+    """400 with the API's JSON error."""
+    return web.HTTPBadRequest(text=json.dumps({"error": text, "field": field}), content_type="application/json")
+
+
 def no_tenant(holder: str, tenants: Collection[str], what: str) -> web.HTTPForbidden:
     """403 for an endpoint whose objects belong to no tenant (`what` they are)."""
     text = f"{describe(holder, tenants)}: {what}, which every tenant's mail shares; ask with a token bound to no tenant"
@@ -107,19 +115,62 @@ def confine_selector(request: dict[str, Any], action: str, holder: str, tenants:
         )
     to_queue = request.get("to_queue") if action == "rebind" else None
     if isinstance(to_queue, str):
-        moved_to = queue_tenant(queue_name(to_queue))
-        if queue_parts(queue_name(to_queue)) is not None and (moved_to is None or moved_to not in tenants):
-            whose = "no tenant's" if moved_to is None else f"tenant {moved_to!r}'s"
-            # What it may write, with its own tenant in the examples: `x:@example.net` has a
-            # tenant part (an empty one), so "a name without a tenant part" would not tell.
-            own = sorted(tenants)[0] if tenants else "tenant"
-            raise forbidden(
-                f"{bound}: to_queue {to_queue[:60]!r} would make the mail {whose}; move it to a queue of its "
-                f"tenant, written with it ('campaign:{own}@domain' or '{own}@domain'), or to a queue whose name has "
-                "no tenant part at all, not of the form [campaign:]tenant@domain ('example.net', 'bulk'), where the "
-                "mail keeps its tenant",
-                "$.to_queue",
-            )
+        confine_rebind(to_queue, bound, tenants)
+
+
+def confine_rebind(to_queue: str, bound: str, tenants: Collection[str]) -> None:
+    """A rebind's `to_queue` (a queue name: `admin.validate` checked it) as a token bound to
+    `tenants` (`bound`: `describe`'s words) may give it, or a refusal naming `$.to_queue`.
+
+    It must be a queue of one of them, `campaign:tenant@domain` or `tenant@domain`, read as
+    strictly as the README's "Queue names" gives them: the names its tenants' own mail is in.
+    Moved there, the mail takes that tenant and is governed by the `[[queue]]` blocks (pool,
+    rate, retries) that govern its tenant's mail anyway. Of any other name, a block written for
+    another tenant's queues could take it (`*:globex@*` matches `a:b:globex@x`, which no part
+    reading sees as globex's), or one written for names without a tenant (`vip`), and its mail
+    would leave from that tenant's pool at that block's rate: 403, saying why. A name of its
+    tenant whose domain part is no domain mail is sent to (`x_y`, `a..b`) is malformed: 400."""
+    name = queue_name(to_queue)
+    shown = repr(to_queue[:60])
+    own = sorted(tenants)[0] if tenants else "tenant"
+    instead = (
+        f"move it to a queue of its tenant, written with it ('campaign:{own}@domain' or '{own}@domain'): a "
+        "[[queue]] block written for another tenant's queues, or for names without a tenant, could govern mail "
+        "in any other (its pool, its rate)"
+    )
+    parts = queue_parts(name)
+    if parts is None:
+        why = _not_a_tenants_queue(name)
+        raise forbidden(f"{bound}: to_queue {shown} is no name of the form [campaign:]tenant@domain ({why}); {instead}",
+                        "$.to_queue")  # fmt: skip
+    tenant, campaign, domain = parts
+    if tenant not in tenants:
+        whose = f"tenant {tenant!r}'s" if tenant else "no tenant's"
+        raise forbidden(f"{bound}: to_queue {shown} would make the mail {whose}; {instead}", "$.to_queue")
+    # (What no queue name holds `admin.validate` refused: this is what no campaign holds besides.)
+    if campaign and (problem := campaign_problem(campaign)) is not None:
+        raise malformed(f"to_queue {shown}: its campaign {campaign[:60]!r} {problem}", "$.to_queue")
+    if address_problem(f"postmaster@{domain}") is not None:
+        raise malformed(
+            f"to_queue {shown}: its domain part {domain[:60]!r} is no domain mail is sent to (a domain name, "
+            "labels of letters, digits and '-', or an address literal, [IPv4] or [IPv6:...])",
+            "$.to_queue",
+        )
+
+
+def _not_a_tenants_queue(name: str) -> str:
+    """Why `name` (of which `queue_parts` reads no parts) names no tenant's queue, in a few words."""
+    local, at, domain = name.rpartition("@")
+    if not at or not domain:
+        return "no '@domain' in it: a queue named outright, or a domain's, which names no tenant"
+    if "@" in local:
+        return "more than one '@'"
+    campaign, colon, tenant = local.partition(":")
+    if ":" in tenant:
+        return "more than one ':' before its '@'"
+    if colon and not campaign:
+        return "nothing before its ':'"
+    return "no tenant before its '@'"
 
 
 def owns_rule(tenants: Collection[str], selector: Mapping[str, Any] | Any) -> bool:
